@@ -1,0 +1,84 @@
+"""One root error. Every subclass knows its HTTP status and a stable machine code.
+
+Foreign errors are translated at the boundary with ``raise ... from err`` so a user
+sees what was wrong (and which field), never a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class HutchError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "INTERNAL_ERROR"
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, field: str | None = None, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.context = context
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"success": False, "message": self.message, "code": self.code}
+        if self.field:
+            body["field"] = self.field
+        return body
+
+
+class InvalidInput(HutchError):
+    status = 400
+    code = "INVALID_INPUT"
+
+
+class Unauthorized(HutchError):
+    status = 401
+    code = "UNAUTHORIZED"
+
+
+class NotFound(HutchError):
+    status = 404
+    code = "NOT_FOUND"
+
+
+class SandboxNotFound(NotFound):
+    code = "SANDBOX_NOT_FOUND"
+
+
+class ExecutionNotFound(NotFound):
+    code = "EXECUTION_NOT_FOUND"
+
+
+class RuntimeNotFound(NotFound):
+    code = "RUNTIME_NOT_FOUND"
+
+
+class IllegalTransition(HutchError):
+    """A command that the current state does not allow (e.g. execute on a terminated sandbox)."""
+
+    status = 409
+    code = "INVALID_STATE"
+
+
+class PayloadTooLarge(HutchError):
+    status = 413
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class NotSupported(HutchError):
+    """The chosen backend cannot do this (see the driver's capabilities)."""
+
+    status = 501
+    code = "NOT_SUPPORTED"
+
+
+class DriverFailure(HutchError):
+    status = 502
+    code = "DRIVER_ERROR"
+
+
+class LogUnavailable(HutchError):
+    status = 503
+    code = "EVENT_LOG_UNAVAILABLE"
+    retriable = True

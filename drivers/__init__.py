@@ -1,0 +1,1 @@
+"""Execution backends behind one ``Driver`` interface (see ``drivers.base``)."""
