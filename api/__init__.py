@@ -1,0 +1,1 @@
+"""The aiohttp application: wire-compatible routes, auth, and the service layer."""

@@ -1,0 +1,82 @@
+"""Server configuration: flags win over HUTCH_* environment variables, which win over defaults."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import attrs
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8700
+API_KEY_FILE = "api-key"
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "hutch"
+
+
+@attrs.frozen
+class Config:
+    data_dir: Path = attrs.field(factory=default_data_dir, converter=Path)
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    # "sqlite" (default: <data_dir>/events.db) or a URL: sqlite:///path, kafka://host:port/topic
+    event_log: str = "sqlite"
+    # "memory" (default) or postgresql://...
+    store: str = "memory"
+    driver: str = "local"  # local | fake | nomad
+    api_key: str | None = None  # None: read or generate <data_dir>/api-key
+    public_url: str | None = None  # base for absolute stream URLs; default http://host:port
+    output_cap_bytes: int = 16 * 2**20  # per stream, per execution; then outputTruncated
+    max_body_bytes: int = 64 * 2**20
+    runtime_cache: Path | None = None  # where built runtimes live; default <data_dir>/runtimes
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Config:
+        env = os.environ
+        values: dict[str, object] = {}
+        for field, var in (
+            ("data_dir", "HUTCH_DATA_DIR"),
+            ("host", "HUTCH_HOST"),
+            ("port", "HUTCH_PORT"),
+            ("event_log", "HUTCH_EVENT_LOG"),
+            ("store", "HUTCH_STORE"),
+            ("driver", "HUTCH_DRIVER"),
+            ("api_key", "HUTCH_API_KEY"),
+            ("public_url", "HUTCH_PUBLIC_URL"),
+            ("runtime_cache", "HUTCH_RUNTIME_CACHE"),
+        ):
+            if env.get(var):
+                values[field] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "port" in values:
+            values["port"] = int(values["port"])  # type: ignore[arg-type]
+        if "runtime_cache" in values:
+            values["runtime_cache"] = Path(values["runtime_cache"])  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def runtimes_dir(self) -> Path:
+        return self.runtime_cache or self.data_dir / "runtimes"
+
+    @property
+    def base_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+
+def resolve_api_key(config: Config) -> tuple[str, bool]:
+    """The key clients must send. Returns (key, generated_now) so `hutch serve` can print a new one once."""
+    if config.api_key:
+        return config.api_key, False
+    path = config.data_dir / API_KEY_FILE
+    if path.exists():
+        return path.read_text().strip(), False
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    key = "hutch_" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    return key, True
