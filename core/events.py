@@ -1,0 +1,149 @@
+"""Events: past-tense facts with stable type names, never edited once written.
+
+The ``type`` strings are the wire's (the events API returns them as they are): the
+seeds name ``create``, ``destroy``, ``pause``, ``resume`` and ``lifecycle:*``. A changed
+payload shape gets a new version and an upcaster in ``decode``; old records stay.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from core.errors import InvalidInput
+from core.models import ExecutionStatus, SandboxSpec
+from core.serde import converter
+
+RECORD_VERSION = 1
+
+
+@attrs.frozen
+class SandboxCreated:
+    type: ClassVar[str] = "create"
+    spec: SandboxSpec
+    api_key_id: str | None = None
+    initial_execution_id: str | None = None  # oneshot: the command that runs at create
+    stdout_stream_id: str | None = None
+    stderr_stream_id: str | None = None
+
+
+@attrs.frozen
+class SandboxStarted:
+    type: ClassVar[str] = "lifecycle:started"
+
+
+@attrs.frozen
+class SandboxFailed:
+    type: ClassVar[str] = "lifecycle:failed"
+    reason: str
+
+
+@attrs.frozen
+class SandboxDestroyRequested:
+    type: ClassVar[str] = "destroy"
+    reason: str = "requested"
+
+
+@attrs.frozen
+class SandboxCompleted:
+    """A oneshot sandbox's command finished; the sandbox terminates right after."""
+
+    type: ClassVar[str] = "lifecycle:completed"
+    exit_code: int
+
+
+@attrs.frozen
+class SandboxTerminated:
+    type: ClassVar[str] = "lifecycle:terminated"
+    reason: str
+    deleted: bool = False  # destroyed on request (status "deleted") vs ended ("terminated")
+    exit_code: int | None = None
+
+
+@attrs.frozen
+class ExecutionStarted:
+    type: ClassVar[str] = "execution:started"
+    execution_id: str
+    command: tuple[str, ...]
+    timeout_seconds: float | None = None
+    kind: str = "exec"
+
+
+@attrs.frozen
+class ExecutionFinished:
+    type: ClassVar[str] = "execution:finished"
+    execution_id: str
+    status: ExecutionStatus
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+    output_truncated: bool = False
+
+
+EventData = (
+    SandboxCreated
+    | SandboxStarted
+    | SandboxFailed
+    | SandboxDestroyRequested
+    | SandboxCompleted
+    | SandboxTerminated
+    | ExecutionStarted
+    | ExecutionFinished
+)
+
+EVENT_TYPES: dict[str, type] = {
+    cls.type: cls
+    for cls in (
+        SandboxCreated,
+        SandboxStarted,
+        SandboxFailed,
+        SandboxDestroyRequested,
+        SandboxCompleted,
+        SandboxTerminated,
+        ExecutionStarted,
+        ExecutionFinished,
+    )
+}
+
+
+@attrs.frozen
+class Event:
+    """The envelope. ``position`` is assigned by the log on append and orders everything."""
+
+    event_id: str
+    sandbox_id: str
+    created_at: str
+    data: EventData
+    position: int | None = None
+
+    @property
+    def type(self) -> str:
+        return self.data.type
+
+
+def encode(event: Event) -> dict[str, Any]:
+    """The stored record (JSON-ready). Position is not part of it: the log owns positions."""
+    return {
+        "v": RECORD_VERSION,
+        "eventId": event.event_id,
+        "sandboxId": event.sandbox_id,
+        "type": event.type,
+        "createdAt": event.created_at,
+        "data": converter.unstructure(event.data),
+    }
+
+
+def decode(record: dict[str, Any], position: int | None = None) -> Event:
+    try:
+        cls = EVENT_TYPES[record["type"]]
+    except KeyError as err:
+        raise InvalidInput(f"unknown event type {record.get('type')!r} in the log") from err
+    data = converter.structure(record.get("data") or {}, cls)
+    return Event(
+        event_id=record["eventId"],
+        sandbox_id=record["sandboxId"],
+        created_at=record["createdAt"],
+        data=data,
+        position=position,
+    )

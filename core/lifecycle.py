@@ -1,0 +1,229 @@
+"""The sandbox and execution state machines.
+
+``decide(state, command) -> [events]`` checks a command against the current state and
+says what happened; ``evolve(state, event) -> state`` folds one event. Folding is
+``functools.reduce(evolve, events, None)``. An illegal command raises ``IllegalTransition``
+and changes nothing; evolve never validates (the log is the truth, even if odd).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from core.errors import IllegalTransition
+from core.events import (
+    Event,
+    ExecutionFinished,
+    ExecutionStarted,
+    SandboxCompleted,
+    SandboxCreated,
+    SandboxDestroyRequested,
+    SandboxFailed,
+    SandboxStarted,
+    SandboxTerminated,
+)
+from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
+
+# ---------------------------------------------------------------- commands
+
+
+@attrs.frozen
+class Start:  # the driver made the sandbox real
+    pass
+
+
+@attrs.frozen
+class Fail:
+    reason: str
+
+
+@attrs.frozen
+class StartExecution:
+    execution_id: str
+    command: tuple[str, ...]
+    timeout_seconds: float | None = None
+    kind: str = "exec"
+
+
+@attrs.frozen
+class FinishExecution:
+    execution_id: str
+    status: ExecutionStatus
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+    output_truncated: bool = False
+
+
+@attrs.frozen
+class Destroy:
+    reason: str = "requested"
+
+
+@attrs.frozen
+class Terminate:
+    """End a sandbox that is not being destroyed on request (oneshot done, reaped, host died)."""
+
+    reason: str
+    exit_code: int | None = None
+    deleted: bool = False
+
+
+Command = Start | Fail | StartExecution | FinishExecution | Destroy | Terminate
+
+_LIVE = (SandboxStatus.IDLE, SandboxStatus.RUNNING)
+
+
+def _illegal(sandbox: Sandbox, what: str) -> IllegalTransition:
+    return IllegalTransition(
+        f"cannot {what}: sandbox {sandbox.sandbox_id} is {sandbox.status.value}",
+        sandbox_id=sandbox.sandbox_id,
+        status=sandbox.status.value,
+    )
+
+
+def decide(sandbox: Sandbox, command: Command) -> list[object]:
+    """Event payloads the command produces (the caller wraps them in envelopes)."""
+    status = sandbox.status
+    match command:
+        case Start():
+            if status is not SandboxStatus.CREATING:
+                raise _illegal(sandbox, "start")
+            return [SandboxStarted()]
+        case Fail(reason=reason):
+            if status.is_final:
+                return []  # failing something already over changes nothing
+            return [SandboxFailed(reason=reason)]
+        case StartExecution():
+            if status not in _LIVE:
+                raise _illegal(sandbox, "execute")
+            if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
+                raise _illegal(sandbox, "execute in a oneshot sandbox")
+            return [
+                ExecutionStarted(
+                    execution_id=command.execution_id,
+                    command=command.command,
+                    timeout_seconds=command.timeout_seconds,
+                    kind=command.kind,
+                )
+            ]
+        case FinishExecution():
+            if command.execution_id not in sandbox.running:
+                raise IllegalTransition(
+                    f"execution {command.execution_id} is not running in sandbox {sandbox.sandbox_id}",
+                    sandbox_id=sandbox.sandbox_id,
+                )
+            finished = ExecutionFinished(
+                execution_id=command.execution_id,
+                status=command.status,
+                exit_code=command.exit_code,
+                duration_ms=command.duration_ms,
+                error=command.error,
+                output_truncated=command.output_truncated,
+            )
+            return [finished]
+        case Destroy(reason=reason):
+            if status in (SandboxStatus.DELETED, SandboxStatus.STOPPING):
+                return []  # destroy is idempotent
+            return [SandboxDestroyRequested(reason=reason)]
+        case Terminate():
+            if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
+                return []
+            events: list[object] = []
+            if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
+                events.append(SandboxCompleted(exit_code=command.exit_code))
+            events.append(
+                SandboxTerminated(reason=command.reason, deleted=command.deleted, exit_code=command.exit_code)
+            )
+            return events
+    raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+# ---------------------------------------------------------------- evolve
+
+
+def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
+    data, at = event.data, event.created_at
+    if isinstance(data, SandboxCreated):
+        return Sandbox(
+            sandbox_id=event.sandbox_id,
+            spec=data.spec,
+            status=SandboxStatus.CREATING,
+            created_at=at,
+            updated_at=at,
+            api_key_id=data.api_key_id,
+            initial_execution_id=data.initial_execution_id,
+            stdout_stream_id=data.stdout_stream_id,
+            stderr_stream_id=data.stderr_stream_id,
+        )
+    if sandbox is None:
+        return None  # an event for a sandbox we never saw created: nothing to fold into
+    match data:
+        case SandboxStarted():
+            return attrs.evolve(sandbox, status=SandboxStatus.IDLE, updated_at=at)
+        case SandboxFailed(reason=reason):
+            return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
+        case SandboxDestroyRequested():
+            return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
+        case SandboxCompleted(exit_code=code):
+            return attrs.evolve(sandbox, exit_code=code, updated_at=at)
+        case SandboxTerminated():
+            status = SandboxStatus.DELETED if data.deleted else SandboxStatus.TERMINATED
+            exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
+            return attrs.evolve(
+                sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(), updated_at=at
+            )
+        case ExecutionStarted(execution_id=eid):
+            running = sandbox.running | {eid}
+            status = SandboxStatus.RUNNING if sandbox.status in _LIVE else sandbox.status
+            return attrs.evolve(sandbox, running=running, executions=sandbox.executions + 1, status=status, updated_at=at)
+        case ExecutionFinished(execution_id=eid):
+            running = sandbox.running - {eid}
+            status = sandbox.status
+            if status is SandboxStatus.RUNNING and not running:
+                status = SandboxStatus.IDLE
+            return attrs.evolve(sandbox, running=running, status=status, exit_code=data.exit_code, updated_at=at)
+    return sandbox
+
+
+def evolve_execution(execution: Execution | None, event: Event) -> Execution | None:
+    data, at = event.data, event.created_at
+    if isinstance(data, ExecutionStarted):
+        return Execution(
+            execution_id=data.execution_id,
+            sandbox_id=event.sandbox_id,
+            command=data.command,
+            status=ExecutionStatus.RUNNING,
+            created_at=at,
+            started_at=at,
+            type=data.kind,
+            timeout_seconds=data.timeout_seconds,
+        )
+    if execution is None:
+        return None
+    if isinstance(data, ExecutionFinished):
+        return attrs.evolve(
+            execution,
+            status=data.status,
+            exit_code=data.exit_code,
+            duration_ms=data.duration_ms,
+            error=data.error,
+            output_truncated=data.output_truncated,
+            completed_at=at,
+        )
+    if isinstance(data, (SandboxTerminated, SandboxFailed)) and not execution.status.is_final:
+        # The sandbox ended under a running command (host restart, destroy): it did not finish.
+        return attrs.evolve(
+            execution,
+            status=ExecutionStatus.CANCELLED if isinstance(data, SandboxTerminated) else ExecutionStatus.FAILED,
+            error=f"sandbox ended: {data.reason}",
+            completed_at=at,
+        )
+    return execution
+
+
+def execution_id_of(event: Event) -> str | None:
+    data = event.data
+    if isinstance(data, (ExecutionStarted, ExecutionFinished)):
+        return data.execution_id
+    return None

@@ -1,0 +1,122 @@
+"""The domain's state: what a sandbox and an execution are at a point in the log.
+
+Frozen attrs classes; ``core.lifecycle.evolve`` is the only thing that makes a new one
+from an event. Times are ISO-8601 UTC strings, as the wire carries them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import attrs
+
+
+class SandboxStatus(StrEnum):
+    CREATING = "creating"
+    IDLE = "idle"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    SUSPENDED = "suspended"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (SandboxStatus.TERMINATED, SandboxStatus.FAILED, SandboxStatus.DELETED)
+
+
+class ExecutionStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self not in (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
+
+
+class Mode(StrEnum):
+    ONESHOT = "oneshot"
+    INTERACTIVE = "interactive"
+
+
+@attrs.frozen
+class Resources:
+    """As the user gave them (normalised strings) plus parsed values for drivers."""
+
+    memory: str | None = None
+    cpu: str | None = None
+    disk: str | None = None
+    memory_bytes: int | None = None
+    cpu_millis: int | None = None
+    disk_bytes: int | None = None
+
+
+@attrs.frozen
+class Network:
+    enabled: bool = False
+    port: int | None = None
+
+
+@attrs.frozen
+class Timeouts:
+    idle: str | None = None
+    execution: str | None = None
+    paused: str | None = None
+
+
+@attrs.frozen
+class SandboxSpec:
+    """Everything a create request asked for, validated. Carried by the SandboxCreated event."""
+
+    runtime: str
+    runtime_id: str
+    mode: Mode = Mode.INTERACTIVE
+    name: str | None = None
+    description: str | None = None
+    resources: Resources = Resources()
+    env: dict[str, str] = attrs.field(factory=dict)
+    network: Network = Network()
+    timeout: Timeouts = Timeouts()
+    command: tuple[str, ...] | None = None
+    metadata: dict[str, object] | None = None
+    project_id: str | None = None
+
+
+@attrs.frozen
+class Sandbox:
+    sandbox_id: str
+    spec: SandboxSpec
+    status: SandboxStatus
+    created_at: str
+    updated_at: str
+    executions: int = 0  # how many were ever started
+    running: frozenset[str] = frozenset()  # execution ids in flight
+    exit_code: int | None = None  # of the oneshot command / last execution, when final
+    reason: str | None = None  # why it failed or terminated
+    stdout_stream_id: str | None = None  # oneshot: the initial execution's streams
+    stderr_stream_id: str | None = None
+    initial_execution_id: str | None = None
+    api_key_id: str | None = None  # which key created it (audit)
+
+
+@attrs.frozen
+class Execution:
+    execution_id: str
+    sandbox_id: str
+    command: tuple[str, ...]
+    status: ExecutionStatus
+    created_at: str
+    type: str = "exec"
+    started_at: str | None = None
+    completed_at: str | None = None
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+    output_truncated: bool = False
+    timeout_seconds: float | None = None
