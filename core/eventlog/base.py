@@ -1,0 +1,66 @@
+"""The EventLog port: an ordered, durable, append-only log of events.
+
+Positions are positive integers assigned by the log, strictly increasing in append
+order; position 0 means "before the first event". Every backend passes
+``tests/contracts/test_eventlog.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from core.errors import InvalidInput
+from core.events import Event
+
+
+class EventLog(abc.ABC):
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections; called once before use."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Flush and release everything."""
+
+    @abc.abstractmethod
+    async def append(self, events: Sequence[Event]) -> list[int]:
+        """Append atomically and durably; returns the positions given, in order.
+
+        Returning means the events survive a kill -9 or power loss of this process.
+        """
+
+    @abc.abstractmethod
+    async def read(
+        self,
+        after: int = 0,
+        *,
+        sandbox_id: str | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[Event]:
+        """Events with position > ``after`` (or, reversed, < ``after`` when after > 0),
+        optionally for one sandbox, oldest first unless ``reverse``."""
+
+    @abc.abstractmethod
+    async def last_position(self) -> int:
+        """Position of the newest event, 0 when empty."""
+
+    @abc.abstractmethod
+    def subscribe(self, after: int = 0) -> AsyncIterator[Event]:
+        """Every event after ``after``, then new ones as they are appended, forever."""
+
+
+def open_event_log(url: str, data_dir: Path) -> EventLog:
+    """``sqlite`` (default: <data_dir>/events.db) or ``sqlite:///abs/path.db``."""
+    if url in ("sqlite", "embedded", ""):
+        from core.eventlog.sqlite import SqliteEventLog
+
+        return SqliteEventLog(data_dir / "events.db")
+    if url.startswith("sqlite://"):
+        from core.eventlog.sqlite import SqliteEventLog
+
+        return SqliteEventLog(Path(url.removeprefix("sqlite://")))
+    raise InvalidInput(
+        f"event log: unsupported URL {url!r}; expected 'sqlite' or sqlite:///path",
+        field="event_log",
+    )

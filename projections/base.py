@@ -1,0 +1,127 @@
+"""The ProjectionStore port.
+
+A store holds the current state of sandboxes and executions plus the log position it
+has applied up to, and applies each event together with that position atomically:
+an event at or below the tracked position is ignored, so replays never double-apply
+and a crash between events never skips one. Every backend passes
+``tests/contracts/test_projection_store.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import attrs
+
+from core.events import Event
+from core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
+from core.models import Execution, Sandbox, SandboxStatus
+
+
+@attrs.frozen
+class SandboxQuery:
+    name: str | None = None
+    mode: str | None = None
+    project_id: str | None = None
+    status: str | None = None
+    live: bool | None = None  # only sandboxes that are not final
+    deleted_only: bool = False
+    include_deleted: bool = False
+    limit: int = 50
+    offset: int = 0
+    sort: str = "createdAt"  # createdAt | updatedAt | name | status
+    direction: str = "desc"
+
+
+class ProjectionStore(abc.ABC):
+    async def start(self) -> None:  # noqa: B027
+        pass
+
+    async def close(self) -> None:  # noqa: B027
+        pass
+
+    @abc.abstractmethod
+    async def position(self) -> int:
+        """Log position of the last applied event (0 when empty)."""
+
+    @abc.abstractmethod
+    async def apply(self, events: Sequence[Event]) -> None:
+        """Fold events in log order; skip any at or below ``position()``."""
+
+    @abc.abstractmethod
+    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None: ...
+
+    @abc.abstractmethod
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+        """One page and the total matching the filters."""
+
+    @abc.abstractmethod
+    async def get_execution(self, execution_id: str) -> Execution | None: ...
+
+    @abc.abstractmethod
+    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+        """Newest first."""
+
+    @abc.abstractmethod
+    async def reset(self) -> None:
+        """Forget everything (position back to 0) so a rebuild can replay the log."""
+
+
+def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
+    """The list filters, shared by stores that filter in Python."""
+    if q.deleted_only:
+        if sandbox.status is not SandboxStatus.DELETED:
+            return False
+    elif not q.include_deleted and sandbox.status is SandboxStatus.DELETED and q.status != "deleted":
+        return False
+    if q.status and sandbox.status.value != q.status:
+        return False
+    if q.live is True and sandbox.status.is_final:
+        return False
+    if q.live is False and not sandbox.status.is_final:
+        return False
+    if q.name and sandbox.spec.name != q.name:
+        return False
+    if q.mode and sandbox.spec.mode.value != q.mode:
+        return False
+    return not (q.project_id and sandbox.spec.project_id != q.project_id)
+
+
+def sort_key(q: SandboxQuery):  # type: ignore[no-untyped-def]
+    field = {
+        "createdAt": lambda s: (s.created_at, s.sandbox_id),
+        "updatedAt": lambda s: (s.updated_at, s.sandbox_id),
+        "name": lambda s: (s.spec.name or "", s.sandbox_id),
+        "status": lambda s: (s.status.value, s.sandbox_id),
+    }
+    return field.get(q.sort, field["createdAt"])
+
+
+def fold(
+    sandboxes: dict[str, Sandbox], executions: dict[str, Execution], by_sandbox: dict[str, list[str]], event: Event
+) -> tuple[Sandbox | None, list[Execution]]:
+    """Apply one event to in-memory maps; returns what changed (for stores that persist rows)."""
+    changed_execs: list[Execution] = []
+    new_sb = evolve_sandbox(sandboxes.get(event.sandbox_id), event)
+    if new_sb is not None:
+        sandboxes[event.sandbox_id] = new_sb
+    eid = execution_id_of(event)
+    if eid is not None:
+        ex = evolve_execution(executions.get(eid), event)
+        if ex is not None:
+            if eid not in executions:
+                by_sandbox.setdefault(event.sandbox_id, []).append(eid)
+            executions[eid] = ex
+            changed_execs.append(ex)
+    else:
+        # Sandbox-level events can end running executions (terminated/failed under them).
+        for running_id in by_sandbox.get(event.sandbox_id, []):
+            old = executions[running_id]
+            if old.status.is_final:
+                continue
+            ex = evolve_execution(old, event)
+            if ex is not None and ex is not old:
+                executions[running_id] = ex
+                changed_execs.append(ex)
+    return new_sb, changed_execs

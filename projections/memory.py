@@ -1,0 +1,48 @@
+"""The embedded projection store: dictionaries, rebuilt from the log at every start."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core.events import Event
+from core.models import Execution, Sandbox
+from projections.base import ProjectionStore, SandboxQuery, fold, matches, sort_key
+
+
+class MemoryProjectionStore(ProjectionStore):
+    def __init__(self) -> None:
+        self._position = 0
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._executions: dict[str, Execution] = {}
+        self._by_sandbox: dict[str, list[str]] = {}
+
+    async def position(self) -> int:
+        return self._position
+
+    async def apply(self, events: Sequence[Event]) -> None:
+        for event in events:
+            assert event.position is not None, "only events read from the log can be applied"
+            if event.position <= self._position:
+                continue
+            fold(self._sandboxes, self._executions, self._by_sandbox, event)
+            self._position = event.position
+
+    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
+        return self._sandboxes.get(sandbox_id)
+
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+        found = [s for s in self._sandboxes.values() if matches(s, query)]
+        found.sort(key=sort_key(query), reverse=query.direction == "desc")
+        return found[query.offset : query.offset + query.limit], len(found)
+
+    async def get_execution(self, execution_id: str) -> Execution | None:
+        return self._executions.get(execution_id)
+
+    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+        ids = self._by_sandbox.get(sandbox_id, [])[::-1]
+        if limit is not None:
+            ids = ids[:limit]
+        return [self._executions[i] for i in ids]
+
+    async def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
