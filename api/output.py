@@ -1,0 +1,123 @@
+"""The output store: stdout/stderr bytes of executions, which are not events.
+
+Each stream is an append-only file under ``<data_dir>/output/`` with a byte cap; past
+the cap bytes are dropped and the stream is marked truncated. Readers get the bytes
+written so far and then follow the stream until it closes, so a stream URL works
+while the command runs and gives the same bytes afterwards. Streams left open by a
+server that died are closed when the store starts (their writers are gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+_CHUNK = 64 * 1024
+_DONE_SUFFIX = ".done"
+
+
+def new_stream_id() -> str:
+    # A capability: the stream URL carries no auth header (the client fetches it bare),
+    # so the id itself must be unguessable.
+    return "stm_" + secrets.token_hex(16)
+
+
+class OutputStream:
+    def __init__(self, path: Path, cap: int) -> None:
+        self.path = path
+        self.cap = cap
+        self.size = 0
+        self.truncated = False
+        self.closed = False
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._changed = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        room = self.cap - self.size
+        if len(data) > room:
+            data = data[: max(room, 0)]
+            self.truncated = True
+        if data:
+            os.write(self._fd, data)
+            self.size += len(data)
+        self._wake()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        os.close(self._fd)
+        marker = self.path.with_name(self.path.name + _DONE_SUFFIX)
+        marker.write_text("truncated\n" if self.truncated else "ok\n")
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set at the next write or close; take it *before* reading to miss nothing."""
+        return self._changed
+
+
+class OutputStore:
+    def __init__(self, root: Path, cap_bytes: int) -> None:
+        self.root = root
+        self.cap = cap_bytes
+        self._open: dict[str, OutputStream] = {}
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for path in self.root.iterdir():
+            if path.suffix == _DONE_SUFFIX:
+                continue
+            marker = path.with_name(path.name + _DONE_SUFFIX)
+            if not marker.exists():
+                marker.write_text("interrupted\n")
+
+    def _path(self, stream_id: str) -> Path:
+        if not stream_id.startswith("stm_") or not stream_id[4:].isalnum():
+            raise KeyError(stream_id)
+        return self.root / stream_id
+
+    def create(self, stream_id: str) -> OutputStream:
+        stream = OutputStream(self._path(stream_id), self.cap)
+        self._open[stream_id] = stream
+        return stream
+
+    def close(self, stream_id: str) -> None:
+        stream = self._open.pop(stream_id, None)
+        if stream is not None:
+            stream.close()
+
+    def exists(self, stream_id: str) -> bool:
+        try:
+            return stream_id in self._open or self._path(stream_id).exists()
+        except KeyError:
+            return False
+
+    async def read(self, stream_id: str) -> AsyncIterator[bytes]:
+        """Everything written so far, then new bytes until the stream closes."""
+        path = self._path(stream_id)
+        with open(path, "rb") as fh:
+            while True:
+                live = self._open.get(stream_id)
+                changed = live.changed if live is not None else None
+                chunk = fh.read(_CHUNK)
+                if chunk:
+                    yield chunk
+                    continue
+                if live is None or live.closed:
+                    # Closed: drain anything written between our read and the close.
+                    rest = fh.read()
+                    if rest:
+                        yield rest
+                    return
+                assert changed is not None
+                await changed.wait()
