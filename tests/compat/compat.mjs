@@ -1,0 +1,472 @@
+// Drives a live hutch server with the real @agentuity/core SandboxClient (pinned in
+// package.json). Every check prints one line; the last line is "N passed, M failed" and
+// the exit code is non-zero when anything failed. See docs/wire.md for the protocol.
+//
+//   HUTCH_URL=http://127.0.0.1:8080 HUTCH_API_KEY=... node compat.mjs
+//
+// Optional env: HUTCH_COMPAT_RUNTIME (default base:latest), HUTCH_COMPAT_CHECK_TIMEOUT_MS
+// (per check, default 180000), HUTCH_COMPAT_ONLY (substring filter on check names),
+// HUTCH_COMPAT_EXTENDED=1 (also file-system endpoints).
+
+import assert from 'node:assert/strict';
+import { Writable } from 'node:stream';
+import { SandboxClient } from '@agentuity/core/sandbox';
+
+const URL_ = process.env.HUTCH_URL;
+const API_KEY = process.env.HUTCH_API_KEY;
+if (!URL_ || !API_KEY) {
+	console.error('compat.mjs: set HUTCH_URL and HUTCH_API_KEY');
+	process.exit(2);
+}
+// The client falls back to these when apiKey/url are empty; keep them out of the way so
+// every check talks to HUTCH_URL with exactly the key it means to.
+for (const k of [
+	'AGENTUITY_SDK_KEY',
+	'AGENTUITY_CLI_KEY',
+	'AGENTUITY_SANDBOX_URL',
+	'AGENTUITY_CATALYST_URL',
+	'AGENTUITY_TRANSPORT_URL',
+]) {
+	delete process.env[k];
+}
+
+const RUNTIME = process.env.HUTCH_COMPAT_RUNTIME || 'base:latest';
+const CHECK_TIMEOUT_MS = Number(process.env.HUTCH_COMPAT_CHECK_TIMEOUT_MS || 180_000);
+const ONLY = process.env.HUTCH_COMPAT_ONLY || '';
+const EXTENDED = process.env.HUTCH_COMPAT_EXTENDED === '1';
+
+const SANDBOX_STATUSES = [
+	'creating', 'idle', 'running', 'paused', 'stopping', 'suspended', 'terminated', 'failed', 'deleted',
+];
+const TERMINAL_EXEC = ['completed', 'failed', 'timeout', 'cancelled'];
+const MISSING_SANDBOX = 'sbx_compatdoesnotexist0000';
+const MISSING_EXECUTION = 'exec_compatdoesnotexist0000';
+
+const client = new SandboxClient({ url: URL_, apiKey: API_KEY });
+
+// ---------------------------------------------------------------- harness
+
+let passed = 0;
+let failed = 0;
+const state = {}; // values shared between checks
+
+function describeError(err) {
+	if (!err || typeof err !== 'object') return String(err);
+	const bits = [`${err._tag ?? err.name ?? 'Error'}: ${err.message}`];
+	if (err.status !== undefined) bits.push(`status=${err.status}`);
+	if (err.url) bits.push(`url=${err.url}`);
+	if (err.issues) bits.push(`issues=${JSON.stringify(err.issues)}`);
+	if (err.code) bits.push(`code=${err.code}`);
+	return bits.join(' ');
+}
+
+async function check(name, fn, { needs = [] } = {}) {
+	if (ONLY && !name.includes(ONLY)) return;
+	const missing = needs.filter((k) => state[k] === undefined);
+	if (missing.length) {
+		failed++;
+		console.log(`FAIL ${name}: not run, an earlier check did not provide ${missing.join(', ')}`);
+		return;
+	}
+	let timer;
+	try {
+		await Promise.race([
+			fn(),
+			new Promise((_, reject) => {
+				timer = setTimeout(
+					() => reject(new Error(`timed out after ${CHECK_TIMEOUT_MS} ms`)),
+					CHECK_TIMEOUT_MS
+				);
+			}),
+		]);
+		passed++;
+		console.log(`ok   ${name}`);
+	} catch (err) {
+		failed++;
+		const detail = err instanceof assert.AssertionError ? err.message : describeError(err);
+		console.log(`FAIL ${name}: ${detail.replace(/\n/g, '\n     ')}`);
+	} finally {
+		clearTimeout(timer);
+	}
+}
+
+/** Await a promise that must reject; returns the error. */
+async function rejects(promise, what) {
+	try {
+		const value = await promise;
+		assert.fail(`${what}: expected an error, got ${JSON.stringify(value)}`);
+	} catch (err) {
+		if (err instanceof assert.AssertionError) throw err;
+		return err;
+	}
+}
+
+const CANNED = [
+	'The API endpoint was not found', // non-JSON 404
+	'The requested resource was not found', // JSON 404 without message
+	'The API request was invalid (HTTP 400)',
+	'The API returned an unexpected error',
+];
+
+/** The client's APIError for a non-2xx JSON error body carrying a message. */
+function assertApiError(err, statuses, what) {
+	assert.equal(
+		err?._tag,
+		'APIErrorResponse',
+		`${what}: expected APIError (_tag APIErrorResponse), got ${describeError(err)}`
+	);
+	const list = Array.isArray(statuses) ? statuses : [statuses];
+	assert.ok(
+		list.includes(err.status),
+		`${what}: expected HTTP ${list.join('/')}, got ${err.status} (${err.message})`
+	);
+	assert.ok(
+		typeof err.message === 'string' && err.message.length > 0,
+		`${what}: empty error message`
+	);
+	for (const c of CANNED) {
+		assert.ok(
+			!err.message.startsWith(c),
+			`${what}: client fell back to its canned message "${err.message}" — the server's error ` +
+				'body must be JSON (Content-Type application/json) with a "message" field'
+		);
+	}
+}
+
+function collector() {
+	const chunks = [];
+	const w = new Writable({
+		write(chunk, _enc, cb) {
+			chunks.push(Buffer.from(chunk));
+			cb();
+		},
+	});
+	w.text = () => Buffer.concat(chunks).toString('utf-8');
+	return w;
+}
+
+async function readUrl(url, what) {
+	assert.equal(typeof url, 'string', `${what}: no stream URL`);
+	assert.ok(/^https?:\/\//.test(url), `${what}: stream URL must be absolute, got ${url}`);
+	const res = await fetch(url); // no Authorization: the real client fetches these bare
+	assert.equal(res.status, 200, `${what}: GET ${url} (no auth header) -> ${res.status}`);
+	return await res.text();
+}
+
+const isIso = (s) => typeof s === 'string' && !Number.isNaN(Date.parse(s)) && /^\d{4}-\d\d-\d\dT/.test(s);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const enc = (s) => Buffer.from(s, 'utf-8');
+
+// ---------------------------------------------------------------- checks
+
+await check('runtimes: list includes base:latest and python:3.13', async () => {
+	const res = await client.listRuntimes();
+	assert.ok(Array.isArray(res.runtimes), 'runtimes is not an array');
+	const names = res.runtimes.map((r) => r.name);
+	for (const n of ['base:latest', 'python:3.13']) {
+		assert.ok(names.includes(n), `runtime ${n} missing from ${JSON.stringify(names)}`);
+	}
+	assert.ok(res.total >= res.runtimes.length, `total ${res.total} < ${res.runtimes.length}`);
+	for (const r of res.runtimes) {
+		assert.ok(typeof r.id === 'string' && r.id.length > 0, `runtime ${r.name} has no id`);
+	}
+});
+
+await check('runtimes: limit=1 pages, total counts all', async () => {
+	const res = await client.listRuntimes({ limit: 1 });
+	assert.equal(res.runtimes.length, 1, `limit=1 returned ${res.runtimes.length} runtimes`);
+	assert.ok(res.total >= 2, `total ${res.total} should count every runtime`);
+});
+
+await check('run: files + env, exact stdout and exit code', async () => {
+	const res = await client.run({
+		runtime: RUNTIME,
+		env: { GREETING: 'hola' },
+		command: {
+			exec: ['bash', '-c', 'cat hello.txt; cat sub/dir/b.txt; printf "%s\\n" "$GREETING"; exit 3'],
+			files: [
+				{ path: 'hello.txt', content: enc('hi from file\n') },
+				{ path: 'sub/dir/b.txt', content: enc('nested ✓\n') },
+			],
+		},
+	});
+	assert.equal(res.stdout, 'hi from file\nnested ✓\nhola\n', 'stdout');
+	assert.equal(res.stderr, '', 'stderr');
+	assert.equal(res.exitCode, 3, 'exitCode');
+	assert.equal(typeof res.sandboxId, 'string');
+	state.oneshotId = res.sandboxId;
+});
+
+await check('run: top-level files, exit 0', async () => {
+	const res = await client.run({
+		runtime: RUNTIME,
+		files: [{ path: 'top.txt', content: enc('top-level\n') }],
+		command: { exec: ['cat', 'top.txt'] },
+	});
+	assert.equal(res.stdout, 'top-level\n', 'stdout');
+	assert.equal(res.exitCode, 0, 'exitCode');
+});
+
+await check('run: stdout/stderr Writables receive the output', async () => {
+	const out = collector();
+	const err = collector();
+	const res = await client.run(
+		{
+			runtime: RUNTIME,
+			command: { exec: ['bash', '-c', 'echo out1; echo err1 >&2; echo out2; echo err2 >&2'] },
+		},
+		{ stdout: out, stderr: err }
+	);
+	assert.equal(out.text(), 'out1\nout2\n', 'stdout writable');
+	assert.equal(err.text(), 'err1\nerr2\n', 'stderr writable');
+	assert.equal(res.stdout, 'out1\nout2\n', 'result.stdout');
+	assert.equal(res.stderr, 'err1\nerr2\n', 'result.stderr');
+	assert.equal(res.exitCode, 0, 'exitCode');
+});
+
+await check('run: oneshot sandbox terminates itself with its exit code', async () => {
+	// run() never DELETEs on success; the server must end the oneshot sandbox.
+	let info;
+	for (let i = 0; i < 40; i++) {
+		try {
+			info = await client.get(state.oneshotId);
+		} catch (err) {
+			assertApiError(err, 404, 'get of a finished oneshot sandbox');
+			return; // gone entirely is acceptable
+		}
+		if (['terminated', 'failed', 'deleted'].includes(info.status)) break;
+		await sleep(250);
+	}
+	assert.ok(
+		['terminated', 'failed', 'deleted'].includes(info.status),
+		`status after run is ${info.status}, expected terminated`
+	);
+	if (info.mode !== undefined) assert.equal(info.mode, 'oneshot', 'mode');
+	if (info.exitCode !== undefined) assert.equal(info.exitCode, 3, 'exitCode');
+}, { needs: ['oneshotId'] });
+
+await check('create: interactive sandbox', async () => {
+	const sbx = await client.create({
+		runtime: RUNTIME,
+		name: 'compat-interactive',
+		env: { FOO: 'bar' },
+		metadata: { suite: 'compat' },
+	});
+	assert.equal(typeof sbx.id, 'string');
+	assert.ok(SANDBOX_STATUSES.includes(sbx.status), `status ${sbx.status}`);
+	state.sbx = sbx;
+});
+
+await check('execute: pipe stdout/stderr, exit code, env', async () => {
+	const out = collector();
+	const err = collector();
+	const ex = await state.sbx.execute({
+		command: ['bash', '-c', 'echo "$FOO"; echo e1 >&2; exit 5'],
+		pipe: { stdout: out, stderr: err },
+	});
+	assert.equal(out.text(), 'bar\n', 'piped stdout');
+	assert.equal(err.text(), 'e1\n', 'piped stderr');
+	assert.equal(typeof ex.executionId, 'string');
+	assert.ok(['completed', 'failed'].includes(ex.status), `status ${ex.status}`);
+	assert.equal(ex.exitCode, 5, 'exitCode');
+	assert.equal(typeof ex.durationMs, 'number', 'durationMs');
+	state.ex5 = ex;
+}, { needs: ['sbx'] });
+
+await check('execute: stream URLs readable after completion (no auth)', async () => {
+	assert.equal(await readUrl(state.ex5.stdoutStreamUrl, 'stdout'), 'bar\n');
+	assert.equal(await readUrl(state.ex5.stderrStreamUrl, 'stderr'), 'e1\n');
+	assert.notEqual(state.ex5.stdoutStreamUrl, state.ex5.stderrStreamUrl, 'stdout and stderr URLs must differ');
+}, { needs: ['ex5'] });
+
+await check('execute: files, then exit 0, workspace persists', async () => {
+	const ex = await state.sbx.execute({
+		command: ['bash', '-c', 'cat data/x.txt && echo kept > kept.txt'],
+		files: [{ path: 'data/x.txt', content: enc('payload 42\n') }],
+	});
+	assert.equal(ex.status, 'completed', 'status');
+	assert.equal(ex.exitCode, 0, 'exitCode');
+	assert.equal(await readUrl(ex.stdoutStreamUrl, 'stdout'), 'payload 42\n');
+	const ex2 = await state.sbx.execute({ command: ['cat', 'kept.txt', 'data/x.txt'] });
+	assert.equal(ex2.exitCode, 0, 'second exitCode');
+	assert.equal(await readUrl(ex2.stdoutStreamUrl, 'stdout'), 'kept\npayload 42\n');
+	state.ex0 = ex;
+}, { needs: ['sbx'] });
+
+await check('execute: timeout ends with status timeout', async () => {
+	const t0 = Date.now();
+	const ex = await state.sbx.execute({ command: ['sleep', '30'], timeout: '1s' });
+	assert.equal(ex.status, 'timeout', `status ${ex.status} exit ${ex.exitCode}`);
+	assert.ok(Date.now() - t0 < 20_000, `took ${Date.now() - t0} ms`);
+}, { needs: ['sbx'] });
+
+await check('get: sandbox info', async () => {
+	const info = await client.get(state.sbx.id);
+	assert.equal(info.sandboxId, state.sbx.id);
+	assert.equal(info.status, 'idle', 'status after executions finished');
+	assert.ok(isIso(info.createdAt), `createdAt ${info.createdAt}`);
+	assert.ok(info.executions >= 4, `executions ${info.executions}`);
+	assert.equal(info.name, 'compat-interactive', 'name');
+	assert.equal(info.runtime?.name, RUNTIME, 'runtime.name');
+	assert.deepEqual(info.metadata, { suite: 'compat' }, 'metadata');
+}, { needs: ['sbx'] });
+
+await check('connect: instance executes against an existing id', async () => {
+	const inst = await client.connect(state.sbx.id);
+	assert.equal(inst.id, state.sbx.id);
+	const ex = await inst.execute({ command: ['cat', 'kept.txt'] });
+	assert.equal(ex.exitCode, 0);
+	assert.equal(await readUrl(ex.stdoutStreamUrl, 'stdout'), 'kept\n');
+	const info = await inst.get();
+	assert.equal(info.sandboxId, state.sbx.id);
+}, { needs: ['sbx'] });
+
+await check('list: contains the sandbox; limit; total', async () => {
+	const all = await client.list();
+	assert.ok(Array.isArray(all.sandboxes));
+	const mine = all.sandboxes.find((s) => s.sandboxId === state.sbx.id);
+	assert.ok(mine, `sandbox ${state.sbx.id} not in list`);
+	assert.ok(isIso(mine.createdAt), 'createdAt');
+	assert.equal(typeof mine.executions, 'number');
+	assert.ok(all.total >= all.sandboxes.length, `total ${all.total} < ${all.sandboxes.length}`);
+	const one = await client.list({ limit: 1 });
+	assert.equal(one.sandboxes.length, 1, 'limit=1');
+	assert.equal(one.total, all.total, 'total must not depend on limit');
+	const inter = await client.list({ mode: 'interactive' });
+	assert.ok(inter.sandboxes.some((s) => s.sandboxId === state.sbx.id), 'mode=interactive filter');
+	assert.ok(inter.sandboxes.every((s) => s.mode === undefined || s.mode === 'interactive'), 'mode filter leaks');
+}, { needs: ['sbx'] });
+
+await check('executions: list and get', async () => {
+	const { executions } = await client.listExecutions(state.sbx.id);
+	const ids = executions.map((e) => e.executionId);
+	assert.ok(ids.includes(state.ex5.executionId), 'exit-5 execution missing from list');
+	for (const e of executions) {
+		assert.equal(e.sandboxId, state.sbx.id);
+	}
+	const limited = await client.listExecutions(state.sbx.id, 1);
+	assert.equal(limited.executions.length, 1, 'limit=1');
+	const got = await client.getExecution(state.ex5.executionId);
+	assert.equal(got.executionId, state.ex5.executionId);
+	assert.equal(got.sandboxId, state.sbx.id);
+	assert.ok(TERMINAL_EXEC.includes(got.status), `status ${got.status}`);
+	assert.equal(got.exitCode, 5);
+	if (got.startedAt !== undefined) assert.ok(isIso(got.startedAt), `startedAt ${got.startedAt}`);
+	if (got.completedAt !== undefined) assert.ok(isIso(got.completedAt), `completedAt ${got.completedAt}`);
+	const waited = await client.getExecution(state.ex5.executionId, '1s');
+	assert.equal(waited.exitCode, 5, 'with wait=1s');
+}, { needs: ['sbx', 'ex5'] });
+
+await check('events: asc/desc/limit', async () => {
+	const asc = (await client.listEvents(state.sbx.id)).events;
+	assert.ok(asc.length >= 1, 'no events');
+	assert.equal(asc[0].type, 'create', `first event is ${asc[0].type}`);
+	for (const e of asc) {
+		assert.equal(e.sandboxId, state.sbx.id);
+		assert.ok(isIso(e.createdAt), `createdAt ${e.createdAt}`);
+		assert.equal(typeof e.event, 'object');
+	}
+	for (let i = 1; i < asc.length; i++) {
+		assert.ok(Date.parse(asc[i - 1].createdAt) <= Date.parse(asc[i].createdAt), 'asc order');
+	}
+	const desc = (await client.listEvents(state.sbx.id, { direction: 'desc' })).events;
+	assert.deepEqual(
+		desc.map((e) => e.eventId),
+		asc.map((e) => e.eventId).reverse(),
+		'desc must be asc reversed'
+	);
+	const first = (await client.listEvents(state.sbx.id, { limit: 1 })).events;
+	assert.equal(first.length, 1, 'limit=1');
+	assert.equal(first[0].eventId, asc[0].eventId, 'limit=1 asc is the oldest');
+	const last = (await client.listEvents(state.sbx.id, { limit: 1, direction: 'desc' })).events;
+	assert.equal(last[0].eventId, asc[asc.length - 1].eventId, 'limit=1 desc is the newest');
+}, { needs: ['sbx'] });
+
+if (EXTENDED) {
+	await check('fs: writeFiles / readFile / listFiles / rm / mkdir', async () => {
+		const n = await state.sbx.writeFiles([{ path: 'fs/a.txt', content: enc('A') }]);
+		assert.equal(n, 1, 'filesWritten');
+		const body = await new Response(await state.sbx.readFile('fs/a.txt')).text();
+		assert.equal(body, 'A');
+		const files = await state.sbx.listFiles('fs');
+		assert.ok(files.some((f) => f.path.endsWith('a.txt') && f.size === 1 && !f.isDir), JSON.stringify(files));
+		await state.sbx.mkDir('fs/d/e', true);
+		assert.deepEqual(await state.sbx.rmFile('fs/a.txt'), { found: true });
+		assert.deepEqual(await state.sbx.rmFile('fs/a.txt'), { found: false });
+		assert.deepEqual(await state.sbx.rmDir('fs/d', true), { found: true });
+	}, { needs: ['sbx'] });
+
+	await check('env: setEnv sets and deletes', async () => {
+		const env = await state.sbx.setEnv({ NEWVAR: 'x', FOO: null });
+		assert.equal(env.NEWVAR, 'x');
+		assert.equal(env.FOO, undefined);
+		const ex = await state.sbx.execute({ command: ['bash', '-c', 'echo "${NEWVAR}-${FOO:-unset}"'] });
+		assert.equal(await readUrl(ex.stdoutStreamUrl, 'stdout'), 'x-unset\n');
+	}, { needs: ['sbx'] });
+}
+
+// ---- errors
+
+await check('errors: unknown sandbox id -> APIError 404 (get, destroy, executions, events)', async () => {
+	assertApiError(await rejects(client.get(MISSING_SANDBOX), 'get'), 404, 'get');
+	assertApiError(await rejects(client.destroy(MISSING_SANDBOX), 'destroy'), 404, 'destroy');
+	assertApiError(await rejects(client.listExecutions(MISSING_SANDBOX), 'listExecutions'), 404, 'listExecutions');
+	assertApiError(await rejects(client.listEvents(MISSING_SANDBOX), 'listEvents'), 404, 'listEvents');
+});
+
+await check('errors: unknown execution id -> APIError 404', async () => {
+	assertApiError(await rejects(client.getExecution(MISSING_EXECUTION), 'getExecution'), 404, 'getExecution');
+});
+
+await check('errors: bad runtime -> APIError 4xx (create and run)', async () => {
+	const e1 = await rejects(client.create({ runtime: 'nosuchruntime:0' }), 'create');
+	assertApiError(e1, [400, 404, 422], 'create with bad runtime');
+	const e2 = await rejects(
+		client.run({ runtime: 'nosuchruntime:0', command: { exec: ['true'] } }),
+		'run'
+	);
+	assertApiError(e2, [400, 404, 422], 'run with bad runtime');
+});
+
+await check('errors: wrong API key -> APIError 401', async () => {
+	const bad = new SandboxClient({ url: URL_, apiKey: `${API_KEY}-wrong` });
+	assertApiError(await rejects(bad.listRuntimes(), 'listRuntimes'), 401, 'wrong key');
+	assertApiError(await rejects(bad.list(), 'list'), 401, 'wrong key (list)');
+	assertApiError(await rejects(bad.get(state.sbx?.id ?? MISSING_SANDBOX), 'get'), 401, 'wrong key (get)');
+});
+
+await check('errors: missing API key -> APIError 401', async () => {
+	const none = new SandboxClient({ url: URL_, apiKey: '' }); // sends no Authorization header
+	assertApiError(await rejects(none.listRuntimes(), 'listRuntimes'), 401, 'no key');
+});
+
+// ---- destroy last
+
+await check('destroy: sandbox goes away; execute afterwards fails fast', async () => {
+	await state.sbx.destroy();
+	let info;
+	try {
+		info = await client.get(state.sbx.id);
+	} catch (err) {
+		assertApiError(err, 404, 'get after destroy');
+	}
+	if (info) {
+		assert.ok(
+			['stopping', 'terminated', 'deleted'].includes(info.status),
+			`status after destroy: ${info.status}`
+		);
+	}
+	const err = await rejects(state.sbx.execute({ command: ['true'] }), 'execute after destroy');
+	const tag = err?._tag;
+	assert.ok(
+		['SandboxNotFoundError', 'SandboxTerminatedError', 'SandboxBusyError'].includes(tag) ||
+			(tag === 'APIErrorResponse' && err.status >= 400 && err.status < 500),
+		`execute after destroy: ${describeError(err)}`
+	);
+	const gone = await client.list();
+	const still = gone.sandboxes.find((s) => s.sandboxId === state.sbx.id);
+	assert.ok(!still || ['stopping', 'terminated', 'deleted'].includes(still.status), `listed as ${still?.status}`);
+}, { needs: ['sbx'] });
+
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,167 @@
+"""Wire compatibility: the real ``@agentuity/core`` SandboxClient against a live ``hutch serve``.
+
+Setup once (Node >= 20):  ``tests/compat/setup.sh``  (runs ``npm ci`` here).
+Run:                      ``pytest -m compat tests/compat``
+
+The Node side is ``compat.mjs``; it prints one line per check and ``N passed, M failed``.
+The protocol it checks is written down in ``docs/wire.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.compat
+
+COMPAT_DIR = Path(__file__).resolve().parent
+NODE_TIMEOUT_S = float(os.environ.get("HUTCH_COMPAT_TIMEOUT", "1200"))
+READY_TIMEOUT_S = float(os.environ.get("HUTCH_COMPAT_READY_TIMEOUT", "120"))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hutch_command() -> list[str]:
+    beside = Path(sys.executable).with_name("hutch")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("hutch")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from hutch.cli import main; sys.exit(main())"]
+
+
+def _tail(path: Path, lines: int = 80) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"<cannot read {path}: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, key: str, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"hutch serve exited with {proc.returncode} before it was ready\n"
+                f"--- server log ---\n{_tail(log)}"
+            )
+        req = urllib.request.Request(
+            f"{url}/sandbox/runtimes", headers={"Authorization": f"Bearer {key}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                body = resp.read()
+                if resp.status == 200 and json.loads(body).get("success") is True:
+                    return
+                last = f"HTTP {resp.status}: {body[:200]!r}"
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+            exc.close()
+        except (OSError, ValueError) as exc:
+            last = repr(exc)
+        time.sleep(0.2)
+    pytest.fail(
+        f"hutch serve not ready after {READY_TIMEOUT_S}s (GET /sandbox/runtimes: {last})\n"
+        f"--- server log ---\n{_tail(log)}"
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
+def test_agentuity_sandbox_client_against_live_server(tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node (>= 20) is not on PATH; the compat test needs it")
+    if not (COMPAT_DIR / "node_modules" / "@agentuity" / "core" / "package.json").exists():
+        pytest.fail(
+            f"{COMPAT_DIR / 'node_modules'} is missing: run tests/compat/setup.sh "
+            "(npm ci of the pinned @agentuity/core) before the compat tests"
+        )
+
+    key = "hk_compat_" + secrets.token_hex(16)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    log = tmp_path / "server.log"
+
+    env = dict(os.environ)  # passes HUTCH_RUNTIME_CACHE (and PATH etc.) through
+    env["HUTCH_API_KEY"] = key
+    cmd = [
+        *_hutch_command(),
+        "serve",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--data-dir", str(data_dir),
+    ]  # fmt: skip
+    if os.environ.get("HUTCH_COMPAT_DRIVER"):
+        cmd += ["--driver", os.environ["HUTCH_COMPAT_DRIVER"]]
+
+    with log.open("wb") as log_fh:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    try:
+        _wait_ready(proc, url, key, log)
+
+        node_env = {
+            k: v for k, v in os.environ.items() if not k.startswith("AGENTUITY_")
+        }
+        node_env.update(HUTCH_URL=url, HUTCH_API_KEY=key)
+        try:
+            result = subprocess.run(
+                [node, "compat.mjs"],
+                cwd=COMPAT_DIR,
+                env=node_env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=NODE_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+            pytest.fail(
+                f"node compat.mjs did not finish in {NODE_TIMEOUT_S}s\n--- node output ---\n"
+                f"{out or ''}\n--- server log ---\n{_tail(log)}"
+            )
+        print(result.stdout)
+        if result.returncode != 0:
+            pytest.fail(
+                f"node compat.mjs exited {result.returncode}\n"
+                f"--- node stdout ---\n{result.stdout}\n--- node stderr ---\n{result.stderr}\n"
+                f"--- server log (tail) ---\n{_tail(log)}",
+                pytrace=False,
+            )
+        last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+        assert last.endswith(" passed, 0 failed"), f"unexpected summary line: {last!r}"
+    finally:
+        _stop(proc)
