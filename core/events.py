@@ -23,9 +23,7 @@ class SandboxCreated:
     type: ClassVar[str] = "create"
     spec: SandboxSpec
     api_key_id: str | None = None
-    initial_execution_id: str | None = None  # oneshot: the command that runs at create
-    stdout_stream_id: str | None = None
-    stderr_stream_id: str | None = None
+    initial_execution_id: str | None = None  # the command that runs at create (oneshot)
 
 
 @attrs.frozen

@@ -153,8 +153,6 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
             updated_at=at,
             api_key_id=data.api_key_id,
             initial_execution_id=data.initial_execution_id,
-            stdout_stream_id=data.stdout_stream_id,
-            stderr_stream_id=data.stderr_stream_id,
         )
     if sandbox is None:
         return None  # an event for a sandbox we never saw created: nothing to fold into

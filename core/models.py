@@ -99,8 +99,6 @@ class Sandbox:
     running: frozenset[str] = frozenset()  # execution ids in flight
     exit_code: int | None = None  # of the oneshot command / last execution, when final
     reason: str | None = None  # why it failed or terminated
-    stdout_stream_id: str | None = None  # oneshot: the initial execution's streams
-    stderr_stream_id: str | None = None
     initial_execution_id: str | None = None
     api_key_id: str | None = None  # which key created it (audit)
 

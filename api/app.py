@@ -1,0 +1,165 @@
+"""The aiohttp application: middlewares (envelope, auth), routes, and the lifetimes of
+the event log, projection store, driver and engine (owned by one cleanup_ctx)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import web
+
+from api.config import Config, resolve_api_key
+from api.keys import API_KEY, CONFIG, ENGINE
+from api.output import OutputStore
+from api.routes import sandboxes, streams
+from api.service import Engine
+from core.errors import HutchError, InvalidInput, Unauthorized
+from core.eventlog.base import open_event_log
+from drivers.base import Driver
+from projections.base import ProjectionStore
+
+log = logging.getLogger("hutch.api")
+
+# Paths anyone may call: health, and stream URLs (their id is the capability).
+_PUBLIC_PREFIXES = ("/streams/", "/healthz")
+
+
+def _error(status: int, message: str, code: str, **extra: object) -> web.Response:
+    return web.json_response({"success": False, "message": message, "code": code, **extra}, status=status)
+
+
+@web.middleware
+async def envelope_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    try:
+        return await handler(request)
+    except HutchError as err:
+        return web.json_response(err.to_wire(), status=err.status)
+    except web.HTTPRequestEntityTooLarge as err:
+        return _error(413, f"body: larger than the {err.max_size} bytes this server accepts", "PAYLOAD_TOO_LARGE")
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(err.status, "HTTP_ERROR")
+        message = f"{request.method} {request.path}: " + (
+            "no such endpoint" if err.status == 404 else err.reason
+        )
+        return _error(err.status, message, code)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error(500, "internal error; see the server log", "INTERNAL_ERROR")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    if request.path.startswith(_PUBLIC_PREFIXES):
+        return await handler(request)
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("Authorization header must be 'Bearer <api key>'")
+    expected = request.app[API_KEY]
+    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise Unauthorized("invalid API key")
+    # Audit: which key acted, without keeping the key itself.
+    request["api_key_id"] = "key_" + hashlib.sha256(token.encode()).hexdigest()[:12]
+    return await handler(request)
+
+
+def make_driver(config: Config) -> Driver:
+    if config.driver == "fake":
+        from drivers.fake.driver import FakeDriver
+
+        return FakeDriver()
+    if config.driver == "local":
+        from drivers.local.driver import LocalDriver
+
+        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
+    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local or fake", field="driver")
+
+
+def make_store(config: Config) -> ProjectionStore:
+    if config.store in ("memory", ""):
+        from projections.memory import MemoryProjectionStore
+
+        return MemoryProjectionStore()
+    raise InvalidInput(f"store: unsupported store {config.store!r}; expected memory", field="store")
+
+
+def _stream_secret(data_dir: Path) -> bytes:
+    path = data_dir / "stream-secret"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+    return bytes.fromhex(path.read_text().strip())
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Two servers on one data dir would interleave one log and fight over sandboxes."""
+    fd = os.open(data_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        os.close(fd)
+        raise InvalidInput(f"data dir {data_dir} is in use by another hutch server", field="data_dir") from err
+    return fd
+
+
+def create_app(config: Config) -> web.Application:
+    app = web.Application(middlewares=[envelope_middleware, auth_middleware], client_max_size=config.max_body_bytes)
+    app[CONFIG] = config
+    app.router.add_get("/healthz", _health)
+    app.add_routes(sandboxes.routes)
+    app.add_routes(streams.routes)
+    app.cleanup_ctx.append(_engine_ctx)
+    return app
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"success": True, "data": {"status": "ok"}})
+
+
+async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    lock_fd = _lock_data_dir(config.data_dir)
+    app[API_KEY] = resolve_api_key(config)[0]
+    event_log = open_event_log(config.event_log, config.data_dir)
+    store = make_store(config)
+    driver = make_driver(config)
+    outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
+    outputs.start()
+    await event_log.start()
+    await store.start()
+    await driver.start()
+    engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
+                    stream_secret=_stream_secret(config.data_dir))
+    await engine.start()
+    app[ENGINE] = engine
+    try:
+        yield
+    finally:
+        await engine.close()
+        await driver.close()
+        await store.close()
+        await event_log.close()
+        os.close(lock_fd)
+
+
+def run_server(config: Config) -> None:
+    """Blocking: serve until interrupted. Prints the address, and a newly generated key once."""
+    logging.basicConfig(level=os.environ.get("HUTCH_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    key, generated = resolve_api_key(config)
+    if generated:
+        print(f"hutch: generated API key (stored in {config.data_dir / 'api-key'}): {key}", flush=True)
+    print(f"hutch: serving on http://{config.host}:{config.port} (data dir {config.data_dir}, driver {config.driver})", flush=True)
+    web.run_app(create_app(config), host=config.host, port=config.port, print=None, access_log=None)

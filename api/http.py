@@ -1,0 +1,84 @@
+"""HTTP helpers shared by the routes: the envelope, query parsing, JSON bodies."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from api.keys import CONFIG
+from core.errors import InvalidInput
+from core.quantities import parse_duration
+
+
+def ok(data: Any = None, *, status: int = 200, **top: Any) -> web.Response:
+    body: dict[str, Any] = {"success": True}
+    if data is not None:
+        body["data"] = data
+    body.update(top)
+    return web.json_response(body, status=status)
+
+
+async def json_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise InvalidInput("body: a JSON object is required", field="body")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInput(f"body: invalid JSON ({err})", field="body") from err
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected a JSON object", field="body")
+    return body
+
+
+def q_int(request: web.Request, name: str, default: int, *, lo: int = 0, hi: int | None = None) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as err:
+        raise InvalidInput(f"{name}: expected an integer, got {raw!r}", field=name) from err
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise InvalidInput(f"{name}: must be {bound}, got {value}", field=name)
+    return value
+
+
+def q_bool(request: web.Request, name: str) -> bool | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise InvalidInput(f"{name}: expected true or false, got {raw!r}", field=name)
+
+
+def q_choice(request: web.Request, name: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in choices:
+        raise InvalidInput(f"{name}: expected one of {', '.join(choices)}, got {raw!r}", field=name)
+    return raw
+
+
+def q_duration(request: web.Request, name: str) -> float:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return 0.0
+    return parse_duration(name, raw)
+
+
+def base_url(request: web.Request) -> str:
+    """Stream URLs must be absolute; build them from the configured public URL or the request."""
+    configured = request.app[CONFIG].public_url
+    if configured:
+        return configured.rstrip("/")
+    return f"{request.scheme}://{request.host}"

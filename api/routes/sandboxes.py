@@ -1,0 +1,188 @@
+"""/sandbox…: create, list, get, status, destroy, execute, executions, events, runtimes."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from api import wire
+from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
+from api.keys import ENGINE
+from api.service import Engine, redact_event
+from core.errors import InvalidInput
+from core.models import Execution, Mode, Sandbox, SandboxStatus
+from projections.base import SandboxQuery
+
+routes = web.RouteTableDef()
+
+_STATUSES = tuple(s.value for s in SandboxStatus)
+_SORTS = {"name": "name", "created": "createdAt", "createdAt": "createdAt", "updated": "updatedAt",
+          "updatedAt": "updatedAt", "status": "status"}
+
+
+def _urls(request: web.Request, engine: Engine, execution_id: str) -> tuple[str, str]:
+    base = base_url(request)
+    return (
+        f"{base}/streams/{engine.stream_id(execution_id, 'stdout')}",
+        f"{base}/streams/{engine.stream_id(execution_id, 'stderr')}",
+    )
+
+
+def render_sandbox(request: web.Request, sb: Sandbox) -> dict:
+    engine = request.app[ENGINE]
+    urls = _urls(request, engine, sb.initial_execution_id) if sb.initial_execution_id else None
+    return wire.sandbox_info(sb, urls)
+
+
+def render_execution(request: web.Request, ex: Execution) -> dict:
+    out, err = _urls(request, request.app[ENGINE], ex.execution_id)
+    return wire.execution_info(ex, out, err)
+
+
+@routes.get("/sandbox/runtimes")
+async def list_runtimes(request: web.Request) -> web.Response:
+    limit = q_int(request, "limit", 100, lo=1, hi=1000)
+    offset = q_int(request, "offset", 0)
+    sort = q_choice(request, "sort", ("name", "created"), "name")
+    direction = q_choice(request, "direction", ("asc", "desc"), "asc")
+    catalog = request.app[ENGINE].runtime_catalog()
+    if sort == "name":
+        catalog.sort(key=lambda item: item[0].name, reverse=direction == "desc")
+    elif direction == "desc":
+        catalog.reverse()
+    page = catalog[offset : offset + limit]
+    return ok({"runtimes": [wire.runtime_info(r, avail) for r, avail in page], "total": len(catalog)})
+
+
+@routes.post("/sandbox")
+async def create(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    req = wire.parse_create(await json_body(request))
+    created = await engine.create(req, api_key_id=request.get("api_key_id"))
+    sb = created.sandbox
+    data = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
+    if created.execution_id:
+        out, err = _urls(request, engine, created.execution_id)
+        data.update(
+            executionId=created.execution_id,
+            stdoutStreamId=engine.stream_id(created.execution_id, "stdout"),
+            stdoutStreamUrl=out,
+            stderrStreamId=engine.stream_id(created.execution_id, "stderr"),
+            stderrStreamUrl=err,
+        )
+    return ok(data, status=201)
+
+
+@routes.get("/sandbox")
+async def list_sandboxes(request: web.Request) -> web.Response:
+    sort = q_choice(request, "sort", tuple(_SORTS), "created")
+    mode = q_choice(request, "mode", tuple(m.value for m in Mode))
+    query = SandboxQuery(
+        name=request.query.get("name") or None,
+        mode=mode,
+        project_id=request.query.get("projectId") or None,
+        status=q_choice(request, "status", _STATUSES),
+        live=q_bool(request, "live"),
+        deleted_only=bool(q_bool(request, "deletedOnly")),
+        limit=q_int(request, "limit", 50, lo=1, hi=100),
+        offset=q_int(request, "offset", 0),
+        sort=_SORTS[sort or "created"],
+        direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
+    )
+    if request.query.get("snapshotId"):
+        return ok({"sandboxes": [], "total": 0})  # no sandbox here was made from a snapshot
+    found, total = await request.app[ENGINE].list(query)
+    return ok({"sandboxes": [render_sandbox(request, sb) for sb in found], "total": total})
+
+
+def _wanted_statuses(request: web.Request) -> set[SandboxStatus] | None:
+    raw = request.query.get("waitForStatus")
+    if not raw:
+        return None
+    out = set()
+    for part in raw.split(","):
+        try:
+            out.add(SandboxStatus(part.strip()))
+        except ValueError as err:
+            raise InvalidInput(
+                f"waitForStatus: unknown status {part!r}; expected some of {', '.join(_STATUSES)}",
+                field="waitForStatus",
+            ) from err
+    return out
+
+
+async def _maybe_wait(request: web.Request, sandbox_id: str) -> Sandbox:
+    engine = request.app[ENGINE]
+    wanted = _wanted_statuses(request)
+    wait_ms = q_int(request, "waitMs", 0)
+    include_deleted = bool(q_bool(request, "includeDeleted"))
+    if wanted and wait_ms:
+        sb = await engine.wait_status(sandbox_id, wanted, wait_ms / 1000)
+        if sb.status is SandboxStatus.DELETED and not include_deleted and SandboxStatus.DELETED not in wanted:
+            return await engine.get(sandbox_id, include_deleted=False)
+        return sb
+    return await engine.get(sandbox_id, include_deleted=include_deleted or bool(wanted and SandboxStatus.DELETED in wanted))
+
+
+@routes.get("/sandbox/status/{sandbox_id}")
+async def status(request: web.Request) -> web.Response:
+    sb = await _maybe_wait(request, request.match_info["sandbox_id"])
+    data = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
+    if sb.status.is_final and sb.exit_code is not None:
+        data["exitCode"] = sb.exit_code
+    return ok(data)
+
+
+@routes.get("/sandbox/execution/{execution_id}")
+async def get_execution(request: web.Request) -> web.Response:
+    ex = await request.app[ENGINE].get_execution(request.match_info["execution_id"], wait=q_duration(request, "wait"))
+    return ok(render_execution(request, ex))
+
+
+@routes.get("/sandbox/sandboxes/{sandbox_id}/executions")
+async def list_executions(request: web.Request) -> web.Response:
+    limit = q_int(request, "limit", 50, lo=1, hi=1000)
+    found = await request.app[ENGINE].list_executions(request.match_info["sandbox_id"], limit)
+    return ok({"executions": [render_execution(request, ex) for ex in found]})
+
+
+@routes.get("/sandbox/sandboxes/{sandbox_id}/events")
+async def list_events(request: web.Request) -> web.Response:
+    limit = q_int(request, "limit", 50, lo=1, hi=100)
+    direction = q_choice(request, "direction", ("asc", "desc"), "asc")
+    found = await request.app[ENGINE].events(request.match_info["sandbox_id"], limit=limit, reverse=direction == "desc")
+    return ok(
+        {
+            "events": [
+                {
+                    "eventId": ev.event_id,
+                    "sandboxId": ev.sandbox_id,
+                    "type": ev.type,
+                    "event": redact_event(ev),
+                    "createdAt": ev.created_at,
+                    "position": ev.position,  # hutch extra: the log position
+                }
+                for ev in found
+            ]
+        }
+    )
+
+
+@routes.get("/sandbox/{sandbox_id}")
+async def get_sandbox(request: web.Request) -> web.Response:
+    sb = await _maybe_wait(request, request.match_info["sandbox_id"])
+    return ok(render_sandbox(request, sb))
+
+
+@routes.delete("/sandbox/{sandbox_id}")
+async def destroy(request: web.Request) -> web.Response:
+    await request.app[ENGINE].destroy(request.match_info["sandbox_id"])
+    return ok()
+
+
+@routes.post("/sandbox/{sandbox_id}/execute")
+async def execute(request: web.Request) -> web.Response:
+    req = wire.parse_execute(await json_body(request))
+    ex = await request.app[ENGINE].execute(request.match_info["sandbox_id"], req)
+    info = render_execution(request, ex)
+    data = {k: info[k] for k in ("executionId", "status", "stdoutStreamUrl", "stderrStreamUrl") if k in info}
+    return ok(data)

@@ -1,0 +1,399 @@
+"""The service layer: HTTP-free operations that turn requests into commands, commands
+into events (via ``core.lifecycle.decide``), and events into driver calls.
+
+Writes for one sandbox are serialised by a per-sandbox lock: read the state, decide,
+append, wait until the projector has applied the append (read-your-writes). Reads go
+to the projection store; the events API reads the log itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from api.output import OutputStore
+from api.wire import CreateRequest, ExecuteRequest
+from core import ids, runtimes
+from core.errors import (
+    DriverFailure,
+    ExecutionNotFound,
+    HutchError,
+    IllegalTransition,
+    NotSupported,
+    RuntimeNotFound,
+    SandboxNotFound,
+)
+from core.eventlog.base import EventLog
+from core.events import Event, SandboxCreated
+from core.lifecycle import Destroy, Fail, FinishExecution, Start, StartExecution, Terminate, decide
+from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from core.quantities import format_bytes, parse_duration
+from drivers.base import Driver, ExecRequest, ExecResult, FileToWrite, ProvisionRequest, Resources, Stream
+from projections.base import ProjectionStore, SandboxQuery
+from projections.runner import Projector
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for 5m)
+CREATING_WAIT_SECONDS = 60.0
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+class _Sink:
+    def __init__(self, stdout, stderr) -> None:  # type: ignore[no-untyped-def]
+        self.streams = {"stdout": stdout, "stderr": stderr}
+
+    def write(self, stream: Stream, data: bytes) -> None:
+        self.streams[stream].write(data)
+
+
+@attrs.frozen
+class Created:
+    sandbox: Sandbox
+    execution_id: str | None
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        event_log: EventLog,
+        store: ProjectionStore,
+        driver: Driver,
+        outputs: OutputStore,
+        stream_secret: bytes,
+    ) -> None:
+        self.log = event_log
+        self.store = store
+        self.driver = driver
+        self.outputs = outputs
+        self.projector = Projector(event_log, store)
+        self._secret = stream_secret
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    # ---------------------------------------------------------------- lifetime
+
+    async def start(self) -> None:
+        await self.projector.start()
+        await self._recover()
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        for task in list(self._tasks.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.projector.close()
+
+    async def _recover(self) -> None:
+        """Sandboxes whose processes died with an old server end through a lifecycle event."""
+        alive = await self.driver.alive()
+        live, _ = await self.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+        for sb in live:
+            if sb.sandbox_id in alive and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
+                for ex in await self.store.list_executions(sb.sandbox_id):
+                    if not ex.status.is_final:
+                        await self._command(
+                            sb.sandbox_id,
+                            FinishExecution(ex.execution_id, ExecutionStatus.FAILED, error="the server restarted while it ran"),
+                        )
+                if sb.spec.mode is Mode.ONESHOT:
+                    await self._end(sb.sandbox_id, Terminate(reason="the server restarted during the oneshot command"))
+                continue
+            reason = "the server restarted and the sandbox's processes were gone"
+            if sb.status is SandboxStatus.CREATING:
+                await self._command(sb.sandbox_id, Fail(reason=reason))
+            else:
+                await self._command(sb.sandbox_id, Terminate(reason=reason))
+            with contextlib.suppress(Exception):
+                await self.driver.destroy(sb.sandbox_id)
+
+    # ---------------------------------------------------------------- writes
+
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    async def _append(self, sandbox_id: str, payloads: Iterable[object]) -> list[Event]:
+        at = now_iso()
+        events = [Event(ids.new_id("event"), sandbox_id, at, p) for p in payloads]  # type: ignore[arg-type]
+        if not events:
+            return []
+        positions = await self.log.append(events)
+        await self.projector.wait_for(positions[-1])
+        return [attrs.evolve(e, position=p) for e, p in zip(events, positions, strict=True)]
+
+    async def _command(self, sandbox_id: str, command: object) -> list[Event]:
+        async with self._lock(sandbox_id):
+            sb = await self._require(sandbox_id)
+            return await self._append(sandbox_id, decide(sb, command))  # type: ignore[arg-type]
+
+    async def _require(self, sandbox_id: str, *, include_deleted: bool = True) -> Sandbox:
+        sb = await self.store.get_sandbox(sandbox_id)
+        if sb is None or (sb.status is SandboxStatus.DELETED and not include_deleted):
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+        return sb
+
+    # ---------------------------------------------------------------- create
+
+    async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
+        spec = req.spec
+        if spec.runtime not in self.driver.runtimes_available():
+            raise RuntimeNotFound(
+                f"runtime: {spec.runtime} is in the catalog but not built on this host; "
+                f"build it with: hutch runtime build {spec.runtime}",
+                field="runtime",
+            )
+        if spec.network.enabled and not self.driver.capabilities.network:
+            raise NotSupported(
+                f"network.enabled: driver {self.driver.name} cannot give sandboxes network access yet",
+                field="network.enabled",
+            )
+        if spec.network.port is not None:
+            raise NotSupported("network.port: exposing ports is not available on this server yet", field="network.port")
+        sandbox_id = ids.new_id("sandbox")
+        execution_id = ids.new_id("execution") if req.command else None
+        await self._append(
+            sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id)]
+        )
+        try:
+            await self.driver.provision(_provision_request(sandbox_id, spec))
+            if req.files:
+                await self.driver.write_files(sandbox_id, req.files)
+        except BaseException as err:
+            reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
+            with contextlib.suppress(Exception):
+                await self.driver.destroy(sandbox_id)
+            await self._command(sandbox_id, Fail(reason=f"provisioning failed: {reason}"))
+            if isinstance(err, HutchError):
+                raise
+            if not isinstance(err, Exception):
+                raise
+            raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
+        await self._command(sandbox_id, Start())
+        if req.command and execution_id:
+            await self._start_execution(sandbox_id, execution_id, req.command, self._default_timeout(spec))
+        return Created(sandbox=await self._require(sandbox_id), execution_id=execution_id)
+
+    # ---------------------------------------------------------------- execute
+
+    def _default_timeout(self, spec: SandboxSpec) -> float | None:
+        if spec.timeout.execution is None:
+            return None
+        seconds = parse_duration("timeout.execution", spec.timeout.execution)
+        return seconds or None  # "0s" = no limit
+
+    async def _wait_not_creating(self, sandbox_id: str) -> Sandbox:
+        sb = await self._require(sandbox_id, include_deleted=False)
+        if sb.status is SandboxStatus.CREATING:
+            sb = await self.wait_status(
+                sandbox_id, {s for s in SandboxStatus if s is not SandboxStatus.CREATING}, CREATING_WAIT_SECONDS
+            )
+        return sb
+
+    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> Execution:
+        sb = await self._wait_not_creating(sandbox_id)
+        if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
+            raise IllegalTransition(
+                f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
+            )
+        if req.files:
+            await self.driver.write_files(sandbox_id, req.files)
+        timeout = self._default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
+        execution_id = ids.new_id("execution")
+        await self._start_execution(sandbox_id, execution_id, req.command, timeout)
+        ex = await self.store.get_execution(execution_id)
+        assert ex is not None
+        return ex
+
+    async def _start_execution(
+        self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None
+    ) -> None:
+        # Streams exist before anyone learns their URLs, so a reader never sees a 404.
+        stdout = self.outputs.create(self.stream_id(execution_id, "stdout"))
+        stderr = self.outputs.create(self.stream_id(execution_id, "stderr"))
+        try:
+            await self._command(sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout))
+        except BaseException:
+            self.outputs.close(self.stream_id(execution_id, "stdout"))
+            self.outputs.close(self.stream_id(execution_id, "stderr"))
+            raise
+        task = asyncio.create_task(
+            self._run(sandbox_id, execution_id, command, timeout, _Sink(stdout, stderr)), name=f"exec-{execution_id}"
+        )
+        self._tasks[execution_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
+
+    async def _run(
+        self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None, sink: _Sink
+    ) -> None:
+        sb = await self._require(sandbox_id)
+        started = time.monotonic()
+        error: str | None = None
+        result: ExecResult | None = None
+        try:
+            result = await self.driver.exec(
+                ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout), sink
+            )
+        except asyncio.CancelledError:
+            error = "the server shut down while the command ran"
+        except HutchError as err:
+            error = err.message
+        except Exception as err:
+            log.exception("execution %s failed in the driver", execution_id)
+            error = f"{type(err).__name__}: {err}"
+        finally:
+            duration_ms = int((time.monotonic() - started) * 1000)
+            truncated = any(s.truncated for s in sink.streams.values())
+            self.outputs.close(self.stream_id(execution_id, "stdout"))
+            self.outputs.close(self.stream_id(execution_id, "stderr"))
+        if result is None:
+            finish = FinishExecution(execution_id, ExecutionStatus.FAILED, error=error, duration_ms=duration_ms, output_truncated=truncated)
+        elif result.timed_out:
+            finish = FinishExecution(
+                execution_id, ExecutionStatus.TIMEOUT, exit_code=result.exit_code, duration_ms=duration_ms,
+                error=f"timed out after {timeout:g}s" if timeout else "timed out", output_truncated=truncated,
+            )
+        elif result.cancelled:
+            finish = FinishExecution(
+                execution_id, ExecutionStatus.CANCELLED, exit_code=result.exit_code, duration_ms=duration_ms,
+                error="cancelled", output_truncated=truncated,
+            )
+        elif result.oom_killed:
+            limit = sb.spec.resources.memory_bytes
+            finish = FinishExecution(
+                execution_id, ExecutionStatus.FAILED, exit_code=result.exit_code, duration_ms=duration_ms,
+                error="killed: out of memory" + (f" (limit {format_bytes(limit)})" if limit else ""),
+                output_truncated=truncated,
+            )
+        else:
+            finish = FinishExecution(
+                execution_id, ExecutionStatus.COMPLETED, exit_code=result.exit_code, duration_ms=duration_ms,
+                output_truncated=truncated,
+            )
+        with contextlib.suppress(IllegalTransition, SandboxNotFound):  # the sandbox ended under it
+            await self._command(sandbox_id, finish)
+        if sb.spec.mode is Mode.ONESHOT:
+            code = finish.exit_code if finish.exit_code is not None else 1
+            await self._end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))
+
+    async def _end(self, sandbox_id: str, command: Terminate) -> None:
+        try:
+            await self.driver.destroy(sandbox_id)
+        except Exception as err:  # still record the end; the driver cleans leftovers at start
+            log.exception("destroying %s failed", sandbox_id)
+            await self._command(sandbox_id, Fail(reason=f"destroy failed: {err}"))
+            return
+        await self._command(sandbox_id, command)
+
+    # ---------------------------------------------------------------- destroy
+
+    async def destroy(self, sandbox_id: str) -> None:
+        sb = await self._require(sandbox_id)
+        if sb.status is SandboxStatus.DELETED:
+            return
+        await self._command(sandbox_id, Destroy())
+        for ex in await self.store.list_executions(sandbox_id):
+            if not ex.status.is_final:
+                with contextlib.suppress(Exception):
+                    await self.driver.cancel(ex.execution_id)
+        await self.driver.destroy(sandbox_id)
+        await self._command(sandbox_id, Terminate(reason="destroyed on request", deleted=True))
+
+    # ---------------------------------------------------------------- reads
+
+    async def get(self, sandbox_id: str, *, include_deleted: bool = False) -> Sandbox:
+        return await self._require(sandbox_id, include_deleted=include_deleted)
+
+    async def list(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+        return await self.store.list_sandboxes(query)
+
+    async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
+        ex = await self.store.get_execution(execution_id)
+        if ex is None:
+            raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
+        if ex.status.is_final or wait <= 0:
+            return ex
+        return await self._wait(
+            lambda: self.store.get_execution(execution_id), lambda e: e.status.is_final, min(wait, MAX_WAIT_SECONDS)
+        )
+
+    async def list_executions(self, sandbox_id: str, limit: int | None) -> list[Execution]:
+        await self._require(sandbox_id)
+        return await self.store.list_executions(sandbox_id, limit)
+
+    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
+        await self._require(sandbox_id)
+        return await self._wait(
+            lambda: self._require(sandbox_id), lambda s: s.status in statuses, min(wait, MAX_WAIT_SECONDS)
+        )
+
+    async def _wait(self, read, done, wait: float):  # type: ignore[no-untyped-def]
+        """Hold until ``done(read())`` or ``wait`` seconds pass; returns the last read."""
+        queue = self.projector.listen()
+        deadline = time.monotonic() + wait
+        try:
+            while True:
+                value = await read()
+                remaining = deadline - time.monotonic()
+                if done(value) or remaining <= 0:
+                    return value
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue.get(), remaining)
+                while not queue.empty():  # coalesce a burst of events into one re-read
+                    queue.get_nowait()
+        finally:
+            self.projector.unlisten(queue)
+
+    async def events(self, sandbox_id: str, *, limit: int, reverse: bool) -> list[Event]:
+        await self._require(sandbox_id)
+        return await self.log.read(0, sandbox_id=sandbox_id, limit=limit, reverse=reverse)
+
+    # ---------------------------------------------------------------- streams
+
+    def stream_id(self, execution_id: str, stream: str) -> str:
+        """Derived, not stored: an HMAC under a server secret, so stream URLs are unguessable
+        capabilities (the client fetches them without credentials)."""
+        digest = hmac.new(self._secret, f"{execution_id}:{stream}".encode(), hashlib.sha256).hexdigest()
+        return "stm_" + digest[:32]
+
+    def runtime_catalog(self) -> list[tuple[runtimes.RuntimeRecipe, bool]]:
+        available = self.driver.runtimes_available()
+        return [(r, r.name in available) for r in runtimes.CATALOG]
+
+
+def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
+    r = spec.resources
+    return ProvisionRequest(
+        sandbox_id=sandbox_id,
+        runtime=spec.runtime,
+        resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
+        network_enabled=spec.network.enabled,
+        env=dict(spec.env),
+    )
+
+
+def redact_event(event: Event) -> dict[str, Any]:
+    """The events API payload: env values are secrets, so only their names are shown."""
+    from core.events import encode
+
+    data = encode(event)["data"]
+    spec = data.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
+        spec["env"] = {k: "***" for k in spec["env"]}
+    return data
+
+
+__all__ = ["Created", "Engine", "FileToWrite", "redact_event"]

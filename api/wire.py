@@ -1,0 +1,293 @@
+"""Turns wire JSON into validated domain values and domain values into wire JSON.
+
+Every check names the field it rejects (``resources.memory: invalid value 'lots'…``).
+Optional fields are omitted, never ``null``: the real client's zod schemas reject null.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from core import runtimes
+from core.errors import InvalidInput, RuntimeNotFound
+from core.models import Execution, Mode, Network, Resources, Sandbox, SandboxSpec, Timeouts
+from core.quantities import parse_bytes, parse_duration, parse_millicores
+from drivers.base import FileToWrite
+
+ORG = {"id": "org_local", "name": "local"}
+MAX_FILES = 1000
+_ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def _expect(body: Mapping[str, Any], key: str, types: type | tuple[type, ...], what: str, prefix: str = "") -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise InvalidInput(f"{prefix}{key}: expected {what}, got {value!r}", field=prefix + key)
+    if not isinstance(value, types):
+        raise InvalidInput(f"{prefix}{key}: expected {what}, got {type(value).__name__}", field=prefix + key)
+    return value
+
+
+def _object(body: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
+    return _expect(body, key, dict, "an object", prefix) or {}
+
+
+def parse_command(value: object, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise InvalidInput(f"{field}: expected a non-empty array of strings", field=field)
+    for i, part in enumerate(value):
+        if not isinstance(part, str):
+            raise InvalidInput(f"{field}[{i}]: expected a string, got {type(part).__name__}", field=field)
+        if "\x00" in part:
+            raise InvalidInput(f"{field}[{i}]: contains a NUL byte", field=field)
+    return tuple(value)
+
+
+def parse_env(value: object, field: str = "env", *, allow_null: bool = False) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{field}: expected an object of string values", field=field)
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if not k or not set(k) <= _ENV_NAME_OK or k[0].isdigit():
+            raise InvalidInput(f"{field}: invalid variable name {k!r}", field=f"{field}.{k}")
+        if v is None and allow_null:
+            out[k] = None
+            continue
+        if not isinstance(v, str):
+            raise InvalidInput(f"{field}.{k}: expected a string, got {type(v).__name__}", field=f"{field}.{k}")
+        if "\x00" in v:
+            raise InvalidInput(f"{field}.{k}: contains a NUL byte", field=f"{field}.{k}")
+        out[k] = v
+    return out
+
+
+def parse_files(value: object, field: str) -> list[FileToWrite]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidInput(f"{field}: expected an array of {{path, content}}", field=field)
+    if len(value) > MAX_FILES:
+        raise InvalidInput(f"{field}: at most {MAX_FILES} files per request", field=field)
+    files = []
+    for i, item in enumerate(value):
+        f = f"{field}[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{f}: expected an object with path and content", field=f)
+        path, content = item.get("path"), item.get("content")
+        if not isinstance(path, str) or not path.strip():
+            raise InvalidInput(f"{f}.path: expected a non-empty string", field=f + ".path")
+        if "\x00" in path:
+            raise InvalidInput(f"{f}.path: contains a NUL byte", field=f + ".path")
+        if not isinstance(content, str):
+            raise InvalidInput(f"{f}.content: expected a base64 string", field=f + ".content")
+        try:
+            data = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise InvalidInput(f"{f}.content: not valid base64", field=f + ".content") from err
+        files.append(FileToWrite(path=path, content=data))
+    return files
+
+
+@attrs.frozen
+class CreateRequest:
+    spec: SandboxSpec
+    files: list[FileToWrite]
+    command: tuple[str, ...] | None
+
+
+def parse_create(body: Mapping[str, Any]) -> CreateRequest:
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected a JSON object", field="body")
+    for key in ("snapshot",):
+        if body.get(key) is not None:
+            raise InvalidInput(f"{key}: snapshots are not available on this server yet", field=key)
+    for key in ("dependencies", "packages"):
+        if body.get(key):
+            raise InvalidInput(f"{key}: installing {key} at create is not available on this server yet", field=key)
+    runtime_name = _expect(body, "runtime", str, "a runtime name such as python:3.13")
+    runtime_id = _expect(body, "runtimeId", str, "a runtime id (srt_...)")
+    if runtime_name and runtime_id:
+        a, b = runtimes.find(runtime_name), runtimes.find(runtime_id)
+        if a is None or b is None or a.name != b.name:
+            raise InvalidInput("runtime and runtimeId name different runtimes; give one", field="runtimeId")
+    wanted = runtime_name or runtime_id or runtimes.DEFAULT_RUNTIME
+    recipe = runtimes.find(wanted)
+    if recipe is None:
+        known = ", ".join(r.name for r in runtimes.CATALOG)
+        field = "runtime" if runtime_name else "runtimeId"
+        raise RuntimeNotFound(f"{field}: unknown runtime {wanted!r}; known runtimes: {known}", field=field)
+
+    res = _object(body, "resources")
+    memory = _expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
+    cpu = _expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
+    disk = _expect(res, "disk", (str, int), "a size such as 1Gi", "resources.")
+    resources = Resources(
+        memory=str(memory) if memory is not None else None,
+        cpu=str(cpu) if cpu is not None else None,
+        disk=str(disk) if disk is not None else None,
+        memory_bytes=parse_bytes("resources.memory", memory) if memory is not None else None,
+        cpu_millis=parse_millicores("resources.cpu", cpu) if cpu is not None else None,
+        disk_bytes=parse_bytes("resources.disk", disk) if disk is not None else None,
+    )
+    if resources.memory_bytes is not None and resources.memory_bytes < 16 * 2**20:
+        raise InvalidInput("resources.memory: at least 16Mi is needed to start a sandbox", field="resources.memory")
+
+    net = _object(body, "network")
+    enabled = _expect(net, "enabled", bool, "true or false", "network.") or False
+    port = _expect(net, "port", int, "an integer port", "network.")
+    if port is not None and not 1024 <= port <= 65535:
+        raise InvalidInput(f"network.port: {port} is outside 1024-65535", field="network.port")
+
+    tmo = _object(body, "timeout")
+    timeouts = {}
+    for key in ("idle", "execution", "paused"):
+        value = _expect(tmo, key, str, "a duration such as 30s or 5m", "timeout.")
+        if value is not None:
+            parse_duration(f"timeout.{key}", value)
+        timeouts[key] = value
+
+    cmd_obj = _object(body, "command")
+    command = parse_command(cmd_obj["exec"], "command.exec") if cmd_obj.get("exec") is not None else None
+    if cmd_obj and command is None:
+        raise InvalidInput("command.exec: required when command is given", field="command.exec")
+    mode_raw = _expect(cmd_obj, "mode", str, "oneshot or interactive", "command.")
+    try:
+        mode = Mode(mode_raw) if mode_raw else Mode.INTERACTIVE
+    except ValueError as err:
+        raise InvalidInput(f"command.mode: expected oneshot or interactive, got {mode_raw!r}", field="command.mode") from err
+    if mode is Mode.ONESHOT and command is None:
+        raise InvalidInput("command.exec: a oneshot sandbox needs a command", field="command.exec")
+
+    metadata = _expect(body, "metadata", dict, "an object")
+    files = parse_files(body.get("files"), "files") + parse_files(cmd_obj.get("files"), "command.files")
+    spec = SandboxSpec(
+        runtime=recipe.name,
+        runtime_id=recipe.id,
+        mode=mode,
+        name=_expect(body, "name", str, "a string"),
+        description=_expect(body, "description", str, "a string"),
+        resources=resources,
+        env=parse_env(body.get("env")),
+        network=Network(enabled=enabled, port=port),
+        timeout=Timeouts(**timeouts),
+        command=command,
+        metadata=metadata,
+        project_id=_expect(body, "projectId", str, "a string"),
+    )
+    return CreateRequest(spec=spec, files=files, command=command)
+
+
+@attrs.frozen
+class ExecuteRequest:
+    command: tuple[str, ...]
+    files: list[FileToWrite]
+    timeout: float | None  # None: the sandbox's default
+
+
+def parse_execute(body: Mapping[str, Any]) -> ExecuteRequest:
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected a JSON object", field="body")
+    if body.get("command") is None:
+        raise InvalidInput("command: required (an array of strings)", field="command")
+    timeout_raw = _expect(body, "timeout", (str, int, float), "a duration such as 30s")
+    return ExecuteRequest(
+        command=parse_command(body["command"], "command"),
+        files=parse_files(body.get("files"), "files"),
+        timeout=parse_duration("timeout", timeout_raw) if timeout_raw is not None else None,
+    )
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def runtime_summary(name: str) -> dict[str, Any]:
+    recipe = runtimes.find(name)
+    if recipe is None:
+        return {"id": "srt_unknown", "name": name}
+    return _drop_none(
+        {"id": recipe.id, "name": recipe.name, "iconUrl": recipe.icon_url, "brandColor": recipe.brand_color, "tags": list(recipe.tags)}
+    )
+
+
+def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool) -> dict[str, Any]:
+    req = recipe.requirements
+    return _drop_none(
+        {
+            "id": recipe.id,
+            "name": recipe.name,
+            "description": recipe.description,
+            "iconUrl": recipe.icon_url,
+            "brandColor": recipe.brand_color,
+            "url": recipe.url,
+            "tags": list(recipe.tags),
+            "requirements": _drop_none(
+                {"memory": req.memory, "cpu": req.cpu, "disk": req.disk, "networkEnabled": req.network_enabled}
+            ),
+            "readme": recipe.readme,
+            "available": available,  # hutch extra: built on this host
+        }
+    )
+
+
+def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None) -> dict[str, Any]:
+    """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one."""
+    spec = sb.spec
+    return _drop_none(
+        {
+            "sandboxId": sb.sandbox_id,
+            "identifier": sb.sandbox_id.removeprefix("sbx_")[-12:],
+            "name": spec.name,
+            "description": spec.description,
+            "status": sb.status.value,
+            "mode": spec.mode.value,
+            "createdAt": sb.created_at,
+            "updatedAt": sb.updated_at,
+            "region": "local",
+            "runtime": runtime_summary(spec.runtime),
+            "executions": sb.executions,
+            "exitCode": sb.exit_code if sb.status.is_final else None,
+            "stdoutStreamUrl": stream_urls[0] if stream_urls else None,
+            "stderrStreamUrl": stream_urls[1] if stream_urls else None,
+            "metadata": spec.metadata,
+            "resources": _drop_none({"memory": spec.resources.memory, "cpu": spec.resources.cpu, "disk": spec.resources.disk}),
+            "networkEnabled": spec.network.enabled,
+            "networkPort": spec.network.port,
+            "org": ORG,
+            "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),
+            "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value}) if spec.command else None,
+            "reason": sb.reason,  # hutch extra: why it failed or ended
+        }
+    )
+
+
+def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None) -> dict[str, Any]:
+    return _drop_none(
+        {
+            "executionId": ex.execution_id,
+            "sandboxId": ex.sandbox_id,
+            "type": ex.type,
+            "status": ex.status.value,
+            "command": list(ex.command),
+            "exitCode": ex.exit_code,
+            "durationMs": ex.duration_ms,
+            "startedAt": ex.started_at,
+            "completedAt": ex.completed_at,
+            "error": ex.error,
+            "stdoutStreamUrl": stdout_url,
+            "stderrStreamUrl": stderr_url,
+            "outputTruncated": ex.output_truncated,
+        }
+    )
