@@ -458,10 +458,12 @@ await check('destroy: sandbox goes away; execute afterwards fails fast', async (
 	}
 	const err = await rejects(state.sbx.execute({ command: ['true'] }), 'execute after destroy');
 	const tag = err?._tag;
+	// 404 -> SandboxNotFoundError (client-side mapping). A 409 would surface as the
+	// misleading SandboxBusyError, so it is not accepted here (docs/wire.md §2.7).
 	assert.ok(
-		['SandboxNotFoundError', 'SandboxTerminatedError', 'SandboxBusyError'].includes(tag) ||
-			(tag === 'APIErrorResponse' && err.status >= 400 && err.status < 500),
-		`execute after destroy: ${describeError(err)}`
+		['SandboxNotFoundError', 'SandboxTerminatedError'].includes(tag) ||
+			(tag === 'APIErrorResponse' && [400, 404, 410].includes(err.status)),
+		`execute after destroy: expected SandboxNotFoundError (HTTP 404), got ${describeError(err)}`
 	);
 	const gone = await client.list();
 	const still = gone.sandboxes.find((s) => s.sandboxId === state.sbx.id);
