@@ -1,0 +1,111 @@
+"""The EventLog contract, run against every backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from core import ids
+from core.eventlog.base import EventLog, open_event_log
+from core.events import Event, ExecutionStarted, SandboxStarted
+
+BACKENDS = ["sqlite"]
+
+
+@pytest.fixture(params=BACKENDS)
+async def event_log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventLog]:
+    log = open_event_log(request.param, tmp_path)
+    await log.start()
+    yield log
+    await log.close()
+
+
+def ev(sandbox_id: str, n: int = 0) -> Event:
+    return Event(ids.new_id("event"), sandbox_id, "2026-01-01T00:00:00.000Z",
+                 ExecutionStarted(execution_id=f"exec_{n}", command=("echo", str(n))))
+
+
+async def test_empty_log(event_log: EventLog) -> None:
+    assert await event_log.last_position() == 0
+    assert await event_log.read() == []
+
+
+async def test_append_assigns_increasing_positions_and_reads_back(event_log: EventLog) -> None:
+    first = await event_log.append([ev("sbx_a", 1), ev("sbx_b", 2)])
+    second = await event_log.append([ev("sbx_a", 3)])
+    positions = first + second
+    assert positions == sorted(positions) and len(set(positions)) == 3
+    events = await event_log.read()
+    assert [e.position for e in events] == positions
+    assert [e.data.execution_id for e in events] == ["exec_1", "exec_2", "exec_3"]  # type: ignore[union-attr]
+    assert await event_log.last_position() == positions[-1]
+
+
+async def test_read_after_position_per_sandbox_limit_and_reverse(event_log: EventLog) -> None:
+    positions = []
+    for i in range(6):
+        positions += await event_log.append([ev("sbx_a" if i % 2 == 0 else "sbx_b", i)])
+    assert [e.position for e in await event_log.read(positions[2])] == positions[3:]
+    a = await event_log.read(sandbox_id="sbx_a")
+    assert [e.data.execution_id for e in a] == ["exec_0", "exec_2", "exec_4"]  # type: ignore[union-attr]
+    assert len(await event_log.read(limit=2)) == 2
+    rev = await event_log.read(sandbox_id="sbx_b", reverse=True, limit=2)
+    assert [e.data.execution_id for e in rev] == ["exec_5", "exec_3"]  # type: ignore[union-attr]
+
+
+async def test_payload_round_trips(event_log: EventLog) -> None:
+    original = Event(ids.new_id("event"), "sbx_x", "2026-01-01T00:00:00.000Z", SandboxStarted())
+    await event_log.append([original])
+    (back,) = await event_log.read()
+    assert back.event_id == original.event_id and back.data == original.data and back.type == "lifecycle:started"
+
+
+async def test_concurrent_appends_are_all_kept_in_a_total_order(event_log: EventLog) -> None:
+    results = await asyncio.gather(*(event_log.append([ev(f"sbx_{i % 3}", i)]) for i in range(200)))
+    positions = [p for r in results for p in r]
+    assert len(set(positions)) == 200
+    assert [e.position for e in await event_log.read()] == sorted(positions)
+
+
+async def test_subscribe_sees_backlog_then_new_events(event_log: EventLog) -> None:
+    await event_log.append([ev("sbx_a", 1)])
+    seen: list[Event] = []
+
+    async def consume() -> None:
+        async for e in event_log.subscribe(0):
+            seen.append(e)
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    await event_log.append([ev("sbx_a", 2), ev("sbx_b", 3)])
+    await asyncio.wait_for(task, 5)
+    assert [e.data.execution_id for e in seen] == ["exec_1", "exec_2", "exec_3"]  # type: ignore[union-attr]
+
+
+async def test_subscribe_from_a_position_skips_earlier_events(event_log: EventLog) -> None:
+    (p1,) = await event_log.append([ev("sbx_a", 1)])
+    await event_log.append([ev("sbx_a", 2)])
+    agen = event_log.subscribe(p1)
+    first = await asyncio.wait_for(agen.__anext__(), 5)
+    await agen.aclose()
+    assert first.data.execution_id == "exec_2"  # type: ignore[union-attr]
+
+
+async def test_events_survive_reopen(tmp_path: Path) -> None:
+    log = open_event_log("sqlite", tmp_path)
+    await log.start()
+    await log.append([ev("sbx_a", 1), ev("sbx_a", 2)])
+    await log.close()
+    again = open_event_log("sqlite", tmp_path)
+    await again.start()
+    try:
+        assert len(await again.read()) == 2
+        (p,) = await again.append([ev("sbx_a", 3)])
+        assert p == 3
+    finally:
+        await again.close()

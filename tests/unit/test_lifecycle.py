@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from functools import reduce
+
+import pytest
+
+from core.errors import IllegalTransition
+from core.events import Event, SandboxCreated
+from core.lifecycle import Destroy, Fail, FinishExecution, Start, StartExecution, Terminate, decide, evolve_sandbox
+from core.models import ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+
+
+def fold(sb: Sandbox | None, payloads: list[object]) -> Sandbox:
+    events = [Event(f"evt_{i}", "sbx_1", f"2026-01-01T00:00:{i:02d}.000Z", p) for i, p in enumerate(payloads)]  # type: ignore[arg-type]
+    out = reduce(evolve_sandbox, events, sb)
+    assert out is not None
+    return out
+
+
+def new(mode: Mode = Mode.INTERACTIVE) -> Sandbox:
+    return fold(None, [SandboxCreated(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", mode=mode))])
+
+
+def step(sb: Sandbox, command: object) -> Sandbox:
+    return fold(sb, decide(sb, command))  # type: ignore[arg-type]
+
+
+def test_interactive_lifecycle() -> None:
+    sb = step(new(), Start())
+    assert sb.status is SandboxStatus.IDLE
+    sb = step(sb, StartExecution("exec_1", ("ls",)))
+    sb = step(sb, StartExecution("exec_2", ("ls",)))
+    assert sb.status is SandboxStatus.RUNNING and sb.running == {"exec_1", "exec_2"}
+    sb = step(sb, FinishExecution("exec_1", ExecutionStatus.COMPLETED, exit_code=0))
+    assert sb.status is SandboxStatus.RUNNING
+    sb = step(sb, FinishExecution("exec_2", ExecutionStatus.COMPLETED, exit_code=2))
+    assert sb.status is SandboxStatus.IDLE and sb.executions == 2
+    sb = step(sb, Destroy())
+    assert sb.status is SandboxStatus.STOPPING
+    sb = step(sb, Terminate(reason="destroyed on request", deleted=True))
+    assert sb.status is SandboxStatus.DELETED
+
+
+def test_oneshot_completes_with_the_exit_code_then_terminates() -> None:
+    sb = step(step(new(Mode.ONESHOT), Start()), StartExecution("exec_1", ("false",)))
+    sb = step(sb, FinishExecution("exec_1", ExecutionStatus.COMPLETED, exit_code=1))
+    events = decide(sb, Terminate(reason="done", exit_code=1))
+    assert [e.type for e in events] == ["lifecycle:completed", "lifecycle:terminated"]  # type: ignore[attr-defined]
+    sb = fold(sb, events)
+    assert sb.status is SandboxStatus.TERMINATED and sb.exit_code == 1
+    with pytest.raises(IllegalTransition):
+        decide(step(step(new(Mode.ONESHOT), Start()), StartExecution("exec_1", ("a",))), StartExecution("exec_2", ("b",)))
+
+
+@pytest.mark.parametrize(
+    ("setup", "command"),
+    [
+        ([Fail("boom")], StartExecution("exec_1", ("ls",))),
+        ([Start(), Terminate(reason="x")], StartExecution("exec_1", ("ls",))),
+        ([Start()], Start()),
+        ([Start()], FinishExecution("exec_9", ExecutionStatus.COMPLETED)),
+        ([], StartExecution("exec_1", ("ls",))),  # still creating
+    ],
+)
+def test_illegal_transitions_raise_and_change_nothing(setup: list[object], command: object) -> None:
+    sb = new()
+    for c in setup:
+        sb = step(sb, c)
+    with pytest.raises(IllegalTransition) as info:
+        decide(sb, command)  # type: ignore[arg-type]
+    assert sb.sandbox_id in info.value.message and info.value.status == 409
+
+
+def test_destroy_and_fail_are_idempotent() -> None:
+    sb = step(step(step(new(), Start()), Destroy()), Terminate(reason="x", deleted=True))
+    assert decide(sb, Destroy()) == []
+    assert decide(sb, Fail("late")) == []
+    assert decide(sb, Terminate(reason="again")) == []
