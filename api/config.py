@@ -18,6 +18,14 @@ def default_data_dir() -> Path:
     return Path(base) / "hutch"
 
 
+def default_runtime_cache() -> Path:
+    """Shared by every data dir on the host: runtimes are big and identical."""
+    if os.geteuid() == 0:
+        return Path("/var/cache/hutch/runtimes")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hutch" / "runtimes"
+
+
 @attrs.frozen
 class Config:
     data_dir: Path = attrs.field(factory=default_data_dir, converter=Path)
@@ -32,7 +40,7 @@ class Config:
     public_url: str | None = None  # base for absolute stream URLs; default http://host:port
     output_cap_bytes: int = 16 * 2**20  # per stream, per execution; then outputTruncated
     max_body_bytes: int = 64 * 2**20
-    runtime_cache: Path | None = None  # where built runtimes live; default <data_dir>/runtimes
+    runtime_cache: Path | None = None  # where built runtimes live; see default_runtime_cache()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -60,7 +68,7 @@ class Config:
 
     @property
     def runtimes_dir(self) -> Path:
-        return self.runtime_cache or self.data_dir / "runtimes"
+        return self.runtime_cache or default_runtime_cache()
 
     @property
     def base_url(self) -> str:
