@@ -1,0 +1,169 @@
+"""A scriptable driver for testing the layers above drivers. No isolation at all.
+
+Commands are interpreted, never run: ``echo ARGS`` prints, ``sleep SECONDS`` waits,
+``exit CODE`` exits, ``cat`` copies stdin, ``sh -c SCRIPT`` understands ``;``-joined
+echo/sleep/exit/``>&2`` pieces, ``yes BYTES`` prints that many bytes, ``oom`` reports
+an OOM kill, ``pwd``/``env`` report the sandbox's view. Tests can also register their
+own handler for an ``argv[0]`` with ``FakeDriver.script``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+from collections.abc import Awaitable, Callable, Sequence
+
+import attrs
+
+from core import runtimes
+from core.errors import DriverFailure, RuntimeNotFound, SandboxNotFound
+from drivers.base import Capabilities, Driver, ExecRequest, ExecResult, FileToWrite, OutputSink, ProvisionRequest
+
+Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
+HOME = "/home/agentuity"
+
+
+@attrs.define
+class FakeSandbox:
+    request: ProvisionRequest
+    files: dict[str, bytes] = attrs.field(factory=dict)
+
+
+class FakeDriver(Driver):
+    name = "fake"
+    capabilities = Capabilities(files=True)
+
+    def __init__(self) -> None:
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.destroyed: list[str] = []
+        self.handlers: dict[str, Handler] = {}
+        self.fail_provision: str | None = None  # set to make the next provision fail
+        self._running: dict[str, asyncio.Task[int]] = {}
+        self._cancelled: set[str] = set()
+
+    def script(self, argv0: str, handler: Handler) -> None:
+        self.handlers[argv0] = handler
+
+    def runtimes_available(self) -> set[str]:
+        return {r.name for r in runtimes.CATALOG}
+
+    async def provision(self, req: ProvisionRequest) -> None:
+        if req.runtime not in self.runtimes_available():
+            raise RuntimeNotFound(f"runtime {req.runtime!r} is not available")
+        if self.fail_provision:
+            message, self.fail_provision = self.fail_provision, None
+            raise DriverFailure(message)
+        self.sandboxes[req.sandbox_id] = FakeSandbox(req)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        if self.sandboxes.pop(sandbox_id, None) is not None:
+            self.destroyed.append(sandbox_id)
+
+    def _get(self, sandbox_id: str) -> FakeSandbox:
+        try:
+            return self.sandboxes[sandbox_id]
+        except KeyError:
+            raise SandboxNotFound(f"fake driver has no sandbox {sandbox_id}") from None
+
+    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+        sb = self._get(sandbox_id)
+        for f in files:
+            path = f.path if f.path.startswith("/") else f"{HOME}/{f.path}"
+            sb.files[path] = f.content
+
+    async def alive(self) -> set[str]:
+        return set(self.sandboxes)
+
+    async def cancel(self, execution_id: str) -> None:
+        task = self._running.get(execution_id)
+        if task is not None:
+            self._cancelled.add(execution_id)
+            task.cancel()
+
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        sb = self._get(req.sandbox_id)
+        task = asyncio.create_task(self._interpret(sb, req, sink))
+        self._running[req.execution_id] = task
+        try:
+            code = await asyncio.wait_for(asyncio.shield(task), req.timeout) if req.timeout else await task
+            return ExecResult(exit_code=code, oom_killed=code == 137 and req.argv[0] == "oom")
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return ExecResult(exit_code=124, timed_out=True)
+        except asyncio.CancelledError:
+            if req.execution_id in self._cancelled:
+                return ExecResult(exit_code=137, cancelled=True)
+            raise
+        finally:
+            self._running.pop(req.execution_id, None)
+            self._cancelled.discard(req.execution_id)
+
+    async def _interpret(self, sb: FakeSandbox, req: ExecRequest, sink: OutputSink) -> int:
+        argv = list(req.argv)
+        handler = self.handlers.get(argv[0])
+        if handler is not None:
+            return await handler(req, sink)
+        if argv[:2] == ["sh", "-c"] and len(argv) > 2:
+            code = 0
+            for piece in argv[2].split(";"):
+                words = shlex.split(piece)
+                if not words:
+                    continue
+                to_err = words[-1] == ">&2"
+                if to_err:
+                    words = words[:-1]
+                code = await self._builtin(sb, req, words, sink, "stderr" if to_err else "stdout")
+                if words[0] == "exit":
+                    return code
+            return code
+        return await self._builtin(sb, req, argv, sink, "stdout")
+
+    async def _builtin(self, sb: FakeSandbox, req: ExecRequest, argv: list[str], sink: OutputSink, out: str) -> int:
+        cmd, args = argv[0], argv[1:]
+        env = {**sb.request.env, **req.env}
+        match cmd:
+            case "echo" | "true" | "false":
+                if cmd == "echo":
+                    sink.write(out, (" ".join(args) + "\n").encode())  # type: ignore[arg-type]
+                return 1 if cmd == "false" else 0
+            case "sleep":
+                await asyncio.sleep(float(args[0]) if args else 0)
+                return 0
+            case "exit":
+                return int(args[0]) if args else 0
+            case "cat":
+                if args:
+                    path = args[0] if args[0].startswith("/") else f"{HOME}/{args[0]}"
+                    if path not in sb.files:
+                        sink.write("stderr", f"cat: {args[0]}: No such file or directory\n".encode())
+                        return 1
+                    sink.write(out, sb.files[path])  # type: ignore[arg-type]
+                    return 0
+                sink.write(out, req.stdin or b"")  # type: ignore[arg-type]
+                return 0
+            case "yes":
+                total = int(args[0]) if args else 0
+                while total > 0:
+                    n = min(total, 65536)
+                    sink.write(out, b"y" * n)  # type: ignore[arg-type]
+                    total -= n
+                    await asyncio.sleep(0)
+                return 0
+            case "oom":
+                return 137
+            case "pwd":
+                sink.write(out, f"{req.cwd or HOME}\n".encode())  # type: ignore[arg-type]
+                return 0
+            case "env":
+                sink.write(out, "".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode())  # type: ignore[arg-type]
+                return 0
+            case "printenv":
+                if args and args[0] in env:
+                    sink.write(out, f"{env[args[0]]}\n".encode())  # type: ignore[arg-type]
+                    return 0
+                return 1
+        sink.write("stderr", f"{cmd}: command not found\n".encode())
+        return 127
