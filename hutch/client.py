@@ -1,0 +1,1083 @@
+"""The async client: :class:`SandboxClient`, :class:`Sandbox` and :class:`ExecutionHandle`.
+
+It speaks the Agentuity-compatible wire (``docs/wire.md``) and mirrors the TypeScript
+``SandboxClient`` in Python style: keyword arguments, snake_case results, exceptions
+instead of ``{success: false}``, and cancellation through asyncio (cancel the task or wrap
+the call in ``asyncio.timeout``) instead of an AbortSignal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import inspect
+import io
+import json as jsonlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import IO, Any, TypeVar
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+
+from core.quantities import parse_duration
+from hutch import _config
+from hutch.errors import (
+    ConnectionFailed,
+    InvalidInput,
+    SandboxError,
+    ServerError,
+    error_from_response,
+)
+from hutch.models import (
+    Execution,
+    ExecutionInfo,
+    FileToWrite,
+    Network,
+    OutputChunk,
+    PauseResult,
+    Resources,
+    RunResult,
+    RuntimeList,
+    SandboxCreated,
+    SandboxEvent,
+    SandboxFileInfo,
+    SandboxInfo,
+    SandboxList,
+    SandboxStatusInfo,
+    Timeouts,
+    coerce_files,
+    from_wire,
+    to_wire,
+)
+
+__all__ = ["Duration", "ExecutionHandle", "Files", "OutputSink", "Sandbox", "SandboxClient"]
+
+T = TypeVar("T")
+
+#: Where streamed output goes: a callable taking ``bytes`` (sync or async), a binary
+#: file (``sys.stdout.buffer``) or a text file (``sys.stdout``; decoded as UTF-8).
+OutputSink = Callable[[bytes], Any] | IO[bytes] | IO[str]
+#: A duration as the wire writes it ("30s", "5m", "1h30m") or a number of seconds.
+Duration = str | int | float
+#: Files to write: ``{"path": b"content"}`` or an iterable of :class:`FileToWrite`.
+Files = Mapping[str, bytes | str] | Iterable[FileToWrite]
+
+LONG_POLL = "5m"  # the longest server-side wait the wire allows per request
+_EXIT_CODE_FAST_WAIT = "250ms"
+_STATUS_SETTLE_WAIT_MS = 15_000
+
+
+def _duration(field: str, value: Duration | None) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidInput(
+            f"{field}: expected a duration such as '30s' or a number of seconds", field=field
+        )
+    if isinstance(value, str):
+        return value
+    seconds = float(value)
+    if seconds < 0:
+        raise InvalidInput(f"{field}: a duration cannot be negative", field=field)
+    return f"{int(seconds)}s" if seconds == int(seconds) else f"{round(seconds * 1000)}ms"
+
+
+def _seconds(value: Duration) -> float:
+    return float(value) if isinstance(value, (int, float)) else parse_duration("wait", value)
+
+
+def _query(params: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):
+            out[key] = ",".join(str(v) for v in value)
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _resources(value: Resources | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, Resources):
+        return to_wire(value)
+    return {k: v for k, v in dict(value).items() if v is not None}
+
+
+def _network(value: bool | Network | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return {"enabled": value}
+    if isinstance(value, Network):
+        return to_wire(value)
+    return {k: v for k, v in dict(value).items() if v is not None}
+
+
+def _timeouts(value: Duration | Timeouts | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A bare duration is the execution timeout; a Timeouts/mapping may set idle and paused too."""
+    if value is None:
+        return None
+    if isinstance(value, (str, int, float)):
+        return {"execution": _duration("timeout", value)}
+    if isinstance(value, Timeouts):
+        return to_wire(value)
+    return {k: _duration(f"timeout.{k}", v) for k, v in dict(value).items() if v is not None}
+
+
+def _wire_files(files: Files | None) -> list[dict[str, str]] | None:
+    coerced = coerce_files(files)
+    return [f.to_wire() for f in coerced] if coerced else None
+
+
+class _Sink:
+    """Adapts an :data:`OutputSink` to ``await write(bytes)``."""
+
+    def __init__(self, target: OutputSink) -> None:
+        self._target = target
+        self._decoder: codecs.IncrementalDecoder | None = None
+        if isinstance(target, io.TextIOBase) or (
+            hasattr(target, "write") and hasattr(target, "encoding")
+        ):
+            self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    async def write(self, data: bytes) -> None:
+        target: Any = self._target
+        if hasattr(target, "write"):
+            payload: Any = self._decoder.decode(data) if self._decoder else data
+            if payload:
+                target.write(payload)
+            if hasattr(target, "flush"):
+                target.flush()
+            return
+        result = target(data)
+        if inspect.isawaitable(result):
+            await result
+
+    async def close(self) -> None:
+        if self._decoder is not None:
+            tail = self._decoder.decode(b"", final=True)
+            if tail:
+                self._target.write(tail)  # type: ignore[union-attr]
+                self._target.flush()  # type: ignore[union-attr]
+
+
+class _OutputCollector:
+    """Reads stdout/stderr stream URLs concurrently, capturing and/or forwarding chunks."""
+
+    def __init__(
+        self,
+        client: SandboxClient,
+        stdout_url: str | None,
+        stderr_url: str | None,
+        *,
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+        capture: bool = True,
+    ) -> None:
+        self._client = client
+        self.combined = stdout_url is not None and stdout_url == stderr_url
+        self._stdout_url = stdout_url
+        self._stderr_url = None if self.combined else stderr_url
+        self._sinks = (
+            _Sink(stdout) if stdout is not None else None,
+            _Sink(stderr) if stderr is not None else None,
+        )
+        self._capture = capture
+        self.out = bytearray()
+        self.err = bytearray()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_progress = time.monotonic()
+
+    def start(self) -> None:
+        if self._stdout_url:
+            self._tasks.append(
+                asyncio.create_task(self._pump(self._stdout_url, self.out, self._sinks[0]))
+            )
+        if self._stderr_url:
+            self._tasks.append(
+                asyncio.create_task(self._pump(self._stderr_url, self.err, self._sinks[1]))
+            )
+
+    async def _pump(self, url: str, buf: bytearray, sink: _Sink | None) -> None:
+        async for chunk in self._client._iter_stream(url):
+            self._last_progress = time.monotonic()
+            if self._capture:
+                buf.extend(chunk)
+            if sink is not None:
+                await sink.write(chunk)
+        if sink is not None:
+            await sink.close()
+
+    async def drain(self, idle_timeout: float | None) -> None:
+        """Wait for every stream to reach EOF; give up on streams silent for ``idle_timeout``."""
+        pending = {t for t in self._tasks if not t.done()}
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+            if (
+                idle_timeout is not None
+                and pending
+                and time.monotonic() - self._last_progress > idle_timeout
+            ):
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def text(self) -> tuple[str, str]:
+        out = self.out.decode("utf-8", errors="replace")
+        err = out if self.combined else self.err.decode("utf-8", errors="replace")
+        return out, err
+
+
+class ExecutionHandle:
+    """A started execution: iterate its output as it arrives, then :meth:`wait` for the result."""
+
+    def __init__(self, client: SandboxClient, sandbox_id: str, started: Execution) -> None:
+        self._client = client
+        self.sandbox_id = sandbox_id
+        self.started = started
+
+    @property
+    def execution_id(self) -> str:
+        return self.started.execution_id
+
+    @property
+    def stdout_stream_url(self) -> str | None:
+        return self.started.stdout_stream_url
+
+    @property
+    def stderr_stream_url(self) -> str | None:
+        return self.started.stderr_stream_url
+
+    async def output(self) -> AsyncIterator[OutputChunk]:
+        """Yield :class:`OutputChunk` s from stdout and stderr, interleaved as they arrive, until both end."""
+        queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        urls = [("stdout", self.stdout_stream_url)]
+        if self.stderr_stream_url != self.stdout_stream_url:
+            urls.append(("stderr", self.stderr_stream_url))
+        urls = [(name, url) for name, url in urls if url]
+
+        async def pump(name: Any, url: str) -> None:
+            try:
+                async for chunk in self._client._iter_stream(url):
+                    await queue.put(OutputChunk(name, chunk))
+            finally:
+                await queue.put(None)
+
+        tasks = [asyncio.create_task(pump(name, url)) for name, url in urls]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                    continue
+                yield item
+            for task in tasks:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def wait(self) -> Execution:
+        """Long-poll until the execution is terminal; output is not captured here."""
+        final = await self._client.wait_execution(self.execution_id)
+        return self._result(final, None)
+
+    def _result(self, final: ExecutionInfo, collector: _OutputCollector | None) -> Execution:
+        out = err = None
+        if collector is not None:
+            out, err = collector.text()
+        return Execution(
+            execution_id=final.execution_id,
+            status=final.status,
+            exit_code=final.exit_code,
+            duration_ms=final.duration_ms,
+            stdout_stream_url=self.started.stdout_stream_url or final.stdout_stream_url,
+            stderr_stream_url=self.started.stderr_stream_url or final.stderr_stream_url,
+            output_truncated=final.output_truncated
+            if final.output_truncated is not None
+            else self.started.output_truncated,
+            auto_resumed=self.started.auto_resumed,
+            stdout=out,
+            stderr=err,
+        )
+
+    async def _complete(
+        self, *, stdout: OutputSink | None, stderr: OutputSink | None, capture: bool
+    ) -> Execution:
+        collector = None
+        if capture or stdout is not None or stderr is not None:
+            collector = _OutputCollector(
+                self._client,
+                self.stdout_stream_url,
+                self.stderr_stream_url,
+                stdout=stdout,
+                stderr=stderr,
+                capture=capture,
+            )
+            collector.start()
+        try:
+            final = await self._client.wait_execution(self.execution_id)
+            if collector is not None:
+                await collector.drain(self._client.drain_timeout)
+        except BaseException:
+            if collector is not None:
+                await collector.cancel()
+            raise
+        return self._result(final, collector if capture else None)
+
+
+class Sandbox:
+    """An interactive sandbox bound to a client (what :meth:`SandboxClient.create` and
+    :meth:`SandboxClient.connect` return). ``async with`` destroys it on exit."""
+
+    def __init__(
+        self,
+        client: SandboxClient,
+        sandbox_id: str,
+        status: str,
+        *,
+        created: SandboxCreated | None = None,
+        info: SandboxInfo | None = None,
+    ) -> None:
+        self._client = client
+        self.id = sandbox_id
+        self.status = status
+        self.created = created
+        self.info = info
+        source: Any = created or info
+        self.stdout_stream_url: str | None = getattr(source, "stdout_stream_url", None)
+        self.stderr_stream_url: str | None = getattr(source, "stderr_stream_url", None)
+        self.audit_stream_url: str | None = getattr(source, "audit_stream_url", None)
+        self.url: str | None = getattr(source, "url", None)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, status={self.status!r})"
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(SandboxError):
+            await self.destroy()
+
+    async def start(
+        self,
+        command: Sequence[str],
+        *,
+        files: Files | None = None,
+        timeout: Duration | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        stream: Mapping[str, Any] | None = None,
+    ) -> ExecutionHandle:
+        """Start a command and return at once with a handle (stream URLs, ``output()``, ``wait()``)."""
+        if isinstance(command, str):
+            raise InvalidInput(
+                "command: expected a list of arguments, e.g. ['sh', '-c', '...']", field="command"
+            )
+        body: dict[str, Any] = {"command": list(command)}
+        wire_files = _wire_files(files)
+        if wire_files:
+            body["files"] = wire_files
+        if timeout is not None:
+            body["timeout"] = _duration("timeout", timeout)
+        if stream:
+            body["stream"] = dict(stream)
+        resp = await self._client._request(
+            "POST", f"/sandbox/{self.id}/execute", json=body, sandbox_id=self.id
+        )
+        started = from_wire(Execution, resp.get("data"))
+        if resp.get("autoResumed") is not None:
+            started = Execution(**{**_fields(started), "auto_resumed": bool(resp["autoResumed"])})
+        return ExecutionHandle(self._client, self.id, started)
+
+    async def execute(
+        self,
+        command: Sequence[str],
+        *,
+        files: Files | None = None,
+        timeout: Duration | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+        capture: bool = True,
+        stream: Mapping[str, Any] | None = None,
+    ) -> Execution:
+        """Run a command and wait for it to finish.
+
+        Output streams to ``stdout``/``stderr`` sinks as it arrives and, unless
+        ``capture=False``, is also returned decoded in ``Execution.stdout``/``.stderr``.
+        A non-zero exit is not an exception: check ``exit_code`` and ``status``.
+        """
+        handle = await self.start(command, files=files, timeout=timeout, stream=stream)
+        return await handle._complete(stdout=stdout, stderr=stderr, capture=capture)
+
+    async def get(self) -> SandboxInfo:
+        info = await self._client.get(self.id)
+        self.status = info.status
+        self.info = info
+        return info
+
+    async def destroy(self) -> None:
+        await self._client.destroy(self.id)
+        self.status = "terminated"
+
+    async def pause(self) -> PauseResult:
+        result = await self._client.pause(self.id)
+        self.status = result.status
+        return result
+
+    async def resume(self) -> None:
+        await self._client.resume(self.id)
+
+    async def write_files(self, files: Files) -> int:
+        return await self._client.write_files(self.id, files)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._client.read_file(self.id, path)
+
+    async def list_files(self, path: str | None = None) -> list[SandboxFileInfo]:
+        return await self._client.list_files(self.id, path)
+
+    async def mkdir(self, path: str, *, recursive: bool = False) -> None:
+        await self._client.mkdir(self.id, path, recursive=recursive)
+
+    async def rm_file(self, path: str) -> bool:
+        return await self._client.rm_file(self.id, path)
+
+    async def rm_dir(self, path: str, *, recursive: bool = False) -> bool:
+        return await self._client.rm_dir(self.id, path, recursive=recursive)
+
+    async def set_env(self, env: Mapping[str, str | None]) -> dict[str, str]:
+        return await self._client.set_env(self.id, env)
+
+    async def list_executions(self, *, limit: int | None = None) -> list[ExecutionInfo]:
+        return await self._client.list_executions(self.id, limit=limit)
+
+    async def list_events(
+        self, *, limit: int | None = None, direction: str | None = None
+    ) -> list[SandboxEvent]:
+        return await self._client.list_events(self.id, limit=limit, direction=direction)
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(obj, recurse=False)
+
+
+class SandboxClient:
+    """Async client for a hutch server (or any Agentuity-compatible sandbox API).
+
+    ``url`` defaults to ``$HUTCH_URL``, else ``http://127.0.0.1:8700``. ``api_key`` defaults to
+    ``$HUTCH_API_KEY``, else the key file of a local server (``$HUTCH_DATA_DIR/api-key`` or
+    ``~/.local/share/hutch/api-key``). Pass ``connector`` (e.g. ``aiohttp.UnixConnector``) to
+    reach an in-process server; the client closes it on :meth:`close`.
+
+    Use as ``async with SandboxClient() as client: ...`` or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        connector: aiohttp.BaseConnector | None = None,
+        request_timeout: float = 60.0,
+        long_poll: Duration = LONG_POLL,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        self.url = _config.resolve_url(url)
+        self.api_key = _config.resolve_api_key(api_key)
+        self._connector = connector
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self.request_timeout = request_timeout
+        self.long_poll = long_poll
+        #: After an execution ends, how long a silent output stream may stay open before we stop reading.
+        self.drain_timeout = drain_timeout
+
+    def __repr__(self) -> str:
+        return f"SandboxClient(url={self.url!r})"
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> SandboxClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        elif self._connector is not None:
+            await self._connector.close()
+        self._connector = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("SandboxClient is closed")
+        if self._session is None:
+            from hutch import __version__
+
+            self._session = aiohttp.ClientSession(
+                connector=self._connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                headers={"User-Agent": f"hutch-python/{__version__}", "Accept": "application/json"},
+            )
+        return self._session
+
+    # ------------------------------------------------------------ transport
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        max_seconds: float | None = None,
+        sandbox_id: str | None = None,
+        execution_id: str | None = None,
+    ) -> dict[str, Any]:
+        """One JSON call. Returns the whole body (envelope included); raises on any failure."""
+        url = self.url + path
+        limit = max_seconds if max_seconds is not None else self.request_timeout
+        try:
+            async with self._http().request(
+                method,
+                url,
+                params=_query(params or {}),
+                json=json,
+                headers=self._auth_headers(),
+                timeout=aiohttp.ClientTimeout(total=limit, sock_connect=30),
+            ) as resp:
+                text = await resp.text(errors="replace")
+                status = resp.status
+        except TimeoutError as err:
+            raise ConnectionFailed(
+                f"{method} {path}: no answer from {self.url} within {limit:g}s"
+            ) from err
+        except (aiohttp.ClientError, OSError) as err:
+            raise ConnectionFailed(f"cannot reach hutch server at {self.url}: {err}") from err
+        try:
+            body: Any = jsonlib.loads(text) if text else None
+        except ValueError:
+            body = text
+        if status >= 400 or (isinstance(body, dict) and body.get("success") is False):
+            raise error_from_response(
+                status, body, sandbox_id=sandbox_id, execution_id=execution_id
+            )
+        if not isinstance(body, dict):
+            raise ServerError(
+                f"{method} {path}: expected a JSON object, got {text[:200]!r}",
+                code="BAD_RESPONSE",
+                status=status,
+            )
+        return body
+
+    @staticmethod
+    def _data(body: Mapping[str, Any]) -> Any:
+        return body.get("data", body)
+
+    def _absolute(self, url: str) -> str:
+        return url if urlsplit(url).scheme else urljoin(self.url + "/", url.lstrip("/"))
+
+    async def _iter_stream(self, url: str) -> AsyncIterator[bytes]:
+        """The bytes behind an output stream URL, as they arrive, until the server closes it."""
+        full = self._absolute(url)
+        # Stream URLs are capabilities; only send our key where it cannot leak.
+        trusted = self._connector is not None or urlsplit(full)[:2] == urlsplit(self.url)[:2]
+        headers = self._auth_headers() if trusted else {}
+        try:
+            async with self._http().get(
+                full, headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
+            ) as resp:
+                if resp.status == 404:
+                    return
+                if resp.status >= 400:
+                    text = await resp.text(errors="replace")
+                    try:
+                        body: Any = jsonlib.loads(text)
+                    except ValueError:
+                        body = text
+                    raise error_from_response(resp.status, body)
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+        except (aiohttp.ClientError, OSError) as err:
+            raise ConnectionFailed(f"reading output stream {full}: {err}") from err
+
+    # ------------------------------------------------------------ one-shot
+
+    async def run(
+        self,
+        command: Sequence[str],
+        *,
+        runtime: str | None = None,
+        runtime_id: str | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: Duration | Timeouts | Mapping[str, Any] | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        resources: Resources | Mapping[str, Any] | None = None,
+        network: bool | Network | Mapping[str, Any] | None = None,
+        snapshot: str | None = None,
+        name: str | None = None,
+        description: str | None = None,
+        dependencies: Sequence[str] | None = None,
+        packages: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        scopes: Sequence[str] | None = None,
+        project_id: str | None = None,
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+    ) -> RunResult:
+        """Run one command in a fresh one-shot sandbox and return its exit code and output.
+
+        The server destroys the sandbox when the command exits. Output is captured and, if
+        ``stdout``/``stderr`` sinks are given, forwarded as it streams. If the call fails or
+        is cancelled, the sandbox is destroyed before the error propagates.
+        """
+        if isinstance(command, str):
+            raise InvalidInput(
+                "command: expected a list of arguments, e.g. ['sh', '-c', '...']", field="command"
+            )
+        started = time.monotonic()
+        cmd: dict[str, Any] = {"exec": list(command), "mode": "oneshot"}
+        wire_files = _wire_files(files)
+        if wire_files:
+            cmd["files"] = wire_files
+        body = self._create_body(
+            runtime=runtime,
+            runtime_id=runtime_id,
+            env=env,
+            timeout=timeout,
+            resources=resources,
+            network=network,
+            snapshot=snapshot,
+            name=name,
+            description=description,
+            dependencies=dependencies,
+            packages=packages,
+            metadata=metadata,
+            scopes=scopes,
+            project_id=project_id,
+        )
+        body["command"] = cmd
+        body["stream"] = {}
+        created = await self._create(body)
+        sandbox_id = created.sandbox_id
+        collector = _OutputCollector(
+            self, created.stdout_stream_url, created.stderr_stream_url, stdout=stdout, stderr=stderr
+        )
+        collector.start()
+        try:
+            final: ExecutionInfo | None = None
+            if created.execution_id:
+                final = await self.wait_execution(created.execution_id)
+            else:
+                await collector.drain(None)
+            exit_code = await self._settle_exit_code(sandbox_id, final)
+            await collector.drain(self.drain_timeout)
+        except BaseException:
+            await collector.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.destroy(sandbox_id))
+            raise
+        out, err = collector.text()
+        return RunResult(
+            sandbox_id=sandbox_id,
+            execution_id=created.execution_id,
+            exit_code=exit_code,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            stdout=out,
+            stderr=err,
+            status=final.status if final else None,
+            output_truncated=final.output_truncated if final else None,
+        )
+
+    async def _settle_exit_code(self, sandbox_id: str, final: ExecutionInfo | None) -> int:
+        """The exit code of a one-shot run, reconciled the way the TypeScript client does."""
+        if final is not None and final.exit_code is not None:
+            return final.exit_code
+        if final is not None and final.status == "completed":
+            with contextlib.suppress(SandboxError):
+                again = await self.get_execution(final.execution_id, wait=_EXIT_CODE_FAST_WAIT)
+                if again.exit_code is not None:
+                    return again.exit_code
+        with contextlib.suppress(SandboxError):
+            status = await self.get_status(
+                sandbox_id, wait_for_status=["terminated", "failed"], wait_ms=_STATUS_SETTLE_WAIT_MS
+            )
+            if status.exit_code is not None:
+                return status.exit_code
+            if status.status == "failed":
+                return 1
+            if status.status == "terminated":
+                return 0
+        return 0 if final is None or final.status == "completed" else 1
+
+    # ------------------------------------------------------------ sandboxes
+
+    def _create_body(
+        self,
+        *,
+        runtime: str | None = None,
+        runtime_id: str | None = None,
+        name: str | None = None,
+        description: str | None = None,
+        resources: Resources | Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        network: bool | Network | Mapping[str, Any] | None = None,
+        timeout: Duration | Timeouts | Mapping[str, Any] | None = None,
+        files: Files | None = None,
+        snapshot: str | None = None,
+        dependencies: Sequence[str] | None = None,
+        packages: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        scopes: Sequence[str] | None = None,
+        project_id: str | None = None,
+    ) -> dict[str, Any]:
+        if snapshot and (runtime or runtime_id):
+            raise InvalidInput(
+                "snapshot: cannot specify both snapshot and runtime; snapshot includes its own runtime",
+                field="snapshot",
+            )
+        body: dict[str, Any] = {
+            "projectId": project_id,
+            "runtime": runtime,
+            "runtimeId": runtime_id,
+            "name": name,
+            "description": description,
+            "resources": _resources(resources),
+            "env": dict(env) if env is not None else None,
+            "network": _network(network),
+            "timeout": _timeouts(timeout),
+            "files": _wire_files(files),
+            "snapshot": snapshot,
+            "dependencies": list(dependencies) if dependencies else None,
+            "packages": list(packages) if packages else None,
+            "metadata": dict(metadata) if metadata is not None else None,
+            "scopes": list(scopes) if scopes else None,
+        }
+        return {k: v for k, v in body.items() if v is not None}
+
+    async def _create(self, body: Mapping[str, Any]) -> SandboxCreated:
+        resp = await self._request("POST", "/sandbox", json=body)
+        return from_wire(SandboxCreated, self._data(resp))
+
+    async def create(
+        self,
+        *,
+        runtime: str | None = None,
+        runtime_id: str | None = None,
+        name: str | None = None,
+        description: str | None = None,
+        resources: Resources | Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        network: bool | Network | Mapping[str, Any] | None = None,
+        timeout: Duration | Timeouts | Mapping[str, Any] | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        files: Files | None = None,
+        snapshot: str | None = None,
+        dependencies: Sequence[str] | None = None,
+        packages: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        scopes: Sequence[str] | None = None,
+        project_id: str | None = None,
+    ) -> Sandbox:
+        """Create an interactive sandbox. ``timeout`` may be ``Timeouts(idle=, execution=, paused=)``;
+        a bare duration sets the per-execution timeout. The server makes ``execute`` wait while
+        the sandbox is still ``creating``."""
+        body = self._create_body(
+            runtime=runtime,
+            runtime_id=runtime_id,
+            name=name,
+            description=description,
+            resources=resources,
+            env=env,
+            network=network,
+            timeout=timeout,
+            files=files,
+            snapshot=snapshot,
+            dependencies=dependencies,
+            packages=packages,
+            metadata=metadata,
+            scopes=scopes,
+            project_id=project_id,
+        )
+        created = await self._create(body)
+        return Sandbox(self, created.sandbox_id, created.status, created=created)
+
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        """A :class:`Sandbox` for an existing id (fails with ``SandboxNotFound`` if there is none)."""
+        info = await self.get(sandbox_id)
+        return Sandbox(self, info.sandbox_id, info.status, info=info)
+
+    async def get(
+        self,
+        sandbox_id: str,
+        *,
+        include_deleted: bool = False,
+        wait_for_status: str | Sequence[str] | None = None,
+        wait_ms: int | None = None,
+    ) -> SandboxInfo:
+        params = {
+            "includeDeleted": True if include_deleted else None,
+            "waitForStatus": wait_for_status,
+            "waitMs": wait_ms,
+        }
+        timeout = self.request_timeout + (wait_ms or 0) / 1000
+        resp = await self._request(
+            "GET",
+            f"/sandbox/{sandbox_id}",
+            params=params,
+            max_seconds=timeout,
+            sandbox_id=sandbox_id,
+        )
+        return from_wire(SandboxInfo, self._data(resp))
+
+    async def get_status(
+        self,
+        sandbox_id: str,
+        *,
+        wait_for_status: str | Sequence[str] | None = None,
+        wait_ms: int | None = None,
+    ) -> SandboxStatusInfo:
+        """Lightweight status (status and exit code); optionally held server-side until one of
+        ``wait_for_status`` is reached or ``wait_ms`` passes."""
+        timeout = self.request_timeout + (wait_ms or 0) / 1000
+        resp = await self._request(
+            "GET",
+            f"/sandbox/status/{sandbox_id}",
+            params={"waitForStatus": wait_for_status, "waitMs": wait_ms},
+            max_seconds=timeout,
+            sandbox_id=sandbox_id,
+        )
+        return from_wire(SandboxStatusInfo, self._data(resp))
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        mode: str | None = None,
+        project_id: str | None = None,
+        snapshot_id: str | None = None,
+        live: bool | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort: str | None = None,
+        direction: str | None = None,
+        deleted_only: bool = False,
+    ) -> SandboxList:
+        """One page of sandboxes (server default 50, max 100) and the total that match."""
+        params = {
+            "name": name,
+            "mode": mode,
+            "projectId": project_id,
+            "snapshotId": snapshot_id,
+            "status": status,
+            "live": live,
+            "limit": limit,
+            "offset": offset,
+            "sort": sort,
+            "direction": direction,
+            "deletedOnly": True if deleted_only else None,
+        }
+        resp = await self._request("GET", "/sandbox", params=params)
+        return from_wire(SandboxList, self._data(resp))
+
+    async def iter_sandboxes(
+        self, *, page_size: int = 100, **filters: Any
+    ) -> AsyncIterator[SandboxInfo]:
+        """Every sandbox matching ``filters`` (as for :meth:`list`), fetching page by page."""
+        offset = 0
+        while True:
+            page = await self.list(limit=page_size, offset=offset, **filters)
+            for item in page.sandboxes:
+                yield item
+            offset += len(page.sandboxes)
+            if not page.sandboxes or offset >= page.total:
+                return
+
+    async def destroy(self, sandbox_id: str) -> None:
+        await self._request("DELETE", f"/sandbox/{sandbox_id}", sandbox_id=sandbox_id)
+
+    async def pause(self, sandbox_id: str) -> PauseResult:
+        resp = await self._request("POST", f"/sandbox/{sandbox_id}/pause", sandbox_id=sandbox_id)
+        return from_wire(PauseResult, resp.get("data", resp))
+
+    async def resume(self, sandbox_id: str) -> None:
+        await self._request("POST", f"/sandbox/{sandbox_id}/resume", sandbox_id=sandbox_id)
+
+    # ------------------------------------------------------------ executions, events, runtimes
+
+    async def get_execution(
+        self, execution_id: str, *, wait: Duration | None = None
+    ) -> ExecutionInfo:
+        """An execution's state; with ``wait`` the server holds the request until the execution is
+        terminal or the wait passes (at most 5m), then answers with the current state."""
+        wait_text = _duration("wait", wait)
+        timeout = self.request_timeout + (_seconds(wait_text) if wait_text else 0)
+        resp = await self._request(
+            "GET",
+            f"/sandbox/execution/{execution_id}",
+            params={"wait": wait_text},
+            max_seconds=timeout,
+            execution_id=execution_id,
+        )
+        return from_wire(ExecutionInfo, self._data(resp))
+
+    async def wait_execution(self, execution_id: str) -> ExecutionInfo:
+        """Long-poll :meth:`get_execution` until the execution reaches a terminal status."""
+        backoff = 0.05
+        while True:
+            asked = time.monotonic()
+            info = await self.get_execution(execution_id, wait=self.long_poll)
+            if info.done:
+                return info
+            # A server that ignores ``wait`` answers at once; do not spin on it.
+            if time.monotonic() - asked < 1.0:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+            else:
+                backoff = 0.05
+
+    async def list_executions(
+        self, sandbox_id: str, *, limit: int | None = None
+    ) -> list[ExecutionInfo]:
+        resp = await self._request(
+            "GET",
+            f"/sandbox/sandboxes/{sandbox_id}/executions",
+            params={"limit": limit},
+            sandbox_id=sandbox_id,
+        )
+        data = self._data(resp)
+        return [from_wire(ExecutionInfo, item) for item in _items(data, "executions")]
+
+    async def list_events(
+        self, sandbox_id: str, *, limit: int | None = None, direction: str | None = None
+    ) -> list[SandboxEvent]:
+        """Lifecycle events, oldest first by default (``direction="desc"`` for newest first)."""
+        resp = await self._request(
+            "GET",
+            f"/sandbox/sandboxes/{sandbox_id}/events",
+            params={"limit": limit, "direction": direction},
+            sandbox_id=sandbox_id,
+        )
+        return [from_wire(SandboxEvent, item) for item in _items(self._data(resp), "events")]
+
+    async def list_runtimes(
+        self,
+        *,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort: str | None = None,
+        direction: str | None = None,
+    ) -> RuntimeList:
+        resp = await self._request(
+            "GET",
+            "/sandbox/runtimes",
+            params={"limit": limit, "offset": offset, "sort": sort, "direction": direction},
+        )
+        return from_wire(RuntimeList, self._data(resp))
+
+    # ------------------------------------------------------------ files and env
+
+    async def write_files(self, sandbox_id: str, files: Files) -> int:
+        resp = await self._request(
+            "POST",
+            f"/fs/{sandbox_id}",
+            json={"files": _wire_files(files) or []},
+            sandbox_id=sandbox_id,
+        )
+        data = resp.get("data") if isinstance(resp.get("data"), dict) else {}
+        return int(data.get("filesWritten", resp.get("filesWritten", 0)))
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        url = f"{self.url}/fs/{sandbox_id}"
+        try:
+            async with self._http().get(
+                url,
+                params={"path": path},
+                headers=self._auth_headers(),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=30, sock_read=self.request_timeout
+                ),
+            ) as resp:
+                payload = await resp.read()
+                if resp.status >= 400:
+                    try:
+                        body: Any = jsonlib.loads(payload)
+                    except ValueError:
+                        body = payload.decode("utf-8", errors="replace")
+                    raise error_from_response(resp.status, body, sandbox_id=sandbox_id)
+                return payload
+        except (aiohttp.ClientError, OSError) as err:
+            raise ConnectionFailed(f"cannot reach hutch server at {self.url}: {err}") from err
+
+    async def list_files(self, sandbox_id: str, path: str | None = None) -> list[SandboxFileInfo]:
+        resp = await self._request(
+            "GET", f"/fs/list/{sandbox_id}", params={"path": path}, sandbox_id=sandbox_id
+        )
+        return [from_wire(SandboxFileInfo, item) for item in _items(self._data(resp), "files")]
+
+    async def mkdir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        await self._request(
+            "POST",
+            f"/fs/mkdir/{sandbox_id}",
+            json={"path": path, "recursive": recursive},
+            sandbox_id=sandbox_id,
+        )
+
+    async def rm_file(self, sandbox_id: str, path: str) -> bool:
+        resp = await self._request(
+            "POST", f"/fs/rm/{sandbox_id}", json={"path": path}, sandbox_id=sandbox_id
+        )
+        return bool(resp.get("found", True))
+
+    async def rm_dir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> bool:
+        resp = await self._request(
+            "POST",
+            f"/fs/rmdir/{sandbox_id}",
+            json={"path": path, "recursive": recursive},
+            sandbox_id=sandbox_id,
+        )
+        return bool(resp.get("found", True))
+
+    async def set_env(self, sandbox_id: str, env: Mapping[str, str | None]) -> dict[str, str]:
+        """Set variables (``None`` deletes one); returns the sandbox's whole env afterwards."""
+        resp = await self._request(
+            "PATCH", f"/sandbox/env/{sandbox_id}", json={"env": dict(env)}, sandbox_id=sandbox_id
+        )
+        data = self._data(resp)
+        return dict(data.get("env", {})) if isinstance(data, dict) else {}
+
+
+def _items(data: Any, key: str) -> list[Any]:
+    if not isinstance(data, dict) or not isinstance(data.get(key), list):
+        raise ServerError(
+            f"unexpected response shape: expected a list under {key!r}", code="BAD_RESPONSE"
+        )
+    return data[key]

@@ -1,0 +1,317 @@
+"""The blocking facade: :class:`SyncSandboxClient` (also exported as ``hutch.SyncSandboxClient``).
+
+Each client owns a private event loop on a daemon thread and runs the async client there,
+so it works from plain scripts, from threads, and from code that already has a running
+loop (a notebook). Output callbacks given to ``run``/``execute`` are called on that thread.
+Ctrl-C during a call cancels it; a cancelled ``run`` destroys its sandbox first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import aiohttp
+
+from hutch.client import Duration, ExecutionHandle, Files, OutputSink, Sandbox, SandboxClient
+from hutch.models import (
+    Execution,
+    ExecutionInfo,
+    OutputChunk,
+    PauseResult,
+    RunResult,
+    RuntimeList,
+    SandboxEvent,
+    SandboxFileInfo,
+    SandboxInfo,
+    SandboxList,
+    SandboxStatusInfo,
+)
+
+__all__ = ["SyncExecutionHandle", "SyncSandbox", "SyncSandboxClient"]
+
+T = TypeVar("T")
+
+
+class _Portal:
+    """An event loop on its own thread; ``call`` runs a coroutine there and blocks for the result."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="hutch-sync", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("SyncSandboxClient is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            self._settle(timeout=10.0)
+            raise
+
+    def _settle(self, timeout: float) -> None:
+        """Let cancelled work finish its cleanup (e.g. destroying a one-shot sandbox)."""
+
+        async def wait_others() -> None:
+            others = asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+            if others:
+                await asyncio.wait(others, timeout=timeout)
+
+        with contextlib.suppress(Exception):  # cleanup is best effort
+            asyncio.run_coroutine_threadsafe(wait_others(), self._loop).result(timeout + 1)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        if not self._loop.is_closed():
+            self._loop.close()
+
+
+class SyncExecutionHandle:
+    def __init__(self, portal: _Portal, handle: ExecutionHandle) -> None:
+        self._portal = portal
+        self._handle = handle
+
+    @property
+    def execution_id(self) -> str:
+        return self._handle.execution_id
+
+    @property
+    def started(self) -> Execution:
+        return self._handle.started
+
+    def output(self) -> Iterator[OutputChunk]:
+        """Yield stdout/stderr chunks as they arrive until both streams end."""
+        agen = self._handle.output()
+        try:
+            while True:
+                try:
+                    yield self._portal.call(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._portal.call(agen.aclose())
+
+    def wait(self) -> Execution:
+        return self._portal.call(self._handle.wait())
+
+
+class SyncSandbox:
+    """Blocking twin of :class:`hutch.Sandbox`; ``with`` destroys it on exit."""
+
+    def __init__(self, portal: _Portal, sandbox: Sandbox) -> None:
+        self._portal = portal
+        self.aio = sandbox  # the underlying async Sandbox
+
+    @property
+    def id(self) -> str:
+        return self.aio.id
+
+    @property
+    def status(self) -> str:
+        return self.aio.status
+
+    @property
+    def url(self) -> str | None:
+        return self.aio.url
+
+    def __repr__(self) -> str:
+        return f"SyncSandbox(id={self.id!r}, status={self.status!r})"
+
+    def __enter__(self) -> SyncSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._portal.call(self.aio.__aexit__(*exc))
+
+    def execute(
+        self,
+        command: Sequence[str],
+        *,
+        files: Files | None = None,
+        timeout: Duration | None = None,
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+        capture: bool = True,
+        stream: Mapping[str, Any] | None = None,
+    ) -> Execution:
+        return self._portal.call(
+            self.aio.execute(
+                command,
+                files=files,
+                timeout=timeout,
+                stdout=stdout,
+                stderr=stderr,
+                capture=capture,
+                stream=stream,
+            )
+        )
+
+    def start(
+        self, command: Sequence[str], *, files: Files | None = None, timeout: Duration | None = None
+    ) -> SyncExecutionHandle:
+        return SyncExecutionHandle(
+            self._portal, self._portal.call(self.aio.start(command, files=files, timeout=timeout))
+        )
+
+    def get(self) -> SandboxInfo:
+        return self._portal.call(self.aio.get())
+
+    def destroy(self) -> None:
+        self._portal.call(self.aio.destroy())
+
+    def pause(self) -> PauseResult:
+        return self._portal.call(self.aio.pause())
+
+    def resume(self) -> None:
+        self._portal.call(self.aio.resume())
+
+    def write_files(self, files: Files) -> int:
+        return self._portal.call(self.aio.write_files(files))
+
+    def read_file(self, path: str) -> bytes:
+        return self._portal.call(self.aio.read_file(path))
+
+    def list_files(self, path: str | None = None) -> list[SandboxFileInfo]:
+        return self._portal.call(self.aio.list_files(path))
+
+    def mkdir(self, path: str, *, recursive: bool = False) -> None:
+        self._portal.call(self.aio.mkdir(path, recursive=recursive))
+
+    def rm_file(self, path: str) -> bool:
+        return self._portal.call(self.aio.rm_file(path))
+
+    def rm_dir(self, path: str, *, recursive: bool = False) -> bool:
+        return self._portal.call(self.aio.rm_dir(path, recursive=recursive))
+
+    def set_env(self, env: Mapping[str, str | None]) -> dict[str, str]:
+        return self._portal.call(self.aio.set_env(env))
+
+    def list_executions(self, *, limit: int | None = None) -> list[ExecutionInfo]:
+        return self._portal.call(self.aio.list_executions(limit=limit))
+
+    def list_events(
+        self, *, limit: int | None = None, direction: str | None = None
+    ) -> list[SandboxEvent]:
+        return self._portal.call(self.aio.list_events(limit=limit, direction=direction))
+
+
+class SyncSandboxClient:
+    """Blocking twin of :class:`hutch.SandboxClient`, same arguments and results.
+
+    ``connector`` may be a zero-argument callable returning an aiohttp connector (it is
+    called on the client's own loop, where aiohttp needs it to be created).
+    Use as ``with SyncSandboxClient() as client: ...`` or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        connector: Callable[[], aiohttp.BaseConnector] | None = None,
+        request_timeout: float = 60.0,
+    ) -> None:
+        self._portal = _Portal()
+
+        async def make() -> SandboxClient:
+            return SandboxClient(
+                url,
+                api_key,
+                connector=connector() if connector else None,
+                request_timeout=request_timeout,
+            )
+
+        self.aio = self._portal.call(make())  # the underlying async client
+
+    @property
+    def url(self) -> str:
+        return self.aio.url
+
+    def __repr__(self) -> str:
+        return f"SyncSandboxClient(url={self.url!r})"
+
+    def __enter__(self) -> SyncSandboxClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._portal.call(self.aio.close())
+        self._portal.close()
+
+    def run(self, command: Sequence[str], **options: Any) -> RunResult:
+        """See :meth:`hutch.SandboxClient.run`; the same keyword options."""
+        return self._portal.call(self.aio.run(command, **options))
+
+    def create(self, **options: Any) -> SyncSandbox:
+        """See :meth:`hutch.SandboxClient.create`; the same keyword options."""
+        return SyncSandbox(self._portal, self._portal.call(self.aio.create(**options)))
+
+    def connect(self, sandbox_id: str) -> SyncSandbox:
+        return SyncSandbox(self._portal, self._portal.call(self.aio.connect(sandbox_id)))
+
+    def get(self, sandbox_id: str, **options: Any) -> SandboxInfo:
+        return self._portal.call(self.aio.get(sandbox_id, **options))
+
+    def get_status(self, sandbox_id: str, **options: Any) -> SandboxStatusInfo:
+        return self._portal.call(self.aio.get_status(sandbox_id, **options))
+
+    def list(self, **filters: Any) -> SandboxList:
+        return self._portal.call(self.aio.list(**filters))
+
+    def iter_sandboxes(self, *, page_size: int = 100, **filters: Any) -> Iterator[SandboxInfo]:
+        offset = 0
+        while True:
+            page = self.list(limit=page_size, offset=offset, **filters)
+            yield from page.sandboxes
+            offset += len(page.sandboxes)
+            if not page.sandboxes or offset >= page.total:
+                return
+
+    def destroy(self, sandbox_id: str) -> None:
+        self._portal.call(self.aio.destroy(sandbox_id))
+
+    def pause(self, sandbox_id: str) -> PauseResult:
+        return self._portal.call(self.aio.pause(sandbox_id))
+
+    def resume(self, sandbox_id: str) -> None:
+        self._portal.call(self.aio.resume(sandbox_id))
+
+    def get_execution(self, execution_id: str, *, wait: Duration | None = None) -> ExecutionInfo:
+        return self._portal.call(self.aio.get_execution(execution_id, wait=wait))
+
+    def wait_execution(self, execution_id: str) -> ExecutionInfo:
+        return self._portal.call(self.aio.wait_execution(execution_id))
+
+    def list_executions(self, sandbox_id: str, *, limit: int | None = None) -> list[ExecutionInfo]:
+        return self._portal.call(self.aio.list_executions(sandbox_id, limit=limit))
+
+    def list_events(
+        self, sandbox_id: str, *, limit: int | None = None, direction: str | None = None
+    ) -> list[SandboxEvent]:
+        return self._portal.call(self.aio.list_events(sandbox_id, limit=limit, direction=direction))
+
+    def list_runtimes(self, **options: Any) -> RuntimeList:
+        return self._portal.call(self.aio.list_runtimes(**options))
+
+    def write_files(self, sandbox_id: str, files: Files) -> int:
+        return self._portal.call(self.aio.write_files(sandbox_id, files))
+
+    def read_file(self, sandbox_id: str, path: str) -> bytes:
+        return self._portal.call(self.aio.read_file(sandbox_id, path))
+
+    def set_env(self, sandbox_id: str, env: Mapping[str, str | None]) -> dict[str, str]:
+        return self._portal.call(self.aio.set_env(sandbox_id, env))
