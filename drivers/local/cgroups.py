@@ -1,0 +1,280 @@
+"""cgroup plumbing for the local driver: v1 (one hierarchy per controller) or v2 (unified).
+
+Tree: ``hutch/<sandbox>/`` carries the limits; its leaves are ``init`` (the sandbox's
+pid 1) and one ``x-<execution>`` per execution, so a timeout or cancel can kill exactly
+the processes an execution started, background children included, and nothing else.
+Leaves only, because cgroup v2 forbids processes in inner nodes.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+from core.errors import DriverFailure
+
+PARENT = "hutch"
+CFS_PERIOD_US = 100_000
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _pids(path: Path) -> list[int]:
+    """Processes in ``path`` and every cgroup below it."""
+    found: list[int] = []
+    for dirpath, _dirs, _files in os.walk(path):
+        with contextlib.suppress(FileNotFoundError):
+            found += [int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()]
+    return found
+
+
+def _rmtree(path: Path) -> bool:
+    """rmdir a cgroup and its children, deepest first. False if any still has processes."""
+    if not path.exists():
+        return True
+    ok = True
+    for dirpath, dirs, _files in os.walk(path, topdown=False):
+        for d in dirs:
+            ok = _rmdir(Path(dirpath, d)) and ok
+    return _rmdir(path) and ok
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError as err:
+        if err.errno in (errno.EBUSY, errno.ENOTEMPTY):
+            return False
+        raise
+    return True
+
+
+class Cgroups(abc.ABC):
+    """One sandbox's limits and its per-execution leaves."""
+
+    controllers: frozenset[str]
+
+    @staticmethod
+    def detect() -> Cgroups | None:
+        v1: dict[str, Path] = {}
+        v2: Path | None = None
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                mountpoint = Path(left.split()[4])
+                fstype, _source, options = right.split()[:3]
+                if fstype == "cgroup":
+                    for opt in options.split(","):
+                        if opt in ("memory", "cpu", "pids", "freezer"):
+                            v1.setdefault(opt, mountpoint)
+                elif fstype == "cgroup2" and v2 is None:
+                    v2 = mountpoint
+        if "freezer" in v1 and ("memory" in v1 or "pids" in v1 or "cpu" in v1):
+            return CgroupV1(v1)
+        if v2 is not None and (v2 / "cgroup.controllers").exists():
+            available = set((v2 / "cgroup.controllers").read_text().split())
+            return CgroupV2(v2, frozenset(available & {"memory", "cpu", "pids"}))
+        return None
+
+    @abc.abstractmethod
+    def setup(self) -> None: ...
+
+    @abc.abstractmethod
+    def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
+        """Make a leaf and return the ``cgroup.procs`` files a process writes to join it."""
+
+    @abc.abstractmethod
+    def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]: ...
+
+    @abc.abstractmethod
+    def oom_kills(self, sandbox: str, leaf: str) -> int: ...
+
+    @abc.abstractmethod
+    def _freeze(self, path: Path, frozen: bool) -> None: ...
+
+    @abc.abstractmethod
+    def sandboxes(self) -> set[str]: ...
+
+    def pids(self, sandbox: str, leaf: str | None = None) -> list[int]:
+        return _pids(self.paths(sandbox, leaf)[0])
+
+    async def kill(self, sandbox: str, leaf: str | None = None, *, deadline: float = 10.0) -> None:
+        """SIGKILL every process in the sandbox (or one leaf) until none is left.
+
+        Freezing first means a fork bomb cannot outrun the kill loop: nothing in the
+        cgroup runs between our listing its processes and killing them.
+        """
+        path = self.paths(sandbox, leaf)[0]
+        if not path.exists():
+            return
+        end = time.monotonic() + deadline
+        while True:
+            pids = _pids(path)
+            if not pids:
+                return
+            self._freeze(path, True)
+            for pid in _pids(path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self._freeze(path, False)
+            if time.monotonic() > end:
+                raise DriverFailure(f"could not kill the processes of sandbox {sandbox}: {pids}")
+            await asyncio.sleep(0.005)
+
+    def remove(self, sandbox: str, leaf: str | None = None) -> bool:
+        """rmdir the sandbox (or one leaf) in every hierarchy; False if processes remain."""
+        ok = True
+        for path in self.paths(sandbox, leaf):
+            ok = _rmtree(path) and ok
+        return ok
+
+
+class CgroupV1(Cgroups):
+    def __init__(self, mounts: dict[str, Path]) -> None:
+        self.mounts = mounts
+        self.controllers = frozenset(mounts) - {"freezer"}
+        # freezer first: paths()[0] is where we list and freeze processes.
+        self._order = ["freezer", *sorted(self.controllers)]
+
+    def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
+        parts = [PARENT, sandbox] + ([leaf] if leaf else [])
+        return [self.mounts[c].joinpath(*parts) for c in self._order]
+
+    def setup(self) -> None:
+        for c in self._order:
+            (self.mounts[c] / PARENT).mkdir(exist_ok=True)
+
+    def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
+        for path in self.paths(sandbox):
+            path.mkdir(exist_ok=True)
+        base = {c: self.mounts[c] / PARENT / sandbox for c in self._order}
+        if memory and "memory" in base:
+            _write(base["memory"] / "memory.limit_in_bytes", str(memory))
+            swap = base["memory"] / "memory.memsw.limit_in_bytes"
+            if swap.exists():  # limit + swap == limit: no swapping out of the limit
+                _write(swap, str(memory))
+        if cpu_millis and "cpu" in base:
+            _write(base["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(base["cpu"] / "cpu.cfs_quota_us", str(max(1000, cpu_millis * CFS_PERIOD_US // 1000)))
+        if pids and "pids" in base:
+            _write(base["pids"] / "pids.max", str(pids))
+
+    def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
+        out = []
+        for path in self.paths(sandbox, leaf):
+            path.mkdir(exist_ok=True)
+            out.append(path / "cgroup.procs")
+        return out
+
+    def oom_kills(self, sandbox: str, leaf: str) -> int:
+        # v1 counts an OOM kill in the victim's own memcg, i.e. the execution's leaf.
+        if "memory" not in self.mounts:
+            return 0
+        path = self.mounts["memory"] / PARENT / sandbox / leaf / "memory.oom_control"
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except FileNotFoundError:
+            pass
+        return 0
+
+    def _freeze(self, path: Path, frozen: bool) -> None:
+        state = path / "freezer.state"
+        with contextlib.suppress(FileNotFoundError):
+            _write(state, "FROZEN" if frozen else "THAWED")
+            if frozen:
+                end = time.monotonic() + 1.0
+                while state.read_text().strip() != "FROZEN" and time.monotonic() < end:
+                    time.sleep(0.001)
+
+    def sandboxes(self) -> set[str]:
+        found: set[str] = set()
+        for c in self._order:
+            root = self.mounts[c] / PARENT
+            if root.is_dir():
+                found |= {p.name for p in root.iterdir() if p.is_dir()}
+        return found
+
+
+class CgroupV2(Cgroups):
+    def __init__(self, mount: Path, controllers: frozenset[str]) -> None:
+        self.mount = mount
+        self.controllers = controllers
+
+    def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
+        path = self.mount / PARENT / sandbox
+        return [path / leaf if leaf else path]
+
+    def _enable(self, path: Path) -> None:
+        for c in sorted(self.controllers):
+            with contextlib.suppress(OSError):
+                _write(path / "cgroup.subtree_control", f"+{c}")
+
+    def setup(self) -> None:
+        self._enable(self.mount)
+        (self.mount / PARENT).mkdir(exist_ok=True)
+        self._enable(self.mount / PARENT)
+
+    def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
+        path = self.paths(sandbox)[0]
+        path.mkdir(exist_ok=True)
+        self._enable(path)
+        if memory and "memory" in self.controllers:
+            _write(path / "memory.max", str(memory))
+            with contextlib.suppress(OSError):
+                _write(path / "memory.swap.max", "0")
+        if cpu_millis and "cpu" in self.controllers:
+            _write(path / "cpu.max", f"{max(1000, cpu_millis * CFS_PERIOD_US // 1000)} {CFS_PERIOD_US}")
+        if pids and "pids" in self.controllers:
+            _write(path / "pids.max", str(pids))
+
+    def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
+        path = self.paths(sandbox, leaf)[0]
+        path.mkdir(exist_ok=True)
+        return [path / "cgroup.procs"]
+
+    def oom_kills(self, sandbox: str, leaf: str) -> int:
+        try:
+            for line in (self.paths(sandbox, leaf)[0] / "memory.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except FileNotFoundError:
+            pass
+        return 0
+
+    def _freeze(self, path: Path, frozen: bool) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            _write(path / "cgroup.freeze", "1" if frozen else "0")
+
+    async def kill(self, sandbox: str, leaf: str | None = None, *, deadline: float = 10.0) -> None:
+        path = self.paths(sandbox, leaf)[0]
+        if (path / "cgroup.kill").exists():  # 5.14+: atomic, no freeze dance needed
+            _write(path / "cgroup.kill", "1")
+            end = time.monotonic() + deadline
+            while _pids(path):
+                if time.monotonic() > end:
+                    raise DriverFailure(f"could not kill the processes of sandbox {sandbox}")
+                await asyncio.sleep(0.005)
+            return
+        await super().kill(sandbox, leaf, deadline=deadline)
+
+    def sandboxes(self) -> set[str]:
+        root = self.mount / PARENT
+        return {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()

@@ -1,0 +1,569 @@
+"""The local driver: sandboxes on this host with real kernel isolation.
+
+A sandbox is
+- an overlay: the shared, read-only runtime rootfs below a per-sandbox upper layer
+  (``<data_dir>/sandboxes/<id>/upper``). It is mounted only inside the sandbox's own
+  mount namespace, so the host never carries a sandbox mount that could leak.
+- a long-lived pid 1 started by bubblewrap with new mount, pid, ipc, uts and net
+  namespaces (net: loopback only), ``/proc``, a minimal ``/dev``, running as the
+  sandbox user: a host uid from a dedicated range (``UID_BASE``..), never host root.
+- a cgroup ``hutch/<id>`` with the memory / cpu / pids limits, and one leaf per
+  execution so a timeout or cancel kills precisely that execution's process tree.
+
+Commands and file writes go through ``hutch-nsexec`` (native/hutch-nsexec.c), which
+setns()es into the sandbox, joins the execution's cgroup, drops every privilege,
+loads the seccomp filter and execs.
+
+Exit codes: a signal n gives 128+n; a timeout gives 124 (``timed_out``); a cancel
+gives 137 (``cancelled``, the tree was SIGKILLed); an unknown command 127.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import posixpath
+import re
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from core import runtimes
+from core.errors import (
+    DriverFailure,
+    IllegalTransition,
+    InvalidInput,
+    NotSupported,
+    RuntimeNotFound,
+    SandboxNotFound,
+)
+from drivers.base import (
+    Capabilities,
+    Driver,
+    ExecRequest,
+    ExecResult,
+    FileToWrite,
+    OutputSink,
+    ProvisionRequest,
+)
+from drivers.local import rootfs
+from drivers.local.cgroups import Cgroups
+from drivers.local.native import ensure_helper
+
+UID_BASE = 200_000
+UID_COUNT = 60_000
+HOME = rootfs.SANDBOX_HOME
+USER = rootfs.SANDBOX_USER
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+EXIT_TIMEOUT = 124
+EXIT_CANCELLED = 128 + signal.SIGKILL
+READY_TIMEOUT = 15.0
+# After the command exits, background children may still hold stdout open; we stop
+# reading after this grace instead of waiting for them.
+DRAIN_GRACE = 0.2
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@attrs.define
+class _Sandbox:
+    id: str
+    uid: int
+    runtime: str
+    env: dict[str, str]
+    init_pid: int
+    init_start: int
+
+
+@attrs.define
+class _Execution:
+    sandbox_id: str
+    leaf: str
+    cancelled: bool = False
+
+
+def _start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (guards against pid reuse)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat.rpartition(")")[2].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _check_env(env: Mapping[str, str], field: str) -> None:
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
+
+
+class LocalDriver(Driver):
+    name = "local"
+
+    def __init__(self, data_dir: Path, runtime_cache: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self.runtime_cache = Path(runtime_cache)
+        self.sandbox_root = self.data_dir / "sandboxes"
+        self._cgroups = Cgroups.detect() if os.geteuid() == 0 else None
+        controllers = self._cgroups.controllers if self._cgroups else frozenset()
+        self.capabilities = Capabilities(
+            memory_limit="memory" in controllers,
+            cpu_limit="cpu" in controllers,
+            pids_limit="pids" in controllers,
+            network=False,
+            pause=False,
+            files=True,
+            kernel_isolation=True,
+        )
+        self._helper: Path | None = None
+        self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._executions: dict[str, _Execution] = {}
+        self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        if os.geteuid() != 0:
+            raise NotSupported(
+                "the local driver needs root for now (cgroups, a dedicated sandbox uid range, "
+                "overlay mounts); run the server as root or use --driver fake")
+        if self._cgroups is None:
+            raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
+        if not os.path.exists(self._bwrap):
+            raise DriverFailure("bubblewrap is not installed (apt-get install bubblewrap)")
+        self.sandbox_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o711)
+        os.chmod(self.sandbox_root, 0o700)
+        self._helper = await asyncio.to_thread(ensure_helper, self.data_dir / "bin")
+        self._cgroups.setup()
+        await self._reap_leftovers()
+
+    async def _reap_leftovers(self) -> None:
+        """Remove what sandboxes that died while we were away left behind."""
+        assert self._cgroups is not None
+        on_disk = {p.name for p in self.sandbox_root.iterdir() if p.is_dir()}
+        for sid in on_disk | self._cgroups.sandboxes():
+            if not _ID.match(sid):
+                continue
+            sb = self._load(sid)
+            if sb is not None and _start_time(sb.init_pid) == sb.init_start:
+                self._sandboxes[sid] = sb
+            else:
+                await self._teardown(sid)
+
+    def runtimes_available(self) -> set[str]:
+        return {r.name for r in runtimes.CATALOG if rootfs.is_built(self.runtime_cache, r)}
+
+    async def alive(self) -> set[str]:
+        found = set()
+        if not self.sandbox_root.is_dir():
+            return found
+        for path in self.sandbox_root.iterdir():
+            sb = self._load(path.name)
+            if sb is not None and _start_time(sb.init_pid) == sb.init_start:
+                found.add(sb.id)
+        return found
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    # -- provision -------------------------------------------------------------
+
+    async def provision(self, req: ProvisionRequest) -> None:
+        if not _ID.match(req.sandbox_id):
+            raise InvalidInput(f"invalid sandbox id {req.sandbox_id!r}", field="sandbox_id")
+        recipe = runtimes.find(req.runtime)
+        if recipe is None:
+            raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
+        if not rootfs.is_built(self.runtime_cache, recipe):
+            raise RuntimeNotFound(
+                f"runtime {recipe.name} is not built on this host; build it with: "
+                f"{rootfs.build_hint(recipe.name, self.runtime_cache)}", field="runtime")
+        if req.network_enabled:
+            raise NotSupported(
+                "the local driver cannot give sandboxes network access yet; "
+                "create the sandbox with network disabled", field="network")
+        _check_env(req.env, "env")
+        async with self._lock(req.sandbox_id):
+            if req.sandbox_id in await self.alive():
+                raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
+            await self._teardown(req.sandbox_id)  # a dead one's remains
+            try:
+                sb = await asyncio.to_thread(self._provision_sync, req, rootfs.rootfs_path(self.runtime_cache, recipe))
+            except BaseException:
+                await self._teardown(req.sandbox_id)
+                raise
+            self._sandboxes[sb.id] = sb
+
+    def _allocate_uid(self) -> int:
+        """Next free uid of the range, round robin so a destroyed sandbox's uid rests."""
+        with open(self.data_dir / ".uid.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            text = fh.read().strip()
+            nxt = int(text) if text.isdigit() else 0
+            used = set()
+            for path in self.sandbox_root.iterdir():
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    used.add(json.loads((path / "meta.json").read_text())["uid"])
+                with contextlib.suppress(OSError, ValueError):
+                    used.add(int((path / "uid").read_text()))
+            for i in range(UID_COUNT):
+                uid = UID_BASE + (nxt + i) % UID_COUNT
+                if uid not in used:
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.write(str((nxt + i + 1) % UID_COUNT))
+                    return uid
+        raise DriverFailure("no free sandbox uid left")
+
+    def _provision_sync(self, req: ProvisionRequest, lower: Path) -> _Sandbox:
+        assert self._cgroups is not None and self._helper is not None
+        sid = req.sandbox_id
+        d = self.sandbox_root / sid
+        d.mkdir(mode=0o700)
+        uid = self._allocate_uid()
+        (d / "uid").write_text(str(uid))  # claims the uid before meta.json exists
+        upper, work, merged = d / "upper", d / "work", d / "merged"
+        for p in (upper, work, merged):
+            p.mkdir()
+        self._populate_upper(lower, upper, uid)
+
+        res = req.resources
+        self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
+        procs = self._cgroups.create_leaf(sid, "init")
+
+        ready_r, ready_w = os.pipe()
+        info_r, info_w = os.pipe()
+        helper_fd = os.open(self._helper, os.O_RDONLY)
+        cmd = [str(self._helper), "launch"]
+        for p in procs:
+            cmd += ["--cgroup-procs", str(p)]
+        cmd += ["--ov-lower", str(lower), "--ov-upper", str(upper), "--ov-work", str(work),
+                "--ov-target", str(merged), "--",
+                self._bwrap, "--bind", str(merged), "/", "--proc", "/proc", "--dev", "/dev",
+                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+                "--hostname", "sandbox", "--as-pid-1", "--chdir", "/", "--info-fd", str(info_w),
+                # bwrap execs the helper through its fd: the host binary never appears in the sandbox.
+                f"/proc/self/fd/{helper_fd}", "init", "--uid", str(uid), "--gid", str(uid),
+                "--ready-fd", str(ready_w)]
+        try:
+            with open(d / "init.log", "wb") as log:
+                launcher = subprocess.run(cmd, env={}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          pass_fds=(ready_w, info_w, helper_fd), check=False, timeout=30)
+        finally:
+            for fd in (ready_w, info_w, helper_fd):
+                os.close(fd)
+        try:
+            if launcher.returncode != 0:
+                raise DriverFailure(f"starting sandbox {sid} failed: {self._init_log(d)}")
+            info = _read_until(info_r, b"}", READY_TIMEOUT)
+            ready = _read_until(ready_r, b"\n", READY_TIMEOUT)
+        finally:
+            os.close(info_r)
+            os.close(ready_r)
+        if ready != b"ready\n":
+            raise DriverFailure(f"sandbox {sid} did not come up: {self._init_log(d)}")
+        try:
+            pid = int(json.loads(info)["child-pid"])
+        except (ValueError, KeyError) as err:
+            raise DriverFailure(f"bubblewrap gave no pid for sandbox {sid}: {info!r}") from err
+        start = _start_time(pid)
+        if start is None:
+            raise DriverFailure(f"sandbox {sid} died at start: {self._init_log(d)}")
+        sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=pid, init_start=start)
+        tmp = d / "meta.json.tmp"
+        tmp.write_text(json.dumps(attrs.asdict(sb)))
+        tmp.rename(d / "meta.json")
+        return sb
+
+    @staticmethod
+    def _init_log(d: Path) -> str:
+        with contextlib.suppress(OSError):
+            return (d / "init.log").read_text(errors="replace").strip()[-2000:] or "(no output)"
+        return "(no log)"
+
+    @staticmethod
+    def _populate_upper(lower: Path, upper: Path, uid: int) -> None:
+        """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only."""
+        etc = upper / "etc"
+        etc.mkdir()
+        st = os.stat(lower / "etc")
+        os.chmod(etc, st.st_mode & 0o7777)
+        passwd = (lower / "etc/passwd").read_text()
+        (etc / "passwd").write_text(passwd + f"{USER}:x:{uid}:{uid}:{USER}:{HOME}:/bin/bash\n")
+        group = (lower / "etc/group").read_text()
+        (etc / "group").write_text(group + f"{USER}:x:{uid}:\n")
+        for name in ("passwd", "group"):
+            os.chmod(etc / name, 0o644)
+        for rel in (HOME, rootfs.WORKSPACE):
+            path = upper / rel.lstrip("/")
+            parent = path.parent
+            if parent != upper and not parent.exists():
+                parent.mkdir(parents=True)
+                os.chmod(parent, os.stat(lower / parent.relative_to(upper)).st_mode & 0o7777)
+            path.mkdir()
+            os.chown(path, uid, uid)
+            os.chmod(path, 0o755)
+
+    # -- destroy ---------------------------------------------------------------
+
+    async def destroy(self, sandbox_id: str) -> None:
+        if not _ID.match(sandbox_id):
+            return
+        async with self._lock(sandbox_id):
+            await self._teardown(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+
+    async def _teardown(self, sid: str) -> None:
+        assert self._cgroups is not None
+        self._sandboxes.pop(sid, None)
+        self._lingering.pop(sid, None)
+        for ex in self._executions.values():
+            if ex.sandbox_id == sid:
+                ex.cancelled = True
+        sb = self._load(sid)
+        await self._cgroups.kill(sid)
+        # Belt and braces: an init that somehow escaped the cgroup still dies.
+        if sb is not None and _start_time(sb.init_pid) == sb.init_start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sb.init_pid, signal.SIGKILL)
+        end = time.monotonic() + 5
+        while not self._cgroups.remove(sid):
+            if time.monotonic() > end:
+                raise DriverFailure(f"could not remove the cgroups of sandbox {sid}")
+            await self._cgroups.kill(sid)
+            await asyncio.sleep(0.01)
+        d = self.sandbox_root / sid
+        if d.exists():
+            await asyncio.to_thread(shutil.rmtree, d)
+
+    def _load(self, sid: str) -> _Sandbox | None:
+        sb = self._sandboxes.get(sid)
+        if sb is not None:
+            return sb
+        try:
+            data = json.loads((self.sandbox_root / sid / "meta.json").read_text())
+            return _Sandbox(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _running(self, sid: str) -> _Sandbox:
+        sb = self._load(sid) if _ID.match(sid) else None
+        if sb is None:
+            raise SandboxNotFound(f"sandbox {sid} not found")
+        if _start_time(sb.init_pid) != sb.init_start:
+            raise DriverFailure(f"sandbox {sid} is no longer running")
+        self._sandboxes[sid] = sb
+        return sb
+
+    # -- exec ------------------------------------------------------------------
+
+    def _env(self, sb: _Sandbox, extra: Mapping[str, str]) -> dict[str, str]:
+        _check_env(extra, "env")
+        env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
+               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox"}
+        env.update(sb.env)
+        env.update(extra)
+        return env
+
+    def _gc_leaves(self, sid: str) -> None:
+        assert self._cgroups is not None
+        leaves = self._lingering.get(sid)
+        if leaves:
+            for leaf in list(leaves):
+                if self._cgroups.remove(sid, leaf):
+                    leaves.discard(leaf)
+
+    async def _run_helper(
+        self,
+        mode: str,
+        sb: _Sandbox,
+        leaf: str,
+        *,
+        cwd: str,
+        argv: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None,
+        sink: OutputSink | None,
+        timeout: float | None,
+        execution: _Execution | None = None,
+    ) -> tuple[int, bool, str]:
+        """Run hutch-nsexec; returns (exit code, timed out, status-fd message)."""
+        assert self._cgroups is not None and self._helper is not None
+        procs = self._cgroups.create_leaf(sb.id, leaf)
+        status_r, status_w = os.pipe()
+        cmd = [str(self._helper), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
+               "--cwd", cwd, "--status-fd", str(status_w)]
+        for p in procs:
+            cmd += ["--cgroup-procs", str(p)]
+        for key, value in (env or {}).items():
+            cmd += ["-e", f"{key}={value}"]
+        cmd += ["--", *argv]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, env={}, pass_fds=(status_w,),
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        finally:
+            os.close(status_w)
+        timed_out = False
+        try:
+            async def pump(stream: asyncio.StreamReader, name: str) -> None:
+                while chunk := await stream.read(65536):
+                    if sink is not None:
+                        sink.write(name, chunk)  # type: ignore[arg-type]
+
+            async def feed() -> None:
+                assert proc.stdin is not None
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    proc.stdin.write(stdin or b"")
+                    await proc.stdin.drain()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    proc.stdin.close()
+
+            assert proc.stdout is not None and proc.stderr is not None
+            pumps = [asyncio.create_task(pump(proc.stdout, "stdout")), asyncio.create_task(pump(proc.stderr, "stderr"))]
+            feeder = asyncio.create_task(feed()) if stdin is not None else None
+            waiter = asyncio.create_task(proc.wait())
+            try:
+                done, _ = await asyncio.wait({waiter}, timeout=timeout)
+                if not done:
+                    timed_out = True
+                    await self._cgroups.kill(sb.id, leaf)
+                await waiter
+            except asyncio.CancelledError:
+                await self._cgroups.kill(sb.id, leaf)
+                raise
+            finally:
+                if not waiter.done():
+                    await self._cgroups.kill(sb.id, leaf)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await asyncio.shield(waiter)
+                _, pending = await asyncio.wait(pumps, timeout=DRAIN_GRACE)
+                for task in [*pending, *([feeder] if feeder else [])]:
+                    task.cancel()
+                for task in [*pumps, *([feeder] if feeder else [])]:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                for pipe in (proc.stdout, proc.stderr):
+                    transport = getattr(pipe, "_transport", None)
+                    if transport is not None:
+                        transport.close()
+            status = _read_available(status_r).decode(errors="replace")
+        finally:
+            os.close(status_r)
+        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+        if code < 0:
+            code = 128 - code
+        return code, timed_out, status
+
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        sb = self._running(req.sandbox_id)
+        if not req.argv:
+            raise InvalidInput("command must not be empty", field="command")
+        if req.execution_id in self._executions:
+            raise IllegalTransition(f"execution {req.execution_id} is already running")
+        env = self._env(sb, req.env)
+        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
+        leaf = "x-" + re.sub(r"[^A-Za-z0-9_.-]", "_", req.execution_id)[:100]
+        execution = _Execution(sandbox_id=sb.id, leaf=leaf)
+        self._executions[req.execution_id] = execution
+        self._gc_leaves(sb.id)
+        try:
+            code, timed_out, status = await self._run_helper(
+                "exec", sb, leaf, cwd=cwd, argv=req.argv, env=env, stdin=req.stdin,
+                sink=sink, timeout=req.timeout, execution=execution)
+        finally:
+            self._executions.pop(req.execution_id, None)
+        assert self._cgroups is not None
+        oom = self._cgroups.oom_kills(sb.id, leaf) > 0
+        if not self._cgroups.remove(sb.id, leaf):
+            self._lingering.setdefault(sb.id, set()).add(leaf)
+        self._raise_status(status, sb.id)
+        if execution.cancelled:
+            return ExecResult(exit_code=EXIT_CANCELLED, cancelled=True, oom_killed=oom)
+        if timed_out:
+            return ExecResult(exit_code=EXIT_TIMEOUT, timed_out=True, oom_killed=oom)
+        return ExecResult(exit_code=code, oom_killed=oom)
+
+    def _raise_status(self, status: str, sid: str) -> None:
+        if not status:
+            return
+        kind, _, message = status.strip().partition("\t")
+        if kind == "cwd":
+            raise InvalidInput(f"working directory {message}", field="cwd")
+        if kind == "file":
+            raise InvalidInput(f"cannot write {message}", field="path")
+        if self._load(sid) is None:
+            raise SandboxNotFound(f"sandbox {sid} was destroyed")
+        raise DriverFailure(f"sandbox {sid}: {message or status}")
+
+    async def cancel(self, execution_id: str) -> None:
+        """Kill the execution's tree. Unknown or already finished executions are a no-op."""
+        execution = self._executions.get(execution_id)
+        if execution is None or self._cgroups is None:
+            return
+        execution.cancelled = True
+        await self._cgroups.kill(execution.sandbox_id, execution.leaf)
+
+    # -- files -----------------------------------------------------------------
+
+    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+        sb = self._running(sandbox_id)
+        if not files:
+            return
+        payload = bytearray()
+        for f in files:
+            path = f.path.encode()
+            if not path or b"\0" in path or len(path) > 4096:
+                raise InvalidInput(f"invalid path {f.path!r}", field="path")
+            payload += b"%o %d %d\n" % (f.mode & 0o777, len(path), len(f.content))
+            payload += path + f.content
+        leaf = f"w-{os.getpid()}-{time.monotonic_ns()}"
+        code, timed_out, status = await self._run_helper(
+            "write", sb, leaf, cwd=HOME, stdin=bytes(payload), sink=None, timeout=120)
+        assert self._cgroups is not None
+        if not self._cgroups.remove(sb.id, leaf):
+            self._lingering.setdefault(sb.id, set()).add(leaf)
+        self._raise_status(status, sb.id)
+        if timed_out or code != 0:
+            raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
+
+
+def _read_until(fd: int, terminator: bytes, timeout: float) -> bytes:
+    """Blocking read from a pipe until ``terminator``, EOF or the deadline."""
+    data = b""
+    end = time.monotonic() + timeout
+    while terminator not in data:
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _read_available(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return b""
+

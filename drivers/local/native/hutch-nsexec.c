@@ -1,0 +1,377 @@
+/*
+ * hutch-nsexec: the only privileged code on the local driver's hot path.
+ *
+ * Python cannot safely setns() into a pid namespace, drop capabilities and load a
+ * seccomp filter between fork and exec, so this helper does exactly that and nothing
+ * more. Modes:
+ *
+ *   launch  host side, once per sandbox: join the sandbox's init cgroups, mount the
+ *           overlay in a private mount namespace (so no mount is ever left on the
+ *           host), detach, and exec bubblewrap which builds the other namespaces.
+ *   init    pid 1 inside the sandbox: drop to the sandbox user, then reap orphans
+ *           forever. It is what exec/write setns() into.
+ *   exec    enter a running sandbox, drop privileges, run a command.
+ *   write   enter a running sandbox, drop privileges, write files read from stdin.
+ *           Paths are resolved by the kernel in the sandbox's own mount namespace and
+ *           with the sandbox user's permissions, so symlinks and ".." can never
+ *           reach a host file.
+ *
+ * Exit status 125 with a "kind<TAB>message" line on --status-fd means the helper
+ * itself failed (kinds: setup, cwd, file); anything else is the command's status.
+ *
+ * Built statically (glibc + libseccomp) because it is exec'd inside the sandbox's
+ * root, where the host's shared libraries do not exist.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+#define MAX_LIST 32
+
+extern char **environ;
+
+static int status_fd = -1;
+
+static void fail(const char *kind, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (status_fd >= 0)
+        dprintf(status_fd, "%s\t%s\n", kind, msg);
+    else
+        dprintf(2, "hutch-nsexec: %s: %s\n", kind, msg);
+    _exit(125);
+}
+
+#define TRY(expr, ...) do { if ((expr) < 0) fail("setup", __VA_ARGS__); } while (0)
+
+struct opts {
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    const char *cwd;
+    const char *cgroups[MAX_LIST];
+    int n_cgroups;
+    char *env[4096];
+    int n_env;
+    const char *ov_lower, *ov_upper, *ov_work, *ov_target;
+    int ready_fd;
+    char **argv;
+};
+
+static void parse(int argc, char **argv, struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->uid = (uid_t)-1;
+    o->gid = (gid_t)-1;
+    o->ready_fd = -1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--")) { o->argv = &argv[i + 1]; return; }
+        if (!v) fail("setup", "option %s needs a value", a);
+        i++;
+        if (!strcmp(a, "--pid")) o->pid = atoi(v);
+        else if (!strcmp(a, "--uid")) o->uid = (uid_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--gid")) o->gid = (gid_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--cwd")) o->cwd = v;
+        else if (!strcmp(a, "--status-fd")) status_fd = atoi(v);
+        else if (!strcmp(a, "--ready-fd")) o->ready_fd = atoi(v);
+        else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
+        else if (!strcmp(a, "-e") && o->n_env < 4095) o->env[o->n_env++] = argv[i];
+        else if (!strcmp(a, "--ov-lower")) o->ov_lower = v;
+        else if (!strcmp(a, "--ov-upper")) o->ov_upper = v;
+        else if (!strcmp(a, "--ov-work")) o->ov_work = v;
+        else if (!strcmp(a, "--ov-target")) o->ov_target = v;
+        else fail("setup", "unknown option %s", a);
+    }
+}
+
+static void write_str(const char *path, const char *s)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, s, strlen(s)) < 0)
+        fail("setup", "write %s: %s", path, strerror(errno));
+    close(fd);
+}
+
+/* Deny-list on top of what an uncapable uid already cannot do. EPERM for things a
+ * program should treat as "not allowed"; ENOSYS where libraries probe and fall back
+ * (clone3 -> clone, whose flags we can inspect; io_uring -> epoll). */
+static void install_seccomp(void)
+{
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    if (!ctx) fail("setup", "seccomp_init failed");
+    static const int eperm[] = {
+        SCMP_SYS(bpf), SCMP_SYS(perf_event_open), SCMP_SYS(userfaultfd),
+        SCMP_SYS(keyctl), SCMP_SYS(add_key), SCMP_SYS(request_key),
+        SCMP_SYS(kexec_load), SCMP_SYS(kexec_file_load),
+        SCMP_SYS(init_module), SCMP_SYS(finit_module), SCMP_SYS(delete_module),
+        SCMP_SYS(mount), SCMP_SYS(umount2), SCMP_SYS(pivot_root), SCMP_SYS(chroot),
+        SCMP_SYS(open_tree), SCMP_SYS(move_mount), SCMP_SYS(fsopen), SCMP_SYS(fsconfig),
+        SCMP_SYS(fsmount), SCMP_SYS(fspick), SCMP_SYS(mount_setattr),
+        SCMP_SYS(setns), SCMP_SYS(open_by_handle_at), SCMP_SYS(name_to_handle_at),
+        SCMP_SYS(swapon), SCMP_SYS(swapoff), SCMP_SYS(reboot), SCMP_SYS(acct),
+        SCMP_SYS(syslog), SCMP_SYS(iopl), SCMP_SYS(ioperm), SCMP_SYS(vhangup),
+        SCMP_SYS(lookup_dcookie), SCMP_SYS(quotactl),
+    };
+    static const int enosys[] = {
+        SCMP_SYS(clone3), SCMP_SYS(io_uring_setup), SCMP_SYS(io_uring_enter),
+        SCMP_SYS(io_uring_register),
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof eperm / sizeof *eperm; i++)
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), eperm[i], 0);
+    for (size_t i = 0; i < sizeof enosys / sizeof *enosys; i++)
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), enosys[i], 0);
+    /* Unprivileged user namespaces hand out a fresh set of capabilities: the usual
+     * first step of kernel exploits. Other CLONE_NEW* flags already need CAP_SYS_ADMIN. */
+    rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
+                           SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+    rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                           SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+    /* No raw or packet sockets: they bypass the network namespace's filtering. */
+    rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(socket), 1,
+                           SCMP_A0(SCMP_CMP_EQ, AF_PACKET));
+    rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(socket), 1,
+                           SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_RAW));
+    if (rc) fail("setup", "seccomp_rule_add failed");
+    /* Foreign ABIs (i386 int 0x80) get killed by libseccomp's default bad-arch action. */
+    if (seccomp_load(ctx) < 0) fail("setup", "seccomp_load failed");
+    seccomp_release(ctx);
+}
+
+/* Become the sandbox user for good: no supplementary groups, no capabilities in any
+ * set (bounding included, so not even a setuid binary could return them), no new
+ * privileges, and the seccomp filter. */
+static void drop_privileges(uid_t uid, gid_t gid)
+{
+    if (uid == 0 || gid == 0 || uid == (uid_t)-1 || gid == (gid_t)-1)
+        fail("setup", "refusing to run a sandbox as uid %u gid %u", uid, gid);
+    TRY(setgroups(0, NULL), "setgroups: %s", strerror(errno));
+    TRY(setresgid(gid, gid, gid), "setresgid: %s", strerror(errno));
+    for (int cap = 0; cap <= 63; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+            fail("setup", "capbset_drop %d: %s", cap, strerror(errno));
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    TRY(setresuid(uid, uid, uid), "setresuid: %s", strerror(errno));
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    TRY(syscall(SYS_capset, &hdr, data), "capset: %s", strerror(errno));
+    TRY(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs: %s", strerror(errno));
+    install_seccomp();
+}
+
+static int mode_launch(struct opts *o)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d\n", getpid());
+    for (int i = 0; i < o->n_cgroups; i++)
+        write_str(o->cgroups[i], buf);
+    /* The sandbox's anchor should outlive any OOM inside the sandbox. Best effort:
+     * lowering needs CAP_SYS_RESOURCE, which some hosts withhold even from root. */
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (oom >= 0) { if (write(oom, "-1000", 5) < 0) {} close(oom); }
+    /* Detach so the sandbox survives the server (and the server never has to reap it). */
+    pid_t child = fork();
+    TRY(child, "fork: %s", strerror(errno));
+    if (child > 0) _exit(0);
+    setsid();
+    TRY(unshare(CLONE_NEWNS), "unshare: %s", strerror(errno));
+    TRY(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "make-private: %s", strerror(errno));
+    char data[4096];
+    snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s", o->ov_lower, o->ov_upper, o->ov_work);
+    TRY(mount("overlay", o->ov_target, "overlay", MS_NOSUID | MS_NODEV, data), "mount overlay: %s", strerror(errno));
+    execv(o->argv[0], o->argv);
+    fail("setup", "exec %s: %s", o->argv[0], strerror(errno));
+    return 125;
+}
+
+static int mode_init(struct opts *o)
+{
+    setsid();
+    drop_privileges(o->uid, o->gid);
+    /* Non-dumpable: the sandbox user may not ptrace or poke at its own pid 1. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) { dup2(null, 0); dup2(null, 1); dup2(null, 2); }
+    if (o->ready_fd >= 0) {
+        if (write(o->ready_fd, "ready\n", 6) < 0) _exit(125);
+    }
+    syscall(SYS_close_range, 3, ~0U, 0);
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, NULL);
+    for (;;) {
+        siginfo_t si;
+        if (sigwaitinfo(&all, &si) == SIGCHLD)
+            while (waitpid(-1, NULL, WNOHANG) > 0) {}
+    }
+}
+
+static pid_t child_pid;
+
+static void forward(int sig)
+{
+    if (child_pid > 0) kill(child_pid, sig);
+}
+
+/* Shared by exec and write: enter the sandbox, fork into its pid namespace and return
+ * in the child, already in the execution's cgroup and without privileges. The parent
+ * never returns: it waits and exits with the child's status. */
+static void enter(struct opts *o)
+{
+    int cg[MAX_LIST];
+    for (int i = 0; i < o->n_cgroups; i++) {
+        cg[i] = open(o->cgroups[i], O_WRONLY | O_CLOEXEC);
+        if (cg[i] < 0) fail("setup", "open %s: %s", o->cgroups[i], strerror(errno));
+    }
+    int pidfd = syscall(SYS_pidfd_open, o->pid, 0);
+    TRY(pidfd, "sandbox init %d: %s", o->pid, strerror(errno));
+    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET;
+    struct stat mine, theirs;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/user", o->pid);
+    if (stat("/proc/self/ns/user", &mine) == 0 && stat(path, &theirs) == 0 && mine.st_ino != theirs.st_ino)
+        flags |= CLONE_NEWUSER;
+    TRY(setns(pidfd, flags), "setns: %s", strerror(errno));
+    close(pidfd);
+
+    child_pid = fork();
+    TRY(child_pid, "fork: %s", strerror(errno));
+    if (child_pid == 0) {
+        for (int i = 0; i < o->n_cgroups; i++)
+            if (write(cg[i], "0", 1) < 0) fail("setup", "join %s: %s", o->cgroups[i], strerror(errno));
+        for (int i = 0; i < o->n_cgroups; i++) close(cg[i]);
+        /* Lowered by a privileged writer, oom_score_adj stays lowerable by the child;
+         * resetting it while still privileged pins the floor at 0. */
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) { if (write(fd, "0", 1) < 0) {} close(fd); }
+        setsid();
+        syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC);
+        drop_privileges(o->uid, o->gid);
+        umask(022);
+        if (o->cwd && chdir(o->cwd) < 0) fail("cwd", "%s: %s", o->cwd, strerror(errno));
+        return;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = forward;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    int status;
+    while (waitpid(child_pid, &status, 0) < 0)
+        if (errno != EINTR) fail("setup", "waitpid: %s", strerror(errno));
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+static int mode_exec(struct opts *o)
+{
+    if (!o->argv || !o->argv[0]) fail("setup", "no command");
+    enter(o);
+    o->env[o->n_env] = NULL;
+    environ = o->env;  /* execvp searches the sandbox's PATH, not ours */
+    execvp(o->argv[0], o->argv);
+    int err = errno;
+    dprintf(2, "%s: %s\n", o->argv[0], err == ENOENT ? "command not found" : strerror(err));
+    _exit(err == ENOENT ? 127 : 126);
+}
+
+static int read_full(FILE *in, char *buf, size_t n)
+{
+    return fread(buf, 1, n, in) == n ? 0 : -1;
+}
+
+static void mkdirs(char *path)
+{
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+            int err = errno;
+            *p = '/';
+            fail("file", "%s: %s", path, strerror(err));
+        }
+        *p = '/';
+    }
+}
+
+/* Records on stdin: "<mode-octal> <path-len> <content-len>\n<path><content>". */
+static int mode_write(struct opts *o)
+{
+    enter(o);
+    FILE *in = stdin;
+    char line[128];
+    while (fgets(line, sizeof line, in)) {
+        unsigned mode;
+        size_t plen, clen;
+        if (sscanf(line, "%o %zu %zu", &mode, &plen, &clen) != 3 || plen == 0 || plen > 4096)
+            fail("setup", "bad record header");
+        char *path = calloc(1, plen + 1);
+        if (!path || read_full(in, path, plen) < 0) fail("setup", "short path");
+        mkdirs(path);
+        /* O_NONBLOCK: a FIFO planted at the path must not hang us; only regular files. */
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+        if (fd < 0) fail("file", "%s: %s", path, strerror(errno));
+        struct stat st;
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) fail("file", "%s: not a regular file", path);
+        if (fchmod(fd, mode & 0777) < 0) fail("file", "%s: %s", path, strerror(errno));
+        char buf[65536];
+        while (clen > 0) {
+            size_t n = clen < sizeof buf ? clen : sizeof buf;
+            if (read_full(in, buf, n) < 0) fail("setup", "short content for %s", path);
+            for (size_t off = 0; off < n;) {
+                ssize_t w = write(fd, buf + off, n - off);
+                if (w < 0) fail("file", "%s: %s", path, strerror(errno));
+                off += (size_t)w;
+            }
+            clen -= n;
+        }
+        if (close(fd) < 0) fail("file", "%s: %s", path, strerror(errno));
+        free(path);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) fail("setup", "usage: hutch-nsexec launch|init|exec|write [options] [-- argv]");
+    struct opts *o = calloc(1, sizeof *o);
+    if (!o) fail("setup", "out of memory");
+    parse(argc, argv, o);
+    const char *mode = argv[1];
+    if (!strcmp(mode, "launch")) return mode_launch(o);
+    if (!strcmp(mode, "init")) return mode_init(o);
+    if (!strcmp(mode, "exec")) return mode_exec(o);
+    if (!strcmp(mode, "write")) return mode_write(o);
+    fail("setup", "unknown mode %s", mode);
+    return 125;
+}
