@@ -15,7 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from api.config import Config, resolve_api_key
-from api.keys import API_KEY, CONFIG, ENGINE
+from api.keys import API_KEY, API_KEY_ID, CONFIG, ENGINE
 from api.output import OutputStore
 from api.routes import sandboxes, streams
 from api.service import Engine
@@ -40,8 +40,9 @@ async def envelope_middleware(request: web.Request, handler):  # type: ignore[no
         return await handler(request)
     except HutchError as err:
         return web.json_response(err.to_wire(), status=err.status)
-    except web.HTTPRequestEntityTooLarge as err:
-        return _error(413, f"body: larger than the {err.max_size} bytes this server accepts", "PAYLOAD_TOO_LARGE")
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[CONFIG].max_body_bytes
+        return _error(413, f"body: larger than the {limit} bytes this server accepts", "PAYLOAD_TOO_LARGE")
     except web.HTTPException as err:
         if err.status < 400:
             raise
@@ -69,7 +70,7 @@ async def auth_middleware(request: web.Request, handler):  # type: ignore[no-unt
     if not hmac.compare_digest(token.strip().encode(), expected.encode()):
         raise Unauthorized("invalid API key")
     # Audit: which key acted, without keeping the key itself.
-    request["api_key_id"] = "key_" + hashlib.sha256(token.encode()).hexdigest()[:12]
+    request[API_KEY_ID] = "key_" + hashlib.sha256(token.encode()).hexdigest()[:12]
     return await handler(request)
 
 

@@ -10,3 +10,4 @@ from api.service import Engine
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 API_KEY: web.AppKey[str] = web.AppKey("api_key", str)
+API_KEY_ID: web.RequestKey[str] = web.RequestKey("api_key_id", str)

@@ -58,7 +58,10 @@ def parse_env(value: object, field: str = "env", *, allow_null: bool = False) ->
     out: dict[str, Any] = {}
     for k, v in value.items():
         if not k or not set(k) <= _ENV_NAME_OK or k[0].isdigit():
-            raise InvalidInput(f"{field}: invalid variable name {k!r}", field=f"{field}.{k}")
+            raise InvalidInput(
+                f"{field}.{k}: invalid variable name (letters, digits and _; not starting with a digit)",
+                field=f"{field}.{k}",
+            )
         if v is None and allow_null:
             out[k] = None
             continue

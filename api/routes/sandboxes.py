@@ -6,7 +6,7 @@ from aiohttp import web
 
 from api import wire
 from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
-from api.keys import ENGINE
+from api.keys import API_KEY_ID, ENGINE
 from api.service import Engine, redact_event
 from core.errors import InvalidInput
 from core.models import Execution, Mode, Sandbox, SandboxStatus
@@ -57,7 +57,7 @@ async def list_runtimes(request: web.Request) -> web.Response:
 async def create(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     req = wire.parse_create(await json_body(request))
-    created = await engine.create(req, api_key_id=request.get("api_key_id"))
+    created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
     sb = created.sandbox
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
     if created.execution_id:

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from api.app import create_app
+from api.config import Config
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+class Api:
+    """A thin helper over the test client: JSON in, envelope checked, data out."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client = client
+
+    async def call(self, method: str, path: str, *, expect: int = 200, **kw: Any) -> dict[str, Any]:
+        headers = {**AUTH, **kw.pop("headers", {})}
+        resp = await self.client.request(method, path, headers=headers, **kw)
+        body = await resp.json()
+        assert resp.status == expect, (resp.status, body)
+        assert resp.content_type == "application/json"
+        assert body["success"] is (resp.status < 400), body
+        return body
+
+    async def data(self, method: str, path: str, **kw: Any) -> Any:
+        return (await self.call(method, path, **kw))["data"]
+
+    async def stream(self, url: str) -> bytes:
+        # Stream URLs are absolute and need no credentials.
+        path = url.split("://", 1)[1].split("/", 1)[1]
+        resp = await self.client.get("/" + path)
+        assert resp.status == 200
+        return await resp.read()
+
+    async def wait_execution(self, execution_id: str) -> dict[str, Any]:
+        return await self.data("GET", f"/sandbox/execution/{execution_id}?wait=10s")
+
+
+AppFactory = Callable[..., Awaitable[Api]]
+
+
+@pytest.fixture
+def make_api(aiohttp_client, data_dir: Path) -> AppFactory:  # type: ignore[no-untyped-def]
+    async def factory(**overrides: Any) -> Api:
+        config = Config(data_dir=data_dir, api_key=KEY, driver=overrides.pop("driver", "fake"), **overrides)
+        app: web.Application = create_app(config)
+        return Api(await aiohttp_client(app))
+
+    return factory
+
+
+@pytest.fixture
+async def api(make_api: AppFactory) -> Api:
+    return await make_api()
