@@ -1,0 +1,89 @@
+"""Start, kill and restart a real server process (``python -m api``) for system tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+KEY = "system-test-key"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, data_dir: Path, driver: str = "fake", **env: str) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "HUTCH_DATA_DIR": str(data_dir),
+            "HUTCH_PORT": str(self.port),
+            "HUTCH_DRIVER": driver,
+            "HUTCH_API_KEY": KEY,
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = data_dir.parent / f"server-{self.port}.log"
+
+    def start(self, timeout: float = 60) -> Server:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env["HUTCH_PORT"] = str(self.port)
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "api"], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"server did not answer within {timeout}s:\n{self.log.read_text()[-4000:]}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def data(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
+        status, payload = self.call(method, path, body, timeout)
+        assert 200 <= status < 300, (status, payload)
+        return payload["data"]

@@ -1,0 +1,68 @@
+"""kill -9 the server in the middle of work, restart it on the same data dir: every
+sandbox, execution and event acknowledged before the kill is still there, and what was
+running when the server died ends through lifecycle events, not silently."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import pytest
+
+from tests.system.server import Server
+
+pytestmark = pytest.mark.slow
+
+
+def test_kill9_during_executions_then_restart(tmp_path: Path) -> None:
+    server = Server(tmp_path / "data").start()
+    try:
+        done = []
+        for i in range(5):
+            sid = server.data("POST", "/sandbox", {"name": f"s{i}"})["sandboxId"]
+            ex = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["echo", f"hi{i}"]})
+            server.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=10s")
+            done.append((sid, ex["executionId"]))
+        busy = server.data("POST", "/sandbox", {})["sandboxId"]
+        running = server.data("POST", f"/sandbox/{busy}/execute", {"command": ["sleep", "60"]})["executionId"]
+        # Many acknowledged writes in flight when the kill lands.
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            acked = list(pool.map(lambda i: server.call("POST", "/sandbox", {"name": f"burst{i}"}), range(40)))
+        acked_ids = [body["data"]["sandboxId"] for status, body in acked if status == 201]
+        events_before = {sid: server.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100")["events"] for sid, _ in done}
+        server.kill9()
+
+        server.start()
+        for sid, eid in done:
+            ex = server.data("GET", f"/sandbox/execution/{eid}")
+            assert ex["status"] == "completed" and ex["exitCode"] == 0
+            events = server.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100")["events"]
+            assert events[: len(events_before[sid])] == events_before[sid]
+            # The fake driver's sandboxes died with the process: ended through an event.
+            assert events[-1]["type"] == "lifecycle:terminated"
+            assert "restarted" in events[-1]["event"]["reason"]
+            assert server.data("GET", f"/sandbox/{sid}")["status"] == "terminated"
+        ex = server.data("GET", f"/sandbox/execution/{running}")
+        assert ex["status"] == "cancelled" and "restarted" in ex["error"]
+        listed = server.data("GET", "/sandbox?limit=100&status=terminated")
+        assert set(acked_ids) <= {s["sandboxId"] for s in listed["sandboxes"]}
+        assert listed["total"] == 5 + 1 + len(acked_ids)
+    finally:
+        server.stop()
+
+
+def test_output_is_readable_after_restart(tmp_path: Path) -> None:
+    server = Server(tmp_path / "data").start()
+    try:
+        sid = server.data("POST", "/sandbox", {})["sandboxId"]
+        ex = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["echo", "kept"]})
+        server.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=10s")
+        server.stop()
+        server.start()
+        path = "/" + ex["stdoutStreamUrl"].split("/", 3)[3]
+        import urllib.request
+
+        with urllib.request.urlopen(server.url + path, timeout=10) as resp:
+            assert resp.read() == b"kept\n"
+    finally:
+        server.stop()
