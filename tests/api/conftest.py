@@ -47,10 +47,16 @@ class Api:
 AppFactory = Callable[..., Awaitable[Api]]
 
 
+@pytest.fixture(params=["fake", "local"])
+def driver_name(request: pytest.FixtureRequest) -> str:
+    """Every API test runs on every driver: the same wire, whatever makes it real."""
+    return str(request.param)
+
+
 @pytest.fixture
-def make_api(aiohttp_client, data_dir: Path) -> AppFactory:  # type: ignore[no-untyped-def]
+def make_api(aiohttp_client, data_dir: Path, driver_name: str) -> AppFactory:  # type: ignore[no-untyped-def]
     async def factory(**overrides: Any) -> Api:
-        config = Config(data_dir=data_dir, api_key=KEY, driver=overrides.pop("driver", "fake"), **overrides)
+        config = Config(data_dir=data_dir, api_key=KEY, driver=overrides.pop("driver", driver_name), **overrides)
         app: web.Application = create_app(config)
         return Api(await aiohttp_client(app))
 

@@ -105,7 +105,7 @@ async def test_oneshot_runs_files_and_terminates_with_exit_code(api: Api) -> Non
 
 
 async def test_oneshot_failure_exit_code_is_reported(api: Api) -> None:
-    data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["exit", "7"], "mode": "oneshot"}}, expect=201))["data"]
+    data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["sh", "-c", "exit 7"], "mode": "oneshot"}}, expect=201))["data"]
     status = await api.data("GET", f"/sandbox/status/{data['sandboxId']}?waitForStatus=terminated&waitMs=10000")
     assert status["exitCode"] == 7
 
@@ -134,7 +134,7 @@ async def test_long_poll_returns_current_state_when_wait_expires(api: Api) -> No
 async def test_output_over_the_cap_is_truncated(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(output_cap_bytes=1000)
     sid = (await api.call("POST", "/sandbox", json={}, expect=201))["data"]["sandboxId"]
-    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["yes", "5000"]})
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", "echo " + "y" * 5000]})
     final = await api.wait_execution(ex["executionId"])
     assert final["outputTruncated"] is True
     assert len(await api.stream(ex["stdoutStreamUrl"])) == 1000
@@ -230,7 +230,8 @@ async def test_unknown_stream_is_404_without_auth(api: Api) -> None:
         assert resp.status == 404, sneaky
 
 
-async def test_provision_failure_is_recorded_not_half_made(api: Api) -> None:
+async def test_provision_failure_is_recorded_not_half_made(make_api) -> None:  # type: ignore[no-untyped-def]
+    api = await make_api(driver="fake")  # the failure is scripted
     engine = api.client.app[ENGINE]
     engine.driver.fail_provision = "disk full"  # type: ignore[attr-defined]
     err = await api.call("POST", "/sandbox", json={}, expect=502)
