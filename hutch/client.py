@@ -650,6 +650,7 @@ class SandboxClient:
         metadata: Mapping[str, Any] | None = None,
         scopes: Sequence[str] | None = None,
         project_id: str | None = None,
+        stream: Mapping[str, Any] | None = None,
         stdout: OutputSink | None = None,
         stderr: OutputSink | None = None,
     ) -> RunResult:
@@ -685,7 +686,7 @@ class SandboxClient:
             project_id=project_id,
         )
         body["command"] = cmd
-        body["stream"] = {}
+        body["stream"] = dict(stream or {})
         created = await self._create(body)
         sandbox_id = created.sandbox_id
         collector = _OutputCollector(

@@ -1,0 +1,739 @@
+"""The ``hutch`` command line.
+
+    hutch serve                      start a server (flags or HUTCH_* env)
+    hutch run [flags] -- CMD ...     one-shot run; in-process unless HUTCH_URL/--url is set
+    hutch sandbox|sb ...             create, list, get, delete, exec, events, execution, runtime
+
+Every sandbox command takes ``--json``. Exit codes: the command's own code for ``run`` and
+``exec``; 0 on success otherwise; 1 when the server refused or could not be reached
+(its message on stderr); 2 for a bad flag or value; 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from core.errors import HutchError
+from core.quantities import parse_bytes, parse_duration, parse_millicores
+from hutch import _config
+from hutch.cli import _render as render
+from hutch.client import SandboxClient
+from hutch.errors import ConnectionFailed, SandboxError, Unauthorized
+from hutch.models import FileToWrite, Network, Resources, Timeouts, to_wire
+
+T = TypeVar("T")
+
+SANDBOX_STATUSES = (
+    "creating",
+    "idle",
+    "running",
+    "paused",
+    "stopping",
+    "suspended",
+    "terminated",
+    "failed",
+)
+MODES = ("oneshot", "interactive")
+SANDBOX_SORTS = ("name", "created", "updated", "status", "mode", "execution_count")
+RUNTIME_SORTS = ("name", "created")
+DIRECTIONS = ("asc", "desc")
+
+
+class UsageError(Exception):
+    """A flag or value the user got wrong: reported like argparse does, exit 2."""
+
+
+# ---------------------------------------------------------------- value parsers (argparse `type=`)
+
+
+def _checked(parse: Callable[[str, str], Any], what: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        try:
+            parse(what, text)
+        except HutchError as err:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected {what}") from err
+        return text
+
+    check.__name__ = what  # argparse names the type in some messages
+    return check
+
+
+memory_value = _checked(parse_bytes, "a size such as 512Mi or 1Gi")
+cpu_value = _checked(parse_millicores, "cpu such as 500m, 0.5 or 2")
+duration_value = _checked(parse_duration, "a duration such as 30s, 5m or 1h")
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or "\0" in text:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected KEY=VALUE")
+    return key, value
+
+
+def file_pair(text: str) -> FileToWrite:
+    sandbox_path, sep, local_path = text.partition(":")
+    if not sep or not sandbox_path or not local_path:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}; expected SANDBOX_PATH:LOCAL_PATH"
+        )
+    try:
+        content = Path(local_path).expanduser().read_bytes()
+    except OSError as err:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {local_path!r}: {err.strerror or err}"
+        ) from err
+    return FileToWrite(sandbox_path, content)
+
+
+def _int_in(low: int, high: int | None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected an integer {bound}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def metadata_value(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid JSON: {err}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+# ---------------------------------------------------------------- parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    # Also accepted after the subcommand; SUPPRESS keeps a value given before it.
+    p.add_argument("--url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--api-key", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _command_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("command", nargs="*", metavar="CMD", help="the command, after --")
+
+
+def _sandbox_spec_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `run` and `sandbox create`."""
+    p.add_argument("--runtime", help="runtime name, e.g. base:latest or python:3.13")
+    p.add_argument("--runtime-id", help="runtime id (srt_...)")
+    p.add_argument("--snapshot", help="create from a snapshot id or tag")
+    p.add_argument("--memory", type=memory_value, help="memory limit, e.g. 512Mi, 1Gi")
+    p.add_argument("--cpu", type=cpu_value, help="cpu limit, e.g. 500m, 1")
+    p.add_argument("--disk", type=memory_value, help="disk limit, e.g. 1Gi")
+    p.add_argument("--network", action="store_true", help="enable outbound network access")
+    p.add_argument(
+        "--env", type=env_pair, action="append", default=[], metavar="KEY=VALUE", help="repeatable"
+    )
+    p.add_argument(
+        "--file",
+        type=file_pair,
+        action="append",
+        default=[],
+        metavar="SANDBOX_PATH:LOCAL_PATH",
+        help="repeatable",
+    )
+    p.add_argument(
+        "--dependency",
+        action="append",
+        default=[],
+        metavar="PACKAGE",
+        help="apt package (repeatable)",
+    )
+    p.add_argument("--scope", action="append", default=[], help="permission scope (repeatable)")
+    p.add_argument("--project-id", help="associate with a project")
+    p.add_argument("--org-id", help="accepted for compatibility; ignored by hutch")
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    _sandbox_spec_flags(p)
+    p.add_argument("--timeout", type=duration_value, help="execution timeout, e.g. 30s, 5m")
+    p.add_argument("--quiet", action="store_true", help="do not stream the command's output")
+    p.add_argument(
+        "--timestamps", action="store_true", help="ask the server to timestamp output lines"
+    )
+    p.add_argument(
+        "--data-dir", help="in-process only: the engine's data dir (default: HUTCH_DATA_DIR)"
+    )
+    p.add_argument(
+        "--driver", help="in-process only: execution driver (default: HUTCH_DRIVER or local)"
+    )
+    _json_flag(p)
+    _command_arg(p)
+    p.set_defaults(handler=cmd_run, needs_command=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hutch", description="Self-hostable sandboxes for AI agents.")
+    parser.add_argument("--url", help="server URL (default: HUTCH_URL, else http://127.0.0.1:8700)")
+    parser.add_argument(
+        "--api-key", help="API key (default: HUTCH_API_KEY, else the local server's key file)"
+    )
+    parser.add_argument("--version", action="version", version="hutch 0.1.0")
+    top = parser.add_subparsers(dest="topic", metavar="COMMAND", parser_class=_Parser)
+    top.required = True
+
+    serve = top.add_parser("serve", help="run a hutch server")
+    serve.add_argument("--host", help="listen address (HUTCH_HOST, default 127.0.0.1)")
+    serve.add_argument(
+        "--port", type=_int_in(0, 65535), help="listen port (HUTCH_PORT, default 8700)"
+    )
+    serve.add_argument("--data-dir", help="state directory (HUTCH_DATA_DIR)")
+    serve.add_argument(
+        "--event-log", metavar="URL", help="sqlite | sqlite:///path | kafka://... (HUTCH_EVENT_LOG)"
+    )
+    serve.add_argument("--store", metavar="URL", help="memory | postgresql://... (HUTCH_STORE)")
+    serve.add_argument("--driver", metavar="NAME", help="local | fake | nomad (HUTCH_DRIVER)")
+    serve.set_defaults(handler=cmd_serve)
+
+    _run_flags(top.add_parser("run", help="run one command in a fresh sandbox"))
+
+    sandbox = top.add_parser("sandbox", aliases=["sb"], help="manage sandboxes")
+    sb = sandbox.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    sb.required = True
+
+    _run_flags(sb.add_parser("run", help="run one command in a fresh sandbox"))
+
+    create = sb.add_parser("create", aliases=["new"], help="create an interactive sandbox")
+    _sandbox_spec_flags(create)
+    create.add_argument("--name", help="sandbox name")
+    create.add_argument("--description", help="sandbox description")
+    create.add_argument("--port", type=_int_in(1024, 65535), help="port to expose (1024-65535)")
+    create.add_argument(
+        "--idle-timeout", type=duration_value, help="destroy after this long idle, e.g. 1h"
+    )
+    create.add_argument("--timeout", type=duration_value, help="default execution timeout, e.g. 5m")
+    create.add_argument(
+        "--paused-timeout", type=duration_value, help="terminate after paused this long; 0s = never"
+    )
+    create.add_argument("--metadata", type=metadata_value, help="user metadata as a JSON object")
+    _json_flag(create)
+    create.set_defaults(handler=cmd_create)
+
+    ls = sb.add_parser("list", aliases=["ls"], help="list sandboxes")
+    ls.add_argument("--status", choices=SANDBOX_STATUSES)
+    ls.add_argument("--name")
+    ls.add_argument("--mode", choices=MODES)
+    ls.add_argument("--project-id")
+    ls.add_argument("--org-id", help="accepted for compatibility; ignored by hutch")
+    ls.add_argument(
+        "--all",
+        action="store_true",
+        help="accepted for compatibility (hutch has no project filter)",
+    )
+    ls.add_argument("--limit", type=_int_in(1, 100), help="max results (default 50, max 100)")
+    ls.add_argument("--offset", type=_int_in(0, None))
+    ls.add_argument("--sort", choices=SANDBOX_SORTS)
+    ls.add_argument("--direction", choices=DIRECTIONS)
+    _json_flag(ls)
+    ls.set_defaults(handler=cmd_list)
+
+    get = sb.add_parser("get", aliases=["show", "info"], help="show a sandbox")
+    get.add_argument("sandbox_id", metavar="SANDBOX_ID")
+    _json_flag(get)
+    get.set_defaults(handler=cmd_get)
+
+    delete = sb.add_parser(
+        "delete", aliases=["rm", "del", "remove", "destroy", "terminate"], help="destroy sandboxes"
+    )
+    delete.add_argument("sandbox_ids", nargs="+", metavar="SANDBOX_ID")
+    delete.add_argument("--confirm", action="store_true", help="do not ask")
+    _json_flag(delete)
+    delete.set_defaults(handler=cmd_delete)
+
+    exec_ = sb.add_parser("exec", help="run a command in an existing sandbox")
+    exec_.add_argument("sandbox_id", metavar="SANDBOX_ID")
+    exec_.add_argument("--timeout", type=duration_value, help="execution timeout, e.g. 5m")
+    exec_.add_argument("--quiet", action="store_true", help="do not stream the command's output")
+    exec_.add_argument(
+        "--timestamps", action="store_true", help="ask the server to timestamp output lines"
+    )
+    _json_flag(exec_)
+    _command_arg(exec_)
+    exec_.set_defaults(handler=cmd_exec, needs_command=True)
+
+    for name, handler in (("pause", cmd_pause), ("resume", cmd_resume)):
+        p = sb.add_parser(
+            name, aliases=["hibernate"] if name == "pause" else ["wake"], help=f"{name} a sandbox"
+        )
+        p.add_argument("sandbox_id", metavar="SANDBOX_ID")
+        _json_flag(p)
+        p.set_defaults(handler=handler)
+
+    events = sb.add_parser("events", help="list a sandbox's lifecycle events")
+    events.add_argument("sandbox_id", metavar="SANDBOX_ID")
+    events.add_argument("--limit", type=_int_in(1, 100), help="max results (default 50, max 100)")
+    events.add_argument("--reverse", action="store_true", help="newest first")
+    _json_flag(events)
+    events.set_defaults(handler=cmd_events)
+
+    execution = sb.add_parser("execution", help="execution history")
+    ex = execution.add_subparsers(dest="execution_action", metavar="ACTION", parser_class=_Parser)
+    ex.required = True
+    ex_list = ex.add_parser("list", aliases=["ls"], help="a sandbox's executions")
+    ex_list.add_argument("sandbox_id", metavar="SANDBOX_ID")
+    ex_list.add_argument("--limit", type=_int_in(1, 100))
+    _json_flag(ex_list)
+    ex_list.set_defaults(handler=cmd_execution_list)
+    ex_get = ex.add_parser("get", aliases=["show", "info"], help="one execution")
+    ex_get.add_argument("execution_id", metavar="EXECUTION_ID")
+    _json_flag(ex_get)
+    ex_get.set_defaults(handler=cmd_execution_get)
+
+    runtime = sb.add_parser("runtime", aliases=["rt"], help="available runtimes")
+    rt = runtime.add_subparsers(dest="runtime_action", metavar="ACTION", parser_class=_Parser)
+    rt.required = True
+    rt_list = rt.add_parser("list", aliases=["ls"], help="list runtimes")
+    rt_list.add_argument("--limit", type=_int_in(1, 100))
+    rt_list.add_argument("--offset", type=_int_in(0, None))
+    rt_list.add_argument("--sort", choices=RUNTIME_SORTS)
+    rt_list.add_argument("--direction", choices=DIRECTIONS)
+    _json_flag(rt_list)
+    rt_list.set_defaults(handler=cmd_runtime_list)
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """argparse, plus: everything after the first ``--`` is the sandbox command, verbatim."""
+    argv = list(argv)
+    tail: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    needs_command = getattr(args, "needs_command", False)
+    command = list(getattr(args, "command", None) or []) + (tail or [])
+    if needs_command and not command:
+        parser.error("missing the command to run; put it after --, e.g. `hutch run -- echo hi`")
+    if not needs_command and tail:
+        parser.error(f"unexpected arguments after --: {' '.join(tail)}")
+    args.command = command
+    return args
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+def _out() -> Any:
+    return sys.stdout
+
+
+def _remote_client(args: argparse.Namespace) -> SandboxClient:
+    return SandboxClient(args.url, args.api_key)
+
+
+async def _with_client(
+    args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]
+) -> T:
+    async with _remote_client(args) as client:
+        return await work(client)
+
+
+def _remote_wanted(args: argparse.Namespace) -> bool:
+    return bool(args.url or os.environ.get("HUTCH_URL"))
+
+
+async def _in_process(args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]) -> T:
+    """Run the engine inside this process, reachable only through a private Unix socket."""
+    import aiohttp
+    from aiohttp import web
+
+    from api.app import create_app
+    from api.config import Config, resolve_api_key
+
+    config = Config.from_env(data_dir=args.data_dir, driver=args.driver)
+    runner = web.AppRunner(create_app(config), handle_signals=False, access_log=None)
+    try:
+        await runner.setup()  # starts the log, projections and driver (the app's cleanup_ctx)
+        with tempfile.TemporaryDirectory(prefix="hutch-") as private:  # mkdtemp: mode 0700
+            socket_path = os.path.join(private, "api.sock")
+            site = web.UnixSite(runner, socket_path)
+            await site.start()
+            key, _ = resolve_api_key(config)
+            client = SandboxClient(
+                "http://localhost", key, connector=aiohttp.UnixConnector(path=socket_path)
+            )
+            async with client:
+                return await work(client)
+    finally:
+        await runner.cleanup()
+
+
+def _stdout_sink() -> Any:
+    sys.stdout.flush()
+    return getattr(sys.stdout, "buffer", sys.stdout)
+
+
+def _stderr_sink() -> Any:
+    sys.stderr.flush()
+    return getattr(sys.stderr, "buffer", sys.stderr)
+
+
+def _exit_code(code: int | None) -> int:
+    if code is None:
+        return 1
+    if code < 0:  # killed by a signal, as some backends report it
+        return min(128 - code, 255)
+    return code if code <= 255 else 255
+
+
+def _note(message: str) -> None:
+    sys.stderr.write(f"hutch: {message}\n")
+    sys.stderr.flush()
+
+
+def _status_note(status: str | None, truncated: bool | None) -> None:
+    if status == "timeout":
+        _note("the command hit its time limit and was stopped")
+    elif status == "cancelled":
+        _note("the command was cancelled")
+    elif status == "failed":
+        _note("the command could not be run (status: failed)")
+    if truncated:
+        _note("output was truncated at the server's cap")
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    resources = Resources(memory=args.memory, cpu=args.cpu, disk=args.disk)
+    return {
+        "runtime": args.runtime,
+        "runtime_id": args.runtime_id,
+        "snapshot": args.snapshot,
+        "resources": resources if resources != Resources() else None,
+        "env": dict(args.env) or None,
+        "files": args.file or None,
+        "dependencies": args.dependency or None,
+        "scopes": args.scope or None,
+        "project_id": args.project_id,
+    }
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if _remote_wanted(args) and (args.data_dir or args.driver):
+        raise UsageError(
+            "--data-dir and --driver apply only in-process; unset HUTCH_URL/--url to use them"
+        )
+    stream_output = not (args.quiet or args.json)
+
+    async def work(client: SandboxClient) -> Any:
+        return await client.run(
+            args.command,
+            **_spec(args),
+            network=True if args.network else None,
+            timeout=args.timeout,
+            stream={"timestamps": True} if args.timestamps else None,
+            stdout=_stdout_sink() if stream_output else None,
+            stderr=_stderr_sink() if stream_output else None,
+        )
+
+    runner = _with_client if _remote_wanted(args) else _in_process
+    result = asyncio.run(runner(args, work))
+    if args.json:
+        render.dump_json(
+            {
+                "sandboxId": result.sandbox_id,
+                "executionId": result.execution_id,
+                "status": result.status,
+                "exitCode": result.exit_code,
+                "durationMs": result.duration_ms,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "outputTruncated": bool(result.output_truncated),
+            },
+            _out(),
+        )
+    else:
+        _status_note(result.status, result.output_truncated)
+    return _exit_code(result.exit_code)
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    stream_output = not (args.quiet or args.json)
+
+    async def work(client: SandboxClient) -> Any:
+        sandbox = await client.connect(args.sandbox_id)
+        return await sandbox.execute(
+            args.command,
+            timeout=args.timeout,
+            stdout=_stdout_sink() if stream_output else None,
+            stderr=_stderr_sink() if stream_output else None,
+            capture=args.json,
+            stream={"timestamps": True} if args.timestamps else None,
+        )
+
+    execution = asyncio.run(_with_client(args, work))
+    if args.json:
+        render.dump_json(to_wire(execution), _out())
+    else:
+        _status_note(execution.status, execution.output_truncated)
+    return _exit_code(execution.exit_code)
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    network = None
+    if args.network or args.port is not None:
+        network = Network(enabled=True if args.network else None, port=args.port)
+    timeouts = Timeouts(idle=args.idle_timeout, execution=args.timeout, paused=args.paused_timeout)
+
+    async def work(client: SandboxClient) -> Any:
+        return await client.create(
+            **_spec(args),
+            name=args.name,
+            description=args.description,
+            network=network,
+            timeout=timeouts if timeouts != Timeouts() else None,
+            metadata=args.metadata,
+        )
+
+    sandbox = asyncio.run(_with_client(args, work))
+    if args.json:
+        assert sandbox.created is not None
+        render.dump_json(to_wire(sandbox.created), _out())
+    else:
+        _out().write(f"{sandbox.id}\n")
+        _note(f"created sandbox {sandbox.id} (status: {sandbox.status})")
+        if sandbox.url:
+            _note(f"url: {sandbox.url}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    page = asyncio.run(
+        _with_client(
+            args,
+            lambda c: c.list(
+                status=args.status,
+                name=args.name,
+                mode=args.mode,
+                project_id=args.project_id,
+                limit=args.limit,
+                offset=args.offset,
+                sort=args.sort,
+                direction=args.direction,
+            ),
+        )
+    )
+    if args.json:
+        render.dump_json(to_wire(page), _out())
+    else:
+        render.sandboxes(page.sandboxes, page.total, _out())
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    info = asyncio.run(_with_client(args, lambda c: c.get(args.sandbox_id)))
+    if args.json:
+        render.dump_json(to_wire(info), _out())
+    else:
+        render.sandbox(info, _out())
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    if not args.confirm and sys.stdin.isatty() and not args.json:
+        answer = input(f"Destroy {', '.join(args.sandbox_ids)}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            _note("nothing deleted")
+            return 1
+
+    async def work(client: SandboxClient) -> list[tuple[str, SandboxError | None]]:
+        outcome: list[tuple[str, SandboxError | None]] = []
+        for sandbox_id in args.sandbox_ids:
+            try:
+                await client.destroy(sandbox_id)
+                outcome.append((sandbox_id, None))
+            except (ConnectionFailed, Unauthorized):
+                raise
+            except SandboxError as err:
+                outcome.append((sandbox_id, err))
+        return outcome
+
+    outcome = asyncio.run(_with_client(args, work))
+    if args.json:
+        items = [
+            {
+                "sandboxId": sid,
+                "success": err is None,
+                **({"message": err.message, "code": err.code} if err else {}),
+            }
+            for sid, err in outcome
+        ]
+        render.dump_json(items[0] if len(items) == 1 else items, _out())
+    for sid, err in outcome:
+        if err is not None:
+            _note(f"{sid}: {err.message}")
+        elif not args.json:
+            _out().write(f"deleted {sid}\n")
+    return 0 if all(err is None for _, err in outcome) else 1
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    result = asyncio.run(_with_client(args, lambda c: c.pause(args.sandbox_id)))
+    if args.json:
+        render.dump_json(to_wire(result), _out())
+    else:
+        _out().write(f"paused {result.sandbox_id} (status: {result.status})\n")
+        if result.terminates_at:
+            _note(f"terminates at {result.terminates_at} unless resumed")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    asyncio.run(_with_client(args, lambda c: c.resume(args.sandbox_id)))
+    if args.json:
+        render.dump_json({"sandboxId": args.sandbox_id, "success": True}, _out())
+    else:
+        _out().write(f"resumed {args.sandbox_id}\n")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    events = asyncio.run(
+        _with_client(
+            args,
+            lambda c: c.list_events(
+                args.sandbox_id, limit=args.limit, direction="desc" if args.reverse else "asc"
+            ),
+        )
+    )
+    if args.json:
+        render.dump_json({"events": to_wire(events)}, _out())
+    else:
+        render.events(events, _out())
+    return 0
+
+
+def cmd_execution_list(args: argparse.Namespace) -> int:
+    items = asyncio.run(
+        _with_client(args, lambda c: c.list_executions(args.sandbox_id, limit=args.limit))
+    )
+    if args.json:
+        render.dump_json({"executions": to_wire(items)}, _out())
+    else:
+        render.executions(items, _out())
+    return 0
+
+
+def cmd_execution_get(args: argparse.Namespace) -> int:
+    info = asyncio.run(_with_client(args, lambda c: c.get_execution(args.execution_id)))
+    if args.json:
+        render.dump_json(to_wire(info), _out())
+    else:
+        render.execution(info, _out())
+    return 0
+
+
+def cmd_runtime_list(args: argparse.Namespace) -> int:
+    page = asyncio.run(
+        _with_client(
+            args,
+            lambda c: c.list_runtimes(
+                limit=args.limit, offset=args.offset, sort=args.sort, direction=args.direction
+            ),
+        )
+    )
+    if args.json:
+        render.dump_json(to_wire(page), _out())
+    else:
+        render.runtimes(page.runtimes, page.total, _out())
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from api.app import run_server
+    from api.config import Config
+
+    try:
+        config = Config.from_env(
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            event_log=args.event_log,
+            store=args.store,
+            driver=args.driver,
+        )
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err
+    run_server(config)
+    return 0
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _explain(err: HutchError, args: argparse.Namespace) -> str:
+    message = err.message
+    if isinstance(err, Unauthorized):
+        where = _config.data_dir() / _config.API_KEY_FILE
+        message += f" (set HUTCH_API_KEY or --api-key; a local server keeps its key in {where})"
+    elif isinstance(err, ConnectionFailed) and not _remote_wanted(args):
+        message += " (start one with `hutch serve`, or set HUTCH_URL)"
+    elif "in use by another hutch server" in message:
+        message += "; set HUTCH_URL to use that server, e.g. HUTCH_URL=http://127.0.0.1:8700"
+    code = getattr(err, "code", None)
+    if isinstance(err, SandboxError) and code and not isinstance(err, ConnectionFailed):
+        message += f" [{code}]"
+    return message
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(args.handler(args))
+    except UsageError as err:
+        sys.stderr.write(f"hutch: error: {err}\n")
+        return 2
+    except HutchError as err:
+        _note(f"error: {_explain(err, args)}")
+        return 1
+    except KeyboardInterrupt:
+        _note("interrupted")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `hutch sb ls | head`); nothing left to say.
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+        return 1
+
+    except Exception as err:
+        if os.environ.get("HUTCH_DEBUG"):
+            raise
+        _note(f"internal error: {type(err).__name__}: {err} (set HUTCH_DEBUG=1 for a traceback)")
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""Human-readable output for the CLI: aligned tables and key/value blocks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
+
+from hutch.models import ExecutionInfo, Runtime, SandboxEvent, SandboxInfo, to_wire
+
+
+def dump_json(obj: Any, out: TextIO) -> None:
+    out.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO) -> None:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    for row in [list(headers), *cells]:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def key_values(pairs: Iterable[tuple[str, Any]], out: TextIO) -> None:
+    shown = [(k, _cell(v)) for k, v in pairs if v not in (None, "", [], {})]
+    width = max((len(k) for k, _ in shown), default=0)
+    for key, value in shown:
+        out.write(f"{(key + ':').ljust(width + 1)} {value}\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def duration_ms(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return f"{ms}ms" if ms < 1000 else f"{ms / 1000:.2f}s"
+
+
+def sandboxes(items: Sequence[SandboxInfo], total: int, out: TextIO) -> None:
+    if not items:
+        out.write("no sandboxes\n")
+        return
+    table(
+        ["ID", "NAME", "STATUS", "MODE", "RUNTIME", "EXECS", "CREATED"],
+        [
+            [
+                s.sandbox_id,
+                s.name,
+                s.status,
+                s.mode,
+                s.runtime.name if s.runtime else None,
+                s.executions,
+                s.created_at,
+            ]
+            for s in items
+        ],
+        out,
+    )
+    if total > len(items):
+        out.write(f"({len(items)} of {total}; use --limit/--offset for more)\n")
+
+
+def sandbox(info: SandboxInfo, out: TextIO) -> None:
+    resources = info.resources
+    timeout = info.timeout
+    key_values(
+        [
+            ("id", info.sandbox_id),
+            ("name", info.name),
+            ("description", info.description),
+            ("status", info.status),
+            ("mode", info.mode),
+            ("runtime", info.runtime.name if info.runtime else None),
+            ("snapshot", info.snapshot.id if info.snapshot else None),
+            ("created", info.created_at),
+            ("executions", info.executions),
+            ("exit code", info.exit_code),
+            ("memory", resources.memory if resources else None),
+            ("cpu", resources.cpu if resources else None),
+            ("disk", resources.disk if resources else None),
+            ("network", info.network_enabled),
+            ("port", info.network_port),
+            ("url", info.url),
+            ("idle timeout", timeout.idle if timeout else None),
+            ("exec timeout", timeout.execution if timeout else None),
+            ("paused timeout", timeout.paused if timeout else None),
+            ("cpu time", duration_ms(info.cpu_time_ms)),
+            ("command", info.command.exec if info.command else None),
+            ("metadata", info.metadata),
+            ("stdout", info.stdout_stream_url),
+            ("stderr", info.stderr_stream_url),
+        ],
+        out,
+    )
+
+
+def events(items: Sequence[SandboxEvent], out: TextIO) -> None:
+    if not items:
+        out.write("no events\n")
+        return
+    table(
+        ["TIME", "TYPE", "EVENT ID", "DETAILS"],
+        [[e.created_at, e.type, e.event_id, e.event or None] for e in items],
+        out,
+    )
+
+
+def executions(items: Sequence[ExecutionInfo], out: TextIO) -> None:
+    if not items:
+        out.write("no executions\n")
+        return
+    table(
+        ["ID", "STATUS", "EXIT", "DURATION", "STARTED", "COMMAND"],
+        [
+            [
+                x.execution_id,
+                x.status,
+                x.exit_code,
+                duration_ms(x.duration_ms),
+                x.started_at,
+                x.command,
+            ]
+            for x in items
+        ],
+        out,
+    )
+
+
+def execution(x: ExecutionInfo, out: TextIO) -> None:
+    key_values(
+        [
+            ("id", x.execution_id),
+            ("sandbox", x.sandbox_id),
+            ("type", x.type),
+            ("status", x.status),
+            ("command", x.command),
+            ("exit code", x.exit_code),
+            ("duration", duration_ms(x.duration_ms)),
+            ("started", x.started_at),
+            ("completed", x.completed_at),
+            ("error", x.error),
+            ("output truncated", x.output_truncated),
+            ("stdout", x.stdout_stream_url),
+            ("stderr", x.stderr_stream_url),
+        ],
+        out,
+    )
+
+
+def runtimes(items: Sequence[Runtime], total: int, out: TextIO) -> None:
+    if not items:
+        out.write("no runtimes\n")
+        return
+    table(
+        ["NAME", "ID", "DESCRIPTION", "TAGS"],
+        [[r.name, r.id, r.description, r.tags] for r in items],
+        out,
+    )
+    if total > len(items):
+        out.write(f"({len(items)} of {total}; use --limit/--offset for more)\n")
+
+
+__all__ = [
+    "dump_json",
+    "events",
+    "execution",
+    "executions",
+    "key_values",
+    "runtimes",
+    "sandbox",
+    "sandboxes",
+    "table",
+    "to_wire",
+]
