@@ -1,16 +1,19 @@
 """A scriptable driver for testing the layers above drivers. No isolation at all.
 
 Commands are interpreted, never run: ``echo ARGS`` prints, ``sleep SECONDS`` waits,
-``exit CODE`` exits, ``cat`` copies stdin, ``sh -c SCRIPT`` understands ``;``-joined
-echo/sleep/exit/``>&2`` pieces, ``yes BYTES`` prints that many bytes, ``oom`` reports
-an OOM kill, ``pwd``/``env`` report the sandbox's view. Tests can also register their
-own handler for an ``argv[0]`` with ``FakeDriver.script``.
+``exit CODE`` exits, ``cat [FILE]`` copies stdin or an in-memory file, ``sh -c SCRIPT``
+understands ``;``-joined builtin pieces with ``>&2``, ``> FILE`` and ``>> FILE``
+redirections and ``kill -N $$``, ``yes BYTES`` prints that many bytes, ``oom`` reports
+an OOM kill, ``pwd``/``env`` report the sandbox's view (with the same default
+environment as the local driver). Tests can also register their own handler for an
+``argv[0]`` with ``FakeDriver.script``. It passes ``tests/contracts/test_driver.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -18,10 +21,44 @@ import attrs
 
 from core import runtimes
 from core.errors import DriverFailure, RuntimeNotFound, SandboxNotFound
-from drivers.base import Capabilities, Driver, ExecRequest, ExecResult, FileToWrite, OutputSink, ProvisionRequest
+from drivers.base import (
+    Capabilities,
+    Driver,
+    ExecRequest,
+    ExecResult,
+    FileToWrite,
+    OutputSink,
+    ProvisionRequest,
+)
 
 Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
 HOME = "/home/agentuity"
+DEFAULT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": HOME, "USER": "agentuity", "LOGNAME": "agentuity", "SHELL": "/bin/bash",
+    "LANG": "C.UTF-8", "HOSTNAME": "sandbox",
+}
+
+
+class _Redirect:
+    """An OutputSink that captures one builtin's stdout into an in-memory file."""
+
+    def __init__(self, sink: OutputSink, files: dict[str, bytes], path: str, append: bool) -> None:
+        self.sink, self.files, self.path = sink, files, path
+        if not append:
+            files[path] = b""
+        else:
+            files.setdefault(path, b"")
+
+    def write(self, stream: str, data: bytes) -> None:
+        if stream == "stdout":
+            self.files[self.path] += data
+        else:
+            self.sink.write(stream, data)  # type: ignore[arg-type]
+
+
+def _abspath(path: str, cwd: str | None) -> str:
+    return posixpath.normpath(posixpath.join(HOME, cwd or HOME, path))
 
 
 @attrs.define
@@ -69,8 +106,7 @@ class FakeDriver(Driver):
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
         sb = self._get(sandbox_id)
         for f in files:
-            path = f.path if f.path.startswith("/") else f"{HOME}/{f.path}"
-            sb.files[path] = f.content
+            sb.files[_abspath(f.path, None)] = f.content
 
     async def alive(self) -> set[str]:
         return set(self.sandboxes)
@@ -112,10 +148,16 @@ class FakeDriver(Driver):
                 words = shlex.split(piece)
                 if not words:
                     continue
-                to_err = words[-1] == ">&2"
-                if to_err:
-                    words = words[:-1]
-                code = await self._builtin(sb, req, words, sink, "stderr" if to_err else "stdout")
+                out, target = "stdout", sink
+                if words[-1] == ">&2":
+                    words, out = words[:-1], "stderr"
+                elif len(words) > 2 and words[-2] in (">", ">>"):
+                    path = _abspath(words[-1], req.cwd)
+                    target = _Redirect(sink, sb.files, path, words[-2] == ">>")  # type: ignore[assignment]
+                    words = words[:-2]
+                if words[:1] == ["kill"] and words[-1] == "$$":
+                    return 128 + int(words[1].lstrip("-")) if len(words) > 2 else 143
+                code = await self._builtin(sb, req, words, target, out)
                 if words[0] == "exit":
                     return code
             return code
@@ -123,7 +165,7 @@ class FakeDriver(Driver):
 
     async def _builtin(self, sb: FakeSandbox, req: ExecRequest, argv: list[str], sink: OutputSink, out: str) -> int:
         cmd, args = argv[0], argv[1:]
-        env = {**sb.request.env, **req.env}
+        env = {**DEFAULT_ENV, **sb.request.env, **req.env}
         match cmd:
             case "echo" | "true" | "false":
                 if cmd == "echo":
@@ -136,7 +178,7 @@ class FakeDriver(Driver):
                 return int(args[0]) if args else 0
             case "cat":
                 if args:
-                    path = args[0] if args[0].startswith("/") else f"{HOME}/{args[0]}"
+                    path = _abspath(args[0], req.cwd)
                     if path not in sb.files:
                         sink.write("stderr", f"cat: {args[0]}: No such file or directory\n".encode())
                         return 1
@@ -155,7 +197,7 @@ class FakeDriver(Driver):
             case "oom":
                 return 137
             case "pwd":
-                sink.write(out, f"{req.cwd or HOME}\n".encode())  # type: ignore[arg-type]
+                sink.write(out, f"{_abspath('.', req.cwd)}\n".encode())  # type: ignore[arg-type]
                 return 0
             case "env":
                 sink.write(out, "".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode())  # type: ignore[arg-type]

@@ -142,14 +142,17 @@ class LocalDriver(Driver):
                 "overlay mounts); run the server as root or use --driver fake")
         if self._cgroups is None:
             raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
+        self._helper = await asyncio.to_thread(self._prepare)
+        self._cgroups.setup()
+        await self._reap_leftovers()
+
+    def _prepare(self) -> Path:
         if not os.path.exists(self._bwrap):
             raise DriverFailure("bubblewrap is not installed (apt-get install bubblewrap)")
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o711)
         os.chmod(self.sandbox_root, 0o700)
-        self._helper = await asyncio.to_thread(ensure_helper, self.data_dir / "bin")
-        self._cgroups.setup()
-        await self._reap_leftovers()
+        return ensure_helper(self.data_dir / "bin")
 
     async def _reap_leftovers(self) -> None:
         """Remove what sandboxes that died while we were away left behind."""
@@ -231,7 +234,8 @@ class LocalDriver(Driver):
         raise DriverFailure("no free sandbox uid left")
 
     def _provision_sync(self, req: ProvisionRequest, lower: Path) -> _Sandbox:
-        assert self._cgroups is not None and self._helper is not None
+        assert self._cgroups is not None
+        assert self._helper is not None
         sid = req.sandbox_id
         d = self.sandbox_root / sid
         d.mkdir(mode=0o700)
@@ -399,12 +403,18 @@ class LocalDriver(Driver):
         env: Mapping[str, str] | None = None,
         stdin: bytes | None,
         sink: OutputSink | None,
-        timeout: float | None,
-        execution: _Execution | None = None,
+        limit: float | None,
     ) -> tuple[int, bool, str]:
-        """Run hutch-nsexec; returns (exit code, timed out, status-fd message)."""
-        assert self._cgroups is not None and self._helper is not None
+        """Run hutch-nsexec; returns (exit code, timed out, status-fd message).
+
+        Not asyncio's subprocess API: its ``wait()`` (3.11) only returns once every
+        pipe is closed, and a background child holding stdout would make an execution
+        last as long as that child. We watch the helper's pidfd for the exit instead.
+        """
+        assert self._cgroups is not None
+        assert self._helper is not None
         procs = self._cgroups.create_leaf(sb.id, leaf)
+        loop = asyncio.get_running_loop()
         status_r, status_w = os.pipe()
         cmd = [str(self._helper), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
                "--cwd", cwd, "--status-fd", str(status_w)]
@@ -412,62 +422,104 @@ class LocalDriver(Driver):
             cmd += ["--cgroup-procs", str(p)]
         for key, value in (env or {}).items():
             cmd += ["-e", f"{key}={value}"]
-        cmd += ["--", *argv]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, env={}, pass_fds=(status_w,),
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            # Blocking, but a vfork+exec of a static binary: well under a millisecond.
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                [*cmd, "--", *argv], env={}, pass_fds=(status_w,), bufsize=0,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            os.close(status_r)
+            raise
         finally:
             os.close(status_w)
-        timed_out = False
-        try:
-            async def pump(stream: asyncio.StreamReader, name: str) -> None:
-                while chunk := await stream.read(65536):
-                    if sink is not None:
-                        sink.write(name, chunk)  # type: ignore[arg-type]
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        pidfd = os.pidfd_open(proc.pid)
+        watched: list[tuple[int, bool]] = []  # (fd, is_writer)
 
-            async def feed() -> None:
-                assert proc.stdin is not None
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    proc.stdin.write(stdin or b"")
-                    await proc.stdin.drain()
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        def watch_exit() -> asyncio.Future[None]:
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(pidfd, lambda: fut.done() or fut.set_result(None))
+            watched.append((pidfd, False))
+            return fut
+
+        def pump(fd: int, stream: str) -> asyncio.Future[None]:
+            eof: asyncio.Future[None] = loop.create_future()
+            os.set_blocking(fd, False)
+
+            def readable() -> None:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    return
+                except OSError:
+                    data = b""
+                if not data:
+                    loop.remove_reader(fd)
+                    if not eof.done():
+                        eof.set_result(None)
+                elif sink is not None:
+                    sink.write(stream, data)  # type: ignore[arg-type]
+
+            loop.add_reader(fd, readable)
+            watched.append((fd, False))
+            return eof
+
+        def feed(fd: int, data: bytes) -> None:
+            view = memoryview(data)
+            os.set_blocking(fd, False)
+            sent = 0
+
+            def writable() -> None:
+                nonlocal sent
+                try:
+                    sent += os.write(fd, view[sent:sent + 65536])
+                except BlockingIOError:
+                    return
+                except OSError:  # the command closed its stdin: fine
+                    sent = len(view)
+                if sent >= len(view):
+                    loop.remove_writer(fd)
+                    assert proc.stdin is not None
                     proc.stdin.close()
 
-            assert proc.stdout is not None and proc.stderr is not None
-            pumps = [asyncio.create_task(pump(proc.stdout, "stdout")), asyncio.create_task(pump(proc.stderr, "stderr"))]
-            feeder = asyncio.create_task(feed()) if stdin is not None else None
-            waiter = asyncio.create_task(proc.wait())
+            loop.add_writer(fd, writable)
+            watched.append((fd, True))
+
+        timed_out = False
+        try:
+            exited = watch_exit()
+            eofs = [pump(proc.stdout.fileno(), "stdout"), pump(proc.stderr.fileno(), "stderr")]
+            if proc.stdin is not None:
+                feed(proc.stdin.fileno(), stdin or b"")
             try:
-                done, _ = await asyncio.wait({waiter}, timeout=timeout)
+                done, _ = await asyncio.wait({exited}, timeout=limit)
                 if not done:
                     timed_out = True
                     await self._cgroups.kill(sb.id, leaf)
-                await waiter
+                    await exited
             except asyncio.CancelledError:
                 await self._cgroups.kill(sb.id, leaf)
+                await asyncio.shield(exited)
                 raise
             finally:
-                if not waiter.done():
-                    await self._cgroups.kill(sb.id, leaf)
+                if not exited.done():  # only on unexpected errors
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
-                    await asyncio.shield(waiter)
-                _, pending = await asyncio.wait(pumps, timeout=DRAIN_GRACE)
-                for task in [*pending, *([feeder] if feeder else [])]:
-                    task.cancel()
-                for task in [*pumps, *([feeder] if feeder else [])]:
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                for pipe in (proc.stdout, proc.stderr):
-                    transport = getattr(pipe, "_transport", None)
-                    if transport is not None:
-                        transport.close()
-            status = _read_available(status_r).decode(errors="replace")
+                code = proc.wait()
+                # Output already written is in the pipes; a background child may keep
+                # them open for ever, so stop after a short grace.
+                await asyncio.wait(eofs, timeout=DRAIN_GRACE)
         finally:
+            for fd, is_writer in watched:
+                (loop.remove_writer if is_writer else loop.remove_reader)(fd)
+            os.close(pidfd)
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
+            status = _read_available(status_r).decode(errors="replace")
             os.close(status_r)
-        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         if code < 0:
             code = 128 - code
         return code, timed_out, status
@@ -487,7 +539,7 @@ class LocalDriver(Driver):
         try:
             code, timed_out, status = await self._run_helper(
                 "exec", sb, leaf, cwd=cwd, argv=req.argv, env=env, stdin=req.stdin,
-                sink=sink, timeout=req.timeout, execution=execution)
+                sink=sink, limit=req.timeout)
         finally:
             self._executions.pop(req.execution_id, None)
         assert self._cgroups is not None
@@ -536,7 +588,7 @@ class LocalDriver(Driver):
             payload += path + f.content
         leaf = f"w-{os.getpid()}-{time.monotonic_ns()}"
         code, timed_out, status = await self._run_helper(
-            "write", sb, leaf, cwd=HOME, stdin=bytes(payload), sink=None, timeout=120)
+            "write", sb, leaf, cwd=HOME, stdin=bytes(payload), sink=None, limit=120)
         assert self._cgroups is not None
         if not self._cgroups.remove(sb.id, leaf):
             self._lingering.setdefault(sb.id, set()).add(leaf)

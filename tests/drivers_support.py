@@ -1,0 +1,107 @@
+"""Fixtures and helpers shared by the driver contract suite and the isolation tests.
+
+The local driver needs root and built runtimes. Both are prerequisites, not options:
+when one is missing the test fails with a message saying what to do; nothing skips.
+Runtimes are built (once, then cached) in ``$HUTCH_RUNTIME_CACHE`` (default
+/var/cache/hutch/runtimes) so CI can cache that directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from drivers.base import Driver, ProvisionRequest, Resources
+
+RUNTIME_CACHE = Path(os.environ.get("HUTCH_RUNTIME_CACHE", "/var/cache/hutch/runtimes"))
+TEST_RUNTIMES = ("base:latest", "python:3.13")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the local driver's tests need root (cgroups, overlay, a sandbox uid range); "
+                    "run them as root, e.g. sudo ./scripts/test", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def built_runtimes() -> Path:
+    """Build the runtimes the tests use (a no-op when cached)."""
+    require_root()
+    from drivers.local import rootfs
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    for name in TEST_RUNTIMES:
+        rootfs.build(rootfs.lookup(name), RUNTIME_CACHE, log=log)
+    return RUNTIME_CACHE
+
+
+@pytest.fixture(scope="session")
+def local_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # One data dir per session so the native helper is compiled once.
+    return tmp_path_factory.mktemp("hutch-local")
+
+
+async def start_local(request: pytest.FixtureRequest) -> Driver:
+    require_root()
+    cache = request.getfixturevalue("built_runtimes")
+    data = request.getfixturevalue("local_data_dir")
+    from drivers.local.driver import LocalDriver
+
+    driver = LocalDriver(data, cache)
+    await driver.start()
+    return driver
+
+
+async def stop_local(driver: Driver) -> None:
+    for sid in await driver.alive():
+        await driver.destroy(sid)
+    await driver.close()
+
+
+async def local_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+    driver = await start_local(request)
+    try:
+        yield driver
+    finally:
+        await stop_local(driver)
+
+
+def new_id(prefix: str = "sb") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+async def provision(driver: Driver, runtime: str = "base:latest", *, env: dict[str, str] | None = None,
+                    resources: Resources | None = None) -> str:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=runtime, env=env or {},
+                                            resources=resources or Resources()))
+    return sid
+
+
+class Recorder:
+    """An OutputSink that remembers every chunk and when it arrived."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, bytes, float]] = []
+
+    def write(self, stream: str, data: bytes) -> None:
+        self.chunks.append((stream, data, time.monotonic()))
+
+    def text(self, stream: str = "stdout") -> str:
+        return b"".join(d for s, d, _ in self.chunks if s == stream).decode(errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        return self.text("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self.text("stderr")
