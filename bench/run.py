@@ -1,0 +1,169 @@
+"""Side-by-side latency and throughput of the embedded profile, in one run.
+
+    python bench/run.py [--n 40] [--concurrency 8] [--seconds 10]
+
+Starts a real server (local driver) on loopback, then measures, interleaved where it
+matters so machine noise hits every row alike:
+  bare        the runtime's own python3 -c pass, chrooted on the host (the baseline)
+  execute     POST /sandbox/{id}/execute + long-poll to completion, in a live sandbox
+  oneshot     POST /sandbox (oneshot) + stream to EOF + execution result, raw HTTP
+  client run  SandboxClient.run() of the real @agentuity/core client (Node)
+  create      POST /sandbox until idle (then DELETE, not timed)
+  throughput  oneshot `true` runs/s with N concurrent clients
+Prints medians and p90s with the difference and ratio against bare. Not a test: no
+pass/fail, the README records the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.system.server import KEY, Server  # noqa: E402
+
+RUNTIME = "python:3.13"
+PY_PASS = ["python3", "-c", "pass"]
+H = {"Authorization": f"Bearer {KEY}"}
+
+
+def runtime_rootfs() -> Path:
+    from core import runtimes
+    from drivers.local.rootfs import default_cache, rootfs_path
+
+    recipe = runtimes.find(RUNTIME)
+    assert recipe is not None
+    return rootfs_path(default_cache(), recipe)
+
+
+def bare_once(rootfs: Path) -> float:
+    """The same python3 binary the sandbox runs, started on the host with no isolation
+    (chroot only, so it finds its own libraries): the baseline every row is held to."""
+    t0 = time.perf_counter()
+    subprocess.run(["chroot", str(rootfs), *PY_PASS], check=True)
+    return (time.perf_counter() - t0) * 1000
+
+
+async def execute_once(s: aiohttp.ClientSession, url: str, sid: str, cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    async with s.post(f"{url}/sandbox/{sid}/execute", json={"command": cmd}, headers=H) as r:
+        eid = (await r.json())["data"]["executionId"]
+    async with s.get(f"{url}/sandbox/execution/{eid}?wait=60s", headers=H) as r:
+        data = (await r.json())["data"]
+    assert data["status"] == "completed" and data["exitCode"] == 0, data
+    return (time.perf_counter() - t0) * 1000
+
+
+async def oneshot_once(s: aiohttp.ClientSession, url: str, cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    body = {"runtime": RUNTIME, "command": {"exec": cmd, "mode": "oneshot"}}
+    async with s.post(f"{url}/sandbox", json=body, headers=H) as r:
+        data = (await r.json())["data"]
+    async with s.get(data["stdoutStreamUrl"]) as r:
+        await r.read()
+    async with s.get(f"{url}/sandbox/execution/{data['executionId']}?wait=60s", headers=H) as r:
+        final = (await r.json())["data"]
+    assert final["exitCode"] == 0, final
+    return (time.perf_counter() - t0) * 1000
+
+
+async def create_once(s: aiohttp.ClientSession, url: str) -> float:
+    t0 = time.perf_counter()
+    async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+        data = (await r.json())["data"]
+    took = (time.perf_counter() - t0) * 1000
+    assert data["status"] == "idle", data
+    async with s.delete(f"{url}/sandbox/{data['sandboxId']}", headers=H) as r:
+        await r.read()
+    return took
+
+
+async def throughput(url: str, concurrency: int, seconds: float) -> tuple[float, int]:
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def worker(s: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await oneshot_once(s, url, ["true"])
+            done += 1
+
+    async with aiohttp.ClientSession() as s:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(s) for _ in range(concurrency)))
+        return done / (time.perf_counter() - t0), done
+
+
+def client_runs(url: str, n: int) -> list[float]:
+    script = ROOT / "bench" / "oneshot_client.mjs"
+    env = {**os.environ, "HUTCH_URL": url, "HUTCH_API_KEY": KEY}
+    out = subprocess.run(["node", str(script), str(n), RUNTIME, *PY_PASS], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["samples_ms"]
+
+
+def row(name: str, samples: list[float], bare: float) -> str:
+    med = statistics.median(samples)
+    p90 = sorted(samples)[int(len(samples) * 0.9) - 1] if len(samples) >= 10 else max(samples)
+    return f"| {name} | {med:.1f} | {p90:.1f} | {med - bare:+.1f} | {med / bare:.2f}x |"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=10)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Server(Path(tmp) / "data", driver="local", HUTCH_LOG_LEVEL="WARNING").start()
+        try:
+            url = server.url
+            bare, exe, one, create = [], [], [], []
+            rootfs = runtime_rootfs()
+            async with aiohttp.ClientSession() as s:
+                async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+                    sid = (await r.json())["data"]["sandboxId"]
+                for _ in range(3):  # warm caches on every path
+                    bare_once(rootfs)
+                    await execute_once(s, url, sid, PY_PASS)
+                    await oneshot_once(s, url, PY_PASS)
+                for _ in range(args.n):  # interleaved: noise hits every row alike
+                    bare.append(bare_once(rootfs))
+                    exe.append(await execute_once(s, url, sid, PY_PASS))
+                    one.append(await oneshot_once(s, url, PY_PASS))
+                    create.append(await create_once(s, url))
+            client = client_runs(url, args.n)
+            rate, count = await throughput(url, args.concurrency, args.seconds)
+        except BaseException:
+            print(server.log.read_text()[-6000:], file=sys.stderr)
+            raise
+        finally:
+            server.stop()
+
+    b = statistics.median(bare)
+    print(f"hutch bench: n={args.n} per row, runtime {RUNTIME}, {os.cpu_count()} cpus, command `python3 -c pass`")
+    print("| what | median ms | p90 ms | vs bare | ratio |")
+    print("|---|---|---|---|---|")
+    print(row("bare: the runtime's python3 -c pass, chroot on the host", bare, b))
+    print(row("execute in a live sandbox (HTTP)", exe, b))
+    print(row("one-shot run (HTTP)", one, b))
+    print(row("one-shot run (@agentuity/core client.run)", client, b))
+    print(row("create -> idle", create, b))
+    print(f"| one-shot `true` throughput, {args.concurrency} concurrent | {rate:.1f} runs/s ({count} runs in {args.seconds:g}s) | | | |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
