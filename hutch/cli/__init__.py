@@ -733,7 +733,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _note(f"internal error: {type(err).__name__}: {err} (set HUTCH_DEBUG=1 for a traceback)")
         return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from hutch.cli import main
+
+raise SystemExit(main())

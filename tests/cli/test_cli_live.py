@@ -1,0 +1,143 @@
+"""The CLI with the real engine (fake driver): in-process `hutch run`, and `hutch serve`."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hutch.cli import main
+
+
+@pytest.fixture(autouse=True)
+def engine_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for var in ("HUTCH_URL", "HUTCH_API_KEY", "HUTCH_HOST", "HUTCH_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    data = tmp_path / "data"
+    monkeypatch.setenv("HUTCH_DATA_DIR", str(data))
+    monkeypatch.setenv("HUTCH_DRIVER", "fake")
+    return data
+
+
+def test_in_process_run_streams_and_exits_with_the_code(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "--", "sh", "-c", "echo out; echo err >&2; exit 3"])
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (3, "out\n", "err\n")
+
+
+def test_in_process_run_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["run", "--json", "--env", "GREETING=hi", "--", "env"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["exitCode"] == 0
+    assert "GREETING=hi" in result["stdout"]
+    assert result["sandboxId"].startswith("sbx_")
+
+
+def test_in_process_run_leaves_no_socket_dir_behind(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import tempfile
+
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("hutch-*")}
+    assert main(["run", "--quiet", "--", "echo", "x"]) == 0
+    after = {p.name for p in Path(tempfile.gettempdir()).glob("hutch-*")}
+    assert after <= before
+
+
+def test_in_process_run_explains_a_busy_data_dir(
+    capsys: pytest.CaptureFixture[str], engine_env: Path
+) -> None:
+    engine_env.mkdir(parents=True)
+    fd = os.open(engine_env / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        code = main(["run", "--", "echo", "x"])
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "in use by another hutch server" in err
+    assert "HUTCH_URL" in err
+    assert "Traceback" not in err
+
+
+def test_in_process_run_with_unknown_driver_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = main(["run", "--driver", "warp", "--", "echo", "x"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "driver" in err
+    assert "Traceback" not in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served(engine_env: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hutch.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "HUTCH_LOG_LEVEL": "WARNING"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                time.sleep(0.1)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None and not proc.stdout.closed:
+            proc.stdout.close()
+
+
+def test_serve_prints_address_and_key_then_answers_the_cli(
+    served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str], engine_env: Path
+) -> None:
+    url, _ = served
+    # The key is read from the data dir by the client, as a local user would.
+    code = main(["--url", url, "sb", "create", "--name", "served"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    sandbox_id = out.strip()
+    assert main(["--url", url, "sb", "exec", sandbox_id, "--", "echo", "hi"]) == 0
+    assert capsys.readouterr().out == "hi\n"
+    assert main(["--url", url, "sb", "ls", "--json"]) == 0
+    assert [s["sandboxId"] for s in json.loads(capsys.readouterr().out)["sandboxes"]] == [
+        sandbox_id
+    ]
+    assert main(["--url", url, "sb", "delete", sandbox_id]) == 0
+    capsys.readouterr()
+
+
+def test_serve_output(served: tuple[str, subprocess.Popen[str]], engine_env: Path) -> None:
+    url, proc = served
+    proc.terminate()
+    output, _ = proc.communicate(timeout=10)
+    key = (engine_env / "api-key").read_text().strip()
+    assert url in output
+    assert key in output  # printed once, because it was generated now
