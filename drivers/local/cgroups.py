@@ -1,6 +1,7 @@
 """cgroup plumbing for the local driver: v1 (one hierarchy per controller) or v2 (unified).
 
-Tree: ``hutch/<sandbox>/`` carries the limits; its leaves are ``init`` (the sandbox's
+Tree: ``hutch/<instance>/<sandbox>/`` carries the limits (``instance`` names one data
+dir, so two servers on a host never touch each other's sandboxes); its leaves are ``init`` (the sandbox's
 pid 1) and one ``x-<execution>`` per execution, so a timeout or cancel can kill exactly
 the processes an execution started, background children included, and nothing else.
 Leaves only, because cgroup v2 forbids processes in inner nodes.
@@ -64,9 +65,17 @@ class Cgroups(abc.ABC):
     """One sandbox's limits and its per-execution leaves."""
 
     controllers: frozenset[str]
+    instance: str = "default"
 
     @staticmethod
-    def detect() -> Cgroups | None:
+    def detect(instance: str = "default") -> Cgroups | None:
+        found = Cgroups._detect()
+        if found is not None:
+            found.instance = instance
+        return found
+
+    @staticmethod
+    def _detect() -> Cgroups | None:
         v1: dict[str, Path] = {}
         v2: Path | None = None
         with open("/proc/self/mountinfo") as fh:
@@ -135,6 +144,10 @@ class Cgroups(abc.ABC):
                 raise DriverFailure(f"could not kill the processes of sandbox {sandbox}: {pids}")
             await asyncio.sleep(0.005)
 
+    def remove_instance(self) -> None:
+        for path in self.paths("x"):
+            _rmdir(path.parent)
+
     def remove(self, sandbox: str, leaf: str | None = None) -> bool:
         """rmdir the sandbox (or one leaf) in every hierarchy; False if processes remain."""
         ok = True
@@ -151,17 +164,17 @@ class CgroupV1(Cgroups):
         self._order = ["freezer", *sorted(self.controllers)]
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
-        parts = [PARENT, sandbox] + ([leaf] if leaf else [])
+        parts = [PARENT, self.instance, sandbox] + ([leaf] if leaf else [])
         return [self.mounts[c].joinpath(*parts) for c in self._order]
 
     def setup(self) -> None:
         for c in self._order:
-            (self.mounts[c] / PARENT).mkdir(exist_ok=True)
+            (self.mounts[c] / PARENT / self.instance).mkdir(parents=True, exist_ok=True)
 
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         for path in self.paths(sandbox):
             path.mkdir(exist_ok=True)
-        base = {c: self.mounts[c] / PARENT / sandbox for c in self._order}
+        base = dict(zip(self._order, self.paths(sandbox), strict=True))
         if memory and "memory" in base:
             _write(base["memory"] / "memory.limit_in_bytes", str(memory))
             swap = base["memory"] / "memory.memsw.limit_in_bytes"
@@ -184,7 +197,7 @@ class CgroupV1(Cgroups):
         # v1 counts an OOM kill in the victim's own memcg, i.e. the execution's leaf.
         if "memory" not in self.mounts:
             return 0
-        path = self.mounts["memory"] / PARENT / sandbox / leaf / "memory.oom_control"
+        path = self.mounts["memory"] / PARENT / self.instance / sandbox / leaf / "memory.oom_control"
         try:
             for line in path.read_text().splitlines():
                 key, _, value = line.partition(" ")
@@ -206,7 +219,7 @@ class CgroupV1(Cgroups):
     def sandboxes(self) -> set[str]:
         found: set[str] = set()
         for c in self._order:
-            root = self.mounts[c] / PARENT
+            root = self.mounts[c] / PARENT / self.instance
             if root.is_dir():
                 found |= {p.name for p in root.iterdir() if p.is_dir()}
         return found
@@ -218,7 +231,7 @@ class CgroupV2(Cgroups):
         self.controllers = controllers
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
-        path = self.mount / PARENT / sandbox
+        path = self.mount / PARENT / self.instance / sandbox
         return [path / leaf if leaf else path]
 
     def _enable(self, path: Path) -> None:
@@ -230,6 +243,8 @@ class CgroupV2(Cgroups):
         self._enable(self.mount)
         (self.mount / PARENT).mkdir(exist_ok=True)
         self._enable(self.mount / PARENT)
+        (self.mount / PARENT / self.instance).mkdir(exist_ok=True)
+        self._enable(self.mount / PARENT / self.instance)
 
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         path = self.paths(sandbox)[0]
@@ -276,5 +291,5 @@ class CgroupV2(Cgroups):
         await super().kill(sandbox, leaf, deadline=deadline)
 
     def sandboxes(self) -> set[str]:
-        root = self.mount / PARENT
+        root = self.mount / PARENT / self.instance
         return {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()

@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import posixpath
+import pwd
 import re
 import select
 import shutil
@@ -61,6 +63,7 @@ from drivers.local.native import ensure_helper
 
 UID_BASE = 200_000
 UID_COUNT = 60_000
+UID_REGISTRY = Path(os.environ.get("HUTCH_UID_REGISTRY", "/run/hutch/uids"))
 HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -115,7 +118,9 @@ class LocalDriver(Driver):
         self.data_dir = Path(data_dir)
         self.runtime_cache = Path(runtime_cache)
         self.sandbox_root = self.data_dir / "sandboxes"
-        self._cgroups = Cgroups.detect() if os.geteuid() == 0 else None
+        # Two data dirs (two servers, or tests) on one host keep separate cgroup trees.
+        instance = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
+        self._cgroups = Cgroups.detect(instance) if os.geteuid() == 0 else None
         controllers = self._cgroups.controllers if self._cgroups else frozenset()
         self.capabilities = Capabilities(
             memory_limit="memory" in controllers,
@@ -152,7 +157,11 @@ class LocalDriver(Driver):
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o711)
         os.chmod(self.sandbox_root, 0o700)
-        return ensure_helper(self.data_dir / "bin")
+        # Shared per host next to the runtimes (compiled once), else per data dir.
+        try:
+            return ensure_helper(self.runtime_cache / "bin")
+        except OSError:
+            return ensure_helper(self.data_dir / "bin")
 
     async def _reap_leftovers(self) -> None:
         """Remove what sandboxes that died while we were away left behind."""
@@ -166,6 +175,10 @@ class LocalDriver(Driver):
                 self._sandboxes[sid] = sb
             else:
                 await self._teardown(sid)
+
+    async def close(self) -> None:
+        if self._cgroups is not None:
+            self._cgroups.remove_instance()  # only when no sandbox is left in it
 
     def runtimes_available(self) -> set[str]:
         return {r.name for r in runtimes.CATALOG if rootfs.is_built(self.runtime_cache, r)}
@@ -211,27 +224,42 @@ class LocalDriver(Driver):
                 raise
             self._sandboxes[sb.id] = sb
 
-    def _allocate_uid(self) -> int:
-        """Next free uid of the range, round robin so a destroyed sandbox's uid rests."""
-        with open(self.data_dir / ".uid.lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            fh.seek(0)
-            text = fh.read().strip()
+    def _claim_uid(self, owner: Path) -> int:
+        """Claim the next free uid of the range for ``owner`` (a sandbox dir).
+
+        The registry is host-wide, not per data dir: two servers on one host must not
+        hand the same uid to two sandboxes. Round robin, so a destroyed sandbox's uid
+        rests before it is reused; a claim whose owner dir is gone is stale.
+        """
+        reg = UID_REGISTRY
+        reg.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(reg / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            nxt_file = reg / ".next"
+            text = nxt_file.read_text().strip() if nxt_file.exists() else ""
             nxt = int(text) if text.isdigit() else 0
-            used = set()
-            for path in self.sandbox_root.iterdir():
-                with contextlib.suppress(OSError, ValueError, KeyError):
-                    used.add(json.loads((path / "meta.json").read_text())["uid"])
-                with contextlib.suppress(OSError, ValueError):
-                    used.add(int((path / "uid").read_text()))
             for i in range(UID_COUNT):
                 uid = UID_BASE + (nxt + i) % UID_COUNT
-                if uid not in used:
-                    fh.seek(0)
-                    fh.truncate()
-                    fh.write(str((nxt + i + 1) % UID_COUNT))
-                    return uid
+                claim = reg / str(uid)
+                if claim.exists():
+                    with contextlib.suppress(OSError):
+                        if Path(claim.read_text()).exists():
+                            continue
+                    claim.unlink(missing_ok=True)
+                with contextlib.suppress(KeyError):
+                    pwd.getpwuid(uid)
+                    continue  # a real account on this host
+                claim.write_text(str(owner))
+                nxt_file.write_text(str((nxt + i + 1) % UID_COUNT))
+                return uid
         raise DriverFailure("no free sandbox uid left")
+
+    @staticmethod
+    def _release_uid(owner: Path) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            claim = UID_REGISTRY / str(int((owner / "uid").read_text()))
+            if claim.read_text() == str(owner):
+                claim.unlink()
 
     def _provision_sync(self, req: ProvisionRequest, lower: Path) -> _Sandbox:
         assert self._cgroups is not None
@@ -239,8 +267,8 @@ class LocalDriver(Driver):
         sid = req.sandbox_id
         d = self.sandbox_root / sid
         d.mkdir(mode=0o700)
-        uid = self._allocate_uid()
-        (d / "uid").write_text(str(uid))  # claims the uid before meta.json exists
+        uid = self._claim_uid(d)
+        (d / "uid").write_text(str(uid))
         upper, work, merged = d / "upper", d / "work", d / "merged"
         for p in (upper, work, merged):
             p.mkdir()
@@ -353,6 +381,7 @@ class LocalDriver(Driver):
             await asyncio.sleep(0.01)
         d = self.sandbox_root / sid
         if d.exists():
+            self._release_uid(d)
             await asyncio.to_thread(shutil.rmtree, d)
 
     def _load(self, sid: str) -> _Sandbox | None:

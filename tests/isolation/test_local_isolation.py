@@ -1,0 +1,436 @@
+# ruff: noqa: ASYNC240  (tests inspect host files directly; blocking is fine here)
+"""The security floor (ARCHITECTURE.md), checked against the local driver on this host.
+
+Needs root and the python:3.13 runtime (built by the session fixture). A missing
+prerequisite fails loudly; nothing here skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from core.errors import InvalidInput
+from drivers.base import ExecRequest, ExecResult, FileToWrite, Resources
+from drivers.local.driver import LocalDriver
+from tests.drivers_support import (
+    Recorder,
+    built_runtimes,  # noqa: F401  (fixture)
+    local_data_dir,  # noqa: F401  (fixture)
+    local_driver_fixture,
+    new_id,
+    provision,
+)
+
+pytestmark = pytest.mark.isolation
+
+PY = "python:3.13"
+
+
+@pytest.fixture
+async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
+    async for d in local_driver_fixture(request):
+        assert isinstance(d, LocalDriver)
+        yield d
+
+
+@pytest.fixture
+async def sandbox(driver: LocalDriver) -> AsyncIterator[str]:
+    sid = await provision(driver, PY)
+    yield sid
+    await driver.destroy(sid)
+
+
+async def run(driver: LocalDriver, sid: str, *argv: str, **kw: object) -> tuple[ExecResult, Recorder]:
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, argv, **kw), sink)  # type: ignore[arg-type]
+    return result, sink
+
+
+async def python(driver: LocalDriver, sid: str, code: str, **kw: object) -> tuple[ExecResult, Recorder]:
+    return await run(driver, sid, "python3", "-c", textwrap.dedent(code), **kw)
+
+
+def status_of(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def sandbox_processes(driver: LocalDriver, sid: str) -> list[int]:
+    """Host pids of the processes inside the sandbox's pid namespace."""
+    sb = driver._running(sid)
+    ns = os.readlink(f"/proc/{sb.init_pid}/ns/pid")
+    assert driver._cgroups is not None
+    found = []
+    for pid in driver._cgroups.pids(sid):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                found.append(pid)
+        except FileNotFoundError:
+            pass
+    return found
+
+
+# -- network -----------------------------------------------------------------------
+
+
+async def test_only_loopback_and_no_route_to_host_services(driver: LocalDriver, sandbox: str) -> None:
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result, out = await python(driver, sandbox, f"""
+            import socket
+            print(sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]))
+            for addr in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("{socket.gethostname()}", 22)]:
+                try:
+                    socket.create_connection(addr, timeout=2)
+                    print("connected", addr)
+                except OSError as err:
+                    print("refused", type(err).__name__)
+        """)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.exit_code == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "['lo']"
+    assert not any(line.startswith("connected") for line in lines), out.stdout
+
+
+async def test_no_raw_or_packet_sockets(driver: LocalDriver, sandbox: str) -> None:
+    result, out = await python(driver, sandbox, """
+        import socket
+        for args in [(socket.AF_PACKET, socket.SOCK_RAW, 0), (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+                     (socket.AF_INET, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_ICMP)]:
+            try:
+                socket.socket(*args)
+                print("allowed")
+            except PermissionError:
+                print("denied")
+    """)
+    assert (result.exit_code, out.stdout) == (0, "denied\ndenied\ndenied\n"), out.stderr
+
+
+# -- limits --------------------------------------------------------------------------
+
+
+async def test_memory_hog_is_oom_killed_and_sandbox_survives(driver: LocalDriver) -> None:
+    sid = await provision(driver, PY, resources=Resources(memory_bytes=128 * 2**20))
+    try:
+        result, _ = await python(driver, sid, """
+            hog = []
+            while True:
+                hog.append(bytearray(16 * 2**20))
+        """, timeout=60)
+        assert result.oom_killed
+        assert result.exit_code == 137
+        assert not result.timed_out
+        result, out = await run(driver, sid, "echo", "survived")
+        assert (result.exit_code, out.stdout) == (0, "survived\n")
+    finally:
+        await driver.destroy(sid)
+
+
+async def test_fork_bomb_is_contained(driver: LocalDriver) -> None:
+    sid = await provision(driver, PY, resources=Resources(pids=64))
+    other = await provision(driver, PY)
+    try:
+        assert driver._cgroups is not None
+        peak = 0
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, len(driver._cgroups.pids(sid)))  # type: ignore[union-attr]
+                await asyncio.sleep(0.05)
+
+        sampler = asyncio.create_task(sample())
+        started = time.monotonic()
+        result, _ = await run(driver, sid, "bash", "-c", ":(){ :|:& };: ; sleep 30", timeout=3)
+        sampler.cancel()
+        assert result.timed_out
+        assert time.monotonic() - started < 20
+        assert 10 < peak <= 64
+        result, out = await run(driver, sid, "sh", "-c", "ps -e --no-headers | wc -l")
+        assert result.exit_code == 0
+        assert int(out.stdout) <= 4  # init, sh, ps, wc: the bomb is gone
+        # Neither the host nor another sandbox noticed.
+        proc = await asyncio.create_subprocess_exec("true")
+        assert await proc.wait() == 0
+        result, _ = await run(driver, other, "true")
+        assert result.exit_code == 0
+    finally:
+        await driver.destroy(sid)
+        await driver.destroy(other)
+
+
+async def test_background_fork_bomb_dies_with_the_sandbox(driver: LocalDriver) -> None:
+    sid = await provision(driver, PY, resources=Resources(pids=64))
+    assert driver._cgroups is not None
+    result, _ = await run(driver, sid, "bash", "-c", ":(){ :|:& };:", timeout=10)
+    assert result.exit_code == 0  # the bomb went to the background
+    await asyncio.sleep(0.5)
+    assert len(driver._cgroups.pids(sid)) <= 64
+    started = time.monotonic()
+    await driver.destroy(sid)
+    assert time.monotonic() - started < 10
+    assert not any(p.exists() for p in driver._cgroups.paths(sid))
+
+
+async def test_pids_limit_holds(driver: LocalDriver) -> None:
+    sid = await provision(driver, PY, resources=Resources(pids=20))
+    try:
+        result, out = await python(driver, sid, """
+            import os, time
+            n = 0
+            try:
+                for _ in range(100):
+                    if os.fork() == 0:
+                        time.sleep(30)
+                        os._exit(0)
+                    n += 1
+            except BlockingIOError:
+                pass
+            print(n)
+        """, timeout=20)
+        assert result.exit_code == 0, out.stderr
+        assert int(out.stdout) < 20
+    finally:
+        await driver.destroy(sid)
+
+
+async def test_cpu_limit_is_applied(driver: LocalDriver) -> None:
+    sid = await provision(driver, PY, resources=Resources(cpu_millis=250))
+    try:
+        result, out = await python(driver, sid, """
+            import os, time
+            end = time.monotonic() + 2
+            while time.monotonic() < end:
+                pass
+            t = os.times()
+            print(t.user + t.system)
+        """)
+        assert result.exit_code == 0, out.stderr
+        assert float(out.stdout) < 1.0  # ~0.5 s of CPU in 2 s at 250m; unlimited would be 2 s
+    finally:
+        await driver.destroy(sid)
+
+
+async def test_timeout_kills_background_children(driver: LocalDriver, sandbox: str) -> None:
+    result, _ = await run(driver, sandbox, "sh", "-c", "sleep 1000 & sleep 1001 & (sleep 1002 &) ; sleep 1003",
+                          timeout=1)
+    assert result.timed_out
+    _, out = await run(driver, sandbox, "ps", "-eo", "args", "--no-headers")
+    assert "sleep" not in out.stdout
+
+
+# -- filesystem ----------------------------------------------------------------------
+
+
+async def test_host_files_are_invisible(driver: LocalDriver, sandbox: str) -> None:
+    marker = f"hutch-marker-{uuid.uuid4().hex}"
+    host_files = [Path("/root") / marker, Path("/tmp") / marker, Path(__file__).parent / marker]
+    for f in host_files:
+        f.write_text("host secret")
+    try:
+        result, out = await run(driver, sandbox, "sh", "-c", f"find / -name '{marker}*' 2>/dev/null; "
+                                f"cat /root/{marker} /tmp/{marker}; ls /work")
+        assert marker not in out.stdout
+        assert "host secret" not in out.stdout
+        assert result.exit_code != 0
+    finally:
+        for f in host_files:
+            f.unlink()
+
+
+async def test_runtime_root_is_read_only_and_unchanged(driver: LocalDriver, sandbox: str) -> None:
+    from drivers.local import rootfs
+
+    lower = rootfs.rootfs_path(driver.runtime_cache, rootfs.lookup(PY))
+    before = (lower / "etc/passwd").read_bytes()
+    result, _ = await run(driver, sandbox, "sh", "-c",
+                          "touch /usr/hutch-x || echo denied; echo evil >> /etc/passwd || echo denied")
+    assert result.exit_code == 0
+    with pytest.raises(InvalidInput):
+        await driver.write_files(sandbox, [FileToWrite("/usr/bin/hutch-x", b"x")])
+    assert not (lower / "usr/hutch-x").exists()
+    assert not (lower / "usr/bin/hutch-x").exists()
+    assert (lower / "etc/passwd").read_bytes() == before
+    # The sandbox's own writes land in its own layer, not the shared runtime.
+    await run(driver, sandbox, "sh", "-c", "echo mine > /home/agentuity/mine.txt")
+    assert not (lower / "home/agentuity/mine.txt").exists()
+    assert (driver.sandbox_root / sandbox / "upper/home/agentuity/mine.txt").read_text() == "mine\n"
+
+
+async def test_write_files_never_leave_the_sandbox(driver: LocalDriver, sandbox: str, tmp_path: Path) -> None:
+    host_dir = tmp_path / "host-target"
+    host_dir.mkdir()
+    host_dir.chmod(0o777)
+    result, _ = await run(driver, sandbox, "ln", "-s", str(host_dir), "link")
+    assert result.exit_code == 0
+    with pytest.raises(InvalidInput):  # the link's target does not exist in the sandbox
+        await driver.write_files(sandbox, [FileToWrite("link/pwned", b"x")])
+    name = f"dotdot-{uuid.uuid4().hex}"
+    await driver.write_files(sandbox, [FileToWrite(f"../../../../../../tmp/{name}", b"inside")])
+    assert list(host_dir.iterdir()) == []
+    assert not (Path("/tmp") / name).exists()
+    _, out = await run(driver, sandbox, "cat", f"/tmp/{name}")
+    assert out.stdout == "inside"
+    # Files are written as the sandbox user, not root.
+    _, out = await run(driver, sandbox, "stat", "-c", "%U %a", f"/tmp/{name}")
+    assert out.stdout == "agentuity 644\n"
+
+
+async def test_no_block_devices(driver: LocalDriver, sandbox: str) -> None:
+    result, out = await python(driver, sandbox, """
+        import os, stat
+        print([n for n in os.listdir("/dev") if stat.S_ISBLK(os.lstat("/dev/" + n).st_mode)])
+    """)
+    assert (result.exit_code, out.stdout) == (0, "[]\n"), out.stderr
+
+
+# -- privileges ----------------------------------------------------------------------
+
+
+async def test_processes_are_unprivileged_on_the_host(driver: LocalDriver, sandbox: str) -> None:
+    await run(driver, sandbox, "sh", "-c", "sleep 300 >/dev/null 2>&1 &")
+    pids = sandbox_processes(driver, sandbox)
+    assert len(pids) >= 2  # init and the sleep
+    uid = driver._running(sandbox).uid
+    assert uid >= 200_000
+    for pid in pids:
+        st = status_of(pid)
+        assert st["Uid"].split() == [str(uid)] * 4, st
+        assert st["Gid"].split() == [str(uid)] * 4, st
+        assert st["Groups"] == ""
+        assert st["CapEff"] == st["CapPrm"] == st["CapBnd"] == st["CapInh"] == st["CapAmb"] == "0000000000000000"
+        assert st["NoNewPrivs"] == "1"
+        assert st["Seccomp"] == "2"
+        # No user namespace mapping trickery: the uid the kernel sees is the uid above.
+        assert Path(f"/proc/{pid}/uid_map").read_text().split() == ["0", "0", "4294967295"]
+
+
+async def test_whoami_and_home(driver: LocalDriver, sandbox: str) -> None:
+    result, out = await run(driver, sandbox, "sh", "-c", 'whoami; echo "$HOME"; id -u')
+    assert result.exit_code == 0
+    name, home, uid = out.stdout.split()
+    assert (name, home) == ("agentuity", "/home/agentuity")
+    assert int(uid) >= 200_000
+
+
+async def test_seccomp_filter(driver: LocalDriver, sandbox: str) -> None:
+    result, out = await python(driver, sandbox, """
+        import ctypes, errno
+        libc = ctypes.CDLL(None, use_errno=True)
+        calls = {"bpf": (321, 0, 0, 0), "perf_event_open": (298, 0, 0, -1, -1, 0), "keyctl": (250, 0),
+                 "add_key": (248, 0, 0, 0, 0, 0), "kexec_load": (246, 0, 0, 0, 0),
+                 "init_module": (175, 0, 0, 0), "finit_module": (313, -1, 0, 0), "delete_module": (176, 0, 0),
+                 "mount": (165, 0, 0, 0, 0, 0), "umount2": (166, 0, 0), "pivot_root": (155, 0, 0),
+                 "io_uring_setup": (425, 1, 0), "unshare(NEWUSER)": (272, 0x10000000),
+                 "clone(NEWUSER)": (56, 0x10000000 | 17, 0, 0, 0, 0)}
+        for name, (nr, *args) in calls.items():
+            rc = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+            print(name, "allowed" if rc >= 0 else errno.errorcode[ctypes.get_errno()])
+    """)
+    assert result.exit_code == 0, out.stderr
+    verdicts = dict(line.split() for line in out.stdout.splitlines())
+    assert verdicts.pop("io_uring_setup") == "ENOSYS"
+    assert set(verdicts.values()) == {"EPERM"}, verdicts
+
+
+async def test_server_environment_does_not_leak(driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HUTCH_TEST_DATABASE_URL", "postgresql://secret@db/prod")
+    sid = await provision(driver, PY)
+    try:
+        _, out = await run(driver, sid, "sh", "-c", "env; cat /proc/self/environ; ps -eo args")
+        assert "secret@db" not in out.stdout
+        assert "HUTCH_TEST_DATABASE_URL" not in out.stdout
+    finally:
+        await driver.destroy(sid)
+
+
+# -- lifecycle -----------------------------------------------------------------------
+
+
+def _mounted_anywhere(needle: str) -> bool:
+    for mi in Path("/proc").glob("[0-9]*/mountinfo"):
+        try:
+            if needle in mi.read_text():
+                return True
+        except OSError:  # exited meanwhile, or a kernel thread
+            pass
+    return False
+
+
+async def test_destroy_leaves_no_process_mount_cgroup_or_file(driver: LocalDriver) -> None:
+    sid = await provision(driver, PY, resources=Resources(memory_bytes=256 * 2**20, pids=100))
+    await run(driver, sid, "sh", "-c", "sleep 300 >/dev/null 2>&1 & echo x > f")
+    sb = driver._running(sid)
+    assert driver._cgroups is not None
+    cgroups = driver._cgroups.paths(sid)
+    pids = driver._cgroups.pids(sid)
+    sandbox_dir = driver.sandbox_root / sid
+    assert _mounted_anywhere(str(sandbox_dir))
+    await driver.destroy(sid)
+    # Dead processes are reparented to the host's init, which reaps them in its own time:
+    # a zombie is a dead process, anything else is a survivor.
+    for _ in range(100):
+        left = {pid: status_of(pid)["State"] for pid in [sb.init_pid, *pids] if Path(f"/proc/{pid}").exists()}
+        if not left:
+            break
+        await asyncio.sleep(0.05)
+    assert all(state.startswith("Z") for state in left.values()), left
+    assert not any(p.exists() for p in cgroups)
+    assert not sandbox_dir.exists()
+    assert not _mounted_anywhere(str(sandbox_dir))
+    assert sid not in await driver.alive()
+
+
+async def test_restart_recovers_live_sandboxes_and_reaps_dead_ones(driver: LocalDriver) -> None:
+    live = await provision(driver, PY)
+    dead = await provision(driver, PY)
+    dead_init = driver._running(dead).init_pid
+    os.kill(dead_init, 9)
+    for _ in range(100):
+        if not Path(f"/proc/{dead_init}").exists():
+            break
+        await asyncio.sleep(0.02)
+    # A new server process over the same data dir.
+    fresh = LocalDriver(driver.data_dir, driver.runtime_cache)
+    await fresh.start()
+    assert live in await fresh.alive()
+    assert dead not in await fresh.alive()
+    assert not (fresh.sandbox_root / dead).exists()
+    assert fresh._cgroups is not None
+    assert not any(p.exists() for p in fresh._cgroups.paths(dead))
+    result, out = await run(fresh, live, "echo", "still here")
+    assert (result.exit_code, out.stdout) == (0, "still here\n")
+    await fresh.destroy(live)
+
+
+async def test_runtime_promises_hold(driver: LocalDriver) -> None:
+    from core import runtimes
+
+    for recipe in runtimes.CATALOG:
+        sid = await provision(driver, recipe.name)
+        try:
+            result, out = await run(driver, sid, *recipe.version_command)
+            assert result.exit_code == 0, out.stderr
+            assert recipe.version_expect in out.stdout + out.stderr
+        finally:
+            await driver.destroy(sid)
+
+
+async def test_meta_is_not_readable_by_sandbox_users(driver: LocalDriver, sandbox: str) -> None:
+    meta = json.loads((driver.sandbox_root / sandbox / "meta.json").read_text())
+    assert meta["uid"] >= 200_000
+    assert (driver.sandbox_root.stat().st_mode & 0o077) == 0
