@@ -144,6 +144,12 @@ class Cgroups(abc.ABC):
                 raise DriverFailure(f"could not kill the processes of sandbox {sandbox}: {pids}")
             await asyncio.sleep(0.005)
 
+    def freeze(self, sandbox: str, frozen: bool) -> None:
+        self._freeze(self.paths(sandbox)[0], frozen)
+
+    @abc.abstractmethod
+    def is_frozen(self, sandbox: str) -> bool: ...
+
     def remove_instance(self) -> None:
         for path in self.paths("x"):
             _rmdir(path.parent)
@@ -216,6 +222,12 @@ class CgroupV1(Cgroups):
                 while state.read_text().strip() != "FROZEN" and time.monotonic() < end:
                     time.sleep(0.001)
 
+    def is_frozen(self, sandbox: str) -> bool:
+        try:
+            return (self.paths(sandbox)[0] / "freezer.state").read_text().strip() != "THAWED"
+        except FileNotFoundError:
+            return False
+
     def sandboxes(self) -> set[str]:
         found: set[str] = set()
         for c in self._order:
@@ -277,6 +289,12 @@ class CgroupV2(Cgroups):
     def _freeze(self, path: Path, frozen: bool) -> None:
         with contextlib.suppress(FileNotFoundError):
             _write(path / "cgroup.freeze", "1" if frozen else "0")
+
+    def is_frozen(self, sandbox: str) -> bool:
+        try:
+            return (self.paths(sandbox)[0] / "cgroup.freeze").read_text().strip() == "1"
+        except FileNotFoundError:
+            return False
 
     async def kill(self, sandbox: str, leaf: str | None = None, *, deadline: float = 10.0) -> None:
         path = self.paths(sandbox, leaf)[0]

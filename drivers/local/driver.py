@@ -127,7 +127,7 @@ class LocalDriver(Driver):
             cpu_limit="cpu" in controllers,
             pids_limit="pids" in controllers,
             network=False,
-            pause=False,
+            pause=self._cgroups is not None,  # the freezer
             files=True,
             kernel_isolation=True,
         )
@@ -403,6 +403,32 @@ class LocalDriver(Driver):
         self._sandboxes[sid] = sb
         return sb
 
+    # -- pause -----------------------------------------------------------------
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Freeze every process of the sandbox (the cgroup freezer). Idempotent.
+
+        Refused while an execution runs: its timeout could not be enforced on frozen
+        processes. Background processes are frozen with the rest.
+        """
+        sb = self._running(sandbox_id)
+        assert self._cgroups is not None
+        async with self._lock(sb.id):
+            if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
+                raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
+            self._cgroups.freeze(sb.id, True)
+
+    async def resume(self, sandbox_id: str) -> None:
+        sb = self._running(sandbox_id)
+        assert self._cgroups is not None
+        async with self._lock(sb.id):
+            self._cgroups.freeze(sb.id, False)
+
+    def _check_not_paused(self, sb: _Sandbox) -> None:
+        assert self._cgroups is not None
+        if self._cgroups.is_frozen(sb.id):
+            raise IllegalTransition(f"sandbox {sb.id} is paused; resume it first")
+
     # -- exec ------------------------------------------------------------------
 
     def _env(self, sb: _Sandbox, extra: Mapping[str, str]) -> dict[str, str]:
@@ -562,6 +588,7 @@ class LocalDriver(Driver):
         env = self._env(sb, req.env)
         cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
         leaf = "x-" + re.sub(r"[^A-Za-z0-9_.-]", "_", req.execution_id)[:100]
+        self._check_not_paused(sb)
         execution = _Execution(sandbox_id=sb.id, leaf=leaf)
         self._executions[req.execution_id] = execution
         self._gc_leaves(sb.id)
@@ -608,6 +635,7 @@ class LocalDriver(Driver):
         sb = self._running(sandbox_id)
         if not files:
             return
+        self._check_not_paused(sb)
         payload = bytearray()
         for f in files:
             path = f.path.encode()

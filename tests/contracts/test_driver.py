@@ -13,7 +13,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from core.errors import HutchError, RuntimeNotFound, SandboxNotFound
+from core.errors import (
+    HutchError,
+    IllegalTransition,
+    NotSupported,
+    RuntimeNotFound,
+    SandboxNotFound,
+)
 from drivers.base import Driver, ExecRequest, ExecResult, FileToWrite
 from tests.drivers_support import (
     Recorder,
@@ -238,3 +244,26 @@ async def test_unbuilt_runtime_says_how_to_build(local: Driver, monkeypatch: pyt
     monkeypatch.setattr(rootfs, "is_built", lambda cache, recipe: False)
     with pytest.raises(RuntimeNotFound, match=r"python -m drivers\.local\.rootfs build base:latest"):
         await provision(local)
+
+
+async def test_pause_and_resume_follow_the_capability(driver: Driver, sandbox: str) -> None:
+    if not driver.capabilities.pause:
+        with pytest.raises(NotSupported):
+            await driver.pause(sandbox)
+        return
+    await driver.pause(sandbox)
+    await driver.pause(sandbox)  # idempotent
+    with pytest.raises(IllegalTransition):
+        await run(driver, sandbox, "true")
+    await driver.resume(sandbox)
+    await driver.resume(sandbox)
+    result, out = await run(driver, sandbox, "echo", "awake")
+    assert (result.exit_code, out.stdout) == (0, "awake\n")
+
+
+async def test_destroy_a_paused_sandbox(driver: Driver) -> None:
+    sid = await provision(driver)
+    if driver.capabilities.pause:
+        await driver.pause(sid)
+    await driver.destroy(sid)
+    assert sid not in await driver.alive()

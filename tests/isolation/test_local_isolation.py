@@ -434,3 +434,17 @@ async def test_meta_is_not_readable_by_sandbox_users(driver: LocalDriver, sandbo
     meta = json.loads((driver.sandbox_root / sandbox / "meta.json").read_text())
     assert meta["uid"] >= 200_000
     assert (driver.sandbox_root.stat().st_mode & 0o077) == 0
+
+
+async def test_pause_freezes_background_processes(driver: LocalDriver, sandbox: str) -> None:
+    await run(driver, sandbox, "sh", "-c", "while true; do echo t >> ticks; sleep 0.02; done >/dev/null 2>&1 &")
+    ticks = driver.sandbox_root / sandbox / "upper/home/agentuity/ticks"
+    await asyncio.sleep(0.3)
+    await driver.pause(sandbox)
+    await asyncio.sleep(0.1)
+    frozen_at = ticks.read_text().count("t")
+    await asyncio.sleep(0.5)
+    assert ticks.read_text().count("t") == frozen_at
+    await driver.resume(sandbox)
+    await asyncio.sleep(0.3)
+    assert ticks.read_text().count("t") > frozen_at
