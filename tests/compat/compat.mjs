@@ -293,6 +293,25 @@ await check('execute: files, then exit 0, workspace persists', async () => {
 	state.ex0 = ex;
 }, { needs: ['sbx'] });
 
+await check('execute: pipe delivers output while the command runs', async () => {
+	const t0 = Date.now();
+	const seen = [];
+	const w = new Writable({
+		write(chunk, _enc, cb) {
+			seen.push([Date.now() - t0, Buffer.from(chunk).toString('utf-8')]);
+			cb();
+		},
+	});
+	const ex = await state.sbx.execute({ command: ['bash', '-c', 'echo first; sleep 2; echo second'], pipe: { stdout: w } });
+	const total = Date.now() - t0;
+	assert.equal(seen.map(([, t]) => t).join(''), 'first\nsecond\n', 'piped text');
+	assert.equal(ex.exitCode, 0);
+	assert.ok(
+		seen[0][0] < total - 1000,
+		`first chunk arrived at ${seen[0][0]} ms of ${total} ms: stream URLs must stream while running`
+	);
+}, { needs: ['sbx'] });
+
 await check('execute: timeout ends with status timeout', async () => {
 	const t0 = Date.now();
 	const ex = await state.sbx.execute({ command: ['sleep', '30'], timeout: '1s' });
@@ -305,7 +324,7 @@ await check('get: sandbox info', async () => {
 	assert.equal(info.sandboxId, state.sbx.id);
 	assert.equal(info.status, 'idle', 'status after executions finished');
 	assert.ok(isIso(info.createdAt), `createdAt ${info.createdAt}`);
-	assert.ok(info.executions >= 4, `executions ${info.executions}`);
+	assert.ok(info.executions >= 5, `executions ${info.executions}`);
 	assert.equal(info.name, 'compat-interactive', 'name');
 	assert.equal(info.runtime?.name, RUNTIME, 'runtime.name');
 	assert.deepEqual(info.metadata, { suite: 'compat' }, 'metadata');

@@ -132,9 +132,7 @@ def test_agentuity_sandbox_client_against_live_server(tmp_path: Path) -> None:
     try:
         _wait_ready(proc, url, key, log)
 
-        node_env = {
-            k: v for k, v in os.environ.items() if not k.startswith("AGENTUITY_")
-        }
+        node_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTUITY_")}
         node_env.update(HUTCH_URL=url, HUTCH_API_KEY=key)
         try:
             result = subprocess.run(
@@ -148,12 +146,13 @@ def test_agentuity_sandbox_client_against_live_server(tmp_path: Path) -> None:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+            out = (
+                exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+            )
             pytest.fail(
                 f"node compat.mjs did not finish in {NODE_TIMEOUT_S}s\n--- node output ---\n"
                 f"{out or ''}\n--- server log ---\n{_tail(log)}"
             )
-        print(result.stdout)
         if result.returncode != 0:
             pytest.fail(
                 f"node compat.mjs exited {result.returncode}\n"
@@ -161,6 +160,7 @@ def test_agentuity_sandbox_client_against_live_server(tmp_path: Path) -> None:
                 f"--- server log (tail) ---\n{_tail(log)}",
                 pytrace=False,
             )
+        print(result.stdout)
         last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
         assert last.endswith(" passed, 0 failed"), f"unexpected summary line: {last!r}"
     finally:
