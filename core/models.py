@@ -7,6 +7,7 @@ from an event. Times are ISO-8601 UTC strings, as the wire carries them.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 import attrs
 
@@ -84,7 +85,7 @@ class SandboxSpec:
     network: Network = Network()
     timeout: Timeouts = Timeouts()
     command: tuple[str, ...] | None = None
-    metadata: dict[str, object] | None = None
+    metadata: dict[str, Any] | None = None  # arbitrary JSON, kept as given
     project_id: str | None = None
 
 

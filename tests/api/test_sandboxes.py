@@ -45,7 +45,8 @@ async def test_runtimes_catalog(api: Api) -> None:
 
 async def test_interactive_sandbox_end_to_end(api: Api) -> None:
     created = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "name": "dev", "env": {"GREETING": "hi"},
-                                                       "resources": {"memory": "256Mi", "cpu": "500m"}}, expect=201)
+                                                       "resources": {"memory": "256Mi", "cpu": "500m"},
+                                                       "metadata": {"team": "a", "n": [1, {"x": True}]}}, expect=201)
     sid = created["data"]["sandboxId"]
     assert sid.startswith("sbx_") and created["data"]["status"] == "idle"
 
@@ -53,6 +54,7 @@ async def test_interactive_sandbox_end_to_end(api: Api) -> None:
     assert info["status"] == "idle" and info["runtime"]["name"] == "base:latest" and info["executions"] == 0
     assert info["resources"] == {"memory": "256Mi", "cpu": "500m"} and info["name"] == "dev"
     assert "exitCode" not in info and None not in info.values()
+    assert info["metadata"] == {"team": "a", "n": [1, {"x": True}]}
 
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", "echo out; echo err >&2; exit 3"]})
     assert ex["executionId"].startswith("exec_") and ex["status"] in ("queued", "running", "completed")

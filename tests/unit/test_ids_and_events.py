@@ -44,6 +44,9 @@ specs = st.builds(
     env=st.dictionaries(text, text, max_size=4), network=st.builds(Network, enabled=st.booleans()),
     timeout=st.builds(Timeouts, idle=st.none() | text),
     command=st.none() | st.lists(text, min_size=1, max_size=4).map(tuple),
+    metadata=st.none() | st.dictionaries(text, st.recursive(
+        st.none() | st.booleans() | st.integers() | text,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=8), max_size=3),
 )
 
 
