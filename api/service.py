@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -28,12 +29,13 @@ from core.errors import (
     ExecutionNotFound,
     HutchError,
     IllegalTransition,
+    InvalidInput,
     NotSupported,
     RuntimeNotFound,
     SandboxNotFound,
 )
 from core.eventlog.base import EventLog
-from core.events import Event, SandboxCreated
+from core.events import Event, SandboxCreated, decode, encode
 from core.lifecycle import Destroy, Fail, FinishExecution, Start, StartExecution, Terminate, decide
 from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
 from core.quantities import format_bytes, parse_duration
@@ -131,6 +133,11 @@ class Engine:
         events = [Event(ids.new_id("event"), sandbox_id, at, p) for p in payloads]  # type: ignore[arg-type]
         if not events:
             return []
+        for e in events:
+            # An event the projector cannot read back would wedge every reader of the log:
+            # refuse it here, before it is written.
+            if decode(json.loads(json.dumps(encode(e)))) != e:
+                raise InvalidInput(f"{e.type}: event does not survive serialisation; refusing to log it")
         positions = await self.log.append(events)
         await self.projector.wait_for(positions[-1])
         return [attrs.evolve(e, position=p) for e, p in zip(events, positions, strict=True)]
@@ -387,8 +394,6 @@ def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
 
 def redact_event(event: Event) -> dict[str, Any]:
     """The events API payload: env values are secrets, so only their names are shown."""
-    from core.events import encode
-
     data = encode(event)["data"]
     spec = data.get("spec")
     if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
