@@ -61,7 +61,8 @@ from drivers.local import rootfs
 from drivers.local.cgroups import Cgroups
 from drivers.local.native import ensure_helper
 
-UID_BASE = 200_000
+# Sandbox users are host uids UID_BASE.. (overridable for hosts that use this range).
+UID_BASE = int(os.environ.get("HUTCH_UID_BASE", "200000"))
 UID_COUNT = 60_000
 UID_REGISTRY = Path(os.environ.get("HUTCH_UID_REGISTRY", "/run/hutch/uids"))
 HOME = rootfs.SANDBOX_HOME
@@ -155,8 +156,7 @@ class LocalDriver(Driver):
         if not os.path.exists(self._bwrap):
             raise DriverFailure("bubblewrap is not installed (apt-get install bubblewrap)")
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.data_dir, 0o711)
-        os.chmod(self.sandbox_root, 0o700)
+        os.chmod(self.sandbox_root, 0o700)  # upper layers: only root (the overlay's mounter) needs in
         # Shared per host next to the runtimes (compiled once), else per data dir.
         try:
             return ensure_helper(self.runtime_cache / "bin")
@@ -238,6 +238,7 @@ class LocalDriver(Driver):
             nxt_file = reg / ".next"
             text = nxt_file.read_text().strip() if nxt_file.exists() else ""
             nxt = int(text) if text.isdigit() else 0
+            taken = _subordinate_ids()
             for i in range(UID_COUNT):
                 uid = UID_BASE + (nxt + i) % UID_COUNT
                 claim = reg / str(uid)
@@ -246,6 +247,8 @@ class LocalDriver(Driver):
                         if Path(claim.read_text()).exists():
                             continue
                     claim.unlink(missing_ok=True)
+                if uid in taken:
+                    continue
                 with contextlib.suppress(KeyError):
                     pwd.getpwuid(uid)
                     continue  # a real account on this host
@@ -652,6 +655,20 @@ class LocalDriver(Driver):
         self._raise_status(status, sb.id)
         if timed_out or code != 0:
             raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
+
+
+def _subordinate_ids() -> set[int]:
+    """Uids handed to rootless containers (/etc/subuid, /etc/subgid): never ours."""
+    taken: set[int] = set()
+    for name in ("/etc/subuid", "/etc/subgid"):
+        with contextlib.suppress(OSError):
+            for line in Path(name).read_text().splitlines():
+                parts = line.strip().split(":")
+                if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                    start, count = int(parts[1]), int(parts[2])
+                    lo, hi = max(start, UID_BASE), min(start + count, UID_BASE + UID_COUNT)
+                    taken.update(range(lo, hi))
+    return taken
 
 
 def _read_until(fd: int, terminator: bytes, timeout: float) -> bytes:

@@ -165,6 +165,20 @@ async def test_cancel(driver: Driver, sandbox: str) -> None:
     assert (result.exit_code, out.stdout) == (0, "still here\n")
 
 
+async def test_concurrent_executions_keep_their_own_output(driver: Driver, sandbox: str) -> None:
+    results = await asyncio.gather(*(run(driver, sandbox, "sh", "-c", f"sleep 0.2; echo {i}; exit {i}")
+                                     for i in range(10)))
+    for i, (result, out) in enumerate(results):
+        assert (result.exit_code, out.stdout) == (i, f"{i}\n")
+
+
+async def test_large_output_arrives_intact(driver: Driver, sandbox: str) -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB through stdin and back
+    result, out = await run(driver, sandbox, "cat", stdin=payload)
+    assert result.exit_code == 0
+    assert b"".join(d for s, d, _ in out.chunks if s == "stdout") == payload
+
+
 async def test_write_files_then_read_them(driver: Driver, sandbox: str) -> None:
     await driver.write_files(sandbox, [
         FileToWrite("notes/deep/a.txt", b"relative to home\n"),
