@@ -16,6 +16,11 @@ loads the seccomp filter and execs.
 
 Exit codes: a signal n gives 128+n; a timeout gives 124 (``timed_out``); a cancel
 gives 137 (``cancelled``, the tree was SIGKILLed); an unknown command 127.
+
+An execution returns when its command exits, even if background children it started
+still hold stdout (they keep running: processes persist between executions like
+files do; only a timeout, a cancel or destroy kills them). ``pause`` freezes the
+sandbox's cgroup. Needs root; network access is not offered yet (``NotSupported``).
 """
 
 from __future__ import annotations
