@@ -281,3 +281,12 @@ async def test_destroy_a_paused_sandbox(driver: Driver) -> None:
         await driver.pause(sid)
     await driver.destroy(sid)
     assert sid not in await driver.alive()
+
+
+async def test_missing_working_directory_is_invalid_input(local: Driver) -> None:
+    from core.errors import InvalidInput
+
+    sid = await provision(local)
+    with pytest.raises(InvalidInput, match="no-such-dir"):
+        await run(local, sid, "pwd", cwd="/no-such-dir")
+    await local.destroy(sid)
