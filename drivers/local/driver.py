@@ -251,6 +251,8 @@ class LocalDriver(Driver):
                     with contextlib.suppress(OSError):
                         if Path(claim.read_text()).exists():
                             continue
+                    if _uid_running(uid):  # owner dir deleted under a live sandbox
+                        continue
                     claim.unlink(missing_ok=True)
                 if uid in taken:
                     continue
@@ -660,6 +662,17 @@ class LocalDriver(Driver):
         self._raise_status(status, sb.id)
         if timed_out or code != 0:
             raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
+
+
+def _uid_running(uid: int) -> bool:
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            for line in status.read_text().splitlines():
+                if line.startswith("Uid:"):
+                    if str(uid) in line.split()[1:]:
+                        return True
+                    break
+    return False
 
 
 def _subordinate_ids() -> set[int]:
