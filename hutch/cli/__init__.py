@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -45,6 +46,10 @@ MODES = ("oneshot", "interactive")
 SANDBOX_SORTS = ("name", "created", "updated", "status", "mode", "execution_count")
 RUNTIME_SORTS = ("name", "created")
 DIRECTIONS = ("asc", "desc")
+
+
+_ENGINE_SHUTDOWN_SECONDS = 30
+_ONESHOT_SETTLE_MS = 10_000
 
 
 class UsageError(Exception):
@@ -386,7 +391,13 @@ async def _in_process(args: argparse.Namespace, work: Callable[[SandboxClient], 
             async with client:
                 return await work(client)
     finally:
-        await runner.cleanup()
+        try:
+            async with asyncio.timeout(_ENGINE_SHUTDOWN_SECONDS):
+                await runner.cleanup()
+        except TimeoutError:
+            _note(
+                f"warning: the in-process engine did not shut down within {_ENGINE_SHUTDOWN_SECONDS}s"
+            )
 
 
 def _stdout_sink() -> Any:
@@ -448,8 +459,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     stream_output = not (args.quiet or args.json)
 
+    in_process = not _remote_wanted(args)
+
     async def work(client: SandboxClient) -> Any:
-        return await client.run(
+        result = await client.run(
             args.command,
             **_spec(args),
             network=True if args.network else None,
@@ -458,8 +471,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             stdout=_stdout_sink() if stream_output else None,
             stderr=_stderr_sink() if stream_output else None,
         )
+        if in_process:
+            # The engine dies with this process: let it finish tearing the one-shot sandbox
+            # down (the driver's destroy) before shutting it down.
+            with contextlib.suppress(SandboxError):
+                await client.get(
+                    result.sandbox_id,
+                    wait_for_status=["terminated", "failed"],
+                    wait_ms=_ONESHOT_SETTLE_MS,
+                )
+        return result
 
-    runner = _with_client if _remote_wanted(args) else _in_process
+    runner = _in_process if in_process else _with_client
     result = asyncio.run(runner(args, work))
     if args.json:
         render.dump_json(

@@ -38,6 +38,9 @@ async def test_run_writes_files_and_env(live: SandboxClient) -> None:
     result = await live.run(["env"], env={"GREETING": "hi"}, files={"a.txt": "A"})
     assert result.exit_code == 0
     assert "GREETING=hi" in result.stdout
+    # Let the one-shot finish terminating before the server shuts down: closing the app while
+    # its termination events land can hang the projector's shutdown (reported to the server side).
+    await live.get(result.sandbox_id, wait_for_status="terminated", wait_ms=5000)
 
 
 async def test_create_execute_list_events_destroy(live: SandboxClient) -> None:
