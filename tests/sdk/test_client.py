@@ -414,3 +414,16 @@ async def test_closed_client_refuses_calls(client: SandboxClient) -> None:
     await client.close()
     with pytest.raises(RuntimeError, match="closed"):
         await client.list()
+
+
+async def test_text_sinks_decode_utf8_split_across_chunks(
+    client: SandboxClient, wire: FakeWire
+) -> None:
+    encoded = "héllo".encode()
+    wire.script = lambda argv: Script(
+        [Step("stdout", encoded[:2]), Step("stdout", encoded[2:], 0.02)]
+    )
+    text = io.StringIO()
+    result = await client.run(["x"], stdout=text)
+    assert text.getvalue() == "héllo"
+    assert result.stdout == "héllo"
