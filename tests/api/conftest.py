@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +9,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from api.app import create_app
+from api.keys import ENGINE
 from api.config import Config
 
 KEY = "test-key"
@@ -54,13 +55,22 @@ def driver_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_api(aiohttp_client, data_dir: Path, driver_name: str) -> AppFactory:  # type: ignore[no-untyped-def]
+async def make_api(aiohttp_client, data_dir: Path, driver_name: str) -> AsyncIterator[AppFactory]:  # type: ignore[no-untyped-def]
+    apps: list[web.Application] = []
+
     async def factory(**overrides: Any) -> Api:
         config = Config(data_dir=data_dir, api_key=KEY, driver=overrides.pop("driver", driver_name), **overrides)
         app: web.Application = create_app(config)
-        return Api(await aiohttp_client(app))
+        client = Api(await aiohttp_client(app))
+        apps.append(app)
+        return client
 
-    return factory
+    yield factory
+    # A stopping server leaves its sandboxes running (a restart adopts them); a test must not.
+    for app in apps:
+        engine = app[ENGINE]
+        for sandbox_id in await engine.driver.alive():
+            await engine.driver.destroy(sandbox_id)
 
 
 @pytest.fixture
