@@ -8,22 +8,10 @@ from pathlib import Path
 
 import attrs
 
+from core.paths import API_KEY_FILE, default_data_dir
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
-API_KEY_FILE = "api-key"
-
-
-def default_data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "hutch"
-
-
-def default_runtime_cache() -> Path:
-    """Shared by every data dir on the host: runtimes are big and identical."""
-    if os.geteuid() == 0:
-        return Path("/var/cache/hutch/runtimes")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hutch" / "runtimes"
 
 
 @attrs.frozen
@@ -40,7 +28,7 @@ class Config:
     public_url: str | None = None  # base for absolute stream URLs; default http://host:port
     output_cap_bytes: int = 16 * 2**20  # per stream, per execution; then outputTruncated
     max_body_bytes: int = 64 * 2**20
-    runtime_cache: Path | None = None  # where built runtimes live; see default_runtime_cache()
+    runtime_cache: Path | None = None  # where built runtimes live (HUTCH_RUNTIME_CACHE)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -68,7 +56,9 @@ class Config:
 
     @property
     def runtimes_dir(self) -> Path:
-        return self.runtime_cache or default_runtime_cache()
+        from drivers.local.rootfs import default_cache  # the local driver owns the layout
+
+        return self.runtime_cache or default_cache()
 
     @property
     def base_url(self) -> str:

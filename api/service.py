@@ -358,7 +358,8 @@ class Engine:
                 if done(value) or remaining <= 0:
                     return value
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(queue.get(), remaining)
+                    async with asyncio.timeout(remaining):
+                        await queue.get()
                 while not queue.empty():  # coalesce a burst of events into one re-read
                     queue.get_nowait()
         finally:

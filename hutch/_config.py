@@ -1,7 +1,6 @@
 """Where a client finds its server and its key, without importing the server.
 
-The data-dir rule lives here (not in ``api.config``) so the client package stays free of
-server imports; ``api.config`` may import ``default_data_dir`` and ``API_KEY_FILE`` from here.
+The data-dir convention itself is ``core.paths``, shared with the server.
 """
 
 from __future__ import annotations
@@ -9,16 +8,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from core.paths import API_KEY_FILE, default_data_dir
+
+__all__ = [
+    "API_KEY_FILE",
+    "DEFAULT_URL",
+    "data_dir",
+    "default_data_dir",
+    "resolve_api_key",
+    "resolve_url",
+]
+
 DEFAULT_URL = "http://127.0.0.1:8700"
-API_KEY_FILE = "api-key"
-
-
-def default_data_dir() -> Path:
-    """``$XDG_DATA_HOME/hutch``, else ``~/.local/share/hutch`` (ignores ``HUTCH_DATA_DIR``)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share"
-    )
-    return Path(base) / "hutch"
 
 
 def data_dir() -> Path:

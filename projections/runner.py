@@ -62,8 +62,8 @@ class Projector:
         """Return once everything up to ``position`` is applied to the store."""
         if self._position >= position:
             return
-        async with self._advanced:
-            await asyncio.wait_for(self._advanced.wait_for(lambda: self._position >= position), timeout)
+        async with asyncio.timeout(timeout), self._advanced:
+            await self._advanced.wait_for(lambda: self._position >= position)
 
     def listen(self) -> asyncio.Queue[Event]:
         """A queue of every event applied from now on (for waiters such as ?wait= long-polls)."""

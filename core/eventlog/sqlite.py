@@ -9,6 +9,7 @@ All SQLite calls run on one dedicated thread so the event loop never blocks on d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -165,7 +166,8 @@ class SqliteEventLog(EventLog):
                 yield ev
             if len(batch) == 1000:
                 continue
-            try:
-                await asyncio.wait_for(waiter.wait(), _POLL_SECONDS)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races its timeout, and a subscriber that cannot be cancelled hangs shutdown.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_POLL_SECONDS):
+                    await waiter.wait()
