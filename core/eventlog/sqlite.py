@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import attrs
+
 from core.errors import LogUnavailable
 from core.eventlog.base import EventLog
 from core.events import Event, decode, encode
@@ -43,7 +45,7 @@ class SqliteEventLog(EventLog):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
         self._pending: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
         self._flushing: asyncio.Task[None] | None = None
-        self._appended = asyncio.Event()
+        self._live: set[asyncio.Queue[list[Event]]] = set()
         self._last = 0
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
@@ -94,12 +96,14 @@ class SqliteEventLog(EventLog):
                     if not fut.done():
                         fut.set_exception(LogUnavailable(f"event log append failed: {err}"))
                 continue
-            for (_, fut), pos in zip(batch, positions, strict=True):
+            appended: list[Event] = []
+            for (events, fut), pos in zip(batch, positions, strict=True):
+                appended += [attrs.evolve(e, position=p) for e, p in zip(events, pos, strict=True)]
                 if not fut.done():
                     fut.set_result(pos)
             self._last = positions[-1][-1]
-            self._appended.set()
-            self._appended = asyncio.Event()
+            for queue in self._live:
+                queue.put_nowait(appended)
 
     def _write(self, groups: list[Sequence[Event]]) -> list[list[int]]:
         assert self._conn is not None, "event log not started"
@@ -156,18 +160,35 @@ class SqliteEventLog(EventLog):
         return int(row[0])
 
     async def subscribe(self, after: int = 0) -> AsyncIterator[Event]:
-        position = after
-        while True:
-            waiter = self._appended
-            batch = await self.read(position, limit=1000)
-            for ev in batch:
-                assert ev.position is not None
-                position = ev.position
-                yield ev
-            if len(batch) == 1000:
-                continue
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-            # that races its timeout, and a subscriber that cannot be cancelled hangs shutdown.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_POLL_SECONDS):
-                    await waiter.wait()
+        """Catch up from disk, then take events straight from this process's appends
+        (no re-read, no decode: the projector's hot path). A gap in positions (another
+        process wrote to the file) or a quiet interval falls back to reading the file."""
+        live: asyncio.Queue[list[Event]] = asyncio.Queue()
+        self._live.add(live)  # before the first read, so nothing falls between the two
+        try:
+            position = after
+            while True:
+                batch = await self.read(position, limit=1000)
+                for ev in batch:
+                    assert ev.position is not None
+                    position = ev.position
+                    yield ev
+                if len(batch) == 1000:
+                    continue
+                while True:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                    # cancellation racing its timeout, and an uncancellable subscriber
+                    # hangs shutdown.
+                    try:
+                        async with asyncio.timeout(_POLL_SECONDS):
+                            events = await live.get()
+                    except TimeoutError:
+                        break  # re-read the file
+                    if events[0].position != position + 1 and events[0].position > position:  # type: ignore[operator]
+                        break  # a gap: read it from the file
+                    for ev in events:
+                        if ev.position > position:  # type: ignore[operator]
+                            position = ev.position  # type: ignore[assignment]
+                            yield ev
+        finally:
+            self._live.discard(live)
