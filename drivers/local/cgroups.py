@@ -130,6 +130,10 @@ class Cgroups(abc.ABC):
         path = self.paths(sandbox, leaf)[0]
         if not path.exists():
             return
+        # In a thread: freezing polls the freezer state, which must not block the event loop.
+        await asyncio.to_thread(self._kill_sync, sandbox, path, deadline)
+
+    def _kill_sync(self, sandbox: str, path: Path, deadline: float) -> None:
         end = time.monotonic() + deadline
         while True:
             pids = _pids(path)
@@ -142,7 +146,7 @@ class Cgroups(abc.ABC):
             self._freeze(path, False)
             if time.monotonic() > end:
                 raise DriverFailure(f"could not kill the processes of sandbox {sandbox}: {pids}")
-            await asyncio.sleep(0.005)
+            time.sleep(0.005)
 
     def freeze(self, sandbox: str, frozen: bool) -> None:
         self._freeze(self.paths(sandbox)[0], frozen)

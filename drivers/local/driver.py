@@ -221,7 +221,9 @@ class LocalDriver(Driver):
         async with self._lock(req.sandbox_id):
             if req.sandbox_id in await self.alive():
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
-            await self._teardown(req.sandbox_id)  # a dead one's remains
+            assert self._cgroups is not None
+            if (self.sandbox_root / req.sandbox_id).exists() or self._cgroups.paths(req.sandbox_id)[0].exists():
+                await self._teardown(req.sandbox_id)  # a dead one's remains
             try:
                 sb = await asyncio.to_thread(self._provision_sync, req, rootfs.rootfs_path(self.runtime_cache, recipe))
             except BaseException:
@@ -426,7 +428,7 @@ class LocalDriver(Driver):
         async with self._lock(sb.id):
             if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
                 raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
-            self._cgroups.freeze(sb.id, True)
+            await asyncio.to_thread(self._cgroups.freeze, sb.id, True)  # polls until frozen
 
     async def resume(self, sandbox_id: str) -> None:
         sb = self._running(sandbox_id)
