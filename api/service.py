@@ -39,7 +39,15 @@ from core.events import Event, SandboxCreated, decode, encode
 from core.lifecycle import Destroy, Fail, FinishExecution, Start, StartExecution, Terminate, decide
 from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
 from core.quantities import format_bytes, parse_duration
-from drivers.base import Driver, ExecRequest, ExecResult, FileToWrite, ProvisionRequest, Resources, Stream
+from drivers.base import (
+    Driver,
+    ExecRequest,
+    ExecResult,
+    FileToWrite,
+    ProvisionRequest,
+    Resources,
+    Stream,
+)
 from projections.base import ProjectionStore, SandboxQuery
 from projections.runner import Projector
 

@@ -99,4 +99,4 @@ def format_duration(seconds: float) -> str:
             if s and s % size == 0:
                 return f"{s // size}{unit}"
         return f"{s}s"
-    return f"{int(round(seconds * 1000))}ms"
+    return f"{round(seconds * 1000)}ms"

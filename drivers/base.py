@@ -82,10 +82,10 @@ class Driver(abc.ABC):
     name: str
     capabilities: Capabilities
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - optional hook
         """Acquire long-lived resources (called once, before any other method)."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook
         """Release them. Sandboxes keep running unless the driver cannot keep them."""
 
     @abc.abstractmethod

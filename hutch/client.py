@@ -384,7 +384,7 @@ class Sandbox:
         command: Sequence[str],
         *,
         files: Files | None = None,
-        timeout: Duration | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        timeout: Duration | None = None,
         stream: Mapping[str, Any] | None = None,
     ) -> ExecutionHandle:
         """Start a command and return at once with a handle (stream URLs, ``output()``, ``wait()``)."""
@@ -413,7 +413,7 @@ class Sandbox:
         command: Sequence[str],
         *,
         files: Files | None = None,
-        timeout: Duration | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        timeout: Duration | None = None,
         stdout: OutputSink | None = None,
         stderr: OutputSink | None = None,
         capture: bool = True,
@@ -639,7 +639,7 @@ class SandboxClient:
         runtime_id: str | None = None,
         files: Files | None = None,
         env: Mapping[str, str] | None = None,
-        timeout: Duration | Timeouts | Mapping[str, Any] | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        timeout: Duration | Timeouts | Mapping[str, Any] | None = None,
         resources: Resources | Mapping[str, Any] | None = None,
         network: bool | Network | Mapping[str, Any] | None = None,
         snapshot: str | None = None,
@@ -798,7 +798,7 @@ class SandboxClient:
         resources: Resources | Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         network: bool | Network | Mapping[str, Any] | None = None,
-        timeout: Duration | Timeouts | Mapping[str, Any] | None = None,  # noqa: ASYNC109 - the sandbox's timeout
+        timeout: Duration | Timeouts | Mapping[str, Any] | None = None,
         files: Files | None = None,
         snapshot: str | None = None,
         dependencies: Sequence[str] | None = None,

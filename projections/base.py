@@ -30,7 +30,7 @@ class SandboxQuery:
     include_deleted: bool = False
     limit: int = 50
     offset: int = 0
-    sort: str = "createdAt"  # createdAt | updatedAt | name | status
+    sort: str = "createdAt"  # createdAt | updatedAt | name | status | mode | executions
     direction: str = "desc"
 
 
@@ -94,6 +94,8 @@ def sort_key(q: SandboxQuery):  # type: ignore[no-untyped-def]
         "updatedAt": lambda s: (s.updated_at, s.sandbox_id),
         "name": lambda s: (s.spec.name or "", s.sandbox_id),
         "status": lambda s: (s.status.value, s.sandbox_id),
+        "mode": lambda s: (s.spec.mode.value, s.sandbox_id),
+        "executions": lambda s: (s.executions, s.sandbox_id),
     }
     return field.get(q.sort, field["createdAt"])
 

@@ -16,7 +16,8 @@ routes = web.RouteTableDef()
 
 _STATUSES = tuple(s.value for s in SandboxStatus)
 _SORTS = {"name": "name", "created": "createdAt", "createdAt": "createdAt", "updated": "updatedAt",
-          "updatedAt": "updatedAt", "status": "status"}
+          "updatedAt": "updatedAt", "status": "status", "mode": "mode",
+          "execution_count": "executions"}
 
 
 def _urls(request: web.Request, engine: Engine, execution_id: str) -> tuple[str, str]:

@@ -9,7 +9,6 @@ All SQLite calls run on one dedicated thread so the event loop never blocks on d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Sequence

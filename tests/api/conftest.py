@@ -9,8 +9,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from api.app import create_app
-from api.keys import ENGINE
 from api.config import Config
+from api.keys import ENGINE
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

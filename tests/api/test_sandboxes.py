@@ -148,6 +148,8 @@ async def test_list_filters_and_pages(api: Api) -> None:
     assert data["total"] == 3 and [s["sandboxId"] for s in data["sandboxes"]] == ids[::-1][:2]
     assert all(s["org"]["id"] for s in data["sandboxes"])
     assert (await api.data("GET", "/sandbox?name=n1"))["sandboxes"][0]["sandboxId"] == ids[1]
+    for sort in ("name", "created", "updated", "status", "mode", "execution_count"):
+        assert (await api.data("GET", f"/sandbox?sort={sort}&direction=asc"))["total"] == 3
     assert (await api.data("GET", "/sandbox?status=idle&direction=asc&offset=2"))["sandboxes"][0]["sandboxId"] == ids[2]
     await api.call("DELETE", f"/sandbox/{ids[0]}")
     assert (await api.data("GET", "/sandbox"))["total"] == 2

@@ -6,7 +6,16 @@ import pytest
 
 from core.errors import IllegalTransition
 from core.events import Event, SandboxCreated
-from core.lifecycle import Destroy, Fail, FinishExecution, Start, StartExecution, Terminate, decide, evolve_sandbox
+from core.lifecycle import (
+    Destroy,
+    Fail,
+    FinishExecution,
+    Start,
+    StartExecution,
+    Terminate,
+    decide,
+    evolve_sandbox,
+)
 from core.models import ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
 
 

@@ -38,7 +38,7 @@ def test_parse_millicores(text: object, expected: int) -> None:
 
 @pytest.mark.parametrize("bad", ["", "fast", "0", "-1", "0.0001", "1.5m", True, "nan", "inf"])
 def test_bad_cpu(bad: object) -> None:
-    with pytest.raises(InvalidInput, match="resources.cpu"):
+    with pytest.raises(InvalidInput, match=r"resources\.cpu"):
         parse_millicores("resources.cpu", bad)
 
 
@@ -52,7 +52,7 @@ def test_parse_duration(text: object, expected: float) -> None:
 
 @pytest.mark.parametrize("bad", ["", "soon", "5", "5x", "m5", "-1s", -1, True, "1h 30m"])
 def test_bad_durations(bad: object) -> None:
-    with pytest.raises(InvalidInput, match="timeout.idle"):
+    with pytest.raises(InvalidInput, match=r"timeout\.idle"):
         parse_duration("timeout.idle", bad)
 
 
