@@ -66,3 +66,26 @@ def test_output_is_readable_after_restart(tmp_path: Path) -> None:
             assert resp.read() == b"kept\n"
     finally:
         server.stop()
+
+
+def test_local_sandboxes_outlive_a_server_kill9(tmp_path: Path) -> None:
+    """With the local driver a sandbox is its own set of processes: a killed server is
+    restarted and adopts it, files and all; the command that was running is reported failed."""
+    server = Server(tmp_path / "data", driver="local").start()
+    try:
+        sid = server.data("POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
+        ex = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "echo kept > note.txt"]})
+        assert server.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=10s")["exitCode"] == 0
+        running = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["sleep", "60"]})["executionId"]
+        server.kill9()
+
+        server.start()
+        ex = server.data("GET", f"/sandbox/execution/{running}")
+        assert ex["status"] == "failed" and "restarted" in ex["error"]
+        assert server.data("GET", f"/sandbox/{sid}")["status"] == "idle"
+        again = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["cat", "note.txt"]})
+        final = server.data("GET", f"/sandbox/execution/{again['executionId']}?wait=10s")
+        assert final["status"] == "completed" and final["exitCode"] == 0
+        assert server.call("DELETE", f"/sandbox/{sid}")[0] == 200
+    finally:
+        server.stop()
