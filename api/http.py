@@ -12,12 +12,13 @@ from core.errors import InvalidInput
 from core.quantities import parse_duration
 
 
-def ok(data: Any = None, *, status: int = 200, **top: Any) -> web.Response:
+def ok(data: Any = None, *, http_status: int = 200, top: dict[str, Any] | None = None) -> web.Response:
+    """The success envelope; ``top`` holds fields the client reads beside ``data``."""
     body: dict[str, Any] = {"success": True}
     if data is not None:
         body["data"] = data
-    body.update(top)
-    return web.json_response(body, status=status)
+    body.update(top or {})
+    return web.json_response(body, status=http_status)
 
 
 async def json_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:

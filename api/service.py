@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import logging
+import signal
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -36,7 +37,17 @@ from core.errors import (
 )
 from core.eventlog.base import EventLog
 from core.events import Event, SandboxCreated, decode, encode
-from core.lifecycle import Destroy, Fail, FinishExecution, Start, StartExecution, Terminate, decide
+from core.lifecycle import (
+    Destroy,
+    Fail,
+    FinishExecution,
+    Pause,
+    Resume,
+    Start,
+    StartExecution,
+    Terminate,
+    decide,
+)
 from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
 from core.quantities import format_bytes, parse_duration
 from drivers.base import (
@@ -53,12 +64,25 @@ from projections.runner import Projector
 
 log = logging.getLogger(__name__)
 
+JOB_STOP_GRACE_SECONDS = 10.0  # SIGTERM, then SIGKILL after this long
 MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for 5m)
 CREATING_WAIT_SECONDS = 60.0
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return _iso(dt.datetime.now(dt.UTC))
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _iso_after(seconds: float) -> str:
+    return _iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds))
+
+
+def _unix(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 class _Sink:
@@ -93,17 +117,24 @@ class Engine:
         self._secret = stream_secret
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._activity: dict[str, float] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._stopping: set[str] = set()  # jobs asked to stop: however they exit, they were cancelled
 
     # ---------------------------------------------------------------- lifetime
 
     async def start(self) -> None:
         await self.projector.start()
         await self._recover()
+        self._spawn(self._watch_timeouts(), "timeouts")
 
     async def close(self) -> None:
-        for task in list(self._tasks.values()):
+        for timer in self._timers.values():
+            timer.cancel()
+        for task in [*self._background, *self._tasks.values()]:
             task.cancel()
-        for task in list(self._tasks.values()):
+        for task in [*self._background, *self._tasks.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.projector.close()
@@ -218,8 +249,14 @@ class Engine:
             )
         return sb
 
-    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> Execution:
+    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
+        """Start a command; returns the execution and whether a paused sandbox was resumed for it."""
         sb = await self._wait_not_creating(sandbox_id)
+        auto_resumed = False
+        if sb.status is SandboxStatus.PAUSED:
+            await self.resume(sandbox_id, auto=True)
+            auto_resumed = True
+            sb = await self._require(sandbox_id)
         if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
             raise IllegalTransition(
                 f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
@@ -231,16 +268,151 @@ class Engine:
         await self._start_execution(sandbox_id, execution_id, req.command, timeout)
         ex = await self.store.get_execution(execution_id)
         assert ex is not None
-        return ex
+        return ex, auto_resumed
+
+    # ---------------------------------------------------------------- jobs
+
+    async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
+        """A job is an execution of kind "job": it runs beside executions and other jobs,
+        outlives the request, and has no default time limit."""
+        sb = await self._wait_not_creating(sandbox_id)
+        if sb.status is SandboxStatus.PAUSED:
+            await self.resume(sandbox_id, auto=True)
+        job_id = ids.new_id("job")
+        await self._start_execution(sandbox_id, job_id, command, None, kind="job")
+        job = await self.store.get_execution(job_id)
+        assert job is not None
+        return job
+
+    async def get_job(self, sandbox_id: str, job_id: str) -> Execution:
+        await self._require(sandbox_id)
+        job = await self.store.get_execution(job_id)
+        if job is None or job.type != "job" or job.sandbox_id != sandbox_id:
+            raise ExecutionNotFound(f"job {job_id} not found in sandbox {sandbox_id}", job_id=job_id)
+        return job
+
+    async def list_jobs(self, sandbox_id: str, limit: int | None) -> list[Execution]:
+        await self._require(sandbox_id)
+        jobs = [e for e in await self.store.list_executions(sandbox_id) if e.type == "job"]
+        return jobs[:limit] if limit is not None else jobs
+
+    async def stop_job(self, sandbox_id: str, job_id: str, *, force: bool, grace: float = JOB_STOP_GRACE_SECONDS) -> Execution:
+        """Graceful: SIGTERM to the job's process tree, SIGKILL after ``grace``. Forced: SIGKILL now."""
+        job = await self.get_job(sandbox_id, job_id)
+        if job.status.is_final:
+            return job
+        self._stopping.add(job_id)
+        if not force:
+            try:
+                await self.driver.signal(job_id, signal.SIGTERM)
+            except NotSupported:
+                force = True
+            else:
+                job = await self.get_execution(job_id, wait=grace)
+                if job.status.is_final:
+                    return job
+        await self.driver.cancel(job_id)
+        return await self.get_execution(job_id, wait=10.0)
+
+    # ---------------------------------------------------------------- pause
+
+    async def pause(self, sandbox_id: str) -> Sandbox:
+        async with self._lock(sandbox_id):
+            sb = await self._require(sandbox_id, include_deleted=False)
+            paused_for = self._seconds(sb.spec.timeout.paused, "timeout.paused")
+            deadline = _iso_after(paused_for) if paused_for else None
+            events = decide(sb, Pause(terminates_at=deadline))  # refuses before the driver is touched
+            if events:
+                await self.driver.pause(sandbox_id)
+                await self._append(sandbox_id, events)
+        return await self._require(sandbox_id)
+
+    async def resume(self, sandbox_id: str, *, auto: bool = False) -> Sandbox:
+        async with self._lock(sandbox_id):
+            sb = await self._require(sandbox_id, include_deleted=False)
+            events = decide(sb, Resume(auto=auto))
+            if events:
+                await self.driver.resume(sandbox_id)
+                await self._append(sandbox_id, events)
+        return await self._require(sandbox_id)
+
+    # ---------------------------------------------------------------- timeouts
+
+    @staticmethod
+    def _seconds(value: str | None, field: str) -> float:
+        return parse_duration(field, value) if value else 0.0
+
+    def _deadline(self, sb: Sandbox) -> tuple[float, str] | None:
+        """(unix time, reason) at which the reaper ends this sandbox, if ever."""
+        if sb.status is SandboxStatus.PAUSED:
+            limit = self._seconds(sb.spec.timeout.paused, "timeout.paused")
+            if limit and sb.paused_at:
+                return _unix(sb.paused_at) + limit, f"paused timeout ({sb.spec.timeout.paused}) reached"
+        elif sb.status is SandboxStatus.IDLE:
+            limit = self._seconds(sb.spec.timeout.idle, "timeout.idle")
+            if limit:
+                last = max(_unix(sb.updated_at), self._activity.get(sb.sandbox_id, 0.0))
+                return last + limit, f"idle timeout ({sb.spec.timeout.idle}) reached"
+        return None
+
+    def touch(self, sandbox_id: str) -> None:
+        """Activity that is not an event (file operations) still keeps a sandbox from idling out."""
+        self._activity[sandbox_id] = time.time()
+
+    async def _schedule(self, sandbox_id: str) -> None:
+        timer = self._timers.pop(sandbox_id, None)
+        if timer is not None:
+            timer.cancel()
+        sb = await self.store.get_sandbox(sandbox_id)
+        if sb is None or sb.status.is_final:
+            self._activity.pop(sandbox_id, None)
+            return
+        found = self._deadline(sb)
+        if found is None:
+            return
+        at, _reason = found
+        loop = asyncio.get_running_loop()
+        self._timers[sandbox_id] = loop.call_later(
+            max(0.0, at - time.time()), lambda: self._spawn(self._reap(sandbox_id), f"reap-{sandbox_id}")
+        )
+
+    async def _reap(self, sandbox_id: str) -> None:
+        sb = await self.store.get_sandbox(sandbox_id)
+        found = self._deadline(sb) if sb is not None else None
+        if found is None:
+            return
+        at, reason = found
+        if at > time.time() + 0.001:  # activity moved the deadline
+            await self._schedule(sandbox_id)
+            return
+        log.info("reaping %s: %s", sandbox_id, reason)
+        await self._end(sandbox_id, Terminate(reason=reason))
+
+    async def _watch_timeouts(self) -> None:
+        queue = self.projector.listen()
+        try:
+            live, _ = await self.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+            for sb in live:
+                await self._schedule(sb.sandbox_id)
+            while True:
+                event = await queue.get()
+                await self._schedule(event.sandbox_id)
+        finally:
+            self.projector.unlisten(queue)
+
+    def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _start_execution(
-        self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None
+        self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None, *, kind: str = "exec"
     ) -> None:
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
         stdout = self.outputs.create(self.stream_id(execution_id, "stdout"))
         stderr = self.outputs.create(self.stream_id(execution_id, "stderr"))
         try:
-            await self._command(sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout))
+            await self._command(sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind))
         except BaseException:
             self.outputs.close(self.stream_id(execution_id, "stdout"))
             self.outputs.close(self.stream_id(execution_id, "stderr"))
@@ -281,7 +453,7 @@ class Engine:
                 execution_id, ExecutionStatus.TIMEOUT, exit_code=result.exit_code, duration_ms=duration_ms,
                 error=f"timed out after {timeout:g}s" if timeout else "timed out", output_truncated=truncated,
             )
-        elif result.cancelled:
+        elif result.cancelled or execution_id in self._stopping:
             finish = FinishExecution(
                 execution_id, ExecutionStatus.CANCELLED, exit_code=result.exit_code, duration_ms=duration_ms,
                 error="cancelled", output_truncated=truncated,
@@ -298,6 +470,7 @@ class Engine:
                 execution_id, ExecutionStatus.COMPLETED, exit_code=result.exit_code, duration_ms=duration_ms,
                 output_truncated=truncated,
             )
+        self._stopping.discard(execution_id)
         with contextlib.suppress(IllegalTransition, SandboxNotFound):  # the sandbox ended under it
             await self._command(sandbox_id, finish)
         if sb.spec.mode is Mode.ONESHOT:
@@ -347,7 +520,8 @@ class Engine:
 
     async def list_executions(self, sandbox_id: str, limit: int | None) -> list[Execution]:
         await self._require(sandbox_id)
-        return await self.store.list_executions(sandbox_id, limit)
+        found = [e for e in await self.store.list_executions(sandbox_id) if e.type != "job"]
+        return found[:limit] if limit is not None else found
 
     async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
         await self._require(sandbox_id)

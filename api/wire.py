@@ -276,6 +276,34 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None) -> dict[str, 
     )
 
 
+_JOB_STATUS = {"queued": "pending", "running": "running", "cancelled": "cancelled", "failed": "failed", "timeout": "failed"}
+
+
+def job_info(job: Execution, stdout_url: str, stderr_url: str) -> dict[str, Any]:
+    """Jobs are executions of kind "job"; the wire gives them their own statuses."""
+    status = _JOB_STATUS.get(job.status.value) or ("completed" if job.exit_code == 0 else "failed")
+    return _drop_none(
+        {
+            "jobId": job.execution_id,
+            "sandboxId": job.sandbox_id,
+            "command": list(job.command),
+            "status": status,
+            "exitCode": job.exit_code,
+            "startedAt": job.started_at,
+            "completedAt": job.completed_at,
+            "error": job.error,
+            "stdoutStreamUrl": stdout_url,
+            "stderrStreamUrl": stderr_url,
+        }
+    )
+
+
+def parse_job(body: Mapping[str, Any]) -> tuple[str, ...]:
+    if body.get("command") is None:
+        raise InvalidInput("command: required (an array of strings)", field="command")
+    return parse_command(body["command"], "command")
+
+
 def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None) -> dict[str, Any]:
     return _drop_none(
         {

@@ -60,6 +60,18 @@ class SandboxTerminated:
 
 
 @attrs.frozen
+class SandboxPaused:
+    type: ClassVar[str] = "pause"
+    terminates_at: str | None = None  # when timeout.paused will end it, if set
+
+
+@attrs.frozen
+class SandboxResumed:
+    type: ClassVar[str] = "resume"
+    auto: bool = False  # resumed by an execute, not by an explicit resume
+
+
+@attrs.frozen
 class ExecutionStarted:
     type: ClassVar[str] = "execution:started"
     execution_id: str
@@ -86,6 +98,8 @@ EventData = (
     | SandboxDestroyRequested
     | SandboxCompleted
     | SandboxTerminated
+    | SandboxPaused
+    | SandboxResumed
     | ExecutionStarted
     | ExecutionFinished
 )
@@ -99,6 +113,8 @@ EVENT_TYPES: dict[str, type] = {
         SandboxDestroyRequested,
         SandboxCompleted,
         SandboxTerminated,
+        SandboxPaused,
+        SandboxResumed,
         ExecutionStarted,
         ExecutionFinished,
     )

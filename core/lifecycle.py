@@ -19,6 +19,8 @@ from core.events import (
     SandboxCreated,
     SandboxDestroyRequested,
     SandboxFailed,
+    SandboxPaused,
+    SandboxResumed,
     SandboxStarted,
     SandboxTerminated,
 )
@@ -69,7 +71,17 @@ class Terminate:
     deleted: bool = False
 
 
-Command = Start | Fail | StartExecution | FinishExecution | Destroy | Terminate
+@attrs.frozen
+class Pause:
+    terminates_at: str | None = None
+
+
+@attrs.frozen
+class Resume:
+    auto: bool = False
+
+
+Command = Start | Fail | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume
 
 _LIVE = (SandboxStatus.IDLE, SandboxStatus.RUNNING)
 
@@ -94,7 +106,31 @@ def decide(sandbox: Sandbox, command: Command) -> list[object]:
             if status.is_final:
                 return []  # failing something already over changes nothing
             return [SandboxFailed(reason=reason)]
+        case Pause(terminates_at=deadline):
+            if status is SandboxStatus.PAUSED:
+                return []  # pausing a paused sandbox changes nothing
+            if status is SandboxStatus.RUNNING:
+                raise IllegalTransition(
+                    f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
+                    sandbox_id=sandbox.sandbox_id,
+                    status=status.value,
+                )
+            if status is not SandboxStatus.IDLE:
+                raise _illegal(sandbox, "pause")
+            return [SandboxPaused(terminates_at=deadline)]
+        case Resume(auto=auto):
+            if status in _LIVE:
+                return []  # already awake
+            if status is not SandboxStatus.PAUSED:
+                raise _illegal(sandbox, "resume")
+            return [SandboxResumed(auto=auto)]
         case StartExecution():
+            if status is SandboxStatus.PAUSED:
+                raise IllegalTransition(
+                    f"cannot execute: sandbox {sandbox.sandbox_id} is paused; resume it first",
+                    sandbox_id=sandbox.sandbox_id,
+                    status=status.value,
+                )
             if status not in _LIVE:
                 raise _illegal(sandbox, "execute")
             if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
@@ -163,13 +199,19 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():
             return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
+        case SandboxPaused(terminates_at=deadline):
+            return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
+        case SandboxResumed():
+            status = SandboxStatus.RUNNING if sandbox.running else SandboxStatus.IDLE
+            return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at)
         case SandboxCompleted(exit_code=code):
             return attrs.evolve(sandbox, exit_code=code, updated_at=at)
         case SandboxTerminated():
             status = SandboxStatus.DELETED if data.deleted else SandboxStatus.TERMINATED
             exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
             return attrs.evolve(
-                sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(), updated_at=at
+                sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(),
+                paused_at=None, terminates_at=None, updated_at=at,
             )
         case ExecutionStarted(execution_id=eid):
             running = sandbox.running | {eid}

@@ -100,6 +100,8 @@ class Sandbox:
     running: frozenset[str] = frozenset()  # execution ids in flight
     exit_code: int | None = None  # of the oneshot command / last execution, when final
     reason: str | None = None  # why it failed or terminated
+    paused_at: str | None = None
+    terminates_at: str | None = None  # a paused sandbox's deadline (timeout.paused)
     initial_execution_id: str | None = None
     api_key_id: str | None = None  # which key created it (audit)
 

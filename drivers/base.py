@@ -123,6 +123,10 @@ class Driver(abc.ABC):
     async def alive(self) -> set[str]:
         """Ids of the sandboxes this driver is running now (used to recover after a restart)."""
 
+    async def signal(self, execution_id: str, signum: int) -> None:
+        """Send a signal to a running execution's whole process tree (graceful stop)."""
+        raise NotSupported(f"driver {self.name} cannot signal executions")
+
     async def pause(self, sandbox_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot pause sandboxes")
 

@@ -70,7 +70,7 @@ async def create(request: web.Request) -> web.Response:
             stderrStreamId=engine.stream_id(created.execution_id, "stderr"),
             stderrStreamUrl=err,
         )
-    return ok(data, status=201)
+    return ok(data, http_status=201)
 
 
 @routes.get("/sandbox")
@@ -183,7 +183,23 @@ async def destroy(request: web.Request) -> web.Response:
 @routes.post("/sandbox/{sandbox_id}/execute")
 async def execute(request: web.Request) -> web.Response:
     req = wire.parse_execute(await json_body(request))
-    ex = await request.app[ENGINE].execute(request.match_info["sandbox_id"], req)
+    ex, auto_resumed = await request.app[ENGINE].execute(request.match_info["sandbox_id"], req)
     info = render_execution(request, ex)
     data = {k: info[k] for k in ("executionId", "status", "stdoutStreamUrl", "stderrStreamUrl") if k in info}
-    return ok(data)
+    return ok(data, top={"autoResumed": auto_resumed})
+
+
+@routes.post("/sandbox/{sandbox_id}/pause")
+async def pause(request: web.Request) -> web.Response:
+    sb = await request.app[ENGINE].pause(request.match_info["sandbox_id"])
+    # The client reads these at the top level, not under "data".
+    top = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
+    if sb.terminates_at:
+        top["terminatesAt"] = sb.terminates_at
+    return ok(top=top)
+
+
+@routes.post("/sandbox/{sandbox_id}/resume")
+async def resume(request: web.Request) -> web.Response:
+    await request.app[ENGINE].resume(request.match_info["sandbox_id"])
+    return ok()

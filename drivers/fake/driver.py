@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 
 from core import runtimes
-from core.errors import DriverFailure, RuntimeNotFound, SandboxNotFound
+from core.errors import DriverFailure, IllegalTransition, RuntimeNotFound, SandboxNotFound
 from drivers.base import (
     Capabilities,
     Driver,
@@ -65,11 +65,12 @@ def _abspath(path: str, cwd: str | None) -> str:
 class FakeSandbox:
     request: ProvisionRequest
     files: dict[str, bytes] = attrs.field(factory=dict)
+    paused: bool = False
 
 
 class FakeDriver(Driver):
     name = "fake"
-    capabilities = Capabilities(files=True)
+    capabilities = Capabilities(files=True, pause=True)
 
     def __init__(self) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
@@ -78,6 +79,8 @@ class FakeDriver(Driver):
         self.fail_provision: str | None = None  # set to make the next provision fail
         self._running: dict[str, asyncio.Task[int]] = {}
         self._cancelled: set[str] = set()
+        self._signalled: dict[str, int] = {}
+        self._owner: dict[str, str] = {}  # execution id -> sandbox id
 
     def script(self, argv0: str, handler: Handler) -> None:
         self.handlers[argv0] = handler
@@ -117,8 +120,27 @@ class FakeDriver(Driver):
             self._cancelled.add(execution_id)
             task.cancel()
 
+    async def pause(self, sandbox_id: str) -> None:
+        sb = self._get(sandbox_id)
+        if any(t for eid, t in self._running.items() if self._owner.get(eid) == sandbox_id):
+            raise IllegalTransition(f"sandbox {sandbox_id} has running executions")
+        sb.paused = True
+
+    async def resume(self, sandbox_id: str) -> None:
+        self._get(sandbox_id).paused = False
+
+    async def signal(self, execution_id: str, signum: int) -> None:
+        """Any signal ends a fake command as if it had no handler: exit 128+signum."""
+        task = self._running.get(execution_id)
+        if task is not None:
+            self._signalled[execution_id] = signum
+            task.cancel()
+
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
         sb = self._get(req.sandbox_id)
+        if sb.paused:
+            raise IllegalTransition(f"sandbox {req.sandbox_id} is paused; resume it first")
+        self._owner[req.execution_id] = req.sandbox_id
         task = asyncio.create_task(self._interpret(sb, req, sink))
         self._running[req.execution_id] = task
         try:
@@ -132,10 +154,14 @@ class FakeDriver(Driver):
         except asyncio.CancelledError:
             if req.execution_id in self._cancelled:
                 return ExecResult(exit_code=137, cancelled=True)
+            if req.execution_id in self._signalled:
+                return ExecResult(exit_code=128 + self._signalled[req.execution_id])
             raise
         finally:
             self._running.pop(req.execution_id, None)
+            self._owner.pop(req.execution_id, None)
             self._cancelled.discard(req.execution_id)
+            self._signalled.pop(req.execution_id, None)
 
     async def _interpret(self, sb: FakeSandbox, req: ExecRequest, sink: OutputSink) -> int:
         argv = list(req.argv)

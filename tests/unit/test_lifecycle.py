@@ -85,3 +85,21 @@ def test_destroy_and_fail_are_idempotent() -> None:
     assert decide(sb, Destroy()) == []
     assert decide(sb, Fail("late")) == []
     assert decide(sb, Terminate(reason="again")) == []
+
+
+def test_pause_and_resume() -> None:
+    from core.lifecycle import Pause, Resume
+
+    sb = step(step(new(), Start()), Pause(terminates_at="2026-01-02T00:00:00.000Z"))
+    assert sb.status is SandboxStatus.PAUSED and sb.terminates_at == "2026-01-02T00:00:00.000Z"
+    assert decide(sb, Pause()) == []  # idempotent
+    with pytest.raises(IllegalTransition, match="paused; resume it first"):
+        decide(sb, StartExecution("exec_1", ("ls",)))
+    sb = step(sb, Resume(auto=True))
+    assert sb.status is SandboxStatus.IDLE and sb.paused_at is None and sb.terminates_at is None
+    assert decide(sb, Resume()) == []
+    busy = step(sb, StartExecution("exec_1", ("ls",)))
+    with pytest.raises(IllegalTransition, match="running executions"):
+        decide(busy, Pause())
+    with pytest.raises(IllegalTransition):
+        decide(step(sb, Terminate(reason="x")), Resume())

@@ -1,0 +1,119 @@
+"""Pause/resume, jobs and timeouts through the wire, on every driver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tests.api.conftest import Api
+
+
+async def new_sandbox(api: Api, **body: object) -> str:
+    return (await api.call("POST", "/sandbox", json=body, expect=201))["data"]["sandboxId"]
+
+
+async def run(api: Api, sid: str, *command: str) -> dict:
+    ex = await api.call("POST", f"/sandbox/{sid}/execute", json={"command": list(command)})
+    final = await api.wait_execution(ex["data"]["executionId"])
+    final["autoResumed"] = ex.get("autoResumed")
+    final["stdout"] = await api.stream(ex["data"]["stdoutStreamUrl"])
+    return final
+
+
+async def test_pause_keeps_files_and_execute_auto_resumes(api: Api) -> None:
+    sid = await new_sandbox(api, timeout={"paused": "1h"})
+    assert (await run(api, sid, "sh", "-c", "echo kept > f.txt"))["exitCode"] == 0
+    paused = await api.call("POST", f"/sandbox/{sid}/pause")
+    assert paused["sandboxId"] == sid and paused["status"] == "paused" and paused["terminatesAt"].endswith("Z")
+    assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "paused"
+    await api.call("POST", f"/sandbox/{sid}/pause")  # idempotent
+    result = await run(api, sid, "cat", "f.txt")
+    assert result["autoResumed"] is True and result["stdout"] == b"kept\n"
+    assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "idle"
+    await api.call("POST", f"/sandbox/{sid}/pause")
+    await api.call("POST", f"/sandbox/{sid}/resume")
+    assert (await run(api, sid, "cat", "f.txt"))["autoResumed"] is False
+    types = [e["type"] for e in (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]]
+    assert types.count("pause") == 2 and types.count("resume") == 2
+    auto = [e["event"] for e in (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"] if e["type"] == "resume"]
+    assert [a.get("auto", False) for a in auto] == [True, False]
+
+
+async def test_illegal_pause_and_resume_are_409(api: Api) -> None:
+    sid = await new_sandbox(api)
+    err = await api.call("POST", f"/sandbox/{sid}/resume", expect=200)  # idle: already awake
+    assert err["success"] is True
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "5"]})
+    err = await api.call("POST", f"/sandbox/{sid}/pause", expect=409)
+    assert "running executions" in err["message"] and err["code"] == "INVALID_STATE"
+    await api.call("DELETE", f"/sandbox/{sid}")
+    await api.wait_execution(ex["executionId"])
+    await api.call("POST", f"/sandbox/{sid}/pause", expect=404)
+    await api.call("POST", "/sandbox/sbx_nope/resume", expect=404)
+
+
+async def test_paused_timeout_terminates(api: Api) -> None:
+    sid = await new_sandbox(api, timeout={"paused": "300ms"})
+    await api.call("POST", f"/sandbox/{sid}/pause")
+    t0 = time.monotonic()
+    status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=5000")
+    assert status["status"] == "terminated" and time.monotonic() - t0 < 2.0
+    events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?direction=desc&limit=1"))["events"]
+    assert events[0]["type"] == "lifecycle:terminated" and "paused timeout" in events[0]["event"]["reason"]
+
+
+async def test_idle_timeout_reaps_promptly_and_activity_defers_it(api: Api) -> None:
+    sid = await new_sandbox(api, timeout={"idle": "600ms"})
+    await asyncio.sleep(0.4)
+    await run(api, sid, "true")  # activity: the clock starts again
+    t0 = time.monotonic()
+    status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=5000")
+    waited = time.monotonic() - t0
+    assert status["status"] == "terminated" and 0.4 < waited < 1.5, waited
+    reason = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?direction=desc&limit=1"))["events"][0]["event"]["reason"]
+    assert "idle timeout (600ms)" in reason
+    err = await api.call("POST", f"/sandbox/{sid}/execute", json={"command": ["true"]}, expect=409)
+    assert "terminated" in err["message"]
+
+
+async def test_running_commands_keep_a_sandbox_from_idling_out(api: Api) -> None:
+    sid = await new_sandbox(api, timeout={"idle": "300ms"})
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "1"]})
+    final = await api.wait_execution(ex["executionId"])
+    assert final["status"] == "completed"
+    status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=5000")
+    assert status["status"] == "terminated"
+
+
+async def test_jobs_run_beside_executions_and_stop(api: Api) -> None:
+    sid = await new_sandbox(api)
+    job = (await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["sh", "-c", "echo started; sleep 30"]}, expect=201))["data"]
+    assert job["jobId"].startswith("job_") and job["status"] == "running" and job["stdoutStreamUrl"]
+    quick = (await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["sh", "-c", "exit 3"]}, expect=201))["data"]
+    assert (await run(api, sid, "echo", "beside"))["stdout"] == b"beside\n"  # an execute while jobs run
+    for _ in range(100):
+        done = await api.data("GET", f"/sandbox/sandboxes/{sid}/jobs/{quick['jobId']}")
+        if done["status"] != "running":
+            break
+        await asyncio.sleep(0.05)
+    assert done["status"] == "failed" and done["exitCode"] == 3
+    listed = (await api.data("GET", f"/sandbox/sandboxes/{sid}/jobs"))["jobs"]
+    assert {j["jobId"] for j in listed} == {job["jobId"], quick["jobId"]}
+    assert len((await api.data("GET", f"/sandbox/sandboxes/{sid}/jobs?limit=1"))["jobs"]) == 1
+    execs = (await api.data("GET", f"/sandbox/sandboxes/{sid}/executions"))["executions"]
+    assert all(e["executionId"].startswith("exec_") for e in execs)  # jobs are not executions on the wire
+    stopped = await api.data("DELETE", f"/sandbox/sandboxes/{sid}/jobs/{job['jobId']}")
+    assert stopped["status"] == "cancelled" and stopped["completedAt"]
+    assert (await api.stream(stopped["stdoutStreamUrl"])).startswith(b"started")
+    again = await api.data("DELETE", f"/sandbox/sandboxes/{sid}/jobs/{job['jobId']}?force=true")
+    assert again["status"] == "cancelled"  # stopping a stopped job is harmless
+
+
+async def test_job_errors(api: Api) -> None:
+    sid = await new_sandbox(api)
+    err = await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={}, expect=400)
+    assert "command" in err["message"]
+    await api.call("GET", f"/sandbox/sandboxes/{sid}/jobs/job_nope", expect=404)
+    await api.call("POST", "/sandbox/sandboxes/sbx_nope/jobs", json={"command": ["true"]}, expect=404)
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["true"]})
+    await api.call("GET", f"/sandbox/sandboxes/{sid}/jobs/{ex['executionId']}", expect=404)  # not a job
