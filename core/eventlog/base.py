@@ -51,7 +51,8 @@ class EventLog(abc.ABC):
 
 
 def open_event_log(url: str, data_dir: Path) -> EventLog:
-    """``sqlite`` (default: <data_dir>/events.db) or ``sqlite:///abs/path.db``."""
+    """``sqlite`` (default: <data_dir>/events.db), ``sqlite:///abs/path.db``, or
+    ``kafka://HOST:PORT/TOPIC`` (see ``core.eventlog.kafka``)."""
     if url in ("sqlite", "embedded", ""):
         from core.eventlog.sqlite import SqliteEventLog
 
@@ -60,7 +61,11 @@ def open_event_log(url: str, data_dir: Path) -> EventLog:
         from core.eventlog.sqlite import SqliteEventLog
 
         return SqliteEventLog(Path(url.removeprefix("sqlite://")))
+    if url.startswith("kafka://"):
+        from core.eventlog.kafka import KafkaEventLog
+
+        return KafkaEventLog.from_url(url, data_dir)
     raise InvalidInput(
-        f"event log: unsupported URL {url!r}; expected 'sqlite' or sqlite:///path",
+        f"event log: unsupported URL {url!r}; expected 'sqlite', sqlite:///path or kafka://host:port/topic",
         field="event_log",
     )

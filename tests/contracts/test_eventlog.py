@@ -11,13 +11,19 @@ import pytest
 from core import ids
 from core.eventlog.base import EventLog, open_event_log
 from core.events import Event, ExecutionStarted, SandboxStarted
+from tests.services import kafka_url
 
-BACKENDS = ["sqlite"]
+BACKENDS = ["sqlite", "kafka"]
+
+
+def backend_url(name: str) -> str:
+    """The event-log URL for a backend; Kafka gets a fresh topic on the test broker."""
+    return kafka_url("log") if name == "kafka" else name
 
 
 @pytest.fixture(params=BACKENDS)
 async def event_log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventLog]:
-    log = open_event_log(request.param, tmp_path)
+    log = open_event_log(backend_url(request.param), tmp_path)
     await log.start()
     yield log
     await log.close()

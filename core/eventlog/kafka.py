@@ -1,0 +1,590 @@
+"""The production event log: Apache Kafka, through aiokafka.
+
+Two topics per log, written together in one Kafka transaction per group commit:
+
+* ``<topic>`` — the events, keyed by sandbox id over several partitions (6 by default), so
+  each sandbox's events stay in order in one partition, per-sandbox reads touch one
+  partition, and consumer groups (``hutch audit``) spread partitions over their members.
+  Every record carries its log position in a ``position`` header.
+* ``<topic>.order`` — the same records in one partition. Its offsets *are* the global
+  order: ``position = offset + 1`` (0 stays "before the first event").
+
+Why this design: the contract wants one total order that agrees with append order
+(``read(after)``, ``subscribe(after)``, ``last_position()``, the events API's paging, the
+projector's single tracked position). Kafka orders only within a partition, so a
+global position needs a sequencer. Encoding (partition, offset) into one int gives *a*
+total order, but not append order: an event appended later could get a smaller
+position than one already acknowledged, and a projector that already applied the
+larger one would skip it. A sequence kept outside Kafka (a database counter) couples
+the log to the store and still leaves the gap-between-sequence-and-write problem.
+A single-partition topic is Kafka's own sequencer: the broker assigns offsets in the
+order it appends, with no coordination between writers. Writing both topics in one
+transaction keeps them identical for ``read_committed`` readers: an event is in both or
+in neither, and an aborted or half-written append is invisible. Positions have gaps
+(each commit marker takes an offset of the order topic); the port only asks them to
+be strictly increasing.
+
+Durability: the producer is transactional, which implies idempotence and
+``acks=all``; ``append`` returns only after the transaction committed, i.e. after the
+broker acknowledged every record. An append whose commit failed ambiguously (the
+broker went away mid-commit) is resolved before anyone is told: the producer is
+re-created under the same transactional id — Kafka then finishes or aborts the open
+transaction — and the order topic is searched for the events' ids. Found: they are
+acknowledged with their positions. Not found: they are written again. So a retry
+never duplicates an event, and a broker restart only delays appends (up to
+``append_timeout``) instead of failing them.
+
+The transactional id is derived from the host, the data dir and the topic: a
+restarted server (kill -9 included) fences its previous incarnation and aborts the
+transaction it left open at once, instead of blocking ``read_committed`` readers until
+the transaction times out. Two servers on one data dir are already refused by the
+data-dir lock.
+
+Topics are created on start when missing, with unlimited retention (the log is the
+source of truth). Never change the partition count of an existing topic: per-sandbox
+reads look in the partition the key hashes to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import socket
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.partitioner import murmur2
+
+from core.errors import InvalidInput, LogUnavailable
+from core.eventlog.base import EventLog
+from core.events import Event, decode, encode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARTITIONS = 6
+MAX_EVENT_BYTES = 8 * 2**20
+# The most events one transaction carries; more pending appends wait for the next one.
+_MAX_GROUP_EVENTS = 5000
+# Time skew allowed between a sandbox id's timestamp and its first record's (per-sandbox reads
+# start at that time instead of the partition's beginning).
+_ID_CLOCK_SLACK_MS = 10 * 60 * 1000
+_TOPIC_CONFIG = {
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "cleanup.policy": "delete",
+    "max.message.bytes": str(MAX_EVENT_BYTES),
+}
+
+
+def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
+    """``kafka://host:port[,host:port]/topic[?partitions=6&replication=1]``."""
+    parts = urllib.parse.urlsplit(url)
+    topic = parts.path.strip("/")
+    if parts.scheme != "kafka" or not parts.netloc or not topic or "/" in topic:
+        raise InvalidInput(
+            f"event log: {url!r} is not kafka://HOST:PORT/TOPIC", field="event_log"
+        )
+    return parts.netloc, topic, dict(urllib.parse.parse_qsl(parts.query))
+
+
+def partition_for(sandbox_id: str, partitions: int) -> int:
+    """The Java client's default partitioner (murmur2), so other clients agree on where a key lives."""
+    return (murmur2(sandbox_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _id_millis(sandbox_id: str) -> int | None:
+    """The creation time a ULID-style id carries (see ``core.ids``), or None for other ids."""
+    from core import ids
+
+    if not ids.is_id("sandbox", sandbox_id):
+        return None
+    value = 0
+    for ch in sandbox_id.split("_", 1)[1][:10]:
+        value = value * 32 + "0123456789abcdefghjkmnpqrstvwxyz".index(ch)
+    return value  # 10 chars = 50 bits: two zero bits, then the 48-bit timestamp
+
+
+def _record(event: Event) -> bytes:
+    return json.dumps(encode(event), separators=(",", ":")).encode()
+
+
+def _decode(value: bytes, position: int) -> Event:
+    return decode(json.loads(value), position=position)
+
+
+class _Reader:
+    """One consumer parked on one partition; reads are serialised by its lock."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+        self.consumer = consumer
+        self.tp = tp
+        self.lock = asyncio.Lock()
+
+    async def bounds(self) -> tuple[int, int]:
+        """(first offset, last stable offset): committed data lives in [first, end)."""
+        c, tp = self.consumer, self.tp
+        first = (await c.beginning_offsets([tp]))[tp]
+        end = (await c.end_offsets([tp]))[tp]
+        return first, end
+
+    async def scan(self, start: int, end: int) -> AsyncIterator[tuple[int, bytes | None, bytes, dict[str, bytes]]]:
+        """(offset, key, value, headers) of committed records with start <= offset < end."""
+        c, tp = self.consumer, self.tp
+        if start >= end:
+            return
+        c.seek(tp, start)
+        c.resume(tp)
+        try:
+            while await c.position(tp) < end:
+                batch = await c.getmany(tp, timeout_ms=1000, max_records=10_000)
+                for rec in batch.get(tp, []):
+                    if rec.offset >= end:
+                        return
+                    yield rec.offset, rec.key, rec.value, dict(rec.headers or ())
+        finally:
+            # A parked reader does not fetch: its consumer's fetcher would otherwise poll forever.
+            c.pause(tp)
+
+
+class _Slot:
+    """One transactional producer. A transactional id allows one open transaction at a time."""
+
+    def __init__(self, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self.producer: AIOKafkaProducer | None = None
+
+    async def replace(self, factory) -> None:  # type: ignore[no-untyped-def]
+        old, self.producer = self.producer, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.stop()
+        self.producer = await factory(self.transactional_id)
+
+    async def close(self) -> None:
+        old, self.producer = self.producer, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.stop()
+
+
+class KafkaEventLog(EventLog):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        replication: int | None = None,
+        transactional_id: str | None = None,
+        append_timeout: float = 60.0,
+        producers: int = 3,
+        client_id: str = "hutch",
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.order_topic = f"{topic}.order"
+        self.partitions = partitions
+        self.replication = replication
+        self.append_timeout = append_timeout
+        self.client_id = client_id
+        self.transactional_id = transactional_id or f"hutch-{socket.gethostname()}-{topic}"
+        # Several producers, so a new transaction need not wait for the previous one's commit
+        # markers (the broker answers CONCURRENT_TRANSACTIONS until they are written).
+        self._slots = [_Slot(f"{self.transactional_id}-{i}") for i in range(producers)]
+        self._idle: list[_Slot] = []
+        self._watcher: AIOKafkaConsumer | None = None  # asks for end offsets; never fetches
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._readers: dict[TopicPartition, _Reader] = {}
+        self._order_tp = TopicPartition(self.order_topic, 0)
+        self._pending: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
+        self._scan_from = 0  # no record of an unresolved append of ours lies below this offset
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, data_dir: Path) -> KafkaEventLog:
+        bootstrap, topic, params = parse_url(url)
+        unknown = set(params) - {"partitions", "replication", "transactional_id"}
+        if unknown:
+            raise InvalidInput(f"event log: unknown parameter(s) {sorted(unknown)} in {url!r}", field="event_log")
+        tid = params.get("transactional_id") or "hutch-" + hashlib.sha256(
+            f"{socket.gethostname()}\0{data_dir.resolve()}\0{bootstrap}\0{topic}".encode()
+        ).hexdigest()[:24]
+        return cls(
+            bootstrap,
+            topic,
+            partitions=int(params.get("partitions", DEFAULT_PARTITIONS)),
+            replication=int(params["replication"]) if "replication" in params else None,
+            transactional_id=tid,
+        )
+
+    # ---------------------------------------------------------------- lifetime
+
+    async def start(self) -> None:
+        try:
+            await self._ensure_topics()
+            self._watcher = self._consumer()
+            await self._watcher.start()
+            for slot in self._slots:
+                await slot.replace(self._new_producer)
+            self._idle = list(self._slots)
+            reader = await self._reader(self._order_tp)
+            async with reader.lock:
+                self._scan_from = (await reader.bounds())[1]
+        except KafkaError as err:
+            await self.close()
+            raise LogUnavailable(f"cannot open the Kafka event log at {self.bootstrap}: {err}") from err
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=self.append_timeout)
+        for fut in [f for _, f in self._pending]:
+            if not fut.done():
+                fut.set_exception(LogUnavailable("the Kafka event log closed before the append was written"))
+        self._pending = []
+        for slot in self._slots:
+            await slot.close()
+        if self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        readers, self._readers = list(self._readers.values()), {}
+        for r in readers:
+            with contextlib.suppress(Exception):
+                await r.consumer.stop()
+
+    async def _ensure_topics(self) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id)
+        await admin.start()
+        try:
+            meta = await admin.describe_cluster()
+            brokers = len(meta["brokers"])
+            replication = self.replication or min(3, brokers)
+            wanted = [
+                NewTopic(self.topic, self.partitions, replication, topic_configs=_TOPIC_CONFIG),
+                NewTopic(self.order_topic, 1, replication, topic_configs=_TOPIC_CONFIG),
+            ]
+            existing = set(await admin.list_topics())
+            missing = [t for t in wanted if t.name not in existing]
+            if missing:
+                try:
+                    resp = await admin.create_topics(missing)
+                except TopicAlreadyExistsError:
+                    resp = None  # another process won the race
+                for name, code, *_ in getattr(resp, "topic_errors", ()):
+                    if code not in (0, TopicAlreadyExistsError.errno):
+                        raise LogUnavailable(f"cannot create Kafka topic {name}: error code {code}")
+            deadline = time.monotonic() + 30
+            while True:  # a new topic takes a moment to reach the metadata of every broker
+                described = await admin.describe_topics([self.topic, self.order_topic])
+                errors = {t["topic"]: t["error_code"] for t in described if t["error_code"] != 0}
+                if not errors and all(t["partitions"] for t in described):
+                    break
+                if time.monotonic() > deadline:
+                    raise LogUnavailable(f"Kafka topics not available: error codes {errors}")
+                await asyncio.sleep(0.05)
+            for t in described:
+                count = len(t["partitions"])
+                if t["topic"] == self.topic:
+                    self.partitions = count  # the topic's own count decides where keys live
+                elif count != 1:
+                    raise LogUnavailable(f"Kafka topic {t['topic']} must have one partition, has {count}")
+        finally:
+            await admin.close()
+
+    async def _new_producer(self, transactional_id: str) -> AIOKafkaProducer:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.client_id,
+            transactional_id=transactional_id,
+            enable_idempotence=True,
+            acks="all",
+            max_request_size=MAX_EVENT_BYTES + 2**16,
+            transaction_timeout_ms=15_000,
+            request_timeout_ms=15_000,
+            linger_ms=0,
+        )
+        try:
+            await producer.start()  # init_transactions: fences an older incarnation, ends its open txn
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        return producer
+
+    async def _reader(self, tp: TopicPartition) -> _Reader:
+        reader = self._readers.get(tp)
+        if reader is None:
+            consumer = self._consumer()
+            await consumer.start()
+            consumer.assign([tp])
+            consumer.pause(tp)
+            reader = self._readers.setdefault(tp, _Reader(consumer, tp))
+            if reader.consumer is not consumer:
+                await consumer.stop()
+        return reader
+
+    def _consumer(self, *, fetch_max_wait_ms: int = 0) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.client_id,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=MAX_EVENT_BYTES + 2**16,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            request_timeout_ms=15_000,
+        )
+
+    # ---------------------------------------------------------------- append
+
+    async def append(self, events: Sequence[Event]) -> list[int]:
+        if not events:
+            return []
+        if not self._slots or self._closed:
+            raise LogUnavailable("the Kafka event log is not started")
+        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._pending.append((events, fut))
+        self._dispatch()
+        return await fut
+
+    def _dispatch(self) -> None:
+        """Hand pending appends to idle producers, one transaction per producer at a time."""
+        while self._pending and self._idle:
+            slot = self._idle.pop(0)  # the longest idle: its last commit is surely complete
+            group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
+            count = 0
+            while self._pending and (not group or count + len(self._pending[0][0]) <= _MAX_GROUP_EVENTS):
+                item = self._pending.pop(0)
+                group.append(item)
+                count += len(item[0])
+            task = asyncio.create_task(self._commit_group(slot, group), name="kafka-eventlog-commit")
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _commit_group(
+        self, slot: _Slot, group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]]
+    ) -> None:
+        flat = [e for evs, _ in group for e in evs]
+        try:
+            positions = await self._write_resolving(slot, flat)
+        except Exception as err:
+            error = err if isinstance(err, LogUnavailable) else LogUnavailable(f"event log append failed: {err}")
+            for _, fut in group:
+                if not fut.done():
+                    fut.set_exception(error)
+        else:
+            i = 0
+            for evs, fut in group:
+                if not fut.done():
+                    fut.set_result(positions[i : i + len(evs)])
+                i += len(evs)
+        finally:
+            self._idle.append(slot)
+            if not self._closed:
+                self._dispatch()
+
+    async def _write_resolving(self, slot: _Slot, events: list[Event]) -> list[int]:
+        """Write in one transaction; on failure find out what the broker kept, then retry the rest."""
+        deadline = time.monotonic() + self.append_timeout
+        delay = 0.1
+        while True:
+            # Everything appended before this transaction began lies below this offset.
+            floor = self._scan_from
+            try:
+                return await self._write(slot, events)
+            except KafkaError as err:
+                failure = err
+            log.warning("Kafka append of %d event(s) failed (%s); resolving", len(events), failure)
+            while True:
+                if time.monotonic() > deadline or self._closed:
+                    raise LogUnavailable(
+                        f"the Kafka event log did not accept the append within {self.append_timeout:g}s: {failure}"
+                    ) from failure
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                try:
+                    await slot.replace(self._new_producer)
+                    found = await self._find(events, floor)
+                    break
+                except KafkaError as err:
+                    failure = err
+                    log.warning("Kafka still unavailable (%s); retrying", err)
+            if found is not None:
+                return found
+
+    async def _write(self, slot: _Slot, events: list[Event]) -> list[int]:
+        producer = slot.producer
+        if producer is None:
+            raise LogUnavailable("the Kafka event log is closed")
+        values = [_record(e) for e in events]
+        keys = [e.sandbox_id.encode() for e in events]
+        async with producer.transaction():
+            order_futs = [
+                await producer.send(self.order_topic, v, key=k, partition=0) for k, v in zip(keys, values, strict=True)
+            ]
+            offsets = [(await f).offset for f in order_futs]
+            keyed_futs = [
+                await producer.send(
+                    self.topic, v, key=k, partition=partition_for(e.sandbox_id, self.partitions),
+                    headers=[("position", str(off + 1).encode())],
+                )
+                for e, k, v, off in zip(events, keys, values, offsets, strict=True)
+            ]
+            keyed = [await f for f in keyed_futs]
+        # The commit marker follows the last record.
+        self._scan_from = max(self._scan_from, offsets[-1] + 2)
+        # The commit returns once the coordinator decided; the markers that make the records
+        # readable reach the partitions a moment later. Acknowledge once they are readable, so
+        # a read that follows an append sees it.
+        last = {self._order_tp: offsets[-1]}
+        for meta in keyed:
+            tp = TopicPartition(meta.topic, meta.partition)
+            last[tp] = max(last.get(tp, -1), meta.offset)
+        await self._until_readable(last)
+        return [off + 1 for off in offsets]
+
+    async def _until_readable(self, last: dict[TopicPartition, int]) -> None:
+        """Wait until every partition's last stable offset passed the given offsets."""
+        deadline = time.monotonic() + self.append_timeout
+        delay = 0.001
+        while True:
+            ends = await self._watcher.end_offsets(list(last))
+            last = {tp: off for tp, off in last.items() if ends[tp] <= off}
+            if not last:
+                return
+            if time.monotonic() > deadline:
+                raise LogUnavailable(f"committed events did not become readable within {self.append_timeout:g}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def _find(self, events: list[Event], floor: int) -> list[int] | None:
+        """Positions of ``events`` if the failed transaction committed after all, else None.
+
+        Called after the producer was re-created under the same transactional id, which makes
+        the broker finish or abort the open transaction first. A transaction is all or nothing,
+        so finding one event decides."""
+        wanted = {e.event_id: i for i, e in enumerate(events)}
+        found: dict[int, int] = {}
+        reader = await self._reader(self._order_tp)
+        async with reader.lock:
+            _, end = await reader.bounds()
+            async for off, _, value, _ in reader.scan(floor, end):
+                i = wanted.get(json.loads(value).get("eventId"))
+                if i is not None:
+                    found[i] = off + 1
+        if not found:
+            return None
+        if len(found) != len(events):
+            raise LogUnavailable("the Kafka event log holds part of an append; refusing to guess")
+        log.info("the failed append had committed after all; acknowledging it")
+        return [found[i] for i in range(len(events))]
+
+    # ---------------------------------------------------------------- read
+
+    async def read(
+        self, after: int = 0, *, sandbox_id: str | None = None, limit: int | None = None, reverse: bool = False
+    ) -> list[Event]:
+        if limit is not None and limit <= 0:
+            return []
+        try:
+            if sandbox_id is None:
+                return await self._read_all(after, limit, reverse)
+            return await self._read_sandbox(sandbox_id, after, limit, reverse)
+        except KafkaError as err:
+            raise LogUnavailable(f"cannot read the Kafka event log: {err}") from err
+
+    async def _read_all(self, after: int, limit: int | None, reverse: bool) -> list[Event]:
+        reader = await self._reader(self._order_tp)
+        async with reader.lock:
+            first, end = await reader.bounds()
+            if not reverse:
+                out: list[Event] = []
+                async for off, _, value, _ in reader.scan(max(first, after), end):
+                    out.append(_decode(value, off + 1))
+                    if limit is not None and len(out) >= limit:
+                        break
+                return out
+            # Newest first: scan windows backwards from the upper bound.
+            upper = min(end, after - 1) if after > 0 else end
+            newest: list[Event] = []
+            window = 2 * (limit or 500) + 16
+            while upper > first and (limit is None or len(newest) < limit):
+                lower = max(first, upper - window)
+                chunk = [_decode(v, off + 1) async for off, _, v, _ in reader.scan(lower, upper)]
+                newest.extend(reversed(chunk))
+                upper, window = lower, window * 2
+            return newest[:limit] if limit is not None else newest
+
+    async def _read_sandbox(self, sandbox_id: str, after: int, limit: int | None, reverse: bool) -> list[Event]:
+        tp = TopicPartition(self.topic, partition_for(sandbox_id, self.partitions))
+        key = sandbox_id.encode()
+        reader = await self._reader(tp)
+        async with reader.lock:
+            first, end = await reader.bounds()
+            born = _id_millis(sandbox_id)
+            if born is not None:
+                found = await reader.consumer.offsets_for_times({tp: max(0, born - _ID_CLOCK_SLACK_MS)})
+                hit = found.get(tp)
+                first = max(first, hit.offset if hit is not None else end)
+            matches: list[Event] = []
+            if not reverse:
+                async for _, k, value, headers in reader.scan(first, end):
+                    if k != key:
+                        continue
+                    pos = int(headers["position"])
+                    if pos > after:
+                        matches.append(_decode(value, pos))
+            else:
+                upper, window = end, 2 * (limit or 500) + 16
+                while upper > first and (limit is None or len(matches) < limit):
+                    lower = max(first, upper - window)
+                    async for _, k, value, headers in reader.scan(lower, upper):
+                        pos = int(headers["position"])
+                        if k == key and (after <= 0 or pos < after):
+                            matches.append(_decode(value, pos))
+                    upper, window = lower, window * 2
+        # Writers from different processes may interleave in a partition: order by position.
+        matches.sort(key=lambda e: e.position or 0, reverse=reverse)
+        return matches[:limit] if limit is not None else matches
+
+    async def last_position(self) -> int:
+        newest = await self.read(0, limit=1, reverse=True)
+        return newest[0].position or 0 if newest else 0
+
+    async def subscribe(self, after: int = 0) -> AsyncIterator[Event]:
+        # Long-polls: the broker answers as soon as a commit makes new events readable.
+        consumer = self._consumer(fetch_max_wait_ms=500)
+        tp = self._order_tp
+        started = False
+        try:
+            while not started:
+                try:
+                    await consumer.start()
+                    started = True
+                except KafkaError as err:
+                    log.warning("subscriber cannot reach Kafka (%s); retrying", err)
+                    await asyncio.sleep(1.0)
+            consumer.assign([tp])
+            consumer.seek(tp, after)  # position p is offset p - 1: the next one to read is offset `after`
+            while True:
+                try:
+                    batch = await consumer.getmany(tp, timeout_ms=1000, max_records=1000)
+                except KafkaError as err:
+                    log.warning("subscriber fetch failed (%s); retrying", err)
+                    await asyncio.sleep(0.5)
+                    continue
+                for rec in batch.get(tp, []):
+                    yield _decode(rec.value, rec.offset + 1)
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
