@@ -1,0 +1,149 @@
+"""Runtime images for the nomad driver: the local driver's root filesystems as OCI images.
+
+A runtime name means the same thing under both drivers: the image is the rootfs that
+``drivers.local.rootfs`` builds from the catalog recipe (one layer), plus a small layer
+with the sandbox user (``agentuity``, uid ``SANDBOX_UID``) and its home and workspace.
+umoci builds the OCI layout, skopeo pushes it to the registry. The tag carries the
+recipe hash and this module's format, so a changed recipe is a new image and an
+unchanged one is never pushed twice.
+
+CLI (used by ``scripts/services.d/nomad.sh``)::
+
+    python -m drivers.nomad.images ref base:latest --registry 127.0.0.1:5000
+    python -m drivers.nomad.images exists base:latest --registry 127.0.0.1:5000   # exit 0/1
+    python -m drivers.nomad.images push base:latest --registry 127.0.0.1:5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from core.errors import DriverFailure
+from core.runtimes import RuntimeRecipe
+from drivers.local import rootfs
+
+FORMAT = 1  # bump when the image layout below changes
+# Every nomad sandbox runs as this host uid: unprivileged, outside the local driver's range
+# (200000..259999) and outside the usual /etc/subuid ranges.
+SANDBOX_UID = int(os.environ.get("HUTCH_NOMAD_UID", "290000"))
+HOME = rootfs.SANDBOX_HOME
+USER = rootfs.SANDBOX_USER
+
+
+def image_ref(recipe: RuntimeRecipe, registry: str) -> str:
+    repo, _, version = recipe.name.partition(":")
+    repo = re.sub(r"[^a-z0-9._-]", "-", repo.lower())
+    version = re.sub(r"[^A-Za-z0-9._-]", "-", version or "latest")
+    return f"{registry}/hutch/{repo}:{version}-{recipe.recipe_hash[:12]}-f{FORMAT}"
+
+
+def exists(recipe: RuntimeRecipe, registry: str) -> bool:
+    """Whether the registry has the image (a HEAD on its manifest)."""
+    ref = image_ref(recipe, registry)
+    host, _, rest = ref.partition("/")
+    name, _, tag = rest.rpartition(":")
+    req = urllib.request.Request(
+        f"http://{host}/v2/{name}/manifests/{tag}", method="HEAD",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                           "application/vnd.docker.distribution.manifest.v2+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status == 200
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return False
+        raise DriverFailure(f"registry {registry}: HTTP {err.code} for {ref}") from err
+    except OSError as err:
+        raise DriverFailure(f"registry {registry} does not answer: {err}") from err
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise DriverFailure(f"{' '.join(cmd[:3])} failed: {proc.stderr.strip()[-2000:]}")
+
+
+def _stage_user_layer(root: Path, stage: Path) -> None:
+    """/etc/passwd and /etc/group with the sandbox user; its home and /workspace, owned by it."""
+    etc = stage / "etc"
+    etc.mkdir(parents=True)
+    st = os.stat(root / "etc")
+    os.chmod(etc, st.st_mode & 0o7777)
+    passwd = (root / "etc/passwd").read_text()
+    group = (root / "etc/group").read_text()
+    (etc / "passwd").write_text(passwd + f"{USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{USER}:{HOME}:/bin/bash\n")
+    (etc / "group").write_text(group + f"{USER}:x:{SANDBOX_UID}:\n")
+    for name in ("passwd", "group"):
+        os.chmod(etc / name, 0o644)
+    for rel in (HOME, rootfs.WORKSPACE):
+        path = stage / rel.lstrip("/")
+        parent = path.parent
+        if parent != stage and not parent.exists():
+            parent.mkdir(parents=True)
+            os.chmod(parent, os.stat(root / parent.relative_to(stage)).st_mode & 0o7777)
+        path.mkdir()
+        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+        os.chmod(path, 0o755)
+
+
+def push(recipe: RuntimeRecipe, registry: str, *, cache: Path | None = None) -> str:
+    """Build the runtime's OCI image from its rootfs and push it. Returns the ref."""
+    cache = cache or rootfs.default_cache()
+    root = rootfs.rootfs_path(cache, recipe)
+    if not root.is_dir():
+        raise DriverFailure(f"runtime {recipe.name} is not built; {rootfs.build_hint(recipe.name, cache)}")
+    for tool in ("umoci", "skopeo"):
+        if shutil.which(tool) is None:
+            raise DriverFailure(f"{tool} is not installed (apt-get install {tool})")
+    ref = image_ref(recipe, registry)
+    tag = "image"
+    with tempfile.TemporaryDirectory(prefix="hutch-image-") as tmp:
+        layout = Path(tmp) / "oci"
+        stage = Path(tmp) / "stage"
+        stage.mkdir()
+        _stage_user_layer(root, stage)
+        image = f"{layout}:{tag}"
+        _run(["umoci", "init", "--layout", str(layout)])
+        _run(["umoci", "new", "--image", image])
+        _run(["umoci", "insert", "--no-history", "--image", image, str(root), "/"])
+        _run(["umoci", "insert", "--no-history", "--image", image, str(stage), "/"])
+        _run(["umoci", "config", "--no-history", "--image", image,
+              "--config.workingdir", HOME,
+              "--config.env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              "--config.env", f"HOME={HOME}", "--config.env", "LANG=C.UTF-8",
+              "--config.cmd", "/bin/sh",
+              "--config.label", f"dev.hutch.runtime={recipe.name}",
+              "--config.label", f"dev.hutch.recipe={recipe.recipe_hash}"])
+        _run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{image}", f"docker://{ref}"])
+    return ref
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m drivers.nomad.images",
+                                     description="Runtime images for the nomad driver.")
+    parser.add_argument("command", choices=["ref", "exists", "push"])
+    parser.add_argument("name", help="catalog name, e.g. base:latest")
+    parser.add_argument("--registry", default=os.environ.get("HUTCH_NOMAD_REGISTRY", "127.0.0.1:5000"))
+    parser.add_argument("--cache", type=Path, default=None)
+    args = parser.parse_args(argv)
+    recipe = rootfs.lookup(args.name)
+    if args.command == "ref":
+        print(image_ref(recipe, args.registry))
+        return 0
+    if args.command == "exists":
+        return 0 if exists(recipe, args.registry) else 1
+    print(push(recipe, args.registry, cache=args.cache))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

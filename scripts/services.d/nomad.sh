@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# Nomad + containerd for hutch's `nomad` driver and its tests, all on loopback:
+#   - containerd and runc (Debian), containerd's root on a tmpfs (file creation on / is slow);
+#   - a local OCI registry (Debian's docker-registry) holding the runtime images;
+#   - HashiCorp Nomad in dev mode (server + client) with hutch's containerd task driver plugin,
+#     both built from Go modules through the module proxy with this machine's Go, cached by
+#     version under $HUTCH_NOMAD_CACHE (a second start never rebuilds);
+#   - the runtime images: the same root filesystems the local driver uses (built by
+#     `python -m drivers.local.rootfs`), turned into OCI images with umoci and pushed with skopeo.
+#
+#   nomad.sh start     # idempotent; installs/builds what is missing; waits for a ready client
+#                      # node; prints HUTCH_DRIVER=nomad and HUTCH_NOMAD_* settings on stdout
+#   nomad.sh stop      # stops Nomad, removes the containers it left, stops containerd + registry
+#   nomad.sh restart | status | build | images
+# Settings (environment): HUTCH_NOMAD_PORT (4646), HUTCH_REGISTRY_PORT (5000),
+# HUTCH_NOMAD_RUNTIMES ("base:latest python:3.13"), HUTCH_NOMAD_CACHE (/var/cache/hutch/nomad),
+# HUTCH_SERVICES_DIR (state). Logs: $HUTCH_SERVICES_DIR/nomad/*.log.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+MODULE="$here/nomad"
+
+NOMAD_VERSION=v1.10.0
+PORT=${HUTCH_NOMAD_PORT:-4646}
+REGISTRY_PORT=${HUTCH_REGISTRY_PORT:-5000}
+REGISTRY="127.0.0.1:$REGISTRY_PORT"
+RUNTIMES=${HUTCH_NOMAD_RUNTIMES:-"base:latest python:3.13"}
+STATE=${HUTCH_SERVICES_DIR:-/var/lib/hutch/services}/nomad
+CACHE=${HUTCH_NOMAD_CACHE:-/var/cache/hutch/nomad}
+REGISTRY_DATA=${HUTCH_REGISTRY_DATA:-/var/cache/hutch/registry}
+CTRD_ROOT="$STATE/containerd-root"      # a tmpfs
+CTRD_RUN=/run/hutch-containerd
+CTRD_SOCK="$CTRD_RUN/containerd.sock"
+CTRD_NS=nomad
+WORKSPACES=${HUTCH_NOMAD_WORKSPACES:-/var/lib/hutch/nomad-workspaces}
+PY=${PYTHON:-python3}
+
+say() { echo "nomad: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+[[ $EUID -eq 0 ]] || die "needs root (containerd, runc, cgroups); run as root"
+
+pid_of() {  # name -> pid of a live process we started, from its pidfile
+  local f="$STATE/$1.pid"
+  [[ -f "$f" ]] || return 1
+  local pid; pid=$(cat "$f")
+  kill -0 "$pid" 2>/dev/null || return 1
+  echo "$pid"
+}
+
+stop_pid() {  # name [signal]
+  local pid
+  pid=$(pid_of "$1") || { rm -f "$STATE/$1.pid"; return 0; }
+  kill "-${2:-TERM}" "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$STATE/$1.pid"
+}
+
+# ---------------------------------------------------------------------------- install
+
+install_packages() {
+  local missing=() pkg
+  for pkg in containerd runc docker-registry umoci skopeo curl; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    say "installing Debian packages: ${missing[*]}"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
+  command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || die "Go is not installed (needed to build Nomad)"
+}
+
+go_bin() { command -v go || echo /usr/local/go/bin/go; }
+
+# The cache keys: Nomad by its version and the module's requirements; the plugin by its sources too.
+nomad_key() { cat "$MODULE/go.mod" "$MODULE/go.sum" | sha256sum | cut -c1-12; }
+plugin_key() { cat "$MODULE/go.mod" "$MODULE/go.sum" "$MODULE"/containerd-driver/*.go | sha256sum | cut -c1-12; }
+nomad_bin() { echo "$CACHE/nomad-$NOMAD_VERSION-$(nomad_key)/nomad"; }
+plugin_dir() { echo "$CACHE/plugins-$(plugin_key)"; }
+
+# Builds from a private copy of the wrapper module (the repo stays clean, the module cache
+# read-only). Nomad's own go.mod has replace directives, so `go install nomad@version`
+# refuses it; the wrapper repeats them. -p 2: two cores.
+go_build() {  # package output
+  local work; work=$(mktemp -d "$CACHE/.build-XXXXXX")
+  cp -r "$MODULE/." "$work/"
+  local started=$SECONDS
+  (cd "$work" && GOFLAGS="-mod=mod -trimpath -buildvcs=false" GONOSUMDB=github.com/hashicorp/nomad/api \
+      CGO_ENABLED=1 "$(go_bin)" build -p 2 -o "$2.tmp" "$1") >&2 || { rm -rf "$work"; die "building $1 failed"; }
+  mv "$2.tmp" "$2"
+  rm -rf "$work"
+  say "built $(basename "$2") in $((SECONDS - started))s"
+}
+
+build() {
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/.build.lock"
+  flock 9
+  local nb; nb=$(nomad_bin)
+  if [[ ! -x "$nb" ]]; then
+    say "building Nomad $NOMAD_VERSION from its Go module (first time only: a few minutes on 2 cores)"
+    mkdir -p "$(dirname "$nb")"
+    go_build github.com/hashicorp/nomad "$nb"
+  fi
+  local pd; pd=$(plugin_dir)
+  if [[ ! -x "$pd/hutch-containerd" ]]; then
+    say "building the hutch-containerd task driver plugin"
+    mkdir -p "$pd"
+    go_build ./containerd-driver "$pd/hutch-containerd"
+  fi
+  exec 9>&-
+}
+
+# ---------------------------------------------------------------------------- containerd
+
+start_containerd() {
+  mkdir -p "$STATE" "$CTRD_ROOT" "$CTRD_RUN"
+  if ! mountpoint -q "$CTRD_ROOT"; then
+    mount -t tmpfs -o size=12g,mode=0711 hutch-containerd "$CTRD_ROOT"
+  fi
+  if pid_of containerd >/dev/null && ctr_ version >/dev/null 2>&1; then return 0; fi
+  cat >"$STATE/containerd.toml" <<EOF
+version = 2
+root = "$CTRD_ROOT/root"
+state = "$CTRD_RUN/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$CTRD_SOCK"
+[debug]
+  level = "warn"
+EOF
+  say "starting containerd (root on tmpfs $CTRD_ROOT; log $STATE/containerd.log)"
+  setsid containerd --config "$STATE/containerd.toml" >>"$STATE/containerd.log" 2>&1 </dev/null &
+  echo $! >"$STATE/containerd.pid"
+  local deadline=$((SECONDS + 30))
+  until ctr_ version >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { tail -n 20 "$STATE/containerd.log" >&2; die "containerd did not come up"; }
+    sleep 0.2
+  done
+}
+
+ctr_() { ctr --address "$CTRD_SOCK" --namespace "$CTRD_NS" "$@"; }
+
+# Containers a dead Nomad left behind (dev mode forgets its allocations when it stops).
+remove_containers() {
+  local id
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -a -s KILL "$id" >/dev/null 2>&1 || true; done
+  sleep 0.2
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks rm -f "$id" >/dev/null 2>&1 || true; done
+  for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers rm "$id" >/dev/null 2>&1 || true; done
+}
+
+# ---------------------------------------------------------------------------- registry + images
+
+start_registry() {
+  if pid_of registry >/dev/null && curl -fsS "http://$REGISTRY/v2/" >/dev/null 2>&1; then return 0; fi
+  curl -fsS -m 2 "http://$REGISTRY/v2/" >/dev/null 2>&1 && die "port $REGISTRY_PORT answers but is not our registry; set HUTCH_REGISTRY_PORT"
+  mkdir -p "$REGISTRY_DATA" "$STATE"
+  cat >"$STATE/registry.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $REGISTRY_DATA
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY
+EOF
+  say "starting the OCI registry on $REGISTRY (data $REGISTRY_DATA)"
+  setsid docker-registry serve "$STATE/registry.yml" >>"$STATE/registry.log" 2>&1 </dev/null &
+  echo $! >"$STATE/registry.pid"
+  local deadline=$((SECONDS + 20))
+  until curl -fsS "http://$REGISTRY/v2/" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { tail -n 20 "$STATE/registry.log" >&2; die "registry did not come up"; }
+    sleep 0.2
+  done
+}
+
+# Pushes each runtime's image unless the registry has it; then pre-pulls it into containerd.
+images() {
+  local name ref
+  for name in $RUNTIMES; do
+    ref=$(cd "$repo" && $PY -m drivers.nomad.images ref "$name" --registry "$REGISTRY")
+    if ! (cd "$repo" && $PY -m drivers.nomad.images exists "$name" --registry "$REGISTRY"); then
+      local started=$SECONDS
+      (cd "$repo" && $PY -m drivers.local.rootfs build "$name") >&2
+      (cd "$repo" && $PY -m drivers.nomad.images push "$name" --registry "$REGISTRY") >&2
+      say "pushed $ref in $((SECONDS - started))s"
+    fi
+    if ! ctr_ images ls -q | grep -qxF "$ref"; then
+      local started=$SECONDS
+      ctr_ images pull --plain-http "$ref" >/dev/null
+      say "pulled $ref into containerd in $((SECONDS - started))s"
+    fi
+  done
+}
+
+# ---------------------------------------------------------------------------- nomad
+
+api() { curl -fsS -m 5 "http://127.0.0.1:$PORT$1"; }
+
+node_ready() {
+  api /v1/nodes?resources=false 2>/dev/null | $PY -c '
+import json, sys
+try:
+    nodes = json.load(sys.stdin)
+except ValueError:
+    sys.exit(1)
+ok = [n for n in nodes if n["Status"] == "ready" and n.get("Drivers", {}).get("hutch-containerd", {}).get("Healthy")]
+sys.exit(0 if ok else 1)'
+}
+
+start_nomad() {
+  if pid_of nomad >/dev/null && node_ready; then return 0; fi
+  stop_pid nomad INT
+  api /v1/agent/self >/dev/null 2>&1 && die "port $PORT answers but is not our Nomad; set HUTCH_NOMAD_PORT"
+  remove_containers
+  mkdir -p "$WORKSPACES" "$STATE/plugins"
+  chmod 711 "$WORKSPACES"
+  ln -sfn "$(plugin_dir)/hutch-containerd" "$STATE/plugins/hutch-containerd"
+  cat >"$STATE/agent.hcl" <<EOF
+# Written by scripts/services.d/nomad.sh
+bind_addr  = "127.0.0.1"
+plugin_dir = "$STATE/plugins"
+log_level  = "WARN"
+ports {
+  http = $PORT
+  rpc  = $((PORT + 1))
+  serf = $((PORT + 2))
+}
+client {
+  options = {
+    "driver.denylist"          = "docker,java,qemu,podman"
+    "fingerprint.denylist"     = "env_aws,env_gce,env_azure,env_digitalocean"
+  }
+  gc_interval = "10s"
+  gc_max_allocs = 500
+}
+server {
+  job_gc_threshold = "5m"
+}
+plugin "hutch-containerd" {
+  config {
+    address        = "$CTRD_SOCK"
+    namespace      = "$CTRD_NS"
+    workspace_root = "$WORKSPACES"
+  }
+}
+EOF
+  say "starting Nomad $NOMAD_VERSION (dev agent on 127.0.0.1:$PORT; log $STATE/nomad.log)"
+  rm -rf "$STATE/alloc"
+  setsid "$(nomad_bin)" agent -dev -config "$STATE/agent.hcl" >>"$STATE/nomad.log" 2>&1 </dev/null &
+  echo $! >"$STATE/nomad.pid"
+  local deadline=$((SECONDS + 90))
+  until node_ready; do
+    pid_of nomad >/dev/null || { tail -n 30 "$STATE/nomad.log" >&2; die "Nomad exited"; }
+    ((SECONDS < deadline)) || { tail -n 30 "$STATE/nomad.log" >&2; die "no ready client node with the hutch-containerd driver"; }
+    sleep 0.3
+  done
+}
+
+print_settings() {
+  echo "HUTCH_DRIVER=nomad"
+  echo "HUTCH_NOMAD_ADDR=http://127.0.0.1:$PORT"
+  echo "HUTCH_NOMAD_REGISTRY=$REGISTRY"
+}
+
+start() {
+  local started=$SECONDS
+  install_packages
+  build
+  start_containerd
+  start_registry
+  images
+  start_nomad
+  say "ready in $((SECONDS - started))s: Nomad on 127.0.0.1:$PORT, registry $REGISTRY, containerd $CTRD_SOCK"
+  print_settings
+}
+
+stop() {
+  if pid_of nomad >/dev/null; then say "stopping Nomad"; fi
+  stop_pid nomad INT
+  if pid_of containerd >/dev/null; then
+    remove_containers
+    say "stopping containerd"
+  fi
+  stop_pid containerd
+  if pid_of registry >/dev/null; then say "stopping the registry"; fi
+  stop_pid registry
+  if mountpoint -q "$CTRD_ROOT"; then umount "$CTRD_ROOT" 2>/dev/null || umount -l "$CTRD_ROOT" || true; fi
+  rm -rf "${WORKSPACES:?}"/* 2>/dev/null || true
+}
+
+status() {
+  local ok=0
+  for svc in containerd registry nomad; do
+    if pid=$(pid_of $svc); then say "$svc running (pid $pid)"; else say "$svc not running"; ok=3; fi
+  done
+  if ((ok == 0)) && node_ready; then print_settings; else return 3; fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  restart) stop; start ;;
+  status) status ;;
+  build) install_packages; build; echo "$(nomad_bin)"; echo "$(plugin_dir)/hutch-containerd" ;;
+  images) start_containerd; start_registry; images ;;
+  *) echo "usage: $0 start|stop|restart|status|build|images" >&2; exit 2 ;;
+esac

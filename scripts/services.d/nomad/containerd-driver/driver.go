@@ -1,0 +1,680 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	apievents "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/contrib/seccomp"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/oci"
+	"github.com/containerd/containerd/remotes/docker"
+	"github.com/containerd/typeurl/v2"
+	log "github.com/hashicorp/go-hclog"
+	cstructs "github.com/hashicorp/nomad/client/structs"
+	"github.com/hashicorp/nomad/drivers/shared/eventer"
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+const (
+	pluginName        = "hutch-containerd"
+	pluginVersion     = "0.1.0"
+	taskHandleVersion = 1
+	fingerprintPeriod = 15 * time.Second
+	execEnvelope      = "hutch-exec:v1"
+	// After an exec's process exits, background children may still hold its
+	// stdout; output is drained for this long, then the exec returns.
+	drainGrace = 200 * time.Millisecond
+)
+
+var (
+	pluginInfo = &base.PluginInfoResponse{
+		Type:              base.PluginTypeDriver,
+		PluginApiVersions: []string{drivers.ApiVersion010},
+		PluginVersion:     pluginVersion,
+		Name:              pluginName,
+	}
+
+	configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+		"address": hclspec.NewDefault(hclspec.NewAttr("address", "string", false),
+			hclspec.NewLiteral(`"/run/containerd/containerd.sock"`)),
+		"namespace": hclspec.NewDefault(hclspec.NewAttr("namespace", "string", false),
+			hclspec.NewLiteral(`"nomad"`)),
+		"snapshotter": hclspec.NewDefault(hclspec.NewAttr("snapshotter", "string", false),
+			hclspec.NewLiteral(`"overlayfs"`)),
+		"runtime": hclspec.NewDefault(hclspec.NewAttr("runtime", "string", false),
+			hclspec.NewLiteral(`"io.containerd.runc.v2"`)),
+		"workspace_root": hclspec.NewDefault(hclspec.NewAttr("workspace_root", "string", false),
+			hclspec.NewLiteral(`"/var/lib/hutch/nomad-workspaces"`)),
+	})
+
+	taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+		"image":          hclspec.NewAttr("image", "string", true),
+		"command":        hclspec.NewAttr("command", "string", false),
+		"args":           hclspec.NewAttr("args", "list(string)", false),
+		"uid":            hclspec.NewAttr("uid", "number", false),
+		"gid":            hclspec.NewAttr("gid", "number", false),
+		"cpu_millis":     hclspec.NewAttr("cpu_millis", "number", false),
+		"pids_limit":     hclspec.NewAttr("pids_limit", "number", false),
+		"host_network":   hclspec.NewAttr("host_network", "bool", false),
+		"hostname":       hclspec.NewAttr("hostname", "string", false),
+		"workspace":      hclspec.NewAttr("workspace", "string", false),
+		"readonly_paths": hclspec.NewAttr("readonly_paths", "list(string)", false),
+	})
+
+	capabilities = &drivers.Capabilities{
+		SendSignals:  true,
+		Exec:         true,
+		FSIsolation:  fsisolation.Image,
+		MountConfigs: drivers.MountConfigSupportAll,
+		NetIsolationModes: []drivers.NetIsolationMode{
+			drivers.NetIsolationModeHost,
+			drivers.NetIsolationModeTask,
+		},
+	}
+
+	idUnsafe = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
+)
+
+// Config is the plugin block of the Nomad client configuration.
+type Config struct {
+	Address       string `codec:"address"`
+	Namespace     string `codec:"namespace"`
+	Snapshotter   string `codec:"snapshotter"`
+	Runtime       string `codec:"runtime"`
+	WorkspaceRoot string `codec:"workspace_root"`
+}
+
+// TaskConfig is a task's config block.
+type TaskConfig struct {
+	Image       string   `codec:"image"`
+	Command     string   `codec:"command"`
+	Args        []string `codec:"args"`
+	UID         int      `codec:"uid"`
+	GID         int      `codec:"gid"`
+	CPUMillis   int      `codec:"cpu_millis"`
+	PidsLimit   int      `codec:"pids_limit"`
+	HostNetwork bool     `codec:"host_network"`
+	Hostname    string   `codec:"hostname"`
+	Workspace   string   `codec:"workspace"`
+}
+
+// TaskState is what Nomad keeps for RecoverTask.
+type TaskState struct {
+	ContainerID string
+	Workspace   string
+	StartedAt   time.Time
+}
+
+type Driver struct {
+	ctx     context.Context
+	logger  log.Logger
+	eventer *eventer.Eventer
+	config  Config
+
+	mu     sync.Mutex
+	client *containerd.Client
+	tasks  map[string]*taskHandle
+	ooms   map[string]int // container id -> OOM events seen
+}
+
+func NewDriver(ctx context.Context, logger log.Logger) *Driver {
+	logger = logger.Named(pluginName)
+	return &Driver{
+		ctx:     ctx,
+		logger:  logger,
+		eventer: eventer.NewEventer(ctx, logger),
+		tasks:   map[string]*taskHandle{},
+		ooms:    map[string]int{},
+	}
+}
+
+func (d *Driver) PluginInfo() (*base.PluginInfoResponse, error) { return pluginInfo, nil }
+func (d *Driver) ConfigSchema() (*hclspec.Spec, error)           { return configSpec, nil }
+func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error)       { return taskConfigSpec, nil }
+func (d *Driver) Capabilities() (*drivers.Capabilities, error)   { return capabilities, nil }
+
+func (d *Driver) SetConfig(cfg *base.Config) error {
+	var config Config
+	if len(cfg.PluginConfig) != 0 {
+		if err := base.MsgPackDecode(cfg.PluginConfig, &config); err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	d.config = config
+	d.mu.Unlock()
+	return nil
+}
+
+// nsCtx is a context in the plugin's containerd namespace.
+func (d *Driver) nsCtx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, d.config.Namespace)
+}
+
+func (d *Driver) getClient() (*containerd.Client, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.client != nil {
+		return d.client, nil
+	}
+	client, err := containerd.New(d.config.Address, containerd.WithDefaultNamespace(d.config.Namespace),
+		containerd.WithTimeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to containerd at %s: %w", d.config.Address, err)
+	}
+	d.client = client
+	go d.watchOOM(client)
+	return client, nil
+}
+
+// watchOOM counts containerd's OOM events per container.
+func (d *Driver) watchOOM(client *containerd.Client) {
+	for {
+		msgs, errs := client.Subscribe(d.ctx, `topic=="/tasks/oom"`)
+	loop:
+		for {
+			select {
+			case <-d.ctx.Done():
+				return
+			case err := <-errs:
+				d.logger.Warn("containerd event stream ended; resubscribing", "error", err)
+				break loop
+			case env := <-msgs:
+				if env == nil || env.Event == nil {
+					continue
+				}
+				ev, err := typeurl.UnmarshalAny(env.Event)
+				if err != nil {
+					continue
+				}
+				if oom, ok := ev.(*apievents.TaskOOM); ok {
+					d.mu.Lock()
+					d.ooms[oom.ContainerID]++
+					d.mu.Unlock()
+				}
+			}
+		}
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (d *Driver) oomCount(containerID string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ooms[containerID]
+}
+
+// -- fingerprint ---------------------------------------------------------------------
+
+func (d *Driver) Fingerprint(ctx context.Context) (<-chan *drivers.Fingerprint, error) {
+	ch := make(chan *drivers.Fingerprint)
+	go func() {
+		defer close(ch)
+		timer := time.NewTimer(0)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.ctx.Done():
+				return
+			case <-timer.C:
+				timer.Reset(fingerprintPeriod)
+				select {
+				case ch <- d.fingerprint():
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return ch, nil
+}
+
+func (d *Driver) fingerprint() *drivers.Fingerprint {
+	client, err := d.getClient()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(d.nsCtx(d.ctx), 5*time.Second)
+		defer cancel()
+		var v containerd.Version
+		if v, err = client.Version(ctx); err == nil {
+			return &drivers.Fingerprint{
+				Health:            drivers.HealthStateHealthy,
+				HealthDescription: drivers.DriverHealthy,
+				Attributes: map[string]*pstructs.Attribute{
+					"driver." + pluginName:                      pstructs.NewBoolAttribute(true),
+					"driver." + pluginName + ".containerd":      pstructs.NewStringAttribute(v.Version),
+					"driver." + pluginName + ".plugin_version": pstructs.NewStringAttribute(pluginVersion),
+				},
+			}
+		}
+	}
+	return &drivers.Fingerprint{Health: drivers.HealthStateUnhealthy, HealthDescription: err.Error()}
+}
+
+// -- start ---------------------------------------------------------------------------
+
+func containerID(cfg *drivers.TaskConfig) string {
+	return idUnsafe.ReplaceAllString(cfg.Name, "_") + "-" + cfg.AllocID
+}
+
+func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	if _, ok := d.getTask(cfg.ID); ok {
+		return nil, nil, fmt.Errorf("task with ID %q already started", cfg.ID)
+	}
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, nil, fmt.Errorf("failed to decode driver config: %v", err)
+	}
+	client, err := d.getClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx := d.nsCtx(d.ctx)
+	image, err := d.ensureImage(ctx, client, tc.Image)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	id := containerID(cfg)
+	workspaceHost := ""
+	var mounts []specs.Mount
+	if tc.Workspace != "" {
+		workspaceHost = filepath.Join(d.config.WorkspaceRoot, cfg.AllocID)
+		if err := os.MkdirAll(workspaceHost, 0o755); err != nil {
+			return nil, nil, fmt.Errorf("workspace: %v", err)
+		}
+		if err := os.Chown(workspaceHost, tc.UID, gidOf(tc)); err != nil {
+			return nil, nil, fmt.Errorf("workspace: %v", err)
+		}
+		mounts = append(mounts, bind(workspaceHost, tc.Workspace, false))
+	}
+	for _, m := range cfg.Mounts {
+		mounts = append(mounts, bind(m.HostPath, m.TaskPath, m.Readonly))
+	}
+	if dir := cfg.TaskDir(); dir != nil {
+		mounts = append(mounts,
+			bind(dir.SharedAllocDir, "/alloc", false),
+			bind(dir.LocalDir, "/local", false),
+			bind(dir.SecretsDir, "/secrets", false))
+	}
+
+	env := make([]string, 0, len(cfg.Env))
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	opts := []oci.SpecOpts{
+		oci.WithImageConfig(image),
+		oci.WithEnv(env),
+		oci.WithUIDGID(uint32(tc.UID), uint32(gidOf(tc))),
+		oci.WithNoNewPrivileges,
+		oci.WithCapabilities(nil),
+		oci.WithAmbientCapabilities(nil),
+		seccomp.WithDefaultProfile(),
+		oci.WithMounts(mounts),
+		oci.WithHostname(firstNonEmpty(tc.Hostname, "sandbox")),
+	}
+	if tc.Command != "" {
+		opts = append(opts, oci.WithProcessArgs(append([]string{tc.Command}, tc.Args...)...))
+	}
+	if tc.Workspace != "" {
+		opts = append(opts, oci.WithProcessCwd(tc.Workspace))
+	}
+	if tc.HostNetwork {
+		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostResolvconf, oci.WithHostHostsFile)
+	}
+	if lr := cfg.Resources; lr != nil && lr.LinuxResources != nil && lr.LinuxResources.MemoryLimitBytes > 0 {
+		limit := uint64(lr.LinuxResources.MemoryLimitBytes)
+		opts = append(opts, oci.WithMemoryLimit(limit), withMemorySwap(int64(limit)))
+	}
+	if tc.CPUMillis > 0 {
+		const period = 100000
+		opts = append(opts, oci.WithCPUCFS(int64(tc.CPUMillis)*period/1000, period))
+	}
+	if tc.PidsLimit > 0 {
+		opts = append(opts, oci.WithPidsLimit(int64(tc.PidsLimit)))
+	}
+
+	// A container left by an earlier attempt of this very task would block the name.
+	if old, err := client.LoadContainer(ctx, id); err == nil {
+		d.deleteContainer(ctx, old)
+	}
+	container, err := client.NewContainer(ctx, id,
+		containerd.WithImage(image),
+		containerd.WithSnapshotter(d.config.Snapshotter),
+		containerd.WithNewSnapshot(id, image),
+		containerd.WithRuntime(d.config.Runtime, nil),
+		containerd.WithNewSpec(opts...),
+	)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating container %s: %v", id, err)
+	}
+	logPath := filepath.Join(cfg.TaskDir().LogDir, "container.log")
+	task, err := container.NewTask(ctx, cio.LogFile(logPath))
+	if err != nil {
+		d.deleteContainer(ctx, container)
+		return nil, nil, fmt.Errorf("creating task %s: %v", id, err)
+	}
+	h := newTaskHandle(d, cfg, container, task, workspaceHost)
+	exitC, err := task.Wait(ctx)
+	if err != nil {
+		d.deleteContainer(ctx, container)
+		return nil, nil, fmt.Errorf("waiting on task %s: %v", id, err)
+	}
+	if err := task.Start(ctx); err != nil {
+		d.deleteContainer(ctx, container)
+		return nil, nil, fmt.Errorf("starting task %s: %v", id, err)
+	}
+	handle := drivers.NewTaskHandle(taskHandleVersion)
+	handle.Config = cfg
+	state := TaskState{ContainerID: id, Workspace: workspaceHost, StartedAt: h.startedAt}
+	if err := handle.SetDriverState(&state); err != nil {
+		d.deleteContainer(ctx, container)
+		return nil, nil, fmt.Errorf("saving driver state: %v", err)
+	}
+	d.setTask(cfg.ID, h)
+	go h.watch(exitC)
+	return handle, nil, nil
+}
+
+func gidOf(tc TaskConfig) int {
+	if tc.GID != 0 {
+		return tc.GID
+	}
+	return tc.UID
+}
+
+func firstNonEmpty(values ...string) string {
+	for _, v := range values {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func bind(src, dst string, readonly bool) specs.Mount {
+	options := []string{"rbind", "rprivate", "nosuid", "nodev"}
+	if readonly {
+		options = append(options, "ro")
+	} else {
+		options = append(options, "rw")
+	}
+	return specs.Mount{Type: "bind", Source: src, Destination: dst, Options: options}
+}
+
+// withMemorySwap makes the memory limit include swap, so a limit is a limit.
+func withMemorySwap(limit int64) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		if s.Linux != nil && s.Linux.Resources != nil && s.Linux.Resources.Memory != nil {
+			s.Linux.Resources.Memory.Swap = &limit
+		}
+		return nil
+	}
+}
+
+func (d *Driver) ensureImage(ctx context.Context, client *containerd.Client, ref string) (containerd.Image, error) {
+	image, err := client.GetImage(ctx, ref)
+	if err == nil {
+		unpacked, uerr := image.IsUnpacked(ctx, d.config.Snapshotter)
+		if uerr == nil && unpacked {
+			return image, nil
+		}
+		if uerr == nil {
+			if err := image.Unpack(ctx, d.config.Snapshotter); err != nil {
+				return nil, fmt.Errorf("unpacking image %s: %v", ref, err)
+			}
+			return image, nil
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("looking up image %s: %v", ref, err)
+	}
+	resolver := docker.NewResolver(docker.ResolverOptions{
+		Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost)),
+	})
+	started := time.Now()
+	image, err = client.Pull(ctx, ref, containerd.WithPullUnpack,
+		containerd.WithPullSnapshotter(d.config.Snapshotter), containerd.WithResolver(resolver))
+	if err != nil {
+		return nil, fmt.Errorf("pulling image %s: %v", ref, err)
+	}
+	d.logger.Info("pulled image", "ref", ref, "took", time.Since(started))
+	return image, nil
+}
+
+func (d *Driver) deleteContainer(ctx context.Context, c containerd.Container) {
+	if task, err := c.Task(ctx, nil); err == nil {
+		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			d.logger.Warn("deleting task", "id", c.ID(), "error", err)
+		}
+	}
+	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		d.logger.Warn("deleting container", "id", c.ID(), "error", err)
+	}
+}
+
+// -- recover, wait, stop, destroy -------------------------------------------------------
+
+func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
+	if handle == nil {
+		return fmt.Errorf("handle cannot be nil")
+	}
+	if _, ok := d.getTask(handle.Config.ID); ok {
+		return nil
+	}
+	var state TaskState
+	if err := handle.GetDriverState(&state); err != nil {
+		return fmt.Errorf("decoding task state: %v", err)
+	}
+	client, err := d.getClient()
+	if err != nil {
+		return err
+	}
+	ctx := d.nsCtx(d.ctx)
+	container, err := client.LoadContainer(ctx, state.ContainerID)
+	if err != nil {
+		return fmt.Errorf("loading container %s: %v", state.ContainerID, err)
+	}
+	task, err := container.Task(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("loading task of container %s: %v", state.ContainerID, err)
+	}
+	h := newTaskHandle(d, handle.Config, container, task, state.Workspace)
+	h.startedAt = state.StartedAt
+	exitC, err := task.Wait(ctx)
+	if err != nil {
+		return fmt.Errorf("waiting on task %s: %v", state.ContainerID, err)
+	}
+	d.setTask(handle.Config.ID, h)
+	go h.watch(exitC)
+	return nil
+}
+
+func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.ExitResult, error) {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	ch := make(chan *drivers.ExitResult)
+	go func() {
+		defer close(ch)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.ctx.Done():
+			return
+		case <-h.done:
+		}
+		select {
+		case <-ctx.Done():
+		case <-d.ctx.Done():
+		case ch <- h.result():
+		}
+	}()
+	return ch, nil
+}
+
+func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) error {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	sig := syscall.SIGTERM
+	if s, ok := signalByName(signal); ok {
+		sig = s
+	}
+	ctx := d.nsCtx(d.ctx)
+	if err := h.task.Kill(ctx, sig); err != nil && !errdefs.IsNotFound(err) {
+		d.logger.Warn("signalling task", "id", h.container.ID(), "error", err)
+	}
+	select {
+	case <-h.done:
+		return nil
+	case <-time.After(timeout):
+	}
+	if err := h.task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("killing task: %v", err)
+	}
+	select {
+	case <-h.done:
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("task %s did not exit after SIGKILL", h.container.ID())
+	}
+	return nil
+}
+
+func (d *Driver) DestroyTask(taskID string, force bool) error {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if h.running() && !force {
+		return fmt.Errorf("cannot destroy running task")
+	}
+	ctx := d.nsCtx(d.ctx)
+	d.deleteContainer(ctx, h.container)
+	if h.workspace != "" && strings.HasPrefix(h.workspace, d.config.WorkspaceRoot+"/") {
+		if err := os.RemoveAll(h.workspace); err != nil {
+			d.logger.Warn("removing workspace", "path", h.workspace, "error", err)
+		}
+	}
+	d.mu.Lock()
+	delete(d.tasks, taskID)
+	delete(d.ooms, h.container.ID())
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *Driver) InspectTask(taskID string) (*drivers.TaskStatus, error) {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	return h.status(), nil
+}
+
+func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *cstructs.TaskResourceUsage, error) {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	ch := make(chan *cstructs.TaskResourceUsage)
+	go h.stats(ctx, interval, ch)
+	return ch, nil
+}
+
+func (d *Driver) TaskEvents(ctx context.Context) (<-chan *drivers.TaskEvent, error) {
+	return d.eventer.TaskEvents(ctx)
+}
+
+func (d *Driver) SignalTask(taskID string, signal string) error {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	sig, ok := signalByName(signal)
+	if !ok {
+		return fmt.Errorf("unknown signal %q", signal)
+	}
+	return h.task.Kill(d.nsCtx(d.ctx), sig)
+}
+
+// ExecTask runs a command to completion (script checks).
+func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*drivers.ExecTaskResult, error) {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, timeout)
+	defer cancel()
+	var stdout, stderr limitedBuffer
+	result, err := h.exec(ctx, cmd, nil, &stdout, &stderr)
+	if err != nil {
+		return nil, err
+	}
+	return &drivers.ExecTaskResult{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), ExitResult: result}, nil
+}
+
+// ExecTaskStreaming is what Nomad's alloc exec API (/v1/client/allocation/:id/exec) calls.
+func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *drivers.ExecOptions) (*drivers.ExitResult, error) {
+	h, ok := d.getTask(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	if opts.Tty {
+		return nil, fmt.Errorf("%s: tty exec is not supported", pluginName)
+	}
+	return h.exec(ctx, opts.Command, opts.Stdin, opts.Stdout, opts.Stderr)
+}
+
+func (d *Driver) getTask(id string) (*taskHandle, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	h, ok := d.tasks[id]
+	return h, ok
+}
+
+func (d *Driver) setTask(id string, h *taskHandle) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.tasks[id] = h
+}
+
+// execEnvelopeSpec is the optional first part of an exec command.
+type execEnvelopeSpec struct {
+	Env []string `json:"env"`
+	Cwd string   `json:"cwd"`
+}
+
+func parseEnvelope(cmd []string) (*execEnvelopeSpec, []string, error) {
+	if len(cmd) < 2 || cmd[0] != execEnvelope {
+		return nil, cmd, nil
+	}
+	var env execEnvelopeSpec
+	if err := json.Unmarshal([]byte(cmd[1]), &env); err != nil {
+		return nil, nil, fmt.Errorf("bad %s envelope: %v", execEnvelope, err)
+	}
+	return &env, cmd[2:], nil
+}

@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/errdefs"
+	cstructs "github.com/hashicorp/nomad/client/structs"
+	"github.com/hashicorp/nomad/plugins/drivers"
+)
+
+type taskHandle struct {
+	d         *Driver
+	cfg       *drivers.TaskConfig
+	container containerd.Container
+	task      containerd.Task
+	workspace string
+	startedAt time.Time
+
+	mu          sync.Mutex
+	state       drivers.TaskState
+	exitResult  *drivers.ExitResult
+	completedAt time.Time
+	done        chan struct{}
+	execSeq     int
+}
+
+func newTaskHandle(d *Driver, cfg *drivers.TaskConfig, c containerd.Container, t containerd.Task, workspace string) *taskHandle {
+	return &taskHandle{
+		d: d, cfg: cfg, container: c, task: t, workspace: workspace,
+		startedAt: time.Now().Round(time.Millisecond),
+		state:     drivers.TaskStateRunning,
+		done:      make(chan struct{}),
+	}
+}
+
+func (h *taskHandle) watch(exitC <-chan containerd.ExitStatus) {
+	status := <-exitC
+	code, _, err := status.Result()
+	result := &drivers.ExitResult{ExitCode: int(code), Err: err}
+	if code > 128 && code < 160 {
+		result.Signal = int(code) - 128
+	}
+	if h.d.oomCount(h.container.ID()) > 0 {
+		result.OOMKilled = true
+	}
+	h.mu.Lock()
+	h.state = drivers.TaskStateExited
+	h.exitResult = result
+	h.completedAt = time.Now()
+	h.mu.Unlock()
+	close(h.done)
+}
+
+func (h *taskHandle) running() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state == drivers.TaskStateRunning
+}
+
+func (h *taskHandle) result() *drivers.ExitResult {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.exitResult.Copy()
+}
+
+func (h *taskHandle) status() *drivers.TaskStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return &drivers.TaskStatus{
+		ID:          h.cfg.ID,
+		Name:        h.cfg.Name,
+		State:       h.state,
+		StartedAt:   h.startedAt,
+		CompletedAt: h.completedAt,
+		ExitResult:  h.exitResult.Copy(),
+		DriverAttributes: map[string]string{
+			"container_id": h.container.ID(),
+		},
+	}
+}
+
+// stats reports the container's memory use from its cgroup (v1 or v2) so Nomad's
+// allocation stats are meaningful; CPU is left to Nomad's defaults.
+func (h *taskHandle) stats(ctx context.Context, interval time.Duration, ch chan<- *cstructs.TaskResourceUsage) {
+	defer close(ch)
+	timer := time.NewTimer(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.done:
+			return
+		case <-timer.C:
+			timer.Reset(interval)
+		}
+		usage := &cstructs.TaskResourceUsage{
+			ResourceUsage: &cstructs.ResourceUsage{
+				MemoryStats: &cstructs.MemoryStats{Measured: []string{"Usage"}},
+				CpuStats:    &cstructs.CpuStats{},
+			},
+			Timestamp: time.Now().UTC().UnixNano(),
+		}
+		if used, ok := h.memoryUsage(); ok {
+			usage.ResourceUsage.MemoryStats.Usage = used
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case ch <- usage:
+		}
+	}
+}
+
+func (h *taskHandle) memoryUsage() (uint64, bool) {
+	ns := h.d.config.Namespace
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", ns, h.container.ID(), "memory.usage_in_bytes"),
+		filepath.Join("/sys/fs/cgroup", ns, h.container.ID(), "memory.current"),
+	} {
+		if b, err := os.ReadFile(p); err == nil {
+			if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+				return v, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// exec runs a process in the container and returns its exit. Cancelling ctx kills the
+// process and its descendants; the result is then an exit by SIGKILL.
+func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader, stdout, stderr io.Writer) (*drivers.ExitResult, error) {
+	envelope, argv, err := parseEnvelope(command)
+	if err != nil {
+		return nil, err
+	}
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("empty command")
+	}
+	nsctx := h.d.nsCtx(context.Background()) // outlives ctx: cleanup must run after a cancel
+	spec, err := h.container.Spec(nsctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading container spec: %v", err)
+	}
+	pspec := *spec.Process
+	pspec.Terminal = false
+	pspec.Args = argv
+	if envelope != nil {
+		pspec.Env = envelope.Env
+		if envelope.Cwd != "" {
+			pspec.Cwd = envelope.Cwd
+		}
+	}
+	h.mu.Lock()
+	h.execSeq++
+	execID := fmt.Sprintf("exec-%d-%d", time.Now().UnixNano(), h.execSeq)
+	h.mu.Unlock()
+
+	// cio closes the process's stdin once our reader hits EOF.
+	if stdin == nil {
+		stdin = bytes.NewReader(nil)
+	}
+	ioCreator := cio.NewCreator(cio.WithStreams(stdin, stdout, stderr))
+	process, err := h.task.Exec(nsctx, execID, &pspec, ioCreator)
+	if err != nil {
+		return nil, fmt.Errorf("creating exec process: %v", err)
+	}
+	defer func() {
+		if _, err := process.Delete(nsctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			h.d.logger.Warn("deleting exec process", "exec", execID, "error", err)
+		}
+	}()
+	exitC, err := process.Wait(nsctx)
+	if err != nil {
+		return nil, fmt.Errorf("waiting on exec process: %v", err)
+	}
+	oomBefore := h.d.oomCount(h.container.ID())
+	if err := process.Start(nsctx); err != nil {
+		msg := err.Error()
+		switch {
+		case strings.Contains(msg, "cwd"):
+			return nil, fmt.Errorf("working directory %s does not exist or is not a directory", pspec.Cwd)
+		case strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory"):
+			fmt.Fprintf(stderr, "%s: command not found\n", argv[0])
+			return &drivers.ExitResult{ExitCode: 127}, nil
+		case strings.Contains(msg, "permission denied"):
+			fmt.Fprintf(stderr, "%s: permission denied\n", argv[0])
+			return &drivers.ExitResult{ExitCode: 126}, nil
+		}
+		return nil, fmt.Errorf("starting exec process: %v", err)
+	}
+	pid := int(process.Pid())
+
+	var status containerd.ExitStatus
+	select {
+	case status = <-exitC:
+	case <-ctx.Done():
+		killTree(pid)
+		_ = process.Kill(nsctx, syscall.SIGKILL)
+		status = <-exitC
+		killTree(pid) // children that were forking while we looked
+	}
+	// Output already written sits in the fifos; background children may hold them
+	// open for ever, so stop after a short grace.
+	drained := make(chan struct{})
+	go func() { process.IO().Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(drainGrace):
+		process.IO().Cancel()
+	}
+	code, _, err := status.Result()
+	if err != nil {
+		return nil, err
+	}
+	result := &drivers.ExitResult{ExitCode: int(code)}
+	if code > 128 && code < 160 {
+		result.Signal = int(code) - 128
+	}
+	if code == 137 && h.d.oomCount(h.container.ID()) > oomBefore {
+		result.OOMKilled = true
+	}
+	return result, nil
+}
+
+// killTree SIGKILLs pid's descendants (host pids, read from /proc), then pid.
+func killTree(pid int) {
+	if pid <= 0 {
+		return
+	}
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(fields[1])
+		children[ppid] = append(children[ppid], p)
+	}
+	var victims []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		victims = append(victims, p)
+		queue = append(queue, children[p]...)
+	}
+	for i := len(victims) - 1; i >= 0; i-- {
+		_ = syscall.Kill(victims[i], syscall.SIGKILL)
+	}
+}
+
+var signals = map[string]syscall.Signal{
+	"SIGHUP": syscall.SIGHUP, "SIGINT": syscall.SIGINT, "SIGQUIT": syscall.SIGQUIT,
+	"SIGKILL": syscall.SIGKILL, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
+	"SIGTERM": syscall.SIGTERM, "SIGSTOP": syscall.SIGSTOP, "SIGCONT": syscall.SIGCONT,
+}
+
+func signalByName(name string) (syscall.Signal, bool) {
+	name = strings.ToUpper(name)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	s, ok := signals[name]
+	return s, ok
+}
+
+// limitedBuffer keeps the first 1 MiB written to it (script check output).
+type limitedBuffer struct{ bytes.Buffer }
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if room := 1<<20 - b.Len(); room > 0 {
+		if len(p) > room {
+			b.Buffer.Write(p[:room])
+		} else {
+			b.Buffer.Write(p)
+		}
+	}
+	return len(p), nil
+}
