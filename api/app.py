@@ -91,7 +91,13 @@ def make_store(config: Config) -> ProjectionStore:
         from projections.memory import MemoryProjectionStore
 
         return MemoryProjectionStore()
-    raise InvalidInput(f"store: unsupported store {config.store!r}; expected memory", field="store")
+    if config.store.startswith(("postgresql://", "postgres://")):
+        from projections.postgres import PostgresProjectionStore
+
+        return PostgresProjectionStore(config.store)
+    raise InvalidInput(
+        f"store: unsupported store {config.store!r}; expected memory or postgresql://…", field="store"
+    )
 
 
 def _stream_secret(data_dir: Path) -> bytes:

@@ -18,17 +18,26 @@ from core.events import (
 from core.models import ExecutionStatus, Mode, SandboxSpec, SandboxStatus
 from projections.base import ProjectionStore, SandboxQuery
 from projections.memory import MemoryProjectionStore
+from projections.postgres import PostgresProjectionStore
+from tests.services import drop_database, fresh_database
 
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "postgres"]
 
 
 @pytest.fixture(params=BACKENDS)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[ProjectionStore]:
-    s: ProjectionStore = MemoryProjectionStore()
+    database = None
+    if request.param == "postgres":
+        url, database = await fresh_database("store")
+        s: ProjectionStore = PostgresProjectionStore(url)
+    else:
+        s = MemoryProjectionStore()
     await s.start()
     await s.reset()
     yield s
     await s.close()
+    if database:
+        await drop_database(database)
 
 
 class Log:

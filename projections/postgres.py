@@ -1,0 +1,336 @@
+"""The production projection store: PostgreSQL through asyncpg.
+
+Exactly once: ``apply`` runs in one transaction that locks the tracked log position
+(``projection_position``), skips every event at or below it, folds the rest with the
+shared ``projections.base.fold`` and writes the changed rows together with the new
+position. A crash (of this process or of PostgreSQL) before the commit loses the
+whole batch and its position, so it is applied again; after the commit, both are
+there, so it is skipped. Several projectors may share one database (an in-process
+projector in each API process, or ``hutch projector``): the row lock serialises them
+and each skips what another already applied.
+
+Each transaction commits with a ``NOTIFY hutch_projection, '<position>'``; a process
+that does not run a projector itself can ``wait_for`` a position without polling.
+
+Schema changes are numbered SQL files in ``projections/migrations/``, applied in order
+at start under an advisory lock and recorded in ``schema_migrations``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from core.errors import HutchError, InvalidInput
+from core.events import Event
+from core.lifecycle import execution_id_of
+from core.models import Execution, Sandbox, SandboxStatus
+from core.serde import converter
+from projections.base import ProjectionStore, SandboxQuery, fold
+
+log = logging.getLogger(__name__)
+
+PROJECTION = "state"
+NOTIFY_CHANNEL = "hutch_projection"
+_MIGRATION_LOCK = 0x68757463  # "hutc": one advisory-lock key for every hutch migration run
+# Events per transaction when applying a backlog (a rebuild, a projector catching up).
+APPLY_CHUNK = 500
+_SORT = {
+    "createdAt": "created_at",
+    "updatedAt": "updated_at",
+    "name": "COALESCE(name, '')",
+    "status": "status",
+}
+
+
+class StoreUnavailable(HutchError):
+    status = 503
+    code = "STORE_UNAVAILABLE"
+    retriable = True
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every migration shipped with hutch, oldest first."""
+    found = []
+    for entry in resources.files("projections.migrations").iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:3].isdigit():
+            found.append((int(name[:3]), name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(conn: asyncpg.Connection) -> list[str]:
+    """Apply the migrations this database lacks; returns their names."""
+    applied: list[str] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        for version, name, sql in migrations():
+            if version in done:
+                continue
+            await conn.execute(sql)
+            await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+            applied.append(name)
+    return applied
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (set, frozenset)):  # the converter leaves frozenset[str] fields as they are
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(converter.unstructure(obj), separators=(",", ":"), default=_json_default)
+
+
+def _sandbox(row: asyncpg.Record) -> Sandbox:
+    return converter.structure(json.loads(row["doc"]), Sandbox)
+
+
+def _execution(row: asyncpg.Record) -> Execution:
+    return converter.structure(json.loads(row["doc"]), Execution)
+
+
+class PostgresProjectionStore(ProjectionStore):
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise InvalidInput(f"store: {dsn!r} is not a postgresql:// URL", field="store")
+        self.dsn = dsn
+        self._min_size = min_size
+        self._max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+
+    # ---------------------------------------------------------------- lifetime
+
+    async def start(self) -> None:
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60
+            )
+            async with self._pool.acquire() as conn:
+                for name in await migrate(conn):
+                    log.info("projection store: applied migration %s", name)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
+            await self.close()
+            raise StoreUnavailable(f"cannot open the PostgreSQL projection store: {err}") from err
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), 10)
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
+        if self._pool is None:
+            raise StoreUnavailable("the PostgreSQL projection store is not started")
+        try:
+            async with self._pool.acquire() as conn:
+                yield conn
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                asyncpg.CannotConnectNowError) as err:
+            raise StoreUnavailable(f"PostgreSQL projection store: {err}") from err
+
+    # ---------------------------------------------------------------- writes
+
+    async def position(self) -> int:
+        async with self._conn() as conn:
+            return int(await conn.fetchval("SELECT position FROM projection_position WHERE projection = $1", PROJECTION))
+
+    async def apply(self, events: Sequence[Event]) -> None:
+        for i in range(0, len(events), APPLY_CHUNK):
+            chunk = events[i : i + APPLY_CHUNK]
+            async with self._conn() as conn, conn.transaction():
+                await self._apply_in(conn, chunk)
+
+    async def _apply_in(self, conn: asyncpg.Connection, events: Sequence[Event]) -> int:
+        """Fold ``events`` inside the caller's transaction; returns the new position."""
+        position = int(await conn.fetchval(
+            "SELECT position FROM projection_position WHERE projection = $1 FOR UPDATE", PROJECTION
+        ))
+        todo = []
+        for e in events:
+            assert e.position is not None, "only events read from the log can be applied"
+            if e.position > position:
+                todo.append(e)
+                position = e.position
+        if not todo:
+            return position
+        # The state these events touch: their sandboxes, the executions they name, and the
+        # open executions of their sandboxes (a sandbox-level event can end them).
+        sandbox_ids = sorted({e.sandbox_id for e in todo})
+        exec_ids = sorted({x for e in todo if (x := execution_id_of(e)) is not None})
+        sandboxes = {
+            r["sandbox_id"]: _sandbox(r)
+            for r in await conn.fetch("SELECT sandbox_id, doc FROM sandboxes WHERE sandbox_id = ANY($1)", sandbox_ids)
+        }
+        exec_rows = await conn.fetch(
+            "SELECT execution_id, sandbox_id, seq, doc FROM executions"
+            " WHERE execution_id = ANY($1) OR (sandbox_id = ANY($2) AND NOT is_final) ORDER BY seq",
+            exec_ids, sandbox_ids,
+        )
+        executions = {r["execution_id"]: _execution(r) for r in exec_rows}
+        seqs = {r["execution_id"]: int(r["seq"]) for r in exec_rows}
+        by_sandbox: dict[str, list[str]] = {}
+        for r in exec_rows:
+            by_sandbox.setdefault(r["sandbox_id"], []).append(r["execution_id"])
+        changed_sb: dict[str, Sandbox] = {}
+        changed_ex: dict[str, Execution] = {}
+        for e in todo:
+            new_sb, new_execs = fold(sandboxes, executions, by_sandbox, e)
+            if new_sb is not None:
+                changed_sb[new_sb.sandbox_id] = new_sb
+            for ex in new_execs:
+                changed_ex[ex.execution_id] = ex
+                seqs.setdefault(ex.execution_id, e.position or 0)
+        if changed_sb:
+            await conn.executemany(
+                "INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, created_at, updated_at, doc)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb)"
+                " ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,"
+                " name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,"
+                " created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc",
+                [
+                    (s.sandbox_id, s.status.value, s.status.is_final, s.spec.name, s.spec.mode.value,
+                     s.spec.project_id, s.created_at, s.updated_at, _dump(s))
+                    for s in changed_sb.values()
+                ],
+            )
+        if changed_ex:
+            await conn.executemany(
+                "INSERT INTO executions (execution_id, sandbox_id, seq, status, is_final, doc)"
+                " VALUES ($1, $2, $3, $4, $5, $6::jsonb)"
+                " ON CONFLICT (execution_id) DO UPDATE SET status = EXCLUDED.status,"
+                " is_final = EXCLUDED.is_final, doc = EXCLUDED.doc",
+                [
+                    (x.execution_id, x.sandbox_id, seqs[x.execution_id], x.status.value, x.status.is_final, _dump(x))
+                    for x in changed_ex.values()
+                ],
+            )
+        await conn.execute(
+            "UPDATE projection_position SET position = $2 WHERE projection = $1", PROJECTION, position
+        )
+        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(position))
+        return position
+
+    async def reset(self) -> None:
+        async with self._conn() as conn, conn.transaction():
+            await self._reset_in(conn)
+
+    async def _reset_in(self, conn: asyncpg.Connection) -> None:
+        await conn.execute("SELECT position FROM projection_position WHERE projection = $1 FOR UPDATE", PROJECTION)
+        # DELETE, not TRUNCATE: readers keep seeing the old rows until the rebuild commits.
+        await conn.execute("DELETE FROM executions")
+        await conn.execute("DELETE FROM sandboxes")
+        await conn.execute("UPDATE projection_position SET position = 0 WHERE projection = $1", PROJECTION)
+
+    async def rebuild(self, batches: AsyncIterator[Sequence[Event]] | Iterable[Sequence[Event]]) -> int:
+        """Reset and replay in one transaction: readers see the old state until the new one is
+        complete, and a projector running meanwhile waits on the position lock, then carries
+        on from the rebuilt position. Returns that position."""
+        position = 0
+        async with self._conn() as conn, conn.transaction():
+            await self._reset_in(conn)
+            if hasattr(batches, "__aiter__"):
+                async for batch in batches:  # type: ignore[union-attr]
+                    position = await self._apply_in(conn, batch)
+            else:
+                for batch in batches:  # type: ignore[union-attr]
+                    position = await self._apply_in(conn, batch)
+        return position
+
+    # ---------------------------------------------------------------- reads
+
+    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
+        async with self._conn() as conn:
+            row = await conn.fetchrow("SELECT doc FROM sandboxes WHERE sandbox_id = $1", sandbox_id)
+        return _sandbox(row) if row else None
+
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+        where, args = _where(query)
+        sort = _SORT.get(query.sort, _SORT["createdAt"])
+        direction = "DESC" if query.direction == "desc" else "ASC"
+        sql_where = (" WHERE " + " AND ".join(where)) if where else ""
+        async with self._conn() as conn:
+            total = int(await conn.fetchval(f"SELECT count(*) FROM sandboxes{sql_where}", *args))
+            rows = await conn.fetch(
+                f"SELECT doc FROM sandboxes{sql_where} ORDER BY {sort} {direction}, sandbox_id {direction}"
+                f" LIMIT ${len(args) + 1} OFFSET ${len(args) + 2}",
+                *args, query.limit, query.offset,
+            )
+        return [_sandbox(r) for r in rows], total
+
+    async def get_execution(self, execution_id: str) -> Execution | None:
+        async with self._conn() as conn:
+            row = await conn.fetchrow("SELECT doc FROM executions WHERE execution_id = $1", execution_id)
+        return _execution(row) if row else None
+
+    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                "SELECT doc FROM executions WHERE sandbox_id = $1 ORDER BY seq DESC LIMIT $2", sandbox_id, limit
+            )
+        return [_execution(r) for r in rows]
+
+    # ---------------------------------------------------------------- waiting
+
+    async def wait_for(self, position: int, timeout: float) -> None:
+        """Return once the store applied ``position`` (for a process whose projector runs elsewhere)."""
+        if self._pool is None:
+            raise StoreUnavailable("the PostgreSQL projection store is not started")
+        advanced = asyncio.Event()
+
+        def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            if int(payload) >= position:
+                advanced.set()
+
+        async with self._conn() as conn:
+            await conn.add_listener(NOTIFY_CHANNEL, on_notify)
+            try:
+                if int(await conn.fetchval(
+                    "SELECT position FROM projection_position WHERE projection = $1", PROJECTION
+                )) >= position:
+                    return
+                await asyncio.wait_for(advanced.wait(), timeout)
+            finally:
+                await conn.remove_listener(NOTIFY_CHANNEL, on_notify)
+
+
+def _where(q: SandboxQuery) -> tuple[list[str], list[Any]]:
+    """The filters of ``projections.base.matches``, in SQL."""
+    where: list[str] = []
+    args: list[Any] = []
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if q.deleted_only:
+        where.append(f"status = {arg(SandboxStatus.DELETED.value)}")
+    elif not q.include_deleted and q.status != "deleted":
+        where.append(f"status <> {arg(SandboxStatus.DELETED.value)}")
+    if q.status:
+        where.append(f"status = {arg(q.status)}")
+    if q.live is True:
+        where.append("NOT is_final")
+    elif q.live is False:
+        where.append("is_final")
+    if q.name:
+        where.append(f"name = {arg(q.name)}")
+    if q.mode:
+        where.append(f"mode = {arg(q.mode)}")
+    if q.project_id:
+        where.append(f"project_id = {arg(q.project_id)}")
+    return where, args
