@@ -5,6 +5,14 @@ dir, so two servers on a host never touch each other's sandboxes); its leaves ar
 pid 1) and one ``x-<execution>`` per execution, so a timeout or cancel can kill exactly
 the processes an execution started, background children included, and nothing else.
 Leaves only, because cgroup v2 forbids processes in inner nodes.
+
+On v1 an execution gets its own leaf only where it must: the freezer (kill exactly its
+tree) and memory (its OOM kills are counted there); in cpu and pids it joins the
+sandbox's ``init`` leaf, under the same sandbox-level limits. Processes join through
+v1's ``tasks`` file with "0" (the calling thread, which is the whole process: the
+helper is single-threaded): unlike ``cgroup.procs`` that migration skips the
+threadgroup rwsem, whose write side waits for an RCU grace period (measured here:
+~6 ms per join).
 """
 
 from __future__ import annotations
@@ -18,9 +26,11 @@ import signal
 import time
 from pathlib import Path
 
-from core.errors import DriverFailure
+from core.errors import DriverFailure, NotSupported
 
 PARENT = "hutch"
+# v1 hierarchies where each execution gets its own leaf (see the module docstring).
+LEAF_CONTROLLERS_V1 = frozenset({"freezer", "memory"})
 CFS_PERIOD_US = 100_000
 
 
@@ -103,8 +113,14 @@ class Cgroups(abc.ABC):
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None: ...
 
     @abc.abstractmethod
+    def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def rename(self, old: str, new: str) -> None: ...
+
+    @abc.abstractmethod
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
-        """Make a leaf and return the ``cgroup.procs`` files a process writes to join it."""
+        """Make a leaf and return the files a process writes "0" to, to join it."""
 
     @abc.abstractmethod
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]: ...
@@ -128,7 +144,7 @@ class Cgroups(abc.ABC):
         cgroup runs between our listing its processes and killing them.
         """
         path = self.paths(sandbox, leaf)[0]
-        if not path.exists():
+        if not _pids(path):  # also when the cgroup is gone
             return
         # In a thread: freezing polls the freezer state, which must not block the event loop.
         await asyncio.to_thread(self._kill_sync, sandbox, path, deadline)
@@ -184,6 +200,9 @@ class CgroupV1(Cgroups):
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         for path in self.paths(sandbox):
             path.mkdir(exist_ok=True)
+        self.set_limits(sandbox, memory=memory, cpu_millis=cpu_millis, pids=pids)
+
+    def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
         if memory and "memory" in base:
             _write(base["memory"] / "memory.limit_in_bytes", str(memory))
@@ -196,11 +215,27 @@ class CgroupV1(Cgroups):
         if pids and "pids" in base:
             _write(base["pids"] / "pids.max", str(pids))
 
+    def rename(self, old: str, new: str) -> None:
+        """Rename a sandbox's cgroups (v1 allows it among siblings; live processes follow)."""
+        done: list[tuple[Path, Path]] = []
+        try:
+            for src in self.paths(old):
+                dst = src.with_name(new)
+                os.rename(src, dst)
+                done.append((src, dst))
+        except BaseException:
+            for src, dst in reversed(done):
+                with contextlib.suppress(OSError):
+                    os.rename(dst, src)
+            raise
+
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         out = []
-        for path in self.paths(sandbox, leaf):
+        for c, path in zip(self._order, self.paths(sandbox, leaf), strict=True):
+            if c not in LEAF_CONTROLLERS_V1 and leaf != "init":
+                path = path.parent / "init"  # under the sandbox's limits, no leaf of its own
             path.mkdir(exist_ok=True)
-            out.append(path / "cgroup.procs")
+            out.append(path / "tasks")
         return out
 
     def oom_kills(self, sandbox: str, leaf: str) -> int:
@@ -266,6 +301,10 @@ class CgroupV2(Cgroups):
         path = self.paths(sandbox)[0]
         path.mkdir(exist_ok=True)
         self._enable(path)
+        self.set_limits(sandbox, memory=memory, cpu_millis=cpu_millis, pids=pids)
+
+    def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
+        path = self.paths(sandbox)[0]
         if memory and "memory" in self.controllers:
             _write(path / "memory.max", str(memory))
             with contextlib.suppress(OSError):
@@ -274,6 +313,9 @@ class CgroupV2(Cgroups):
             _write(path / "cpu.max", f"{max(1000, cpu_millis * CFS_PERIOD_US // 1000)} {CFS_PERIOD_US}")
         if pids and "pids" in self.controllers:
             _write(path / "pids.max", str(pids))
+
+    def rename(self, old: str, new: str) -> None:
+        raise NotSupported("cgroup v2 cannot rename a cgroup")
 
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         path = self.paths(sandbox, leaf)[0]

@@ -192,10 +192,9 @@ static void drop_privileges(uid_t uid, gid_t gid)
 
 static int mode_launch(struct opts *o)
 {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%d\n", getpid());
+    /* "0": this (single-threaded) process. See cgroups.py for why not our pid. */
     for (int i = 0; i < o->n_cgroups; i++)
-        write_str(o->cgroups[i], buf);
+        write_str(o->cgroups[i], "0");
     /* The sandbox's anchor should outlive any OOM inside the sandbox. Best effort:
      * lowering needs CAP_SYS_RESOURCE, which some hosts withhold even from root. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
