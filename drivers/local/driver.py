@@ -21,6 +21,17 @@ An execution returns when its command exits, even if background children it star
 still hold stdout (they keep running: processes persist between executions like
 files do; only a timeout, a cancel or destroy kills them). ``pause`` freezes the
 sandbox's cgroup. Needs root; network access is not offered yet (``NotSupported``).
+
+Warm pool: for each runtime it has provisioned, the driver keeps ``HUTCH_WARM_POOL``
+(default 2; 0 turns it off) idle sandboxes started ahead of time, refilled in the
+background one at a time. ``provision`` claims one when it can: the sandbox's directory
+and cgroups are renamed to the requested id (same parent, so nothing moves), the
+requested limits are written to its cgroup, the uid claim and ``meta.json`` follow the
+new id. No command has ever run in a pooled sandbox, so a claimed one is
+indistinguishable from a freshly started one. Pooled sandboxes are named
+``_pool-<server pid>-<its start time>-...`` (never a valid sandbox id): ``alive()`` does
+not see them, ``close()`` destroys them, and a later start reaps those of a server
+that is gone. Needs cgroup v1 (v2 cannot rename cgroups): on v2 the pool stays off.
 """
 
 from __future__ import annotations
@@ -29,11 +40,14 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
+import logging
 import os
 import posixpath
 import pwd
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -63,7 +77,7 @@ from drivers.base import (
     ProvisionRequest,
 )
 from drivers.local import rootfs
-from drivers.local.cgroups import Cgroups
+from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.native import ensure_helper
 
 # Sandbox users are host uids UID_BASE.. (overridable for hosts that use this range).
@@ -80,6 +94,17 @@ READY_TIMEOUT = 15.0
 # reading after this grace instead of waiting for them.
 DRAIN_GRACE = 0.2
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+POOL_PREFIX = "_pool-"
+_POOL_NAME = re.compile(r"^_pool-(\d+)-(\d+)-[0-9a-f]+-\d+$")
+
+log = logging.getLogger(__name__)
+
+
+def _pool_size() -> int:
+    try:
+        return max(0, int(os.environ.get("HUTCH_WARM_POOL", "2")))
+    except ValueError:
+        return 2
 
 
 @attrs.define
@@ -143,6 +168,15 @@ class LocalDriver(Driver):
         self._executions: dict[str, _Execution] = {}
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
         self._locks: dict[str, asyncio.Lock] = {}
+        # The warm pool (see the module docstring).
+        self._pool_size = _pool_size()
+        self._pool: dict[str, list[_Sandbox]] = {}  # runtime -> idle pooled sandboxes
+        self._pool_tasks: set[asyncio.Task[None]] = set()
+        self._pool_filling: set[str] = set()
+        self._pool_fill_slots = asyncio.Semaphore(1)
+        self._pool_seq = itertools.count()
+        self._pool_tag = ""
+        self._closed = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -155,6 +189,10 @@ class LocalDriver(Driver):
             raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
         self._helper = await asyncio.to_thread(self._prepare)
         self._cgroups.setup()
+        if not isinstance(self._cgroups, CgroupV1):
+            self._pool_size = 0
+        me = os.getpid()
+        self._pool_tag = f"{POOL_PREFIX}{me}-{_start_time(me)}-{secrets.token_hex(4)}"
         await self._reap_leftovers()
 
     def _prepare(self) -> Path:
@@ -173,6 +211,11 @@ class LocalDriver(Driver):
         assert self._cgroups is not None
         on_disk = {p.name for p in self.sandbox_root.iterdir() if p.is_dir()}
         for sid in on_disk | self._cgroups.sandboxes():
+            pooled = _POOL_NAME.match(sid)
+            if pooled:  # a pool of a server that is gone (its own pid and start time)
+                if _start_time(int(pooled[1])) != int(pooled[2]):
+                    await self._teardown(sid)
+                continue
             if not _ID.match(sid):
                 continue
             sb = self._load(sid)
@@ -182,6 +225,15 @@ class LocalDriver(Driver):
                 await self._teardown(sid)
 
     async def close(self) -> None:
+        self._closed = True
+        # Not cancelled: a fill in progress finishes in its thread, sees _closed and
+        # destroys what it made.
+        if self._pool_tasks:
+            await asyncio.gather(*self._pool_tasks, return_exceptions=True)
+        for sandboxes in self._pool.values():
+            while sandboxes:
+                with contextlib.suppress(Exception):
+                    await self._teardown(sandboxes.pop().id)
         if self._cgroups is not None:
             self._cgroups.remove_instance()  # only when no sandbox is left in it
 
@@ -193,6 +245,8 @@ class LocalDriver(Driver):
         if not self.sandbox_root.is_dir():
             return found
         for path in self.sandbox_root.iterdir():
+            if not _ID.match(path.name):  # pooled sandboxes, stray files
+                continue
             sb = self._load(path.name)
             if sb is not None and _start_time(sb.init_pid) == sb.init_start:
                 found.add(sb.id)
@@ -219,17 +273,96 @@ class LocalDriver(Driver):
                 "create the sandbox with network disabled", field="network")
         _check_env(req.env, "env")
         async with self._lock(req.sandbox_id):
-            if req.sandbox_id in await self.alive():
+            old = self._load(req.sandbox_id)
+            if old is not None and _start_time(old.init_pid) == old.init_start:
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
             assert self._cgroups is not None
             if (self.sandbox_root / req.sandbox_id).exists() or self._cgroups.paths(req.sandbox_id)[0].exists():
                 await self._teardown(req.sandbox_id)  # a dead one's remains
-            try:
-                sb = await asyncio.to_thread(self._provision_sync, req, rootfs.rootfs_path(self.runtime_cache, recipe))
-            except BaseException:
-                await self._teardown(req.sandbox_id)
-                raise
+            sb = await self._claim_pooled(req)
+            if sb is None:
+                try:
+                    sb = await asyncio.to_thread(
+                        self._provision_sync, req, rootfs.rootfs_path(self.runtime_cache, recipe))
+                except BaseException:
+                    await self._teardown(req.sandbox_id)
+                    raise
             self._sandboxes[sb.id] = sb
+        self._refill(recipe.name)
+
+    # -- warm pool -------------------------------------------------------------
+
+    async def _claim_pooled(self, req: ProvisionRequest) -> _Sandbox | None:
+        """Turn an idle pooled sandbox into ``req``'s; None when none is left."""
+        pool = self._pool.get(req.runtime)
+        while pool:
+            pooled = pool.pop()
+            try:
+                return self._adopt(pooled, req)
+            except Exception as err:  # e.g. reaped by another server on this data dir
+                log.warning("pooled sandbox %s unusable (%s); destroying it", pooled.id, err)
+                await self._teardown(pooled.id)
+                await self._teardown(req.sandbox_id)  # if the rename went through
+        return None
+
+    def _adopt(self, pooled: _Sandbox, req: ProvisionRequest) -> _Sandbox:
+        """Blocking but short: three renames and a few small writes."""
+        assert self._cgroups is not None
+        if _start_time(pooled.init_pid) != pooled.init_start:
+            raise DriverFailure("its init is gone")
+        sid = req.sandbox_id
+        old_dir, new_dir = self.sandbox_root / pooled.id, self.sandbox_root / sid
+        self._cgroups.rename(pooled.id, sid)
+        try:
+            os.rename(old_dir, new_dir)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._cgroups.rename(sid, pooled.id)
+            raise
+        # From here on the sandbox is ``sid``'s: on failure the caller tears ``sid`` down.
+        self._move_uid_claim(pooled.uid, old_dir, new_dir)
+        res = req.resources
+        self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
+        sb = _Sandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
+                      init_pid=pooled.init_pid, init_start=pooled.init_start)
+        self._write_meta(new_dir, sb)
+        return sb
+
+    def _refill(self, runtime: str) -> None:
+        if self._pool_size <= 0 or self._closed or runtime in self._pool_filling:
+            return
+        if len(self._pool.get(runtime, ())) >= self._pool_size:
+            return
+        self._pool_filling.add(runtime)
+        self._spawn(self._fill(runtime))
+
+    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(coro)
+        self._pool_tasks.add(task)
+        task.add_done_callback(self._pool_tasks.discard)
+
+    async def _fill(self, runtime: str) -> None:
+        recipe = runtimes.find(runtime)
+        assert recipe is not None
+        lower = rootfs.rootfs_path(self.runtime_cache, recipe)
+        pool = self._pool.setdefault(runtime, [])
+        try:
+            while not self._closed and len(pool) < self._pool_size:
+                async with self._pool_fill_slots:  # one sandbox started at a time, across runtimes
+                    name = f"{self._pool_tag}-{next(self._pool_seq)}"
+                    try:
+                        sb = await asyncio.to_thread(
+                            self._provision_sync, ProvisionRequest(sandbox_id=name, runtime=runtime), lower)
+                    except Exception as err:
+                        log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)
+                        await self._teardown(name)
+                        return
+                    if self._closed:
+                        await self._teardown(name)
+                        return
+                    pool.append(sb)
+        finally:
+            self._pool_filling.discard(runtime)
 
     def _claim_uid(self, owner: Path) -> int:
         """Claim the next free uid of the range for ``owner`` (a sandbox dir).
@@ -265,6 +398,17 @@ class LocalDriver(Driver):
                 nxt_file.write_text(str((nxt + i + 1) % UID_COUNT))
                 return uid
         raise DriverFailure("no free sandbox uid left")
+
+    @staticmethod
+    def _move_uid_claim(uid: int, old: Path, new: Path) -> None:
+        reg = UID_REGISTRY
+        with open(reg / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            claim = reg / str(uid)
+            with contextlib.suppress(OSError):
+                if claim.read_text() != str(old):
+                    raise DriverFailure(f"uid {uid} is no longer claimed by {old}")
+            claim.write_text(str(new))
 
     @staticmethod
     def _release_uid(owner: Path) -> None:
@@ -329,10 +473,14 @@ class LocalDriver(Driver):
         if start is None:
             raise DriverFailure(f"sandbox {sid} died at start: {self._init_log(d)}")
         sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=pid, init_start=start)
+        self._write_meta(d, sb)
+        return sb
+
+    @staticmethod
+    def _write_meta(d: Path, sb: _Sandbox) -> None:
         tmp = d / "meta.json.tmp"
         tmp.write_text(json.dumps(attrs.asdict(sb)))
         tmp.rename(d / "meta.json")
-        return sb
 
     @staticmethod
     def _init_log(d: Path) -> str:
@@ -380,21 +528,63 @@ class LocalDriver(Driver):
             if ex.sandbox_id == sid:
                 ex.cancelled = True
         sb = self._load(sid)
-        await self._cgroups.kill(sid)
-        # Belt and braces: an init that somehow escaped the cgroup still dies.
-        if sb is not None and _start_time(sb.init_pid) == sb.init_start:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(sb.init_pid, signal.SIGKILL)
-        end = time.monotonic() + 5
+        if sb is not None:
+            await self._kill_init(sb)
+        # With init gone no process of the sandbox's pid namespace is left; what the
+        # cgroup may still hold is our own launcher side (bubblewrap's monitor, exiting
+        # now that its child died): a plain SIGKILL, no freezing needed. If the cgroup
+        # still is not empty after that, the freezer kill loop takes over.
+        start = time.monotonic()
+        pause = 0.0005
         while not self._cgroups.remove(sid):
-            if time.monotonic() > end:
+            waited = time.monotonic() - start
+            if waited > 5:
                 raise DriverFailure(f"could not remove the cgroups of sandbox {sid}")
-            await self._cgroups.kill(sid)
-            await asyncio.sleep(0.01)
+            if waited > 0.1 or sb is None:
+                await self._cgroups.kill(sid)
+            else:
+                for pid in self._cgroups.pids(sid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(pause)  # killed processes still have to exit
+            pause = min(pause * 2, 0.01)
         d = self.sandbox_root / sid
         if d.exists():
             self._release_uid(d)
             await asyncio.to_thread(shutil.rmtree, d)
+
+    async def _kill_init(self, sb: _Sandbox) -> None:
+        """SIGKILL the sandbox's pid 1 and wait until it is gone.
+
+        The kernel then kills every process of the sandbox's pid namespace and lets no
+        new one start in it (a fork bomb cannot outrun it), and init only exits once
+        they are all reaped: one signal instead of freezing the cgroup. A frozen
+        (paused) sandbox is thawed so the killed processes can die.
+        """
+        try:
+            pidfd = os.pidfd_open(sb.init_pid)
+        except (ProcessLookupError, OSError):
+            return
+        try:
+            if _start_time(sb.init_pid) != sb.init_start:  # checked after the open: no reuse race
+                return
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            assert self._cgroups is not None
+            if self._cgroups.is_frozen(sb.id):
+                self._cgroups.freeze(sb.id, False)
+            loop = asyncio.get_running_loop()
+            gone = loop.create_future()
+            loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+            try:
+                await asyncio.wait_for(gone, 5)
+            except TimeoutError:
+                pass  # the cgroup kill below still applies
+            finally:
+                loop.remove_reader(pidfd)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
 
     def _load(self, sid: str) -> _Sandbox | None:
         sb = self._sandboxes.get(sid)
@@ -402,6 +592,7 @@ class LocalDriver(Driver):
             return sb
         try:
             data = json.loads((self.sandbox_root / sid / "meta.json").read_text())
+            data["id"] = sid  # a claimed pooled sandbox renamed before its meta was rewritten
             return _Sandbox(**data)
         except (OSError, ValueError, TypeError):
             return None
