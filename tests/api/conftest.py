@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient
 from api.app import create_app
 from api.config import Config
 from api.keys import ENGINE
+from tests.services import drop_database, fresh_database, kafka_url
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -54,11 +55,24 @@ def driver_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=["embedded", "production"])
+async def profile(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
+    """Every API test runs on both profiles: the embedded log and in-memory projections, and
+    Kafka + PostgreSQL (a fresh topic and database per test; the services must be running)."""
+    if request.param == "embedded":
+        yield {}
+        return
+    url, database = await fresh_database("api")
+    yield {"event_log": kafka_url("api"), "store": url}
+    await drop_database(database)
+
+
 @pytest.fixture
-async def make_api(aiohttp_client, data_dir: Path, driver_name: str) -> AsyncIterator[AppFactory]:  # type: ignore[no-untyped-def]
+async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: dict[str, str]) -> AsyncIterator[AppFactory]:  # type: ignore[no-untyped-def]
     apps: list[web.Application] = []
 
     async def factory(**overrides: Any) -> Api:
+        overrides = {**profile, **overrides}
         config = Config(data_dir=data_dir, api_key=KEY, driver=overrides.pop("driver", driver_name), **overrides)
         app: web.Application = create_app(config)
         client = Api(await aiohttp_client(app))
