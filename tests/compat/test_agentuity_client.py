@@ -9,6 +9,7 @@ The protocol it checks is written down in ``docs/wire.md``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -20,9 +21,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.services import drop_database, fresh_database, kafka_url
 
 pytestmark = pytest.mark.compat
 
@@ -95,8 +99,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
+@pytest.fixture(params=["embedded", "production"])
+def profile_flags(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """The server runs on both profiles; production uses the test Kafka broker and PostgreSQL."""
+    if request.param == "embedded":
+        yield []
+        return
+    store, database = asyncio.run(fresh_database("compat"))
+    yield ["--event-log", kafka_url("compat"), "--store", store]
+    asyncio.run(drop_database(database))
+
+
 @pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
-def test_agentuity_sandbox_client_against_live_server(tmp_path: Path) -> None:
+def test_agentuity_sandbox_client_against_live_server(tmp_path: Path, profile_flags: list[str]) -> None:
     node = shutil.which("node")
     if node is None:
         pytest.fail("node (>= 20) is not on PATH; the compat test needs it")
@@ -121,6 +136,7 @@ def test_agentuity_sandbox_client_against_live_server(tmp_path: Path) -> None:
         "--host", "127.0.0.1",
         "--port", str(port),
         "--data-dir", str(data_dir),
+        *profile_flags,
     ]  # fmt: skip
     if os.environ.get("HUTCH_COMPAT_DRIVER"):
         cmd += ["--driver", os.environ["HUTCH_COMPAT_DRIVER"]]
