@@ -27,7 +27,9 @@ class Config:
     api_key: str | None = None  # None: read or generate <data_dir>/api-key
     public_url: str | None = None  # base for absolute stream URLs; default http://host:port
     output_cap_bytes: int = 16 * 2**20  # per stream, per execution; then outputTruncated
-    max_body_bytes: int = 64 * 2**20
+    max_body_bytes: int = 64 * 2**20  # JSON bodies (base64 file writes included)
+    max_upload_bytes: int = 4 * 2**30  # one archive upload, streamed to disk
+    max_archive_entries: int = 100_000
     runtime_cache: Path | None = None  # where built runtimes live (HUTCH_RUNTIME_CACHE)
 
     @classmethod

@@ -38,6 +38,7 @@ from core.errors import (
 from core.eventlog.base import EventLog
 from core.events import Event, SandboxCreated, decode, encode
 from core.lifecycle import (
+    ChangeEnv,
     Destroy,
     Fail,
     FinishExecution,
@@ -314,6 +315,27 @@ class Engine:
         await self.driver.cancel(job_id)
         return await self.get_execution(job_id, wait=10.0)
 
+    # ---------------------------------------------------------------- files and env
+
+    async def for_files(self, sandbox_id: str) -> Sandbox:
+        """A sandbox ready for file operations: waits out creating, wakes a paused one."""
+        sb = await self._wait_not_creating(sandbox_id)
+        if sb.status is SandboxStatus.PAUSED:
+            sb = await self.resume(sandbox_id, auto=True)
+        if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
+            raise IllegalTransition(
+                f"cannot use files: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
+            )
+        self.touch(sandbox_id)
+        return sb
+
+    async def set_env(self, sandbox_id: str, changes: dict[str, str | None]) -> dict[str, str]:
+        await self._require(sandbox_id, include_deleted=False)
+        set_ = {k: v for k, v in changes.items() if v is not None}
+        unset = tuple(k for k, v in changes.items() if v is None)
+        await self._command(sandbox_id, ChangeEnv(set=set_, unset=unset))
+        return dict((await self._require(sandbox_id)).spec.env)
+
     # ---------------------------------------------------------------- pause
 
     async def pause(self, sandbox_id: str) -> Sandbox:
@@ -432,7 +454,9 @@ class Engine:
         result: ExecResult | None = None
         try:
             result = await self.driver.exec(
-                ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout), sink
+                ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout,
+                            env=dict(sb.spec.env)),
+                sink,
             )
         except asyncio.CancelledError:
             error = "the server shut down while the command ran"
@@ -571,7 +595,9 @@ def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
         runtime=spec.runtime,
         resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
         network_enabled=spec.network.enabled,
-        env=dict(spec.env),
+        # The env travels with every exec instead (it can change: PATCH /sandbox/env),
+        # so a removed variable is really gone.
+        env={},
     )
 
 
@@ -581,6 +607,8 @@ def redact_event(event: Event) -> dict[str, Any]:
     spec = data.get("spec")
     if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
         spec["env"] = {k: "***" for k in spec["env"]}
+    if event.type == "env" and isinstance(data.get("set"), dict):
+        data["set"] = {k: "***" for k in data["set"]}
     return data
 
 

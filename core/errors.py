@@ -54,6 +54,10 @@ class RuntimeNotFound(NotFound):
     code = "RUNTIME_NOT_FOUND"
 
 
+class FileNotFound(NotFound):
+    code = "FILE_NOT_FOUND"
+
+
 class IllegalTransition(HutchError):
     """A command that the current state does not allow (e.g. execute on a terminated sandbox)."""
 

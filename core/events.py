@@ -72,6 +72,15 @@ class SandboxResumed:
 
 
 @attrs.frozen
+class SandboxEnvChanged:
+    """PATCH /sandbox/env: later executions and jobs see the result."""
+
+    type: ClassVar[str] = "env"
+    set: dict[str, str] = attrs.field(factory=dict)
+    unset: tuple[str, ...] = ()
+
+
+@attrs.frozen
 class ExecutionStarted:
     type: ClassVar[str] = "execution:started"
     execution_id: str
@@ -100,6 +109,7 @@ EventData = (
     | SandboxTerminated
     | SandboxPaused
     | SandboxResumed
+    | SandboxEnvChanged
     | ExecutionStarted
     | ExecutionFinished
 )
@@ -115,6 +125,7 @@ EVENT_TYPES: dict[str, type] = {
         SandboxTerminated,
         SandboxPaused,
         SandboxResumed,
+        SandboxEnvChanged,
         ExecutionStarted,
         ExecutionFinished,
     )

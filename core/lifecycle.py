@@ -18,6 +18,7 @@ from core.events import (
     SandboxCompleted,
     SandboxCreated,
     SandboxDestroyRequested,
+    SandboxEnvChanged,
     SandboxFailed,
     SandboxPaused,
     SandboxResumed,
@@ -72,6 +73,12 @@ class Terminate:
 
 
 @attrs.frozen
+class ChangeEnv:
+    set: dict[str, str]
+    unset: tuple[str, ...] = ()
+
+
+@attrs.frozen
 class Pause:
     terminates_at: str | None = None
 
@@ -81,7 +88,7 @@ class Resume:
     auto: bool = False
 
 
-Command = Start | Fail | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume
+Command = Start | Fail | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
 
 _LIVE = (SandboxStatus.IDLE, SandboxStatus.RUNNING)
 
@@ -106,6 +113,12 @@ def decide(sandbox: Sandbox, command: Command) -> list[object]:
             if status.is_final:
                 return []  # failing something already over changes nothing
             return [SandboxFailed(reason=reason)]
+        case ChangeEnv():
+            if status.is_final or status is SandboxStatus.STOPPING:
+                raise _illegal(sandbox, "change the environment")
+            if not command.set and not command.unset:
+                return []
+            return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
         case Pause(terminates_at=deadline):
             if status is SandboxStatus.PAUSED:
                 return []  # pausing a paused sandbox changes nothing
@@ -199,6 +212,10 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():
             return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
+        case SandboxEnvChanged():
+            env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
+            env.update(data.set)
+            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, env=env), updated_at=at)
         case SandboxPaused(terminates_at=deadline):
             return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
         case SandboxResumed():

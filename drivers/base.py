@@ -8,7 +8,7 @@ Every driver passes the same conformance suite (``tests/contracts/test_driver.py
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
 import attrs
@@ -72,10 +72,25 @@ class FileToWrite:
     mode: int = 0o644
 
 
+@attrs.frozen
+class FileInfo:
+    name: str  # the entry's name in the listed directory (a listed file: its base name)
+    size: int
+    is_dir: bool
+    mode: int  # permission bits and type bits, as st_mode
+    mod_time: float  # unix seconds
+    is_symlink: bool = False
+    link_target: str | None = None
+
+
 class OutputSink(Protocol):
     """Where a running command's bytes go. Called from the event loop."""
 
     def write(self, stream: Stream, data: bytes) -> None: ...
+
+
+# The engine's callback for a sandbox that ended on its own: (sandbox id, reason, failed).
+SandboxEndedListener = Callable[[str, str, bool], Awaitable[None]]
 
 
 class Driver(abc.ABC):
@@ -123,6 +138,39 @@ class Driver(abc.ABC):
     async def alive(self) -> set[str]:
         """Ids of the sandboxes this driver is running now (used to recover after a restart)."""
 
+    # -- files: every path resolves inside the sandbox's own view, as the sandbox user.
+    # Relative paths resolve to the workspace (HOME). Missing paths raise FileNotFound.
+
+    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        """The file's bytes in chunks, with backpressure: nothing is read ahead of the consumer.
+
+        Raises FileNotFound (or InvalidInput for a directory) before yielding anything."""
+        raise NotSupported(f"driver {self.name} cannot read files")
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        """Stream ``chunks`` into the file (replacing it); returns the bytes written.
+
+        ``parents`` creates missing parent directories; without it a missing parent is FileNotFound."""
+        raise NotSupported(f"driver {self.name} cannot write files")
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        """The entries of a directory (or the file itself), not recursive."""
+        raise NotSupported(f"driver {self.name} cannot list files")
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        raise NotSupported(f"driver {self.name} cannot make directories")
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        """Remove a file (or with ``directory`` an empty directory, or with ``recursive`` a tree).
+        Returns whether the path existed."""
+        raise NotSupported(f"driver {self.name} cannot remove files")
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot make symlinks")
+
     async def signal(self, execution_id: str, signum: int) -> None:
         """Send a signal to a running execution's whole process tree (graceful stop)."""
         raise NotSupported(f"driver {self.name} cannot signal executions")
@@ -132,3 +180,18 @@ class Driver(abc.ABC):
 
     async def resume(self, sandbox_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot resume sandboxes")
+
+    # -- sandboxes that end on their own ---------------------------------------------
+    # A backend whose sandboxes can die without being asked (a Nomad allocation lost,
+    # OOM-killed or rescheduled) reports it; the engine turns it into a lifecycle event.
+
+    _ended_listener: SandboxEndedListener | None = None
+
+    def set_listener(self, listener: SandboxEndedListener | None) -> None:
+        """Called by the engine before ``start``: where ``report_ended`` goes."""
+        self._ended_listener = listener
+
+    async def report_ended(self, sandbox_id: str, reason: str, *, failed: bool) -> None:
+        """A sandbox ended without a destroy: ``failed`` (lost, killed) or merely done."""
+        if self._ended_listener is not None:
+            await self._ended_listener(sandbox_id, reason, failed)

@@ -15,17 +15,18 @@ import asyncio
 import contextlib
 import posixpath
 import shlex
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
 
 from core import runtimes
-from core.errors import DriverFailure, IllegalTransition, RuntimeNotFound, SandboxNotFound
+from core.errors import DriverFailure, FileNotFound, IllegalTransition, InvalidInput, RuntimeNotFound, SandboxNotFound
 from drivers.base import (
     Capabilities,
     Driver,
     ExecRequest,
     ExecResult,
+    FileInfo,
     FileToWrite,
     OutputSink,
     ProvisionRequest,
@@ -65,7 +66,13 @@ def _abspath(path: str, cwd: str | None) -> str:
 class FakeSandbox:
     request: ProvisionRequest
     files: dict[str, bytes] = attrs.field(factory=dict)
+    dirs: set[str] = attrs.field(factory=lambda: {"/", "/home", HOME, "/workspace", "/tmp"})
+    links: dict[str, str] = attrs.field(factory=dict)
+    modes: dict[str, int] = attrs.field(factory=dict)
     paused: bool = False
+
+    def parent_ok(self, path: str) -> bool:
+        return posixpath.dirname(path) in self.dirs
 
 
 class FakeDriver(Driver):
@@ -109,7 +116,113 @@ class FakeDriver(Driver):
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
         sb = self._get(sandbox_id)
         for f in files:
-            sb.files[_abspath(f.path, None)] = f.content
+            path = _abspath(f.path, None)
+            self._mkdirs(sb, posixpath.dirname(path))
+            sb.files[path] = f.content
+            sb.modes[path] = f.mode
+
+    # -- files (in memory; paths normalised like a kernel would, symlinks one level deep)
+
+    @staticmethod
+    def _mkdirs(sb: FakeSandbox, path: str) -> list[str]:
+        made = []
+        while path not in sb.dirs:
+            made.append(path)
+            path = posixpath.dirname(path)
+        for d in reversed(made):
+            if d in sb.files:
+                raise InvalidInput(f"{d} is a file, not a directory", field="path")
+            sb.dirs.add(d)
+        return made
+
+    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        sb = self._get(sandbox_id)
+        p = _abspath(path, None)
+        p = sb.links.get(p, p)
+        if p in sb.dirs:
+            raise InvalidInput(f"path: {path} is a directory", field="path")
+        if p not in sb.files:
+            raise FileNotFound(f"path: {path} does not exist in sandbox {sandbox_id}", field="path")
+        data = sb.files[p]
+        for i in range(0, len(data), 65536):
+            yield data[i : i + 65536]
+            await asyncio.sleep(0)
+
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        sb = self._get(sandbox_id)
+        p = _abspath(path, None)
+        if p in sb.dirs:
+            raise InvalidInput(f"path: {path} is a directory", field="path")
+        if parents:
+            self._mkdirs(sb, posixpath.dirname(p))
+        elif not sb.parent_ok(p):
+            raise FileNotFound(f"path: the directory of {path} does not exist", field="path")
+        buf = bytearray()
+        async for chunk in chunks:
+            buf += chunk
+        sb.files[p] = bytes(buf)
+        sb.modes[p] = mode
+        return len(buf)
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        sb = self._get(sandbox_id)
+        p = _abspath(path, None)
+        if p in sb.files:
+            return [FileInfo(name=posixpath.basename(p), size=len(sb.files[p]), is_dir=False, mode=0o100000 | sb.modes.get(p, 0o644), mod_time=0.0)]
+        if p not in sb.dirs:
+            raise FileNotFound(f"path: {path} does not exist in sandbox {sandbox_id}", field="path")
+        out = []
+        for d in sorted(sb.dirs):
+            if d != p and posixpath.dirname(d) == p:
+                out.append(FileInfo(name=posixpath.basename(d), size=0, is_dir=True, mode=0o040755, mod_time=0.0))
+        for f, data in sorted(sb.files.items()):
+            if posixpath.dirname(f) == p:
+                out.append(FileInfo(name=posixpath.basename(f), size=len(data), is_dir=False, mode=0o100000 | sb.modes.get(f, 0o644), mod_time=0.0))
+        for link, target in sorted(sb.links.items()):
+            if posixpath.dirname(link) == p:
+                out.append(FileInfo(name=posixpath.basename(link), size=len(target), is_dir=False, mode=0o120777, mod_time=0.0,
+                                    is_symlink=True, link_target=target))
+        return out
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        sb = self._get(sandbox_id)
+        p = _abspath(path, None)
+        if p in sb.files:
+            raise InvalidInput(f"path: {path} exists and is a file", field="path")
+        if not parents and not sb.parent_ok(p):
+            raise FileNotFound(f"path: the directory of {path} does not exist", field="path")
+        self._mkdirs(sb, p)
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        sb = self._get(sandbox_id)
+        p = _abspath(path, None)
+        if p in sb.files or p in sb.links:
+            if directory and p in sb.files:
+                raise InvalidInput(f"path: {path} is not a directory", field="path")
+            sb.files.pop(p, None)
+            sb.links.pop(p, None)
+            return True
+        if p not in sb.dirs:
+            return False
+        if not directory:
+            raise InvalidInput(f"path: {path} is a directory; remove it as a directory", field="path")
+        inside = [x for x in [*sb.dirs, *sb.files, *sb.links] if x.startswith(p.rstrip("/") + "/")]
+        if inside and not recursive:
+            raise InvalidInput(f"path: directory {path} is not empty; remove it recursively", field="path")
+        for x in inside:
+            sb.dirs.discard(x)
+            sb.files.pop(x, None)
+            sb.links.pop(x, None)
+        sb.dirs.discard(p)
+        return True
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        sb = self._get(sandbox_id)
+        p = _abspath(path, None)
+        self._mkdirs(sb, posixpath.dirname(p))
+        sb.links[p] = target
 
     async def alive(self) -> set[str]:
         return set(self.sandboxes)

@@ -1,0 +1,329 @@
+"""Archives in and out of a sandbox, built only on the Driver's file primitives.
+
+Downloads walk the tree with ``list_files`` and stream each file with ``read_file``
+into a tar.gz or zip written on the fly, so memory stays flat whatever the size.
+
+Uploads are spooled to a temporary file on disk (zip needs to seek, and spooling lets us
+check every member *before* writing anything: an archive with one bad member writes
+nothing). Refused: absolute names, ``..`` components, links whose
+target leaves the destination, hard links, device nodes and fifos, and archives whose
+unpacked size or entry count passes the configured limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import stat
+import tarfile
+import tempfile
+import time
+import zipfile
+import zlib
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import IO
+
+import attrs
+
+from core.errors import InvalidInput, PayloadTooLarge
+from drivers.base import Driver
+
+FORMATS = ("tar.gz", "zip", "tar")
+_CHUNK = 256 * 1024
+
+
+# ---------------------------------------------------------------- download
+
+
+@attrs.frozen
+class _Entry:
+    rel: str  # path inside the archive
+    abs: str  # path inside the sandbox
+    size: int
+    mode: int
+    mtime: float
+    is_dir: bool
+    link_target: str | None
+
+
+async def _walk(driver: Driver, sandbox_id: str, root: str) -> AsyncIterator[_Entry]:
+    entries = await driver.list_files(sandbox_id, root)
+    listed_is_file = len(entries) == 1 and not entries[0].is_dir and posixpath.basename(root.rstrip("/")) == entries[0].name
+    if listed_is_file:
+        e = entries[0]
+        yield _Entry(e.name, root, e.size, e.mode, e.mod_time, False, e.link_target if e.is_symlink else None)
+        return
+    stack = [("", root, entries)]
+    while stack:
+        rel_dir, abs_dir, items = stack.pop()
+        for e in sorted(items, key=lambda x: x.name):
+            rel = posixpath.join(rel_dir, e.name) if rel_dir else e.name
+            full = posixpath.join(abs_dir, e.name)
+            if e.is_symlink:
+                yield _Entry(rel, full, 0, e.mode, e.mod_time, False, e.link_target or "")
+            elif e.is_dir:
+                yield _Entry(rel, full, 0, e.mode, e.mod_time, True, None)
+                stack.append((rel, full, await driver.list_files(sandbox_id, full)))
+            else:
+                yield _Entry(rel, full, e.size, e.mode, e.mod_time, False, None)
+
+
+class _Sink:
+    """A write-only file object whose bytes are collected for the async side to send."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.offset = 0
+
+    def write(self, data: bytes) -> int:
+        if data:
+            self.parts.append(bytes(data))
+            self.offset += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.offset
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+async def _file_chunks(driver: Driver, sandbox_id: str, entry: _Entry) -> AsyncIterator[bytes]:
+    """Exactly ``entry.size`` bytes: a file that changed since it was listed is cut or padded,
+    because the tar header already promised its size."""
+    left = entry.size
+    async for chunk in driver.read_file(sandbox_id, entry.abs):
+        if left <= 0:
+            break
+        chunk = chunk[:left]
+        left -= len(chunk)
+        yield chunk
+    if left > 0:
+        yield b"\0" * left
+
+
+async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool = True) -> AsyncIterator[bytes]:
+    gz = zlib.compressobj(6, zlib.DEFLATED, 31) if compress else None
+
+    def out(data: bytes) -> bytes:
+        return gz.compress(data) if gz is not None else data
+
+    async for entry in _walk(driver, sandbox_id, root):
+        info = tarfile.TarInfo(entry.rel + ("/" if entry.is_dir else ""))
+        info.mode = stat.S_IMODE(entry.mode)
+        info.mtime = int(entry.mtime)
+        if entry.is_dir:
+            info.type = tarfile.DIRTYPE
+        elif entry.link_target is not None:
+            info.type, info.linkname = tarfile.SYMTYPE, entry.link_target
+        else:
+            info.size = entry.size
+        yield out(info.tobuf(format=tarfile.PAX_FORMAT))
+        if info.isreg():
+            async for chunk in _file_chunks(driver, sandbox_id, entry):
+                yield out(chunk)
+            if entry.size % 512:
+                yield out(b"\0" * (512 - entry.size % 512))
+    yield out(b"\0" * 1024)
+    if gz is not None:
+        yield gz.flush()
+
+
+async def zip_stream(driver: Driver, sandbox_id: str, root: str) -> AsyncIterator[bytes]:
+    sink = _Sink()
+    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:  # type: ignore[arg-type]
+        async for entry in _walk(driver, sandbox_id, root):
+            when = time.gmtime(max(entry.mtime, 315532800))[:6]  # zip cannot say before 1980
+            if entry.is_dir:
+                zi = zipfile.ZipInfo(entry.rel + "/", when)
+                zi.external_attr = (stat.S_IFDIR | stat.S_IMODE(entry.mode)) << 16
+                zf.writestr(zi, b"")
+            elif entry.link_target is not None:
+                zi = zipfile.ZipInfo(entry.rel, when)
+                zi.external_attr = (stat.S_IFLNK | 0o777) << 16
+                zf.writestr(zi, entry.link_target)
+            else:
+                zi = zipfile.ZipInfo(entry.rel, when)
+                zi.external_attr = (stat.S_IFREG | stat.S_IMODE(entry.mode)) << 16
+                zi.compress_type = zipfile.ZIP_DEFLATED
+                with zf.open(zi, "w", force_zip64=True) as member:
+                    async for chunk in _file_chunks(driver, sandbox_id, entry):
+                        member.write(chunk)
+                        if sink.offset and sink.parts:
+                            yield sink.take()
+            data = sink.take()
+            if data:
+                yield data
+    data = sink.take()
+    if data:
+        yield data
+
+
+# ---------------------------------------------------------------- upload
+
+
+@attrs.frozen
+class Member:
+    name: str  # normalised, relative to the destination
+    source: str  # the name as stored in the archive
+    kind: str  # "file" | "dir" | "symlink"
+    size: int = 0
+    mode: int = 0o644
+    target: str = ""
+
+
+@attrs.frozen
+class Limits:
+    max_bytes: int = 4 * 2**30
+    max_entries: int = 100_000
+
+
+def _clean(name: str) -> str:
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise InvalidInput(f"archive: entry {name!r} is an absolute path; refused", field="archive")
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InvalidInput(f"archive: entry {name!r} climbs out with '..'; refused", field="archive")
+    if "\0" in name:
+        raise InvalidInput(f"archive: entry name {name!r} contains a NUL byte", field="archive")
+    return "/".join(parts)
+
+
+def _check_link(name: str, target: str) -> None:
+    if not target or target.startswith("/"):
+        raise InvalidInput(f"archive: link {name!r} points to {target!r}, outside the destination; refused", field="archive")
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    if resolved == ".." or resolved.startswith("../"):
+        raise InvalidInput(f"archive: link {name!r} points to {target!r}, outside the destination; refused", field="archive")
+
+
+def _tar_members(path: str, limits: Limits) -> list[Member]:
+    members: list[Member] = []
+    total = 0
+    with tarfile.open(path, "r:*") as tf:
+        for info in tf:
+            if len(members) >= limits.max_entries:
+                raise PayloadTooLarge(f"archive: more than {limits.max_entries} entries", field="archive")
+            name = _clean(info.name)
+            if not name:
+                continue
+            if info.isdir():
+                members.append(Member(name, info.name, "dir", mode=stat.S_IMODE(info.mode) or 0o755))
+            elif info.issym():
+                _check_link(name, info.linkname)
+                members.append(Member(name, info.name, "symlink", target=info.linkname))
+            elif info.islnk():
+                raise InvalidInput(f"archive: {name!r} is a hard link; hard links are not supported", field="archive")
+            elif info.isreg():
+                total += info.size
+                if total > limits.max_bytes:
+                    raise PayloadTooLarge(f"archive: unpacks to more than {limits.max_bytes} bytes", field="archive")
+                members.append(Member(name, info.name, "file", size=info.size, mode=stat.S_IMODE(info.mode) or 0o644))
+            else:
+                raise InvalidInput(f"archive: {name!r} is a device, fifo or other special file; refused", field="archive")
+    return members
+
+
+def _zip_members(path: str, limits: Limits) -> list[Member]:
+    members: list[Member] = []
+    total = 0
+    with zipfile.ZipFile(path) as zf:
+        infos = zf.infolist()
+        if len(infos) > limits.max_entries:
+            raise PayloadTooLarge(f"archive: more than {limits.max_entries} entries", field="archive")
+        for info in infos:
+            name = _clean(info.filename)
+            if not name:
+                continue
+            mode = info.external_attr >> 16
+            if info.is_dir():
+                members.append(Member(name, info.filename, "dir", mode=stat.S_IMODE(mode) or 0o755))
+            elif stat.S_ISLNK(mode):
+                target = zf.read(info).decode("utf-8", "replace")
+                _check_link(name, target)
+                members.append(Member(name, info.filename, "symlink", target=target))
+            elif stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # many zips carry no type bits at all
+                raise InvalidInput(f"archive: {name!r} is a device, fifo or other special file; refused", field="archive")
+            else:
+                total += info.file_size
+                if total > limits.max_bytes:
+                    raise PayloadTooLarge(f"archive: unpacks to more than {limits.max_bytes} bytes", field="archive")
+                members.append(Member(name, info.filename, "file", size=info.file_size, mode=stat.S_IMODE(mode) or 0o644))
+    return members
+
+
+def detect_format(head: bytes) -> str:
+    if head.startswith(b"\x1f\x8b"):
+        return "tar.gz"
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "zip"
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return "tar"
+    raise InvalidInput("archive: not a tar, tar.gz or zip archive (give ?format= if it is one)", field="format")
+
+
+@attrs.frozen
+class Extracted:
+    files: int
+    directories: int
+    symlinks: int
+    bytes: int
+
+
+async def spool(body: AsyncIterable[bytes], max_bytes: int, directory: str | None = None) -> IO[bytes]:
+    """The request body in a temporary file on disk (never all in memory), size-checked as it arrives."""
+    tmp = tempfile.NamedTemporaryFile(dir=directory, prefix="upload-")  # noqa: SIM115 - the caller closes it
+    size = 0
+    try:
+        async for chunk in body:
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"archive: larger than {max_bytes} bytes", field="archive")
+            await asyncio.to_thread(tmp.write, chunk)
+        await asyncio.to_thread(tmp.flush)
+        tmp.seek(0)
+        return tmp
+    except BaseException:
+        tmp.close()
+        raise
+
+
+async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, archive: IO[bytes], limits: Limits) -> Extracted:
+    """Check every member first, then write them through the driver as the sandbox user."""
+    head = archive.read(512)
+    archive.seek(0)
+    fmt = fmt or detect_format(head)
+    if fmt not in FORMATS:
+        raise InvalidInput(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}", field="format")
+    path = archive.name  # type: ignore[attr-defined]  # spool() gives a named file
+    try:
+        members = await asyncio.to_thread(_zip_members if fmt == "zip" else _tar_members, path, limits)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as err:
+        raise InvalidInput(f"archive: not a readable {fmt} archive ({err})", field="archive") from err
+    await driver.mkdir(sandbox_id, dest, parents=True)
+    counts = {"file": 0, "dir": 0, "symlink": 0}
+    written = 0
+    opener = zipfile.ZipFile(path) if fmt == "zip" else tarfile.open(path, "r:*")  # noqa: SIM115 - closed by the with below
+    with opener as src:
+        for m in members:
+            target = posixpath.join(dest, m.name)
+            counts[m.kind] += 1
+            if m.kind == "dir":
+                await driver.mkdir(sandbox_id, target, parents=True)
+            elif m.kind == "symlink":
+                await driver.symlink(sandbox_id, target, m.target)
+            else:
+                fh = src.open(m.source) if fmt == "zip" else src.extractfile(m.source)  # type: ignore[union-attr]
+                assert fh is not None
+                with fh:
+                    written += await driver.write_file(sandbox_id, target, _read_chunks(fh), mode=m.mode, parents=True)
+    return Extracted(files=counts["file"], directories=counts["dir"], symlinks=counts["symlink"], bytes=written)
+
+
+async def _read_chunks(fh: IO[bytes]) -> AsyncIterator[bytes]:
+    while chunk := await asyncio.to_thread(fh.read, _CHUNK):
+        yield chunk

@@ -1,0 +1,172 @@
+"""/fs/…: files in a sandbox, and PATCH /sandbox/env/{id}.
+
+Every path is resolved by the driver inside the sandbox's own view, as the sandbox
+user; relative paths resolve to the workspace. Reads, downloads and uploads stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import stat
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from api import archives, wire
+from api.http import json_body, ok, q_choice
+from api.keys import CONFIG, ENGINE
+from core.errors import InvalidInput
+
+routes = web.RouteTableDef()
+
+_CONTENT_TYPES = {"tar.gz": "application/gzip", "tar": "application/x-tar", "zip": "application/zip"}
+
+
+def _path(value: object, field: str = "path", *, default: str | None = None) -> str:
+    if value is None or value == "":
+        if default is not None:
+            return default
+        raise InvalidInput(f"{field}: required", field=field)
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field}: expected a string", field=field)
+    if "\x00" in value or len(value) > 4096:
+        raise InvalidInput(f"{field}: not a usable path", field=field)
+    return value
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{key}: expected true or false", field=key)
+    return value
+
+
+async def _sandbox(request: web.Request) -> str:
+    sandbox_id = request.match_info["sandbox_id"]
+    await request.app[ENGINE].for_files(sandbox_id)
+    return sandbox_id
+
+
+async def _stream(request: web.Request, chunks: AsyncIterator[bytes], content_type: str, **headers: str) -> web.StreamResponse:
+    """Pull the first chunk before answering, so an error (missing file) is still a JSON 4xx."""
+    first = b""
+    with contextlib.suppress(StopAsyncIteration):
+        first = await anext(chunks)
+    resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-store", **headers})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    if first:
+        await resp.write(first)
+    async for chunk in chunks:
+        await resp.write(chunk)  # waits for the socket: backpressure, flat memory
+    await resp.write_eof()
+    return resp
+
+
+@routes.post("/fs/mkdir/{sandbox_id}")
+async def mkdir(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    sid = await _sandbox(request)
+    await request.app[ENGINE].driver.mkdir(sid, _path(body.get("path")), parents=_flag(body, "recursive"))
+    return ok()
+
+
+@routes.post("/fs/rm/{sandbox_id}")
+async def rm_file(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    sid = await _sandbox(request)
+    found = await request.app[ENGINE].driver.remove(sid, _path(body.get("path")), directory=False, recursive=False)
+    return ok(top={"found": found})
+
+
+@routes.post("/fs/rmdir/{sandbox_id}")
+async def rm_dir(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    sid = await _sandbox(request)
+    found = await request.app[ENGINE].driver.remove(
+        sid, _path(body.get("path")), directory=True, recursive=_flag(body, "recursive")
+    )
+    return ok(top={"found": found})
+
+
+@routes.get("/fs/list/{sandbox_id}")
+async def list_files(request: web.Request) -> web.Response:
+    sid = await _sandbox(request)
+    entries = await request.app[ENGINE].driver.list_files(sid, _path(request.query.get("path"), default="."))
+    files = [
+        {
+            "path": e.name,
+            "size": e.size,
+            "isDir": e.is_dir,
+            "isSymlink": e.is_symlink,
+            **({"linkTarget": e.link_target} if e.link_target is not None else {}),
+            "mode": f"{stat.S_IMODE(e.mode):04o}",
+            "modTime": dt.datetime.fromtimestamp(e.mod_time, dt.UTC).isoformat().replace("+00:00", "Z"),
+        }
+        for e in entries
+    ]
+    return ok({"files": files})
+
+
+@routes.get("/fs/download/{sandbox_id}")
+async def download(request: web.Request) -> web.StreamResponse:
+    fmt = q_choice(request, "format", archives.FORMATS, "tar.gz") or "tar.gz"
+    sid = await _sandbox(request)
+    root = _path(request.query.get("path"), default=".")
+    driver = request.app[ENGINE].driver
+    await driver.list_files(sid, root)  # a missing path is a 404 before any byte is sent
+    chunks = archives.zip_stream(driver, sid, root) if fmt == "zip" else archives.tar_gz(driver, sid, root, compress=fmt == "tar.gz")
+    name = f"{sid}.{fmt}"
+    return await _stream(request, chunks, _CONTENT_TYPES[fmt], **{"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+@routes.post("/fs/upload/{sandbox_id}")
+async def upload(request: web.Request) -> web.Response:
+    fmt = q_choice(request, "format", (*archives.FORMATS, "tgz", "tar+gzip"))
+    fmt = "tar.gz" if fmt in ("tgz", "tar+gzip") else fmt
+    sid = await _sandbox(request)
+    config = request.app[CONFIG]
+    dest = _path(request.query.get("path"), default=".")
+    spooled = await archives.spool(request.content.iter_chunked(256 * 1024), config.max_upload_bytes,
+                                   str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
+    with spooled:
+        done = await archives.extract(
+            request.app[ENGINE].driver, sid, dest, fmt, spooled,
+            archives.Limits(max_bytes=config.max_upload_bytes, max_entries=config.max_archive_entries),
+        )
+    request.app[ENGINE].touch(sid)
+    return ok({"files": done.files, "directories": done.directories, "symlinks": done.symlinks, "bytes": done.bytes})
+
+
+@routes.post("/fs/{sandbox_id}")
+async def write_files(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    files = wire.parse_files(body.get("files"), "files")
+    sid = await _sandbox(request)
+    driver = request.app[ENGINE].driver
+    for f in files:
+        await driver.write_file(sid, f.path, _once(f.content), mode=f.mode, parents=True)
+    return ok({"filesWritten": len(files)}, top={"filesWritten": len(files)})
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+@routes.get("/fs/{sandbox_id}")
+async def read_file(request: web.Request) -> web.StreamResponse:
+    sid = await _sandbox(request)
+    path = _path(request.query.get("path"))
+    return await _stream(request, request.app[ENGINE].driver.read_file(sid, path), "application/octet-stream")
+
+
+@routes.patch("/sandbox/env/{sandbox_id}")
+async def set_env(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    if not isinstance(body.get("env"), dict):
+        raise InvalidInput("env: expected an object of string (set) or null (delete) values", field="env")
+    changes = wire.parse_env(body["env"], "env", allow_null=True)
+    env = await request.app[ENGINE].set_env(request.match_info["sandbox_id"], changes)
+    return ok({"env": env})
