@@ -17,10 +17,11 @@ from aiohttp import web
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY, API_KEY_ID, CONFIG, ENGINE
 from api.output import OutputStore
-from api.routes import files, jobs, sandboxes, streams
+from api.routes import checkpoints, files, jobs, sandboxes, streams
 from api.service import Engine
 from core.errors import HutchError, InvalidInput, Unauthorized
 from core.eventlog.base import open_event_log
+from core.events import ACTOR
 from drivers.base import Driver
 from projections.base import ProjectionStore
 
@@ -71,6 +72,7 @@ async def auth_middleware(request: web.Request, handler):  # type: ignore[no-unt
         raise Unauthorized("invalid API key")
     # Audit: which key acted, without keeping the key itself.
     request[API_KEY_ID] = "key_" + hashlib.sha256(token.encode()).hexdigest()[:12]
+    ACTOR.set(request[API_KEY_ID])  # events this request causes name the key that acted
     return await handler(request)
 
 
@@ -124,6 +126,7 @@ def create_app(config: Config) -> web.Application:
     app = web.Application(middlewares=[envelope_middleware, auth_middleware], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
+    app.add_routes(checkpoints.routes)
     app.add_routes(files.routes)
     app.add_routes(jobs.routes)
     app.add_routes(sandboxes.routes)

@@ -39,17 +39,28 @@ from core.eventlog.base import EventLog
 from core.events import Event, SandboxCreated, decode, encode
 from core.lifecycle import (
     ChangeEnv,
+    DeleteCheckpoint,
     Destroy,
     Fail,
     FinishExecution,
     Pause,
+    RestoreCheckpoint,
     Resume,
     Start,
     StartExecution,
+    TakeCheckpoint,
     Terminate,
     decide,
 )
-from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from core.models import (
+    Checkpoint,
+    Execution,
+    ExecutionStatus,
+    Mode,
+    Sandbox,
+    SandboxSpec,
+    SandboxStatus,
+)
 from core.quantities import format_bytes, parse_duration
 from drivers.base import (
     Driver,
@@ -335,6 +346,62 @@ class Engine:
         unset = tuple(k for k, v in changes.items() if v is None)
         await self._command(sandbox_id, ChangeEnv(set=set_, unset=unset))
         return dict((await self._require(sandbox_id)).spec.env)
+
+    # ---------------------------------------------------------------- stats
+
+    async def stats(self, start: str | None, end: str | None) -> dict[str, Any]:
+        """Usage of sandboxes created in [start, end): counts by status, executions and jobs
+        by status, and the wall time they ran."""
+        everything, _ = await self.store.list_sandboxes(SandboxQuery(include_deleted=True, limit=10**9, direction="asc"))
+        lo, hi = _unix(start) if start else float("-inf"), _unix(end) if end else float("inf")
+        chosen = [sb for sb in everything if lo <= _unix(sb.created_at) < hi]
+        by_status: dict[str, int] = {}
+        by_runtime: dict[str, int] = {}
+        runs: dict[str, dict[str, int]] = {"exec": {}, "job": {}}
+        run_ms = {"exec": 0, "job": 0}
+        for sb in chosen:
+            by_status[sb.status.value] = by_status.get(sb.status.value, 0) + 1
+            by_runtime[sb.spec.runtime] = by_runtime.get(sb.spec.runtime, 0) + 1
+            for ex in await self.store.list_executions(sb.sandbox_id):
+                kind = "job" if ex.type == "job" else "exec"
+                runs[kind][ex.status.value] = runs[kind].get(ex.status.value, 0) + 1
+                run_ms[kind] += ex.duration_ms or 0
+        return {
+            "start": start,
+            "end": end,
+            "sandboxes": {"created": len(chosen), "byStatus": by_status, "byRuntime": by_runtime},
+            "executions": {"total": sum(runs["exec"].values()), "byStatus": runs["exec"], "wallTimeMs": run_ms["exec"]},
+            "jobs": {"total": sum(runs["job"].values()), "byStatus": runs["job"], "wallTimeMs": run_ms["job"]},
+        }
+
+    # ---------------------------------------------------------------- checkpoints
+
+    async def create_checkpoint(self, sandbox_id: str, name: str) -> Checkpoint:
+        checkpoint_id = ids.new_id("checkpoint")
+        async with self._lock(sandbox_id):
+            sb = await self._require(sandbox_id, include_deleted=False)
+            events = decide(sb, TakeCheckpoint(checkpoint_id=checkpoint_id, name=name))  # checks before any work
+            await self.driver.checkpoint(sandbox_id, checkpoint_id)
+            await self._append(sandbox_id, events)
+        return next(c for c in (await self._require(sandbox_id)).checkpoints if c.checkpoint_id == checkpoint_id)
+
+    async def list_checkpoints(self, sandbox_id: str) -> tuple[Checkpoint, ...]:
+        return (await self._require(sandbox_id, include_deleted=False)).checkpoints
+
+    async def restore_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        async with self._lock(sandbox_id):
+            sb = await self._require(sandbox_id, include_deleted=False)
+            events = decide(sb, RestoreCheckpoint(checkpoint_id))
+            await self.driver.restore(sandbox_id, checkpoint_id)
+            await self._append(sandbox_id, events)
+        self.touch(sandbox_id)
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        async with self._lock(sandbox_id):
+            sb = await self._require(sandbox_id, include_deleted=False)
+            events = decide(sb, DeleteCheckpoint(checkpoint_id))
+            await self.driver.delete_checkpoint(sandbox_id, checkpoint_id)
+            await self._append(sandbox_id, events)
 
     # ---------------------------------------------------------------- pause
 

@@ -54,6 +54,10 @@ class RuntimeNotFound(NotFound):
     code = "RUNTIME_NOT_FOUND"
 
 
+class CheckpointNotFound(NotFound):
+    code = "CHECKPOINT_NOT_FOUND"
+
+
 class FileNotFound(NotFound):
     code = "FILE_NOT_FOUND"
 

@@ -7,6 +7,7 @@ payload shape gets a new version and an upcaster in ``decode``; old records stay
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 import attrs
@@ -81,6 +82,26 @@ class SandboxEnvChanged:
 
 
 @attrs.frozen
+class CheckpointCreated:
+    type: ClassVar[str] = "checkpoint"
+    checkpoint_id: str
+    name: str
+    parent: str = ""
+
+
+@attrs.frozen
+class CheckpointRestored:
+    type: ClassVar[str] = "checkpoint:restored"
+    checkpoint_id: str
+
+
+@attrs.frozen
+class CheckpointDeleted:
+    type: ClassVar[str] = "checkpoint:deleted"
+    checkpoint_id: str
+
+
+@attrs.frozen
 class ExecutionStarted:
     type: ClassVar[str] = "execution:started"
     execution_id: str
@@ -110,6 +131,9 @@ EventData = (
     | SandboxPaused
     | SandboxResumed
     | SandboxEnvChanged
+    | CheckpointCreated
+    | CheckpointRestored
+    | CheckpointDeleted
     | ExecutionStarted
     | ExecutionFinished
 )
@@ -126,21 +150,37 @@ EVENT_TYPES: dict[str, type] = {
         SandboxPaused,
         SandboxResumed,
         SandboxEnvChanged,
+        CheckpointCreated,
+        CheckpointRestored,
+        CheckpointDeleted,
         ExecutionStarted,
         ExecutionFinished,
     )
 }
 
 
+# Who is acting: the API key id (``key_…``, never the key) of the request being served. The
+# API's auth middleware sets it per request; events built while serving that request (and in
+# tasks the request starts, e.g. an execution's end) carry it as their ``actor``. Events of
+# the server's own doing outside any request (restart recovery) carry none.
+ACTOR: ContextVar[str | None] = ContextVar("hutch_actor", default=None)
+
+
+def _current_actor() -> str | None:
+    return ACTOR.get()
+
+
 @attrs.frozen
 class Event:
-    """The envelope. ``position`` is assigned by the log on append and orders everything."""
+    """The envelope. ``position`` is assigned by the log on append and orders everything.
+    ``actor`` (for the audit trail) is taken from ``ACTOR`` when not given."""
 
     event_id: str
     sandbox_id: str
     created_at: str
     data: EventData
     position: int | None = None
+    actor: str | None = attrs.field(factory=_current_actor, kw_only=True)
 
     @property
     def type(self) -> str:
@@ -156,7 +196,7 @@ def encode(event: Event) -> dict[str, Any]:
         "type": event.type,
         "createdAt": event.created_at,
         "data": converter.unstructure(event.data),
-    }
+    } | ({"actor": event.actor} if event.actor is not None else {})
 
 
 def decode(record: dict[str, Any], position: int | None = None) -> Event:
@@ -171,4 +211,5 @@ def decode(record: dict[str, Any], position: int | None = None) -> Event:
         created_at=record["createdAt"],
         data=data,
         position=position,
+        actor=record.get("actor"),
     )

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import attrs
 
-from core.errors import IllegalTransition
+from core.errors import CheckpointNotFound, IllegalTransition
 from core.events import (
+    CheckpointCreated,
+    CheckpointDeleted,
+    CheckpointRestored,
     Event,
     ExecutionFinished,
     ExecutionStarted,
@@ -25,7 +28,7 @@ from core.events import (
     SandboxStarted,
     SandboxTerminated,
 )
-from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
+from core.models import Checkpoint, Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
 
 # ---------------------------------------------------------------- commands
 
@@ -79,6 +82,22 @@ class ChangeEnv:
 
 
 @attrs.frozen
+class TakeCheckpoint:
+    checkpoint_id: str
+    name: str
+
+
+@attrs.frozen
+class RestoreCheckpoint:
+    checkpoint_id: str
+
+
+@attrs.frozen
+class DeleteCheckpoint:
+    checkpoint_id: str
+
+
+@attrs.frozen
 class Pause:
     terminates_at: str | None = None
 
@@ -88,7 +107,10 @@ class Resume:
     auto: bool = False
 
 
-Command = Start | Fail | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
+Command = (
+    Start | Fail | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
+    | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
+)
 
 _LIVE = (SandboxStatus.IDLE, SandboxStatus.RUNNING)
 
@@ -113,6 +135,30 @@ def decide(sandbox: Sandbox, command: Command) -> list[object]:
             if status.is_final:
                 return []  # failing something already over changes nothing
             return [SandboxFailed(reason=reason)]
+        case TakeCheckpoint(checkpoint_id=cid, name=name):
+            if status not in _LIVE and status is not SandboxStatus.PAUSED:
+                raise _illegal(sandbox, "checkpoint")
+            if any(c.name == name for c in sandbox.checkpoints):
+                raise IllegalTransition(
+                    f"name: sandbox {sandbox.sandbox_id} already has a checkpoint named {name!r}",
+                    sandbox_id=sandbox.sandbox_id, field="name",
+                )
+            return [CheckpointCreated(checkpoint_id=cid, name=name, parent=sandbox.current_checkpoint)]
+        case RestoreCheckpoint(checkpoint_id=cid) | DeleteCheckpoint(checkpoint_id=cid):
+            verb = "restore" if isinstance(command, RestoreCheckpoint) else "delete"
+            if status not in _LIVE and status is not SandboxStatus.PAUSED:
+                raise _illegal(sandbox, f"{verb} a checkpoint")
+            if not any(c.checkpoint_id == cid for c in sandbox.checkpoints):
+                raise CheckpointNotFound(
+                    f"checkpoint {cid} not found in sandbox {sandbox.sandbox_id} (deleted, or never taken)",
+                    sandbox_id=sandbox.sandbox_id,
+                )
+            if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:
+                raise IllegalTransition(
+                    f"cannot restore: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
+                    sandbox_id=sandbox.sandbox_id, status=status.value,
+                )
+            return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
         case ChangeEnv():
             if status.is_final or status is SandboxStatus.STOPPING:
                 raise _illegal(sandbox, "change the environment")
@@ -212,6 +258,15 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():
             return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
+        case CheckpointCreated():
+            cp = Checkpoint(checkpoint_id=data.checkpoint_id, name=data.name, created_at=at, parent=data.parent)
+            return attrs.evolve(sandbox, checkpoints=(*sandbox.checkpoints, cp), current_checkpoint=data.name, updated_at=at)
+        case CheckpointRestored(checkpoint_id=cid):
+            name = next((c.name for c in sandbox.checkpoints if c.checkpoint_id == cid), sandbox.current_checkpoint)
+            return attrs.evolve(sandbox, current_checkpoint=name, updated_at=at)
+        case CheckpointDeleted(checkpoint_id=cid):
+            kept = tuple(c for c in sandbox.checkpoints if c.checkpoint_id != cid)
+            return attrs.evolve(sandbox, checkpoints=kept, updated_at=at)
         case SandboxEnvChanged():
             env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
             env.update(data.set)

@@ -90,6 +90,14 @@ class SandboxSpec:
 
 
 @attrs.frozen
+class Checkpoint:
+    checkpoint_id: str
+    name: str
+    created_at: str
+    parent: str = ""  # the name of the checkpoint this state grew from ("" for the base)
+
+
+@attrs.frozen
 class Sandbox:
     sandbox_id: str
     spec: SandboxSpec
@@ -102,6 +110,8 @@ class Sandbox:
     reason: str | None = None  # why it failed or terminated
     paused_at: str | None = None
     terminates_at: str | None = None  # a paused sandbox's deadline (timeout.paused)
+    checkpoints: tuple[Checkpoint, ...] = ()
+    current_checkpoint: str = ""  # name of the checkpoint last taken or restored: the next one's parent
     initial_execution_id: str | None = None
     api_key_id: str | None = None  # which key created it (audit)
 

@@ -26,6 +26,7 @@ class Capabilities:
     network: bool = False  # can give a sandbox outbound network when asked
     pause: bool = False
     files: bool = False
+    checkpoints: bool = False
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
 
 
@@ -170,6 +171,19 @@ class Driver(abc.ABC):
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         raise NotSupported(f"driver {self.name} cannot make symlinks")
+
+    # -- disk checkpoints: restore points of the sandbox's writable filesystem
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        """Save the writable filesystem as it is now (cheaply: links or layers, not full copies)."""
+        raise NotSupported(f"driver {self.name} cannot checkpoint sandboxes")
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        """Bring the writable filesystem back to exactly that state. Processes may be restarted."""
+        raise NotSupported(f"driver {self.name} cannot restore checkpoints")
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot delete checkpoints")
 
     async def signal(self, execution_id: str, signum: int) -> None:
         """Send a signal to a running execution's whole process tree (graceful stop)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from aiohttp import web
 
 from api import wire
@@ -52,6 +54,22 @@ async def list_runtimes(request: web.Request) -> web.Response:
         catalog.reverse()
     page = catalog[offset : offset + limit]
     return ok({"runtimes": [wire.runtime_info(r, avail) for r, avail in page], "total": len(catalog)})
+
+
+def _instant(request: web.Request, name: str) -> str | None:
+    raw = request.query.get(name)
+    if not raw:
+        return None
+    try:
+        dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as err:
+        raise InvalidInput(f"{name}: expected an ISO 8601 time such as 2026-04-01T00:00:00Z, got {raw!r}", field=name) from err
+    return raw
+
+
+@routes.get("/sandbox/stats")
+async def stats(request: web.Request) -> web.Response:
+    return ok(await request.app[ENGINE].stats(_instant(request, "start"), _instant(request, "end")))
 
 
 @routes.post("/sandbox")

@@ -20,7 +20,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, S
 import attrs
 
 from core import runtimes
-from core.errors import DriverFailure, FileNotFound, IllegalTransition, InvalidInput, RuntimeNotFound, SandboxNotFound
+from core.errors import (
+    DriverFailure,
+    FileNotFound,
+    IllegalTransition,
+    InvalidInput,
+    RuntimeNotFound,
+    SandboxNotFound,
+)
 from drivers.base import (
     Capabilities,
     Driver,
@@ -70,6 +77,7 @@ class FakeSandbox:
     links: dict[str, str] = attrs.field(factory=dict)
     modes: dict[str, int] = attrs.field(factory=dict)
     paused: bool = False
+    checkpoints: dict[str, tuple[dict[str, bytes], set[str], dict[str, str], dict[str, int]]] = attrs.field(factory=dict)
 
     def parent_ok(self, path: str) -> bool:
         return posixpath.dirname(path) in self.dirs
@@ -77,7 +85,7 @@ class FakeSandbox:
 
 class FakeDriver(Driver):
     name = "fake"
-    capabilities = Capabilities(files=True, pause=True)
+    capabilities = Capabilities(files=True, pause=True, checkpoints=True)
 
     def __init__(self) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
@@ -217,6 +225,18 @@ class FakeDriver(Driver):
             sb.links.pop(x, None)
         sb.dirs.discard(p)
         return True
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        sb = self._get(sandbox_id)
+        sb.checkpoints[checkpoint_id] = (dict(sb.files), set(sb.dirs), dict(sb.links), dict(sb.modes))
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        sb = self._get(sandbox_id)
+        files, dirs, links, modes = sb.checkpoints[checkpoint_id]
+        sb.files, sb.dirs, sb.links, sb.modes = dict(files), set(dirs), dict(links), dict(modes)
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        self._get(sandbox_id).checkpoints.pop(checkpoint_id, None)
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         sb = self._get(sandbox_id)

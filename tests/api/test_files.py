@@ -178,3 +178,37 @@ async def test_zip_slip_and_limits(make_api) -> None:  # type: ignore[no-untyped
     assert "not a tar" in err["message"]
     err = await api.call("GET", f"/fs/download/{sid}?format=rar", expect=400)
     assert "format" in err["message"]
+
+
+async def test_checkpoints_restore_exact_state_with_a_parent_chain(api: Api) -> None:
+    sid = await new_sandbox(api)
+    await api.call("POST", f"/fs/{sid}", json={"files": [{"path": "keep.txt", "content": b64(b"v1")},
+                                                        {"path": "doomed.txt", "content": b64(b"x")}]})
+    first = await api.call("POST", f"/sandbox/{sid}/checkpoint", json={"name": "base"}, expect=201)
+    cp1 = first["data"]
+    assert cp1["id"].startswith("ckpt_") and cp1["name"] == "base" and cp1["parent"] == "" and cp1["createdAt"]
+    await api.call("POST", f"/fs/{sid}", json={"files": [{"path": "keep.txt", "content": b64(b"v2")},
+                                                        {"path": "later.txt", "content": b64(b"new")}]})
+    await api.call("POST", f"/fs/rm/{sid}", json={"path": "doomed.txt"})
+    cp2 = (await api.call("POST", f"/sandbox/{sid}/checkpoint", json={"name": "upgraded"}, expect=201))["data"]
+    assert cp2["parent"] == "base"
+    await api.call("POST", f"/sandbox/{sid}/checkpoint/{cp1['id']}/restore")
+    assert await raw(api, "GET", f"/fs/{sid}?path=keep.txt") == b"v1"
+    assert await raw(api, "GET", f"/fs/{sid}?path=doomed.txt") == b"x"  # deleted ones return
+    await api.call("GET", f"/fs/{sid}?path=later.txt", expect=404)  # later ones are gone
+    cp3 = (await api.call("POST", f"/sandbox/{sid}/checkpoint", json={"name": "again"}, expect=201))["data"]
+    assert cp3["parent"] == "base"  # the chain follows what was restored
+    listed = (await api.data("GET", f"/sandbox/checkpoints/{sid}"))["checkpoints"]
+    assert [c["name"] for c in listed] == ["base", "upgraded", "again"]
+
+    err = await api.call("POST", f"/sandbox/{sid}/checkpoint", json={"name": "base"}, expect=409)
+    assert "already has a checkpoint named" in err["message"]
+    await api.call("POST", f"/sandbox/{sid}/checkpoint", json={}, expect=400)
+    await api.call("DELETE", f"/sandbox/{sid}/checkpoint/{cp2['id']}")
+    err = await api.call("POST", f"/sandbox/{sid}/checkpoint/{cp2['id']}/restore", expect=404)
+    assert "deleted" in err["message"]
+    await api.call("DELETE", f"/sandbox/{sid}/checkpoint/{cp2['id']}", expect=404)
+    types = [e["type"] for e in (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]]
+    assert types.count("checkpoint") == 3 and "checkpoint:restored" in types and "checkpoint:deleted" in types
+    await api.call("DELETE", f"/sandbox/{sid}")
+    await api.call("GET", f"/sandbox/checkpoints/{sid}", expect=404)

@@ -117,3 +117,21 @@ async def test_job_errors(api: Api) -> None:
     await api.call("POST", "/sandbox/sandboxes/sbx_nope/jobs", json={"command": ["true"]}, expect=404)
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["true"]})
     await api.call("GET", f"/sandbox/sandboxes/{sid}/jobs/{ex['executionId']}", expect=404)  # not a job
+
+
+async def test_stats_count_what_ran_in_a_time_range(api: Api) -> None:
+    sid = await new_sandbox(api)
+    await run(api, sid, "true")
+    await run(api, sid, "sh", "-c", "exit 2")
+    await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["true"]}, expect=201)
+    other = await new_sandbox(api)
+    await api.call("DELETE", f"/sandbox/{other}")
+    stats = await api.data("GET", "/sandbox/stats")
+    assert stats["sandboxes"]["created"] == 2
+    assert stats["sandboxes"]["byStatus"] in ({"idle": 1, "deleted": 1}, {"running": 1, "deleted": 1})  # the job may still run
+    assert stats["executions"]["total"] == 2 and stats["executions"]["byStatus"] == {"completed": 2}
+    assert stats["jobs"]["total"] == 1
+    empty = await api.data("GET", "/sandbox/stats?start=2000-01-01T00:00:00Z&end=2000-01-02T00:00:00Z")
+    assert empty["sandboxes"]["created"] == 0
+    err = await api.call("GET", "/sandbox/stats?start=yesterday", expect=400)
+    assert "start" in err["message"]

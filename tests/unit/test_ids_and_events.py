@@ -32,7 +32,7 @@ def test_event_type_names_are_stable() -> None:
     # These strings are on the wire and in stored logs: changing one breaks both.
     assert set(EVENT_TYPES) == {
         "create", "destroy", "lifecycle:started", "lifecycle:failed", "lifecycle:completed",
-        "lifecycle:terminated", "pause", "resume", "env", "execution:started", "execution:finished",
+        "lifecycle:terminated", "pause", "resume", "env", "checkpoint", "checkpoint:restored", "checkpoint:deleted", "execution:started", "execution:finished",
     }
 
 
