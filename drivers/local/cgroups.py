@@ -49,13 +49,28 @@ def _pids(path: Path) -> list[int]:
 
 
 def _rmtree(path: Path) -> bool:
-    """rmdir a cgroup and its children, deepest first. False if any still has processes."""
-    if not path.exists():
+    """rmdir a cgroup and its children, deepest first. False if any still has processes.
+
+    rmdir first: a leaf (the common case) needs no directory listing at all, and a
+    cgroup directory lists dozens of control files.
+    """
+    try:
+        os.rmdir(path)
         return True
+    except FileNotFoundError:
+        return True
+    except OSError as err:
+        if err.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+            raise
+    try:
+        children = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return True
+    if not children:
+        return False  # busy with processes
     ok = True
-    for dirpath, dirs, _files in os.walk(path, topdown=False):
-        for d in dirs:
-            ok = _rmdir(Path(dirpath, d)) and ok
+    for child in children:
+        ok = _rmtree(Path(child)) and ok
     return _rmdir(path) and ok
 
 

@@ -177,6 +177,8 @@ class LocalDriver(Driver):
         self._pool_seq = itertools.count()
         self._pool_tag = ""
         self._closed = False
+        self._available: set[str] = set()
+        self._available_at = -1e9
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -238,7 +240,12 @@ class LocalDriver(Driver):
             self._cgroups.remove_instance()  # only when no sandbox is left in it
 
     def runtimes_available(self) -> set[str]:
-        return {r.name for r in runtimes.CATALOG if rootfs.is_built(self.runtime_cache, r)}
+        # Asked on every create: a second-old answer saves a stat per catalog entry.
+        now = time.monotonic()
+        if now - self._available_at > 1.0:
+            self._available = {r.name for r in runtimes.CATALOG if rootfs.is_built(self.runtime_cache, r)}
+            self._available_at = now
+        return set(self._available)
 
     async def alive(self) -> set[str]:
         found = set()
@@ -298,7 +305,7 @@ class LocalDriver(Driver):
         while pool:
             pooled = pool.pop()
             try:
-                return self._adopt(pooled, req)
+                return await asyncio.to_thread(self._adopt, pooled, req)
             except Exception as err:  # e.g. reaped by another server on this data dir
                 log.warning("pooled sandbox %s unusable (%s); destroying it", pooled.id, err)
                 await self._teardown(pooled.id)
@@ -306,7 +313,7 @@ class LocalDriver(Driver):
         return None
 
     def _adopt(self, pooled: _Sandbox, req: ProvisionRequest) -> _Sandbox:
-        """Blocking but short: three renames and a few small writes."""
+        """Blocking: renames and a few small writes."""
         assert self._cgroups is not None
         if _start_time(pooled.init_pid) != pooled.init_start:
             raise DriverFailure("its init is gone")
@@ -530,28 +537,43 @@ class LocalDriver(Driver):
         sb = self._load(sid)
         if sb is not None:
             await self._kill_init(sb)
-        # With init gone no process of the sandbox's pid namespace is left; what the
-        # cgroup may still hold is our own launcher side (bubblewrap's monitor, exiting
-        # now that its child died): a plain SIGKILL, no freezing needed. If the cgroup
-        # still is not empty after that, the freezer kill loop takes over.
-        start = time.monotonic()
-        pause = 0.0005
-        while not self._cgroups.remove(sid):
-            waited = time.monotonic() - start
-            if waited > 5:
-                raise DriverFailure(f"could not remove the cgroups of sandbox {sid}")
-            if waited > 0.1 or sb is None:
+        # One thread hop for the blocking rest (cgroup rmdirs, uid registry, files).
+        if not await asyncio.to_thread(self._cleanup_sync, sid, sb is not None):
+            start = time.monotonic()
+            while not self._cgroups.remove(sid):  # the freezer kill loop, as a fallback
+                if time.monotonic() - start > 5:
+                    raise DriverFailure(f"could not remove the cgroups of sandbox {sid}")
                 await self._cgroups.kill(sid)
-            else:
-                for pid in self._cgroups.pids(sid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            await asyncio.sleep(pause)  # killed processes still have to exit
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(self._remove_dir, sid)
+
+    def _cleanup_sync(self, sid: str, init_killed: bool) -> bool:
+        """Remove the cgroups and the directory; False if the cgroups stay busy.
+
+        With init gone no process of the sandbox's pid namespace is left; what the
+        cgroup may still hold is our own launcher side (bubblewrap's monitor, exiting
+        now that its child died): a plain SIGKILL, no freezing needed. Without a known
+        init (remains of a dead sandbox) the caller uses the freezer kill loop.
+        """
+        assert self._cgroups is not None
+        start = time.monotonic()
+        pause = 0.0002
+        while not self._cgroups.remove(sid):
+            if not init_killed or time.monotonic() - start > 0.2:
+                return False
+            for pid in self._cgroups.pids(sid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(pause)  # killed processes still have to exit
             pause = min(pause * 2, 0.01)
+        self._remove_dir(sid)
+        return True
+
+    def _remove_dir(self, sid: str) -> None:
         d = self.sandbox_root / sid
         if d.exists():
             self._release_uid(d)
-            await asyncio.to_thread(shutil.rmtree, d)
+            shutil.rmtree(d)
 
     async def _kill_init(self, sb: _Sandbox) -> None:
         """SIGKILL the sandbox's pid 1 and wait until it is gone.
