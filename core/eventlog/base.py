@@ -50,9 +50,12 @@ class EventLog(abc.ABC):
         """Every event after ``after``, then new ones as they are appended, forever."""
 
 
-def open_event_log(url: str, data_dir: Path) -> EventLog:
+def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> EventLog:
     """``sqlite`` (default: <data_dir>/events.db), ``sqlite:///abs/path.db``, or
-    ``kafka://HOST:PORT/TOPIC`` (see ``core.eventlog.kafka``)."""
+    ``kafka://HOST:PORT/TOPIC`` (see ``core.eventlog.kafka``).
+
+    ``read_only``: for readers that never append (``hutch projector``, ``hutch audit``); on
+    Kafka it keeps them from taking, and so fencing, the server's transactional ids."""
     if url in ("sqlite", "embedded", ""):
         from core.eventlog.sqlite import SqliteEventLog
 
@@ -64,7 +67,7 @@ def open_event_log(url: str, data_dir: Path) -> EventLog:
     if url.startswith("kafka://"):
         from core.eventlog.kafka import KafkaEventLog
 
-        return KafkaEventLog.from_url(url, data_dir)
+        return KafkaEventLog.from_url(url, data_dir, writer=not read_only)
     raise InvalidInput(
         f"event log: unsupported URL {url!r}; expected 'sqlite', sqlite:///path or kafka://host:port/topic",
         field="event_log",

@@ -186,6 +186,7 @@ class KafkaEventLog(EventLog):
         transactional_id: str | None = None,
         append_timeout: float = 60.0,
         producers: int = 3,
+        writer: bool = True,
         client_id: str = "hutch",
     ) -> None:
         self.bootstrap = bootstrap
@@ -198,7 +199,7 @@ class KafkaEventLog(EventLog):
         self.transactional_id = transactional_id or f"hutch-{socket.gethostname()}-{topic}"
         # Several producers, so a new transaction need not wait for the previous one's commit
         # markers (the broker answers CONCURRENT_TRANSACTIONS until they are written).
-        self._slots = [_Slot(f"{self.transactional_id}-{i}") for i in range(producers)]
+        self._slots = [_Slot(f"{self.transactional_id}-{i}") for i in range(producers if writer else 0)]
         self._idle: list[_Slot] = []
         self._watcher: AIOKafkaConsumer | None = None  # asks for end offsets; never fetches
         self._inflight: set[asyncio.Task[None]] = set()
@@ -209,7 +210,7 @@ class KafkaEventLog(EventLog):
         self._closed = False
 
     @classmethod
-    def from_url(cls, url: str, data_dir: Path) -> KafkaEventLog:
+    def from_url(cls, url: str, data_dir: Path, *, writer: bool = True) -> KafkaEventLog:
         bootstrap, topic, params = parse_url(url)
         unknown = set(params) - {"partitions", "replication", "transactional_id"}
         if unknown:
@@ -223,6 +224,7 @@ class KafkaEventLog(EventLog):
             partitions=int(params.get("partitions", DEFAULT_PARTITIONS)),
             replication=int(params["replication"]) if "replication" in params else None,
             transactional_id=tid,
+            writer=writer,
         )
 
     # ---------------------------------------------------------------- lifetime
@@ -350,7 +352,9 @@ class KafkaEventLog(EventLog):
     async def append(self, events: Sequence[Event]) -> list[int]:
         if not events:
             return []
-        if not self._slots or self._closed:
+        if not self._slots:
+            raise LogUnavailable("this Kafka event log was opened read-only")
+        if self._closed:
             raise LogUnavailable("the Kafka event log is not started")
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._pending.append((events, fut))
