@@ -47,6 +47,8 @@ _SORT = {
     "updatedAt": "updated_at",
     "name": "COALESCE(name, '')",
     "status": "status",
+    "mode": "mode",
+    "executions": "COALESCE((doc->>'executions')::bigint, 0)",
 }
 
 
