@@ -85,7 +85,12 @@ def make_driver(config: Config) -> Driver:
         from drivers.local.driver import LocalDriver
 
         return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
-    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local or fake", field="driver")
+    if config.driver == "nomad":
+        from drivers.nomad.driver import NomadDriver, pool_sizes_from_env
+
+        return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
+                           token=config.nomad_token, pool_sizes=pool_sizes_from_env(config.nomad_pool))
+    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 
 def make_store(config: Config) -> ProjectionStore:

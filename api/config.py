@@ -31,6 +31,11 @@ class Config:
     max_upload_bytes: int = 4 * 2**30  # one archive upload, streamed to disk
     max_archive_entries: int = 100_000
     runtime_cache: Path | None = None  # where built runtimes live (HUTCH_RUNTIME_CACHE)
+    # The nomad driver (scripts/services start nomad prints these):
+    nomad_addr: str = "http://127.0.0.1:4646"  # HUTCH_NOMAD_ADDR
+    nomad_token: str | None = None  # HUTCH_NOMAD_TOKEN (ACL token)
+    nomad_registry: str = "127.0.0.1:5000"  # HUTCH_NOMAD_REGISTRY: where the runtime images are
+    nomad_pool: str = ""  # HUTCH_NOMAD_POOL: warm pool sizes, "base:latest=2,python:3.13=1"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -46,6 +51,10 @@ class Config:
             ("api_key", "HUTCH_API_KEY"),
             ("public_url", "HUTCH_PUBLIC_URL"),
             ("runtime_cache", "HUTCH_RUNTIME_CACHE"),
+            ("nomad_addr", "HUTCH_NOMAD_ADDR"),
+            ("nomad_token", "HUTCH_NOMAD_TOKEN"),
+            ("nomad_registry", "HUTCH_NOMAD_REGISTRY"),
+            ("nomad_pool", "HUTCH_NOMAD_POOL"),
         ):
             if env.get(var):
                 values[field] = env[var]

@@ -138,6 +138,7 @@ class Engine:
 
     async def start(self) -> None:
         await self.projector.start()
+        self.driver.set_listener(self._sandbox_ended)
         await self._recover()
         self._spawn(self._watch_timeouts(), "timeouts")
 
@@ -567,6 +568,16 @@ class Engine:
         if sb.spec.mode is Mode.ONESHOT:
             code = finish.exit_code if finish.exit_code is not None else 1
             await self._end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))
+
+    async def _sandbox_ended(self, sandbox_id: str, reason: str, failed: bool) -> None:
+        """The driver saw a sandbox end on its own (a Nomad allocation lost or OOM-killed)."""
+        try:
+            sb = await self.store.get_sandbox(sandbox_id)
+            if sb is None or sb.status.is_final:
+                return
+            await self._command(sandbox_id, Fail(reason=reason) if failed else Terminate(reason=reason))
+        except Exception:  # the driver's watcher must survive whatever happens here
+            log.exception("recording the end of sandbox %s failed", sandbox_id)
 
     async def _end(self, sandbox_id: str, command: Terminate) -> None:
         try:

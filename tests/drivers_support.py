@@ -105,3 +105,34 @@ class Recorder:
     @property
     def stderr(self) -> str:
         return self.text("stderr")
+
+
+# -- the nomad driver: a real Nomad + containerd (./scripts/services start nomad) -----------
+
+NOMAD_ADDR = os.environ.get("HUTCH_NOMAD_ADDR", "http://127.0.0.1:4646")
+NOMAD_REGISTRY = os.environ.get("HUTCH_NOMAD_REGISTRY", "127.0.0.1:5000")
+
+
+async def start_nomad(data_dir: Path, **kw: object) -> Driver:
+    from core.errors import HutchError
+    from drivers.nomad.driver import NomadDriver
+
+    driver = NomadDriver(address=NOMAD_ADDR, data_dir=data_dir, registry=NOMAD_REGISTRY, **kw)  # type: ignore[arg-type]
+    try:
+        await driver.start()
+    except HutchError as err:
+        await driver.close()
+        pytest.fail(f"the nomad driver's tests need Nomad, containerd and the registry running: {err.message}\n"
+                    "start them with: ./scripts/services start nomad", pytrace=False)
+    return driver
+
+
+async def nomad_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+    data = request.getfixturevalue("tmp_path") / "nomad-data"
+    driver = await start_nomad(data)
+    try:
+        yield driver
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()

@@ -216,13 +216,17 @@ sys.exit(0 if ok else 1)'
 }
 
 start_nomad() {
-  if pid_of nomad >/dev/null && node_ready; then return 0; fi
+  local plugin; plugin="$(plugin_dir)/hutch-containerd"
+  if pid_of nomad >/dev/null && node_ready && [[ "$(cat "$STATE/nomad.plugin" 2>/dev/null)" == "$plugin" ]]; then
+    return 0
+  fi
   stop_pid nomad INT
   api /v1/agent/self >/dev/null 2>&1 && die "port $PORT answers but is not our Nomad; set HUTCH_NOMAD_PORT"
   remove_containers
   mkdir -p "$WORKSPACES" "$STATE/plugins"
   chmod 711 "$WORKSPACES"
-  ln -sfn "$(plugin_dir)/hutch-containerd" "$STATE/plugins/hutch-containerd"
+  ln -sfn "$plugin" "$STATE/plugins/hutch-containerd"
+  echo "$plugin" >"$STATE/nomad.plugin"
   cat >"$STATE/agent.hcl" <<EOF
 # Written by scripts/services.d/nomad.sh
 bind_addr  = "127.0.0.1"

@@ -27,10 +27,11 @@ from tests.drivers_support import (
     local_data_dir,  # noqa: F401  (fixture)
     local_driver_fixture,
     new_id,
+    nomad_driver_fixture,
     provision,
 )
 
-BACKENDS = ["fake", "local"]
+BACKENDS = ["fake", "local", "nomad"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -44,6 +45,10 @@ async def driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
         for sid in await fake.alive():
             await fake.destroy(sid)
         await fake.close()
+        return
+    if request.param == "nomad":
+        async for nomad in nomad_driver_fixture(request):
+            yield nomad
         return
     async for local in local_driver_fixture(request):
         yield local

@@ -646,6 +646,12 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 	if opts.Tty {
 		return nil, fmt.Errorf("%s: tty exec is not supported", pluginName)
 	}
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Kill != "" {
+		if h.killTagged(envelope.Kill) {
+			return &drivers.ExitResult{ExitCode: 0}, nil
+		}
+		return &drivers.ExitResult{ExitCode: 1}, nil
+	}
 	return h.exec(ctx, opts.Command, opts.Stdin, opts.Stdout, opts.Stderr)
 }
 
@@ -663,9 +669,17 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 }
 
 // execEnvelopeSpec is the optional first part of an exec command.
+//
+//	{"env": ["K=V", ...], "cwd": "/dir", "tag": "exec-1"}   run argv with this env and cwd
+//	{"kill": "exec-1"}                                      kill the tagged exec's process tree
+//
+// The kill verb exists because closing the exec websocket does not reach the plugin while
+// the command is silent: Nomad's HTTP handler only notices at the command's next output.
 type execEnvelopeSpec struct {
-	Env []string `json:"env"`
-	Cwd string   `json:"cwd"`
+	Env  []string `json:"env"`
+	Cwd  string   `json:"cwd"`
+	Tag  string   `json:"tag"`
+	Kill string   `json:"kill"`
 }
 
 func parseEnvelope(cmd []string) (*execEnvelopeSpec, []string, error) {

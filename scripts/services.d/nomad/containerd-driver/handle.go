@@ -34,6 +34,27 @@ type taskHandle struct {
 	completedAt time.Time
 	done        chan struct{}
 	execSeq     int
+	tagged      map[string]*taggedExec
+}
+
+type taggedExec struct {
+	pid    int
+	killed bool
+}
+
+// killTagged kills the process tree of a running exec by its tag; false if there is none.
+func (h *taskHandle) killTagged(tag string) bool {
+	h.mu.Lock()
+	t, ok := h.tagged[tag]
+	if ok {
+		t.killed = true
+	}
+	h.mu.Unlock()
+	if !ok {
+		return false
+	}
+	killTree(t.pid)
+	return true
 }
 
 func newTaskHandle(d *Driver, cfg *drivers.TaskConfig, c containerd.Container, t containerd.Task, workspace string) *taskHandle {
@@ -42,6 +63,7 @@ func newTaskHandle(d *Driver, cfg *drivers.TaskConfig, c containerd.Container, t
 		startedAt: time.Now().Round(time.Millisecond),
 		state:     drivers.TaskStateRunning,
 		done:      make(chan struct{}),
+		tagged:    map[string]*taggedExec{},
 	}
 }
 
@@ -167,15 +189,17 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	execID := fmt.Sprintf("exec-%d-%d", time.Now().UnixNano(), h.execSeq)
 	h.mu.Unlock()
 
-	// cio closes the process's stdin once our reader hits EOF.
+	// The shim keeps the process's stdin open until told: at our reader's EOF, CloseIO.
 	if stdin == nil {
 		stdin = bytes.NewReader(nil)
 	}
-	ioCreator := cio.NewCreator(cio.WithStreams(stdin, stdout, stderr))
+	closer := &stdinCloser{r: stdin}
+	ioCreator := cio.NewCreator(cio.WithStreams(closer, stdout, stderr))
 	process, err := h.task.Exec(nsctx, execID, &pspec, ioCreator)
 	if err != nil {
 		return nil, fmt.Errorf("creating exec process: %v", err)
 	}
+	closer.setClose(func() { _ = process.CloseIO(nsctx, containerd.WithStdinCloser) })
 	defer func() {
 		if _, err := process.Delete(nsctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			h.d.logger.Warn("deleting exec process", "exec", execID, "error", err)
@@ -201,6 +225,16 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		return nil, fmt.Errorf("starting exec process: %v", err)
 	}
 	pid := int(process.Pid())
+	if envelope != nil && envelope.Tag != "" {
+		h.mu.Lock()
+		h.tagged[envelope.Tag] = &taggedExec{pid: pid}
+		h.mu.Unlock()
+		defer func() {
+			h.mu.Lock()
+			delete(h.tagged, envelope.Tag)
+			h.mu.Unlock()
+		}()
+	}
 
 	var status containerd.ExitStatus
 	select {
@@ -302,4 +336,39 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// stdinCloser tells the shim to close the process's stdin once the reader is drained
+// (the process may be created after the copy already hit EOF: then at setClose).
+type stdinCloser struct {
+	r     io.Reader
+	mu    sync.Mutex
+	eof   bool
+	close func()
+	done  bool
+}
+
+func (s *stdinCloser) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err == io.EOF {
+		s.mu.Lock()
+		s.eof = true
+		s.fire()
+		s.mu.Unlock()
+	}
+	return n, err
+}
+
+func (s *stdinCloser) setClose(f func()) {
+	s.mu.Lock()
+	s.close = f
+	s.fire()
+	s.mu.Unlock()
+}
+
+func (s *stdinCloser) fire() {
+	if s.eof && s.close != nil && !s.done {
+		s.done = true
+		go s.close()
+	}
 }

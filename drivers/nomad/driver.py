@@ -1,0 +1,674 @@
+"""The nomad driver: a sandbox is a Nomad job whose one task runs in containerd.
+
+- **Job**: ``hutch-<instance>-<sandbox id>``, one group, one task on the
+  ``hutch-containerd`` task driver (scripts/services.d/nomad/containerd-driver) from the
+  runtime's OCI image (``drivers.nomad.images``): an idle shell as pid 1 that reaps
+  orphans, running as the unprivileged sandbox uid with no capabilities, no_new_privs,
+  containerd's seccomp profile and a network namespace with only loopback. No restarts,
+  no rescheduling: a sandbox that dies is over, and says so (below).
+- **Resources**: memory -> the task's MemoryMB (a hard limit), cpu millicores -> a CFS
+  quota, pids -> the container's pids limit. Nomad's CPU reservation is kept small so a
+  node is not "full" of idle sandboxes.
+- **Workspace**: a host directory per allocation (``workspace_root/<alloc id>`` on the
+  client) bind-mounted at /home/agentuity, owned by the sandbox uid.
+- **Exec**: Nomad's alloc exec websocket. The argv is prefixed with an envelope the
+  plugin understands (``hutch-exec:v1`` + JSON env/cwd), because the exec API itself
+  carries only argv. Timeout and cancel close the websocket; Nomad then cancels the
+  exec and the plugin kills the process and its descendants.
+- **Files**: a tar stream unpacked by ``tar`` inside the sandbox, as the sandbox user.
+- **Warm pools** (``pool_sizes``): idle allocations placed ahead of time per runtime,
+  with the default resources; a create that asks for nothing else claims one (no
+  scheduling on the request path) and a background task refills the pool.
+- **Failures**: a watcher follows every allocation with Nomad's blocking queries; an
+  allocation of a live sandbox that fails, is lost, is OOM-killed or completes on its
+  own is reported through ``Driver.set_listener`` so the engine can end the sandbox with
+  a lifecycle event.
+- **Restart**: what the driver knows of a sandbox (job, allocation, runtime, env) is a
+  small JSON file under ``<data dir>/nomad``; ``alive()`` and recovery read those files
+  and ask Nomad which allocations still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import math
+import posixpath
+import re
+import tarfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from core import runtimes
+from core.errors import (
+    DriverFailure,
+    HutchError,
+    IllegalTransition,
+    InvalidInput,
+    NotSupported,
+    RuntimeNotFound,
+    SandboxNotFound,
+)
+from core.runtimes import RuntimeRecipe
+from drivers.base import (
+    Capabilities,
+    Driver,
+    ExecRequest,
+    ExecResult,
+    FileToWrite,
+    OutputSink,
+    ProvisionRequest,
+    Resources,
+)
+from drivers.nomad import images
+from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
+
+log = logging.getLogger(__name__)
+
+PLUGIN = "hutch-containerd"
+TASK = "sandbox"
+HOME = images.HOME
+USER = images.USER
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+EXIT_TIMEOUT = 124
+EXIT_CANCELLED = 137
+ENVELOPE = "hutch-exec:v1"
+# pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM.
+INIT = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
+DEFAULT_MEMORY_MB = 256
+DEFAULT_PIDS = 1024
+CPU_RESERVATION_MHZ = 10
+PLACE_TIMEOUT = 120.0
+STOP_TIMEOUT = 20.0
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
+_ENDED = ("failed", "lost", "complete")
+
+
+def _check_env(env: Mapping[str, str], field: str) -> None:
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
+
+
+@attrs.define
+class _Sandbox:
+    id: str
+    job_id: str
+    alloc_id: str
+    runtime: str
+    env: dict[str, str]
+
+
+@attrs.define
+class _PoolEntry:
+    job_id: str
+    alloc_id: str
+    runtime: str
+
+
+@attrs.define
+class _Execution:
+    sandbox_id: str
+    stop: asyncio.Event
+    cancelled: bool = False
+
+
+class NomadDriver(Driver):
+    name = "nomad"
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        data_dir: Path,
+        registry: str = "127.0.0.1:5000",
+        token: str | None = None,
+        namespace: str | None = None,
+        datacenters: Sequence[str] = ("*",),
+        pool_sizes: Mapping[str, int] | None = None,
+    ) -> None:
+        self.address = address
+        self.registry = registry
+        self.datacenters = list(datacenters)
+        self.state_dir = Path(data_dir) / "nomad"
+        # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.
+        self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
+        self.capabilities = Capabilities(
+            memory_limit=True, cpu_limit=True, pids_limit=True, network=False,
+            pause=False, files=True, kernel_isolation=True)
+        self.pool_sizes = dict(pool_sizes or {})
+        self._client = NomadClient(address, token=token, namespace=namespace)
+        self._available: set[str] = set()
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._executions: dict[str, _Execution] = {}
+        self._destroying: set[str] = set()
+        self._pool: dict[str, deque[_PoolEntry]] = {}
+        self._pool_starting: dict[str, int] = {}
+        self._pool_claims = 0
+        self._pool_misses = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refill_wakeup = asyncio.Event()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def _job_prefix(self) -> str:
+        return f"hutch-{self.instance}-"
+
+    async def start(self) -> None:
+        await self._client.start()
+        nodes = await self._client.nodes()
+        ready = [n for n in nodes if n.get("Status") == "ready"
+                 and (n.get("Drivers") or {}).get(PLUGIN, {}).get("Healthy")]
+        if not ready:
+            raise DriverFailure(
+                f"nomad at {self.address} has no ready client node with the {PLUGIN} task driver; "
+                "start it with: ./scripts/services start nomad")
+        self._available = await asyncio.to_thread(self._probe_images)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self._recover()
+        self._spawn(self._watch(), "nomad-watch")
+        for runtime, size in self.pool_sizes.items():
+            if size > 0 and runtime in self._available:
+                self._pool.setdefault(runtime, deque())
+        if self._pool:
+            self._spawn(self._refill_loop(), "nomad-pool")
+
+    def _probe_images(self) -> set[str]:
+        return {r.name for r in runtimes.CATALOG if images.exists(r, self.registry)}
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        # Idle pool allocations are cheap to place again and must not pile up on the node.
+        drains = [entry.job_id for pool in self._pool.values() for entry in pool]
+        self._pool.clear()
+        for job_id in drains:
+            with contextlib.suppress(HutchError):
+                await self._client.deregister(job_id, purge=True)
+        await self._client.close()
+
+    def runtimes_available(self) -> set[str]:
+        return set(self._available)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    # -- state files ---------------------------------------------------------------------
+
+    def _state_path(self, sid: str) -> Path:
+        return self.state_dir / f"{sid}.json"
+
+    def _save(self, sb: _Sandbox) -> None:
+        tmp = self._state_path(sb.id).with_suffix(".tmp")
+        tmp.write_text(json.dumps(attrs.asdict(sb)))
+        tmp.rename(self._state_path(sb.id))
+
+    def _load_all(self) -> list[_Sandbox]:
+        found = []
+        if not self.state_dir.is_dir():
+            return found
+        for path in self.state_dir.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                found.append(_Sandbox(**json.loads(path.read_text())))
+        return found
+
+    async def _recover(self) -> None:
+        """Adopt the sandboxes and pool allocations a previous run of this data dir left."""
+        jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix())}
+        claimed = set()
+        for sb in self._load_all():
+            claimed.add(sb.job_id)
+            if await self._alloc_running(sb.job_id, sb.alloc_id):
+                self._sandboxes[sb.id] = sb
+            else:
+                self._state_path(sb.id).unlink(missing_ok=True)
+                if sb.job_id in jobs:
+                    self._spawn(self._stop_job(sb.job_id, None), f"nomad-reap-{sb.job_id}")
+        for job_id, job in jobs.items():
+            if job_id in claimed or job.get("Status") == "dead":
+                continue
+            meta = job.get("Meta") or {}
+            runtime = meta.get("hutch.pool")
+            allocs = await self._client.job_allocations(job_id)
+            running = [a for a in allocs if a.get("ClientStatus") == "running"]
+            if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
+                self._pool.setdefault(runtime, deque()).append(_PoolEntry(job_id, running[0]["ID"], runtime))
+            else:  # a sandbox whose state file is gone, or a pool we no longer want
+                self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
+
+    async def _alloc_running(self, job_id: str, alloc_id: str) -> bool:
+        try:
+            alloc = await self._client.allocation(alloc_id)
+        except NomadNotFound:
+            return False
+        return alloc.get("JobID") == job_id and alloc.get("ClientStatus") == "running" \
+            and alloc.get("DesiredStatus") == "run"
+
+    async def alive(self) -> set[str]:
+        return {sid for sid in self._sandboxes if sid not in self._destroying}
+
+    # -- jobs ------------------------------------------------------------------------
+
+    def _image(self, recipe: RuntimeRecipe) -> str:
+        return images.image_ref(recipe, self.registry)
+
+    def _job(self, job_id: str, recipe: RuntimeRecipe, resources: Resources, meta: dict[str, str]) -> dict[str, Any]:
+        memory_mb = DEFAULT_MEMORY_MB
+        if resources.memory_bytes:
+            memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
+        config: dict[str, Any] = {
+            "image": self._image(recipe),
+            "command": INIT[0],
+            "args": INIT[1:],
+            "uid": images.SANDBOX_UID,
+            "workspace": HOME,
+            "hostname": "sandbox",
+            "pids_limit": resources.pids or DEFAULT_PIDS,
+        }
+        if resources.cpu_millis:
+            config["cpu_millis"] = resources.cpu_millis
+        return {"Job": {
+            "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": self.datacenters,
+            "Meta": meta,
+            "TaskGroups": [{
+                "Name": TASK, "Count": 1,
+                "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86400 * 10**9, "Delay": 10**9},
+                "ReschedulePolicy": {"Attempts": 0, "Unlimited": False},
+                "EphemeralDisk": {"SizeMB": 10},
+                "Update": {"MaxParallel": 0},
+                "Tasks": [{
+                    "Name": TASK, "Driver": PLUGIN, "Config": config,
+                    "Resources": {"CPU": CPU_RESERVATION_MHZ, "MemoryMB": memory_mb},
+                    "KillTimeout": 2 * 10**9,
+                    "LogConfig": {"MaxFiles": 1, "MaxFileSizeMB": 1},
+                }],
+            }],
+        }}
+
+    async def _place(self, job: dict[str, Any]) -> str:
+        """Register ``job`` and wait until its allocation runs. Returns the allocation id."""
+        job_id = job["Job"]["ID"]
+        await self._client.register(job)
+        try:
+            return await asyncio.wait_for(self._wait_running(job_id), PLACE_TIMEOUT)
+        except TimeoutError as err:
+            raise DriverFailure(f"nomad did not start job {job_id} within {PLACE_TIMEOUT:.0f}s") from err
+
+    async def _wait_running(self, job_id: str) -> str:
+        index = 0
+        while True:
+            allocs, index = await self._client.blocking_get(f"/v1/job/{job_id}/allocations", index, "10s")
+            for alloc in allocs or []:
+                status = alloc.get("ClientStatus")
+                if status == "running":
+                    state = (alloc.get("TaskStates") or {}).get(TASK) or {}
+                    if state.get("State") == "running":
+                        return str(alloc["ID"])
+                elif status in _ENDED:
+                    raise DriverFailure(f"nomad could not start the sandbox: {_alloc_reason(alloc)}")
+            if not allocs:
+                await self._check_placement(job_id)
+
+    async def _check_placement(self, job_id: str) -> None:
+        """A job with no allocation yet may be blocked: say why instead of waiting for ever."""
+        with contextlib.suppress(NomadNotFound):
+            job = await self._client.job(job_id)
+            if job.get("Status") == "dead":
+                raise DriverFailure(f"nomad job {job_id} ended before it was placed")
+        summary, _ = await self._client.blocking_get(f"/v1/job/{job_id}/evaluations", 0, "1s")
+        for ev in summary or []:
+            failed = ev.get("FailedTGAllocs") or {}
+            for metrics in failed.values():
+                reasons = {**(metrics.get("DimensionExhausted") or {}), **(metrics.get("ConstraintFiltered") or {})}
+                if reasons or metrics.get("NodesEvaluated") == 0:
+                    detail = ", ".join(f"{k} ({v})" for k, v in reasons.items()) or "no eligible client node"
+                    raise DriverFailure(f"nomad cannot place the sandbox: {detail}")
+
+    async def _stop_job(self, job_id: str, alloc_id: str | None) -> None:
+        """Stop the job, wait (bounded) until its task is gone, then purge it and GC the allocation.
+
+        Purging at once would drop the allocation from the server while the client still
+        stops it, so destroy would return with the sandbox's processes alive."""
+        if alloc_id is None:
+            with contextlib.suppress(NomadNotFound):
+                await self._client.deregister(job_id, purge=True)
+            return
+        with contextlib.suppress(NomadNotFound):
+            await self._client.deregister(job_id, purge=False)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        index = 0
+        while time.monotonic() < deadline:
+            try:
+                alloc, index = await self._client.blocking_get(f"/v1/allocation/{alloc_id}", index, "5s")
+            except NomadNotFound:
+                break
+            if alloc.get("ClientStatus") not in ("running", "pending"):
+                break
+        with contextlib.suppress(NomadNotFound):
+            await self._client.deregister(job_id, purge=True)
+        # Frees the workspace and the container's snapshot now rather than at the next GC.
+        with contextlib.suppress(HutchError):
+            await self._client.gc_allocation(alloc_id)
+
+    # -- provision ----------------------------------------------------------------------
+
+    async def provision(self, req: ProvisionRequest) -> None:
+        if not _ID.match(req.sandbox_id):
+            raise InvalidInput(f"invalid sandbox id {req.sandbox_id!r}", field="sandbox_id")
+        recipe = runtimes.find(req.runtime)
+        if recipe is None:
+            raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
+        if recipe.name not in self._available:
+            raise RuntimeNotFound(
+                f"runtime {recipe.name} has no image in the registry {self.registry}; push it with: "
+                f"python -m drivers.nomad.images push {recipe.name} --registry {self.registry}", field="runtime")
+        if req.network_enabled:
+            raise NotSupported("the nomad driver cannot give sandboxes network access yet; "
+                               "create the sandbox with network disabled", field="network")
+        _check_env(req.env, "env")
+        async with self._lock(req.sandbox_id):
+            if req.sandbox_id in self._sandboxes:
+                raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
+            entry = self._claim(recipe.name, req.resources)
+            if entry is not None:
+                sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
+            else:
+                job_id = self._job_prefix() + req.sandbox_id
+                job = self._job(job_id, recipe, req.resources, {"hutch.sandbox": req.sandbox_id,
+                                                                 "hutch.runtime": recipe.name})
+                try:
+                    alloc_id = await self._place(job)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self._stop_job(job_id, None))
+                    raise
+                sb = _Sandbox(req.sandbox_id, job_id, alloc_id, recipe.name, dict(req.env))
+            await asyncio.to_thread(self._save, sb)
+            self._sandboxes[sb.id] = sb
+
+    # -- warm pools ------------------------------------------------------------------------
+
+    def _claim(self, runtime: str, resources: Resources) -> _PoolEntry | None:
+        if runtime not in self._pool:
+            return None
+        if resources != Resources():
+            self._pool_misses += 1
+            return None
+        pool = self._pool[runtime]
+        self._refill_wakeup.set()
+        if not pool:
+            self._pool_misses += 1
+            return None
+        self._pool_claims += 1
+        return pool.popleft()
+
+    def pool_metrics(self) -> dict[str, Any]:
+        """Warm pool sizes and counters (the API's metrics show them)."""
+        return {
+            "pools": {rt: {"target": self.pool_sizes.get(rt, 0), "ready": len(pool),
+                           "starting": self._pool_starting.get(rt, 0)}
+                      for rt, pool in self._pool.items()},
+            "claims": self._pool_claims,
+            "misses": self._pool_misses,
+        }
+
+    async def _refill_loop(self) -> None:
+        while True:
+            self._refill_wakeup.clear()
+            for runtime, pool in self._pool.items():
+                target = self.pool_sizes.get(runtime, 0)
+                missing = target - len(pool) - self._pool_starting.get(runtime, 0)
+                for _ in range(max(0, missing)):
+                    self._pool_starting[runtime] = self._pool_starting.get(runtime, 0) + 1
+                    self._spawn(self._add_to_pool(runtime), f"nomad-pool-{runtime}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._refill_wakeup.wait(), 5)
+
+    async def _add_to_pool(self, runtime: str) -> None:
+        recipe = runtimes.find(runtime)
+        assert recipe is not None
+        job_id = f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
+        try:
+            alloc_id = await self._place(self._job(job_id, recipe, Resources(), {"hutch.pool": runtime}))
+            self._pool.setdefault(runtime, deque()).append(_PoolEntry(job_id, alloc_id, runtime))
+        except HutchError as err:
+            log.warning("warm pool %s: placing an allocation failed: %s", runtime, err.message)
+            with contextlib.suppress(HutchError):
+                await self._client.deregister(job_id, purge=True)
+            await asyncio.sleep(2)
+        finally:
+            self._pool_starting[runtime] -= 1
+            self._refill_wakeup.set()
+
+    # -- failures ------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Follow allocations; a live sandbox's allocation that ends on its own is reported."""
+        index = 0
+        while True:
+            try:
+                allocs, new_index = await self._client.blocking_get(
+                    "/v1/allocations", index, "30s", prefix="", task_states="true")
+            except HutchError as err:
+                log.warning("nomad watch: %s", err.message)
+                await asyncio.sleep(1)
+                continue
+            index = new_index if new_index >= index else 0
+            by_alloc = {a["ID"]: a for a in allocs or [] if str(a.get("JobID", "")).startswith(self._job_prefix())}
+            for sb in list(self._sandboxes.values()):
+                alloc = by_alloc.get(sb.alloc_id)
+                if alloc is None or sb.id in self._destroying:
+                    continue
+                if alloc.get("ClientStatus") in _ENDED or alloc.get("DesiredStatus") in ("stop", "evict"):
+                    await self._lost(sb, _alloc_reason(alloc), failed=alloc.get("ClientStatus") != "complete")
+            for runtime, pool in self._pool.items():
+                dead = [e for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
+                        and a.get("ClientStatus") != "running"]
+                for entry in dead:
+                    pool.remove(entry)
+                    self._spawn(self._stop_job(entry.job_id, None), f"nomad-reap-{entry.job_id}")
+                if dead:
+                    log.warning("warm pool %s: %d idle allocation(s) died; refilling", runtime, len(dead))
+                    self._refill_wakeup.set()
+
+    async def _lost(self, sb: _Sandbox, reason: str, *, failed: bool) -> None:
+        self._sandboxes.pop(sb.id, None)
+        self._state_path(sb.id).unlink(missing_ok=True)
+        for ex in self._executions.values():
+            if ex.sandbox_id == sb.id:
+                ex.stop.set()
+        log.warning("sandbox %s: its allocation %s ended: %s", sb.id, sb.alloc_id, reason)
+        self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
+        await self.report_ended(sb.id, f"the sandbox's Nomad allocation ended: {reason}", failed=failed)
+
+    # -- destroy -------------------------------------------------------------------------
+
+    async def destroy(self, sandbox_id: str) -> None:
+        if not _ID.match(sandbox_id):
+            return
+        async with self._lock(sandbox_id):
+            sb = self._sandboxes.get(sandbox_id)
+            if sb is None:
+                self._state_path(sandbox_id).unlink(missing_ok=True)
+                return
+            self._destroying.add(sandbox_id)
+            try:
+                for ex in self._executions.values():
+                    if ex.sandbox_id == sandbox_id:
+                        ex.cancelled = True
+                        ex.stop.set()
+                # The client kills the task within a second of the stop; its status reaches
+                # the server seconds later, so the purge and GC finish in the background.
+                with contextlib.suppress(NomadNotFound):
+                    await self._client.deregister(sb.job_id, purge=False)
+                self._sandboxes.pop(sandbox_id, None)
+                self._state_path(sandbox_id).unlink(missing_ok=True)
+                self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
+            finally:
+                self._destroying.discard(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+
+    def _running(self, sid: str) -> _Sandbox:
+        sb = self._sandboxes.get(sid)
+        if sb is None or sid in self._destroying:
+            raise SandboxNotFound(f"sandbox {sid} not found")
+        return sb
+
+    # -- exec ----------------------------------------------------------------------------
+
+    def _env(self, sb: _Sandbox, extra: Mapping[str, str]) -> list[str]:
+        _check_env(extra, "env")
+        env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
+               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox"}
+        env.update(sb.env)
+        env.update(extra)
+        return [f"{k}={v}" for k, v in env.items()]
+
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        sb = self._running(req.sandbox_id)
+        if not req.argv:
+            raise InvalidInput("command must not be empty", field="command")
+        if req.execution_id in self._executions:
+            raise IllegalTransition(f"execution {req.execution_id} is already running")
+        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
+        tag = f"x-{uuid.uuid4().hex}"
+        envelope = json.dumps({"env": self._env(sb, req.env), "cwd": cwd, "tag": tag})
+        execution = _Execution(sandbox_id=sb.id, stop=asyncio.Event())
+        self._executions[req.execution_id] = execution
+        timed_out = False
+
+        async def deadline() -> None:
+            nonlocal timed_out
+            if req.timeout is not None:
+                await asyncio.sleep(req.timeout)
+                timed_out = True
+                execution.stop.set()
+
+        timer = asyncio.create_task(deadline())
+        try:
+            code = await self._client.exec(
+                sb.alloc_id, TASK, [ENVELOPE, envelope, *req.argv], stdin=req.stdin,
+                on_output=lambda stream, data: sink.write(stream, data),  # type: ignore[arg-type]
+                stop=execution.stop, kill=lambda: self._kill(sb, tag))
+        except ExecFailed as err:
+            if sb.id not in self._sandboxes:
+                raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err
+            if "working directory" in err.reason:
+                raise InvalidInput(f"working directory {cwd} does not exist", field="cwd") from err
+            raise
+        finally:
+            timer.cancel()
+            self._executions.pop(req.execution_id, None)
+        if execution.cancelled:
+            return ExecResult(exit_code=EXIT_CANCELLED, cancelled=True)
+        if timed_out:
+            return ExecResult(exit_code=EXIT_TIMEOUT, timed_out=True)
+        if code is None:
+            raise DriverFailure(f"sandbox {sb.id} ended while the command ran")
+        return ExecResult(exit_code=code)
+
+    async def _kill(self, sb: _Sandbox, tag: str) -> None:
+        """Kill a running exec's process tree (the plugin's kill verb, itself an alloc exec)."""
+        if sb.id not in self._sandboxes:
+            return
+        with contextlib.suppress(HutchError):
+            await self._client.exec(sb.alloc_id, TASK, [ENVELOPE, json.dumps({"kill": tag})], stdin=None,
+                                    on_output=lambda _s, _d: None, stop=asyncio.Event(), kill=_noop)
+
+    async def cancel(self, execution_id: str) -> None:
+        execution = self._executions.get(execution_id)
+        if execution is None:
+            return
+        execution.cancelled = True
+        execution.stop.set()
+
+    # -- files ---------------------------------------------------------------------------
+
+    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+        sb = self._running(sandbox_id)
+        if not files:
+            return
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for f in files:
+                if not f.path or "\0" in f.path or len(f.path) > 4096:
+                    raise InvalidInput(f"invalid path {f.path!r}", field="path")
+                path = posixpath.normpath(posixpath.join(HOME, f.path))
+                info = tarfile.TarInfo(path.lstrip("/"))
+                info.size = len(f.content)
+                info.mode = f.mode & 0o777
+                info.mtime = int(time.time())
+                tar.addfile(info, io.BytesIO(f.content))
+
+        class _Errors:
+            def __init__(self) -> None:
+                self.text = b""
+
+            def write(self, stream: str, data: bytes) -> None:
+                self.text += data
+
+        errors = _Errors()
+        result = await self.exec(ExecRequest(
+            execution_id=f"write-{uuid.uuid4().hex}", sandbox_id=sb.id,
+            argv=["tar", "-x", "-p", "-f", "-", "-C", "/", "--no-same-owner", "--overwrite"],
+            cwd="/", timeout=120, stdin=buf.getvalue()), errors)
+        if result.exit_code != 0:
+            message = errors.text.decode(errors="replace").strip()[-500:]
+            raise InvalidInput(f"cannot write files: {message or f'tar exited {result.exit_code}'}", field="path")
+
+
+async def _noop() -> None:
+    return None
+
+
+def _alloc_reason(alloc: Mapping[str, Any]) -> str:
+    """Nomad's own words for why an allocation ended (the task's last events)."""
+    status = alloc.get("ClientStatus", "?")
+    state = (alloc.get("TaskStates") or {}).get(TASK) or {}
+    events = state.get("Events") or []
+    details = []
+    for ev in events[-4:]:
+        text = ev.get("DisplayMessage") or ev.get("Type") or ""
+        if (ev.get("Details") or {}).get("oom_killed") == "true":
+            text = "OOM killed"
+        if text and text not in details:
+            details.append(text)
+    desc = alloc.get("ClientDescription") or ""
+    parts = [f"allocation {status}"] + ([desc] if desc else []) + details
+    return "; ".join(parts)
+
+
+def pool_sizes_from_env(value: str | None) -> dict[str, int]:
+    """``HUTCH_NOMAD_POOL``: ``"base:latest=2,python:3.13=1"``."""
+    sizes: dict[str, int] = {}
+    for part in (value or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, count = part.rpartition("=")
+        if not sep or not count.isdigit():
+            raise InvalidInput(f"HUTCH_NOMAD_POOL: expected runtime=count, got {part!r}", field="nomad_pool")
+        sizes[name] = int(count)
+    return sizes
+
+
+__all__ = ["NomadDriver", "pool_sizes_from_env"]
