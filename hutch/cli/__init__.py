@@ -1,6 +1,7 @@
 """The ``hutch`` command line.
 
     hutch serve                      start a server (flags or HUTCH_* env)
+    hutch projector | projections rebuild | audit    production-profile operators' commands
     hutch run [flags] -- CMD ...     one-shot run; in-process unless HUTCH_URL/--url is set
     hutch sandbox|sb ...             create, list, get, delete, exec, events, execution, runtime
 
@@ -219,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--store", metavar="URL", help="memory | postgresql://... (HUTCH_STORE)")
     serve.add_argument("--driver", metavar="NAME", help="local | fake | nomad (HUTCH_DRIVER)")
     serve.set_defaults(handler=cmd_serve)
+
+    from hutch.cli import _ops  # hutch projector | projections rebuild | audit
+
+    _ops.add_parsers(top)
 
     _run_flags(top.add_parser("run", help="run one command in a fresh sandbox"))
 

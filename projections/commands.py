@@ -1,0 +1,159 @@
+"""The long-running and one-shot jobs behind ``hutch projector``, ``hutch projections rebuild``
+and ``hutch audit``: each opens the log read-only and works until it is done or told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from core.errors import InvalidInput
+from core.eventlog.base import EventLog, open_event_log
+from core.events import Event
+from projections.audit import DEFAULT_GROUP, Auditor, JsonlSink, PostgresSink, Sink
+from projections.base import ProjectionStore
+from projections.runner import Projector
+
+log = logging.getLogger(__name__)
+
+REBUILD_CHUNK = 2000
+
+
+def open_store(url: str) -> ProjectionStore:
+    if url.startswith(("postgresql://", "postgres://")):
+        from projections.postgres import PostgresProjectionStore
+
+        return PostgresProjectionStore(url)
+    raise InvalidInput(
+        f"store: {url!r} is not a persistent store; a separate projector and rebuild need "
+        "postgresql://… (the memory store is rebuilt by every server at start)",
+        field="store",
+    )
+
+
+async def until_signalled(work: Callable[[], Awaitable[Any]]) -> None:
+    """Run ``work`` until SIGINT/SIGTERM, then cancel it and return."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work())
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def run_projector(event_log_url: str, store_url: str, data_dir: Path) -> None:
+    """Follow the log into the store until cancelled (``hutch projector``)."""
+    event_log = open_event_log(event_log_url, data_dir, read_only=True)
+    store = open_store(store_url)
+    await event_log.start()
+    try:
+        await store.start()
+        try:
+            projector = Projector(event_log, store)
+            await projector.start()
+            log.info("projector: caught up at position %d; following", projector.position)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await projector.close()
+        finally:
+            await store.close()
+    finally:
+        await event_log.close()
+
+
+async def log_batches(event_log: EventLog, upto: int, chunk: int = REBUILD_CHUNK) -> AsyncIterator[Sequence[Event]]:
+    """The log from the start up to position ``upto``, in chunks."""
+    after = 0
+    while after < upto:
+        batch = [e for e in await event_log.read(after, limit=chunk) if (e.position or 0) <= upto]
+        if not batch:
+            return
+        yield batch
+        after = batch[-1].position or after
+
+
+async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[str, Any]:
+    """Replay the whole log into a reset store (``hutch projections rebuild``).
+
+    On PostgreSQL the reset and the replay are one transaction: readers keep the old state
+    until the new one is complete, and a projector running meanwhile waits, then resumes
+    from the rebuilt position."""
+    event_log = open_event_log(event_log_url, data_dir, read_only=True)
+    store = open_store(store_url)
+    started = time.monotonic()
+    await event_log.start()
+    try:
+        await store.start()
+        try:
+            upto = await event_log.last_position()
+            count = 0
+
+            async def counted() -> AsyncIterator[Sequence[Event]]:
+                nonlocal count
+                async for batch in log_batches(event_log, upto):
+                    count += len(batch)
+                    yield batch
+
+            rebuild_in_place = getattr(store, "rebuild", None)
+            if rebuild_in_place is not None:
+                position = await rebuild_in_place(counted())
+            else:
+                await store.reset()
+                async for batch in counted():
+                    await store.apply(batch)
+                position = await store.position()
+        finally:
+            await store.close()
+    finally:
+        await event_log.close()
+    return {"events": count, "position": position, "seconds": round(time.monotonic() - started, 3)}
+
+
+async def run_audit(
+    event_log_url: str,
+    data_dir: Path,
+    *,
+    store_url: str | None = None,
+    jsonl: Path | None = None,
+    group: str = DEFAULT_GROUP,
+    until_caught_up: bool = False,
+) -> int:
+    """Keep the audit trail (``hutch audit``). Returns how many records were written."""
+    sinks: list[Sink] = []
+    if store_url:
+        sinks.append(PostgresSink(store_url))
+    if jsonl:
+        sinks.append(JsonlSink(jsonl))
+    if not sinks:
+        raise InvalidInput("audit: give --store postgresql://… and/or --jsonl PATH", field="store")
+    event_log = open_event_log(event_log_url, data_dir, read_only=True)
+    await event_log.start()
+    try:
+        auditor = Auditor(event_log, sinks, group=group)
+        task = asyncio.create_task(auditor.run())
+        try:
+            if until_caught_up:
+                done, _ = await asyncio.wait(
+                    [task, asyncio.create_task(auditor.caught_up.wait())], return_when=asyncio.FIRST_COMPLETED
+                )
+                if task in done:
+                    task.result()
+            else:
+                await task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return auditor.written
+    finally:
+        await event_log.close()
