@@ -159,6 +159,12 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     await driver.start()
     engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                     stream_secret=_stream_secret(config.data_dir))
+    if config.projector not in ("inprocess", "external"):
+        raise InvalidInput(f"projector: expected inprocess or external, got {config.projector!r}", field="projector")
+    if config.projector == "external":
+        if not hasattr(store, "wait_for"):
+            raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
+        engine.projector.applies = False  # `hutch projector` applies; we wait for it
     await engine.start()
     app[ENGINE] = engine
     try:

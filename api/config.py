@@ -23,6 +23,9 @@ class Config:
     event_log: str = "sqlite"
     # "memory" (default) or postgresql://...
     store: str = "memory"
+    # "inprocess" (default): this server applies the log to the store. "external": a separate
+    # `hutch projector` does (PostgreSQL only); this server waits for it (read-your-writes).
+    projector: str = "inprocess"
     driver: str = "local"  # local | fake | nomad
     api_key: str | None = None  # None: read or generate <data_dir>/api-key
     public_url: str | None = None  # base for absolute stream URLs; default http://host:port
@@ -47,6 +50,7 @@ class Config:
             ("port", "HUTCH_PORT"),
             ("event_log", "HUTCH_EVENT_LOG"),
             ("store", "HUTCH_STORE"),
+            ("projector", "HUTCH_PROJECTOR"),
             ("driver", "HUTCH_DRIVER"),
             ("api_key", "HUTCH_API_KEY"),
             ("public_url", "HUTCH_PUBLIC_URL"),
