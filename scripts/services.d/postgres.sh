@@ -3,7 +3,7 @@
 # binaries, not the system's main cluster) on loopback, with a `hutch` role and database.
 #   postgres.sh start     # idempotent: install the package if missing, initdb once, start, wait
 #                         # until it accepts connections; prints HUTCH_STORE=postgresql://… on stdout
-#   postgres.sh stop      # fast shutdown
+#   postgres.sh stop      # fast shutdown (HUTCH_PG_STOP_MODE=immediate: as after a crash)
 #   postgres.sh restart | status | pid
 # Settings (environment): HUTCH_PG_PORT (15432), HUTCH_SERVICES_DIR (state).
 # The role may create databases (tests make one per run). Logs: $HUTCH_SERVICES_DIR/postgres-PORT/postgres.log.
@@ -112,7 +112,7 @@ stop() {
   install
   if ! running_pid >/dev/null; then say "not running"; return 0; fi
   say "stopping"
-  as_owner "$PGBIN/pg_ctl" -D "$DATA" -s -m fast -w -t 60 stop >&2
+  as_owner "$PGBIN/pg_ctl" -D "$DATA" -s -m "${HUTCH_PG_STOP_MODE:-fast}" -w -t 60 stop >&2
 }
 
 case "${1:-}" in
