@@ -14,10 +14,19 @@ Errors are :class:`hutch.errors.SandboxError` subclasses carrying the server's
 from __future__ import annotations
 
 from hutch import errors
-from hutch.client import Duration, ExecutionHandle, Files, OutputSink, Sandbox, SandboxClient
+from hutch.client import (
+    Duration,
+    ExecutionHandle,
+    Files,
+    JobHandle,
+    OutputSink,
+    Sandbox,
+    SandboxClient,
+)
 from hutch.errors import (
     ConnectionFailed,
     ExecutionNotFound,
+    FileNotFound,
     InvalidInput,
     NotFound,
     SandboxBusy,
@@ -26,9 +35,11 @@ from hutch.errors import (
     Unauthorized,
 )
 from hutch.models import (
+    CopyResult,
     Execution,
     ExecutionInfo,
     FileToWrite,
+    Job,
     Network,
     OutputChunk,
     PauseResult,
@@ -43,21 +54,26 @@ from hutch.models import (
     SandboxList,
     SandboxStatusInfo,
     Timeouts,
+    UploadResult,
 )
-from hutch.sync import SyncSandbox, SyncSandboxClient
+from hutch.sync import SyncJobHandle, SyncSandbox, SyncSandboxClient
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConnectionFailed",
+    "CopyResult",
     "Duration",
     "Execution",
     "ExecutionHandle",
     "ExecutionInfo",
     "ExecutionNotFound",
+    "FileNotFound",
     "FileToWrite",
     "Files",
     "InvalidInput",
+    "Job",
+    "JobHandle",
     "Network",
     "NotFound",
     "OutputChunk",
@@ -78,9 +94,11 @@ __all__ = [
     "SandboxList",
     "SandboxNotFound",
     "SandboxStatusInfo",
+    "SyncJobHandle",
     "SyncSandbox",
     "SyncSandboxClient",
     "Timeouts",
+    "UploadResult",
     "Unauthorized",
     "__version__",
     "errors",

@@ -15,6 +15,7 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "ExecutionCancelled",
+    "FileNotFound",
     "ExecutionNotFound",
     "ExecutionTimedOut",
     "InvalidInput",
@@ -98,6 +99,12 @@ class RuntimeNotFound(NotFound):
     default_code = "RUNTIME_NOT_FOUND"
 
 
+class FileNotFound(NotFound):
+    """A path that does not exist in the sandbox."""
+
+    default_code = "FILE_NOT_FOUND"
+
+
 class SnapshotNotFound(NotFound):
     default_code = "SNAPSHOT_NOT_FOUND"
 
@@ -161,6 +168,7 @@ _BY_CODE: dict[str, type[SandboxError]] = {
     "EXECUTION_NOT_FOUND": ExecutionNotFound,
     "RUNTIME_NOT_FOUND": RuntimeNotFound,
     "SNAPSHOT_NOT_FOUND": SnapshotNotFound,
+    "FILE_NOT_FOUND": FileNotFound,
     "SANDBOX_BUSY": SandboxBusy,
     "INVALID_STATE": InvalidState,
     "SANDBOX_TERMINATED": SandboxTerminated,

@@ -305,6 +305,48 @@ class RunResult:
 
 
 @attrs.frozen
+class Job:
+    """A background job (``POST /sandbox/sandboxes/{id}/jobs``): it outlives the request that
+    started it; its output goes to the stream URLs."""
+
+    job_id: str
+    sandbox_id: str
+    command: list[str]
+    status: str  # pending | running | completed | failed | cancelled
+    exit_code: int | None = None
+    started_at: str | None = None
+    completed_at: str | None = None
+    error: str | None = None
+    stdout_stream_url: str | None = None
+    stderr_stream_url: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+@attrs.frozen
+class UploadResult:
+    """What ``POST /fs/upload`` extracted."""
+
+    files: int = 0
+    directories: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+
+
+@attrs.frozen
+class CopyResult:
+    """The outcome of :meth:`hutch.SandboxClient.copy_to` / ``copy_from`` (the CLI's ``fs cp --json``)."""
+
+    source: str
+    destination: str
+    bytes_transferred: int
+    files_transferred: int
+    directories_created: list[str] = attrs.field(factory=list)
+
+
+@attrs.frozen
 class OutputChunk:
     """A piece of streamed output: ``stream`` is "stdout" or "stderr"."""
 

@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 import aiohttp
 
-from hutch.client import Duration, ExecutionHandle, Files, OutputSink, Sandbox, SandboxClient
+from hutch import _transfer
+from hutch.client import (
+    Duration,
+    ExecutionHandle,
+    Files,
+    JobHandle,
+    OutputSink,
+    Sandbox,
+    SandboxClient,
+)
 from hutch.models import (
+    CopyResult,
     Execution,
     ExecutionInfo,
+    Job,
     OutputChunk,
     PauseResult,
     RunResult,
@@ -29,9 +41,10 @@ from hutch.models import (
     SandboxInfo,
     SandboxList,
     SandboxStatusInfo,
+    UploadResult,
 )
 
-__all__ = ["SyncExecutionHandle", "SyncSandbox", "SyncSandboxClient"]
+__all__ = ["SyncExecutionHandle", "SyncJobHandle", "SyncSandbox", "SyncSandboxClient"]
 
 T = TypeVar("T")
 
@@ -104,6 +117,56 @@ class SyncExecutionHandle:
 
     def wait(self) -> Execution:
         return self._portal.call(self._handle.wait())
+
+
+def _iterate(portal: _Portal, agen: AsyncIterator[T]) -> Iterator[T]:
+    """Drive an async iterator on the portal's loop, one item per blocking call."""
+    try:
+        while True:
+            try:
+                yield portal.call(agen.__anext__())  # type: ignore[arg-type]
+            except StopAsyncIteration:
+                return
+    finally:
+        aclose = getattr(agen, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(RuntimeError):
+                portal.call(aclose())
+
+
+class SyncJobHandle:
+    """Blocking twin of :class:`hutch.client.JobHandle`."""
+
+    def __init__(self, portal: _Portal, handle: JobHandle) -> None:
+        self._portal = portal
+        self.aio = handle
+
+    def __repr__(self) -> str:
+        return f"SyncJobHandle(id={self.id!r}, status={self.status!r})"
+
+    @property
+    def id(self) -> str:
+        return self.aio.id
+
+    @property
+    def job(self) -> Job:
+        return self.aio.job
+
+    @property
+    def status(self) -> str:
+        return self.aio.status
+
+    def get(self) -> Job:
+        return self._portal.call(self.aio.get())
+
+    def stop(self, *, force: bool = False) -> Job:
+        return self._portal.call(self.aio.stop(force=force))
+
+    def output(self) -> Iterator[OutputChunk]:
+        return _iterate(self._portal, self.aio.output())
+
+    def wait(self, *, poll: float = 0.05, max_poll: float = 1.0) -> Job:
+        return self._portal.call(self.aio.wait(poll=poll, max_poll=max_poll))
 
 
 class SyncSandbox:
@@ -179,8 +242,12 @@ class SyncSandbox:
     def write_files(self, files: Files) -> int:
         return self._portal.call(self.aio.write_files(files))
 
-    def read_file(self, path: str) -> bytes:
-        return self._portal.call(self.aio.read_file(path))
+    def read_file(self, path: str) -> Iterator[bytes]:
+        """The file's bytes, chunk by chunk, as they arrive."""
+        return _iterate(self._portal, self.aio.read_file(path))
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._portal.call(self.aio.read_bytes(path))
 
     def list_files(self, path: str | None = None) -> list[SandboxFileInfo]:
         return self._portal.call(self.aio.list_files(path))
@@ -196,6 +263,43 @@ class SyncSandbox:
 
     def set_env(self, env: Mapping[str, str | None]) -> dict[str, str]:
         return self._portal.call(self.aio.set_env(env))
+
+    def iter_archive(self, *, path: str | None = None, format: str = "tar.gz") -> Iterator[bytes]:
+        return _iterate(self._portal, self.aio.iter_archive(path=path, format=format))
+
+    def download_archive(
+        self, dest: str | os.PathLike[str] | IO[bytes], *, path: str | None = None, format: str = "tar.gz"
+    ) -> int:
+        return self._portal.call(self.aio.download_archive(dest, path=path, format=format))
+
+    def upload_archive(
+        self, source: _transfer.Source, *, path: str | None = None, format: str | None = None
+    ) -> UploadResult:
+        return self._portal.call(self.aio.upload_archive(source, path=path, format=format))
+
+    def copy_to(
+        self, local: str | os.PathLike[str], dest: str, *, recursive: bool = False, strict: bool = False
+    ) -> CopyResult:
+        return self._portal.call(self.aio.copy_to(local, dest, recursive=recursive, strict=strict))
+
+    def copy_from(
+        self, source: str, local: str | os.PathLike[str], *, recursive: bool = False, strict: bool = False
+    ) -> CopyResult:
+        return self._portal.call(self.aio.copy_from(source, local, recursive=recursive, strict=strict))
+
+    def create_job(
+        self, command: Sequence[str], *, streams: Mapping[str, Any] | None = None
+    ) -> SyncJobHandle:
+        return SyncJobHandle(self._portal, self._portal.call(self.aio.create_job(command, streams=streams)))
+
+    def get_job(self, job_id: str) -> Job:
+        return self._portal.call(self.aio.get_job(job_id))
+
+    def list_jobs(self, *, limit: int | None = None) -> list[Job]:
+        return self._portal.call(self.aio.list_jobs(limit=limit))
+
+    def stop_job(self, job_id: str, *, force: bool = False) -> Job:
+        return self._portal.call(self.aio.stop_job(job_id, force=force))
 
     def list_executions(self, *, limit: int | None = None) -> list[ExecutionInfo]:
         return self._portal.call(self.aio.list_executions(limit=limit))
@@ -310,8 +414,71 @@ class SyncSandboxClient:
     def write_files(self, sandbox_id: str, files: Files) -> int:
         return self._portal.call(self.aio.write_files(sandbox_id, files))
 
-    def read_file(self, sandbox_id: str, path: str) -> bytes:
-        return self._portal.call(self.aio.read_file(sandbox_id, path))
+    def read_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
+        """The file's bytes, chunk by chunk, as they arrive."""
+        return _iterate(self._portal, self.aio.read_file(sandbox_id, path))
+
+    def read_bytes(self, sandbox_id: str, path: str) -> bytes:
+        return self._portal.call(self.aio.read_bytes(sandbox_id, path))
+
+    def list_files(self, sandbox_id: str, path: str | None = None) -> list[SandboxFileInfo]:
+        return self._portal.call(self.aio.list_files(sandbox_id, path))
+
+    def mkdir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        self._portal.call(self.aio.mkdir(sandbox_id, path, recursive=recursive))
+
+    def rm_file(self, sandbox_id: str, path: str) -> bool:
+        return self._portal.call(self.aio.rm_file(sandbox_id, path))
+
+    def rm_dir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> bool:
+        return self._portal.call(self.aio.rm_dir(sandbox_id, path, recursive=recursive))
 
     def set_env(self, sandbox_id: str, env: Mapping[str, str | None]) -> dict[str, str]:
         return self._portal.call(self.aio.set_env(sandbox_id, env))
+
+    def iter_archive(
+        self, sandbox_id: str, *, path: str | None = None, format: str = "tar.gz"
+    ) -> Iterator[bytes]:
+        return _iterate(self._portal, self.aio.iter_archive(sandbox_id, path=path, format=format))
+
+    def download_archive(
+        self,
+        sandbox_id: str,
+        dest: str | os.PathLike[str] | IO[bytes],
+        *,
+        path: str | None = None,
+        format: str = "tar.gz",
+    ) -> int:
+        return self._portal.call(self.aio.download_archive(sandbox_id, dest, path=path, format=format))
+
+    def upload_archive(
+        self,
+        sandbox_id: str,
+        source: _transfer.Source,
+        *,
+        path: str | None = None,
+        format: str | None = None,
+    ) -> UploadResult:
+        return self._portal.call(self.aio.upload_archive(sandbox_id, source, path=path, format=format))
+
+    def copy_to(self, sandbox_id: str, local: str | os.PathLike[str], dest: str, **options: Any) -> CopyResult:
+        return self._portal.call(self.aio.copy_to(sandbox_id, local, dest, **options))
+
+    def copy_from(self, sandbox_id: str, source: str, local: str | os.PathLike[str], **options: Any) -> CopyResult:
+        return self._portal.call(self.aio.copy_from(sandbox_id, source, local, **options))
+
+    def create_job(
+        self, sandbox_id: str, command: Sequence[str], *, streams: Mapping[str, Any] | None = None
+    ) -> SyncJobHandle:
+        return SyncJobHandle(
+            self._portal, self._portal.call(self.aio.create_job(sandbox_id, command, streams=streams))
+        )
+
+    def get_job(self, sandbox_id: str, job_id: str) -> Job:
+        return self._portal.call(self.aio.get_job(sandbox_id, job_id))
+
+    def list_jobs(self, sandbox_id: str, *, limit: int | None = None) -> list[Job]:
+        return self._portal.call(self.aio.list_jobs(sandbox_id, limit=limit))
+
+    def stop_job(self, sandbox_id: str, job_id: str, *, force: bool = False) -> Job:
+        return self._portal.call(self.aio.stop_job(sandbox_id, job_id, force=force))
