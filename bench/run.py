@@ -114,6 +114,17 @@ def client_runs(url: str, n: int) -> list[float]:
     return json.loads(out.stdout.strip().splitlines()[-1])["samples_ms"]
 
 
+def busy_cpus(seconds: float = 2.0) -> float:
+    """CPUs kept busy by everything else on the machine while we sit idle (noise)."""
+    def busy() -> float:
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:]]
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    b0 = busy()
+    time.sleep(seconds)
+    return (busy() - b0) / seconds
+
+
 def row(name: str, samples: list[float], bare: float) -> str:
     med = statistics.median(samples)
     p90 = sorted(samples)[int(len(samples) * 0.9) - 1] if len(samples) >= 10 else max(samples)
@@ -133,6 +144,7 @@ async def main() -> None:
             url = server.url
             bare, exe, one, create = [], [], [], []
             rootfs = runtime_rootfs()
+            noise = busy_cpus()
             async with aiohttp.ClientSession() as s:
                 async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
                     sid = (await r.json())["data"]["sandboxId"]
@@ -145,6 +157,8 @@ async def main() -> None:
                     exe.append(await execute_once(s, url, sid, PY_PASS))
                     one.append(await oneshot_once(s, url, PY_PASS))
                     create.append(await create_once(s, url))
+                async with s.delete(f"{url}/sandbox/{sid}", headers=H) as r:  # sandboxes outlive the server
+                    await r.read()
             client = client_runs(url, args.n)
             rate, count = await throughput(url, args.concurrency, args.seconds)
         except BaseException:
@@ -154,7 +168,8 @@ async def main() -> None:
             server.stop()
 
     b = statistics.median(bare)
-    print(f"hutch bench: n={args.n} per row, runtime {RUNTIME}, {os.cpu_count()} cpus, command `python3 -c pass`")
+    print(f"hutch bench: n={args.n} per row, runtime {RUNTIME}, {os.cpu_count()} cpus, command `python3 -c pass`; "
+          f"other load on the machine before the run: {noise:.2f} cpus busy")
     print("| what | median ms | p90 ms | vs bare | ratio |")
     print("|---|---|---|---|---|")
     print(row("bare: the runtime's python3 -c pass, chroot on the host", bare, b))

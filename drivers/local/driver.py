@@ -171,7 +171,7 @@ class LocalDriver(Driver):
         # The warm pool (see the module docstring).
         self._pool_size = _pool_size()
         self._pool: dict[str, list[_Sandbox]] = {}  # runtime -> idle pooled sandboxes
-        self._pool_tasks: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()  # pool fills, destroys
         self._pool_filling: set[str] = set()
         self._pool_fill_slots = asyncio.Semaphore(1)
         self._pool_seq = itertools.count()
@@ -229,9 +229,9 @@ class LocalDriver(Driver):
     async def close(self) -> None:
         self._closed = True
         # Not cancelled: a fill in progress finishes in its thread, sees _closed and
-        # destroys what it made.
-        if self._pool_tasks:
-            await asyncio.gather(*self._pool_tasks, return_exceptions=True)
+        # destroys what it made; a destroy in progress completes.
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         for sandboxes in self._pool.values():
             while sandboxes:
                 with contextlib.suppress(Exception):
@@ -345,8 +345,8 @@ class LocalDriver(Driver):
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro)
-        self._pool_tasks.add(task)
-        task.add_done_callback(self._pool_tasks.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _fill(self, runtime: str) -> None:
         recipe = runtimes.find(runtime)
@@ -523,6 +523,14 @@ class LocalDriver(Driver):
     async def destroy(self, sandbox_id: str) -> None:
         if not _ID.match(sandbox_id):
             return
+        # Shielded and tracked: a caller cancelled half way (a server shutting down)
+        # must not leave a killed sandbox's cgroups and files behind; close() waits.
+        task = asyncio.ensure_future(self._destroy(sandbox_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        await asyncio.shield(task)
+
+    async def _destroy(self, sandbox_id: str) -> None:
         async with self._lock(sandbox_id):
             await self._teardown(sandbox_id)
         self._locks.pop(sandbox_id, None)

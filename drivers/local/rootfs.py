@@ -1,11 +1,21 @@
 """Runtime root filesystems for the local driver, built from catalog recipes with mmdebstrap.
 
-Layout: ``<cache>/<name>-<recipe_hash>/rootfs``. A build happens in a temporary sibling
-directory and is renamed into place when complete, so a half-built tree is never used,
-and an flock per key keeps two processes from building the same runtime at once. The
-directory's existence is the "built" marker.
+Layout: ``<cache>/<name>-<recipe_hash>/rootfs`` with ``manifest.json`` beside it (every
+Debian package, npm package and wheel that went in, at the version it resolved to, and
+what the version command printed). A build happens in a temporary sibling directory and
+is renamed into place when complete, so a half-built tree is never used, and an flock per
+key keeps two processes from building the same runtime at once. The directory's
+existence is the "built" marker.
 
-CLI (for CI scripts that prebuild)::
+Steps, in order: mmdebstrap (Debian suite + packages), ``npm install --global`` with the
+host's npm into ``<rootfs>/usr/local`` (pinned versions), the executables of pinned PyPI
+wheels into ``/usr/local/bin``, symlinks, hutch's own files (home, workspace, hosts), then
+the recipe's version command is run in the tree (no network) and must print its promise.
+
+The tree is shared: every sandbox of a runtime mounts it read-only as the lower layer of
+an overlay and writes to its own upper layer, so N sandboxes cost one copy.
+
+CLI (``hutch runtime build`` is the same with a progress display)::
 
     python -m drivers.local.rootfs build base:latest [--cache DIR]
     python -m drivers.local.rootfs build --all
@@ -17,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -25,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -58,7 +70,31 @@ def is_built(cache: Path, recipe: RuntimeRecipe) -> bool:
 
 
 def build_hint(name: str, cache: Path) -> str:
-    return f"python -m drivers.local.rootfs build {name} --cache {cache}"
+    hint = f"hutch runtime build {name}"
+    return hint if cache == default_cache() else f"{hint} --cache {cache}"
+
+
+def manifest_path(cache: Path, recipe: RuntimeRecipe) -> Path:
+    return cache / cache_key(recipe) / "manifest.json"
+
+
+def read_manifest(cache: Path, recipe: RuntimeRecipe) -> dict | None:  # type: ignore[type-arg]
+    # info.json: what builders before the manifest wrote (same hash, same tree, fewer facts).
+    for path in (manifest_path(cache, recipe), manifest_path(cache, recipe).with_name("info.json")):
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(path.read_text())  # type: ignore[no-any-return]
+    return None
+
+
+def built_rootfs(name: str, cache: Path | None = None) -> Path:
+    """The built root filesystem of runtime ``name`` (a name or srt_ id), for packers such
+    as the Nomad driver's OCI images. Raises RuntimeNotFound, saying how to build it."""
+    cache = cache or default_cache()
+    recipe = lookup(name)
+    if not is_built(cache, recipe):
+        raise RuntimeNotFound(f"runtime {recipe.name} is not built on this host; build it with: "
+                              f"{build_hint(recipe.name, cache)}", field="runtime")
+    return rootfs_path(cache, recipe)
 
 
 def lookup(name: str) -> RuntimeRecipe:
@@ -91,18 +127,21 @@ def build(recipe: RuntimeRecipe, cache: Path, *, log: Log = print, force: bool =
         for stale in cache.glob(f".tmp-{key}-*"):  # left by a build that died; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=cache))
+        root = tmp / "rootfs"
         try:
             started = time.monotonic()
-            _mmdebstrap(recipe, tmp / "rootfs", log)
-            _customize(tmp / "rootfs")
+            steps = _steps(recipe)
+            manifest: dict = {"name": recipe.name, "id": recipe.id, "recipe_hash": recipe.recipe_hash,  # type: ignore[type-arg]
+                              "suite": recipe.suite, "packages": list(recipe.packages),
+                              "npm_packages": list(recipe.npm_packages), "pypi_tools": list(recipe.pypi_tools),
+                              "links": [list(pair) for pair in recipe.links]}
+            for n, (label, step) in enumerate(steps, 1):
+                log(f"{recipe.name}: [{n}/{len(steps)}] {label} ({time.monotonic() - started:.0f}s)")
+                step(recipe, root, cache, tmp, manifest, log)
             took = time.monotonic() - started
-            size = _du(tmp / "rootfs")
-            (tmp / "info.json").write_text(
-                json.dumps({"name": recipe.name, "recipe_hash": recipe.recipe_hash,
-                            "suite": recipe.suite, "packages": list(recipe.packages),
-                            "build_seconds": round(took, 1), "bytes": size, "built_at": time.time()},
-                           indent=2)
-            )
+            size = _du(root)
+            manifest.update(build_seconds=round(took, 1), bytes=size, built_at=time.time())
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             if final.parent.exists():  # only with force: replace the old build
                 shutil.rmtree(final.parent)
             os.rename(tmp, final.parent)
@@ -113,14 +152,30 @@ def build(recipe: RuntimeRecipe, cache: Path, *, log: Log = print, force: bool =
             raise
 
 
-def _mmdebstrap(recipe: RuntimeRecipe, target: Path, log: Log) -> None:
-    mirror = os.environ.get("HUTCH_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    cmd = ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(recipe.packages),
-           recipe.suite, str(target), mirror]
-    if shutil.which("mmdebstrap") is None:
-        raise DriverFailure("mmdebstrap is not installed (apt-get install mmdebstrap)")
-    log(f"{recipe.name}: {' '.join(cmd)}")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+Step = Callable[[RuntimeRecipe, Path, Path, Path, dict, Log], None]  # type: ignore[type-arg]
+
+
+def _steps(recipe: RuntimeRecipe) -> list[tuple[str, Step]]:
+    steps: list[tuple[str, Step]] = [(f"debian {recipe.suite}: {len(recipe.packages)} packages", _debian)]
+    if recipe.npm_packages:
+        steps.append(("npm: " + " ".join(recipe.npm_packages), _npm))
+    if recipe.pypi_tools:
+        steps.append(("pypi: " + " ".join(recipe.pypi_tools), _pypi_tools))
+    steps.append(("links and hutch files", _finish))
+    steps.append(("version check: " + " ".join(recipe.version_command), _version_check))
+    return steps
+
+
+def _debian(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+    _mmdebstrap(recipe, root, log)
+    out = subprocess.run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Package}\t${Version}\n"],
+                         capture_output=True, text=True, check=True).stdout
+    manifest["debian"] = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+
+
+def _run(cmd: list[str], what: str, log: Log, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    log(f"  $ {' '.join(cmd)}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     assert proc.stdout is not None
     tail: list[str] = []
     for line in proc.stdout:
@@ -128,7 +183,112 @@ def _mmdebstrap(recipe: RuntimeRecipe, target: Path, log: Log) -> None:
         tail = [*tail[-30:], line]
         log(f"  {line}")
     if proc.wait() != 0:
-        raise DriverFailure(f"building runtime {recipe.name} failed:\n" + "\n".join(tail))
+        raise DriverFailure(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _npm(recipe: RuntimeRecipe, root: Path, cache: Path, tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+    npm = shutil.which("npm")
+    if npm is None:
+        raise DriverFailure(f"runtime {recipe.name} installs npm packages and this host has no npm "
+                            "(apt-get install npm)")
+    prefix = root / "usr/local"
+    # A private HOME and the registry's defaults: the build user's ~/.npmrc must not steer a runtime.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp), "npm_config_cache": str(cache / ".npm"),
+           "npm_config_update_notifier": "false", "npm_config_fund": "false", "npm_config_audit": "false",
+           "npm_config_registry": os.environ.get("HUTCH_NPM_REGISTRY", "https://registry.npmjs.org/")}
+    _run([npm, "install", "--global", "--prefix", str(prefix), "--omit=dev", "--loglevel=warn",
+          *recipe.npm_packages], f"runtime {recipe.name}: npm install", log, env=env, cwd=tmp)
+    resolved: dict[str, str] = {}
+    modules = prefix / "lib/node_modules"
+    for pkg_json in sorted(modules.glob("**/package.json")):
+        rel = pkg_json.parent.relative_to(modules)
+        parts = rel.parts
+        # A package dir is <name> or @scope/<name>, possibly nested under node_modules/.
+        if len(parts) >= 2 and parts[-2].startswith("@"):
+            name, parent = "/".join(parts[-2:]), parts[:-2]
+        else:
+            name, parent = parts[-1], parts[:-1]
+        if parent and parent[-1] != "node_modules":
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(pkg_json.read_text())
+            if data.get("name") == name and "version" in data:
+                resolved[str(rel)] = data["version"]
+    manifest["npm"] = resolved
+
+
+def _wheel_platform() -> str:
+    machine = os.uname().machine
+    return f"manylinux_2_17_{machine}"
+
+
+def _pypi_tools(recipe: RuntimeRecipe, root: Path, _cache: Path, tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+    dest = tmp / "wheels"
+    dest.mkdir()
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform", _wheel_platform(),
+          "--disable-pip-version-check", "--dest", str(dest), *recipe.pypi_tools],
+         f"runtime {recipe.name}: pip download", log)
+    bindir = root / "usr/local/bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    wheels = []
+    for wheel in sorted(dest.glob("*.whl")):
+        installed = []
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                parts = info.filename.split("/")
+                # Only the executables a wheel ships as scripts: no site-packages, no Python involved.
+                if len(parts) == 3 and parts[0].endswith(".data") and parts[1] == "scripts" and parts[2]:
+                    target = bindir / parts[2]
+                    with zf.open(info) as src, open(target, "wb") as out:
+                        shutil.copyfileobj(src, out)
+                    target.chmod(0o755)
+                    installed.append(f"/usr/local/bin/{parts[2]}")
+        if not installed:
+            raise DriverFailure(f"runtime {recipe.name}: wheel {wheel.name} ships no executables")
+        wheels.append({"wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+                       "installed": installed})
+    shutil.rmtree(dest)
+    manifest["pypi"] = wheels
+
+
+def _finish(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, _manifest: dict, _log: Log) -> None:  # type: ignore[type-arg]
+    for link, target in recipe.links:
+        path = root / link.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        path.symlink_to(target)
+    _customize(root)
+
+
+def _version_check(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+    # In the tree, with its own /proc, no network, a scratch HOME removed afterwards.
+    home = "/tmp/.hutch-version-check"
+    cmd = ["unshare", "--mount", "--pid", "--net", "--fork", f"--mount-proc={root}/proc", "chroot", str(root),
+           "/usr/bin/env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           f"HOME={home}", "LANG=C.UTF-8", "/bin/sh", "-c", 'mkdir -p "$HOME" && exec "$@"', "sh",
+           *recipe.version_command]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(root / home.lstrip("/"), ignore_errors=True)
+    output = (proc.stdout + proc.stderr).strip()
+    log(f"  {output}")
+    if proc.returncode != 0 or recipe.version_expect not in output:
+        raise DriverFailure(f"runtime {recipe.name}: {' '.join(recipe.version_command)} printed {output!r} "
+                            f"(exit {proc.returncode}); expected {recipe.version_expect!r}")
+    manifest["version_output"] = output
+
+
+def _mmdebstrap(recipe: RuntimeRecipe, target: Path, log: Log) -> None:
+    mirror = os.environ.get("HUTCH_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    # Valid-Until is not checked: signatures still are, and a frozen mirror (snapshot.debian.org,
+    # or a pinned local mirror) is exactly what a reproducible build wants; sid's Release expires in a week.
+    cmd = ["mmdebstrap", "--variant=minbase", "--aptopt=Acquire::Check-Valid-Until \"false\"",
+           "--include=" + ",".join(recipe.packages), recipe.suite, str(target), mirror]
+    if shutil.which("mmdebstrap") is None:
+        raise DriverFailure("mmdebstrap is not installed (apt-get install mmdebstrap)")
+    _run(cmd, f"building runtime {recipe.name} (mmdebstrap)", log)
 
 
 def _customize(root: Path) -> None:
