@@ -38,7 +38,8 @@ async def test_runtimes_catalog(api: Api) -> None:
     names = [r["name"] for r in data["runtimes"]]
     assert "base:latest" in names and "python:3.13" in names and data["total"] == len(names)
     for r in data["runtimes"]:
-        assert r["id"].startswith("srt_") and r["description"] and r["requirements"]["networkEnabled"] is False
+        assert r["id"].startswith("srt_") and r["description"] and isinstance(r["available"], bool)
+        assert r["requirements"]["networkEnabled"] is ("agent" in r["tags"])  # agent CLIs call their vendor
     page = await api.data("GET", "/sandbox/runtimes?limit=1&offset=1&direction=desc")
     assert len(page["runtimes"]) == 1
 
