@@ -17,7 +17,7 @@ from aiohttp import web
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY, API_KEY_ID, CONFIG, ENGINE
 from api.output import OutputStore
-from api.routes import checkpoints, files, jobs, sandboxes, streams
+from api.routes import audit, checkpoints, files, jobs, sandboxes, streams
 from api.service import Engine
 from core.errors import HutchError, InvalidInput, Unauthorized
 from core.eventlog.base import open_event_log
@@ -131,6 +131,7 @@ def create_app(config: Config) -> web.Application:
     app = web.Application(middlewares=[envelope_middleware, auth_middleware], client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
+    app.add_routes(audit.routes)
     app.add_routes(checkpoints.routes)
     app.add_routes(files.routes)
     app.add_routes(jobs.routes)

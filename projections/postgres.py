@@ -142,7 +142,7 @@ class PostgresProjectionStore(ProjectionStore):
             async with self._pool.acquire() as conn:
                 yield conn
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.CannotConnectNowError) as err:
+                asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError) as err:
             raise StoreUnavailable(f"PostgreSQL projection store: {err}") from err
 
     # ---------------------------------------------------------------- writes

@@ -9,8 +9,12 @@ other's events or rows.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 import urllib.parse
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +71,51 @@ async def drop_database(name: str) -> None:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class PrivateService:
+    """A service of this test's own (another port, fresh state under /var/lib/hutch/test-services:
+    PostgreSQL's own user must be able to reach it), for fault tests that restart or kill it
+    without disturbing the shared one. Started and stopped with the same scripts users run."""
+
+    def __init__(self, name: str, port: int) -> None:
+        self.name = name
+        base = Path("/var/lib/hutch/test-services")
+        base.mkdir(parents=True, exist_ok=True)
+        base.chmod(0o755)
+        self.state = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base))
+        self.state.chmod(0o755)
+        port_var = {"kafka": "HUTCH_KAFKA_PORT", "postgres": "HUTCH_PG_PORT"}[name]
+        self.env = {**os.environ, port_var: str(port), "HUTCH_SERVICES_DIR": str(self.state)}
+        self.settings: dict[str, str] = {}
+
+    def _run(self, action: str, **env: str) -> str:
+        proc = subprocess.run(
+            [str(ROOT / "scripts" / "services.d" / f"{self.name}.sh"), action],
+            env={**self.env, **env}, capture_output=True, text=True, timeout=180,
+        )
+        if proc.returncode != 0:
+            pytest.fail(f"{self.name}.sh {action} failed ({proc.returncode}):\n{proc.stderr[-3000:]}", pytrace=False)
+        return proc.stdout
+
+    def start(self) -> PrivateService:
+        for line in self._run("start").splitlines():
+            key, _, value = line.partition("=")
+            if value:
+                self.settings[key] = value
+        return self
+
+    def stop(self, **env: str) -> None:
+        self._run("stop", **env)
+
+    def pid(self) -> int:
+        return int(self._run("pid").strip())
+
+    def destroy(self) -> None:
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.state, ignore_errors=True)

@@ -9,6 +9,7 @@ from aiohttp import web
 from api import wire
 from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
 from api.keys import API_KEY_ID, ENGINE
+from api.routes.audit import audit_stream_id, audit_stream_url
 from api.service import Engine, redact_event
 from core.errors import InvalidInput
 from core.models import Execution, Mode, Sandbox, SandboxStatus
@@ -78,7 +79,9 @@ async def create(request: web.Request) -> web.Response:
     req = wire.parse_create(await json_body(request))
     created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
     sb = created.sandbox
-    data = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
+    data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,
+            "auditStreamId": audit_stream_id(engine, sb.sandbox_id),
+            "auditStreamUrl": audit_stream_url(request, engine, sb.sandbox_id)}
     if created.execution_id:
         out, err = _urls(request, engine, created.execution_id)
         data.update(

@@ -1,0 +1,68 @@
+"""The audit stream of one sandbox (the ``auditStreamUrl`` a create returns).
+
+Like output streams it is unauthenticated on purpose: the URL carries an HMAC of the sandbox
+id under the server's secret, so holding the URL is the capability. The body is NDJSON, one
+``projections.audit.audit_record`` per event of the sandbox, read from the log itself (the
+source of truth; no auditor process is needed), then followed live until the sandbox ends
+(``?follow=false`` returns what is there now)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from aiohttp import web
+
+from api.http import base_url, q_bool
+from api.keys import ENGINE
+from api.service import Engine
+from core.errors import NotFound
+from projections.audit import audit_record
+
+routes = web.RouteTableDef()
+
+
+def audit_stream_id(engine: Engine, sandbox_id: str) -> str:
+    return engine.stream_id(sandbox_id, "audit")
+
+
+def audit_stream_url(request: web.Request, engine: Engine, sandbox_id: str) -> str:
+    return f"{base_url(request)}/streams/audit/{sandbox_id}/{audit_stream_id(engine, sandbox_id)}"
+
+
+def _line(record: dict) -> bytes:
+    return json.dumps(record, separators=(",", ":")).encode() + b"\n"
+
+
+@routes.get("/streams/audit/{sandbox_id}/{token}")
+async def audit_stream(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    sandbox_id, token = request.match_info["sandbox_id"], request.match_info["token"]
+    if not hmac.compare_digest(token.encode(), audit_stream_id(engine, sandbox_id).encode()):
+        raise NotFound("audit stream not found")
+    follow = q_bool(request, "follow") is not False
+    queue = engine.projector.listen()  # before reading the log: nothing falls in between
+    try:
+        sandbox = await engine.store.get_sandbox(sandbox_id)
+        if sandbox is None:
+            raise NotFound("audit stream not found")
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        last = 0
+        for event in await engine.log.read(0, sandbox_id=sandbox_id):
+            await resp.write(_line(audit_record(event)))
+            last = event.position or last
+        ended = sandbox.status.is_final
+        while follow and not ended:
+            event = await queue.get()
+            if event.sandbox_id != sandbox_id or (event.position or 0) <= last:
+                continue
+            await resp.write(_line(audit_record(event)))
+            last = event.position or last
+            current = await engine.store.get_sandbox(sandbox_id)
+            ended = current is None or current.status.is_final
+        await resp.write_eof()
+        return resp
+    finally:
+        engine.projector.unlisten(queue)
