@@ -4,6 +4,7 @@
     hutch projector | projections rebuild | audit    production-profile operators' commands
     hutch run [flags] -- CMD ...     one-shot run; in-process unless HUTCH_URL/--url is set
     hutch sandbox|sb ...             create, list, get, delete, exec, events, execution, runtime
+    hutch runtime|rt list|build      the catalog (from the server); build runtimes on this host
 
 Every sandbox command takes ``--json``. Exit codes: the command's own code for ``run`` and
 ``exec``; 0 on success otherwise; 1 when the server refused or could not be reached
@@ -198,6 +199,25 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_run, needs_command=True)
 
 
+def _runtime_commands(runtime: argparse.ArgumentParser) -> None:
+    rt = runtime.add_subparsers(dest="runtime_action", metavar="ACTION", parser_class=_Parser)
+    rt.required = True
+    rt_list = rt.add_parser("list", aliases=["ls"], help="list runtimes")
+    rt_list.add_argument("--limit", type=_int_in(1, 100))
+    rt_list.add_argument("--offset", type=_int_in(0, None))
+    rt_list.add_argument("--sort", choices=RUNTIME_SORTS)
+    rt_list.add_argument("--direction", choices=DIRECTIONS)
+    _json_flag(rt_list)
+    rt_list.set_defaults(handler=cmd_runtime_list)
+    rt_build = rt.add_parser("build", help="build runtimes on this host (cached by recipe hash)")
+    rt_build.add_argument("names", nargs="*", metavar="NAME", help="catalog names, e.g. python:3.14 bun:1")
+    rt_build.add_argument("--all", action="store_true", help="every runtime in the catalog")
+    rt_build.add_argument("--force", action="store_true", help="rebuild even when cached")
+    rt_build.add_argument("--verbose", "-v", action="store_true", help="print the builders' output")
+    rt_build.add_argument("--cache", type=Path, help="cache dir (HUTCH_RUNTIME_CACHE, else /var/cache/hutch/runtimes)")
+    rt_build.set_defaults(handler=cmd_runtime_build, json=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hutch", description="Self-hostable sandboxes for AI agents.")
     parser.add_argument("--url", help="server URL (default: HUTCH_URL, else http://127.0.0.1:8700)")
@@ -319,16 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(ex_get)
     ex_get.set_defaults(handler=cmd_execution_get)
 
-    runtime = sb.add_parser("runtime", aliases=["rt"], help="available runtimes")
-    rt = runtime.add_subparsers(dest="runtime_action", metavar="ACTION", parser_class=_Parser)
-    rt.required = True
-    rt_list = rt.add_parser("list", aliases=["ls"], help="list runtimes")
-    rt_list.add_argument("--limit", type=_int_in(1, 100))
-    rt_list.add_argument("--offset", type=_int_in(0, None))
-    rt_list.add_argument("--sort", choices=RUNTIME_SORTS)
-    rt_list.add_argument("--direction", choices=DIRECTIONS)
-    _json_flag(rt_list)
-    rt_list.set_defaults(handler=cmd_runtime_list)
+    _runtime_commands(sb.add_parser("runtime", aliases=["rt"], help="available runtimes"))
+    _runtime_commands(top.add_parser("runtime", aliases=["rt"], help="list and build runtimes"))
+    from hutch.cli import _files_jobs  # fs (files, file), env, job
+
+    _files_jobs.add_parsers(sb)
     return parser
 
 
@@ -698,6 +713,12 @@ def cmd_runtime_list(args: argparse.Namespace) -> int:
     else:
         render.runtimes(page.runtimes, page.total, _out())
     return 0
+
+
+def cmd_runtime_build(args: argparse.Namespace) -> int:
+    from hutch.cli import _runtime_build  # imports the builder (drivers.local) only here
+
+    return _runtime_build.run(args, _out())
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
