@@ -20,6 +20,6 @@ async def client(wire: FakeWire, aiohttp_server, monkeypatch) -> AsyncIterator[S
     server = await aiohttp_server(wire.app)
     async with SandboxClient(str(server.make_url("")), api_key=KEY) as c:
         yield c
-    for ex in wire.executions.values():
+    for ex in [*wire.executions.values(), *wire.jobs.values()]:
         if ex.task is not None:
             ex.task.cancel()

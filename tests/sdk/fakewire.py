@@ -8,9 +8,14 @@ Every request is recorded in ``wire.requests`` for assertions on what the client
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import itertools
+import posixpath
+import tarfile
 import threading
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +95,10 @@ class FakeWire:
         self.ignore_wait = False  # answer long-polls at once
         self.busy = False  # execute answers 409
         self.fail_next: tuple[int, Any] | None = None  # (status, body) for the next API call
+        self.files: dict[str, dict[str, bytes]] = {}  # sandbox -> absolute path -> content
+        self.dirs: dict[str, set[str]] = {}  # sandbox -> absolute directories
+        self.env: dict[str, dict[str, str]] = {}
+        self.jobs: dict[str, FakeExecution] = {}
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ helpers
@@ -112,9 +121,10 @@ class FakeWire:
             }
         )
 
-    def _start(self, sandbox_id: str, argv: list[str]) -> FakeExecution:
-        ex = FakeExecution(f"exe_{next(self.ids)}", sandbox_id, argv, changed=asyncio.Condition())
-        self.executions[ex.execution_id] = ex
+    def _start(self, sandbox_id: str, argv: list[str], *, job: bool = False) -> FakeExecution:
+        prefix = "job" if job else "exe"
+        ex = FakeExecution(f"{prefix}_{next(self.ids)}", sandbox_id, argv, changed=asyncio.Condition())
+        (self.jobs if job else self.executions)[ex.execution_id] = ex
         script = self.script(argv)
 
         async def play() -> None:
@@ -130,6 +140,8 @@ class FakeWire:
                 ex.status = script.status
                 ex.exit_code = script.exit_code
                 ex.changed.notify_all()  # type: ignore[union-attr]
+            if job:
+                return
             sandbox = self.sandboxes[sandbox_id]
             sandbox["executions"] += 1
             if sandbox.get("mode") == "oneshot":
@@ -149,14 +161,19 @@ class FakeWire:
         @web.middleware
         async def record(request: web.Request, handler: Any) -> web.StreamResponse:
             body = None
+            raw: bytes | None = None
             if request.can_read_body:
-                body = await request.json()
+                if request.content_type == "application/json":
+                    body = await request.json()
+                else:
+                    raw = await request.read()  # aiohttp keeps it for the handler
             self.requests.append(
                 {
                     "method": request.method,
                     "path": request.path,
                     "query": dict(request.query),
                     "json": body,
+                    "raw_size": len(raw) if raw is not None else None,
                     "headers": dict(request.headers),
                 }
             )
@@ -188,6 +205,20 @@ class FakeWire:
         r.add_delete("/sandbox/{id}", self.destroy)
         r.add_post("/sandbox/{id}/execute", self.execute)
         r.add_post("/sandbox/{id}/pause", self.pause)
+        r.add_post("/sandbox/{id}/resume", self.resume)
+        r.add_patch("/sandbox/env/{id}", self.set_env)
+        r.add_post("/sandbox/sandboxes/{id}/jobs", self.create_job)
+        r.add_get("/sandbox/sandboxes/{id}/jobs", self.list_jobs)
+        r.add_get("/sandbox/sandboxes/{id}/jobs/{jid}", self.get_job)
+        r.add_delete("/sandbox/sandboxes/{id}/jobs/{jid}", self.stop_job)
+        r.add_get("/fs/list/{id}", self.list_files)
+        r.add_post("/fs/mkdir/{id}", self.mkdir)
+        r.add_post("/fs/rm/{id}", self.rm)
+        r.add_post("/fs/rmdir/{id}", self.rmdir)
+        r.add_get("/fs/download/{id}", self.download)
+        r.add_post("/fs/upload/{id}", self.upload)
+        r.add_post("/fs/{id}", self.write_files)
+        r.add_get("/fs/{id}", self.read_file)
         r.add_get("/streams/{eid}/{name}", self.stream)
         return app
 
@@ -346,13 +377,270 @@ class FakeWire:
                 {"success": False, "message": "sandbox is busy", "code": "SANDBOX_BUSY"}, status=409
             )
         body = await request.json()
+        resumed = self.sandboxes[sid]["status"] in ("paused", "suspended")
         self.sandboxes[sid]["status"] = "running"
         ex = self._start(sid, body["command"])
         data = ex.wire(self.base(request))
-        return web.json_response({"success": True, "data": data, "autoResumed": False})
+        return web.json_response({"success": True, "data": data, "autoResumed": resumed})
+
+    # ------------------------------------------------------------------ sandbox extras
+
+    async def resume(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        if sid not in self.sandboxes:
+            return self._not_found("sandbox", "SANDBOX_NOT_FOUND")
+        self.sandboxes[sid]["status"] = "idle"
+        self._event(sid, "resume")
+        return web.json_response({"success": True})
+
+    async def set_env(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        if sid not in self.sandboxes:
+            return self._not_found("sandbox", "SANDBOX_NOT_FOUND")
+        env = self.env.setdefault(sid, {})
+        for key, value in (await request.json())["env"].items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        return web.json_response({"success": True, "data": {"env": dict(env)}})
+
+    # ------------------------------------------------------------------ jobs
+
+    def _job_wire(self, job: FakeExecution, base: str) -> dict[str, Any]:
+        status = job.status
+        if job.done and status not in ("cancelled",):
+            status = "completed" if job.exit_code == 0 else "failed"
+        return {
+            "jobId": job.execution_id,
+            "sandboxId": job.sandbox_id,
+            "command": job.command,
+            "status": status,
+            "exitCode": job.exit_code,
+            "startedAt": "2025-01-01T00:00:00.000Z",
+            "completedAt": "2025-01-01T00:00:01.000Z" if job.done else None,
+            "stdoutStreamUrl": f"{base}/streams/{job.execution_id}/stdout",
+            "stderrStreamUrl": f"{base}/streams/{job.execution_id}/stderr",
+        }
+
+    async def create_job(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        if sid not in self.sandboxes:
+            return self._not_found("sandbox", "SANDBOX_NOT_FOUND")
+        body = await request.json()
+        ex = self._start(sid, body["command"], job=True)
+        return web.json_response(
+            {"success": True, "data": self._job_wire(ex, self.base(request))}, status=201
+        )
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        limit = int(request.query.get("limit", 50))
+        items = [
+            self._job_wire(j, self.base(request)) for j in self.jobs.values() if j.sandbox_id == sid
+        ]
+        return web.json_response({"success": True, "data": {"jobs": items[:limit]}})
+
+    def _find_job(self, request: web.Request) -> FakeExecution | None:
+        job = self.jobs.get(request.match_info["jid"])
+        return job if job is not None and job.sandbox_id == request.match_info["id"] else None
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job = self._find_job(request)
+        if job is None:
+            return self._not_found("job", "EXECUTION_NOT_FOUND")
+        return web.json_response({"success": True, "data": self._job_wire(job, self.base(request))})
+
+    async def stop_job(self, request: web.Request) -> web.Response:
+        job = self._find_job(request)
+        if job is None:
+            return self._not_found("job", "EXECUTION_NOT_FOUND")
+        if not job.done:
+            assert job.task is not None
+            job.task.cancel()
+            async with job.changed:  # type: ignore[union-attr]
+                job.status = "cancelled"
+                job.exit_code = 137 if request.query.get("force") == "true" else 143
+                job.changed.notify_all()  # type: ignore[union-attr]
+        return web.json_response({"success": True, "data": self._job_wire(job, self.base(request))})
+
+    # ------------------------------------------------------------------ files
+
+    def _fs(self, sid: str) -> tuple[dict[str, bytes], set[str]]:
+        return self.files.setdefault(sid, {}), self.dirs.setdefault(sid, {"/", "/workspace"})
+
+    @staticmethod
+    def _abs(path: str | None) -> str:
+        return posixpath.normpath(posixpath.join("/workspace", path or "."))
+
+    def _missing(self, path: str) -> web.Response:
+        return web.json_response(
+            {"success": False, "message": f"path: {path} does not exist", "code": "FILE_NOT_FOUND", "field": "path"},
+            status=404,
+        )
+
+    def _mkdirs(self, sid: str, path: str) -> None:
+        _, dirs = self._fs(sid)
+        while path not in dirs:
+            dirs.add(path)
+            path = posixpath.dirname(path)
+
+    def _put(self, sid: str, path: str, data: bytes) -> None:
+        files, _ = self._fs(sid)
+        self._mkdirs(sid, posixpath.dirname(path))
+        files[path] = data
+
+    async def write_files(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        body = await request.json()
+        for f in body["files"]:
+            self._put(sid, self._abs(f["path"]), base64.b64decode(f["content"]))
+        n = len(body["files"])
+        return web.json_response({"success": True, "data": {"filesWritten": n}})
+
+    async def read_file(self, request: web.Request) -> web.StreamResponse:
+        sid = request.match_info["id"]
+        files, _ = self._fs(sid)
+        path = self._abs(request.query.get("path"))
+        if path not in files:
+            return self._missing(request.query.get("path", ""))
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        data = files[path]
+        for i in range(0, len(data), 65536):
+            await resp.write(data[i : i + 65536])
+        await resp.write_eof()
+        return resp
+
+    async def list_files(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        files, dirs = self._fs(sid)
+        path = self._abs(request.query.get("path"))
+
+        def info(name: str, size: int, is_dir: bool) -> dict[str, Any]:
+            return {
+                "path": name,
+                "size": size,
+                "isDir": is_dir,
+                "mode": "0755" if is_dir else "0644",
+                "modTime": "2025-01-01T00:00:00Z",
+            }
+
+        if path in files:
+            items = [info(posixpath.basename(path), len(files[path]), False)]
+        elif path in dirs:
+            items = [info(posixpath.basename(d), 0, True) for d in sorted(dirs) if d != path and posixpath.dirname(d) == path]
+            items += [info(posixpath.basename(f), len(c), False) for f, c in sorted(files.items()) if posixpath.dirname(f) == path]
+        else:
+            return self._missing(request.query.get("path", ""))
+        return web.json_response({"success": True, "data": {"files": items}})
+
+    async def mkdir(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        body = await request.json()
+        path = self._abs(body["path"])
+        _, dirs = self._fs(sid)
+        if not body.get("recursive") and posixpath.dirname(path) not in dirs:
+            return self._missing(posixpath.dirname(body["path"]))
+        self._mkdirs(sid, path)
+        return web.json_response({"success": True})
+
+    async def rm(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        files, _ = self._fs(sid)
+        found = files.pop(self._abs((await request.json())["path"]), None) is not None
+        return web.json_response({"success": True, "found": found})
+
+    async def rmdir(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        body = await request.json()
+        files, dirs = self._fs(sid)
+        path = self._abs(body["path"])
+        if path not in dirs:
+            return web.json_response({"success": True, "found": False})
+        inside = [p for p in [*files, *dirs] if p.startswith(path + "/")]
+        if inside and not body.get("recursive"):
+            return web.json_response(
+                {"success": False, "message": f"path: directory {body['path']} is not empty", "code": "INVALID_INPUT"},
+                status=400,
+            )
+        for p in inside:
+            files.pop(p, None)
+            dirs.discard(p)
+        dirs.discard(path)
+        return web.json_response({"success": True, "found": True})
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        sid = request.match_info["id"]
+        files, dirs = self._fs(sid)
+        root = self._abs(request.query.get("path"))
+        if root not in dirs and root not in files:
+            return self._missing(request.query.get("path", ""))
+        fmt = request.query.get("format", "tar.gz")
+        buf = io.BytesIO()
+        prefix = root.rstrip("/") + "/"
+        members = sorted((p[len(prefix):], c) for p, c in files.items() if p.startswith(prefix))
+        subdirs = sorted(d[len(prefix):] for d in dirs if d.startswith(prefix))
+        if fmt == "zip":
+            with zipfile.ZipFile(buf, "w") as zf:
+                for d in subdirs:
+                    zf.writestr(d + "/", b"")
+                for name, content in members:
+                    zf.writestr(name, content)
+        else:
+            with tarfile.open(fileobj=buf, mode="w:gz" if fmt == "tar.gz" else "w") as tf:
+                for d in subdirs:
+                    ti = tarfile.TarInfo(d)
+                    ti.type = tarfile.DIRTYPE
+                    ti.mode = 0o755
+                    tf.addfile(ti)
+                for name, content in members:
+                    ti = tarfile.TarInfo(name)
+                    ti.size = len(content)
+                    tf.addfile(ti, io.BytesIO(content))
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        await resp.write(buf.getvalue())
+        await resp.write_eof()
+        return resp
+
+    async def upload(self, request: web.Request) -> web.Response:
+        sid = request.match_info["id"]
+        raw = await request.read()
+        dest = self._abs(request.query.get("path"))
+        fmt = request.query.get("format")
+        counts = {"files": 0, "directories": 0, "symlinks": 0, "bytes": 0}
+        self._mkdirs(sid, dest)
+        if fmt == "zip" or raw.startswith(b"PK"):
+            with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+                for zi in zf.infolist():
+                    target = posixpath.normpath(posixpath.join(dest, zi.filename))
+                    if zi.is_dir():
+                        self._mkdirs(sid, target)
+                        counts["directories"] += 1
+                    else:
+                        content = zf.read(zi)
+                        self._put(sid, target, content)
+                        counts["files"] += 1
+                        counts["bytes"] += len(content)
+        else:
+            with tarfile.open(fileobj=io.BytesIO(raw), mode="r:*") as tf:
+                for ti in tf:
+                    target = posixpath.normpath(posixpath.join(dest, ti.name))
+                    if ti.isdir():
+                        self._mkdirs(sid, target)
+                        counts["directories"] += 1
+                    elif ti.isreg():
+                        content = tf.extractfile(ti).read()  # type: ignore[union-attr]
+                        self._put(sid, target, content)
+                        counts["files"] += 1
+                        counts["bytes"] += len(content)
+        return web.json_response({"success": True, "data": counts})
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        ex = self.executions.get(request.match_info["eid"])
+        ex = self.executions.get(request.match_info["eid"]) or self.jobs.get(
+            request.match_info["eid"]
+        )
         if ex is None:
             return web.Response(status=404)
         name = request.match_info["name"]
@@ -406,7 +694,7 @@ class ThreadedServer:
 
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
-            for ex in self.wire.executions.values():
+            for ex in [*self.wire.executions.values(), *self.wire.jobs.values()]:
                 if ex.task is not None:
                     ex.task.cancel()
             assert self._runner is not None
