@@ -55,7 +55,11 @@ class NomadClient:
         self.address = address.rstrip("/")
         self.token = token
         self.namespace = namespace
-        self._nomad = nomad.Nomad(address=self.address, token=token, namespace=namespace, timeout=30)
+        # Our own requests session, so close() releases its pooled connections (Nomad limits
+        # connections per client address).
+        self._session = requests.Session()
+        self._nomad = nomad.Nomad(address=self.address, token=token, namespace=namespace, timeout=30,
+                                  session=self._session)
         self._http: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -66,6 +70,7 @@ class NomadClient:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        self._session.close()
 
     @property
     def http(self) -> aiohttp.ClientSession:

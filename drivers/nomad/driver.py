@@ -145,13 +145,14 @@ class NomadDriver(Driver):
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=False,
-            pause=False, files=True, kernel_isolation=True)
+            pause=True, files=True, kernel_isolation=True)
         self.pool_sizes = dict(pool_sizes or {})
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._available: set[str] = set()
         self._sandboxes: dict[str, _Sandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._destroying: set[str] = set()
+        self._paused: set[str] = set()
         self._pool: dict[str, deque[_PoolEntry]] = {}
         self._pool_starting: dict[str, int] = {}
         self._pool_claims = 0
@@ -521,6 +522,7 @@ class NomadDriver(Driver):
                 with contextlib.suppress(NomadNotFound):
                     await self._client.deregister(sb.job_id, purge=False)
                 self._sandboxes.pop(sandbox_id, None)
+                self._paused.discard(sandbox_id)
                 self._state_path(sandbox_id).unlink(missing_ok=True)
                 self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
             finally:
@@ -532,6 +534,38 @@ class NomadDriver(Driver):
         if sb is None or sid in self._destroying:
             raise SandboxNotFound(f"sandbox {sid} not found")
         return sb
+
+    # -- pause -----------------------------------------------------------------------------
+
+    async def _verb(self, sb: _Sandbox, verb: dict[str, Any]) -> None:
+        """A plugin verb (freeze, kill) carried by an alloc exec; no process is started."""
+        out = bytearray()
+        code = await self._client.exec(
+            sb.alloc_id, TASK, [ENVELOPE, json.dumps(verb)], stdin=None,
+            on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
+        if code != 0:
+            raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {bytes(out)[:300]!r}")
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).
+
+        Refused while an execution runs: its timeout could not be enforced on frozen processes."""
+        sb = self._running(sandbox_id)
+        async with self._lock(sb.id):
+            if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
+                raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
+            await self._verb(sb, {"freeze": True})
+            self._paused.add(sb.id)
+
+    async def resume(self, sandbox_id: str) -> None:
+        sb = self._running(sandbox_id)
+        async with self._lock(sb.id):
+            await self._verb(sb, {"freeze": False})
+            self._paused.discard(sb.id)
+
+    def _check_not_paused(self, sb: _Sandbox) -> None:
+        if sb.id in self._paused:
+            raise IllegalTransition(f"sandbox {sb.id} is paused; resume it first")
 
     # -- exec ----------------------------------------------------------------------------
 
@@ -545,6 +579,7 @@ class NomadDriver(Driver):
 
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
         sb = self._running(req.sandbox_id)
+        self._check_not_paused(sb)
         if not req.argv:
             raise InvalidInput("command must not be empty", field="command")
         if req.execution_id in self._executions:
@@ -591,8 +626,7 @@ class NomadDriver(Driver):
         if sb.id not in self._sandboxes:
             return
         with contextlib.suppress(HutchError):
-            await self._client.exec(sb.alloc_id, TASK, [ENVELOPE, json.dumps({"kill": tag})], stdin=None,
-                                    on_output=lambda _s, _d: None, stop=asyncio.Event(), kill=_noop)
+            await self._verb(sb, {"kill": tag})
 
     async def cancel(self, execution_id: str) -> None:
         execution = self._executions.get(execution_id)
@@ -605,6 +639,7 @@ class NomadDriver(Driver):
 
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
         sb = self._running(sandbox_id)
+        self._check_not_paused(sb)
         if not files:
             return
         buf = io.BytesIO()

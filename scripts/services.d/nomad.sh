@@ -217,7 +217,10 @@ sys.exit(0 if ok else 1)'
 
 start_nomad() {
   local plugin; plugin="$(plugin_dir)/hutch-containerd"
-  if pid_of nomad >/dev/null && node_ready && [[ "$(cat "$STATE/nomad.plugin" 2>/dev/null)" == "$plugin" ]]; then
+  mkdir -p "$STATE"
+  agent_config "$plugin" >"$STATE/agent.hcl.new"
+  if pid_of nomad >/dev/null && node_ready && cmp -s "$STATE/agent.hcl.new" "$STATE/agent.hcl"; then
+    rm -f "$STATE/agent.hcl.new"
     return 0
   fi
   stop_pid nomad INT
@@ -226,12 +229,30 @@ start_nomad() {
   mkdir -p "$WORKSPACES" "$STATE/plugins"
   chmod 711 "$WORKSPACES"
   ln -sfn "$plugin" "$STATE/plugins/hutch-containerd"
-  echo "$plugin" >"$STATE/nomad.plugin"
-  cat >"$STATE/agent.hcl" <<EOF
-# Written by scripts/services.d/nomad.sh
+  mv "$STATE/agent.hcl.new" "$STATE/agent.hcl"
+  say "starting Nomad $NOMAD_VERSION (dev agent on 127.0.0.1:$PORT; log $STATE/nomad.log)"
+  rm -rf "$STATE/alloc"
+  setsid "$(nomad_bin)" agent -dev -config "$STATE/agent.hcl" >>"$STATE/nomad.log" 2>&1 </dev/null &
+  echo $! >"$STATE/nomad.pid"
+  local deadline=$((SECONDS + 90))
+  until node_ready; do
+    pid_of nomad >/dev/null || { tail -n 30 "$STATE/nomad.log" >&2; die "Nomad exited"; }
+    ((SECONDS < deadline)) || { tail -n 30 "$STATE/nomad.log" >&2; die "no ready client node with the hutch-containerd driver"; }
+    sleep 0.3
+  done
+}
+
+# The agent's configuration; a change (or a new plugin build) restarts a running agent.
+agent_config() {
+  cat <<EOF
+# Written by scripts/services.d/nomad.sh (plugin build: $1)
 bind_addr  = "127.0.0.1"
 plugin_dir = "$STATE/plugins"
 log_level  = "WARN"
+limits {
+  http_max_conns_per_client = 1000
+  rpc_max_conns_per_client  = 1000
+}
 ports {
   http = $PORT
   rpc  = $((PORT + 1))
@@ -256,16 +277,6 @@ plugin "hutch-containerd" {
   }
 }
 EOF
-  say "starting Nomad $NOMAD_VERSION (dev agent on 127.0.0.1:$PORT; log $STATE/nomad.log)"
-  rm -rf "$STATE/alloc"
-  setsid "$(nomad_bin)" agent -dev -config "$STATE/agent.hcl" >>"$STATE/nomad.log" 2>&1 </dev/null &
-  echo $! >"$STATE/nomad.pid"
-  local deadline=$((SECONDS + 90))
-  until node_ready; do
-    pid_of nomad >/dev/null || { tail -n 30 "$STATE/nomad.log" >&2; die "Nomad exited"; }
-    ((SECONDS < deadline)) || { tail -n 30 "$STATE/nomad.log" >&2; die "no ready client node with the hutch-containerd driver"; }
-    sleep 0.3
-  done
 }
 
 print_settings() {

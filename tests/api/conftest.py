@@ -49,7 +49,7 @@ class Api:
 AppFactory = Callable[..., Awaitable[Api]]
 
 
-@pytest.fixture(params=["fake", "local"])
+@pytest.fixture(params=["fake", "local", "nomad"])
 def driver_name(request: pytest.FixtureRequest) -> str:
     """Every API test runs on every driver: the same wire, whatever makes it real."""
     return str(request.param)

@@ -465,6 +465,9 @@ func (d *Driver) ensureImage(ctx context.Context, client *containerd.Client, ref
 
 func (d *Driver) deleteContainer(ctx context.Context, c containerd.Container) {
 	if task, err := c.Task(ctx, nil); err == nil {
+		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Paused {
+			_ = task.Resume(ctx)
+		}
 		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
 		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			d.logger.Warn("deleting task", "id", c.ID(), "error", err)
@@ -546,6 +549,7 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 		sig = s
 	}
 	ctx := d.nsCtx(d.ctx)
+	_ = h.freeze(false) // a frozen process cannot die
 	if err := h.task.Kill(ctx, sig); err != nil && !errdefs.IsNotFound(err) {
 		d.logger.Warn("signalling task", "id", h.container.ID(), "error", err)
 	}
@@ -652,6 +656,12 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		}
 		return &drivers.ExitResult{ExitCode: 1}, nil
 	}
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Freeze != nil {
+		if err := h.freeze(*envelope.Freeze); err != nil {
+			return nil, err
+		}
+		return &drivers.ExitResult{ExitCode: 0}, nil
+	}
 	return h.exec(ctx, opts.Command, opts.Stdin, opts.Stdout, opts.Stderr)
 }
 
@@ -672,14 +682,16 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //
 //	{"env": ["K=V", ...], "cwd": "/dir", "tag": "exec-1"}   run argv with this env and cwd
 //	{"kill": "exec-1"}                                      kill the tagged exec's process tree
+//	{"freeze": true|false}                                  pause / resume the whole container
 //
 // The kill verb exists because closing the exec websocket does not reach the plugin while
 // the command is silent: Nomad's HTTP handler only notices at the command's next output.
 type execEnvelopeSpec struct {
 	Env  []string `json:"env"`
 	Cwd  string   `json:"cwd"`
-	Tag  string   `json:"tag"`
-	Kill string   `json:"kill"`
+	Tag    string   `json:"tag"`
+	Kill   string   `json:"kill"`
+	Freeze *bool    `json:"freeze"`
 }
 
 func parseEnvelope(cmd []string) (*execEnvelopeSpec, []string, error) {

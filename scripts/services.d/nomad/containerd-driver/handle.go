@@ -42,6 +42,23 @@ type taggedExec struct {
 	killed bool
 }
 
+// freeze pauses (true) or resumes (false) every process of the container. Idempotent.
+func (h *taskHandle) freeze(on bool) error {
+	ctx := h.d.nsCtx(context.Background())
+	st, err := h.task.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("reading task status: %v", err)
+	}
+	// Anything but the wanted state (a freeze may be half done: "pausing") gets the call.
+	switch {
+	case on && st.Status != containerd.Paused:
+		return h.task.Pause(ctx)
+	case !on && st.Status != containerd.Running:
+		return h.task.Resume(ctx)
+	}
+	return nil
+}
+
 // killTagged kills the process tree of a running exec by its tag; false if there is none.
 func (h *taskHandle) killTagged(tag string) bool {
 	h.mu.Lock()
