@@ -6,7 +6,15 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from hutch.models import ExecutionInfo, Runtime, SandboxEvent, SandboxInfo, to_wire
+from hutch.models import (
+    ExecutionInfo,
+    Job,
+    Runtime,
+    SandboxEvent,
+    SandboxFileInfo,
+    SandboxInfo,
+    to_wire,
+)
 
 
 def dump_json(obj: Any, out: TextIO) -> None:
@@ -183,3 +191,65 @@ __all__ = [
     "table",
     "to_wire",
 ]
+
+
+def _mode_string(mode: str | None, is_dir: bool, is_symlink: bool | None) -> str:
+    kind = "l" if is_symlink else "d" if is_dir else "-"
+    try:
+        bits = int(mode or "0", 8)
+    except ValueError:
+        return kind + "?????????"
+    chars = "rwxrwxrwx"
+    return kind + "".join(c if bits & (1 << (8 - i)) else "-" for i, c in enumerate(chars))
+
+
+def files(items: Sequence[SandboxFileInfo], out: TextIO, *, long: bool = False) -> None:
+    ordered = sorted(items, key=lambda f: f.path)
+    if not long:
+        for f in ordered:
+            out.write(f.path + ("/" if f.is_dir else "") + "\n")
+        return
+    table(
+        ["MODE", "SIZE", "MODIFIED", "NAME"],
+        [
+            [
+                _mode_string(f.mode, f.is_dir, f.is_symlink),
+                f.size,
+                f.mod_time,
+                f.path
+                + ("/" if f.is_dir else "")
+                + (f" -> {f.link_target}" if f.is_symlink and f.link_target else ""),
+            ]
+            for f in ordered
+        ],
+        out,
+    )
+
+
+def jobs(items: Sequence[Job], out: TextIO) -> None:
+    if not items:
+        out.write("no jobs\n")
+        return
+    table(
+        ["ID", "STATUS", "EXIT", "STARTED", "COMMAND"],
+        [[j.job_id, j.status, j.exit_code, j.started_at, " ".join(j.command)] for j in items],
+        out,
+    )
+
+
+def job(j: Job, out: TextIO) -> None:
+    key_values(
+        [
+            ("id", j.job_id),
+            ("sandbox", j.sandbox_id),
+            ("status", j.status),
+            ("exit code", j.exit_code),
+            ("command", " ".join(j.command)),
+            ("started", j.started_at),
+            ("completed", j.completed_at),
+            ("error", j.error),
+            ("stdout", j.stdout_stream_url),
+            ("stderr", j.stderr_stream_url),
+        ],
+        out,
+    )
