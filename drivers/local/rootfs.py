@@ -175,14 +175,14 @@ def _debian(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifes
 
 def _run(cmd: list[str], what: str, log: Log, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
     log(f"  $ {' '.join(cmd)}")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
-    assert proc.stdout is not None
     tail: list[str] = []
-    for line in proc.stdout:
-        line = line.rstrip()
-        tail = [*tail[-30:], line]
-        log(f"  {line}")
-    if proc.wait() != 0:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = [*tail[-30:], line]
+            log(f"  {line}")
+    if proc.returncode != 0:
         raise DriverFailure(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
@@ -192,10 +192,14 @@ def _npm(recipe: RuntimeRecipe, root: Path, cache: Path, tmp: Path, manifest: di
         raise DriverFailure(f"runtime {recipe.name} installs npm packages and this host has no npm "
                             "(apt-get install npm)")
     prefix = root / "usr/local"
-    # A private HOME and the registry's defaults: the build user's ~/.npmrc must not steer a runtime.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp), "npm_config_cache": str(cache / ".npm"),
-           "npm_config_update_notifier": "false", "npm_config_fund": "false", "npm_config_audit": "false",
+    # --prefix moves npm's global config into the tree, so name the host's own (its CA file,
+    # proxy); the registry is set explicitly so no npmrc can point a runtime elsewhere.
+    globalconfig = subprocess.run([npm, "config", "get", "globalconfig"], capture_output=True, text=True).stdout.strip()
+    env = {**os.environ, "npm_config_cache": str(cache / ".npm"), "npm_config_update_notifier": "false",
+           "npm_config_fund": "false", "npm_config_audit": "false",
            "npm_config_registry": os.environ.get("HUTCH_NPM_REGISTRY", "https://registry.npmjs.org/")}
+    if globalconfig:
+        env["npm_config_globalconfig"] = globalconfig
     _run([npm, "install", "--global", "--prefix", str(prefix), "--omit=dev", "--loglevel=warn",
           *recipe.npm_packages], f"runtime {recipe.name}: npm install", log, env=env, cwd=tmp)
     resolved: dict[str, str] = {}
@@ -262,16 +266,17 @@ def _finish(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, _manife
 
 
 def _version_check(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
-    # In the tree, with its own /proc, no network, a scratch HOME removed afterwards.
-    home = "/tmp/.hutch-version-check"
-    cmd = ["unshare", "--mount", "--pid", "--net", "--fork", f"--mount-proc={root}/proc", "chroot", str(root),
-           "/usr/bin/env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           f"HOME={home}", "LANG=C.UTF-8", "/bin/sh", "-c", 'mkdir -p "$HOME" && exec "$@"', "sh",
-           *recipe.version_command]
+    # In the tree, in private namespaces: its own /proc, no network, and a tmpfs over /tmp as
+    # HOME, so the check writes nothing into the tree (it may be a cached, shared one).
+    script = ('mount -t tmpfs -o size=64m,mode=1777 hutch-check "$1/tmp" && root="$1" && shift && '
+              'exec chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin '
+              'HOME=/tmp LANG=C.UTF-8 "$@"')
+    cmd = ["unshare", "--mount", "--propagation=private", "--pid", "--net", "--fork", f"--mount-proc={root}/proc",
+           "/bin/sh", "-c", script, "sh", str(root), *recipe.version_command]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    finally:
-        shutil.rmtree(root / home.lstrip("/"), ignore_errors=True)
+    except subprocess.TimeoutExpired as err:
+        raise DriverFailure(f"runtime {recipe.name}: {' '.join(recipe.version_command)} did not finish in 120s") from err
     output = (proc.stdout + proc.stderr).strip()
     log(f"  {output}")
     if proc.returncode != 0 or recipe.version_expect not in output:

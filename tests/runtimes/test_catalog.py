@@ -1,0 +1,91 @@
+"""The catalog as data: the seeds' runtimes, their metadata, pins and recipe hashes. No root needed."""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+import pytest
+
+from core import runtimes
+from core.errors import RuntimeNotFound
+from drivers.local import rootfs
+
+SEED_RUNTIMES = {"base:latest", "bun:1", "node:latest", "node:lts", "python:3.13", "python:3.14",
+                 "claude-code:latest", "amp:latest", "opencode:latest"}
+
+
+def test_the_seeds_runtimes_are_in_the_catalog_with_their_fields() -> None:
+    by_name = {r.name: r for r in runtimes.CATALOG}
+    assert set(by_name) == SEED_RUNTIMES
+    assert runtimes.DEFAULT_RUNTIME == "base:latest"
+    assert len({r.id for r in runtimes.CATALOG}) == len(runtimes.CATALOG)
+    for r in runtimes.CATALOG:
+        assert r.id.startswith("srt_") and runtimes.find(r.id) is r and runtimes.find(r.name) is r
+        assert r.description and r.tags and r.icon_url and r.brand_color and r.url and r.readme
+        assert r.requirements.memory and r.requirements.cpu and r.requirements.disk
+        assert r.version_command and r.version_expect
+    assert by_name["python:3.13"].version_expect == "Python 3.13"
+    assert by_name["python:3.14"].version_expect == "Python 3.14"
+    assert by_name["bun:1"].version_expect.startswith("1.")
+
+
+def test_python_runtimes_carry_pip_and_uv() -> None:
+    for name in ("python:3.13", "python:3.14"):
+        r = runtimes.find(name)
+        assert r is not None and "python3-pip" in r.packages and any(t.startswith("uv==") for t in r.pypi_tools)
+
+
+def test_agent_runtimes_say_they_need_network_and_credentials() -> None:
+    for r in runtimes.CATALOG:
+        agent = "agent" in r.tags
+        assert r.requirements.network_enabled is agent
+        if agent:
+            assert r.readme is not None and "network" in r.readme and "credentials" in r.readme
+            assert r.npm_packages  # the CLI comes from npm
+
+
+def test_recipe_hash_covers_what_changes_the_tree_and_nothing_else() -> None:
+    base = runtimes.find("python:3.13")
+    assert base is not None
+    same = attrs.evolve(base, description="other", readme="other", tags=("x",), brand_color="#000000",
+                        packages=tuple(reversed(base.packages)))
+    assert same.recipe_hash == base.recipe_hash
+    changed = [
+        attrs.evolve(base, suite="sid"),
+        attrs.evolve(base, packages=(*base.packages, "git")),
+        attrs.evolve(base, pypi_tools=("uv==0.1.0",)),
+        attrs.evolve(base, npm_packages=("left-pad@1.3.0",)),
+        attrs.evolve(base, links=(("/usr/local/bin/py", "python3"),)),
+    ]
+    hashes = {c.recipe_hash for c in changed} | {base.recipe_hash}
+    assert len(hashes) == len(changed) + 1
+
+
+def test_a_debian_only_recipe_keeps_the_hash_it_had_before_extras_existed() -> None:
+    # Builds cached before npm/PyPI extras existed stay valid (CI caches hold them).
+    assert runtimes.find("base:latest").recipe_hash == "2f4278e6c3f1dee5"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("npm_packages", ("left-pad",)),
+    ("npm_packages", ("left-pad@^1.3.0",)),
+    ("npm_packages", ("left-pad@latest",)),
+    ("pypi_tools", ("uv",)),
+    ("pypi_tools", ("uv>=0.5",)),
+    ("links", (("usr/bin/x", "y"),)),
+    ("links", (("/usr/../etc/x", "y"),)),
+])
+def test_unpinned_or_escaping_recipes_are_refused(field: str, value: object) -> None:
+    base = runtimes.find("base:latest")
+    with pytest.raises(ValueError, match=field):
+        attrs.evolve(base, **{field: value})  # type: ignore[arg-type]
+
+
+def test_unknown_and_unbuilt_runtimes_say_what_to_do(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(RuntimeNotFound, match=r"unknown runtime 'ruby:3'.*known: base:latest"):
+        rootfs.lookup("ruby:3")
+    hint = f"node:lts is not built on this host; build it with: hutch runtime build node:lts --cache {tmp_path}"
+    with pytest.raises(RuntimeNotFound, match=re.escape(hint)):
+        rootfs.built_rootfs("node:lts", tmp_path)
+    assert rootfs.build_hint("bun:1", rootfs.default_cache()) == "hutch runtime build bun:1"
