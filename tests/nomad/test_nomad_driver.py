@@ -1,0 +1,125 @@
+"""The nomad driver beyond the shared contract: warm pools, failures reported through the
+listener, recovery after a restart. Against the real Nomad + containerd that
+``./scripts/services start nomad`` runs (a missing service fails the setup, never skips)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from drivers.base import ExecRequest
+from drivers.nomad.driver import NomadDriver
+from tests.drivers_support import Recorder, new_id, provision, start_nomad
+
+
+async def echo(driver: NomadDriver, sid: str, text: str) -> str:
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["echo", text]), sink)
+    assert result.exit_code == 0
+    return sink.stdout
+
+
+async def wait_for(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.1)
+
+
+async def test_create_claims_from_the_warm_pool_and_the_pool_refills(tmp_path: Path) -> None:
+    driver = await start_nomad(tmp_path / "data", pool_sizes={"base:latest": 2})
+    assert isinstance(driver, NomadDriver)
+    try:
+        pool = lambda: driver.pool_metrics()["pools"]["base:latest"]  # noqa: E731
+        await wait_for(lambda: pool()["ready"] == 2)
+        started = time.monotonic()
+        sid = await provision(driver)
+        took = time.monotonic() - started
+        assert driver.pool_metrics()["claims"] == 1
+        assert took < 1.0, f"a claim took {took * 1000:.0f} ms"
+        assert await echo(driver, sid, "warm") == "warm\n"
+        await wait_for(lambda: pool()["ready"] == 2)  # refilled in the background
+        # A create with other resources cannot use the pool: it is scheduled cold.
+        from drivers.base import Resources
+
+        other = await provision(driver, resources=Resources(memory_bytes=128 * 2**20))
+        assert driver.pool_metrics()["claims"] == 1 and driver.pool_metrics()["misses"] >= 1
+        await driver.destroy(other)
+        await driver.destroy(sid)
+    finally:
+        prefix = driver._job_prefix()
+        await driver.close()
+    # close() drains the idle allocations; nothing of this driver stays placed but what it destroyed.
+    jobs = await asyncio.to_thread(_jobs, prefix)
+    assert not [j for j in jobs if "-pool-" in j["ID"] and j["Status"] != "dead"]
+
+
+def _jobs(prefix: str) -> list[dict]:  # type: ignore[type-arg]
+    import nomad
+
+    from tests.drivers_support import NOMAD_ADDR
+
+    return nomad.Nomad(address=NOMAD_ADDR).jobs.get_jobs(prefix=prefix)
+
+
+async def test_a_sandbox_killed_outside_hutch_is_reported(tmp_path: Path) -> None:
+    driver = await start_nomad(tmp_path / "data")
+    ended: list[tuple[str, str, bool]] = []
+
+    async def listener(sid: str, reason: str, failed: bool) -> None:
+        ended.append((sid, reason, failed))
+
+    driver.set_listener(listener)
+    try:
+        sid = await provision(driver)
+        assert isinstance(driver, NomadDriver)
+        alloc = driver._sandboxes[sid].alloc_id
+        # The task dies under Nomad's feet (as on an OOM kill or a crashed node).
+        await asyncio.to_thread(
+            subprocess.run, ["ctr", "--address", "/run/hutch-containerd/containerd.sock", "-n", "nomad",
+                             "tasks", "kill", "-a", "-s", "KILL", f"sandbox-{alloc}"], check=True)
+        await wait_for(lambda: bool(ended), 30)
+        assert ended[0][0] == sid and ended[0][2] is True
+        assert "allocation" in ended[0][1]
+        assert sid not in await driver.alive()
+    finally:
+        for s in await driver.alive():
+            await driver.destroy(s)
+        await driver.close()
+
+
+async def test_a_restarted_driver_adopts_its_sandboxes(tmp_path: Path) -> None:
+    first = await start_nomad(tmp_path / "data")
+    sid = await provision(first, env={"KEPT": "yes"})
+    await first.close()  # sandboxes keep running
+    second = await start_nomad(tmp_path / "data")
+    try:
+        assert sid in await second.alive()
+        sink = Recorder()
+        result = await second.exec(ExecRequest(new_id("ex"), sid, ["printenv", "KEPT"]), sink)
+        assert (result.exit_code, sink.stdout) == (0, "yes\n")
+    finally:
+        await second.destroy(sid)
+        await second.close()
+
+
+@pytest.mark.parametrize("limit_mb", [64])
+async def test_memory_limit_holds_and_the_sandbox_survives(tmp_path: Path, limit_mb: int) -> None:
+    from drivers.base import Resources
+
+    driver = await start_nomad(tmp_path / "data")
+    try:
+        sid = await provision(driver, resources=Resources(memory_bytes=limit_mb * 2**20))
+        sink = Recorder()
+        # tail keeps everything after the last newline: /dev/zero has none.
+        hog = f"head -c {4 * limit_mb}M /dev/zero | tail > /dev/null"
+        result = await driver.exec(ExecRequest(new_id("ex"), sid, ["sh", "-c", hog]), sink)
+        assert result.exit_code == 137, (result, sink.stderr)
+        assert await echo(driver, sid, "alive") == "alive\n"
+        await driver.destroy(sid)
+    finally:
+        await driver.close()
