@@ -1,0 +1,44 @@
+provider "nomad" {
+  address   = var.nomad_addr
+  secret_id = var.nomad_token
+}
+
+module "server_node" {
+  source            = "./modules/nomad-node"
+  role              = "server"
+  datacenter        = var.datacenters[0]
+  server_ips        = var.server_ips
+  artifact_base_url = var.artifact_base_url
+}
+
+module "client_node" {
+  source            = "./modules/nomad-node"
+  role              = "client"
+  datacenter        = var.datacenters[0]
+  server_ips        = var.server_ips
+  artifact_base_url = var.artifact_base_url
+}
+
+module "hutch" {
+  source            = "./modules/hutch-on-nomad"
+  datacenters       = var.datacenters
+  nomad_addr        = var.nomad_addr
+  hutch_version     = var.hutch_version
+  api_replicas      = var.api_replicas
+  warm_pools        = var.warm_pools
+  postgres_password = var.postgres_password
+}
+
+output "server_user_data" {
+  description = "cloud-init for Nomad server VMs."
+  value       = module.server_node.user_data
+}
+
+output "client_user_data" {
+  description = "cloud-init for Nomad client VMs (containerd + hutch-containerd)."
+  value       = module.client_node.user_data
+}
+
+output "hutch_api" {
+  value = module.hutch.api_service
+}
