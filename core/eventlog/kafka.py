@@ -57,10 +57,11 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from aiokafka.partitioner import murmur2
 
 from core.errors import InvalidInput, LogUnavailable
@@ -110,6 +111,12 @@ def _id_millis(sandbox_id: str) -> int | None:
     for ch in sandbox_id.split("_", 1)[1][:10]:
         value = value * 32 + "0123456789abcdefghjkmnpqrstvwxyz".index(ch)
     return value  # 10 chars = 50 bits: two zero bits, then the 48-bit timestamp
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (it is reported through another path)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _record(event: Event) -> bytes:
@@ -162,17 +169,15 @@ class _Slot:
         self.producer: AIOKafkaProducer | None = None
 
     async def replace(self, factory) -> None:  # type: ignore[no-untyped-def]
-        old, self.producer = self.producer, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.stop()
+        await self.close()
         self.producer = await factory(self.transactional_id)
 
     async def close(self) -> None:
         old, self.producer = self.producer, None
         if old is not None:
+            # stop() flushes what is pending, which never ends while the broker is away.
             with contextlib.suppress(Exception):
-                await old.stop()
+                await asyncio.wait_for(old.stop(), 5)
 
 
 class KafkaEventLog(EventLog):
@@ -185,6 +190,7 @@ class KafkaEventLog(EventLog):
         replication: int | None = None,
         transactional_id: str | None = None,
         append_timeout: float = 60.0,
+        txn_timeout: float = 8.0,
         producers: int = 3,
         writer: bool = True,
         client_id: str = "hutch",
@@ -195,6 +201,7 @@ class KafkaEventLog(EventLog):
         self.partitions = partitions
         self.replication = replication
         self.append_timeout = append_timeout
+        self.txn_timeout = txn_timeout
         self.client_id = client_id
         self.transactional_id = transactional_id or f"hutch-{socket.gethostname()}-{topic}"
         # Several producers, so a new transaction need not wait for the previous one's commit
@@ -310,7 +317,7 @@ class KafkaEventLog(EventLog):
             enable_idempotence=True,
             acks="all",
             max_request_size=MAX_EVENT_BYTES + 2**16,
-            transaction_timeout_ms=15_000,
+            transaction_timeout_ms=10_000,
             request_timeout_ms=15_000,
             linger_ms=0,
         )
@@ -430,21 +437,16 @@ class KafkaEventLog(EventLog):
         producer = slot.producer
         if producer is None:
             raise LogUnavailable("the Kafka event log is closed")
-        values = [_record(e) for e in events]
-        keys = [e.sandbox_id.encode() for e in events]
-        async with producer.transaction():
-            order_futs = [
-                await producer.send(self.order_topic, v, key=k, partition=0) for k, v in zip(keys, values, strict=True)
-            ]
-            offsets = [(await f).offset for f in order_futs]
-            keyed_futs = [
-                await producer.send(
-                    self.topic, v, key=k, partition=partition_for(e.sandbox_id, self.partitions),
-                    headers=[("position", str(off + 1).encode())],
-                )
-                for e, k, v, off in zip(events, keys, values, offsets, strict=True)
-            ]
-            keyed = [await f for f in keyed_futs]
+        # A transaction stuck on a vanished broker would otherwise wait for the broker to time
+        # it out after it comes back; bounding it here lets the caller re-create the producer,
+        # which ends the stuck transaction at once.
+        txn = asyncio.ensure_future(self._transact(producer, events))
+        try:
+            offsets, keyed = await asyncio.wait_for(asyncio.shield(txn), self.txn_timeout)
+        except TimeoutError:
+            txn.cancel()
+            txn.add_done_callback(_retrieve)
+            raise KafkaTimeoutError(f"transaction not committed within {self.txn_timeout:g}s") from None
         # The commit marker follows the last record.
         self._scan_from = max(self._scan_from, offsets[-1] + 2)
         # The commit returns once the coordinator decided; the markers that make the records
@@ -456,6 +458,27 @@ class KafkaEventLog(EventLog):
             last[tp] = max(last.get(tp, -1), meta.offset)
         await self._until_readable(last)
         return [off + 1 for off in offsets]
+
+    async def _transact(self, producer: AIOKafkaProducer, events: list[Event]) -> tuple[list[int], list[Any]]:
+        values = [_record(e) for e in events]
+        keys = [e.sandbox_id.encode() for e in events]
+        async with producer.transaction():
+            order_futs = []
+            for k, v in zip(keys, values, strict=True):
+                fut = await producer.send(self.order_topic, v, key=k, partition=0)
+                fut.add_done_callback(_retrieve)  # a failed batch fails every future; we raise one
+                order_futs.append(fut)
+            offsets = [(await f).offset for f in order_futs]
+            keyed_futs = []
+            for e, k, v, off in zip(events, keys, values, offsets, strict=True):
+                fut = await producer.send(
+                    self.topic, v, key=k, partition=partition_for(e.sandbox_id, self.partitions),
+                    headers=[("position", str(off + 1).encode())],
+                )
+                fut.add_done_callback(_retrieve)
+                keyed_futs.append(fut)
+            keyed = [await f for f in keyed_futs]
+        return offsets, keyed
 
     async def _until_readable(self, last: dict[TopicPartition, int]) -> None:
         """Wait until every partition's last stable offset passed the given offsets."""

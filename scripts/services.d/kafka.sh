@@ -114,6 +114,11 @@ transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=4
 min.insync.replicas=1
 group.initial.rebalance.delay.ms=0
+# abort transactions whose producer vanished within seconds, not the default minute
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
+# after a kill -9 the broker may re-register once its old session expired: keep that short
+broker.session.timeout.ms=3000
+broker.heartbeat.interval.ms=500
 log.retention.hours=-1
 PROPS
   if [[ ! -f "$DIR/data/meta.properties" ]]; then
