@@ -6,7 +6,7 @@
 //
 // Optional env: HUTCH_COMPAT_RUNTIME (default base:latest), HUTCH_COMPAT_CHECK_TIMEOUT_MS
 // (per check, default 180000), HUTCH_COMPAT_ONLY (substring filter on check names),
-// HUTCH_COMPAT_EXTENDED=1 (also file-system endpoints).
+// HUTCH_COMPAT_EXTENDED=1 (also file-system endpoints, setEnv, jobs, pause/resume + autoResumed).
 
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
@@ -421,6 +421,52 @@ if (EXTENDED) {
 		assert.equal(env.FOO, undefined);
 		const ex = await state.sbx.execute({ command: ['bash', '-c', 'echo "${NEWVAR}-${FOO:-unset}"'] });
 		assert.equal(await readUrl(ex.stdoutStreamUrl, 'stdout'), 'x-unset\n');
+	}, { needs: ['sbx'] });
+
+	await check('jobs: createJob / job.get / listJobs / job.stop(force) / failed exit code', async () => {
+		const job = await client.createJob(state.sbx.id, { command: ['sh', '-c', 'echo job-out; sleep 60'] });
+		assert.ok(job.id, 'job id');
+		assert.equal(job.sandboxId, state.sbx.id);
+		const current = await job.get();
+		assert.ok(['pending', 'running'].includes(current.status), current.status);
+		assert.ok(current.stdoutStreamUrl && current.stderrStreamUrl, 'stream URLs');
+		const { jobs } = await client.listJobs(state.sbx.id, 10);
+		assert.ok(jobs.some((j) => j.jobId === job.id), JSON.stringify(jobs));
+		const stopped = await job.stop(true);
+		assert.equal(stopped.status, 'cancelled');
+		const quick = await client.createJob(state.sbx.id, { command: ['sh', '-c', 'echo done; exit 3'] });
+		let final;
+		for (let i = 0; i < 200; i++) {
+			final = await quick.get();
+			if (['completed', 'failed', 'cancelled'].includes(final.status)) break;
+			await sleep(50);
+		}
+		assert.equal(final.status, 'failed');
+		assert.equal(final.exitCode, 3);
+		assert.equal(await readUrl(final.stdoutStreamUrl, 'job stdout'), 'done\n');
+	}, { needs: ['sbx'] });
+
+	await check('pause/resume: pause, execute auto-resumes (autoResumed), resume', async () => {
+		await state.sbx.writeFiles([{ path: 'keep/p.txt', content: enc('kept') }]);
+		const paused = await state.sbx.pause();
+		assert.equal(paused.sandboxId ?? state.sbx.id, state.sbx.id);
+		assert.equal((await client.get(state.sbx.id)).status, 'paused');
+		// SandboxInstance.execute() in @agentuity/core 2.0.21 drops the wire's top-level
+		// autoResumed, so read it from the execute response itself.
+		const resp = await fetch(`${URL_}/sandbox/${state.sbx.id}/execute`, {
+			method: 'POST',
+			headers: { Authorization: `Bearer ${API_KEY}`, 'Content-Type': 'application/json' },
+			body: JSON.stringify({ command: ['cat', 'keep/p.txt'] }),
+		});
+		const body = await resp.json();
+		assert.equal(resp.status, 200, JSON.stringify(body));
+		assert.equal(body.autoResumed, true, 'autoResumed');
+		assert.notEqual((await client.get(state.sbx.id)).status, 'paused');
+		assert.equal(await readUrl(body.data.stdoutStreamUrl, 'stdout'), 'kept');
+		await state.sbx.pause();
+		await state.sbx.resume();
+		const after = (await client.get(state.sbx.id)).status;
+		assert.ok(['idle', 'running'].includes(after), after);
 	}, { needs: ['sbx'] });
 }
 
