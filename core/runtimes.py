@@ -92,6 +92,8 @@ class RuntimeRecipe:
 
 # Packages every runtime gets: a shell, coreutils, CA certificates and a few tools agents use.
 _BASE_PACKAGES = ("bash", "coreutils", "ca-certificates", "procps", "less", "findutils", "grep", "sed", "tar", "gzip")
+# The official node builds link libatomic (26.x does; the build's version check caught it).
+_NODE_PACKAGES = (*_BASE_PACKAGES, "libatomic1")
 # What a coding agent reaches for besides its own CLI.
 _AGENT_PACKAGES = (*_BASE_PACKAGES, "git", "curl", "ripgrep", "openssh-client", "xz-utils", "unzip")
 
@@ -179,7 +181,7 @@ CATALOG: tuple[RuntimeRecipe, ...] = (
         name="node:latest",
         description="Node.js latest version",
         suite="trixie",
-        packages=_BASE_PACKAGES,
+        packages=_NODE_PACKAGES,
         npm_packages=(NODE_LATEST, NPM),
         version_command=("node", "--version"),
         version_expect="v" + _version(NODE_LATEST),
@@ -194,7 +196,7 @@ CATALOG: tuple[RuntimeRecipe, ...] = (
         name="node:lts",
         description="Node.js LTS version",
         suite="trixie",
-        packages=_BASE_PACKAGES,
+        packages=_NODE_PACKAGES,
         npm_packages=(NODE_LTS, NPM),
         version_command=("node", "--version"),
         version_expect="v" + _version(NODE_LTS),
