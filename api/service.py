@@ -481,12 +481,23 @@ class Engine:
     async def _watch_timeouts(self) -> None:
         queue = self.projector.listen()
         try:
-            live, _ = await self.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
-            for sb in live:
-                await self._schedule(sb.sandbox_id)
+            while True:  # a store outage (PostgreSQL restarting) must not end the watch
+                try:
+                    live, _ = await self.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+                    for sb in live:
+                        await self._schedule(sb.sandbox_id)
+                    break
+                except HutchError as err:
+                    log.warning("timeouts: cannot list live sandboxes (%s); retrying", err)
+                    await asyncio.sleep(1)
             while True:
                 event = await queue.get()
-                await self._schedule(event.sandbox_id)
+                try:
+                    await self._schedule(event.sandbox_id)
+                except HutchError as err:
+                    log.warning("timeouts: cannot schedule %s (%s); retrying", event.sandbox_id, err)
+                    await asyncio.sleep(0.5)
+                    queue.put_nowait(event)
         finally:
             self.projector.unlisten(queue)
 
