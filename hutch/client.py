@@ -1272,7 +1272,7 @@ class SandboxClient:
                 return await _drain_to(chunks, fh)
         except BaseException:
             with contextlib.suppress(OSError):
-                target.unlink()
+                os.unlink(target)
             raise
 
     async def upload_archive(
@@ -1354,7 +1354,7 @@ class SandboxClient:
         streaming it as a tar built on the fly. A ``dest`` that is an existing directory or ends
         in ``/`` receives the source under its own name. Missing parent directories are created
         (listed in ``directories_created``) unless ``strict``."""
-        src = Path(local).expanduser()
+        src = _local_path(local)
         try:
             st = await asyncio.to_thread(os.stat, src)
         except OSError as err:
@@ -1367,7 +1367,7 @@ class SandboxClient:
                 )
         elif not stat.S_ISREG(st.st_mode):
             raise InvalidInput(f"source {str(local)!r} is not a regular file", field="source")
-        name = src.name or src.resolve().name
+        name = src.name or (await asyncio.to_thread(src.resolve)).name
         target = dest
         if dest in ("", ".") or dest.endswith("/") or await self._remote_kind(sandbox_id, dest) == "dir":
             target = posixpath.join(dest or ".", name)
@@ -1420,12 +1420,13 @@ class SandboxClient:
             raise InvalidInput(
                 f"{sandbox_id}:{source} is a directory; copy it recursively (-r)", field="recursive"
             )
-        dest = Path(local).expanduser()
+        dest = _local_path(local)
         name = posixpath.basename(source.rstrip("/")) or sandbox_id
         if name == ".":
             name = sandbox_id
         local_text = os.fspath(local)
-        target = dest / name if local_text.endswith(os.sep) or dest.is_dir() else dest
+        into = local_text.endswith(os.sep) or await asyncio.to_thread(dest.is_dir)
+        target = dest / name if into else dest
         parent = target.parent
         missing: list[Path] = []
         p = parent
@@ -1527,6 +1528,10 @@ class SandboxClient:
             execution_id=job_id,
         )
         return from_wire(Job, self._data(resp))
+
+
+def _local_path(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.expanduser(path))
 
 
 async def _drain_to(chunks: AsyncIterator[bytes], fh: IO[bytes]) -> int:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from core.errors import HutchError
 from core.quantities import parse_duration
 from hutch.cli import (
+    UsageError,
     _command_arg,
     _int_in,
     _json_flag,
@@ -25,7 +26,6 @@ from hutch.cli import (
     _out,
     _Parser,
     _with_client,
-    UsageError,
     duration_value,
     env_pair,
 )
@@ -312,6 +312,8 @@ def cmd_fs_download(args: argparse.Namespace) -> int:
         if not parent.is_dir():
             raise UsageError(f"OUTPUT_FILE {args.output!r}: directory {str(parent)!r} does not exist")
 
+    target = Path(os.path.expanduser(args.output))
+
     async def work(client: SandboxClient) -> int:
         if to_stdout:
             sys.stdout.flush()
@@ -319,7 +321,7 @@ def cmd_fs_download(args: argparse.Namespace) -> int:
                 args.sandbox_id, sys.stdout.buffer, path=args.path, format=fmt
             )
         return await client.download_archive(
-            args.sandbox_id, Path(args.output).expanduser(), path=args.path, format=fmt
+            args.sandbox_id, target, path=args.path, format=fmt
         )
 
     size = _run(args, work)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hutch.cli import main, parse_args
 from hutch.cli import _files_jobs as fj
+from hutch.cli import main, parse_args
 from tests.sdk.fakewire import KEY, Script, ThreadedServer
 
 
