@@ -179,6 +179,21 @@ class Cgroups(abc.ABC):
                 raise DriverFailure(f"could not kill the processes of sandbox {sandbox}: {pids}")
             time.sleep(0.005)
 
+    def signal(self, sandbox: str, leaf: str, signum: int) -> None:
+        """Send ``signum`` to every process of a leaf, frozen while it is listed and
+        signalled (no fork escapes, no pid is reused meanwhile). Not for a frozen sandbox's
+        leaf: the thaw here would wake it."""
+        path = self.paths(sandbox, leaf)[0]
+        if not _pids(path):
+            return
+        self._freeze(path, True)
+        try:
+            for pid in _pids(path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+        finally:
+            self._freeze(path, False)
+
     def freeze(self, sandbox: str, frozen: bool) -> None:
         self._freeze(self.paths(sandbox)[0], frozen)
 

@@ -60,6 +60,7 @@ import attrs
 
 from core import runtimes
 from core.errors import (
+    CheckpointNotFound,
     DriverFailure,
     IllegalTransition,
     InvalidInput,
@@ -78,6 +79,7 @@ from drivers.base import (
 )
 from drivers.local import rootfs
 from drivers.local.cgroups import Cgroups, CgroupV1
+from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
 
 # Sandbox users are host uids UID_BASE.. (overridable for hosts that use this range).
@@ -142,8 +144,9 @@ def _check_env(env: Mapping[str, str], field: str) -> None:
             raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
 
 
-class LocalDriver(Driver):
+class LocalDriver(FilesMixin, Driver):
     name = "local"
+    _home = HOME
 
     def __init__(self, data_dir: Path, runtime_cache: Path) -> None:
         self.data_dir = Path(data_dir)
@@ -160,6 +163,7 @@ class LocalDriver(Driver):
             network=False,
             pause=self._cgroups is not None,  # the freezer
             files=True,
+            checkpoints=True,
             kernel_isolation=True,
         )
         self._helper: Path | None = None
@@ -439,6 +443,16 @@ class LocalDriver(Driver):
 
         res = req.resources
         self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
+        pid, start = self._launch_sync(sid, d, uid, lower)
+        sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=pid, init_start=start)
+        self._write_meta(d, sb)
+        return sb
+
+    def _launch_sync(self, sid: str, d: Path, uid: int, lower: Path) -> tuple[int, int]:
+        """Start the sandbox's init over ``d``'s upper layer; returns its (pid, start time)."""
+        assert self._cgroups is not None
+        assert self._helper is not None
+        upper, work, merged = d / "upper", d / "work", d / "merged"
         procs = self._cgroups.create_leaf(sid, "init")
 
         ready_r, ready_w = os.pipe()
@@ -479,9 +493,7 @@ class LocalDriver(Driver):
         start = _start_time(pid)
         if start is None:
             raise DriverFailure(f"sandbox {sid} died at start: {self._init_log(d)}")
-        sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=pid, init_start=start)
-        self._write_meta(d, sb)
-        return sb
+        return pid, start
 
     @staticmethod
     def _write_meta(d: Path, sb: _Sandbox) -> None:
@@ -862,6 +874,17 @@ class LocalDriver(Driver):
         execution.cancelled = True
         await self._cgroups.kill(execution.sandbox_id, execution.leaf)
 
+    async def signal(self, execution_id: str, signum: int) -> None:
+        """Send ``signum`` to every process of the execution's tree (its cgroup leaf,
+        background children included), frozen meanwhile so none escapes by forking.
+        Unknown or finished executions are a no-op."""
+        execution = self._executions.get(execution_id)
+        if execution is None or self._cgroups is None:
+            return
+        if not 0 < signum < signal.NSIG:
+            raise InvalidInput(f"signal: {signum} is not a signal", field="signal")
+        await asyncio.to_thread(self._cgroups.signal, execution.sandbox_id, execution.leaf, signum)
+
     # -- files -----------------------------------------------------------------
 
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
@@ -885,6 +908,99 @@ class LocalDriver(Driver):
         self._raise_status(status, sb.id)
         if timed_out or code != 0:
             raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
+
+
+    # -- disk checkpoints ----------------------------------------------------------
+    #
+    # A checkpoint is a copy of the sandbox's upper layer (everything it changed over the
+    # runtime: files, whiteouts for deletions, opaque-directory xattrs) taken while the
+    # sandbox is frozen, so the copy is consistent and no sandbox process can swap a path
+    # under the root-run copy. ``cp -a --reflink=auto``: hard links and xattrs kept, links
+    # never followed, reflinks where the filesystem has them (btrfs, xfs), a full copy
+    # otherwise. Hard links to the live files would be cheaper but wrong: an upper file is
+    # modified in place, which would change the checkpoint too. Restore kills the
+    # sandbox's processes (an overlay's upper layer may not change under its mount),
+    # swaps in a copy of the checkpoint and starts init again over it.
+
+    def _checkpoint_dir(self, sid: str, checkpoint_id: str) -> Path:
+        if not _ID.match(checkpoint_id):
+            raise InvalidInput(f"invalid checkpoint id {checkpoint_id!r}", field="checkpoint_id")
+        return self.sandbox_root / sid / "checkpoints" / checkpoint_id
+
+    @staticmethod
+    def _copy_layer(src: Path, dst: Path) -> None:
+        tmp = dst.with_name(dst.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.parent.mkdir(mode=0o700, exist_ok=True)
+        proc = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(src), str(tmp)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise DriverFailure(f"copying the sandbox's files failed: {proc.stderr.strip()[-1000:]}")
+        os.rename(tmp, dst)
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        sb = self._running(sandbox_id)
+        target = self._checkpoint_dir(sb.id, checkpoint_id)
+        assert self._cgroups is not None
+        async with self._lock(sb.id):
+            if target.exists():
+                raise IllegalTransition(f"sandbox {sb.id} already has checkpoint {checkpoint_id}")
+            was_frozen = self._cgroups.is_frozen(sb.id)
+            if not was_frozen:
+                await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
+            try:
+                await asyncio.to_thread(self._copy_layer, self.sandbox_root / sb.id / "upper", target)
+            finally:
+                if not was_frozen:
+                    self._cgroups.freeze(sb.id, False)
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        sb = self._running(sandbox_id)
+        source = self._checkpoint_dir(sb.id, checkpoint_id)
+        if not source.is_dir():
+            raise CheckpointNotFound(f"sandbox {sb.id} has no checkpoint {checkpoint_id}")
+        recipe = runtimes.find(sb.runtime)
+        if recipe is None:
+            raise RuntimeNotFound(f"unknown runtime {sb.runtime!r}", field="runtime")
+        assert self._cgroups is not None
+        async with self._lock(sb.id):
+            was_frozen = self._cgroups.is_frozen(sb.id)
+            for ex in self._executions.values():
+                if ex.sandbox_id == sb.id:
+                    ex.cancelled = True
+            await self._kill_init(sb)
+            pid, start = await asyncio.to_thread(
+                self._restore_sync, sb, source, rootfs.rootfs_path(self.runtime_cache, recipe))
+            sb.init_pid, sb.init_start = pid, start
+            self._write_meta(self.sandbox_root / sb.id, sb)
+            self._sandboxes[sb.id] = sb
+            if was_frozen:
+                await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
+
+    def _restore_sync(self, sb: _Sandbox, source: Path, lower: Path) -> tuple[int, int]:
+        d = self.sandbox_root / sb.id
+        # Fresh upper and work dirs: the old mount may linger a moment (a helper still
+        # exiting holds its namespace), and overlay refuses a workdir that is in use.
+        trash = d / "trash"
+        trash.mkdir(mode=0o700, exist_ok=True)
+        stamp = time.monotonic_ns()
+        os.rename(d / "upper", trash / f"upper-{stamp}")
+        os.rename(d / "work", trash / f"work-{stamp}")
+        (d / "work").mkdir()
+        self._copy_layer(source, d / "upper")
+        for old in trash.iterdir():
+            shutil.rmtree(old, ignore_errors=True)
+        return self._launch_sync(sb.id, d, sb.uid, lower)
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        if not _ID.match(sandbox_id):
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        target = self._checkpoint_dir(sandbox_id, checkpoint_id)
+        async with self._lock(sandbox_id):
+            if target.exists():
+                await asyncio.to_thread(shutil.rmtree, target)
 
 
 def _uid_running(uid: int) -> bool:

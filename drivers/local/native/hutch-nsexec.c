@@ -15,6 +15,14 @@
  *           Paths are resolved by the kernel in the sandbox's own mount namespace and
  *           with the sandbox user's permissions, so symlinks and ".." can never
  *           reach a host file.
+ *   fs      the same entry, then one file operation (argv: read PATH | write PATH
+ *           MODE PARENTS | list PATH | mkdir PATH PARENTS | rm PATH DIR RECURSIVE |
+ *           symlink PATH TARGET). read streams the file to stdout and write streams
+ *           stdin into it, after an "ok\n" line saying the file is open; failures are
+ *           "errno<TAB>N<TAB>message" on --status-fd. Done in here rather than with the
+ *           runtime's own tools: no runtime needs cat/find/stat, nothing is parsed
+ *           from tool output, and the code runs with exactly the privileges (and the
+ *           seccomp filter) of the sandbox's own processes.
  *
  * Exit status 125 with a "kind<TAB>message" line on --status-fd means the helper
  * itself failed (kinds: setup, cwd, file); anything else is the command's status.
@@ -25,6 +33,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <grp.h>
 #include <linux/capability.h>
 #include <sched.h>
@@ -360,6 +369,223 @@ static int mode_write(struct opts *o)
     return 0;
 }
 
+/* ---- fs: one file operation as the sandbox user, inside the sandbox's view ---- */
+
+static void fail_errno(int err, const char *what)
+{
+    if (status_fd >= 0)
+        dprintf(status_fd, "errno\t%d\t%s: %s\n", err, what, strerror(err));
+    _exit(125);
+}
+
+static void write_all(int fd, const char *buf, size_t n, const char *what)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (fd == 1 && errno == EPIPE) _exit(0);  /* the reader went away */
+            fail_errno(errno, what);
+        }
+        buf += w;
+        n -= (size_t)w;
+    }
+}
+
+/* mkdir -p of every component of path (all of it when whole, else up to the last '/'). */
+static void fs_mkdirs(const char *path, int whole)
+{
+    size_t n = strlen(path);
+    char *buf = malloc(n + 2);
+    if (!buf) fail_errno(ENOMEM, path);
+    memcpy(buf, path, n + 1);
+    if (whole) { buf[n] = '/'; buf[n + 1] = 0; }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) < 0) {
+            int err = errno;
+            struct stat st;
+            if (err != EEXIST) fail_errno(err, buf);
+            if (stat(buf, &st) < 0) fail_errno(errno, buf);
+            if (!S_ISDIR(st.st_mode)) fail_errno(ENOTDIR, buf);
+        }
+        *p = '/';
+    }
+    free(buf);
+}
+
+static void fs_read(const char *path)
+{
+    /* O_NONBLOCK: a FIFO planted at the path must not hang us; only regular files. */
+    int fd = open(path, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail_errno(errno, path);
+    struct stat st;
+    if (fstat(fd, &st) < 0) fail_errno(errno, path);
+    if (S_ISDIR(st.st_mode)) fail_errno(EISDIR, path);
+    if (!S_ISREG(st.st_mode)) fail_errno(EINVAL, path);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    write_all(1, "ok\n", 3, "stdout");
+    static char buf[1 << 20];
+    for (;;) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r < 0) { if (errno == EINTR) continue; fail_errno(errno, path); }
+        if (r == 0) break;
+        write_all(1, buf, (size_t)r, "stdout");
+    }
+}
+
+static void fs_write(const char *path, unsigned mode, int parents)
+{
+    if (parents) fs_mkdirs(path, 0);
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+    if (fd < 0) fail_errno(errno == ENXIO ? EINVAL : errno, path);  /* ENXIO: a FIFO nobody reads */
+    struct stat st;
+    if (fstat(fd, &st) < 0) fail_errno(errno, path);
+    if (!S_ISREG(st.st_mode)) fail_errno(EINVAL, path);
+    if (ftruncate(fd, 0) < 0) fail_errno(errno, path);
+    if (fchmod(fd, mode & 0777) < 0) fail_errno(errno, path);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    write_all(1, "ok\n", 3, "stdout");
+    static char buf[1 << 20];
+    for (;;) {
+        ssize_t r = read(0, buf, sizeof buf);
+        if (r < 0) { if (errno == EINTR) continue; fail_errno(errno, "stdin"); }
+        if (r == 0) break;
+        write_all(fd, buf, (size_t)r, path);
+    }
+    if (close(fd) < 0) fail_errno(errno, path);
+}
+
+/* Records: "<mode-octal> <size> <mtime-s> <mtime-ns> <name-len> <link-len>\n<name><link>". */
+static void fs_entry(int dirfd, const char *name, const char *shown)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return;  /* raced away */
+    char link[4096];
+    ssize_t ln = 0;
+    if (S_ISLNK(st.st_mode)) {
+        ln = readlinkat(dirfd, name, link, sizeof link);
+        if (ln < 0) ln = 0;
+    }
+    char head[128];
+    int h = snprintf(head, sizeof head, "%o %lld %lld %ld %zu %zd\n", (unsigned)st.st_mode,
+                     (long long)st.st_size, (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec,
+                     strlen(shown), ln);
+    write_all(1, head, (size_t)h, "stdout");
+    write_all(1, shown, strlen(shown), "stdout");
+    write_all(1, link, (size_t)ln, "stdout");
+}
+
+static void fs_list(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) < 0) fail_errno(errno, path);
+    if (!S_ISDIR(st.st_mode)) {
+        const char *base = strrchr(path, '/');
+        base = base && base[1] ? base + 1 : path;
+        fs_entry(AT_FDCWD, path, base);
+        return;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) fail_errno(errno, path);
+    DIR *d = fdopendir(fd);
+    if (!d) fail_errno(errno, path);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        fs_entry(fd, e->d_name, e->d_name);
+    }
+    closedir(d);
+}
+
+static void fs_mkdir(const char *path, int parents)
+{
+    if (parents) { fs_mkdirs(path, 1); return; }
+    if (mkdir(path, 0755) < 0) {
+        int err = errno;
+        struct stat st;
+        if (err != EEXIST) fail_errno(err, path);
+        if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode)) fail_errno(EEXIST, path);
+    }
+}
+
+/* Empty a directory without ever following a symlink: every step is relative to an
+ * fd opened with O_NOFOLLOW, so a link swapped in mid-way is removed, not entered. */
+static void rm_tree_at(int parent, const char *name, int depth)
+{
+    if (depth > 4096) fail_errno(ELOOP, name);
+    int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) fail_errno(errno, name);
+    DIR *d = fdopendir(fd);
+    if (!d) fail_errno(errno, name);
+    int removed;
+    do {
+        removed = 0;
+        struct dirent *e;
+        rewinddir(d);
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            if (unlinkat(fd, e->d_name, 0) == 0) { removed = 1; continue; }
+            if (errno != EISDIR && errno != EPERM) fail_errno(errno, e->d_name);
+            rm_tree_at(fd, e->d_name, depth + 1);
+            if (unlinkat(fd, e->d_name, AT_REMOVEDIR) < 0) fail_errno(errno, e->d_name);
+            removed = 1;
+        }
+    } while (removed);
+    closedir(d);
+}
+
+static void fs_rm(const char *path, int directory, int recursive)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0) {
+        if (errno == ENOENT) { write_all(1, "absent\n", 7, "stdout"); return; }
+        fail_errno(errno, path);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        if (directory && !S_ISLNK(st.st_mode)) fail_errno(ENOTDIR, path);
+        if (unlink(path) < 0) fail_errno(errno, path);
+    } else {
+        if (!directory) fail_errno(EISDIR, path);
+        if (rmdir(path) < 0) {
+            if ((errno != ENOTEMPTY && errno != EEXIST) || !recursive) fail_errno(errno, path);
+            rm_tree_at(AT_FDCWD, path, 0);
+            if (rmdir(path) < 0) fail_errno(errno, path);
+        }
+    }
+    write_all(1, "removed\n", 8, "stdout");
+}
+
+static void fs_symlink(const char *path, const char *target)
+{
+    fs_mkdirs(path, 0);
+    if (symlink(target, path) == 0) return;
+    struct stat st;
+    if (errno != EEXIST || lstat(path, &st) < 0 || S_ISDIR(st.st_mode)) fail_errno(EEXIST, path);
+    if (unlink(path) < 0) fail_errno(errno, path);
+    if (symlink(target, path) < 0) fail_errno(errno, path);
+}
+
+static int mode_fs(struct opts *o)
+{
+    char **a = o->argv;
+    int n = 0;
+    while (a && a[n]) n++;
+    if (n < 2) fail("setup", "fs: no operation");
+    signal(SIGPIPE, SIG_IGN);
+    enter(o);
+    const char *op = a[0], *path = a[1];
+    if (!strcmp(op, "read") && n == 2) fs_read(path);
+    else if (!strcmp(op, "write") && n == 4) fs_write(path, (unsigned)strtoul(a[2], NULL, 8), a[3][0] == '1');
+    else if (!strcmp(op, "list") && n == 2) fs_list(path);
+    else if (!strcmp(op, "mkdir") && n == 3) fs_mkdir(path, a[2][0] == '1');
+    else if (!strcmp(op, "rm") && n == 4) fs_rm(path, a[2][0] == '1', a[3][0] == '1');
+    else if (!strcmp(op, "symlink") && n == 3) fs_symlink(path, a[2]);
+    else fail("setup", "fs: bad operation %s", op);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) fail("setup", "usage: hutch-nsexec launch|init|exec|write [options] [-- argv]");
@@ -371,6 +597,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "init")) return mode_init(o);
     if (!strcmp(mode, "exec")) return mode_exec(o);
     if (!strcmp(mode, "write")) return mode_write(o);
+    if (!strcmp(mode, "fs")) return mode_fs(o);
     fail("setup", "unknown mode %s", mode);
     return 125;
 }
