@@ -119,7 +119,12 @@ class PostgresProjectionStore(ProjectionStore):
     async def start(self) -> None:
         try:
             self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60
+                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60,
+                # No WAL flush wait at commit: a PostgreSQL crash may lose the last few
+                # transactions, but each loses its rows and its position together, so the
+                # projector applies those events again from the log. Other sessions see a
+                # commit at once either way.
+                server_settings={"synchronous_commit": "off"},
             )
             async with self._pool.acquire() as conn:
                 for name in await migrate(conn):
@@ -174,15 +179,16 @@ class PostgresProjectionStore(ProjectionStore):
         # open executions of their sandboxes (a sandbox-level event can end them).
         sandbox_ids = sorted({e.sandbox_id for e in todo})
         exec_ids = sorted({x for e in todo if (x := execution_id_of(e)) is not None})
-        sandboxes = {
-            r["sandbox_id"]: _sandbox(r)
-            for r in await conn.fetch("SELECT sandbox_id, doc FROM sandboxes WHERE sandbox_id = ANY($1)", sandbox_ids)
-        }
-        exec_rows = await conn.fetch(
-            "SELECT execution_id, sandbox_id, seq, doc FROM executions"
-            " WHERE execution_id = ANY($1) OR (sandbox_id = ANY($2) AND NOT is_final) ORDER BY seq",
+        rows = await conn.fetch(  # one round trip for both tables
+            "SELECT NULL AS execution_id, sandbox_id, 0::bigint AS seq, doc FROM sandboxes WHERE sandbox_id = ANY($2)"
+            " UNION ALL"
+            " SELECT execution_id, sandbox_id, seq, doc FROM executions"
+            " WHERE execution_id = ANY($1) OR (sandbox_id = ANY($2) AND NOT is_final)"
+            " ORDER BY seq",
             exec_ids, sandbox_ids,
         )
+        sandboxes = {r["sandbox_id"]: _sandbox(r) for r in rows if r["execution_id"] is None}
+        exec_rows = [r for r in rows if r["execution_id"] is not None]
         executions = {r["execution_id"]: _execution(r) for r in exec_rows}
         seqs = {r["execution_id"]: int(r["seq"]) for r in exec_rows}
         by_sandbox: dict[str, list[str]] = {}
@@ -222,9 +228,10 @@ class PostgresProjectionStore(ProjectionStore):
                 ],
             )
         await conn.execute(
-            "UPDATE projection_position SET position = $2 WHERE projection = $1", PROJECTION, position
+            "WITH moved AS (UPDATE projection_position SET position = $2 WHERE projection = $1 RETURNING position)"
+            " SELECT pg_notify($3, position::text) FROM moved",
+            PROJECTION, position, NOTIFY_CHANNEL,
         )
-        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(position))
         return position
 
     async def reset(self) -> None:

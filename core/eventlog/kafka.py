@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -96,6 +97,7 @@ def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
     return parts.netloc, topic, dict(urllib.parse.parse_qsl(parts.query))
 
 
+@functools.lru_cache(maxsize=65536)  # murmur2 is pure Python: hash each sandbox once
 def partition_for(sandbox_id: str, partitions: int) -> int:
     """The Java client's default partitioner (murmur2), so other clients agree on where a key lives."""
     return (murmur2(sandbox_id.encode()) & 0x7FFFFFFF) % partitions
@@ -117,6 +119,22 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
     """Mark a future's exception as seen (it is reported through another path)."""
     if not fut.cancelled():
         fut.exception()
+
+
+def _batches(
+    producer: AIOKafkaProducer, records: list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]
+) -> list[tuple[Any, int]]:
+    """Pack (key, value, headers) records into record batches; returns (batch, record count)."""
+    out: list[tuple[Any, int]] = []
+    builder, count = producer.create_batch(), 0
+    for key, value, headers in records:
+        if builder.append(key=key, value=value, timestamp=None, headers=list(headers)) is None:
+            out.append((builder, count))
+            builder, count = producer.create_batch(), 0
+            builder.append(key=key, value=value, timestamp=None, headers=list(headers))  # a first record always fits
+        count += 1
+    out.append((builder, count))
+    return out
 
 
 def _record(event: Event) -> bytes:
@@ -320,6 +338,7 @@ class KafkaEventLog(EventLog):
             transaction_timeout_ms=10_000,
             request_timeout_ms=15_000,
             linger_ms=0,
+            max_batch_size=1 * 2**20,
         )
         try:
             await producer.start()  # init_transactions: fences an older incarnation, ends its open txn
@@ -452,32 +471,40 @@ class KafkaEventLog(EventLog):
         # The commit returns once the coordinator decided; the markers that make the records
         # readable reach the partitions a moment later. Acknowledge once they are readable, so
         # a read that follows an append sees it.
-        last = {self._order_tp: offsets[-1]}
-        for meta in keyed:
-            tp = TopicPartition(meta.topic, meta.partition)
-            last[tp] = max(last.get(tp, -1), meta.offset)
-        await self._until_readable(last)
+        await self._until_readable({self._order_tp: offsets[-1], **keyed})
         return [off + 1 for off in offsets]
 
-    async def _transact(self, producer: AIOKafkaProducer, events: list[Event]) -> tuple[list[int], list[Any]]:
+    async def _transact(self, producer: AIOKafkaProducer, events: list[Event]) -> tuple[list[int], dict[TopicPartition, int]]:
+        """One transaction: the events into the order partition, then into their keyed
+        partitions with their positions. Returns the order offsets and, per keyed partition,
+        the last offset written. Records go in explicit record batches: a batch gets
+        consecutive offsets, and building batches costs far less than a send() per record."""
         values = [_record(e) for e in events]
         keys = [e.sandbox_id.encode() for e in events]
         async with producer.transaction():
-            order_futs = []
-            for k, v in zip(keys, values, strict=True):
-                fut = await producer.send(self.order_topic, v, key=k, partition=0)
-                fut.add_done_callback(_retrieve)  # a failed batch fails every future; we raise one
-                order_futs.append(fut)
-            offsets = [(await f).offset for f in order_futs]
-            keyed_futs = []
-            for e, k, v, off in zip(events, keys, values, offsets, strict=True):
-                fut = await producer.send(
-                    self.topic, v, key=k, partition=partition_for(e.sandbox_id, self.partitions),
-                    headers=[("position", str(off + 1).encode())],
-                )
+            order = _batches(producer, [(k, v, ()) for k, v in zip(keys, values, strict=True)])
+            offsets: list[int] = []
+            for builder, count in order:
+                fut = await producer.send_batch(builder, self.order_topic, partition=0)
                 fut.add_done_callback(_retrieve)
-                keyed_futs.append(fut)
-            keyed = [await f for f in keyed_futs]
+                base = (await fut).offset
+                offsets.extend(range(base, base + count))
+            by_partition: dict[int, list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]] = {}
+            for e, k, v, off in zip(events, keys, values, offsets, strict=True):
+                by_partition.setdefault(partition_for(e.sandbox_id, self.partitions), []).append(
+                    (k, v, (("position", str(off + 1).encode()),))
+                )
+            pending = []
+            for partition, records in by_partition.items():
+                for builder, count in _batches(producer, records):
+                    fut = await producer.send_batch(builder, self.topic, partition=partition)
+                    fut.add_done_callback(_retrieve)
+                    pending.append((fut, count))
+            keyed: dict[TopicPartition, int] = {}
+            for fut, count in pending:
+                meta = await fut
+                tp = TopicPartition(meta.topic, meta.partition)
+                keyed[tp] = max(keyed.get(tp, -1), meta.offset + count - 1)
         return offsets, keyed
 
     async def _until_readable(self, last: dict[TopicPartition, int]) -> None:
