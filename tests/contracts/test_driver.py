@@ -261,7 +261,7 @@ async def test_unbuilt_runtime_says_how_to_build(local: Driver, monkeypatch: pyt
     from drivers.local import rootfs
 
     monkeypatch.setattr(rootfs, "is_built", lambda cache, recipe: False)
-    with pytest.raises(RuntimeNotFound, match=r"python -m drivers\.local\.rootfs build base:latest"):
+    with pytest.raises(RuntimeNotFound, match=r"hutch runtime build base:latest"):
         await provision(local)
 
 
