@@ -110,8 +110,17 @@ def profile_flags(request: pytest.FixtureRequest) -> Iterator[list[str]]:
     asyncio.run(drop_database(database))
 
 
+@pytest.fixture(params=["local", "nomad"])
+def driver_flags(request: pytest.FixtureRequest) -> list[str]:
+    """Every driver a user can serve with (HUTCH_COMPAT_DRIVER narrows it to one)."""
+    only = os.environ.get("HUTCH_COMPAT_DRIVER")
+    return ["--driver", only or str(request.param)]
+
+
 @pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
-def test_agentuity_sandbox_client_against_live_server(tmp_path: Path, profile_flags: list[str]) -> None:
+def test_agentuity_sandbox_client_against_live_server(
+    tmp_path: Path, profile_flags: list[str], driver_flags: list[str]
+) -> None:
     node = shutil.which("node")
     if node is None:
         pytest.fail("node (>= 20) is not on PATH; the compat test needs it")
@@ -137,9 +146,8 @@ def test_agentuity_sandbox_client_against_live_server(tmp_path: Path, profile_fl
         "--port", str(port),
         "--data-dir", str(data_dir),
         *profile_flags,
+        *driver_flags,
     ]  # fmt: skip
-    if os.environ.get("HUTCH_COMPAT_DRIVER"):
-        cmd += ["--driver", os.environ["HUTCH_COMPAT_DRIVER"]]
 
     with log.open("wb") as log_fh:
         proc = subprocess.Popen(
