@@ -8,6 +8,7 @@ other's events or rows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -36,6 +37,21 @@ def kafka_url(label: str = "t") -> str:
         pytest.fail(f"HUTCH_TEST_EVENT_LOG/HUTCH_EVENT_LOG={base!r} is not a kafka:// URL; {_HOW}", pytrace=False)
     parts = urllib.parse.urlsplit(base)
     return f"kafka://{parts.netloc}/hutch-test-{label}-{uuid.uuid4().hex[:12]}"
+
+
+async def drop_topics(url: str) -> None:
+    """Delete the topics of a kafka:// event log made by ``kafka_url`` (the broker outlives runs)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    parts = urllib.parse.urlsplit(url)
+    topic = parts.path.strip("/")
+    admin = AIOKafkaAdminClient(bootstrap_servers=parts.netloc)
+    await admin.start()
+    try:
+        with contextlib.suppress(Exception):  # best effort: a leftover topic only costs disk
+            await admin.delete_topics([topic, f"{topic}.order"])
+    finally:
+        await admin.close()
 
 
 def postgres_admin_url() -> str:

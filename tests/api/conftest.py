@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient
 from api.app import create_app
 from api.config import Config
 from api.keys import ENGINE
-from tests.services import drop_database, fresh_database, kafka_url
+from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -63,8 +63,10 @@ async def profile(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str
         yield {}
         return
     url, database = await fresh_database("api")
-    yield {"event_log": kafka_url("api"), "store": url}
+    log = kafka_url("api")
+    yield {"event_log": log, "store": url}
     await drop_database(database)
+    await drop_topics(log)
 
 
 @pytest.fixture

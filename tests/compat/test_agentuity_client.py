@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import drop_database, fresh_database, kafka_url
+from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
 pytestmark = pytest.mark.compat
 
@@ -106,8 +106,10 @@ def profile_flags(request: pytest.FixtureRequest) -> Iterator[list[str]]:
         yield []
         return
     store, database = asyncio.run(fresh_database("compat"))
-    yield ["--event-log", kafka_url("compat"), "--store", store]
+    log = kafka_url("compat")
+    yield ["--event-log", log, "--store", store]
     asyncio.run(drop_database(database))
+    asyncio.run(drop_topics(log))
 
 
 @pytest.fixture(params=["local", "nomad"])

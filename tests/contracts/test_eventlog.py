@@ -11,7 +11,7 @@ import pytest
 from core import ids
 from core.eventlog.base import EventLog, open_event_log
 from core.events import Event, ExecutionStarted, SandboxStarted
-from tests.services import kafka_url
+from tests.services import drop_topics, kafka_url
 
 BACKENDS = ["sqlite", "kafka"]
 
@@ -23,10 +23,13 @@ def backend_url(name: str) -> str:
 
 @pytest.fixture(params=BACKENDS)
 async def event_log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventLog]:
-    log = open_event_log(backend_url(request.param), tmp_path)
+    url = backend_url(request.param)
+    log = open_event_log(url, tmp_path)
     await log.start()
     yield log
     await log.close()
+    if url.startswith("kafka://"):
+        await drop_topics(url)
 
 
 def ev(sandbox_id: str, n: int = 0) -> Event:

@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.services import PrivateService, drop_database, fresh_database, kafka_url
+from tests.services import PrivateService, drop_database, drop_topics, fresh_database, kafka_url
 from tests.system.server import KEY, ROOT, Server
 
 pytestmark = pytest.mark.slow
@@ -45,6 +45,20 @@ KEY_ID = "key_" + hashlib.sha256(KEY.encode()).hexdigest()[:12]
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+@pytest.fixture
+def kafka_log() -> Iterator[Callable[[str], str]]:
+    """Fresh topics on the shared broker, deleted afterwards."""
+    made: list[str] = []
+
+    def make(label: str) -> str:
+        made.append(kafka_url(label))
+        return made[-1]
+
+    yield make
+    for url in made:
+        run(drop_topics(url))
 
 
 @pytest.fixture
@@ -176,8 +190,10 @@ class Workload:
 # ---------------------------------------------------------------- kill -9 the API
 
 
-def test_kill9_during_1000_operations_then_projections_equal_a_rebuild(tmp_path: Path, database: str) -> None:
-    log = kafka_url("kill9")
+def test_kill9_during_1000_operations_then_projections_equal_a_rebuild(
+    tmp_path: Path, database: str, kafka_log: Callable[[str], str]
+) -> None:
+    log = kafka_log("kill9")
     server = Server(tmp_path / "data", HUTCH_EVENT_LOG=log, HUTCH_STORE=database).start()
     work = Workload(server, timeout=10)
     try:
@@ -243,11 +259,11 @@ def test_kafka_broker_restart_during_a_workload_loses_nothing_acknowledged(
 
 
 def test_postgres_restart_the_projector_resumes_without_duplicates(
-    tmp_path: Path, private_postgres: PrivateService
+    tmp_path: Path, private_postgres: PrivateService, kafka_log: Callable[[str], str]
 ) -> None:
     admin = private_postgres.settings["HUTCH_STORE"]
     store, _ = run(_create_on(admin))
-    log = kafka_url("pgrestart")
+    log = kafka_log("pgrestart")
     server = Server(tmp_path / "data", HUTCH_EVENT_LOG=log, HUTCH_STORE=store).start()
     work = Workload(server, timeout=60)
 
@@ -277,8 +293,10 @@ def test_postgres_restart_the_projector_resumes_without_duplicates(
 # ---------------------------------------------------------------- more than one process
 
 
-def test_a_second_api_process_sees_writes_and_a_separate_projector_serves_reads(tmp_path: Path, database: str) -> None:
-    log = kafka_url("two")
+def test_a_second_api_process_sees_writes_and_a_separate_projector_serves_reads(
+    tmp_path: Path, database: str, kafka_log: Callable[[str], str]
+) -> None:
+    log = kafka_log("two")
     with open(tmp_path / "projector.log", "wb") as errors:  # the child keeps its own copy of the fd
         projector = subprocess.Popen([sys.executable, "-m", "hutch", "projector", "--event-log", log, "--store", database,
                                       "--data-dir", str(tmp_path / "projector")], cwd=ROOT,
@@ -310,8 +328,10 @@ def test_a_second_api_process_sees_writes_and_a_separate_projector_serves_reads(
 # ---------------------------------------------------------------- audit
 
 
-def test_hutch_audit_keeps_every_event_once_and_names_the_key(tmp_path: Path, database: str) -> None:
-    log = kafka_url("audit")
+def test_hutch_audit_keeps_every_event_once_and_names_the_key(
+    tmp_path: Path, database: str, kafka_log: Callable[[str], str]
+) -> None:
+    log = kafka_log("audit")
     server = Server(tmp_path / "data", HUTCH_EVENT_LOG=log, HUTCH_STORE=database).start()
     try:
         Workload(server).run(range(60), threads=4)
