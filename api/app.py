@@ -17,7 +17,7 @@ from aiohttp import web
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY, API_KEY_ID, CONFIG, ENGINE
 from api.output import OutputStore
-from api.routes import audit, checkpoints, files, jobs, sandboxes, streams
+from api.routes import audit, checkpoints, files, jobs, proxy, sandboxes, streams
 from api.service import Engine
 from core.errors import HutchError, InvalidInput, Unauthorized
 from core.eventlog.base import open_event_log
@@ -28,7 +28,7 @@ from projections.base import ProjectionStore
 log = logging.getLogger("hutch.api")
 
 # Paths anyone may call: health, and stream URLs (their id is the capability).
-_PUBLIC_PREFIXES = ("/streams/", "/healthz")
+_PUBLIC_PREFIXES = ("/streams/", "/healthz", "/proxy/")  # proxy: public like Agentuity's sandbox URLs
 
 
 def _error(status: int, message: str, code: str, **extra: object) -> web.Response:
@@ -137,7 +137,9 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(jobs.routes)
     app.add_routes(sandboxes.routes)
     app.add_routes(streams.routes)
+    app.add_routes(proxy.routes)
     app.cleanup_ctx.append(_engine_ctx)
+    app.cleanup_ctx.append(proxy.session_ctx)
     return app
 
 

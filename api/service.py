@@ -220,8 +220,8 @@ class Engine:
                 f"network.enabled: driver {self.driver.name} cannot give sandboxes network access yet",
                 field="network.enabled",
             )
-        if spec.network.port is not None:
-            raise NotSupported("network.port: exposing ports is not available on this server yet", field="network.port")
+        if spec.network.port is not None and not self.driver.capabilities.ports:
+            raise NotSupported(f"network.port: driver {self.driver.name} cannot expose ports", field="network.port")
         sandbox_id = ids.new_id("sandbox")
         execution_id = ids.new_id("execution") if req.command else None
         await self._append(
@@ -684,6 +684,7 @@ def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
         runtime=spec.runtime,
         resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
         network_enabled=spec.network.enabled,
+        port=spec.network.port,
         # The env travels with every exec instead (it can change: PATCH /sandbox/env),
         # so a removed variable is really gone.
         env={},

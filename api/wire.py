@@ -245,8 +245,9 @@ def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool) -> dict[str, A
     )
 
 
-def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None) -> dict[str, Any]:
-    """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one."""
+def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | None = None) -> dict[str, Any]:
+    """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one; ``url``:
+    where its exposed port is served (api/routes/proxy.py), if it has one."""
     spec = sb.spec
     return _drop_none(
         {
@@ -268,6 +269,7 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None) -> dict[str, 
             "resources": _drop_none({"memory": spec.resources.memory, "cpu": spec.resources.cpu, "disk": spec.resources.disk}),
             "networkEnabled": spec.network.enabled,
             "networkPort": spec.network.port,
+            "url": url,
             "org": ORG,
             "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),
             "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value}) if spec.command else None,

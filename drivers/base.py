@@ -27,6 +27,7 @@ class Capabilities:
     pause: bool = False
     files: bool = False
     checkpoints: bool = False
+    ports: bool = False  # can expose one port of a sandbox to the server (port_target)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
 
 
@@ -44,6 +45,7 @@ class ProvisionRequest:
     runtime: str  # catalog name, e.g. "python:3.13"; the driver maps it to its image
     resources: Resources = Resources()
     network_enabled: bool = False
+    port: int | None = None  # one port to expose (through port_target); None = none
     env: Mapping[str, str] = attrs.field(factory=dict)
 
 
@@ -188,6 +190,12 @@ class Driver(abc.ABC):
     async def signal(self, execution_id: str, signum: int) -> None:
         """Send a signal to a running execution's whole process tree (graceful stop)."""
         raise NotSupported(f"driver {self.name} cannot signal executions")
+
+    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        """(host, port) the API connects to for the sandbox's exposed port (its reverse proxy).
+
+        Reachable from the server only; NotSupported when the sandbox (or driver) has none."""
+        raise NotSupported(f"driver {self.name} cannot expose ports")
 
     async def pause(self, sandbox_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot pause sandboxes")

@@ -9,6 +9,7 @@ from aiohttp import web
 from api import wire
 from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
 from api.keys import API_KEY_ID, ENGINE
+from api.routes import proxy
 from api.routes.audit import audit_stream_id, audit_stream_url
 from api.service import Engine, redact_event
 from core.errors import InvalidInput
@@ -34,7 +35,11 @@ def _urls(request: web.Request, engine: Engine, execution_id: str) -> tuple[str,
 def render_sandbox(request: web.Request, sb: Sandbox) -> dict:
     engine = request.app[ENGINE]
     urls = _urls(request, engine, sb.initial_execution_id) if sb.initial_execution_id else None
-    return wire.sandbox_info(sb, urls)
+    return wire.sandbox_info(sb, urls, _port_url(request, sb))
+
+
+def _port_url(request: web.Request, sb: Sandbox) -> str | None:
+    return proxy.sandbox_url(base_url(request), sb.sandbox_id) if sb.spec.network.port is not None else None
 
 
 def render_execution(request: web.Request, ex: Execution) -> dict:
@@ -82,6 +87,8 @@ async def create(request: web.Request) -> web.Response:
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,
             "auditStreamId": audit_stream_id(engine, sb.sandbox_id),
             "auditStreamUrl": audit_stream_url(request, engine, sb.sandbox_id)}
+    if (url := _port_url(request, sb)) is not None:
+        data["url"] = url
     if created.execution_id:
         out, err = _urls(request, engine, created.execution_id)
         data.update(

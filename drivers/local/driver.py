@@ -20,7 +20,8 @@ gives 137 (``cancelled``, the tree was SIGKILLed); an unknown command 127.
 An execution returns when its command exits, even if background children it started
 still hold stdout (they keep running: processes persist between executions like
 files do; only a timeout, a cancel or destroy kills them). ``pause`` freezes the
-sandbox's cgroup. Needs root; network access is not offered yet (``NotSupported``).
+sandbox's cgroup. Needs root. Network (on request) and an exposed port: a routed veth
+per sandbox with NAT out and nothing in (network.py).
 
 Warm pool: for each runtime it has provisioned, the driver keeps ``HUTCH_WARM_POOL``
 (default 2; 0 turns it off) idle sandboxes started ahead of time, refilled in the
@@ -77,7 +78,7 @@ from drivers.base import (
     OutputSink,
     ProvisionRequest,
 )
-from drivers.local import rootfs
+from drivers.local import network, rootfs
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
@@ -117,6 +118,8 @@ class _Sandbox:
     env: dict[str, str]
     init_pid: int
     init_start: int
+    network: bool = False  # outbound network (veth + NAT); see network.py
+    port: int | None = None  # the one exposed port, reached through port_target()
 
 
 @attrs.define
@@ -160,10 +163,11 @@ class LocalDriver(FilesMixin, Driver):
             memory_limit="memory" in controllers,
             cpu_limit="cpu" in controllers,
             pids_limit="pids" in controllers,
-            network=False,
+            network=True,
             pause=self._cgroups is not None,  # the freezer
             files=True,
             checkpoints=True,
+            ports=True,
             kernel_isolation=True,
         )
         self._helper: Path | None = None
@@ -278,10 +282,8 @@ class LocalDriver(FilesMixin, Driver):
             raise RuntimeNotFound(
                 f"runtime {recipe.name} is not built on this host; build it with: "
                 f"{rootfs.build_hint(recipe.name, self.runtime_cache)}", field="runtime")
-        if req.network_enabled:
-            raise NotSupported(
-                "the local driver cannot give sandboxes network access yet; "
-                "create the sandbox with network disabled", field="network")
+        if req.port is not None and not 1024 <= req.port <= 65535:
+            raise InvalidInput(f"network.port: {req.port} is outside 1024-65535", field="network.port")
         _check_env(req.env, "env")
         async with self._lock(req.sandbox_id):
             old = self._load(req.sandbox_id)
@@ -298,8 +300,26 @@ class LocalDriver(FilesMixin, Driver):
                 except BaseException:
                     await self._teardown(req.sandbox_id)
                     raise
+            if req.network_enabled or req.port is not None:
+                sb.network, sb.port = req.network_enabled, req.port
+                try:
+                    await asyncio.to_thread(self._network_sync, sb)
+                except BaseException:
+                    await self._teardown(sb.id)
+                    raise
             self._sandboxes[sb.id] = sb
         self._refill(recipe.name)
+
+    def _network_sync(self, sb: _Sandbox) -> None:
+        """The sandbox's veth (network or a port): see network.py."""
+        network.setup(sb.init_pid, sb.uid - UID_BASE, outbound=sb.network)
+        self._write_meta(self.sandbox_root / sb.id, sb)
+
+    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        sb = self._running(sandbox_id)
+        if sb.port is None:
+            raise NotSupported(f"sandbox {sandbox_id} exposes no port", field="network.port")
+        return str(network.address(sb.uid - UID_BASE)), sb.port
 
     # -- warm pool -------------------------------------------------------------
 
@@ -518,7 +538,9 @@ class LocalDriver(FilesMixin, Driver):
         (etc / "passwd").write_text(passwd + f"{USER}:x:{uid}:{uid}:{USER}:{HOME}:/bin/bash\n")
         group = (lower / "etc/group").read_text()
         (etc / "group").write_text(group + f"{USER}:x:{uid}:\n")
-        for name in ("passwd", "group"):
+        # Used only when the sandbox has network; harmless (unreachable) otherwise.
+        (etc / "resolv.conf").write_text(network.resolv_conf())
+        for name in ("passwd", "group", "resolv.conf"):
             os.chmod(etc / name, 0o644)
         for rel in (HOME, rootfs.WORKSPACE):
             path = upper / rel.lstrip("/")
@@ -557,6 +579,8 @@ class LocalDriver(FilesMixin, Driver):
         sb = self._load(sid)
         if sb is not None:
             await self._kill_init(sb)
+            if sb.network or sb.port is not None:
+                await asyncio.to_thread(network.teardown, sb.uid - UID_BASE)
         # One thread hop for the blocking rest (cgroup rmdirs, uid registry, files).
         if not await asyncio.to_thread(self._cleanup_sync, sid, sb is not None):
             start = time.monotonic()
@@ -976,6 +1000,8 @@ class LocalDriver(FilesMixin, Driver):
             sb.init_pid, sb.init_start = pid, start
             self._write_meta(self.sandbox_root / sb.id, sb)
             self._sandboxes[sb.id] = sb
+            if sb.network or sb.port is not None:
+                await asyncio.to_thread(self._network_sync, sb)
             if was_frozen:
                 await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
 

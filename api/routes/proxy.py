@@ -1,0 +1,147 @@
+"""/proxy/{sandboxId}/…: the reverse proxy to a sandbox's exposed port (network.port).
+
+URL scheme: a sandbox created with ``network.port`` gets ``url`` =
+``{public base}/proxy/{sandboxId}/``; ``{url}{path}?{query}`` reaches ``/{path}?{query}``
+on that port inside the sandbox, HTTP (bodies streamed both ways, no buffering) and
+websockets (frames relayed both ways). The app sees ``X-Forwarded-For``,
+``X-Forwarded-Proto``, ``X-Forwarded-Host`` and ``X-Forwarded-Prefix: /proxy/{sandboxId}``.
+
+Like the Agentuity service's sandbox URLs, the URL is public: no API key is needed (and
+a request carrying this server's API key has it removed before it reaches the sandbox).
+A paused sandbox is resumed by a request; a request counts as activity for the idle
+timeout. The driver says where the port is (``Driver.port_target``): on the local
+driver a host-only veth address, so a port of a sandbox without network is reachable
+through this proxy and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from api.keys import API_KEY, ENGINE
+from core.errors import DriverFailure
+
+routes = web.RouteTableDef()
+PREFIX = "/proxy"
+SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp.ClientSession)
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+        "transfer-encoding", "upgrade", "host", "content-length"}
+_CHUNK = 256 * 1024
+
+
+def sandbox_url(base: str, sandbox_id: str) -> str:
+    return f"{base}{PREFIX}/{sandbox_id}/"
+
+
+async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+    session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+    app[SESSION] = session
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+def _forward_headers(request: web.Request, sandbox_id: str) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    key = request.app[API_KEY]
+    for name, value in request.headers.items():
+        low = name.lower()
+        if (low in _HOP and low != "content-length") or low.startswith("sec-websocket-"):
+            continue
+        if low == "authorization" and hmac.compare_digest(value.partition(" ")[2].strip().encode(), key.encode()):
+            continue  # never hand this server's key to the sandbox
+        headers[name] = value
+    peer = request.remote or ""
+    prior = request.headers.get("X-Forwarded-For")
+    headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    headers["X-Forwarded-Proto"] = request.scheme
+    headers["X-Forwarded-Host"] = request.host
+    headers["X-Forwarded-Prefix"] = f"{PREFIX}/{sandbox_id}"
+    return headers
+
+
+async def _target(request: web.Request) -> tuple[str, str]:
+    sandbox_id = request.match_info["sandbox_id"]
+    engine = request.app[ENGINE]
+    await engine.for_files(sandbox_id)  # exists, not ended; wakes a paused one; activity
+    host, port = await engine.driver.port_target(sandbox_id)
+    tail = request.match_info.get("tail", "")
+    query = f"?{request.query_string}" if request.query_string else ""
+    return sandbox_id, f"{host}:{port}/{tail}{query}"
+
+
+@routes.route("*", PREFIX + "/{sandbox_id}")
+async def bare(request: web.Request) -> web.Response:
+    raise web.HTTPPermanentRedirect(f"{PREFIX}/{request.match_info['sandbox_id']}/")
+
+
+@routes.route("*", PREFIX + "/{sandbox_id}/{tail:.*}")
+async def proxy(request: web.Request) -> web.StreamResponse:
+    sandbox_id, target = await _target(request)
+    headers = _forward_headers(request, sandbox_id)
+    session = request.app[SESSION]
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await _websocket(request, session, f"ws://{target}", headers)
+    body = request.content.iter_chunked(_CHUNK) if request.body_exists else None
+    try:
+        upstream_cm = session.request(request.method, f"http://{target}", headers=headers, data=body,
+                                      allow_redirects=False)
+        upstream = await upstream_cm.__aenter__()
+    except (TimeoutError, aiohttp.ClientConnectionError) as err:
+        raise DriverFailure(f"sandbox {sandbox_id}: nothing answers on its port ({type(err).__name__})") from err
+    try:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in upstream.headers.items():
+            if name.lower() not in _HOP:
+                resp.headers.add(name, value)
+        if upstream.headers.get("Content-Length") is not None and request.method != "HEAD":
+            resp.content_length = int(upstream.headers["Content-Length"])
+        await resp.prepare(request)
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            async for chunk in upstream.content.iter_chunked(_CHUNK):
+                await resp.write(chunk)  # waits for the client: backpressure both ways
+        await resp.write_eof()
+        return resp
+    finally:
+        await upstream_cm.__aexit__(None, None, None)
+
+
+async def _websocket(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> web.StreamResponse:
+    protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+    try:
+        upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=True, max_msg_size=0)
+    except (TimeoutError, aiohttp.ClientError) as err:
+        raise DriverFailure(f"websocket to the sandbox failed: {err}") from err
+    client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=True, max_msg_size=0)
+    await client.prepare(request)
+
+    async def pump(src, dst) -> None:  # type: ignore[no-untyped-def]
+        async for msg in src:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                await dst.send_str(msg.data)
+            elif msg.type == aiohttp.WSMsgType.BINARY:
+                await dst.send_bytes(msg.data)
+            else:
+                break
+        await dst.close()
+
+    tasks = [asyncio.ensure_future(pump(client, upstream)), asyncio.ensure_future(pump(upstream, client))]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await upstream.close()
+        await client.close()
+    return client

@@ -1,0 +1,160 @@
+"""Sandbox networking for the local driver: a routed veth per sandbox, NAT out, nothing in.
+
+Every sandbox starts in its own network namespace with loopback only. Asked for network
+(or a port), it gets a veth pair: ``eth0`` inside with the address ``SUBNET[2 + n]/32``
+(n: the sandbox uid's index in the uid range, unique among live sandboxes) and a default
+route to a gateway address ``SUBNET[1]`` that no interface holds (its MAC is a permanent
+neighbour entry: no ARP, no proxy ARP), and on the host ``hzn<n>`` (outbound network)
+or ``hzp<n>`` (a port only) with a /32 route back. IPv6 is off on both ends.
+
+The firewall (iptables, chains ``HUTCH-IN``/``HUTCH-FWD``/``HUTCH-NAT``, installed once):
+- INPUT from any sandbox veth: only replies to connections the host opened (the port
+  proxy); everything else to the host's own addresses and ports is dropped, whichever
+  address it was sent to (its LAN address, a docker bridge, ...). A sandbox's 127.0.0.1
+  is its own loopback.
+- FORWARD into a sandbox veth: replies only, so no sandbox (or anyone) opens a
+  connection to another sandbox. From ``hzp*``: nothing (a port without network is
+  reachable only through the API's proxy). From ``hzn*``: not to the sandbox subnet,
+  link-local (cloud metadata 169.254.169.254), loopback, multicast or reserved ranges,
+  nor ``HUTCH_SANDBOX_EGRESS_DENY`` (comma-separated CIDRs, e.g. the host's LAN);
+  everything else is accepted and masqueraded.
+Turning the first sandbox's network on sets ``net.ipv4.ip_forward=1`` (host-wide; the
+FORWARD rules above only accept traffic from sandbox veths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from core.errors import DriverFailure
+
+SUBNET = ipaddress.ip_network(os.environ.get("HUTCH_SANDBOX_SUBNET", "10.213.0.0/16"))
+GATEWAY = SUBNET[1]
+PREFIX = "hz"
+DENIED = ["169.254.0.0/16", "127.0.0.0/8", "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "100.64.0.0/10"]
+PUBLIC_DNS = ("1.1.1.1", "8.8.8.8")
+
+_firewall_lock = threading.Lock()
+_firewall_ready = False
+
+
+def address(index: int) -> ipaddress.IPv4Address:
+    if not 0 <= index < SUBNET.num_addresses - 3:
+        raise DriverFailure(f"sandbox index {index} does not fit the sandbox subnet {SUBNET}")
+    return SUBNET[2 + index]  # type: ignore[return-value]
+
+
+def host_veth(index: int, outbound: bool) -> str:
+    return f"{PREFIX}{'n' if outbound else 'p'}{index:x}"
+
+
+def _run(*cmd: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    if check and proc.returncode != 0:
+        raise DriverFailure(f"network setup failed: {' '.join(cmd[:4])}...: {proc.stderr.strip()[-500:]}")
+    return proc
+
+
+def _iptables(*args: str, check: bool = True) -> bool:
+    return _run("iptables", "-w", *args, check=check).returncode == 0
+
+
+def _ensure_rule(table: str, chain: str, *rule: str) -> None:
+    if not _iptables("-t", table, "-C", chain, *rule, check=False):
+        _iptables("-t", table, "-I", chain, "1", *rule)
+
+
+def ensure_firewall() -> None:
+    """Install (or refresh) the chains and jumps; idempotent, once per process."""
+    global _firewall_ready
+    with _firewall_lock:
+        if _firewall_ready:
+            return
+        if not Path("/usr/sbin/iptables").exists() and _run("sh", "-c", "command -v iptables", check=False).returncode:
+            raise DriverFailure("sandbox networking needs iptables (apt-get install iptables)")
+        extra = [c.strip() for c in os.environ.get("HUTCH_SANDBOX_EGRESS_DENY", "").split(",") if c.strip()]
+        for table, chain in (("filter", "HUTCH-IN"), ("filter", "HUTCH-FWD"), ("nat", "HUTCH-NAT")):
+            _iptables("-t", table, "-N", chain, check=False)
+            _iptables("-t", table, "-F", chain)
+        est = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
+        _iptables("-A", "HUTCH-IN", *est)
+        _iptables("-A", "HUTCH-IN", "-j", "DROP")
+        _iptables("-A", "HUTCH-FWD", "-o", f"{PREFIX}+", *est)
+        _iptables("-A", "HUTCH-FWD", "-o", f"{PREFIX}+", "-j", "DROP")
+        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}p+", "-j", "DROP")
+        for cidr in [str(SUBNET), *DENIED, *extra]:
+            _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-d", cidr, "-j", "DROP")
+        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-j", "ACCEPT")
+        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}+", "-j", "DROP")
+        _iptables("-t", "nat", "-A", "HUTCH-NAT", "-s", str(SUBNET), "!", "-o", f"{PREFIX}+", "-j", "MASQUERADE")
+        _ensure_rule("filter", "INPUT", "-i", f"{PREFIX}+", "-j", "HUTCH-IN")
+        _ensure_rule("filter", "FORWARD", "-i", f"{PREFIX}+", "-j", "HUTCH-FWD")
+        _ensure_rule("filter", "FORWARD", "-o", f"{PREFIX}+", "-j", "HUTCH-FWD")
+        _ensure_rule("nat", "POSTROUTING", "-s", str(SUBNET), "-j", "HUTCH-NAT")
+        _firewall_ready = True
+
+
+def _sysctl_write(path: str, value: str) -> None:
+    with contextlib.suppress(FileNotFoundError), open(path, "w") as fh:
+        fh.write(value)
+
+
+def setup(pid: int, index: int, *, outbound: bool) -> str:
+    """Give the sandbox whose init is ``pid`` its veth; returns its address."""
+    ensure_firewall()
+    if outbound:
+        _sysctl_write("/proc/sys/net/ipv4/ip_forward", "1")
+    ip = address(index)
+    host = host_veth(index, outbound)
+    for stale in (host_veth(index, True), host_veth(index, False)):  # a restarted sandbox's
+        _run("ip", "link", "del", stale, check=False)
+    _run("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", str(pid))
+    try:
+        _sysctl_write(f"/proc/sys/net/ipv6/conf/{host}/disable_ipv6", "1")
+        _run("ip", "link", "set", host, "up")
+        _run("ip", "route", "replace", f"{ip}/32", "dev", host)
+        mac = Path(f"/sys/class/net/{host}/address").read_text().strip()
+        ns = f"--net=/proc/{pid}/ns/net"
+        _run("nsenter", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+             "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.eth0.disable_ipv6=1")
+        _run("nsenter", ns, "ip", "-batch", "-", stdin="\n".join([
+            f"addr add {ip}/32 dev eth0",
+            "link set eth0 up",
+            f"route add {GATEWAY} dev eth0 scope link",
+            f"route add default via {GATEWAY} dev eth0",
+            f"neigh replace {GATEWAY} lladdr {mac} dev eth0 nud permanent",
+        ]) + "\n")
+    except BaseException:
+        _run("ip", "link", "del", host, check=False)
+        raise
+    return str(ip)
+
+
+def teardown(index: int) -> None:
+    for name in (host_veth(index, True), host_veth(index, False)):
+        if Path(f"/sys/class/net/{name}").exists():
+            _run("ip", "link", "del", name, check=False)
+
+
+def resolv_conf() -> str:
+    """Name servers a sandbox can use: the host's, unless they are on the host itself
+    (127.0.0.53 and friends: unreachable from a sandbox), then systemd-resolved's
+    upstreams, then public resolvers."""
+    for source in ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"):
+        servers = []
+        with contextlib.suppress(OSError):
+            for line in Path(source).read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "nameserver":
+                    with contextlib.suppress(ValueError):
+                        addr = ipaddress.ip_address(parts[1].split("%")[0])
+                        if addr.version == 4 and not (addr.is_loopback or addr.is_link_local or addr in SUBNET):
+                            servers.append(str(addr))
+        if servers:
+            return "".join(f"nameserver {s}\n" for s in servers[:3])
+    return "".join(f"nameserver {s}\n" for s in PUBLIC_DNS)

@@ -1,0 +1,171 @@
+"""Sandbox networking on the local driver, from the attacker's side.
+
+A "fake internet" host is a network namespace the test creates (veth to the host,
+203.0.113.0/24) with an HTTP server in it. A sandbox with network reaches it through NAT;
+nothing reaches the host's own services (any of its addresses), another sandbox, or
+link-local/metadata addresses; a sandbox without network has loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import textwrap
+import time
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from drivers.base import ExecRequest, ProvisionRequest
+from drivers.local import network
+from drivers.local.driver import UID_BASE, LocalDriver
+from tests.drivers_support import (
+    Recorder,
+    built_runtimes,  # noqa: F401  (fixture)
+    local_data_dir,  # noqa: F401  (fixture)
+    local_driver_fixture,
+    new_id,
+)
+
+pytestmark = pytest.mark.isolation
+
+PY = "python:3.13"
+INET_HOST, INET_SERVER = "203.0.113.1", "203.0.113.2"
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def fake_internet() -> Iterator[tuple[str, int]]:
+    """An HTTP server in its own network namespace, routed from the host: "the internet"."""
+    tag = uuid.uuid4().hex[:6]
+    ns, veth = f"hutch-inet-{tag}", f"tinet{tag}"
+    sh("ip", "netns", "add", ns)
+    server = None
+    try:
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "addr", "add", f"{INET_HOST}/24", "dev", veth)
+        sh("ip", "link", "set", veth, "up")
+        for cmd in (["ip", "addr", "add", f"{INET_SERVER}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                    ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", INET_HOST]):
+            sh("ip", "netns", "exec", ns, *cmd)
+        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-m", "http.server", "8080", "--bind", INET_SERVER],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            if subprocess.run(["ip", "netns", "exec", ns, "python3", "-c",
+                               f"import socket; socket.create_connection(('{INET_SERVER}', 8080), 1)"],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.05)
+        yield INET_SERVER, 8080
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.fixture
+async def host_server() -> AsyncIterator[int]:
+    """A service of the host itself, on every host address."""
+    server = await asyncio.start_server(lambda r, w: w.close(), "0.0.0.0", 0)
+    yield server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.fixture
+async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
+    async for d in local_driver_fixture(request):
+        assert isinstance(d, LocalDriver)
+        yield d
+
+
+async def make(driver: LocalDriver, *, network_enabled: bool = False, port: int | None = None) -> str:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=network_enabled, port=port))
+    return sid
+
+
+async def probe(driver: LocalDriver, sid: str, targets: list[tuple[str, int]]) -> dict[str, str]:
+    code = f"""
+        import json, socket
+        from concurrent.futures import ThreadPoolExecutor
+        def one(target):
+            try:
+                s = socket.create_connection(target, timeout=1.5)
+                s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+                return "open " + s.recv(12).decode(errors="replace")
+            except OSError as err:
+                return type(err).__name__
+        targets = {targets!r}
+        with ThreadPoolExecutor(len(targets)) as pool:
+            print(json.dumps({{f"{{h}}:{{p}}": r for (h, p), r in zip(targets, pool.map(one, targets))}}))
+    """
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["python3", "-c", textwrap.dedent(code)], timeout=60), sink)
+    assert result.exit_code == 0, sink.stderr
+    return json.loads(sink.stdout)
+
+
+def host_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+async def test_network_reaches_the_internet_but_not_the_host_or_other_sandboxes(
+    driver: LocalDriver, fake_internet: tuple[str, int], host_server: int
+) -> None:
+    served = await make(driver, port=8000)  # another sandbox, serving on its port
+    await driver.exec(ExecRequest(new_id("ex"), served, ["sh", "-c", "python3 -m http.server 8000 >/dev/null 2>&1 &"]), Recorder())
+    other_ip, other_port = await driver.port_target(served)
+    sid = await make(driver, network_enabled=True)
+    try:
+        inet = f"{fake_internet[0]}:{fake_internet[1]}"
+        forbidden = [(a, host_server) for a in host_addresses()] + [
+            (INET_HOST, host_server), (str(network.GATEWAY), host_server), ("169.254.169.254", 80),
+            (other_ip, other_port), ("127.0.0.1", host_server)]
+        seen = await probe(driver, sid, [fake_internet, *forbidden])
+        assert seen[inet].startswith("open HTTP/1."), seen
+        for host, port in forbidden:
+            assert not seen[f"{host}:{port}"].startswith("open"), (host, port, seen)
+        # Without network: loopback only, nothing reachable.
+        plain = await make(driver)
+        seen = await probe(driver, plain, [fake_internet, (INET_HOST, host_server), (other_ip, other_port)])
+        assert not any(v.startswith("open") for v in seen.values()), seen
+        # A port without network: the server reaches it, it reaches nothing.
+        seen = await probe(driver, served, [fake_internet, (INET_HOST, host_server)])
+        assert not any(v.startswith("open") for v in seen.values()), seen
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://{other_ip}:{other_port}/", timeout=5).read())
+        assert b"Directory listing" in body
+        sink = Recorder()
+        await driver.exec(ExecRequest(new_id("ex"), sid, ["sh", "-c", "cat /etc/resolv.conf; ip -6 addr 2>/dev/null | grep -c inet6 || true"]), sink)
+        assert "nameserver" in sink.stdout
+    finally:
+        for s in (sid, served):
+            await driver.destroy(s)
+
+
+async def test_destroy_and_restore_keep_the_network_right(driver: LocalDriver, fake_internet: tuple[str, int]) -> None:
+    sid = await make(driver, network_enabled=True)
+    sb = driver._running(sid)
+    veth = network.host_veth(sb.uid - UID_BASE, True)
+    assert veth in {n for _, n in socket.if_nameindex()}
+    await driver.checkpoint(sid, "ckpt_net")
+    await driver.restore(sid, "ckpt_net")
+    seen = await probe(driver, sid, [fake_internet])
+    assert next(iter(seen.values())).startswith("open"), seen
+    await driver.destroy(sid)
+    for _ in range(100):
+        if veth not in {n for _, n in socket.if_nameindex()}:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"{veth} outlived its sandbox")
