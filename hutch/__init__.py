@@ -35,6 +35,7 @@ from hutch.errors import (
     Unauthorized,
 )
 from hutch.models import (
+    Checkpoint,
     CopyResult,
     Execution,
     ExecutionInfo,
@@ -61,6 +62,7 @@ from hutch.sync import SyncJobHandle, SyncSandbox, SyncSandboxClient
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
     "ConnectionFailed",
     "CopyResult",
     "Duration",
@@ -98,8 +100,8 @@ __all__ = [
     "SyncSandbox",
     "SyncSandboxClient",
     "Timeouts",
-    "UploadResult",
     "Unauthorized",
+    "UploadResult",
     "__version__",
     "errors",
 ]

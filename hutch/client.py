@@ -38,6 +38,7 @@ from hutch.errors import (
     error_from_response,
 )
 from hutch.models import (
+    Checkpoint,
     CopyResult,
     Execution,
     ExecutionInfo,
@@ -1528,6 +1529,35 @@ class SandboxClient:
             execution_id=job_id,
         )
         return from_wire(Job, self._data(resp))
+
+    # ---------------------------------------------------------------- checkpoints, stats
+
+    async def create_checkpoint(self, sandbox_id: str, name: str) -> Checkpoint:
+        resp = await self._request(
+            "POST", f"/sandbox/{sandbox_id}/checkpoint", json={"name": name}, sandbox_id=sandbox_id
+        )
+        return from_wire(Checkpoint, self._data(resp))
+
+    async def list_checkpoints(self, sandbox_id: str) -> list[Checkpoint]:
+        resp = await self._request("GET", f"/sandbox/checkpoints/{sandbox_id}", sandbox_id=sandbox_id)
+        return [from_wire(Checkpoint, item) for item in _items(self._data(resp), "checkpoints")]
+
+    async def restore_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        """Bring the sandbox's files back to exactly that checkpoint."""
+        await self._request(
+            "POST", f"/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}/restore", sandbox_id=sandbox_id
+        )
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        await self._request(
+            "DELETE", f"/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}", sandbox_id=sandbox_id
+        )
+
+    async def stats(self, *, start: str | None = None, end: str | None = None) -> dict[str, Any]:
+        """Usage of the sandboxes created in [start, end) (ISO 8601 times; open-ended when None)."""
+        resp = await self._request("GET", "/sandbox/stats", params={"start": start, "end": end})
+        data = self._data(resp)
+        return dict(data) if isinstance(data, dict) else {}
 
 
 def _local_path(path: str | os.PathLike[str]) -> Path:

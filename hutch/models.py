@@ -326,6 +326,16 @@ class Job:
 
 
 @attrs.frozen
+class Checkpoint:
+    """A disk checkpoint: a named restore point of one sandbox's writable filesystem."""
+
+    id: str
+    name: str
+    created_at: str
+    parent: str = ""  # the checkpoint this state grew from ("" for the base)
+
+
+@attrs.frozen
 class UploadResult:
     """What ``POST /fs/upload`` extracted."""
 

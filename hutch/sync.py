@@ -28,6 +28,7 @@ from hutch.client import (
     SandboxClient,
 )
 from hutch.models import (
+    Checkpoint,
     CopyResult,
     Execution,
     ExecutionInfo,
@@ -435,6 +436,21 @@ class SyncSandboxClient:
 
     def set_env(self, sandbox_id: str, env: Mapping[str, str | None]) -> dict[str, str]:
         return self._portal.call(self.aio.set_env(sandbox_id, env))
+
+    def create_checkpoint(self, sandbox_id: str, name: str) -> Checkpoint:
+        return self._portal.call(self.aio.create_checkpoint(sandbox_id, name))
+
+    def list_checkpoints(self, sandbox_id: str) -> list[Checkpoint]:
+        return self._portal.call(self.aio.list_checkpoints(sandbox_id))
+
+    def restore_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        self._portal.call(self.aio.restore_checkpoint(sandbox_id, checkpoint_id))
+
+    def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        self._portal.call(self.aio.delete_checkpoint(sandbox_id, checkpoint_id))
+
+    def stats(self, *, start: str | None = None, end: str | None = None) -> dict[str, Any]:
+        return self._portal.call(self.aio.stats(start=start, end=end))
 
     def iter_archive(
         self, sandbox_id: str, *, path: str | None = None, format: str = "tar.gz"

@@ -345,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hutch.cli import _files_jobs  # fs (files, file), env, job
 
     _files_jobs.add_parsers(sb)
+    from hutch.cli import _checkpoints  # checkpoint (ckpt), stats
+
+    _checkpoints.add_parsers(sb)
     return parser
 
 
