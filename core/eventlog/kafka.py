@@ -227,6 +227,8 @@ class KafkaEventLog(EventLog):
         self._slots = [_Slot(f"{self.transactional_id}-{i}") for i in range(producers if writer else 0)]
         self._idle: list[_Slot] = []
         self._watcher: AIOKafkaConsumer | None = None  # asks for end offsets; never fetches
+        self._readable_waiters: list[tuple[dict[TopicPartition, int], asyncio.Future[None]]] = []
+        self._readable_poller: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._readers: dict[TopicPartition, _Reader] = {}
         self._order_tp = TopicPartition(self.order_topic, 0)
@@ -277,6 +279,8 @@ class KafkaEventLog(EventLog):
             if not fut.done():
                 fut.set_exception(LogUnavailable("the Kafka event log closed before the append was written"))
         self._pending = []
+        if self._readable_poller is not None:
+            self._readable_poller.cancel()
         for slot in self._slots:
             await slot.close()
         if self._watcher is not None:
@@ -508,18 +512,46 @@ class KafkaEventLog(EventLog):
         return offsets, keyed
 
     async def _until_readable(self, last: dict[TopicPartition, int]) -> None:
-        """Wait until every partition's last stable offset passed the given offsets."""
-        deadline = time.monotonic() + self.append_timeout
-        delay = 0.001
-        while True:
-            ends = await self._watcher.end_offsets(list(last))
-            last = {tp: off for tp, off in last.items() if ends[tp] <= off}
-            if not last:
+        """Wait until every partition's last stable offset passed the given offsets.
+
+        One poller serves every waiting commit, so concurrent commits share each round of
+        ListOffsets requests instead of each polling on its own."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._readable_waiters.append((dict(last), fut))
+        if self._readable_poller is None or self._readable_poller.done():
+            self._readable_poller = asyncio.create_task(self._poll_readable(), name="kafka-readable")
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.append_timeout)
+        except TimeoutError:
+            raise LogUnavailable(f"committed events did not become readable within {self.append_timeout:g}s") from None
+
+    async def _poll_readable(self) -> None:
+        assert self._watcher is not None
+        delay = 0.0005
+        while self._readable_waiters:
+            wanted = {tp for offsets, _ in self._readable_waiters for tp in offsets}
+            try:
+                ends = await self._watcher.end_offsets(list(wanted))
+            except KafkaError as err:
+                for _, fut in self._readable_waiters:
+                    if not fut.done():
+                        fut.set_exception(err)
+                self._readable_waiters = []
                 return
-            if time.monotonic() > deadline:
-                raise LogUnavailable(f"committed events did not become readable within {self.append_timeout:g}s")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            # Waiters that arrived during the request stay for the next round.
+            still = []
+            for offsets, fut in self._readable_waiters:
+                if fut.done():
+                    continue
+                if all(tp in ends and ends[tp] > off for tp, off in offsets.items()):
+                    fut.set_result(None)
+                else:
+                    still.append((offsets, fut))
+            progressed = len(still) < len(self._readable_waiters)
+            self._readable_waiters = still
+            delay = 0.0005 if progressed else min(delay * 2, 0.05)
+            if still:
+                await asyncio.sleep(delay)
 
     async def _find(self, events: list[Event], floor: int) -> list[int] | None:
         """Positions of ``events`` if the failed transaction committed after all, else None.
