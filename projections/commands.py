@@ -143,9 +143,9 @@ async def run_audit(
         task = asyncio.create_task(auditor.run())
         try:
             if until_caught_up:
-                done, _ = await asyncio.wait(
-                    [task, asyncio.create_task(auditor.caught_up.wait())], return_when=asyncio.FIRST_COMPLETED
-                )
+                caught_up = asyncio.create_task(auditor.caught_up.wait())
+                done, _ = await asyncio.wait([task, caught_up], return_when=asyncio.FIRST_COMPLETED)
+                caught_up.cancel()
                 if task in done:
                     task.result()
             else:
