@@ -119,12 +119,7 @@ class PostgresProjectionStore(ProjectionStore):
     async def start(self) -> None:
         try:
             self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60,
-                # No WAL flush wait at commit: a PostgreSQL crash may lose the last few
-                # transactions, but each loses its rows and its position together, so the
-                # projector applies those events again from the log. Other sessions see a
-                # commit at once either way.
-                server_settings={"synchronous_commit": "off"},
+                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60
             )
             async with self._pool.acquire() as conn:
                 for name in await migrate(conn):

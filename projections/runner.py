@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1000
 
 
+class _StoreBehind(Exception):
+    """The store lost applied events; the projector follows the log again from its position."""
+
+
 class Projector:
     """Follows the log from the store's tracked position.
 
@@ -124,6 +128,22 @@ class Projector:
                             err, batch[0].position)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+                if self.applies:
+                    await self._check_not_behind()
+
+    async def _check_not_behind(self) -> None:
+        """After an outage the store must still hold what we applied before it. If it is
+        behind (restored from a backup, failed over to a lagging replica, reset by hand),
+        follow the log again from the store's own position: the store skips what it has."""
+        try:
+            stored = await self.store.position()
+        except Exception:  # still down: the retry loop goes on
+            return
+        if stored < self._position:
+            log.warning("projection store is at %d, behind the %d applied before the outage; "
+                        "re-applying from the log", stored, self._position)
+            self._position = stored
+            raise _StoreBehind
 
     async def wait_for(self, position: int, timeout: float = 30.0) -> None:
         """Return once everything up to ``position`` is applied to the store."""
