@@ -231,8 +231,21 @@ class LocalDriver(FilesMixin, Driver):
             sb = self._load(sid)
             if sb is not None and _start_time(sb.init_pid) == sb.init_start:
                 self._sandboxes[sid] = sb
+                await self._kill_orphaned_executions(sid)
             else:
                 await self._teardown(sid)
+
+    async def _kill_orphaned_executions(self, sid: str) -> None:
+        """An adopted sandbox's running executions lost their watcher with the old server
+        (the Engine reports them failed): end their process trees rather than let them run
+        on unaccounted. Background processes started by finished executions live in the
+        sandbox's init cgroup and are left alone."""
+        assert self._cgroups is not None
+        sandbox_dir = self._cgroups.paths(sid)[0]
+        with contextlib.suppress(OSError):
+            for leaf in [p.name for p in sandbox_dir.iterdir() if p.is_dir() and p.name.startswith(("x-", "w-"))]:
+                await self._cgroups.kill(sid, leaf)
+                self._cgroups.remove(sid, leaf)
 
     async def close(self) -> None:
         self._closed = True

@@ -5,6 +5,8 @@ running when the server died ends through lifecycle events, not silently."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -76,13 +78,22 @@ def test_local_sandboxes_outlive_a_server_kill9(tmp_path: Path) -> None:
         sid = server.data("POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
         ex = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "echo kept > note.txt"]})
         assert server.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=10s")["exitCode"] == 0
-        running = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["sleep", "60"]})["executionId"]
+        running = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "touch started; exec sleep 60"]})["executionId"]
+        deadline = time.monotonic() + 10
+        while server.call("GET", f"/fs/list/{sid}?path=started")[0] != 200:  # the command really runs
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         server.kill9()
 
         server.start()
         ex = server.data("GET", f"/sandbox/execution/{running}")
         assert ex["status"] == "failed" and "restarted" in ex["error"]
         assert server.data("GET", f"/sandbox/{sid}")["status"] == "idle"
+        # The orphaned command was ended too, not left running unaccounted.
+        ps = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "ps -eo args"]})
+        server.data("GET", f"/sandbox/execution/{ps['executionId']}?wait=10s")
+        with urllib.request.urlopen(server.url + "/" + ps["stdoutStreamUrl"].split("/", 3)[3], timeout=10) as resp:
+            assert b"sleep 60" not in resp.read()
         again = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["cat", "note.txt"]})
         final = server.data("GET", f"/sandbox/execution/{again['executionId']}?wait=10s")
         assert final["status"] == "completed" and final["exitCode"] == 0
