@@ -34,6 +34,17 @@ class SandboxQuery:
     direction: str = "desc"
 
 
+class StoreBehind(Exception):
+    """The store holds less than this store object saw it hold (a crash lost commits, a backup
+    was restored, someone reset it). Whoever feeds it must follow the log again from
+    ``position``; the store skips what it still has."""
+
+    def __init__(self, position: int, expected: int) -> None:
+        super().__init__(f"projection store is at position {position}, but was at {expected}")
+        self.position = position
+        self.expected = expected
+
+
 class ProjectionStore(abc.ABC):
     async def start(self) -> None:  # noqa: B027
         pass

@@ -1,16 +1,20 @@
 """The production projection store: PostgreSQL through asyncpg.
 
-Exactly once: ``apply`` runs in one transaction that locks the tracked log position
-(``projection_position``), skips every event at or below it, folds the rest with the
-shared ``projections.base.fold`` and writes the changed rows together with the new
-position. A crash (of this process or of PostgreSQL) before the commit loses the
-whole batch and its position, so it is applied again; after the commit, both are
-there, so it is skipped. Several projectors may share one database (an in-process
-projector in each API process, or ``hutch projector``): the row lock serialises them
-and each skips what another already applied.
+Exactly once: ``apply`` reads the tracked log position (``projection_position``) with the
+state a batch touches, skips every event at or below that position, folds the rest with
+the shared ``projections.base.fold``, and writes the changed rows together with the new
+position in one statement that only takes effect if the position is still the one it
+read. A crash (of this process or of PostgreSQL) before that statement commits loses the
+rows and the position together, so the batch is applied again; after it, both are there,
+so the batch is skipped. Several projectors may share one database (an in-process
+projector in each API process, or ``hutch projector``): a projector whose position moved
+under it writes nothing and looks again. A store that holds *less* than this object
+saw it hold (commits lost in a crash — commits do not wait for the WAL flush — a restored
+backup, a reset) raises ``StoreBehind`` and the projector follows the log again from the
+store's position: such losses are repaired from the log, never skipped.
 
-Each transaction commits with a ``NOTIFY hutch_projection, '<position>'``; a process
-that does not run a projector itself can ``wait_for`` a position without polling.
+Each write NOTIFYs ``hutch_projection`` with the new position; a process that does not
+run a projector itself can ``wait_for`` a position without polling.
 
 Schema changes are numbered SQL files in ``projections/migrations/``, applied in order
 at start under an advisory lock and recorded in ``schema_migrations``.
@@ -33,7 +37,7 @@ from core.events import Event
 from core.lifecycle import execution_id_of
 from core.models import Execution, Sandbox, SandboxStatus
 from core.serde import converter
-from projections.base import ProjectionStore, SandboxQuery, fold
+from projections.base import ProjectionStore, SandboxQuery, StoreBehind, fold
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +91,51 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     return applied
 
 
+# The position and the state a batch touches, in one round trip (kind p / s / e).
+_LOAD = """
+SELECT 'p' AS kind, NULL AS id, NULL AS sandbox_id, position AS seq, NULL::jsonb AS doc
+  FROM projection_position WHERE projection = $1
+UNION ALL
+SELECT 's', sandbox_id, sandbox_id, 0, doc FROM sandboxes WHERE sandbox_id = ANY($3)
+UNION ALL
+SELECT 'e', execution_id, sandbox_id, seq, doc FROM executions
+ WHERE execution_id = ANY($2) OR (sandbox_id = ANY($3) AND NOT is_final)
+"""
+
+# Rows and position in one statement: nothing is written unless the position is still $2.
+_WRITE = """
+WITH moved AS (
+  UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2 RETURNING position
+), sandbox_rows AS (
+  INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, created_at, updated_at, doc)
+  SELECT r.sandbox_id, r.status, r.is_final, r.name, r.mode, r.project_id, r.created_at, r.updated_at, r.doc
+    FROM jsonb_to_recordset($4::jsonb) AS r(sandbox_id text, status text, is_final boolean, name text,
+         mode text, project_id text, created_at text, updated_at text, doc jsonb)
+   WHERE EXISTS (SELECT 1 FROM moved)
+  ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
+     name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,
+     created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc
+), execution_rows AS (
+  INSERT INTO executions (execution_id, sandbox_id, seq, status, is_final, doc)
+  SELECT r.execution_id, r.sandbox_id, r.seq, r.status, r.is_final, r.doc
+    FROM jsonb_to_recordset($5::jsonb) AS r(execution_id text, sandbox_id text, seq bigint, status text,
+         is_final boolean, doc jsonb)
+   WHERE EXISTS (SELECT 1 FROM moved)
+  ON CONFLICT (execution_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
+     doc = EXCLUDED.doc
+)
+SELECT pg_notify($6, position::text) IS NOT NULL FROM moved
+"""
+
+
 def _json_default(value: object) -> object:
     if isinstance(value, (set, frozenset)):  # the converter leaves frozenset[str] fields as they are
         return sorted(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _dump(obj: Any) -> str:
-    return json.dumps(converter.unstructure(obj), separators=(",", ":"), default=_json_default)
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=_json_default)
 
 
 def _sandbox(row: asyncpg.Record) -> Sandbox:
@@ -113,13 +154,21 @@ class PostgresProjectionStore(ProjectionStore):
         self._min_size = min_size
         self._max_size = max_size
         self._pool: asyncpg.Pool | None = None
+        # The highest position this object saw the store hold: finding less means commits were
+        # lost (see StoreBehind), which must not pass silently.
+        self._floor = 0
 
     # ---------------------------------------------------------------- lifetime
 
     async def start(self) -> None:
         try:
             self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60
+                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60,
+                # Commits do not wait for the WAL flush. A PostgreSQL crash can lose the last
+                # few writes — rows and position together — and the next apply then finds the
+                # position lower than it was (StoreBehind), so the projector applies those
+                # events again from the log. Nothing is lost; reads may briefly step back.
+                server_settings={"synchronous_commit": "off"},
             )
             async with self._pool.acquire() as conn:
                 for name in await migrate(conn):
@@ -153,87 +202,77 @@ class PostgresProjectionStore(ProjectionStore):
 
     async def apply(self, events: Sequence[Event]) -> None:
         for i in range(0, len(events), APPLY_CHUNK):
-            chunk = events[i : i + APPLY_CHUNK]
-            async with self._conn() as conn, conn.transaction():
-                await self._apply_in(conn, chunk)
+            async with self._conn() as conn:
+                await self._apply_in(conn, events[i : i + APPLY_CHUNK])
 
     async def _apply_in(self, conn: asyncpg.Connection, events: Sequence[Event]) -> int:
-        """Fold ``events`` inside the caller's transaction; returns the new position."""
-        position = int(await conn.fetchval(
-            "SELECT position FROM projection_position WHERE projection = $1 FOR UPDATE", PROJECTION
-        ))
-        todo = []
+        """Fold ``events`` and write the result with the new position; returns the position.
+
+        Two round trips: one statement reads the tracked position and the state the events
+        touch, one statement writes the changed rows *and* moves the position, atomically
+        (data-modifying CTEs), on the condition that the position is still the one read. If
+        another projector moved it meanwhile, nothing is written and the batch is looked at
+        again. Works alone (each statement is its own transaction) and inside ``rebuild``'s."""
         for e in events:
             assert e.position is not None, "only events read from the log can be applied"
-            if e.position > position:
-                todo.append(e)
-                position = e.position
-        if not todo:
-            return position
-        # The state these events touch: their sandboxes, the executions they name, and the
+        # The state these events may touch: their sandboxes, the executions they name, and the
         # open executions of their sandboxes (a sandbox-level event can end them).
-        sandbox_ids = sorted({e.sandbox_id for e in todo})
-        exec_ids = sorted({x for e in todo if (x := execution_id_of(e)) is not None})
-        rows = await conn.fetch(  # one round trip for both tables
-            "SELECT NULL AS execution_id, sandbox_id, 0::bigint AS seq, doc FROM sandboxes WHERE sandbox_id = ANY($2)"
-            " UNION ALL"
-            " SELECT execution_id, sandbox_id, seq, doc FROM executions"
-            " WHERE execution_id = ANY($1) OR (sandbox_id = ANY($2) AND NOT is_final)"
-            " ORDER BY seq",
-            exec_ids, sandbox_ids,
-        )
-        sandboxes = {r["sandbox_id"]: _sandbox(r) for r in rows if r["execution_id"] is None}
-        exec_rows = [r for r in rows if r["execution_id"] is not None]
-        executions = {r["execution_id"]: _execution(r) for r in exec_rows}
-        seqs = {r["execution_id"]: int(r["seq"]) for r in exec_rows}
-        by_sandbox: dict[str, list[str]] = {}
-        for r in exec_rows:
-            by_sandbox.setdefault(r["sandbox_id"], []).append(r["execution_id"])
-        changed_sb: dict[str, Sandbox] = {}
-        changed_ex: dict[str, Execution] = {}
-        for e in todo:
-            new_sb, new_execs = fold(sandboxes, executions, by_sandbox, e)
-            if new_sb is not None:
-                changed_sb[new_sb.sandbox_id] = new_sb
-            for ex in new_execs:
-                changed_ex[ex.execution_id] = ex
-                seqs.setdefault(ex.execution_id, e.position or 0)
-        if changed_sb:
-            await conn.executemany(
-                "INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, created_at, updated_at, doc)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb)"
-                " ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,"
-                " name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,"
-                " created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc",
-                [
-                    (s.sandbox_id, s.status.value, s.status.is_final, s.spec.name, s.spec.mode.value,
-                     s.spec.project_id, s.created_at, s.updated_at, _dump(s))
-                    for s in changed_sb.values()
-                ],
+        sandbox_ids = sorted({e.sandbox_id for e in events})
+        exec_ids = sorted({x for e in events if (x := execution_id_of(e)) is not None})
+        while True:
+            # Taken before the read: every write that finished before now is in its snapshot.
+            floor = self._floor
+            rows = await conn.fetch(_LOAD, PROJECTION, exec_ids, sandbox_ids)
+            start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
+            if start < floor:
+                self._floor = start  # said once; the caller feeds the log again from start
+                raise StoreBehind(start, floor)
+            todo = [e for e in events if (e.position or 0) > start]
+            if not todo:
+                self._floor = max(self._floor, start)
+                return start
+            position = todo[-1].position or start
+            sandboxes = {r["id"]: _sandbox(r) for r in rows if r["kind"] == "s"}
+            exec_rows = sorted((r for r in rows if r["kind"] == "e"), key=lambda r: r["seq"])
+            executions = {r["id"]: _execution(r) for r in exec_rows}
+            seqs = {r["id"]: int(r["seq"]) for r in exec_rows}
+            by_sandbox: dict[str, list[str]] = {}
+            for r in exec_rows:
+                by_sandbox.setdefault(r["sandbox_id"], []).append(r["id"])
+            changed_sb: dict[str, Sandbox] = {}
+            changed_ex: dict[str, Execution] = {}
+            for e in todo:
+                new_sb, new_execs = fold(sandboxes, executions, by_sandbox, e)
+                if new_sb is not None:
+                    changed_sb[new_sb.sandbox_id] = new_sb
+                for ex in new_execs:
+                    changed_ex[ex.execution_id] = ex
+                    seqs.setdefault(ex.execution_id, e.position or 0)
+            sb_rows = [
+                {"sandbox_id": x.sandbox_id, "status": x.status.value, "is_final": x.status.is_final,
+                 "name": x.spec.name, "mode": x.spec.mode.value, "project_id": x.spec.project_id,
+                 "created_at": x.created_at, "updated_at": x.updated_at, "doc": converter.unstructure(x)}
+                for x in changed_sb.values()
+            ]
+            ex_rows = [
+                {"execution_id": x.execution_id, "sandbox_id": x.sandbox_id, "seq": seqs[x.execution_id],
+                 "status": x.status.value, "is_final": x.status.is_final, "doc": converter.unstructure(x)}
+                for x in changed_ex.values()
+            ]
+            moved = await conn.fetchval(
+                _WRITE, PROJECTION, start, position, _json(sb_rows), _json(ex_rows), NOTIFY_CHANNEL
             )
-        if changed_ex:
-            await conn.executemany(
-                "INSERT INTO executions (execution_id, sandbox_id, seq, status, is_final, doc)"
-                " VALUES ($1, $2, $3, $4, $5, $6::jsonb)"
-                " ON CONFLICT (execution_id) DO UPDATE SET status = EXCLUDED.status,"
-                " is_final = EXCLUDED.is_final, doc = EXCLUDED.doc",
-                [
-                    (x.execution_id, x.sandbox_id, seqs[x.execution_id], x.status.value, x.status.is_final, _dump(x))
-                    for x in changed_ex.values()
-                ],
-            )
-        await conn.execute(
-            "WITH moved AS (UPDATE projection_position SET position = $2 WHERE projection = $1 RETURNING position)"
-            " SELECT pg_notify($3, position::text) FROM moved",
-            PROJECTION, position, NOTIFY_CHANNEL,
-        )
-        return position
+            if moved:
+                self._floor = max(self._floor, position)
+                return position
+            log.debug("projection position moved under us (another projector); looking again")
 
     async def reset(self) -> None:
         async with self._conn() as conn, conn.transaction():
             await self._reset_in(conn)
 
     async def _reset_in(self, conn: asyncpg.Connection) -> None:
+        self._floor = 0
         await conn.execute("SELECT position FROM projection_position WHERE projection = $1 FOR UPDATE", PROJECTION)
         # DELETE, not TRUNCATE: readers keep seeing the old rows until the rebuild commits.
         await conn.execute("DELETE FROM executions")

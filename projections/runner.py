@@ -9,17 +9,13 @@ import logging
 
 from core.eventlog.base import EventLog
 from core.events import Event
-from projections.base import ProjectionStore
+from projections.base import ProjectionStore, StoreBehind
 
 log = logging.getLogger(__name__)
 
 
 # The most events applied in one store call when the projector has fallen behind.
 MAX_BATCH = 1000
-
-
-class _StoreBehind(Exception):
-    """The store lost applied events; the projector follows the log again from its position."""
 
 
 class Projector:
@@ -93,6 +89,8 @@ class Projector:
                         self._advanced.notify_all()
             except asyncio.CancelledError:
                 raise
+            except StoreBehind:
+                pass  # follow the log again at once, from the store's position
             except Exception:  # the log hiccuped: resume from the tracked position
                 log.exception("projector failed; retrying from position %d", self._position)
                 await asyncio.sleep(0.5)
@@ -123,27 +121,16 @@ class Projector:
                 return
             except asyncio.CancelledError:
                 raise
+            except StoreBehind as behind:
+                # Follow the log again from what the store holds (see StoreBehind).
+                log.warning("%s; re-applying from the log", behind)
+                self._position = behind.position
+                raise
             except Exception as err:
                 log.warning("projection store unavailable (%s); retrying batch at position %s",
                             err, batch[0].position)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-                if self.applies:
-                    await self._check_not_behind()
-
-    async def _check_not_behind(self) -> None:
-        """After an outage the store must still hold what we applied before it. If it is
-        behind (restored from a backup, failed over to a lagging replica, reset by hand),
-        follow the log again from the store's own position: the store skips what it has."""
-        try:
-            stored = await self.store.position()
-        except Exception:  # still down: the retry loop goes on
-            return
-        if stored < self._position:
-            log.warning("projection store is at %d, behind the %d applied before the outage; "
-                        "re-applying from the log", stored, self._position)
-            self._position = stored
-            raise _StoreBehind
 
     async def wait_for(self, position: int, timeout: float = 30.0) -> None:
         """Return once everything up to ``position`` is applied to the store."""

@@ -1,0 +1,93 @@
+"""What the PostgreSQL projection store promises beyond the ProjectionStore contract."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from core.eventlog.base import open_event_log
+from core.events import ExecutionStarted, SandboxStarted
+from projections.base import StoreBehind
+from projections.postgres import PostgresProjectionStore
+from projections.runner import Projector
+from tests.contracts.test_projection_store import Log, created
+from tests.services import drop_database, fresh_database
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    url, name = await fresh_database("pgstore")
+    yield url
+    await drop_database(name)
+
+
+async def set_position(url: str, position: int) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("UPDATE projection_position SET position = $1", position)
+    finally:
+        await conn.close()
+
+
+async def test_two_stores_on_one_database_apply_each_event_once(database: str) -> None:
+    a, b = PostgresProjectionStore(database), PostgresProjectionStore(database)
+    await a.start()
+    await b.start()
+    try:
+        log = Log()
+        batch = [log("sbx_1", created()), log("sbx_1", SandboxStarted())]
+        batch += [log("sbx_1", ExecutionStarted(f"exec_{i}", ("x",))) for i in range(20)]
+        await asyncio.gather(*(s.apply(batch[:k]) for k in range(1, len(batch) + 1) for s in (a, b)))
+        sb = await a.get_sandbox("sbx_1")
+        assert sb is not None and sb.executions == 20
+        assert len(await b.list_executions("sbx_1")) == 20 and await b.position() == log.position
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_store_that_lost_commits_says_so_instead_of_skipping(database: str) -> None:
+    store = PostgresProjectionStore(database)
+    await store.start()
+    try:
+        log = Log()
+        await store.apply([log("sbx_1", created()), log("sbx_1", SandboxStarted())])
+        await set_position(database, 1)  # as if the last commit had been lost in a crash
+        with pytest.raises(StoreBehind) as behind:
+            await store.apply([log("sbx_1", ExecutionStarted("exec_1", ("x",)))])
+        assert behind.value.position == 1 and behind.value.expected == 2
+    finally:
+        await store.close()
+
+
+async def test_the_projector_repairs_a_store_that_fell_behind(database: str, tmp_path: Path) -> None:
+    event_log = open_event_log("sqlite", tmp_path)
+    await event_log.start()
+    store = PostgresProjectionStore(database)
+    await store.start()
+    projector = Projector(event_log, store)
+    try:
+        await projector.start()
+        first = Log()
+        events = [first("sbx_1", created()), first("sbx_1", SandboxStarted())]
+        positions = await event_log.append([e.__class__(e.event_id, e.sandbox_id, e.created_at, e.data) for e in events])
+        await projector.wait_for(positions[-1])
+        await set_position(database, 0)  # the store lost everything it had applied
+        (p,) = await event_log.append([first("sbx_1", ExecutionStarted("exec_1", ("x",)))])
+        await projector.wait_for(p, timeout=10)
+        for _ in range(100):  # the projector re-applies from the store's position
+            sb = await store.get_sandbox("sbx_1")
+            if sb is not None and sb.executions == 1 and await store.position() == p:
+                break
+            await asyncio.sleep(0.05)
+        sb = await store.get_sandbox("sbx_1")
+        assert sb is not None and sb.executions == 1 and sb.status.value == "running"
+        assert await store.position() == p
+    finally:
+        await projector.close()
+        await store.close()
+        await event_log.close()
