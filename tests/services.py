@@ -8,6 +8,7 @@ other's events or rows.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -84,7 +85,17 @@ async def drop_database(name: str) -> None:
 
     conn = await asyncpg.connect(postgres_admin_url())
     try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        # FORCE ends our own leftover sessions, but an autovacuum worker (a superuser process)
+        # that happens to be on the database cannot be ended by the non-superuser test role:
+        # it finishes within moments, so try again briefly.
+        for attempt in range(40):
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except (asyncpg.InsufficientPrivilegeError, asyncpg.ObjectInUseError):
+                if attempt == 39:
+                    raise
+                await asyncio.sleep(0.25)
     finally:
         await conn.close()
 
