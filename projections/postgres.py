@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -55,6 +56,19 @@ _SORT = {
     "executions": "COALESCE((doc->>'executions')::bigint, 0)",
 }
 
+
+
+def _read_once_more(method):  # type: ignore[no-untyped-def]
+    """Retry a read once when the store was unavailable (see the reads section)."""
+
+    @functools.wraps(method)
+    async def read(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return await method(self, *args, **kwargs)
+        except StoreUnavailable:
+            return await method(self, *args, **kwargs)
+
+    return read
 
 class StoreUnavailable(HutchError):
     status = 503
@@ -164,11 +178,11 @@ class PostgresProjectionStore(ProjectionStore):
         try:
             self._pool = await asyncpg.create_pool(
                 self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60,
-                # Commits do not wait for the WAL flush. A PostgreSQL crash can lose the last
-                # few writes — rows and position together — and the next apply then finds the
-                # position lower than it was (StoreBehind), so the projector applies those
-                # events again from the log. Nothing is lost; reads may briefly step back.
-                server_settings={"synchronous_commit": "off"},
+                # Commits wait for the WAL flush (synchronous_commit stays on). Without it a
+                # PostgreSQL crash loses the last applied batches: the StoreBehind repair
+                # re-applies them from the log, but until it has, a reader sees state older
+                # than a write it was already told about (read-your-writes broken) — the
+                # PostgreSQL restart fault test caught exactly that.
             )
             async with self._pool.acquire() as conn:
                 for name in await migrate(conn):
@@ -196,6 +210,7 @@ class PostgresProjectionStore(ProjectionStore):
 
     # ---------------------------------------------------------------- writes
 
+    @_read_once_more
     async def position(self) -> int:
         async with self._conn() as conn:
             return int(await conn.fetchval("SELECT position FROM projection_position WHERE projection = $1", PROJECTION))
@@ -295,12 +310,17 @@ class PostgresProjectionStore(ProjectionStore):
         return position
 
     # ---------------------------------------------------------------- reads
+    # Each read is retried once: after a PostgreSQL restart the pool may hand out a
+    # connection that died with the old server (asyncpg learns so on its first use), and a
+    # read is safe to repeat on the fresh connection the pool opens instead.
 
+    @_read_once_more
     async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM sandboxes WHERE sandbox_id = $1", sandbox_id)
         return _sandbox(row) if row else None
 
+    @_read_once_more
     async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
         where, args = _where(query)
         sort = _SORT.get(query.sort, _SORT["createdAt"])
@@ -315,11 +335,13 @@ class PostgresProjectionStore(ProjectionStore):
             )
         return [_sandbox(r) for r in rows], total
 
+    @_read_once_more
     async def get_execution(self, execution_id: str) -> Execution | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM executions WHERE execution_id = $1", execution_id)
         return _execution(row) if row else None
 
+    @_read_once_more
     async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
         async with self._conn() as conn:
             rows = await conn.fetch(

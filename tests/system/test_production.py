@@ -128,6 +128,7 @@ class Workload:
         self.sandboxes: list[str] = []
         self.executions: dict[str, str] = {}  # execution id -> sandbox id
         self.destroyed: set[str] = set()
+        self.destroying: set[str] = set()  # DELETE sent (maybe not answered yet)
         self.acked = 0
         self.failed = 0
         self.pending_at_fault = 0  # operations not yet answered when the fault was injected
@@ -136,6 +137,7 @@ class Workload:
         rnd = random.Random(i)
         with self.lock:
             live = [s for s in self.sandboxes if s not in self.destroyed]
+        sid = None
         try:
             if not live or i % 3 == 0:
                 status, body = self.server.call("POST", "/sandbox", {"name": f"w{i}"}, timeout=self.timeout)
@@ -144,6 +146,8 @@ class Workload:
                         self.sandboxes.append(body["data"]["sandboxId"])
             elif i % 17 == 0:
                 sid = rnd.choice(live)
+                with self.lock:
+                    self.destroying.add(sid)
                 status, _ = self.server.call("DELETE", f"/sandbox/{sid}", timeout=self.timeout)
                 if status == 200:
                     with self.lock:
@@ -155,7 +159,9 @@ class Workload:
                 if status == 200:
                     with self.lock:
                         self.executions[body["data"]["executionId"]] = sid
-            ok = 200 <= status < 300 or status == 409  # 409: the sandbox ended meanwhile (a real answer)
+            # 409: the sandbox ended meanwhile; 404: another thread of this workload deleted it
+            # between choosing it and executing in it. Both are real answers, not failures.
+            ok = 200 <= status < 300 or status == 409 or (status == 404 and sid in self.destroying)
         except OSError:
             ok = False
         with self.lock:
