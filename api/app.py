@@ -8,16 +8,18 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
 
+from api import archives
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY, API_KEY_ID, CONFIG, ENGINE
 from api.output import OutputStore
-from api.routes import audit, checkpoints, files, jobs, proxy, sandboxes, streams
+from api.routes import audit, checkpoints, files, jobs, proxy, sandboxes, snapshots, streams
 from api.service import Engine
 from core.errors import HutchError, InvalidInput, Unauthorized
 from core.eventlog.base import open_event_log
@@ -28,7 +30,9 @@ from projections.base import ProjectionStore
 log = logging.getLogger("hutch.api")
 
 # Paths anyone may call: health, and stream URLs (their id is the capability).
-_PUBLIC_PREFIXES = ("/streams/", "/healthz", "/proxy/")  # proxy: public like Agentuity's sandbox URLs
+_PUBLIC_PREFIXES = ("/streams/", "/healthz", "/proxy/",  # proxy: public like Agentuity's sandbox URLs
+                    "/sandbox/snapshots/public")  # public snapshots: readable without a key, as Agentuity's
+_UPLOAD_URL = re.compile(r"^/sandbox/snapshots/snp_[A-Za-z0-9]+/upload$")
 
 
 def _error(status: int, message: str, code: str, **extra: object) -> web.Response:
@@ -61,6 +65,9 @@ async def envelope_middleware(request: web.Request, handler):  # type: ignore[no
 async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
     if request.path.startswith(_PUBLIC_PREFIXES):
         return await handler(request)
+    if request.method == "PUT" and _UPLOAD_URL.match(request.path) and "token" in request.query \
+            and "Authorization" not in request.headers:
+        return await handler(request)  # a presigned snapshot upload URL: the handler checks its token
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
@@ -135,6 +142,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(checkpoints.routes)
     app.add_routes(files.routes)
     app.add_routes(jobs.routes)
+    app.add_routes(snapshots.routes)  # before sandboxes: /sandbox/snapshots is not a sandbox id
     app.add_routes(sandboxes.routes)
     app.add_routes(streams.routes)
     app.add_routes(proxy.routes)
@@ -161,7 +169,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     await store.start()
     await driver.start()
     engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
-                    stream_secret=_stream_secret(config.data_dir))
+                    stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
+                    limits=archives.Limits(max_bytes=config.max_upload_bytes, max_entries=config.max_archive_entries))
     if config.projector not in ("inprocess", "external"):
         raise InvalidInput(f"projector: expected inprocess or external, got {config.projector!r}", field="projector")
     if config.projector == "external":

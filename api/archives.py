@@ -228,6 +228,12 @@ def _tar_members(path: str, limits: Limits) -> list[Member]:
     return members
 
 
+def check_tar(path: str, limits: Limits) -> list[Member]:
+    """Every member of a tar (any compression) checked as an upload is: no absolute names,
+    no ``..``, no links out, no devices, within the size and entry limits."""
+    return _tar_members(path, limits)
+
+
 def _zip_members(path: str, limits: Limits) -> list[Member]:
     members: list[Member] = []
     total = 0

@@ -18,11 +18,14 @@ import logging
 import signal
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+from api import archives
 from api.output import OutputStore
+from api.snapshots import Snapshots
 from api.wire import CreateRequest, ExecuteRequest
 from core import ids, runtimes
 from core.errors import (
@@ -120,6 +123,8 @@ class Engine:
         driver: Driver,
         outputs: OutputStore,
         stream_secret: bytes,
+        data_dir: Path,
+        limits: archives.Limits | None = None,
     ) -> None:
         self.log = event_log
         self.store = store
@@ -133,6 +138,7 @@ class Engine:
         self._activity: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._stopping: set[str] = set()  # jobs asked to stop: however they exit, they were cancelled
+        self.snapshots = Snapshots(self, data_dir / "snapshots", limits or archives.Limits())
 
     # ---------------------------------------------------------------- lifetime
 
@@ -229,6 +235,8 @@ class Engine:
         )
         try:
             await self.driver.provision(_provision_request(sandbox_id, spec))
+            if spec.snapshot_id:
+                await self.snapshots.seed(sandbox_id, spec.snapshot_id)
             if req.files:
                 await self.driver.write_files(sandbox_id, req.files)
         except BaseException as err:

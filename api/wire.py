@@ -15,11 +15,21 @@ import attrs
 
 from core import runtimes
 from core.errors import InvalidInput, RuntimeNotFound
-from core.models import Execution, Mode, Network, Resources, Sandbox, SandboxSpec, Timeouts
+from core.models import (
+    Execution,
+    Mode,
+    Network,
+    Resources,
+    Sandbox,
+    SandboxSpec,
+    Snapshot,
+    Timeouts,
+)
 from core.quantities import parse_bytes, parse_duration, parse_millicores
 from drivers.base import FileToWrite
 
 ORG = {"id": "org_local", "name": "local"}
+USER = {"id": "user_local"}  # one tenant: every private snapshot is this user's
 MAX_FILES = 1000
 _ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -107,12 +117,17 @@ class CreateRequest:
     command: tuple[str, ...] | None
 
 
-def parse_create(body: Mapping[str, Any]) -> CreateRequest:
+def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> CreateRequest:
+    """``snapshot``: what the body's ``snapshot`` reference resolved to (the route resolves
+    it, since that reads the store); its runtime and env are the new sandbox's base."""
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object", field="body")
-    for key in ("snapshot",):
-        if body.get(key) is not None:
-            raise InvalidInput(f"{key}: snapshots are not available on this server yet", field=key)
+    if body.get("snapshot") is not None:
+        if snapshot is None:
+            raise InvalidInput("snapshot: the reference was not resolved", field="snapshot")
+        if body.get("runtime") is not None or body.get("runtimeId") is not None:
+            raise InvalidInput("snapshot: give either snapshot or runtime/runtimeId, not both; "
+                               "a snapshot brings its own runtime", field="snapshot")
     for key in ("dependencies", "packages"):
         if body.get(key):
             raise InvalidInput(f"{key}: installing {key} at create is not available on this server yet", field=key)
@@ -122,7 +137,7 @@ def parse_create(body: Mapping[str, Any]) -> CreateRequest:
         a, b = runtimes.find(runtime_name), runtimes.find(runtime_id)
         if a is None or b is None or a.name != b.name:
             raise InvalidInput("runtime and runtimeId name different runtimes; give one", field="runtimeId")
-    wanted = runtime_name or runtime_id or runtimes.DEFAULT_RUNTIME
+    wanted = (snapshot.runtime if snapshot else None) or runtime_name or runtime_id or runtimes.DEFAULT_RUNTIME
     recipe = runtimes.find(wanted)
     if recipe is None:
         known = ", ".join(r.name for r in runtimes.CATALOG)
@@ -179,12 +194,13 @@ def parse_create(body: Mapping[str, Any]) -> CreateRequest:
         name=_expect(body, "name", str, "a string"),
         description=_expect(body, "description", str, "a string"),
         resources=resources,
-        env=parse_env(body.get("env")),
+        env={**(snapshot.env if snapshot else {}), **parse_env(body.get("env"))},
         network=Network(enabled=enabled, port=port),
         timeout=Timeouts(**timeouts),
         command=command,
         metadata=metadata,
         project_id=_expect(body, "projectId", str, "a string"),
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
     )
     return CreateRequest(spec=spec, files=files, command=command)
 
@@ -273,6 +289,7 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
             "org": ORG,
             "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),
             "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value}) if spec.command else None,
+            "snapshot": {"id": spec.snapshot_id, "public": False, "user": USER} if spec.snapshot_id else None,
             "reason": sb.reason,  # hutch extra: why it failed or ended
         }
     )
@@ -324,3 +341,45 @@ def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None
             "outputTruncated": ex.output_truncated,
         }
     )
+
+
+def _full_name(snap: Snapshot) -> str:
+    return f"@{ORG['name']}/{snap.name}:{snap.tag}" if snap.tag else f"@{ORG['name']}/{snap.name}"
+
+
+def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "snapshotId": snap.snapshot_id,
+        "runtimeId": snap.runtime_id,
+        "runtime": snap.runtime,  # hutch extra: the runtime's name
+        "name": snap.name,
+        "fullName": _full_name(snap),
+        "description": snap.description,
+        "message": snap.message,
+        "tag": snap.tag,
+        "sizeBytes": snap.size_bytes,
+        "fileCount": snap.file_count,
+        "parentSnapshotId": snap.parent_snapshot_id,
+        "sourceSandboxId": snap.source_sandbox_id,  # hutch extra
+        "status": snap.status.value,  # hutch extra: building | ready
+        "public": snap.public,
+        "createdAt": snap.created_at,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "contentType": f.content_type, "mode": f.mode}
+                  for f in snap.files],
+        "env": snap.env,  # hutch extra: what sandboxes made from it start with
+        "userMetadata": snap.metadata,
+        "downloadUrl": download_url,
+    }
+    if snap.public:
+        info.update(org={**ORG, "slug": ORG["name"]}, orgName=ORG["name"], orgSlug=ORG["name"])
+    else:
+        info["user"] = USER
+    return _drop_none(info)
+
+
+def lineage_entry(snap: Snapshot, deleted: bool) -> dict[str, Any]:
+    entry = {k: v for k, v in snapshot_info(snap).items()
+             if k in ("snapshotId", "name", "fullName", "message", "tag", "parentSnapshotId", "public", "org", "user",
+                      "createdAt")}
+    entry["deleted"] = deleted
+    return entry

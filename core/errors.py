@@ -58,6 +58,10 @@ class CheckpointNotFound(NotFound):
     code = "CHECKPOINT_NOT_FOUND"
 
 
+class SnapshotNotFound(NotFound):
+    code = "SNAPSHOT_NOT_FOUND"
+
+
 class FileNotFound(NotFound):
     code = "FILE_NOT_FOUND"
 

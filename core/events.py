@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import attrs
 
 from core.errors import InvalidInput
-from core.models import ExecutionStatus, SandboxSpec
+from core.models import ExecutionStatus, SandboxSpec, SnapshotFile
 from core.serde import converter
 
 RECORD_VERSION = 1
@@ -121,6 +121,57 @@ class ExecutionFinished:
     output_truncated: bool = False
 
 
+# Snapshot events are keyed by the snapshot's id (``snp_…``) where sandbox events carry the
+# sandbox's: a snapshot outlives the sandbox it came from, and its history is its own.
+
+
+@attrs.frozen
+class SnapshotCreated:
+    """A snapshot exists: taken from a sandbox (ready at once) or a build started (building)."""
+
+    type: ClassVar[str] = "snapshot"
+    name: str
+    runtime: str
+    runtime_id: str
+    ready: bool = True
+    tag: str | None = None
+    description: str | None = None
+    message: str | None = None
+    public: bool = False
+    source_sandbox_id: str | None = None
+    parent_snapshot_id: str | None = None
+    size_bytes: int = 0
+    file_count: int = 0
+    files: tuple[SnapshotFile, ...] = ()
+    env: dict[str, str] = attrs.field(factory=dict)
+    metadata: dict[str, str] = attrs.field(factory=dict)
+    content_hash: str | None = None
+    api_key_id: str | None = None
+
+
+@attrs.frozen
+class SnapshotFinalized:
+    """A build's archive arrived and was checked: the snapshot is ready."""
+
+    type: ClassVar[str] = "snapshot:finalized"
+    size_bytes: int
+    file_count: int
+    files: tuple[SnapshotFile, ...] = ()
+    env: dict[str, str] = attrs.field(factory=dict)
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class SnapshotTagged:
+    type: ClassVar[str] = "snapshot:tagged"
+    tag: str | None  # None clears it
+
+
+@attrs.frozen
+class SnapshotDeleted:
+    type: ClassVar[str] = "snapshot:deleted"
+
+
 EventData = (
     SandboxCreated
     | SandboxStarted
@@ -136,6 +187,10 @@ EventData = (
     | CheckpointDeleted
     | ExecutionStarted
     | ExecutionFinished
+    | SnapshotCreated
+    | SnapshotFinalized
+    | SnapshotTagged
+    | SnapshotDeleted
 )
 
 EVENT_TYPES: dict[str, type] = {
@@ -155,6 +210,10 @@ EVENT_TYPES: dict[str, type] = {
         CheckpointDeleted,
         ExecutionStarted,
         ExecutionFinished,
+        SnapshotCreated,
+        SnapshotFinalized,
+        SnapshotTagged,
+        SnapshotDeleted,
     )
 }
 

@@ -87,6 +87,7 @@ class SandboxSpec:
     command: tuple[str, ...] | None = None
     metadata: dict[str, Any] | None = None  # arbitrary JSON, kept as given
     project_id: str | None = None
+    snapshot_id: str | None = None  # created from this snapshot (its runtime, env, workspace)
 
 
 @attrs.frozen
@@ -131,3 +132,44 @@ class Execution:
     error: str | None = None
     output_truncated: bool = False
     timeout_seconds: float | None = None
+
+
+class SnapshotStatus(StrEnum):
+    BUILDING = "building"  # a build was started; its archive and finalize have not arrived
+    READY = "ready"
+    DELETED = "deleted"
+
+
+@attrs.frozen
+class SnapshotFile:
+    path: str  # relative to the workspace
+    size: int
+    sha256: str
+    mode: int
+    content_type: str = "application/octet-stream"
+
+
+@attrs.frozen
+class Snapshot:
+    """A reusable base: a runtime plus a workspace archive, env and metadata (core.snapshots)."""
+
+    snapshot_id: str
+    name: str
+    runtime: str
+    runtime_id: str
+    status: SnapshotStatus
+    created_at: str
+    updated_at: str
+    tag: str | None = None
+    description: str | None = None
+    message: str | None = None
+    public: bool = False
+    source_sandbox_id: str | None = None  # the sandbox it was taken from (None: built)
+    parent_snapshot_id: str | None = None  # the snapshot that sandbox was created from
+    size_bytes: int = 0
+    file_count: int = 0
+    files: tuple[SnapshotFile, ...] = ()
+    env: dict[str, str] = attrs.field(factory=dict)
+    metadata: dict[str, str] = attrs.field(factory=dict)
+    content_hash: str | None = None  # a build's content hash: unchanged content is not rebuilt
+    api_key_id: str | None = None

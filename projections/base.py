@@ -16,7 +16,7 @@ import attrs
 
 from core.events import Event
 from core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
-from core.models import Execution, Sandbox, SandboxStatus
+from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
 
 
 @attrs.frozen
@@ -24,6 +24,7 @@ class SandboxQuery:
     name: str | None = None
     mode: str | None = None
     project_id: str | None = None
+    snapshot_id: str | None = None  # made from this snapshot
     status: str | None = None
     live: bool | None = None  # only sandboxes that are not final
     deleted_only: bool = False
@@ -32,6 +33,46 @@ class SandboxQuery:
     offset: int = 0
     sort: str = "createdAt"  # createdAt | updatedAt | name | status | mode | executions
     direction: str = "desc"
+
+
+@attrs.frozen
+class SnapshotQuery:
+    source_sandbox_id: str | None = None
+    name: str | None = None
+    tag: str | None = None
+    public: bool | None = None
+    content_hash: str | None = None
+    ready_only: bool = True  # False: building ones too (never deleted ones)
+    limit: int = 50
+    offset: int = 0
+    sort: str = "createdAt"  # createdAt | name | size | files (the CLI's created/size/files too)
+    direction: str = "desc"
+
+
+SNAPSHOT_SORTS = {"createdAt": "createdAt", "created": "createdAt", "name": "name", "size": "size",
+                  "sizeBytes": "size", "files": "files", "fileCount": "files"}
+
+
+def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
+    if snap.status is SnapshotStatus.DELETED or (q.ready_only and snap.status is not SnapshotStatus.READY):
+        return False
+    return (
+        (q.source_sandbox_id is None or snap.source_sandbox_id == q.source_sandbox_id)
+        and (q.name is None or snap.name == q.name)
+        and (q.tag is None or snap.tag == q.tag)
+        and (q.public is None or snap.public == q.public)
+        and (q.content_hash is None or snap.content_hash == q.content_hash)
+    )
+
+
+def snapshot_sort_key(q: SnapshotQuery):  # type: ignore[no-untyped-def]
+    field = {
+        "createdAt": lambda s: (s.created_at, s.snapshot_id),
+        "name": lambda s: (s.name, s.snapshot_id),
+        "size": lambda s: (s.size_bytes, s.snapshot_id),
+        "files": lambda s: (s.file_count, s.snapshot_id),
+    }
+    return field[SNAPSHOT_SORTS.get(q.sort, "createdAt")]
 
 
 class StoreBehind(Exception):
@@ -75,6 +116,14 @@ class ProjectionStore(abc.ABC):
         """Newest first."""
 
     @abc.abstractmethod
+    async def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        """Deleted ones too (status ``deleted``): lineage still names them."""
+
+    @abc.abstractmethod
+    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+        """One page and the total matching the filters (never deleted ones)."""
+
+    @abc.abstractmethod
     async def reset(self) -> None:
         """Forget everything (position back to 0) so a rebuild can replay the log."""
 
@@ -95,6 +144,8 @@ def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
     if q.name and sandbox.spec.name != q.name:
         return False
     if q.mode and sandbox.spec.mode.value != q.mode:
+        return False
+    if q.snapshot_id and sandbox.spec.snapshot_id != q.snapshot_id:
         return False
     return not (q.project_id and sandbox.spec.project_id != q.project_id)
 

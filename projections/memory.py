@@ -5,8 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from core.events import Event
-from core.models import Execution, Sandbox
-from projections.base import ProjectionStore, SandboxQuery, fold, matches, sort_key
+from core.models import Execution, Sandbox, Snapshot
+from core.snapshots import evolve_snapshot, is_snapshot_event
+from projections.base import (
+    ProjectionStore,
+    SandboxQuery,
+    SnapshotQuery,
+    fold,
+    matches,
+    snapshot_matches,
+    snapshot_sort_key,
+    sort_key,
+)
 
 
 class MemoryProjectionStore(ProjectionStore):
@@ -15,6 +25,7 @@ class MemoryProjectionStore(ProjectionStore):
         self._sandboxes: dict[str, Sandbox] = {}
         self._executions: dict[str, Execution] = {}
         self._by_sandbox: dict[str, list[str]] = {}
+        self._snapshots: dict[str, Snapshot] = {}
 
     async def position(self) -> int:
         return self._position
@@ -24,7 +35,12 @@ class MemoryProjectionStore(ProjectionStore):
             assert event.position is not None, "only events read from the log can be applied"
             if event.position <= self._position:
                 continue
-            fold(self._sandboxes, self._executions, self._by_sandbox, event)
+            if is_snapshot_event(event):
+                snap = evolve_snapshot(self._snapshots.get(event.sandbox_id), event)
+                if snap is not None:
+                    self._snapshots[event.sandbox_id] = snap
+            else:
+                fold(self._sandboxes, self._executions, self._by_sandbox, event)
             self._position = event.position
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
@@ -43,6 +59,14 @@ class MemoryProjectionStore(ProjectionStore):
         if limit is not None:
             ids = ids[:limit]
         return [self._executions[i] for i in ids]
+
+    async def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        return self._snapshots.get(snapshot_id)
+
+    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+        found = [s for s in self._snapshots.values() if snapshot_matches(s, query)]
+        found.sort(key=snapshot_sort_key(query), reverse=query.direction == "desc")
+        return found[query.offset : query.offset + query.limit], len(found)
 
     async def reset(self) -> None:
         self.__init__()  # type: ignore[misc]

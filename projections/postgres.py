@@ -36,9 +36,17 @@ import asyncpg
 from core.errors import HutchError, InvalidInput
 from core.events import Event
 from core.lifecycle import execution_id_of
-from core.models import Execution, Sandbox, SandboxStatus
+from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
 from core.serde import converter
-from projections.base import ProjectionStore, SandboxQuery, StoreBehind, fold
+from core.snapshots import evolve_snapshot, is_snapshot_event
+from projections.base import (
+    SNAPSHOT_SORTS,
+    ProjectionStore,
+    SandboxQuery,
+    SnapshotQuery,
+    StoreBehind,
+    fold,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +122,8 @@ SELECT 's', sandbox_id, sandbox_id, 0, doc FROM sandboxes WHERE sandbox_id = ANY
 UNION ALL
 SELECT 'e', execution_id, sandbox_id, seq, doc FROM executions
  WHERE execution_id = ANY($2) OR (sandbox_id = ANY($3) AND NOT is_final)
+UNION ALL
+SELECT 'n', snapshot_id, snapshot_id, 0, doc FROM snapshots WHERE snapshot_id = ANY($4)
 """
 
 # Rows and position in one statement: nothing is written unless the position is still $2.
@@ -137,6 +147,17 @@ WITH moved AS (
    WHERE EXISTS (SELECT 1 FROM moved)
   ON CONFLICT (execution_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
      doc = EXCLUDED.doc
+), snapshot_rows AS (
+  INSERT INTO snapshots (snapshot_id, status, name, tag, public, source_sandbox_id, content_hash, size_bytes,
+                         file_count, created_at, doc)
+  SELECT r.snapshot_id, r.status, r.name, r.tag, r.public, r.source_sandbox_id, r.content_hash, r.size_bytes,
+         r.file_count, r.created_at, r.doc
+    FROM jsonb_to_recordset($7::jsonb) AS r(snapshot_id text, status text, name text, tag text, public boolean,
+         source_sandbox_id text, content_hash text, size_bytes bigint, file_count bigint, created_at text, doc jsonb)
+   WHERE EXISTS (SELECT 1 FROM moved)
+  ON CONFLICT (snapshot_id) DO UPDATE SET status = EXCLUDED.status, name = EXCLUDED.name, tag = EXCLUDED.tag,
+     public = EXCLUDED.public, size_bytes = EXCLUDED.size_bytes, file_count = EXCLUDED.file_count,
+     doc = EXCLUDED.doc
 )
 SELECT pg_notify($6, position::text) IS NOT NULL FROM moved
 """
@@ -158,6 +179,10 @@ def _sandbox(row: asyncpg.Record) -> Sandbox:
 
 def _execution(row: asyncpg.Record) -> Execution:
     return converter.structure(json.loads(row["doc"]), Execution)
+
+
+def _snapshot(row: asyncpg.Record) -> Snapshot:
+    return converter.structure(json.loads(row["doc"]), Snapshot)
 
 
 class PostgresProjectionStore(ProjectionStore):
@@ -232,12 +257,13 @@ class PostgresProjectionStore(ProjectionStore):
             assert e.position is not None, "only events read from the log can be applied"
         # The state these events may touch: their sandboxes, the executions they name, and the
         # open executions of their sandboxes (a sandbox-level event can end them).
-        sandbox_ids = sorted({e.sandbox_id for e in events})
+        sandbox_ids = sorted({e.sandbox_id for e in events if not is_snapshot_event(e)})
+        snapshot_ids = sorted({e.sandbox_id for e in events if is_snapshot_event(e)})
         exec_ids = sorted({x for e in events if (x := execution_id_of(e)) is not None})
         while True:
             # Taken before the read: every write that finished before now is in its snapshot.
             floor = self._floor
-            rows = await conn.fetch(_LOAD, PROJECTION, exec_ids, sandbox_ids)
+            rows = await conn.fetch(_LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids)
             start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
             if start < floor:
                 self._floor = start  # said once; the caller feeds the log again from start
@@ -256,7 +282,14 @@ class PostgresProjectionStore(ProjectionStore):
                 by_sandbox.setdefault(r["sandbox_id"], []).append(r["id"])
             changed_sb: dict[str, Sandbox] = {}
             changed_ex: dict[str, Execution] = {}
+            snapshots = {r["id"]: _snapshot(r) for r in rows if r["kind"] == "n"}
+            changed_snap: dict[str, Snapshot] = {}
             for e in todo:
+                if is_snapshot_event(e):
+                    snap = evolve_snapshot(snapshots.get(e.sandbox_id), e)
+                    if snap is not None:
+                        snapshots[e.sandbox_id] = changed_snap[e.sandbox_id] = snap
+                    continue
                 new_sb, new_execs = fold(sandboxes, executions, by_sandbox, e)
                 if new_sb is not None:
                     changed_sb[new_sb.sandbox_id] = new_sb
@@ -274,8 +307,15 @@ class PostgresProjectionStore(ProjectionStore):
                  "status": x.status.value, "is_final": x.status.is_final, "doc": converter.unstructure(x)}
                 for x in changed_ex.values()
             ]
+            snap_rows = [
+                {"snapshot_id": x.snapshot_id, "status": x.status.value, "name": x.name, "tag": x.tag,
+                 "public": x.public, "source_sandbox_id": x.source_sandbox_id, "content_hash": x.content_hash,
+                 "size_bytes": x.size_bytes, "file_count": x.file_count, "created_at": x.created_at,
+                 "doc": converter.unstructure(x)}
+                for x in changed_snap.values()
+            ]
             moved = await conn.fetchval(
-                _WRITE, PROJECTION, start, position, _json(sb_rows), _json(ex_rows), NOTIFY_CHANNEL
+                _WRITE, PROJECTION, start, position, _json(sb_rows), _json(ex_rows), NOTIFY_CHANNEL, _json(snap_rows)
             )
             if moved:
                 self._floor = max(self._floor, position)
@@ -292,6 +332,7 @@ class PostgresProjectionStore(ProjectionStore):
         # DELETE, not TRUNCATE: readers keep seeing the old rows until the rebuild commits.
         await conn.execute("DELETE FROM executions")
         await conn.execute("DELETE FROM sandboxes")
+        await conn.execute("DELETE FROM snapshots")
         await conn.execute("UPDATE projection_position SET position = 0 WHERE projection = $1", PROJECTION)
 
     async def rebuild(self, batches: AsyncIterator[Sequence[Event]] | Iterable[Sequence[Event]]) -> int:
@@ -349,6 +390,37 @@ class PostgresProjectionStore(ProjectionStore):
             )
         return [_execution(r) for r in rows]
 
+    @_read_once_more
+    async def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        async with self._conn() as conn:
+            row = await conn.fetchrow("SELECT doc FROM snapshots WHERE snapshot_id = $1", snapshot_id)
+        return _snapshot(row) if row else None
+
+    @_read_once_more
+    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+        args: list[Any] = [SnapshotStatus.DELETED.value]
+        where = ["status <> $1"]
+        if query.ready_only:
+            args.append(SnapshotStatus.READY.value)
+            where.append(f"status = ${len(args)}")
+        for column, value in (("source_sandbox_id", query.source_sandbox_id), ("name", query.name),
+                              ("tag", query.tag), ("public", query.public), ("content_hash", query.content_hash)):
+            if value is not None:
+                args.append(value)
+                where.append(f"{column} = ${len(args)}")
+        sort = {"createdAt": "created_at", "name": "name", "size": "size_bytes", "files": "file_count"}[
+            SNAPSHOT_SORTS.get(query.sort, "createdAt")]
+        direction = "DESC" if query.direction == "desc" else "ASC"
+        sql_where = " WHERE " + " AND ".join(where)
+        async with self._conn() as conn:
+            total = int(await conn.fetchval(f"SELECT count(*) FROM snapshots{sql_where}", *args))
+            rows = await conn.fetch(
+                f"SELECT doc FROM snapshots{sql_where} ORDER BY {sort} {direction}, snapshot_id {direction}"
+                f" LIMIT ${len(args) + 1} OFFSET ${len(args) + 2}",
+                *args, query.limit, query.offset,
+            )
+        return [_snapshot(r) for r in rows], total
+
     # ---------------------------------------------------------------- waiting
 
     async def wait_for(self, position: int, timeout: float) -> None:
@@ -398,4 +470,6 @@ def _where(q: SandboxQuery) -> tuple[list[str], list[Any]]:
         where.append(f"mode = {arg(q.mode)}")
     if q.project_id:
         where.append(f"project_id = {arg(q.project_id)}")
+    if q.snapshot_id:
+        where.append(f"doc->'spec'->>'snapshotId' = {arg(q.snapshot_id)}")
     return where, args

@@ -81,7 +81,9 @@ async def stats(request: web.Request) -> web.Response:
 @routes.post("/sandbox")
 async def create(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    req = wire.parse_create(await json_body(request))
+    body = await json_body(request)
+    snapshot = await engine.snapshots.resolve(body["snapshot"]) if body.get("snapshot") is not None else None
+    req = wire.parse_create(body, snapshot)
     created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
     sb = created.sandbox
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,
@@ -109,6 +111,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         name=request.query.get("name") or None,
         mode=mode,
         project_id=request.query.get("projectId") or None,
+        snapshot_id=request.query.get("snapshotId") or None,
         status=q_choice(request, "status", _STATUSES),
         live=q_bool(request, "live"),
         deleted_only=bool(q_bool(request, "deletedOnly")),
@@ -117,8 +120,6 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         sort=_SORTS[sort or "created"],
         direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
     )
-    if request.query.get("snapshotId"):
-        return ok({"sandboxes": [], "total": 0})  # no sandbox here was made from a snapshot
     found, total = await request.app[ENGINE].list(query)
     return ok({"sandboxes": [render_sandbox(request, sb) for sb in found], "total": total})
 

@@ -14,9 +14,13 @@ from core.events import (
     SandboxCreated,
     SandboxStarted,
     SandboxTerminated,
+    SnapshotCreated,
+    SnapshotDeleted,
+    SnapshotFinalized,
+    SnapshotTagged,
 )
-from core.models import ExecutionStatus, Mode, SandboxSpec, SandboxStatus
-from projections.base import ProjectionStore, SandboxQuery
+from core.models import ExecutionStatus, Mode, SandboxSpec, SandboxStatus, SnapshotFile, SnapshotStatus
+from projections.base import ProjectionStore, SandboxQuery, SnapshotQuery
 from projections.memory import MemoryProjectionStore
 from projections.postgres import PostgresProjectionStore
 from tests.services import drop_database, fresh_database
@@ -134,3 +138,59 @@ async def test_reset_then_rebuild_gives_the_same_state(store: ProjectionStore) -
     assert await store.position() == 0 and await store.get_sandbox("sbx_1") is None
     await store.apply(log.events)
     assert (await store.get_sandbox("sbx_1"), await store.get_execution("exec_1")) == before
+
+
+def snap_created(name: str, tag: str | None = "latest", *, ready: bool = True, source: str | None = None,
+                 public: bool = False, content_hash: str | None = None, size: int = 0) -> SnapshotCreated:
+    files = (SnapshotFile(path="a.txt", size=size, sha256="0" * 64, mode=0o644, content_type="text/plain"),)
+    return SnapshotCreated(name=name, runtime="base:latest", runtime_id="srt_x", ready=ready, tag=tag,
+                           source_sandbox_id=source, public=public, content_hash=content_hash, size_bytes=size,
+                           file_count=1, files=files, env={"A": "1"})
+
+
+async def test_folds_snapshots_and_queries_them(store: ProjectionStore) -> None:
+    log = Log()
+    await store.apply([
+        log("snp_1", snap_created("app", "v1", source="sbx_1", size=10), at="2026-01-01T00:00:01.000Z"),
+        log("snp_2", snap_created("app", "v2", source="sbx_1", size=30, public=True), at="2026-01-01T00:00:02.000Z"),
+        log("snp_3", snap_created("other", ready=False, content_hash="h1"), at="2026-01-01T00:00:03.000Z"),
+    ])
+    one = await store.get_snapshot("snp_1")
+    assert one is not None and one.status is SnapshotStatus.READY and one.tag == "v1" and one.env == {"A": "1"}
+    assert one.files[0].path == "a.txt" and one.source_sandbox_id == "sbx_1"
+    found, total = await store.list_snapshots(SnapshotQuery())
+    assert [s.snapshot_id for s in found] == ["snp_2", "snp_1"] and total == 2  # building ones are not listed
+    assert (await store.list_snapshots(SnapshotQuery(ready_only=False)))[1] == 3
+    assert [s.snapshot_id for s in (await store.list_snapshots(SnapshotQuery(sort="size", direction="asc")))[0]] \
+        == ["snp_1", "snp_2"]
+    assert [s.snapshot_id for s in (await store.list_snapshots(SnapshotQuery(public=True)))[0]] == ["snp_2"]
+    assert [s.snapshot_id for s in (await store.list_snapshots(SnapshotQuery(name="app", tag="v1")))[0]] == ["snp_1"]
+    assert (await store.list_snapshots(SnapshotQuery(source_sandbox_id="sbx_9")))[1] == 0
+    page, total = await store.list_snapshots(SnapshotQuery(limit=1, offset=1))
+    assert [s.snapshot_id for s in page] == ["snp_1"] and total == 2
+    hashed, _ = await store.list_snapshots(SnapshotQuery(content_hash="h1", ready_only=False))
+    assert [s.snapshot_id for s in hashed] == ["snp_3"]
+
+    await store.apply([
+        log("snp_3", SnapshotFinalized(size_bytes=5, file_count=0, files=(), env={"B": "2"}, metadata={"m": "x"})),
+        log("snp_1", SnapshotTagged(tag=None)),
+        log("snp_2", SnapshotDeleted()),
+    ])
+    three = await store.get_snapshot("snp_3")
+    assert three is not None and three.status is SnapshotStatus.READY and three.env == {"A": "1", "B": "2"}
+    assert three.metadata == {"m": "x"} and three.size_bytes == 5
+    assert (await store.get_snapshot("snp_1")).tag is None  # type: ignore[union-attr]
+    gone = await store.get_snapshot("snp_2")
+    assert gone is not None and gone.status is SnapshotStatus.DELETED  # kept for lineage
+    assert [s.snapshot_id for s in (await store.list_snapshots(SnapshotQuery()))[0]] == ["snp_3", "snp_1"]
+    # Snapshot events are not sandboxes.
+    assert await store.get_sandbox("snp_1") is None
+    assert (await store.list_sandboxes(SandboxQuery(include_deleted=True)))[1] == 0
+
+
+async def test_sandboxes_are_found_by_the_snapshot_they_came_from(store: ProjectionStore) -> None:
+    log = Log()
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", snapshot_id="snp_1")
+    await store.apply([log("sbx_1", SandboxCreated(spec=spec)), log("sbx_2", created("plain"))])
+    found, total = await store.list_sandboxes(SandboxQuery(snapshot_id="snp_1"))
+    assert [s.sandbox_id for s in found] == ["sbx_1"] and total == 1

@@ -1,0 +1,204 @@
+"""/sandbox/…snapshot…: take, build (init, upload, finalize), get, list, tag, delete, lineage,
+public listing, and download of snapshots (api/snapshots.py does the work)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from aiohttp import web
+
+from api import wire
+from api.http import base_url, json_body, ok, q_choice, q_int
+from api.keys import API_KEY_ID, CONFIG, ENGINE
+from api.snapshots import LINEAGE_MAX, unchanged
+from core.errors import InvalidInput, Unauthorized
+from core.models import Snapshot
+from core.snapshots import parse_ref
+from projections.base import SNAPSHOT_SORTS, SnapshotQuery
+
+routes = web.RouteTableDef()
+
+def _render(request: web.Request, snap: Snapshot) -> dict[str, Any]:
+    return wire.snapshot_info(snap, f"{base_url(request)}/sandbox/snapshots/{snap.snapshot_id}/download")
+
+
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput(f"{key}: expected a string, got {type(value).__name__}", field=key)
+    return value or None
+
+
+def _opt_bool(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{key}: expected true or false, got {value!r}", field=key)
+    return value
+
+
+def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
+    value = body.get(key) or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise InvalidInput(f"{key}: expected an object of string values", field=key)
+    return dict(value)
+
+
+def _str_list(body: dict[str, Any], key: str) -> list[str]:
+    value = body.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidInput(f"{key}: expected a list of strings", field=key)
+    return value
+
+
+@routes.post("/sandbox/{sandbox_id}/snapshot")
+async def take(request: web.Request) -> web.Response:
+    body = await json_body(request, required=False)
+    snap = await request.app[ENGINE].snapshots.take(
+        request.match_info["sandbox_id"], name=_opt_str(body, "name"), description=_opt_str(body, "description"),
+        tag=_opt_str(body, "tag"), public=_opt_bool(body, "public"), api_key_id=request.get(API_KEY_ID),
+    )
+    return ok(_render(request, snap), http_status=201)
+
+
+def _list_query(request: web.Request, *, public: bool | None, hi: int) -> SnapshotQuery:
+    sort = request.query.get("sort") or "createdAt"
+    if sort not in SNAPSHOT_SORTS:
+        raise InvalidInput(f"sort: expected one of {', '.join(sorted(SNAPSHOT_SORTS))}, got {sort!r}", field="sort")
+    return SnapshotQuery(
+        source_sandbox_id=request.query.get("sandboxId") or None,
+        name=request.query.get("name") or None,
+        tag=request.query.get("tag") or None,
+        public=public,
+        limit=q_int(request, "limit", 50, lo=1, hi=hi),
+        offset=q_int(request, "offset", 0),
+        sort=sort,
+        direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
+    )
+
+
+@routes.get("/sandbox/snapshots")
+async def list_(request: web.Request) -> web.Response:
+    found, total = await request.app[ENGINE].snapshots.list(_list_query(request, public=None, hi=1000))
+    return ok({"snapshots": [_render(request, s) for s in found], "total": total})
+
+
+@routes.get("/sandbox/snapshots/public")
+async def list_public(request: web.Request) -> web.Response:
+    found, total = await request.app[ENGINE].snapshots.list(_list_query(request, public=True, hi=100))
+    return ok({"snapshots": [wire.snapshot_info(s) for s in found], "total": total})
+
+
+@routes.get("/sandbox/snapshots/public/{ref:.+}")
+async def get_public(request: web.Request) -> web.Response:
+    snap = await request.app[ENGINE].snapshots.resolve(request.match_info["ref"], "snapshotRef", public_only=True)
+    return ok(wire.snapshot_info(snap))
+
+
+@routes.get("/sandbox/snapshots/lineage")
+async def lineage(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    limit = q_int(request, "limit", 100, lo=1, hi=LINEAGE_MAX)
+    ref, name, tag = (request.query.get(k) or None for k in ("snapshot", "name", "tag"))
+    if ref and name:
+        raise InvalidInput("snapshot: give either snapshot or name (with an optional tag), not both", field="snapshot")
+    if ref:
+        start = await engine.snapshots.resolve(ref, "snapshot")
+    elif name:
+        start = await engine.snapshots.resolve(f"{name}:{tag}" if tag else name, "name")
+        if not tag:  # a bare name: its newest snapshot, whatever it is tagged
+            found, _ = await engine.snapshots.list(SnapshotQuery(name=start.name, limit=1))
+            start = found[0]
+    else:
+        raise InvalidInput("snapshot: give snapshot (an id or name:tag) or name", field="snapshot")
+    chain = await engine.snapshots.lineage(start, limit)
+    return ok({"lineage": [wire.lineage_entry(s, deleted) for s, deleted in chain], "total": len(chain)})
+
+
+@routes.post("/sandbox/snapshots/build")
+async def build_init(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    runtime = body.get("runtime")
+    if not isinstance(runtime, str) or not runtime:
+        raise InvalidInput("runtime: required, a runtime name (python:3.13) or id (srt_...)", field="runtime")
+    if _opt_bool(body, "encrypt"):
+        raise InvalidInput("encrypt: archives are kept on this server's own disk; encryption is not offered",
+                           field="encrypt")
+    engine = request.app[ENGINE]
+    made, existing = await engine.snapshots.build_init(
+        runtime=runtime, name=_opt_str(body, "name"), tag=_opt_str(body, "tag"),
+        description=_opt_str(body, "description"), message=_opt_str(body, "message"),
+        content_hash=_opt_str(body, "contentHash"), force=_opt_bool(body, "force"), public=_opt_bool(body, "public"),
+        api_key_id=request.get(API_KEY_ID),
+    )
+    if existing is not None:
+        return ok(unchanged(existing))
+    assert made is not None
+    token = engine.snapshots.upload_token(made.snapshot_id)
+    url = f"{base_url(request)}/sandbox/snapshots/{made.snapshot_id}/upload?token={token}"
+    return ok({"snapshotId": made.snapshot_id, "uploadUrl": url}, http_status=201)
+
+
+@routes.put("/sandbox/snapshots/{snapshot_id}/upload")
+async def upload(request: web.Request) -> web.Response:
+    """Authorised by the API key or by the upload URL's token (a presigned URL, as the
+    client expects), which is good for this one snapshot only."""
+    engine = request.app[ENGINE]
+    snapshot_id = request.match_info["snapshot_id"]
+    if API_KEY_ID not in request:
+        token = request.query.get("token", "")
+        if not hmac.compare_digest(token.encode(), engine.snapshots.upload_token(snapshot_id).encode()):
+            raise Unauthorized("upload: the token does not match this snapshot's upload URL")
+    await engine.snapshots.upload(snapshot_id, request.content.iter_chunked(1 << 20),
+                                  request.app[CONFIG].max_upload_bytes)
+    return ok({"success": True, "scanned": False, "message": "stored; archives are checked when finalized"})
+
+
+@routes.post("/sandbox/snapshots/{snapshot_id}/finalize")
+async def finalize(request: web.Request) -> web.Response:
+    body = await json_body(request, required=False)
+    snap = await request.app[ENGINE].snapshots.finalize(
+        request.match_info["snapshot_id"], env=_str_map(body, "env"), metadata=_str_map(body, "metadata"),
+        dependencies=_str_list(body, "dependencies"), packages=_str_list(body, "packages"),
+    )
+    return ok(_render(request, snap))
+
+
+@routes.get("/sandbox/snapshots/{snapshot_id}/download")
+async def download(request: web.Request) -> web.StreamResponse:
+    snapshot_id = request.match_info["snapshot_id"]
+    snapshots = request.app[ENGINE].snapshots
+    await snapshots.get(snapshot_id)
+    path = snapshots.archives.path(snapshot_id)
+    if not path.exists():  # taken from an empty env-only build
+        raise InvalidInput(f"snapshot {snapshot_id} has no files to download", field="snapshotId")
+    return web.FileResponse(path, headers={"Content-Type": "application/gzip",
+                                           "Content-Disposition": f'attachment; filename="{snapshot_id}.tar.gz"'})
+
+
+@routes.get("/sandbox/snapshots/{snapshot_id}")
+async def get(request: web.Request) -> web.Response:
+    ref = request.match_info["snapshot_id"]
+    snapshots = request.app[ENGINE].snapshots
+    parsed = parse_ref(ref, "snapshotId")
+    snap = await (snapshots.get(ref) if parsed.snapshot_id else snapshots.resolve(ref, "snapshotId"))
+    return ok(_render(request, snap))
+
+
+@routes.patch("/sandbox/snapshots/{snapshot_id}")
+async def tag(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    if "tag" not in body:
+        raise InvalidInput("tag: required (a tag, or null to remove it)", field="tag")
+    if body["tag"] is not None and not isinstance(body["tag"], str):
+        raise InvalidInput(f"tag: expected a string or null, got {body['tag']!r}", field="tag")
+    snap = await request.app[ENGINE].snapshots.set_tag(request.match_info["snapshot_id"], body["tag"] or None)
+    return ok(_render(request, snap))
+
+
+@routes.delete("/sandbox/snapshots/{snapshot_id}")
+async def delete(request: web.Request) -> web.Response:
+    await request.app[ENGINE].snapshots.delete(request.match_info["snapshot_id"])
+    return ok()

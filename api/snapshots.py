@@ -1,0 +1,311 @@
+"""Snapshots, served: take one from a sandbox, build one from an uploaded archive, seed new
+sandboxes from one, tag, delete, walk lineage.
+
+The content is the sandbox's workspace as a tar.gz, read and written through the driver's
+file primitives (so it means the same under every driver that has them, and can never
+reach past the sandbox's own view), kept in ``<data dir>/snapshots/<id>.tar.gz``. The
+metadata lives in the event log (``core.snapshots``) and the projections.
+
+Nothing is half-made: the archive is written to a temporary name, fsynced and renamed
+before the event that makes the snapshot visible is appended, and is removed again if
+that append fails; a deleted snapshot's archive goes after its deletion is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import mimetypes
+import os
+import stat
+import tarfile
+import zlib
+from collections.abc import AsyncIterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from api import archives
+from core import ids, runtimes
+from core.errors import (
+    IllegalTransition,
+    InvalidInput,
+    NotSupported,
+    RuntimeNotFound,
+    SnapshotNotFound,
+)
+from core.events import SnapshotCreated, SnapshotDeleted, SnapshotFinalized, SnapshotTagged
+from core.models import Snapshot, SnapshotFile, SnapshotStatus
+from core.snapshots import DEFAULT_TAG, Ref, check_name, check_tag, parse_ref
+from projections.base import SnapshotQuery
+
+if TYPE_CHECKING:
+    from api.service import Engine
+
+WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
+LINEAGE_MAX = 1000
+
+
+class SnapshotArchives:
+    """The archives on disk, one per snapshot, each complete or absent."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+
+    def path(self, snapshot_id: str) -> Path:
+        return self.root / f"{snapshot_id}.tar.gz"
+
+    async def save(self, snapshot_id: str, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> int:
+        final, tmp = self.path(snapshot_id), self.root / f".{snapshot_id}.{os.getpid()}.part"
+        size = 0
+        try:
+            with await asyncio.to_thread(open, tmp, "wb") as fh:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if max_bytes is not None and size > max_bytes:
+                        raise InvalidInput(f"archive: larger than {max_bytes} bytes", field="archive")
+                    await asyncio.to_thread(fh.write, chunk)
+                await asyncio.to_thread(fh.flush)
+                await asyncio.to_thread(os.fsync, fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        return size
+
+    def remove(self, snapshot_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path(snapshot_id).unlink()
+
+
+def scan(path: Path, limits: archives.Limits) -> tuple[SnapshotFile, ...]:
+    """The regular files in a snapshot archive, after the same checks an upload gets (no
+    ``..``, absolute names, links out, devices; sizes within limits)."""
+    try:
+        archives.check_tar(str(path), limits)
+        out = []
+        with tarfile.open(path, "r:gz") as tar:
+            for m in tar:
+                if not m.isreg():
+                    continue
+                digest = hashlib.sha256()
+                src = tar.extractfile(m)
+                assert src is not None
+                with src:
+                    while block := src.read(1 << 20):
+                        digest.update(block)
+                name = m.name.removeprefix("./")
+                out.append(SnapshotFile(
+                    path=name, size=m.size, sha256=digest.hexdigest(), mode=stat.S_IMODE(m.mode),
+                    content_type=mimetypes.guess_type(name)[0] or "application/octet-stream",
+                ))
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as err:
+        raise InvalidInput(f"archive: not a readable tar.gz archive ({err})", field="archive") from err
+    return tuple(sorted(out, key=lambda f: f.path))
+
+
+class Snapshots:
+    def __init__(self, engine: Engine, root: Path, limits: archives.Limits) -> None:
+        self.engine = engine
+        self.archives = SnapshotArchives(root)
+        self.limits = limits
+
+    def upload_token(self, snapshot_id: str) -> str:
+        """What makes a snapshot's upload URL presigned: good for that snapshot only."""
+        return hmac.new(self.engine._secret, f"snapshot-upload:{snapshot_id}".encode(), hashlib.sha256).hexdigest()
+
+    # ---------------------------------------------------------------- reads
+
+    async def get(self, snapshot_id: str, *, include_building: bool = False) -> Snapshot:
+        snap = await self.engine.store.get_snapshot(snapshot_id)
+        if snap is None or snap.status is SnapshotStatus.DELETED or (
+            snap.status is SnapshotStatus.BUILDING and not include_building
+        ):
+            raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
+        return snap
+
+    async def list(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+        return await self.engine.store.list_snapshots(query)
+
+    async def resolve(self, value: object, field: str = "snapshot", *, public_only: bool = False) -> Snapshot:
+        ref = parse_ref(value, field)
+        snap = await self._find(ref, public_only)
+        if snap is None:
+            raise SnapshotNotFound(f"{field}: no snapshot {value!r} (an id snp_..., name:tag, or tag)", field=field)
+        return snap
+
+    async def _find(self, ref: Ref, public_only: bool) -> Snapshot | None:
+        public = True if public_only else None
+        if ref.snapshot_id:
+            snap = await self.engine.store.get_snapshot(ref.snapshot_id)
+            ok = snap is not None and snap.status is SnapshotStatus.READY and (snap.public or not public_only)
+            return snap if ok else None
+        if ref.name:
+            found, _ = await self.list(SnapshotQuery(name=ref.name, tag=ref.tag, public=public, limit=1))
+            return found[0] if found else None
+        for query in (SnapshotQuery(tag=ref.word, public=public, limit=1),
+                      SnapshotQuery(name=ref.word, tag=DEFAULT_TAG, public=public, limit=1),
+                      SnapshotQuery(name=ref.word, public=public, limit=1)):
+            found, _ = await self.list(query)
+            if found:
+                return found[0]
+        return None
+
+    async def lineage(self, start: Snapshot, limit: int) -> list[tuple[Snapshot, bool]]:
+        """``start`` and its ancestors, newest first, each with whether it was deleted."""
+        chain: list[tuple[Snapshot, bool]] = []
+        seen: set[str] = set()
+        snap: Snapshot | None = start
+        while snap is not None and len(chain) < limit and snap.snapshot_id not in seen:
+            seen.add(snap.snapshot_id)
+            chain.append((snap, snap.status is SnapshotStatus.DELETED))
+            snap = await self.engine.store.get_snapshot(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+        return chain
+
+    # ---------------------------------------------------------------- writes
+
+    async def take(self, sandbox_id: str, *, name: str | None, description: str | None, tag: str | None,
+                   public: bool, api_key_id: str | None) -> Snapshot:
+        """A snapshot of the sandbox's workspace, env and runtime, as they are now."""
+        engine = self.engine
+        if not engine.driver.capabilities.files:
+            raise NotSupported(f"driver {engine.driver.name} cannot read sandbox files, so cannot snapshot them")
+        sb = await engine._wait_not_creating(sandbox_id)
+        if sb.status.is_final:
+            raise IllegalTransition(f"sandbox {sandbox_id} is {sb.status.value}; only a live sandbox can be snapshotted",
+                                    sandbox_id=sandbox_id)
+        name = check_name(name) if name is not None else _default_name(sb.spec.name, sandbox_id)
+        tag = check_tag(tag) if tag is not None else DEFAULT_TAG
+        snapshot_id = ids.new_id("snapshot")
+        engine.touch(sandbox_id)
+        await self.archives.save(snapshot_id, archives.tar_gz(engine.driver, sandbox_id, WORKSPACE))
+        try:
+            files = await asyncio.to_thread(scan, self.archives.path(snapshot_id), self.limits)
+            parent = sb.spec.snapshot_id
+            await self._append(snapshot_id, SnapshotCreated(
+                name=name, runtime=sb.spec.runtime, runtime_id=sb.spec.runtime_id, tag=tag, description=description,
+                public=public, source_sandbox_id=sandbox_id, parent_snapshot_id=parent,
+                size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=dict(sb.spec.env),
+                api_key_id=api_key_id,
+            ))
+        except BaseException:
+            self.archives.remove(snapshot_id)
+            raise
+        await self._take_tag(snapshot_id, name, tag)
+        return await self.get(snapshot_id)
+
+    async def set_tag(self, snapshot_id: str, tag: str | None) -> Snapshot:
+        snap = await self.get(snapshot_id)
+        if tag is not None:
+            check_tag(tag)
+        await self._append(snapshot_id, SnapshotTagged(tag=tag))
+        if tag is not None:
+            await self._take_tag(snapshot_id, snap.name, tag)
+        return await self.get(snapshot_id)
+
+    async def delete(self, snapshot_id: str) -> None:
+        snap = await self.engine.store.get_snapshot(snapshot_id)
+        if snap is None or snap.status is SnapshotStatus.DELETED:
+            raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
+        await self._append(snapshot_id, SnapshotDeleted())
+        self.archives.remove(snapshot_id)
+
+    async def build_init(self, *, runtime: str, name: str | None, tag: str | None, description: str | None,
+                         message: str | None, content_hash: str | None, force: bool, public: bool,
+                         api_key_id: str | None) -> tuple[Snapshot | None, Snapshot | None]:
+        """(the new building snapshot, None) or, unchanged content without force, (None, existing)."""
+        recipe = runtimes.find(runtime)
+        if recipe is None:
+            known = ", ".join(r.name for r in runtimes.CATALOG)
+            raise RuntimeNotFound(f"runtime: unknown runtime {runtime!r}; known runtimes: {known}", field="runtime")
+        name = check_name(name) if name is not None else recipe.name.replace(":", "-").replace(".", "_")
+        tag = check_tag(tag) if tag is not None else DEFAULT_TAG
+        if content_hash is not None and (not isinstance(content_hash, str) or len(content_hash) > 128):
+            raise InvalidInput("contentHash: expected a hash string", field="contentHash")
+        if content_hash and not force:
+            found, _ = await self.list(SnapshotQuery(name=name, content_hash=content_hash, limit=1))
+            if found:
+                return None, found[0]
+        snapshot_id = ids.new_id("snapshot")
+        await self._append(snapshot_id, SnapshotCreated(
+            name=name, runtime=recipe.name, runtime_id=recipe.id, ready=False, tag=tag, description=description,
+            message=message, public=public, content_hash=content_hash, api_key_id=api_key_id,
+        ))
+        return await self.get(snapshot_id, include_building=True), None
+
+    async def upload(self, snapshot_id: str, body: AsyncIterable[bytes], max_bytes: int) -> Snapshot:
+        snap = await self.get(snapshot_id, include_building=True)
+        if snap.status is not SnapshotStatus.BUILDING:
+            raise IllegalTransition(f"snapshot {snapshot_id} is {snap.status.value}; its content cannot change",
+                                    snapshot_id=snapshot_id)
+        await self.archives.save(snapshot_id, body, max_bytes)
+        return snap
+
+    async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
+                       dependencies: list[str], packages: list[str]) -> Snapshot:
+        snap = await self.get(snapshot_id, include_building=True)
+        if snap.status is not SnapshotStatus.BUILDING:
+            raise IllegalTransition(f"snapshot {snapshot_id} is already {snap.status.value}", snapshot_id=snapshot_id)
+        for key, wanted in (("dependencies", dependencies), ("packages", packages)):
+            if wanted:
+                raise InvalidInput(f"{key}: installing {key} into a snapshot is not available on this server yet",
+                                   field=key)
+        path = self.archives.path(snapshot_id)
+        if path.exists():
+            files = await asyncio.to_thread(scan, path, self.limits)
+        else:
+            if not env:
+                raise InvalidInput(f"snapshot {snapshot_id}: no archive was uploaded (PUT /sandbox/snapshots/"
+                                   f"{snapshot_id}/upload) and there is no env to keep", field="archive")
+            files = ()
+        await self._append(snapshot_id, SnapshotFinalized(
+            size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=env, metadata=metadata,
+        ))
+        await self._take_tag(snapshot_id, snap.name, snap.tag)
+        return await self.get(snapshot_id)
+
+    async def seed(self, sandbox_id: str, snapshot_id: str) -> None:
+        """Unpack a snapshot's workspace into a sandbox being created (through the driver, as
+        its user, with the upload checks)."""
+        path = self.archives.path(snapshot_id)
+        snap = await self.get(snapshot_id)
+        if snap.file_count == 0 and not path.exists():
+            return  # an env-only build: nothing to unpack
+        try:
+            fh = await asyncio.to_thread(open, path, "rb")
+        except FileNotFoundError as err:
+            raise SnapshotNotFound(f"snapshot {snapshot_id}: its archive is gone (deleted meanwhile?)") from err
+        with fh:
+            await archives.extract(self.engine.driver, sandbox_id, WORKSPACE, "tar.gz", fh, self.limits)
+
+    # ---------------------------------------------------------------- helpers
+
+    async def _append(self, snapshot_id: str, payload: object) -> None:
+        async with self.engine._lock(snapshot_id):
+            await self.engine._append(snapshot_id, [payload])
+
+    async def _take_tag(self, snapshot_id: str, name: str, tag: str | None) -> None:
+        """A name:tag names one snapshot: the one that just took it; older holders lose it."""
+        if tag is None:
+            return
+        others, _ = await self.list(SnapshotQuery(name=name, tag=tag, ready_only=False, limit=1000))
+        for other in others:
+            if other.snapshot_id != snapshot_id:
+                await self._append(other.snapshot_id, SnapshotTagged(tag=None))
+
+
+def _default_name(sandbox_name: str | None, sandbox_id: str) -> str:
+    if sandbox_name:
+        with contextlib.suppress(InvalidInput):
+            return check_name(sandbox_name)
+    return sandbox_id
+
+
+def unchanged(snap: Snapshot) -> dict[str, object]:
+    return {"unchanged": True, "existingId": snap.snapshot_id, "existingName": snap.name,
+            "existingTag": snap.tag}
+
