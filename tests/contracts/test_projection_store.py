@@ -19,7 +19,14 @@ from core.events import (
     SnapshotFinalized,
     SnapshotTagged,
 )
-from core.models import ExecutionStatus, Mode, SandboxSpec, SandboxStatus, SnapshotFile, SnapshotStatus
+from core.models import (
+    ExecutionStatus,
+    Mode,
+    SandboxSpec,
+    SandboxStatus,
+    SnapshotFile,
+    SnapshotStatus,
+)
 from projections.base import ProjectionStore, SandboxQuery, SnapshotQuery
 from projections.memory import MemoryProjectionStore
 from projections.postgres import PostgresProjectionStore

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from core.errors import InvalidInput
-from core.events import Event, SandboxStarted, SnapshotCreated, SnapshotDeleted, SnapshotFinalized, SnapshotTagged
+from core.events import (
+    Event,
+    SandboxStarted,
+    SnapshotCreated,
+    SnapshotDeleted,
+    SnapshotFinalized,
+    SnapshotTagged,
+)
 from core.models import SnapshotStatus
 from core.snapshots import Ref, check_name, check_tag, evolve_snapshot, is_snapshot_event, parse_ref
 
