@@ -39,6 +39,9 @@ __all__ = [
     "SandboxList",
     "SandboxStatus",
     "SandboxStatusInfo",
+    "Snapshot",
+    "SnapshotFile",
+    "SnapshotLineageEntry",
     "SnapshotRef",
     "Timeouts",
     "converter",
@@ -121,6 +124,53 @@ class SnapshotRef:
     tag: str | None = None
     full_name: str | None = None
     public: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotFile:
+    path: str  # relative to the workspace
+    size: int
+    sha256: str
+    content_type: str = "application/octet-stream"
+    mode: int = 0o644
+
+
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    """A reusable base for new sandboxes: a runtime, a workspace archive, env and metadata."""
+
+    snapshot_id: str
+    name: str
+    created_at: str
+    size_bytes: int = 0
+    file_count: int = 0
+    runtime_id: str | None = None
+    runtime: str | None = None
+    full_name: str | None = None
+    description: str | None = None
+    message: str | None = None
+    tag: str | None = None
+    parent_snapshot_id: str | None = None
+    source_sandbox_id: str | None = None
+    public: bool = False
+    status: str = "ready"
+    files: list[SnapshotFile] | None = None
+    env: dict[str, str] | None = None
+    user_metadata: dict[str, str] | None = None
+    download_url: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotLineageEntry:
+    snapshot_id: str
+    name: str
+    created_at: str
+    public: bool = False
+    deleted: bool = False
+    full_name: str | None = None
+    message: str | None = None
+    tag: str | None = None
+    parent_snapshot_id: str | None = None
 
 
 @attrs.frozen(kw_only=True)

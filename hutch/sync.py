@@ -42,6 +42,8 @@ from hutch.models import (
     SandboxInfo,
     SandboxList,
     SandboxStatusInfo,
+    Snapshot,
+    SnapshotLineageEntry,
     UploadResult,
 )
 
@@ -451,6 +453,35 @@ class SyncSandboxClient:
 
     def stats(self, *, start: str | None = None, end: str | None = None) -> dict[str, Any]:
         return self._portal.call(self.aio.stats(start=start, end=end))
+
+    def create_snapshot(self, sandbox_id: str, *, name: str | None = None, tag: str | None = None,
+                        description: str | None = None, public: bool | None = None) -> Snapshot:
+        return self._portal.call(self.aio.create_snapshot(
+            sandbox_id, name=name, tag=tag, description=description, public=public))
+
+    def get_snapshot(self, snapshot: str) -> Snapshot:
+        return self._portal.call(self.aio.get_snapshot(snapshot))
+
+    def list_snapshots(self, *, sandbox_id: str | None = None, limit: int | None = None, offset: int | None = None,
+                       sort: str | None = None, direction: str | None = None) -> tuple[list[Snapshot], int]:
+        return self._portal.call(self.aio.list_snapshots(
+            sandbox_id=sandbox_id, limit=limit, offset=offset, sort=sort, direction=direction))
+
+    def tag_snapshot(self, snapshot_id: str, tag: str | None) -> Snapshot:
+        return self._portal.call(self.aio.tag_snapshot(snapshot_id, tag))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._portal.call(self.aio.delete_snapshot(snapshot_id))
+
+    def snapshot_lineage(self, *, snapshot: str | None = None, name: str | None = None, tag: str | None = None,
+                         limit: int | None = None) -> list[SnapshotLineageEntry]:
+        return self._portal.call(self.aio.snapshot_lineage(snapshot=snapshot, name=name, tag=tag, limit=limit))
+
+    def download_snapshot(self, snapshot_id: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        return self._portal.call(self.aio.download_snapshot(snapshot_id, dest))
+
+    def build_snapshot(self, runtime: str, archive: _transfer.Source | None, **kw: Any) -> tuple[Snapshot, bool]:
+        return self._portal.call(self.aio.build_snapshot(runtime, archive, **kw))
 
     def iter_archive(
         self, sandbox_id: str, *, path: str | None = None, format: str = "tar.gz"

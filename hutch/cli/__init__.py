@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hutch.cli import _checkpoints  # checkpoint (ckpt), stats
 
     _checkpoints.add_parsers(sb)
+    from hutch.cli import _snapshots  # snapshot (snap)
+
+    _snapshots.add_parsers(sb)
     return parser
 
 
