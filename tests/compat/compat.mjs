@@ -10,7 +10,16 @@
 
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
-import { SandboxClient } from '@agentuity/core/sandbox';
+import { APIClient, createMinimalLogger } from '@agentuity/core';
+import {
+	SandboxClient,
+	snapshotBuildFinalize,
+	snapshotBuildInit,
+	snapshotPublicGet,
+	snapshotPublicList,
+	snapshotUpload,
+} from '@agentuity/core/sandbox';
+import { gzipSync } from 'node:zlib';
 
 const URL_ = process.env.HUTCH_URL;
 const API_KEY = process.env.HUTCH_API_KEY;
@@ -468,6 +477,132 @@ if (EXTENDED) {
 		const after = (await client.get(state.sbx.id)).status;
 		assert.ok(['idle', 'running'].includes(after), after);
 	}, { needs: ['sbx'] });
+}
+
+// ---- snapshots (the workspace is read through the file primitives: extended drivers only)
+
+if (EXTENDED) {
+
+	/** A one-file ustar archive, gzipped: what `agentuity cloud sandbox snapshot build` uploads. */
+	function tarGz(name, text) {
+		const body = enc(text);
+		const header = Buffer.alloc(512, 0);
+		header.write(name, 0, 'utf-8');
+		header.write('0000644\0', 100);
+		header.write('0000000\0', 108);
+		header.write('0000000\0', 116);
+		header.write(body.length.toString(8).padStart(11, '0') + '\0', 124);
+		header.write('00000000000\0', 136);
+		header.write('        ', 148);
+		header.write('0', 156);
+		header.write('ustar\0', 257);
+		header.write('00', 263);
+		let sum = 0;
+		for (const b of header) sum += b;
+		header.write(sum.toString(8).padStart(6, '0') + '\0 ', 148);
+		const pad = Buffer.alloc((512 - (body.length % 512)) % 512, 0);
+		return gzipSync(Buffer.concat([header, body, pad, Buffer.alloc(1024, 0)]));
+	}
+
+	async function catIn(sandbox, path) {
+		const ex = await sandbox.execute({ command: ['cat', path] });
+		return await readUrl(ex.stdoutStreamUrl, `cat ${path}`);
+	}
+
+	await check('snapshots: createSnapshot, create({snapshot}) restores files and env, get/list', async () => {
+		const src = await client.create({ runtime: RUNTIME, env: { FROM_SNAP: 'yes' } });
+		await src.writeFiles([{ path: 'snap/a.txt', content: enc('in the snapshot\n') }]);
+		const snap = await client.createSnapshot(src.id, { name: 'compat', tag: 'v1', description: 'compat run' });
+		assert.ok(snap.snapshotId.startsWith('snp_'), snap.snapshotId);
+		assert.equal(snap.name, 'compat');
+		assert.equal(snap.tag, 'v1');
+		assert.equal(snap.fileCount, 1);
+		assert.ok(isIso(snap.createdAt), snap.createdAt);
+		const child = await client.create({ snapshot: snap.snapshotId });
+		assert.equal(await catIn(child, 'snap/a.txt'), 'in the snapshot\n');
+		const ex = await child.execute({ command: ['bash', '-c', 'echo $FROM_SNAP'] });
+		assert.equal(await readUrl(ex.stdoutStreamUrl, 'env'), 'yes\n');
+		const byName = await client.create({ snapshot: 'compat:v1' });
+		assert.equal(await catIn(byName, 'snap/a.txt'), 'in the snapshot\n');
+		const got = await client.getSnapshot(snap.snapshotId);
+		assert.equal(got.files?.[0]?.path, 'snap/a.txt');
+		assert.equal(got.files?.[0]?.size, 16);
+		const listed = await client.listSnapshots({ sandboxId: src.id });
+		assert.deepEqual(listed.snapshots.map((s) => s.snapshotId), [snap.snapshotId]);
+		assert.equal(listed.total, 1);
+		const made = await client.list({ snapshotId: snap.snapshotId });
+		assert.equal(made.total, 2, `sandboxes made from the snapshot: ${made.total}`);
+		state.snap = snap;
+		state.snapChild = child;
+		await src.destroy();
+		await byName.destroy();
+	});
+
+	await check('snapshots: both snapshot and runtime -> client-side error; unknown snapshot -> 404', async () => {
+		const err = await rejects(client.create({ snapshot: 'snp_whatever', runtime: RUNTIME }), 'both');
+		const said = `${err.message} ${JSON.stringify(err.issues ?? '')}`;
+		assert.ok(/snapshot/.test(said), said); // the client's own validation, before any request
+		// Raw wire too: the server refuses it by itself, naming the field.
+		const resp = await fetch(`${URL_}/sandbox`, {
+			method: 'POST',
+			headers: { Authorization: `Bearer ${API_KEY}`, 'Content-Type': 'application/json' },
+			body: JSON.stringify({ snapshot: state.snap?.snapshotId ?? 'x:y', runtime: RUNTIME }),
+		});
+		assert.equal(resp.status, 400);
+		assert.equal((await resp.json()).field, 'snapshot');
+		assertApiError(await rejects(client.create({ snapshot: 'nosuch:tag' }), 'unknown'), 404, 'unknown snapshot');
+		assertApiError(await rejects(client.getSnapshot('snp_compatdoesnotexist00'), 'get'), 404, 'getSnapshot');
+	}, { needs: ['snap'] });
+
+	await check('snapshots: tagSnapshot, getSnapshotLineage, deleteSnapshot', async () => {
+		await state.snapChild.writeFiles([{ path: 'snap/b.txt', content: enc('second') }]);
+		const second = await client.createSnapshot(state.snapChild.id, { name: 'compat', tag: 'v2' });
+		assert.equal(second.parentSnapshotId, state.snap.snapshotId);
+		const lineage = await client.getSnapshotLineage({ snapshot: second.snapshotId });
+		assert.deepEqual(lineage.lineage.map((e) => e.snapshotId), [second.snapshotId, state.snap.snapshotId]);
+		assert.equal(lineage.total, 2);
+		const tagged = await client.tagSnapshot(state.snap.snapshotId, 'stable');
+		assert.equal(tagged.tag, 'stable');
+		const cleared = await client.tagSnapshot(state.snap.snapshotId, null);
+		assert.ok(cleared.tag === undefined || cleared.tag === null, `tag after clear: ${cleared.tag}`);
+		await client.deleteSnapshot(state.snap.snapshotId);
+		assertApiError(await rejects(client.getSnapshot(state.snap.snapshotId), 'get deleted'), 404, 'deleted');
+		const after = await client.getSnapshotLineage({ name: 'compat', tag: 'v2' });
+		assert.deepEqual(after.lineage.map((e) => !!e.deleted), [false, true]);
+		await client.deleteSnapshot(second.snapshotId);
+		await state.snapChild.destroy();
+	}, { needs: ['snap'] });
+
+	await check('snapshots: build init -> upload (client and presigned URL) -> finalize; public get/list', async () => {
+		const api = new APIClient(URL_, createMinimalLogger(), API_KEY, { maxRetries: 0 });
+		const init = await snapshotBuildInit(api, { runtime: RUNTIME, name: 'compat-built', contentHash: 'h1', public: true });
+		assert.ok(init.snapshotId?.startsWith('snp_'), JSON.stringify(init));
+		const archive = tarGz('tool.txt', 'built\n');
+		const up = await snapshotUpload(api, { snapshotId: init.snapshotId, body: archive, contentLength: archive.length });
+		assert.equal(up.success, true);
+		// The presigned uploadUrl works with no key at all.
+		const put = await fetch(init.uploadUrl, { method: 'PUT', body: archive, headers: { 'Content-Type': 'application/gzip' } });
+		assert.equal(put.status, 200, `PUT uploadUrl -> ${put.status}`);
+		const done = await snapshotBuildFinalize(api, {
+			snapshotId: init.snapshotId, sizeBytes: archive.length, fileCount: 1,
+			files: [{ path: 'tool.txt', size: 6, sha256: '', contentType: 'text/plain', mode: 0o644 }],
+			env: { BUILT: '1' }, metadata: { by: 'compat' },
+		});
+		assert.equal(done.fileCount, 1);
+		assert.deepEqual(done.userMetadata, { by: 'compat' });
+		const again = await snapshotBuildInit(api, { runtime: RUNTIME, name: 'compat-built', contentHash: 'h1' });
+		assert.equal(again.unchanged, true);
+		assert.equal(again.existingId, init.snapshotId);
+		const anon = new APIClient(URL_, createMinimalLogger(), '', { maxRetries: 0 });
+		const pub = await snapshotPublicGet(anon, { snapshotRef: 'compat-built:latest' });
+		assert.equal(pub.snapshotId, init.snapshotId);
+		const pubList = await snapshotPublicList(anon, {});
+		assert.ok(pubList.snapshots.some((s) => s.snapshotId === init.snapshotId));
+		const sbx = await client.create({ snapshot: init.snapshotId });
+		assert.equal(await catIn(sbx, 'tool.txt'), 'built\n');
+		await sbx.destroy();
+		await client.deleteSnapshot(init.snapshotId);
+	});
 }
 
 // ---- errors
