@@ -12,6 +12,7 @@ import asyncio
 import json
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 import urllib.request
@@ -44,6 +45,15 @@ def sh(*cmd: str) -> None:
 @pytest.fixture
 def fake_internet() -> Iterator[tuple[str, int]]:
     """An HTTP server in its own network namespace, routed from the host: "the internet"."""
+    # An earlier run that was killed leaves its fake internet behind: its route to the same
+    # /24 would win, and the sandbox would reach a namespace where nothing listens.
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for name in {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}:
+        if name.startswith("tinet"):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+    for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("hutch-inet-"):
+            subprocess.run(["ip", "netns", "del", line.split()[0]], capture_output=True)
     tag = uuid.uuid4().hex[:6]
     ns, veth = f"hutch-inet-{tag}", f"tinet{tag}"
     sh("ip", "netns", "add", ns)
@@ -55,14 +65,22 @@ def fake_internet() -> Iterator[tuple[str, int]]:
         for cmd in (["ip", "addr", "add", f"{INET_SERVER}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                     ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", INET_HOST]):
             sh("ip", "netns", "exec", ns, *cmd)
-        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-m", "http.server", "8080", "--bind", INET_SERVER],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(100):
-            if subprocess.run(["ip", "netns", "exec", ns, "python3", "-c",
-                               f"import socket; socket.create_connection(('{INET_SERVER}', 8080), 1)"],
-                              capture_output=True).returncode == 0:
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8080",
+                                   "--bind", INET_SERVER],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Ready means reachable from the host's own namespace, the way sandbox traffic goes:
+        # a test that starts before the server listens would see "connection refused".
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection((INET_SERVER, 8080), 1).close()
                 break
-            time.sleep(0.05)
+            except OSError as err:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    stderr = server.stderr.read().decode(errors="replace") if server.poll() is not None else ""
+                    raise AssertionError(f"the fake internet never served on {INET_SERVER}:8080 ({err}); "
+                                         f"server exit {server.poll()}: {stderr}\n{network_state()}") from err
+                time.sleep(0.05)
         yield INET_SERVER, 8080
     finally:
         if server is not None:
@@ -70,6 +88,15 @@ def fake_internet() -> Iterator[tuple[str, int]]:
             server.wait()
         subprocess.run(["ip", "link", "del", veth], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def network_state() -> str:
+    """What the host's routing and firewall looked like: for failure messages."""
+    out = []
+    for cmd in (["ip", "-4", "route"], ["ip", "-4", "-o", "addr"], ["iptables-save"], ["sysctl", "net.ipv4.ip_forward"]):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        out.append(f"$ {' '.join(cmd)}\n{done.stdout}{done.stderr}")
+    return "\n".join(out)
 
 
 @pytest.fixture
@@ -133,7 +160,7 @@ async def test_network_reaches_the_internet_but_not_the_host_or_other_sandboxes(
             (INET_HOST, host_server), (str(network.GATEWAY), host_server), ("169.254.169.254", 80),
             (other_ip, other_port), ("127.0.0.1", host_server)]
         seen = await probe(driver, sid, [fake_internet, *forbidden])
-        assert seen[inet].startswith("open HTTP/1."), seen
+        assert seen[inet].startswith("open HTTP/1."), f"{seen}\n{network_state()}"
         for host, port in forbidden:
             assert not seen[f"{host}:{port}"].startswith("open"), (host, port, seen)
         # Without network: loopback only, nothing reachable.
@@ -161,7 +188,7 @@ async def test_destroy_and_restore_keep_the_network_right(driver: LocalDriver, f
     await driver.checkpoint(sid, "ckpt_net")
     await driver.restore(sid, "ckpt_net")
     seen = await probe(driver, sid, [fake_internet])
-    assert next(iter(seen.values())).startswith("open"), seen
+    assert next(iter(seen.values())).startswith("open"), f"{seen}\n{network_state()}"
     await driver.destroy(sid)
     for _ in range(100):
         if veth not in {n for _, n in socket.if_nameindex()}:
