@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fcntl
 import os
 import subprocess
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 
-from core.errors import DriverFailure, FileNotFound, InvalidInput, PayloadTooLarge, SandboxNotFound
+from core.errors import DriverFailure, InvalidInput, SandboxNotFound
 from drivers.base import FileInfo
+from drivers.fserrors import from_errno
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -191,28 +191,7 @@ class FilesMixin:
         kind, _, rest = status.strip().partition("\t")
         if kind == "errno":
             num_text, _, message = rest.partition("\t")
-            num = int(num_text) if num_text.isdigit() else 0
-            if num == errno.ENOENT:
-                if op in ("write", "mkdir", "symlink"):
-                    return FileNotFound(f"path: the directory of {path} does not exist", field="path")
-                return FileNotFound(f"path: {path} does not exist in sandbox {sandbox_id}", field="path")
-            if num == errno.EISDIR:
-                if op == "rm":
-                    return InvalidInput(f"path: {path} is a directory; remove it as a directory", field="path")
-                return InvalidInput(f"path: {path} is a directory", field="path")
-            if num == errno.ENOTEMPTY:
-                return InvalidInput(f"path: directory {path} is not empty; remove it recursively", field="path")
-            if num == errno.ENOTDIR:
-                if op == "rm":
-                    return InvalidInput(f"path: {path} is not a directory", field="path")
-                return InvalidInput(f"path: {path}: {message}", field="path")
-            if num == errno.EEXIST:
-                return InvalidInput(f"path: {path} exists and is not a directory", field="path")
-            if num == errno.EINVAL and op in ("read", "write"):
-                return InvalidInput(f"path: {path} is not a regular file", field="path")
-            if num in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                return PayloadTooLarge(f"path: {path}: {message.partition(': ')[2] or message}")
-            return InvalidInput(f"path: {path}: {message.partition(': ')[2] or message}", field="path")
+            return from_errno(op, path, int(num_text) if num_text.isdigit() else 0, message, sandbox_id)
         if kind == "cwd":
             return InvalidInput(f"the sandbox's home directory is gone ({rest})", field="path")
         if self._load(sandbox_id) is None:  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ import asyncio
 import base64
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -141,8 +141,8 @@ class NomadClient:
         task: str,
         command: Sequence[str],
         *,
-        stdin: bytes | None,
-        on_output: Callable[[str, bytes], None],
+        stdin: bytes | AsyncIterable[bytes] | None,
+        on_output: Callable[[str, bytes], Awaitable[None] | None],
         stop: asyncio.Event,
         kill: Callable[[], Awaitable[None]],
     ) -> int | None:
@@ -150,6 +150,9 @@ class NomadClient:
 
         When ``stop`` is set first, ``kill`` is awaited (it must end the command) and the
         exit is still read, for at most ``KILL_GRACE`` seconds; None if it never came.
+        ``stdin`` may be streamed (an async iterable); ``on_output`` may return an awaitable,
+        which is awaited before the next frame is read: a slow consumer slows the command
+        (through the websocket's flow control) instead of piling its output up in memory.
         """
         query = urllib.parse.urlencode({"task": task, "tty": "false", "command": json.dumps(list(command))})
         url = f"{self.address}/v1/client/allocation/{alloc_id}/exec?{query}"
@@ -188,7 +191,9 @@ class NomadClient:
                         for stream in ("stdout", "stderr"):
                             part = frame.get(stream)
                             if part and part.get("data"):
-                                on_output(stream, base64.b64decode(part["data"]))
+                                pending = on_output(stream, base64.b64decode(part["data"]))
+                                if pending is not None:
+                                    await pending
                         if frame.get("exited"):
                             return int((frame.get("result") or {}).get("exit_code", 0))
                     elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
@@ -204,9 +209,17 @@ class NomadClient:
                 await asyncio.gather(feeder, stopper, return_exceptions=True)
 
     @staticmethod
-    async def _feed(ws: aiohttp.ClientWebSocketResponse, stdin: bytes | None) -> None:
-        data = stdin or b""
-        for start in range(0, len(data), STDIN_CHUNK):
-            chunk = base64.b64encode(data[start:start + STDIN_CHUNK]).decode()
-            await ws.send_str(json.dumps({"stdin": {"data": chunk}}))
+    async def _feed(ws: aiohttp.ClientWebSocketResponse, stdin: bytes | AsyncIterable[bytes] | None) -> None:
+        async def pieces() -> AsyncIterator[bytes]:
+            if stdin is None or isinstance(stdin, bytes):
+                data = stdin or b""
+                for start in range(0, len(data), STDIN_CHUNK):
+                    yield data[start:start + STDIN_CHUNK]
+                return
+            async for block in stdin:
+                for start in range(0, len(block), STDIN_CHUNK):
+                    yield block[start:start + STDIN_CHUNK]
+
+        async for piece in pieces():
+            await ws.send_str(json.dumps({"stdin": {"data": base64.b64encode(piece).decode()}}))
         await ws.send_str(json.dumps({"stdin": {"close": True}}))

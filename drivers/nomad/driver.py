@@ -15,7 +15,8 @@
   plugin understands (``hutch-exec:v1`` + JSON env/cwd), because the exec API itself
   carries only argv. Timeout and cancel close the websocket; Nomad then cancels the
   exec and the plugin kills the process and its descendants.
-- **Files**: a tar stream unpacked by ``tar`` inside the sandbox, as the sandbox user.
+- **Files**: create-time files are a tar stream unpacked by ``tar`` inside the sandbox, as
+  the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``.
 - **Warm pools** (``pool_sizes``): idle allocations placed ahead of time per runtime,
   with the default resources; a create that asks for nothing else claims one (no
   scheduling on the request path) and a background task refills the pool.
@@ -72,6 +73,7 @@ from drivers.base import (
 )
 from drivers.nomad import images
 from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
+from drivers.nomad.files import NomadFiles
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(Driver):
+class NomadDriver(NomadFiles, Driver):
     name = "nomad"
 
     def __init__(
@@ -145,7 +147,7 @@ class NomadDriver(Driver):
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=False,
-            pause=True, files=True, kernel_isolation=True)
+            pause=True, files=True, checkpoints=True, kernel_isolation=True)
         self.pool_sizes = dict(pool_sizes or {})
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._available: set[str] = set()
@@ -524,6 +526,7 @@ class NomadDriver(Driver):
                 self._sandboxes.pop(sandbox_id, None)
                 self._paused.discard(sandbox_id)
                 self._state_path(sandbox_id).unlink(missing_ok=True)
+                self._drop_checkpoints(sandbox_id)
                 self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
             finally:
                 self._destroying.discard(sandbox_id)

@@ -13,7 +13,7 @@ import pytest
 from tests.api.conftest import AUTH, Api
 
 
-@pytest.fixture(params=["fake", "local"])
+@pytest.fixture(params=["fake", "local", "nomad"])
 def driver_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

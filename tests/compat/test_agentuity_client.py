@@ -112,9 +112,9 @@ def profile_flags(request: pytest.FixtureRequest) -> Iterator[list[str]]:
     asyncio.run(drop_topics(log))
 
 
-# Drivers with every primitive the extended checks use (the nomad driver has no file-tree
-# operations yet, see issue 4/5 notes).
-FULL_FEATURED_DRIVERS = ("local",)
+# Drivers with every primitive the extended checks use (files, env, jobs, pause/resume,
+# snapshots): all of them now.
+FULL_FEATURED_DRIVERS = ("local", "nomad")
 
 
 @pytest.fixture(params=["local", "nomad"])

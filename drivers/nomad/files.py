@@ -1,0 +1,342 @@
+"""The nomad driver's file primitives and disk checkpoints, done inside the sandbox.
+
+Each primitive is one alloc exec of a small POSIX shell script (coreutils and findutils
+are in every runtime) running in the sandbox's container as the sandbox user, with the
+workspace as its working directory. So a path means exactly what it means to the
+sandbox's own commands: ``..``, absolute paths and planted symlinks can only reach what
+the sandbox could reach anyway, never the Nomad client's files.
+
+Failures come back as coreutils' words for an errno ("No such file or directory", …);
+they are mapped to the same errors the local driver raises (``drivers.fserrors``).
+Reads and writes stream through the exec websocket with flow control in both directions,
+and both wait for the script's "ok" before any content moves, so a bad path fails before
+an upload is sent.
+
+Disk checkpoints are tar archives of the workspace (the part of a container that outlives
+it), kept under the driver's data dir and unpacked back over an emptied workspace on
+restore. They are full copies: the API server and the Nomad client need not share a
+filesystem, so links or reflinks are not available here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.errors import CheckpointNotFound, DriverFailure, HutchError, InvalidInput, SandboxNotFound
+from drivers.base import FileInfo
+from drivers.fserrors import from_errno
+from drivers.nomad.client import ExecFailed
+
+if TYPE_CHECKING:
+    from drivers.nomad.driver import _Sandbox
+
+# The one script every primitive runs: $1 = op, $2 = path, then the op's own arguments.
+# fail() prints a strerror text, which the driver maps back to an errno.
+_SCRIPT = r"""
+fail() { printf 'hutch-fs: %s\n' "$1" >&2; exit 3; }
+op=$1; p=$2; shift 2
+[ -n "$p" ] || p=.
+case $op in
+read)
+  [ -e "$p" ] || fail "No such file or directory"
+  [ -d "$p" ] && fail "Is a directory"
+  [ -f "$p" ] || fail "Invalid argument"
+  [ -r "$p" ] || fail "Permission denied"
+  printf 'ok\n'
+  exec cat -- "$p" ;;
+write)
+  d=$(dirname -- "$p")
+  if [ "$2" = 1 ] && [ ! -d "$d" ]; then mkdir -p -- "$d" || exit 3; fi
+  [ -d "$d" ] || fail "No such file or directory"
+  [ -d "$p" ] && fail "Is a directory"
+  if [ -e "$p" ] && [ ! -f "$p" ]; then fail "Invalid argument"; fi
+  : > "$p" || exit 3
+  printf 'ok\n'
+  cat > "$p" || exit 3
+  chmod "$1" -- "$p" || exit 3 ;;
+list)
+  if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
+  if [ -d "$p" ]; then
+    find "$p/" -mindepth 1 -maxdepth 1 -printf '%y %m %s %T@\0%f\0%l\0' || exit 3
+  else
+    find "$p" -maxdepth 0 -printf '%y %m %s %T@\0%f\0%l\0' || exit 3
+  fi ;;
+mkdir)
+  [ -d "$p" ] && exit 0
+  if [ -e "$p" ] || [ -L "$p" ]; then fail "File exists"; fi
+  if [ "$1" = 1 ]; then mkdir -p -- "$p" || exit 3; else mkdir -- "$p" || exit 3; fi ;;
+rm)
+  if [ ! -e "$p" ] && [ ! -L "$p" ]; then printf 'absent\n'; exit 0; fi
+  if [ "$1" = 1 ]; then
+    if [ ! -d "$p" ] || [ -L "$p" ]; then fail "Not a directory"; fi
+    if [ "$2" = 1 ]; then rm -rf -- "$p" || exit 3; else rmdir -- "$p" || exit 3; fi
+  else
+    if [ -d "$p" ] && [ ! -L "$p" ]; then fail "Is a directory"; fi
+    rm -f -- "$p" || exit 3
+  fi
+  printf 'removed\n' ;;
+symlink)
+  ln -s -- "$1" "$p" || exit 3 ;;
+*) fail "Invalid argument" ;;
+esac
+"""
+
+_ERRNOS = {os.strerror(n): n for n in (
+    errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY, errno.EACCES, errno.EPERM,
+    errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EINVAL, errno.ELOOP, errno.ENAMETOOLONG,
+)}
+_TYPE_BITS = {"f": 0o100000, "d": 0o040000, "l": 0o120000, "p": 0o010000, "s": 0o140000, "c": 0o020000,
+              "b": 0o060000}
+_QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is slowed down
+
+
+def _check_path(path: str, field: str = "path") -> str:
+    if "\0" in path or len(path) > 4096:
+        raise InvalidInput(f"{field}: not a usable path: {path[:100]!r}", field=field)
+    return path
+
+
+class NomadFiles:
+    """Mixed into NomadDriver: needs ``_running``, ``_check_not_paused``, ``_client``,
+    ``_env``, ``_kill``, ``_sandboxes`` and ``state_dir``."""
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _fs(
+        self,
+        sb: _Sandbox,
+        op: str,
+        path: str,
+        *args: str,
+        stdin: AsyncIterable[bytes] | None = None,
+        on_stdout: Callable[[bytes], Awaitable[None]] | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> tuple[int | None, bytes, bytes]:
+        """Run the script; (exit code or None if it was stopped, stdout if not streamed, stderr)."""
+        from drivers.nomad.driver import ENVELOPE, HOME, TASK
+
+        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        tag = f"f-{uuid.uuid4().hex}"
+        envelope = json.dumps({"env": self._env(sb, {}), "cwd": HOME, "tag": tag})  # type: ignore[attr-defined]
+        out, err = bytearray(), bytearray()
+
+        async def on_output(stream: str, data: bytes) -> None:
+            if stream == "stderr":
+                err.extend(data)
+                del err[:-8192]
+            elif on_stdout is not None:
+                await on_stdout(data)
+            else:
+                out.extend(data)
+
+        try:
+            code = await self._client.exec(  # type: ignore[attr-defined]
+                sb.alloc_id, TASK, [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args],
+                stdin=stdin, on_output=on_output, stop=stop or asyncio.Event(),
+                kill=lambda: self._kill(sb, tag))  # type: ignore[attr-defined]
+        except ExecFailed as err_:
+            if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
+                raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
+            raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
+        return code, bytes(out), bytes(err)
+
+    def _failure(self, sb: _Sandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:
+        if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
+            return SandboxNotFound(f"sandbox {sb.id} was destroyed")
+        lines = stderr.decode(errors="replace").strip().splitlines()
+        message = lines[-1] if lines else ""
+        for text, num in _ERRNOS.items():
+            if message.endswith(text):
+                return from_errno(op, path, num, message, sb.id)
+        return DriverFailure(f"sandbox {sb.id}: file operation {op} on {path} failed "
+                             f"({message or f'exit {code}'})")
+
+    async def _simple(self, sandbox_id: str, op: str, path: str, *args: str) -> bytes:
+        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        code, out, err = await self._fs(sb, op, _check_path(path), *args)
+        if code != 0:
+            raise self._failure(sb, op, path, code, err)
+        return out
+
+    # ------------------------------------------------------------------ the primitives
+
+    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        _check_path(path)
+        queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_QUEUE_DEPTH)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(self._fs(sb, "read", path, on_stdout=queue.put, stop=stop))
+        head, started = b"", False
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    data = getter.result()
+                else:
+                    getter.cancel()
+                    if queue.empty():
+                        break
+                    data = queue.get_nowait()
+                if not started:
+                    head += data
+                    if len(head) < 3:
+                        continue
+                    if head[:3] != b"ok\n":
+                        raise DriverFailure(f"sandbox {sb.id}: unexpected answer reading {path}: {head[:40]!r}")
+                    started, data = True, head[3:]
+                if data:
+                    yield data
+            code, _, err = task.result()
+            if code != 0 or not started:
+                raise self._failure(sb, "read", path, code, err)
+        finally:
+            if not task.done():  # the reader went away: stop the cat
+                stop.set()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(task, 10)
+
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        _check_path(path)
+        ready, stop = asyncio.Event(), asyncio.Event()
+        total = 0
+        failed: list[BaseException] = []
+        head = bytearray()
+
+        async def on_stdout(data: bytes) -> None:
+            head.extend(data)
+            if head.startswith(b"ok\n"):
+                ready.set()
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal total
+            await ready.wait()  # the path checked out: only now does content move
+            try:
+                async for chunk in chunks:
+                    total += len(chunk)
+                    yield chunk
+            except BaseException as err:  # the upload itself failed: the file must not look complete
+                failed.append(err)
+                stop.set()
+                raise
+
+        code, _, err = await self._fs(sb, "write", path, "%o" % (mode & 0o777), "1" if parents else "0",
+                                      stdin=body(), on_stdout=on_stdout, stop=stop)
+        if failed:
+            with contextlib.suppress(HutchError):
+                await self._simple(sandbox_id, "rm", path, "0", "0")
+            raise failed[0]
+        if code != 0:
+            raise self._failure(sb, "write", path, code, err)
+        return total
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        out = await self._simple(sandbox_id, "list", path)
+        fields = out.split(b"\0")
+        entries = []
+        for i in range(0, len(fields) - 2, 3):
+            kind, perm, size, mtime = fields[i].decode().split(" ")
+            name, link = os.fsdecode(fields[i + 1]), os.fsdecode(fields[i + 2])
+            st_mode = _TYPE_BITS.get(kind, 0) | int(perm, 8)
+            entries.append(FileInfo(
+                name=name, size=int(size), is_dir=kind == "d", mode=st_mode, mod_time=float(mtime),
+                is_symlink=kind == "l", link_target=link if kind == "l" else None))
+        entries.sort(key=lambda e: e.name)
+        return entries
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        await self._simple(sandbox_id, "mkdir", path, "1" if parents else "0")
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        out = await self._simple(sandbox_id, "rm", path, "1" if directory else "0", "1" if recursive else "0")
+        return out.startswith(b"removed")
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        await self._simple(sandbox_id, "symlink", path, _check_path(target, "target"))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
+        if "/" in checkpoint_id or checkpoint_id.startswith("."):
+            raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
+        return self.state_dir / "checkpoints" / sandbox_id / f"{checkpoint_id}.tar"  # type: ignore[attr-defined]
+
+    async def _tar(self, sb: _Sandbox, argv: list[str], *, stdin: AsyncIterable[bytes] | None = None,
+                   on_stdout: Callable[[bytes], Awaitable[None]] | None = None) -> None:
+        from drivers.nomad.driver import ENVELOPE, HOME, TASK
+
+        tag = f"c-{uuid.uuid4().hex}"
+        envelope = json.dumps({"env": self._env(sb, {}), "cwd": HOME, "tag": tag})  # type: ignore[attr-defined]
+        err = bytearray()
+
+        async def on_output(stream: str, data: bytes) -> None:
+            if stream == "stderr":
+                err.extend(data)
+                del err[:-8192]
+            elif on_stdout is not None:
+                await on_stdout(data)
+
+        code = await self._client.exec(  # type: ignore[attr-defined]
+            sb.alloc_id, TASK, [ENVELOPE, envelope, *argv], stdin=stdin, on_output=on_output,
+            stop=asyncio.Event(), kill=lambda: self._kill(sb, tag))  # type: ignore[attr-defined]
+        if code != 0:
+            raise DriverFailure(f"sandbox {sb.id}: {argv[0]} failed (exit {code}): "
+                                f"{bytes(err).decode(errors='replace').strip()[-300:]}")
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        from drivers.nomad.driver import HOME
+
+        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        final = self._checkpoint_path(sandbox_id, checkpoint_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_suffix(".part")
+        fh = await asyncio.to_thread(open, tmp, "wb")
+        try:
+            with fh:
+                async def save(data: bytes) -> None:
+                    await asyncio.to_thread(fh.write, data)
+
+                await self._tar(sb, ["tar", "-C", HOME, "-cpf", "-", "."], on_stdout=save)
+                await asyncio.to_thread(fh.flush)
+                await asyncio.to_thread(os.fsync, fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        from drivers.nomad.driver import HOME
+
+        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        path = self._checkpoint_path(sandbox_id, checkpoint_id)
+        if not path.exists():
+            raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            fh = await asyncio.to_thread(open, path, "rb")
+            with fh:
+                while block := await asyncio.to_thread(fh.read, 1 << 20):
+                    yield block
+
+        await self._tar(sb, ["sh", "-c", 'find "$1" -mindepth 1 -delete && exec tar -C "$1" -xpf -', "restore", HOME],
+                        stdin=chunks())
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        self._checkpoint_path(sandbox_id, checkpoint_id).unlink(missing_ok=True)
+
+    def _drop_checkpoints(self, sandbox_id: str) -> None:
+        shutil.rmtree(self.state_dir / "checkpoints" / sandbox_id, ignore_errors=True)  # type: ignore[attr-defined]
