@@ -94,6 +94,7 @@ _ERRNOS = {os.strerror(n): n for n in (
     errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY, errno.EACCES, errno.EPERM,
     errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EINVAL, errno.ELOOP, errno.ENAMETOOLONG,
 )}
+_ERRNOS["Directory nonexistent"] = errno.ENOENT  # dash's words for a redirection into a missing directory
 _TYPE_BITS = {"f": 0o100000, "d": 0o040000, "l": 0o120000, "p": 0o010000, "s": 0o140000, "c": 0o020000,
               "b": 0o060000}
 _QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is slowed down

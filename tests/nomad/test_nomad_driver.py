@@ -123,3 +123,51 @@ async def test_memory_limit_holds_and_the_sandbox_survives(tmp_path: Path, limit
         await driver.destroy(sid)
     finally:
         await driver.close()
+
+
+async def test_file_primitives_stay_inside_the_container(tmp_path: Path) -> None:
+    """Paths resolve in the sandbox's own view: a planted symlink to a host path, ``..`` and
+    /proc tricks reach the container's files (or nothing), never the Nomad client's."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host only")
+    driver = await start_nomad(tmp_path / "data")
+    try:
+        sid = await provision(driver)
+        sink = Recorder()
+        await driver.exec(ExecRequest(new_id("ex"), sid, ["ln", "-s", str(secret), "planted"]), sink)
+        from core.errors import FileNotFound
+
+        for path in ("planted", str(secret), f"../../..{secret}", f"/proc/1/root{secret}"):
+            with pytest.raises(FileNotFound):
+                [c async for c in driver.read_file(sid, path)]
+        # Writes through the planted link land inside the container, not on the host.
+        async def once():  # type: ignore[no-untyped-def]
+            yield b"from the sandbox"
+        with pytest.raises(FileNotFound):  # the link's directory does not exist in the container
+            await driver.write_file(sid, "planted", once(), parents=False)
+        assert secret.read_text() == "host only"
+        # What the sandbox user cannot read in its own container, the API cannot either.
+        from core.errors import HutchError
+
+        with pytest.raises(HutchError):
+            [c async for c in driver.read_file(sid, "/etc/shadow")]
+        # Large files stream both ways.
+        size = 24 * 2**20
+
+        async def produce():  # type: ignore[no-untyped-def]
+            for _ in range(size // 2**20):
+                yield b"\x5a" * 2**20
+        assert await driver.write_file(sid, "big.bin", produce()) == size
+        got = 0
+        async for chunk in driver.read_file(sid, "big.bin"):
+            assert set(chunk) == {0x5A}
+            got += len(chunk)
+        assert got == size
+        # A reader that stops early stops the transfer; the sandbox goes on working.
+        it = driver.read_file(sid, "big.bin")
+        await it.__anext__()
+        await it.aclose()
+        assert await echo(driver, sid, "still here") == "still here\n"
+        await driver.destroy(sid)
+    finally:
+        await driver.close()
