@@ -19,7 +19,17 @@ from api import archives
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY, API_KEY_ID, CONFIG, ENGINE
 from api.output import OutputStore
-from api.routes import audit, checkpoints, files, jobs, proxy, sandboxes, snapshots, streams
+from api.routes import (
+    audit,
+    checkpoints,
+    files,
+    jobs,
+    metrics,
+    proxy,
+    sandboxes,
+    snapshots,
+    streams,
+)
 from api.service import Engine
 from core.errors import HutchError, InvalidInput, Unauthorized
 from core.eventlog.base import open_event_log
@@ -142,6 +152,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(checkpoints.routes)
     app.add_routes(files.routes)
     app.add_routes(jobs.routes)
+    app.add_routes(metrics.routes)
     app.add_routes(snapshots.routes)  # before sandboxes: /sandbox/snapshots is not a sandbox id
     app.add_routes(sandboxes.routes)
     app.add_routes(streams.routes)

@@ -86,6 +86,17 @@ class FileInfo:
     link_target: str | None = None
 
 
+@attrs.frozen
+class Metric:
+    """One sample for ``GET /metrics`` (Prometheus text format)."""
+
+    name: str  # hutch_…
+    value: float
+    kind: Literal["gauge", "counter"] = "gauge"
+    help: str = ""
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+
+
 class OutputSink(Protocol):
     """Where a running command's bytes go. Called from the event loop."""
 
@@ -196,6 +207,10 @@ class Driver(abc.ABC):
 
         Reachable from the server only; NotSupported when the sandbox (or driver) has none."""
         raise NotSupported(f"driver {self.name} cannot expose ports")
+
+    def metrics(self) -> list[Metric]:
+        """What the driver can tell about itself for ``GET /metrics`` (warm pools, …)."""
+        return []
 
     async def pause(self, sandbox_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot pause sandboxes")

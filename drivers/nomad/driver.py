@@ -67,6 +67,7 @@ from drivers.base import (
     ExecRequest,
     ExecResult,
     FileToWrite,
+    Metric,
     OutputSink,
     ProvisionRequest,
     Resources,
@@ -433,6 +434,19 @@ class NomadDriver(NomadFiles, Driver):
             "claims": self._pool_claims,
             "misses": self._pool_misses,
         }
+
+    def metrics(self) -> list[Metric]:
+        pools = self.pool_metrics()
+        out = [Metric("hutch_nomad_pool_claims_total", pools["claims"], "counter",
+                      "creates served from a warm pool"),
+               Metric("hutch_nomad_pool_misses_total", pools["misses"], "counter",
+                      "creates that had to be scheduled cold")]
+        for runtime, pool in sorted(pools["pools"].items()):
+            for key, text in (("target", "configured warm pool size"), ("ready", "idle allocations ready to claim"),
+                              ("starting", "allocations being placed to refill the pool")):
+                out.append(Metric(f"hutch_nomad_pool_{key}", pool[key], "gauge", text, {"runtime": runtime}))
+        out.append(Metric("hutch_nomad_sandboxes", len(self._sandboxes), "gauge", "sandboxes this driver runs"))
+        return out
 
     async def _refill_loop(self) -> None:
         while True:

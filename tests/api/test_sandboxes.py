@@ -9,7 +9,7 @@ import pytest
 import yarl
 
 from api.app import ENGINE
-from tests.api.conftest import Api
+from tests.api.conftest import AUTH, Api
 
 
 def b64(text: str) -> str:
@@ -244,3 +244,19 @@ async def test_provision_failure_is_recorded_not_half_made(make_api) -> None:  #
     (sb,), total = await engine.store.list_sandboxes(__import__("projections.base").base.SandboxQuery(include_deleted=True))
     assert total == 1 and sb.status.value == "failed" and "disk full" in sb.reason
     assert engine.driver.sandboxes == {}  # type: ignore[attr-defined]
+
+
+async def test_metrics_in_prometheus_text(api: Api) -> None:
+    sid = (await api.call("POST", "/sandbox", json={}, expect=201))["data"]["sandboxId"]
+    await api.call("POST", "/sandbox", json={}, expect=201)
+    await api.call("DELETE", f"/sandbox/{sid}")
+    resp = await api.client.get("/metrics", headers=AUTH)
+    text = await resp.text()
+    assert resp.status == 200 and resp.content_type == "text/plain", text
+    lines = text.splitlines()
+    assert 'hutch_sandboxes{status="idle"} 1' in lines and 'hutch_sandboxes{status="deleted"} 1' in lines
+    assert "# TYPE hutch_sandboxes gauge" in lines and text.count("# TYPE hutch_sandboxes ") == 1
+    position = next(int(x.split()[1]) for x in lines if x.startswith("hutch_event_log_position "))
+    assert position >= 5 and f"hutch_projection_position {position}" in lines  # read-your-writes
+    assert any(x.startswith("hutch_driver_info{driver=") for x in lines)
+    assert (await api.client.get("/metrics")).status == 401  # behind the key like the rest

@@ -43,6 +43,12 @@ async def test_create_claims_from_the_warm_pool_and_the_pool_refills(tmp_path: P
         assert took < 1.0, f"a claim took {took * 1000:.0f} ms"
         assert await echo(driver, sid, "warm") == "warm\n"
         await wait_for(lambda: pool()["ready"] == 2)  # refilled in the background
+        from api.routes.metrics import render
+
+        text = render(driver.metrics()).splitlines()  # what GET /metrics shows of the pools
+        assert 'hutch_nomad_pool_ready{runtime="base:latest"} 2' in text
+        assert 'hutch_nomad_pool_target{runtime="base:latest"} 2' in text
+        assert "hutch_nomad_pool_claims_total 1" in text and "# TYPE hutch_nomad_pool_claims_total counter" in text
         # A create with other resources cannot use the pool: it is scheduled cold.
         from drivers.base import Resources
 

@@ -1,0 +1,60 @@
+"""GET /metrics: Prometheus text format, behind the API key like everything but streams.
+
+The engine's view (sandboxes by status, snapshots, the log and projection positions)
+plus whatever the driver reports about itself (the nomad driver's warm pools)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from api.keys import ENGINE
+from core.models import SandboxStatus
+from drivers.base import Metric
+from projections.base import SandboxQuery, SnapshotQuery
+
+routes = web.RouteTableDef()
+
+
+def _line(m: Metric) -> str:
+    labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(m.labels.items()))
+    value = int(m.value) if float(m.value).is_integer() else m.value
+    return f"{m.name}{{{labels}}} {value}" if labels else f"{m.name} {value}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(metrics: list[Metric]) -> str:
+    """Prometheus exposition: one HELP/TYPE per name, its samples after it."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for m in sorted(metrics, key=lambda m: m.name):
+        if m.name not in seen:
+            seen.add(m.name)
+            if m.help:
+                out.append(f"# HELP {m.name} {m.help}")
+            out.append(f"# TYPE {m.name} {m.kind}")
+        out.append(_line(m))
+    return "\n".join(out) + "\n"
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    found: list[Metric] = []
+    for status in SandboxStatus:
+        _, total = await engine.store.list_sandboxes(SandboxQuery(status=status.value, limit=1,
+                                                                  include_deleted=True))
+        found.append(Metric("hutch_sandboxes", total, "gauge", "sandboxes by status", {"status": status.value}))
+    _, snapshots = await engine.store.list_snapshots(SnapshotQuery(limit=1))
+    found.append(Metric("hutch_snapshots", snapshots, "gauge", "ready snapshots"))
+    found.append(Metric("hutch_event_log_position", await engine.log.last_position(), "gauge",
+                        "position of the newest event in the log"))
+    found.append(Metric("hutch_projection_position", engine.projector.position, "gauge",
+                        "position of the newest event the projections hold"))
+    found.append(Metric("hutch_driver_info", 1, "gauge", "the driver this server runs sandboxes with",
+                        {"driver": engine.driver.name}))
+    found.extend(engine.driver.metrics())
+    return web.Response(text=render(found), content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
