@@ -229,6 +229,13 @@ class Engine:
         if spec.network.port is not None and not self.driver.capabilities.ports:
             raise NotSupported(f"network.port: driver {self.driver.name} cannot expose ports", field="network.port")
         sandbox_id = ids.new_id("sandbox")
+        if spec.dependencies or spec.packages:
+            if not self.driver.capabilities.installs:
+                field = "dependencies" if spec.dependencies else "packages"
+                raise NotSupported(f"{field}: driver {self.driver.name} cannot install dependencies or packages "
+                                   f"at create yet", field=field)
+            # Installing is where a bad package name shows: before the sandbox is recorded.
+            await self.driver.prepare(_provision_request(sandbox_id, spec))
         execution_id = ids.new_id("execution") if req.command else None
         await self._append(
             sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id)]
@@ -696,6 +703,8 @@ def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
         # The env travels with every exec instead (it can change: PATCH /sandbox/env),
         # so a removed variable is really gone.
         env={},
+        dependencies=spec.dependencies,
+        packages=spec.packages,
     )
 
 

@@ -37,7 +37,9 @@ from core.errors import (
 )
 from core.events import SnapshotCreated, SnapshotDeleted, SnapshotFinalized, SnapshotTagged
 from core.models import Snapshot, SnapshotFile, SnapshotStatus
+from core.packages import check_dependencies, check_packages
 from core.snapshots import DEFAULT_TAG, Ref, check_name, check_tag, parse_ref
+from drivers.base import ProvisionRequest
 from projections.base import SnapshotQuery
 
 if TYPE_CHECKING:
@@ -190,7 +192,7 @@ class Snapshots:
                 name=name, runtime=sb.spec.runtime, runtime_id=sb.spec.runtime_id, tag=tag, description=description,
                 public=public, source_sandbox_id=sandbox_id, parent_snapshot_id=parent,
                 size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=dict(sb.spec.env),
-                api_key_id=api_key_id,
+                api_key_id=api_key_id, dependencies=sb.spec.dependencies, packages=sb.spec.packages,
             ))
         except BaseException:
             self.archives.remove(snapshot_id)
@@ -246,24 +248,32 @@ class Snapshots:
         return snap
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
-                       dependencies: list[str], packages: list[str]) -> Snapshot:
+                       dependencies: object, packages: object) -> Snapshot:
         snap = await self.get(snapshot_id, include_building=True)
         if snap.status is not SnapshotStatus.BUILDING:
             raise IllegalTransition(f"snapshot {snapshot_id} is already {snap.status.value}", snapshot_id=snapshot_id)
-        for key, wanted in (("dependencies", dependencies), ("packages", packages)):
-            if wanted:
-                raise InvalidInput(f"{key}: installing {key} into a snapshot is not available on this server yet",
-                                   field=key)
+        deps, pkgs = check_dependencies(dependencies), check_packages(packages)
+        if deps or pkgs:
+            # Installed now (and cached), so a bad package fails the build, not every create.
+            driver = self.engine.driver
+            if not driver.capabilities.installs:
+                field = "dependencies" if deps else "packages"
+                raise NotSupported(f"{field}: driver {driver.name} cannot install dependencies or packages yet",
+                                   field=field)
+            await driver.prepare(ProvisionRequest(sandbox_id=snapshot_id, runtime=snap.runtime,
+                                                  dependencies=deps, packages=pkgs))
         path = self.archives.path(snapshot_id)
         if path.exists():
             files = await asyncio.to_thread(scan, path, self.limits)
         else:
-            if not env:
+            if not (env or deps or pkgs):
                 raise InvalidInput(f"snapshot {snapshot_id}: no archive was uploaded (PUT /sandbox/snapshots/"
-                                   f"{snapshot_id}/upload) and there is no env to keep", field="archive")
+                                   f"{snapshot_id}/upload) and there is no env, dependency or package to keep",
+                                   field="archive")
             files = ()
         await self._append(snapshot_id, SnapshotFinalized(
             size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=env, metadata=metadata,
+            dependencies=deps, packages=pkgs,
         ))
         await self._take_tag(snapshot_id, snap.name, snap.tag)
         return await self.get(snapshot_id)

@@ -25,6 +25,7 @@ from core.models import (
     Snapshot,
     Timeouts,
 )
+from core.packages import check_dependencies, check_packages
 from core.quantities import parse_bytes, parse_duration, parse_millicores
 from drivers.base import FileToWrite
 
@@ -128,9 +129,8 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
         if body.get("runtime") is not None or body.get("runtimeId") is not None:
             raise InvalidInput("snapshot: give either snapshot or runtime/runtimeId, not both; "
                                "a snapshot brings its own runtime", field="snapshot")
-    for key in ("dependencies", "packages"):
-        if body.get(key):
-            raise InvalidInput(f"{key}: installing {key} at create is not available on this server yet", field=key)
+    dependencies = check_dependencies(body.get("dependencies"))
+    packages = check_packages(body.get("packages"))
     runtime_name = _expect(body, "runtime", str, "a runtime name such as python:3.13")
     runtime_id = _expect(body, "runtimeId", str, "a runtime id (srt_...)")
     if runtime_name and runtime_id:
@@ -201,8 +201,14 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
         metadata=metadata,
         project_id=_expect(body, "projectId", str, "a string"),
         snapshot_id=snapshot.snapshot_id if snapshot else None,
+        dependencies=_merged(snapshot.dependencies if snapshot else (), dependencies),
+        packages=_merged(snapshot.packages if snapshot else (), packages),
     )
     return CreateRequest(spec=spec, files=files, command=command)
+
+
+def _merged(base: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
+    return base + tuple(x for x in extra if x not in base)
 
 
 @attrs.frozen
@@ -290,6 +296,8 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
             "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),
             "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value}) if spec.command else None,
             "snapshot": {"id": spec.snapshot_id, "public": False, "user": USER} if spec.snapshot_id else None,
+            "dependencies": list(spec.dependencies) or None,  # hutch extra
+            "packages": list(spec.packages) or None,  # hutch extra
             "reason": sb.reason,  # hutch extra: why it failed or ended
         }
     )
@@ -367,6 +375,8 @@ def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, 
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "contentType": f.content_type, "mode": f.mode}
                   for f in snap.files],
         "env": snap.env,  # hutch extra: what sandboxes made from it start with
+        "dependencies": list(snap.dependencies) or None,  # hutch extra: apt packages its sandboxes get
+        "packages": list(snap.packages) or None,  # hutch extra: npm packages its sandboxes get
         "userMetadata": snap.metadata,
         "downloadUrl": download_url,
     }

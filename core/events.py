@@ -147,6 +147,8 @@ class SnapshotCreated:
     metadata: dict[str, str] = attrs.field(factory=dict)
     content_hash: str | None = None
     api_key_id: str | None = None
+    dependencies: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -159,6 +161,8 @@ class SnapshotFinalized:
     files: tuple[SnapshotFile, ...] = ()
     env: dict[str, str] = attrs.field(factory=dict)
     metadata: dict[str, str] = attrs.field(factory=dict)
+    dependencies: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
 
 
 @attrs.frozen

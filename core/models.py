@@ -88,6 +88,8 @@ class SandboxSpec:
     metadata: dict[str, Any] | None = None  # arbitrary JSON, kept as given
     project_id: str | None = None
     snapshot_id: str | None = None  # created from this snapshot (its runtime, env, workspace)
+    dependencies: tuple[str, ...] = ()  # apt packages installed into this sandbox's runtime
+    packages: tuple[str, ...] = ()  # npm packages installed globally in it
 
 
 @attrs.frozen
@@ -173,3 +175,5 @@ class Snapshot:
     metadata: dict[str, str] = attrs.field(factory=dict)
     content_hash: str | None = None  # a build's content hash: unchanged content is not rebuilt
     api_key_id: str | None = None
+    dependencies: tuple[str, ...] = ()  # apt packages its sandboxes get installed
+    packages: tuple[str, ...] = ()  # npm packages its sandboxes get installed

@@ -89,6 +89,8 @@ def evolve_snapshot(snapshot: Snapshot | None, event: Event) -> Snapshot | None:
             metadata=dict(data.metadata),
             content_hash=data.content_hash,
             api_key_id=data.api_key_id,
+            dependencies=data.dependencies,
+            packages=data.packages,
         )
     if snapshot is None:
         return None
@@ -97,7 +99,7 @@ def evolve_snapshot(snapshot: Snapshot | None, event: Event) -> Snapshot | None:
             return attrs.evolve(
                 snapshot, status=SnapshotStatus.READY, size_bytes=data.size_bytes, file_count=data.file_count,
                 files=data.files, env={**snapshot.env, **data.env}, metadata={**snapshot.metadata, **data.metadata},
-                updated_at=at,
+                dependencies=data.dependencies, packages=data.packages, updated_at=at,
             )
         case SnapshotTagged(tag=tag):
             return attrs.evolve(snapshot, tag=tag, updated_at=at)

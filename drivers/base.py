@@ -28,6 +28,7 @@ class Capabilities:
     files: bool = False
     checkpoints: bool = False
     ports: bool = False  # can expose one port of a sandbox to the server (port_target)
+    installs: bool = False  # can add apt dependencies and npm packages at create (prepare)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
 
 
@@ -47,6 +48,8 @@ class ProvisionRequest:
     network_enabled: bool = False
     port: int | None = None  # one port to expose (through port_target); None = none
     env: Mapping[str, str] = attrs.field(factory=dict)
+    dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
+    packages: tuple[str, ...] = ()  # npm packages to install globally
 
 
 @attrs.frozen
@@ -127,6 +130,14 @@ class Driver(abc.ABC):
 
         On failure nothing is left behind (no process, mount, cgroup or directory).
         """
+
+    async def prepare(self, req: ProvisionRequest) -> None:
+        """Make ready what ``provision`` of ``req`` will need and may be slow or fail for a
+        reason of the request's own (installing its dependencies and packages), before the
+        engine records the sandbox: a bad package name creates nothing."""
+        if req.dependencies or req.packages:
+            raise NotSupported(f"driver {self.name} cannot install dependencies or packages at create",
+                               field="dependencies" if req.dependencies else "packages")
 
     @abc.abstractmethod
     async def destroy(self, sandbox_id: str) -> None:

@@ -1646,6 +1646,8 @@ class SandboxClient:
         public: bool = False,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        dependencies: Sequence[str] = (),
+        packages: Sequence[str] = (),
     ) -> tuple[Snapshot, bool]:
         """Build a snapshot from a workspace archive (tar.gz; None for env only): init, upload,
         finalize. Returns (the snapshot, whether it is new): with ``content_hash`` and no
@@ -1665,7 +1667,8 @@ class SandboxClient:
                                  headers={"Content-Type": "application/gzip"}) as upload:
                 await upload.read()
         resp = await self._request("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", json={
-            "sizeBytes": 0, "fileCount": 0, "files": [], "env": dict(env or {}), "metadata": dict(metadata or {})})
+            "sizeBytes": 0, "fileCount": 0, "files": [], "env": dict(env or {}), "metadata": dict(metadata or {}),
+            "dependencies": list(dependencies), "packages": list(packages)})
         return from_wire(Snapshot, self._data(resp)), True
 
     async def stats(self, *, start: str | None = None, end: str | None = None) -> dict[str, Any]:

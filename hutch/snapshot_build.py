@@ -43,6 +43,8 @@ from typing import Any, BinaryIO, NoReturn
 import attrs
 import yaml
 
+from core.packages import APT_RE, NPM_RE
+
 __all__ = [
     "BUILD_FILE_NAMES", "BuildFileError", "BuildSpec", "SelectedFile", "content_hash",
     "find_build_file", "load_build_file", "resolve_context", "select_files", "template",
@@ -55,8 +57,9 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 _KEYS = {"version", "runtime", "name", "description", "dir", "dependencies", "packages",
          "files", "env", "metadata", "public"}
 _NAME = re.compile(r"[a-zA-Z0-9_-]+")
-_PACKAGE = re.compile(r"[^\s;`|$]+")  # the upstream schema's rule: nothing a shell would act on
-_APT = re.compile(r"[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+~:_-]+)?")
+# The server's rules (core.packages): registry npm specs only, apt names with optional =version.
+_PACKAGE = NPM_RE
+_APT = APT_RE
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -155,7 +158,7 @@ def load_build_file(path: str | Path, *, env_vars: Mapping[str, str] = _EMPTY,
         return tuple(items)
 
     dependencies = strings("dependencies", _APT, "must be an apt package, 'pkg' or 'pkg=version'")
-    packages = strings("packages", _PACKAGE, "must be a package spec without whitespace or ; ` | $")
+    packages = strings("packages", _PACKAGE, "must be a registry package: name, name@version or @scope/name@tag")
     files = strings("files", None, "must be a non-empty glob pattern")
     for i, pattern in enumerate(files):
         try:

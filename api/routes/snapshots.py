@@ -46,13 +46,6 @@ def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
     return dict(value)
 
 
-def _str_list(body: dict[str, Any], key: str) -> list[str]:
-    value = body.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidInput(f"{key}: expected a list of strings", field=key)
-    return value
-
-
 @routes.post("/sandbox/{sandbox_id}/snapshot")
 async def take(request: web.Request) -> web.Response:
     body = await json_body(request, required=False)
@@ -161,7 +154,7 @@ async def finalize(request: web.Request) -> web.Response:
     body = await json_body(request, required=False)
     snap = await request.app[ENGINE].snapshots.finalize(
         request.match_info["snapshot_id"], env=_str_map(body, "env"), metadata=_str_map(body, "metadata"),
-        dependencies=_str_list(body, "dependencies"), packages=_str_list(body, "packages"),
+        dependencies=body.get("dependencies"), packages=body.get("packages"),
     )
     return ok(_render(request, snap))
 

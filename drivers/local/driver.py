@@ -78,7 +78,7 @@ from drivers.base import (
     OutputSink,
     ProvisionRequest,
 )
-from drivers.local import network, rootfs
+from drivers.local import layers, network, rootfs
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
@@ -120,6 +120,7 @@ class _Sandbox:
     init_start: int
     network: bool = False  # outbound network (veth + NAT); see network.py
     port: int | None = None  # the one exposed port, reached through port_target()
+    layer: str | None = None  # its install layer (drivers/local/layers.py), if it asked for installs
 
 
 @attrs.define
@@ -168,6 +169,7 @@ class LocalDriver(FilesMixin, Driver):
             files=True,
             checkpoints=True,
             ports=True,
+            installs=True,
             kernel_isolation=True,
         )
         self._helper: Path | None = None
@@ -305,11 +307,12 @@ class LocalDriver(FilesMixin, Driver):
             assert self._cgroups is not None
             if (self.sandbox_root / req.sandbox_id).exists() or self._cgroups.paths(req.sandbox_id)[0].exists():
                 await self._teardown(req.sandbox_id)  # a dead one's remains
-            sb = await self._claim_pooled(req)
+            layer = await self._layer(recipe, req)
+            sb = await self._claim_pooled(req) if layer is None else None
             if sb is None:
                 try:
                     sb = await asyncio.to_thread(
-                        self._provision_sync, req, rootfs.rootfs_path(self.runtime_cache, recipe))
+                        self._provision_sync, req, layers.lowers(self.runtime_cache, recipe, layer), layer)
                 except BaseException:
                     await self._teardown(req.sandbox_id)
                     raise
@@ -322,6 +325,24 @@ class LocalDriver(FilesMixin, Driver):
                     raise
             self._sandboxes[sb.id] = sb
         self._refill(recipe.name)
+
+    async def prepare(self, req: ProvisionRequest) -> None:
+        """Build (or find) the install layer the request needs; the slow and fallible part."""
+        if req.dependencies or req.packages:
+            recipe = runtimes.find(req.runtime)
+            if recipe is None:
+                raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
+            await self._layer(recipe, req)
+
+    async def _layer(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> str | None:
+        if not (req.dependencies or req.packages):
+            return None
+        if not rootfs.is_built(self.runtime_cache, recipe):
+            raise RuntimeNotFound(
+                f"runtime {recipe.name} is not built on this host; build it with: "
+                f"{rootfs.build_hint(recipe.name, self.runtime_cache)}", field="runtime")
+        return await asyncio.to_thread(layers.build, recipe, self.runtime_cache, req.dependencies, req.packages,
+                                       log=log.info)
 
     def _network_sync(self, sb: _Sandbox) -> None:
         """The sandbox's veth (network or a port): see network.py."""
@@ -396,7 +417,7 @@ class LocalDriver(FilesMixin, Driver):
                     name = f"{self._pool_tag}-{next(self._pool_seq)}"
                     try:
                         sb = await asyncio.to_thread(
-                            self._provision_sync, ProvisionRequest(sandbox_id=name, runtime=runtime), lower)
+                            self._provision_sync, ProvisionRequest(sandbox_id=name, runtime=runtime), [lower], None)
                     except Exception as err:
                         log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)
                         await self._teardown(name)
@@ -461,7 +482,7 @@ class LocalDriver(FilesMixin, Driver):
             if claim.read_text() == str(owner):
                 claim.unlink()
 
-    def _provision_sync(self, req: ProvisionRequest, lower: Path) -> _Sandbox:
+    def _provision_sync(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> _Sandbox:
         assert self._cgroups is not None
         assert self._helper is not None
         sid = req.sandbox_id
@@ -477,11 +498,12 @@ class LocalDriver(FilesMixin, Driver):
         res = req.resources
         self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
         pid, start = self._launch_sync(sid, d, uid, lower)
-        sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=pid, init_start=start)
+        sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=pid, init_start=start,
+                      layer=layer)
         self._write_meta(d, sb)
         return sb
 
-    def _launch_sync(self, sid: str, d: Path, uid: int, lower: Path) -> tuple[int, int]:
+    def _launch_sync(self, sid: str, d: Path, uid: int, lower: list[Path]) -> tuple[int, int]:
         """Start the sandbox's init over ``d``'s upper layer; returns its (pid, start time)."""
         assert self._cgroups is not None
         assert self._helper is not None
@@ -494,7 +516,7 @@ class LocalDriver(FilesMixin, Driver):
         cmd = [str(self._helper), "launch"]
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
-        cmd += ["--ov-lower", str(lower), "--ov-upper", str(upper), "--ov-work", str(work),
+        cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(upper), "--ov-work", str(work),
                 "--ov-target", str(merged), "--",
                 self._bwrap, "--bind", str(merged), "/", "--proc", "/proc", "--dev", "/dev",
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
@@ -541,15 +563,16 @@ class LocalDriver(FilesMixin, Driver):
         return "(no log)"
 
     @staticmethod
-    def _populate_upper(lower: Path, upper: Path, uid: int) -> None:
-        """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only."""
+    def _populate_upper(lower: list[Path], upper: Path, uid: int) -> None:
+        """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only.
+        ``lower``: the read-only layers, top first (an install layer may have added users)."""
         etc = upper / "etc"
         etc.mkdir()
-        st = os.stat(lower / "etc")
+        st = os.stat(layers.find_in_lowers(lower, "etc"))
         os.chmod(etc, st.st_mode & 0o7777)
-        passwd = (lower / "etc/passwd").read_text()
+        passwd = layers.find_in_lowers(lower, "etc/passwd").read_text()
         (etc / "passwd").write_text(passwd + f"{USER}:x:{uid}:{uid}:{USER}:{HOME}:/bin/bash\n")
-        group = (lower / "etc/group").read_text()
+        group = layers.find_in_lowers(lower, "etc/group").read_text()
         (etc / "group").write_text(group + f"{USER}:x:{uid}:\n")
         # Used only when the sandbox has network; harmless (unreachable) otherwise.
         (etc / "resolv.conf").write_text(network.resolv_conf())
@@ -560,7 +583,7 @@ class LocalDriver(FilesMixin, Driver):
             parent = path.parent
             if parent != upper and not parent.exists():
                 parent.mkdir(parents=True)
-                os.chmod(parent, os.stat(lower / parent.relative_to(upper)).st_mode & 0o7777)
+                os.chmod(parent, os.stat(layers.find_in_lowers(lower, str(parent.relative_to(upper)))).st_mode & 0o7777)
             path.mkdir()
             os.chown(path, uid, uid)
             os.chmod(path, 0o755)
@@ -1009,7 +1032,7 @@ class LocalDriver(FilesMixin, Driver):
                     ex.cancelled = True
             await self._kill_init(sb)
             pid, start = await asyncio.to_thread(
-                self._restore_sync, sb, source, rootfs.rootfs_path(self.runtime_cache, recipe))
+                self._restore_sync, sb, source, layers.lowers(self.runtime_cache, recipe, sb.layer))
             sb.init_pid, sb.init_start = pid, start
             self._write_meta(self.sandbox_root / sb.id, sb)
             self._sandboxes[sb.id] = sb
@@ -1018,7 +1041,7 @@ class LocalDriver(FilesMixin, Driver):
             if was_frozen:
                 await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
 
-    def _restore_sync(self, sb: _Sandbox, source: Path, lower: Path) -> tuple[int, int]:
+    def _restore_sync(self, sb: _Sandbox, source: Path, lower: list[Path]) -> tuple[int, int]:
         d = self.sandbox_root / sb.id
         # Fresh upper and work dirs: the old mount may linger a moment (a helper still
         # exiting holds its namespace), and overlay refuses a workdir that is in use.

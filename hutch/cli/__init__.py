@@ -177,6 +177,13 @@ def _sandbox_spec_flags(p: argparse.ArgumentParser) -> None:
         metavar="PACKAGE",
         help="apt package (repeatable)",
     )
+    p.add_argument(
+        "--package",
+        action="append",
+        default=[],
+        metavar="NPM_PACKAGE",
+        help="npm package installed globally, e.g. typescript or zod@3 (repeatable; hutch's own)",
+    )
     p.add_argument("--scope", action="append", default=[], help="permission scope (repeatable)")
     p.add_argument("--project-id", help="associate with a project")
     p.add_argument("--org-id", help="accepted for compatibility; ignored by hutch")
@@ -474,6 +481,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         "env": dict(args.env) or None,
         "files": args.file or None,
         "dependencies": args.dependency or None,
+        "packages": args.package or None,
         "scopes": args.scope or None,
         "project_id": args.project_id,
     }

@@ -199,10 +199,6 @@ def cmd_build(args: argparse.Namespace) -> int:
         files = select_files(context, spec.files)
     except BuildFileError as err:
         raise UsageError(str(err)) from err
-    for key, wanted in (("dependencies", spec.dependencies), ("packages", spec.packages)):
-        if wanted:
-            raise UsageError(f"{path.name}: {key}: installing {key} into a snapshot is not available on hutch "
-                             f"servers yet; put what you need in files, or build on a sandbox and snapshot it")
     digest = content_hash(spec, files)
     with tempfile.TemporaryFile(prefix="hutch-snapshot-") as archive:
         if files:
@@ -214,7 +210,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         snap, new = _call(args, lambda c: c.build_snapshot(
             spec.runtime, archive if files else None, name=args.name or spec.name, tag=args.tag,
             description=args.description or spec.description, message=args.message, content_hash=digest,
-            force=args.force, public=args.public or spec.public, env=spec.env, metadata=spec.metadata))
+            force=args.force, public=args.public or spec.public, env=spec.env, metadata=spec.metadata,
+            dependencies=spec.dependencies, packages=spec.packages))
     if args.json:
         render.dump_json({**to_wire(snap), "unchanged": not new}, _out())
         return 0

@@ -221,8 +221,11 @@ async def test_build_errors_name_the_field(api: Api) -> None:
     err = await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize", json={}, expect=400)
     assert "no archive was uploaded" in err["message"]
     err = await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize",
-                         json={"env": {"A": "1"}, "dependencies": ["curl"]}, expect=400)
-    assert err["field"] == "dependencies"
+                         json={"env": {"A": "1"}, "dependencies": ["-o", "Dpkg::Options=x"]}, expect=400)
+    assert err["field"] == "dependencies" and "'-o'" in err["message"]
+    err = await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize",
+                         json={"env": {"A": "1"}, "packages": ["x; rm -rf /"]}, expect=400)
+    assert err["field"] == "packages"
     await api.call("PUT", f"/sandbox/snapshots/{init['snapshotId']}/upload", data=b"not an archive at all")
     err = await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize", json={}, expect=400)
     assert err["field"] == "archive" and "not a readable" in err["message"]

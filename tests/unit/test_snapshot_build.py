@@ -90,7 +90,7 @@ def test_minimal_file_defaults(tmp_path: Path) -> None:
         ({"runtime": ""}, "runtime: '' must be a runtime name"),
         ({"name": "bad name!"}, "agentuity-snapshot.yaml: name: 'bad name!' may only hold letters, digits, _ and -"),
         ({"colour": "blue"}, "colour: 'blue' is not a known field"),
-        ({"packages": ["left-pad; rm -rf /"]}, "packages[0]: 'left-pad; rm -rf /' must be a package spec"),
+        ({"packages": ["left-pad; rm -rf /"]}, "packages[0]: 'left-pad; rm -rf /' must be a registry package"),
         ({"packages": "typescript"}, "packages: 'typescript' must be a list of strings"),
         ({"files": False}, "files: False must be a list of strings"),
         ({"env": ["A=1"]}, "env: ['A=1'] must be a mapping"),

@@ -14,6 +14,7 @@ from core.events import (
     SnapshotTagged,
 )
 from core.models import SnapshotStatus
+from core.packages import check_dependencies, check_packages
 from core.snapshots import Ref, check_name, check_tag, evolve_snapshot, is_snapshot_event, parse_ref
 
 
@@ -65,3 +66,28 @@ def test_fold() -> None:
     assert evolve_snapshot(None, event(SnapshotTagged(tag="x"))) is None  # nothing to tag
     assert evolve_snapshot(ready, event(SandboxStarted())) is None
     assert is_snapshot_event(event(SnapshotDeleted())) and not is_snapshot_event(event(SandboxStarted()))
+
+
+@pytest.mark.parametrize("spec", ["typescript", "zod@3", "@types/node@22.1.0", "left-pad@^1.3.0", "json@latest",
+                                  "@scope/pkg", "a@>=1.2.3"])
+def test_registry_package_specs_pass(spec: str) -> None:
+    assert check_packages([spec]) == (spec,)
+
+
+@pytest.mark.parametrize("spec", ["file:/etc", "/abs", "./rel", "../up", "git+ssh://h/x.git", "github:u/r", "u/r",
+                                  "https://x/y.tgz", "a@npm:b", "--prefix=/", "-g", "a b", "a;b", "a|b", "$x", ""])
+def test_other_package_specs_are_refused(spec: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        check_packages([spec])
+    assert err.value.field == "packages"
+
+
+@pytest.mark.parametrize("dep", ["curl", "jq=1.7.1-3", "libc6:amd64", "g++"])
+def test_apt_dependencies(dep: str) -> None:
+    assert check_dependencies([dep, dep]) == (dep,)
+
+
+@pytest.mark.parametrize("dep", ["-o", "Curl", "a/b", "../x", "a b", "jq;x", "", "a=b c"])
+def test_bad_apt_dependencies(dep: str) -> None:
+    with pytest.raises(InvalidInput):
+        check_dependencies([dep])
