@@ -1648,6 +1648,7 @@ class SandboxClient:
         metadata: Mapping[str, str] | None = None,
         dependencies: Sequence[str] = (),
         packages: Sequence[str] = (),
+        progress: Callable[[str], None] | None = None,
     ) -> tuple[Snapshot, bool]:
         """Build a snapshot from a workspace archive (tar.gz; None for env only): init, upload,
         finalize. Returns (the snapshot, whether it is new): with ``content_hash`` and no
@@ -1658,15 +1659,20 @@ class SandboxClient:
         resp = await self._request("POST", "/sandbox/snapshots/build",
                                    json={k: v for k, v in body.items() if v is not None})
         init = self._data(resp)
+        say = progress or (lambda _m: None)
         if init.get("unchanged"):
+            say(f"unchanged: {init.get('existingId')} has this content already")
             return await self.get_snapshot(str(init["existingId"])), False
         snapshot_id = str(init["snapshotId"])
+        say(f"build {snapshot_id} started")
         if archive is not None:
+            say("uploading the archive")
             async with self._raw("PUT", f"/sandbox/snapshots/{snapshot_id}/upload",
                                  data=_transfer.source_chunks(archive),
                                  headers={"Content-Type": "application/gzip"}) as upload:
                 await upload.read()
-        resp = await self._request("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", json={
+        say("finalizing" + (" (installing dependencies and packages)" if dependencies or packages else ""))
+        resp = await self._request("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", max_seconds=1800, json={
             "sizeBytes": 0, "fileCount": 0, "files": [], "env": dict(env or {}), "metadata": dict(metadata or {}),
             "dependencies": list(dependencies), "packages": list(packages)})
         return from_wire(Snapshot, self._data(resp)), True

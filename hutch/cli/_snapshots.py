@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 from typing import Any
 
@@ -200,18 +201,26 @@ def cmd_build(args: argparse.Namespace) -> int:
     except BuildFileError as err:
         raise UsageError(str(err)) from err
     digest = content_hash(spec, files)
+    total = sum(f.size for f in files)
+    _progress(f"[1/4] {path.name}: runtime {spec.runtime}, {len(files)} files ({_size(total)}), "
+              f"{len(spec.dependencies)} dependencies, {len(spec.packages)} packages")
     with tempfile.TemporaryFile(prefix="hutch-snapshot-") as archive:
         if files:
             try:
                 write_archive(files, archive)  # type: ignore[arg-type]
             except BuildFileError as err:
                 raise UsageError(str(err)) from err
+            _progress(f"[2/4] archive: {_size(archive.tell())} (content hash {digest[:12]})")
             archive.seek(0)
+        else:
+            _progress("[2/4] no files to archive")
+        steps = iter(("[3/4] ", "[3/4] ", "[4/4] "))
         snap, new = _call(args, lambda c: c.build_snapshot(
             spec.runtime, archive if files else None, name=args.name or spec.name, tag=args.tag,
             description=args.description or spec.description, message=args.message, content_hash=digest,
             force=args.force, public=args.public or spec.public, env=spec.env, metadata=spec.metadata,
-            dependencies=spec.dependencies, packages=spec.packages))
+            dependencies=spec.dependencies, packages=spec.packages,
+            progress=lambda m: _progress(next(steps, "") + m)))
     if args.json:
         render.dump_json({**to_wire(snap), "unchanged": not new}, _out())
         return 0
@@ -221,6 +230,20 @@ def cmd_build(args: argparse.Namespace) -> int:
     _out().write(f"{snap.snapshot_id}\n")
     _show(snap, _out())
     return 0
+
+
+def _progress(message: str) -> None:
+    """Build progress, on stderr so stdout stays the result (--json or the id)."""
+    sys.stderr.write(f"hutch: {message}\n")
+    sys.stderr.flush()
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n}"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -57,6 +57,7 @@ def test_snapshot_build_and_generate(url: str, tmp_path: Path, capsys: pytest.Ca
     code, out, err = cli(capsys, *args)
     assert code == 0, err
     built = json.loads(out)
+    assert "[1/4]" in err and "[2/4] archive" in err and "[4/4] finalizing" in err  # progress, on stderr
     assert built["unchanged"] is False and built["fileCount"] == 1 and built["files"][0]["path"] == "src/main.py"
     assert built["env"] == {"TOKEN": "t0k"} and built["userMetadata"] == {"v": "2"}
     code, out, _ = cli(capsys, *args)
