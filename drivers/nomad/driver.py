@@ -72,6 +72,7 @@ from drivers.base import (
     ProvisionRequest,
     Resources,
 )
+from drivers.local import layers, rootfs
 from drivers.nomad import images
 from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from drivers.nomad.files import NomadFiles
@@ -148,7 +149,7 @@ class NomadDriver(NomadFiles, Driver):
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=False,
-            pause=True, files=True, checkpoints=True, kernel_isolation=True)
+            pause=True, files=True, checkpoints=True, installs=True, kernel_isolation=True)
         self.pool_sizes = dict(pool_sizes or {})
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._available: set[str] = set()
@@ -163,6 +164,7 @@ class NomadDriver(NomadFiles, Driver):
         self._tasks: set[asyncio.Task[None]] = set()
         self._refill_wakeup = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._install_lock = asyncio.Lock()  # one layer build and push at a time
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -272,15 +274,37 @@ class NomadDriver(NomadFiles, Driver):
 
     # -- jobs ------------------------------------------------------------------------
 
-    def _image(self, recipe: RuntimeRecipe) -> str:
-        return images.image_ref(recipe, self.registry)
+    def _image(self, recipe: RuntimeRecipe, layer: str | None = None) -> str:
+        return images.image_ref(recipe, self.registry, layer)
 
-    def _job(self, job_id: str, recipe: RuntimeRecipe, resources: Resources, meta: dict[str, str]) -> dict[str, Any]:
+    async def prepare(self, req: ProvisionRequest) -> None:
+        """Installs: the install layer (built on this host, as the local driver builds it,
+        from the same runtime tree) becomes a derived image in the registry, once."""
+        await self._layer_image(req)
+
+    async def _layer_image(self, req: ProvisionRequest) -> str | None:
+        if not (req.dependencies or req.packages):
+            return None
+        recipe = runtimes.find(req.runtime)
+        if recipe is None:
+            raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
+        cache = rootfs.default_cache()
+        if not rootfs.is_built(cache, recipe):
+            raise RuntimeNotFound(f"installs on the nomad driver build on this host's copy of runtime {recipe.name}, "
+                                  f"which is not built; {rootfs.build_hint(recipe.name, cache)}", field="runtime")
+        async with self._install_lock:
+            key = await asyncio.to_thread(layers.build, recipe, cache, req.dependencies, req.packages, log=log.info)
+            if not await asyncio.to_thread(images.exists, recipe, self.registry, key):
+                await asyncio.to_thread(images.push, recipe, self.registry, cache=cache, layer=key)
+        return key
+
+    def _job(self, job_id: str, recipe: RuntimeRecipe, resources: Resources, meta: dict[str, str],
+             layer: str | None = None) -> dict[str, Any]:
         memory_mb = DEFAULT_MEMORY_MB
         if resources.memory_bytes:
             memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
         config: dict[str, Any] = {
-            "image": self._image(recipe),
+            "image": self._image(recipe, layer),
             "command": INIT[0],
             "args": INIT[1:],
             "uid": images.SANDBOX_UID,
@@ -392,13 +416,14 @@ class NomadDriver(NomadFiles, Driver):
         async with self._lock(req.sandbox_id):
             if req.sandbox_id in self._sandboxes:
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
-            entry = self._claim(recipe.name, req.resources)
+            layer = await self._layer_image(req)
+            entry = self._claim(recipe.name, req.resources) if layer is None else None
             if entry is not None:
                 sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
             else:
                 job_id = self._job_prefix() + req.sandbox_id
                 job = self._job(job_id, recipe, req.resources, {"hutch.sandbox": req.sandbox_id,
-                                                                 "hutch.runtime": recipe.name})
+                                                                 "hutch.runtime": recipe.name}, layer)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:

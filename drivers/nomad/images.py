@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from core.errors import DriverFailure
 from core.runtimes import RuntimeRecipe
-from drivers.local import rootfs
+from drivers.local import layers, rootfs
 
 FORMAT = 1  # bump when the image layout below changes
 # Every nomad sandbox runs as this host uid: unprivileged, outside the local driver's range
@@ -39,16 +40,18 @@ HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER
 
 
-def image_ref(recipe: RuntimeRecipe, registry: str) -> str:
+def image_ref(recipe: RuntimeRecipe, registry: str, layer: str | None = None) -> str:
+    """``layer``: an install layer's key (drivers/local/layers.py): the runtime plus it."""
     repo, _, version = recipe.name.partition(":")
     repo = re.sub(r"[^a-z0-9._-]", "-", repo.lower())
     version = re.sub(r"[^A-Za-z0-9._-]", "-", version or "latest")
-    return f"{registry}/hutch/{repo}:{version}-{recipe.recipe_hash[:12]}-f{FORMAT}"
+    suffix = f"-l{layer[:16]}" if layer else ""
+    return f"{registry}/hutch/{repo}:{version}-{recipe.recipe_hash[:12]}-f{FORMAT}{suffix}"
 
 
-def exists(recipe: RuntimeRecipe, registry: str) -> bool:
+def exists(recipe: RuntimeRecipe, registry: str, layer: str | None = None) -> bool:
     """Whether the registry has the image (a HEAD on its manifest)."""
-    ref = image_ref(recipe, registry)
+    ref = image_ref(recipe, registry, layer)
     host, _, rest = ref.partition("/")
     name, _, tag = rest.rpartition(":")
     req = urllib.request.Request(
@@ -72,14 +75,18 @@ def _run(cmd: list[str]) -> None:
         raise DriverFailure(f"{' '.join(cmd[:3])} failed: {proc.stderr.strip()[-2000:]}")
 
 
-def _stage_user_layer(root: Path, stage: Path) -> None:
-    """/etc/passwd and /etc/group with the sandbox user; its home and /workspace, owned by it."""
+def _stage_user_layer(roots: list[Path], stage: Path) -> None:
+    """/etc/passwd and /etc/group with the sandbox user; its home and /workspace, owned by it.
+    ``roots``: the layers below, top first (an install layer may have added users)."""
+    def below(rel: str) -> Path:
+        return layers.find_in_lowers(roots, rel)
+
     etc = stage / "etc"
     etc.mkdir(parents=True)
-    st = os.stat(root / "etc")
+    st = os.stat(below("etc"))
     os.chmod(etc, st.st_mode & 0o7777)
-    passwd = (root / "etc/passwd").read_text()
-    group = (root / "etc/group").read_text()
+    passwd = below("etc/passwd").read_text()
+    group = below("etc/group").read_text()
     (etc / "passwd").write_text(passwd + f"{USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{USER}:{HOME}:/bin/bash\n")
     (etc / "group").write_text(group + f"{USER}:x:{SANDBOX_UID}:\n")
     for name in ("passwd", "group"):
@@ -89,14 +96,35 @@ def _stage_user_layer(root: Path, stage: Path) -> None:
         parent = path.parent
         if parent != stage and not parent.exists():
             parent.mkdir(parents=True)
-            os.chmod(parent, os.stat(root / parent.relative_to(stage)).st_mode & 0o7777)
+            os.chmod(parent, os.stat(below(str(parent.relative_to(stage)))).st_mode & 0o7777)
         path.mkdir()
         os.chown(path, SANDBOX_UID, SANDBOX_UID)
         os.chmod(path, 0o755)
 
 
-def push(recipe: RuntimeRecipe, registry: str, *, cache: Path | None = None) -> str:
-    """Build the runtime's OCI image from its rootfs and push it. Returns the ref."""
+def _copy_without_whiteouts(tree: Path, dest: Path) -> list[str]:
+    """An overlay upper dir as an image layer: its whiteouts (0/0 character devices, the
+    overlay's mark for "deleted below") are left out of the copy and returned, to be
+    inserted as OCI whiteouts."""
+    shutil.copytree(tree, dest, symlinks=True, ignore=lambda d, names: [
+        n for n in names if _is_whiteout(Path(d) / n)])
+    whiteouts = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if _is_whiteout(path):
+                whiteouts.append("/" + str(path.relative_to(tree)))
+    return sorted(whiteouts)
+
+
+def _is_whiteout(path: Path) -> bool:
+    st = os.lstat(path)
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def push(recipe: RuntimeRecipe, registry: str, *, cache: Path | None = None, layer: str | None = None) -> str:
+    """Build the runtime's OCI image from its rootfs (and an install layer) and push it.
+    Returns the ref."""
     cache = cache or rootfs.default_cache()
     root = rootfs.rootfs_path(cache, recipe)
     if not root.is_dir():
@@ -104,17 +132,23 @@ def push(recipe: RuntimeRecipe, registry: str, *, cache: Path | None = None) -> 
     for tool in ("umoci", "skopeo"):
         if shutil.which(tool) is None:
             raise DriverFailure(f"{tool} is not installed (apt-get install {tool})")
-    ref = image_ref(recipe, registry)
+    ref = image_ref(recipe, registry, layer)
     tag = "image"
     with tempfile.TemporaryDirectory(prefix="hutch-image-") as tmp:
         layout = Path(tmp) / "oci"
         stage = Path(tmp) / "stage"
         stage.mkdir()
-        _stage_user_layer(root, stage)
+        roots = layers.lowers(cache, recipe, layer)
+        _stage_user_layer(roots, stage)
         image = f"{layout}:{tag}"
         _run(["umoci", "init", "--layout", str(layout)])
         _run(["umoci", "new", "--image", image])
         _run(["umoci", "insert", "--no-history", "--image", image, str(root), "/"])
+        if layer:
+            installed = Path(tmp) / "installed"
+            for gone in _copy_without_whiteouts(layers.layer_path(cache, layer), installed):
+                _run(["umoci", "insert", "--no-history", "--image", image, "--whiteout", gone])
+            _run(["umoci", "insert", "--no-history", "--image", image, str(installed), "/"])
         _run(["umoci", "insert", "--no-history", "--image", image, str(stage), "/"])
         _run(["umoci", "config", "--no-history", "--image", image,
               "--config.workingdir", HOME,

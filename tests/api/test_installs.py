@@ -1,5 +1,6 @@
 """Create-time installs: apt ``dependencies`` and npm ``packages`` (a shared, cached install
-layer under the sandbox's own; drivers/local/layers.py), through the wire."""
+layer under the sandbox's own, drivers/local/layers.py; on nomad, a derived image with that
+layer), through the wire."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from tests.api.conftest import AUTH, Api
 
 
-@pytest.fixture(params=["local"])
+@pytest.fixture(params=["local", "nomad"])
 def driver_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
