@@ -1,4 +1,5 @@
-"""Archives in and out of a sandbox, built only on the Driver's file primitives.
+"""Archives in and out of a sandbox, built on the Driver's file primitives (or, where a
+driver offers them, its whole-tree tar streams: one round trip instead of one per file).
 
 Downloads walk the tree with ``list_files`` and stream each file with ``read_file``
 into a tar.gz or zip written on the fly, so memory stays flat whatever the size.
@@ -13,10 +14,13 @@ unpacked size or entry count passes the configured limits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
+import queue
 import stat
 import tarfile
 import tempfile
+import threading
 import time
 import zipfile
 import zlib
@@ -112,6 +116,12 @@ async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool =
     def out(data: bytes) -> bytes:
         return gz.compress(data) if gz is not None else data
 
+    if driver.capabilities.tar_streams:  # one stream instead of a round trip per file
+        async for chunk in driver.export_tar(sandbox_id, root):
+            yield out(chunk)
+        if gz is not None:
+            yield gz.flush()
+        return
     async for entry in _walk(driver, sandbox_id, root):
         info = tarfile.TarInfo(entry.rel + ("/" if entry.is_dir else ""))
         info.mode = stat.S_IMODE(entry.mode)
@@ -310,6 +320,14 @@ async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, a
         members = await asyncio.to_thread(_zip_members if fmt == "zip" else _tar_members, path, limits)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as err:
         raise InvalidInput(f"archive: not a readable {fmt} archive ({err})", field="archive") from err
+    if driver.capabilities.tar_streams and fmt != "zip":
+        # The driver unpacks a tar written here from the checked members only, with the
+        # directory modes the per-file path gives (a 0644 directory in an archive would
+        # lock its own contents away).
+        await driver.import_tar(sandbox_id, dest, _rewritten(path, members), gzipped=False)
+        kinds = [m.kind for m in members]
+        return Extracted(files=kinds.count("file"), directories=kinds.count("dir"), symlinks=kinds.count("symlink"),
+                         bytes=sum(m.size for m in members))
     await driver.mkdir(sandbox_id, dest, parents=True)
     counts = {"file": 0, "dir": 0, "symlink": 0}
     written = 0
@@ -328,6 +346,61 @@ async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, a
                 with fh:
                     written += await driver.write_file(sandbox_id, target, _read_chunks(fh), mode=m.mode, parents=True)
     return Extracted(files=counts["file"], directories=counts["dir"], symlinks=counts["symlink"], bytes=written)
+
+
+async def _rewritten(path: str, members: list[Member]) -> AsyncIterator[bytes]:
+    """The checked members of the tar at ``path`` as a fresh, uncompressed tar stream,
+    written by a thread with backpressure (a bounded queue)."""
+    wanted = {m.source: m for m in members}
+    chunks: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
+    stop = threading.Event()
+
+    class _Pipe:
+        def write(self, data: bytes) -> int:
+            if stop.is_set():
+                raise OSError("the reader went away")
+            chunks.put(bytes(data))
+            return len(data)
+
+    def produce() -> None:
+        try:
+            with tarfile.open(path, "r:*") as src, \
+                    tarfile.open(fileobj=_Pipe(), mode="w|", format=tarfile.PAX_FORMAT) as out:  # type: ignore[call-overload]
+                for info in src:
+                    m = wanted.get(info.name)
+                    if m is None:
+                        continue
+                    new = tarfile.TarInfo(m.name)
+                    new.mtime = info.mtime
+                    if m.kind == "dir":
+                        new.type, new.mode = tarfile.DIRTYPE, 0o755
+                        out.addfile(new)
+                    elif m.kind == "symlink":
+                        new.type, new.linkname, new.mode = tarfile.SYMTYPE, m.target, 0o777
+                        out.addfile(new)
+                    else:
+                        new.size, new.mode = m.size, m.mode
+                        out.addfile(new, src.extractfile(info))
+            chunks.put(None)
+        except BaseException as err:
+            chunks.put(err)
+
+    worker = threading.Thread(target=produce, name="tar-rewrite", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = await asyncio.to_thread(chunks.get)
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                chunks.get_nowait()
+            await asyncio.sleep(0.01)
 
 
 async def _read_chunks(fh: IO[bytes]) -> AsyncIterator[bytes]:

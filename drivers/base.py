@@ -29,6 +29,7 @@ class Capabilities:
     checkpoints: bool = False
     ports: bool = False  # can expose one port of a sandbox to the server (port_target)
     installs: bool = False  # can add apt dependencies and npm packages at create (prepare)
+    tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
 
 
@@ -195,6 +196,19 @@ class Driver(abc.ABC):
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         raise NotSupported(f"driver {self.name} cannot make symlinks")
+
+    # -- whole trees at once: optional, for drivers where each primitive is a round trip.
+    # The API checks every member of an archive before import_tar sees it.
+
+    async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        """An uncompressed tar of the directory ``path`` (names relative to it; directories,
+        regular files and symlinks only) or of the one file ``path``."""
+        raise NotSupported(f"driver {self.name} cannot stream trees")
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        """Unpack an already-checked tar (or tar.gz) at ``dest`` (created), as the sandbox user."""
+        raise NotSupported(f"driver {self.name} cannot stream trees")
 
     # -- disk checkpoints: restore points of the sandbox's writable filesystem
 

@@ -149,7 +149,7 @@ class NomadDriver(NomadFiles, Driver):
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=False,
-            pause=True, files=True, checkpoints=True, installs=True, kernel_isolation=True)
+            pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True)
         self.pool_sizes = dict(pool_sizes or {})
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._available: set[str] = set()

@@ -86,6 +86,23 @@ rm)
   printf 'removed\n' ;;
 symlink)
   ln -s -- "$1" "$p" || exit 3 ;;
+export)
+  if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
+  t="tar --numeric-owner --owner=0 --group=0 --null --no-recursion -T - -cf -"
+  if [ -d "$p" ] && [ ! -L "$p" ]; then
+    cd -- "$p" || exit 3
+    printf 'ok\n'
+    find . -mindepth 1 \( -type f -o -type d -o -type l \) -printf '%P\0' | $t || exit 3
+  else
+    cd -- "$(dirname -- "$p")" || exit 3
+    printf 'ok\n'
+    printf '%s\0' "$(basename -- "$p")" | $t || exit 3
+  fi ;;
+import)
+  mkdir -p -- "$p" || exit 3
+  cd -- "$p" || exit 3
+  printf 'ok\n'
+  exec tar -x $1 --no-same-owner -f - ;;
 *) fail "Invalid argument" ;;
 esac
 """
@@ -171,11 +188,23 @@ class NomadFiles:
     # ------------------------------------------------------------------ the primitives
 
     async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        async for chunk in self._streamed(sandbox_id, "read", path):
+            yield chunk
+
+    async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        async for chunk in self._streamed(sandbox_id, "export", path):
+            yield chunk
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        await self._fed(sandbox_id, "import", dest, archive, "-z" if gzipped else "--no-auto-compress")
+
+    async def _streamed(self, sandbox_id: str, op: str, path: str) -> AsyncIterator[bytes]:
+        """The script's stdout after its "ok", as it comes, with backpressure."""
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
         _check_path(path)
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_QUEUE_DEPTH)
         stop = asyncio.Event()
-        task = asyncio.ensure_future(self._fs(sb, "read", path, on_stdout=queue.put, stop=stop))
+        task = asyncio.ensure_future(self._fs(sb, op, path, on_stdout=queue.put, stop=stop))
         head, started = b"", False
         try:
             while True:
@@ -193,13 +222,13 @@ class NomadFiles:
                     if len(head) < 3:
                         continue
                     if head[:3] != b"ok\n":
-                        raise DriverFailure(f"sandbox {sb.id}: unexpected answer reading {path}: {head[:40]!r}")
+                        raise DriverFailure(f"sandbox {sb.id}: unexpected answer to {op} {path}: {head[:40]!r}")
                     started, data = True, head[3:]
                 if data:
                     yield data
             code, _, err = task.result()
             if code != 0 or not started:
-                raise self._failure(sb, "read", path, code, err)
+                raise self._failure(sb, op, path, code, err)
         finally:
             if not task.done():  # the reader went away: stop the cat
                 stop.set()
@@ -209,6 +238,10 @@ class NomadFiles:
     async def write_file(
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
     ) -> int:
+        return await self._fed(sandbox_id, "write", path, chunks, "%o" % (mode & 0o777), "1" if parents else "0")
+
+    async def _fed(self, sandbox_id: str, op: str, path: str, chunks: AsyncIterable[bytes], *args: str) -> int:
+        """Run the script with ``chunks`` as its stdin, sent only after its "ok"."""
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
         _check_path(path)
         ready, stop = asyncio.Event(), asyncio.Event()
@@ -233,14 +266,14 @@ class NomadFiles:
                 stop.set()
                 raise
 
-        code, _, err = await self._fs(sb, "write", path, "%o" % (mode & 0o777), "1" if parents else "0",
-                                      stdin=body(), on_stdout=on_stdout, stop=stop)
+        code, _, err = await self._fs(sb, op, path, *args, stdin=body(), on_stdout=on_stdout, stop=stop)
         if failed:
-            with contextlib.suppress(HutchError):
-                await self._simple(sandbox_id, "rm", path, "0", "0")
+            if op == "write":  # a half-sent file must not look complete
+                with contextlib.suppress(HutchError):
+                    await self._simple(sandbox_id, "rm", path, "0", "0")
             raise failed[0]
         if code != 0:
-            raise self._failure(sb, "write", path, code, err)
+            raise self._failure(sb, op, path, code, err)
         return total
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
