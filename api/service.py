@@ -146,6 +146,7 @@ class Engine:
         await self.projector.start()
         self.driver.set_listener(self._sandbox_ended)
         await self._recover()
+        await self.snapshots.expire_builds()
         self._spawn(self._watch_timeouts(), "timeouts")
 
     async def close(self) -> None:

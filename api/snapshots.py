@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import hashlib
 import hmac
 import mimetypes
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
 LINEAGE_MAX = 1000
+BUILD_TTL_SECONDS = 24 * 3600  # a build not finalized within a day is abandoned
 
 
 class SnapshotArchives:
@@ -216,6 +218,20 @@ class Snapshots:
         await self._append(snapshot_id, SnapshotDeleted())
         self.archives.remove(snapshot_id)
 
+    async def expire_builds(self, older_than: float = BUILD_TTL_SECONDS) -> list[str]:
+        """Builds never finalized within ``older_than`` seconds are deleted (logged, and their
+        upload removed): a client that died mid-build leaves nothing behind for good."""
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than)
+        found, _ = await self.list(SnapshotQuery(ready_only=False, limit=10_000))
+        expired = []
+        for snap in found:
+            created = dt.datetime.fromisoformat(snap.created_at.replace("Z", "+00:00"))
+            if snap.status is SnapshotStatus.BUILDING and created <= cutoff:
+                await self._append(snap.snapshot_id, SnapshotDeleted())
+                self.archives.remove(snap.snapshot_id)
+                expired.append(snap.snapshot_id)
+        return expired
+
     async def build_init(self, *, runtime: str, name: str | None, tag: str | None, description: str | None,
                          message: str | None, content_hash: str | None, force: bool, public: bool,
                          api_key_id: str | None) -> tuple[Snapshot | None, Snapshot | None]:
@@ -232,6 +248,7 @@ class Snapshots:
             found, _ = await self.list(SnapshotQuery(name=name, content_hash=content_hash, limit=1))
             if found:
                 return None, found[0]
+        await self.expire_builds()  # lazily: every new build clears out abandoned ones
         snapshot_id = ids.new_id("snapshot")
         await self._append(snapshot_id, SnapshotCreated(
             name=name, runtime=recipe.name, runtime_id=recipe.id, ready=False, tag=tag, description=description,

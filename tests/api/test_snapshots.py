@@ -267,3 +267,20 @@ async def test_snapshots_survive_a_restart(make_api) -> None:  # type: ignore[no
     assert (await again.data("GET", "/sandbox/snapshots/durable:v1"))["snapshotId"] == snap["snapshotId"]
     child = await sandbox(again, snapshot="durable:v1")
     assert await read(again, child, "kept.txt") == b"kept"
+
+
+async def test_abandoned_builds_are_cleared(api: Api) -> None:
+    from api.keys import ENGINE
+
+    init = await api.data("POST", "/sandbox/snapshots/build", json={"runtime": "base:latest", "name": "gone"},
+                          expect=201)
+    await api.call("PUT", f"/sandbox/snapshots/{init['snapshotId']}/upload", data=tar_gz({"a": b"1"}))
+    snapshots = api.client.server.app[ENGINE].snapshots
+    path = snapshots.archives.path(init["snapshotId"])
+    assert path.exists()
+    assert await snapshots.expire_builds(older_than=3600) == []  # young builds stay
+    assert await snapshots.expire_builds(older_than=0) == [init["snapshotId"]]
+    assert not path.exists()
+    await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize", json={}, expect=404)
+    gone = await api.client.server.app[ENGINE].store.get_snapshot(init["snapshotId"])
+    assert gone is not None and gone.status.value == "deleted"  # through an event, in the log
