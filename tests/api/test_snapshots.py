@@ -144,6 +144,12 @@ async def test_create_refusals(api: Api) -> None:
     err = await api.call("POST", "/sandbox", json={"snapshot": 7}, expect=400)
     assert err["field"] == "snapshot"
     await api.call("POST", "/sandbox/sbx_missing/snapshot", json={}, expect=404)
+    # A sandbox that has ended (a finished oneshot: terminated) cannot be snapshotted: 409.
+    ended = (await api.call("POST", "/sandbox", json={"command": {"exec": ["echo", "x"], "mode": "oneshot"}},
+                            expect=201))["data"]
+    await api.data("GET", f"/sandbox/status/{ended['sandboxId']}?waitForStatus=terminated&waitMs=10000")
+    err = await api.call("POST", f"/sandbox/{ended['sandboxId']}/snapshot", json={}, expect=409)
+    assert "terminated" in err["message"] and "only a live sandbox" in err["message"]
     await api.call("DELETE", f"/sandbox/{sid}")
     await api.call("POST", f"/sandbox/{sid}/snapshot", json={}, expect=404)
     # Snapshots outlive the sandbox they came from.
