@@ -56,7 +56,6 @@ from core.errors import (
     HutchError,
     IllegalTransition,
     InvalidInput,
-    NotSupported,
     RuntimeNotFound,
     SandboxNotFound,
 )
@@ -73,6 +72,7 @@ from drivers.base import (
     Resources,
 )
 from drivers.local import layers, rootfs
+from drivers.local import network as sandbox_network
 from drivers.nomad import images
 from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from drivers.nomad.files import NomadFiles
@@ -148,7 +148,7 @@ class NomadDriver(NomadFiles, Driver):
         # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
-            memory_limit=True, cpu_limit=True, pids_limit=True, network=False,
+            memory_limit=True, cpu_limit=True, pids_limit=True, network=True,
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True)
         self.pool_sizes = dict(pool_sizes or {})
         self._client = NomadClient(address, token=token, namespace=namespace)
@@ -299,7 +299,7 @@ class NomadDriver(NomadFiles, Driver):
         return key
 
     def _job(self, job_id: str, recipe: RuntimeRecipe, resources: Resources, meta: dict[str, str],
-             layer: str | None = None) -> dict[str, Any]:
+             layer: str | None = None, network: bool = False) -> dict[str, Any]:
         memory_mb = DEFAULT_MEMORY_MB
         if resources.memory_bytes:
             memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
@@ -314,6 +314,9 @@ class NomadDriver(NomadFiles, Driver):
         }
         if resources.cpu_millis:
             config["cpu_millis"] = resources.cpu_millis
+        if network:
+            config["resolv_conf"] = sandbox_network.resolv_conf()
+        group_extra: dict[str, Any] = {"Networks": [{"Mode": "bridge"}]} if network else {}
         return {"Job": {
             "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": self.datacenters,
             "Meta": meta,
@@ -323,6 +326,7 @@ class NomadDriver(NomadFiles, Driver):
                 "ReschedulePolicy": {"Attempts": 0, "Unlimited": False},
                 "EphemeralDisk": {"SizeMB": 10},
                 "Update": {"MaxParallel": 0},
+                **group_extra,
                 "Tasks": [{
                     "Name": TASK, "Driver": PLUGIN, "Config": config,
                     "Resources": {"CPU": CPU_RESERVATION_MHZ, "MemoryMB": memory_mb},
@@ -409,21 +413,19 @@ class NomadDriver(NomadFiles, Driver):
             raise RuntimeNotFound(
                 f"runtime {recipe.name} has no image in the registry {self.registry}; push it with: "
                 f"python -m drivers.nomad.images push {recipe.name} --registry {self.registry}", field="runtime")
-        if req.network_enabled:
-            raise NotSupported("the nomad driver cannot give sandboxes network access yet; "
-                               "create the sandbox with network disabled", field="network")
         _check_env(req.env, "env")
         async with self._lock(req.sandbox_id):
             if req.sandbox_id in self._sandboxes:
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
             layer = await self._layer_image(req)
-            entry = self._claim(recipe.name, req.resources) if layer is None else None
+            entry = self._claim(recipe.name, req.resources) if layer is None and not req.network_enabled else None
             if entry is not None:
                 sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
             else:
                 job_id = self._job_prefix() + req.sandbox_id
                 job = self._job(job_id, recipe, req.resources, {"hutch.sandbox": req.sandbox_id,
-                                                                 "hutch.runtime": recipe.name}, layer)
+                                                                 "hutch.runtime": recipe.name}, layer,
+                                network=req.network_enabled)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:

@@ -62,7 +62,7 @@ stop_pid() {  # name [signal]
 
 install_packages() {
   local missing=() pkg
-  for pkg in containerd runc docker-registry umoci skopeo curl; do
+  for pkg in containerd runc docker-registry umoci skopeo curl containernetworking-plugins iptables iproute2 util-linux; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
@@ -265,6 +265,9 @@ client {
   }
   gc_interval = "10s"
   gc_max_allocs = 500
+  # Sandboxes with network.enabled: a group network in bridge mode, from Debian's CNI plugins;
+  # the plugin's sandbox_firewall keeps them off the host and off each other.
+  cni_path = "/usr/lib/cni"
 }
 server {
   job_gc_threshold = "5m"
@@ -274,6 +277,7 @@ plugin "hutch-containerd" {
     address        = "$CTRD_SOCK"
     namespace      = "$CTRD_NS"
     workspace_root = "$WORKSPACES"
+    sandbox_firewall = true
   }
 }
 EOF

@@ -63,6 +63,8 @@ var (
 			hclspec.NewLiteral(`"io.containerd.runc.v2"`)),
 		"workspace_root": hclspec.NewDefault(hclspec.NewAttr("workspace_root", "string", false),
 			hclspec.NewLiteral(`"/var/lib/hutch/nomad-workspaces"`)),
+		"sandbox_firewall": hclspec.NewDefault(hclspec.NewAttr("sandbox_firewall", "bool", false),
+			hclspec.NewLiteral(`true`)),
 	})
 
 	taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
@@ -77,6 +79,7 @@ var (
 		"hostname":       hclspec.NewAttr("hostname", "string", false),
 		"workspace":      hclspec.NewAttr("workspace", "string", false),
 		"readonly_paths": hclspec.NewAttr("readonly_paths", "list(string)", false),
+		"resolv_conf":    hclspec.NewAttr("resolv_conf", "string", false),
 	})
 
 	capabilities = &drivers.Capabilities{
@@ -86,6 +89,7 @@ var (
 		MountConfigs: drivers.MountConfigSupportAll,
 		NetIsolationModes: []drivers.NetIsolationMode{
 			drivers.NetIsolationModeHost,
+			drivers.NetIsolationModeGroup,
 			drivers.NetIsolationModeTask,
 		},
 	}
@@ -100,6 +104,8 @@ type Config struct {
 	Snapshotter   string `codec:"snapshotter"`
 	Runtime       string `codec:"runtime"`
 	WorkspaceRoot string `codec:"workspace_root"`
+	// SandboxFirewall installs network.go's rules for tasks on the bridge.
+	SandboxFirewall bool `codec:"sandbox_firewall"`
 }
 
 // TaskConfig is a task's config block.
@@ -114,6 +120,7 @@ type TaskConfig struct {
 	HostNetwork bool     `codec:"host_network"`
 	Hostname    string   `codec:"hostname"`
 	Workspace   string   `codec:"workspace"`
+	ResolvConf  string   `codec:"resolv_conf"`
 }
 
 // TaskState is what Nomad keeps for RecoverTask.
@@ -147,9 +154,9 @@ func NewDriver(ctx context.Context, logger log.Logger) *Driver {
 }
 
 func (d *Driver) PluginInfo() (*base.PluginInfoResponse, error) { return pluginInfo, nil }
-func (d *Driver) ConfigSchema() (*hclspec.Spec, error)           { return configSpec, nil }
-func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error)       { return taskConfigSpec, nil }
-func (d *Driver) Capabilities() (*drivers.Capabilities, error)   { return capabilities, nil }
+func (d *Driver) ConfigSchema() (*hclspec.Spec, error)          { return configSpec, nil }
+func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error)      { return taskConfigSpec, nil }
+func (d *Driver) Capabilities() (*drivers.Capabilities, error)  { return capabilities, nil }
 
 func (d *Driver) SetConfig(cfg *base.Config) error {
 	var config Config
@@ -161,6 +168,12 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	d.mu.Lock()
 	d.config = config
 	d.mu.Unlock()
+	if config.SandboxFirewall {
+		if err := installFirewall(); err != nil {
+			d.logger.Error("installing the sandbox firewall", "error", err)
+			return err
+		}
+	}
 	return nil
 }
 
@@ -263,8 +276,8 @@ func (d *Driver) fingerprint() *drivers.Fingerprint {
 				Health:            drivers.HealthStateHealthy,
 				HealthDescription: drivers.DriverHealthy,
 				Attributes: map[string]*pstructs.Attribute{
-					"driver." + pluginName:                      pstructs.NewBoolAttribute(true),
-					"driver." + pluginName + ".containerd":      pstructs.NewStringAttribute(v.Version),
+					"driver." + pluginName:                     pstructs.NewBoolAttribute(true),
+					"driver." + pluginName + ".containerd":     pstructs.NewStringAttribute(v.Version),
 					"driver." + pluginName + ".plugin_version": pstructs.NewStringAttribute(pluginVersion),
 				},
 			}
@@ -343,6 +356,16 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	if tc.HostNetwork {
 		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostResolvconf, oci.WithHostHostsFile)
+	} else if ni := cfg.NetworkIsolation; ni != nil && ni.Mode == drivers.NetIsolationModeGroup && ni.Path != "" {
+		if !d.config.SandboxFirewall {
+			return nil, nil, fmt.Errorf("group networking needs sandbox_firewall = true in the plugin config")
+		}
+		netOpts, netMounts, err := groupNetwork(ni.Path, tc.ResolvConf, cfg.TaskDir().Dir)
+		if err != nil {
+			return nil, nil, err
+		}
+		opts = append(opts, netOpts...)
+		opts = append(opts, oci.WithMounts(netMounts))
 	}
 	if lr := cfg.Resources; lr != nil && lr.LinuxResources != nil && lr.LinuxResources.MemoryLimitBytes > 0 {
 		limit := uint64(lr.LinuxResources.MemoryLimitBytes)
@@ -687,8 +710,8 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 // The kill verb exists because closing the exec websocket does not reach the plugin while
 // the command is silent: Nomad's HTTP handler only notices at the command's next output.
 type execEnvelopeSpec struct {
-	Env  []string `json:"env"`
-	Cwd  string   `json:"cwd"`
+	Env    []string `json:"env"`
+	Cwd    string   `json:"cwd"`
 	Tag    string   `json:"tag"`
 	Kill   string   `json:"kill"`
 	Freeze *bool    `json:"freeze"`

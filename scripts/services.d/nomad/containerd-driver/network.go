@@ -1,0 +1,146 @@
+package main
+
+// Sandbox networking for tasks in a Nomad group network (mode "bridge"): Nomad and its CNI
+// plugins give the allocation a network namespace on the "nomad" bridge with NAT; this
+// file makes that safe for untrusted code, the same rules the local driver applies:
+//
+//   - the task joins that namespace (it has no other interface than lo and eth0);
+//   - its bridge port is "isolated": isolated ports cannot reach each other, so one
+//     sandbox never reaches another on the bridge (without br_netfilter, iptables does not
+//     see bridged traffic; port isolation is enforced by the bridge itself);
+//   - nothing from the bridge reaches the client host's own services (INPUT), and routed
+//     traffic to link-local (cloud metadata), loopback, multicast and CGNAT ranges is
+//     dropped (FORWARD); replies to connections the host opened still pass.
+//
+// The chains are (re)installed when the plugin is configured, idempotently.
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/containerd/containerd/oci"
+)
+
+const bridgeName = "nomad"
+
+var (
+	deniedNets  = []string{"169.254.0.0/16", "127.0.0.0/8", "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "100.64.0.0/10"}
+	firewallMu  sync.Mutex
+	peerIndexRe = regexp.MustCompile(`eth0@if(\d+)`)
+)
+
+func ipt(args ...string) error {
+	out, err := exec.Command("iptables", append([]string{"-w"}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// installFirewall puts the HUTCH-NOMAD-IN / HUTCH-NOMAD-FWD chains in place.
+func installFirewall() error {
+	firewallMu.Lock()
+	defer firewallMu.Unlock()
+	for _, chain := range []string{"HUTCH-NOMAD-IN", "HUTCH-NOMAD-FWD"} {
+		_ = ipt("-N", chain)
+		if err := ipt("-F", chain); err != nil {
+			return err
+		}
+	}
+	est := []string{"-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"}
+	rules := [][]string{
+		append([]string{"-A", "HUTCH-NOMAD-IN"}, est...),
+		{"-A", "HUTCH-NOMAD-IN", "-j", "DROP"},
+		append([]string{"-A", "HUTCH-NOMAD-FWD", "-o", bridgeName}, est...),
+	}
+	for _, cidr := range deniedNets {
+		rules = append(rules, []string{"-A", "HUTCH-NOMAD-FWD", "-i", bridgeName, "-d", cidr, "-j", "DROP"})
+	}
+	for _, r := range rules {
+		if err := ipt(r...); err != nil {
+			return err
+		}
+	}
+	return jumpsFirstLocked()
+}
+
+// jumpsFirst puts the jumps into our chains at the head of INPUT and FORWARD. Nomad's CNI
+// firewall plugin inserts its own accepting CNI-FORWARD jump at the head when the first
+// bridge allocation starts; ours must be evaluated before it, so every task start moves
+// them back to the front.
+func jumpsFirst() error {
+	firewallMu.Lock()
+	defer firewallMu.Unlock()
+	return jumpsFirstLocked()
+}
+
+func jumpsFirstLocked() error {
+	for _, jump := range [][]string{{"INPUT", "-i", bridgeName, "-j", "HUTCH-NOMAD-IN"},
+		{"FORWARD", "-i", bridgeName, "-j", "HUTCH-NOMAD-FWD"}} {
+		out, err := exec.Command("iptables", "-w", "-S", jump[0], "1").CombinedOutput()
+		first := "-A " + strings.Join(jump, " ")
+		if err == nil && strings.TrimSpace(string(out)) == first {
+			continue
+		}
+		for ipt(append([]string{"-D"}, jump...)...) == nil {
+		}
+		if err := ipt(append([]string{"-I", jump[0], "1"}, jump[1:]...)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isolatePort marks the bridge port of the namespace's eth0 as isolated.
+func isolatePort(netnsPath string) error {
+	out, err := exec.Command("nsenter", "--net="+netnsPath, "ip", "-o", "link", "show", "eth0").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("reading eth0 of %s: %v: %s", netnsPath, err, out)
+	}
+	m := peerIndexRe.FindSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("eth0 of %s has no veth peer: %s", netnsPath, out)
+	}
+	links, err := exec.Command("ip", "-o", "link").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip link: %v", err)
+	}
+	for _, line := range strings.Split(string(links), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 1 && fields[0] == string(m[1])+":" {
+			name := strings.SplitN(strings.TrimSuffix(fields[1], ":"), "@", 2)[0]
+			if out, err := exec.Command("ip", "link", "set", "dev", name, "type", "bridge_slave",
+				"isolated", "on").CombinedOutput(); err != nil {
+				return fmt.Errorf("isolating %s: %v: %s", name, err, out)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no host interface with index %s", m[1])
+}
+
+// groupNetwork joins the allocation's network namespace, with its own resolv.conf.
+func groupNetwork(netnsPath, resolvConf, taskDir string) ([]oci.SpecOpts, []specs.Mount, error) {
+	if err := jumpsFirst(); err != nil {
+		return nil, nil, err
+	}
+	if err := isolatePort(netnsPath); err != nil {
+		return nil, nil, err
+	}
+	opts := []oci.SpecOpts{oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netnsPath})}
+	var mounts []specs.Mount
+	if resolvConf != "" {
+		path := taskDir + "/resolv.conf"
+		if err := os.WriteFile(path, []byte(resolvConf), 0o644); err != nil {
+			return nil, nil, err
+		}
+		mounts = append(mounts, bind(path, "/etc/resolv.conf", true))
+	}
+	return opts, mounts, nil
+}

@@ -1,0 +1,84 @@
+"""Sandbox networking on the nomad driver, from the attacker's side (as for the local driver
+in tests/isolation/test_local_network.py, whose fake internet and probe this reuses): a
+sandbox with network.enabled sits on Nomad's bridge and reaches the internet through NAT,
+but not the client host's own services, not another sandbox, not link-local/metadata
+addresses; a sandbox without it has loopback only."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from drivers.base import ExecRequest, ProvisionRequest
+from drivers.nomad.driver import NomadDriver
+from tests.drivers_support import Recorder, new_id, start_nomad
+from tests.isolation.test_local_network import (  # noqa: F401  (fixtures)
+    INET_HOST,
+    fake_internet,
+    host_addresses,
+    host_server,
+    network_state,
+    probe,
+)
+
+
+@pytest.fixture
+async def driver(tmp_path: Path) -> AsyncIterator[NomadDriver]:
+    d = await start_nomad(tmp_path / "data")
+    assert isinstance(d, NomadDriver)
+    yield d
+    for sid in list(d._sandboxes):
+        await d.destroy(sid)
+    await d.close()
+
+
+async def bridge_ip(driver: NomadDriver, sid: str) -> str:
+    sink = Recorder()
+    await driver.exec(ExecRequest(new_id("ex"), sid, ["sh", "-c", "ip -4 -o addr show eth0 2>/dev/null || "
+                                  "cat /proc/net/fib_trie"]), sink)
+    out = sink.stdout
+    for word in out.split():
+        if word.startswith("172.26.") and "/" in word:
+            return word.split("/")[0]
+    for line in out.splitlines():  # no iproute2 in the runtime: the fib trie names local addresses
+        if "172.26." in line:
+            return line.split()[-1]
+    raise AssertionError(f"no bridge address in {out!r}")
+
+
+async def test_network_reaches_the_internet_but_not_the_host_or_other_sandboxes(
+    driver: NomadDriver, fake_internet: tuple[str, int], host_server: int  # noqa: F811
+) -> None:
+    other = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=other, runtime="python:3.13", network_enabled=True))
+    await driver.exec(ExecRequest(new_id("ex"), other, ["sh", "-c", "python3 -m http.server 8000 >/dev/null 2>&1 &"]),
+                      Recorder())
+    other_ip = await bridge_ip(driver, other)
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", network_enabled=True))
+    forbidden = [(a, host_server) for a in host_addresses()] + [
+        (INET_HOST, host_server), ("172.26.64.1", host_server), ("169.254.169.254", 80), (other_ip, 8000),
+        ("127.0.0.1", host_server)]
+    seen = await probe(driver, sid, [fake_internet, *forbidden])  # type: ignore[arg-type]
+    inet = f"{fake_internet[0]}:{fake_internet[1]}"
+    assert seen[inet].startswith("open HTTP/1."), f"{seen}\n{network_state()}"
+    for host, port in forbidden:
+        assert not seen[f"{host}:{port}"].startswith("open"), (host, port, seen)
+    # The other sandbox's server is up (it answers itself), it is only unreachable from here.
+    assert (await probe(driver, other, [("127.0.0.1", 8000)]))["127.0.0.1:8000"].startswith("open")  # type: ignore[arg-type]
+    sink = Recorder()
+    await driver.exec(ExecRequest(new_id("ex"), sid, ["cat", "/etc/resolv.conf"]), sink)
+    assert "nameserver" in sink.stdout
+    # Without network: loopback only.
+    plain = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=plain, runtime="python:3.13"))
+    seen = await probe(driver, plain, [fake_internet, (INET_HOST, host_server), (other_ip, 8000)])  # type: ignore[arg-type]
+    assert not any(v.startswith("open") for v in seen.values()), seen
+
+
+def test_the_sandbox_firewall_is_installed() -> None:
+    rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
+    assert "-A INPUT -i nomad -j HUTCH-NOMAD-IN" in rules and "-A HUTCH-NOMAD-IN -j DROP" in rules
