@@ -56,6 +56,7 @@ from core.errors import (
     HutchError,
     IllegalTransition,
     InvalidInput,
+    NotSupported,
     RuntimeNotFound,
     SandboxNotFound,
 )
@@ -87,6 +88,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
 ENVELOPE = "hutch-exec:v1"
+PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
 # pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM.
 INIT = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
 DEFAULT_MEMORY_MB = 256
@@ -111,6 +113,7 @@ class _Sandbox:
     alloc_id: str
     runtime: str
     env: dict[str, str]
+    port_target: tuple[str, int] | None = attrs.field(default=None, eq=False)  # read from Nomad, cached
 
 
 @attrs.define
@@ -148,7 +151,7 @@ class NomadDriver(NomadFiles, Driver):
         # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
-            memory_limit=True, cpu_limit=True, pids_limit=True, network=True,
+            memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True,
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True)
         self.pool_sizes = dict(pool_sizes or {})
         self._client = NomadClient(address, token=token, namespace=namespace)
@@ -299,7 +302,7 @@ class NomadDriver(NomadFiles, Driver):
         return key
 
     def _job(self, job_id: str, recipe: RuntimeRecipe, resources: Resources, meta: dict[str, str],
-             layer: str | None = None, network: bool = False) -> dict[str, Any]:
+             layer: str | None = None, network: bool = False, port: int | None = None) -> dict[str, Any]:
         memory_mb = DEFAULT_MEMORY_MB
         if resources.memory_bytes:
             memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
@@ -314,9 +317,15 @@ class NomadDriver(NomadFiles, Driver):
         }
         if resources.cpu_millis:
             config["cpu_millis"] = resources.cpu_millis
-        if network:
+        group_extra: dict[str, Any] = {}
+        if network or port is not None:
+            # Nomad's bridge (CNI); the plugin keeps sandboxes off the host and each other.
+            net: dict[str, Any] = {"Mode": "bridge"}
+            if port is not None:  # Nomad maps a host port to it (CNI portmap): port_target
+                net["DynamicPorts"] = [{"Label": PORT_LABEL, "To": port}]
+            group_extra["Networks"] = [net]
             config["resolv_conf"] = sandbox_network.resolv_conf()
-        group_extra: dict[str, Any] = {"Networks": [{"Mode": "bridge"}]} if network else {}
+            config["no_outbound"] = not network  # a port alone serves; it reaches nothing
         return {"Job": {
             "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": self.datacenters,
             "Meta": meta,
@@ -418,14 +427,15 @@ class NomadDriver(NomadFiles, Driver):
             if req.sandbox_id in self._sandboxes:
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
             layer = await self._layer_image(req)
-            entry = self._claim(recipe.name, req.resources) if layer is None and not req.network_enabled else None
+            plain = layer is None and not req.network_enabled and req.port is None
+            entry = self._claim(recipe.name, req.resources) if plain else None
             if entry is not None:
                 sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
             else:
                 job_id = self._job_prefix() + req.sandbox_id
                 job = self._job(job_id, recipe, req.resources, {"hutch.sandbox": req.sandbox_id,
                                                                  "hutch.runtime": recipe.name}, layer,
-                                network=req.network_enabled)
+                                network=req.network_enabled, port=req.port)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:
@@ -572,6 +582,18 @@ class NomadDriver(NomadFiles, Driver):
             finally:
                 self._destroying.discard(sandbox_id)
         self._locks.pop(sandbox_id, None)
+
+    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        """Where Nomad mapped the sandbox's port: (client address, host port)."""
+        sb = self._running(sandbox_id)
+        if sb.port_target is None:
+            alloc = await self._client.allocation(sb.alloc_id)
+            ports = ((alloc.get("AllocatedResources") or {}).get("Shared") or {}).get("Ports") or []
+            found = [p for p in ports if p.get("Label") == PORT_LABEL]
+            if not found:
+                raise NotSupported(f"sandbox {sandbox_id} has no port", field="network.port")
+            sb.port_target = (found[0].get("HostIP") or "127.0.0.1", int(found[0]["Value"]))
+        return sb.port_target
 
     def _running(self, sid: str) -> _Sandbox:
         sb = self._sandboxes.get(sid)

@@ -60,7 +60,7 @@ def path_of(url: str) -> str:
     return "/" + url.split("://", 1)[1].split("/", 1)[1]
 
 
-@pytest.fixture(params=["local"])
+@pytest.fixture(params=["local", "nomad"])
 def driver_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

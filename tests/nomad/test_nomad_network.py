@@ -82,3 +82,40 @@ async def test_network_reaches_the_internet_but_not_the_host_or_other_sandboxes(
 def test_the_sandbox_firewall_is_installed() -> None:
     rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
     assert "-A INPUT -i nomad -j HUTCH-NOMAD-IN" in rules and "-A HUTCH-NOMAD-IN -j DROP" in rules
+
+
+async def fwd_rules() -> str:
+    import asyncio
+
+    done = await asyncio.to_thread(subprocess.run, ["iptables", "-S", "HUTCH-NOMAD-FWD"], capture_output=True, text=True)
+    return done.stdout
+
+
+async def test_a_port_alone_serves_but_reaches_nothing(driver: NomadDriver, fake_internet: tuple[str, int],  # noqa: F811
+                                                       host_server: int) -> None:  # noqa: F811
+    import asyncio
+    import urllib.request
+
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", port=8000))
+    await driver.exec(ExecRequest(new_id("ex"), sid, ["sh", "-c", "python3 -m http.server 8000 >/dev/null 2>&1 &"]),
+                      Recorder())
+    host, port = await driver.port_target(sid)
+    body = b""
+    for _ in range(50):
+        try:
+            body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://{host}:{port}/", timeout=5).read())
+            break
+        except OSError:
+            await asyncio.sleep(0.1)
+    assert b"Directory listing" in body
+    seen = await probe(driver, sid, [fake_internet, (INET_HOST, host_server), ("169.254.169.254", 80)])  # type: ignore[arg-type]
+    assert not any(v.startswith("open") for v in seen.values()), seen
+    assert "hutch:" in await fwd_rules()
+    await driver.destroy(sid)
+    for _ in range(100):  # the per-sandbox rule goes with its task
+        if "hutch:" not in await fwd_rules():
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError("the port-only sandbox's outbound rule outlived it")

@@ -80,6 +80,7 @@ var (
 		"workspace":      hclspec.NewAttr("workspace", "string", false),
 		"readonly_paths": hclspec.NewAttr("readonly_paths", "list(string)", false),
 		"resolv_conf":    hclspec.NewAttr("resolv_conf", "string", false),
+		"no_outbound":    hclspec.NewAttr("no_outbound", "bool", false),
 	})
 
 	capabilities = &drivers.Capabilities{
@@ -121,6 +122,7 @@ type TaskConfig struct {
 	Hostname    string   `codec:"hostname"`
 	Workspace   string   `codec:"workspace"`
 	ResolvConf  string   `codec:"resolv_conf"`
+	NoOutbound  bool     `codec:"no_outbound"` // on the bridge only to serve a port
 }
 
 // TaskState is what Nomad keeps for RecoverTask.
@@ -366,6 +368,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 		opts = append(opts, netOpts...)
 		opts = append(opts, oci.WithMounts(netMounts))
+		if tc.NoOutbound {
+			if err := restrictOutbound(ni.Path, id); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 	if lr := cfg.Resources; lr != nil && lr.LinuxResources != nil && lr.LinuxResources.MemoryLimitBytes > 0 {
 		limit := uint64(lr.LinuxResources.MemoryLimitBytes)
@@ -527,6 +534,16 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if err != nil {
 		return fmt.Errorf("loading task of container %s: %v", state.ContainerID, err)
 	}
+	// The firewall was re-installed when the plugin started: a port-only sandbox's rule too.
+	var tc TaskConfig
+	if err := handle.Config.DecodeDriverConfig(&tc); err == nil && tc.NoOutbound {
+		if ni := handle.Config.NetworkIsolation; ni != nil && ni.Path != "" {
+			removeOutboundRule(state.ContainerID)
+			if err := restrictOutbound(ni.Path, state.ContainerID); err != nil {
+				return fmt.Errorf("restricting %s: %v", state.ContainerID, err)
+			}
+		}
+	}
 	h := newTaskHandle(d, handle.Config, container, task, state.Workspace)
 	h.startedAt = state.StartedAt
 	exitC, err := task.Wait(ctx)
@@ -602,6 +619,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	}
 	ctx := d.nsCtx(d.ctx)
 	d.deleteContainer(ctx, h.container)
+	removeOutboundRule(h.container.ID())
 	if h.workspace != "" && strings.HasPrefix(h.workspace, d.config.WorkspaceRoot+"/") {
 		if err := os.RemoveAll(h.workspace); err != nil {
 			d.logger.Warn("removing workspace", "path", h.workspace, "error", err)

@@ -144,3 +144,39 @@ func groupNetwork(netnsPath, resolvConf, taskDir string) ([]oci.SpecOpts, []spec
 	}
 	return opts, mounts, nil
 }
+
+// restrictOutbound keeps a sandbox that only serves a port from opening connections of its
+// own: new connections from its address are dropped (replies to inbound ones still pass).
+// The rule is tagged with the container id so removeOutboundRule finds it.
+func restrictOutbound(netnsPath, id string) error {
+	out, err := exec.Command("nsenter", "--net="+netnsPath, "ip", "-4", "-o", "addr", "show", "eth0").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("reading the address of %s: %v: %s", netnsPath, err, out)
+	}
+	m := regexp.MustCompile(`inet (\d+\.\d+\.\d+\.\d+)/`).FindSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("eth0 of %s has no IPv4 address: %s", netnsPath, out)
+	}
+	firewallMu.Lock()
+	defer firewallMu.Unlock()
+	return ipt("-I", "HUTCH-NOMAD-FWD", "1", "-i", bridgeName, "-s", string(m[1]), "-m", "conntrack",
+		"--ctstate", "NEW", "-m", "comment", "--comment", "hutch:"+id, "-j", "DROP")
+}
+
+func removeOutboundRule(id string) {
+	firewallMu.Lock()
+	defer firewallMu.Unlock()
+	out, err := exec.Command("iptables", "-w", "-S", "HUTCH-NOMAD-FWD").CombinedOutput()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "hutch:"+id+" ") || strings.Contains(line, "\"hutch:"+id+"\"") {
+			args := strings.Fields(strings.Replace(line, "-A ", "-D ", 1))
+			for i, a := range args {
+				args[i] = strings.Trim(a, "\"")
+			}
+			_ = ipt(args...)
+		}
+	}
+}
