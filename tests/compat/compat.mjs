@@ -479,6 +479,36 @@ if (EXTENDED) {
 	}, { needs: ['sbx'] });
 }
 
+// ---- disk checkpoints (extended drivers)
+
+async function catIn(sandbox, path) {
+	const ex = await sandbox.execute({ command: ['cat', path] });
+	return await readUrl(ex.stdoutStreamUrl, `cat ${path}`);
+}
+
+
+if (EXTENDED) {
+	await check('checkpoints: createDiskCheckpoint, list, get, restore brings files back, delete', async () => {
+		const sbx = await client.create({ runtime: RUNTIME });
+		await sbx.writeFiles([{ path: 'ck/kept.txt', content: enc('before') }]);
+		const cp = await client.createDiskCheckpoint(sbx.id, 'base');
+		assert.ok(cp.id.startsWith('ckpt_'), cp.id);
+		assert.equal(cp.name, 'base');
+		assert.ok(isIso(cp.createdAt), cp.createdAt);
+		await sbx.writeFiles([{ path: 'ck/kept.txt', content: enc('after') }, { path: 'ck/new.txt', content: enc('x') }]);
+		const listed = await client.listDiskCheckpoints(sbx.id);
+		assert.deepEqual(listed.map((c) => c.name), ['base']);
+		const again = await client.getDiskCheckpoint(sbx.id, cp.id);
+		await again.restore();
+		assert.equal(await catIn(sbx, 'ck/kept.txt'), 'before');
+		const ls = await sbx.execute({ command: ['ls', 'ck'] });
+		assert.equal(await readUrl(ls.stdoutStreamUrl, 'ls'), 'kept.txt\n', 'a file made after the checkpoint is gone');
+		await again.delete();
+		assert.deepEqual(await client.listDiskCheckpoints(sbx.id), []);
+		await sbx.destroy();
+	});
+}
+
 // ---- snapshots (the workspace is read through the file primitives: extended drivers only)
 
 if (EXTENDED) {
@@ -504,11 +534,7 @@ if (EXTENDED) {
 		return gzipSync(Buffer.concat([header, body, pad, Buffer.alloc(1024, 0)]));
 	}
 
-	async function catIn(sandbox, path) {
-		const ex = await sandbox.execute({ command: ['cat', path] });
-		return await readUrl(ex.stdoutStreamUrl, `cat ${path}`);
-	}
-
+	
 	await check('snapshots: createSnapshot, create({snapshot}) restores files and env, get/list', async () => {
 		const src = await client.create({ runtime: RUNTIME, env: { FROM_SNAP: 'yes' } });
 		await src.writeFiles([{ path: 'snap/a.txt', content: enc('in the snapshot\n') }]);
