@@ -39,7 +39,7 @@ from core.errors import (
     SandboxNotFound,
 )
 from core.eventlog.base import EventLog
-from core.events import Event, SandboxCreated, decode, encode
+from core.events import Event, SandboxCreated, SandboxUsageRecorded, decode, encode
 from core.lifecycle import (
     ChangeEnv,
     DeleteCheckpoint,
@@ -376,7 +376,21 @@ class Engine:
         by_runtime: dict[str, int] = {}
         runs: dict[str, dict[str, int]] = {"exec": {}, "job": {}}
         run_ms = {"exec": 0, "job": 0}
+        cpu: dict[str, float] = {}
+        memory: dict[str, float] = {}
+        now = time.time()
         for sb in chosen:
+            used_cpu, used_memory = sb.cpu_seconds, sb.memory_peak_bytes
+            if not sb.status.is_final:  # still running: ask the driver now
+                with contextlib.suppress(Exception):
+                    live = await self.driver.usage(sb.sandbox_id)
+                    used_cpu, used_memory = live.cpu_seconds, live.memory_peak_bytes
+            key = sb.status.value
+            cpu[key] = cpu.get(key, 0.0) + (used_cpu or 0.0)
+            if used_memory:
+                # Peak x lifetime: an upper bound of the memory it held over time.
+                ended = now if not sb.status.is_final else _unix(sb.updated_at)
+                memory[key] = memory.get(key, 0.0) + used_memory / 2**30 * max(0.0, ended - _unix(sb.created_at))
             by_status[sb.status.value] = by_status.get(sb.status.value, 0) + 1
             by_runtime[sb.spec.runtime] = by_runtime.get(sb.spec.runtime, 0) + 1
             for ex in await self.store.list_executions(sb.sandbox_id):
@@ -387,6 +401,9 @@ class Engine:
             "start": start,
             "end": end,
             "sandboxes": {"created": len(chosen), "byStatus": by_status, "byRuntime": by_runtime},
+            "cpu": {"seconds": round(sum(cpu.values()), 3), "byStatus": {k: round(v, 3) for k, v in cpu.items()}},
+            "memory": {"gibSeconds": round(sum(memory.values()), 3),  # peak x lifetime, per sandbox
+                       "byStatus": {k: round(v, 3) for k, v in memory.items()}},
             "executions": {"total": sum(runs["exec"].values()), "byStatus": runs["exec"], "wallTimeMs": run_ms["exec"]},
             "jobs": {"total": sum(runs["job"].values()), "byStatus": runs["job"], "wallTimeMs": run_ms["job"]},
         }
@@ -606,7 +623,20 @@ class Engine:
         except Exception:  # the driver's watcher must survive whatever happens here
             log.exception("recording the end of sandbox %s failed", sandbox_id)
 
+    async def _record_usage(self, sandbox_id: str) -> None:
+        """Best effort, just before the driver forgets the sandbox: stats want it later."""
+        try:
+            used = await self.driver.usage(sandbox_id)
+            if used.cpu_seconds is not None or used.memory_peak_bytes is not None:
+                async with self._lock(sandbox_id):
+                    await self._append(sandbox_id, [SandboxUsageRecorded(
+                        cpu_seconds=round(used.cpu_seconds, 6) if used.cpu_seconds is not None else None,
+                        memory_peak_bytes=used.memory_peak_bytes)])
+        except Exception:
+            log.warning("reading the usage of %s failed", sandbox_id, exc_info=True)
+
     async def _end(self, sandbox_id: str, command: Terminate) -> None:
+        await self._record_usage(sandbox_id)
         try:
             await self.driver.destroy(sandbox_id)
         except Exception as err:  # still record the end; the driver cleans leftovers at start
@@ -626,6 +656,7 @@ class Engine:
             if not ex.status.is_final:
                 with contextlib.suppress(Exception):
                     await self.driver.cancel(ex.execution_id)
+        await self._record_usage(sandbox_id)
         await self.driver.destroy(sandbox_id)
         await self._command(sandbox_id, Terminate(reason="destroyed on request", deleted=True))
 

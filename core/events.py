@@ -82,6 +82,15 @@ class SandboxEnvChanged:
 
 
 @attrs.frozen
+class SandboxUsageRecorded:
+    """What the sandbox used, read from the driver as it ends (stats: cpu and memory time)."""
+
+    type: ClassVar[str] = "usage"
+    cpu_seconds: float | None = None
+    memory_peak_bytes: int | None = None
+
+
+@attrs.frozen
 class CheckpointCreated:
     type: ClassVar[str] = "checkpoint"
     checkpoint_id: str
@@ -186,6 +195,7 @@ EventData = (
     | SandboxPaused
     | SandboxResumed
     | SandboxEnvChanged
+    | SandboxUsageRecorded
     | CheckpointCreated
     | CheckpointRestored
     | CheckpointDeleted
@@ -209,6 +219,7 @@ EVENT_TYPES: dict[str, type] = {
         SandboxPaused,
         SandboxResumed,
         SandboxEnvChanged,
+        SandboxUsageRecorded,
         CheckpointCreated,
         CheckpointRestored,
         CheckpointDeleted,

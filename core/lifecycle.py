@@ -27,6 +27,7 @@ from core.events import (
     SandboxResumed,
     SandboxStarted,
     SandboxTerminated,
+    SandboxUsageRecorded,
 )
 from core.models import Checkpoint, Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
 
@@ -267,6 +268,8 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
         case CheckpointDeleted(checkpoint_id=cid):
             kept = tuple(c for c in sandbox.checkpoints if c.checkpoint_id != cid)
             return attrs.evolve(sandbox, checkpoints=kept, updated_at=at)
+        case SandboxUsageRecorded():
+            return attrs.evolve(sandbox, cpu_seconds=data.cpu_seconds, memory_peak_bytes=data.memory_peak_bytes)
         case SandboxEnvChanged():
             env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
             env.update(data.set)

@@ -117,6 +117,8 @@ class Sandbox:
     current_checkpoint: str = ""  # name of the checkpoint last taken or restored: the next one's parent
     initial_execution_id: str | None = None
     api_key_id: str | None = None  # which key created it (audit)
+    cpu_seconds: float | None = None  # recorded as it ended (a "usage" event)
+    memory_peak_bytes: int | None = None
 
 
 @attrs.frozen

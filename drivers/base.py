@@ -91,6 +91,12 @@ class FileInfo:
 
 
 @attrs.frozen
+class Usage:
+    cpu_seconds: float | None = None  # CPU time of every process the sandbox ran
+    memory_peak_bytes: int | None = None  # the most memory it held at once
+
+
+@attrs.frozen
 class Metric:
     """One sample for ``GET /metrics`` (Prometheus text format)."""
 
@@ -232,6 +238,10 @@ class Driver(abc.ABC):
 
         Reachable from the server only; NotSupported when the sandbox (or driver) has none."""
         raise NotSupported(f"driver {self.name} cannot expose ports")
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        """What the sandbox has used so far (for stats); unknown parts are None."""
+        return Usage()
 
     def metrics(self) -> list[Metric]:
         """What the driver can tell about itself for ``GET /metrics`` (warm pools, …)."""

@@ -48,6 +48,19 @@ def _pids(path: Path) -> list[int]:
     return found
 
 
+def _number(directory: Path | None, name: str, scale: float) -> float | None:
+    if directory is None:
+        return None
+    try:
+        return int((directory / name).read_text().split()[0]) * scale
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def _rmtree(path: Path) -> bool:
     """rmdir a cgroup and its children, deepest first. False if any still has processes.
 
@@ -110,7 +123,7 @@ class Cgroups(abc.ABC):
                 fstype, _source, options = right.split()[:3]
                 if fstype == "cgroup":
                     for opt in options.split(","):
-                        if opt in ("memory", "cpu", "pids", "freezer"):
+                        if opt in ("memory", "cpu", "cpuacct", "pids", "freezer"):
                             v1.setdefault(opt, mountpoint)
                 elif fstype == "cgroup2" and v2 is None:
                     v2 = mountpoint
@@ -142,6 +155,10 @@ class Cgroups(abc.ABC):
 
     @abc.abstractmethod
     def oom_kills(self, sandbox: str, leaf: str) -> int: ...
+
+    @abc.abstractmethod
+    def usage(self, sandbox: str) -> tuple[float | None, int | None]:
+        """(cpu seconds used, peak memory bytes) of the whole sandbox so far; None if unknown."""
 
     @abc.abstractmethod
     def _freeze(self, path: Path, frozen: bool) -> None: ...
@@ -268,6 +285,11 @@ class CgroupV1(Cgroups):
             out.append(path / "tasks")
         return out
 
+    def usage(self, sandbox: str) -> tuple[float | None, int | None]:
+        base = dict(zip(self._order, self.paths(sandbox), strict=True))
+        return (_number(base.get("cpuacct"), "cpuacct.usage", 1e-9),  # hierarchical: init and every leaf
+                _int(_number(base.get("memory"), "memory.max_usage_in_bytes", 1)))
+
     def oom_kills(self, sandbox: str, leaf: str) -> int:
         # v1 counts an OOM kill in the victim's own memcg, i.e. the execution's leaf.
         if "memory" not in self.mounts:
@@ -351,6 +373,16 @@ class CgroupV2(Cgroups):
         path = self.paths(sandbox, leaf)[0]
         path.mkdir(exist_ok=True)
         return [path / "cgroup.procs"]
+
+    def usage(self, sandbox: str) -> tuple[float | None, int | None]:
+        path = self.paths(sandbox)[0]
+        cpu = None
+        with contextlib.suppress(OSError, ValueError):
+            for line in (path / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    cpu = int(value) / 1e6
+        return cpu, _int(_number(path, "memory.peak", 1))  # memory.peak: kernels from 5.19
 
     def oom_kills(self, sandbox: str, leaf: str) -> int:
         try:

@@ -77,6 +77,7 @@ from drivers.base import (
     FileToWrite,
     OutputSink,
     ProvisionRequest,
+    Usage,
 )
 from drivers.local import layers, network, rootfs
 from drivers.local.cgroups import Cgroups, CgroupV1
@@ -348,6 +349,12 @@ class LocalDriver(FilesMixin, Driver):
         """The sandbox's veth (network or a port): see network.py."""
         network.setup(sb.init_pid, sb.uid - UID_BASE, outbound=sb.network)
         self._write_meta(self.sandbox_root / sb.id, sb)
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        if self._cgroups is None or not _ID.match(sandbox_id):
+            return Usage()
+        cpu, memory = await asyncio.to_thread(self._cgroups.usage, sandbox_id)
+        return Usage(cpu_seconds=cpu, memory_peak_bytes=memory)
 
     async def port_target(self, sandbox_id: str) -> tuple[str, int]:
         sb = self._running(sandbox_id)

@@ -107,4 +107,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for status, n in sorted(ex.get("byStatus", {}).items()):
         out.write(f"  {status}: {n}\n")
     out.write(f"jobs: {jobs.get('total', 0)} ({jobs.get('wallTimeMs', 0)} ms)\n")
+    out.write(f"cpu: {stats.get('cpu', {}).get('seconds', 0)} s; "
+              f"memory: {stats.get('memory', {}).get('gibSeconds', 0)} GiB-s (peak x lifetime)\n")
     return 0

@@ -92,3 +92,19 @@ async def test_drivers_without_installs_say_so(api: Api) -> None:
     assert err["field"] == "dependencies" and "fake" in err["message"]
     resp = await api.client.get("/sandbox", headers=AUTH)
     assert (await resp.json())["data"]["total"] == 0
+
+
+@pytest.mark.parametrize("driver_name", ["local"])  # the nomad driver does not report usage yet
+async def test_stats_count_cpu_and_memory_time(api: Api) -> None:
+    """Usage is read from the driver's accounting (cgroups on the local driver) as a sandbox
+    ends, logged as a "usage" event, and summed by stats; live sandboxes are asked now."""
+    busy = (await api.call("POST", "/sandbox", json={"runtime": "python:3.13"}, expect=201))["data"]["sandboxId"]
+    code, _ = await run(api, busy, "python3", "-c", "import time\nt=time.process_time()\nwhile time.process_time()-t<0.4: pass\n"
+                                                   "b=bytearray(64*2**20)")
+    assert code == 0
+    live = await api.data("GET", "/sandbox/stats")
+    assert live["cpu"]["seconds"] >= 0.35, live
+    await api.call("DELETE", f"/sandbox/{busy}")
+    stats = await api.data("GET", "/sandbox/stats")
+    assert stats["cpu"]["byStatus"]["deleted"] >= 0.35, stats
+    assert stats["memory"]["gibSeconds"] > 0, stats
