@@ -71,6 +71,7 @@ from drivers.base import (
     OutputSink,
     ProvisionRequest,
     Resources,
+    Usage,
 )
 from drivers.local import layers, rootfs
 from drivers.local import network as sandbox_network
@@ -611,6 +612,21 @@ class NomadDriver(NomadFiles, Driver):
             on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
         if code != 0:
             raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {bytes(out)[:300]!r}")
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        """The plugin's usage verb: the container's cgroup accounting, read on the client."""
+        sb = self._sandboxes.get(sandbox_id)
+        if sb is None:
+            return Usage()
+        out = bytearray()
+        code = await self._client.exec(
+            sb.alloc_id, TASK, [ENVELOPE, json.dumps({"usage": True})], stdin=None,
+            on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
+        if code != 0:
+            return Usage()
+        data = json.loads(bytes(out) or b"{}")
+        peak = data.get("memoryPeakBytes")
+        return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None)
 
     async def pause(self, sandbox_id: str) -> None:
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).

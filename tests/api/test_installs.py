@@ -94,7 +94,6 @@ async def test_drivers_without_installs_say_so(api: Api) -> None:
     assert (await resp.json())["data"]["total"] == 0
 
 
-@pytest.mark.parametrize("driver_name", ["local"])  # the nomad driver does not report usage yet
 async def test_stats_count_cpu_and_memory_time(api: Api) -> None:
     """Usage is read from the driver's accounting (cgroups on the local driver) as a sandbox
     ends, logged as a "usage" event, and summed by stats; live sandboxes are asked now."""

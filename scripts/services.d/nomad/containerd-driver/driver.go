@@ -703,6 +703,13 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		}
 		return &drivers.ExitResult{ExitCode: 0}, nil
 	}
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Usage {
+		out, _ := json.Marshal(h.usage())
+		if _, err := opts.Stdout.Write(out); err != nil {
+			return nil, err
+		}
+		return &drivers.ExitResult{ExitCode: 0}, nil
+	}
 	return h.exec(ctx, opts.Command, opts.Stdin, opts.Stdout, opts.Stderr)
 }
 
@@ -724,6 +731,7 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //	{"env": ["K=V", ...], "cwd": "/dir", "tag": "exec-1"}   run argv with this env and cwd
 //	{"kill": "exec-1"}                                      kill the tagged exec's process tree
 //	{"freeze": true|false}                                  pause / resume the whole container
+//	{"usage": true}                                         the container's cpu and peak memory, as JSON
 //
 // The kill verb exists because closing the exec websocket does not reach the plugin while
 // the command is silent: Nomad's HTTP handler only notices at the command's next output.
@@ -733,6 +741,7 @@ type execEnvelopeSpec struct {
 	Tag    string   `json:"tag"`
 	Kill   string   `json:"kill"`
 	Freeze *bool    `json:"freeze"`
+	Usage  bool     `json:"usage"`
 }
 
 func parseEnvelope(cmd []string) (*execEnvelopeSpec, []string, error) {

@@ -162,6 +162,38 @@ func (h *taskHandle) stats(ctx context.Context, interval time.Duration, ch chan<
 	}
 }
 
+// usage is what the container used so far: cpu seconds and peak memory bytes, from its
+// cgroup (v1 cpuacct/memory, or v2 cpu.stat/memory.peak); absent values are left out.
+func (h *taskHandle) usage() map[string]float64 {
+	ns, id := h.d.config.Namespace, h.container.ID()
+	out := map[string]float64{}
+	read := func(path string) (float64, bool) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0, false
+		}
+		v, err := strconv.ParseFloat(strings.Fields(string(b) + " 0")[0], 64)
+		return v, err == nil
+	}
+	if v, ok := read(filepath.Join("/sys/fs/cgroup/cpuacct", ns, id, "cpuacct.usage")); ok {
+		out["cpuSeconds"] = v / 1e9
+	} else if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", ns, id, "cpu.stat")); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "usage_usec" {
+				if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+					out["cpuSeconds"] = v / 1e6
+				}
+			}
+		}
+	}
+	if v, ok := read(filepath.Join("/sys/fs/cgroup/memory", ns, id, "memory.max_usage_in_bytes")); ok {
+		out["memoryPeakBytes"] = v
+	} else if v, ok := read(filepath.Join("/sys/fs/cgroup", ns, id, "memory.peak")); ok {
+		out["memoryPeakBytes"] = v
+	}
+	return out
+}
+
 func (h *taskHandle) memoryUsage() (uint64, bool) {
 	ns := h.d.config.Namespace
 	for _, p := range []string{
