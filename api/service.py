@@ -39,7 +39,7 @@ from core.errors import (
     SandboxNotFound,
 )
 from core.eventlog.base import EventLog
-from core.events import Event, SandboxCreated, SandboxUsageRecorded, decode, encode
+from core.events import Event, SandboxCreated, decode, encode
 from core.lifecycle import (
     ChangeEnv,
     DeleteCheckpoint,
@@ -623,20 +623,19 @@ class Engine:
         except Exception:  # the driver's watcher must survive whatever happens here
             log.exception("recording the end of sandbox %s failed", sandbox_id)
 
-    async def _record_usage(self, sandbox_id: str) -> None:
-        """Best effort, just before the driver forgets the sandbox: stats want it later."""
+    async def _usage(self, sandbox_id: str) -> dict[str, Any]:
+        """Best effort, just before the driver forgets the sandbox: stats want it later.
+        Travels in the lifecycle:terminated event (Terminate's usage fields)."""
         try:
             used = await self.driver.usage(sandbox_id)
-            if used.cpu_seconds is not None or used.memory_peak_bytes is not None:
-                async with self._lock(sandbox_id):
-                    await self._append(sandbox_id, [SandboxUsageRecorded(
-                        cpu_seconds=round(used.cpu_seconds, 6) if used.cpu_seconds is not None else None,
-                        memory_peak_bytes=used.memory_peak_bytes)])
         except Exception:
             log.warning("reading the usage of %s failed", sandbox_id, exc_info=True)
+            return {}
+        return {"cpu_seconds": round(used.cpu_seconds, 6) if used.cpu_seconds is not None else None,
+                "memory_peak_bytes": used.memory_peak_bytes}
 
     async def _end(self, sandbox_id: str, command: Terminate) -> None:
-        await self._record_usage(sandbox_id)
+        command = attrs.evolve(command, **await self._usage(sandbox_id))
         try:
             await self.driver.destroy(sandbox_id)
         except Exception as err:  # still record the end; the driver cleans leftovers at start
@@ -656,9 +655,9 @@ class Engine:
             if not ex.status.is_final:
                 with contextlib.suppress(Exception):
                     await self.driver.cancel(ex.execution_id)
-        await self._record_usage(sandbox_id)
+        used = await self._usage(sandbox_id)
         await self.driver.destroy(sandbox_id)
-        await self._command(sandbox_id, Terminate(reason="destroyed on request", deleted=True))
+        await self._command(sandbox_id, Terminate(reason="destroyed on request", deleted=True, **used))
 
     # ---------------------------------------------------------------- reads
 

@@ -58,6 +58,9 @@ class SandboxTerminated:
     reason: str
     deleted: bool = False  # destroyed on request (status "deleted") vs ended ("terminated")
     exit_code: int | None = None
+    # What it used, read from the driver just before it went (stats: cpu and memory time).
+    cpu_seconds: float | None = None
+    memory_peak_bytes: int | None = None
 
 
 @attrs.frozen
@@ -79,15 +82,6 @@ class SandboxEnvChanged:
     type: ClassVar[str] = "env"
     set: dict[str, str] = attrs.field(factory=dict)
     unset: tuple[str, ...] = ()
-
-
-@attrs.frozen
-class SandboxUsageRecorded:
-    """What the sandbox used, read from the driver as it ends (stats: cpu and memory time)."""
-
-    type: ClassVar[str] = "usage"
-    cpu_seconds: float | None = None
-    memory_peak_bytes: int | None = None
 
 
 @attrs.frozen
@@ -195,7 +189,6 @@ EventData = (
     | SandboxPaused
     | SandboxResumed
     | SandboxEnvChanged
-    | SandboxUsageRecorded
     | CheckpointCreated
     | CheckpointRestored
     | CheckpointDeleted
@@ -219,7 +212,6 @@ EVENT_TYPES: dict[str, type] = {
         SandboxPaused,
         SandboxResumed,
         SandboxEnvChanged,
-        SandboxUsageRecorded,
         CheckpointCreated,
         CheckpointRestored,
         CheckpointDeleted,

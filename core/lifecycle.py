@@ -27,7 +27,6 @@ from core.events import (
     SandboxResumed,
     SandboxStarted,
     SandboxTerminated,
-    SandboxUsageRecorded,
 )
 from core.models import Checkpoint, Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
 
@@ -74,6 +73,8 @@ class Terminate:
     reason: str
     exit_code: int | None = None
     deleted: bool = False
+    cpu_seconds: float | None = None  # usage, as the driver reported it just before the end
+    memory_peak_bytes: int | None = None
 
 
 @attrs.frozen
@@ -229,7 +230,8 @@ def decide(sandbox: Sandbox, command: Command) -> list[object]:
             if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
                 events.append(SandboxCompleted(exit_code=command.exit_code))
             events.append(
-                SandboxTerminated(reason=command.reason, deleted=command.deleted, exit_code=command.exit_code)
+                SandboxTerminated(reason=command.reason, deleted=command.deleted, exit_code=command.exit_code,
+                                  cpu_seconds=command.cpu_seconds, memory_peak_bytes=command.memory_peak_bytes)
             )
             return events
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
@@ -268,8 +270,6 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
         case CheckpointDeleted(checkpoint_id=cid):
             kept = tuple(c for c in sandbox.checkpoints if c.checkpoint_id != cid)
             return attrs.evolve(sandbox, checkpoints=kept, updated_at=at)
-        case SandboxUsageRecorded():
-            return attrs.evolve(sandbox, cpu_seconds=data.cpu_seconds, memory_peak_bytes=data.memory_peak_bytes)
         case SandboxEnvChanged():
             env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
             env.update(data.set)
@@ -287,6 +287,9 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
             return attrs.evolve(
                 sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(),
                 paused_at=None, terminates_at=None, updated_at=at,
+                cpu_seconds=data.cpu_seconds if data.cpu_seconds is not None else sandbox.cpu_seconds,
+                memory_peak_bytes=(data.memory_peak_bytes if data.memory_peak_bytes is not None
+                                   else sandbox.memory_peak_bytes),
             )
         case ExecutionStarted(execution_id=eid):
             running = sandbox.running | {eid}

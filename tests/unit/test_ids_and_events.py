@@ -33,7 +33,7 @@ def test_event_type_names_are_stable() -> None:
     assert set(EVENT_TYPES) == {
         "create", "destroy", "lifecycle:started", "lifecycle:failed", "lifecycle:completed",
         "lifecycle:terminated", "pause", "resume", "env", "checkpoint", "checkpoint:restored", "checkpoint:deleted", "execution:started", "execution:finished",
-        "snapshot", "snapshot:finalized", "snapshot:tagged", "snapshot:deleted", "usage",
+        "snapshot", "snapshot:finalized", "snapshot:tagged", "snapshot:deleted",
     }
 
 
