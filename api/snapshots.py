@@ -33,6 +33,7 @@ from core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
+    PayloadTooLarge,
     RuntimeNotFound,
     SnapshotNotFound,
 )
@@ -70,7 +71,7 @@ class SnapshotArchives:
                 async for chunk in chunks:
                     size += len(chunk)
                     if max_bytes is not None and size > max_bytes:
-                        raise InvalidInput(f"archive: larger than {max_bytes} bytes", field="archive")
+                        raise PayloadTooLarge(f"archive: larger than {max_bytes} bytes", field="archive")
                     await asyncio.to_thread(fh.write, chunk)
                 await asyncio.to_thread(fh.flush)
                 await asyncio.to_thread(os.fsync, fh.fileno())
@@ -139,7 +140,8 @@ class Snapshots:
         ref = parse_ref(value, field)
         snap = await self._find(ref, public_only)
         if snap is None:
-            raise SnapshotNotFound(f"{field}: no snapshot {value!r} (an id snp_..., name:tag, or tag)", field=field)
+            raise SnapshotNotFound(f"{field}: snapshot {value!r} not found (give an id snp_..., name:tag or a tag)",
+                                   field=field)
         return snap
 
     async def _find(self, ref: Ref, public_only: bool) -> Snapshot | None:
@@ -222,11 +224,10 @@ class Snapshots:
         """Builds never finalized within ``older_than`` seconds are deleted (logged, and their
         upload removed): a client that died mid-build leaves nothing behind for good."""
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than)
-        found, _ = await self.list(SnapshotQuery(ready_only=False, limit=10_000))
+        found, _ = await self.list(SnapshotQuery(ready_only=False, building_only=True, limit=10_000))
         expired = []
         for snap in found:
-            created = dt.datetime.fromisoformat(snap.created_at.replace("Z", "+00:00"))
-            if snap.status is SnapshotStatus.BUILDING and created <= cutoff:
+            if dt.datetime.fromisoformat(snap.created_at.replace("Z", "+00:00")) <= cutoff:
                 await self._append(snap.snapshot_id, SnapshotDeleted())
                 self.archives.remove(snap.snapshot_id)
                 expired.append(snap.snapshot_id)

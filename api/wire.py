@@ -35,7 +35,7 @@ MAX_FILES = 1000
 _ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
-def _expect(body: Mapping[str, Any], key: str, types: type | tuple[type, ...], what: str, prefix: str = "") -> Any:
+def expect(body: Mapping[str, Any], key: str, types: type | tuple[type, ...], what: str, prefix: str = "") -> Any:
     value = body.get(key)
     if value is None:
         return None
@@ -47,7 +47,7 @@ def _expect(body: Mapping[str, Any], key: str, types: type | tuple[type, ...], w
 
 
 def _object(body: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
-    return _expect(body, key, dict, "an object", prefix) or {}
+    return expect(body, key, dict, "an object", prefix) or {}
 
 
 def parse_command(value: object, field: str) -> tuple[str, ...]:
@@ -131,8 +131,8 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
                                "a snapshot brings its own runtime", field="snapshot")
     dependencies = check_dependencies(body.get("dependencies"))
     packages = check_packages(body.get("packages"))
-    runtime_name = _expect(body, "runtime", str, "a runtime name such as python:3.13")
-    runtime_id = _expect(body, "runtimeId", str, "a runtime id (srt_...)")
+    runtime_name = expect(body, "runtime", str, "a runtime name such as python:3.13")
+    runtime_id = expect(body, "runtimeId", str, "a runtime id (srt_...)")
     if runtime_name and runtime_id:
         a, b = runtimes.find(runtime_name), runtimes.find(runtime_id)
         if a is None or b is None or a.name != b.name:
@@ -145,9 +145,9 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
         raise RuntimeNotFound(f"{field}: unknown runtime {wanted!r}; known runtimes: {known}", field=field)
 
     res = _object(body, "resources")
-    memory = _expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
-    cpu = _expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
-    disk = _expect(res, "disk", (str, int), "a size such as 1Gi", "resources.")
+    memory = expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
+    cpu = expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
+    disk = expect(res, "disk", (str, int), "a size such as 1Gi", "resources.")
     resources = Resources(
         memory=str(memory) if memory is not None else None,
         cpu=str(cpu) if cpu is not None else None,
@@ -160,15 +160,15 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
         raise InvalidInput("resources.memory: at least 16Mi is needed to start a sandbox", field="resources.memory")
 
     net = _object(body, "network")
-    enabled = _expect(net, "enabled", bool, "true or false", "network.") or False
-    port = _expect(net, "port", int, "an integer port", "network.")
+    enabled = expect(net, "enabled", bool, "true or false", "network.") or False
+    port = expect(net, "port", int, "an integer port", "network.")
     if port is not None and not 1024 <= port <= 65535:
         raise InvalidInput(f"network.port: {port} is outside 1024-65535", field="network.port")
 
     tmo = _object(body, "timeout")
     timeouts = {}
     for key in ("idle", "execution", "paused"):
-        value = _expect(tmo, key, str, "a duration such as 30s or 5m", "timeout.")
+        value = expect(tmo, key, str, "a duration such as 30s or 5m", "timeout.")
         if value is not None:
             parse_duration(f"timeout.{key}", value)
         timeouts[key] = value
@@ -177,7 +177,7 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
     command = parse_command(cmd_obj["exec"], "command.exec") if cmd_obj.get("exec") is not None else None
     if cmd_obj and command is None:
         raise InvalidInput("command.exec: required when command is given", field="command.exec")
-    mode_raw = _expect(cmd_obj, "mode", str, "oneshot or interactive", "command.")
+    mode_raw = expect(cmd_obj, "mode", str, "oneshot or interactive", "command.")
     try:
         mode = Mode(mode_raw) if mode_raw else Mode.INTERACTIVE
     except ValueError as err:
@@ -185,21 +185,21 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
     if mode is Mode.ONESHOT and command is None:
         raise InvalidInput("command.exec: a oneshot sandbox needs a command", field="command.exec")
 
-    metadata = _expect(body, "metadata", dict, "an object")
+    metadata = expect(body, "metadata", dict, "an object")
     files = parse_files(body.get("files"), "files") + parse_files(cmd_obj.get("files"), "command.files")
     spec = SandboxSpec(
         runtime=recipe.name,
         runtime_id=recipe.id,
         mode=mode,
-        name=_expect(body, "name", str, "a string"),
-        description=_expect(body, "description", str, "a string"),
+        name=expect(body, "name", str, "a string"),
+        description=expect(body, "description", str, "a string"),
         resources=resources,
         env={**(snapshot.env if snapshot else {}), **parse_env(body.get("env"))},
         network=Network(enabled=enabled, port=port),
         timeout=Timeouts(**timeouts),
         command=command,
         metadata=metadata,
-        project_id=_expect(body, "projectId", str, "a string"),
+        project_id=expect(body, "projectId", str, "a string"),
         snapshot_id=snapshot.snapshot_id if snapshot else None,
         dependencies=_merged(snapshot.dependencies if snapshot else (), dependencies),
         packages=_merged(snapshot.packages if snapshot else (), packages),
@@ -223,7 +223,7 @@ def parse_execute(body: Mapping[str, Any]) -> ExecuteRequest:
         raise InvalidInput("body: expected a JSON object", field="body")
     if body.get("command") is None:
         raise InvalidInput("command: required (an array of strings)", field="command")
-    timeout_raw = _expect(body, "timeout", (str, int, float), "a duration such as 30s")
+    timeout_raw = expect(body, "timeout", (str, int, float), "a duration such as 30s")
     return ExecuteRequest(
         command=parse_command(body["command"], "command"),
         files=parse_files(body.get("files"), "files"),

@@ -1265,18 +1265,7 @@ class SandboxClient:
     ) -> int:
         """Stream an archive of ``path`` into ``dest`` (a local path or a binary file);
         returns the number of bytes written. A partial local file is removed on failure."""
-        chunks = self.iter_archive(sandbox_id, path=path, format=format)
-        if hasattr(dest, "write"):
-            return await _drain_to(chunks, dest)  # type: ignore[arg-type]
-        target = Path(dest)  # type: ignore[arg-type]
-        fh = await asyncio.to_thread(open, target, "wb")
-        try:
-            with fh:
-                return await _drain_to(chunks, fh)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(target)
-            raise
+        return await _save_to(self.iter_archive(sandbox_id, path=path, format=format), dest)
 
     async def upload_archive(
         self,
@@ -1620,17 +1609,8 @@ class SandboxClient:
             async with self._raw("GET", f"/sandbox/snapshots/{snapshot_id}/download") as resp:
                 async for chunk in resp.content.iter_chunked(1 << 20):
                     yield chunk
-        if hasattr(dest, "write"):
-            return await _drain_to(chunks(), dest)  # type: ignore[arg-type]
-        target = Path(dest)  # type: ignore[arg-type]
-        fh = await asyncio.to_thread(open, target, "wb")
-        try:
-            with fh:
-                return await _drain_to(chunks(), fh)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(target)
-            raise
+
+        return await _save_to(chunks(), dest)
 
     async def build_snapshot(
         self,
@@ -1686,6 +1666,21 @@ class SandboxClient:
 
 def _local_path(path: str | os.PathLike[str]) -> Path:
     return Path(os.path.expanduser(path))
+
+
+async def _save_to(chunks: AsyncIterator[bytes], dest: str | os.PathLike[str] | IO[bytes]) -> int:
+    """``chunks`` into a binary file or a local path; a partial local file is removed on failure."""
+    if hasattr(dest, "write"):
+        return await _drain_to(chunks, dest)  # type: ignore[arg-type]
+    target = Path(dest)  # type: ignore[arg-type]
+    fh = await asyncio.to_thread(open, target, "wb")
+    try:
+        with fh:
+            return await _drain_to(chunks, fh)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+        raise
 
 
 async def _drain_to(chunks: AsyncIterator[bytes], fh: IO[bytes]) -> int:

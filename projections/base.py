@@ -43,6 +43,7 @@ class SnapshotQuery:
     public: bool | None = None
     content_hash: str | None = None
     ready_only: bool = True  # False: building ones too (never deleted ones)
+    building_only: bool = False  # only builds not finalized yet (with ready_only=False)
     limit: int = 50
     offset: int = 0
     sort: str = "createdAt"  # createdAt | name | size | files (the CLI's created/size/files too)
@@ -55,6 +56,8 @@ SNAPSHOT_SORTS = {"createdAt": "createdAt", "created": "createdAt", "name": "nam
 
 def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
     if snap.status is SnapshotStatus.DELETED or (q.ready_only and snap.status is not SnapshotStatus.READY):
+        return False
+    if q.building_only and snap.status is not SnapshotStatus.BUILDING:
         return False
     return (
         (q.source_sandbox_id is None or snap.source_sandbox_id == q.source_sandbox_id)

@@ -403,6 +403,9 @@ class PostgresProjectionStore(ProjectionStore):
         if query.ready_only:
             args.append(SnapshotStatus.READY.value)
             where.append(f"status = ${len(args)}")
+        if query.building_only:
+            args.append(SnapshotStatus.BUILDING.value)
+            where.append(f"status = ${len(args)}")
         for column, value in (("source_sandbox_id", query.source_sandbox_id), ("name", query.name),
                               ("tag", query.tag), ("public", query.public), ("content_hash", query.content_hash)):
             if value is not None:

@@ -12,9 +12,9 @@ from api import wire
 from api.http import base_url, json_body, ok, q_choice, q_int
 from api.keys import API_KEY_ID, CONFIG, ENGINE
 from api.snapshots import LINEAGE_MAX, unchanged
-from core.errors import InvalidInput, Unauthorized
+from core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from core.models import Snapshot
-from core.snapshots import parse_ref
+from core.snapshots import check_name
 from projections.base import SNAPSHOT_SORTS, SnapshotQuery
 
 routes = web.RouteTableDef()
@@ -23,20 +23,12 @@ def _render(request: web.Request, snap: Snapshot) -> dict[str, Any]:
     return wire.snapshot_info(snap, f"{base_url(request)}/sandbox/snapshots/{snap.snapshot_id}/download")
 
 
-def _opt_str(body: dict[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, str):
-        raise InvalidInput(f"{key}: expected a string, got {type(value).__name__}", field=key)
-    return value or None
+def _str(body: dict[str, Any], key: str) -> str | None:
+    return wire.expect(body, key, str, "a string")
 
 
-def _opt_bool(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise InvalidInput(f"{key}: expected true or false, got {value!r}", field=key)
-    return value
+def _flag(body: dict[str, Any], key: str) -> bool:
+    return bool(wire.expect(body, key, bool, "true or false"))
 
 
 def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
@@ -50,8 +42,8 @@ def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
 async def take(request: web.Request) -> web.Response:
     body = await json_body(request, required=False)
     snap = await request.app[ENGINE].snapshots.take(
-        request.match_info["sandbox_id"], name=_opt_str(body, "name"), description=_opt_str(body, "description"),
-        tag=_opt_str(body, "tag"), public=_opt_bool(body, "public"), api_key_id=request.get(API_KEY_ID),
+        request.match_info["sandbox_id"], name=_str(body, "name"), description=_str(body, "description"),
+        tag=_str(body, "tag"), public=_flag(body, "public"), api_key_id=request.get(API_KEY_ID),
     )
     return ok(_render(request, snap), http_status=201)
 
@@ -99,11 +91,13 @@ async def lineage(request: web.Request) -> web.Response:
         raise InvalidInput("snapshot: give either snapshot or name (with an optional tag), not both", field="snapshot")
     if ref:
         start = await engine.snapshots.resolve(ref, "snapshot")
-    elif name:
-        start = await engine.snapshots.resolve(f"{name}:{tag}" if tag else name, "name")
-        if not tag:  # a bare name: its newest snapshot, whatever it is tagged
-            found, _ = await engine.snapshots.list(SnapshotQuery(name=start.name, limit=1))
-            start = found[0]
+    elif name and tag:
+        start = await engine.snapshots.resolve(f"{name}:{tag}", "name")
+    elif name:  # a bare name: its newest snapshot, whatever it is tagged
+        found, _ = await engine.snapshots.list(SnapshotQuery(name=check_name(name), limit=1))
+        if not found:
+            raise SnapshotNotFound(f"name: no snapshot named {name!r}", field="name")
+        start = found[0]
     else:
         raise InvalidInput("snapshot: give snapshot (an id or name:tag) or name", field="snapshot")
     chain = await engine.snapshots.lineage(start, limit)
@@ -116,14 +110,14 @@ async def build_init(request: web.Request) -> web.Response:
     runtime = body.get("runtime")
     if not isinstance(runtime, str) or not runtime:
         raise InvalidInput("runtime: required, a runtime name (python:3.13) or id (srt_...)", field="runtime")
-    if _opt_bool(body, "encrypt"):
+    if _flag(body, "encrypt"):
         raise InvalidInput("encrypt: archives are kept on this server's own disk; encryption is not offered",
                            field="encrypt")
     engine = request.app[ENGINE]
     made, existing = await engine.snapshots.build_init(
-        runtime=runtime, name=_opt_str(body, "name"), tag=_opt_str(body, "tag"),
-        description=_opt_str(body, "description"), message=_opt_str(body, "message"),
-        content_hash=_opt_str(body, "contentHash"), force=_opt_bool(body, "force"), public=_opt_bool(body, "public"),
+        runtime=runtime, name=_str(body, "name"), tag=_str(body, "tag"),
+        description=_str(body, "description"), message=_str(body, "message"),
+        content_hash=_str(body, "contentHash"), force=_flag(body, "force"), public=_flag(body, "public"),
         api_key_id=request.get(API_KEY_ID),
     )
     if existing is not None:
@@ -173,10 +167,7 @@ async def download(request: web.Request) -> web.StreamResponse:
 
 @routes.get("/sandbox/snapshots/{snapshot_id}")
 async def get(request: web.Request) -> web.Response:
-    ref = request.match_info["snapshot_id"]
-    snapshots = request.app[ENGINE].snapshots
-    parsed = parse_ref(ref, "snapshotId")
-    snap = await (snapshots.get(ref) if parsed.snapshot_id else snapshots.resolve(ref, "snapshotId"))
+    snap = await request.app[ENGINE].snapshots.resolve(request.match_info["snapshot_id"], "snapshotId")
     return ok(_render(request, snap))
 
 

@@ -24,7 +24,6 @@ never through a shell.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -33,7 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from core.errors import DriverFailure, InvalidInput
@@ -93,24 +92,13 @@ def lowers(cache: Path, recipe: RuntimeRecipe, layer: str | None) -> list[Path]:
     return [layer_path(cache, layer), base] if layer else [base]
 
 
-@contextlib.contextmanager
-def _locked(directory: Path, key: str) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / f".{key}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def build(recipe: RuntimeRecipe, cache: Path, dependencies: Sequence[str], packages: Sequence[str], *,
           log: Log = lambda _m: None) -> str:
     """Build (or find) the layer; returns its key. Blocking: run it in a thread."""
     key = layer_key(recipe, dependencies, packages)
     root = cache / "layers"
     final = layer_path(cache, key)
-    with _locked(root, key):
+    with rootfs.locked(root, key):
         if final.is_dir():
             return key
         for stale in root.glob(f".tmp-{key}-*"):  # a build that died; we hold the lock
@@ -137,7 +125,7 @@ def build(recipe: RuntimeRecipe, cache: Path, dependencies: Sequence[str], packa
             log(f"layer {key}: built in {manifest['build_seconds']}s")
             return key
         except BaseException:
-            _remove_tree(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)  # the overlay went with its mount namespace
             raise
 
 
@@ -213,18 +201,10 @@ def _check_installed(manifest: dict, dependencies: Sequence[str], packages: Sequ
         name = dep.partition("=")[0].partition(":")[0]
         if name not in have_apt:
             raise DriverFailure(f"dependencies: {dep} is not installed after apt-get install", field="dependencies")
-    for pkg in packages:
-        name = pkg[1:].partition("@")[0] if pkg.startswith("@") else pkg.partition("@")[0]
-        name = "@" + name if pkg.startswith("@") else name
-        if "/" in pkg and not pkg.startswith("@"):
-            continue  # a git or tarball spec: its name is only known from its package.json
+    for pkg in packages:  # registry specs only (core.packages): name[@version], @scope/name[@version]
+        name = "@" + pkg[1:].partition("@")[0] if pkg.startswith("@") else pkg.partition("@")[0]
         if name not in manifest.get("npm", {}):
             raise DriverFailure(f"packages: {pkg} is not installed after npm install", field="packages")
-
-
-def _remove_tree(path: Path) -> None:
-    """A failed build's directory; the overlay is gone with its mount namespace."""
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def find_in_lowers(layers: Sequence[Path], rel: str) -> Path:

@@ -106,7 +106,8 @@ def lookup(name: str) -> RuntimeRecipe:
 
 
 @contextlib.contextmanager
-def _locked(cache: Path, key: str) -> Iterator[None]:
+def locked(cache: Path, key: str) -> Iterator[None]:
+    """An exclusive lock on building ``key`` in ``cache`` (across processes)."""
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f".{key}.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -120,7 +121,7 @@ def build(recipe: RuntimeRecipe, cache: Path, *, log: Log = print, force: bool =
     """Build ``recipe`` into ``cache`` unless it is already there. Returns the rootfs path."""
     final = rootfs_path(cache, recipe)
     key = cache_key(recipe)
-    with _locked(cache, key):
+    with locked(cache, key):
         if final.is_dir() and not force:
             log(f"{recipe.name}: cached at {final}")
             return final

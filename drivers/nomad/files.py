@@ -13,9 +13,9 @@ and both wait for the script's "ok" before any content moves, so a bad path fail
 an upload is sent.
 
 Disk checkpoints are tar archives of the workspace (the part of a container that outlives
-it), kept under the driver's data dir and unpacked back over an emptied workspace on
-restore. They are full copies: the API server and the Nomad client need not share a
-filesystem, so links or reflinks are not available here.
+it; made by the same export as archive downloads), kept under the driver's data dir and
+unpacked back over an emptied workspace on restore. They are full copies: the API server
+and the Nomad client need not share a filesystem, so links or reflinks are not available.
 """
 
 from __future__ import annotations
@@ -102,7 +102,12 @@ import)
   mkdir -p -- "$p" || exit 3
   cd -- "$p" || exit 3
   printf 'ok\n'
-  exec tar -x $1 --no-same-owner -f - ;;
+  exec tar -x -p $1 --no-same-owner -f - ;;
+restore)
+  cd -- "$p" || exit 3
+  find . -mindepth 1 -delete || exit 3
+  printf 'ok\n'
+  exec tar -x -p --no-same-owner -f - ;;
 *) fail "Invalid argument" ;;
 esac
 """
@@ -307,28 +312,6 @@ class NomadFiles:
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
         return self.state_dir / "checkpoints" / sandbox_id / f"{checkpoint_id}.tar"  # type: ignore[attr-defined]
 
-    async def _tar(self, sb: _Sandbox, argv: list[str], *, stdin: AsyncIterable[bytes] | None = None,
-                   on_stdout: Callable[[bytes], Awaitable[None]] | None = None) -> None:
-        from drivers.nomad.driver import ENVELOPE, HOME, TASK
-
-        tag = f"c-{uuid.uuid4().hex}"
-        envelope = json.dumps({"env": self._env(sb, {}), "cwd": HOME, "tag": tag})  # type: ignore[attr-defined]
-        err = bytearray()
-
-        async def on_output(stream: str, data: bytes) -> None:
-            if stream == "stderr":
-                err.extend(data)
-                del err[:-8192]
-            elif on_stdout is not None:
-                await on_stdout(data)
-
-        code = await self._client.exec(  # type: ignore[attr-defined]
-            sb.alloc_id, TASK, [ENVELOPE, envelope, *argv], stdin=stdin, on_output=on_output,
-            stop=asyncio.Event(), kill=lambda: self._kill(sb, tag))  # type: ignore[attr-defined]
-        if code != 0:
-            raise DriverFailure(f"sandbox {sb.id}: {argv[0]} failed (exit {code}): "
-                                f"{bytes(err).decode(errors='replace').strip()[-300:]}")
-
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         from drivers.nomad.driver import HOME
 
@@ -340,10 +323,8 @@ class NomadFiles:
         fh = await asyncio.to_thread(open, tmp, "wb")
         try:
             with fh:
-                async def save(data: bytes) -> None:
-                    await asyncio.to_thread(fh.write, data)
-
-                await self._tar(sb, ["tar", "-C", HOME, "-cpf", "-", "."], on_stdout=save)
+                async for chunk in self.export_tar(sb.id, HOME):
+                    await asyncio.to_thread(fh.write, chunk)
                 await asyncio.to_thread(fh.flush)
                 await asyncio.to_thread(os.fsync, fh.fileno())
             os.replace(tmp, final)
@@ -366,8 +347,7 @@ class NomadFiles:
                 while block := await asyncio.to_thread(fh.read, 1 << 20):
                     yield block
 
-        await self._tar(sb, ["sh", "-c", 'find "$1" -mindepth 1 -delete && exec tar -C "$1" -xpf -', "restore", HOME],
-                        stdin=chunks())
+        await self._fed(sandbox_id, "restore", HOME, chunks())
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         self._checkpoint_path(sandbox_id, checkpoint_id).unlink(missing_ok=True)

@@ -106,14 +106,14 @@ def _copy_without_whiteouts(tree: Path, dest: Path) -> list[str]:
     """An overlay upper dir as an image layer: its whiteouts (0/0 character devices, the
     overlay's mark for "deleted below") are left out of the copy and returned, to be
     inserted as OCI whiteouts."""
-    shutil.copytree(tree, dest, symlinks=True, ignore=lambda d, names: [
-        n for n in names if _is_whiteout(Path(d) / n)])
-    whiteouts = []
-    for dirpath, dirnames, filenames in os.walk(tree):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            if _is_whiteout(path):
-                whiteouts.append("/" + str(path.relative_to(tree)))
+    whiteouts: list[str] = []
+
+    def skip(directory: str, names: list[str]) -> list[str]:
+        found = [n for n in names if _is_whiteout(Path(directory) / n)]
+        whiteouts.extend("/" + str((Path(directory) / n).relative_to(tree)) for n in found)
+        return found
+
+    shutil.copytree(tree, dest, symlinks=True, ignore=skip)
     return sorted(whiteouts)
 
 

@@ -452,6 +452,11 @@ def _exit_code(code: int | None) -> int:
     return code if code <= 255 else 255
 
 
+def _call(args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]) -> T:
+    """Run one piece of client work against the server the flags name."""
+    return asyncio.run(_with_client(args, work))
+
+
 def _note(message: str) -> None:
     sys.stderr.write(f"hutch: {message}\n")
     sys.stderr.flush()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 from typing import Any
 
-from hutch.cli import UsageError, _json_flag, _out, _Parser, _with_client
+from hutch.cli import UsageError, _call, _json_flag, _out, _Parser
 from hutch.cli import _render as render
 from hutch.models import to_wire
 
@@ -47,9 +46,6 @@ def _instant(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected an ISO 8601 time such as 2026-04-01T00:00:00Z, got {text!r}") from None
     return text
 
-
-def _call(args: argparse.Namespace, work):  # type: ignore[no-untyped-def]
-    return asyncio.run(_with_client(args, work))
 
 
 def cmd_create(args: argparse.Namespace) -> int:

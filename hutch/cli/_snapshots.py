@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 import tempfile
 from typing import Any
 
-from hutch.cli import UsageError, _json_flag, _out, _Parser, _with_client, env_pair
+from hutch.cli import UsageError, _call, _json_flag, _note, _out, _Parser, env_pair
 from hutch.cli import _render as render
 from hutch.models import Snapshot, to_wire
 from hutch.snapshot_build import (
@@ -95,9 +93,6 @@ def add_parsers(sb: Any) -> None:
     generate.add_argument("--format", choices=("yaml", "json"), default="yaml")
     generate.set_defaults(handler=cmd_generate)
 
-
-def _call(args: argparse.Namespace, work):  # type: ignore[no-untyped-def]
-    return asyncio.run(_with_client(args, work))
 
 
 def _show(snap: Snapshot, out: Any) -> None:
@@ -202,7 +197,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from err
     digest = content_hash(spec, files)
     total = sum(f.size for f in files)
-    _progress(f"[1/4] {path.name}: runtime {spec.runtime}, {len(files)} files ({_size(total)}), "
+    _note(f"[1/4] {path.name}: runtime {spec.runtime}, {len(files)} files ({_size(total)}), "
               f"{len(spec.dependencies)} dependencies, {len(spec.packages)} packages")
     with tempfile.TemporaryFile(prefix="hutch-snapshot-") as archive:
         if files:
@@ -210,17 +205,17 @@ def cmd_build(args: argparse.Namespace) -> int:
                 write_archive(files, archive)  # type: ignore[arg-type]
             except BuildFileError as err:
                 raise UsageError(str(err)) from err
-            _progress(f"[2/4] archive: {_size(archive.tell())} (content hash {digest[:12]})")
+            _note(f"[2/4] archive: {_size(archive.tell())} (content hash {digest[:12]})")
             archive.seek(0)
         else:
-            _progress("[2/4] no files to archive")
+            _note("[2/4] no files to archive")
         steps = iter(("[3/4] ", "[3/4] ", "[4/4] "))
         snap, new = _call(args, lambda c: c.build_snapshot(
             spec.runtime, archive if files else None, name=args.name or spec.name, tag=args.tag,
             description=args.description or spec.description, message=args.message, content_hash=digest,
             force=args.force, public=args.public or spec.public, env=spec.env, metadata=spec.metadata,
             dependencies=spec.dependencies, packages=spec.packages,
-            progress=lambda m: _progress(next(steps, "") + m)))
+            progress=lambda m: _note(next(steps, "") + m)))
     if args.json:
         render.dump_json({**to_wire(snap), "unchanged": not new}, _out())
         return 0
@@ -232,18 +227,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(message: str) -> None:
-    """Build progress, on stderr so stdout stays the result (--json or the id)."""
-    sys.stderr.write(f"hutch: {message}\n")
-    sys.stderr.flush()
-
-
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n}"
+    return f"{n / 2**20:.1f} MiB"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

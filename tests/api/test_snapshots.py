@@ -90,6 +90,9 @@ async def test_take_and_create_from_snapshot(api: Api) -> None:
     assert [e["snapshotId"] for e in lineage["lineage"]] == [second["snapshotId"], snap["snapshotId"]]
     assert lineage["total"] == 2 and not any(e["deleted"] for e in lineage["lineage"])
     assert (await api.data("GET", "/sandbox/snapshots/lineage?name=myapp&tag=v1"))["total"] == 1
+    # name= is a name, never a tag: "v2" tags a snapshot but names none.
+    err = await api.call("GET", "/sandbox/snapshots/lineage?name=v2", expect=404)
+    assert err["field"] == "name" and "v2" in err["message"]
     one = await api.data("GET", f"/sandbox/snapshots/lineage?snapshot={second['snapshotId']}&limit=1")
     assert [e["snapshotId"] for e in one["lineage"]] == [second["snapshotId"]]
 

@@ -177,6 +177,8 @@ async def test_folds_snapshots_and_queries_them(store: ProjectionStore) -> None:
     assert [s.snapshot_id for s in page] == ["snp_1"] and total == 2
     hashed, _ = await store.list_snapshots(SnapshotQuery(content_hash="h1", ready_only=False))
     assert [s.snapshot_id for s in hashed] == ["snp_3"]
+    building, _ = await store.list_snapshots(SnapshotQuery(ready_only=False, building_only=True))
+    assert [s.snapshot_id for s in building] == ["snp_3"]
 
     await store.apply([
         log("snp_3", SnapshotFinalized(size_bytes=5, file_count=0, files=(), env={"B": "2"}, metadata={"m": "x"})),
@@ -190,6 +192,7 @@ async def test_folds_snapshots_and_queries_them(store: ProjectionStore) -> None:
     gone = await store.get_snapshot("snp_2")
     assert gone is not None and gone.status is SnapshotStatus.DELETED  # kept for lineage
     assert [s.snapshot_id for s in (await store.list_snapshots(SnapshotQuery()))[0]] == ["snp_3", "snp_1"]
+    assert (await store.list_snapshots(SnapshotQuery(ready_only=False, building_only=True)))[1] == 0
     # Snapshot events are not sandboxes.
     assert await store.get_sandbox("snp_1") is None
     assert (await store.list_sandboxes(SandboxQuery(include_deleted=True)))[1] == 0

@@ -177,3 +177,21 @@ async def test_file_primitives_stay_inside_the_container(tmp_path: Path) -> None
         await driver.destroy(sid)
     finally:
         await driver.close()
+
+
+def test_overlay_whiteouts_become_oci_whiteouts(tmp_path: Path) -> None:
+    """An install layer is an overlay upper dir: its 0/0 character devices mean "deleted
+    below" and must not be copied into an image as device files."""
+    import os
+    import stat
+
+    from drivers.nomad import images
+
+    tree = tmp_path / "upper"
+    (tree / "usr/bin").mkdir(parents=True)
+    (tree / "usr/bin/tool").write_text("new")
+    os.mknod(tree / "usr/bin/gone", stat.S_IFCHR | 0o000, os.makedev(0, 0))
+    os.mknod(tree / "old-dir", stat.S_IFCHR | 0o000, os.makedev(0, 0))
+    assert images._copy_without_whiteouts(tree, tmp_path / "copy") == ["/old-dir", "/usr/bin/gone"]
+    copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
+    assert copied == ["usr", "usr/bin", "usr/bin/tool"]
