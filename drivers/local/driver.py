@@ -4,8 +4,8 @@ A sandbox is
 - an overlay: the shared, read-only runtime rootfs below a per-sandbox upper layer
   (``<data_dir>/sandboxes/<id>/upper``). It is mounted only inside the sandbox's own
   mount namespace, so the host never carries a sandbox mount that could leak.
-- a long-lived pid 1 started by bubblewrap with new mount, pid, ipc, uts and net
-  namespaces (net: loopback only), ``/proc``, a minimal ``/dev``, running as the
+- a long-lived pid 1 started by ``hutch-nsexec launch`` with new mount, pid, ipc, uts
+  and net namespaces (net: loopback only), ``/proc``, a minimal ``/dev``, running as the
   sandbox user: a host uid from a dedicated range (``UID_BASE``..), never host root.
 - a cgroup ``hutch/<id>`` with the memory / cpu / pids limits, and one leaf per
   execution so a timeout or cancel kills precisely that execution's process tree.
@@ -174,7 +174,6 @@ class LocalDriver(FilesMixin, Driver):
             kernel_isolation=True,
         )
         self._helper: Path | None = None
-        self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._sandboxes: dict[str, _Sandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
@@ -209,8 +208,6 @@ class LocalDriver(FilesMixin, Driver):
         await self._reap_leftovers()
 
     def _prepare(self) -> Path:
-        if not os.path.exists(self._bwrap):
-            raise DriverFailure("bubblewrap is not installed (apt-get install bubblewrap)")
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandbox_root, 0o700)  # upper layers: only root (the overlay's mounter) needs in
         # Shared per host next to the runtimes (compiled once), else per data dir.
@@ -519,42 +516,37 @@ class LocalDriver(FilesMixin, Driver):
 
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
-        helper_fd = os.open(self._helper, os.O_RDONLY)
-        cmd = [str(self._helper), "launch"]
+        cmd = [str(self._helper), "launch", "--uid", str(uid), "--gid", str(uid),
+               "--ready-fd", str(ready_w), "--info-fd", str(info_w)]
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(upper), "--ov-work", str(work),
-                "--ov-target", str(merged), "--",
-                self._bwrap, "--bind", str(merged), "/", "--proc", "/proc", "--dev", "/dev",
-                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-                "--hostname", "sandbox", "--as-pid-1", "--chdir", "/", "--info-fd", str(info_w),
-                # bwrap execs the helper through its fd: the host binary never appears in the sandbox.
-                f"/proc/self/fd/{helper_fd}", "init", "--uid", str(uid), "--gid", str(uid),
-                "--ready-fd", str(ready_w)]
+                "--ov-target", str(merged)]
         try:
-            with open(d / "init.log", "wb") as log:
-                launcher = subprocess.run(cmd, env={}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                          pass_fds=(ready_w, info_w, helper_fd), check=False, timeout=30)
+            # Its pid 1 closes the inherited stderr once set up, so this returns then
+            # (or with the reason it failed).
+            launcher = subprocess.run(cmd, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, pass_fds=(ready_w, info_w), check=False, timeout=30)
         finally:
-            for fd in (ready_w, info_w, helper_fd):
+            for fd in (ready_w, info_w):
                 os.close(fd)
         try:
             if launcher.returncode != 0:
-                raise DriverFailure(f"starting sandbox {sid} failed: {self._init_log(d)}")
-            info = _read_until(info_r, b"}", READY_TIMEOUT)
+                raise DriverFailure(f"starting sandbox {sid} failed: {_text(launcher.stderr)}")
+            info = _read_until(info_r, b"\n", READY_TIMEOUT)
             ready = _read_until(ready_r, b"\n", READY_TIMEOUT)
         finally:
             os.close(info_r)
             os.close(ready_r)
         if ready != b"ready\n":
-            raise DriverFailure(f"sandbox {sid} did not come up: {self._init_log(d)}")
+            raise DriverFailure(f"sandbox {sid} did not come up: {_text(launcher.stderr)}")
         try:
-            pid = int(json.loads(info)["child-pid"])
-        except (ValueError, KeyError) as err:
-            raise DriverFailure(f"bubblewrap gave no pid for sandbox {sid}: {info!r}") from err
+            pid = int(info)
+        except ValueError as err:
+            raise DriverFailure(f"the launcher gave no pid for sandbox {sid}: {info!r}") from err
         start = _start_time(pid)
         if start is None:
-            raise DriverFailure(f"sandbox {sid} died at start: {self._init_log(d)}")
+            raise DriverFailure(f"sandbox {sid} died at start: {_text(launcher.stderr)}")
         return pid, start
 
     @staticmethod
@@ -562,12 +554,6 @@ class LocalDriver(FilesMixin, Driver):
         tmp = d / "meta.json.tmp"
         tmp.write_text(json.dumps(attrs.asdict(sb)))
         tmp.rename(d / "meta.json")
-
-    @staticmethod
-    def _init_log(d: Path) -> str:
-        with contextlib.suppress(OSError):
-            return (d / "init.log").read_text(errors="replace").strip()[-2000:] or "(no output)"
-        return "(no log)"
 
     @staticmethod
     def _populate_upper(lower: list[Path], upper: Path, uid: int) -> None:
@@ -638,8 +624,8 @@ class LocalDriver(FilesMixin, Driver):
         """Remove the cgroups and the directory; False if the cgroups stay busy.
 
         With init gone no process of the sandbox's pid namespace is left; what the
-        cgroup may still hold is our own launcher side (bubblewrap's monitor, exiting
-        now that its child died): a plain SIGKILL, no freezing needed. Without a known
+        cgroup may still hold is a helper on its way out (an exec helper's host-side
+        parent, exiting now that its child died): a plain SIGKILL, no freezing needed. Without a known
         init (remains of a dead sandbox) the caller uses the freezer kill loop.
         """
         assert self._cgroups is not None
@@ -1095,6 +1081,10 @@ def _subordinate_ids() -> set[int]:
                     lo, hi = max(start, UID_BASE), min(start + count, UID_BASE + UID_COUNT)
                     taken.update(range(lo, hi))
     return taken
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode(errors="replace").strip()[-2000:] or "(no output)"
 
 
 def _read_until(fd: int, terminator: bytes, timeout: float) -> bytes:

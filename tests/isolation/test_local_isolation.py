@@ -290,6 +290,41 @@ async def test_write_files_never_leave_the_sandbox(driver: LocalDriver, sandbox:
     assert out.stdout == "agentuity 644\n"
 
 
+async def test_the_mount_table_is_the_sandboxs_own(driver: LocalDriver, sandbox: str) -> None:
+    """The launcher pivots into the overlay and detaches the host's tree: inside, only
+    the sandbox's own root, /proc and minimal /dev are mounted, with the flags that keep
+    them harmless, and /dev holds nothing but the harmless devices and links."""
+    result, out = await python(driver, sandbox, """
+        import json, os
+        mounts = []
+        for line in open("/proc/self/mountinfo"):
+            f = line.split()
+            sep = f.index("-")
+            mounts.append([f[4], f[sep + 1], sorted(f[5].split(","))])
+        print(json.dumps({"mounts": mounts, "dev": sorted(os.listdir("/dev")),
+                          "links": {n: os.readlink("/dev/" + n) for n in os.listdir("/dev")
+                                    if os.path.islink("/dev/" + n)}}))
+    """)
+    assert result.exit_code == 0, out.stderr
+    seen = json.loads(out.stdout)
+    mounts = {point: (fstype, opts) for point, fstype, opts in seen["mounts"]}
+    assert set(mounts) == {"/", "/proc", "/dev", "/dev/pts", "/dev/null", "/dev/zero", "/dev/full",
+                           "/dev/random", "/dev/urandom", "/dev/tty"}, seen["mounts"]
+    assert mounts["/"][0] == "overlay" and {"nosuid", "nodev"} <= set(mounts["/"][1])
+    assert mounts["/proc"][0] == "proc" and {"nosuid", "nodev", "noexec"} <= set(mounts["/proc"][1])
+    assert mounts["/dev"][0] == "tmpfs" and {"nosuid", "noexec"} <= set(mounts["/dev"][1])
+    assert mounts["/dev/pts"][0] == "devpts" and {"nosuid", "noexec"} <= set(mounts["/dev/pts"][1])
+    assert seen["dev"] == sorted(["null", "zero", "full", "random", "urandom", "tty", "shm", "pts",
+                                  "ptmx", "fd", "stdin", "stdout", "stderr"])
+    assert seen["links"] == {"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+                             "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"}
+    # Usable, not just present.
+    result, out = await run(driver, sandbox, "sh", "-c",
+                            "echo hi > /dev/null && head -c 4 /dev/urandom | wc -c && echo x > /dev/shm/f && "
+                            "cat /dev/shm/f && hostname")
+    assert (result.exit_code, out.stdout) == (0, "4\nx\nsandbox\n"), out.stderr
+
+
 async def test_no_block_devices(driver: LocalDriver, sandbox: str) -> None:
     result, out = await python(driver, sandbox, """
         import os, stat
