@@ -7,6 +7,11 @@ while the command runs and gives the same bytes afterwards. A stream is open exa
 while this process holds its writer: after a restart every stream is closed (its
 writer died with the old server), so no "closed" marker is ever written — file
 creation is the expensive part of a short command's I/O here.
+
+For the same reason a stream's file is made at its first byte: a stream that never
+got one (most stderrs, every ``true``) has no file at all. Whether such a stream
+exists is then the stream id's to say: ids are MACs the server derives from the
+execution (``verify``), so a well-formed id the server issued reads as empty.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 _CHUNK = 64 * 1024
@@ -33,7 +38,7 @@ class OutputStream:
         self.size = 0
         self.truncated = False
         self.closed = False
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._fd: int | None = None  # made at the first byte (see the module docstring)
         self._changed = asyncio.Event()
 
     def write(self, data: bytes) -> None:
@@ -44,6 +49,8 @@ class OutputStream:
             data = data[: max(room, 0)]
             self.truncated = True
         if data:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.write(self._fd, data)
             self.size += len(data)
         self._wake()
@@ -52,7 +59,8 @@ class OutputStream:
         if self.closed:
             return
         self.closed = True
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
         self._wake()
 
     def _wake(self) -> None:
@@ -66,9 +74,10 @@ class OutputStream:
 
 
 class OutputStore:
-    def __init__(self, root: Path, cap_bytes: int) -> None:
+    def __init__(self, root: Path, cap_bytes: int, verify: Callable[[str], bool] = lambda _id: False) -> None:
         self.root = root
         self.cap = cap_bytes
+        self.verify = verify  # True for a stream id this server issued
         self._open: dict[str, OutputStream] = {}
 
     def start(self) -> None:
@@ -91,18 +100,28 @@ class OutputStore:
 
     def exists(self, stream_id: str) -> bool:
         try:
-            return stream_id in self._open or self._path(stream_id).exists()
+            return stream_id in self._open or self._path(stream_id).exists() or self.verify(stream_id)
         except KeyError:
             return False
 
     async def read(self, stream_id: str) -> AsyncIterator[bytes]:
         """Everything written so far, then new bytes until the stream closes."""
         path = self._path(stream_id)
-        # Plain reads: the file is local and read in 64 KiB chunks from the page cache.
-        with open(path, "rb") as fh:  # noqa: ASYNC230
+        fh = None
+        try:
             while True:
                 live = self._open.get(stream_id)
                 changed = live.changed if live is not None else None
+                if fh is None:
+                    try:
+                        # Plain reads: the file is local and read in 64 KiB chunks from the page cache.
+                        fh = open(path, "rb")  # noqa: ASYNC230, SIM115
+                    except FileNotFoundError:
+                        if live is None or live.closed:
+                            return  # closed before its first byte: an empty stream
+                        assert changed is not None
+                        await changed.wait()
+                        continue
                 chunk = fh.read(_CHUNK)
                 if chunk:
                     yield chunk
@@ -115,3 +134,6 @@ class OutputStore:
                     return
                 assert changed is not None
                 await changed.wait()
+        finally:
+            if fh is not None:
+                fh.close()

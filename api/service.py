@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import signal
 import time
 from collections.abc import Iterable
@@ -84,6 +85,10 @@ MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for
 CREATING_WAIT_SECONDS = 60.0
 
 
+_STREAM_KINDS = {"stdout": "o", "stderr": "e", "audit": "a"}  # only o and e are output streams
+_STREAM_ID = re.compile(r"^stm_(?P<prefix>[a-z]+)(?P<body>[0-9a-z]{26})(?P<kind>[oe])(?P<mac>[0-9a-f]{32})$")
+
+
 def now_iso() -> str:
     return _iso(dt.datetime.now(dt.UTC))
 
@@ -130,6 +135,7 @@ class Engine:
         self.store = store
         self.driver = driver
         self.outputs = outputs
+        outputs.verify = self.issued_stream  # streams closed before their first byte have no file
         self.projector = Projector(event_log, store)
         self._secret = stream_secret
         self._locks: dict[str, asyncio.Lock] = {}
@@ -713,10 +719,24 @@ class Engine:
     # ---------------------------------------------------------------- streams
 
     def stream_id(self, execution_id: str, stream: str) -> str:
-        """Derived, not stored: an HMAC under a server secret, so stream URLs are unguessable
-        capabilities (the client fetches them without credentials)."""
-        digest = hmac.new(self._secret, f"{execution_id}:{stream}".encode(), hashlib.sha256).hexdigest()
-        return "stm_" + digest[:32]
+        """Derived, not stored: the execution id, the stream, and an HMAC of both under a
+        server secret, so stream URLs are unguessable capabilities (the client fetches
+        them without credentials) that the server can check without a lookup."""
+        prefix, _, body = execution_id.partition("_")
+        kind = _STREAM_KINDS[stream]
+        return f"stm_{prefix}{body}{kind}{self._stream_mac(execution_id, stream)}"
+
+    def _stream_mac(self, execution_id: str, stream: str) -> str:
+        return hmac.new(self._secret, f"{execution_id}:{stream}".encode(), hashlib.sha256).hexdigest()[:32]
+
+    def issued_stream(self, stream_id: str) -> bool:
+        """True if this server derived ``stream_id`` (see stream_id)."""
+        m = _STREAM_ID.match(stream_id)
+        if m is None:
+            return False
+        execution_id = f"{m['prefix']}_{m['body']}"
+        stream = "stdout" if m["kind"] == "o" else "stderr"
+        return hmac.compare_digest(m["mac"], self._stream_mac(execution_id, stream))
 
     def runtime_catalog(self) -> list[tuple[runtimes.RuntimeRecipe, bool]]:
         available = self.driver.runtimes_available()

@@ -3,6 +3,7 @@ local driver in tests/api/test_local_profile.py and with the real client in test
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import pytest
@@ -233,6 +234,35 @@ async def test_unknown_stream_is_404_without_auth(api: Api) -> None:
     for sneaky in ("..%2F..%2Fetc%2Fpasswd", "stm_..%2F..%2Fapi-key", "stm_%2Fetc%2Fpasswd"):
         resp = await api.client.get(yarl.URL(f"/streams/{sneaky}", encoded=True))
         assert resp.status == 404, sneaky
+
+
+async def test_a_stream_without_output_has_no_file_but_reads_empty(api: Api) -> None:
+    """Streams get their file at their first byte; one that never got a byte is still a
+    stream (its id says so), readable and empty, during and after the run."""
+    engine = api.client.app[ENGINE]
+    data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["sh", "-c", "sleep 0.3; echo late"],
+                                                                 "mode": "oneshot"}}, expect=201))["data"]
+    # Attached before the first byte: follows the stream until the command ends.
+    out, err = await asyncio.gather(api.stream(data["stdoutStreamUrl"]), api.stream(data["stderrStreamUrl"]))
+    assert (out, err) == (b"late\n", b"")
+    await api.wait_execution(data["executionId"])
+    stderr_id = yarl.URL(data["stderrStreamUrl"]).name
+    stdout_id = yarl.URL(data["stdoutStreamUrl"]).name
+    assert not (engine.outputs.root / stderr_id).exists() and (engine.outputs.root / stdout_id).exists()
+    assert await api.stream(data["stderrStreamUrl"]) == b""
+    assert engine.issued_stream(stderr_id) and engine.issued_stream(stdout_id)
+
+
+async def test_a_forged_stream_id_is_404(api: Api) -> None:
+    data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["true"], "mode": "oneshot"}}, expect=201))["data"]
+    real = yarl.URL(data["stderrStreamUrl"]).name
+    assert (await api.client.get(f"/streams/{real}")).status == 200
+    forged = [real[:-1] + ("0" if real[-1] != "0" else "1"),  # another MAC
+              real.replace("e", "o", 1) if "e" in real[4:-32] else real[:-33] + "o" + real[-32:],  # other stream
+              "stm_exec" + "0" * 26 + "e" + real[-32:]]  # another execution
+    for sid in forged:
+        assert sid != real
+        assert (await api.client.get(f"/streams/{sid}")).status == 404, sid
 
 
 async def test_provision_failure_is_recorded_not_half_made(make_api) -> None:  # type: ignore[no-untyped-def]
