@@ -83,6 +83,7 @@ from drivers.local import layers, network, rootfs
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
+from drivers.local.spares import SpareDirs
 
 # Sandbox users are host uids UID_BASE.. (overridable for hosts that use this range).
 UID_BASE = int(os.environ.get("HUTCH_UID_BASE", "200000"))
@@ -134,7 +135,7 @@ class _Execution:
 def _start_time(pid: int) -> int | None:
     """Kernel start time of ``pid`` (guards against pid reuse)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = _get(f"/proc/{pid}/stat").decode()
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = stat.rpartition(")")[2].split()
@@ -189,6 +190,7 @@ class LocalDriver(FilesMixin, Driver):
         self._closed = False
         self._available: set[str] = set()
         self._available_at = -1e9
+        self._spares = SpareDirs(self.sandbox_root, HOME, rootfs.WORKSPACE)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -210,6 +212,7 @@ class LocalDriver(FilesMixin, Driver):
     def _prepare(self) -> Path:
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandbox_root, 0o700)  # upper layers: only root (the overlay's mounter) needs in
+        self._spares.reset()
         # Shared per host next to the runtimes (compiled once), else per data dir.
         try:
             return ensure_helper(self.runtime_cache / "bin")
@@ -443,7 +446,10 @@ class LocalDriver(FilesMixin, Driver):
         with open(reg / ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             nxt_file = reg / ".next"
-            text = nxt_file.read_text().strip() if nxt_file.exists() else ""
+            try:
+                text = _get(nxt_file).decode().strip()
+            except FileNotFoundError:
+                text = ""
             nxt = int(text) if text.isdigit() else 0
             taken = _host_ids()
             for i in range(UID_COUNT):
@@ -451,15 +457,15 @@ class LocalDriver(FilesMixin, Driver):
                 claim = reg / str(uid)
                 if claim.exists():
                     with contextlib.suppress(OSError):
-                        if Path(claim.read_text()).exists():
+                        if os.path.exists(_get(claim)):
                             continue
                     if _uid_running(uid):  # owner dir deleted under a live sandbox
                         continue
                     claim.unlink(missing_ok=True)
                 if uid in taken:  # a real account, or handed to rootless containers
                     continue
-                claim.write_text(str(owner))
-                nxt_file.write_text(str((nxt + i + 1) % UID_COUNT))
+                _put(claim, str(owner).encode())
+                _put(nxt_file, str((nxt + i + 1) % UID_COUNT).encode())
                 return uid
         raise DriverFailure("no free sandbox uid left")
 
@@ -470,16 +476,16 @@ class LocalDriver(FilesMixin, Driver):
             fcntl.flock(lock, fcntl.LOCK_EX)
             claim = reg / str(uid)
             with contextlib.suppress(OSError):
-                if claim.read_text() != str(old):
+                if _get(claim).decode() != str(old):
                     raise DriverFailure(f"uid {uid} is no longer claimed by {old}")
-            claim.write_text(str(new))
+            _put(claim, str(new).encode())
 
     @staticmethod
     def _release_uid(owner: Path) -> None:
         with contextlib.suppress(OSError, ValueError):
-            claim = UID_REGISTRY / str(int((owner / "uid").read_text()))
-            if claim.read_text() == str(owner):
-                claim.unlink()
+            claim = UID_REGISTRY / str(int(_get(owner / "uid")))
+            if _get(claim).decode() == str(owner):
+                os.unlink(claim)
 
     async def _provision_new(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> _Sandbox:
         """Start a sandbox from scratch.
@@ -492,12 +498,15 @@ class LocalDriver(FilesMixin, Driver):
         assert self._cgroups is not None
         sid = req.sandbox_id
         d = self.sandbox_root / sid
-        d.mkdir(mode=0o700)
+        spare = self._spares.take(_layers_key(lower), d)  # a skeleton of an earlier sandbox (spares.py)
+        if not spare:
+            d.mkdir(mode=0o700)
         uid = self._claim_uid(d)
-        (d / "uid").write_text(str(uid))
-        upper, work, merged = d / "upper", d / "work", d / "merged"
-        for p in (upper, work, merged):
-            p.mkdir()
+        _put(d / "uid", str(uid).encode())
+        upper = d / "upper"
+        if not spare:
+            for p in (upper, d / "work", d / "merged"):
+                p.mkdir()
         self._populate_upper(lower, upper, uid)
         res = req.resources
         self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
@@ -561,23 +570,24 @@ class LocalDriver(FilesMixin, Driver):
     @staticmethod
     def _write_meta(d: Path, sb: _Sandbox) -> None:
         tmp = d / "meta.json.tmp"
-        tmp.write_text(json.dumps(attrs.asdict(sb)))
+        _put(tmp, json.dumps(attrs.asdict(sb)).encode())
         tmp.rename(d / "meta.json")
 
     @staticmethod
     def _populate_upper(lower: list[Path], upper: Path, uid: int) -> None:
         """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only.
-        ``lower``: the read-only layers, top first (an install layer may have added users)."""
+        ``lower``: the read-only layers, top first (an install layer may have added users).
+        Over a spare skeleton (spares.py) the same calls rewrite what is there."""
         etc = upper / "etc"
-        etc.mkdir()
+        etc.mkdir(exist_ok=True)
         st = os.stat(layers.find_in_lowers(lower, "etc"))
         os.chmod(etc, st.st_mode & 0o7777)
-        passwd = layers.find_in_lowers(lower, "etc/passwd").read_text()
-        (etc / "passwd").write_text(passwd + f"{USER}:x:{uid}:{uid}:{USER}:{HOME}:/bin/bash\n")
-        group = layers.find_in_lowers(lower, "etc/group").read_text()
-        (etc / "group").write_text(group + f"{USER}:x:{uid}:\n")
+        passwd = _lower_text(lower, "etc/passwd")
+        _put(etc / "passwd", (passwd + f"{USER}:x:{uid}:{uid}:{USER}:{HOME}:/bin/bash\n").encode(), 0o644)
+        group = _lower_text(lower, "etc/group")
+        _put(etc / "group", (group + f"{USER}:x:{uid}:\n").encode(), 0o644)
         # Used only when the sandbox has network; harmless (unreachable) otherwise.
-        (etc / "resolv.conf").write_text(network.resolv_conf())
+        _put(etc / "resolv.conf", network.resolv_conf().encode(), 0o644)
         for name in ("passwd", "group", "resolv.conf"):
             os.chmod(etc / name, 0o644)
         for rel in (HOME, rootfs.WORKSPACE):
@@ -586,7 +596,7 @@ class LocalDriver(FilesMixin, Driver):
             if parent != upper and not parent.exists():
                 parent.mkdir(parents=True)
                 os.chmod(parent, os.stat(layers.find_in_lowers(lower, str(parent.relative_to(upper)))).st_mode & 0o7777)
-            path.mkdir()
+            path.mkdir(exist_ok=True)
             os.chown(path, uid, uid)
             os.chmod(path, 0o755)
 
@@ -636,6 +646,18 @@ class LocalDriver(FilesMixin, Driver):
                 await self._cgroups.kill(sid)
             await asyncio.sleep(pause)  # killed processes still have to exit
             pause = min(pause * 2, 0.01)
+        self._retire_dir(sid, sb)
+
+    def _retire_dir(self, sid: str, sb: _Sandbox | None) -> None:
+        """Keep the dead sandbox's directory as a spare skeleton if it is exactly one
+        (spares.py), else delete it."""
+        d = self.sandbox_root / sid
+        recipe = runtimes.find(sb.runtime) if sb is not None else None
+        if recipe is not None and d.is_dir():
+            self._release_uid(d)
+            key = _layers_key(layers.lowers(self.runtime_cache, recipe, sb.layer))  # type: ignore[union-attr]
+            if self._spares.give(d, key):
+                return
         self._remove_dir(sid)
 
     def _remove_dir(self, sid: str) -> None:
@@ -682,7 +704,7 @@ class LocalDriver(FilesMixin, Driver):
         if sb is not None:
             return sb
         try:
-            data = json.loads((self.sandbox_root / sid / "meta.json").read_text())
+            data = json.loads(_get(self.sandbox_root / sid / "meta.json"))
             data["id"] = sid  # a claimed pooled sandbox renamed before its meta was rewritten
             return _Sandbox(**data)
         except (OSError, ValueError, TypeError):
@@ -1103,6 +1125,46 @@ def _subordinate_ids() -> set[int]:
                     lo, hi = max(start, UID_BASE), min(start + count, UID_BASE + UID_COUNT)
                     taken.update(range(lo, hi))
     return taken
+
+
+# Small files of the hot path through os calls: a third of the cost of pathlib's
+# text-mode open (buffer, codec, isatty probe, seek) for a few dozen bytes.
+def _put(path: str | Path, data: bytes, mode: int = 0o600) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def _get(path: str | Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+
+
+def _layers_key(lower: list[Path]) -> str:
+    return ":".join(map(str, lower))
+
+
+_LOWER_TEXT: dict[tuple[str, str], tuple[float, str]] = {}
+
+
+def _lower_text(lower: list[Path], rel: str) -> str:
+    """A file of the read-only layers, read once per change (layers never change in
+    place, but a rebuilt runtime may replace one)."""
+    path = layers.find_in_lowers(lower, rel)
+    mtime = os.stat(path).st_mtime
+    key = (str(path), rel)
+    hit = _LOWER_TEXT.get(key)
+    if hit is None or hit[0] != mtime:
+        hit = (mtime, path.read_text())
+        _LOWER_TEXT[key] = hit
+    return hit[1]
 
 
 def _text(raw: bytes) -> str:

@@ -430,6 +430,58 @@ async def test_destroy_leaves_no_process_mount_cgroup_or_file(driver: LocalDrive
     assert sid not in await driver.alive()
 
 
+def _spares(driver: LocalDriver) -> int:
+    return sum(map(len, driver._spares._by_key.values()))
+
+
+async def _no_pool(driver: LocalDriver) -> None:
+    """Counting spares needs no warm pool refilling (and taking them) meanwhile."""
+    driver._pool_size = 0
+    while driver._background:
+        await asyncio.gather(*driver._background, return_exceptions=True)
+
+
+async def test_a_recycled_skeleton_carries_nothing_of_its_last_sandbox(driver: LocalDriver) -> None:
+    """A destroyed sandbox's directory is kept for the next one only when nothing the
+    sandbox made is in it (drivers/local/spares.py); the next one sees its own user."""
+    await _no_pool(driver)
+    before = _spares(driver)
+    first = await provision(driver, PY)
+    first_uid = driver._running(first).uid
+    result, _ = await run(driver, first, "true")
+    assert result.exit_code == 0
+    await driver.destroy(first)
+    assert _spares(driver) == before + 1
+    second = await provision(driver, PY)
+    assert _spares(driver) == before
+    uid = driver._running(second).uid
+    assert uid != first_uid
+    result, out = await run(driver, second, "sh", "-c",
+                            "id -u; stat -c '%u %a' . /workspace; ls -A . /workspace; "
+                            f"grep -c ':{first_uid}:' /etc/passwd /etc/group; grep -c agentuity /etc/passwd")
+    assert result.exit_code == 0, out.stderr
+    assert out.stdout.split("\n") == [str(uid), f"{uid} 755", f"{uid} 755", ".:", "", "/workspace:",
+                                      "/etc/passwd:0", "/etc/group:0", "1", ""]
+    await driver.destroy(second)
+
+
+@pytest.mark.parametrize("leftover", [
+    "echo x > f",                             # a file in the home
+    "mkdir -p .cache",                        # an empty directory
+    "setfattr -n user.note -v x . 2>/dev/null || python3 -c \"import os; os.setxattr('.', 'user.note', b'x')\"",
+    "chmod 700 /workspace && rm -rf /workspace/* && touch /tmp/t",  # a file outside home
+])
+async def test_a_sandbox_that_left_anything_is_not_recycled(driver: LocalDriver, leftover: str) -> None:
+    await _no_pool(driver)
+    sid = await provision(driver, PY)
+    before = _spares(driver)
+    result, out = await run(driver, sid, "sh", "-c", leftover)
+    assert result.exit_code == 0, out.stderr
+    await driver.destroy(sid)
+    assert _spares(driver) == before
+    assert not (driver.sandbox_root / sid).exists()
+
+
 async def test_restart_recovers_live_sandboxes_and_reaps_dead_ones(driver: LocalDriver) -> None:
     live = await provision(driver, PY)
     dead = await provision(driver, PY)
