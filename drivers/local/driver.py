@@ -569,9 +569,10 @@ class LocalDriver(FilesMixin, Driver):
 
     @staticmethod
     def _write_meta(d: Path, sb: _Sandbox) -> None:
-        tmp = d / "meta.json.tmp"
-        _put(tmp, json.dumps(attrs.asdict(sb)).encode())
-        tmp.rename(d / "meta.json")
+        # In place (see _put). A server killed in the middle of this write leaves a torn
+        # meta.json: the next start then treats the sandbox as dead and ends it (with a
+        # lifecycle event), as it does any sandbox it cannot account for.
+        _put(d / "meta.json", json.dumps(attrs.asdict(sb)).encode())
 
     @staticmethod
     def _populate_upper(lower: list[Path], upper: Path, uid: int) -> None:
@@ -1128,13 +1129,18 @@ def _subordinate_ids() -> set[int]:
 
 
 # Small files of the hot path through os calls: a third of the cost of pathlib's
-# text-mode open (buffer, codec, isatty probe, seek) for a few dozen bytes.
+# text-mode open (buffer, codec, isatty probe, seek) for a few dozen bytes. Rewritten in
+# place, not truncated and not replaced through a temporary file: every new inode or
+# block on this host's journal-less ext4 costs a scan past recently freed ones (see
+# spares.py), and these files are rewritten with contents of about the same size.
 def _put(path: str | Path, data: bytes, mode: int = 0o600) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        view, offset = memoryview(data), 0
+        while offset < len(view):
+            offset += os.pwrite(fd, view[offset:], offset)
+        if os.fstat(fd).st_size > len(data):
+            os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
 

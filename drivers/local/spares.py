@@ -70,7 +70,6 @@ class SpareDirs:
             return False
         spare = self.root / f"{next(self._seq)}"
         try:
-            (d / "meta.json").unlink(missing_ok=True)  # no trace of who had it
             os.rename(d, spare)
         except OSError:
             return False
