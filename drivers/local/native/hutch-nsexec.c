@@ -51,6 +51,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -219,17 +220,27 @@ static void setup_dev(int userns)
     /* Under a user namespace nobody polices /dev/shm's size (no memory cgroup): cap it. */
     TRY(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, userns ? "mode=0755,size=64m" : "mode=0755"),
         "mount /dev: %s", strerror(errno));
-    static const char *devices[] = {"null", "zero", "full", "random", "urandom", "tty"};
+    static const struct { const char *name; unsigned major, minor; } devices[] = {
+        {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
+    };
     for (size_t i = 0; i < sizeof devices / sizeof *devices; i++) {
         char host[32], here[32];
-        snprintf(host, sizeof host, "/dev/%s", devices[i]);
-        snprintf(here, sizeof here, "dev/%s", devices[i]);
+        snprintf(host, sizeof host, "/dev/%s", devices[i].name);
+        snprintf(here, sizeof here, "dev/%s", devices[i].name);
+        if (!userns) {
+            /* Root makes the nodes: six mknods instead of six bind mounts, each of which
+             * the kernel must also tear down with the mount namespace. */
+            TRY(mknod(here, S_IFCHR | 0666, makedev(devices[i].major, devices[i].minor)),
+                "mknod %s: %s", here, strerror(errno));
+            TRY(chmod(here, 0666), "chmod %s: %s", here, strerror(errno));
+            continue;
+        }
+        /* A user namespace may not make device nodes: bind the host's. The bind keeps
+         * the host's flags locked in; a remount could only add flags, and these need none. */
         int fd = open(here, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
         TRY(fd, "create %s: %s", here, strerror(errno));
         close(fd);
         TRY(mount(host, here, NULL, MS_BIND, NULL), "bind %s: %s", host, strerror(errno));
-        /* Under a user namespace the bind keeps the host's nodev-less flags locked in; a
-         * remount could only add flags, and these need none. */
     }
     TRY(mkdir("dev/shm", 01777), "mkdir /dev/shm: %s", strerror(errno));
     TRY(chmod("dev/shm", 01777), "chmod /dev/shm: %s", strerror(errno));
