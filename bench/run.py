@@ -136,6 +136,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--rounds", type=int, default=3, help="throughput rounds; the median is reported")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +161,7 @@ async def main() -> None:
                 async with s.delete(f"{url}/sandbox/{sid}", headers=H) as r:  # sandboxes outlive the server
                     await r.read()
             client = client_runs(url, args.n)
-            rate, count = await throughput(url, args.concurrency, args.seconds)
+            rates = [(await throughput(url, args.concurrency, args.seconds))[0] for _ in range(args.rounds)]
         except BaseException:
             print(server.log.read_text()[-6000:], file=sys.stderr)
             raise
@@ -177,7 +178,8 @@ async def main() -> None:
     print(row("one-shot run (HTTP)", one, b))
     print(row("one-shot run (@agentuity/core client.run)", client, b))
     print(row("create -> idle", create, b))
-    print(f"| one-shot `true` throughput, {args.concurrency} concurrent | {rate:.1f} runs/s ({count} runs in {args.seconds:g}s) | | | |")
+    print(f"| one-shot `true` throughput, {args.concurrency} concurrent | {statistics.median(rates):.1f} runs/s "
+          f"(median of {args.rounds} rounds of {args.seconds:g}s: {', '.join(f'{r:.1f}' for r in rates)}) | | | |")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ from drivers.local.spares import SpareDirs
 UID_BASE = int(os.environ.get("HUTCH_UID_BASE", "200000"))
 UID_COUNT = 60_000
 UID_REGISTRY = Path(os.environ.get("HUTCH_UID_REGISTRY", "/run/hutch/uids"))
+# Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
+ROOTLESS_UID = 1000
+ROOTLESS_TMP = ("/tmp", "/var/tmp")  # made writable in the upper layer (see _populate_upper)
 HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -123,6 +126,9 @@ class _Sandbox:
     network: bool = False  # outbound network (veth + NAT); see network.py
     port: int | None = None  # the one exposed port, reached through port_target()
     layer: str | None = None  # its install layer (drivers/local/layers.py), if it asked for installs
+    # Rootless mode only (no cgroups): the rlimits every process of the sandbox gets.
+    rlimit_data: int | None = None
+    rlimit_nproc: int | None = None
 
 
 @attrs.define
@@ -160,24 +166,28 @@ class LocalDriver(FilesMixin, Driver):
         self.sandbox_root = self.data_dir / "sandboxes"
         # Two data dirs (two servers, or tests) on one host keep separate cgroup trees.
         instance = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
-        self._cgroups = Cgroups.detect(instance) if os.geteuid() == 0 else None
+        # Rootless: a server that is not root still isolates with namespaces, a user
+        # namespace among them, and limits with rlimits instead of cgroups (see start()).
+        self.rootless = os.geteuid() != 0
+        self._cgroups = None if self.rootless else Cgroups.detect(instance)
         controllers = self._cgroups.controllers if self._cgroups else frozenset()
         self.capabilities = Capabilities(
-            memory_limit="memory" in controllers,
+            memory_limit=self.rootless or "memory" in controllers,  # rootless: per process (RLIMIT_DATA)
             cpu_limit="cpu" in controllers,
-            pids_limit="pids" in controllers,
-            network=True,
+            pids_limit=self.rootless or "pids" in controllers,  # rootless: RLIMIT_NPROC per sandbox
+            network=not self.rootless,  # veths and NAT need root
             pause=self._cgroups is not None,  # the freezer
             files=True,
-            checkpoints=True,
-            ports=True,
-            installs=True,
+            checkpoints=not self.rootless,  # consistent copies need the freezer
+            ports=not self.rootless,
+            installs=not self.rootless,  # install layers build in a chroot as root
             kernel_isolation=True,
         )
         self._helper: Path | None = None
         self._sandboxes: dict[str, _Sandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
+        self._helpers: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
         self._locks: dict[str, asyncio.Lock] = {}
         # The warm pool (see the module docstring).
         self._pool_size = _pool_size()
@@ -190,15 +200,19 @@ class LocalDriver(FilesMixin, Driver):
         self._closed = False
         self._available: set[str] = set()
         self._available_at = -1e9
-        self._spares = SpareDirs(self.sandbox_root, HOME, rootfs.WORKSPACE)
+        self._spares = SpareDirs(self.sandbox_root, [HOME, rootfs.WORKSPACE, *(ROOTLESS_TMP if self.rootless else ())],
+                                 xattr_prefix="user.overlay." if self.rootless else "trusted.overlay.")
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        if os.geteuid() != 0:
-            raise NotSupported(
-                "the local driver needs root for now (cgroups, a dedicated sandbox uid range, "
-                "overlay mounts); run the server as root or use --driver fake")
+        if self.rootless:
+            # No cgroups, no uid range, no pool (adopting one needs cgroup renames): every
+            # sandbox is made by the launcher in a user namespace of its own.
+            self._pool_size = 0
+            self._helper = await asyncio.to_thread(self._prepare)
+            await self._reap_leftovers()
+            return
         if self._cgroups is None:
             raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
         self._helper = await asyncio.to_thread(self._prepare)
@@ -221,9 +235,8 @@ class LocalDriver(FilesMixin, Driver):
 
     async def _reap_leftovers(self) -> None:
         """Remove what sandboxes that died while we were away left behind."""
-        assert self._cgroups is not None
         on_disk = {p.name for p in self.sandbox_root.iterdir() if p.is_dir()}
-        for sid in on_disk | self._cgroups.sandboxes():
+        for sid in on_disk | (self._cgroups.sandboxes() if self._cgroups else set()):
             pooled = _POOL_NAME.match(sid)
             if pooled:  # a pool of a server that is gone (its own pid and start time)
                 if _start_time(int(pooled[1])) != int(pooled[2]):
@@ -242,8 +255,10 @@ class LocalDriver(FilesMixin, Driver):
         """An adopted sandbox's running executions lost their watcher with the old server
         (the Engine reports them failed): end their process trees rather than let them run
         on unaccounted. Background processes started by finished executions live in the
-        sandbox's init cgroup and are left alone."""
-        assert self._cgroups is not None
+        sandbox's own cgroup and are left alone. (Rootless: nothing tells an orphaned
+        execution's processes from background ones, so all are left alone.)"""
+        if self._cgroups is None:
+            return
         sandbox_dir = self._cgroups.paths(sid)[0]
         with contextlib.suppress(OSError):
             for leaf in [p.name for p in sandbox_dir.iterdir() if p.is_dir() and p.name.startswith(("x-", "w-"))]:
@@ -301,12 +316,14 @@ class LocalDriver(FilesMixin, Driver):
         if req.port is not None and not 1024 <= req.port <= 65535:
             raise InvalidInput(f"network.port: {req.port} is outside 1024-65535", field="network.port")
         _check_env(req.env, "env")
+        if self.rootless:
+            self._check_rootless(req)
         async with self._lock(req.sandbox_id):
             old = self._load(req.sandbox_id)
             if old is not None and _start_time(old.init_pid) == old.init_start:
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
-            assert self._cgroups is not None
-            if (self.sandbox_root / req.sandbox_id).exists() or self._cgroups.paths(req.sandbox_id)[0].exists():
+            leftover_cgroup = self._cgroups is not None and self._cgroups.paths(req.sandbox_id)[0].exists()
+            if (self.sandbox_root / req.sandbox_id).exists() or leftover_cgroup:
                 await self._teardown(req.sandbox_id)  # a dead one's remains
             layer = await self._layer(recipe, req)
             sb = await self._claim_pooled(req) if layer is None else None
@@ -325,6 +342,14 @@ class LocalDriver(FilesMixin, Driver):
                     raise
             self._sandboxes[sb.id] = sb
         self._refill(recipe.name)
+
+    @staticmethod
+    def _check_rootless(req: ProvisionRequest) -> None:
+        """What a server that is not root cannot give, refused by name rather than
+        silently not given (the engine refuses network, ports and installs already)."""
+        if req.resources.cpu_millis:
+            raise NotSupported("resources.cpu: a cpu limit needs cgroups; this server runs without root "
+                               "(rootless mode), so it cannot limit cpu", field="resources.cpu")
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
@@ -495,43 +520,44 @@ class LocalDriver(FilesMixin, Driver):
         one of them (measured: ~130 context switches per handed-off job, most of the
         server's system time under load). The launcher's wait is awaited, not blocked on.
         """
-        assert self._cgroups is not None
         sid = req.sandbox_id
         d = self.sandbox_root / sid
         spare = self._spares.take(_layers_key(lower), d)  # a skeleton of an earlier sandbox (spares.py)
         if not spare:
             d.mkdir(mode=0o700)
-        uid = self._claim_uid(d)
+        uid = ROOTLESS_UID if self.rootless else self._claim_uid(d)
         _put(d / "uid", str(uid).encode())
         upper = d / "upper"
         if not spare:
             for p in (upper, d / "work", d / "merged"):
                 p.mkdir()
-        self._populate_upper(lower, upper, uid)
+        self._populate_upper(lower, upper, uid, self.rootless)
         res = req.resources
-        self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
-        pid, start = await self._launch(sid, d, uid, lower)
-        sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=pid, init_start=start,
-                      layer=layer)
+        sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer)
+        if self._cgroups is not None:
+            self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
+        else:
+            sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids
+        sb.init_pid, sb.init_start = await self._launch(d, sb, lower)
         self._write_meta(d, sb)
         return sb
 
-    async def _launch(self, sid: str, d: Path, uid: int, lower: list[Path]) -> tuple[int, int]:
+    async def _launch(self, d: Path, sb: _Sandbox, lower: list[Path]) -> tuple[int, int]:
         """Start the sandbox's pid 1 over ``d``'s upper layer; returns its (pid, start time).
 
         The launcher forks pid 1, prints its host pid and exits; pid 1 says "ready" on
         another pipe once it is the sandbox user. Both are awaited on the loop.
         """
-        assert self._cgroups is not None
         assert self._helper is not None
+        sid, uid = sb.id, sb.uid
         upper, work, merged = d / "upper", d / "work", d / "merged"
-        procs = self._cgroups.create_leaf(sid, "init")
+        procs = self._cgroups.create_leaf(sid, "init") if self._cgroups is not None else []
         loop = asyncio.get_running_loop()
         ready_r, ready_w = os.pipe()
         info_r, info_w = os.pipe()
         err_r, err_w = os.pipe()
         cmd = [str(self._helper), "launch", "--uid", str(uid), "--gid", str(uid),
-               "--ready-fd", str(ready_w), "--info-fd", str(info_w)]
+               "--ready-fd", str(ready_w), "--info-fd", str(info_w), *self._rootless_args(sb)]
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(upper), "--ov-work", str(work),
@@ -567,6 +593,21 @@ class LocalDriver(FilesMixin, Driver):
             raise DriverFailure(f"sandbox {sid} died at start: {_text(stderr)}")
         return pid, start
 
+    def _rootless_args(self, sb: _Sandbox) -> list[str]:
+        """The launcher's flags for rootless mode: the user namespace and the rlimits that
+        stand in for cgroups."""
+        return ["--userns", *self._rlimit_args(sb)] if self.rootless else []
+
+    @staticmethod
+    def _rlimit_args(sb: _Sandbox) -> list[str]:
+        """Rlimits every process of a rootless sandbox gets (none when cgroups limit it)."""
+        args = []
+        if sb.rlimit_data:
+            args += ["--rlimit-data", str(sb.rlimit_data)]
+        if sb.rlimit_nproc:
+            args += ["--rlimit-nproc", str(sb.rlimit_nproc)]
+        return args
+
     @staticmethod
     def _write_meta(d: Path, sb: _Sandbox) -> None:
         # In place (see _put). A server killed in the middle of this write leaves a torn
@@ -575,10 +616,15 @@ class LocalDriver(FilesMixin, Driver):
         _put(d / "meta.json", json.dumps(attrs.asdict(sb)).encode())
 
     @staticmethod
-    def _populate_upper(lower: list[Path], upper: Path, uid: int) -> None:
+    def _populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = False) -> None:
         """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only.
         ``lower``: the read-only layers, top first (an install layer may have added users).
-        Over a spare skeleton (spares.py) the same calls rewrite what is there."""
+        Over a spare skeleton (spares.py) the same calls rewrite what is there.
+
+        Rootless, what we make here is ours, i.e. the sandbox user's inside (no chown
+        needed or possible), and the world-writable directories of the runtime are made
+        here too: overlayfs in a user namespace cannot copy up a directory whose owner
+        (host root) has no uid inside, so /tmp would not be writable otherwise."""
         etc = upper / "etc"
         etc.mkdir(exist_ok=True)
         st = os.stat(layers.find_in_lowers(lower, "etc"))
@@ -591,15 +637,16 @@ class LocalDriver(FilesMixin, Driver):
         _put(etc / "resolv.conf", network.resolv_conf().encode(), 0o644)
         for name in ("passwd", "group", "resolv.conf"):
             os.chmod(etc / name, 0o644)
-        for rel in (HOME, rootfs.WORKSPACE):
+        for rel, mode in [(HOME, 0o755), (rootfs.WORKSPACE, 0o755)] + [(t, 0o1777) for t in ROOTLESS_TMP if rootless]:
             path = upper / rel.lstrip("/")
             parent = path.parent
             if parent != upper and not parent.exists():
                 parent.mkdir(parents=True)
                 os.chmod(parent, os.stat(layers.find_in_lowers(lower, str(parent.relative_to(upper)))).st_mode & 0o7777)
             path.mkdir(exist_ok=True)
-            os.chown(path, uid, uid)
-            os.chmod(path, 0o755)
+            if not rootless:
+                os.chown(path, uid, uid)
+            os.chmod(path, mode)
 
     # -- destroy ---------------------------------------------------------------
 
@@ -619,7 +666,6 @@ class LocalDriver(FilesMixin, Driver):
         self._locks.pop(sandbox_id, None)
 
     async def _teardown(self, sid: str) -> None:
-        assert self._cgroups is not None
         self._sandboxes.pop(sid, None)
         self._lingering.pop(sid, None)
         for ex in self._executions.values():
@@ -633,7 +679,7 @@ class LocalDriver(FilesMixin, Driver):
         # On the loop (see _provision_new): rmdirs of cgroups and of a dozen entries.
         start = time.monotonic()
         pause = 0.0002
-        while not self._cgroups.remove(sid):
+        while self._cgroups is not None and not self._cgroups.remove(sid):
             if time.monotonic() - start > 5:
                 raise DriverFailure(f"could not remove the cgroups of sandbox {sid}")
             if sb is not None and time.monotonic() - start < 0.2:
@@ -665,7 +711,7 @@ class LocalDriver(FilesMixin, Driver):
         d = self.sandbox_root / sid
         if d.exists():
             self._release_uid(d)
-            shutil.rmtree(d)
+            shutil.rmtree(d, onerror=_rm_unreadable)
 
     async def _kill_init(self, sb: _Sandbox) -> None:
         """SIGKILL the sandbox's pid 1 and wait until it is gone.
@@ -683,8 +729,7 @@ class LocalDriver(FilesMixin, Driver):
             if _start_time(sb.init_pid) != sb.init_start:  # checked after the open: no reuse race
                 return
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            assert self._cgroups is not None
-            if self._cgroups.is_frozen(sb.id):
+            if self._cgroups is not None and self._cgroups.is_frozen(sb.id):
                 self._cgroups.freeze(sb.id, False)
             loop = asyncio.get_running_loop()
             gone = loop.create_future()
@@ -729,7 +774,8 @@ class LocalDriver(FilesMixin, Driver):
         processes. Background processes are frozen with the rest.
         """
         sb = self._running(sandbox_id)
-        assert self._cgroups is not None
+        if self._cgroups is None:
+            raise NotSupported("pause needs the cgroup freezer; this server runs without root (rootless mode)")
         async with self._lock(sb.id):
             if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
                 raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
@@ -737,13 +783,13 @@ class LocalDriver(FilesMixin, Driver):
 
     async def resume(self, sandbox_id: str) -> None:
         sb = self._running(sandbox_id)
-        assert self._cgroups is not None
+        if self._cgroups is None:
+            raise NotSupported("pause needs the cgroup freezer; this server runs without root (rootless mode)")
         async with self._lock(sb.id):
             self._cgroups.freeze(sb.id, False)
 
     def _check_not_paused(self, sb: _Sandbox) -> None:
-        assert self._cgroups is not None
-        if self._cgroups.is_frozen(sb.id):
+        if self._cgroups is not None and self._cgroups.is_frozen(sb.id):
             raise IllegalTransition(f"sandbox {sb.id} is paused; resume it first")
 
     # -- exec ------------------------------------------------------------------
@@ -757,7 +803,8 @@ class LocalDriver(FilesMixin, Driver):
         return env
 
     def _gc_leaves(self, sid: str) -> None:
-        assert self._cgroups is not None
+        if self._cgroups is None:
+            return
         leaves = self._lingering.get(sid)
         if leaves:
             for leaf in list(leaves):
@@ -783,13 +830,12 @@ class LocalDriver(FilesMixin, Driver):
         pipe is closed, and a background child holding stdout would make an execution
         last as long as that child. We watch the helper's pidfd for the exit instead.
         """
-        assert self._cgroups is not None
         assert self._helper is not None
-        procs = self._cgroups.create_leaf(sb.id, leaf)
+        procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
         loop = asyncio.get_running_loop()
         status_r, status_w = os.pipe()
         cmd = [str(self._helper), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
-               "--cwd", cwd, "--status-fd", str(status_w)]
+               "--cwd", cwd, "--status-fd", str(status_w), *self._rlimit_args(sb)]
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
         for key, value in (env or {}).items():
@@ -807,6 +853,7 @@ class LocalDriver(FilesMixin, Driver):
             os.close(status_w)
         assert proc.stdout is not None
         assert proc.stderr is not None
+        self._helpers[leaf] = proc.pid
         pidfd = os.pidfd_open(proc.pid)
         watched: list[tuple[int, bool]] = []  # (fd, is_writer)
 
@@ -869,10 +916,10 @@ class LocalDriver(FilesMixin, Driver):
                 done, _ = await asyncio.wait({exited}, timeout=limit)
                 if not done:
                     timed_out = True
-                    await self._cgroups.kill(sb.id, leaf)
+                    await self._kill_leaf(sb.id, leaf)
                     await exited
             except asyncio.CancelledError:
-                await self._cgroups.kill(sb.id, leaf)
+                await self._kill_leaf(sb.id, leaf)
                 await asyncio.shield(exited)
                 raise
             finally:
@@ -884,6 +931,7 @@ class LocalDriver(FilesMixin, Driver):
                 # them open for ever, so stop after a short grace.
                 await asyncio.wait(eofs, timeout=DRAIN_GRACE)
         finally:
+            self._helpers.pop(leaf, None)
             for fd, is_writer in watched:
                 (loop.remove_writer if is_writer else loop.remove_reader)(fd)
             os.close(pidfd)
@@ -915,10 +963,9 @@ class LocalDriver(FilesMixin, Driver):
                 sink=sink, limit=req.timeout)
         finally:
             self._executions.pop(req.execution_id, None)
-        assert self._cgroups is not None
-        oom = self._cgroups.oom_kills(sb.id, leaf) > 0
-        if not self._cgroups.remove(sb.id, leaf):
-            self._lingering.setdefault(sb.id, set()).add(leaf)
+        # Rootless: no memory cgroup, so no OOM kill either (allocations past the rlimit fail).
+        oom = self._cgroups is not None and self._cgroups.oom_kills(sb.id, leaf) > 0
+        self._drop_leaf(sb.id, leaf)
         self._raise_status(status, sb.id)
         if execution.cancelled:
             return ExecResult(exit_code=EXIT_CANCELLED, cancelled=True, oom_killed=oom)
@@ -941,21 +988,32 @@ class LocalDriver(FilesMixin, Driver):
     async def cancel(self, execution_id: str) -> None:
         """Kill the execution's tree. Unknown or already finished executions are a no-op."""
         execution = self._executions.get(execution_id)
-        if execution is None or self._cgroups is None:
+        if execution is None:
             return
         execution.cancelled = True
-        await self._cgroups.kill(execution.sandbox_id, execution.leaf)
+        await self._kill_leaf(execution.sandbox_id, execution.leaf)
+
+    async def _kill_leaf(self, sid: str, leaf: str) -> None:
+        """Kill the process tree of one execution (or file operation): its cgroup leaf,
+        or rootless, its session (see _kill_session)."""
+        if self._cgroups is not None:
+            await self._cgroups.kill(sid, leaf)
+        elif leaf in self._helpers:
+            await asyncio.to_thread(_kill_session, self._helpers[leaf], signal.SIGKILL)
 
     async def signal(self, execution_id: str, signum: int) -> None:
         """Send ``signum`` to every process of the execution's tree (its cgroup leaf,
         background children included), frozen meanwhile so none escapes by forking.
         Unknown or finished executions are a no-op."""
         execution = self._executions.get(execution_id)
-        if execution is None or self._cgroups is None:
+        if execution is None:
             return
         if not 0 < signum < signal.NSIG:
             raise InvalidInput(f"signal: {signum} is not a signal", field="signal")
-        await asyncio.to_thread(self._cgroups.signal, execution.sandbox_id, execution.leaf, signum)
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.signal, execution.sandbox_id, execution.leaf, signum)
+        elif execution.leaf in self._helpers:
+            await asyncio.to_thread(_kill_session, self._helpers[execution.leaf], signum, once=True)
 
     # -- files -----------------------------------------------------------------
 
@@ -974,9 +1032,7 @@ class LocalDriver(FilesMixin, Driver):
         leaf = f"w-{os.getpid()}-{time.monotonic_ns()}"
         code, timed_out, status = await self._run_helper(
             "write", sb, leaf, cwd=HOME, stdin=bytes(payload), sink=None, limit=120)
-        assert self._cgroups is not None
-        if not self._cgroups.remove(sb.id, leaf):
-            self._lingering.setdefault(sb.id, set()).add(leaf)
+        self._drop_leaf(sb.id, leaf)
         self._raise_status(status, sb.id)
         if timed_out or code != 0:
             raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
@@ -1015,7 +1071,9 @@ class LocalDriver(FilesMixin, Driver):
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._running(sandbox_id)
         target = self._checkpoint_dir(sb.id, checkpoint_id)
-        assert self._cgroups is not None
+        if self._cgroups is None:
+            raise NotSupported("disk checkpoints need the cgroup freezer (a consistent copy); this server "
+                               "runs without root (rootless mode)")
         async with self._lock(sb.id):
             if target.exists():
                 raise IllegalTransition(f"sandbox {sb.id} already has checkpoint {checkpoint_id}")
@@ -1031,6 +1089,8 @@ class LocalDriver(FilesMixin, Driver):
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._running(sandbox_id)
         source = self._checkpoint_dir(sb.id, checkpoint_id)
+        if self._cgroups is None:
+            raise NotSupported("disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)")
         if not source.is_dir():
             raise CheckpointNotFound(f"sandbox {sb.id} has no checkpoint {checkpoint_id}")
         recipe = runtimes.find(sb.runtime)
@@ -1044,7 +1104,7 @@ class LocalDriver(FilesMixin, Driver):
                     ex.cancelled = True
             await self._kill_init(sb)
             await asyncio.to_thread(self._swap_in, sb, source)
-            pid, start = await self._launch(sb.id, self.sandbox_root / sb.id, sb.uid,
+            pid, start = await self._launch(self.sandbox_root / sb.id, sb,
                                             layers.lowers(self.runtime_cache, recipe, sb.layer))
             sb.init_pid, sb.init_start = pid, start
             self._write_meta(self.sandbox_root / sb.id, sb)
@@ -1151,6 +1211,59 @@ def _get(path: str | Path) -> bytes:
         return os.read(fd, 1 << 20)
     finally:
         os.close(fd)
+
+
+def _session_of(pid: int) -> tuple[int, int] | None:
+    """(session id, parent pid) of ``pid`` as the host sees them; None if it is gone."""
+    try:
+        fields = _get(f"/proc/{pid}/stat").decode().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(fields[3]), int(fields[1])
+
+
+def _kill_session(helper: int, signum: int, *, once: bool = False) -> None:
+    """Rootless stand-in for killing a cgroup leaf: signal every process of the session
+    the helper's child started (every command runs as a session leader), repeated until
+    none is left, since a process may fork while we look. Orphans keep their session when
+    the sandbox's pid 1 adopts them, so background children are found too; a process
+    that starts a session of its own escapes (destroying the sandbox still ends it).
+    Blocking: walks /proc."""
+    try:
+        children = _get(f"/proc/{helper}/task/{helper}/children").split()
+    except (FileNotFoundError, ProcessLookupError):
+        return
+    for leader in map(int, children):
+        for _ in range(1 if once else 200):
+            found = False
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                info = _session_of(int(name))
+                if info is not None and info[0] == leader:
+                    found = True
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(int(name), signum)
+            if not found:
+                break
+            time.sleep(0.001)
+
+
+def _rm_unreadable(func, path: str, exc_info) -> None:  # type: ignore[no-untyped-def]
+    """rmtree's error handler: overlayfs leaves its ``work/work`` at mode 000, which only
+    root can enter; rootless, we own it and may open it up first."""
+    err = exc_info[1]
+    if isinstance(err, FileNotFoundError):
+        return
+    if not isinstance(err, PermissionError):
+        raise err
+    os.chmod(os.path.dirname(path), 0o700)
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, onerror=_rm_unreadable)
+        else:
+            os.unlink(path)
 
 
 def _layers_key(lower: list[Path]) -> str:

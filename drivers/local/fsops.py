@@ -151,10 +151,11 @@ class FilesMixin:
         self._check_not_paused(sb)  # type: ignore[attr-defined]
         cg = self._cgroups
         leaf = f"f-{os.getpid()}-{time.monotonic_ns()}"
-        procs = cg.create_leaf(sb.id, leaf)  # type: ignore[attr-defined]
+        procs = cg.create_leaf(sb.id, leaf) if cg is not None else []  # type: ignore[attr-defined]
         status_r, status_w = os.pipe()
         cmd: list[str | bytes] = [str(self._helper), "fs", "--pid", str(sb.init_pid), "--uid", str(sb.uid),
-                                  "--gid", str(sb.uid), "--cwd", self._home, "--status-fd", str(status_w)]  # type: ignore[attr-defined]
+                                  "--gid", str(sb.uid), "--cwd", self._home, "--status-fd", str(status_w),  # type: ignore[attr-defined]
+                                  *self._rlimit_args(sb)]  # type: ignore[attr-defined]
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
         try:
@@ -178,6 +179,8 @@ class FilesMixin:
             raise
 
     def _drop_leaf(self, sid: str, leaf: str) -> None:
+        if self._cgroups is None:  # rootless: no leaves
+            return
         with contextlib.suppress(OSError):
             if self._cgroups.remove(sid, leaf):  # type: ignore[attr-defined]
                 return

@@ -123,6 +123,7 @@ def build(recipe: RuntimeRecipe, cache: Path, *, log: Log = print, force: bool =
     key = cache_key(recipe)
     with locked(cache, key):
         if final.is_dir() and not force:
+            _readable(final.parent)
             log(f"{recipe.name}: cached at {final}")
             return final
         for stale in cache.glob(f".tmp-{key}-*"):  # left by a build that died; we hold the lock
@@ -145,12 +146,21 @@ def build(recipe: RuntimeRecipe, cache: Path, *, log: Log = print, force: bool =
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             if final.parent.exists():  # only with force: replace the old build
                 shutil.rmtree(final.parent)
+            _readable(tmp)
             os.rename(tmp, final.parent)
             log(f"{recipe.name}: built in {took:.1f}s, {size / 2**20:.0f} MiB at {final}")
             return final
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _readable(runtime_dir: Path) -> None:
+    """mkdtemp makes the runtime's directory 0700; a server that is not root (the local
+    driver's rootless mode) must be able to use it as a read-only layer. Its contents
+    are public Debian packages; the rootfs keeps its own modes inside."""
+    with contextlib.suppress(PermissionError):
+        os.chmod(runtime_dir, 0o755)
 
 
 Step = Callable[[RuntimeRecipe, Path, Path, Path, dict, Log], None]  # type: ignore[type-arg]

@@ -39,12 +39,16 @@ def _lineage(rel: str) -> set[str]:
 
 
 class SpareDirs:
-    def __init__(self, sandbox_root: Path, home: str, workspace: str) -> None:
+    def __init__(self, sandbox_root: Path, dirs: list[str], *, xattr_prefix: str = "trusted.overlay.") -> None:
+        """``dirs``: the directories the skeleton makes in the upper layer (home,
+        workspace, ...); ``xattr_prefix``: where overlayfs keeps its bookkeeping
+        (``user.overlay.`` when mounted in a user namespace)."""
         self.root = sandbox_root / SPARE_DIR
         self._by_key: dict[str, list[Path]] = {}
         self._seq = itertools.count()
-        self._dirs = _lineage(home) | _lineage(workspace)  # upper dirs the skeleton has
+        self._dirs = set().union(*map(_lineage, dirs))  # upper dirs the skeleton has
         self._upper = self._dirs | {"etc", "etc/passwd", "etc/group", "etc/resolv.conf"}
+        self._bookkeeping = frozenset(xattr_prefix + name for name in OVERLAY_BOOKKEEPING)
 
     def reset(self) -> None:
         """At start: spares of an earlier server are not trusted; delete them."""
@@ -102,12 +106,12 @@ class SpareDirs:
                     return False
                 if not want_dir and (not stat.S_ISREG(st.st_mode) or st.st_nlink != 1):
                     return False
-                if not _xattrs_ok(os.path.join(dirpath, name), OVERLAY_BOOKKEEPING if want_dir else frozenset()):
+                if not _xattrs_ok(os.path.join(dirpath, name), self._bookkeeping if want_dir else frozenset()):
                     return False
-        return _xattrs_ok(upper, OVERLAY_BOOKKEEPING)
+        return _xattrs_ok(upper, self._bookkeeping)
 
 
-OVERLAY_BOOKKEEPING = frozenset({"trusted.overlay.uuid", "trusted.overlay.origin", "trusted.overlay.impure"})
+OVERLAY_BOOKKEEPING = ("uuid", "origin", "impure")
 
 
 def _xattrs_ok(path: str | Path, allowed: frozenset[str] = frozenset()) -> bool:

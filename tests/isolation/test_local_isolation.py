@@ -324,6 +324,18 @@ async def test_the_mount_table_is_the_sandboxs_own(driver: LocalDriver, sandbox:
     assert (result.exit_code, out.stdout) == (0, "4\nx\nsandbox\n"), out.stderr
 
 
+async def test_pid_1_tells_no_host_path(driver: LocalDriver, sandbox: str) -> None:
+    """pid 1 is the launcher, forked, not exec'd: its command line (readable by every
+    process in the sandbox) would name the data dir and the runtime cache. Scrubbed."""
+    result, out = await run(driver, sandbox, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; "
+                            "readlink /proc/1/exe || echo unreadable")
+    assert result.exit_code == 0, out.stderr
+    cmdline, exe = out.stdout.splitlines()[:2]
+    assert cmdline.strip() == "hutch-init", cmdline
+    assert str(driver.data_dir) not in out.stdout and str(driver.runtime_cache) not in out.stdout
+    assert exe == "unreadable"
+
+
 async def test_no_block_devices(driver: LocalDriver, sandbox: str) -> None:
     result, out = await python(driver, sandbox, """
         import os, stat

@@ -96,8 +96,9 @@ struct opts {
     int n_env;
     const char *ov_lower, *ov_upper, *ov_work, *ov_target;
     int ready_fd, info_fd;
+    char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
     int userns;
-    unsigned long rlimit_as, rlimit_nproc;
+    unsigned long rlimit_data, rlimit_nproc;
     char **argv;
 };
 
@@ -122,7 +123,7 @@ static void parse(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--status-fd")) status_fd = atoi(v);
         else if (!strcmp(a, "--ready-fd")) o->ready_fd = atoi(v);
         else if (!strcmp(a, "--info-fd")) o->info_fd = atoi(v);
-        else if (!strcmp(a, "--rlimit-as")) o->rlimit_as = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--rlimit-data")) o->rlimit_data = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rlimit-nproc")) o->rlimit_nproc = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
         else if (!strcmp(a, "-e") && o->n_env < 4095) o->env[o->n_env++] = argv[i];
@@ -275,14 +276,16 @@ static void write_map(const char *file, unsigned inside, unsigned outside)
     write_str(file, buf);
 }
 
-/* Resource limits for hosts without cgroups (the non-root mode): they hold per process
- * (memory: address space) or per sandbox user (processes: counted per user namespace). */
+/* Resource limits where there are no cgroups (the rootless mode). Memory: RLIMIT_DATA,
+ * per process, counting heap and private writable mappings but not address space only
+ * reserved (RLIMIT_AS would stop V8, Go and the JVM, which reserve far more than they
+ * use). Processes: RLIMIT_NPROC, counted per user and user namespace, i.e. per sandbox. */
 static void set_rlimits(struct opts *o)
 {
     struct rlimit r;
-    if (o->rlimit_as) {
-        r.rlim_cur = r.rlim_max = o->rlimit_as;
-        TRY(setrlimit(RLIMIT_AS, &r), "rlimit as: %s", strerror(errno));
+    if (o->rlimit_data) {
+        r.rlim_cur = r.rlim_max = o->rlimit_data;
+        TRY(setrlimit(RLIMIT_DATA, &r), "rlimit data: %s", strerror(errno));
     }
     if (o->rlimit_nproc) {
         r.rlim_cur = r.rlim_max = o->rlimit_nproc;
@@ -300,6 +303,10 @@ static void set_rlimits(struct opts *o)
  * for ever: it is what exec/write/fs setns() into. What bubblewrap did for us before,
  * without its second exec and without parsing the host's mount table (which costs
  * O(host mounts) per sandbox: 578 leftover mounts here made it 43% of all CPU). */
+static int self_exe = -1;
+static void scrub_argv(struct opts *o);
+static int mode_init(struct opts *o);
+
 static int mode_launch(struct opts *o)
 {
     for (int i = 0; i < o->n_cgroups; i++)
@@ -327,6 +334,10 @@ static int mode_launch(struct opts *o)
         _exit(0);
     }
     setsid();
+    if (o->userns) {
+        self_exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+        TRY(self_exe, "open /proc/self/exe: %s", strerror(errno));
+    }
     TRY(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "make-private: %s", strerror(errno));
     char data[8192];
     snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s%s", o->ov_lower, o->ov_upper, o->ov_work,
@@ -342,6 +353,36 @@ static int mode_launch(struct opts *o)
     loopback_up();
     set_rlimits(o);
     drop_privileges(o->uid, o->gid, o->userns);
+    if (o->userns) {
+        /* Rootless, pid 1 execs itself once more, now inside its user namespace: a process
+         * forked from the launcher keeps the host's user namespace as its memory's owner,
+         * and being non-dumpable, no helper of ours (which has capabilities only in the
+         * sandbox's namespace) could then join it. After the exec the owner is the
+         * sandbox's namespace, where our helpers are privileged and the sandbox user is
+         * not. The fd was opened before the host's tree was detached. */
+        char fd_arg[16];
+        snprintf(fd_arg, sizeof fd_arg, "%d", o->ready_fd);
+        char *args[] = {"hutch-init", "init", "--ready-fd", fd_arg, NULL};
+        char *no_env[] = {NULL};
+        fexecve(self_exe, args, no_env);
+        fail("setup", "re-exec pid 1: %s", strerror(errno));
+    }
+    scrub_argv(o);
+    return mode_init(o);
+}
+
+/* pid 1's command line is readable by every process in the sandbox: it should not tell
+ * them host paths (the data dir, the runtime cache). */
+static void scrub_argv(struct opts *o)
+{
+    if (!o->argv_start) return;
+    memset(o->argv_start, 0, (size_t)(o->argv_end - o->argv_start));
+    strcpy(o->argv_start, "hutch-init");
+}
+
+/* pid 1 from here on: already the sandbox user, under the seccomp filter. */
+static int mode_init(struct opts *o)
+{
     /* Non-dumpable: the sandbox user may not ptrace or poke at its own pid 1. */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     int null = open("/dev/null", O_RDWR);
@@ -377,13 +418,18 @@ static void enter(struct opts *o)
     }
     int pidfd = syscall(SYS_pidfd_open, o->pid, 0);
     TRY(pidfd, "sandbox init %d: %s", o->pid, strerror(errno));
-    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET;
     struct stat mine, theirs;
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/ns/user", o->pid);
-    if (stat("/proc/self/ns/user", &mine) == 0 && stat(path, &theirs) == 0 && mine.st_ino != theirs.st_ino)
-        flags |= CLONE_NEWUSER;
-    TRY(setns(pidfd, flags), "setns: %s", strerror(errno));
+    /* A rootless sandbox has a user namespace of its own: join it first, on its own, so
+     * the other joins are checked against the capabilities we then hold in it (the
+     * kernel refuses them with EPERM in one combined call here). */
+    if (stat("/proc/self/ns/user", &mine) == 0 && stat(path, &theirs) == 0 && mine.st_ino != theirs.st_ino) {
+        TRY(setns(pidfd, CLONE_NEWUSER), "setns user: %s", strerror(errno));
+        o->userns = 1;
+    }
+    TRY(setns(pidfd, CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET),
+        "setns: %s", strerror(errno));
     close(pidfd);
 
     child_pid = fork();
@@ -702,12 +748,15 @@ static int mode_fs(struct opts *o)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) fail("setup", "usage: hutch-nsexec launch|exec|write|fs [options] [-- argv]");
+    if (argc < 2) fail("setup", "usage: hutch-nsexec launch|init|exec|write|fs [options] [-- argv]");
     struct opts *o = calloc(1, sizeof *o);
     if (!o) fail("setup", "out of memory");
     parse(argc, argv, o);
+    o->argv_start = argv[0];
+    o->argv_end = argv[argc - 1] + strlen(argv[argc - 1]) + 1;
     const char *mode = argv[1];
     if (!strcmp(mode, "launch")) return mode_launch(o);
+    if (!strcmp(mode, "init")) return mode_init(o);
     if (!strcmp(mode, "exec")) return mode_exec(o);
     if (!strcmp(mode, "write")) return mode_write(o);
     if (!strcmp(mode, "fs")) return mode_fs(o);

@@ -1,0 +1,196 @@
+"""Drive the local driver from a process that is not root, and report what happened.
+
+Run by tests/isolation/test_local_rootless.py as root:
+
+    python tests/isolation/rootless_probe.py DATA_DIR RUNTIME_CACHE UID
+
+It imports everything it needs, then drops to ``UID`` for good (no groups, no
+capabilities: setresuid from root to a non-zero uid clears them all) before the driver
+exists, so every sandbox below is made by an unprivileged process, as a server started
+by an ordinary user would make it. The interpreter itself may live where that user
+cannot read (here: under /root), hence the imports first. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures.thread  # noqa: F401  (to_thread's pool, imported lazily otherwise)
+import contextlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import aiohttp
+import attrs
+from aiohttp import web
+
+import core.eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
+import projections.memory  # noqa: F401
+from api.app import create_app
+from api.config import Config
+from core.errors import HutchError, NotSupported
+from drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
+from drivers.local import fsops, layers, native, network, rootfs, spares  # noqa: F401
+from drivers.local.driver import LocalDriver
+
+PY = "python:3.13"
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+
+    def write(self, stream: str, data: bytes) -> None:
+        self.out[stream] += data
+
+
+def capeff() -> str:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return line.split()[1]
+    return "?"
+
+
+def host_uid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return -1
+
+
+async def main(data_dir: Path, cache: Path, marker: str) -> dict:
+    report: dict = {}
+    d = LocalDriver(data_dir, cache)
+    report["server"] = {"euid": os.geteuid(), "capeff": capeff(), "rootless": d.rootless,
+                        "capabilities": attrs.asdict(d.capabilities)}
+    await d.start()
+    n = 0
+
+    async def run(sid: str, *argv: str, timeout: float | None = None) -> dict:
+        nonlocal n
+        n += 1
+        sink = Sink()
+        res = await d.exec(ExecRequest(f"exec_p{n}", sid, argv, timeout=timeout), sink)
+        return {"code": res.exit_code, "timed_out": res.timed_out, "stdout": sink.out["stdout"].decode(errors="replace"),
+                "stderr": sink.out["stderr"].decode(errors="replace")[-2000:]}
+
+    sid, bomb = "sbx_rootless1", "sbx_rootless3"
+    await d.provision(ProvisionRequest(sid, PY))
+    await d.provision(ProvisionRequest(bomb, PY, resources=Resources(memory_bytes=256 * 2**20, pids=64)))
+    sb = d._running(sid)
+    report["init_host_uid"] = host_uid(sb.init_pid)
+    report["identity"] = await run(sid, "sh", "-c", "id -u; id -un; cat /proc/self/uid_map; hostname; "
+                                   "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
+    report["pid1"] = await run(sid, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; readlink /proc/1/exe || echo unreadable")
+    report["interfaces"] = await run(sid, "python3", "-c", "print(sorted(l.split(':')[0].strip() for l in "
+                                     "open('/proc/net/dev').readlines()[2:]))")
+    report["host_file"] = await run(sid, "sh", "-c", f"ls /tmp/{marker} 2>&1; find / -xdev -name '{marker}*' 2>/dev/null | head -3")
+    report["writes"] = await run(sid, "sh", "-c", "echo a > ~/a && echo b > /tmp/b && echo w > /workspace/w && "
+                                 "cat ~/a /tmp/b /workspace/w; touch /usr/bin/x 2>/dev/null && echo WROTE-USR; "
+                                 "touch /etc/x 2>/dev/null; true")
+    report["nested_userns"] = await run(sid, "python3", "-c", "import os\ntry:\n os.unshare(os.CLONE_NEWUSER)\n"
+                                        " print('unshared')\nexcept OSError as e:\n print(e.errno)")
+    report["fork_bomb"] = await run(bomb, "python3", "-c", """
+import os, time
+n = 0
+try:
+    for _ in range(500):
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print(n, e.errno)
+else:
+    print(n, 0)
+""")
+    report["other_sandbox_during_bomb"] = await run(sid, "true")  # the limit is per sandbox
+    await asyncio.sleep(3.5)  # the bomb's children exit
+    report["after_fork_bomb"] = await run(bomb, "true")
+    report["memory_hog"] = await run(bomb, "python3", "-c", "x = bytearray(512 * 2**20); print('allocated')")
+    report["small_allocation"] = await run(bomb, "python3", "-c", "x = bytearray(64 * 2**20); print('allocated')")
+    await d.destroy(bomb)
+    await run(sid, "sh", "-c", "sleep 300 >/dev/null 2>&1 &")  # a background process that must outlive its exec
+    report["timeout"] = await run(sid, "sh", "-c", "sleep 301 & sleep 302", timeout=0.5)
+    await asyncio.sleep(0.2)
+    report["sleepers"] = await run(sid, "sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done "
+                                   "| grep '^sleep' | sort")
+    await d.write_files(sid, [FileToWrite("dir/f.txt", b"written")])
+    report["files"] = await run(sid, "cat", "dir/f.txt")
+    errors = {}
+    for name, call in [
+        ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
+        ("pause", lambda: d.pause(sid)),
+        ("checkpoint", lambda: d.checkpoint(sid, "ckpt_x")),
+    ]:
+        try:
+            await call()
+            errors[name] = None
+        except HutchError as err:
+            errors[name] = {"type": type(err).__name__, "field": err.field, "message": err.message,
+                            "not_supported": isinstance(err, NotSupported)}
+    report["refused"] = errors
+    ns = os.readlink(f"/proc/{sb.init_pid}/ns/pid")
+    await d.destroy(sid)
+    left = []
+    for _ in range(50):
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                    left.append(pid)
+        if not left:
+            break
+        await asyncio.sleep(0.05)
+    report["destroy"] = {"left": left, "dir_exists": (data_dir / "sandboxes" / sid).exists(),
+                         "alive": sorted(await d.alive())}
+    await d.close()
+    report["api"] = await through_the_api(data_dir.parent / "server", cache)
+    return report
+
+
+async def through_the_api(data_dir: Path, cache: Path) -> dict:
+    """The whole server, unprivileged: a one-shot run through the HTTP API."""
+    key = "rootless-test-key"
+    config = Config(data_dir=data_dir, api_key=key, driver="local", host="127.0.0.1", port=0, runtime_cache=cache)
+    runner = web.AppRunner(create_app(config))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
+    try:
+        async with aiohttp.ClientSession() as s:
+            body = {"runtime": PY, "command": {"exec": ["python3", "-c", "import os; print(os.getuid())"],
+                                               "mode": "oneshot"}}
+            async with s.post(f"{url}/sandbox", json=body, headers=auth) as r:
+                created = await r.json()
+            data = created["data"]
+            async with s.get(data["stdoutStreamUrl"]) as r:
+                stdout = (await r.read()).decode()
+            async with s.get(f"{url}/sandbox/execution/{data['executionId']}?wait=30s", headers=auth) as r:
+                execution = (await r.json())["data"]
+            async with s.post(f"{url}/sandbox", json={"runtime": PY, "network": {"enabled": True}}, headers=auth) as r:
+                network = {"status": r.status, "body": await r.json()}
+        return {"stdout": stdout, "status": execution["status"], "exitCode": execution.get("exitCode"),
+                "network": network}
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    data, cache, uid, marker = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    os.chown(data, uid, uid)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    os.environ["HOME"] = str(data)
+    try:
+        result = asyncio.run(main(data / "data", cache, marker))
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    print(json.dumps(result))

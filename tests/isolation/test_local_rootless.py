@@ -1,0 +1,134 @@
+"""The local driver run by a process that is not root (rootless mode).
+
+The driver runs in tests/isolation/rootless_probe.py, which drops to an unprivileged
+uid (no groups, no capabilities) before it makes anything; the probe reports what it
+saw and these tests hold it to the security floor: a user namespace mapping the
+sandbox user to that uid and nothing else, no network, the runtime read-only, host
+files invisible, rlimits standing in for cgroups, timeouts that kill a whole
+execution, and clear refusals for what needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.drivers_support import built_runtimes  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.isolation
+
+PROBE = Path(__file__).with_name("rootless_probe.py")
+UID = 64123  # an unprivileged uid with no account: nothing on the host belongs to it
+
+
+@pytest.fixture(scope="module")
+def report(built_runtimes: Path) -> Iterator[dict]:  # noqa: F811
+    assert os.geteuid() == 0, "the probe starts as root and drops to an unprivileged uid"
+    work = Path(tempfile.mkdtemp(prefix="hutch-rootless-", dir="/tmp"))
+    marker = f"hutch-rootless-marker-{secrets.token_hex(4)}"
+    host_file = Path("/tmp") / marker
+    host_file.write_text("host secret\n")
+    host_file.chmod(0o644)  # readable by the probe's uid: only the sandbox must not see it
+    try:
+        proc = subprocess.run([sys.executable, str(PROBE), str(work), str(built_runtimes), str(UID), marker],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert "error" not in data, data.get("error")
+        yield data
+    finally:
+        host_file.unlink(missing_ok=True)
+        subprocess.run(["pkill", "-KILL", "-u", str(UID)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_server_really_is_unprivileged(report: dict) -> None:
+    server = report["server"]
+    assert server["euid"] == UID and server["capeff"] == "0000000000000000" and server["rootless"]
+    assert report["init_host_uid"] == UID  # the sandbox's pid 1, seen from the host
+
+
+def test_the_sandbox_user_maps_to_the_server_uid_only(report: dict) -> None:
+    out = report["identity"]
+    assert out["code"] == 0, out
+    lines = out["stdout"].splitlines()
+    assert lines[:2] == ["1000", "agentuity"]
+    assert lines[2].split() == ["1000", str(UID), "1"]  # one uid mapped: nothing else exists inside
+    assert lines[3] == "sandbox"
+    assert lines[4:] == ["CapEff:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"]
+
+
+def test_pid_1_is_out_of_reach_and_tells_no_host_path(report: dict) -> None:
+    cmdline, exe = report["pid1"]["stdout"].splitlines()[:2]
+    assert cmdline.split()[0] == "hutch-init" and "/" not in cmdline, cmdline
+    assert exe == "unreadable"  # non-dumpable: the sandbox user cannot look into or ptrace it
+
+
+def test_no_network_but_loopback(report: dict) -> None:
+    assert report["interfaces"]["stdout"] == "['lo']\n"
+    assert report["server"]["capabilities"]["network"] is False  # the engine refuses network.enabled
+
+
+def test_host_files_are_invisible(report: dict) -> None:
+    lines = report["host_file"]["stdout"].splitlines()
+    assert len(lines) == 1 and "No such file" in lines[0], lines  # ls fails; find finds nothing
+
+
+def test_writable_where_it_should_be_and_nowhere_else(report: dict) -> None:
+    out = report["writes"]
+    assert out["code"] == 0 and out["stdout"] == "a\nb\nw\n", out
+
+
+def test_no_nested_user_namespace(report: dict) -> None:
+    assert report["nested_userns"]["stdout"] == "1\n"  # EPERM from the seccomp filter
+
+
+def test_pids_rlimit_contains_a_fork_bomb_per_sandbox(report: dict) -> None:
+    forks, errno = map(int, report["fork_bomb"]["stdout"].split())
+    assert errno == 11 and forks < 64  # EAGAIN at the sandbox's limit of 64 processes
+    assert report["other_sandbox_during_bomb"]["code"] == 0  # counted per sandbox, not per host uid
+    assert report["after_fork_bomb"]["code"] == 0
+
+
+def test_memory_rlimit_refuses_a_hog_and_the_sandbox_survives(report: dict) -> None:
+    hog = report["memory_hog"]
+    assert hog["code"] == 1 and "MemoryError" in hog["stderr"], hog
+    assert report["small_allocation"]["stdout"] == "allocated\n"
+
+
+def test_timeout_kills_the_execution_but_not_earlier_background_processes(report: dict) -> None:
+    assert report["timeout"]["timed_out"] and report["timeout"]["code"] == 124
+    # sleep 301/302 belonged to the timed-out execution; sleep 300 to an earlier one.
+    assert report["sleepers"]["stdout"].split("\n") == ["sleep 300 ", ""]
+
+
+def test_files_are_written_as_the_sandbox_user(report: dict) -> None:
+    assert report["files"]["stdout"] == "written"
+
+
+def test_what_needs_root_is_refused_by_name(report: dict) -> None:
+    refused = report["refused"]
+    assert refused["cpu"]["not_supported"] and refused["cpu"]["field"] == "resources.cpu"
+    assert "rootless" in refused["pause"]["message"] and refused["pause"]["not_supported"]
+    assert "rootless" in refused["checkpoint"]["message"] and refused["checkpoint"]["not_supported"]
+
+
+def test_destroy_leaves_nothing(report: dict) -> None:
+    assert report["destroy"] == {"left": [], "dir_exists": False, "alive": []}
+
+
+def test_the_whole_server_runs_rootless(report: dict) -> None:
+    """The API server itself in the unprivileged process: a one-shot run end to end, and
+    network refused by name (it needs root: veths and NAT)."""
+    api = report["api"]
+    assert (api["stdout"], api["status"], api["exitCode"]) == ("1000\n", "completed", 0), api
+    assert api["network"]["status"] in (400, 501) and "network.enabled" in api["network"]["body"]["message"]
