@@ -20,7 +20,7 @@ gives 137 (``cancelled``, the tree was SIGKILLed); an unknown command 127.
 An execution returns when its command exits, even if background children it started
 still hold stdout (they keep running: processes persist between executions like
 files do; only a timeout, a cancel or destroy kills them). ``pause`` freezes the
-sandbox's cgroup. Needs root. Network (on request) and an exposed port: a routed veth
+sandbox's cgroup. Network (on request) and an exposed port: a routed veth
 per sandbox with NAT out and nothing in (network.py).
 
 Warm pool: for each runtime it has provisioned, the driver keeps ``HUTCH_WARM_POOL``
@@ -33,6 +33,11 @@ indistinguishable from a freshly started one. Pooled sandboxes are named
 ``_pool-<server pid>-<its start time>-...`` (never a valid sandbox id): ``alive()`` does
 not see them, ``close()`` destroys them, and a later start reaps those of a server
 that is gone. Needs cgroup v1 (v2 cannot rename cgroups): on v2 the pool stays off.
+
+Rootless mode (a server that is not root): each sandbox gets a user namespace of its
+own mapping the sandbox user to the server's uid; rlimits stand in for cgroups and a
+session for an execution's cgroup leaf; what needs root is refused by name. See the
+README ("Rootless mode").
 """
 
 from __future__ import annotations
