@@ -84,7 +84,7 @@ from drivers.base import (
     ProvisionRequest,
     Usage,
 )
-from drivers.local import layers, network, rootfs
+from drivers.local import layers, network, rootfs, slirp
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
@@ -134,6 +134,9 @@ class _Sandbox:
     # Rootless mode only (no cgroups): the rlimits every process of the sandbox gets.
     rlimit_data: int | None = None
     rlimit_nproc: int | None = None
+    # Rootless network: its slirp4netns (pid and start time; see slirp.py).
+    slirp_pid: int | None = None
+    slirp_start: int | None = None
 
 
 @attrs.define
@@ -180,7 +183,7 @@ class LocalDriver(FilesMixin, Driver):
             memory_limit=self.rootless or "memory" in controllers,  # rootless: per process (RLIMIT_DATA)
             cpu_limit="cpu" in controllers,
             pids_limit=self.rootless or "pids" in controllers,  # rootless: RLIMIT_NPROC per sandbox
-            network=not self.rootless,  # veths and NAT need root
+            network=True,  # rootless: slirp4netns (slirp.py) instead of a veth and NAT
             pause=self._cgroups is not None,  # the freezer
             files=True,
             checkpoints=not self.rootless,  # consistent copies need the freezer
@@ -193,6 +196,7 @@ class LocalDriver(FilesMixin, Driver):
         self._executions: dict[str, _Execution] = {}
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
         self._helpers: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
+        self._slirps: dict[str, subprocess.Popen[bytes]] = {}  # rootless network, to reap
         self._locks: dict[str, asyncio.Lock] = {}
         # The warm pool (see the module docstring).
         self._pool_size = _pool_size()
@@ -338,7 +342,7 @@ class LocalDriver(FilesMixin, Driver):
                 except BaseException:
                     await self._teardown(req.sandbox_id)
                     raise
-            if req.network_enabled or req.port is not None:
+            if (req.network_enabled or req.port is not None) and not self.rootless:  # rootless: at launch
                 sb.network, sb.port = req.network_enabled, req.port
                 try:
                     await asyncio.to_thread(self._network_sync, sb)
@@ -352,6 +356,8 @@ class LocalDriver(FilesMixin, Driver):
     def _check_rootless(req: ProvisionRequest) -> None:
         """What a server that is not root cannot give, refused by name rather than
         silently not given (the engine refuses network, ports and installs already)."""
+        if req.network_enabled:
+            slirp.check_available()
         if req.resources.cpu_millis:
             raise NotSupported("resources.cpu: a cpu limit needs cgroups; this server runs without root "
                                "(rootless mode), so it cannot limit cpu", field="resources.cpu")
@@ -536,18 +542,23 @@ class LocalDriver(FilesMixin, Driver):
         if not spare:
             for p in (upper, d / "work", d / "merged"):
                 p.mkdir()
-        self._populate_upper(lower, upper, uid, self.rootless)
+        slirp_net = self.rootless and req.network_enabled
+        self._populate_upper(lower, upper, uid, self.rootless, slirp.resolv_conf() if slirp_net else None)
         res = req.resources
         sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer)
         if self._cgroups is not None:
             self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
         else:
             sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids
-        sb.init_pid, sb.init_start = await self._launch(d, sb, lower)
+        sb.init_pid, sb.init_start = await self._launch(d, sb, lower, slirp.egress_rules() if slirp_net else None)
+        if slirp_net:
+            proc = await asyncio.to_thread(slirp.start, sb.init_pid)
+            self._slirps[sid] = proc
+            sb.network, sb.slirp_pid, sb.slirp_start = True, proc.pid, _start_time(proc.pid)
         self._write_meta(d, sb)
         return sb
 
-    async def _launch(self, d: Path, sb: _Sandbox, lower: list[Path]) -> tuple[int, int]:
+    async def _launch(self, d: Path, sb: _Sandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
         """Start the sandbox's pid 1 over ``d``'s upper layer; returns its (pid, start time).
 
         The launcher forks pid 1, prints its host pid and exits; pid 1 says "ready" on
@@ -563,6 +574,13 @@ class LocalDriver(FilesMixin, Driver):
         err_r, err_w = os.pipe()
         cmd = [str(self._helper), "launch", "--uid", str(uid), "--gid", str(uid),
                "--ready-fd", str(ready_w), "--info-fd", str(info_w), *self._rootless_args(sb)]
+        pass_fds = [ready_w, info_w]
+        if netfilter is not None:  # rootless network: rules for its own namespace (slirp.py)
+            rules_r, rules_w = os.pipe()
+            os.write(rules_w, netfilter)  # a few hundred bytes: well within a pipe's buffer
+            os.close(rules_w)
+            cmd += ["--netfilter-fd", str(rules_r)]
+            pass_fds.append(rules_r)
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(upper), "--ov-work", str(work),
@@ -572,9 +590,9 @@ class LocalDriver(FilesMixin, Driver):
                 # A vfork+exec of a static binary: well under a millisecond.
                 launcher = subprocess.Popen(  # noqa: ASYNC220
                     cmd, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_w,
-                    pass_fds=(ready_w, info_w))
+                    pass_fds=pass_fds)
             finally:
-                for fd in (ready_w, info_w, err_w):
+                for fd in (*pass_fds, err_w):
                     os.close(fd)
             # pid 1 closes its inherited stderr once set up, so EOF on it means "set up or
             # failed"; the ready line then tells which.
@@ -621,7 +639,8 @@ class LocalDriver(FilesMixin, Driver):
         _put(d / "meta.json", json.dumps(attrs.asdict(sb)).encode())
 
     @staticmethod
-    def _populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = False) -> None:
+    def _populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = False,
+                        resolv: str | None = None) -> None:
         """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only.
         ``lower``: the read-only layers, top first (an install layer may have added users).
         Over a spare skeleton (spares.py) the same calls rewrite what is there.
@@ -639,7 +658,7 @@ class LocalDriver(FilesMixin, Driver):
         group = _lower_text(lower, "etc/group")
         _put(etc / "group", (group + f"{USER}:x:{uid}:\n").encode(), 0o644)
         # Used only when the sandbox has network; harmless (unreachable) otherwise.
-        _put(etc / "resolv.conf", network.resolv_conf().encode(), 0o644)
+        _put(etc / "resolv.conf", (resolv or network.resolv_conf()).encode(), 0o644)
         for name in ("passwd", "group", "resolv.conf"):
             os.chmod(etc / name, 0o644)
         for rel, mode in [(HOME, 0o755), (rootfs.WORKSPACE, 0o755)] + [(t, 0o1777) for t in ROOTLESS_TMP if rootless]:
@@ -679,7 +698,9 @@ class LocalDriver(FilesMixin, Driver):
         sb = self._load(sid)
         if sb is not None:
             await self._kill_init(sb)
-            if sb.network or sb.port is not None:
+            if sb.slirp_pid:
+                self._stop_slirp(sb)
+            elif sb.network or sb.port is not None:
                 await asyncio.to_thread(network.teardown, sb.uid - UID_BASE)
         # On the loop (see _provision_new): rmdirs of cgroups and of a dozen entries.
         start = time.monotonic()
@@ -699,6 +720,15 @@ class LocalDriver(FilesMixin, Driver):
             await asyncio.sleep(pause)  # killed processes still have to exit
             pause = min(pause * 2, 0.01)
         self._retire_dir(sid, sb)
+
+    def _stop_slirp(self, sb: _Sandbox) -> None:
+        proc = self._slirps.pop(sb.id, None)
+        if proc is not None:  # ours: kill and reap
+            proc.kill()
+            proc.wait()
+        elif sb.slirp_pid and _start_time(sb.slirp_pid) == sb.slirp_start:  # an earlier server's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sb.slirp_pid, signal.SIGKILL)
 
     def _retire_dir(self, sid: str, sb: _Sandbox | None) -> None:
         """Keep the dead sandbox's directory as a spare skeleton if it is exactly one

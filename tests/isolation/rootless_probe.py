@@ -2,7 +2,10 @@
 
 Run by tests/isolation/test_local_rootless.py as root:
 
-    python tests/isolation/rootless_probe.py DATA_DIR RUNTIME_CACHE UID
+    python tests/isolation/rootless_probe.py DATA_DIR RUNTIME_CACHE UID MARKER [INTERNET HOST_PORT]
+
+INTERNET (``ip:port``) is a server "on the internet" and HOST_PORT a port the host
+listens on at every address: with them, a networked sandbox is probed too.
 
 It imports everything it needs, then drops to ``UID`` for good (no groups, no
 capabilities: setresuid from root to a non-zero uid clears them all) before the driver
@@ -34,7 +37,7 @@ from api.app import create_app
 from api.config import Config
 from core.errors import HutchError, NotSupported
 from drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
-from drivers.local import fsops, layers, native, network, rootfs, spares  # noqa: F401
+from drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
 from drivers.local.driver import LocalDriver
 
 PY = "python:3.13"
@@ -62,7 +65,23 @@ def host_uid(pid: int) -> int:
     return -1
 
 
-async def main(data_dir: Path, cache: Path, marker: str) -> dict:
+PROBE = """
+import json, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+def one(target):
+    try:
+        s = socket.create_connection(target, timeout=2)
+        s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+        return "open " + s.recv(12).decode(errors="replace")
+    except OSError as err:
+        return type(err).__name__
+targets = [(h, int(p)) for h, p in (t.rsplit(":", 1) for t in sys.argv[1:])]
+with ThreadPoolExecutor(len(targets)) as pool:
+    print(json.dumps(dict(zip(sys.argv[1:], pool.map(one, targets)))))
+"""
+
+
+async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, host_port: int | None) -> dict:
     report: dict = {}
     d = LocalDriver(data_dir, cache)
     report["server"] = {"euid": os.geteuid(), "capeff": capeff(), "rootless": d.rootless,
@@ -121,6 +140,20 @@ else:
                                    "| grep '^sleep' | sort")
     await d.write_files(sid, [FileToWrite("dir/f.txt", b"written")])
     report["files"] = await run(sid, "cat", "dir/f.txt")
+    if internet and host_port:
+        net = "sbx_rootless4"
+        await d.provision(ProvisionRequest(net, PY, network_enabled=True))
+        targets = [internet, "169.254.169.254:80", f"10.0.2.2:{host_port}", f"127.0.0.1:{host_port}",
+                   *(f"{a}:{host_port}" for a in slirp.host_addresses())]
+        report["network"] = {"probe": await run(net, "python3", "-c", PROBE, *targets),
+                             "resolv": await run(net, "cat", "/etc/resolv.conf"),
+                             "interfaces": await run(net, "python3", "-c", "print(sorted(l.split(':')[0].strip() "
+                                                     "for l in open('/proc/net/dev').readlines()[2:]))"),
+                             "dns": await run(net, "python3", "-c", "import socket; print(socket.gethostbyname('localhost'))"),
+                             "host_addresses": slirp.host_addresses()}
+        slirp_pid = d._running(net).slirp_pid
+        await d.destroy(net)
+        report["network"]["slirp_left"] = slirp_pid is not None and Path(f"/proc/{slirp_pid}/stat").is_file()  # noqa: ASYNC240
     errors = {}
     for name, call in [
         ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
@@ -176,6 +209,9 @@ async def through_the_api(data_dir: Path, cache: Path) -> dict:
                 execution = (await r.json())["data"]
             async with s.post(f"{url}/sandbox", json={"runtime": PY, "network": {"enabled": True}}, headers=auth) as r:
                 network = {"status": r.status, "body": await r.json()}
+            if network["status"] == 201:
+                async with s.delete(f"{url}/sandbox/{network['body']['data']['sandboxId']}", headers=auth) as r:
+                    network["deleted"] = r.status
         return {"stdout": stdout, "status": execution["status"], "exitCode": execution.get("exitCode"),
                 "network": network}
     finally:
@@ -184,13 +220,14 @@ async def through_the_api(data_dir: Path, cache: Path) -> dict:
 
 if __name__ == "__main__":
     data, cache, uid, marker = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    internet, host_port = (sys.argv[5], int(sys.argv[6])) if len(sys.argv) > 6 else (None, None)
     os.chown(data, uid, uid)
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
     os.environ["HOME"] = str(data)
     try:
-        result = asyncio.run(main(data / "data", cache, marker))
+        result = asyncio.run(main(data / "data", cache, marker, internet, host_port))
     except Exception:
         result = {"error": traceback.format_exc()}
     print(json.dumps(result))

@@ -9,6 +9,7 @@ link-local/metadata addresses; a sandbox without network has loopback only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -44,6 +45,12 @@ def sh(*cmd: str) -> None:
 
 @pytest.fixture
 def fake_internet() -> Iterator[tuple[str, int]]:
+    with fake_internet_running() as target:
+        yield target
+
+
+@contextlib.contextmanager
+def fake_internet_running() -> Iterator[tuple[str, int]]:
     """An HTTP server in its own network namespace, routed from the host: "the internet"."""
     # An earlier run that was killed leaves its fake internet behind: its route to the same
     # /24 would win, and the sandbox would reach a namespace where nothing listens.

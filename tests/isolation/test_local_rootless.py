@@ -14,15 +14,18 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.drivers_support import built_runtimes  # noqa: F401  (fixture)
+from tests.isolation.test_local_network import fake_internet_running
 
 pytestmark = pytest.mark.isolation
 
@@ -38,17 +41,34 @@ def report(built_runtimes: Path) -> Iterator[dict]:  # noqa: F811
     host_file = Path("/tmp") / marker
     host_file.write_text("host secret\n")
     host_file.chmod(0o644)  # readable by the probe's uid: only the sandbox must not see it
+    # A host service on every address: no sandbox may reach it (from the host it answers).
+    listener = socket.create_server(("0.0.0.0", 0))
+    host_port = listener.getsockname()[1]
+    threading.Thread(target=_answer, args=(listener,), daemon=True).start()
     try:
-        proc = subprocess.run([sys.executable, str(PROBE), str(work), str(built_runtimes), str(UID), marker],
-                              capture_output=True, text=True, timeout=300, check=False)
+        with fake_internet_running() as (inet_host, inet_port):
+            proc = subprocess.run([sys.executable, str(PROBE), str(work), str(built_runtimes), str(UID), marker,
+                                   f"{inet_host}:{inet_port}", str(host_port)],
+                                  capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0, proc.stderr[-4000:]
         data = json.loads(proc.stdout.strip().splitlines()[-1])
         assert "error" not in data, data.get("error")
         yield data
     finally:
+        listener.close()
         host_file.unlink(missing_ok=True)
         subprocess.run(["pkill", "-KILL", "-u", str(UID)], check=False)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _answer(listener: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.sendall(b"HTTP/1.0 200 host service\r\n\r\n")
 
 
 def test_the_server_really_is_unprivileged(report: dict) -> None:
@@ -75,7 +95,20 @@ def test_pid_1_is_out_of_reach_and_tells_no_host_path(report: dict) -> None:
 
 def test_no_network_but_loopback(report: dict) -> None:
     assert report["interfaces"]["stdout"] == "['lo']\n"
-    assert report["server"]["capabilities"]["network"] is False  # the engine refuses network.enabled
+
+
+def test_network_reaches_the_internet_but_not_the_host(report: dict) -> None:
+    """network.enabled, rootless: slirp4netns, and egress rules inside the sandbox."""
+    net = report["network"]
+    assert net["interfaces"]["stdout"] == "['lo', 'tap0']\n"
+    assert net["resolv"]["stdout"] == "nameserver 10.0.2.3\n"
+    seen = json.loads(net["probe"]["stdout"])
+    internet = next(iter(seen))
+    assert seen.pop(internet).startswith("open HTTP/1.0 200"), net  # the internet answers
+    assert len(seen) >= 4, seen  # metadata, slirp's gateway, loopback, and the host's addresses
+    for target, outcome in seen.items():
+        assert not outcome.startswith("open"), (target, outcome)  # the host service never answers
+    assert net["slirp_left"] is False  # destroy ends slirp4netns too
 
 
 def test_host_files_are_invisible(report: dict) -> None:
@@ -127,8 +160,8 @@ def test_destroy_leaves_nothing(report: dict) -> None:
 
 
 def test_the_whole_server_runs_rootless(report: dict) -> None:
-    """The API server itself in the unprivileged process: a one-shot run end to end, and
-    network refused by name (it needs root: veths and NAT)."""
+    """The API server itself in the unprivileged process: a one-shot run end to end, and a
+    sandbox with network."""
     api = report["api"]
     assert (api["stdout"], api["status"], api["exitCode"]) == ("1000\n", "completed", 0), api
-    assert api["network"]["status"] in (400, 501) and "network.enabled" in api["network"]["body"]["message"]
+    assert api["network"]["status"] == 201, api["network"]  # slirp4netns: no root needed

@@ -95,7 +95,7 @@ struct opts {
     char *env[4096];
     int n_env;
     const char *ov_lower, *ov_upper, *ov_work, *ov_target;
-    int ready_fd, info_fd;
+    int ready_fd, info_fd, netfilter_fd;
     char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
     int userns;
     unsigned long rlimit_data, rlimit_nproc;
@@ -109,6 +109,7 @@ static void parse(int argc, char **argv, struct opts *o)
     o->gid = (gid_t)-1;
     o->ready_fd = -1;
     o->info_fd = -1;
+    o->netfilter_fd = -1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -123,6 +124,7 @@ static void parse(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--status-fd")) status_fd = atoi(v);
         else if (!strcmp(a, "--ready-fd")) o->ready_fd = atoi(v);
         else if (!strcmp(a, "--info-fd")) o->info_fd = atoi(v);
+        else if (!strcmp(a, "--netfilter-fd")) o->netfilter_fd = atoi(v);
         else if (!strcmp(a, "--rlimit-data")) o->rlimit_data = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rlimit-nproc")) o->rlimit_nproc = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
@@ -269,6 +271,40 @@ static void loopback_up(void)
     close(s);
 }
 
+/* Rootless network: the sandbox's egress rules, loaded into its own network namespace
+ * while we still hold capabilities there and still see the host's tree (the runtime
+ * has no iptables): the host's iptables-restore reads them from ``fd``. We are not uid 0
+ * inside, so an exec would lose every capability; CAP_NET_ADMIN and CAP_NET_RAW are
+ * passed on as ambient ones, to that one child only. The sandbox user, capability-less,
+ * can neither change nor get around them (raw sockets are refused by seccomp). */
+static void load_netfilter(int fd)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    TRY(syscall(SYS_capget, &hdr, data), "capget: %s", strerror(errno));
+    data[0].inheritable |= (1u << CAP_NET_ADMIN) | (1u << CAP_NET_RAW);
+    TRY(syscall(SYS_capset, &hdr, data), "capset: %s", strerror(errno));
+    pid_t child = fork();
+    TRY(child, "fork: %s", strerror(errno));
+    if (child == 0) {
+        if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN, 0, 0) < 0 ||
+            prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW, 0, 0) < 0)
+            _exit(126);
+        if (dup2(fd, 0) < 0) _exit(126);
+        char *args[] = {"iptables-restore", NULL};
+        char *env[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+        execve("/usr/sbin/iptables-restore", args, env);
+        execve("/sbin/iptables-restore", args, env);
+        _exit(127);
+    }
+    int status;
+    while (waitpid(child, &status, 0) < 0)
+        if (errno != EINTR) fail("setup", "waitpid: %s", strerror(errno));
+    close(fd);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("setup", "loading the sandbox's egress rules (iptables-restore) failed: status %d", status);
+}
+
 static void write_map(const char *file, unsigned inside, unsigned outside)
 {
     char buf[64];
@@ -343,6 +379,7 @@ static int mode_launch(struct opts *o)
     snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s%s", o->ov_lower, o->ov_upper, o->ov_work,
              o->userns ? ",userxattr" : "");
     TRY(mount("overlay", o->ov_target, "overlay", MS_NOSUID | MS_NODEV, data), "mount overlay: %s", strerror(errno));
+    if (o->netfilter_fd >= 0) load_netfilter(o->netfilter_fd);
     TRY(chdir(o->ov_target), "chdir %s: %s", o->ov_target, strerror(errno));
     TRY(mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mount /proc: %s", strerror(errno));
     setup_dev(o->userns);

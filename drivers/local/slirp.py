@@ -1,0 +1,113 @@
+"""Outbound network for rootless sandboxes: slirp4netns and egress rules in the sandbox.
+
+A server that is not root can make no veth and no host firewall rule (network.py). A
+rootless sandbox asked for network instead gets a ``tap0`` served by slirp4netns, a
+user-mode TCP/IP stack running as the server's user: the sandbox's packets become
+ordinary sockets of that user on the host. What such a socket may reach is decided
+inside the sandbox's own network namespace, where the launcher loads these rules (as
+the only holder of CAP_NET_ADMIN there, before the sandbox user exists):
+
+- DNS to slirp's resolver (10.0.2.3) passes; the rest of slirp's 10.0.2.0/24 does not
+  (10.0.2.2 would be the host's loopback; slirp4netns also runs with
+  ``--disable-host-loopback``);
+- the host's own addresses (every address of every interface, read at creation), link-
+  local (cloud metadata 169.254.169.254), loopback, multicast, CGNAT and reserved
+  ranges, and ``HUTCH_SANDBOX_EGRESS_DENY`` are rejected;
+- everything else passes. There is no IPv6 (slirp4netns without ``--enable-ipv6``).
+
+slirp4netns runs under its seccomp filter (``--enable-seccomp``) in a session of its own,
+so it outlives a restarting server as the sandbox does; the driver kills it with the
+sandbox. Not with ``--enable-sandbox``: that needs slirp4netns to be root in the
+sandbox's user namespace, where only the sandbox user exists ("setegid(0)" fails). So
+it runs as the server's user with the host's file system in view: a compromise of its
+user-mode TCP/IP stack (libslirp) by a sandbox's packets would be one of that user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+from core.errors import DriverFailure, NotSupported
+from drivers.local.network import DENIED
+
+DNS = "10.0.2.3"
+SLIRP_NET = "10.0.2.0/24"
+TAP = "tap0"
+READY_TIMEOUT = 10.0
+
+
+def check_available() -> None:
+    missing = [tool for tool in ("slirp4netns", "iptables-restore") if shutil.which(tool, path=_PATH) is None]
+    if missing:
+        raise NotSupported(f"network.enabled: a server without root gives sandboxes network through slirp4netns "
+                           f"and in-sandbox iptables rules; missing {', '.join(missing)} "
+                           f"(apt-get install slirp4netns iptables)", field="network.enabled")
+    if not os.access("/dev/net/tun", os.R_OK | os.W_OK):
+        raise NotSupported("network.enabled: a server without root needs /dev/net/tun to be usable by its user "
+                           "for slirp4netns (chmod 0666 /dev/net/tun, as udev sets it on Debian)",
+                           field="network.enabled")
+
+
+_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def host_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=False,
+                         env={"PATH": _PATH}).stdout
+    try:
+        return sorted({a["local"] for link in json.loads(out or "[]") for a in link.get("addr_info", []) if "local" in a})
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def egress_rules() -> bytes:
+    """The iptables-restore input for a sandbox's own network namespace."""
+    extra = [c.strip() for c in os.environ.get("HUTCH_SANDBOX_EGRESS_DENY", "").split(",") if c.strip()]
+    reject = "-j REJECT --reject-with icmp-net-prohibited"
+    lines = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD DROP [0:0]", ":OUTPUT ACCEPT [0:0]",
+             "-A OUTPUT -o lo -j ACCEPT",
+             f"-A OUTPUT -d {DNS}/32 -p udp --dport 53 -j ACCEPT",
+             f"-A OUTPUT -d {DNS}/32 -p tcp --dport 53 -j ACCEPT"]
+    for cidr in [SLIRP_NET, *DENIED, *extra, *(f"{a}/32" for a in host_addresses())]:
+        lines.append(f"-A OUTPUT -d {cidr} {reject}")
+    lines.append("COMMIT")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def resolv_conf() -> str:
+    return f"nameserver {DNS}\n"
+
+
+def start(init_pid: int) -> subprocess.Popen[bytes]:
+    """slirp4netns for the sandbox whose pid 1 is ``init_pid``; returns once tap0 is up."""
+    ready_r, ready_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-seccomp",
+             f"--ready-fd={ready_w}", f"--userns-path=/proc/{init_pid}/ns/user",
+             str(init_pid), TAP],
+            env={"PATH": _PATH}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            pass_fds=(ready_w,), start_new_session=True)
+    finally:
+        os.close(ready_w)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        os.set_blocking(ready_r, False)
+        while time.monotonic() < deadline:
+            try:
+                if os.read(ready_r, 1):
+                    return proc
+            except BlockingIOError:
+                pass
+            if proc.poll() is not None:
+                break
+            time.sleep(0.005)
+        proc.kill()
+        _, err = proc.communicate(timeout=5)
+        raise DriverFailure(f"slirp4netns did not come up: {err.decode(errors='replace').strip()[-1000:] or 'no output'}")
+    finally:
+        os.close(ready_r)
