@@ -58,6 +58,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -137,6 +138,7 @@ class _Sandbox:
     # Rootless network: its slirp4netns (pid and start time; see slirp.py).
     slirp_pid: int | None = None
     slirp_start: int | None = None
+    host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
 
 
 @attrs.define
@@ -187,7 +189,7 @@ class LocalDriver(FilesMixin, Driver):
             pause=self._cgroups is not None,  # the freezer
             files=True,
             checkpoints=not self.rootless,  # consistent copies need the freezer
-            ports=not self.rootless,
+            ports=True,  # rootless: a slirp4netns forward on the host's loopback
             installs=not self.rootless,  # install layers build in a chroot as root
             kernel_isolation=True,
         )
@@ -197,6 +199,7 @@ class LocalDriver(FilesMixin, Driver):
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
         self._helpers: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
         self._slirps: dict[str, subprocess.Popen[bytes]] = {}  # rootless network, to reap
+        self._slirp_dir: Path | None = None  # rootless ports: slirp4netns API sockets
         self._locks: dict[str, asyncio.Lock] = {}
         # The warm pool (see the module docstring).
         self._pool_size = _pool_size()
@@ -356,8 +359,8 @@ class LocalDriver(FilesMixin, Driver):
     def _check_rootless(req: ProvisionRequest) -> None:
         """What a server that is not root cannot give, refused by name rather than
         silently not given (the engine refuses network, ports and installs already)."""
-        if req.network_enabled:
-            slirp.check_available()
+        if req.network_enabled or req.port is not None:
+            slirp.check_available("network.enabled" if req.network_enabled else "network.port")
         if req.resources.cpu_millis:
             raise NotSupported("resources.cpu: a cpu limit needs cgroups; this server runs without root "
                                "(rootless mode), so it cannot limit cpu", field="resources.cpu")
@@ -395,6 +398,8 @@ class LocalDriver(FilesMixin, Driver):
         sb = self._running(sandbox_id)
         if sb.port is None:
             raise NotSupported(f"sandbox {sandbox_id} exposes no port", field="network.port")
+        if sb.host_port is not None:  # rootless: slirp4netns's forward
+            return "127.0.0.1", sb.host_port
         return str(network.address(sb.uid - UID_BASE)), sb.port
 
     # -- warm pool -------------------------------------------------------------
@@ -542,21 +547,41 @@ class LocalDriver(FilesMixin, Driver):
         if not spare:
             for p in (upper, d / "work", d / "merged"):
                 p.mkdir()
-        slirp_net = self.rootless and req.network_enabled
-        self._populate_upper(lower, upper, uid, self.rootless, slirp.resolv_conf() if slirp_net else None)
+        slirp_net = self.rootless and (req.network_enabled or req.port is not None)
+        self._populate_upper(lower, upper, uid, self.rootless,
+                             slirp.resolv_conf() if slirp_net and req.network_enabled else None)
         res = req.resources
         sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer)
         if self._cgroups is not None:
             self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
         else:
             sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids
-        sb.init_pid, sb.init_start = await self._launch(d, sb, lower, slirp.egress_rules() if slirp_net else None)
+        rules = slirp.egress_rules(outbound=req.network_enabled) if slirp_net else None
+        sb.init_pid, sb.init_start = await self._launch(d, sb, lower, rules)
         if slirp_net:
-            proc = await asyncio.to_thread(slirp.start, sb.init_pid)
+            api = self._slirp_socket(sid) if req.port is not None else None
+            proc = await asyncio.to_thread(slirp.start, sb.init_pid, api)
             self._slirps[sid] = proc
-            sb.network, sb.slirp_pid, sb.slirp_start = True, proc.pid, _start_time(proc.pid)
+            sb.network, sb.slirp_pid, sb.slirp_start = req.network_enabled, proc.pid, _start_time(proc.pid)
+            if api is not None and req.port is not None:
+                sb.port, sb.host_port = req.port, await asyncio.to_thread(slirp.forward, api, req.port)
         self._write_meta(d, sb)
         return sb
+
+    def _slirp_socket(self, sid: str) -> Path:
+        """Where a rootless sandbox's slirp4netns takes port forwards: a directory only we
+        can enter (whoever reaches the socket could expose the sandbox's ports), with a
+        short path (unix sockets allow 107 bytes)."""
+        if self._slirp_dir is None:
+            runtime = os.environ.get("XDG_RUNTIME_DIR")
+            if runtime and os.path.isdir(runtime) and os.stat(runtime).st_uid == os.geteuid():
+                self._slirp_dir = Path(runtime) / f"hutch-{os.getpid()}"
+                self._slirp_dir.mkdir(mode=0o700, exist_ok=True)
+            else:
+                self._slirp_dir = Path(tempfile.mkdtemp(prefix="hutch-slirp-"))  # 0700, ours
+        path = self._slirp_dir / f"{hashlib.sha256(sid.encode()).hexdigest()[:16]}.sock"
+        path.unlink(missing_ok=True)
+        return path
 
     async def _launch(self, d: Path, sb: _Sandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
         """Start the sandbox's pid 1 over ``d``'s upper layer; returns its (pid, start time).
@@ -722,6 +747,8 @@ class LocalDriver(FilesMixin, Driver):
         self._retire_dir(sid, sb)
 
     def _stop_slirp(self, sb: _Sandbox) -> None:
+        if self._slirp_dir is not None:
+            (self._slirp_dir / f"{hashlib.sha256(sb.id.encode()).hexdigest()[:16]}.sock").unlink(missing_ok=True)
         proc = self._slirps.pop(sb.id, None)
         if proc is not None:  # ours: kill and reap
             proc.kill()

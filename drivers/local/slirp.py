@@ -28,8 +28,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
+from pathlib import Path
 
 from core.errors import DriverFailure, NotSupported
 from drivers.local.network import DENIED
@@ -40,16 +42,15 @@ TAP = "tap0"
 READY_TIMEOUT = 10.0
 
 
-def check_available() -> None:
+def check_available(field: str = "network.enabled") -> None:
     missing = [tool for tool in ("slirp4netns", "iptables-restore") if shutil.which(tool, path=_PATH) is None]
     if missing:
-        raise NotSupported(f"network.enabled: a server without root gives sandboxes network through slirp4netns "
+        raise NotSupported(f"{field}: a server without root gives sandboxes network through slirp4netns "
                            f"and in-sandbox iptables rules; missing {', '.join(missing)} "
-                           f"(apt-get install slirp4netns iptables)", field="network.enabled")
+                           f"(apt-get install slirp4netns iptables)", field=field)
     if not os.access("/dev/net/tun", os.R_OK | os.W_OK):
-        raise NotSupported("network.enabled: a server without root needs /dev/net/tun to be usable by its user "
-                           "for slirp4netns (chmod 0666 /dev/net/tun, as udev sets it on Debian)",
-                           field="network.enabled")
+        raise NotSupported(f"{field}: a server without root needs /dev/net/tun to be usable by its user "
+                           "for slirp4netns (chmod 0666 /dev/net/tun, as udev sets it on Debian)", field=field)
 
 
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -64,12 +65,17 @@ def host_addresses() -> list[str]:
         return []
 
 
-def egress_rules() -> bytes:
-    """The iptables-restore input for a sandbox's own network namespace."""
+def egress_rules(*, outbound: bool = True) -> bytes:
+    """The iptables-restore input for a sandbox's own network namespace. Without
+    ``outbound`` (a port only) nothing leaves but replies to connections made to it."""
     extra = [c.strip() for c in os.environ.get("HUTCH_SANDBOX_EGRESS_DENY", "").split(",") if c.strip()]
     reject = "-j REJECT --reject-with icmp-net-prohibited"
-    lines = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD DROP [0:0]", ":OUTPUT ACCEPT [0:0]",
-             "-A OUTPUT -o lo -j ACCEPT",
+    head = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD DROP [0:0]", ":OUTPUT ACCEPT [0:0]",
+            "-A OUTPUT -o lo -j ACCEPT"]
+    if not outbound:
+        return ("\n".join([*head, "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+                           f"-A OUTPUT {reject}", "COMMIT"]) + "\n").encode()
+    lines = [*head,
              f"-A OUTPUT -d {DNS}/32 -p udp --dport 53 -j ACCEPT",
              f"-A OUTPUT -d {DNS}/32 -p tcp --dport 53 -j ACCEPT"]
     for cidr in [SLIRP_NET, *DENIED, *extra, *(f"{a}/32" for a in host_addresses())]:
@@ -82,13 +88,16 @@ def resolv_conf() -> str:
     return f"nameserver {DNS}\n"
 
 
-def start(init_pid: int) -> subprocess.Popen[bytes]:
-    """slirp4netns for the sandbox whose pid 1 is ``init_pid``; returns once tap0 is up."""
+def start(init_pid: int, api_socket: Path | None = None) -> subprocess.Popen[bytes]:
+    """slirp4netns for the sandbox whose pid 1 is ``init_pid``; returns once tap0 is up.
+    ``api_socket``: where it listens for port forwards (a private directory: whoever
+    reaches the socket can expose the sandbox's ports)."""
     ready_r, ready_w = os.pipe()
+    api = [f"--api-socket={api_socket}"] if api_socket is not None else []
     try:
         proc = subprocess.Popen(
             ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-seccomp",
-             f"--ready-fd={ready_w}", f"--userns-path=/proc/{init_pid}/ns/user",
+             f"--ready-fd={ready_w}", *api, f"--userns-path=/proc/{init_pid}/ns/user",
              str(init_pid), TAP],
             env={"PATH": _PATH}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             pass_fds=(ready_w,), start_new_session=True)
@@ -111,3 +120,28 @@ def start(init_pid: int) -> subprocess.Popen[bytes]:
         raise DriverFailure(f"slirp4netns did not come up: {err.decode(errors='replace').strip()[-1000:] or 'no output'}")
     finally:
         os.close(ready_r)
+
+
+def forward(api_socket: Path, guest_port: int) -> int:
+    """Forward a free port on the host's loopback to ``guest_port`` of the sandbox (its
+    tap0 address); returns the host port. Blocking: one request on slirp4netns's API."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # a free port, then handed to slirp
+        probe.bind(("127.0.0.1", 0))
+        host_port = probe.getsockname()[1]
+    request = {"execute": "add_hostfwd", "arguments": {"proto": "tcp", "host_addr": "127.0.0.1",
+                                                       "host_port": host_port, "guest_port": guest_port}}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as api:
+        api.settimeout(READY_TIMEOUT)
+        api.connect(str(api_socket))
+        api.sendall(json.dumps(request).encode())
+        api.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := api.recv(4096):
+            reply += chunk
+    try:
+        answer = json.loads(reply)
+    except ValueError:
+        answer = {"error": reply.decode(errors="replace")}
+    if "error" in answer:
+        raise DriverFailure(f"slirp4netns would not forward port {guest_port}: {answer['error']}")
+    return host_port

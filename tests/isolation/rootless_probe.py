@@ -154,6 +154,7 @@ else:
         slirp_pid = d._running(net).slirp_pid
         await d.destroy(net)
         report["network"]["slirp_left"] = slirp_pid is not None and Path(f"/proc/{slirp_pid}/stat").is_file()  # noqa: ASYNC240
+        report["port"] = await port_only(d, run, internet)
     errors = {}
     for name, call in [
         ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
@@ -184,6 +185,31 @@ else:
     await d.close()
     report["api"] = await through_the_api(data_dir.parent / "server", cache)
     return report
+
+
+async def port_only(d: LocalDriver, run, internet: str) -> dict:  # type: ignore[no-untyped-def]
+    """network.port without network.enabled: reachable through port_target (what the
+    API's proxy uses), and nothing leaves the sandbox."""
+    sid = "sbx_rootless5"
+    await d.provision(ProvisionRequest(sid, PY, port=8080))
+    await run(sid, "sh", "-c", "python3 -m http.server 8080 --bind 0.0.0.0 >/dev/null 2>&1 &")
+    host, port = await d.port_target(sid)
+    answer = ""
+    for _ in range(100):
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            answer = (await reader.read(12)).decode(errors="replace")
+            writer.close()
+            if answer:
+                break
+        except OSError as err:
+            answer = type(err).__name__
+        await asyncio.sleep(0.05)
+    out = {"target": [host, port], "answer": answer,
+           "outbound": await run(sid, "python3", "-c", PROBE, internet)}
+    await d.destroy(sid)
+    return out
 
 
 async def through_the_api(data_dir: Path, cache: Path) -> dict:

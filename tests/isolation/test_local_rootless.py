@@ -148,6 +148,13 @@ def test_files_are_written_as_the_sandbox_user(report: dict) -> None:
     assert report["files"]["stdout"] == "written"
 
 
+def test_a_port_is_reachable_from_the_host_and_nothing_leaves(report: dict) -> None:
+    port = report["port"]
+    assert port["target"][0] == "127.0.0.1" and port["answer"].startswith("HTTP/1.0 200"), port
+    seen = json.loads(port["outbound"]["stdout"])
+    assert not next(iter(seen.values())).startswith("open"), seen  # a port alone gives no outbound network
+
+
 def test_what_needs_root_is_refused_by_name(report: dict) -> None:
     refused = report["refused"]
     assert refused["cpu"]["not_supported"] and refused["cpu"]["field"] == "resources.cpu"
