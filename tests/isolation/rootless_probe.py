@@ -182,6 +182,15 @@ else:
         await asyncio.sleep(0.05)
     report["destroy"] = {"left": left, "dir_exists": (data_dir / "sandboxes" / sid).exists(),
                          "alive": sorted(await d.alive())}
+    # A restarted server adopts the rootless sandboxes that outlived it, like any other.
+    await d.provision(ProvisionRequest("sbx_rootless6", PY))
+    await run("sbx_rootless6", "sh", "-c", "echo kept > ~/k; sleep 300 >/dev/null 2>&1 &")
+    await d.close()
+    d = LocalDriver(data_dir, cache)
+    await d.start()
+    report["restart"] = {"alive": sorted(await d.alive()), "exec": await run("sbx_rootless6", "sh", "-c",
+                                                                           "cat ~/k; pgrep -c sleep || true")}
+    await d.destroy("sbx_rootless6")
     await d.close()
     report["api"] = await through_the_api(data_dir.parent / "server", cache)
     return report

@@ -162,6 +162,11 @@ def test_what_needs_root_is_refused_by_name(report: dict) -> None:
     assert "rootless" in refused["checkpoint"]["message"] and refused["checkpoint"]["not_supported"]
 
 
+def test_a_restarted_server_adopts_live_sandboxes(report: dict) -> None:
+    assert report["restart"]["alive"] == ["sbx_rootless6"]
+    assert report["restart"]["exec"]["stdout"].split() == ["kept", "1"], report["restart"]
+
+
 def test_destroy_leaves_nothing(report: dict) -> None:
     assert report["destroy"] == {"left": [], "dir_exists": False, "alive": []}
 
