@@ -98,7 +98,7 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
                 "stderr": sink.out["stderr"].decode(errors="replace")[-2000:]}
 
     sid, bomb = "sbx_rootless1", "sbx_rootless3"
-    await d.provision(ProvisionRequest(sid, PY))
+    await d.provision(ProvisionRequest(sid, PY, resources=Resources(pids=64)))
     await d.provision(ProvisionRequest(bomb, PY, resources=Resources(memory_bytes=256 * 2**20, pids=64)))
     sb = d._running(sid)
     report["init_host_uid"] = host_uid(sb.init_pid)
@@ -127,7 +127,11 @@ except OSError as e:
 else:
     print(n, 0)
 """)
-    report["other_sandbox_during_bomb"] = await run(sid, "true")  # the limit is per sandbox
+    # The same limit in another sandbox, while the bomb's children still hold theirs: the
+    # count is per sandbox (per user namespace), not per host uid.
+    report["other_sandbox_during_bomb"] = await run(sid, "sh", "-c", "for i in 1 2 3 4 5; do sleep 0 & done; wait; "
+                                                    "echo forked")
+    report["bomb_during_bomb"] = await run(bomb, "sh", "-c", "sleep 0 & wait; echo forked")
     await asyncio.sleep(3.5)  # the bomb's children exit
     report["after_fork_bomb"] = await run(bomb, "true")
     report["memory_hog"] = await run(bomb, "python3", "-c", "x = bytearray(512 * 2**20); print('allocated')")
