@@ -621,9 +621,8 @@ class LocalDriver(FilesMixin, Driver):
                     os.close(fd)
             # pid 1 closes its inherited stderr once set up, so EOF on it means "set up or
             # failed"; the ready line then tells which.
-            stderr, info, ready = await asyncio.wait_for(asyncio.gather(
-                _read_to_eof(loop, err_r, 8192), _read_to_eof(loop, info_r, 64), _read_to_eof(loop, ready_r, 64)),
-                READY_TIMEOUT)
+            async with asyncio.timeout(READY_TIMEOUT):
+                stderr, info, ready = await _read_to_eof(loop, (err_r, 8192), (info_r, 64), (ready_r, 64))
         except TimeoutError:
             raise DriverFailure(f"sandbox {sid} did not come up within {READY_TIMEOUT:g}s") from None
         finally:
@@ -1352,30 +1351,41 @@ def _text(raw: bytes) -> str:
     return raw.decode(errors="replace").strip()[-2000:] or "(no output)"
 
 
-async def _read_to_eof(loop: asyncio.AbstractEventLoop, fd: int, limit: int) -> bytes:
-    """Everything written to pipe ``fd`` until its last writer closes it (at most ``limit``)."""
-    os.set_blocking(fd, False)
-    out = bytearray()
-    eof: asyncio.Future[None] = loop.create_future()
+async def _read_to_eof(loop: asyncio.AbstractEventLoop, *pipes: tuple[int, int]) -> list[bytes]:
+    """Everything written to each pipe (fd, at most limit bytes) until its last writer
+    closes it. One future for all of them: no task per pipe (each costs loop turns, and
+    the launcher is on every sandbox's path)."""
+    outs = [bytearray() for _ in pipes]
+    open_fds = {fd for fd, _ in pipes}
+    done: asyncio.Future[None] = loop.create_future()
 
-    def readable() -> None:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data and len(out) < limit:
-            out.extend(data[: limit - len(out)])
-        if not data and not eof.done():
-            eof.set_result(None)
+    def reader(fd: int, out: bytearray, limit: int):  # type: ignore[no-untyped-def]
+        def readable() -> None:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if data:
+                if len(out) < limit:
+                    out.extend(data[: limit - len(out)])
+                return
+            loop.remove_reader(fd)
+            open_fds.discard(fd)
+            if not open_fds and not done.done():
+                done.set_result(None)
+        return readable
 
-    loop.add_reader(fd, readable)
+    for (fd, limit), out in zip(pipes, outs, strict=True):
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, reader(fd, out, limit))
     try:
-        await eof
+        await done
     finally:
-        loop.remove_reader(fd)
-    return bytes(out)
+        for fd in open_fds:
+            loop.remove_reader(fd)
+    return [bytes(out) for out in outs]
 
 
 def _read_available(fd: int) -> bytes:
