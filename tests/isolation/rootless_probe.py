@@ -119,7 +119,7 @@ n = 0
 try:
     for _ in range(500):
         if os.fork() == 0:
-            time.sleep(3)
+            time.sleep(8)  # long enough to outlast the checks below on a loaded machine
             os._exit(0)
         n += 1
 except OSError as e:
@@ -132,7 +132,10 @@ else:
     report["other_sandbox_during_bomb"] = await run(sid, "sh", "-c", "for i in 1 2 3 4 5; do sleep 0 & done; wait; "
                                                     "echo forked")
     report["bomb_during_bomb"] = await run(bomb, "sh", "-c", "sleep 0 & wait; echo forked")
-    await asyncio.sleep(3.5)  # the bomb's children exit
+    for _ in range(200):  # until the bomb's children are gone and its sandbox can fork again
+        if (await run(bomb, "sh", "-c", "sleep 0 & wait; echo forked"))["stdout"] == "forked\n":
+            break
+        await asyncio.sleep(0.1)
     report["after_fork_bomb"] = await run(bomb, "true")
     report["memory_hog"] = await run(bomb, "python3", "-c", "x = bytearray(512 * 2**20); print('allocated')")
     report["small_allocation"] = await run(bomb, "python3", "-c", "x = bytearray(64 * 2**20); print('allocated')")
