@@ -92,8 +92,9 @@ def _seconds_between(a: str, b: str) -> float:
 
 
 async def test_running_commands_keep_a_sandbox_from_idling_out(api: Api) -> None:
-    sid = await new_sandbox(api, timeout={"idle": "300ms"})
-    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "1"]})
+    # Idle 1 s, not less: the clock starts before the create call returns (see above).
+    sid = await new_sandbox(api, timeout={"idle": "1s"})
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "2"]})
     final = await api.wait_execution(ex["executionId"])
     assert final["status"] == "completed"
     status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=5000")
