@@ -148,16 +148,20 @@ class _Execution:
     cancelled: bool = False
 
 
-def _start_time(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (guards against pid reuse)."""
+def _live_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), as the host
+    sees them; None if ``pid`` is gone or a zombie."""
     try:
-        stat = _get(f"/proc/{pid}/stat").decode()
+        fields = _get(f"/proc/{pid}/stat").decode().rpartition(")")[2].split()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    fields = stat.rpartition(")")[2].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
+    return None if fields[0] == "Z" else fields
+
+
+def _start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (guards against pid reuse)."""
+    fields = _live_stat(pid)
+    return None if fields is None else int(fields[19])
 
 
 def _check_env(env: Mapping[str, str], field: str) -> None:
@@ -358,7 +362,8 @@ class LocalDriver(FilesMixin, Driver):
     @staticmethod
     def _check_rootless(req: ProvisionRequest) -> None:
         """What a server that is not root cannot give, refused by name rather than
-        silently not given (the engine refuses network, ports and installs already)."""
+        silently not given: network and ports without slirp4netns, and cpu limits (the
+        engine refuses installs, from the capabilities)."""
         if req.network_enabled or req.port is not None:
             slirp.check_available("network.enabled" if req.network_enabled else "network.port")
         if req.resources.cpu_millis:
@@ -579,9 +584,15 @@ class LocalDriver(FilesMixin, Driver):
                 self._slirp_dir.mkdir(mode=0o700, exist_ok=True)
             else:
                 self._slirp_dir = Path(tempfile.mkdtemp(prefix="hutch-slirp-"))  # 0700, ours
-        path = self._slirp_dir / f"{hashlib.sha256(sid.encode()).hexdigest()[:16]}.sock"
+        path = self._slirp_socket_path(sid)
+        assert path is not None
         path.unlink(missing_ok=True)
         return path
+
+    def _slirp_socket_path(self, sid: str) -> Path | None:
+        if self._slirp_dir is None:
+            return None
+        return self._slirp_dir / f"{hashlib.sha256(sid.encode()).hexdigest()[:16]}.sock"
 
     async def _launch(self, d: Path, sb: _Sandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
         """Start the sandbox's pid 1 over ``d``'s upper layer; returns its (pid, start time).
@@ -746,8 +757,9 @@ class LocalDriver(FilesMixin, Driver):
         self._retire_dir(sid, sb)
 
     def _stop_slirp(self, sb: _Sandbox) -> None:
-        if self._slirp_dir is not None:
-            (self._slirp_dir / f"{hashlib.sha256(sb.id.encode()).hexdigest()[:16]}.sock").unlink(missing_ok=True)
+        sock = self._slirp_socket_path(sb.id)
+        if sock is not None:
+            sock.unlink(missing_ok=True)
         proc = self._slirps.pop(sb.id, None)
         if proc is not None:  # ours: kill and reap
             proc.kill()
@@ -760,19 +772,15 @@ class LocalDriver(FilesMixin, Driver):
         """Keep the dead sandbox's directory as a spare skeleton if it is exactly one
         (spares.py), else delete it."""
         d = self.sandbox_root / sid
+        if not d.exists():
+            return
+        self._release_uid(d)
         recipe = runtimes.find(sb.runtime) if sb is not None else None
-        if recipe is not None and d.is_dir():
-            self._release_uid(d)
+        if recipe is not None:
             key = _layers_key(layers.lowers(self.runtime_cache, recipe, sb.layer))  # type: ignore[union-attr]
             if self._spares.give(d, key):
                 return
-        self._remove_dir(sid)
-
-    def _remove_dir(self, sid: str) -> None:
-        d = self.sandbox_root / sid
-        if d.exists():
-            self._release_uid(d)
-            shutil.rmtree(d, onerror=_rm_unreadable)
+        shutil.rmtree(d, onerror=_rm_unreadable)
 
     async def _kill_init(self, sb: _Sandbox) -> None:
         """SIGKILL the sandbox's pid 1 and wait until it is gone.
@@ -929,12 +937,9 @@ class LocalDriver(FilesMixin, Driver):
             os.set_blocking(fd, False)
 
             def readable() -> None:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
+                data = _read_chunk(fd)
+                if data is None:
                     return
-                except OSError:
-                    data = b""
                 if not data:
                     loop.remove_reader(fd)
                     if not eof.done():
@@ -1274,15 +1279,6 @@ def _get(path: str | Path) -> bytes:
         os.close(fd)
 
 
-def _session_of(pid: int) -> tuple[int, int] | None:
-    """(session id, parent pid) of ``pid`` as the host sees them; None if it is gone."""
-    try:
-        fields = _get(f"/proc/{pid}/stat").decode().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(fields[3]), int(fields[1])
-
-
 def _kill_session(helper: int, signum: int, *, once: bool = False) -> None:
     """Rootless stand-in for killing a cgroup leaf: signal every process of the session
     the helper's child started (every command runs as a session leader), repeated until
@@ -1300,8 +1296,8 @@ def _kill_session(helper: int, signum: int, *, once: bool = False) -> None:
             for name in os.listdir("/proc"):
                 if not name.isdigit():
                     continue
-                info = _session_of(int(name))
-                if info is not None and info[0] == leader:
+                fields = _live_stat(int(name))  # zombies are dead already: killed, not yet reaped
+                if fields is not None and int(fields[3]) == leader:
                     found = True
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(int(name), signum)
@@ -1331,7 +1327,7 @@ def _layers_key(lower: list[Path]) -> str:
     return ":".join(map(str, lower))
 
 
-_LOWER_TEXT: dict[tuple[str, str], tuple[float, str]] = {}
+_LOWER_TEXT: dict[str, tuple[float, str]] = {}
 
 
 def _lower_text(lower: list[Path], rel: str) -> str:
@@ -1339,7 +1335,7 @@ def _lower_text(lower: list[Path], rel: str) -> str:
     place, but a rebuilt runtime may replace one)."""
     path = layers.find_in_lowers(lower, rel)
     mtime = os.stat(path).st_mtime
-    key = (str(path), rel)
+    key = str(path)
     hit = _LOWER_TEXT.get(key)
     if hit is None or hit[0] != mtime:
         hit = (mtime, path.read_text())
@@ -1349,6 +1345,17 @@ def _lower_text(lower: list[Path], rel: str) -> str:
 
 def _text(raw: bytes) -> str:
     return raw.decode(errors="replace").strip()[-2000:] or "(no output)"
+
+
+def _read_chunk(fd: int) -> bytes | None:
+    """One read from a non-blocking pipe: None if nothing is there yet, b"" at EOF (a
+    read error counts as EOF: the writer is gone either way)."""
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 async def _read_to_eof(loop: asyncio.AbstractEventLoop, *pipes: tuple[int, int]) -> list[bytes]:
@@ -1361,12 +1368,9 @@ async def _read_to_eof(loop: asyncio.AbstractEventLoop, *pipes: tuple[int, int])
 
     def reader(fd: int, out: bytearray, limit: int):  # type: ignore[no-untyped-def]
         def readable() -> None:
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
+            data = _read_chunk(fd)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if data:
                 if len(out) < limit:
                     out.extend(data[: limit - len(out)])

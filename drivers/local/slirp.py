@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +42,7 @@ DNS = "10.0.2.3"
 SLIRP_NET = "10.0.2.0/24"
 TAP = "tap0"
 READY_TIMEOUT = 10.0
+_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def check_available(field: str = "network.enabled") -> None:
@@ -52,8 +55,6 @@ def check_available(field: str = "network.enabled") -> None:
         raise NotSupported(f"{field}: a server without root needs /dev/net/tun to be usable by its user "
                            "for slirp4netns (chmod 0666 /dev/net/tun, as udev sets it on Debian)", field=field)
 
-
-_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def host_addresses() -> list[str]:
@@ -94,32 +95,35 @@ def start(init_pid: int, api_socket: Path | None = None) -> subprocess.Popen[byt
     reaches the socket can expose the sandbox's ports)."""
     ready_r, ready_w = os.pipe()
     api = [f"--api-socket={api_socket}"] if api_socket is not None else []
-    try:
-        proc = subprocess.Popen(
-            ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-seccomp",
-             f"--ready-fd={ready_w}", *api, f"--userns-path=/proc/{init_pid}/ns/user",
-             str(init_pid), TAP],
-            env={"PATH": _PATH}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            pass_fds=(ready_w,), start_new_session=True)
-    finally:
-        os.close(ready_w)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        os.set_blocking(ready_r, False)
-        while time.monotonic() < deadline:
-            try:
-                if os.read(ready_r, 1):
-                    return proc
-            except BlockingIOError:
-                pass
-            if proc.poll() is not None:
-                break
-            time.sleep(0.005)
+    # Its log goes to an unlinked file, not a pipe: nobody reads a pipe once it is up,
+    # and a full pipe would stop slirp4netns (and the sandbox's network) at its next line.
+    with tempfile.TemporaryFile() as log:
+        try:
+            proc = subprocess.Popen(
+                ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-seccomp",
+                 f"--ready-fd={ready_w}", *api, f"--userns-path=/proc/{init_pid}/ns/user",
+                 str(init_pid), TAP],
+                env={"PATH": _PATH}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                pass_fds=(ready_w,), start_new_session=True)
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT
+            while time.monotonic() < deadline and proc.poll() is None:
+                if select.select([ready_r], [], [], 0.05)[0]:
+                    if os.read(ready_r, 1):
+                        return proc
+                    break  # closed without a word: it failed
+        finally:
+            os.close(ready_r)
         proc.kill()
-        _, err = proc.communicate(timeout=5)
-        raise DriverFailure(f"slirp4netns did not come up: {err.decode(errors='replace').strip()[-1000:] or 'no output'}")
-    finally:
-        os.close(ready_r)
+        proc.wait()
+        log.seek(0)
+        said = log.read().decode(errors="replace").strip()[-1000:]
+    raise DriverFailure(f"slirp4netns did not come up: {said or 'no output'}")
 
 
 def forward(api_socket: Path, guest_port: int) -> int:

@@ -39,6 +39,7 @@ from core.errors import HutchError, NotSupported
 from drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
 from drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
 from drivers.local.driver import LocalDriver
+from tests.isolation import connect_probe
 
 PY = "python:3.13"
 
@@ -63,22 +64,6 @@ def host_uid(pid: int) -> int:
         if line.startswith("Uid:"):
             return int(line.split()[1])
     return -1
-
-
-PROBE = """
-import json, socket, sys
-from concurrent.futures import ThreadPoolExecutor
-def one(target):
-    try:
-        s = socket.create_connection(target, timeout=2)
-        s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
-        return "open " + s.recv(12).decode(errors="replace")
-    except OSError as err:
-        return type(err).__name__
-targets = [(h, int(p)) for h, p in (t.rsplit(":", 1) for t in sys.argv[1:])]
-with ThreadPoolExecutor(len(targets)) as pool:
-    print(json.dumps(dict(zip(sys.argv[1:], pool.map(one, targets)))))
-"""
 
 
 async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, host_port: int | None) -> dict:
@@ -107,7 +92,7 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
     report["pid1"] = await run(sid, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; readlink /proc/1/exe || echo unreadable")
     report["interfaces"] = await run(sid, "python3", "-c", "print(sorted(l.split(':')[0].strip() for l in "
                                      "open('/proc/net/dev').readlines()[2:]))")
-    report["host_file"] = await run(sid, "sh", "-c", f"ls /tmp/{marker} 2>&1; find / -xdev -name '{marker}*' 2>/dev/null | head -3")
+    report["host_file"] = await run(sid, "sh", "-c", f"ls /tmp/{marker} 2>&1; find / -name '{marker}*' 2>/dev/null | head -3")
     report["writes"] = await run(sid, "sh", "-c", "echo a > ~/a && echo b > /tmp/b && echo w > /workspace/w && "
                                  "cat ~/a /tmp/b /workspace/w; touch /usr/bin/x 2>/dev/null && echo WROTE-USR; "
                                  "touch /etc/x 2>/dev/null; true")
@@ -152,7 +137,7 @@ else:
         await d.provision(ProvisionRequest(net, PY, network_enabled=True))
         targets = [internet, "169.254.169.254:80", f"10.0.2.2:{host_port}", f"127.0.0.1:{host_port}",
                    *(f"{a}:{host_port}" for a in slirp.host_addresses())]
-        report["network"] = {"probe": await run(net, "python3", "-c", PROBE, *targets),
+        report["network"] = {"probe": await run(net, "python3", "-c", connect_probe.SCRIPT, *targets),
                              "resolv": await run(net, "cat", "/etc/resolv.conf"),
                              "interfaces": await run(net, "python3", "-c", "print(sorted(l.split(':')[0].strip() "
                                                      "for l in open('/proc/net/dev').readlines()[2:]))"),
@@ -223,7 +208,7 @@ async def port_only(d: LocalDriver, run, internet: str) -> dict:  # type: ignore
             answer = type(err).__name__
         await asyncio.sleep(0.05)
     out = {"target": [host, port], "answer": answer,
-           "outbound": await run(sid, "python3", "-c", PROBE, internet)}
+           "outbound": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet)}
     await d.destroy(sid)
     return out
 

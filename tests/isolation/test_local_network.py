@@ -14,7 +14,6 @@ import json
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 import uuid
@@ -32,6 +31,7 @@ from tests.drivers_support import (
     local_driver_fixture,
     new_id,
 )
+from tests.isolation import connect_probe
 
 pytestmark = pytest.mark.isolation
 
@@ -129,22 +129,9 @@ async def make(driver: LocalDriver, *, network_enabled: bool = False, port: int 
 
 
 async def probe(driver: LocalDriver, sid: str, targets: list[tuple[str, int]]) -> dict[str, str]:
-    code = f"""
-        import json, socket
-        from concurrent.futures import ThreadPoolExecutor
-        def one(target):
-            try:
-                s = socket.create_connection(target, timeout=1.5)
-                s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
-                return "open " + s.recv(12).decode(errors="replace")
-            except OSError as err:
-                return type(err).__name__
-        targets = {targets!r}
-        with ThreadPoolExecutor(len(targets)) as pool:
-            print(json.dumps({{f"{{h}}:{{p}}": r for (h, p), r in zip(targets, pool.map(one, targets))}}))
-    """
+    argv = ["python3", "-c", connect_probe.SCRIPT, *(f"{h}:{p}" for h, p in targets)]
     sink = Recorder()
-    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["python3", "-c", textwrap.dedent(code)], timeout=60), sink)
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, argv, timeout=60), sink)
     assert result.exit_code == 0, sink.stderr
     return json.loads(sink.stdout)
 

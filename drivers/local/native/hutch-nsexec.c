@@ -215,9 +215,10 @@ static void drop_privileges(uid_t uid, gid_t gid, int userns)
     install_seccomp();
 }
 
-/* A minimal /dev in the sandbox's root, as bubblewrap's --dev makes it: a tmpfs with
- * the harmless character devices bound from the host, a private devpts instance and
- * the usual links. Nothing else of the host's /dev is reachable. */
+/* A minimal /dev in the sandbox's root, as bubblewrap's --dev made it: a tmpfs with the
+ * harmless character devices (made by mknod as root, bound from the host under a user
+ * namespace), a private devpts instance and the usual links. Nothing else of the
+ * host's /dev is reachable. */
 static void setup_dev(int userns)
 {
     /* Under a user namespace nobody polices /dev/shm's size (no memory cgroup): cap it. */
@@ -331,6 +332,10 @@ static void set_rlimits(struct opts *o)
     setrlimit(RLIMIT_CORE, &r);  /* no core files of sandbox processes on any host */
 }
 
+static int self_exe = -1;  /* rootless pid 1's own binary, to re-exec (see mode_launch) */
+static void scrub_argv(struct opts *o);
+static int mode_init(struct opts *o);
+
 /* The sandbox's pid 1, from the host side: join its cgroups, make every namespace
  * (a user namespace too with --userns, for servers that are not root), fork pid 1,
  * print its host pid on --info-fd and exit. Pid 1 mounts the overlay root, /proc and
@@ -339,10 +344,6 @@ static void set_rlimits(struct opts *o)
  * for ever: it is what exec/write/fs setns() into. What bubblewrap did for us before,
  * without its second exec and without parsing the host's mount table (which costs
  * O(host mounts) per sandbox: 578 leftover mounts here made it 43% of all CPU). */
-static int self_exe = -1;
-static void scrub_argv(struct opts *o);
-static int mode_init(struct opts *o);
-
 static int mode_launch(struct opts *o)
 {
     for (int i = 0; i < o->n_cgroups; i++)
