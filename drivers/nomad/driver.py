@@ -4,7 +4,8 @@
   ``hutch-containerd`` task driver (scripts/services.d/nomad/containerd-driver) from the
   runtime's OCI image (``drivers.nomad.images``): an idle shell as pid 1 that reaps
   orphans, running as the unprivileged sandbox uid with no capabilities, no_new_privs,
-  containerd's seccomp profile and a network namespace with only loopback. No restarts,
+  containerd's seccomp profile narrowed to the local driver's floor (socket families,
+  io_uring: the plugin's seccomp.go) and a network namespace with only loopback. No restarts,
   no rescheduling: a sandbox that dies is over, and says so (below).
 - **Resources**: memory -> the task's MemoryMB (a hard limit), cpu millicores -> a CFS
   quota, pids -> the container's pids limit. Nomad's CPU reservation is kept small so a

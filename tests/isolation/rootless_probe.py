@@ -5,7 +5,9 @@ Run by tests/isolation/test_local_rootless.py as root:
     python tests/isolation/rootless_probe.py DATA_DIR RUNTIME_CACHE UID MARKER [INTERNET HOST_PORT]
 
 INTERNET (``ip:port``) is a server "on the internet" and HOST_PORT a port the host
-listens on at every address: with them, a networked sandbox is probed too.
+listens on at every address: with them, a networked sandbox is probed too. With
+HUTCH_PROBE_BAIT set (the JSON of tests/isolation/channel_probe.host_bait), a sandbox
+looks for every channel around its network namespace.
 
 It imports everything it needs, then drops to ``UID`` for good (no groups, no
 capabilities: setresuid from root to a non-zero uid clears them all) before the driver
@@ -39,7 +41,7 @@ from core.errors import HutchError, NotSupported
 from drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
 from drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
 from drivers.local.driver import LocalDriver
-from tests.isolation import connect_probe
+from tests.isolation import channel_probe, connect_probe
 
 PY = "python:3.13"
 
@@ -130,6 +132,8 @@ else:
     await asyncio.sleep(0.2)
     report["sleepers"] = await run(sid, "sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done "
                                    "| grep '^sleep' | sort")
+    if os.environ.get("HUTCH_PROBE_BAIT"):  # the host's bait (tests/isolation/channel_probe.py)
+        report["channels"] = await run(sid, "python3", "-c", channel_probe.SCRIPT, os.environ["HUTCH_PROBE_BAIT"])
     await d.write_files(sid, [FileToWrite("dir/f.txt", b"written")])
     report["files"] = await run(sid, "cat", "dir/f.txt")
     if internet and host_port:

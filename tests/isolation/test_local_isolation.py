@@ -30,6 +30,7 @@ from tests.drivers_support import (
     new_id,
     provision,
 )
+from tests.isolation import channel_probe
 
 pytestmark = pytest.mark.isolation
 
@@ -109,15 +110,28 @@ async def test_only_loopback_and_no_route_to_host_services(driver: LocalDriver, 
 async def test_no_raw_or_packet_sockets(driver: LocalDriver, sandbox: str) -> None:
     result, out = await python(driver, sandbox, """
         import socket
-        for args in [(socket.AF_PACKET, socket.SOCK_RAW, 0), (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+        for args in [(socket.AF_PACKET, socket.SOCK_RAW, 0), (socket.AF_PACKET, socket.SOCK_DGRAM, 0),
+                     (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
                      (socket.AF_INET, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_ICMP)]:
             try:
                 socket.socket(*args)
                 print("allowed")
-            except PermissionError:
-                print("denied")
-    """)
-    assert (result.exit_code, out.stdout) == (0, "denied\ndenied\ndenied\n"), out.stderr
+            except OSError as err:
+                print(errno.errorcode[err.errno])
+    """.replace("import socket", "import errno, socket"))
+    # Raw sockets are refused as raw (EPERM); AF_PACKET of any type is outside the family
+    # allow-list (EAFNOSUPPORT; the kernel alone would say EPERM, for want of CAP_NET_RAW).
+    assert (result.exit_code, out.stdout) == (0, "EPERM\nEAFNOSUPPORT\nEPERM\nEPERM\n"), out.stderr
+
+
+async def test_no_channel_around_the_network_namespace(driver: LocalDriver, sandbox: str) -> None:
+    """vsock and the other socket families, host devices, the host's abstract unix sockets,
+    its processes' namespaces, its System V and POSIX IPC, the keyring and io_uring: the
+    attacker's view of every way out that a network namespace alone does not close."""
+    with channel_probe.host_bait() as bait:
+        result, out = await run(driver, sandbox, "python3", "-c", channel_probe.SCRIPT, json.dumps(bait))
+    assert result.exit_code == 0, out.stderr
+    channel_probe.assert_sealed(json.loads(out.stdout))
 
 
 # -- limits --------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.drivers_support import built_runtimes  # noqa: F401  (fixture)
+from tests.isolation import channel_probe
 from tests.isolation.test_local_network import fake_internet_running
 
 pytestmark = pytest.mark.isolation
@@ -46,9 +47,10 @@ def report(built_runtimes: Path) -> Iterator[dict]:  # noqa: F811
     host_port = listener.getsockname()[1]
     threading.Thread(target=_answer, args=(listener,), daemon=True).start()
     try:
-        with fake_internet_running() as (inet_host, inet_port):
+        with fake_internet_running() as (inet_host, inet_port), channel_probe.host_bait() as bait:
             proc = subprocess.run([sys.executable, str(PROBE), str(work), str(built_runtimes), str(UID), marker,
                                    f"{inet_host}:{inet_port}", str(host_port)],
+                                  env={**os.environ, "HUTCH_PROBE_BAIT": json.dumps(bait)},
                                   capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0, proc.stderr[-4000:]
         data = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -109,6 +111,13 @@ def test_network_reaches_the_internet_but_not_the_host(report: dict) -> None:
     for target, outcome in seen.items():
         assert not outcome.startswith("open"), (target, outcome)  # the host service never answers
     assert net["slirp_left"] is False  # destroy ends slirp4netns too
+
+
+def test_no_channel_around_the_network_namespace(report: dict) -> None:
+    """The attacker's view of vsock and the other socket families, host devices, abstract
+    unix sockets, host namespaces, IPC, the keyring and io_uring (as for root mode)."""
+    assert report["channels"]["code"] == 0, report["channels"]["stderr"]
+    channel_probe.assert_sealed(json.loads(report["channels"]["stdout"]))
 
 
 def test_host_files_are_invisible(report: dict) -> None:

@@ -145,6 +145,39 @@ static void write_str(const char *path, const char *s)
     close(fd);
 }
 
+/* socket() and socketpair() take an allow-list of address families: local sockets, IP
+ * (inside the sandbox's own network namespace) and netlink (route/diag queries of that
+ * namespace). Every other family answers EAFNOSUPPORT, as on a kernel built without it,
+ * so programs fall back instead of failing oddly. That closes AF_VSOCK, which no network
+ * namespace confines (it reaches the hypervisor host's services), AF_PACKET, and the
+ * rarely used families whose modules the kernel autoloads on first use (RDS, TIPC, KCM,
+ * ALG, AX25, X25, ...), the usual door for kernel exploits.
+ * The family is an int but the filter sees the whole 64-bit register: values with high
+ * bits set (which the kernel truncates to a family) fall under the ">= 64" rule. */
+static const int socket_families_allowed[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
+
+static int deny_socket_families(scmp_filter_ctx ctx)
+{
+    static const int calls[] = {SCMP_SYS(socket), SCMP_SYS(socketpair)};
+    int rc = 0;
+    for (size_t c = 0; c < sizeof calls / sizeof *calls; c++) {
+        for (int family = 0; family < 32; family++) {
+            int allowed = 0;
+            for (size_t i = 0; i < sizeof socket_families_allowed / sizeof *socket_families_allowed; i++)
+                allowed |= family == socket_families_allowed[i];
+            if (!allowed)
+                rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), calls[c], 1,
+                                       SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)family));
+        }
+        /* 32..63 in one comparison, everything above in another. */
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), calls[c], 1,
+                               SCMP_A0(SCMP_CMP_MASKED_EQ, ~(scmp_datum_t)31, 32));
+        rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), calls[c], 1,
+                               SCMP_A0(SCMP_CMP_GE, 64));
+    }
+    return rc;
+}
+
 /* Deny-list on top of what an uncapable uid already cannot do. EPERM for things a
  * program should treat as "not allowed"; ENOSYS where libraries probe and fall back
  * (clone3 -> clone, whose flags we can inspect; io_uring -> epoll). */
@@ -180,9 +213,8 @@ static void install_seccomp(void)
                            SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
     rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                            SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
-    /* No raw or packet sockets: they bypass the network namespace's filtering. */
-    rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(socket), 1,
-                           SCMP_A0(SCMP_CMP_EQ, AF_PACKET));
+    rc |= deny_socket_families(ctx);
+    /* No raw sockets of the allowed families: they bypass the network namespace's filtering. */
     rc |= seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(socket), 1,
                            SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_RAW));
     if (rc) fail("setup", "seccomp_rule_add failed");

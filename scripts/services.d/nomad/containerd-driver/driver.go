@@ -16,7 +16,6 @@ import (
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/containers"
-	"github.com/containerd/containerd/contrib/seccomp"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
@@ -346,7 +345,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		oci.WithNoNewPrivileges,
 		oci.WithCapabilities(nil),
 		oci.WithAmbientCapabilities(nil),
-		seccomp.WithDefaultProfile(),
+		withSandboxSeccomp(),
 		oci.WithMounts(mounts),
 		oci.WithHostname(firstNonEmpty(tc.Hostname, "sandbox")),
 	}

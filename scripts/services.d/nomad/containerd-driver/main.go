@@ -8,7 +8,8 @@
 //   - StartTask: pull the image (plain HTTP for a registry on loopback), create a
 //     container with a new snapshot, and start it. The process runs as an
 //     unprivileged uid with no capabilities, no_new_privs and containerd's default
-//     seccomp profile, in new pid/ipc/uts/mount namespaces and, unless the task asks
+//     seccomp profile narrowed to hutch's floor (seccomp.go), in new pid/ipc/uts/mount
+//     namespaces and, unless the task asks
 //     for the host's, a network namespace with only loopback. Memory, CPU (CFS
 //     quota from millicores) and pids limits go to the container's cgroup.
 //   - A per-allocation workspace directory on the host (workspace_root/<alloc id>)
