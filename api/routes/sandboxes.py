@@ -12,6 +12,7 @@ from api.keys import API_KEY_ID, ENGINE
 from api.routes import proxy
 from api.routes.audit import audit_stream_id, audit_stream_url
 from api.service import Engine, redact_event
+from api.stats import usage as usage_stats
 from core.errors import InvalidInput
 from core.models import Execution, Mode, Sandbox, SandboxStatus
 from projections.base import SandboxQuery
@@ -75,7 +76,8 @@ def _instant(request: web.Request, name: str) -> str | None:
 
 @routes.get("/sandbox/stats")
 async def stats(request: web.Request) -> web.Response:
-    return ok(await request.app[ENGINE].stats(_instant(request, "start"), _instant(request, "end")))
+    engine = request.app[ENGINE]
+    return ok(await usage_stats(engine.store, engine.driver, _instant(request, "start"), _instant(request, "end")))
 
 
 @routes.post("/sandbox")
