@@ -1,7 +1,15 @@
 """``python -m api``: serve with configuration from HUTCH_* variables (used by tests;
-users run ``hutch serve``)."""
+users run ``hutch serve``). A refusal at start (a busy data dir, a store bound to another
+event log) ends the process with its message and code, not a traceback."""
+
+import sys
 
 from api.app import run_server
 from api.config import Config
+from core.errors import HutchError
 
-run_server(Config.from_env())
+try:
+    run_server(Config.from_env())
+except HutchError as err:
+    print(f"hutch: error: {err.message} [{err.code}]", file=sys.stderr, flush=True)
+    sys.exit(1)

@@ -3,6 +3,7 @@ the event log, projection store, driver and engine (owned by one cleanup_ctx).""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import hmac
@@ -169,35 +170,37 @@ async def _health(request: web.Request) -> web.Response:
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    lock_fd = _lock_data_dir(config.data_dir)
-    app[API_KEY] = resolve_api_key(config)[0]
-    event_log = open_event_log(config.event_log, config.data_dir)
-    store = make_store(config)
-    driver = make_driver(config)
-    outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
-    outputs.start()
-    await event_log.start()
-    await store.start()
-    await driver.start()
-    engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
-                    stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
-                    limits=archives.Limits(max_bytes=config.max_upload_bytes, max_entries=config.max_archive_entries))
     if config.projector not in ("inprocess", "external"):
         raise InvalidInput(f"projector: expected inprocess or external, got {config.projector!r}", field="projector")
-    if config.projector == "external":
-        if not hasattr(store, "wait_for"):
-            raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
-        engine.projector.applies = False  # `hutch projector` applies; we wait for it
-    await engine.start()
-    app[ENGINE] = engine
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        lock_fd = _lock_data_dir(config.data_dir)
+        stack.callback(os.close, lock_fd)
+        app[API_KEY] = resolve_api_key(config)[0]
+        event_log = open_event_log(config.event_log, config.data_dir)
+        store = make_store(config)
+        driver = make_driver(config)
+        outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
+        outputs.start()
+        # Each part is closed (in reverse) however far the start got: a refusal at start
+        # (a store bound to another log, a driver without its services) leaves nothing open.
+        await event_log.start()
+        stack.push_async_callback(event_log.close)
+        await store.start()
+        stack.push_async_callback(store.close)
+        await driver.start()
+        stack.push_async_callback(driver.close)
+        engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
+                        stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
+                        limits=archives.Limits(max_bytes=config.max_upload_bytes,
+                                               max_entries=config.max_archive_entries))
+        if config.projector == "external":
+            if not hasattr(store, "wait_for"):
+                raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
+            engine.projector.applies = False  # `hutch projector` applies; we wait for it
+        stack.push_async_callback(engine.close)
+        await engine.start()
+        app[ENGINE] = engine
         yield
-    finally:
-        await engine.close()
-        await driver.close()
-        await store.close()
-        await event_log.close()
-        os.close(lock_fd)
 
 
 def run_server(config: Config) -> None:
