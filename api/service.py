@@ -166,9 +166,11 @@ class Engine:
         await self.projector.close()
 
     async def _recover(self) -> None:
-        """Sandboxes whose processes died with an old server end through a lifecycle event."""
+        """Sandboxes whose processes died with an old server end through a lifecycle event;
+        running ones that no event gives an owner are destroyed."""
         alive = await self.driver.alive()
         live, _ = await self.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+        await self._destroy_unowned(alive - {sb.sandbox_id for sb in live})
         for sb in live:
             if sb.sandbox_id in alive and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
                 for ex in await self.store.list_executions(sb.sandbox_id):
@@ -187,6 +189,17 @@ class Engine:
                 await self._command(sb.sandbox_id, Terminate(reason=reason))
             with contextlib.suppress(Exception):
                 await self.driver.destroy(sb.sandbox_id)
+
+    async def _destroy_unowned(self, candidates: set[str]) -> None:
+        """The driver runs them but the log says none is live: either the log has no record of
+        them (made while another log was in use: a swapped events.db, a store rebuilt from a new
+        log) or it says they ended. No one could reach them through the API: destroyed."""
+        for sandbox_id in sorted(candidates):
+            sb = await self.store.get_sandbox(sandbox_id)
+            why = "the event log has no record of it" if sb is None else f"the event log says it is {sb.status.value}"
+            log.warning("sandbox %s is running but %s; destroying it", sandbox_id, why)
+            with contextlib.suppress(Exception):
+                await self.driver.destroy(sandbox_id)
 
     # ---------------------------------------------------------------- writes
 

@@ -94,3 +94,22 @@ class LogUnavailable(HutchError):
     status = 503
     code = "EVENT_LOG_UNAVAILABLE"
     retriable = True
+
+
+class LogMismatch(HutchError):
+    """The projection store and the event log part ways: the store folds another log (a new
+    or recreated topic, a swapped events.db, two deployments on one database) or holds
+    more than its log (the log lost records). Refused, never skipped past: a projector
+    would otherwise treat the log's new events as already applied."""
+
+    status = 503
+    code = "PROJECTION_LOG_MISMATCH"
+
+
+class ProjectionUnavailable(HutchError):
+    """A write reached the log but the views do not show it (the projector is stopped or
+    behind): the request fails rather than acknowledge what readers cannot see."""
+
+    status = 503
+    code = "PROJECTION_UNAVAILABLE"
+    retriable = True

@@ -101,6 +101,16 @@ class ProjectionStore(abc.ABC):
         """Log position of the last applied event (0 when empty)."""
 
     @abc.abstractmethod
+    async def log_identity(self) -> str | None:
+        """The identity of the event log this store folds (``EventLog.identity``), None when
+        not bound to one yet."""
+
+    @abc.abstractmethod
+    async def bind_log(self, identity: str) -> str:
+        """Record ``identity`` as the store's log unless it is bound already; returns the
+        identity the store is bound to afterwards (another projector may have been first)."""
+
+    @abc.abstractmethod
     async def apply(self, events: Sequence[Event]) -> None:
         """Fold events in log order; skip any at or below ``position()``."""
 
@@ -128,7 +138,7 @@ class ProjectionStore(abc.ABC):
 
     @abc.abstractmethod
     async def reset(self) -> None:
-        """Forget everything (position back to 0) so a rebuild can replay the log."""
+        """Forget everything (position back to 0, bound to no log) so a rebuild can replay a log."""
 
 
 def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:

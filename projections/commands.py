@@ -83,7 +83,8 @@ async def log_batches(event_log: EventLog, upto: int, chunk: int = REBUILD_CHUNK
 
 
 async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[str, Any]:
-    """Replay the whole log into a reset store (``hutch projections rebuild``).
+    """Replay the whole log into a reset store (``hutch projections rebuild``), which is then
+    bound to that log (the way to point a store at another log: see ``LogMismatch``).
 
     On PostgreSQL the reset and the replay are one transaction: readers keep the old state
     until the new one is complete, and a projector running meanwhile waits, then resumes
@@ -95,6 +96,7 @@ async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[st
     try:
         await store.start()
         try:
+            identity = await event_log.identity()
             upto = await event_log.last_position()
             count = 0
 
@@ -106,9 +108,11 @@ async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[st
 
             rebuild_in_place = getattr(store, "rebuild", None)
             if rebuild_in_place is not None:
-                position = await rebuild_in_place(counted())
+                position = await rebuild_in_place(counted(), log_identity=identity)
             else:
                 await store.reset()
+                if identity is not None:
+                    await store.bind_log(identity)
                 async for batch in counted():
                     await store.apply(batch)
                 position = await store.position()
@@ -116,7 +120,7 @@ async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[st
             await store.close()
     finally:
         await event_log.close()
-    return {"events": count, "position": position, "seconds": round(time.monotonic() - started, 3)}
+    return {"events": count, "position": position, "log": identity, "seconds": round(time.monotonic() - started, 3)}
 
 
 async def run_audit(

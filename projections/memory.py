@@ -26,9 +26,17 @@ class MemoryProjectionStore(ProjectionStore):
         self._executions: dict[str, Execution] = {}
         self._by_sandbox: dict[str, list[str]] = {}
         self._snapshots: dict[str, Snapshot] = {}
+        self._log: str | None = None
 
     async def position(self) -> int:
         return self._position
+
+    async def log_identity(self) -> str | None:
+        return self._log
+
+    async def bind_log(self, identity: str) -> str:
+        self._log = self._log or identity
+        return self._log
 
     async def apply(self, events: Sequence[Event]) -> None:
         for event in events:

@@ -322,6 +322,17 @@ class PostgresProjectionStore(ProjectionStore):
                 return position
             log.debug("projection position moved under us (another projector); looking again")
 
+    @_read_once_more
+    async def log_identity(self) -> str | None:
+        async with self._conn() as conn:
+            return await conn.fetchval("SELECT log_identity FROM projection_position WHERE projection = $1", PROJECTION)
+
+    async def bind_log(self, identity: str) -> str:
+        async with self._conn() as conn:
+            return await conn.fetchval(
+                "UPDATE projection_position SET log_identity = COALESCE(log_identity, $2) WHERE projection = $1 "
+                "RETURNING log_identity", PROJECTION, identity)
+
     async def reset(self) -> None:
         async with self._conn() as conn, conn.transaction():
             await self._reset_in(conn)
@@ -333,15 +344,20 @@ class PostgresProjectionStore(ProjectionStore):
         await conn.execute("DELETE FROM executions")
         await conn.execute("DELETE FROM sandboxes")
         await conn.execute("DELETE FROM snapshots")
-        await conn.execute("UPDATE projection_position SET position = 0 WHERE projection = $1", PROJECTION)
+        await conn.execute("UPDATE projection_position SET position = 0, log_identity = NULL WHERE projection = $1",
+                           PROJECTION)
 
-    async def rebuild(self, batches: AsyncIterator[Sequence[Event]] | Iterable[Sequence[Event]]) -> int:
-        """Reset and replay in one transaction: readers see the old state until the new one is
-        complete, and a projector running meanwhile waits on the position lock, then carries
-        on from the rebuilt position. Returns that position."""
+    async def rebuild(self, batches: AsyncIterator[Sequence[Event]] | Iterable[Sequence[Event]],
+                      log_identity: str | None = None) -> int:
+        """Reset and replay in one transaction, bound to the log of ``log_identity``: readers see
+        the old state until the new one is complete, and a projector running meanwhile waits on
+        the position lock, then carries on from the rebuilt position. Returns that position."""
         position = 0
         async with self._conn() as conn, conn.transaction():
             await self._reset_in(conn)
+            if log_identity is not None:
+                await conn.execute("UPDATE projection_position SET log_identity = $2 WHERE projection = $1",
+                                   PROJECTION, log_identity)
             if hasattr(batches, "__aiter__"):
                 async for batch in batches:  # type: ignore[union-attr]
                     position = await self._apply_in(conn, batch)

@@ -1,5 +1,14 @@
 """The projector: tails the log into a store, and lets writers wait for their own
-writes to be visible (read-your-writes) without polling."""
+writes to be visible (read-your-writes) without polling.
+
+A store is bound to one log (``EventLog.identity``, recorded by ``bind_log``). Before it
+follows a log, at start and at every reconnect, the projector checks that the store is
+bound to this log and holds no more than the log does; otherwise it refuses with
+``LogMismatch`` and stops. Skipping is never an option: a store bound to another log
+(or ahead of its own) would treat the log's new events as already applied, and every
+write would be acknowledged into a log that no view shows. Once stopped, every write
+that waits for the projector fails with ``ProjectionUnavailable`` (503) naming why.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 
+from core.errors import LogMismatch, ProjectionUnavailable
 from core.eventlog.base import EventLog
 from core.events import Event
 from projections.base import ProjectionStore, StoreBehind
@@ -16,6 +26,10 @@ log = logging.getLogger(__name__)
 
 # The most events applied in one store call when the projector has fallen behind.
 MAX_BATCH = 1000
+
+
+class _Rewound(Exception):
+    """The log handed the projector an event at or below its position."""
 
 
 class Projector:
@@ -38,9 +52,12 @@ class Projector:
         self._position = 0
         self._advanced = asyncio.Condition()
         self._listeners: list[asyncio.Queue[Event]] = []
+        self.failure: LogMismatch | None = None  # why the projector stopped, if it did
 
     async def start(self) -> None:
-        """Catch up with the whole log before returning, then follow it in the background."""
+        """Check the store belongs to this log, catch up with the whole log before returning,
+        then follow it in the background. Raises ``LogMismatch`` when they part ways."""
+        await self.verify()
         self._position = await self.store.position()
         if self.applies:
             backlog = await self.log.read(self._position)
@@ -54,6 +71,31 @@ class Projector:
                 self._position = last
         self._task = asyncio.create_task(self._follow(), name="projector")
 
+    async def verify(self) -> None:
+        """Refuse a store that folds another log, or that holds more than this log (LogMismatch);
+        bind a store that is bound to no log yet to this one."""
+        held = await self.store.position()  # before the log's end: appends meanwhile only add to it
+        bound = await self.store.log_identity()
+        identity = await self.log.identity()
+        last = await self.log.last_position()
+        fix = ("fix: to fold this log, rebuild the store from it (hutch projections rebuild --event-log URL "
+               "--store URL, with this server's HUTCH_EVENT_LOG and HUTCH_STORE), or point HUTCH_STORE at the "
+               "store of this log / HUTCH_EVENT_LOG at the log of this store")
+        if bound is not None and identity is not None and bound != identity:
+            raise LogMismatch(f"the projection store folds event log {bound}, not this one ({identity}); "
+                              f"it has applied up to position {held} of that log; {fix}",
+                              store_log=bound, log=identity)
+        if held > last:
+            raise LogMismatch(f"the projection store has applied up to position {held} of event log "
+                              f"{bound or '(unrecorded)'}, but this log ({identity or 'empty, no identity yet'}) "
+                              f"ends at position {last}: the log lost records, or it is another log; {fix}",
+                              store_log=bound, log=identity)
+        if bound is None and identity is not None:
+            bound = await self.store.bind_log(identity)
+            if bound != identity:  # another projector bound it to its own log just now
+                raise LogMismatch(f"the projection store was just bound to event log {bound}, not this one "
+                                  f"({identity}); {fix}", store_log=bound, log=identity)
+
     async def close(self) -> None:
         if self._task:
             self._task.cancel()
@@ -65,7 +107,19 @@ class Projector:
         return self._position
 
     async def _follow(self) -> None:
+        reconnect = False
         while True:
+            if reconnect:
+                try:
+                    await self.verify()
+                except LogMismatch as err:
+                    await self._stop(err)
+                    return
+                except Exception:  # the log or store is still away: verified on the next round
+                    log.warning("projector cannot check the log's identity yet; retrying", exc_info=True)
+                    await asyncio.sleep(0.5)
+                    continue
+            reconnect = True
             queue: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=10 * MAX_BATCH)
             pump = asyncio.create_task(self._pump(queue, self._position), name="projector-pump")
             try:
@@ -73,6 +127,11 @@ class Projector:
                     first = await queue.get()
                     if isinstance(first, BaseException):
                         raise first
+                    if (first.position or 0) <= self._position:
+                        # The log went back under us (a Kafka topic deleted and recreated: the
+                        # consumer starts again from its beginning). Check it is still ours.
+                        raise _Rewound(f"the event log went back from position {self._position} "
+                                       f"to {first.position}")
                     batch = [first]
                     while len(batch) < MAX_BATCH and not queue.empty():
                         item = queue.get_nowait()
@@ -91,6 +150,8 @@ class Projector:
                 raise
             except StoreBehind:
                 pass  # follow the log again at once, from the store's position
+            except _Rewound as err:
+                log.warning("%s; checking it is still the store's log", err)
             except Exception:  # the log hiccuped: resume from the tracked position
                 log.exception("projector failed; retrying from position %d", self._position)
                 await asyncio.sleep(0.5)
@@ -98,6 +159,12 @@ class Projector:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
+
+    async def _stop(self, err: LogMismatch) -> None:
+        log.error("projector stopped: %s", err.message)
+        self.failure = err
+        async with self._advanced:
+            self._advanced.notify_all()
 
     async def _pump(self, queue: asyncio.Queue[Event | BaseException], after: int) -> None:
         try:
@@ -133,11 +200,21 @@ class Projector:
                 delay = min(delay * 2, 2.0)
 
     async def wait_for(self, position: int, timeout: float = 30.0) -> None:
-        """Return once everything up to ``position`` is applied to the store."""
+        """Return once everything up to ``position`` is applied to the store. Raises
+        ``ProjectionUnavailable`` when the projector stopped or ``timeout`` passed first."""
         if self._position >= position:
             return
-        async with asyncio.timeout(timeout), self._advanced:
-            await self._advanced.wait_for(lambda: self._position >= position)
+        try:
+            async with asyncio.timeout(timeout), self._advanced:
+                await self._advanced.wait_for(lambda: self._position >= position or self.failure is not None)
+        except TimeoutError:
+            raise ProjectionUnavailable(
+                f"the event was appended at log position {position}, but the projections have not shown it "
+                f"within {timeout:g} s (they are at position {self._position}: the projection store is away "
+                "or far behind); the write is in the log and will show once they catch up") from None
+        if self._position < position and self.failure is not None:
+            raise ProjectionUnavailable(f"the event was appended at log position {position}, but the projector "
+                                        f"stopped: {self.failure.message}")
 
     def listen(self) -> asyncio.Queue[Event]:
         """A queue of every event applied from now on (for waiters such as ?wait= long-polls)."""

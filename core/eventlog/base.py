@@ -49,6 +49,13 @@ class EventLog(abc.ABC):
     def subscribe(self, after: int = 0) -> AsyncIterator[Event]:
         """Every event after ``after``, then new ones as they are appended, forever."""
 
+    @abc.abstractmethod
+    async def identity(self) -> str | None:
+        """What tells this log from every other one: fixed when the log is made, kept for its
+        whole life, different for a new, recreated or replaced log. A projection store records
+        the identity of the log it folds (see ``projections.runner``). None while a reader
+        sees a log that has none yet (an empty Kafka topic)."""
+
 
 def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> EventLog:
     """``sqlite`` (default: <data_dir>/events.db), ``sqlite:///abs/path.db``, or

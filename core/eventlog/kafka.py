@@ -40,6 +40,14 @@ transaction it left open at once, instead of blocking ``read_committed`` readers
 the transaction times out. Two servers on one data dir are already refused by the
 data-dir lock.
 
+Identity: the cluster id, the topic, and the log's epoch, ``kafka:<cluster>/<topic>@<epoch>``.
+The epoch is a record written once at the start of the order topic by the first writer
+that finds it empty (a random id in an ``epoch`` header; readers skip it: it is no event).
+A recreated topic gets a new one, so a projection store bound to the old log refuses the
+new one (``projections.runner``). Logs made before epochs existed have their first
+event's id as theirs. Should two writers start on one empty topic at once, both write an
+epoch; the first in the topic is the log's, and both read that one back.
+
 Topics are created on start when missing, with unlimited retention (the log is the
 source of truth). Never change the partition count of an existing topic: per-sandbox
 reads look in the partition the key hashes to.
@@ -56,6 +64,7 @@ import logging
 import socket
 import time
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -143,6 +152,14 @@ def _record(event: Event) -> bytes:
 
 def _decode(value: bytes, position: int) -> Event:
     return decode(json.loads(value), position=position)
+
+
+EPOCH_HEADER = "epoch"
+
+
+def _is_epoch(headers: Any) -> bool:
+    """The epoch record (see the module's docstring) is no event: every reader skips it."""
+    return any(k == EPOCH_HEADER for k, _ in (headers.items() if isinstance(headers, dict) else headers or ()))
 
 
 class _Reader:
@@ -235,6 +252,8 @@ class KafkaEventLog(EventLog):
         self._pending: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
         self._scan_from = 0  # no record of an unresolved append of ours lies below this offset
         self._closed = False
+        self.cluster_id: str | None = None
+        self._identity: str | None = None
 
     @classmethod
     def from_url(cls, url: str, data_dir: Path, *, writer: bool = True) -> KafkaEventLog:
@@ -265,6 +284,10 @@ class KafkaEventLog(EventLog):
                 await slot.replace(self._new_producer)
             self._idle = list(self._slots)
             reader = await self._reader(self._order_tp)
+            async with reader.lock:
+                first, end = await reader.bounds()
+            if end == first and self._slots:
+                await self._write_epoch()
             async with reader.lock:
                 self._scan_from = (await reader.bounds())[1]
         except KafkaError as err:
@@ -297,6 +320,7 @@ class KafkaEventLog(EventLog):
         await admin.start()
         try:
             meta = await admin.describe_cluster()
+            self.cluster_id = meta.get("cluster_id")
             brokers = len(meta["brokers"])
             replication = self.replication or min(3, brokers)
             wanted = [
@@ -330,6 +354,29 @@ class KafkaEventLog(EventLog):
                     raise LogUnavailable(f"Kafka topic {t['topic']} must have one partition, has {count}")
         finally:
             await admin.close()
+
+    async def _write_epoch(self) -> None:
+        """Start an empty log with its epoch record (order topic only: it has no sandbox)."""
+        producer = self._slots[0].producer
+        assert producer is not None
+        epoch = uuid.uuid4().hex
+        async with producer.transaction():
+            fut = await producer.send(self.order_topic, value=json.dumps({"epoch": epoch}).encode(), partition=0,
+                                      headers=[(EPOCH_HEADER, epoch.encode())])
+            fut.add_done_callback(_retrieve)
+            await fut
+        log.info("event log %s/%s: new log, epoch %s", self.cluster_id, self.topic, epoch)
+
+    async def identity(self) -> str | None:
+        if self._identity is None:
+            reader = await self._reader(self._order_tp)
+            async with reader.lock:
+                first, end = await reader.bounds()
+                async for _, _, value, headers in reader.scan(first, min(end, first + 1)):
+                    epoch = headers[EPOCH_HEADER].decode() if EPOCH_HEADER in headers else \
+                        json.loads(value).get("eventId")
+                    self._identity = f"kafka:{self.cluster_id or '?'}/{self.topic}@{epoch}"
+        return self._identity
 
     async def _new_producer(self, transactional_id: str) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(
@@ -595,7 +642,9 @@ class KafkaEventLog(EventLog):
             first, end = await reader.bounds()
             if not reverse:
                 out: list[Event] = []
-                async for off, _, value, _ in reader.scan(max(first, after), end):
+                async for off, _, value, headers in reader.scan(max(first, after), end):
+                    if _is_epoch(headers):
+                        continue
                     out.append(_decode(value, off + 1))
                     if limit is not None and len(out) >= limit:
                         break
@@ -606,7 +655,7 @@ class KafkaEventLog(EventLog):
             window = 2 * (limit or 500) + 16
             while upper > first and (limit is None or len(newest) < limit):
                 lower = max(first, upper - window)
-                chunk = [_decode(v, off + 1) async for off, _, v, _ in reader.scan(lower, upper)]
+                chunk = [_decode(v, off + 1) async for off, _, v, h in reader.scan(lower, upper) if not _is_epoch(h)]
                 newest.extend(reversed(chunk))
                 upper, window = lower, window * 2
             return newest[:limit] if limit is not None else newest
@@ -670,7 +719,8 @@ class KafkaEventLog(EventLog):
                     await asyncio.sleep(0.5)
                     continue
                 for rec in batch.get(tp, []):
-                    yield _decode(rec.value, rec.offset + 1)
+                    if not _is_epoch(rec.headers):
+                        yield _decode(rec.value, rec.offset + 1)
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()

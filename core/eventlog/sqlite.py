@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +31,9 @@ CREATE TABLE IF NOT EXISTS events (
     record     TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_sandbox ON events (sandbox_id, position);
+-- The log's identity: a random id given to the file when it is made (or, for a file of an
+-- older hutch, when it is first opened), never changed: a replaced events.db has another.
+CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 # How often a subscriber re-reads when nothing was appended in this process
@@ -46,6 +50,7 @@ class SqliteEventLog(EventLog):
         self._flushing: asyncio.Task[None] | None = None
         self._live: set[asyncio.Queue[list[Event]]] = set()
         self._last = 0
+        self._identity: str | None = None
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -56,6 +61,8 @@ class SqliteEventLog(EventLog):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.executescript(_SCHEMA)
+        conn.execute("INSERT OR IGNORE INTO log_meta (key, value) VALUES ('log_id', ?)", (str(uuid.uuid4()),))
+        self._identity = "sqlite:" + conn.execute("SELECT value FROM log_meta WHERE key = 'log_id'").fetchone()[0]
         self._conn = conn
         row = conn.execute("SELECT COALESCE(MAX(position), 0) FROM events").fetchone()
         return int(row[0])
@@ -157,6 +164,9 @@ class SqliteEventLog(EventLog):
     async def last_position(self) -> int:
         row = await self._run(lambda: self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM events").fetchone())  # type: ignore[union-attr]
         return int(row[0])
+
+    async def identity(self) -> str | None:
+        return self._identity
 
     async def subscribe(self, after: int = 0) -> AsyncIterator[Event]:
         """Catch up from disk, then take events straight from this process's appends

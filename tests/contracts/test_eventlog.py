@@ -118,3 +118,34 @@ async def test_events_survive_reopen(tmp_path: Path) -> None:
         assert p == 3
     finally:
         await again.close()
+
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_identity_is_fixed_for_the_life_of_a_log_and_differs_between_logs(backend: str, tmp_path: Path) -> None:
+    url, other_url = backend_url(backend), backend_url(backend)
+    log = open_event_log(url, tmp_path)
+    await log.start()
+    other = open_event_log(other_url, tmp_path / "other")  # a fresh topic, another file
+    await other.start()
+    try:
+        identity = await log.identity()
+        assert identity, "a writer's log has an identity from its start, empty or not"
+        await log.append([ev("sbx_a", 1)])
+        assert await log.identity() == identity
+        assert [e.data.execution_id for e in await log.read()] == ["exec_1"]  # type: ignore[union-attr]
+        # The same log opened again (a restart, another process, a reader): the same identity.
+        for read_only in (False, True):
+            again = open_event_log(url, tmp_path, read_only=read_only)
+            await again.start()
+            try:
+                assert await again.identity() == identity
+            finally:
+                await again.close()
+        assert await other.identity() not in (None, identity)
+    finally:
+        await log.close()
+        await other.close()
+        for made in (url, other_url):
+            if made.startswith("kafka://"):
+                await drop_topics(made)

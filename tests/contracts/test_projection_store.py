@@ -204,3 +204,14 @@ async def test_sandboxes_are_found_by_the_snapshot_they_came_from(store: Project
     await store.apply([log("sbx_1", SandboxCreated(spec=spec)), log("sbx_2", created("plain"))])
     found, total = await store.list_sandboxes(SandboxQuery(snapshot_id="snp_1"))
     assert [s.sandbox_id for s in found] == ["sbx_1"] and total == 1
+
+
+async def test_a_store_binds_to_one_log_until_reset(store: ProjectionStore) -> None:
+    assert await store.log_identity() is None
+    assert await store.bind_log("sqlite:first") == "sqlite:first"
+    # A second bind (another projector, another log) does not move it.
+    assert await store.bind_log("kafka:x/other@1") == "sqlite:first"
+    assert await store.log_identity() == "sqlite:first"
+    await store.reset()
+    assert await store.log_identity() is None
+    assert await store.bind_log("kafka:x/other@1") == "kafka:x/other@1"
