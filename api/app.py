@@ -107,7 +107,8 @@ def make_driver(config: Config) -> Driver:
         from drivers.nomad.driver import NomadDriver, pool_sizes_from_env
 
         return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
-                           token=config.nomad_token, pool_sizes=pool_sizes_from_env(config.nomad_pool))
+                           token=config.nomad_token, pool_sizes=pool_sizes_from_env(config.nomad_pool),
+                           runtime_cache=config.runtimes_dir)
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 
@@ -198,7 +199,9 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                 raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
             engine.projector.applies = False  # `hutch projector` applies; we wait for it
         stack.push_async_callback(engine.close)
+        prebuild = config.prebuild_runtimes
         await engine.start()
+        engine.prebuild(prebuild)
         app[ENGINE] = engine
         yield
 

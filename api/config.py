@@ -8,6 +8,7 @@ from pathlib import Path
 
 import attrs
 
+from core.errors import InvalidInput
 from core.paths import API_KEY_FILE, default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
@@ -39,6 +40,9 @@ class Config:
     nomad_token: str | None = None  # HUTCH_NOMAD_TOKEN (ACL token)
     nomad_registry: str = "127.0.0.1:5000"  # HUTCH_NOMAD_REGISTRY: where the runtime images are
     nomad_pool: str = ""  # HUTCH_NOMAD_POOL: warm pool sizes, "base:latest=2,python:3.13=1"
+    # HUTCH_PREBUILD: catalog runtimes to build at start ("all", or names, comma-separated);
+    # any other runtime is built at its first use.
+    prebuild: str = ""
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -59,6 +63,7 @@ class Config:
             ("nomad_token", "HUTCH_NOMAD_TOKEN"),
             ("nomad_registry", "HUTCH_NOMAD_REGISTRY"),
             ("nomad_pool", "HUTCH_NOMAD_POOL"),
+            ("prebuild", "HUTCH_PREBUILD"),
         ):
             if env.get(var):
                 values[field] = env[var]
@@ -74,6 +79,24 @@ class Config:
         from drivers.local.rootfs import default_cache  # the local driver owns the layout
 
         return self.runtime_cache or default_cache()
+
+    @property
+    def prebuild_runtimes(self) -> list[str]:
+        """The catalog names ``prebuild`` asks for; an unknown one is refused by name."""
+        from core import runtimes
+
+        wanted = [w.strip() for w in self.prebuild.split(",") if w.strip()]
+        if wanted == ["all"]:
+            return [r.name for r in runtimes.CATALOG]
+        names = []
+        for name in wanted:
+            recipe = runtimes.find(name)
+            if recipe is None:
+                known = ", ".join(r.name for r in runtimes.CATALOG)
+                raise InvalidInput(f"prebuild: unknown runtime {name!r}; known runtimes: {known}, or all",
+                                   field="prebuild")
+            names.append(recipe.name)
+        return names
 
     @property
     def base_url(self) -> str:

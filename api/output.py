@@ -89,8 +89,11 @@ class OutputStore:
         return self.root / stream_id
 
     def create(self, stream_id: str) -> OutputStream:
-        stream = OutputStream(self._path(stream_id), self.cap)
-        self._open[stream_id] = stream
+        """Open the stream (the one already open under this id, if any: a command queued
+        behind its runtime's build has its streams opened at create)."""
+        stream = self._open.get(stream_id)
+        if stream is None:
+            stream = self._open[stream_id] = OutputStream(self._path(stream_id), self.cap)
         return stream
 
     def close(self, stream_id: str) -> None:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import hashlib
-import hmac
 import json
 import logging
-import re
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ import attrs
 from api import archives
 from api.output import OutputStore
 from api.snapshots import Snapshots
+from api.stream_ids import StreamIds
 from api.wire import CreateRequest, ExecuteRequest
 from core import ids, runtimes
 from core.errors import (
@@ -36,7 +34,6 @@ from core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
-    RuntimeNotFound,
     SandboxNotFound,
 )
 from core.eventlog.base import EventLog
@@ -48,6 +45,7 @@ from core.lifecycle import (
     Fail,
     FinishExecution,
     Pause,
+    ReportBuild,
     RestoreCheckpoint,
     Resume,
     Start,
@@ -85,8 +83,6 @@ MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for
 CREATING_WAIT_SECONDS = 60.0
 
 
-_STREAM_KINDS = {"stdout": "o", "stderr": "e", "audit": "a"}  # only o and e are output streams
-_STREAM_ID = re.compile(r"^stm_(?P<prefix>[a-z]+)(?P<body>[0-9a-z]{26})(?P<kind>[oe])(?P<mac>[0-9a-f]{32})$")
 
 
 def now_iso() -> str:
@@ -135,15 +131,16 @@ class Engine:
         self.store = store
         self.driver = driver
         self.outputs = outputs
-        outputs.verify = self.issued_stream  # streams closed before their first byte have no file
         self.projector = Projector(event_log, store)
-        self._secret = stream_secret
+        self.streams = StreamIds(stream_secret)
+        outputs.verify = self.streams.issued  # streams closed before their first byte have no file
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._activity: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._stopping: set[str] = set()  # jobs asked to stop: however they exit, they were cancelled
+        self._building: set[str] = set()  # sandboxes waiting for their runtime's first build
         self.snapshots = Snapshots(self, data_dir / "snapshots", limits or archives.Limits())
 
     # ---------------------------------------------------------------- lifetime
@@ -234,13 +231,12 @@ class Engine:
     # ---------------------------------------------------------------- create
 
     async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
+        """Record the sandbox and make it real. A catalog runtime the driver lacks is built
+        first (``Driver.build_runtime``): then the answer comes at once with the sandbox
+        ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
+        execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
         spec = req.spec
-        if spec.runtime not in self.driver.runtimes_available():
-            raise RuntimeNotFound(
-                f"runtime: {spec.runtime} is in the catalog but not built on this host; "
-                f"build it with: hutch runtime build {spec.runtime}",
-                field="runtime",
-            )
+        build = spec.runtime not in self.driver.runtimes_available()
         if spec.network.enabled and not self.driver.capabilities.network:
             raise NotSupported(
                 f"network.enabled: driver {self.driver.name} cannot give sandboxes network access yet",
@@ -254,12 +250,31 @@ class Engine:
                 field = "dependencies" if spec.dependencies else "packages"
                 raise NotSupported(f"{field}: driver {self.driver.name} cannot install dependencies or packages "
                                    f"at create yet", field=field)
-            # Installing is where a bad package name shows: before the sandbox is recorded.
-            await self.driver.prepare(_provision_request(sandbox_id, spec))
+            if not build:  # installing is where a bad package name shows: before the sandbox is recorded
+                await self.driver.prepare(_provision_request(sandbox_id, spec))
         execution_id = ids.new_id("execution") if req.command else None
-        await self._append(
-            sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id)]
-        )
+        queued = tuple(req.command) if build and req.command else None
+        await self._append(sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id,
+                                                       initial_execution_id=execution_id, initial_command=queued)])
+        if build:
+            if execution_id:  # readers of its streams wait for the command instead of reading nothing
+                self.outputs.create(self.stream_id(execution_id, "stdout"))
+                self.outputs.create(self.stream_id(execution_id, "stderr"))
+            self._building.add(sandbox_id)
+            self._spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
+        else:
+            await self._start_sandbox(sandbox_id, req, execution_id)
+        return Created(sandbox=await self._require(sandbox_id), execution_id=execution_id)
+
+    def prebuild(self, names: Iterable[str]) -> None:
+        """Build these runtimes in the background (``hutch serve --prebuild``); creates that
+        need one meanwhile join its build."""
+        for name in set(names) - self.driver.runtimes_available():
+            self._spawn(self._quietly(self.driver.build_runtime(name, lambda line: log.info("prebuild: %s", line))),
+                        f"prebuild-{name}")
+
+    async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
+        spec = req.spec
         try:
             await self.driver.provision(_provision_request(sandbox_id, spec))
             if spec.snapshot_id:
@@ -278,8 +293,43 @@ class Engine:
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
         await self._command(sandbox_id, Start())
         if req.command and execution_id:
-            await self._start_execution(sandbox_id, execution_id, req.command, self._default_timeout(spec))
-        return Created(sandbox=await self._require(sandbox_id), execution_id=execution_id)
+            await self._start_execution(sandbox_id, execution_id, req.command, self._default_timeout(req.spec))
+
+    async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
+        spec = req.spec
+        started = False
+        try:
+            try:
+                await self.driver.build_runtime(spec.runtime, lambda line: self._spawn(
+                    self._quietly(self._command(sandbox_id, ReportBuild(spec.runtime, line))), "build-progress"))
+                if spec.dependencies or spec.packages:
+                    await self.driver.prepare(_provision_request(sandbox_id, spec))
+            except Exception as err:
+                reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
+                log.warning("sandbox %s: runtime %s could not be built: %s", sandbox_id, spec.runtime, reason)
+                await self._quietly(self._command(sandbox_id, Fail(reason=f"runtime {spec.runtime} could not be "
+                                                                          f"built: {reason}")))
+                return
+            sb = await self.store.get_sandbox(sandbox_id)
+            if sb is None or sb.status is not SandboxStatus.CREATING:
+                return  # destroyed while its runtime was built
+            await self._quietly(self._start_sandbox(sandbox_id, req, execution_id))
+            started = True
+        finally:
+            self._building.discard(sandbox_id)
+            if execution_id and not (started and execution_id in self._tasks):
+                self.outputs.close(self.stream_id(execution_id, "stdout"))
+                self.outputs.close(self.stream_id(execution_id, "stderr"))
+
+    @staticmethod
+    async def _quietly(work: Awaitable[object]) -> None:
+        """Background work whose failure is already recorded (or has no one to tell): logged."""
+        try:
+            await work
+        except HutchError as err:
+            log.warning("background step failed: %s", err.message)
+        except Exception:
+            log.exception("background step failed")
 
     # ---------------------------------------------------------------- execute
 
@@ -291,10 +341,11 @@ class Engine:
 
     async def _wait_not_creating(self, sandbox_id: str) -> Sandbox:
         sb = await self._require(sandbox_id, include_deleted=False)
+        ready = {s for s in SandboxStatus if s is not SandboxStatus.CREATING}
         if sb.status is SandboxStatus.CREATING:
-            sb = await self.wait_status(
-                sandbox_id, {s for s in SandboxStatus if s is not SandboxStatus.CREATING}, CREATING_WAIT_SECONDS
-            )
+            sb = await self.wait_status(sandbox_id, ready, CREATING_WAIT_SECONDS)
+        while sb.status is SandboxStatus.CREATING and sandbox_id in self._building:
+            sb = await self.wait_status(sandbox_id, ready, MAX_WAIT_SECONDS)  # a first build takes minutes
         return sb
 
     async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
@@ -688,24 +739,7 @@ class Engine:
     # ---------------------------------------------------------------- streams
 
     def stream_id(self, execution_id: str, stream: str) -> str:
-        """Derived, not stored: the execution id, the stream, and an HMAC of both under a
-        server secret, so stream URLs are unguessable capabilities (the client fetches
-        them without credentials) that the server can check without a lookup."""
-        prefix, _, body = execution_id.partition("_")
-        kind = _STREAM_KINDS[stream]
-        return f"stm_{prefix}{body}{kind}{self._stream_mac(execution_id, stream)}"
-
-    def _stream_mac(self, execution_id: str, stream: str) -> str:
-        return hmac.new(self._secret, f"{execution_id}:{stream}".encode(), hashlib.sha256).hexdigest()[:32]
-
-    def issued_stream(self, stream_id: str) -> bool:
-        """True if this server derived ``stream_id`` (see stream_id)."""
-        m = _STREAM_ID.match(stream_id)
-        if m is None:
-            return False
-        execution_id = f"{m['prefix']}_{m['body']}"
-        stream = "stdout" if m["kind"] == "o" else "stderr"
-        return hmac.compare_digest(m["mac"], self._stream_mac(execution_id, stream))
+        return self.streams.derive(execution_id, stream)
 
     def runtime_catalog(self) -> list[tuple[runtimes.RuntimeRecipe, bool]]:
         available = self.driver.runtimes_available()

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import hashlib
-import hmac
 import mimetypes
 import os
 import stat
@@ -121,7 +120,7 @@ class Snapshots:
 
     def upload_token(self, snapshot_id: str) -> str:
         """What makes a snapshot's upload URL presigned: good for that snapshot only."""
-        return hmac.new(self.engine._secret, f"snapshot-upload:{snapshot_id}".encode(), hashlib.sha256).hexdigest()
+        return self.engine.streams.sign(f"snapshot-upload:{snapshot_id}")
 
     # ---------------------------------------------------------------- reads
 

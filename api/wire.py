@@ -247,7 +247,9 @@ def runtime_summary(name: str) -> dict[str, Any]:
     )
 
 
-def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool) -> dict[str, Any]:
+def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[str, Any] | None = None,
+                 building: bool = False) -> dict[str, Any]:
+    """``built``: the driver's facts of its build (``sizeBytes``, ``builtAt``, ``buildSeconds``)."""
     req = recipe.requirements
     return _drop_none(
         {
@@ -262,7 +264,9 @@ def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool) -> dict[str, A
                 {"memory": req.memory, "cpu": req.cpu, "disk": req.disk, "networkEnabled": req.network_enabled}
             ),
             "readme": recipe.readme,
-            "available": available,  # hutch extra: built on this host
+            "available": available,  # hutch extras: built on this host (else built on first use),
+            "building": building or None,  # being built now, its size and last build
+            **(built or {}),
         }
     )
 

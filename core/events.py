@@ -25,6 +25,19 @@ class SandboxCreated:
     spec: SandboxSpec
     api_key_id: str | None = None
     initial_execution_id: str | None = None  # the command that runs at create (oneshot)
+    # Set when that command waits for the runtime to be built first: the execution is
+    # ``queued`` from the create on (readers can wait for it) until it starts.
+    initial_command: tuple[str, ...] | None = None
+
+
+@attrs.frozen
+class RuntimeBuildProgress:
+    """A creating sandbox waits for its runtime's first build (drivers build a catalog
+    runtime on first use): one event per step of the build, in the build's own words."""
+
+    type: ClassVar[str] = "runtime:build"
+    runtime: str
+    message: str
 
 
 @attrs.frozen
@@ -181,6 +194,7 @@ class SnapshotDeleted:
 
 EventData = (
     SandboxCreated
+    | RuntimeBuildProgress
     | SandboxStarted
     | SandboxFailed
     | SandboxDestroyRequested
@@ -204,6 +218,7 @@ EVENT_TYPES: dict[str, type] = {
     cls.type: cls
     for cls in (
         SandboxCreated,
+        RuntimeBuildProgress,
         SandboxStarted,
         SandboxFailed,
         SandboxDestroyRequested,

@@ -18,6 +18,7 @@ from core.events import (
     Event,
     ExecutionFinished,
     ExecutionStarted,
+    RuntimeBuildProgress,
     SandboxCompleted,
     SandboxCreated,
     SandboxDestroyRequested,
@@ -41,6 +42,12 @@ class Start:  # the driver made the sandbox real
 @attrs.frozen
 class Fail:
     reason: str
+
+
+@attrs.frozen
+class ReportBuild:  # a step of the runtime build a creating sandbox waits for
+    runtime: str
+    message: str
 
 
 @attrs.frozen
@@ -110,7 +117,7 @@ class Resume:
 
 
 Command = (
-    Start | Fail | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
+    Start | Fail | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
     | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
 )
 
@@ -137,6 +144,10 @@ def decide(sandbox: Sandbox, command: Command) -> list[object]:
             if status.is_final:
                 return []  # failing something already over changes nothing
             return [SandboxFailed(reason=reason)]
+        case ReportBuild(runtime=runtime, message=message):
+            if status is not SandboxStatus.CREATING:
+                return []  # destroyed while its runtime builds: the build goes on for others
+            return [RuntimeBuildProgress(runtime=runtime, message=message)]
         case TakeCheckpoint(checkpoint_id=cid, name=name):
             if status not in _LIVE and status is not SandboxStatus.PAUSED:
                 raise _illegal(sandbox, "checkpoint")
@@ -306,13 +317,16 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
 
 def evolve_execution(execution: Execution | None, event: Event) -> Execution | None:
     data, at = event.data, event.created_at
+    if isinstance(data, SandboxCreated) and data.initial_command is not None:
+        return Execution(execution_id=data.initial_execution_id or "", sandbox_id=event.sandbox_id,
+                         command=data.initial_command, status=ExecutionStatus.QUEUED, created_at=at)
     if isinstance(data, ExecutionStarted):
         return Execution(
             execution_id=data.execution_id,
             sandbox_id=event.sandbox_id,
             command=data.command,
             status=ExecutionStatus.RUNNING,
-            created_at=at,
+            created_at=execution.created_at if execution is not None else at,  # queued since then
             started_at=at,
             type=data.kind,
             timeout_seconds=data.timeout_seconds,
@@ -344,4 +358,6 @@ def execution_id_of(event: Event) -> str | None:
     data = event.data
     if isinstance(data, (ExecutionStarted, ExecutionFinished)):
         return data.execution_id
+    if isinstance(data, SandboxCreated) and data.initial_command is not None:
+        return data.initial_execution_id
     return None

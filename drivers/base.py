@@ -131,6 +131,22 @@ class Driver(abc.ABC):
     def runtimes_available(self) -> set[str]:
         """Catalog names this driver can provision right now (built / pulled)."""
 
+    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
+        """Make the catalog runtime ``name`` available (build it, push its image...), telling
+        ``progress`` each step. Concurrent calls for one runtime share one build (see
+        ``drivers.builds``); a failed build leaves nothing half-made and raises its own words."""
+        raise NotSupported(f"runtime: {name} is not available and driver {self.name} cannot build runtimes",
+                           field="runtime")
+
+    def runtimes_building(self) -> set[str]:
+        """Catalog names being built right now (first use or prebuild)."""
+        return set()
+
+    def runtime_info(self, name: str) -> dict[str, object]:
+        """What a user needs to choose a runtime beyond ``available``: its size in bytes and when
+        it was last built (ISO-8601), where this driver knows them."""
+        return {}
+
     @abc.abstractmethod
     async def provision(self, req: ProvisionRequest) -> None:
         """Create the sandbox and return once commands can run in it.

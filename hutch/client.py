@@ -20,15 +20,25 @@ import stat
 import tarfile
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
-from core.quantities import parse_duration
 from hutch import _config, _transfer
+from hutch._shapes import (
+    Duration,
+    Files,
+    _duration,
+    _network,
+    _query,
+    _resources,
+    _seconds,
+    _timeouts,
+    _wire_files,
+)
 from hutch.errors import (
     ConnectionFailed,
     FileNotFound,
@@ -42,7 +52,6 @@ from hutch.models import (
     CopyResult,
     Execution,
     ExecutionInfo,
-    FileToWrite,
     Job,
     Network,
     OutputChunk,
@@ -60,9 +69,7 @@ from hutch.models import (
     SnapshotLineageEntry,
     Timeouts,
     UploadResult,
-    coerce_files,
     from_wire,
-    to_wire,
 )
 
 __all__ = [
@@ -81,10 +88,6 @@ T = TypeVar("T")
 #: Where streamed output goes: a callable taking ``bytes`` (sync or async), a binary
 #: file (``sys.stdout.buffer``) or a text file (``sys.stdout``; decoded as UTF-8).
 OutputSink = Callable[[bytes], Any] | IO[bytes] | IO[str]
-#: A duration as the wire writes it ("30s", "5m", "1h30m") or a number of seconds.
-Duration = str | int | float
-#: Files to write: ``{"path": b"content"}`` or an iterable of :class:`FileToWrite`.
-Files = Mapping[str, bytes | str] | Iterable[FileToWrite]
 
 LONG_POLL = "5m"  # the longest server-side wait the wire allows per request
 _EXIT_CODE_FAST_WAIT = "250ms"
@@ -92,73 +95,6 @@ _STATUS_SETTLE_WAIT_MS = 15_000
 _READ_CHUNK = 256 * 1024
 #: Archive formats of ``/fs/download`` and ``/fs/upload``.
 ARCHIVE_FORMATS = ("tar.gz", "zip", "tar")
-
-
-def _duration(field: str, value: Duration | None) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise InvalidInput(
-            f"{field}: expected a duration such as '30s' or a number of seconds", field=field
-        )
-    if isinstance(value, str):
-        return value
-    seconds = float(value)
-    if seconds < 0:
-        raise InvalidInput(f"{field}: a duration cannot be negative", field=field)
-    return f"{int(seconds)}s" if seconds == int(seconds) else f"{round(seconds * 1000)}ms"
-
-
-def _seconds(value: Duration) -> float:
-    return float(value) if isinstance(value, (int, float)) else parse_duration("wait", value)
-
-
-def _query(params: Mapping[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in params.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out[key] = "true" if value else "false"
-        elif isinstance(value, (list, tuple)):
-            out[key] = ",".join(str(v) for v in value)
-        else:
-            out[key] = str(value)
-    return out
-
-
-def _resources(value: Resources | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if isinstance(value, Resources):
-        return to_wire(value)
-    return {k: v for k, v in dict(value).items() if v is not None}
-
-
-def _network(value: bool | Network | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return {"enabled": value}
-    if isinstance(value, Network):
-        return to_wire(value)
-    return {k: v for k, v in dict(value).items() if v is not None}
-
-
-def _timeouts(value: Duration | Timeouts | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A bare duration is the execution timeout; a Timeouts/mapping may set idle and paused too."""
-    if value is None:
-        return None
-    if isinstance(value, (str, int, float)):
-        return {"execution": _duration("timeout", value)}
-    if isinstance(value, Timeouts):
-        return to_wire(value)
-    return {k: _duration(f"timeout.{k}", v) for k, v in dict(value).items() if v is not None}
-
-
-def _wire_files(files: Files | None) -> list[dict[str, str]] | None:
-    coerced = coerce_files(files)
-    return [f.to_wire() for f in coerced] if coerced else None
 
 
 class _Sink:
@@ -781,12 +717,14 @@ class SandboxClient:
         stream: Mapping[str, Any] | None = None,
         stdout: OutputSink | None = None,
         stderr: OutputSink | None = None,
+        on_created: Callable[[SandboxCreated], Any] | None = None,
     ) -> RunResult:
         """Run one command in a fresh one-shot sandbox and return its exit code and output.
 
         The server destroys the sandbox when the command exits. Output is captured and, if
         ``stdout``/``stderr`` sinks are given, forwarded as it streams. If the call fails or
-        is cancelled, the sandbox is destroyed before the error propagates.
+        is cancelled, the sandbox is destroyed before the error propagates. ``on_created`` hears
+        the create's answer (e.g. ``status == "creating"``: its runtime is being built first).
         """
         if isinstance(command, str):
             raise InvalidInput(
@@ -817,6 +755,8 @@ class SandboxClient:
         body["stream"] = dict(stream or {})
         created = await self._create(body)
         sandbox_id = created.sandbox_id
+        if on_created is not None:
+            on_created(created)
         collector = _OutputCollector(
             self, created.stdout_stream_url, created.stderr_stream_url, stdout=stdout, stderr=stderr
         )

@@ -313,6 +313,13 @@ class Runtime:
     tags: list[str] | None = None
     requirements: RuntimeRequirements | None = None
     readme: str | None = None
+    # hutch's extras: built for the server's driver (else built at first use), being built
+    # now, and the build's size and time.
+    available: bool | None = None
+    building: bool | None = None
+    size_bytes: int | None = None
+    built_at: str | None = None
+    build_seconds: float | None = None
 
 
 @attrs.frozen(kw_only=True)

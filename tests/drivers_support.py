@@ -117,9 +117,14 @@ async def start_nomad(data_dir: Path, **kw: object) -> Driver:
     from core.errors import HutchError
     from drivers.nomad.driver import NomadDriver
 
-    driver = NomadDriver(address=NOMAD_ADDR, data_dir=data_dir, registry=NOMAD_REGISTRY, **kw)  # type: ignore[arg-type]
+    driver = NomadDriver(address=NOMAD_ADDR, data_dir=data_dir, registry=kw.pop("registry", NOMAD_REGISTRY),  # type: ignore[arg-type]
+                         runtime_cache=RUNTIME_CACHE, **kw)  # type: ignore[arg-type]
     try:
         await driver.start()
+        # The runtimes the tests use, built and pushed on first use (once per registry).
+        for name in TEST_RUNTIMES:
+            if name not in driver.runtimes_available():
+                await driver.build_runtime(name, lambda line: print(line, file=sys.stderr, flush=True))
     except HutchError as err:
         await driver.close()
         pytest.fail(f"the nomad driver's tests need Nomad, containerd and the registry running: {err.message}\n"

@@ -60,7 +60,10 @@ async def list_runtimes(request: web.Request) -> web.Response:
     elif direction == "desc":
         catalog.reverse()
     page = catalog[offset : offset + limit]
-    return ok({"runtimes": [wire.runtime_info(r, avail) for r, avail in page], "total": len(catalog)})
+    driver = request.app[ENGINE].driver
+    building = driver.runtimes_building()
+    return ok({"runtimes": [wire.runtime_info(r, avail, driver.runtime_info(r.name), r.name in building)
+                            for r, avail in page], "total": len(catalog)})
 
 
 def _instant(request: web.Request, name: str) -> str | None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import posixpath
 import shlex
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
@@ -38,6 +40,7 @@ from drivers.base import (
     OutputSink,
     ProvisionRequest,
 )
+from drivers.builds import Builds
 
 Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
 HOME = "/home/agentuity"
@@ -92,6 +95,13 @@ class FakeDriver(Driver):
         self.destroyed: list[str] = []
         self.handlers: dict[str, Handler] = {}
         self.fail_provision: str | None = None  # set to make the next provision fail
+        # First-use builds, scripted: runtimes listed here are not built until build_runtime;
+        # each build takes build_seconds and fails with fail_build's words when that is set.
+        self.unbuilt: set[str] = set(filter(None, os.environ.get("HUTCH_FAKE_UNBUILT", "").split(",")))
+        self.build_seconds = 0.2
+        self.fail_build: str | None = None
+        self.builds_started = 0
+        self._builds = Builds()
         self._running: dict[str, asyncio.Task[int]] = {}
         self._cancelled: set[str] = set()
         self._signalled: dict[str, int] = {}
@@ -101,7 +111,22 @@ class FakeDriver(Driver):
         self.handlers[argv0] = handler
 
     def runtimes_available(self) -> set[str]:
-        return {r.name for r in runtimes.CATALOG}
+        return {r.name for r in runtimes.CATALOG} - self.unbuilt
+
+    def runtimes_building(self) -> set[str]:
+        return self._builds.building()
+
+    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
+        def work(log: Callable[[str], None]) -> None:
+            self.builds_started += 1
+            for step in (1, 2):
+                log(f"{name}: [{step}/2] fake step")
+                time.sleep(self.build_seconds / 2)
+            if self.fail_build:
+                raise DriverFailure(self.fail_build)
+
+        await self._builds.run(name, progress, work)
+        self.unbuilt.discard(name)
 
     async def provision(self, req: ProvisionRequest) -> None:
         if req.runtime not in self.runtimes_available():

@@ -45,14 +45,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import grp
 import hashlib
 import itertools
 import json
 import logging
 import os
 import posixpath
-import pwd
 import re
 import secrets
 import shutil
@@ -60,7 +58,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -85,15 +83,14 @@ from drivers.base import (
     ProvisionRequest,
     Usage,
 )
+from drivers.builds import Builds
 from drivers.local import layers, network, rootfs, slirp
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
 from drivers.local.spares import SpareDirs
+from drivers.local.uids import UID_BASE, UID_COUNT, host_ids, uid_running
 
-# Sandbox users are host uids UID_BASE.. (overridable for hosts that use this range).
-UID_BASE = int(os.environ.get("HUTCH_UID_BASE", "200000"))
-UID_COUNT = 60_000
 UID_REGISTRY = Path(os.environ.get("HUTCH_UID_REGISTRY", "/run/hutch/uids"))
 # Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
 ROOTLESS_UID = 1000
@@ -216,6 +213,7 @@ class LocalDriver(FilesMixin, Driver):
         self._closed = False
         self._available: set[str] = set()
         self._available_at = -1e9
+        self._builds = Builds()  # runtimes built on first use
         self._spares = SpareDirs(self.sandbox_root, [HOME, rootfs.WORKSPACE, *(ROOTLESS_TMP if self.rootless else ())],
                                  xattr_prefix="user.overlay." if self.rootless else "trusted.overlay.")
 
@@ -293,6 +291,21 @@ class LocalDriver(FilesMixin, Driver):
                     await self._teardown(sandboxes.pop().id)
         if self._cgroups is not None:
             self._cgroups.remove_instance()  # only when no sandbox is left in it
+
+    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
+        recipe = rootfs.lookup(name)
+        if self.rootless:
+            raise NotSupported(f"runtime: {recipe.name} is not built, and a server without root cannot build "
+                               f"runtimes (mmdebstrap needs root); build it as root: sudo "
+                               f"{rootfs.build_hint(recipe.name, self.runtime_cache)}", field="runtime")
+        await self._builds.run(recipe.name, progress, lambda log: rootfs.build(recipe, self.runtime_cache, log=log))
+        self._available_at = -1e9  # look again at the next create
+
+    def runtimes_building(self) -> set[str]:
+        return self._builds.building()
+
+    def runtime_info(self, name: str) -> dict[str, object]:
+        return rootfs.build_info(self.runtime_cache, rootfs.lookup(name))
 
     def runtimes_available(self) -> set[str]:
         # Asked on every create: a second-old answer saves a stat per catalog entry.
@@ -497,7 +510,7 @@ class LocalDriver(FilesMixin, Driver):
             except FileNotFoundError:
                 text = ""
             nxt = int(text) if text.isdigit() else 0
-            taken = _host_ids()
+            taken = host_ids()
             for i in range(UID_COUNT):
                 uid = UID_BASE + (nxt + i) % UID_COUNT
                 claim = reg / str(uid)
@@ -505,7 +518,7 @@ class LocalDriver(FilesMixin, Driver):
                     with contextlib.suppress(OSError):
                         if os.path.exists(_get(claim)):
                             continue
-                    if _uid_running(uid):  # owner dir deleted under a live sandbox
+                    if uid_running(uid):  # owner dir deleted under a live sandbox
                         continue
                     claim.unlink(missing_ok=True)
                 if uid in taken:  # a real account, or handed to rootless containers
@@ -1201,57 +1214,6 @@ class LocalDriver(FilesMixin, Driver):
         async with self._lock(sandbox_id):
             if target.exists():
                 await asyncio.to_thread(shutil.rmtree, target)
-
-
-def _uid_running(uid: int) -> bool:
-    for status in Path("/proc").glob("[0-9]*/status"):
-        with contextlib.suppress(OSError):
-            for line in status.read_text().splitlines():
-                if line.startswith("Uid:"):
-                    if str(uid) in line.split()[1:]:
-                        return True
-                    break
-    return False
-
-
-_HOST_IDS: tuple[float, tuple[float, ...], set[int]] = (0.0, (), set())
-_ACCOUNT_FILES = ("/etc/passwd", "/etc/group", "/etc/subuid", "/etc/subgid")
-
-
-def _host_ids() -> set[int]:
-    """Uids of the range that are not ours to hand out: host accounts and groups, and
-    ranges given to rootless containers. Read again when one of those files changes, and
-    at least every 30 s (accounts may also come from NSS modules without a file): a
-    lookup per claim cost ~0.7 ms (NSS opens half a dozen files per getpwuid here)."""
-    global _HOST_IDS
-    stamps = []
-    for name in _ACCOUNT_FILES:
-        try:
-            stamps.append(os.stat(name).st_mtime)
-        except OSError:
-            stamps.append(0.0)
-    read_at, seen, taken = _HOST_IDS
-    if tuple(stamps) == seen and time.monotonic() - read_at < 30:
-        return taken
-    taken = _subordinate_ids()
-    taken.update(e.pw_uid for e in pwd.getpwall() if UID_BASE <= e.pw_uid < UID_BASE + UID_COUNT)
-    taken.update(g.gr_gid for g in grp.getgrall() if UID_BASE <= g.gr_gid < UID_BASE + UID_COUNT)
-    _HOST_IDS = (time.monotonic(), tuple(stamps), taken)
-    return taken
-
-
-def _subordinate_ids() -> set[int]:
-    """Uids handed to rootless containers (/etc/subuid, /etc/subgid): never ours."""
-    taken: set[int] = set()
-    for name in ("/etc/subuid", "/etc/subgid"):
-        with contextlib.suppress(OSError):
-            for line in Path(name).read_text().splitlines():
-                parts = line.strip().split(":")
-                if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                    start, count = int(parts[1]), int(parts[2])
-                    lo, hi = max(start, UID_BASE), min(start + count, UID_BASE + UID_COUNT)
-                    taken.update(range(lo, hi))
-    return taken
 
 
 # Small files of the hot path through os calls: a third of the cost of pathlib's

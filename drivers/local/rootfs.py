@@ -86,6 +86,16 @@ def read_manifest(cache: Path, recipe: RuntimeRecipe) -> dict | None:  # type: i
     return None
 
 
+def build_info(cache: Path, recipe: RuntimeRecipe) -> dict[str, object]:
+    """Size and build time of a built runtime, from its manifest (``{}`` when not built)."""
+    manifest = read_manifest(cache, recipe) if is_built(cache, recipe) else None
+    if not manifest:
+        return {}
+    built = manifest.get("built_at")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)) if isinstance(built, (int, float)) else None
+    return {"sizeBytes": manifest.get("bytes"), "builtAt": when, "buildSeconds": manifest.get("build_seconds")}
+
+
 def built_rootfs(name: str, cache: Path | None = None) -> Path:
     """The built root filesystem of runtime ``name`` (a name or srt_ id), for packers such
     as the Nomad driver's OCI images. Raises RuntimeNotFound, saying how to build it."""

@@ -45,7 +45,7 @@ import tarfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,7 @@ from drivers.base import (
     Resources,
     Usage,
 )
+from drivers.builds import Builds
 from drivers.local import layers, rootfs
 from drivers.local import network as sandbox_network
 from drivers.nomad import images
@@ -145,9 +146,12 @@ class NomadDriver(NomadFiles, Driver):
         namespace: str | None = None,
         datacenters: Sequence[str] = ("*",),
         pool_sizes: Mapping[str, int] | None = None,
+        runtime_cache: Path | None = None,
     ) -> None:
         self.address = address
         self.registry = registry
+        self.runtime_cache = runtime_cache or rootfs.default_cache()  # the trees images are made from
+        self._builds = Builds()  # runtimes built and pushed on first use
         self.datacenters = list(datacenters)
         self.state_dir = Path(data_dir) / "nomad"
         # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.
@@ -168,6 +172,7 @@ class NomadDriver(NomadFiles, Driver):
         self._pool_misses = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._refill_wakeup = asyncio.Event()
+        self._refilling = False
         self._locks: dict[str, asyncio.Lock] = {}
         self._install_lock = asyncio.Lock()  # one layer build and push at a time
 
@@ -189,11 +194,17 @@ class NomadDriver(NomadFiles, Driver):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await self._recover()
         self._spawn(self._watch(), "nomad-watch")
+        self._start_pools()
+
+    def _start_pools(self) -> None:
+        """Warm pools for the runtimes that have images (again after a first-use build)."""
         for runtime, size in self.pool_sizes.items():
             if size > 0 and runtime in self._available:
                 self._pool.setdefault(runtime, deque())
-        if self._pool:
+        if self._pool and not self._refilling:
+            self._refilling = True
             self._spawn(self._refill_loop(), "nomad-pool")
+        self._refill_wakeup.set()
 
     def _probe_images(self) -> set[str]:
         return {r.name for r in runtimes.CATALOG if images.exists(r, self.registry)}
@@ -214,6 +225,29 @@ class NomadDriver(NomadFiles, Driver):
 
     def runtimes_available(self) -> set[str]:
         return set(self._available)
+
+    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
+        """First use: the runtime's tree (built here as for the local driver), then its image,
+        pushed to the registry the Nomad clients pull from."""
+        recipe = rootfs.lookup(name)
+
+        def work(log: Callable[[str], None]) -> None:
+            rootfs.build(recipe, self.runtime_cache, log=log)
+            if not images.exists(recipe, self.registry):
+                log(f"{recipe.name}: pushing its image to {self.registry}")
+                started = time.monotonic()
+                ref = images.push(recipe, self.registry, cache=self.runtime_cache)
+                log(f"{recipe.name}: pushed {ref} in {time.monotonic() - started:.1f}s")
+
+        await self._builds.run(recipe.name, progress, work)
+        self._available.add(recipe.name)
+        self._start_pools()
+
+    def runtimes_building(self) -> set[str]:
+        return self._builds.building()
+
+    def runtime_info(self, name: str) -> dict[str, object]:
+        return rootfs.build_info(self.runtime_cache, rootfs.lookup(name))
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -29,6 +29,7 @@ from core.errors import HutchError
 from core.quantities import parse_bytes, parse_duration, parse_millicores
 from hutch import _config
 from hutch.cli import _render as render
+from hutch.cli._progress import follow_build, follow_in_background
 from hutch.client import SandboxClient
 from hutch.errors import ConnectionFailed, SandboxError, Unauthorized
 from hutch.models import FileToWrite, Network, Resources, Timeouts, to_wire
@@ -247,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--store", metavar="URL", help="memory | postgresql://... (HUTCH_STORE)")
     serve.add_argument("--driver", metavar="NAME", help="local | fake | nomad (HUTCH_DRIVER)")
+    serve.add_argument("--prebuild", nargs="+", metavar="RUNTIME",
+                       help="build these catalog runtimes (or 'all') in the background at start, instead of at "
+                            "their first use (HUTCH_PREBUILD, comma-separated)")
     serve.set_defaults(handler=cmd_serve)
 
     from hutch.cli import _ops  # hutch projector | projections rebuild | audit
@@ -502,15 +506,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     in_process = not _remote_wanted(args)
 
     async def work(client: SandboxClient) -> Any:
-        result = await client.run(
-            args.command,
-            **_spec(args),
-            network=True if args.network else None,
-            timeout=args.timeout,
-            stream={"timestamps": True} if args.timestamps else None,
-            stdout=_stdout_sink() if stream_output else None,
-            stderr=_stderr_sink() if stream_output else None,
-        )
+        on_created, finish_following = follow_in_background(client, _note)
+        try:
+            result = await client.run(
+                args.command,
+                **_spec(args),
+                network=True if args.network else None,
+                timeout=args.timeout,
+                stream={"timestamps": True} if args.timestamps else None,
+                stdout=_stdout_sink() if stream_output else None,
+                stderr=_stderr_sink() if stream_output else None,
+                on_created=on_created if not args.json else None,
+            )
+        finally:
+            await finish_following()
         if in_process:
             # The engine dies with this process: let it finish tearing the one-shot sandbox
             # down (the driver's destroy) before shutting it down.
@@ -572,7 +581,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     timeouts = Timeouts(idle=args.idle_timeout, execution=args.timeout, paused=args.paused_timeout)
 
     async def work(client: SandboxClient) -> Any:
-        return await client.create(
+        sandbox = await client.create(
             **_spec(args),
             name=args.name,
             description=args.description,
@@ -580,6 +589,11 @@ def cmd_create(args: argparse.Namespace) -> int:
             timeout=timeouts if timeouts != Timeouts() else None,
             metadata=args.metadata,
         )
+        if sandbox.status == "creating" and not args.json:  # its runtime is built first
+            _note(f"sandbox {sandbox.id}: the runtime is not built on the server yet: building it first")
+            await follow_build(client, sandbox.id, _note)
+            sandbox = await client.connect(sandbox.id)
+        return sandbox
 
     sandbox = asyncio.run(_with_client(args, work))
     if args.json:
@@ -590,6 +604,8 @@ def cmd_create(args: argparse.Namespace) -> int:
         _note(f"created sandbox {sandbox.id} (status: {sandbox.status})")
         if sandbox.url:
             _note(f"url: {sandbox.url}")
+        if sandbox.status == "failed":
+            return 1
     return 0
 
 
@@ -753,6 +769,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             event_log=args.event_log,
             store=args.store,
             driver=args.driver,
+            prebuild=",".join(args.prebuild) if args.prebuild else None,
         )
     except (ValueError, TypeError) as err:
         raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err

@@ -170,9 +170,19 @@ def runtimes(items: Sequence[Runtime], total: int, out: TextIO) -> None:
     if not items:
         out.write("no runtimes\n")
         return
+    def state(r: Runtime) -> str:
+        if r.building:
+            return "building"
+        if r.available is None:
+            return ""
+        return "built" if r.available else "on first use"
+
+    def size(r: Runtime) -> str:
+        return f"{r.size_bytes / 2**20:.0f} MiB" if r.size_bytes else ""
+
     table(
-        ["NAME", "ID", "DESCRIPTION", "TAGS"],
-        [[r.name, r.id, r.description, r.tags] for r in items],
+        ["NAME", "ID", "STATE", "SIZE", "BUILT", "DESCRIPTION"],
+        [[r.name, r.id, state(r), size(r), r.built_at or "", r.description] for r in items],
         out,
     )
     if total > len(items):

@@ -203,7 +203,9 @@ EOF
   done
 }
 
-# Pushes each runtime's image unless the registry has it; then pre-pulls it into containerd.
+# Optional warm-up (`nomad.sh images`): pushes each of $RUNTIMES unless the registry has it, then
+# pre-pulls it into containerd. `start` no longer does: which runtimes exist is the catalog's
+# business, and the nomad driver builds and pushes a runtime's image on its first use.
 images() {
   local name ref
   for name in $RUNTIMES; do
@@ -318,7 +320,6 @@ start() {
   build
   start_containerd
   start_registry
-  images
   start_nomad
   say "ready in $((SECONDS - started))s: Nomad on 127.0.0.1:$PORT, registry $REGISTRY, containerd $CTRD_SOCK"
   print_settings

@@ -250,7 +250,7 @@ async def test_a_stream_without_output_has_no_file_but_reads_empty(api: Api) -> 
     stdout_id = yarl.URL(data["stdoutStreamUrl"]).name
     assert not (engine.outputs.root / stderr_id).exists() and (engine.outputs.root / stdout_id).exists()
     assert await api.stream(data["stderrStreamUrl"]) == b""
-    assert engine.issued_stream(stderr_id) and engine.issued_stream(stdout_id)
+    assert engine.streams.issued(stderr_id) and engine.streams.issued(stdout_id)
 
 
 async def test_a_forged_stream_id_is_404(api: Api) -> None:

@@ -145,3 +145,16 @@ def test_serve_output(served: tuple[str, subprocess.Popen[str]], engine_env: Pat
     key = (engine_env / "api-key").read_text().strip()
     assert url in output
     assert key in output  # printed once, because it was generated now
+
+
+def test_in_process_run_shows_a_first_use_build(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime the server has not built yet: the CLI says so and shows the build's steps
+    (the sandbox's runtime:build events) on stderr, then the command's output as usual."""
+    monkeypatch.setenv("HUTCH_FAKE_UNBUILT", "node:lts")
+    code = main(["run", "--runtime", "node:lts", "--", "echo", "after the build"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, "after the build\n"), err
+    assert "building it first (first use)" in err
+    assert "building runtime: node:lts: [1/2] fake step" in err and "[2/2]" in err

@@ -696,5 +696,32 @@ await check('destroy: sandbox goes away; execute afterwards fails fast', async (
 	assert.ok(!still || ['stopping', 'terminated', 'deleted'].includes(still.status), `listed as ${still?.status}`);
 }, { needs: ['sbx'] });
 
+// ---------------------------------------------------------------- first use
+// HUTCH_COMPAT_FIRST_USE names a catalog runtime the server has not built: the real client's
+// run() and create() + execute() must work without knowing a build happens first.
+const FIRST_USE = process.env.HUTCH_COMPAT_FIRST_USE || '';
+if (FIRST_USE) {
+	await check('first use: run() and create() + execute() of an unbuilt runtime, at once', async () => {
+		// The client's schema drops hutch's `available`: ask the wire itself.
+		const runtimes = async () => (await (await fetch(`${URL_}/sandbox/runtimes`, {
+			headers: { Authorization: `Bearer ${API_KEY}` },
+		})).json()).data.runtimes;
+		const before = (await runtimes()).find((r) => r.name === FIRST_USE);
+		assert.equal(before?.available, false, `${FIRST_USE} must not be built yet: ${JSON.stringify(before)}`);
+		const [sbx, ran] = await Promise.all([
+			client.create({ runtime: FIRST_USE }),
+			client.run({ runtime: FIRST_USE, command: { exec: ['sh', '-c', 'echo first use; exit 4'] } }),
+		]);
+		assert.equal(ran.stdout, 'first use\n', 'run stdout');
+		assert.equal(ran.exitCode, 4, 'run exitCode');
+		const res = await sbx.execute({ command: ['sh', '-c', 'echo executed'] });
+		const out = await readUrl(res.stdoutStreamUrl, 'stdout');
+		assert.equal(out, 'executed\n', 'execute stdout');
+		const after = (await runtimes()).find((r) => r.name === FIRST_USE);
+		assert.equal(after?.available, true, `${FIRST_USE} after its first use: ${JSON.stringify(after)}`);
+		await sbx.destroy();
+	});
+}
+
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

@@ -128,6 +128,26 @@ def driver_flags(request: pytest.FixtureRequest) -> list[str]:
 def test_agentuity_sandbox_client_against_live_server(
     tmp_path: Path, profile_flags: list[str], driver_flags: list[str]
 ) -> None:
+    node_env = {}
+    if driver_flags[-1] in FULL_FEATURED_DRIVERS:
+        # files, setEnv, jobs, pause/resume + autoResumed through the real client too
+        node_env["HUTCH_COMPAT_EXTENDED"] = "1"
+    _serve_and_check(tmp_path, [*profile_flags, *driver_flags], {}, node_env)
+
+
+@pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
+def test_agentuity_client_uses_a_runtime_the_server_builds_on_first_use(tmp_path: Path) -> None:
+    """An empty runtime cache: the real client's run() and create() + execute() of base:latest,
+    at once, wait for the server's first build of it (mmdebstrap, for real) and just work."""
+    cache = tmp_path / "empty-runtime-cache"
+    _serve_and_check(tmp_path, ["--driver", "local"], {"HUTCH_RUNTIME_CACHE": str(cache)},
+                     {"HUTCH_COMPAT_FIRST_USE": "base:latest", "HUTCH_COMPAT_ONLY": "first use"})
+    assert (cache / next(p.name for p in cache.iterdir() if p.name.startswith("base_latest-"))).is_dir()
+
+
+def _serve_and_check(tmp_path: Path, flags: list[str], server_env: dict[str, str],
+                     checks_env: dict[str, str]) -> None:
+    """``hutch serve`` with ``flags``, then compat.mjs against it; every check must pass."""
     node = shutil.which("node")
     if node is None:
         pytest.fail("node (>= 20) is not on PATH; the compat test needs it")
@@ -145,6 +165,7 @@ def test_agentuity_sandbox_client_against_live_server(
     log = tmp_path / "server.log"
 
     env = dict(os.environ)  # passes HUTCH_RUNTIME_CACHE (and PATH etc.) through
+    env.update(server_env)
     env["HUTCH_API_KEY"] = key
     cmd = [
         *_hutch_command(),
@@ -152,8 +173,7 @@ def test_agentuity_sandbox_client_against_live_server(
         "--host", "127.0.0.1",
         "--port", str(port),
         "--data-dir", str(data_dir),
-        *profile_flags,
-        *driver_flags,
+        *flags,
     ]  # fmt: skip
 
     with log.open("wb") as log_fh:
@@ -164,10 +184,7 @@ def test_agentuity_sandbox_client_against_live_server(
         _wait_ready(proc, url, key, log)
 
         node_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTUITY_")}
-        node_env.update(HUTCH_URL=url, HUTCH_API_KEY=key)
-        if driver_flags[-1] in FULL_FEATURED_DRIVERS:
-            # files, setEnv, jobs, pause/resume + autoResumed through the real client too
-            node_env["HUTCH_COMPAT_EXTENDED"] = "1"
+        node_env.update(HUTCH_URL=url, HUTCH_API_KEY=key, **checks_env)
         try:
             result = subprocess.run(
                 [node, "compat.mjs"],

@@ -31,7 +31,7 @@ def test_ids_sort_by_time(a: int, b: int) -> None:
 def test_event_type_names_are_stable() -> None:
     # These strings are on the wire and in stored logs: changing one breaks both.
     assert set(EVENT_TYPES) == {
-        "create", "destroy", "lifecycle:started", "lifecycle:failed", "lifecycle:completed",
+        "create", "runtime:build", "destroy", "lifecycle:started", "lifecycle:failed", "lifecycle:completed",
         "lifecycle:terminated", "pause", "resume", "env", "checkpoint", "checkpoint:restored", "checkpoint:deleted", "execution:started", "execution:finished",
         "snapshot", "snapshot:finalized", "snapshot:tagged", "snapshot:deleted",
     }

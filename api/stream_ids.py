@@ -1,0 +1,37 @@
+"""Stream ids: derived, not stored. An id is the execution id, the stream, and an HMAC of both
+under a server secret, so stream URLs are unguessable capabilities (the client fetches them
+without credentials) that the server can check without a lookup."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+_KINDS = {"stdout": "o", "stderr": "e", "audit": "a"}  # only o and e are output streams
+_ID = re.compile(r"^stm_(?P<prefix>[a-z]+)(?P<body>[0-9a-z]{26})(?P<kind>[oe])(?P<mac>[0-9a-f]{32})$")
+
+
+class StreamIds:
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def derive(self, execution_id: str, stream: str) -> str:
+        prefix, _, body = execution_id.partition("_")
+        return f"stm_{prefix}{body}{_KINDS[stream]}{self._mac(execution_id, stream)}"
+
+    def _mac(self, execution_id: str, stream: str) -> str:
+        return self.sign(f"{execution_id}:{stream}")[:32]
+
+    def sign(self, text: str) -> str:
+        """HMAC-SHA256 of ``text`` under the server's secret (other capabilities: snapshot uploads)."""
+        return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
+
+    def issued(self, stream_id: str) -> bool:
+        """True if this server derived ``stream_id``."""
+        m = _ID.match(stream_id)
+        if m is None:
+            return False
+        execution_id = f"{m['prefix']}_{m['body']}"
+        stream = "stdout" if m["kind"] == "o" else "stderr"
+        return hmac.compare_digest(m["mac"], self._mac(execution_id, stream))
