@@ -26,7 +26,7 @@ from api.output import OutputStore
 from api.snapshots import Snapshots
 from api.stream_ids import StreamIds
 from api.wire import CreateRequest, ExecuteRequest
-from core import ids, runtimes
+from core import ids
 from core.errors import (
     DriverFailure,
     ExecutionNotFound,
@@ -741,10 +741,6 @@ class Engine:
     def stream_id(self, execution_id: str, stream: str) -> str:
         return self.streams.derive(execution_id, stream)
 
-    def runtime_catalog(self) -> list[tuple[runtimes.RuntimeRecipe, bool]]:
-        available = self.driver.runtimes_available()
-        return [(r, r.name in available) for r in runtimes.CATALOG]
-
 
 def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
     r = spec.resources
@@ -762,15 +758,4 @@ def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
     )
 
 
-def redact_event(event: Event) -> dict[str, Any]:
-    """The events API payload: env values are secrets, so only their names are shown."""
-    data = encode(event)["data"]
-    spec = data.get("spec")
-    if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
-        spec["env"] = {k: "***" for k in spec["env"]}
-    if event.type == "env" and isinstance(data.get("set"), dict):
-        data["set"] = {k: "***" for k in data["set"]}
-    return data
-
-
-__all__ = ["Created", "Engine", "FileToWrite", "redact_event"]
+__all__ = ["Created", "Engine", "FileToWrite"]

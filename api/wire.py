@@ -15,6 +15,7 @@ import attrs
 
 from core import runtimes
 from core.errors import InvalidInput, RuntimeNotFound
+from core.events import Event, encode
 from core.models import (
     Execution,
     Mode,
@@ -397,3 +398,14 @@ def lineage_entry(snap: Snapshot, deleted: bool) -> dict[str, Any]:
                       "createdAt")}
     entry["deleted"] = deleted
     return entry
+
+
+def redact_event(event: Event) -> dict[str, Any]:
+    """The events API payload: env values are secrets, so only their names are shown."""
+    data = encode(event)["data"]
+    spec = data.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
+        spec["env"] = {k: "***" for k in spec["env"]}
+    if event.type == "env" and isinstance(data.get("set"), dict):
+        data["set"] = {k: "***" for k in data["set"]}
+    return data

@@ -11,8 +11,9 @@ from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_in
 from api.keys import API_KEY_ID, ENGINE
 from api.routes import proxy
 from api.routes.audit import audit_stream_id, audit_stream_url
-from api.service import Engine, redact_event
+from api.service import Engine
 from api.stats import usage as usage_stats
+from core import runtimes
 from core.errors import InvalidInput
 from core.models import Execution, Mode, Sandbox, SandboxStatus
 from projections.base import SandboxQuery
@@ -54,13 +55,14 @@ async def list_runtimes(request: web.Request) -> web.Response:
     offset = q_int(request, "offset", 0)
     sort = q_choice(request, "sort", ("name", "created"), "name")
     direction = q_choice(request, "direction", ("asc", "desc"), "asc")
-    catalog = request.app[ENGINE].runtime_catalog()
+    driver = request.app[ENGINE].driver
+    available = driver.runtimes_available()
+    catalog = [(r, r.name in available) for r in runtimes.CATALOG]
     if sort == "name":
         catalog.sort(key=lambda item: item[0].name, reverse=direction == "desc")
     elif direction == "desc":
         catalog.reverse()
     page = catalog[offset : offset + limit]
-    driver = request.app[ENGINE].driver
     building = driver.runtimes_building()
     return ok({"runtimes": [wire.runtime_info(r, avail, driver.runtime_info(r.name), r.name in building)
                             for r, avail in page], "total": len(catalog)})
@@ -192,7 +194,7 @@ async def list_events(request: web.Request) -> web.Response:
                     "eventId": ev.event_id,
                     "sandboxId": ev.sandbox_id,
                     "type": ev.type,
-                    "event": redact_event(ev),
+                    "event": wire.redact_event(ev),
                     "createdAt": ev.created_at,
                     "position": ev.position,  # hutch extra: the log position
                 }
