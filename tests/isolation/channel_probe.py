@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,6 +144,10 @@ def host_bait() -> Iterator[dict]:
     mq = libc.mq_open(mqueue.encode(), os.O_RDWR | os.O_CREAT, 0o666, None)
     assert mq >= 0, f"mq_open on the host: errno {ctypes.get_errno()}"
     host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
+    for _ in range(200):  # until it has exec'd (before that, its command line is still ours)
+        if marker.encode() in Path(f"/proc/{host.pid}/cmdline").read_bytes():
+            break
+        time.sleep(0.01)
     host_ns = [os.readlink(f"/proc/self/ns/{ns}") for ns in ("net", "pid", "ipc", "mnt")]
     try:
         # The bait is real: from the host every piece of it answers.

@@ -238,13 +238,19 @@ async def through_the_api(data_dir: Path, cache: Path) -> dict:
                 stdout = (await r.read()).decode()
             async with s.get(f"{url}/sandbox/execution/{data['executionId']}?wait=30s", headers=auth) as r:
                 execution = (await r.json())["data"]
+            # A runtime not built here: a server without root cannot build it, and says how.
+            unbuilt_name = next(r.name for r in rootfs.runtimes.CATALOG if not rootfs.is_built(cache, r))
+            async with s.post(f"{url}/sandbox", json={"runtime": unbuilt_name}, headers=auth) as r:
+                unbuilt_id = (await r.json())["data"]["sandboxId"]
+            async with s.get(f"{url}/sandbox/{unbuilt_id}?waitForStatus=failed&waitMs=10000", headers=auth) as r:
+                unbuilt = (await r.json())["data"]
             async with s.post(f"{url}/sandbox", json={"runtime": PY, "network": {"enabled": True}}, headers=auth) as r:
                 network = {"status": r.status, "body": await r.json()}
             if network["status"] == 201:
                 async with s.delete(f"{url}/sandbox/{network['body']['data']['sandboxId']}", headers=auth) as r:
                     network["deleted"] = r.status
         return {"stdout": stdout, "status": execution["status"], "exitCode": execution.get("exitCode"),
-                "network": network}
+                "network": network, "unbuilt": {**unbuilt, "runtime_name": unbuilt_name}}
     finally:
         await runner.cleanup()
 

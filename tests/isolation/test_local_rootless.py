@@ -187,3 +187,11 @@ def test_the_whole_server_runs_rootless(report: dict) -> None:
     api = report["api"]
     assert (api["stdout"], api["status"], api["exitCode"]) == ("1000\n", "completed", 0), api
     assert api["network"]["status"] == 201, api["network"]  # slirp4netns: no root needed
+
+
+def test_a_runtime_not_built_here_fails_saying_how_to_build_it(report: dict) -> None:
+    unbuilt = report["api"]["unbuilt"]
+    assert unbuilt["status"] == "failed", unbuilt
+    assert "cannot build runtimes" in unbuilt["reason"], unbuilt
+    assert f"sudo hutch runtime build {unbuilt['runtime_name']}" in unbuilt["reason"], unbuilt
+
