@@ -126,6 +126,9 @@ class _PoolEntry:
     runtime: str
 
 
+KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
+
+
 @attrs.define
 class _Execution:
     sandbox_id: str
@@ -654,10 +657,15 @@ class NomadDriver(NomadFiles, Driver):
         if sb is None:
             return Usage()
         out = bytearray()
-        code = await self._client.exec(
-            sb.alloc_id, TASK, [ENVELOPE, json.dumps({"usage": True})], stdin=None,
-            on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
-        if code != 0:
+        for _ in range(2):  # an alloc exec now and then fails to start on a busy client: once more
+            out.clear()
+            with contextlib.suppress(HutchError):
+                code = await self._client.exec(
+                    sb.alloc_id, TASK, [ENVELOPE, json.dumps({"usage": True})], stdin=None,
+                    on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
+                if code == 0:
+                    break
+        else:
             return Usage()
         data = json.loads(bytes(out) or b"{}")
         peak = data.get("memoryPeakBytes")
@@ -739,11 +747,17 @@ class NomadDriver(NomadFiles, Driver):
         return ExecResult(exit_code=code)
 
     async def _kill(self, sb: _Sandbox, tag: str) -> None:
-        """Kill a running exec's process tree (the plugin's kill verb, itself an alloc exec)."""
-        if sb.id not in self._sandboxes:
-            return
-        with contextlib.suppress(HutchError):
-            await self._verb(sb, {"kill": tag})
+        """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:
+        its tree and every process carrying its tag, the container frozen meanwhile). A command
+        cancelled the moment it started may not be the plugin's yet: asked again, briefly."""
+        for _ in range(KILL_TRIES):
+            if sb.id not in self._sandboxes:
+                return
+            try:
+                await self._verb(sb, {"kill": tag})
+                return
+            except HutchError:
+                await asyncio.sleep(0.1)
 
     async def cancel(self, execution_id: str) -> None:
         execution = self._executions.get(execution_id)

@@ -6,13 +6,14 @@ Nomad + containerd + runc of ``./scripts/services start nomad``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from drivers.base import ExecRequest, ProvisionRequest
+from drivers.base import ExecRequest, ProvisionRequest, Resources
 from drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id, start_nomad
 from tests.isolation import channel_probe
@@ -59,3 +60,39 @@ async def test_the_seccomp_profile_is_the_sandboxs(driver: NomadDriver) -> None:
     verdicts = dict(line.split() for line in sink.stdout.splitlines() if line.split()[:1] and line.split()[0] in
                     ("io_uring_setup", "keyctl", "bpf", "unshare"))
     assert verdicts == {"io_uring_setup": "ENOSYS", "keyctl": "EPERM", "bpf": "EPERM", "unshare": "EPERM"}, verdicts
+
+
+async def run(driver: NomadDriver, sid: str, argv: list[str], timeout: float | None = None) -> tuple[int | None, str]:
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, argv, timeout=timeout), sink)
+    return result.exit_code, sink.stdout
+
+
+async def test_a_timeout_or_cancel_ends_the_whole_tree_background_children_included(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    await run(driver, sid, ["sh", "-c", "sleep 299 >/dev/null 2>&1 &"])  # an earlier background process: kept
+    await run(driver, sid, ["sh", "-c", "(sleep 300 &) ; sleep 301 & sleep 302"], timeout=1.0)
+    execution = ExecRequest(new_id("ex"), sid, ["sh", "-c", "setsid sleep 303 & sleep 304"])
+    task = asyncio.ensure_future(driver.exec(execution, Recorder()))
+    await asyncio.sleep(0.5)
+    await driver.cancel(execution.execution_id)
+    assert (await task).cancelled
+    _, ps = await run(driver, sid, ["ps", "-eo", "args"])
+    assert "sleep 299" in ps  # not the timed-out command's: left alone
+    assert not any(f"sleep {n}" in ps for n in range(300, 305)), ps
+
+
+async def test_a_fork_bomb_leaves_the_sandbox_usable(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources(pids=128)))
+    # The bomb's first shell stays (exec, no fork needed) until the timeout (4 s) kills it and
+    # everything carrying its tag, reparented orphans included.
+    await run(driver, sid, ["sh", "-c", "b(){ b | b & }; b; exec sleep 30"], timeout=4.0)
+    for _ in range(100):
+        code, out = await run(driver, sid, ["sh", "-c", "echo usable; ps -e | wc -l"])
+        if code == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert code == 0 and out.splitlines()[0] == "usable", out
+    assert int(out.splitlines()[1]) < 10, out  # the bomb's processes are gone, not just held back

@@ -70,8 +70,39 @@ func (h *taskHandle) killTagged(tag string) bool {
 	if !ok {
 		return false
 	}
-	killTree(t.pid)
+	h.killExec(tag, t.pid)
 	return true
+}
+
+// tagEnv marks every process an exec started (see exec).
+const tagEnv = "HUTCH_EXEC_TAG"
+
+// killExec kills everything an exec started: its tree, and every process carrying its tag
+// (background children that outlived their parent and were reparented to pid 1, which a
+// walk of the tree no longer finds). The container is frozen meanwhile, so nothing forks
+// in between: a fork bomb dies whole (SIGKILL takes frozen tasks as they thaw). A
+// container the user paused stays paused.
+func (h *taskHandle) killExec(tag string, pid int) {
+	ctx := h.d.nsCtx(context.Background())
+	thaw := false
+	if st, err := h.task.Status(ctx); err == nil && st.Status == containerd.Running {
+		thaw = h.task.Pause(ctx) == nil
+	}
+	marker := []byte(tagEnv + "=" + tag + "\x00")
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, marker) {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	}
+	killTree(pid)
+	if thaw {
+		_ = h.task.Resume(ctx)
+	}
 }
 
 func newTaskHandle(d *Driver, cfg *drivers.TaskConfig, c containerd.Container, t containerd.Task, workspace string) *taskHandle {
@@ -232,6 +263,11 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		if envelope.Cwd != "" {
 			pspec.Cwd = envelope.Cwd
 		}
+		if envelope.Tag != "" {
+			// Inherited by every descendant, orphans reparented to pid 1 included: what a
+			// cancel or timeout kills (killTagged), as the local driver kills a cgroup leaf.
+			pspec.Env = append(append([]string{}, pspec.Env...), tagEnv+"="+envelope.Tag)
+		}
 	}
 	h.mu.Lock()
 	h.execSeq++
@@ -289,7 +325,11 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	select {
 	case status = <-exitC:
 	case <-ctx.Done():
-		killTree(pid)
+		if envelope != nil && envelope.Tag != "" {
+			h.killExec(envelope.Tag, pid)
+		} else {
+			killTree(pid)
+		}
 		_ = process.Kill(nsctx, syscall.SIGKILL)
 		status = <-exitC
 		killTree(pid) // children that were forking while we looked
