@@ -22,9 +22,10 @@ from typing import Any
 import attrs
 
 from api import archives
-from api.output import OutputStore
+from api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
 from api.snapshots import Snapshots
 from api.stream_ids import StreamIds
+from api.watchers import Watchers
 from api.wire import CreateRequest, ExecuteRequest
 from core import ids
 from core.errors import (
@@ -52,6 +53,7 @@ from core.lifecycle import (
     StartExecution,
     TakeCheckpoint,
     Terminate,
+    checkpoint_id_for,
     decide,
 )
 from core.models import (
@@ -70,8 +72,6 @@ from drivers.base import (
     ExecResult,
     FileToWrite,
     ProvisionRequest,
-    Resources,
-    Stream,
 )
 from projections.base import ProjectionStore, SandboxQuery
 from projections.runner import Projector
@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 JOB_STOP_GRACE_SECONDS = 10.0  # SIGTERM, then SIGKILL after this long
 MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for 5m)
 CREATING_WAIT_SECONDS = 60.0
+CANCEL_WAIT_SECONDS = 10.0  # a cancel answers once the command's tree is gone (or after this)
 
 
 
@@ -99,14 +100,6 @@ def _iso_after(seconds: float) -> str:
 
 def _unix(iso: str) -> float:
     return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
-class _Sink:
-    def __init__(self, stdout, stderr) -> None:  # type: ignore[no-untyped-def]
-        self.streams = {"stdout": stdout, "stderr": stderr}
-
-    def write(self, stream: Stream, data: bytes) -> None:
-        self.streams[stream].write(data)
 
 
 @attrs.frozen
@@ -133,6 +126,7 @@ class Engine:
         self.outputs = outputs
         self.projector = Projector(event_log, store)
         self.streams = StreamIds(stream_secret)
+        self.watchers = Watchers(self._abandoned)  # cancels a command its waiters all left
         outputs.verify = self.streams.issued  # streams closed before their first byte have no file
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -141,6 +135,7 @@ class Engine:
         self._background: set[asyncio.Task[None]] = set()
         self._stopping: set[str] = set()  # jobs asked to stop: however they exit, they were cancelled
         self._building: set[str] = set()  # sandboxes waiting for their runtime's first build
+        self._cancel_reasons: dict[str, str] = {}  # why a command being cancelled is
         self.snapshots = Snapshots(self, data_dir / "snapshots", limits or archives.Limits())
 
     # ---------------------------------------------------------------- lifetime
@@ -153,6 +148,7 @@ class Engine:
         self._spawn(self._watch_timeouts(), "timeouts")
 
     async def close(self) -> None:
+        self.watchers.close()
         for timer in self._timers.values():
             timer.cancel()
         for task in [*self._background, *self._tasks.values()]:
@@ -251,15 +247,15 @@ class Engine:
                 raise NotSupported(f"{field}: driver {self.driver.name} cannot install dependencies or packages "
                                    f"at create yet", field=field)
             if not build:  # installing is where a bad package name shows: before the sandbox is recorded
-                await self.driver.prepare(_provision_request(sandbox_id, spec))
+                await self.driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
         execution_id = ids.new_id("execution") if req.command else None
         queued = tuple(req.command) if build and req.command else None
         await self._append(sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id,
                                                        initial_execution_id=execution_id, initial_command=queued)])
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
-                self.outputs.create(self.stream_id(execution_id, "stdout"))
-                self.outputs.create(self.stream_id(execution_id, "stderr"))
+                self.outputs.create(self.streams.derive(execution_id, "stdout"))
+                self.outputs.create(self.streams.derive(execution_id, "stderr"))
             self._building.add(sandbox_id)
             self._spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
         else:
@@ -267,8 +263,7 @@ class Engine:
         return Created(sandbox=await self._require(sandbox_id), execution_id=execution_id)
 
     def prebuild(self, names: Iterable[str]) -> None:
-        """Build these runtimes in the background (``hutch serve --prebuild``); creates that
-        need one meanwhile join its build."""
+        """Build these runtimes in the background (``--prebuild``); creates join the build."""
         for name in set(names) - self.driver.runtimes_available():
             self._spawn(self._quietly(self.driver.build_runtime(name, lambda line: log.info("prebuild: %s", line))),
                         f"prebuild-{name}")
@@ -276,7 +271,7 @@ class Engine:
     async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec
         try:
-            await self.driver.provision(_provision_request(sandbox_id, spec))
+            await self.driver.provision(ProvisionRequest.for_spec(sandbox_id, spec))
             if spec.snapshot_id:
                 await self.snapshots.seed(sandbox_id, spec.snapshot_id)
             if req.files:
@@ -293,7 +288,8 @@ class Engine:
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
         await self._command(sandbox_id, Start())
         if req.command and execution_id:
-            await self._start_execution(sandbox_id, execution_id, req.command, self._default_timeout(req.spec))
+            await self._start_execution(sandbox_id, execution_id, req.command, self._default_timeout(req.spec),
+                                        stream=req.stream)
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec
@@ -303,7 +299,7 @@ class Engine:
                 await self.driver.build_runtime(spec.runtime, lambda line: self._spawn(
                     self._quietly(self._command(sandbox_id, ReportBuild(spec.runtime, line))), "build-progress"))
                 if spec.dependencies or spec.packages:
-                    await self.driver.prepare(_provision_request(sandbox_id, spec))
+                    await self.driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
             except Exception as err:
                 reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
                 log.warning("sandbox %s: runtime %s could not be built: %s", sandbox_id, spec.runtime, reason)
@@ -318,8 +314,8 @@ class Engine:
         finally:
             self._building.discard(sandbox_id)
             if execution_id and not (started and execution_id in self._tasks):
-                self.outputs.close(self.stream_id(execution_id, "stdout"))
-                self.outputs.close(self.stream_id(execution_id, "stderr"))
+                self.outputs.close(self.streams.derive(execution_id, "stdout"))
+                self.outputs.close(self.streams.derive(execution_id, "stderr"))
 
     @staticmethod
     async def _quietly(work: Awaitable[object]) -> None:
@@ -364,7 +360,7 @@ class Engine:
             await self.driver.write_files(sandbox_id, req.files)
         timeout = self._default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
         execution_id = ids.new_id("execution")
-        await self._start_execution(sandbox_id, execution_id, req.command, timeout)
+        await self._start_execution(sandbox_id, execution_id, req.command, timeout, stream=req.stream)
         ex = await self.store.get_execution(execution_id)
         assert ex is not None
         return ex, auto_resumed
@@ -394,6 +390,30 @@ class Engine:
         await self._require(sandbox_id)
         jobs = [e for e in await self.store.list_executions(sandbox_id) if e.type == "job"]
         return jobs[:limit] if limit is not None else jobs
+
+    async def cancel_execution(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
+        """End a running command's whole process tree (status ``cancelled``); returns it ended."""
+        ex = await self.store.get_execution(execution_id)
+        if ex is None:
+            raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
+        if ex.status is ExecutionStatus.QUEUED:  # the initial command, behind its runtime's build
+            raise IllegalTransition(f"cannot cancel: execution {execution_id} is queued; destroy its sandbox")
+        if ex.status.is_final:
+            return ex
+        self._stopping.add(execution_id)  # however it exits now, it was cancelled
+        self._cancel_reasons[execution_id] = why
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        while not ex.status.is_final and time.monotonic() < deadline:
+            # Again until it ends: a command just started may not be the driver's to kill yet.
+            await self.driver.cancel(execution_id)
+            ex = await self.get_execution(execution_id, wait=0.3)
+        return ex
+
+    async def _abandoned(self, execution_id: str) -> None:
+        ex = await self.store.get_execution(execution_id)
+        if ex is not None and ex.type == "exec" and ex.status is ExecutionStatus.RUNNING:
+            await self.cancel_execution(execution_id, why="cancelled: every client waiting for it went away "
+                                        f"(none came back within {self.watchers.grace:g} s)")
 
     async def stop_job(self, sandbox_id: str, job_id: str, *, force: bool, grace: float = JOB_STOP_GRACE_SECONDS) -> Execution:
         """Graceful: SIGTERM to the job's process tree, SIGKILL after ``grace``. Forced: SIGKILL now."""
@@ -448,18 +468,19 @@ class Engine:
     async def list_checkpoints(self, sandbox_id: str) -> tuple[Checkpoint, ...]:
         return (await self._require(sandbox_id, include_deleted=False)).checkpoints
 
-    async def restore_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+    async def restore_checkpoint(self, sandbox_id: str, ref: str) -> None:
+        """``ref``: the checkpoint's id or name (also for delete)."""
         async with self._lock(sandbox_id):
             sb = await self._require(sandbox_id, include_deleted=False)
-            events = decide(sb, RestoreCheckpoint(checkpoint_id))
+            events = decide(sb, RestoreCheckpoint(checkpoint_id := checkpoint_id_for(sb, ref)))
             await self.driver.restore(sandbox_id, checkpoint_id)
             await self._append(sandbox_id, events)
         self.touch(sandbox_id)
 
-    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+    async def delete_checkpoint(self, sandbox_id: str, ref: str) -> None:
         async with self._lock(sandbox_id):
             sb = await self._require(sandbox_id, include_deleted=False)
-            events = decide(sb, DeleteCheckpoint(checkpoint_id))
+            events = decide(sb, DeleteCheckpoint(checkpoint_id := checkpoint_id_for(sb, ref)))
             await self.driver.delete_checkpoint(sandbox_id, checkpoint_id)
             await self._append(sandbox_id, events)
 
@@ -565,26 +586,27 @@ class Engine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _start_execution(
-        self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None, *, kind: str = "exec"
-    ) -> None:
+    async def _start_execution(self, sandbox_id: str, execution_id: str, command: tuple[str, ...],
+                               timeout: float | None, *, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT,
+                               ) -> None:
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
-        stdout = self.outputs.create(self.stream_id(execution_id, "stdout"))
-        stderr = self.outputs.create(self.stream_id(execution_id, "stderr"))
+        stdout = self.outputs.create(self.streams.derive(execution_id, "stdout"))
+        stderr = self.outputs.create(self.streams.derive(execution_id, "stderr"))
         try:
             await self._command(sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind))
         except BaseException:
-            self.outputs.close(self.stream_id(execution_id, "stdout"))
-            self.outputs.close(self.stream_id(execution_id, "stderr"))
+            self.outputs.close(self.streams.derive(execution_id, "stdout"))
+            self.outputs.close(self.streams.derive(execution_id, "stderr"))
             raise
         task = asyncio.create_task(
-            self._run(sandbox_id, execution_id, command, timeout, _Sink(stdout, stderr)), name=f"exec-{execution_id}"
+            self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream)),
+            name=f"exec-{execution_id}"
         )
         self._tasks[execution_id] = task
         task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
 
     async def _run(
-        self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None, sink: _Sink
+        self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None, sink: ExecutionSink
     ) -> None:
         sb = await self._require(sandbox_id)
         started = time.monotonic()
@@ -606,8 +628,8 @@ class Engine:
         finally:
             duration_ms = int((time.monotonic() - started) * 1000)
             truncated = any(s.truncated for s in sink.streams.values())
-            self.outputs.close(self.stream_id(execution_id, "stdout"))
-            self.outputs.close(self.stream_id(execution_id, "stderr"))
+            self.outputs.close(self.streams.derive(execution_id, "stdout"))
+            self.outputs.close(self.streams.derive(execution_id, "stderr"))
         if result is None:
             finish = FinishExecution(execution_id, ExecutionStatus.FAILED, error=error, duration_ms=duration_ms, output_truncated=truncated)
         elif result.timed_out:
@@ -618,7 +640,7 @@ class Engine:
         elif result.cancelled or execution_id in self._stopping:
             finish = FinishExecution(
                 execution_id, ExecutionStatus.CANCELLED, exit_code=result.exit_code, duration_ms=duration_ms,
-                error="cancelled", output_truncated=truncated,
+                error=self._cancel_reasons.pop(execution_id, "cancelled"), output_truncated=truncated,
             )
         elif result.oom_killed:
             limit = sb.spec.resources.memory_bytes
@@ -736,26 +758,6 @@ class Engine:
         await self._require(sandbox_id)
         return await self.log.read(0, sandbox_id=sandbox_id, limit=limit, reverse=reverse)
 
-    # ---------------------------------------------------------------- streams
-
-    def stream_id(self, execution_id: str, stream: str) -> str:
-        return self.streams.derive(execution_id, stream)
-
-
-def _provision_request(sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
-    r = spec.resources
-    return ProvisionRequest(
-        sandbox_id=sandbox_id,
-        runtime=spec.runtime,
-        resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
-        network_enabled=spec.network.enabled,
-        port=spec.network.port,
-        # The env travels with every exec instead (it can change: PATCH /sandbox/env),
-        # so a removed variable is really gone.
-        env={},
-        dependencies=spec.dependencies,
-        packages=spec.packages,
-    )
 
 
 __all__ = ["Created", "Engine", "FileToWrite"]

@@ -27,6 +27,11 @@ class StreamIds:
         """HMAC-SHA256 of ``text`` under the server's secret (other capabilities: snapshot uploads)."""
         return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
 
+    def execution_of(self, stream_id: str) -> str | None:
+        """The execution an issued output stream id belongs to (None for any other id)."""
+        m = _ID.match(stream_id)
+        return f"{m['prefix']}_{m['body']}" if m is not None and self.issued(stream_id) else None
+
     def issued(self, stream_id: str) -> bool:
         """True if this server derived ``stream_id``."""
         m = _ID.match(stream_id)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
+from api.output import RAW_OUTPUT, StreamOptions
 from core import runtimes
-from core.errors import InvalidInput, RuntimeNotFound
+from core.errors import InvalidInput, NotSupported, RuntimeNotFound
 from core.events import Event, encode
 from core.models import (
     Execution,
@@ -28,7 +30,7 @@ from core.models import (
 )
 from core.packages import check_dependencies, check_packages
 from core.quantities import parse_bytes, parse_duration, parse_millicores
-from drivers.base import FileToWrite
+from drivers.base import FileToWrite, Usage
 
 ORG = {"id": "org_local", "name": "local"}
 USER = {"id": "user_local"}  # one tenant: every private snapshot is this user's
@@ -117,6 +119,25 @@ class CreateRequest:
     spec: SandboxSpec
     files: list[FileToWrite]
     command: tuple[str, ...] | None
+    stream: StreamOptions = RAW_OUTPUT  # for the initial command
+
+
+def parse_stream(body: Mapping[str, Any]) -> StreamOptions:
+    """``stream``: ``timestamps`` (each output line prefixed with its time), and ``stdout`` /
+    ``stderr`` / ``stdin`` as ``"ignore"``. Agentuity's stream-service ids are not served here
+    yet: refused by name, never ignored (the output is at the stream URLs hutch returns)."""
+    stream = _object(body, "stream")
+    ignore = set()
+    for name in ("stdout", "stderr", "stdin"):
+        value = expect(stream, name, str, '"ignore"', "stream.")
+        if value is None or value == "ignore":
+            ignore.update([name] if value else [])
+            continue
+        raise NotSupported(f"stream.{name}: {value!r} names an Agentuity stream-service stream, which hutch does "
+                           f"not serve yet; leave it out (hutch's stream URLs carry the output) or use \"ignore\"",
+                           field=f"stream.{name}")
+    timestamps = expect(stream, "timestamps", bool, "true or false", "stream.")
+    return StreamOptions(timestamps=bool(timestamps), ignore=frozenset(ignore - {"stdin"}))
 
 
 def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> CreateRequest:
@@ -205,7 +226,10 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
         dependencies=_merged(snapshot.dependencies if snapshot else (), dependencies),
         packages=_merged(snapshot.packages if snapshot else (), packages),
     )
-    return CreateRequest(spec=spec, files=files, command=command)
+    if body.get("scopes"):
+        raise NotSupported("scopes: hutch has no Agentuity services (key-value, vector, object storage) to grant "
+                           "a sandbox access to; leave scopes out", field="scopes")
+    return CreateRequest(spec=spec, files=files, command=command, stream=parse_stream(body))
 
 
 def _merged(base: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
@@ -217,6 +241,7 @@ class ExecuteRequest:
     command: tuple[str, ...]
     files: list[FileToWrite]
     timeout: float | None  # None: the sandbox's default
+    stream: StreamOptions = RAW_OUTPUT
 
 
 def parse_execute(body: Mapping[str, Any]) -> ExecuteRequest:
@@ -229,6 +254,7 @@ def parse_execute(body: Mapping[str, Any]) -> ExecuteRequest:
         command=parse_command(body["command"], "command"),
         files=parse_files(body.get("files"), "files"),
         timeout=parse_duration("timeout", timeout_raw) if timeout_raw is not None else None,
+        stream=parse_stream(body),
     )
 
 
@@ -272,10 +298,14 @@ def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[st
     )
 
 
-def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | None = None) -> dict[str, Any]:
+def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | None = None,
+                 usage: Usage | None = None) -> dict[str, Any]:
     """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one; ``url``:
-    where its exposed port is served (api/routes/proxy.py), if it has one."""
+    where its exposed port is served (api/routes/proxy.py), if it has one; ``usage``: what a
+    live sandbox has used so far (an ended one's was recorded as it ended)."""
     spec = sb.spec
+    cpu = usage.cpu_seconds if usage and usage.cpu_seconds is not None else sb.cpu_seconds
+    peak = usage.memory_peak_bytes if usage and usage.memory_peak_bytes is not None else sb.memory_peak_bytes
     return _drop_none(
         {
             "sandboxId": sb.sandbox_id,
@@ -304,8 +334,19 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
             "dependencies": list(spec.dependencies) or None,  # hutch extra
             "packages": list(spec.packages) or None,  # hutch extra
             "reason": sb.reason,  # hutch extra: why it failed or ended
+            "cpuTimeMs": round(cpu * 1000) if cpu is not None else None,
+            # Peak x lifetime: an upper bound of the byte-seconds it held (what stats counts too).
+            "memoryByteSec": round(peak * _lifetime(sb)) if peak is not None and sb.status.is_final else None,
+            "memoryPeakBytes": peak,  # hutch extra
         }
     )
+
+
+def _lifetime(sb: Sandbox) -> float:
+    def unix(iso: str) -> float:
+        return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+    return max(0.0, unix(sb.updated_at) - unix(sb.created_at))
 
 
 _JOB_STATUS = {"queued": "pending", "running": "running", "cancelled": "cancelled", "failed": "failed", "timeout": "failed"}

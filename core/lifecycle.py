@@ -132,6 +132,14 @@ def _illegal(sandbox: Sandbox, what: str) -> IllegalTransition:
     )
 
 
+def checkpoint_id_for(sandbox: Sandbox, ref: str) -> str:
+    """A checkpoint named by its id or, as the seeds' CLI allows, by its name (names are unique
+    per sandbox). An unknown ref is returned as it is: ``decide`` says it is not found."""
+    if any(c.checkpoint_id == ref for c in sandbox.checkpoints):
+        return ref
+    return next((c.checkpoint_id for c in sandbox.checkpoints if c.name == ref), ref)
+
+
 def decide(sandbox: Sandbox, command: Command) -> list[object]:
     """Event payloads the command produces (the caller wraps them in envelopes)."""
     status = sandbox.status
@@ -163,7 +171,8 @@ def decide(sandbox: Sandbox, command: Command) -> list[object]:
                 raise _illegal(sandbox, f"{verb} a checkpoint")
             if not any(c.checkpoint_id == cid for c in sandbox.checkpoints):
                 raise CheckpointNotFound(
-                    f"checkpoint {cid} not found in sandbox {sandbox.sandbox_id} (deleted, or never taken)",
+                    f"checkpoint {cid} not found in sandbox {sandbox.sandbox_id} (no checkpoint has that id or "
+                    "name: deleted, or never taken)",
                     sandbox_id=sandbox.sandbox_id,
                 )
             if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:

@@ -14,6 +14,7 @@ from typing import Literal, Protocol
 import attrs
 
 from core.errors import NotSupported
+from core.models import SandboxSpec
 
 Stream = Literal["stdout", "stderr"]
 
@@ -51,6 +52,16 @@ class ProvisionRequest:
     env: Mapping[str, str] = attrs.field(factory=dict)
     dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
     packages: tuple[str, ...] = ()  # npm packages to install globally
+
+    @classmethod
+    def for_spec(cls, sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
+        """What the driver needs of a sandbox's spec. The env travels with every exec instead
+        (it can change: PATCH /sandbox/env), so a removed variable is really gone."""
+        r = spec.resources
+        return cls(sandbox_id=sandbox_id, runtime=spec.runtime,
+                   resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
+                   network_enabled=spec.network.enabled, port=spec.network.port, env={},
+                   dependencies=spec.dependencies, packages=spec.packages)
 
 
 @attrs.frozen

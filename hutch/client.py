@@ -270,6 +270,10 @@ class ExecutionHandle:
         final = await self._client.wait_execution(self.execution_id)
         return self._result(final, None)
 
+    async def cancel(self) -> Execution:
+        """End the command's whole process tree (status ``cancelled``)."""
+        return self._result(await self._client.cancel_execution(self.execution_id), None)
+
     def _result(self, final: ExecutionInfo, collector: _OutputCollector | None) -> Execution:
         out = err = None
         if collector is not None:
@@ -1016,6 +1020,12 @@ class SandboxClient:
             max_seconds=timeout,
             execution_id=execution_id,
         )
+        return from_wire(ExecutionInfo, self._data(resp))
+
+    async def cancel_execution(self, execution_id: str) -> ExecutionInfo:
+        """End a running command's whole process tree; answers it ended (``cancelled``), or as it
+        ended if it already had."""
+        resp = await self._request("POST", f"/sandbox/execution/{execution_id}/cancel", execution_id=execution_id)
         return from_wire(ExecutionInfo, self._data(resp))
 
     async def wait_execution(self, execution_id: str) -> ExecutionInfo:

@@ -202,6 +202,8 @@ class SandboxInfo:
     metadata: dict[str, Any] | None = None
     resources: Resources | None = None
     cpu_time_ms: int | None = None
+    memory_byte_sec: int | None = None
+    memory_peak_bytes: int | None = None
     memory_byte_sec: float | None = None
     network_egress_bytes: int | None = None
     network_enabled: bool | None = None

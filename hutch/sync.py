@@ -121,6 +121,9 @@ class SyncExecutionHandle:
     def wait(self) -> Execution:
         return self._portal.call(self._handle.wait())
 
+    def cancel(self) -> Execution:
+        return self._portal.call(self._handle.cancel())
+
 
 def _iterate(portal: _Portal, agen: AsyncIterator[T]) -> Iterator[T]:
     """Drive an async iterator on the portal's loop, one item per blocking call."""
@@ -402,6 +405,9 @@ class SyncSandboxClient:
 
     def wait_execution(self, execution_id: str) -> ExecutionInfo:
         return self._portal.call(self.aio.wait_execution(execution_id))
+
+    def cancel_execution(self, execution_id: str) -> ExecutionInfo:
+        return self._portal.call(self.aio.cancel_execution(execution_id))
 
     def list_executions(self, sandbox_id: str, *, limit: int | None = None) -> list[ExecutionInfo]:
         return self._portal.call(self.aio.list_executions(sandbox_id, limit=limit))

@@ -23,7 +23,7 @@ routes = web.RouteTableDef()
 
 
 def audit_stream_id(engine: Engine, sandbox_id: str) -> str:
-    return engine.stream_id(sandbox_id, "audit")
+    return engine.streams.derive(sandbox_id, "audit")
 
 
 def audit_stream_url(request: web.Request, engine: Engine, sandbox_id: str) -> str:

@@ -17,8 +17,8 @@ def render_job(request: web.Request, job: Execution) -> dict:
     base = base_url(request)
     return wire.job_info(
         job,
-        f"{base}/streams/{engine.stream_id(job.execution_id, 'stdout')}",
-        f"{base}/streams/{engine.stream_id(job.execution_id, 'stderr')}",
+        f"{base}/streams/{engine.streams.derive(job.execution_id, 'stdout')}",
+        f"{base}/streams/{engine.streams.derive(job.execution_id, 'stderr')}",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 
 from aiohttp import web
@@ -16,6 +17,7 @@ from api.stats import usage as usage_stats
 from core import runtimes
 from core.errors import InvalidInput
 from core.models import Execution, Mode, Sandbox, SandboxStatus
+from drivers.base import Usage
 from projections.base import SandboxQuery
 
 routes = web.RouteTableDef()
@@ -29,15 +31,15 @@ _SORTS = {"name": "name", "created": "createdAt", "createdAt": "createdAt", "upd
 def _urls(request: web.Request, engine: Engine, execution_id: str) -> tuple[str, str]:
     base = base_url(request)
     return (
-        f"{base}/streams/{engine.stream_id(execution_id, 'stdout')}",
-        f"{base}/streams/{engine.stream_id(execution_id, 'stderr')}",
+        f"{base}/streams/{engine.streams.derive(execution_id, 'stdout')}",
+        f"{base}/streams/{engine.streams.derive(execution_id, 'stderr')}",
     )
 
 
-def render_sandbox(request: web.Request, sb: Sandbox) -> dict:
+def render_sandbox(request: web.Request, sb: Sandbox, usage: Usage | None = None) -> dict:
     engine = request.app[ENGINE]
     urls = _urls(request, engine, sb.initial_execution_id) if sb.initial_execution_id else None
-    return wire.sandbox_info(sb, urls, _port_url(request, sb))
+    return wire.sandbox_info(sb, urls, _port_url(request, sb), usage)
 
 
 def _port_url(request: web.Request, sb: Sandbox) -> str | None:
@@ -102,9 +104,9 @@ async def create(request: web.Request) -> web.Response:
         out, err = _urls(request, engine, created.execution_id)
         data.update(
             executionId=created.execution_id,
-            stdoutStreamId=engine.stream_id(created.execution_id, "stdout"),
+            stdoutStreamId=engine.streams.derive(created.execution_id, "stdout"),
             stdoutStreamUrl=out,
-            stderrStreamId=engine.stream_id(created.execution_id, "stderr"),
+            stderrStreamId=engine.streams.derive(created.execution_id, "stderr"),
             stderrStreamUrl=err,
         )
     return ok(data, http_status=201)
@@ -171,7 +173,19 @@ async def status(request: web.Request) -> web.Response:
 
 @routes.get("/sandbox/execution/{execution_id}")
 async def get_execution(request: web.Request) -> web.Response:
-    ex = await request.app[ENGINE].get_execution(request.match_info["execution_id"], wait=q_duration(request, "wait"))
+    engine, execution_id, wait = request.app[ENGINE], request.match_info["execution_id"], q_duration(request, "wait")
+    if not wait:
+        return ok(render_execution(request, await engine.get_execution(execution_id)))
+    # A long-poll is a waiter: its client leaving for good cancels the command (api/watchers.py).
+    ex, gone = await engine.watchers.hold(request, execution_id, engine.get_execution(execution_id, wait=wait))
+    if gone or ex is None:
+        return web.Response(status=499)  # nobody reads it: the client went away
+    return ok(render_execution(request, ex))
+
+
+@routes.post("/sandbox/execution/{execution_id}/cancel")
+async def cancel_execution(request: web.Request) -> web.Response:
+    ex = await request.app[ENGINE].cancel_execution(request.match_info["execution_id"])
     return ok(render_execution(request, ex))
 
 
@@ -207,7 +221,11 @@ async def list_events(request: web.Request) -> web.Response:
 @routes.get("/sandbox/{sandbox_id}")
 async def get_sandbox(request: web.Request) -> web.Response:
     sb = await _maybe_wait(request, request.match_info["sandbox_id"])
-    return ok(render_sandbox(request, sb))
+    usage = None
+    if not sb.status.is_final:  # what it has used so far, from the driver (an ended one's is in its events)
+        with contextlib.suppress(Exception):
+            usage = await request.app[ENGINE].driver.usage(sb.sandbox_id)
+    return ok(render_sandbox(request, sb, usage))
 
 
 @routes.delete("/sandbox/{sandbox_id}")

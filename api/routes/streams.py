@@ -19,7 +19,15 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
-    async for chunk in outputs.read(stream_id):
-        await resp.write(chunk)
-    await resp.write_eof()
+
+    async def copy() -> None:
+        async for chunk in outputs.read(stream_id):
+            await resp.write(chunk)
+        await resp.write_eof()
+
+    execution_id = request.app[ENGINE].streams.execution_of(stream_id)
+    if execution_id is None:
+        await copy()
+    else:  # a reader is a waiter: its client leaving for good cancels the command (api/watchers.py)
+        await request.app[ENGINE].watchers.hold(request, execution_id, copy())
     return resp

@@ -350,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex_get.add_argument("execution_id", metavar="EXECUTION_ID")
     _json_flag(ex_get)
     ex_get.set_defaults(handler=cmd_execution_get)
+    ex_cancel = ex.add_parser("cancel", aliases=["kill", "stop"], help="end a running command's whole process tree")
+    ex_cancel.add_argument("execution_id", metavar="EXECUTION_ID")
+    _json_flag(ex_cancel)
+    ex_cancel.set_defaults(handler=cmd_execution_get, cancel=True)
 
     _runtime_commands(sb.add_parser("runtime", aliases=["rt"], help="available runtimes"))
     _runtime_commands(top.add_parser("runtime", aliases=["rt"], help="list and build runtimes"))
@@ -727,7 +731,9 @@ def cmd_execution_list(args: argparse.Namespace) -> int:
 
 
 def cmd_execution_get(args: argparse.Namespace) -> int:
-    info = asyncio.run(_with_client(args, lambda c: c.get_execution(args.execution_id)))
+    """``execution get``, and ``execution cancel`` (which shows the execution it ended)."""
+    call = "cancel_execution" if getattr(args, "cancel", False) else "get_execution"
+    info = asyncio.run(_with_client(args, lambda c: getattr(c, call)(args.execution_id)))
     if args.json:
         render.dump_json(to_wire(info), _out())
     else:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
 from typing import Any
 
-from hutch.cli import UsageError, _call, _json_flag, _out, _Parser
+from hutch.cli import UsageError, _call, _json_flag, _note, _out, _Parser
 from hutch.cli import _render as render
 from hutch.models import to_wire
 
@@ -28,7 +29,9 @@ def add_parsers(sb: Any) -> None:
                                 ("delete", cmd_delete, "delete a checkpoint")):
         p = cp.add_parser(verb, aliases=["rm"] if verb == "delete" else [], help=text)
         p.add_argument("sandbox_id", metavar="SANDBOX_ID")
-        p.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+        p.add_argument("checkpoint_id", metavar="CHECKPOINT", help="the checkpoint's id (ckpt_…) or name")
+        if verb == "delete":
+            p.add_argument("--confirm", action="store_true", help="do not ask (asked only on a terminal)")
         _json_flag(p)
         p.set_defaults(handler=handler)
 
@@ -79,6 +82,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
+    if not args.confirm and sys.stdin.isatty() and not args.json:
+        answer = input(f"Delete checkpoint {args.checkpoint_id} of {args.sandbox_id}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            _note("nothing deleted")
+            return 1
     _call(args, lambda c: c.delete_checkpoint(args.sandbox_id, args.checkpoint_id))
     if args.json:
         render.dump_json({"sandboxId": args.sandbox_id, "deleted": args.checkpoint_id}, _out())

@@ -70,7 +70,7 @@ def add_parsers(sb: Any) -> None:
     job = sb.add_parser("job", help="background jobs")
     jb = job.add_subparsers(dest="job_action", metavar="ACTION", parser_class=_Parser)
     jb.required = True
-    create = jb.add_parser("create", help="start a background job: job create ID -- CMD ...")
+    create = jb.add_parser("create", aliases=["new"], help="start a background job: job create ID -- CMD ...")
     create.add_argument("sandbox_id", metavar="SANDBOX_ID")
     _json_flag(create)
     _command_arg(create)

@@ -104,6 +104,8 @@ def sandbox(info: SandboxInfo, out: TextIO) -> None:
             ("exec timeout", timeout.execution if timeout else None),
             ("paused timeout", timeout.paused if timeout else None),
             ("cpu time", duration_ms(info.cpu_time_ms)),
+            ("memory peak", f"{info.memory_peak_bytes / 2**20:.1f} MiB" if info.memory_peak_bytes else None),
+            ("memory used", f"{info.memory_byte_sec / 2**30:.3f} GiB·s" if info.memory_byte_sec else None),
             ("command", info.command.exec if info.command else None),
             ("metadata", info.metadata),
             ("stdout", info.stdout_stream_url),

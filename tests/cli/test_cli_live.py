@@ -158,3 +158,29 @@ def test_in_process_run_shows_a_first_use_build(
     assert (code, out) == (0, "after the build\n"), err
     assert "building it first (first use)" in err
     assert "building runtime: node:lts: [1/2] fake step" in err and "[2/2]" in err
+
+
+def test_execution_cancel_ends_a_running_command(
+    served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hutch sandbox execution cancel` and the SDK's ExecutionHandle.cancel (which it uses)."""
+    import asyncio
+
+    from hutch import SandboxClient
+
+    url, _ = served
+    assert main(["--url", url, "sb", "create"]) == 0
+    sandbox_id = capsys.readouterr().out.strip()
+
+    async def start() -> str:
+        async with SandboxClient(url=url) as client:
+            sandbox = await client.connect(sandbox_id)
+            handle = await sandbox.start(["sleep", "60"])
+            other = await sandbox.start(["sleep", "61"])
+            assert (await other.cancel()).status == "cancelled"  # the SDK's own call
+            return handle.execution_id
+
+    execution_id = asyncio.run(start())
+    assert main(["--url", url, "sb", "execution", "cancel", execution_id, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["status"], info["error"]) == ("cancelled", "cancelled on request")

@@ -509,6 +509,27 @@ if (EXTENDED) {
 	});
 }
 
+if (EXTENDED) {
+	await check('cancel: an AbortSignal on execute() ends the command (after the server\'s grace)', async () => {
+		const sbx = await client.create({ runtime: RUNTIME });
+		const ac = new AbortController();
+		const pending = sbx.execute({ command: ['sleep', '60'], signal: ac.signal });
+		await sleep(800);
+		ac.abort();
+		await rejects(pending, 'aborted execute');
+		let ex;
+		for (let i = 0; i < 150; i++) {  // the grace is 3 s
+			ex = (await client.listExecutions(sbx.id)).executions.find((e) => e.command?.[1] === '60');
+			if (ex && TERMINAL_EXEC.includes(ex.status)) break;
+			await sleep(100);
+		}
+		assert.equal(ex?.status, 'cancelled', `the aborted command is ${ex?.status}, not cancelled`);
+		const after = await sbx.execute({ command: ['echo', 'still usable'] });
+		assert.equal(await readUrl(after.stdoutStreamUrl, 'echo'), 'still usable\n');
+		await sbx.destroy();
+	});
+}
+
 // ---- snapshots (the workspace is read through the file primitives: extended drivers only)
 
 if (EXTENDED) {
