@@ -147,7 +147,8 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 
 def create_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[envelope_middleware, auth_middleware], client_max_size=config.max_body_bytes)
+    app = web.Application(middlewares=[envelope_middleware, proxy.host_middleware, auth_middleware],
+                          client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
     app.add_routes(audit.routes)

@@ -43,6 +43,9 @@ class Config:
     # HUTCH_PREBUILD: catalog runtimes to build at start ("all", or names, comma-separated);
     # any other runtime is built at its first use.
     prebuild: str = ""
+    # HUTCH_SANDBOX_DOMAIN: a wildcard domain pointing at this server ("sandboxes.example.com",
+    # with a ":port" when not on 80/443): port URLs become {port}-{id}.{domain} (api/routes/proxy.py).
+    sandbox_domain: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -64,6 +67,7 @@ class Config:
             ("nomad_registry", "HUTCH_NOMAD_REGISTRY"),
             ("nomad_pool", "HUTCH_NOMAD_POOL"),
             ("prebuild", "HUTCH_PREBUILD"),
+            ("sandbox_domain", "HUTCH_SANDBOX_DOMAIN"),
         ):
             if env.get(var):
                 values[field] = env[var]

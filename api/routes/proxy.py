@@ -1,8 +1,15 @@
-"""/proxy/{sandboxId}/…: the reverse proxy to a sandbox's exposed port (network.port).
+"""The reverse proxy to a sandbox's exposed port (network.port).
 
 URL scheme: a sandbox created with ``network.port`` gets ``url`` =
-``{public base}/proxy/{sandboxId}/``; ``{url}{path}?{query}`` reaches ``/{path}?{query}``
-on that port inside the sandbox, HTTP (bodies streamed both ways, no buffering) and
+``{public base}/proxy/{sandboxId}/``, or with a wildcard domain configured
+(``HUTCH_SANDBOX_DOMAIN``, e.g. ``sandboxes.example.com``, whose ``*.`` points at this
+server) ``{scheme}://{port}-{id}.{domain}/`` where ``id`` is the sandbox id without its
+``sbx_`` prefix (an underscore is not allowed in a host name: RFC 1123, and no TLS
+certificate can name one), so an app is served at ``/`` as the seeds' per-sandbox
+hostnames serve it (many web apps break under a path prefix). Requests whose Host is
+such a name are proxied whatever their path (``host_middleware``); the path form keeps
+working. ``{url}{path}?{query}`` reaches ``/{path}?{query}`` on that port inside the
+sandbox, HTTP (bodies streamed both ways, no buffering) and
 websockets (frames relayed both ways). The app sees ``X-Forwarded-For``,
 ``X-Forwarded-Proto``, ``X-Forwarded-Host`` and ``X-Forwarded-Prefix: /proxy/{sandboxId}``.
 
@@ -24,8 +31,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from api.keys import API_KEY, ENGINE
-from core.errors import DriverFailure
+from api.keys import API_KEY, CONFIG, ENGINE
+from core.errors import DriverFailure, SandboxNotFound
 
 routes = web.RouteTableDef()
 PREFIX = "/proxy"
@@ -35,8 +42,40 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
 _CHUNK = 256 * 1024
 
 
-def sandbox_url(base: str, sandbox_id: str) -> str:
+def sandbox_url(request: web.Request, base: str, sandbox_id: str, port: int) -> str:
+    domain = request.app[CONFIG].sandbox_domain
+    if domain:
+        scheme = base.split("://", 1)[0]
+        return f"{scheme}://{port}-{sandbox_id.removeprefix('sbx_')}.{domain}/"
     return f"{base}{PREFIX}/{sandbox_id}/"
+
+
+def _host_match(request: web.Request) -> tuple[str, int] | None:
+    """(sandbox id, port) when the request's Host names a sandbox under the wildcard domain."""
+    domain = request.app[CONFIG].sandbox_domain
+    if not domain:
+        return None
+    label, dot, rest = request.host.lower().partition(".")
+    if not dot or (rest != domain.lower() and rest.rsplit(":", 1)[0] != domain.lower()):
+        return None
+    port, dash, body = label.partition("-")
+    if not (dash and port.isdigit() and len(body) == 26 and body.isalnum()):
+        return None
+    return "sbx_" + body, int(port)
+
+
+@web.middleware
+async def host_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Requests to ``{port}-{id}.{domain}`` go to that sandbox's port at the same path: public,
+    like the path form (no API key, and this server's key is never passed on)."""
+    found = _host_match(request)
+    if found is None:
+        return await handler(request)
+    sandbox_id, port = found
+    sb = await request.app[ENGINE].get(sandbox_id)
+    if sb.spec.network.port != port:
+        raise SandboxNotFound(f"sandbox {sandbox_id} exposes no port {port}", sandbox_id=sandbox_id)
+    return await serve(request, sandbox_id, request.path.removeprefix("/"), prefix="")
 
 
 async def session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -51,7 +90,7 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         await session.close()
 
 
-def _forward_headers(request: web.Request, sandbox_id: str) -> dict[str, str]:
+def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
     headers: dict[str, str] = {}
     key = request.app[API_KEY]
     for name, value in request.headers.items():
@@ -66,18 +105,17 @@ def _forward_headers(request: web.Request, sandbox_id: str) -> dict[str, str]:
     headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
     headers["X-Forwarded-Proto"] = request.scheme
     headers["X-Forwarded-Host"] = request.host
-    headers["X-Forwarded-Prefix"] = f"{PREFIX}/{sandbox_id}"
+    if prefix:
+        headers["X-Forwarded-Prefix"] = prefix
     return headers
 
 
-async def _target(request: web.Request) -> tuple[str, str]:
-    sandbox_id = request.match_info["sandbox_id"]
+async def _target(request: web.Request, sandbox_id: str, tail: str) -> str:
     engine = request.app[ENGINE]
     await engine.for_files(sandbox_id)  # exists, not ended; wakes a paused one; activity
     host, port = await engine.driver.port_target(sandbox_id)
-    tail = request.match_info.get("tail", "")
     query = f"?{request.query_string}" if request.query_string else ""
-    return sandbox_id, f"{host}:{port}/{tail}{query}"
+    return f"{host}:{port}/{tail}{query}"
 
 
 @routes.route("*", PREFIX + "/{sandbox_id}")
@@ -87,8 +125,13 @@ async def bare(request: web.Request) -> web.Response:
 
 @routes.route("*", PREFIX + "/{sandbox_id}/{tail:.*}")
 async def proxy(request: web.Request) -> web.StreamResponse:
-    sandbox_id, target = await _target(request)
-    headers = _forward_headers(request, sandbox_id)
+    sandbox_id = request.match_info["sandbox_id"]
+    return await serve(request, sandbox_id, request.match_info.get("tail", ""), prefix=f"{PREFIX}/{sandbox_id}")
+
+
+async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str) -> web.StreamResponse:
+    target = await _target(request, sandbox_id, tail)
+    headers = _forward_headers(request, prefix)
     session = request.app[SESSION]
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _websocket(request, session, f"ws://{target}", headers)

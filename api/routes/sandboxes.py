@@ -43,7 +43,8 @@ def render_sandbox(request: web.Request, sb: Sandbox, usage: Usage | None = None
 
 
 def _port_url(request: web.Request, sb: Sandbox) -> str | None:
-    return proxy.sandbox_url(base_url(request), sb.sandbox_id) if sb.spec.network.port is not None else None
+    port = sb.spec.network.port
+    return proxy.sandbox_url(request, base_url(request), sb.sandbox_id, port) if port is not None else None
 
 
 def render_execution(request: web.Request, ex: Execution) -> dict:

@@ -113,6 +113,38 @@ async def test_a_port_is_served_through_its_url(api: Api) -> None:
     assert resp.status in (404, 409)
 
 
+async def test_with_a_wildcard_domain_a_port_is_served_at_the_root_of_its_own_host(make_api) -> None:  # type: ignore[no-untyped-def]
+    """HUTCH_SANDBOX_DOMAIN: the url is {port}-{id}.{domain} and a request with that Host reaches
+    the port at / (no prefix: X-Forwarded-Prefix is not sent), websockets too, no key needed."""
+    api = await make_api(sandbox_domain="sandboxes.test")
+    created = await api.data("POST", "/sandbox", json={"runtime": "python:3.13", "network": {"port": 8000}}, expect=201)
+    sid = created["sandboxId"]
+    host = f"8000-{sid.removeprefix('sbx_')}.sandboxes.test"
+    assert created["url"] == f"http://{host}/"
+    await api.call("POST", f"/fs/{sid}", json={"files": [{"path": "server.py", "content": base64.b64encode(SERVER.encode()).decode()}]})
+    await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["python3", "server.py"]}, expect=201)
+    for _ in range(100):
+        resp = await api.client.get("/hello?x=1", headers={"Host": host})
+        if resp.status == 200:
+            break
+        await asyncio.sleep(0.1)
+    text = await resp.text()
+    assert resp.status == 200 and text.startswith("GET /hello?x=1 prefix=None auth=None len=0"), text
+    # The API's own paths on that host are the sandbox's, not the API's.
+    resp = await api.client.get("/sandbox", headers={"Host": host, **AUTH})
+    assert resp.status == 200 and (await resp.text()).startswith("GET /sandbox prefix=None auth=None")
+    ws = await api.client.ws_connect("/ws", headers={"Host": host})
+    await ws.send_str("hi")
+    assert (await ws.receive(timeout=5)).data == "echo:hi"
+    await ws.close()
+    # Another port, or a sandbox that is not there: 404; other hosts reach the API as before.
+    resp = await api.client.get("/", headers={"Host": host.replace("8000-", "9000-", 1)})
+    assert resp.status == 404 and "no port 9000" in (await resp.json())["message"]
+    resp = await api.client.get("/", headers={"Host": "8000-" + "0" * 26 + ".sandboxes.test"})
+    assert resp.status == 404
+    assert (await api.data("GET", f"/sandbox/{sid}"))["url"] == f"http://{host}/"
+
+
 async def test_drivers_without_network_or_ports_refuse_them(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(driver="fake")
     err = await api.call("POST", "/sandbox", json={"network": {"port": 8000}}, expect=501)
