@@ -711,7 +711,7 @@ class NomadDriver(NomadFiles, Driver):
             raise IllegalTransition(f"execution {req.execution_id} is already running")
         cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
         tag = f"x-{uuid.uuid4().hex}"
-        envelope = json.dumps({"env": self._env(sb, req.env), "cwd": cwd, "tag": tag})
+        envelope = json.dumps({"env": self._env(sb, req.env), "cwd": cwd, "tag": tag, "noStdin": not req.stdin})
         execution = _Execution(sandbox_id=sb.id, stop=asyncio.Event())
         self._executions[req.execution_id] = execution
         timed_out = False
@@ -748,7 +748,7 @@ class NomadDriver(NomadFiles, Driver):
 
     async def _kill(self, sb: _Sandbox, tag: str) -> None:
         """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:
-        its tree and every process carrying its tag, the container frozen meanwhile). A command
+        its tree and every process carrying its tag, scanned until none is left). A command
         cancelled the moment it started may not be the plugin's yet: asked again, briefly."""
         for _ in range(KILL_TRIES):
             if sb.id not in self._sandboxes:

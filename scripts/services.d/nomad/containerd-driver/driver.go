@@ -741,6 +741,9 @@ type execEnvelopeSpec struct {
 	Kill   string   `json:"kill"`
 	Freeze *bool    `json:"freeze"`
 	Usage  bool     `json:"usage"`
+	// NoStdin: the command gets an empty stdin (end of file at once), without waiting for
+	// the exec stream's stdin close to travel through Nomad.
+	NoStdin bool `json:"noStdin"`
 }
 
 func parseEnvelope(cmd []string) (*execEnvelopeSpec, []string, error) {

@@ -79,29 +79,31 @@ const tagEnv = "HUTCH_EXEC_TAG"
 
 // killExec kills everything an exec started: its tree, and every process carrying its tag
 // (background children that outlived their parent and were reparented to pid 1, which a
-// walk of the tree no longer finds). The container is frozen meanwhile, so nothing forks
-// in between: a fork bomb dies whole (SIGKILL takes frozen tasks as they thaw). A
-// container the user paused stays paused.
+// walk of the tree no longer finds). Scans repeat until one finds none: a process forked
+// between a scan and its kills carries the tag too and dies in the next round, so even a
+// fork bomb ends. No freeze: the container's other commands run on meanwhile (a frozen
+// container refuses new execs).
 func (h *taskHandle) killExec(tag string, pid int) {
-	ctx := h.d.nsCtx(context.Background())
-	thaw := false
-	if st, err := h.task.Status(ctx); err == nil && st.Status == containerd.Running {
-		thaw = h.task.Pause(ctx) == nil
-	}
 	marker := []byte(tagEnv + "=" + tag + "\x00")
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, marker) {
-			_ = syscall.Kill(p, syscall.SIGKILL)
-		}
-	}
 	killTree(pid)
-	if thaw {
-		_ = h.task.Resume(ctx)
+	for round := 0; round < 200; round++ {
+		found := 0
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			p, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, marker) {
+				if syscall.Kill(p, syscall.SIGKILL) == nil {
+					found++
+				}
+			}
+		}
+		if found == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // let the killed die (a zombie keeps its environ no more)
 	}
 }
 
@@ -258,6 +260,9 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	pspec := *spec.Process
 	pspec.Terminal = false
 	pspec.Args = argv
+	if envelope != nil && envelope.NoStdin {
+		stdin = nil // an empty reader below: end of file at once
+	}
 	if envelope != nil {
 		pspec.Env = envelope.Env
 		if envelope.Cwd != "" {
@@ -284,7 +289,6 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	if err != nil {
 		return nil, fmt.Errorf("creating exec process: %v", err)
 	}
-	closer.setClose(func() { _ = process.CloseIO(nsctx, containerd.WithStdinCloser) })
 	defer func() {
 		if _, err := process.Delete(nsctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			h.d.logger.Warn("deleting exec process", "exec", execID, "error", err)
@@ -309,6 +313,9 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		}
 		return nil, fmt.Errorf("starting exec process: %v", err)
 	}
+	// Only now: the shim drops a CloseIO that comes before the process starts, and a command
+	// given no stdin (or a short one) would then wait for input for ever.
+	closer.setClose(func() { _ = process.CloseIO(nsctx, containerd.WithStdinCloser) })
 	pid := int(process.Pid())
 	if envelope != nil && envelope.Tag != "" {
 		h.mu.Lock()
@@ -334,6 +341,9 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		status = <-exitC
 		killTree(pid) // children that were forking while we looked
 	}
+	// stdin the command did not read: taken and dropped, so Nomad's side of the exec stream,
+	// still sending it, is not left blocked (it then aborts the stream, and the exit is lost).
+	go func() { _, _ = io.Copy(io.Discard, closer.r) }()
 	// Output already written sits in the fifos; background children may hold them
 	// open for ever, so stop after a short grace.
 	drained := make(chan struct{})
