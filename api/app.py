@@ -74,8 +74,9 @@ async def envelope_middleware(request: web.Request, handler):  # type: ignore[no
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    if request.path.startswith(_PUBLIC_PREFIXES):
-        return await handler(request)
+    if request.path.startswith(_PUBLIC_PREFIXES) and not (request.path.startswith("/streams/")
+                                                          and request.method not in ("GET", "HEAD")):
+        return await handler(request)  # (stdin uploads to /streams/{id} need the key)
     if request.method == "PUT" and _UPLOAD_URL.match(request.path) and "token" in request.query \
             and "Authorization" not in request.headers:
         return await handler(request)  # a presigned snapshot upload URL: the handler checks its token

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from api import archives
+from api.input_streams import InputStreams
 from api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
 from api.snapshots import Snapshots
 from api.stream_ids import StreamIds
@@ -127,6 +128,7 @@ class Engine:
         self.projector = Projector(event_log, store)
         self.streams = StreamIds(stream_secret)
         self.watchers = Watchers(self._abandoned)  # cancels a command its waiters all left
+        self.inputs = InputStreams()  # stdin uploads (POST/PUT /streams)
         outputs.verify = self.streams.issued  # streams closed before their first byte have no file
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -248,6 +250,8 @@ class Engine:
                                    f"at create yet", field=field)
             if not build:  # installing is where a bad package name shows: before the sandbox is recorded
                 await self.driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
+        if req.stream.stdin:
+            self.inputs.check(req.stream.stdin)
         execution_id = ids.new_id("execution") if req.command else None
         queued = tuple(req.command) if build and req.command else None
         await self._append(sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id,
@@ -356,6 +360,8 @@ class Engine:
             raise IllegalTransition(
                 f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
             )
+        if req.stream.stdin:
+            self.inputs.check(req.stream.stdin)
         if req.files:
             await self.driver.write_files(sandbox_id, req.files)
         timeout = self._default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
@@ -612,10 +618,11 @@ class Engine:
         started = time.monotonic()
         error: str | None = None
         result: ExecResult | None = None
+        stdin = self.inputs.reader(sink.options.stdin) if sink.options.stdin else None
         try:
             result = await self.driver.exec(
                 ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout,
-                            env=dict(sb.spec.env)),
+                            env=dict(sb.spec.env), stdin=stdin),
                 sink,
             )
         except asyncio.CancelledError:
@@ -627,6 +634,8 @@ class Engine:
             error = f"{type(err).__name__}: {err}"
         finally:
             duration_ms = int((time.monotonic() - started) * 1000)
+            if stdin is not None:
+                await stdin.aclose()  # an upload still sending is told the command is done with it
             truncated = any(s.truncated for s in sink.streams.values())
             self.outputs.close(self.streams.derive(execution_id, "stdout"))
             self.outputs.close(self.streams.derive(execution_id, "stderr"))

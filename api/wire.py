@@ -123,21 +123,24 @@ class CreateRequest:
 
 
 def parse_stream(body: Mapping[str, Any]) -> StreamOptions:
-    """``stream``: ``timestamps`` (each output line prefixed with its time), and ``stdout`` /
-    ``stderr`` / ``stdin`` as ``"ignore"``. Agentuity's stream-service ids are not served here
-    yet: refused by name, never ignored (the output is at the stream URLs hutch returns)."""
+    """``stream``: ``timestamps`` (each output line prefixed with its time), ``stdout`` /
+    ``stderr`` as ``"ignore"``, and ``stdin`` as ``"ignore"`` or a stdin stream's id
+    (``POST /streams``). Agentuity stream-service ids for output are not served here: refused by
+    name, never ignored (the output is at the stream URLs hutch returns)."""
     stream = _object(body, "stream")
     ignore = set()
-    for name in ("stdout", "stderr", "stdin"):
+    for name in ("stdout", "stderr"):
         value = expect(stream, name, str, '"ignore"', "stream.")
-        if value is None or value == "ignore":
-            ignore.update([name] if value else [])
-            continue
-        raise NotSupported(f"stream.{name}: {value!r} names an Agentuity stream-service stream, which hutch does "
-                           f"not serve yet; leave it out (hutch's stream URLs carry the output) or use \"ignore\"",
-                           field=f"stream.{name}")
+        if value == "ignore":
+            ignore.add(name)
+        elif value is not None:
+            raise NotSupported(f"stream.{name}: {value!r} names an Agentuity stream-service stream for output, "
+                               f"which hutch does not serve; leave it out (hutch's stream URLs carry the output) "
+                               f"or use \"ignore\"", field=f"stream.{name}")
+    stdin = expect(stream, "stdin", str, '"ignore" or a stdin stream id (POST /streams)', "stream.")
     timestamps = expect(stream, "timestamps", bool, "true or false", "stream.")
-    return StreamOptions(timestamps=bool(timestamps), ignore=frozenset(ignore - {"stdin"}))
+    return StreamOptions(timestamps=bool(timestamps), ignore=frozenset(ignore),
+                         stdin=stdin if stdin and stdin != "ignore" else None)
 
 
 def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> CreateRequest:

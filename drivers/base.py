@@ -72,7 +72,7 @@ class ExecRequest:
     env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the sandbox env
     cwd: str | None = None  # None = the sandbox workspace (HOME)
     timeout: float | None = None  # seconds; None = no limit
-    stdin: bytes | None = None
+    stdin: bytes | AsyncIterable[bytes] | None = None  # streamed when an iterable: flat memory
 
 
 @attrs.frozen

@@ -39,6 +39,7 @@ from hutch._shapes import (
     _timeouts,
     _wire_files,
 )
+from hutch._stdin import Stdin, StdinUpload
 from hutch.errors import (
     ConnectionFailed,
     FileNotFound,
@@ -243,10 +244,12 @@ async def _interleave(
 class ExecutionHandle:
     """A started execution: iterate its output as it arrives, then :meth:`wait` for the result."""
 
-    def __init__(self, client: SandboxClient, sandbox_id: str, started: Execution) -> None:
+    def __init__(self, client: SandboxClient, sandbox_id: str, started: Execution,
+                 stdin: StdinUpload | None = None) -> None:
         self._client = client
         self.sandbox_id = sandbox_id
         self.started = started
+        self._stdin = stdin
 
     @property
     def execution_id(self) -> str:
@@ -311,9 +314,13 @@ class ExecutionHandle:
             final = await self._client.wait_execution(self.execution_id)
             if collector is not None:
                 await collector.drain(self._client.drain_timeout)
+            if self._stdin is not None:
+                await self._stdin.finish()
         except BaseException:
             if collector is not None:
                 await collector.cancel()
+            if self._stdin is not None:
+                await self._stdin.cancel()
             raise
         return self._result(final, collector if capture else None)
 
@@ -409,12 +416,17 @@ class Sandbox:
         files: Files | None = None,
         timeout: Duration | None = None,
         stream: Mapping[str, Any] | None = None,
+        stdin: Stdin | None = None,
     ) -> ExecutionHandle:
-        """Start a command and return at once with a handle (stream URLs, ``output()``, ``wait()``)."""
+        """Start a command and return at once with a handle (stream URLs, ``output()``, ``wait()``).
+        ``stdin``: bytes, text, a binary file or an async iterable of chunks, streamed to it."""
         if isinstance(command, str):
             raise InvalidInput(
                 "command: expected a list of arguments, e.g. ['sh', '-c', '...']", field="command"
             )
+        upload = await StdinUpload.open(self._client, stdin) if stdin is not None else None
+        if upload is not None:
+            stream = {**(stream or {}), "stdin": upload.stream_id}
         body: dict[str, Any] = {"command": list(command)}
         wire_files = _wire_files(files)
         if wire_files:
@@ -423,13 +435,18 @@ class Sandbox:
             body["timeout"] = _duration("timeout", timeout)
         if stream:
             body["stream"] = dict(stream)
-        resp = await self._client._request(
-            "POST", f"/sandbox/{self.id}/execute", json=body, sandbox_id=self.id
-        )
+        try:
+            resp = await self._client._request(
+                "POST", f"/sandbox/{self.id}/execute", json=body, sandbox_id=self.id
+            )
+        except BaseException:
+            if upload is not None:
+                await upload.cancel()
+            raise
         started = from_wire(Execution, resp.get("data"))
         if resp.get("autoResumed") is not None:
             started = Execution(**{**_fields(started), "auto_resumed": bool(resp["autoResumed"])})
-        return ExecutionHandle(self._client, self.id, started)
+        return ExecutionHandle(self._client, self.id, started, upload)
 
     async def execute(
         self,
@@ -441,14 +458,15 @@ class Sandbox:
         stderr: OutputSink | None = None,
         capture: bool = True,
         stream: Mapping[str, Any] | None = None,
+        stdin: Stdin | None = None,
     ) -> Execution:
-        """Run a command and wait for it to finish.
+        """Run a command and wait for it to finish (``stdin``: see :meth:`start`).
 
         Output streams to ``stdout``/``stderr`` sinks as it arrives and, unless
         ``capture=False``, is also returned decoded in ``Execution.stdout``/``.stderr``.
         A non-zero exit is not an exception: check ``exit_code`` and ``status``.
         """
-        handle = await self.start(command, files=files, timeout=timeout, stream=stream)
+        handle = await self.start(command, files=files, timeout=timeout, stream=stream, stdin=stdin)
         return await handle._complete(stdout=stdout, stderr=stderr, capture=capture)
 
     async def get(self) -> SandboxInfo:
@@ -722,6 +740,7 @@ class SandboxClient:
         stdout: OutputSink | None = None,
         stderr: OutputSink | None = None,
         on_created: Callable[[SandboxCreated], Any] | None = None,
+        stdin: Stdin | None = None,
     ) -> RunResult:
         """Run one command in a fresh one-shot sandbox and return its exit code and output.
 
@@ -757,7 +776,15 @@ class SandboxClient:
         )
         body["command"] = cmd
         body["stream"] = dict(stream or {})
-        created = await self._create(body)
+        upload = await StdinUpload.open(self, stdin) if stdin is not None else None
+        if upload is not None:
+            body["stream"]["stdin"] = upload.stream_id
+        try:
+            created = await self._create(body)
+        except BaseException:
+            if upload is not None:
+                await upload.cancel()
+            raise
         sandbox_id = created.sandbox_id
         if on_created is not None:
             on_created(created)
@@ -773,8 +800,12 @@ class SandboxClient:
                 await collector.drain(None)
             exit_code = await self._settle_exit_code(sandbox_id, final)
             await collector.drain(self.drain_timeout)
+            if upload is not None:
+                await upload.finish()
         except BaseException:
             await collector.cancel()
+            if upload is not None:
+                await upload.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.destroy(sandbox_id))
             raise

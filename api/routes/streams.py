@@ -1,9 +1,12 @@
-"""Output stream URLs. Unauthenticated on purpose: the stream id is the capability."""
+"""Streams. ``GET /streams/{id}``: output, unauthenticated on purpose (the stream id is the
+capability). ``POST /streams`` and ``PUT /streams/{id}``: stdin, as Agentuity's stream
+service takes it (api/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from api.http import json_body, ok
 from api.keys import ENGINE
 from core.errors import NotFound
 
@@ -31,3 +34,19 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
     else:  # a reader is a waiter: its client leaving for good cancels the command (api/watchers.py)
         await request.app[ENGINE].watchers.hold(request, execution_id, copy())
     return resp
+
+
+@routes.post("/streams")
+async def create_input(request: web.Request) -> web.Response:
+    body = await json_body(request) if request.body_exists else {}
+    name = body.get("name") if isinstance(body, dict) else None
+    stream_id = request.app[ENGINE].inputs.create(name if isinstance(name, str) else "")
+    # The stream service answers {id} at the top level (the real client reads it there).
+    return web.json_response({"success": True, "id": stream_id, "data": {"id": stream_id}}, status=201)
+
+
+@routes.put("/streams/{stream_id}")
+async def upload_input(request: web.Request) -> web.Response:
+    sent = await request.app[ENGINE].inputs.upload(request.match_info["stream_id"], request.content.iter_chunked(65536))
+    return ok({"bytes": sent})
+

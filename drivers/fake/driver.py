@@ -368,7 +368,7 @@ class FakeDriver(Driver):
                         return 1
                     sink.write(out, sb.files[path])  # type: ignore[arg-type]
                     return 0
-                sink.write(out, req.stdin or b"")  # type: ignore[arg-type]
+                sink.write(out, await _all(req.stdin))  # type: ignore[arg-type]
                 return 0
             case "yes":
                 total = int(args[0]) if args else 0
@@ -393,3 +393,11 @@ class FakeDriver(Driver):
                 return 1
         sink.write("stderr", f"{cmd}: command not found\n".encode())
         return 127
+
+
+async def _all(stdin: bytes | AsyncIterable[bytes] | None) -> bytes:
+    """The whole of a (possibly streamed) stdin: the fake only echoes it."""
+    if stdin is None or isinstance(stdin, bytes):
+        return stdin or b""
+    return b"".join([chunk async for chunk in stdin])
+

@@ -58,7 +58,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -902,7 +902,7 @@ class LocalDriver(FilesMixin, Driver):
         cwd: str,
         argv: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
-        stdin: bytes | None,
+        stdin: bytes | AsyncIterable[bytes] | None,
         sink: OutputSink | None,
         limit: float | None,
     ) -> tuple[int, bool, str]:
@@ -964,6 +964,29 @@ class LocalDriver(FilesMixin, Driver):
             watched.append((fd, False))
             return eof
 
+        async def feed_stream(fd: int, chunks: AsyncIterable[bytes]) -> None:
+            """Streamed stdin: one chunk at a time, each written as the pipe takes it (the
+            command's reading paces the sender: flat memory for any size)."""
+            os.set_blocking(fd, False)
+            assert proc.stdin is not None
+            try:
+                async for chunk in chunks:
+                    view = memoryview(chunk)
+                    while view:
+                        try:
+                            view = view[os.write(fd, view):]
+                        except BlockingIOError:
+                            ready: asyncio.Future[None] = loop.create_future()
+                            loop.add_writer(fd, lambda f=ready: f.done() or f.set_result(None))
+                            try:
+                                await ready
+                            finally:
+                                loop.remove_writer(fd)
+            except OSError:
+                pass  # the command closed its stdin: the rest is not wanted
+            finally:
+                proc.stdin.close()
+
         def feed(fd: int, data: bytes) -> None:
             view = memoryview(data)
             os.set_blocking(fd, False)
@@ -986,11 +1009,14 @@ class LocalDriver(FilesMixin, Driver):
             watched.append((fd, True))
 
         timed_out = False
+        feeder: asyncio.Future[None] | None = None
         try:
             exited = watch_exit()
             eofs = [pump(proc.stdout.fileno(), "stdout"), pump(proc.stderr.fileno(), "stderr")]
-            if proc.stdin is not None:
-                feed(proc.stdin.fileno(), stdin or b"")
+            if proc.stdin is not None and isinstance(stdin, (bytes, bytearray)):
+                feed(proc.stdin.fileno(), stdin)
+            elif proc.stdin is not None and stdin is not None:
+                feeder = asyncio.ensure_future(feed_stream(proc.stdin.fileno(), stdin))
             try:
                 done, _ = await asyncio.wait({exited}, timeout=limit)
                 if not done:
@@ -1010,6 +1036,10 @@ class LocalDriver(FilesMixin, Driver):
                 # them open for ever, so stop after a short grace.
                 await asyncio.wait(eofs, timeout=DRAIN_GRACE)
         finally:
+            if feeder is not None:
+                feeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await feeder
             self._helpers.pop(leaf, None)
             for fd, is_writer in watched:
                 (loop.remove_writer if is_writer else loop.remove_reader)(fd)

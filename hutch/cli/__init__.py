@@ -28,6 +28,7 @@ from typing import Any, NoReturn, TypeVar
 from core.errors import HutchError
 from core.quantities import parse_bytes, parse_duration, parse_millicores
 from hutch import _config
+from hutch._stdin import piped_stdin
 from hutch.cli import _render as render
 from hutch.cli._progress import follow_build, follow_in_background
 from hutch.client import SandboxClient
@@ -197,6 +198,8 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timestamps", action="store_true", help="ask the server to timestamp output lines"
     )
+    p.add_argument("--no-stdin", action="store_true",
+                   help="do not send this process's stdin (sent when piped or redirected)")
     p.add_argument(
         "--data-dir", help="in-process only: the engine's data dir (default: HUTCH_DATA_DIR)"
     )
@@ -319,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     exec_.add_argument(
         "--timestamps", action="store_true", help="ask the server to timestamp output lines"
     )
+    exec_.add_argument("--no-stdin", action="store_true",
+                       help="do not send this process's stdin (sent when piped or redirected)")
     _json_flag(exec_)
     _command_arg(exec_)
     exec_.set_defaults(handler=cmd_exec, needs_command=True)
@@ -521,6 +526,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 stdout=_stdout_sink() if stream_output else None,
                 stderr=_stderr_sink() if stream_output else None,
                 on_created=on_created if not args.json else None,
+                stdin=None if args.no_stdin else piped_stdin(),
             )
         finally:
             await finish_following()
@@ -568,6 +574,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
             stderr=_stderr_sink() if stream_output else None,
             capture=args.json,
             stream={"timestamps": True} if args.timestamps else None,
+            stdin=None if args.no_stdin else piped_stdin(),
         )
 
     execution = asyncio.run(_with_client(args, work))

@@ -184,3 +184,19 @@ def test_execution_cancel_ends_a_running_command(
     assert main(["--url", url, "sb", "execution", "cancel", execution_id, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert (info["status"], info["error"]) == ("cancelled", "cancelled on request")
+
+
+def test_piped_stdin_reaches_the_command(engine_env: Path, tmp_path: Path) -> None:
+    """`echo hi | hutch run -- cat` prints hi; `< file` too; --no-stdin sends nothing."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    run = [sys.executable, "-m", "hutch", "run", "--", "cat"]
+    piped = subprocess.run(run, input=b"hi\n", capture_output=True, env=env, timeout=60, check=False)
+    assert (piped.returncode, piped.stdout) == (0, b"hi\n"), piped.stderr
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"from a file\n" * 1000)
+    with source.open("rb") as fh:
+        redirected = subprocess.run(run, stdin=fh, capture_output=True, env=env, timeout=60, check=False)
+    assert redirected.stdout == source.read_bytes(), redirected.stderr
+    ignored = subprocess.run([*run[:4], "--no-stdin", "--", "cat"], input=b"nope\n", capture_output=True, env=env,
+                             timeout=60, check=False)
+    assert (ignored.returncode, ignored.stdout) == (0, b""), ignored.stderr

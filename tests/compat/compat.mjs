@@ -52,6 +52,9 @@ const MISSING_SANDBOX = 'sbx_compatdoesnotexist0000';
 const MISSING_EXECUTION = 'exec_compatdoesnotexist0000';
 
 const client = new SandboxClient({ url: URL_, apiKey: API_KEY });
+// stdin goes through Agentuity's stream service, found at AGENTUITY_STREAM_URL: hutch serves
+// its part (POST /streams, PUT /streams/{id}).
+process.env.AGENTUITY_STREAM_URL = `${URL_}/streams`;
 
 // ---------------------------------------------------------------- harness
 
@@ -230,6 +233,20 @@ await check('run: stdout/stderr Writables receive the output', async () => {
 	assert.equal(err.text(), 'err1\nerr2\n', 'stderr writable');
 	assert.equal(res.stdout, 'out1\nout2\n', 'result.stdout');
 	assert.equal(res.stderr, 'err1\nerr2\n', 'result.stderr');
+	assert.equal(res.exitCode, 0, 'exitCode');
+});
+
+await check('run: stdin through the stream service (AGENTUITY_STREAM_URL)', async () => {
+	const { Readable } = await import('node:stream');
+	const { createHash } = await import('node:crypto');
+	const small = await client.run({ runtime: RUNTIME, command: { exec: ['cat'] } },
+		{ stdin: Readable.from([Buffer.from('piped in\n')]) });
+	assert.equal(small.stdout, 'piped in\n', 'cat stdout');
+	const parts = [Buffer.from('head\n'), Buffer.alloc(3 * 1024 * 1024, 'x'), Buffer.from('tail\n')];
+	const digest = createHash('sha256').update(Buffer.concat(parts)).digest('hex');
+	const res = await client.run({ runtime: RUNTIME, command: { exec: ['sha256sum'] } },
+		{ stdin: Readable.from(parts) });
+	assert.equal(res.stdout.split(' ')[0], digest, 'sha256 of 3 MiB of stdin');
 	assert.equal(res.exitCode, 0, 'exitCode');
 });
 
