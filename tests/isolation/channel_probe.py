@@ -109,6 +109,17 @@ print(json.dumps(out))
 """
 
 
+def answer(listener: socket.socket, reply: bytes) -> None:
+    """A host service: each connection gets ``reply`` (until the listener closes)."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.sendall(reply)
+
+
 def _ipc_key() -> int:
     return int.from_bytes(secrets.token_bytes(3), "big") | 0x40000000
 
@@ -123,16 +134,7 @@ def host_bait() -> Iterator[dict]:
     listener.bind("\0" + marker)
     listener.listen(8)
 
-    def answer() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"host service")
-
-    threading.Thread(target=answer, daemon=True).start()
+    threading.Thread(target=answer, args=(listener, b"host service"), daemon=True).start()
     ids = {"shm": libc.shmget(key, 4096, 0o1000 | 0o666), "msg": libc.msgget(key, 0o1000 | 0o666),
            "sem": libc.semget(key, 1, 0o1000 | 0o666)}
     assert min(ids.values()) >= 0, f"host IPC objects: {ids} errno {ctypes.get_errno()}"

@@ -45,7 +45,8 @@ def report(built_runtimes: Path) -> Iterator[dict]:  # noqa: F811
     # A host service on every address: no sandbox may reach it (from the host it answers).
     listener = socket.create_server(("0.0.0.0", 0))
     host_port = listener.getsockname()[1]
-    threading.Thread(target=_answer, args=(listener,), daemon=True).start()
+    threading.Thread(target=channel_probe.answer, args=(listener, b"HTTP/1.0 200 host service\r\n\r\n"),
+                     daemon=True).start()
     try:
         with fake_internet_running() as (inet_host, inet_port), channel_probe.host_bait() as bait:
             proc = subprocess.run([sys.executable, str(PROBE), str(work), str(built_runtimes), str(UID), marker,
@@ -63,14 +64,6 @@ def report(built_runtimes: Path) -> Iterator[dict]:  # noqa: F811
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _answer(listener: socket.socket) -> None:
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            conn.sendall(b"HTTP/1.0 200 host service\r\n\r\n")
 
 
 def test_the_server_really_is_unprivileged(report: dict) -> None:

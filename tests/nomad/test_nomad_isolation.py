@@ -8,25 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from drivers.base import ExecRequest, ProvisionRequest, Resources
 from drivers.nomad.driver import NomadDriver
-from tests.drivers_support import Recorder, new_id, start_nomad
+from tests.drivers_support import Recorder, new_id
 from tests.isolation import channel_probe
-
-
-@pytest.fixture
-async def driver(tmp_path: Path) -> AsyncIterator[NomadDriver]:
-    d = await start_nomad(tmp_path / "data")
-    assert isinstance(d, NomadDriver)
-    yield d
-    for sid in list(d._sandboxes):
-        await d.destroy(sid)
-    await d.close()
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["network-off", "network-on"])

@@ -7,14 +7,10 @@ addresses; a sandbox without it has loopback only."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from drivers.base import ExecRequest, ProvisionRequest
 from drivers.nomad.driver import NomadDriver
-from tests.drivers_support import Recorder, new_id, start_nomad
+from tests.drivers_support import Recorder, new_id
 from tests.isolation.test_local_network import (  # noqa: F401  (fixtures)
     INET_HOST,
     fake_internet,
@@ -23,16 +19,6 @@ from tests.isolation.test_local_network import (  # noqa: F401  (fixtures)
     network_state,
     probe,
 )
-
-
-@pytest.fixture
-async def driver(tmp_path: Path) -> AsyncIterator[NomadDriver]:
-    d = await start_nomad(tmp_path / "data")
-    assert isinstance(d, NomadDriver)
-    yield d
-    for sid in list(d._sandboxes):
-        await d.destroy(sid)
-    await d.close()
 
 
 async def bridge_ip(driver: NomadDriver, sid: str) -> str:
