@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import io
@@ -724,17 +725,24 @@ class NomadDriver(NomadFiles, Driver):
                 execution.stop.set()
 
         timer = asyncio.create_task(deadline())
+        received = {"stdout": 0, "stderr": 0}
+
+        def on_output(stream: str, data: bytes) -> None:
+            received[stream] += len(data)
+            sink.write(stream, data)  # type: ignore[arg-type]
+
         try:
             code = await self._client.exec(
                 sb.alloc_id, TASK, [ENVELOPE, envelope, *req.argv], stdin=req.stdin,
-                on_output=lambda stream, data: sink.write(stream, data),  # type: ignore[arg-type]
-                stop=execution.stop, kill=lambda: self._kill(sb, tag))
+                on_output=on_output, stop=execution.stop, kill=lambda: self._kill(sb, tag))
         except ExecFailed as err:
             if sb.id not in self._sandboxes:
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err
             if "working directory" in err.reason:
                 raise InvalidInput(f"working directory {cwd} does not exist", field="cwd") from err
-            raise
+            code = await self._recover_end(sb, tag, received, sink) if req.stdin else None
+            if code is None:
+                raise
         finally:
             timer.cancel()
             self._executions.pop(req.execution_id, None)
@@ -745,6 +753,30 @@ class NomadDriver(NomadFiles, Driver):
         if code is None:
             raise DriverFailure(f"sandbox {sb.id} ended while the command ran")
         return ExecResult(exit_code=code)
+
+    async def _recover_end(self, sb: _Sandbox, tag: str, received: dict[str, int], sink: OutputSink) -> int | None:
+        """The exit (and the output we missed) of an exec whose stream Nomad cut.
+
+        Nomad 1.10 may close the websocket without its last frames when a command exits
+        while its stdin is still streaming in (the plugin's exits.go says how); the plugin
+        keeps how each tagged exec ended. None if it does not know this one."""
+        out = bytearray()
+        with contextlib.suppress(HutchError):
+            code = await self._client.exec(
+                sb.alloc_id, TASK, [ENVELOPE, json.dumps({"exit": tag})], stdin=None,
+                on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
+            if code == 0:
+                end = json.loads(bytes(out))
+                for stream in ("stdout", "stderr"):
+                    tail = base64.b64decode(end[stream]["tail"] or "")
+                    missing = int(end[stream]["total"]) - received[stream]
+                    if 0 < missing <= len(tail):
+                        sink.write(stream, tail[len(tail) - missing:])  # type: ignore[arg-type]
+                    elif missing > len(tail):
+                        log.warning("exec %s: %d bytes of %s lost with Nomad's stream", tag, missing, stream)
+                log.info("exec %s: Nomad cut its stream; its end came from the plugin", tag)
+                return int(end["exitCode"])
+        return None
 
     async def _kill(self, sb: _Sandbox, tag: str) -> None:
         """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:

@@ -48,10 +48,14 @@ async def test_stream_timestamps_prefix_each_line_and_ignore_discards(api: Api) 
 
 async def test_fields_hutch_cannot_honour_are_refused_by_name(api: Api) -> None:
     sid = await new_sandbox(api)
-    for stream, field in (({"stdin": "str_abc"}, "stream.stdin"), ({"stdout": "str_abc"}, "stream.stdout")):
-        refused = await api.call("POST", f"/sandbox/{sid}/execute", json={"command": ["true"], "stream": stream},
-                                 expect=501)
-        assert refused["message"].startswith(field) and refused["field"] == field, refused
+    # stdout to a stream is Agentuity's, not hutch's: refused by name, never ignored.
+    refused = await api.call("POST", f"/sandbox/{sid}/execute",
+                             json={"command": ["true"], "stream": {"stdout": "str_abc"}}, expect=501)
+    assert refused["message"].startswith("stream.stdout") and refused["field"] == "stream.stdout", refused
+    # stdin from a stream hutch never made: a 400 that names the field (tests/api/test_stdin.py has the rest).
+    unknown = await api.call("POST", f"/sandbox/{sid}/execute",
+                             json={"command": ["true"], "stream": {"stdin": "str_abc"}}, expect=400)
+    assert unknown["field"] == "stream.stdin" and "str_abc" in unknown["message"], unknown
     refused = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "scopes": ["services:read"]},
                              expect=501)
     assert refused["field"] == "scopes"

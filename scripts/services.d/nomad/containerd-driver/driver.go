@@ -702,6 +702,17 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		}
 		return &drivers.ExitResult{ExitCode: 0}, nil
 	}
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Exit != "" {
+		end := h.exits.take(envelope.Exit)
+		if end == nil {
+			return &drivers.ExitResult{ExitCode: 1}, nil
+		}
+		out, _ := json.Marshal(end)
+		if _, err := opts.Stdout.Write(out); err != nil {
+			return nil, err
+		}
+		return &drivers.ExitResult{ExitCode: 0}, nil
+	}
 	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Usage {
 		out, _ := json.Marshal(h.usage())
 		if _, err := opts.Stdout.Write(out); err != nil {
@@ -731,6 +742,7 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //	{"kill": "exec-1"}                                      kill the tagged exec's process tree
 //	{"freeze": true|false}                                  pause / resume the whole container
 //	{"usage": true}                                         the container's cpu and peak memory, as JSON
+//	{"exit": "exec-1"}                                      how the ended tagged exec ended, as JSON (exits.go)
 //
 // The kill verb exists because closing the exec websocket does not reach the plugin while
 // the command is silent: Nomad's HTTP handler only notices at the command's next output.
@@ -741,6 +753,7 @@ type execEnvelopeSpec struct {
 	Kill   string   `json:"kill"`
 	Freeze *bool    `json:"freeze"`
 	Usage  bool     `json:"usage"`
+	Exit   string   `json:"exit"`
 	// NoStdin: the command gets an empty stdin (end of file at once), without waiting for
 	// the exec stream's stdin close to travel through Nomad.
 	NoStdin bool `json:"noStdin"`

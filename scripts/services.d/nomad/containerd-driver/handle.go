@@ -35,6 +35,7 @@ type taskHandle struct {
 	done        chan struct{}
 	execSeq     int
 	tagged      map[string]*taggedExec
+	exits       exitRecords // what tagged execs ended with (exits.go)
 }
 
 type taggedExec struct {
@@ -284,7 +285,8 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		stdin = bytes.NewReader(nil)
 	}
 	closer := &stdinCloser{r: stdin}
-	ioCreator := cio.NewCreator(cio.WithStreams(closer, stdout, stderr))
+	outTail, errTail := &tailWriter{w: stdout}, &tailWriter{w: stderr}
+	ioCreator := cio.NewCreator(cio.WithStreams(closer, outTail, errTail))
 	process, err := h.task.Exec(nsctx, execID, &pspec, ioCreator)
 	if err != nil {
 		return nil, fmt.Errorf("creating exec process: %v", err)
@@ -363,6 +365,9 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	}
 	if code == 137 && h.d.oomCount(h.container.ID()) > oomBefore {
 		result.OOMKilled = true
+	}
+	if envelope != nil && envelope.Tag != "" {
+		h.exits.put(envelope.Tag, result, outTail, errTail)
 	}
 	return result, nil
 }
