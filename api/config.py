@@ -46,6 +46,8 @@ class Config:
     # HUTCH_SANDBOX_DOMAIN: a wildcard domain pointing at this server ("sandboxes.example.com",
     # with a ":port" when not on 80/443): port URLs become {port}-{id}.{domain} (api/routes/proxy.py).
     sandbox_domain: str | None = None
+    # HUTCH_DEFAULT_DISK: the disk limit ("2Gi") of a sandbox whose create gives none; None: unlimited.
+    default_disk: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_size(v))
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -68,6 +70,7 @@ class Config:
             ("nomad_pool", "HUTCH_NOMAD_POOL"),
             ("prebuild", "HUTCH_PREBUILD"),
             ("sandbox_domain", "HUTCH_SANDBOX_DOMAIN"),
+            ("default_disk", "HUTCH_DEFAULT_DISK"),
         ):
             if env.get(var):
                 values[field] = env[var]
@@ -105,6 +108,13 @@ class Config:
     @property
     def base_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
+
+
+def _check_size(value: str | None) -> None:
+    from core.quantities import parse_bytes
+
+    if value is not None:
+        parse_bytes("HUTCH_DEFAULT_DISK", value)  # an InvalidInput naming it
 
 
 def resolve_api_key(config: Config) -> tuple[str, bool]:

@@ -143,7 +143,11 @@ def parse_stream(body: Mapping[str, Any]) -> StreamOptions:
                          stdin=stdin if stdin and stdin != "ignore" else None)
 
 
-def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> CreateRequest:
+MIN_DISK = 16 * 2**20  # the file system a limit makes needs room for itself and the skeleton
+
+
+def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
+                 default_disk: str | None = None) -> CreateRequest:
     """``snapshot``: what the body's ``snapshot`` reference resolved to (the route resolves
     it, since that reads the store); its runtime and env are the new sandbox's base."""
     if not isinstance(body, dict):
@@ -173,6 +177,8 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
     memory = expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
     cpu = expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
     disk = expect(res, "disk", (str, int), "a size such as 1Gi", "resources.")
+    if disk is None:
+        disk = default_disk  # the server's HUTCH_DEFAULT_DISK, recorded in the spec like a given one
     resources = Resources(
         memory=str(memory) if memory is not None else None,
         cpu=str(cpu) if cpu is not None else None,
@@ -181,6 +187,9 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
         cpu_millis=parse_millicores("resources.cpu", cpu) if cpu is not None else None,
         disk_bytes=parse_bytes("resources.disk", disk) if disk is not None else None,
     )
+    if resources.disk_bytes is not None and resources.disk_bytes < MIN_DISK:
+        raise InvalidInput(f"resources.disk: at least {MIN_DISK >> 20}Mi is needed for a sandbox's own files, "
+                           f"got {disk}", field="resources.disk")
     if resources.memory_bytes is not None and resources.memory_bytes < 16 * 2**20:
         raise InvalidInput("resources.memory: at least 16Mi is needed to start a sandbox", field="resources.memory")
 

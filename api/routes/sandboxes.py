@@ -9,7 +9,7 @@ from aiohttp import web
 
 from api import wire
 from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
-from api.keys import API_KEY_ID, ENGINE
+from api.keys import API_KEY_ID, CONFIG, ENGINE
 from api.routes import proxy
 from api.routes.audit import audit_stream_id, audit_stream_url
 from api.service import Engine
@@ -93,7 +93,7 @@ async def create(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = await json_body(request)
     snapshot = await engine.snapshots.resolve(body["snapshot"]) if body.get("snapshot") is not None else None
-    req = wire.parse_create(body, snapshot)
+    req = wire.parse_create(body, snapshot, default_disk=request.app[CONFIG].default_disk)
     created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
     sb = created.sandbox
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,

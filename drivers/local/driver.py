@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -84,14 +83,15 @@ from drivers.base import (
     Usage,
 )
 from drivers.builds import Builds
-from drivers.local import layers, network, rootfs, slirp
+from drivers.local import disks, layers, network, rootfs, slirp, uids
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
+from drivers.local.smallfiles import get as _get
+from drivers.local.smallfiles import put as _put
 from drivers.local.spares import SpareDirs
-from drivers.local.uids import UID_BASE, UID_COUNT, host_ids, uid_running
+from drivers.local.uids import UID_BASE
 
-UID_REGISTRY = Path(os.environ.get("HUTCH_UID_REGISTRY", "/run/hutch/uids"))
 # Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
 ROOTLESS_UID = 1000
 ROOTLESS_TMP = ("/tmp", "/var/tmp")  # made writable in the upper layer (see _populate_upper)
@@ -355,7 +355,7 @@ class LocalDriver(FilesMixin, Driver):
             if (self.sandbox_root / req.sandbox_id).exists() or leftover_cgroup:
                 await self._teardown(req.sandbox_id)  # a dead one's remains
             layer = await self._layer(recipe, req)
-            sb = await self._claim_pooled(req) if layer is None else None
+            sb = await self._claim_pooled(req) if layer is None and not req.resources.disk_bytes else None
             if sb is None:
                 try:
                     sb = await self._provision_new(req, layers.lowers(self.runtime_cache, recipe, layer), layer)
@@ -382,6 +382,10 @@ class LocalDriver(FilesMixin, Driver):
         if req.resources.cpu_millis:
             raise NotSupported("resources.cpu: a cpu limit needs cgroups; this server runs without root "
                                "(rootless mode), so it cannot limit cpu", field="resources.cpu")
+        if req.resources.disk_bytes:
+            raise NotSupported("resources.disk: a disk limit needs a loop-mounted file system; this server runs "
+                               "without root (rootless mode), so it cannot limit disk (leave resources.disk and "
+                               "HUTCH_DEFAULT_DISK unset)", field="resources.disk")
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
@@ -450,7 +454,7 @@ class LocalDriver(FilesMixin, Driver):
                 self._cgroups.rename(sid, pooled.id)
             raise
         # From here on the sandbox is ``sid``'s: on failure the caller tears ``sid`` down.
-        self._move_uid_claim(pooled.uid, old_dir, new_dir)
+        uids.move_claim(pooled.uid, old_dir, new_dir)
         res = req.resources
         self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
         sb = _Sandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
@@ -493,59 +497,6 @@ class LocalDriver(FilesMixin, Driver):
         finally:
             self._pool_filling.discard(runtime)
 
-    def _claim_uid(self, owner: Path) -> int:
-        """Claim the next free uid of the range for ``owner`` (a sandbox dir).
-
-        The registry is host-wide, not per data dir: two servers on one host must not
-        hand the same uid to two sandboxes. Round robin, so a destroyed sandbox's uid
-        rests before it is reused; a claim whose owner dir is gone is stale.
-        """
-        reg = UID_REGISTRY
-        reg.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(reg / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            nxt_file = reg / ".next"
-            try:
-                text = _get(nxt_file).decode().strip()
-            except FileNotFoundError:
-                text = ""
-            nxt = int(text) if text.isdigit() else 0
-            taken = host_ids()
-            for i in range(UID_COUNT):
-                uid = UID_BASE + (nxt + i) % UID_COUNT
-                claim = reg / str(uid)
-                if claim.exists():
-                    with contextlib.suppress(OSError):
-                        if os.path.exists(_get(claim)):
-                            continue
-                    if uid_running(uid):  # owner dir deleted under a live sandbox
-                        continue
-                    claim.unlink(missing_ok=True)
-                if uid in taken:  # a real account, or handed to rootless containers
-                    continue
-                _put(claim, str(owner).encode())
-                _put(nxt_file, str((nxt + i + 1) % UID_COUNT).encode())
-                return uid
-        raise DriverFailure("no free sandbox uid left")
-
-    @staticmethod
-    def _move_uid_claim(uid: int, old: Path, new: Path) -> None:
-        reg = UID_REGISTRY
-        with open(reg / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            claim = reg / str(uid)
-            with contextlib.suppress(OSError):
-                if _get(claim).decode() != str(old):
-                    raise DriverFailure(f"uid {uid} is no longer claimed by {old}")
-            _put(claim, str(new).encode())
-
-    @staticmethod
-    def _release_uid(owner: Path) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            claim = UID_REGISTRY / str(int(_get(owner / "uid")))
-            if _get(claim).decode() == str(owner):
-                os.unlink(claim)
-
     async def _provision_new(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> _Sandbox:
         """Start a sandbox from scratch.
 
@@ -556,15 +507,18 @@ class LocalDriver(FilesMixin, Driver):
         """
         sid = req.sandbox_id
         d = self.sandbox_root / sid
-        spare = self._spares.take(_layers_key(lower), d)  # a skeleton of an earlier sandbox (spares.py)
+        disk = req.resources.disk_bytes
+        # A skeleton of an earlier sandbox (spares.py); never for a disk limit (disks.py).
+        spare = not disk and self._spares.take(_layers_key(lower), d)
         if not spare:
             d.mkdir(mode=0o700)
-        uid = ROOTLESS_UID if self.rootless else self._claim_uid(d)
+            if disk:
+                disks.attach(d, disk)  # upper and work: symlinks into the limited file system
+            for p in ((d / "merged",) if disk else (d / "upper", d / "work", d / "merged")):
+                p.mkdir()
+        uid = ROOTLESS_UID if self.rootless else uids.claim(d)
         _put(d / "uid", str(uid).encode())
         upper = d / "upper"
-        if not spare:
-            for p in (upper, d / "work", d / "merged"):
-                p.mkdir()
         slirp_net = self.rootless and (req.network_enabled or req.port is not None)
         self._populate_upper(lower, upper, uid, self.rootless,
                              slirp.resolv_conf() if slirp_net and req.network_enabled else None)
@@ -787,7 +741,9 @@ class LocalDriver(FilesMixin, Driver):
         d = self.sandbox_root / sid
         if not d.exists():
             return
-        self._release_uid(d)
+        uids.release(d)
+        if disks.attached(d):
+            disks.detach(d)  # before rmtree, which would otherwise empty the mounted disk
         recipe = runtimes.find(sb.runtime) if sb is not None else None
         if recipe is not None:
             key = _layers_key(layers.lowers(self.runtime_cache, recipe, sb.layer))  # type: ignore[union-attr]
@@ -1190,7 +1146,7 @@ class LocalDriver(FilesMixin, Driver):
             if not was_frozen:
                 await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
             try:
-                await asyncio.to_thread(self._copy_layer, self.sandbox_root / sb.id / "upper", target)
+                await asyncio.to_thread(self._copy_layer, (self.sandbox_root / sb.id / "upper").resolve(), target)
             finally:
                 if not was_frozen:
                     self._cgroups.freeze(sb.id, False)
@@ -1224,18 +1180,20 @@ class LocalDriver(FilesMixin, Driver):
                 await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
 
     def _swap_in(self, sb: _Sandbox, source: Path) -> None:
-        d = self.sandbox_root / sb.id
         # Fresh upper and work dirs: the old mount may linger a moment (a helper still
-        # exiting holds its namespace), and overlay refuses a workdir that is in use.
-        trash = d / "trash"
+        # exiting holds its namespace), and overlay refuses a workdir that is in use. The
+        # real dirs (on a limited disk: inside it, disks.py); the old ones go before the
+        # copy, so a restore needs no more room than the checkpoint.
+        upper, work = (self.sandbox_root / sb.id / "upper").resolve(), (self.sandbox_root / sb.id / "work").resolve()
+        trash = upper.parent / "trash"
         trash.mkdir(mode=0o700, exist_ok=True)
         stamp = time.monotonic_ns()
-        os.rename(d / "upper", trash / f"upper-{stamp}")
-        os.rename(d / "work", trash / f"work-{stamp}")
-        (d / "work").mkdir()
-        self._copy_layer(source, d / "upper")
+        os.rename(upper, trash / f"upper-{stamp}")
+        os.rename(work, trash / f"work-{stamp}")
         for old in trash.iterdir():
             shutil.rmtree(old, ignore_errors=True)
+        work.mkdir()
+        self._copy_layer(source, upper)
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         if not _ID.match(sandbox_id):
@@ -1244,31 +1202,6 @@ class LocalDriver(FilesMixin, Driver):
         async with self._lock(sandbox_id):
             if target.exists():
                 await asyncio.to_thread(shutil.rmtree, target)
-
-
-# Small files of the hot path through os calls: a third of the cost of pathlib's
-# text-mode open (buffer, codec, isatty probe, seek) for a few dozen bytes. Rewritten in
-# place, not truncated and not replaced through a temporary file: every new inode or
-# block on this host's journal-less ext4 costs a scan past recently freed ones (see
-# spares.py), and these files are rewritten with contents of about the same size.
-def _put(path: str | Path, data: bytes, mode: int = 0o600) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode)
-    try:
-        view, offset = memoryview(data), 0
-        while offset < len(view):
-            offset += os.pwrite(fd, view[offset:], offset)
-        if os.fstat(fd).st_size > len(data):
-            os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
-
-
-def _get(path: str | Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 1 << 20)
-    finally:
-        os.close(fd)
 
 
 def _kill_session(helper: int, signum: int, *, once: bool = False) -> None:

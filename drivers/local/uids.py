@@ -5,15 +5,21 @@ subordinate ranges) and those a process still runs as."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import os
 import pwd
 import time
 from pathlib import Path
 
+from core.errors import DriverFailure
+from drivers.local.smallfiles import get, put
+
 # Sandbox users are host uids UID_BASE.. (overridable for hosts that use this range).
 UID_BASE = int(os.environ.get("HUTCH_UID_BASE", "200000"))
 UID_COUNT = 60_000
+# Who holds which uid: host-wide, shared by every server on the host (see claim).
+UID_REGISTRY = Path(os.environ.get("HUTCH_UID_REGISTRY", "/run/hutch/uids"))
 
 
 def uid_running(uid: int) -> bool:
@@ -65,3 +71,57 @@ def subordinate_ids() -> set[int]:
                     lo, hi = max(start, UID_BASE), min(start + count, UID_BASE + UID_COUNT)
                     taken.update(range(lo, hi))
     return taken
+
+
+def claim(owner: Path) -> int:
+    """Claim the next free uid of the range for ``owner`` (a sandbox dir).
+
+    The registry is host-wide, not per data dir: two servers on one host must not
+    hand the same uid to two sandboxes. Round robin, so a destroyed sandbox's uid
+    rests before it is reused; a claim whose owner dir is gone is stale.
+    """
+    reg = UID_REGISTRY
+    reg.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(reg / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        nxt_file = reg / ".next"
+        try:
+            text = get(nxt_file).decode().strip()
+        except FileNotFoundError:
+            text = ""
+        nxt = int(text) if text.isdigit() else 0
+        taken = host_ids()
+        for i in range(UID_COUNT):
+            uid = UID_BASE + (nxt + i) % UID_COUNT
+            held = reg / str(uid)
+            if held.exists():
+                with contextlib.suppress(OSError):
+                    if os.path.exists(get(held)):
+                        continue
+                if uid_running(uid):  # owner dir deleted under a live sandbox
+                    continue
+                held.unlink(missing_ok=True)
+            if uid in taken:  # a real account, or handed to rootless containers
+                continue
+            put(held, str(owner).encode())
+            put(nxt_file, str((nxt + i + 1) % UID_COUNT).encode())
+            return uid
+    raise DriverFailure("no free sandbox uid left")
+
+
+def move_claim(uid: int, old: Path, new: Path) -> None:
+    reg = UID_REGISTRY
+    with open(reg / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held = reg / str(uid)
+        with contextlib.suppress(OSError):
+            if get(held).decode() != str(old):
+                raise DriverFailure(f"uid {uid} is no longer claimed by {old}")
+        put(held, str(new).encode())
+
+
+def release(owner: Path) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        held = UID_REGISTRY / str(int(get(owner / "uid")))
+        if get(held).decode() == str(owner):
+            os.unlink(held)

@@ -154,6 +154,7 @@ else:
     errors = {}
     for name, call in [
         ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
+        ("disk", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(disk_bytes=2**30)))),
         ("pause", lambda: d.pause(sid)),
         ("checkpoint", lambda: d.checkpoint(sid, "ckpt_x")),
     ]:

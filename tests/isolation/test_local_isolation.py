@@ -190,8 +190,10 @@ async def test_fork_bomb_is_contained(driver: LocalDriver) -> None:
 async def test_background_fork_bomb_dies_with_the_sandbox(driver: LocalDriver) -> None:
     sid = await provision(driver, PY, resources=Resources(pids=64))
     assert driver._cgroups is not None
+    # The bomb goes to the background; bash's own exit depends on whether the bomb had
+    # filled the pids limit before its last fork (EAGAIN: exit 254 on a loaded machine).
     result, _ = await run(driver, sid, "bash", "-c", ":(){ :|:& };:", timeout=10)
-    assert result.exit_code == 0  # the bomb went to the background
+    assert not result.timed_out
     await asyncio.sleep(0.5)
     assert len(driver._cgroups.pids(sid)) <= 64
     started = time.monotonic()

@@ -161,6 +161,8 @@ def test_a_port_is_reachable_from_the_host_and_nothing_leaves(report: dict) -> N
 def test_what_needs_root_is_refused_by_name(report: dict) -> None:
     refused = report["refused"]
     assert refused["cpu"]["not_supported"] and refused["cpu"]["field"] == "resources.cpu"
+    assert refused["disk"]["not_supported"] and refused["disk"]["field"] == "resources.disk"
+    assert "HUTCH_DEFAULT_DISK" in refused["disk"]["message"]
     assert "rootless" in refused["pause"]["message"] and refused["pause"]["not_supported"]
     assert "rootless" in refused["checkpoint"]["message"] and refused["checkpoint"]["not_supported"]
 
