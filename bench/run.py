@@ -8,7 +8,8 @@ matters so machine noise hits every row alike:
   execute     POST /sandbox/{id}/execute + long-poll to completion, in a live sandbox
   oneshot     POST /sandbox (oneshot) + stream to EOF + execution result, raw HTTP
   client run  SandboxClient.run() of the real @agentuity/core client (Node)
-  create      POST /sandbox until idle (then DELETE, not timed)
+  create      POST /sandbox until idle (then DELETE, not timed); again with resources.disk
+              (a 1Gi disk limit: its own loop-mounted file system, drivers/local/disks.py)
   throughput  oneshot `true` runs/s with N concurrent clients
 Prints medians and p90s with the difference and ratio against bare. Not a test: no
 pass/fail, the README records the figures.
@@ -79,9 +80,9 @@ async def oneshot_once(s: aiohttp.ClientSession, url: str, cmd: list[str]) -> fl
     return (time.perf_counter() - t0) * 1000
 
 
-async def create_once(s: aiohttp.ClientSession, url: str) -> float:
+async def create_once(s: aiohttp.ClientSession, url: str, **extra: object) -> float:
     t0 = time.perf_counter()
-    async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+    async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME, **extra}, headers=H) as r:
         data = (await r.json())["data"]
     took = (time.perf_counter() - t0) * 1000
     assert data["status"] == "idle", data
@@ -143,7 +144,7 @@ async def main() -> None:
         server = Server(Path(tmp) / "data", driver="local", HUTCH_LOG_LEVEL="WARNING").start()
         try:
             url = server.url
-            bare, exe, one, create = [], [], [], []
+            bare, exe, one, create, create_disk = [], [], [], [], []
             rootfs = runtime_rootfs()
             noise = busy_cpus()
             async with aiohttp.ClientSession() as s:
@@ -158,6 +159,7 @@ async def main() -> None:
                     exe.append(await execute_once(s, url, sid, PY_PASS))
                     one.append(await oneshot_once(s, url, PY_PASS))
                     create.append(await create_once(s, url))
+                    create_disk.append(await create_once(s, url, resources={"disk": "1Gi"}))
                 async with s.delete(f"{url}/sandbox/{sid}", headers=H) as r:  # sandboxes outlive the server
                     await r.read()
             client = client_runs(url, args.n)
@@ -178,6 +180,7 @@ async def main() -> None:
     print(row("one-shot run (HTTP)", one, b))
     print(row("one-shot run (@agentuity/core client.run)", client, b))
     print(row("create -> idle", create, b))
+    print(row("create -> idle, 1Gi disk limit", create_disk, b))
     print(f"| one-shot `true` throughput, {args.concurrency} concurrent | {statistics.median(rates):.1f} runs/s "
           f"(median of {args.rounds} rounds of {args.seconds:g}s: {', '.join(f'{r:.1f}' for r in rates)}) | | | |")
 

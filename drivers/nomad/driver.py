@@ -46,7 +46,7 @@ import tarfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -357,6 +357,8 @@ class NomadDriver(NomadFiles, Driver):
         }
         if resources.cpu_millis:
             config["cpu_millis"] = resources.cpu_millis
+        if resources.disk_bytes:  # the plugin's own file system of that size (disk.go)
+            config["disk_bytes"] = resources.disk_bytes
         group_extra: dict[str, Any] = {}
         if network or port is not None:
             # Nomad's bridge (CNI); the plugin keeps sandboxes off the host and each other.
@@ -740,7 +742,7 @@ class NomadDriver(NomadFiles, Driver):
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err
             if "working directory" in err.reason:
                 raise InvalidInput(f"working directory {cwd} does not exist", field="cwd") from err
-            code = await self._recover_end(sb, tag, received, sink) if req.stdin else None
+            code = await self._recover_end(sb, tag, received, sink.write) if req.stdin else None
             if code is None:
                 raise
         finally:
@@ -754,7 +756,8 @@ class NomadDriver(NomadFiles, Driver):
             raise DriverFailure(f"sandbox {sb.id} ended while the command ran")
         return ExecResult(exit_code=code)
 
-    async def _recover_end(self, sb: _Sandbox, tag: str, received: dict[str, int], sink: OutputSink) -> int | None:
+    async def _recover_end(self, sb: _Sandbox, tag: str, received: dict[str, int],
+                           emit: Callable[[str, bytes], Awaitable[None] | None]) -> int | None:
         """The exit (and the output we missed) of an exec whose stream Nomad cut.
 
         Nomad 1.10 may close the websocket without its last frames when a command exits
@@ -771,7 +774,9 @@ class NomadDriver(NomadFiles, Driver):
                     tail = base64.b64decode(end[stream]["tail"] or "")
                     missing = int(end[stream]["total"]) - received[stream]
                     if 0 < missing <= len(tail):
-                        sink.write(stream, tail[len(tail) - missing:])  # type: ignore[arg-type]
+                        pending = emit(stream, tail[len(tail) - missing:])
+                        if pending is not None:
+                            await pending
                     elif missing > len(tail):
                         log.warning("exec %s: %d bytes of %s lost with Nomad's stream", tag, missing, stream)
                 log.info("exec %s: Nomad cut its stream; its end came from the plugin", tag)

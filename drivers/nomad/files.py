@@ -151,8 +151,13 @@ class NomadFiles:
         tag = f"f-{uuid.uuid4().hex}"
         envelope = json.dumps({"env": self._env(sb, {}), "cwd": HOME, "tag": tag})  # type: ignore[attr-defined]
         out, err = bytearray(), bytearray()
+        received = {"stdout": 0, "stderr": 0}
 
         async def on_output(stream: str, data: bytes) -> None:
+            received[stream] += len(data)
+            await emit(stream, data)
+
+        async def emit(stream: str, data: bytes) -> None:
             if stream == "stderr":
                 err.extend(data)
                 del err[:-8192]
@@ -169,7 +174,11 @@ class NomadFiles:
         except ExecFailed as err_:
             if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
-            raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
+            # A write that failed (ENOSPC) while its content still streamed in: Nomad may
+            # cut the stream before the script's exit and words (the driver's _recover_end).
+            code = await self._recover_end(sb, tag, received, emit) if stdin is not None else None  # type: ignore[attr-defined]
+            if code is None:
+                raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
         return code, bytes(out), bytes(err)
 
     def _failure(self, sb: _Sandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:

@@ -80,6 +80,7 @@ var (
 		"readonly_paths": hclspec.NewAttr("readonly_paths", "list(string)", false),
 		"resolv_conf":    hclspec.NewAttr("resolv_conf", "string", false),
 		"no_outbound":    hclspec.NewAttr("no_outbound", "bool", false),
+		"disk_bytes":     hclspec.NewAttr("disk_bytes", "number", false),
 	})
 
 	capabilities = &drivers.Capabilities{
@@ -122,12 +123,14 @@ type TaskConfig struct {
 	Workspace   string   `codec:"workspace"`
 	ResolvConf  string   `codec:"resolv_conf"`
 	NoOutbound  bool     `codec:"no_outbound"` // on the bridge only to serve a port
+	DiskBytes   int64    `codec:"disk_bytes"`  // a disk limit (disk.go); 0: none
 }
 
 // TaskState is what Nomad keeps for RecoverTask.
 type TaskState struct {
 	ContainerID string
 	Workspace   string
+	Disk        string // the task's limited file system (disk.go), if it has one
 	StartedAt   time.Time
 }
 
@@ -312,9 +315,25 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 
 	id := containerID(cfg)
-	workspaceHost := ""
+	workspaceHost, disk := "", ""
 	var mounts []specs.Mount
-	if tc.Workspace != "" {
+	if tc.DiskBytes > 0 {
+		disk = diskDir(d.config.WorkspaceRoot, cfg.AllocID)
+		if err := makeDisk(disk, tc.DiskBytes, tc.UID, gidOf(tc)); err != nil {
+			removeDisk(disk)
+			return nil, nil, fmt.Errorf("disk limit: %v", err)
+		}
+	}
+	failed := true // until the task runs: what was made for it goes
+	defer func() {
+		if failed && disk != "" {
+			removeDisk(disk)
+		}
+	}()
+	if tc.Workspace != "" && disk != "" {
+		workspaceHost = filepath.Join(disk, "workspace")
+		mounts = append(mounts, bind(workspaceHost, tc.Workspace, false))
+	} else if tc.Workspace != "" {
 		workspaceHost = filepath.Join(d.config.WorkspaceRoot, cfg.AllocID)
 		if err := os.MkdirAll(workspaceHost, 0o755); err != nil {
 			return nil, nil, fmt.Errorf("workspace: %v", err)
@@ -400,12 +419,22 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, fmt.Errorf("creating container %s: %v", id, err)
 	}
 	logPath := filepath.Join(cfg.TaskDir().LogDir, "container.log")
-	task, err := container.NewTask(ctx, cio.LogFile(logPath))
+	var taskOpts []containerd.NewTaskOpts
+	if disk != "" {
+		rootfs, err := diskRootfs(ctx, client, d.config.Snapshotter, id, disk)
+		if err != nil {
+			d.deleteContainer(ctx, container)
+			return nil, nil, fmt.Errorf("disk limit: %v", err)
+		}
+		taskOpts = append(taskOpts, containerd.WithRootFS(rootfs))
+	}
+	task, err := container.NewTask(ctx, cio.LogFile(logPath), taskOpts...)
 	if err != nil {
 		d.deleteContainer(ctx, container)
 		return nil, nil, fmt.Errorf("creating task %s: %v", id, err)
 	}
 	h := newTaskHandle(d, cfg, container, task, workspaceHost)
+	h.disk = disk
 	exitC, err := task.Wait(ctx)
 	if err != nil {
 		d.deleteContainer(ctx, container)
@@ -417,11 +446,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
-	state := TaskState{ContainerID: id, Workspace: workspaceHost, StartedAt: h.startedAt}
+	state := TaskState{ContainerID: id, Workspace: workspaceHost, Disk: disk, StartedAt: h.startedAt}
 	if err := handle.SetDriverState(&state); err != nil {
 		d.deleteContainer(ctx, container)
 		return nil, nil, fmt.Errorf("saving driver state: %v", err)
 	}
+	failed = false
 	d.setTask(cfg.ID, h)
 	go h.watch(exitC)
 	return handle, nil, nil
@@ -544,7 +574,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		}
 	}
 	h := newTaskHandle(d, handle.Config, container, task, state.Workspace)
-	h.startedAt = state.StartedAt
+	h.startedAt, h.disk = state.StartedAt, state.Disk
 	exitC, err := task.Wait(ctx)
 	if err != nil {
 		return fmt.Errorf("waiting on task %s: %v", state.ContainerID, err)
@@ -619,7 +649,9 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	ctx := d.nsCtx(d.ctx)
 	d.deleteContainer(ctx, h.container)
 	removeOutboundRule(h.container.ID())
-	if h.workspace != "" && strings.HasPrefix(h.workspace, d.config.WorkspaceRoot+"/") {
+	if h.disk != "" && strings.HasPrefix(h.disk, d.config.WorkspaceRoot+"/") {
+		removeDisk(h.disk) // the workspace with it
+	} else if h.workspace != "" && strings.HasPrefix(h.workspace, d.config.WorkspaceRoot+"/") {
 		if err := os.RemoveAll(h.workspace); err != nil {
 			d.logger.Warn("removing workspace", "path", h.workspace, "error", err)
 		}

@@ -26,6 +26,7 @@ type taskHandle struct {
 	container containerd.Container
 	task      containerd.Task
 	workspace string
+	disk      string // its limited file system (disk.go), if any
 	startedAt time.Time
 
 	mu          sync.Mutex
