@@ -235,19 +235,19 @@ class Engine:
         execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
         spec = req.spec
         build = spec.runtime not in self.driver.runtimes_available()
-        if spec.network.enabled and not self.driver.capabilities.network:
-            raise NotSupported(
-                f"network.enabled: driver {self.driver.name} cannot give sandboxes network access yet",
-                field="network.enabled",
-            )
-        if spec.network.port is not None and not self.driver.capabilities.ports:
-            raise NotSupported(f"network.port: driver {self.driver.name} cannot expose ports", field="network.port")
+        caps = self.driver.capabilities
+        for field, asked, can, what in (
+            ("network.enabled", spec.network.enabled, caps.network, "give sandboxes network access"),
+            ("network.allow", spec.network.allow, caps.egress_allow, "limit a network to destinations"),
+            ("network.port", spec.network.port is not None, caps.ports, "expose ports"),
+        ):
+            if asked and not can:
+                raise NotSupported(f"{field}: driver {self.driver.name} cannot {what}", field=field)
         sandbox_id = ids.new_id("sandbox")
         if spec.dependencies or spec.packages:
-            if not self.driver.capabilities.installs:
+            if not caps.installs:
                 field = "dependencies" if spec.dependencies else "packages"
-                raise NotSupported(f"{field}: driver {self.driver.name} cannot install dependencies or packages "
-                                   f"at create yet", field=field)
+                raise NotSupported(f"{field}: driver {self.driver.name} cannot install them at create", field=field)
             if not build:  # installing is where a bad package name shows: before the sandbox is recorded
                 await self.driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
         if req.stream.stdin:

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from api.output import RAW_OUTPUT, StreamOptions
-from core import runtimes
+from core import egress, runtimes
 from core.errors import InvalidInput, NotSupported, RuntimeNotFound
 from core.events import Event, encode
 from core.models import (
@@ -198,6 +198,9 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
     port = expect(net, "port", int, "an integer port", "network.")
     if port is not None and not 1024 <= port <= 65535:
         raise InvalidInput(f"network.port: {port} is outside 1024-65535", field="network.port")
+    allow = egress.parse_allow(net["allow"]) if net.get("allow") is not None else ()
+    if allow and not enabled:
+        raise InvalidInput("network.allow: limits an enabled network; add network.enabled: true", field="network.allow")
 
     tmo = _object(body, "timeout")
     timeouts = {}
@@ -229,7 +232,7 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
         description=expect(body, "description", str, "a string"),
         resources=resources,
         env={**(snapshot.env if snapshot else {}), **parse_env(body.get("env"))},
-        network=Network(enabled=enabled, port=port),
+        network=Network(enabled=enabled, port=port, allow=allow),
         timeout=Timeouts(**timeouts),
         command=command,
         metadata=metadata,
@@ -338,6 +341,7 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
             "resources": _drop_none({"memory": spec.resources.memory, "cpu": spec.resources.cpu, "disk": spec.resources.disk}),
             "networkEnabled": spec.network.enabled,
             "networkPort": spec.network.port,
+            "networkAllow": list(spec.network.allow) or None,  # hutch's extension
             "url": url,
             "org": ORG,
             "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),

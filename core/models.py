@@ -62,6 +62,7 @@ class Resources:
 class Network:
     enabled: bool = False
     port: int | None = None
+    allow: tuple[str, ...] = ()  # hutch's egress allow-list (core/egress.py); () = unrestricted
 
 
 @attrs.frozen

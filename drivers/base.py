@@ -32,6 +32,7 @@ class Capabilities:
     installs: bool = False  # can add apt dependencies and npm packages at create (prepare)
     tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
+    egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
 
 
 @attrs.frozen
@@ -49,6 +50,7 @@ class ProvisionRequest:
     resources: Resources = Resources()
     network_enabled: bool = False
     port: int | None = None  # one port to expose (through port_target); None = none
+    network_allow: tuple[str, ...] = ()  # core/egress.py entries; () = unrestricted
     env: Mapping[str, str] = attrs.field(factory=dict)
     dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
     packages: tuple[str, ...] = ()  # npm packages to install globally
@@ -61,6 +63,7 @@ class ProvisionRequest:
         return cls(sandbox_id=sandbox_id, runtime=spec.runtime,
                    resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
                    network_enabled=spec.network.enabled, port=spec.network.port, env={},
+                   network_allow=spec.network.allow,
                    dependencies=spec.dependencies, packages=spec.packages)
 
 

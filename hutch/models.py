@@ -85,6 +85,7 @@ class Resources:
 class Network:
     enabled: bool | None = None
     port: int | None = None
+    allow: list[str] | None = None  # hutch's egress allow-list: host names, IPv4 addresses/CIDRs
 
 
 @attrs.frozen(kw_only=True)

@@ -17,6 +17,7 @@ from api.stats import usage as usage_stats
 from core import runtimes
 from core.errors import InvalidInput
 from core.models import Execution, Mode, Sandbox, SandboxStatus
+from drivers import egress
 from drivers.base import Usage
 from projections.base import SandboxQuery
 
@@ -94,6 +95,8 @@ async def create(request: web.Request) -> web.Response:
     body = await json_body(request)
     snapshot = await engine.snapshots.resolve(body["snapshot"]) if body.get("snapshot") is not None else None
     req = wire.parse_create(body, snapshot, default_disk=request.app[CONFIG].default_disk)
+    if req.spec.network.allow:  # a name that does not resolve is a 400 before anything is recorded
+        await egress.resolve(req.spec.network.allow)
     created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
     sb = created.sandbox
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,

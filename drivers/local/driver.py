@@ -83,6 +83,7 @@ from drivers.base import (
     Usage,
 )
 from drivers.builds import Builds
+from drivers.egress import AllowLists
 from drivers.local import disks, layers, network, rootfs, slirp, uids
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
@@ -136,6 +137,8 @@ class _Sandbox:
     slirp_pid: int | None = None
     slirp_start: int | None = None
     host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
+    allow: list[str] = attrs.field(factory=list)  # network.allow's entries, and what they resolved to
+    allow_cidrs: list[str] = attrs.field(factory=list)
 
 
 @attrs.define
@@ -193,7 +196,9 @@ class LocalDriver(FilesMixin, Driver):
             ports=True,  # rootless: a slirp4netns forward on the host's loopback
             installs=not self.rootless,  # install layers build in a chroot as root
             kernel_isolation=True,
+            egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
         )
+        self._allow = AllowLists(self._apply_allow)  # network.allow, kept current (drivers/egress.py)
         self._helper: Path | None = None
         self._sandboxes: dict[str, _Sandbox] = {}
         self._executions: dict[str, _Execution] = {}
@@ -281,6 +286,7 @@ class LocalDriver(FilesMixin, Driver):
 
     async def close(self) -> None:
         self._closed = True
+        await self._allow.close()
         # Not cancelled: a fill in progress finishes in its thread, sees _closed and
         # destroys what it made; a destroy in progress completes.
         while self._background:
@@ -325,6 +331,8 @@ class LocalDriver(FilesMixin, Driver):
             sb = self._load(path.name)
             if sb is not None and _start_time(sb.init_pid) == sb.init_start:
                 found.add(sb.id)
+                if sb.allow:  # an earlier server's: its rules stand; keep its names current
+                    self._allow.adopt(sb.id, sb.allow, sb.allow_cidrs)
         return found
 
     def _lock(self, sid: str) -> asyncio.Lock:
@@ -406,7 +414,9 @@ class LocalDriver(FilesMixin, Driver):
                                        log=log.info)
 
     def _network_sync(self, sb: _Sandbox) -> None:
-        """The sandbox's veth (network or a port): see network.py."""
+        """The sandbox's veth (network or a port) and its allow-list, before the veth: see network.py."""
+        if sb.allow:
+            network.set_allowed(sb.uid - UID_BASE, sb.allow_cidrs)
         network.setup(sb.init_pid, sb.uid - UID_BASE, outbound=sb.network)
         self._write_meta(self.sandbox_root / sb.id, sb)
 
@@ -528,7 +538,10 @@ class LocalDriver(FilesMixin, Driver):
             self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
         else:
             sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids
-        rules = slirp.egress_rules(outbound=req.network_enabled) if slirp_net else None
+        if req.network_allow:  # resolved first: a name that does not resolve makes nothing
+            sb.allow, sb.allow_cidrs = list(req.network_allow), await self._allow.first(sid, req.network_allow)
+        rules = slirp.egress_rules(outbound=req.network_enabled, allow=sb.allow_cidrs if sb.allow else None) \
+            if slirp_net else None
         sb.init_pid, sb.init_start = await self._launch(d, sb, lower, rules)
         if slirp_net:
             api = self._slirp_socket(sid) if req.port is not None else None
@@ -539,6 +552,18 @@ class LocalDriver(FilesMixin, Driver):
                 sb.port, sb.host_port = req.port, await asyncio.to_thread(slirp.forward, api, req.port)
         self._write_meta(d, sb)
         return sb
+
+    async def _apply_allow(self, sid: str, cidrs: list[str]) -> None:
+        """A refreshed allow-list (AllowLists): the sandbox's rules replaced whole."""
+        async with self._lock(sid):
+            sb = self._running(sid)
+            if self.rootless:
+                assert self._helper is not None
+                await asyncio.to_thread(slirp.set_allowed, self._helper, sb.init_pid, cidrs)
+            else:
+                await asyncio.to_thread(network.set_allowed, sb.uid - UID_BASE, cidrs)
+            sb.allow_cidrs = cidrs
+            self._write_meta(self.sandbox_root / sid, sb)
 
     def _slirp_socket(self, sid: str) -> Path:
         """Where a rootless sandbox's slirp4netns takes port forwards: a directory only we
@@ -693,6 +718,7 @@ class LocalDriver(FilesMixin, Driver):
 
     async def _teardown(self, sid: str) -> None:
         self._sandboxes.pop(sid, None)
+        self._allow.forget(sid)
         self._lingering.pop(sid, None)
         for ex in self._executions.values():
             if ex.sandbox_id == sid:

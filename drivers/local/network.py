@@ -18,6 +18,13 @@ The firewall (iptables, chains ``HUTCH-IN``/``HUTCH-FWD``/``HUTCH-NAT``, install
   link-local (cloud metadata 169.254.169.254), loopback, multicast or reserved ranges,
   nor ``HUTCH_SANDBOX_EGRESS_DENY`` (comma-separated CIDRs, e.g. the host's LAN);
   everything else is accepted and masqueraded.
+- ``network.allow`` (an allow-list): ``HUTCH-FWD`` sends everything from ``hzn*`` through
+  ``HUTCH-ALLOW`` first, which sends a listed sandbox's packets to its own chain
+  ``HUTCH-A<n>``: replies, DNS to its name servers and the listed CIDRs return to
+  ``HUTCH-FWD`` (whose drops still apply: a list narrows, never widens), anything else is
+  rejected (a TCP reset: connect() fails at once). ``HUTCH-ALLOW`` and the ``HUTCH-A<n>``
+  chains are never flushed by a server start, so a restarted server's sandboxes stay
+  limited; each chain is replaced whole (iptables-restore) when its names resolve anew.
 Turning the first sandbox's network on sets ``net.ipv4.ip_forward=1`` (host-wide; the
 FORWARD rules above only accept traffic from sandbox veths).
 """
@@ -38,6 +45,8 @@ GATEWAY = SUBNET[1]
 PREFIX = "hz"
 DENIED = ["169.254.0.0/16", "127.0.0.0/8", "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "100.64.0.0/10"]
 PUBLIC_DNS = ("1.1.1.1", "8.8.8.8")
+
+ALLOW_CHAIN = "HUTCH-ALLOW"
 
 _firewall_lock = threading.Lock()
 _firewall_ready = False
@@ -81,12 +90,14 @@ def ensure_firewall() -> None:
         for table, chain in (("filter", "HUTCH-IN"), ("filter", "HUTCH-FWD"), ("nat", "HUTCH-NAT")):
             _iptables("-t", table, "-N", chain, check=False)
             _iptables("-t", table, "-F", chain)
+        _iptables("-N", ALLOW_CHAIN, check=False)  # not flushed: live sandboxes' allow-lists
         est = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
         _iptables("-A", "HUTCH-IN", *est)
         _iptables("-A", "HUTCH-IN", "-j", "DROP")
         _iptables("-A", "HUTCH-FWD", "-o", f"{PREFIX}+", *est)
         _iptables("-A", "HUTCH-FWD", "-o", f"{PREFIX}+", "-j", "DROP")
         _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}p+", "-j", "DROP")
+        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-j", ALLOW_CHAIN)
         for cidr in [str(SUBNET), *DENIED, *extra]:
             _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-d", cidr, "-j", "DROP")
         _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-j", "ACCEPT")
@@ -135,10 +146,41 @@ def setup(pid: int, index: int, *, outbound: bool) -> str:
     return str(ip)
 
 
+def _allow_chain(index: int) -> str:
+    return f"HUTCH-A{index:x}"
+
+
+def set_allowed(index: int, cidrs: list[str]) -> None:
+    """Limit sandbox ``index``'s outbound network to ``cidrs`` (and DNS to its name servers)."""
+    ensure_firewall()
+    chain = _allow_chain(index)
+    lines = ["*filter", f":{chain} - [0:0]", f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN"]
+    for ns in nameservers():
+        lines += [f"-A {chain} -d {ns}/32 -p {proto} --dport 53 -j RETURN" for proto in ("udp", "tcp")]
+    lines += [f"-A {chain} -d {cidr} -j RETURN" for cidr in cidrs]
+    lines += [f"-A {chain} -p tcp -j REJECT --reject-with tcp-reset",
+              f"-A {chain} -j REJECT --reject-with icmp-admin-prohibited", "COMMIT"]
+    _run("iptables-restore", "-w", "--noflush", stdin="\n".join(lines) + "\n")
+    _ensure_rule("filter", ALLOW_CHAIN, "-i", host_veth(index, True), "-j", chain)
+
+
+def clear_allowed(index: int) -> None:
+    chain = _allow_chain(index)
+    while _iptables("-D", ALLOW_CHAIN, "-i", host_veth(index, True), "-j", chain, check=False):
+        pass
+    if _iptables("-F", chain, check=False):
+        _iptables("-X", chain, check=False)
+
+
 def teardown(index: int) -> None:
+    clear_allowed(index)
     for name in (host_veth(index, True), host_veth(index, False)):
         if Path(f"/sys/class/net/{name}").exists():
             _run("ip", "link", "del", name, check=False)
+
+
+def nameservers() -> list[str]:
+    return [line.split()[1] for line in resolv_conf().splitlines()]
 
 
 def resolv_conf() -> str:

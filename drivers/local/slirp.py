@@ -13,6 +13,10 @@ the only holder of CAP_NET_ADMIN there, before the sandbox user exists):
 - the host's own addresses (every address of every interface, read at creation), link-
   local (cloud metadata 169.254.169.254), loopback, multicast, CGNAT and reserved
   ranges, and ``HUTCH_SANDBOX_EGRESS_DENY`` are rejected;
+- with ``network.allow``, only the listed addresses pass, through the ``HUTCH-ALLOW``
+  chain (anything else is rejected: a TCP reset); a refresh of its names replaces that
+  chain whole from the server, whose helper enters the sandbox's user and network
+  namespaces (its user owns them) to run iptables-restore (``set_allowed``);
 - everything else passes. There is no IPv6 (slirp4netns without ``--enable-ipv6``).
 
 slirp4netns runs under its seccomp filter (``--enable-seccomp``) in a session of its own,
@@ -66,9 +70,10 @@ def host_addresses() -> list[str]:
         return []
 
 
-def egress_rules(*, outbound: bool = True) -> bytes:
+def egress_rules(*, outbound: bool = True, allow: list[str] | None = None) -> bytes:
     """The iptables-restore input for a sandbox's own network namespace. Without
-    ``outbound`` (a port only) nothing leaves but replies to connections made to it."""
+    ``outbound`` (a port only) nothing leaves but replies to connections made to it;
+    with ``allow`` (CIDRs) nothing but those."""
     extra = [c.strip() for c in os.environ.get("HUTCH_SANDBOX_EGRESS_DENY", "").split(",") if c.strip()]
     reject = "-j REJECT --reject-with icmp-net-prohibited"
     head = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD DROP [0:0]", ":OUTPUT ACCEPT [0:0]",
@@ -81,8 +86,32 @@ def egress_rules(*, outbound: bool = True) -> bytes:
              f"-A OUTPUT -d {DNS}/32 -p tcp --dport 53 -j ACCEPT"]
     for cidr in [SLIRP_NET, *DENIED, *extra, *(f"{a}/32" for a in host_addresses())]:
         lines.append(f"-A OUTPUT -d {cidr} {reject}")
+    if allow is not None:
+        lines += [f"-A OUTPUT -j {ALLOW_CHAIN}", *_allow_chain(allow)[1:]]
+        lines.insert(1, f":{ALLOW_CHAIN} - [0:0]")
     lines.append("COMMIT")
     return ("\n".join(lines) + "\n").encode()
+
+
+ALLOW_CHAIN = "HUTCH-ALLOW"
+
+
+def _allow_chain(cidrs: list[str]) -> list[str]:
+    c = ALLOW_CHAIN
+    return [f":{c} - [0:0]", f"-A {c} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",
+            *(f"-A {c} -d {cidr} -j RETURN" for cidr in cidrs),
+            f"-A {c} -p tcp -j REJECT --reject-with tcp-reset", f"-A {c} -j REJECT --reject-with icmp-net-prohibited"]
+
+
+def set_allowed(helper: Path, init_pid: int, cidrs: list[str]) -> None:
+    """Replace a live rootless sandbox's allow chain (its names resolved anew): the helper
+    joins its user and network namespaces (ours) and loads the chain as at launch."""
+    rules = "\n".join(["*filter", *_allow_chain(cidrs), "COMMIT"]) + "\n"
+    proc = subprocess.run([str(helper), "netfilter", "--pid", str(init_pid)], input=rules, capture_output=True,
+                          text=True, check=False, env={"PATH": _PATH})
+    if proc.returncode != 0:
+        raise DriverFailure(f"updating the allow-list of the sandbox with pid {init_pid} failed: "
+                            f"{proc.stderr.strip()[-300:]}")
 
 
 def resolv_conf() -> str:

@@ -76,6 +76,7 @@ from drivers.base import (
     Usage,
 )
 from drivers.builds import Builds
+from drivers.egress import AllowLists
 from drivers.local import layers, rootfs
 from drivers.local import network as sandbox_network
 from drivers.nomad import images
@@ -118,6 +119,8 @@ class _Sandbox:
     runtime: str
     env: dict[str, str]
     port_target: tuple[str, int] | None = attrs.field(default=None, eq=False)  # read from Nomad, cached
+    allow: list[str] = attrs.field(factory=list)  # network.allow's entries, and what they resolved to
+    allow_cidrs: list[str] = attrs.field(factory=list)
 
 
 @attrs.define
@@ -162,7 +165,9 @@ class NomadDriver(NomadFiles, Driver):
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True,
-            pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True)
+            pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
+            egress_allow=True)  # the plugin's allow.go, kept current through its allow verb
+        self._allow = AllowLists(self._apply_allow)
         self.pool_sizes = dict(pool_sizes or {})
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._available: set[str] = set()
@@ -214,6 +219,7 @@ class NomadDriver(NomadFiles, Driver):
         return {r.name for r in runtimes.CATALOG if images.exists(r, self.registry)}
 
     async def close(self) -> None:
+        await self._allow.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -288,6 +294,8 @@ class NomadDriver(NomadFiles, Driver):
             claimed.add(sb.job_id)
             if await self._alloc_running(sb.job_id, sb.alloc_id):
                 self._sandboxes[sb.id] = sb
+                if sb.allow:
+                    self._allow.adopt(sb.id, sb.allow, sb.allow_cidrs)
             else:
                 self._state_path(sb.id).unlink(missing_ok=True)
                 if sb.job_id in jobs:
@@ -342,7 +350,8 @@ class NomadDriver(NomadFiles, Driver):
         return key
 
     def _job(self, job_id: str, recipe: RuntimeRecipe, resources: Resources, meta: dict[str, str],
-             layer: str | None = None, network: bool = False, port: int | None = None) -> dict[str, Any]:
+             layer: str | None = None, network: bool = False, port: int | None = None,
+             allow: list[str] | None = None) -> dict[str, Any]:
         memory_mb = DEFAULT_MEMORY_MB
         if resources.memory_bytes:
             memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
@@ -368,6 +377,8 @@ class NomadDriver(NomadFiles, Driver):
             group_extra["Networks"] = [net]
             config["resolv_conf"] = sandbox_network.resolv_conf()
             config["no_outbound"] = not network  # a port alone serves; it reaches nothing
+            if allow is not None:
+                config["allow"] = allow  # the plugin's allow.go
         return {"Job": {
             "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": self.datacenters,
             "Meta": meta,
@@ -471,13 +482,14 @@ class NomadDriver(NomadFiles, Driver):
             layer = await self._layer_image(req)
             plain = layer is None and not req.network_enabled and req.port is None
             entry = self._claim(recipe.name, req.resources) if plain else None
+            cidrs = await self._allow.first(req.sandbox_id, req.network_allow) if req.network_allow else None
             if entry is not None:
                 sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
             else:
                 job_id = self._job_prefix() + req.sandbox_id
                 job = self._job(job_id, recipe, req.resources, {"hutch.sandbox": req.sandbox_id,
                                                                  "hutch.runtime": recipe.name}, layer,
-                                network=req.network_enabled, port=req.port)
+                                network=req.network_enabled, port=req.port, allow=cidrs)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:
@@ -485,6 +497,8 @@ class NomadDriver(NomadFiles, Driver):
                         await asyncio.shield(self._stop_job(job_id, None))
                     raise
                 sb = _Sandbox(req.sandbox_id, job_id, alloc_id, recipe.name, dict(req.env))
+            if cidrs is not None:
+                sb.allow, sb.allow_cidrs = list(req.network_allow), cidrs
             await asyncio.to_thread(self._save, sb)
             self._sandboxes[sb.id] = sb
 
@@ -617,6 +631,7 @@ class NomadDriver(NomadFiles, Driver):
                 with contextlib.suppress(NomadNotFound):
                     await self._client.deregister(sb.job_id, purge=False)
                 self._sandboxes.pop(sandbox_id, None)
+                self._allow.forget(sandbox_id)
                 self._paused.discard(sandbox_id)
                 self._state_path(sandbox_id).unlink(missing_ok=True)
                 self._drop_checkpoints(sandbox_id)
@@ -755,6 +770,14 @@ class NomadDriver(NomadFiles, Driver):
         if code is None:
             raise DriverFailure(f"sandbox {sb.id} ended while the command ran")
         return ExecResult(exit_code=code)
+
+    async def _apply_allow(self, sid: str, cidrs: list[str]) -> None:
+        """A refreshed allow-list (AllowLists): the plugin replaces the task's chain."""
+        async with self._lock(sid):
+            sb = self._running(sid)
+            await self._verb(sb, {"allow": cidrs})
+            sb.allow_cidrs = cidrs
+            await asyncio.to_thread(self._save, sb)
 
     async def _recover_end(self, sb: _Sandbox, tag: str, received: dict[str, int],
                            emit: Callable[[str, bytes], Awaitable[None] | None]) -> int | None:

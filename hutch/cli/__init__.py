@@ -161,6 +161,8 @@ def _sandbox_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", type=cpu_value, help="cpu limit, e.g. 500m, 1")
     p.add_argument("--disk", type=memory_value, help="disk limit, e.g. 1Gi")
     p.add_argument("--network", action="store_true", help="enable outbound network access")
+    p.add_argument("--allow", action="append", default=[], metavar="HOST_OR_CIDR",
+                   help="limit --network to this destination (repeatable; names are kept resolved)")
     p.add_argument(
         "--env", type=env_pair, action="append", default=[], metavar="KEY=VALUE", help="repeatable"
     )
@@ -520,7 +522,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = await client.run(
                 args.command,
                 **_spec(args),
-                network=True if args.network else None,
+                network=Network(enabled=True if args.network else None, allow=args.allow)
+                if args.allow else (True if args.network else None),
                 timeout=args.timeout,
                 stream={"timestamps": True} if args.timestamps else None,
                 stdout=_stdout_sink() if stream_output else None,
@@ -587,8 +590,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 def cmd_create(args: argparse.Namespace) -> int:
     network = None
-    if args.network or args.port is not None:
-        network = Network(enabled=True if args.network else None, port=args.port)
+    if args.network or args.port is not None or args.allow:
+        network = Network(enabled=True if args.network else None, port=args.port, allow=args.allow or None)
     timeouts = Timeouts(idle=args.idle_timeout, execution=args.timeout, paused=args.paused_timeout)
 
     async def work(client: SandboxClient) -> Any:

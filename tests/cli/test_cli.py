@@ -155,6 +155,15 @@ def test_run_streams_output_and_exits_with_the_command_code(
     assert body["network"] == {"enabled": True}
 
 
+def test_allow_limits_the_network_of_run_and_create(server: ThreadedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    server.wire.script = lambda argv: Script([], exit_code=0)
+    assert run_cli(capsys, "run", "--network", "--allow", "pypi.org", "--allow", "10.0.0.0/8", "--", "true")[0] == 0
+    assert server.wire.calls("POST", "/sandbox")[-1]["json"]["network"] == {
+        "enabled": True, "allow": ["pypi.org", "10.0.0.0/8"]}
+    assert run_cli(capsys, "sb", "create", "--network", "--allow", "pypi.org")[0] == 0
+    assert server.wire.calls("POST", "/sandbox")[-1]["json"]["network"] == {"enabled": True, "allow": ["pypi.org"]}
+
+
 def test_run_json_prints_the_result(
     server: ThreadedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

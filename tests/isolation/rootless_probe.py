@@ -151,6 +151,7 @@ else:
         await d.destroy(net)
         report["network"]["slirp_left"] = slirp_pid is not None and Path(f"/proc/{slirp_pid}/stat").is_file()  # noqa: ASYNC240
         report["port"] = await port_only(d, run, internet)
+        report["allow"] = await allow_list(d, run, internet)
     errors = {}
     for name, call in [
         ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
@@ -214,6 +215,19 @@ async def port_only(d: LocalDriver, run, internet: str) -> dict:  # type: ignore
         await asyncio.sleep(0.05)
     out = {"target": [host, port], "answer": answer,
            "outbound": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet)}
+    await d.destroy(sid)
+    return out
+
+
+async def allow_list(d: LocalDriver, run, internet: str) -> dict:  # type: ignore[no-untyped-def]
+    """network.allow in the sandbox's own rules: one address of the fake internet allowed,
+    its second refused; then swapped as a refresh of its names would (nsenter, unprivileged)."""
+    sid, (ip, port) = "sbx_rootless7", internet.rsplit(":", 1)
+    second = f"203.0.113.3:{port}"
+    await d.provision(ProvisionRequest(sid, PY, network_enabled=True, network_allow=(f"{ip}/32",)))
+    out = {"before": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)}
+    await d._apply_allow(sid, ["203.0.113.3/32"])
+    out["after"] = await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)
     await d.destroy(sid)
     return out
 

@@ -17,7 +17,8 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.isolation
 
 PY = "python:3.13"
 INET_HOST, INET_SERVER = "203.0.113.1", "203.0.113.2"
+INET_SERVER2 = "203.0.113.3"  # the same server under a second address (allow-list tests)
 
 
 def sh(*cmd: str) -> None:
@@ -69,11 +71,12 @@ def fake_internet_running() -> Iterator[tuple[str, int]]:
         sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
         sh("ip", "addr", "add", f"{INET_HOST}/24", "dev", veth)
         sh("ip", "link", "set", veth, "up")
-        for cmd in (["ip", "addr", "add", f"{INET_SERVER}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+        for cmd in (["ip", "addr", "add", f"{INET_SERVER}/24", "dev", "eth0"],
+                    ["ip", "addr", "add", f"{INET_SERVER2}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                     ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", INET_HOST]):
             sh("ip", "netns", "exec", ns, *cmd)
         server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8080",
-                                   "--bind", INET_SERVER],
+                                   "--bind", "0.0.0.0"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # Ready means reachable from the host's own namespace, the way sandbox traffic goes:
         # a test that starts before the server listens would see "connection refused".
@@ -190,3 +193,54 @@ async def test_destroy_and_restore_keep_the_network_right(driver: LocalDriver, f
         await asyncio.sleep(0.02)
     else:
         raise AssertionError(f"{veth} outlived its sandbox")
+
+
+@contextlib.contextmanager
+def hosts_entry(name: str, address: str) -> Iterator[Callable[[str], None]]:
+    """``name`` resolving to ``address`` through /etc/hosts (what the server's resolver
+    reads); yields a function that points it elsewhere."""
+    hosts = Path("/etc/hosts")
+    saved = hosts.read_text()
+
+    def point(to: str) -> None:
+        hosts.write_text(f"{saved.rstrip()}\n{to} {name}\n")
+
+    point(address)
+    try:
+        yield point
+    finally:
+        hosts.write_text(saved)
+
+
+async def test_an_allow_list_limits_the_network_and_follows_its_names(
+    driver: LocalDriver, fake_internet: tuple[str, int], host_server: int
+) -> None:
+    port = fake_internet[1]
+    name = f"allowed-{uuid.uuid4().hex[:8]}.hutch.test"
+    with hosts_entry(name, INET_SERVER) as point:
+        sid = new_id()
+        # Listing the host's own address or the metadata service does not open them: a list narrows.
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=True,
+                                                network_allow=(name, f"{INET_HOST}/32", "169.254.169.254/32")))
+        try:
+            targets = [(INET_SERVER, port), (INET_SERVER2, port), (INET_HOST, host_server), ("169.254.169.254", 80)]
+            seen = await probe(driver, sid, targets)
+            assert seen[f"{INET_SERVER}:{port}"].startswith("open HTTP/1."), f"{seen}\n{network_state()}"
+            assert seen[f"{INET_SERVER2}:{port}"] == "ConnectionRefusedError", seen  # refused at connect
+            assert not seen[f"{INET_HOST}:{host_server}"].startswith("open"), seen
+            assert not seen["169.254.169.254:80"].startswith("open"), seen
+            # The name now points elsewhere: the next refresh follows it.
+            point(INET_SERVER2)
+            await driver._allow.refresh()
+            seen = await probe(driver, sid, targets[:2])
+            assert seen[f"{INET_SERVER2}:{port}"].startswith("open HTTP/1."), seen
+            assert seen[f"{INET_SERVER}:{port}"] == "ConnectionRefusedError", seen
+            # A restarted server's firewall set-up keeps the list in force.
+            network._firewall_ready = False
+            network.ensure_firewall()
+            seen = await probe(driver, sid, targets[:2])
+            assert seen[f"{INET_SERVER}:{port}"] == "ConnectionRefusedError", f"{seen}\n{network_state()}"
+        finally:
+            await driver.destroy(sid)
+    rules = await asyncio.to_thread(subprocess.run, ["iptables", "-S"], capture_output=True, text=True)
+    assert "HUTCH-A" not in rules.stdout.replace("HUTCH-ALLOW", ""), rules.stdout  # destroy removed its chain

@@ -158,6 +158,14 @@ def test_a_port_is_reachable_from_the_host_and_nothing_leaves(report: dict) -> N
     assert not next(iter(seen.values())).startswith("open"), seen  # a port alone gives no outbound network
 
 
+def test_an_allow_list_limits_the_network_and_is_updated_in_place(report: dict) -> None:
+    allow = report["allow"]
+    before, after = json.loads(allow["before"]["stdout"]), json.loads(allow["after"]["stdout"])
+    first, second = list(before)
+    assert before[first].startswith("open HTTP") and before[second] == "ConnectionRefusedError", allow
+    assert after[first] == "ConnectionRefusedError" and after[second].startswith("open HTTP"), allow
+
+
 def test_what_needs_root_is_refused_by_name(report: dict) -> None:
     refused = report["refused"]
     assert refused["cpu"]["not_supported"] and refused["cpu"]["field"] == "resources.cpu"

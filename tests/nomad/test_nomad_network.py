@@ -13,9 +13,12 @@ from drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id
 from tests.isolation.test_local_network import (  # noqa: F401  (fixtures)
     INET_HOST,
+    INET_SERVER,
+    INET_SERVER2,
     fake_internet,
     host_addresses,
     host_server,
+    hosts_entry,
     network_state,
     probe,
 )
@@ -105,3 +108,36 @@ async def test_a_port_alone_serves_but_reaches_nothing(driver: NomadDriver, fake
         await asyncio.sleep(0.2)
     else:
         raise AssertionError("the port-only sandbox's outbound rule outlived it")
+
+
+async def test_an_allow_list_limits_the_network_and_follows_its_names(
+    driver: NomadDriver, fake_internet: tuple[str, int], host_server: int  # noqa: F811
+) -> None:
+    import asyncio
+    import uuid
+
+    port = fake_internet[1]
+    name = f"allowed-{uuid.uuid4().hex[:8]}.hutch.test"
+    with hosts_entry(name, INET_SERVER) as point:
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", network_enabled=True,
+                                                network_allow=(name, f"{INET_HOST}/32", "169.254.169.254/32")))
+        targets = [(INET_SERVER, port), (INET_SERVER2, port), (INET_HOST, host_server), ("169.254.169.254", 80)]
+        seen = await probe(driver, sid, targets)  # type: ignore[arg-type]
+        assert seen[f"{INET_SERVER}:{port}"].startswith("open HTTP/1."), f"{seen}\n{network_state()}"
+        assert seen[f"{INET_SERVER2}:{port}"] == "ConnectionRefusedError", seen  # refused at connect
+        assert not seen[f"{INET_HOST}:{host_server}"].startswith("open"), seen  # a list narrows, never widens
+        assert not seen["169.254.169.254:80"].startswith("open"), seen
+        point(INET_SERVER2)  # the name moves: the next refresh follows it, through the plugin's allow verb
+        await driver._allow.refresh()
+        seen = await probe(driver, sid, targets[:2])  # type: ignore[arg-type]
+        assert seen[f"{INET_SERVER2}:{port}"].startswith("open HTTP/1."), seen
+        assert seen[f"{INET_SERVER}:{port}"] == "ConnectionRefusedError", seen
+        chain = next(line.split()[-1] for line in (await fwd_rules()).splitlines() if "-j HNA-" in line)
+        await driver.destroy(sid)
+    for _ in range(100):  # the plugin removes the chain when Nomad destroys the task
+        done = await asyncio.to_thread(subprocess.run, ["iptables", "-S", chain], capture_output=True, text=True)
+        if done.returncode != 0:
+            break
+        await asyncio.sleep(0.2)
+    assert done.returncode != 0, done.stdout

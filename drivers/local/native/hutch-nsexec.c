@@ -310,7 +310,7 @@ static void loopback_up(void)
  * inside, so an exec would lose every capability; CAP_NET_ADMIN and CAP_NET_RAW are
  * passed on as ambient ones, to that one child only. The sandbox user, capability-less,
  * can neither change nor get around them (raw sockets are refused by seccomp). */
-static void load_netfilter(int fd)
+static void load_netfilter(int fd, int noflush)
 {
     struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct data[2];
@@ -324,7 +324,7 @@ static void load_netfilter(int fd)
             prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_RAW, 0, 0) < 0)
             _exit(126);
         if (dup2(fd, 0) < 0) _exit(126);
-        char *args[] = {"iptables-restore", NULL};
+        char *args[] = {"iptables-restore", noflush ? "--noflush" : NULL, NULL};
         char *env[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
         execve("/usr/sbin/iptables-restore", args, env);
         execve("/sbin/iptables-restore", args, env);
@@ -412,7 +412,7 @@ static int mode_launch(struct opts *o)
     snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s%s", o->ov_lower, o->ov_upper, o->ov_work,
              o->userns ? ",userxattr" : "");
     TRY(mount("overlay", o->ov_target, "overlay", MS_NOSUID | MS_NODEV, data), "mount overlay: %s", strerror(errno));
-    if (o->netfilter_fd >= 0) load_netfilter(o->netfilter_fd);
+    if (o->netfilter_fd >= 0) load_netfilter(o->netfilter_fd, 0);
     TRY(chdir(o->ov_target), "chdir %s: %s", o->ov_target, strerror(errno));
     TRY(mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mount /proc: %s", strerror(errno));
     setup_dev(o->userns);
@@ -816,9 +816,23 @@ static int mode_fs(struct opts *o)
     return 0;
 }
 
+/* A live rootless sandbox's egress rules changed (network.allow resolved anew): join its
+ * user namespace (ours: we get every capability in it) and its network namespace only,
+ * and load the rules on stdin as at launch, without flushing what they do not name. */
+static int mode_netfilter(struct opts *o)
+{
+    int pidfd = syscall(SYS_pidfd_open, o->pid, 0);
+    TRY(pidfd, "sandbox init %d: %s", o->pid, strerror(errno));
+    TRY(setns(pidfd, CLONE_NEWUSER), "setns user: %s", strerror(errno));
+    TRY(setns(pidfd, CLONE_NEWNET), "setns net: %s", strerror(errno));
+    close(pidfd);
+    load_netfilter(0, 1);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2) fail("setup", "usage: hutch-nsexec launch|init|exec|write|fs [options] [-- argv]");
+    if (argc < 2) fail("setup", "usage: hutch-nsexec launch|init|exec|write|fs|netfilter [options] [-- argv]");
     struct opts *o = calloc(1, sizeof *o);
     if (!o) fail("setup", "out of memory");
     parse(argc, argv, o);
@@ -830,6 +844,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "exec")) return mode_exec(o);
     if (!strcmp(mode, "write")) return mode_write(o);
     if (!strcmp(mode, "fs")) return mode_fs(o);
+    if (!strcmp(mode, "netfilter")) return mode_netfilter(o);
     fail("setup", "unknown mode %s", mode);
     return 125;
 }

@@ -81,6 +81,7 @@ var (
 		"resolv_conf":    hclspec.NewAttr("resolv_conf", "string", false),
 		"no_outbound":    hclspec.NewAttr("no_outbound", "bool", false),
 		"disk_bytes":     hclspec.NewAttr("disk_bytes", "number", false),
+		"allow":          hclspec.NewAttr("allow", "list(string)", false),
 	})
 
 	capabilities = &drivers.Capabilities{
@@ -124,6 +125,7 @@ type TaskConfig struct {
 	ResolvConf  string   `codec:"resolv_conf"`
 	NoOutbound  bool     `codec:"no_outbound"` // on the bridge only to serve a port
 	DiskBytes   int64    `codec:"disk_bytes"`  // a disk limit (disk.go); 0: none
+	Allow       []string `codec:"allow"`       // network.allow's CIDRs (allow.go); none: unrestricted
 }
 
 // TaskState is what Nomad keeps for RecoverTask.
@@ -390,6 +392,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			if err := restrictOutbound(ni.Path, id); err != nil {
 				return nil, nil, err
 			}
+		} else if len(tc.Allow) > 0 {
+			if err := setAllowed(ni.Path, id, tc.ResolvConf, tc.Allow); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	if lr := cfg.Resources; lr != nil && lr.LinuxResources != nil && lr.LinuxResources.MemoryLimitBytes > 0 {
@@ -572,6 +578,14 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 				return fmt.Errorf("restricting %s: %v", state.ContainerID, err)
 			}
 		}
+	} else if err == nil && len(tc.Allow) > 0 {
+		// The jump went with the chains' reinstall; the chain is put back as created (the
+		// hutch server sends its current addresses at its next refresh).
+		if ni := handle.Config.NetworkIsolation; ni != nil && ni.Path != "" {
+			if err := setAllowed(ni.Path, state.ContainerID, tc.ResolvConf, tc.Allow); err != nil {
+				return fmt.Errorf("limiting %s: %v", state.ContainerID, err)
+			}
+		}
 	}
 	h := newTaskHandle(d, handle.Config, container, task, state.Workspace)
 	h.startedAt, h.disk = state.StartedAt, state.Disk
@@ -649,6 +663,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	ctx := d.nsCtx(d.ctx)
 	d.deleteContainer(ctx, h.container)
 	removeOutboundRule(h.container.ID())
+	removeAllowChain(h.container.ID())
 	if h.disk != "" && strings.HasPrefix(h.disk, d.config.WorkspaceRoot+"/") {
 		removeDisk(h.disk) // the workspace with it
 	} else if h.workspace != "" && strings.HasPrefix(h.workspace, d.config.WorkspaceRoot+"/") {
@@ -745,6 +760,9 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		}
 		return &drivers.ExitResult{ExitCode: 0}, nil
 	}
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Allow != nil {
+		return h.setAllowed(*envelope.Allow)
+	}
 	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Usage {
 		out, _ := json.Marshal(h.usage())
 		if _, err := opts.Stdout.Write(out); err != nil {
@@ -775,17 +793,19 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //	{"freeze": true|false}                                  pause / resume the whole container
 //	{"usage": true}                                         the container's cpu and peak memory, as JSON
 //	{"exit": "exec-1"}                                      how the ended tagged exec ended, as JSON (exits.go)
+//	{"allow": ["1.2.3.4/32", ...]}                          replace the task's network.allow addresses (allow.go)
 //
 // The kill verb exists because closing the exec websocket does not reach the plugin while
 // the command is silent: Nomad's HTTP handler only notices at the command's next output.
 type execEnvelopeSpec struct {
-	Env    []string `json:"env"`
-	Cwd    string   `json:"cwd"`
-	Tag    string   `json:"tag"`
-	Kill   string   `json:"kill"`
-	Freeze *bool    `json:"freeze"`
-	Usage  bool     `json:"usage"`
-	Exit   string   `json:"exit"`
+	Env    []string  `json:"env"`
+	Cwd    string    `json:"cwd"`
+	Tag    string    `json:"tag"`
+	Kill   string    `json:"kill"`
+	Freeze *bool     `json:"freeze"`
+	Usage  bool      `json:"usage"`
+	Exit   string    `json:"exit"`
+	Allow  *[]string `json:"allow"`
 	// NoStdin: the command gets an empty stdin (end of file at once), without waiting for
 	// the exec stream's stdin close to travel through Nomad.
 	NoStdin bool `json:"noStdin"`

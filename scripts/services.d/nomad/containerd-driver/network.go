@@ -149,17 +149,13 @@ func groupNetwork(netnsPath, resolvConf, taskDir string) ([]oci.SpecOpts, []spec
 // own: new connections from its address are dropped (replies to inbound ones still pass).
 // The rule is tagged with the container id so removeOutboundRule finds it.
 func restrictOutbound(netnsPath, id string) error {
-	out, err := exec.Command("nsenter", "--net="+netnsPath, "ip", "-4", "-o", "addr", "show", "eth0").CombinedOutput()
+	ip, err := bridgeAddress(netnsPath)
 	if err != nil {
-		return fmt.Errorf("reading the address of %s: %v: %s", netnsPath, err, out)
-	}
-	m := regexp.MustCompile(`inet (\d+\.\d+\.\d+\.\d+)/`).FindSubmatch(out)
-	if m == nil {
-		return fmt.Errorf("eth0 of %s has no IPv4 address: %s", netnsPath, out)
+		return err
 	}
 	firewallMu.Lock()
 	defer firewallMu.Unlock()
-	return ipt("-I", "HUTCH-NOMAD-FWD", "1", "-i", bridgeName, "-s", string(m[1]), "-m", "conntrack",
+	return ipt("-I", "HUTCH-NOMAD-FWD", "1", "-i", bridgeName, "-s", ip, "-m", "conntrack",
 		"--ctstate", "NEW", "-m", "comment", "--comment", "hutch:"+id, "-j", "DROP")
 }
 

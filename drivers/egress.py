@@ -1,0 +1,120 @@
+"""``network.allow`` at run time: host names resolved by the server, and kept current.
+
+A sandbox's allow-list becomes a set of IPv4 CIDRs (``resolve``); each driver turns the
+set into its firewall rules. A host name's addresses change (CDNs rotate them), so an
+``AllowLists`` re-resolves every ``HUTCH_ALLOW_REFRESH`` seconds (default 60) and hands a
+changed set to the driver's ``apply``. The set only grows by what the names resolve to
+now and drops what they no longer do; a name that fails to resolve keeps its last
+addresses (a resolver hiccup must not cut a sandbox off, nor open it up).
+
+The sandbox's own DNS queries are allowed to its name servers only: without them no name
+could be used. That is a channel (a query carries data to whoever runs the name's
+authoritative server); documented in the README as the limit of an allow-list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+
+from core.egress import FIELD, hostnames, is_network
+from core.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS = float(os.environ.get("HUTCH_ALLOW_REFRESH", "60"))
+RESOLVE_TIMEOUT = 10.0
+
+
+async def _addresses(name: str) -> set[str]:
+    loop = asyncio.get_running_loop()
+    infos = await asyncio.wait_for(loop.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM),
+                                   RESOLVE_TIMEOUT)
+    return {f"{info[4][0]}/32" for info in infos}
+
+
+async def resolve(entries: Sequence[str], previous: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """Each entry's CIDRs. Without ``previous`` (at create) a name that does not resolve is a
+    400 naming it; with it (a refresh) the name keeps its previous addresses."""
+    out: dict[str, set[str]] = {e: {e} for e in entries if is_network(e)}
+    names = hostnames(entries)
+    results = await asyncio.gather(*(_addresses(n) for n in names), return_exceptions=True)
+    for name, got in zip(names, results, strict=True):
+        if isinstance(got, BaseException) or not got:
+            if previous is None:
+                why = f"{got}" if isinstance(got, BaseException) else "no IPv4 address"
+                raise InvalidInput(f"{FIELD}: {name!r} does not resolve ({why or type(got).__name__})", field=FIELD)
+            out[name] = previous.get(name, set())
+            log.warning("network.allow: %s did not resolve (%s); keeping its last addresses", name, got)
+        else:
+            out[name] = got
+    return out
+
+
+def flatten(resolved: dict[str, set[str]]) -> list[str]:
+    return sorted(set().union(*resolved.values())) if resolved else []
+
+
+Apply = Callable[[str, list[str]], Awaitable[None]]
+
+
+class AllowLists:
+    """The allow-lists of a driver's live sandboxes, re-resolved in the background."""
+
+    def __init__(self, apply: Apply, interval: float = REFRESH_SECONDS) -> None:
+        self._apply = apply
+        self._interval = interval
+        self._lists: dict[str, tuple[tuple[str, ...], dict[str, set[str]]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def first(self, sandbox_id: str, entries: Sequence[str]) -> list[str]:
+        """Resolve a new sandbox's list (a 400 if a name does not resolve); its CIDRs."""
+        resolved = await resolve(entries)
+        self._lists[sandbox_id] = (tuple(entries), resolved)
+        self._ensure_running()
+        return flatten(resolved)
+
+    def adopt(self, sandbox_id: str, entries: Sequence[str], cidrs: Sequence[str]) -> None:
+        """A sandbox whose rules are already in place (an earlier server's)."""
+        if sandbox_id not in self._lists:
+            self._lists[sandbox_id] = (tuple(entries), {e: set(cidrs) for e in entries})
+            self._ensure_running()
+
+    def forget(self, sandbox_id: str) -> None:
+        self._lists.pop(sandbox_id, None)
+
+    async def refresh(self) -> None:
+        """One round: re-resolve every list, apply the changed ones."""
+        for sid, (entries, old) in list(self._lists.items()):
+            new = await resolve(entries, old)
+            if sid not in self._lists:
+                continue  # destroyed meanwhile
+            self._lists[sid] = (entries, new)
+            if flatten(new) != flatten(old):
+                try:
+                    await self._apply(sid, flatten(new))
+                except Exception as err:  # a sandbox on its way out; the next round tries again
+                    log.warning("network.allow: updating %s failed: %s", sid, err)
+                    self._lists[sid] = (entries, old)
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while self._lists:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("network.allow: refresh failed")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,61 @@
+"""network.allow's pure parts (core/egress.py) and the refresh logic of drivers/egress.py,
+with the resolver replaced (the real one is exercised by the isolation tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.egress import parse_allow
+from core.errors import InvalidInput
+from drivers import egress
+
+
+def test_entries_are_normalised_and_deduplicated() -> None:
+    assert parse_allow(["PyPI.org.", "10.1.2.3", "10.0.0.0/8", "pypi.org", "10.1.0.0/16"]) == (
+        "pypi.org", "10.1.2.3/32", "10.0.0.0/8", "10.1.0.0/16")
+
+
+@pytest.mark.parametrize("bad", [["a" * 64 + ".com"], ["x..y"], ["-x.com"], ["300.1.1.1"], ["10.0.0.0/33"], [5]])
+def test_bad_entries_name_the_field(bad: list) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_allow(bad)
+    assert err.value.field == "network.allow"
+
+
+async def test_a_refresh_applies_changes_only_and_keeps_addresses_of_names_that_fail(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    answers: dict[str, set[str] | Exception] = {"a.test": {"1.1.1.1/32"}, "b.test": {"2.2.2.2/32"}}
+
+    async def fake(name: str) -> set[str]:
+        got = answers[name]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    monkeypatch.setattr(egress, "_addresses", fake)
+    applied: list[tuple[str, list[str]]] = []
+
+    async def apply(sid: str, cidrs: list[str]) -> None:
+        applied.append((sid, cidrs))
+
+    lists = egress.AllowLists(apply, interval=3600)
+    assert await lists.first("sbx_1", ["a.test", "b.test", "10.0.0.0/8"]) == ["1.1.1.1/32", "10.0.0.0/8", "2.2.2.2/32"]
+    await lists.refresh()
+    assert applied == []  # nothing changed: no rules rewritten
+    answers["a.test"] = {"3.3.3.3/32"}
+    answers["b.test"] = OSError("resolver down")
+    await lists.refresh()
+    assert applied == [("sbx_1", ["10.0.0.0/8", "2.2.2.2/32", "3.3.3.3/32"])]  # b.test kept its address
+    lists.forget("sbx_1")
+    answers["a.test"] = {"4.4.4.4/32"}
+    await lists.refresh()
+    assert len(applied) == 1
+    await lists.close()
+
+
+async def test_a_name_that_does_not_resolve_at_create_is_a_400(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    async def fake(name: str) -> set[str]:
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(egress, "_addresses", fake)
+    with pytest.raises(InvalidInput, match=r"nope\.test"):
+        await egress.resolve(["nope.test"])
