@@ -8,6 +8,7 @@ Every driver passes the same conformance suite (``tests/contracts/test_driver.py
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
@@ -33,6 +34,11 @@ class Capabilities:
     tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
+
+
+# Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
+# pids guard ends it), not at the host's pid_max.
+DEFAULT_PIDS = int(os.environ.get("HUTCH_DEFAULT_PIDS", "1024"))
 
 
 @attrs.frozen

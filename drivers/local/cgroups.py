@@ -172,6 +172,25 @@ class Cgroups(abc.ABC):
     def pids(self, sandbox: str, leaf: str | None = None) -> list[int]:
         return _pids(self.paths(sandbox, leaf)[0])
 
+    def leaves(self, sandbox: str) -> list[str]:
+        """The sandbox's leaves (one per execution, kept while its background processes live)."""
+        with contextlib.suppress(OSError):
+            return [p.name for p in self.paths(sandbox)[0].iterdir() if p.is_dir()]
+        return []
+
+    def _pids_dir(self, sandbox: str) -> Path | None:
+        return self.paths(sandbox)[0]
+
+    def fork_refusals(self, sandbox: str) -> int:
+        """How many forks the sandbox's pids limit has refused (pids.events "max")."""
+        path = self._pids_dir(sandbox)
+        with contextlib.suppress(OSError, ValueError):
+            for line in (path / "pids.events").read_text().splitlines() if path else ():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+        return 0
+
     async def kill(self, sandbox: str, leaf: str | None = None, *, deadline: float = 10.0) -> None:
         """SIGKILL every process in the sandbox (or one leaf) until none is left.
 
@@ -322,6 +341,9 @@ class CgroupV1(Cgroups):
             return (self.paths(sandbox)[0] / "freezer.state").read_text().strip() != "THAWED"
         except FileNotFoundError:
             return False
+
+    def _pids_dir(self, sandbox: str) -> Path | None:
+        return self.mounts["pids"] / PARENT / self.instance / sandbox if "pids" in self.mounts else None
 
     def sandboxes(self) -> set[str]:
         found: set[str] = set()

@@ -73,6 +73,7 @@ from core.errors import (
     SandboxNotFound,
 )
 from drivers.base import (
+    DEFAULT_PIDS,
     Capabilities,
     Driver,
     ExecRequest,
@@ -84,10 +85,11 @@ from drivers.base import (
 )
 from drivers.builds import Builds
 from drivers.egress import AllowLists
-from drivers.local import disks, layers, network, rootfs, slirp, uids
+from drivers.local import disks, layers, network, pidsguard, rootfs, slirp, uids
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
 from drivers.local.native import ensure_helper
+from drivers.local.pidsguard import PidsGuard
 from drivers.local.smallfiles import get as _get
 from drivers.local.smallfiles import put as _put
 from drivers.local.spares import SpareDirs
@@ -199,6 +201,7 @@ class LocalDriver(FilesMixin, Driver):
             egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
         )
         self._allow = AllowLists(self._apply_allow)  # network.allow, kept current (drivers/egress.py)
+        self._guard: asyncio.Task[None] | None = None  # pidsguard.py: fork bombs left behind
         self._helper: Path | None = None
         self._sandboxes: dict[str, _Sandbox] = {}
         self._executions: dict[str, _Execution] = {}
@@ -241,6 +244,7 @@ class LocalDriver(FilesMixin, Driver):
         me = os.getpid()
         self._pool_tag = f"{POOL_PREFIX}{me}-{_start_time(me)}-{secrets.token_hex(4)}"
         await self._reap_leftovers()
+        self._guard = asyncio.create_task(self._guard_pids())
 
     def _prepare(self) -> Path:
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
@@ -287,6 +291,10 @@ class LocalDriver(FilesMixin, Driver):
     async def close(self) -> None:
         self._closed = True
         await self._allow.close()
+        if self._guard is not None:
+            self._guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._guard
         # Not cancelled: a fill in progress finishes in its thread, sees _closed and
         # destroys what it made; a destroy in progress completes.
         while self._background:
@@ -466,7 +474,7 @@ class LocalDriver(FilesMixin, Driver):
         # From here on the sandbox is ``sid``'s: on failure the caller tears ``sid`` down.
         uids.move_claim(pooled.uid, old_dir, new_dir)
         res = req.resources
-        self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
+        self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         sb = _Sandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
                       init_pid=pooled.init_pid, init_start=pooled.init_start)
         self._write_meta(new_dir, sb)
@@ -535,9 +543,9 @@ class LocalDriver(FilesMixin, Driver):
         res = req.resources
         sb = _Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer)
         if self._cgroups is not None:
-            self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids)
+            self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         else:
-            sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids
+            sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids or DEFAULT_PIDS
         if req.network_allow:  # resolved first: a name that does not resolve makes nothing
             sb.allow, sb.allow_cidrs = list(req.network_allow), await self._allow.first(sid, req.network_allow)
         rules = slirp.egress_rules(outbound=req.network_enabled, allow=sb.allow_cidrs if sb.allow else None) \
@@ -1083,6 +1091,20 @@ class LocalDriver(FilesMixin, Driver):
             return
         execution.cancelled = True
         await self._kill_leaf(execution.sandbox_id, execution.leaf)
+
+    async def _guard_pids(self) -> None:
+        """Every second: the leaves of sandboxes held at their pids limit (pidsguard.py)."""
+        assert self._cgroups is not None
+        guard = PidsGuard(self._cgroups)
+
+        def running(sid: str) -> set[str]:
+            return {ex.leaf for ex in self._executions.values() if ex.sandbox_id == sid}
+
+        while not self._closed:
+            await asyncio.sleep(pidsguard.PERIOD)
+            for sid, leaf in guard.check(list(self._sandboxes), running):
+                with contextlib.suppress(Exception):  # gone meanwhile
+                    await self._kill_leaf(sid, leaf)
 
     async def _kill_leaf(self, sid: str, leaf: str) -> None:
         """Kill the process tree of one execution (or file operation): its cgroup leaf,

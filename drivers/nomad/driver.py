@@ -64,6 +64,7 @@ from core.errors import (
 )
 from core.runtimes import RuntimeRecipe
 from drivers.base import (
+    DEFAULT_PIDS,
     Capabilities,
     Driver,
     ExecRequest,
@@ -97,7 +98,6 @@ PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
 # pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM.
 INIT = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
 DEFAULT_MEMORY_MB = 256
-DEFAULT_PIDS = 1024
 CPU_RESERVATION_MHZ = 10
 PLACE_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0

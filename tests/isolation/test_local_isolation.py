@@ -187,6 +187,26 @@ async def test_fork_bomb_is_contained(driver: LocalDriver) -> None:
         await driver.destroy(other)
 
 
+async def test_a_fork_bomb_left_behind_by_an_ended_command_is_ended(driver: LocalDriver) -> None:
+    # Its command ends at once (timeouts and cancel never reach it); the bomb would hold the
+    # sandbox at its pids limit for ever: the pids guard ends its leaf (pidsguard.py).
+    sid = await provision(driver, PY, resources=Resources(pids=64))
+    try:
+        result, _ = await run(driver, sid, "sh", "-c", "b(){ b | b & }; b; exit 0", timeout=10)
+        assert not result.timed_out
+        started = time.monotonic()
+        while time.monotonic() - started < 15:
+            result, out = await run(driver, sid, "sh", "-c", "echo usable; ps -e --no-headers | wc -l", timeout=5)
+            words = out.stdout.split()
+            if result.exit_code == 0 and len(words) == 2 and int(words[1]) <= 5:
+                break
+            await asyncio.sleep(0.2)
+        assert result.exit_code == 0 and int(out.stdout.split()[1]) <= 5, out.stdout  # init, sh, ps, wc
+        assert time.monotonic() - started < 10  # two guard periods and the kill, with room for a loaded CI
+    finally:
+        await driver.destroy(sid)
+
+
 async def test_background_fork_bomb_dies_with_the_sandbox(driver: LocalDriver) -> None:
     sid = await provision(driver, PY, resources=Resources(pids=64))
     assert driver._cgroups is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -84,3 +85,20 @@ async def test_a_fork_bomb_leaves_the_sandbox_usable(driver: NomadDriver) -> Non
         await asyncio.sleep(0.1)
     assert code == 0 and out.splitlines()[0] == "usable", out
     assert int(out.splitlines()[1]) < 10, out  # the bomb's processes are gone, not just held back
+
+
+async def test_a_fork_bomb_left_behind_by_an_ended_command_is_ended(driver: NomadDriver) -> None:
+    # The issue's own case: the command ends by itself, its bomb runs on in the background;
+    # the plugin's pids guard (pidsguard.go) ends the exec tag that fills the limit.
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources(pids=128)))
+    await run(driver, sid, ["sh", "-c", "b(){ b | b & }; b; sleep 2"], timeout=10.0)
+    started = time.monotonic()
+    code, out = 1, ""
+    while time.monotonic() - started < 30:
+        code, out = await run(driver, sid, ["sh", "-c", "echo usable; ps -e | wc -l"])
+        words = out.split()
+        if code == 0 and len(words) == 2 and int(words[1]) < 10:
+            break
+        await asyncio.sleep(0.3)
+    assert code == 0 and out.split()[0] == "usable" and int(out.split()[1]) < 10, out

@@ -450,6 +450,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		d.deleteContainer(ctx, container)
 		return nil, nil, fmt.Errorf("starting task %s: %v", id, err)
 	}
+	commandsBeforeInit(int(task.Pid()), d.logger)
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
 	state := TaskState{ContainerID: id, Workspace: workspaceHost, Disk: disk, StartedAt: h.startedAt}
@@ -460,6 +461,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	failed = false
 	d.setTask(cfg.ID, h)
 	go h.watch(exitC)
+	go h.guardPids()
 	return handle, nil, nil
 }
 
@@ -487,6 +489,24 @@ func bind(src, dst string, readonly bool) specs.Mount {
 		options = append(options, "rw")
 	}
 	return specs.Mount{Type: "bind", Source: src, Destination: dst, Options: options}
+}
+
+// commandsBeforeInit makes the OOM killer take what commands start before the sandbox's
+// pid 1 when the memory limit is reached (a killed init ends the allocation: a fork bomb
+// at the limit took its sandbox with it). Lowering init's score needs CAP_SYS_RESOURCE,
+// which hosts like this one withhold even from root; raising needs nothing. So the
+// container's shim, init's parent, is raised once init runs: every exec inherits its
+// score through runc exec (the container's spec sets none), init keeps the old one.
+func commandsBeforeInit(initPid int, logger log.Logger) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", initPid))
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if err != nil || len(fields) < 2 {
+		logger.Warn("finding the shim of a sandbox's init", "pid", initPid, "error", err)
+		return
+	}
+	if err := os.WriteFile("/proc/"+fields[1]+"/oom_score_adj", []byte("500"), 0); err != nil {
+		logger.Warn("raising the OOM score of a sandbox's commands", "shim", fields[1], "error", err)
+	}
 }
 
 // withMemorySwap makes the memory limit include swap, so a limit is a limit.
@@ -595,6 +615,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	}
 	d.setTask(handle.Config.ID, h)
 	go h.watch(exitC)
+	go h.guardPids()
 	return nil
 }
 
