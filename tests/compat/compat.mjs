@@ -428,6 +428,18 @@ await check('events: asc/desc/limit', async () => {
 }, { needs: ['sbx'] });
 
 if (EXTENDED) {
+	await check('run: resources.disk is enforced (ENOSPC at the limit, df shows it)', async () => {
+		const res = await client.run({
+			runtime: RUNTIME,
+			resources: { disk: '32Mi' },
+			command: { exec: ['sh', '-c', 'dd if=/dev/zero of=big bs=1M count=64 2>&1 | head -1; rm big; df -k . | tail -1'] },
+		});
+		assert.match(res.stdout, /No space left on device/, 'dd past the limit');
+		const total = Number(res.stdout.trim().split('\n').pop().split(/\s+/)[1]);
+		assert.ok(total > 16 * 1024 && total <= 32 * 1024, `df size ${total} KiB`);
+		assert.equal(res.exitCode, 0, 'exitCode');
+	});
+
 	await check('fs: writeFiles / readFile / listFiles / rm / mkdir', async () => {
 		const n = await state.sbx.writeFiles([{ path: 'fs/a.txt', content: enc('A') }]);
 		assert.equal(n, 1, 'filesWritten');
