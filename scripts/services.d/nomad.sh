@@ -62,7 +62,7 @@ stop_pid() {  # name [signal]
 
 install_packages() {
   local missing=() pkg
-  for pkg in containerd runc docker-registry umoci skopeo curl containernetworking-plugins iptables iproute2 util-linux; do
+  for pkg in containerd runc docker-registry umoci skopeo curl containernetworking-plugins iptables iproute2 util-linux e2fsprogs; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
