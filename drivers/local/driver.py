@@ -371,7 +371,10 @@ class LocalDriver(FilesMixin, Driver):
             if (self.sandbox_root / req.sandbox_id).exists() or leftover_cgroup:
                 await self._teardown(req.sandbox_id)  # a dead one's remains
             layer = await self._layer(recipe, req)
-            sb = await self._claim_pooled(req) if layer is None and not req.resources.disk_bytes else None
+            # A pooled sandbox has its layer on the host's disk and no allow-list (its network is
+            # made after the claim): a disk limit or network.allow is made from scratch.
+            poolable = layer is None and not req.resources.disk_bytes and not req.network_allow
+            sb = await self._claim_pooled(req) if poolable else None
             if sb is None:
                 try:
                     sb = await self._provision_new(req, layers.lowers(self.runtime_cache, recipe, layer), layer)
