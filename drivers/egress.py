@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from core.egress import FIELD, hostnames, is_network
 from core.errors import InvalidInput
@@ -40,7 +40,7 @@ async def _addresses(name: str) -> set[str]:
 async def resolve(entries: Sequence[str], previous: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
     """Each entry's CIDRs. Without ``previous`` (at create) a name that does not resolve is a
     400 naming it; with it (a refresh) the name keeps its previous addresses."""
-    out: dict[str, set[str]] = {e: {e} for e in entries if is_network(e)}
+    out: dict[str, set[str]] = {e: {e} if is_network(e) else set() for e in entries}  # in their order
     names = hostnames(entries)
     results = await asyncio.gather(*(_addresses(n) for n in names), return_exceptions=True)
     for name, got in zip(names, results, strict=True):
@@ -55,11 +55,14 @@ async def resolve(entries: Sequence[str], previous: dict[str, set[str]] | None =
     return out
 
 
-def flatten(resolved: dict[str, set[str]]) -> list[str]:
+# A sandbox's list as drivers keep it (in their state files): each entry and its CIDRs,
+# in the order given. The rules are the union (flatten); the entries are the keys.
+Resolved = dict[str, list[str]]
+Apply = Callable[[str, Resolved], Awaitable[None]]
+
+
+def flatten(resolved: Mapping[str, Iterable[str]]) -> list[str]:
     return sorted(set().union(*resolved.values())) if resolved else []
-
-
-Apply = Callable[[str, list[str]], Awaitable[None]]
 
 
 class AllowLists:
@@ -68,20 +71,20 @@ class AllowLists:
     def __init__(self, apply: Apply, interval: float = REFRESH_SECONDS) -> None:
         self._apply = apply
         self._interval = interval
-        self._lists: dict[str, tuple[tuple[str, ...], dict[str, set[str]]]] = {}
+        self._lists: dict[str, dict[str, set[str]]] = {}
         self._task: asyncio.Task[None] | None = None
 
-    async def first(self, sandbox_id: str, entries: Sequence[str]) -> list[str]:
-        """Resolve a new sandbox's list (a 400 if a name does not resolve); its CIDRs."""
+    async def first(self, sandbox_id: str, entries: Sequence[str]) -> Resolved:
+        """Resolve a new sandbox's list (a 400 if a name does not resolve)."""
         resolved = await resolve(entries)
-        self._lists[sandbox_id] = (tuple(entries), resolved)
+        self._lists[sandbox_id] = resolved
         self._ensure_running()
-        return flatten(resolved)
+        return _listed(resolved)
 
-    def adopt(self, sandbox_id: str, entries: Sequence[str], cidrs: Sequence[str]) -> None:
+    def adopt(self, sandbox_id: str, resolved: Resolved) -> None:
         """A sandbox whose rules are already in place (an earlier server's)."""
         if sandbox_id not in self._lists:
-            self._lists[sandbox_id] = (tuple(entries), {e: set(cidrs) for e in entries})
+            self._lists[sandbox_id] = {e: set(c) for e, c in resolved.items()}
             self._ensure_running()
 
     def forget(self, sandbox_id: str) -> None:
@@ -89,17 +92,17 @@ class AllowLists:
 
     async def refresh(self) -> None:
         """One round: re-resolve every list, apply the changed ones."""
-        for sid, (entries, old) in list(self._lists.items()):
-            new = await resolve(entries, old)
+        for sid, old in list(self._lists.items()):
+            new = await resolve(list(old), old)
             if sid not in self._lists:
                 continue  # destroyed meanwhile
-            self._lists[sid] = (entries, new)
-            if flatten(new) != flatten(old):
+            self._lists[sid] = new
+            if new != old:
                 try:
-                    await self._apply(sid, flatten(new))
+                    await self._apply(sid, _listed(new))
                 except Exception as err:  # a sandbox on its way out; the next round tries again
                     log.warning("network.allow: updating %s failed: %s", sid, err)
-                    self._lists[sid] = (entries, old)
+                    self._lists[sid] = old
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
@@ -118,3 +121,7 @@ class AllowLists:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def _listed(resolved: dict[str, set[str]]) -> Resolved:
+    return {entry: sorted(cidrs) for entry, cidrs in resolved.items()}

@@ -84,7 +84,7 @@ from drivers.base import (
     Usage,
 )
 from drivers.builds import Builds
-from drivers.egress import AllowLists
+from drivers.egress import AllowLists, flatten
 from drivers.local import disks, layers, network, pidsguard, rootfs, slirp, uids
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.fsops import FilesMixin
@@ -139,8 +139,7 @@ class _Sandbox:
     slirp_pid: int | None = None
     slirp_start: int | None = None
     host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
-    allow: list[str] = attrs.field(factory=list)  # network.allow's entries, and what they resolved to
-    allow_cidrs: list[str] = attrs.field(factory=list)
+    allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
 
 
 @attrs.define
@@ -340,7 +339,7 @@ class LocalDriver(FilesMixin, Driver):
             if sb is not None and _start_time(sb.init_pid) == sb.init_start:
                 found.add(sb.id)
                 if sb.allow:  # an earlier server's: its rules stand; keep its names current
-                    self._allow.adopt(sb.id, sb.allow, sb.allow_cidrs)
+                    self._allow.adopt(sb.id, sb.allow)
         return found
 
     def _lock(self, sid: str) -> asyncio.Lock:
@@ -427,7 +426,7 @@ class LocalDriver(FilesMixin, Driver):
     def _network_sync(self, sb: _Sandbox) -> None:
         """The sandbox's veth (network or a port) and its allow-list, before the veth: see network.py."""
         if sb.allow:
-            network.set_allowed(sb.uid - UID_BASE, sb.allow_cidrs)
+            network.set_allowed(sb.uid - UID_BASE, flatten(sb.allow))
         network.setup(sb.init_pid, sb.uid - UID_BASE, outbound=sb.network)
         self._write_meta(self.sandbox_root / sb.id, sb)
 
@@ -550,8 +549,8 @@ class LocalDriver(FilesMixin, Driver):
         else:
             sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids or DEFAULT_PIDS
         if req.network_allow:  # resolved first: a name that does not resolve makes nothing
-            sb.allow, sb.allow_cidrs = list(req.network_allow), await self._allow.first(sid, req.network_allow)
-        rules = slirp.egress_rules(outbound=req.network_enabled, allow=sb.allow_cidrs if sb.allow else None) \
+            sb.allow = await self._allow.first(sid, req.network_allow)
+        rules = slirp.egress_rules(outbound=req.network_enabled, allow=flatten(sb.allow) if sb.allow else None) \
             if slirp_net else None
         sb.init_pid, sb.init_start = await self._launch(d, sb, lower, rules)
         if slirp_net:
@@ -564,8 +563,9 @@ class LocalDriver(FilesMixin, Driver):
         self._write_meta(d, sb)
         return sb
 
-    async def _apply_allow(self, sid: str, cidrs: list[str]) -> None:
+    async def _apply_allow(self, sid: str, resolved: dict[str, list[str]]) -> None:
         """A refreshed allow-list (AllowLists): the sandbox's rules replaced whole."""
+        cidrs = flatten(resolved)
         async with self._lock(sid):
             sb = self._running(sid)
             if self.rootless:
@@ -573,7 +573,7 @@ class LocalDriver(FilesMixin, Driver):
                 await asyncio.to_thread(slirp.set_allowed, self._helper, sb.init_pid, cidrs)
             else:
                 await asyncio.to_thread(network.set_allowed, sb.uid - UID_BASE, cidrs)
-            sb.allow_cidrs = cidrs
+            sb.allow = resolved
             self._write_meta(self.sandbox_root / sid, sb)
 
     def _slirp_socket(self, sid: str) -> Path:

@@ -77,7 +77,7 @@ from drivers.base import (
     Usage,
 )
 from drivers.builds import Builds
-from drivers.egress import AllowLists
+from drivers.egress import AllowLists, flatten
 from drivers.local import layers, rootfs
 from drivers.local import network as sandbox_network
 from drivers.nomad import images
@@ -119,8 +119,7 @@ class _Sandbox:
     runtime: str
     env: dict[str, str]
     port_target: tuple[str, int] | None = attrs.field(default=None, eq=False)  # read from Nomad, cached
-    allow: list[str] = attrs.field(factory=list)  # network.allow's entries, and what they resolved to
-    allow_cidrs: list[str] = attrs.field(factory=list)
+    allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
 
 
 @attrs.define
@@ -295,7 +294,7 @@ class NomadDriver(NomadFiles, Driver):
             if await self._alloc_running(sb.job_id, sb.alloc_id):
                 self._sandboxes[sb.id] = sb
                 if sb.allow:
-                    self._allow.adopt(sb.id, sb.allow, sb.allow_cidrs)
+                    self._allow.adopt(sb.id, sb.allow)
             else:
                 self._state_path(sb.id).unlink(missing_ok=True)
                 if sb.job_id in jobs:
@@ -482,14 +481,15 @@ class NomadDriver(NomadFiles, Driver):
             layer = await self._layer_image(req)
             plain = layer is None and not req.network_enabled and req.port is None
             entry = self._claim(recipe.name, req.resources) if plain else None
-            cidrs = await self._allow.first(req.sandbox_id, req.network_allow) if req.network_allow else None
+            allow = await self._allow.first(req.sandbox_id, req.network_allow) if req.network_allow else None
             if entry is not None:
                 sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
             else:
                 job_id = self._job_prefix() + req.sandbox_id
                 job = self._job(job_id, recipe, req.resources, {"hutch.sandbox": req.sandbox_id,
                                                                  "hutch.runtime": recipe.name}, layer,
-                                network=req.network_enabled, port=req.port, allow=cidrs)
+                                network=req.network_enabled, port=req.port,
+                                allow=flatten(allow) if allow is not None else None)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:
@@ -497,8 +497,8 @@ class NomadDriver(NomadFiles, Driver):
                         await asyncio.shield(self._stop_job(job_id, None))
                     raise
                 sb = _Sandbox(req.sandbox_id, job_id, alloc_id, recipe.name, dict(req.env))
-            if cidrs is not None:
-                sb.allow, sb.allow_cidrs = list(req.network_allow), cidrs
+            if allow is not None:
+                sb.allow = allow
             await asyncio.to_thread(self._save, sb)
             self._sandboxes[sb.id] = sb
 
@@ -771,12 +771,12 @@ class NomadDriver(NomadFiles, Driver):
             raise DriverFailure(f"sandbox {sb.id} ended while the command ran")
         return ExecResult(exit_code=code)
 
-    async def _apply_allow(self, sid: str, cidrs: list[str]) -> None:
+    async def _apply_allow(self, sid: str, resolved: dict[str, list[str]]) -> None:
         """A refreshed allow-list (AllowLists): the plugin replaces the task's chain."""
         async with self._lock(sid):
             sb = self._running(sid)
-            await self._verb(sb, {"allow": cidrs})
-            sb.allow_cidrs = cidrs
+            await self._verb(sb, {"allow": flatten(resolved)})
+            sb.allow = resolved
             await asyncio.to_thread(self._save, sb)
 
     async def _recover_end(self, sb: _Sandbox, tag: str, received: dict[str, int],

@@ -226,7 +226,7 @@ async def allow_list(d: LocalDriver, run, internet: str) -> dict:  # type: ignor
     second = f"203.0.113.3:{port}"
     await d.provision(ProvisionRequest(sid, PY, network_enabled=True, network_allow=(f"{ip}/32",)))
     out = {"before": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)}
-    await d._apply_allow(sid, ["203.0.113.3/32"])
+    await d._apply_allow(sid, {f"{ip}/32": ["203.0.113.3/32"]})  # as if its name had moved
     out["after"] = await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)
     await d.destroy(sid)
     return out

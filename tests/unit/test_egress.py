@@ -34,11 +34,12 @@ async def test_a_refresh_applies_changes_only_and_keeps_addresses_of_names_that_
     monkeypatch.setattr(egress, "_addresses", fake)
     applied: list[tuple[str, list[str]]] = []
 
-    async def apply(sid: str, cidrs: list[str]) -> None:
-        applied.append((sid, cidrs))
+    async def apply(sid: str, resolved: egress.Resolved) -> None:
+        applied.append((sid, egress.flatten(resolved)))
 
     lists = egress.AllowLists(apply, interval=3600)
-    assert await lists.first("sbx_1", ["a.test", "b.test", "10.0.0.0/8"]) == ["1.1.1.1/32", "10.0.0.0/8", "2.2.2.2/32"]
+    first = await lists.first("sbx_1", ["a.test", "b.test", "10.0.0.0/8"])
+    assert first == {"a.test": ["1.1.1.1/32"], "b.test": ["2.2.2.2/32"], "10.0.0.0/8": ["10.0.0.0/8"]}
     await lists.refresh()
     assert applied == []  # nothing changed: no rules rewritten
     answers["a.test"] = {"3.3.3.3/32"}
@@ -49,6 +50,27 @@ async def test_a_refresh_applies_changes_only_and_keeps_addresses_of_names_that_
     answers["a.test"] = {"4.4.4.4/32"}
     await lists.refresh()
     assert len(applied) == 1
+    await lists.close()
+
+
+async def test_an_adopted_list_keeps_each_names_own_addresses(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A restarted server adopts the per-name addresses it saved: a name that then fails to
+    # resolve keeps its own addresses only, not every address of the list.
+    async def fake(name: str) -> set[str]:
+        if name == "b.test":
+            raise OSError("resolver down")
+        return {"5.5.5.5/32"}
+
+    monkeypatch.setattr(egress, "_addresses", fake)
+    applied: list[list[str]] = []
+
+    async def apply(sid: str, resolved: egress.Resolved) -> None:
+        applied.append(egress.flatten(resolved))
+
+    lists = egress.AllowLists(apply, interval=3600)
+    lists.adopt("sbx_2", {"a.test": ["1.1.1.1/32"], "b.test": ["2.2.2.2/32"]})
+    await lists.refresh()
+    assert applied == [["2.2.2.2/32", "5.5.5.5/32"]]  # not 1.1.1.1 kept under b.test
     await lists.close()
 
 
