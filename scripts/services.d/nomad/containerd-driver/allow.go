@@ -20,7 +20,10 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 )
 
-var nameserverRe = regexp.MustCompile(`(?m)^nameserver\s+(\d+\.\d+\.\d+\.\d+)\s*$`)
+var (
+	nameserverRe = regexp.MustCompile(`(?m)^nameserver\s+(\d+\.\d+\.\d+\.\d+)\s*$`)
+	inetRe       = regexp.MustCompile(`inet (\d+\.\d+\.\d+\.\d+)/`)
+)
 
 // allowChain is the task's chain name (iptables allows 28 characters).
 func allowChain(id string) string {
@@ -95,7 +98,7 @@ func bridgeAddress(netnsPath string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading the address of %s: %v: %s", netnsPath, err, out)
 	}
-	m := regexp.MustCompile(`inet (\d+\.\d+\.\d+\.\d+)/`).FindSubmatch(out)
+	m := inetRe.FindSubmatch(out)
 	if m == nil {
 		return "", fmt.Errorf("eth0 of %s has no IPv4 address: %s", netnsPath, out)
 	}

@@ -86,27 +86,32 @@ const tagEnv = "HUTCH_EXEC_TAG"
 // fork bomb ends. No freeze: the container's other commands run on meanwhile (a frozen
 // container refuses new execs).
 func (h *taskHandle) killExec(tag string, pid int) {
-	marker := []byte(tagEnv + "=" + tag + "\x00")
 	killTree(pid)
 	for round := 0; round < 200; round++ {
-		found := 0
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			p, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, marker) {
-				if syscall.Kill(p, syscall.SIGKILL) == nil {
-					found++
-				}
-			}
-		}
-		if found == 0 {
+		if killMarked(tag) == 0 {
 			return
 		}
 		time.Sleep(5 * time.Millisecond) // let the killed die (a zombie keeps its environ no more)
 	}
+}
+
+// killMarked SIGKILLs every process carrying tag in its environment; how many it killed.
+func killMarked(tag string) int {
+	marker := []byte(tagEnv + "=" + tag + "\x00")
+	found := 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, marker) {
+			if syscall.Kill(p, syscall.SIGKILL) == nil {
+				found++
+			}
+		}
+	}
+	return found
 }
 
 func newTaskHandle(d *Driver, cfg *drivers.TaskConfig, c containerd.Container, t containerd.Task, workspace string) *taskHandle {

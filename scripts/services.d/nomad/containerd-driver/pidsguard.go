@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -112,16 +111,8 @@ func busiestTag(procs string, spared map[string]bool) (string, int) {
 // between the scan and its kill (a bomb re-forks faster than a scan-and-kill loop catches
 // it); the killed die when thawed. Then killExec's loop catches anything left.
 func (h *taskHandle) endFrozen(tag string) {
-	marker := []byte(tagEnv + "=" + tag + "\x00")
 	if err := h.freeze(true); err == nil {
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, marker) {
-				if pid, err := strconv.Atoi(e.Name()); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
+		killMarked(tag)
 		if err := h.freeze(false); err != nil {
 			h.d.logger.Warn("thawing after the pids guard", "container", h.container.ID(), "error", err)
 		}
