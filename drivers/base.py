@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 import attrs
 
-from core.errors import NotSupported
+from core.errors import InvalidInput, NotSupported
 from core.models import SandboxSpec
 
 Stream = Literal["stdout", "stderr"]
@@ -39,6 +39,13 @@ class Capabilities:
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
 # pids guard ends it), not at the host's pid_max.
 DEFAULT_PIDS = int(os.environ.get("HUTCH_DEFAULT_PIDS", "1024"))
+
+
+def check_env(env: Mapping[str, str], field: str) -> None:
+    """What a process environment can hold: names without '=' or NUL, values without NUL."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
 
 
 @attrs.frozen

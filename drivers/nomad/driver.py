@@ -33,20 +33,18 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
 import io
 import json
 import logging
-import math
 import posixpath
 import re
 import tarfile
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +62,6 @@ from core.errors import (
 )
 from core.runtimes import RuntimeRecipe
 from drivers.base import (
-    DEFAULT_PIDS,
     Capabilities,
     Driver,
     ExecRequest,
@@ -75,40 +72,27 @@ from drivers.base import (
     ProvisionRequest,
     Resources,
     Usage,
+    check_env,
 )
 from drivers.builds import Builds
 from drivers.egress import AllowLists, flatten
 from drivers.local import layers, rootfs
-from drivers.local import network as sandbox_network
 from drivers.nomad import images
 from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
+from drivers.nomad.execs import ENVELOPE, noop, run_tagged
 from drivers.nomad.files import NomadFiles
+from drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
 
 log = logging.getLogger(__name__)
 
-PLUGIN = "hutch-containerd"
-TASK = "sandbox"
-HOME = images.HOME
 USER = images.USER
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
-ENVELOPE = "hutch-exec:v1"
-PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
-# pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM.
-INIT = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
-DEFAULT_MEMORY_MB = 256
-CPU_RESERVATION_MHZ = 10
 PLACE_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 _ENDED = ("failed", "lost", "complete")
-
-
-def _check_env(env: Mapping[str, str], field: str) -> None:
-    for key, value in env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
 
 
 @attrs.define
@@ -348,55 +332,6 @@ class NomadDriver(NomadFiles, Driver):
                 await asyncio.to_thread(images.push, recipe, self.registry, cache=cache, layer=key)
         return key
 
-    def _job(self, job_id: str, recipe: RuntimeRecipe, resources: Resources, meta: dict[str, str],
-             layer: str | None = None, network: bool = False, port: int | None = None,
-             allow: list[str] | None = None) -> dict[str, Any]:
-        memory_mb = DEFAULT_MEMORY_MB
-        if resources.memory_bytes:
-            memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
-        config: dict[str, Any] = {
-            "image": self._image(recipe, layer),
-            "command": INIT[0],
-            "args": INIT[1:],
-            "uid": images.SANDBOX_UID,
-            "workspace": HOME,
-            "hostname": "sandbox",
-            "pids_limit": resources.pids or DEFAULT_PIDS,
-        }
-        if resources.cpu_millis:
-            config["cpu_millis"] = resources.cpu_millis
-        if resources.disk_bytes:  # the plugin's own file system of that size (disk.go)
-            config["disk_bytes"] = resources.disk_bytes
-        group_extra: dict[str, Any] = {}
-        if network or port is not None:
-            # Nomad's bridge (CNI); the plugin keeps sandboxes off the host and each other.
-            net: dict[str, Any] = {"Mode": "bridge"}
-            if port is not None:  # Nomad maps a host port to it (CNI portmap): port_target
-                net["DynamicPorts"] = [{"Label": PORT_LABEL, "To": port}]
-            group_extra["Networks"] = [net]
-            config["resolv_conf"] = sandbox_network.resolv_conf()
-            config["no_outbound"] = not network  # a port alone serves; it reaches nothing
-            if allow is not None:
-                config["allow"] = allow  # the plugin's allow.go
-        return {"Job": {
-            "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": self.datacenters,
-            "Meta": meta,
-            "TaskGroups": [{
-                "Name": TASK, "Count": 1,
-                "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86400 * 10**9, "Delay": 10**9},
-                "ReschedulePolicy": {"Attempts": 0, "Unlimited": False},
-                "EphemeralDisk": {"SizeMB": 10},
-                "Update": {"MaxParallel": 0},
-                **group_extra,
-                "Tasks": [{
-                    "Name": TASK, "Driver": PLUGIN, "Config": config,
-                    "Resources": {"CPU": CPU_RESERVATION_MHZ, "MemoryMB": memory_mb},
-                    "KillTimeout": 2 * 10**9,
-                    "LogConfig": {"MaxFiles": 1, "MaxFileSizeMB": 1},
-                }],
-            }],
-        }}
-
     async def _place(self, job: dict[str, Any]) -> str:
         """Register ``job`` and wait until its allocation runs. Returns the allocation id."""
         job_id = job["Job"]["ID"]
@@ -474,7 +409,7 @@ class NomadDriver(NomadFiles, Driver):
             raise RuntimeNotFound(
                 f"runtime {recipe.name} has no image in the registry {self.registry}; push it with: "
                 f"python -m drivers.nomad.images push {recipe.name} --registry {self.registry}", field="runtime")
-        _check_env(req.env, "env")
+        check_env(req.env, "env")
         async with self._lock(req.sandbox_id):
             if req.sandbox_id in self._sandboxes:
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
@@ -486,10 +421,10 @@ class NomadDriver(NomadFiles, Driver):
                 sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
             else:
                 job_id = self._job_prefix() + req.sandbox_id
-                job = self._job(job_id, recipe, req.resources, {"hutch.sandbox": req.sandbox_id,
-                                                                 "hutch.runtime": recipe.name}, layer,
-                                network=req.network_enabled, port=req.port,
-                                allow=flatten(allow) if allow is not None else None)
+                meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
+                job = job_spec(job_id, self._image(recipe, layer), self.datacenters, req.resources, meta,
+                               network=req.network_enabled, port=req.port,
+                               allow=flatten(allow) if allow is not None else None)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:
@@ -558,7 +493,7 @@ class NomadDriver(NomadFiles, Driver):
         assert recipe is not None
         job_id = f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
         try:
-            alloc_id = await self._place(self._job(job_id, recipe, Resources(), {"hutch.pool": runtime}))
+            alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, Resources(), {"hutch.pool": runtime}))
             self._pool.setdefault(runtime, deque()).append(_PoolEntry(job_id, alloc_id, runtime))
         except HutchError as err:
             log.warning("warm pool %s: placing an allocation failed: %s", runtime, err.message)
@@ -665,7 +600,7 @@ class NomadDriver(NomadFiles, Driver):
         out = bytearray()
         code = await self._client.exec(
             sb.alloc_id, TASK, [ENVELOPE, json.dumps(verb)], stdin=None,
-            on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
+            on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
         if code != 0:
             raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {bytes(out)[:300]!r}")
 
@@ -680,7 +615,7 @@ class NomadDriver(NomadFiles, Driver):
             with contextlib.suppress(HutchError):
                 code = await self._client.exec(
                     sb.alloc_id, TASK, [ENVELOPE, json.dumps({"usage": True})], stdin=None,
-                    on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
+                    on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
                 if code == 0:
                     break
         else:
@@ -713,7 +648,7 @@ class NomadDriver(NomadFiles, Driver):
     # -- exec ----------------------------------------------------------------------------
 
     def _env(self, sb: _Sandbox, extra: Mapping[str, str]) -> list[str]:
-        _check_env(extra, "env")
+        check_env(extra, "env")
         env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
                "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox"}
         env.update(sb.env)
@@ -742,24 +677,16 @@ class NomadDriver(NomadFiles, Driver):
                 execution.stop.set()
 
         timer = asyncio.create_task(deadline())
-        received = {"stdout": 0, "stderr": 0}
-
-        def on_output(stream: str, data: bytes) -> None:
-            received[stream] += len(data)
-            sink.write(stream, data)  # type: ignore[arg-type]
-
         try:
-            code = await self._client.exec(
-                sb.alloc_id, TASK, [ENVELOPE, envelope, *req.argv], stdin=req.stdin,
-                on_output=on_output, stop=execution.stop, kill=lambda: self._kill(sb, tag))
+            code = await run_tagged(
+                self._client, sb.alloc_id, TASK, [ENVELOPE, envelope, *req.argv], tag, stdin=req.stdin,
+                on_output=sink.write, stop=execution.stop, kill=lambda: self._kill(sb, tag))  # type: ignore[arg-type]
         except ExecFailed as err:
             if sb.id not in self._sandboxes:
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err
             if "working directory" in err.reason:
                 raise InvalidInput(f"working directory {cwd} does not exist", field="cwd") from err
-            code = await self._recover_end(sb, tag, received, sink.write) if req.stdin else None
-            if code is None:
-                raise
+            raise
         finally:
             timer.cancel()
             self._executions.pop(req.execution_id, None)
@@ -778,33 +705,6 @@ class NomadDriver(NomadFiles, Driver):
             await self._verb(sb, {"allow": flatten(resolved)})
             sb.allow = resolved
             await asyncio.to_thread(self._save, sb)
-
-    async def _recover_end(self, sb: _Sandbox, tag: str, received: dict[str, int],
-                           emit: Callable[[str, bytes], Awaitable[None] | None]) -> int | None:
-        """The exit (and the output we missed) of an exec whose stream Nomad cut.
-
-        Nomad 1.10 may close the websocket without its last frames when a command exits
-        while its stdin is still streaming in (the plugin's exits.go says how); the plugin
-        keeps how each tagged exec ended. None if it does not know this one."""
-        out = bytearray()
-        with contextlib.suppress(HutchError):
-            code = await self._client.exec(
-                sb.alloc_id, TASK, [ENVELOPE, json.dumps({"exit": tag})], stdin=None,
-                on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=_noop)
-            if code == 0:
-                end = json.loads(bytes(out))
-                for stream in ("stdout", "stderr"):
-                    tail = base64.b64decode(end[stream]["tail"] or "")
-                    missing = int(end[stream]["total"]) - received[stream]
-                    if 0 < missing <= len(tail):
-                        pending = emit(stream, tail[len(tail) - missing:])
-                        if pending is not None:
-                            await pending
-                    elif missing > len(tail):
-                        log.warning("exec %s: %d bytes of %s lost with Nomad's stream", tag, missing, stream)
-                log.info("exec %s: Nomad cut its stream; its end came from the plugin", tag)
-                return int(end["exitCode"])
-        return None
 
     async def _kill(self, sb: _Sandbox, tag: str) -> None:
         """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:
@@ -862,8 +762,6 @@ class NomadDriver(NomadFiles, Driver):
             raise InvalidInput(f"cannot write files: {message or f'tar exited {result.exit_code}'}", field="path")
 
 
-async def _noop() -> None:
-    return None
 
 
 def _alloc_reason(alloc: Mapping[str, Any]) -> str:

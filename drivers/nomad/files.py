@@ -35,6 +35,8 @@ from core.errors import CheckpointNotFound, DriverFailure, HutchError, InvalidIn
 from drivers.base import FileInfo
 from drivers.fserrors import from_errno
 from drivers.nomad.client import ExecFailed
+from drivers.nomad.execs import ENVELOPE, run_tagged
+from drivers.nomad.jobs import HOME, TASK
 
 if TYPE_CHECKING:
     from drivers.nomad.driver import _Sandbox
@@ -145,19 +147,12 @@ class NomadFiles:
         stop: asyncio.Event | None = None,
     ) -> tuple[int | None, bytes, bytes]:
         """Run the script; (exit code or None if it was stopped, stdout if not streamed, stderr)."""
-        from drivers.nomad.driver import ENVELOPE, HOME, TASK
-
         self._check_not_paused(sb)  # type: ignore[attr-defined]
         tag = f"f-{uuid.uuid4().hex}"
         envelope = json.dumps({"env": self._env(sb, {}), "cwd": HOME, "tag": tag})  # type: ignore[attr-defined]
         out, err = bytearray(), bytearray()
-        received = {"stdout": 0, "stderr": 0}
 
         async def on_output(stream: str, data: bytes) -> None:
-            received[stream] += len(data)
-            await emit(stream, data)
-
-        async def emit(stream: str, data: bytes) -> None:
             if stream == "stderr":
                 err.extend(data)
                 del err[:-8192]
@@ -167,18 +162,16 @@ class NomadFiles:
                 out.extend(data)
 
         try:
-            code = await self._client.exec(  # type: ignore[attr-defined]
-                sb.alloc_id, TASK, [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args],
+            # run_tagged: a write that meets ENOSPC while its content streams in keeps its words.
+            code = await run_tagged(
+                self._client, sb.alloc_id, TASK,  # type: ignore[attr-defined]
+                [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args], tag,
                 stdin=stdin, on_output=on_output, stop=stop or asyncio.Event(),
                 kill=lambda: self._kill(sb, tag))  # type: ignore[attr-defined]
         except ExecFailed as err_:
             if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
-            # A write that failed (ENOSPC) while its content still streamed in: Nomad may
-            # cut the stream before the script's exit and words (the driver's _recover_end).
-            code = await self._recover_end(sb, tag, received, emit) if stdin is not None else None  # type: ignore[attr-defined]
-            if code is None:
-                raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
+            raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
         return code, bytes(out), bytes(err)
 
     def _failure(self, sb: _Sandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:
@@ -322,8 +315,6 @@ class NomadFiles:
         return self.state_dir / "checkpoints" / sandbox_id / f"{checkpoint_id}.tar"  # type: ignore[attr-defined]
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        from drivers.nomad.driver import HOME
-
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
         self._check_not_paused(sb)  # type: ignore[attr-defined]
         final = self._checkpoint_path(sandbox_id, checkpoint_id)
@@ -342,8 +333,6 @@ class NomadFiles:
             raise
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
-        from drivers.nomad.driver import HOME
-
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
         self._check_not_paused(sb)  # type: ignore[attr-defined]
         path = self._checkpoint_path(sandbox_id, checkpoint_id)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -26,14 +25,22 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from core.errors import HutchError
-from core.quantities import parse_bytes, parse_duration, parse_millicores
 from hutch import _config
 from hutch._stdin import piped_stdin
 from hutch.cli import _render as render
 from hutch.cli._progress import follow_build, follow_in_background
+from hutch.cli._values import (  # argparse `type=` parsers
+    _int_in,
+    cpu_value,
+    duration_value,
+    env_pair,
+    file_pair,
+    memory_value,
+    metadata_value,
+)
 from hutch.client import SandboxClient
 from hutch.errors import ConnectionFailed, SandboxError, Unauthorized
-from hutch.models import FileToWrite, Network, Resources, Timeouts, to_wire
+from hutch.models import Network, Resources, Timeouts, to_wire
 
 T = TypeVar("T")
 
@@ -59,73 +66,6 @@ _ONESHOT_SETTLE_MS = 10_000
 
 class UsageError(Exception):
     """A flag or value the user got wrong: reported like argparse does, exit 2."""
-
-
-# ---------------------------------------------------------------- value parsers (argparse `type=`)
-
-
-def _checked(parse: Callable[[str, str], Any], what: str) -> Callable[[str], str]:
-    def check(text: str) -> str:
-        try:
-            parse(what, text)
-        except HutchError as err:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected {what}") from err
-        return text
-
-    check.__name__ = what  # argparse names the type in some messages
-    return check
-
-
-memory_value = _checked(parse_bytes, "a size such as 512Mi or 1Gi")
-cpu_value = _checked(parse_millicores, "cpu such as 500m, 0.5 or 2")
-duration_value = _checked(parse_duration, "a duration such as 30s, 5m or 1h")
-
-
-def env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key or "\0" in text:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected KEY=VALUE")
-    return key, value
-
-
-def file_pair(text: str) -> FileToWrite:
-    sandbox_path, sep, local_path = text.partition(":")
-    if not sep or not sandbox_path or not local_path:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r}; expected SANDBOX_PATH:LOCAL_PATH"
-        )
-    try:
-        content = Path(local_path).expanduser().read_bytes()
-    except OSError as err:
-        raise argparse.ArgumentTypeError(
-            f"cannot read {local_path!r}: {err.strerror or err}"
-        ) from err
-    return FileToWrite(sandbox_path, content)
-
-
-def _int_in(low: int, high: int | None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected an integer {bound}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def metadata_value(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"invalid JSON: {err}") from err
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
 
 
 # ---------------------------------------------------------------- parser
@@ -507,6 +447,14 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _network(args: argparse.Namespace) -> Network | None:
+    """--network, --port (create only) and --allow as the wire's network object."""
+    port = getattr(args, "port", None)
+    if not (args.network or port is not None or args.allow):
+        return None
+    return Network(enabled=True if args.network else None, port=port, allow=args.allow or None)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if _remote_wanted(args) and (args.data_dir or args.driver):
         raise UsageError(
@@ -522,8 +470,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = await client.run(
                 args.command,
                 **_spec(args),
-                network=Network(enabled=True if args.network else None, allow=args.allow)
-                if args.allow else (True if args.network else None),
+                network=_network(args),
                 timeout=args.timeout,
                 stream={"timestamps": True} if args.timestamps else None,
                 stdout=_stdout_sink() if stream_output else None,
@@ -589,9 +536,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    network = None
-    if args.network or args.port is not None or args.allow:
-        network = Network(enabled=True if args.network else None, port=args.port, allow=args.allow or None)
+    network = _network(args)
     timeouts = Timeouts(idle=args.idle_timeout, execution=args.timeout, paused=args.paused_timeout)
 
     async def work(client: SandboxClient) -> Any:

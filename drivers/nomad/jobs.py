@@ -1,0 +1,70 @@
+"""The Nomad job a sandbox runs as: one task group, one task of the hutch-containerd plugin
+(its config is the plugin's TaskConfig: scripts/services.d/nomad/containerd-driver)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from drivers.base import DEFAULT_PIDS, Resources
+from drivers.local import network as sandbox_network
+from drivers.nomad import images
+
+PLUGIN = "hutch-containerd"
+TASK = "sandbox"
+HOME = images.HOME
+PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
+# pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM.
+INIT = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
+DEFAULT_MEMORY_MB = 256
+CPU_RESERVATION_MHZ = 10
+
+
+def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resources, meta: dict[str, str], *,
+             network: bool = False, port: int | None = None, allow: list[str] | None = None) -> dict[str, Any]:
+    """The Nomad job of one sandbox (or pool entry): one group, one hutch-containerd task."""
+    memory_mb = DEFAULT_MEMORY_MB
+    if resources.memory_bytes:
+        memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
+    config: dict[str, Any] = {
+        "image": image,
+        "command": INIT[0],
+        "args": INIT[1:],
+        "uid": images.SANDBOX_UID,
+        "workspace": HOME,
+        "hostname": "sandbox",
+        "pids_limit": resources.pids or DEFAULT_PIDS,
+    }
+    if resources.cpu_millis:
+        config["cpu_millis"] = resources.cpu_millis
+    if resources.disk_bytes:  # the plugin's own file system of that size (disk.go)
+        config["disk_bytes"] = resources.disk_bytes
+    group_extra: dict[str, Any] = {}
+    if network or port is not None:
+        # Nomad's bridge (CNI); the plugin keeps sandboxes off the host and each other.
+        net: dict[str, Any] = {"Mode": "bridge"}
+        if port is not None:  # Nomad maps a host port to it (CNI portmap): port_target
+            net["DynamicPorts"] = [{"Label": PORT_LABEL, "To": port}]
+        group_extra["Networks"] = [net]
+        config["resolv_conf"] = sandbox_network.resolv_conf()
+        config["no_outbound"] = not network  # a port alone serves; it reaches nothing
+        if allow is not None:
+            config["allow"] = allow  # the plugin's allow.go
+    return {"Job": {
+        "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": datacenters,
+        "Meta": meta,
+        "TaskGroups": [{
+            "Name": TASK, "Count": 1,
+            "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86400 * 10**9, "Delay": 10**9},
+            "ReschedulePolicy": {"Attempts": 0, "Unlimited": False},
+            "EphemeralDisk": {"SizeMB": 10},
+            "Update": {"MaxParallel": 0},
+            **group_extra,
+            "Tasks": [{
+                "Name": TASK, "Driver": PLUGIN, "Config": config,
+                "Resources": {"CPU": CPU_RESERVATION_MHZ, "MemoryMB": memory_mb},
+                "KillTimeout": 2 * 10**9,
+                "LogConfig": {"MaxFiles": 1, "MaxFileSizeMB": 1},
+            }],
+        }],
+    }}
