@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import hmac
+import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -18,7 +18,7 @@ from aiohttp import web
 
 from api import archives
 from api.config import Config, resolve_api_key
-from api.keys import API_KEY, API_KEY_ID, CONFIG, ENGINE
+from api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, TENANTS
 from api.output import OutputStore
 from api.routes import (
     audit,
@@ -31,19 +31,20 @@ from api.routes import (
     snapshots,
     streams,
 )
+from api.routes import tenancy as tenancy_routes
 from api.service import Engine
-from core.errors import HutchError, InvalidInput, Unauthorized
+from api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
+from core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from core.eventlog.base import open_event_log
 from core.events import ACTOR
+from core.tenancy import SCOPE, Access, Scope
 from drivers.base import Driver
 from projections.base import ProjectionStore
 
 log = logging.getLogger("hutch.api")
 
-# Paths anyone may call: health, and stream URLs (their id is the capability).
-_PUBLIC_PREFIXES = ("/streams/", "/healthz", "/proxy/",  # proxy: public like Agentuity's sandbox URLs
-                    "/sandbox/snapshots/public")  # public snapshots: readable without a key, as Agentuity's
 _UPLOAD_URL = re.compile(r"^/sandbox/snapshots/snp_[A-Za-z0-9]+/upload$")
+_ORG_IN_BODY_MAX = 2**20  # JSON bodies up to this size are looked into for an orgId
 
 
 def _error(status: int, message: str, code: str, **extra: object) -> web.Response:
@@ -54,6 +55,9 @@ def _error(status: int, message: str, code: str, **extra: object) -> web.Respons
 async def envelope_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
     try:
         return await handler(request)
+    except RateLimited as err:
+        wait = math.ceil(float(err.context.get("retry_after", 1)))
+        return web.json_response(err.to_wire(), status=err.status, headers={"Retry-After": str(max(1, wait))})
     except HutchError as err:
         return web.json_response(err.to_wire(), status=err.status)
     except web.HTTPRequestEntityTooLarge:
@@ -74,9 +78,11 @@ async def envelope_middleware(request: web.Request, handler):  # type: ignore[no
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    if request.path.startswith(_PUBLIC_PREFIXES) and not (request.path.startswith("/streams/")
-                                                          and request.method not in ("GET", "HEAD")):
-        return await handler(request)  # (stdin uploads to /streams/{id} need the key)
+    """Key -> principal (organization, projects, role) -> rate limit -> the route's access.
+    The scope it sets is what every lookup below sees (``core.tenancy.SCOPE``)."""
+    access = access_of(request.method, request.match_info.route.handler)
+    if access == PUBLIC:
+        return await handler(request)  # the path (a stream id, a port URL) is the capability
     if request.method == "PUT" and _UPLOAD_URL.match(request.path) and "token" in request.query \
             and "Authorization" not in request.headers:
         return await handler(request)  # a presigned snapshot upload URL: the handler checks its token
@@ -86,13 +92,38 @@ async def auth_middleware(request: web.Request, handler):  # type: ignore[no-unt
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'")
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("Authorization header must be 'Bearer <api key>'")
-    expected = request.app[API_KEY]
-    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise Unauthorized("invalid API key")
-    # Audit: which key acted, without keeping the key itself.
-    request[API_KEY_ID] = "key_" + hashlib.sha256(token.encode()).hexdigest()[:12]
-    ACTOR.set(request[API_KEY_ID])  # events this request causes name the key that acted
-    return await handler(request)
+    tenants = request.app[TENANTS]
+    principal = tenants.authenticate(token.strip())
+    tenants.throttle(principal)
+    principal = principal.acting_for(await _requested_org(request), tenants.directory)
+    principal.require(Access(access))
+    request[PRINCIPAL] = principal
+    request[API_KEY_ID] = principal.key_id
+    # Reset after the request: aiohttp serves a keep-alive connection's requests in one task.
+    actor = ACTOR.set(principal.key_id)  # events this request causes name the key that acted
+    scope = SCOPE.set(Scope(principal.org_id, principal.projects))
+    try:
+        return await handler(request)
+    finally:
+        SCOPE.reset(scope)
+        ACTOR.reset(actor)
+
+
+async def _requested_org(request: web.Request) -> str | None:
+    """``orgId`` as the real client sends it: in the query, or in a JSON body."""
+    value: object = request.query.get("orgId")
+    if value is None and request.method in ("POST", "PUT", "PATCH") and request.content_type == "application/json" \
+            and (request.content_length or 0) <= _ORG_IN_BODY_MAX and request.body_exists:
+        raw = await request.read()  # cached: the handler reads it again for free
+        if b'"orgId"' in raw:
+            with contextlib.suppress(ValueError):
+                body = json.loads(raw)
+                value = body.get("orgId") if isinstance(body, dict) else None
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"orgId: expected an organization id, got {value!r}", field="orgId")
+    return value
 
 
 def make_driver(config: Config) -> Driver:
@@ -152,6 +183,7 @@ def create_app(config: Config) -> web.Application:
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
+    app.add_routes(tenancy_routes.routes)
     app.add_routes(audit.routes)
     app.add_routes(checkpoints.routes)
     app.add_routes(files.routes)
@@ -166,6 +198,7 @@ def create_app(config: Config) -> web.Application:
     return app
 
 
+@needs(PUBLIC)
 async def _health(request: web.Request) -> web.Response:
     return web.json_response({"success": True, "data": {"status": "ok"}})
 
@@ -178,7 +211,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     async with contextlib.AsyncExitStack() as stack:
         lock_fd = _lock_data_dir(config.data_dir)
         stack.callback(os.close, lock_fd)
-        app[API_KEY] = resolve_api_key(config)[0]
+        tenants = Tenants(resolve_api_key(config)[0], default_rate=parse_rate(config.rate_limit))
         event_log = open_event_log(config.event_log, config.data_dir)
         store = make_store(config)
         driver = make_driver(config)
@@ -202,7 +235,11 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             engine.projector.applies = False  # `hutch projector` applies; we wait for it
         stack.push_async_callback(engine.close)
         prebuild = config.prebuild_runtimes
+        engine.projector.observers.append(tenants.observe)
         await engine.start()
+        await tenants.load(store)
+        engine.tenants = tenants
+        app[TENANTS] = tenants
         engine.prebuild(prebuild)
         app[ENGINE] = engine
         yield

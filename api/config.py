@@ -48,6 +48,9 @@ class Config:
     sandbox_domain: str | None = None
     # HUTCH_DEFAULT_DISK: the disk limit ("2Gi") of a sandbox whose create gives none; None: unlimited.
     default_disk: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_size(v))
+    # HUTCH_RATE_LIMIT: requests a second per key (":burst" optional) for keys created without
+    # their own rate, and for the bootstrap key; "" = unlimited (api/tenancy.py).
+    rate_limit: str = attrs.field(default="", validator=lambda _i, _a, v: _check_rate(v))
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -71,6 +74,7 @@ class Config:
             ("prebuild", "HUTCH_PREBUILD"),
             ("sandbox_domain", "HUTCH_SANDBOX_DOMAIN"),
             ("default_disk", "HUTCH_DEFAULT_DISK"),
+            ("rate_limit", "HUTCH_RATE_LIMIT"),
         ):
             if env.get(var):
                 values[field] = env[var]
@@ -115,6 +119,12 @@ def _check_size(value: str | None) -> None:
 
     if value is not None:
         parse_bytes("HUTCH_DEFAULT_DISK", value)  # an InvalidInput naming it
+
+
+def _check_rate(value: str) -> None:
+    from api.tenancy import parse_rate
+
+    parse_rate(value)  # an InvalidInput naming HUTCH_RATE_LIMIT
 
 
 def resolve_api_key(config: Config) -> tuple[str, bool]:

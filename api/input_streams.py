@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterable
 
 from core.errors import IllegalTransition, InvalidInput, PayloadTooLarge
+from core.tenancy import scoped_org, visible_org
 
 QUEUE_CHUNKS = 16  # chunks of up to 64 KiB in flight between an upload and its command
 MAX_STREAMS = 1000  # open streams per server
@@ -26,8 +27,9 @@ UNUSED_SECONDS = 600.0
 
 
 class _Stream:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, org_id: str | None) -> None:
         self.name = name
+        self.org_id = org_id  # made by a key of this organization: only its keys use it
         self.created = time.monotonic()
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=QUEUE_CHUNKS)
         self.uploading = False
@@ -44,12 +46,12 @@ class InputStreams:
         if len(self._streams) >= MAX_STREAMS:
             raise PayloadTooLarge(f"too many open stdin streams ({MAX_STREAMS}); use or let go of some first")
         stream_id = "stin_" + secrets.token_hex(16)
-        self._streams[stream_id] = _Stream(name)
+        self._streams[stream_id] = _Stream(name, scoped_org())
         return stream_id
 
     def _get(self, stream_id: str, field: str = "stream") -> _Stream:
         stream = self._streams.get(stream_id)
-        if stream is None:
+        if stream is None or not (stream.org_id is None or visible_org(stream.org_id)):
             raise InvalidInput(f"{field}: no stdin stream {stream_id!r} (make one with POST /streams; each is "
                                f"read once)", field=field)
         return stream

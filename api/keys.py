@@ -6,8 +6,11 @@ from aiohttp import web
 
 from api.config import Config
 from api.service import Engine
+from api.tenancy import Tenants
+from core.tenancy import Principal
 
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
-API_KEY: web.AppKey[str] = web.AppKey("api_key", str)
+TENANTS: web.AppKey[Tenants] = web.AppKey("tenants", Tenants)
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 API_KEY_ID: web.RequestKey[str] = web.RequestKey("api_key_id", str)

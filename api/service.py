@@ -15,7 +15,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,13 @@ import attrs
 from api import archives
 from api.input_streams import InputStreams
 from api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
+from api.quotas import Quotas
 from api.snapshots import Snapshots
 from api.stream_ids import StreamIds
+from api.tenancy import Tenants
 from api.watchers import Watchers
 from api.wire import CreateRequest, ExecuteRequest
-from core import ids
+from core import ids, tenancy
 from core.errors import (
     DriverFailure,
     ExecutionNotFound,
@@ -39,7 +41,7 @@ from core.errors import (
     SandboxNotFound,
 )
 from core.eventlog.base import EventLog
-from core.events import Event, SandboxCreated, decode, encode
+from core.events import Event, SandboxCreated, SnapshotCreated, decode, encode
 from core.lifecycle import (
     ChangeEnv,
     DeleteCheckpoint,
@@ -67,6 +69,7 @@ from core.models import (
     SandboxStatus,
 )
 from core.quantities import format_bytes, parse_duration
+from core.tenancy import LOCAL_ORG, SCOPE, visible
 from drivers.base import (
     Driver,
     ExecRequest,
@@ -139,6 +142,9 @@ class Engine:
         self._building: set[str] = set()  # sandboxes waiting for their runtime's first build
         self._cancel_reasons: dict[str, str] = {}  # why a command being cancelled is
         self.snapshots = Snapshots(self, data_dir / "snapshots", limits or archives.Limits())
+        self.tenants: Tenants | None = None  # set by the app (api/tenancy.py); None: no quotas
+        self.quotas = Quotas(self)
+        self._owners: dict[str, tuple[str | None, str | None]] = {}  # stream id -> (org, project)
 
     # ---------------------------------------------------------------- lifetime
 
@@ -201,11 +207,41 @@ class Engine:
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
+    async def record(self, stream: str, decide: Callable[[], Iterable[object]]) -> list[Event]:
+        """Append the events ``decide()`` returns about ``stream`` (a tenancy record's
+        organization), deciding and appending under the stream's lock: checks such as a
+        name's uniqueness hold against concurrent requests to this server."""
+        async with self._lock(stream):
+            return await self._append(stream, decide())
+
+    async def _owner(self, stream: str, first: object) -> tuple[str | None, str | None]:
+        """The organization and project an event about ``stream`` belongs to (for the envelope:
+        audit records name them). Fixed for a stream's life, so remembered."""
+        if isinstance(first, SandboxCreated):
+            found: tuple[str | None, str | None] = (first.spec.org_id, first.spec.project_id)
+        elif isinstance(first, SnapshotCreated):
+            found = (first.org_id, None)
+        elif stream.startswith("org_"):
+            found = (stream, None)
+        elif stream in self._owners:
+            return self._owners[stream]
+        elif stream.startswith("snp_"):
+            snap = await self.store.get_snapshot(stream)
+            found = (snap.org_id, None) if snap else (None, None)
+        else:
+            sb = await self.store.get_sandbox(stream)
+            found = (sb.spec.org_id, sb.spec.project_id) if sb else (None, None)
+        self._owners[stream] = found
+        return found
+
     async def _append(self, sandbox_id: str, payloads: Iterable[object]) -> list[Event]:
         at = now_iso()
-        events = [Event(ids.new_id("event"), sandbox_id, at, p) for p in payloads]  # type: ignore[arg-type]
-        if not events:
+        payloads = list(payloads)
+        if not payloads:
             return []
+        org, project = await self._owner(sandbox_id, payloads[0])
+        events = [Event(ids.new_id("event"), sandbox_id, at, p, org=org, project=project)  # type: ignore[arg-type]
+                  for p in payloads]
         for e in events:
             # An event the projector cannot read back would wedge every reader of the log:
             # refuse it here, before it is written.
@@ -222,9 +258,28 @@ class Engine:
 
     async def _require(self, sandbox_id: str, *, include_deleted: bool = True) -> Sandbox:
         sb = await self.store.get_sandbox(sandbox_id)
-        if sb is None or (sb.status is SandboxStatus.DELETED and not include_deleted):
+        if sb is None or (sb.status is SandboxStatus.DELETED and not include_deleted) or not visible(
+                sb.spec.org_id, sb.spec.project_id):
+            # Another organization's sandbox is as absent as one that never was.
             raise SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
         return sb
+
+    async def _visible_execution(self, execution_id: str) -> Execution:
+        ex = await self.store.get_execution(execution_id)
+        if ex is not None and SCOPE.get() is not None:
+            sb = await self.store.get_sandbox(ex.sandbox_id)
+            if sb is None or not visible(sb.spec.org_id, sb.spec.project_id):
+                ex = None
+        if ex is None:
+            raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
+        return ex
+
+    def scoped(self, query: SandboxQuery) -> SandboxQuery:
+        """``query`` limited to what the request being served may see."""
+        scope = SCOPE.get()
+        if scope is None:
+            return query
+        return attrs.evolve(query, org_id=scope.org_id, projects=scope.projects)
 
     # ---------------------------------------------------------------- create
 
@@ -233,6 +288,7 @@ class Engine:
         first (``Driver.build_runtime``): then the answer comes at once with the sandbox
         ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
         execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
+        req = attrs.evolve(req, spec=self._owned(req.spec))
         spec = req.spec
         build = spec.runtime not in self.driver.runtimes_available()
         caps = self.driver.capabilities
@@ -254,8 +310,11 @@ class Engine:
             self.inputs.check(req.stream.stdin)
         execution_id = ids.new_id("execution") if req.command else None
         queued = tuple(req.command) if build and req.command else None
-        await self._append(sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id,
-                                                       initial_execution_id=execution_id, initial_command=queued)])
+        async with self._lock(spec.org_id):  # the quota's check and the create it allows, as one
+            await self.quotas.check_sandbox(spec.org_id, spec)
+            await self._append(sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id,
+                                                           initial_execution_id=execution_id,
+                                                           initial_command=queued)])
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
                 self.outputs.create(self.streams.derive(execution_id, "stdout"))
@@ -265,6 +324,23 @@ class Engine:
         else:
             await self._start_sandbox(sandbox_id, req, execution_id)
         return Created(sandbox=await self._require(sandbox_id), execution_id=execution_id)
+
+    def _owned(self, spec: SandboxSpec) -> SandboxSpec:
+        """The spec in the request's organization, its ``projectId`` resolved (a name or id of
+        one of the organization's projects; a key limited to projects must name one of them,
+        or has it filled in when it is limited to exactly one)."""
+        scope = SCOPE.get()
+        org = scope.org_id if scope else LOCAL_ORG
+        project = spec.project_id
+        if project is not None and self.tenants is not None:
+            project = tenancy.resolve_project(self.tenants.directory, org, project)
+        if scope is not None and scope.projects:
+            if project is None and len(scope.projects) == 1:
+                project = scope.projects[0]
+            if project not in scope.projects:
+                raise InvalidInput(f"projectId: this key may only create sandboxes in projects "
+                                   f"{', '.join(scope.projects)}", field="projectId")
+        return attrs.evolve(spec, org_id=org, project_id=project)
 
     def prebuild(self, names: Iterable[str]) -> None:
         """Build these runtimes in the background (``--prebuild``); creates join the build."""
@@ -399,9 +475,7 @@ class Engine:
 
     async def cancel_execution(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
         """End a running command's whole process tree (status ``cancelled``); returns it ended."""
-        ex = await self.store.get_execution(execution_id)
-        if ex is None:
-            raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
+        ex = await self._visible_execution(execution_id)
         if ex.status is ExecutionStatus.QUEUED:  # the initial command, behind its runtime's build
             raise IllegalTransition(f"cannot cancel: execution {execution_id} is queued; destroy its sandbox")
         if ex.status.is_final:
@@ -722,12 +796,15 @@ class Engine:
         return await self._require(sandbox_id, include_deleted=include_deleted)
 
     async def list(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+        query = self.scoped(query)
+        if query.project_id and self.tenants is not None:  # a project's name filters like its id
+            with contextlib.suppress(InvalidInput):
+                project = tenancy.resolve_project(self.tenants.directory, query.org_id or LOCAL_ORG, query.project_id)
+                query = attrs.evolve(query, project_id=project)
         return await self.store.list_sandboxes(query)
 
     async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
-        ex = await self.store.get_execution(execution_id)
-        if ex is None:
-            raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
+        ex = await self._visible_execution(execution_id)
         if ex.status.is_final or wait <= 0:
             return ex
         return await self._wait(

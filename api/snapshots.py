@@ -26,6 +26,8 @@ from collections.abc import AsyncIterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import attrs
+
 from api import archives
 from core import ids, runtimes
 from core.errors import (
@@ -40,6 +42,7 @@ from core.events import SnapshotCreated, SnapshotDeleted, SnapshotFinalized, Sna
 from core.models import Snapshot, SnapshotFile, SnapshotStatus
 from core.packages import check_dependencies, check_packages
 from core.snapshots import DEFAULT_TAG, Ref, check_name, check_tag, parse_ref
+from core.tenancy import LOCAL_ORG, scoped_org, visible_org
 from drivers.base import ProvisionRequest
 from projections.base import SnapshotQuery
 
@@ -124,15 +127,22 @@ class Snapshots:
 
     # ---------------------------------------------------------------- reads
 
-    async def get(self, snapshot_id: str, *, include_building: bool = False) -> Snapshot:
+    async def get(self, snapshot_id: str, *, include_building: bool = False, own: bool = False) -> Snapshot:
+        """A snapshot the request may see: its organization's, or (unless ``own``, for changes)
+        a public one. Any other is as absent as one that never existed."""
         snap = await self.engine.store.get_snapshot(snapshot_id)
         if snap is None or snap.status is SnapshotStatus.DELETED or (
             snap.status is SnapshotStatus.BUILDING and not include_building
-        ):
+        ) or not (visible_org(snap.org_id) or (snap.public and not own)):
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
         return snap
 
     async def list(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+        """The request's organization's snapshots (every organization's public ones when the
+        query asks for public ones only)."""
+        org = scoped_org()
+        if org is not None and query.public is not True:
+            query = attrs.evolve(query, org_id=org)
         return await self.engine.store.list_snapshots(query)
 
     async def resolve(self, value: object, field: str = "snapshot", *, public_only: bool = False) -> Snapshot:
@@ -147,7 +157,8 @@ class Snapshots:
         public = True if public_only else None
         if ref.snapshot_id:
             snap = await self.engine.store.get_snapshot(ref.snapshot_id)
-            ok = snap is not None and snap.status is SnapshotStatus.READY and (snap.public or not public_only)
+            ok = snap is not None and snap.status is SnapshotStatus.READY and (
+                snap.public or (not public_only and visible_org(snap.org_id)))
             return snap if ok else None
         if ref.name:
             found, _ = await self.list(SnapshotQuery(name=ref.name, tag=ref.tag, public=public, limit=1))
@@ -165,7 +176,8 @@ class Snapshots:
         chain: list[tuple[Snapshot, bool]] = []
         seen: set[str] = set()
         snap: Snapshot | None = start
-        while snap is not None and len(chain) < limit and snap.snapshot_id not in seen:
+        while snap is not None and len(chain) < limit and snap.snapshot_id not in seen and (
+                snap.public or visible_org(snap.org_id)):
             seen.add(snap.snapshot_id)
             chain.append((snap, snap.status is SnapshotStatus.DELETED))
             snap = await self.engine.store.get_snapshot(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
@@ -190,12 +202,14 @@ class Snapshots:
         await self.archives.save(snapshot_id, archives.tar_gz(engine.driver, sandbox_id, WORKSPACE))
         try:
             files = await asyncio.to_thread(scan, self.archives.path(snapshot_id), self.limits)
+            await self.engine.quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
             parent = sb.spec.snapshot_id
             await self._append(snapshot_id, SnapshotCreated(
                 name=name, runtime=sb.spec.runtime, runtime_id=sb.spec.runtime_id, tag=tag, description=description,
                 public=public, source_sandbox_id=sandbox_id, parent_snapshot_id=parent,
                 size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=dict(sb.spec.env),
                 api_key_id=api_key_id, dependencies=sb.spec.dependencies, packages=sb.spec.packages,
+                org_id=sb.spec.org_id,
             ))
         except BaseException:
             self.archives.remove(snapshot_id)
@@ -204,7 +218,7 @@ class Snapshots:
         return await self.get(snapshot_id)
 
     async def set_tag(self, snapshot_id: str, tag: str | None) -> Snapshot:
-        snap = await self.get(snapshot_id)
+        snap = await self.get(snapshot_id, own=True)
         if tag is not None:
             check_tag(tag)
         await self._append(snapshot_id, SnapshotTagged(tag=tag))
@@ -214,7 +228,7 @@ class Snapshots:
 
     async def delete(self, snapshot_id: str) -> None:
         snap = await self.engine.store.get_snapshot(snapshot_id)
-        if snap is None or snap.status is SnapshotStatus.DELETED:
+        if snap is None or snap.status is SnapshotStatus.DELETED or not visible_org(snap.org_id):
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
         await self._append(snapshot_id, SnapshotDeleted())
         self.archives.remove(snapshot_id)
@@ -253,11 +267,12 @@ class Snapshots:
         await self._append(snapshot_id, SnapshotCreated(
             name=name, runtime=recipe.name, runtime_id=recipe.id, ready=False, tag=tag, description=description,
             message=message, public=public, content_hash=content_hash, api_key_id=api_key_id,
+            org_id=scoped_org() or LOCAL_ORG,
         ))
         return await self.get(snapshot_id, include_building=True), None
 
     async def upload(self, snapshot_id: str, body: AsyncIterable[bytes], max_bytes: int) -> Snapshot:
-        snap = await self.get(snapshot_id, include_building=True)
+        snap = await self.get(snapshot_id, include_building=True, own=True)
         if snap.status is not SnapshotStatus.BUILDING:
             raise IllegalTransition(f"snapshot {snapshot_id} is {snap.status.value}; its content cannot change",
                                     snapshot_id=snapshot_id)
@@ -266,7 +281,7 @@ class Snapshots:
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
                        dependencies: object, packages: object) -> Snapshot:
-        snap = await self.get(snapshot_id, include_building=True)
+        snap = await self.get(snapshot_id, include_building=True, own=True)
         if snap.status is not SnapshotStatus.BUILDING:
             raise IllegalTransition(f"snapshot {snapshot_id} is already {snap.status.value}", snapshot_id=snapshot_id)
         deps, pkgs = check_dependencies(dependencies), check_packages(packages)
@@ -288,6 +303,7 @@ class Snapshots:
                                    f"{snapshot_id}/upload) and there is no env, dependency or package to keep",
                                    field="archive")
             files = ()
+        await self.engine.quotas.check_snapshot(snap.org_id, sum(f.size for f in files))
         await self._append(snapshot_id, SnapshotFinalized(
             size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=env, metadata=metadata,
             dependencies=deps, packages=pkgs,
@@ -319,10 +335,16 @@ class Snapshots:
         """A name:tag names one snapshot: the one that just took it; older holders lose it."""
         if tag is None:
             return
-        others, _ = await self.list(SnapshotQuery(name=name, tag=tag, ready_only=False, limit=1000))
+        org = (await self.engine.store.get_snapshot(snapshot_id) or _NO_SNAPSHOT).org_id
+        others, _ = await self.engine.store.list_snapshots(
+            SnapshotQuery(org_id=org, name=name, tag=tag, ready_only=False, limit=1000))
         for other in others:
             if other.snapshot_id != snapshot_id:
                 await self._append(other.snapshot_id, SnapshotTagged(tag=None))
+
+
+_NO_SNAPSHOT = Snapshot(snapshot_id="", name="", runtime="", runtime_id="", status=SnapshotStatus.DELETED,
+                        created_at="", updated_at="")
 
 
 def _default_name(sandbox_name: str | None, sandbox_id: str) -> str:

@@ -9,6 +9,8 @@ import datetime as dt
 import time
 from typing import Any
 
+import attrs
+
 from drivers.base import Driver
 from projections.base import ProjectionStore, SandboxQuery
 
@@ -17,10 +19,12 @@ def _unix(iso: str) -> float:
     return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-async def usage(store: ProjectionStore, driver: Driver, start: str | None, end: str | None) -> dict[str, Any]:
-    """Usage of sandboxes created in [start, end): counts by status, executions and jobs
-    by status, and the wall time they ran."""
-    everything, _ = await store.list_sandboxes(SandboxQuery(include_deleted=True, limit=10**9, direction="asc"))
+async def usage(store: ProjectionStore, driver: Driver, start: str | None, end: str | None,
+                scope: SandboxQuery | None = None) -> dict[str, Any]:
+    """Usage of sandboxes created in [start, end) (of ``scope``'s organization and projects):
+    counts by status, executions and jobs by status, and the wall time they ran."""
+    everything, _ = await store.list_sandboxes(attrs.evolve(scope or SandboxQuery(), include_deleted=True,
+                                                            limit=10**9, direction="asc"))
     lo, hi = _unix(start) if start else float("-inf"), _unix(end) if end else float("inf")
     chosen = [sb for sb in everything if lo <= _unix(sb.created_at) < hi]
     by_status: dict[str, int] = {}

@@ -32,7 +32,10 @@ from core.packages import check_dependencies, check_packages
 from core.quantities import parse_bytes, parse_duration, parse_millicores
 from drivers.base import FileToWrite, Usage
 
-ORG = {"id": "org_local", "name": "local"}
+
+def org_ref(org_id: str) -> dict[str, str]:
+    """An organization as the wire names it: its id is ``org_`` + its name (core/tenancy.py)."""
+    return {"id": org_id, "name": org_id.removeprefix("org_")}
 USER = {"id": "user_local"}  # one tenant: every private snapshot is this user's
 MAX_FILES = 1000
 _ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
@@ -343,7 +346,8 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
             "networkPort": spec.network.port,
             "networkAllow": list(spec.network.allow) or None,  # hutch's extension
             "url": url,
-            "org": ORG,
+            "org": org_ref(spec.org_id),
+            "projectId": spec.project_id,
             "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),
             "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value}) if spec.command else None,
             "snapshot": {"id": spec.snapshot_id, "public": False, "user": USER} if spec.snapshot_id else None,
@@ -414,7 +418,8 @@ def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None
 
 
 def _full_name(snap: Snapshot) -> str:
-    return f"@{ORG['name']}/{snap.name}:{snap.tag}" if snap.tag else f"@{ORG['name']}/{snap.name}"
+    org = org_ref(snap.org_id)["name"]
+    return f"@{org}/{snap.name}:{snap.tag}" if snap.tag else f"@{org}/{snap.name}"
 
 
 def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, Any]:
@@ -443,7 +448,8 @@ def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, 
         "downloadUrl": download_url,
     }
     if snap.public:
-        info.update(org={**ORG, "slug": ORG["name"]}, orgName=ORG["name"], orgSlug=ORG["name"])
+        org = org_ref(snap.org_id)
+        info.update(org={**org, "slug": org["name"]}, orgName=org["name"], orgSlug=org["name"])
     else:
         info["user"] = USER
     return _drop_none(info)

@@ -37,6 +37,31 @@ class Unauthorized(HutchError):
     code = "UNAUTHORIZED"
 
 
+class Forbidden(HutchError):
+    """The key is known but its role does not allow this (never used to hide another
+    organization's ids: those are ``NotFound``, as if they did not exist)."""
+
+    status = 403
+    code = "FORBIDDEN"
+
+
+class QuotaExceeded(HutchError):
+    """An organization's quota would be exceeded; the message names the quota, its limit
+    and its use. 403, not 402: the real client turns 402 into an upgrade prompt without
+    the message, and not 409/429, which it would retry."""
+
+    status = 403
+    code = "QUOTA_EXCEEDED"
+
+    def to_wire(self) -> dict[str, Any]:
+        return super().to_wire() | {k: self.context[k] for k in ("quota", "limit", "used") if k in self.context}
+
+
+class RateLimited(HutchError):
+    status = 429
+    code = "RATE_LIMITED"
+
+
 class NotFound(HutchError):
     status = 404
     code = "NOT_FOUND"

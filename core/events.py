@@ -15,6 +15,15 @@ import attrs
 from core.errors import InvalidInput
 from core.models import ExecutionStatus, SandboxSpec, SnapshotFile
 from core.serde import converter
+from core.tenancy import (
+    LOCAL_ORG,
+    TENANCY_EVENTS,
+    KeyCreated,
+    KeyRevoked,
+    OrgCreated,
+    ProjectCreated,
+    QuotaSet,
+)
 
 RECORD_VERSION = 1
 
@@ -165,6 +174,7 @@ class SnapshotCreated:
     api_key_id: str | None = None
     dependencies: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
+    org_id: str = "org_local"
 
 
 @attrs.frozen
@@ -212,6 +222,11 @@ EventData = (
     | SnapshotFinalized
     | SnapshotTagged
     | SnapshotDeleted
+    | OrgCreated
+    | QuotaSet
+    | ProjectCreated
+    | KeyCreated
+    | KeyRevoked
 )
 
 EVENT_TYPES: dict[str, type] = {
@@ -236,6 +251,7 @@ EVENT_TYPES: dict[str, type] = {
         SnapshotFinalized,
         SnapshotTagged,
         SnapshotDeleted,
+        *TENANCY_EVENTS,
     )
 }
 
@@ -254,7 +270,9 @@ def _current_actor() -> str | None:
 @attrs.frozen
 class Event:
     """The envelope. ``position`` is assigned by the log on append and orders everything.
-    ``actor`` (for the audit trail) is taken from ``ACTOR`` when not given."""
+    ``actor`` (for the audit trail) is taken from ``ACTOR`` when not given. ``org`` and
+    ``project`` name the organization (and project) the event's sandbox, snapshot or
+    tenancy record belongs to; None in records from before tenancy (``org_local``)."""
 
     event_id: str
     sandbox_id: str
@@ -262,10 +280,16 @@ class Event:
     data: EventData
     position: int | None = None
     actor: str | None = attrs.field(factory=_current_actor, kw_only=True)
+    org: str | None = attrs.field(default=None, kw_only=True)
+    project: str | None = attrs.field(default=None, kw_only=True)
 
     @property
     def type(self) -> str:
         return self.data.type
+
+    @property
+    def org_id(self) -> str:
+        return self.org or LOCAL_ORG
 
 
 def encode(event: Event) -> dict[str, Any]:
@@ -277,7 +301,9 @@ def encode(event: Event) -> dict[str, Any]:
         "type": event.type,
         "createdAt": event.created_at,
         "data": converter.unstructure(event.data),
-    } | ({"actor": event.actor} if event.actor is not None else {})
+    } | ({"actor": event.actor} if event.actor is not None else {}) | (
+        {"orgId": event.org} if event.org is not None else {}) | (
+        {"projectId": event.project} if event.project is not None else {})
 
 
 def decode(record: dict[str, Any], position: int | None = None) -> Event:
@@ -293,4 +319,6 @@ def decode(record: dict[str, Any], position: int | None = None) -> Event:
         data=data,
         position=position,
         actor=record.get("actor"),
+        org=record.get("orgId"),
+        project=record.get("projectId"),
     )

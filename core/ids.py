@@ -20,6 +20,8 @@ PREFIXES = {
     "runtime": "srt",
     "event": "evt",
     "stream": "stm",
+    "project": "proj",
+    "key": "key",
 }
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 _ID_RE = re.compile(r"^(?P<prefix>[a-z]+)_(?P<body>[0-9a-hjkmnp-tv-z]{26})$")

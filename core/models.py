@@ -88,6 +88,7 @@ class SandboxSpec:
     command: tuple[str, ...] | None = None
     metadata: dict[str, Any] | None = None  # arbitrary JSON, kept as given
     project_id: str | None = None
+    org_id: str = "org_local"  # the organization it belongs to (core.tenancy; older records: org_local)
     snapshot_id: str | None = None  # created from this snapshot (its runtime, env, workspace)
     dependencies: tuple[str, ...] = ()  # apt packages installed into this sandbox's runtime
     packages: tuple[str, ...] = ()  # npm packages installed globally in it
@@ -178,5 +179,6 @@ class Snapshot:
     metadata: dict[str, str] = attrs.field(factory=dict)
     content_hash: str | None = None  # a build's content hash: unchanged content is not rebuilt
     api_key_id: str | None = None
+    org_id: str = "org_local"
     dependencies: tuple[str, ...] = ()  # apt packages its sandboxes get installed
     packages: tuple[str, ...] = ()  # npm packages its sandboxes get installed

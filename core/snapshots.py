@@ -89,6 +89,7 @@ def evolve_snapshot(snapshot: Snapshot | None, event: Event) -> Snapshot | None:
             metadata=dict(data.metadata),
             content_hash=data.content_hash,
             api_key_id=data.api_key_id,
+            org_id=data.org_id,
             dependencies=data.dependencies,
             packages=data.packages,
         )

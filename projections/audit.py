@@ -44,6 +44,7 @@ def audit_record(event: Event) -> dict[str, Any]:
             detail["network"] = True
         if spec.get("env"):
             detail["envNames"] = sorted(spec["env"])  # names only: values are secrets
+    detail.pop("secretHash", None)  # a created key's: not a secret, but nobody's business
     if isinstance(detail.get("set"), dict):  # env changes
         detail["set"] = sorted(detail["set"])
     return {
@@ -52,7 +53,10 @@ def audit_record(event: Event) -> dict[str, Any]:
         "at": event.created_at,
         "sandboxId": event.sandbox_id,
         "type": event.type,
-        "actor": event.actor,
+        "actor": event.actor,  # the API key id that acted (keyId, for those who look for it by that name)
+        "keyId": event.actor,
+        "orgId": event.org_id,
+        "projectId": event.project,
         "detail": detail,
     }
 
@@ -151,11 +155,11 @@ class PostgresSink:
             return
         await self._pool.executemany(
             "INSERT INTO audit_trail (event_id, position, sandbox_id, type, actor, at, detail,"
-            " source, source_partition, source_offset)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10) ON CONFLICT (event_id) DO NOTHING",
+            " source, source_partition, source_offset, org_id, project_id)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12) ON CONFLICT (event_id) DO NOTHING",
             [
                 (r["eventId"], r["position"], r["sandboxId"], r["type"], r["actor"], r["at"],
-                 json.dumps(r["detail"], separators=(",", ":")), source, p, off)
+                 json.dumps(r["detail"], separators=(",", ":")), source, p, off, r["orgId"], r["projectId"])
                 for p, off, r in rows
             ],
         )
@@ -164,12 +168,14 @@ class PostgresSink:
 class Auditor:
     """Feeds every event of the log, once, to each sink."""
 
-    def __init__(self, event_log: EventLog, sinks: Sequence[Sink], *, group: str = DEFAULT_GROUP) -> None:
+    def __init__(self, event_log: EventLog, sinks: Sequence[Sink], *, group: str = DEFAULT_GROUP,
+                 org: str | None = None) -> None:
         if not sinks:
             raise ValueError("an auditor needs at least one sink (PostgreSQL and/or JSONL)")
         self.log = event_log
         self.sinks = list(sinks)
         self.group = group
+        self.org = org  # keep only this organization's records (a per-tenant trail)
         self.written = 0
         self.caught_up = asyncio.Event()  # set once the backlog present at start is written
 
@@ -189,6 +195,8 @@ class Auditor:
                     await sink.close()
 
     async def _write(self, source: str, rows: list[tuple[int, int, dict[str, Any]]]) -> None:
+        if self.org is not None:
+            rows = [row for row in rows if row[2]["orgId"] == self.org]
         for sink in self.sinks:
             await sink.write(source, rows)
         self.written += len(rows)

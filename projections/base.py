@@ -17,10 +17,13 @@ import attrs
 from core.events import Event
 from core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
 from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from core.tenancy import TENANCY_EVENTS, Directory
 
 
 @attrs.frozen
 class SandboxQuery:
+    org_id: str | None = None  # None: every organization (the server's own reads)
+    projects: tuple[str, ...] = ()  # () = every project
     name: str | None = None
     mode: str | None = None
     project_id: str | None = None
@@ -37,6 +40,7 @@ class SandboxQuery:
 
 @attrs.frozen
 class SnapshotQuery:
+    org_id: str | None = None  # None: every organization (public ones are found with public=True)
     source_sandbox_id: str | None = None
     name: str | None = None
     tag: str | None = None
@@ -60,7 +64,8 @@ def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
     if q.building_only and snap.status is not SnapshotStatus.BUILDING:
         return False
     return (
-        (q.source_sandbox_id is None or snap.source_sandbox_id == q.source_sandbox_id)
+        (q.org_id is None or snap.org_id == q.org_id)
+        and (q.source_sandbox_id is None or snap.source_sandbox_id == q.source_sandbox_id)
         and (q.name is None or snap.name == q.name)
         and (q.tag is None or snap.tag == q.tag)
         and (q.public is None or snap.public == q.public)
@@ -137,12 +142,24 @@ class ProjectionStore(abc.ABC):
         """One page and the total matching the filters (never deleted ones)."""
 
     @abc.abstractmethod
+    async def directory(self) -> Directory:
+        """Organizations, projects and keys as of ``position`` (a copy the caller may fold on)."""
+
+    @abc.abstractmethod
     async def reset(self) -> None:
         """Forget everything (position back to 0, bound to no log) so a rebuild can replay a log."""
 
 
+def is_tenancy_event(event: Event) -> bool:
+    return isinstance(event.data, TENANCY_EVENTS)
+
+
 def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
     """The list filters, shared by stores that filter in Python."""
+    if q.org_id is not None and sandbox.spec.org_id != q.org_id:
+        return False
+    if q.projects and sandbox.spec.project_id not in q.projects:
+        return False
     if q.deleted_only:
         if sandbox.status is not SandboxStatus.DELETED:
             return False

@@ -131,8 +131,10 @@ async def run_audit(
     jsonl: Path | None = None,
     group: str = DEFAULT_GROUP,
     until_caught_up: bool = False,
+    org: str | None = None,
 ) -> int:
-    """Keep the audit trail (``hutch audit``). Returns how many records were written."""
+    """Keep the audit trail (``hutch audit``; ``org``: only that organization's records).
+    Returns how many records were written."""
     sinks: list[Sink] = []
     if store_url:
         sinks.append(PostgresSink(store_url))
@@ -143,7 +145,7 @@ async def run_audit(
     event_log = open_event_log(event_log_url, data_dir, read_only=True)
     await event_log.start()
     try:
-        auditor = Auditor(event_log, sinks, group=group)
+        auditor = Auditor(event_log, sinks, group=group, org=org)
         task = asyncio.create_task(auditor.run())
         try:
             if until_caught_up:

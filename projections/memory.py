@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from core.events import Event
 from core.models import Execution, Sandbox, Snapshot
 from core.snapshots import evolve_snapshot, is_snapshot_event
+from core.tenancy import Directory
 from projections.base import (
     ProjectionStore,
     SandboxQuery,
     SnapshotQuery,
     fold,
+    is_tenancy_event,
     matches,
     snapshot_matches,
     snapshot_sort_key,
@@ -27,6 +29,7 @@ class MemoryProjectionStore(ProjectionStore):
         self._by_sandbox: dict[str, list[str]] = {}
         self._snapshots: dict[str, Snapshot] = {}
         self._log: str | None = None
+        self._directory = Directory()
 
     async def position(self) -> int:
         return self._position
@@ -43,7 +46,9 @@ class MemoryProjectionStore(ProjectionStore):
             assert event.position is not None, "only events read from the log can be applied"
             if event.position <= self._position:
                 continue
-            if is_snapshot_event(event):
+            if is_tenancy_event(event):
+                self._directory.apply(event.sandbox_id, event.created_at, event.data)
+            elif is_snapshot_event(event):
                 snap = evolve_snapshot(self._snapshots.get(event.sandbox_id), event)
                 if snap is not None:
                     self._snapshots[event.sandbox_id] = snap
@@ -75,6 +80,11 @@ class MemoryProjectionStore(ProjectionStore):
         found = [s for s in self._snapshots.values() if snapshot_matches(s, query)]
         found.sort(key=snapshot_sort_key(query), reverse=query.direction == "desc")
         return found[query.offset : query.offset + query.limit], len(found)
+
+    async def directory(self) -> Directory:
+        copy = self._directory.copy()
+        copy.position = self._position
+        return copy
 
     async def reset(self) -> None:
         self.__init__()  # type: ignore[misc]

@@ -39,6 +39,7 @@ from core.lifecycle import execution_id_of
 from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
 from core.serde import converter
 from core.snapshots import evolve_snapshot, is_snapshot_event
+from core.tenancy import ApiKey, Directory, Organization, Project
 from projections.base import (
     SNAPSHOT_SORTS,
     ProjectionStore,
@@ -46,6 +47,7 @@ from projections.base import (
     SnapshotQuery,
     StoreBehind,
     fold,
+    is_tenancy_event,
 )
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,8 @@ SELECT 'e', execution_id, sandbox_id, seq, doc FROM executions
  WHERE execution_id = ANY($2) OR (sandbox_id = ANY($3) AND NOT is_final)
 UNION ALL
 SELECT 'n', snapshot_id, snapshot_id, 0, doc FROM snapshots WHERE snapshot_id = ANY($4)
+UNION ALL
+SELECT 't', id, kind, 0, doc FROM tenancy WHERE $5
 """
 
 # Rows and position in one statement: nothing is written unless the position is still $2.
@@ -131,10 +135,11 @@ _WRITE = """
 WITH moved AS (
   UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2 RETURNING position
 ), sandbox_rows AS (
-  INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, created_at, updated_at, doc)
-  SELECT r.sandbox_id, r.status, r.is_final, r.name, r.mode, r.project_id, r.created_at, r.updated_at, r.doc
+  INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, org_id, created_at, updated_at, doc)
+  SELECT r.sandbox_id, r.status, r.is_final, r.name, r.mode, r.project_id, r.org_id, r.created_at, r.updated_at,
+         r.doc
     FROM jsonb_to_recordset($4::jsonb) AS r(sandbox_id text, status text, is_final boolean, name text,
-         mode text, project_id text, created_at text, updated_at text, doc jsonb)
+         mode text, project_id text, org_id text, created_at text, updated_at text, doc jsonb)
    WHERE EXISTS (SELECT 1 FROM moved)
   ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
      name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,
@@ -149,15 +154,21 @@ WITH moved AS (
      doc = EXCLUDED.doc
 ), snapshot_rows AS (
   INSERT INTO snapshots (snapshot_id, status, name, tag, public, source_sandbox_id, content_hash, size_bytes,
-                         file_count, created_at, doc)
+                         file_count, org_id, created_at, doc)
   SELECT r.snapshot_id, r.status, r.name, r.tag, r.public, r.source_sandbox_id, r.content_hash, r.size_bytes,
-         r.file_count, r.created_at, r.doc
+         r.file_count, r.org_id, r.created_at, r.doc
     FROM jsonb_to_recordset($7::jsonb) AS r(snapshot_id text, status text, name text, tag text, public boolean,
-         source_sandbox_id text, content_hash text, size_bytes bigint, file_count bigint, created_at text, doc jsonb)
+         source_sandbox_id text, content_hash text, size_bytes bigint, file_count bigint, org_id text,
+         created_at text, doc jsonb)
    WHERE EXISTS (SELECT 1 FROM moved)
   ON CONFLICT (snapshot_id) DO UPDATE SET status = EXCLUDED.status, name = EXCLUDED.name, tag = EXCLUDED.tag,
      public = EXCLUDED.public, size_bytes = EXCLUDED.size_bytes, file_count = EXCLUDED.file_count,
      doc = EXCLUDED.doc
+), tenancy_rows AS (
+  INSERT INTO tenancy (kind, id, org_id, doc)
+  SELECT r.kind, r.id, r.org_id, r.doc FROM jsonb_to_recordset($8::jsonb) AS r(kind text, id text, org_id text, doc jsonb)
+   WHERE EXISTS (SELECT 1 FROM moved)
+  ON CONFLICT (kind, id) DO UPDATE SET doc = EXCLUDED.doc
 )
 SELECT pg_notify($6, position::text) IS NOT NULL FROM moved
 """
@@ -257,13 +268,14 @@ class PostgresProjectionStore(ProjectionStore):
             assert e.position is not None, "only events read from the log can be applied"
         # The state these events may touch: their sandboxes, the executions they name, and the
         # open executions of their sandboxes (a sandbox-level event can end them).
-        sandbox_ids = sorted({e.sandbox_id for e in events if not is_snapshot_event(e)})
+        sandbox_ids = sorted({e.sandbox_id for e in events if not is_snapshot_event(e) and not is_tenancy_event(e)})
+        tenancy = any(is_tenancy_event(e) for e in events)
         snapshot_ids = sorted({e.sandbox_id for e in events if is_snapshot_event(e)})
         exec_ids = sorted({x for e in events if (x := execution_id_of(e)) is not None})
         while True:
             # Taken before the read: every write that finished before now is in its snapshot.
             floor = self._floor
-            rows = await conn.fetch(_LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids)
+            rows = await conn.fetch(_LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
             start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
             if start < floor:
                 self._floor = start  # said once; the caller feeds the log again from start
@@ -284,7 +296,13 @@ class PostgresProjectionStore(ProjectionStore):
             changed_ex: dict[str, Execution] = {}
             snapshots = {r["id"]: _snapshot(r) for r in rows if r["kind"] == "n"}
             changed_snap: dict[str, Snapshot] = {}
+            directory = _directory(r for r in rows if r["kind"] == "t")
+            changed_tenancy: dict[tuple[str, str], TenancyRecord] = {}
             for e in todo:
+                if is_tenancy_event(e):
+                    for record in directory.apply(e.sandbox_id, e.created_at, e.data):
+                        changed_tenancy[_tenancy_key(record)] = record
+                    continue
                 if is_snapshot_event(e):
                     snap = evolve_snapshot(snapshots.get(e.sandbox_id), e)
                     if snap is not None:
@@ -299,6 +317,7 @@ class PostgresProjectionStore(ProjectionStore):
             sb_rows = [
                 {"sandbox_id": x.sandbox_id, "status": x.status.value, "is_final": x.status.is_final,
                  "name": x.spec.name, "mode": x.spec.mode.value, "project_id": x.spec.project_id,
+                 "org_id": x.spec.org_id,
                  "created_at": x.created_at, "updated_at": x.updated_at, "doc": converter.unstructure(x)}
                 for x in changed_sb.values()
             ]
@@ -310,12 +329,15 @@ class PostgresProjectionStore(ProjectionStore):
             snap_rows = [
                 {"snapshot_id": x.snapshot_id, "status": x.status.value, "name": x.name, "tag": x.tag,
                  "public": x.public, "source_sandbox_id": x.source_sandbox_id, "content_hash": x.content_hash,
-                 "size_bytes": x.size_bytes, "file_count": x.file_count, "created_at": x.created_at,
-                 "doc": converter.unstructure(x)}
+                 "size_bytes": x.size_bytes, "file_count": x.file_count, "org_id": x.org_id,
+                 "created_at": x.created_at, "doc": converter.unstructure(x)}
                 for x in changed_snap.values()
             ]
+            tenancy_rows = [{"kind": kind, "id": id_, "org_id": x.org_id, "doc": converter.unstructure(x)}
+                            for (kind, id_), x in changed_tenancy.items()]
             moved = await conn.fetchval(
-                _WRITE, PROJECTION, start, position, _json(sb_rows), _json(ex_rows), NOTIFY_CHANNEL, _json(snap_rows)
+                _WRITE, PROJECTION, start, position, _json(sb_rows), _json(ex_rows), NOTIFY_CHANNEL, _json(snap_rows),
+                _json(tenancy_rows),
             )
             if moved:
                 self._floor = max(self._floor, position)
@@ -344,6 +366,7 @@ class PostgresProjectionStore(ProjectionStore):
         await conn.execute("DELETE FROM executions")
         await conn.execute("DELETE FROM sandboxes")
         await conn.execute("DELETE FROM snapshots")
+        await conn.execute("DELETE FROM tenancy")
         await conn.execute("UPDATE projection_position SET position = 0, log_identity = NULL WHERE projection = $1",
                            PROJECTION)
 
@@ -422,7 +445,7 @@ class PostgresProjectionStore(ProjectionStore):
         if query.building_only:
             args.append(SnapshotStatus.BUILDING.value)
             where.append(f"status = ${len(args)}")
-        for column, value in (("source_sandbox_id", query.source_sandbox_id), ("name", query.name),
+        for column, value in (("org_id", query.org_id), ("source_sandbox_id", query.source_sandbox_id), ("name", query.name),
                               ("tag", query.tag), ("public", query.public), ("content_hash", query.content_hash)):
             if value is not None:
                 args.append(value)
@@ -439,6 +462,16 @@ class PostgresProjectionStore(ProjectionStore):
                 *args, query.limit, query.offset,
             )
         return [_snapshot(r) for r in rows], total
+
+    @_read_once_more
+    async def directory(self) -> Directory:
+        async with self._conn() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            position = int(await conn.fetchval(
+                "SELECT position FROM projection_position WHERE projection = $1", PROJECTION))
+            rows = await conn.fetch("SELECT kind AS sandbox_id, doc FROM tenancy")
+        found = _directory(rows)
+        found.position = position
+        return found
 
     # ---------------------------------------------------------------- waiting
 
@@ -464,6 +497,27 @@ class PostgresProjectionStore(ProjectionStore):
                 await conn.remove_listener(NOTIFY_CHANNEL, on_notify)
 
 
+TenancyRecord = Organization | Project | ApiKey
+_TENANCY_KINDS: dict[str, type] = {"org": Organization, "project": Project, "key": ApiKey}
+
+
+def _tenancy_key(record: TenancyRecord) -> tuple[str, str]:
+    if isinstance(record, Organization):
+        return "org", record.org_id
+    if isinstance(record, Project):
+        return "project", record.project_id
+    return "key", record.key_id
+
+
+def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
+    """A directory from ``tenancy`` rows (their kind in the ``sandbox_id`` column of _LOAD)."""
+    found = Directory()
+    for r in rows:
+        found.put(converter.structure(json.loads(r["doc"]) if isinstance(r["doc"], str) else r["doc"],
+                                      _TENANCY_KINDS[r["sandbox_id"]]))
+    return found
+
+
 def _where(q: SandboxQuery) -> tuple[list[str], list[Any]]:
     """The filters of ``projections.base.matches``, in SQL."""
     where: list[str] = []
@@ -473,6 +527,10 @@ def _where(q: SandboxQuery) -> tuple[list[str], list[Any]]:
         args.append(value)
         return f"${len(args)}"
 
+    if q.org_id is not None:
+        where.append(f"org_id = {arg(q.org_id)}")
+    if q.projects:
+        where.append(f"project_id = ANY({arg(list(q.projects))})")
     if q.deleted_only:
         where.append(f"status = {arg(SandboxStatus.DELETED.value)}")
     elif not q.include_deleted and q.status != "deleted":

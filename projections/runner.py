@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 
 from core.errors import LogMismatch, ProjectionUnavailable
 from core.eventlog.base import EventLog
@@ -53,6 +54,9 @@ class Projector:
         self._advanced = asyncio.Condition()
         self._listeners: list[asyncio.Queue[Event]] = []
         self.failure: LogMismatch | None = None  # why the projector stopped, if it did
+        # Called with each settled batch before writers waiting for it wake (api/tenancy.py:
+        # a key revoked through another replica is refused here from then on).
+        self.observers: list[Callable[[Sequence[Event]], None]] = []
 
     async def start(self) -> None:
         """Check the store belongs to this log, catch up with the whole log before returning,
@@ -141,6 +145,8 @@ class Projector:
                         batch.append(item)
                     await self._settle(batch)
                     self._position = batch[-1].position or self._position
+                    for observe in self.observers:
+                        observe(batch)
                     for q in self._listeners:
                         for event in batch:
                             q.put_nowait(event)

@@ -16,6 +16,7 @@ from aiohttp import web
 from api.http import base_url, q_bool
 from api.keys import ENGINE
 from api.service import Engine
+from api.tenancy import PUBLIC, needs
 from core.errors import NotFound
 from projections.audit import audit_record
 
@@ -35,6 +36,7 @@ def _line(record: dict) -> bytes:
 
 
 @routes.get("/streams/audit/{sandbox_id}/{token}")
+@needs(PUBLIC)
 async def audit_stream(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     sandbox_id, token = request.match_info["sandbox_id"], request.match_info["token"]

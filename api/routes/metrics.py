@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api.keys import ENGINE
+from api.keys import ENGINE, PRINCIPAL
 from core.models import SandboxStatus
 from drivers.base import Metric
 from projections.base import SandboxQuery, SnapshotQuery
@@ -43,11 +43,14 @@ def render(metrics: list[Metric]) -> str:
 async def metrics(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     found: list[Metric] = []
+    # An organization's key sees its own organization's counts; the server's administrator
+    # sees the whole server's, and the driver's own metrics (warm pools: not any one tenant's).
+    admin = request[PRINCIPAL].server_admin and "orgId" not in request.query
     for status in SandboxStatus:
-        _, total = await engine.store.list_sandboxes(SandboxQuery(status=status.value, limit=1,
-                                                                  include_deleted=True))
+        query = SandboxQuery(status=status.value, limit=1, include_deleted=True)
+        _, total = await engine.store.list_sandboxes(query if admin else engine.scoped(query))
         found.append(Metric("hutch_sandboxes", total, "gauge", "sandboxes by status", {"status": status.value}))
-    _, snapshots = await engine.store.list_snapshots(SnapshotQuery(limit=1))
+    _, snapshots = await engine.snapshots.list(SnapshotQuery(limit=1))
     found.append(Metric("hutch_snapshots", snapshots, "gauge", "ready snapshots"))
     found.append(Metric("hutch_event_log_position", await engine.log.last_position(), "gauge",
                         "position of the newest event in the log"))
@@ -55,6 +58,7 @@ async def metrics(request: web.Request) -> web.Response:
                         "position of the newest event the projections hold"))
     found.append(Metric("hutch_driver_info", 1, "gauge", "the driver this server runs sandboxes with",
                         {"driver": engine.driver.name}))
-    found.extend(engine.driver.metrics())
+    if admin:
+        found.extend(engine.driver.metrics())
     return web.Response(text=render(found), content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})

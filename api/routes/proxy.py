@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
 
-from api.keys import API_KEY, CONFIG, ENGINE
+from api.keys import CONFIG, ENGINE, TENANTS
+from api.tenancy import PUBLIC, needs
 from core.errors import DriverFailure, SandboxNotFound
 
 routes = web.RouteTableDef()
@@ -92,13 +92,13 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
     headers: dict[str, str] = {}
-    key = request.app[API_KEY]
+    tenants = request.app[TENANTS]
     for name, value in request.headers.items():
         low = name.lower()
         if (low in _HOP and low != "content-length") or low.startswith("sec-websocket-"):
             continue
-        if low == "authorization" and hmac.compare_digest(value.partition(" ")[2].strip().encode(), key.encode()):
-            continue  # never hand this server's key to the sandbox
+        if low == "authorization" and tenants.knows(value.partition(" ")[2].strip()):
+            continue  # never hand a hutch key (any organization's, revoked ones too) to the sandbox
         headers[name] = value
     peer = request.remote or ""
     prior = request.headers.get("X-Forwarded-For")
@@ -119,11 +119,13 @@ async def _target(request: web.Request, sandbox_id: str, tail: str) -> str:
 
 
 @routes.route("*", PREFIX + "/{sandbox_id}")
+@needs(PUBLIC)  # like Agentuity's sandbox URLs: the sandbox's own app decides
 async def bare(request: web.Request) -> web.Response:
     raise web.HTTPPermanentRedirect(f"{PREFIX}/{request.match_info['sandbox_id']}/")
 
 
 @routes.route("*", PREFIX + "/{sandbox_id}/{tail:.*}")
+@needs(PUBLIC)
 async def proxy(request: web.Request) -> web.StreamResponse:
     sandbox_id = request.match_info["sandbox_id"]
     return await serve(request, sandbox_id, request.match_info.get("tail", ""), prefix=f"{PREFIX}/{sandbox_id}")

@@ -86,7 +86,8 @@ def _instant(request: web.Request, name: str) -> str | None:
 @routes.get("/sandbox/stats")
 async def stats(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    return ok(await usage_stats(engine.store, engine.driver, _instant(request, "start"), _instant(request, "end")))
+    return ok(await usage_stats(engine.store, engine.driver, _instant(request, "start"), _instant(request, "end"),
+                                scope=engine.scoped(SandboxQuery())))
 
 
 @routes.post("/sandbox")

@@ -12,6 +12,7 @@ from api import wire
 from api.http import base_url, json_body, ok, q_choice, q_int
 from api.keys import API_KEY_ID, CONFIG, ENGINE
 from api.snapshots import LINEAGE_MAX, unchanged
+from api.tenancy import PUBLIC, needs
 from core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from core.models import Snapshot
 from core.snapshots import check_name
@@ -71,12 +72,14 @@ async def list_(request: web.Request) -> web.Response:
 
 
 @routes.get("/sandbox/snapshots/public")
+@needs(PUBLIC)
 async def list_public(request: web.Request) -> web.Response:
     found, total = await request.app[ENGINE].snapshots.list(_list_query(request, public=True, hi=100))
     return ok({"snapshots": [wire.snapshot_info(s) for s in found], "total": total})
 
 
 @routes.get("/sandbox/snapshots/public/{ref:.+}")
+@needs(PUBLIC)
 async def get_public(request: web.Request) -> web.Response:
     snap = await request.app[ENGINE].snapshots.resolve(request.match_info["ref"], "snapshotRef", public_only=True)
     return ok(wire.snapshot_info(snap))

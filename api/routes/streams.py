@@ -8,12 +8,14 @@ from aiohttp import web
 
 from api.http import json_body, ok
 from api.keys import ENGINE
+from api.tenancy import PUBLIC, needs
 from core.errors import NotFound
 
 routes = web.RouteTableDef()
 
 
 @routes.get("/streams/{stream_id}")
+@needs(PUBLIC)
 async def read_stream(request: web.Request) -> web.StreamResponse:
     outputs = request.app[ENGINE].outputs
     stream_id = request.match_info["stream_id"]

@@ -1,0 +1,82 @@
+"""Organization quotas, checked before anything is recorded (so a refusal leaves nothing).
+
+Live sandboxes (not final) count against ``sandboxes`` and, by what they asked for, against
+``memory_bytes`` and ``cpu_millis``; ready snapshots' archives against ``snapshot_bytes``.
+A sandbox that gives no memory or CPU counts the driver-independent defaults below, so an
+organization with a memory quota cannot slip past it by asking for nothing. The engine holds
+the organization's lock from the check to the append: two creates on one replica cannot
+both take the last slot (replicas check against the shared store; a race between replicas
+can overshoot by the creates in flight, which the README says).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core.errors import QuotaExceeded
+from core.models import SandboxSpec
+from core.quantities import format_bytes
+from core.tenancy import Quota
+from projections.base import SandboxQuery, SnapshotQuery
+
+if TYPE_CHECKING:
+    from api.service import Engine
+
+DEFAULT_MEMORY_BYTES = 512 * 2**20  # what an unsized sandbox counts as
+DEFAULT_CPU_MILLIS = 1000
+
+
+class Quotas:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def of(self, org_id: str) -> Quota:
+        tenants = self.engine.tenants
+        org = tenants.directory.orgs.get(org_id) if tenants is not None else None
+        return org.quota if org is not None else Quota()
+
+    async def usage(self, org_id: str) -> dict[str, int]:
+        live, count = await self.engine.store.list_sandboxes(SandboxQuery(org_id=org_id, live=True, limit=10**9))
+        snaps, _ = await self.engine.store.list_snapshots(SnapshotQuery(org_id=org_id, limit=10**9))
+        return {
+            "sandboxes": count,
+            "memory_bytes": sum(_memory(sb.spec) for sb in live),
+            "cpu_millis": sum(_cpu(sb.spec) for sb in live),
+            "snapshot_bytes": sum(s.size_bytes for s in snaps),
+        }
+
+    async def check_sandbox(self, org_id: str, spec: SandboxSpec) -> None:
+        quota = self.of(org_id)
+        if quota.sandboxes is None and quota.memory_bytes is None and quota.cpu_millis is None:
+            return
+        used = await self.usage(org_id)
+        for field, adds, show in (
+            ("sandboxes", 1, str),
+            ("memory_bytes", _memory(spec), format_bytes),
+            ("cpu_millis", _cpu(spec), lambda v: f"{v}m"),
+        ):
+            limit = getattr(quota, field)
+            if limit is not None and used[field] + adds > limit:
+                raise QuotaExceeded(
+                    f"quota {field}: organization {org_id} may have {show(limit)}; live sandboxes use "
+                    f"{show(used[field])}, and this one would add {show(adds)}",
+                    quota=field, limit=limit, used=used[field])
+
+    async def check_snapshot(self, org_id: str, size_bytes: int) -> None:
+        limit = self.of(org_id).snapshot_bytes
+        if limit is None:
+            return
+        used = (await self.usage(org_id))["snapshot_bytes"]
+        if used + size_bytes > limit:
+            raise QuotaExceeded(
+                f"quota snapshot_bytes: organization {org_id} may keep {format_bytes(limit)} of snapshots; "
+                f"it keeps {format_bytes(used)}, and this one is {format_bytes(size_bytes)}",
+                quota="snapshot_bytes", limit=limit, used=used)
+
+
+def _memory(spec: SandboxSpec) -> int:
+    return spec.resources.memory_bytes or DEFAULT_MEMORY_BYTES
+
+
+def _cpu(spec: SandboxSpec) -> int:
+    return spec.resources.cpu_millis or DEFAULT_CPU_MILLIS

@@ -1,0 +1,142 @@
+"""Organizations, projects, API keys and quotas (hutch's own routes; core/tenancy.py).
+
+``/orgs``: the server's administrator (the bootstrap key) creates organizations and sees all
+of them; any other key sees its own. ``/projects`` and ``/keys`` act in the request's
+organization (``orgId`` picks another for the administrator). Keys and quotas need an admin
+key; projects are listed by anyone in the organization and created by admins. A key's secret
+is in the answer to its creation and nowhere else, ever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from api.http import json_body, ok
+from api.keys import ENGINE, PRINCIPAL, TENANTS
+from api.tenancy import needs
+from core import tenancy
+from core.errors import InvalidInput, NotFound
+from core.tenancy import Access, ApiKey, Organization, Project
+
+routes = web.RouteTableDef()
+
+
+def render_org(org: Organization, usage: dict[str, int] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": org.org_id, "name": org.name, "createdAt": org.created_at,
+                           "quota": {"sandboxes": org.quota.sandboxes, "memoryBytes": org.quota.memory_bytes,
+                                     "cpuMillis": org.quota.cpu_millis, "snapshotBytes": org.quota.snapshot_bytes}}
+    if usage is not None:
+        out["usage"] = {"sandboxes": usage["sandboxes"], "memoryBytes": usage["memory_bytes"],
+                        "cpuMillis": usage["cpu_millis"], "snapshotBytes": usage["snapshot_bytes"]}
+    return out
+
+
+def render_project(p: Project) -> dict[str, Any]:
+    return {"id": p.project_id, "name": p.name, "orgId": p.org_id, "createdAt": p.created_at}
+
+
+def render_key(k: ApiKey) -> dict[str, Any]:
+    return {"id": k.key_id, "name": k.name, "orgId": k.org_id, "role": k.role.value, "prefix": k.prefix,
+            "projects": list(k.projects), "createdAt": k.created_at, "expiresAt": k.expires_at,
+            "revokedAt": k.revoked_at, "rate": k.rate, "burst": k.burst}
+
+
+@routes.get("/orgs")
+async def list_orgs(request: web.Request) -> web.Response:
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    orgs = sorted(directory.orgs.values(), key=lambda o: o.created_at)
+    if not principal.server_admin:
+        orgs = [o for o in orgs if o.org_id == principal.org_id]
+    return ok({"orgs": [render_org(o) for o in orgs], "total": len(orgs)})
+
+
+@routes.post("/orgs")
+@needs(Access.SERVER)
+async def create_org(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    engine, directory = request.app[ENGINE], request.app[TENANTS].directory
+    org_id = tenancy.org_id_for(tenancy.check_name(body.get("name"), "name"))
+    await engine.record(org_id, lambda: [tenancy.create_org(directory, body.get("name"))[1]])
+    return ok(render_org(directory.orgs[org_id]), http_status=201)
+
+
+@routes.get("/orgs/{org_id}")
+async def get_org(request: web.Request) -> web.Response:
+    org = _org(request)
+    return ok(render_org(org, await request.app[ENGINE].quotas.usage(org.org_id)))
+
+
+@routes.patch("/orgs/{org_id}/quota")
+@needs(Access.ADMIN)
+async def set_quota(request: web.Request) -> web.Response:
+    org = _org(request)
+    body = await json_body(request)
+    names = {"sandboxes": "sandboxes", "memoryBytes": "memory_bytes", "cpuMillis": "cpu_millis",
+             "snapshotBytes": "snapshot_bytes"}
+    unknown = [k for k in body if k not in names and k != "orgId"]
+    if unknown:
+        raise InvalidInput(f"{unknown[0]}: not a quota; expected {', '.join(names)}", field=unknown[0])
+    directory, engine = request.app[TENANTS].directory, request.app[ENGINE]
+    await engine.record(org.org_id, lambda: [tenancy.set_quota({names[k]: v for k, v in body.items() if k in names},
+                                                               directory.orgs[org.org_id].quota)])
+    return ok(render_org(directory.orgs[org.org_id], await engine.quotas.usage(org.org_id)))
+
+
+def _org(request: web.Request) -> Organization:
+    """The path's organization, if the key acts for it (administrators: any); else 404."""
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    org_id = request.match_info["org_id"]
+    org = directory.orgs.get(org_id)
+    if org is None or not (principal.server_admin or principal.org_id == org_id):
+        raise NotFound(f"organization {org_id} not found")
+    return org
+
+
+@routes.get("/projects")
+async def list_projects(request: web.Request) -> web.Response:
+    principal = request[PRINCIPAL]
+    found = request.app[TENANTS].directory.org_projects(principal.org_id)
+    if principal.projects:
+        found = [p for p in found if p.project_id in principal.projects]
+    return ok({"projects": [render_project(p) for p in found], "total": len(found)})
+
+
+@routes.post("/projects")
+@needs(Access.ADMIN)
+async def create_project(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    events = await request.app[ENGINE].record(
+        principal.org_id, lambda: [tenancy.create_project(directory, principal.org_id, body.get("name"))])
+    return ok(render_project(directory.projects[events[0].data.project_id]), http_status=201)
+
+
+@routes.get("/keys")
+@needs(Access.ADMIN)
+async def list_keys(request: web.Request) -> web.Response:
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    found = sorted((k for k in directory.keys.values() if k.org_id == principal.org_id), key=lambda k: k.created_at)
+    return ok({"keys": [render_key(k) for k in found], "total": len(found)})
+
+
+@routes.post("/keys")
+@needs(Access.ADMIN)
+async def create_key(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    secret, event = tenancy.create_key(
+        directory, principal.org_id, role=body.get("role"), name=body.get("name"), projects=body.get("projects") or [],
+        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"))
+    await request.app[ENGINE].record(principal.org_id, lambda: [event])
+    return ok(render_key(directory.keys[event.key_id]) | {"secret": secret}, http_status=201)
+
+
+@routes.delete("/keys/{key_id}")
+@needs(Access.ADMIN)
+async def revoke_key(request: web.Request) -> web.Response:
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    key_id = request.match_info["key_id"]
+    await request.app[ENGINE].record(principal.org_id, lambda: [tenancy.revoke_key(directory, principal.org_id, key_id)])
+    return ok(render_key(directory.keys[key_id]))

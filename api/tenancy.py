@@ -1,0 +1,179 @@
+"""Tenancy at the API edge: who a key is, what it may touch, how fast it may ask.
+
+``Tenants`` keeps this process's copy of the directory (organizations, projects, keys:
+``core.tenancy.Directory``), loaded from the projection store at start and then folded from
+the events the projector hands it, so a key created or revoked through any replica is known
+here as soon as this replica's projector has read the event (the revocation lag the README
+gives). A key check is a SHA-256 and a dictionary hit: no store round trip per request.
+
+The bootstrap key (``api-key`` in the data dir, or ``HUTCH_API_KEY``) is the server's
+administrator: it acts for ``org_local`` unless ``orgId`` names another organization, and
+only it creates organizations.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+
+from core import tenancy
+from core.errors import RateLimited, Unauthorized
+from core.events import Event
+from core.tenancy import LOCAL_ORG, Access, Directory, Principal, Role
+from projections.base import ProjectionStore, is_tenancy_event
+
+
+def bootstrap_key_id(secret: str) -> str:
+    """The id events name the bootstrap key by (as before tenancy: audit records keep matching)."""
+    return "key_" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
+@attrs.define
+class Bucket:
+    """A token bucket: ``rate`` tokens a second, at most ``burst`` held."""
+
+    rate: float
+    burst: float
+    tokens: float
+    stamp: float
+
+    def take(self, now: float) -> float:
+        """0 when a token was taken; else the seconds until one will be there."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+def parse_rate(value: str | None, setting: str = "HUTCH_RATE_LIMIT") -> tuple[float, int] | None:
+    """``"20"`` (per second, burst 2x) or ``"20:100"`` (per second : burst); "" = none."""
+    if not value:
+        return None
+    rate_s, _, burst_s = value.partition(":")
+    try:
+        rate = float(rate_s)
+        burst = int(burst_s) if burst_s else max(1, math.ceil(rate * 2))
+    except ValueError:
+        from core.errors import InvalidInput
+
+        raise InvalidInput(f"{setting}: expected requests per second, optionally :burst (20 or 20:100), "
+                           f"got {value!r}", field=setting) from None
+    if rate <= 0 or burst < 1:
+        from core.errors import InvalidInput
+
+        raise InvalidInput(f"{setting}: rate and burst must be positive, got {value!r}", field=setting)
+    return rate, burst
+
+
+class Tenants:
+    def __init__(self, bootstrap_secret: str, *, default_rate: tuple[float, int] | None = None) -> None:
+        self._bootstrap = bootstrap_secret.encode()
+        self.bootstrap = Principal(key_id=bootstrap_key_id(bootstrap_secret), org_id=LOCAL_ORG, role=Role.ADMIN,
+                                   server_admin=True)
+        self.directory = Directory()
+        self.default_rate = default_rate
+        self._buckets: dict[str, Bucket] = {}
+        self._loading: list[Event] | None = None
+
+    # ---------------------------------------------------------------- following the log
+
+    async def load(self, store: ProjectionStore) -> None:
+        """Take the store's directory; events the projector hands over meanwhile are kept and
+        folded on top (those the store already holds are skipped by position)."""
+        self._loading = []
+        try:
+            loaded = await store.directory()
+            for event in self._loading:
+                _fold(loaded, event)
+            self.directory = loaded
+        finally:
+            self._loading = None
+
+    def observe(self, batch: Sequence[Event]) -> None:
+        """The projector's hook: called with every batch it has settled, before waiters wake."""
+        for event in batch:
+            if not is_tenancy_event(event):
+                continue
+            if self._loading is not None:
+                self._loading.append(event)
+            _fold(self.directory, event)
+
+    # ---------------------------------------------------------------- requests
+
+    def authenticate(self, secret: str) -> Principal:
+        if hmac.compare_digest(secret.encode(), self._bootstrap):
+            return self.bootstrap
+        key = self.directory.key_for(secret)
+        if key is None:
+            raise Unauthorized("invalid API key")
+        if key.revoked_at is not None:
+            raise Unauthorized(f"API key {key.key_id} was revoked at {key.revoked_at}")
+        if key.expires_at is not None and key.expires_at <= _now():
+            raise Unauthorized(f"API key {key.key_id} expired at {key.expires_at}")
+        return Principal(key_id=key.key_id, org_id=key.org_id, role=key.role, projects=key.projects)
+
+    def knows(self, secret: str) -> bool:
+        """A hutch key, valid or not any more (the proxy never forwards one)."""
+        return hmac.compare_digest(secret.encode(), self._bootstrap) or self.directory.key_for(secret) is not None
+
+    def throttle(self, principal: Principal) -> None:
+        """Raise ``RateLimited`` (429, with the seconds to wait) when the key is over its rate."""
+        key = self.directory.keys.get(principal.key_id)
+        rate = (key.rate, key.burst or max(1, math.ceil(key.rate * 2))) if key and key.rate else self.default_rate
+        if rate is None:
+            return
+        now = time.monotonic()
+        bucket = self._buckets.get(principal.key_id)
+        if bucket is None or bucket.rate != rate[0] or bucket.burst != rate[1]:
+            bucket = self._buckets[principal.key_id] = Bucket(rate[0], float(rate[1]), float(rate[1]), now)
+        wait = bucket.take(now)
+        if wait > 0:
+            raise RateLimited(f"rate limit: key {principal.key_id} may make {rate[0]:g} requests a second "
+                              f"(burst {rate[1]}); retry in {wait:.2f} s", retry_after=wait)
+
+
+def _fold(directory: Directory, event: Event) -> None:
+    if (event.position or 0) <= directory.position:
+        return
+    directory.apply(event.sandbox_id, event.created_at, event.data)
+    directory.position = event.position or directory.position
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------- what each route needs
+
+Handler = Callable[..., Awaitable[Any]]
+PUBLIC = "public"  # no key: the path or a token in it is the capability (streams, port URLs)
+
+
+def needs(access: Access | str) -> Callable[[Handler], Handler]:
+    """Declare what a handler needs, where the method alone would say wrong (see ``access_of``)."""
+
+    def mark(handler: Handler) -> Handler:
+        handler.hutch_access = access  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
+def access_of(method: str, handler: Any) -> Access | str:
+    """A handler's declared access, else by method: reads are GET/HEAD, everything else writes."""
+    declared = getattr(handler, "hutch_access", None)
+    if declared is not None:
+        return declared
+    return Access.READ if method in ("GET", "HEAD") else Access.WRITE
+
+
+__all__ = ["PUBLIC", "Tenants", "access_of", "bootstrap_key_id", "needs", "parse_rate", "tenancy"]

@@ -1,0 +1,377 @@
+"""Tenancy: organizations, their projects, API keys with roles, and quotas — pure.
+
+Organizations, projects and keys are events in the log like sandboxes (so every API replica
+folds the same directory and knows a revocation as soon as it has read the event). Their
+stream is the organization's id: one organization's records are ordered among themselves.
+
+An organization's id is ``org_`` + its name (names are unique slugs), so the wire's
+``{"id": …, "name": …}`` and the ``@org/name:tag`` snapshot names need no lookup. The
+organization every server has from its first start is ``org_local``: data from before
+tenancy (no ``org_id`` anywhere) belongs to it, which is the whole upgrade.
+
+A key's secret is shown once, at creation; the log and the stores keep its SHA-256 only.
+Secrets are 256 random bits, so a fast hash is enough (nothing to brute-force), and the
+lookup on every request is one dictionary hit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+import secrets
+from collections.abc import Mapping
+from contextvars import ContextVar
+from enum import StrEnum
+from typing import ClassVar
+
+import attrs
+
+from core import ids
+from core.errors import Forbidden, InvalidInput, NotFound
+
+LOCAL_ORG = "org_local"
+SECRET_PREFIX = "hk_"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class Role(StrEnum):
+    ADMIN = "admin"  # keys, quotas, projects and everything a member may do
+    MEMBER = "member"  # sandboxes and snapshots
+    READ_ONLY = "read-only"  # lists, gets, events, output
+
+
+class Access(StrEnum):
+    """What a route needs. ``server``: the server's administrator only (the bootstrap key)."""
+
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"
+    SERVER = "server"
+
+
+GRANTS: dict[Role, frozenset[Access]] = {
+    Role.ADMIN: frozenset({Access.READ, Access.WRITE, Access.ADMIN}),
+    Role.MEMBER: frozenset({Access.READ, Access.WRITE}),
+    Role.READ_ONLY: frozenset({Access.READ}),
+}
+
+
+@attrs.frozen
+class Quota:
+    """Limits of one organization; None = unlimited. Memory and CPU count live sandboxes'
+    requested resources (what they may use, not what they happen to use now)."""
+
+    sandboxes: int | None = None  # concurrent, not final
+    memory_bytes: int | None = None
+    cpu_millis: int | None = None
+    snapshot_bytes: int | None = None  # ready snapshots' archives
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("sandboxes", "memory_bytes", "cpu_millis", "snapshot_bytes")
+
+
+@attrs.frozen
+class Organization:
+    org_id: str
+    name: str
+    created_at: str
+    quota: Quota = Quota()
+
+
+@attrs.frozen
+class Project:
+    project_id: str
+    org_id: str
+    name: str
+    created_at: str
+
+
+@attrs.frozen
+class ApiKey:
+    key_id: str
+    org_id: str
+    role: Role
+    name: str
+    secret_hash: str  # sha256 hex of the secret
+    prefix: str  # the secret's first characters, so a person can tell keys apart
+    created_at: str
+    projects: tuple[str, ...] = ()  # () = every project of the org
+    expires_at: str | None = None
+    revoked_at: str | None = None
+    rate: float | None = None  # requests per second (None: the server's default)
+    burst: int | None = None
+
+
+# ---------------------------------------------------------------- events (stream: the org id)
+
+
+@attrs.frozen
+class OrgCreated:
+    type: ClassVar[str] = "org:created"
+    name: str
+
+
+@attrs.frozen
+class QuotaSet:
+    type: ClassVar[str] = "org:quota"
+    quota: Quota
+
+
+@attrs.frozen
+class ProjectCreated:
+    type: ClassVar[str] = "project:created"
+    project_id: str
+    name: str
+
+
+@attrs.frozen
+class KeyCreated:
+    type: ClassVar[str] = "key:created"
+    key_id: str
+    role: Role
+    name: str
+    secret_hash: str
+    prefix: str
+    projects: tuple[str, ...] = ()
+    expires_at: str | None = None
+    rate: float | None = None
+    burst: int | None = None
+
+
+@attrs.frozen
+class KeyRevoked:
+    type: ClassVar[str] = "key:revoked"
+    key_id: str
+
+
+TENANCY_EVENTS: tuple[type, ...] = (OrgCreated, QuotaSet, ProjectCreated, KeyCreated, KeyRevoked)
+
+
+# ---------------------------------------------------------------- the directory's fold
+
+
+@attrs.define
+class Directory:
+    """Organizations, projects and keys as of ``position``: a plain fold, kept in memory by
+    every API process (and by the memory store). ``apply`` returns what changed."""
+
+    orgs: dict[str, Organization] = attrs.field(factory=dict)
+    projects: dict[str, Project] = attrs.field(factory=dict)
+    keys: dict[str, ApiKey] = attrs.field(factory=dict)
+    by_hash: dict[str, str] = attrs.field(factory=dict)  # secret hash -> key id
+    position: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.orgs.setdefault(LOCAL_ORG, Organization(LOCAL_ORG, "local", "1970-01-01T00:00:00Z"))
+
+    def apply(self, stream: str, at: str, data: object) -> list[Organization | Project | ApiKey]:
+        changed: list[Organization | Project | ApiKey] = []
+        match data:
+            case OrgCreated(name=name):
+                changed.append(Organization(stream, name, at))
+            case QuotaSet(quota=quota) if stream in self.orgs:
+                changed.append(attrs.evolve(self.orgs[stream], quota=quota))
+            case ProjectCreated(project_id=pid, name=name):
+                changed.append(Project(pid, stream, name, at))
+            case KeyCreated():
+                changed.append(ApiKey(data.key_id, stream, data.role, data.name, data.secret_hash, data.prefix, at,
+                                      data.projects, data.expires_at, None, data.rate, data.burst))
+            case KeyRevoked(key_id=kid) if kid in self.keys:
+                changed.append(attrs.evolve(self.keys[kid], revoked_at=at))
+        for record in changed:
+            self.put(record)
+        return changed
+
+    def put(self, record: Organization | Project | ApiKey) -> None:
+        if isinstance(record, Organization):
+            self.orgs[record.org_id] = record
+        elif isinstance(record, Project):
+            self.projects[record.project_id] = record
+        else:
+            self.keys[record.key_id] = record
+            self.by_hash[record.secret_hash] = record.key_id
+
+    def copy(self) -> Directory:
+        return Directory(dict(self.orgs), dict(self.projects), dict(self.keys), dict(self.by_hash), self.position)
+
+    def key_for(self, secret: str) -> ApiKey | None:
+        key_id = self.by_hash.get(hash_secret(secret))
+        return self.keys.get(key_id) if key_id else None
+
+    def org_projects(self, org_id: str) -> list[Project]:
+        return sorted((p for p in self.projects.values() if p.org_id == org_id), key=lambda p: p.created_at)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def org_id_for(name: str) -> str:
+    return "org_" + name
+
+
+# ---------------------------------------------------------------- commands: validate, then events
+
+
+def check_name(value: object, field: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise InvalidInput(f"{field}: {value!r} must be 1-63 lower-case letters, digits and -, "
+                           "starting with a letter or digit", field=field)
+    return value
+
+
+def create_org(directory: Directory, name: object) -> tuple[str, OrgCreated]:
+    name = check_name(name, "name")
+    org_id = org_id_for(name)
+    if org_id in directory.orgs:
+        raise InvalidInput(f"name: an organization named {name!r} exists already", field="name")
+    return org_id, OrgCreated(name=name)
+
+
+def create_project(directory: Directory, org_id: str, name: object) -> ProjectCreated:
+    name = check_name(name, "name")
+    if any(p.name == name for p in directory.org_projects(org_id)):
+        raise InvalidInput(f"name: organization {org_id} has a project named {name!r} already", field="name")
+    return ProjectCreated(project_id=ids.new_id("project"), name=name)
+
+
+def create_key(directory: Directory, org_id: str, *, role: object, name: object = None,
+               projects: object = (), expires_at: object = None, rate: object = None,
+               burst: object = None, now: dt.datetime | None = None) -> tuple[str, KeyCreated]:
+    """(the secret, shown once; the event, which holds its hash only)."""
+    try:
+        role = Role(role)
+    except ValueError:
+        raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role") from None
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 100):
+        raise InvalidInput("name: expected a string of 1-100 characters", field="name")
+    if not isinstance(projects, (list, tuple)) or not all(isinstance(p, str) for p in projects):
+        raise InvalidInput("projects: expected a list of project ids or names", field="projects")
+    project_ids = tuple(resolve_project(directory, org_id, p, "projects") for p in projects)
+    expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else None
+    for field, value in (("rate", rate), ("burst", burst)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise InvalidInput(f"{field}: expected a positive number, got {value!r}", field=field)
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    key_id = ids.new_id("key")
+    return secret, KeyCreated(key_id=key_id, role=role, name=name or key_id, secret_hash=hash_secret(secret),
+                              prefix=secret[:10], projects=project_ids, expires_at=expires,
+                              rate=float(rate) if rate is not None else None,
+                              burst=int(burst) if burst is not None else None)
+
+
+def resolve_project(directory: Directory, org_id: str, ref: str, field: str = "projectId") -> str:
+    """A project of ``org_id`` by id or name; another org's project is as unknown as none."""
+    for p in directory.org_projects(org_id):
+        if ref in (p.project_id, p.name):
+            return p.project_id
+    raise InvalidInput(f"{field}: organization {org_id} has no project {ref!r}", field=field)
+
+
+_DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def check_expiry(value: object, now: dt.datetime) -> str:
+    """``30d``/``12h``/… from now, or an ISO-8601 time in the future; an ISO string back."""
+    if isinstance(value, str) and (m := _DURATION_RE.match(value.strip())):
+        moment = now + dt.timedelta(seconds=int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    else:
+        try:
+            moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidInput(f"expires: {value!r} is neither a duration (30d, 12h, 90m) nor an ISO-8601 time",
+                               field="expires") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+    if moment <= now:
+        raise InvalidInput(f"expires: {value!r} is not in the future", field="expires")
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def revoke_key(directory: Directory, org_id: str | None, key_id: str) -> KeyRevoked:
+    key = directory.keys.get(key_id)
+    if key is None or (org_id is not None and key.org_id != org_id):
+        raise NotFound(f"key {key_id} not found")
+    if key.revoked_at is not None:
+        raise InvalidInput(f"key {key_id} is revoked already", field="keyId")
+    return KeyRevoked(key_id=key_id)
+
+
+def set_quota(values: Mapping[str, object], current: Quota) -> QuotaSet:
+    """Fields given replace the current ones; ``None`` lifts a limit."""
+    changes: dict[str, int | None] = {}
+    for field, value in values.items():
+        if field not in Quota.FIELDS:
+            raise InvalidInput(f"{field}: not a quota; expected one of {', '.join(Quota.FIELDS)}", field=field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise InvalidInput(f"{field}: expected a whole number >= 0 or null, got {value!r}", field=field)
+        changes[field] = value  # type: ignore[assignment]
+    return QuotaSet(quota=attrs.evolve(current, **changes))
+
+
+# ---------------------------------------------------------------- who is asking
+
+
+@attrs.frozen
+class Principal:
+    """What a request's key may do: act for ``org_id`` (the server administrator for any
+    organization, chosen by ``orgId``) in ``projects`` (() = all) with ``role``."""
+
+    key_id: str
+    org_id: str
+    role: Role
+    projects: tuple[str, ...] = ()
+    server_admin: bool = False
+
+    def require(self, access: Access) -> None:
+        if access is Access.SERVER:
+            if not self.server_admin:
+                raise Forbidden("only the server's administrator (its bootstrap key) may do this")
+        elif access not in GRANTS[self.role]:
+            need = {Access.WRITE: "member or admin", Access.ADMIN: "admin"}.get(access, "any")
+            raise Forbidden(f"this key's role is {self.role.value}; this needs a {need} key")
+
+    def acting_for(self, requested: str | None, directory: Directory) -> Principal:
+        """The principal for the ``orgId`` a request names (None: the key's own)."""
+        if requested is None or requested == self.org_id:
+            return self
+        if self.server_admin and requested in directory.orgs:
+            return attrs.evolve(self, org_id=requested)
+        # Same words whether or not it exists: a key learns nothing about other organizations.
+        raise Forbidden(f"orgId: this key may not act for organization {requested!r} "
+                        f"(it acts for {self.org_id})", field="orgId")
+
+
+@attrs.frozen
+class Scope:
+    """What the request being served may see. Set per request by the API (``SCOPE``);
+    None outside requests (the server's own work: recovery, timeouts) sees everything."""
+
+    org_id: str
+    projects: tuple[str, ...] = ()
+
+    def sees(self, org_id: str, project_id: str | None = None) -> bool:
+        if org_id != self.org_id:
+            return False
+        return not self.projects or project_id in self.projects
+
+
+SCOPE: ContextVar[Scope | None] = ContextVar("hutch_scope", default=None)
+
+
+def visible(org_id: str, project_id: str | None = None) -> bool:
+    """Whether the request being served may see an item of ``org_id`` (and ``project_id``)."""
+    scope = SCOPE.get()
+    return scope is None or scope.sees(org_id, project_id)
+
+
+def visible_org(org_id: str) -> bool:
+    """Organization-wide items (snapshots): any key of the organization sees them."""
+    scope = SCOPE.get()
+    return scope is None or scope.org_id == org_id
+
+
+def scoped_org() -> str | None:
+    scope = SCOPE.get()
+    return scope.org_id if scope else None
