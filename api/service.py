@@ -27,7 +27,8 @@ from api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
 from api.quotas import Quotas
 from api.snapshots import Snapshots
 from api.stream_ids import StreamIds
-from api.tenancy import Tenants
+from api.tenancy import Tenants, owned
+from api.timeouts import Reaper, seconds
 from api.watchers import Watchers
 from api.wire import CreateRequest, ExecuteRequest
 from core import ids, tenancy
@@ -102,10 +103,6 @@ def _iso_after(seconds: float) -> str:
     return _iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds))
 
 
-def _unix(iso: str) -> float:
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
 @attrs.frozen
 class Created:
     sandbox: Sandbox
@@ -135,8 +132,6 @@ class Engine:
         outputs.verify = self.streams.issued  # streams closed before their first byte have no file
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._activity: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._stopping: set[str] = set()  # jobs asked to stop: however they exit, they were cancelled
         self._building: set[str] = set()  # sandboxes waiting for their runtime's first build
@@ -144,6 +139,7 @@ class Engine:
         self.snapshots = Snapshots(self, data_dir / "snapshots", limits or archives.Limits())
         self.tenants: Tenants | None = None  # set by the app (api/tenancy.py); None: no quotas
         self.quotas = Quotas(self)
+        self.reaper = Reaper(self)  # idle and paused timeouts
         self._owners: dict[str, tuple[str | None, str | None]] = {}  # stream id -> (org, project)
 
     # ---------------------------------------------------------------- lifetime
@@ -153,12 +149,11 @@ class Engine:
         self.driver.set_listener(self._sandbox_ended)
         await self._recover()
         await self.snapshots.expire_builds()
-        self._spawn(self._watch_timeouts(), "timeouts")
+        self._spawn(self.reaper.watch(), "timeouts")
 
     async def close(self) -> None:
         self.watchers.close()
-        for timer in self._timers.values():
-            timer.cancel()
+        self.reaper.close()
         for task in [*self._background, *self._tasks.values()]:
             task.cancel()
         for task in [*self._background, *self._tasks.values()]:
@@ -288,7 +283,7 @@ class Engine:
         first (``Driver.build_runtime``): then the answer comes at once with the sandbox
         ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
         execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
-        req = attrs.evolve(req, spec=self._owned(req.spec))
+        req = attrs.evolve(req, spec=owned(req.spec, self.tenants.directory if self.tenants else None))
         spec = req.spec
         build = spec.runtime not in self.driver.runtimes_available()
         caps = self.driver.capabilities
@@ -324,23 +319,6 @@ class Engine:
         else:
             await self._start_sandbox(sandbox_id, req, execution_id)
         return Created(sandbox=await self._require(sandbox_id), execution_id=execution_id)
-
-    def _owned(self, spec: SandboxSpec) -> SandboxSpec:
-        """The spec in the request's organization, its ``projectId`` resolved (a name or id of
-        one of the organization's projects; a key limited to projects must name one of them,
-        or has it filled in when it is limited to exactly one)."""
-        scope = SCOPE.get()
-        org = scope.org_id if scope else LOCAL_ORG
-        project = spec.project_id
-        if project is not None and self.tenants is not None:
-            project = tenancy.resolve_project(self.tenants.directory, org, project)
-        if scope is not None and scope.projects:
-            if project is None and len(scope.projects) == 1:
-                project = scope.projects[0]
-            if project not in scope.projects:
-                raise InvalidInput(f"projectId: this key may only create sandboxes in projects "
-                                   f"{', '.join(scope.projects)}", field="projectId")
-        return attrs.evolve(spec, org_id=org, project_id=project)
 
     def prebuild(self, names: Iterable[str]) -> None:
         """Build these runtimes in the background (``--prebuild``); creates join the build."""
@@ -569,7 +547,7 @@ class Engine:
     async def pause(self, sandbox_id: str) -> Sandbox:
         async with self._lock(sandbox_id):
             sb = await self._require(sandbox_id, include_deleted=False)
-            paused_for = self._seconds(sb.spec.timeout.paused, "timeout.paused")
+            paused_for = seconds(sb.spec.timeout.paused, "timeout.paused")
             deadline = _iso_after(paused_for) if paused_for else None
             events = decide(sb, Pause(terminates_at=deadline))  # refuses before the driver is touched
             if events:
@@ -586,80 +564,11 @@ class Engine:
                 await self._append(sandbox_id, events)
         return await self._require(sandbox_id)
 
-    # ---------------------------------------------------------------- timeouts
-
-    @staticmethod
-    def _seconds(value: str | None, field: str) -> float:
-        return parse_duration(field, value) if value else 0.0
-
-    def _deadline(self, sb: Sandbox) -> tuple[float, str] | None:
-        """(unix time, reason) at which the reaper ends this sandbox, if ever."""
-        if sb.status is SandboxStatus.PAUSED:
-            limit = self._seconds(sb.spec.timeout.paused, "timeout.paused")
-            if limit and sb.paused_at:
-                return _unix(sb.paused_at) + limit, f"paused timeout ({sb.spec.timeout.paused}) reached"
-        elif sb.status is SandboxStatus.IDLE:
-            limit = self._seconds(sb.spec.timeout.idle, "timeout.idle")
-            if limit:
-                last = max(_unix(sb.updated_at), self._activity.get(sb.sandbox_id, 0.0))
-                return last + limit, f"idle timeout ({sb.spec.timeout.idle}) reached"
-        return None
+    # ---------------------------------------------------------------- timeouts (api/timeouts.py)
 
     def touch(self, sandbox_id: str) -> None:
         """Activity that is not an event (file operations) still keeps a sandbox from idling out."""
-        self._activity[sandbox_id] = time.time()
-
-    async def _schedule(self, sandbox_id: str) -> None:
-        timer = self._timers.pop(sandbox_id, None)
-        if timer is not None:
-            timer.cancel()
-        sb = await self.store.get_sandbox(sandbox_id)
-        if sb is None or sb.status.is_final:
-            self._activity.pop(sandbox_id, None)
-            return
-        found = self._deadline(sb)
-        if found is None:
-            return
-        at, _reason = found
-        loop = asyncio.get_running_loop()
-        self._timers[sandbox_id] = loop.call_later(
-            max(0.0, at - time.time()), lambda: self._spawn(self._reap(sandbox_id), f"reap-{sandbox_id}")
-        )
-
-    async def _reap(self, sandbox_id: str) -> None:
-        sb = await self.store.get_sandbox(sandbox_id)
-        found = self._deadline(sb) if sb is not None else None
-        if found is None:
-            return
-        at, reason = found
-        if at > time.time() + 0.001:  # activity moved the deadline
-            await self._schedule(sandbox_id)
-            return
-        log.info("reaping %s: %s", sandbox_id, reason)
-        await self._end(sandbox_id, Terminate(reason=reason))
-
-    async def _watch_timeouts(self) -> None:
-        queue = self.projector.listen()
-        try:
-            while True:  # a store outage (PostgreSQL restarting) must not end the watch
-                try:
-                    live, _ = await self.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
-                    for sb in live:
-                        await self._schedule(sb.sandbox_id)
-                    break
-                except HutchError as err:
-                    log.warning("timeouts: cannot list live sandboxes (%s); retrying", err)
-                    await asyncio.sleep(1)
-            while True:
-                event = await queue.get()
-                try:
-                    await self._schedule(event.sandbox_id)
-                except HutchError as err:
-                    log.warning("timeouts: cannot schedule %s (%s); retrying", event.sandbox_id, err)
-                    await asyncio.sleep(0.5)
-                    queue.put_nowait(event)
-        finally:
-            self.projector.unlisten(queue)
+        self.reaper.touch(sandbox_id)
 
     def _spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.create_task(coro, name=name)

@@ -24,9 +24,10 @@ from typing import Any
 import attrs
 
 from core import tenancy
-from core.errors import RateLimited, Unauthorized
+from core.errors import InvalidInput, RateLimited, Unauthorized
 from core.events import Event
-from core.tenancy import LOCAL_ORG, Access, Directory, Principal, Role
+from core.models import SandboxSpec
+from core.tenancy import LOCAL_ORG, SCOPE, Access, Directory, Principal, Role
 from projections.base import ProjectionStore, is_tenancy_event
 
 
@@ -63,13 +64,9 @@ def parse_rate(value: str | None, setting: str = "HUTCH_RATE_LIMIT") -> tuple[fl
         rate = float(rate_s)
         burst = int(burst_s) if burst_s else max(1, math.ceil(rate * 2))
     except ValueError:
-        from core.errors import InvalidInput
-
         raise InvalidInput(f"{setting}: expected requests per second, optionally :burst (20 or 20:100), "
                            f"got {value!r}", field=setting) from None
     if rate <= 0 or burst < 1:
-        from core.errors import InvalidInput
-
         raise InvalidInput(f"{setting}: rate and burst must be positive, got {value!r}", field=setting)
     return rate, burst
 
@@ -139,6 +136,24 @@ class Tenants:
         if wait > 0:
             raise RateLimited(f"rate limit: key {principal.key_id} may make {rate[0]:g} requests a second "
                               f"(burst {rate[1]}); retry in {wait:.2f} s", retry_after=wait)
+
+
+def owned(spec: SandboxSpec, directory: Directory | None) -> SandboxSpec:
+    """``spec`` in the request's organization, its ``projectId`` resolved (a name or id of one
+    of the organization's projects; a key limited to projects must name one of them, or has
+    it filled in when it is limited to exactly one)."""
+    scope = SCOPE.get()
+    org = scope.org_id if scope else LOCAL_ORG
+    project = spec.project_id
+    if project is not None and directory is not None:
+        project = tenancy.resolve_project(directory, org, project)
+    if scope is not None and scope.projects:
+        if project is None and len(scope.projects) == 1:
+            project = scope.projects[0]
+        if project not in scope.projects:
+            raise InvalidInput(f"projectId: this key may only create sandboxes in projects "
+                               f"{', '.join(scope.projects)}", field="projectId")
+    return attrs.evolve(spec, org_id=org, project_id=project)
 
 
 def _fold(directory: Directory, event: Event) -> None:

@@ -1,0 +1,114 @@
+"""Idle and paused timeouts: the reaper ends a sandbox when its deadline passes.
+
+A deadline is derived from the sandbox's state (its ``timeout.idle`` after the last event or
+activity, its ``timeout.paused`` after it paused), so nothing about timers is logged; every
+event re-arms its sandbox's timer and a restart re-arms them all from the live sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from core.errors import HutchError
+from core.lifecycle import Terminate
+from core.models import Sandbox, SandboxStatus
+from core.quantities import parse_duration
+from projections.base import SandboxQuery
+
+if TYPE_CHECKING:
+    from api.service import Engine
+
+log = logging.getLogger("hutch.api")
+
+
+def seconds(value: str | None, field: str) -> float:
+    return parse_duration(field, value) if value else 0.0
+
+
+def _unix(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+class Reaper:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._activity: dict[str, float] = {}
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+
+    def deadline(self, sb: Sandbox) -> tuple[float, str] | None:
+        """(unix time, reason) at which the reaper ends this sandbox, if ever."""
+        if sb.status is SandboxStatus.PAUSED:
+            limit = seconds(sb.spec.timeout.paused, "timeout.paused")
+            if limit and sb.paused_at:
+                return _unix(sb.paused_at) + limit, f"paused timeout ({sb.spec.timeout.paused}) reached"
+        elif sb.status is SandboxStatus.IDLE:
+            limit = seconds(sb.spec.timeout.idle, "timeout.idle")
+            if limit:
+                last = max(_unix(sb.updated_at), self._activity.get(sb.sandbox_id, 0.0))
+                return last + limit, f"idle timeout ({sb.spec.timeout.idle}) reached"
+        return None
+
+    def touch(self, sandbox_id: str) -> None:
+        """Activity that is not an event (file operations) still keeps a sandbox from idling out."""
+        self._activity[sandbox_id] = time.time()
+
+    async def schedule(self, sandbox_id: str) -> None:
+        timer = self._timers.pop(sandbox_id, None)
+        if timer is not None:
+            timer.cancel()
+        sb = await self.engine.store.get_sandbox(sandbox_id)
+        if sb is None or sb.status.is_final:
+            self._activity.pop(sandbox_id, None)
+            return
+        found = self.deadline(sb)
+        if found is None:
+            return
+        at, _reason = found
+        loop = asyncio.get_running_loop()
+        self._timers[sandbox_id] = loop.call_later(
+            max(0.0, at - time.time()), lambda: self.engine._spawn(self._reap(sandbox_id), f"reap-{sandbox_id}")
+        )
+
+    async def _reap(self, sandbox_id: str) -> None:
+        sb = await self.engine.store.get_sandbox(sandbox_id)
+        found = self.deadline(sb) if sb is not None else None
+        if found is None:
+            return
+        at, reason = found
+        if at > time.time() + 0.001:  # activity moved the deadline
+            await self.schedule(sandbox_id)
+            return
+        log.info("reaping %s: %s", sandbox_id, reason)
+        await self.engine._end(sandbox_id, Terminate(reason=reason))
+
+    async def watch(self) -> None:
+        queue = self.engine.projector.listen()
+        try:
+            while True:  # a store outage (PostgreSQL restarting) must not end the watch
+                try:
+                    live, _ = await self.engine.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+                    for sb in live:
+                        await self.schedule(sb.sandbox_id)
+                    break
+                except HutchError as err:
+                    log.warning("timeouts: cannot list live sandboxes (%s); retrying", err)
+                    await asyncio.sleep(1)
+            while True:
+                event = await queue.get()
+                try:
+                    await self.schedule(event.sandbox_id)
+                except HutchError as err:
+                    log.warning("timeouts: cannot schedule %s (%s); retrying", event.sandbox_id, err)
+                    await asyncio.sleep(0.5)
+                    queue.put_nowait(event)
+        finally:
+            self.engine.projector.unlisten(queue)
+
