@@ -9,10 +9,7 @@ the call in ``asyncio.timeout``) instead of an AbortSignal.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
-import inspect
-import io
 import json as jsonlib
 import os
 import posixpath
@@ -28,6 +25,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 
 from hutch import _config, _transfer
+from hutch._output import OutputSink, _interleave, _OutputCollector
 from hutch._shapes import (
     Duration,
     Files,
@@ -72,6 +70,7 @@ from hutch.models import (
     UploadResult,
     from_wire,
 )
+from hutch.tenancy import Tenancy
 
 __all__ = [
     "ARCHIVE_FORMATS",
@@ -86,159 +85,12 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Where streamed output goes: a callable taking ``bytes`` (sync or async), a binary
-#: file (``sys.stdout.buffer``) or a text file (``sys.stdout``; decoded as UTF-8).
-OutputSink = Callable[[bytes], Any] | IO[bytes] | IO[str]
-
 LONG_POLL = "5m"  # the longest server-side wait the wire allows per request
 _EXIT_CODE_FAST_WAIT = "250ms"
 _STATUS_SETTLE_WAIT_MS = 15_000
 _READ_CHUNK = 256 * 1024
 #: Archive formats of ``/fs/download`` and ``/fs/upload``.
 ARCHIVE_FORMATS = ("tar.gz", "zip", "tar")
-
-
-class _Sink:
-    """Adapts an :data:`OutputSink` to ``await write(bytes)``."""
-
-    def __init__(self, target: OutputSink) -> None:
-        self._target = target
-        self._decoder: codecs.IncrementalDecoder | None = None
-        if isinstance(target, io.TextIOBase) or (
-            hasattr(target, "write") and hasattr(target, "encoding")
-        ):
-            self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    async def write(self, data: bytes) -> None:
-        target: Any = self._target
-        if hasattr(target, "write"):
-            payload: Any = self._decoder.decode(data) if self._decoder else data
-            if payload:
-                target.write(payload)
-            if hasattr(target, "flush"):
-                target.flush()
-            return
-        result = target(data)
-        if inspect.isawaitable(result):
-            await result
-
-    async def close(self) -> None:
-        if self._decoder is not None:
-            tail = self._decoder.decode(b"", final=True)
-            if tail:
-                self._target.write(tail)  # type: ignore[union-attr]
-                self._target.flush()  # type: ignore[union-attr]
-
-
-class _OutputCollector:
-    """Reads stdout/stderr stream URLs concurrently, capturing and/or forwarding chunks."""
-
-    def __init__(
-        self,
-        client: SandboxClient,
-        stdout_url: str | None,
-        stderr_url: str | None,
-        *,
-        stdout: OutputSink | None = None,
-        stderr: OutputSink | None = None,
-        capture: bool = True,
-    ) -> None:
-        self._client = client
-        self.combined = stdout_url is not None and stdout_url == stderr_url
-        self._stdout_url = stdout_url
-        self._stderr_url = None if self.combined else stderr_url
-        self._sinks = (
-            _Sink(stdout) if stdout is not None else None,
-            _Sink(stderr) if stderr is not None else None,
-        )
-        self._capture = capture
-        self.out = bytearray()
-        self.err = bytearray()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._last_progress = time.monotonic()
-
-    def start(self) -> None:
-        if self._stdout_url:
-            self._tasks.append(
-                asyncio.create_task(self._pump(self._stdout_url, self.out, self._sinks[0]))
-            )
-        if self._stderr_url:
-            self._tasks.append(
-                asyncio.create_task(self._pump(self._stderr_url, self.err, self._sinks[1]))
-            )
-
-    async def _pump(self, url: str, buf: bytearray, sink: _Sink | None) -> None:
-        async for chunk in self._client._iter_stream(url):
-            self._last_progress = time.monotonic()
-            if self._capture:
-                buf.extend(chunk)
-            if sink is not None:
-                await sink.write(chunk)
-        if sink is not None:
-            await sink.close()
-
-    async def drain(self, idle_timeout: float | None) -> None:
-        """Wait for every stream to reach EOF; give up on streams silent for ``idle_timeout``."""
-        pending = {t for t in self._tasks if not t.done()}
-        while pending:
-            _, pending = await asyncio.wait(pending, timeout=1.0)
-            if (
-                idle_timeout is not None
-                and pending
-                and time.monotonic() - self._last_progress > idle_timeout
-            ):
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                break
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-
-    async def cancel(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def text(self) -> tuple[str, str]:
-        out = self.out.decode("utf-8", errors="replace")
-        err = out if self.combined else self.err.decode("utf-8", errors="replace")
-        return out, err
-
-
-async def _interleave(
-    client: SandboxClient, stdout_url: str | None, stderr_url: str | None
-) -> AsyncIterator[OutputChunk]:
-    """Yield :class:`OutputChunk` s from stdout and stderr, interleaved as they arrive, until both end."""
-    queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-    urls = [("stdout", stdout_url)]
-    if stderr_url != stdout_url:
-        urls.append(("stderr", stderr_url))
-    urls = [(name, url) for name, url in urls if url]
-
-    async def pump(name: Any, url: str) -> None:
-        try:
-            async for chunk in client._iter_stream(url):
-                await queue.put(OutputChunk(name, chunk))
-        finally:
-            await queue.put(None)
-
-    tasks = [asyncio.create_task(pump(name, url)) for name, url in urls]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is None:
-                remaining -= 1
-                continue
-            yield item
-        for task in tasks:
-            if task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class ExecutionHandle:
@@ -588,8 +440,14 @@ class SandboxClient:
         request_timeout: float = 60.0,
         long_poll: Duration = LONG_POLL,
         drain_timeout: float = 30.0,
+        org_id: str | None = None,
     ) -> None:
         self.url = _config.resolve_url(url)
+        #: The organization calls act in (``orgId`` on every request), for a key that may act
+        #: for several (the server's administrator); None: the key's own.
+        self.org_id = org_id
+        #: Organizations, projects, API keys and quotas (:class:`hutch.tenancy.Tenancy`).
+        self.tenancy = Tenancy(self)
         self.api_key = _config.resolve_api_key(api_key)
         self._connector = connector
         self._session: aiohttp.ClientSession | None = None
@@ -634,6 +492,12 @@ class SandboxClient:
 
     # ------------------------------------------------------------ transport
 
+    def _params(self, params: Mapping[str, Any] | None) -> dict[str, str]:
+        query = _query(params or {})
+        if self.org_id is not None:
+            query.setdefault("orgId", self.org_id)
+        return query
+
     def _auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
@@ -655,7 +519,7 @@ class SandboxClient:
             async with self._http().request(
                 method,
                 url,
-                params=_query(params or {}),
+                params=self._params(params),
                 json=json,
                 headers=self._auth_headers(),
                 timeout=aiohttp.ClientTimeout(total=limit, sock_connect=30),
@@ -1132,7 +996,7 @@ class SandboxClient:
             async with self._http().request(
                 method,
                 self.url + path,
-                params=_query(params or {}),
+                params=self._params(params),
                 data=data,
                 headers={**self._auth_headers(), **(headers or {})},
                 timeout=aiohttp.ClientTimeout(

@@ -429,8 +429,11 @@ class OutputChunk:
 converter = cattrs.Converter(omit_if_default=False)
 
 
+_WIRE_MODULES = (__name__, "hutch.tenancy")  # modules whose attrs classes are wire shapes
+
+
 def _is_ours(cls: type) -> bool:
-    return attrs.has(cls) and cls.__module__ == __name__ and cls not in (FileToWrite, OutputChunk)
+    return attrs.has(cls) and cls.__module__ in _WIRE_MODULES and cls not in (FileToWrite, OutputChunk)
 
 
 def _structure_factory(cls: type) -> Any:

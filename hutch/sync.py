@@ -93,6 +93,25 @@ class _Portal:
             self._loop.close()
 
 
+class Blocking:
+    """Every coroutine method of ``target``, called and waited for on the portal's loop."""
+
+    def __init__(self, portal: _Portal, target: object) -> None:
+        self._portal = portal
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._target, name)
+        if name.startswith("_") or not asyncio.iscoroutinefunction(method):
+            raise AttributeError(name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._portal.call(method(*args, **kwargs))
+
+        call.__doc__ = method.__doc__
+        return call
+
+
 class SyncExecutionHandle:
     def __init__(self, portal: _Portal, handle: ExecutionHandle) -> None:
         self._portal = portal
@@ -331,6 +350,7 @@ class SyncSandboxClient:
         *,
         connector: Callable[[], aiohttp.BaseConnector] | None = None,
         request_timeout: float = 60.0,
+        org_id: str | None = None,
     ) -> None:
         self._portal = _Portal()
 
@@ -340,9 +360,12 @@ class SyncSandboxClient:
                 api_key,
                 connector=connector() if connector else None,
                 request_timeout=request_timeout,
+                org_id=org_id,
             )
 
         self.aio = self._portal.call(make())  # the underlying async client
+        #: ``client.tenancy``'s methods, blocking (derived, not written twice).
+        self.tenancy = Blocking(self._portal, self.aio.tenancy)
 
     @property
     def url(self) -> str:

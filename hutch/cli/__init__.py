@@ -130,7 +130,7 @@ def _sandbox_spec_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--scope", action="append", default=[], help="permission scope (repeatable)")
     p.add_argument("--project-id", help="associate with a project")
-    p.add_argument("--org-id", help="accepted for compatibility; ignored by hutch")
+    p.add_argument("--org-id", default=argparse.SUPPRESS, help="the organization to act in (default: the key's own)")
 
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--api-key", help="API key (default: HUTCH_API_KEY, else the local server's key file)"
     )
+    parser.add_argument("--org-id", help="the organization to act in (default: the key's own)")
     parser.add_argument("--version", action="version", version="hutch 0.1.0")
     top = parser.add_subparsers(dest="topic", metavar="COMMAND", parser_class=_Parser)
     top.required = True
@@ -231,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--name")
     ls.add_argument("--mode", choices=MODES)
     ls.add_argument("--project-id")
-    ls.add_argument("--org-id", help="accepted for compatibility; ignored by hutch")
+    ls.add_argument("--org-id", default=argparse.SUPPRESS, help="the organization to act in (default: the key's own)")
     ls.add_argument(
         "--all",
         action="store_true",
@@ -313,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hutch.cli import _snapshots  # snapshot (snap)
 
     _snapshots.add_parsers(sb)
+    from hutch.cli import _tenancy  # org, project, key
+
+    _tenancy.add_parsers(top)
     return parser
 
 
@@ -343,7 +347,7 @@ def _out() -> Any:
 
 
 def _remote_client(args: argparse.Namespace) -> SandboxClient:
-    return SandboxClient(args.url, args.api_key)
+    return SandboxClient(args.url, args.api_key, org_id=getattr(args, "org", None) or args.org_id)
 
 
 async def _with_client(

@@ -31,6 +31,8 @@ def add_parsers(top: Any) -> None:
     _log_and_store(audit, store_help="postgresql://… to keep the trail in (HUTCH_AUDIT_STORE, else HUTCH_STORE)")
     audit.add_argument("--jsonl", metavar="PATH", help="also (or only) append the trail to this JSONL file")
     audit.add_argument("--group", default=None, help="Kafka consumer group (HUTCH_AUDIT_GROUP, default hutch-audit)")
+    audit.add_argument("--org", metavar="ORG_ID",
+                       help="keep only this organization's records (a per-tenant trail; use its own --group)")
     audit.add_argument("--until-caught-up", action="store_true",
                        help="exit once the log present at start is written (default: follow forever)")
     audit.set_defaults(handler=cmd_audit)
@@ -88,7 +90,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     async def work() -> None:
         written.append(await run_audit(event_log, data_dir, store_url=audit_store, jsonl=jsonl, group=group,
-                                       until_caught_up=args.until_caught_up))
+                                       until_caught_up=args.until_caught_up, org=args.org))
 
     asyncio.run(until_signalled(work))
     if written:

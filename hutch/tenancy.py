@@ -1,0 +1,107 @@
+"""Organizations, projects, API keys and quotas: ``client.tenancy`` (async), and the same
+methods blocking on ``SyncSandboxClient.tenancy``.
+
+Which organization a call acts in is the key's own, or ``SandboxClient(org_id=…)`` for the
+server's administrator (the bootstrap key), who may act for any organization.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from hutch.models import from_wire
+
+if TYPE_CHECKING:
+    from hutch.client import SandboxClient
+
+__all__ = ["ApiKey", "Organization", "Project", "Quota", "Tenancy"]
+
+
+@attrs.frozen
+class Quota:
+    sandboxes: int | None = None
+    memory_bytes: int | None = None
+    cpu_millis: int | None = None
+    snapshot_bytes: int | None = None
+
+
+@attrs.frozen
+class Organization:
+    id: str
+    name: str
+    created_at: str
+    quota: Quota = Quota()
+    usage: Quota | None = None  # what live sandboxes and snapshots use now (from get_org)
+
+
+@attrs.frozen
+class Project:
+    id: str
+    name: str
+    org_id: str
+    created_at: str
+
+
+@attrs.frozen
+class ApiKey:
+    id: str
+    name: str
+    org_id: str
+    role: str  # admin | member | read-only
+    prefix: str
+    created_at: str
+    projects: tuple[str, ...] = ()
+    expires_at: str | None = None
+    revoked_at: str | None = None
+    rate: float | None = None
+    burst: int | None = None
+    secret: str | None = None  # only in what create_key returns: shown once, kept nowhere
+
+
+class Tenancy:
+    def __init__(self, client: SandboxClient) -> None:
+        self._client = client
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        return self._client._data(await self._client._request(method, path, json=body))
+
+    async def create_org(self, name: str) -> Organization:
+        """A new organization (the server's administrator only); its id is ``org_<name>``."""
+        return from_wire(Organization, await self._call("POST", "/orgs", {"name": name}))
+
+    async def list_orgs(self) -> list[Organization]:
+        return [from_wire(Organization, o) for o in (await self._call("GET", "/orgs"))["orgs"]]
+
+    async def get_org(self, org_id: str) -> Organization:
+        """The organization with its quota and current usage."""
+        return from_wire(Organization, await self._call("GET", f"/orgs/{org_id}"))
+
+    async def set_quota(self, org_id: str, **limits: int | None) -> Organization:
+        """``sandboxes=``, ``memory_bytes=``, ``cpu_millis=``, ``snapshot_bytes=``; None lifts one."""
+        names = {"sandboxes": "sandboxes", "memory_bytes": "memoryBytes", "cpu_millis": "cpuMillis",
+                 "snapshot_bytes": "snapshotBytes"}
+        body = {names.get(k, k): v for k, v in limits.items()}
+        return from_wire(Organization, await self._call("PATCH", f"/orgs/{org_id}/quota", body))
+
+    async def create_project(self, name: str) -> Project:
+        return from_wire(Project, await self._call("POST", "/projects", {"name": name}))
+
+    async def list_projects(self) -> list[Project]:
+        return [from_wire(Project, p) for p in (await self._call("GET", "/projects"))["projects"]]
+
+    async def create_key(self, role: str, *, name: str | None = None, projects: list[str] | None = None,
+                         expires: str | None = None, rate: float | None = None,
+                         burst: int | None = None) -> ApiKey:
+        """A new key; its ``secret`` is in this answer only. ``expires``: ``30d``, ``12h`` or an
+        ISO-8601 time; ``projects``: ids or names the key is limited to."""
+        body = {"role": role, "name": name, "projects": projects or [], "expires": expires, "rate": rate,
+                "burst": burst}
+        return from_wire(ApiKey, await self._call("POST", "/keys", {k: v for k, v in body.items() if v is not None}))
+
+    async def list_keys(self) -> list[ApiKey]:
+        return [from_wire(ApiKey, k) for k in (await self._call("GET", "/keys"))["keys"]]
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        return from_wire(ApiKey, await self._call("DELETE", f"/keys/{key_id}"))
