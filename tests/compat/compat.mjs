@@ -6,7 +6,8 @@
 //
 // Optional env: HUTCH_COMPAT_RUNTIME (default base:latest), HUTCH_COMPAT_CHECK_TIMEOUT_MS
 // (per check, default 180000), HUTCH_COMPAT_ONLY (substring filter on check names),
-// HUTCH_COMPAT_EXTENDED=1 (also file-system endpoints, setEnv, jobs, pause/resume + autoResumed).
+// HUTCH_COMPAT_EXTENDED=1 (also file-system endpoints, setEnv, jobs, pause/resume + autoResumed),
+// HUTCH_COMPAT_ORG_ID (the organization the client names in orgId).
 
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
@@ -51,7 +52,9 @@ const TERMINAL_EXEC = ['completed', 'failed', 'timeout', 'cancelled'];
 const MISSING_SANDBOX = 'sbx_compatdoesnotexist0000';
 const MISSING_EXECUTION = 'exec_compatdoesnotexist0000';
 
-const client = new SandboxClient({ url: URL_, apiKey: API_KEY });
+// HUTCH_COMPAT_ORG_ID: the client sends orgId on every call (a key of that organization).
+const ORG_ID = process.env.HUTCH_COMPAT_ORG_ID || '';
+const client = new SandboxClient({ url: URL_, apiKey: API_KEY, ...(ORG_ID ? { orgId: ORG_ID } : {}) });
 // stdin goes through Agentuity's stream service, found at AGENTUITY_STREAM_URL: hutch serves
 // its part (POST /streams, PUT /streams/{id}).
 process.env.AGENTUITY_STREAM_URL = `${URL_}/streams`;

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -145,8 +145,30 @@ def test_agentuity_client_uses_a_runtime_the_server_builds_on_first_use(tmp_path
     assert (cache / next(p.name for p in cache.iterdir() if p.name.startswith("base_latest-"))).is_dir()
 
 
+@pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
+def test_agentuity_client_with_a_member_key_and_org_id(tmp_path: Path, profile_flags: list[str]) -> None:
+    """Tenancy: the real client, given a member key of another organization than the server's
+    first and that organization's orgId, does everything the bootstrap key's run does."""
+
+    def as_member(url: str, bootstrap: str) -> dict[str, str]:
+        def post(path: str, body: dict[str, object]) -> dict[str, object]:
+            req = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Authorization": f"Bearer {bootstrap}",
+                                                  "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.loads(resp.read())["data"]
+
+        post("/orgs", {"name": "compat"})
+        member = post("/keys?orgId=org_compat", {"role": "member", "name": "compat-member"})
+        return {"HUTCH_API_KEY": str(member["secret"]), "HUTCH_COMPAT_ORG_ID": "org_compat"}
+
+    _serve_and_check(tmp_path, [*profile_flags, "--driver", "local"], {}, {"HUTCH_COMPAT_EXTENDED": "1"},
+                     setup=as_member)
+
+
 def _serve_and_check(tmp_path: Path, flags: list[str], server_env: dict[str, str],
-                     checks_env: dict[str, str]) -> None:
+                     checks_env: dict[str, str],
+                     setup: Callable[[str, str], dict[str, str]] | None = None) -> None:
     """``hutch serve`` with ``flags``, then compat.mjs against it; every check must pass."""
     node = shutil.which("node")
     if node is None:
@@ -185,6 +207,8 @@ def _serve_and_check(tmp_path: Path, flags: list[str], server_env: dict[str, str
 
         node_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTUITY_")}
         node_env.update(HUTCH_URL=url, HUTCH_API_KEY=key, **checks_env)
+        if setup is not None:
+            node_env.update(setup(url, key))
         try:
             result = subprocess.run(
                 [node, "compat.mjs"],

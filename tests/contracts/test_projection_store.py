@@ -215,3 +215,48 @@ async def test_a_store_binds_to_one_log_until_reset(store: ProjectionStore) -> N
     await store.reset()
     assert await store.log_identity() is None
     assert await store.bind_log("kafka:x/other@1") == "kafka:x/other@1"
+
+
+async def test_folds_organizations_projects_and_keys(store: ProjectionStore) -> None:
+    from core.tenancy import (
+        LOCAL_ORG,
+        KeyCreated,
+        KeyRevoked,
+        OrgCreated,
+        ProjectCreated,
+        Quota,
+        QuotaSet,
+        Role,
+    )
+
+    log = Log()
+    await store.apply([
+        log("org_acme", OrgCreated(name="acme")),
+        log("org_acme", ProjectCreated(project_id="proj_1", name="web")),
+        log("org_acme", KeyCreated(key_id="key_1", role=Role.MEMBER, name="ci", secret_hash="ab" * 32,
+                                   prefix="hk_abc", projects=("proj_1",))),
+        log("org_acme", QuotaSet(quota=Quota(sandboxes=3))),
+        log("org_acme", KeyRevoked(key_id="key_1")),
+        log(LOCAL_ORG, QuotaSet(quota=Quota(memory_bytes=2**30))),
+    ])
+    found = await store.directory()
+    assert found.position == 6 == await store.position()
+    assert set(found.orgs) == {LOCAL_ORG, "org_acme"}
+    assert found.orgs["org_acme"].quota.sandboxes == 3 and found.orgs[LOCAL_ORG].quota.memory_bytes == 2**30
+    assert found.projects["proj_1"].org_id == "org_acme"
+    key = found.keys["key_1"]
+    assert key.role is Role.MEMBER and key.projects == ("proj_1",) and key.revoked_at is not None
+    assert found.by_hash["ab" * 32] == "key_1"
+    # Sandboxes and snapshots are filtered by their organization.
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", org_id="org_acme", project_id="proj_1")
+    await store.apply([log("sbx_a", SandboxCreated(spec=spec)), log("sbx_l", created())])
+    mine, total = await store.list_sandboxes(SandboxQuery(org_id="org_acme"))
+    assert total == 1 and mine[0].sandbox_id == "sbx_a"
+    assert (await store.list_sandboxes(SandboxQuery(org_id=LOCAL_ORG)))[1] == 1
+    assert (await store.list_sandboxes(SandboxQuery(org_id="org_acme", projects=("proj_2",))))[1] == 0
+    await store.apply([log("snp_a", SnapshotCreated(name="s", runtime="base:latest", runtime_id="srt_x",
+                                                    org_id="org_acme"))])
+    assert (await store.list_snapshots(SnapshotQuery(org_id="org_acme")))[1] == 1
+    assert (await store.list_snapshots(SnapshotQuery(org_id=LOCAL_ORG)))[1] == 0
+    await store.reset()
+    assert set((await store.directory()).orgs) == {LOCAL_ORG}
