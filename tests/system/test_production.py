@@ -340,6 +340,8 @@ def test_hutch_audit_keeps_every_event_once_and_names_the_key(
     log = kafka_log("audit")
     server = Server(tmp_path / "data", HUTCH_EVENT_LOG=log, HUTCH_STORE=database).start()
     try:
+        server.data("POST", "/orgs", {"name": "acme"})
+        acme = server.data("POST", "/sandbox?orgId=org_acme", {})["sandboxId"]  # the bootstrap key, acting for acme
         Workload(server).run(range(60), threads=4)
         trail = tmp_path / "audit.jsonl"
         first = hutch("audit", "--event-log", log, "--store", database, "--jsonl", str(trail), "--until-caught-up",
@@ -364,6 +366,15 @@ def test_hutch_audit_keeps_every_event_once_and_names_the_key(
     hutch("audit", "--event-log", log, "--jsonl", str(other), "--group", "another", "--until-caught-up",
           "--store", "memory", "--data-dir", str(tmp_path / "audit2"))
     assert len(other.read_text().splitlines()) == len(events)
+    # One organization's trail: its records only, each naming it.
+    mine = tmp_path / "acme.jsonl"
+    hutch("audit", "--event-log", log, "--jsonl", str(mine), "--group", "acme", "--org", "org_acme",
+          "--until-caught-up", "--store", "memory", "--data-dir", str(tmp_path / "audit3"))
+    acme_records = [json.loads(line) for line in mine.read_text().splitlines()]
+    assert {r["orgId"] for r in acme_records} == {"org_acme"}
+    assert len(acme_records) == len([e for e in events if e.org_id == "org_acme"]) >= 3  # org, create, start
+    assert acme in {r["sandboxId"] for r in acme_records}
+    assert {r["org_id"] for r in rows} == {"org_local", "org_acme"}
 
 
 async def _log_events(url: str, tmp_path: Path) -> list[Any]:
