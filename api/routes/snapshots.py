@@ -113,9 +113,11 @@ async def build_init(request: web.Request) -> web.Response:
     runtime = body.get("runtime")
     if not isinstance(runtime, str) or not runtime:
         raise InvalidInput("runtime: required, a runtime name (python:3.13) or id (srt_...)", field="runtime")
-    if _flag(body, "encrypt"):
-        raise InvalidInput("encrypt: archives are kept on this server's own disk; encryption is not offered",
-                           field="encrypt")
+    # ``encrypt`` (the Agentuity CLI asks it for every private build): a server that encrypts
+    # answers a ``publicKey`` to encrypt the upload with; hutch keeps archives on its own disk
+    # like every other file it holds and answers none (``encrypted: false``), so the client
+    # uploads the plain archive. Checked for type like every flag.
+    _flag(body, "encrypt")
     engine = request.app[ENGINE]
     made, existing = await engine.snapshots.build_init(
         runtime=runtime, name=_str(body, "name"), tag=_str(body, "tag"),
@@ -128,7 +130,7 @@ async def build_init(request: web.Request) -> web.Response:
     assert made is not None
     token = engine.snapshots.upload_token(made.snapshot_id)
     url = f"{base_url(request)}/sandbox/snapshots/{made.snapshot_id}/upload?token={token}"
-    return ok({"snapshotId": made.snapshot_id, "uploadUrl": url}, http_status=201)
+    return ok({"snapshotId": made.snapshot_id, "uploadUrl": url, "encrypted": False}, http_status=201)
 
 
 @routes.put("/sandbox/snapshots/{snapshot_id}/upload")
