@@ -23,6 +23,7 @@ from api.output import OutputStore
 from api.routes import (
     audit,
     checkpoints,
+    cli,
     files,
     jobs,
     metrics,
@@ -184,6 +185,7 @@ def create_app(config: Config) -> web.Application:
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
     app.add_routes(tenancy_routes.routes)
+    app.add_routes(cli.routes)  # the official Agentuity CLI's /cli/… and /services/stats calls
     app.add_routes(audit.routes)
     app.add_routes(checkpoints.routes)
     app.add_routes(files.routes)

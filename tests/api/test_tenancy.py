@@ -60,6 +60,7 @@ PUBLIC_ROUTES = {
     ("GET", "/sandbox/snapshots/public/{ref}"),
     ("*", "/proxy/{sandbox_id}"),  # port URLs: public like Agentuity's sandbox URLs
     ("*", "/proxy/{sandbox_id}/{tail}"),
+    ("POST", "/cli/validate/apt-dependencies"),  # the Agentuity CLI sends no key; it checks names only
 }
 
 # What each route needs beyond the rule "GET reads, everything else writes".
@@ -70,6 +71,10 @@ ADMIN_ROUTES = {
     ("GET", "/keys"): Access.ADMIN,
     ("POST", "/keys"): Access.ADMIN,
     ("DELETE", "/keys/{key_id}"): Access.ADMIN,
+    ("POST", "/cli/apikey"): Access.ADMIN,
+    ("GET", "/cli/apikey"): Access.ADMIN,
+    ("GET", "/cli/apikey/{key_id}"): Access.ADMIN,
+    ("DELETE", "/cli/apikey/{key_id}"): Access.ADMIN,
 }
 
 
@@ -121,10 +126,11 @@ async def test_cross_tenant_sweep_walks_every_route(api: Api) -> None:
     member = await api.data("POST", "/keys", headers=a, json={"role": "member"}, expect=201)
 
     mine = {"sandbox_id": sid, "execution_id": ex["executionId"], "job_id": job["jobId"], "checkpoint_id": checkpoint, "snapshot_id": snap["snapshotId"], "key_id": member["id"],
-            "org_id": "org_alpha", "stream_id": stream}
+            "org_id": "org_alpha", "stream_id": stream, "project_id": project["id"], "tail": "agents"}
     missing = {"sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
-               "org_id": "org_nobody", "stream_id": "stin_" + "0" * 32}
+               "org_id": "org_nobody", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
+               "tail": "agents"}
     secrets = {MARK, sid, snap["snapshotId"], ex["executionId"], member["id"], project["id"], stream}
     query = f"?path=/workspace/secret.txt&snapshot={snap['snapshotId']}&name=alphasnap&projectId=web"
     body = {"command": ["cat", "/workspace/secret.txt"], "name": "x", "path": "secret.txt", "files": [],
@@ -205,7 +211,8 @@ async def test_role_matrix_walks_every_route(api: Api) -> None:
               "read-only": {Access.READ}}
     missing = {"sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
-               "org_id": "org_alpha", "stream_id": "stin_" + "0" * 32}
+               "org_id": "org_alpha", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
+               "tail": "agents"}
     bad = {"runtime": "no such runtime!", "name": "Not A Name!", "role": "nope", "command": 5, "tag": "..",
            "sandboxes": -1}
     checked = 0

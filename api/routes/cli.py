@@ -1,0 +1,217 @@
+"""What the official Agentuity CLI (``@agentuity/cli@2.0.21``) asks beside ``/sandbox…``.
+
+Pointed at hutch (``AGENTUITY_API_URL`` and ``AGENTUITY_TRANSPORT_URL``), the CLI first asks
+``/cli/organization`` and ``/cli/region`` to pick an organization and a region, lists
+sandboxes at ``/cli/sandbox``, resolves a sandbox's organization and region at
+``/cli/sandbox/{id}``, manages keys at ``/cli/apikey…`` and reads usage at
+``/services/stats/{orgId}``. These answer from hutch's own organizations, keys and
+sandboxes, in the shapes the CLI's schemas require. Every other ``/cli/…`` request (agents,
+deployments, projects' secrets, …: things hutch does not have) is a 501 that names hutch and
+the request; never a crash, never a pretend success.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from aiohttp import web
+
+from api.http import json_body, ok, q_choice, q_int
+from api.keys import ENGINE, PRINCIPAL, TENANTS
+from api.stats import usage as usage_stats
+from api.tenancy import PUBLIC, needs
+from api.wire import org_ref
+from core import tenancy
+from core.errors import InvalidInput, NotFound, NotSupported
+from core.models import Mode, Sandbox, SandboxStatus
+from core.packages import check_dependencies
+from core.tenancy import Access, ApiKey
+from projections.base import SandboxQuery
+
+routes = web.RouteTableDef()
+REGION = "local"  # one server, one region: the CLI picks it without asking
+_SORTS = {"created": "createdAt", "createdAt": "createdAt", "updated": "updatedAt", "updatedAt": "updatedAt",
+          "name": "name", "status": "status", "mode": "mode"}
+
+
+@routes.get("/cli/organization")
+async def organizations(request: web.Request) -> web.Response:
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    orgs = sorted(directory.orgs.values(), key=lambda o: o.created_at)
+    if not principal.server_admin:
+        orgs = [o for o in orgs if o.org_id == principal.org_id]
+    return ok([{"id": o.org_id, "name": o.name} for o in orgs])
+
+
+@routes.get("/cli/region")
+async def regions(request: web.Request) -> web.Response:
+    return ok([{"region": REGION, "description": "this hutch server"}])
+
+
+def _cli_sandbox(sb: Sandbox) -> dict[str, Any]:
+    spec = sb.spec
+    return {"id": sb.sandbox_id, "name": spec.name, "description": spec.description, "status": sb.status.value,
+            "region": REGION, "createdAt": sb.created_at, "orgId": spec.org_id,
+            "orgName": org_ref(spec.org_id)["name"], "projectId": spec.project_id}
+
+
+@routes.get("/cli/sandbox")
+async def list_sandboxes(request: web.Request) -> web.Response:
+    sort = q_choice(request, "sort", tuple(_SORTS), "created") or "created"
+    query = SandboxQuery(
+        name=request.query.get("name") or None,
+        mode=q_choice(request, "mode", tuple(m.value for m in Mode)),
+        project_id=request.query.get("projectId") or None,
+        status=q_choice(request, "status", tuple(s.value for s in SandboxStatus)),
+        limit=q_int(request, "limit", 50, lo=1, hi=1000),
+        offset=q_int(request, "offset", 0),
+        sort=_SORTS[sort],
+        direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
+    )
+    found, total = await request.app[ENGINE].list(query)
+    return ok({"sandboxes": [_cli_sandbox(sb) for sb in found], "total": total})
+
+
+@routes.get("/cli/sandbox/{sandbox_id}")
+async def resolve_sandbox(request: web.Request) -> web.Response:
+    """Which organization and region a sandbox is in (the CLI routes later calls by it)."""
+    sb = await request.app[ENGINE].get(request.match_info["sandbox_id"], include_deleted=True)
+    return ok({"id": sb.sandbox_id, "name": sb.spec.name, "region": REGION, "status": sb.status.value,
+               "orgId": sb.spec.org_id, "projectId": sb.spec.project_id})
+
+
+@routes.get("/cli/project/{project_id}")
+async def project(request: web.Request) -> web.Response:
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    found = directory.projects.get(request.match_info["project_id"])
+    if found is None or found.org_id != principal.org_id:
+        raise NotFound(f"project {request.match_info['project_id']} not found")
+    return ok({"id": found.project_id, "name": found.name, "orgId": found.org_id, "region": REGION,
+               "description": None, "tags": [], "secrets": {}, "env": {}, "deployment": None})
+
+
+@routes.post("/cli/validate/apt-dependencies")
+@needs(PUBLIC)  # the CLI sends it without a key: it only checks names, touches nothing
+async def validate_apt(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    packages = body.get("packages")
+    if not isinstance(packages, list) or not all(isinstance(p, str) for p in packages):
+        raise InvalidInput("packages: expected a list of package names", field="packages")
+    valid, invalid = [], []
+    for name in packages:
+        try:
+            check_dependencies([name])
+            valid.append(name)
+        except InvalidInput as err:
+            invalid.append({"package": name, "error": err.message,
+                            "searchUrl": f"https://packages.debian.org/search?keywords={name.split('=')[0]}"})
+    return ok({"valid": valid, "invalid": invalid})
+
+
+# ---------------------------------------------------------------- API keys (hutch keys)
+
+
+def _iso_z(value: str | None) -> str | None:
+    """The CLI's schemas take ISO times ending in Z only."""
+    if value is None:
+        return None
+    moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _cli_key(key: ApiKey, request: web.Request) -> dict[str, Any]:
+    directory = request.app[TENANTS].directory
+    project = directory.projects.get(key.projects[0]) if key.projects else None
+    return {"id": key.key_id, "name": key.name, "orgId": key.org_id, "type": key.role.value,
+            "expiresAt": _iso_z(key.expires_at), "lastUsedAt": None, "createdAt": _iso_z(key.created_at),
+            "project": {"id": project.project_id, "name": project.name} if project else None}
+
+
+def _own_keys(request: web.Request) -> list[ApiKey]:
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    return sorted((k for k in directory.keys.values() if k.org_id == principal.org_id and k.revoked_at is None),
+                  key=lambda k: k.created_at)
+
+
+@routes.post("/cli/apikey")
+@needs(Access.ADMIN)
+async def create_key(request: web.Request) -> web.Response:
+    """``agentuity cloud apikey create``: a hutch key of the request's organization. Agentuity
+    keys have no role; hutch's get ``member`` unless the body names ``role``."""
+    body = await json_body(request)
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    projects = [body["projectId"]] if body.get("projectId") else []
+    secret, event = tenancy.create_key(directory, principal.org_id, role=body.get("role", "member"),
+                                       name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"))
+    await request.app[ENGINE].record(principal.org_id, lambda: [event])
+    return ok({"id": event.key_id, "value": secret})
+
+
+@routes.get("/cli/apikey")
+@needs(Access.ADMIN)
+async def list_keys(request: web.Request) -> web.Response:
+    wanted = request.query.get("projectId")
+    keys = [k for k in _own_keys(request) if not wanted or wanted in k.projects]
+    return ok([_cli_key(k, request) for k in keys])
+
+
+@routes.get("/cli/apikey/{key_id}")
+@needs(Access.ADMIN)
+async def get_key(request: web.Request) -> web.Response:
+    found = [k for k in _own_keys(request) if k.key_id == request.match_info["key_id"]]
+    if not found:
+        raise NotFound(f"API key {request.match_info['key_id']} not found")
+    return ok(_cli_key(found[0], request))
+
+
+@routes.delete("/cli/apikey/{key_id}")
+@needs(Access.ADMIN)
+async def delete_key(request: web.Request) -> web.Response:
+    """Revokes it; the answer is the CLI's "rows affected". No such key of this organization is
+    a 404 (the CLI says so in the server's words), like every other id hutch does not know."""
+    key_id = request.match_info["key_id"]
+    if key_id not in {k.key_id for k in _own_keys(request)}:
+        raise NotFound(f"API key {key_id} not found")
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    await request.app[ENGINE].record(principal.org_id, lambda: [tenancy.revoke_key(directory, principal.org_id,
+                                                                                   key_id)])
+    return ok(1)
+
+
+# ---------------------------------------------------------------- usage
+
+
+@routes.get("/services/stats/{org_id}")
+async def service_stats(request: web.Request) -> web.Response:
+    """``agentuity cloud sandbox stats``: the organization's sandbox usage, as the CLI reads it."""
+    principal = request[PRINCIPAL]
+    if request.match_info["org_id"] != principal.org_id:
+        raise NotFound(f"organization {request.match_info['org_id']} not found")
+    engine = request.app[ENGINE]
+    used = await usage_stats(engine.store, engine.driver, request.query.get("start"), request.query.get("end"),
+                             scope=engine.scoped(SandboxQuery()))
+    live, _ = await engine.list(SandboxQuery(live=True, limit=10**9))
+    return ok({"services": {"sandbox": {
+        "totalActive": len(live),
+        "running": sum(sb.status is SandboxStatus.RUNNING for sb in live),
+        "idle": sum(sb.status is SandboxStatus.IDLE for sb in live),
+        "creating": sum(sb.status is SandboxStatus.CREATING for sb in live),
+        "totalExecutions": used["executions"]["total"] + used["jobs"]["total"],
+        "totalCpuTimeMs": round(used["cpu"]["seconds"] * 1000),
+        "totalMemoryByteSec": round(used["memory"]["gibSeconds"] * 2**30),  # peak x lifetime, as /sandbox/stats
+        "totalNetworkEgressBytes": 0,  # not metered by hutch (README says so); the CLI's schema needs a number
+    }}})
+
+
+# ---------------------------------------------------------------- the rest: not hutch's
+
+
+async def _not_here(request: web.Request) -> web.Response:
+    raise NotSupported(f"{request.method} {request.path}: hutch serves the sandbox commands of the Agentuity CLI "
+                       "(and its organization, region and API key calls); this one is for something hutch does "
+                       "not have (agents, deployments, projects' settings, …)")
+
+
+for _method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+    routes.route(_method, "/cli/{tail:.*}")(_not_here)

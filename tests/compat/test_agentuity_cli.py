@@ -1,0 +1,163 @@
+"""The official Agentuity CLI (``@agentuity/cli@2.0.21``, on bun from npm's
+``@oven/bun-linux-x64``) against a live ``hutch serve``, with nothing changed but its
+environment: ``AGENTUITY_API_URL`` / ``AGENTUITY_TRANSPORT_URL`` pointing at hutch and
+``AGENTUITY_API_KEY`` a hutch key (an admin of an organization other than the server's first).
+
+Setup: ``tests/compat/setup.sh`` (``npm ci`` installs the CLI and bun beside the client)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.compat.test_agentuity_client import _free_port, _hutch_command, _stop, _wait_ready
+from tests.compat.test_agentuity_client import profile_flags as profile_flags  # both profiles
+
+pytestmark = pytest.mark.compat
+COMPAT_DIR = Path(__file__).resolve().parent
+BUN_DIR = COMPAT_DIR / "node_modules" / "@oven" / "bun-linux-x64" / "bin"
+AGENTUITY = COMPAT_DIR / "node_modules" / ".bin" / "agentuity"
+
+
+def http(url: str, method: str, path: str, key: str, body: Any = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
+
+
+class Cli:
+    def __init__(self, url: str, key: str, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTUITY_")}
+        self.env.update(
+            PATH=f"{BUN_DIR}:{os.environ['PATH']}", HOME=str(home), AGENTUITY_CONFIG_DIR=str(home / "config"),
+            AGENTUITY_API_URL=url, AGENTUITY_TRANSPORT_URL=url, AGENTUITY_STREAM_URL=f"{url}/streams",
+            AGENTUITY_API_KEY=key,
+            # No update check (it would go to the internet), no coding-agent probe, no colour query.
+            AGENTUITY_SKIP_VERSION_CHECK="1", AGENTUITY_AGENT_MODE="none", COLOR_SCHEME="dark")
+
+    def run(self, *argv: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([str(AGENTUITY), *argv], env=self.env, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=180, check=False)
+        assert done.returncode == expect, (argv, done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+        return done
+
+    def json(self, *argv: str) -> Any:
+        """``--json`` goes before a ``--`` (after it, it would be the command's own argument)."""
+        cut = argv.index("--") if "--" in argv else len(argv)
+        return json.loads(self.run(*argv[:cut], "--json", *argv[cut:]).stdout)
+
+
+@pytest.fixture
+def server(tmp_path: Path, profile_flags: list[str]) -> Iterator[tuple[str, str]]:
+    if not AGENTUITY.exists() or not (BUN_DIR / "bun").exists():
+        pytest.fail(f"{AGENTUITY} or bun is missing: run tests/compat/setup.sh (npm ci) first")
+    key, port = "hk_boot_" + os.urandom(8).hex(), _free_port()
+    url, log = f"http://127.0.0.1:{port}", tmp_path / "server.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([*_hutch_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
+                                 "--data-dir", str(tmp_path / "data"), "--driver", "local", *profile_flags],
+                                env={**os.environ, "HUTCH_API_KEY": key}, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    try:
+        _wait_ready(proc, url, key, log)
+        yield url, key
+    finally:
+        _stop(proc)
+
+
+def test_agentuity_cli_sandbox_commands_against_hutch(server: tuple[str, str], tmp_path: Path) -> None:
+    url, boot = server
+    assert http(url, "POST", "/orgs", boot, {"name": "clitest"})[0] == 201
+    status, made = http(url, "POST", "/keys?orgId=org_clitest", boot, {"role": "admin", "name": "cli"})
+    assert status == 201
+    cli = Cli(url, made["data"]["secret"], tmp_path / "home")
+
+    assert cli.json("cloud", "sandbox", "list") == {"sandboxes": [], "total": 0}
+    sid = cli.json("cloud", "sandbox", "create")["sandboxId"]  # picks org_clitest and region "local" itself
+    done = cli.run("cloud", "sandbox", "exec", sid, "--", "sh", "-c", "echo hi; exit 3", expect=3)
+    assert done.stdout == "hi\n"
+    got = cli.json("cloud", "sandbox", "get", sid)
+    assert got["sandboxId"] == sid and got["status"] == "idle"
+    listed = cli.json("cloud", "sandbox", "list")
+    assert [(s["id"], s["orgId"], s["region"]) for s in listed["sandboxes"]] == [(sid, "org_clitest", "local")]
+    assert cli.json("cloud", "sandbox", "env", sid, "FOO=bar")["env"]["FOO"] == "bar"
+    cli.json("cloud", "sandbox", "pause", sid)
+    cli.json("cloud", "sandbox", "resume", sid)
+    assert "create" in [e["type"] for e in cli.json("cloud", "sandbox", "events", sid)["events"]]
+
+    local = tmp_path / "up.txt"
+    local.write_text("hello\n")
+    assert cli.json("cloud", "sandbox", "fs", "cp", str(local), f"{sid}:/home/agentuity/up.txt")["filesTransferred"] == 1
+    cli.json("cloud", "sandbox", "fs", "cp", f"{sid}:/home/agentuity/up.txt", str(tmp_path / "down.txt"))
+    assert (tmp_path / "down.txt").read_text() == "hello\n"
+    cli.json("cloud", "sandbox", "fs", "mkdir", sid, "/home/agentuity/d")
+    names = [f.get("name") or f.get("path") for f in cli.json("cloud", "sandbox", "fs", "ls", sid, "/home/agentuity")["files"]]
+    assert any("up.txt" in str(n) for n in names), names
+
+    cp = cli.json("cloud", "sandbox", "checkpoint", "create", sid, "cp1")
+    assert cp["name"] == "cp1"
+    assert [c["name"] for c in cli.json("cloud", "sandbox", "checkpoint", "list", sid)["checkpoints"]] == ["cp1"]
+    job = cli.json("cloud", "sandbox", "job", "create", sid, "--", "sleep", "30")
+    assert [j["jobId"] for j in cli.json("cloud", "sandbox", "job", "list", sid)["jobs"]] == [job["jobId"]]
+    assert cli.json("cloud", "sandbox", "job", "get", sid, job["jobId"])["status"] == "running"
+    cli.json("cloud", "sandbox", "job", "stop", sid, job["jobId"])
+    executions = cli.json("cloud", "sandbox", "execution", "list", sid)["executions"]
+    assert executions[0]["exitCode"] == 3
+    assert cli.json("cloud", "sandbox", "execution", "get", executions[0]["executionId"])["exitCode"] == 3
+    cli.json("cloud", "sandbox", "checkpoint", "restore", sid, "cp1")
+    cli.json("cloud", "sandbox", "checkpoint", "delete", sid, "cp1", "--confirm")
+    cli.json("cloud", "sandbox", "fs", "download", sid, str(tmp_path / "all.tar.gz"))
+    assert (tmp_path / "all.tar.gz").read_bytes()[:2] == b"\x1f\x8b"
+
+    snap = cli.json("cloud", "sandbox", "snapshot", "create", sid, "--name", "clisnap")
+    assert snap["fileCount"] == 1
+    snaps = cli.json("cloud", "sandbox", "snapshot", "list")["snapshots"]
+    assert [s["fullName"] for s in snaps] == ["@clitest/clisnap:latest"]
+    assert cli.json("cloud", "sandbox", "snapshot", "tag", snap["snapshotId"], "v2")["tag"] == "v2"
+    assert cli.json("cloud", "sandbox", "snapshot", "get", snap["snapshotId"])["tag"] == "v2"
+    assert "runtime:" in cli.json("cloud", "sandbox", "snapshot", "generate")["content"]
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "app.py").write_text("print(1)\n")
+    (build / "agentuity-snapshot.yaml").write_text(
+        "version: 1\nruntime: base:latest\nname: built\nfiles:\n  - \"*.py\"\nenv:\n  STAGE: one\n")
+    built = cli.json("cloud", "sandbox", "snapshot", "build", str(build))  # asks encrypt; uploads plain
+    assert built["fileCount"] == 1 and built["name"] == "built"
+    cli.json("cloud", "sandbox", "snapshot", "delete", built["snapshotId"], "--confirm")
+    ran = cli.json("cloud", "sandbox", "run", "--", "echo", "ran")
+    assert ran["exitCode"] == 0 and ran["output"] == "ran\n"
+    assert any(r["name"] == "base:latest" for r in cli.json("cloud", "sandbox", "runtime", "list")["runtimes"])
+    assert cli.json("cloud", "sandbox", "stats")["services"]["sandbox"]["totalActive"] >= 1
+
+    # Keys: `agentuity cloud apikey …` manages hutch keys of the organization.
+    created = cli.json("cloud", "apikey", "create", "--name", "ci", "--expires-at", "2099-01-01T00:00:00Z",
+                       "--confirm")
+    assert created["value"].startswith("hk_")
+    keys = cli.json("cloud", "apikey", "list")
+    assert {k["name"] for k in keys} == {"cli", "ci"} and all(k["orgId"] == "org_clitest" for k in keys)
+    other = Cli(url, created["value"], tmp_path / "home2")
+    assert other.json("cloud", "sandbox", "list")["total"] == 2  # the new key works, in its organization
+    cli.json("cloud", "apikey", "delete", created["id"])
+    refused = subprocess.run([str(AGENTUITY), "cloud", "sandbox", "list", "--json"], env=other.env,
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180, check=False)
+    assert refused.returncode != 0
+    assert "revoked" in refused.stdout + refused.stderr
+
+    assert cli.json("cloud", "sandbox", "delete", sid, "--confirm")["success"] is True
+    # What hutch does not have answers 501 by name: never a crash, never a pretend success.
+    status, body = http(url, "GET", "/cli/agent?projectId=proj_x", made["data"]["secret"])
+    assert status == 501 and "hutch" in body["message"] and "/cli/agent" in body["message"]
