@@ -44,6 +44,17 @@ async def organizations(request: web.Request) -> web.Response:
     return ok([{"id": o.org_id, "name": o.name} for o in orgs])
 
 
+@routes.get("/cli/auth/user")
+async def whoami(request: web.Request) -> web.Response:
+    """``agentuity auth whoami``: hutch has keys, not users; the key stands in for the person."""
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    key = directory.keys.get(principal.key_id)
+    orgs = directory.orgs.values() if principal.server_admin else [directory.orgs[principal.org_id]]
+    return ok({"firstName": key.name if key else "bootstrap key",
+               "lastName": f"({principal.role.value} key {principal.key_id})",
+               "organizations": [{"id": o.org_id, "name": o.name} for o in orgs]})
+
+
 @routes.get("/cli/region")
 async def regions(request: web.Request) -> web.Response:
     return ok([{"region": REGION, "description": "this hutch server"}])

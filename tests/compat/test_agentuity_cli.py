@@ -49,27 +49,32 @@ class Cli:
             # No update check (it would go to the internet), no coding-agent probe, no colour query.
             AGENTUITY_SKIP_VERSION_CHECK="1", AGENTUITY_AGENT_MODE="none", COLOR_SCHEME="dark")
 
-    def run(self, *argv: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, expect: int | None = 0, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        """``expect=None``: any non-zero exit (a refusal), with no stack trace."""
         done = subprocess.run([str(AGENTUITY), *argv], env=self.env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=180, check=False)
-        assert done.returncode == expect, (argv, done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+                              input=stdin, timeout=180, check=False)
+        if expect is None:
+            assert done.returncode != 0 and "    at " not in done.stderr, (argv, done.stdout, done.stderr)
+        else:
+            assert done.returncode == expect, (argv, done.returncode, done.stdout[-2000:], done.stderr[-2000:])
         return done
 
     def json(self, *argv: str) -> Any:
         """``--json`` goes before a ``--`` (after it, it would be the command's own argument)."""
         cut = argv.index("--") if "--" in argv else len(argv)
-        return json.loads(self.run(*argv[:cut], "--json", *argv[cut:]).stdout)
+        out = self.run(*argv[:cut], "--json", *argv[cut:]).stdout
+        return json.JSONDecoder().raw_decode(out.lstrip())[0]  # `auth whoami --json` prints it twice
 
 
-@pytest.fixture
-def server(tmp_path: Path, profile_flags: list[str]) -> Iterator[tuple[str, str]]:
+@pytest.fixture(params=["local", "nomad"])
+def server(request: pytest.FixtureRequest, tmp_path: Path, profile_flags: list[str]) -> Iterator[tuple[str, str]]:
     if not AGENTUITY.exists() or not (BUN_DIR / "bun").exists():
         pytest.fail(f"{AGENTUITY} or bun is missing: run tests/compat/setup.sh (npm ci) first")
     key, port = "hk_boot_" + os.urandom(8).hex(), _free_port()
     url, log = f"http://127.0.0.1:{port}", tmp_path / "server.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen([*_hutch_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
-                                 "--data-dir", str(tmp_path / "data"), "--driver", "local", *profile_flags],
+                                 "--data-dir", str(tmp_path / "data"), "--driver", request.param, *profile_flags],
                                 env={**os.environ, "HUTCH_API_KEY": key}, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     try:
@@ -140,6 +145,9 @@ def test_agentuity_cli_sandbox_commands_against_hutch(server: tuple[str, str], t
     cli.json("cloud", "sandbox", "snapshot", "delete", built["snapshotId"], "--confirm")
     ran = cli.json("cloud", "sandbox", "run", "--", "echo", "ran")
     assert ran["exitCode"] == 0 and ran["output"] == "ran\n"
+    # A piped stdin goes through the stream service (POST /streams, PUT /streams/{id}).
+    piped = cli.run("cloud", "sandbox", "run", "--json", "--", "sh", "-c", "tr a-z A-Z", stdin="piped in\n")
+    assert json.loads(piped.stdout)["output"] == "PIPED IN\n"
     assert any(r["name"] == "base:latest" for r in cli.json("cloud", "sandbox", "runtime", "list")["runtimes"])
     assert cli.json("cloud", "sandbox", "stats")["services"]["sandbox"]["totalActive"] >= 1
 
@@ -150,12 +158,23 @@ def test_agentuity_cli_sandbox_commands_against_hutch(server: tuple[str, str], t
     keys = cli.json("cloud", "apikey", "list")
     assert {k["name"] for k in keys} == {"cli", "ci"} and all(k["orgId"] == "org_clitest" for k in keys)
     other = Cli(url, created["value"], tmp_path / "home2")
-    assert other.json("cloud", "sandbox", "list")["total"] == 2  # the new key works, in its organization
+    seen = other.json("cloud", "sandbox", "list")  # the new key works, in its organization
+    assert seen["total"] == cli.json("cloud", "sandbox", "list")["total"] >= 3
+    assert {s["orgId"] for s in seen["sandboxes"]} == {"org_clitest"}
     cli.json("cloud", "apikey", "delete", created["id"])
-    refused = subprocess.run([str(AGENTUITY), "cloud", "sandbox", "list", "--json"], env=other.env,
-                             capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180, check=False)
-    assert refused.returncode != 0
+    refused = other.run("cloud", "sandbox", "list", "--json", expect=None)
     assert "revoked" in refused.stdout + refused.stderr
+    # Who am I, and which organizations: the key's own only.
+    me = cli.json("auth", "whoami")
+    assert [o["id"] for o in me["organizations"]] == ["org_clitest"]
+    assert cli.json("auth", "org", "select", "org_clitest")["orgId"] == "org_clitest"
+    # A bad key, and another organization's sandbox: the CLI's own clear errors.
+    bad = Cli(url, "hk_not_a_key", tmp_path / "home3").run("cloud", "sandbox", "list", "--json", expect=None)
+    assert "invalid API key" in bad.stdout + bad.stderr
+    status, theirs = http(url, "POST", "/sandbox", boot, {})  # org_local's
+    assert status == 201
+    gone = cli.run("cloud", "sandbox", "get", theirs["data"]["sandboxId"], "--json", expect=None)
+    assert "not found" in (gone.stdout + gone.stderr).lower()
 
     assert cli.json("cloud", "sandbox", "delete", sid, "--confirm")["success"] is True
     # What hutch does not have answers 501 by name: never a crash, never a pretend success.
