@@ -108,6 +108,9 @@ import)
 restore)
   cd -- "$p" || exit 3
   find . -mindepth 1 -delete || exit 3
+  # Blocks freed in the open journal transaction are not reusable until it commits: on a
+  # disk-limited workspace the unpack could hit ENOSPC for room it just freed. Commit now.
+  sync -f . 2>/dev/null || sync
   printf 'ok\n'
   exec tar -x -p --no-same-owner -f - ;;
 *) fail "Invalid argument" ;;
