@@ -148,6 +148,7 @@ class NomadFiles:
         stdin: AsyncIterable[bytes] | None = None,
         on_stdout: Callable[[bytes], Awaitable[None]] | None = None,
         stop: asyncio.Event | None = None,
+        verify: bool = False,
     ) -> tuple[int | None, bytes, bytes]:
         """Run the script; (exit code or None if it was stopped, stdout if not streamed, stderr)."""
         self._check_not_paused(sb)  # type: ignore[attr-defined]
@@ -170,7 +171,7 @@ class NomadFiles:
                 self._client, sb.alloc_id, TASK,  # type: ignore[attr-defined]
                 [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args], tag,
                 stdin=stdin, on_output=on_output, stop=stop or asyncio.Event(),
-                kill=lambda: self._kill(sb, tag))  # type: ignore[attr-defined]
+                kill=lambda: self._kill(sb, tag), verify=verify)  # type: ignore[attr-defined]
         except ExecFailed as err_:
             if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
@@ -181,10 +182,11 @@ class NomadFiles:
         if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
             return SandboxNotFound(f"sandbox {sb.id} was destroyed")
         lines = stderr.decode(errors="replace").strip().splitlines()
-        message = lines[-1] if lines else ""
-        for text, num in _ERRNOS.items():
-            if message.endswith(text):
-                return from_errno(op, path, num, message, sb.id)
+        for line in reversed(lines):  # tar names the cause first, then "Error is not recoverable"
+            for text, num in _ERRNOS.items():
+                if line.endswith(text):
+                    return from_errno(op, path, num, line, sb.id)
+        message = "; ".join(lines[-3:])
         return DriverFailure(f"sandbox {sb.id}: file operation {op} on {path} failed "
                              f"({message or f'exit {code}'})")
 
@@ -214,7 +216,8 @@ class NomadFiles:
         _check_path(path)
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_QUEUE_DEPTH)
         stop = asyncio.Event()
-        task = asyncio.ensure_future(self._fs(sb, op, path, on_stdout=queue.put, stop=stop))
+        # verify: a read or an export must arrive whole (drivers/nomad/execs.py)
+        task = asyncio.ensure_future(self._fs(sb, op, path, on_stdout=queue.put, stop=stop, verify=True))
         head, started = b"", False
         try:
             while True:

@@ -102,3 +102,19 @@ async def test_a_fork_bomb_left_behind_by_an_ended_command_is_ended(driver: Noma
             break
         await asyncio.sleep(0.3)
     assert code == 0 and out.split()[0] == "usable" and int(out.split()[1]) < 10, out
+
+
+async def test_a_large_export_arrives_whole_every_time(driver: NomadDriver) -> None:
+    # Nomad's exec stream has dropped the last fifo's worth of a 30 MiB checkpoint export once in a
+    # few runs (the plugin stopped draining 200 ms after the exit while a slow reader held the copy
+    # back); exports are now drained while bytes move and checked against the plugin's count.
+    import tarfile
+
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources()))
+    code, _ = await run(driver, sid, ["sh", "-c", "head -c 31457280 /dev/urandom > big && echo end > f"])
+    assert code == 0
+    for i in range(2):
+        await driver.checkpoint(sid, f"ckpt_{i}")
+        with tarfile.open(driver._checkpoint_path(sid, f"ckpt_{i}")) as tf:  # raises on a short archive
+            assert {m.name: m.size for m in tf.getmembers() if m.isfile()} == {"big": 31457280, "f": 4}

@@ -39,8 +39,9 @@ const (
 	fingerprintPeriod = 15 * time.Second
 	execEnvelope      = "hutch-exec:v1"
 	// After an exec's process exits, background children may still hold its
-	// stdout; output is drained for this long, then the exec returns.
+	// stdout; output is drained until it makes no progress for this long.
 	drainGrace = 200 * time.Millisecond
+	drainMax   = 30 * time.Second // output still flowing this long after an exec's exit is cut
 )
 
 var (
@@ -771,7 +772,7 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		return &drivers.ExitResult{ExitCode: 0}, nil
 	}
 	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Exit != "" {
-		end := h.exits.take(envelope.Exit)
+		end := h.exits.get(envelope.Exit)
 		if end == nil {
 			return &drivers.ExitResult{ExitCode: 1}, nil
 		}

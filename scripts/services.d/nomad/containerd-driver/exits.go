@@ -25,10 +25,11 @@ const (
 
 // tailWriter passes writes on and counts them, keeping the last exitTailBytes.
 type tailWriter struct {
-	w     interface{ Write([]byte) (int, error) }
-	mu    sync.Mutex
-	total int64
-	tail  []byte
+	w       interface{ Write([]byte) (int, error) }
+	mu      sync.Mutex
+	total   int64
+	tail    []byte
+	writing int // writes under way: the stream is taking them (a slow reader), not idle
 }
 
 func (t *tailWriter) Write(p []byte) (int, error) {
@@ -40,8 +41,22 @@ func (t *tailWriter) Write(p []byte) (int, error) {
 	if len(t.tail) > 2*exitTailBytes {
 		t.tail = append([]byte(nil), t.tail[len(t.tail)-exitTailBytes:]...)
 	}
+	t.writing++
 	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.writing--
+		t.mu.Unlock()
+	}()
 	return t.w.Write(p)
+}
+
+// progress is how many bytes passed so far, and whether a write is under way (blocked on a
+// slow reader downstream: output is still moving even if the count stands still).
+func (t *tailWriter) progress() (int64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.total, t.writing > 0
 }
 
 func (t *tailWriter) snapshot() streamEnd {
@@ -96,11 +111,11 @@ func (r *exitRecords) put(tag string, res *drivers.ExitResult, stdout, stderr *t
 	r.ends[tag] = end
 }
 
-// take hands out (once) what the tagged exec ended with; nil if unknown or still running.
-func (r *exitRecords) take(tag string) *execEnd {
+// get hands out what the tagged exec ended with; nil if unknown or still running. Not once:
+// an answer lost with a broken exec stream is asked for again. Records go after exitKeep,
+// or the oldest when exitMaxKept are held.
+func (r *exitRecords) get(tag string) *execEnd {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	end := r.ends[tag]
-	delete(r.ends, tag)
-	return end
+	return r.ends[tag]
 }

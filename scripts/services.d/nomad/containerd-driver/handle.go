@@ -352,14 +352,29 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	// stdin the command did not read: taken and dropped, so Nomad's side of the exec stream,
 	// still sending it, is not left blocked (it then aborts the stream, and the exit is lost).
 	go func() { _, _ = io.Copy(io.Discard, closer.r) }()
-	// Output already written sits in the fifos; background children may hold them
-	// open for ever, so stop after a short grace.
+	// Output already written sits in the fifos and is still being copied out, as fast as the
+	// exec stream takes it (a 30 MiB export behind a slow reader holds a fifo's worth and more
+	// when the command exits). Background children may hold the fifos open for ever, so stop
+	// once the copy sits idle, blocked reading an empty fifo, for drainGrace (or drainMax
+	// after the exit): never while bytes still move, or the output loses its tail.
 	drained := make(chan struct{})
 	go func() { process.IO().Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-		process.IO().Cancel()
+	moved := int64(-1)
+	deadline := time.Now().Add(drainMax)
+	for waiting := true; waiting; {
+		select {
+		case <-drained:
+			waiting = false
+		case <-time.After(drainGrace):
+			out, outBusy := outTail.progress()
+			errN, errBusy := errTail.progress()
+			idle := out+errN == moved && !outBusy && !errBusy
+			if idle || time.Now().After(deadline) {
+				process.IO().Cancel()
+				waiting = false
+			}
+			moved = out + errN
+		}
 	}
 	code, _, err := status.Result()
 	if err != nil {
