@@ -104,6 +104,9 @@ class OutputStore:
         if stream is not None:
             stream.close()
 
+    def is_open(self, stream_id: str) -> bool:
+        return stream_id in self._open
+
     def exists(self, stream_id: str) -> bool:
         try:
             return stream_id in self._open or self._path(stream_id).exists() or self.verify(stream_id)

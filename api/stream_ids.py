@@ -28,9 +28,16 @@ class StreamIds:
         return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
 
     def execution_of(self, stream_id: str) -> str | None:
-        """The execution an issued output stream id belongs to (None for any other id)."""
+        """The execution (or, for a sandbox's own streams, the sandbox: api/sandbox_streams.py)
+        an issued output stream id belongs to (None for any other id)."""
         m = _ID.match(stream_id)
         return f"{m['prefix']}_{m['body']}" if m is not None and self.issued(stream_id) else None
+
+    @staticmethod
+    def kind_of(stream_id: str) -> str:
+        """"stdout" or "stderr" for a well-formed output stream id."""
+        m = _ID.match(stream_id)
+        return "stderr" if m is not None and m["kind"] == "e" else "stdout"
 
     def issued(self, stream_id: str) -> bool:
         """True if this server derived ``stream_id``."""

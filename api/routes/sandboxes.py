@@ -29,17 +29,19 @@ _SORTS = {"name": "name", "created": "createdAt", "createdAt": "createdAt", "upd
           "execution_count": "executions"}
 
 
-def _urls(request: web.Request, engine: Engine, execution_id: str) -> tuple[str, str]:
+def _urls(request: web.Request, engine: Engine, owner_id: str) -> tuple[str, str]:
+    """The output stream URLs of an execution, or of a sandbox (all its executions' output:
+    api/sandbox_streams.py)."""
     base = base_url(request)
     return (
-        f"{base}/streams/{engine.streams.derive(execution_id, 'stdout')}",
-        f"{base}/streams/{engine.streams.derive(execution_id, 'stderr')}",
+        f"{base}/streams/{engine.streams.derive(owner_id, 'stdout')}",
+        f"{base}/streams/{engine.streams.derive(owner_id, 'stderr')}",
     )
 
 
 def render_sandbox(request: web.Request, sb: Sandbox, usage: Usage | None = None) -> dict:
     engine = request.app[ENGINE]
-    urls = _urls(request, engine, sb.initial_execution_id) if sb.initial_execution_id else None
+    urls = _urls(request, engine, sb.initial_execution_id or sb.sandbox_id)
     return wire.sandbox_info(sb, urls, _port_url(request, sb), usage)
 
 
@@ -105,15 +107,18 @@ async def create(request: web.Request) -> web.Response:
             "auditStreamUrl": audit_stream_url(request, engine, sb.sandbox_id)}
     if (url := _port_url(request, sb)) is not None:
         data["url"] = url
+    # A command's streams, or (interactive, no command) the sandbox's own: every execution's
+    # output, which @agentuity/runtime's ctx.sandbox reads as the sandbox's stdout/stderr.
+    owner = created.execution_id or sb.sandbox_id
+    out, err = _urls(request, engine, owner)
     if created.execution_id:
-        out, err = _urls(request, engine, created.execution_id)
-        data.update(
-            executionId=created.execution_id,
-            stdoutStreamId=engine.streams.derive(created.execution_id, "stdout"),
-            stdoutStreamUrl=out,
-            stderrStreamId=engine.streams.derive(created.execution_id, "stderr"),
-            stderrStreamUrl=err,
-        )
+        data["executionId"] = created.execution_id
+    data.update(
+        stdoutStreamId=engine.streams.derive(owner, "stdout"),
+        stdoutStreamUrl=out,
+        stderrStreamId=engine.streams.derive(owner, "stderr"),
+        stderrStreamUrl=err,
+    )
     return ok(data, http_status=201)
 
 

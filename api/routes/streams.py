@@ -1,13 +1,15 @@
 """Streams. ``GET /streams/{id}``: output, unauthenticated on purpose (the stream id is the
-capability). ``POST /streams`` and ``PUT /streams/{id}``: stdin, as Agentuity's stream
+capability): an execution's, or a sandbox's own (api/sandbox_streams.py). ``POST /streams`` and ``PUT /streams/{id}``: stdin, as Agentuity's stream
 service takes it (api/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from api import sandbox_streams
 from api.http import json_body, ok
 from api.keys import ENGINE
+from api.sandbox_streams import is_sandbox_stream
 from api.tenancy import PUBLIC, needs
 from core.errors import NotFound
 
@@ -30,11 +32,16 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
             await resp.write(chunk)
         await resp.write_eof()
 
-    execution_id = request.app[ENGINE].streams.execution_of(stream_id)
-    if execution_id is None:
+    engine = request.app[ENGINE]
+    owner = engine.streams.execution_of(stream_id)
+    if owner is not None and is_sandbox_stream(owner):
+        async for chunk in sandbox_streams.follow(engine, owner, engine.streams.kind_of(stream_id)):
+            await resp.write(chunk)
+        await resp.write_eof()
+    elif owner is None:
         await copy()
     else:  # a reader is a waiter: its client leaving for good cancels the command (api/watchers.py)
-        await request.app[ENGINE].watchers.hold(request, execution_id, copy())
+        await engine.watchers.hold(request, owner, copy())
     return resp
 
 

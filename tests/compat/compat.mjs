@@ -684,6 +684,32 @@ if (EXTENDED) {
 	});
 }
 
+// ---- @agentuity/runtime's ctx.sandbox (HTTPSandboxService), the service an agent's handler gets.
+// The package exports it only through its runtime bootstrap, so it is loaded from its own file.
+
+await check('runtime ctx.sandbox: an interactive sandbox\'s stdout/stderr carry every execution, live', async () => {
+	const { HTTPSandboxService } = await import(
+		new URL('./node_modules/@agentuity/runtime/dist/services/sandbox/http.js', import.meta.url)
+	);
+	const api = new APIClient(URL_, createMinimalLogger(), API_KEY, { maxRetries: 0 });
+	const svc = new HTTPSandboxService(api, `${URL_}/streams`, ORG_ID || undefined);
+	const sbx = await svc.create({ runtime: RUNTIME });
+	assert.ok(sbx.stdout.id && sbx.stderr.id && !sbx.interleaved, `streams: ${sbx.stdout.id} ${sbx.stderr.id}`);
+	const text = async (stream) => Buffer.from(await new Response(stream.getReader()).arrayBuffer()).toString();
+	const out = text(sbx.stdout); // read while the commands run: it follows the sandbox
+	const err = text(sbx.stderr);
+	const first = await sbx.execute({ command: ['sh', '-c', 'echo one; echo e1 >&2'] });
+	assert.equal(first.exitCode, 0);
+	await sbx.execute({ command: ['sh', '-c', 'echo two'] });
+	const connected = await svc.connect(sbx.id); // connect() reads the get answer's URLs
+	assert.equal(connected.stdout.id, sbx.stdout.id);
+	const later = text(connected.stdout);
+	await sbx.destroy();
+	assert.equal(await out, 'one\ntwo\n', 'stdout');
+	assert.equal(await err, 'e1\n', 'stderr');
+	assert.equal(await later, 'one\ntwo\n', 'stdout through connect()');
+});
+
 // ---- errors
 
 await check('errors: unknown sandbox id -> APIError 404 (get, destroy, executions, events)', async () => {

@@ -1,0 +1,87 @@
+"""A sandbox's own output streams: every execution's stdout (or stderr), one after another.
+
+``@agentuity/runtime``'s ``ctx.sandbox`` reads an interactive sandbox's output from the
+``stdoutStreamId``/``stderrStreamId`` of the create answer (and ``connect`` from the
+``stdoutStreamUrl`` of a get): the sandbox's console, not one command's. hutch keeps output
+per execution (api/output.py), so a sandbox stream is composed on read: the bytes of each
+execution in the order they were made, following the running one, then waiting for the
+next, until the sandbox has ended and its last execution's stream has closed. Its id is
+derived from the sandbox id like an execution's (api/stream_ids.py), so it is the same kind
+of capability and needs no state.
+
+Reading it is not waiting on any command: a reader that leaves cancels nothing (unlike an
+execution's stream, api/watchers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from core.models import Execution
+
+if TYPE_CHECKING:
+    from api.service import Engine
+
+# A safety net only: changes wake the reader at once through the projector's listener.
+_RECHECK_SECONDS = 1.0
+
+
+def is_sandbox_stream(owner_id: str) -> bool:
+    return owner_id.startswith("sbx_")
+
+
+async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[bytes]:
+    """The bytes of ``stream`` ("stdout"/"stderr") of every execution of the sandbox so far,
+    then new ones as they come, ending when the sandbox has ended."""
+    done: set[str] = set()
+    changes = engine.projector.listen()
+    try:
+        while True:
+            _drain(changes)  # what happened before the reads below is in them
+            # Read the sandbox before its executions: an ended sandbox has no new ones after.
+            sandbox = await engine.store.get_sandbox(sandbox_id)
+            ended = sandbox is None or sandbox.status.is_final
+            pending = [x for x in reversed(await engine.store.list_executions(sandbox_id))
+                       if x.execution_id not in done]
+            progressed = False
+            for execution in pending:
+                stream_id = engine.streams.derive(execution.execution_id, stream)
+                if not _readable(engine, execution, stream_id):
+                    break  # queued: its stream opens when it starts; keep the order
+                async for chunk in engine.outputs.read(stream_id):
+                    yield chunk
+                done.add(execution.execution_id)
+                progressed = True
+            if progressed:
+                continue
+            if ended and not pending:
+                return
+            if ended and pending and not any(_readable(engine, x, engine.streams.derive(x.execution_id, stream))
+                                             for x in pending):
+                return  # ended with commands that never started (they were cancelled with it)
+            await _next_change(changes, sandbox_id)
+    finally:
+        engine.projector.unlisten(changes)
+
+
+def _readable(engine: Engine, execution: Execution, stream_id: str) -> bool:
+    """Its bytes can be read to their end now: the stream is open (read follows it to its
+    close) or the execution has ended (its bytes, if any, are all on disk)."""
+    return engine.outputs.is_open(stream_id) or execution.status.is_final
+
+
+def _drain(changes: asyncio.Queue) -> None:
+    while not changes.empty():
+        changes.get_nowait()
+
+
+async def _next_change(changes: asyncio.Queue, sandbox_id: str) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_RECHECK_SECONDS):
+            while True:
+                event = await changes.get()
+                if event.sandbox_id == sandbox_id:
+                    return
