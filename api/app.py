@@ -31,6 +31,7 @@ from api.routes import (
     sandboxes,
     snapshots,
     streams,
+    terminals,
 )
 from api.routes import tenancy as tenancy_routes
 from api.service import Engine
@@ -194,6 +195,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(snapshots.routes)  # before sandboxes: /sandbox/snapshots is not a sandbox id
     app.add_routes(sandboxes.routes)
     app.add_routes(streams.routes)
+    app.add_routes(terminals.routes)
     app.add_routes(proxy.routes)
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(proxy.session_ctx)

@@ -34,6 +34,7 @@ class Capabilities:
     tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
+    terminals: bool = False  # open_terminal: a command on a pseudo-terminal (api/terminals.py)
 
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
@@ -138,6 +139,44 @@ class OutputSink(Protocol):
     """Where a running command's bytes go. Called from the event loop."""
 
     def write(self, stream: Stream, data: bytes) -> None: ...
+
+
+@attrs.frozen
+class TerminalRequest:
+    sandbox_id: str
+    argv: Sequence[str]  # what runs on the terminal (a login shell when the user names none)
+    env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the sandbox env, as an exec's
+    cwd: str | None = None  # None = the sandbox workspace (HOME)
+    rows: int = 24
+    cols: int = 80
+
+
+class Terminal(abc.ABC):
+    """A command running on a pseudo-terminal in a sandbox, as the sandbox user with the
+    sandbox's limits and seccomp filter, the same as an execution. The terminal's line
+    discipline does the rest: a Ctrl-C written as the byte 0x03 signals the foreground
+    process group, not the session."""
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """The next output (what the terminal echoes included); b"" once no process holds
+        the terminal any more."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Typed input, as a keyboard sends it."""
+
+    @abc.abstractmethod
+    async def resize(self, rows: int, cols: int) -> None:
+        """The window size; the foreground process gets SIGWINCH."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """The command's exit code (128+n when killed by signal n)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Hang up: the session gets SIGHUP and what it started is killed. Idempotent."""
 
 
 # The engine's callback for a sandbox that ended on its own: (sandbox id, reason, failed).
@@ -271,6 +310,10 @@ class Driver(abc.ABC):
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot delete checkpoints")
+
+    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+        """Start ``req.argv`` on a new pseudo-terminal of a running sandbox."""
+        raise NotSupported(f"driver {self.name} has no terminals")
 
     async def signal(self, execution_id: str, signum: int) -> None:
         """Send a signal to a running execution's whole process tree (graceful stop)."""

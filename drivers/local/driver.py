@@ -80,15 +80,18 @@ from drivers.base import (
     FileToWrite,
     OutputSink,
     ProvisionRequest,
+    Terminal,
+    TerminalRequest,
     Usage,
     check_env,
 )
 from drivers.builds import Builds
 from drivers.egress import AllowLists, flatten
-from drivers.local import disks, layers, network, pidsguard, rootfs, slirp, uids
+from drivers.local import disks, helper, layers, network, pidsguard, rootfs, slirp, terminal, uids
 from drivers.local.cgroups import Cgroups, CgroupV1
 from drivers.local.checkpoints import SAFE_ID, CheckpointsMixin
 from drivers.local.fsops import FilesMixin
+from drivers.local.helper import start_time as _start_time
 from drivers.local.native import ensure_helper
 from drivers.local.pidsguard import PidsGuard
 from drivers.local.smallfiles import get as _get
@@ -105,9 +108,6 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 128 + signal.SIGKILL
 READY_TIMEOUT = 15.0
-# After the command exits, background children may still hold stdout open; we stop
-# reading after this grace instead of waiting for them.
-DRAIN_GRACE = 0.2
 _ID = SAFE_ID
 POOL_PREFIX = "_pool-"
 _POOL_NAME = re.compile(r"^_pool-(\d+)-(\d+)-[0-9a-f]+-\d+$")
@@ -150,22 +150,6 @@ class _Execution:
     cancelled: bool = False
 
 
-def _live_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state first), as the host
-    sees them; None if ``pid`` is gone or a zombie."""
-    try:
-        fields = _get(f"/proc/{pid}/stat").decode().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None if fields[0] == "Z" else fields
-
-
-def _start_time(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (guards against pid reuse)."""
-    fields = _live_stat(pid)
-    return None if fields is None else int(fields[19])
-
-
 class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
     name = "local"
     _home = HOME
@@ -193,6 +177,7 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
             installs=not self.rootless,  # install layers build in a chroot as root
             kernel_isolation=True,
             egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
+            terminals=True,  # terminal.py
         )
         self._allow = AllowLists(self._apply_allow)  # network.allow, kept current (drivers/egress.py)
         self._guard: asyncio.Task[None] | None = None  # pidsguard.py: fork bombs left behind
@@ -631,7 +616,7 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
             # pid 1 closes its inherited stderr once set up, so EOF on it means "set up or
             # failed"; the ready line then tells which.
             async with asyncio.timeout(READY_TIMEOUT):
-                stderr, info, ready = await _read_to_eof(loop, (err_r, 8192), (info_r, 64), (ready_r, 64))
+                stderr, info, ready = await helper.read_to_eof(loop, (err_r, 8192), (info_r, 64), (ready_r, 64))
         except TimeoutError:
             raise DriverFailure(f"sandbox {sid} did not come up within {READY_TIMEOUT:g}s") from None
         finally:
@@ -881,6 +866,19 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
                 if self._cgroups.remove(sid, leaf):
                     leaves.discard(leaf)
 
+    def _helper_cmd(self, mode: str, sb: _Sandbox, leaf: str, *, cwd: str, env: Mapping[str, str] | None,
+                    status_w: int) -> list[str]:
+        """hutch-nsexec's command line up to the ``--`` before the argv; makes the leaf cgroup."""
+        assert self._helper is not None
+        procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
+        cmd = [str(self._helper), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
+               "--cwd", cwd, "--status-fd", str(status_w), *self._rlimit_args(sb)]
+        for p in procs:
+            cmd += ["--cgroup-procs", str(p)]
+        for key, value in (env or {}).items():
+            cmd += ["-e", f"{key}={value}"]
+        return cmd
+
     async def _run_helper(
         self,
         mode: str,
@@ -894,152 +892,15 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
         sink: OutputSink | None,
         limit: float | None,
     ) -> tuple[int, bool, str]:
-        """Run hutch-nsexec; returns (exit code, timed out, status-fd message).
-
-        Not asyncio's subprocess API: its ``wait()`` (3.11) only returns once every
-        pipe is closed, and a background child holding stdout would make an execution
-        last as long as that child. We watch the helper's pidfd for the exit instead.
-        """
-        assert self._helper is not None
-        procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
-        loop = asyncio.get_running_loop()
+        """Run hutch-nsexec in the sandbox (helper.py); (exit code, timed out, status message)."""
         status_r, status_w = os.pipe()
-        cmd = [str(self._helper), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
-               "--cwd", cwd, "--status-fd", str(status_w), *self._rlimit_args(sb)]
-        for p in procs:
-            cmd += ["--cgroup-procs", str(p)]
-        for key, value in (env or {}).items():
-            cmd += ["-e", f"{key}={value}"]
+        cmd = self._helper_cmd(mode, sb, leaf, cwd=cwd, env=env, status_w=status_w)
         try:
-            # Blocking, but a vfork+exec of a static binary: well under a millisecond.
-            proc = subprocess.Popen(  # noqa: ASYNC220
-                [*cmd, "--", *argv], env={}, pass_fds=(status_w,), bufsize=0,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except BaseException:
-            os.close(status_r)
-            raise
+            return await helper.run(cmd, argv, status_r=status_r, status_w=status_w, stdin=stdin, sink=sink,
+                                    limit=limit, kill=lambda: self._kill_leaf(sb.id, leaf),
+                                    started=lambda pid: self._helpers.__setitem__(leaf, pid))
         finally:
-            os.close(status_w)
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        self._helpers[leaf] = proc.pid
-        pidfd = os.pidfd_open(proc.pid)
-        watched: list[tuple[int, bool]] = []  # (fd, is_writer)
-
-        def watch_exit() -> asyncio.Future[None]:
-            fut: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(pidfd, lambda: fut.done() or fut.set_result(None))
-            watched.append((pidfd, False))
-            return fut
-
-        def pump(fd: int, stream: str) -> asyncio.Future[None]:
-            eof: asyncio.Future[None] = loop.create_future()
-            os.set_blocking(fd, False)
-
-            def readable() -> None:
-                data = _read_chunk(fd)
-                if data is None:
-                    return
-                if not data:
-                    loop.remove_reader(fd)
-                    if not eof.done():
-                        eof.set_result(None)
-                elif sink is not None:
-                    sink.write(stream, data)  # type: ignore[arg-type]
-
-            loop.add_reader(fd, readable)
-            watched.append((fd, False))
-            return eof
-
-        async def feed_stream(fd: int, chunks: AsyncIterable[bytes]) -> None:
-            """Streamed stdin: one chunk at a time, each written as the pipe takes it (the
-            command's reading paces the sender: flat memory for any size)."""
-            os.set_blocking(fd, False)
-            assert proc.stdin is not None
-            try:
-                async for chunk in chunks:
-                    view = memoryview(chunk)
-                    while view:
-                        try:
-                            view = view[os.write(fd, view):]
-                        except BlockingIOError:
-                            ready: asyncio.Future[None] = loop.create_future()
-                            loop.add_writer(fd, lambda f=ready: f.done() or f.set_result(None))
-                            try:
-                                await ready
-                            finally:
-                                loop.remove_writer(fd)
-            except OSError:
-                pass  # the command closed its stdin: the rest is not wanted
-            finally:
-                proc.stdin.close()
-
-        def feed(fd: int, data: bytes) -> None:
-            view = memoryview(data)
-            os.set_blocking(fd, False)
-            sent = 0
-
-            def writable() -> None:
-                nonlocal sent
-                try:
-                    sent += os.write(fd, view[sent:sent + 65536])
-                except BlockingIOError:
-                    return
-                except OSError:  # the command closed its stdin: fine
-                    sent = len(view)
-                if sent >= len(view):
-                    loop.remove_writer(fd)
-                    assert proc.stdin is not None
-                    proc.stdin.close()
-
-            loop.add_writer(fd, writable)
-            watched.append((fd, True))
-
-        timed_out = False
-        feeder: asyncio.Future[None] | None = None
-        try:
-            exited = watch_exit()
-            eofs = [pump(proc.stdout.fileno(), "stdout"), pump(proc.stderr.fileno(), "stderr")]
-            if proc.stdin is not None and isinstance(stdin, (bytes, bytearray)):
-                feed(proc.stdin.fileno(), stdin)
-            elif proc.stdin is not None and stdin is not None:
-                feeder = asyncio.ensure_future(feed_stream(proc.stdin.fileno(), stdin))
-            try:
-                done, _ = await asyncio.wait({exited}, timeout=limit)
-                if not done:
-                    timed_out = True
-                    await self._kill_leaf(sb.id, leaf)
-                    await exited
-            except asyncio.CancelledError:
-                await self._kill_leaf(sb.id, leaf)
-                await asyncio.shield(exited)
-                raise
-            finally:
-                if not exited.done():  # only on unexpected errors
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                code = proc.wait()
-                # Output already written is in the pipes; a background child may keep
-                # them open for ever, so stop after a short grace.
-                await asyncio.wait(eofs, timeout=DRAIN_GRACE)
-        finally:
-            if feeder is not None:
-                feeder.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await feeder
             self._helpers.pop(leaf, None)
-            for fd, is_writer in watched:
-                (loop.remove_writer if is_writer else loop.remove_reader)(fd)
-            os.close(pidfd)
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                if pipe is not None and not pipe.closed:
-                    pipe.close()
-            status = _read_available(status_r).decode(errors="replace")
-            os.close(status_r)
-        if code < 0:
-            code = 128 - code
-        return code, timed_out, status
 
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
         sb = self._running(req.sandbox_id)
@@ -1069,6 +930,31 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
         if timed_out:
             return ExecResult(exit_code=EXIT_TIMEOUT, timed_out=True, oom_killed=oom)
         return ExecResult(exit_code=code, oom_killed=oom)
+
+    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+        sb = self._running(req.sandbox_id)
+        if not req.argv:
+            raise InvalidInput("command must not be empty", field="command")
+        env = self._env(sb, req.env)
+        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
+        self._check_not_paused(sb)
+        leaf = "t-" + secrets.token_hex(8)
+        self._gc_leaves(sb.id)
+        status_r, status_w = os.pipe()
+        cmd = self._helper_cmd("exec", sb, leaf, cwd=cwd, env=env, status_w=status_w)
+
+        def release() -> None:
+            self._helpers.pop(leaf, None)
+            self._drop_leaf(sb.id, leaf)
+
+        try:
+            term = await terminal.spawn(cmd, req.argv, rows=req.rows, cols=req.cols, status_r=status_r,
+                                        status_w=status_w, kill=lambda: self._kill_leaf(sb.id, leaf), release=release)
+        except terminal.StartFailed as failed:
+            self._raise_status(str(failed), sb.id)
+            raise DriverFailure(f"sandbox {sb.id}: the terminal did not start") from None
+        self._helpers[leaf] = term.pid
+        return term
 
     def _raise_status(self, status: str, sid: str) -> None:
         if not status:
@@ -1110,7 +996,7 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
         if self._cgroups is not None:
             await self._cgroups.kill(sid, leaf)
         elif leaf in self._helpers:
-            await asyncio.to_thread(_kill_session, self._helpers[leaf], signal.SIGKILL)
+            await asyncio.to_thread(helper.kill_session, self._helpers[leaf], signal.SIGKILL)
 
     async def signal(self, execution_id: str, signum: int) -> None:
         """Send ``signum`` to every process of the execution's tree (its cgroup leaf,
@@ -1124,7 +1010,7 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.signal, execution.sandbox_id, execution.leaf, signum)
         elif execution.leaf in self._helpers:
-            await asyncio.to_thread(_kill_session, self._helpers[execution.leaf], signum, once=True)
+            await asyncio.to_thread(helper.kill_session, self._helpers[execution.leaf], signum, once=True)
 
     # -- files -----------------------------------------------------------------
 
@@ -1147,33 +1033,6 @@ class LocalDriver(FilesMixin, CheckpointsMixin, Driver):
         self._raise_status(status, sb.id)
         if timed_out or code != 0:
             raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
-
-
-def _kill_session(helper: int, signum: int, *, once: bool = False) -> None:
-    """Rootless stand-in for killing a cgroup leaf: signal every process of the session
-    the helper's child started (every command runs as a session leader), repeated until
-    none is left, since a process may fork while we look. Orphans keep their session when
-    the sandbox's pid 1 adopts them, so background children are found too; a process
-    that starts a session of its own escapes (destroying the sandbox still ends it).
-    Blocking: walks /proc."""
-    try:
-        children = _get(f"/proc/{helper}/task/{helper}/children").split()
-    except (FileNotFoundError, ProcessLookupError):
-        return
-    for leader in map(int, children):
-        for _ in range(1 if once else 200):
-            found = False
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                fields = _live_stat(int(name))  # zombies are dead already: killed, not yet reaped
-                if fields is not None and int(fields[3]) == leader:
-                    found = True
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(name), signum)
-            if not found:
-                break
-            time.sleep(0.001)
 
 
 def _rm_unreadable(func, path: str, exc_info) -> None:  # type: ignore[no-untyped-def]
@@ -1215,57 +1074,3 @@ def _lower_text(lower: list[Path], rel: str) -> str:
 
 def _text(raw: bytes) -> str:
     return raw.decode(errors="replace").strip()[-2000:] or "(no output)"
-
-
-def _read_chunk(fd: int) -> bytes | None:
-    """One read from a non-blocking pipe: None if nothing is there yet, b"" at EOF (a
-    read error counts as EOF: the writer is gone either way)."""
-    try:
-        return os.read(fd, 65536)
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-
-
-async def _read_to_eof(loop: asyncio.AbstractEventLoop, *pipes: tuple[int, int]) -> list[bytes]:
-    """Everything written to each pipe (fd, at most limit bytes) until its last writer
-    closes it. One future for all of them: no task per pipe (each costs loop turns, and
-    the launcher is on every sandbox's path)."""
-    outs = [bytearray() for _ in pipes]
-    open_fds = {fd for fd, _ in pipes}
-    done: asyncio.Future[None] = loop.create_future()
-
-    def reader(fd: int, out: bytearray, limit: int):  # type: ignore[no-untyped-def]
-        def readable() -> None:
-            data = _read_chunk(fd)
-            if data is None:
-                return
-            if data:
-                if len(out) < limit:
-                    out.extend(data[: limit - len(out)])
-                return
-            loop.remove_reader(fd)
-            open_fds.discard(fd)
-            if not open_fds and not done.done():
-                done.set_result(None)
-        return readable
-
-    for (fd, limit), out in zip(pipes, outs, strict=True):
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, reader(fd, out, limit))
-    try:
-        await done
-    finally:
-        for fd in open_fds:
-            loop.remove_reader(fd)
-    return [bytes(out) for out in outs]
-
-
-def _read_available(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 65536)
-    except BlockingIOError:
-        return b""
-

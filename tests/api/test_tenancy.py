@@ -75,6 +75,7 @@ ADMIN_ROUTES = {
     ("GET", "/cli/apikey"): Access.ADMIN,
     ("GET", "/cli/apikey/{key_id}"): Access.ADMIN,
     ("DELETE", "/cli/apikey/{key_id}"): Access.ADMIN,
+    ("GET", "/sandbox/{sandbox_id}/terminal"): Access.WRITE,  # a websocket GET that runs commands
 }
 
 

@@ -41,7 +41,7 @@ from core.errors import HutchError, NotSupported
 from drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
 from drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
 from drivers.local.driver import LocalDriver
-from tests.isolation import channel_probe, connect_probe
+from tests.isolation import channel_probe, connect_probe, terminal_probe
 
 PY = "python:3.13"
 
@@ -91,6 +91,8 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
     report["init_host_uid"] = host_uid(sb.init_pid)
     report["identity"] = await run(sid, "sh", "-c", "id -u; id -un; cat /proc/self/uid_map; hostname; "
                                    "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
+    report["terminal"] = {"exec": await run(sid, "python3", "-c", terminal_probe.PROBE),
+                          "tty": await terminal_probe.on_terminal(d, sid, "python3", "-c", terminal_probe.PROBE)}
     report["pid1"] = await run(sid, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; readlink /proc/1/exe || echo unreadable")
     report["interfaces"] = await run(sid, "python3", "-c", "print(sorted(l.split(':')[0].strip() for l in "
                                      "open('/proc/net/dev').readlines()[2:]))")

@@ -30,7 +30,7 @@ from tests.drivers_support import (
     new_id,
     provision,
 )
-from tests.isolation import channel_probe
+from tests.isolation import channel_probe, terminal_probe
 
 pytestmark = pytest.mark.isolation
 
@@ -584,3 +584,11 @@ async def test_pause_freezes_background_processes(driver: LocalDriver, sandbox: 
     await driver.resume(sandbox)
     await asyncio.sleep(0.3)
     assert ticks.read_text().count("t") > frozen_at
+
+
+async def test_a_terminal_is_as_confined_as_an_execution(driver: LocalDriver, sandbox: str) -> None:
+    result, out = await python(driver, sandbox, terminal_probe.PROBE)
+    assert result.exit_code == 0, out.stderr
+    code, screen = await terminal_probe.on_terminal(driver, sandbox, "python3", "-c", terminal_probe.PROBE)
+    assert code == 0, screen
+    terminal_probe.assert_same_sandbox(terminal_probe.parse(out.stdout), terminal_probe.parse(screen))

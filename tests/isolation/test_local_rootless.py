@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.drivers_support import built_runtimes  # noqa: F401  (fixture)
-from tests.isolation import channel_probe
+from tests.isolation import channel_probe, terminal_probe
 from tests.isolation.test_local_network import fake_internet_running
 
 pytestmark = pytest.mark.isolation
@@ -80,6 +80,12 @@ def test_the_sandbox_user_maps_to_the_server_uid_only(report: dict) -> None:
     assert lines[2].split() == ["1000", str(UID), "1"]  # one uid mapped: nothing else exists inside
     assert lines[3] == "sandbox"
     assert lines[4:] == ["CapEff:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"]
+
+
+def test_a_terminal_is_as_confined_as_an_execution(report: dict) -> None:
+    executed, (code, screen) = report["terminal"]["exec"], report["terminal"]["tty"]
+    assert executed["code"] == 0 and code == 0, (executed, screen)
+    terminal_probe.assert_same_sandbox(terminal_probe.parse(executed["stdout"]), terminal_probe.parse(screen))
 
 
 def test_pid_1_is_out_of_reach_and_tells_no_host_path(report: dict) -> None:

@@ -95,7 +95,8 @@ struct opts {
     char *env[4096];
     int n_env;
     const char *ov_lower, *ov_upper, *ov_work, *ov_target;
-    int ready_fd, info_fd, netfilter_fd;
+    int ready_fd, info_fd, netfilter_fd, tty_fd;
+    unsigned short tty_rows, tty_cols;
     char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
     int userns;
     unsigned long rlimit_data, rlimit_nproc;
@@ -110,6 +111,7 @@ static void parse(int argc, char **argv, struct opts *o)
     o->ready_fd = -1;
     o->info_fd = -1;
     o->netfilter_fd = -1;
+    o->tty_fd = -1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -125,6 +127,10 @@ static void parse(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--ready-fd")) o->ready_fd = atoi(v);
         else if (!strcmp(a, "--info-fd")) o->info_fd = atoi(v);
         else if (!strcmp(a, "--netfilter-fd")) o->netfilter_fd = atoi(v);
+        else if (!strcmp(a, "--tty-fd")) o->tty_fd = atoi(v);
+        else if (!strcmp(a, "--tty-size")) {
+            if (sscanf(v, "%hux%hu", &o->tty_rows, &o->tty_cols) != 2) fail("setup", "bad --tty-size %s", v);
+        }
         else if (!strcmp(a, "--rlimit-data")) o->rlimit_data = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rlimit-nproc")) o->rlimit_nproc = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
@@ -531,10 +537,45 @@ static void enter(struct opts *o)
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
+/* A terminal (exec --tty-fd SOCK): allocated from the sandbox's own devpts instance, so
+ * the command sees /dev/pts/N of its sandbox and the host's ptys stay out of reach. Opened
+ * here, as the sandbox user inside the sandbox, after enter(); the master goes back to the
+ * server over SOCK (SCM_RIGHTS) and the peer becomes this session's controlling terminal
+ * and the command's stdin, stdout and stderr. */
+static void attach_tty(int sock, unsigned short rows, unsigned short cols)
+{
+    int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (master < 0) fail("setup", "open /dev/ptmx: %s", strerror(errno));
+    int unlock = 0;
+    TRY(ioctl(master, TIOCSPTLCK, &unlock), "unlock pty: %s", strerror(errno));
+    /* TIOCGPTPEER opens the peer through the master, not by a path someone could swap. */
+    int peer = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY);
+    TRY(peer, "open pty peer: %s", strerror(errno));
+    struct winsize ws = {.ws_row = rows ? rows : 24, .ws_col = cols ? cols : 80};
+    TRY(ioctl(master, TIOCSWINSZ, &ws), "set window size: %s", strerror(errno));
+    char tag = 'm';
+    struct iovec iov = {.iov_base = &tag, .iov_len = 1};
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &master, sizeof(int));
+    TRY(sendmsg(sock, &msg, 0), "send pty: %s", strerror(errno));
+    close(master);
+    close(sock);
+    TRY(ioctl(peer, TIOCSCTTY, 0), "set controlling terminal: %s", strerror(errno));
+    for (int fd = 0; fd < 3; fd++) TRY(dup2(peer, fd), "dup2 pty: %s", strerror(errno));
+    if (peer > 2) close(peer);
+}
+
 static int mode_exec(struct opts *o)
 {
     if (!o->argv || !o->argv[0]) fail("setup", "no command");
     enter(o);
+    if (o->tty_fd >= 0) attach_tty(o->tty_fd, o->tty_rows, o->tty_cols);
     o->env[o->n_env] = NULL;
     environ = o->env;  /* execvp searches the sandbox's PATH, not ours */
     execvp(o->argv[0], o->argv);

@@ -1,0 +1,108 @@
+"""``GET /sandbox/{id}/terminal``: a terminal over a websocket (docs/wire.md §3c).
+
+Query: ``command`` (repeated: the argv; none = a login shell), ``rows``, ``cols``, ``cwd``,
+``term``. The terminal is opened before the upgrade, so an unknown sandbox, a bad size or
+a refused key is a plain JSON error like on every other route. Then binary frames carry
+bytes both ways (input as typed, output as the screen gets it); text frames carry control
+messages as JSON: ``{"type": "resize", "rows": R, "cols": C}`` from the client, and at the
+end ``{"type": "exit", "exitCode": N}`` from the server, which then closes. A client that
+closes first hangs the terminal up (SIGHUP to the session, then its tree is killed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from aiohttp import WSMsgType, web
+
+from api.http import q_int
+from api.keys import ENGINE
+from api.tenancy import needs
+from api.terminals import ActiveTerminal, TerminalOptions, open_terminal
+from core.errors import InvalidInput
+from core.tenancy import Access
+
+routes = web.RouteTableDef()
+
+_DRAIN_IDLE = 0.2  # after the command exits: output still coming in this long is kept
+_MAX_FRAME = 1 << 20
+
+
+@routes.get("/sandbox/{sandbox_id}/terminal")
+@needs(Access.WRITE)  # a GET, but it runs commands
+async def terminal(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    sandbox_id = request.match_info["sandbox_id"]
+    await engine.get(sandbox_id)  # another organization's sandbox is a 404 before anything else
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=_MAX_FRAME)
+    if not ws.can_prepare(request).ok:
+        raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
+                           field="Upgrade")
+    opts = TerminalOptions(
+        command=tuple(request.query.getall("command", [])),
+        rows=q_int(request, "rows", 24, lo=1, hi=1000),
+        cols=q_int(request, "cols", 80, lo=1, hi=1000),
+        cwd=request.query.get("cwd") or None,
+        term=request.query.get("term") or "xterm-256color",
+    )
+    active = await open_terminal(engine, sandbox_id, opts)
+    try:
+        await ws.prepare(request)
+        await relay(ws, active)
+    finally:
+        await active.close()
+    return ws
+
+
+async def relay(ws: web.WebSocketResponse, active: ActiveTerminal) -> None:
+    """Carry bytes until the command exits (then tell its exit code) or the client leaves."""
+    output = asyncio.ensure_future(_pump_output(ws, active))
+    inputs = asyncio.ensure_future(_pump_input(ws, active))
+    exited = asyncio.ensure_future(active.wait())
+    try:
+        await asyncio.wait({exited, inputs}, return_when=asyncio.FIRST_COMPLETED)
+        if exited.done():
+            # Output the command wrote just before it exited may still be on its way.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(output), _DRAIN_IDLE * 5)
+            if not ws.closed:
+                await ws.send_str(json.dumps({"type": "exit", "exitCode": exited.result()}))
+                await ws.close()
+    finally:
+        for task in (output, inputs, exited):
+            task.cancel()
+        for task in (output, inputs, exited):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _pump_output(ws: web.WebSocketResponse, active: ActiveTerminal) -> None:
+    while data := await active.read():
+        if ws.closed:
+            return
+        await ws.send_bytes(data)
+
+
+async def _pump_input(ws: web.WebSocketResponse, active: ActiveTerminal) -> None:
+    async for msg in ws:
+        if msg.type is WSMsgType.BINARY:
+            await active.write(msg.data)
+        elif msg.type is WSMsgType.TEXT:
+            await _control(ws, active, msg.data)
+        else:
+            return
+
+
+async def _control(ws: web.WebSocketResponse, active: ActiveTerminal, text: str) -> None:
+    try:
+        message = json.loads(text)
+        if not isinstance(message, dict) or message.get("type") != "resize":
+            raise ValueError(f"unknown control message {text[:100]!r} (expected {{\"type\": \"resize\", ...}})")
+        rows, cols = message.get("rows"), message.get("cols")
+        if not isinstance(rows, int) or not isinstance(cols, int):
+            raise ValueError("resize: rows and cols must be integers")
+        await active.resize(rows, cols)
+    except (ValueError, InvalidInput) as err:
+        await ws.send_str(json.dumps({"type": "error", "message": str(err)}))

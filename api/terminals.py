@@ -1,0 +1,86 @@
+"""Terminals: a shell (or any command) on a pseudo-terminal in a sandbox, carried over a
+websocket (api/routes/terminals.py), the SSH gateway (api/ssh_gateway.py) and ``hutch ssh``.
+
+The driver makes the terminal (``Driver.open_terminal``); this module decides what runs on
+it and keeps the sandbox awake while it is used: a paused sandbox resumes for it, and input
+or output counts as activity for the idle timeout, as file operations do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from core.errors import InvalidInput
+from drivers.base import Terminal, TerminalRequest
+
+if TYPE_CHECKING:
+    from api.service import Engine
+
+# What runs when the user names no command: the sandbox user's login shell (bash in every
+# runtime hutch builds; sh in a snapshot's runtime without it).
+LOGIN_SHELL = ("/bin/sh", "-c", "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi")
+MAX_SIZE = 1000  # rows or columns: what a terminal that large would mean is a typo
+
+
+@attrs.frozen
+class TerminalOptions:
+    command: tuple[str, ...] = ()  # empty: LOGIN_SHELL
+    rows: int = 24
+    cols: int = 80
+    cwd: str | None = None
+    term: str = "xterm-256color"  # TERM inside; the client's own when it says
+
+
+def check_size(rows: int, cols: int) -> None:
+    for name, value in (("rows", rows), ("cols", cols)):
+        if not 1 <= value <= MAX_SIZE:
+            raise InvalidInput(f"{name}: {value} is not a terminal size (1..{MAX_SIZE})", field=name)
+
+
+async def open_terminal(engine: Engine, sandbox_id: str, opts: TerminalOptions,
+                        env: Mapping[str, str] | None = None) -> ActiveTerminal:
+    """Open a terminal in a sandbox the caller may use (404 otherwise, as every route)."""
+    check_size(opts.rows, opts.cols)
+    if not opts.term or any(not (c.isalnum() or c in "-_.+") for c in opts.term):
+        raise InvalidInput(f"term: {opts.term!r} is not a terminal type", field="term")
+    sb = await engine.for_files(sandbox_id)  # waits out creating, resumes a paused one
+    argv: Sequence[str] = opts.command or LOGIN_SHELL
+    term = await engine.driver.open_terminal(TerminalRequest(
+        sandbox_id=sb.sandbox_id, argv=tuple(argv), env={**sb.spec.env, "TERM": opts.term, **(env or {})},
+        cwd=opts.cwd, rows=opts.rows, cols=opts.cols))
+    return ActiveTerminal(engine, sb.sandbox_id, term)
+
+
+class ActiveTerminal:
+    """A driver terminal that marks its sandbox active while bytes move."""
+
+    def __init__(self, engine: Engine, sandbox_id: str, term: Terminal) -> None:
+        self.engine = engine
+        self.sandbox_id = sandbox_id
+        self.term = term
+
+    def _touch(self) -> None:
+        self.engine.touch(self.sandbox_id)  # a dict write: cheap enough for every chunk
+
+    async def read(self) -> bytes:
+        data = await self.term.read()
+        if data:
+            self._touch()
+        return data
+
+    async def write(self, data: bytes) -> None:
+        self._touch()
+        await self.term.write(data)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        check_size(rows, cols)
+        await self.term.resize(rows, cols)
+
+    async def wait(self) -> int:
+        return await self.term.wait()
+
+    async def close(self) -> None:
+        await self.term.close()
