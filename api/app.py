@@ -18,7 +18,7 @@ from aiohttp import web
 
 from api import archives
 from api.config import Config, resolve_api_key
-from api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, TENANTS
+from api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from api.output import OutputStore
 from api.routes import (
     audit,
@@ -30,6 +30,7 @@ from api.routes import (
     proxy,
     sandboxes,
     snapshots,
+    ssh_keys,
     streams,
     terminals,
 )
@@ -196,6 +197,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(sandboxes.routes)
     app.add_routes(streams.routes)
     app.add_routes(terminals.routes)
+    app.add_routes(ssh_keys.routes)
     app.add_routes(proxy.routes)
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(proxy.session_ctx)
@@ -204,7 +206,10 @@ def create_app(config: Config) -> web.Application:
 
 @needs(PUBLIC)
 async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"success": True, "data": {"status": "ok"}})
+    data: dict[str, object] = {"status": "ok"}
+    if (gateway := request.app.get(SSH_GATEWAY)) is not None:
+        data["ssh"] = {"port": gateway.port}  # type: ignore[attr-defined]  # `hutch ssh --show`
+    return web.json_response({"success": True, "data": data})
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -246,6 +251,13 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[TENANTS] = tenants
         engine.prebuild(prebuild)
         app[ENGINE] = engine
+        if config.ssh_port is not None:
+            from api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
+
+            gateway = SshGateway(engine, tenants, config.data_dir)
+            await gateway.start(config.host, config.ssh_port)
+            stack.push_async_callback(gateway.close)
+            app[SSH_GATEWAY] = gateway
         yield
 
 
@@ -257,4 +269,6 @@ def run_server(config: Config) -> None:
     if generated:
         print(f"hutch: generated API key (stored in {config.data_dir / 'api-key'}): {key}", flush=True)
     print(f"hutch: serving on http://{config.host}:{config.port} (data dir {config.data_dir}, driver {config.driver})", flush=True)
+    if config.ssh_port is not None:
+        print(f"hutch: SSH gateway on {config.host}:{config.ssh_port or '(a free port: see GET /healthz)'}", flush=True)
     web.run_app(create_app(config), host=config.host, port=config.port, print=None, access_log=None)

@@ -51,6 +51,9 @@ class Config:
     # HUTCH_RATE_LIMIT: requests a second per key (":burst" optional) for keys created without
     # their own rate, and for the bootstrap key; "" = unlimited (api/tenancy.py).
     rate_limit: str = attrs.field(default="", validator=lambda _i, _a, v: _check_rate(v))
+    # HUTCH_SSH_PORT / `hutch serve --ssh-port`: the SSH gateway's port on ``host`` (0: any free
+    # one); None: no gateway (api/ssh_gateway.py).
+    ssh_port: int | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -75,12 +78,17 @@ class Config:
             ("sandbox_domain", "HUTCH_SANDBOX_DOMAIN"),
             ("default_disk", "HUTCH_DEFAULT_DISK"),
             ("rate_limit", "HUTCH_RATE_LIMIT"),
+            ("ssh_port", "HUTCH_SSH_PORT"),
         ):
             if env.get(var):
                 values[field] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
-        if "port" in values:
-            values["port"] = int(values["port"])  # type: ignore[arg-type]
+        for port in ("port", "ssh_port"):
+            if port in values:
+                try:
+                    values[port] = int(values[port])  # type: ignore[arg-type]
+                except ValueError:
+                    raise InvalidInput(f"{port}: expected a port number, got {values[port]!r}", field=port) from None
         if "runtime_cache" in values:
             values["runtime_cache"] = Path(values["runtime_cache"])  # type: ignore[arg-type]
         return cls(**values)  # type: ignore[arg-type]

@@ -67,6 +67,25 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
         engine.projector.unlisten(changes)
 
 
+async def execution_output(engine: Engine, execution_id: str, stream: str) -> AsyncIterator[bytes]:
+    """One execution's ``stream`` to its end, waiting first for a queued execution to start
+    (its stream opens then: reading it before would read an empty stream)."""
+    stream_id = engine.streams.derive(execution_id, stream)
+    changes = engine.projector.listen()
+    try:
+        while True:
+            _drain(changes)
+            execution = await engine.store.get_execution(execution_id)
+            if execution is None or _readable(engine, execution, stream_id):
+                break
+            sandbox_id = execution.sandbox_id
+            await _next_change(changes, sandbox_id)
+    finally:
+        engine.projector.unlisten(changes)
+    async for chunk in engine.outputs.read(stream_id):
+        yield chunk
+
+
 def _readable(engine: Engine, execution: Execution, stream_id: str) -> bool:
     """Its bytes can be read to their end now: the stream is open (read follows it to its
     close) or the execution has ended (its bytes, if any, are all on disk)."""

@@ -40,12 +40,16 @@ def check_size(rows: int, cols: int) -> None:
             raise InvalidInput(f"{name}: {value} is not a terminal size (1..{MAX_SIZE})", field=name)
 
 
+def check_term(term: str) -> None:
+    if not term or len(term) > 64 or any(not (c.isalnum() or c in "-_.+") for c in term):
+        raise InvalidInput(f"term: {term!r} is not a terminal type", field="term")
+
+
 async def open_terminal(engine: Engine, sandbox_id: str, opts: TerminalOptions,
                         env: Mapping[str, str] | None = None) -> ActiveTerminal:
     """Open a terminal in a sandbox the caller may use (404 otherwise, as every route)."""
     check_size(opts.rows, opts.cols)
-    if not opts.term or any(not (c.isalnum() or c in "-_.+") for c in opts.term):
-        raise InvalidInput(f"term: {opts.term!r} is not a terminal type", field="term")
+    check_term(opts.term)
     sb = await engine.for_files(sandbox_id)  # waits out creating, resumes a paused one
     argv: Sequence[str] = opts.command or LOGIN_SHELL
     term = await engine.driver.open_terminal(TerminalRequest(

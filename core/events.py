@@ -23,6 +23,8 @@ from core.tenancy import (
     OrgCreated,
     ProjectCreated,
     QuotaSet,
+    SshKeyAdded,
+    SshKeyRemoved,
 )
 
 RECORD_VERSION = 1
@@ -227,6 +229,8 @@ EventData = (
     | ProjectCreated
     | KeyCreated
     | KeyRevoked
+    | SshKeyAdded
+    | SshKeyRemoved
 )
 
 EVENT_TYPES: dict[str, type] = {

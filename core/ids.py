@@ -22,6 +22,7 @@ PREFIXES = {
     "stream": "stm",
     "project": "proj",
     "key": "key",
+    "ssh_key": "ssk",
 }
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 _ID_RE = re.compile(r"^(?P<prefix>[a-z]+)_(?P<body>[0-9a-hjkmnp-tv-z]{26})$")

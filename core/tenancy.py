@@ -16,6 +16,7 @@ lookup on every request is one dictionary hit.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import re
@@ -102,6 +103,23 @@ class ApiKey:
     burst: int | None = None
 
 
+@attrs.frozen
+class SshKey:
+    """A public key that opens the SSH gateway (api/ssh_gateway.py) to the organization's
+    sandboxes, with the rights of a member limited to ``projects`` (those of the API key
+    that added it)."""
+
+    ssh_key_id: str
+    org_id: str
+    name: str
+    public_key: str  # OpenSSH's one-line form: "ssh-ed25519 AAAA… [comment]"
+    fingerprint: str  # SHA256:…, as ssh-keygen -l shows it
+    created_at: str
+    added_by: str | None = None  # the API key id that added it
+    projects: tuple[str, ...] = ()
+    removed_at: str | None = None
+
+
 # ---------------------------------------------------------------- events (stream: the org id)
 
 
@@ -144,7 +162,26 @@ class KeyRevoked:
     key_id: str
 
 
-TENANCY_EVENTS: tuple[type, ...] = (OrgCreated, QuotaSet, ProjectCreated, KeyCreated, KeyRevoked)
+@attrs.frozen
+class SshKeyAdded:
+    type: ClassVar[str] = "sshkey:added"
+    ssh_key_id: str
+    name: str
+    public_key: str
+    fingerprint: str
+    added_by: str | None = None
+    projects: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class SshKeyRemoved:
+    type: ClassVar[str] = "sshkey:removed"
+    ssh_key_id: str
+
+
+TENANCY_EVENTS: tuple[type, ...] = (OrgCreated, QuotaSet, ProjectCreated, KeyCreated, KeyRevoked,
+                                    SshKeyAdded, SshKeyRemoved)
+Record = Organization | Project | ApiKey | SshKey
 
 
 # ---------------------------------------------------------------- the directory's fold
@@ -160,12 +197,14 @@ class Directory:
     keys: dict[str, ApiKey] = attrs.field(factory=dict)
     by_hash: dict[str, str] = attrs.field(factory=dict)  # secret hash -> key id
     position: int = 0
+    ssh_keys: dict[str, SshKey] = attrs.field(factory=dict)
+    by_fingerprint: dict[str, str] = attrs.field(factory=dict)  # fingerprint -> ssh key id (live ones)
 
     def __attrs_post_init__(self) -> None:
         self.orgs.setdefault(LOCAL_ORG, Organization(LOCAL_ORG, "local", "1970-01-01T00:00:00Z"))
 
-    def apply(self, stream: str, at: str, data: object) -> list[Organization | Project | ApiKey]:
-        changed: list[Organization | Project | ApiKey] = []
+    def apply(self, stream: str, at: str, data: object) -> list[Record]:
+        changed: list[Record] = []
         match data:
             case OrgCreated(name=name):
                 changed.append(Organization(stream, name, at))
@@ -178,25 +217,42 @@ class Directory:
                                       data.projects, data.expires_at, None, data.rate, data.burst))
             case KeyRevoked(key_id=kid) if kid in self.keys:
                 changed.append(attrs.evolve(self.keys[kid], revoked_at=at))
+            case SshKeyAdded():
+                changed.append(SshKey(data.ssh_key_id, stream, data.name, data.public_key, data.fingerprint, at,
+                                      data.added_by, data.projects))
+            case SshKeyRemoved(ssh_key_id=sid) if sid in self.ssh_keys:
+                changed.append(attrs.evolve(self.ssh_keys[sid], removed_at=at))
         for record in changed:
             self.put(record)
         return changed
 
-    def put(self, record: Organization | Project | ApiKey) -> None:
+    def put(self, record: Record) -> None:
         if isinstance(record, Organization):
             self.orgs[record.org_id] = record
         elif isinstance(record, Project):
             self.projects[record.project_id] = record
+        elif isinstance(record, SshKey):
+            self.ssh_keys[record.ssh_key_id] = record
+            if record.removed_at is None:
+                self.by_fingerprint[record.fingerprint] = record.ssh_key_id
+            elif self.by_fingerprint.get(record.fingerprint) == record.ssh_key_id:
+                del self.by_fingerprint[record.fingerprint]
         else:
             self.keys[record.key_id] = record
             self.by_hash[record.secret_hash] = record.key_id
 
     def copy(self) -> Directory:
-        return Directory(dict(self.orgs), dict(self.projects), dict(self.keys), dict(self.by_hash), self.position)
+        return Directory(dict(self.orgs), dict(self.projects), dict(self.keys), dict(self.by_hash), self.position,
+                         dict(self.ssh_keys), dict(self.by_fingerprint))
 
     def key_for(self, secret: str) -> ApiKey | None:
         key_id = self.by_hash.get(hash_secret(secret))
         return self.keys.get(key_id) if key_id else None
+
+    def ssh_key_for(self, fingerprint: str) -> SshKey | None:
+        """The live SSH key with this fingerprint, if any."""
+        found = self.by_fingerprint.get(fingerprint)
+        return self.ssh_keys.get(found) if found else None
 
     def org_projects(self, org_id: str) -> list[Project]:
         return sorted((p for p in self.projects.values() if p.org_id == org_id), key=lambda p: p.created_at)
@@ -296,6 +352,58 @@ def revoke_key(directory: Directory, org_id: str | None, key_id: str) -> KeyRevo
     if key.revoked_at is not None:
         raise InvalidInput(f"key {key_id} is revoked already", field="keyId")
     return KeyRevoked(key_id=key_id)
+
+
+# What the SSH gateway takes (what OpenSSH 9 makes by default, and the hardware-backed kinds).
+SSH_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                 "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+
+
+def ssh_fingerprint(public_key: object) -> tuple[str, str]:
+    """(the key's one line, as kept; its SHA256 fingerprint as ``ssh-keygen -l`` shows it) of
+    an OpenSSH public key line, checked: a private key, another format or a damaged key is
+    refused by name."""
+    if not isinstance(public_key, str) or not public_key.strip():
+        raise InvalidInput("publicKey: required, one line as in ~/.ssh/id_ed25519.pub", field="publicKey")
+    line = public_key.strip()
+    if "PRIVATE KEY" in line:
+        raise InvalidInput("publicKey: this is a private key; send the .pub file's line, and keep this one secret",
+                           field="publicKey")
+    parts = line.split()
+    if len(parts) < 2 or "\n" in line or parts[0] not in SSH_KEY_TYPES:
+        raise InvalidInput(f"publicKey: expected 'TYPE BASE64 [comment]' with TYPE one of {', '.join(SSH_KEY_TYPES)}",
+                           field="publicKey")
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except ValueError:
+        raise InvalidInput("publicKey: its key data is not valid base64", field="publicKey") from None
+    # The blob starts with its own type, length-prefixed: a pasted-together line fails here.
+    n = int.from_bytes(blob[:4], "big") if len(blob) >= 4 else -1
+    if n < 0 or blob[4:4 + n].decode(errors="replace") != parts[0]:
+        raise InvalidInput(f"publicKey: the key data is not a {parts[0]} key", field="publicKey")
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return " ".join(parts[:3]), "SHA256:" + digest
+
+
+def add_ssh_key(directory: Directory, org_id: str, public_key: object, name: object, *, added_by: str | None,
+                projects: tuple[str, ...] = ()) -> SshKeyAdded:
+    line, fingerprint = ssh_fingerprint(public_key)
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
+        raise InvalidInput("name: a label of 1 to 200 characters", field="name")
+    if (known := directory.ssh_key_for(fingerprint)) is not None:
+        # One key opens one organization: the gateway must know whose sandboxes a login means.
+        where = "this organization" if known.org_id == org_id else "another organization"
+        raise InvalidInput(f"publicKey: key {fingerprint} is registered already (in {where})", field="publicKey")
+    label = name if isinstance(name, str) else (line.split(" ", 2)[2] if line.count(" ") >= 2 else fingerprint)
+    return SshKeyAdded(ssh_key_id=ids.new_id("ssh_key"), name=label, public_key=line, fingerprint=fingerprint,
+                       added_by=added_by, projects=projects)
+
+
+def remove_ssh_key(directory: Directory, org_id: str | None, ssh_key_id: str) -> SshKeyRemoved:
+    key = directory.ssh_keys.get(ssh_key_id)
+    if key is None or key.removed_at is not None or (org_id is not None and key.org_id != org_id):
+        raise NotFound(f"ssh key {ssh_key_id} not found")
+    return SshKeyRemoved(ssh_key_id=ssh_key_id)
 
 
 def set_quota(values: Mapping[str, object], current: Quota) -> QuotaSet:

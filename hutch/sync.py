@@ -396,6 +396,10 @@ class SyncSandboxClient:
     def connect(self, sandbox_id: str) -> SyncSandbox:
         return SyncSandbox(self._portal, self._portal.call(self.aio.connect(sandbox_id)))
 
+    def terminal(self, sandbox_id: str, command: Sequence[str] | None = None, **options: Any) -> Any:
+        """See :meth:`hutch.SandboxClient.terminal`: the same terminal, its methods blocking."""
+        return Blocking(self._portal, self._portal.call(self.aio.terminal(sandbox_id, command, **options)))
+
     def get(self, sandbox_id: str, **options: Any) -> SandboxInfo:
         return self._portal.call(self.aio.get(sandbox_id, **options))
 

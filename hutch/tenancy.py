@@ -16,7 +16,7 @@ from hutch.models import from_wire
 if TYPE_CHECKING:
     from hutch.client import SandboxClient
 
-__all__ = ["ApiKey", "Organization", "Project", "Quota", "Tenancy"]
+__all__ = ["ApiKey", "Organization", "Project", "Quota", "SshKey", "Tenancy"]
 
 
 @attrs.frozen
@@ -58,6 +58,20 @@ class ApiKey:
     rate: float | None = None
     burst: int | None = None
     secret: str | None = None  # only in what create_key returns: shown once, kept nowhere
+
+
+@attrs.frozen
+class SshKey:
+    """A public key registered for the SSH gateway (``ssh -p PORT sbx_…@host``)."""
+
+    id: str
+    org_id: str
+    name: str
+    public_key: str
+    fingerprint: str
+    created_at: str
+    added_by: str | None = None
+    projects: list[str] = attrs.field(factory=list)
 
 
 class Tenancy:
@@ -105,3 +119,15 @@ class Tenancy:
 
     async def revoke_key(self, key_id: str) -> ApiKey:
         return from_wire(ApiKey, await self._call("DELETE", f"/keys/{key_id}"))
+
+    async def add_ssh_key(self, public_key: str, *, name: str | None = None) -> SshKey:
+        """Register an OpenSSH public key line (``~/.ssh/id_ed25519.pub``) for the gateway: it
+        opens this organization's sandboxes with a member's rights."""
+        body = {"publicKey": public_key, **({"name": name} if name else {})}
+        return from_wire(SshKey, await self._call("POST", "/ssh-keys", body))
+
+    async def list_ssh_keys(self) -> list[SshKey]:
+        return [from_wire(SshKey, k) for k in (await self._call("GET", "/ssh-keys"))["sshKeys"]]
+
+    async def remove_ssh_key(self, ssh_key_id: str) -> SshKey:
+        return from_wire(SshKey, await self._call("DELETE", f"/ssh-keys/{ssh_key_id}"))

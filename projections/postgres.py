@@ -39,7 +39,7 @@ from core.lifecycle import execution_id_of
 from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
 from core.serde import converter
 from core.snapshots import evolve_snapshot, is_snapshot_event
-from core.tenancy import ApiKey, Directory, Organization, Project
+from core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
 from projections.base import (
     SNAPSHOT_SORTS,
     ProjectionStore,
@@ -497,8 +497,8 @@ class PostgresProjectionStore(ProjectionStore):
                 await conn.remove_listener(NOTIFY_CHANNEL, on_notify)
 
 
-TenancyRecord = Organization | Project | ApiKey
-_TENANCY_KINDS: dict[str, type] = {"org": Organization, "project": Project, "key": ApiKey}
+TenancyRecord = Record
+_TENANCY_KINDS: dict[str, type] = {"org": Organization, "project": Project, "key": ApiKey, "sshkey": SshKey}
 
 
 def _tenancy_key(record: TenancyRecord) -> tuple[str, str]:
@@ -506,6 +506,8 @@ def _tenancy_key(record: TenancyRecord) -> tuple[str, str]:
         return "org", record.org_id
     if isinstance(record, Project):
         return "project", record.project_id
+    if isinstance(record, SshKey):
+        return "sshkey", record.ssh_key_id
     return "key", record.key_id
 
 

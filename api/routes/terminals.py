@@ -20,8 +20,8 @@ from aiohttp import WSMsgType, web
 from api.http import q_int
 from api.keys import ENGINE
 from api.tenancy import needs
-from api.terminals import ActiveTerminal, TerminalOptions, open_terminal
-from core.errors import InvalidInput
+from api.terminals import ActiveTerminal, TerminalOptions, check_term, open_terminal
+from core.errors import InvalidInput, NotSupported
 from core.tenancy import Access
 
 routes = web.RouteTableDef()
@@ -35,11 +35,9 @@ _MAX_FRAME = 1 << 20
 async def terminal(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     sandbox_id = request.match_info["sandbox_id"]
+    # Every refusal before the upgrade, in this order, so that the same request without the
+    # upgrade (what a client does to learn why its handshake failed) gets the same answer.
     await engine.get(sandbox_id)  # another organization's sandbox is a 404 before anything else
-    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=_MAX_FRAME)
-    if not ws.can_prepare(request).ok:
-        raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
-                           field="Upgrade")
     opts = TerminalOptions(
         command=tuple(request.query.getall("command", [])),
         rows=q_int(request, "rows", 24, lo=1, hi=1000),
@@ -47,6 +45,13 @@ async def terminal(request: web.Request) -> web.StreamResponse:
         cwd=request.query.get("cwd") or None,
         term=request.query.get("term") or "xterm-256color",
     )
+    check_term(opts.term)
+    if not engine.driver.capabilities.terminals:
+        raise NotSupported(f"driver {engine.driver.name} has no terminals")
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=_MAX_FRAME)
+    if not ws.can_prepare(request).ok:
+        raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
+                           field="Upgrade")
     active = await open_terminal(engine, sandbox_id, opts)
     try:
         await ws.prepare(request)

@@ -197,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prebuild", nargs="+", metavar="RUNTIME",
                        help="build these catalog runtimes (or 'all') in the background at start, instead of at "
                             "their first use (HUTCH_PREBUILD, comma-separated)")
+    serve.add_argument("--ssh-port", type=_int_in(0, 65535), metavar="PORT",
+                       help="also run the SSH gateway on this port: ssh -p PORT sbx_…@host (HUTCH_SSH_PORT)")
     serve.set_defaults(handler=cmd_serve)
 
     from hutch.cli import _ops  # hutch projector | projections rebuild | audit
@@ -317,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hutch.cli import _tenancy  # org, project, key
 
     _tenancy.add_parsers(top)
+    from hutch.cli import _ssh  # ssh (sandbox shell)
+
+    _ssh.add_parsers(top, sb)
     return parser
 
 
@@ -333,7 +338,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     command = list(getattr(args, "command", None) or []) + (tail or [])
     if needs_command and not command:
         parser.error("missing the command to run; put it after --, e.g. `hutch run -- echo hi`")
-    if not needs_command and tail:
+    if not needs_command and tail and not getattr(args, "accepts_command", False):
         parser.error(f"unexpected arguments after --: {' '.join(tail)}")
     args.command = command
     return args
@@ -735,6 +740,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store=args.store,
             driver=args.driver,
             prebuild=",".join(args.prebuild) if args.prebuild else None,
+            ssh_port=args.ssh_port,
         )
     except (ValueError, TypeError) as err:
         raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err

@@ -10,6 +10,7 @@ import asyncio
 import re
 from typing import Any
 
+import asyncssh
 from aiohttp import web
 
 from api.tenancy import PUBLIC, access_of
@@ -125,14 +126,17 @@ async def test_cross_tenant_sweep_walks_every_route(api: Api) -> None:
     checkpoint = (await caps_checkpoint.json())["data"]["id"] if caps_checkpoint.status == 201 else "ckpt_none"
     stream = (await api.call("POST", "/streams", headers=a, json={"name": "in"}, expect=201))["id"]
     member = await api.data("POST", "/keys", headers=a, json={"role": "member"}, expect=201)
+    public_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+    ssh_key = await api.data("POST", "/ssh-keys", headers=a, json={"publicKey": public_key}, expect=201)
 
-    mine = {"sandbox_id": sid, "execution_id": ex["executionId"], "job_id": job["jobId"], "checkpoint_id": checkpoint, "snapshot_id": snap["snapshotId"], "key_id": member["id"],
+    mine = {"ssh_key_id": ssh_key["id"], "sandbox_id": sid, "execution_id": ex["executionId"], "job_id": job["jobId"], "checkpoint_id": checkpoint, "snapshot_id": snap["snapshotId"], "key_id": member["id"],
             "org_id": "org_alpha", "stream_id": stream, "project_id": project["id"], "tail": "agents"}
-    missing = {"sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
+    missing = {"ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
                "org_id": "org_nobody", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
                "tail": "agents"}
-    secrets = {MARK, sid, snap["snapshotId"], ex["executionId"], member["id"], project["id"], stream}
+    secrets = {MARK, sid, snap["snapshotId"], ex["executionId"], member["id"], project["id"], stream, ssh_key["id"],
+               ssh_key["fingerprint"]}
     query = f"?path=/workspace/secret.txt&snapshot={snap['snapshotId']}&name=alphasnap&projectId=web"
     body = {"command": ["cat", "/workspace/secret.txt"], "name": "x", "path": "secret.txt", "files": [],
             "env": {"X": "1"}, "tag": "t", "role": "member"}
@@ -210,7 +214,7 @@ async def test_role_matrix_walks_every_route(api: Api) -> None:
             "read-only": bearer((await new_key(api, "org_alpha", "read-only"))["secret"])}
     grants = {"admin": {Access.READ, Access.WRITE, Access.ADMIN}, "member": {Access.READ, Access.WRITE},
               "read-only": {Access.READ}}
-    missing = {"sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
+    missing = {"ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
                "org_id": "org_alpha", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
                "tail": "agents"}

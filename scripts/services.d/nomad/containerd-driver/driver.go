@@ -743,7 +743,7 @@ func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*
 	ctx, cancel := context.WithTimeout(d.ctx, timeout)
 	defer cancel()
 	var stdout, stderr limitedBuffer
-	result, err := h.exec(ctx, cmd, nil, &stdout, &stderr)
+	result, err := h.exec(ctx, cmd, nil, &stdout, &stderr, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -757,7 +757,9 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		return nil, drivers.ErrTaskNotFound
 	}
 	if opts.Tty {
-		return nil, fmt.Errorf("%s: tty exec is not supported", pluginName)
+		// A terminal (hutch's open_terminal): a command like any other, on a pseudo-terminal;
+		// the verbs below are never asked for with one.
+		return h.exec(ctx, opts.Command, opts.Stdin, opts.Stdout, opts.Stderr, &terminal{resize: opts.ResizeCh})
 	}
 	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Kill != "" {
 		if h.killTagged(envelope.Kill) {
@@ -792,7 +794,7 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		}
 		return &drivers.ExitResult{ExitCode: 0}, nil
 	}
-	return h.exec(ctx, opts.Command, opts.Stdin, opts.Stdout, opts.Stderr)
+	return h.exec(ctx, opts.Command, opts.Stdin, opts.Stdout, opts.Stderr, nil)
 }
 
 func (d *Driver) getTask(id string) (*taskHandle, bool) {
@@ -811,6 +813,7 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 // execEnvelopeSpec is the optional first part of an exec command.
 //
 //	{"env": ["K=V", ...], "cwd": "/dir", "tag": "exec-1"}   run argv with this env and cwd
+//	  (+ "ttySize": {"height": 24, "width": 80})            a terminal exec's first window size
 //	{"kill": "exec-1"}                                      kill the tagged exec's process tree
 //	{"freeze": true|false}                                  pause / resume the whole container
 //	{"usage": true}                                         the container's cpu and peak memory, as JSON
@@ -831,6 +834,9 @@ type execEnvelopeSpec struct {
 	// NoStdin: the command gets an empty stdin (end of file at once), without waiting for
 	// the exec stream's stdin close to travel through Nomad.
 	NoStdin bool `json:"noStdin"`
+	// TtySize: the size a terminal starts with, so that what the command asks for first is
+	// right (a resize can only follow its start).
+	TtySize *drivers.TerminalSize `json:"ttySize"`
 }
 
 func parseEnvelope(cmd []string) (*execEnvelopeSpec, []string, error) {

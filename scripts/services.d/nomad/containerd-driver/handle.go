@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	cstructs "github.com/hashicorp/nomad/client/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 type taskHandle struct {
@@ -249,9 +250,13 @@ func (h *taskHandle) memoryUsage() (uint64, bool) {
 	return 0, false
 }
 
+// terminal is what a tty exec adds: the window size, as the client changes it.
+type terminal struct{ resize <-chan drivers.TerminalSize }
+
 // exec runs a process in the container and returns its exit. Cancelling ctx kills the
-// process and its descendants; the result is then an exit by SIGKILL.
-func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader, stdout, stderr io.Writer) (*drivers.ExitResult, error) {
+// process and its descendants; the result is then an exit by SIGKILL. With term, the
+// process runs on a pseudo-terminal (its output, stderr included, comes on stdout).
+func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader, stdout, stderr io.Writer, term *terminal) (*drivers.ExitResult, error) {
 	envelope, argv, err := parseEnvelope(command)
 	if err != nil {
 		return nil, err
@@ -265,7 +270,7 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		return nil, fmt.Errorf("reading container spec: %v", err)
 	}
 	pspec := *spec.Process
-	pspec.Terminal = false
+	pspec.Terminal = term != nil
 	pspec.Args = argv
 	if envelope != nil && envelope.NoStdin {
 		stdin = nil // an empty reader below: end of file at once
@@ -280,6 +285,9 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 			// cancel or timeout kills (killTagged), as the local driver kills a cgroup leaf.
 			pspec.Env = append(append([]string{}, pspec.Env...), tagEnv+"="+envelope.Tag)
 		}
+		if term != nil && envelope.TtySize != nil {
+			pspec.ConsoleSize = &specs.Box{Height: uint(envelope.TtySize.Height), Width: uint(envelope.TtySize.Width)}
+		}
 	}
 	h.mu.Lock()
 	h.execSeq++
@@ -292,7 +300,15 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	}
 	closer := &stdinCloser{r: stdin}
 	outTail, errTail := &tailWriter{w: stdout}, &tailWriter{w: stderr}
-	ioCreator := cio.NewCreator(cio.WithStreams(closer, outTail, errTail))
+	streams := []cio.Opt{cio.WithStreams(closer, outTail, errTail)}
+	diag := stderr // where the plugin's own words about the command go
+	if term != nil {
+		// runc makes the terminal inside the container (its devpts) and the shim copies it
+		// to stdout; closing stdin (CloseIO below) makes the shim close it: a hangup.
+		streams = append(streams, cio.WithTerminal)
+		diag = stdout // a terminal has one screen
+	}
+	ioCreator := cio.NewCreator(streams...)
 	process, err := h.task.Exec(nsctx, execID, &pspec, ioCreator)
 	if err != nil {
 		return nil, fmt.Errorf("creating exec process: %v", err)
@@ -313,10 +329,10 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		case strings.Contains(msg, "cwd"):
 			return nil, fmt.Errorf("working directory %s does not exist or is not a directory", pspec.Cwd)
 		case strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory"):
-			fmt.Fprintf(stderr, "%s: command not found\n", argv[0])
+			fmt.Fprintf(diag, "%s: command not found\n", argv[0])
 			return &drivers.ExitResult{ExitCode: 127}, nil
 		case strings.Contains(msg, "permission denied"):
-			fmt.Fprintf(stderr, "%s: permission denied\n", argv[0])
+			fmt.Fprintf(diag, "%s: permission denied\n", argv[0])
 			return &drivers.ExitResult{ExitCode: 126}, nil
 		}
 		return nil, fmt.Errorf("starting exec process: %v", err)
@@ -324,6 +340,23 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	// Only now: the shim drops a CloseIO that comes before the process starts, and a command
 	// given no stdin (or a short one) would then wait for input for ever.
 	closer.setClose(func() { _ = process.CloseIO(nsctx, containerd.WithStdinCloser) })
+	if term != nil {
+		// The caller waits for a first frame to know the terminal is up (an error before
+		// this closes the stream instead): one byte on stderr, which the command never has.
+		_, _ = stderr.Write([]byte{0})
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			for {
+				select {
+				case size := <-term.resize:
+					_ = process.Resize(nsctx, uint32(size.Width), uint32(size.Height))
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
 	pid := int(process.Pid())
 	if envelope != nil && envelope.Tag != "" {
 		h.mu.Lock()

@@ -18,7 +18,9 @@
 //     the envelope "hutch-exec:v1" followed by a JSON object {"env":[..],"cwd":".."}
 //     so that environment and working directory reach the OCI process spec exactly
 //     (the alloc exec API itself carries only argv). Cancelling the exec (the
-//     websocket closing) kills the process and every descendant.
+//     websocket closing) kills the process and every descendant. With tty=true the
+//     process runs on a pseudo-terminal of the container's own devpts, resized as
+//     Nomad's tty_size messages say.
 //   - RecoverTask reattaches to containers after a plugin or agent restart.
 //   - An OOM kill (containerd's /tasks/oom event) is reported in the exit result.
 package main

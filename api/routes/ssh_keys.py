@@ -1,0 +1,52 @@
+"""``/ssh-keys``: the public keys that open the SSH gateway (api/ssh_gateway.py) to an
+organization's sandboxes. Listed by anyone in the organization; added and removed by its
+members and admins (a key grants what a member's API key grants, within the projects of
+the API key that added it). Records are events in the log, like API keys: every replica's
+gateway knows a removal within the projection lag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from api.http import json_body, ok
+from api.keys import ENGINE, PRINCIPAL, TENANTS
+from core import tenancy
+from core.tenancy import SshKey
+
+routes = web.RouteTableDef()
+
+
+def render_ssh_key(k: SshKey) -> dict[str, Any]:
+    return {"id": k.ssh_key_id, "orgId": k.org_id, "name": k.name, "publicKey": k.public_key,
+            "fingerprint": k.fingerprint, "createdAt": k.created_at, "addedBy": k.added_by,
+            "projects": list(k.projects)}
+
+
+@routes.get("/ssh-keys")
+async def list_ssh_keys(request: web.Request) -> web.Response:
+    org_id = request[PRINCIPAL].org_id
+    keys = sorted((k for k in request.app[TENANTS].directory.ssh_keys.values()
+                   if k.org_id == org_id and k.removed_at is None), key=lambda k: k.created_at)
+    return ok({"sshKeys": [render_ssh_key(k) for k in keys]})
+
+
+@routes.post("/ssh-keys")
+async def add_ssh_key(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    event = tenancy.add_ssh_key(directory, principal.org_id, body.get("publicKey"), body.get("name"),
+                                added_by=principal.key_id, projects=principal.projects)
+    await request.app[ENGINE].record(principal.org_id, lambda: [event])
+    return ok(render_ssh_key(directory.ssh_keys[event.ssh_key_id]), http_status=201)
+
+
+@routes.delete("/ssh-keys/{ssh_key_id}")
+async def remove_ssh_key(request: web.Request) -> web.Response:
+    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    ssh_key_id = request.match_info["ssh_key_id"]
+    await request.app[ENGINE].record(principal.org_id,
+                                     lambda: [tenancy.remove_ssh_key(directory, principal.org_id, ssh_key_id)])
+    return ok(render_ssh_key(directory.ssh_keys[ssh_key_id]))
