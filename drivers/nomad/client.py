@@ -154,16 +154,7 @@ class NomadClient:
         which is awaited before the next frame is read: a slow consumer slows the command
         (through the websocket's flow control) instead of piling its output up in memory.
         """
-        query = urllib.parse.urlencode({"task": task, "tty": "false", "command": json.dumps(list(command))})
-        url = f"{self.address}/v1/client/allocation/{alloc_id}/exec?{query}"
-        if self.namespace:
-            url += "&" + urllib.parse.urlencode({"namespace": self.namespace})
-        try:
-            ws = await self.http.ws_connect(url, max_msg_size=0, autoping=True, heartbeat=None)
-        except aiohttp.WSServerHandshakeError as err:
-            raise ExecFailed(f"HTTP {err.status}: {err.message}") from err
-        except aiohttp.ClientError as err:
-            raise DriverFailure(f"nomad at {self.address} does not answer (exec): {err}") from err
+        ws = await self.exec_socket(alloc_id, task, command)
         async with ws:
             feeder = asyncio.create_task(self._feed(ws, stdin))
             stopper = asyncio.create_task(stop.wait())
@@ -207,6 +198,21 @@ class NomadClient:
                 stopper.cancel()
                 feeder.cancel()
                 await asyncio.gather(feeder, stopper, return_exceptions=True)
+
+    async def exec_socket(self, alloc_id: str, task: str, command: Sequence[str], *,
+                          tty: bool = False) -> aiohttp.ClientWebSocketResponse:
+        """The alloc exec websocket of ``command`` (a terminal's with ``tty``), connected."""
+        query = urllib.parse.urlencode({"task": task, "tty": "true" if tty else "false",
+                                        "command": json.dumps(list(command))})
+        url = f"{self.address}/v1/client/allocation/{alloc_id}/exec?{query}"
+        if self.namespace:
+            url += "&" + urllib.parse.urlencode({"namespace": self.namespace})
+        try:
+            return await self.http.ws_connect(url, max_msg_size=0, autoping=True, heartbeat=None)
+        except aiohttp.WSServerHandshakeError as err:
+            raise ExecFailed(f"HTTP {err.status}: {err.message}") from err
+        except aiohttp.ClientError as err:
+            raise DriverFailure(f"nomad at {self.address} does not answer (exec): {err}") from err
 
     @staticmethod
     async def _feed(ws: aiohttp.ClientWebSocketResponse, stdin: bytes | AsyncIterable[bytes] | None) -> None:

@@ -79,9 +79,10 @@ from drivers.egress import AllowLists, flatten
 from drivers.local import layers, rootfs
 from drivers.nomad import images
 from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
-from drivers.nomad.execs import ENVELOPE, noop, run_tagged
+from drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused, run_tagged
 from drivers.nomad.files import NomadFiles
 from drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
+from drivers.nomad.terminal import NomadTerminals
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(NomadFiles, Driver):
+class NomadDriver(NomadFiles, NomadTerminals, Driver):
     name = "nomad"
 
     def __init__(
@@ -147,7 +148,7 @@ class NomadDriver(NomadFiles, Driver):
         # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
-            memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True,
+            memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True, terminals=True,
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
             egress_allow=True)  # the plugin's allow.go, kept current through its allow verb
         self._allow = AllowLists(self._apply_allow)
@@ -662,9 +663,8 @@ class NomadDriver(NomadFiles, Driver):
             raise InvalidInput("command must not be empty", field="command")
         if req.execution_id in self._executions:
             raise IllegalTransition(f"execution {req.execution_id} is already running")
-        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
-        tag = f"x-{uuid.uuid4().hex}"
-        envelope = json.dumps({"env": self._env(sb, req.env), "cwd": cwd, "tag": tag, "noStdin": not req.stdin})
+        envelope = command_envelope(self._env(sb, req.env), req.cwd)
+        tag, argv = envelope["tag"], [ENVELOPE, json.dumps({**envelope, "noStdin": not req.stdin}), *req.argv]
         execution = _Execution(sandbox_id=sb.id, stop=asyncio.Event())
         self._executions[req.execution_id] = execution
         timed_out = False
@@ -679,13 +679,10 @@ class NomadDriver(NomadFiles, Driver):
         timer = asyncio.create_task(deadline())
         try:
             code = await run_tagged(
-                self._client, sb.alloc_id, TASK, [ENVELOPE, envelope, *req.argv], tag, stdin=req.stdin,
+                self._client, sb.alloc_id, TASK, argv, tag, stdin=req.stdin,
                 on_output=sink.write, stop=execution.stop, kill=lambda: self._kill(sb, tag))  # type: ignore[arg-type]
         except ExecFailed as err:
-            if sb.id not in self._sandboxes:
-                raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err
-            if "working directory" in err.reason:
-                raise InvalidInput(f"working directory {cwd} does not exist", field="cwd") from err
+            refused(err, sb.id, gone=sb.id not in self._sandboxes, cwd=envelope["cwd"])
             raise
         finally:
             timer.cancel()
@@ -760,8 +757,6 @@ class NomadDriver(NomadFiles, Driver):
         if result.exit_code != 0:
             message = errors.text.decode(errors="replace").strip()[-500:]
             raise InvalidInput(f"cannot write files: {message or f'tar exited {result.exit_code}'}", field="path")
-
-
 
 
 def _alloc_reason(alloc: Mapping[str, Any]) -> str:

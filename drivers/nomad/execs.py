@@ -15,10 +15,14 @@ import asyncio
 import base64
 import json
 import logging
+import posixpath
+import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+from typing import Any
 
-from core.errors import HutchError
+from core.errors import HutchError, InvalidInput, SandboxNotFound
 from drivers.nomad.client import ExecFailed, NomadClient
+from drivers.nomad.jobs import HOME
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,23 @@ Emit = Callable[[str, bytes], Awaitable[None] | None]
 
 async def noop() -> None:
     return None
+
+
+def command_envelope(env: list[str], cwd: str | None) -> dict[str, Any]:
+    """What the plugin runs a command with (the JSON after ENVELOPE), executions and terminals
+    alike: ``env`` (the driver's ``_env``), ``cwd`` relative to the workspace, and a new tag,
+    which the kill verb ends and the exit verb tells the end of."""
+    return {"env": env, "cwd": posixpath.normpath(posixpath.join(HOME, cwd)) if cwd else HOME,
+            "tag": f"x-{uuid.uuid4().hex}"}
+
+
+def refused(err: ExecFailed, sid: str, *, gone: bool, cwd: str) -> None:
+    """A command the plugin would not start: raises the caller's error when it is one (else
+    the caller re-raises ``err``)."""
+    if gone:
+        raise SandboxNotFound(f"sandbox {sid} was destroyed") from err
+    if "working directory" in err.reason:
+        raise InvalidInput(f"working directory {cwd} does not exist", field="cwd") from err
 
 
 async def run_tagged(client: NomadClient, alloc_id: str, task: str, argv: Sequence[str], tag: str, *,
@@ -64,6 +85,18 @@ async def run_tagged(client: NomadClient, alloc_id: str, task: str, argv: Sequen
             raise ExecFailed(f"exec {tag}: cannot confirm its output arrived whole (the plugin has no record)")
         await _emit_missing(end, tag, received, on_output, strict=True)
     return code
+
+
+async def recover(client: NomadClient, alloc_id: str, task: str, tag: str, received: dict[str, int],
+                  on_output: Emit) -> int | None:
+    """The exit code of the tagged exec whose stream closed before its exit frame came, from the
+    plugin's record, with the output missing from ``received`` passed on; None if the plugin
+    does not know the exec (still running, or its sandbox gone)."""
+    end = await _end_of(client, alloc_id, task, tag)
+    if end is None:
+        return None
+    await _emit_missing(end, tag, received, on_output, strict=False)
+    return int(end["exitCode"])
 
 
 async def _end_of(client: NomadClient, alloc_id: str, task: str, tag: str) -> dict | None:

@@ -93,6 +93,8 @@ def _show(obj: Any, line: str, args: argparse.Namespace) -> int:
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
+    if args.command and args.command[-1] == "--show":  # the seeds' order: ssh SANDBOX 'cmd' --show
+        args.command, args.show = args.command[:-1], True
     if args.show:
         return asyncio.run(_with_client(args, lambda client: _show(client, args)))
     # As ssh: a remote command is one string for the sandbox user's shell.

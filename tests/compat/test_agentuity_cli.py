@@ -74,7 +74,8 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, profile_flags: list[s
     url, log = f"http://127.0.0.1:{port}", tmp_path / "server.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen([*_hutch_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
-                                 "--data-dir", str(tmp_path / "data"), "--driver", request.param, *profile_flags],
+                                 "--data-dir", str(tmp_path / "data"), "--driver", request.param, "--ssh-port", "0",
+                                 *profile_flags],
                                 env={**os.environ, "HUTCH_API_KEY": key}, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     try:
@@ -180,3 +181,37 @@ def test_agentuity_cli_sandbox_commands_against_hutch(server: tuple[str, str], t
     # What hutch does not have answers 501 by name: never a crash, never a pretend success.
     status, body = http(url, "GET", "/cli/agent?projectId=proj_x", made["data"]["secret"])
     assert status == 501 and "hutch" in body["message"] and "/cli/agent" in body["message"]
+
+
+def test_agentuity_cloud_ssh_reaches_the_ssh_gateway(server: tuple[str, str], tmp_path: Path) -> None:
+    """`agentuity cloud ssh sbx_… 'cmd'` runs `ssh sbx_…@HOST cmd`, HOST from the profile's
+    overrides.ion_url (a host name only: the port comes from ~/.ssh/config, as for any host)."""
+    url, boot = server
+    assert http(url, "POST", "/orgs", boot, {"name": "sshtest"})[0] == 201
+    _, made = http(url, "POST", "/keys?orgId=org_sshtest", boot, {"role": "member", "name": "cli"})
+    home = tmp_path / "home-ssh"
+    cli = Cli(url, made["data"]["secret"], home)
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(mode=0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_dir / "id_ed25519")], check=True)
+    status, _ = http(url, "POST", "/ssh-keys", made["data"]["secret"],
+                     {"publicKey": (ssh_dir / "id_ed25519.pub").read_text()})
+    assert status == 201
+    port = http(url, "GET", "/healthz", boot)[1]["data"]["ssh"]["port"]
+    (ssh_dir / "config").write_text(f"Host 127.0.0.1\n  Port {port}\n  IdentityFile {ssh_dir / 'id_ed25519'}\n"
+                                    f"  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
+                                    f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n  LogLevel ERROR\n")
+    # OpenSSH reads the config of the passwd entry's home, not $HOME's: a user's own
+    # ~/.ssh/config is where these lines go; here an `ssh` first on PATH points at them.
+    shim = home / "bin" / "ssh"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {ssh_dir / 'config'} \"$@\"\n")
+    shim.chmod(0o755)
+    cli.env["PATH"] = f"{shim.parent}:{cli.env['PATH']}"
+    (home / "config").mkdir(exist_ok=True)
+    (home / "config" / "production.yaml").write_text("name: production\noverrides:\n  ion_url: http://127.0.0.1\n")
+    sid = cli.json("cloud", "sandbox", "create")["sandboxId"]
+    shown = cli.run("cloud", "ssh", sid, "echo from-agentuity", "--show").stdout
+    assert shown.strip() == f"ssh {sid}@127.0.0.1 'echo from-agentuity'"
+    done = cli.run("cloud", "ssh", sid, "echo from-agentuity; exit 5", expect=5)
+    assert done.stdout == "from-agentuity\n"

@@ -15,7 +15,7 @@ import pytest
 from drivers.base import ExecRequest, ProvisionRequest, Resources
 from drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id
-from tests.isolation import channel_probe
+from tests.isolation import channel_probe, terminal_probe
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["network-off", "network-on"])
@@ -49,6 +49,19 @@ async def test_the_seccomp_profile_is_the_sandboxs(driver: NomadDriver) -> None:
     verdicts = dict(line.split() for line in sink.stdout.splitlines() if line.split()[:1] and line.split()[0] in
                     ("io_uring_setup", "keyctl", "bpf", "unshare"))
     assert verdicts == {"io_uring_setup": "ENOSYS", "keyctl": "EPERM", "bpf": "EPERM", "unshare": "EPERM"}, verdicts
+
+
+async def test_a_terminal_is_as_confined_as_an_execution(driver: NomadDriver) -> None:
+    """The same probe as an execution and on a terminal: the same user, filter, namespaces,
+    cgroup and limits; the terminal one of the container's own devpts."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13"))
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["python3", "-c", terminal_probe.PROBE]), sink)
+    assert result.exit_code == 0, sink.stderr
+    code, screen = await terminal_probe.on_terminal(driver, sid, "python3", "-c", terminal_probe.PROBE)
+    assert code == 0, screen
+    terminal_probe.assert_same_sandbox(terminal_probe.parse(sink.stdout), terminal_probe.parse(screen))
 
 
 async def run(driver: NomadDriver, sid: str, argv: list[str], timeout: float | None = None) -> tuple[int | None, str]:
