@@ -301,12 +301,12 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	closer := &stdinCloser{r: stdin}
 	outTail, errTail := &tailWriter{w: stdout}, &tailWriter{w: stderr}
 	streams := []cio.Opt{cio.WithStreams(closer, outTail, errTail)}
-	diag := stderr // where the plugin's own words about the command go
+	diag, nl := stderr, "\n" // where the plugin's own words about the command go
 	if term != nil {
 		// runc makes the terminal inside the container (its devpts) and the shim copies it
 		// to stdout; closing stdin (CloseIO below) makes the shim close it: a hangup.
 		streams = append(streams, cio.WithTerminal)
-		diag = stdout // a terminal has one screen
+		diag, nl = stdout, "\r\n" // a terminal has one screen, and ours bypasses its line discipline
 	}
 	ioCreator := cio.NewCreator(streams...)
 	process, err := h.task.Exec(nsctx, execID, &pspec, ioCreator)
@@ -329,10 +329,10 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		case strings.Contains(msg, "cwd"):
 			return nil, fmt.Errorf("working directory %s does not exist or is not a directory", pspec.Cwd)
 		case strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory"):
-			fmt.Fprintf(diag, "%s: command not found\n", argv[0])
+			fmt.Fprintf(diag, "%s: command not found%s", argv[0], nl)
 			return &drivers.ExitResult{ExitCode: 127}, nil
 		case strings.Contains(msg, "permission denied"):
-			fmt.Fprintf(diag, "%s: permission denied\n", argv[0])
+			fmt.Fprintf(diag, "%s: permission denied%s", argv[0], nl)
 			return &drivers.ExitResult{ExitCode: 126}, nil
 		}
 		return nil, fmt.Errorf("starting exec process: %v", err)
