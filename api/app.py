@@ -25,6 +25,7 @@ from api.routes import (
     checkpoints,
     cli,
     files,
+    history,
     jobs,
     metrics,
     proxy,
@@ -197,6 +198,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(sandboxes.routes)
     app.add_routes(streams.routes)
     app.add_routes(terminals.routes)
+    app.add_routes(history.routes)
     app.add_routes(ssh_keys.routes)
     app.add_routes(proxy.routes)
     app.cleanup_ctx.append(_engine_ctx)

@@ -432,6 +432,9 @@ class Principal:
     projects: tuple[str, ...] = ()
     server_admin: bool = False
 
+    def may(self, access: Access) -> bool:
+        return self.server_admin if access is Access.SERVER else access in GRANTS[self.role]
+
     def require(self, access: Access) -> None:
         if access is Access.SERVER:
             if not self.server_admin:

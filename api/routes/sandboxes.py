@@ -10,6 +10,7 @@ from aiohttp import web
 from api import wire
 from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
 from api.keys import API_KEY_ID, CONFIG, ENGINE
+from api.routes import history as history_routes
 from api.routes import proxy
 from api.routes.audit import audit_stream_id, audit_stream_url
 from api.service import Engine
@@ -230,6 +231,8 @@ async def list_events(request: web.Request) -> web.Response:
 
 @routes.get("/sandbox/{sandbox_id}")
 async def get_sandbox(request: web.Request) -> web.Response:
+    if ref := request.query.get("asOf"):  # time travel: as of an event or a time (api/history.py)
+        return ok(await history_routes.render_as_of(request, request.match_info["sandbox_id"], ref))
     sb = await _maybe_wait(request, request.match_info["sandbox_id"])
     usage = None
     if not sb.status.is_final:  # what it has used so far, from the driver (an ended one's is in its events)

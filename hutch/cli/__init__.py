@@ -319,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hutch.cli import _tenancy  # org, project, key
 
     _tenancy.add_parsers(top)
-    from hutch.cli import _ssh  # ssh (sandbox shell)
+    from hutch.cli import _history, _ssh  # history; ssh (sandbox shell), ssh-key
+
+    _history.add_parsers(sb)
 
     _ssh.add_parsers(top, sb)
     return parser

@@ -138,6 +138,27 @@ def test_serve_prints_address_and_key_then_answers_the_cli(
     capsys.readouterr()
 
 
+def test_sandbox_history_and_time_travel(
+    served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = served
+    assert main(["--url", url, "sb", "create", "--env", "STAGE=one"]) == 0
+    sandbox_id = capsys.readouterr().out.strip()
+    assert main(["--url", url, "sb", "env", sandbox_id, "STAGE=two"]) == 0
+    capsys.readouterr()
+    assert main(["--url", url, "sb", "history", sandbox_id, "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["history"]
+    assert [s["type"] for s in steps] == ["create", "lifecycle:started", "env"]
+    assert main(["--url", url, "sb", "history", sandbox_id]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("-> creating") and lines[-1].endswith("-> idle") and "env" in lines[-1]
+    assert main(["--url", url, "sb", "history", sandbox_id, "--at", steps[1]["eventId"]]) == 0
+    shown = capsys.readouterr().out
+    assert "lifecycle:started" in shown and "STAGE=one" in shown and "STAGE=two" not in shown
+    assert main(["--url", url, "sb", "history", sandbox_id, "--at", "soon"]) == 1
+    assert "asOf" in capsys.readouterr().err
+
+
 def test_serve_output(served: tuple[str, subprocess.Popen[str]], engine_env: Path) -> None:
     url, proc = served
     proc.terminate()

@@ -250,9 +250,6 @@ func (h *taskHandle) memoryUsage() (uint64, bool) {
 	return 0, false
 }
 
-// terminal is what a tty exec adds: the window size, as the client changes it.
-type terminal struct{ resize <-chan drivers.TerminalSize }
-
 // exec runs a process in the container and returns its exit. Cancelling ctx kills the
 // process and its descendants; the result is then an exit by SIGKILL. With term, the
 // process runs on a pseudo-terminal (its output, stderr included, comes on stdout).
@@ -297,6 +294,11 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 	// The shim keeps the process's stdin open until told: at our reader's EOF, CloseIO.
 	if stdin == nil {
 		stdin = bytes.NewReader(nil)
+	}
+	if term != nil {
+		term.in, term.flush, term.done = stdin, make(chan chan struct{}), make(chan struct{})
+		defer close(term.done)
+		stdin = term
 	}
 	closer := &stdinCloser{r: stdin}
 	outTail, errTail := &tailWriter{w: stdout}, &tailWriter{w: stderr}
@@ -344,18 +346,7 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		// The caller waits for a first frame to know the terminal is up (an error before
 		// this closes the stream instead): one byte on stderr, which the command never has.
 		_, _ = stderr.Write([]byte{0})
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			for {
-				select {
-				case size := <-term.resize:
-					_ = process.Resize(nsctx, uint32(size.Width), uint32(size.Height))
-				case <-done:
-					return
-				}
-			}
-		}()
+		go term.resizes(nsctx, process)
 	}
 	pid := int(process.Pid())
 	if envelope != nil && envelope.Tag != "" {
@@ -528,5 +519,50 @@ func (s *stdinCloser) fire() {
 	if s.eof && s.close != nil && !s.done {
 		s.done = true
 		go s.close()
+	}
+}
+
+// terminal is what a tty exec adds: the window's size, as the client changes it. Nomad hands
+// resizes and input over apart (a channel and a pipe), so input waits in Read until the
+// resizes sent before it are applied: a command typed after a resize sees the new size.
+type terminal struct {
+	resize <-chan drivers.TerminalSize
+	in     io.Reader
+	flush  chan chan struct{}
+	done   chan struct{} // closed when the exec returns
+}
+
+func (t *terminal) Read(p []byte) (int, error) {
+	n, err := t.in.Read(p)
+	ack := make(chan struct{})
+	select {
+	case t.flush <- ack:
+		<-ack
+	case <-t.done:
+	}
+	return n, err
+}
+
+// resizes applies the resizes to process until the exec returns, and those already sent
+// whenever input is on its way.
+func (t *terminal) resizes(ctx context.Context, process containerd.Process) {
+	apply := func(size drivers.TerminalSize) { _ = process.Resize(ctx, uint32(size.Width), uint32(size.Height)) }
+	for {
+		select {
+		case size := <-t.resize:
+			apply(size)
+		case ack := <-t.flush:
+			for pending := true; pending; {
+				select {
+				case size := <-t.resize:
+					apply(size)
+				default:
+					pending = false
+				}
+			}
+			close(ack)
+		case <-t.done:
+			return
+		}
 	}
 }

@@ -1,0 +1,58 @@
+"""Time travel: a sandbox as of any of its events, folded from the log.
+
+The log is the source of truth and ``core.lifecycle.evolve_sandbox`` is the fold the
+projections use, so the state "as of" an event is that fold stopped at the event: no
+snapshots of state are kept for it. ``GET /sandbox/{id}?asOf=evt_…|<ISO time>`` answers it,
+``GET /sandbox/sandboxes/{id}/history`` gives the status after every event (the timeline),
+and ``hutch sandbox history`` prints both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from core.errors import InvalidInput, NotFound
+from core.events import Event
+from core.lifecycle import evolve_sandbox
+from core.models import Sandbox
+
+if TYPE_CHECKING:
+    from api.service import Engine
+
+
+async def timeline(engine: Engine, sandbox_id: str) -> list[tuple[Event, Sandbox]]:
+    """Every event of the sandbox with the sandbox as it was right after it."""
+    await engine.get(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
+    state: Sandbox | None = None
+    out: list[tuple[Event, Sandbox]] = []
+    for event in await engine.log.read(0, sandbox_id=sandbox_id):
+        state = evolve_sandbox(state, event)
+        if state is not None:
+            out.append((event, state))
+    return out
+
+
+async def as_of(engine: Engine, sandbox_id: str, ref: str) -> tuple[Event, Sandbox]:
+    """The sandbox right after event ``ref`` (an event id), or after the last event at or
+    before ``ref`` (an ISO 8601 time)."""
+    steps = await timeline(engine, sandbox_id)
+    if ref.startswith("evt_"):
+        for event, state in steps:
+            if event.event_id == ref:
+                return event, state
+        raise NotFound(f"asOf: {ref} is not an event of sandbox {sandbox_id}")
+    try:
+        when = dt.datetime.fromisoformat(ref.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"asOf: expected an event id (evt_…) or an ISO 8601 time, got {ref!r}",
+                           field="asOf") from None
+    if when.tzinfo is None:
+        raise InvalidInput(f"asOf: {ref!r} needs a time zone, e.g. Z", field="asOf")
+    found = None
+    for event, state in steps:
+        if dt.datetime.fromisoformat(event.created_at.replace("Z", "+00:00")) <= when:
+            found = (event, state)
+    if found is None:
+        raise NotFound(f"asOf: sandbox {sandbox_id} did not exist yet at {ref}")
+    return found

@@ -1,0 +1,45 @@
+"""Time travel on the wire (api/history.py): ``GET /sandbox/{id}?asOf=…`` (in sandboxes.py)
+and ``GET /sandbox/sandboxes/{id}/history``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from api import history, wire
+from api.http import ok
+from api.keys import ENGINE, PRINCIPAL
+from core.events import Event
+from core.models import Sandbox
+from core.tenancy import Access
+
+routes = web.RouteTableDef()
+
+
+def _event(ev: Event) -> dict[str, Any]:
+    return {"eventId": ev.event_id, "type": ev.type, "createdAt": ev.created_at, "position": ev.position,
+            "event": wire.redact_event(ev)}
+
+
+def _env(request: web.Request, sb: Sandbox) -> dict[str, str]:
+    """The env as it was: values for keys that may set it (and so read it through setEnv),
+    names only for read-only keys."""
+    principal = request.get(PRINCIPAL)
+    if principal is None or principal.may(Access.WRITE):
+        return dict(sb.spec.env)
+    return {k: "***" for k in sb.spec.env}
+
+
+async def render_as_of(request: web.Request, sandbox_id: str, ref: str) -> dict[str, Any]:
+    from api.routes.sandboxes import render_sandbox  # the same shape as a get
+
+    event, state = await history.as_of(request.app[ENGINE], sandbox_id, ref)
+    return {**render_sandbox(request, state), "env": _env(request, state), "asOf": _event(event)}
+
+
+@routes.get("/sandbox/sandboxes/{sandbox_id}/history")
+async def sandbox_history(request: web.Request) -> web.Response:
+    steps = await history.timeline(request.app[ENGINE], request.match_info["sandbox_id"])
+    return ok({"history": [{**_event(ev), "status": sb.status.value, "executions": sb.executions}
+                           for ev, sb in steps]})

@@ -1,0 +1,39 @@
+"""`hutch sandbox history SANDBOX [--at EVENT|TIME]`: the timeline, or the sandbox as of then."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hutch import history
+from hutch.cli import _call, _json_flag, _out
+from hutch.cli import _render as render
+
+
+def add_parsers(sb: Any) -> None:
+    p = sb.add_parser("history", help="a sandbox's timeline, or with --at the sandbox as of an event or time")
+    p.add_argument("sandbox_id", metavar="SANDBOX")
+    p.add_argument("--at", metavar="EVENT|TIME", help="an event id (evt_…) or an ISO 8601 time")
+    _json_flag(p)
+    p.set_defaults(handler=cmd_history)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    out = _out()
+    if args.at:
+        then = _call(args, lambda c: history.as_of(c, args.sandbox_id, args.at))
+        if args.json:
+            render.dump_json(then, out)
+            return 0
+        event = then["asOf"]
+        out.write(f"as of {event['eventId']} ({event['type']}, {event['createdAt']}, position {event['position']})\n")
+        render.key_values([("status", then["status"]), ("executions", then.get("executions")),
+                           ("env", " ".join(f"{k}={v}" for k, v in sorted(then.get("env", {}).items())) or "-")], out)
+        return 0
+    steps = _call(args, lambda c: history.history(c, args.sandbox_id))
+    if args.json:
+        render.dump_json({"history": steps}, out)
+        return 0
+    for s in steps:
+        out.write(f"{s['position']:>8}  {s['createdAt']}  {s['eventId']}  {s['type']:<22} -> {s['status']}\n")
+    return 0

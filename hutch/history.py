@@ -1,0 +1,26 @@
+"""Time travel in the SDK: a sandbox's timeline, and the sandbox as of any of its events.
+
+    steps = await history(client, sandbox_id)            # [{eventId, type, createdAt, status, …}]
+    then = await as_of(client, sandbox_id, "evt_…")        # a get's fields + env + asOf
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hutch.client import SandboxClient
+
+__all__ = ["as_of", "history"]
+
+
+async def history(client: SandboxClient, sandbox_id: str) -> list[dict[str, Any]]:
+    """Every event of the sandbox with its status right after it, oldest first."""
+    body = await client._request("GET", f"/sandbox/sandboxes/{sandbox_id}/history", sandbox_id=sandbox_id)
+    return list(client._data(body)["history"])
+
+
+async def as_of(client: SandboxClient, sandbox_id: str, ref: str) -> dict[str, Any]:
+    """The sandbox as it was right after event ``ref`` (``evt_…``) or at a time (ISO 8601)."""
+    body = await client._request("GET", f"/sandbox/{sandbox_id}", params={"asOf": ref}, sandbox_id=sandbox_id)
+    return dict(client._data(body))
