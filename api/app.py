@@ -38,6 +38,8 @@ from api.routes import (
 from api.routes import tenancy as tenancy_routes
 from api.service import Engine
 from api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
+from api.webapp import routes as webapp_routes
+from api.webapp.sessions import COOKIE, SESSIONS, Sessions
 from core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from core.eventlog.base import open_event_log
 from core.events import ACTOR
@@ -92,12 +94,15 @@ async def auth_middleware(request: web.Request, handler):  # type: ignore[no-unt
         return await handler(request)  # a presigned snapshot upload URL: the handler checks its token
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    if not header:
-        raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'")
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("Authorization header must be 'Bearer <api key>'")
     tenants = request.app[TENANTS]
-    principal = tenants.authenticate(token.strip())
+    if not header and (cookie := request.cookies.get(COOKIE)):  # the Web App's session (api/webapp/)
+        principal = tenants.principal_for(request.app[SESSIONS].check(request, cookie))
+    elif not header:
+        raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'")
+    elif scheme.lower() != "bearer" or not token:
+        raise Unauthorized("Authorization header must be 'Bearer <api key>'")
+    else:
+        principal = tenants.authenticate(token.strip())
     tenants.throttle(principal)
     principal = principal.acting_for(await _requested_org(request), tenants.directory)
     principal.require(Access(access))
@@ -199,6 +204,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(streams.routes)
     app.add_routes(terminals.routes)
     app.add_routes(history.routes)
+    app.add_routes(webapp_routes)  # /app: the Web App
     app.add_routes(ssh_keys.routes)
     app.add_routes(proxy.routes)
     app.cleanup_ctx.append(_engine_ctx)
@@ -253,6 +259,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[TENANTS] = tenants
         engine.prebuild(prebuild)
         app[ENGINE] = engine
+        app[SESSIONS] = Sessions(_stream_secret(config.data_dir))
         if config.ssh_port is not None:
             from api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
 

@@ -118,6 +118,20 @@ class Tenants:
             raise Unauthorized(f"API key {key.key_id} expired at {key.expires_at}")
         return Principal(key_id=key.key_id, org_id=key.org_id, role=key.role, projects=key.projects)
 
+    def principal_for(self, key_id: str) -> Principal:
+        """The principal of a key by its id (a Web App session names its key so): the same
+        refusals as ``authenticate``, so a revoked or expired key ends its sessions too."""
+        if key_id == self.bootstrap.key_id:
+            return self.bootstrap
+        key = self.directory.keys.get(key_id)
+        if key is None:
+            raise Unauthorized("the session's key is unknown here; sign in again")
+        if key.revoked_at is not None:
+            raise Unauthorized(f"API key {key.key_id} was revoked at {key.revoked_at}")
+        if key.expires_at is not None and key.expires_at <= _now():
+            raise Unauthorized(f"API key {key.key_id} expired at {key.expires_at}")
+        return Principal(key_id=key.key_id, org_id=key.org_id, role=key.role, projects=key.projects)
+
     def knows(self, secret: str) -> bool:
         """A hutch key, valid or not any more (the proxy never forwards one)."""
         return hmac.compare_digest(secret.encode(), self._bootstrap) or self.directory.key_for(secret) is not None

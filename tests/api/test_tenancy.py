@@ -7,6 +7,7 @@ organization check fails them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from typing import Any
 
@@ -62,6 +63,9 @@ PUBLIC_ROUTES = {
     ("*", "/proxy/{sandbox_id}"),  # port URLs: public like Agentuity's sandbox URLs
     ("*", "/proxy/{sandbox_id}/{tail}"),
     ("POST", "/cli/validate/apt-dependencies"),  # the Agentuity CLI sends no key; it checks names only
+    ("GET", "/app"),  # the Web App's page and its static files: nothing but the code
+    ("GET", "/app/static/{name}"),
+    ("POST", "/app/session"),  # signing in: the API key in the body is the credential
 }
 
 # What each route needs beyond the rule "GET reads, everything else writes".
@@ -78,6 +82,19 @@ ADMIN_ROUTES = {
     ("DELETE", "/cli/apikey/{key_id}"): Access.ADMIN,
     ("GET", "/sandbox/{sandbox_id}/terminal"): Access.WRITE,  # a websocket GET that runs commands
 }
+
+
+async def _text(resp: Any) -> str:
+    """The body, or for a stream that never ends (server-sent events) what came in 0.5 s."""
+    if resp.content_type != "text/event-stream":
+        return str(await resp.text())
+    got = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(0.5):
+            while chunk := await resp.content.readany():
+                got += chunk
+    resp.close()
+    return got.decode(errors="replace")
 
 
 def canonical(route: web.AbstractRoute) -> tuple[str, str]:
@@ -149,7 +166,7 @@ async def test_cross_tenant_sweep_walks_every_route(api: Api) -> None:
         for method in methods:
             kw: dict[str, Any] = {"json": body} if method in ("POST", "PUT", "PATCH") else {}
             resp = await api.client.request(method, fill(route, mine) + query, headers=b, **kw)
-            text = await resp.text()
+            text = await _text(resp)
             leaked = [s for s in secrets if s in text and s not in fill(route, mine)]
             assert not leaked, (method, route.resource.canonical, resp.status, text[:300])
             if params:
@@ -229,6 +246,7 @@ async def test_role_matrix_walks_every_route(api: Api) -> None:
             kw: dict[str, Any] = {"json": bad} if route.method in ("POST", "PUT", "PATCH") else {}
             resp = await api.client.request(route.method, fill(route, missing), headers=headers, **kw)
             body = await resp.json() if resp.content_type == "application/json" else {}
+            resp.close()  # a stream that never ends (/app/live) is not read here
             refused = resp.status == 403 and body.get("code") == "FORBIDDEN"
             assert refused is (access not in grants[role]), (role, route.method, route.resource.canonical,
                                                             resp.status, body)

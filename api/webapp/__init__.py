@@ -1,0 +1,127 @@
+"""The Web App, served by ``hutch serve`` itself at ``/app`` (static files in ``static/``,
+shipped in the package; xterm.js pinned from npm in ``static/vendor``).
+
+Signing in exchanges an API key for a session cookie (``sessions.py``): the browser never
+keeps the key. The app then calls the same API as every client, with the cookie instead of
+a bearer key, and follows ``GET /app/live``: the event log as server-sent events, scoped to
+the key's organization, so pages update when something happens instead of polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+from aiohttp import web
+
+from api.http import json_body, ok
+from api.keys import ENGINE, PRINCIPAL, TENANTS
+from api.tenancy import PUBLIC, needs
+from api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions
+from core.errors import InvalidInput, NotFound
+from core.tenancy import visible
+
+STATIC = Path(__file__).with_name("static")
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
+          ".png": "image/png"}
+# The app loads nothing from elsewhere and may not be framed; inline scripts are not allowed
+# (inline styles are: xterm.js writes its own <style> elements).
+_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+                                       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+_HEARTBEAT = 15.0
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/app")
+@needs(PUBLIC)  # the sign-in page; everything it shows comes from the API, behind the session
+async def index(request: web.Request) -> web.StreamResponse:
+    return _file(STATIC / "index.html")
+
+
+@routes.get("/app/static/{name:[A-Za-z0-9_./-]+}")
+@needs(PUBLIC)
+async def static(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    path = (STATIC / name).resolve()
+    if ".." in name.split("/") or not path.is_relative_to(STATIC.resolve()) or not path.is_file():
+        raise NotFound(f"no such file in the app: {name}")
+    return _file(path)
+
+
+def _file(path: Path) -> web.StreamResponse:
+    return web.FileResponse(path, headers={**_HEADERS, "Content-Type": _TYPES.get(path.suffix, "application/octet-stream")})
+
+
+@routes.post("/app/session")
+@needs(PUBLIC)  # signing in: the key in the body is the credential
+async def sign_in(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    secret = body.get("apiKey")
+    if not isinstance(secret, str) or not secret.strip():
+        raise InvalidInput("apiKey: required (a hutch API key)", field="apiKey")
+    principal = request.app[TENANTS].authenticate(secret.strip())  # 401 with its reason otherwise
+    sessions: Sessions = request.app[SESSIONS]
+    cookie, csrf = sessions.issue(principal.key_id)
+    resp = ok(_me(principal) | {"csrf": csrf}, http_status=201)
+    secure = request.secure
+    resp.set_cookie(COOKIE, cookie, httponly=True, secure=secure, samesite="Strict", path="/",
+                    max_age=int(sessions.ttl))
+    resp.set_cookie(CSRF_COOKIE, csrf, httponly=False, secure=secure, samesite="Strict", path="/",
+                    max_age=int(sessions.ttl))
+    return resp
+
+
+@routes.get("/app/session")
+async def whoami(request: web.Request) -> web.Response:
+    return ok(_me(request[PRINCIPAL]))
+
+
+@routes.delete("/app/session")
+async def sign_out(request: web.Request) -> web.Response:
+    if cookie := request.cookies.get(COOKIE):
+        request.app[SESSIONS].end(cookie)
+    resp = ok({"signedOut": True})
+    resp.del_cookie(COOKIE, path="/")
+    resp.del_cookie(CSRF_COOKIE, path="/")
+    return resp
+
+
+def _me(principal: object) -> dict[str, object]:
+    p = principal
+    return {"keyId": p.key_id, "orgId": p.org_id, "role": p.role.value,  # type: ignore[attr-defined]
+            "projects": list(p.projects), "serverAdmin": p.server_admin}  # type: ignore[attr-defined]
+
+
+@routes.get("/app/live")
+async def live(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: one per event appended to the log that the caller may see."""
+    principal = request[PRINCIPAL]
+    engine = request.app[ENGINE]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                                       "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    queue = engine.projector.listen()
+    try:
+        await resp.write(b": hutch live\n\n")
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), _HEARTBEAT)
+            except TimeoutError:
+                await resp.write(b": heartbeat\n\n")  # keeps proxies from closing an idle stream
+                continue
+            if not visible(event.org_id, event.project) or event.org_id != principal.org_id:
+                continue
+            data = {"eventId": event.event_id, "type": event.type, "sandboxId": event.sandbox_id,
+                    "createdAt": event.created_at, "position": event.position}
+            await resp.write(f"data: {json.dumps(data)}\n\n".encode())
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        engine.projector.unlisten(queue)
+    with contextlib.suppress(Exception):
+        await resp.write_eof()
+    return resp

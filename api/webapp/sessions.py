@@ -1,0 +1,84 @@
+"""Web App sessions: a signed cookie instead of a key in the browser, and CSRF protection.
+
+The cookie (HttpOnly, SameSite=Strict, Secure over TLS) holds the key's *id*, an expiry and a
+nonce, signed with the server's secret: nothing to steal that works elsewhere, and every
+request looks the key up again, so revoking the key ends its sessions at once. Requests
+that change anything must also send ``X-CSRF-Token``: a second MAC of the cookie that the
+page reads (from the sign-in answer or the readable ``hutch_csrf`` cookie) and another
+site cannot. A websocket (the terminal) opened with the cookie must come from this origin.
+Sign-out forgets the nonce in this process (other replicas keep honouring the cookie until
+it expires: sessions last ``ttl``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import secrets
+import time
+
+from aiohttp import web
+
+from core.errors import Forbidden, Unauthorized
+
+COOKIE = "hutch_session"
+CSRF_COOKIE = "hutch_csrf"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+class Sessions:
+    def __init__(self, secret: bytes, ttl: float = 12 * 3600) -> None:
+        self._secret = hashlib.sha256(b"hutch web app sessions\0" + secret).digest()
+        self.ttl = ttl
+        self._ended: set[str] = set()
+
+    def _mac(self, text: str) -> str:
+        return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
+
+    def issue(self, key_id: str) -> tuple[str, str]:
+        """(the cookie, its CSRF token)."""
+        body = base64.urlsafe_b64encode(json.dumps(
+            {"k": key_id, "e": int(time.time() + self.ttl), "n": secrets.token_hex(8)}).encode()).decode()
+        cookie = f"{body}.{self._mac(body)}"
+        return cookie, self.csrf(cookie)
+
+    def csrf(self, cookie: str) -> str:
+        return self._mac("csrf:" + cookie)[:40]
+
+    def key_id(self, cookie: str) -> str:
+        body, _, mac = cookie.partition(".")
+        if not hmac.compare_digest(mac, self._mac(body)):
+            raise Unauthorized("the session cookie is not this server's; sign in again")
+        try:
+            data = json.loads(base64.urlsafe_b64decode(body))
+            expires, nonce = float(data["e"]), str(data["n"])
+        except (ValueError, KeyError, TypeError):
+            raise Unauthorized("the session cookie is damaged; sign in again") from None
+        if expires < time.time() or nonce in self._ended:
+            raise Unauthorized("the session has ended; sign in again")
+        return str(data["k"])
+
+    def end(self, cookie: str) -> None:
+        body = cookie.partition(".")[0]
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            self._ended.add(json.loads(base64.urlsafe_b64decode(body))["n"])
+
+    def check(self, request: web.Request, cookie: str) -> str:
+        """The key id a cookie-authenticated request acts as, after the CSRF and origin checks."""
+        key_id = self.key_id(cookie)
+        if request.method not in SAFE_METHODS:
+            sent = request.headers.get(CSRF_HEADER, "")
+            if not hmac.compare_digest(sent, self.csrf(cookie)):
+                raise Forbidden(f"missing or wrong {CSRF_HEADER} header (the app sends it on every change)")
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            origin = request.headers.get("Origin")
+            if origin is not None and origin.split("://", 1)[-1] != request.host:
+                raise Forbidden(f"a websocket from {origin} may not use this server's session")
+        return key_id
+
+
+SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions", Sessions)
