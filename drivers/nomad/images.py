@@ -32,7 +32,12 @@ from core.errors import DriverFailure
 from core.runtimes import RuntimeRecipe
 from drivers.local import layers, rootfs
 
-FORMAT = 1  # bump when the image layout below changes
+FORMAT = 2  # bump when the image layout below changes (2: the execute-only init shell)
+# pid 1's shell: a copy of the runtime's dash that the sandbox user may run but not read. The
+# kernel makes a process running an unreadable program non-dumpable, so no process of the
+# sandbox can ptrace pid 1 or open its /proc/1/mem (the local driver's hutch-init does the
+# same with prctl(PR_SET_DUMPABLE)).
+INIT_SHELL = "/usr/lib/hutch/init-sh"
 # Every nomad sandbox runs as this host uid: unprivileged, outside the local driver's range
 # (200000..259999) and outside the usual /etc/subuid ranges.
 SANDBOX_UID = int(os.environ.get("HUTCH_NOMAD_UID", "290000"))
@@ -91,6 +96,12 @@ def _stage_user_layer(roots: list[Path], stage: Path) -> None:
     (etc / "group").write_text(group + f"{USER}:x:{SANDBOX_UID}:\n")
     for name in ("passwd", "group"):
         os.chmod(etc / name, 0o644)
+    init = stage / INIT_SHELL.lstrip("/")
+    init.parent.mkdir(parents=True)
+    shutil.copyfile(below("usr/bin/dash"), init)
+    os.chmod(init, 0o111)
+    os.chmod(init.parent, 0o755)
+    os.chmod(init.parent.parent, 0o755)
     for rel in (HOME, rootfs.WORKSPACE):
         path = stage / rel.lstrip("/")
         parent = path.parent

@@ -14,8 +14,9 @@ PLUGIN = "hutch-containerd"
 TASK = "sandbox"
 HOME = images.HOME
 PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
-# pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM.
-INIT = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
+# pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM; not
+# dumpable (images.INIT_SHELL), so out of reach of ptrace from inside.
+INIT = [images.INIT_SHELL, "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
 DEFAULT_MEMORY_MB = 256
 CPU_RESERVATION_MHZ = 10
 
