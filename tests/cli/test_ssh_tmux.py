@@ -90,6 +90,7 @@ class Tmux:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
 
 
+@pytest.mark.timeout(600)  # a fresh machine builds the vim-tiny install layer first
 def test_hutch_ssh_in_a_real_terminal(server: str) -> None:
     # vim is not in base:latest: the sandbox installs Debian's vim-tiny (a cached install
     # layer), which is `vi` (vim.tiny; the `vim` name comes with the full package).
@@ -97,7 +98,7 @@ def test_hutch_ssh_in_a_real_terminal(server: str) -> None:
     env = f"env PYTHONPATH={ROOT} HUTCH_URL={server} HUTCH_API_KEY={KEY} TERM=xterm-256color"
     tmux = Tmux(f"{env} {sys.executable} -m hutch.cli ssh {sid}; echo EXIT=$?; sleep 600")
     try:
-        tmux.wait(r"@sandbox:~\$")  # bash's prompt
+        tmux.wait(r"@sandbox:~\$", timeout=400)  # bash's prompt (after the install layer on a fresh machine)
         tmux.line("echo hi-$((40+2))")
         tmux.wait(r"\nhi-42")
         tmux.run("resize-window", "-t", "t", "-x", "120", "-y", "40")

@@ -97,6 +97,7 @@ class Page:
         assert not error.is_displayed(), error.text
 
 
+@pytest.mark.timeout(600)
 def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriver, profile_flags: list[str]) -> None:
     url, boot = server
     shots = ARTIFACTS / ("production" if profile_flags else "embedded")
