@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -76,7 +80,9 @@ class Page:
 
     def wait(self, what: Callable[[WebDriver], Any], timeout: float = 60, why: str = "") -> Any:
         try:
-            return WebDriverWait(self.d, timeout, poll_frequency=0.1).until(what)
+            # The pages redraw what changes (live): an element may go stale between two looks.
+            return WebDriverWait(self.d, timeout, poll_frequency=0.1,
+                                 ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(what)
         except WebDriverException:
             self.shot("failure")
             error = self.d.find_elements(By.ID, "error")
@@ -135,6 +141,12 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
     browser.find_element(By.CSS_SELECTOR, "#terminal .xterm-helper-textarea").send_keys("python3 -c 'print(6*7)'" + Keys.ENTER)
     page.wait(lambda d: "\n42" in _screen(d), why="42 on the terminal")
     page.shot("03-sandbox-terminal")
+
+    # A command's output, live under the form.
+    page.css("#run-command").send_keys("echo run-$((20+1))")
+    page.css("#run button").click()
+    page.text_in("#run-output", "run-21")
+    page.text_in("#run-output", "[exit 0]")
 
     # Upload a file; it is listed.
     upload = page.shots.parent / "hello.txt"

@@ -244,9 +244,10 @@ async function sandboxPage(id) {
 		h('h2', {}, 'Terminal'), terminalSection(id),
 		h('h2', {}, 'Files'), await filesSection(id),
 		canWrite() ? h('h2', {}, 'Environment') : null, canWrite() ? await envSection(id) : null,
-		h('h2', {}, 'Executions'), h('div', { class: 'scroll' }, h('table', {}, h('thead', {}, h('tr', {}, h('th', {}, 'Execution'), h('th', {}, 'Status'), h('th', {}, 'Exit'), h('th', {}, 'Output'))), executions)),
+		h('h2', {}, 'Executions'), canWrite() ? runForm(id) : null, h('div', { class: 'scroll' }, h('table', {}, h('thead', {}, h('tr', {}, h('th', {}, 'Execution'), h('th', {}, 'Status'), h('th', {}, 'Exit'), h('th', {}, 'Output'))), executions)),
 		h('h2', {}, 'Snapshots and lineage'), snapshots,
 		h('h2', {}, 'Checkpoints'), await checkpointsSection(id),
+		h('h2', {}, 'Jobs'), await jobsSection(id),
 		h('h2', {}, 'Timeline (pick an event to see the sandbox as of then)'), travel, timeline);
 
 	async function refresh() {
@@ -297,6 +298,48 @@ async function sandboxPage(id) {
 	onLive = debounce((ev) => { if (ev.sandboxId === id) refresh().catch(showError); }, 150);
 	await refresh();
 	await refreshSnapshots();
+}
+
+// Run a command and show its output as it arrives (the execution's stream URLs).
+function runForm(id) {
+	const cmd = h('input', { id: 'run-command', size: 50, placeholder: "python3 -c 'print(6*7)'" });
+	const out = h('pre', { id: 'run-output', hidden: true });
+	return h('form', { class: 'row', id: 'run', onsubmit: act(async () => {
+		const ex = await api('POST', `/sandbox/${id}/execute`, { command: ['sh', '-c', cmd.value] });
+		out.hidden = false;
+		out.textContent = '';
+		const follow = async (url) => {
+			const resp = await fetch(url);
+			const reader = resp.body.getReader();
+			const dec = new TextDecoder();
+			for (;;) {
+				const { done, value } = await reader.read();
+				if (done) break;
+				out.textContent += dec.decode(value, { stream: true });
+			}
+		};
+		await Promise.all([follow(ex.stdoutStreamUrl), follow(ex.stderrStreamUrl)]);
+		const final = await api('GET', `/sandbox/execution/${ex.executionId}?wait=30s`);
+		out.textContent += `\n[exit ${final.exitCode ?? final.status}]`;
+	}) }, h('label', {}, 'Run a command', cmd), h('button', { type: 'submit' }, 'Run'), out);
+}
+
+async function jobsSection(id) {
+	const list = h('tbody', { id: 'jobs' });
+	async function load() {
+		const got = await api('GET', `/sandbox/sandboxes/${id}/jobs`);
+		list.replaceChildren(...(got.jobs || []).map((j) => h('tr', {}, h('td', { class: 'mono' }, j.jobId),
+			h('td', {}, (j.command || []).join(' ')), h('td', {}, badge(j.status)),
+			h('td', {}, j.stdoutStreamUrl ? h('a', { href: j.stdoutStreamUrl, target: '_blank', rel: 'noopener' }, 'stdout') : ''),
+			h('td', {}, canWrite() && ['running', 'pending'].includes(j.status) ? h('button', { class: 'plain', onclick: act(async () => { await api('DELETE', `/sandbox/sandboxes/${id}/jobs/${j.jobId}`); await load(); }) }, 'Stop') : ''))));
+		if (!list.children.length) list.replaceChildren(h('tr', {}, h('td', {}, 'No jobs.')));
+	}
+	try {
+		await load();
+	} catch (err) {
+		list.replaceChildren(h('tr', {}, h('td', {}, err.message)));
+	}
+	return h('div', { class: 'scroll' }, h('table', {}, list));
 }
 
 function terminalSection(id) {
