@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -60,7 +59,6 @@ RUNTIME_SORTS = ("name", "created")
 DIRECTIONS = ("asc", "desc")
 
 
-_ENGINE_SHUTDOWN_SECONDS = 30
 _ONESHOT_SETTLE_MS = 10_000
 
 
@@ -370,34 +368,10 @@ def _remote_wanted(args: argparse.Namespace) -> bool:
 
 async def _in_process(args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]) -> T:
     """Run the engine inside this process, reachable only through a private Unix socket."""
-    import aiohttp
-    from aiohttp import web
+    from hutch.local_engine import local_client
 
-    from api.app import create_app
-    from api.config import Config, resolve_api_key
-
-    config = Config.from_env(data_dir=args.data_dir, driver=args.driver)
-    runner = web.AppRunner(create_app(config), handle_signals=False, access_log=None)
-    try:
-        await runner.setup()  # starts the log, projections and driver (the app's cleanup_ctx)
-        with tempfile.TemporaryDirectory(prefix="hutch-") as private:  # mkdtemp: mode 0700
-            socket_path = os.path.join(private, "api.sock")
-            site = web.UnixSite(runner, socket_path)
-            await site.start()
-            key, _ = resolve_api_key(config)
-            client = SandboxClient(
-                "http://localhost", key, connector=aiohttp.UnixConnector(path=socket_path)
-            )
-            async with client:
-                return await work(client)
-    finally:
-        try:
-            async with asyncio.timeout(_ENGINE_SHUTDOWN_SECONDS):
-                await runner.cleanup()
-        except TimeoutError:
-            _note(
-                f"warning: the in-process engine did not shut down within {_ENGINE_SHUTDOWN_SECONDS}s"
-            )
+    async with local_client(data_dir=args.data_dir, driver=args.driver) as client:
+        return await work(client)
 
 
 def _stdout_sink() -> Any:
