@@ -61,6 +61,7 @@ from hutch.models import (
     UploadResult,
 )
 from hutch.sync import SyncJobHandle, SyncSandbox, SyncSandboxClient
+from hutch.workspace import SyncWorkspace, Workspace, WorkspaceSnapshot
 
 __version__ = "0.1.0"
 
@@ -105,9 +106,12 @@ __all__ = [
     "SyncJobHandle",
     "SyncSandbox",
     "SyncSandboxClient",
+    "SyncWorkspace",
     "Timeouts",
     "Unauthorized",
     "UploadResult",
+    "Workspace",
+    "WorkspaceSnapshot",
     "__version__",
     "errors",
 ]

@@ -1,0 +1,408 @@
+"""A persistent workspace for agents that edit files, run code and resume across turns and
+processes: the seeds' "Sandbox Agent", in Python, with hutch's isolation as the default.
+
+    async with Workspace(files={"app.py": "print(1)"}, language="python") as ws:
+        result = await ws.run("print(6 * 7)")            # .stdout, .stderr, .output, .exit_code, .timed_out
+        await ws.write_file("notes/todo.md", "- fix")    # parents made
+        saved = (await ws.snapshot()).to_dict()          # plain JSON: every file (base64) and the env
+    ws2 = await Workspace.resume(WorkspaceSnapshot.from_dict(saved))   # anywhere, any backend
+
+Backends:
+
+- ``sandbox`` (the default): a hutch sandbox on this machine through the in-process engine
+  (hutch/local_engine.py): no server, root or rootless. An agent's code is untrusted; the
+  document's default (``unix-local``) runs it as you, on your machine.
+- ``remote``: a hutch server (or any Agentuity-compatible one) by ``url`` and ``api_key``.
+- ``unix-local``: a temporary directory and a child process, as the document has it: for
+  trusted code only (it runs with your user's rights; only the paths are confined).
+
+The workspace root is the sandbox user's home (``/home/agentuity``) in a sandbox, the
+temporary directory locally. A path that would leave it (``../x``, an absolute path
+elsewhere) is refused with ``ValueError``: the document's "blocked by the filesystem" holds
+for a sandbox anyway, and locally nothing else would hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import os
+import posixpath
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from hutch.client import Sandbox, SandboxClient
+
+__all__ = ["RunResult", "Workspace", "WorkspaceSnapshot"]
+
+LANGUAGES = {"node": ("node", "-e"), "python": ("python3", "-c"), "shell": ("/bin/sh", "-c")}
+RUNTIME_FOR = {"node": "node:lts", "python": "python:3.13", "shell": "base:latest"}
+SANDBOX_ROOT = "/home/agentuity"
+TIMED_OUT = 124  # the document's (and timeout(1)'s) exit code for a command killed at its limit
+
+
+@attrs.frozen
+class RunResult:
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr (the document's combined ``output``)."""
+        return self.stdout + self.stderr
+
+
+@attrs.frozen
+class WorkspaceSnapshot:
+    """Every file (base64) and the env; with ``snapshot_id`` a native hutch snapshot too (the
+    sandbox and remote backends), which ``resume`` prefers on the same server."""
+
+    files: Mapping[str, str]
+    env: Mapping[str, str]
+    backend: str
+    snapshot_id: str | None = None
+    url: str | None = None  # where snapshot_id lives (remote); None: this machine's engine
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": 1, "files": dict(self.files), "env": dict(self.env), "backend": self.backend,
+                "snapshotId": self.snapshot_id, "url": self.url}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkspaceSnapshot:
+        if data.get("version") != 1 or not isinstance(data.get("files"), dict):
+            raise ValueError("not a workspace snapshot (version 1 with files)")
+        return cls(files=data["files"], env=data.get("env") or {}, backend=str(data.get("backend", "")),
+                   snapshot_id=data.get("snapshotId"), url=data.get("url"))
+
+
+class Workspace:
+    def __init__(
+        self,
+        *,
+        backend: str = "sandbox",
+        files: Mapping[str, str | bytes] | None = None,
+        git_clones: Sequence[Mapping[str, str]] = (),
+        env: Mapping[str, str] | None = None,
+        timeout_seconds: float = 60.0,
+        language: str = "node",
+        runtime: str | None = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        workspace_id: str | None = None,
+    ) -> None:
+        if backend not in ("sandbox", "remote", "unix-local"):
+            raise ValueError(f"backend: {backend!r} is not one of sandbox, remote, unix-local")
+        if language not in LANGUAGES:
+            raise ValueError(f"language: {language!r} is not one of {', '.join(LANGUAGES)}")
+        if backend == "remote" and not url:
+            raise ValueError("backend 'remote' needs url= (and api_key=, or HUTCH_API_KEY)")
+        self.backend = backend
+        self.files = dict(files or {})
+        self.git_clones = list(git_clones)
+        self.env = dict(env or {})
+        self.timeout_seconds = timeout_seconds
+        self.language = language
+        self.runtime = runtime or RUNTIME_FOR[language]
+        self.url, self.api_key, self.data_dir = url, api_key, data_dir
+        #: The sandbox id (sandbox and remote backends): reattach with ``Workspace(workspace_id=…)``.
+        self.id: str | None = workspace_id
+        self._ready = False
+        self._stack: AsyncExitStack | None = None
+        self._client: SandboxClient | None = None
+        self._sandbox: Sandbox | None = None
+        self._dir: Path | None = None
+        self._from_snapshot: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def __aenter__(self) -> Workspace:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Create the workspace (or reattach to ``workspace_id``), write the seeded files, run
+        the git clones. Idempotent."""
+        if self._ready:
+            return
+        self._stack = AsyncExitStack()
+        try:
+            if self.backend == "unix-local":
+                self._dir = Path(tempfile.mkdtemp(prefix="hutch-workspace-"))
+            else:
+                await self._open_sandbox()
+            if self._from_snapshot is None:  # a resumed or reattached workspace has its files
+                for path, contents in self.files.items():
+                    await self.write_file(path, contents, "binary" if isinstance(contents, bytes) else "utf8",
+                                          _starting=True)
+            for clone in self.git_clones:
+                await self._clone(clone)
+        except BaseException:
+            await self._teardown(destroy=True)
+            raise
+        self._ready = True
+
+    async def _open_sandbox(self) -> None:
+        assert self._stack is not None
+        if self.backend == "remote":
+            self._client = await self._stack.enter_async_context(SandboxClient(self.url, self.api_key))
+        else:
+            from hutch.local_engine import local_client
+
+            self._client = await self._stack.enter_async_context(local_client(data_dir=self.data_dir))
+        if self.id is not None:  # reattach: another process made it
+            self._sandbox = await self._client.connect(self.id)
+            self._from_snapshot = "reattached"
+            return
+        # Network only when a git clone needs it (the clones run first, in the sandbox).
+        self._sandbox = await self._client.create(runtime=None if self._from_snapshot else self.runtime,
+                                                  env=self.env or None, network=bool(self.git_clones) or None,
+                                                  snapshot=self._from_snapshot)
+        self.id = self._sandbox.id
+
+    async def _clone(self, clone: Mapping[str, str]) -> None:
+        url, into = clone.get("url"), clone.get("dir") or posixpath.basename(str(clone.get("url", ""))).removesuffix(".git")
+        if not url:
+            raise ValueError("git_clones: each needs a url")
+        argv = ["git", "clone", "--depth", "1", *(["--branch", clone["ref"]] if clone.get("ref") else []), url, into]
+        result = await self._exec(argv, self.timeout_seconds * 5)
+        if result.exit_code != 0:
+            raise RuntimeError(f"git clone {url} failed (exit {result.exit_code}): {result.output.strip()[-500:]}")
+
+    async def close(self) -> None:
+        """Remove the workspace (the temporary directory, or the sandbox). Idempotent."""
+        if self._stack is None and not self._ready:
+            return
+        await self._teardown(destroy=True)
+
+    async def detach(self) -> None:
+        """Leave the sandbox running for another process to reattach by :attr:`id`."""
+        await self._teardown(destroy=False)
+
+    async def _teardown(self, *, destroy: bool) -> None:
+        self._ready = False
+        try:
+            if destroy and self._sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await self._sandbox.destroy()
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+        finally:
+            stack, self._stack, self._sandbox, self._client, self._dir = self._stack, None, None, None, None
+            if stack is not None:
+                await stack.aclose()
+
+    # ------------------------------------------------------------ code
+
+    async def run(self, code: str, *, language: str | None = None, timeout_seconds: float | None = None) -> RunResult:
+        lang = language or self.language
+        if lang not in LANGUAGES:
+            raise ValueError(f"language: {lang!r} is not one of {', '.join(LANGUAGES)}")
+        program, flag = LANGUAGES[lang]
+        return await self._exec([program, flag, code], timeout_seconds or self.timeout_seconds)
+
+    async def shell(self, command: str, *, timeout_seconds: float | None = None) -> RunResult:
+        return await self.run(command, language="shell", timeout_seconds=timeout_seconds)
+
+    async def _exec(self, argv: list[str], timeout: float) -> RunResult:
+        self._need_started()
+        if self._sandbox is not None:
+            ex = await self._sandbox.execute(argv, timeout=f"{timeout:g}s")
+            timed_out = ex.status == "timeout"
+            code = TIMED_OUT if timed_out else (ex.exit_code if ex.exit_code is not None else 1)
+            return RunResult(ex.stdout or "", ex.stderr or "", code, timed_out)
+        assert self._dir is not None
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=self._dir, env={**os.environ, "HOME": str(self._dir), **self.env},
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the child and what it started
+            out, err = await proc.communicate()
+            return RunResult(out.decode(errors="replace"), err.decode(errors="replace"), TIMED_OUT, True)
+        return RunResult(out.decode(errors="replace"), err.decode(errors="replace"), proc.returncode or 0)
+
+    # ------------------------------------------------------------ files
+
+    def _path(self, path: str) -> str:
+        """The path inside the workspace root, or ValueError for one that leaves it."""
+        root = SANDBOX_ROOT if self._sandbox is not None or self.backend != "unix-local" else str(self._dir)
+        if not path or "\x00" in path:
+            raise ValueError(f"path: {path!r} is not a usable path")
+        full = posixpath.normpath(posixpath.join(root, path))
+        if full != root and not full.startswith(root.rstrip("/") + "/"):
+            raise ValueError(f"path: {path!r} is outside the workspace ({root})")
+        return full
+
+    async def write_file(self, path: str, contents: str | bytes, encoding: str = "utf8", *,
+                         _starting: bool = False) -> None:
+        """Write a file (parents made). ``encoding="base64"``: ``contents`` is base64 text."""
+        if not _starting:
+            self._need_started()
+        data = (base64.b64decode(contents) if encoding == "base64" else
+                contents if isinstance(contents, bytes) else contents.encode())
+        full = self._path(path)
+        if self._sandbox is not None:
+            await self._sandbox.write_files({full: data})
+            return
+        assert self._dir is not None
+        await asyncio.to_thread(_local_write, self._dir, Path(full), data, path)
+
+    async def read_file(self, path: str, encoding: str = "utf8") -> str | None:
+        """The file's text (``encoding="base64"``: base64), or None when it does not exist."""
+        self._need_started()
+        full = self._path(path)
+        if self._sandbox is not None:
+            from hutch.errors import FileNotFound
+
+            try:
+                data = await self._sandbox.read_bytes(full)
+            except FileNotFound:
+                return None
+        else:
+            assert self._dir is not None
+            found = await asyncio.to_thread(_local_read, self._dir, Path(full))
+            if found is None:
+                return None
+            data = found
+        return base64.b64encode(data).decode() if encoding == "base64" else data.decode(errors="replace")
+
+    # ------------------------------------------------------------ snapshots
+
+    async def snapshot(self) -> WorkspaceSnapshot:
+        """Every file of the workspace (base64) and the env; with a sandbox, also a native hutch
+        snapshot (its id), which resumes without shipping the files through memory."""
+        self._need_started()
+        files: dict[str, str] = {}
+        async for rel, data in self._walk():
+            files[rel] = base64.b64encode(data).decode()
+        snapshot_id = None
+        if self._sandbox is not None and self._client is not None:
+            snapshot_id = (await self._client.create_snapshot(self._sandbox.id, name="workspace")).snapshot_id
+        return WorkspaceSnapshot(files=files, env=dict(self.env), backend=self.backend, snapshot_id=snapshot_id,
+                                 url=self.url if self.backend == "remote" else None)
+
+    async def _walk(self) -> AsyncIterator[tuple[str, bytes]]:
+        if self._dir is not None:
+            for item in await asyncio.to_thread(_local_files, self._dir):
+                yield item
+            return
+        assert self._sandbox is not None
+        raw = b"".join([c async for c in self._sandbox.iter_archive(path=SANDBOX_ROOT, format="tar")])
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            for member in tar.getmembers():
+                if member.isfile():
+                    handle = tar.extractfile(member)
+                    if handle is not None:
+                        yield member.name.removeprefix("./"), handle.read()
+
+    @classmethod
+    async def resume(cls, snapshot: WorkspaceSnapshot, **options: Any) -> Workspace:
+        """A new, started workspace with the snapshot's files and env (``options``: the
+        constructor's, e.g. another backend). The native snapshot is used when it is on the
+        same server; otherwise the files are written."""
+        options.setdefault("backend", snapshot.backend or "sandbox")
+        ws = cls(env={**snapshot.env, **options.pop("env", {})}, **options)
+        native = snapshot.snapshot_id and ws.backend != "unix-local" and (
+            (ws.backend == "sandbox" and snapshot.url is None) or (ws.backend == "remote" and ws.url == snapshot.url))
+        if native:
+            ws._from_snapshot = snapshot.snapshot_id
+        else:
+            ws.files = {path: base64.b64decode(data) for path, data in snapshot.files.items()}
+        await ws.start()
+        return ws
+
+    def tools(self) -> Any:
+        """Tool definitions and a dispatcher for LLM tool calling (hutch/workspace_tools.py)."""
+        from hutch.workspace_tools import WorkspaceTools
+
+        return WorkspaceTools(self)
+
+    def _need_started(self) -> None:
+        if not self._ready and self._stack is None:
+            raise RuntimeError("the workspace is not started (call start(), or use `async with`)")
+
+
+# unix-local's file work, off the event loop. A symlink planted in the workspace (by code it
+# ran) must not carry a write or a read outside it: the resolved path is checked too.
+def _local_write(root: Path, target: Path, data: bytes, shown: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or not target.parent.resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"path: {shown!r} leads outside the workspace")
+    target.write_bytes(data)
+
+
+def _local_read(root: Path, target: Path) -> bytes | None:
+    if not target.is_file() or not target.resolve().is_relative_to(root.resolve()):
+        return None
+    return target.read_bytes()
+
+
+def _local_files(root: Path) -> list[tuple[str, bytes]]:
+    return [(p.relative_to(root).as_posix(), p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
+
+
+class SyncWorkspace:
+    """The blocking twin: the same constructor; every coroutine method blocks (derived from
+    :class:`Workspace`, not written twice). ``resume`` is :meth:`SyncWorkspace.resume`."""
+
+    def __init__(self, **options: Any) -> None:
+        from hutch.sync import Blocking, _Portal
+
+        self._portal = _Portal()
+        self.aio = self._portal.call(_make(options))
+        self._blocking = Blocking(self._portal, self.aio)
+
+    @classmethod
+    def resume(cls, snapshot: WorkspaceSnapshot, **options: Any) -> SyncWorkspace:
+        ws = cls.__new__(cls)
+        from hutch.sync import Blocking, _Portal
+
+        ws._portal = _Portal()
+        ws.aio = ws._portal.call(Workspace.resume(snapshot, **options))
+        ws._blocking = Blocking(ws._portal, ws.aio)
+        return ws
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("ready", "id", "backend"):
+            return getattr(self.aio, name)
+        if name == "tools":
+            return self.aio.tools
+        return getattr(self._blocking, name)
+
+    def __enter__(self) -> SyncWorkspace:
+        self._blocking.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._blocking.close()
+        finally:
+            self._portal.close()
+
+
+async def _make(options: Mapping[str, Any]) -> Workspace:
+    return Workspace(**options)  # made on the portal's loop, where it will run

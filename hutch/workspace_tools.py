@@ -1,0 +1,91 @@
+"""A workspace as tools for an LLM agent (what the document's ``createSandboxTools`` promised).
+
+    tools = workspace.tools()
+    tools.openai()       # [{"type": "function", "function": {name, description, parameters}}]
+    tools.anthropic()    # [{"name", "description", "input_schema"}]
+    reply = await tools.dispatch(call)   # an OpenAI tool call or an Anthropic tool_use block
+
+``dispatch`` answers in the call's own format: ``{"role": "tool", "tool_call_id", "content"}``
+for OpenAI, ``{"type": "tool_result", "tool_use_id", "content", "is_error"}`` for Anthropic.
+A bad call (unknown tool, arguments that are not JSON or miss a field, a path outside the
+workspace) is an error result the model can read, never an exception in the agent loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hutch.workspace import Workspace
+
+_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    "run_code": ("Run code in the workspace and get its stdout, stderr and exit code.", {
+        "type": "object", "required": ["code"], "additionalProperties": False,
+        "properties": {"code": {"type": "string"},
+                       "language": {"type": "string", "enum": ["node", "python", "shell"]},
+                       "timeout_seconds": {"type": "number", "minimum": 1, "maximum": 3600}}}),
+    "shell": ("Run a shell command in the workspace.", {
+        "type": "object", "required": ["command"], "additionalProperties": False,
+        "properties": {"command": {"type": "string"}, "timeout_seconds": {"type": "number", "minimum": 1}}}),
+    "write_file": ("Write a file in the workspace (parent directories are made).", {
+        "type": "object", "required": ["path", "contents"], "additionalProperties": False,
+        "properties": {"path": {"type": "string"}, "contents": {"type": "string"}}}),
+    "read_file": ("Read a file of the workspace; null when it does not exist.", {
+        "type": "object", "required": ["path"], "additionalProperties": False,
+        "properties": {"path": {"type": "string"}}}),
+}
+
+
+class WorkspaceTools:
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+
+    def openai(self) -> list[dict[str, Any]]:
+        return [{"type": "function", "function": {"name": n, "description": d, "parameters": p}}
+                for n, (d, p) in _SPECS.items()]
+
+    def anthropic(self) -> list[dict[str, Any]]:
+        return [{"name": n, "description": d, "input_schema": p} for n, (d, p) in _SPECS.items()]
+
+    async def call(self, name: str, args: Mapping[str, Any]) -> Any:
+        """Run one tool; its result as JSON-ready data (ValueError for a bad call)."""
+        if name not in _SPECS:
+            raise ValueError(f"unknown tool {name!r}; tools: {', '.join(_SPECS)}")
+        required, props = _SPECS[name][1]["required"], _SPECS[name][1]["properties"]
+        missing = [k for k in required if k not in args]
+        extra = [k for k in args if k not in props]
+        if missing or extra:
+            raise ValueError(f"{name}: missing {missing} / unknown {extra} arguments")
+        ws = self.workspace
+        if name == "run_code":
+            r = await ws.run(str(args["code"]), language=args.get("language"), timeout_seconds=args.get("timeout_seconds"))
+        elif name == "shell":
+            r = await ws.shell(str(args["command"]), timeout_seconds=args.get("timeout_seconds"))
+        elif name == "write_file":
+            await ws.write_file(str(args["path"]), str(args["contents"]))
+            return {"written": args["path"]}
+        else:
+            return {"path": args["path"], "contents": await ws.read_file(str(args["path"]))}
+        return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code, "timed_out": r.timed_out}
+
+    async def dispatch(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer an OpenAI tool call (``{"id", "function": {"name", "arguments"}}``) or an
+        Anthropic tool use (``{"type": "tool_use", "id", "name", "input"}``) in its format."""
+        anthropic = call.get("type") == "tool_use"
+        try:
+            if anthropic:
+                name, args = str(call.get("name")), call.get("input") or {}
+            else:
+                fn = call.get("function") or {}
+                name, raw = str(fn.get("name")), fn.get("arguments") or "{}"
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            if not isinstance(args, dict):
+                raise ValueError("arguments must be a JSON object")
+            content, error = json.dumps(await self.call(name, args)), False
+        except (ValueError, RuntimeError) as err:  # json errors are ValueErrors too
+            content, error = json.dumps({"error": str(err)}), True
+        if anthropic:
+            return {"type": "tool_result", "tool_use_id": call.get("id"), "content": content, "is_error": error}
+        return {"role": "tool", "tool_call_id": call.get("id"), "content": content}

@@ -1,0 +1,216 @@
+"""hutch.Workspace on its three backends: every method, the document's failure-mode table row
+by row, snapshots across backends, reattach from another process, and the LLM tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from hutch.workspace import Workspace, WorkspaceSnapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "workspace-test-key"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A hutch server (local driver) for the remote backend."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tmp_path_factory.mktemp("served")
+    env = {**os.environ, "HUTCH_DATA_DIR": str(data), "HUTCH_DRIVER": "local", "HUTCH_API_KEY": KEY,
+           "HUTCH_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+    for var in ("HUTCH_URL", "HUTCH_EVENT_LOG", "HUTCH_STORE"):
+        env.pop(var, None)
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(params=["unix-local", "sandbox", "remote"])
+async def workspace(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Workspace]:
+    options: dict = {"backend": request.param, "language": "python", "files": {"seed.txt": "seeded\n"},
+                     "env": {"STAGE": "one"}, "timeout_seconds": 30}
+    if request.param == "sandbox":
+        options["data_dir"] = tmp_path / "engine"
+    if request.param == "remote":
+        options.update(url=request.getfixturevalue("served"), api_key=KEY)
+    ws = Workspace(**options)
+    await ws.start()
+    try:
+        yield ws
+    finally:
+        await ws.close()
+
+
+async def test_every_method_and_the_failure_table(workspace: Workspace) -> None:
+    ws = workspace
+    assert ws.ready
+    await ws.start()  # idempotent
+    assert await ws.read_file("seed.txt") == "seeded\n"
+    r = await ws.run("import os; print(6 * 7); print(os.environ['STAGE'])")
+    assert (r.stdout, r.exit_code, r.timed_out) == ("42\none\n", 0, False)
+    bad = await ws.run("import sys; sys.stderr.write('oops'); sys.exit(3)")
+    assert (bad.exit_code, bad.stderr, bad.output) == (3, "oops", "oops")
+    sh = await ws.shell("echo from-shell; ls")
+    assert sh.stdout.startswith("from-shell\n") and "seed.txt" in sh.stdout
+    await ws.write_file("deep/er/notes.md", "- fix the bug\n")  # parents made
+    assert await ws.read_file("deep/er/notes.md") == "- fix the bug\n"
+    await ws.write_file("blob.bin", "AAEC/w==", "base64")
+    assert await ws.read_file("blob.bin", "base64") == "AAEC/w=="
+    # The document's failure modes, row by row.
+    slow = await ws.run("import time; time.sleep(30)", timeout_seconds=1)
+    assert (slow.timed_out, slow.exit_code) == (True, 124)
+    assert await ws.read_file("no/such/file") is None
+    for escape in ("../outside.txt", "/etc/passwd", "deep/../../x"):
+        with pytest.raises(ValueError, match="outside the workspace"):
+            await ws.write_file(escape, "x")
+    with pytest.raises(ValueError, match="language"):
+        await ws.run("1", language="cobol")
+    await ws.close()
+    await ws.close()  # a no-op the second time
+    assert not ws.ready
+    with pytest.raises(RuntimeError, match="not started"):
+        await ws.run("1")
+
+
+async def test_unix_local_refuses_a_planted_symlink(tmp_path: Path) -> None:
+    async with Workspace(backend="unix-local", language="shell") as ws:
+        await ws.shell(f"ln -s {tmp_path} escape")
+        with pytest.raises(ValueError, match="outside the workspace"):
+            await ws.write_file("escape/owned.txt", "x")
+        assert not (tmp_path / "owned.txt").exists()
+        (tmp_path / "secret.txt").write_text("host secret")
+        assert await ws.read_file("escape/secret.txt") is None  # a read through it finds nothing
+
+
+async def test_snapshots_move_between_backends(tmp_path: Path) -> None:
+    engine = tmp_path / "engine"
+    async with Workspace(backend="unix-local", language="python", files={"a.py": "print('from a')"},
+                         env={"K": "v"}) as local:
+        saved = (await local.snapshot()).to_dict()
+    assert saved["files"] == {"a.py": "cHJpbnQoJ2Zyb20gYScp"} and saved["snapshotId"] is None
+    # unix-local -> sandbox: the files are written.
+    into = await Workspace.resume(WorkspaceSnapshot.from_dict(json.loads(json.dumps(saved))), backend="sandbox",
+                                  language="python", data_dir=engine)
+    try:
+        assert (await into.run("import os; exec(open('a.py').read()); print(os.environ['K'])")).stdout == "from a\nv\n"
+        await into.write_file("b.txt", "made in the sandbox")
+        back = await into.snapshot()
+        assert back.snapshot_id and set(back.files) >= {"a.py", "b.txt"}
+    finally:
+        await into.close()
+    # sandbox -> sandbox: the native snapshot; sandbox -> unix-local: the files.
+    again = await Workspace.resume(back, language="python", data_dir=engine)
+    try:
+        assert await again.read_file("b.txt") == "made in the sandbox"
+        assert again._from_snapshot == back.snapshot_id
+    finally:
+        await again.close()
+    home = await Workspace.resume(back, backend="unix-local")
+    try:
+        assert await home.read_file("b.txt") == "made in the sandbox"
+    finally:
+        await home.close()
+
+
+def test_each_turn_a_separate_process(tmp_path: Path) -> None:
+    """The document's pattern: each user turn is a new process; the workspace lives on."""
+    engine = tmp_path / "engine"
+    turn = """
+import asyncio, sys
+from hutch.workspace import Workspace
+async def main():
+    ws = Workspace(language="python", data_dir=sys.argv[1], workspace_id=sys.argv[2] if len(sys.argv) > 2 else None)
+    await ws.start()
+    n = int(await ws.read_file("turns.txt") or "0") + 1
+    await ws.write_file("turns.txt", str(n))
+    print(ws.id, n)
+    await (ws.close() if n == 3 else ws.detach())
+asyncio.run(main())
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.run([sys.executable, "-c", turn, str(engine)], env=env, capture_output=True, text=True, check=True)
+    sid, n = first.stdout.split()
+    assert n == "1" and sid.startswith("sbx_")
+    for expected in ("2", "3"):
+        out = subprocess.run([sys.executable, "-c", turn, str(engine), sid], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert out == [sid, expected]
+
+
+async def test_tools_for_a_scripted_model(tmp_path: Path) -> None:
+    """A fake model's tool calls, OpenAI- and Anthropic-shaped, through the dispatcher."""
+    async with Workspace(backend="sandbox", language="python", data_dir=tmp_path / "engine") as ws:
+        tools = ws.tools()
+        assert {t["function"]["name"] for t in tools.openai()} == {"run_code", "shell", "write_file", "read_file"}
+        assert all("input_schema" in t for t in tools.anthropic())
+        script = [
+            {"id": "c1", "function": {"name": "write_file", "arguments": json.dumps({"path": "m.py", "contents": "X = 41\n"})}},
+            {"type": "tool_use", "id": "c2", "name": "run_code", "input": {"code": "import m; print(m.X + 1)"}},
+            {"id": "c3", "function": {"name": "read_file", "arguments": '{"path": "m.py"}'}},
+            {"id": "c4", "function": {"name": "rm_rf", "arguments": "{}"}},
+            {"id": "c5", "function": {"name": "shell", "arguments": "not json"}},
+            {"type": "tool_use", "id": "c6", "name": "write_file", "input": {"path": "../x", "contents": "no"}},
+        ]
+        replies = [await tools.dispatch(call) for call in script]
+    assert replies[0] == {"role": "tool", "tool_call_id": "c1", "content": json.dumps({"written": "m.py"})}
+    assert replies[1]["type"] == "tool_result" and not replies[1]["is_error"]
+    assert json.loads(replies[1]["content"])["stdout"] == "42\n"
+    assert json.loads(replies[2]["content"])["contents"] == "X = 41\n"
+    assert "unknown tool" in json.loads(replies[3]["content"])["error"]
+    assert "error" in json.loads(replies[4]["content"])
+    assert replies[5]["is_error"] and "outside the workspace" in replies[5]["content"]
+
+
+def test_the_readme_agent_loop(tmp_path: Path) -> None:
+    """examples/agent_loop.py: bug, failing tests, fix, passing tests, snapshot; a new process resumes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HUTCH_DATA_DIR": str(tmp_path / "engine")}
+    state = tmp_path / "state.json"
+    one = subprocess.run([sys.executable, str(ROOT / "examples" / "agent_loop.py"), "turn1", str(state)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    lines = one.stdout.splitlines()
+    assert lines[1].startswith("run_code -> 1") and "AssertionError" in lines[1]
+    assert lines[3].startswith("run_code -> 0")
+    two = subprocess.run([sys.executable, str(ROOT / "examples" / "agent_loop.py"), "turn2", str(state)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr
+    assert "return a + b" in two.stdout and "tests after resume -> 0 tests pass" in two.stdout
+
+
+def test_the_blocking_twin(tmp_path: Path) -> None:
+    from hutch import SyncWorkspace
+
+    with SyncWorkspace(language="python", data_dir=tmp_path / "engine", files={"a.txt": "hi"}) as ws:
+        assert ws.ready and ws.id.startswith("sbx_")
+        assert ws.run("print(open('a.txt').read())").stdout == "hi\n"
+        snap = ws.snapshot()
+    back = SyncWorkspace.resume(snap, backend="unix-local")
+    try:
+        assert back.read_file("a.txt") == "hi"
+    finally:
+        back.close()
