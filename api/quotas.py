@@ -45,21 +45,22 @@ class Quotas:
             "snapshot_bytes": sum(s.size_bytes for s in snaps),
         }
 
-    async def check_sandbox(self, org_id: str, spec: SandboxSpec) -> None:
+    async def check_sandbox(self, org_id: str, spec: SandboxSpec, count: int = 1) -> None:
+        """``count``: that many sandboxes of this spec at once (a fork), all or none."""
         quota = self.of(org_id)
         if quota.sandboxes is None and quota.memory_bytes is None and quota.cpu_millis is None:
             return
         used = await self.usage(org_id)
         for field, adds, show in (
-            ("sandboxes", 1, str),
-            ("memory_bytes", _memory(spec), format_bytes),
-            ("cpu_millis", _cpu(spec), lambda v: f"{v}m"),
+            ("sandboxes", count, str),
+            ("memory_bytes", _memory(spec) * count, format_bytes),
+            ("cpu_millis", _cpu(spec) * count, lambda v: f"{v}m"),
         ):
             limit = getattr(quota, field)
             if limit is not None and used[field] + adds > limit:
                 raise QuotaExceeded(
                     f"quota {field}: organization {org_id} may have {show(limit)}; live sandboxes use "
-                    f"{show(used[field])}, and this one would add {show(adds)}",
+                    f"{show(used[field])}, and {'this one' if count == 1 else f'these {count}'} would add {show(adds)}",
                     quota=field, limit=limit, used=used[field])
 
     async def check_snapshot(self, org_id: str, size_bytes: int) -> None:

@@ -229,6 +229,13 @@ class Sandbox:
     async def rm_dir(self, path: str, *, recursive: bool = False) -> bool:
         return await self._client.rm_dir(self.id, path, recursive=recursive)
 
+    async def fork(self, count: int = 1) -> list[Sandbox]:
+        """``count`` new sandboxes with this one's files and env as they are now (processes
+        are not carried); the snapshot of that instant is in each copy's ``info.snapshot``."""
+        body = await self._client._request("POST", f"/sandbox/{self.id}/fork", json={"count": count},
+                                           sandbox_id=self.id)
+        return [Sandbox(self._client, s["sandboxId"], s["status"]) for s in self._client._data(body)["sandboxes"]]
+
     async def terminal(self, command: Sequence[str] | None = None, **kw: Any) -> Terminal:
         """A shell (or ``command``) on a new terminal: see :meth:`SandboxClient.terminal`."""
         return await open_terminal(self._client, self.id, command, **kw)

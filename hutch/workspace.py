@@ -334,6 +334,23 @@ class Workspace:
         await ws.start()
         return ws
 
+    async def fork(self, count: int = 1) -> list[Workspace]:
+        """``count`` new workspaces with this one's files and env as they are now, for
+        exploring alternatives in parallel (sandbox and remote backends; processes are not
+        carried). They use this workspace's connection: close them before it."""
+        self._need_started()
+        if self._sandbox is None or self._client is None:
+            raise RuntimeError("fork needs a sandbox: use the sandbox or remote backend")
+        children = []
+        for sandbox in await self._sandbox.fork(count):
+            child = Workspace(backend=self.backend, env=self.env, timeout_seconds=self.timeout_seconds,
+                              language=self.language, runtime=self.runtime, url=self.url, api_key=self.api_key,
+                              data_dir=self.data_dir, workspace_id=sandbox.id)
+            child._client, child._sandbox, child._from_snapshot, child._ready = self._client, sandbox, "forked", True
+            child._stack = AsyncExitStack()  # nothing of its own to close but its sandbox
+            children.append(child)
+        return children
+
     def tools(self) -> Any:
         """Tool definitions and a dispatcher for LLM tool calling (hutch/workspace_tools.py)."""
         from hutch.workspace_tools import WorkspaceTools

@@ -1,5 +1,6 @@
 """Time travel on the wire (api/history.py): ``GET /sandbox/{id}?asOf=…`` (in sandboxes.py)
-and ``GET /sandbox/sandboxes/{id}/history``."""
+and ``GET /sandbox/sandboxes/{id}/history``; and forks (api/fork.py), the sandbox's other
+relation across time: ``POST /sandbox/{id}/fork``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-from api import history, wire
-from api.http import ok
-from api.keys import ENGINE, PRINCIPAL
+from api import fork, history, wire
+from api.http import json_body, ok
+from api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from core.events import Event
 from core.models import Sandbox
 from core.tenancy import Access
@@ -43,3 +44,14 @@ async def sandbox_history(request: web.Request) -> web.Response:
     steps = await history.timeline(request.app[ENGINE], request.match_info["sandbox_id"])
     return ok({"history": [{**_event(ev), "status": sb.status.value, "executions": sb.executions}
                            for ev, sb in steps]})
+
+
+@routes.post("/sandbox/{sandbox_id}/fork")
+async def fork_sandbox(request: web.Request) -> web.Response:
+    from api.routes.sandboxes import render_sandbox
+
+    body = await json_body(request, required=False)
+    snap, made = await fork.fork(request.app[ENGINE], request.match_info["sandbox_id"], body.get("count", 1),
+                                 api_key_id=request.get(API_KEY_ID))
+    return ok({"snapshotId": snap.snapshot_id,
+               "sandboxes": [render_sandbox(request, c.sandbox) for c in made]}, http_status=201)

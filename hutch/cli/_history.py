@@ -1,4 +1,5 @@
-"""`hutch sandbox history SANDBOX [--at EVENT|TIME]`: the timeline, or the sandbox as of then."""
+"""`hutch sandbox history SANDBOX [--at EVENT|TIME]`: the timeline, or the sandbox as of then;
+`hutch sandbox fork SANDBOX -n N`: copies of it as it is now."""
 
 from __future__ import annotations
 
@@ -11,11 +12,30 @@ from hutch.cli import _render as render
 
 
 def add_parsers(sb: Any) -> None:
+    f = sb.add_parser("fork", help="fork SANDBOX -n N: N new sandboxes with its files and env as they are now")
+    f.add_argument("sandbox_id", metavar="SANDBOX")
+    f.add_argument("-n", "--count", type=int, default=1, help="how many copies (1-20)")
+    _json_flag(f)
+    f.set_defaults(handler=cmd_fork)
     p = sb.add_parser("history", help="a sandbox's timeline, or with --at the sandbox as of an event or time")
     p.add_argument("sandbox_id", metavar="SANDBOX")
     p.add_argument("--at", metavar="EVENT|TIME", help="an event id (evt_…) or an ISO 8601 time")
     _json_flag(p)
     p.set_defaults(handler=cmd_history)
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    async def work(client: Any) -> Any:
+        return await client._request("POST", f"/sandbox/{args.sandbox_id}/fork", json={"count": args.count},
+                                     sandbox_id=args.sandbox_id)
+
+    data = _call(args, work)["data"]
+    if args.json:
+        render.dump_json(data, _out())
+    else:
+        for sb in data["sandboxes"]:
+            _out().write(sb["sandboxId"] + "\n")
+    return 0
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -159,6 +159,17 @@ def test_sandbox_history_and_time_travel(
     assert "asOf" in capsys.readouterr().err
 
 
+def test_sandbox_fork(served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    url, _ = served
+    assert main(["--url", url, "sb", "create", "--env", "K=v"]) == 0
+    parent = capsys.readouterr().out.strip()
+    assert main(["--url", url, "sb", "fork", parent, "-n", "2"]) == 0
+    copies = capsys.readouterr().out.split()
+    assert len(copies) == 2 and all(c.startswith("sbx_") and c != parent for c in copies)
+    assert main(["--url", url, "sb", "fork", parent, "-n", "0"]) == 1
+    assert "count" in capsys.readouterr().err
+
+
 def test_serve_output(served: tuple[str, subprocess.Popen[str]], engine_env: Path) -> None:
     url, proc = served
     proc.terminate()

@@ -214,3 +214,18 @@ def test_the_blocking_twin(tmp_path: Path) -> None:
         assert back.read_file("a.txt") == "hi"
     finally:
         back.close()
+
+
+async def test_fork_gives_isolated_copies(tmp_path: Path) -> None:
+    async with Workspace(language="python", data_dir=tmp_path / "engine", files={"plan.txt": "A"},
+                         env={"STAGE": "one"}) as ws:
+        copies = await ws.fork(2)
+        try:
+            await copies[0].write_file("plan.txt", "B")
+            assert await copies[0].read_file("plan.txt") == "B"
+            assert await copies[1].read_file("plan.txt") == "A"  # the others and the parent keep theirs
+            assert await ws.read_file("plan.txt") == "A"
+            assert (await copies[1].run("import os; print(os.environ['STAGE'])")).stdout == "one\n"
+        finally:
+            for c in copies:
+                await c.close()

@@ -1,0 +1,48 @@
+"""Fork: N new sandboxes whose files and env are a sandbox's at one instant, for agents that
+explore alternatives in parallel.
+
+The instant is a snapshot (api/snapshots.py: the workspace archive, the env), named
+``fork-…`` and kept as the record of what the copies started from; each copy is a create from
+it with the parent's spec (runtime, resources, network, timeouts, installs, project), so the
+log's create events name the snapshot and ``metadata.forkedFrom`` the parent. Processes are
+not carried: a copy starts with no process of the parent running (CRIU does not work on these
+kernels, and a copy of a running process would share its sockets anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import attrs
+
+from api.wire import CreateRequest
+from core.errors import InvalidInput
+from core.models import Snapshot
+
+if TYPE_CHECKING:
+    from api.service import Created, Engine
+
+MAX_COPIES = 20
+
+
+async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: str | None) -> tuple[Snapshot, list[Created]]:
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COPIES:
+        raise InvalidInput(f"count: expected an integer from 1 to {MAX_COPIES}, got {count!r}", field="count")
+    parent = await engine.get(sandbox_id)
+    # All the copies fit in the organization's quota, or none is made (nor the snapshot).
+    await engine.quotas.check_sandbox(parent.spec.org_id, parent.spec, count)
+    snap = await engine.snapshots.take(sandbox_id, name=f"fork-{sandbox_id.removeprefix('sbx_')[-12:]}",
+                                       description=f"the instant {sandbox_id} was forked", tag=None, public=False,
+                                       api_key_id=api_key_id)
+    base = attrs.evolve(
+        parent.spec, snapshot_id=snap.snapshot_id, env=dict(snap.env), command=None,
+        metadata={**(parent.spec.metadata or {}), "forkedFrom": sandbox_id},
+        dependencies=snap.dependencies, packages=snap.packages)
+
+    async def one(i: int) -> Created:
+        name = f"{parent.spec.name}-{i + 1}" if parent.spec.name else None
+        return await engine.create(CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None),
+                                   api_key_id=api_key_id)
+
+    return snap, list(await asyncio.gather(*(one(i) for i in range(count))))
