@@ -29,6 +29,7 @@ from api.routes import (
     jobs,
     metrics,
     proxy,
+    runtime_builds,
     sandboxes,
     snapshots,
     ssh_keys,
@@ -204,6 +205,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(streams.routes)
     app.add_routes(terminals.routes)
     app.add_routes(history.routes)
+    app.add_routes(runtime_builds.routes)
     app.add_routes(webapp_routes)  # /app: the Web App
     app.add_routes(ssh_keys.routes)
     app.add_routes(proxy.routes)

@@ -146,9 +146,10 @@ async def test_cross_tenant_sweep_walks_every_route(api: Api) -> None:
     public_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
     ssh_key = await api.data("POST", "/ssh-keys", headers=a, json={"publicKey": public_key}, expect=201)
 
-    mine = {"ssh_key_id": ssh_key["id"], "sandbox_id": sid, "execution_id": ex["executionId"], "job_id": job["jobId"], "checkpoint_id": checkpoint, "snapshot_id": snap["snapshotId"], "key_id": member["id"],
+    # A runtime name is the catalog's, no organization's: an unknown one keeps the sweep side-effect free.
+    mine = {"name": "cobol:1", "ssh_key_id": ssh_key["id"], "sandbox_id": sid, "execution_id": ex["executionId"], "job_id": job["jobId"], "checkpoint_id": checkpoint, "snapshot_id": snap["snapshotId"], "key_id": member["id"],
             "org_id": "org_alpha", "stream_id": stream, "project_id": project["id"], "tail": "agents"}
-    missing = {"ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
+    missing = {"name": "cobol:1", "ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
                "org_id": "org_nobody", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
                "tail": "agents"}
@@ -231,7 +232,7 @@ async def test_role_matrix_walks_every_route(api: Api) -> None:
             "read-only": bearer((await new_key(api, "org_alpha", "read-only"))["secret"])}
     grants = {"admin": {Access.READ, Access.WRITE, Access.ADMIN}, "member": {Access.READ, Access.WRITE},
               "read-only": {Access.READ}}
-    missing = {"ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
+    missing = {"name": "cobol:1", "ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
                "org_id": "org_alpha", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
                "tail": "agents"}

@@ -526,8 +526,36 @@ async function runtimesPage() {
 		h('h2', {}, runtimeCell(r)), h('p', {}, r.description || ''),
 		h('p', {}, (r.tags || []).map((t) => h('span', { class: 'badge' }, t)), ' '),
 		h('p', {}, r.available ? `built here${r.sizeBytes ? ', ' + bytes(r.sizeBytes) : ''}` : 'built on its first use'),
+		!r.available && canWrite() ? buildButton(r.name) : null,
 		r.readme ? h('details', {}, h('summary', {}, 'Readme'), h('pre', {}, r.readme)) : null))));
 	onLive = () => {};
+}
+
+// Build a runtime now, its steps shown as they happen (the answer is a stream of events).
+function buildButton(name) {
+	const log = h('pre', { class: 'build-log', hidden: true });
+	const btn = h('button', { class: 'plain', onclick: act(async () => {
+		btn.disabled = true;
+		log.hidden = false;
+		const resp = await api('POST', `/sandbox/runtimes/${encodeURIComponent(name)}/build`, undefined, { raw: true });
+		const reader = resp.body.getReader();
+		const dec = new TextDecoder();
+		let buf = '';
+		for (;;) {
+			const { done, value } = await reader.read();
+			if (done) break;
+			buf += dec.decode(value, { stream: true });
+			let cut;
+			while ((cut = buf.indexOf('\n\n')) >= 0) {
+				const msg = JSON.parse(buf.slice(0, cut).replace(/^data: /, ''));
+				buf = buf.slice(cut + 2);
+				if (msg.line) log.textContent += msg.line + '\n';
+				if (msg.error) throw new ApiError(`building ${name}: ${msg.error}`);
+				if (msg.done) log.textContent += 'built\n';
+			}
+		}
+	}) }, 'Build now');
+	return h('div', {}, btn, log);
 }
 
 async function snapshotsPage() {
