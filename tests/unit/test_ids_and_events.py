@@ -34,7 +34,7 @@ def test_event_type_names_are_stable() -> None:
         "create", "runtime:build", "destroy", "lifecycle:started", "lifecycle:failed", "lifecycle:completed",
         "lifecycle:terminated", "pause", "resume", "env", "checkpoint", "checkpoint:restored", "checkpoint:deleted", "execution:started", "execution:finished",
         "snapshot", "snapshot:finalized", "snapshot:tagged", "snapshot:deleted",
-        "org:created", "org:quota", "project:created", "key:created", "key:revoked",
+        "org:created", "org:quota", "project:created", "key:created", "key:revoked", "sshkey:added", "sshkey:removed",
     }
 
 
