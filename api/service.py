@@ -705,12 +705,16 @@ class Engine:
         return await self._require(sandbox_id, include_deleted=include_deleted)
 
     async def list(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+        return await self.store.list_sandboxes(self.resolved(query))
+
+    def resolved(self, query: SandboxQuery) -> SandboxQuery:
+        """The query in the caller's scope, a project's name filtering like its id."""
         query = self.scoped(query)
-        if query.project_id and self.tenants is not None:  # a project's name filters like its id
+        if query.project_id and self.tenants is not None:
             with contextlib.suppress(InvalidInput):
                 project = tenancy.resolve_project(self.tenants.directory, query.org_id or LOCAL_ORG, query.project_id)
                 query = attrs.evolve(query, project_id=project)
-        return await self.store.list_sandboxes(query)
+        return query
 
     async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
         ex = await self._visible_execution(execution_id)

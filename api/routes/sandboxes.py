@@ -89,8 +89,9 @@ def _instant(request: web.Request, name: str) -> str | None:
 @routes.get("/sandbox/stats")
 async def stats(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
+    scope = engine.resolved(SandboxQuery(project_id=request.query.get("projectId") or None))  # hutch: per project
     return ok(await usage_stats(engine.store, engine.driver, _instant(request, "start"), _instant(request, "end"),
-                                scope=engine.scoped(SandboxQuery())))
+                                scope=scope))
 
 
 @routes.post("/sandbox")

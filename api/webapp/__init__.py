@@ -21,7 +21,7 @@ from api.keys import ENGINE, PRINCIPAL, TENANTS
 from api.tenancy import PUBLIC, needs
 from api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions
 from core.errors import InvalidInput, NotFound
-from core.tenancy import visible
+from core.tenancy import Access, visible
 
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
@@ -81,6 +81,7 @@ async def whoami(request: web.Request) -> web.Response:
 
 
 @routes.delete("/app/session")
+@needs(Access.READ)  # any signed-in key may sign out, a read-only one too
 async def sign_out(request: web.Request) -> web.Response:
     if cookie := request.cookies.get(COOKIE):
         request.app[SESSIONS].end(cookie)

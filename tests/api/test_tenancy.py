@@ -81,6 +81,7 @@ ADMIN_ROUTES = {
     ("GET", "/cli/apikey/{key_id}"): Access.ADMIN,
     ("DELETE", "/cli/apikey/{key_id}"): Access.ADMIN,
     ("GET", "/sandbox/{sandbox_id}/terminal"): Access.WRITE,  # a websocket GET that runs commands
+    ("DELETE", "/app/session"): Access.READ,  # signing out of the Web App: any key
 }
 
 

@@ -187,6 +187,31 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
     browser.get(f"{url}/app#/snapshots")
     page.text_in("#snapshot-list", "webshot")
 
+    # Usage per project: the selector lists the organization's projects.
+    _api(url, key, "POST", "/projects", {"name": "web-project"})
+    browser.get(f"{url}/app#/usage")
+    Select(page.css("#usage-project")).select_by_visible_text("web-project")
+    page.wait(lambda d: d.find_element(By.CSS_SELECTOR, "#usage-project option:checked").text == "web-project",
+              why="the project's usage")
+    page.no_error()
+
+    # A read-only key sees no button that would fail.
+    reader = _api(url, key, "POST", "/keys", {"role": "read-only"})["secret"]
+    page.css("#sign-out").click()
+    page.css("#api-key").send_keys(reader)
+    page.css("#sign-in button").click()
+    page.text_in("#who", "read-only")
+    browser.get(f"{url}/app#/sandbox/{sid}")
+    page.text_in("#timeline", "lifecycle:started")
+    for control in ("#destroy", "#pause", "#snapshot", "#open-terminal", "#save-env", "#run", "#upload"):
+        assert not [e for e in browser.find_elements(By.CSS_SELECTOR, control) if e.is_displayed()], control
+    assert "null" not in browser.find_element(By.ID, "main").text.split()  # nothing left out shows as text
+    page.shot("06-read-only-sandbox")
+    page.css("#sign-out").click()
+    page.css("#api-key").send_keys(key)
+    page.css("#sign-in button").click()
+    page.text_in("#who", "admin")
+
     # Destroy, then sign out.
     browser.get(f"{url}/app#/sandbox/{sid}")
     page.css("#destroy").click()

@@ -27,6 +27,12 @@ function h(tag, attrs = {}, ...children) {
 	return el;
 }
 
+// replaceChildren, without the "null" text it makes of a left-out (null) child.
+function fill(el, ...kids) {
+	el.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
+	return el;
+}
+
 function cookie(name) {
 	const m = document.cookie.split('; ').find((c) => c.startsWith(name + '='));
 	return m ? decodeURIComponent(m.slice(name.length + 1)) : '';
@@ -91,7 +97,8 @@ const bytes = (n) => (n == null ? '' : n < 1024 ? `${n} B` : n < 1 << 20 ? `${(n
 
 function runtimeCell(rt) {
 	if (!rt) return '';
-	const swatch = h('span', { class: 'swatch', title: rt.brandColor || '' });
+	// The catalog's icons live on another site (no CDN here): a monogram in the brand colour.
+	const swatch = h('span', { class: 'swatch', title: rt.brandColor || '', 'aria-hidden': 'true' }, (rt.name || '?')[0].toUpperCase());
 	swatch.style.background = /^#[0-9a-fA-F]{3,8}$/.test(rt.brandColor || '') ? rt.brandColor : '#888';
 	return h('span', {}, swatch, rt.name);
 }
@@ -121,7 +128,7 @@ function debounce(fn, ms) {
 function signInPage() {
 	$('#top').hidden = true;
 	const key = h('input', { type: 'password', id: 'api-key', name: 'apiKey', autocomplete: 'off', required: true });
-	main.replaceChildren(
+	fill(main, 
 		h('form', { class: 'signin card', id: 'sign-in', onsubmit: act(async () => {
 			const got = await api('POST', '/app/session', { apiKey: key.value });
 			me = got;
@@ -159,7 +166,7 @@ async function sandboxesPage() {
 		for (const id of ids) await api('DELETE', `/sandbox/${id}`);
 		await refresh();
 	}) }, 'Destroy selected');
-	main.replaceChildren(
+	fill(main, 
 		h('h1', {}, 'Sandboxes'),
 		canWrite() ? await createForm() : null,
 		h('div', { class: 'row' }, h('label', {}, 'Status', status), h('label', {}, 'Sort', sort), destroyBtn),
@@ -170,12 +177,12 @@ async function sandboxesPage() {
 		const q = new URLSearchParams({ limit: '100', sort: sort.value, direction: sort.value === 'name' ? 'asc' : 'desc' });
 		if (status.value) q.set('status', status.value);
 		const got = await api('GET', `/sandbox?${q}`);
-		table.replaceChildren(...got.sandboxes.map((sb) => h('tr', { dataset: { id: sb.sandboxId } },
+		fill(table, ...got.sandboxes.map((sb) => h('tr', { dataset: { id: sb.sandboxId } },
 			h('td', {}, canWrite() && !['terminated', 'failed'].includes(sb.status) ? h('input', { type: 'checkbox', value: sb.sandboxId, 'aria-label': `select ${sb.sandboxId}` }) : ''),
 			h('td', {}, h('a', { href: `#/sandbox/${sb.sandboxId}`, class: 'mono' }, sb.sandboxId)),
 			h('td', {}, sb.name || ''), h('td', {}, runtimeCell(sb.runtime)), h('td', {}, badge(sb.status)),
 			h('td', { class: 'wide' }, when(sb.createdAt)))));
-		if (!got.sandboxes.length) table.replaceChildren(h('tr', {}, h('td', { colspan: 6 }, 'No sandboxes yet.')));
+		if (!got.sandboxes.length) fill(table, h('tr', {}, h('td', { colspan: 6 }, 'No sandboxes yet.')));
 	}
 	onLive = debounce(() => refresh().catch(showError), 150); // the log says something changed
 	await refresh();
@@ -240,7 +247,7 @@ async function sandboxPage(id) {
 	const travel = h('div', { id: 'travel', class: 'card travel', hidden: true });
 	const executions = h('tbody', { id: 'executions' });
 	const snapshots = h('div', { id: 'snapshots' });
-	main.replaceChildren(h('p', {}, h('a', { href: '#/' }, '← Sandboxes')), head, info,
+	fill(main, h('p', {}, h('a', { href: '#/' }, '← Sandboxes')), head, info,
 		h('h2', {}, 'Terminal'), terminalSection(id),
 		h('h2', {}, 'Files'), await filesSection(id),
 		canWrite() ? h('h2', {}, 'Environment') : null, canWrite() ? await envSection(id) : null,
@@ -253,7 +260,7 @@ async function sandboxPage(id) {
 	async function refresh() {
 		const sb = await api('GET', `/sandbox/${id}?includeDeleted=true`);
 		const ended = ['terminated', 'failed', 'deleted'].includes(sb.status);
-		head.replaceChildren(h('h1', {}, sb.name || id, ' ', badge(sb.status)),
+		fill(head, h('h1', {}, sb.name || id, ' ', badge(sb.status)),
 			h('div', { class: 'row' },
 				canWrite() && sb.status === 'paused' ? h('button', { id: 'resume', onclick: act(async () => { await api('POST', `/sandbox/${id}/resume`); await refresh(); }) }, 'Resume') : null,
 				canWrite() && ['idle', 'running'].includes(sb.status) ? h('button', { class: 'plain', id: 'pause', onclick: act(async () => { await api('POST', `/sandbox/${id}/pause`); await refresh(); }) }, 'Pause') : null,
@@ -265,24 +272,24 @@ async function sandboxPage(id) {
 				}) }, 'Snapshot') : null,
 				canWrite() && !ended ? h('button', { class: 'danger', id: 'destroy', onclick: act(async () => { await api('DELETE', `/sandbox/${id}`); await refresh(); }) }, 'Destroy') : null,
 				sb.url ? h('a', { href: sb.url, target: '_blank', rel: 'noopener' }, 'Port URL') : null));
-		info.replaceChildren(h('table', {}, h('tbody', {},
+		fill(info, h('table', {}, h('tbody', {},
 			[['Sandbox', id], ['Runtime', runtimeCell(sb.runtime)], ['Created', when(sb.createdAt)],
 				['Memory', sb.resources && sb.resources.memory], ['CPU', sb.resources && sb.resources.cpu],
 				['Network', sb.networkEnabled ? 'on' : 'off'], ['Executions', sb.executions]]
 				.filter(([, v]) => v !== undefined && v !== null && v !== '')
 				.map(([k, v]) => h('tr', {}, h('th', {}, k), h('td', {}, v))))));
 		const steps = (await api('GET', `/sandbox/sandboxes/${id}/history`)).history;
-		timeline.replaceChildren(...steps.map((s) => h('li', {},
+		fill(timeline, ...steps.map((s) => h('li', {},
 			h('button', { class: 'plain', 'data-event': s.eventId, 'data-type': s.type, onclick: act(() => showAsOf(s.eventId)) },
 				`${when(s.createdAt)} ${s.type} → ${s.status}`))));
 		const ex = await api('GET', `/sandbox/sandboxes/${id}/executions?limit=20`);
-		executions.replaceChildren(...ex.executions.map((e) => h('tr', {}, h('td', { class: 'mono' }, e.executionId), h('td', {}, badge(e.status)),
+		fill(executions, ...ex.executions.map((e) => h('tr', {}, h('td', { class: 'mono' }, e.executionId), h('td', {}, badge(e.status)),
 			h('td', {}, e.exitCode ?? ''), h('td', {}, e.stdoutStreamUrl ? h('a', { href: e.stdoutStreamUrl, target: '_blank', rel: 'noopener' }, 'stdout') : ''))));
 	}
 	async function showAsOf(eventId) {
 		const then = await api('GET', `/sandbox/${id}?asOf=${encodeURIComponent(eventId)}`);
 		travel.hidden = false;
-		travel.replaceChildren(h('h3', {}, `As of ${then.asOf.type} (${when(then.asOf.createdAt)})`),
+		fill(travel, h('h3', {}, `As of ${then.asOf.type} (${when(then.asOf.createdAt)})`),
 			h('p', {}, 'Status then: ', badge(then.status), ` · executions: ${then.executions}`),
 			h('table', { id: 'travel-env' }, h('tbody', {}, Object.entries(then.env || {}).map(([k, v]) => h('tr', {}, h('th', {}, k), h('td', { class: 'mono' }, v))))),
 			h('button', { class: 'plain', onclick: () => { travel.hidden = true; } }, 'Back to now'));
@@ -290,9 +297,9 @@ async function sandboxPage(id) {
 	}
 	async function refreshSnapshots() {
 		const snaps = (await api('GET', `/sandbox/snapshots?sandboxId=${id}`)).snapshots;
-		if (!snaps.length) return snapshots.replaceChildren(h('p', {}, 'No snapshots of this sandbox.'));
+		if (!snaps.length) return fill(snapshots, h('p', {}, 'No snapshots of this sandbox.'));
 		const lineage = (await api('GET', `/sandbox/snapshots/lineage?snapshot=${snaps[0].snapshotId}`)).lineage;
-		snapshots.replaceChildren(h('ul', {}, snaps.map((s) => h('li', { class: 'mono' }, `${s.snapshotId} ${s.name || ''}${s.tag ? ':' + s.tag : ''} ${bytes(s.sizeBytes)}`))),
+		fill(snapshots, h('ul', {}, snaps.map((s) => h('li', { class: 'mono' }, `${s.snapshotId} ${s.name || ''}${s.tag ? ':' + s.tag : ''} ${bytes(s.sizeBytes)}`))),
 			lineageGraph(lineage));
 	}
 	onLive = debounce((ev) => { if (ev.sandboxId === id) refresh().catch(showError); }, 150);
@@ -328,16 +335,16 @@ async function jobsSection(id) {
 	const list = h('tbody', { id: 'jobs' });
 	async function load() {
 		const got = await api('GET', `/sandbox/sandboxes/${id}/jobs`);
-		list.replaceChildren(...(got.jobs || []).map((j) => h('tr', {}, h('td', { class: 'mono' }, j.jobId),
+		fill(list, ...(got.jobs || []).map((j) => h('tr', {}, h('td', { class: 'mono' }, j.jobId),
 			h('td', {}, (j.command || []).join(' ')), h('td', {}, badge(j.status)),
 			h('td', {}, j.stdoutStreamUrl ? h('a', { href: j.stdoutStreamUrl, target: '_blank', rel: 'noopener' }, 'stdout') : ''),
 			h('td', {}, canWrite() && ['running', 'pending'].includes(j.status) ? h('button', { class: 'plain', onclick: act(async () => { await api('DELETE', `/sandbox/sandboxes/${id}/jobs/${j.jobId}`); await load(); }) }, 'Stop') : ''))));
-		if (!list.children.length) list.replaceChildren(h('tr', {}, h('td', {}, 'No jobs.')));
+		if (!list.children.length) fill(list, h('tr', {}, h('td', {}, 'No jobs.')));
 	}
 	try {
 		await load();
 	} catch (err) {
-		list.replaceChildren(h('tr', {}, h('td', {}, err.message)));
+		fill(list, h('tr', {}, h('td', {}, err.message)));
 	}
 	return h('div', { class: 'scroll' }, h('table', {}, list));
 }
@@ -382,7 +389,7 @@ async function filesSection(id) {
 		path = p;
 		where.value = p;
 		const got = await api('GET', `/fs/list/${id}?path=${encodeURIComponent(p)}`);
-		list.replaceChildren(
+		fill(list, 
 			p !== '/' ? h('tr', {}, h('td', {}, h('a', { href: '#', onclick: act(() => load(p.replace(/\/[^/]+\/?$/, '') || '/')) }, '..')), h('td', {}), h('td', {})) : null,
 			...got.files.map((f) => {
 				const full = `${p.replace(/\/$/, '')}/${f.path}`;
@@ -423,7 +430,7 @@ async function filesSection(id) {
 	try {
 		await load(path);
 	} catch (err) {
-		list.replaceChildren(h('tr', {}, h('td', {}, err.message)));
+		fill(list, h('tr', {}, h('td', {}, err.message)));
 	}
 	return h('div', {}, h('div', { class: 'row' }, h('label', {}, 'Path', where), h('button', { class: 'plain', onclick: act(() => load(where.value)) }, 'Go'),
 		canWrite() ? h('label', {}, 'Upload files or archives', upload) : null, mkdir, download('tar.gz'), download('zip')),
@@ -444,7 +451,7 @@ async function envSection(id) {
 	let current = {};
 	async function load() {
 		current = (await api('PATCH', `/sandbox/env/${id}`, { env: {} })).env; // an empty change reads it
-		rows.replaceChildren(...Object.entries(current).map(([k, v]) => row(k, v)), row('', ''));
+		fill(rows, ...Object.entries(current).map(([k, v]) => row(k, v)), row('', ''));
 	}
 	const row = (k, v) => h('tr', {}, h('td', {}, h('input', { class: 'env-key', value: k, placeholder: 'KEY' })),
 		h('td', {}, h('input', { class: 'env-value', value: v, placeholder: 'value' })));
@@ -462,7 +469,7 @@ async function envSection(id) {
 	try {
 		await load();
 	} catch (err) {
-		rows.replaceChildren(h('tr', {}, h('td', {}, err.message)));
+		fill(rows, h('tr', {}, h('td', {}, err.message)));
 	}
 	return h('div', {}, h('table', {}, rows), save);
 }
@@ -474,9 +481,9 @@ async function checkpointsSection(id) {
 		try {
 			got = await api('GET', `/sandbox/checkpoints/${id}`);
 		} catch (err) {
-			return list.replaceChildren(h('li', {}, err.message));
+			return fill(list, h('li', {}, err.message));
 		}
-		list.replaceChildren(...(got.checkpoints || []).map((c) => h('li', {}, `${c.name || c.id} (${when(c.createdAt)}) `,
+		fill(list, ...(got.checkpoints || []).map((c) => h('li', {}, `${c.name || c.id} (${when(c.createdAt)}) `,
 			canWrite() ? h('button', { class: 'plain', onclick: act(async () => { await api('POST', `/sandbox/${id}/checkpoint/${c.id}/restore`); }) }, 'Restore') : null,
 			canWrite() ? h('button', { class: 'plain', onclick: act(async () => { await api('DELETE', `/sandbox/${id}/checkpoint/${c.id}`); await load(); }) }, 'Delete') : null)));
 	}
@@ -522,7 +529,7 @@ function lineageGraph(lineage) {
 
 async function runtimesPage() {
 	const got = (await api('GET', '/sandbox/runtimes')).runtimes;
-	main.replaceChildren(h('h1', {}, 'Runtimes'), h('div', { class: 'cards' }, got.map((r) => h('div', { class: 'card', dataset: { runtime: r.name } },
+	fill(main, h('h1', {}, 'Runtimes'), h('div', { class: 'cards' }, got.map((r) => h('div', { class: 'card', dataset: { runtime: r.name } },
 		h('h2', {}, runtimeCell(r)), h('p', {}, r.description || ''),
 		h('p', {}, (r.tags || []).map((t) => h('span', { class: 'badge' }, t)), ' '),
 		h('p', {}, r.available ? `built here${r.sizeBytes ? ', ' + bytes(r.sizeBytes) : ''}` : 'built on its first use'),
@@ -561,24 +568,29 @@ function buildButton(name) {
 async function snapshotsPage() {
 	const got = (await api('GET', '/sandbox/snapshots?limit=100')).snapshots;
 	const graph = h('div', { id: 'snapshot-lineage' });
-	main.replaceChildren(h('h1', {}, 'Snapshots'), h('div', { class: 'scroll' }, h('table', {}, h('tbody', { id: 'snapshot-list' }, got.map((s) => h('tr', {},
+	fill(main, h('h1', {}, 'Snapshots'), h('div', { class: 'scroll' }, h('table', {}, h('tbody', { id: 'snapshot-list' }, got.map((s) => h('tr', {},
 		h('td', { class: 'mono' }, s.snapshotId), h('td', {}, `${s.name || ''}${s.tag ? ':' + s.tag : ''}`), h('td', {}, bytes(s.sizeBytes)),
 		h('td', {}, s.public ? 'public' : 'private'),
 		h('td', {}, h('button', { class: 'plain', onclick: act(async () => {
-			graph.replaceChildren(lineageGraph((await api('GET', `/sandbox/snapshots/lineage?snapshot=${s.snapshotId}`)).lineage));
+			fill(graph, lineageGraph((await api('GET', `/sandbox/snapshots/lineage?snapshot=${s.snapshotId}`)).lineage));
 		}) }, 'Lineage'), ' ', h('a', { href: `/sandbox/snapshots/${s.snapshotId}/download` }, 'Download'), ' ',
 		canWrite() ? h('button', { class: 'plain', onclick: act(async () => { const made = await api('POST', '/sandbox', { snapshot: s.snapshotId }); location.hash = `#/sandbox/${made.sandboxId}`; }) }, 'New sandbox') : null, ' ',
 		canWrite() ? h('button', { class: 'danger', onclick: act(async () => { await api('DELETE', `/sandbox/snapshots/${s.snapshotId}`); await snapshotsPage(); }) }, 'Delete') : null)))))), graph);
 	onLive = () => {};
 }
 
-async function usagePage() {
+async function usagePage(project = '') {
+	const projects = (await api('GET', '/projects')).projects || [];
+	const pick = h('select', { id: 'usage-project', onchange: act(() => usagePage(pick.value)) },
+		h('option', { value: '' }, 'the whole organization'),
+		projects.map((p) => h('option', { value: p.id, selected: p.id === project }, p.name)));
 	const days = [];
 	const now = new Date();
 	for (let i = 6; i >= 0; i--) {
 		const start = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate() - i));
 		const end = new Date(start.getTime() + 86400000);
-		const s = await api('GET', `/sandbox/stats?start=${start.toISOString()}&end=${end.toISOString()}`);
+		const q = new URLSearchParams({ start: start.toISOString(), end: end.toISOString(), ...(project && { projectId: project }) });
+		const s = await api('GET', `/sandbox/stats?${q}`);
 		days.push({ day: start.toISOString().slice(5, 10), s });
 	}
 	const chart = (title, pick) => {
@@ -590,7 +602,7 @@ async function usagePage() {
 		svg.setAttribute('role', 'img');
 		svg.setAttribute('aria-label', title);
 		values.forEach((v, i) => {
-			const bh = Math.round((v / max) * 100);
+			const bh = Math.round((v / max) * 85); // room above the tallest bar for its value
 			const rect = document.createElementNS(ns, 'rect');
 			for (const [k, val] of Object.entries({ x: 10 + i * 48, y: 110 - bh, width: 36, height: bh, fill: '#0b5cad' })) rect.setAttribute(k, val);
 			const label = document.createElementNS(ns, 'text');
@@ -605,7 +617,7 @@ async function usagePage() {
 		});
 		return h('div', { class: 'card' }, h('h2', {}, title), svg);
 	};
-	main.replaceChildren(h('h1', {}, `Usage of ${me.orgId} (last 7 days, UTC)`), h('div', { class: 'cards' },
+	fill(main, h('h1', {}, `Usage of ${me.orgId} (last 7 days, UTC)`), h('label', {}, 'Project', pick), h('div', { class: 'cards' },
 		chart('Sandboxes created', (s) => s.sandboxes.created), chart('Executions', (s) => s.executions.total),
 		chart('CPU seconds', (s) => s.cpu.seconds), chart('Memory GiB-seconds', (s) => s.memory.gibSeconds)));
 	onLive = () => {};
@@ -613,7 +625,7 @@ async function usagePage() {
 
 async function keysPage() {
 	if (me.role !== 'admin') {
-		main.replaceChildren(h('h1', {}, 'Keys'), h('p', {}, 'Only an admin key manages keys.'));
+		fill(main, h('h1', {}, 'Keys'), h('p', {}, 'Only an admin key manages keys.'));
 		return;
 	}
 	const shown = h('div', { id: 'new-secret' });
@@ -622,14 +634,14 @@ async function keysPage() {
 	const rows = h('tbody', { id: 'keys' });
 	async function load() {
 		const got = (await api('GET', '/keys')).keys;
-		rows.replaceChildren(...got.map((k) => h('tr', {}, h('td', { class: 'mono' }, k.id), h('td', {}, k.name || ''), h('td', {}, k.role),
+		fill(rows, ...got.map((k) => h('tr', {}, h('td', { class: 'mono' }, k.id), h('td', {}, k.name || ''), h('td', {}, k.role),
 			h('td', {}, k.revokedAt ? `revoked ${when(k.revokedAt)}` : 'active'),
 			h('td', {}, k.revokedAt ? '' : h('button', { class: 'danger', onclick: act(async () => { await api('DELETE', `/keys/${k.id}`); await load(); }) }, 'Revoke')))));
 	}
-	main.replaceChildren(h('h1', {}, 'API keys'),
+	fill(main, h('h1', {}, 'API keys'),
 		h('form', { class: 'grid', onsubmit: act(async () => {
 			const made = await api('POST', '/keys', { role: role.value, ...(name.value && { name: name.value }) });
-			shown.replaceChildren(h('p', { class: 'secret' }, 'Its secret, shown this once: ', h('code', {}, made.secret)));
+			fill(shown, h('p', { class: 'secret' }, 'Its secret, shown this once: ', h('code', {}, made.secret)));
 			await load();
 		}) }, h('label', {}, 'Role', role), h('label', {}, 'Name', name), h('button', { type: 'submit' }, 'Create key')),
 		shown, h('div', { class: 'scroll' }, h('table', {}, rows)));
