@@ -234,17 +234,20 @@ async def test_fork_gives_isolated_copies(tmp_path: Path) -> None:
 async def test_git_clones_at_start(tmp_path: Path) -> None:
     """unix-local clones with the host's git (a local repository here: the sandbox backends
     clone inside the sandbox, which then has network, from a host the sandbox can reach)."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for argv in (["git", "init", "-q", "-b", "main"], ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q",
-                                                       "--allow-empty", "-m", "first"]):
-        subprocess.run(argv, cwd=repo, check=True)
-    (repo / "README.md").write_text("cloned\n")
-    subprocess.run(["git", "add", "README.md"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "readme"], cwd=repo,
-                   check=True)
+    repo = _git_repo(tmp_path / "repo", {"README.md": "cloned\n"})
     async with Workspace(backend="unix-local", git_clones=[{"url": f"file://{repo}", "dir": "src"}]) as ws:
         assert await ws.read_file("src/README.md") == "cloned\n"
     with pytest.raises(RuntimeError, match="git clone"):
         async with Workspace(backend="unix-local", git_clones=[{"url": f"file://{tmp_path}/nope"}]):
             pass
+
+
+def _git_repo(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir()
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=path, check=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    subprocess.run([*git, "add", "."], cwd=path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "files"], cwd=path, check=True)
+    return path
