@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from api import archives
+from api.engine_checkpoints import CheckpointOps
 from api.input_streams import InputStreams
 from api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
 from api.quotas import Quotas
@@ -45,23 +46,18 @@ from core.eventlog.base import EventLog
 from core.events import Event, SandboxCreated, SnapshotCreated, decode, encode
 from core.lifecycle import (
     ChangeEnv,
-    DeleteCheckpoint,
     Destroy,
     Fail,
     FinishExecution,
     Pause,
     ReportBuild,
-    RestoreCheckpoint,
     Resume,
     Start,
     StartExecution,
-    TakeCheckpoint,
     Terminate,
-    checkpoint_id_for,
     decide,
 )
 from core.models import (
-    Checkpoint,
     Execution,
     ExecutionStatus,
     Mode,
@@ -109,7 +105,7 @@ class Created:
     execution_id: str | None
 
 
-class Engine:
+class Engine(CheckpointOps):
     def __init__(
         self,
         *,
@@ -511,36 +507,6 @@ class Engine:
         unset = tuple(k for k, v in changes.items() if v is None)
         await self._command(sandbox_id, ChangeEnv(set=set_, unset=unset))
         return dict((await self._require(sandbox_id)).spec.env)
-
-    # ---------------------------------------------------------------- checkpoints
-
-    async def create_checkpoint(self, sandbox_id: str, name: str) -> Checkpoint:
-        checkpoint_id = ids.new_id("checkpoint")
-        async with self._lock(sandbox_id):
-            sb = await self._require(sandbox_id, include_deleted=False)
-            events = decide(sb, TakeCheckpoint(checkpoint_id=checkpoint_id, name=name))  # checks before any work
-            await self.driver.checkpoint(sandbox_id, checkpoint_id)
-            await self._append(sandbox_id, events)
-        return next(c for c in (await self._require(sandbox_id)).checkpoints if c.checkpoint_id == checkpoint_id)
-
-    async def list_checkpoints(self, sandbox_id: str) -> tuple[Checkpoint, ...]:
-        return (await self._require(sandbox_id, include_deleted=False)).checkpoints
-
-    async def restore_checkpoint(self, sandbox_id: str, ref: str) -> None:
-        """``ref``: the checkpoint's id or name (also for delete)."""
-        async with self._lock(sandbox_id):
-            sb = await self._require(sandbox_id, include_deleted=False)
-            events = decide(sb, RestoreCheckpoint(checkpoint_id := checkpoint_id_for(sb, ref)))
-            await self.driver.restore(sandbox_id, checkpoint_id)
-            await self._append(sandbox_id, events)
-        self.touch(sandbox_id)
-
-    async def delete_checkpoint(self, sandbox_id: str, ref: str) -> None:
-        async with self._lock(sandbox_id):
-            sb = await self._require(sandbox_id, include_deleted=False)
-            events = decide(sb, DeleteCheckpoint(checkpoint_id := checkpoint_id_for(sb, ref)))
-            await self.driver.delete_checkpoint(sandbox_id, checkpoint_id)
-            await self._append(sandbox_id, events)
 
     # ---------------------------------------------------------------- pause
 
