@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from hutch.cli import UsageError, _call, _json_flag, _note, _out, _Parser, _with_client
 from hutch.cli import _render as render
+from hutch.cli._tenancy import _show as _print_record
 from hutch.client import SandboxClient
 from hutch.models import to_wire
 from hutch.terminal import Terminal
@@ -66,7 +67,7 @@ def cmd_key_add(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UsageError(f"cannot read the public key {path}: {err.strerror}") from None
     key = _call(args, lambda c: c.tenancy.add_ssh_key(line, name=args.name))
-    return _show(key, f"{key.id}  {key.fingerprint}  {key.name}", args)
+    return _print_record(key, f"{key.id}  {key.fingerprint}  {key.name}", args)
 
 
 def cmd_key_list(args: argparse.Namespace) -> int:
@@ -81,15 +82,7 @@ def cmd_key_list(args: argparse.Namespace) -> int:
 
 def cmd_key_remove(args: argparse.Namespace) -> int:
     key = _call(args, lambda c: c.tenancy.remove_ssh_key(args.ssh_key_id))
-    return _show(key, f"removed {key.id}", args)
-
-
-def _show(obj: Any, line: str, args: argparse.Namespace) -> int:
-    if args.json:
-        render.dump_json(to_wire(obj), _out())
-    else:
-        _out().write(line + "\n")
-    return 0
+    return _print_record(key, f"removed {key.id}", args)
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:

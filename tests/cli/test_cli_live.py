@@ -170,6 +170,22 @@ def test_sandbox_fork(served: tuple[str, subprocess.Popen[str]], capsys: pytest.
     assert "count" in capsys.readouterr().err
 
 
+def test_ssh_keys(served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str],
+                  tmp_path: Path) -> None:
+    url, _ = served
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "me@laptop", "-f", str(key)], check=True)
+    assert main(["--url", url, "ssh-key", "add", f"{key}.pub", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["name"] == "me@laptop" and added["fingerprint"].startswith("SHA256:")
+    assert main(["--url", url, "ssh-key", "list"]) == 0
+    assert added["id"] in capsys.readouterr().out
+    assert main(["--url", url, "ssh-key", "add", str(key)]) == 1  # the private key: refused by name
+    assert "private key" in capsys.readouterr().err
+    assert main(["--url", url, "ssh-key", "remove", added["id"]]) == 0
+    assert capsys.readouterr().out.strip() == f"removed {added['id']}"
+
+
 def test_serve_output(served: tuple[str, subprocess.Popen[str]], engine_env: Path) -> None:
     url, proc = served
     proc.terminate()
