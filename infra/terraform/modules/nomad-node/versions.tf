@@ -1,0 +1,4 @@
+# Only templatefile(): no provider, nothing to deploy.
+terraform {
+  required_version = ">= 1.5"
+}
