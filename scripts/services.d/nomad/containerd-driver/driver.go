@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -65,6 +66,12 @@ var (
 			hclspec.NewLiteral(`"/var/lib/hutch/nomad-workspaces"`)),
 		"sandbox_firewall": hclspec.NewDefault(hclspec.NewAttr("sandbox_firewall", "bool", false),
 			hclspec.NewLiteral(`true`)),
+		// Registries on the cluster network served over plain HTTP ("10.0.0.1:5000"); a
+		// registry on loopback always is.
+		"insecure_registries": hclspec.NewAttr("insecure_registries", "list(string)", false),
+		// The cluster's own networks (Nomad servers, the registry, Kafka, PostgreSQL): no
+		// sandbox reaches them, whatever its network.allow says.
+		"denied_cidrs": hclspec.NewAttr("denied_cidrs", "list(string)", false),
 	})
 
 	taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
@@ -108,7 +115,9 @@ type Config struct {
 	Runtime       string `codec:"runtime"`
 	WorkspaceRoot string `codec:"workspace_root"`
 	// SandboxFirewall installs network.go's rules for tasks on the bridge.
-	SandboxFirewall bool `codec:"sandbox_firewall"`
+	SandboxFirewall    bool     `codec:"sandbox_firewall"`
+	InsecureRegistries []string `codec:"insecure_registries"`
+	DeniedCIDRs        []string `codec:"denied_cidrs"`
 }
 
 // TaskConfig is a task's config block.
@@ -175,13 +184,28 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	d.mu.Lock()
 	d.config = config
 	d.mu.Unlock()
+	for _, cidr := range config.DeniedCIDRs {
+		if _, _, err := net.ParseCIDR(cidr); err != nil {
+			return fmt.Errorf("denied_cidrs: %q is not a CIDR: %v", cidr, err)
+		}
+	}
 	if config.SandboxFirewall {
-		if err := installFirewall(); err != nil {
+		if err := installFirewall(config.DeniedCIDRs); err != nil {
 			d.logger.Error("installing the sandbox firewall", "error", err)
 			return err
 		}
 	}
 	return nil
+}
+
+// plainHTTP: loopback registries and the configured insecure ones are spoken to over HTTP.
+func (d *Driver) plainHTTP(host string) (bool, error) {
+	for _, h := range d.config.InsecureRegistries {
+		if h == host {
+			return true, nil
+		}
+	}
+	return docker.MatchLocalhost(host)
 }
 
 // nsCtx is a context in the plugin's containerd namespace.
@@ -537,7 +561,7 @@ func (d *Driver) ensureImage(ctx context.Context, client *containerd.Client, ref
 		return nil, fmt.Errorf("looking up image %s: %v", ref, err)
 	}
 	resolver := docker.NewResolver(docker.ResolverOptions{
-		Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost)),
+		Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(d.plainHTTP)),
 	})
 	started := time.Now()
 	image, err = client.Pull(ctx, ref, containerd.WithPullUnpack,

@@ -44,7 +44,7 @@ func ipt(args ...string) error {
 }
 
 // installFirewall puts the HUTCH-NOMAD-IN / HUTCH-NOMAD-FWD chains in place.
-func installFirewall() error {
+func installFirewall(extraDenied []string) error {
 	firewallMu.Lock()
 	defer firewallMu.Unlock()
 	for _, chain := range []string{"HUTCH-NOMAD-IN", "HUTCH-NOMAD-FWD"} {
@@ -58,8 +58,11 @@ func installFirewall() error {
 		append([]string{"-A", "HUTCH-NOMAD-IN"}, est...),
 		{"-A", "HUTCH-NOMAD-IN", "-j", "DROP"},
 		append([]string{"-A", "HUTCH-NOMAD-FWD", "-o", bridgeName}, est...),
+		// Replies of a sandbox to a connection opened towards it (its port, from an API host
+		// on a denied network): established only if its first packet was let through.
+		append([]string{"-A", "HUTCH-NOMAD-FWD", "-i", bridgeName}, est...),
 	}
-	for _, cidr := range deniedNets {
+	for _, cidr := range append(append([]string{}, deniedNets...), extraDenied...) {
 		rules = append(rules, []string{"-A", "HUTCH-NOMAD-FWD", "-i", bridgeName, "-d", cidr, "-j", "DROP"})
 	}
 	for _, r := range rules {
