@@ -94,6 +94,8 @@ PLACE_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 _ENDED = ("failed", "lost", "complete")
+_NODE_GONE = ("lost", "unknown")  # "unknown": the node missed its heartbeats (jobs.py: Disconnect)
+USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
 
 
 @attrs.define
@@ -372,11 +374,18 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
                     detail = ", ".join(f"{k} ({v})" for k, v in reasons.items()) or "no eligible client node"
                     raise DriverFailure(f"nomad cannot place the sandbox: {detail}")
 
-    async def _stop_job(self, job_id: str, alloc_id: str | None) -> None:
+    async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None:
         """Stop the job, wait (bounded) until its task is gone, then purge it and GC the allocation.
 
         Purging at once would drop the allocation from the server while the client still
-        stops it, so destroy would return with the sandbox's processes alive."""
+        stops it, so destroy would return with the sandbox's processes alive. The job of an
+        allocation lost with its node is stopped and *not* purged: the stopped allocation is
+        what tells that node, if it comes back, to kill what it still runs (Nomad's job GC
+        removes it later)."""
+        if node_lost:
+            with contextlib.suppress(NomadNotFound):
+                await self._client.deregister(job_id, purge=False)
+            return
         if alloc_id is None:
             with contextlib.suppress(NomadNotFound):
                 await self._client.deregister(job_id, purge=True)
@@ -524,8 +533,10 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
                 alloc = by_alloc.get(sb.alloc_id)
                 if alloc is None or sb.id in self._destroying:
                     continue
-                if alloc.get("ClientStatus") in _ENDED or alloc.get("DesiredStatus") in ("stop", "evict"):
-                    await self._lost(sb, _alloc_reason(alloc), failed=alloc.get("ClientStatus") != "complete")
+                status = alloc.get("ClientStatus")
+                if status in _ENDED or status in _NODE_GONE or alloc.get("DesiredStatus") in ("stop", "evict"):
+                    await self._lost(sb, _alloc_reason(alloc), failed=status != "complete",
+                                     node_lost=status in _NODE_GONE)
             for runtime, pool in self._pool.items():
                 dead = [e for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
                         and a.get("ClientStatus") != "running"]
@@ -536,14 +547,14 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
                     log.warning("warm pool %s: %d idle allocation(s) died; refilling", runtime, len(dead))
                     self._refill_wakeup.set()
 
-    async def _lost(self, sb: _Sandbox, reason: str, *, failed: bool) -> None:
+    async def _lost(self, sb: _Sandbox, reason: str, *, failed: bool, node_lost: bool = False) -> None:
         self._sandboxes.pop(sb.id, None)
         self._state_path(sb.id).unlink(missing_ok=True)
         for ex in self._executions.values():
             if ex.sandbox_id == sb.id:
                 ex.stop.set()
         log.warning("sandbox %s: its allocation %s ended: %s", sb.id, sb.alloc_id, reason)
-        self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
+        self._spawn(self._stop_job(sb.job_id, sb.alloc_id, node_lost=node_lost), f"nomad-reap-{sb.job_id}")
         await self.report_ended(sb.id, f"the sandbox's Nomad allocation ended: {reason}", failed=failed)
 
     # -- destroy -------------------------------------------------------------------------
@@ -613,12 +624,19 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
         out = bytearray()
         for _ in range(2):  # an alloc exec now and then fails to start on a busy client: once more
             out.clear()
-            with contextlib.suppress(HutchError):
-                code = await self._client.exec(
-                    sb.alloc_id, TASK, [ENVELOPE, json.dumps({"usage": True})], stdin=None,
-                    on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
-                if code == 0:
-                    break
+            # Bounded: a client cut off from the network answers nothing (no refusal, no reset),
+            # and a status read must not wait for the heartbeat timeout that declares it lost.
+            try:
+                async with asyncio.timeout(USAGE_TIMEOUT):
+                    code = await self._client.exec(
+                        sb.alloc_id, TASK, [ENVELOPE, json.dumps({"usage": True})], stdin=None,
+                        on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
+            except TimeoutError:
+                return Usage()  # unreachable: asking again would only wait again
+            except HutchError:
+                continue
+            if code == 0:
+                break
         else:
             return Usage()
         data = json.loads(bytes(out) or b"{}")
@@ -772,7 +790,11 @@ def _alloc_reason(alloc: Mapping[str, Any]) -> str:
         if text and text not in details:
             details.append(text)
     desc = alloc.get("ClientDescription") or ""
-    parts = [f"allocation {status}"] + ([desc] if desc else []) + details
+    node = alloc.get("NodeName") or str(alloc.get("NodeID") or "")[:8]
+    if status in _NODE_GONE:  # the node is the story; the task's last events are stale news
+        return f"its node {node} stopped answering (allocation {status}: {desc or 'node down'})"
+    where = [f"on node {node}"] if node else []
+    parts = [f"allocation {status}"] + where + ([desc] if desc else []) + details
     return "; ".join(parts)
 
 

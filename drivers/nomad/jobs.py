@@ -19,6 +19,7 @@ PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
 INIT = [images.INIT_SHELL, "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
 DEFAULT_MEMORY_MB = 256
 CPU_RESERVATION_MHZ = 10
+DISCONNECT_LOST_AFTER_NS = 3600 * 10**9  # unknown -> lost after an hour (the job is long stopped)
 
 
 def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resources, meta: dict[str, str], *,
@@ -58,6 +59,12 @@ def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resourc
             "Name": TASK, "Count": 1,
             "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86400 * 10**9, "Delay": 10**9},
             "ReschedulePolicy": {"Attempts": 0, "Unlimited": False},
+            # A sandbox whose node stops answering is over (its state is there): its allocation
+            # turns "unknown", the driver fails the sandbox and stops the job, and nothing is
+            # placed elsewhere in its stead (a lost allocation of a service job would be
+            # replaced whatever the reschedule policy says). Should the node come back, the
+            # stopped job tells it to kill what it still runs.
+            "Disconnect": {"LostAfter": DISCONNECT_LOST_AFTER_NS, "Replace": False},
             "EphemeralDisk": {"SizeMB": 10},
             "Update": {"MaxParallel": 0},
             **group_extra,
