@@ -348,6 +348,9 @@ status() {
   if ((ok == 0)) && node_ready; then print_settings; else return 3; fi
 }
 
+# Sourced by cluster.sh for its functions (install, build, containerd, registry): no action then.
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
