@@ -28,7 +28,7 @@
 # cluster network (the Nomad server, the registry) and off this host's own addresses.
 set -euo pipefail
 
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=nomad.sh
 source "$here/nomad.sh"  # install_packages, build, nomad_bin, plugin_dir, pid_of, stop_pid
 
@@ -101,38 +101,39 @@ denied_cidrs() {
     | sed 's/.*/"&"/' | paste -sd, | sed 's/,/, /g'
 }
 
+# ---------------------------------------------------------------------------- agents
+
+# Every agent's configuration is the Terraform nomad-node module's template, rendered by OpenTofu
+# itself (scripts/tofu): one source for real machines and for these, not two lists.
+TEMPLATE="$repo/infra/terraform/modules/nomad-node/agent.hcl.tftpl"
+
+# role name data_dir bind_addr plugin_dir [containerd_socket workspace_root interface cgroup_parent]
+agent_vars() {
+  cat <<VARS
+{
+  role = "$1", name = "$2", datacenter = "dc1", data_dir = "$3", bind_addr = "$4", log_level = "WARN",
+  http_port = $SERVER_PORT, server_ips = ["$HOST_IP"], plugin_dir = "$5",
+  containerd_address = "${6:-}", workspace_root = "${7:-}", network_interface = "${8:-}", cgroup_parent = "${9:-}",
+  min_heartbeat_ttl = "4s", heartbeat_grace = "4s", failover_heartbeat_ttl = "20s",
+  cluster_cidrs = [$(denied_cidrs)], insecure_registries = ["$REGISTRY"], acl_enabled = false
+}
+VARS
+}
+
+render_agent() {  # an HCL object of the template's variables -> the agent's configuration
+  local out work="$ROOT/console"
+  mkdir -p "$work"
+  out=$(cd "$work" && tr '\n' ' ' <<<"templatefile(\"$TEMPLATE\", $1)" | "$repo/scripts/tofu" console) \
+    || die "rendering $TEMPLATE failed"
+  sed '1{/^<<EOT$/d}; ${/^EOT$/d}' <<<"$out"  # console prints a multi-line string as a heredoc
+}
+
 # ---------------------------------------------------------------------------- server
 
 server_up() {
   STATE="$ROOT/server"
   mkdir -p "$STATE"
-  cat >"$STATE/agent.hcl.new" <<EOF
-# Written by scripts/services.d/cluster.sh
-name      = "hutch-server"
-data_dir  = "$STATE/data"
-bind_addr = "$HOST_IP"
-log_level = "WARN"
-ports {
-  http = $SERVER_PORT
-  rpc  = $((SERVER_PORT + 1))
-  serf = $((SERVER_PORT + 2))
-}
-limits {
-  http_max_conns_per_client = 1000
-  rpc_max_conns_per_client  = 1000
-}
-server {
-  enabled                = true
-  bootstrap_expect       = 1
-  min_heartbeat_ttl      = "4s"
-  heartbeat_grace        = "4s"
-  failover_heartbeat_ttl = "20s"
-  job_gc_threshold       = "5m"
-  default_scheduler_config {
-    scheduler_algorithm = "spread"
-  }
-}
-EOF
+  render_agent "$(agent_vars server hutch-server "$STATE/data" "$HOST_IP" "$STATE/plugins")" >"$STATE/agent.hcl.new"
   if pid_of nomad >/dev/null && cmp -s "$STATE/agent.hcl.new" "$STATE/agent.hcl"; then
     rm -f "$STATE/agent.hcl.new"; return 0
   fi
@@ -150,41 +151,10 @@ server_api() { curl -fsS -m 5 "http://$HOST_IP:$SERVER_PORT$1"; }
 # ---------------------------------------------------------------------------- clients
 
 client_config() {
-  local i=$1 dir=$ROOT/c$1 plugin; plugin="$(plugin_dir)/hutch-containerd"
-  cat <<EOF
-# Written by scripts/services.d/cluster.sh (plugin build: $plugin)
-name       = "hutch-c$i"
-data_dir   = "$dir/data"
-bind_addr  = "$(client_ip "$i")"
-plugin_dir = "$dir/plugins"
-log_level  = "WARN"
-client {
-  enabled           = true
-  servers           = ["$HOST_IP:$((SERVER_PORT + 1))"]
-  network_interface = "eth0"
-  cgroup_parent     = "hutch-c$i"
-  cni_path          = "/usr/lib/cni"
-  gc_interval       = "10s"
-  gc_max_allocs     = 500
-  options = {
-    "driver.denylist"      = "docker,java,qemu,podman,exec,raw_exec"
-    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
-  }
-  meta {
-    "hutch.node" = "c$i"
-  }
-}
-plugin "hutch-containerd" {
-  config {
-    address             = "$(sock "$i")"
-    namespace           = "nomad"
-    workspace_root      = "$dir/workspaces"
-    sandbox_firewall    = true
-    insecure_registries = ["$REGISTRY"]
-    denied_cidrs        = [$(denied_cidrs)]
-  }
-}
-EOF
+  local i=$1 dir=$ROOT/c$1
+  echo "# plugin build: $(plugin_dir)/hutch-containerd"
+  render_agent "$(agent_vars client "hutch-c$i" "$dir/data" "$(client_ip "$i")" "$dir/plugins" \
+    "$(sock "$i")" "$dir/workspaces" eth0 "hutch-c$i")"
 }
 
 client_up() {

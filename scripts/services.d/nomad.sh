@@ -17,7 +17,7 @@
 # HUTCH_SERVICES_DIR (state). Logs: $HUTCH_SERVICES_DIR/nomad/*.log.
 set -euo pipefail
 
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 MODULE="$here/nomad"
 
@@ -62,7 +62,11 @@ stop_pid() {  # name [signal]
 
 install_packages() {
   local missing=() pkg
-  for pkg in containerd runc docker-registry umoci skopeo curl containernetworking-plugins iptables iproute2 util-linux e2fsprogs; do
+  # A client's packages come from the list the Terraform nomad-node module installs on its clients;
+  # this host also keeps the registry and builds the images.
+  local client_packages
+  client_packages=$(grep -v '^#' "$repo/infra/terraform/modules/nomad-node/client-packages.txt")
+  for pkg in $client_packages docker-registry umoci skopeo; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if ((${#missing[@]})); then

@@ -183,6 +183,13 @@ def test_rendered_user_data_passes_cloud_init_schema(
     else:
         assert '"10.0.0.10:4647"' in agent_hcl and 'plugin "hutch-containerd"' in agent_hcl
         assert {"containerd", "runc", "containernetworking-plugins"} <= set(doc["packages"])
+        # One list for both kinds of client: this module's and those `services start cluster` runs.
+        listed = (TERRAFORM / "modules" / "nomad-node" / "client-packages.txt").read_text().split("\n")
+        assert doc["packages"] == [p.strip() for p in listed if p.strip() and not p.startswith("#")]
+        nomad_sh = (REPO / "scripts" / "services.d" / "nomad.sh").read_text()
+        assert "infra/terraform/modules/nomad-node/client-packages.txt" in nomad_sh
+        cluster_sh = (REPO / "scripts" / "services.d" / "cluster.sh").read_text()
+        assert "infra/terraform/modules/nomad-node/agent.hcl.tftpl" in cluster_sh
         assert "https://artifacts.example.internal/hutch/hutch-containerd" in commands
 
 

@@ -4,10 +4,31 @@ locals {
     datacenter     = var.datacenter
     server_ips     = var.server_ips
     workspace_root = var.workspace_root
+    # the rest as in variables.tf (scripts/services.d/cluster.sh renders the same template)
+    name                   = var.name
+    data_dir               = var.data_dir
+    bind_addr              = var.bind_addr
+    log_level              = var.log_level
+    http_port              = var.http_port
+    min_heartbeat_ttl      = var.min_heartbeat_ttl
+    heartbeat_grace        = var.heartbeat_grace
+    failover_heartbeat_ttl = var.failover_heartbeat_ttl
+    plugin_dir             = var.plugin_dir
+    containerd_address     = var.containerd_address
+    network_interface      = var.network_interface
+    cgroup_parent          = var.cgroup_parent
+    cluster_cidrs          = var.cluster_cidrs
+    insecure_registries    = var.insecure_registries
+    acl_enabled            = var.acl_enabled
   })
+
+  # One list for the clients made here and those scripts/services.d/nomad.sh starts locally.
+  client_packages = [for line in split("\n", file("${path.module}/client-packages.txt")) :
+  trimspace(line) if trimspace(line) != "" && !startswith(trimspace(line), "#")]
 
   user_data = templatefile("${path.module}/cloud-init.yaml.tftpl", {
     role              = var.role
+    packages          = var.role == "client" ? local.client_packages : ["ca-certificates", "curl"]
     agent_hcl         = local.agent_hcl
     artifact_base_url = trimsuffix(var.artifact_base_url, "/")
     nomad_version     = var.nomad_version

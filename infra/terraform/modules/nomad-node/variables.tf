@@ -30,3 +30,84 @@ variable "workspace_root" {
   type        = string
   default     = "/var/lib/hutch/nomad-workspaces"
 }
+
+variable "cluster_cidrs" {
+  description = "The cluster's private networks (Nomad servers, registry, Kafka, PostgreSQL, API hosts): no sandbox reaches them, whatever its network.allow says."
+  type        = list(string)
+  default     = []
+}
+
+variable "insecure_registries" {
+  description = "Registries (host:port) clients pull from over plain HTTP; one on loopback always is."
+  type        = list(string)
+  default     = []
+}
+
+variable "acl_enabled" {
+  type    = bool
+  default = true
+}
+
+variable "name" {
+  description = "The node's name in Nomad (default: the host name)."
+  type        = string
+  default     = ""
+}
+
+variable "data_dir" {
+  type    = string
+  default = "/var/lib/nomad"
+}
+
+variable "bind_addr" {
+  type    = string
+  default = "{{ GetPrivateIP }}"
+}
+
+variable "log_level" {
+  type    = string
+  default = "INFO"
+}
+
+variable "http_port" {
+  description = "The agents' HTTP port; RPC and Serf are the next two."
+  type        = number
+  default     = 4646
+}
+
+variable "min_heartbeat_ttl" {
+  type    = string
+  default = "10s"
+}
+
+variable "heartbeat_grace" {
+  type    = string
+  default = "10s"
+}
+
+variable "failover_heartbeat_ttl" {
+  type    = string
+  default = "5m"
+}
+
+variable "plugin_dir" {
+  type    = string
+  default = "/opt/nomad/plugins"
+}
+
+variable "containerd_address" {
+  type    = string
+  default = "/run/containerd/containerd.sock"
+}
+
+variable "network_interface" {
+  description = "The client's interface for allocations' addresses (default: Nomad's choice)."
+  type        = string
+  default     = ""
+}
+
+variable "cgroup_parent" {
+  description = "The client's cgroup parent (default: Nomad's); several clients on one host need one each."
+  type        = string
+  default     = ""
+}
