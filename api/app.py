@@ -146,10 +146,11 @@ def make_driver(config: Config) -> Driver:
 
         return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
     if config.driver == "nomad":
-        from drivers.nomad.driver import NomadDriver, pool_sizes_from_env
+        from drivers.nomad.driver import NomadDriver, pool_sizing_from_env
 
         return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
-                           token=config.nomad_token, pool_sizes=pool_sizes_from_env(config.nomad_pool),
+                           token=config.nomad_token,
+                           pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
                            runtime_cache=config.runtimes_dir)
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 

@@ -39,7 +39,10 @@ class Config:
     nomad_addr: str = "http://127.0.0.1:4646"  # HUTCH_NOMAD_ADDR
     nomad_token: str | None = None  # HUTCH_NOMAD_TOKEN (ACL token)
     nomad_registry: str = "127.0.0.1:5000"  # HUTCH_NOMAD_REGISTRY: where the runtime images are
-    nomad_pool: str = ""  # HUTCH_NOMAD_POOL: warm pool sizes, "base:latest=2,python:3.13=1"
+    # HUTCH_NOMAD_POOL: warm pools: "auto" (adaptive, drivers/nomad/pools.py), "off", or fixed
+    # sizes "base:latest=2,python:3.13=1"; HUTCH_NOMAD_POOL_MEMORY: their MiB per client node.
+    nomad_pool: str = "auto"
+    nomad_pool_memory: str = ""
     # HUTCH_PREBUILD: catalog runtimes to build at start ("all", or names, comma-separated);
     # any other runtime is built at its first use.
     prebuild: str = ""
@@ -74,6 +77,7 @@ class Config:
             ("nomad_token", "HUTCH_NOMAD_TOKEN"),
             ("nomad_registry", "HUTCH_NOMAD_REGISTRY"),
             ("nomad_pool", "HUTCH_NOMAD_POOL"),
+            ("nomad_pool_memory", "HUTCH_NOMAD_POOL_MEMORY"),
             ("prebuild", "HUTCH_PREBUILD"),
             ("sandbox_domain", "HUTCH_SANDBOX_DOMAIN"),
             ("default_disk", "HUTCH_DEFAULT_DISK"),

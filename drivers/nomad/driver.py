@@ -70,7 +70,6 @@ from drivers.base import (
     Metric,
     OutputSink,
     ProvisionRequest,
-    Resources,
     Usage,
     check_env,
 )
@@ -82,6 +81,7 @@ from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused, run_tagged
 from drivers.nomad.files import NomadFiles
 from drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
+from drivers.nomad.pools import PoolEntry, PoolSizing, WarmPools, fixed_sizes, pool_sizing_from_env
 from drivers.nomad.terminal import NomadTerminals
 
 log = logging.getLogger(__name__)
@@ -109,13 +109,6 @@ class _Sandbox:
     allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
 
 
-@attrs.define
-class _PoolEntry:
-    job_id: str
-    alloc_id: str
-    runtime: str
-
-
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
 
@@ -126,7 +119,7 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(NomadFiles, NomadTerminals, Driver):
+class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
     name = "nomad"
 
     def __init__(
@@ -139,6 +132,7 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
         namespace: str | None = None,
         datacenters: Sequence[str] = ("*",),
         pool_sizes: Mapping[str, int] | None = None,
+        pool_sizing: PoolSizing | None = None,
         runtime_cache: Path | None = None,
     ) -> None:
         self.address = address
@@ -154,20 +148,15 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
             egress_allow=True)  # the plugin's allow.go, kept current through its allow verb
         self._allow = AllowLists(self._apply_allow)
-        self.pool_sizes = dict(pool_sizes or {})
+        # Warm pools (pools.py): fixed sizes, or adaptive sizing (HUTCH_NOMAD_POOL=auto).
+        self._init_pools(pool_sizing or fixed_sizes(pool_sizes))
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._available: set[str] = set()
         self._sandboxes: dict[str, _Sandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._destroying: set[str] = set()
         self._paused: set[str] = set()
-        self._pool: dict[str, deque[_PoolEntry]] = {}
-        self._pool_starting: dict[str, int] = {}
-        self._pool_claims = 0
-        self._pool_misses = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._refill_wakeup = asyncio.Event()
-        self._refilling = False
         self._locks: dict[str, asyncio.Lock] = {}
         self._install_lock = asyncio.Lock()  # one layer build and push at a time
 
@@ -191,16 +180,6 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
         self._spawn(self._watch(), "nomad-watch")
         self._start_pools()
 
-    def _start_pools(self) -> None:
-        """Warm pools for the runtimes that have images (again after a first-use build)."""
-        for runtime, size in self.pool_sizes.items():
-            if size > 0 and runtime in self._available:
-                self._pool.setdefault(runtime, deque())
-        if self._pool and not self._refilling:
-            self._refilling = True
-            self._spawn(self._refill_loop(), "nomad-pool")
-        self._refill_wakeup.set()
-
     def _probe_images(self) -> set[str]:
         return {r.name for r in runtimes.CATALOG if images.exists(r, self.registry)}
 
@@ -211,12 +190,7 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        # Idle pool allocations are cheap to place again and must not pile up on the node.
-        drains = [entry.job_id for pool in self._pool.values() for entry in pool]
-        self._pool.clear()
-        for job_id in drains:
-            with contextlib.suppress(HutchError):
-                await self._client.deregister(job_id, purge=True)
+        await self._drain_pools()
         await self._client.close()
 
     def runtimes_available(self) -> set[str]:
@@ -294,7 +268,7 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
             allocs = await self._client.job_allocations(job_id)
             running = [a for a in allocs if a.get("ClientStatus") == "running"]
             if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
-                self._pool.setdefault(runtime, deque()).append(_PoolEntry(job_id, running[0]["ID"], runtime))
+                self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, running[0]["ID"], runtime))
             else:  # a sandbox whose state file is gone, or a pool we no longer want
                 self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
 
@@ -447,72 +421,9 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
             await asyncio.to_thread(self._save, sb)
             self._sandboxes[sb.id] = sb
 
-    # -- warm pools ------------------------------------------------------------------------
-
-    def _claim(self, runtime: str, resources: Resources) -> _PoolEntry | None:
-        if runtime not in self._pool:
-            return None
-        if resources != Resources():
-            self._pool_misses += 1
-            return None
-        pool = self._pool[runtime]
-        self._refill_wakeup.set()
-        if not pool:
-            self._pool_misses += 1
-            return None
-        self._pool_claims += 1
-        return pool.popleft()
-
-    def pool_metrics(self) -> dict[str, Any]:
-        """Warm pool sizes and counters (the API's metrics show them)."""
-        return {
-            "pools": {rt: {"target": self.pool_sizes.get(rt, 0), "ready": len(pool),
-                           "starting": self._pool_starting.get(rt, 0)}
-                      for rt, pool in self._pool.items()},
-            "claims": self._pool_claims,
-            "misses": self._pool_misses,
-        }
-
     def metrics(self) -> list[Metric]:
-        pools = self.pool_metrics()
-        out = [Metric("hutch_nomad_pool_claims_total", pools["claims"], "counter",
-                      "creates served from a warm pool"),
-               Metric("hutch_nomad_pool_misses_total", pools["misses"], "counter",
-                      "creates that had to be scheduled cold")]
-        for runtime, pool in sorted(pools["pools"].items()):
-            for key, text in (("target", "configured warm pool size"), ("ready", "idle allocations ready to claim"),
-                              ("starting", "allocations being placed to refill the pool")):
-                out.append(Metric(f"hutch_nomad_pool_{key}", pool[key], "gauge", text, {"runtime": runtime}))
-        out.append(Metric("hutch_nomad_sandboxes", len(self._sandboxes), "gauge", "sandboxes this driver runs"))
-        return out
-
-    async def _refill_loop(self) -> None:
-        while True:
-            self._refill_wakeup.clear()
-            for runtime, pool in self._pool.items():
-                target = self.pool_sizes.get(runtime, 0)
-                missing = target - len(pool) - self._pool_starting.get(runtime, 0)
-                for _ in range(max(0, missing)):
-                    self._pool_starting[runtime] = self._pool_starting.get(runtime, 0) + 1
-                    self._spawn(self._add_to_pool(runtime), f"nomad-pool-{runtime}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._refill_wakeup.wait(), 5)
-
-    async def _add_to_pool(self, runtime: str) -> None:
-        recipe = runtimes.find(runtime)
-        assert recipe is not None
-        job_id = f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
-        try:
-            alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, Resources(), {"hutch.pool": runtime}))
-            self._pool.setdefault(runtime, deque()).append(_PoolEntry(job_id, alloc_id, runtime))
-        except HutchError as err:
-            log.warning("warm pool %s: placing an allocation failed: %s", runtime, err.message)
-            with contextlib.suppress(HutchError):
-                await self._client.deregister(job_id, purge=True)
-            await asyncio.sleep(2)
-        finally:
-            self._pool_starting[runtime] -= 1
-            self._refill_wakeup.set()
+        return [*self._pool_metric_list(),
+                Metric("hutch_nomad_sandboxes", len(self._sandboxes), "gauge", "sandboxes this driver runs")]
 
     # -- failures ------------------------------------------------------------------------
 
@@ -538,11 +449,13 @@ class NomadDriver(NomadFiles, NomadTerminals, Driver):
                     await self._lost(sb, _alloc_reason(alloc), failed=status != "complete",
                                      node_lost=status in _NODE_GONE)
             for runtime, pool in self._pool.items():
-                dead = [e for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
+                dead = [(e, a) for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
                         and a.get("ClientStatus") != "running"]
-                for entry in dead:
+                for entry, alloc in dead:
                     pool.remove(entry)
-                    self._spawn(self._stop_job(entry.job_id, None), f"nomad-reap-{entry.job_id}")
+                    gone = alloc.get("ClientStatus") in _NODE_GONE  # stopped, not purged (_stop_job)
+                    self._spawn(self._stop_job(entry.job_id, entry.alloc_id if gone else None, node_lost=gone),
+                                f"nomad-reap-{entry.job_id}")
                 if dead:
                     log.warning("warm pool %s: %d idle allocation(s) died; refilling", runtime, len(dead))
                     self._refill_wakeup.set()
@@ -798,18 +711,4 @@ def _alloc_reason(alloc: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def pool_sizes_from_env(value: str | None) -> dict[str, int]:
-    """``HUTCH_NOMAD_POOL``: ``"base:latest=2,python:3.13=1"``."""
-    sizes: dict[str, int] = {}
-    for part in (value or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, sep, count = part.rpartition("=")
-        if not sep or not count.isdigit():
-            raise InvalidInput(f"HUTCH_NOMAD_POOL: expected runtime=count, got {part!r}", field="nomad_pool")
-        sizes[name] = int(count)
-    return sizes
-
-
-__all__ = ["NomadDriver", "pool_sizes_from_env"]
+__all__ = ["NomadDriver", "PoolSizing", "pool_sizing_from_env"]

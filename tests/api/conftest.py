@@ -74,7 +74,9 @@ async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: di
     apps: list[web.Application] = []
 
     async def factory(**overrides: Any) -> Api:
-        overrides = {**profile, **overrides}
+        # Warm pools are off in the API tests (their idle allocations would crowd the one dev
+        # agent the whole suite shares); tests/nomad/test_pools.py covers them.
+        overrides = {"nomad_pool": "off", **profile, **overrides}
         config = Config(data_dir=data_dir, api_key=KEY, driver=overrides.pop("driver", driver_name), **overrides)
         app: web.Application = create_app(config)
         client = Api(await aiohttp_client(app))

@@ -107,16 +107,18 @@ def server(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     data = tmp_path_factory.mktemp("cluster") / "data"
     data.mkdir()
     srv = Server(data, driver="nomad", HUTCH_NOMAD_ADDR=cluster.addr, HUTCH_NOMAD_REGISTRY=cluster.registry,
-                 HUTCH_EVENT_LOG=log, HUTCH_STORE=url, HUTCH_NOMAD_POOL="")
+                 HUTCH_EVENT_LOG=log, HUTCH_STORE=url, HUTCH_NOMAD_POOL="off")
     srv.start(timeout=120)
     try:
         yield srv
     finally:
-        for sb in srv.data("GET", "/sandbox?limit=100").get("sandboxes", []):
-            srv.call("DELETE", f"/sandbox/{sb['sandboxId']}")
-        srv.stop()
-        asyncio.run(drop_database(database))
-        asyncio.run(drop_topics(log))
+        try:
+            for sb in srv.data("GET", "/sandbox?limit=100").get("sandboxes", []):
+                srv.call("DELETE", f"/sandbox/{sb['sandboxId']}")
+        finally:  # the server never outlives the module, whatever the clean-up met
+            srv.stop()
+            asyncio.run(drop_database(database))
+            asyncio.run(drop_topics(log))
 
 
 def spread_sandboxes(server: Server, cluster: Cluster, body: dict[str, Any], *, most: int = 12) -> dict[str, str]:

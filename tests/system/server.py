@@ -35,6 +35,7 @@ class Server:
             "HUTCH_DRIVER": driver,
             "HUTCH_API_KEY": KEY,
             "PYTHONPATH": str(ROOT),
+            "HUTCH_NOMAD_POOL": "off",  # as in the API tests (tests/api/conftest.py)
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -1,0 +1,95 @@
+"""Adaptive warm pools (drivers/nomad/pools.py): the sizing policy by itself, its settings, and
+the nomad driver keeping real idle allocations on the dev agent as the policy says."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from core.errors import InvalidInput
+from drivers.base import ProvisionRequest
+from drivers.nomad.driver import NomadDriver
+from drivers.nomad.pools import PoolSizing, pool_sizing_from_env
+from tests.drivers_support import start_nomad
+
+
+def test_fixed_sizes_are_what_they_say() -> None:
+    sizing = pool_sizing_from_env("base:latest=2,python:3.13=0")
+    assert not sizing.adaptive and sizing.targets(nodes=3) == {"base:latest": 2}
+    assert pool_sizing_from_env("off").targets(3) == {} and pool_sizing_from_env("").targets(3) == {}
+
+
+def test_adaptive_sizes_follow_the_create_rate_and_drain_when_idle() -> None:
+    s = PoolSizing(fixed=None, window=60, idle_after=120)
+    assert s.targets(nodes=3, now=0) == {"base:latest": 1}  # a fresh install's creates are warm
+    for i in range(60):  # one create a second of python:3.13, placements taking 2 s
+        s.record_create("python:3.13", now=i)
+    for _ in range(10):
+        s.record_placement(2.0)
+    wanted = s.targets(nodes=3, now=60)
+    assert wanted["python:3.13"] >= 3 and wanted["base:latest"] == 1, wanted
+    assert s.targets(nodes=3, now=100)["python:3.13"] >= 1  # slowed down: smaller, still warm
+    assert "python:3.13" not in s.targets(nodes=3, now=200)  # idle for idle_after: drained
+    assert s.targets(nodes=3, now=200) == {"base:latest": 1}
+
+
+def test_adaptive_sizes_stay_within_the_memory_budget() -> None:
+    s = PoolSizing(fixed=None, memory_budget_mb=512, window=60)  # 2 idle allocations per node
+    for rt in ("python:3.13", "node:22"):
+        for i in range(120):
+            s.record_create(rt, now=i / 2)
+    assert sum(s.targets(nodes=1, now=60).values()) == 2
+    assert all(n >= 1 for n in s.targets(nodes=1, now=60).values() if n)
+    assert sum(s.targets(nodes=3, now=60).values()) <= 6
+    assert s.targets(nodes=0, now=60) == dict.fromkeys(s.targets(nodes=1, now=60), 0)
+
+
+@pytest.mark.parametrize(("value", "memory", "named"), [
+    ("base:latest", None, "HUTCH_NOMAD_POOL"), ("base:latest=two", None, "HUTCH_NOMAD_POOL"),
+    ("auto", "lots", "HUTCH_NOMAD_POOL_MEMORY")])
+def test_bad_settings_name_the_setting(value: str, memory: str | None, named: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        pool_sizing_from_env(value, memory)
+    assert named in err.value.message and (memory or value.split("=")[-1]) in err.value.message
+
+
+async def wait_for(check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_the_driver_keeps_adaptive_pools_on_nomad(tmp_path: Path) -> None:
+    sizing = PoolSizing(fixed=None, window=5, idle_after=5)
+    driver = await start_nomad(tmp_path / "data", pool_sizing=sizing)
+    assert isinstance(driver, NomadDriver)
+    pools = lambda: driver.pool_metrics()["pools"]  # noqa: E731
+    try:
+        assert driver.pool_metrics()["mode"] == "auto"
+        await wait_for(lambda: pools().get("base:latest", {}).get("ready") == 1)  # warm from the start
+        t = time.perf_counter()
+        await driver.provision(ProvisionRequest("pool-a", "base:latest"))
+        assert time.perf_counter() - t < 0.5 and driver.pool_metrics()["claims"] == 1
+        await wait_for(lambda: pools()["base:latest"]["ready"] >= 1)  # refilled
+        await driver.provision(ProvisionRequest("pool-b", "python:3.13"))  # cold: nothing asked before
+        assert driver.pool_metrics()["misses"] == 1
+        await wait_for(lambda: pools().get("python:3.13", {}).get("ready") == 1)  # now it is wanted
+        # Nobody creates python:3.13 any more: its pool drains (the default runtime's stays).
+        await wait_for(lambda: pools()["python:3.13"]["ready"] == 0 and pools()["python:3.13"]["target"] == 0,
+                       timeout=30)
+        assert pools()["base:latest"]["ready"] >= 1
+        # In Nomad: the pool's idle allocations and the claimed one's job (now pool-a's), no more.
+        wanted = {e.job_id for p in driver._pool.values() for e in p} | {sb.job_id for sb in driver._sandboxes.values()}
+        deadline = time.monotonic() + 30
+        while (left := {j["ID"] for j in await driver._client.jobs(driver._job_prefix() + "pool-")}) - wanted:
+            assert time.monotonic() < deadline, (left, wanted)
+            await asyncio.sleep(0.2)
+    finally:
+        for sid in ("pool-a", "pool-b"):
+            await driver.destroy(sid)
+        await driver.close()
