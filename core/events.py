@@ -233,9 +233,7 @@ EventData = (
     | SshKeyRemoved
 )
 
-EVENT_TYPES: dict[str, type] = {
-    cls.type: cls
-    for cls in (
+EVENT_CLASSES: tuple[type[Any], ...] = (
         SandboxCreated,
         RuntimeBuildProgress,
         SandboxStarted,
@@ -256,8 +254,8 @@ EVENT_TYPES: dict[str, type] = {
         SnapshotTagged,
         SnapshotDeleted,
         *TENANCY_EVENTS,
-    )
-}
+)
+EVENT_TYPES: dict[str, type[Any]] = {cls.type: cls for cls in EVENT_CLASSES}
 
 
 # Who is acting: the API key id (``key_…``, never the key) of the request being served. The
@@ -315,7 +313,7 @@ def decode(record: dict[str, Any], position: int | None = None) -> Event:
         cls = EVENT_TYPES[record["type"]]
     except KeyError as err:
         raise InvalidInput(f"unknown event type {record.get('type')!r} in the log") from err
-    data = converter.structure(record.get("data") or {}, cls)
+    data: EventData = converter.structure(record.get("data") or {}, cls)
     return Event(
         event_id=record["eventId"],
         sandbox_id=record["sandboxId"],

@@ -44,4 +44,4 @@ def is_id(kind: str, value: object) -> bool:
     if not isinstance(value, str):
         return False
     m = _ID_RE.match(value)
-    return bool(m) and m.group("prefix") == PREFIXES[kind]
+    return m is not None and m.group("prefix") == PREFIXES[kind]

@@ -295,25 +295,26 @@ def create_key(directory: Directory, org_id: str, *, role: object, name: object 
                projects: object = (), expires_at: object = None, rate: object = None,
                burst: object = None, now: dt.datetime | None = None) -> tuple[str, KeyCreated]:
     """(the secret, shown once; the event, which holds its hash only)."""
-    try:
-        role = Role(role)
-    except ValueError:
-        raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role") from None
+    if not isinstance(role, str) or role not in {r.value for r in Role}:
+        raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 100):
         raise InvalidInput("name: expected a string of 1-100 characters", field="name")
     if not isinstance(projects, (list, tuple)) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects: expected a list of project ids or names", field="projects")
     project_ids = tuple(resolve_project(directory, org_id, p, "projects") for p in projects)
     expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else None
+    numbers: dict[str, float | None] = {}
     for field, value in (("rate", rate), ("burst", burst)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             raise InvalidInput(f"{field}: expected a positive number, got {value!r}", field=field)
+        numbers[field] = value
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     key_id = ids.new_id("key")
-    return secret, KeyCreated(key_id=key_id, role=role, name=name or key_id, secret_hash=hash_secret(secret),
+    rate_, burst_ = numbers["rate"], numbers["burst"]
+    return secret, KeyCreated(key_id=key_id, role=Role(role), name=name or key_id, secret_hash=hash_secret(secret),
                               prefix=secret[:10], projects=project_ids, expires_at=expires,
-                              rate=float(rate) if rate is not None else None,
-                              burst=int(burst) if burst is not None else None)
+                              rate=float(rate_) if rate_ is not None else None,
+                              burst=int(burst_) if burst_ is not None else None)
 
 
 def resolve_project(directory: Directory, org_id: str, ref: str, field: str = "projectId") -> str:
@@ -414,7 +415,7 @@ def set_quota(values: Mapping[str, object], current: Quota) -> QuotaSet:
             raise InvalidInput(f"{field}: not a quota; expected one of {', '.join(Quota.FIELDS)}", field=field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise InvalidInput(f"{field}: expected a whole number >= 0 or null, got {value!r}", field=field)
-        changes[field] = value  # type: ignore[assignment]
+        changes[field] = value
     return QuotaSet(quota=attrs.evolve(current, **changes))
 
 

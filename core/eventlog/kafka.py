@@ -109,7 +109,7 @@ def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
 @functools.lru_cache(maxsize=65536)  # murmur2 is pure Python: hash each sandbox once
 def partition_for(sandbox_id: str, partitions: int) -> int:
     """The Java client's default partitioner (murmur2), so other clients agree on where a key lives."""
-    return (murmur2(sandbox_id.encode()) & 0x7FFFFFFF) % partitions
+    return int(murmur2(sandbox_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 def _id_millis(sandbox_id: str) -> int | None:

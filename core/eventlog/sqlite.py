@@ -12,15 +12,18 @@ import asyncio
 import json
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 
 from core.errors import LogUnavailable
 from core.eventlog.base import EventLog
 from core.events import Event, decode, encode
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -52,7 +55,7 @@ class SqliteEventLog(EventLog):
         self._last = 0
         self._identity: str | None = None
 
-    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _open(self) -> int:
@@ -136,7 +139,8 @@ class SqliteEventLog(EventLog):
 
     def _select(self, after: int, sandbox_id: str | None, limit: int | None, reverse: bool) -> list[Event]:
         assert self._conn is not None, "event log not started"
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if reverse and after > 0:
             where.append("position < ?")
             args.append(after)
@@ -162,7 +166,9 @@ class SqliteEventLog(EventLog):
         return await self._run(self._select, after, sandbox_id, limit, reverse)
 
     async def last_position(self) -> int:
-        row = await self._run(lambda: self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM events").fetchone())  # type: ignore[union-attr]
+        conn = self._conn
+        assert conn is not None, "the event log is not started"
+        row = await self._run(lambda: conn.execute("SELECT COALESCE(MAX(position), 0) FROM events").fetchone())
         return int(row[0])
 
     async def identity(self) -> str | None:
