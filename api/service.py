@@ -43,9 +43,10 @@ from core.errors import (
     SandboxNotFound,
 )
 from core.eventlog.base import EventLog
-from core.events import Event, SandboxCreated, SnapshotCreated, decode, encode
+from core.events import Event, EventData, SandboxCreated, SnapshotCreated, decode, encode
 from core.lifecycle import (
     ChangeEnv,
+    Command,
     Destroy,
     Fail,
     FinishExecution,
@@ -198,7 +199,7 @@ class Engine(CheckpointOps):
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
-    async def record(self, stream: str, decide: Callable[[], Iterable[object]]) -> list[Event]:
+    async def record(self, stream: str, decide: Callable[[], Iterable[EventData]]) -> list[Event]:
         """Append the events ``decide()`` returns about ``stream`` (a tenancy record's
         organization), deciding and appending under the stream's lock: checks such as a
         name's uniqueness hold against concurrent requests to this server."""
@@ -225,13 +226,13 @@ class Engine(CheckpointOps):
         self._owners[stream] = found
         return found
 
-    async def _append(self, sandbox_id: str, payloads: Iterable[object]) -> list[Event]:
+    async def _append(self, sandbox_id: str, payloads: Iterable[EventData]) -> list[Event]:
         at = now_iso()
         payloads = list(payloads)
         if not payloads:
             return []
         org, project = await self._owner(sandbox_id, payloads[0])
-        events = [Event(ids.new_id("event"), sandbox_id, at, p, org=org, project=project)  # type: ignore[arg-type]
+        events = [Event(ids.new_id("event"), sandbox_id, at, p, org=org, project=project)
                   for p in payloads]
         for e in events:
             # An event the projector cannot read back would wedge every reader of the log:
@@ -242,10 +243,10 @@ class Engine(CheckpointOps):
         await self.projector.wait_for(positions[-1])
         return [attrs.evolve(e, position=p) for e, p in zip(events, positions, strict=True)]
 
-    async def _command(self, sandbox_id: str, command: object) -> list[Event]:
+    async def _command(self, sandbox_id: str, command: Command) -> list[Event]:
         async with self._lock(sandbox_id):
             sb = await self._require(sandbox_id)
-            return await self._append(sandbox_id, decide(sb, command))  # type: ignore[arg-type]
+            return await self._append(sandbox_id, decide(sb, command))
 
     async def _require(self, sandbox_id: str, *, include_deleted: bool = True) -> Sandbox:
         sb = await self.store.get_sandbox(sandbox_id)

@@ -16,6 +16,7 @@ from core.events import (
     CheckpointDeleted,
     CheckpointRestored,
     Event,
+    EventData,
     ExecutionFinished,
     ExecutionStarted,
     RuntimeBuildProgress,
@@ -140,7 +141,7 @@ def checkpoint_id_for(sandbox: Sandbox, ref: str) -> str:
     return next((c.checkpoint_id for c in sandbox.checkpoints if c.name == ref), ref)
 
 
-def decide(sandbox: Sandbox, command: Command) -> list[object]:
+def decide(sandbox: Sandbox, command: Command) -> list[EventData]:
     """Event payloads the command produces (the caller wraps them in envelopes)."""
     status = sandbox.status
     match command:
@@ -246,7 +247,7 @@ def decide(sandbox: Sandbox, command: Command) -> list[object]:
         case Terminate():
             if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
                 return []
-            events: list[object] = []
+            events: list[EventData] = []
             if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
                 events.append(SandboxCompleted(exit_code=command.exit_code))
             events.append(
