@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from api import archives
+from api import archives, openapi
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from api.output import OutputStore
@@ -210,6 +210,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(webapp_routes)  # /app: the Web App
     app.add_routes(ssh_keys.routes)
     app.add_routes(proxy.routes)
+    app.add_routes(openapi.routes)  # GET /openapi.json: every route above, described
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(proxy.session_ctx)
     return app

@@ -218,7 +218,26 @@ async def service_stats(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------- the rest: not hutch's
 
 
+def _methods_elsewhere(request: web.Request) -> list[str]:
+    """The methods another route takes at this very path (/cli/apikey/{id} takes GET and DELETE):
+    a wrong method there is 405 with an Allow header, not "hutch does not have that"."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is request.match_info.route.resource:
+            continue
+        info = resource.get_info()
+        pattern = info.get("pattern")
+        if info.get("path") == request.path or (pattern is not None and pattern.fullmatch(request.path)):
+            allowed |= {route.method for route in resource if route.method not in ("HEAD", "*")}
+    return sorted(allowed)
+
+
 async def _not_here(request: web.Request) -> web.Response:
+    if allowed := _methods_elsewhere(request):
+        return web.json_response(
+            {"success": False, "code": "METHOD_NOT_ALLOWED",
+             "message": f"{request.method} {request.path}: not a method of this path; it takes {', '.join(allowed)}"},
+            status=405, headers={"Allow": ", ".join(allowed)})
     raise NotSupported(f"{request.method} {request.path}: hutch serves the sandbox commands of the Agentuity CLI "
                        "(and its organization, region and API key calls); this one is for something hutch does "
                        "not have (agents, deployments, projects' settings, …)")

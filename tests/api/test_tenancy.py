@@ -66,6 +66,7 @@ PUBLIC_ROUTES = {
     ("GET", "/app"),  # the Web App's page and its static files: nothing but the code
     ("GET", "/app/static/{name}"),
     ("POST", "/app/session"),  # signing in: the API key in the body is the credential
+    ("GET", "/openapi.json"),  # the API's description: no secret
 }
 
 # What each route needs beyond the rule "GET reads, everything else writes".

@@ -1,0 +1,183 @@
+"""The API described: an OpenAPI 3.1 document made from the application's own route table, so
+it cannot leave a route out (``GET /openapi.json``, no key needed).
+
+Every route of the router becomes an operation: its path template and path parameters, its
+summary (the handler's docstring), its tag (the routes module), whether it needs a key (the
+tenancy layer's own ``access_of``: a route the API serves without one says ``security: []``).
+JSON answers share one envelope (``{"success": …, "data" | "message", "code", "field"}``),
+which the schema states and the fuzzing test (tests/api/test_openapi_fuzz.py) holds every
+answer to; bodies are JSON objects unless the route takes bytes (uploads, stdin, archives).
+Streams, downloads, server-sent events and websockets answer other media types, declared
+as such.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+from aiohttp import web
+
+from api.http import base_url
+from api.tenancy import PUBLIC, access_of, needs
+
+VERSION = "3.1.0"
+
+# Routes whose request body is bytes, not a JSON object (method, path template).
+_BYTES_IN = {
+    ("PUT", "/sandbox/snapshots/{snapshot_id}/upload"),
+    ("POST", "/fs/upload/{sandbox_id}"),
+    ("PUT", "/streams/{stream_id}"),
+    ("POST", "/streams/{stream_id}"),
+}
+# What answers something other than the JSON envelope on success, by path template prefix.
+_MEDIA = [
+    ("/streams/audit/", "application/x-ndjson"),
+    ("/streams/", "application/octet-stream"),
+    ("/fs/download/", "application/octet-stream"),
+    ("/sandbox/snapshots/{snapshot_id}/download", "application/gzip"),
+    ("/metrics", "text/plain"),
+    ("/app/live", "text/event-stream"),
+    ("/app", "text/html"),
+    ("/proxy/", "*/*"),
+]
+_SSE = {("POST", "/sandbox/runtimes/{name}/build")}
+# The Agentuity CLI's calls hutch has no counterpart for: 501 NOT_SUPPORTED, by design.
+_NOT_HERE = {"/cli/{tail}"}
+_WEBSOCKETS = {"/sandbox/{sandbox_id}/terminal"}
+_ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+_PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
+
+ENVELOPE: dict[str, Any] = {
+    "type": "object",
+    "required": ["success"],
+    "properties": {
+        "success": {"type": "boolean"},
+        "data": {},
+        "message": {"type": "string"},
+        "code": {"type": "string"},
+        "field": {},
+    },
+}
+
+
+def _template(resource: web.AbstractResource) -> str | None:
+    info = resource.get_info()
+    if "path" in info:
+        return str(info["path"])
+    if "formatter" in info:
+        return str(info["formatter"])
+    if "prefix" in info:  # a static directory: one parameter for the file below it
+        return str(info["prefix"]).rstrip("/") + "/{filename}"
+    return None
+
+
+def _pattern(resource: web.AbstractResource) -> dict[str, str]:
+    """Path parameters with a pattern of their own ({ref:.+}): OpenAPI's ``pattern``."""
+    raw = getattr(resource, "_formatter", None) and getattr(resource, "_pattern", None)
+    out: dict[str, str] = {}
+    if raw is not None:
+        for name, rx in re.findall(r"\(\?P<([^>]+)>([^)]*)\)", raw.pattern):
+            out[name] = rx
+    return out
+
+
+def _success_media(method: str, path: str) -> str:
+    if (method, path) in _SSE:
+        return "text/event-stream"
+    for prefix, media in _MEDIA:
+        if path.startswith(prefix):
+            return media
+    return "application/json"
+
+
+def _operation(method: str, path: str, handler: Any, resource: web.AbstractResource,
+               ids: set[str]) -> dict[str, Any]:
+    module = getattr(handler, "__module__", "api").rsplit(".", 1)[-1]
+    name = getattr(handler, "__name__", "handler")
+    op_id = f"{module}.{name}"
+    while op_id in ids:
+        op_id += "_" + method.lower()
+    ids.add(op_id)
+    doc = inspect.getdoc(handler) or ""
+    summary = doc.split("\n\n")[0].replace("\n", " ").strip() or name.replace("_", " ")
+    patterns = _pattern(resource)
+    params = [{"name": p, "in": "path", "required": True,
+               "schema": {"type": "string", **({"pattern": f"^{patterns[p]}$"} if p in patterns else {})}}
+              for p in _PARAM.findall(path)]
+    media = _success_media(method, path)
+    ok: dict[str, Any] = {"description": "success"}
+    if media == "application/json":
+        ok["content"] = {media: {"schema": {"$ref": "#/components/schemas/Envelope"}}}
+    else:
+        ok["content"] = {media: {"schema": {}}, "application/json": {"schema": {"$ref": "#/components/schemas/Envelope"}}}
+    op: dict[str, Any] = {
+        "operationId": op_id,
+        "summary": summary[:200],
+        "tags": [module],
+        "parameters": params,
+        "responses": {
+            "2XX": ok,
+            "default": {"description": "an error: the envelope with success false, a message and a code",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Envelope"}}}},
+        },
+    }
+    if _PARAM.sub(lambda m: "{" + m.group(1) + "}", path) in _NOT_HERE:
+        op["responses"]["501"] = {"description": "not something hutch has (NOT_SUPPORTED, naming the call)",
+                                  "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Envelope"}}}}
+    if path in _WEBSOCKETS:
+        op["responses"]["101"] = {"description": "switching to the websocket (docs/wire.md)"}
+    if access_of(method, handler) == PUBLIC:
+        op["security"] = []
+    if method in ("POST", "PUT", "PATCH"):
+        if (method, path) in _BYTES_IN:
+            op["requestBody"] = {"content": {"application/octet-stream": {"schema": {}}}}
+        else:
+            op["requestBody"] = {"required": False,
+                                 "content": {"application/json": {"schema": {"type": "object"}}}}
+    return op
+
+
+def document(app: web.Application, *, server_url: str | None = None) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    ids: set[str] = set()
+    for route in app.router.routes():
+        if route.method.upper() == "HEAD" or route.resource is None:
+            continue
+        path = _template(route.resource)
+        if path is None:
+            continue
+        # "*" (the port proxy) takes any method: each one it would forward, described.
+        methods = _ANY if route.method == "*" else [route.method.upper()]
+        for method in methods:
+            paths.setdefault(_PARAM.sub(lambda m: "{" + m.group(1) + "}", path), {})[method.lower()] = _operation(
+                method, path, route.handler, route.resource, ids)
+    doc: dict[str, Any] = {
+        "openapi": VERSION,
+        "info": {"title": "hutch", "version": "1",
+                 "description": "Sandboxes for AI agents; wire-compatible with Agentuity's sandbox service."},
+        "paths": dict(sorted(paths.items())),
+        "components": {
+            "schemas": {"Envelope": ENVELOPE},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "an API key (hutch_…) or the server's bootstrap key"}},
+        },
+        "security": [{"bearer": []}],
+    }
+    if server_url:
+        doc["servers"] = [{"url": server_url}]
+    return doc
+
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/openapi.json")
+@needs(PUBLIC)  # a description of the API is no secret
+async def openapi(request: web.Request) -> web.Response:
+    """This document."""
+    return web.json_response(document(request.app, server_url=base_url(request)))
+
+
+__all__ = ["document", "routes"]
