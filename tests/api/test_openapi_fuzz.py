@@ -72,7 +72,7 @@ def test_no_server_error_and_every_answer_fits_the_schema(server: Server, tmp_pa
            # The terminal (a websocket) and the live feed (server-sent events) stay open by
            # design: a fuzzer's request would wait for them to end.
            "--exclude-path-regex", r"^/(sandbox/\{sandbox_id\}/terminal|app/live)$"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache there
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail, file=sys.stderr)
     assert proc.returncode == 0, f"schemathesis found problems (exit {proc.returncode}):\n{tail}\n" \
