@@ -144,11 +144,21 @@ class WarmPools:
     _refill_wakeup: asyncio.Event
     _refilling: bool
 
-    def _job_prefix(self) -> str: ...
-    def _image(self, recipe: Any, layer: str | None = None) -> str: ...
-    def _spawn(self, coro: Any, name: str) -> None: ...
-    async def _place(self, job: dict[str, Any]) -> str: ...
-    async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None: ...
+    # Provided by NomadDriver (the class this is mixed into).
+    def _job_prefix(self) -> str:
+        raise NotImplementedError
+
+    def _image(self, recipe: Any, layer: str | None = None) -> str:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        raise NotImplementedError
+
+    async def _place(self, job: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None:
+        raise NotImplementedError
 
     def _init_pools(self, sizing: PoolSizing) -> None:
         self.pool_sizing = sizing
