@@ -254,27 +254,7 @@ print(sum(1 for n in nodes if n["Status"] == "ready" and n.get("SchedulingEligib
 # nomad.sh's registry on loopback, so images pushed to either are in both.
 registry_up() {
   STATE="$ROOT/registry"
-  mkdir -p "$STATE" "$REGISTRY_DATA"
-  if pid_of registry >/dev/null && curl -fsS "http://$REGISTRY/v2/" >/dev/null 2>&1; then return 0; fi
-  cat >"$STATE/registry.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: $REGISTRY_DATA
-  delete:
-    enabled: true
-http:
-  addr: $REGISTRY
-EOF
-  setsid docker-registry serve "$STATE/registry.yml" >>"$STATE/registry.log" 2>&1 </dev/null &
-  echo $! >"$STATE/registry.pid"
-  local deadline=$((SECONDS + 20))
-  until curl -fsS "http://$REGISTRY/v2/" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || { tail -n 20 "$STATE/registry.log" >&2; die "the cluster registry did not come up"; }
-    sleep 0.2
-  done
+  start_registry  # nomad.sh's, with this STATE and REGISTRY
 }
 
 # ---------------------------------------------------------------------------- actions
