@@ -87,7 +87,7 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
     sid, bomb = "sbx_rootless1", "sbx_rootless3"
     await d.provision(ProvisionRequest(sid, PY, resources=Resources(pids=64)))
     await d.provision(ProvisionRequest(bomb, PY, resources=Resources(memory_bytes=256 * 2**20, pids=64)))
-    sb = d._running(sid)
+    sb = d._registry.running(sid)
     report["init_host_uid"] = host_uid(sb.init_pid)
     report["identity"] = await run(sid, "sh", "-c", "id -u; id -un; cat /proc/self/uid_map; hostname; "
                                    "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
@@ -149,7 +149,7 @@ else:
                                                      "for l in open('/proc/net/dev').readlines()[2:]))"),
                              "dns": await run(net, "python3", "-c", "import socket; print(socket.gethostbyname('localhost'))"),
                              "host_addresses": slirp.host_addresses()}
-        slirp_pid = d._running(net).slirp_pid
+        slirp_pid = d._registry.running(net).slirp_pid
         await d.destroy(net)
         report["network"]["slirp_left"] = slirp_pid is not None and Path(f"/proc/{slirp_pid}/stat").is_file()  # noqa: ASYNC240
         report["port"] = await port_only(d, run, internet)
@@ -228,7 +228,7 @@ async def allow_list(d: LocalDriver, run, internet: str) -> dict:  # type: ignor
     second = f"203.0.113.3:{port}"
     await d.provision(ProvisionRequest(sid, PY, network_enabled=True, network_allow=(f"{ip}/32",)))
     out = {"before": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)}
-    await d._apply_allow(sid, {f"{ip}/32": ["203.0.113.3/32"]})  # as if its name had moved
+    await d._network.apply_allow(sid, {f"{ip}/32": ["203.0.113.3/32"]})  # as if its name had moved
     out["after"] = await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)
     await d.destroy(sid)
     return out
