@@ -34,7 +34,8 @@ Where each part lives: state.py (sandbox records, executions, locks), nsexec.py 
 hutch-nsexec protocol), executions.py (commands, terminals, signals, pause), launch.py
 (directories, upper layer, cgroups and pid 1), pool.py (the warm pool), provisioning.py,
 teardown.py, sandboxnet.py (veth or slirp4netns, ports, allow-lists), fsops.py (file
-primitives), checkpoints.py. This class is the facade implementing drivers/base.py.
+primitives), checkpoints.py. ``LocalDriver`` below is the facade implementing
+drivers/base.py by delegating to them.
 """
 
 from __future__ import annotations
