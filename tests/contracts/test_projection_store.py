@@ -126,6 +126,33 @@ async def test_list_filters_sorts_and_pages(store: ProjectionStore) -> None:
     assert total == 0
 
 
+async def test_a_deleted_sandbox_stays_readable_with_its_executions(store: ProjectionStore) -> None:
+    log = Log()
+    await store.apply([log("sbx_1", created("gone")), log("sbx_1", SandboxStarted()),
+                       log("sbx_1", ExecutionStarted("exec_1", ("a",))),
+                       log("sbx_1", ExecutionFinished("exec_1", ExecutionStatus.COMPLETED, exit_code=0, duration_ms=1)),
+                       log("sbx_1", ExecutionStarted("exec_2", ("b",))),
+                       log("sbx_1", SandboxTerminated(reason="done", deleted=True)),
+                       log("sbx_2", created("kept")), log("sbx_2", SandboxStarted())])
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.status is SandboxStatus.DELETED and sb.spec.name == "gone" and sb.executions == 2
+    assert [e.execution_id for e in await store.list_executions("sbx_1")] == ["exec_2", "exec_1"]
+    assert [e.execution_id for e in await store.list_executions("sbx_1", limit=1)] == ["exec_2"]
+    ex = await store.get_execution("exec_2")
+    assert ex is not None and ex.status is ExecutionStatus.CANCELLED  # ended with its sandbox
+    page, total = await store.list_sandboxes(SandboxQuery())
+    assert total == 1 and [s.sandbox_id for s in page] == ["sbx_2"]
+    page, total = await store.list_sandboxes(SandboxQuery(include_deleted=True, sort="name", direction="asc"))
+    assert total == 2 and [s.sandbox_id for s in page] == ["sbx_1", "sbx_2"]
+    page, _ = await store.list_sandboxes(SandboxQuery(status="deleted"))
+    assert [s.sandbox_id for s in page] == ["sbx_1"]
+    _, total = await store.list_sandboxes(SandboxQuery(deleted_only=True, org_id="org_other"))
+    assert total == 0
+    await store.apply(log.events)  # a replay after a crash changes nothing, deleted or not
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.executions == 2 and await store.position() == len(log.events)
+
+
 async def test_executions_are_listed_newest_first_with_limit(store: ProjectionStore) -> None:
     log = Log()
     await store.apply([log("sbx_1", created()), log("sbx_1", SandboxStarted())])
