@@ -1,6 +1,6 @@
 """`hutch sandbox fs|files|file …`, `hutch sandbox env …` and `hutch sandbox job …`.
 
-Kept apart from ``hutch/cli/__init__.py``; :func:`add_parsers` hangs these commands
+Kept apart from ``hutch/cli/_sandbox.py``; :func:`add_parsers` hangs these commands
 under ``hutch sandbox``.
 """
 
@@ -17,19 +17,17 @@ from typing import Any, TypeVar
 
 from core.errors import HutchError
 from core.quantities import parse_duration
-from hutch.cli import (
+from hutch.cli import _render as render
+from hutch.cli._common import (
     UsageError,
     _command_arg,
-    _int_in,
     _json_flag,
     _note,
     _out,
     _Parser,
     _with_client,
-    duration_value,
-    env_pair,
 )
-from hutch.cli import _render as render
+from hutch.cli._values import _int_in, duration_value, env_pair
 from hutch.client import ARCHIVE_FORMATS, SandboxClient
 from hutch.models import to_wire
 

@@ -6,9 +6,10 @@ import argparse
 import tempfile
 from typing import Any
 
-from hutch.cli import UsageError, _call, _json_flag, _note, _out, _Parser, env_pair
 from hutch.cli import _render as render
-from hutch.models import Snapshot, to_wire
+from hutch.cli._common import UsageError, _call, _json_flag, _note, _out, _Parser
+from hutch.cli._values import env_pair
+from hutch.models import Snapshot, SnapshotLineageEntry, to_wire
 from hutch.snapshot_build import (
     BuildFileError,
     content_hash,
@@ -115,6 +116,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    found: list[Snapshot]  # spelled out: hutch.client's own annotation reads `list` as its method
     found, total = _call(args, lambda c: c.list_snapshots(
         sandbox_id=args.sandbox, limit=args.limit, offset=args.offset, sort=args.sort, direction=args.direction))
     if args.json:
@@ -176,7 +178,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         raise UsageError("give a SNAPSHOT or --name (one of them)")
     if args.tag and not args.name:
         raise UsageError("--tag goes with --name")
-    chain = _call(args, lambda c: c.snapshot_lineage(
+    chain: list[SnapshotLineageEntry] = _call(args, lambda c: c.snapshot_lineage(
         snapshot=args.snapshot, name=args.name, tag=args.tag, limit=args.limit))
     if args.json:
         render.dump_json([to_wire(e) for e in chain], _out())
