@@ -146,7 +146,11 @@ def _files_parsers(sb: Any) -> None:
     rmdir.add_argument("-f", "--force", action="store_true", help="no error if it does not exist")
     _json_flag(rmdir)
     rmdir.set_defaults(handler=cmd_fs_rmdir)
+    _archive_parsers(fsp)
 
+
+def _archive_parsers(fsp: Any) -> None:
+    """``fs download|dl`` and ``fs upload|ul``: whole trees as one archive."""
     dl = fsp.add_parser("download", aliases=["dl"], help="download files as an archive")
     dl.add_argument("sandbox_id", metavar="SANDBOX_ID")
     dl.add_argument("output", metavar="OUTPUT_FILE", help="archive to write ('-' for stdout)")

@@ -72,7 +72,11 @@ def add_parsers(sb: Any) -> None:
     lineage.add_argument("--limit", type=int, help="at most this many entries (max 1000)")
     _json_flag(lineage)
     lineage.set_defaults(handler=cmd_lineage)
+    _build_parsers(sp)
 
+
+def _build_parsers(sp: Any) -> None:
+    """``snapshot build`` (from a declarative file) and ``snapshot generate`` (a starter file)."""
     build = sp.add_parser("build", help="build a snapshot from a declarative file (agentuity-snapshot.yaml)")
     build.add_argument("directory", metavar="DIRECTORY")
     build.add_argument("--file", help="the build file (default: agentuity-snapshot.{yaml,yml,json} in DIRECTORY)")
@@ -93,7 +97,6 @@ def add_parsers(sb: Any) -> None:
     generate = sp.add_parser("generate", help="print a commented starter build file")
     generate.add_argument("--format", choices=("yaml", "json"), default="yaml")
     generate.set_defaults(handler=cmd_generate)
-
 
 
 def _show(snap: Snapshot, out: Any) -> None:
