@@ -6,7 +6,8 @@
   orphans, running as the unprivileged sandbox uid with no capabilities, no_new_privs,
   containerd's seccomp profile narrowed to the local driver's floor (socket families,
   io_uring: the plugin's seccomp.go) and a network namespace with only loopback. No restarts,
-  no rescheduling: a sandbox that dies is over, and says so (below).
+  no rescheduling: a sandbox that dies is over, and says so (below). Placing and stopping
+  jobs is ``drivers.nomad.placement``; the images and installs, ``drivers.nomad.runtime_images``.
 - **Resources**: memory -> the task's MemoryMB (a hard limit), cpu millicores -> a CFS
   quota, pids -> the container's pids limit. Nomad's CPU reservation is kept small so a
   node is not "full" of idle sandboxes.
@@ -17,7 +18,9 @@
   carries only argv. Timeout and cancel close the websocket; Nomad then cancels the
   exec and the plugin kills the process and its descendants.
 - **Files**: create-time files are a tar stream unpacked by ``tar`` inside the sandbox, as
-  the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``.
+  the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``
+  and terminals ``drivers.nomad.terminal``: collaborators that reach the driver only
+  through ``drivers.nomad.access.SandboxAccess``.
 - **Warm pools** (``pool_sizes``): idle allocations placed ahead of time per runtime,
   with the default resources; a create that asks for nothing else claims one (no
   scheduling on the request path) and a background task refills the pool.
@@ -26,8 +29,8 @@
   own is reported through ``Driver.set_listener`` so the engine can end the sandbox with
   a lifecycle event.
 - **Restart**: what the driver knows of a sandbox (job, allocation, runtime, env) is a
-  small JSON file under ``<data dir>/nomad``; ``alive()`` and recovery read those files
-  and ask Nomad which allocations still run.
+  small JSON file under ``<data dir>/nomad`` (``drivers.nomad.state``); ``alive()`` and
+  recovery read those files and ask Nomad which allocations still run.
 """
 
 from __future__ import annotations
@@ -91,8 +94,6 @@ EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
-
-
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
 
