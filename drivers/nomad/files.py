@@ -23,23 +23,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import io
 import json
 import os
+import posixpath
 import shutil
+import tarfile
+import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from core.errors import CheckpointNotFound, DriverFailure, HutchError, InvalidInput, SandboxNotFound
-from drivers.base import FileInfo
+from drivers.base import FileInfo, FileToWrite
 from drivers.fserrors import from_errno
+from drivers.nomad.access import SandboxAccess
 from drivers.nomad.client import ExecFailed
 from drivers.nomad.execs import ENVELOPE, run_tagged
 from drivers.nomad.jobs import HOME, TASK
-
-if TYPE_CHECKING:
-    from drivers.nomad.driver import _Sandbox
+from drivers.nomad.state import NomadSandbox
 
 # The one script every primitive runs: $1 = op, $2 = path, then the op's own arguments.
 # fail() prints a strerror text, which the driver maps back to an errno.
@@ -127,6 +129,23 @@ _TYPE_BITS = {"f": 0o100000, "d": 0o040000, "l": 0o120000, "p": 0o010000, "s": 0
 _QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is slowed down
 
 
+def pack_files(files: Sequence[FileToWrite]) -> bytes:
+    """Create-time files as a tar stream of paths under the workspace, for ``tar -x`` run in
+    the sandbox as the sandbox user (the driver's ``write_files``)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for f in files:
+            if not f.path or "\0" in f.path or len(f.path) > 4096:
+                raise InvalidInput(f"invalid path {f.path!r}", field="path")
+            path = posixpath.normpath(posixpath.join(HOME, f.path))
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size = len(f.content)
+            info.mode = f.mode & 0o777
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(f.content))
+    return buf.getvalue()
+
+
 def _check_path(path: str, field: str = "path") -> str:
     if "\0" in path or len(path) > 4096:
         raise InvalidInput(f"{field}: not a usable path: {path[:100]!r}", field=field)
@@ -134,14 +153,19 @@ def _check_path(path: str, field: str = "path") -> str:
 
 
 class NomadFiles:
-    """Mixed into NomadDriver: needs ``_running``, ``_check_not_paused``, ``_client``,
-    ``_env``, ``_kill``, ``_sandboxes`` and ``state_dir``."""
+    """The driver's file primitives and checkpoints (NomadDriver delegates to one of these).
+
+    ``state_dir`` is the driver's: checkpoints are kept under ``state_dir/checkpoints``."""
+
+    def __init__(self, access: SandboxAccess, state_dir: Path) -> None:
+        self._access = access
+        self._checkpoints = state_dir / "checkpoints"
 
     # ------------------------------------------------------------------ plumbing
 
     async def _fs(
         self,
-        sb: _Sandbox,
+        sb: NomadSandbox,
         op: str,
         path: str,
         *args: str,
@@ -151,9 +175,9 @@ class NomadFiles:
         verify: bool = False,
     ) -> tuple[int | None, bytes, bytes]:
         """Run the script; (exit code or None if it was stopped, stdout if not streamed, stderr)."""
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        self._access.check_not_paused(sb)
         tag = f"f-{uuid.uuid4().hex}"
-        envelope = json.dumps({"env": self._env(sb, {}), "cwd": HOME, "tag": tag})  # type: ignore[attr-defined]
+        envelope = json.dumps({"env": self._access.command_env(sb, {}), "cwd": HOME, "tag": tag})
         out, err = bytearray(), bytearray()
 
         async def on_output(stream: str, data: bytes) -> None:
@@ -168,18 +192,18 @@ class NomadFiles:
         try:
             # run_tagged: a write that meets ENOSPC while its content streams in keeps its words.
             code = await run_tagged(
-                self._client, sb.alloc_id, TASK,  # type: ignore[attr-defined]
+                self._access.client, sb.alloc_id, TASK,
                 [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args], tag,
                 stdin=stdin, on_output=on_output, stop=stop or asyncio.Event(),
-                kill=lambda: self._kill(sb, tag), verify=verify)  # type: ignore[attr-defined]
+                kill=lambda: self._access.kill_tagged(sb, tag), verify=verify)
         except ExecFailed as err_:
-            if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
+            if self._access.gone(sb.id):
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
             raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
         return code, bytes(out), bytes(err)
 
-    def _failure(self, sb: _Sandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:
-        if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
+    def _failure(self, sb: NomadSandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:
+        if self._access.gone(sb.id):
             return SandboxNotFound(f"sandbox {sb.id} was destroyed")
         lines = stderr.decode(errors="replace").strip().splitlines()
         for line in reversed(lines):  # tar names the cause first, then "Error is not recoverable"
@@ -191,7 +215,7 @@ class NomadFiles:
                              f"({message or f'exit {code}'})")
 
     async def _simple(self, sandbox_id: str, op: str, path: str, *args: str) -> bytes:
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
         code, out, err = await self._fs(sb, op, _check_path(path), *args)
         if code != 0:
             raise self._failure(sb, op, path, code, err)
@@ -212,7 +236,7 @@ class NomadFiles:
 
     async def _streamed(self, sandbox_id: str, op: str, path: str) -> AsyncIterator[bytes]:
         """The script's stdout after its "ok", as it comes, with backpressure."""
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
         _check_path(path)
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_QUEUE_DEPTH)
         stop = asyncio.Event()
@@ -255,7 +279,7 @@ class NomadFiles:
 
     async def _fed(self, sandbox_id: str, op: str, path: str, chunks: AsyncIterable[bytes], *args: str) -> int:
         """Run the script with ``chunks`` as its stdin, sent only after its "ok"."""
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
         _check_path(path)
         ready, stop = asyncio.Event(), asyncio.Event()
         total = 0
@@ -315,15 +339,15 @@ class NomadFiles:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
+    def checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
-        return self.state_dir / "checkpoints" / sandbox_id / f"{checkpoint_id}.tar"  # type: ignore[attr-defined]
+        return self._checkpoints / sandbox_id / f"{checkpoint_id}.tar"
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
-        final = self._checkpoint_path(sandbox_id, checkpoint_id)
+        sb = self._access.running(sandbox_id)
+        self._access.check_not_paused(sb)
+        final = self.checkpoint_path(sandbox_id, checkpoint_id)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_suffix(".part")
         fh = await asyncio.to_thread(open, tmp, "wb")
@@ -339,9 +363,9 @@ class NomadFiles:
             raise
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
-        path = self._checkpoint_path(sandbox_id, checkpoint_id)
+        sb = self._access.running(sandbox_id)
+        self._access.check_not_paused(sb)
+        path = self.checkpoint_path(sandbox_id, checkpoint_id)
         if not path.exists():
             raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id)
 
@@ -354,7 +378,7 @@ class NomadFiles:
         await self._fed(sandbox_id, "restore", HOME, chunks())
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        self._checkpoint_path(sandbox_id, checkpoint_id).unlink(missing_ok=True)
+        self.checkpoint_path(sandbox_id, checkpoint_id).unlink(missing_ok=True)
 
-    def _drop_checkpoints(self, sandbox_id: str) -> None:
-        shutil.rmtree(self.state_dir / "checkpoints" / sandbox_id, ignore_errors=True)  # type: ignore[attr-defined]
+    def drop_checkpoints(self, sandbox_id: str) -> None:
+        shutil.rmtree(self._checkpoints / sandbox_id, ignore_errors=True)
