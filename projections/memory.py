@@ -23,6 +23,9 @@ from projections.base import (
 
 class MemoryProjectionStore(ProjectionStore):
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self._position = 0
         self._sandboxes: dict[str, Sandbox] = {}
         self._executions: dict[str, Execution] = {}
@@ -87,4 +90,4 @@ class MemoryProjectionStore(ProjectionStore):
         return copy
 
     async def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self._clear()
