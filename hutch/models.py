@@ -437,13 +437,13 @@ def _is_ours(cls: type) -> bool:
 
 def _structure_factory(cls: type) -> Any:
     overrides = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls)}
-    # cattrs types the ** of per-attribute overrides as its own keyword flags (bool) too.
-    return make_dict_structure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
+    # mypy matches a ** of per-attribute overrides against cattrs' own keyword flags (bool).
+    return make_dict_structure_fn(cls, converter, **overrides)  # type: ignore[arg-type]  # overrides, not cattrs' own flags
 
 
 def _unstructure_factory(cls: type) -> Any:
     overrides = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls)}
-    inner: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]  # as above
+    inner: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]  # overrides, not cattrs' own flags
 
     def unstructure(obj: Any) -> dict[str, Any]:
         return {k: v for k, v in inner(obj).items() if v is not None}
