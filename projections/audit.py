@@ -221,7 +221,7 @@ class Auditor:
         topic = kafka_log.topic
         auditor = self
 
-        class Resume(ConsumerRebalanceListener):  # type: ignore[misc]
+        class Resume(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 pass
 

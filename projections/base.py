@@ -10,7 +10,8 @@ and a crash between events never skips one. Every backend passes
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
@@ -73,8 +74,8 @@ def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
     )
 
 
-def snapshot_sort_key(q: SnapshotQuery):  # type: ignore[no-untyped-def]
-    field = {
+def snapshot_sort_key(q: SnapshotQuery) -> Callable[[Snapshot], tuple[Any, str]]:
+    field: dict[str, Callable[[Snapshot], tuple[Any, str]]] = {
         "createdAt": lambda s: (s.created_at, s.snapshot_id),
         "name": lambda s: (s.name, s.snapshot_id),
         "size": lambda s: (s.size_bytes, s.snapshot_id),
@@ -149,6 +150,11 @@ class ProjectionStore(abc.ABC):
     async def reset(self) -> None:
         """Forget everything (position back to 0, bound to no log) so a rebuild can replay a log."""
 
+    async def wait_for(self, position: int, timeout: float) -> None:
+        """Return once the store applied ``position``, for a process whose projector runs
+        elsewhere (``Projector(apply=False)``). Only a store processes share can tell."""
+        raise NotImplementedError(f"{type(self).__name__} is applied in this process only")
+
 
 def is_tenancy_event(event: Event) -> bool:
     return isinstance(event.data, TENANCY_EVENTS)
@@ -180,8 +186,8 @@ def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
     return not (q.project_id and sandbox.spec.project_id != q.project_id)
 
 
-def sort_key(q: SandboxQuery):  # type: ignore[no-untyped-def]
-    field = {
+def sort_key(q: SandboxQuery) -> Callable[[Sandbox], tuple[Any, str]]:
+    field: dict[str, Callable[[Sandbox], tuple[Any, str]]] = {
         "createdAt": lambda s: (s.created_at, s.sandbox_id),
         "updatedAt": lambda s: (s.updated_at, s.sandbox_id),
         "name": lambda s: (s.spec.name or "", s.sandbox_id),

@@ -28,6 +28,9 @@ from projections.ended import EndedArchive
 
 class MemoryProjectionStore(ProjectionStore):
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self._position = 0
         self._sandboxes: dict[str, Sandbox] = {}
         self._executions: dict[str, Execution] = {}
@@ -123,4 +126,4 @@ class MemoryProjectionStore(ProjectionStore):
 
     async def reset(self) -> None:
         self._ended.close()
-        self.__init__()  # type: ignore[misc]
+        self._clear()

@@ -27,9 +27,9 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 
@@ -51,6 +51,8 @@ from projections.base import (
 )
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 PROJECTION = "state"
 NOTIFY_CHANNEL = "hutch_projection"
@@ -68,15 +70,15 @@ _SORT = {
 
 
 
-def _read_once_more(method):  # type: ignore[no-untyped-def]
+def _read_once_more(method: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
     """Retry a read once when the store was unavailable (see the reads section)."""
 
     @functools.wraps(method)
-    async def read(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def read(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
-            return await method(self, *args, **kwargs)
+            return await method(*args, **kwargs)
         except StoreUnavailable:
-            return await method(self, *args, **kwargs)
+            return await method(*args, **kwargs)
 
     return read
 
@@ -382,10 +384,10 @@ class PostgresProjectionStore(ProjectionStore):
                 await conn.execute("UPDATE projection_position SET log_identity = $2 WHERE projection = $1",
                                    PROJECTION, log_identity)
             if hasattr(batches, "__aiter__"):
-                async for batch in batches:  # type: ignore[union-attr]
+                async for batch in batches:
                     position = await self._apply_in(conn, batch)
             else:
-                for batch in batches:  # type: ignore[union-attr]
+                for batch in batches:
                     position = await self._apply_in(conn, batch)
         return position
 

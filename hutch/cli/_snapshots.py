@@ -9,7 +9,8 @@ from typing import Any
 from hutch.cli import _render as render
 from hutch.cli._common import UsageError, _call, _json_flag, _note, _out, _Parser
 from hutch.cli._values import env_pair
-from hutch.models import Snapshot, SnapshotLineageEntry, to_wire
+from hutch.client import SandboxClient
+from hutch.models import SandboxList, Snapshot, SnapshotLineageEntry, to_wire
 from hutch.snapshot_build import (
     BuildFileError,
     content_hash,
@@ -137,7 +138,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    async def work(c):  # type: ignore[no-untyped-def]
+    async def work(c: SandboxClient) -> tuple[Snapshot, SandboxList]:
         snap = await c.get_snapshot(args.snapshot)
         made = await c.list(snapshot_id=snap.snapshot_id, limit=100)
         return snap, made
@@ -207,7 +208,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with tempfile.TemporaryFile(prefix="hutch-snapshot-") as archive:
         if files:
             try:
-                write_archive(files, archive)  # type: ignore[arg-type]
+                write_archive(files, archive)
             except BuildFileError as err:
                 raise UsageError(str(err)) from err
             _note(f"[2/4] archive: {_size(archive.tell())} (content hash {digest[:12]})")

@@ -37,6 +37,12 @@ def ev(sandbox_id: str, n: int = 0) -> Event:
                  ExecutionStarted(execution_id=f"exec_{n}", command=("echo", str(n))))
 
 
+def exec_id(event: Event) -> str:
+    """The execution id of an event ``ev`` made."""
+    assert isinstance(event.data, ExecutionStarted)
+    return event.data.execution_id
+
+
 async def test_empty_log(event_log: EventLog) -> None:
     assert await event_log.last_position() == 0
     assert await event_log.read() == []
@@ -49,7 +55,7 @@ async def test_append_assigns_increasing_positions_and_reads_back(event_log: Eve
     assert positions == sorted(positions) and len(set(positions)) == 3
     events = await event_log.read()
     assert [e.position for e in events] == positions
-    assert [e.data.execution_id for e in events] == ["exec_1", "exec_2", "exec_3"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in events] == ["exec_1", "exec_2", "exec_3"]
     assert await event_log.last_position() == positions[-1]
 
 
@@ -59,10 +65,10 @@ async def test_read_after_position_per_sandbox_limit_and_reverse(event_log: Even
         positions += await event_log.append([ev("sbx_a" if i % 2 == 0 else "sbx_b", i)])
     assert [e.position for e in await event_log.read(positions[2])] == positions[3:]
     a = await event_log.read(sandbox_id="sbx_a")
-    assert [e.data.execution_id for e in a] == ["exec_0", "exec_2", "exec_4"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in a] == ["exec_0", "exec_2", "exec_4"]
     assert len(await event_log.read(limit=2)) == 2
     rev = await event_log.read(sandbox_id="sbx_b", reverse=True, limit=2)
-    assert [e.data.execution_id for e in rev] == ["exec_5", "exec_3"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in rev] == ["exec_5", "exec_3"]
 
 
 async def test_payload_round_trips(event_log: EventLog) -> None:
@@ -93,7 +99,7 @@ async def test_subscribe_sees_backlog_then_new_events(event_log: EventLog) -> No
     await asyncio.sleep(0.05)
     await event_log.append([ev("sbx_a", 2), ev("sbx_b", 3)])
     await asyncio.wait_for(task, 5)
-    assert [e.data.execution_id for e in seen] == ["exec_1", "exec_2", "exec_3"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in seen] == ["exec_1", "exec_2", "exec_3"]
 
 
 async def test_subscribe_from_a_position_skips_earlier_events(event_log: EventLog) -> None:
@@ -102,7 +108,7 @@ async def test_subscribe_from_a_position_skips_earlier_events(event_log: EventLo
     agen = event_log.subscribe(p1)
     first = await asyncio.wait_for(agen.__anext__(), 5)
     await agen.aclose()
-    assert first.data.execution_id == "exec_2"  # type: ignore[union-attr]
+    assert exec_id(first) == "exec_2"
 
 
 async def test_events_survive_reopen(tmp_path: Path) -> None:
@@ -133,7 +139,7 @@ async def test_identity_is_fixed_for_the_life_of_a_log_and_differs_between_logs(
         assert identity, "a writer's log has an identity from its start, empty or not"
         await log.append([ev("sbx_a", 1)])
         assert await log.identity() == identity
-        assert [e.data.execution_id for e in await log.read()] == ["exec_1"]  # type: ignore[union-attr]
+        assert [exec_id(e) for e in await log.read()] == ["exec_1"]
         # The same log opened again (a restart, another process, a reader): the same identity.
         for read_only in (False, True):
             again = open_event_log(url, tmp_path, read_only=read_only)

@@ -9,6 +9,7 @@ import pytest
 from core import ids
 from core.events import (
     Event,
+    EventData,
     ExecutionFinished,
     ExecutionStarted,
     SandboxCreated,
@@ -58,9 +59,9 @@ class Log:
         self.position = 0
         self.events: list[Event] = []
 
-    def __call__(self, sandbox_id: str, data: object, at: str = "2026-01-01T00:00:00.000Z") -> Event:
+    def __call__(self, sandbox_id: str, data: EventData, at: str = "2026-01-01T00:00:00.000Z") -> Event:
         self.position += 1
-        e = Event(ids.new_id("event"), sandbox_id, at, data, position=self.position)  # type: ignore[arg-type]
+        e = Event(ids.new_id("event"), sandbox_id, at, data, position=self.position)
         self.events.append(e)
         return e
 
@@ -215,7 +216,8 @@ async def test_folds_snapshots_and_queries_them(store: ProjectionStore) -> None:
     three = await store.get_snapshot("snp_3")
     assert three is not None and three.status is SnapshotStatus.READY and three.env == {"A": "1", "B": "2"}
     assert three.metadata == {"m": "x"} and three.size_bytes == 5
-    assert (await store.get_snapshot("snp_1")).tag is None  # type: ignore[union-attr]
+    one = await store.get_snapshot("snp_1")
+    assert one is not None and one.tag is None
     gone = await store.get_snapshot("snp_2")
     assert gone is not None and gone.status is SnapshotStatus.DELETED  # kept for lineage
     assert [s.snapshot_id for s in (await store.list_snapshots(SnapshotQuery()))[0]] == ["snp_3", "snp_1"]

@@ -38,8 +38,9 @@ class Swappable(EventLog):
     async def append(self, events: Sequence[Event]) -> list[int]:
         return await self.current.append(events)
 
-    async def read(self, after: int = 0, **kw) -> list[Event]:  # type: ignore[no-untyped-def, override]
-        return await self.current.read(after, **kw)
+    async def read(self, after: int = 0, *, sandbox_id: str | None = None, limit: int | None = None,
+                   reverse: bool = False) -> list[Event]:
+        return await self.current.read(after, sandbox_id=sandbox_id, limit=limit, reverse=reverse)
 
     async def last_position(self) -> int:
         return await self.current.last_position()
