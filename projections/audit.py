@@ -183,7 +183,7 @@ class Auditor:
         for sink in self.sinks:
             await sink.start()
         try:
-            from core.eventlog.kafka import KafkaEventLog
+            from eventlog.kafka import KafkaEventLog
 
             if isinstance(self.log, KafkaEventLog):
                 await self._run_group(self.log)

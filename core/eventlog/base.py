@@ -2,16 +2,15 @@
 
 Positions are positive integers assigned by the log, strictly increasing in append
 order; position 0 means "before the first event". Every backend passes
-``tests/contracts/test_eventlog.py``.
+``tests/contracts/test_eventlog.py``. The backends themselves do I/O, so they live outside
+``core``, in the top-level ``eventlog`` package; ``api.composition`` picks one.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 
-from core.errors import InvalidInput
 from core.events import Event
 
 
@@ -56,26 +55,3 @@ class EventLog(abc.ABC):
         the identity of the log it folds (see ``projections.runner``). None while a reader
         sees a log that has none yet (an empty Kafka topic)."""
 
-
-def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> EventLog:
-    """``sqlite`` (default: <data_dir>/events.db), ``sqlite:///abs/path.db``, or
-    ``kafka://HOST:PORT/TOPIC`` (see ``core.eventlog.kafka``).
-
-    ``read_only``: for readers that never append (``hutch projector``, ``hutch audit``); on
-    Kafka it keeps them from taking, and so fencing, the server's transactional ids."""
-    if url in ("sqlite", "embedded", ""):
-        from core.eventlog.sqlite import SqliteEventLog
-
-        return SqliteEventLog(data_dir / "events.db")
-    if url.startswith("sqlite://"):
-        from core.eventlog.sqlite import SqliteEventLog
-
-        return SqliteEventLog(Path(url.removeprefix("sqlite://")))
-    if url.startswith("kafka://"):
-        from core.eventlog.kafka import KafkaEventLog
-
-        return KafkaEventLog.from_url(url, data_dir, writer=not read_only)
-    raise InvalidInput(
-        f"event log: unsupported URL {url!r}; expected 'sqlite', sqlite:///path or kafka://host:port/topic",
-        field="event_log",
-    )

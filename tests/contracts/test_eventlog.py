@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from api.composition import open_event_log
 from core import ids
-from core.eventlog.base import EventLog, open_event_log
+from core.eventlog.base import EventLog
 from core.events import Event, ExecutionStarted, SandboxStarted
 from tests.services import drop_topics, kafka_url
 

@@ -17,8 +17,8 @@ import pytest
 
 from core.errors import LogMismatch, ProjectionUnavailable
 from core.eventlog.base import EventLog
-from core.eventlog.sqlite import SqliteEventLog
 from core.events import Event
+from eventlog.sqlite import SqliteEventLog
 from projections.memory import MemoryProjectionStore
 from projections.runner import Projector
 from tests.contracts.test_eventlog import ev

@@ -33,7 +33,7 @@ import aiohttp
 import attrs
 from aiohttp import web
 
-import core.eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
+import eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
 import projections.memory  # noqa: F401
 from api.app import create_app
 from api.config import Config
