@@ -93,7 +93,7 @@ def open_driver(config: Config) -> Driver:
 def make_projector(event_log: EventLog, store: ProjectionStore, *, external: bool = False) -> Projector:
     """The projector a process runs. ``external``: another process (``hutch projector``)
     applies the log, and this one waits for the shared store to show each position."""
-    if external and not hasattr(store, "wait_for"):
+    if external and not store.capabilities.shared:
         raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
     return Projector(event_log, store, apply=not external)
 

@@ -71,8 +71,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from core.errors import InvalidInput, LogUnavailable
-from core.eventlog.base import EventLog
+from core.eventlog.base import EventLog, GroupMember, LogCapabilities
 from core.events import Event
+from eventlog.kafka_groups import consume_group
 from eventlog.kafka_records import (
     DEFAULT_PARTITIONS,
     EPOCH_HEADER,
@@ -94,6 +95,8 @@ from eventlog.kafka_records import (
 
 log = logging.getLogger(__name__)
 class KafkaEventLog(EventLog):
+    capabilities = LogCapabilities(consumer_groups=True)
+
     def __init__(
         self,
         bootstrap: str,
@@ -603,3 +606,5 @@ class KafkaEventLog(EventLog):
             with contextlib.suppress(Exception):
                 await consumer.stop()
 
+    async def consume_group(self, group: str, member: GroupMember) -> None:
+        await consume_group(self.bootstrap, self.topic, group, member)

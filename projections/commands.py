@@ -94,9 +94,8 @@ async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[st
                     count += len(batch)
                     yield batch
 
-            rebuild_in_place = getattr(store, "rebuild", None)
-            if rebuild_in_place is not None:
-                position = await rebuild_in_place(counted(), log_identity=identity)
+            if store.capabilities.atomic_rebuild:
+                position = await store.rebuild(counted(), log_identity=identity)
             else:
                 await store.reset()
                 if identity is not None:

@@ -10,11 +10,46 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
+from typing import ClassVar, Protocol
 
+import attrs
+
+from core.errors import NotSupported
 from core.events import Event
 
 
+@attrs.frozen
+class LogCapabilities:
+    """What a backend can do beyond the port's required methods (Nomad-driver style: callers
+    check these flags, never the backend's type). Each backend declares exactly what it
+    implements; ``tests/contracts/test_eventlog.py`` holds it to that."""
+
+    # Consumer groups: several processes share the log's partitions, each resuming where its
+    # group left off (``hutch audit`` on Kafka). Without them a reader follows ``subscribe``.
+    consumer_groups: bool = False
+
+
+class GroupMember(Protocol):
+    """What one member of a consumer group does with its share of the log
+    (``EventLog.consume_group``). ``source`` names what the offsets count in (the topic)."""
+
+    async def resume_points(self, source: str, partitions: Sequence[int]) -> dict[int, int]:
+        """Per partition, the offset below which the member holds every record already (0: none)."""
+        ...
+
+    async def deliver(self, source: str, records: Sequence[tuple[int, int, Event]]) -> None:
+        """(partition, offset, event) records of one partition, in order. The group's progress
+        is committed once this returns."""
+        ...
+
+    def mark_caught_up(self) -> None:
+        """The member has read every partition it holds up to its end."""
+        ...
+
+
 class EventLog(abc.ABC):
+    capabilities: ClassVar[LogCapabilities] = LogCapabilities()
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections; called once before use."""
 
@@ -55,3 +90,8 @@ class EventLog(abc.ABC):
         the identity of the log it folds (see ``projections.runner``). None while a reader
         sees a log that has none yet (an empty Kafka topic)."""
 
+    async def consume_group(self, group: str, member: GroupMember) -> None:
+        """Follow the log, forever, as a member of consumer group ``group``: the members share
+        the partitions, and each resumes where ``member`` or the group left off
+        (``capabilities.consumer_groups``)."""
+        raise NotSupported(f"event log {type(self).__name__} has no consumer groups")
