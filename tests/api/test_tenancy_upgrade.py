@@ -157,7 +157,7 @@ def _old_record(event: Event) -> dict[str, Any]:
 async def test_a_data_dir_from_before_tenancy_keeps_working(make_api: AppFactory, data_dir: Path,
                                                             profile: dict[str, str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    config = Config(data_dir=data_dir, api_key="test-key", **profile)
+    config = Config(data_dir=data_dir, api_key="test-key", **profile)  # type: ignore[arg-type]
     log = open_event_log(config.event_log, data_dir)
     await log.start()
     import eventlog.kafka_records

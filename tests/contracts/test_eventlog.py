@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -51,10 +51,10 @@ class Collector:
         self.events: list[Event] = []
         self.caught_up = asyncio.Event()
 
-    async def resume_points(self, source: str, partitions: object) -> dict[int, int]:
+    async def resume_points(self, source: str, partitions: Sequence[int]) -> dict[int, int]:
         return {}
 
-    async def deliver(self, source: str, records: list[tuple[int, int, Event]]) -> None:
+    async def deliver(self, source: str, records: Sequence[tuple[int, int, Event]]) -> None:
         self.events.extend(event for _, _, event in records)
 
     def mark_caught_up(self) -> None:
@@ -152,7 +152,7 @@ async def test_subscribe_from_a_position_skips_earlier_events(event_log: EventLo
     await event_log.append([ev("sbx_a", 2)])
     agen = event_log.subscribe(p1)
     first = await asyncio.wait_for(agen.__anext__(), 5)
-    await agen.aclose()
+    await agen.aclose()  # type: ignore[attr-defined]  # an async generator's
     assert first.data.execution_id == "exec_2"  # type: ignore[union-attr]
 
 

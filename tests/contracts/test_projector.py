@@ -65,7 +65,7 @@ class Swappable(EventLog):
         finally:
             next_event.cancel()
             swapped.cancel()
-            await agen.aclose()
+            await agen.aclose()  # type: ignore[attr-defined]  # an async generator's
 
 
 async def opened(path: Path) -> SqliteEventLog:
