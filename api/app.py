@@ -192,8 +192,6 @@ async def _health(request: web.Request) -> web.Response:
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    if config.projector not in ("inprocess", "external"):
-        raise InvalidInput(f"projector: expected inprocess or external, got {config.projector!r}", field="projector")
     async with contextlib.AsyncExitStack() as stack:
         lock_fd = _lock_data_dir(config.data_dir)
         stack.callback(os.close, lock_fd)
@@ -237,7 +235,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def run_server(config: Config) -> None:
     """Blocking: serve until interrupted. Prints the address, and a newly generated key once."""
-    logging.basicConfig(level=os.environ.get("HUTCH_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config.data_dir.mkdir(parents=True, exist_ok=True)
     key, generated = resolve_api_key(config)
     if generated:

@@ -94,7 +94,8 @@ def make_projector(event_log: EventLog, store: ProjectionStore, *, external: boo
     """The projector a process runs. ``external``: another process (``hutch projector``)
     applies the log, and this one waits for the shared store to show each position."""
     if external and not store.capabilities.shared:
-        raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
+        raise InvalidInput("HUTCH_PROJECTOR: external needs a shared store (HUTCH_STORE=postgresql://…)",
+                           field="HUTCH_PROJECTOR")
     return Projector(event_log, store, apply=not external)
 
 
