@@ -67,8 +67,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from core.errors import InvalidInput, LogUnavailable
 from core.eventlog.base import EventLog, GroupMember, LogCapabilities
@@ -80,7 +79,6 @@ from eventlog.kafka_records import (
     ID_CLOCK_SLACK_MS,
     MAX_EVENT_BYTES,
     MAX_GROUP_EVENTS,
-    TOPIC_CONFIG,
     PartitionReader,
     ProducerSlot,
     decode_record,
@@ -92,6 +90,7 @@ from eventlog.kafka_records import (
     record_bytes,
     retrieve_exception,
 )
+from eventlog.kafka_topics import ensure_topics
 
 log = logging.getLogger(__name__)
 class KafkaEventLog(EventLog):
@@ -197,44 +196,9 @@ class KafkaEventLog(EventLog):
                 await r.consumer.stop()
 
     async def _ensure_topics(self) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id)
-        await admin.start()
-        try:
-            meta = await admin.describe_cluster()
-            self.cluster_id = meta.get("cluster_id")
-            brokers = len(meta["brokers"])
-            replication = self.replication or min(3, brokers)
-            wanted = [
-                NewTopic(self.topic, self.partitions, replication, topic_configs=TOPIC_CONFIG),
-                NewTopic(self.order_topic, 1, replication, topic_configs=TOPIC_CONFIG),
-            ]
-            existing = set(await admin.list_topics())
-            missing = [t for t in wanted if t.name not in existing]
-            if missing:
-                try:
-                    resp = await admin.create_topics(missing)
-                except TopicAlreadyExistsError:
-                    resp = None  # another process won the race
-                for name, code, *_ in getattr(resp, "topic_errors", ()):
-                    if code not in (0, TopicAlreadyExistsError.errno):
-                        raise LogUnavailable(f"cannot create Kafka topic {name}: error code {code}")
-            deadline = time.monotonic() + 30
-            while True:  # a new topic takes a moment to reach the metadata of every broker
-                described = await admin.describe_topics([self.topic, self.order_topic])
-                errors = {t["topic"]: t["error_code"] for t in described if t["error_code"] != 0}
-                if not errors and all(t["partitions"] for t in described):
-                    break
-                if time.monotonic() > deadline:
-                    raise LogUnavailable(f"Kafka topics not available: error codes {errors}")
-                await asyncio.sleep(0.05)
-            for t in described:
-                count = len(t["partitions"])
-                if t["topic"] == self.topic:
-                    self.partitions = count  # the topic's own count decides where keys live
-                elif count != 1:
-                    raise LogUnavailable(f"Kafka topic {t['topic']} must have one partition, has {count}")
-        finally:
-            await admin.close()
+        self.cluster_id, self.partitions = await ensure_topics(
+            self.bootstrap, self.topic, self.order_topic, partitions=self.partitions,
+            replication=self.replication, client_id=self.client_id)
 
     async def _write_epoch(self) -> None:
         """Start an empty log with its epoch record (order topic only: it has no sandbox)."""
