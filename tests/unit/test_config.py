@@ -82,6 +82,8 @@ def test_secrets_are_never_echoed() -> None:
 
 
 def test_variables_are_read_and_flags_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [n for n in os.environ if n.startswith("HUTCH_")]:  # the test services' settings
+        monkeypatch.delenv(name)
     monkeypatch.setenv("HUTCH_PORT", "9000")
     monkeypatch.setenv("HUTCH_SSH_PORT", "0")
     monkeypatch.setenv("HUTCH_RUNTIME_CACHE", str(tmp_path))
@@ -104,7 +106,8 @@ def test_an_external_projector_needs_a_shared_store(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["api"], ["hutch", "serve"]])
 def test_the_server_exits_with_the_one_line_naming_the_setting(command: list[str], tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HUTCH_PORT": "eighty", "HUTCH_DATA_DIR": str(tmp_path)}
+    env = {**{n: v for n, v in os.environ.items() if not n.startswith("HUTCH_")},
+           "PYTHONPATH": str(ROOT), "HUTCH_PORT": "eighty", "HUTCH_DATA_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.startswith("hutch: error: HUTCH_PORT: expected a port number (0-65535), got 'eighty'")
