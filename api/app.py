@@ -17,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from api import archives, openapi
+from api.composition import server_parts
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from api.output import OutputStore
@@ -42,11 +43,8 @@ from api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
 from api.webapp import routes as webapp_routes
 from api.webapp.sessions import COOKIE, SESSIONS, Sessions
 from core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
-from core.eventlog.base import open_event_log
 from core.events import ACTOR
 from core.tenancy import SCOPE, Access, Scope
-from drivers.base import Driver
-from projections.base import ProjectionStore
 
 log = logging.getLogger("hutch.api")
 
@@ -136,39 +134,6 @@ async def _requested_org(request: web.Request) -> str | None:
     return value
 
 
-def make_driver(config: Config) -> Driver:
-    if config.driver == "fake":
-        from drivers.fake.driver import FakeDriver
-
-        return FakeDriver()
-    if config.driver == "local":
-        from drivers.local.driver import LocalDriver
-
-        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
-    if config.driver == "nomad":
-        from drivers.nomad.driver import NomadDriver, pool_sizing_from_env
-
-        return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
-                           token=config.nomad_token,
-                           pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
-                           runtime_cache=config.runtimes_dir)
-    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
-
-
-def make_store(config: Config) -> ProjectionStore:
-    if config.store in ("memory", ""):
-        from projections.memory import MemoryProjectionStore
-
-        return MemoryProjectionStore()
-    if config.store.startswith(("postgresql://", "postgres://")):
-        from projections.postgres import PostgresProjectionStore
-
-        return PostgresProjectionStore(config.store)
-    raise InvalidInput(
-        f"store: unsupported store {config.store!r}; expected memory or postgresql://…", field="store"
-    )
-
-
 def _stream_secret(data_dir: Path) -> bytes:
     path = data_dir / "stream-secret"
     if not path.exists():
@@ -227,15 +192,12 @@ async def _health(request: web.Request) -> web.Response:
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    if config.projector not in ("inprocess", "external"):
-        raise InvalidInput(f"projector: expected inprocess or external, got {config.projector!r}", field="projector")
     async with contextlib.AsyncExitStack() as stack:
         lock_fd = _lock_data_dir(config.data_dir)
         stack.callback(os.close, lock_fd)
         tenants = Tenants(resolve_api_key(config)[0], default_rate=parse_rate(config.rate_limit))
-        event_log = open_event_log(config.event_log, config.data_dir)
-        store = make_store(config)
-        driver = make_driver(config)
+        parts = server_parts(config)
+        event_log, store, driver = parts.event_log, parts.store, parts.driver
         outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
         outputs.start()
         # Each part is closed (in reverse) however far the start got: a refusal at start
@@ -249,11 +211,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
-                                               max_entries=config.max_archive_entries))
-        if config.projector == "external":
-            if not hasattr(store, "wait_for"):
-                raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
-            engine.projector.applies = False  # `hutch projector` applies; we wait for it
+                                               max_entries=config.max_archive_entries),
+                        projector=parts.projector)
         stack.push_async_callback(engine.close)
         prebuild = config.prebuild_runtimes
         engine.projector.observers.append(tenants.observe)
@@ -276,7 +235,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def run_server(config: Config) -> None:
     """Blocking: serve until interrupted. Prints the address, and a newly generated key once."""
-    logging.basicConfig(level=os.environ.get("HUTCH_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config.data_dir.mkdir(parents=True, exist_ok=True)
     key, generated = resolve_api_key(config)
     if generated:

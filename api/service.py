@@ -117,12 +117,13 @@ class Engine(CheckpointOps):
         stream_secret: bytes,
         data_dir: Path,
         limits: archives.Limits | None = None,
+        projector: Projector | None = None,  # api.composition builds it; default: one that applies
     ) -> None:
         self.log = event_log
         self.store = store
         self.driver = driver
         self.outputs = outputs
-        self.projector = Projector(event_log, store)
+        self.projector = projector or Projector(event_log, store)
         self.streams = StreamIds(stream_secret)
         self.watchers = Watchers(self._abandoned)  # cancels a command its waiters all left
         self.inputs = InputStreams()  # stdin uploads (POST/PUT /streams)

@@ -5,16 +5,21 @@ has applied up to, and applies each event together with that position atomically
 an event at or below the tracked position is ignored, so replays never double-apply
 and a crash between events never skips one. Every backend passes
 ``tests/contracts/test_projection_store.py``.
+
+Abilities beyond the required methods are declared in ``StoreCapabilities`` (as a driver
+declares its ``Capabilities``); the optional methods raise ``NotSupported`` unless a backend
+declares and implements them.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, ClassVar
 
 import attrs
 
+from core.errors import NotSupported
 from core.events import Event
 from core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
 from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
@@ -95,7 +100,21 @@ class StoreBehind(Exception):
         self.expected = expected
 
 
+@attrs.frozen
+class StoreCapabilities:
+    """What a store can do beyond the required methods; callers check these flags, never the
+    store's type. ``tests/contracts`` holds each backend to exactly what it declares."""
+
+    # ``wait_for``: the store is shared between processes and tells a waiter when another
+    # process applied a position (``HUTCH_PROJECTOR=external``: ``hutch projector`` applies).
+    shared: bool = False
+    # ``rebuild``: reset and replay as one transaction; readers keep the old state meanwhile.
+    atomic_rebuild: bool = False
+
+
 class ProjectionStore(abc.ABC):
+    capabilities: ClassVar[StoreCapabilities] = StoreCapabilities()
+
     async def start(self) -> None:  # noqa: B027
         pass
 
@@ -151,9 +170,14 @@ class ProjectionStore(abc.ABC):
         """Forget everything (position back to 0, bound to no log) so a rebuild can replay a log."""
 
     async def wait_for(self, position: int, timeout: float) -> None:
-        """Return once the store applied ``position``, for a process whose projector runs
-        elsewhere (``Projector(apply=False)``). Only a store processes share can tell."""
-        raise NotImplementedError(f"{type(self).__name__} is applied in this process only")
+        """Return once the store applied ``position``, whoever applied it (``capabilities.shared``)."""
+        raise NotSupported(f"store {type(self).__name__} cannot wait for another process's projector")
+
+    async def rebuild(self, batches: AsyncIterator[Sequence[Event]] | Iterable[Sequence[Event]],
+                      log_identity: str | None = None) -> int:
+        """Reset and replay ``batches`` in one transaction, bound to ``log_identity``; returns the
+        position reached (``capabilities.atomic_rebuild``)."""
+        raise NotSupported(f"store {type(self).__name__} cannot rebuild in one transaction")
 
 
 def is_tenancy_event(event: Event) -> bool:

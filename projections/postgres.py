@@ -46,6 +46,7 @@ from projections.base import (
     SandboxQuery,
     SnapshotQuery,
     StoreBehind,
+    StoreCapabilities,
     fold,
     is_tenancy_event,
 )
@@ -199,6 +200,8 @@ def _snapshot(row: asyncpg.Record) -> Snapshot:
 
 
 class PostgresProjectionStore(ProjectionStore):
+    capabilities = StoreCapabilities(shared=True, atomic_rebuild=True)
+
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"store: {dsn!r} is not a postgresql:// URL", field="store")

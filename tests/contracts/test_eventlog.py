@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from api.composition import open_event_log
 from core import ids
-from core.eventlog.base import EventLog, open_event_log
+from core.errors import NotSupported
+from core.eventlog.base import EventLog, LogCapabilities
 from core.events import Event, ExecutionStarted, SandboxStarted
 from tests.services import drop_topics, kafka_url
 
@@ -30,6 +33,54 @@ async def event_log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
     await log.close()
     if url.startswith("kafka://"):
         await drop_topics(url)
+
+
+# What each backend declares it can do beyond the port's required methods, and the optional
+# method each flag stands for. A backend declares a flag exactly when it implements the method.
+DECLARED = {
+    "SqliteEventLog": LogCapabilities(),
+    "KafkaEventLog": LogCapabilities(consumer_groups=True),
+}
+OPTIONAL_METHODS = {"consumer_groups": "consume_group"}
+
+
+class Collector:
+    """A consumer group member that keeps what it is given (``EventLog.consume_group``)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.caught_up = asyncio.Event()
+
+    async def resume_points(self, source: str, partitions: Sequence[int]) -> dict[int, int]:
+        return {}
+
+    async def deliver(self, source: str, records: Sequence[tuple[int, int, Event]]) -> None:
+        self.events.extend(event for _, _, event in records)
+
+    def mark_caught_up(self) -> None:
+        self.caught_up.set()
+
+
+async def test_declares_exactly_what_it_implements(event_log: EventLog) -> None:
+    assert event_log.capabilities == DECLARED[type(event_log).__name__]
+    assert set(OPTIONAL_METHODS) == {f.name for f in LogCapabilities.__attrs_attrs__}
+    for flag, method in OPTIONAL_METHODS.items():
+        implemented = getattr(type(event_log), method) is not getattr(EventLog, method)
+        assert getattr(event_log.capabilities, flag) == implemented, (flag, method)
+    appended = await event_log.append([ev("sbx_a", 1), ev("sbx_b", 2)])
+    member = Collector()
+    if not event_log.capabilities.consumer_groups:
+        with pytest.raises(NotSupported):
+            await event_log.consume_group("contract", member)
+        return
+    task = asyncio.create_task(event_log.consume_group("contract-" + ids.new_id("event"), member))
+    try:
+        await asyncio.wait_for(member.caught_up.wait(), 60)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert sorted(e.position or 0 for e in member.events) == appended
 
 
 def ev(sandbox_id: str, n: int = 0) -> Event:

@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from api.composition import open_store
 from core import ids
+from core.errors import NotSupported
 from core.events import (
     Event,
     EventData,
@@ -28,9 +30,7 @@ from core.models import (
     SnapshotFile,
     SnapshotStatus,
 )
-from projections.base import ProjectionStore, SandboxQuery, SnapshotQuery
-from projections.memory import MemoryProjectionStore
-from projections.postgres import PostgresProjectionStore
+from projections.base import ProjectionStore, SandboxQuery, SnapshotQuery, StoreCapabilities
 from tests.services import drop_database, fresh_database
 
 BACKENDS = ["memory", "postgres"]
@@ -41,9 +41,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[ProjectionStore
     database = None
     if request.param == "postgres":
         url, database = await fresh_database("store")
-        s: ProjectionStore = PostgresProjectionStore(url)
+        s = open_store(url)
     else:
-        s = MemoryProjectionStore()
+        s = open_store("memory")
     await s.start()
     await s.reset()
     yield s
@@ -68,6 +68,38 @@ class Log:
 
 def created(name: str | None = None, mode: Mode = Mode.INTERACTIVE) -> SandboxCreated:
     return SandboxCreated(spec=SandboxSpec(runtime="base:latest", runtime_id="srt_x", name=name, mode=mode))
+
+
+# What each backend declares it can do beyond the port's required methods, and the optional
+# method each flag stands for. A backend declares a flag exactly when it implements the method.
+DECLARED = {
+    "MemoryProjectionStore": StoreCapabilities(),
+    "PostgresProjectionStore": StoreCapabilities(shared=True, atomic_rebuild=True),
+}
+OPTIONAL_METHODS = {"shared": "wait_for", "atomic_rebuild": "rebuild"}
+
+
+async def test_declares_exactly_what_it_implements(store: ProjectionStore) -> None:
+    assert store.capabilities == DECLARED[type(store).__name__]
+    assert set(OPTIONAL_METHODS) == {f.name for f in StoreCapabilities.__attrs_attrs__}
+    for flag, method in OPTIONAL_METHODS.items():
+        implemented = getattr(type(store), method) is not getattr(ProjectionStore, method)
+        assert getattr(store.capabilities, flag) == implemented, (flag, method)
+    log = Log()
+    batch = [log("sbx_1", created("one")), log("sbx_1", SandboxStarted())]
+    if store.capabilities.atomic_rebuild:
+        assert await store.rebuild([batch], log_identity="log-a") == log.position
+        assert await store.log_identity() == "log-a"
+    else:
+        with pytest.raises(NotSupported):
+            await store.rebuild([batch], log_identity="log-a")
+        await store.apply(batch)
+    if store.capabilities.shared:
+        await store.wait_for(log.position, timeout=5)  # applied already: returns at once
+    else:
+        with pytest.raises(NotSupported):
+            await store.wait_for(log.position, timeout=5)
+    assert await store.position() == log.position
 
 
 async def test_folds_a_sandbox_lifecycle(store: ProjectionStore) -> None:

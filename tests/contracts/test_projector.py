@@ -17,8 +17,8 @@ import pytest
 
 from core.errors import LogMismatch, ProjectionUnavailable
 from core.eventlog.base import EventLog
-from core.eventlog.sqlite import SqliteEventLog
 from core.events import Event
+from eventlog.sqlite import SqliteEventLog
 from projections.memory import MemoryProjectionStore
 from projections.runner import Projector
 from tests.contracts.test_eventlog import ev
@@ -66,7 +66,7 @@ class Swappable(EventLog):
         finally:
             next_event.cancel()
             swapped.cancel()
-            await agen.aclose()
+            await agen.aclose()  # type: ignore[attr-defined]  # an async generator's
 
 
 async def opened(path: Path) -> SqliteEventLog:

@@ -33,7 +33,7 @@ import aiohttp
 import attrs
 from aiohttp import web
 
-import core.eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
+import eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
 import projections.memory  # noqa: F401
 from api.app import create_app
 from api.config import Config
@@ -154,7 +154,7 @@ else:
         report["network"]["slirp_left"] = slirp_pid is not None and Path(f"/proc/{slirp_pid}/stat").is_file()  # noqa: ASYNC240
         report["port"] = await port_only(d, run, internet)
         report["allow"] = await allow_list(d, run, internet)
-    errors = {}
+    errors: dict[str, dict[str, object] | None] = {}
     for name, call in [
         ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
         ("disk", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(disk_bytes=2**30)))),
@@ -170,7 +170,7 @@ else:
     report["refused"] = errors
     ns = os.readlink(f"/proc/{sb.init_pid}/ns/pid")
     await d.destroy(sid)
-    left = []
+    left: list[str] = []
     for _ in range(50):
         left = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
