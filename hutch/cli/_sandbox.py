@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from hutch._stdin import piped_stdin
 from hutch.cli import _render as render
@@ -41,7 +41,7 @@ from hutch.cli._values import (  # argparse `type=` parsers
     memory_value,
     metadata_value,
 )
-from hutch.client import SandboxClient
+from hutch.client import SandboxClient, SandboxOptions
 from hutch.errors import ConnectionFailed, SandboxError, Unauthorized
 from hutch.models import Network, Resources, Timeouts, to_wire
 
@@ -282,9 +282,10 @@ def _execution_parsers(sb: Any) -> None:
 # ---------------------------------------------------------------- commands
 
 
-def _spec(args: argparse.Namespace) -> dict[str, Any]:
+def _spec(args: argparse.Namespace, **more: Unpack[SandboxOptions]) -> SandboxOptions:
+    """The sandbox options ``run`` and ``create`` share, plus ``more``."""
     resources = Resources(memory=args.memory, cpu=args.cpu, disk=args.disk)
-    return {
+    spec: SandboxOptions = {
         "runtime": args.runtime,
         "runtime_id": args.runtime_id,
         "snapshot": args.snapshot,
@@ -296,6 +297,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         "scopes": args.scope or None,
         "project_id": args.project_id,
     }
+    spec.update(more)
+    return spec
 
 
 def _network(args: argparse.Namespace) -> Network | None:
@@ -320,9 +323,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             result = await client.run(
                 args.command,
-                **_spec(args),
-                network=_network(args),
-                timeout=args.timeout,
+                **_spec(args, network=_network(args), timeout=args.timeout),
                 stream={"timestamps": True} if args.timestamps else None,
                 stdout=_stdout_sink() if stream_output else None,
                 stderr=_stderr_sink() if stream_output else None,
@@ -392,12 +393,14 @@ def cmd_create(args: argparse.Namespace) -> int:
 
     async def work(client: SandboxClient) -> Any:
         sandbox = await client.create(
-            **_spec(args),
-            name=args.name,
-            description=args.description,
-            network=network,
-            timeout=timeouts if timeouts != Timeouts() else None,
-            metadata=args.metadata,
+            **_spec(
+                args,
+                name=args.name,
+                description=args.description,
+                network=network,
+                timeout=timeouts if timeouts != Timeouts() else None,
+                metadata=args.metadata,
+            )
         )
         if sandbox.status == "creating" and not args.json:  # its runtime is built first
             _note(f"sandbox {sandbox.id}: the runtime is not built on the server yet: building it first")
