@@ -121,7 +121,8 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         "--data-dir", help="in-process only: the engine's data dir (default: HUTCH_DATA_DIR)"
     )
     p.add_argument(
-        "--driver", help="in-process only: execution driver (default: HUTCH_DRIVER or local)"
+        "--driver", choices=("local", "nomad", "fake"),
+        help="in-process only: execution driver (default: HUTCH_DRIVER or local)",
     )
     _json_flag(p)
     _command_arg(p)
