@@ -9,6 +9,7 @@ import pytest
 from core.errors import IllegalTransition, InvalidInput, SnapshotNotFound
 from core.events import (
     Event,
+    EventData,
     SandboxCreated,
     SandboxStarted,
     SandboxTerminated,
@@ -33,11 +34,11 @@ FILES = (SnapshotFile(path="a.txt", size=3, sha256="0" * 64, mode=0o644),
          SnapshotFile(path="b.txt", size=4, sha256="1" * 64, mode=0o600))
 
 
-def sandbox(*payloads: object) -> Sandbox:
+def sandbox(*payloads: EventData) -> Sandbox:
     spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", env={"A": "1"}, snapshot_id="snp_parent",
                        org_id="org_acme")
-    events = [Event(f"evt_{i}", "sbx_1", "2026-01-01T00:00:00.000Z", p)  # type: ignore[arg-type]
-              for i, p in enumerate([SandboxCreated(spec=spec), SandboxStarted(), *payloads])]
+    created: list[EventData] = [SandboxCreated(spec=spec), SandboxStarted()]
+    events = [Event(f"evt_{i}", "sbx_1", "2026-01-01T00:00:00.000Z", p) for i, p in enumerate([*created, *payloads])]
     out = reduce(evolve_sandbox, events, None)
     assert out is not None
     return out
