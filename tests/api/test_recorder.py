@@ -10,11 +10,11 @@ import pytest
 from api.reads import Reads
 from api.recorder import Recorder
 from core.errors import InvalidInput, SnapshotNotFound
-from core.eventlog.sqlite import SqliteEventLog
 from core.events import SandboxCreated, SandboxEnvChanged
 from core.lifecycle import ChangeEnv, Start
 from core.models import SandboxSpec, SandboxStatus, SnapshotStatus
 from core.snapshots import BeginBuild, DeleteSnapshot
+from eventlog.sqlite import SqliteEventLog
 from projections.memory import MemoryProjectionStore
 from projections.runner import Projector
 
