@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from api import archives, openapi
 from api.composition import server_parts
@@ -57,7 +58,7 @@ def _error(status: int, message: str, code: str, **extra: object) -> web.Respons
 
 
 @web.middleware
-async def envelope_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def envelope_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RateLimited as err:
@@ -82,7 +83,7 @@ async def envelope_middleware(request: web.Request, handler):  # type: ignore[no
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Key -> principal (organization, projects, role) -> rate limit -> the route's access.
     The scope it sets is what every lookup below sees (``core.tenancy.SCOPE``)."""
     access = access_of(request.method, request.match_info.route.handler)

@@ -22,7 +22,7 @@ async def consume_group(bootstrap: str, topic: str, group: str, member: GroupMem
                         client_id: str = "hutch-audit") -> None:
     """Follow ``topic`` as a member of ``group`` until cancelled."""
 
-    class Resume(ConsumerRebalanceListener):  # type: ignore[misc]
+    class Resume(ConsumerRebalanceListener):  # aiokafka is untyped: a subclass of Any
         async def on_partitions_revoked(self, revoked: Any) -> None:
             pass
 

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import json
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -142,7 +142,7 @@ class ProducerSlot:
         self.transactional_id = transactional_id
         self.producer: AIOKafkaProducer | None = None
 
-    async def replace(self, factory) -> None:  # type: ignore[no-untyped-def]
+    async def replace(self, factory: Callable[[str], Awaitable[AIOKafkaProducer]]) -> None:
         await self.close()
         self.producer = await factory(self.transactional_id)
 

@@ -224,7 +224,7 @@ async def read_to_eof(loop: asyncio.AbstractEventLoop, *pipes: tuple[int, int]) 
     open_fds = {fd for fd, _ in pipes}
     done: asyncio.Future[None] = loop.create_future()
 
-    def reader(fd: int, out: bytearray, limit: int):  # type: ignore[no-untyped-def]
+    def reader(fd: int, out: bytearray, limit: int) -> Callable[[], None]:
         def readable() -> None:
             data = read_chunk(fd)
             if data is None:
