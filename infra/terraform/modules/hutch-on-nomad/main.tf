@@ -5,7 +5,8 @@
 # var.artifact_base_url; everything else is on the clients already (nomad-node's packages).
 
 locals {
-  pool = length(var.warm_pools) == 0 ? "off" : join(",", [for runtime, count in var.warm_pools : "${runtime}=${count}"])
+  artifacts = "${trimsuffix(var.artifact_base_url, "/")}/"
+  pool      = length(var.warm_pools) == 0 ? "off" : join(",", [for runtime, count in var.warm_pools : "${runtime}=${count}"])
 
   # The jobs that keep state, each on a volume of its own name.
   stateful = ["hutch-registry", "hutch-postgres", "hutch-kafka"]
@@ -89,7 +90,7 @@ resource "nomad_job" "kafka" {
   jobspec = templatefile("${path.module}/jobs/kafka.nomad.hcl.tftpl", {
     datacenters = var.datacenters
     volume      = nomad_dynamic_host_volume.state["hutch-kafka"].name
-    libs_url    = "${var.artifact_base_url}kafka-libs-${var.kafka_version}.tgz"
+    libs_url    = "${local.artifacts}kafka-libs-${var.kafka_version}.tgz"
     memory      = var.kafka_memory
     heap_mb     = floor(var.kafka_memory / 2)
   })
@@ -102,7 +103,7 @@ resource "nomad_job" "hutch" {
     datacenters    = var.datacenters
     replicas       = var.api_replicas
     hutch_version  = var.hutch_version
-    wheels_url     = "${var.artifact_base_url}hutch-wheels-${var.hutch_version}.tar.gz"
+    wheels_url     = "${local.artifacts}hutch-wheels-${var.hutch_version}.tar.gz"
     nomad_addr     = var.nomad_addr
     pool           = local.pool
     image_registry = var.image_registry

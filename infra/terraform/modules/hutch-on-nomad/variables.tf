@@ -16,12 +16,12 @@ variable "nomad_token" {
 }
 
 variable "artifact_base_url" {
-  description = "Where the Nomad clients download hutch-wheels-<hutch_version>.tar.gz and kafka-libs-<kafka_version>.tgz (see the README); ends with a slash."
+  description = "Where the Nomad clients download hutch-wheels-<hutch_version>.tar.gz and kafka-libs-<kafka_version>.tgz (see the README)."
   type        = string
 
   validation {
-    condition     = can(regex("^https?://.+/$", var.artifact_base_url))
-    error_message = "artifact_base_url: an http(s) URL ending with a slash."
+    condition     = can(regex("^https?://", var.artifact_base_url))
+    error_message = "artifact_base_url: an http(s) URL."
   }
 }
 
