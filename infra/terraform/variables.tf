@@ -33,9 +33,9 @@ variable "hutch_version" {
 }
 
 variable "api_replicas" {
-  description = "hutch API servers (allocations of the hutch-api job); put a load balancer before them."
+  description = "hutch API servers (allocations of the hutch-api job); only 1 for now."
   type        = number
-  default     = 2
+  default     = 1
 }
 
 variable "api_key" {

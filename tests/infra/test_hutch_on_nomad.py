@@ -330,7 +330,7 @@ def test_apply_run_a_sandbox_destroy(
         outputs = json.loads(tofu("output", "-json", root=root, timeout=60).stdout)
         assert outputs["jobs"]["value"] == list(JOBS), outputs["jobs"]
         assert outputs["variables"]["value"] == list(VARIABLES), outputs["variables"]
-        assert set(outputs["volumes"]["value"]) == set(JOBS[:3]), outputs["volumes"]
+        assert set(outputs["volumes"]["value"]) == set(JOBS), outputs["volumes"]
 
         mark = time.monotonic()
         wait_up(nomad, mark + UP_TIMEOUT)

@@ -8,8 +8,9 @@ locals {
   artifacts = "${trimsuffix(var.artifact_base_url, "/")}/"
   pool      = length(var.warm_pools) == 0 ? "off" : join(",", [for runtime, count in var.warm_pools : "${runtime}=${count}"])
 
-  # The jobs that keep state, each on a volume of its own name.
-  stateful = ["hutch-registry", "hutch-postgres", "hutch-kafka"]
+  # The jobs that keep state, each on a volume of its own name (hutch-api: its data dir, where
+  # snapshots, checkpoints and finished streams live).
+  stateful = ["hutch-registry", "hutch-postgres", "hutch-kafka", "hutch-api"]
 
   api_secrets = merge(
     { api_key = var.api_key, postgres_password = var.postgres_password },
@@ -102,6 +103,7 @@ resource "nomad_job" "hutch" {
   jobspec = templatefile("${path.module}/jobs/hutch.nomad.hcl.tftpl", {
     datacenters    = var.datacenters
     replicas       = var.api_replicas
+    volume         = nomad_dynamic_host_volume.state["hutch-api"].name
     hutch_version  = var.hutch_version
     wheels_url     = "${local.artifacts}hutch-wheels-${var.hutch_version}.tar.gz"
     nomad_addr     = var.nomad_addr
@@ -113,5 +115,5 @@ resource "nomad_job" "hutch" {
   })
   purge_on_destroy = true
   # Not needed to start (the API waits for its services), but a destroy then stops it first.
-  depends_on = [nomad_job.registry, nomad_job.postgres, nomad_job.kafka]
+  depends_on = [terraform_data.volume_released, nomad_job.registry, nomad_job.postgres, nomad_job.kafka]
 }

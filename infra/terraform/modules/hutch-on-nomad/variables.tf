@@ -31,9 +31,14 @@ variable "hutch_version" {
 }
 
 variable "api_replicas" {
-  description = "hutch API servers (allocations of the hutch-api job)."
+  description = "hutch API servers (allocations of the hutch-api job). Only 1 for now: a sandbox's driver state lives in the server that created it (README, Status)."
   type        = number
-  default     = 2
+  default     = 1
+
+  validation {
+    condition     = var.api_replicas == 1
+    error_message = "api_replicas: only 1 API server is supported for now (per-sandbox state lives in the server that created the sandbox)."
+  }
 }
 
 variable "api_key" {
