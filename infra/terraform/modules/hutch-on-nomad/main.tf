@@ -22,6 +22,8 @@ resource "nomad_dynamic_host_volume" "state" {
   for_each  = toset(local.stateful)
   name      = each.key
   plugin_id = "mkdir" # built into every Nomad >= 1.10 client: a directory under host_volumes_dir
+  # The jobs run as nobody (the exec driver refuses root by default); PostgreSQL wants 0700.
+  parameters = { uid = "65534", gid = "65534", mode = "0700" }
 
   capability {
     access_mode     = "single-node-writer"
