@@ -137,51 +137,85 @@ def run(*args: str | Path, cwd: Path, timeout: float, env: dict[str, str] | None
 
 # ------------------------------------------------------------------------------- artifacts
 
-@pytest.fixture(scope="module")
-def artifact_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """hutch's wheelhouse and Kafka's jars, named as the module fetches them: (dir, hutch
-    version, Kafka version)."""
-    out = tmp_path_factory.mktemp("artifacts")
+def versions() -> tuple[str, str]:
+    """hutch's version (pyproject.toml) and Kafka's (the services scripts' pom.xml)."""
     hutch_version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     pom = (REPO / "scripts" / "services.d" / "kafka" / "pom.xml").read_text()
-    kafka_version = re.search(r"<kafka\.version>(.+?)</kafka\.version>", pom).group(1)  # type: ignore[union-attr]
-    cache = Path(os.environ.get("HUTCH_CACHE_DIR") or "/var/cache/hutch")
-    libs = cache / "kafka" / kafka_version / "libs"
+    match = re.search(r"<kafka\.version>(.+?)</kafka\.version>", pom)
+    assert match, "no <kafka.version> in scripts/services.d/kafka/pom.xml"
+    return hutch_version, match.group(1)
+
+
+def build_artifacts(out: Path, hutch_version: str, kafka_version: str) -> None:
+    """hutch's wheelhouse and Kafka's jars, named as the module fetches them."""
+    libs = Path(os.environ.get("HUTCH_CACHE_DIR") or "/var/cache/hutch") / "kafka" / kafka_version / "libs"
     if not (libs / ".complete").exists():
-        pytest.fail(f"no Kafka {kafka_version} jars in {libs}: ./scripts/services start kafka fetches them",
-                    pytrace=False)
-
+        raise RuntimeError(f"no Kafka {kafka_version} jars in {libs}: ./scripts/services start kafka fetches them")
     # The wheels of hutch and of everything it needs, for the clients' python3 (no index there).
-    wheels = out / "wheels"
-    run(sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", wheels, REPO,
-        cwd=REPO, timeout=240)
-    with tarfile.open(out / f"hutch-wheels-{hutch_version}.tar.gz", "w:gz", compresslevel=1) as tar:
-        for wheel in sorted(wheels.glob("*.whl")):
-            tar.add(wheel, arcname=wheel.name)
-    with tarfile.open(out / f"kafka-libs-{kafka_version}.tgz", "w:gz", compresslevel=1) as tar:
-        for jar in sorted(libs.glob("*.jar")):
-            tar.add(jar, arcname=jar.name)
-    return out, hutch_version, kafka_version
+    wheels = out.parent / "wheels"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w",
+                           str(wheels), str(REPO)], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip wheel exited {proc.returncode}: {proc.stderr[-3000:]}")
+    for name, files in ((f"hutch-wheels-{hutch_version}.tar.gz", wheels.glob("*.whl")),
+                        (f"kafka-libs-{kafka_version}.tgz", libs.glob("*.jar"))):
+        with tarfile.open(out / f".{name}", "w:gz", compresslevel=1) as tar:
+            for path in sorted(files):
+                tar.add(path, arcname=path.name)
+        (out / f".{name}").rename(out / name)
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+class Artifacts:
+    """An HTTP server on this host's address on the cluster network (the module's
+    artifact_base_url), serving the artifacts while a thread still builds them: Nomad builds
+    the tasks' chroots first, so the build costs no time; a request waits until it is done."""
+
+    def __init__(self, directory: Path, host: str) -> None:
+        self.hutch_version, self.kafka_version = versions()
+        self.built = threading.Event()
+        self.error: str | None = None
+        self.seconds = 0.0
+        artifacts = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def send_head(self) -> Any:  # GET and HEAD both
+                if not artifacts.built.wait(300) or artifacts.error:
+                    self.send_error(503, "artifacts not built")
+                    return None
+                return super().send_head()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((host, 0), functools.partial(Handler, directory=str(directory)))
+        self.url = f"http://{host}:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._build, args=(directory,), daemon=True).start()
+
+    def _build(self, directory: Path) -> None:
+        started = time.monotonic()
+        try:
+            build_artifacts(directory, self.hutch_version, self.kafka_version)
+        except Exception as err:  # reported by wait(), and to the clients as a 503
+            self.error = f"building the artifacts failed: {err}"
+        self.seconds = time.monotonic() - started
+        self.built.set()
+
+    def wait(self) -> None:
+        if not self.built.wait(400) or self.error:
+            pytest.fail(self.error or "the artifacts were not built in 400 s", pytrace=False)
 
 
 @pytest.fixture(scope="module")
-def artifact_url(artifact_dir: tuple[Path, str, str]) -> Iterator[str]:
-    """An HTTP server for the artifacts on this host's address on the cluster network."""
-    host = urllib.parse.urlsplit(_setting("HUTCH_TEST_CLUSTER_ADDR")).hostname or "127.0.0.1"
-    handler = functools.partial(_QuietHandler, directory=str(artifact_dir[0]))
-    server = http.server.ThreadingHTTPServer((host, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Artifacts]:
+    directory = tmp_path_factory.mktemp("artifacts") / "served"
+    directory.mkdir()
+    served = Artifacts(directory, urllib.parse.urlsplit(_setting("HUTCH_TEST_CLUSTER_ADDR")).hostname or "")
     try:
-        yield f"http://{host}:{server.server_address[1]}/"
+        yield served
     finally:
-        server.shutdown()
-        server.server_close()
+        served.server.shutdown()
+        served.server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -255,11 +289,13 @@ def tofu(*args: str, root: Path, timeout: float, check: bool = True) -> subproce
     return run(TOFU, *args, cwd=root, timeout=timeout, check=check)
 
 
-def wait_up(nomad: Nomad, deadline: float) -> None:
+def wait_up(nomad: Nomad, applied: float, deadline: float) -> None:
     """Every job of the module runs with its checks passing, or a failure naming those that don't."""
     waiting = list(JOBS)
     while waiting:
-        waiting = [job for job in waiting if not nomad.healthy(job)]
+        for job in [job for job in waiting if nomad.healthy(job)]:
+            print(f"{job}: healthy {time.monotonic() - applied:.1f} s after tofu apply")
+            waiting.remove(job)
         if waiting and time.monotonic() > deadline:
             pytest.fail(f"not up {UP_TIMEOUT:.0f} s after tofu apply: {', '.join(waiting)}\n"
                         + "\n".join(nomad.explain(job) for job in waiting), pytrace=False)
@@ -307,18 +343,19 @@ def compat_run(url: str, key: str) -> str:
 # ------------------------------------------------------------------------------- the test
 
 def test_apply_run_a_sandbox_destroy(
-    artifact_dir: tuple[Path, str, str], artifact_url: str, base_image: None, tmp_path: Path
+    artifacts: Artifacts, base_image: None, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     nomad = Nomad(_setting("HUTCH_TEST_CLUSTER_ADDR"))
     if stale := leftovers(nomad):
         pytest.fail(f"the cluster already has {', '.join(stale)}: another run of this test, or one that "
-                    "could not clean up (tofu destroy in its temporary directory)", pytrace=False)
+                    "could not clean up; remove them with nomad job stop -purge, nomad volume delete -type "
+                    "host, nomad var purge", pytrace=False)
     root = write_root(tmp_path)
     key, password = "hutch_" + secrets.token_urlsafe(24), secrets.token_hex(16)
-    _, hutch_version, kafka_version = artifact_dir
-    variables = {"nomad_addr": nomad.addr, "artifact_base_url": artifact_url, "hutch_version": hutch_version,
-                 "kafka_version": kafka_version, "image_registry": _setting("HUTCH_TEST_CLUSTER_REGISTRY"),
+    variables = {"nomad_addr": nomad.addr, "artifact_base_url": artifacts.url,
+                 "hutch_version": artifacts.hutch_version, "kafka_version": artifacts.kafka_version,
+                 "image_registry": _setting("HUTCH_TEST_CLUSTER_REGISTRY"),
                  "api_key": key, "postgres_password": password}
     (root / "test.auto.tfvars.json").write_text(json.dumps(variables))
     timings: dict[str, float] = {}
@@ -333,7 +370,9 @@ def test_apply_run_a_sandbox_destroy(
         assert set(outputs["volumes"]["value"]) == set(JOBS), outputs["volumes"]
 
         mark = time.monotonic()
-        wait_up(nomad, mark + UP_TIMEOUT)
+        artifacts.wait()
+        timings["artifacts (overlapped)"] = artifacts.seconds
+        wait_up(nomad, mark, mark + UP_TIMEOUT)
         url = api_url(nomad, key, mark + UP_TIMEOUT)
         timings["up"] = time.monotonic() - mark
         # The registry job answers the OCI distribution API on its service address.
