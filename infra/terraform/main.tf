@@ -4,19 +4,23 @@ provider "nomad" {
 }
 
 module "server_node" {
-  source            = "./modules/nomad-node"
-  role              = "server"
-  datacenter        = var.datacenters[0]
-  server_ips        = var.server_ips
-  artifact_base_url = var.artifact_base_url
+  source              = "./modules/nomad-node"
+  role                = "server"
+  datacenter          = var.datacenters[0]
+  server_ips          = var.server_ips
+  artifact_base_url   = var.artifact_base_url
+  cluster_cidrs       = var.cluster_cidrs
+  insecure_registries = var.insecure_registries
 }
 
 module "client_node" {
-  source            = "./modules/nomad-node"
-  role              = "client"
-  datacenter        = var.datacenters[0]
-  server_ips        = var.server_ips
-  artifact_base_url = var.artifact_base_url
+  source              = "./modules/nomad-node"
+  role                = "client"
+  datacenter          = var.datacenters[0]
+  server_ips          = var.server_ips
+  artifact_base_url   = var.artifact_base_url
+  cluster_cidrs       = var.cluster_cidrs
+  insecure_registries = var.insecure_registries
 }
 
 module "hutch" {

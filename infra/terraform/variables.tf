@@ -21,6 +21,18 @@ variable "server_ips" {
   type        = list(string)
 }
 
+variable "cluster_cidrs" {
+  description = "The cluster's private networks (Nomad servers, registry, Kafka, PostgreSQL, API): no sandbox reaches them."
+  type        = list(string)
+  default     = []
+}
+
+variable "insecure_registries" {
+  description = "Registries (host:port) the clients pull runtime images from over plain HTTP, e.g. the hutch-registry job's."
+  type        = list(string)
+  default     = []
+}
+
 variable "artifact_base_url" {
   description = "Where nodes download the nomad and hutch-containerd binaries (scripts/services.d/nomad.sh build), hutch-wheels-<hutch_version>.tar.gz and kafka-libs-<kafka_version>.tgz; ends with a slash."
   type        = string
