@@ -14,7 +14,8 @@ module's ``image_registry``): the clients' hutch-containerd trusts only that one
 HTTP, so the registry job comes up and answers but holds no images here.
 
 Needs: the cluster (HUTCH_TEST_CLUSTER_ADDR / HUTCH_TEST_CLUSTER_REGISTRY), Kafka's jar cache,
-``npm ci`` in tests/compat, and scripts/tofu's build. Nothing skips. Takes 2-4 minutes.
+``npm ci`` in tests/compat, and scripts/tofu's build. Nothing skips. Takes 1.5-2 minutes here
+(most of it Nomad hard-linking /usr into each exec task's chroot).
 """
 
 from __future__ import annotations
