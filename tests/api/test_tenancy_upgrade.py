@@ -160,10 +160,9 @@ async def test_a_data_dir_from_before_tenancy_keeps_working(make_api: AppFactory
     config = Config(data_dir=data_dir, api_key="test-key", **profile)  # type: ignore[arg-type]
     log = open_event_log(config.event_log, data_dir)
     await log.start()
-    import eventlog.kafka_records
-    import eventlog.sqlite
+    from eventlog import kafka_records, sqlite
 
-    for module in (eventlog.kafka_records, eventlog.sqlite):  # write as the old server did
+    for module in (kafka_records, sqlite):  # write as the old server did
         monkeypatch.setattr(module, "encode", _old_record)
     spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", name="old-one")
     old = [Event("evt_" + "1" * 26, "sbx_" + "1" * 26, now_iso(), SandboxCreated(spec=spec), actor="key_old"),
