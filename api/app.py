@@ -41,6 +41,8 @@ from api.service import Engine
 from api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
 from api.webapp import routes as webapp_routes
 from api.webapp.sessions import COOKIE, SESSIONS, Sessions
+from blobs import open_blob_store
+from core.blobs import BlobStore
 from core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from core.eventlog.base import open_event_log
 from core.events import ACTOR
@@ -136,7 +138,7 @@ async def _requested_org(request: web.Request) -> str | None:
     return value
 
 
-def make_driver(config: Config) -> Driver:
+def make_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
     if config.driver == "fake":
         from drivers.fake.driver import FakeDriver
 
@@ -151,7 +153,7 @@ def make_driver(config: Config) -> Driver:
         return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
                            token=config.nomad_token,
                            pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
-                           runtime_cache=config.runtimes_dir)
+                           runtime_cache=config.runtimes_dir, blobs=blobs)
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 
@@ -235,7 +237,10 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         tenants = Tenants(resolve_api_key(config)[0], default_rate=parse_rate(config.rate_limit))
         event_log = open_event_log(config.event_log, config.data_dir)
         store = make_store(config)
-        driver = make_driver(config)
+        # Shared state (snapshot archives, disk checkpoints): PostgreSQL with a PostgreSQL
+        # store, so any replica reaches it; else files under the data dir (blobs/).
+        blob_store = open_blob_store(config.store, config.data_dir)
+        driver = make_driver(config, blob_store)
         outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
         outputs.start()
         # Each part is closed (in reverse) however far the start got: a refusal at start
@@ -244,12 +249,15 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(event_log.close)
         await store.start()
         stack.push_async_callback(store.close)
+        await blob_store.start()
+        stack.push_async_callback(blob_store.close)
         await driver.start()
         stack.push_async_callback(driver.close)
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
-                                               max_entries=config.max_archive_entries))
+                                               max_entries=config.max_archive_entries),
+                        blobs=blob_store)
         if config.projector == "external":
             if not hasattr(store, "wait_for"):
                 raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")

@@ -32,7 +32,9 @@ from api.tenancy import Tenants, owned
 from api.timeouts import Reaper, seconds
 from api.watchers import Watchers
 from api.wire import CreateRequest, ExecuteRequest
+from blobs.files import FileBlobStore
 from core import ids, tenancy
+from core.blobs import BlobStore
 from core.errors import (
     DriverFailure,
     ExecutionNotFound,
@@ -117,6 +119,7 @@ class Engine(CheckpointOps):
         stream_secret: bytes,
         data_dir: Path,
         limits: archives.Limits | None = None,
+        blobs: BlobStore | None = None,
     ) -> None:
         self.log = event_log
         self.store = store
@@ -133,7 +136,8 @@ class Engine(CheckpointOps):
         self._stopping: set[str] = set()  # jobs asked to stop: however they exit, they were cancelled
         self._building: set[str] = set()  # sandboxes waiting for their runtime's first build
         self._cancel_reasons: dict[str, str] = {}  # why a command being cancelled is
-        self.snapshots = Snapshots(self, data_dir / "snapshots", limits or archives.Limits())
+        self.snapshots = Snapshots(self, blobs or FileBlobStore(data_dir), data_dir / "spool",
+                                   limits or archives.Limits())
         self.tenants: Tenants | None = None  # set by the app (api/tenancy.py); None: no quotas
         self.quotas = Quotas(self)
         self.reaper = Reaper(self)  # idle and paused timeouts

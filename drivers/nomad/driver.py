@@ -50,7 +50,9 @@ from typing import Any
 
 import attrs
 
+from blobs.files import FileBlobStore
 from core import runtimes
+from core.blobs import BlobStore
 from core.errors import (
     DriverFailure,
     HutchError,
@@ -134,6 +136,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         pool_sizes: Mapping[str, int] | None = None,
         pool_sizing: PoolSizing | None = None,
         runtime_cache: Path | None = None,
+        blobs: BlobStore | None = None,
     ) -> None:
         self.address = address
         self.registry = registry
@@ -141,6 +144,8 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         self._builds = Builds()  # runtimes built and pushed on first use
         self.datacenters = list(datacenters)
         self.state_dir = Path(data_dir) / "nomad"
+        # Disk checkpoints (files.py); by default files under the data dir, as they always were.
+        self.blobs = blobs or FileBlobStore(Path(data_dir))
         # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
@@ -494,7 +499,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
                 self._allow.forget(sandbox_id)
                 self._paused.discard(sandbox_id)
                 self._state_path(sandbox_id).unlink(missing_ok=True)
-                self._drop_checkpoints(sandbox_id)
+                await self._drop_checkpoints(sandbox_id)
                 self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
             finally:
                 self._destroying.discard(sandbox_id)

@@ -13,9 +13,11 @@ and both wait for the script's "ok" before any content moves, so a bad path fail
 an upload is sent.
 
 Disk checkpoints are tar archives of the workspace (the part of a container that outlives
-it; made by the same export as archive downloads), kept under the driver's data dir and
-unpacked back over an emptied workspace on restore. They are full copies: the API server
-and the Nomad client need not share a filesystem, so links or reflinks are not available.
+it; made by the same export as archive downloads), kept in the blob store (``core.blobs``:
+files under the data dir, or PostgreSQL in the production profile, so any API replica can
+restore them) and unpacked back over an emptied workspace on restore. They are full
+copies: the API server and the Nomad client need not share a filesystem, so links or
+reflinks are not available.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import os
-import shutil
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from blobs import read_file, spool
+from core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
 from core.errors import CheckpointNotFound, DriverFailure, HutchError, InvalidInput, SandboxNotFound
 from drivers.base import FileInfo
 from drivers.fserrors import from_errno
@@ -124,6 +127,8 @@ _ERRNOS = {os.strerror(n): n for n in (
 _ERRNOS["Directory nonexistent"] = errno.ENOENT  # dash's words for a redirection into a missing directory
 _TYPE_BITS = {"f": 0o100000, "d": 0o040000, "l": 0o120000, "p": 0o010000, "s": 0o140000, "c": 0o020000,
               "b": 0o060000}
+log = logging.getLogger(__name__)
+CHECKPOINTS = "nomad/checkpoints"  # blob keys: CHECKPOINTS/<sandbox id>/<checkpoint id>.tar
 _QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is slowed down
 
 
@@ -135,7 +140,9 @@ def _check_path(path: str, field: str = "path") -> str:
 
 class NomadFiles:
     """Mixed into NomadDriver: needs ``_running``, ``_check_not_paused``, ``_client``,
-    ``_env``, ``_kill``, ``_sandboxes`` and ``state_dir``."""
+    ``_env``, ``_kill``, ``_sandboxes``, ``state_dir`` and ``blobs``."""
+
+    blobs: BlobStore
 
     # ------------------------------------------------------------------ plumbing
 
@@ -315,46 +322,46 @@ class NomadFiles:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
+    def _checkpoint_key(self, sandbox_id: str, checkpoint_id: str) -> str:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
-        return self.state_dir / "checkpoints" / sandbox_id / f"{checkpoint_id}.tar"  # type: ignore[attr-defined]
+        return check_key(f"{CHECKPOINTS}/{sandbox_id}/{checkpoint_id}.tar")
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
         self._check_not_paused(sb)  # type: ignore[attr-defined]
-        final = self._checkpoint_path(sandbox_id, checkpoint_id)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_suffix(".part")
-        fh = await asyncio.to_thread(open, tmp, "wb")
-        try:
-            with fh:
-                async for chunk in self.export_tar(sb.id, HOME):
-                    await asyncio.to_thread(fh.write, chunk)
-                await asyncio.to_thread(fh.flush)
-                await asyncio.to_thread(os.fsync, fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        key = self._checkpoint_key(sandbox_id, checkpoint_id)
+        # Spooled first: the export streams from the sandbox at its own pace, whatever the
+        # blob store's; the store gets a complete file.
+        spool_dir = self.state_dir / "spool"  # type: ignore[attr-defined]
+        await asyncio.to_thread(spool_dir.mkdir, parents=True, exist_ok=True)
+        with await spool(self.export_tar(sb.id, HOME), spool_dir) as spooled:
+            await self.blobs.put(key, read_file(spooled))
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
         self._check_not_paused(sb)  # type: ignore[attr-defined]
-        path = self._checkpoint_path(sandbox_id, checkpoint_id)
-        if not path.exists():
-            raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id)
+        key = self._checkpoint_key(sandbox_id, checkpoint_id)
+        async with contextlib.aclosing(self.blobs.get(key)) as stored:
+            try:  # before the restore script empties the workspace
+                first = await anext(stored, b"")
+            except BlobNotFound as err:
+                raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id) from err
 
-        async def chunks() -> AsyncIterator[bytes]:
-            fh = await asyncio.to_thread(open, path, "rb")
-            with fh:
-                while block := await asyncio.to_thread(fh.read, 1 << 20):
+            async def chunks() -> AsyncIterator[bytes]:
+                yield first
+                async for block in stored:
                     yield block
 
-        await self._fed(sandbox_id, "restore", HOME, chunks())
+            await self._fed(sandbox_id, "restore", HOME, chunks())
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        self._checkpoint_path(sandbox_id, checkpoint_id).unlink(missing_ok=True)
+        await self.blobs.delete(self._checkpoint_key(sandbox_id, checkpoint_id))
 
-    def _drop_checkpoints(self, sandbox_id: str) -> None:
-        shutil.rmtree(self.state_dir / "checkpoints" / sandbox_id, ignore_errors=True)  # type: ignore[attr-defined]
+    async def _drop_checkpoints(self, sandbox_id: str) -> None:
+        """A destroyed sandbox's checkpoints; a store that is down leaves them (logged), as
+        a destroy must not fail over them."""
+        try:
+            await self.blobs.delete_prefix(f"{CHECKPOINTS}/{sandbox_id}/")
+        except BlobUnavailable as err:
+            log.warning("sandbox %s: its checkpoints were not removed: %s", sandbox_id, err)

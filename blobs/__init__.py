@@ -1,0 +1,59 @@
+"""Blob store adapters (the port is ``core.blobs``) and the helpers callers share.
+
+``open_blob_store`` picks the adapter from the store setting the server already has:
+a PostgreSQL projection store (the production profile) means PostgreSQL large objects,
+anything else plain files under the data dir.
+
+Producers spool to a local temporary file before ``put`` (``spool``), so a slow
+database never stalls a stream being exported from a sandbox, and a blob is put from a
+complete, size-checked file. Consumers that need a seekable, named file (tar checks,
+extraction) fetch one with ``fetch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import AsyncIterable, AsyncIterator
+from pathlib import Path
+from typing import IO
+
+from core.blobs import CHUNK, BlobStore
+
+
+def open_blob_store(store: str, data_dir: Path) -> BlobStore:
+    if store.startswith(("postgresql://", "postgres://")):
+        from blobs.postgres import PostgresBlobStore
+
+        return PostgresBlobStore(store)
+    from blobs.files import FileBlobStore
+
+    return FileBlobStore(data_dir)
+
+
+async def spool(chunks: AsyncIterable[bytes], directory: Path | None = None) -> IO[bytes]:
+    """``chunks`` in a temporary file (in ``directory``, which must exist), rewound; gone
+    once the caller closes it."""
+    tmp = tempfile.NamedTemporaryFile(dir=directory, prefix="spool-")  # noqa: SIM115 - the caller closes it
+    try:
+        async for chunk in chunks:
+            await asyncio.to_thread(tmp.write, chunk)
+        await asyncio.to_thread(tmp.flush)
+        tmp.seek(0)
+        return tmp
+    except BaseException:
+        tmp.close()
+        raise
+
+
+async def fetch(store: BlobStore, key: str, directory: Path | None = None) -> IO[bytes]:
+    """The blob at ``key`` in a named temporary file, rewound; ``BlobNotFound`` if absent."""
+    async with contextlib.aclosing(store.get(key)) as chunks:
+        return await spool(chunks, directory)
+
+
+async def read_file(fh: IO[bytes]) -> AsyncIterator[bytes]:
+    """An open file's remaining content, in ``CHUNK`` pieces, read off the event loop."""
+    while block := await asyncio.to_thread(fh.read, CHUNK):
+        yield block
