@@ -163,14 +163,16 @@ async def test_a_reader_keeps_the_version_it_started_with(store: BlobStore) -> N
     assert await read(store, "r/k") == b"b" * 10
 
 
-@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a/./b", ".hidden", "a/.part", "a\0b", "a//b",
-                                 "a/", "a\\b", "x" * 2000])
-async def test_bad_keys_are_refused_by_name(store: BlobStore, key: str) -> None:
-    for call in (lambda: store.put(key, stream(b"x")), lambda: read(store, key), lambda: store.stat(key),
-                 lambda: store.exists(key), lambda: store.delete(key)):
-        with pytest.raises(InvalidInput) as err:
-            await call()
-        assert repr(key)[:60] in err.value.message or key == "x" * 2000
+BAD_KEYS = ["", "/abs", "a/../b", "..", "a/./b", ".hidden", "a/.part", "a\0b", "a//b", "a/", "a\\b", "x" * 2000]
+
+
+async def test_bad_keys_are_refused_by_name(store: BlobStore) -> None:
+    for key in BAD_KEYS:
+        for call in (lambda: store.put(key, stream(b"x")), lambda: read(store, key),  # noqa: B023
+                     lambda: store.stat(key), lambda: store.exists(key), lambda: store.delete(key)):  # noqa: B023
+            with pytest.raises(InvalidInput) as err:
+                await call()
+            assert repr(key) in err.value.message, key
     assert await leftovers(store) == []
 
 
