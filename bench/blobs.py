@@ -73,7 +73,7 @@ async def drop_database(admin: str, name: str) -> None:
 
     conn = await asyncpg.connect(admin)
     try:
-        for _ in range(40):  # an autovacuum worker on it cannot be ended by a plain role: wait
+        for _ in range(240):  # an autovacuum worker on it cannot be ended by a plain role: wait
             try:
                 await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 return

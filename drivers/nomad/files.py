@@ -30,11 +30,20 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blobs import read_file, spool
+from blobs.files import FileBlobStore
 from core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
-from core.errors import CheckpointNotFound, DriverFailure, HutchError, InvalidInput, SandboxNotFound
+from core.errors import (
+    CheckpointNotFound,
+    DriverFailure,
+    HutchError,
+    InvalidInput,
+    NotSupported,
+    SandboxNotFound,
+)
 from drivers.base import FileInfo
 from drivers.fserrors import from_errno
 from drivers.nomad.client import ExecFailed
@@ -326,6 +335,12 @@ class NomadFiles:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
         return check_key(f"{CHECKPOINTS}/{sandbox_id}/{checkpoint_id}.tar")
+
+    def _checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
+        """Where a checkpoint is on this host's disk: files-backed stores only (tests, debugging)."""
+        if not isinstance(self.blobs, FileBlobStore):
+            raise NotSupported("disk checkpoints are not local files with this blob store")
+        return self.blobs.path(self._checkpoint_key(sandbox_id, checkpoint_id))
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
