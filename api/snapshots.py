@@ -84,8 +84,7 @@ class SnapshotArchives:
         return await archives.spool(chunks, max_bytes if max_bytes is not None else 2**63, str(self.spool_dir))
 
     async def put(self, snapshot_id: str, spooled: IO[bytes]) -> None:
-        spooled.seek(0)
-        await self.store.put(self.key(snapshot_id), blobs.read_file(spooled))
+        await blobs.put_file(self.store, self.key(snapshot_id), spooled)
 
     async def save(self, snapshot_id: str, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> None:
         with await self.spool(chunks, max_bytes) as spooled:

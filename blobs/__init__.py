@@ -6,7 +6,8 @@ anything else plain files under the data dir.
 
 Producers spool to a local temporary file before ``put`` (``spool``), so a slow
 database never stalls a stream being exported from a sandbox, and a blob is put from a
-complete, size-checked file. Consumers that need a seekable, named file (tar checks,
+complete, size-checked file (``put_file``; the files store links it into place rather
+than copying it). Consumers that need a seekable, named file (tar checks,
 extraction) fetch one with ``fetch``.
 """
 
@@ -51,6 +52,17 @@ async def fetch(store: BlobStore, key: str, directory: Path | None = None) -> IO
     """The blob at ``key`` in a named temporary file, rewound; ``BlobNotFound`` if absent."""
     async with contextlib.aclosing(store.get(key)) as chunks:
         return await spool(chunks, directory)
+
+
+async def put_file(store: BlobStore, key: str, spooled: IO[bytes]) -> None:
+    """A complete local file (``spool``'s) under ``key``. The files store links it into
+    place when it can, so the embedded profile writes an archive once, as it always did."""
+    from blobs.files import FileBlobStore
+
+    if isinstance(store, FileBlobStore) and await store.put_file(key, Path(spooled.name)):
+        return
+    spooled.seek(0)
+    await store.put(key, read_file(spooled))
 
 
 async def read_file(fh: IO[bytes]) -> AsyncIterator[bytes]:

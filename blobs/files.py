@@ -57,6 +57,25 @@ class FileBlobStore(BlobStore):
             raise
         return BlobInfo(key=key, size=size, sha256=digest.hexdigest(), created=final.stat().st_mtime)
 
+    async def put_file(self, key: str, source: Path) -> bool:
+        """Put a complete local file by linking it into place (no second copy); False, with
+        nothing changed, when it cannot be linked (another filesystem), so the caller copies."""
+        final = self.path(key)
+        await asyncio.to_thread(_make_dirs, final.parent)
+        tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part"
+        try:
+            await asyncio.to_thread(os.link, source, tmp)
+        except OSError:
+            return False
+        try:
+            await asyncio.to_thread(_sync_path, tmp)
+            await asyncio.to_thread(_rename_durably, tmp, final)
+        finally:
+            # Also after a rename: one over another link to the same file does nothing.
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return True
+
     async def get(self, key: str) -> AsyncGenerator[bytes, None]:
         path = self.path(key)
         try:
@@ -124,6 +143,14 @@ def _make_dirs(path: Path) -> None:
 def _sync(fh: IO[bytes]) -> None:
     fh.flush()
     os.fsync(fh.fileno())
+
+
+def _sync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _rename_durably(tmp: Path, final: Path) -> None:

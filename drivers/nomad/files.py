@@ -33,7 +33,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blobs import read_file, spool
+from blobs import put_file, spool
 from blobs.files import FileBlobStore
 from core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
 from core.errors import (
@@ -351,7 +351,7 @@ class NomadFiles:
         spool_dir = self.state_dir / "spool"  # type: ignore[attr-defined]
         await asyncio.to_thread(spool_dir.mkdir, parents=True, exist_ok=True)
         with await spool(self.export_tar(sb.id, HOME), spool_dir) as spooled:
-            await self.blobs.put(key, read_file(spooled))
+            await put_file(self.blobs, key, spooled)
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+import blobs
 from blobs.files import FileBlobStore
 from blobs.postgres import PostgresBlobStore
 from core.blobs import CHUNK, BlobNotFound, BlobStore
@@ -207,3 +208,15 @@ async def test_get_of_a_missing_key_raises_before_any_bytes(store: BlobStore) ->
     with pytest.raises(BlobNotFound):
         await store.stat("nope/never")
     assert await store.exists("nope/never") is False
+
+
+async def test_a_spooled_file_is_put_whole(store: BlobStore, tmp_path: Path) -> None:
+    """``blobs.spool`` then ``blobs.put_file``, as the callers do (the files store links)."""
+    data = os.urandom(CHUNK + 123)
+    (tmp_path / "spool").mkdir()
+    with await blobs.spool(stream(data[:100], data[100:]), tmp_path / "spool") as spooled:
+        await blobs.put_file(store, "spooled/k", spooled)
+        await blobs.put_file(store, "spooled/k", spooled)  # again: replaces, from the start
+    assert await read(store, "spooled/k") == data
+    assert list((tmp_path / "spool").iterdir()) == []
+    assert await leftovers(store) == ["spooled/k"]
