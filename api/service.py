@@ -32,6 +32,7 @@ from api.tenancy import Tenants, owned
 from api.timeouts import Reaper, seconds
 from api.watchers import Watchers
 from api.wire import CreateRequest, ExecuteRequest
+from blobs import clear_spool
 from blobs.files import FileBlobStore
 from core import ids, tenancy
 from core.blobs import BlobStore
@@ -150,6 +151,7 @@ class Engine(CheckpointOps):
         self.driver.set_listener(self._sandbox_ended)
         await self._recover()
         await self.snapshots.expire_builds()
+        await asyncio.to_thread(clear_spool, self.snapshots.archives.spool_dir)  # a kill cut short
         self._spawn(self.reaper.watch(), "timeouts")
 
     async def close(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
+import time
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import IO
@@ -46,6 +47,18 @@ async def spool(chunks: AsyncIterable[bytes], directory: Path | None = None) -> 
     except BaseException:
         tmp.close()
         raise
+
+
+def clear_spool(directory: Path, older_than: float = 3600) -> int:
+    """Remove spooled files a killed process left in ``directory`` (only old ones: a
+    live process may be spooling there right now); how many."""
+    removed, cutoff = 0, time.time() - older_than
+    for path in directory.glob("spool-*"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+    return removed
 
 
 async def fetch(store: BlobStore, key: str, directory: Path | None = None) -> IO[bytes]:

@@ -50,6 +50,7 @@ from typing import Any
 
 import attrs
 
+from blobs import clear_spool
 from blobs.files import FileBlobStore
 from core import runtimes
 from core.blobs import BlobStore
@@ -181,6 +182,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
                 "start it with: ./scripts/services start nomad")
         self._available = await asyncio.to_thread(self._probe_images)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(clear_spool, self.state_dir / "spool")  # checkpoints a kill cut short
         await self._recover()
         self._spawn(self._watch(), "nomad-watch")
         self._start_pools()

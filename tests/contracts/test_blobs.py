@@ -220,3 +220,14 @@ async def test_a_spooled_file_is_put_whole(store: BlobStore, tmp_path: Path) -> 
     assert await read(store, "spooled/k") == data
     assert list((tmp_path / "spool").iterdir()) == []
     assert await leftovers(store) == ["spooled/k"]
+
+
+def test_clear_spool_removes_only_what_a_killed_process_left(tmp_path: Path) -> None:
+    (tmp_path / "spool-old").write_bytes(b"x")
+    os.utime(tmp_path / "spool-old", (0, 0))
+    (tmp_path / "spool-live").write_bytes(b"y")  # a put in progress right now
+    (tmp_path / "other").write_bytes(b"z")
+    os.utime(tmp_path / "other", (0, 0))
+    assert blobs.clear_spool(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "spool-live"]
+    assert blobs.clear_spool(tmp_path / "absent") == 0
