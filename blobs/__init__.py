@@ -62,7 +62,13 @@ def clear_spool(directory: Path, older_than: float = 3600) -> int:
 
 
 async def fetch(store: BlobStore, key: str, directory: Path | None = None) -> IO[bytes]:
-    """The blob at ``key`` in a named temporary file, rewound; ``BlobNotFound`` if absent."""
+    """The blob at ``key`` as a named local file, rewound; ``BlobNotFound`` if absent. The
+    files store opens the blob itself (no copy); others copy it to a temporary file in
+    ``directory``. Read it only: the caller closes it."""
+    from blobs.files import FileBlobStore
+
+    if isinstance(store, FileBlobStore):
+        return await store.open(key)
     async with contextlib.aclosing(store.get(key)) as chunks:
         return await spool(chunks, directory)
 

@@ -76,12 +76,16 @@ class FileBlobStore(BlobStore):
                 tmp.unlink()
         return True
 
-    async def get(self, key: str) -> AsyncGenerator[bytes, None]:
+    async def open(self, key: str) -> IO[bytes]:
+        """The blob's file, open for reading; ``BlobNotFound`` if absent."""
         path = self.path(key)
         try:
-            fh = await asyncio.to_thread(open, path, "rb")
+            return await asyncio.to_thread(open, path, "rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:
             raise BlobNotFound(f"blob {key!r} not found", key=key) from err
+
+    async def get(self, key: str) -> AsyncGenerator[bytes, None]:
+        fh = await self.open(key)
         with fh:
             while block := await asyncio.to_thread(fh.read, CHUNK):
                 yield block

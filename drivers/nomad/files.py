@@ -33,7 +33,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blobs import put_file, spool
+from blobs import fetch, put_file, read_file, spool
 from blobs.files import FileBlobStore
 from core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
 from core.errors import (
@@ -348,27 +348,28 @@ class NomadFiles:
         key = self._checkpoint_key(sandbox_id, checkpoint_id)
         # Spooled first: the export streams from the sandbox at its own pace, whatever the
         # blob store's; the store gets a complete file.
-        spool_dir = self.state_dir / "spool"  # type: ignore[attr-defined]
-        await asyncio.to_thread(spool_dir.mkdir, parents=True, exist_ok=True)
-        with await spool(self.export_tar(sb.id, HOME), spool_dir) as spooled:
+        with await spool(self.export_tar(sb.id, HOME), await self._spool_dir()) as spooled:
             await put_file(self.blobs, key, spooled)
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._running(sandbox_id)  # type: ignore[attr-defined]
         self._check_not_paused(sb)  # type: ignore[attr-defined]
         key = self._checkpoint_key(sandbox_id, checkpoint_id)
-        async with contextlib.aclosing(self.blobs.get(key)) as stored:
-            try:  # before the restore script empties the workspace
-                first = await anext(stored, b"")
-            except BlobNotFound as err:
-                raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id) from err
+        # Fetched whole before the restore script empties the workspace, and fed from the
+        # local copy: when tar has read the end of the archive it exits, and whatever the
+        # feed is still waiting on (a database round trip for the end of the stream) is cut
+        # short, which _fed takes for a failed upload.
+        try:
+            local = await fetch(self.blobs, key, await self._spool_dir())
+        except BlobNotFound as err:
+            raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id) from err
+        with local:
+            await self._fed(sandbox_id, "restore", HOME, read_file(local))
 
-            async def chunks() -> AsyncIterator[bytes]:
-                yield first
-                async for block in stored:
-                    yield block
-
-            await self._fed(sandbox_id, "restore", HOME, chunks())
+    async def _spool_dir(self) -> Path:
+        spool_dir: Path = self.state_dir / "spool"  # type: ignore[attr-defined]
+        await asyncio.to_thread(spool_dir.mkdir, parents=True, exist_ok=True)
+        return spool_dir
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self.blobs.delete(self._checkpoint_key(sandbox_id, checkpoint_id))

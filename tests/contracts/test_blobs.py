@@ -231,3 +231,13 @@ def test_clear_spool_removes_only_what_a_killed_process_left(tmp_path: Path) -> 
     assert blobs.clear_spool(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "spool-live"]
     assert blobs.clear_spool(tmp_path / "absent") == 0
+
+
+async def test_fetch_gives_a_named_local_file(store: BlobStore, tmp_path: Path) -> None:
+    await store.put("f/k", stream(b"abc" * 1000))
+    with await blobs.fetch(store, "f/k", tmp_path) as local:
+        assert local.read() == b"abc" * 1000
+        assert Path(local.name).read_bytes() == b"abc" * 1000  # tar checks reopen it by name
+    with pytest.raises(BlobNotFound):
+        await blobs.fetch(store, "f/missing", tmp_path)
+    assert list(tmp_path.glob("spool-*")) == []
