@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from api import archives, openapi
+from api.composition import server_parts
 from api.config import Config, resolve_api_key
 from api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from api.output import OutputStore
@@ -41,14 +43,9 @@ from api.service import Engine
 from api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
 from api.webapp import routes as webapp_routes
 from api.webapp.sessions import COOKIE, SESSIONS, Sessions
-from blobs import open_blob_store
-from core.blobs import BlobStore
 from core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
-from core.eventlog.base import open_event_log
 from core.events import ACTOR
 from core.tenancy import SCOPE, Access, Scope
-from drivers.base import Driver
-from projections.base import ProjectionStore
 
 log = logging.getLogger("hutch.api")
 
@@ -61,7 +58,7 @@ def _error(status: int, message: str, code: str, **extra: object) -> web.Respons
 
 
 @web.middleware
-async def envelope_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def envelope_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RateLimited as err:
@@ -86,7 +83,7 @@ async def envelope_middleware(request: web.Request, handler):  # type: ignore[no
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Key -> principal (organization, projects, role) -> rate limit -> the route's access.
     The scope it sets is what every lookup below sees (``core.tenancy.SCOPE``)."""
     access = access_of(request.method, request.match_info.route.handler)
@@ -136,39 +133,6 @@ async def _requested_org(request: web.Request) -> str | None:
     if not isinstance(value, str):
         raise InvalidInput(f"orgId: expected an organization id, got {value!r}", field="orgId")
     return value
-
-
-def make_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
-    if config.driver == "fake":
-        from drivers.fake.driver import FakeDriver
-
-        return FakeDriver()
-    if config.driver == "local":
-        from drivers.local.driver import LocalDriver
-
-        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
-    if config.driver == "nomad":
-        from drivers.nomad.driver import NomadDriver, pool_sizing_from_env
-
-        return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
-                           token=config.nomad_token,
-                           pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
-                           runtime_cache=config.runtimes_dir, blobs=blobs)
-    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
-
-
-def make_store(config: Config) -> ProjectionStore:
-    if config.store in ("memory", ""):
-        from projections.memory import MemoryProjectionStore
-
-        return MemoryProjectionStore()
-    if config.store.startswith(("postgresql://", "postgres://")):
-        from projections.postgres import PostgresProjectionStore
-
-        return PostgresProjectionStore(config.store)
-    raise InvalidInput(
-        f"store: unsupported store {config.store!r}; expected memory or postgresql://…", field="store"
-    )
 
 
 def _stream_secret(data_dir: Path) -> bytes:
@@ -229,18 +193,12 @@ async def _health(request: web.Request) -> web.Response:
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    if config.projector not in ("inprocess", "external"):
-        raise InvalidInput(f"projector: expected inprocess or external, got {config.projector!r}", field="projector")
     async with contextlib.AsyncExitStack() as stack:
         lock_fd = _lock_data_dir(config.data_dir)
         stack.callback(os.close, lock_fd)
         tenants = Tenants(resolve_api_key(config)[0], default_rate=parse_rate(config.rate_limit))
-        event_log = open_event_log(config.event_log, config.data_dir)
-        store = make_store(config)
-        # Shared state (snapshot archives, disk checkpoints): PostgreSQL with a PostgreSQL
-        # store, so any replica reaches it; else files under the data dir (blobs/).
-        blob_store = open_blob_store(config.store, config.data_dir)
-        driver = make_driver(config, blob_store)
+        parts = server_parts(config)
+        event_log, store, driver, blob_store = parts.event_log, parts.store, parts.driver, parts.blobs
         outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
         outputs.start()
         # Each part is closed (in reverse) however far the start got: a refusal at start
@@ -257,11 +215,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                         stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
                                                max_entries=config.max_archive_entries),
-                        blobs=blob_store)
-        if config.projector == "external":
-            if not hasattr(store, "wait_for"):
-                raise InvalidInput("projector: external needs a shared store (postgresql://…)", field="projector")
-            engine.projector.applies = False  # `hutch projector` applies; we wait for it
+                        blobs=blob_store, projector=parts.projector)
         stack.push_async_callback(engine.close)
         prebuild = config.prebuild_runtimes
         engine.projector.observers.append(tenants.observe)
@@ -284,7 +238,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def run_server(config: Config) -> None:
     """Blocking: serve until interrupted. Prints the address, and a newly generated key once."""
-    logging.basicConfig(level=os.environ.get("HUTCH_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config.data_dir.mkdir(parents=True, exist_ok=True)
     key, generated = resolve_api_key(config)
     if generated:

@@ -1,10 +1,19 @@
-"""Server configuration: flags win over HUTCH_* environment variables, which win over defaults."""
+"""Server configuration: flags win over HUTCH_* environment variables, which win over defaults.
+
+Every setting is converted to its type and checked when a ``Config`` is made, so a server
+refuses a bad setting at start, in one line naming it (``HUTCH_PORT: expected a port
+number (0-65535), got 'eighty'``), instead of failing later or with a traceback.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -13,88 +22,209 @@ from core.paths import API_KEY_FILE, default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
+EVENT_LOGS = "sqlite, sqlite:///PATH or kafka://HOST:PORT/TOPIC"
+
+
+def _refuse(setting: str, expected: str, value: object) -> InvalidInput:
+    return InvalidInput(f"{setting}: expected {expected}, got {value!r}", field=setting)
+
+
+def _setting(env: str, default: Any, *, check: Callable[[str, Any], None] | None = None,
+             convert: Callable[[str, Any], Any] | None = None) -> Any:
+    """A field set by ``env`` (or a flag): ``convert`` turns text into the field's type and
+    ``check`` refuses a bad value; both raise an ``InvalidInput`` naming ``env``."""
+    return attrs.field(
+        default=default,
+        converter=None if convert is None else (lambda value: convert(env, value)),
+        validator=None if check is None else (lambda _inst, _attr, value: check(env, value)),
+        metadata={"env": env},
+    )
+
+
+# ---------------------------------------------------------------- converters
+
+
+def _to_port(setting: str, value: object) -> int | None:
+    if value is None:
+        return None
+    try:
+        port = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        port = -1
+    if isinstance(value, bool) or not 0 <= port <= 65535:
+        raise _refuse(setting, "a port number (0-65535)", value)
+    return port
+
+
+def _to_count(setting: str, value: object) -> int:
+    try:
+        count = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        count = 0
+    if isinstance(value, bool) or count < 1:
+        raise _refuse(setting, "a positive whole number", value)
+    return count
+
+
+def _to_path(_setting: str, value: object) -> Path | None:
+    return None if value is None else Path(value)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _one_of(*choices: str) -> Callable[[str, str], None]:
+    def check(setting: str, value: str) -> None:
+        if value not in choices:
+            raise _refuse(setting, ", ".join(choices[:-1]) + " or " + choices[-1], value)
+
+    return check
+
+
+def _check_host(setting: str, value: str) -> None:
+    if not value or "://" in value or any(c.isspace() or c == "/" for c in value):
+        raise _refuse(setting, "a host name or IP address", value)
+
+
+def _check_host_port(setting: str, value: str | None) -> None:
+    """``host`` or ``host:port`` (a domain, a registry): no scheme, no path."""
+    if value is None:
+        return
+    host, sep, port = value.rpartition(":") if ":" in value else (value, "", "")
+    if not host or "://" in value or any(c.isspace() or c == "/" for c in value) or \
+            (sep and not (port.isdigit() and int(port) <= 65535)):
+        raise _refuse(setting, "HOST or HOST:PORT", value)
+
+
+def _check_registry(setting: str, value: str) -> None:
+    """Where images are pulled from: ``host[:port][/prefix]``, no scheme."""
+    if not value or "://" in value or any(c.isspace() for c in value):
+        raise _refuse(setting, "HOST:PORT of a container registry (no scheme)", value)
+
+
+def _check_http_url(setting: str, value: str | None) -> None:
+    if value is None:
+        return
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise _refuse(setting, "an http:// or https:// URL", value)
+
+
+def _check_event_log(setting: str, value: str) -> None:
+    if value in ("sqlite", "embedded", ""):
+        return
+    if value.startswith("sqlite://"):
+        if not value.removeprefix("sqlite://"):
+            raise _refuse(setting, f"{EVENT_LOGS} (with a path)", value)
+        return
+    parts = urllib.parse.urlsplit(value)
+    topic = parts.path.strip("/")
+    if parts.scheme != "kafka" or not parts.netloc or not topic or "/" in topic:
+        raise _refuse(setting, EVENT_LOGS, value)
+
+
+def _check_store(setting: str, value: str) -> None:
+    if value not in ("memory", "") and not value.startswith(("postgresql://", "postgres://")):
+        raise _refuse(setting, "memory or postgresql://USER@HOST:PORT/DATABASE", value)
+
+
+def _check_secret(setting: str, value: str | None) -> None:
+    if value and any(c.isspace() for c in value):  # "" counts as unset, as in the environment
+        # Never echo a secret, not even a bad one.
+        raise InvalidInput(f"{setting}: expected a secret without spaces", field=setting)
+
+
+def _check_log_level(setting: str, value: str) -> None:
+    if value not in logging.getLevelNamesMapping():
+        raise _refuse(setting, "DEBUG, INFO, WARNING, ERROR or CRITICAL", value)
+
+
+def _check_pool(setting: str, value: str) -> None:
+    from drivers.nomad.pools import pool_sizing_from_env  # its own messages name the setting
+
+    if setting == "HUTCH_NOMAD_POOL":
+        pool_sizing_from_env(value)
+    else:
+        pool_sizing_from_env("off", value)
+
+
+def _check_prebuild(setting: str, value: str) -> None:
+    _prebuild_names(value)
+
+
+def _check_size(setting: str, value: str | None) -> None:
+    from core.quantities import parse_bytes
+
+    if value is not None:
+        parse_bytes(setting, value)  # an InvalidInput naming it
+
+
+def _check_rate(setting: str, value: str) -> None:
+    from api.tenancy import parse_rate
+
+    parse_rate(value, setting)  # an InvalidInput naming it
 
 
 @attrs.frozen
 class Config:
-    data_dir: Path = attrs.field(factory=default_data_dir, converter=Path)
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
+    data_dir: Path = attrs.field(factory=default_data_dir, converter=Path, metadata={"env": "HUTCH_DATA_DIR"})
+    host: str = _setting("HUTCH_HOST", DEFAULT_HOST, check=_check_host)
+    port: int = _setting("HUTCH_PORT", DEFAULT_PORT, convert=_to_port)
     # "sqlite" (default: <data_dir>/events.db) or a URL: sqlite:///path, kafka://host:port/topic
-    event_log: str = "sqlite"
+    event_log: str = _setting("HUTCH_EVENT_LOG", "sqlite", check=_check_event_log)
     # "memory" (default) or postgresql://...
-    store: str = "memory"
+    store: str = _setting("HUTCH_STORE", "memory", check=_check_store)
     # "inprocess" (default): this server applies the log to the store. "external": a separate
     # `hutch projector` does (PostgreSQL only); this server waits for it (read-your-writes).
-    projector: str = "inprocess"
-    driver: str = "local"  # local | fake | nomad
-    api_key: str | None = None  # None: read or generate <data_dir>/api-key
-    public_url: str | None = None  # base for absolute stream URLs; default http://host:port
-    output_cap_bytes: int = 16 * 2**20  # per stream, per execution; then outputTruncated
-    max_body_bytes: int = 64 * 2**20  # JSON bodies (base64 file writes included)
-    max_upload_bytes: int = 4 * 2**30  # one archive upload, streamed to disk
-    max_archive_entries: int = 100_000
-    runtime_cache: Path | None = None  # where built runtimes live (HUTCH_RUNTIME_CACHE)
+    projector: str = _setting("HUTCH_PROJECTOR", "inprocess", check=_one_of("inprocess", "external"))
+    driver: str = _setting("HUTCH_DRIVER", "local", check=_one_of("local", "nomad", "fake"))
+    # None: read or generate <data_dir>/api-key
+    api_key: str | None = _setting("HUTCH_API_KEY", None, check=_check_secret)
+    # base for absolute stream URLs; default http://host:port
+    public_url: str | None = _setting("HUTCH_PUBLIC_URL", None, check=_check_http_url)
+    # Set in code only (no variable): per stream and execution, then outputTruncated; JSON
+    # bodies (base64 file writes included); one archive upload, streamed to disk.
+    output_cap_bytes: int = _setting("output_cap_bytes", 16 * 2**20, convert=_to_count)
+    max_body_bytes: int = _setting("max_body_bytes", 64 * 2**20, convert=_to_count)
+    max_upload_bytes: int = _setting("max_upload_bytes", 4 * 2**30, convert=_to_count)
+    max_archive_entries: int = _setting("max_archive_entries", 100_000, convert=_to_count)
+    # where built runtimes live
+    runtime_cache: Path | None = _setting("HUTCH_RUNTIME_CACHE", None, convert=_to_path)  # noqa: RUF009
     # The nomad driver (scripts/services start nomad prints these):
-    nomad_addr: str = "http://127.0.0.1:4646"  # HUTCH_NOMAD_ADDR
-    nomad_token: str | None = None  # HUTCH_NOMAD_TOKEN (ACL token)
-    nomad_registry: str = "127.0.0.1:5000"  # HUTCH_NOMAD_REGISTRY: where the runtime images are
-    # HUTCH_NOMAD_POOL: warm pools: "auto" (adaptive, drivers/nomad/pools.py), "off", or fixed
-    # sizes "base:latest=2,python:3.13=1"; HUTCH_NOMAD_POOL_MEMORY: their MiB per client node.
-    nomad_pool: str = "auto"
-    nomad_pool_memory: str = ""
-    # HUTCH_PREBUILD: catalog runtimes to build at start ("all", or names, comma-separated);
-    # any other runtime is built at its first use.
-    prebuild: str = ""
-    # HUTCH_SANDBOX_DOMAIN: a wildcard domain pointing at this server ("sandboxes.example.com",
-    # with a ":port" when not on 80/443): port URLs become {port}-{id}.{domain} (api/routes/proxy.py).
-    sandbox_domain: str | None = None
-    # HUTCH_DEFAULT_DISK: the disk limit ("2Gi") of a sandbox whose create gives none; None: unlimited.
-    default_disk: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_size(v))
-    # HUTCH_RATE_LIMIT: requests a second per key (":burst" optional) for keys created without
-    # their own rate, and for the bootstrap key; "" = unlimited (api/tenancy.py).
-    rate_limit: str = attrs.field(default="", validator=lambda _i, _a, v: _check_rate(v))
-    # HUTCH_SSH_PORT / `hutch serve --ssh-port`: the SSH gateway's port on ``host`` (0: any free
-    # one); None: no gateway (api/ssh_gateway.py).
-    ssh_port: int | None = None
+    nomad_addr: str = _setting("HUTCH_NOMAD_ADDR", "http://127.0.0.1:4646", check=_check_http_url)
+    nomad_token: str | None = _setting("HUTCH_NOMAD_TOKEN", None, check=_check_secret)  # ACL token
+    # where the runtime images are
+    nomad_registry: str = _setting("HUTCH_NOMAD_REGISTRY", "127.0.0.1:5000", check=_check_registry)
+    # Warm pools: "auto" (adaptive, drivers/nomad/pools.py), "off", or fixed sizes
+    # "base:latest=2,python:3.13=1"; HUTCH_NOMAD_POOL_MEMORY: their MiB per client node.
+    nomad_pool: str = _setting("HUTCH_NOMAD_POOL", "auto", check=_check_pool)
+    nomad_pool_memory: str = _setting("HUTCH_NOMAD_POOL_MEMORY", "", check=_check_pool)
+    # Catalog runtimes to build at start ("all", or names, comma-separated); any other
+    # runtime is built at its first use.
+    prebuild: str = _setting("HUTCH_PREBUILD", "", check=_check_prebuild)
+    # A wildcard domain pointing at this server ("sandboxes.example.com", with a ":port" when
+    # not on 80/443): port URLs become {port}-{id}.{domain} (api/routes/proxy.py).
+    sandbox_domain: str | None = _setting("HUTCH_SANDBOX_DOMAIN", None, check=_check_host_port)
+    # The disk limit ("2Gi") of a sandbox whose create gives none; None: unlimited.
+    default_disk: str | None = _setting("HUTCH_DEFAULT_DISK", None, check=_check_size)
+    # Requests a second per key (":burst" optional) for keys created without their own rate,
+    # and for the bootstrap key; "" = unlimited (api/tenancy.py).
+    rate_limit: str = _setting("HUTCH_RATE_LIMIT", "", check=_check_rate)
+    # `hutch serve --ssh-port`: the SSH gateway's port on ``host`` (0: any free one); None: no
+    # gateway (api/ssh_gateway.py).
+    ssh_port: int | None = _setting("HUTCH_SSH_PORT", None, convert=_to_port)
+    log_level: str = _setting("HUTCH_LOG_LEVEL", "INFO", check=_check_log_level)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
-        env = os.environ
+        """Settings from HUTCH_* variables (an empty one counts as unset), then ``overrides``
+        (flags; None counts as not given). Raises ``InvalidInput`` naming a bad setting."""
         values: dict[str, object] = {}
-        for field, var in (
-            ("data_dir", "HUTCH_DATA_DIR"),
-            ("host", "HUTCH_HOST"),
-            ("port", "HUTCH_PORT"),
-            ("event_log", "HUTCH_EVENT_LOG"),
-            ("store", "HUTCH_STORE"),
-            ("projector", "HUTCH_PROJECTOR"),
-            ("driver", "HUTCH_DRIVER"),
-            ("api_key", "HUTCH_API_KEY"),
-            ("public_url", "HUTCH_PUBLIC_URL"),
-            ("runtime_cache", "HUTCH_RUNTIME_CACHE"),
-            ("nomad_addr", "HUTCH_NOMAD_ADDR"),
-            ("nomad_token", "HUTCH_NOMAD_TOKEN"),
-            ("nomad_registry", "HUTCH_NOMAD_REGISTRY"),
-            ("nomad_pool", "HUTCH_NOMAD_POOL"),
-            ("nomad_pool_memory", "HUTCH_NOMAD_POOL_MEMORY"),
-            ("prebuild", "HUTCH_PREBUILD"),
-            ("sandbox_domain", "HUTCH_SANDBOX_DOMAIN"),
-            ("default_disk", "HUTCH_DEFAULT_DISK"),
-            ("rate_limit", "HUTCH_RATE_LIMIT"),
-            ("ssh_port", "HUTCH_SSH_PORT"),
-        ):
-            if env.get(var):
-                values[field] = env[var]
+        for field in attrs.fields(cls):
+            env = field.metadata["env"]
+            if env.startswith("HUTCH_") and os.environ.get(env):
+                values[field.name] = os.environ[env]
         values.update({k: v for k, v in overrides.items() if v is not None})
-        for port in ("port", "ssh_port"):
-            if port in values:
-                try:
-                    values[port] = int(values[port])  # type: ignore[arg-type]
-                except ValueError:
-                    raise InvalidInput(f"{port}: expected a port number, got {values[port]!r}", field=port) from None
-        if "runtime_cache" in values:
-            values["runtime_cache"] = Path(values["runtime_cache"])  # type: ignore[arg-type]
         return cls(**values)  # type: ignore[arg-type]
 
     @property
@@ -105,38 +235,29 @@ class Config:
 
     @property
     def prebuild_runtimes(self) -> list[str]:
-        """The catalog names ``prebuild`` asks for; an unknown one is refused by name."""
-        from core import runtimes
-
-        wanted = [w.strip() for w in self.prebuild.split(",") if w.strip()]
-        if wanted == ["all"]:
-            return [r.name for r in runtimes.CATALOG]
-        names = []
-        for name in wanted:
-            recipe = runtimes.find(name)
-            if recipe is None:
-                known = ", ".join(r.name for r in runtimes.CATALOG)
-                raise InvalidInput(f"prebuild: unknown runtime {name!r}; known runtimes: {known}, or all",
-                                   field="prebuild")
-            names.append(recipe.name)
-        return names
+        """The catalog names ``prebuild`` asks for (checked when the Config was made)."""
+        return _prebuild_names(self.prebuild)
 
     @property
     def base_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
 
 
-def _check_size(value: str | None) -> None:
-    from core.quantities import parse_bytes
+def _prebuild_names(value: str) -> list[str]:
+    from core import runtimes
 
-    if value is not None:
-        parse_bytes("HUTCH_DEFAULT_DISK", value)  # an InvalidInput naming it
-
-
-def _check_rate(value: str) -> None:
-    from api.tenancy import parse_rate
-
-    parse_rate(value)  # an InvalidInput naming HUTCH_RATE_LIMIT
+    wanted = [w.strip() for w in value.split(",") if w.strip()]
+    if wanted == ["all"]:
+        return [r.name for r in runtimes.CATALOG]
+    names = []
+    for name in wanted:
+        recipe = runtimes.find(name)
+        if recipe is None:
+            known = ", ".join(r.name for r in runtimes.CATALOG)
+            raise InvalidInput(f"HUTCH_PREBUILD: unknown runtime {name!r}; known runtimes: {known}, or all",
+                               field="HUTCH_PREBUILD")
+        names.append(recipe.name)
+    return names
 
 
 def resolve_api_key(config: Config) -> tuple[str, bool]:

@@ -11,33 +11,29 @@ can overshoot by the creates in flight, which the README says).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from api.reads import Reads
 from core.errors import QuotaExceeded
 from core.models import SandboxSpec
 from core.quantities import format_bytes
 from core.tenancy import Quota
 from projections.base import SandboxQuery, SnapshotQuery
 
-if TYPE_CHECKING:
-    from api.service import Engine
-
 DEFAULT_MEMORY_BYTES = 512 * 2**20  # what an unsized sandbox counts as
 DEFAULT_CPU_MILLIS = 1000
 
 
 class Quotas:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads  # the store, and the organizations (their quotas) once the app sets them
 
     def of(self, org_id: str) -> Quota:
-        tenants = self.engine.tenants
+        tenants = self._reads.tenants
         org = tenants.directory.orgs.get(org_id) if tenants is not None else None
         return org.quota if org is not None else Quota()
 
     async def usage(self, org_id: str) -> dict[str, int]:
-        live, count = await self.engine.store.list_sandboxes(SandboxQuery(org_id=org_id, live=True, limit=10**9))
-        snaps, _ = await self.engine.store.list_snapshots(SnapshotQuery(org_id=org_id, limit=10**9))
+        live, count = await self._reads.store.list_sandboxes(SandboxQuery(org_id=org_id, live=True, limit=10**9))
+        snaps, _ = await self._reads.store.list_snapshots(SnapshotQuery(org_id=org_id, limit=10**9))
         return {
             "sandboxes": count,
             "memory_bytes": sum(_memory(sb.spec) for sb in live),

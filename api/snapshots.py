@@ -17,6 +17,7 @@ deleted snapshot's archive goes after its deletion is logged.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import datetime as dt
 import hashlib
@@ -27,12 +28,17 @@ import tarfile
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import attrs
 
 import blobs
 from api import archives
+from api.quotas import Quotas
+from api.reads import Reads
+from api.recorder import Recorder
+from api.stream_ids import StreamIds
+from api.timeouts import Reaper
 from blobs.files import FileBlobStore
 from core import ids, runtimes
 from core.blobs import BlobNotFound, BlobStore
@@ -43,16 +49,23 @@ from core.errors import (
     RuntimeNotFound,
     SnapshotNotFound,
 )
-from core.events import SnapshotCreated, SnapshotDeleted, SnapshotFinalized, SnapshotTagged
 from core.models import Snapshot, SnapshotFile, SnapshotStatus
 from core.packages import check_dependencies, check_packages
-from core.snapshots import DEFAULT_TAG, Ref, check_name, check_tag, parse_ref
+from core.snapshots import (
+    DEFAULT_TAG,
+    BeginBuild,
+    DeleteSnapshot,
+    FinalizeBuild,
+    Ref,
+    TagSnapshot,
+    TakeSnapshot,
+    check_name,
+    decide,
+    parse_ref,
+)
 from core.tenancy import LOCAL_ORG, scoped_org, visible_org
-from drivers.base import ProvisionRequest
-from projections.base import SnapshotQuery
-
-if TYPE_CHECKING:
-    from api.service import Engine
+from drivers.base import Driver, ProvisionRequest
+from projections.base import ProjectionStore, SnapshotQuery
 
 WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
 LINEAGE_MAX = 1000
@@ -141,34 +154,42 @@ def scan(path: Path, limits: archives.Limits) -> tuple[SnapshotFile, ...]:
 
 
 class Snapshots:
-    def __init__(self, engine: Engine, store: BlobStore, spool_dir: Path, limits: archives.Limits) -> None:
-        self.engine = engine
-        self.archives = SnapshotArchives(store, spool_dir)
+    def __init__(self, *, store: ProjectionStore, reads: Reads, recorder: Recorder, driver: Driver, quotas: Quotas,
+                 streams: StreamIds, reaper: Reaper, blobs: BlobStore, spool_dir: Path,
+                 limits: archives.Limits) -> None:
+        self._store = store
+        self._reads = reads
+        self._recorder = recorder
+        self._driver = driver
+        self._quotas = quotas
+        self._streams = streams
+        self._reaper = reaper
+        self.archives = SnapshotArchives(blobs, spool_dir)
         self.limits = limits
 
     def upload_token(self, snapshot_id: str) -> str:
         """What makes a snapshot's upload URL presigned: good for that snapshot only."""
-        return self.engine.streams.sign(f"snapshot-upload:{snapshot_id}")
+        return self._streams.sign(f"snapshot-upload:{snapshot_id}")
 
     # ---------------------------------------------------------------- reads
 
     async def get(self, snapshot_id: str, *, include_building: bool = False, own: bool = False) -> Snapshot:
         """A snapshot the request may see: its organization's, or (unless ``own``, for changes)
         a public one. Any other is as absent as one that never existed."""
-        snap = await self.engine.store.get_snapshot(snapshot_id)
+        snap = await self._store.get_snapshot(snapshot_id)
         if snap is None or snap.status is SnapshotStatus.DELETED or (
             snap.status is SnapshotStatus.BUILDING and not include_building
         ) or not (visible_org(snap.org_id) or (snap.public and not own)):
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
         return snap
 
-    async def list(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+    async def list(self, query: SnapshotQuery) -> tuple[builtins.list[Snapshot], int]:
         """The request's organization's snapshots (every organization's public ones when the
         query asks for public ones only)."""
         org = scoped_org()
         if org is not None and query.public is not True:
             query = attrs.evolve(query, org_id=org)
-        return await self.engine.store.list_snapshots(query)
+        return await self._store.list_snapshots(query)
 
     async def resolve(self, value: object, field: str = "snapshot", *, public_only: bool = False) -> Snapshot:
         ref = parse_ref(value, field)
@@ -181,7 +202,7 @@ class Snapshots:
     async def _find(self, ref: Ref, public_only: bool) -> Snapshot | None:
         public = True if public_only else None
         if ref.snapshot_id:
-            snap = await self.engine.store.get_snapshot(ref.snapshot_id)
+            snap = await self._store.get_snapshot(ref.snapshot_id)
             ok = snap is not None and snap.status is SnapshotStatus.READY and (
                 snap.public or (not public_only and visible_org(snap.org_id)))
             return snap if ok else None
@@ -196,16 +217,16 @@ class Snapshots:
                 return found[0]
         return None
 
-    async def lineage(self, start: Snapshot, limit: int) -> list[tuple[Snapshot, bool]]:
+    async def lineage(self, start: Snapshot, limit: int) -> builtins.list[tuple[Snapshot, bool]]:
         """``start`` and its ancestors, newest first, each with whether it was deleted."""
-        chain: list[tuple[Snapshot, bool]] = []
+        chain: builtins.list[tuple[Snapshot, bool]] = []
         seen: set[str] = set()
         snap: Snapshot | None = start
         while snap is not None and len(chain) < limit and snap.snapshot_id not in seen and (
                 snap.public or visible_org(snap.org_id)):
             seen.add(snap.snapshot_id)
             chain.append((snap, snap.status is SnapshotStatus.DELETED))
-            snap = await self.engine.store.get_snapshot(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+            snap = await self._store.get_snapshot(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
         return chain
 
     # ---------------------------------------------------------------- writes
@@ -213,53 +234,43 @@ class Snapshots:
     async def take(self, sandbox_id: str, *, name: str | None, description: str | None, tag: str | None,
                    public: bool, api_key_id: str | None) -> Snapshot:
         """A snapshot of the sandbox's workspace, env and runtime, as they are now."""
-        engine = self.engine
-        if not engine.driver.capabilities.files:
-            raise NotSupported(f"driver {engine.driver.name} cannot read sandbox files, so cannot snapshot them")
-        sb = await engine._wait_not_creating(sandbox_id)
-        if sb.status.is_final:
-            raise IllegalTransition(f"sandbox {sandbox_id} is {sb.status.value}; only a live sandbox can be snapshotted",
-                                    sandbox_id=sandbox_id)
-        name = check_name(name) if name is not None else _default_name(sb.spec.name, sandbox_id)
-        tag = check_tag(tag) if tag is not None else DEFAULT_TAG
+        if not self._driver.capabilities.files:
+            raise NotSupported(f"driver {self._driver.name} cannot read sandbox files, so cannot snapshot them")
+        sb = await self._reads.wait_not_creating(sandbox_id)
+        command = TakeSnapshot(
+            source=sb, name=name if name is not None else _default_name(sb.spec.name, sandbox_id),
+            tag=tag if tag is not None else DEFAULT_TAG, files=(), description=description, public=public,
+            api_key_id=api_key_id)
         snapshot_id = ids.new_id("snapshot")
-        engine.touch(sandbox_id)
-        with await self.archives.spool(archives.tar_gz(engine.driver, sandbox_id, WORKSPACE)) as spooled:
+        decide(snapshot_id, None, command)  # refuses (an ended sandbox, a bad name or tag) before any work
+        self._reaper.touch(sandbox_id)
+        with await self.archives.spool(archives.tar_gz(self._driver, sandbox_id, WORKSPACE)) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
-            await self.engine.quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
+            await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
             await self.archives.put(snapshot_id, spooled)
         try:
-            parent = sb.spec.snapshot_id
-            await self._append(snapshot_id, SnapshotCreated(
-                name=name, runtime=sb.spec.runtime, runtime_id=sb.spec.runtime_id, tag=tag, description=description,
-                public=public, source_sandbox_id=sandbox_id, parent_snapshot_id=parent,
-                size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=dict(sb.spec.env),
-                api_key_id=api_key_id, dependencies=sb.spec.dependencies, packages=sb.spec.packages,
-                org_id=sb.spec.org_id,
-            ))
+            await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
         except BaseException:
             await self.archives.remove(snapshot_id)
             raise
-        await self._take_tag(snapshot_id, name, tag)
+        await self._take_tag(snapshot_id, command.name, command.tag)
         return await self.get(snapshot_id)
 
     async def set_tag(self, snapshot_id: str, tag: str | None) -> Snapshot:
         snap = await self.get(snapshot_id, own=True)
-        if tag is not None:
-            check_tag(tag)
-        await self._append(snapshot_id, SnapshotTagged(tag=tag))
+        await self._recorder.snapshot(snapshot_id, TagSnapshot(tag))
         if tag is not None:
             await self._take_tag(snapshot_id, snap.name, tag)
         return await self.get(snapshot_id)
 
     async def delete(self, snapshot_id: str) -> None:
-        snap = await self.engine.store.get_snapshot(snapshot_id)
+        snap = await self._store.get_snapshot(snapshot_id)
         if snap is None or snap.status is SnapshotStatus.DELETED or not visible_org(snap.org_id):
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
-        await self._append(snapshot_id, SnapshotDeleted())
+        await self._recorder.snapshot(snapshot_id, DeleteSnapshot())
         await self.archives.remove(snapshot_id)
 
-    async def expire_builds(self, older_than: float = BUILD_TTL_SECONDS) -> list[str]:
+    async def expire_builds(self, older_than: float = BUILD_TTL_SECONDS) -> builtins.list[str]:
         """Builds never finalized within ``older_than`` seconds are deleted (logged, and their
         upload removed): a client that died mid-build leaves nothing behind for good."""
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than)
@@ -267,7 +278,8 @@ class Snapshots:
         expired = []
         for snap in found:
             if dt.datetime.fromisoformat(snap.created_at.replace("Z", "+00:00")) <= cutoff:
-                await self._append(snap.snapshot_id, SnapshotDeleted())
+                with contextlib.suppress(SnapshotNotFound):  # deleted meanwhile
+                    await self._recorder.snapshot(snap.snapshot_id, DeleteSnapshot())
                 await self.archives.remove(snap.snapshot_id)
                 expired.append(snap.snapshot_id)
         return expired
@@ -280,21 +292,19 @@ class Snapshots:
         if recipe is None:
             known = ", ".join(r.name for r in runtimes.CATALOG)
             raise RuntimeNotFound(f"runtime: unknown runtime {runtime!r}; known runtimes: {known}", field="runtime")
-        name = check_name(name) if name is not None else recipe.name.replace(":", "-").replace(".", "_")
-        tag = check_tag(tag) if tag is not None else DEFAULT_TAG
-        if content_hash is not None and (not isinstance(content_hash, str) or len(content_hash) > 128):
-            raise InvalidInput("contentHash: expected a hash string", field="contentHash")
+        command = BeginBuild(
+            name=name if name is not None else recipe.name.replace(":", "-").replace(".", "_"), runtime=recipe.name,
+            runtime_id=recipe.id, tag=tag if tag is not None else DEFAULT_TAG, org_id=scoped_org() or LOCAL_ORG,
+            description=description, message=message, public=public, content_hash=content_hash,
+            api_key_id=api_key_id)
+        snapshot_id = ids.new_id("snapshot")
+        decide(snapshot_id, None, command)  # a bad name, tag or hash is refused before anything is looked up
         if content_hash and not force:
-            found, _ = await self.list(SnapshotQuery(name=name, content_hash=content_hash, limit=1))
+            found, _ = await self.list(SnapshotQuery(name=command.name, content_hash=content_hash, limit=1))
             if found:
                 return None, found[0]
         await self.expire_builds()  # lazily: every new build clears out abandoned ones
-        snapshot_id = ids.new_id("snapshot")
-        await self._append(snapshot_id, SnapshotCreated(
-            name=name, runtime=recipe.name, runtime_id=recipe.id, ready=False, tag=tag, description=description,
-            message=message, public=public, content_hash=content_hash, api_key_id=api_key_id,
-            org_id=scoped_org() or LOCAL_ORG,
-        ))
+        await self._recorder.snapshot(snapshot_id, command)
         return await self.get(snapshot_id, include_building=True), None
 
     async def upload(self, snapshot_id: str, body: AsyncIterable[bytes], max_bytes: int) -> Snapshot:
@@ -308,12 +318,11 @@ class Snapshots:
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
                        dependencies: object, packages: object) -> Snapshot:
         snap = await self.get(snapshot_id, include_building=True, own=True)
-        if snap.status is not SnapshotStatus.BUILDING:
-            raise IllegalTransition(f"snapshot {snapshot_id} is already {snap.status.value}", snapshot_id=snapshot_id)
+        decide(snapshot_id, snap, FinalizeBuild(files=()))  # a ready one is refused before anything is installed
         deps, pkgs = check_dependencies(dependencies), check_packages(packages)
         if deps or pkgs:
             # Installed now (and cached), so a bad package fails the build, not every create.
-            driver = self.engine.driver
+            driver = self._driver
             if not driver.capabilities.installs:
                 field = "dependencies" if deps else "packages"
                 raise NotSupported(f"{field}: driver {driver.name} cannot install dependencies or packages yet",
@@ -330,11 +339,9 @@ class Snapshots:
                                    f"{snapshot_id}/upload) and there is no env, dependency or package to keep",
                                    field="archive")
             files = ()
-        await self.engine.quotas.check_snapshot(snap.org_id, sum(f.size for f in files))
-        await self._append(snapshot_id, SnapshotFinalized(
-            size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=env, metadata=metadata,
-            dependencies=deps, packages=pkgs,
-        ))
+        await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files))
+        await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
+                                                                 dependencies=deps, packages=pkgs))
         await self._take_tag(snapshot_id, snap.name, snap.tag)
         return await self.get(snapshot_id)
 
@@ -348,24 +355,21 @@ class Snapshots:
                 return  # an env-only build: nothing to unpack
             raise SnapshotNotFound(f"snapshot {snapshot_id}: its archive is gone (deleted meanwhile?)")
         with fh:
-            await archives.extract(self.engine.driver, sandbox_id, WORKSPACE, "tar.gz", fh, self.limits)
+            await archives.extract(self._driver, sandbox_id, WORKSPACE, "tar.gz", fh, self.limits)
 
     # ---------------------------------------------------------------- helpers
-
-    async def _append(self, snapshot_id: str, payload: object) -> None:
-        async with self.engine._lock(snapshot_id):
-            await self.engine._append(snapshot_id, [payload])
 
     async def _take_tag(self, snapshot_id: str, name: str, tag: str | None) -> None:
         """A name:tag names one snapshot: the one that just took it; older holders lose it."""
         if tag is None:
             return
-        org = (await self.engine.store.get_snapshot(snapshot_id) or _NO_SNAPSHOT).org_id
-        others, _ = await self.engine.store.list_snapshots(
+        org = (await self._store.get_snapshot(snapshot_id) or _NO_SNAPSHOT).org_id
+        others, _ = await self._store.list_snapshots(
             SnapshotQuery(org_id=org, name=name, tag=tag, ready_only=False, limit=1000))
         for other in others:
             if other.snapshot_id != snapshot_id:
-                await self._append(other.snapshot_id, SnapshotTagged(tag=None))
+                with contextlib.suppress(SnapshotNotFound):  # deleted meanwhile
+                    await self._recorder.snapshot(other.snapshot_id, TagSnapshot(None))
 
 
 _NO_SNAPSHOT = Snapshot(snapshot_id="", name="", runtime="", runtime_id="", status=SnapshotStatus.DELETED,

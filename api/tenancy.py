@@ -191,7 +191,7 @@ def needs(access: Access | str) -> Callable[[Handler], Handler]:
     """Declare what a handler needs, where the method alone would say wrong (see ``access_of``)."""
 
     def mark(handler: Handler) -> Handler:
-        handler.hutch_access = access  # type: ignore[attr-defined]
+        handler.hutch_access = access  # type: ignore[attr-defined]  # a mark access_of reads
         return handler
 
     return mark

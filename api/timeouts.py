@@ -11,16 +11,15 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from api.background import Background
+from api.control import SandboxControl
 from core.errors import HutchError
 from core.lifecycle import Terminate
 from core.models import Sandbox, SandboxStatus
 from core.quantities import parse_duration
-from projections.base import SandboxQuery
-
-if TYPE_CHECKING:
-    from api.service import Engine
+from projections.base import ProjectionStore, SandboxQuery
+from projections.runner import Projector
 
 log = logging.getLogger("hutch.api")
 
@@ -34,8 +33,12 @@ def _unix(iso: str) -> float:
 
 
 class Reaper:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, store: ProjectionStore, projector: Projector, background: Background,
+                 control: SandboxControl) -> None:
+        self._store = store
+        self._projector = projector
+        self._background = background
+        self._control = control
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._activity: dict[str, float] = {}
 
@@ -64,7 +67,7 @@ class Reaper:
         timer = self._timers.pop(sandbox_id, None)
         if timer is not None:
             timer.cancel()
-        sb = await self.engine.store.get_sandbox(sandbox_id)
+        sb = await self._store.get_sandbox(sandbox_id)
         if sb is None or sb.status.is_final:
             self._activity.pop(sandbox_id, None)
             return
@@ -74,11 +77,11 @@ class Reaper:
         at, _reason = found
         loop = asyncio.get_running_loop()
         self._timers[sandbox_id] = loop.call_later(
-            max(0.0, at - time.time()), lambda: self.engine._spawn(self._reap(sandbox_id), f"reap-{sandbox_id}")
+            max(0.0, at - time.time()), lambda: self._background.spawn(self._reap(sandbox_id), f"reap-{sandbox_id}")
         )
 
     async def _reap(self, sandbox_id: str) -> None:
-        sb = await self.engine.store.get_sandbox(sandbox_id)
+        sb = await self._store.get_sandbox(sandbox_id)
         found = self.deadline(sb) if sb is not None else None
         if found is None:
             return
@@ -87,14 +90,14 @@ class Reaper:
             await self.schedule(sandbox_id)
             return
         log.info("reaping %s: %s", sandbox_id, reason)
-        await self.engine._end(sandbox_id, Terminate(reason=reason))
+        await self._control.end(sandbox_id, Terminate(reason=reason))
 
     async def watch(self) -> None:
-        queue = self.engine.projector.listen()
+        queue = self._projector.listen()
         try:
             while True:  # a store outage (PostgreSQL restarting) must not end the watch
                 try:
-                    live, _ = await self.engine.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+                    live, _ = await self._store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
                     for sb in live:
                         await self.schedule(sb.sandbox_id)
                     break
@@ -110,5 +113,5 @@ class Reaper:
                     await asyncio.sleep(0.5)
                     queue.put_nowait(event)
         finally:
-            self.engine.projector.unlisten(queue)
+            self._projector.unlisten(queue)
 

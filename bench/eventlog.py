@@ -36,8 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from api.composition import make_projector, open_event_log, open_store  # noqa: E402
 from core import ids  # noqa: E402
-from core.eventlog.base import EventLog, open_event_log  # noqa: E402
+from core.eventlog.base import EventLog  # noqa: E402
 from core.events import (  # noqa: E402
     Event,
     ExecutionFinished,
@@ -48,7 +49,6 @@ from core.events import (  # noqa: E402
 )
 from core.models import ExecutionStatus, SandboxSpec  # noqa: E402
 from projections.base import ProjectionStore  # noqa: E402
-from projections.runner import Projector  # noqa: E402
 
 
 def now_iso() -> str:
@@ -130,7 +130,7 @@ async def bench_append(log: EventLog, total: int, writers: int, batch: int) -> d
 
 
 async def bench_lag(log: EventLog, store: ProjectionStore, rate: float, seconds: float) -> dict[str, float]:
-    projector = Projector(log, store)
+    projector = make_projector(log, store)
     await projector.start()
     applied: dict[str, float] = {}
     queue = projector.listen()
@@ -213,21 +213,18 @@ async def main() -> None:
         base = urllib.parse.urlsplit(args.event_log)
         topic_url = f"kafka://{base.netloc}/hutch-bench-{uuid.uuid4().hex[:8]}"
         database = await fresh_database(args.store)
-        from projections.postgres import PostgresProjectionStore
+        store_url = database[0]
 
         def make_log(name: str) -> EventLog:
             return open_event_log(f"{topic_url}-{name}", tmp / name)
-
-        def make_store() -> ProjectionStore:
-            return PostgresProjectionStore(database[0])
     else:
-        from projections.memory import MemoryProjectionStore
+        store_url = "memory"
 
         def make_log(name: str) -> EventLog:
             return open_event_log("sqlite", tmp / name)
 
-        def make_store() -> ProjectionStore:
-            return MemoryProjectionStore()
+    def make_store() -> ProjectionStore:
+        return open_store(store_url)
 
     print(f"profile {args.profile}: {'Kafka + PostgreSQL' if database else 'SQLite + memory'}")
     try:

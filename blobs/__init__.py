@@ -1,8 +1,8 @@
 """Blob store adapters (the port is ``core.blobs``) and the helpers callers share.
 
-``open_blob_store`` picks the adapter from the store setting the server already has:
-a PostgreSQL projection store (the production profile) means PostgreSQL large objects,
-anything else plain files under the data dir.
+``api.composition.open_blob_store`` picks the adapter from the store setting the server
+already has: a PostgreSQL projection store (the production profile) means PostgreSQL large
+objects, anything else plain files under the data dir.
 
 Producers spool to a local temporary file before ``put`` (``spool``), so a slow
 database never stalls a stream being exported from a sandbox, and a blob is put from a
@@ -22,16 +22,6 @@ from pathlib import Path
 from typing import IO
 
 from core.blobs import CHUNK, BlobStore
-
-
-def open_blob_store(store: str, data_dir: Path) -> BlobStore:
-    if store.startswith(("postgresql://", "postgres://")):
-        from blobs.postgres import PostgresBlobStore
-
-        return PostgresBlobStore(store)
-    from blobs.files import FileBlobStore
-
-    return FileBlobStore(data_dir)
 
 
 async def spool(chunks: AsyncIterable[bytes], directory: Path | None = None) -> IO[bytes]:

@@ -16,7 +16,6 @@ from core.events import (
     CheckpointDeleted,
     CheckpointRestored,
     Event,
-    EventData,
     ExecutionFinished,
     ExecutionStarted,
     RuntimeBuildProgress,
@@ -141,7 +140,27 @@ def checkpoint_id_for(sandbox: Sandbox, ref: str) -> str:
     return next((c.checkpoint_id for c in sandbox.checkpoints if c.name == ref), ref)
 
 
-def decide(sandbox: Sandbox, command: Command) -> list[EventData]:
+# What decide can say happened: the sandbox lifecycle's events (creation, snapshots and
+# tenancy are decided elsewhere).
+Decided = (
+    SandboxStarted
+    | SandboxFailed
+    | RuntimeBuildProgress
+    | CheckpointCreated
+    | CheckpointRestored
+    | CheckpointDeleted
+    | SandboxEnvChanged
+    | SandboxPaused
+    | SandboxResumed
+    | ExecutionStarted
+    | ExecutionFinished
+    | SandboxDestroyRequested
+    | SandboxCompleted
+    | SandboxTerminated
+)
+
+
+def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
     """Event payloads the command produces (the caller wraps them in envelopes)."""
     status = sandbox.status
     match command:
@@ -247,7 +266,7 @@ def decide(sandbox: Sandbox, command: Command) -> list[EventData]:
         case Terminate():
             if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
                 return []
-            events: list[EventData] = []
+            events: list[Decided] = []
             if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
                 events.append(SandboxCompleted(exit_code=command.exit_code))
             events.append(

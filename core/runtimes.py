@@ -10,8 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
+
+_T = TypeVar("_T")
+# An attrs field validator: called with the instance, the field and the value being set.
+_Validator = Callable[[object, "attrs.Attribute[_T]", _T], None]
 
 
 @attrs.frozen
@@ -27,8 +33,8 @@ _NPM_PIN = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*@\d+\.\d+\
 _PYPI_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==\d[0-9A-Za-z.+!-]*$")
 
 
-def _pins(pattern: re.Pattern[str], example: str):  # type: ignore[no-untyped-def]
-    def check(_inst: object, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:  # type: ignore[type-arg]
+def _pins(pattern: re.Pattern[str], example: str) -> _Validator[tuple[str, ...]]:
+    def check(_inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
         for spec in value:
             if not pattern.match(spec):
                 raise ValueError(f"{attribute.name}: {spec!r} is not an exact pin like {example}")
@@ -36,7 +42,9 @@ def _pins(pattern: re.Pattern[str], example: str):  # type: ignore[no-untyped-de
     return check
 
 
-def _absolute_links(_inst: object, _attribute: attrs.Attribute, value: tuple[tuple[str, str], ...]) -> None:  # type: ignore[type-arg]
+def _absolute_links(
+    _inst: object, _attribute: attrs.Attribute[tuple[tuple[str, str], ...]], value: tuple[tuple[str, str], ...]
+) -> None:
     for link, target in value:
         if not link.startswith("/") or ".." in link.split("/") or not target:
             raise ValueError(f"links: {link!r} -> {target!r} must be an absolute path inside the runtime")

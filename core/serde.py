@@ -21,12 +21,12 @@ def _make_converter() -> cattrs.Converter:
 
     def unstructure_factory(cl: type) -> Any:
         overrides = {a.name: override(rename=to_camel(a.name), omit_if_default=a.default is None) for a in attrs.fields(cl)}
-        # cattrs types the ** of per-attribute overrides as its own keyword flags (bool).
-        return make_dict_unstructure_fn(cl, conv, **overrides)  # type: ignore[arg-type]
+        # mypy matches a ** of per-attribute overrides against cattrs' own keyword flags (bool).
+        return make_dict_unstructure_fn(cl, conv, **overrides)  # type: ignore[arg-type]  # overrides, not cattrs' own flags
 
     def structure_factory(cl: type) -> Any:
         overrides = {a.name: override(rename=to_camel(a.name)) for a in attrs.fields(cl)}
-        return make_dict_structure_fn(cl, conv, **overrides)  # type: ignore[arg-type]  # as above
+        return make_dict_structure_fn(cl, conv, **overrides)  # type: ignore[arg-type]  # overrides, not cattrs' own flags
 
     conv.register_unstructure_hook_factory(attrs.has, unstructure_factory)
     conv.register_structure_hook_factory(attrs.has, structure_factory)

@@ -8,6 +8,10 @@ from a declarative file (``building`` until the archive is uploaded and finalize
 References, as the seeds use them: ``snp_…`` (an id), ``name:tag``, ``@org/name:tag``
 (the org part is ours, so it is dropped), or a bare word that is a tag or else a name.
 A name:tag pair can be on several snapshots; the newest ready one wins.
+
+``decide(snapshot_id, state, command) -> [events]`` checks a snapshot command against the
+snapshot as it is (None: no such snapshot yet) and says what happened, as
+``core.lifecycle.decide`` does for sandboxes; a refused command raises and changes nothing.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import re
 
 import attrs
 
-from core.errors import InvalidInput
+from core.errors import IllegalTransition, InvalidInput, SnapshotNotFound
 from core.events import Event, SnapshotCreated, SnapshotDeleted, SnapshotFinalized, SnapshotTagged
-from core.models import Snapshot, SnapshotStatus
+from core.models import Sandbox, Snapshot, SnapshotFile, SnapshotStatus
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_TAG = "latest"
+CONTENT_HASH_MAX = 128
 
 
 def check_name(value: object, field: str = "name") -> str:
@@ -37,6 +42,13 @@ def check_tag(value: object, field: str = "tag") -> str:
             f"{field}: {value!r} is not a tag (letters, digits, _, . and -, not starting with . or -, at most 128)",
             field=field,
         )
+    return value
+
+
+def check_content_hash(value: object) -> str | None:
+    """A build's content hash (what lets an unchanged build be skipped), if it gave one."""
+    if value is not None and (not isinstance(value, str) or len(value) > CONTENT_HASH_MAX):
+        raise InvalidInput("contentHash: expected a hash string", field="contentHash")
     return value
 
 
@@ -111,3 +123,119 @@ def evolve_snapshot(snapshot: Snapshot | None, event: Event) -> Snapshot | None:
 
 def is_snapshot_event(event: Event) -> bool:
     return isinstance(event.data, (SnapshotCreated, SnapshotFinalized, SnapshotTagged, SnapshotDeleted))
+
+
+# ---------------------------------------------------------------- commands
+
+
+@attrs.frozen
+class TakeSnapshot:
+    """Record a snapshot of ``source``'s workspace (archived as ``files``): ready at once."""
+
+    source: Sandbox
+    name: str
+    tag: str
+    files: tuple[SnapshotFile, ...]
+    description: str | None = None
+    public: bool = False
+    api_key_id: str | None = None
+
+
+@attrs.frozen
+class BeginBuild:
+    """Record a build: a snapshot ``building`` until its archive is uploaded and finalized."""
+
+    name: str
+    runtime: str
+    runtime_id: str
+    tag: str
+    org_id: str
+    description: str | None = None
+    message: str | None = None
+    public: bool = False
+    content_hash: str | None = None
+    api_key_id: str | None = None
+
+
+@attrs.frozen
+class FinalizeBuild:
+    """A build's archive (``files``), env and installs were checked: the snapshot is ready."""
+
+    files: tuple[SnapshotFile, ...]
+    env: dict[str, str] = attrs.field(factory=dict)
+    metadata: dict[str, str] = attrs.field(factory=dict)
+    dependencies: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class TagSnapshot:
+    tag: str | None  # None clears it
+
+
+@attrs.frozen
+class DeleteSnapshot:
+    pass
+
+
+SnapshotCommand = TakeSnapshot | BeginBuild | FinalizeBuild | TagSnapshot | DeleteSnapshot
+SnapshotEventData = SnapshotCreated | SnapshotFinalized | SnapshotTagged | SnapshotDeleted
+
+
+def decide(snapshot_id: str, snapshot: Snapshot | None, command: SnapshotCommand) -> list[SnapshotEventData]:
+    """Event payloads the command produces about snapshot ``snapshot_id`` (currently ``snapshot``)."""
+    match command:
+        case TakeSnapshot() | BeginBuild():
+            if snapshot is not None:
+                raise IllegalTransition(f"snapshot {snapshot_id} already exists", snapshot_id=snapshot_id)
+            if isinstance(command, TakeSnapshot):
+                return [_taken(command)]
+            return [_build_begun(command)]
+        case FinalizeBuild():
+            status = _existing(snapshot_id, snapshot).status
+            if status is not SnapshotStatus.BUILDING:
+                raise IllegalTransition(f"snapshot {snapshot_id} is already {status.value}", snapshot_id=snapshot_id)
+            files = command.files
+            return [SnapshotFinalized(
+                size_bytes=sum(f.size for f in files), file_count=len(files), files=files, env=dict(command.env),
+                metadata=dict(command.metadata), dependencies=command.dependencies, packages=command.packages,
+            )]
+        case TagSnapshot(tag=tag):
+            _existing(snapshot_id, snapshot)
+            return [SnapshotTagged(tag=None if tag is None else check_tag(tag))]
+        case DeleteSnapshot():
+            _existing(snapshot_id, snapshot)
+            return [SnapshotDeleted()]
+    raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _existing(snapshot_id: str, snapshot: Snapshot | None) -> Snapshot:
+    if snapshot is None or snapshot.status is SnapshotStatus.DELETED:
+        raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
+    return snapshot
+
+
+def _taken(command: TakeSnapshot) -> SnapshotCreated:
+    source, files = command.source, command.files
+    if source.status.is_final:
+        raise IllegalTransition(
+            f"sandbox {source.sandbox_id} is {source.status.value}; only a live sandbox can be snapshotted",
+            sandbox_id=source.sandbox_id,
+        )
+    spec = source.spec
+    return SnapshotCreated(
+        name=check_name(command.name), runtime=spec.runtime, runtime_id=spec.runtime_id, tag=check_tag(command.tag),
+        description=command.description, public=command.public, source_sandbox_id=source.sandbox_id,
+        parent_snapshot_id=spec.snapshot_id, size_bytes=sum(f.size for f in files), file_count=len(files),
+        files=files, env=dict(spec.env), api_key_id=command.api_key_id, dependencies=spec.dependencies,
+        packages=spec.packages, org_id=spec.org_id,
+    )
+
+
+def _build_begun(command: BeginBuild) -> SnapshotCreated:
+    return SnapshotCreated(
+        name=check_name(command.name), runtime=command.runtime, runtime_id=command.runtime_id, ready=False,
+        tag=check_tag(command.tag), description=command.description, message=command.message,
+        public=command.public, content_hash=check_content_hash(command.content_hash),
+        api_key_id=command.api_key_id, org_id=command.org_id,
+    )

@@ -22,6 +22,7 @@ from hutch.client import (
     OutputSink,
     Sandbox,
     SandboxClient,
+    SandboxOptions,
 )
 from hutch.errors import (
     ConnectionFailed,
@@ -99,6 +100,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxList",
     "SandboxNotFound",
+    "SandboxOptions",
     "SandboxStatusInfo",
     "Snapshot",
     "SnapshotFile",

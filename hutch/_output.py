@@ -11,7 +11,7 @@ import inspect
 import io
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from hutch.models import OutputChunk
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 #: Where streamed output goes: a callable taking ``bytes`` (sync or async), a binary
 #: file (``sys.stdout.buffer``) or a text file (``sys.stdout``; decoded as UTF-8).
 OutputSink = Callable[[bytes], Any] | IO[bytes] | IO[str]
+Stream = Literal["stdout", "stderr"]
 
 
 class _Sink:
@@ -35,14 +36,10 @@ class _Sink:
             self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     async def write(self, data: bytes) -> None:
-        target: Any = self._target
-        if hasattr(target, "write"):
-            payload: Any = self._decoder.decode(data) if self._decoder else data
-            if payload:
-                target.write(payload)
-            if hasattr(target, "flush"):
-                target.flush()
+        if hasattr(self._target, "write"):
+            self._to_file(self._decoder.decode(data) if self._decoder else data)
             return
+        target: Any = self._target  # a callable, sync or async
         result = target(data)
         if inspect.isawaitable(result):
             await result
@@ -51,8 +48,15 @@ class _Sink:
         if self._decoder is not None:
             tail = self._decoder.decode(b"", final=True)
             if tail:
-                self._target.write(tail)  # type: ignore[union-attr]
-                self._target.flush()  # type: ignore[union-attr]
+                self._to_file(tail)
+
+    def _to_file(self, payload: bytes | str) -> None:
+        # A binary or a text file; __init__ chose bytes or str to match.
+        target: Any = self._target
+        if payload:
+            target.write(payload)
+        if hasattr(target, "flush"):
+            target.flush()
 
 
 class _OutputCollector:
@@ -117,8 +121,8 @@ class _OutputCollector:
                 await asyncio.gather(*pending, return_exceptions=True)
                 break
         for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+                raise error
 
     async def cancel(self) -> None:
         for task in self._tasks:
@@ -136,12 +140,12 @@ async def _interleave(
 ) -> AsyncIterator[OutputChunk]:
     """Yield :class:`OutputChunk` s from stdout and stderr, interleaved as they arrive, until both end."""
     queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-    urls = [("stdout", stdout_url)]
+    streams: list[tuple[Stream, str | None]] = [("stdout", stdout_url)]
     if stderr_url != stdout_url:
-        urls.append(("stderr", stderr_url))
-    urls = [(name, url) for name, url in urls if url]
+        streams.append(("stderr", stderr_url))
+    urls = [(name, url) for name, url in streams if url]
 
-    async def pump(name: Any, url: str) -> None:
+    async def pump(name: Stream, url: str) -> None:
         try:
             async for chunk in client._iter_stream(url):
                 await queue.put(OutputChunk(name, chunk))
@@ -158,8 +162,8 @@ async def _interleave(
                 continue
             yield item
         for task in tasks:
-            if task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            if (error := task.exception()) is not None:
+                raise error
     finally:
         for task in tasks:
             task.cancel()

@@ -10,7 +10,7 @@ import os
 import stat
 import sys
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import IO, TYPE_CHECKING, Any, Union
+from typing import IO, TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
     from hutch.client import SandboxClient
@@ -69,11 +69,11 @@ class StdinUpload:
 def piped_stdin() -> IO[bytes] | None:
     """This process's stdin when something was piped or redirected into it (``echo hi | hutch
     run -- cat``, ``< file``); None for a terminal, /dev/null or no stdin at all."""
-    stream: Any = sys.stdin
+    stream = sys.stdin
     try:
         mode = os.fstat(stream.fileno()).st_mode
     except (AttributeError, OSError, ValueError):
         return None
     if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)):
         return None
-    return stream.buffer  # type: ignore[no-any-return]
+    return stream.buffer

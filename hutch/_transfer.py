@@ -11,9 +11,9 @@ import asyncio
 import os
 import stat
 import tarfile
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol, TypeGuard
 
 CHUNK = 1024 * 1024
 _BLOCK = 512
@@ -23,7 +23,13 @@ _BLOCK = 512
 Source = str | os.PathLike[str] | IO[bytes] | bytes | bytearray | AsyncIterable[bytes] | Iterable[bytes]
 
 
-async def file_chunks(fh: IO[bytes], chunk_size: int = CHUNK) -> AsyncIterator[bytes]:
+class _Readable(Protocol):
+    """A binary file, as far as reading it in chunks goes."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
+async def file_chunks(fh: _Readable, chunk_size: int = CHUNK) -> AsyncIterator[bytes]:
     """A binary file's bytes, ``chunk_size`` at a time, read on a worker thread."""
     while chunk := await asyncio.to_thread(fh.read, chunk_size):
         yield chunk
@@ -38,6 +44,17 @@ async def path_chunks(path: str | os.PathLike[str], chunk_size: int = CHUNK) -> 
         fh.close()
 
 
+def _is_readable(source: object) -> TypeGuard[_Readable]:
+    return hasattr(source, "read")
+
+
+def _next_chunk(iterator: Iterator[bytes]) -> bytes | None:
+    """The iterator's next chunk as bytes, None once it is exhausted (blocking: run on a thread)."""
+    for chunk in iterator:
+        return bytes(chunk)
+    return None
+
+
 async def source_chunks(source: Source) -> AsyncIterator[bytes]:
     """Any :data:`Source` as an async iterator of byte chunks (never read whole)."""
     if isinstance(source, (bytes, bytearray)):
@@ -46,17 +63,16 @@ async def source_chunks(source: Source) -> AsyncIterator[bytes]:
     elif isinstance(source, (str, os.PathLike)):
         async for chunk in path_chunks(source):
             yield chunk
-    elif hasattr(source, "read"):
-        async for chunk in file_chunks(source):  # type: ignore[arg-type]
+    elif _is_readable(source):
+        async for chunk in file_chunks(source):
             yield chunk
-    elif hasattr(source, "__aiter__"):
-        async for chunk in source:  # type: ignore[union-attr]
+    elif isinstance(source, AsyncIterable):
+        async for chunk in source:
             yield bytes(chunk)
-    elif hasattr(source, "__iter__"):
-        iterator = iter(source)  # type: ignore[arg-type]
-        sentinel = object()
-        while (chunk := await asyncio.to_thread(next, iterator, sentinel)) is not sentinel:
-            yield bytes(chunk)  # type: ignore[arg-type]
+    elif isinstance(source, Iterable):
+        iterator = iter(source)
+        while (piece := await asyncio.to_thread(_next_chunk, iterator)) is not None:
+            yield piece
     else:
         raise TypeError(
             f"cannot upload a {type(source).__name__}; give a path, a binary file, bytes or an iterable of bytes"
@@ -106,6 +122,11 @@ def _info(name: str, st: os.stat_result) -> tarfile.TarInfo:
     return info
 
 
+def _scan(directory: Path) -> list[os.DirEntry[str]]:
+    """A directory's entries (blocking: run on a thread)."""
+    return list(os.scandir(directory))
+
+
 async def tar_stream(local: Path, arcname: str, stats: TarStats) -> AsyncIterator[bytes]:
     """An uncompressed tar of ``local`` (a file, or a directory tree) under ``arcname``.
 
@@ -128,7 +149,7 @@ async def tar_stream(local: Path, arcname: str, stats: TarStats) -> AsyncIterato
         info.type = tarfile.DIRTYPE
         stats.directories += 1
         yield _header(info)
-        entries = sorted(await asyncio.to_thread(lambda d=directory: list(os.scandir(d))), key=lambda e: e.name)
+        entries = sorted(await asyncio.to_thread(_scan, directory), key=lambda e: e.name)
         subdirs: list[tuple[Path, str]] = []
         for entry in entries:
             child = Path(entry.path)

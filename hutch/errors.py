@@ -56,14 +56,16 @@ class SandboxError(HutchError):
         details: Any = None,
     ) -> None:
         super().__init__(message, field=field)
-        self.code = code or self.default_code  # type: ignore[misc]
-        self.status = status  # type: ignore[misc,assignment]
+        # HutchError's code and status are ClassVars (a server error kind has one of each);
+        # a client error carries what the server said, and no status when none answered.
+        self.code = code or self.default_code  # type: ignore[misc]  # per instance, see above
+        self.status = status  # type: ignore[misc,assignment]  # per instance, and int | None
         self.sandbox_id = sandbox_id
         self.execution_id = execution_id
         self.details = details
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def retriable(self) -> bool:  # type: ignore[override]  # from the status, not a ClassVar
         return self.status in (502, 503, 504) or isinstance(self, ConnectionFailed)
 
     def __str__(self) -> str:

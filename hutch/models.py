@@ -9,7 +9,7 @@ Statuses are plain strings so a server that adds a status does not break old cli
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -203,9 +203,8 @@ class SandboxInfo:
     metadata: dict[str, Any] | None = None
     resources: Resources | None = None
     cpu_time_ms: int | None = None
-    memory_byte_sec: int | None = None
-    memory_peak_bytes: int | None = None
     memory_byte_sec: float | None = None
+    memory_peak_bytes: int | None = None
     network_egress_bytes: int | None = None
     network_enabled: bool | None = None
     network_port: int | None = None
@@ -438,12 +437,13 @@ def _is_ours(cls: type) -> bool:
 
 def _structure_factory(cls: type) -> Any:
     overrides = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls)}
-    return make_dict_structure_fn(cls, converter, **overrides)
+    # mypy matches a ** of per-attribute overrides against cattrs' own keyword flags (bool).
+    return make_dict_structure_fn(cls, converter, **overrides)  # type: ignore[arg-type]  # overrides, not cattrs' own flags
 
 
 def _unstructure_factory(cls: type) -> Any:
     overrides = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls)}
-    inner = make_dict_unstructure_fn(cls, converter, **overrides)
+    inner: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]  # overrides, not cattrs' own flags
 
     def unstructure(obj: Any) -> dict[str, Any]:
         return {k: v for k, v in inner(obj).items() if v is not None}

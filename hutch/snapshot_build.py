@@ -35,7 +35,7 @@ import os
 import re
 import stat
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, BinaryIO, NoReturn
@@ -68,17 +68,26 @@ class BuildFileError(ValueError):
     """A build file, a file pattern or a selected file that cannot be built."""
 
 
+# BuildSpec's converters: typed (unlike bare tuple/dict) so mypy knows what the fields take.
+def _strings(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(items)
+
+
+def _string_map(items: Mapping[str, str]) -> dict[str, str]:
+    return dict(items)
+
+
 @attrs.frozen
 class BuildSpec:
     runtime: str
     name: str | None = None
     description: str | None = None
     dir: str | None = None
-    dependencies: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    packages: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    files: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    env: dict[str, str] = attrs.field(factory=dict, converter=dict)
-    metadata: dict[str, str] = attrs.field(factory=dict, converter=dict)
+    dependencies: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    packages: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    files: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    env: dict[str, str] = attrs.field(factory=dict, converter=_string_map)
+    metadata: dict[str, str] = attrs.field(factory=dict, converter=_string_map)
     public: bool = False
 
 
@@ -302,7 +311,7 @@ def select_files(context: Path, patterns: Sequence[str]) -> list[SelectedFile]:
             real: Path | None = Path(entry.path)
             if entry.is_symlink():
                 try:
-                    real = real.resolve(strict=True)
+                    real = Path(entry.path).resolve(strict=True)
                 except (OSError, RuntimeError):  # dangling, or a loop of links
                     real = None
             if real is None:
@@ -371,7 +380,7 @@ def write_archive(files: Sequence[SelectedFile], out: BinaryIO) -> None:
             with f.source.open("rb") as src:
                 reader = _Verified(src)
                 try:
-                    tar.addfile(info, reader)  # type: ignore[arg-type]  # read() is all it uses
+                    tar.addfile(info, reader)
                 except OSError:  # tarfile's "unexpected end of data": the file shrank
                     reader.digest.update(b"!")
                 if src.read(1) or reader.digest.hexdigest() != f.sha256:

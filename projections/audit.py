@@ -5,9 +5,9 @@ id (``actor``; see ``core.events.ACTOR``), never a secret (environment values ar
 to their names). ``Auditor`` keeps a trail in PostgreSQL (table ``audit_trail``,
 append-only by trigger) and/or a JSONL file:
 
-* On Kafka it is a consumer group (``--group``, default ``hutch-audit``) on the keyed
-  events topic, so members share the partitions; a new group starts from the beginning
-  of the log. Each sink remembers the (partition, offset) of every record it wrote and
+* On a log that declares consumer groups (``EventLog.capabilities``: Kafka) it is a member
+  of one (``--group``, default ``hutch-audit``) on the keyed events topic, so members
+  share the partitions; a new group starts from the beginning of the log. Each sink remembers the (partition, offset) of every record it wrote and
   the auditor resumes after the larger of that and the group's committed offset, so a
   crash between writing and committing neither loses nor duplicates a record.
 * On any other log (the embedded SQLite one) it subscribes to the whole log and resumes
@@ -183,10 +183,8 @@ class Auditor:
         for sink in self.sinks:
             await sink.start()
         try:
-            from core.eventlog.kafka import KafkaEventLog
-
-            if isinstance(self.log, KafkaEventLog):
-                await self._run_group(self.log)
+            if self.log.capabilities.consumer_groups:
+                await self.log.consume_group(self.group, self)
             else:
                 await self._run_subscription()
         finally:
@@ -212,62 +210,16 @@ class Auditor:
             if pos >= last:
                 self.caught_up.set()
 
-    async def _run_group(self, kafka_log: Any) -> None:
-        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-        from aiokafka.errors import KafkaError
+    # ---------------------------------------------------------------- as a consumer group member
 
-        from core.events import decode
+    async def resume_points(self, source: str, partitions: Sequence[int]) -> dict[int, int]:
+        """Every sink holds everything below its own point: resume at the lowest (records a
+        sink already holds are skipped by that sink)."""
+        held = [await s.resume_points(source) for s in self.sinks]
+        return {p: min(h.get(p, 0) for h in held) for p in partitions}
 
-        topic = kafka_log.topic
-        auditor = self
+    async def deliver(self, source: str, records: Sequence[tuple[int, int, Event]]) -> None:
+        await self._write(source, [(partition, offset, audit_record(event)) for partition, offset, event in records])
 
-        class Resume(ConsumerRebalanceListener):  # type: ignore[misc]
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                pass
-
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                held = [await s.resume_points(topic) for s in auditor.sinks]
-                for tp in assigned:
-                    committed = await consumer.committed(tp)
-                    # Every sink holds everything below its own point: resume at the lowest
-                    # (records a sink already holds are skipped by that sink).
-                    ours = min(h.get(tp.partition, 0) for h in held)
-                    start = max(ours, committed or 0)
-                    if ours or committed:
-                        consumer.seek(tp, start)
-
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka_log.bootstrap,
-            client_id="hutch-audit",
-            group_id=self.group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",  # a new subscriber starts from the beginning of the log
-            isolation_level="read_committed",
-            max_partition_fetch_bytes=8 * 2**20 + 2**16,
-        )
-        consumer.subscribe([topic], listener=Resume())
-        await consumer.start()
-        try:
-            while True:
-                try:
-                    batches = await consumer.getmany(timeout_ms=500, max_records=2000)
-                except KafkaError as err:
-                    log.warning("audit: fetch failed (%s); retrying", err)
-                    await asyncio.sleep(0.5)
-                    continue
-                for tp, records in batches.items():
-                    rows = []
-                    for rec in records:
-                        headers = dict(rec.headers or ())
-                        event = decode(json.loads(rec.value), position=int(headers["position"]))
-                        rows.append((tp.partition, rec.offset, audit_record(event)))
-                    await self._write(topic, rows)
-                    with contextlib.suppress(KafkaError):  # the sinks' resume points cover a lost commit
-                        await consumer.commit({tp: records[-1].offset + 1})
-                if not batches and consumer.assignment():
-                    ends = await consumer.end_offsets(list(consumer.assignment()))
-                    if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
-                        self.caught_up.set()
-        finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+    def mark_caught_up(self) -> None:
+        self.caught_up.set()

@@ -5,15 +5,21 @@ has applied up to, and applies each event together with that position atomically
 an event at or below the tracked position is ignored, so replays never double-apply
 and a crash between events never skips one. Every backend passes
 ``tests/contracts/test_projection_store.py``.
+
+Abilities beyond the required methods are declared in ``StoreCapabilities`` (as a driver
+declares its ``Capabilities``); the optional methods raise ``NotSupported`` unless a backend
+declares and implements them.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, ClassVar
 
 import attrs
 
+from core.errors import NotSupported
 from core.events import Event
 from core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
 from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
@@ -73,8 +79,8 @@ def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
     )
 
 
-def snapshot_sort_key(q: SnapshotQuery):  # type: ignore[no-untyped-def]
-    field = {
+def snapshot_sort_key(q: SnapshotQuery) -> Callable[[Snapshot], tuple[Any, str]]:
+    field: dict[str, Callable[[Snapshot], tuple[Any, str]]] = {
         "createdAt": lambda s: (s.created_at, s.snapshot_id),
         "name": lambda s: (s.name, s.snapshot_id),
         "size": lambda s: (s.size_bytes, s.snapshot_id),
@@ -94,7 +100,21 @@ class StoreBehind(Exception):
         self.expected = expected
 
 
+@attrs.frozen
+class StoreCapabilities:
+    """What a store can do beyond the required methods; callers check these flags, never the
+    store's type. ``tests/contracts`` holds each backend to exactly what it declares."""
+
+    # ``wait_for``: the store is shared between processes and tells a waiter when another
+    # process applied a position (``HUTCH_PROJECTOR=external``: ``hutch projector`` applies).
+    shared: bool = False
+    # ``rebuild``: reset and replay as one transaction; readers keep the old state meanwhile.
+    atomic_rebuild: bool = False
+
+
 class ProjectionStore(abc.ABC):
+    capabilities: ClassVar[StoreCapabilities] = StoreCapabilities()
+
     async def start(self) -> None:  # noqa: B027
         pass
 
@@ -149,6 +169,16 @@ class ProjectionStore(abc.ABC):
     async def reset(self) -> None:
         """Forget everything (position back to 0, bound to no log) so a rebuild can replay a log."""
 
+    async def wait_for(self, position: int, timeout: float) -> None:
+        """Return once the store applied ``position``, whoever applied it (``capabilities.shared``)."""
+        raise NotSupported(f"store {type(self).__name__} cannot wait for another process's projector")
+
+    async def rebuild(self, batches: AsyncIterator[Sequence[Event]] | Iterable[Sequence[Event]],
+                      log_identity: str | None = None) -> int:
+        """Reset and replay ``batches`` in one transaction, bound to ``log_identity``; returns the
+        position reached (``capabilities.atomic_rebuild``)."""
+        raise NotSupported(f"store {type(self).__name__} cannot rebuild in one transaction")
+
 
 def is_tenancy_event(event: Event) -> bool:
     return isinstance(event.data, TENANCY_EVENTS)
@@ -180,8 +210,8 @@ def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
     return not (q.project_id and sandbox.spec.project_id != q.project_id)
 
 
-def sort_key(q: SandboxQuery):  # type: ignore[no-untyped-def]
-    field = {
+def sort_key(q: SandboxQuery) -> Callable[[Sandbox], tuple[Any, str]]:
+    field: dict[str, Callable[[Sandbox], tuple[Any, str]]] = {
         "createdAt": lambda s: (s.created_at, s.sandbox_id),
         "updatedAt": lambda s: (s.updated_at, s.sandbox_id),
         "name": lambda s: (s.spec.name or "", s.sandbox_id),

@@ -1,5 +1,6 @@
 """The long-running and one-shot jobs behind ``hutch projector``, ``hutch projections rebuild``
-and ``hutch audit``: each opens the log read-only and works until it is done or told to stop."""
+and ``hutch audit``: each opens the log read-only and works until it is done or told to stop.
+Their parts come from the composition root (``api.composition``), like the server's."""
 
 from __future__ import annotations
 
@@ -12,28 +13,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from api.composition import make_projector, open_event_log, open_persistent_store
 from core.errors import InvalidInput
-from core.eventlog.base import EventLog, open_event_log
+from core.eventlog.base import EventLog
 from core.events import Event
 from projections.audit import DEFAULT_GROUP, Auditor, JsonlSink, PostgresSink, Sink
-from projections.base import ProjectionStore
-from projections.runner import Projector
 
 log = logging.getLogger(__name__)
 
 REBUILD_CHUNK = 2000
-
-
-def open_store(url: str) -> ProjectionStore:
-    if url.startswith(("postgresql://", "postgres://")):
-        from projections.postgres import PostgresProjectionStore
-
-        return PostgresProjectionStore(url)
-    raise InvalidInput(
-        f"store: {url!r} is not a persistent store; a separate projector and rebuild need "
-        "postgresql://… (the memory store is rebuilt by every server at start)",
-        field="store",
-    )
 
 
 async def until_signalled(work: Callable[[], Awaitable[Any]]) -> None:
@@ -53,12 +41,12 @@ async def until_signalled(work: Callable[[], Awaitable[Any]]) -> None:
 async def run_projector(event_log_url: str, store_url: str, data_dir: Path) -> None:
     """Follow the log into the store until cancelled (``hutch projector``)."""
     event_log = open_event_log(event_log_url, data_dir, read_only=True)
-    store = open_store(store_url)
+    store = open_persistent_store(store_url)
     await event_log.start()
     try:
         await store.start()
         try:
-            projector = Projector(event_log, store)
+            projector = make_projector(event_log, store)
             await projector.start()
             log.info("projector: caught up at position %d; following", projector.position)
             try:
@@ -90,7 +78,7 @@ async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[st
     until the new one is complete, and a projector running meanwhile waits, then resumes
     from the rebuilt position."""
     event_log = open_event_log(event_log_url, data_dir, read_only=True)
-    store = open_store(store_url)
+    store = open_persistent_store(store_url)
     started = time.monotonic()
     await event_log.start()
     try:
@@ -106,9 +94,8 @@ async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[st
                     count += len(batch)
                     yield batch
 
-            rebuild_in_place = getattr(store, "rebuild", None)
-            if rebuild_in_place is not None:
-                position = await rebuild_in_place(counted(), log_identity=identity)
+            if store.capabilities.atomic_rebuild:
+                position = await store.rebuild(counted(), log_identity=identity)
             else:
                 await store.reset()
                 if identity is not None:

@@ -27,9 +27,9 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 
@@ -46,11 +46,14 @@ from projections.base import (
     SandboxQuery,
     SnapshotQuery,
     StoreBehind,
+    StoreCapabilities,
     fold,
     is_tenancy_event,
 )
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 PROJECTION = "state"
 NOTIFY_CHANNEL = "hutch_projection"
@@ -68,15 +71,15 @@ _SORT = {
 
 
 
-def _read_once_more(method):  # type: ignore[no-untyped-def]
+def _read_once_more(method: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
     """Retry a read once when the store was unavailable (see the reads section)."""
 
     @functools.wraps(method)
-    async def read(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def read(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
-            return await method(self, *args, **kwargs)
+            return await method(*args, **kwargs)
         except StoreUnavailable:
-            return await method(self, *args, **kwargs)
+            return await method(*args, **kwargs)
 
     return read
 
@@ -197,6 +200,8 @@ def _snapshot(row: asyncpg.Record) -> Snapshot:
 
 
 class PostgresProjectionStore(ProjectionStore):
+    capabilities = StoreCapabilities(shared=True, atomic_rebuild=True)
+
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"store: {dsn!r} is not a postgresql:// URL", field="store")
@@ -382,10 +387,10 @@ class PostgresProjectionStore(ProjectionStore):
                 await conn.execute("UPDATE projection_position SET log_identity = $2 WHERE projection = $1",
                                    PROJECTION, log_identity)
             if hasattr(batches, "__aiter__"):
-                async for batch in batches:  # type: ignore[union-attr]
+                async for batch in batches:
                     position = await self._apply_in(conn, batch)
             else:
-                for batch in batches:  # type: ignore[union-attr]
+                for batch in batches:
                     position = await self._apply_in(conn, batch)
         return position
 

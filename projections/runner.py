@@ -71,7 +71,7 @@ class Projector:
         else:
             last = await self.log.last_position()
             if last > self._position:
-                await self.store.wait_for(last, timeout=600)  # type: ignore[attr-defined]
+                await self.store.wait_for(last, timeout=600)
                 self._position = last
         self._task = asyncio.create_task(self._follow(), name="projector")
 
@@ -190,7 +190,7 @@ class Projector:
                 if self.applies:
                     await self.store.apply(batch)
                 else:
-                    await self.store.wait_for(batch[-1].position or 0, timeout=30)  # type: ignore[attr-defined]
+                    await self.store.wait_for(batch[-1].position or 0, timeout=30)
                 return
             except asyncio.CancelledError:
                 raise

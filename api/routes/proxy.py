@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from api.keys import CONFIG, ENGINE, TENANTS
 from api.tenancy import PUBLIC, needs
@@ -40,6 +41,8 @@ SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length"}
 _CHUNK = 256 * 1024
+# Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
+_WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
 
 def sandbox_url(request: web.Request, base: str, sandbox_id: str, port: int) -> str:
@@ -65,7 +68,7 @@ def _host_match(request: web.Request) -> tuple[str, int] | None:
 
 
 @web.middleware
-async def host_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def host_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Requests to ``{port}-{id}.{domain}`` go to that sandbox's port at the same path: public,
     like the path form (no API key, and this server's key is never passed on)."""
     found = _host_match(request)
@@ -170,7 +173,7 @@ async def _websocket(request: web.Request, session: aiohttp.ClientSession, url: 
     client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=True, max_msg_size=0)
     await client.prepare(request)
 
-    async def pump(src, dst) -> None:  # type: ignore[no-untyped-def]
+    async def pump(src: _WebSocket, dst: _WebSocket) -> None:
         async for msg in src:
             if msg.type == aiohttp.WSMsgType.TEXT:
                 await dst.send_str(msg.data)

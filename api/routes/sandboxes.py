@@ -177,7 +177,7 @@ async def _maybe_wait(request: web.Request, sandbox_id: str) -> Sandbox:
 @routes.get("/sandbox/status/{sandbox_id}")
 async def status(request: web.Request) -> web.Response:
     sb = await _maybe_wait(request, request.match_info["sandbox_id"])
-    data = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
+    data: dict[str, str | int] = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
     if sb.status.is_final and sb.exit_code is not None:
         data["exitCode"] = sb.exit_code
     return ok(data)

@@ -110,7 +110,9 @@ async def create_project(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     events = await request.app[ENGINE].record(
         principal.org_id, lambda: [tenancy.create_project(directory, principal.org_id, body.get("name"))])
-    return ok(render_project(directory.projects[events[0].data.project_id]), http_status=201)
+    created = events[0].data
+    assert isinstance(created, tenancy.ProjectCreated)  # the one event decided above
+    return ok(render_project(directory.projects[created.project_id]), http_status=201)
 
 
 @routes.get("/keys")

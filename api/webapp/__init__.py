@@ -21,7 +21,7 @@ from api.keys import ENGINE, PRINCIPAL, TENANTS
 from api.tenancy import PUBLIC, needs
 from api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions
 from core.errors import InvalidInput, NotFound
-from core.tenancy import Access, visible
+from core.tenancy import Access, Principal, visible
 
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
@@ -91,10 +91,9 @@ async def sign_out(request: web.Request) -> web.Response:
     return resp
 
 
-def _me(principal: object) -> dict[str, object]:
-    p = principal
-    return {"keyId": p.key_id, "orgId": p.org_id, "role": p.role.value,  # type: ignore[attr-defined]
-            "projects": list(p.projects), "serverAdmin": p.server_admin}  # type: ignore[attr-defined]
+def _me(p: Principal) -> dict[str, object]:
+    return {"keyId": p.key_id, "orgId": p.org_id, "role": p.role.value,
+            "projects": list(p.projects), "serverAdmin": p.server_admin}
 
 
 @routes.get("/app/live")

@@ -1,5 +1,6 @@
-"""The EventLog port and its adapters. The only I/O in ``core``."""
+"""The EventLog port (``core.eventlog.base``). Its adapters do I/O and live in the top-level
+``eventlog`` package; ``api.composition`` chooses one from the configuration."""
 
-from core.eventlog.base import EventLog, open_event_log
+from core.eventlog.base import EventLog, LogCapabilities
 
-__all__ = ["EventLog", "open_event_log"]
+__all__ = ["EventLog", "LogCapabilities"]

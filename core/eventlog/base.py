@@ -2,20 +2,54 @@
 
 Positions are positive integers assigned by the log, strictly increasing in append
 order; position 0 means "before the first event". Every backend passes
-``tests/contracts/test_eventlog.py``.
+``tests/contracts/test_eventlog.py``. The backends themselves do I/O, so they live outside
+``core``, in the top-level ``eventlog`` package; ``api.composition`` picks one.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from typing import ClassVar, Protocol
 
-from core.errors import InvalidInput
+import attrs
+
+from core.errors import NotSupported
 from core.events import Event
 
 
+@attrs.frozen
+class LogCapabilities:
+    """What a backend can do beyond the port's required methods (Nomad-driver style: callers
+    check these flags, never the backend's type). Each backend declares exactly what it
+    implements; ``tests/contracts/test_eventlog.py`` holds it to that."""
+
+    # Consumer groups: several processes share the log's partitions, each resuming where its
+    # group left off (``hutch audit`` on Kafka). Without them a reader follows ``subscribe``.
+    consumer_groups: bool = False
+
+
+class GroupMember(Protocol):
+    """What one member of a consumer group does with its share of the log
+    (``EventLog.consume_group``). ``source`` names what the offsets count in (the topic)."""
+
+    async def resume_points(self, source: str, partitions: Sequence[int]) -> dict[int, int]:
+        """Per partition, the offset below which the member holds every record already (0: none)."""
+        ...
+
+    async def deliver(self, source: str, records: Sequence[tuple[int, int, Event]]) -> None:
+        """(partition, offset, event) records of one partition, in order. The group's progress
+        is committed once this returns."""
+        ...
+
+    def mark_caught_up(self) -> None:
+        """The member has read every partition it holds up to its end."""
+        ...
+
+
 class EventLog(abc.ABC):
+    capabilities: ClassVar[LogCapabilities] = LogCapabilities()
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections; called once before use."""
 
@@ -56,26 +90,8 @@ class EventLog(abc.ABC):
         the identity of the log it folds (see ``projections.runner``). None while a reader
         sees a log that has none yet (an empty Kafka topic)."""
 
-
-def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> EventLog:
-    """``sqlite`` (default: <data_dir>/events.db), ``sqlite:///abs/path.db``, or
-    ``kafka://HOST:PORT/TOPIC`` (see ``core.eventlog.kafka``).
-
-    ``read_only``: for readers that never append (``hutch projector``, ``hutch audit``); on
-    Kafka it keeps them from taking, and so fencing, the server's transactional ids."""
-    if url in ("sqlite", "embedded", ""):
-        from core.eventlog.sqlite import SqliteEventLog
-
-        return SqliteEventLog(data_dir / "events.db")
-    if url.startswith("sqlite://"):
-        from core.eventlog.sqlite import SqliteEventLog
-
-        return SqliteEventLog(Path(url.removeprefix("sqlite://")))
-    if url.startswith("kafka://"):
-        from core.eventlog.kafka import KafkaEventLog
-
-        return KafkaEventLog.from_url(url, data_dir, writer=not read_only)
-    raise InvalidInput(
-        f"event log: unsupported URL {url!r}; expected 'sqlite', sqlite:///path or kafka://host:port/topic",
-        field="event_log",
-    )
+    async def consume_group(self, group: str, member: GroupMember) -> None:
+        """Follow the log, forever, as a member of consumer group ``group``: the members share
+        the partitions, and each resumes where ``member`` or the group left off
+        (``capabilities.consumer_groups``)."""
+        raise NotSupported(f"event log {type(self).__name__} has no consumer groups")

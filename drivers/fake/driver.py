@@ -39,6 +39,7 @@ from drivers.base import (
     FileToWrite,
     OutputSink,
     ProvisionRequest,
+    Stream,
 )
 from drivers.builds import Builds
 
@@ -61,11 +62,11 @@ class _Redirect:
         else:
             files.setdefault(path, b"")
 
-    def write(self, stream: str, data: bytes) -> None:
+    def write(self, stream: Stream, data: bytes) -> None:
         if stream == "stdout":
             self.files[self.path] += data
         else:
-            self.sink.write(stream, data)  # type: ignore[arg-type]
+            self.sink.write(stream, data)
 
 
 def _abspath(path: str, cwd: str | None) -> str:
@@ -332,12 +333,13 @@ class FakeDriver(Driver):
                 words = shlex.split(piece)
                 if not words:
                     continue
-                out, target = "stdout", sink
+                out: Stream = "stdout"
+                target: OutputSink = sink
                 if words[-1] == ">&2":
                     words, out = words[:-1], "stderr"
                 elif len(words) > 2 and words[-2] in (">", ">>"):
                     path = _abspath(words[-1], req.cwd)
-                    target = _Redirect(sink, sb.files, path, words[-2] == ">>")  # type: ignore[assignment]
+                    target = _Redirect(sink, sb.files, path, words[-2] == ">>")
                     words = words[:-2]
                 if words[:1] == ["kill"] and words[-1] == "$$":
                     return 128 + int(words[1].lstrip("-")) if len(words) > 2 else 143
@@ -347,13 +349,13 @@ class FakeDriver(Driver):
             return code
         return await self._builtin(sb, req, argv, sink, "stdout")
 
-    async def _builtin(self, sb: FakeSandbox, req: ExecRequest, argv: list[str], sink: OutputSink, out: str) -> int:
+    async def _builtin(self, sb: FakeSandbox, req: ExecRequest, argv: list[str], sink: OutputSink, out: Stream) -> int:
         cmd, args = argv[0], argv[1:]
         env = {**DEFAULT_ENV, **sb.request.env, **req.env}
         match cmd:
             case "echo" | "true" | "false":
                 if cmd == "echo":
-                    sink.write(out, (" ".join(args) + "\n").encode())  # type: ignore[arg-type]
+                    sink.write(out, (" ".join(args) + "\n").encode())
                 return 1 if cmd == "false" else 0
             case "sleep":
                 await asyncio.sleep(float(args[0]) if args else 0)
@@ -366,29 +368,29 @@ class FakeDriver(Driver):
                     if path not in sb.files:
                         sink.write("stderr", f"cat: {args[0]}: No such file or directory\n".encode())
                         return 1
-                    sink.write(out, sb.files[path])  # type: ignore[arg-type]
+                    sink.write(out, sb.files[path])
                     return 0
-                sink.write(out, await _all(req.stdin))  # type: ignore[arg-type]
+                sink.write(out, await _all(req.stdin))
                 return 0
             case "yes":
                 total = int(args[0]) if args else 0
                 while total > 0:
                     n = min(total, 65536)
-                    sink.write(out, b"y" * n)  # type: ignore[arg-type]
+                    sink.write(out, b"y" * n)
                     total -= n
                     await asyncio.sleep(0)
                 return 0
             case "oom":
                 return 137
             case "pwd":
-                sink.write(out, f"{_abspath('.', req.cwd)}\n".encode())  # type: ignore[arg-type]
+                sink.write(out, f"{_abspath('.', req.cwd)}\n".encode())
                 return 0
             case "env":
-                sink.write(out, "".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode())  # type: ignore[arg-type]
+                sink.write(out, "".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode())
                 return 0
             case "printenv":
                 if args and args[0] in env:
-                    sink.write(out, f"{env[args[0]]}\n".encode())  # type: ignore[arg-type]
+                    sink.write(out, f"{env[args[0]]}\n".encode())
                     return 0
                 return 1
         sink.write("stderr", f"{cmd}: command not found\n".encode())

@@ -1,4 +1,4 @@
-"""Disk checkpoints of the local driver (a mixin of ``LocalDriver``).
+"""Disk checkpoints of the local driver's sandboxes.
 
 A checkpoint is a copy of the sandbox's upper layer (everything it changed over the
 runtime: files, whiteouts for deletions, opaque-directory xattrs) taken while the
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from core import runtimes
 from core.errors import (
@@ -33,93 +31,97 @@ from core.errors import (
     SandboxNotFound,
 )
 from drivers.local import layers
+from drivers.local.cgroups import Cgroups
+from drivers.local.launch import Launcher
+from drivers.local.sandboxnet import SandboxNetwork
+from drivers.local.state import SAFE_ID, Registry, Sandbox
+from drivers.local.teardown import Teardown
 
-if TYPE_CHECKING:
-    from drivers.local.driver import _Sandbox
-
-# Ids that may name a directory (sandboxes, checkpoints): no dots first, no slashes.
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NO_FREEZER = "disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)"
 
 
-class CheckpointsMixin:
-    """Provided by LocalDriver: the attributes and methods named in the methods below."""
+def copy_layer(src: Path, dst: Path) -> None:
+    """Copy an upper layer (``cp -a --reflink=auto``) to ``dst``, atomically."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(mode=0o700, exist_ok=True)
+    proc = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(src), str(tmp)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DriverFailure(f"copying the sandbox's files failed: {proc.stderr.strip()[-1000:]}")
+    os.rename(tmp, dst)
 
-    sandbox_root: Path
-    runtime_cache: Path
-    _cgroups: Any
-    _executions: dict[str, Any]
-    _sandboxes: dict[str, Any]
+
+class Checkpoints:
+    """Checkpoints of the sandboxes of one driver (needs the freezer: not rootless)."""
+
+    def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, net: SandboxNetwork,
+                 teardown: Teardown, runtime_cache: Path) -> None:
+        self._registry = registry
+        self._cgroups = cgroups
+        self._launcher = launcher
+        self._net = net
+        self._teardown = teardown
+        self._runtime_cache = runtime_cache
+        self._sandbox_root = registry.sandbox_root
 
     def _checkpoint_dir(self, sid: str, checkpoint_id: str) -> Path:
         if not SAFE_ID.match(checkpoint_id):
             raise InvalidInput(f"invalid checkpoint id {checkpoint_id!r}", field="checkpoint_id")
-        return self.sandbox_root / sid / "checkpoints" / checkpoint_id
-
-    @staticmethod
-    def _copy_layer(src: Path, dst: Path) -> None:
-        tmp = dst.with_name(dst.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.parent.mkdir(mode=0o700, exist_ok=True)
-        proc = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(src), str(tmp)],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise DriverFailure(f"copying the sandbox's files failed: {proc.stderr.strip()[-1000:]}")
-        os.rename(tmp, dst)
+        return self._sandbox_root / sid / "checkpoints" / checkpoint_id
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        sb = self._running(sandbox_id)
+        sb = self._registry.running(sandbox_id)
         target = self._checkpoint_dir(sb.id, checkpoint_id)
         if self._cgroups is None:
             raise NotSupported("disk checkpoints need the cgroup freezer (a consistent copy); this server "
                                "runs without root (rootless mode)")
-        async with self._lock(sb.id):
+        async with self._registry.lock(sb.id):
             if target.exists():
                 raise IllegalTransition(f"sandbox {sb.id} already has checkpoint {checkpoint_id}")
             was_frozen = self._cgroups.is_frozen(sb.id)
             if not was_frozen:
                 await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
             try:
-                await asyncio.to_thread(self._copy_layer, (self.sandbox_root / sb.id / "upper").resolve(), target)
+                await asyncio.to_thread(copy_layer, (self._sandbox_root / sb.id / "upper").resolve(), target)
             finally:
                 if not was_frozen:
                     self._cgroups.freeze(sb.id, False)
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
-        sb = self._running(sandbox_id)
+        sb = self._registry.running(sandbox_id)
         source = self._checkpoint_dir(sb.id, checkpoint_id)
         if self._cgroups is None:
-            raise NotSupported("disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)")
+            raise NotSupported(NO_FREEZER)
         if not source.is_dir():
             raise CheckpointNotFound(f"sandbox {sb.id} has no checkpoint {checkpoint_id}")
         recipe = runtimes.find(sb.runtime)
         if recipe is None:
             raise RuntimeNotFound(f"unknown runtime {sb.runtime!r}", field="runtime")
-        assert self._cgroups is not None
-        async with self._lock(sb.id):
+        async with self._registry.lock(sb.id):
             was_frozen = self._cgroups.is_frozen(sb.id)
-            for ex in self._executions.values():
-                if ex.sandbox_id == sb.id:
-                    ex.cancelled = True
-            await self._kill_init(sb)
+            self._registry.mark_cancelled(sb.id)
+            await self._teardown.kill_init(sb)
             await asyncio.to_thread(self._swap_in, sb, source)
-            pid, start = await self._launch(self.sandbox_root / sb.id, sb,
-                                            layers.lowers(self.runtime_cache, recipe, sb.layer))
+            pid, start = await self._launcher.launch(self._sandbox_root / sb.id, sb,
+                                                     layers.lowers(self._runtime_cache, recipe, sb.layer))
             sb.init_pid, sb.init_start = pid, start
-            self._write_meta(self.sandbox_root / sb.id, sb)
-            self._sandboxes[sb.id] = sb
+            self._registry.write_meta(sb)
+            self._registry.sandboxes[sb.id] = sb
             if sb.network or sb.port is not None:
-                await asyncio.to_thread(self._network_sync, sb)
+                await asyncio.to_thread(self._net.sync, sb)
             if was_frozen:
                 await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
 
-    def _swap_in(self, sb: _Sandbox, source: Path) -> None:
+    def _swap_in(self, sb: Sandbox, source: Path) -> None:
         # Fresh upper and work dirs: the old mount may linger a moment (a helper still
         # exiting holds its namespace), and overlay refuses a workdir that is in use. The
         # real dirs (on a limited disk: inside it, disks.py); the old ones go before the
         # copy, so a restore needs no more room than the checkpoint.
-        upper, work = (self.sandbox_root / sb.id / "upper").resolve(), (self.sandbox_root / sb.id / "work").resolve()
+        d = self._sandbox_root / sb.id
+        upper, work = (d / "upper").resolve(), (d / "work").resolve()
         trash = upper.parent / "trash"
         trash.mkdir(mode=0o700, exist_ok=True)
         stamp = time.monotonic_ns()
@@ -128,12 +130,12 @@ class CheckpointsMixin:
         for old in trash.iterdir():
             shutil.rmtree(old, ignore_errors=True)
         work.mkdir()
-        self._copy_layer(source, upper)
+        copy_layer(source, upper)
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         if not SAFE_ID.match(sandbox_id):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         target = self._checkpoint_dir(sandbox_id, checkpoint_id)
-        async with self._lock(sandbox_id):
+        async with self._registry.lock(sandbox_id):
             if target.exists():
                 await asyncio.to_thread(shutil.rmtree, target)

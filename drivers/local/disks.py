@@ -21,7 +21,7 @@ last mount of it goes, so a sandbox's namespace still holding the mount for a mo
 destroy is harmless.
 
 Root only: loop devices and mounts need CAP_SYS_ADMIN in the host's namespaces, so
-rootless mode refuses ``resources.disk`` by name (LocalDriver._check_rootless).
+rootless mode refuses ``resources.disk`` by name (provisioning._check_rootless).
 """
 
 from __future__ import annotations

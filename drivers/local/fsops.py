@@ -30,6 +30,9 @@ from collections.abc import AsyncIterable, AsyncIterator
 from core.errors import DriverFailure, InvalidInput, SandboxNotFound
 from drivers.base import FileInfo
 from drivers.fserrors import from_errno
+from drivers.local.helper import set_done
+from drivers.local.nsexec import Nsexec
+from drivers.local.state import Registry
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -67,7 +70,7 @@ class _Proc:
     async def _ready(self, fd: int, write: bool) -> None:
         fut: asyncio.Future[None] = self.loop.create_future()
         add, remove = (self.loop.add_writer, self.loop.remove_writer) if write else (self.loop.add_reader, self.loop.remove_reader)
-        add(fd, lambda: fut.done() or fut.set_result(None))
+        add(fd, set_done, fut)
         try:
             await fut
         finally:
@@ -138,34 +141,29 @@ class _Proc:
             self.popen.wait(timeout=1)
 
 
-class FilesMixin:
-    """File primitives of ``LocalDriver`` (see the module docstring)."""
+class Files:
+    """The file primitives of the local driver's sandboxes (see the module docstring)."""
 
-    # Provided by LocalDriver.
-    _cgroups: object
-    _helper: object
-    _lingering: dict[str, set[str]]
+    def __init__(self, registry: Registry, nsexec: Nsexec, home: str) -> None:
+        self._registry = registry
+        self._nsexec = nsexec
+        self._home = home
 
     def _spawn_fs(self, sandbox_id: str, args: list[bytes], *, stdin: bool) -> _Proc:
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
-        cg = self._cgroups
+        sb = self._registry.running(sandbox_id)
+        self._registry.check_not_paused(sb)
         leaf = f"f-{os.getpid()}-{time.monotonic_ns()}"
-        procs = cg.create_leaf(sb.id, leaf) if cg is not None else []  # type: ignore[attr-defined]
         status_r, status_w = os.pipe()
-        cmd: list[str | bytes] = [str(self._helper), "fs", "--pid", str(sb.init_pid), "--uid", str(sb.uid),
-                                  "--gid", str(sb.uid), "--cwd", self._home, "--status-fd", str(status_w),  # type: ignore[attr-defined]
-                                  *self._rlimit_args(sb)]  # type: ignore[attr-defined]
-        for p in procs:
-            cmd += ["--cgroup-procs", str(p)]
         try:
+            cmd: list[str | bytes] = [*self._nsexec.command("fs", sb, leaf, cwd=self._home, env=None,
+                                                            status_w=status_w), "--", *args]
             popen = subprocess.Popen(
-                [*cmd, "--", *args], env={}, pass_fds=(status_w,), bufsize=0,
+                cmd, env={}, pass_fds=(status_w,), bufsize=0,
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except BaseException:
             os.close(status_r)
-            self._drop_leaf(sb.id, leaf)
+            self._nsexec.drop_leaf(sb.id, leaf)
             raise
         finally:
             os.close(status_w)
@@ -175,20 +173,12 @@ class FilesMixin:
             popen.kill()
             popen.wait()
             os.close(status_r)
-            self._drop_leaf(sb.id, leaf)
+            self._nsexec.drop_leaf(sb.id, leaf)
             raise
-
-    def _drop_leaf(self, sid: str, leaf: str) -> None:
-        if self._cgroups is None:  # rootless: no leaves
-            return
-        with contextlib.suppress(OSError):
-            if self._cgroups.remove(sid, leaf):  # type: ignore[attr-defined]
-                return
-        self._lingering.setdefault(sid, set()).add(leaf)
 
     def _finish(self, sandbox_id: str, proc: _Proc) -> None:
         proc.close()
-        self._drop_leaf(sandbox_id, proc.leaf)
+        self._nsexec.drop_leaf(sandbox_id, proc.leaf)
 
     def _fs_error(self, sandbox_id: str, op: str, path: str, status: str, code: int | None) -> Exception:
         kind, _, rest = status.strip().partition("\t")
@@ -197,7 +187,7 @@ class FilesMixin:
             return from_errno(op, path, int(num_text) if num_text.isdigit() else 0, message, sandbox_id)
         if kind == "cwd":
             return InvalidInput(f"the sandbox's home directory is gone ({rest})", field="path")
-        if self._load(sandbox_id) is None:  # type: ignore[attr-defined]
+        if self._registry.load(sandbox_id) is None:
             return SandboxNotFound(f"sandbox {sandbox_id} was destroyed")
         return DriverFailure(f"sandbox {sandbox_id}: file operation {op} failed: {rest or status or f'exit {code}'}")
 

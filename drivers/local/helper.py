@@ -19,6 +19,12 @@ from drivers.local.smallfiles import get as _get
 DRAIN_GRACE = 0.2
 
 
+def set_done(fut: asyncio.Future[None]) -> None:
+    """A loop reader's or writer's callback: wake whoever awaits ``fut`` (once)."""
+    if not fut.done():
+        fut.set_result(None)
+
+
 async def run(
     cmd: list[str],
     argv: Sequence[str],
@@ -59,7 +65,7 @@ async def run(
 
     def watch_exit() -> asyncio.Future[None]:
         fut: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(pidfd, lambda: fut.done() or fut.set_result(None))
+        loop.add_reader(pidfd, set_done, fut)
         watched.append((pidfd, False))
         return fut
 
@@ -95,7 +101,7 @@ async def run(
                         view = view[os.write(fd, view):]
                     except BlockingIOError:
                         ready: asyncio.Future[None] = loop.create_future()
-                        loop.add_writer(fd, lambda f=ready: f.done() or f.set_result(None))
+                        loop.add_writer(fd, set_done, ready)
                         try:
                             await ready
                         finally:
@@ -131,10 +137,11 @@ async def run(
     try:
         exited = watch_exit()
         eofs = [pump(proc.stdout.fileno(), "stdout"), pump(proc.stderr.fileno(), "stderr")]
-        if proc.stdin is not None and isinstance(stdin, (bytes, bytearray)):
-            feed(proc.stdin.fileno(), stdin)
-        elif proc.stdin is not None and stdin is not None:
-            feeder = asyncio.ensure_future(feed_stream(proc.stdin.fileno(), stdin))
+        if proc.stdin is not None and stdin is not None:
+            if isinstance(stdin, (bytes, bytearray)):
+                feed(proc.stdin.fileno(), stdin)
+            else:
+                feeder = asyncio.ensure_future(feed_stream(proc.stdin.fileno(), stdin))
         try:
             done, _ = await asyncio.wait({exited}, timeout=limit)
             if not done:
@@ -217,7 +224,7 @@ async def read_to_eof(loop: asyncio.AbstractEventLoop, *pipes: tuple[int, int]) 
     open_fds = {fd for fd, _ in pipes}
     done: asyncio.Future[None] = loop.create_future()
 
-    def reader(fd: int, out: bytearray, limit: int):  # type: ignore[no-untyped-def]
+    def reader(fd: int, out: bytearray, limit: int) -> Callable[[], None]:
         def readable() -> None:
             data = read_chunk(fd)
             if data is None:

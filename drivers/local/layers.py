@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from core.errors import DriverFailure, InvalidInput
 from core.runtimes import RuntimeRecipe
@@ -195,7 +196,7 @@ def _npm_versions(modules: Path) -> dict[str, str]:
     return out
 
 
-def _check_installed(manifest: dict, dependencies: Sequence[str], packages: Sequence[str]) -> None:  # type: ignore[type-arg]
+def _check_installed(manifest: dict[str, Any], dependencies: Sequence[str], packages: Sequence[str]) -> None:
     have_apt = {line.partition("=")[0].partition(":")[0] for line in manifest.get("apt", [])}
     for dep in dependencies:
         name = dep.partition("=")[0].partition(":")[0]

@@ -39,6 +39,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from core import runtimes
 from core.errors import DriverFailure, RuntimeNotFound
@@ -78,11 +79,11 @@ def manifest_path(cache: Path, recipe: RuntimeRecipe) -> Path:
     return cache / cache_key(recipe) / "manifest.json"
 
 
-def read_manifest(cache: Path, recipe: RuntimeRecipe) -> dict | None:  # type: ignore[type-arg]
+def read_manifest(cache: Path, recipe: RuntimeRecipe) -> dict[str, Any] | None:
     # info.json: what builders before the manifest wrote (same hash, same tree, fewer facts).
     for path in (manifest_path(cache, recipe), manifest_path(cache, recipe).with_name("info.json")):
         with contextlib.suppress(OSError, ValueError):
-            return json.loads(path.read_text())  # type: ignore[no-any-return]
+            return json.loads(path.read_text())
     return None
 
 
@@ -143,7 +144,7 @@ def build(recipe: RuntimeRecipe, cache: Path, *, log: Log = print, force: bool =
         try:
             started = time.monotonic()
             steps = _steps(recipe)
-            manifest: dict = {"name": recipe.name, "id": recipe.id, "recipe_hash": recipe.recipe_hash,  # type: ignore[type-arg]
+            manifest: dict[str, Any] = {"name": recipe.name, "id": recipe.id, "recipe_hash": recipe.recipe_hash,
                               "suite": recipe.suite, "packages": list(recipe.packages),
                               "npm_packages": list(recipe.npm_packages), "pypi_tools": list(recipe.pypi_tools),
                               "links": [list(pair) for pair in recipe.links]}
@@ -173,7 +174,7 @@ def _readable(runtime_dir: Path) -> None:
         os.chmod(runtime_dir, 0o755)
 
 
-Step = Callable[[RuntimeRecipe, Path, Path, Path, dict, Log], None]  # type: ignore[type-arg]
+Step = Callable[[RuntimeRecipe, Path, Path, Path, dict[str, Any], Log], None]
 
 
 def _steps(recipe: RuntimeRecipe) -> list[tuple[str, Step]]:
@@ -187,7 +188,7 @@ def _steps(recipe: RuntimeRecipe) -> list[tuple[str, Step]]:
     return steps
 
 
-def _debian(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+def _debian(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifest: dict[str, Any], log: Log) -> None:
     _mmdebstrap(recipe, root, log)
     out = subprocess.run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Package}\t${Version}\n"],
                          capture_output=True, text=True, check=True).stdout
@@ -207,7 +208,7 @@ def _run(cmd: list[str], what: str, log: Log, *, env: dict[str, str] | None = No
         raise DriverFailure(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
-def _npm(recipe: RuntimeRecipe, root: Path, cache: Path, tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+def _npm(recipe: RuntimeRecipe, root: Path, cache: Path, tmp: Path, manifest: dict[str, Any], log: Log) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise DriverFailure(f"runtime {recipe.name} installs npm packages and this host has no npm "
@@ -247,7 +248,7 @@ def _wheel_platform() -> str:
     return f"manylinux_2_17_{machine}"
 
 
-def _pypi_tools(recipe: RuntimeRecipe, root: Path, _cache: Path, tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+def _pypi_tools(recipe: RuntimeRecipe, root: Path, _cache: Path, tmp: Path, manifest: dict[str, Any], log: Log) -> None:
     dest = tmp / "wheels"
     dest.mkdir()
     _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform", _wheel_platform(),
@@ -276,7 +277,7 @@ def _pypi_tools(recipe: RuntimeRecipe, root: Path, _cache: Path, tmp: Path, mani
     manifest["pypi"] = wheels
 
 
-def _finish(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, _manifest: dict, _log: Log) -> None:  # type: ignore[type-arg]
+def _finish(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, _manifest: dict[str, Any], _log: Log) -> None:
     for link, target in recipe.links:
         path = root / link.lstrip("/")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -286,7 +287,7 @@ def _finish(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, _manife
     _customize(root)
 
 
-def _version_check(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifest: dict, log: Log) -> None:  # type: ignore[type-arg]
+def _version_check(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, manifest: dict[str, Any], log: Log) -> None:
     # In the tree, in private namespaces: its own /proc, no network, and a tmpfs over /tmp as
     # HOME, so the check writes nothing into the tree (it may be a cached, shared one).
     script = ('mount -t tmpfs -o size=64m,mode=1777 hutch-check "$1/tmp" && root="$1" && shift && '

@@ -21,6 +21,7 @@ import termios
 from collections.abc import Awaitable, Callable, Sequence
 
 from drivers.base import Terminal
+from drivers.local.helper import set_done
 
 _HANGUP_GRACE = 1.0  # seconds a hung-up session has to exit before its tree is killed
 
@@ -54,7 +55,7 @@ class LocalTerminal(Terminal):
         fut: asyncio.Future[None] = self._loop.create_future()
         add, remove = ((self._loop.add_writer, self._loop.remove_writer) if writer
                        else (self._loop.add_reader, self._loop.remove_reader))
-        add(self._master, lambda: fut.done() or fut.set_result(None))
+        add(self._master, set_done, fut)
         try:
             await fut
         finally:
@@ -132,8 +133,8 @@ async def spawn(cmd: list[str], argv: Sequence[str], *, rows: int, cols: int, st
         got: asyncio.Future[None] = loop.create_future()
         ended: asyncio.Future[None] = loop.create_future()
         ours.setblocking(False)
-        loop.add_reader(ours.fileno(), lambda: got.done() or got.set_result(None))
-        loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+        loop.add_reader(ours.fileno(), set_done, got)
+        loop.add_reader(pidfd, set_done, ended)
         try:
             await asyncio.wait({got, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -6,7 +6,8 @@
   orphans, running as the unprivileged sandbox uid with no capabilities, no_new_privs,
   containerd's seccomp profile narrowed to the local driver's floor (socket families,
   io_uring: the plugin's seccomp.go) and a network namespace with only loopback. No restarts,
-  no rescheduling: a sandbox that dies is over, and says so (below).
+  no rescheduling: a sandbox that dies is over, and says so (below). Placing and stopping
+  jobs is ``drivers.nomad.placement``; the images and installs, ``drivers.nomad.runtime_images``.
 - **Resources**: memory -> the task's MemoryMB (a hard limit), cpu millicores -> a CFS
   quota, pids -> the container's pids limit. Nomad's CPU reservation is kept small so a
   node is not "full" of idle sandboxes.
@@ -17,7 +18,9 @@
   carries only argv. Timeout and cancel close the websocket; Nomad then cancels the
   exec and the plugin kills the process and its descendants.
 - **Files**: create-time files are a tar stream unpacked by ``tar`` inside the sandbox, as
-  the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``.
+  the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``
+  and terminals ``drivers.nomad.terminal``: collaborators that reach the driver only
+  through ``drivers.nomad.access.SandboxAccess``.
 - **Warm pools** (``pool_sizes``): idle allocations placed ahead of time per runtime,
   with the default resources; a create that asks for nothing else claims one (no
   scheduling on the request path) and a background task refills the pool.
@@ -26,8 +29,8 @@
   own is reported through ``Driver.set_listener`` so the engine can end the sandbox with
   a lifecycle event.
 - **Restart**: what the driver knows of a sandbox (job, allocation, runtime, env) is a
-  small JSON file under ``<data dir>/nomad``; ``alive()`` and recovery read those files
-  and ask Nomad which allocations still run.
+  small JSON file under ``<data dir>/nomad`` (``drivers.nomad.state``); ``alive()`` and
+  recovery read those files and ask Nomad which allocations still run.
 """
 
 from __future__ import annotations
@@ -35,24 +38,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import io
 import json
 import logging
-import posixpath
 import re
-import tarfile
-import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from blobs import clear_spool
-from blobs.files import FileBlobStore
-from core import runtimes
 from core.blobs import BlobStore
 from core.errors import (
     DriverFailure,
@@ -60,7 +57,6 @@ from core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
-    RuntimeNotFound,
     SandboxNotFound,
 )
 from core.runtimes import RuntimeRecipe
@@ -69,22 +65,27 @@ from drivers.base import (
     Driver,
     ExecRequest,
     ExecResult,
+    FileInfo,
     FileToWrite,
     Metric,
     OutputSink,
     ProvisionRequest,
+    Terminal,
+    TerminalRequest,
     Usage,
     check_env,
 )
-from drivers.builds import Builds
 from drivers.egress import AllowLists, flatten
-from drivers.local import layers, rootfs
-from drivers.nomad import images
+from drivers.local import rootfs
+from drivers.nomad import images, placement
 from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused, run_tagged
-from drivers.nomad.files import NomadFiles
+from drivers.nomad.files import NomadFiles, pack_files
 from drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
+from drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
 from drivers.nomad.pools import PoolEntry, PoolSizing, WarmPools, fixed_sizes, pool_sizing_from_env
+from drivers.nomad.runtime_images import RuntimeImages
+from drivers.nomad.state import NomadSandbox, StateFiles
 from drivers.nomad.terminal import NomadTerminals
 
 log = logging.getLogger(__name__)
@@ -93,25 +94,8 @@ USER = images.USER
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
-PLACE_TIMEOUT = 120.0
-STOP_TIMEOUT = 20.0
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
-_ENDED = ("failed", "lost", "complete")
-_NODE_GONE = ("lost", "unknown")  # "unknown": the node missed its heartbeats (jobs.py: Disconnect)
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
-
-
-@attrs.define
-class _Sandbox:
-    id: str
-    job_id: str
-    alloc_id: str
-    runtime: str
-    env: dict[str, str]
-    port_target: tuple[str, int] | None = attrs.field(default=None, eq=False)  # read from Nomad, cached
-    allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
-
-
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
 
@@ -122,7 +106,7 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
+class NomadDriver(WarmPools, Driver):
     name = "nomad"
 
     def __init__(
@@ -142,11 +126,9 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         self.address = address
         self.registry = registry
         self.runtime_cache = runtime_cache or rootfs.default_cache()  # the trees images are made from
-        self._builds = Builds()  # runtimes built and pushed on first use
+        self._images = RuntimeImages(registry, self.runtime_cache)
         self.datacenters = list(datacenters)
         self.state_dir = Path(data_dir) / "nomad"
-        # Disk checkpoints (files.py); by default files under the data dir, as they always were.
-        self.blobs = blobs or FileBlobStore(Path(data_dir))
         # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
@@ -157,14 +139,17 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         # Warm pools (pools.py): fixed sizes, or adaptive sizing (HUTCH_NOMAD_POOL=auto).
         self._init_pools(pool_sizing or fixed_sizes(pool_sizes))
         self._client = NomadClient(address, token=token, namespace=namespace)
-        self._available: set[str] = set()
-        self._sandboxes: dict[str, _Sandbox] = {}
+        self._available = self._images.available  # the same set, kept current by RuntimeImages
+        self._states = StateFiles(self.state_dir)
+        # Disk checkpoints: in ``blobs``; by default files under the data dir, as they always were.
+        self._files = NomadFiles(self, self.state_dir, blobs)
+        self._terminals = NomadTerminals(self)
+        self._sandboxes: dict[str, NomadSandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._destroying: set[str] = set()
         self._paused: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._install_lock = asyncio.Lock()  # one layer build and push at a time
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -180,15 +165,12 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
             raise DriverFailure(
                 f"nomad at {self.address} has no ready client node with the {PLUGIN} task driver; "
                 "start it with: ./scripts/services start nomad")
-        self._available = await asyncio.to_thread(self._probe_images)
+        await self._images.probe()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(clear_spool, self.state_dir / "spool")  # checkpoints a kill cut short
+        await asyncio.to_thread(clear_spool, self._files.spool_dir)  # checkpoints a kill cut short
         await self._recover()
         self._spawn(self._watch(), "nomad-watch")
         self._start_pools()
-
-    def _probe_images(self) -> set[str]:
-        return {r.name for r in runtimes.CATALOG if images.exists(r, self.registry)}
 
     async def close(self) -> None:
         await self._allow.close()
@@ -204,27 +186,15 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         return set(self._available)
 
     async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
-        """First use: the runtime's tree (built here as for the local driver), then its image,
-        pushed to the registry the Nomad clients pull from."""
-        recipe = rootfs.lookup(name)
-
-        def work(log: Callable[[str], None]) -> None:
-            rootfs.build(recipe, self.runtime_cache, log=log)
-            if not images.exists(recipe, self.registry):
-                log(f"{recipe.name}: pushing its image to {self.registry}")
-                started = time.monotonic()
-                ref = images.push(recipe, self.registry, cache=self.runtime_cache)
-                log(f"{recipe.name}: pushed {ref} in {time.monotonic() - started:.1f}s")
-
-        await self._builds.run(recipe.name, progress, work)
-        self._available.add(recipe.name)
+        """First use: the runtime's tree and image (RuntimeImages), then its warm pool."""
+        await self._images.build(name, progress)
         self._start_pools()
 
     def runtimes_building(self) -> set[str]:
-        return self._builds.building()
+        return self._images.building()
 
     def runtime_info(self, name: str) -> dict[str, object]:
-        return rootfs.build_info(self.runtime_cache, rootfs.lookup(name))
+        return self._images.info(name)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -234,37 +204,20 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
     def _lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
 
-    # -- state files ---------------------------------------------------------------------
-
-    def _state_path(self, sid: str) -> Path:
-        return self.state_dir / f"{sid}.json"
-
-    def _save(self, sb: _Sandbox) -> None:
-        tmp = self._state_path(sb.id).with_suffix(".tmp")
-        tmp.write_text(json.dumps(attrs.asdict(sb)))
-        tmp.rename(self._state_path(sb.id))
-
-    def _load_all(self) -> list[_Sandbox]:
-        found = []
-        if not self.state_dir.is_dir():
-            return found
-        for path in self.state_dir.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                found.append(_Sandbox(**json.loads(path.read_text())))
-        return found
+    # -- restart -------------------------------------------------------------------------
 
     async def _recover(self) -> None:
         """Adopt the sandboxes and pool allocations a previous run of this data dir left."""
         jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix())}
         claimed = set()
-        for sb in self._load_all():
+        for sb in self._states.load_all():
             claimed.add(sb.job_id)
             if await self._alloc_running(sb.job_id, sb.alloc_id):
                 self._sandboxes[sb.id] = sb
                 if sb.allow:
                     self._allow.adopt(sb.id, sb.allow)
             else:
-                self._state_path(sb.id).unlink(missing_ok=True)
+                self._states.forget(sb.id)
                 if sb.job_id in jobs:
                     self._spawn(self._stop_job(sb.job_id, None), f"nomad-reap-{sb.job_id}")
         for job_id, job in jobs.items():
@@ -293,123 +246,36 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
     # -- jobs ------------------------------------------------------------------------
 
     def _image(self, recipe: RuntimeRecipe, layer: str | None = None) -> str:
-        return images.image_ref(recipe, self.registry, layer)
+        return self._images.ref(recipe, layer)
 
     async def prepare(self, req: ProvisionRequest) -> None:
-        """Installs: the install layer (built on this host, as the local driver builds it,
-        from the same runtime tree) becomes a derived image in the registry, once."""
-        await self._layer_image(req)
-
-    async def _layer_image(self, req: ProvisionRequest) -> str | None:
-        if not (req.dependencies or req.packages):
-            return None
-        recipe = runtimes.find(req.runtime)
-        if recipe is None:
-            raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
-        cache = rootfs.default_cache()
-        if not rootfs.is_built(cache, recipe):
-            raise RuntimeNotFound(f"installs on the nomad driver build on this host's copy of runtime {recipe.name}, "
-                                  f"which is not built; {rootfs.build_hint(recipe.name, cache)}", field="runtime")
-        async with self._install_lock:
-            key = await asyncio.to_thread(layers.build, recipe, cache, req.dependencies, req.packages, log=log.info)
-            if not await asyncio.to_thread(images.exists, recipe, self.registry, key):
-                await asyncio.to_thread(images.push, recipe, self.registry, cache=cache, layer=key)
-        return key
+        """Installs: the install layer becomes a derived image in the registry, once."""
+        await self._images.layer(req)
 
     async def _place(self, job: dict[str, Any]) -> str:
-        """Register ``job`` and wait until its allocation runs. Returns the allocation id."""
-        job_id = job["Job"]["ID"]
-        await self._client.register(job)
-        try:
-            return await asyncio.wait_for(self._wait_running(job_id), PLACE_TIMEOUT)
-        except TimeoutError as err:
-            raise DriverFailure(f"nomad did not start job {job_id} within {PLACE_TIMEOUT:.0f}s") from err
-
-    async def _wait_running(self, job_id: str) -> str:
-        index = 0
-        while True:
-            allocs, index = await self._client.blocking_get(f"/v1/job/{job_id}/allocations", index, "10s")
-            for alloc in allocs or []:
-                status = alloc.get("ClientStatus")
-                if status == "running":
-                    state = (alloc.get("TaskStates") or {}).get(TASK) or {}
-                    if state.get("State") == "running":
-                        return str(alloc["ID"])
-                elif status in _ENDED:
-                    raise DriverFailure(f"nomad could not start the sandbox: {_alloc_reason(alloc)}")
-            if not allocs:
-                await self._check_placement(job_id)
-
-    async def _check_placement(self, job_id: str) -> None:
-        """A job with no allocation yet may be blocked: say why instead of waiting for ever."""
-        with contextlib.suppress(NomadNotFound):
-            job = await self._client.job(job_id)
-            if job.get("Status") == "dead":
-                raise DriverFailure(f"nomad job {job_id} ended before it was placed")
-        summary, _ = await self._client.blocking_get(f"/v1/job/{job_id}/evaluations", 0, "1s")
-        for ev in summary or []:
-            failed = ev.get("FailedTGAllocs") or {}
-            for metrics in failed.values():
-                reasons = {**(metrics.get("DimensionExhausted") or {}), **(metrics.get("ConstraintFiltered") or {})}
-                if reasons or metrics.get("NodesEvaluated") == 0:
-                    detail = ", ".join(f"{k} ({v})" for k, v in reasons.items()) or "no eligible client node"
-                    raise DriverFailure(f"nomad cannot place the sandbox: {detail}")
+        """Register ``job`` and wait until its allocation runs (placement.py)."""
+        return await placement.place(self._client, job)
 
     async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None:
-        """Stop the job, wait (bounded) until its task is gone, then purge it and GC the allocation.
-
-        Purging at once would drop the allocation from the server while the client still
-        stops it, so destroy would return with the sandbox's processes alive. The job of an
-        allocation lost with its node is stopped and *not* purged: the stopped allocation is
-        what tells that node, if it comes back, to kill what it still runs (Nomad's job GC
-        removes it later)."""
-        if node_lost:
-            with contextlib.suppress(NomadNotFound):
-                await self._client.deregister(job_id, purge=False)
-            return
-        if alloc_id is None:
-            with contextlib.suppress(NomadNotFound):
-                await self._client.deregister(job_id, purge=True)
-            return
-        with contextlib.suppress(NomadNotFound):
-            await self._client.deregister(job_id, purge=False)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        index = 0
-        while time.monotonic() < deadline:
-            try:
-                alloc, index = await self._client.blocking_get(f"/v1/allocation/{alloc_id}", index, "5s")
-            except NomadNotFound:
-                break
-            if alloc.get("ClientStatus") not in ("running", "pending"):
-                break
-        with contextlib.suppress(NomadNotFound):
-            await self._client.deregister(job_id, purge=True)
-        # Frees the workspace and the container's snapshot now rather than at the next GC.
-        with contextlib.suppress(HutchError):
-            await self._client.gc_allocation(alloc_id)
+        """Stop the job and purge it once its task is gone (placement.py)."""
+        await placement.stop_job(self._client, job_id, alloc_id, node_lost=node_lost)
 
     # -- provision ----------------------------------------------------------------------
 
     async def provision(self, req: ProvisionRequest) -> None:
         if not _ID.match(req.sandbox_id):
             raise InvalidInput(f"invalid sandbox id {req.sandbox_id!r}", field="sandbox_id")
-        recipe = runtimes.find(req.runtime)
-        if recipe is None:
-            raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
-        if recipe.name not in self._available:
-            raise RuntimeNotFound(
-                f"runtime {recipe.name} has no image in the registry {self.registry}; push it with: "
-                f"python -m drivers.nomad.images push {recipe.name} --registry {self.registry}", field="runtime")
+        recipe = self._images.require(req.runtime)
         check_env(req.env, "env")
         async with self._lock(req.sandbox_id):
             if req.sandbox_id in self._sandboxes:
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
-            layer = await self._layer_image(req)
+            layer = await self._images.layer(req)
             plain = layer is None and not req.network_enabled and req.port is None
             entry = self._claim(recipe.name, req.resources) if plain else None
             allow = await self._allow.first(req.sandbox_id, req.network_allow) if req.network_allow else None
             if entry is not None:
-                sb = _Sandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
+                sb = NomadSandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
             else:
                 job_id = self._job_prefix() + req.sandbox_id
                 meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
@@ -422,10 +288,10 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
                     with contextlib.suppress(Exception):
                         await asyncio.shield(self._stop_job(job_id, None))
                     raise
-                sb = _Sandbox(req.sandbox_id, job_id, alloc_id, recipe.name, dict(req.env))
+                sb = NomadSandbox(req.sandbox_id, job_id, alloc_id, recipe.name, dict(req.env))
             if allow is not None:
                 sb.allow = allow
-            await asyncio.to_thread(self._save, sb)
+            await asyncio.to_thread(self._states.save, sb)
             self._sandboxes[sb.id] = sb
 
     def metrics(self) -> list[Metric]:
@@ -452,24 +318,24 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
                 if alloc is None or sb.id in self._destroying:
                     continue
                 status = alloc.get("ClientStatus")
-                if status in _ENDED or status in _NODE_GONE or alloc.get("DesiredStatus") in ("stop", "evict"):
-                    await self._lost(sb, _alloc_reason(alloc), failed=status != "complete",
-                                     node_lost=status in _NODE_GONE)
+                if status in ENDED or status in NODE_GONE or alloc.get("DesiredStatus") in ("stop", "evict"):
+                    await self._lost(sb, alloc_reason(alloc), failed=status != "complete",
+                                     node_lost=status in NODE_GONE)
             for runtime, pool in self._pool.items():
                 dead = [(e, a) for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
                         and a.get("ClientStatus") != "running"]
                 for entry, alloc in dead:
                     pool.remove(entry)
-                    gone = alloc.get("ClientStatus") in _NODE_GONE  # stopped, not purged (_stop_job)
+                    gone = alloc.get("ClientStatus") in NODE_GONE  # stopped, not purged (placement.stop_job)
                     self._spawn(self._stop_job(entry.job_id, entry.alloc_id if gone else None, node_lost=gone),
                                 f"nomad-reap-{entry.job_id}")
                 if dead:
                     log.warning("warm pool %s: %d idle allocation(s) died; refilling", runtime, len(dead))
                     self._refill_wakeup.set()
 
-    async def _lost(self, sb: _Sandbox, reason: str, *, failed: bool, node_lost: bool = False) -> None:
+    async def _lost(self, sb: NomadSandbox, reason: str, *, failed: bool, node_lost: bool = False) -> None:
         self._sandboxes.pop(sb.id, None)
-        self._state_path(sb.id).unlink(missing_ok=True)
+        self._states.forget(sb.id)
         for ex in self._executions.values():
             if ex.sandbox_id == sb.id:
                 ex.stop.set()
@@ -485,7 +351,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         async with self._lock(sandbox_id):
             sb = self._sandboxes.get(sandbox_id)
             if sb is None:
-                self._state_path(sandbox_id).unlink(missing_ok=True)
+                self._states.forget(sandbox_id)
                 return
             self._destroying.add(sandbox_id)
             try:
@@ -500,8 +366,8 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
                 self._sandboxes.pop(sandbox_id, None)
                 self._allow.forget(sandbox_id)
                 self._paused.discard(sandbox_id)
-                self._state_path(sandbox_id).unlink(missing_ok=True)
-                await self._drop_checkpoints(sandbox_id)
+                self._states.forget(sandbox_id)
+                await self._files.drop_checkpoints(sandbox_id)
                 self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
             finally:
                 self._destroying.discard(sandbox_id)
@@ -509,7 +375,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
 
     async def port_target(self, sandbox_id: str) -> tuple[str, int]:
         """Where Nomad mapped the sandbox's port: (client address, host port)."""
-        sb = self._running(sandbox_id)
+        sb = self.running(sandbox_id)
         if sb.port_target is None:
             alloc = await self._client.allocation(sb.alloc_id)
             ports = ((alloc.get("AllocatedResources") or {}).get("Shared") or {}).get("Ports") or []
@@ -519,7 +385,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
             sb.port_target = (found[0].get("HostIP") or "127.0.0.1", int(found[0]["Value"]))
         return sb.port_target
 
-    def _running(self, sid: str) -> _Sandbox:
+    def running(self, sid: str) -> NomadSandbox:
         sb = self._sandboxes.get(sid)
         if sb is None or sid in self._destroying:
             raise SandboxNotFound(f"sandbox {sid} not found")
@@ -527,7 +393,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
 
     # -- pause -----------------------------------------------------------------------------
 
-    async def _verb(self, sb: _Sandbox, verb: dict[str, Any]) -> None:
+    async def _verb(self, sb: NomadSandbox, verb: dict[str, Any]) -> None:
         """A plugin verb (freeze, kill) carried by an alloc exec; no process is started."""
         out = bytearray()
         code = await self._client.exec(
@@ -567,7 +433,7 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).
 
         Refused while an execution runs: its timeout could not be enforced on frozen processes."""
-        sb = self._running(sandbox_id)
+        sb = self.running(sandbox_id)
         async with self._lock(sb.id):
             if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
                 raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
@@ -575,18 +441,18 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
             self._paused.add(sb.id)
 
     async def resume(self, sandbox_id: str) -> None:
-        sb = self._running(sandbox_id)
+        sb = self.running(sandbox_id)
         async with self._lock(sb.id):
             await self._verb(sb, {"freeze": False})
             self._paused.discard(sb.id)
 
-    def _check_not_paused(self, sb: _Sandbox) -> None:
+    def check_not_paused(self, sb: NomadSandbox) -> None:
         if sb.id in self._paused:
             raise IllegalTransition(f"sandbox {sb.id} is paused; resume it first")
 
     # -- exec ----------------------------------------------------------------------------
 
-    def _env(self, sb: _Sandbox, extra: Mapping[str, str]) -> list[str]:
+    def command_env(self, sb: NomadSandbox, extra: Mapping[str, str]) -> list[str]:
         check_env(extra, "env")
         env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
                "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox"}
@@ -595,13 +461,13 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         return [f"{k}={v}" for k, v in env.items()]
 
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
-        sb = self._running(req.sandbox_id)
-        self._check_not_paused(sb)
+        sb = self.running(req.sandbox_id)
+        self.check_not_paused(sb)
         if not req.argv:
             raise InvalidInput("command must not be empty", field="command")
         if req.execution_id in self._executions:
             raise IllegalTransition(f"execution {req.execution_id} is already running")
-        envelope = command_envelope(self._env(sb, req.env), req.cwd)
+        envelope = command_envelope(self.command_env(sb, req.env), req.cwd)
         tag, argv = envelope["tag"], [ENVELOPE, json.dumps({**envelope, "noStdin": not req.stdin}), *req.argv]
         execution = _Execution(sandbox_id=sb.id, stop=asyncio.Event())
         self._executions[req.execution_id] = execution
@@ -616,11 +482,12 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
 
         timer = asyncio.create_task(deadline())
         try:
+            # ignore: run_tagged's Emit takes any str, but it only ever emits "stdout"/"stderr"
             code = await run_tagged(
                 self._client, sb.alloc_id, TASK, argv, tag, stdin=req.stdin,
-                on_output=sink.write, stop=execution.stop, kill=lambda: self._kill(sb, tag))  # type: ignore[arg-type]
+                on_output=sink.write, stop=execution.stop, kill=lambda: self.kill_tagged(sb, tag))  # type: ignore[arg-type]
         except ExecFailed as err:
-            refused(err, sb.id, gone=sb.id not in self._sandboxes, cwd=envelope["cwd"])
+            refused(err, sb.id, gone=self.gone(sb.id), cwd=envelope["cwd"])
             raise
         finally:
             timer.cancel()
@@ -636,12 +503,12 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
     async def _apply_allow(self, sid: str, resolved: dict[str, list[str]]) -> None:
         """A refreshed allow-list (AllowLists): the plugin replaces the task's chain."""
         async with self._lock(sid):
-            sb = self._running(sid)
+            sb = self.running(sid)
             await self._verb(sb, {"allow": flatten(resolved)})
             sb.allow = resolved
-            await asyncio.to_thread(self._save, sb)
+            await asyncio.to_thread(self._states.save, sb)
 
-    async def _kill(self, sb: _Sandbox, tag: str) -> None:
+    async def kill_tagged(self, sb: NomadSandbox, tag: str) -> None:
         """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:
         its tree and every process carrying its tag, scanned until none is left). A command
         cancelled the moment it started may not be the plugin's yet: asked again, briefly."""
@@ -661,24 +528,58 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         execution.cancelled = True
         execution.stop.set()
 
-    # -- files ---------------------------------------------------------------------------
+    # -- files and terminals: NomadFiles and NomadTerminals, through SandboxAccess (access.py)
+
+    @property
+    def client(self) -> NomadClient:
+        return self._client
+
+    def gone(self, sandbox_id: str) -> bool:
+        return sandbox_id not in self._sandboxes
+
+    def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        return self._files.read_file(sandbox_id, path)
+
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        return await self._files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        return await self._files.list_files(sandbox_id, path)
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        await self._files.mkdir(sandbox_id, path, parents=parents)
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        return await self._files.remove(sandbox_id, path, directory=directory, recursive=recursive)
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        await self._files.symlink(sandbox_id, path, target)
+
+    def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        return self._files.export_tar(sandbox_id, path)
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        await self._files.import_tar(sandbox_id, dest, archive, gzipped=gzipped)
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        await self._files.checkpoint(sandbox_id, checkpoint_id)
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        await self._files.restore(sandbox_id, checkpoint_id)
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        await self._files.delete_checkpoint(sandbox_id, checkpoint_id)
+
+    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+        return await self._terminals.open_terminal(req)
 
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
-        sb = self._running(sandbox_id)
-        self._check_not_paused(sb)
+        sb = self.running(sandbox_id)
+        self.check_not_paused(sb)
         if not files:
             return
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for f in files:
-                if not f.path or "\0" in f.path or len(f.path) > 4096:
-                    raise InvalidInput(f"invalid path {f.path!r}", field="path")
-                path = posixpath.normpath(posixpath.join(HOME, f.path))
-                info = tarfile.TarInfo(path.lstrip("/"))
-                info.size = len(f.content)
-                info.mode = f.mode & 0o777
-                info.mtime = int(time.time())
-                tar.addfile(info, io.BytesIO(f.content))
 
         class _Errors:
             def __init__(self) -> None:
@@ -691,31 +592,10 @@ class NomadDriver(NomadFiles, NomadTerminals, WarmPools, Driver):
         result = await self.exec(ExecRequest(
             execution_id=f"write-{uuid.uuid4().hex}", sandbox_id=sb.id,
             argv=["tar", "-x", "-p", "-f", "-", "-C", "/", "--no-same-owner", "--overwrite"],
-            cwd="/", timeout=120, stdin=buf.getvalue()), errors)
+            cwd="/", timeout=120, stdin=pack_files(files)), errors)
         if result.exit_code != 0:
             message = errors.text.decode(errors="replace").strip()[-500:]
             raise InvalidInput(f"cannot write files: {message or f'tar exited {result.exit_code}'}", field="path")
-
-
-def _alloc_reason(alloc: Mapping[str, Any]) -> str:
-    """Nomad's own words for why an allocation ended (the task's last events)."""
-    status = alloc.get("ClientStatus", "?")
-    state = (alloc.get("TaskStates") or {}).get(TASK) or {}
-    events = state.get("Events") or []
-    details = []
-    for ev in events[-4:]:
-        text = ev.get("DisplayMessage") or ev.get("Type") or ""
-        if (ev.get("Details") or {}).get("oom_killed") == "true":
-            text = "OOM killed"
-        if text and text not in details:
-            details.append(text)
-    desc = alloc.get("ClientDescription") or ""
-    node = alloc.get("NodeName") or str(alloc.get("NodeID") or "")[:8]
-    if status in _NODE_GONE:  # the node is the story; the task's last events are stale news
-        return f"its node {node} stopped answering (allocation {status}: {desc or 'node down'})"
-    where = [f"on node {node}"] if node else []
-    parts = [f"allocation {status}"] + where + ([desc] if desc else []) + details
-    return "; ".join(parts)
 
 
 __all__ = ["NomadDriver", "PoolSizing", "pool_sizing_from_env"]

@@ -99,6 +99,11 @@ async def recover(client: NomadClient, alloc_id: str, task: str, tag: str, recei
     return int(end["exitCode"])
 
 
+def _collect_into(buffer: bytearray) -> Callable[[str, bytes], None]:
+    """An exec output callback that appends every stream's bytes to ``buffer``."""
+    return lambda _stream, data: buffer.extend(data)
+
+
 async def _end_of(client: NomadClient, alloc_id: str, task: str, tag: str) -> dict | None:
     """How the exec ``tag`` ended, as the plugin recorded it; None if it does not know. Asked
     again when the asking itself fails (a busy Nomad refusing an exec now and then)."""
@@ -106,7 +111,7 @@ async def _end_of(client: NomadClient, alloc_id: str, task: str, tag: str) -> di
         out = bytearray()
         try:
             code = await client.exec(alloc_id, task, [ENVELOPE, json.dumps({"exit": tag})], stdin=None,
-                                     on_output=lambda _s, d, out=out: out.extend(d), stop=asyncio.Event(),
+                                     on_output=_collect_into(out), stop=asyncio.Event(),
                                      kill=noop)
         except HutchError as err:
             log.warning("exec %s: asking the plugin how it ended failed (%s)", tag, err)

@@ -25,13 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import io
 import json
 import logging
 import os
+import posixpath
+import tarfile
+import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from blobs import fetch, put_file, read_file, spool
 from blobs.files import FileBlobStore
@@ -44,17 +47,19 @@ from core.errors import (
     NotSupported,
     SandboxNotFound,
 )
-from drivers.base import FileInfo
+from drivers.base import FileInfo, FileToWrite
 from drivers.fserrors import from_errno
+from drivers.nomad.access import SandboxAccess
 from drivers.nomad.client import ExecFailed
 from drivers.nomad.execs import ENVELOPE, run_tagged
 from drivers.nomad.jobs import HOME, TASK
-
-if TYPE_CHECKING:
-    from drivers.nomad.driver import _Sandbox
+from drivers.nomad.state import NomadSandbox
 
 # The one script every primitive runs: $1 = op, $2 = path, then the op's own arguments.
 # fail() prints a strerror text, which the driver maps back to an errno.
+log = logging.getLogger(__name__)
+CHECKPOINTS = "nomad/checkpoints"  # blob keys: CHECKPOINTS/<sandbox id>/<checkpoint id>.tar
+
 _SCRIPT = r"""
 fail() { printf 'hutch-fs: %s\n' "$1" >&2; exit 3; }
 op=$1; p=$2; shift 2
@@ -136,9 +141,24 @@ _ERRNOS = {os.strerror(n): n for n in (
 _ERRNOS["Directory nonexistent"] = errno.ENOENT  # dash's words for a redirection into a missing directory
 _TYPE_BITS = {"f": 0o100000, "d": 0o040000, "l": 0o120000, "p": 0o010000, "s": 0o140000, "c": 0o020000,
               "b": 0o060000}
-log = logging.getLogger(__name__)
-CHECKPOINTS = "nomad/checkpoints"  # blob keys: CHECKPOINTS/<sandbox id>/<checkpoint id>.tar
 _QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is slowed down
+
+
+def pack_files(files: Sequence[FileToWrite]) -> bytes:
+    """Create-time files as a tar stream of paths under the workspace, for ``tar -x`` run in
+    the sandbox as the sandbox user (the driver's ``write_files``)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for f in files:
+            if not f.path or "\0" in f.path or len(f.path) > 4096:
+                raise InvalidInput(f"invalid path {f.path!r}", field="path")
+            path = posixpath.normpath(posixpath.join(HOME, f.path))
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size = len(f.content)
+            info.mode = f.mode & 0o777
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(f.content))
+    return buf.getvalue()
 
 
 def _check_path(path: str, field: str = "path") -> str:
@@ -148,16 +168,22 @@ def _check_path(path: str, field: str = "path") -> str:
 
 
 class NomadFiles:
-    """Mixed into NomadDriver: needs ``_running``, ``_check_not_paused``, ``_client``,
-    ``_env``, ``_kill``, ``_sandboxes``, ``state_dir`` and ``blobs``."""
+    """The driver's file primitives and checkpoints (NomadDriver delegates to one of these).
 
-    blobs: BlobStore
+    Checkpoints are kept in ``blobs`` as ``nomad/checkpoints/<sandbox>/<checkpoint>.tar``
+    (by default files under the data dir, ``state_dir``'s parent, as they always were),
+    spooled through ``state_dir/spool``."""
+
+    def __init__(self, access: SandboxAccess, state_dir: Path, blobs: BlobStore | None = None) -> None:
+        self._access = access
+        self._blobs = blobs or FileBlobStore(state_dir.parent)
+        self.spool_dir = state_dir / "spool"
 
     # ------------------------------------------------------------------ plumbing
 
     async def _fs(
         self,
-        sb: _Sandbox,
+        sb: NomadSandbox,
         op: str,
         path: str,
         *args: str,
@@ -167,9 +193,9 @@ class NomadFiles:
         verify: bool = False,
     ) -> tuple[int | None, bytes, bytes]:
         """Run the script; (exit code or None if it was stopped, stdout if not streamed, stderr)."""
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        self._access.check_not_paused(sb)
         tag = f"f-{uuid.uuid4().hex}"
-        envelope = json.dumps({"env": self._env(sb, {}), "cwd": HOME, "tag": tag})  # type: ignore[attr-defined]
+        envelope = json.dumps({"env": self._access.command_env(sb, {}), "cwd": HOME, "tag": tag})
         out, err = bytearray(), bytearray()
 
         async def on_output(stream: str, data: bytes) -> None:
@@ -184,18 +210,18 @@ class NomadFiles:
         try:
             # run_tagged: a write that meets ENOSPC while its content streams in keeps its words.
             code = await run_tagged(
-                self._client, sb.alloc_id, TASK,  # type: ignore[attr-defined]
+                self._access.client, sb.alloc_id, TASK,
                 [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args], tag,
                 stdin=stdin, on_output=on_output, stop=stop or asyncio.Event(),
-                kill=lambda: self._kill(sb, tag), verify=verify)  # type: ignore[attr-defined]
+                kill=lambda: self._access.kill_tagged(sb, tag), verify=verify)
         except ExecFailed as err_:
-            if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
+            if self._access.gone(sb.id):
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
             raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
         return code, bytes(out), bytes(err)
 
-    def _failure(self, sb: _Sandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:
-        if sb.id not in self._sandboxes:  # type: ignore[attr-defined]
+    def _failure(self, sb: NomadSandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:
+        if self._access.gone(sb.id):
             return SandboxNotFound(f"sandbox {sb.id} was destroyed")
         lines = stderr.decode(errors="replace").strip().splitlines()
         for line in reversed(lines):  # tar names the cause first, then "Error is not recoverable"
@@ -207,7 +233,7 @@ class NomadFiles:
                              f"({message or f'exit {code}'})")
 
     async def _simple(self, sandbox_id: str, op: str, path: str, *args: str) -> bytes:
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
         code, out, err = await self._fs(sb, op, _check_path(path), *args)
         if code != 0:
             raise self._failure(sb, op, path, code, err)
@@ -228,7 +254,7 @@ class NomadFiles:
 
     async def _streamed(self, sandbox_id: str, op: str, path: str) -> AsyncIterator[bytes]:
         """The script's stdout after its "ok", as it comes, with backpressure."""
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
         _check_path(path)
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_QUEUE_DEPTH)
         stop = asyncio.Event()
@@ -271,7 +297,7 @@ class NomadFiles:
 
     async def _fed(self, sandbox_id: str, op: str, path: str, chunks: AsyncIterable[bytes], *args: str) -> int:
         """Run the script with ``chunks`` as its stdin, sent only after its "ok"."""
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
         _check_path(path)
         ready, stop = asyncio.Event(), asyncio.Event()
         total = 0
@@ -336,48 +362,47 @@ class NomadFiles:
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
         return check_key(f"{CHECKPOINTS}/{sandbox_id}/{checkpoint_id}.tar")
 
-    def _checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
+    def checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
         """Where a checkpoint is on this host's disk: files-backed stores only (tests, debugging)."""
-        if not isinstance(self.blobs, FileBlobStore):
+        if not isinstance(self._blobs, FileBlobStore):
             raise NotSupported("disk checkpoints are not local files with this blob store")
-        return self.blobs.path(self._checkpoint_key(sandbox_id, checkpoint_id))
+        return self._blobs.path(self._checkpoint_key(sandbox_id, checkpoint_id))
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
+        self._access.check_not_paused(sb)
         key = self._checkpoint_key(sandbox_id, checkpoint_id)
         # Spooled first: the export streams from the sandbox at its own pace, whatever the
         # blob store's; the store gets a complete file.
         with await spool(self.export_tar(sb.id, HOME), await self._spool_dir()) as spooled:
-            await put_file(self.blobs, key, spooled)
+            await put_file(self._blobs, key, spooled)
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
-        sb = self._running(sandbox_id)  # type: ignore[attr-defined]
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        sb = self._access.running(sandbox_id)
+        self._access.check_not_paused(sb)
         key = self._checkpoint_key(sandbox_id, checkpoint_id)
         # Fetched whole before the restore script empties the workspace, and fed from the
         # local copy: when tar has read the end of the archive it exits, and whatever the
         # feed is still waiting on (a database round trip for the end of the stream) is cut
         # short, which _fed takes for a failed upload.
         try:
-            local = await fetch(self.blobs, key, await self._spool_dir())
+            local = await fetch(self._blobs, key, await self._spool_dir())
         except BlobNotFound as err:
             raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id) from err
         with local:
             await self._fed(sandbox_id, "restore", HOME, read_file(local))
 
     async def _spool_dir(self) -> Path:
-        spool_dir: Path = self.state_dir / "spool"  # type: ignore[attr-defined]
-        await asyncio.to_thread(spool_dir.mkdir, parents=True, exist_ok=True)
-        return spool_dir
+        await asyncio.to_thread(self.spool_dir.mkdir, parents=True, exist_ok=True)
+        return self.spool_dir
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        await self.blobs.delete(self._checkpoint_key(sandbox_id, checkpoint_id))
+        await self._blobs.delete(self._checkpoint_key(sandbox_id, checkpoint_id))
 
-    async def _drop_checkpoints(self, sandbox_id: str) -> None:
+    async def drop_checkpoints(self, sandbox_id: str) -> None:
         """A destroyed sandbox's checkpoints; a store that is down leaves them (logged), as
         a destroy must not fail over them."""
         try:
-            await self.blobs.delete_prefix(f"{CHECKPOINTS}/{sandbox_id}/")
+            await self._blobs.delete_prefix(f"{CHECKPOINTS}/{sandbox_id}/")
         except BlobUnavailable as err:
             log.warning("sandbox %s: its checkpoints were not removed: %s", sandbox_id, err)

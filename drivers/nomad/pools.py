@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 import uuid
@@ -32,6 +33,8 @@ from drivers.nomad.jobs import DEFAULT_MEMORY_MB, job_spec
 
 if TYPE_CHECKING:
     from drivers.nomad.client import NomadClient
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_BUDGET_MB = 1024  # per client node: four idle 256 MiB allocations
 
@@ -260,8 +263,6 @@ class WarmPools:
             self.pool_sizing.record_placement(time.monotonic() - started)
             self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, alloc_id, runtime))
         except HutchError as err:
-            from drivers.nomad.driver import log
-
             log.warning("warm pool %s: placing an allocation failed: %s", runtime, err.message)
             with contextlib.suppress(HutchError):
                 await self._client.deregister(job_id, purge=True)

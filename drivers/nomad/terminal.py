@@ -26,6 +26,7 @@ import aiohttp
 
 from core.errors import InvalidInput
 from drivers.base import Terminal, TerminalRequest
+from drivers.nomad.access import SandboxAccess
 from drivers.nomad.client import KILL_GRACE, STDIN_CHUNK, ExecFailed
 from drivers.nomad.execs import ENVELOPE, command_envelope, recover, refused
 from drivers.nomad.jobs import TASK
@@ -39,20 +40,23 @@ _QUEUED = 64  # output frames held for a slow reader; then Nomad's stream is hel
 
 
 class NomadTerminals:
-    """The driver's ``open_terminal`` (mixed into NomadDriver, as NomadFiles is)."""
+    """The driver's ``open_terminal`` (NomadDriver delegates to one of these, as to NomadFiles)."""
+
+    def __init__(self, access: SandboxAccess) -> None:
+        self._access = access
 
     async def open_terminal(self, req: TerminalRequest) -> Terminal:
-        sb = self._running(req.sandbox_id)  # type: ignore[attr-defined]
-        self._check_not_paused(sb)  # type: ignore[attr-defined]
+        sb = self._access.running(req.sandbox_id)
+        self._access.check_not_paused(sb)
         if not req.argv:
             raise InvalidInput("command must not be empty", field="command")
-        envelope = command_envelope(self._env(sb, req.env), req.cwd)  # type: ignore[attr-defined]
+        envelope = command_envelope(self._access.command_env(sb, req.env), req.cwd)
         try:
             return await NomadTerminal.start(
-                self._client, sb.alloc_id, envelope, req.argv, rows=req.rows, cols=req.cols,  # type: ignore[attr-defined]
-                kill=lambda: self._kill(sb, envelope["tag"]))  # type: ignore[attr-defined]
+                self._access.client, sb.alloc_id, envelope, req.argv, rows=req.rows, cols=req.cols,
+                kill=lambda: self._access.kill_tagged(sb, envelope["tag"]))
         except ExecFailed as err:
-            refused(err, sb.id, gone=sb.id not in self._sandboxes, cwd=envelope["cwd"])  # type: ignore[attr-defined]
+            refused(err, sb.id, gone=self._access.gone(sb.id), cwd=envelope["cwd"])
             raise
 
 

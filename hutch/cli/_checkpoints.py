@@ -7,9 +7,9 @@ import datetime as dt
 import sys
 from typing import Any
 
-from hutch.cli import UsageError, _call, _json_flag, _note, _out, _Parser
 from hutch.cli import _render as render
-from hutch.models import to_wire
+from hutch.cli._common import UsageError, _call, _json_flag, _note, _out, _Parser
+from hutch.models import Checkpoint, to_wire
 
 
 def add_parsers(sb: Any) -> None:
@@ -61,7 +61,8 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    found = _call(args, lambda c: c.list_checkpoints(args.sandbox_id))
+    # Spelled out: hutch.client's own annotation reads `list` as its method.
+    found: list[Checkpoint] = _call(args, lambda c: c.list_checkpoints(args.sandbox_id))
     if args.json:
         render.dump_json([to_wire(c) for c in found], _out())
         return 0

@@ -1,6 +1,6 @@
 """`hutch sandbox fs|files|file …`, `hutch sandbox env …` and `hutch sandbox job …`.
 
-Kept apart from ``hutch/cli/__init__.py``; :func:`add_parsers` hangs these commands
+Kept apart from ``hutch/cli/_sandbox.py``; :func:`add_parsers` hangs these commands
 under ``hutch sandbox``.
 """
 
@@ -17,19 +17,17 @@ from typing import Any, TypeVar
 
 from core.errors import HutchError
 from core.quantities import parse_duration
-from hutch.cli import (
+from hutch.cli import _render as render
+from hutch.cli._common import (
     UsageError,
     _command_arg,
-    _int_in,
     _json_flag,
     _note,
     _out,
     _Parser,
     _with_client,
-    duration_value,
-    env_pair,
 )
-from hutch.cli import _render as render
+from hutch.cli._values import _int_in, duration_value, env_pair
 from hutch.client import ARCHIVE_FORMATS, SandboxClient
 from hutch.models import to_wire
 
@@ -148,7 +146,11 @@ def _files_parsers(sb: Any) -> None:
     rmdir.add_argument("-f", "--force", action="store_true", help="no error if it does not exist")
     _json_flag(rmdir)
     rmdir.set_defaults(handler=cmd_fs_rmdir)
+    _archive_parsers(fsp)
 
+
+def _archive_parsers(fsp: Any) -> None:
+    """``fs download|dl`` and ``fs upload|ul``: whole trees as one archive."""
     dl = fsp.add_parser("download", aliases=["dl"], help="download files as an archive")
     dl.add_argument("sandbox_id", metavar="SANDBOX_ID")
     dl.add_argument("output", metavar="OUTPUT_FILE", help="archive to write ('-' for stdout)")

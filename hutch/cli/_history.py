@@ -7,8 +7,8 @@ import argparse
 from typing import Any
 
 from hutch import history
-from hutch.cli import _call, _json_flag, _out
 from hutch.cli import _render as render
+from hutch.cli._common import _call, _json_flag, _out
 
 
 def add_parsers(sb: Any) -> None:

@@ -57,10 +57,11 @@ def _logging() -> None:
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
-    from projections.commands import open_store, run_projector, until_signalled
+    from api.composition import open_persistent_store
+    from projections.commands import run_projector, until_signalled
 
     event_log, store, data_dir = _settings(args)
-    open_store(store)  # refuse a non-persistent store before connecting to anything
+    open_persistent_store(store)  # refuse a non-persistent store before connecting to anything
     _logging()
     asyncio.run(until_signalled(lambda: run_projector(event_log, store, data_dir)))
     return 0

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from hutch.client import SandboxClient
 from hutch.errors import SandboxError
+from hutch.models import SandboxCreated
 
 POLL_SECONDS = 0.5
 FINISH_SECONDS = 2.0  # after the command: the last steps, or give up
@@ -30,15 +31,15 @@ async def follow_build(client: SandboxClient, sandbox_id: str, note: Callable[[s
 
 
 def follow_in_background(client: SandboxClient, note: Callable[[str], None]) -> tuple[
-        Callable[[object], None], Callable[[], Awaitable[None]]]:
+        Callable[[SandboxCreated], None], Callable[[], Awaitable[None]]]:
     """(on_created for ``client.run``, finish): follows the build only if the create said
     creating; ``finish`` lets the follower print the steps it has not printed yet."""
     tasks: list[asyncio.Task[str]] = []
 
-    def on_created(created: object) -> None:
-        if getattr(created, "status", None) == "creating":
+    def on_created(created: SandboxCreated) -> None:
+        if created.status == "creating":
             note("the runtime is not built on the server yet: building it first (first use)")
-            tasks.append(asyncio.ensure_future(follow_build(client, created.sandbox_id, note)))  # type: ignore[attr-defined]
+            tasks.append(asyncio.ensure_future(follow_build(client, created.sandbox_id, note)))
 
     async def finish() -> None:
         for task in tasks:

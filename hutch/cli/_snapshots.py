@@ -6,9 +6,11 @@ import argparse
 import tempfile
 from typing import Any
 
-from hutch.cli import UsageError, _call, _json_flag, _note, _out, _Parser, env_pair
 from hutch.cli import _render as render
-from hutch.models import Snapshot, to_wire
+from hutch.cli._common import UsageError, _call, _json_flag, _note, _out, _Parser
+from hutch.cli._values import env_pair
+from hutch.client import SandboxClient
+from hutch.models import SandboxList, Snapshot, SnapshotLineageEntry, to_wire
 from hutch.snapshot_build import (
     BuildFileError,
     content_hash,
@@ -71,7 +73,11 @@ def add_parsers(sb: Any) -> None:
     lineage.add_argument("--limit", type=int, help="at most this many entries (max 1000)")
     _json_flag(lineage)
     lineage.set_defaults(handler=cmd_lineage)
+    _build_parsers(sp)
 
+
+def _build_parsers(sp: Any) -> None:
+    """``snapshot build`` (from a declarative file) and ``snapshot generate`` (a starter file)."""
     build = sp.add_parser("build", help="build a snapshot from a declarative file (agentuity-snapshot.yaml)")
     build.add_argument("directory", metavar="DIRECTORY")
     build.add_argument("--file", help="the build file (default: agentuity-snapshot.{yaml,yml,json} in DIRECTORY)")
@@ -94,7 +100,6 @@ def add_parsers(sb: Any) -> None:
     generate.set_defaults(handler=cmd_generate)
 
 
-
 def _show(snap: Snapshot, out: Any) -> None:
     render.key_values([
         ("id", snap.snapshot_id), ("name", snap.full_name or snap.name), ("tag", snap.tag or "-"),
@@ -115,6 +120,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    found: list[Snapshot]  # spelled out: hutch.client's own annotation reads `list` as its method
     found, total = _call(args, lambda c: c.list_snapshots(
         sandbox_id=args.sandbox, limit=args.limit, offset=args.offset, sort=args.sort, direction=args.direction))
     if args.json:
@@ -132,7 +138,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    async def work(c):  # type: ignore[no-untyped-def]
+    async def work(c: SandboxClient) -> tuple[Snapshot, SandboxList]:
         snap = await c.get_snapshot(args.snapshot)
         made = await c.list(snapshot_id=snap.snapshot_id, limit=100)
         return snap, made
@@ -176,7 +182,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         raise UsageError("give a SNAPSHOT or --name (one of them)")
     if args.tag and not args.name:
         raise UsageError("--tag goes with --name")
-    chain = _call(args, lambda c: c.snapshot_lineage(
+    chain: list[SnapshotLineageEntry] = _call(args, lambda c: c.snapshot_lineage(
         snapshot=args.snapshot, name=args.name, tag=args.tag, limit=args.limit))
     if args.json:
         render.dump_json([to_wire(e) for e in chain], _out())
@@ -202,7 +208,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with tempfile.TemporaryFile(prefix="hutch-snapshot-") as archive:
         if files:
             try:
-                write_archive(files, archive)  # type: ignore[arg-type]
+                write_archive(files, archive)
             except BuildFileError as err:
                 raise UsageError(str(err)) from err
             _note(f"[2/4] archive: {_size(archive.tell())} (content hash {digest[:12]})")

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from hutch.cli import UsageError, _call, _json_flag, _note, _out, _Parser, _with_client
 from hutch.cli import _render as render
+from hutch.cli._common import UsageError, _call, _json_flag, _note, _out, _Parser, _with_client
 from hutch.cli._tenancy import _show as _print_record
 from hutch.client import SandboxClient
 from hutch.models import to_wire

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hutch.cli import _call, _json_flag, _out, _Parser
 from hutch.cli import _render as render
+from hutch.cli._common import _call, _json_flag, _out, _Parser
 from hutch.models import to_wire
 
 

@@ -4,28 +4,37 @@ provider "nomad" {
 }
 
 module "server_node" {
-  source            = "./modules/nomad-node"
-  role              = "server"
-  datacenter        = var.datacenters[0]
-  server_ips        = var.server_ips
-  artifact_base_url = var.artifact_base_url
+  source              = "./modules/nomad-node"
+  role                = "server"
+  datacenter          = var.datacenters[0]
+  server_ips          = var.server_ips
+  artifact_base_url   = var.artifact_base_url
+  cluster_cidrs       = var.cluster_cidrs
+  insecure_registries = var.insecure_registries
 }
 
 module "client_node" {
-  source            = "./modules/nomad-node"
-  role              = "client"
-  datacenter        = var.datacenters[0]
-  server_ips        = var.server_ips
-  artifact_base_url = var.artifact_base_url
+  source              = "./modules/nomad-node"
+  role                = "client"
+  datacenter          = var.datacenters[0]
+  server_ips          = var.server_ips
+  artifact_base_url   = var.artifact_base_url
+  cluster_cidrs       = var.cluster_cidrs
+  insecure_registries = var.insecure_registries
 }
 
 module "hutch" {
   source            = "./modules/hutch-on-nomad"
   datacenters       = var.datacenters
   nomad_addr        = var.nomad_addr
+  nomad_token       = var.nomad_token
+  artifact_base_url = var.artifact_base_url
   hutch_version     = var.hutch_version
   api_replicas      = var.api_replicas
+  api_key           = var.api_key
+  public_url        = var.public_url
   warm_pools        = var.warm_pools
+  image_registry    = var.image_registry
   postgres_password = var.postgres_password
 }
 
@@ -40,5 +49,10 @@ output "client_user_data" {
 }
 
 output "hutch_api" {
-  value = module.hutch.api_service
+  description = "The Nomad service of the hutch API servers (port label http)."
+  value       = module.hutch.api_service
+}
+
+output "hutch_jobs" {
+  value = module.hutch.jobs
 }

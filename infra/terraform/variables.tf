@@ -21,20 +21,51 @@ variable "server_ips" {
   type        = list(string)
 }
 
+variable "cluster_cidrs" {
+  description = "The cluster's private networks (Nomad servers, registry, Kafka, PostgreSQL, API): no sandbox reaches them."
+  type        = list(string)
+  default     = []
+}
+
+variable "insecure_registries" {
+  description = "Registries (host:port) the clients pull runtime images from over plain HTTP, e.g. the hutch-registry job's."
+  type        = list(string)
+  default     = []
+}
+
 variable "artifact_base_url" {
-  description = "Where nodes download the nomad and hutch-containerd binaries built by scripts/services.d/nomad.sh build."
+  description = "Where nodes download the nomad and hutch-containerd binaries (scripts/services.d/nomad.sh build), hutch-wheels-<hutch_version>.tar.gz and kafka-libs-<kafka_version>.tgz; ends with a slash."
   type        = string
 }
 
 variable "hutch_version" {
-  description = "Version of the hutch Python package the API servers install."
+  description = "Version of the hutch Python package the API servers install (from hutch-wheels-<version>.tar.gz)."
   type        = string
   default     = "0.1.0"
 }
 
 variable "api_replicas" {
-  type    = number
-  default = 2
+  description = "hutch API servers (allocations of the hutch-api job); only 1 for now."
+  type        = number
+  default     = 1
+}
+
+variable "api_key" {
+  description = "The API key clients send (HUTCH_API_KEY)."
+  type        = string
+  sensitive   = true
+}
+
+variable "public_url" {
+  description = "The API's address as clients see it (the load balancer's), for absolute stream URLs."
+  type        = string
+  default     = ""
+}
+
+variable "image_registry" {
+  description = "host:port of the registry of runtime images; empty: the hutch-registry job (nomad-node's insecure_registries must list it for plain HTTP)."
+  type        = string
+  default     = ""
 }
 
 variable "warm_pools" {
@@ -44,6 +75,7 @@ variable "warm_pools" {
 }
 
 variable "postgres_password" {
-  type      = string
-  sensitive = true
+  description = "PostgreSQL's hutch user (at least 12 of letters, digits and ._~-)."
+  type        = string
+  sensitive   = true
 }

@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 import pytest
 
+from api.composition import open_event_log
 from api.config import Config
 from api.service import now_iso
-from core.eventlog.base import open_event_log
 from core.events import Event, SandboxCreated, SandboxStarted, encode
 from core.models import SandboxSpec
 from core.serde import converter
@@ -157,13 +157,13 @@ def _old_record(event: Event) -> dict[str, Any]:
 async def test_a_data_dir_from_before_tenancy_keeps_working(make_api: AppFactory, data_dir: Path,
                                                             profile: dict[str, str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    config = Config(data_dir=data_dir, api_key="test-key", **profile)
+    config = Config(data_dir=data_dir, api_key="test-key", **profile)  # type: ignore[arg-type]
     log = open_event_log(config.event_log, data_dir)
     await log.start()
-    import core.eventlog.kafka
-    import core.eventlog.sqlite
+    import eventlog.kafka_records
+    import eventlog.sqlite
 
-    for module in (core.eventlog.kafka, core.eventlog.sqlite):  # write as the old server did
+    for module in (eventlog.kafka_records, eventlog.sqlite):  # write as the old server did
         monkeypatch.setattr(module, "encode", _old_record)
     spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", name="old-one")
     old = [Event("evt_" + "1" * 26, "sbx_" + "1" * 26, now_iso(), SandboxCreated(spec=spec), actor="key_old"),

@@ -73,10 +73,11 @@ def test_in_process_run_explains_a_busy_data_dir(
 def test_in_process_run_with_unknown_driver_is_a_clear_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code = main(["run", "--driver", "warp", "--", "echo", "x"])
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--driver", "warp", "--", "echo", "x"])
     err = capsys.readouterr().err
-    assert code == 1
-    assert "driver" in err
+    assert exited.value.code == 2  # a usage error, refused before anything starts
+    assert "--driver" in err and "'warp'" in err and "local" in err
     assert "Traceback" not in err
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -61,9 +62,10 @@ async def sandbox(driver: Driver) -> AsyncIterator[str]:
     await driver.destroy(sid)
 
 
-async def run(driver: Driver, sid: str, *argv: str, **kw: object) -> tuple[ExecResult, Recorder]:
+async def run(driver: Driver, sid: str, *argv: str, **kw: Any) -> tuple[ExecResult, Recorder]:
+    """Run ``argv``; ``kw`` are further ExecRequest fields (stdin, env, cwd, ...)."""
     sink = Recorder()
-    result = await driver.exec(ExecRequest(execution_id=new_id("ex"), sandbox_id=sid, argv=argv, **kw), sink)  # type: ignore[arg-type]
+    result = await driver.exec(ExecRequest(execution_id=new_id("ex"), sandbox_id=sid, argv=argv, **kw), sink)
     return result, sink
 
 

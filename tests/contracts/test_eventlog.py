@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from api.composition import open_event_log
 from core import ids
-from core.eventlog.base import EventLog, open_event_log
+from core.errors import NotSupported
+from core.eventlog.base import EventLog, LogCapabilities
 from core.events import Event, ExecutionStarted, SandboxStarted
 from tests.services import drop_topics, kafka_url
 
@@ -32,9 +35,63 @@ async def event_log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         await drop_topics(url)
 
 
+# What each backend declares it can do beyond the port's required methods, and the optional
+# method each flag stands for. A backend declares a flag exactly when it implements the method.
+DECLARED = {
+    "SqliteEventLog": LogCapabilities(),
+    "KafkaEventLog": LogCapabilities(consumer_groups=True),
+}
+OPTIONAL_METHODS = {"consumer_groups": "consume_group"}
+
+
+class Collector:
+    """A consumer group member that keeps what it is given (``EventLog.consume_group``)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.caught_up = asyncio.Event()
+
+    async def resume_points(self, source: str, partitions: Sequence[int]) -> dict[int, int]:
+        return {}
+
+    async def deliver(self, source: str, records: Sequence[tuple[int, int, Event]]) -> None:
+        self.events.extend(event for _, _, event in records)
+
+    def mark_caught_up(self) -> None:
+        self.caught_up.set()
+
+
+async def test_declares_exactly_what_it_implements(event_log: EventLog) -> None:
+    assert event_log.capabilities == DECLARED[type(event_log).__name__]
+    assert set(OPTIONAL_METHODS) == {f.name for f in LogCapabilities.__attrs_attrs__}
+    for flag, method in OPTIONAL_METHODS.items():
+        implemented = getattr(type(event_log), method) is not getattr(EventLog, method)
+        assert getattr(event_log.capabilities, flag) == implemented, (flag, method)
+    appended = await event_log.append([ev("sbx_a", 1), ev("sbx_b", 2)])
+    member = Collector()
+    if not event_log.capabilities.consumer_groups:
+        with pytest.raises(NotSupported):
+            await event_log.consume_group("contract", member)
+        return
+    task = asyncio.create_task(event_log.consume_group("contract-" + ids.new_id("event"), member))
+    try:
+        await asyncio.wait_for(member.caught_up.wait(), 60)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert sorted(e.position or 0 for e in member.events) == appended
+
+
 def ev(sandbox_id: str, n: int = 0) -> Event:
     return Event(ids.new_id("event"), sandbox_id, "2026-01-01T00:00:00.000Z",
                  ExecutionStarted(execution_id=f"exec_{n}", command=("echo", str(n))))
+
+
+def exec_id(event: Event) -> str:
+    """The execution id of an event ``ev`` made."""
+    assert isinstance(event.data, ExecutionStarted)
+    return event.data.execution_id
 
 
 async def test_empty_log(event_log: EventLog) -> None:
@@ -49,7 +106,7 @@ async def test_append_assigns_increasing_positions_and_reads_back(event_log: Eve
     assert positions == sorted(positions) and len(set(positions)) == 3
     events = await event_log.read()
     assert [e.position for e in events] == positions
-    assert [e.data.execution_id for e in events] == ["exec_1", "exec_2", "exec_3"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in events] == ["exec_1", "exec_2", "exec_3"]
     assert await event_log.last_position() == positions[-1]
 
 
@@ -59,10 +116,10 @@ async def test_read_after_position_per_sandbox_limit_and_reverse(event_log: Even
         positions += await event_log.append([ev("sbx_a" if i % 2 == 0 else "sbx_b", i)])
     assert [e.position for e in await event_log.read(positions[2])] == positions[3:]
     a = await event_log.read(sandbox_id="sbx_a")
-    assert [e.data.execution_id for e in a] == ["exec_0", "exec_2", "exec_4"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in a] == ["exec_0", "exec_2", "exec_4"]
     assert len(await event_log.read(limit=2)) == 2
     rev = await event_log.read(sandbox_id="sbx_b", reverse=True, limit=2)
-    assert [e.data.execution_id for e in rev] == ["exec_5", "exec_3"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in rev] == ["exec_5", "exec_3"]
 
 
 async def test_payload_round_trips(event_log: EventLog) -> None:
@@ -93,7 +150,7 @@ async def test_subscribe_sees_backlog_then_new_events(event_log: EventLog) -> No
     await asyncio.sleep(0.05)
     await event_log.append([ev("sbx_a", 2), ev("sbx_b", 3)])
     await asyncio.wait_for(task, 5)
-    assert [e.data.execution_id for e in seen] == ["exec_1", "exec_2", "exec_3"]  # type: ignore[union-attr]
+    assert [exec_id(e) for e in seen] == ["exec_1", "exec_2", "exec_3"]
 
 
 async def test_subscribe_from_a_position_skips_earlier_events(event_log: EventLog) -> None:
@@ -102,7 +159,7 @@ async def test_subscribe_from_a_position_skips_earlier_events(event_log: EventLo
     agen = event_log.subscribe(p1)
     first = await asyncio.wait_for(agen.__anext__(), 5)
     await agen.aclose()
-    assert first.data.execution_id == "exec_2"  # type: ignore[union-attr]
+    assert exec_id(first) == "exec_2"
 
 
 async def test_events_survive_reopen(tmp_path: Path) -> None:
@@ -133,7 +190,7 @@ async def test_identity_is_fixed_for_the_life_of_a_log_and_differs_between_logs(
         assert identity, "a writer's log has an identity from its start, empty or not"
         await log.append([ev("sbx_a", 1)])
         assert await log.identity() == identity
-        assert [e.data.execution_id for e in await log.read()] == ["exec_1"]  # type: ignore[union-attr]
+        assert [exec_id(e) for e in await log.read()] == ["exec_1"]
         # The same log opened again (a restart, another process, a reader): the same identity.
         for read_only in (False, True):
             again = open_event_log(url, tmp_path, read_only=read_only)

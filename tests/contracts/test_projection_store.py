@@ -6,9 +6,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from api.composition import open_store
 from core import ids
+from core.errors import NotSupported
 from core.events import (
     Event,
+    EventData,
     ExecutionFinished,
     ExecutionStarted,
     SandboxCreated,
@@ -27,9 +30,7 @@ from core.models import (
     SnapshotFile,
     SnapshotStatus,
 )
-from projections.base import ProjectionStore, SandboxQuery, SnapshotQuery
-from projections.memory import MemoryProjectionStore
-from projections.postgres import PostgresProjectionStore
+from projections.base import ProjectionStore, SandboxQuery, SnapshotQuery, StoreCapabilities
 from tests.services import drop_database, fresh_database
 
 BACKENDS = ["memory", "postgres"]
@@ -40,9 +41,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[ProjectionStore
     database = None
     if request.param == "postgres":
         url, database = await fresh_database("store")
-        s: ProjectionStore = PostgresProjectionStore(url)
+        s = open_store(url)
     else:
-        s = MemoryProjectionStore()
+        s = open_store("memory")
     await s.start()
     await s.reset()
     yield s
@@ -58,15 +59,47 @@ class Log:
         self.position = 0
         self.events: list[Event] = []
 
-    def __call__(self, sandbox_id: str, data: object, at: str = "2026-01-01T00:00:00.000Z") -> Event:
+    def __call__(self, sandbox_id: str, data: EventData, at: str = "2026-01-01T00:00:00.000Z") -> Event:
         self.position += 1
-        e = Event(ids.new_id("event"), sandbox_id, at, data, position=self.position)  # type: ignore[arg-type]
+        e = Event(ids.new_id("event"), sandbox_id, at, data, position=self.position)
         self.events.append(e)
         return e
 
 
 def created(name: str | None = None, mode: Mode = Mode.INTERACTIVE) -> SandboxCreated:
     return SandboxCreated(spec=SandboxSpec(runtime="base:latest", runtime_id="srt_x", name=name, mode=mode))
+
+
+# What each backend declares it can do beyond the port's required methods, and the optional
+# method each flag stands for. A backend declares a flag exactly when it implements the method.
+DECLARED = {
+    "MemoryProjectionStore": StoreCapabilities(),
+    "PostgresProjectionStore": StoreCapabilities(shared=True, atomic_rebuild=True),
+}
+OPTIONAL_METHODS = {"shared": "wait_for", "atomic_rebuild": "rebuild"}
+
+
+async def test_declares_exactly_what_it_implements(store: ProjectionStore) -> None:
+    assert store.capabilities == DECLARED[type(store).__name__]
+    assert set(OPTIONAL_METHODS) == {f.name for f in StoreCapabilities.__attrs_attrs__}
+    for flag, method in OPTIONAL_METHODS.items():
+        implemented = getattr(type(store), method) is not getattr(ProjectionStore, method)
+        assert getattr(store.capabilities, flag) == implemented, (flag, method)
+    log = Log()
+    batch = [log("sbx_1", created("one")), log("sbx_1", SandboxStarted())]
+    if store.capabilities.atomic_rebuild:
+        assert await store.rebuild([batch], log_identity="log-a") == log.position
+        assert await store.log_identity() == "log-a"
+    else:
+        with pytest.raises(NotSupported):
+            await store.rebuild([batch], log_identity="log-a")
+        await store.apply(batch)
+    if store.capabilities.shared:
+        await store.wait_for(log.position, timeout=5)  # applied already: returns at once
+    else:
+        with pytest.raises(NotSupported):
+            await store.wait_for(log.position, timeout=5)
+    assert await store.position() == log.position
 
 
 async def test_folds_a_sandbox_lifecycle(store: ProjectionStore) -> None:
@@ -124,6 +157,33 @@ async def test_list_filters_sorts_and_pages(store: ProjectionStore) -> None:
     assert [s.sandbox_id for s in page] == ["sbx_2"]
     _, total = await store.list_sandboxes(SandboxQuery(live=False))
     assert total == 0
+
+
+async def test_a_deleted_sandbox_stays_readable_with_its_executions(store: ProjectionStore) -> None:
+    log = Log()
+    await store.apply([log("sbx_1", created("gone")), log("sbx_1", SandboxStarted()),
+                       log("sbx_1", ExecutionStarted("exec_1", ("a",))),
+                       log("sbx_1", ExecutionFinished("exec_1", ExecutionStatus.COMPLETED, exit_code=0, duration_ms=1)),
+                       log("sbx_1", ExecutionStarted("exec_2", ("b",))),
+                       log("sbx_1", SandboxTerminated(reason="done", deleted=True)),
+                       log("sbx_2", created("kept")), log("sbx_2", SandboxStarted())])
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.status is SandboxStatus.DELETED and sb.spec.name == "gone" and sb.executions == 2
+    assert [e.execution_id for e in await store.list_executions("sbx_1")] == ["exec_2", "exec_1"]
+    assert [e.execution_id for e in await store.list_executions("sbx_1", limit=1)] == ["exec_2"]
+    ex = await store.get_execution("exec_2")
+    assert ex is not None and ex.status is ExecutionStatus.CANCELLED  # ended with its sandbox
+    page, total = await store.list_sandboxes(SandboxQuery())
+    assert total == 1 and [s.sandbox_id for s in page] == ["sbx_2"]
+    page, total = await store.list_sandboxes(SandboxQuery(include_deleted=True, sort="name", direction="asc"))
+    assert total == 2 and [s.sandbox_id for s in page] == ["sbx_1", "sbx_2"]
+    page, _ = await store.list_sandboxes(SandboxQuery(status="deleted"))
+    assert [s.sandbox_id for s in page] == ["sbx_1"]
+    _, total = await store.list_sandboxes(SandboxQuery(deleted_only=True, org_id="org_other"))
+    assert total == 0
+    await store.apply(log.events)  # a replay after a crash changes nothing, deleted or not
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.executions == 2 and await store.position() == len(log.events)
 
 
 async def test_executions_are_listed_newest_first_with_limit(store: ProjectionStore) -> None:
@@ -188,7 +248,8 @@ async def test_folds_snapshots_and_queries_them(store: ProjectionStore) -> None:
     three = await store.get_snapshot("snp_3")
     assert three is not None and three.status is SnapshotStatus.READY and three.env == {"A": "1", "B": "2"}
     assert three.metadata == {"m": "x"} and three.size_bytes == 5
-    assert (await store.get_snapshot("snp_1")).tag is None  # type: ignore[union-attr]
+    one = await store.get_snapshot("snp_1")
+    assert one is not None and one.tag is None
     gone = await store.get_snapshot("snp_2")
     assert gone is not None and gone.status is SnapshotStatus.DELETED  # kept for lineage
     assert [s.snapshot_id for s in (await store.list_snapshots(SnapshotQuery()))[0]] == ["snp_3", "snp_1"]

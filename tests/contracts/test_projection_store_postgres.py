@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from core.eventlog.base import open_event_log
+from api.composition import open_event_log
 from core.events import ExecutionStarted, SandboxStarted
 from projections.base import StoreBehind
 from projections.postgres import PostgresProjectionStore

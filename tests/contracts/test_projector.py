@@ -17,8 +17,8 @@ import pytest
 
 from core.errors import LogMismatch, ProjectionUnavailable
 from core.eventlog.base import EventLog
-from core.eventlog.sqlite import SqliteEventLog
 from core.events import Event
+from eventlog.sqlite import SqliteEventLog
 from projections.memory import MemoryProjectionStore
 from projections.runner import Projector
 from tests.contracts.test_eventlog import ev
@@ -38,8 +38,9 @@ class Swappable(EventLog):
     async def append(self, events: Sequence[Event]) -> list[int]:
         return await self.current.append(events)
 
-    async def read(self, after: int = 0, **kw) -> list[Event]:  # type: ignore[no-untyped-def, override]
-        return await self.current.read(after, **kw)
+    async def read(self, after: int = 0, *, sandbox_id: str | None = None, limit: int | None = None,
+                   reverse: bool = False) -> list[Event]:
+        return await self.current.read(after, sandbox_id=sandbox_id, limit=limit, reverse=reverse)
 
     async def last_position(self) -> int:
         return await self.current.last_position()
@@ -65,7 +66,7 @@ class Swappable(EventLog):
         finally:
             next_event.cancel()
             swapped.cancel()
-            await agen.aclose()
+            await agen.aclose()  # type: ignore[attr-defined]  # an async generator's
 
 
 async def opened(path: Path) -> SqliteEventLog:

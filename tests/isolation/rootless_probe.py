@@ -33,7 +33,7 @@ import aiohttp
 import attrs
 from aiohttp import web
 
-import core.eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
+import eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
 import projections.memory  # noqa: F401
 from api.app import create_app
 from api.config import Config
@@ -87,7 +87,7 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
     sid, bomb = "sbx_rootless1", "sbx_rootless3"
     await d.provision(ProvisionRequest(sid, PY, resources=Resources(pids=64)))
     await d.provision(ProvisionRequest(bomb, PY, resources=Resources(memory_bytes=256 * 2**20, pids=64)))
-    sb = d._running(sid)
+    sb = d._registry.running(sid)
     report["init_host_uid"] = host_uid(sb.init_pid)
     report["identity"] = await run(sid, "sh", "-c", "id -u; id -un; cat /proc/self/uid_map; hostname; "
                                    "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
@@ -149,12 +149,12 @@ else:
                                                      "for l in open('/proc/net/dev').readlines()[2:]))"),
                              "dns": await run(net, "python3", "-c", "import socket; print(socket.gethostbyname('localhost'))"),
                              "host_addresses": slirp.host_addresses()}
-        slirp_pid = d._running(net).slirp_pid
+        slirp_pid = d._registry.running(net).slirp_pid
         await d.destroy(net)
         report["network"]["slirp_left"] = slirp_pid is not None and Path(f"/proc/{slirp_pid}/stat").is_file()  # noqa: ASYNC240
         report["port"] = await port_only(d, run, internet)
         report["allow"] = await allow_list(d, run, internet)
-    errors = {}
+    errors: dict[str, dict[str, object] | None] = {}
     for name, call in [
         ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
         ("disk", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(disk_bytes=2**30)))),
@@ -170,7 +170,7 @@ else:
     report["refused"] = errors
     ns = os.readlink(f"/proc/{sb.init_pid}/ns/pid")
     await d.destroy(sid)
-    left = []
+    left: list[str] = []
     for _ in range(50):
         left = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -228,7 +228,7 @@ async def allow_list(d: LocalDriver, run, internet: str) -> dict:  # type: ignor
     second = f"203.0.113.3:{port}"
     await d.provision(ProvisionRequest(sid, PY, network_enabled=True, network_allow=(f"{ip}/32",)))
     out = {"before": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)}
-    await d._apply_allow(sid, {f"{ip}/32": ["203.0.113.3/32"]})  # as if its name had moved
+    await d._network.apply_allow(sid, {f"{ip}/32": ["203.0.113.3/32"]})  # as if its name had moved
     out["after"] = await run(sid, "python3", "-c", connect_probe.SCRIPT, internet, second)
     await d.destroy(sid)
     return out

@@ -25,6 +25,7 @@ from core import runtimes
 from core.errors import FileNotFound, HutchError, InvalidInput
 from drivers.base import ExecRequest
 from drivers.local import rootfs
+from drivers.local.checkpoints import copy_layer
 from drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -281,10 +282,10 @@ async def test_checkpoint_restores_exactly_that_state(driver: LocalDriver, sandb
     await write(driver, sandbox, "edited.txt", b"v2\n")  # O_TRUNC: the same inode
     result, out = await run(driver, sandbox, "sh", "-c", "echo more >> a-hard.txt; echo new > later.txt; rm -rf /tmp/x")
     assert result.exit_code == 0, out.stderr
-    sb = driver._running(sandbox)
+    sb = driver._registry.running(sandbox)
     old_pid = sb.init_pid
     await driver.restore(sandbox, "ckpt_one")
-    assert driver._running(sandbox).init_pid != old_pid
+    assert driver._registry.running(sandbox).init_pid != old_pid
     assert await read(driver, sandbox, "edited.txt") == b"v1\n"
     assert await read(driver, sandbox, "a.txt") == b"same\n"
     assert await read(driver, sandbox, "/tmp/x/f") == b"lower-ish\n"
@@ -320,7 +321,7 @@ def test_layer_copies_keep_whiteouts_opaque_dirs_and_links(tmp_path: Path) -> No
     os.link(src / "f", src / "f2")
     os.symlink("/etc/shadow", src / "out")
     os.mkfifo(src / "fifo")
-    LocalDriver._copy_layer(src, tmp_path / "ckpt")
+    copy_layer(src, tmp_path / "ckpt")
     dst = tmp_path / "ckpt"
     assert os.getxattr(dst / "opaque", "trusted.overlay.opaque") == b"y"
     st = os.lstat(dst / "gone")

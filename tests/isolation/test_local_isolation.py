@@ -68,7 +68,7 @@ def status_of(pid: int) -> dict[str, str]:
 
 def sandbox_processes(driver: LocalDriver, sid: str) -> list[int]:
     """Host pids of the processes inside the sandbox's pid namespace."""
-    sb = driver._running(sid)
+    sb = driver._registry.running(sid)
     ns = os.readlink(f"/proc/{sb.init_pid}/ns/pid")
     assert driver._cgroups is not None
     found = []
@@ -387,7 +387,7 @@ async def test_processes_are_unprivileged_on_the_host(driver: LocalDriver, sandb
     await run(driver, sandbox, "sh", "-c", "sleep 300 >/dev/null 2>&1 &")
     pids = sandbox_processes(driver, sandbox)
     assert len(pids) >= 2  # init and the sleep
-    uid = driver._running(sandbox).uid
+    uid = driver._registry.running(sandbox).uid
     assert uid >= 200_000
     for pid in pids:
         st = status_of(pid)
@@ -456,7 +456,7 @@ def _mounted_anywhere(needle: str) -> bool:
 async def test_destroy_leaves_no_process_mount_cgroup_or_file(driver: LocalDriver) -> None:
     sid = await provision(driver, PY, resources=Resources(memory_bytes=256 * 2**20, pids=100))
     await run(driver, sid, "sh", "-c", "sleep 300 >/dev/null 2>&1 & echo x > f")
-    sb = driver._running(sid)
+    sb = driver._registry.running(sid)
     assert driver._cgroups is not None
     cgroups = driver._cgroups.paths(sid)
     pids = driver._cgroups.pids(sid)
@@ -483,9 +483,8 @@ def _spares(driver: LocalDriver) -> int:
 
 async def _no_pool(driver: LocalDriver) -> None:
     """Counting spares needs no warm pool refilling (and taking them) meanwhile."""
-    driver._pool_size = 0
-    while driver._background:
-        await asyncio.gather(*driver._background, return_exceptions=True)
+    driver._pool.size = 0
+    await driver._background.drain()
 
 
 async def test_a_recycled_skeleton_carries_nothing_of_its_last_sandbox(driver: LocalDriver) -> None:
@@ -494,14 +493,14 @@ async def test_a_recycled_skeleton_carries_nothing_of_its_last_sandbox(driver: L
     await _no_pool(driver)
     before = _spares(driver)
     first = await provision(driver, PY)
-    first_uid = driver._running(first).uid
+    first_uid = driver._registry.running(first).uid
     result, _ = await run(driver, first, "true")
     assert result.exit_code == 0
     await driver.destroy(first)
     assert _spares(driver) == before + 1
     second = await provision(driver, PY)
     assert _spares(driver) == before
-    uid = driver._running(second).uid
+    uid = driver._registry.running(second).uid
     assert uid != first_uid
     result, out = await run(driver, second, "sh", "-c",
                             "id -u; stat -c '%u %a' . /workspace; ls -A . /workspace; "
@@ -532,7 +531,7 @@ async def test_a_sandbox_that_left_anything_is_not_recycled(driver: LocalDriver,
 async def test_restart_recovers_live_sandboxes_and_reaps_dead_ones(driver: LocalDriver) -> None:
     live = await provision(driver, PY)
     dead = await provision(driver, PY)
-    dead_init = driver._running(dead).init_pid
+    dead_init = driver._registry.running(dead).init_pid
     os.kill(dead_init, 9)
     for _ in range(100):
         if not Path(f"/proc/{dead_init}").exists():

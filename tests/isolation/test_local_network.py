@@ -179,7 +179,7 @@ async def test_network_reaches_the_internet_but_not_the_host_or_other_sandboxes(
 
 async def test_destroy_and_restore_keep_the_network_right(driver: LocalDriver, fake_internet: tuple[str, int]) -> None:
     sid = await make(driver, network_enabled=True)
-    sb = driver._running(sid)
+    sb = driver._registry.running(sid)
     veth = network.host_veth(sb.uid - UID_BASE, True)
     assert veth in {n for _, n in socket.if_nameindex()}
     await driver.checkpoint(sid, "ckpt_net")
@@ -221,10 +221,10 @@ async def test_an_allow_list_limits_the_network_and_follows_its_names(
     # create must not be handed one of them.
     await driver.destroy(await make(driver))
     for _ in range(200):
-        if driver._pool.get(PY):
+        if driver._pool.idle.get(PY):
             break
         await asyncio.sleep(0.1)
-    assert driver._pool.get(PY) or driver._pool_size == 0
+    assert driver._pool.idle.get(PY) or driver._pool.size == 0
     with hosts_entry(name, INET_SERVER) as point:
         sid = new_id()
         # Listing the host's own address or the metadata service does not open them: a list narrows.
@@ -239,7 +239,7 @@ async def test_an_allow_list_limits_the_network_and_follows_its_names(
             assert not seen["169.254.169.254:80"].startswith("open"), seen
             # The name now points elsewhere: the next refresh follows it.
             point(INET_SERVER2)
-            await driver._allow.refresh()
+            await driver._network.allow.refresh()
             seen = await probe(driver, sid, targets[:2])
             assert seen[f"{INET_SERVER2}:{port}"].startswith("open HTTP/1."), seen
             assert seen[f"{INET_SERVER}:{port}"] == "ConnectionRefusedError", seen

@@ -129,5 +129,5 @@ async def test_a_large_export_arrives_whole_every_time(driver: NomadDriver) -> N
     assert code == 0
     for i in range(2):
         await driver.checkpoint(sid, f"ckpt_{i}")
-        with tarfile.open(driver._checkpoint_path(sid, f"ckpt_{i}")) as tf:  # raises on a short archive
+        with tarfile.open(driver._files.checkpoint_path(sid, f"ckpt_{i}")) as tf:  # raises on a short archive
             assert {m.name: m.size for m in tf.getmembers() if m.isfile()} == {"big": 31457280, "f": 4}

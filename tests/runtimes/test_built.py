@@ -16,6 +16,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from pytest_aiohttp import AiohttpClient
 
 from api.app import create_app
 from api.config import Config
@@ -71,7 +72,7 @@ async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
 
 async def _run(driver: LocalDriver, sid: str, *argv: str) -> tuple[int, str]:
     sink = Recorder()
-    result = await driver.exec(ExecRequest(new_id("ex"), sid, argv), sink)  # type: ignore[arg-type]
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, argv), sink)
     return result.exit_code, sink.stdout + sink.stderr
 
 
@@ -143,7 +144,7 @@ def test_hutch_runtime_build_reports_cached_builds_and_refuses_unknown_names(bui
     assert nothing.returncode == 2 and "--all" in nothing.stderr
 
 
-async def test_the_api_lists_unbuilt_runtimes_and_refuses_unknown_ones(aiohttp_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_the_api_lists_unbuilt_runtimes_and_refuses_unknown_ones(aiohttp_client: AiohttpClient, tmp_path: Path) -> None:
     """Every catalog runtime is listed, built or not (an unbuilt one is built at its first use:
     tests/api/test_first_use*.py; a server without root says how to build it instead:
     test_local_rootless.py); names outside the catalog are 404 naming the known ones."""
@@ -161,7 +162,8 @@ async def test_the_api_lists_unbuilt_runtimes_and_refuses_unknown_ones(aiohttp_c
     assert resp.status == 404 and "runtimeId" in (await resp.json())["message"]
 
 
-async def test_create_by_runtime_id_on_a_built_runtime(aiohttp_client, tmp_path: Path, built_runtimes: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_create_by_runtime_id_on_a_built_runtime(aiohttp_client: AiohttpClient, tmp_path: Path,
+                                                      built_runtimes: Path) -> None:  # noqa: F811
     app = create_app(Config(data_dir=tmp_path / "data", api_key=KEY, driver="local", runtime_cache=built_runtimes))
     client = await aiohttp_client(app)
     py = rootfs.lookup("python:3.13")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import attrs
 import pytest
@@ -64,7 +65,8 @@ def test_recipe_hash_covers_what_changes_the_tree_and_nothing_else() -> None:
 
 def test_a_debian_only_recipe_keeps_the_hash_it_had_before_extras_existed() -> None:
     # Builds cached before npm/PyPI extras existed stay valid (CI caches hold them).
-    assert runtimes.find("base:latest").recipe_hash == "2f4278e6c3f1dee5"  # type: ignore[union-attr]
+    base = runtimes.find("base:latest")
+    assert base is not None and base.recipe_hash == "2f4278e6c3f1dee5"
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -78,11 +80,12 @@ def test_a_debian_only_recipe_keeps_the_hash_it_had_before_extras_existed() -> N
 ])
 def test_unpinned_or_escaping_recipes_are_refused(field: str, value: object) -> None:
     base = runtimes.find("base:latest")
+    assert base is not None
     with pytest.raises(ValueError, match=field):
-        attrs.evolve(base, **{field: value})  # type: ignore[arg-type]
+        attrs.evolve(base, **{field: value})  # type: ignore[arg-type]  # the field is a parameter
 
 
-def test_unknown_and_unbuilt_runtimes_say_what_to_do(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_and_unbuilt_runtimes_say_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(RuntimeNotFound, match=r"unknown runtime 'ruby:3'.*known: base:latest"):
         rootfs.lookup("ruby:3")
     hint = f"node:lts is not built on this host; build it with: hutch runtime build node:lts --cache {tmp_path}"

@@ -16,7 +16,7 @@ import posixpath
 import tarfile
 import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -30,6 +30,9 @@ class Step:
     stream: str  # "stdout" | "stderr"
     data: bytes
     delay: float = 0.0
+    # Awaited before the step is played: orders a step after something the client did (e.g. it
+    # has received the previous chunk), which a delay only makes likely on a loaded machine.
+    after: Callable[[], Awaitable[object]] | None = None
 
 
 @attrs.define
@@ -131,6 +134,8 @@ class FakeWire:
             for step in script.steps:
                 if step.delay:
                     await asyncio.sleep(step.delay)
+                if step.after is not None:
+                    await step.after()
                 async with ex.changed:  # type: ignore[union-attr]
                     (ex.out if step.stream == "stdout" else ex.err).extend(step.data)
                     ex.changed.notify_all()  # type: ignore[union-attr]

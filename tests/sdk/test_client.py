@@ -69,13 +69,15 @@ async def test_run_sends_a_oneshot_create_and_returns_exit_code_and_output(
 async def test_run_forwards_output_to_sinks_as_it_streams(
     client: SandboxClient, wire: FakeWire
 ) -> None:
+    first_seen = asyncio.Event()  # "b" is produced only once the client has "a"
     wire.script = lambda argv: Script(
-        [Step("stdout", b"a"), Step("stdout", b"b", 0.02), Step("stderr", "é".encode())]
+        [Step("stdout", b"a"), Step("stdout", b"b", after=first_seen.wait), Step("stderr", "é".encode())]
     )
     seen: list[bytes] = []
 
     async def on_stdout(chunk: bytes) -> None:
         seen.append(chunk)
+        first_seen.set()
 
     text = io.StringIO()
     result = await client.run(["x"], stdout=on_stdout, stderr=text)

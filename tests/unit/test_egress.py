@@ -22,7 +22,7 @@ def test_bad_entries_name_the_field(bad: list) -> None:
     assert err.value.field == "network.allow"
 
 
-async def test_a_refresh_applies_changes_only_and_keeps_addresses_of_names_that_fail(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_a_refresh_applies_changes_only_and_keeps_addresses_of_names_that_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     answers: dict[str, set[str] | Exception] = {"a.test": {"1.1.1.1/32"}, "b.test": {"2.2.2.2/32"}}
 
     async def fake(name: str) -> set[str]:
@@ -53,7 +53,7 @@ async def test_a_refresh_applies_changes_only_and_keeps_addresses_of_names_that_
     await lists.close()
 
 
-async def test_an_adopted_list_keeps_each_names_own_addresses(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_an_adopted_list_keeps_each_names_own_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
     # A restarted server adopts the per-name addresses it saved: a name that then fails to
     # resolve keeps its own addresses only, not every address of the list.
     async def fake(name: str) -> set[str]:
@@ -74,7 +74,7 @@ async def test_an_adopted_list_keeps_each_names_own_addresses(monkeypatch) -> No
     await lists.close()
 
 
-async def test_a_name_that_does_not_resolve_at_create_is_a_400(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_a_name_that_does_not_resolve_at_create_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
     async def fake(name: str) -> set[str]:
         raise OSError("Name or service not known")
 

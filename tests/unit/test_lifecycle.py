@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import reduce
 
 import pytest
 
 from core.errors import IllegalTransition
-from core.events import Event, SandboxCreated
+from core.events import Event, EventData, SandboxCreated
 from core.lifecycle import (
+    Command,
     Destroy,
     Fail,
     FinishExecution,
@@ -19,8 +21,8 @@ from core.lifecycle import (
 from core.models import ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
 
 
-def fold(sb: Sandbox | None, payloads: list[object]) -> Sandbox:
-    events = [Event(f"evt_{i}", "sbx_1", f"2026-01-01T00:00:{i:02d}.000Z", p) for i, p in enumerate(payloads)]  # type: ignore[arg-type]
+def fold(sb: Sandbox | None, payloads: Sequence[EventData]) -> Sandbox:
+    events = [Event(f"evt_{i}", "sbx_1", f"2026-01-01T00:00:{i:02d}.000Z", p) for i, p in enumerate(payloads)]
     out = reduce(evolve_sandbox, events, sb)
     assert out is not None
     return out
@@ -30,8 +32,8 @@ def new(mode: Mode = Mode.INTERACTIVE) -> Sandbox:
     return fold(None, [SandboxCreated(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", mode=mode))])
 
 
-def step(sb: Sandbox, command: object) -> Sandbox:
-    return fold(sb, decide(sb, command))  # type: ignore[arg-type]
+def step(sb: Sandbox, command: Command) -> Sandbox:
+    return fold(sb, decide(sb, command))
 
 
 def test_interactive_lifecycle() -> None:
@@ -54,7 +56,7 @@ def test_oneshot_completes_with_the_exit_code_then_terminates() -> None:
     sb = step(step(new(Mode.ONESHOT), Start()), StartExecution("exec_1", ("false",)))
     sb = step(sb, FinishExecution("exec_1", ExecutionStatus.COMPLETED, exit_code=1))
     events = decide(sb, Terminate(reason="done", exit_code=1))
-    assert [e.type for e in events] == ["lifecycle:completed", "lifecycle:terminated"]  # type: ignore[attr-defined]
+    assert [e.type for e in events] == ["lifecycle:completed", "lifecycle:terminated"]
     sb = fold(sb, events)
     assert sb.status is SandboxStatus.TERMINATED and sb.exit_code == 1
     with pytest.raises(IllegalTransition):
@@ -71,12 +73,12 @@ def test_oneshot_completes_with_the_exit_code_then_terminates() -> None:
         ([], StartExecution("exec_1", ("ls",))),  # still creating
     ],
 )
-def test_illegal_transitions_raise_and_change_nothing(setup: list[object], command: object) -> None:
+def test_illegal_transitions_raise_and_change_nothing(setup: list[Command], command: Command) -> None:
     sb = new()
     for c in setup:
         sb = step(sb, c)
     with pytest.raises(IllegalTransition) as info:
-        decide(sb, command)  # type: ignore[arg-type]
+        decide(sb, command)
     assert sb.sandbox_id in info.value.message and info.value.status == 409
 
 

@@ -43,13 +43,15 @@ def write(path: Path, doc: object) -> Path:
     return path
 
 
-def load(tmp_path: Path, doc: object, name: str = "agentuity-snapshot.yaml", **kw: Mapping[str, str]) -> BuildSpec:
-    return load_build_file(write(tmp_path / name, doc), **kw)
+def load(tmp_path: Path, doc: object, name: str = "agentuity-snapshot.yaml", *,
+         env_vars: Mapping[str, str] = {}, metadata_vars: Mapping[str, str] = {}) -> BuildSpec:
+    return load_build_file(write(tmp_path / name, doc), env_vars=env_vars, metadata_vars=metadata_vars)
 
 
-def error(tmp_path: Path, doc: object, **kw: Mapping[str, str]) -> str:
+def error(tmp_path: Path, doc: object, *,
+          env_vars: Mapping[str, str] = {}, metadata_vars: Mapping[str, str] = {}) -> str:
     with pytest.raises(BuildFileError) as info:
-        load(tmp_path, doc, **kw)
+        load(tmp_path, doc, env_vars=env_vars, metadata_vars=metadata_vars)
     return str(info.value)
 
 
@@ -266,7 +268,8 @@ def test_write_archive_round_trip(tree: Path) -> None:
         for m, f in zip(members, files, strict=True):
             assert m.isreg() and (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", "")
             assert m.mode == f.mode and m.size == f.size
-            assert tar.extractfile(m).read() == f.source.read_bytes()  # type: ignore[union-attr]
+            member = tar.extractfile(m)
+            assert member is not None and member.read() == f.source.read_bytes()
     assert members[[m.name for m in members].index("index.js")].mode == 0o755
 
 

@@ -7,6 +7,7 @@ import pytest
 from core.errors import InvalidInput
 from core.events import (
     Event,
+    EventData,
     SandboxStarted,
     SnapshotCreated,
     SnapshotDeleted,
@@ -47,8 +48,8 @@ def test_names_and_tags() -> None:
             check_tag(bad)
 
 
-def event(data: object, at: str = "2026-01-01T00:00:00.000Z") -> Event:
-    return Event("evt_1", "snp_1", at, data)  # type: ignore[arg-type]
+def event(data: EventData, at: str = "2026-01-01T00:00:00.000Z") -> Event:
+    return Event("evt_1", "snp_1", at, data)
 
 
 def test_fold() -> None:

@@ -1,43 +1,121 @@
-# hutch's services as Nomad jobs (Nomad's `exec` driver, host volumes for state):
-# the OCI registry of runtime images, PostgreSQL (projections), Kafka in KRaft mode (the
-# event log) and the hutch API servers, which in turn place sandboxes as Nomad jobs.
+# hutch's services as Nomad jobs (Nomad's `exec` driver; state on dynamic host volumes; secrets
+# in Nomad variables): the OCI registry of runtime images, PostgreSQL (projections), Kafka in
+# KRaft mode (the event log) and the hutch API servers, which in turn place sandboxes as Nomad
+# jobs (hutch-containerd). The API servers and the broker get their code as artifacts from
+# var.artifact_base_url; everything else is on the clients already (nomad-node's packages).
 
 locals {
-  pool = join(",", [for runtime, count in var.warm_pools : "${runtime}=${count}"])
+  artifacts = "${trimsuffix(var.artifact_base_url, "/")}/"
+  pool      = length(var.warm_pools) == 0 ? "off" : join(",", [for runtime, count in var.warm_pools : "${runtime}=${count}"])
+
+  # The jobs that keep state, each on a volume of its own name (hutch-api: its data dir, where
+  # snapshots, checkpoints and finished streams live).
+  stateful = ["hutch-registry", "hutch-postgres", "hutch-kafka", "hutch-api"]
+
+  api_secrets = merge(
+    { api_key = var.api_key, postgres_password = var.postgres_password },
+    var.nomad_token == null ? {} : { nomad_token = var.nomad_token },
+  )
+}
+
+resource "nomad_dynamic_host_volume" "state" {
+  for_each  = toset(local.stateful)
+  name      = each.key
+  plugin_id = "mkdir" # built into every Nomad >= 1.10 client: a directory under host_volumes_dir
+  # The jobs run as nobody (the exec driver refuses root by default); PostgreSQL wants 0700.
+  parameters = { uid = "65534", gid = "65534", mode = "0700" }
+
+  capability {
+    access_mode     = "single-node-writer"
+    attachment_mode = "file-system"
+  }
+}
+
+# Nomad refuses to delete a volume an allocation still holds, and a job's deregistration returns
+# before its allocations have stopped. Destroyed after the job and before the volume, this waits
+# (up to 2 min) until the volume is free. Needs sh and curl where tofu runs.
+resource "terraform_data" "volume_released" {
+  for_each = nomad_dynamic_host_volume.state
+  input = {
+    url   = "${trimsuffix(var.nomad_addr, "/")}/v1/volume/host/${each.value.id}"
+    name  = each.key
+    token = var.nomad_token == null ? "" : var.nomad_token
+  }
+
+  provisioner "local-exec" {
+    when    = destroy
+    command = <<-SH
+      for i in $(seq 240); do
+        curl -fsS -H "X-Nomad-Token: $TOKEN" "$URL" | grep -q '"Allocations":\[{' || exit 0
+        sleep 0.5
+      done
+      echo "volume $NAME: still held by an allocation 2 min after its job was stopped" >&2
+      exit 1
+    SH
+    environment = {
+      URL   = self.input.url
+      NAME  = self.input.name
+      TOKEN = self.input.token
+    }
+  }
+}
+
+resource "nomad_variable" "postgres" {
+  path  = "nomad/jobs/hutch-postgres"
+  items = { password = var.postgres_password }
+}
+
+resource "nomad_variable" "api" {
+  path  = "nomad/jobs/hutch-api"
+  items = local.api_secrets
 }
 
 resource "nomad_job" "registry" {
   jobspec = templatefile("${path.module}/jobs/registry.nomad.hcl.tftpl", {
     datacenters = var.datacenters
+    volume      = nomad_dynamic_host_volume.state["hutch-registry"].name
   })
+  purge_on_destroy = true
+  depends_on       = [terraform_data.volume_released]
 }
 
 resource "nomad_job" "postgres" {
   jobspec = templatefile("${path.module}/jobs/postgres.nomad.hcl.tftpl", {
     datacenters = var.datacenters
-    password    = var.postgres_password
+    volume      = nomad_dynamic_host_volume.state["hutch-postgres"].name
+    secrets     = nomad_variable.postgres.path
   })
+  purge_on_destroy = true
+  depends_on       = [terraform_data.volume_released]
 }
 
 resource "nomad_job" "kafka" {
   jobspec = templatefile("${path.module}/jobs/kafka.nomad.hcl.tftpl", {
-    datacenters   = var.datacenters
-    kafka_version = var.kafka_version
+    datacenters = var.datacenters
+    volume      = nomad_dynamic_host_volume.state["hutch-kafka"].name
+    libs_url    = "${local.artifacts}kafka-libs-${var.kafka_version}.tgz"
+    memory      = var.kafka_memory
+    heap_mb     = floor(var.kafka_memory / 2)
   })
+  purge_on_destroy = true
+  depends_on       = [terraform_data.volume_released]
 }
 
 resource "nomad_job" "hutch" {
   jobspec = templatefile("${path.module}/jobs/hutch.nomad.hcl.tftpl", {
-    datacenters   = var.datacenters
-    replicas      = var.api_replicas
-    hutch_version = var.hutch_version
-    nomad_addr    = var.nomad_addr
-    pool          = local.pool
+    datacenters    = var.datacenters
+    replicas       = var.api_replicas
+    volume         = nomad_dynamic_host_volume.state["hutch-api"].name
+    hutch_version  = var.hutch_version
+    wheels_url     = "${local.artifacts}hutch-wheels-${var.hutch_version}.tar.gz"
+    nomad_addr     = var.nomad_addr
+    pool           = local.pool
+    image_registry = var.image_registry
+    public_url     = var.public_url
+    secrets        = nomad_variable.api.path
+    with_token     = nonsensitive(var.nomad_token != null)
   })
-  depends_on = [nomad_job.registry, nomad_job.postgres, nomad_job.kafka]
-}
-
-output "api_service" {
-  description = "The Nomad service name of the hutch API (port label http)."
-  value       = "hutch-api"
+  purge_on_destroy = true
+  # Not needed to start (the API waits for its services), but a destroy then stops it first.
+  depends_on = [terraform_data.volume_released, nomad_job.registry, nomad_job.postgres, nomad_job.kafka]
 }

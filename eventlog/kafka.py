@@ -57,165 +57,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import logging
 import socket
 import time
-import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
-from aiokafka.partitioner import murmur2
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from core.errors import InvalidInput, LogUnavailable
-from core.eventlog.base import EventLog
-from core.events import Event, decode, encode
+from core.eventlog.base import EventLog, GroupMember, LogCapabilities
+from core.events import Event
+from eventlog.kafka_groups import consume_group
+from eventlog.kafka_records import (
+    DEFAULT_PARTITIONS,
+    EPOCH_HEADER,
+    ID_CLOCK_SLACK_MS,
+    MAX_EVENT_BYTES,
+    MAX_GROUP_EVENTS,
+    PartitionReader,
+    ProducerSlot,
+    decode_record,
+    id_millis,
+    is_epoch,
+    pack_batches,
+    parse_url,
+    partition_for,
+    record_bytes,
+    retrieve_exception,
+)
+from eventlog.kafka_topics import ensure_topics
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PARTITIONS = 6
-MAX_EVENT_BYTES = 8 * 2**20
-# The most events one transaction carries; more pending appends wait for the next one.
-_MAX_GROUP_EVENTS = 5000
-# Time skew allowed between a sandbox id's timestamp and its first record's (per-sandbox reads
-# start at that time instead of the partition's beginning).
-_ID_CLOCK_SLACK_MS = 10 * 60 * 1000
-_TOPIC_CONFIG = {
-    "retention.ms": "-1",
-    "retention.bytes": "-1",
-    "cleanup.policy": "delete",
-    "max.message.bytes": str(MAX_EVENT_BYTES),
-}
-
-
-def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
-    """``kafka://host:port[,host:port]/topic[?partitions=6&replication=1]``."""
-    parts = urllib.parse.urlsplit(url)
-    topic = parts.path.strip("/")
-    if parts.scheme != "kafka" or not parts.netloc or not topic or "/" in topic:
-        raise InvalidInput(
-            f"event log: {url!r} is not kafka://HOST:PORT/TOPIC", field="event_log"
-        )
-    return parts.netloc, topic, dict(urllib.parse.parse_qsl(parts.query))
-
-
-@functools.lru_cache(maxsize=65536)  # murmur2 is pure Python: hash each sandbox once
-def partition_for(sandbox_id: str, partitions: int) -> int:
-    """The Java client's default partitioner (murmur2), so other clients agree on where a key lives."""
-    return int(murmur2(sandbox_id.encode()) & 0x7FFFFFFF) % partitions
-
-
-def _id_millis(sandbox_id: str) -> int | None:
-    """The creation time a ULID-style id carries (see ``core.ids``), or None for other ids."""
-    from core import ids
-
-    if not ids.is_id("sandbox", sandbox_id):
-        return None
-    value = 0
-    for ch in sandbox_id.split("_", 1)[1][:10]:
-        value = value * 32 + "0123456789abcdefghjkmnpqrstvwxyz".index(ch)
-    return value  # 10 chars = 50 bits: two zero bits, then the 48-bit timestamp
-
-
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    """Mark a future's exception as seen (it is reported through another path)."""
-    if not fut.cancelled():
-        fut.exception()
-
-
-def _batches(
-    producer: AIOKafkaProducer, records: list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]
-) -> list[tuple[Any, int]]:
-    """Pack (key, value, headers) records into record batches; returns (batch, record count)."""
-    out: list[tuple[Any, int]] = []
-    builder, count = producer.create_batch(), 0
-    for key, value, headers in records:
-        if builder.append(key=key, value=value, timestamp=None, headers=list(headers)) is None:
-            out.append((builder, count))
-            builder, count = producer.create_batch(), 0
-            builder.append(key=key, value=value, timestamp=None, headers=list(headers))  # a first record always fits
-        count += 1
-    out.append((builder, count))
-    return out
-
-
-def _record(event: Event) -> bytes:
-    return json.dumps(encode(event), separators=(",", ":")).encode()
-
-
-def _decode(value: bytes, position: int) -> Event:
-    return decode(json.loads(value), position=position)
-
-
-EPOCH_HEADER = "epoch"
-
-
-def _is_epoch(headers: Any) -> bool:
-    """The epoch record (see the module's docstring) is no event: every reader skips it."""
-    return any(k == EPOCH_HEADER for k, _ in (headers.items() if isinstance(headers, dict) else headers or ()))
-
-
-class _Reader:
-    """One consumer parked on one partition; reads are serialised by its lock."""
-
-    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
-        self.consumer = consumer
-        self.tp = tp
-        self.lock = asyncio.Lock()
-
-    async def bounds(self) -> tuple[int, int]:
-        """(first offset, last stable offset): committed data lives in [first, end)."""
-        c, tp = self.consumer, self.tp
-        first = (await c.beginning_offsets([tp]))[tp]
-        end = (await c.end_offsets([tp]))[tp]
-        return first, end
-
-    async def scan(self, start: int, end: int) -> AsyncIterator[tuple[int, bytes | None, bytes, dict[str, bytes]]]:
-        """(offset, key, value, headers) of committed records with start <= offset < end."""
-        c, tp = self.consumer, self.tp
-        if start >= end:
-            return
-        c.seek(tp, start)
-        c.resume(tp)
-        try:
-            while await c.position(tp) < end:
-                batch = await c.getmany(tp, timeout_ms=1000, max_records=10_000)
-                for rec in batch.get(tp, []):
-                    if rec.offset >= end:
-                        return
-                    yield rec.offset, rec.key, rec.value, dict(rec.headers or ())
-        finally:
-            # A parked reader does not fetch: its consumer's fetcher would otherwise poll forever.
-            c.pause(tp)
-
-
-class _Slot:
-    """One transactional producer. A transactional id allows one open transaction at a time."""
-
-    def __init__(self, transactional_id: str) -> None:
-        self.transactional_id = transactional_id
-        self.producer: AIOKafkaProducer | None = None
-
-    async def replace(self, factory) -> None:  # type: ignore[no-untyped-def]
-        await self.close()
-        self.producer = await factory(self.transactional_id)
-
-    async def close(self) -> None:
-        old, self.producer = self.producer, None
-        if old is not None:
-            # stop() flushes what is pending, which never ends while the broker is away.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(old.stop(), 5)
-
-
 class KafkaEventLog(EventLog):
+    capabilities = LogCapabilities(consumer_groups=True)
+
     def __init__(
         self,
         bootstrap: str,
@@ -241,13 +121,13 @@ class KafkaEventLog(EventLog):
         self.transactional_id = transactional_id or f"hutch-{socket.gethostname()}-{topic}"
         # Several producers, so a new transaction need not wait for the previous one's commit
         # markers (the broker answers CONCURRENT_TRANSACTIONS until they are written).
-        self._slots = [_Slot(f"{self.transactional_id}-{i}") for i in range(producers if writer else 0)]
-        self._idle: list[_Slot] = []
+        self._slots = [ProducerSlot(f"{self.transactional_id}-{i}") for i in range(producers if writer else 0)]
+        self._idle: list[ProducerSlot] = []
         self._watcher: AIOKafkaConsumer | None = None  # asks for end offsets; never fetches
         self._readable_waiters: list[tuple[dict[TopicPartition, int], asyncio.Future[None]]] = []
         self._readable_poller: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        self._readers: dict[TopicPartition, _Reader] = {}
+        self._readers: dict[TopicPartition, PartitionReader] = {}
         self._order_tp = TopicPartition(self.order_topic, 0)
         self._pending: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
         self._scan_from = 0  # no record of an unresolved append of ours lies below this offset
@@ -316,44 +196,9 @@ class KafkaEventLog(EventLog):
                 await r.consumer.stop()
 
     async def _ensure_topics(self) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id)
-        await admin.start()
-        try:
-            meta = await admin.describe_cluster()
-            self.cluster_id = meta.get("cluster_id")
-            brokers = len(meta["brokers"])
-            replication = self.replication or min(3, brokers)
-            wanted = [
-                NewTopic(self.topic, self.partitions, replication, topic_configs=_TOPIC_CONFIG),
-                NewTopic(self.order_topic, 1, replication, topic_configs=_TOPIC_CONFIG),
-            ]
-            existing = set(await admin.list_topics())
-            missing = [t for t in wanted if t.name not in existing]
-            if missing:
-                try:
-                    resp = await admin.create_topics(missing)
-                except TopicAlreadyExistsError:
-                    resp = None  # another process won the race
-                for name, code, *_ in getattr(resp, "topic_errors", ()):
-                    if code not in (0, TopicAlreadyExistsError.errno):
-                        raise LogUnavailable(f"cannot create Kafka topic {name}: error code {code}")
-            deadline = time.monotonic() + 30
-            while True:  # a new topic takes a moment to reach the metadata of every broker
-                described = await admin.describe_topics([self.topic, self.order_topic])
-                errors = {t["topic"]: t["error_code"] for t in described if t["error_code"] != 0}
-                if not errors and all(t["partitions"] for t in described):
-                    break
-                if time.monotonic() > deadline:
-                    raise LogUnavailable(f"Kafka topics not available: error codes {errors}")
-                await asyncio.sleep(0.05)
-            for t in described:
-                count = len(t["partitions"])
-                if t["topic"] == self.topic:
-                    self.partitions = count  # the topic's own count decides where keys live
-                elif count != 1:
-                    raise LogUnavailable(f"Kafka topic {t['topic']} must have one partition, has {count}")
-        finally:
-            await admin.close()
+        self.cluster_id, self.partitions = await ensure_topics(
+            self.bootstrap, self.topic, self.order_topic, partitions=self.partitions,
+            replication=self.replication, client_id=self.client_id)
 
     async def _write_epoch(self) -> None:
         """Start an empty log with its epoch record (order topic only: it has no sandbox)."""
@@ -363,7 +208,7 @@ class KafkaEventLog(EventLog):
         async with producer.transaction():
             fut = await producer.send(self.order_topic, value=json.dumps({"epoch": epoch}).encode(), partition=0,
                                       headers=[(EPOCH_HEADER, epoch.encode())])
-            fut.add_done_callback(_retrieve)
+            fut.add_done_callback(retrieve_exception)
             await fut
         log.info("event log %s/%s: new log, epoch %s", self.cluster_id, self.topic, epoch)
 
@@ -399,14 +244,14 @@ class KafkaEventLog(EventLog):
             raise
         return producer
 
-    async def _reader(self, tp: TopicPartition) -> _Reader:
+    async def _reader(self, tp: TopicPartition) -> PartitionReader:
         reader = self._readers.get(tp)
         if reader is None:
             consumer = self._consumer()
             await consumer.start()
             consumer.assign([tp])
             consumer.pause(tp)
-            reader = self._readers.setdefault(tp, _Reader(consumer, tp))
+            reader = self._readers.setdefault(tp, PartitionReader(consumer, tp))
             if reader.consumer is not consumer:
                 await consumer.stop()
         return reader
@@ -444,7 +289,7 @@ class KafkaEventLog(EventLog):
             slot = self._idle.pop(0)  # the longest idle: its last commit is surely complete
             group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
             count = 0
-            while self._pending and (not group or count + len(self._pending[0][0]) <= _MAX_GROUP_EVENTS):
+            while self._pending and (not group or count + len(self._pending[0][0]) <= MAX_GROUP_EVENTS):
                 item = self._pending.pop(0)
                 group.append(item)
                 count += len(item[0])
@@ -453,7 +298,7 @@ class KafkaEventLog(EventLog):
             task.add_done_callback(self._inflight.discard)
 
     async def _commit_group(
-        self, slot: _Slot, group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]]
+        self, slot: ProducerSlot, group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]]
     ) -> None:
         flat = [e for evs, _ in group for e in evs]
         try:
@@ -474,7 +319,7 @@ class KafkaEventLog(EventLog):
             if not self._closed:
                 self._dispatch()
 
-    async def _write_resolving(self, slot: _Slot, events: list[Event]) -> list[int]:
+    async def _write_resolving(self, slot: ProducerSlot, events: list[Event]) -> list[int]:
         """Write in one transaction; on failure find out what the broker kept, then retry the rest."""
         deadline = time.monotonic() + self.append_timeout
         delay = 0.1
@@ -503,7 +348,7 @@ class KafkaEventLog(EventLog):
             if found is not None:
                 return found
 
-    async def _write(self, slot: _Slot, events: list[Event]) -> list[int]:
+    async def _write(self, slot: ProducerSlot, events: list[Event]) -> list[int]:
         producer = slot.producer
         if producer is None:
             raise LogUnavailable("the Kafka event log is closed")
@@ -515,7 +360,7 @@ class KafkaEventLog(EventLog):
             offsets, keyed = await asyncio.wait_for(asyncio.shield(txn), self.txn_timeout)
         except TimeoutError:
             txn.cancel()
-            txn.add_done_callback(_retrieve)
+            txn.add_done_callback(retrieve_exception)
             raise KafkaTimeoutError(f"transaction not committed within {self.txn_timeout:g}s") from None
         # The commit marker follows the last record.
         self._scan_from = max(self._scan_from, offsets[-1] + 2)
@@ -530,14 +375,14 @@ class KafkaEventLog(EventLog):
         partitions with their positions. Returns the order offsets and, per keyed partition,
         the last offset written. Records go in explicit record batches: a batch gets
         consecutive offsets, and building batches costs far less than a send() per record."""
-        values = [_record(e) for e in events]
+        values = [record_bytes(e) for e in events]
         keys = [e.sandbox_id.encode() for e in events]
         async with producer.transaction():
-            order = _batches(producer, [(k, v, ()) for k, v in zip(keys, values, strict=True)])
+            order = pack_batches(producer, [(k, v, ()) for k, v in zip(keys, values, strict=True)])
             offsets: list[int] = []
             for builder, count in order:
                 fut = await producer.send_batch(builder, self.order_topic, partition=0)
-                fut.add_done_callback(_retrieve)
+                fut.add_done_callback(retrieve_exception)
                 base = (await fut).offset
                 offsets.extend(range(base, base + count))
             by_partition: dict[int, list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]] = {}
@@ -547,9 +392,9 @@ class KafkaEventLog(EventLog):
                 )
             pending = []
             for partition, records in by_partition.items():
-                for builder, count in _batches(producer, records):
+                for builder, count in pack_batches(producer, records):
                     fut = await producer.send_batch(builder, self.topic, partition=partition)
-                    fut.add_done_callback(_retrieve)
+                    fut.add_done_callback(retrieve_exception)
                     pending.append((fut, count))
             keyed: dict[TopicPartition, int] = {}
             for fut, count in pending:
@@ -643,9 +488,9 @@ class KafkaEventLog(EventLog):
             if not reverse:
                 out: list[Event] = []
                 async for off, _, value, headers in reader.scan(max(first, after), end):
-                    if _is_epoch(headers):
+                    if is_epoch(headers):
                         continue
-                    out.append(_decode(value, off + 1))
+                    out.append(decode_record(value, off + 1))
                     if limit is not None and len(out) >= limit:
                         break
                 return out
@@ -655,7 +500,7 @@ class KafkaEventLog(EventLog):
             window = 2 * (limit or 500) + 16
             while upper > first and (limit is None or len(newest) < limit):
                 lower = max(first, upper - window)
-                chunk = [_decode(v, off + 1) async for off, _, v, h in reader.scan(lower, upper) if not _is_epoch(h)]
+                chunk = [decode_record(v, off + 1) async for off, _, v, h in reader.scan(lower, upper) if not is_epoch(h)]
                 newest.extend(reversed(chunk))
                 upper, window = lower, window * 2
             return newest[:limit] if limit is not None else newest
@@ -666,9 +511,9 @@ class KafkaEventLog(EventLog):
         reader = await self._reader(tp)
         async with reader.lock:
             first, end = await reader.bounds()
-            born = _id_millis(sandbox_id)
+            born = id_millis(sandbox_id)
             if born is not None:
-                found = await reader.consumer.offsets_for_times({tp: max(0, born - _ID_CLOCK_SLACK_MS)})
+                found = await reader.consumer.offsets_for_times({tp: max(0, born - ID_CLOCK_SLACK_MS)})
                 hit = found.get(tp)
                 first = max(first, hit.offset if hit is not None else end)
             matches: list[Event] = []
@@ -678,7 +523,7 @@ class KafkaEventLog(EventLog):
                         continue
                     pos = int(headers["position"])
                     if pos > after:
-                        matches.append(_decode(value, pos))
+                        matches.append(decode_record(value, pos))
             else:
                 upper, window = end, 2 * (limit or 500) + 16
                 while upper > first and (limit is None or len(matches) < limit):
@@ -686,7 +531,7 @@ class KafkaEventLog(EventLog):
                     async for _, k, value, headers in reader.scan(lower, upper):
                         pos = int(headers["position"])
                         if k == key and (after <= 0 or pos < after):
-                            matches.append(_decode(value, pos))
+                            matches.append(decode_record(value, pos))
                     upper, window = lower, window * 2
         # Writers from different processes may interleave in a partition: order by position.
         matches.sort(key=lambda e: e.position or 0, reverse=reverse)
@@ -719,8 +564,11 @@ class KafkaEventLog(EventLog):
                     await asyncio.sleep(0.5)
                     continue
                 for rec in batch.get(tp, []):
-                    if not _is_epoch(rec.headers):
-                        yield _decode(rec.value, rec.offset + 1)
+                    if not is_epoch(rec.headers):
+                        yield decode_record(rec.value, rec.offset + 1)
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+    async def consume_group(self, group: str, member: GroupMember) -> None:
+        await consume_group(self.bootstrap, self.topic, group, member)

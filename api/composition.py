@@ -1,0 +1,133 @@
+"""The composition root: the one place that turns settings into the parts hutch runs on —
+the event log, the projection store, the projector, the blob store and the driver. The server
+(``api.app``), the operator commands (``projections.commands``), the benchmarks and the
+tests all build their parts here, so a backend is chosen in one place only.
+
+Building a part opens nothing: each is started (and closed) by whoever runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from api.config import Config
+from core.blobs import BlobStore
+from core.errors import InvalidInput
+from core.eventlog.base import EventLog
+from drivers.base import Driver
+from projections.base import ProjectionStore
+from projections.runner import Projector
+
+_POSTGRES = ("postgresql://", "postgres://")
+
+
+def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> EventLog:
+    """``sqlite`` (default: <data_dir>/events.db), ``sqlite:///abs/path.db``, or
+    ``kafka://HOST:PORT/TOPIC`` (see ``eventlog.kafka``).
+
+    ``read_only``: for readers that never append (``hutch projector``, ``hutch audit``); on
+    Kafka it keeps them from taking, and so fencing, the server's transactional ids."""
+    if url in ("sqlite", "embedded", ""):
+        from eventlog.sqlite import SqliteEventLog
+
+        return SqliteEventLog(data_dir / "events.db")
+    if url.startswith("sqlite://"):
+        from eventlog.sqlite import SqliteEventLog
+
+        return SqliteEventLog(Path(url.removeprefix("sqlite://")))
+    if url.startswith("kafka://"):
+        from eventlog.kafka import KafkaEventLog  # aiokafka only where Kafka is used
+
+        return KafkaEventLog.from_url(url, data_dir, writer=not read_only)
+    raise InvalidInput(
+        f"event log: unsupported URL {url!r}; expected 'sqlite', sqlite:///path or kafka://host:port/topic",
+        field="event_log",
+    )
+
+
+def open_store(url: str) -> ProjectionStore:
+    """``memory`` (the default: rebuilt from the log at every start) or ``postgresql://…``."""
+    if url in ("memory", ""):
+        from projections.memory import MemoryProjectionStore
+
+        return MemoryProjectionStore()
+    if url.startswith(_POSTGRES):
+        from projections.postgres import PostgresProjectionStore  # asyncpg only where used
+
+        return PostgresProjectionStore(url)
+    raise InvalidInput(f"store: unsupported store {url!r}; expected memory or postgresql://…", field="store")
+
+
+def open_persistent_store(url: str) -> ProjectionStore:
+    """A store that outlives the process, for the jobs that fill one for others to read
+    (``hutch projector``, ``hutch projections rebuild``); the memory store is refused."""
+    if not url.startswith(_POSTGRES):
+        raise InvalidInput(
+            f"store: {url!r} is not a persistent store; a separate projector and rebuild need "
+            "postgresql://… (the memory store is rebuilt by every server at start)",
+            field="store",
+        )
+    return open_store(url)
+
+
+def open_blob_store(store: str, data_dir: Path) -> BlobStore:
+    """Shared state (snapshot archives, disk checkpoints): PostgreSQL large objects with a
+    PostgreSQL store, so every replica reaches it; else files under the data dir (blobs/)."""
+    if store.startswith(_POSTGRES):
+        from blobs.postgres import PostgresBlobStore  # asyncpg only where used
+
+        return PostgresBlobStore(store)
+    from blobs.files import FileBlobStore
+
+    return FileBlobStore(data_dir)
+
+
+def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
+    if config.driver == "fake":
+        from drivers.fake.driver import FakeDriver
+
+        return FakeDriver()
+    if config.driver == "local":
+        from drivers.local.driver import LocalDriver
+
+        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
+    if config.driver == "nomad":
+        from drivers.nomad.driver import NomadDriver, pool_sizing_from_env
+
+        return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
+                           token=config.nomad_token,
+                           pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
+                           runtime_cache=config.runtimes_dir, blobs=blobs)
+    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
+
+
+def make_projector(event_log: EventLog, store: ProjectionStore, *, external: bool = False) -> Projector:
+    """The projector a process runs. ``external``: another process (``hutch projector``)
+    applies the log, and this one waits for the shared store to show each position."""
+    if external and not store.capabilities.shared:
+        raise InvalidInput("HUTCH_PROJECTOR: external needs a shared store (HUTCH_STORE=postgresql://…)",
+                           field="HUTCH_PROJECTOR")
+    return Projector(event_log, store, apply=not external)
+
+
+@attrs.frozen
+class ServerParts:
+    """What a server runs on, built but not started."""
+
+    event_log: EventLog
+    store: ProjectionStore
+    projector: Projector
+    driver: Driver
+    blobs: BlobStore
+
+
+def server_parts(config: Config) -> ServerParts:
+    """The server's parts, as ``config`` chooses them."""
+    event_log = open_event_log(config.event_log, config.data_dir)
+    store = open_store(config.store)
+    projector = make_projector(event_log, store, external=config.projector == "external")
+    blobs = open_blob_store(config.store, config.data_dir)
+    return ServerParts(event_log=event_log, store=store, projector=projector, driver=open_driver(config, blobs),
+                       blobs=blobs)

@@ -1,0 +1,97 @@
+"""Sandbox control: pause, resume, env changes and the ends of a sandbox (destroyed on
+request, terminated by the engine, or found ended by the driver), each recorded through
+the recorder with the driver call it stands for."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from typing import Any
+
+import attrs
+
+from api.reads import Reads
+from api.recorder import Recorder, iso
+from core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
+from core.models import Sandbox, SandboxStatus
+from core.quantities import parse_duration
+from drivers.base import Driver
+
+log = logging.getLogger(__name__)
+
+
+class SandboxControl:
+    def __init__(self, reads: Reads, recorder: Recorder, driver: Driver) -> None:
+        self._reads = reads
+        self._recorder = recorder
+        self._driver = driver
+
+    async def pause(self, sandbox_id: str) -> Sandbox:
+        def command(sb: Sandbox) -> Pause:
+            limit = sb.spec.timeout.paused
+            paused_for = parse_duration("timeout.paused", limit) if limit else 0.0
+            deadline = iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=paused_for)) if paused_for else None
+            return Pause(terminates_at=deadline)
+
+        await self._recorder.act(sandbox_id, command, lambda _: self._driver.pause(sandbox_id))
+        return await self._reads.require(sandbox_id)
+
+    async def resume(self, sandbox_id: str, *, auto: bool = False) -> Sandbox:
+        await self._recorder.act(sandbox_id, lambda _sb: Resume(auto=auto), lambda _: self._driver.resume(sandbox_id))
+        return await self._reads.require(sandbox_id)
+
+    async def set_env(self, sandbox_id: str, changes: dict[str, str | None]) -> dict[str, str]:
+        await self._reads.require(sandbox_id, include_deleted=False)
+        set_ = {k: v for k, v in changes.items() if v is not None}
+        unset = tuple(k for k, v in changes.items() if v is None)
+        await self._recorder.command(sandbox_id, ChangeEnv(set=set_, unset=unset))
+        return dict((await self._reads.require(sandbox_id)).spec.env)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        sb = await self._reads.require(sandbox_id)
+        if sb.status is SandboxStatus.DELETED:
+            return
+        await self._recorder.command(sandbox_id, Destroy())
+        for ex in await self._reads.store.list_executions(sandbox_id):
+            if not ex.status.is_final:
+                with contextlib.suppress(Exception):
+                    await self._driver.cancel(ex.execution_id)
+        used = await self._usage(sandbox_id)
+        await self._driver.destroy(sandbox_id)
+        await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True, **used))
+        self._recorder.forget(sandbox_id)
+
+    async def end(self, sandbox_id: str, command: Terminate) -> None:
+        """End a sandbox not destroyed on request (oneshot done, reaped, restart): the driver
+        lets it go, then the end is recorded with its usage."""
+        command = attrs.evolve(command, **await self._usage(sandbox_id))
+        try:
+            await self._driver.destroy(sandbox_id)
+        except Exception as err:  # still record the end; the driver cleans leftovers at start
+            log.exception("destroying %s failed", sandbox_id)
+            await self._recorder.command(sandbox_id, Fail(reason=f"destroy failed: {err}"))
+            return
+        await self._recorder.command(sandbox_id, command)
+        self._recorder.forget(sandbox_id)
+
+    async def ended(self, sandbox_id: str, reason: str, failed: bool) -> None:
+        """The driver saw a sandbox end on its own (a Nomad allocation lost or OOM-killed)."""
+        try:
+            sb = await self._reads.store.get_sandbox(sandbox_id)
+            if sb is None or sb.status.is_final:
+                return
+            await self._recorder.command(sandbox_id, Fail(reason=reason) if failed else Terminate(reason=reason))
+        except Exception:  # the driver's watcher must survive whatever happens here
+            log.exception("recording the end of sandbox %s failed", sandbox_id)
+
+    async def _usage(self, sandbox_id: str) -> dict[str, Any]:
+        """Best effort, just before the driver forgets the sandbox: stats want it later.
+        Travels in the lifecycle:terminated event (Terminate's usage fields)."""
+        try:
+            used = await self._driver.usage(sandbox_id)
+        except Exception:
+            log.warning("reading the usage of %s failed", sandbox_id, exc_info=True)
+            return {}
+        return {"cpu_seconds": round(used.cpu_seconds, 6) if used.cpu_seconds is not None else None,
+                "memory_peak_bytes": used.memory_peak_bytes}

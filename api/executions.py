@@ -1,0 +1,209 @@
+"""Executions and jobs: start a command in a sandbox, stream its output, record how it
+ended; cancel one (or stop a job) and cancel a command its waiters all left."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+import attrs
+
+from api.background import Background
+from api.control import SandboxControl
+from api.input_streams import InputStreams
+from api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
+from api.reads import Reads
+from api.recorder import Recorder
+from api.stream_ids import StreamIds
+from api.watchers import Watchers
+from api.wire import ExecuteRequest
+from core import ids
+from core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
+from core.lifecycle import FinishExecution, StartExecution, Terminate
+from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from core.quantities import format_bytes, parse_duration
+from drivers.base import Driver, ExecRequest, ExecResult
+
+log = logging.getLogger(__name__)
+
+JOB_STOP_GRACE_SECONDS = 10.0  # SIGTERM, then SIGKILL after this long
+CANCEL_WAIT_SECONDS = 10.0  # a cancel answers once the command's tree is gone (or after this)
+
+
+def default_timeout(spec: SandboxSpec) -> float | None:
+    if spec.timeout.execution is None:
+        return None
+    seconds = parse_duration("timeout.execution", spec.timeout.execution)
+    return seconds or None  # "0s" = no limit
+
+
+class Executions:
+    def __init__(self, *, reads: Reads, recorder: Recorder, control: SandboxControl, driver: Driver,
+                 outputs: OutputStore, streams: StreamIds, inputs: InputStreams, background: Background) -> None:
+        self._reads = reads
+        self._recorder = recorder
+        self._control = control
+        self._driver = driver
+        self._outputs = outputs
+        self._streams = streams
+        self._inputs = inputs
+        self._background = background
+        self.watchers = Watchers(self._abandoned)  # cancels a command its waiters all left
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[str] = set()  # jobs asked to stop: however they exit, they were cancelled
+        self._cancel_reasons: dict[str, str] = {}  # why a command being cancelled is
+
+    def running(self, execution_id: str) -> bool:
+        """Whether this server runs the command now (its task has not ended)."""
+        return execution_id in self._tasks
+
+    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
+        """Start a command; returns the execution and whether a paused sandbox was resumed for it."""
+        sb = await self._reads.wait_not_creating(sandbox_id)
+        auto_resumed = False
+        if sb.status is SandboxStatus.PAUSED:
+            await self._control.resume(sandbox_id, auto=True)
+            auto_resumed = True
+            sb = await self._reads.require(sandbox_id)
+        if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
+            raise IllegalTransition(
+                f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
+            )
+        if req.stream.stdin:
+            self._inputs.check(req.stream.stdin)
+        if req.files:
+            await self._driver.write_files(sandbox_id, req.files)
+        timeout = default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
+        execution_id = ids.new_id("execution")
+        await self.start(sandbox_id, execution_id, req.command, timeout, stream=req.stream)
+        return await self._reads.execution(execution_id), auto_resumed
+
+    async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
+        """A job is an execution of kind "job": it runs beside executions and other jobs,
+        outlives the request, and has no default time limit."""
+        sb = await self._reads.wait_not_creating(sandbox_id)
+        if sb.status is SandboxStatus.PAUSED:
+            await self._control.resume(sandbox_id, auto=True)
+        job_id = ids.new_id("job")
+        await self.start(sandbox_id, job_id, command, None, kind="job")
+        return await self._reads.execution(job_id)
+
+    async def cancel(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
+        """End a running command's whole process tree (status ``cancelled``); returns it ended."""
+        ex = await self._reads.visible_execution(execution_id)
+        if ex.status is ExecutionStatus.QUEUED:  # the initial command, behind its runtime's build
+            raise IllegalTransition(f"cannot cancel: execution {execution_id} is queued; destroy its sandbox")
+        if ex.status.is_final:
+            return ex
+        self._stopping.add(execution_id)  # however it exits now, it was cancelled
+        self._cancel_reasons[execution_id] = why
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        while not ex.status.is_final and time.monotonic() < deadline:
+            # Again until it ends: a command just started may not be the driver's to kill yet.
+            await self._driver.cancel(execution_id)
+            ex = await self._reads.get_execution(execution_id, wait=0.3)
+        return ex
+
+    async def _abandoned(self, execution_id: str) -> None:
+        ex = await self._reads.store.get_execution(execution_id)
+        if ex is not None and ex.type == "exec" and ex.status is ExecutionStatus.RUNNING:
+            await self.cancel(execution_id, why="cancelled: every client waiting for it went away "
+                              f"(none came back within {self.watchers.grace:g} s)")
+
+    async def stop_job(self, sandbox_id: str, job_id: str, *, force: bool,
+                       grace: float = JOB_STOP_GRACE_SECONDS) -> Execution:
+        """Graceful: SIGTERM to the job's process tree, SIGKILL after ``grace``. Forced: SIGKILL now."""
+        job = await self._reads.get_job(sandbox_id, job_id)
+        if job.status.is_final:
+            return job
+        self._stopping.add(job_id)
+        if not force:
+            try:
+                await self._driver.signal(job_id, signal.SIGTERM)
+            except NotSupported:
+                force = True
+            else:
+                job = await self._reads.get_execution(job_id, wait=grace)
+                if job.status.is_final:
+                    return job
+        await self._driver.cancel(job_id)
+        return await self._reads.get_execution(job_id, wait=10.0)
+
+    async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
+                    *, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT) -> None:
+        """Record the command started and run it in the background."""
+        # Streams exist before anyone learns their URLs, so a reader never sees a 404.
+        stdout = self._outputs.create(self._streams.derive(execution_id, "stdout"))
+        stderr = self._outputs.create(self._streams.derive(execution_id, "stderr"))
+        try:
+            await self._recorder.command(
+                sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind))
+        except BaseException:
+            self.close_streams(execution_id)
+            raise
+        task = self._background.spawn(
+            self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream)),
+            f"exec-{execution_id}")
+        self._tasks[execution_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
+
+    def close_streams(self, execution_id: str) -> None:
+        self._outputs.close(self._streams.derive(execution_id, "stdout"))
+        self._outputs.close(self._streams.derive(execution_id, "stderr"))
+
+    async def _run(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
+                   sink: ExecutionSink) -> None:
+        sb = await self._reads.require(sandbox_id)
+        started = time.monotonic()
+        error: str | None = None
+        result: ExecResult | None = None
+        stdin = self._inputs.reader(sink.options.stdin) if sink.options.stdin else None
+        try:
+            result = await self._driver.exec(
+                ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout,
+                            env=dict(sb.spec.env), stdin=stdin),
+                sink,
+            )
+        except asyncio.CancelledError:
+            error = "the server shut down while the command ran"
+        except HutchError as err:
+            error = err.message
+        except Exception as err:
+            log.exception("execution %s failed in the driver", execution_id)
+            error = f"{type(err).__name__}: {err}"
+        finally:
+            duration_ms = int((time.monotonic() - started) * 1000)
+            if stdin is not None:
+                await stdin.aclose()  # an upload still sending is told the command is done with it
+            truncated = any(s.truncated for s in sink.streams.values())
+            self.close_streams(execution_id)
+        finish = self._finish(sb, execution_id, result, error, timeout, duration_ms, truncated)
+        self._stopping.discard(execution_id)
+        with contextlib.suppress(IllegalTransition, SandboxNotFound):  # the sandbox ended under it
+            await self._recorder.command(sandbox_id, finish)
+        if sb.spec.mode is Mode.ONESHOT:
+            code = finish.exit_code if finish.exit_code is not None else 1
+            await self._control.end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))
+
+    def _finish(self, sb: Sandbox, execution_id: str, result: ExecResult | None, error: str | None,
+                timeout: float | None, duration_ms: int, truncated: bool) -> FinishExecution:
+        """How the command ended, from what the driver said (or the error it raised)."""
+        if result is None:
+            return FinishExecution(execution_id, ExecutionStatus.FAILED, error=error, duration_ms=duration_ms,
+                                   output_truncated=truncated)
+        done = FinishExecution(execution_id, ExecutionStatus.COMPLETED, exit_code=result.exit_code,
+                               duration_ms=duration_ms, output_truncated=truncated)
+        if result.timed_out:
+            return attrs.evolve(done, status=ExecutionStatus.TIMEOUT,
+                                error=f"timed out after {timeout:g}s" if timeout else "timed out")
+        if result.cancelled or execution_id in self._stopping:
+            return attrs.evolve(done, status=ExecutionStatus.CANCELLED,
+                                error=self._cancel_reasons.pop(execution_id, "cancelled"))
+        if result.oom_killed:
+            limit = sb.spec.resources.memory_bytes
+            return attrs.evolve(done, status=ExecutionStatus.FAILED,
+                                error="killed: out of memory" + (f" (limit {format_bytes(limit)})" if limit else ""))
+        return done

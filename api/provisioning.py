@@ -1,0 +1,158 @@
+"""Provisioning: a create request becomes a recorded sandbox made real by the driver — its
+runtime built first when the driver lacks it, seeded from a snapshot, given its files, and
+its initial command started."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+
+import attrs
+
+from api.background import Background, quietly
+from api.executions import Executions, default_timeout
+from api.input_streams import InputStreams
+from api.output import OutputStore
+from api.quotas import Quotas
+from api.reads import Reads
+from api.recorder import Recorder
+from api.snapshots import Snapshots
+from api.stream_ids import StreamIds
+from api.tenancy import owned
+from api.wire import CreateRequest
+from core import ids
+from core.errors import DriverFailure, HutchError, NotSupported
+from core.events import SandboxCreated
+from core.lifecycle import Fail, ReportBuild, Start
+from core.models import Sandbox, SandboxSpec, SandboxStatus
+from drivers.base import Driver, ProvisionRequest
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class Created:
+    sandbox: Sandbox
+    execution_id: str | None
+
+
+class Provisioning:
+    def __init__(self, *, reads: Reads, recorder: Recorder, driver: Driver, outputs: OutputStore,
+                 streams: StreamIds, inputs: InputStreams, quotas: Quotas, snapshots: Snapshots,
+                 executions: Executions, background: Background) -> None:
+        self._reads = reads
+        self._recorder = recorder
+        self._driver = driver
+        self._outputs = outputs
+        self._streams = streams
+        self._inputs = inputs
+        self._quotas = quotas
+        self._snapshots = snapshots
+        self._executions = executions
+        self._background = background
+
+    async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
+        """Record the sandbox and make it real. A catalog runtime the driver lacks is built
+        first (``Driver.build_runtime``): then the answer comes at once with the sandbox
+        ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
+        execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
+        tenants = self._reads.tenants
+        req = attrs.evolve(req, spec=owned(req.spec, tenants.directory if tenants else None))
+        spec = req.spec
+        build = spec.runtime not in self._driver.runtimes_available()
+        self._check_capabilities(spec)
+        sandbox_id = ids.new_id("sandbox")
+        if (spec.dependencies or spec.packages) and not build:
+            # Installing is where a bad package name shows: before the sandbox is recorded.
+            await self._driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
+        if req.stream.stdin:
+            self._inputs.check(req.stream.stdin)
+        execution_id = ids.new_id("execution") if req.command else None
+        queued = tuple(req.command) if build and req.command else None
+        async with self._recorder.lock(spec.org_id):  # the quota's check and the create it allows, as one
+            await self._quotas.check_sandbox(spec.org_id, spec)
+            await self._recorder.append(sandbox_id, [SandboxCreated(spec=spec, api_key_id=api_key_id,
+                                                                    initial_execution_id=execution_id,
+                                                                    initial_command=queued)])
+        if build:
+            if execution_id:  # readers of its streams wait for the command instead of reading nothing
+                self._outputs.create(self._streams.derive(execution_id, "stdout"))
+                self._outputs.create(self._streams.derive(execution_id, "stderr"))
+            self._reads.building.add(sandbox_id)
+            self._background.spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
+        else:
+            await self._start_sandbox(sandbox_id, req, execution_id)
+        return Created(sandbox=await self._reads.require(sandbox_id), execution_id=execution_id)
+
+    def _check_capabilities(self, spec: SandboxSpec) -> None:
+        """Refuse what the driver cannot give, before anything is recorded."""
+        caps, name = self._driver.capabilities, self._driver.name
+        for field, asked, can, what in (
+            ("network.enabled", spec.network.enabled, caps.network, "give sandboxes network access"),
+            ("network.allow", spec.network.allow, caps.egress_allow, "limit a network to destinations"),
+            ("network.port", spec.network.port is not None, caps.ports, "expose ports"),
+        ):
+            if asked and not can:
+                raise NotSupported(f"{field}: driver {name} cannot {what}", field=field)
+        if (spec.dependencies or spec.packages) and not caps.installs:
+            field = "dependencies" if spec.dependencies else "packages"
+            raise NotSupported(f"{field}: driver {name} cannot install them at create", field=field)
+
+    def prebuild(self, names: Iterable[str]) -> None:
+        """Build these runtimes in the background (``--prebuild``); creates join the build."""
+        for name in set(names) - self._driver.runtimes_available():
+            self._background.spawn(
+                quietly(self._driver.build_runtime(name, lambda line: log.info("prebuild: %s", line))),
+                f"prebuild-{name}")
+
+    async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
+        spec = req.spec
+        try:
+            await self._driver.provision(ProvisionRequest.for_spec(sandbox_id, spec))
+            if spec.snapshot_id:
+                await self._snapshots.seed(sandbox_id, spec.snapshot_id)
+            if req.files:
+                await self._driver.write_files(sandbox_id, req.files)
+        except BaseException as err:
+            reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
+            with contextlib.suppress(Exception):
+                await self._driver.destroy(sandbox_id)
+            await self._recorder.command(sandbox_id, Fail(reason=f"provisioning failed: {reason}"))
+            if isinstance(err, HutchError):
+                raise
+            if not isinstance(err, Exception):
+                raise
+            raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
+        await self._recorder.command(sandbox_id, Start())
+        if req.command and execution_id:
+            await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
+                                         stream=req.stream)
+
+    async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
+        spec = req.spec
+        started = False
+        try:
+            try:
+                await self._driver.build_runtime(spec.runtime, lambda line: self._report_build(sandbox_id, spec, line))
+                if spec.dependencies or spec.packages:
+                    await self._driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
+            except Exception as err:
+                reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
+                log.warning("sandbox %s: runtime %s could not be built: %s", sandbox_id, spec.runtime, reason)
+                await quietly(self._recorder.command(
+                    sandbox_id, Fail(reason=f"runtime {spec.runtime} could not be built: {reason}")))
+                return
+            sb = await self._reads.store.get_sandbox(sandbox_id)
+            if sb is None or sb.status is not SandboxStatus.CREATING:
+                return  # destroyed while its runtime was built
+            await quietly(self._start_sandbox(sandbox_id, req, execution_id))
+            started = True
+        finally:
+            self._reads.building.discard(sandbox_id)
+            if execution_id and not (started and self._executions.running(execution_id)):
+                self._executions.close_streams(execution_id)
+
+    def _report_build(self, sandbox_id: str, spec: SandboxSpec, line: str) -> None:
+        self._background.spawn(quietly(self._recorder.command(sandbox_id, ReportBuild(spec.runtime, line))),
+                               "build-progress")

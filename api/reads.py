@@ -1,0 +1,154 @@
+"""Reads: queries over the projection store, seen through the request's tenancy scope, and
+the long-polls that hold until the store shows a state (read-your-writes for the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import attrs
+
+from core import tenancy
+from core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
+from core.eventlog.base import EventLog
+from core.events import Event
+from core.models import Execution, Sandbox, SandboxStatus
+from core.tenancy import LOCAL_ORG, SCOPE, visible
+from projections.base import ProjectionStore, SandboxQuery
+from projections.runner import Projector
+
+if TYPE_CHECKING:
+    from api.tenancy import Tenants
+
+T = TypeVar("T")
+
+MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for 5m)
+CREATING_WAIT_SECONDS = 60.0
+
+
+class Reads:
+    def __init__(self, store: ProjectionStore, event_log: EventLog, projector: Projector) -> None:
+        self.store = store
+        self.log = event_log
+        self.projector = projector
+        self.tenants: Tenants | None = None  # set by the app (api/tenancy.py); None: one organization
+        # Sandboxes waiting for their runtime's first build (api/provisioning.py keeps it):
+        # a wait for them to leave ``creating`` holds as long as the build takes.
+        self.building: set[str] = set()
+
+    # ---------------------------------------------------------------- scope
+
+    def scoped(self, query: SandboxQuery) -> SandboxQuery:
+        """``query`` limited to what the request being served may see."""
+        scope = SCOPE.get()
+        if scope is None:
+            return query
+        return attrs.evolve(query, org_id=scope.org_id, projects=scope.projects)
+
+    def resolved(self, query: SandboxQuery) -> SandboxQuery:
+        """The query in the caller's scope, a project's name filtering like its id."""
+        query = self.scoped(query)
+        if query.project_id and self.tenants is not None:
+            with contextlib.suppress(InvalidInput):
+                project = tenancy.resolve_project(self.tenants.directory, query.org_id or LOCAL_ORG, query.project_id)
+                query = attrs.evolve(query, project_id=project)
+        return query
+
+    # ---------------------------------------------------------------- sandboxes
+
+    async def require(self, sandbox_id: str, *, include_deleted: bool = True) -> Sandbox:
+        sb = await self.store.get_sandbox(sandbox_id)
+        if sb is None or (sb.status is SandboxStatus.DELETED and not include_deleted) or not visible(
+                sb.spec.org_id, sb.spec.project_id):
+            # Another organization's sandbox is as absent as one that never was.
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+        return sb
+
+    async def list(self, query: SandboxQuery) -> tuple[builtins.list[Sandbox], int]:
+        return await self.store.list_sandboxes(self.resolved(query))
+
+    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
+        await self.require(sandbox_id)
+        return await self.wait(
+            lambda: self.require(sandbox_id), lambda s: s.status in statuses, min(wait, MAX_WAIT_SECONDS)
+        )
+
+    async def wait_not_creating(self, sandbox_id: str) -> Sandbox:
+        sb = await self.require(sandbox_id, include_deleted=False)
+        ready: set[SandboxStatus] = {s for s in SandboxStatus if s is not SandboxStatus.CREATING}
+        if sb.status is SandboxStatus.CREATING:
+            sb = await self.wait_status(sandbox_id, ready, CREATING_WAIT_SECONDS)
+        while sb.status is SandboxStatus.CREATING and sandbox_id in self.building:
+            sb = await self.wait_status(sandbox_id, ready, MAX_WAIT_SECONDS)  # a first build takes minutes
+        return sb
+
+    async def events(self, sandbox_id: str, *, limit: int, reverse: bool) -> builtins.list[Event]:
+        await self.require(sandbox_id)
+        return await self.log.read(0, sandbox_id=sandbox_id, limit=limit, reverse=reverse)
+
+    # ---------------------------------------------------------------- executions and jobs
+
+    async def visible_execution(self, execution_id: str) -> Execution:
+        ex = await self.store.get_execution(execution_id)
+        if ex is not None and SCOPE.get() is not None:
+            sb = await self.store.get_sandbox(ex.sandbox_id)
+            if sb is None or not visible(sb.spec.org_id, sb.spec.project_id):
+                ex = None
+        if ex is None:
+            raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
+        return ex
+
+    async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
+        ex = await self.visible_execution(execution_id)
+        if ex.status.is_final or wait <= 0:
+            return ex
+        return await self.wait(
+            lambda: self.execution(execution_id), lambda e: e.status.is_final, min(wait, MAX_WAIT_SECONDS)
+        )
+
+    async def execution(self, execution_id: str) -> Execution:
+        """An execution known to exist (the engine recorded it), unscoped."""
+        ex = await self.store.get_execution(execution_id)
+        assert ex is not None
+        return ex
+
+    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+        await self.require(sandbox_id)
+        found = [e for e in await self.store.list_executions(sandbox_id) if e.type != "job"]
+        return found[:limit] if limit is not None else found
+
+    async def get_job(self, sandbox_id: str, job_id: str) -> Execution:
+        await self.require(sandbox_id)
+        job = await self.store.get_execution(job_id)
+        if job is None or job.type != "job" or job.sandbox_id != sandbox_id:
+            raise ExecutionNotFound(f"job {job_id} not found in sandbox {sandbox_id}", job_id=job_id)
+        return job
+
+    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+        await self.require(sandbox_id)
+        jobs = [e for e in await self.store.list_executions(sandbox_id) if e.type == "job"]
+        return jobs[:limit] if limit is not None else jobs
+
+    # ---------------------------------------------------------------- waiting
+
+    async def wait(self, read: Callable[[], Awaitable[T]], done: Callable[[T], bool], wait: float) -> T:
+        """Hold until ``done(read())`` or ``wait`` seconds pass; returns the last read."""
+        queue = self.projector.listen()
+        deadline = time.monotonic() + wait
+        try:
+            while True:
+                value = await read()
+                remaining = deadline - time.monotonic()
+                if done(value) or remaining <= 0:
+                    return value
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await queue.get()
+                while not queue.empty():  # coalesce a burst of events into one re-read
+                    queue.get_nowait()
+        finally:
+            self.projector.unlisten(queue)

@@ -1,0 +1,61 @@
+"""Recovery on start-up: what the driver runs and what the log says is live are brought
+back into agreement before the server takes requests."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from api.control import SandboxControl
+from api.recorder import Recorder
+from core.lifecycle import Fail, FinishExecution, Terminate
+from core.models import ExecutionStatus, Mode, SandboxStatus
+from drivers.base import Driver
+from projections.base import ProjectionStore, SandboxQuery
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    def __init__(self, store: ProjectionStore, recorder: Recorder, control: SandboxControl, driver: Driver) -> None:
+        self._store = store
+        self._recorder = recorder
+        self._control = control
+        self._driver = driver
+
+    async def run(self) -> None:
+        """Sandboxes whose processes died with an old server end through a lifecycle event;
+        running ones that no event gives an owner are destroyed."""
+        alive = await self._driver.alive()
+        live, _ = await self._store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+        await self._destroy_unowned(alive - {sb.sandbox_id for sb in live})
+        for sb in live:
+            if sb.sandbox_id in alive and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
+                for ex in await self._store.list_executions(sb.sandbox_id):
+                    if not ex.status.is_final:
+                        await self._recorder.command(
+                            sb.sandbox_id,
+                            FinishExecution(ex.execution_id, ExecutionStatus.FAILED, error="the server restarted while it ran"),
+                        )
+                if sb.spec.mode is Mode.ONESHOT:
+                    await self._control.end(sb.sandbox_id,
+                                            Terminate(reason="the server restarted during the oneshot command"))
+                continue
+            reason = "the server restarted and the sandbox's processes were gone"
+            if sb.status is SandboxStatus.CREATING:
+                await self._recorder.command(sb.sandbox_id, Fail(reason=reason))
+            else:
+                await self._recorder.command(sb.sandbox_id, Terminate(reason=reason))
+            with contextlib.suppress(Exception):
+                await self._driver.destroy(sb.sandbox_id)
+
+    async def _destroy_unowned(self, candidates: set[str]) -> None:
+        """The driver runs them but the log says none is live: either the log has no record of
+        them (made while another log was in use: a swapped events.db, a store rebuilt from a new
+        log) or it says they ended. No one could reach them through the API: destroyed."""
+        for sandbox_id in sorted(candidates):
+            sb = await self._store.get_sandbox(sandbox_id)
+            why = "the event log has no record of it" if sb is None else f"the event log says it is {sb.status.value}"
+            log.warning("sandbox %s is running but %s; destroying it", sandbox_id, why)
+            with contextlib.suppress(Exception):
+                await self._driver.destroy(sandbox_id)

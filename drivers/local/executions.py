@@ -1,0 +1,188 @@
+"""Executions in the local driver's sandboxes: commands, terminals, batch file writes,
+their cancel and signals, pause/resume (the freezer) and the pids guard.
+
+Each runs as a hutch-nsexec process in a cgroup leaf of its own (nsexec.py). Exit codes:
+a timeout gives 124 (``timed_out``); a cancel gives 137 (``cancelled``, the tree was
+SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import re
+import secrets
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from core.errors import DriverFailure, IllegalTransition, InvalidInput, NotSupported
+from drivers.base import (
+    ExecRequest,
+    ExecResult,
+    FileToWrite,
+    OutputSink,
+    Terminal,
+    TerminalRequest,
+    check_env,
+)
+from drivers.local import pidsguard, rootfs, terminal
+from drivers.local.cgroups import Cgroups
+from drivers.local.nsexec import Nsexec
+from drivers.local.pidsguard import PidsGuard
+from drivers.local.state import Execution, Registry, Sandbox
+
+HOME = rootfs.SANDBOX_HOME
+USER = rootfs.SANDBOX_USER
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+EXIT_TIMEOUT = 124
+EXIT_CANCELLED = 128 + signal.SIGKILL
+NO_FREEZER = "pause needs the cgroup freezer; this server runs without root (rootless mode)"
+
+
+class Executions:
+    """Runs and controls what executes in the sandboxes of one driver."""
+
+    def __init__(self, registry: Registry, nsexec: Nsexec, cgroups: Cgroups | None) -> None:
+        self._registry = registry
+        self._nsexec = nsexec
+        self._cgroups = cgroups
+
+    @staticmethod
+    def _env(sb: Sandbox, extra: Mapping[str, str]) -> dict[str, str]:
+        check_env(extra, "env")
+        env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
+               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox"}
+        env.update(sb.env)
+        env.update(extra)
+        return env
+
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        sb = self._registry.running(req.sandbox_id)
+        if not req.argv:
+            raise InvalidInput("command must not be empty", field="command")
+        executions = self._registry.executions
+        if req.execution_id in executions:
+            raise IllegalTransition(f"execution {req.execution_id} is already running")
+        env = self._env(sb, req.env)
+        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
+        leaf = "x-" + re.sub(r"[^A-Za-z0-9_.-]", "_", req.execution_id)[:100]
+        self._registry.check_not_paused(sb)
+        execution = Execution(sandbox_id=sb.id, leaf=leaf)
+        executions[req.execution_id] = execution
+        self._nsexec.gc_leaves(sb.id)
+        try:
+            code, timed_out, status = await self._nsexec.run(
+                "exec", sb, leaf, cwd=cwd, argv=req.argv, env=env, stdin=req.stdin,
+                sink=sink, limit=req.timeout)
+        finally:
+            executions.pop(req.execution_id, None)
+        # Rootless: no memory cgroup, so no OOM kill either (allocations past the rlimit fail).
+        oom = self._cgroups is not None and self._cgroups.oom_kills(sb.id, leaf) > 0
+        self._nsexec.drop_leaf(sb.id, leaf)
+        self._nsexec.raise_status(status, sb.id)
+        if execution.cancelled:
+            return ExecResult(exit_code=EXIT_CANCELLED, cancelled=True, oom_killed=oom)
+        if timed_out:
+            return ExecResult(exit_code=EXIT_TIMEOUT, timed_out=True, oom_killed=oom)
+        return ExecResult(exit_code=code, oom_killed=oom)
+
+    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+        sb = self._registry.running(req.sandbox_id)
+        if not req.argv:
+            raise InvalidInput("command must not be empty", field="command")
+        env = self._env(sb, req.env)
+        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
+        self._registry.check_not_paused(sb)
+        leaf = "t-" + secrets.token_hex(8)
+        nsexec = self._nsexec
+        nsexec.gc_leaves(sb.id)
+        status_r, status_w = os.pipe()
+        cmd = nsexec.command("exec", sb, leaf, cwd=cwd, env=env, status_w=status_w)
+
+        def release() -> None:
+            nsexec.ended(leaf)
+            nsexec.drop_leaf(sb.id, leaf)
+
+        try:
+            term = await terminal.spawn(cmd, req.argv, rows=req.rows, cols=req.cols, status_r=status_r,
+                                        status_w=status_w, kill=lambda: nsexec.kill_leaf(sb.id, leaf),
+                                        release=release)
+        except terminal.StartFailed as failed:
+            nsexec.raise_status(str(failed), sb.id)
+            raise DriverFailure(f"sandbox {sb.id}: the terminal did not start") from None
+        nsexec.started(leaf, term.pid)
+        return term
+
+    async def cancel(self, execution_id: str) -> None:
+        """Kill the execution's tree. Unknown or already finished executions are a no-op."""
+        execution = self._registry.executions.get(execution_id)
+        if execution is None:
+            return
+        execution.cancelled = True
+        await self._nsexec.kill_leaf(execution.sandbox_id, execution.leaf)
+
+    async def signal(self, execution_id: str, signum: int) -> None:
+        """Send ``signum`` to every process of the execution's tree (its cgroup leaf,
+        background children included), frozen meanwhile so none escapes by forking.
+        Unknown or finished executions are a no-op."""
+        execution = self._registry.executions.get(execution_id)
+        if execution is None:
+            return
+        if not 0 < signum < signal.NSIG:
+            raise InvalidInput(f"signal: {signum} is not a signal", field="signal")
+        await self._nsexec.signal_leaf(execution.sandbox_id, execution.leaf, signum)
+
+    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+        sb = self._registry.running(sandbox_id)
+        if not files:
+            return
+        self._registry.check_not_paused(sb)
+        payload = bytearray()
+        for f in files:
+            path = f.path.encode()
+            if not path or b"\0" in path or len(path) > 4096:
+                raise InvalidInput(f"invalid path {f.path!r}", field="path")
+            payload += b"%o %d %d\n" % (f.mode & 0o777, len(path), len(f.content))
+            payload += path + f.content
+        leaf = f"w-{os.getpid()}-{time.monotonic_ns()}"
+        code, timed_out, status = await self._nsexec.run(
+            "write", sb, leaf, cwd=HOME, stdin=bytes(payload), sink=None, limit=120)
+        self._nsexec.drop_leaf(sb.id, leaf)
+        self._nsexec.raise_status(status, sb.id)
+        if timed_out or code != 0:
+            raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Freeze every process of the sandbox (the cgroup freezer). Idempotent.
+
+        Refused while an execution runs: its timeout could not be enforced on frozen
+        processes. Background processes are frozen with the rest.
+        """
+        sb = self._registry.running(sandbox_id)
+        if self._cgroups is None:
+            raise NotSupported(NO_FREEZER)
+        async with self._registry.lock(sb.id):
+            if self._registry.has_executions(sb.id):
+                raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
+            await asyncio.to_thread(self._cgroups.freeze, sb.id, True)  # polls until frozen
+
+    async def resume(self, sandbox_id: str) -> None:
+        sb = self._registry.running(sandbox_id)
+        if self._cgroups is None:
+            raise NotSupported(NO_FREEZER)
+        async with self._registry.lock(sb.id):
+            self._cgroups.freeze(sb.id, False)
+
+    async def guard_pids(self, closed: Callable[[], bool]) -> None:
+        """Every second until ``closed()``: the leaves of sandboxes held at their pids
+        limit (pidsguard.py)."""
+        assert self._cgroups is not None
+        guard = PidsGuard(self._cgroups)
+        while not closed():
+            await asyncio.sleep(pidsguard.PERIOD)
+            for sid, leaf in guard.check(list(self._registry.sandboxes), self._registry.execution_leaves):
+                with contextlib.suppress(Exception):  # gone meanwhile
+                    await self._nsexec.kill_leaf(sid, leaf)

@@ -1,0 +1,215 @@
+"""Starting a local sandbox: its directory and upper layer, its cgroup (or rlimits), its
+network and its pid 1.
+
+pid 1 is started by ``hutch-nsexec launch`` with new mount, pid, ipc, uts and net
+namespaces (rootless: a user namespace too) over an overlay of the read-only layers and
+the sandbox's own upper layer, mounted only inside its mount namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+from core.errors import DriverFailure
+from drivers.base import DEFAULT_PIDS, ProvisionRequest
+from drivers.egress import flatten
+from drivers.local import disks, helper, layers, network, rootfs, slirp, uids
+from drivers.local.cgroups import Cgroups
+from drivers.local.helper import start_time
+from drivers.local.nsexec import Nsexec, rlimit_args
+from drivers.local.sandboxnet import SandboxNetwork
+from drivers.local.smallfiles import put as _put
+from drivers.local.spares import SpareDirs
+from drivers.local.state import Registry, Sandbox
+
+# Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
+ROOTLESS_UID = 1000
+ROOTLESS_TMP = ("/tmp", "/var/tmp")  # made writable in the upper layer (see populate_upper)
+HOME = rootfs.SANDBOX_HOME
+USER = rootfs.SANDBOX_USER
+READY_TIMEOUT = 15.0
+
+
+def layers_key(lower: list[Path]) -> str:
+    """What spare skeletons (spares.py) are kept by: the layers they were made over."""
+    return ":".join(map(str, lower))
+
+
+class Launcher:
+    """Makes new sandboxes, and starts pid 1 over an existing one's upper layer."""
+
+    def __init__(self, registry: Registry, nsexec: Nsexec, cgroups: Cgroups | None, net: SandboxNetwork,
+                 spares: SpareDirs, *, rootless: bool) -> None:
+        self._registry = registry
+        self._nsexec = nsexec
+        self._cgroups = cgroups
+        self._net = net
+        self._spares = spares
+        self._rootless = rootless
+
+    async def create(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> Sandbox:
+        """Start a sandbox from scratch.
+
+        On the event loop, not in worker threads: the file and cgroup work is ~1 ms of
+        small syscalls, and a worker thread doing it fights the loop for the GIL at every
+        one of them (measured: ~130 context switches per handed-off job, most of the
+        server's system time under load). The launcher's wait is awaited, not blocked on.
+        """
+        sid = req.sandbox_id
+        d = self._registry.sandbox_root / sid
+        uid = self._make_dir(d, lower, req.resources.disk_bytes)
+        slirp_net = self._rootless and (req.network_enabled or req.port is not None)
+        populate_upper(lower, d / "upper", uid, self._rootless,
+                       slirp.resolv_conf() if slirp_net and req.network_enabled else None)
+        res = req.resources
+        sb = Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer)
+        if self._cgroups is not None:
+            self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
+        else:
+            sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids or DEFAULT_PIDS
+        if req.network_allow:  # resolved first: a name that does not resolve makes nothing
+            sb.allow = await self._net.allow.first(sid, req.network_allow)
+        rules = slirp.egress_rules(outbound=req.network_enabled, allow=flatten(sb.allow) if sb.allow else None) \
+            if slirp_net else None
+        sb.init_pid, sb.init_start = await self.launch(d, sb, lower, rules)
+        if slirp_net:
+            await self._net.start_slirp(sb, outbound=req.network_enabled, port=req.port)
+        self._registry.write_meta(sb)
+        return sb
+
+    def _make_dir(self, d: Path, lower: list[Path], disk: int | None) -> int:
+        """The sandbox's directory (upper, work, merged) and its uid, claimed for it."""
+        # A skeleton of an earlier sandbox (spares.py); never for a disk limit (disks.py).
+        spare = not disk and self._spares.take(layers_key(lower), d)
+        if not spare:
+            d.mkdir(mode=0o700)
+            if disk:
+                disks.attach(d, disk)  # upper and work: symlinks into the limited file system
+            for p in ((d / "merged",) if disk else (d / "upper", d / "work", d / "merged")):
+                p.mkdir()
+        uid = ROOTLESS_UID if self._rootless else uids.claim(d)
+        _put(d / "uid", str(uid).encode())
+        return uid
+
+    async def launch(self, d: Path, sb: Sandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
+        """Start the sandbox's pid 1 over ``d``'s upper layer; returns its (pid, start time).
+
+        The launcher forks pid 1, prints its host pid and exits; pid 1 says "ready" on
+        another pipe once it is the sandbox user. Both are awaited on the loop.
+        """
+        sid = sb.id
+        procs = self._cgroups.create_leaf(sid, "init") if self._cgroups is not None else []
+        loop = asyncio.get_running_loop()
+        ready_r, ready_w = os.pipe()
+        info_r, info_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pass_fds = [ready_w, info_w]
+        cmd = self._command(d, sb, lower, netfilter, procs, ready_w=ready_w, info_w=info_w, pass_fds=pass_fds)
+        try:
+            try:
+                # A vfork+exec of a static binary: well under a millisecond.
+                launcher = subprocess.Popen(  # noqa: ASYNC220
+                    cmd, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_w,
+                    pass_fds=pass_fds)
+            finally:
+                for fd in (*pass_fds, err_w):
+                    os.close(fd)
+            # pid 1 closes its inherited stderr once set up, so EOF on it means "set up or
+            # failed"; the ready line then tells which.
+            async with asyncio.timeout(READY_TIMEOUT):
+                stderr, info, ready = await helper.read_to_eof(loop, (err_r, 8192), (info_r, 64), (ready_r, 64))
+        except TimeoutError:
+            raise DriverFailure(f"sandbox {sid} did not come up within {READY_TIMEOUT:g}s") from None
+        finally:
+            for fd in (err_r, info_r, ready_r):
+                os.close(fd)
+        code = launcher.wait()  # it exited before closing its pipes: no real wait
+        if code != 0 or ready != b"ready\n":
+            raise DriverFailure(f"starting sandbox {sid} failed: {_text(stderr)}")
+        try:
+            pid = int(info)
+        except ValueError as err:
+            raise DriverFailure(f"the launcher gave no pid for sandbox {sid}: {info!r}") from err
+        start = start_time(pid)
+        if start is None:
+            raise DriverFailure(f"sandbox {sid} died at start: {_text(stderr)}")
+        return pid, start
+
+    def _command(self, d: Path, sb: Sandbox, lower: list[Path], netfilter: bytes | None, procs: list[Path], *,
+                 ready_w: int, info_w: int, pass_fds: list[int]) -> list[str]:
+        """The launcher's command line (``procs``: its init leaf's cgroup.procs files); adds
+        the fds the launcher inherits to ``pass_fds``."""
+        path = self._nsexec.path
+        assert path is not None
+        # Rootless: the user namespace, and the rlimits that stand in for cgroups.
+        rootless_args = ["--userns", *rlimit_args(sb)] if self._rootless else []
+        cmd = [str(path), "launch", "--uid", str(sb.uid), "--gid", str(sb.uid),
+               "--ready-fd", str(ready_w), "--info-fd", str(info_w), *rootless_args]
+        if netfilter is not None:  # rootless network: rules for its own namespace (slirp.py)
+            rules_r, rules_w = os.pipe()
+            os.write(rules_w, netfilter)  # a few hundred bytes: well within a pipe's buffer
+            os.close(rules_w)
+            cmd += ["--netfilter-fd", str(rules_r)]
+            pass_fds.append(rules_r)
+        for p in procs:
+            cmd += ["--cgroup-procs", str(p)]
+        cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(d / "upper"),
+                "--ov-work", str(d / "work"), "--ov-target", str(d / "merged")]
+        return cmd
+
+
+def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = False,
+                   resolv: str | None = None) -> None:
+    """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only.
+    ``lower``: the read-only layers, top first (an install layer may have added users).
+    Over a spare skeleton (spares.py) the same calls rewrite what is there.
+
+    Rootless, what we make here is ours, i.e. the sandbox user's inside (no chown
+    needed or possible), and the world-writable directories of the runtime are made
+    here too: overlayfs in a user namespace cannot copy up a directory whose owner
+    (host root) has no uid inside, so /tmp would not be writable otherwise."""
+    etc = upper / "etc"
+    etc.mkdir(exist_ok=True)
+    st = os.stat(layers.find_in_lowers(lower, "etc"))
+    os.chmod(etc, st.st_mode & 0o7777)
+    passwd = _lower_text(lower, "etc/passwd")
+    _put(etc / "passwd", (passwd + f"{USER}:x:{uid}:{uid}:{USER}:{HOME}:/bin/bash\n").encode(), 0o644)
+    group = _lower_text(lower, "etc/group")
+    _put(etc / "group", (group + f"{USER}:x:{uid}:\n").encode(), 0o644)
+    # Used only when the sandbox has network; harmless (unreachable) otherwise.
+    _put(etc / "resolv.conf", (resolv or network.resolv_conf()).encode(), 0o644)
+    for name in ("passwd", "group", "resolv.conf"):
+        os.chmod(etc / name, 0o644)
+    for rel, mode in [(HOME, 0o755), (rootfs.WORKSPACE, 0o755)] + [(t, 0o1777) for t in ROOTLESS_TMP if rootless]:
+        path = upper / rel.lstrip("/")
+        parent = path.parent
+        if parent != upper and not parent.exists():
+            parent.mkdir(parents=True)
+            os.chmod(parent, os.stat(layers.find_in_lowers(lower, str(parent.relative_to(upper)))).st_mode & 0o7777)
+        path.mkdir(exist_ok=True)
+        if not rootless:
+            os.chown(path, uid, uid)
+        os.chmod(path, mode)
+
+
+_LOWER_TEXT: dict[str, tuple[float, str]] = {}
+
+
+def _lower_text(lower: list[Path], rel: str) -> str:
+    """A file of the read-only layers, read once per change (layers never change in
+    place, but a rebuilt runtime may replace one)."""
+    path = layers.find_in_lowers(lower, rel)
+    mtime = os.stat(path).st_mtime
+    key = str(path)
+    hit = _LOWER_TEXT.get(key)
+    if hit is None or hit[0] != mtime:
+        hit = (mtime, path.read_text())
+        _LOWER_TEXT[key] = hit
+    return hit[1]
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode(errors="replace").strip()[-2000:] or "(no output)"

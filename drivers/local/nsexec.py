@@ -1,0 +1,138 @@
+"""The local driver's side of the ``hutch-nsexec`` protocol (native/hutch-nsexec.c).
+
+Every command, file write and file operation in a sandbox is one hutch-nsexec process
+in a cgroup leaf of its own (rootless: a session of its own), so that precisely its
+process tree can be killed. This module makes its command line, runs it (helper.py),
+kills and signals a leaf's tree, removes leaves once empty (or later, while background
+processes still hold one: "lingering"), and turns the helper's status message into
+the driver's errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterable, Mapping, Sequence
+from pathlib import Path
+
+from core.errors import DriverFailure, InvalidInput, SandboxNotFound
+from drivers.base import OutputSink
+from drivers.local import helper
+from drivers.local.cgroups import Cgroups
+from drivers.local.state import Registry, Sandbox
+
+
+def rlimit_args(sb: Sandbox) -> list[str]:
+    """Rlimits every process of a rootless sandbox gets (none when cgroups limit it)."""
+    args = []
+    if sb.rlimit_data:
+        args += ["--rlimit-data", str(sb.rlimit_data)]
+    if sb.rlimit_nproc:
+        args += ["--rlimit-nproc", str(sb.rlimit_nproc)]
+    return args
+
+
+class Nsexec:
+    """Runs hutch-nsexec in sandboxes and keeps track of the leaves it runs in."""
+
+    def __init__(self, registry: Registry, cgroups: Cgroups | None) -> None:
+        self.path: Path | None = None  # the helper binary, once the driver has started
+        self._registry = registry
+        self._cgroups = cgroups
+        self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
+        self._pids: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
+
+    def command(self, mode: str, sb: Sandbox, leaf: str, *, cwd: str, env: Mapping[str, str] | None,
+                status_w: int) -> list[str]:
+        """hutch-nsexec's command line up to the ``--`` before the argv; makes the leaf cgroup."""
+        assert self.path is not None
+        procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
+        cmd = [str(self.path), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
+               "--cwd", cwd, "--status-fd", str(status_w), *rlimit_args(sb)]
+        for p in procs:
+            cmd += ["--cgroup-procs", str(p)]
+        for key, value in (env or {}).items():
+            cmd += ["-e", f"{key}={value}"]
+        return cmd
+
+    async def run(
+        self,
+        mode: str,
+        sb: Sandbox,
+        leaf: str,
+        *,
+        cwd: str,
+        argv: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | AsyncIterable[bytes] | None,
+        sink: OutputSink | None,
+        limit: float | None,
+    ) -> tuple[int, bool, str]:
+        """Run hutch-nsexec in the sandbox (helper.py); (exit code, timed out, status message)."""
+        status_r, status_w = os.pipe()
+        cmd = self.command(mode, sb, leaf, cwd=cwd, env=env, status_w=status_w)
+        try:
+            return await helper.run(cmd, argv, status_r=status_r, status_w=status_w, stdin=stdin, sink=sink,
+                                    limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf),
+                                    started=lambda pid: self._pids.__setitem__(leaf, pid))
+        finally:
+            self._pids.pop(leaf, None)
+
+    def started(self, leaf: str, pid: int) -> None:
+        """A helper the caller started itself (a terminal) runs ``leaf``."""
+        self._pids[leaf] = pid
+
+    def ended(self, leaf: str) -> None:
+        self._pids.pop(leaf, None)
+
+    async def kill_leaf(self, sid: str, leaf: str) -> None:
+        """Kill the process tree of one execution (or file operation): its cgroup leaf,
+        or rootless, its session (helper.kill_session)."""
+        if self._cgroups is not None:
+            await self._cgroups.kill(sid, leaf)
+        elif leaf in self._pids:
+            await asyncio.to_thread(helper.kill_session, self._pids[leaf], signal.SIGKILL)
+
+    async def signal_leaf(self, sid: str, leaf: str, signum: int) -> None:
+        """Send ``signum`` to every process of the leaf (frozen meanwhile so none escapes
+        by forking), or rootless, once to its session."""
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.signal, sid, leaf, signum)
+        elif leaf in self._pids:
+            await asyncio.to_thread(helper.kill_session, self._pids[leaf], signum, once=True)
+
+    def drop_leaf(self, sid: str, leaf: str) -> None:
+        if self._cgroups is None:  # rootless: no leaves
+            return
+        with contextlib.suppress(OSError):
+            if self._cgroups.remove(sid, leaf):
+                return
+        self._lingering.setdefault(sid, set()).add(leaf)
+
+    def gc_leaves(self, sid: str) -> None:
+        if self._cgroups is None:
+            return
+        leaves = self._lingering.get(sid)
+        if leaves:
+            for leaf in list(leaves):
+                if self._cgroups.remove(sid, leaf):
+                    leaves.discard(leaf)
+
+    def forget(self, sid: str) -> None:
+        """The sandbox is being torn down: its lingering leaves go with its cgroup."""
+        self._lingering.pop(sid, None)
+
+    def raise_status(self, status: str, sid: str) -> None:
+        """Raise what the helper's status message says went wrong, if anything."""
+        if not status:
+            return
+        kind, _, message = status.strip().partition("\t")
+        if kind == "cwd":
+            raise InvalidInput(f"working directory {message}", field="cwd")
+        if kind == "file":
+            raise InvalidInput(f"cannot write {message}", field="path")
+        if self._registry.load(sid) is None:
+            raise SandboxNotFound(f"sandbox {sid} was destroyed")
+        raise DriverFailure(f"sandbox {sid}: {message or status}")

@@ -1,0 +1,162 @@
+"""The local driver's warm pool: idle sandboxes started ahead of time.
+
+For each runtime it has provisioned, the driver keeps ``HUTCH_WARM_POOL`` (default 2; 0
+turns it off) idle sandboxes, refilled in the background one at a time. ``claim`` turns
+one into a requested sandbox: its directory and cgroups are renamed to the requested id
+(same parent, so nothing moves), the requested limits are written to its cgroup, the
+uid claim and ``meta.json`` follow the new id. No command has ever run in a pooled
+sandbox, so a claimed one is indistinguishable from a freshly started one. Pooled
+sandboxes are named ``_pool-<server pid>-<its start time>-...`` (state.POOL_NAME):
+``alive()`` does not see them, ``close()`` destroys them, and a later start reaps those
+of a server that is gone. Needs cgroup v1 (v2 cannot rename cgroups): on v2 the pool
+stays off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from core import runtimes
+from core.errors import DriverFailure
+from drivers.base import DEFAULT_PIDS, ProvisionRequest
+from drivers.local import rootfs, uids
+from drivers.local.cgroups import Cgroups
+from drivers.local.helper import start_time
+from drivers.local.launch import Launcher
+from drivers.local.state import POOL_PREFIX, Registry, Sandbox, is_live
+from drivers.local.teardown import Teardown
+
+log = logging.getLogger(__name__)
+
+
+def pool_size() -> int:
+    try:
+        return max(0, int(os.environ.get("HUTCH_WARM_POOL", "2")))
+    except ValueError:
+        return 2
+
+
+class Background:
+    """Tasks that must finish before the driver closes (pool fills, destroys)."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Future[None]] = set()
+
+    def track(self, task: asyncio.Future[None]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.track(asyncio.create_task(coro))
+
+    async def drain(self) -> None:
+        while self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class WarmPool:
+    """The idle pooled sandboxes of one driver, per runtime."""
+
+    def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, teardown: Teardown,
+                 background: Background, runtime_cache: Path) -> None:
+        self._registry = registry
+        self._runtime_cache = runtime_cache
+        self._cgroups = cgroups
+        self._launcher = launcher
+        self._teardown = teardown
+        self._background = background
+        self.size = pool_size()
+        self.idle: dict[str, list[Sandbox]] = {}  # runtime -> idle pooled sandboxes
+        self._filling: set[str] = set()
+        self._fill_slots = asyncio.Semaphore(1)
+        self._seq = itertools.count()
+        self._tag = ""
+        self.closed = False
+
+    def start(self) -> None:
+        """Name this server's pooled sandboxes after it (its pid and start time)."""
+        me = os.getpid()
+        self._tag = f"{POOL_PREFIX}{me}-{start_time(me)}-{secrets.token_hex(4)}"
+
+    async def claim(self, req: ProvisionRequest) -> Sandbox | None:
+        """Turn an idle pooled sandbox into ``req``'s; None when none is left."""
+        pool = self.idle.get(req.runtime)
+        while pool:
+            pooled = pool.pop()
+            try:
+                return self._adopt(pooled, req)
+            except Exception as err:  # e.g. reaped by another server on this data dir
+                log.warning("pooled sandbox %s unusable (%s); destroying it", pooled.id, err)
+                await self._teardown.teardown(pooled.id)
+                await self._teardown.teardown(req.sandbox_id)  # if the rename went through
+        return None
+
+    def _adopt(self, pooled: Sandbox, req: ProvisionRequest) -> Sandbox:
+        """Renames and a few small writes, done on the event loop (see Launcher.create)."""
+        assert self._cgroups is not None
+        if not is_live(pooled):
+            raise DriverFailure("its init is gone")
+        sid = req.sandbox_id
+        root = self._registry.sandbox_root
+        old_dir, new_dir = root / pooled.id, root / sid
+        self._cgroups.rename(pooled.id, sid)
+        try:
+            os.rename(old_dir, new_dir)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._cgroups.rename(sid, pooled.id)
+            raise
+        # From here on the sandbox is ``sid``'s: on failure the caller tears ``sid`` down.
+        uids.move_claim(pooled.uid, old_dir, new_dir)
+        res = req.resources
+        self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
+        sb = Sandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
+                     init_pid=pooled.init_pid, init_start=pooled.init_start)
+        self._registry.write_meta(sb)
+        return sb
+
+    def refill(self, runtime: str) -> None:
+        if self.size <= 0 or self.closed or runtime in self._filling:
+            return
+        if len(self.idle.get(runtime, ())) >= self.size:
+            return
+        self._filling.add(runtime)
+        self._background.spawn(self._fill(runtime))
+
+    async def _fill(self, runtime: str) -> None:
+        recipe = runtimes.find(runtime)
+        assert recipe is not None
+        lower = rootfs.rootfs_path(self._runtime_cache, recipe)
+        pool = self.idle.setdefault(runtime, [])
+        try:
+            while not self.closed and len(pool) < self.size:
+                async with self._fill_slots:  # one sandbox started at a time, across runtimes
+                    name = f"{self._tag}-{next(self._seq)}"
+                    try:
+                        sb = await self._launcher.create(ProvisionRequest(sandbox_id=name, runtime=runtime),
+                                                         [lower], None)
+                    except Exception as err:
+                        log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)
+                        await self._teardown.teardown(name)
+                        return
+                    if self.closed:
+                        await self._teardown.teardown(name)
+                        return
+                    pool.append(sb)
+        finally:
+            self._filling.discard(runtime)
+
+    async def close(self) -> None:
+        """Destroy the idle sandboxes (fills in progress already finished: see LocalDriver.close)."""
+        for sandboxes in self.idle.values():
+            while sandboxes:
+                with contextlib.suppress(Exception):
+                    await self._teardown.teardown(sandboxes.pop().id)

@@ -1,0 +1,125 @@
+"""Provisioning a local sandbox: checking the request, building its install layer, then
+claiming a pooled sandbox (pool.py) or starting a new one (launch.py), and its network.
+
+On failure nothing is left behind: what was made is torn down (teardown.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from core import runtimes
+from core.errors import IllegalTransition, InvalidInput, NotSupported, RuntimeNotFound
+from drivers.base import ProvisionRequest, check_env
+from drivers.local import layers, rootfs, slirp
+from drivers.local.cgroups import Cgroups
+from drivers.local.launch import Launcher
+from drivers.local.pool import WarmPool
+from drivers.local.sandboxnet import SandboxNetwork
+from drivers.local.state import SAFE_ID, Registry, Sandbox, is_live
+from drivers.local.teardown import Teardown
+
+log = logging.getLogger(__name__)
+
+
+class Provisioner:
+    """Makes the sandboxes of one driver."""
+
+    def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, pool: WarmPool,
+                 net: SandboxNetwork, teardown: Teardown, *, runtime_cache: Path, rootless: bool) -> None:
+        self._registry = registry
+        self._cgroups = cgroups
+        self._launcher = launcher
+        self._pool = pool
+        self._net = net
+        self._teardown = teardown
+        self._runtime_cache = runtime_cache
+        self._rootless = rootless
+
+    def _recipe(self, req: ProvisionRequest) -> runtimes.RuntimeRecipe:
+        if not SAFE_ID.match(req.sandbox_id):
+            raise InvalidInput(f"invalid sandbox id {req.sandbox_id!r}", field="sandbox_id")
+        recipe = runtimes.find(req.runtime)
+        if recipe is None:
+            raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
+        self._check_built(recipe)
+        if req.port is not None and not 1024 <= req.port <= 65535:
+            raise InvalidInput(f"network.port: {req.port} is outside 1024-65535", field="network.port")
+        check_env(req.env, "env")
+        if self._rootless:
+            _check_rootless(req)
+        return recipe
+
+    def _check_built(self, recipe: runtimes.RuntimeRecipe) -> None:
+        if not rootfs.is_built(self._runtime_cache, recipe):
+            raise RuntimeNotFound(
+                f"runtime {recipe.name} is not built on this host; build it with: "
+                f"{rootfs.build_hint(recipe.name, self._runtime_cache)}", field="runtime")
+
+    async def provision(self, req: ProvisionRequest) -> None:
+        recipe = self._recipe(req)
+        async with self._registry.lock(req.sandbox_id):
+            old = self._registry.load(req.sandbox_id)
+            if old is not None and is_live(old):
+                raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
+            leftover_cgroup = self._cgroups is not None and self._cgroups.paths(req.sandbox_id)[0].exists()
+            if (self._registry.sandbox_root / req.sandbox_id).exists() or leftover_cgroup:
+                await self._teardown.teardown(req.sandbox_id)  # a dead one's remains
+            sb = await self._make(recipe, req)
+            if (req.network_enabled or req.port is not None) and not self._rootless:  # rootless: at launch
+                sb.network, sb.port = req.network_enabled, req.port
+                try:
+                    await asyncio.to_thread(self._net.sync, sb)
+                except BaseException:
+                    await self._teardown.teardown(sb.id)
+                    raise
+            self._registry.sandboxes[sb.id] = sb
+        self._pool.refill(recipe.name)
+
+    async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> Sandbox:
+        """A pooled sandbox claimed for ``req``, or a new one."""
+        layer = await self.layer(recipe, req)
+        # A pooled sandbox has its layer on the host's disk and no allow-list (its network is
+        # made after the claim): a disk limit or network.allow is made from scratch.
+        poolable = layer is None and not req.resources.disk_bytes and not req.network_allow
+        sb = await self._pool.claim(req) if poolable else None
+        if sb is None:
+            try:
+                sb = await self._launcher.create(req, layers.lowers(self._runtime_cache, recipe, layer), layer)
+            except BaseException:
+                await self._teardown.teardown(req.sandbox_id)
+                raise
+        return sb
+
+    async def prepare(self, req: ProvisionRequest) -> None:
+        """Build (or find) the install layer the request needs; the slow and fallible part."""
+        if req.dependencies or req.packages:
+            recipe = runtimes.find(req.runtime)
+            if recipe is None:
+                raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
+            await self.layer(recipe, req)
+
+    async def layer(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> str | None:
+        """The install layer ``req`` asks for (built on first use), or None."""
+        if not (req.dependencies or req.packages):
+            return None
+        self._check_built(recipe)
+        return await asyncio.to_thread(layers.build, recipe, self._runtime_cache, req.dependencies, req.packages,
+                                       log=log.info)
+
+
+def _check_rootless(req: ProvisionRequest) -> None:
+    """What a server that is not root cannot give, refused by name rather than
+    silently not given: network and ports without slirp4netns, and cpu limits (the
+    engine refuses installs, from the capabilities)."""
+    if req.network_enabled or req.port is not None:
+        slirp.check_available("network.enabled" if req.network_enabled else "network.port")
+    if req.resources.cpu_millis:
+        raise NotSupported("resources.cpu: a cpu limit needs cgroups; this server runs without root "
+                           "(rootless mode), so it cannot limit cpu", field="resources.cpu")
+    if req.resources.disk_bytes:
+        raise NotSupported("resources.disk: a disk limit needs a loop-mounted file system; this server runs "
+                           "without root (rootless mode), so it cannot limit disk (leave resources.disk and "
+                           "HUTCH_DEFAULT_DISK unset)", field="resources.disk")

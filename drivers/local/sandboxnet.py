@@ -1,0 +1,112 @@
+"""A local sandbox's network: its routed veth with NAT out (as root, network.py) or its
+slirp4netns (rootless, slirp.py), its exposed port and its ``network.allow`` list, kept
+current as names move (drivers/egress.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from core.errors import NotSupported
+from drivers.egress import AllowLists, flatten
+from drivers.local import network, slirp
+from drivers.local.helper import start_time
+from drivers.local.nsexec import Nsexec
+from drivers.local.state import Registry, Sandbox
+from drivers.local.uids import UID_BASE
+
+
+class SandboxNetwork:
+    """The network side of the sandboxes of one driver."""
+
+    def __init__(self, registry: Registry, nsexec: Nsexec, rootless: bool) -> None:
+        self._registry = registry
+        self._nsexec = nsexec
+        self._rootless = rootless
+        self.allow = AllowLists(self.apply_allow)  # network.allow, kept current (drivers/egress.py)
+        self.slirps: dict[str, subprocess.Popen[bytes]] = {}  # rootless network, to reap
+        self._slirp_dir: Path | None = None  # rootless ports: slirp4netns API sockets
+
+    def sync(self, sb: Sandbox) -> None:
+        """The sandbox's veth (network or a port) and its allow-list, before the veth: see network.py."""
+        if sb.allow:
+            network.set_allowed(sb.uid - UID_BASE, flatten(sb.allow))
+        network.setup(sb.init_pid, sb.uid - UID_BASE, outbound=sb.network)
+        self._registry.write_meta(sb)
+
+    async def apply_allow(self, sid: str, resolved: dict[str, list[str]]) -> None:
+        """A refreshed allow-list (AllowLists): the sandbox's rules replaced whole."""
+        cidrs = flatten(resolved)
+        async with self._registry.lock(sid):
+            sb = self._registry.running(sid)
+            if self._rootless:
+                assert self._nsexec.path is not None
+                await asyncio.to_thread(slirp.set_allowed, self._nsexec.path, sb.init_pid, cidrs)
+            else:
+                await asyncio.to_thread(network.set_allowed, sb.uid - UID_BASE, cidrs)
+            sb.allow = resolved
+            self._registry.write_meta(sb)
+
+    def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        sb = self._registry.running(sandbox_id)
+        if sb.port is None:
+            raise NotSupported(f"sandbox {sandbox_id} exposes no port", field="network.port")
+        if sb.host_port is not None:  # rootless: slirp4netns's forward
+            return "127.0.0.1", sb.host_port
+        return str(network.address(sb.uid - UID_BASE)), sb.port
+
+    async def start_slirp(self, sb: Sandbox, *, outbound: bool, port: int | None) -> None:
+        """Rootless: the sandbox's slirp4netns, and its port forward if it exposes one."""
+        api = self._slirp_socket(sb.id) if port is not None else None
+        proc = await asyncio.to_thread(slirp.start, sb.init_pid, api)
+        self.slirps[sb.id] = proc
+        sb.network, sb.slirp_pid, sb.slirp_start = outbound, proc.pid, start_time(proc.pid)
+        if api is not None and port is not None:
+            sb.port, sb.host_port = port, await asyncio.to_thread(slirp.forward, api, port)
+
+    def _slirp_socket(self, sid: str) -> Path:
+        """Where a rootless sandbox's slirp4netns takes port forwards: a directory only we
+        can enter (whoever reaches the socket could expose the sandbox's ports), with a
+        short path (unix sockets allow 107 bytes)."""
+        if self._slirp_dir is None:
+            runtime = os.environ.get("XDG_RUNTIME_DIR")
+            if runtime and os.path.isdir(runtime) and os.stat(runtime).st_uid == os.geteuid():
+                self._slirp_dir = Path(runtime) / f"hutch-{os.getpid()}"
+                self._slirp_dir.mkdir(mode=0o700, exist_ok=True)
+            else:
+                self._slirp_dir = Path(tempfile.mkdtemp(prefix="hutch-slirp-"))  # 0700, ours
+        path = self._slirp_socket_path(sid)
+        assert path is not None
+        path.unlink(missing_ok=True)
+        return path
+
+    def _slirp_socket_path(self, sid: str) -> Path | None:
+        if self._slirp_dir is None:
+            return None
+        return self._slirp_dir / f"{hashlib.sha256(sid.encode()).hexdigest()[:16]}.sock"
+
+    async def teardown(self, sb: Sandbox) -> None:
+        """Undo the sandbox's network, if it has one (its init already killed)."""
+        if sb.slirp_pid:
+            self._stop_slirp(sb)
+        elif sb.network or sb.port is not None:
+            await asyncio.to_thread(network.teardown, sb.uid - UID_BASE)
+
+    def _stop_slirp(self, sb: Sandbox) -> None:
+        sock = self._slirp_socket_path(sb.id)
+        if sock is not None:
+            sock.unlink(missing_ok=True)
+        proc = self.slirps.pop(sb.id, None)
+        if proc is not None:  # ours: kill and reap
+            proc.kill()
+            proc.wait()
+        elif sb.slirp_pid and start_time(sb.slirp_pid) == sb.slirp_start:  # an earlier server's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sb.slirp_pid, signal.SIGKILL)

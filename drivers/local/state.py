@@ -1,0 +1,121 @@
+"""What the local driver knows of its sandboxes: their records, their running executions
+and a lock per sandbox.
+
+A sandbox's record lives in memory and in ``<data_dir>/sandboxes/<id>/meta.json``, so a
+restarted server finds its live sandboxes again (``load``). A record is only trusted while
+its init still runs: the pid *and* its start time must match (pids are reused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import attrs
+
+from core.errors import DriverFailure, IllegalTransition, SandboxNotFound
+from drivers.local.cgroups import Cgroups
+from drivers.local.helper import start_time
+from drivers.local.smallfiles import get as _get
+from drivers.local.smallfiles import put as _put
+
+# Ids that may name a directory (sandboxes, checkpoints): no dots first, no slashes.
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Pooled sandboxes (pool.py): ``_pool-<server pid>-<its start time>-<token>-<seq>``,
+# never a valid sandbox id.
+POOL_PREFIX = "_pool-"
+POOL_NAME = re.compile(r"^_pool-(\d+)-(\d+)-[0-9a-f]+-\d+$")
+
+
+@attrs.define
+class Sandbox:
+    id: str
+    uid: int
+    runtime: str
+    env: dict[str, str]
+    init_pid: int
+    init_start: int
+    network: bool = False  # outbound network (veth + NAT); see network.py
+    port: int | None = None  # the one exposed port, reached through port_target()
+    layer: str | None = None  # its install layer (drivers/local/layers.py), if it asked for installs
+    # Rootless mode only (no cgroups): the rlimits every process of the sandbox gets.
+    rlimit_data: int | None = None
+    rlimit_nproc: int | None = None
+    # Rootless network: its slirp4netns (pid and start time; see slirp.py).
+    slirp_pid: int | None = None
+    slirp_start: int | None = None
+    host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
+    allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
+
+
+@attrs.define
+class Execution:
+    sandbox_id: str
+    leaf: str
+    cancelled: bool = False
+
+
+def is_live(sb: Sandbox) -> bool:
+    """Whether the sandbox's init still runs (the same process, not a reused pid)."""
+    return start_time(sb.init_pid) == sb.init_start
+
+
+class Registry:
+    """The sandboxes and executions of one driver, and the per-sandbox locks."""
+
+    def __init__(self, sandbox_root: Path, cgroups: Cgroups | None) -> None:
+        self.sandbox_root = sandbox_root
+        self._cgroups = cgroups
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.executions: dict[str, Execution] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    def drop_lock(self, sid: str) -> None:
+        self._locks.pop(sid, None)
+
+    def load(self, sid: str) -> Sandbox | None:
+        sb = self.sandboxes.get(sid)
+        if sb is not None:
+            return sb
+        try:
+            data = json.loads(_get(self.sandbox_root / sid / "meta.json"))
+            data["id"] = sid  # a claimed pooled sandbox renamed before its meta was rewritten
+            return Sandbox(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def running(self, sid: str) -> Sandbox:
+        sb = self.load(sid) if SAFE_ID.match(sid) else None
+        if sb is None:
+            raise SandboxNotFound(f"sandbox {sid} not found")
+        if start_time(sb.init_pid) != sb.init_start:
+            raise DriverFailure(f"sandbox {sid} is no longer running")
+        self.sandboxes[sid] = sb
+        return sb
+
+    def write_meta(self, sb: Sandbox) -> None:
+        # In place (see _put). A server killed in the middle of this write leaves a torn
+        # meta.json: the next start then treats the sandbox as dead and ends it (with a
+        # lifecycle event), as it does any sandbox it cannot account for.
+        _put(self.sandbox_root / sb.id / "meta.json", json.dumps(attrs.asdict(sb)).encode())
+
+    def check_not_paused(self, sb: Sandbox) -> None:
+        if self._cgroups is not None and self._cgroups.is_frozen(sb.id):
+            raise IllegalTransition(f"sandbox {sb.id} is paused; resume it first")
+
+    def has_executions(self, sid: str) -> bool:
+        return any(ex.sandbox_id == sid for ex in self.executions.values())
+
+    def execution_leaves(self, sid: str) -> set[str]:
+        return {ex.leaf for ex in self.executions.values() if ex.sandbox_id == sid}
+
+    def mark_cancelled(self, sid: str) -> None:
+        """The sandbox's running executions are about to be killed: they return cancelled."""
+        for ex in self.executions.values():
+            if ex.sandbox_id == sid:
+                ex.cancelled = True

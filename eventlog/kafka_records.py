@@ -1,0 +1,154 @@
+"""The pieces ``eventlog.kafka.KafkaEventLog`` is built from: its settings and URL, how an
+event becomes a Kafka record and back, where a sandbox's events live, the epoch record, and
+the two small holders of Kafka clients (a parked partition reader, a transactional producer).
+See ``eventlog.kafka`` for the design."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import murmur2
+
+from core.errors import InvalidInput
+from core.events import Event, decode, encode
+
+DEFAULT_PARTITIONS = 6
+MAX_EVENT_BYTES = 8 * 2**20
+# The most events one transaction carries; more pending appends wait for the next one.
+MAX_GROUP_EVENTS = 5000
+# Time skew allowed between a sandbox id's timestamp and its first record's (per-sandbox reads
+# start at that time instead of the partition's beginning).
+ID_CLOCK_SLACK_MS = 10 * 60 * 1000
+TOPIC_CONFIG = {
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "cleanup.policy": "delete",
+    "max.message.bytes": str(MAX_EVENT_BYTES),
+}
+
+
+def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
+    """``kafka://host:port[,host:port]/topic[?partitions=6&replication=1]``."""
+    parts = urllib.parse.urlsplit(url)
+    topic = parts.path.strip("/")
+    if parts.scheme != "kafka" or not parts.netloc or not topic or "/" in topic:
+        raise InvalidInput(
+            f"event log: {url!r} is not kafka://HOST:PORT/TOPIC", field="event_log"
+        )
+    return parts.netloc, topic, dict(urllib.parse.parse_qsl(parts.query))
+
+
+@functools.lru_cache(maxsize=65536)  # murmur2 is pure Python: hash each sandbox once
+def partition_for(sandbox_id: str, partitions: int) -> int:
+    """The Java client's default partitioner (murmur2), so other clients agree on where a key lives."""
+    return int(murmur2(sandbox_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def id_millis(sandbox_id: str) -> int | None:
+    """The creation time a ULID-style id carries (see ``core.ids``), or None for other ids."""
+    from core import ids
+
+    if not ids.is_id("sandbox", sandbox_id):
+        return None
+    value = 0
+    for ch in sandbox_id.split("_", 1)[1][:10]:
+        value = value * 32 + "0123456789abcdefghjkmnpqrstvwxyz".index(ch)
+    return value  # 10 chars = 50 bits: two zero bits, then the 48-bit timestamp
+
+
+def retrieve_exception(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (it is reported through another path)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def pack_batches(
+    producer: AIOKafkaProducer, records: list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]
+) -> list[tuple[Any, int]]:
+    """Pack (key, value, headers) records into record batches; returns (batch, record count)."""
+    out: list[tuple[Any, int]] = []
+    builder, count = producer.create_batch(), 0
+    for key, value, headers in records:
+        if builder.append(key=key, value=value, timestamp=None, headers=list(headers)) is None:
+            out.append((builder, count))
+            builder, count = producer.create_batch(), 0
+            builder.append(key=key, value=value, timestamp=None, headers=list(headers))  # a first record always fits
+        count += 1
+    out.append((builder, count))
+    return out
+
+
+def record_bytes(event: Event) -> bytes:
+    return json.dumps(encode(event), separators=(",", ":")).encode()
+
+
+def decode_record(value: bytes, position: int) -> Event:
+    return decode(json.loads(value), position=position)
+
+
+EPOCH_HEADER = "epoch"
+
+
+def is_epoch(headers: Any) -> bool:
+    """The epoch record (see the module's docstring) is no event: every reader skips it."""
+    return any(k == EPOCH_HEADER for k, _ in (headers.items() if isinstance(headers, dict) else headers or ()))
+
+
+class PartitionReader:
+    """One consumer parked on one partition; reads are serialised by its lock."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+        self.consumer = consumer
+        self.tp = tp
+        self.lock = asyncio.Lock()
+
+    async def bounds(self) -> tuple[int, int]:
+        """(first offset, last stable offset): committed data lives in [first, end)."""
+        c, tp = self.consumer, self.tp
+        first = (await c.beginning_offsets([tp]))[tp]
+        end = (await c.end_offsets([tp]))[tp]
+        return first, end
+
+    async def scan(self, start: int, end: int) -> AsyncIterator[tuple[int, bytes | None, bytes, dict[str, bytes]]]:
+        """(offset, key, value, headers) of committed records with start <= offset < end."""
+        c, tp = self.consumer, self.tp
+        if start >= end:
+            return
+        c.seek(tp, start)
+        c.resume(tp)
+        try:
+            while await c.position(tp) < end:
+                batch = await c.getmany(tp, timeout_ms=1000, max_records=10_000)
+                for rec in batch.get(tp, []):
+                    if rec.offset >= end:
+                        return
+                    yield rec.offset, rec.key, rec.value, dict(rec.headers or ())
+        finally:
+            # A parked reader does not fetch: its consumer's fetcher would otherwise poll forever.
+            c.pause(tp)
+
+
+class ProducerSlot:
+    """One transactional producer. A transactional id allows one open transaction at a time."""
+
+    def __init__(self, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self.producer: AIOKafkaProducer | None = None
+
+    async def replace(self, factory: Callable[[str], Awaitable[AIOKafkaProducer]]) -> None:
+        await self.close()
+        self.producer = await factory(self.transactional_id)
+
+    async def close(self) -> None:
+        old, self.producer = self.producer, None
+        if old is not None:
+            # stop() flushes what is pending, which never ends while the broker is away.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.stop(), 5)

@@ -1,0 +1,304 @@
+"""Sandboxes of :class:`hutch.client.SandboxClient`: one-shot runs, creating, connecting to,
+looking up, listing, pausing, resuming and destroying sandboxes, plus the server-wide calls
+(runtimes, terminals, the server's own info)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Unpack
+
+from hutch._executions import ExecutionsAPI
+from hutch._options import SandboxOptions, check_options, create_body, with_sandbox_options
+from hutch._output import OutputSink, _OutputCollector
+from hutch._sandbox import Sandbox
+from hutch._shapes import _wire_files
+from hutch._stdin import Stdin, StdinUpload
+from hutch.errors import InvalidInput, SandboxError
+from hutch.models import (
+    ExecutionInfo,
+    PauseResult,
+    RunResult,
+    RuntimeList,
+    SandboxCreated,
+    SandboxInfo,
+    SandboxList,
+    SandboxStatusInfo,
+    from_wire,
+)
+from hutch.terminal import Terminal, open_terminal
+
+_EXIT_CODE_FAST_WAIT = "250ms"
+_STATUS_SETTLE_WAIT_MS = 15_000
+
+
+class SandboxesAPI(ExecutionsAPI):
+    """Sandbox lifecycle and server-wide calls (a base of ``SandboxClient``)."""
+
+    # ------------------------------------------------------------ one-shot
+
+    @with_sandbox_options
+    async def run(
+        self,
+        command: Sequence[str],
+        *,
+        stream: Mapping[str, Any] | None = None,
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+        on_created: Callable[[SandboxCreated], Any] | None = None,
+        stdin: Stdin | None = None,
+        **options: Unpack[SandboxOptions],
+    ) -> RunResult:
+        """Run one command in a fresh one-shot sandbox and return its exit code and output.
+
+        The server destroys the sandbox when the command exits. Output is captured and, if
+        ``stdout``/``stderr`` sinks are given, forwarded as it streams. If the call fails or
+        is cancelled, the sandbox is destroyed before the error propagates. ``on_created`` hears
+        the create's answer (e.g. ``status == "creating"``: its runtime is being built first).
+        """
+        check_options("run", options)
+        if isinstance(command, str):
+            raise InvalidInput(
+                "command: expected a list of arguments, e.g. ['sh', '-c', '...']", field="command"
+            )
+        started = time.monotonic()
+        body = _oneshot_body(command, stream, options)
+        upload = await StdinUpload.open(self._as_client(), stdin) if stdin is not None else None
+        if upload is not None:
+            body["stream"]["stdin"] = upload.stream_id
+        try:
+            created = await self._create(body)
+        except BaseException:
+            if upload is not None:
+                await upload.cancel()
+            raise
+        if on_created is not None:
+            on_created(created)
+        collector = _OutputCollector(
+            self._as_client(), created.stdout_stream_url, created.stderr_stream_url,
+            stdout=stdout, stderr=stderr,
+        )
+        collector.start()
+        final, exit_code = await self._finish_oneshot(created, collector, upload)
+        out, err = collector.text()
+        return RunResult(
+            sandbox_id=created.sandbox_id,
+            execution_id=created.execution_id,
+            exit_code=exit_code,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            stdout=out,
+            stderr=err,
+            status=final.status if final else None,
+            output_truncated=final.output_truncated if final else None,
+        )
+
+    async def _finish_oneshot(
+        self, created: SandboxCreated, collector: _OutputCollector, upload: StdinUpload | None
+    ) -> tuple[ExecutionInfo | None, int]:
+        """Wait for a one-shot command and its output: (its final state, its exit code).
+        On any failure or cancellation the sandbox is destroyed before the error propagates."""
+        sandbox_id = created.sandbox_id
+        try:
+            final: ExecutionInfo | None = None
+            if created.execution_id:
+                final = await self.wait_execution(created.execution_id)
+            else:
+                await collector.drain(None)
+            exit_code = await self._settle_exit_code(sandbox_id, final)
+            await collector.drain(self.drain_timeout)
+            if upload is not None:
+                await upload.finish()
+        except BaseException:
+            await collector.cancel()
+            if upload is not None:
+                await upload.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.destroy(sandbox_id))
+            raise
+        return final, exit_code
+
+    async def _settle_exit_code(self, sandbox_id: str, final: ExecutionInfo | None) -> int:
+        """The exit code of a one-shot run, reconciled the way the TypeScript client does."""
+        if final is not None and final.exit_code is not None:
+            return final.exit_code
+        if final is not None and final.status == "completed":
+            with contextlib.suppress(SandboxError):
+                again = await self.get_execution(final.execution_id, wait=_EXIT_CODE_FAST_WAIT)
+                if again.exit_code is not None:
+                    return again.exit_code
+        with contextlib.suppress(SandboxError):
+            status = await self.get_status(
+                sandbox_id, wait_for_status=["terminated", "failed"], wait_ms=_STATUS_SETTLE_WAIT_MS
+            )
+            if status.exit_code is not None:
+                return status.exit_code
+            if status.status == "failed":
+                return 1
+            if status.status == "terminated":
+                return 0
+        return 0 if final is None or final.status == "completed" else 1
+
+    # ------------------------------------------------------------ sandboxes
+
+    async def _create(self, body: Mapping[str, Any]) -> SandboxCreated:
+        resp = await self._request("POST", "/sandbox", json=body)
+        return from_wire(SandboxCreated, self._data(resp))
+
+    @with_sandbox_options
+    async def create(self, **options: Unpack[SandboxOptions]) -> Sandbox:
+        """Create an interactive sandbox. ``timeout`` may be ``Timeouts(idle=, execution=, paused=)``;
+        a bare duration sets the per-execution timeout. The server makes ``execute`` wait while
+        the sandbox is still ``creating``."""
+        check_options("create", options)
+        created = await self._create(create_body(options))
+        return Sandbox(self._as_client(), created.sandbox_id, created.status, created=created)
+
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        """A :class:`Sandbox` for an existing id (fails with ``SandboxNotFound`` if there is none)."""
+        info = await self.get(sandbox_id)
+        return Sandbox(self._as_client(), info.sandbox_id, info.status, info=info)
+
+    async def get(
+        self,
+        sandbox_id: str,
+        *,
+        include_deleted: bool = False,
+        wait_for_status: str | Sequence[str] | None = None,
+        wait_ms: int | None = None,
+    ) -> SandboxInfo:
+        params = {
+            "includeDeleted": True if include_deleted else None,
+            "waitForStatus": wait_for_status,
+            "waitMs": wait_ms,
+        }
+        timeout = self.request_timeout + (wait_ms or 0) / 1000
+        resp = await self._request(
+            "GET",
+            f"/sandbox/{sandbox_id}",
+            params=params,
+            max_seconds=timeout,
+            sandbox_id=sandbox_id,
+        )
+        return from_wire(SandboxInfo, self._data(resp))
+
+    async def get_status(
+        self,
+        sandbox_id: str,
+        *,
+        wait_for_status: str | Sequence[str] | None = None,
+        wait_ms: int | None = None,
+    ) -> SandboxStatusInfo:
+        """Lightweight status (status and exit code); optionally held server-side until one of
+        ``wait_for_status`` is reached or ``wait_ms`` passes."""
+        timeout = self.request_timeout + (wait_ms or 0) / 1000
+        resp = await self._request(
+            "GET",
+            f"/sandbox/status/{sandbox_id}",
+            params={"waitForStatus": wait_for_status, "waitMs": wait_ms},
+            max_seconds=timeout,
+            sandbox_id=sandbox_id,
+        )
+        return from_wire(SandboxStatusInfo, self._data(resp))
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        mode: str | None = None,
+        project_id: str | None = None,
+        snapshot_id: str | None = None,
+        live: bool | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort: str | None = None,
+        direction: str | None = None,
+        deleted_only: bool = False,
+    ) -> SandboxList:
+        """One page of sandboxes (server default 50, max 100) and the total that match."""
+        params = {
+            "name": name,
+            "mode": mode,
+            "projectId": project_id,
+            "snapshotId": snapshot_id,
+            "status": status,
+            "live": live,
+            "limit": limit,
+            "offset": offset,
+            "sort": sort,
+            "direction": direction,
+            "deletedOnly": True if deleted_only else None,
+        }
+        resp = await self._request("GET", "/sandbox", params=params)
+        return from_wire(SandboxList, self._data(resp))
+
+    async def iter_sandboxes(
+        self, *, page_size: int = 100, **filters: Any
+    ) -> AsyncIterator[SandboxInfo]:
+        """Every sandbox matching ``filters`` (as for :meth:`list`), fetching page by page."""
+        offset = 0
+        while True:
+            page = await self.list(limit=page_size, offset=offset, **filters)
+            for item in page.sandboxes:
+                yield item
+            offset += len(page.sandboxes)
+            if not page.sandboxes or offset >= page.total:
+                return
+
+    async def destroy(self, sandbox_id: str) -> None:
+        await self._request("DELETE", f"/sandbox/{sandbox_id}", sandbox_id=sandbox_id)
+
+    async def pause(self, sandbox_id: str) -> PauseResult:
+        resp = await self._request("POST", f"/sandbox/{sandbox_id}/pause", sandbox_id=sandbox_id)
+        return from_wire(PauseResult, resp.get("data", resp))
+
+    async def resume(self, sandbox_id: str) -> None:
+        await self._request("POST", f"/sandbox/{sandbox_id}/resume", sandbox_id=sandbox_id)
+
+    # ------------------------------------------------------------ runtimes, terminals, server
+
+    async def list_runtimes(
+        self,
+        *,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort: str | None = None,
+        direction: str | None = None,
+    ) -> RuntimeList:
+        resp = await self._request(
+            "GET",
+            "/sandbox/runtimes",
+            params={"limit": limit, "offset": offset, "sort": sort, "direction": direction},
+        )
+        return from_wire(RuntimeList, self._data(resp))
+
+    async def terminal(self, sandbox_id: str, command: Sequence[str] | None = None, *, rows: int = 24,
+                       cols: int = 80, cwd: str | None = None, term: str | None = None) -> Terminal:
+        """Start ``command`` (default: the sandbox user's login shell) on a new pseudo-terminal:
+        a :class:`hutch.terminal.Terminal` to write, read, resize and wait on."""
+        return await open_terminal(self._as_client(), sandbox_id, command, rows=rows, cols=cols,
+                                   cwd=cwd, term=term)
+
+    async def server_info(self) -> dict[str, Any]:
+        """What the server says of itself (``GET /healthz``): ``status``, and ``ssh.port`` when
+        it runs an SSH gateway."""
+        return dict(self._data(await self._request("GET", "/healthz")))
+
+
+def _oneshot_body(
+    command: Sequence[str], stream: Mapping[str, Any] | None, options: SandboxOptions
+) -> dict[str, Any]:
+    """The create body of a one-shot run: the sandbox's options, with ``files`` written for
+    the command (``command.files``) rather than into the sandbox's create."""
+    sandbox_options = options.copy()
+    files = sandbox_options.pop("files", None)
+    cmd: dict[str, Any] = {"exec": list(command), "mode": "oneshot"}
+    wire_files = _wire_files(files)
+    if wire_files:
+        cmd["files"] = wire_files
+    body = create_body(sandbox_options)
+    body["command"] = cmd
+    body["stream"] = dict(stream or {})
+    return body

@@ -1,0 +1,66 @@
+"""api.recorder: the one way commands become events, on the embedded log and the memory store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from api.reads import Reads
+from api.recorder import Recorder
+from core.errors import InvalidInput, SnapshotNotFound
+from core.events import SandboxCreated, SandboxEnvChanged
+from core.lifecycle import ChangeEnv, Start
+from core.models import SandboxSpec, SandboxStatus, SnapshotStatus
+from core.snapshots import BeginBuild, DeleteSnapshot
+from eventlog.sqlite import SqliteEventLog
+from projections.memory import MemoryProjectionStore
+from projections.runner import Projector
+
+Parts = tuple[Recorder, Reads, SqliteEventLog]
+
+
+@pytest.fixture
+async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
+    event_log, store = SqliteEventLog(tmp_path / "events.db"), MemoryProjectionStore()
+    await event_log.start()
+    projector = Projector(event_log, store)
+    await projector.start()
+    reads = Reads(store, event_log, projector)
+    yield Recorder(event_log, store, projector, reads), reads, event_log
+    await projector.close()
+    await event_log.close()
+
+
+async def test_a_command_is_decided_appended_and_readable_at_once(parts: Parts) -> None:
+    recorder, reads, _ = parts
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt", org_id="org_acme")
+    async with recorder.lock("sbx_1"):
+        await recorder.append("sbx_1", [SandboxCreated(spec=spec)])
+    [started] = await recorder.command("sbx_1", Start())
+    assert started.position is not None and started.org == "org_acme"
+    assert (await reads.require("sbx_1")).status is SandboxStatus.IDLE  # read-your-writes
+    await recorder.command("sbx_1", ChangeEnv(set={"A": "1"}))
+    assert (await reads.require("sbx_1")).spec.env == {"A": "1"}
+
+
+async def test_an_event_that_does_not_survive_a_round_trip_is_refused(parts: Parts) -> None:
+    recorder, _, event_log = parts
+    odd = SandboxEnvChanged(set={"A": 1})  # type: ignore[dict-item]  # an int reads back as "1"
+    with pytest.raises(InvalidInput, match="does not survive serialisation"):
+        await recorder.record("org_acme", lambda: [odd])
+    assert await event_log.last_position() == 0
+
+
+async def test_snapshot_commands_are_decided_in_core(parts: Parts) -> None:
+    recorder, reads, event_log = parts
+    with pytest.raises(SnapshotNotFound, match="snapshot snp_1 not found"):
+        await recorder.snapshot("snp_1", DeleteSnapshot())
+    assert await event_log.last_position() == 0
+    await recorder.snapshot("snp_1", BeginBuild(name="app", runtime="base:latest", runtime_id="srt", tag="v1",
+                                                org_id="org_acme"))
+    [deleted] = await recorder.snapshot("snp_1", DeleteSnapshot())
+    assert deleted.org == "org_acme"
+    snap = await reads.store.get_snapshot("snp_1")
+    assert snap is not None and snap.status is SnapshotStatus.DELETED

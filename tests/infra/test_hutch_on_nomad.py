@@ -1,0 +1,400 @@
+"""``tofu apply`` of infra/terraform/modules/hutch-on-nomad onto the cluster of
+``./scripts/services start cluster``, a real ``@agentuity/core`` client through the API it
+deployed, then ``tofu destroy``.
+
+What it shows: the module's registry, PostgreSQL, Kafka and hutch API jobs come up on real
+Nomad clients (exec driver) and pass their health checks; the API server, installed from a
+wheelhouse built here and served to the clients as an artifact (with Kafka's jars, from the
+cache ``scripts/services start kafka`` fills), runs a sandbox through hutch-containerd for
+the real SandboxClient (tests/compat/compat.mjs: a command with files written and read back);
+``tofu destroy`` leaves none of the jobs, Nomad variables and dynamic host volumes it made.
+
+The sandboxes' images come from the cluster's own registry (HUTCH_TEST_CLUSTER_REGISTRY, the
+module's ``image_registry``): the clients' hutch-containerd trusts only that one over plain
+HTTP, so the registry job comes up and answers but holds no images here.
+
+Needs: the cluster (HUTCH_TEST_CLUSTER_ADDR / HUTCH_TEST_CLUSTER_REGISTRY), Kafka's jar cache,
+``npm ci`` in tests/compat, and scripts/tofu's build. Nothing skips. Takes 1.5-2 minutes here
+(most of it Nomad hard-linking /usr into each exec task's chroot).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOFU = REPO / "scripts" / "tofu"
+TERRAFORM = REPO / "infra" / "terraform"
+COMPAT = REPO / "tests" / "compat"
+JOBS = ("hutch-registry", "hutch-postgres", "hutch-kafka", "hutch-api")
+VARIABLES = ("nomad/jobs/hutch-postgres", "nomad/jobs/hutch-api")
+UP_TIMEOUT = 240.0  # every job running and healthy, from the end of `tofu apply`
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _setting(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is not set: start the cluster with ./scripts/services start cluster "
+                    "(scripts/test does, and exports its settings)", pytrace=False)
+    return value
+
+
+class Nomad:
+    """The few reads of Nomad's HTTP API this test makes."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr.rstrip("/")
+
+    def get(self, path: str, *, raw: bool = False) -> Any:
+        """The JSON (or text) at ``path``; None on a 404."""
+        try:
+            with urllib.request.urlopen(self.addr + path, timeout=10) as resp:
+                body = resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return None
+            raise
+        return body if raw else json.loads(body)
+
+    def service(self, name: str) -> list[dict[str, Any]]:
+        return self.get(f"/v1/service/{name}") or []
+
+    def live_allocs(self, job: str) -> list[dict[str, Any]]:
+        return [a for a in self.get(f"/v1/job/{job}/allocations") or []
+                if a["ClientStatus"] in ("pending", "running")]
+
+    def healthy(self, job: str) -> bool:
+        """An allocation of the job runs and every one of its checks passes."""
+        for alloc in self.live_allocs(job):
+            if alloc["ClientStatus"] != "running":
+                continue
+            checks = self.get(f"/v1/client/allocation/{alloc['ID']}/checks") or {}
+            if checks and all(c.get("Status") == "success" for c in checks.values()):
+                return True
+        return False
+
+    def explain(self, job: str) -> str:
+        """Why a job is not up: its allocations' task events and the tail of their stderr."""
+        allocs = self.get(f"/v1/job/{job}/allocations")
+        if allocs is None:
+            return f"{job}: no such job"
+        if not allocs:
+            evals = self.get(f"/v1/job/{job}/evaluations") or []
+            failed = [e.get("FailedTGAllocs") for e in evals if e.get("FailedTGAllocs")]
+            return f"{job}: no allocation placed; {json.dumps(failed)[:1500]}"
+        lines = []
+        for alloc in sorted(allocs, key=lambda a: a["CreateIndex"])[-2:]:
+            lines.append(f"{job}: allocation {alloc['ID'][:8]} on {alloc['NodeName']}: {alloc['ClientStatus']}")
+            for task, state in (alloc.get("TaskStates") or {}).items():
+                events = [f"{e['Type']}: {e.get('DisplayMessage', '')}" for e in state.get("Events") or []]
+                lines.append(f"  task {task} {state['State']}; events: {' | '.join(events[-6:])}")
+                query = urllib.parse.urlencode({"task": task, "type": "stderr", "plain": "true",
+                                                "origin": "end", "offset": 3000})
+                try:
+                    tail = self.get(f"/v1/client/fs/logs/{alloc['ID']}?{query}", raw=True)
+                except (OSError, ValueError) as err:
+                    tail = f"<no log: {err}>"
+                lines.append("  stderr: " + (tail or "").strip().replace("\n", "\n    "))
+            if checks := self.get(f"/v1/client/allocation/{alloc['ID']}/checks"):
+                lines.append("  checks: " + ", ".join(f"{c['Check']}={c['Status']}" for c in checks.values()))
+        return "\n".join(lines)
+
+
+def run(*args: str | Path, cwd: Path, timeout: float, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"{' '.join(map(str, args))} did not finish in {timeout:.0f} s\n"
+                    f"--- stdout\n{err.stdout!r}\n--- stderr\n{err.stderr!r}")
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, args))} (in {cwd}) exited {proc.returncode}\n"
+                    f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+# ------------------------------------------------------------------------------- artifacts
+
+def versions() -> tuple[str, str]:
+    """hutch's version (pyproject.toml) and Kafka's (the services scripts' pom.xml)."""
+    hutch_version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    pom = (REPO / "scripts" / "services.d" / "kafka" / "pom.xml").read_text()
+    match = re.search(r"<kafka\.version>(.+?)</kafka\.version>", pom)
+    assert match, "no <kafka.version> in scripts/services.d/kafka/pom.xml"
+    return hutch_version, match.group(1)
+
+
+def build_artifacts(out: Path, hutch_version: str, kafka_version: str) -> None:
+    """hutch's wheelhouse and Kafka's jars, named as the module fetches them."""
+    libs = Path(os.environ.get("HUTCH_CACHE_DIR") or "/var/cache/hutch") / "kafka" / kafka_version / "libs"
+    if not (libs / ".complete").exists():
+        raise RuntimeError(f"no Kafka {kafka_version} jars in {libs}: ./scripts/services start kafka fetches them")
+    # The wheels of hutch and of everything it needs, for the clients' python3 (no index there).
+    wheels = out.parent / "wheels"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w",
+                           str(wheels), str(REPO)], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip wheel exited {proc.returncode}: {proc.stderr[-3000:]}")
+    for name, files in ((f"hutch-wheels-{hutch_version}.tar.gz", wheels.glob("*.whl")),
+                        (f"kafka-libs-{kafka_version}.tgz", libs.glob("*.jar"))):
+        with tarfile.open(out / f".{name}", "w:gz", compresslevel=1) as tar:
+            for path in sorted(files):
+                tar.add(path, arcname=path.name)
+        (out / f".{name}").rename(out / name)
+
+
+class Artifacts:
+    """An HTTP server on this host's address on the cluster network (the module's
+    artifact_base_url), serving the artifacts while a thread still builds them: Nomad builds
+    the tasks' chroots first, so the build costs no time; a request waits until it is done."""
+
+    def __init__(self, directory: Path, host: str) -> None:
+        self.hutch_version, self.kafka_version = versions()
+        self.built = threading.Event()
+        self.error: str | None = None
+        self.seconds = 0.0
+        artifacts = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def send_head(self) -> Any:  # GET and HEAD both
+                if not artifacts.built.wait(300) or artifacts.error:
+                    self.send_error(503, "artifacts not built")
+                    return None
+                return super().send_head()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((host, 0), functools.partial(Handler, directory=str(directory)))
+        self.url = f"http://{host}:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._build, args=(directory,), daemon=True).start()
+
+    def _build(self, directory: Path) -> None:
+        started = time.monotonic()
+        try:
+            build_artifacts(directory, self.hutch_version, self.kafka_version)
+        except Exception as err:  # reported by wait(), and to the clients as a 503
+            self.error = f"building the artifacts failed: {err}"
+        self.seconds = time.monotonic() - started
+        self.built.set()
+
+    def wait(self) -> None:
+        if not self.built.wait(400) or self.error:
+            pytest.fail(self.error or "the artifacts were not built in 400 s", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Artifacts]:
+    directory = tmp_path_factory.mktemp("artifacts") / "served"
+    directory.mkdir()
+    served = Artifacts(directory, urllib.parse.urlsplit(_setting("HUTCH_TEST_CLUSTER_ADDR")).hostname or "")
+    try:
+        yield served
+    finally:
+        served.server.shutdown()
+        served.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def base_image() -> None:
+    """base:latest in the cluster's registry (pushed from this host's runtime cache if missing)."""
+    registry = _setting("HUTCH_TEST_CLUSTER_REGISTRY")
+    images = [sys.executable, "-m", "drivers.nomad.images"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if run(*images, "exists", "base:latest", "--registry", registry, cwd=REPO, timeout=30, env=env,
+           check=False).returncode != 0:
+        run(*images, "push", "base:latest", "--registry", registry, cwd=REPO, timeout=400, env=env)
+
+
+# ------------------------------------------------------------------------------- the root module
+
+def write_root(tmp: Path) -> Path:
+    """A root module using hutch-on-nomad, in a copy of infra/terraform (no init state in the repo)."""
+    tree = tmp / "terraform"
+    shutil.copytree(TERRAFORM, tree, ignore=shutil.ignore_patterns(
+        ".terraform", ".terraform.lock.hcl", "*.tfstate*"))
+    root = tree / "system-test"
+    root.mkdir()
+    (root / "main.tf").write_text('''
+variable "nomad_addr" { type = string }
+variable "artifact_base_url" { type = string }
+variable "hutch_version" { type = string }
+variable "kafka_version" { type = string }
+variable "image_registry" { type = string }
+variable "api_key" {
+  type      = string
+  sensitive = true
+}
+variable "postgres_password" {
+  type      = string
+  sensitive = true
+}
+
+provider "nomad" {
+  address = var.nomad_addr
+}
+
+module "hutch" {
+  source            = "../modules/hutch-on-nomad"
+  datacenters       = ["dc1"]
+  nomad_addr        = var.nomad_addr
+  artifact_base_url = var.artifact_base_url
+  hutch_version     = var.hutch_version
+  kafka_version     = var.kafka_version
+  image_registry    = var.image_registry
+  api_replicas      = 1
+  api_key           = var.api_key
+  postgres_password = var.postgres_password
+}
+
+output "jobs" {
+  value = module.hutch.jobs
+}
+
+output "variables" {
+  value = module.hutch.variables
+}
+
+output "volumes" {
+  value = module.hutch.volumes
+}
+''')
+    return root
+
+
+def tofu(*args: str, root: Path, timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run(TOFU, *args, cwd=root, timeout=timeout, check=check)
+
+
+def wait_up(nomad: Nomad, applied: float, deadline: float) -> None:
+    """Every job of the module runs with its checks passing, or a failure naming those that don't."""
+    waiting = list(JOBS)
+    while waiting:
+        for job in [job for job in waiting if nomad.healthy(job)]:
+            print(f"{job}: healthy {time.monotonic() - applied:.1f} s after tofu apply")
+            waiting.remove(job)
+        if waiting and time.monotonic() > deadline:
+            pytest.fail(f"not up {UP_TIMEOUT:.0f} s after tofu apply: {', '.join(waiting)}\n"
+                        + "\n".join(nomad.explain(job) for job in waiting), pytrace=False)
+        time.sleep(1)
+
+
+def api_url(nomad: Nomad, key: str, deadline: float) -> str:
+    """The API server's address from its Nomad service, once it answers an authorized call."""
+    last = "no hutch-api service registered"
+    while time.monotonic() < deadline:
+        for reg in nomad.service("hutch-api"):
+            url = f"http://{reg['Address']}:{reg['Port']}"
+            request = urllib.request.Request(url + "/sandbox/runtimes", headers={"Authorization": f"Bearer {key}"})
+            try:
+                with urllib.request.urlopen(request, timeout=5) as resp:
+                    if json.loads(resp.read()).get("success") is True:
+                        return url
+            except (OSError, ValueError) as err:
+                last = f"{url}: {err}"
+        time.sleep(1)
+    pytest.fail(f"the hutch API does not answer: {last}\n{nomad.explain('hutch-api')}", pytrace=False)
+
+
+def leftovers(nomad: Nomad) -> list[str]:
+    """What of the module's is still in Nomad."""
+    left = [f"job {job}" for job in JOBS if nomad.get(f"/v1/job/{job}") is not None]
+    left += [f"variable {path}" for path in VARIABLES if nomad.get(f"/v1/var/{path}") is not None]
+    volumes = nomad.get("/v1/volumes?type=host") or []
+    left += [f"volume {v['Name']} ({v['ID']})" for v in volumes if v["Name"] in JOBS]
+    return left
+
+
+def compat_run(url: str, key: str) -> str:
+    """The real @agentuity/core SandboxClient runs a command with files through the API."""
+    if not (COMPAT / "node_modules" / "@agentuity" / "core").is_dir():
+        pytest.fail(f"no node_modules in {COMPAT}: run `npm ci` there (tests/compat/setup.sh)", pytrace=False)
+    env = {**os.environ, "HUTCH_URL": url, "HUTCH_API_KEY": key,
+           "HUTCH_COMPAT_ONLY": "run: files + env", "HUTCH_COMPAT_CHECK_TIMEOUT_MS": "150000"}
+    proc = run("node", "compat.mjs", cwd=COMPAT, timeout=200, env=env, check=False)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("1 passed, 0 failed"), (
+        f"compat.mjs through the Terraform-deployed API:\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+# ------------------------------------------------------------------------------- the test
+
+def test_apply_run_a_sandbox_destroy(
+    artifacts: Artifacts, base_image: None, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    nomad = Nomad(_setting("HUTCH_TEST_CLUSTER_ADDR"))
+    if stale := leftovers(nomad):
+        pytest.fail(f"the cluster already has {', '.join(stale)}: another run of this test, or one that "
+                    "could not clean up; remove them with nomad job stop -purge, nomad volume delete -type "
+                    "host, nomad var purge", pytrace=False)
+    root = write_root(tmp_path)
+    key, password = "hutch_" + secrets.token_urlsafe(24), secrets.token_hex(16)
+    variables = {"nomad_addr": nomad.addr, "artifact_base_url": artifacts.url,
+                 "hutch_version": artifacts.hutch_version, "kafka_version": artifacts.kafka_version,
+                 "image_registry": _setting("HUTCH_TEST_CLUSTER_REGISTRY"),
+                 "api_key": key, "postgres_password": password}
+    (root / "test.auto.tfvars.json").write_text(json.dumps(variables))
+    timings: dict[str, float] = {}
+    tofu("init", "-backend=false", "-input=false", "-no-color", root=root, timeout=120)
+    try:
+        mark = time.monotonic()
+        tofu("apply", "-auto-approve", "-input=false", "-no-color", root=root, timeout=180)
+        timings["apply"] = time.monotonic() - mark
+        outputs = json.loads(tofu("output", "-json", root=root, timeout=60).stdout)
+        assert outputs["jobs"]["value"] == list(JOBS), outputs["jobs"]
+        assert outputs["variables"]["value"] == list(VARIABLES), outputs["variables"]
+        assert set(outputs["volumes"]["value"]) == set(JOBS), outputs["volumes"]
+
+        mark = time.monotonic()
+        artifacts.wait()
+        timings["artifacts (overlapped)"] = artifacts.seconds
+        wait_up(nomad, mark, mark + UP_TIMEOUT)
+        url = api_url(nomad, key, mark + UP_TIMEOUT)
+        timings["up"] = time.monotonic() - mark
+        # The registry job answers the OCI distribution API on its service address.
+        reg = nomad.service("hutch-registry")[0]
+        with urllib.request.urlopen(f"http://{reg['Address']}:{reg['Port']}/v2/", timeout=5) as resp:
+            assert resp.status == 200
+
+        mark = time.monotonic()
+        compat_run(url, key)
+        timings["compat"] = time.monotonic() - mark
+    finally:
+        mark = time.monotonic()
+        destroyed = tofu("destroy", "-auto-approve", "-input=false", "-no-color", root=root, timeout=300,
+                         check=False)
+        timings["destroy"] = time.monotonic() - mark
+        if destroyed.returncode != 0:  # shown with whatever failed first
+            print(f"tofu destroy exited {destroyed.returncode}:\n{destroyed.stdout[-4000:]}\n{destroyed.stderr}")
+        print(f"timings (s): {json.dumps({k: round(v, 1) for k, v in timings.items()})}, "
+              f"total {time.monotonic() - started:.0f}")
+    assert destroyed.returncode == 0, f"tofu destroy failed:\n{destroyed.stdout[-4000:]}\n{destroyed.stderr}"
+    state = tofu("state", "list", root=root, timeout=60).stdout.split()
+    assert state == [], f"tofu destroy left these in its state: {state}"
+    left = leftovers(nomad)
+    assert not left, f"tofu destroy left behind: {', '.join(left)}"

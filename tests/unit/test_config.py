@@ -1,0 +1,114 @@
+"""The server's settings (api/config.py): each is converted and checked when a Config is
+made, a bad one is refused in one line naming it, and the server exits with that line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from api.composition import make_projector, open_event_log, open_store
+from api.config import Config
+from core.errors import InvalidInput
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (field, a value it accepts and what it becomes, a value it refuses, the refusal it gives)
+SETTINGS = [
+    ("host", "0.0.0.0", "0.0.0.0", "http://x", "HUTCH_HOST: expected a host name or IP address, got 'http://x'"),
+    ("port", "8080", 8080, "eighty", "HUTCH_PORT: expected a port number (0-65535), got 'eighty'"),
+    ("port", 0, 0, 65536, "HUTCH_PORT: expected a port number (0-65535), got 65536"),
+    ("event_log", "kafka://k:9092/events", "kafka://k:9092/events", "kafka://k:9092",
+     "HUTCH_EVENT_LOG: expected sqlite, sqlite:///PATH or kafka://HOST:PORT/TOPIC, got 'kafka://k:9092'"),
+    ("event_log", "sqlite:///tmp/e.db", "sqlite:///tmp/e.db", "mysql://db",
+     "HUTCH_EVENT_LOG: expected sqlite, sqlite:///PATH or kafka://HOST:PORT/TOPIC, got 'mysql://db'"),
+    ("store", "postgresql://u@h:5432/d", "postgresql://u@h:5432/d", "redis://h",
+     "HUTCH_STORE: expected memory or postgresql://USER@HOST:PORT/DATABASE, got 'redis://h'"),
+    ("projector", "external", "external", "elsewhere",
+     "HUTCH_PROJECTOR: expected inprocess or external, got 'elsewhere'"),
+    ("driver", "nomad", "nomad", "docker", "HUTCH_DRIVER: expected local, nomad or fake, got 'docker'"),
+    ("api_key", "hutch_abc", "hutch_abc", "two words", "HUTCH_API_KEY: expected a secret without spaces"),
+    ("public_url", "https://hutch.example.com", "https://hutch.example.com", "hutch.example.com",
+     "HUTCH_PUBLIC_URL: expected an http:// or https:// URL, got 'hutch.example.com'"),
+    ("output_cap_bytes", "1024", 1024, 0, "output_cap_bytes: expected a positive whole number, got 0"),
+    ("max_body_bytes", 2**20, 2**20, "big", "max_body_bytes: expected a positive whole number, got 'big'"),
+    ("max_upload_bytes", 2**30, 2**30, -1, "max_upload_bytes: expected a positive whole number, got -1"),
+    ("max_archive_entries", 10, 10, True, "max_archive_entries: expected a positive whole number, got True"),
+    ("nomad_addr", "http://nomad:4646", "http://nomad:4646", "nomad:4646",
+     "HUTCH_NOMAD_ADDR: expected an http:// or https:// URL, got 'nomad:4646'"),
+    ("nomad_token", "secret-token", "secret-token", "a\tb", "HUTCH_NOMAD_TOKEN: expected a secret without spaces"),
+    ("nomad_registry", "registry.local:5000", "registry.local:5000", "http://registry",
+     "HUTCH_NOMAD_REGISTRY: expected HOST:PORT of a container registry (no scheme), got 'http://registry'"),
+    ("nomad_pool", "base:latest=2", "base:latest=2", "lots",
+     "HUTCH_NOMAD_POOL: expected auto, off or runtime=count,…; got 'lots'"),
+    ("nomad_pool_memory", "4096", "4096", "4G", "HUTCH_NOMAD_POOL_MEMORY: expected MiB per client node, got '4G'"),
+    ("prebuild", "base:latest,python:3.13", "base:latest,python:3.13", "ruby:3",
+     "HUTCH_PREBUILD: unknown runtime 'ruby:3'"),
+    ("sandbox_domain", "sandboxes.example.com:8700", "sandboxes.example.com:8700", "https://sandboxes.example.com",
+     "HUTCH_SANDBOX_DOMAIN: expected HOST or HOST:PORT, got 'https://sandboxes.example.com'"),
+    ("default_disk", "2Gi", "2Gi", "lots", "HUTCH_DEFAULT_DISK"),
+    ("rate_limit", "20:100", "20:100", "fast", "HUTCH_RATE_LIMIT: expected requests per second"),
+    ("ssh_port", "2222", 2222, "ssh", "HUTCH_SSH_PORT: expected a port number (0-65535), got 'ssh'"),
+    ("log_level", "DEBUG", "DEBUG", "loud", "HUTCH_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got 'loud'"),
+]
+
+
+@pytest.mark.parametrize(("field", "good", "becomes", "bad", "refusal"), SETTINGS,
+                         ids=[f"{s[0]}-{s[3]!r}" for s in SETTINGS])
+def test_each_setting_is_checked_and_a_bad_one_is_refused_by_name(
+    field: str, good: object, becomes: object, bad: object, refusal: str
+) -> None:
+    assert getattr(Config(**{field: good}), field) == becomes  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput) as caught:
+        Config(**{field: bad})  # type: ignore[arg-type]
+    assert caught.value.message.startswith(refusal)
+    assert "\n" not in caught.value.message
+
+
+def test_every_setting_is_covered_here() -> None:
+    covered = {s[0] for s in SETTINGS} | {"data_dir", "runtime_cache"}  # paths: any text is one
+    assert covered == {f.name for f in attrs.fields(Config)}
+
+
+def test_secrets_are_never_echoed() -> None:
+    for field in ("api_key", "nomad_token"):
+        with pytest.raises(InvalidInput) as caught:
+            Config(**{field: "hunter2 with spaces"})  # type: ignore[arg-type]
+        assert "hunter2" not in caught.value.message
+
+
+def test_variables_are_read_and_flags_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [n for n in os.environ if n.startswith("HUTCH_")]:  # the test services' settings
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HUTCH_PORT", "9000")
+    monkeypatch.setenv("HUTCH_SSH_PORT", "0")
+    monkeypatch.setenv("HUTCH_RUNTIME_CACHE", str(tmp_path))
+    monkeypatch.setenv("HUTCH_DRIVER", "")  # empty counts as unset
+    config = Config.from_env(data_dir=tmp_path, host=None)
+    assert (config.port, config.ssh_port, config.runtime_cache) == (9000, 0, tmp_path)
+    assert config.driver == "local" and config.host == "127.0.0.1" and config.data_dir == tmp_path
+    assert Config.from_env(port=9100).port == 9100
+    monkeypatch.setenv("HUTCH_PORT", "eighty")
+    with pytest.raises(InvalidInput, match=r"^HUTCH_PORT: expected a port number"):
+        Config.from_env()
+
+
+def test_an_external_projector_needs_a_shared_store(tmp_path: Path) -> None:
+    store = open_store("memory")
+    with pytest.raises(InvalidInput, match=r"^HUTCH_PROJECTOR: external needs a shared store"):
+        make_projector(open_event_log("sqlite", tmp_path), store, external=True)
+    assert make_projector(open_event_log("sqlite", tmp_path), store).applies
+
+
+@pytest.mark.parametrize("command", [["api"], ["hutch", "serve"]])
+def test_the_server_exits_with_the_one_line_naming_the_setting(command: list[str], tmp_path: Path) -> None:
+    env = {**{n: v for n, v in os.environ.items() if not n.startswith("HUTCH_")},
+           "PYTHONPATH": str(ROOT), "HUTCH_PORT": "eighty", "HUTCH_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.startswith("hutch: error: HUTCH_PORT: expected a port number (0-65535), got 'eighty'")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
