@@ -198,7 +198,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.callback(os.close, lock_fd)
         tenants = Tenants(resolve_api_key(config)[0], default_rate=parse_rate(config.rate_limit))
         parts = server_parts(config)
-        event_log, store, driver = parts.event_log, parts.store, parts.driver
+        event_log, store, driver, blob_store = parts.event_log, parts.store, parts.driver, parts.blobs
         outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
         outputs.start()
         # Each part is closed (in reverse) however far the start got: a refusal at start
@@ -207,13 +207,15 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(event_log.close)
         await store.start()
         stack.push_async_callback(store.close)
+        await blob_store.start()
+        stack.push_async_callback(blob_store.close)
         await driver.start()
         stack.push_async_callback(driver.close)
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
                                                max_entries=config.max_archive_entries),
-                        projector=parts.projector)
+                        blobs=blob_store, projector=parts.projector)
         stack.push_async_callback(engine.close)
         prebuild = config.prebuild_runtimes
         engine.projector.observers.append(tenants.observe)

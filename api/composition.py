@@ -1,5 +1,5 @@
 """The composition root: the one place that turns settings into the parts hutch runs on —
-the event log, the projection store, the projector and the driver. The server
+the event log, the projection store, the projector, the blob store and the driver. The server
 (``api.app``), the operator commands (``projections.commands``), the benchmarks and the
 tests all build their parts here, so a backend is chosen in one place only.
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 
 from api.config import Config
+from core.blobs import BlobStore
 from core.errors import InvalidInput
 from core.eventlog.base import EventLog
 from drivers.base import Driver
@@ -71,7 +72,19 @@ def open_persistent_store(url: str) -> ProjectionStore:
     return open_store(url)
 
 
-def open_driver(config: Config) -> Driver:
+def open_blob_store(store: str, data_dir: Path) -> BlobStore:
+    """Shared state (snapshot archives, disk checkpoints): PostgreSQL large objects with a
+    PostgreSQL store, so every replica reaches it; else files under the data dir (blobs/)."""
+    if store.startswith(_POSTGRES):
+        from blobs.postgres import PostgresBlobStore  # asyncpg only where used
+
+        return PostgresBlobStore(store)
+    from blobs.files import FileBlobStore
+
+    return FileBlobStore(data_dir)
+
+
+def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
     if config.driver == "fake":
         from drivers.fake.driver import FakeDriver
 
@@ -86,7 +99,7 @@ def open_driver(config: Config) -> Driver:
         return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
                            token=config.nomad_token,
                            pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
-                           runtime_cache=config.runtimes_dir)
+                           runtime_cache=config.runtimes_dir, blobs=blobs)
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 
@@ -107,6 +120,7 @@ class ServerParts:
     store: ProjectionStore
     projector: Projector
     driver: Driver
+    blobs: BlobStore
 
 
 def server_parts(config: Config) -> ServerParts:
@@ -114,4 +128,6 @@ def server_parts(config: Config) -> ServerParts:
     event_log = open_event_log(config.event_log, config.data_dir)
     store = open_store(config.store)
     projector = make_projector(event_log, store, external=config.projector == "external")
-    return ServerParts(event_log=event_log, store=store, projector=projector, driver=open_driver(config))
+    blobs = open_blob_store(config.store, config.data_dir)
+    return ServerParts(event_log=event_log, store=store, projector=projector, driver=open_driver(config, blobs),
+                       blobs=blobs)

@@ -11,6 +11,7 @@ appended events: decide, round-trip check, append, wait for the projection),
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,6 +33,9 @@ from api.stream_ids import StreamIds
 from api.tenancy import Tenants
 from api.timeouts import Reaper
 from api.wire import CreateRequest, ExecuteRequest
+from blobs import clear_spool
+from blobs.files import FileBlobStore
+from core.blobs import BlobStore
 from core.errors import IllegalTransition
 from core.eventlog.base import EventLog
 from core.events import Event, EventData
@@ -52,6 +56,7 @@ class Engine:
         stream_secret: bytes,
         data_dir: Path,
         limits: archives.Limits | None = None,
+        blobs: BlobStore | None = None,
         projector: Projector | None = None,  # api.composition builds it; default: one that applies
     ) -> None:
         self.log = event_log
@@ -75,7 +80,8 @@ class Engine:
         self.checkpoints = Checkpoints(self.reads, self.recorder, driver, self.reaper)
         self.snapshots = Snapshots(store=store, reads=self.reads, recorder=self.recorder, driver=driver,
                                    quotas=self.quotas, streams=self.streams, reaper=self.reaper,
-                                   root=data_dir / "snapshots", limits=limits or archives.Limits())
+                                   blobs=blobs or FileBlobStore(data_dir), spool_dir=data_dir / "spool",
+                                   limits=limits or archives.Limits())
         self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, driver=driver, outputs=outputs,
                                          streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
@@ -98,6 +104,7 @@ class Engine:
         self.driver.set_listener(self.control.ended)
         await self.recovery.run()
         await self.snapshots.expire_builds()
+        await asyncio.to_thread(clear_spool, self.snapshots.archives.spool_dir)  # a kill cut short
         self.background.spawn(self.reaper.watch(), "timeouts")
 
     async def close(self) -> None:

@@ -3,12 +3,15 @@ sandboxes from one, tag, delete, walk lineage.
 
 The content is the sandbox's workspace as a tar.gz, read and written through the driver's
 file primitives (so it means the same under every driver that has them, and can never
-reach past the sandbox's own view), kept in ``<data dir>/snapshots/<id>.tar.gz``. The
-metadata lives in the event log (``core.snapshots``) and the projections.
+reach past the sandbox's own view), kept in the blob store (``core.blobs``) as
+``snapshots/<id>.tar.gz``: files under the data dir, or PostgreSQL in the production
+profile, where every API replica reaches it. The metadata lives in the event log
+(``core.snapshots``) and the projections.
 
-Nothing is half-made: the archive is written to a temporary name, fsynced and renamed
-before the event that makes the snapshot visible is appended, and is removed again if
-that append fails; a deleted snapshot's archive goes after its deletion is logged.
+Nothing is half-made: the archive is spooled to a local temporary file (so a slow store
+never stalls the export from the sandbox), checked there, and put whole before the event
+that makes the snapshot visible is appended; it is removed again if that append fails. A
+deleted snapshot's archive goes after its deletion is logged.
 """
 
 from __future__ import annotations
@@ -23,23 +26,26 @@ import os
 import stat
 import tarfile
 import zlib
-from collections.abc import AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable
 from pathlib import Path
+from typing import IO
 
 import attrs
 
+import blobs
 from api import archives
 from api.quotas import Quotas
 from api.reads import Reads
 from api.recorder import Recorder
 from api.stream_ids import StreamIds
 from api.timeouts import Reaper
+from blobs.files import FileBlobStore
 from core import ids, runtimes
+from core.blobs import BlobNotFound, BlobStore
 from core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
-    PayloadTooLarge,
     RuntimeNotFound,
     SnapshotNotFound,
 )
@@ -67,38 +73,58 @@ BUILD_TTL_SECONDS = 24 * 3600  # a build not finalized within a day is abandoned
 
 
 class SnapshotArchives:
-    """The archives on disk, one per snapshot, each complete or absent."""
+    """The archives in the blob store, one per snapshot, each complete or absent; local
+    temporary copies (spooled before a put, fetched for a check or an unpack) in
+    ``spool_dir``."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o700)
+    def __init__(self, store: BlobStore, spool_dir: Path) -> None:
+        self.store = store
+        self.spool_dir = spool_dir
+
+    @staticmethod
+    def key(snapshot_id: str) -> str:
+        return f"snapshots/{snapshot_id}.tar.gz"
 
     def path(self, snapshot_id: str) -> Path:
-        return self.root / f"{snapshot_id}.tar.gz"
+        """Where the archive is on this host's disk: the files profile only (tests, debugging)."""
+        if not isinstance(self.store, FileBlobStore):
+            raise NotSupported("snapshot archives are not local files with this blob store")
+        return self.store.path(self.key(snapshot_id))
 
-    async def save(self, snapshot_id: str, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> int:
-        final, tmp = self.path(snapshot_id), self.root / f".{snapshot_id}.{os.getpid()}.part"
-        size = 0
+    async def spool(self, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> IO[bytes]:
+        """``chunks`` in a local temporary file (size-checked as they arrive); the caller closes it."""
+        await asyncio.to_thread(_private_dir, self.spool_dir)
+        return await archives.spool(chunks, max_bytes if max_bytes is not None else 2**63, str(self.spool_dir))
+
+    async def put(self, snapshot_id: str, spooled: IO[bytes]) -> None:
+        await blobs.put_file(self.store, self.key(snapshot_id), spooled)
+
+    async def save(self, snapshot_id: str, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> None:
+        with await self.spool(chunks, max_bytes) as spooled:
+            await self.put(snapshot_id, spooled)
+
+    async def fetch(self, snapshot_id: str) -> IO[bytes] | None:
+        """The archive in a local temporary file, or None when there is none."""
+        await asyncio.to_thread(_private_dir, self.spool_dir)
         try:
-            with await asyncio.to_thread(open, tmp, "wb") as fh:
-                async for chunk in chunks:
-                    size += len(chunk)
-                    if max_bytes is not None and size > max_bytes:
-                        raise PayloadTooLarge(f"archive: larger than {max_bytes} bytes", field="archive")
-                    await asyncio.to_thread(fh.write, chunk)
-                await asyncio.to_thread(fh.flush)
-                await asyncio.to_thread(os.fsync, fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            raise
-        return size
+            return await blobs.fetch(self.store, self.key(snapshot_id), self.spool_dir)
+        except BlobNotFound:
+            return None
 
-    def remove(self, snapshot_id: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path(snapshot_id).unlink()
+    def read(self, snapshot_id: str) -> AsyncGenerator[bytes, None]:
+        """The archive's bytes, streamed from the store (``BlobNotFound`` at the first step)."""
+        return self.store.get(self.key(snapshot_id))
+
+    async def exists(self, snapshot_id: str) -> bool:
+        return await self.store.exists(self.key(snapshot_id))
+
+    async def remove(self, snapshot_id: str) -> None:
+        await self.store.delete(self.key(snapshot_id))
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)  # archives hold workspaces
 
 
 def scan(path: Path, limits: archives.Limits) -> tuple[SnapshotFile, ...]:
@@ -129,7 +155,8 @@ def scan(path: Path, limits: archives.Limits) -> tuple[SnapshotFile, ...]:
 
 class Snapshots:
     def __init__(self, *, store: ProjectionStore, reads: Reads, recorder: Recorder, driver: Driver, quotas: Quotas,
-                 streams: StreamIds, reaper: Reaper, root: Path, limits: archives.Limits) -> None:
+                 streams: StreamIds, reaper: Reaper, blobs: BlobStore, spool_dir: Path,
+                 limits: archives.Limits) -> None:
         self._store = store
         self._reads = reads
         self._recorder = recorder
@@ -137,7 +164,7 @@ class Snapshots:
         self._quotas = quotas
         self._streams = streams
         self._reaper = reaper
-        self.archives = SnapshotArchives(root)
+        self.archives = SnapshotArchives(blobs, spool_dir)
         self.limits = limits
 
     def upload_token(self, snapshot_id: str) -> str:
@@ -217,13 +244,14 @@ class Snapshots:
         snapshot_id = ids.new_id("snapshot")
         decide(snapshot_id, None, command)  # refuses (an ended sandbox, a bad name or tag) before any work
         self._reaper.touch(sandbox_id)
-        await self.archives.save(snapshot_id, archives.tar_gz(self._driver, sandbox_id, WORKSPACE))
-        try:
-            files = await asyncio.to_thread(scan, self.archives.path(snapshot_id), self.limits)
+        with await self.archives.spool(archives.tar_gz(self._driver, sandbox_id, WORKSPACE)) as spooled:
+            files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
             await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
+            await self.archives.put(snapshot_id, spooled)
+        try:
             await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
         except BaseException:
-            self.archives.remove(snapshot_id)
+            await self.archives.remove(snapshot_id)
             raise
         await self._take_tag(snapshot_id, command.name, command.tag)
         return await self.get(snapshot_id)
@@ -240,7 +268,7 @@ class Snapshots:
         if snap is None or snap.status is SnapshotStatus.DELETED or not visible_org(snap.org_id):
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
         await self._recorder.snapshot(snapshot_id, DeleteSnapshot())
-        self.archives.remove(snapshot_id)
+        await self.archives.remove(snapshot_id)
 
     async def expire_builds(self, older_than: float = BUILD_TTL_SECONDS) -> builtins.list[str]:
         """Builds never finalized within ``older_than`` seconds are deleted (logged, and their
@@ -252,7 +280,7 @@ class Snapshots:
             if dt.datetime.fromisoformat(snap.created_at.replace("Z", "+00:00")) <= cutoff:
                 with contextlib.suppress(SnapshotNotFound):  # deleted meanwhile
                     await self._recorder.snapshot(snap.snapshot_id, DeleteSnapshot())
-                self.archives.remove(snap.snapshot_id)
+                await self.archives.remove(snap.snapshot_id)
                 expired.append(snap.snapshot_id)
         return expired
 
@@ -301,9 +329,10 @@ class Snapshots:
                                    field=field)
             await driver.prepare(ProvisionRequest(sandbox_id=snapshot_id, runtime=snap.runtime,
                                                   dependencies=deps, packages=pkgs))
-        path = self.archives.path(snapshot_id)
-        if path.exists():
-            files = await asyncio.to_thread(scan, path, self.limits)
+        spooled = await self.archives.fetch(snapshot_id)
+        if spooled is not None:
+            with spooled:
+                files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
         else:
             if not (env or deps or pkgs):
                 raise InvalidInput(f"snapshot {snapshot_id}: no archive was uploaded (PUT /sandbox/snapshots/"
@@ -319,14 +348,12 @@ class Snapshots:
     async def seed(self, sandbox_id: str, snapshot_id: str) -> None:
         """Unpack a snapshot's workspace into a sandbox being created (through the driver, as
         its user, with the upload checks)."""
-        path = self.archives.path(snapshot_id)
         snap = await self.get(snapshot_id)
-        if snap.file_count == 0 and not path.exists():
-            return  # an env-only build: nothing to unpack
-        try:
-            fh = await asyncio.to_thread(open, path, "rb")
-        except FileNotFoundError as err:
-            raise SnapshotNotFound(f"snapshot {snapshot_id}: its archive is gone (deleted meanwhile?)") from err
+        fh = await self.archives.fetch(snapshot_id)
+        if fh is None:
+            if snap.file_count == 0:
+                return  # an env-only build: nothing to unpack
+            raise SnapshotNotFound(f"snapshot {snapshot_id}: its archive is gone (deleted meanwhile?)")
         with fh:
             await archives.extract(self._driver, sandbox_id, WORKSPACE, "tar.gz", fh, self.limits)
 

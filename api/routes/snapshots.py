@@ -3,6 +3,7 @@ public listing, and download of snapshots (api/snapshots.py does the work)."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 from typing import Any
 
@@ -13,6 +14,7 @@ from api.http import base_url, json_body, ok, q_choice, q_int
 from api.keys import API_KEY_ID, CONFIG, ENGINE
 from api.snapshots import LINEAGE_MAX, unchanged
 from api.tenancy import PUBLIC, needs
+from core.blobs import BlobNotFound
 from core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from core.models import Snapshot
 from core.snapshots import check_name
@@ -163,11 +165,21 @@ async def download(request: web.Request) -> web.StreamResponse:
     snapshot_id = request.match_info["snapshot_id"]
     snapshots = request.app[ENGINE].snapshots
     await snapshots.get(snapshot_id)
-    path = snapshots.archives.path(snapshot_id)
-    if not path.exists():  # taken from an empty env-only build
-        raise InvalidInput(f"snapshot {snapshot_id} has no files to download", field="snapshotId")
-    return web.FileResponse(path, headers={"Content-Type": "application/gzip",
+    async with contextlib.aclosing(snapshots.archives.read(snapshot_id)) as chunks:
+        try:  # the first chunk before answering: a missing archive is still a JSON 4xx
+            first = await anext(chunks, b"")
+        except BlobNotFound:  # taken from an empty env-only build
+            raise InvalidInput(f"snapshot {snapshot_id} has no files to download", field="snapshotId") from None
+        resp = web.StreamResponse(headers={"Content-Type": "application/gzip",
                                            "Content-Disposition": f'attachment; filename="{snapshot_id}.tar.gz"'})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        if first:
+            await resp.write(first)
+        async for chunk in chunks:
+            await resp.write(chunk)  # waits for the socket: backpressure, flat memory
+        await resp.write_eof()
+    return resp
 
 
 @routes.get("/sandbox/snapshots/{snapshot_id}")

@@ -49,6 +49,8 @@ from typing import Any
 
 import attrs
 
+from blobs import clear_spool
+from core.blobs import BlobStore
 from core.errors import (
     DriverFailure,
     HutchError,
@@ -119,6 +121,7 @@ class NomadDriver(WarmPools, Driver):
         pool_sizes: Mapping[str, int] | None = None,
         pool_sizing: PoolSizing | None = None,
         runtime_cache: Path | None = None,
+        blobs: BlobStore | None = None,
     ) -> None:
         self.address = address
         self.registry = registry
@@ -138,7 +141,8 @@ class NomadDriver(WarmPools, Driver):
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._available = self._images.available  # the same set, kept current by RuntimeImages
         self._states = StateFiles(self.state_dir)
-        self._files = NomadFiles(self, self.state_dir)
+        # Disk checkpoints: in ``blobs``; by default files under the data dir, as they always were.
+        self._files = NomadFiles(self, self.state_dir, blobs)
         self._terminals = NomadTerminals(self)
         self._sandboxes: dict[str, NomadSandbox] = {}
         self._executions: dict[str, _Execution] = {}
@@ -163,6 +167,7 @@ class NomadDriver(WarmPools, Driver):
                 "start it with: ./scripts/services start nomad")
         await self._images.probe()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(clear_spool, self._files.spool_dir)  # checkpoints a kill cut short
         await self._recover()
         self._spawn(self._watch(), "nomad-watch")
         self._start_pools()
@@ -362,7 +367,7 @@ class NomadDriver(WarmPools, Driver):
                 self._allow.forget(sandbox_id)
                 self._paused.discard(sandbox_id)
                 self._states.forget(sandbox_id)
-                self._files.drop_checkpoints(sandbox_id)
+                await self._files.drop_checkpoints(sandbox_id)
                 self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
             finally:
                 self._destroying.discard(sandbox_id)

@@ -13,9 +13,11 @@ and both wait for the script's "ok" before any content moves, so a bad path fail
 an upload is sent.
 
 Disk checkpoints are tar archives of the workspace (the part of a container that outlives
-it; made by the same export as archive downloads), kept under the driver's data dir and
-unpacked back over an emptied workspace on restore. They are full copies: the API server
-and the Nomad client need not share a filesystem, so links or reflinks are not available.
+it; made by the same export as archive downloads), kept in the blob store (``core.blobs``:
+files under the data dir, or PostgreSQL in the production profile, so any API replica can
+restore them) and unpacked back over an emptied workspace on restore. They are full
+copies: the API server and the Nomad client need not share a filesystem, so links or
+reflinks are not available.
 """
 
 from __future__ import annotations
@@ -25,16 +27,26 @@ import contextlib
 import errno
 import io
 import json
+import logging
 import os
 import posixpath
-import shutil
 import tarfile
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
-from core.errors import CheckpointNotFound, DriverFailure, HutchError, InvalidInput, SandboxNotFound
+from blobs import fetch, put_file, read_file, spool
+from blobs.files import FileBlobStore
+from core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
+from core.errors import (
+    CheckpointNotFound,
+    DriverFailure,
+    HutchError,
+    InvalidInput,
+    NotSupported,
+    SandboxNotFound,
+)
 from drivers.base import FileInfo, FileToWrite
 from drivers.fserrors import from_errno
 from drivers.nomad.access import SandboxAccess
@@ -45,6 +57,9 @@ from drivers.nomad.state import NomadSandbox
 
 # The one script every primitive runs: $1 = op, $2 = path, then the op's own arguments.
 # fail() prints a strerror text, which the driver maps back to an errno.
+log = logging.getLogger(__name__)
+CHECKPOINTS = "nomad/checkpoints"  # blob keys: CHECKPOINTS/<sandbox id>/<checkpoint id>.tar
+
 _SCRIPT = r"""
 fail() { printf 'hutch-fs: %s\n' "$1" >&2; exit 3; }
 op=$1; p=$2; shift 2
@@ -155,11 +170,14 @@ def _check_path(path: str, field: str = "path") -> str:
 class NomadFiles:
     """The driver's file primitives and checkpoints (NomadDriver delegates to one of these).
 
-    ``state_dir`` is the driver's: checkpoints are kept under ``state_dir/checkpoints``."""
+    Checkpoints are kept in ``blobs`` as ``nomad/checkpoints/<sandbox>/<checkpoint>.tar``
+    (by default files under the data dir, ``state_dir``'s parent, as they always were),
+    spooled through ``state_dir/spool``."""
 
-    def __init__(self, access: SandboxAccess, state_dir: Path) -> None:
+    def __init__(self, access: SandboxAccess, state_dir: Path, blobs: BlobStore | None = None) -> None:
         self._access = access
-        self._checkpoints = state_dir / "checkpoints"
+        self._blobs = blobs or FileBlobStore(state_dir.parent)
+        self.spool_dir = state_dir / "spool"
 
     # ------------------------------------------------------------------ plumbing
 
@@ -339,46 +357,52 @@ class NomadFiles:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
+    def _checkpoint_key(self, sandbox_id: str, checkpoint_id: str) -> str:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
-        return self._checkpoints / sandbox_id / f"{checkpoint_id}.tar"
+        return check_key(f"{CHECKPOINTS}/{sandbox_id}/{checkpoint_id}.tar")
+
+    def checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
+        """Where a checkpoint is on this host's disk: files-backed stores only (tests, debugging)."""
+        if not isinstance(self._blobs, FileBlobStore):
+            raise NotSupported("disk checkpoints are not local files with this blob store")
+        return self._blobs.path(self._checkpoint_key(sandbox_id, checkpoint_id))
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._access.running(sandbox_id)
         self._access.check_not_paused(sb)
-        final = self.checkpoint_path(sandbox_id, checkpoint_id)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_suffix(".part")
-        fh = await asyncio.to_thread(open, tmp, "wb")
-        try:
-            with fh:
-                async for chunk in self.export_tar(sb.id, HOME):
-                    await asyncio.to_thread(fh.write, chunk)
-                await asyncio.to_thread(fh.flush)
-                await asyncio.to_thread(os.fsync, fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        key = self._checkpoint_key(sandbox_id, checkpoint_id)
+        # Spooled first: the export streams from the sandbox at its own pace, whatever the
+        # blob store's; the store gets a complete file.
+        with await spool(self.export_tar(sb.id, HOME), await self._spool_dir()) as spooled:
+            await put_file(self._blobs, key, spooled)
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._access.running(sandbox_id)
         self._access.check_not_paused(sb)
-        path = self.checkpoint_path(sandbox_id, checkpoint_id)
-        if not path.exists():
-            raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id)
+        key = self._checkpoint_key(sandbox_id, checkpoint_id)
+        # Fetched whole before the restore script empties the workspace, and fed from the
+        # local copy: when tar has read the end of the archive it exits, and whatever the
+        # feed is still waiting on (a database round trip for the end of the stream) is cut
+        # short, which _fed takes for a failed upload.
+        try:
+            local = await fetch(self._blobs, key, await self._spool_dir())
+        except BlobNotFound as err:
+            raise CheckpointNotFound(f"checkpoint {checkpoint_id} not found", checkpoint_id=checkpoint_id) from err
+        with local:
+            await self._fed(sandbox_id, "restore", HOME, read_file(local))
 
-        async def chunks() -> AsyncIterator[bytes]:
-            fh = await asyncio.to_thread(open, path, "rb")
-            with fh:
-                while block := await asyncio.to_thread(fh.read, 1 << 20):
-                    yield block
-
-        await self._fed(sandbox_id, "restore", HOME, chunks())
+    async def _spool_dir(self) -> Path:
+        await asyncio.to_thread(self.spool_dir.mkdir, parents=True, exist_ok=True)
+        return self.spool_dir
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        self.checkpoint_path(sandbox_id, checkpoint_id).unlink(missing_ok=True)
+        await self._blobs.delete(self._checkpoint_key(sandbox_id, checkpoint_id))
 
-    def drop_checkpoints(self, sandbox_id: str) -> None:
-        shutil.rmtree(self._checkpoints / sandbox_id, ignore_errors=True)
+    async def drop_checkpoints(self, sandbox_id: str) -> None:
+        """A destroyed sandbox's checkpoints; a store that is down leaves them (logged), as
+        a destroy must not fail over them."""
+        try:
+            await self._blobs.delete_prefix(f"{CHECKPOINTS}/{sandbox_id}/")
+        except BlobUnavailable as err:
+            log.warning("sandbox %s: its checkpoints were not removed: %s", sandbox_id, err)

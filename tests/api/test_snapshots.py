@@ -289,11 +289,10 @@ async def test_abandoned_builds_are_cleared(api: Api) -> None:
                           expect=201)
     await api.call("PUT", f"/sandbox/snapshots/{init['snapshotId']}/upload", data=tar_gz({"a": b"1"}))
     snapshots = api.client.server.app[ENGINE].snapshots
-    path = snapshots.archives.path(init["snapshotId"])
-    assert path.exists()
+    assert await snapshots.archives.exists(init["snapshotId"])  # in the blob store: files or PostgreSQL
     assert await snapshots.expire_builds(older_than=3600) == []  # young builds stay
     assert await snapshots.expire_builds(older_than=0) == [init["snapshotId"]]
-    assert not path.exists()
+    assert not await snapshots.archives.exists(init["snapshotId"])
     await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize", json={}, expect=404)
     gone = await api.client.server.app[ENGINE].store.get_snapshot(init["snapshotId"])
     assert gone is not None and gone.status.value == "deleted"  # through an event, in the log
