@@ -165,14 +165,16 @@ async def download(request: web.Request) -> web.StreamResponse:
     snapshot_id = request.match_info["snapshot_id"]
     snapshots = request.app[ENGINE].snapshots
     await snapshots.get(snapshot_id)
-    async with contextlib.aclosing(snapshots.archives.read(snapshot_id)) as chunks:
-        try:  # the first chunk before answering: a missing archive is still a JSON 4xx
-            first = await anext(chunks, b"")
-        except BlobNotFound:  # taken from an empty env-only build
-            raise InvalidInput(f"snapshot {snapshot_id} has no files to download", field="snapshotId") from None
+    archives = snapshots.archives
+    try:  # before answering: a missing archive is still a JSON 4xx
+        size = (await archives.store.stat(archives.key(snapshot_id))).size
+    except BlobNotFound:  # taken from an empty env-only build
+        raise InvalidInput(f"snapshot {snapshot_id} has no files to download", field="snapshotId") from None
+    async with contextlib.aclosing(archives.read(snapshot_id)) as chunks:
+        first = await anext(chunks, b"")
         resp = web.StreamResponse(headers={"Content-Type": "application/gzip",
                                            "Content-Disposition": f'attachment; filename="{snapshot_id}.tar.gz"'})
-        resp.enable_chunked_encoding()
+        resp.content_length = size  # an archive never changes once its snapshot is ready
         await resp.prepare(request)
         if first:
             await resp.write(first)

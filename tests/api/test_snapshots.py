@@ -193,6 +193,7 @@ async def test_build_upload_finalize(api: Api) -> None:
     assert await printenv(api, child, "BUILT") == b"1\n"
     resp = await api.client.get(f"/sandbox/snapshots/{snapshot_id}/download", headers=AUTH)
     assert resp.status == 200 and await resp.read() == archive
+    assert resp.headers["Content-Length"] == str(len(archive))  # from either blob store
 
     # Same content hash: unchanged, nothing new; force builds anyway.
     again = await api.data("POST", "/sandbox/snapshots/build", json={
