@@ -145,7 +145,7 @@ async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool =
 
 async def zip_stream(driver: Driver, sandbox_id: str, root: str) -> AsyncIterator[bytes]:
     sink = _Sink()
-    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:  # type: ignore[arg-type]
+    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:  # type: ignore[call-overload]  # _Sink: write/tell/flush, all "w" needs
         async for entry in _walk(driver, sandbox_id, root):
             when = time.gmtime(max(entry.mtime, 315532800))[:6]  # zip cannot say before 1980
             if entry.is_dir:
@@ -315,7 +315,7 @@ async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, a
     fmt = fmt or detect_format(head)
     if fmt not in FORMATS:
         raise InvalidInput(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}", field="format")
-    path = archive.name  # type: ignore[attr-defined]  # spool() gives a named file
+    path = archive.name  # spool() gives a named file
     try:
         members = await asyncio.to_thread(_zip_members if fmt == "zip" else _tar_members, path, limits)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as err:
@@ -341,7 +341,7 @@ async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, a
             elif m.kind == "symlink":
                 await driver.symlink(sandbox_id, target, m.target)
             else:
-                fh = src.open(m.source) if fmt == "zip" else src.extractfile(m.source)  # type: ignore[union-attr]
+                fh = src.open(m.source) if isinstance(src, zipfile.ZipFile) else src.extractfile(m.source)
                 assert fh is not None
                 with fh:
                     written += await driver.write_file(sandbox_id, target, _read_chunks(fh), mode=m.mode, parents=True)
