@@ -162,6 +162,30 @@ Decided = (
 
 def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
     """Event payloads the command produces (the caller wraps them in envelopes)."""
+    match command:
+        case Start() | Fail() | ReportBuild():
+            return _decide_setup(sandbox, command)
+        case TakeCheckpoint():
+            return _decide_take_checkpoint(sandbox, command)
+        case RestoreCheckpoint() | DeleteCheckpoint():
+            return _decide_checkpoint_change(sandbox, command)
+        case ChangeEnv():
+            return _decide_change_env(sandbox, command)
+        case Pause():
+            return _decide_pause(sandbox, command)
+        case Resume():
+            return _decide_resume(sandbox, command)
+        case StartExecution():
+            return _decide_start_execution(sandbox, command)
+        case FinishExecution():
+            return _decide_finish_execution(sandbox, command)
+        case Destroy() | Terminate():
+            return _decide_end(sandbox, command)
+    raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _decide_setup(sandbox: Sandbox, command: Start | Fail | ReportBuild) -> list[Decided]:
+    """The creating sandbox: the driver made it real, it failed, or its runtime builds."""
     status = sandbox.status
     match command:
         case Start():
@@ -176,105 +200,129 @@ def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
             if status is not SandboxStatus.CREATING:
                 return []  # destroyed while its runtime builds: the build goes on for others
             return [RuntimeBuildProgress(runtime=runtime, message=message)]
-        case TakeCheckpoint(checkpoint_id=cid, name=name):
-            if status not in _LIVE and status is not SandboxStatus.PAUSED:
-                raise _illegal(sandbox, "checkpoint")
-            if any(c.name == name for c in sandbox.checkpoints):
-                raise IllegalTransition(
-                    f"name: sandbox {sandbox.sandbox_id} already has a checkpoint named {name!r}",
-                    sandbox_id=sandbox.sandbox_id, field="name",
-                )
-            return [CheckpointCreated(checkpoint_id=cid, name=name, parent=sandbox.current_checkpoint)]
-        case RestoreCheckpoint(checkpoint_id=cid) | DeleteCheckpoint(checkpoint_id=cid):
-            verb = "restore" if isinstance(command, RestoreCheckpoint) else "delete"
-            if status not in _LIVE and status is not SandboxStatus.PAUSED:
-                raise _illegal(sandbox, f"{verb} a checkpoint")
-            if not any(c.checkpoint_id == cid for c in sandbox.checkpoints):
-                raise CheckpointNotFound(
-                    f"checkpoint {cid} not found in sandbox {sandbox.sandbox_id} (no checkpoint has that id or "
-                    "name: deleted, or never taken)",
-                    sandbox_id=sandbox.sandbox_id,
-                )
-            if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:
-                raise IllegalTransition(
-                    f"cannot restore: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
-                    sandbox_id=sandbox.sandbox_id, status=status.value,
-                )
-            return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
-        case ChangeEnv():
-            if status.is_final or status is SandboxStatus.STOPPING:
-                raise _illegal(sandbox, "change the environment")
-            if not command.set and not command.unset:
-                return []
-            return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
-        case Pause(terminates_at=deadline):
-            if status is SandboxStatus.PAUSED:
-                return []  # pausing a paused sandbox changes nothing
-            if status is SandboxStatus.RUNNING:
-                raise IllegalTransition(
-                    f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
-                    sandbox_id=sandbox.sandbox_id,
-                    status=status.value,
-                )
-            if status is not SandboxStatus.IDLE:
-                raise _illegal(sandbox, "pause")
-            return [SandboxPaused(terminates_at=deadline)]
-        case Resume(auto=auto):
-            if status in _LIVE:
-                return []  # already awake
-            if status is not SandboxStatus.PAUSED:
-                raise _illegal(sandbox, "resume")
-            return [SandboxResumed(auto=auto)]
-        case StartExecution():
-            if status is SandboxStatus.PAUSED:
-                raise IllegalTransition(
-                    f"cannot execute: sandbox {sandbox.sandbox_id} is paused; resume it first",
-                    sandbox_id=sandbox.sandbox_id,
-                    status=status.value,
-                )
-            if status not in _LIVE:
-                raise _illegal(sandbox, "execute")
-            if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
-                raise _illegal(sandbox, "execute in a oneshot sandbox")
-            return [
-                ExecutionStarted(
-                    execution_id=command.execution_id,
-                    command=command.command,
-                    timeout_seconds=command.timeout_seconds,
-                    kind=command.kind,
-                )
-            ]
-        case FinishExecution():
-            if command.execution_id not in sandbox.running:
-                raise IllegalTransition(
-                    f"execution {command.execution_id} is not running in sandbox {sandbox.sandbox_id}",
-                    sandbox_id=sandbox.sandbox_id,
-                )
-            finished = ExecutionFinished(
-                execution_id=command.execution_id,
-                status=command.status,
-                exit_code=command.exit_code,
-                duration_ms=command.duration_ms,
-                error=command.error,
-                output_truncated=command.output_truncated,
-            )
-            return [finished]
-        case Destroy(reason=reason):
-            if status in (SandboxStatus.DELETED, SandboxStatus.STOPPING):
-                return []  # destroy is idempotent
-            return [SandboxDestroyRequested(reason=reason)]
-        case Terminate():
-            if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
-                return []
-            events: list[Decided] = []
-            if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
-                events.append(SandboxCompleted(exit_code=command.exit_code))
-            events.append(
-                SandboxTerminated(reason=command.reason, deleted=command.deleted, exit_code=command.exit_code,
-                                  cpu_seconds=command.cpu_seconds, memory_peak_bytes=command.memory_peak_bytes)
-            )
-            return events
-    raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _decide_take_checkpoint(sandbox: Sandbox, command: TakeCheckpoint) -> list[Decided]:
+    status, name = sandbox.status, command.name
+    if status not in _LIVE and status is not SandboxStatus.PAUSED:
+        raise _illegal(sandbox, "checkpoint")
+    if any(c.name == name for c in sandbox.checkpoints):
+        raise IllegalTransition(
+            f"name: sandbox {sandbox.sandbox_id} already has a checkpoint named {name!r}",
+            sandbox_id=sandbox.sandbox_id, field="name",
+        )
+    return [CheckpointCreated(checkpoint_id=command.checkpoint_id, name=name, parent=sandbox.current_checkpoint)]
+
+
+def _decide_checkpoint_change(sandbox: Sandbox, command: RestoreCheckpoint | DeleteCheckpoint) -> list[Decided]:
+    """Restore or delete an existing checkpoint: both need a live or paused sandbox and a known id."""
+    status, cid = sandbox.status, command.checkpoint_id
+    verb = "restore" if isinstance(command, RestoreCheckpoint) else "delete"
+    if status not in _LIVE and status is not SandboxStatus.PAUSED:
+        raise _illegal(sandbox, f"{verb} a checkpoint")
+    if not any(c.checkpoint_id == cid for c in sandbox.checkpoints):
+        raise CheckpointNotFound(
+            f"checkpoint {cid} not found in sandbox {sandbox.sandbox_id} (no checkpoint has that id or "
+            "name: deleted, or never taken)",
+            sandbox_id=sandbox.sandbox_id,
+        )
+    if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:
+        raise IllegalTransition(
+            f"cannot restore: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
+            sandbox_id=sandbox.sandbox_id, status=status.value,
+        )
+    return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
+
+
+def _decide_change_env(sandbox: Sandbox, command: ChangeEnv) -> list[Decided]:
+    status = sandbox.status
+    if status.is_final or status is SandboxStatus.STOPPING:
+        raise _illegal(sandbox, "change the environment")
+    if not command.set and not command.unset:
+        return []
+    return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
+
+
+def _decide_pause(sandbox: Sandbox, command: Pause) -> list[Decided]:
+    status = sandbox.status
+    if status is SandboxStatus.PAUSED:
+        return []  # pausing a paused sandbox changes nothing
+    if status is SandboxStatus.RUNNING:
+        raise IllegalTransition(
+            f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
+            sandbox_id=sandbox.sandbox_id,
+            status=status.value,
+        )
+    if status is not SandboxStatus.IDLE:
+        raise _illegal(sandbox, "pause")
+    return [SandboxPaused(terminates_at=command.terminates_at)]
+
+
+def _decide_resume(sandbox: Sandbox, command: Resume) -> list[Decided]:
+    status = sandbox.status
+    if status in _LIVE:
+        return []  # already awake
+    if status is not SandboxStatus.PAUSED:
+        raise _illegal(sandbox, "resume")
+    return [SandboxResumed(auto=command.auto)]
+
+
+def _decide_start_execution(sandbox: Sandbox, command: StartExecution) -> list[Decided]:
+    status = sandbox.status
+    if status is SandboxStatus.PAUSED:
+        raise IllegalTransition(
+            f"cannot execute: sandbox {sandbox.sandbox_id} is paused; resume it first",
+            sandbox_id=sandbox.sandbox_id,
+            status=status.value,
+        )
+    if status not in _LIVE:
+        raise _illegal(sandbox, "execute")
+    if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
+        raise _illegal(sandbox, "execute in a oneshot sandbox")
+    return [
+        ExecutionStarted(
+            execution_id=command.execution_id,
+            command=command.command,
+            timeout_seconds=command.timeout_seconds,
+            kind=command.kind,
+        )
+    ]
+
+
+def _decide_finish_execution(sandbox: Sandbox, command: FinishExecution) -> list[Decided]:
+    if command.execution_id not in sandbox.running:
+        raise IllegalTransition(
+            f"execution {command.execution_id} is not running in sandbox {sandbox.sandbox_id}",
+            sandbox_id=sandbox.sandbox_id,
+        )
+    finished = ExecutionFinished(
+        execution_id=command.execution_id,
+        status=command.status,
+        exit_code=command.exit_code,
+        duration_ms=command.duration_ms,
+        error=command.error,
+        output_truncated=command.output_truncated,
+    )
+    return [finished]
+
+
+def _decide_end(sandbox: Sandbox, command: Destroy | Terminate) -> list[Decided]:
+    """Destroy on request, or terminate for any other reason (a oneshot's exit code completes it)."""
+    status = sandbox.status
+    if isinstance(command, Destroy):
+        if status in (SandboxStatus.DELETED, SandboxStatus.STOPPING):
+            return []  # destroy is idempotent
+        return [SandboxDestroyRequested(reason=command.reason)]
+    if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
+        return []
+    events: list[Decided] = []
+    if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
+        events.append(SandboxCompleted(exit_code=command.exit_code))
+    events.append(
+        SandboxTerminated(reason=command.reason, deleted=command.deleted, exit_code=command.exit_code,
+                          cpu_seconds=command.cpu_seconds, memory_peak_bytes=command.memory_peak_bytes)
+    )
+    return events
 
 
 # ---------------------------------------------------------------- evolve
