@@ -16,6 +16,7 @@ from core.events import (
     CheckpointDeleted,
     CheckpointRestored,
     Event,
+    EventData,
     ExecutionFinished,
     ExecutionStarted,
     RuntimeBuildProgress,
@@ -343,12 +344,55 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
     if sandbox is None:
         return None  # an event for a sandbox we never saw created: nothing to fold into
     match data:
+        case CheckpointCreated() | CheckpointRestored() | CheckpointDeleted():
+            return _evolve_checkpoints(sandbox, data, at)
+        case ExecutionStarted() | ExecutionFinished():
+            return _evolve_executions(sandbox, data, at)
+        case SandboxEnvChanged():
+            env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
+            env.update(data.set)
+            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, env=env), updated_at=at)
+        case SandboxTerminated():
+            return _evolve_terminated(sandbox, data, at)
+        case _:
+            return _evolve_status(sandbox, data, at)
+
+
+def _evolve_status(sandbox: Sandbox, data: EventData, at: str) -> Sandbox:
+    """The sandbox's own status events; any other event leaves it as it is."""
+    match data:
         case SandboxStarted():
             return attrs.evolve(sandbox, status=SandboxStatus.IDLE, updated_at=at)
         case SandboxFailed(reason=reason):
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():
             return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
+        case SandboxPaused(terminates_at=deadline):
+            return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
+        case SandboxResumed():
+            status = SandboxStatus.RUNNING if sandbox.running else SandboxStatus.IDLE
+            return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at)
+        case SandboxCompleted(exit_code=code):
+            return attrs.evolve(sandbox, exit_code=code, updated_at=at)
+    return sandbox
+
+
+def _evolve_terminated(sandbox: Sandbox, data: SandboxTerminated, at: str) -> Sandbox:
+    status = SandboxStatus.DELETED if data.deleted else SandboxStatus.TERMINATED
+    exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
+    return attrs.evolve(
+        sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(),
+        paused_at=None, terminates_at=None, updated_at=at,
+        cpu_seconds=data.cpu_seconds if data.cpu_seconds is not None else sandbox.cpu_seconds,
+        memory_peak_bytes=(data.memory_peak_bytes if data.memory_peak_bytes is not None
+                           else sandbox.memory_peak_bytes),
+    )
+
+
+def _evolve_checkpoints(
+    sandbox: Sandbox, data: CheckpointCreated | CheckpointRestored | CheckpointDeleted, at: str
+) -> Sandbox:
+    match data:
         case CheckpointCreated():
             cp = Checkpoint(checkpoint_id=data.checkpoint_id, name=data.name, created_at=at, parent=data.parent)
             return attrs.evolve(sandbox, checkpoints=(*sandbox.checkpoints, cp), current_checkpoint=data.name, updated_at=at)
@@ -358,38 +402,19 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
         case CheckpointDeleted(checkpoint_id=cid):
             kept = tuple(c for c in sandbox.checkpoints if c.checkpoint_id != cid)
             return attrs.evolve(sandbox, checkpoints=kept, updated_at=at)
-        case SandboxEnvChanged():
-            env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
-            env.update(data.set)
-            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, env=env), updated_at=at)
-        case SandboxPaused(terminates_at=deadline):
-            return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
-        case SandboxResumed():
-            status = SandboxStatus.RUNNING if sandbox.running else SandboxStatus.IDLE
-            return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at)
-        case SandboxCompleted(exit_code=code):
-            return attrs.evolve(sandbox, exit_code=code, updated_at=at)
-        case SandboxTerminated():
-            status = SandboxStatus.DELETED if data.deleted else SandboxStatus.TERMINATED
-            exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
-            return attrs.evolve(
-                sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(),
-                paused_at=None, terminates_at=None, updated_at=at,
-                cpu_seconds=data.cpu_seconds if data.cpu_seconds is not None else sandbox.cpu_seconds,
-                memory_peak_bytes=(data.memory_peak_bytes if data.memory_peak_bytes is not None
-                                   else sandbox.memory_peak_bytes),
-            )
-        case ExecutionStarted(execution_id=eid):
-            running = sandbox.running | {eid}
-            status = SandboxStatus.RUNNING if sandbox.status in _LIVE else sandbox.status
-            return attrs.evolve(sandbox, running=running, executions=sandbox.executions + 1, status=status, updated_at=at)
-        case ExecutionFinished(execution_id=eid):
-            running = sandbox.running - {eid}
-            status = sandbox.status
-            if status is SandboxStatus.RUNNING and not running:
-                status = SandboxStatus.IDLE
-            return attrs.evolve(sandbox, running=running, status=status, exit_code=data.exit_code, updated_at=at)
-    return sandbox
+
+
+def _evolve_executions(sandbox: Sandbox, data: ExecutionStarted | ExecutionFinished, at: str) -> Sandbox:
+    """An execution starts (the sandbox runs) or finishes (it idles once none runs)."""
+    if isinstance(data, ExecutionStarted):
+        running = sandbox.running | {data.execution_id}
+        status = SandboxStatus.RUNNING if sandbox.status in _LIVE else sandbox.status
+        return attrs.evolve(sandbox, running=running, executions=sandbox.executions + 1, status=status, updated_at=at)
+    running = sandbox.running - {data.execution_id}
+    status = sandbox.status
+    if status is SandboxStatus.RUNNING and not running:
+        status = SandboxStatus.IDLE
+    return attrs.evolve(sandbox, running=running, status=status, exit_code=data.exit_code, updated_at=at)
 
 
 def evolve_execution(execution: Execution | None, event: Event) -> Execution | None:
