@@ -155,14 +155,51 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
     it, since that reads the store); its runtime and env are the new sandbox's base."""
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object", field="body")
+    _check_snapshot_ref(body, snapshot)
+    dependencies = check_dependencies(body.get("dependencies"))
+    packages = check_packages(body.get("packages"))
+    recipe = _parse_runtime(body, snapshot)
+    resources = _parse_resources(body, default_disk)
+    network = _parse_network(body)
+    timeouts = _parse_timeouts(body)
+    cmd_obj = _object(body, "command")
+    command, mode = _parse_initial_command(cmd_obj)
+    metadata = expect(body, "metadata", dict, "an object")
+    files = parse_files(body.get("files"), "files") + parse_files(cmd_obj.get("files"), "command.files")
+    spec = SandboxSpec(
+        runtime=recipe.name,
+        runtime_id=recipe.id,
+        mode=mode,
+        name=expect(body, "name", str, "a string"),
+        description=expect(body, "description", str, "a string"),
+        resources=resources,
+        env={**(snapshot.env if snapshot else {}), **parse_env(body.get("env"))},
+        network=network,
+        timeout=timeouts,
+        command=command,
+        metadata=metadata,
+        project_id=expect(body, "projectId", str, "a string"),
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
+        dependencies=_merged(snapshot.dependencies if snapshot else (), dependencies),
+        packages=_merged(snapshot.packages if snapshot else (), packages),
+    )
+    if body.get("scopes"):
+        raise NotSupported("scopes: hutch has no Agentuity services (key-value, vector, object storage) to grant "
+                           "a sandbox access to; leave scopes out", field="scopes")
+    return CreateRequest(spec=spec, files=files, command=command, stream=parse_stream(body))
+
+
+def _check_snapshot_ref(body: Mapping[str, Any], snapshot: Snapshot | None) -> None:
     if body.get("snapshot") is not None:
         if snapshot is None:
             raise InvalidInput("snapshot: the reference was not resolved", field="snapshot")
         if body.get("runtime") is not None or body.get("runtimeId") is not None:
             raise InvalidInput("snapshot: give either snapshot or runtime/runtimeId, not both; "
                                "a snapshot brings its own runtime", field="snapshot")
-    dependencies = check_dependencies(body.get("dependencies"))
-    packages = check_packages(body.get("packages"))
+
+
+def _parse_runtime(body: Mapping[str, Any], snapshot: Snapshot | None) -> runtimes.RuntimeRecipe:
+    """The runtime the sandbox runs: the snapshot's, else ``runtime`` or ``runtimeId``, else the default."""
     runtime_name = expect(body, "runtime", str, "a runtime name such as python:3.13")
     runtime_id = expect(body, "runtimeId", str, "a runtime id (srt_...)")
     if runtime_name and runtime_id:
@@ -175,7 +212,10 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
         known = ", ".join(r.name for r in runtimes.CATALOG)
         field = "runtime" if runtime_name else "runtimeId"
         raise RuntimeNotFound(f"{field}: unknown runtime {wanted!r}; known runtimes: {known}", field=field)
+    return recipe
 
+
+def _parse_resources(body: Mapping[str, Any], default_disk: str | None) -> Resources:
     res = _object(body, "resources")
     memory = expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
     cpu = expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
@@ -195,7 +235,10 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
                            f"got {disk}", field="resources.disk")
     if resources.memory_bytes is not None and resources.memory_bytes < 16 * 2**20:
         raise InvalidInput("resources.memory: at least 16Mi is needed to start a sandbox", field="resources.memory")
+    return resources
 
+
+def _parse_network(body: Mapping[str, Any]) -> Network:
     net = _object(body, "network")
     enabled = expect(net, "enabled", bool, "true or false", "network.") or False
     port = expect(net, "port", int, "an integer port", "network.")
@@ -204,7 +247,10 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
     allow = egress.parse_allow(net["allow"]) if net.get("allow") is not None else ()
     if allow and not enabled:
         raise InvalidInput("network.allow: limits an enabled network; add network.enabled: true", field="network.allow")
+    return Network(enabled=enabled, port=port, allow=allow)
 
+
+def _parse_timeouts(body: Mapping[str, Any]) -> Timeouts:
     tmo = _object(body, "timeout")
     timeouts = {}
     for key in ("idle", "execution", "paused"):
@@ -212,8 +258,11 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
         if value is not None:
             parse_duration(f"timeout.{key}", value)
         timeouts[key] = value
+    return Timeouts(**timeouts)
 
-    cmd_obj = _object(body, "command")
+
+def _parse_initial_command(cmd_obj: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, Mode]:
+    """``command``: the command a sandbox starts with and whether it ends with it (oneshot)."""
     command = parse_command(cmd_obj["exec"], "command.exec") if cmd_obj.get("exec") is not None else None
     if cmd_obj and command is None:
         raise InvalidInput("command.exec: required when command is given", field="command.exec")
@@ -224,30 +273,7 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
         raise InvalidInput(f"command.mode: expected oneshot or interactive, got {mode_raw!r}", field="command.mode") from err
     if mode is Mode.ONESHOT and command is None:
         raise InvalidInput("command.exec: a oneshot sandbox needs a command", field="command.exec")
-
-    metadata = expect(body, "metadata", dict, "an object")
-    files = parse_files(body.get("files"), "files") + parse_files(cmd_obj.get("files"), "command.files")
-    spec = SandboxSpec(
-        runtime=recipe.name,
-        runtime_id=recipe.id,
-        mode=mode,
-        name=expect(body, "name", str, "a string"),
-        description=expect(body, "description", str, "a string"),
-        resources=resources,
-        env={**(snapshot.env if snapshot else {}), **parse_env(body.get("env"))},
-        network=Network(enabled=enabled, port=port, allow=allow),
-        timeout=Timeouts(**timeouts),
-        command=command,
-        metadata=metadata,
-        project_id=expect(body, "projectId", str, "a string"),
-        snapshot_id=snapshot.snapshot_id if snapshot else None,
-        dependencies=_merged(snapshot.dependencies if snapshot else (), dependencies),
-        packages=_merged(snapshot.packages if snapshot else (), packages),
-    )
-    if body.get("scopes"):
-        raise NotSupported("scopes: hutch has no Agentuity services (key-value, vector, object storage) to grant "
-                           "a sandbox access to; leave scopes out", field="scopes")
-    return CreateRequest(spec=spec, files=files, command=command, stream=parse_stream(body))
+    return command, mode
 
 
 def _merged(base: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:

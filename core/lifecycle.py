@@ -16,6 +16,7 @@ from core.events import (
     CheckpointDeleted,
     CheckpointRestored,
     Event,
+    EventData,
     ExecutionFinished,
     ExecutionStarted,
     RuntimeBuildProgress,
@@ -162,6 +163,30 @@ Decided = (
 
 def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
     """Event payloads the command produces (the caller wraps them in envelopes)."""
+    match command:
+        case Start() | Fail() | ReportBuild():
+            return _decide_setup(sandbox, command)
+        case TakeCheckpoint():
+            return _decide_take_checkpoint(sandbox, command)
+        case RestoreCheckpoint() | DeleteCheckpoint():
+            return _decide_checkpoint_change(sandbox, command)
+        case ChangeEnv():
+            return _decide_change_env(sandbox, command)
+        case Pause():
+            return _decide_pause(sandbox, command)
+        case Resume():
+            return _decide_resume(sandbox, command)
+        case StartExecution():
+            return _decide_start_execution(sandbox, command)
+        case FinishExecution():
+            return _decide_finish_execution(sandbox, command)
+        case Destroy() | Terminate():
+            return _decide_end(sandbox, command)
+    raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _decide_setup(sandbox: Sandbox, command: Start | Fail | ReportBuild) -> list[Decided]:
+    """The creating sandbox: the driver made it real, it failed, or its runtime builds."""
     status = sandbox.status
     match command:
         case Start():
@@ -176,105 +201,129 @@ def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
             if status is not SandboxStatus.CREATING:
                 return []  # destroyed while its runtime builds: the build goes on for others
             return [RuntimeBuildProgress(runtime=runtime, message=message)]
-        case TakeCheckpoint(checkpoint_id=cid, name=name):
-            if status not in _LIVE and status is not SandboxStatus.PAUSED:
-                raise _illegal(sandbox, "checkpoint")
-            if any(c.name == name for c in sandbox.checkpoints):
-                raise IllegalTransition(
-                    f"name: sandbox {sandbox.sandbox_id} already has a checkpoint named {name!r}",
-                    sandbox_id=sandbox.sandbox_id, field="name",
-                )
-            return [CheckpointCreated(checkpoint_id=cid, name=name, parent=sandbox.current_checkpoint)]
-        case RestoreCheckpoint(checkpoint_id=cid) | DeleteCheckpoint(checkpoint_id=cid):
-            verb = "restore" if isinstance(command, RestoreCheckpoint) else "delete"
-            if status not in _LIVE and status is not SandboxStatus.PAUSED:
-                raise _illegal(sandbox, f"{verb} a checkpoint")
-            if not any(c.checkpoint_id == cid for c in sandbox.checkpoints):
-                raise CheckpointNotFound(
-                    f"checkpoint {cid} not found in sandbox {sandbox.sandbox_id} (no checkpoint has that id or "
-                    "name: deleted, or never taken)",
-                    sandbox_id=sandbox.sandbox_id,
-                )
-            if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:
-                raise IllegalTransition(
-                    f"cannot restore: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
-                    sandbox_id=sandbox.sandbox_id, status=status.value,
-                )
-            return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
-        case ChangeEnv():
-            if status.is_final or status is SandboxStatus.STOPPING:
-                raise _illegal(sandbox, "change the environment")
-            if not command.set and not command.unset:
-                return []
-            return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
-        case Pause(terminates_at=deadline):
-            if status is SandboxStatus.PAUSED:
-                return []  # pausing a paused sandbox changes nothing
-            if status is SandboxStatus.RUNNING:
-                raise IllegalTransition(
-                    f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
-                    sandbox_id=sandbox.sandbox_id,
-                    status=status.value,
-                )
-            if status is not SandboxStatus.IDLE:
-                raise _illegal(sandbox, "pause")
-            return [SandboxPaused(terminates_at=deadline)]
-        case Resume(auto=auto):
-            if status in _LIVE:
-                return []  # already awake
-            if status is not SandboxStatus.PAUSED:
-                raise _illegal(sandbox, "resume")
-            return [SandboxResumed(auto=auto)]
-        case StartExecution():
-            if status is SandboxStatus.PAUSED:
-                raise IllegalTransition(
-                    f"cannot execute: sandbox {sandbox.sandbox_id} is paused; resume it first",
-                    sandbox_id=sandbox.sandbox_id,
-                    status=status.value,
-                )
-            if status not in _LIVE:
-                raise _illegal(sandbox, "execute")
-            if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
-                raise _illegal(sandbox, "execute in a oneshot sandbox")
-            return [
-                ExecutionStarted(
-                    execution_id=command.execution_id,
-                    command=command.command,
-                    timeout_seconds=command.timeout_seconds,
-                    kind=command.kind,
-                )
-            ]
-        case FinishExecution():
-            if command.execution_id not in sandbox.running:
-                raise IllegalTransition(
-                    f"execution {command.execution_id} is not running in sandbox {sandbox.sandbox_id}",
-                    sandbox_id=sandbox.sandbox_id,
-                )
-            finished = ExecutionFinished(
-                execution_id=command.execution_id,
-                status=command.status,
-                exit_code=command.exit_code,
-                duration_ms=command.duration_ms,
-                error=command.error,
-                output_truncated=command.output_truncated,
-            )
-            return [finished]
-        case Destroy(reason=reason):
-            if status in (SandboxStatus.DELETED, SandboxStatus.STOPPING):
-                return []  # destroy is idempotent
-            return [SandboxDestroyRequested(reason=reason)]
-        case Terminate():
-            if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
-                return []
-            events: list[Decided] = []
-            if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
-                events.append(SandboxCompleted(exit_code=command.exit_code))
-            events.append(
-                SandboxTerminated(reason=command.reason, deleted=command.deleted, exit_code=command.exit_code,
-                                  cpu_seconds=command.cpu_seconds, memory_peak_bytes=command.memory_peak_bytes)
-            )
-            return events
-    raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _decide_take_checkpoint(sandbox: Sandbox, command: TakeCheckpoint) -> list[Decided]:
+    status, name = sandbox.status, command.name
+    if status not in _LIVE and status is not SandboxStatus.PAUSED:
+        raise _illegal(sandbox, "checkpoint")
+    if any(c.name == name for c in sandbox.checkpoints):
+        raise IllegalTransition(
+            f"name: sandbox {sandbox.sandbox_id} already has a checkpoint named {name!r}",
+            sandbox_id=sandbox.sandbox_id, field="name",
+        )
+    return [CheckpointCreated(checkpoint_id=command.checkpoint_id, name=name, parent=sandbox.current_checkpoint)]
+
+
+def _decide_checkpoint_change(sandbox: Sandbox, command: RestoreCheckpoint | DeleteCheckpoint) -> list[Decided]:
+    """Restore or delete an existing checkpoint: both need a live or paused sandbox and a known id."""
+    status, cid = sandbox.status, command.checkpoint_id
+    verb = "restore" if isinstance(command, RestoreCheckpoint) else "delete"
+    if status not in _LIVE and status is not SandboxStatus.PAUSED:
+        raise _illegal(sandbox, f"{verb} a checkpoint")
+    if not any(c.checkpoint_id == cid for c in sandbox.checkpoints):
+        raise CheckpointNotFound(
+            f"checkpoint {cid} not found in sandbox {sandbox.sandbox_id} (no checkpoint has that id or "
+            "name: deleted, or never taken)",
+            sandbox_id=sandbox.sandbox_id,
+        )
+    if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:
+        raise IllegalTransition(
+            f"cannot restore: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
+            sandbox_id=sandbox.sandbox_id, status=status.value,
+        )
+    return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
+
+
+def _decide_change_env(sandbox: Sandbox, command: ChangeEnv) -> list[Decided]:
+    status = sandbox.status
+    if status.is_final or status is SandboxStatus.STOPPING:
+        raise _illegal(sandbox, "change the environment")
+    if not command.set and not command.unset:
+        return []
+    return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
+
+
+def _decide_pause(sandbox: Sandbox, command: Pause) -> list[Decided]:
+    status = sandbox.status
+    if status is SandboxStatus.PAUSED:
+        return []  # pausing a paused sandbox changes nothing
+    if status is SandboxStatus.RUNNING:
+        raise IllegalTransition(
+            f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
+            sandbox_id=sandbox.sandbox_id,
+            status=status.value,
+        )
+    if status is not SandboxStatus.IDLE:
+        raise _illegal(sandbox, "pause")
+    return [SandboxPaused(terminates_at=command.terminates_at)]
+
+
+def _decide_resume(sandbox: Sandbox, command: Resume) -> list[Decided]:
+    status = sandbox.status
+    if status in _LIVE:
+        return []  # already awake
+    if status is not SandboxStatus.PAUSED:
+        raise _illegal(sandbox, "resume")
+    return [SandboxResumed(auto=command.auto)]
+
+
+def _decide_start_execution(sandbox: Sandbox, command: StartExecution) -> list[Decided]:
+    status = sandbox.status
+    if status is SandboxStatus.PAUSED:
+        raise IllegalTransition(
+            f"cannot execute: sandbox {sandbox.sandbox_id} is paused; resume it first",
+            sandbox_id=sandbox.sandbox_id,
+            status=status.value,
+        )
+    if status not in _LIVE:
+        raise _illegal(sandbox, "execute")
+    if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
+        raise _illegal(sandbox, "execute in a oneshot sandbox")
+    return [
+        ExecutionStarted(
+            execution_id=command.execution_id,
+            command=command.command,
+            timeout_seconds=command.timeout_seconds,
+            kind=command.kind,
+        )
+    ]
+
+
+def _decide_finish_execution(sandbox: Sandbox, command: FinishExecution) -> list[Decided]:
+    if command.execution_id not in sandbox.running:
+        raise IllegalTransition(
+            f"execution {command.execution_id} is not running in sandbox {sandbox.sandbox_id}",
+            sandbox_id=sandbox.sandbox_id,
+        )
+    finished = ExecutionFinished(
+        execution_id=command.execution_id,
+        status=command.status,
+        exit_code=command.exit_code,
+        duration_ms=command.duration_ms,
+        error=command.error,
+        output_truncated=command.output_truncated,
+    )
+    return [finished]
+
+
+def _decide_end(sandbox: Sandbox, command: Destroy | Terminate) -> list[Decided]:
+    """Destroy on request, or terminate for any other reason (a oneshot's exit code completes it)."""
+    status = sandbox.status
+    if isinstance(command, Destroy):
+        if status in (SandboxStatus.DELETED, SandboxStatus.STOPPING):
+            return []  # destroy is idempotent
+        return [SandboxDestroyRequested(reason=command.reason)]
+    if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
+        return []
+    events: list[Decided] = []
+    if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
+        events.append(SandboxCompleted(exit_code=command.exit_code))
+    events.append(
+        SandboxTerminated(reason=command.reason, deleted=command.deleted, exit_code=command.exit_code,
+                          cpu_seconds=command.cpu_seconds, memory_peak_bytes=command.memory_peak_bytes)
+    )
+    return events
 
 
 # ---------------------------------------------------------------- evolve
@@ -295,12 +344,55 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
     if sandbox is None:
         return None  # an event for a sandbox we never saw created: nothing to fold into
     match data:
+        case CheckpointCreated() | CheckpointRestored() | CheckpointDeleted():
+            return _evolve_checkpoints(sandbox, data, at)
+        case ExecutionStarted() | ExecutionFinished():
+            return _evolve_executions(sandbox, data, at)
+        case SandboxEnvChanged():
+            env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
+            env.update(data.set)
+            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, env=env), updated_at=at)
+        case SandboxTerminated():
+            return _evolve_terminated(sandbox, data, at)
+        case _:
+            return _evolve_status(sandbox, data, at)
+
+
+def _evolve_status(sandbox: Sandbox, data: EventData, at: str) -> Sandbox:
+    """The sandbox's own status events; any other event leaves it as it is."""
+    match data:
         case SandboxStarted():
             return attrs.evolve(sandbox, status=SandboxStatus.IDLE, updated_at=at)
         case SandboxFailed(reason=reason):
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():
             return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
+        case SandboxPaused(terminates_at=deadline):
+            return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
+        case SandboxResumed():
+            status = SandboxStatus.RUNNING if sandbox.running else SandboxStatus.IDLE
+            return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at)
+        case SandboxCompleted(exit_code=code):
+            return attrs.evolve(sandbox, exit_code=code, updated_at=at)
+    return sandbox
+
+
+def _evolve_terminated(sandbox: Sandbox, data: SandboxTerminated, at: str) -> Sandbox:
+    status = SandboxStatus.DELETED if data.deleted else SandboxStatus.TERMINATED
+    exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
+    return attrs.evolve(
+        sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(),
+        paused_at=None, terminates_at=None, updated_at=at,
+        cpu_seconds=data.cpu_seconds if data.cpu_seconds is not None else sandbox.cpu_seconds,
+        memory_peak_bytes=(data.memory_peak_bytes if data.memory_peak_bytes is not None
+                           else sandbox.memory_peak_bytes),
+    )
+
+
+def _evolve_checkpoints(
+    sandbox: Sandbox, data: CheckpointCreated | CheckpointRestored | CheckpointDeleted, at: str
+) -> Sandbox:
+    match data:
         case CheckpointCreated():
             cp = Checkpoint(checkpoint_id=data.checkpoint_id, name=data.name, created_at=at, parent=data.parent)
             return attrs.evolve(sandbox, checkpoints=(*sandbox.checkpoints, cp), current_checkpoint=data.name, updated_at=at)
@@ -310,38 +402,19 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
         case CheckpointDeleted(checkpoint_id=cid):
             kept = tuple(c for c in sandbox.checkpoints if c.checkpoint_id != cid)
             return attrs.evolve(sandbox, checkpoints=kept, updated_at=at)
-        case SandboxEnvChanged():
-            env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
-            env.update(data.set)
-            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, env=env), updated_at=at)
-        case SandboxPaused(terminates_at=deadline):
-            return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
-        case SandboxResumed():
-            status = SandboxStatus.RUNNING if sandbox.running else SandboxStatus.IDLE
-            return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at)
-        case SandboxCompleted(exit_code=code):
-            return attrs.evolve(sandbox, exit_code=code, updated_at=at)
-        case SandboxTerminated():
-            status = SandboxStatus.DELETED if data.deleted else SandboxStatus.TERMINATED
-            exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
-            return attrs.evolve(
-                sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(),
-                paused_at=None, terminates_at=None, updated_at=at,
-                cpu_seconds=data.cpu_seconds if data.cpu_seconds is not None else sandbox.cpu_seconds,
-                memory_peak_bytes=(data.memory_peak_bytes if data.memory_peak_bytes is not None
-                                   else sandbox.memory_peak_bytes),
-            )
-        case ExecutionStarted(execution_id=eid):
-            running = sandbox.running | {eid}
-            status = SandboxStatus.RUNNING if sandbox.status in _LIVE else sandbox.status
-            return attrs.evolve(sandbox, running=running, executions=sandbox.executions + 1, status=status, updated_at=at)
-        case ExecutionFinished(execution_id=eid):
-            running = sandbox.running - {eid}
-            status = sandbox.status
-            if status is SandboxStatus.RUNNING and not running:
-                status = SandboxStatus.IDLE
-            return attrs.evolve(sandbox, running=running, status=status, exit_code=data.exit_code, updated_at=at)
-    return sandbox
+
+
+def _evolve_executions(sandbox: Sandbox, data: ExecutionStarted | ExecutionFinished, at: str) -> Sandbox:
+    """An execution starts (the sandbox runs) or finishes (it idles once none runs)."""
+    if isinstance(data, ExecutionStarted):
+        running = sandbox.running | {data.execution_id}
+        status = SandboxStatus.RUNNING if sandbox.status in _LIVE else sandbox.status
+        return attrs.evolve(sandbox, running=running, executions=sandbox.executions + 1, status=status, updated_at=at)
+    running = sandbox.running - {data.execution_id}
+    status = sandbox.status
+    if status is SandboxStatus.RUNNING and not running:
+        status = SandboxStatus.IDLE
+    return attrs.evolve(sandbox, running=running, status=status, exit_code=data.exit_code, updated_at=at)
 
 
 def evolve_execution(execution: Execution | None, event: Event) -> Execution | None:

@@ -121,86 +121,112 @@ def load_build_file(path: str | Path, *, env_vars: Mapping[str, str] = _EMPTY,
                     metadata_vars: Mapping[str, str] = _EMPTY) -> BuildSpec:
     """Parse (JSON for ``.json``, YAML otherwise: YAML reads JSON too) and validate."""
     path = Path(path)
-    label = path.name
+    fields = _BuildFields(path.name, _read_build_file(path))
+    runtime = fields.check_header()
+    name, description, subdir = fields.check_names()
+    dependencies, packages, files = fields.check_lists()
+    env = fields.mapping("env", env_vars, "--env")
+    metadata = fields.mapping("metadata", metadata_vars, "--metadata")
+    public = fields.doc.get("public", False)
+    if not isinstance(public, bool):
+        fields.fail("public", public, "must be true or false")
+    if not (dependencies or files or env or packages):
+        raise BuildFileError(f"{fields.label}: at least one of dependencies, files, env or packages must be non-empty")
+    return BuildSpec(runtime=runtime, name=name, description=description, dir=subdir,
+                     dependencies=dependencies, packages=packages, files=files, env=env,
+                     metadata=metadata, public=public)
+
+
+def _read_build_file(path: Path) -> dict[Any, Any]:
     try:
         text = path.read_text(encoding="utf-8")
         doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
-        raise BuildFileError(f"{label}: cannot read build file: {e}") from None
+        raise BuildFileError(f"{path.name}: cannot read build file: {e}") from None
     if not isinstance(doc, dict):
-        raise BuildFileError(f"{label}: the build file must be a mapping of fields, not {type(doc).__name__}")
+        raise BuildFileError(f"{path.name}: the build file must be a mapping of fields, not {type(doc).__name__}")
+    return doc
 
-    def fail(field: str, value: object, why: str) -> NoReturn:
-        raise BuildFileError(f"{label}: {field}: {value!r} {why}")
 
-    if unknown := [key for key in doc if key not in _KEYS]:
-        fail(str(unknown[0]), doc[unknown[0]], f"is not a known field (known: {', '.join(sorted(_KEYS))})")
-    for field in ("version", "runtime"):
-        if field not in doc:
-            raise BuildFileError(f"{label}: {field}: is required")
-    # bool is an int in Python, and `version: true` is surely not meant as 1
-    if type(doc["version"]) is not int or doc["version"] != 1:
-        fail("version", doc["version"], "is not supported; version must be 1")
-    runtime = doc["runtime"]
-    if not isinstance(runtime, str) or not runtime or any(c.isspace() for c in runtime):
-        fail("runtime", runtime, "must be a runtime name such as 'bun:1' or 'python:3.13'")
+@attrs.frozen
+class _BuildFields:
+    """A build file's parsed fields and their checks; each failure names the file, field and value."""
 
-    def optional_str(field: str) -> str | None:
-        value = doc.get(field)
+    label: str  # the build file's name
+    doc: dict[Any, Any]
+
+    def fail(self, field: str, value: object, why: str) -> NoReturn:
+        raise BuildFileError(f"{self.label}: {field}: {value!r} {why}")
+
+    def check_header(self) -> str:
+        """No unknown keys, and the required ``version`` and ``runtime``; returns the runtime."""
+        doc = self.doc
+        if unknown := [key for key in doc if key not in _KEYS]:
+            self.fail(str(unknown[0]), doc[unknown[0]], f"is not a known field (known: {', '.join(sorted(_KEYS))})")
+        for field in ("version", "runtime"):
+            if field not in doc:
+                raise BuildFileError(f"{self.label}: {field}: is required")
+        # bool is an int in Python, and `version: true` is surely not meant as 1
+        if type(doc["version"]) is not int or doc["version"] != 1:
+            self.fail("version", doc["version"], "is not supported; version must be 1")
+        runtime = doc["runtime"]
+        if not isinstance(runtime, str) or not runtime or any(c.isspace() for c in runtime):
+            self.fail("runtime", runtime, "must be a runtime name such as 'bun:1' or 'python:3.13'")
+        return runtime
+
+    def optional_str(self, field: str) -> str | None:
+        value = self.doc.get(field)
         if value is not None and not isinstance(value, str):
-            fail(field, value, "must be a string")
+            self.fail(field, value, "must be a string")
         return value
 
-    name, description, subdir = optional_str("name"), optional_str("description"), optional_str("dir")
-    if name is not None and not _NAME.fullmatch(name):
-        fail("name", name, "may only hold letters, digits, _ and -")
-    if subdir is not None and (not subdir or _outside(subdir)):
-        fail("dir", subdir, "must be a relative path inside the build directory")
+    def check_names(self) -> tuple[str | None, str | None, str | None]:
+        """``name``, ``description`` and ``dir``."""
+        name, description, subdir = self.optional_str("name"), self.optional_str("description"), self.optional_str("dir")
+        if name is not None and not _NAME.fullmatch(name):
+            self.fail("name", name, "may only hold letters, digits, _ and -")
+        if subdir is not None and (not subdir or _outside(subdir)):
+            self.fail("dir", subdir, "must be a relative path inside the build directory")
+        return name, description, subdir
 
-    def strings(field: str, rule: re.Pattern[str] | None, why: str) -> tuple[str, ...]:
-        items = [] if doc.get(field) is None else doc[field]  # `or` would pass `false` or 0
+    def strings(self, field: str, rule: re.Pattern[str] | None, why: str) -> tuple[str, ...]:
+        items = [] if self.doc.get(field) is None else self.doc[field]  # `or` would pass `false` or 0
         if not isinstance(items, list):
-            fail(field, items, "must be a list of strings")
+            self.fail(field, items, "must be a list of strings")
         for i, item in enumerate(items):
             if not isinstance(item, str) or not item or (rule is not None and not rule.fullmatch(item)):
-                fail(f"{field}[{i}]", item, why)
+                self.fail(f"{field}[{i}]", item, why)
         return tuple(items)
 
-    dependencies = strings("dependencies", _APT, "must be an apt package, 'pkg' or 'pkg=version'")
-    packages = strings("packages", _PACKAGE, "must be a registry package: name, name@version or @scope/name@tag")
-    files = strings("files", None, "must be a non-empty glob pattern")
-    for i, pattern in enumerate(files):
-        try:
-            _compile(pattern)
-        except BuildFileError as e:
-            raise BuildFileError(f"{label}: files[{i}]: {e}") from None
+    def check_lists(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """``dependencies``, ``packages`` and ``files`` (whose patterns must compile)."""
+        dependencies = self.strings("dependencies", _APT, "must be an apt package, 'pkg' or 'pkg=version'")
+        packages = self.strings("packages", _PACKAGE,
+                                "must be a registry package: name, name@version or @scope/name@tag")
+        files = self.strings("files", None, "must be a non-empty glob pattern")
+        for i, pattern in enumerate(files):
+            try:
+                _compile(pattern)
+            except BuildFileError as e:
+                raise BuildFileError(f"{self.label}: files[{i}]: {e}") from None
+        return dependencies, packages, files
 
-    def mapping(field: str, variables: Mapping[str, str], flag: str) -> dict[str, str]:
-        items = {} if doc.get(field) is None else doc[field]
+    def mapping(self, field: str, variables: Mapping[str, str], flag: str) -> dict[str, str]:
+        """``env`` or ``metadata``, with each ``${VAR}`` filled from ``variables``."""
+        items = {} if self.doc.get(field) is None else self.doc[field]
         if not isinstance(items, dict):
-            fail(field, items, "must be a mapping of names to strings")
+            self.fail(field, items, "must be a mapping of names to strings")
         out = {}
         for key, value in items.items():
             if not isinstance(key, str) or (field == "env" and not _ENV_KEY.fullmatch(key)):
-                fail(field, key, "is not a valid key")
+                self.fail(field, key, "is not a valid key")
             if not isinstance(value, str):
-                fail(f"{field}.{key}", value, "must be a string (quote it in YAML)")
+                self.fail(f"{field}.{key}", value, "must be a string (quote it in YAML)")
             for var in _VAR.findall(value):
                 if var not in variables:
-                    fail(f"{field}.{key}", value, f"uses ${{{var}}}, which is not set (pass {flag} {var}=...)")
+                    self.fail(f"{field}.{key}", value, f"uses ${{{var}}}, which is not set (pass {flag} {var}=...)")
             out[key] = _VAR.sub(lambda m: variables[m.group(1)], value)
         return out
-
-    env = mapping("env", env_vars, "--env")
-    metadata = mapping("metadata", metadata_vars, "--metadata")
-    public = doc.get("public", False)
-    if not isinstance(public, bool):
-        fail("public", public, "must be true or false")
-    if not (dependencies or files or env or packages):
-        raise BuildFileError(f"{label}: at least one of dependencies, files, env or packages must be non-empty")
-    return BuildSpec(runtime=runtime, name=name, description=description, dir=subdir,
-                     dependencies=dependencies, packages=packages, files=files, env=env,
-                     metadata=metadata, public=public)
 
 
 def resolve_context(directory: str | Path, spec: BuildSpec) -> Path:

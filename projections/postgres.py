@@ -32,6 +32,7 @@ from importlib import resources
 from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
+import attrs
 
 from core.errors import HutchError, InvalidInput
 from core.events import Event
@@ -290,59 +291,10 @@ class PostgresProjectionStore(ProjectionStore):
                 self._floor = max(self._floor, start)
                 return start
             position = todo[-1].position or start
-            sandboxes = {r["id"]: _sandbox(r) for r in rows if r["kind"] == "s"}
-            exec_rows = sorted((r for r in rows if r["kind"] == "e"), key=lambda r: r["seq"])
-            executions = {r["id"]: _execution(r) for r in exec_rows}
-            seqs = {r["id"]: int(r["seq"]) for r in exec_rows}
-            by_sandbox: dict[str, list[str]] = {}
-            for r in exec_rows:
-                by_sandbox.setdefault(r["sandbox_id"], []).append(r["id"])
-            changed_sb: dict[str, Sandbox] = {}
-            changed_ex: dict[str, Execution] = {}
-            snapshots = {r["id"]: _snapshot(r) for r in rows if r["kind"] == "n"}
-            changed_snap: dict[str, Snapshot] = {}
-            directory = _directory(r for r in rows if r["kind"] == "t")
-            changed_tenancy: dict[tuple[str, str], TenancyRecord] = {}
-            for e in todo:
-                if is_tenancy_event(e):
-                    for record in directory.apply(e.sandbox_id, e.created_at, e.data):
-                        changed_tenancy[_tenancy_key(record)] = record
-                    continue
-                if is_snapshot_event(e):
-                    snap = evolve_snapshot(snapshots.get(e.sandbox_id), e)
-                    if snap is not None:
-                        snapshots[e.sandbox_id] = changed_snap[e.sandbox_id] = snap
-                    continue
-                new_sb, new_execs = fold(sandboxes, executions, by_sandbox, e)
-                if new_sb is not None:
-                    changed_sb[new_sb.sandbox_id] = new_sb
-                for ex in new_execs:
-                    changed_ex[ex.execution_id] = ex
-                    seqs.setdefault(ex.execution_id, e.position or 0)
-            sb_rows = [
-                {"sandbox_id": x.sandbox_id, "status": x.status.value, "is_final": x.status.is_final,
-                 "name": x.spec.name, "mode": x.spec.mode.value, "project_id": x.spec.project_id,
-                 "org_id": x.spec.org_id,
-                 "created_at": x.created_at, "updated_at": x.updated_at, "doc": converter.unstructure(x)}
-                for x in changed_sb.values()
-            ]
-            ex_rows = [
-                {"execution_id": x.execution_id, "sandbox_id": x.sandbox_id, "seq": seqs[x.execution_id],
-                 "status": x.status.value, "is_final": x.status.is_final, "doc": converter.unstructure(x)}
-                for x in changed_ex.values()
-            ]
-            snap_rows = [
-                {"snapshot_id": x.snapshot_id, "status": x.status.value, "name": x.name, "tag": x.tag,
-                 "public": x.public, "source_sandbox_id": x.source_sandbox_id, "content_hash": x.content_hash,
-                 "size_bytes": x.size_bytes, "file_count": x.file_count, "org_id": x.org_id,
-                 "created_at": x.created_at, "doc": converter.unstructure(x)}
-                for x in changed_snap.values()
-            ]
-            tenancy_rows = [{"kind": kind, "id": id_, "org_id": x.org_id, "doc": converter.unstructure(x)}
-                            for (kind, id_), x in changed_tenancy.items()]
+            changed = _fold_batch(rows, todo)
             moved = await conn.fetchval(
-                _WRITE, PROJECTION, start, position, _json(sb_rows), _json(ex_rows), NOTIFY_CHANNEL, _json(snap_rows),
-                _json(tenancy_rows),
+                _WRITE, PROJECTION, start, position, _json(changed.sandbox_rows()), _json(changed.execution_rows()),
+                NOTIFY_CHANNEL, _json(changed.snapshot_rows()), _json(changed.tenancy_rows()),
             )
             if moved:
                 self._floor = max(self._floor, position)
@@ -523,6 +475,76 @@ def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
         found.put(converter.structure(json.loads(r["doc"]) if isinstance(r["doc"], str) else r["doc"],
                                       _TENANCY_KINDS[r["sandbox_id"]]))
     return found
+
+@attrs.define
+class _Changed:
+    """The rows a batch of events changed, and their ``_WRITE`` parameters."""
+
+    sandboxes: dict[str, Sandbox] = attrs.field(factory=dict)
+    executions: dict[str, Execution] = attrs.field(factory=dict)
+    seqs: dict[str, int] = attrs.field(factory=dict)  # each execution's order: its first event's position
+    snapshots: dict[str, Snapshot] = attrs.field(factory=dict)
+    tenancy: dict[tuple[str, str], TenancyRecord] = attrs.field(factory=dict)
+
+    def sandbox_rows(self) -> list[dict[str, Any]]:
+        return [
+            {"sandbox_id": x.sandbox_id, "status": x.status.value, "is_final": x.status.is_final,
+             "name": x.spec.name, "mode": x.spec.mode.value, "project_id": x.spec.project_id,
+             "org_id": x.spec.org_id,
+             "created_at": x.created_at, "updated_at": x.updated_at, "doc": converter.unstructure(x)}
+            for x in self.sandboxes.values()
+        ]
+
+    def execution_rows(self) -> list[dict[str, Any]]:
+        return [
+            {"execution_id": x.execution_id, "sandbox_id": x.sandbox_id, "seq": self.seqs[x.execution_id],
+             "status": x.status.value, "is_final": x.status.is_final, "doc": converter.unstructure(x)}
+            for x in self.executions.values()
+        ]
+
+    def snapshot_rows(self) -> list[dict[str, Any]]:
+        return [
+            {"snapshot_id": x.snapshot_id, "status": x.status.value, "name": x.name, "tag": x.tag,
+             "public": x.public, "source_sandbox_id": x.source_sandbox_id, "content_hash": x.content_hash,
+             "size_bytes": x.size_bytes, "file_count": x.file_count, "org_id": x.org_id,
+             "created_at": x.created_at, "doc": converter.unstructure(x)}
+            for x in self.snapshots.values()
+        ]
+
+    def tenancy_rows(self) -> list[dict[str, Any]]:
+        return [{"kind": kind, "id": id_, "org_id": x.org_id, "doc": converter.unstructure(x)}
+                for (kind, id_), x in self.tenancy.items()]
+
+
+def _fold_batch(rows: Sequence[asyncpg.Record], todo: Sequence[Event]) -> _Changed:
+    """Fold ``todo`` into the state ``_LOAD`` read (``rows``); what changed."""
+    sandboxes = {r["id"]: _sandbox(r) for r in rows if r["kind"] == "s"}
+    exec_rows = sorted((r for r in rows if r["kind"] == "e"), key=lambda r: r["seq"])
+    executions = {r["id"]: _execution(r) for r in exec_rows}
+    seqs = {r["id"]: int(r["seq"]) for r in exec_rows}
+    by_sandbox: dict[str, list[str]] = {}
+    for r in exec_rows:
+        by_sandbox.setdefault(r["sandbox_id"], []).append(r["id"])
+    snapshots = {r["id"]: _snapshot(r) for r in rows if r["kind"] == "n"}
+    directory = _directory(r for r in rows if r["kind"] == "t")
+    changed = _Changed(seqs=seqs)
+    for e in todo:
+        if is_tenancy_event(e):
+            for record in directory.apply(e.sandbox_id, e.created_at, e.data):
+                changed.tenancy[_tenancy_key(record)] = record
+            continue
+        if is_snapshot_event(e):
+            snap = evolve_snapshot(snapshots.get(e.sandbox_id), e)
+            if snap is not None:
+                snapshots[e.sandbox_id] = changed.snapshots[e.sandbox_id] = snap
+            continue
+        new_sb, new_execs = fold(sandboxes, executions, by_sandbox, e)
+        if new_sb is not None:
+            changed.sandboxes[new_sb.sandbox_id] = new_sb
+        for ex in new_execs:
+            changed.executions[ex.execution_id] = ex
+            changed.seqs.setdefault(ex.execution_id, e.position or 0)
+    return changed
 
 
 def _where(q: SandboxQuery) -> tuple[list[str], list[Any]]:

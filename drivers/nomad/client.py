@@ -158,46 +158,42 @@ class NomadClient:
         async with ws:
             feeder = asyncio.create_task(self._feed(ws, stdin))
             stopper = asyncio.create_task(stop.wait())
-            killed_at: float | None = None
-            loop = asyncio.get_running_loop()
             try:
-                while True:
-                    receive = asyncio.create_task(ws.receive())
-                    waiting = {receive} if killed_at is not None else {receive, stopper}
-                    timeout = None if killed_at is None else max(0.0, killed_at + KILL_GRACE - loop.time())
-                    done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                    if not done:  # killed, and no exit came in time
-                        receive.cancel()
-                        return None
-                    if receive not in done:
-                        killed_at = loop.time()
-                        await kill()
-                        done, _ = await asyncio.wait({receive}, timeout=KILL_GRACE)
-                        if not done:
-                            receive.cancel()
-                            return None
-                    msg = receive.result()
-                    if msg.type == aiohttp.WSMsgType.TEXT:
-                        frame = json.loads(msg.data)
-                        for stream in ("stdout", "stderr"):
-                            part = frame.get(stream)
-                            if part and part.get("data"):
-                                pending = on_output(stream, base64.b64decode(part["data"]))
-                                if pending is not None:
-                                    await pending
-                        if frame.get("exited"):
-                            return int((frame.get("result") or {}).get("exit_code", 0))
-                    elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
-                        if killed_at is not None:
-                            return None
-                        reason = (msg.extra or "") if msg.type == aiohttp.WSMsgType.CLOSE else ""
-                        raise ExecFailed(reason or f"the exec stream closed (code {ws.close_code})")
-                    elif msg.type == aiohttp.WSMsgType.ERROR:
-                        raise ExecFailed(f"websocket error: {ws.exception()}")
+                return await self._read_exit(ws, on_output, stopper, kill)
             finally:
                 stopper.cancel()
                 feeder.cancel()
                 await asyncio.gather(feeder, stopper, return_exceptions=True)
+
+    @staticmethod
+    async def _read_exit(
+        ws: aiohttp.ClientWebSocketResponse,
+        on_output: Callable[[str, bytes], Awaitable[None] | None],
+        stopper: asyncio.Task[Any],
+        kill: Callable[[], Awaitable[None]],
+    ) -> int | None:
+        """Read the exec stream to the command's exit code; once ``stopper`` is done, kill the
+        command and wait ``KILL_GRACE`` at most for its exit (None if it never comes)."""
+        killed_at: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            receive = asyncio.create_task(ws.receive())
+            waiting = {receive} if killed_at is not None else {receive, stopper}
+            timeout = None if killed_at is None else max(0.0, killed_at + KILL_GRACE - loop.time())
+            done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done:  # killed, and no exit came in time
+                receive.cancel()
+                return None
+            if receive not in done:
+                killed_at = loop.time()
+                await kill()
+                done, _ = await asyncio.wait({receive}, timeout=KILL_GRACE)
+                if not done:
+                    receive.cancel()
+                    return None
+            exited, code = await _exec_message(ws, receive.result(), on_output, killed=killed_at is not None)
+            if exited:
+                return code
 
     async def exec_socket(self, alloc_id: str, task: str, command: Sequence[str], *,
                           tty: bool = False) -> aiohttp.ClientWebSocketResponse:
@@ -229,3 +225,31 @@ class NomadClient:
         async for piece in pieces():
             await ws.send_str(json.dumps({"stdin": {"data": base64.b64encode(piece).decode()}}))
         await ws.send_str(json.dumps({"stdin": {"close": True}}))
+
+async def _exec_message(
+    ws: aiohttp.ClientWebSocketResponse,
+    msg: aiohttp.WSMessage,
+    on_output: Callable[[str, bytes], Awaitable[None] | None],
+    *,
+    killed: bool,
+) -> tuple[bool, int | None]:
+    """One message of the exec stream: output is passed on; (True, exit code) once the command
+    has exited (None if the stream closed after a kill), (False, None) while it runs."""
+    if msg.type == aiohttp.WSMsgType.TEXT:
+        frame = json.loads(msg.data)
+        for stream in ("stdout", "stderr"):
+            part = frame.get(stream)
+            if part and part.get("data"):
+                pending = on_output(stream, base64.b64decode(part["data"]))
+                if pending is not None:
+                    await pending
+        if frame.get("exited"):
+            return True, int((frame.get("result") or {}).get("exit_code", 0))
+    elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+        if killed:
+            return True, None
+        reason = (msg.extra or "") if msg.type == aiohttp.WSMsgType.CLOSE else ""
+        raise ExecFailed(reason or f"the exec stream closed (code {ws.close_code})")
+    elif msg.type == aiohttp.WSMsgType.ERROR:
+        raise ExecFailed(f"websocket error: {ws.exception()}")
+    return False, None
