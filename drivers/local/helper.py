@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+from typing import Literal
 
 from drivers.base import OutputSink
 from drivers.local.smallfiles import get as _get
@@ -45,7 +46,6 @@ async def run(
     pipe is closed, and a background child holding stdout would make an execution
     last as long as that child. We watch the helper's pidfd for the exit instead.
     """
-    loop = asyncio.get_running_loop()
     try:
         # Blocking, but a vfork+exec of a static binary: well under a millisecond.
         proc = subprocess.Popen(  # noqa: ASYNC220
@@ -57,91 +57,48 @@ async def run(
         raise
     finally:
         os.close(status_w)
-    assert proc.stdout is not None
-    assert proc.stderr is not None
     started(proc.pid)
-    pidfd = os.pidfd_open(proc.pid)
-    watched: list[tuple[int, bool]] = []  # (fd, is_writer)
-
-    def watch_exit() -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(pidfd, set_done, fut)
-        watched.append((pidfd, False))
-        return fut
-
-    def pump(fd: int, stream: str) -> asyncio.Future[None]:
-        eof: asyncio.Future[None] = loop.create_future()
-        os.set_blocking(fd, False)
-
-        def readable() -> None:
-            data = read_chunk(fd)
-            if data is None:
-                return
-            if not data:
-                loop.remove_reader(fd)
-                if not eof.done():
-                    eof.set_result(None)
-            elif sink is not None:
-                sink.write(stream, data)  # type: ignore[arg-type]
-
-        loop.add_reader(fd, readable)
-        watched.append((fd, False))
-        return eof
-
-    async def feed_stream(fd: int, chunks: AsyncIterable[bytes]) -> None:
-        """Streamed stdin: one chunk at a time, each written as the pipe takes it (the
-        command's reading paces the sender: flat memory for any size)."""
-        os.set_blocking(fd, False)
-        assert proc.stdin is not None
-        try:
-            async for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    try:
-                        view = view[os.write(fd, view):]
-                    except BlockingIOError:
-                        ready: asyncio.Future[None] = loop.create_future()
-                        loop.add_writer(fd, set_done, ready)
-                        try:
-                            await ready
-                        finally:
-                            loop.remove_writer(fd)
-        except OSError:
-            pass  # the command closed its stdin: the rest is not wanted
-        finally:
-            proc.stdin.close()
-
-    def feed(fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        os.set_blocking(fd, False)
-        sent = 0
-
-        def writable() -> None:
-            nonlocal sent
-            try:
-                sent += os.write(fd, view[sent:sent + 65536])
-            except BlockingIOError:
-                return
-            except OSError:  # the command closed its stdin: fine
-                sent = len(view)
-            if sent >= len(view):
-                loop.remove_writer(fd)
-                assert proc.stdin is not None
-                proc.stdin.close()
-
-        loop.add_writer(fd, writable)
-        watched.append((fd, True))
-
-    timed_out = False
-    feeder: asyncio.Future[None] | None = None
+    pipes = _Pipes(proc, sink)
     try:
-        exited = watch_exit()
-        eofs = [pump(proc.stdout.fileno(), "stdout"), pump(proc.stderr.fileno(), "stderr")]
+        code, timed_out = await pipes.carry(stdin, limit, kill)
+    finally:
+        await pipes.close()
+        status = read_available(status_r).decode(errors="replace")
+        os.close(status_r)
+    if code < 0:
+        code = 128 - code
+    return code, timed_out, status
+
+
+class _Pipes:
+    """One helper process's exit (its pidfd) and pipes, carried on the event loop: stdout and
+    stderr pumped into the sink, stdin fed whole or streamed, everything unhooked by close()."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sink: OutputSink | None) -> None:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        self.proc = proc
+        self.sink = sink
+        self.loop = asyncio.get_running_loop()
+        self.pidfd = os.pidfd_open(proc.pid)
+        self.watched: list[tuple[int, bool]] = []  # (fd, is_writer)
+        self.feeder: asyncio.Future[None] | None = None
+
+    async def carry(self, stdin: bytes | AsyncIterable[bytes] | None, limit: float | None,
+                    kill: Callable[[], Awaitable[None]]) -> tuple[int, bool]:
+        """Until the helper exits (killing its tree after ``limit`` or on a cancel), then a
+        short drain of what is left in the pipes; returns (wait status, timed out)."""
+        proc = self.proc
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        exited = self.watch_exit()
+        eofs = [self.pump(proc.stdout.fileno(), "stdout"), self.pump(proc.stderr.fileno(), "stderr")]
         if proc.stdin is not None and stdin is not None:
             if isinstance(stdin, (bytes, bytearray)):
-                feed(proc.stdin.fileno(), stdin)
+                self.feed(proc.stdin.fileno(), stdin)
             else:
-                feeder = asyncio.ensure_future(feed_stream(proc.stdin.fileno(), stdin))
+                self.feeder = asyncio.ensure_future(self.feed_stream(proc.stdin.fileno(), stdin))
+        timed_out = False
         try:
             done, _ = await asyncio.wait({exited}, timeout=limit)
             if not done:
@@ -160,22 +117,88 @@ async def run(
             # Output already written is in the pipes; a background child may keep
             # them open for ever, so stop after a short grace.
             await asyncio.wait(eofs, timeout=DRAIN_GRACE)
-    finally:
-        if feeder is not None:
-            feeder.cancel()
+        return code, timed_out
+
+    def watch_exit(self) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self.loop.add_reader(self.pidfd, set_done, fut)
+        self.watched.append((self.pidfd, False))
+        return fut
+
+    def pump(self, fd: int, stream: Literal["stdout", "stderr"]) -> asyncio.Future[None]:
+        eof: asyncio.Future[None] = self.loop.create_future()
+        os.set_blocking(fd, False)
+
+        def readable() -> None:
+            data = read_chunk(fd)
+            if data is None:
+                return
+            if not data:
+                self.loop.remove_reader(fd)
+                if not eof.done():
+                    eof.set_result(None)
+            elif self.sink is not None:
+                self.sink.write(stream, data)
+
+        self.loop.add_reader(fd, readable)
+        self.watched.append((fd, False))
+        return eof
+
+    async def feed_stream(self, fd: int, chunks: AsyncIterable[bytes]) -> None:
+        """Streamed stdin: one chunk at a time, each written as the pipe takes it (the
+        command's reading paces the sender: flat memory for any size)."""
+        os.set_blocking(fd, False)
+        assert self.proc.stdin is not None
+        try:
+            async for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    try:
+                        view = view[os.write(fd, view):]
+                    except BlockingIOError:
+                        ready: asyncio.Future[None] = self.loop.create_future()
+                        self.loop.add_writer(fd, set_done, ready)
+                        try:
+                            await ready
+                        finally:
+                            self.loop.remove_writer(fd)
+        except OSError:
+            pass  # the command closed its stdin: the rest is not wanted
+        finally:
+            self.proc.stdin.close()
+
+    def feed(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        os.set_blocking(fd, False)
+        sent = 0
+
+        def writable() -> None:
+            nonlocal sent
+            try:
+                sent += os.write(fd, view[sent:sent + 65536])
+            except BlockingIOError:
+                return
+            except OSError:  # the command closed its stdin: fine
+                sent = len(view)
+            if sent >= len(view):
+                self.loop.remove_writer(fd)
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+
+        self.loop.add_writer(fd, writable)
+        self.watched.append((fd, True))
+
+    async def close(self) -> None:
+        if self.feeder is not None:
+            self.feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await feeder
-        for fd, is_writer in watched:
-            (loop.remove_writer if is_writer else loop.remove_reader)(fd)
-        os.close(pidfd)
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                await self.feeder
+        for fd, is_writer in self.watched:
+            (self.loop.remove_writer if is_writer else self.loop.remove_reader)(fd)
+        os.close(self.pidfd)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None and not pipe.closed:
                 pipe.close()
-        status = read_available(status_r).decode(errors="replace")
-        os.close(status_r)
-    if code < 0:
-        code = 128 - code
-    return code, timed_out, status
 
 
 def kill_session(helper: int, signum: int, *, once: bool = False) -> None:
