@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import textwrap
 import time
@@ -135,6 +136,24 @@ async def test_no_channel_around_the_network_namespace(driver: LocalDriver, sand
 
 
 # -- limits --------------------------------------------------------------------------
+
+
+async def test_commands_start_with_default_signal_dispositions(driver: LocalDriver, sandbox: str) -> None:
+    """A server started in the background by a non-interactive shell (nohup, CI, systemd
+    units) ignores SIGINT and SIGQUIT; ignored dispositions and the signal mask survive
+    exec. A sandbox's command must not inherit them: ^C in a terminal would do nothing, and
+    a command could not be interrupted the way its author expects."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        result, out = await run(driver, sandbox, "sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert result.exit_code == 0, out.stderr
+    seen = dict(line.split(":\t") for line in out.stdout.splitlines())
+    assert seen == {"SigBlk": "0000000000000000", "SigIgn": "0000000000000000"}, seen
 
 
 async def test_memory_hog_is_oom_killed_and_sandbox_survives(driver: LocalDriver) -> None:

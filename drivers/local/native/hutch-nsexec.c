@@ -578,6 +578,15 @@ static int mode_exec(struct opts *o)
     if (o->tty_fd >= 0) attach_tty(o->tty_fd, o->tty_rows, o->tty_cols);
     o->env[o->n_env] = NULL;
     environ = o->env;  /* execvp searches the sandbox's PATH, not ours */
+    /* Ignored dispositions and the signal mask survive exec: a server started in the
+     * background by a non-interactive shell ignores SIGINT and SIGQUIT, and its sandboxes'
+     * commands would too (^C in a terminal would do nothing). Every command starts with
+     * the defaults, whatever the server's own were. */
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     execvp(o->argv[0], o->argv);
     int err = errno;
     dprintf(2, "%s: %s\n", o->argv[0], err == ENOENT ? "command not found" : strerror(err));
