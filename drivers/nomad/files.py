@@ -322,6 +322,11 @@ class NomadFiles:
                 raise
 
         code, _, err = await self._fs(sb, op, path, *args, stdin=body(), on_stdout=on_stdout, stop=stop)
+        if failed and code == 0 and op != "write" and isinstance(failed[0], (asyncio.CancelledError, GeneratorExit)):
+            # Not the source failing: the command finished and its stdin was cut. tar exits
+            # once it has read the archive's end blocks, with the rest of the feed (gzip's
+            # trailer, padding, the source's own end-of-stream round trip) still unsent.
+            failed.clear()
         if failed:
             if op == "write":  # a half-sent file must not look complete
                 with contextlib.suppress(HutchError):

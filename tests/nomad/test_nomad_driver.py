@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,34 @@ def test_overlay_whiteouts_become_oci_whiteouts(tmp_path: Path) -> None:
     assert images._copy_without_whiteouts(tree, tmp_path / "copy") == ["/old-dir", "/usr/bin/gone"]
     copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
     assert copied == ["usr", "usr/bin", "usr/bin/tool"]
+
+
+async def test_an_archive_whose_stream_ends_after_tar_is_done_still_imports(tmp_path: Path) -> None:
+    """tar exits once it has read an archive's end blocks; a source that takes its time to
+    say it has nothing more (a blob store's last round trip) must not turn a
+    complete import into a failed request (it did: the cut feed re-raised as a cancel)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"imported\n"
+        info = tarfile.TarInfo("seeded/file.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    archive = buf.getvalue()
+
+    async def slow_to_end() -> AsyncIterator[bytes]:
+        yield archive  # a whole archive, end blocks and all: tar has what it needs and exits
+        await asyncio.sleep(1.5)  # while the source is still finding out that it is done
+
+    driver = await start_nomad(tmp_path / "data")
+    sid = await provision(driver)
+    try:
+        await driver.import_tar(sid, "dest", slow_to_end(), gzipped=False)  # relative: in HOME
+        sink = Recorder()
+        result = await driver.exec(ExecRequest(new_id("ex"), sid, ["cat", "dest/seeded/file.txt"]), sink)
+        assert (result.exit_code, sink.stdout) == (0, "imported\n")
+    finally:
+        await driver.destroy(sid)
+        await driver.close()
