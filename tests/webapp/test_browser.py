@@ -92,6 +92,20 @@ class Page:
     def css(self, selector: str, timeout: float = 30) -> Any:
         return self.wait(lambda d: d.find_element(By.CSS_SELECTOR, selector), timeout, selector)
 
+    def act(self, selector: str, action: Callable[[Any], object], timeout: float = 30) -> None:
+        """Find and act in one look, again if the element went stale in between: a page that
+        redraws (the sign-in form once app.js has loaded) replaces what css() just found."""
+        def attempt(d: WebDriver) -> bool:
+            action(d.find_element(By.CSS_SELECTOR, selector))
+            return True
+        self.wait(attempt, timeout, selector)
+
+    def type(self, selector: str, text: str) -> None:
+        self.act(selector, lambda e: e.send_keys(text))
+
+    def click(self, selector: str) -> None:
+        self.act(selector, lambda e: e.click())
+
     def text_in(self, selector: str, text: str, timeout: float = 60) -> None:
         self.wait(lambda d: text in d.find_element(By.CSS_SELECTOR, selector).text, timeout, f"{text!r} in {selector}")
 
@@ -113,9 +127,9 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
 
     # Sign in.
     browser.get(url + "/app")
-    page.css("#api-key").send_keys(key)
+    page.type("#api-key", key)
     page.shot("01-sign-in")
-    page.css("#sign-in button").click()
+    page.click("#sign-in button")
     page.text_in("#who", "org_web · admin")
     page.text_in("#sandboxes", "No sandboxes yet.")
 
@@ -125,17 +139,17 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
     page.shot("02-sandboxes")
 
     # Create one with the form.
-    page.css("details.card summary").click()
+    page.click("details.card summary")
     Select(page.css("#create select[name=runtime]")).select_by_value("python:3.13")
-    page.css("#create input[name=name]").send_keys("browser-made")
-    page.css("#create textarea[name=env]").send_keys("STAGE=one")
-    page.css("#create-submit").click()
+    page.type("#create input[name=name]", "browser-made")
+    page.type("#create textarea[name=env]", "STAGE=one")
+    page.click("#create-submit")
     page.wait(lambda d: "#/sandbox/sbx_" in d.current_url, why="the new sandbox's page")
     sid = browser.current_url.rsplit("/", 1)[1]
     page.text_in("#sandbox-head", "idle", timeout=120)
 
     # The terminal: python3 prints 42.
-    page.css("#open-terminal").click()
+    page.click("#open-terminal")
     page.css("#terminal .xterm-helper-textarea")
     page.wait(lambda d: "$" in _screen(d), why="a shell prompt")
     browser.find_element(By.CSS_SELECTOR, "#terminal .xterm-helper-textarea").send_keys("python3 -c 'print(6*7)'" + Keys.ENTER)
@@ -144,7 +158,7 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
 
     # A command's output, live under the form.
     page.css("#run-command").send_keys("echo run-$((20+1))")
-    page.css("#run button").click()
+    page.click("#run button")
     page.text_in("#run-output", "run-21")
     page.text_in("#run-output", "[exit 0]")
 
@@ -160,9 +174,9 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
     value = stage.find_element(By.CSS_SELECTOR, ".env-value")
     value.clear()
     value.send_keys("two")
-    page.css("#save-env").click()
+    page.click("#save-env")
     page.text_in("#timeline", "env")
-    page.css("#snapshot").click()
+    page.click("#snapshot")
     alert = page.wait(lambda d: d.switch_to.alert, why="the snapshot name prompt")
     alert.send_keys("webshot")
     alert.accept()
@@ -197,9 +211,9 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
 
     # A read-only key sees no button that would fail.
     reader = _api(url, key, "POST", "/keys", {"role": "read-only"})["secret"]
-    page.css("#sign-out").click()
-    page.css("#api-key").send_keys(reader)
-    page.css("#sign-in button").click()
+    page.click("#sign-out")
+    page.type("#api-key", reader)
+    page.click("#sign-in button")
     page.text_in("#who", "read-only")
     browser.get(f"{url}/app#/sandbox/{sid}")
     page.text_in("#timeline", "lifecycle:started")
@@ -207,26 +221,26 @@ def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriv
         assert not [e for e in browser.find_elements(By.CSS_SELECTOR, control) if e.is_displayed()], control
     assert "null" not in browser.find_element(By.ID, "main").text.split()  # nothing left out shows as text
     page.shot("06-read-only-sandbox")
-    page.css("#sign-out").click()
-    page.css("#api-key").send_keys(key)
-    page.css("#sign-in button").click()
+    page.click("#sign-out")
+    page.type("#api-key", key)
+    page.click("#sign-in button")
     page.text_in("#who", "admin")
 
     # Destroy, then sign out.
     browser.get(f"{url}/app#/sandbox/{sid}")
-    page.css("#destroy").click()
+    page.click("#destroy")
     page.wait(lambda d: d.find_element(By.CSS_SELECTOR, "#sandbox-head .badge").get_attribute("data-status")
               in ("terminated", "deleted"), why="the sandbox destroyed")
     page.shot("07-destroyed")
-    page.css("#sign-out").click()
+    page.click("#sign-out")
     page.css("#api-key")
     browser.get(url + "/app#/")
     page.css("#api-key")  # the session is gone: back to the sign-in page
     page.no_error()
     # A phone's width: the sandboxes page still usable.
     browser.set_window_size(390, 844)
-    page.css("#api-key").send_keys(key)
-    page.css("#sign-in button").click()
+    page.type("#api-key", key)
+    page.click("#sign-in button")
     page.text_in("#sandboxes", other)
     page.shot("08-phone-sandboxes")
 

@@ -39,6 +39,9 @@ function cookie(name) {
 }
 
 class ApiError extends Error {}
+// A request the server refused for want of a session (signed out, or it expired): the sign-in
+// page is the answer, not an error box ("missing Authorization header" after signing out).
+class SignedOut extends ApiError {}
 
 async function api(method, path, body, { raw = false } = {}) {
 	const headers = { Accept: 'application/json' };
@@ -58,17 +61,21 @@ async function api(method, path, body, { raw = false } = {}) {
 		data = null;
 	}
 	if (!resp.ok || (data && data.success === false)) {
-		if (resp.status === 401 && me) {
-			me = null;
-			route();
-		}
 		const msg = data && data.message ? data.message : `${method} ${path}: HTTP ${resp.status}`;
+		if (resp.status === 401 && path !== '/app/session') {
+			if (me) {
+				me = null;
+				route();
+			}
+			throw new SignedOut(msg);
+		}
 		throw new ApiError(msg);
 	}
 	return data && 'data' in data ? data.data : data;
 }
 
 function showError(err) {
+	if (err instanceof SignedOut) return;
 	const box = $('#error');
 	box.textContent = err instanceof Error ? err.message : String(err);
 	box.hidden = false;
