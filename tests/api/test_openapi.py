@@ -106,3 +106,22 @@ async def test_a_wrong_method_on_a_cli_path_is_405_and_an_unknown_cli_call_501(m
     assert resp.status == 405 and resp.headers["Allow"] == "GET"
     body = await api.call("GET", "/cli/agent/list", expect=501)
     assert body["code"] == "NOT_SUPPORTED" and "hutch" in body["message"]
+
+
+def test_the_main_routes_state_their_bodies_from_the_wire_schemas(make_app_document: dict) -> None:  # type: ignore[type-arg]
+    from api.wire_schemas import ROUTES, SCHEMAS
+
+    doc = make_app_document
+    assert doc["components"]["schemas"].keys() >= SCHEMAS.keys()
+    for (method, path), bodies in ROUTES.items():
+        op = doc["paths"][path][method.lower()]
+        if bodies.request:
+            media = op["requestBody"]["content"]["application/json"]
+            assert media["schema"] == {"$ref": f"#/components/schemas/{bodies.request}"}, (method, path)
+            assert media["example"], (method, path)
+        if bodies.data:
+            ok = op["responses"]["2XX"]["content"]["application/json"]["schema"]
+            assert ok["allOf"][1]["properties"]["data"] == {"$ref": f"#/components/schemas/{bodies.data}"}
+    create = doc["components"]["schemas"]["CreateSandbox"]["properties"]
+    assert create["command"]["properties"]["mode"]["enum"] == ["oneshot", "interactive"]
+    assert doc["components"]["schemas"]["Sandbox"]["properties"]["sandboxId"]["pattern"].startswith("^sbx_")
