@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from api.wire import MAX_FILES
-from core import egress, ids
+from core import egress, ids, snapshots
 from core.models import ExecutionStatus, Mode, SandboxStatus, SnapshotStatus
 from core.packages import APT_RE, MAX_ITEMS, NPM_RE
 
@@ -112,8 +112,10 @@ WRITE_FILES = obj({"files": FILES})
 MKDIR = obj({"path": FS_PATH, "recursive": BOOLEAN}, ("path",))
 REMOVE_FILE = obj({"path": FS_PATH}, ("path",))
 REMOVE_DIR = obj({"path": FS_PATH, "recursive": BOOLEAN}, ("path",))
-TAKE_SNAPSHOT = obj({"name": STRING, "description": STRING, "tag": STRING, "public": BOOLEAN})
-TAG_SNAPSHOT = obj({"tag": {"type": ["string", "null"], "description": "the new tag, or null to remove it"}},
+SNAPSHOT_NAME: Schema = {"type": "string", "pattern": snapshots.NAME_RE.pattern}
+SNAPSHOT_TAG: Schema = {"type": "string", "pattern": snapshots.TAG_RE.pattern}
+TAKE_SNAPSHOT = obj({"name": SNAPSHOT_NAME, "description": STRING, "tag": SNAPSHOT_TAG, "public": BOOLEAN})
+TAG_SNAPSHOT = obj({"tag": {"anyOf": [SNAPSHOT_TAG, {"type": "null"}], "description": "the new tag, or null to remove it"}},
                    ("tag",))
 CREATE_CHECKPOINT = obj({"name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "\\S"}}, ("name",))
 
