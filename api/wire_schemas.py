@@ -183,6 +183,7 @@ JOB_INFO = obj({
     "exitCode": INTEGER, "startedAt": TIME, "completedAt": TIME, "error": STRING,
     "stdoutStreamUrl": URL, "stderrStreamUrl": URL,
 }, ("jobId", "sandboxId", "command", "status", "stdoutStreamUrl", "stderrStreamUrl"))
+JOB_LIST = obj({"jobs": array(JOB_INFO)}, ("jobs",))
 SNAPSHOT = obj({
     "snapshotId": id_of("snapshot"), "runtimeId": STRING, "runtime": STRING, "name": STRING, "fullName": STRING,
     "description": STRING, "message": STRING, "tag": STRING, "sizeBytes": INTEGER, "fileCount": INTEGER,
@@ -210,7 +211,8 @@ SCHEMAS: dict[str, Schema] = {
     "TakeSnapshot": TAKE_SNAPSHOT, "TagSnapshot": TAG_SNAPSHOT, "CreateCheckpoint": CREATE_CHECKPOINT,
     "Sandbox": SANDBOX, "SandboxCreated": SANDBOX_CREATED, "SandboxList": SANDBOX_LIST,
     "SandboxStatus": SANDBOX_STATUS, "Execution": EXECUTION, "ExecutionStarted": EXECUTION_STARTED,
-    "ExecutionList": EXECUTION_LIST, "Job": JOB_INFO, "Snapshot": SNAPSHOT, "SnapshotList": SNAPSHOT_LIST,
+    "ExecutionList": EXECUTION_LIST, "Job": JOB_INFO, "JobList": JOB_LIST, "Snapshot": SNAPSHOT,
+    "SnapshotList": SNAPSHOT_LIST,
     "Checkpoint": CHECKPOINT, "CheckpointList": CHECKPOINT_LIST, "EnvSet": ENV_SET, "FilesWritten": FILES_WRITTEN,
 }
 
@@ -235,6 +237,9 @@ ROUTES: dict[tuple[str, str], Bodies] = {
     ("POST", "/sandbox/execution/{execution_id}/cancel"): Bodies(data="Execution"),
     ("GET", "/sandbox/sandboxes/{sandbox_id}/executions"): Bodies(data="ExecutionList"),
     ("POST", "/sandbox/sandboxes/{sandbox_id}/jobs"): Bodies("StartJob", "Job"),
+    ("GET", "/sandbox/sandboxes/{sandbox_id}/jobs"): Bodies(data="JobList"),
+    ("GET", "/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}"): Bodies(data="Job"),
+    ("DELETE", "/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}"): Bodies(data="Job"),
     ("PATCH", "/sandbox/env/{sandbox_id}"): Bodies("SetEnv", "EnvSet"),
     ("POST", "/fs/{sandbox_id}"): Bodies("WriteFiles", "FilesWritten"),
     ("POST", "/fs/mkdir/{sandbox_id}"): Bodies("MakeDirectory"),

@@ -161,7 +161,7 @@ async def test_the_server_takes_each_example_refuses_each_missing_field_and_answ
         _data_fits(method, template, answer)
         data = answer.get("data") or {}
         for key, param in (("sandboxId", "sandbox_id"), ("executionId", "execution_id"),
-                           ("snapshotId", "snapshot_id")):
+                           ("snapshotId", "snapshot_id"), ("jobId", "job_id")):
             if isinstance(data, dict) and key in data:
                 known.setdefault(param, data[key])
     assert {"command.exec", "files[0].path", "files[0].content", "command", "env", "path", "tag", "name"} <= set(
