@@ -125,3 +125,17 @@ def test_the_main_routes_state_their_bodies_from_the_wire_schemas(make_app_docum
     create = doc["components"]["schemas"]["CreateSandbox"]["properties"]
     assert create["command"]["properties"]["mode"]["enum"] == ["oneshot", "interactive"]
     assert doc["components"]["schemas"]["Sandbox"]["properties"]["sandboxId"]["pattern"].startswith("^sbx_")
+
+
+async def test_a_nul_or_a_lone_surrogate_in_a_body_is_refused_and_the_projections_go_on(make_api: AppFactory) -> None:
+    """Found by the fuzzing with the wire schemas: a sandbox named "a\\u0000b" was recorded, and
+    PostgreSQL cannot hold a NUL, so the production profile's projections stopped at that event
+    (every later write answered 503 PROJECTION_UNAVAILABLE). Such bodies are refused up front."""
+    api = await make_api()
+    for body, field in (('{"name": "a\\u0000b"}', "name"), ('{"metadata": {"k": ["x", "\\ud800"]}}', "metadata.k[1]"),
+                        ('{"env": {"A\\u0000": "1"}}', "env.A\x00")):
+        refused = await api.call("POST", "/sandbox", data=body, headers={"Content-Type": "application/json"},
+                                 expect=400)
+        assert refused["code"] == "INVALID_INPUT" and refused["field"] == field, refused
+    sid = (await api.call("POST", "/sandbox", json={"name": "after"}, expect=201))["data"]["sandboxId"]
+    assert (await api.data("GET", f"/sandbox/{sid}"))["name"] == "after"
