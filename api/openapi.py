@@ -52,6 +52,9 @@ _WEBSOCKETS = {"/sandbox/{sandbox_id}/terminal"}
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 _PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
 _ENVELOPE_REF = {"$ref": "#/components/schemas/Envelope"}
+# This document itself is JSON but not in the envelope.
+_DOCUMENT_OK = {"description": "this document", "content": {"application/json": {"schema": {
+    "type": "object", "required": ["openapi", "paths"]}}}}
 
 ENVELOPE: dict[str, Any] = {
     "type": "object",
@@ -123,7 +126,7 @@ def _operation(method: str, path: str, handler: Any, resource: web.AbstractResou
                "schema": {"type": "string", **({"pattern": f"^{patterns[p]}$"} if p in patterns else {})}}
               for p in _PARAM.findall(path)]
     bodies = ROUTES.get((method, path), Bodies())
-    ok = _success(_success_media(method, path), bodies)
+    ok = _DOCUMENT_OK if path == "/openapi.json" else _success(_success_media(method, path), bodies)
     op: dict[str, Any] = {
         "operationId": op_id,
         "summary": summary[:200],

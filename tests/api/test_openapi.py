@@ -125,6 +125,9 @@ def test_the_main_routes_state_their_bodies_from_the_wire_schemas(make_app_docum
     create = doc["components"]["schemas"]["CreateSandbox"]["properties"]
     assert create["command"]["properties"]["mode"]["enum"] == ["oneshot", "interactive"]
     assert doc["components"]["schemas"]["Sandbox"]["properties"]["sandboxId"]["pattern"].startswith("^sbx_")
+    # Found by the fuzzing: this document is JSON but no envelope, and says so of itself.
+    itself = doc["paths"]["/openapi.json"]["get"]["responses"]["2XX"]["content"]["application/json"]["schema"]
+    assert itself["required"] == ["openapi", "paths"]
 
 
 async def test_a_nul_or_a_lone_surrogate_in_a_body_is_refused_and_the_projections_go_on(make_api: AppFactory) -> None:
