@@ -33,7 +33,36 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
         raise InvalidInput(f"body: invalid JSON ({err})", field="body") from err
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object", field="body")
+    _check_text(body)
     return body
+
+
+def _check_text(body: dict[str, Any]) -> None:
+    """Refuse a NUL character or a lone surrogate (``\\ud800``) anywhere in a body, keys too:
+    PostgreSQL's text and jsonb cannot hold them, so an event carrying one would stop the
+    production profile's projections at it (found by the fuzzing, tests/api/test_openapi_fuzz.py).
+    A loop, not recursion: a body nested as deep as the JSON parser allows is still checked."""
+    todo: list[tuple[Any, str]] = [(body, "")]
+    while todo:
+        value, at = todo.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                path = f"{at}.{key}" if at else key
+                _check_string(key, path)
+                todo.append((item, path))
+        elif isinstance(value, list):
+            todo.extend((item, f"{at}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_string(value, at)
+
+
+def _check_string(text: str, at: str) -> None:
+    if "\x00" in text:
+        raise InvalidInput(f"{at}: contains a NUL character", field=at)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidInput(f"{at}: contains a lone UTF-16 surrogate, not a character", field=at) from err
 
 
 def q_int(request: web.Request, name: str, default: int, *, lo: int = 0, hi: int | None = None) -> int:

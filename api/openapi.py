@@ -7,6 +7,8 @@ tenancy layer's own ``access_of``: a route the API serves without one says ``sec
 JSON answers share one envelope (``{"success": …, "data" | "message", "code", "field"}``),
 which the schema states and the fuzzing test (tests/api/test_openapi_fuzz.py) holds every
 answer to; bodies are JSON objects unless the route takes bytes (uploads, stdin, archives).
+The main routes (create, execute, env, files, snapshots, checkpoints…) state their request
+body and their success answer's ``data`` from api/wire_schemas.py, the wire models' schemas.
 Streams, downloads, server-sent events and websockets answer other media types, declared
 as such.
 """
@@ -21,6 +23,7 @@ from aiohttp import web
 
 from api.http import base_url
 from api.tenancy import PUBLIC, access_of, needs
+from api.wire_schemas import EXAMPLES, ROUTES, SCHEMAS, Bodies
 
 VERSION = "3.1.0"
 
@@ -48,6 +51,10 @@ _NOT_HERE = {"/cli/{tail}"}
 _WEBSOCKETS = {"/sandbox/{sandbox_id}/terminal"}
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 _PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
+_ENVELOPE_REF = {"$ref": "#/components/schemas/Envelope"}
+# This document itself is JSON but not in the envelope.
+_DOCUMENT_OK = {"description": "this document", "content": {"application/json": {"schema": {
+    "type": "object", "required": ["openapi", "paths"]}}}}
 
 ENVELOPE: dict[str, Any] = {
     "type": "object",
@@ -92,6 +99,18 @@ def _success_media(method: str, path: str) -> str:
     return "application/json"
 
 
+def _success(media: str, bodies: Bodies) -> dict[str, Any]:
+    """The 2XX answer: the envelope, its ``data`` described where the route's is known."""
+    envelope: dict[str, Any] = _ENVELOPE_REF
+    if bodies.data:
+        envelope = {"allOf": [_ENVELOPE_REF, {"required": ["data"], "properties": {
+            "data": {"$ref": f"#/components/schemas/{bodies.data}"}}}]}
+    content: dict[str, Any] = {"application/json": {"schema": envelope}}
+    if media != "application/json":
+        content = {media: {"schema": {}}, **content}
+    return {"description": "success", "content": content}
+
+
 def _operation(method: str, path: str, handler: Any, resource: web.AbstractResource,
                ids: set[str]) -> dict[str, Any]:
     module = getattr(handler, "__module__", "api").rsplit(".", 1)[-1]
@@ -106,12 +125,8 @@ def _operation(method: str, path: str, handler: Any, resource: web.AbstractResou
     params = [{"name": p, "in": "path", "required": True,
                "schema": {"type": "string", **({"pattern": f"^{patterns[p]}$"} if p in patterns else {})}}
               for p in _PARAM.findall(path)]
-    media = _success_media(method, path)
-    ok: dict[str, Any] = {"description": "success"}
-    if media == "application/json":
-        ok["content"] = {media: {"schema": {"$ref": "#/components/schemas/Envelope"}}}
-    else:
-        ok["content"] = {media: {"schema": {}}, "application/json": {"schema": {"$ref": "#/components/schemas/Envelope"}}}
+    bodies = ROUTES.get((method, path), Bodies())
+    ok = _DOCUMENT_OK if path == "/openapi.json" else _success(_success_media(method, path), bodies)
     op: dict[str, Any] = {
         "operationId": op_id,
         "summary": summary[:200],
@@ -133,6 +148,9 @@ def _operation(method: str, path: str, handler: Any, resource: web.AbstractResou
     if method in ("POST", "PUT", "PATCH"):
         if (method, path) in _BYTES_IN:
             op["requestBody"] = {"content": {"application/octet-stream": {"schema": {}}}}
+        elif bodies.request:
+            op["requestBody"] = {"required": bodies.required, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{bodies.request}"}, "example": EXAMPLES[bodies.request]}}}
         else:
             op["requestBody"] = {"required": False,
                                  "content": {"application/json": {"schema": {"type": "object"}}}}
@@ -159,7 +177,7 @@ def document(app: web.Application, *, server_url: str | None = None) -> dict[str
                  "description": "Sandboxes for AI agents; wire-compatible with Agentuity's sandbox service."},
         "paths": dict(sorted(paths.items())),
         "components": {
-            "schemas": {"Envelope": ENVELOPE},
+            "schemas": {"Envelope": ENVELOPE, **SCHEMAS},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "an API key (hutch_…) or the server's bootstrap key"}},
         },

@@ -106,3 +106,39 @@ async def test_a_wrong_method_on_a_cli_path_is_405_and_an_unknown_cli_call_501(m
     assert resp.status == 405 and resp.headers["Allow"] == "GET"
     body = await api.call("GET", "/cli/agent/list", expect=501)
     assert body["code"] == "NOT_SUPPORTED" and "hutch" in body["message"]
+
+
+def test_the_main_routes_state_their_bodies_from_the_wire_schemas(make_app_document: dict) -> None:  # type: ignore[type-arg]
+    from api.wire_schemas import ROUTES, SCHEMAS
+
+    doc = make_app_document
+    assert doc["components"]["schemas"].keys() >= SCHEMAS.keys()
+    for (method, path), bodies in ROUTES.items():
+        op = doc["paths"][path][method.lower()]
+        if bodies.request:
+            media = op["requestBody"]["content"]["application/json"]
+            assert media["schema"] == {"$ref": f"#/components/schemas/{bodies.request}"}, (method, path)
+            assert media["example"], (method, path)
+        if bodies.data:
+            ok = op["responses"]["2XX"]["content"]["application/json"]["schema"]
+            assert ok["allOf"][1]["properties"]["data"] == {"$ref": f"#/components/schemas/{bodies.data}"}
+    create = doc["components"]["schemas"]["CreateSandbox"]["properties"]
+    assert create["command"]["properties"]["mode"]["enum"] == ["oneshot", "interactive"]
+    assert doc["components"]["schemas"]["Sandbox"]["properties"]["sandboxId"]["pattern"].startswith("^sbx_")
+    # Found by the fuzzing: this document is JSON but no envelope, and says so of itself.
+    itself = doc["paths"]["/openapi.json"]["get"]["responses"]["2XX"]["content"]["application/json"]["schema"]
+    assert itself["required"] == ["openapi", "paths"]
+
+
+async def test_a_nul_or_a_lone_surrogate_in_a_body_is_refused_and_the_projections_go_on(make_api: AppFactory) -> None:
+    """Found by the fuzzing with the wire schemas: a sandbox named "a\\u0000b" was recorded, and
+    PostgreSQL cannot hold a NUL, so the production profile's projections stopped at that event
+    (every later write answered 503 PROJECTION_UNAVAILABLE). Such bodies are refused up front."""
+    api = await make_api()
+    for body, field in (('{"name": "a\\u0000b"}', "name"), ('{"metadata": {"k": ["x", "\\ud800"]}}', "metadata.k[1]"),
+                        ('{"env": {"A\\u0000": "1"}}', "env.A\x00")):
+        refused = await api.call("POST", "/sandbox", data=body, headers={"Content-Type": "application/json"},
+                                 expect=400)
+        assert refused["code"] == "INVALID_INPUT" and refused["field"] == field, refused
+    sid = (await api.call("POST", "/sandbox", json={"name": "after"}, expect=201))["data"]["sandboxId"]
+    assert (await api.data("GET", f"/sandbox/{sid}"))["name"] == "after"

@@ -54,12 +54,28 @@ def test_no_server_error_and_every_answer_fits_the_schema(server: Server, tmp_pa
     sid = server.data("POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
     ex = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["echo", "hi"]})["executionId"]
     snap = server.data("POST", f"/sandbox/{sid}/snapshot", {"name": "fuzz"})["snapshotId"]
+    job = server.data("POST", f"/sandbox/sandboxes/{sid}/jobs", {"command": ["sleep", "1"]})["jobId"]
+    # The deletes get ids of their own: destroying the shared sandbox or snapshot early would
+    # leave every later operation on it a 404, its valid bodies and its answers' shapes untried.
+    doomed_sid = server.data("POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
+    doomed_snap = server.data("POST", f"/sandbox/{sid}/snapshot", {"name": "doomed"})["snapshotId"]
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG.read_text() + f"""
 [parameters]
 "path.sandbox_id" = "{sid}"
 "path.execution_id" = "{ex}"
 "path.snapshot_id" = "{snap}"
+"path.job_id" = "{job}"
+
+[[operations]]
+include-method = "DELETE"
+include-path = "/sandbox/{{sandbox_id}}"
+parameters = {{ "path.sandbox_id" = "{doomed_sid}" }}
+
+[[operations]]
+include-method = "DELETE"
+include-path = "/sandbox/snapshots/{{snapshot_id}}"
+parameters = {{ "path.snapshot_id" = "{doomed_snap}" }}
 """)
     report = tmp_path / "junit.xml"
     cmd = [*schemathesis(), "--config-file", str(config), "run", f"{server.url}/openapi.json",

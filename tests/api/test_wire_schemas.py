@@ -1,0 +1,168 @@
+"""api/wire_schemas.py is the wire's one description: each request schema accepts its example
+and refuses it without any one required field, and the server does the same (it takes the
+example, and refuses each required field's absence naming that field); each renderer's fully
+populated output fits its schema, names every field the schema has and no other; every route's
+success answer on the server fits its data schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import jsonschema
+import pytest
+
+from api import wire
+from api.routes import checkpoints
+from api.wire_schemas import EXAMPLES, ROUTES, SCHEMAS, Schema
+from core import ids
+from core.models import (
+    Checkpoint,
+    Execution,
+    ExecutionStatus,
+    Mode,
+    Network,
+    Resources,
+    Sandbox,
+    SandboxSpec,
+    SandboxStatus,
+    Snapshot,
+    SnapshotFile,
+    SnapshotStatus,
+    Timeouts,
+)
+from drivers.base import Usage
+from tests.api.conftest import AppFactory
+
+SBX, EXC, SNP, CKPT = (ids.new_id(kind) for kind in ("sandbox", "execution", "snapshot", "checkpoint"))
+AT, LATER = "2026-11-26T10:00:00Z", "2026-11-26T10:01:00Z"
+
+
+@pytest.fixture
+def driver_name() -> str:
+    return "fake"
+
+
+def valid(schema: Schema, value: Any) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def required_paths(schema: Schema, value: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Where ``value`` holds a field its schema requires: each such field's key path."""
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key in value:
+                yield (*at, key)
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                yield from required_paths(sub, value[key], (*at, key))
+    elif isinstance(value, list) and value and "items" in schema:
+        yield from required_paths(schema["items"], value[0], (*at, 0))
+
+
+def without(value: Any, path: tuple[Any, ...]) -> Any:
+    if len(path) == 1:
+        return {k: v for k, v in value.items() if k != path[0]} if isinstance(value, dict) else value
+    head, rest = path[0], path[1:]
+    if isinstance(value, list):
+        return [without(v, rest) if i == head else v for i, v in enumerate(value)]
+    return {**value, head: without(value[head], rest)}
+
+
+def field_name(path: tuple[Any, ...]) -> str:
+    """The server's name for a field: ``files[0].path``, ``command.exec``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def test_every_route_names_known_schemas_and_every_request_schema_has_a_valid_example() -> None:
+    for bodies in ROUTES.values():
+        assert bodies.request is None or bodies.request in EXAMPLES
+        assert bodies.data is None or bodies.data in SCHEMAS
+    for name, example in EXAMPLES.items():
+        jsonschema.Draft202012Validator.check_schema(SCHEMAS[name])
+        assert valid(SCHEMAS[name], example), name
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_each_required_field_is_required_by_the_schema(name: str) -> None:
+    paths = list(required_paths(SCHEMAS[name], EXAMPLES[name]))
+    for path in paths:
+        assert not valid(SCHEMAS[name], without(EXAMPLES[name], path)), (name, path)
+    assert not valid(SCHEMAS[name], []) and not valid(SCHEMAS[name], "x")
+
+
+def test_create_and_execute_examples_parse() -> None:
+    req = wire.parse_create(EXAMPLES["CreateSandbox"])
+    assert req.spec.runtime == "base:latest" and req.command == ("cat", "hello.txt") and len(req.files) == 1
+    assert wire.parse_execute(EXAMPLES["Execute"]).timeout == 30.0
+    assert wire.parse_job(EXAMPLES["StartJob"]) == ("sleep", "1")
+
+
+def _fills(schema: Schema, rendered: list[dict[str, Any]]) -> None:
+    """The renderings fit the schema and, together, name exactly its fields."""
+    for one in rendered:
+        jsonschema.validate(one, schema, cls=jsonschema.Draft202012Validator)
+    assert set().union(*rendered) == set(schema["properties"])
+
+
+def test_the_renderers_fit_their_schemas_field_for_field() -> None:
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt_base", mode=Mode.ONESHOT, name="n", description="d",
+                       resources=Resources(memory="512Mi", cpu="1", disk="1Gi"), env={"A": "1"},
+                       network=Network(enabled=True, port=3000, allow=("pypi.org",)),
+                       timeout=Timeouts(idle="1m", execution="2m", paused="3m"), command=("true",),
+                       metadata={"k": "v"}, project_id="proj_x", snapshot_id=SNP, dependencies=("curl",),
+                       packages=("zod",))
+    sb = Sandbox(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
+                 executions=1, exit_code=0, reason="done", cpu_seconds=1.5, memory_peak_bytes=2**20)
+    _fills(SCHEMAS["Sandbox"], [wire.sandbox_info(sb, ("http://h/o", "http://h/e"), "http://h/p",
+                                                  Usage(cpu_seconds=2.0, memory_peak_bytes=2**21))])
+    ex = Execution(execution_id=EXC, sandbox_id=SBX, command=("echo",), status=ExecutionStatus.FAILED, created_at=AT,
+                   started_at=AT, completed_at=LATER, exit_code=1, duration_ms=5, error="e", output_truncated=True)
+    _fills(SCHEMAS["Execution"], [wire.execution_info(ex, "http://h/o", "http://h/e")])
+    _fills(SCHEMAS["Job"], [wire.job_info(ex, "http://h/o", "http://h/e")])
+    snap = Snapshot(snapshot_id=SNP, name="n", runtime="base:latest", runtime_id="srt_base",
+                    status=SnapshotStatus.READY, created_at=AT, updated_at=AT, tag="v1", description="d", message="m",
+                    source_sandbox_id=SBX, parent_snapshot_id=SNP, size_bytes=3, file_count=1,
+                    files=(SnapshotFile(path="a", size=3, sha256="00", mode=0o644),), env={"A": "1"},
+                    metadata={"k": "v"}, dependencies=("curl",), packages=("zod",))
+    public = attrs.evolve(snap, public=True)
+    _fills(SCHEMAS["Snapshot"], [wire.snapshot_info(snap, "http://h/d"), wire.snapshot_info(public, "http://h/d")])
+    _fills(SCHEMAS["Checkpoint"], [checkpoints.render(Checkpoint(checkpoint_id=CKPT, name="c", created_at=AT,
+                                                                 parent="b"))])
+
+
+def _data_fits(method: str, template: str, body: dict[str, Any]) -> None:
+    name = ROUTES[(method, template)].data
+    if name is not None:
+        jsonschema.validate(body["data"], SCHEMAS[name], cls=jsonschema.Draft202012Validator)
+
+
+async def test_the_server_takes_each_example_refuses_each_missing_field_and_answers_as_described(
+        make_api: AppFactory) -> None:
+    api = await make_api()
+    known: dict[str, str] = {}
+    refused_fields = []
+    for (method, template), bodies in ROUTES.items():  # in order: what makes an id comes first
+        path = template.format(**known) if "{" in template else template
+        if bodies.request is not None:
+            example, schema = EXAMPLES[bodies.request], SCHEMAS[bodies.request]
+            for missing in required_paths(schema, example):
+                refused = await api.call(method, path, json=without(example, missing), expect=400)
+                assert refused["field"] == field_name(missing), (method, template, refused)
+                refused_fields.append(refused["field"])
+        resp = await api.client.request(method, path, headers={"Authorization": "Bearer test-key"},
+                                        json=EXAMPLES[bodies.request] if bodies.request else None)
+        answer = await resp.json()
+        assert 200 <= resp.status < 300, (method, template, resp.status, answer)
+        _data_fits(method, template, answer)
+        data = answer.get("data") or {}
+        for key, param in (("sandboxId", "sandbox_id"), ("executionId", "execution_id"),
+                           ("snapshotId", "snapshot_id"), ("jobId", "job_id")):
+            if isinstance(data, dict) and key in data:
+                known.setdefault(param, data[key])
+    assert {"command.exec", "files[0].path", "files[0].content", "command", "env", "path", "tag", "name"} <= set(
+        refused_fields), refused_fields
