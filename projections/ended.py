@@ -29,6 +29,7 @@ class EndedArchive:
         self._db = sqlite3.connect("", isolation_level=None, check_same_thread=False)  # one loop uses it
         self._db.executescript(
             """
+            PRAGMA cache_size = -256;  -- KiB: rows are written once and seldom read again
             CREATE TABLE sandboxes (id TEXT PRIMARY KEY, org_id TEXT, row BLOB NOT NULL);
             CREATE INDEX sandboxes_org ON sandboxes (org_id);
             CREATE TABLE executions (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL,
