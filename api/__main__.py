@@ -1,12 +1,12 @@
-"""``python -m api``: serve with configuration from HUTCH_* variables (used by tests;
+"""``python -m hutch.api``: serve with configuration from HUTCH_* variables (used by tests;
 users run ``hutch serve``). A refusal at start (a busy data dir, a store bound to another
 event log) ends the process with its message and code, not a traceback."""
 
 import sys
 
-from api.app import run_server
-from api.config import Config
-from core.errors import HutchError
+from hutch.api.app import run_server
+from hutch.api.config import Config
+from hutch.core.errors import HutchError
 
 try:
     run_server(Config.from_env())

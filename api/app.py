@@ -17,12 +17,12 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from api import archives, openapi
-from api.composition import server_parts
-from api.config import Config, resolve_api_key
-from api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
-from api.output import OutputStore
-from api.routes import (
+from hutch.api import archives, openapi
+from hutch.api.composition import server_parts
+from hutch.api.config import Config, resolve_api_key
+from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
+from hutch.api.output import OutputStore
+from hutch.api.routes import (
     audit,
     checkpoints,
     cli,
@@ -38,14 +38,14 @@ from api.routes import (
     streams,
     terminals,
 )
-from api.routes import tenancy as tenancy_routes
-from api.service import Engine
-from api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
-from api.webapp import routes as webapp_routes
-from api.webapp.sessions import COOKIE, SESSIONS, Sessions
-from core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
-from core.events import ACTOR
-from core.tenancy import SCOPE, Access, Scope
+from hutch.api.routes import tenancy as tenancy_routes
+from hutch.api.service import Engine
+from hutch.api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
+from hutch.api.webapp import routes as webapp_routes
+from hutch.api.webapp.sessions import COOKIE, SESSIONS, Sessions
+from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
+from hutch.core.events import ACTOR
+from hutch.core.tenancy import SCOPE, Access, Scope
 
 log = logging.getLogger("hutch.api")
 
@@ -227,7 +227,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[ENGINE] = engine
         app[SESSIONS] = Sessions(_stream_secret(config.data_dir))
         if config.ssh_port is not None:
-            from api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
+            from hutch.api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
 
             gateway = SshGateway(engine, tenants, config.data_dir)
             await gateway.start(config.host, config.ssh_port)

@@ -29,8 +29,8 @@ from typing import IO
 
 import attrs
 
-from core.errors import InvalidInput, PayloadTooLarge
-from drivers.base import Driver
+from hutch.core.errors import InvalidInput, PayloadTooLarge
+from hutch.drivers.base import Driver
 
 FORMATS = ("tar.gz", "zip", "tar")
 _CHUNK = 256 * 1024

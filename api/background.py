@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Coroutine
 from typing import Any
 
-from core.errors import HutchError
+from hutch.core.errors import HutchError
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import attrs
 
-from api.config import Config
-from core.blobs import BlobStore
-from core.errors import InvalidInput
-from core.eventlog.base import EventLog
-from drivers.base import Driver
-from projections.base import ProjectionStore
-from projections.runner import Projector
+from hutch.api.config import Config
+from hutch.core.blobs import BlobStore
+from hutch.core.errors import InvalidInput
+from hutch.core.eventlog.base import EventLog
+from hutch.drivers.base import Driver
+from hutch.projections.base import ProjectionStore
+from hutch.projections.runner import Projector
 
 _POSTGRES = ("postgresql://", "postgres://")
 
@@ -30,15 +30,15 @@ def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> Even
     ``read_only``: for readers that never append (``hutch projector``, ``hutch audit``); on
     Kafka it keeps them from taking, and so fencing, the server's transactional ids."""
     if url in ("sqlite", "embedded", ""):
-        from eventlog.sqlite import SqliteEventLog
+        from hutch.eventlog.sqlite import SqliteEventLog
 
         return SqliteEventLog(data_dir / "events.db")
     if url.startswith("sqlite://"):
-        from eventlog.sqlite import SqliteEventLog
+        from hutch.eventlog.sqlite import SqliteEventLog
 
         return SqliteEventLog(Path(url.removeprefix("sqlite://")))
     if url.startswith("kafka://"):
-        from eventlog.kafka import KafkaEventLog  # aiokafka only where Kafka is used
+        from hutch.eventlog.kafka import KafkaEventLog  # aiokafka only where Kafka is used
 
         return KafkaEventLog.from_url(url, data_dir, writer=not read_only)
     raise InvalidInput(
@@ -50,11 +50,11 @@ def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> Even
 def open_store(url: str) -> ProjectionStore:
     """``memory`` (the default: rebuilt from the log at every start) or ``postgresql://…``."""
     if url in ("memory", ""):
-        from projections.memory import MemoryProjectionStore
+        from hutch.projections.memory import MemoryProjectionStore
 
         return MemoryProjectionStore()
     if url.startswith(_POSTGRES):
-        from projections.postgres import PostgresProjectionStore  # asyncpg only where used
+        from hutch.projections.postgres import PostgresProjectionStore  # asyncpg only where used
 
         return PostgresProjectionStore(url)
     raise InvalidInput(f"store: unsupported store {url!r}; expected memory or postgresql://…", field="store")
@@ -76,25 +76,25 @@ def open_blob_store(store: str, data_dir: Path) -> BlobStore:
     """Shared state (snapshot archives, disk checkpoints): PostgreSQL large objects with a
     PostgreSQL store, so every replica reaches it; else files under the data dir (blobs/)."""
     if store.startswith(_POSTGRES):
-        from blobs.postgres import PostgresBlobStore  # asyncpg only where used
+        from hutch.blobs.postgres import PostgresBlobStore  # asyncpg only where used
 
         return PostgresBlobStore(store)
-    from blobs.files import FileBlobStore
+    from hutch.blobs.files import FileBlobStore
 
     return FileBlobStore(data_dir)
 
 
 def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
     if config.driver == "fake":
-        from drivers.fake.driver import FakeDriver
+        from hutch.drivers.fake.driver import FakeDriver
 
         return FakeDriver()
     if config.driver == "local":
-        from drivers.local.driver import LocalDriver
+        from hutch.drivers.local.driver import LocalDriver
 
         return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
     if config.driver == "nomad":
-        from drivers.nomad.driver import NomadDriver, pool_sizing_from_env
+        from hutch.drivers.nomad.driver import NomadDriver, pool_sizing_from_env
 
         return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
                            token=config.nomad_token,

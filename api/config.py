@@ -17,8 +17,8 @@ from typing import Any
 
 import attrs
 
-from core.errors import InvalidInput
-from core.paths import API_KEY_FILE, default_data_dir
+from hutch.core.errors import InvalidInput
+from hutch.core.paths import API_KEY_FILE, default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
@@ -140,7 +140,7 @@ def _check_log_level(setting: str, value: str) -> None:
 
 
 def _check_pool(setting: str, value: str) -> None:
-    from drivers.nomad.pools import pool_sizing_from_env  # its own messages name the setting
+    from hutch.drivers.nomad.pools import pool_sizing_from_env  # its own messages name the setting
 
     if setting == "HUTCH_NOMAD_POOL":
         pool_sizing_from_env(value)
@@ -153,14 +153,14 @@ def _check_prebuild(setting: str, value: str) -> None:
 
 
 def _check_size(setting: str, value: str | None) -> None:
-    from core.quantities import parse_bytes
+    from hutch.core.quantities import parse_bytes
 
     if value is not None:
         parse_bytes(setting, value)  # an InvalidInput naming it
 
 
 def _check_rate(setting: str, value: str) -> None:
-    from api.tenancy import parse_rate
+    from hutch.api.tenancy import parse_rate
 
     parse_rate(value, setting)  # an InvalidInput naming it
 
@@ -229,7 +229,7 @@ class Config:
 
     @property
     def runtimes_dir(self) -> Path:
-        from drivers.local.rootfs import default_cache  # the local driver owns the layout
+        from hutch.drivers.local.rootfs import default_cache  # the local driver owns the layout
 
         return self.runtime_cache or default_cache()
 
@@ -244,7 +244,7 @@ class Config:
 
 
 def _prebuild_names(value: str) -> list[str]:
-    from core import runtimes
+    from hutch.core import runtimes
 
     wanted = [w.strip() for w in value.split(",") if w.strip()]
     if wanted == ["all"]:

@@ -11,12 +11,12 @@ from typing import Any
 
 import attrs
 
-from api.reads import Reads
-from api.recorder import Recorder, iso
-from core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
-from core.models import Sandbox, SandboxStatus
-from core.quantities import parse_duration
-from drivers.base import Driver
+from hutch.api.reads import Reads
+from hutch.api.recorder import Recorder, iso
+from hutch.core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
+from hutch.core.models import Sandbox, SandboxStatus
+from hutch.core.quantities import parse_duration
+from hutch.drivers.base import Driver
 
 log = logging.getLogger(__name__)
 

@@ -4,13 +4,18 @@ checkpoint between the decision and the append."""
 
 from __future__ import annotations
 
-from api.reads import Reads
-from api.recorder import Recorder
-from api.timeouts import Reaper
-from core import ids
-from core.lifecycle import DeleteCheckpoint, RestoreCheckpoint, TakeCheckpoint, checkpoint_id_for
-from core.models import Checkpoint
-from drivers.base import Driver
+from hutch.api.reads import Reads
+from hutch.api.recorder import Recorder
+from hutch.api.timeouts import Reaper
+from hutch.core import ids
+from hutch.core.lifecycle import (
+    DeleteCheckpoint,
+    RestoreCheckpoint,
+    TakeCheckpoint,
+    checkpoint_id_for,
+)
+from hutch.core.models import Checkpoint
+from hutch.drivers.base import Driver
 
 
 class Checkpoints:

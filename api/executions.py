@@ -11,21 +11,21 @@ import time
 
 import attrs
 
-from api.background import Background
-from api.control import SandboxControl
-from api.input_streams import InputStreams
-from api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
-from api.reads import Reads
-from api.recorder import Recorder
-from api.stream_ids import StreamIds
-from api.watchers import Watchers
-from api.wire import ExecuteRequest
-from core import ids
-from core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
-from core.lifecycle import FinishExecution, StartExecution, Terminate
-from core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
-from core.quantities import format_bytes, parse_duration
-from drivers.base import Driver, ExecRequest, ExecResult
+from hutch.api.background import Background
+from hutch.api.control import SandboxControl
+from hutch.api.input_streams import InputStreams
+from hutch.api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
+from hutch.api.reads import Reads
+from hutch.api.recorder import Recorder
+from hutch.api.stream_ids import StreamIds
+from hutch.api.watchers import Watchers
+from hutch.api.wire import ExecuteRequest
+from hutch.core import ids
+from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
+from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
+from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.quantities import format_bytes, parse_duration
+from hutch.drivers.base import Driver, ExecRequest, ExecResult
 
 log = logging.getLogger(__name__)
 

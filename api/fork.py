@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from api.wire import CreateRequest
-from core.errors import InvalidInput
-from core.models import Snapshot
+from hutch.api.wire import CreateRequest
+from hutch.core.errors import InvalidInput
+from hutch.core.models import Snapshot
 
 if TYPE_CHECKING:
-    from api.service import Created, Engine
+    from hutch.api.service import Created, Engine
 
 MAX_COPIES = 20
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
-from core.errors import InvalidInput, NotFound
-from core.events import Event
-from core.lifecycle import evolve_sandbox
-from core.models import Sandbox
+from hutch.core.errors import InvalidInput, NotFound
+from hutch.core.events import Event
+from hutch.core.lifecycle import evolve_sandbox
+from hutch.core.models import Sandbox
 
 if TYPE_CHECKING:
-    from api.service import Engine
+    from hutch.api.service import Engine
 
 
 async def timeline(engine: Engine, sandbox_id: str) -> list[tuple[Event, Sandbox]]:

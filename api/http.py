@@ -7,9 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from api.keys import CONFIG
-from core.errors import InvalidInput
-from core.quantities import parse_duration
+from hutch.api.keys import CONFIG
+from hutch.core.errors import InvalidInput
+from hutch.core.quantities import parse_duration
 
 
 def ok(data: Any = None, *, http_status: int = 200, top: dict[str, Any] | None = None) -> web.Response:

@@ -18,8 +18,8 @@ import secrets
 import time
 from collections.abc import AsyncIterable
 
-from core.errors import IllegalTransition, InvalidInput, PayloadTooLarge
-from core.tenancy import scoped_org, visible_org
+from hutch.core.errors import IllegalTransition, InvalidInput, PayloadTooLarge
+from hutch.core.tenancy import scoped_org, visible_org
 
 QUEUE_CHUNKS = 16  # chunks of up to 64 KiB in flight between an upload and its command
 MAX_STREAMS = 1000  # open streams per server

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api.config import Config
-from api.service import Engine
-from api.tenancy import Tenants
-from core.tenancy import Principal
+from hutch.api.config import Config
+from hutch.api.service import Engine
+from hutch.api.tenancy import Tenants
+from hutch.core.tenancy import Principal
 
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)

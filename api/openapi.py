@@ -21,9 +21,9 @@ from typing import Any
 
 from aiohttp import web
 
-from api.http import base_url
-from api.tenancy import PUBLIC, access_of, needs
-from api.wire_schemas import EXAMPLES, ROUTES, SCHEMAS, Bodies
+from hutch.api.http import base_url
+from hutch.api.tenancy import PUBLIC, access_of, needs
+from hutch.api.wire_schemas import EXAMPLES, ROUTES, SCHEMAS, Bodies
 
 VERSION = "3.1.0"
 

@@ -10,23 +10,23 @@ from collections.abc import Iterable
 
 import attrs
 
-from api.background import Background, quietly
-from api.executions import Executions, default_timeout
-from api.input_streams import InputStreams
-from api.output import OutputStore
-from api.quotas import Quotas
-from api.reads import Reads
-from api.recorder import Recorder
-from api.snapshots import Snapshots
-from api.stream_ids import StreamIds
-from api.tenancy import owned
-from api.wire import CreateRequest
-from core import ids
-from core.errors import DriverFailure, HutchError, NotSupported
-from core.events import SandboxCreated
-from core.lifecycle import Fail, ReportBuild, Start
-from core.models import Sandbox, SandboxSpec, SandboxStatus
-from drivers.base import Driver, ProvisionRequest
+from hutch.api.background import Background, quietly
+from hutch.api.executions import Executions, default_timeout
+from hutch.api.input_streams import InputStreams
+from hutch.api.output import OutputStore
+from hutch.api.quotas import Quotas
+from hutch.api.reads import Reads
+from hutch.api.recorder import Recorder
+from hutch.api.snapshots import Snapshots
+from hutch.api.stream_ids import StreamIds
+from hutch.api.tenancy import owned
+from hutch.api.wire import CreateRequest
+from hutch.core import ids
+from hutch.core.errors import DriverFailure, HutchError, NotSupported
+from hutch.core.events import SandboxCreated
+from hutch.core.lifecycle import Fail, ReportBuild, Start
+from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
+from hutch.drivers.base import Driver, ProvisionRequest
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ can overshoot by the creates in flight, which the README says).
 
 from __future__ import annotations
 
-from api.reads import Reads
-from core.errors import QuotaExceeded
-from core.models import SandboxSpec
-from core.quantities import format_bytes
-from core.tenancy import Quota
-from projections.base import SandboxQuery, SnapshotQuery
+from hutch.api.reads import Reads
+from hutch.core.errors import QuotaExceeded
+from hutch.core.models import SandboxSpec
+from hutch.core.quantities import format_bytes
+from hutch.core.tenancy import Quota
+from hutch.projections.base import SandboxQuery, SnapshotQuery
 
 DEFAULT_MEMORY_BYTES = 512 * 2**20  # what an unsized sandbox counts as
 DEFAULT_CPU_MILLIS = 1000

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
-from core import tenancy
-from core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
-from core.eventlog.base import EventLog
-from core.events import Event
-from core.models import Execution, Sandbox, SandboxStatus
-from core.tenancy import LOCAL_ORG, SCOPE, visible
-from projections.base import ProjectionStore, SandboxQuery
-from projections.runner import Projector
+from hutch.core import tenancy
+from hutch.core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event
+from hutch.core.models import Execution, Sandbox, SandboxStatus
+from hutch.core.tenancy import LOCAL_ORG, SCOPE, visible
+from hutch.projections.base import ProjectionStore, SandboxQuery
+from hutch.projections.runner import Projector
 
 if TYPE_CHECKING:
-    from api.tenancy import Tenants
+    from hutch.api.tenancy import Tenants
 
 T = TypeVar("T")
 

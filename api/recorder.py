@@ -17,15 +17,15 @@ from typing import TypeVar
 
 import attrs
 
-from api.reads import Reads
-from core import ids, snapshots
-from core.errors import InvalidInput
-from core.eventlog.base import EventLog
-from core.events import Event, EventData, SandboxCreated, SnapshotCreated, decode, encode
-from core.lifecycle import Command, decide
-from core.models import Sandbox
-from projections.base import ProjectionStore
-from projections.runner import Projector
+from hutch.api.reads import Reads
+from hutch.core import ids, snapshots
+from hutch.core.errors import InvalidInput
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event, EventData, SandboxCreated, SnapshotCreated, decode, encode
+from hutch.core.lifecycle import Command, decide
+from hutch.core.models import Sandbox
+from hutch.projections.base import ProjectionStore
+from hutch.projections.runner import Projector
 
 C = TypeVar("C", bound=Command)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from api.control import SandboxControl
-from api.recorder import Recorder
-from core.lifecycle import Fail, FinishExecution, Terminate
-from core.models import ExecutionStatus, Mode, SandboxStatus
-from drivers.base import Driver
-from projections.base import ProjectionStore, SandboxQuery
+from hutch.api.control import SandboxControl
+from hutch.api.recorder import Recorder
+from hutch.core.lifecycle import Fail, FinishExecution, Terminate
+from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
+from hutch.drivers.base import Driver
+from hutch.projections.base import ProjectionStore, SandboxQuery
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from core.models import Execution
+from hutch.core.models import Execution
 
 if TYPE_CHECKING:
-    from api.service import Engine
+    from hutch.api.service import Engine
 
 # A safety net only: changes wake the reader at once through the projector's listener.
 _RECHECK_SECONDS = 1.0

@@ -16,33 +16,33 @@ import builtins
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from api import archives
-from api.background import Background
-from api.control import SandboxControl
-from api.engine_checkpoints import Checkpoints
-from api.executions import JOB_STOP_GRACE_SECONDS, Executions
-from api.input_streams import InputStreams
-from api.output import OutputStore
-from api.provisioning import Created, Provisioning
-from api.quotas import Quotas
-from api.reads import Reads
-from api.recorder import Recorder, now_iso
-from api.recovery import Recovery
-from api.snapshots import Snapshots
-from api.stream_ids import StreamIds
-from api.tenancy import Tenants
-from api.timeouts import Reaper
-from api.wire import CreateRequest, ExecuteRequest
-from blobs import clear_spool
-from blobs.files import FileBlobStore
-from core.blobs import BlobStore
-from core.errors import IllegalTransition
-from core.eventlog.base import EventLog
-from core.events import Event, EventData
-from core.models import Checkpoint, Execution, Sandbox, SandboxStatus
-from drivers.base import Driver, FileToWrite
-from projections.base import ProjectionStore, SandboxQuery
-from projections.runner import Projector
+from hutch.api import archives
+from hutch.api.background import Background
+from hutch.api.control import SandboxControl
+from hutch.api.engine_checkpoints import Checkpoints
+from hutch.api.executions import JOB_STOP_GRACE_SECONDS, Executions
+from hutch.api.input_streams import InputStreams
+from hutch.api.output import OutputStore
+from hutch.api.provisioning import Created, Provisioning
+from hutch.api.quotas import Quotas
+from hutch.api.reads import Reads
+from hutch.api.recorder import Recorder, now_iso
+from hutch.api.recovery import Recovery
+from hutch.api.snapshots import Snapshots
+from hutch.api.stream_ids import StreamIds
+from hutch.api.tenancy import Tenants
+from hutch.api.timeouts import Reaper
+from hutch.api.wire import CreateRequest, ExecuteRequest
+from hutch.blobs import clear_spool
+from hutch.blobs.files import FileBlobStore
+from hutch.core.blobs import BlobStore
+from hutch.core.errors import IllegalTransition
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event, EventData
+from hutch.core.models import Checkpoint, Execution, Sandbox, SandboxStatus
+from hutch.drivers.base import Driver, FileToWrite
+from hutch.projections.base import ProjectionStore, SandboxQuery
+from hutch.projections.runner import Projector
 
 
 class Engine:

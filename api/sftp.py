@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import asyncssh
 from asyncssh import SFTPAttrs, SFTPName
 
-from core.errors import FileNotFound, HutchError, NotFound, NotSupported
-from drivers.base import FileInfo
+from hutch.core.errors import FileNotFound, HutchError, NotFound, NotSupported
+from hutch.drivers.base import FileInfo
 
 if TYPE_CHECKING:
-    from api.service import Engine
+    from hutch.api.service import Engine
 
 HOME = "/home/agentuity"  # where a relative path starts (the sandbox user's home)
 _SPOOL = 8 << 20
@@ -79,7 +79,7 @@ class SandboxSftp(asyncssh.SFTPServer):
 
     async def _call(self, work: Any) -> Any:
         """Run one driver call as the key's organization, with its errors in SFTP's words."""
-        from api.ssh_gateway import acting  # the gateway imports us
+        from hutch.api.ssh_gateway import acting  # the gateway imports us
 
         with acting(self.principal):
             try:

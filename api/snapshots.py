@@ -32,26 +32,26 @@ from typing import IO
 
 import attrs
 
-import blobs
-from api import archives
-from api.quotas import Quotas
-from api.reads import Reads
-from api.recorder import Recorder
-from api.stream_ids import StreamIds
-from api.timeouts import Reaper
-from blobs.files import FileBlobStore
-from core import ids, runtimes
-from core.blobs import BlobNotFound, BlobStore
-from core.errors import (
+import hutch.blobs as blobs
+from hutch.api import archives
+from hutch.api.quotas import Quotas
+from hutch.api.reads import Reads
+from hutch.api.recorder import Recorder
+from hutch.api.stream_ids import StreamIds
+from hutch.api.timeouts import Reaper
+from hutch.blobs.files import FileBlobStore
+from hutch.core import ids, runtimes
+from hutch.core.blobs import BlobNotFound, BlobStore
+from hutch.core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
     RuntimeNotFound,
     SnapshotNotFound,
 )
-from core.models import Snapshot, SnapshotFile, SnapshotStatus
-from core.packages import check_dependencies, check_packages
-from core.snapshots import (
+from hutch.core.models import Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.packages import check_dependencies, check_packages
+from hutch.core.snapshots import (
     DEFAULT_TAG,
     BeginBuild,
     DeleteSnapshot,
@@ -63,9 +63,9 @@ from core.snapshots import (
     decide,
     parse_ref,
 )
-from core.tenancy import LOCAL_ORG, scoped_org, visible_org
-from drivers.base import Driver, ProvisionRequest
-from projections.base import ProjectionStore, SnapshotQuery
+from hutch.core.tenancy import LOCAL_ORG, scoped_org, visible_org
+from hutch.drivers.base import Driver, ProvisionRequest
+from hutch.projections.base import ProjectionStore, SnapshotQuery
 
 WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
 LINEAGE_MAX = 1000

@@ -22,18 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 import asyncssh
 
-from api import sandbox_streams
-from api.output import StreamOptions
-from api.sftp import SandboxSftp
-from api.terminals import ActiveTerminal, TerminalOptions, open_terminal
-from api.wire import ExecuteRequest
-from core.errors import HutchError
-from core.events import ACTOR
-from core.tenancy import SCOPE, Principal, Role, Scope
+from hutch.api import sandbox_streams
+from hutch.api.output import StreamOptions
+from hutch.api.sftp import SandboxSftp
+from hutch.api.terminals import ActiveTerminal, TerminalOptions, open_terminal
+from hutch.api.wire import ExecuteRequest
+from hutch.core.errors import HutchError
+from hutch.core.events import ACTOR
+from hutch.core.tenancy import SCOPE, Principal, Role, Scope
 
 if TYPE_CHECKING:
-    from api.service import Engine
-    from api.tenancy import Tenants
+    from hutch.api.service import Engine
+    from hutch.api.tenancy import Tenants
 
 log = logging.getLogger("hutch.ssh")
 

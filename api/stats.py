@@ -11,8 +11,8 @@ from typing import Any
 
 import attrs
 
-from drivers.base import Driver
-from projections.base import ProjectionStore, SandboxQuery
+from hutch.drivers.base import Driver
+from hutch.projections.base import ProjectionStore, SandboxQuery
 
 
 def _unix(iso: str) -> float:

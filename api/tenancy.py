@@ -23,12 +23,12 @@ from typing import Any
 
 import attrs
 
-from core import tenancy
-from core.errors import InvalidInput, RateLimited, Unauthorized
-from core.events import Event
-from core.models import SandboxSpec
-from core.tenancy import LOCAL_ORG, SCOPE, Access, Directory, Principal, Role
-from projections.base import ProjectionStore, is_tenancy_event
+from hutch.core import tenancy
+from hutch.core.errors import InvalidInput, RateLimited, Unauthorized
+from hutch.core.events import Event
+from hutch.core.models import SandboxSpec
+from hutch.core.tenancy import LOCAL_ORG, SCOPE, Access, Directory, Principal, Role
+from hutch.projections.base import ProjectionStore, is_tenancy_event
 
 
 def bootstrap_key_id(secret: str) -> str:

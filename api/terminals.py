@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from core.errors import InvalidInput
-from drivers.base import Terminal, TerminalRequest
+from hutch.core.errors import InvalidInput
+from hutch.drivers.base import Terminal, TerminalRequest
 
 if TYPE_CHECKING:
-    from api.service import Engine
+    from hutch.api.service import Engine
 
 # What runs when the user names no command: the sandbox user's login shell (bash in every
 # runtime hutch builds; sh in a snapshot's runtime without it).

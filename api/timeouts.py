@@ -12,14 +12,14 @@ import datetime as dt
 import logging
 import time
 
-from api.background import Background
-from api.control import SandboxControl
-from core.errors import HutchError
-from core.lifecycle import Terminate
-from core.models import Sandbox, SandboxStatus
-from core.quantities import parse_duration
-from projections.base import ProjectionStore, SandboxQuery
-from projections.runner import Projector
+from hutch.api.background import Background
+from hutch.api.control import SandboxControl
+from hutch.core.errors import HutchError
+from hutch.core.lifecycle import Terminate
+from hutch.core.models import Sandbox, SandboxStatus
+from hutch.core.quantities import parse_duration
+from hutch.projections.base import ProjectionStore, SandboxQuery
+from hutch.projections.runner import Projector
 
 log = logging.getLogger("hutch.api")
 

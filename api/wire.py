@@ -14,11 +14,11 @@ from typing import Any
 
 import attrs
 
-from api.output import RAW_OUTPUT, StreamOptions
-from core import egress, runtimes
-from core.errors import InvalidInput, NotSupported, RuntimeNotFound
-from core.events import Event, encode
-from core.models import (
+from hutch.api.output import RAW_OUTPUT, StreamOptions
+from hutch.core import egress, runtimes
+from hutch.core.errors import InvalidInput, NotSupported, RuntimeNotFound
+from hutch.core.events import Event, encode
+from hutch.core.models import (
     Execution,
     Mode,
     Network,
@@ -28,9 +28,9 @@ from core.models import (
     Snapshot,
     Timeouts,
 )
-from core.packages import check_dependencies, check_packages
-from core.quantities import parse_bytes, parse_duration, parse_millicores
-from drivers.base import FileToWrite, Usage
+from hutch.core.packages import check_dependencies, check_packages
+from hutch.core.quantities import parse_bytes, parse_duration, parse_millicores
+from hutch.drivers.base import FileToWrite, Usage
 
 
 def org_ref(org_id: str) -> dict[str, str]:

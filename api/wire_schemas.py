@@ -15,10 +15,10 @@ from typing import Any
 
 import attrs
 
-from api.wire import MAX_FILES
-from core import egress, ids, snapshots
-from core.models import ExecutionStatus, Mode, SandboxStatus, SnapshotStatus
-from core.packages import APT_RE, MAX_ITEMS, NPM_RE
+from hutch.api.wire import MAX_FILES
+from hutch.core import egress, ids, snapshots
+from hutch.core.models import ExecutionStatus, Mode, SandboxStatus, SnapshotStatus
+from hutch.core.packages import APT_RE, MAX_ITEMS, NPM_RE
 
 Schema = dict[str, Any]
 

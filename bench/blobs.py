@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from blobs.files import FileBlobStore  # noqa: E402
-from blobs.postgres import PostgresBlobStore  # noqa: E402
-from core.blobs import CHUNK, BlobStore  # noqa: E402
+from hutch.blobs.files import FileBlobStore  # noqa: E402
+from hutch.blobs.postgres import PostgresBlobStore  # noqa: E402
+from hutch.core.blobs import CHUNK, BlobStore  # noqa: E402
 
 
 async def chunks(data: bytes) -> AsyncIterator[bytes]:

@@ -31,8 +31,8 @@ from pathlib import Path
 # Run as a script, sys.path[0] is bench/, where nomad.py would shadow python-nomad.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from drivers.base import ProvisionRequest  # noqa: E402
-from drivers.nomad.driver import NomadDriver  # noqa: E402
+from hutch.drivers.base import ProvisionRequest  # noqa: E402
+from hutch.drivers.nomad.driver import NomadDriver  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV = ("http://127.0.0.1:4646", "127.0.0.1:5000")

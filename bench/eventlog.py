@@ -36,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.composition import make_projector, open_event_log, open_store  # noqa: E402
-from core import ids  # noqa: E402
-from core.eventlog.base import EventLog  # noqa: E402
-from core.events import (  # noqa: E402
+from hutch.api.composition import make_projector, open_event_log, open_store  # noqa: E402
+from hutch.core import ids  # noqa: E402
+from hutch.core.eventlog.base import EventLog  # noqa: E402
+from hutch.core.events import (  # noqa: E402
     Event,
     ExecutionFinished,
     ExecutionStarted,
@@ -47,8 +47,8 @@ from core.events import (  # noqa: E402
     SandboxStarted,
     SandboxTerminated,
 )
-from core.models import ExecutionStatus, SandboxSpec  # noqa: E402
-from projections.base import ProjectionStore  # noqa: E402
+from hutch.core.models import ExecutionStatus, SandboxSpec  # noqa: E402
+from hutch.projections.base import ProjectionStore  # noqa: E402
 
 
 def now_iso() -> str:

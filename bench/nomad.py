@@ -26,8 +26,8 @@ from pathlib import Path
 # Run as a script, sys.path[0] is bench/, where this file would shadow python-nomad.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from drivers.base import ExecRequest, ProvisionRequest  # noqa: E402
-from drivers.nomad.driver import NomadDriver  # noqa: E402
+from hutch.drivers.base import ExecRequest, ProvisionRequest  # noqa: E402
+from hutch.drivers.nomad.driver import NomadDriver  # noqa: E402
 
 ADDR = os.environ.get("HUTCH_NOMAD_ADDR", "http://127.0.0.1:4646")
 REGISTRY = os.environ.get("HUTCH_NOMAD_REGISTRY", "127.0.0.1:5000")

@@ -41,8 +41,8 @@ H = {"Authorization": f"Bearer {KEY}"}
 
 
 def runtime_rootfs() -> Path:
-    from core import runtimes
-    from drivers.local.rootfs import default_cache, rootfs_path
+    from hutch.core import runtimes
+    from hutch.drivers.local.rootfs import default_cache, rootfs_path
 
     recipe = runtimes.find(RUNTIME)
     assert recipe is not None

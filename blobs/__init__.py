@@ -21,7 +21,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import IO
 
-from core.blobs import CHUNK, BlobStore
+from hutch.core.blobs import CHUNK, BlobStore
 
 
 async def spool(chunks: AsyncIterable[bytes], directory: Path | None = None) -> IO[bytes]:
@@ -55,7 +55,7 @@ async def fetch(store: BlobStore, key: str, directory: Path | None = None) -> IO
     """The blob at ``key`` as a named local file, rewound; ``BlobNotFound`` if absent. The
     files store opens the blob itself (no copy); others copy it to a temporary file in
     ``directory``. Read it only: the caller closes it."""
-    from blobs.files import FileBlobStore
+    from hutch.blobs.files import FileBlobStore
 
     if isinstance(store, FileBlobStore):
         return await store.open(key)
@@ -66,7 +66,7 @@ async def fetch(store: BlobStore, key: str, directory: Path | None = None) -> IO
 async def put_file(store: BlobStore, key: str, spooled: IO[bytes]) -> None:
     """A complete local file (``spool``'s) under ``key``. The files store links it into
     place when it can, so the embedded profile writes an archive once, as it always did."""
-    from blobs.files import FileBlobStore
+    from hutch.blobs.files import FileBlobStore
 
     if isinstance(store, FileBlobStore) and await store.put_file(key, Path(spooled.name)):
         return

@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator, AsyncIterable
 from pathlib import Path
 from typing import IO
 
-from core.blobs import CHUNK, BlobInfo, BlobNotFound, BlobStore, check_key, check_prefix
+from hutch.core.blobs import CHUNK, BlobInfo, BlobNotFound, BlobStore, check_key, check_prefix
 
 
 class FileBlobStore(BlobStore):

@@ -30,7 +30,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 
 import asyncpg
 
-from core.blobs import (
+from hutch.core.blobs import (
     CHUNK,
     BlobInfo,
     BlobNotFound,
@@ -39,7 +39,7 @@ from core.blobs import (
     check_key,
     check_prefix,
 )
-from core.errors import InvalidInput
+from hutch.core.errors import InvalidInput
 
 _INV_WRITE = 0x20000
 _INV_READ = 0x40000
@@ -61,7 +61,9 @@ class PostgresBlobStore(BlobStore):
         self._pool: asyncpg.Pool | None = None
 
     async def start(self) -> None:
-        from projections.postgres import migrate  # the one numbered schema, shared with the store
+        from hutch.projections.postgres import (
+            migrate,  # the one numbered schema, shared with the store
+        )
 
         try:
             self._pool = await asyncpg.create_pool(self.dsn, min_size=self._min_size, max_size=self._max_size,

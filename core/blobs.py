@@ -32,7 +32,7 @@ from typing import ClassVar
 
 import attrs
 
-from core.errors import HutchError, InvalidInput, NotFound
+from hutch.core.errors import HutchError, InvalidInput, NotFound
 
 CHUNK = 1 << 20  # what ``get`` yields at most, and what adapters write at a time
 MAX_KEY_LENGTH = 1024

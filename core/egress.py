@@ -12,7 +12,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 
-from core.errors import InvalidInput
+from hutch.core.errors import InvalidInput
 
 MAX_ENTRIES = 64
 FIELD = "network.allow"

@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 
 import attrs
 
-from core.errors import InvalidInput
-from core.models import ExecutionStatus, SandboxSpec, SnapshotFile
-from core.serde import converter
-from core.tenancy import (
+from hutch.core.errors import InvalidInput
+from hutch.core.models import ExecutionStatus, SandboxSpec, SnapshotFile
+from hutch.core.serde import converter
+from hutch.core.tenancy import (
     LOCAL_ORG,
     TENANCY_EVENTS,
     KeyCreated,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import attrs
 
-from core.errors import CheckpointNotFound, IllegalTransition
-from core.events import (
+from hutch.core.errors import CheckpointNotFound, IllegalTransition
+from hutch.core.events import (
     CheckpointCreated,
     CheckpointDeleted,
     CheckpointRestored,
@@ -30,7 +30,7 @@ from core.events import (
     SandboxStarted,
     SandboxTerminated,
 )
-from core.models import Checkpoint, Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
+from hutch.core.models import Checkpoint, Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
 
 # ---------------------------------------------------------------- commands
 

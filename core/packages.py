@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from core.errors import InvalidInput
+from hutch.core.errors import InvalidInput
 
 APT_RE = re.compile(r"[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+~:_-]+)?")
 # Registry specs only: ``name``, ``@scope/name``, each with an optional ``@version|range|tag``.

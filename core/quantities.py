@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from core.errors import InvalidInput
+from hutch.core.errors import InvalidInput
 
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "": 1, "b": 1}

@@ -20,9 +20,15 @@ import re
 
 import attrs
 
-from core.errors import IllegalTransition, InvalidInput, SnapshotNotFound
-from core.events import Event, SnapshotCreated, SnapshotDeleted, SnapshotFinalized, SnapshotTagged
-from core.models import Sandbox, Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.errors import IllegalTransition, InvalidInput, SnapshotNotFound
+from hutch.core.events import (
+    Event,
+    SnapshotCreated,
+    SnapshotDeleted,
+    SnapshotFinalized,
+    SnapshotTagged,
+)
+from hutch.core.models import Sandbox, Snapshot, SnapshotFile, SnapshotStatus
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")

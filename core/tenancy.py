@@ -28,8 +28,8 @@ from typing import ClassVar
 
 import attrs
 
-from core import ids
-from core.errors import Forbidden, InvalidInput, NotFound
+from hutch.core import ids
+from hutch.core.errors import Forbidden, InvalidInput, NotFound
 
 LOCAL_ORG = "org_local"
 SECRET_PREFIX = "hk_"

@@ -14,8 +14,8 @@ from typing import Literal, Protocol
 
 import attrs
 
-from core.errors import InvalidInput, NotSupported
-from core.models import SandboxSpec
+from hutch.core.errors import InvalidInput, NotSupported
+from hutch.core.models import SandboxSpec
 
 Stream = Literal["stdout", "stderr"]
 

@@ -21,8 +21,8 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
-from core.egress import FIELD, hostnames, is_network
-from core.errors import InvalidInput
+from hutch.core.egress import FIELD, hostnames, is_network
+from hutch.core.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 
-from core.errors import FileNotFound, HutchError, InvalidInput, PayloadTooLarge
+from hutch.core.errors import FileNotFound, HutchError, InvalidInput, PayloadTooLarge
 
 
 def from_errno(op: str, path: str, num: int, message: str, sandbox_id: str) -> HutchError:

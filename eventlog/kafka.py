@@ -69,11 +69,11 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from core.errors import InvalidInput, LogUnavailable
-from core.eventlog.base import EventLog, GroupMember, LogCapabilities
-from core.events import Event
-from eventlog.kafka_groups import consume_group
-from eventlog.kafka_records import (
+from hutch.core.errors import InvalidInput, LogUnavailable
+from hutch.core.eventlog.base import EventLog, GroupMember, LogCapabilities
+from hutch.core.events import Event
+from hutch.eventlog.kafka_groups import consume_group
+from hutch.eventlog.kafka_records import (
     DEFAULT_PARTITIONS,
     EPOCH_HEADER,
     ID_CLOCK_SLACK_MS,
@@ -90,7 +90,7 @@ from eventlog.kafka_records import (
     record_bytes,
     retrieve_exception,
 )
-from eventlog.kafka_topics import ensure_topics
+from hutch.eventlog.kafka_topics import ensure_topics
 
 log = logging.getLogger(__name__)
 class KafkaEventLog(EventLog):

@@ -12,8 +12,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from core.eventlog.base import GroupMember
-from eventlog.kafka_records import MAX_EVENT_BYTES, decode_record
+from hutch.core.eventlog.base import GroupMember
+from hutch.eventlog.kafka_records import MAX_EVENT_BYTES, decode_record
 
 log = logging.getLogger(__name__)
 

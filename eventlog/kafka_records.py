@@ -16,8 +16,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from core.errors import InvalidInput
-from core.events import Event, decode, encode
+from hutch.core.errors import InvalidInput
+from hutch.core.events import Event, decode, encode
 
 DEFAULT_PARTITIONS = 6
 MAX_EVENT_BYTES = 8 * 2**20
@@ -53,7 +53,7 @@ def partition_for(sandbox_id: str, partitions: int) -> int:
 
 def id_millis(sandbox_id: str) -> int | None:
     """The creation time a ULID-style id carries (see ``core.ids``), or None for other ids."""
-    from core import ids
+    from hutch.core import ids
 
     if not ids.is_id("sandbox", sandbox_id):
         return None

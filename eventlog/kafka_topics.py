@@ -9,8 +9,8 @@ import time
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from core.errors import LogUnavailable
-from eventlog.kafka_records import TOPIC_CONFIG
+from hutch.core.errors import LogUnavailable
+from hutch.eventlog.kafka_records import TOPIC_CONFIG
 
 
 async def ensure_topics(bootstrap: str, topic: str, order_topic: str, *, partitions: int,

@@ -19,9 +19,9 @@ from typing import TypeVar
 
 import attrs
 
-from core.errors import LogUnavailable
-from core.eventlog.base import EventLog
-from core.events import Event, decode, encode
+from hutch.core.errors import LogUnavailable
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event, decode, encode
 
 T = TypeVar("T")
 

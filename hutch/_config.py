@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from core.paths import API_KEY_FILE, default_data_dir
+from hutch.core.paths import API_KEY_FILE, default_data_dir
 
 __all__ = [
     "API_KEY_FILE",

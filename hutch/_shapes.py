@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from core.quantities import parse_duration
+from hutch.core.quantities import parse_duration
 from hutch.errors import InvalidInput
 from hutch.models import FileToWrite, Network, Resources, Timeouts, coerce_files, to_wire
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import HutchError
+from hutch.core.errors import HutchError
 
 __all__ = [
     "Conflict",

@@ -28,8 +28,8 @@ async def local_client(*, data_dir: str | os.PathLike[str] | None = None,
                        driver: str | None = None) -> AsyncIterator[SandboxClient]:
     from aiohttp import web
 
-    from api.app import create_app
-    from api.config import Config, resolve_api_key
+    from hutch.api.app import create_app
+    from hutch.api.config import Config, resolve_api_key
 
     config = Config.from_env(data_dir=data_dir, driver=driver)
     runner = web.AppRunner(create_app(config), handle_signals=False, access_log=None)

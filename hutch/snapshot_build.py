@@ -43,7 +43,7 @@ from typing import Any, BinaryIO, NoReturn
 import attrs
 import yaml
 
-from core.packages import APT_RE, NPM_RE
+from hutch.core.packages import APT_RE, NPM_RE
 
 __all__ = [
     "BUILD_FILE_NAMES", "BuildFileError", "BuildSpec", "SelectedFile", "content_hash",

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from core.eventlog.base import EventLog
-from core.events import Event, encode
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event, encode
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class PostgresSink:
     async def start(self) -> None:
         import asyncpg
 
-        from projections.postgres import migrate
+        from hutch.projections.postgres import migrate
 
         self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=2)
         async with self._pool.acquire() as conn:

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import attrs
 
-from core.errors import NotSupported
-from core.events import Event
-from core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
-from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
-from core.tenancy import TENANCY_EVENTS, Directory
+from hutch.core.errors import NotSupported
+from hutch.core.events import Event
+from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
+from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from hutch.core.tenancy import TENANCY_EVENTS, Directory
 
 
 @attrs.frozen

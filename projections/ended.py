@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import TypeVar
 
-from core.models import Execution, Sandbox
+from hutch.core.models import Execution, Sandbox
 
 T = TypeVar("T")
 BATCH = 500  # rows decoded at a time when a listing scans the archive

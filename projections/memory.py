@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.events import Event
-from core.models import Execution, Sandbox, SandboxStatus, Snapshot
-from core.snapshots import evolve_snapshot, is_snapshot_event
-from core.tenancy import Directory
-from projections.base import (
+from hutch.core.events import Event
+from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot
+from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
+from hutch.core.tenancy import Directory
+from hutch.projections.base import (
     ProjectionStore,
     SandboxQuery,
     SnapshotQuery,
@@ -23,7 +23,7 @@ from projections.base import (
     snapshot_sort_key,
     sort_key,
 )
-from projections.ended import EndedArchive
+from hutch.projections.ended import EndedArchive
 
 
 class MemoryProjectionStore(ProjectionStore):

@@ -34,14 +34,14 @@ from typing import Any, ParamSpec, TypeVar
 import asyncpg
 import attrs
 
-from core.errors import HutchError, InvalidInput
-from core.events import Event
-from core.lifecycle import execution_id_of
-from core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
-from core.serde import converter
-from core.snapshots import evolve_snapshot, is_snapshot_event
-from core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
-from projections.base import (
+from hutch.core.errors import HutchError, InvalidInput
+from hutch.core.events import Event
+from hutch.core.lifecycle import execution_id_of
+from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from hutch.core.serde import converter
+from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
+from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
+from hutch.projections.base import (
     SNAPSHOT_SORTS,
     ProjectionStore,
     SandboxQuery,
@@ -93,7 +93,7 @@ class StoreUnavailable(HutchError):
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) of every migration shipped with hutch, oldest first."""
     found = []
-    for entry in resources.files("projections.migrations").iterdir():
+    for entry in resources.files("hutch.projections.migrations").iterdir():
         name = entry.name
         if name.endswith(".sql") and name[:3].isdigit():
             found.append((int(name[:3]), name, entry.read_text()))

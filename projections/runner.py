@@ -17,10 +17,10 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from core.errors import LogMismatch, ProjectionUnavailable
-from core.eventlog.base import EventLog
-from core.events import Event
-from projections.base import ProjectionStore, StoreBehind
+from hutch.core.errors import LogMismatch, ProjectionUnavailable
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event
+from hutch.projections.base import ProjectionStore, StoreBehind
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from drivers.base import Driver, ProvisionRequest, Resources
+from hutch.drivers.base import Driver, ProvisionRequest, Resources
 
 RUNTIME_CACHE = Path(os.environ.get("HUTCH_RUNTIME_CACHE", "/var/cache/hutch/runtimes"))
 TEST_RUNTIMES = ("base:latest", "python:3.13")
@@ -33,7 +33,7 @@ def require_root() -> None:
 def built_runtimes() -> Path:
     """Build the runtimes the tests use (a no-op when cached)."""
     require_root()
-    from drivers.local import rootfs
+    from hutch.drivers.local import rootfs
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -53,7 +53,7 @@ async def start_local(request: pytest.FixtureRequest) -> Driver:
     require_root()
     cache = request.getfixturevalue("built_runtimes")
     data = request.getfixturevalue("local_data_dir")
-    from drivers.local.driver import LocalDriver
+    from hutch.drivers.local.driver import LocalDriver
 
     driver = LocalDriver(data, cache)
     await driver.start()
@@ -114,8 +114,8 @@ NOMAD_REGISTRY = os.environ.get("HUTCH_NOMAD_REGISTRY", "127.0.0.1:5000")
 
 
 async def start_nomad(data_dir: Path, **kw: object) -> Driver:
-    from core.errors import HutchError
-    from drivers.nomad.driver import NomadDriver
+    from hutch.core.errors import HutchError
+    from hutch.drivers.nomad.driver import NomadDriver
 
     driver = NomadDriver(address=NOMAD_ADDR, data_dir=data_dir, registry=kw.pop("registry", NOMAD_REGISTRY),  # type: ignore[arg-type]
                          runtime_cache=RUNTIME_CACHE, **kw)  # type: ignore[arg-type]

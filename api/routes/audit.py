@@ -13,12 +13,12 @@ import json
 
 from aiohttp import web
 
-from api.http import base_url, q_bool
-from api.keys import ENGINE
-from api.service import Engine
-from api.tenancy import PUBLIC, needs
-from core.errors import NotFound
-from projections.audit import audit_record
+from hutch.api.http import base_url, q_bool
+from hutch.api.keys import ENGINE
+from hutch.api.service import Engine
+from hutch.api.tenancy import PUBLIC, needs
+from hutch.core.errors import NotFound
+from hutch.projections.audit import audit_record
 
 routes = web.RouteTableDef()
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api.http import json_body, ok
-from api.keys import ENGINE
-from core.errors import InvalidInput
-from core.models import Checkpoint
+from hutch.api.http import json_body, ok
+from hutch.api.keys import ENGINE
+from hutch.core.errors import InvalidInput
+from hutch.core.models import Checkpoint
 
 routes = web.RouteTableDef()
 

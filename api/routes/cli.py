@@ -17,17 +17,17 @@ from typing import Any
 
 from aiohttp import web
 
-from api.http import json_body, ok, q_choice, q_int
-from api.keys import ENGINE, PRINCIPAL, TENANTS
-from api.stats import usage as usage_stats
-from api.tenancy import PUBLIC, needs
-from api.wire import org_ref
-from core import tenancy
-from core.errors import InvalidInput, NotFound, NotSupported
-from core.models import Mode, Sandbox, SandboxStatus
-from core.packages import check_dependencies
-from core.tenancy import Access, ApiKey
-from projections.base import SandboxQuery
+from hutch.api.http import json_body, ok, q_choice, q_int
+from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.api.stats import usage as usage_stats
+from hutch.api.tenancy import PUBLIC, needs
+from hutch.api.wire import org_ref
+from hutch.core import tenancy
+from hutch.core.errors import InvalidInput, NotFound, NotSupported
+from hutch.core.models import Mode, Sandbox, SandboxStatus
+from hutch.core.packages import check_dependencies
+from hutch.core.tenancy import Access, ApiKey
+from hutch.projections.base import SandboxQuery
 
 routes = web.RouteTableDef()
 REGION = "local"  # one server, one region: the CLI picks it without asking

@@ -14,10 +14,10 @@ from typing import Any
 
 from aiohttp import web
 
-from api import archives, wire
-from api.http import json_body, ok, q_choice
-from api.keys import CONFIG, ENGINE
-from core.errors import InvalidInput
+from hutch.api import archives, wire
+from hutch.api.http import json_body, ok, q_choice
+from hutch.api.keys import CONFIG, ENGINE
+from hutch.core.errors import InvalidInput
 
 routes = web.RouteTableDef()
 

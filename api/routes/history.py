@@ -8,12 +8,12 @@ from typing import Any
 
 from aiohttp import web
 
-from api import fork, history, wire
-from api.http import json_body, ok
-from api.keys import API_KEY_ID, ENGINE, PRINCIPAL
-from core.events import Event
-from core.models import Sandbox
-from core.tenancy import Access
+from hutch.api import fork, history, wire
+from hutch.api.http import json_body, ok
+from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
+from hutch.core.events import Event
+from hutch.core.models import Sandbox
+from hutch.core.tenancy import Access
 
 routes = web.RouteTableDef()
 
@@ -33,7 +33,7 @@ def _env(request: web.Request, sb: Sandbox) -> dict[str, str]:
 
 
 async def render_as_of(request: web.Request, sandbox_id: str, ref: str) -> dict[str, Any]:
-    from api.routes.sandboxes import render_sandbox  # the same shape as a get
+    from hutch.api.routes.sandboxes import render_sandbox  # the same shape as a get
 
     event, state = await history.as_of(request.app[ENGINE], sandbox_id, ref)
     return {**render_sandbox(request, state), "env": _env(request, state), "asOf": _event(event)}
@@ -48,7 +48,7 @@ async def sandbox_history(request: web.Request) -> web.Response:
 
 @routes.post("/sandbox/{sandbox_id}/fork")
 async def fork_sandbox(request: web.Request) -> web.Response:
-    from api.routes.sandboxes import render_sandbox
+    from hutch.api.routes.sandboxes import render_sandbox
 
     body = await json_body(request, required=False)
     snap, made = await fork.fork(request.app[ENGINE], request.match_info["sandbox_id"], body.get("count", 1),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api import wire
-from api.http import base_url, json_body, ok, q_bool, q_int
-from api.keys import ENGINE
-from core.models import Execution
+from hutch.api import wire
+from hutch.api.http import base_url, json_body, ok, q_bool, q_int
+from hutch.api.keys import ENGINE
+from hutch.core.models import Execution
 
 routes = web.RouteTableDef()
 

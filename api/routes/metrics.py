@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api.keys import ENGINE, PRINCIPAL
-from core.models import SandboxStatus
-from drivers.base import Metric
-from projections.base import SandboxQuery, SnapshotQuery
+from hutch.api.keys import ENGINE, PRINCIPAL
+from hutch.core.models import SandboxStatus
+from hutch.drivers.base import Metric
+from hutch.projections.base import SandboxQuery, SnapshotQuery
 
 routes = web.RouteTableDef()
 

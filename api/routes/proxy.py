@@ -31,9 +31,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from api.keys import CONFIG, ENGINE, TENANTS
-from api.tenancy import PUBLIC, needs
-from core.errors import DriverFailure, SandboxNotFound
+from hutch.api.keys import CONFIG, ENGINE, TENANTS
+from hutch.api.tenancy import PUBLIC, needs
+from hutch.core.errors import DriverFailure, SandboxNotFound
 
 routes = web.RouteTableDef()
 PREFIX = "/proxy"

@@ -15,9 +15,9 @@ import json
 
 from aiohttp import web
 
-from api.keys import ENGINE
-from core import runtimes
-from core.errors import HutchError, RuntimeNotFound
+from hutch.api.keys import ENGINE
+from hutch.core import runtimes
+from hutch.core.errors import HutchError, RuntimeNotFound
 
 routes = web.RouteTableDef()
 

@@ -7,20 +7,20 @@ import datetime as dt
 
 from aiohttp import web
 
-from api import wire
-from api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
-from api.keys import API_KEY_ID, CONFIG, ENGINE
-from api.routes import history as history_routes
-from api.routes import proxy
-from api.routes.audit import audit_stream_id, audit_stream_url
-from api.service import Engine
-from api.stats import usage as usage_stats
-from core import runtimes
-from core.errors import InvalidInput
-from core.models import Execution, Mode, Sandbox, SandboxStatus
-from drivers import egress
-from drivers.base import Usage
-from projections.base import SandboxQuery
+from hutch.api import wire
+from hutch.api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
+from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
+from hutch.api.routes import history as history_routes
+from hutch.api.routes import proxy
+from hutch.api.routes.audit import audit_stream_id, audit_stream_url
+from hutch.api.service import Engine
+from hutch.api.stats import usage as usage_stats
+from hutch.core import runtimes
+from hutch.core.errors import InvalidInput
+from hutch.core.models import Execution, Mode, Sandbox, SandboxStatus
+from hutch.drivers import egress
+from hutch.drivers.base import Usage
+from hutch.projections.base import SandboxQuery
 
 routes = web.RouteTableDef()
 

@@ -9,16 +9,16 @@ from typing import Any
 
 from aiohttp import web
 
-from api import wire
-from api.http import base_url, json_body, ok, q_choice, q_int
-from api.keys import API_KEY_ID, CONFIG, ENGINE
-from api.snapshots import LINEAGE_MAX, unchanged
-from api.tenancy import PUBLIC, needs
-from core.blobs import BlobNotFound
-from core.errors import InvalidInput, SnapshotNotFound, Unauthorized
-from core.models import Snapshot
-from core.snapshots import check_name
-from projections.base import SNAPSHOT_SORTS, SnapshotQuery
+from hutch.api import wire
+from hutch.api.http import base_url, json_body, ok, q_choice, q_int
+from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
+from hutch.api.snapshots import LINEAGE_MAX, unchanged
+from hutch.api.tenancy import PUBLIC, needs
+from hutch.core.blobs import BlobNotFound
+from hutch.core.errors import InvalidInput, SnapshotNotFound, Unauthorized
+from hutch.core.models import Snapshot
+from hutch.core.snapshots import check_name
+from hutch.projections.base import SNAPSHOT_SORTS, SnapshotQuery
 
 routes = web.RouteTableDef()
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from api.http import json_body, ok
-from api.keys import ENGINE, PRINCIPAL, TENANTS
-from core import tenancy
-from core.tenancy import SshKey
+from hutch.api.http import json_body, ok
+from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.core import tenancy
+from hutch.core.tenancy import SshKey
 
 routes = web.RouteTableDef()
 

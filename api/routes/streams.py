@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api import sandbox_streams
-from api.http import json_body, ok
-from api.keys import ENGINE
-from api.sandbox_streams import is_sandbox_stream
-from api.tenancy import PUBLIC, needs
-from core.errors import NotFound
+from hutch.api import sandbox_streams
+from hutch.api.http import json_body, ok
+from hutch.api.keys import ENGINE
+from hutch.api.sandbox_streams import is_sandbox_stream
+from hutch.api.tenancy import PUBLIC, needs
+from hutch.core.errors import NotFound
 
 routes = web.RouteTableDef()
 

@@ -13,12 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
-from api.http import json_body, ok
-from api.keys import ENGINE, PRINCIPAL, TENANTS
-from api.tenancy import needs
-from core import tenancy
-from core.errors import InvalidInput, NotFound
-from core.tenancy import Access, ApiKey, Organization, Project
+from hutch.api.http import json_body, ok
+from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.api.tenancy import needs
+from hutch.core import tenancy
+from hutch.core.errors import InvalidInput, NotFound
+from hutch.core.tenancy import Access, ApiKey, Organization, Project
 
 routes = web.RouteTableDef()
 

@@ -17,12 +17,12 @@ import json
 
 from aiohttp import WSMsgType, web
 
-from api.http import q_int
-from api.keys import ENGINE
-from api.tenancy import needs
-from api.terminals import ActiveTerminal, TerminalOptions, check_term, open_terminal
-from core.errors import InvalidInput, NotSupported
-from core.tenancy import Access
+from hutch.api.http import q_int
+from hutch.api.keys import ENGINE
+from hutch.api.tenancy import needs
+from hutch.api.terminals import ActiveTerminal, TerminalOptions, check_term, open_terminal
+from hutch.core.errors import InvalidInput, NotSupported
+from hutch.core.tenancy import Access
 
 routes = web.RouteTableDef()
 

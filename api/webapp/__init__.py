@@ -16,12 +16,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from api.http import json_body, ok
-from api.keys import ENGINE, PRINCIPAL, TENANTS
-from api.tenancy import PUBLIC, needs
-from api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions
-from core.errors import InvalidInput, NotFound
-from core.tenancy import Access, Principal, visible
+from hutch.api.http import json_body, ok
+from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.api.tenancy import PUBLIC, needs
+from hutch.api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions
+from hutch.core.errors import InvalidInput, NotFound
+from hutch.core.tenancy import Access, Principal, visible
 
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",

@@ -22,7 +22,7 @@ import time
 
 from aiohttp import web
 
-from core.errors import Forbidden, Unauthorized
+from hutch.core.errors import Forbidden, Unauthorized
 
 COOKIE = "hutch_session"
 CSRF_COOKIE = "hutch_csrf"

@@ -14,8 +14,8 @@ from typing import ClassVar, Protocol
 
 import attrs
 
-from core.errors import NotSupported
-from core.events import Event
+from hutch.core.errors import NotSupported
+from hutch.core.events import Event
 
 
 @attrs.frozen

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, S
 
 import attrs
 
-from core import runtimes
-from core.errors import (
+from hutch.core import runtimes
+from hutch.core.errors import (
     DriverFailure,
     FileNotFound,
     IllegalTransition,
@@ -30,7 +30,7 @@ from core.errors import (
     RuntimeNotFound,
     SandboxNotFound,
 )
-from drivers.base import (
+from hutch.drivers.base import (
     Capabilities,
     Driver,
     ExecRequest,
@@ -41,7 +41,7 @@ from drivers.base import (
     ProvisionRequest,
     Stream,
 )
-from drivers.builds import Builds
+from hutch.drivers.builds import Builds
 
 Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
 HOME = "/home/agentuity"

@@ -29,7 +29,7 @@ import signal
 import time
 from pathlib import Path
 
-from core.errors import DriverFailure, NotSupported
+from hutch.core.errors import DriverFailure, NotSupported
 
 PARENT = "hutch"
 # v1 hierarchies where each execution gets its own leaf (see the module docstring).

@@ -20,8 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from core import runtimes
-from core.errors import (
+from hutch.core import runtimes
+from hutch.core.errors import (
     CheckpointNotFound,
     DriverFailure,
     IllegalTransition,
@@ -30,12 +30,12 @@ from core.errors import (
     RuntimeNotFound,
     SandboxNotFound,
 )
-from drivers.local import layers
-from drivers.local.cgroups import Cgroups
-from drivers.local.launch import Launcher
-from drivers.local.sandboxnet import SandboxNetwork
-from drivers.local.state import SAFE_ID, Registry, Sandbox
-from drivers.local.teardown import Teardown
+from hutch.drivers.local import layers
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.launch import Launcher
+from hutch.drivers.local.sandboxnet import SandboxNetwork
+from hutch.drivers.local.state import SAFE_ID, Registry, Sandbox
+from hutch.drivers.local.teardown import Teardown
 
 NO_FREEZER = "disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)"
 

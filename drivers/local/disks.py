@@ -36,7 +36,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from core.errors import DriverFailure
+from hutch.core.errors import DriverFailure
 
 IMAGE = "disk.img"
 MOUNT = "disk"

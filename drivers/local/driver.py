@@ -48,9 +48,9 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from pathlib import Path
 
-from core import runtimes
-from core.errors import DriverFailure, NotSupported
-from drivers.base import (
+from hutch.core import runtimes
+from hutch.core.errors import DriverFailure, NotSupported
+from hutch.drivers.base import (
     Capabilities,
     Driver,
     ExecRequest,
@@ -63,22 +63,22 @@ from drivers.base import (
     TerminalRequest,
     Usage,
 )
-from drivers.builds import Builds
-from drivers.local import rootfs
-from drivers.local.cgroups import Cgroups, CgroupV1
-from drivers.local.checkpoints import Checkpoints
-from drivers.local.executions import Executions
-from drivers.local.fsops import Files
-from drivers.local.launch import ROOTLESS_TMP, Launcher
-from drivers.local.native import ensure_helper
-from drivers.local.nsexec import Nsexec
-from drivers.local.pool import Background, WarmPool
-from drivers.local.provisioning import Provisioner
-from drivers.local.sandboxnet import SandboxNetwork
-from drivers.local.spares import SpareDirs
-from drivers.local.state import SAFE_ID, Registry, is_live
-from drivers.local.teardown import Teardown
-from drivers.local.uids import UID_BASE
+from hutch.drivers.builds import Builds
+from hutch.drivers.local import rootfs
+from hutch.drivers.local.cgroups import Cgroups, CgroupV1
+from hutch.drivers.local.checkpoints import Checkpoints
+from hutch.drivers.local.executions import Executions
+from hutch.drivers.local.fsops import Files
+from hutch.drivers.local.launch import ROOTLESS_TMP, Launcher
+from hutch.drivers.local.native import ensure_helper
+from hutch.drivers.local.nsexec import Nsexec
+from hutch.drivers.local.pool import Background, WarmPool
+from hutch.drivers.local.provisioning import Provisioner
+from hutch.drivers.local.sandboxnet import SandboxNetwork
+from hutch.drivers.local.spares import SpareDirs
+from hutch.drivers.local.state import SAFE_ID, Registry, is_live
+from hutch.drivers.local.teardown import Teardown
+from hutch.drivers.local.uids import UID_BASE
 
 __all__ = ["UID_BASE", "LocalDriver"]  # UID_BASE: the tests find sandbox uids by it
 

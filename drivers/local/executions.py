@@ -18,8 +18,8 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from core.errors import DriverFailure, IllegalTransition, InvalidInput, NotSupported
-from drivers.base import (
+from hutch.core.errors import DriverFailure, IllegalTransition, InvalidInput, NotSupported
+from hutch.drivers.base import (
     ExecRequest,
     ExecResult,
     FileToWrite,
@@ -28,11 +28,11 @@ from drivers.base import (
     TerminalRequest,
     check_env,
 )
-from drivers.local import pidsguard, rootfs, terminal
-from drivers.local.cgroups import Cgroups
-from drivers.local.nsexec import Nsexec
-from drivers.local.pidsguard import PidsGuard
-from drivers.local.state import Execution, Registry, Sandbox
+from hutch.drivers.local import pidsguard, rootfs, terminal
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.nsexec import Nsexec
+from hutch.drivers.local.pidsguard import PidsGuard
+from hutch.drivers.local.state import Execution, Registry, Sandbox
 
 HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER

@@ -27,12 +27,12 @@ import subprocess
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 
-from core.errors import DriverFailure, InvalidInput, SandboxNotFound
-from drivers.base import FileInfo
-from drivers.fserrors import from_errno
-from drivers.local.helper import set_done
-from drivers.local.nsexec import Nsexec
-from drivers.local.state import Registry
+from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
+from hutch.drivers.base import FileInfo
+from hutch.drivers.fserrors import from_errno
+from hutch.drivers.local.helper import set_done
+from hutch.drivers.local.nsexec import Nsexec
+from hutch.drivers.local.state import Registry
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20

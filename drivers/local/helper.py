@@ -12,8 +12,8 @@ import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Literal
 
-from drivers.base import OutputSink
-from drivers.local.smallfiles import get as _get
+from hutch.drivers.base import OutputSink
+from hutch.drivers.local.smallfiles import get as _get
 
 # After the command exits, background children may still hold stdout open; we stop
 # reading after this grace instead of waiting for them.

@@ -13,17 +13,17 @@ import os
 import subprocess
 from pathlib import Path
 
-from core.errors import DriverFailure
-from drivers.base import DEFAULT_PIDS, ProvisionRequest
-from drivers.egress import flatten
-from drivers.local import disks, helper, layers, network, rootfs, slirp, uids
-from drivers.local.cgroups import Cgroups
-from drivers.local.helper import start_time
-from drivers.local.nsexec import Nsexec, rlimit_args
-from drivers.local.sandboxnet import SandboxNetwork
-from drivers.local.smallfiles import put as _put
-from drivers.local.spares import SpareDirs
-from drivers.local.state import Registry, Sandbox
+from hutch.core.errors import DriverFailure
+from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest
+from hutch.drivers.egress import flatten
+from hutch.drivers.local import disks, helper, layers, network, rootfs, slirp, uids
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.helper import start_time
+from hutch.drivers.local.nsexec import Nsexec, rlimit_args
+from hutch.drivers.local.sandboxnet import SandboxNetwork
+from hutch.drivers.local.smallfiles import put as _put
+from hutch.drivers.local.spares import SpareDirs
+from hutch.drivers.local.state import Registry, Sandbox
 
 # Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
 ROOTLESS_UID = 1000

@@ -36,9 +36,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.errors import DriverFailure, InvalidInput
-from core.runtimes import RuntimeRecipe
-from drivers.local import rootfs
+from hutch.core.errors import DriverFailure, InvalidInput
+from hutch.core.runtimes import RuntimeRecipe
+from hutch.drivers.local import rootfs
 
 Log = Callable[[str], None]
 

@@ -3,7 +3,7 @@
 The binary is cached as ``<dir>/hutch-nsexec-<source hash>``, so a changed source is
 rebuilt and an unchanged one never is. Needs gcc, libc6-dev and libseccomp-dev.
 
-    python -m drivers.local.native --out DIR     # prebuild, prints the path
+    python -m hutch.drivers.local.native --out DIR     # prebuild, prints the path
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.errors import DriverFailure
+from hutch.core.errors import DriverFailure
 
 SOURCE = Path(__file__).parent / "native" / "hutch-nsexec.c"
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-static"]
@@ -60,7 +60,7 @@ def ensure_helper(directory: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m drivers.local.native")
+    parser = argparse.ArgumentParser(prog="python -m hutch.drivers.local.native")
     parser.add_argument("--out", type=Path, required=True, help="directory for the binary (the driver uses <data_dir>/bin)")
     args = parser.parse_args(argv)
     print(ensure_helper(args.out))

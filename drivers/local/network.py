@@ -38,7 +38,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from core.errors import DriverFailure
+from hutch.core.errors import DriverFailure
 
 SUBNET = ipaddress.ip_network(os.environ.get("HUTCH_SANDBOX_SUBNET", "10.213.0.0/16"))
 GATEWAY = SUBNET[1]

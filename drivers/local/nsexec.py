@@ -17,11 +17,11 @@ import signal
 from collections.abc import AsyncIterable, Mapping, Sequence
 from pathlib import Path
 
-from core.errors import DriverFailure, InvalidInput, SandboxNotFound
-from drivers.base import OutputSink
-from drivers.local import helper
-from drivers.local.cgroups import Cgroups
-from drivers.local.state import Registry, Sandbox
+from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
+from hutch.drivers.base import OutputSink
+from hutch.drivers.local import helper
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.state import Registry, Sandbox
 
 
 def rlimit_args(sb: Sandbox) -> list[str]:

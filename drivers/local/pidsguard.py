@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from drivers.local.cgroups import Cgroups
+from hutch.drivers.local.cgroups import Cgroups
 
 log = logging.getLogger(__name__)
 

@@ -24,15 +24,15 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from core import runtimes
-from core.errors import DriverFailure
-from drivers.base import DEFAULT_PIDS, ProvisionRequest
-from drivers.local import rootfs, uids
-from drivers.local.cgroups import Cgroups
-from drivers.local.helper import start_time
-from drivers.local.launch import Launcher
-from drivers.local.state import POOL_PREFIX, Registry, Sandbox, is_live
-from drivers.local.teardown import Teardown
+from hutch.core import runtimes
+from hutch.core.errors import DriverFailure
+from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest
+from hutch.drivers.local import rootfs, uids
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.helper import start_time
+from hutch.drivers.local.launch import Launcher
+from hutch.drivers.local.state import POOL_PREFIX, Registry, Sandbox, is_live
+from hutch.drivers.local.teardown import Teardown
 
 log = logging.getLogger(__name__)
 

@@ -10,16 +10,16 @@ import asyncio
 import logging
 from pathlib import Path
 
-from core import runtimes
-from core.errors import IllegalTransition, InvalidInput, NotSupported, RuntimeNotFound
-from drivers.base import ProvisionRequest, check_env
-from drivers.local import layers, rootfs, slirp
-from drivers.local.cgroups import Cgroups
-from drivers.local.launch import Launcher
-from drivers.local.pool import WarmPool
-from drivers.local.sandboxnet import SandboxNetwork
-from drivers.local.state import SAFE_ID, Registry, Sandbox, is_live
-from drivers.local.teardown import Teardown
+from hutch.core import runtimes
+from hutch.core.errors import IllegalTransition, InvalidInput, NotSupported, RuntimeNotFound
+from hutch.drivers.base import ProvisionRequest, check_env
+from hutch.drivers.local import layers, rootfs, slirp
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.launch import Launcher
+from hutch.drivers.local.pool import WarmPool
+from hutch.drivers.local.sandboxnet import SandboxNetwork
+from hutch.drivers.local.state import SAFE_ID, Registry, Sandbox, is_live
+from hutch.drivers.local.teardown import Teardown
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ an overlay and writes to its own upper layer, so N sandboxes cost one copy.
 
 CLI (``hutch runtime build`` is the same with a progress display)::
 
-    python -m drivers.local.rootfs build base:latest [--cache DIR]
-    python -m drivers.local.rootfs build --all
-    python -m drivers.local.rootfs list
+    python -m hutch.drivers.local.rootfs build base:latest [--cache DIR]
+    python -m hutch.drivers.local.rootfs build --all
+    python -m hutch.drivers.local.rootfs list
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from core import runtimes
-from core.errors import DriverFailure, RuntimeNotFound
-from core.runtimes import RuntimeRecipe
+from hutch.core import runtimes
+from hutch.core.errors import DriverFailure, RuntimeNotFound
+from hutch.core.runtimes import RuntimeRecipe
 
 DEFAULT_CACHE = Path("/var/cache/hutch/runtimes")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -344,7 +344,7 @@ def _du(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m drivers.local.rootfs",
+    parser = argparse.ArgumentParser(prog="python -m hutch.drivers.local.rootfs",
                                      description="Build runtime root filesystems for the local driver.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build runtimes (no-op when cached)")

@@ -14,13 +14,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from core.errors import NotSupported
-from drivers.egress import AllowLists, flatten
-from drivers.local import network, slirp
-from drivers.local.helper import start_time
-from drivers.local.nsexec import Nsexec
-from drivers.local.state import Registry, Sandbox
-from drivers.local.uids import UID_BASE
+from hutch.core.errors import NotSupported
+from hutch.drivers.egress import AllowLists, flatten
+from hutch.drivers.local import network, slirp
+from hutch.drivers.local.helper import start_time
+from hutch.drivers.local.nsexec import Nsexec
+from hutch.drivers.local.state import Registry, Sandbox
+from hutch.drivers.local.uids import UID_BASE
 
 
 class SandboxNetwork:

@@ -39,8 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.errors import DriverFailure, NotSupported
-from drivers.local.network import DENIED
+from hutch.core.errors import DriverFailure, NotSupported
+from hutch.drivers.local.network import DENIED
 
 DNS = "10.0.2.3"
 SLIRP_NET = "10.0.2.0/24"

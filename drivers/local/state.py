@@ -15,11 +15,11 @@ from pathlib import Path
 
 import attrs
 
-from core.errors import DriverFailure, IllegalTransition, SandboxNotFound
-from drivers.local.cgroups import Cgroups
-from drivers.local.helper import start_time
-from drivers.local.smallfiles import get as _get
-from drivers.local.smallfiles import put as _put
+from hutch.core.errors import DriverFailure, IllegalTransition, SandboxNotFound
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.helper import start_time
+from hutch.drivers.local.smallfiles import get as _get
+from hutch.drivers.local.smallfiles import put as _put
 
 # Ids that may name a directory (sandboxes, checkpoints): no dots first, no slashes.
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

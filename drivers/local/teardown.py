@@ -15,16 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from core import runtimes
-from core.errors import DriverFailure
-from drivers.local import disks, layers, uids
-from drivers.local.cgroups import Cgroups
-from drivers.local.helper import set_done, start_time
-from drivers.local.launch import layers_key
-from drivers.local.nsexec import Nsexec
-from drivers.local.sandboxnet import SandboxNetwork
-from drivers.local.spares import SpareDirs
-from drivers.local.state import POOL_NAME, SAFE_ID, Registry, Sandbox, is_live
+from hutch.core import runtimes
+from hutch.core.errors import DriverFailure
+from hutch.drivers.local import disks, layers, uids
+from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.helper import set_done, start_time
+from hutch.drivers.local.launch import layers_key
+from hutch.drivers.local.nsexec import Nsexec
+from hutch.drivers.local.sandboxnet import SandboxNetwork
+from hutch.drivers.local.spares import SpareDirs
+from hutch.drivers.local.state import POOL_NAME, SAFE_ID, Registry, Sandbox, is_live
 
 
 class Teardown:

@@ -20,8 +20,8 @@ import subprocess
 import termios
 from collections.abc import Awaitable, Callable, Sequence
 
-from drivers.base import Terminal
-from drivers.local.helper import set_done
+from hutch.drivers.base import Terminal
+from hutch.drivers.local.helper import set_done
 
 _HANGUP_GRACE = 1.0  # seconds a hung-up session has to exit before its tree is killed
 

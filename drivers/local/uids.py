@@ -12,8 +12,8 @@ import pwd
 import time
 from pathlib import Path
 
-from core.errors import DriverFailure
-from drivers.local.smallfiles import get, put
+from hutch.core.errors import DriverFailure
+from hutch.drivers.local.smallfiles import get, put
 
 # Sandbox users are host uids UID_BASE.. (overridable for hosts that use this range).
 UID_BASE = int(os.environ.get("HUTCH_UID_BASE", "200000"))

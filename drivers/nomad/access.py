@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from drivers.nomad.client import NomadClient
-from drivers.nomad.state import NomadSandbox
+from hutch.drivers.nomad.client import NomadClient
+from hutch.drivers.nomad.state import NomadSandbox
 
 
 class SandboxAccess(Protocol):

@@ -23,7 +23,7 @@ import nomad
 import nomad.api.exceptions as nomad_errors
 import requests
 
-from core.errors import DriverFailure
+from hutch.core.errors import DriverFailure
 
 STDIN_CHUNK = 48 * 1024  # bytes per websocket frame (base64 grows it by a third)
 KILL_GRACE = 5.0  # seconds to wait for the exit of a killed command

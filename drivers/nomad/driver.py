@@ -49,9 +49,9 @@ from typing import Any
 
 import attrs
 
-from blobs import clear_spool
-from core.blobs import BlobStore
-from core.errors import (
+from hutch.blobs import clear_spool
+from hutch.core.blobs import BlobStore
+from hutch.core.errors import (
     DriverFailure,
     HutchError,
     IllegalTransition,
@@ -59,8 +59,8 @@ from core.errors import (
     NotSupported,
     SandboxNotFound,
 )
-from core.runtimes import RuntimeRecipe
-from drivers.base import (
+from hutch.core.runtimes import RuntimeRecipe
+from hutch.drivers.base import (
     Capabilities,
     Driver,
     ExecRequest,
@@ -75,18 +75,24 @@ from drivers.base import (
     Usage,
     check_env,
 )
-from drivers.egress import AllowLists, flatten
-from drivers.local import rootfs
-from drivers.nomad import images, placement
-from drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
-from drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused, run_tagged
-from drivers.nomad.files import NomadFiles, pack_files
-from drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
-from drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
-from drivers.nomad.pools import PoolEntry, PoolSizing, WarmPools, fixed_sizes, pool_sizing_from_env
-from drivers.nomad.runtime_images import RuntimeImages
-from drivers.nomad.state import NomadSandbox, StateFiles
-from drivers.nomad.terminal import NomadTerminals
+from hutch.drivers.egress import AllowLists, flatten
+from hutch.drivers.local import rootfs
+from hutch.drivers.nomad import images, placement
+from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
+from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused, run_tagged
+from hutch.drivers.nomad.files import NomadFiles, pack_files
+from hutch.drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
+from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
+from hutch.drivers.nomad.pools import (
+    PoolEntry,
+    PoolSizing,
+    WarmPools,
+    fixed_sizes,
+    pool_sizing_from_env,
+)
+from hutch.drivers.nomad.runtime_images import RuntimeImages
+from hutch.drivers.nomad.state import NomadSandbox, StateFiles
+from hutch.drivers.nomad.terminal import NomadTerminals
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any
 
-from core.errors import HutchError, InvalidInput, SandboxNotFound
-from drivers.nomad.client import ExecFailed, NomadClient
-from drivers.nomad.jobs import HOME
+from hutch.core.errors import HutchError, InvalidInput, SandboxNotFound
+from hutch.drivers.nomad.client import ExecFailed, NomadClient
+from hutch.drivers.nomad.jobs import HOME
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
-from blobs import fetch, put_file, read_file, spool
-from blobs.files import FileBlobStore
-from core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
-from core.errors import (
+from hutch.blobs import fetch, put_file, read_file, spool
+from hutch.blobs.files import FileBlobStore
+from hutch.core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
+from hutch.core.errors import (
     CheckpointNotFound,
     DriverFailure,
     HutchError,
@@ -47,13 +47,13 @@ from core.errors import (
     NotSupported,
     SandboxNotFound,
 )
-from drivers.base import FileInfo, FileToWrite
-from drivers.fserrors import from_errno
-from drivers.nomad.access import SandboxAccess
-from drivers.nomad.client import ExecFailed
-from drivers.nomad.execs import ENVELOPE, run_tagged
-from drivers.nomad.jobs import HOME, TASK
-from drivers.nomad.state import NomadSandbox
+from hutch.drivers.base import FileInfo, FileToWrite
+from hutch.drivers.fserrors import from_errno
+from hutch.drivers.nomad.access import SandboxAccess
+from hutch.drivers.nomad.client import ExecFailed
+from hutch.drivers.nomad.execs import ENVELOPE, run_tagged
+from hutch.drivers.nomad.jobs import HOME, TASK
+from hutch.drivers.nomad.state import NomadSandbox
 
 # The one script every primitive runs: $1 = op, $2 = path, then the op's own arguments.
 # fail() prints a strerror text, which the driver maps back to an errno.

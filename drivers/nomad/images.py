@@ -9,9 +9,9 @@ unchanged one is never pushed twice.
 
 CLI (used by ``scripts/services.d/nomad.sh``)::
 
-    python -m drivers.nomad.images ref base:latest --registry 127.0.0.1:5000
-    python -m drivers.nomad.images exists base:latest --registry 127.0.0.1:5000   # exit 0/1
-    python -m drivers.nomad.images push base:latest --registry 127.0.0.1:5000
+    python -m hutch.drivers.nomad.images ref base:latest --registry 127.0.0.1:5000
+    python -m hutch.drivers.nomad.images exists base:latest --registry 127.0.0.1:5000   # exit 0/1
+    python -m hutch.drivers.nomad.images push base:latest --registry 127.0.0.1:5000
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from core.errors import DriverFailure
-from core.runtimes import RuntimeRecipe
-from drivers.local import layers, rootfs
+from hutch.core.errors import DriverFailure
+from hutch.core.runtimes import RuntimeRecipe
+from hutch.drivers.local import layers, rootfs
 
 FORMAT = 2  # bump when the image layout below changes (2: the execute-only init shell)
 # pid 1's shell: a copy of the runtime's dash that the sandbox user may run but not read. The
@@ -173,7 +173,7 @@ def push(recipe: RuntimeRecipe, registry: str, *, cache: Path | None = None, lay
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m drivers.nomad.images",
+    parser = argparse.ArgumentParser(prog="python -m hutch.drivers.nomad.images",
                                      description="Runtime images for the nomad driver.")
     parser.add_argument("command", choices=["ref", "exists", "push"])
     parser.add_argument("name", help="catalog name, e.g. base:latest")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from drivers.base import DEFAULT_PIDS, Resources
-from drivers.local import network as sandbox_network
-from drivers.nomad import images
+from hutch.drivers.base import DEFAULT_PIDS, Resources
+from hutch.drivers.local import network as sandbox_network
+from hutch.drivers.nomad import images
 
 PLUGIN = "hutch-containerd"
 TASK = "sandbox"

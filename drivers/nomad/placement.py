@@ -11,9 +11,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from core.errors import DriverFailure, HutchError
-from drivers.nomad.client import NomadClient, NomadNotFound
-from drivers.nomad.jobs import TASK
+from hutch.core.errors import DriverFailure, HutchError
+from hutch.drivers.nomad.client import NomadClient, NomadNotFound
+from hutch.drivers.nomad.jobs import TASK
 
 PLACE_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from core import runtimes
-from core.errors import HutchError, InvalidInput
-from drivers.base import Metric, Resources
-from drivers.nomad.jobs import DEFAULT_MEMORY_MB, job_spec
+from hutch.core import runtimes
+from hutch.core.errors import HutchError, InvalidInput
+from hutch.drivers.base import Metric, Resources
+from hutch.drivers.nomad.jobs import DEFAULT_MEMORY_MB, job_spec
 
 if TYPE_CHECKING:
-    from drivers.nomad.client import NomadClient
+    from hutch.drivers.nomad.client import NomadClient
 
 log = logging.getLogger(__name__)
 

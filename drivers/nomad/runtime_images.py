@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core import runtimes
-from core.errors import RuntimeNotFound
-from core.runtimes import RuntimeRecipe
-from drivers.base import ProvisionRequest
-from drivers.builds import Builds
-from drivers.local import layers, rootfs
-from drivers.nomad import images
+from hutch.core import runtimes
+from hutch.core.errors import RuntimeNotFound
+from hutch.core.runtimes import RuntimeRecipe
+from hutch.drivers.base import ProvisionRequest
+from hutch.drivers.builds import Builds
+from hutch.drivers.local import layers, rootfs
+from hutch.drivers.nomad import images
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class RuntimeImages:
         if recipe.name not in self.available:
             raise RuntimeNotFound(
                 f"runtime {recipe.name} has no image in the registry {self.registry}; push it with: "
-                f"python -m drivers.nomad.images push {recipe.name} --registry {self.registry}", field="runtime")
+                f"python -m hutch.drivers.nomad.images push {recipe.name} --registry {self.registry}", field="runtime")
         return recipe
 
     async def layer(self, req: ProvisionRequest) -> str | None:

@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from core.errors import InvalidInput
-from drivers.base import Terminal, TerminalRequest
-from drivers.nomad.access import SandboxAccess
-from drivers.nomad.client import KILL_GRACE, STDIN_CHUNK, ExecFailed
-from drivers.nomad.execs import ENVELOPE, command_envelope, recover, refused
-from drivers.nomad.jobs import TASK
+from hutch.core.errors import InvalidInput
+from hutch.drivers.base import Terminal, TerminalRequest
+from hutch.drivers.nomad.access import SandboxAccess
+from hutch.drivers.nomad.client import KILL_GRACE, STDIN_CHUNK, ExecFailed
+from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, recover, refused
+from hutch.drivers.nomad.jobs import TASK
 
 if TYPE_CHECKING:
-    from drivers.nomad.client import NomadClient
+    from hutch.drivers.nomad.client import NomadClient
 
 _HANGUP_GRACE = 1.0  # seconds a hung-up session has to exit before its tree is killed
 _KILLED = 128 + 9  # what wait() says when no exit ever came (the sandbox went)

@@ -20,7 +20,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from core.errors import HutchError
 from hutch import _config
 from hutch.cli import (
     _checkpoints,  # checkpoint (ckpt), stats
@@ -49,6 +48,7 @@ from hutch.cli._sandbox import (  # the handlers, as hutch.cli has always offere
     cmd_runtime_list,
 )
 from hutch.cli._values import _int_in
+from hutch.core.errors import HutchError
 from hutch.errors import ConnectionFailed, SandboxError, Unauthorized
 
 __all__ = [
@@ -141,8 +141,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from api.app import run_server
-    from api.config import Config
+    from hutch.api.app import run_server
+    from hutch.api.config import Config
 
     try:
         config = Config.from_env(

@@ -15,8 +15,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from core.errors import HutchError
-from core.quantities import parse_duration
 from hutch.cli import _render as render
 from hutch.cli._common import (
     UsageError,
@@ -29,6 +27,8 @@ from hutch.cli._common import (
 )
 from hutch.cli._values import _int_in, duration_value, env_pair
 from hutch.client import ARCHIVE_FORMATS, SandboxClient
+from hutch.core.errors import HutchError
+from hutch.core.quantities import parse_duration
 from hutch.models import to_wire
 
 T = TypeVar("T")

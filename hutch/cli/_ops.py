@@ -45,7 +45,7 @@ def _log_and_store(p: argparse.ArgumentParser, store_help: str = "postgresql://â
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, str, Path]:
-    from api.config import Config
+    from hutch.api.config import Config
 
     config = Config.from_env(event_log=args.event_log, store=args.store, data_dir=args.data_dir)
     return config.event_log, config.store, config.data_dir
@@ -57,8 +57,8 @@ def _logging() -> None:
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
-    from api.composition import open_persistent_store
-    from projections.commands import run_projector, until_signalled
+    from hutch.api.composition import open_persistent_store
+    from hutch.projections.commands import run_projector, until_signalled
 
     event_log, store, data_dir = _settings(args)
     open_persistent_store(store)  # refuse a non-persistent store before connecting to anything
@@ -68,7 +68,7 @@ def cmd_projector(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from projections.commands import rebuild
+    from hutch.projections.commands import rebuild
 
     event_log, store, data_dir = _settings(args)
     _logging()
@@ -78,8 +78,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from projections.audit import DEFAULT_GROUP
-    from projections.commands import run_audit, until_signalled
+    from hutch.projections.audit import DEFAULT_GROUP
+    from hutch.projections.commands import run_audit, until_signalled
 
     event_log, store, data_dir = _settings(args)
     store = args.store or os.environ.get("HUTCH_AUDIT_STORE") or store

@@ -54,9 +54,9 @@ class Progress:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    from core import runtimes
-    from core.errors import HutchError, RuntimeNotFound
-    from drivers.local import rootfs
+    from hutch.core import runtimes
+    from hutch.core.errors import HutchError, RuntimeNotFound
+    from hutch.drivers.local import rootfs
 
     cache = args.cache or rootfs.default_cache()
     if args.all == bool(args.names):

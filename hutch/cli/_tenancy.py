@@ -81,7 +81,7 @@ def _org_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _limit(value: str | None, field: str) -> int | None:
-    from core.quantities import parse_bytes, parse_millicores
+    from hutch.core.quantities import parse_bytes, parse_millicores
 
     if value is None or value.lower() == "none":
         return None

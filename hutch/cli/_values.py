@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.errors import HutchError
-from core.quantities import parse_bytes, parse_duration, parse_millicores
+from hutch.core.errors import HutchError
+from hutch.core.quantities import parse_bytes, parse_duration, parse_millicores
 from hutch.models import FileToWrite
 
 

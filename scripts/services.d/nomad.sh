@@ -6,7 +6,7 @@
 #     both built from Go modules through the module proxy with this machine's Go, cached by
 #     version under $HUTCH_NOMAD_CACHE (a second start never rebuilds);
 #   - the runtime images: the same root filesystems the local driver uses (built by
-#     `python -m drivers.local.rootfs`), turned into OCI images with umoci and pushed with skopeo.
+#     `python -m hutch.drivers.local.rootfs`), turned into OCI images with umoci and pushed with skopeo.
 #
 #   nomad.sh start     # idempotent; installs/builds what is missing; waits for a ready client
 #                      # node; prints HUTCH_DRIVER=nomad and HUTCH_NOMAD_* settings on stdout
@@ -213,11 +213,11 @@ EOF
 images() {
   local name ref
   for name in $RUNTIMES; do
-    ref=$(cd "$repo" && $PY -m drivers.nomad.images ref "$name" --registry "$REGISTRY")
-    if ! (cd "$repo" && $PY -m drivers.nomad.images exists "$name" --registry "$REGISTRY"); then
+    ref=$(cd "$repo" && $PY -m hutch.drivers.nomad.images ref "$name" --registry "$REGISTRY")
+    if ! (cd "$repo" && $PY -m hutch.drivers.nomad.images exists "$name" --registry "$REGISTRY"); then
       local started=$SECONDS
-      (cd "$repo" && $PY -m drivers.local.rootfs build "$name") >&2
-      (cd "$repo" && $PY -m drivers.nomad.images push "$name" --registry "$REGISTRY") >&2
+      (cd "$repo" && $PY -m hutch.drivers.local.rootfs build "$name") >&2
+      (cd "$repo" && $PY -m hutch.drivers.nomad.images push "$name" --registry "$REGISTRY") >&2
       say "pushed $ref in $((SECONDS - started))s"
     fi
     if ! ctr_ images ls -q | grep -qxF "$ref"; then

@@ -8,9 +8,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from api.app import create_app
-from api.config import Config
-from api.keys import ENGINE
+from hutch.api.app import create_app
+from hutch.api.config import Config
+from hutch.api.keys import ENGINE
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
 KEY = "test-key"

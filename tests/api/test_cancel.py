@@ -9,7 +9,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from api.keys import ENGINE
+from hutch.api.keys import ENGINE
 from tests.api.conftest import AUTH, Api, AppFactory
 
 GRACE = 0.6

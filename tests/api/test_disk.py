@@ -9,8 +9,8 @@ import base64
 
 import pytest
 
-from api.config import Config
-from core.errors import InvalidInput
+from hutch.api.config import Config
+from hutch.core.errors import InvalidInput
 from tests.api.conftest import Api, AppFactory
 
 

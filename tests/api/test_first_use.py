@@ -15,8 +15,8 @@ import asyncio
 
 import pytest
 
-from api.keys import ENGINE
-from drivers.fake.driver import FakeDriver
+from hutch.api.keys import ENGINE
+from hutch.drivers.fake.driver import FakeDriver
 from tests.api.conftest import Api, AppFactory
 
 RUNTIME = "node:lts"

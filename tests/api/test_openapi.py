@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from api.openapi import document
+from hutch.api.openapi import document
 from tests.api.conftest import AppFactory
 
 COMPAT = Path(__file__).resolve().parents[1] / "compat"
@@ -83,8 +83,8 @@ def test_a_missing_route_would_be_caught(make_app_document: dict) -> None:  # ty
 
 @pytest.fixture
 def make_app_document(tmp_path: Path) -> dict:  # type: ignore[type-arg]
-    from api.app import create_app
-    from api.config import Config
+    from hutch.api.app import create_app
+    from hutch.api.config import Config
 
     return document(create_app(Config(data_dir=tmp_path / "data", api_key="k", driver="fake")))
 
@@ -109,7 +109,7 @@ async def test_a_wrong_method_on_a_cli_path_is_405_and_an_unknown_cli_call_501(m
 
 
 def test_the_main_routes_state_their_bodies_from_the_wire_schemas(make_app_document: dict) -> None:  # type: ignore[type-arg]
-    from api.wire_schemas import ROUTES, SCHEMAS
+    from hutch.api.wire_schemas import ROUTES, SCHEMAS
 
     doc = make_app_document
     assert doc["components"]["schemas"].keys() >= SCHEMAS.keys()

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from api.reads import Reads
-from api.recorder import Recorder
-from core.errors import InvalidInput, SnapshotNotFound
-from core.events import SandboxCreated, SandboxEnvChanged
-from core.lifecycle import ChangeEnv, Start
-from core.models import SandboxSpec, SandboxStatus, SnapshotStatus
-from core.snapshots import BeginBuild, DeleteSnapshot
-from eventlog.sqlite import SqliteEventLog
-from projections.memory import MemoryProjectionStore
-from projections.runner import Projector
+from hutch.api.reads import Reads
+from hutch.api.recorder import Recorder
+from hutch.core.errors import InvalidInput, SnapshotNotFound
+from hutch.core.events import SandboxCreated, SandboxEnvChanged
+from hutch.core.lifecycle import ChangeEnv, Start
+from hutch.core.models import SandboxSpec, SandboxStatus, SnapshotStatus
+from hutch.core.snapshots import BeginBuild, DeleteSnapshot
+from hutch.eventlog.sqlite import SqliteEventLog
+from hutch.projections.memory import MemoryProjectionStore
+from hutch.projections.runner import Projector
 
 Parts = tuple[Recorder, Reads, SqliteEventLog]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from api.keys import ENGINE
+from hutch.api.keys import ENGINE
 from tests.api.conftest import AUTH, Api, AppFactory
 
 

@@ -9,7 +9,7 @@ import base64
 import pytest
 import yarl
 
-from api.app import ENGINE
+from hutch.api.app import ENGINE
 from tests.api.conftest import AUTH, Api
 
 
@@ -271,7 +271,7 @@ async def test_provision_failure_is_recorded_not_half_made(make_api) -> None:  #
     engine.driver.fail_provision = "disk full"  # type: ignore[attr-defined]
     err = await api.call("POST", "/sandbox", json={}, expect=502)
     assert "disk full" in err["message"]
-    (sb,), total = await engine.store.list_sandboxes(__import__("projections.base").base.SandboxQuery(include_deleted=True))
+    (sb,), total = await engine.store.list_sandboxes(__import__("hutch.projections.base").projections.base.SandboxQuery(include_deleted=True))
     assert total == 1 and sb.status.value == "failed" and "disk full" in sb.reason
     assert engine.driver.sandboxes == {}  # type: ignore[attr-defined]
 

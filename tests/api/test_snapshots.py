@@ -284,7 +284,7 @@ async def test_snapshots_survive_a_restart(make_api) -> None:  # type: ignore[no
 
 
 async def test_abandoned_builds_are_cleared(api: Api) -> None:
-    from api.keys import ENGINE
+    from hutch.api.keys import ENGINE
 
     init = await api.data("POST", "/sandbox/snapshots/build", json={"runtime": "base:latest", "name": "gone"},
                           expect=201)

@@ -11,8 +11,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from api.keys import SSH_GATEWAY
-from api.sftp import SandboxSftp
+from hutch.api.keys import SSH_GATEWAY
+from hutch.api.sftp import SandboxSftp
 from tests.api.conftest import Api, AppFactory
 
 

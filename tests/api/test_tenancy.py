@@ -14,8 +14,8 @@ from typing import Any
 import asyncssh
 from aiohttp import web
 
-from api.tenancy import PUBLIC, access_of
-from core.tenancy import Access
+from hutch.api.tenancy import PUBLIC, access_of
+from hutch.core.tenancy import Access
 from tests.api.conftest import Api, AppFactory
 
 MARK = "alpha-private-7f3a"  # in A's names, env and files: must never show in B's answers

@@ -20,12 +20,12 @@ from typing import Any
 import attrs
 import pytest
 
-from api.composition import open_event_log
-from api.config import Config
-from api.service import now_iso
-from core.events import Event, SandboxCreated, SandboxStarted, encode
-from core.models import SandboxSpec
-from core.serde import converter
+from hutch.api.composition import open_event_log
+from hutch.api.config import Config
+from hutch.api.service import now_iso
+from hutch.core.events import Event, SandboxCreated, SandboxStarted, encode
+from hutch.core.models import SandboxSpec
+from hutch.core.serde import converter
 from tests.api.conftest import Api, AppFactory
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
@@ -119,8 +119,8 @@ def test_a_revocation_through_one_api_process_is_refused_by_another(tmp_path: Pa
 async def _old_store(dsn: str, events: list[Event]) -> None:
     import asyncpg
 
-    from projections.base import fold
-    from projections.postgres import migrations
+    from hutch.projections.base import fold
+    from hutch.projections.postgres import migrations
 
     sandboxes: dict[str, Any] = {}
     for event in events:
@@ -160,7 +160,7 @@ async def test_a_data_dir_from_before_tenancy_keeps_working(make_api: AppFactory
     config = Config(data_dir=data_dir, api_key="test-key", **profile)  # type: ignore[arg-type]
     log = open_event_log(config.event_log, data_dir)
     await log.start()
-    from eventlog import kafka_records, sqlite
+    from hutch.eventlog import kafka_records, sqlite
 
     for module in (kafka_records, sqlite):  # write as the old server did
         monkeypatch.setattr(module, "encode", _old_record)

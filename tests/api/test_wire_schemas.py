@@ -13,11 +13,11 @@ import attrs
 import jsonschema
 import pytest
 
-from api import wire
-from api.routes import checkpoints
-from api.wire_schemas import EXAMPLES, ROUTES, SCHEMAS, Schema
-from core import ids
-from core.models import (
+from hutch.api import wire
+from hutch.api.routes import checkpoints
+from hutch.api.wire_schemas import EXAMPLES, ROUTES, SCHEMAS, Schema
+from hutch.core import ids
+from hutch.core.models import (
     Checkpoint,
     Execution,
     ExecutionStatus,
@@ -32,7 +32,7 @@ from core.models import (
     SnapshotStatus,
     Timeouts,
 )
-from drivers.base import Usage
+from hutch.drivers.base import Usage
 from tests.api.conftest import AppFactory
 
 SBX, EXC, SNP, CKPT = (ids.new_id(kind) for kind in ("sandbox", "execution", "snapshot", "checkpoint"))

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from drivers.nomad import images
 from hutch import SyncSandboxClient
+from hutch.drivers.nomad import images
 from tests.cluster.conftest import CLIENTS, Cluster, spread_sandboxes, wait_status
 from tests.isolation import connect_probe
 from tests.isolation.test_local_network import fake_internet_running

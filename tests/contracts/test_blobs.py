@@ -13,11 +13,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-import blobs
-from blobs.files import FileBlobStore
-from blobs.postgres import PostgresBlobStore
-from core.blobs import CHUNK, BlobNotFound, BlobStore
-from core.errors import InvalidInput
+import hutch.blobs as blobs
+from hutch.blobs.files import FileBlobStore
+from hutch.blobs.postgres import PostgresBlobStore
+from hutch.core.blobs import CHUNK, BlobNotFound, BlobStore
+from hutch.core.errors import InvalidInput
 from tests.services import drop_database, fresh_database
 
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from core.errors import (
+from hutch.core.errors import (
     HutchError,
     IllegalTransition,
     NotSupported,
     RuntimeNotFound,
     SandboxNotFound,
 )
-from drivers.base import Driver, ExecRequest, ExecResult, FileToWrite
+from hutch.drivers.base import Driver, ExecRequest, ExecResult, FileToWrite
 from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
@@ -38,7 +38,7 @@ BACKENDS = ["fake", "local", "nomad"]
 @pytest.fixture(params=BACKENDS)
 async def driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
     if request.param == "fake":
-        from drivers.fake.driver import FakeDriver
+        from hutch.drivers.fake.driver import FakeDriver
 
         fake = FakeDriver()
         await fake.start()
@@ -260,7 +260,7 @@ async def test_background_processes_persist_and_do_not_block(local: Driver) -> N
 
 
 async def test_unbuilt_runtime_says_how_to_build(local: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
-    from drivers.local import rootfs
+    from hutch.drivers.local import rootfs
 
     monkeypatch.setattr(rootfs, "is_built", lambda cache, recipe: False)
     with pytest.raises(RuntimeNotFound, match=r"hutch runtime build base:latest"):
@@ -291,7 +291,7 @@ async def test_destroy_a_paused_sandbox(driver: Driver) -> None:
 
 
 async def test_missing_working_directory_is_invalid_input(local: Driver) -> None:
-    from core.errors import InvalidInput
+    from hutch.core.errors import InvalidInput
 
     sid = await provision(local)
     with pytest.raises(InvalidInput, match="no-such-dir"):

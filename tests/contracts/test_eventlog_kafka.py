@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from api.composition import open_event_log
-from core import ids
-from core.errors import LogUnavailable
-from eventlog.kafka import KafkaEventLog
+from hutch.api.composition import open_event_log
+from hutch.core import ids
+from hutch.core.errors import LogUnavailable
+from hutch.eventlog.kafka import KafkaEventLog
 from tests.contracts.test_eventlog import ev
 from tests.services import drop_topics, kafka_url
 

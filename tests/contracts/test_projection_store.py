@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from api.composition import open_store
-from core import ids
-from core.errors import NotSupported
-from core.events import (
+from hutch.api.composition import open_store
+from hutch.core import ids
+from hutch.core.errors import NotSupported
+from hutch.core.events import (
     Event,
     EventData,
     ExecutionFinished,
@@ -22,7 +22,7 @@ from core.events import (
     SnapshotFinalized,
     SnapshotTagged,
 )
-from core.models import (
+from hutch.core.models import (
     ExecutionStatus,
     Mode,
     SandboxSpec,
@@ -30,7 +30,7 @@ from core.models import (
     SnapshotFile,
     SnapshotStatus,
 )
-from projections.base import ProjectionStore, SandboxQuery, SnapshotQuery, StoreCapabilities
+from hutch.projections.base import ProjectionStore, SandboxQuery, SnapshotQuery, StoreCapabilities
 from tests.services import drop_database, fresh_database
 
 BACKENDS = ["memory", "postgres"]
@@ -279,7 +279,7 @@ async def test_a_store_binds_to_one_log_until_reset(store: ProjectionStore) -> N
 
 
 async def test_folds_organizations_projects_and_keys(store: ProjectionStore) -> None:
-    from core.tenancy import (
+    from hutch.core.tenancy import (
         LOCAL_ORG,
         KeyCreated,
         KeyRevoked,

@@ -15,12 +15,12 @@ from pathlib import Path
 import attrs
 import pytest
 
-from core.errors import LogMismatch, ProjectionUnavailable
-from core.eventlog.base import EventLog
-from core.events import Event
-from eventlog.sqlite import SqliteEventLog
-from projections.memory import MemoryProjectionStore
-from projections.runner import Projector
+from hutch.core.errors import LogMismatch, ProjectionUnavailable
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event
+from hutch.eventlog.sqlite import SqliteEventLog
+from hutch.projections.memory import MemoryProjectionStore
+from hutch.projections.runner import Projector
 from tests.contracts.test_eventlog import ev
 
 

@@ -155,7 +155,7 @@ def build_artifacts(out: Path, hutch_version: str, kafka_version: str) -> None:
     # The wheels of hutch and of everything it needs, for the clients' python3 (no index there).
     wheels = out.parent / "wheels"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w",
-                           str(wheels), str(REPO)], capture_output=True, text=True, timeout=300)
+                           str(wheels), f"{REPO}[server]"], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"pip wheel exited {proc.returncode}: {proc.stderr[-3000:]}")
     for name, files in ((f"hutch-wheels-{hutch_version}.tar.gz", wheels.glob("*.whl")),
@@ -223,7 +223,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Artifacts]:
 def base_image() -> None:
     """base:latest in the cluster's registry (pushed from this host's runtime cache if missing)."""
     registry = _setting("HUTCH_TEST_CLUSTER_REGISTRY")
-    images = [sys.executable, "-m", "drivers.nomad.images"]
+    images = [sys.executable, "-m", "hutch.drivers.nomad.images"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if run(*images, "exists", "base:latest", "--registry", registry, cwd=REPO, timeout=30, env=env,
            check=False).returncode != 0:

@@ -33,14 +33,14 @@ import aiohttp
 import attrs
 from aiohttp import web
 
-import eventlog.sqlite  # noqa: F401  (imported lazily by the server otherwise)
-import projections.memory  # noqa: F401
-from api.app import create_app
-from api.config import Config
-from core.errors import HutchError, NotSupported
-from drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
-from drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
-from drivers.local.driver import LocalDriver
+import hutch.eventlog.sqlite
+import hutch.projections.memory  # noqa: F401
+from hutch.api.app import create_app
+from hutch.api.config import Config
+from hutch.core.errors import HutchError, NotSupported
+from hutch.drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
+from hutch.drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
+from hutch.drivers.local.driver import LocalDriver
 from tests.isolation import channel_probe, connect_probe, terminal_probe
 
 PY = "python:3.13"

@@ -12,7 +12,7 @@ import json
 import re
 import textwrap
 
-from drivers.base import Driver, TerminalRequest
+from hutch.drivers.base import Driver, TerminalRequest
 
 PROBE = textwrap.dedent("""
     import ctypes, errno, json, os, sys

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from core import runtimes
-from core.errors import FileNotFound, HutchError, InvalidInput
-from drivers.base import ExecRequest
-from drivers.local import rootfs
-from drivers.local.checkpoints import copy_layer
-from drivers.local.driver import LocalDriver
+from hutch.core import runtimes
+from hutch.core.errors import FileNotFound, HutchError, InvalidInput
+from hutch.drivers.base import ExecRequest
+from hutch.drivers.local import rootfs
+from hutch.drivers.local.checkpoints import copy_layer
+from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import InvalidInput
-from drivers.base import ExecRequest, ExecResult, FileToWrite, Resources
-from drivers.local.driver import LocalDriver
+from hutch.core.errors import InvalidInput
+from hutch.drivers.base import ExecRequest, ExecResult, FileToWrite, Resources
+from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
@@ -308,7 +308,7 @@ async def test_host_files_are_invisible(driver: LocalDriver, sandbox: str) -> No
 
 
 async def test_runtime_root_is_read_only_and_unchanged(driver: LocalDriver, sandbox: str) -> None:
-    from drivers.local import rootfs
+    from hutch.drivers.local import rootfs
 
     lower = rootfs.rootfs_path(driver.runtime_cache, rootfs.lookup(PY))
     before = (lower / "etc/passwd").read_bytes()
@@ -570,8 +570,8 @@ async def test_restart_recovers_live_sandboxes_and_reaps_dead_ones(driver: Local
 
 
 async def test_runtime_promises_hold(driver: LocalDriver) -> None:
-    from core import runtimes
-    from drivers.local import rootfs
+    from hutch.core import runtimes
+    from hutch.drivers.local import rootfs
 
     # Every runtime built on this host (tests/runtimes checks the same in a fresh driver).
     for recipe in [r for r in runtimes.CATALOG if rootfs.is_built(driver.runtime_cache, r)]:

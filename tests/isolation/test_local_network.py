@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from drivers.base import ExecRequest, ProvisionRequest
-from drivers.local import network
-from drivers.local.driver import UID_BASE, LocalDriver
+from hutch.drivers.base import ExecRequest, ProvisionRequest
+from hutch.drivers.local import network
+from hutch.drivers.local.driver import UID_BASE, LocalDriver
 from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from drivers.nomad.driver import NomadDriver
+from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import start_nomad
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from drivers.base import ExecRequest
-from drivers.nomad.driver import NomadDriver
+from hutch.drivers.base import ExecRequest
+from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id, provision, start_nomad
 
 
@@ -44,14 +44,14 @@ async def test_create_claims_from_the_warm_pool_and_the_pool_refills(tmp_path: P
         assert took < 1.0, f"a claim took {took * 1000:.0f} ms"
         assert await echo(driver, sid, "warm") == "warm\n"
         await wait_for(lambda: pool()["ready"] == 2)  # refilled in the background
-        from api.routes.metrics import render
+        from hutch.api.routes.metrics import render
 
         text = render(driver.metrics()).splitlines()  # what GET /metrics shows of the pools
         assert 'hutch_nomad_pool_ready{runtime="base:latest"} 2' in text
         assert 'hutch_nomad_pool_target{runtime="base:latest"} 2' in text
         assert "hutch_nomad_pool_claims_total 1" in text and "# TYPE hutch_nomad_pool_claims_total counter" in text
         # A create with other resources cannot use the pool: it is scheduled cold.
-        from drivers.base import Resources
+        from hutch.drivers.base import Resources
 
         other = await provision(driver, resources=Resources(memory_bytes=128 * 2**20))
         assert driver.pool_metrics()["claims"] == 1 and driver.pool_metrics()["misses"] >= 1
@@ -116,7 +116,7 @@ async def test_a_restarted_driver_adopts_its_sandboxes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("limit_mb", [64])
 async def test_memory_limit_holds_and_the_sandbox_survives(tmp_path: Path, limit_mb: int) -> None:
-    from drivers.base import Resources
+    from hutch.drivers.base import Resources
 
     driver = await start_nomad(tmp_path / "data")
     try:
@@ -142,7 +142,7 @@ async def test_file_primitives_stay_inside_the_container(tmp_path: Path) -> None
         sid = await provision(driver)
         sink = Recorder()
         await driver.exec(ExecRequest(new_id("ex"), sid, ["ln", "-s", str(secret), "planted"]), sink)
-        from core.errors import FileNotFound
+        from hutch.core.errors import FileNotFound
 
         for path in ("planted", str(secret), f"../../..{secret}", f"/proc/1/root{secret}"):
             with pytest.raises(FileNotFound):
@@ -154,7 +154,7 @@ async def test_file_primitives_stay_inside_the_container(tmp_path: Path) -> None
             await driver.write_file(sid, "planted", once(), parents=False)
         assert secret.read_text() == "host only"
         # What the sandbox user cannot read in its own container, the API cannot either.
-        from core.errors import HutchError
+        from hutch.core.errors import HutchError
 
         with pytest.raises(HutchError):
             [c async for c in driver.read_file(sid, "/etc/shadow")]
@@ -186,7 +186,7 @@ def test_overlay_whiteouts_become_oci_whiteouts(tmp_path: Path) -> None:
     import os
     import stat
 
-    from drivers.nomad import images
+    from hutch.drivers.nomad import images
 
     tree = tmp_path / "upper"
     (tree / "usr/bin").mkdir(parents=True)

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from drivers.base import ExecRequest, ProvisionRequest, Resources
-from drivers.nomad.driver import NomadDriver
+from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
+from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id
 from tests.isolation import channel_probe, terminal_probe
 

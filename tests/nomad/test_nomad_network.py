@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import subprocess
 
-from drivers.base import ExecRequest, ProvisionRequest
-from drivers.nomad.driver import NomadDriver
+from hutch.drivers.base import ExecRequest, ProvisionRequest
+from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id
 from tests.isolation.test_local_network import (  # noqa: F401  (fixtures)
     INET_HOST,

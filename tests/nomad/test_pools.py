@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import InvalidInput
-from drivers.base import ProvisionRequest
-from drivers.nomad.driver import NomadDriver
-from drivers.nomad.pools import PoolSizing, pool_sizing_from_env
+from hutch.core.errors import InvalidInput
+from hutch.drivers.base import ProvisionRequest
+from hutch.drivers.nomad.driver import NomadDriver
+from hutch.drivers.nomad.pools import PoolSizing, pool_sizing_from_env
 from tests.drivers_support import start_nomad
 
 

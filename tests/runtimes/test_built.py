@@ -18,14 +18,14 @@ import attrs
 import pytest
 from pytest_aiohttp import AiohttpClient
 
-from api.app import create_app
-from api.config import Config
-from api.keys import ENGINE
-from core import runtimes
-from core.errors import DriverFailure
-from drivers.base import ExecRequest
-from drivers.local import rootfs
-from drivers.local.driver import LocalDriver
+from hutch.api.app import create_app
+from hutch.api.config import Config
+from hutch.api.keys import ENGINE
+from hutch.core import runtimes
+from hutch.core.errors import DriverFailure
+from hutch.drivers.base import ExecRequest
+from hutch.drivers.local import rootfs
+from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     RUNTIME_CACHE,
     TEST_RUNTIMES,

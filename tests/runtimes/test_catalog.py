@@ -8,9 +8,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from core import runtimes
-from core.errors import RuntimeNotFound
-from drivers.local import rootfs
+from hutch.core import runtimes
+from hutch.core.errors import RuntimeNotFound
+from hutch.drivers.local import rootfs
 
 SEED_RUNTIMES = {"base:latest", "bun:1", "node:latest", "node:lts", "python:3.13", "python:3.14",
                  "claude-code:latest", "amp:latest", "opencode:latest"}

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from api.app import create_app
-from api.config import Config
 from hutch import SandboxClient, errors
+from hutch.api.app import create_app
+from hutch.api.config import Config
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Start, kill and restart a real server process (``python -m api``) for system tests."""
+"""Start, kill and restart a real server process (``python -m hutch.api``) for system tests."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Server:
         self.env["HUTCH_PORT"] = str(self.port)
         with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "api"], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "hutch.api"], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -11,9 +11,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from api.composition import make_projector, open_event_log, open_store
-from api.config import Config
-from core.errors import InvalidInput
+from hutch.api.composition import make_projector, open_event_log, open_store
+from hutch.api.config import Config
+from hutch.core.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.egress import parse_allow
-from core.errors import InvalidInput
-from drivers import egress
+from hutch.core.egress import parse_allow
+from hutch.core.errors import InvalidInput
+from hutch.drivers import egress
 
 
 def test_entries_are_normalised_and_deduplicated() -> None:

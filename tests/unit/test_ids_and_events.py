@@ -5,9 +5,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core import ids
-from core.events import EVENT_TYPES, Event, ExecutionFinished, SandboxCreated, decode, encode
-from core.models import ExecutionStatus, Mode, Network, Resources, SandboxSpec, Timeouts
+from hutch.core import ids
+from hutch.core.events import EVENT_TYPES, Event, ExecutionFinished, SandboxCreated, decode, encode
+from hutch.core.models import ExecutionStatus, Mode, Network, Resources, SandboxSpec, Timeouts
 
 
 def test_ids_carry_the_seeds_prefixes() -> None:

@@ -5,9 +5,9 @@ from functools import reduce
 
 import pytest
 
-from core.errors import IllegalTransition
-from core.events import Event, EventData, SandboxCreated
-from core.lifecycle import (
+from hutch.core.errors import IllegalTransition
+from hutch.core.events import Event, EventData, SandboxCreated
+from hutch.core.lifecycle import (
     Command,
     Destroy,
     Fail,
@@ -18,7 +18,7 @@ from core.lifecycle import (
     decide,
     evolve_sandbox,
 )
-from core.models import ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.models import ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
 
 
 def fold(sb: Sandbox | None, payloads: Sequence[EventData]) -> Sandbox:
@@ -90,7 +90,7 @@ def test_destroy_and_fail_are_idempotent() -> None:
 
 
 def test_pause_and_resume() -> None:
-    from core.lifecycle import Pause, Resume
+    from hutch.core.lifecycle import Pause, Resume
 
     sb = step(step(new(), Start()), Pause(terminates_at="2026-01-02T00:00:00.000Z"))
     assert sb.status is SandboxStatus.PAUSED and sb.terminates_at == "2026-01-02T00:00:00.000Z"

@@ -4,8 +4,8 @@ The behaviour every backend shares is in tests/contracts/test_projection_store.p
 
 from __future__ import annotations
 
-from core import ids
-from core.events import (
+from hutch.core import ids
+from hutch.core.events import (
     Event,
     ExecutionFinished,
     ExecutionStarted,
@@ -13,9 +13,9 @@ from core.events import (
     SandboxStarted,
     SandboxTerminated,
 )
-from core.models import ExecutionStatus, SandboxSpec, SandboxStatus
-from projections.base import SandboxQuery
-from projections.memory import MemoryProjectionStore
+from hutch.core.models import ExecutionStatus, SandboxSpec, SandboxStatus
+from hutch.projections.base import SandboxQuery
+from hutch.projections.memory import MemoryProjectionStore
 
 
 def _events(n: int) -> list[Event]:

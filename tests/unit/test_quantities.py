@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.errors import InvalidInput
-from core.quantities import (
+from hutch.core.errors import InvalidInput
+from hutch.core.quantities import (
     format_bytes,
     format_duration,
     format_millicores,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import InvalidInput
-from core.events import (
+from hutch.core.errors import InvalidInput
+from hutch.core.events import (
     Event,
     EventData,
     SandboxStarted,
@@ -14,9 +14,16 @@ from core.events import (
     SnapshotFinalized,
     SnapshotTagged,
 )
-from core.models import SnapshotStatus
-from core.packages import check_dependencies, check_packages
-from core.snapshots import Ref, check_name, check_tag, evolve_snapshot, is_snapshot_event, parse_ref
+from hutch.core.models import SnapshotStatus
+from hutch.core.packages import check_dependencies, check_packages
+from hutch.core.snapshots import (
+    Ref,
+    check_name,
+    check_tag,
+    evolve_snapshot,
+    is_snapshot_event,
+    parse_ref,
+)
 
 
 @pytest.mark.parametrize(("raw", "ref"), [

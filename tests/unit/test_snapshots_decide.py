@@ -6,8 +6,8 @@ from functools import reduce
 
 import pytest
 
-from core.errors import IllegalTransition, InvalidInput, SnapshotNotFound
-from core.events import (
+from hutch.core.errors import IllegalTransition, InvalidInput, SnapshotNotFound
+from hutch.core.events import (
     Event,
     EventData,
     SandboxCreated,
@@ -16,9 +16,9 @@ from core.events import (
     SnapshotCreated,
     SnapshotFinalized,
 )
-from core.lifecycle import evolve_sandbox
-from core.models import Sandbox, SandboxSpec, Snapshot, SnapshotFile, SnapshotStatus
-from core.snapshots import (
+from hutch.core.lifecycle import evolve_sandbox
+from hutch.core.models import Sandbox, SandboxSpec, Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.snapshots import (
     BeginBuild,
     DeleteSnapshot,
     FinalizeBuild,
