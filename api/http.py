@@ -1,8 +1,9 @@
-"""HTTP helpers shared by the routes: the envelope, query parsing, JSON bodies."""
+"""HTTP helpers shared by the routes: the envelope, query parsing, JSON bodies, streamed answers."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -112,3 +113,31 @@ def base_url(request: web.Request) -> str:
     if configured:
         return configured.rstrip("/")
     return f"{request.scheme}://{request.host}"
+
+
+async def stream(request: web.Request, chunks: AsyncIterator[bytes], content_type: str, *,
+                 content_length: int | None = None, headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Answer with ``chunks`` as they come, flat in memory (each write waits for the socket).
+
+    The first chunk is pulled before answering, so an error raised on the way in (a missing
+    file) is still a JSON 4xx. With ``content_length`` (a stored archive whose size is known)
+    the answer says it; otherwise it is chunked. The source is closed however the answer ends.
+    """
+    try:
+        first = await anext(chunks, b"")
+        resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-store", **(headers or {})})
+        if content_length is None:
+            resp.enable_chunked_encoding()
+        else:
+            resp.content_length = content_length
+        await resp.prepare(request)
+        if first:
+            await resp.write(first)
+        async for chunk in chunks:
+            await resp.write(chunk)
+        await resp.write_eof()
+    finally:  # a client gone mid-answer must not leave the source (a driver read, a blob) open
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return resp

@@ -6,7 +6,6 @@ user; relative paths resolve to the workspace. Reads, downloads and uploads stre
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import stat
 from collections.abc import AsyncIterator
@@ -15,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api import archives, wire
-from hutch.api.http import json_body, ok, q_choice
+from hutch.api.http import json_body, ok, q_choice, stream
 from hutch.api.keys import CONFIG, ENGINE
 from hutch.core.errors import InvalidInput
 
@@ -47,22 +46,6 @@ async def _sandbox(request: web.Request) -> str:
     sandbox_id = request.match_info["sandbox_id"]
     await request.app[ENGINE].for_files(sandbox_id)
     return sandbox_id
-
-
-async def _stream(request: web.Request, chunks: AsyncIterator[bytes], content_type: str, **headers: str) -> web.StreamResponse:
-    """Pull the first chunk before answering, so an error (missing file) is still a JSON 4xx."""
-    first = b""
-    with contextlib.suppress(StopAsyncIteration):
-        first = await anext(chunks)
-    resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-store", **headers})
-    resp.enable_chunked_encoding()
-    await resp.prepare(request)
-    if first:
-        await resp.write(first)
-    async for chunk in chunks:
-        await resp.write(chunk)  # waits for the socket: backpressure, flat memory
-    await resp.write_eof()
-    return resp
 
 
 @routes.post("/fs/mkdir/{sandbox_id}")
@@ -119,7 +102,7 @@ async def download(request: web.Request) -> web.StreamResponse:
     await driver.list_files(sid, root)  # a missing path is a 404 before any byte is sent
     chunks = archives.zip_stream(driver, sid, root) if fmt == "zip" else archives.tar_gz(driver, sid, root, compress=fmt == "tar.gz")
     name = f"{sid}.{fmt}"
-    return await _stream(request, chunks, _CONTENT_TYPES[fmt], **{"Content-Disposition": f'attachment; filename="{name}"'})
+    return await stream(request, chunks, _CONTENT_TYPES[fmt], headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
 @routes.post("/fs/upload/{sandbox_id}")
@@ -159,7 +142,7 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 async def read_file(request: web.Request) -> web.StreamResponse:
     sid = await _sandbox(request)
     path = _path(request.query.get("path"))
-    return await _stream(request, request.app[ENGINE].driver.read_file(sid, path), "application/octet-stream")
+    return await stream(request, request.app[ENGINE].driver.read_file(sid, path), "application/octet-stream")
 
 
 @routes.patch("/sandbox/env/{sandbox_id}")

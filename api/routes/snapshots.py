@@ -3,14 +3,13 @@ public listing, and download of snapshots (api/snapshots.py does the work)."""
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 from typing import Any
 
 from aiohttp import web
 
 from hutch.api import wire
-from hutch.api.http import base_url, json_body, ok, q_choice, q_int
+from hutch.api.http import base_url, json_body, ok, q_choice, q_int, stream
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
 from hutch.api.snapshots import LINEAGE_MAX, unchanged
 from hutch.api.tenancy import PUBLIC, needs
@@ -170,18 +169,9 @@ async def download(request: web.Request) -> web.StreamResponse:
         size = (await archives.store.stat(archives.key(snapshot_id))).size
     except BlobNotFound:  # taken from an empty env-only build
         raise InvalidInput(f"snapshot {snapshot_id} has no files to download", field="snapshotId") from None
-    async with contextlib.aclosing(archives.read(snapshot_id)) as chunks:
-        first = await anext(chunks, b"")
-        resp = web.StreamResponse(headers={"Content-Type": "application/gzip",
-                                           "Content-Disposition": f'attachment; filename="{snapshot_id}.tar.gz"'})
-        resp.content_length = size  # an archive never changes once its snapshot is ready
-        await resp.prepare(request)
-        if first:
-            await resp.write(first)
-        async for chunk in chunks:
-            await resp.write(chunk)  # waits for the socket: backpressure, flat memory
-        await resp.write_eof()
-    return resp
+    # An archive never changes once its snapshot is ready: its stored size is the answer's length.
+    return await stream(request, archives.read(snapshot_id), "application/gzip", content_length=size,
+                        headers={"Content-Disposition": f'attachment; filename="{snapshot_id}.tar.gz"'})
 
 
 @routes.get("/sandbox/snapshots/{snapshot_id}")
