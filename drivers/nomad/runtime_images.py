@@ -83,18 +83,26 @@ class RuntimeImages:
     async def layer(self, req: ProvisionRequest) -> str | None:
         """Installs: the install layer (built on this host, as the local driver builds it, from
         the same runtime tree) becomes a derived image in the registry, once. Its key, or None
-        when the request installs nothing."""
+        when the request installs nothing.
+
+        The key is a hash of the recipe, so the registry is asked first: a layer any server of
+        the deployment pushed is used as it is, on a host that never built the runtime's tree
+        (another API server, or this one after its disk was lost)."""
         if not (req.dependencies or req.packages):
             return None
         recipe = runtimes.find(req.runtime)
         if recipe is None:
             raise RuntimeNotFound(f"unknown runtime {req.runtime!r}", field="runtime")
+        key = layers.layer_key(recipe, req.dependencies, req.packages)
+        if await asyncio.to_thread(images.exists, recipe, self.registry, key):
+            return key
         cache = rootfs.default_cache()
         if not rootfs.is_built(cache, recipe):
             raise RuntimeNotFound(f"installs on the nomad driver build on this host's copy of runtime {recipe.name}, "
                                   f"which is not built; {rootfs.build_hint(recipe.name, cache)}", field="runtime")
         async with self._install_lock:
-            key = await asyncio.to_thread(layers.build, recipe, cache, req.dependencies, req.packages, log=log.info)
+            built = await asyncio.to_thread(layers.build, recipe, cache, req.dependencies, req.packages, log=log.info)
+            assert built == key, "layers.build keys a layer by layers.layer_key"
             if not await asyncio.to_thread(images.exists, recipe, self.registry, key):
                 await asyncio.to_thread(images.push, recipe, self.registry, cache=cache, layer=key)
         return key

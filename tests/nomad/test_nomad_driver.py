@@ -5,6 +5,7 @@ listener, recovery after a restart. Against the real Nomad + containerd that
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hutch.core.errors import RuntimeNotFound
 from hutch.drivers.base import ExecRequest
 from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id, provision, start_nomad
@@ -227,3 +229,32 @@ async def test_an_archive_whose_stream_ends_after_tar_is_done_still_imports(tmp_
     finally:
         await driver.destroy(sid)
         await driver.close()
+
+
+async def test_an_install_layer_in_the_registry_needs_no_local_runtime_tree(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any API server of a deployment can place a sandbox whose install layer another server
+    pushed: the layer's image is keyed by its recipe, so a host without the runtime's tree
+    (another replica, or this one after losing its disk) finds it in the registry. Before,
+    it refused with RuntimeNotFound ("not built") although the image was there."""
+    from hutch.drivers.base import ProvisionRequest
+    from hutch.drivers.local import rootfs
+    from hutch.drivers.nomad.runtime_images import RuntimeImages
+
+    registry = os.environ["HUTCH_NOMAD_REGISTRY"]
+    req = ProvisionRequest("sbx_layertest", "base:latest", dependencies=("jq",))
+    builder = RuntimeImages(registry, rootfs.default_cache())
+    key = await builder.layer(req)  # built here (or found) and pushed
+    assert key is not None
+
+    empty = tmp_path / "no-runtimes"
+    empty.mkdir()
+    monkeypatch.setenv("HUTCH_RUNTIME_CACHE", str(empty))
+    elsewhere = RuntimeImages(registry, empty)
+    assert await elsewhere.layer(req) == key
+    assert list(empty.iterdir()) == []  # nothing was built or unpacked for it
+
+    # A layer nobody pushed still needs the tree, and says so.
+    other = ProvisionRequest("sbx_layertest", "base:latest", dependencies=("jq", "file"))
+    with pytest.raises(RuntimeNotFound, match="not built"):
+        await elsewhere.layer(other)
