@@ -69,11 +69,16 @@ net_up() {
 client_net_up() {
   local i=$1 ns; ns=$(netns "$i")
   [[ -e /run/netns/$ns ]] || ip netns add "$ns"
+  # A half-torn network (a killed stop, a namespace re-made under a surviving host end) leaves a
+  # host veth whose peer is gone: make the pair again rather than trust the name.
+  if ip link show "$ns" >/dev/null 2>&1 && ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+    ip link del "$ns"
+  fi
   if ! ip link show "$ns" >/dev/null 2>&1; then
     ip link add "$ns" type veth peer name eth0 netns "$ns"
-    ip link set "$ns" master "$BRIDGE"
-    ip -n "$ns" addr add "$(client_ip "$i")/24" dev eth0
   fi
+  ip link set "$ns" master "$BRIDGE"
+  ip -n "$ns" addr replace "$(client_ip "$i")/24" dev eth0
   ip link set "$ns" up
   ip -n "$ns" link set lo up
   ip -n "$ns" link set eth0 up
@@ -141,6 +146,7 @@ server_up() {
   stop_pid nomad INT
   mv "$STATE/agent.hcl.new" "$STATE/agent.hcl"
   rm -rf "$STATE/data"
+  FRESH_SERVER=1
   say "starting the cluster's Nomad server on $HOST_IP:$SERVER_PORT (log $STATE/nomad.log)"
   setsid "$(nomad_bin)" agent -config "$STATE/agent.hcl" >>"$STATE/nomad.log" 2>&1 </dev/null &
   echo $! >"$STATE/nomad.pid"
@@ -199,7 +205,7 @@ client_down() {
   STATE=$dir
   stop_pid nomad INT
   if pid_of containerd >/dev/null; then
-    local c=(ctr --address "$(sock "$i")" --namespace nomad)
+    local c=(timeout 20 ctr --address "$(sock "$i")" --namespace nomad)  # bounded: see ctr_bounded
     for id in $("${c[@]}" tasks ls -q 2>/dev/null); do "${c[@]}" tasks kill -a -s KILL "$id" >/dev/null 2>&1 || true; done
     sleep 0.2
     for id in $("${c[@]}" tasks ls -q 2>/dev/null); do "${c[@]}" tasks rm -f "$id" >/dev/null 2>&1 || true; done
@@ -282,7 +288,14 @@ start() {
   build
   net_up
   registry_up
+  FRESH_SERVER=0
   server_up
+  if ((FRESH_SERVER)); then
+    # A new server knows no allocation: clients that kept state from before (a power loss, a
+    # killed stop) would restore allocations whose containerd tasks are gone and that no server
+    # will ever place again. Start them from nothing too.
+    for i in $(seq "$CLIENTS"); do client_down "$i"; rm -rf "${ROOT:?}/c$i/data"; done
+  fi
   for i in $(seq "$CLIENTS"); do client_up "$i"; done
   wait_clients "$CLIENTS" 90
   say "cluster ready in $((SECONDS - started))s: server $HOST_IP:$SERVER_PORT, $CLIENTS clients ($(for i in $(seq "$CLIENTS"); do printf '%s ' "$(client_ip "$i")"; done)), registry $REGISTRY"

@@ -41,11 +41,17 @@ die() { say "$*"; exit 1; }
 
 [[ $EUID -eq 0 ]] || die "needs root (containerd, runc, cgroups); run as root"
 
+# A pidfile can outlive its process: after a power loss or a kill -9 of the whole machine's
+# services the pid may be free, a zombie, or recycled by some other program. Only a live process
+# whose command line names the service counts (nomad, containerd, docker-registry).
 pid_of() {  # name -> pid of a live process we started, from its pidfile
   local f="$STATE/$1.pid"
   [[ -f "$f" ]] || return 1
   local pid; pid=$(cat "$f")
-  kill -0 "$pid" 2>/dev/null || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  local state; state=$(awk '/^State:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || return 1
+  [[ -n "$state" && "$state" != Z && "$state" != X ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$1" || return 1
   echo "$pid"
 }
 
@@ -147,14 +153,17 @@ EOF
 }
 
 ctr_() { ctr --address "$CTRD_SOCK" --namespace "$CTRD_NS" "$@"; }
+# Clean-up calls are bounded: a task whose shim died answers UNKNOWN, and `tasks kill` on it can
+# block for minutes, which would hang `services stop` (and the next start) behind it.
+ctr_bounded() { timeout 20 ctr --address "$CTRD_SOCK" --namespace "$CTRD_NS" "$@"; }
 
 # Containers a dead Nomad left behind (dev mode forgets its allocations when it stops).
 remove_containers() {
   local id
-  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -a -s KILL "$id" >/dev/null 2>&1 || true; done
+  for id in $(ctr_bounded tasks ls -q 2>/dev/null); do ctr_bounded tasks kill -a -s KILL "$id" >/dev/null 2>&1 || true; done
   sleep 0.2
-  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks rm -f "$id" >/dev/null 2>&1 || true; done
-  for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers rm "$id" >/dev/null 2>&1 || true; done
+  for id in $(ctr_bounded tasks ls -q 2>/dev/null); do ctr_bounded tasks rm -f "$id" >/dev/null 2>&1 || true; done
+  for id in $(ctr_bounded containers ls -q 2>/dev/null); do ctr_bounded containers rm "$id" >/dev/null 2>&1 || true; done
 }
 
 # What a Nomad dev client killed without a stop leaves behind: its allocations' mounts

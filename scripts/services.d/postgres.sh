@@ -38,7 +38,9 @@ install() {
 running_pid() {
   [[ -f "$DATA/postmaster.pid" ]] || return 1
   local pid; pid=$(head -n 1 "$DATA/postmaster.pid")
-  kill -0 "$pid" 2>/dev/null || return 1
+  # A pidfile left by a power loss may name a pid some other program now holds.
+  [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q postgres || return 1
   echo "$pid"
 }
 
