@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, Unpack, get_args
 
 from hutch._stdin import piped_stdin
 from hutch.cli import _render as render
@@ -43,18 +43,11 @@ from hutch.cli._values import (  # argparse `type=` parsers
 )
 from hutch.client import SandboxClient, SandboxOptions
 from hutch.errors import ConnectionFailed, SandboxError, Unauthorized
-from hutch.models import Network, Resources, Timeouts, to_wire
+from hutch.models import Network, Resources, SandboxStatus, Timeouts, to_wire
 
-SANDBOX_STATUSES = (
-    "creating",
-    "idle",
-    "running",
-    "paused",
-    "stopping",
-    "suspended",
-    "terminated",
-    "failed",
-)
+# What `ls --status` filters by: every status the SDK knows but "deleted" (a deleted sandbox is
+# not listed), from the one Literal so a new status cannot be missed here.
+SANDBOX_STATUSES = tuple(s for s in get_args(SandboxStatus) if s != "deleted")
 MODES = ("oneshot", "interactive")
 SANDBOX_SORTS = ("name", "created", "updated", "status", "mode", "execution_count")
 RUNTIME_SORTS = ("name", "created")
