@@ -37,7 +37,7 @@ import attrs
 from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
-from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from hutch.core.models import Execution, Sandbox, Snapshot, SnapshotStatus
 from hutch.core.serde import converter
 from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
@@ -51,6 +51,7 @@ from hutch.projections.base import (
     fold,
     is_tenancy_event,
 )
+from hutch.projections.postgres_sql import LOAD, WRITE, where_clause
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -117,65 +118,6 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
             await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
             applied.append(name)
     return applied
-
-
-# The position and the state a batch touches, in one round trip (kind p / s / e).
-_LOAD = """
-SELECT 'p' AS kind, NULL AS id, NULL AS sandbox_id, position AS seq, NULL::jsonb AS doc
-  FROM projection_position WHERE projection = $1
-UNION ALL
-SELECT 's', sandbox_id, sandbox_id, 0, doc FROM sandboxes WHERE sandbox_id = ANY($3)
-UNION ALL
-SELECT 'e', execution_id, sandbox_id, seq, doc FROM executions
- WHERE execution_id = ANY($2) OR (sandbox_id = ANY($3) AND NOT is_final)
-UNION ALL
-SELECT 'n', snapshot_id, snapshot_id, 0, doc FROM snapshots WHERE snapshot_id = ANY($4)
-UNION ALL
-SELECT 't', id, kind, 0, doc FROM tenancy WHERE $5
-"""
-
-# Rows and position in one statement: nothing is written unless the position is still $2.
-_WRITE = """
-WITH moved AS (
-  UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2 RETURNING position
-), sandbox_rows AS (
-  INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, org_id, created_at, updated_at, doc)
-  SELECT r.sandbox_id, r.status, r.is_final, r.name, r.mode, r.project_id, r.org_id, r.created_at, r.updated_at,
-         r.doc
-    FROM jsonb_to_recordset($4::jsonb) AS r(sandbox_id text, status text, is_final boolean, name text,
-         mode text, project_id text, org_id text, created_at text, updated_at text, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
-     name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,
-     created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc
-), execution_rows AS (
-  INSERT INTO executions (execution_id, sandbox_id, seq, status, is_final, doc)
-  SELECT r.execution_id, r.sandbox_id, r.seq, r.status, r.is_final, r.doc
-    FROM jsonb_to_recordset($5::jsonb) AS r(execution_id text, sandbox_id text, seq bigint, status text,
-         is_final boolean, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (execution_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
-     doc = EXCLUDED.doc
-), snapshot_rows AS (
-  INSERT INTO snapshots (snapshot_id, status, name, tag, public, source_sandbox_id, content_hash, size_bytes,
-                         file_count, org_id, created_at, doc)
-  SELECT r.snapshot_id, r.status, r.name, r.tag, r.public, r.source_sandbox_id, r.content_hash, r.size_bytes,
-         r.file_count, r.org_id, r.created_at, r.doc
-    FROM jsonb_to_recordset($7::jsonb) AS r(snapshot_id text, status text, name text, tag text, public boolean,
-         source_sandbox_id text, content_hash text, size_bytes bigint, file_count bigint, org_id text,
-         created_at text, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (snapshot_id) DO UPDATE SET status = EXCLUDED.status, name = EXCLUDED.name, tag = EXCLUDED.tag,
-     public = EXCLUDED.public, size_bytes = EXCLUDED.size_bytes, file_count = EXCLUDED.file_count,
-     doc = EXCLUDED.doc
-), tenancy_rows AS (
-  INSERT INTO tenancy (kind, id, org_id, doc)
-  SELECT r.kind, r.id, r.org_id, r.doc FROM jsonb_to_recordset($8::jsonb) AS r(kind text, id text, org_id text, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (kind, id) DO UPDATE SET doc = EXCLUDED.doc
-)
-SELECT pg_notify($6, position::text) IS NOT NULL FROM moved
-"""
 
 
 def _json_default(value: object) -> object:
@@ -281,7 +223,7 @@ class PostgresProjectionStore(ProjectionStore):
         while True:
             # Taken before the read: every write that finished before now is in its snapshot.
             floor = self._floor
-            rows = await conn.fetch(_LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
+            rows = await conn.fetch(LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
             start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
             if start < floor:
                 self._floor = start  # said once; the caller feeds the log again from start
@@ -293,7 +235,7 @@ class PostgresProjectionStore(ProjectionStore):
             position = todo[-1].position or start
             changed = _fold_batch(rows, todo)
             moved = await conn.fetchval(
-                _WRITE, PROJECTION, start, position, _json(changed.sandbox_rows()), _json(changed.execution_rows()),
+                WRITE, PROJECTION, start, position, _json(changed.sandbox_rows()), _json(changed.execution_rows()),
                 NOTIFY_CHANNEL, _json(changed.snapshot_rows()), _json(changed.tenancy_rows()),
             )
             if moved:
@@ -359,7 +301,7 @@ class PostgresProjectionStore(ProjectionStore):
 
     @_read_once_more
     async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
-        where, args = _where(query)
+        where, args = where_clause(query)
         sort = _SORT.get(query.sort, _SORT["createdAt"])
         direction = "DESC" if query.direction == "desc" else "ASC"
         sql_where = (" WHERE " + " AND ".join(where)) if where else ""
@@ -469,7 +411,7 @@ def _tenancy_key(record: TenancyRecord) -> tuple[str, str]:
 
 
 def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
-    """A directory from ``tenancy`` rows (their kind in the ``sandbox_id`` column of _LOAD)."""
+    """A directory from ``tenancy`` rows (their kind in the ``sandbox_id`` column of LOAD)."""
     found = Directory()
     for r in rows:
         found.put(converter.structure(json.loads(r["doc"]) if isinstance(r["doc"], str) else r["doc"],
@@ -478,7 +420,7 @@ def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
 
 @attrs.define
 class _Changed:
-    """The rows a batch of events changed, and their ``_WRITE`` parameters."""
+    """The rows a batch of events changed, and their ``WRITE`` parameters."""
 
     sandboxes: dict[str, Sandbox] = attrs.field(factory=dict)
     executions: dict[str, Execution] = attrs.field(factory=dict)
@@ -517,7 +459,7 @@ class _Changed:
 
 
 def _fold_batch(rows: Sequence[asyncpg.Record], todo: Sequence[Event]) -> _Changed:
-    """Fold ``todo`` into the state ``_LOAD`` read (``rows``); what changed."""
+    """Fold ``todo`` into the state ``LOAD`` read (``rows``); what changed."""
     sandboxes = {r["id"]: _sandbox(r) for r in rows if r["kind"] == "s"}
     exec_rows = sorted((r for r in rows if r["kind"] == "e"), key=lambda r: r["seq"])
     executions = {r["id"]: _execution(r) for r in exec_rows}
@@ -545,37 +487,3 @@ def _fold_batch(rows: Sequence[asyncpg.Record], todo: Sequence[Event]) -> _Chang
             changed.executions[ex.execution_id] = ex
             changed.seqs.setdefault(ex.execution_id, e.position or 0)
     return changed
-
-
-def _where(q: SandboxQuery) -> tuple[list[str], list[Any]]:
-    """The filters of ``projections.base.matches``, in SQL."""
-    where: list[str] = []
-    args: list[Any] = []
-
-    def arg(value: Any) -> str:
-        args.append(value)
-        return f"${len(args)}"
-
-    if q.org_id is not None:
-        where.append(f"org_id = {arg(q.org_id)}")
-    if q.projects:
-        where.append(f"project_id = ANY({arg(list(q.projects))})")
-    if q.deleted_only:
-        where.append(f"status = {arg(SandboxStatus.DELETED.value)}")
-    elif not q.include_deleted and q.status != "deleted":
-        where.append(f"status <> {arg(SandboxStatus.DELETED.value)}")
-    if q.status:
-        where.append(f"status = {arg(q.status)}")
-    if q.live is True:
-        where.append("NOT is_final")
-    elif q.live is False:
-        where.append("is_final")
-    if q.name:
-        where.append(f"name = {arg(q.name)}")
-    if q.mode:
-        where.append(f"mode = {arg(q.mode)}")
-    if q.project_id:
-        where.append(f"project_id = {arg(q.project_id)}")
-    if q.snapshot_id:
-        where.append(f"doc->'spec'->>'snapshotId' = {arg(q.snapshot_id)}")
-    return where, args
