@@ -13,6 +13,14 @@ saw it hold (commits lost in a crash â€” commits do not wait for the WAL flush â
 backup, a reset) raises ``StoreBehind`` and the projector follows the log again from the
 store's position: such losses are repaired from the log, never skipped.
 
+A batch the store refuses (``EventRefused``: a value PostgreSQL cannot hold, such as a NUL
+in text or jsonb, or a fold that raised on a malformed event) is applied again event by
+event; the event refused on its own is recorded in ``projection_skipped`` and the position
+moves past it in one statement, so one poison event cannot hold back every later write.
+Only SQLSTATE classes that blame the data refuse (see ``_REFUSING``); a store that cannot
+be reached (connection refused or lost, pool closed, timeout, shutdown) raises
+``StoreUnavailable`` and the projector retries the same events.
+
 Each write NOTIFYs ``hutch_projection`` with the new position; a process that does not
 run a projector itself can ``wait_for`` a position without polling.
 
@@ -27,7 +35,7 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
 
@@ -43,15 +51,18 @@ from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
 from hutch.projections.base import (
     SNAPSHOT_SORTS,
+    EventRefused,
     ProjectionStore,
     SandboxQuery,
+    SkippedEvent,
     SnapshotQuery,
     StoreBehind,
     StoreCapabilities,
     fold,
     is_tenancy_event,
+    skipped_event,
 )
-from hutch.projections.postgres_sql import LOAD, WRITE, where_clause
+from hutch.projections.postgres_sql import LOAD, SKIP, SKIPPED, WRITE, where_clause
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -62,6 +73,11 @@ NOTIFY_CHANNEL = "hutch_projection"
 _MIGRATION_LOCK = 0x68757463  # "hutc": one advisory-lock key for every hutch migration run
 # Events per transaction when applying a backlog (a rebuild, a projector catching up).
 APPLY_CHUNK = 500
+# SQLSTATE classes that blame what the events make, not the store: data exceptions (22: a NUL
+# in text or jsonb, a number out of range), integrity constraints (23), program limits (54: a
+# value too large for a row). Every other class is the store being away or busy (08
+# connection, 57 shutdown or timeout, 53 resources, 40 serialization): retried, never skipped.
+_REFUSING = ("22", "23", "54")
 _SORT = {
     "createdAt": "created_at",
     "updatedAt": "updated_at",
@@ -202,7 +218,46 @@ class PostgresProjectionStore(ProjectionStore):
     async def apply(self, events: Sequence[Event]) -> None:
         for i in range(0, len(events), APPLY_CHUNK):
             async with self._conn() as conn:
-                await self._apply_in(conn, events[i : i + APPLY_CHUNK])
+                await self._apply_stepping(conn, events[i : i + APPLY_CHUNK])
+
+    async def _apply_stepping(self, conn: asyncpg.Connection, events: Sequence[Event]) -> int:
+        """``_apply_in``, stepping over poison: a batch the store refuses is applied again event
+        by event, and an event refused on its own is recorded and skipped. Inside a transaction
+        (``rebuild``) each try runs under a savepoint: a refused statement aborts only that."""
+        try:
+            async with _savepoint(conn):
+                return await self._apply_in(conn, events)
+        except EventRefused as refused:
+            if len(events) == 1:
+                return await self._skip_in(conn, events[0], refused)
+            log.warning("projection store refused the batch at log positions %s-%s (%s); applying it event "
+                        "by event", events[0].position, events[-1].position, refused)
+        position = 0
+        for event in events:
+            position = await self._apply_stepping(conn, [event])
+        return position
+
+    async def _skip_in(self, conn: asyncpg.Connection, event: Event, refused: EventRefused) -> int:
+        """Record ``event`` in ``projection_skipped`` and move the position past it, unless another
+        projector did so (or applied it) first; returns the position."""
+        skip = skipped_event(event, refused.__cause__ or refused)
+        while True:
+            start = int(await conn.fetchval(
+                "SELECT position FROM projection_position WHERE projection = $1", PROJECTION))
+            if start >= skip.position:
+                self._floor = max(self._floor, start)
+                return start
+            if await conn.fetchval(SKIP, PROJECTION, start, skip.position, skip.event_id, skip.sandbox_id,
+                                   skip.type, skip.error, skip.skipped_at, NOTIFY_CHANNEL):
+                self._floor = max(self._floor, skip.position)
+                return skip.position
+
+    @_read_once_more
+    async def skipped(self, limit: int = 100) -> tuple[list[SkippedEvent], int]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(SKIPPED, limit)
+            total = int(await conn.fetchval("SELECT count(*) FROM projection_skipped"))
+        return [SkippedEvent(**dict(r)) for r in rows], total
 
     async def _apply_in(self, conn: asyncpg.Connection, events: Sequence[Event]) -> int:
         """Fold ``events`` and write the result with the new position; returns the position.
@@ -223,7 +278,8 @@ class PostgresProjectionStore(ProjectionStore):
         while True:
             # Taken before the read: every write that finished before now is in its snapshot.
             floor = self._floor
-            rows = await conn.fetch(LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
+            with _refusals("the ids"):  # a NUL in an id is refused as a query argument
+                rows = await conn.fetch(LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
             start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
             if start < floor:
                 self._floor = start  # said once; the caller feeds the log again from start
@@ -233,11 +289,15 @@ class PostgresProjectionStore(ProjectionStore):
                 self._floor = max(self._floor, start)
                 return start
             position = todo[-1].position or start
-            changed = _fold_batch(rows, todo)
-            moved = await conn.fetchval(
-                WRITE, PROJECTION, start, position, _json(changed.sandbox_rows()), _json(changed.execution_rows()),
-                NOTIFY_CHANNEL, _json(changed.snapshot_rows()), _json(changed.tenancy_rows()),
-            )
+            try:
+                changed = _fold_batch(rows, todo)
+                rows_json = (_json(changed.sandbox_rows()), _json(changed.execution_rows()),
+                             _json(changed.snapshot_rows()), _json(changed.tenancy_rows()))
+            except Exception as err:  # pure Python: it raised on what the events hold
+                raise EventRefused(f"folding the events raised {type(err).__name__}: {err}") from err
+            with _refusals("the rows"):
+                moved = await conn.fetchval(WRITE, PROJECTION, start, position, rows_json[0], rows_json[1],
+                                            NOTIFY_CHANNEL, rows_json[2], rows_json[3])
             if moved:
                 self._floor = max(self._floor, position)
                 return position
@@ -266,6 +326,7 @@ class PostgresProjectionStore(ProjectionStore):
         await conn.execute("DELETE FROM sandboxes")
         await conn.execute("DELETE FROM snapshots")
         await conn.execute("DELETE FROM tenancy")
+        await conn.execute("DELETE FROM projection_skipped")
         await conn.execute("UPDATE projection_position SET position = 0, log_identity = NULL WHERE projection = $1",
                            PROJECTION)
 
@@ -282,10 +343,10 @@ class PostgresProjectionStore(ProjectionStore):
                                    PROJECTION, log_identity)
             if hasattr(batches, "__aiter__"):
                 async for batch in batches:
-                    position = await self._apply_in(conn, batch)
+                    position = await self._apply_stepping(conn, batch)
             else:
                 for batch in batches:
-                    position = await self._apply_in(conn, batch)
+                    position = await self._apply_stepping(conn, batch)
         return position
 
     # ---------------------------------------------------------------- reads
@@ -394,6 +455,27 @@ class PostgresProjectionStore(ProjectionStore):
                 await asyncio.wait_for(advanced.wait(), timeout)
             finally:
                 await conn.remove_listener(NOTIFY_CHANNEL, on_notify)
+
+
+@contextlib.contextmanager
+def _refusals(what: str) -> Iterator[None]:
+    """Turn PostgreSQL refusing what the events hold into ``EventRefused``; anything else (the
+    store away or busy) passes as it is. asyncpg's own ``DataError`` (an argument it cannot
+    encode, such as a lone surrogate) is an InterfaceError *and* a ValueError; the
+    InterfaceErrors of a lost connection or a closed pool are no ValueErrors."""
+    try:
+        yield
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as err:
+        data = isinstance(err, ValueError) or (getattr(err, "sqlstate", None) or "")[:2] in _REFUSING
+        if not data:
+            raise
+        raise EventRefused(f"PostgreSQL refused {what}: {type(err).__name__}: {err}") from err
+
+
+def _savepoint(conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[Any]:
+    """A savepoint inside a transaction (a refused statement then aborts only it); outside one
+    each statement is its own transaction already."""
+    return conn.transaction() if conn.is_in_transaction() else contextlib.nullcontext()
 
 
 TenancyRecord = Record

@@ -70,6 +70,25 @@ WITH moved AS (
 SELECT pg_notify($6, position::text) IS NOT NULL FROM moved
 """
 
+# Step over one event the store refused on its own: record it and move the position past it,
+# in one statement, on the same condition as _WRITE ($2: the position read; $3: the event's).
+SKIP = """
+WITH moved AS (
+  UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2 RETURNING position
+), recorded AS (
+  INSERT INTO projection_skipped (position, event_id, sandbox_id, type, error, skipped_at)
+  SELECT $3, $4, $5, $6, $7, $8::text::timestamptz WHERE EXISTS (SELECT 1 FROM moved)
+  ON CONFLICT (position) DO NOTHING
+)
+SELECT pg_notify($9, position::text) IS NOT NULL FROM moved
+"""
+
+SKIPPED = """
+SELECT position, event_id, sandbox_id, type, error,
+       to_char(skipped_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS skipped_at
+  FROM projection_skipped ORDER BY position LIMIT $1
+"""
+
 
 def where_clause(q: SandboxQuery) -> tuple[list[str], list[Any]]:
     """The filters of ``projections.base.matches``, in SQL."""
