@@ -6,6 +6,13 @@ an event at or below the tracked position is ignored, so replays never double-ap
 and a crash between events never skips one. Every backend passes
 ``tests/contracts/test_projection_store.py``.
 
+A poison event (one whose state the store cannot hold, such as a NUL character PostgreSQL
+refuses in text, or one the fold raises on) must not stop the projections: every later
+write would wait for it in vain. ``apply`` steps over an event the store refuses *on its
+own* (``EventRefused``), records it (``skipped``) and moves the position past it. A store
+that cannot be reached is a different thing: that raises, and the caller retries the same
+events; those are never skipped.
+
 Abilities beyond the required methods are declared in ``StoreCapabilities`` (as a driver
 declares its ``Capabilities``); the optional methods raise ``NotSupported`` unless a backend
 declares and implements them.
@@ -14,6 +21,8 @@ declares and implements them.
 from __future__ import annotations
 
 import abc
+import datetime
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -24,6 +33,8 @@ from hutch.core.events import Event
 from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
 from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
 from hutch.core.tenancy import TENANCY_EVENTS, Directory
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -100,6 +111,49 @@ class StoreBehind(Exception):
         self.expected = expected
 
 
+class EventRefused(Exception):
+    """The store cannot hold what these events make (a value its columns refuse, a fold that
+    raised on a malformed event): nothing of them was written. Never raised for a store that
+    is away (that is retried, see ``ProjectionStore.apply``)."""
+
+
+@attrs.frozen
+class SkippedEvent:
+    """An event ``apply`` stepped over because the store refused it on its own."""
+
+    position: int
+    event_id: str
+    sandbox_id: str
+    type: str
+    error: str  # why the store refused it
+    skipped_at: str  # ISO 8601, UTC
+
+
+# The longest reason kept for a skipped event: a driver's error can quote a whole document.
+MAX_SKIP_ERROR = 2000
+
+
+def _printable(text: str, limit: int) -> str:
+    """``text`` as any store can hold it: the NUL that made the event poison must not make its
+    record poison too, nor a lone surrogate (both shown escaped)."""
+    text = text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def skipped_event(event: Event, err: BaseException) -> SkippedEvent:
+    """The record of stepping over ``event``; logged as an error (operators look for these)."""
+    reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    skip = SkippedEvent(
+        position=event.position or 0, event_id=_printable(event.event_id, 200),
+        sandbox_id=_printable(event.sandbox_id, 200), type=_printable(event.type, 100),
+        error=_printable(reason, MAX_SKIP_ERROR),
+        skipped_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    )
+    log.error("projection store refused event %s (%s of %s) at log position %d; stepped over it: %s",
+              skip.event_id, skip.type, skip.sandbox_id, skip.position, skip.error)
+    return skip
+
+
 @attrs.frozen
 class StoreCapabilities:
     """What a store can do beyond the required methods; callers check these flags, never the
@@ -137,7 +191,15 @@ class ProjectionStore(abc.ABC):
 
     @abc.abstractmethod
     async def apply(self, events: Sequence[Event]) -> None:
-        """Fold events in log order; skip any at or below ``position()``."""
+        """Fold events in log order; skip any at or below ``position()``. An event the store
+        refuses on its own is stepped over: recorded in ``skipped``, logged as an error, and
+        the position moves past it, so later events apply and their writers' waits end. A
+        store that cannot be reached raises instead (the caller retries these events)."""
+
+    @abc.abstractmethod
+    async def skipped(self, limit: int = 100) -> tuple[list[SkippedEvent], int]:
+        """The events ``apply`` stepped over, oldest first (at most ``limit``), and how many
+        there are in all. ``reset`` forgets them; a rebuild records them again."""
 
     @abc.abstractmethod
     async def get_sandbox(self, sandbox_id: str) -> Sandbox | None: ...

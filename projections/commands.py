@@ -103,11 +103,12 @@ async def rebuild(event_log_url: str, store_url: str, data_dir: Path) -> dict[st
                 async for batch in counted():
                     await store.apply(batch)
                 position = await store.position()
+            _, skipped = await store.skipped(limit=0)  # events the store refused, stepped over
         finally:
             await store.close()
     finally:
         await event_log.close()
-    return {"events": count, "position": position, "log": identity, "seconds": round(time.monotonic() - started, 3)}
+    return {"events": count, "position": position, "skipped": skipped, "log": identity, "seconds": round(time.monotonic() - started, 3)}
 
 
 async def run_audit(

@@ -1,5 +1,9 @@
 """The embedded projection store: dictionaries, rebuilt from the log at every start.
 
+It has no columns to refuse a value, but an event the fold raises on (a malformed one,
+written by another writer or an older version) is stepped over all the same, its partial
+changes undone, and listed by ``skipped`` (see ``projections.base``).
+
 Deleted sandboxes (and their executions) move to an on-disk archive (projections/ended.py):
 what a long-running server keeps in memory is what is alive, not everything it ever ran.
 """
@@ -7,23 +11,33 @@ what a long-running server keeps in memory is what is alive, not everything it e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from hutch.core.events import Event
+from hutch.core.lifecycle import execution_id_of
 from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot
 from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import Directory
 from hutch.projections.base import (
     ProjectionStore,
     SandboxQuery,
+    SkippedEvent,
     SnapshotQuery,
     fold,
     is_tenancy_event,
     matches,
+    skipped_event,
     snapshot_matches,
     snapshot_sort_key,
     sort_key,
 )
 from hutch.projections.ended import EndedArchive
+
+_V = TypeVar("_V")
+
+
+class _Refused(Exception):
+    """The fold raised on an event (its ``__cause__``)."""
 
 
 class MemoryProjectionStore(ProjectionStore):
@@ -39,6 +53,7 @@ class MemoryProjectionStore(ProjectionStore):
         self._log: str | None = None
         self._directory = Directory()
         self._ended = EndedArchive()
+        self._skipped: list[SkippedEvent] = []
 
     async def close(self) -> None:
         self._ended.close()
@@ -58,18 +73,59 @@ class MemoryProjectionStore(ProjectionStore):
             assert event.position is not None, "only events read from the log can be applied"
             if event.position <= self._position:
                 continue
-            if is_tenancy_event(event):
+            try:
+                self._fold(event)
+            except _Refused as refused:  # the fold raised on this event: step over it
+                self._skipped.append(skipped_event(event, refused.__cause__ or refused))
+            self._position = event.position
+
+    def _fold(self, event: Event) -> None:
+        try:
+            if is_tenancy_event(event):  # Directory.apply builds every record before it puts one
                 self._directory.apply(event.sandbox_id, event.created_at, event.data)
-            elif is_snapshot_event(event):
+                return
+            if is_snapshot_event(event):
                 snap = evolve_snapshot(self._snapshots.get(event.sandbox_id), event)
                 if snap is not None:
                     self._snapshots[event.sandbox_id] = snap
+                return
+        except Exception as err:
+            raise _Refused from err
+        # The archive is a file, and a full disk is no poison: its errors are not refusals.
+        self._revive(event.sandbox_id)
+        try:
+            self._fold_sandbox(event)
+        except Exception as err:
+            raise _Refused from err
+        finally:
+            current = self._sandboxes.get(event.sandbox_id)
+            if current is not None and current.status is SandboxStatus.DELETED:
+                self._archive(event.sandbox_id)
+
+    def _fold_sandbox(self, event: Event) -> None:
+        """``fold``, all or nothing: one that raises half-way leaves the maps as they were, as
+        a refused transaction leaves a database."""
+        sid = event.sandbox_id
+        sandbox = self._sandboxes.get(sid)
+        ids = self._by_sandbox.get(sid)
+        count = len(ids or ())
+        eid = execution_id_of(event)
+        touched = [eid] if eid is not None else list(ids or ())  # what fold may replace
+        executions = {i: self._executions.get(i) for i in touched}
+        try:
+            fold(self._sandboxes, self._executions, self._by_sandbox, event)
+        except Exception:
+            _put(self._sandboxes, sid, sandbox)
+            if ids is None:
+                self._by_sandbox.pop(sid, None)
             else:
-                self._revive(event.sandbox_id)
-                sandbox, _ = fold(self._sandboxes, self._executions, self._by_sandbox, event)
-                if sandbox is not None and sandbox.status is SandboxStatus.DELETED:
-                    self._archive(event.sandbox_id)
-            self._position = event.position
+                del ids[count:]
+            for i, ex in executions.items():
+                _put(self._executions, i, ex)
+            raise
+
+    async def skipped(self, limit: int = 100) -> tuple[list[SkippedEvent], int]:
+        return self._skipped[:limit], len(self._skipped)
 
     def _archive(self, sandbox_id: str) -> None:
         """Move a deleted sandbox and its executions to the archive."""
@@ -127,3 +183,11 @@ class MemoryProjectionStore(ProjectionStore):
     async def reset(self) -> None:
         self._ended.close()
         self._clear()
+
+
+def _put(into: dict[str, _V], key: str, value: _V | None) -> None:
+    """Put ``value`` back under ``key`` (None: there was none)."""
+    if value is None:
+        into.pop(key, None)
+    else:
+        into[key] = value

@@ -13,6 +13,14 @@ saw it hold (commits lost in a crash â€” commits do not wait for the WAL flush â
 backup, a reset) raises ``StoreBehind`` and the projector follows the log again from the
 store's position: such losses are repaired from the log, never skipped.
 
+A batch the store refuses (``EventRefused``: a value PostgreSQL cannot hold, such as a NUL
+in text or jsonb, or a fold that raised on a malformed event) is applied again event by
+event; the event refused on its own is recorded in ``projection_skipped`` and the position
+moves past it in one statement, so one poison event cannot hold back every later write.
+Only SQLSTATE classes that blame the data refuse (see ``_REFUSING``); a store that cannot
+be reached (connection refused or lost, pool closed, timeout, shutdown) raises
+``StoreUnavailable`` and the projector retries the same events.
+
 Each write NOTIFYs ``hutch_projection`` with the new position; a process that does not
 run a projector itself can ``wait_for`` a position without polling.
 
@@ -27,7 +35,7 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
 
@@ -37,20 +45,24 @@ import attrs
 from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
-from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from hutch.core.models import Execution, Sandbox, Snapshot, SnapshotStatus
 from hutch.core.serde import converter
 from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
 from hutch.projections.base import (
     SNAPSHOT_SORTS,
+    EventRefused,
     ProjectionStore,
     SandboxQuery,
+    SkippedEvent,
     SnapshotQuery,
     StoreBehind,
     StoreCapabilities,
     fold,
     is_tenancy_event,
+    skipped_event,
 )
+from hutch.projections.postgres_sql import LOAD, SKIP, SKIPPED, WRITE, where_clause
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -61,6 +73,11 @@ NOTIFY_CHANNEL = "hutch_projection"
 _MIGRATION_LOCK = 0x68757463  # "hutc": one advisory-lock key for every hutch migration run
 # Events per transaction when applying a backlog (a rebuild, a projector catching up).
 APPLY_CHUNK = 500
+# SQLSTATE classes that blame what the events make, not the store: data exceptions (22: a NUL
+# in text or jsonb, a number out of range), integrity constraints (23), program limits (54: a
+# value too large for a row). Every other class is the store being away or busy (08
+# connection, 57 shutdown or timeout, 53 resources, 40 serialization): retried, never skipped.
+_REFUSING = ("22", "23", "54")
 _SORT = {
     "createdAt": "created_at",
     "updatedAt": "updated_at",
@@ -117,65 +134,6 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
             await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
             applied.append(name)
     return applied
-
-
-# The position and the state a batch touches, in one round trip (kind p / s / e).
-_LOAD = """
-SELECT 'p' AS kind, NULL AS id, NULL AS sandbox_id, position AS seq, NULL::jsonb AS doc
-  FROM projection_position WHERE projection = $1
-UNION ALL
-SELECT 's', sandbox_id, sandbox_id, 0, doc FROM sandboxes WHERE sandbox_id = ANY($3)
-UNION ALL
-SELECT 'e', execution_id, sandbox_id, seq, doc FROM executions
- WHERE execution_id = ANY($2) OR (sandbox_id = ANY($3) AND NOT is_final)
-UNION ALL
-SELECT 'n', snapshot_id, snapshot_id, 0, doc FROM snapshots WHERE snapshot_id = ANY($4)
-UNION ALL
-SELECT 't', id, kind, 0, doc FROM tenancy WHERE $5
-"""
-
-# Rows and position in one statement: nothing is written unless the position is still $2.
-_WRITE = """
-WITH moved AS (
-  UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2 RETURNING position
-), sandbox_rows AS (
-  INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, org_id, created_at, updated_at, doc)
-  SELECT r.sandbox_id, r.status, r.is_final, r.name, r.mode, r.project_id, r.org_id, r.created_at, r.updated_at,
-         r.doc
-    FROM jsonb_to_recordset($4::jsonb) AS r(sandbox_id text, status text, is_final boolean, name text,
-         mode text, project_id text, org_id text, created_at text, updated_at text, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
-     name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,
-     created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc
-), execution_rows AS (
-  INSERT INTO executions (execution_id, sandbox_id, seq, status, is_final, doc)
-  SELECT r.execution_id, r.sandbox_id, r.seq, r.status, r.is_final, r.doc
-    FROM jsonb_to_recordset($5::jsonb) AS r(execution_id text, sandbox_id text, seq bigint, status text,
-         is_final boolean, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (execution_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
-     doc = EXCLUDED.doc
-), snapshot_rows AS (
-  INSERT INTO snapshots (snapshot_id, status, name, tag, public, source_sandbox_id, content_hash, size_bytes,
-                         file_count, org_id, created_at, doc)
-  SELECT r.snapshot_id, r.status, r.name, r.tag, r.public, r.source_sandbox_id, r.content_hash, r.size_bytes,
-         r.file_count, r.org_id, r.created_at, r.doc
-    FROM jsonb_to_recordset($7::jsonb) AS r(snapshot_id text, status text, name text, tag text, public boolean,
-         source_sandbox_id text, content_hash text, size_bytes bigint, file_count bigint, org_id text,
-         created_at text, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (snapshot_id) DO UPDATE SET status = EXCLUDED.status, name = EXCLUDED.name, tag = EXCLUDED.tag,
-     public = EXCLUDED.public, size_bytes = EXCLUDED.size_bytes, file_count = EXCLUDED.file_count,
-     doc = EXCLUDED.doc
-), tenancy_rows AS (
-  INSERT INTO tenancy (kind, id, org_id, doc)
-  SELECT r.kind, r.id, r.org_id, r.doc FROM jsonb_to_recordset($8::jsonb) AS r(kind text, id text, org_id text, doc jsonb)
-   WHERE EXISTS (SELECT 1 FROM moved)
-  ON CONFLICT (kind, id) DO UPDATE SET doc = EXCLUDED.doc
-)
-SELECT pg_notify($6, position::text) IS NOT NULL FROM moved
-"""
 
 
 def _json_default(value: object) -> object:
@@ -260,7 +218,46 @@ class PostgresProjectionStore(ProjectionStore):
     async def apply(self, events: Sequence[Event]) -> None:
         for i in range(0, len(events), APPLY_CHUNK):
             async with self._conn() as conn:
-                await self._apply_in(conn, events[i : i + APPLY_CHUNK])
+                await self._apply_stepping(conn, events[i : i + APPLY_CHUNK])
+
+    async def _apply_stepping(self, conn: asyncpg.Connection, events: Sequence[Event]) -> int:
+        """``_apply_in``, stepping over poison: a batch the store refuses is applied again event
+        by event, and an event refused on its own is recorded and skipped. Inside a transaction
+        (``rebuild``) each try runs under a savepoint: a refused statement aborts only that."""
+        try:
+            async with _savepoint(conn):
+                return await self._apply_in(conn, events)
+        except EventRefused as refused:
+            if len(events) == 1:
+                return await self._skip_in(conn, events[0], refused)
+            log.warning("projection store refused the batch at log positions %s-%s (%s); applying it event "
+                        "by event", events[0].position, events[-1].position, refused)
+        position = 0
+        for event in events:
+            position = await self._apply_stepping(conn, [event])
+        return position
+
+    async def _skip_in(self, conn: asyncpg.Connection, event: Event, refused: EventRefused) -> int:
+        """Record ``event`` in ``projection_skipped`` and move the position past it, unless another
+        projector did so (or applied it) first; returns the position."""
+        skip = skipped_event(event, refused.__cause__ or refused)
+        while True:
+            start = int(await conn.fetchval(
+                "SELECT position FROM projection_position WHERE projection = $1", PROJECTION))
+            if start >= skip.position:
+                self._floor = max(self._floor, start)
+                return start
+            if await conn.fetchval(SKIP, PROJECTION, start, skip.position, skip.event_id, skip.sandbox_id,
+                                   skip.type, skip.error, skip.skipped_at, NOTIFY_CHANNEL):
+                self._floor = max(self._floor, skip.position)
+                return skip.position
+
+    @_read_once_more
+    async def skipped(self, limit: int = 100) -> tuple[list[SkippedEvent], int]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(SKIPPED, limit)
+            total = int(await conn.fetchval("SELECT count(*) FROM projection_skipped"))
+        return [SkippedEvent(**dict(r)) for r in rows], total
 
     async def _apply_in(self, conn: asyncpg.Connection, events: Sequence[Event]) -> int:
         """Fold ``events`` and write the result with the new position; returns the position.
@@ -281,7 +278,8 @@ class PostgresProjectionStore(ProjectionStore):
         while True:
             # Taken before the read: every write that finished before now is in its snapshot.
             floor = self._floor
-            rows = await conn.fetch(_LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
+            with _refusals("the ids"):  # a NUL in an id is refused as a query argument
+                rows = await conn.fetch(LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
             start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
             if start < floor:
                 self._floor = start  # said once; the caller feeds the log again from start
@@ -291,11 +289,15 @@ class PostgresProjectionStore(ProjectionStore):
                 self._floor = max(self._floor, start)
                 return start
             position = todo[-1].position or start
-            changed = _fold_batch(rows, todo)
-            moved = await conn.fetchval(
-                _WRITE, PROJECTION, start, position, _json(changed.sandbox_rows()), _json(changed.execution_rows()),
-                NOTIFY_CHANNEL, _json(changed.snapshot_rows()), _json(changed.tenancy_rows()),
-            )
+            try:
+                changed = _fold_batch(rows, todo)
+                rows_json = (_json(changed.sandbox_rows()), _json(changed.execution_rows()),
+                             _json(changed.snapshot_rows()), _json(changed.tenancy_rows()))
+            except Exception as err:  # pure Python: it raised on what the events hold
+                raise EventRefused(f"folding the events raised {type(err).__name__}: {err}") from err
+            with _refusals("the rows"):
+                moved = await conn.fetchval(WRITE, PROJECTION, start, position, rows_json[0], rows_json[1],
+                                            NOTIFY_CHANNEL, rows_json[2], rows_json[3])
             if moved:
                 self._floor = max(self._floor, position)
                 return position
@@ -324,6 +326,7 @@ class PostgresProjectionStore(ProjectionStore):
         await conn.execute("DELETE FROM sandboxes")
         await conn.execute("DELETE FROM snapshots")
         await conn.execute("DELETE FROM tenancy")
+        await conn.execute("DELETE FROM projection_skipped")
         await conn.execute("UPDATE projection_position SET position = 0, log_identity = NULL WHERE projection = $1",
                            PROJECTION)
 
@@ -340,10 +343,10 @@ class PostgresProjectionStore(ProjectionStore):
                                    PROJECTION, log_identity)
             if hasattr(batches, "__aiter__"):
                 async for batch in batches:
-                    position = await self._apply_in(conn, batch)
+                    position = await self._apply_stepping(conn, batch)
             else:
                 for batch in batches:
-                    position = await self._apply_in(conn, batch)
+                    position = await self._apply_stepping(conn, batch)
         return position
 
     # ---------------------------------------------------------------- reads
@@ -359,7 +362,7 @@ class PostgresProjectionStore(ProjectionStore):
 
     @_read_once_more
     async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
-        where, args = _where(query)
+        where, args = where_clause(query)
         sort = _SORT.get(query.sort, _SORT["createdAt"])
         direction = "DESC" if query.direction == "desc" else "ASC"
         sql_where = (" WHERE " + " AND ".join(where)) if where else ""
@@ -454,6 +457,27 @@ class PostgresProjectionStore(ProjectionStore):
                 await conn.remove_listener(NOTIFY_CHANNEL, on_notify)
 
 
+@contextlib.contextmanager
+def _refusals(what: str) -> Iterator[None]:
+    """Turn PostgreSQL refusing what the events hold into ``EventRefused``; anything else (the
+    store away or busy) passes as it is. asyncpg's own ``DataError`` (an argument it cannot
+    encode, such as a lone surrogate) is an InterfaceError *and* a ValueError; the
+    InterfaceErrors of a lost connection or a closed pool are no ValueErrors."""
+    try:
+        yield
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as err:
+        data = isinstance(err, ValueError) or (getattr(err, "sqlstate", None) or "")[:2] in _REFUSING
+        if not data:
+            raise
+        raise EventRefused(f"PostgreSQL refused {what}: {type(err).__name__}: {err}") from err
+
+
+def _savepoint(conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[Any]:
+    """A savepoint inside a transaction (a refused statement then aborts only it); outside one
+    each statement is its own transaction already."""
+    return conn.transaction() if conn.is_in_transaction() else contextlib.nullcontext()
+
+
 TenancyRecord = Record
 _TENANCY_KINDS: dict[str, type] = {"org": Organization, "project": Project, "key": ApiKey, "sshkey": SshKey}
 
@@ -469,7 +493,7 @@ def _tenancy_key(record: TenancyRecord) -> tuple[str, str]:
 
 
 def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
-    """A directory from ``tenancy`` rows (their kind in the ``sandbox_id`` column of _LOAD)."""
+    """A directory from ``tenancy`` rows (their kind in the ``sandbox_id`` column of LOAD)."""
     found = Directory()
     for r in rows:
         found.put(converter.structure(json.loads(r["doc"]) if isinstance(r["doc"], str) else r["doc"],
@@ -478,7 +502,7 @@ def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
 
 @attrs.define
 class _Changed:
-    """The rows a batch of events changed, and their ``_WRITE`` parameters."""
+    """The rows a batch of events changed, and their ``WRITE`` parameters."""
 
     sandboxes: dict[str, Sandbox] = attrs.field(factory=dict)
     executions: dict[str, Execution] = attrs.field(factory=dict)
@@ -517,7 +541,7 @@ class _Changed:
 
 
 def _fold_batch(rows: Sequence[asyncpg.Record], todo: Sequence[Event]) -> _Changed:
-    """Fold ``todo`` into the state ``_LOAD`` read (``rows``); what changed."""
+    """Fold ``todo`` into the state ``LOAD`` read (``rows``); what changed."""
     sandboxes = {r["id"]: _sandbox(r) for r in rows if r["kind"] == "s"}
     exec_rows = sorted((r for r in rows if r["kind"] == "e"), key=lambda r: r["seq"])
     executions = {r["id"]: _execution(r) for r in exec_rows}
@@ -545,37 +569,3 @@ def _fold_batch(rows: Sequence[asyncpg.Record], todo: Sequence[Event]) -> _Chang
             changed.executions[ex.execution_id] = ex
             changed.seqs.setdefault(ex.execution_id, e.position or 0)
     return changed
-
-
-def _where(q: SandboxQuery) -> tuple[list[str], list[Any]]:
-    """The filters of ``projections.base.matches``, in SQL."""
-    where: list[str] = []
-    args: list[Any] = []
-
-    def arg(value: Any) -> str:
-        args.append(value)
-        return f"${len(args)}"
-
-    if q.org_id is not None:
-        where.append(f"org_id = {arg(q.org_id)}")
-    if q.projects:
-        where.append(f"project_id = ANY({arg(list(q.projects))})")
-    if q.deleted_only:
-        where.append(f"status = {arg(SandboxStatus.DELETED.value)}")
-    elif not q.include_deleted and q.status != "deleted":
-        where.append(f"status <> {arg(SandboxStatus.DELETED.value)}")
-    if q.status:
-        where.append(f"status = {arg(q.status)}")
-    if q.live is True:
-        where.append("NOT is_final")
-    elif q.live is False:
-        where.append("is_final")
-    if q.name:
-        where.append(f"name = {arg(q.name)}")
-    if q.mode:
-        where.append(f"mode = {arg(q.mode)}")
-    if q.project_id:
-        where.append(f"project_id = {arg(q.project_id)}")
-    if q.snapshot_id:
-        where.append(f"doc->'spec'->>'snapshotId' = {arg(q.snapshot_id)}")
-    return where, args

@@ -1,6 +1,7 @@
 """GET /metrics: Prometheus text format, behind the API key like everything but streams.
 
-The engine's view (sandboxes by status, snapshots, the log and projection positions)
+The engine's view (sandboxes by status, snapshots, the log and projection positions, the
+events the projections stepped over as poison)
 plus whatever the driver reports about itself (the nomad driver's warm pools)."""
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ async def metrics(request: web.Request) -> web.Response:
                         "position of the newest event in the log"))
     found.append(Metric("hutch_projection_position", engine.projector.position, "gauge",
                         "position of the newest event the projections hold"))
+    _, skipped = await engine.store.skipped(limit=0)
+    found.append(Metric("hutch_projection_skipped_events", skipped, "gauge",
+                        "events the projection store refused on their own and stepped over (see the log's errors)"))
     found.append(Metric("hutch_driver_info", 1, "gauge", "the driver this server runs sandboxes with",
                         {"driver": engine.driver.name}))
     if admin:

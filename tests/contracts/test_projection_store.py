@@ -15,6 +15,7 @@ from hutch.core.events import (
     ExecutionFinished,
     ExecutionStarted,
     SandboxCreated,
+    SandboxEnvChanged,
     SandboxStarted,
     SandboxTerminated,
     SnapshotCreated,
@@ -321,3 +322,48 @@ async def test_folds_organizations_projects_and_keys(store: ProjectionStore) -> 
     assert (await store.list_snapshots(SnapshotQuery(org_id=LOCAL_ORG)))[1] == 0
     await store.reset()
     assert set((await store.directory()).orgs) == {LOCAL_ORG}
+
+
+def malformed() -> SandboxEnvChanged:
+    """An env change no API builds (``set`` must be a mapping): folding it raises, as folding
+    a malformed event from another writer to the log (or an older version) would."""
+    return SandboxEnvChanged(set=None)  # type: ignore[arg-type]  # the malformed part
+
+
+async def test_an_event_the_store_refuses_is_stepped_over_recorded_and_later_ones_apply(
+    store: ProjectionStore,
+) -> None:
+    log = Log()
+    await store.apply([log("sbx_1", created("one")), log("sbx_1", SandboxStarted())])
+    poison = log("sbx_1", malformed())
+    later = [log("sbx_1", ExecutionStarted("exec_1", ("ls",))), log("sbx_2", created("two"))]
+    await store.apply([poison, *later])  # in one batch with good events
+    assert await store.position() == log.position
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.status is SandboxStatus.RUNNING and sb.executions == 1 and sb.spec.env == {}
+    assert await store.get_sandbox("sbx_2") is not None
+    skipped, total = await store.skipped()
+    assert total == 1 and len(skipped) == 1
+    assert (skipped[0].position, skipped[0].event_id, skipped[0].sandbox_id, skipped[0].type) == (
+        poison.position, poison.event_id, "sbx_1", "env")
+    assert "TypeError" in skipped[0].error and skipped[0].skipped_at.endswith("Z")
+    await store.apply(log.events)  # a replay: nothing applied or recorded twice
+    assert (await store.skipped())[1] == 1
+    alone = log("sbx_2", malformed())  # the only event of its batch
+    await store.apply([alone])
+    await store.apply([log("sbx_2", SandboxStarted())])
+    assert await store.position() == log.position
+    assert [s.position for s in (await store.skipped())[0]] == [poison.position, alone.position]
+    assert (await store.skipped(limit=1))[0][0].position == poison.position
+    sb = await store.get_sandbox("sbx_2")
+    assert sb is not None and sb.status is SandboxStatus.IDLE
+    await store.reset()
+    assert await store.skipped() == ([], 0)
+    # Replaying the log steps over the same events again (in one transaction where the store can).
+    if store.capabilities.atomic_rebuild:
+        assert await store.rebuild([log.events[:4], log.events[4:]]) == log.position
+    else:
+        await store.apply(log.events)
+    assert [s.position for s in (await store.skipped())[0]] == [poison.position, alone.position]
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.executions == 1 and await store.position() == log.position

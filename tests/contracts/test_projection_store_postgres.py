@@ -11,7 +11,7 @@ import pytest
 
 from hutch.api.composition import open_event_log
 from hutch.core.events import ExecutionStarted, SandboxStarted
-from hutch.projections.base import StoreBehind
+from hutch.projections.base import SandboxQuery, StoreBehind
 from hutch.projections.postgres import PostgresProjectionStore
 from hutch.projections.runner import Projector
 from tests.contracts.test_projection_store import Log, created
@@ -91,3 +91,38 @@ async def test_the_projector_repairs_a_store_that_fell_behind(database: str, tmp
         await projector.close()
         await store.close()
         await event_log.close()
+
+
+async def test_a_value_postgresql_cannot_hold_is_stepped_over_not_retried_for_ever(database: str) -> None:
+    """A NUL in text or jsonb (PostgreSQL refuses it, SQLSTATE 22P05) in an event another writer
+    appended: the batch holding it applies event by event, the NUL one is recorded and
+    skipped, and a waiter in another process sees the position pass it."""
+    store, other = PostgresProjectionStore(database), PostgresProjectionStore(database)
+    await store.start()
+    await other.start()
+    try:
+        log = Log()
+        batch = [log("sbx_1", created("one")), log("sbx_2", created("nul\x00name")), log("sbx_1", SandboxStarted()),
+                 log("sbx_3", created("three"))]
+        waiter = asyncio.create_task(other.wait_for(log.position, timeout=60))
+        await store.apply(batch)
+        await waiter
+        assert await store.position() == log.position and await store.get_sandbox("sbx_2") is None
+        sb = await store.get_sandbox("sbx_1")
+        assert sb is not None and sb.status.value == "idle" and await store.get_sandbox("sbx_3") is not None
+        # Poison in what the record names (a NUL, a lone surrogate asyncpg cannot encode): the
+        # record of stepping over it must hold all the same.
+        bad_ids = [log("sbx_\x00x", created()), log("sbx_\ud800y", created()), log("sbx_4", created("four"))]
+        await store.apply(bad_ids)
+        skipped, total = await other.skipped()
+        assert total == 3 and [s.position for s in skipped] == [2, 5, 6]
+        assert "UntranslatableCharacterError" in skipped[0].error and skipped[0].sandbox_id == "sbx_2"
+        assert skipped[1].sandbox_id == "sbx_\\u0000x" and skipped[1].event_id == bad_ids[0].event_id
+        assert skipped[2].sandbox_id == "sbx_\\ud800y" and "DataError" in skipped[2].error
+        # A rebuild (one transaction) steps over the same events under savepoints.
+        assert await other.rebuild([log.events], log_identity="log-a") == log.position
+        assert [s.position for s in (await store.skipped())[0]] == [2, 5, 6]
+        assert (await store.list_sandboxes(SandboxQuery()))[1] == 3
+    finally:
+        await store.close()
+        await other.close()

@@ -4,6 +4,8 @@ The behaviour every backend shares is in tests/contracts/test_projection_store.p
 
 from __future__ import annotations
 
+import pytest
+
 from hutch.core import ids
 from hutch.core.events import (
     Event,
@@ -14,6 +16,7 @@ from hutch.core.events import (
     SandboxTerminated,
 )
 from hutch.core.models import ExecutionStatus, SandboxSpec, SandboxStatus
+from hutch.projections import base
 from hutch.projections.base import SandboxQuery
 from hutch.projections.memory import MemoryProjectionStore
 
@@ -58,3 +61,28 @@ async def test_a_late_event_for_a_deleted_sandbox_is_folded_and_archived_again()
     assert [e.execution_id for e in await store.list_executions("sbx_00001")] == ["exec_00001"]
     assert await store.position() == len(events) + 1
     await store.close()
+
+
+async def test_an_event_the_fold_raises_on_half_way_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sandbox evolves before its executions do: a fold that raises on the execution
+    must not leave the sandbox evolved (a database would have rolled both back)."""
+    store = MemoryProjectionStore()
+    log = _events(1)[:3]  # created, started, exec_00000 started
+    await store.apply(log)
+    before = await store.get_sandbox("sbx_00000")
+    finished = Event(ids.new_id("event"), "sbx_00000", "2026-01-01T00:00:01.000Z",
+                     ExecutionFinished("exec_00000", ExecutionStatus.COMPLETED, exit_code=0, duration_ms=1), position=4)
+    second = Event(ids.new_id("event"), "sbx_00000", "2026-01-01T00:00:01.000Z",
+                   ExecutionStarted("exec_00001", ("y",)), position=5)
+
+    def refuse(execution: object, event: Event) -> object:
+        raise ValueError(f"malformed {event.type}")
+
+    monkeypatch.setattr(base, "evolve_execution", refuse)
+    await store.apply([finished, second])
+    assert await store.get_sandbox("sbx_00000") == before
+    assert [e.execution_id for e in await store.list_executions("sbx_00000")] == ["exec_00000"]
+    assert store._by_sandbox["sbx_00000"] == ["exec_00000"]
+    skipped, total = await store.skipped()
+    assert total == 2 and [s.position for s in skipped] == [4, 5] and "ValueError: malformed" in skipped[0].error
+    assert await store.position() == 5

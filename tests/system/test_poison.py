@@ -1,0 +1,112 @@
+"""A poison event in the log does not stop the production profile's writes.
+
+Another writer to the Kafka topic (an older hutch, a tool: anything but this API, which
+refuses a NUL at its door) appends an event whose state PostgreSQL cannot hold. Before the
+projection store stepped over such events, the projector retried that batch for ever and
+every later write through the API waited 30 s for its event and answered 503. Now the next
+create is 201, the event is recorded in ``projection_skipped`` and counted in /metrics,
+and a rebuild of the log steps over it the same way. A real server process on the shared
+Kafka and PostgreSQL (see tests/system/test_production.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.services import drop_database, drop_topics, fresh_database, kafka_url
+from tests.system.server import KEY, Server
+from tests.system.test_production import _dump, hutch
+
+pytestmark = pytest.mark.slow
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def kafka_log() -> Iterator[Callable[[str], str]]:
+    made: list[str] = []
+
+    def make(label: str) -> str:
+        made.append(kafka_url(label))
+        return made[-1]
+
+    yield make
+    for url in made:
+        run(drop_topics(url))
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    url, name = run(fresh_database("poison"))
+    yield url
+    run(drop_database(name))
+
+
+async def append_poison(url: str, data_dir: Path) -> tuple[str, str]:
+    """Append, as another writer, a create whose name holds a NUL; (sandbox id, event id)."""
+    from hutch.api.composition import open_event_log
+    from hutch.core import ids
+    from hutch.core.events import Event, SandboxCreated
+    from hutch.core.models import SandboxSpec
+
+    log = open_event_log(url, data_dir)  # its own transactional id: another writer
+    await log.start()
+    try:
+        spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", name="nul\x00name")
+        event = Event(ids.new_id("event"), ids.new_id("sandbox"), "2026-01-01T00:00:00.000Z", SandboxCreated(spec=spec))
+        await log.append([event])
+        return event.sandbox_id, event.event_id
+    finally:
+        await log.close()
+
+
+async def skipped_rows(url: str) -> list[Any]:
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch("SELECT * FROM projection_skipped ORDER BY position"))
+    finally:
+        await conn.close()
+
+
+def metrics(server: Server) -> list[str]:
+    req = urllib.request.Request(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.read().decode().splitlines()
+
+
+def test_a_poison_event_from_another_writer_does_not_stop_later_writes(
+    tmp_path: Path, database: str, kafka_log: Callable[[str], str]
+) -> None:
+    log = kafka_log("poison")
+    server = Server(tmp_path / "data", HUTCH_EVENT_LOG=log, HUTCH_STORE=database).start()
+    try:
+        first = server.data("POST", "/sandbox", {"name": "before"})
+        poison_id, poison_event = run(append_poison(log, tmp_path / "writer"))
+        # Before the fix: 503 after the API's 30 s wait (the projector retried the poison for ever).
+        status, body = server.call("POST", "/sandbox", {"name": "after"}, timeout=90)
+        assert status == 201, body
+        after = body["data"]["sandboxId"]
+        assert server.data("GET", f"/sandbox/{after}")["name"] == "after"
+        assert server.data("POST", f"/sandbox/{first['sandboxId']}/execute", {"command": ["true"]})["executionId"]
+        assert server.call("GET", f"/sandbox/{poison_id}")[0] == 404
+        rows = run(skipped_rows(database))
+        assert [(r["event_id"], r["sandbox_id"], r["type"]) for r in rows] == [(poison_event, poison_id, "create")]
+        assert "UntranslatableCharacterError" in rows[0]["error"]
+        assert "hutch_projection_skipped_events 1" in metrics(server)
+        assert f"refused event {poison_event}" in server.log.read_text()
+    finally:
+        server.stop()
+    # The same log rebuilt into the store (one transaction) steps over the same event.
+    live = run(_dump(database))
+    out = hutch("projections", "rebuild", "--event-log", log, "--store", database, "--data-dir", str(tmp_path / "rb"))
+    assert json.loads(out.stdout)["skipped"] == 1
+    assert run(_dump(database)) == live and len(run(skipped_rows(database))) == 1
