@@ -23,10 +23,9 @@ never a slow remote producer.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable
 
 import asyncpg
 
@@ -40,6 +39,7 @@ from hutch.core.blobs import (
     check_prefix,
 )
 from hutch.core.errors import InvalidInput
+from hutch.projections.pgpool import Pool
 
 _INV_WRITE = 0x20000
 _INV_READ = 0x40000
@@ -47,8 +47,6 @@ _LOCK_CLASS = 0x626C6F62  # "blob": the first half of each per-key advisory lock
 # Unlinks an object only if it is still there: a delete_prefix racing a put may have
 # unlinked the object the put replaces, which must not fail the put.
 _UNLINK = "SELECT lo_unlink(m.oid) FROM pg_largeobject_metadata m WHERE m.oid = ANY($1::oid[])"
-_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError)
 
 
 class PostgresBlobStore(BlobStore):
@@ -56,39 +54,16 @@ class PostgresBlobStore(BlobStore):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"blob store: {dsn!r} is not a postgresql:// URL", field="store")
         self.dsn = dsn
-        self._min_size = min_size
-        self._max_size = max_size
-        self._pool: asyncpg.Pool | None = None
+        self._pg = Pool(dsn, what="blob store", unavailable=BlobUnavailable, min_size=min_size, max_size=max_size)
 
     async def start(self) -> None:
-        from hutch.projections.postgres import (
-            migrate,  # the one numbered schema, shared with the store
-        )
-
-        try:
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=self._min_size, max_size=self._max_size,
-                                                   command_timeout=60)
-            async with self._pool.acquire() as conn:
-                await migrate(conn)
-        except (*_UNAVAILABLE, asyncpg.PostgresError) as err:
-            await self.close()
-            raise BlobUnavailable(f"cannot open the PostgreSQL blob store: {err}") from err
+        await self._pg.start()  # the one numbered schema, shared with the projection store
 
     async def close(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(pool.close(), 10)
+        await self._pg.close()
 
-    @contextlib.asynccontextmanager
-    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
-        if self._pool is None:
-            raise BlobUnavailable("the PostgreSQL blob store is not started")
-        try:
-            async with self._pool.acquire() as conn:
-                yield conn
-        except _UNAVAILABLE as err:
-            raise BlobUnavailable(f"PostgreSQL blob store: {err}") from err
+    def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        return self._pg.conn()
 
     async def put(self, key: str, chunks: AsyncIterable[bytes]) -> BlobInfo:
         check_key(key)

@@ -62,6 +62,7 @@ from hutch.projections.base import (
     is_tenancy_event,
     skipped_event,
 )
+from hutch.projections.pgpool import Pool
 from hutch.projections.postgres_sql import LOAD, SKIP, SKIPPED, WRITE, where_clause
 
 log = logging.getLogger(__name__)
@@ -165,9 +166,8 @@ class PostgresProjectionStore(ProjectionStore):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"store: {dsn!r} is not a postgresql:// URL", field="store")
         self.dsn = dsn
-        self._min_size = min_size
-        self._max_size = max_size
-        self._pool: asyncpg.Pool | None = None
+        self._pg = Pool(dsn, what="projection store", unavailable=StoreUnavailable,
+                        min_size=min_size, max_size=max_size)
         # The highest position this object saw the store hold: finding less means commits were
         # lost (see StoreBehind), which must not pass silently.
         self._floor = 0
@@ -175,38 +175,13 @@ class PostgresProjectionStore(ProjectionStore):
     # ---------------------------------------------------------------- lifetime
 
     async def start(self) -> None:
-        try:
-            self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=self._min_size, max_size=self._max_size, command_timeout=60,
-                # Commits wait for the WAL flush (synchronous_commit stays on). Without it a
-                # PostgreSQL crash loses the last applied batches: the StoreBehind repair
-                # re-applies them from the log, but until it has, a reader sees state older
-                # than a write it was already told about (read-your-writes broken) — the
-                # PostgreSQL restart fault test caught exactly that.
-            )
-            async with self._pool.acquire() as conn:
-                for name in await migrate(conn):
-                    log.info("projection store: applied migration %s", name)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
-            await self.close()
-            raise StoreUnavailable(f"cannot open the PostgreSQL projection store: {err}") from err
+        await self._pg.start()
 
     async def close(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(pool.close(), 10)
+        await self._pg.close()
 
-    @contextlib.asynccontextmanager
-    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
-        if self._pool is None:
-            raise StoreUnavailable("the PostgreSQL projection store is not started")
-        try:
-            async with self._pool.acquire() as conn:
-                yield conn
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError) as err:
-            raise StoreUnavailable(f"PostgreSQL projection store: {err}") from err
+    def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        return self._pg.conn()
 
     # ---------------------------------------------------------------- writes
 
@@ -437,8 +412,7 @@ class PostgresProjectionStore(ProjectionStore):
 
     async def wait_for(self, position: int, timeout: float) -> None:
         """Return once the store applied ``position`` (for a process whose projector runs elsewhere)."""
-        if self._pool is None:
-            raise StoreUnavailable("the PostgreSQL projection store is not started")
+        self._pg.require()
         advanced = asyncio.Event()
 
         def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:

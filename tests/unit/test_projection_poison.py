@@ -72,7 +72,7 @@ class Pool:
 
 def store_on(conn: Conn, unreachable: BaseException | None = None) -> PostgresProjectionStore:
     store = PostgresProjectionStore("postgresql://127.0.0.1:1/unused")
-    store._pool = Pool(conn, unreachable)  # type: ignore[assignment]  # the stand-in above
+    store._pg._pool = Pool(conn, unreachable)  # type: ignore[assignment]  # the stand-in above
     return store
 
 

@@ -1,0 +1,75 @@
+"""One asyncpg pool as the PostgreSQL adapters use it: opened with the numbered schema applied,
+closed without hanging, and a connection error turned into the adapter's own "unavailable"
+error (which the API answers 503), so a PostgreSQL outage is never a 500.
+
+The projection store and the blob store each own one (their callers start and close them
+separately); each says what it is called in errors and which exception means "unavailable".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+# What a lost or refusing server looks like: retry later, never a bug in the request.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError)
+
+
+class Pool:
+    def __init__(self, dsn: str, *, what: str, unavailable: Callable[[str], Exception],
+                 min_size: int = 1, max_size: int = 10) -> None:
+        self.dsn = dsn
+        self.what = what  # "projection store", "blob store": named in every error
+        self._unavailable = unavailable
+        self._min_size = min_size
+        self._max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    async def start(self) -> None:
+        """Open the pool and bring the schema up to date (projections/migrations)."""
+        from hutch.projections.postgres import migrate  # the one numbered schema
+
+        try:
+            # Commits wait for the WAL flush (synchronous_commit stays on): without it a
+            # PostgreSQL crash loses the last applied batches, and a reader would see state
+            # older than a write it was already told about.
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=self._min_size, max_size=self._max_size,
+                                                   command_timeout=60)
+            async with self._pool.acquire() as conn:
+                for name in await migrate(conn):
+                    log.info("%s: applied migration %s", self.what, name)
+        except (*UNAVAILABLE, asyncpg.PostgresError) as err:
+            await self.close()
+            raise self._unavailable(f"cannot open the PostgreSQL {self.what}: {err}") from err
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), 10)
+
+    def require(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise self._unavailable(f"the PostgreSQL {self.what} is not started")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def conn(self) -> AsyncIterator[asyncpg.Connection]:
+        pool = self.require()
+        try:
+            async with pool.acquire() as conn:
+                yield conn
+        except UNAVAILABLE as err:
+            raise self._unavailable(f"PostgreSQL {self.what}: {err}") from err
