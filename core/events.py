@@ -7,6 +7,7 @@ payload shape gets a new version and an upcaster in ``decode``; old records stay
 
 from __future__ import annotations
 
+import json
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
@@ -204,6 +205,19 @@ class SnapshotDeleted:
     type: ClassVar[str] = "snapshot:deleted"
 
 
+@attrs.frozen
+class UnreadableRecord:
+    """Not a lifecycle fact: what a reader of the log is handed for a record it cannot decode
+    (an unknown type, a payload the converter refuses, not JSON at all) — written by another
+    writer or a newer hutch. Never appended. The projection stores refuse it on its own, so it
+    is recorded as skipped and the records after it still apply; raising instead would stop
+    every reader of the log at that position for ever."""
+
+    type: ClassVar[str] = "log:unreadable"
+    reason: str
+    record: str  # the record as text, cut at 4 KiB
+
+
 EventData = (
     SandboxCreated
     | RuntimeBuildProgress
@@ -224,6 +238,7 @@ EventData = (
     | SnapshotFinalized
     | SnapshotTagged
     | SnapshotDeleted
+    | UnreadableRecord
     | OrgCreated
     | QuotaSet
     | ProjectCreated
@@ -324,3 +339,32 @@ def decode(record: dict[str, Any], position: int | None = None) -> Event:
         org=record.get("orgId"),
         project=record.get("projectId"),
     )
+
+
+_UNREADABLE_KEEP = 4096
+
+
+def decode_or_unreadable(raw: bytes | str, position: int) -> Event:
+    """``decode`` for a log reader: a record that cannot be decoded becomes an event whose
+    data is ``UnreadableRecord`` (keeping the ids it has, if any) instead of an exception."""
+    record: Any = None
+    try:
+        record = json.loads(raw)
+        return decode(record, position=position)
+    except Exception as err:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        fields = record if isinstance(record, dict) else {}
+
+        def text_of(key: str, default: str) -> str:
+            value = fields.get(key)
+            return value if isinstance(value, str) else default
+
+        return Event(
+            event_id=text_of("eventId", f"unreadable-{position}"),
+            sandbox_id=text_of("sandboxId", ""),
+            created_at=text_of("createdAt", "1970-01-01T00:00:00Z"),
+            data=UnreadableRecord(reason=f"{type(err).__name__}: {err}"[:_UNREADABLE_KEEP],
+                                  record=text[:_UNREADABLE_KEEP]),
+            position=position,
+            actor=None,
+        )

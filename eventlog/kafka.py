@@ -219,7 +219,7 @@ class KafkaEventLog(EventLog):
                 first, end = await reader.bounds()
                 async for _, _, value, headers in reader.scan(first, min(end, first + 1)):
                     epoch = headers[EPOCH_HEADER].decode() if EPOCH_HEADER in headers else \
-                        json.loads(value).get("eventId")
+                        decode_record(value, 1).event_id
                     self._identity = f"kafka:{self.cluster_id or '?'}/{self.topic}@{epoch}"
         return self._identity
 
@@ -457,7 +457,7 @@ class KafkaEventLog(EventLog):
         async with reader.lock:
             _, end = await reader.bounds()
             async for off, _, value, _ in reader.scan(floor, end):
-                i = wanted.get(json.loads(value).get("eventId"))
+                i = wanted.get(decode_record(value, off + 1).event_id)  # never raises: another writer's record too
                 if i is not None:
                     found[i] = off + 1
         if not found:

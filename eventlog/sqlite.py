@@ -21,7 +21,7 @@ import attrs
 
 from hutch.core.errors import LogUnavailable
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event, decode, encode
+from hutch.core.events import Event, decode_or_unreadable, encode
 
 T = TypeVar("T")
 
@@ -158,7 +158,7 @@ class SqliteEventLog(EventLog):
             sql += " LIMIT ?"
             args.append(limit)
         rows = self._conn.execute(sql, args).fetchall()
-        return [decode(json.loads(rec), position=pos) for pos, rec in rows]
+        return [decode_or_unreadable(rec, pos) for pos, rec in rows]
 
     async def read(
         self, after: int = 0, *, sandbox_id: str | None = None, limit: int | None = None, reverse: bool = False

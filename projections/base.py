@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import attrs
 
 from hutch.core.errors import NotSupported
-from hutch.core.events import Event
+from hutch.core.events import Event, UnreadableRecord
 from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
 from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
 from hutch.core.tenancy import TENANCY_EVENTS, Directory
@@ -288,6 +288,9 @@ def fold(
     sandboxes: dict[str, Sandbox], executions: dict[str, Execution], by_sandbox: dict[str, list[str]], event: Event
 ) -> tuple[Sandbox | None, list[Execution]]:
     """Apply one event to in-memory maps; returns what changed (for stores that persist rows)."""
+    if isinstance(event.data, UnreadableRecord):
+        raise EventRefused(f"the log record at position {event.position} cannot be read "
+                           f"({event.data.reason}): {event.data.record[:200]!r}")
     changed_execs: list[Execution] = []
     new_sb = evolve_sandbox(sandboxes.get(event.sandbox_id), event)
     if new_sb is not None:

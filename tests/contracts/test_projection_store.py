@@ -22,6 +22,7 @@ from hutch.core.events import (
     SnapshotDeleted,
     SnapshotFinalized,
     SnapshotTagged,
+    decode_or_unreadable,
 )
 from hutch.core.models import (
     ExecutionStatus,
@@ -367,3 +368,20 @@ async def test_an_event_the_store_refuses_is_stepped_over_recorded_and_later_one
     assert [s.position for s in (await store.skipped())[0]] == [poison.position, alone.position]
     sb = await store.get_sandbox("sbx_1")
     assert sb is not None and sb.executions == 1 and await store.position() == log.position
+
+
+async def test_a_record_the_log_could_not_decode_is_stepped_over_and_recorded(store: ProjectionStore) -> None:
+    """What a log reader hands over for a record nobody can decode (core.events.
+    decode_or_unreadable): refused on its own, recorded, and the events after it apply."""
+    log = Log()
+    await store.apply([log("sbx_1", created("one"))])
+    log.position += 1
+    unreadable = decode_or_unreadable(b'{"type": "from-the-future", "sandboxId": "sbx_1"}', log.position)
+    await store.apply([unreadable, log("sbx_1", SandboxStarted())])
+    assert await store.position() == log.position
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.status is SandboxStatus.IDLE
+    skipped, total = await store.skipped()
+    assert total == 1 and (skipped[0].position, skipped[0].type, skipped[0].sandbox_id) == (
+        unreadable.position, "log:unreadable", "sbx_1")
+    assert "from-the-future" in skipped[0].error

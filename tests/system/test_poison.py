@@ -110,3 +110,53 @@ def test_a_poison_event_from_another_writer_does_not_stop_later_writes(
     out = hutch("projections", "rebuild", "--event-log", log, "--store", database, "--data-dir", str(tmp_path / "rb"))
     assert json.loads(out.stdout)["skipped"] == 1
     assert run(_dump(database)) == live and len(run(skipped_rows(database))) == 1
+
+
+async def append_raw(url: str, values: list[bytes]) -> None:
+    """Append records as a writer that is not hutch at all: straight onto the order partition
+    every reader reads positions from, no transaction, no hutch encoding."""
+    from aiokafka import AIOKafkaProducer
+
+    from hutch.eventlog.kafka_records import parse_url
+
+    bootstrap, topic, _ = parse_url(url)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(f"{topic}.order", value, partition=0)
+    finally:
+        await producer.stop()
+
+
+def test_a_record_nobody_can_decode_is_stepped_over_and_survives_a_restart(
+    tmp_path: Path, database: str, kafka_log: Callable[[str], str]
+) -> None:
+    """Not JSON, or an event type this hutch does not know: before, decoding raised inside the
+    log reader, so the projector retried for ever (every write a 503) and a restarted server
+    failed reading its backlog."""
+    log = kafka_log("unreadable")
+    env = {"HUTCH_EVENT_LOG": log, "HUTCH_STORE": database}
+    server = Server(tmp_path / "data", **env).start()
+    try:
+        server.data("POST", "/sandbox", {"name": "before"})
+        unknown = {"v": 1, "eventId": "evt_from_the_future", "sandboxId": "sbx_from_the_future",
+                   "type": "no-such-type", "createdAt": "2026-01-01T00:00:00.000Z", "data": {}}
+        run(append_raw(log, [b"\x00not json at all", json.dumps(unknown).encode()]))
+        status, body = server.call("POST", "/sandbox", {"name": "after"}, timeout=90)
+        assert status == 201, body
+        rows = run(skipped_rows(database))
+        assert [(r["type"], r["sandbox_id"]) for r in rows] == [("log:unreadable", ""),
+                                                                 ("log:unreadable", "sbx_from_the_future")]
+        assert rows[0]["event_id"].startswith("unreadable-") and rows[1]["event_id"] == "evt_from_the_future"
+        assert "unknown event type 'no-such-type'" in rows[1]["error"]
+        assert "hutch_projection_skipped_events 2" in metrics(server)
+    finally:
+        server.stop()
+    again = Server(tmp_path / "data", **env).start()  # reads the whole backlog at start
+    try:
+        status, body = again.call("POST", "/sandbox", {"name": "after a restart"}, timeout=90)
+        assert status == 201, body
+        assert [s["name"] for s in again.data("GET", "/sandbox")["sandboxes"]].count("after") == 1
+    finally:
+        again.stop()
