@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 
 from hutch.api import wire
-from hutch.api.routes import checkpoints
 from hutch.api.openapi import document
 from hutch.api.route_schemas import JSON, NONE, ROUTES
+from hutch.api.routes import checkpoints
 from hutch.api.wire_schemas import EXAMPLES, SCHEMAS, Schema
 from hutch.core import ids
 from hutch.core.models import (
