@@ -96,7 +96,10 @@ def _parameters(path: str, resource: web.AbstractResource, op: Op, public: bool)
                "schema": {"type": "string", **({"pattern": f"^{patterns[p]}$"} if p in patterns else {})}}
               for p in _PARAM.findall(path)]
     for q in op.query:
-        param: dict[str, Any] = {"name": q.name, "in": "query", "required": q.required, "schema": q.schema}
+        schema = q.schema
+        if not q.required and schema.get("type") != "array" and set(schema) - {"type", "description"}:
+            schema = {"anyOf": [schema, {"const": ""}]}  # an empty value is the parameter left out (api/http.py)
+        param: dict[str, Any] = {"name": q.name, "in": "query", "required": q.required, "schema": schema}
         if q.description:
             param["description"] = q.description
         if q.schema.get("type") == "array":

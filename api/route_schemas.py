@@ -127,7 +127,7 @@ ROUTES: dict[tuple[str, str], Op] = {
     ("GET", _SN + "/{snapshot_id}"): Op(data="Snapshot"),
     ("PATCH", _SN + "/{snapshot_id}"): Op("TagSnapshot", "Snapshot"),
     ("POST", _SN + "/build"): Op("BuildSnapshot", "SnapshotBuild"),
-    ("PUT", _SN + "/{snapshot_id}/upload"): Op(NONE, "Uploaded", takes="application/gzip",
+    ("PUT", _SN + "/{snapshot_id}/upload"): Op(NONE, "Uploaded", takes="application/octet-stream",
                                                query=(Param("token", STRING, "the upload URL's token"),)),
     ("POST", _SN + "/{snapshot_id}/finalize"): Op("FinalizeSnapshot", "Snapshot", required=False),
     ("GET", _SN + "/{snapshot_id}/download"): Op(media="application/gzip"),

@@ -61,6 +61,27 @@ def array(items: Schema, **extra: Any) -> Schema:
     return {"type": "array", "items": items, **extra}
 
 
+def nullable_optionals(schema: Schema) -> Schema:
+    """A request schema as the parsers read it: an optional field sent as null is the field left
+    out (``body.get(key)`` is None either way), so the document allows null there; the fuzzing's
+    negative data (tests/api/test_openapi_fuzz.py) would otherwise call each such null a request
+    the server wrongly accepts. Required fields stay as they are."""
+    out = dict(schema)
+    if "properties" in schema:
+        required = set(schema.get("required", ()))
+        out["properties"] = {k: v if k in required else _or_null(nullable_optionals(v))
+                             for k, v in schema["properties"].items()}
+    if isinstance(schema.get("items"), dict):
+        out["items"] = nullable_optionals(schema["items"])
+    return out
+
+
+def _or_null(schema: Schema) -> Schema:
+    if schema.get("type") == "null" or any(s.get("type") == "null" for s in schema.get("anyOf", ())):
+        return schema
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 def names(pattern: str, what: str) -> Schema:
     """core/packages.py's lists: at most MAX_ITEMS names, each fully matching its pattern."""
     return array({"type": "string", "pattern": f"^(?:{pattern})$"}, maxItems=MAX_ITEMS, description=what)
@@ -114,7 +135,8 @@ REMOVE_DIR = obj({"path": FS_PATH, "recursive": BOOLEAN}, ("path",))
 SNAPSHOT_NAME: Schema = {"type": "string", "pattern": snapshots.NAME_RE.pattern}
 SNAPSHOT_TAG: Schema = {"type": "string", "pattern": snapshots.TAG_RE.pattern}
 TAKE_SNAPSHOT = obj({"name": SNAPSHOT_NAME, "description": STRING, "tag": SNAPSHOT_TAG, "public": BOOLEAN})
-TAG_SNAPSHOT = obj({"tag": {"anyOf": [SNAPSHOT_TAG, {"type": "null"}], "description": "the new tag, or null to remove it"}},
+TAG_SNAPSHOT = obj({"tag": {"anyOf": [SNAPSHOT_TAG, {"type": "null"}, {"const": ""}],
+                            "description": "the new tag, or null (or \"\") to remove it"}},
                    ("tag",))
 CREATE_CHECKPOINT = obj({"name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "\\S"}}, ("name",))
 
@@ -330,7 +352,7 @@ SERVICE_STATS = obj({"services": obj({"sandbox": obj({k: INTEGER for k in (
     "totalNetworkEgressBytes")})}, ("sandbox",))}, ("services",))
 
 # Named as /openapi.json's components/schemas name them.
-SCHEMAS: dict[str, Schema] = {
+_SCHEMAS: dict[str, Schema] = {
     "CreateSandbox": CREATE_SANDBOX, "Execute": EXECUTE, "StartJob": JOB, "SetEnv": SET_ENV,
     "WriteFiles": WRITE_FILES, "MakeDirectory": MKDIR, "RemoveFile": REMOVE_FILE, "RemoveDirectory": REMOVE_DIR,
     "TakeSnapshot": TAKE_SNAPSHOT, "TagSnapshot": TAG_SNAPSHOT, "CreateCheckpoint": CREATE_CHECKPOINT,
@@ -353,5 +375,7 @@ SCHEMAS: dict[str, Schema] = {
     "CliProject": CLI_PROJECT, "CliApt": CLI_APT, "CliKeyCreated": CLI_KEY_CREATED, "CliKey": CLI_KEY,
     "CliKeyList": CLI_KEY_LIST, "Rows": ROWS, "ServiceStats": SERVICE_STATS,
 }
+SCHEMAS: dict[str, Schema] = {name: nullable_optionals(schema) if name in EXAMPLES else schema
+                              for name, schema in _SCHEMAS.items()}
 
 __all__ = ["EXAMPLES", "SCHEMAS", "Schema"]

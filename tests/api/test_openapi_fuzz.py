@@ -1,6 +1,8 @@
 """Schemathesis fuzzes a live `hutch serve` from its own /openapi.json, on both profiles: every
-operation, a fixed seed and a bounded number of examples per operation, two checks: no answer
-is a server error (5xx), and every JSON answer is the documented envelope."""
+operation, a fixed seed and a bounded number of examples per operation, three checks: no answer
+is a server error (5xx), every JSON answer is the documented envelope (its ``data`` as the
+route's schema has it), and a request the document forbids (negative data: a wrong type, a
+number past a limit, a missing required field) is refused with a 4xx, not accepted."""
 
 from __future__ import annotations
 
@@ -79,7 +81,8 @@ parameters = {{ "path.snapshot_id" = "{doomed_snap}" }}
 """)
     report = tmp_path / "junit.xml"
     cmd = [*schemathesis(), "--config-file", str(config), "run", f"{server.url}/openapi.json",
-           "--checks", "not_a_server_error,response_schema_conformance",
+           "--checks", "not_a_server_error,response_schema_conformance,negative_data_rejection",
+           "--mode", "all",
            "--header", f"Authorization: Bearer {KEY}",
            "--seed", str(SEED), "--max-examples", str(EXAMPLES), "--workers", "1",
            "--phases", "examples,coverage,fuzzing",
@@ -90,7 +93,7 @@ parameters = {{ "path.snapshot_id" = "{doomed_snap}" }}
            "--exclude-path-regex", r"^/(sandbox/\{sandbox_id\}/terminal|app/live)$"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache there
     tail = (proc.stdout + proc.stderr)[-6000:]
-    print(tail, file=sys.stderr)
+    print(proc.stdout + proc.stderr, file=sys.stderr)  # every failure, when run with -s
     assert proc.returncode == 0, f"schemathesis found problems (exit {proc.returncode}):\n{tail}\n" \
                                  f"server log:\n{server.log.read_text()[-3000:]}"
     assert report.is_file() and "<testsuite" in report.read_text()

@@ -50,8 +50,17 @@ def valid(schema: Schema, value: Any) -> bool:
     return jsonschema.Draft202012Validator(schema).is_valid(value)
 
 
+def unwrap(schema: Schema) -> Schema:
+    """An optional field's own schema: ``anyOf`` it or null (``nullable_optionals``)."""
+    for sub in schema.get("anyOf", ()):
+        if sub.get("type") != "null":
+            return unwrap(sub)
+    return schema
+
+
 def required_paths(schema: Schema, value: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
     """Where ``value`` holds a field its schema requires: each such field's key path."""
+    schema = unwrap(schema)
     if isinstance(value, dict):
         for key in schema.get("required", []):
             if key in value:
