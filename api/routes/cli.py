@@ -156,7 +156,7 @@ async def create_key(request: web.Request) -> web.Response:
     if project is not None and not isinstance(project, str):  # {} is not "no project"
         raise InvalidInput(f"projectId: expected a project id or name, got {project!r}", field="projectId")
     projects = [project] if project else []
-    secret, event = tenancy.create_key(directory, principal.org_id, role=body.get("role", "member"),
+    secret, event = tenancy.create_key(directory, principal.org_id, role="member" if body.get("role") is None else body["role"],
                                        name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"))
     await request.app[ENGINE].record(principal.org_id, lambda: [event])
     return ok({"id": event.key_id, "value": secret})
