@@ -20,6 +20,7 @@ from tests.system.server import KEY, Server
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 SEED = 20261125
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC/1Rr6FP4rnldeo8MVNjQS92985lw2P6EnTUezYkIoT fuzz"
 EXAMPLES = 8  # per operation and phase: ~90 operations, well inside CI's budget
 
 
@@ -51,11 +52,18 @@ def schemathesis() -> list[str]:
     return [exe]
 
 
+@pytest.mark.timeout(600)  # a guard against a hang, not a measure: a profile takes 1-3 minutes
 def test_no_server_error_and_every_answer_fits_the_schema(server: Server, tmp_path: Path) -> None:
     # Real ids for the path parameters, so the fuzzing gets past "404 no such sandbox".
-    sid = server.data("POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
-    ex = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["echo", "hi"]})["executionId"]
-    snap = server.data("POST", f"/sandbox/{sid}/snapshot", {"name": "fuzz"})["snapshotId"]
+    made = server.data("POST", "/sandbox", {"runtime": "base:latest"})
+    sid, token = made["sandboxId"], made["auditStreamUrl"].rsplit("/", 1)[1]
+    ran = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["echo", "hi"]})
+    ex, out = ran["executionId"], ran["stdoutStreamUrl"].rsplit("/", 1)[1]
+    snap = server.data("POST", f"/sandbox/{sid}/snapshot", {"name": "fuzz", "public": True})["snapshotId"]
+    checkpoint = server.data("POST", f"/sandbox/{sid}/checkpoint", {"name": "fuzz"})["id"]
+    key = server.data("POST", "/keys", {"role": "member"})["id"]
+    project = server.data("POST", "/projects", {"name": "fuzz"})["id"]
+    ssh_key = server.data("POST", "/ssh-keys", {"publicKey": SSH_KEY})["id"]
     job = server.data("POST", f"/sandbox/sandboxes/{sid}/jobs", {"command": ["sleep", "1"]})["jobId"]
     # The deletes get ids of their own: destroying the shared sandbox or snapshot early would
     # leave every later operation on it a 404, its valid bodies and its answers' shapes untried.
@@ -68,6 +76,19 @@ def test_no_server_error_and_every_answer_fits_the_schema(server: Server, tmp_pa
 "path.execution_id" = "{ex}"
 "path.snapshot_id" = "{snap}"
 "path.job_id" = "{job}"
+"path.checkpoint_id" = "{checkpoint}"
+"path.key_id" = "{key}"
+"path.project_id" = "{project}"
+"path.ssh_key_id" = "{ssh_key}"
+"path.stream_id" = "{out}"
+"path.token" = "{token}"
+"path.ref" = "{snap}"
+"path.org_id" = "org_local"
+
+# The audit stream follows the sandbox's events until it ends unless told not to.
+[[operations]]
+include-path = "/streams/audit/{{sandbox_id}}/{{token}}"
+parameters = {{ "query.follow" = "false" }}
 
 [[operations]]
 include-method = "DELETE"
