@@ -20,6 +20,7 @@ from aiohttp.typedefs import Handler
 from hutch.api import archives, openapi
 from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
+from hutch.api.http import check_query
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from hutch.api.output import OutputStore
 from hutch.api.routes import (
@@ -60,6 +61,7 @@ def _error(status: int, message: str, code: str, **extra: object) -> web.Respons
 @web.middleware
 async def envelope_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        check_query(request)
         return await handler(request)
     except RateLimited as err:
         wait = math.ceil(float(err.context.get("retry_after", 1)))
@@ -119,15 +121,20 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def _requested_org(request: web.Request) -> str | None:
-    """``orgId`` as the real client sends it: in the query, or in a JSON body."""
-    value: object = request.query.get("orgId")
-    if value is None and request.method in ("POST", "PUT", "PATCH") and request.content_type == "application/json" \
+    """``orgId`` as the real client sends it: in the query, or in a JSON body. Both given, they
+    must agree: a request naming two organizations is refused, not read as either one."""
+    query: object = request.query.get("orgId") or None
+    value = query
+    if request.method in ("POST", "PUT", "PATCH") and request.content_type == "application/json" \
             and (request.content_length or 0) <= _ORG_IN_BODY_MAX and request.body_exists:
         raw = await request.read()  # cached: the handler reads it again for free
         if b'"orgId"' in raw:
             with contextlib.suppress(ValueError):
                 body = json.loads(raw)
-                value = body.get("orgId") if isinstance(body, dict) else None
+                got = body.get("orgId") if isinstance(body, dict) else None
+                value = query if got is None else got  # null: not given
+    if query is not None and value != query:
+        raise InvalidInput(f"orgId: the body's {value!r} and the query's {query!r} differ", field="orgId")
     if value is None or value == "":
         return None
     if not isinstance(value, str):

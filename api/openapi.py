@@ -7,10 +7,10 @@ tenancy layer's own ``access_of``: a route the API serves without one says ``sec
 JSON answers share one envelope (``{"success": …, "data" | "message", "code", "field"}``),
 which the schema states and the fuzzing test (tests/api/test_openapi_fuzz.py) holds every
 answer to; bodies are JSON objects unless the route takes bytes (uploads, stdin, archives).
-The main routes (create, execute, env, files, snapshots, checkpoints…) state their request
-body and their success answer's ``data`` from api/wire_schemas.py, the wire models' schemas.
-Streams, downloads, server-sent events and websockets answer other media types, declared
-as such.
+Every operation states its request body, its success answer's ``data``, its media types and
+its query parameters (with the handlers' limits) from api/route_schemas.py, and ``orgId``
+where it needs a key; the schemas themselves are api/wire_schemas.py's. Streams, downloads,
+server-sent events and websockets answer other media types, declared as such.
 """
 
 from __future__ import annotations
@@ -22,30 +22,12 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api.http import base_url
+from hutch.api.route_schemas import JSON, ROUTES, Op
 from hutch.api.tenancy import PUBLIC, access_of, needs
-from hutch.api.wire_schemas import EXAMPLES, ROUTES, SCHEMAS, Bodies
+from hutch.api.wire_schemas import EXAMPLES, SCHEMAS
 
 VERSION = "3.1.0"
 
-# Routes whose request body is bytes, not a JSON object (method, path template).
-_BYTES_IN = {
-    ("PUT", "/sandbox/snapshots/{snapshot_id}/upload"),
-    ("POST", "/fs/upload/{sandbox_id}"),
-    ("PUT", "/streams/{stream_id}"),
-    ("POST", "/streams/{stream_id}"),
-}
-# What answers something other than the JSON envelope on success, by path template prefix.
-_MEDIA = [
-    ("/streams/audit/", "application/x-ndjson"),
-    ("/streams/", "application/octet-stream"),
-    ("/fs/download/", "application/octet-stream"),
-    ("/sandbox/snapshots/{snapshot_id}/download", "application/gzip"),
-    ("/metrics", "text/plain"),
-    ("/app/live", "text/event-stream"),
-    ("/app", "text/html"),
-    ("/proxy/", "*/*"),
-]
-_SSE = {("POST", "/sandbox/runtimes/{name}/build")}
 # The Agentuity CLI's calls hutch has no counterpart for: 501 NOT_SUPPORTED, by design.
 _NOT_HERE = {"/cli/{tail}"}
 _WEBSOCKETS = {"/sandbox/{sandbox_id}/terminal"}
@@ -90,25 +72,52 @@ def _pattern(resource: web.AbstractResource) -> dict[str, str]:
     return out
 
 
-def _success_media(method: str, path: str) -> str:
-    if (method, path) in _SSE:
-        return "text/event-stream"
-    for prefix, media in _MEDIA:
-        if path.startswith(prefix):
-            return media
-    return "application/json"
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _success(media: str, bodies: Bodies) -> dict[str, Any]:
-    """The 2XX answer: the envelope, its ``data`` described where the route's is known."""
-    envelope: dict[str, Any] = _ENVELOPE_REF
-    if bodies.data:
-        envelope = {"allOf": [_ENVELOPE_REF, {"required": ["data"], "properties": {
-            "data": {"$ref": f"#/components/schemas/{bodies.data}"}}}]}
-    content: dict[str, Any] = {"application/json": {"schema": envelope}}
-    if media != "application/json":
-        content = {media: {"schema": {}}, **content}
+def _success(op: Op) -> dict[str, Any]:
+    """The 2XX answer: the envelope, its ``data`` (and the fields beside it) as the route has them."""
+    parts: list[dict[str, Any]] = [_ENVELOPE_REF]
+    if op.data:
+        parts.append({"required": ["data"], "properties": {"data": _ref(op.data)}})
+    if op.top:
+        parts.append(_ref(op.top))
+    envelope = parts[0] if len(parts) == 1 else {"allOf": parts}
+    content: dict[str, Any] = {JSON: {"schema": envelope}}
+    if op.media != JSON:
+        content = {op.media: {"schema": {}}, **content}
     return {"description": "success", "content": content}
+
+
+def _parameters(path: str, resource: web.AbstractResource, op: Op, public: bool) -> list[dict[str, Any]]:
+    patterns = _pattern(resource)
+    params = [{"name": p, "in": "path", "required": True,
+               "schema": {"type": "string", **({"pattern": f"^{patterns[p]}$"} if p in patterns else {})}}
+              for p in _PARAM.findall(path)]
+    for q in op.query:
+        schema = q.schema
+        if not q.required and schema.get("type") != "array" and set(schema) - {"type", "description"}:
+            schema = {"anyOf": [schema, {"const": ""}]}  # an empty value is the parameter left out (api/http.py)
+        param: dict[str, Any] = {"name": q.name, "in": "query", "required": q.required, "schema": schema}
+        if q.description:
+            param["description"] = q.description
+        if q.schema.get("type") == "array":
+            param["explode"] = True
+        params.append(param)
+    if not public:  # the tenancy layer reads it on every route that needs a key
+        params.append({"name": "orgId", "in": "query", "required": False, "schema": {"type": "string"},
+                       "description": "the organization to act for (the server's administrator: any)"})
+    return params
+
+
+def _request_body(op: Op) -> dict[str, Any] | None:
+    if op.takes:
+        return {"required": False, "content": {op.takes: {"schema": {}}}}
+    if op.request:
+        return {"required": op.required, "content": {JSON: {"schema": _ref(op.request),
+                                                          "example": EXAMPLES[op.request]}}}
+    return None
 
 
 def _operation(method: str, path: str, handler: Any, resource: web.AbstractResource,
@@ -121,17 +130,14 @@ def _operation(method: str, path: str, handler: Any, resource: web.AbstractResou
     ids.add(op_id)
     doc = inspect.getdoc(handler) or ""
     summary = doc.split("\n\n")[0].replace("\n", " ").strip() or name.replace("_", " ")
-    patterns = _pattern(resource)
-    params = [{"name": p, "in": "path", "required": True,
-               "schema": {"type": "string", **({"pattern": f"^{patterns[p]}$"} if p in patterns else {})}}
-              for p in _PARAM.findall(path)]
-    bodies = ROUTES.get((method, path), Bodies())
-    ok = _DOCUMENT_OK if path == "/openapi.json" else _success(_success_media(method, path), bodies)
+    route = ROUTES.get((method, _PARAM.sub(lambda m: "{" + m.group(1) + "}", path)), Op())
+    public = access_of(method, handler) == PUBLIC
+    ok = _DOCUMENT_OK if path == "/openapi.json" else _success(route)
     op: dict[str, Any] = {
         "operationId": op_id,
         "summary": summary[:200],
         "tags": [module],
-        "parameters": params,
+        "parameters": _parameters(path, resource, route, public),
         "responses": {
             "2XX": ok,
             "default": {"description": "an error: the envelope with success false, a message and a code",
@@ -143,17 +149,10 @@ def _operation(method: str, path: str, handler: Any, resource: web.AbstractResou
                                   "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Envelope"}}}}
     if path in _WEBSOCKETS:
         op["responses"]["101"] = {"description": "switching to the websocket (docs/wire.md)"}
-    if access_of(method, handler) == PUBLIC:
+    if public:
         op["security"] = []
-    if method in ("POST", "PUT", "PATCH"):
-        if (method, path) in _BYTES_IN:
-            op["requestBody"] = {"content": {"application/octet-stream": {"schema": {}}}}
-        elif bodies.request:
-            op["requestBody"] = {"required": bodies.required, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{bodies.request}"}, "example": EXAMPLES[bodies.request]}}}
-        else:
-            op["requestBody"] = {"required": False,
-                                 "content": {"application/json": {"schema": {"type": "object"}}}}
+    if (body := _request_body(route)) is not None:
+        op["requestBody"] = body
     return op
 
 

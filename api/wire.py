@@ -163,7 +163,7 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
     network = _parse_network(body)
     timeouts = _parse_timeouts(body)
     cmd_obj = _object(body, "command")
-    command, mode = _parse_initial_command(cmd_obj)
+    command, mode = _parse_initial_command(cmd_obj, given=body.get("command") is not None)
     metadata = expect(body, "metadata", dict, "an object")
     files = parse_files(body.get("files"), "files") + parse_files(cmd_obj.get("files"), "command.files")
     spec = SandboxSpec(
@@ -261,10 +261,11 @@ def _parse_timeouts(body: Mapping[str, Any]) -> Timeouts:
     return Timeouts(**timeouts)
 
 
-def _parse_initial_command(cmd_obj: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, Mode]:
-    """``command``: the command a sandbox starts with and whether it ends with it (oneshot)."""
+def _parse_initial_command(cmd_obj: Mapping[str, Any], *, given: bool) -> tuple[tuple[str, ...] | None, Mode]:
+    """``command``: the command a sandbox starts with and whether it ends with it (oneshot).
+    Given at all (``{}`` too), it needs its ``exec``: an empty object is not "no command"."""
     command = parse_command(cmd_obj["exec"], "command.exec") if cmd_obj.get("exec") is not None else None
-    if cmd_obj and command is None:
+    if given and command is None:
         raise InvalidInput("command.exec: required when command is given", field="command.exec")
     mode_raw = expect(cmd_obj, "mode", str, "oneshot or interactive", "command.")
     try:

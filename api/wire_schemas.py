@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
+from hutch.api.fork import MAX_COPIES
 from hutch.api.wire import MAX_FILES
 from hutch.core import egress, ids, snapshots
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus, SnapshotStatus
@@ -60,6 +59,27 @@ def obj(properties: dict[str, Schema], required: tuple[str, ...] = (), **extra: 
 
 def array(items: Schema, **extra: Any) -> Schema:
     return {"type": "array", "items": items, **extra}
+
+
+def nullable_optionals(schema: Schema) -> Schema:
+    """A request schema as the parsers read it: an optional field sent as null is the field left
+    out (``body.get(key)`` is None either way), so the document allows null there; the fuzzing's
+    negative data (tests/api/test_openapi_fuzz.py) would otherwise call each such null a request
+    the server wrongly accepts. Required fields stay as they are."""
+    out = dict(schema)
+    if "properties" in schema:
+        required = set(schema.get("required", ()))
+        out["properties"] = {k: v if k in required else _or_null(nullable_optionals(v))
+                             for k, v in schema["properties"].items()}
+    if isinstance(schema.get("items"), dict):
+        out["items"] = nullable_optionals(schema["items"])
+    return out
+
+
+def _or_null(schema: Schema) -> Schema:
+    if schema.get("type") == "null" or any(s.get("type") == "null" for s in schema.get("anyOf", ())):
+        return schema
+    return {"anyOf": [schema, {"type": "null"}]}
 
 
 def names(pattern: str, what: str) -> Schema:
@@ -115,7 +135,8 @@ REMOVE_DIR = obj({"path": FS_PATH, "recursive": BOOLEAN}, ("path",))
 SNAPSHOT_NAME: Schema = {"type": "string", "pattern": snapshots.NAME_RE.pattern}
 SNAPSHOT_TAG: Schema = {"type": "string", "pattern": snapshots.TAG_RE.pattern}
 TAKE_SNAPSHOT = obj({"name": SNAPSHOT_NAME, "description": STRING, "tag": SNAPSHOT_TAG, "public": BOOLEAN})
-TAG_SNAPSHOT = obj({"tag": {"anyOf": [SNAPSHOT_TAG, {"type": "null"}], "description": "the new tag, or null to remove it"}},
+TAG_SNAPSHOT = obj({"tag": {"anyOf": [SNAPSHOT_TAG, {"type": "null"}, {"const": ""}],
+                            "description": "the new tag, or null (or \"\") to remove it"}},
                    ("tag",))
 CREATE_CHECKPOINT = obj({"name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "\\S"}}, ("name",))
 
@@ -131,7 +152,7 @@ EXAMPLES: dict[str, Schema] = {
     "StartJob": {"command": ["sleep", "1"]},
     "SetEnv": {"env": {"GREETING": "hello", "OLD": None}},
     "WriteFiles": {"files": [{"path": "notes/a.txt", "content": HELLO}]},
-    "MakeDirectory": {"path": "work/out", "recursive": True},
+    "MakeDirectory": {"path": "work", "recursive": True},
     "RemoveFile": {"path": "notes/a.txt"},
     "RemoveDirectory": {"path": "work", "recursive": True},
     "TakeSnapshot": {"name": "demo", "tag": "v1", "description": "a demo"},
@@ -204,8 +225,134 @@ CHECKPOINT_LIST = obj({"checkpoints": array(CHECKPOINT)}, ("checkpoints",))
 ENV_SET = obj({"env": {"type": "object", "additionalProperties": STRING}}, ("env",))
 FILES_WRITTEN = obj({"filesWritten": INTEGER}, ("filesWritten",))
 
+# --------------------------------------------------------------- the other routes
+
+ISO_TIME: Schema = {"type": "string", "format": "date-time", "description": "an ISO 8601 time"}
+EMPTY = obj({}, description="no fields read")
+FORK = obj({"count": {"type": "integer", "minimum": 1, "maximum": MAX_COPIES}})
+BUILD_SNAPSHOT = obj({"runtime": {"type": "string", "minLength": 1, "description": "a runtime name or id (srt_...)"},
+                      "name": SNAPSHOT_NAME, "tag": SNAPSHOT_TAG, "description": STRING, "message": STRING,
+                      "contentHash": STRING, "force": BOOLEAN, "public": BOOLEAN, "encrypt": BOOLEAN}, ("runtime",))
+STRING_MAP: Schema = {"type": "object", "additionalProperties": STRING}
+FINALIZE_SNAPSHOT = obj({"env": STRING_MAP, "metadata": STRING_MAP,
+                         "dependencies": names(APT_RE.pattern, "apt packages"),
+                         "packages": names(NPM_RE.pattern, "npm packages")})
+LABEL: Schema = {"type": "string", "minLength": 1, "maxLength": 100}
+CREATE_ORG = obj({"name": LABEL}, ("name",))
+CREATE_PROJECT = obj({"name": LABEL}, ("name",))
+ROLE: Schema = {"type": "string", "enum": ["admin", "member", "read-only"]}
+POSITIVE: Schema = {"type": "number", "exclusiveMinimum": 0}
+CREATE_KEY = obj({"role": ROLE, "name": LABEL, "projects": array(STRING), "expires": ISO_TIME,
+                  "rate": POSITIVE, "burst": POSITIVE}, ("role",))
+QUOTA_VALUE: Schema = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
+                       "description": "a limit, or null to lift it"}
+SET_QUOTA = obj({k: QUOTA_VALUE for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes")},
+                additionalProperties=False)
+ADD_SSH_KEY = obj({"publicKey": {"type": "string", "minLength": 1, "description": "an OpenSSH public key line"},
+                   "name": {"type": "string", "minLength": 1, "maxLength": 200}}, ("publicKey",))
+CLI_CREATE_KEY = obj({"name": LABEL, "role": ROLE, "projectId": STRING, "expiresAt": ISO_TIME})
+VALIDATE_APT = obj({"packages": array(STRING)}, ("packages",))
+SIGN_IN = obj({"apiKey": {"type": "string", "pattern": "\\S"}}, ("apiKey",))
+CREATE_STREAM = obj({"name": STRING})
+
+EXAMPLES.update({
+    "Empty": {}, "Fork": {"count": 2}, "BuildSnapshot": {"runtime": "base:latest", "name": "built", "tag": "v1"},
+    "FinalizeSnapshot": {"env": {"A": "1"}, "metadata": {"team": "a"}},
+    "CreateOrg": {"name": "acme"}, "CreateProject": {"name": "web"},
+    "CreateKey": {"role": "member", "name": "ci"}, "SetQuota": {"sandboxes": 10, "memoryBytes": None},
+    "AddSshKey": {"publicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFSuF78kEPZQhPLN8fhK4I8wC9CPASx+IY/dRyxdp1NX demo",
+                  "name": "laptop"},
+    "CliCreateKey": {"name": "cli", "role": "member"}, "ValidateApt": {"packages": ["curl", "no such"]},
+    "SignIn": {"apiKey": "test-key"}, "CreateStream": {"name": "stdin"},
+})
+
+COUNTS = {"type": "object", "additionalProperties": {"type": "number"}}
+RUNTIME = obj({"id": STRING, "name": STRING, "description": STRING, "iconUrl": STRING, "brandColor": STRING,
+               "url": STRING, "tags": array(STRING), "readme": STRING, "available": BOOLEAN, "building": BOOLEAN,
+               "requirements": obj({"memory": STRING, "cpu": STRING, "disk": STRING, "networkEnabled": BOOLEAN}),
+               "sizeBytes": INTEGER, "builtAt": STRING, "buildSeconds": {"type": "number"}},
+              ("id", "name", "available"))
+RUNTIME_LIST = obj({"runtimes": array(RUNTIME), "total": INTEGER}, ("runtimes", "total"))
+USAGE = obj({"start": {"type": ["string", "null"]}, "end": {"type": ["string", "null"]},
+             "sandboxes": obj({"created": INTEGER, "byStatus": COUNTS, "byRuntime": COUNTS}),
+             "cpu": obj({"seconds": {"type": "number"}, "byStatus": COUNTS}),
+             "memory": obj({"gibSeconds": {"type": "number"}, "byStatus": COUNTS}),
+             "executions": obj({"total": INTEGER, "byStatus": COUNTS, "wallTimeMs": INTEGER}),
+             "jobs": obj({"total": INTEGER, "byStatus": COUNTS, "wallTimeMs": INTEGER})},
+            ("sandboxes", "cpu", "memory", "executions", "jobs"))
+EVENT = obj({"eventId": STRING, "sandboxId": STRING, "type": STRING, "event": OBJECT, "createdAt": TIME,
+             "position": INTEGER}, ("eventId", "type", "event", "createdAt", "position"))
+EVENT_LIST = obj({"events": array(EVENT)}, ("events",))
+HISTORY = obj({"history": array(obj({**EVENT["properties"], "status": enum_of(SandboxStatus),
+                                     "executions": INTEGER}, ("eventId", "type", "status")))}, ("history",))
+FORKED = obj({"snapshotId": id_of("snapshot"), "sandboxes": array(SANDBOX)}, ("snapshotId", "sandboxes"))
+PAUSED = obj({"sandboxId": id_of("sandbox"), "status": enum_of(SandboxStatus), "terminatesAt": TIME},
+             ("sandboxId", "status"))
+SNAPSHOT_BUILD = obj({"snapshotId": id_of("snapshot"), "uploadUrl": URL, "encrypted": BOOLEAN,
+                      "unchanged": BOOLEAN, "existingId": STRING, "existingName": STRING,
+                      "existingTag": {"type": ["string", "null"]}})
+UPLOADED = obj({"success": BOOLEAN, "scanned": BOOLEAN, "message": STRING}, ("success",))
+LINEAGE = obj({"lineage": array(obj({**{k: SNAPSHOT["properties"][k] for k in (
+    "snapshotId", "name", "fullName", "message", "tag", "parentSnapshotId", "public", "org", "user", "createdAt")},
+    "deleted": BOOLEAN}, ("snapshotId", "deleted"))), "total": INTEGER}, ("lineage", "total"))
+FILE_LIST = obj({"files": array(obj({"path": STRING, "size": INTEGER, "isDir": BOOLEAN, "isSymlink": BOOLEAN,
+                                     "linkTarget": STRING, "mode": STRING, "modTime": TIME},
+                                    ("path", "size", "isDir", "mode", "modTime")))}, ("files",))
+UNPACKED = obj({"files": INTEGER, "directories": INTEGER, "symlinks": INTEGER, "bytes": INTEGER},
+               ("files", "directories", "symlinks", "bytes"))
+AUTO_RESUMED = obj({"autoResumed": BOOLEAN}, ("autoResumed",))
+FOUND = obj({"found": BOOLEAN}, ("found",))
+STREAM_CREATED = obj({"id": STRING}, ("id",))
+BYTES_TAKEN = obj({"bytes": INTEGER}, ("bytes",))
+NULLABLE_INT: Schema = {"type": ["integer", "null"]}
+QUOTA = obj({k: NULLABLE_INT for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes")})
+ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": QUOTA},
+               ("id", "name", "createdAt", "quota"))
+ORG_LIST = obj({"orgs": array(ORG_INFO), "total": INTEGER}, ("orgs", "total"))
+PROJECT = obj({"id": STRING, "name": STRING, "orgId": STRING, "createdAt": TIME}, ("id", "name", "orgId"))
+PROJECT_LIST = obj({"projects": array(PROJECT), "total": INTEGER}, ("projects", "total"))
+NULLABLE_STRING: Schema = {"type": ["string", "null"]}
+KEY = obj({"id": STRING, "name": NULLABLE_STRING, "orgId": STRING, "role": ROLE, "prefix": STRING,
+           "projects": array(STRING), "createdAt": TIME, "expiresAt": NULLABLE_STRING, "revokedAt": NULLABLE_STRING,
+           "rate": {"type": ["number", "null"]}, "burst": {"type": ["number", "null"]},
+           "secret": {"type": "string", "description": "only in the answer to its creation"}},
+          ("id", "orgId", "role", "prefix", "projects", "createdAt"))
+KEY_LIST = obj({"keys": array(KEY), "total": INTEGER}, ("keys", "total"))
+SSH_KEY = obj({"id": STRING, "orgId": STRING, "name": STRING, "publicKey": STRING, "fingerprint": STRING,
+               "createdAt": TIME, "addedBy": NULLABLE_STRING, "projects": array(STRING)},
+              ("id", "orgId", "name", "publicKey", "fingerprint"))
+SSH_KEY_LIST = obj({"sshKeys": array(SSH_KEY)}, ("sshKeys",))
+HEALTH = obj({"status": {"const": "ok"}, "ssh": obj({"port": INTEGER})}, ("status",))
+ME = obj({"keyId": NULLABLE_STRING, "orgId": STRING, "role": ROLE, "projects": array(STRING),
+          "serverAdmin": BOOLEAN, "csrf": STRING}, ("orgId", "role", "projects", "serverAdmin"))
+SIGNED_OUT = obj({"signedOut": {"const": True}}, ("signedOut",))
+CLI_ORGS = array(obj({"id": STRING, "name": STRING}, ("id", "name")))
+CLI_USER = obj({"firstName": STRING, "lastName": STRING, "organizations": CLI_ORGS},
+               ("firstName", "lastName", "organizations"))
+CLI_REGIONS = array(obj({"region": STRING, "description": STRING}, ("region",)))
+CLI_SANDBOX = obj({"id": STRING, "name": NULLABLE_STRING, "description": NULLABLE_STRING, "status": STRING,
+                   "region": STRING, "createdAt": TIME, "orgId": STRING, "orgName": STRING,
+                   "projectId": NULLABLE_STRING}, ("id", "status", "region", "orgId"))
+CLI_SANDBOX_LIST = obj({"sandboxes": array(CLI_SANDBOX), "total": INTEGER}, ("sandboxes", "total"))
+CLI_PROJECT = obj({"id": STRING, "name": STRING, "orgId": STRING, "region": STRING, "description": NULLABLE_STRING,
+                   "tags": array(STRING), "secrets": OBJECT, "env": OBJECT, "deployment": {}},
+                  ("id", "name", "orgId", "region"))
+CLI_APT = obj({"valid": array(STRING), "invalid": array(obj({"package": STRING, "error": STRING,
+                                                             "searchUrl": STRING}, ("package", "error")))},
+              ("valid", "invalid"))
+CLI_KEY_CREATED = obj({"id": STRING, "value": STRING}, ("id", "value"))
+CLI_KEY = obj({"id": STRING, "name": NULLABLE_STRING, "orgId": STRING, "type": STRING,
+               "expiresAt": NULLABLE_STRING, "lastUsedAt": {"type": "null"}, "createdAt": NULLABLE_STRING,
+               "project": {"anyOf": [obj({"id": STRING, "name": STRING}), {"type": "null"}]}},
+              ("id", "orgId", "type"))
+CLI_KEY_LIST = array(CLI_KEY)
+ROWS = {"type": "integer", "description": "rows affected"}
+SERVICE_STATS = obj({"services": obj({"sandbox": obj({k: INTEGER for k in (
+    "totalActive", "running", "idle", "creating", "totalExecutions", "totalCpuTimeMs", "totalMemoryByteSec",
+    "totalNetworkEgressBytes")})}, ("sandbox",))}, ("services",))
+
 # Named as /openapi.json's components/schemas name them.
-SCHEMAS: dict[str, Schema] = {
+_SCHEMAS: dict[str, Schema] = {
     "CreateSandbox": CREATE_SANDBOX, "Execute": EXECUTE, "StartJob": JOB, "SetEnv": SET_ENV,
     "WriteFiles": WRITE_FILES, "MakeDirectory": MKDIR, "RemoveFile": REMOVE_FILE, "RemoveDirectory": REMOVE_DIR,
     "TakeSnapshot": TAKE_SNAPSHOT, "TagSnapshot": TAG_SNAPSHOT, "CreateCheckpoint": CREATE_CHECKPOINT,
@@ -214,43 +361,21 @@ SCHEMAS: dict[str, Schema] = {
     "ExecutionList": EXECUTION_LIST, "Job": JOB_INFO, "JobList": JOB_LIST, "Snapshot": SNAPSHOT,
     "SnapshotList": SNAPSHOT_LIST,
     "Checkpoint": CHECKPOINT, "CheckpointList": CHECKPOINT_LIST, "EnvSet": ENV_SET, "FilesWritten": FILES_WRITTEN,
+    "Empty": EMPTY, "Fork": FORK, "BuildSnapshot": BUILD_SNAPSHOT, "FinalizeSnapshot": FINALIZE_SNAPSHOT,
+    "CreateOrg": CREATE_ORG, "CreateProject": CREATE_PROJECT, "CreateKey": CREATE_KEY, "SetQuota": SET_QUOTA,
+    "AddSshKey": ADD_SSH_KEY, "CliCreateKey": CLI_CREATE_KEY, "ValidateApt": VALIDATE_APT, "SignIn": SIGN_IN,
+    "CreateStream": CREATE_STREAM,
+    "RuntimeList": RUNTIME_LIST, "Usage": USAGE, "EventList": EVENT_LIST, "History": HISTORY, "Forked": FORKED,
+    "Paused": PAUSED, "SnapshotBuild": SNAPSHOT_BUILD, "Uploaded": UPLOADED, "Lineage": LINEAGE,
+    "FileList": FILE_LIST, "Unpacked": UNPACKED, "Found": FOUND, "AutoResumed": AUTO_RESUMED, "StreamCreated": STREAM_CREATED,
+    "BytesTaken": BYTES_TAKEN, "Org": ORG_INFO, "OrgList": ORG_LIST, "Project": PROJECT,
+    "ProjectList": PROJECT_LIST, "Key": KEY, "KeyList": KEY_LIST, "SshKey": SSH_KEY, "SshKeyList": SSH_KEY_LIST,
+    "Health": HEALTH, "Me": ME, "SignedOut": SIGNED_OUT, "CliOrgs": CLI_ORGS, "CliUser": CLI_USER,
+    "CliRegions": CLI_REGIONS, "CliSandboxList": CLI_SANDBOX_LIST, "CliSandbox": CLI_SANDBOX,
+    "CliProject": CLI_PROJECT, "CliApt": CLI_APT, "CliKeyCreated": CLI_KEY_CREATED, "CliKey": CLI_KEY,
+    "CliKeyList": CLI_KEY_LIST, "Rows": ROWS, "ServiceStats": SERVICE_STATS,
 }
+SCHEMAS: dict[str, Schema] = {name: nullable_optionals(schema) if name in EXAMPLES else schema
+                              for name, schema in _SCHEMAS.items()}
 
-
-@attrs.frozen
-class Bodies:
-    """One route's schemas, by name in SCHEMAS: its request body and its success answer's data."""
-
-    request: str | None = None
-    data: str | None = None
-    required: bool = True  # whether the route refuses an empty body
-
-
-# (method, path template as the router has it) -> its bodies.
-ROUTES: dict[tuple[str, str], Bodies] = {
-    ("POST", "/sandbox"): Bodies("CreateSandbox", "SandboxCreated"),
-    ("GET", "/sandbox"): Bodies(data="SandboxList"),
-    ("GET", "/sandbox/{sandbox_id}"): Bodies(data="Sandbox"),
-    ("GET", "/sandbox/status/{sandbox_id}"): Bodies(data="SandboxStatus"),
-    ("POST", "/sandbox/{sandbox_id}/execute"): Bodies("Execute", "ExecutionStarted"),
-    ("GET", "/sandbox/execution/{execution_id}"): Bodies(data="Execution"),
-    ("POST", "/sandbox/execution/{execution_id}/cancel"): Bodies(data="Execution"),
-    ("GET", "/sandbox/sandboxes/{sandbox_id}/executions"): Bodies(data="ExecutionList"),
-    ("POST", "/sandbox/sandboxes/{sandbox_id}/jobs"): Bodies("StartJob", "Job"),
-    ("GET", "/sandbox/sandboxes/{sandbox_id}/jobs"): Bodies(data="JobList"),
-    ("GET", "/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}"): Bodies(data="Job"),
-    ("DELETE", "/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}"): Bodies(data="Job"),
-    ("PATCH", "/sandbox/env/{sandbox_id}"): Bodies("SetEnv", "EnvSet"),
-    ("POST", "/fs/{sandbox_id}"): Bodies("WriteFiles", "FilesWritten"),
-    ("POST", "/fs/mkdir/{sandbox_id}"): Bodies("MakeDirectory"),
-    ("POST", "/fs/rm/{sandbox_id}"): Bodies("RemoveFile"),
-    ("POST", "/fs/rmdir/{sandbox_id}"): Bodies("RemoveDirectory"),
-    ("POST", "/sandbox/{sandbox_id}/snapshot"): Bodies("TakeSnapshot", "Snapshot", required=False),
-    ("GET", "/sandbox/snapshots"): Bodies(data="SnapshotList"),
-    ("GET", "/sandbox/snapshots/{snapshot_id}"): Bodies(data="Snapshot"),
-    ("PATCH", "/sandbox/snapshots/{snapshot_id}"): Bodies("TagSnapshot", "Snapshot"),
-    ("POST", "/sandbox/{sandbox_id}/checkpoint"): Bodies("CreateCheckpoint", "Checkpoint"),
-    ("GET", "/sandbox/checkpoints/{sandbox_id}"): Bodies(data="CheckpointList"),
-}
-
-__all__ = ["EXAMPLES", "ROUTES", "SCHEMAS", "Bodies"]
+__all__ = ["EXAMPLES", "SCHEMAS", "Schema"]

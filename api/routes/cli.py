@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api.http import json_body, ok, q_choice, q_int
+from hutch.api.http import json_body, ok, q_choice, q_instant, q_int, q_offset
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.stats import usage as usage_stats
 from hutch.api.tenancy import PUBLIC, needs
@@ -76,7 +76,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         project_id=request.query.get("projectId") or None,
         status=q_choice(request, "status", tuple(s.value for s in SandboxStatus)),
         limit=q_int(request, "limit", 50, lo=1, hi=1000),
-        offset=q_int(request, "offset", 0),
+        offset=q_offset(request),
         sort=_SORTS[sort],
         direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
     )
@@ -152,8 +152,11 @@ async def create_key(request: web.Request) -> web.Response:
     keys have no role; hutch's get ``member`` unless the body names ``role``."""
     body = await json_body(request)
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    projects = [body["projectId"]] if body.get("projectId") else []
-    secret, event = tenancy.create_key(directory, principal.org_id, role=body.get("role", "member"),
+    project = body.get("projectId")
+    if project is not None and not isinstance(project, str):  # {} is not "no project"
+        raise InvalidInput(f"projectId: expected a project id or name, got {project!r}", field="projectId")
+    projects = [project] if project else []
+    secret, event = tenancy.create_key(directory, principal.org_id, role="member" if body.get("role") is None else body["role"],
                                        name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"))
     await request.app[ENGINE].record(principal.org_id, lambda: [event])
     return ok({"id": event.key_id, "value": secret})
@@ -200,7 +203,7 @@ async def service_stats(request: web.Request) -> web.Response:
     if request.match_info["org_id"] != principal.org_id:
         raise NotFound(f"organization {request.match_info['org_id']} not found")
     engine = request.app[ENGINE]
-    used = await usage_stats(engine.store, engine.driver, request.query.get("start"), request.query.get("end"),
+    used = await usage_stats(engine.store, engine.driver, q_instant(request, "start"), q_instant(request, "end"),
                              scope=engine.scoped(SandboxQuery()))
     live, _ = await engine.list(SandboxQuery(live=True, limit=10**9))
     return ok({"services": {"sandbox": {

@@ -36,7 +36,9 @@ def _path(value: object, field: str = "path", *, default: str | None = None) -> 
 
 
 def _flag(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key, False)
+    value = body.get(key)
+    if value is None:  # left out or null, as every other optional field
+        return False
     if not isinstance(value, bool):
         raise InvalidInput(f"{key}: expected true or false", field=key)
     return value

@@ -46,12 +46,16 @@ async def sandbox_history(request: web.Request) -> web.Response:
                            for ev, sb in steps]})
 
 
+def _or(value: object, default: object) -> object:
+    return default if value is None else value  # null: left out, as every optional field
+
+
 @routes.post("/sandbox/{sandbox_id}/fork")
 async def fork_sandbox(request: web.Request) -> web.Response:
     from hutch.api.routes.sandboxes import render_sandbox
 
     body = await json_body(request, required=False)
-    snap, made = await fork.fork(request.app[ENGINE], request.match_info["sandbox_id"], body.get("count", 1),
+    snap, made = await fork.fork(request.app[ENGINE], request.match_info["sandbox_id"], _or(body.get("count"), 1),
                                  api_key_id=request.get(API_KEY_ID))
     return ok({"snapshotId": snap.snapshot_id,
                "sandboxes": [render_sandbox(request, c.sandbox) for c in made]}, http_status=201)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 
 from aiohttp import web
 
 from hutch.api import wire
-from hutch.api.http import base_url, json_body, ok, q_bool, q_choice, q_duration, q_int
+from hutch.api.http import (
+    base_url,
+    json_body,
+    ok,
+    q_bool,
+    q_choice,
+    q_duration,
+    q_instant,
+    q_int,
+    q_offset,
+)
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
 from hutch.api.routes import history as history_routes
 from hutch.api.routes import proxy
@@ -59,7 +68,7 @@ def render_execution(request: web.Request, ex: Execution) -> dict:
 @routes.get("/sandbox/runtimes")
 async def list_runtimes(request: web.Request) -> web.Response:
     limit = q_int(request, "limit", 100, lo=1, hi=1000)
-    offset = q_int(request, "offset", 0)
+    offset = q_offset(request)
     sort = q_choice(request, "sort", ("name", "created"), "name")
     direction = q_choice(request, "direction", ("asc", "desc"), "asc")
     driver = request.app[ENGINE].driver
@@ -75,22 +84,11 @@ async def list_runtimes(request: web.Request) -> web.Response:
                             for r, avail in page], "total": len(catalog)})
 
 
-def _instant(request: web.Request, name: str) -> str | None:
-    raw = request.query.get(name)
-    if not raw:
-        return None
-    try:
-        dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError as err:
-        raise InvalidInput(f"{name}: expected an ISO 8601 time such as 2026-04-01T00:00:00Z, got {raw!r}", field=name) from err
-    return raw
-
-
 @routes.get("/sandbox/stats")
 async def stats(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     scope = engine.resolved(SandboxQuery(project_id=request.query.get("projectId") or None))  # hutch: per project
-    return ok(await usage_stats(engine.store, engine.driver, _instant(request, "start"), _instant(request, "end"),
+    return ok(await usage_stats(engine.store, engine.driver, q_instant(request, "start"), q_instant(request, "end"),
                                 scope=scope))
 
 
@@ -137,7 +135,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         live=q_bool(request, "live"),
         deleted_only=bool(q_bool(request, "deletedOnly")),
         limit=q_int(request, "limit", 50, lo=1, hi=100),
-        offset=q_int(request, "offset", 0),
+        offset=q_offset(request),
         sort=_SORTS[sort or "created"],
         direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
     )

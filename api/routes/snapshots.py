@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api import wire
-from hutch.api.http import base_url, json_body, ok, q_choice, q_int, stream
+from hutch.api.http import base_url, json_body, ok, q_choice, q_int, q_offset, stream
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
 from hutch.api.snapshots import LINEAGE_MAX, unchanged
 from hutch.api.tenancy import PUBLIC, needs
@@ -60,7 +60,7 @@ def _list_query(request: web.Request, *, public: bool | None, hi: int) -> Snapsh
         tag=request.query.get("tag") or None,
         public=public,
         limit=q_int(request, "limit", 50, lo=1, hi=hi),
-        offset=q_int(request, "offset", 0),
+        offset=q_offset(request),
         sort=sort,
         direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
     )

@@ -11,7 +11,7 @@ from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE
 from hutch.api.sandbox_streams import is_sandbox_stream
 from hutch.api.tenancy import PUBLIC, needs
-from hutch.core.errors import NotFound
+from hutch.core.errors import InvalidInput, NotFound
 
 routes = web.RouteTableDef()
 
@@ -48,8 +48,10 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
 @routes.post("/streams")
 async def create_input(request: web.Request) -> web.Response:
     body = await json_body(request) if request.body_exists else {}
-    name = body.get("name") if isinstance(body, dict) else None
-    stream_id = request.app[ENGINE].inputs.create(name if isinstance(name, str) else "")
+    name = body.get("name")
+    if name is not None and not isinstance(name, str):
+        raise InvalidInput(f"name: expected a string, got {name!r}", field="name")
+    stream_id = request.app[ENGINE].inputs.create(name or "")
     # The stream service answers {id} at the top level (the real client reads it there).
     return web.json_response({"success": True, "id": stream_id, "data": {"id": stream_id}}, status=201)
 

@@ -129,10 +129,17 @@ async def create_key(request: web.Request) -> web.Response:
     body = await json_body(request)
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     secret, event = tenancy.create_key(
-        directory, principal.org_id, role=body.get("role"), name=body.get("name"), projects=body.get("projects") or [],
+        directory, principal.org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
         expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"))
     await request.app[ENGINE].record(principal.org_id, lambda: [event])
     return ok(render_key(directory.keys[event.key_id]) | {"secret": secret}, http_status=201)
+
+
+def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
+    """A field's value, ``default`` only when it is left out or null: ``{}`` or ``""`` is a value,
+    for the check to refuse, not a silent "none"."""
+    value = body.get(key)
+    return default if value is None else value
 
 
 @routes.delete("/keys/{key_id}")

@@ -108,22 +108,35 @@ async def test_a_wrong_method_on_a_cli_path_is_405_and_an_unknown_cli_call_501(m
     assert body["code"] == "NOT_SUPPORTED" and "hutch" in body["message"]
 
 
-def test_the_main_routes_state_their_bodies_from_the_wire_schemas(make_app_document: dict) -> None:  # type: ignore[type-arg]
-    from hutch.api.wire_schemas import ROUTES, SCHEMAS
+def test_every_route_states_its_bodies_from_the_wire_schemas(make_app_document: dict) -> None:  # type: ignore[type-arg]
+    from hutch.api.route_schemas import ROUTES
+    from hutch.api.wire_schemas import SCHEMAS
 
     doc = make_app_document
     assert doc["components"]["schemas"].keys() >= SCHEMAS.keys()
-    for (method, path), bodies in ROUTES.items():
+    for (method, path), route in ROUTES.items():
         op = doc["paths"][path][method.lower()]
-        if bodies.request:
+        if route.request:
             media = op["requestBody"]["content"]["application/json"]
-            assert media["schema"] == {"$ref": f"#/components/schemas/{bodies.request}"}, (method, path)
-            assert media["example"], (method, path)
-        if bodies.data:
+            assert media["schema"] == {"$ref": f"#/components/schemas/{route.request}"}, (method, path)
+            assert media["example"] is not None, (method, path)
+        if route.data:
             ok = op["responses"]["2XX"]["content"]["application/json"]["schema"]
-            assert ok["allOf"][1]["properties"]["data"] == {"$ref": f"#/components/schemas/{bodies.data}"}
+            assert ok["allOf"][1]["properties"]["data"] == {"$ref": f"#/components/schemas/{route.data}"}
+        assert route.media in op["responses"]["2XX"]["content"], (method, path)
+        # orgId on every route that needs a key, and only there.
+        assert ("orgId" in {p["name"] for p in op["parameters"]}) == ("security" not in op), (method, path)
+    # Found by the fuzzing: these were declared with another media type than they answer.
+    ok = {(m, p): set(doc["paths"][p][m]["responses"]["2XX"]["content"]) for m, p in (
+        ("get", "/fs/{sandbox_id}"), ("get", "/app/session"), ("get", "/fs/download/{sandbox_id}"))}
+    assert ok[("get", "/fs/{sandbox_id}")] >= {"application/octet-stream"}
+    assert ok[("get", "/app/session")] == {"application/json"}
+    assert ok[("get", "/fs/download/{sandbox_id}")] >= {"application/gzip"}
+    # The handlers' limits, as query parameters.
+    listing = {p["name"]: p["schema"] for p in doc["paths"]["/sandbox"]["get"]["parameters"]}
+    assert listing["limit"]["anyOf"][0]["maximum"] == 100 and listing["offset"]["anyOf"][0]["maximum"] == 10**9
     create = doc["components"]["schemas"]["CreateSandbox"]["properties"]
-    assert create["command"]["properties"]["mode"]["enum"] == ["oneshot", "interactive"]
+    assert create["command"]["anyOf"][0]["properties"]["mode"]["anyOf"][0]["enum"] == ["oneshot", "interactive"]
     assert doc["components"]["schemas"]["Sandbox"]["properties"]["sandboxId"]["pattern"].startswith("^sbx_")
     # Found by the fuzzing: this document is JSON but no envelope, and says so of itself.
     itself = doc["paths"]["/openapi.json"]["get"]["responses"]["2XX"]["content"]["application/json"]["schema"]
