@@ -4,9 +4,9 @@ claiming a pooled sandbox (pool.py) or starting a new one (launch.py), and its n
 On failure nothing is left behind: what was made is torn down (teardown.py).
 
 At most ``STARTS_PER_CORE`` sandboxes per core are being started at once; more creates wait
-their turn. Uncapped, 200 clients creating at once on a slow (shared, 2-core) machine had
-every start slowed by all the others until the slowest ran past their deadlines: 45 creates
-failed (502) in bench/soak.py. Started in turn, the same load had none fail.
+their turn. Uncapped, 200 clients creating at once on a slow (shared, 2-core) machine slow
+every start by all the others until the slowest run past their deadlines: a soak run
+(bench/soak.py) had 45 creates fail with 502. With the cap, its runs have had none fail.
 """
 
 from __future__ import annotations
