@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api import archives, openapi
+from hutch.api import archives, memory, openapi
 from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
 from hutch.api.http import check_query
@@ -253,4 +253,7 @@ def run_server(config: Config) -> None:
     print(f"hutch: serving on http://{config.host}:{config.port} (data dir {config.data_dir}, driver {config.driver})", flush=True)
     if config.ssh_port is not None:
         print(f"hutch: SSH gateway on {config.host}:{config.ssh_port or '(a free port: see GET /healthz)'}", flush=True)
-    web.run_app(create_app(config), host=config.host, port=config.port, print=None, access_log=None)
+    memory.limit_arenas()  # process-wide, so here rather than in create_app (tests share a process)
+    app = create_app(config)
+    app.cleanup_ctx.append(memory.trim_ctx)
+    web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
