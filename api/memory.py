@@ -2,9 +2,11 @@
 
 bench/soak.py found RSS growing with load although the Python heap did not: glibc keeps freed
 heap in per-thread arenas (one per thread that allocated, up to 8 per core: the executor's
-threads each get one) and it counts in RSS until given back (megabytes free but held). So
-the server process caps the arenas at 2 before it starts anything and asks glibc every 30 s to return free pages (``malloc_trim(0)``). Elsewhere (musl, macOS)
-there is nothing to do: both are no-ops that say so by returning False.
+threads each get one; a soak's server had 5 besides the main one) and it counts in RSS until
+given back. So the server process caps the arenas at 2 before it starts anything (the soak's
+server then has 1 besides the main one) and asks glibc every 30 s to return free pages
+(``malloc_trim(0)``). Elsewhere (musl, macOS) there is nothing to do: both are no-ops that
+say so by returning False.
 """
 
 from __future__ import annotations
