@@ -21,7 +21,10 @@ import pytest
 from tests.compat.test_agentuity_client import _free_port, _hutch_command, _stop, _wait_ready
 from tests.compat.test_agentuity_client import profile_flags as profile_flags  # both profiles
 
-pytestmark = pytest.mark.compat
+# One test walks the whole CLI (about 25 commands, each a bun start) through one live server;
+# at a load average of 16-27 it took 126 s, past pytest's default 120 s (each command has its own
+# 180 s bound below).
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(400)]
 COMPAT_DIR = Path(__file__).resolve().parent
 BUN_DIR = COMPAT_DIR / "node_modules" / "@oven" / "bun-linux-x64" / "bin"
 AGENTUITY = COMPAT_DIR / "node_modules" / ".bin" / "agentuity"
