@@ -154,30 +154,38 @@ class PostgresOutputStreams(OutputStreams):
             event.set()
 
     async def _on_session(self, query: str, *args: object) -> object:
-        if self._session is None:
+        if self._pool is None:
             raise BlobUnavailable("the PostgreSQL output streams are not started")
         async with self._session_lock:
-            try:
-                return await self._session.fetchval(query, *args)
-            except _UNAVAILABLE as err:
-                lost = err
-            try:  # once, on a new session: a restarted database must not stop every command
-                await self._reconnect()
-                return await self._session.fetchval(query, *args)
+            lost: BaseException | None = None
+            if self._session is not None and not self._session.is_closed():
+                try:
+                    return await self._session.fetchval(query, *args)
+                except _UNAVAILABLE as err:
+                    lost = err
+            try:  # on a new session: a restarted database must not stop every later command
+                session = await self._reconnect()
+                return await session.fetchval(query, *args)
             except (*_UNAVAILABLE, asyncpg.PostgresError) as err:
-                raise BlobUnavailable(f"PostgreSQL output streams: {err} (after {lost})") from err
+                raise BlobUnavailable(f"PostgreSQL output streams: {err}" + (f" (after {lost})" if lost else "")) \
+                    from err
 
-    async def _reconnect(self) -> None:
+    async def _reconnect(self) -> asyncpg.Connection:
         """A new session, holding again the locks of the streams still open here (readers
         elsewhere saw them closed meanwhile, and stopped reading them)."""
         old, self._session = self._session, None
         if old is not None:
             old.terminate()
         session = await asyncpg.connect(self.dsn, command_timeout=60)
-        await session.add_listener(_CHANNEL, self._notified)
-        await session.execute("SELECT pg_try_advisory_lock(k) FROM unnest($1::bigint[]) AS k",
-                              [lock_key(stream_id) for stream_id in self._writers])
+        try:
+            await session.add_listener(_CHANNEL, self._notified)
+            await session.execute("SELECT pg_try_advisory_lock(k) FROM unnest($1::bigint[]) AS k",
+                                  [lock_key(stream_id) for stream_id in self._writers])
+        except BaseException:
+            session.terminate()
+            raise
         self._session = session
+        return session
 
     @contextlib.asynccontextmanager
     async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
@@ -208,6 +216,8 @@ class PostgresOutputStreams(OutputStreams):
             return
         try:
             await writer.finish()
+        except Exception:  # never in the way of the execution being recorded finished
+            log.exception("output stream %s: saving its last bytes failed", stream_id)
         finally:
             # Released after the last chunk committed: a reader seeing it closed sees them all.
             with contextlib.suppress(BlobUnavailable):  # a lost session released it already
