@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import re
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
 from hutch.api.http import check_query
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
-from hutch.api.output import OutputStore
 from hutch.api.routes import (
     audit,
     checkpoints,
@@ -142,15 +140,6 @@ async def _requested_org(request: web.Request) -> str | None:
     return value
 
 
-def _stream_secret(data_dir: Path) -> bytes:
-    path = data_dir / "stream-secret"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(32))
-    return bytes.fromhex(path.read_text().strip())
-
-
 def _lock_data_dir(data_dir: Path) -> int:
     """Two servers on one data dir would interleave one log and fight over sandboxes."""
     fd = os.open(data_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -205,9 +194,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.callback(os.close, lock_fd)
         tenants = Tenants(resolve_api_key(config)[0], default_rate=parse_rate(config.rate_limit))
         parts = server_parts(config)
-        event_log, store, driver, blob_store = parts.event_log, parts.store, parts.driver, parts.blobs
-        outputs = OutputStore(config.data_dir / "output", config.output_cap_bytes)
-        outputs.start()
+        event_log, store, driver, blob_store, outputs = (parts.event_log, parts.store, parts.driver, parts.blobs,
+                                                         parts.outputs)
         # Each part is closed (in reverse) however far the start got: a refusal at start
         # (a store bound to another log, a driver without its services) leaves nothing open.
         await event_log.start()
@@ -216,10 +204,13 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(store.close)
         await blob_store.start()
         stack.push_async_callback(blob_store.close)
+        await outputs.start()
+        stack.push_async_callback(outputs.close_store)
+        secret = await outputs.secret()  # shared by every replica on the production profile
         await driver.start()
         stack.push_async_callback(driver.close)
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
-                        stream_secret=_stream_secret(config.data_dir), data_dir=config.data_dir,
+                        stream_secret=secret, data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
                                                max_entries=config.max_archive_entries),
                         blobs=blob_store, projector=parts.projector)
@@ -232,7 +223,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[TENANTS] = tenants
         engine.prebuild(prebuild)
         app[ENGINE] = engine
-        app[SESSIONS] = Sessions(_stream_secret(config.data_dir))
+        app[SESSIONS] = Sessions(secret)
         if config.ssh_port is not None:
             from hutch.api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
 

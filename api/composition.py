@@ -1,7 +1,7 @@
 """The composition root: the one place that turns settings into the parts hutch runs on —
-the event log, the projection store, the projector, the blob store and the driver. The server
-(``api.app``), the operator commands (``projections.commands``), the benchmarks and the
-tests all build their parts here, so a backend is chosen in one place only.
+the event log, the projection store, the projector, the blob store, the output streams and
+the driver. The server (``api.app``), the operator commands (``projections.commands``), the
+benchmarks and the tests all build their parts here, so a backend is chosen in one place only.
 
 Building a part opens nothing: each is started (and closed) by whoever runs it.
 """
@@ -16,6 +16,7 @@ from hutch.api.config import Config
 from hutch.core.blobs import BlobStore
 from hutch.core.errors import InvalidInput
 from hutch.core.eventlog.base import EventLog
+from hutch.core.output import OutputStreams
 from hutch.drivers.base import Driver
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -84,6 +85,18 @@ def open_blob_store(store: str, data_dir: Path) -> BlobStore:
     return FileBlobStore(data_dir)
 
 
+def open_output_streams(store: str, data_dir: Path, cap_bytes: int) -> OutputStreams:
+    """Executions' output streams: chunks in PostgreSQL with a PostgreSQL store, so any
+    replica serves them and they outlive the host; else files under the data dir."""
+    if store.startswith(_POSTGRES):
+        from hutch.blobs.output_postgres import PostgresOutputStreams  # asyncpg only where used
+
+        return PostgresOutputStreams(store, cap_bytes)
+    from hutch.blobs.output_files import FileOutputStreams
+
+    return FileOutputStreams(data_dir, cap_bytes)
+
+
 def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
     if config.driver == "fake":
         from hutch.drivers.fake.driver import FakeDriver
@@ -121,6 +134,7 @@ class ServerParts:
     projector: Projector
     driver: Driver
     blobs: BlobStore
+    outputs: OutputStreams
 
 
 def server_parts(config: Config) -> ServerParts:
@@ -130,4 +144,5 @@ def server_parts(config: Config) -> ServerParts:
     projector = make_projector(event_log, store, external=config.projector == "external")
     blobs = open_blob_store(config.store, config.data_dir)
     return ServerParts(event_log=event_log, store=store, projector=projector, driver=open_driver(config, blobs),
-                       blobs=blobs)
+                       blobs=blobs, outputs=open_output_streams(config.store, config.data_dir,
+                                                                config.output_cap_bytes))

@@ -14,7 +14,7 @@ import attrs
 from hutch.api.background import Background
 from hutch.api.control import SandboxControl
 from hutch.api.input_streams import InputStreams
-from hutch.api.output import RAW_OUTPUT, ExecutionSink, OutputStore, StreamOptions
+from hutch.api.output import RAW_OUTPUT, ExecutionSink, StreamOptions
 from hutch.api.reads import Reads
 from hutch.api.recorder import Recorder
 from hutch.api.stream_ids import StreamIds
@@ -24,6 +24,7 @@ from hutch.core import ids
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
 from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.output import OutputStreams
 from hutch.core.quantities import format_bytes, parse_duration
 from hutch.drivers.base import Driver, ExecRequest, ExecResult
 
@@ -42,7 +43,7 @@ def default_timeout(spec: SandboxSpec) -> float | None:
 
 class Executions:
     def __init__(self, *, reads: Reads, recorder: Recorder, control: SandboxControl, driver: Driver,
-                 outputs: OutputStore, streams: StreamIds, inputs: InputStreams, background: Background) -> None:
+                 outputs: OutputStreams, streams: StreamIds, inputs: InputStreams, background: Background) -> None:
         self._reads = reads
         self._recorder = recorder
         self._control = control
@@ -136,13 +137,13 @@ class Executions:
                     *, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT) -> None:
         """Record the command started and run it in the background."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
-        stdout = self._outputs.create(self._streams.derive(execution_id, "stdout"))
-        stderr = self._outputs.create(self._streams.derive(execution_id, "stderr"))
+        stdout = await self._outputs.open(self._streams.derive(execution_id, "stdout"))
+        stderr = await self._outputs.open(self._streams.derive(execution_id, "stderr"))
         try:
             await self._recorder.command(
                 sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind))
         except BaseException:
-            self.close_streams(execution_id)
+            await self.close_streams(execution_id)
             raise
         task = self._background.spawn(
             self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream)),
@@ -150,9 +151,11 @@ class Executions:
         self._tasks[execution_id] = task
         task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
 
-    def close_streams(self, execution_id: str) -> None:
-        self._outputs.close(self._streams.derive(execution_id, "stdout"))
-        self._outputs.close(self._streams.derive(execution_id, "stderr"))
+    async def close_streams(self, execution_id: str) -> None:
+        """Every byte saved and both streams closed: before the execution is recorded finished,
+        so a reader that sees it finished reads its whole output."""
+        await self._outputs.close(self._streams.derive(execution_id, "stdout"))
+        await self._outputs.close(self._streams.derive(execution_id, "stderr"))
 
     async def _run(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                    sink: ExecutionSink) -> None:
@@ -179,7 +182,7 @@ class Executions:
             if stdin is not None:
                 await stdin.aclose()  # an upload still sending is told the command is done with it
             truncated = any(s.truncated for s in sink.streams.values())
-            self.close_streams(execution_id)
+            await self.close_streams(execution_id)
         finish = self._finish(sb, execution_id, result, error, timeout, duration_ms, truncated)
         self._stopping.discard(execution_id)
         with contextlib.suppress(IllegalTransition, SandboxNotFound):  # the sandbox ended under it

@@ -13,7 +13,6 @@ import attrs
 from hutch.api.background import Background, quietly
 from hutch.api.executions import Executions, default_timeout
 from hutch.api.input_streams import InputStreams
-from hutch.api.output import OutputStore
 from hutch.api.quotas import Quotas
 from hutch.api.reads import Reads
 from hutch.api.recorder import Recorder
@@ -26,6 +25,7 @@ from hutch.core.errors import DriverFailure, HutchError, NotSupported
 from hutch.core.events import SandboxCreated
 from hutch.core.lifecycle import Fail, ReportBuild, Start
 from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.output import OutputStreams
 from hutch.drivers.base import Driver, ProvisionRequest
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class Created:
 
 
 class Provisioning:
-    def __init__(self, *, reads: Reads, recorder: Recorder, driver: Driver, outputs: OutputStore,
+    def __init__(self, *, reads: Reads, recorder: Recorder, driver: Driver, outputs: OutputStreams,
                  streams: StreamIds, inputs: InputStreams, quotas: Quotas, snapshots: Snapshots,
                  executions: Executions, background: Background) -> None:
         self._reads = reads
@@ -79,8 +79,8 @@ class Provisioning:
             await self._recorder.append(sandbox_id, created)
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
-                self._outputs.create(self._streams.derive(execution_id, "stdout"))
-                self._outputs.create(self._streams.derive(execution_id, "stderr"))
+                await self._outputs.open(self._streams.derive(execution_id, "stdout"))
+                await self._outputs.open(self._streams.derive(execution_id, "stderr"))
             self._reads.building.add(sandbox_id)
             self._background.spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
         else:
@@ -153,7 +153,7 @@ class Provisioning:
         finally:
             self._reads.building.discard(sandbox_id)
             if execution_id and not (started and self._executions.running(execution_id)):
-                self._executions.close_streams(execution_id)
+                await self._executions.close_streams(execution_id)
 
     def _report_build(self, sandbox_id: str, spec: SandboxSpec, line: str) -> None:
         self._background.spawn(quietly(self._recorder.command(sandbox_id, ReportBuild(spec.runtime, line))),

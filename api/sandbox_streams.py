@@ -49,7 +49,7 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
             progressed = False
             for execution in pending:
                 stream_id = engine.streams.derive(execution.execution_id, stream)
-                if not _readable(engine, execution, stream_id):
+                if not await _readable(engine, execution, stream_id):
                     break  # queued: its stream opens when it starts; keep the order
                 async for chunk in engine.outputs.read(stream_id):
                     yield chunk
@@ -59,8 +59,8 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
                 continue
             if ended and not pending:
                 return
-            if ended and pending and not any(_readable(engine, x, engine.streams.derive(x.execution_id, stream))
-                                             for x in pending):
+            if ended and pending and not [x for x in pending
+                                          if await _readable(engine, x, engine.streams.derive(x.execution_id, stream))]:
                 return  # ended with commands that never started (they were cancelled with it)
             await _next_change(changes, sandbox_id)
     finally:
@@ -76,7 +76,7 @@ async def execution_output(engine: Engine, execution_id: str, stream: str) -> As
         while True:
             _drain(changes)
             execution = await engine.store.get_execution(execution_id)
-            if execution is None or _readable(engine, execution, stream_id):
+            if execution is None or await _readable(engine, execution, stream_id):
                 break
             sandbox_id = execution.sandbox_id
             await _next_change(changes, sandbox_id)
@@ -86,10 +86,10 @@ async def execution_output(engine: Engine, execution_id: str, stream: str) -> As
         yield chunk
 
 
-def _readable(engine: Engine, execution: Execution, stream_id: str) -> bool:
+async def _readable(engine: Engine, execution: Execution, stream_id: str) -> bool:
     """Its bytes can be read to their end now: the stream is open (read follows it to its
-    close) or the execution has ended (its bytes, if any, are all on disk)."""
-    return engine.outputs.is_open(stream_id) or execution.status.is_final
+    close) or the execution has ended (its bytes, if any, are all saved: its streams closed first)."""
+    return execution.status.is_final or await engine.outputs.is_open(stream_id)
 
 
 def _drain(changes: asyncio.Queue) -> None:

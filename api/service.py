@@ -22,7 +22,6 @@ from hutch.api.control import SandboxControl
 from hutch.api.engine_checkpoints import Checkpoints
 from hutch.api.executions import JOB_STOP_GRACE_SECONDS, Executions
 from hutch.api.input_streams import InputStreams
-from hutch.api.output import OutputStore
 from hutch.api.provisioning import Created, Provisioning
 from hutch.api.quotas import Quotas
 from hutch.api.reads import Reads
@@ -40,6 +39,7 @@ from hutch.core.errors import IllegalTransition
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, EventData
 from hutch.core.models import Checkpoint, Execution, Sandbox, SandboxStatus
+from hutch.core.output import OutputStreams
 from hutch.drivers.base import Driver, FileToWrite
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -52,7 +52,7 @@ class Engine:
         event_log: EventLog,
         store: ProjectionStore,
         driver: Driver,
-        outputs: OutputStore,
+        outputs: OutputStreams,
         stream_secret: bytes,
         data_dir: Path,
         limits: archives.Limits | None = None,
@@ -66,7 +66,7 @@ class Engine:
         self.projector = projector or Projector(event_log, store)
         self.streams = StreamIds(stream_secret)
         self.inputs = InputStreams()  # stdin uploads (POST/PUT /streams)
-        outputs.verify = self.streams.issued  # streams closed before their first byte have no file
+        outputs.verify = self.streams.issued  # streams closed before their first byte store nothing
         self.background = Background()
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)

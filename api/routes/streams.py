@@ -21,7 +21,7 @@ routes = web.RouteTableDef()
 async def read_stream(request: web.Request) -> web.StreamResponse:
     outputs = request.app[ENGINE].outputs
     stream_id = request.match_info["stream_id"]
-    if not outputs.exists(stream_id):
+    if not await outputs.exists(stream_id):
         raise NotFound(f"stream {stream_id} not found")
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
     resp.enable_chunked_encoding()

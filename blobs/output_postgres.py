@@ -1,0 +1,286 @@
+"""The production profile's output streams (the port is ``core.output``): chunks in
+PostgreSQL, so a stream written through one API replica is read through any other and
+outlives the host that ran its command.
+
+Layout (``projections/migrations/008_output.sql``): ``hutch_output_chunks(stream_id,
+start_pos, end_pos, data)``, one row per saved piece; ``hutch_secrets`` holds the secret
+stream ids are signed with, made once by the first replica, so every replica issues and
+accepts the same ids.
+
+* Writing: ``write`` never blocks. Bytes are kept in memory (never more than the output
+  cap) and saved as a chunk once 64 KiB are pending or 100 ms after the first pending
+  byte; the chunk row and the NOTIFY that wakes followers are one statement. ``close``
+  saves what is pending, then releases the stream.
+* Open or closed: a stream is open while its writer's PostgreSQL session holds the
+  stream's advisory lock (taken at ``open`` on one session per process, released at
+  ``close``). A writer killed with its host loses its session, so its streams read as
+  closed at once, with every chunk it saved: no marker has to be cleaned up.
+* Reading follows a stream by NOTIFY, and re-checks every ``_RECHECK_SECONDS`` because a
+  dead writer sends nothing. It checks "open" *before* fetching chunks: a stream seen
+  closed has every chunk committed, so the fetch after it is the whole remainder.
+
+Chunks are never deleted, as output files are kept on the embedded profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+
+from hutch.core.blobs import BlobUnavailable
+from hutch.core.errors import InvalidInput
+from hutch.core.output import CHUNK, OutputStreams, OutputWriter, check_offset, check_stream_id
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.1  # how long a byte waits at most before it is saved
+_ROW_MAX = 1 << 20  # the largest chunk row (a big write is saved as several)
+_RECHECK_SECONDS = 0.25  # a follower's safety net: a killed writer notifies nobody
+_RETRIES = (0.2, 0.5, 1.0)  # a chunk's save is retried after these pauses, then dropped
+_CHANNEL = "hutch_output"
+_SAVE = ("WITH c AS (INSERT INTO hutch_output_chunks (stream_id, start_pos, end_pos, data)"
+         " VALUES ($1, $2, $3, $4)) SELECT pg_notify('hutch_output', $1)")
+_HELD = ("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+         " AND classid = $1 AND objid = $2"
+         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))")
+_FETCH_ROWS = 16
+_FETCH = ("SELECT start_pos, end_pos, data FROM hutch_output_chunks"
+          f" WHERE stream_id = $1 AND end_pos > $2 ORDER BY end_pos LIMIT {_FETCH_ROWS}")
+_SECRET = ("WITH made AS (INSERT INTO hutch_secrets (name, value) VALUES ($1, $2)"
+           " ON CONFLICT (name) DO NOTHING RETURNING value)"
+           " SELECT value FROM made UNION ALL SELECT value FROM hutch_secrets WHERE name = $1 LIMIT 1")
+_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError)
+
+
+def lock_key(stream_id: str) -> int:
+    """The stream's advisory lock: 64 bits of a hash of its id (signed, as PostgreSQL takes it)."""
+    return int.from_bytes(hashlib.sha256(stream_id.encode()).digest()[:8], "big", signed=True)
+
+
+async def _held(conn: asyncpg.Connection, stream_id: str) -> bool:
+    """Whether some session holds the stream's lock (its writer is alive)."""
+    key = lock_key(stream_id) & 0xFFFFFFFFFFFFFFFF
+    return bool(await conn.fetchval(_HELD, key >> 32, key & 0xFFFFFFFF))
+
+
+class PostgresOutputWriter(OutputWriter):
+    def __init__(self, owner: PostgresOutputStreams, stream_id: str, cap: int) -> None:
+        super().__init__(stream_id, cap)
+        self._owner = owner
+        self._pending = bytearray()
+        self._saved = 0  # where the next chunk starts
+        self._full = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
+
+    def _save(self, data: bytes) -> None:
+        self._pending += data
+        if len(self._pending) >= CHUNK:
+            self._full.set()
+        if self._pump is None:
+            self._pump = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                if len(self._pending) < CHUNK and not self.closed:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(FLUSH_SECONDS):
+                            await self._full.wait()
+                self._full.clear()
+                data = bytes(self._pending[:_ROW_MAX])
+                del self._pending[:len(data)]
+                await self._owner._save_chunk(self.stream_id, self._saved, data)
+                self._saved += len(data)
+        finally:
+            self._pump = None
+
+    async def finish(self) -> None:
+        """Save everything pending (at once: no waiting out the flush delay)."""
+        self.closed = True
+        self._full.set()
+        if self._pump is not None:
+            await self._pump
+        if self._pending:
+            await self._drain()
+
+
+class PostgresOutputStreams(OutputStreams):
+    def __init__(self, dsn: str, cap_bytes: int, verify: Callable[[str], bool] = lambda _id: False) -> None:
+        super().__init__(cap_bytes, verify)
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise InvalidInput(f"output streams: {dsn!r} is not a postgresql:// URL", field="store")
+        self.dsn = dsn
+        self._pool: asyncpg.Pool | None = None
+        self._session: asyncpg.Connection | None = None  # holds this process's stream locks
+        self._session_lock = asyncio.Lock()  # one statement at a time on it
+        self._writers: dict[str, PostgresOutputWriter] = {}
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+
+    async def start(self) -> None:
+        # The one numbered schema, shared with the projection store.
+        from hutch.projections.postgres import migrate
+
+        try:
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=10, command_timeout=60)
+            self._session = await asyncpg.connect(self.dsn, command_timeout=60)
+            await migrate(self._session)
+            await self._session.add_listener(_CHANNEL, self._notified)
+        except (*_UNAVAILABLE, asyncpg.PostgresError) as err:
+            await self.close_store()
+            raise BlobUnavailable(f"cannot open the PostgreSQL output streams: {err}") from err
+
+    async def close_store(self) -> None:
+        for stream_id in list(self._writers):
+            with contextlib.suppress(Exception):
+                await self.close(stream_id)
+        if self._session is not None:
+            session, self._session = self._session, None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(session.close(), 10)  # its locks go with it
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), 10)
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        for event in self._waiters.get(payload, ()):
+            event.set()
+
+    async def _on_session(self, query: str, *args: object) -> object:
+        if self._pool is None:
+            raise BlobUnavailable("the PostgreSQL output streams are not started")
+        async with self._session_lock:
+            lost: BaseException | None = None
+            if self._session is not None and not self._session.is_closed():
+                try:
+                    return await self._session.fetchval(query, *args)
+                except _UNAVAILABLE as err:
+                    lost = err
+            try:  # on a new session: a restarted database must not stop every later command
+                session = await self._reconnect()
+                return await session.fetchval(query, *args)
+            except (*_UNAVAILABLE, asyncpg.PostgresError) as err:
+                raise BlobUnavailable(f"PostgreSQL output streams: {err}" + (f" (after {lost})" if lost else "")) \
+                    from err
+
+    async def _reconnect(self) -> asyncpg.Connection:
+        """A new session, holding again the locks of the streams still open here (readers
+        elsewhere saw them closed meanwhile, and stopped reading them)."""
+        old, self._session = self._session, None
+        if old is not None:
+            old.terminate()
+        session = await asyncpg.connect(self.dsn, command_timeout=60)
+        try:
+            await session.add_listener(_CHANNEL, self._notified)
+            await session.execute("SELECT pg_try_advisory_lock(k) FROM unnest($1::bigint[]) AS k",
+                                  [lock_key(stream_id) for stream_id in self._writers])
+        except BaseException:
+            session.terminate()
+            raise
+        self._session = session
+        return session
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
+        if self._pool is None:
+            raise BlobUnavailable("the PostgreSQL output streams are not started")
+        try:
+            async with self._pool.acquire() as conn:
+                yield conn
+        except _UNAVAILABLE as err:
+            raise BlobUnavailable(f"PostgreSQL output streams: {err}") from err
+
+    async def secret(self) -> bytes:
+        value = await self._on_session(_SECRET, "stream-ids", secrets.token_bytes(32))
+        assert isinstance(value, bytes)
+        return value
+
+    async def open(self, stream_id: str) -> PostgresOutputWriter:
+        writer = self._writers.get(check_stream_id(stream_id))
+        if writer is None:
+            if not await self._on_session("SELECT pg_try_advisory_lock($1)", lock_key(stream_id)):
+                raise InvalidInput(f"stream {stream_id} is already being written by another process")
+            writer = self._writers[stream_id] = PostgresOutputWriter(self, stream_id, self.cap)
+        return writer
+
+    async def close(self, stream_id: str) -> None:
+        writer = self._writers.get(check_stream_id(stream_id))
+        if writer is None:
+            return
+        try:
+            await writer.finish()
+        except Exception:  # never in the way of the execution being recorded finished
+            log.exception("output stream %s: saving its last bytes failed", stream_id)
+        finally:
+            # Released after the last chunk committed: a reader seeing it closed sees them all.
+            with contextlib.suppress(BlobUnavailable):  # a lost session released it already
+                await self._on_session("SELECT pg_advisory_unlock($1), pg_notify('hutch_output', $2)",
+                                       lock_key(stream_id), stream_id)
+            self._writers.pop(stream_id, None)
+            self._wake(stream_id)
+
+    async def _save_chunk(self, stream_id: str, start: int, data: bytes) -> None:
+        for pause in (*_RETRIES, None):
+            try:
+                await self._on_session(_SAVE, stream_id, start, start + len(data), data)
+                break
+            except (BlobUnavailable, asyncpg.PostgresError) as err:
+                if pause is None:
+                    log.error("output stream %s: %d bytes at %d lost: %s", stream_id, len(data), start, err)
+                    return
+                await asyncio.sleep(pause)
+        self._wake(stream_id)
+
+    def _wake(self, stream_id: str) -> None:
+        for event in self._waiters.get(stream_id, ()):
+            event.set()
+
+    async def is_open(self, stream_id: str) -> bool:
+        if check_stream_id(stream_id) in self._writers:
+            return True
+        async with self._conn() as conn:
+            return await _held(conn, stream_id)
+
+    async def size(self, stream_id: str) -> int:
+        async with self._conn() as conn:
+            value = await conn.fetchval("SELECT max(end_pos) FROM hutch_output_chunks WHERE stream_id = $1",
+                                        check_stream_id(stream_id))
+        return int(value or 0)
+
+    async def read(self, stream_id: str, offset: int = 0) -> AsyncIterator[bytes]:
+        check_offset(check_stream_id(stream_id), offset)
+        changed = asyncio.Event()
+        self._waiters.setdefault(stream_id, set()).add(changed)
+        try:
+            position = offset
+            while True:
+                changed.clear()
+                async with self._conn() as conn:
+                    # "Open" before the fetch, in its own statement: see the module docstring.
+                    live = stream_id in self._writers or await _held(conn, stream_id)
+                    rows = await conn.fetch(_FETCH, stream_id, position)
+                for row in rows:
+                    data = row["data"][max(position - row["start_pos"], 0):]
+                    for at in range(0, len(data), CHUNK):
+                        yield data[at:at + CHUNK]
+                    position = row["end_pos"]
+                if not live and len(rows) < _FETCH_ROWS:
+                    return  # closed before the fetch, and the fetch got to its end
+                if rows:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_RECHECK_SECONDS):
+                        await changed.wait()
+        finally:
+            waiters = self._waiters.get(stream_id)
+            if waiters is not None:
+                waiters.discard(changed)
+                if not waiters:
+                    del self._waiters[stream_id]

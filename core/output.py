@@ -1,0 +1,123 @@
+"""The OutputStreams port: the stdout/stderr bytes of executions, which are not events.
+
+A stream is written by the one process running its command and read by anyone holding its
+id (api/stream_ids.py), on any API replica. Every adapter keeps these rules
+(``tests/contracts/test_output.py``):
+
+* ``open`` makes the stream open and hands back its writer (the same writer when the
+  stream is already open in this process). ``write`` never blocks: bytes past the cap
+  are dropped and the writer marked truncated.
+* ``close`` returns once every byte written is saved and the stream reads as closed
+  everywhere: the caller records the execution finished only after it.
+* ``read(offset)`` yields the bytes from ``offset`` on; while the stream is open it
+  follows it (new bytes as they are saved) and it ends when the stream closes. A stream
+  whose writer died (its process or host killed) reads as closed, with every byte that
+  was saved before.
+* A stream that never got a byte has nothing stored: it reads as empty, and whether it
+  exists is the stream id's to say (``exists`` is given the id check).
+* A negative offset is refused with ``InvalidInput``. An id that is not a stream id (``stm_`` and letters/digits) is refused with
+  ``UnknownStream`` by every method.
+
+This module is pure: the adapters (``blobs.output_files``, ``blobs.output_postgres``) do
+the I/O.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Callable
+
+from hutch.core.errors import InvalidInput, NotFound
+
+CHUNK = 64 * 1024  # what ``read`` yields at most
+
+
+class UnknownStream(NotFound):
+    code = "STREAM_NOT_FOUND"
+
+
+def check_offset(stream_id: str, offset: int) -> int:
+    """``offset`` when it is a byte position (0 or more); ``InvalidInput`` naming it otherwise."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise InvalidInput(f"stream {stream_id}: offset {offset!r} is not a byte position (0 or more)",
+                           field="offset")
+    return offset
+
+
+def check_stream_id(stream_id: str) -> str:
+    """``stream_id`` when it can name a stream; ``UnknownStream`` naming it otherwise."""
+    if not isinstance(stream_id, str) or not stream_id.startswith("stm_") or not stream_id[4:].isalnum() \
+            or not stream_id[4:].isascii():
+        raise UnknownStream(f"stream {stream_id!r} not found: not a stream id")
+    return stream_id
+
+
+class OutputWriter(abc.ABC):
+    """One open stream's writer: the cap and truncation are kept here, the saving by the
+    adapter (``_save``)."""
+
+    def __init__(self, stream_id: str, cap: int) -> None:
+        self.stream_id = stream_id
+        self.cap = cap
+        self.size = 0
+        self.truncated = False
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        room = self.cap - self.size
+        if len(data) > room:
+            data = data[: max(room, 0)]
+            self.truncated = True
+        if data:
+            self.size += len(data)
+            self._save(data)
+
+    @abc.abstractmethod
+    def _save(self, data: bytes) -> None:
+        """Keep ``data`` (already within the cap); must not block."""
+
+
+class OutputStreams(abc.ABC):
+    def __init__(self, cap_bytes: int, verify: Callable[[str], bool] = lambda _id: False) -> None:
+        self.cap = cap_bytes
+        self.verify = verify  # True for a stream id this deployment issued
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections and create what the store needs; called once before use."""
+
+    async def close_store(self) -> None:  # noqa: B027 - optional hook
+        """Release everything (open streams of this process read as closed after)."""
+
+    @abc.abstractmethod
+    async def secret(self) -> bytes:
+        """The secret stream ids are signed with, the same for every replica sharing the store."""
+
+    @abc.abstractmethod
+    async def open(self, stream_id: str) -> OutputWriter:
+        """Open the stream for writing in this process (the writer already open, if any)."""
+
+    @abc.abstractmethod
+    async def close(self, stream_id: str) -> None:
+        """Save what is pending and close the stream; nothing when it is not open here."""
+
+    @abc.abstractmethod
+    async def is_open(self, stream_id: str) -> bool:
+        """Whether some live process holds the stream open."""
+
+    @abc.abstractmethod
+    async def size(self, stream_id: str) -> int:
+        """How many bytes of the stream are saved (readable) now."""
+
+    @abc.abstractmethod
+    def read(self, stream_id: str, offset: int = 0) -> AsyncIterator[bytes]:
+        """The bytes from ``offset`` on, following the stream while it is open."""
+
+    async def exists(self, stream_id: str) -> bool:
+        """A stream this deployment issued, or one with bytes saved."""
+        try:
+            check_stream_id(stream_id)
+        except UnknownStream:
+            return False
+        return self.verify(stream_id) or await self.is_open(stream_id) or await self.size(stream_id) > 0

@@ -1,0 +1,354 @@
+"""The OutputStreams contract (core/output.py), run against every adapter: files and
+PostgreSQL (a fresh database on the test server; no server is a failure, not a skip)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from hutch.blobs.output_files import FileOutputStreams
+from hutch.blobs.output_postgres import PostgresOutputStreams
+from hutch.core.errors import InvalidInput
+from hutch.core.output import CHUNK, OutputStreams, UnknownStream
+from tests.services import drop_database, fresh_database
+
+CAP = 4 * 2**20
+S1 = "stm_one1"
+S2 = "stm_two2"
+
+
+@pytest.fixture(params=["files", "postgres"])
+async def outputs(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OutputStreams]:
+    if request.param == "files":
+        made: OutputStreams = FileOutputStreams(tmp_path / "data", CAP)
+        await made.start()
+        yield made
+        await made.close_store()
+        return
+    url, name = await fresh_database("output")
+    made = PostgresOutputStreams(url, CAP)
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.close_store()
+        await drop_database(name)
+
+
+async def read_all(outputs: OutputStreams, stream_id: str, offset: int = 0) -> bytes:
+    return b"".join([chunk async for chunk in outputs.read(stream_id, offset)])
+
+
+async def test_written_bytes_read_back_after_close(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    writer.write(b"hello ")
+    writer.write(b"world\n")
+    await outputs.close(S1)
+    assert await read_all(outputs, S1) == b"hello world\n"
+    assert await outputs.size(S1) == 12
+
+
+async def test_a_stream_is_open_between_open_and_close(outputs: OutputStreams) -> None:
+    assert not await outputs.is_open(S1)
+    await outputs.open(S1)
+    assert await outputs.is_open(S1)
+    assert not await outputs.is_open(S2)
+    await outputs.close(S1)
+    assert not await outputs.is_open(S1)
+
+
+async def test_open_twice_gives_the_same_writer(outputs: OutputStreams) -> None:
+    first = await outputs.open(S1)
+    assert await outputs.open(S1) is first
+    first.write(b"x")
+    await outputs.close(S1)
+    assert await read_all(outputs, S1) == b"x"
+
+
+async def test_a_stream_without_bytes_reads_empty(outputs: OutputStreams) -> None:
+    await outputs.open(S1)
+    await outputs.close(S1)
+    assert await read_all(outputs, S1) == b""
+    assert await outputs.size(S1) == 0
+    assert await read_all(outputs, "stm_neveropened") == b""
+
+
+async def test_read_from_an_offset(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    writer.write(b"0123456789")
+    writer.write(b"abcdef")
+    await outputs.close(S1)
+    assert await read_all(outputs, S1, 4) == b"456789abcdef"
+    assert await read_all(outputs, S1, 10) == b"abcdef"
+    assert await read_all(outputs, S1, 16) == b""
+    assert await read_all(outputs, S1, 100) == b""
+
+
+async def test_a_negative_offset_is_refused_naming_it(outputs: OutputStreams) -> None:
+    with pytest.raises(InvalidInput, match="offset -1"):
+        await read_all(outputs, S1, -1)
+
+
+@pytest.mark.parametrize("bad", ["", "stm_", "stream_1", "stm_../x", "stm_a/b", "stm_é"])
+async def test_a_malformed_id_is_an_unknown_stream(outputs: OutputStreams, bad: str) -> None:
+    with pytest.raises(UnknownStream, match="not a stream id"):
+        await outputs.open(bad)
+    with pytest.raises(UnknownStream):
+        await read_all(outputs, bad)
+    with pytest.raises(UnknownStream):
+        await outputs.is_open(bad)
+    assert not await outputs.exists(bad)
+
+
+async def test_exists_is_the_id_check_or_saved_bytes(outputs: OutputStreams) -> None:
+    assert not await outputs.exists(S1)
+    outputs.verify = lambda stream_id: stream_id == S2
+    assert await outputs.exists(S2)
+    writer = await outputs.open(S1)
+    writer.write(b"data")
+    await outputs.close(S1)
+    assert await outputs.exists(S1)
+
+
+async def test_a_follower_gets_bytes_as_they_come_and_ends_at_close(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    got: list[bytes] = []
+    first = asyncio.Event()
+
+    async def follow() -> None:
+        async for chunk in outputs.read(S1):
+            got.append(chunk)
+            first.set()
+
+    task = asyncio.create_task(follow())
+    writer.write(b"early ")
+    await asyncio.wait_for(first.wait(), 10)  # delivered while the stream is still open
+    assert not task.done()
+    writer.write(b"late")
+    await outputs.close(S1)
+    await asyncio.wait_for(task, 10)
+    assert b"".join(got) == b"early late"
+
+
+async def test_a_follower_from_an_offset_of_a_live_stream(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    writer.write(b"abcdef")
+    task = asyncio.create_task(read_all(outputs, S1, 3))
+    await asyncio.sleep(0.05)
+    writer.write(b"ghi")
+    await outputs.close(S1)
+    assert await asyncio.wait_for(task, 10) == b"defghi"
+
+
+async def test_a_follower_of_a_stream_without_bytes_ends_at_close(outputs: OutputStreams) -> None:
+    await outputs.open(S1)
+    task = asyncio.create_task(read_all(outputs, S1))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await outputs.close(S1)
+    assert await asyncio.wait_for(task, 10) == b""
+
+
+async def test_concurrent_readers_see_the_same_bytes(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    readers = [asyncio.create_task(read_all(outputs, S1)) for _ in range(5)]
+    expected = b""
+    for i in range(20):
+        piece = f"line {i}\n".encode()
+        writer.write(piece)
+        expected += piece
+        await asyncio.sleep(0.005)
+    await outputs.close(S1)
+    assert await asyncio.wait_for(asyncio.gather(*readers), 10) == [expected] * 5
+
+
+async def test_streams_are_independent(outputs: OutputStreams) -> None:
+    one, two = await outputs.open(S1), await outputs.open(S2)
+    one.write(b"one")
+    two.write(b"two")
+    await outputs.close(S1)
+    assert await outputs.is_open(S2)
+    assert await read_all(outputs, S1) == b"one"
+    await outputs.close(S2)
+    assert await read_all(outputs, S2) == b"two"
+
+
+async def test_big_writes_read_back_whole_in_bounded_chunks(outputs: OutputStreams) -> None:
+    blob = os.urandom(3 * 2**20 + 123)
+    writer = await outputs.open(S1)
+    writer.write(blob[:100])
+    writer.write(blob[100:])
+    await outputs.close(S1)
+    chunks = [chunk async for chunk in outputs.read(S1)]
+    assert b"".join(chunks) == blob
+    assert max(len(c) for c in chunks) <= CHUNK
+    assert await read_all(outputs, S1, 2**20 + 7) == blob[2**20 + 7:]
+
+
+async def test_bytes_past_the_cap_are_dropped_and_marked(outputs: OutputStreams) -> None:
+    outputs.cap = 10
+    writer = await outputs.open(S1)
+    writer.write(b"12345678")
+    writer.write(b"90abc")
+    writer.write(b"more")
+    assert writer.truncated and writer.size == 10
+    await outputs.close(S1)
+    assert await read_all(outputs, S1) == b"1234567890"
+
+
+async def test_writes_after_close_are_ignored(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    writer.write(b"kept")
+    await outputs.close(S1)
+    writer.write(b"lost")
+    await outputs.close(S1)  # a second close is a no-op
+    assert await read_all(outputs, S1) == b"kept"
+    assert writer.closed
+
+
+async def test_a_reader_that_leaves_early_frees_the_stream(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    writer.write(b"a" * (3 * CHUNK))
+    await outputs.close(S1)
+    async with contextlib.aclosing(outputs.read(S1)) as chunks:
+        async for _chunk in chunks:
+            break
+    assert await read_all(outputs, S1) == b"a" * (3 * CHUNK)
+
+
+async def test_close_of_a_stream_not_open_is_a_no_op(outputs: OutputStreams) -> None:
+    await outputs.close(S1)
+    assert not await outputs.is_open(S1)
+
+
+async def test_the_secret_is_stable(outputs: OutputStreams) -> None:
+    first = await outputs.secret()
+    assert len(first) >= 32
+    assert await outputs.secret() == first
+
+
+async def test_closing_the_store_saves_and_closes_its_streams(outputs: OutputStreams) -> None:
+    writer = await outputs.open(S1)
+    writer.write(b"saved at shutdown")
+    await outputs.close_store()
+    # What the next server (or another replica) on the same store reads.
+    if isinstance(outputs, PostgresOutputStreams):
+        again: OutputStreams = PostgresOutputStreams(outputs.dsn, CAP)
+    else:
+        assert isinstance(outputs, FileOutputStreams)
+        again = FileOutputStreams(outputs.data_dir, CAP)
+    await again.start()
+    try:
+        assert not await again.is_open(S1)
+        assert await read_all(again, S1) == b"saved at shutdown"
+    finally:
+        await again.close_store()
+
+
+# ---- across processes (PostgreSQL only: file streams are one host's by design, and a
+# killed server's file streams read as closed when it restarts)
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[tuple[PostgresOutputStreams, PostgresOutputStreams, str]]:
+    """Two processes' views of one PostgreSQL store: a writer's and another replica's."""
+    url, name = await fresh_database("output")
+    writer, reader = PostgresOutputStreams(url, CAP), PostgresOutputStreams(url, CAP)
+    await writer.start()
+    await reader.start()
+    try:
+        yield writer, reader, url
+    finally:
+        await writer.close_store()
+        await reader.close_store()
+        await drop_database(name)
+
+
+async def test_another_replica_follows_a_live_stream(
+    replicas: tuple[PostgresOutputStreams, PostgresOutputStreams, str],
+) -> None:
+    outputs, shared, _url = replicas
+    writer = await outputs.open(S1)
+    assert await shared.is_open(S1)
+    got: list[bytes] = []
+    first = asyncio.Event()
+
+    async def follow() -> None:
+        async for chunk in shared.read(S1):
+            got.append(chunk)
+            first.set()
+
+    task = asyncio.create_task(follow())
+    writer.write(b"live ")
+    await asyncio.wait_for(first.wait(), 10)
+    assert not task.done()
+    writer.write(b"and done")
+    await outputs.close(S1)
+    await asyncio.wait_for(task, 10)
+    assert b"".join(got) == b"live and done"
+    assert not await shared.is_open(S1)
+    assert await shared.size(S1) == len(b"live and done")
+
+
+async def test_replicas_share_the_secret(replicas: tuple[PostgresOutputStreams, PostgresOutputStreams, str]) -> None:
+    outputs, shared, _url = replicas
+    assert await outputs.secret() == await shared.secret()
+
+
+async def test_a_stream_open_on_one_replica_cannot_be_opened_on_another(
+    replicas: tuple[PostgresOutputStreams, PostgresOutputStreams, str],
+) -> None:
+    outputs, shared, _url = replicas
+    await outputs.open(S1)
+    with pytest.raises(InvalidInput, match=f"stream {S1} is already being written"):
+        await shared.open(S1)
+
+
+async def test_a_killed_writer_reads_as_closed_with_every_saved_byte(
+    replicas: tuple[PostgresOutputStreams, PostgresOutputStreams, str],
+) -> None:
+    outputs, shared, url = replicas
+    writer = await outputs.open(S1)
+    writer.write(b"x" * (CHUNK + 10))  # a full chunk: saved at once
+    task = asyncio.create_task(read_all(shared, S1))
+    while await shared.size(S1) < CHUNK:  # noqa: ASYNC110 - another process's view: nothing to wait on
+        await asyncio.sleep(0.02)
+    assert not task.done() and await shared.is_open(S1)
+    # The writer's host dies: its session ends without a close.
+    session = outputs._session
+    assert session is not None
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute("SELECT pg_terminate_backend($1)", session.get_server_pid())
+    finally:
+        await admin.close()
+    got = await asyncio.wait_for(task, 10)
+    assert got == b"x" * len(got) and len(got) >= CHUNK
+    assert not await shared.is_open(S1)
+
+
+async def test_a_writer_whose_session_was_lost_opens_and_saves_on_a_new_one(
+    replicas: tuple[PostgresOutputStreams, PostgresOutputStreams, str],
+) -> None:
+    outputs, shared, url = replicas
+    await outputs.open(S1)
+    session = outputs._session
+    assert session is not None
+    admin = await asyncpg.connect(url)  # a database restart, as this process sees it
+    try:
+        await admin.execute("SELECT pg_terminate_backend($1)", session.get_server_pid())
+    finally:
+        await admin.close()
+    writer = await outputs.open(S2)
+    writer.write(b"after the loss")
+    assert await shared.is_open(S1) and await shared.is_open(S2)  # both held again
+    await outputs.close(S2)
+    await outputs.close(S1)
+    assert await read_all(shared, S2) == b"after the loss"
+    assert not await shared.is_open(S1)
