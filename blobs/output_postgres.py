@@ -36,6 +36,7 @@ import asyncpg
 from hutch.core.blobs import BlobUnavailable
 from hutch.core.errors import InvalidInput
 from hutch.core.output import CHUNK, OutputStreams, OutputWriter, check_offset, check_stream_id
+from hutch.projections.pgpool import UNAVAILABLE, Pool
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ _FETCH = ("SELECT start_pos, end_pos, data FROM hutch_output_chunks"
 _SECRET = ("WITH made AS (INSERT INTO hutch_secrets (name, value) VALUES ($1, $2)"
            " ON CONFLICT (name) DO NOTHING RETURNING value)"
            " SELECT value FROM made UNION ALL SELECT value FROM hutch_secrets WHERE name = $1 LIMIT 1")
-_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError)
 
 
 def lock_key(stream_id: str) -> int:
@@ -117,22 +116,18 @@ class PostgresOutputStreams(OutputStreams):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"output streams: {dsn!r} is not a postgresql:// URL", field="store")
         self.dsn = dsn
-        self._pool: asyncpg.Pool | None = None
+        self._pg = Pool(dsn, what="output streams", unavailable=BlobUnavailable)
         self._session: asyncpg.Connection | None = None  # holds this process's stream locks
         self._session_lock = asyncio.Lock()  # one statement at a time on it
         self._writers: dict[str, PostgresOutputWriter] = {}
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
     async def start(self) -> None:
-        # The one numbered schema, shared with the projection store.
-        from hutch.projections.postgres import migrate
-
+        await self._pg.start()  # the one numbered schema, shared with the projection store
         try:
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=10, command_timeout=60)
             self._session = await asyncpg.connect(self.dsn, command_timeout=60)
-            await migrate(self._session)
             await self._session.add_listener(_CHANNEL, self._notified)
-        except (*_UNAVAILABLE, asyncpg.PostgresError) as err:
+        except (*UNAVAILABLE, asyncpg.PostgresError) as err:
             await self.close_store()
             raise BlobUnavailable(f"cannot open the PostgreSQL output streams: {err}") from err
 
@@ -144,29 +139,25 @@ class PostgresOutputStreams(OutputStreams):
             session, self._session = self._session, None
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(session.close(), 10)  # its locks go with it
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(pool.close(), 10)
+        await self._pg.close()
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         for event in self._waiters.get(payload, ()):
             event.set()
 
     async def _on_session(self, query: str, *args: object) -> object:
-        if self._pool is None:
-            raise BlobUnavailable("the PostgreSQL output streams are not started")
+        self._pg.require()
         async with self._session_lock:
             lost: BaseException | None = None
             if self._session is not None and not self._session.is_closed():
                 try:
                     return await self._session.fetchval(query, *args)
-                except _UNAVAILABLE as err:
+                except UNAVAILABLE as err:
                     lost = err
             try:  # on a new session: a restarted database must not stop every later command
                 session = await self._reconnect()
                 return await session.fetchval(query, *args)
-            except (*_UNAVAILABLE, asyncpg.PostgresError) as err:
+            except (*UNAVAILABLE, asyncpg.PostgresError) as err:
                 raise BlobUnavailable(f"PostgreSQL output streams: {err}" + (f" (after {lost})" if lost else "")) \
                     from err
 
@@ -187,15 +178,8 @@ class PostgresOutputStreams(OutputStreams):
         self._session = session
         return session
 
-    @contextlib.asynccontextmanager
-    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
-        if self._pool is None:
-            raise BlobUnavailable("the PostgreSQL output streams are not started")
-        try:
-            async with self._pool.acquire() as conn:
-                yield conn
-        except _UNAVAILABLE as err:
-            raise BlobUnavailable(f"PostgreSQL output streams: {err}") from err
+    def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        return self._pg.conn()
 
     async def secret(self) -> bytes:
         value = await self._on_session(_SECRET, "stream-ids", secrets.token_bytes(32))
