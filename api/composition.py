@@ -112,7 +112,7 @@ def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
         return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
                            token=config.nomad_token,
                            pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
-                           runtime_cache=config.runtimes_dir, blobs=blobs)
+                           runtime_cache=config.runtimes_dir, blobs=blobs, exec_mode=config.nomad_exec)
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 

@@ -148,6 +148,12 @@ def _check_pool(setting: str, value: str) -> None:
         pool_sizing_from_env("off", value)
 
 
+def _check_exec_mode(setting: str, value: str) -> None:
+    from hutch.drivers.nomad.agents import check_mode  # names the setting
+
+    check_mode(setting, value)
+
+
 def _check_prebuild(setting: str, value: str) -> None:
     _prebuild_names(value)
 
@@ -199,6 +205,9 @@ class Config:
     # "base:latest=2,python:3.13=1"; HUTCH_NOMAD_POOL_MEMORY: their MiB per client node.
     nomad_pool: str = _setting("HUTCH_NOMAD_POOL", "auto", check=_check_pool)
     nomad_pool_memory: str = _setting("HUTCH_NOMAD_POOL_MEMORY", "", check=_check_pool)
+    # How commands run: "agent" (a per-sandbox exec agent forks them, drivers/nomad/agents.py)
+    # or "alloc" (each its own Nomad alloc exec: a runc exec, ~45 ms more).
+    nomad_exec: str = _setting("HUTCH_NOMAD_EXEC", "agent", check=_check_exec_mode)
     # Catalog runtimes to build at start ("all", or names, comma-separated); any other
     # runtime is built at its first use.
     prebuild: str = _setting("HUTCH_PREBUILD", "", check=_check_prebuild)

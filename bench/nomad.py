@@ -8,7 +8,10 @@ Measures, at the Driver interface (what the API's create and execute wait for):
 - create -> idle from the warm pool: a claim of an idle allocation placed ahead of time;
 - execute `true` in a live sandbox (alloc exec websocket -> plugin -> runc exec), and the
   same command run directly with `ctr task exec` on the same container as a baseline;
-- destroy (returns once Nomad has the stop; the purge finishes in the background).
+- destroy (returns once Nomad has the stop; the purge finishes in the background);
+- execute through the sandbox's exec agent against its own alloc exec, side by side in one run
+  (two sandboxes, one with its agent held off; samples alternate): ``python3 -c pass`` against
+  the same run on this host (bare python), and ``true`` 8 at a time for a few seconds (runs/s).
 """
 
 from __future__ import annotations
@@ -82,14 +85,62 @@ async def main(n: int) -> None:
             t = time.perf_counter()
             await asyncio.to_thread(subprocess.run, [*ctr, f"b{i}", f"sandbox-{alloc}", "true"], check=True)
             via_ctr.append(time.perf_counter() - t)
-        rows += [row("execute `true` (alloc exec websocket)", via_nomad),
+        rows += [row("execute `true` (the driver's default path)", via_nomad),
                  row("baseline: `ctr task exec` of `true`, same container", via_ctr)]
         await driver.destroy("exec")
+        rows += await agent_against_alloc(driver, n)
     finally:
         await driver.close()
     print("| what | median ms | p90 ms | n |")
     print("|---|---|---|---|")
     print("\n".join(rows))
+
+
+async def agent_against_alloc(driver: NomadDriver, n: int) -> list[str]:
+    """Execute through the exec agent and as alloc execs, side by side (medians)."""
+    await driver.provision(ProvisionRequest("via-agent", "python:3.13"))
+    await driver.provision(ProvisionRequest("via-alloc", "python:3.13"))
+    await driver._agents.drop("via-alloc")
+    await driver._agents.hold("via-alloc")  # its commands run as their own alloc execs
+    while driver._agents.live("via-agent") is None:
+        driver._agents.ensure(driver.running("via-agent"))
+        await asyncio.sleep(0.05)
+    samples: dict[str, list[float]] = {"bare": [], "via-agent": [], "via-alloc": []}
+    for i in range(n):
+        t = time.perf_counter()
+        await asyncio.to_thread(subprocess.run, [sys.executable, "-c", "pass"], check=True)
+        samples["bare"].append(time.perf_counter() - t)
+        for sid in ("via-agent", "via-alloc"):
+            t = time.perf_counter()
+            result = await driver.exec(ExecRequest(f"p{sid}{i}", sid, ["python3", "-c", "pass"]), Null())
+            assert result.exit_code == 0
+            samples[sid].append(time.perf_counter() - t)
+    bare = statistics.median(samples["bare"])
+    rows = [row("bare `python3 -c pass` on this host", samples["bare"])]
+    for sid in ("via-agent", "via-alloc"):
+        extra = (statistics.median(samples[sid]) - bare) * 1000
+        rows.append(row(f"execute `python3 -c pass`, {sid[4:]} (+{extra:.1f} ms over bare)", samples[sid]))
+    for sid in ("via-agent", "via-alloc"):
+        rate = await throughput(driver, sid)
+        rows.append(f"| `true` 8 at a time in one sandbox, {sid[4:]} | {rate:.1f} runs/s | | |")
+    for sid in ("via-agent", "via-alloc"):
+        await driver.destroy(sid)
+    return rows
+
+
+async def throughput(driver: NomadDriver, sid: str, seconds: float = 5.0) -> float:
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await driver.exec(ExecRequest(f"t{sid}{w}-{done}", sid, ["true"]), Null())
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(8)))
+    return done / (time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@
   node is not "full" of idle sandboxes.
 - **Workspace**: a host directory per allocation (``workspace_root/<alloc id>`` on the
   client) bind-mounted at /home/agentuity, owned by the sandbox uid.
-- **Exec**: Nomad's alloc exec websocket. The argv is prefixed with an envelope the
-  plugin understands (``hutch-exec:v1`` + JSON env/cwd), because the exec API itself
-  carries only argv. Timeout and cancel close the websocket; Nomad then cancels the
-  exec and the plugin kills the process and its descendants.
+- **Exec**: through the sandbox's exec agent (``drivers.nomad.agent``: one alloc exec that
+  forks the commands), else an alloc exec whose argv starts with an envelope the plugin
+  understands (``hutch-exec:v1`` + JSON env/cwd/tag). Timeout and cancel kill the command's
+  process group and every process carrying its tag.
 - **Files**: create-time files are a tar stream unpacked by ``tar`` inside the sandbox, as
   the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``
   and terminals ``drivers.nomad.terminal``: collaborators that reach the driver only
@@ -41,7 +41,6 @@ import hashlib
 import json
 import logging
 import re
-import uuid
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -77,10 +76,10 @@ from hutch.drivers.base import (
 )
 from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import rootfs
-from hutch.drivers.nomad import images, placement
+from hutch.drivers.nomad import agents, commands, images, placement
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
-from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused, run_tagged
-from hutch.drivers.nomad.files import NomadFiles, pack_files
+from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused
+from hutch.drivers.nomad.files import NomadFiles
 from hutch.drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
 from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
 from hutch.drivers.nomad.pools import (
@@ -128,6 +127,7 @@ class NomadDriver(WarmPools, Driver):
         pool_sizing: PoolSizing | None = None,
         runtime_cache: Path | None = None,
         blobs: BlobStore | None = None,
+        exec_mode: str = "agent",  # HUTCH_NOMAD_EXEC: "agent" or "alloc" (drivers.nomad.agents)
     ) -> None:
         self.address = address
         self.registry = registry
@@ -145,6 +145,7 @@ class NomadDriver(WarmPools, Driver):
         # Warm pools (pools.py): fixed sizes, or adaptive sizing (HUTCH_NOMAD_POOL=auto).
         self._init_pools(pool_sizing or fixed_sizes(pool_sizes))
         self._client = NomadClient(address, token=token, namespace=namespace)
+        self._agents = agents.ExecAgents(self._client, exec_mode)
         self._available = self._images.available  # the same set, kept current by RuntimeImages
         self._states = StateFiles(self.state_dir)
         # Disk checkpoints: in ``blobs``; by default files under the data dir, as they always were.
@@ -175,6 +176,7 @@ class NomadDriver(WarmPools, Driver):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(clear_spool, self._files.spool_dir)  # checkpoints a kill cut short
         await self._recover()
+        await self._agents.load()
         self._spawn(self._watch(), "nomad-watch")
         self._start_pools()
 
@@ -186,6 +188,7 @@ class NomadDriver(WarmPools, Driver):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._drain_pools()
+        await self._agents.close()
         await self._client.close()
 
     def runtimes_available(self) -> set[str]:
@@ -299,6 +302,7 @@ class NomadDriver(WarmPools, Driver):
                 sb.allow = allow
             await asyncio.to_thread(self._states.save, sb)
             self._sandboxes[sb.id] = sb
+            self._agents.ensure(sb)  # started now, so the first commands find it running
 
     def metrics(self) -> list[Metric]:
         return [*self._pool_metric_list(),
@@ -346,6 +350,7 @@ class NomadDriver(WarmPools, Driver):
             if ex.sandbox_id == sb.id:
                 ex.stop.set()
         log.warning("sandbox %s: its allocation %s ended: %s", sb.id, sb.alloc_id, reason)
+        self._spawn(self._agents.drop(sb.id), f"exec-agent-drop-{sb.id}")
         self._spawn(self._stop_job(sb.job_id, sb.alloc_id, node_lost=node_lost), f"nomad-reap-{sb.job_id}")
         await self.report_ended(sb.id, f"the sandbox's Nomad allocation ended: {reason}", failed=failed)
 
@@ -365,6 +370,7 @@ class NomadDriver(WarmPools, Driver):
                     if ex.sandbox_id == sandbox_id:
                         ex.cancelled = True
                         ex.stop.set()
+                await self._agents.drop(sandbox_id)
                 # The client kills the task within a second of the stop; its status reaches
                 # the server seconds later, so the purge and GC finish in the background.
                 with contextlib.suppress(NomadNotFound):
@@ -438,12 +444,18 @@ class NomadDriver(WarmPools, Driver):
     async def pause(self, sandbox_id: str) -> None:
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).
 
-        Refused while an execution runs: its timeout could not be enforced on frozen processes."""
+        Refused while an execution runs (its timeout could not be enforced on frozen processes);
+        an exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``)."""
         sb = self.running(sandbox_id)
         async with self._lock(sb.id):
             if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
                 raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
-            await self._verb(sb, {"freeze": True})
+            await self._agents.hold(sb.id)
+            try:
+                await self._verb(sb, {"freeze": True})
+            except BaseException:
+                self._agents.release(sb.id)
+                raise
             self._paused.add(sb.id)
 
     async def resume(self, sandbox_id: str) -> None:
@@ -451,6 +463,7 @@ class NomadDriver(WarmPools, Driver):
         async with self._lock(sb.id):
             await self._verb(sb, {"freeze": False})
             self._paused.discard(sb.id)
+            self._agents.release(sb.id)
 
     def check_not_paused(self, sb: NomadSandbox) -> None:
         if sb.id in self._paused:
@@ -488,10 +501,8 @@ class NomadDriver(WarmPools, Driver):
 
         timer = asyncio.create_task(deadline())
         try:
-            # ignore: run_tagged's Emit takes any str, but it only ever emits "stdout"/"stderr"
-            code = await run_tagged(
-                self._client, sb.alloc_id, TASK, argv, tag, stdin=req.stdin,
-                on_output=sink.write, stop=execution.stop, kill=lambda: self.kill_tagged(sb, tag))  # type: ignore[arg-type]
+            code = await commands.run_command(self._agents, self._client, sb, req, envelope, argv,
+                                              execution.stop, sink, kill=lambda: self.kill_tagged(sb, tag))
         except ExecFailed as err:
             refused(err, sb.id, gone=self.gone(sb.id), cwd=envelope["cwd"])
             raise
@@ -582,26 +593,8 @@ class NomadDriver(WarmPools, Driver):
         return await self._terminals.open_terminal(req)
 
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
-        sb = self.running(sandbox_id)
-        self.check_not_paused(sb)
-        if not files:
-            return
-
-        class _Errors:
-            def __init__(self) -> None:
-                self.text = b""
-
-            def write(self, stream: str, data: bytes) -> None:
-                self.text += data
-
-        errors = _Errors()
-        result = await self.exec(ExecRequest(
-            execution_id=f"write-{uuid.uuid4().hex}", sandbox_id=sb.id,
-            argv=["tar", "-x", "-p", "-f", "-", "-C", "/", "--no-same-owner", "--overwrite"],
-            cwd="/", timeout=120, stdin=pack_files(files)), errors)
-        if result.exit_code != 0:
-            message = errors.text.decode(errors="replace").strip()[-500:]
-            raise InvalidInput(f"cannot write files: {message or f'tar exited {result.exit_code}'}", field="path")
+        self.check_not_paused(self.running(sandbox_id))
+        await commands.write_files(self, sandbox_id, files)
 
 
 __all__ = ["NomadDriver", "PoolSizing", "pool_sizing_from_env"]

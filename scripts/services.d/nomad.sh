@@ -121,6 +121,10 @@ build() {
     mkdir -p "$pd"
     go_build ./containerd-driver "$pd/hutch-containerd"
   fi
+  # The exec agent each sandbox runs its commands through (static, no dependencies; cached by
+  # its sources' hash: drivers/nomad/agents.py).
+  (cd "$repo" && HUTCH_NOMAD_CACHE="$CACHE" $PY -m hutch.drivers.nomad.agents build) >/dev/null \
+    || die "building the nomad exec agent failed"
   exec 9>&-
 }
 
@@ -369,7 +373,8 @@ case "${1:-}" in
   stop) stop ;;
   restart) stop; start ;;
   status) status ;;
-  build) install_packages; build; echo "$(nomad_bin)"; echo "$(plugin_dir)/hutch-containerd" ;;
+  build) install_packages; build; echo "$(nomad_bin)"; echo "$(plugin_dir)/hutch-containerd"
+    (cd "$repo" && HUTCH_NOMAD_CACHE="$CACHE" $PY -m hutch.drivers.nomad.agents build) ;;
   images) start_containerd; start_registry; images ;;
   *) echo "usage: $0 start|stop|restart|status|build|images" >&2; exit 2 ;;
 esac

@@ -2,20 +2,42 @@
 every way out that a network namespace alone does not close (vsock and the other socket
 families, host devices, the host's abstract unix sockets and namespaces, IPC, the keyring,
 io_uring), probed by the same script (tests/isolation/channel_probe.py), against the real
-Nomad + containerd + runc of ``./scripts/services start nomad``."""
+Nomad + containerd + runc of ``./scripts/services start nomad``. Every test runs both ways a
+command can: forked by the sandbox's exec agent, and as its own alloc exec (``HUTCH_NOMAD_EXEC``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
 from hutch.drivers.nomad.driver import NomadDriver
-from tests.drivers_support import Recorder, new_id
+from tests.drivers_support import Recorder, new_id, start_nomad
 from tests.isolation import channel_probe, terminal_probe
+from tests.nomad.test_exec_agent import until_agent
+
+
+@pytest.fixture(params=["agent", "alloc"])
+async def driver(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[NomadDriver]:
+    d = await start_nomad(tmp_path / "data", exec_mode=request.param)
+    assert isinstance(d, NomadDriver)
+    if request.param == "agent":  # each sandbox's commands go through its agent, once it runs
+        provision = d.provision
+
+        async def provision_with_agent(req: ProvisionRequest) -> None:
+            await provision(req)
+            await until_agent(d, req.sandbox_id)
+
+        d.provision = provision_with_agent  # type: ignore[method-assign]
+    yield d
+    for sid in list(d._sandboxes):
+        await d.destroy(sid)
+    await d.close()
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["network-off", "network-on"])

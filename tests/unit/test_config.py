@@ -46,6 +46,7 @@ SETTINGS = [
     ("nomad_pool", "base:latest=2", "base:latest=2", "lots",
      "HUTCH_NOMAD_POOL: expected auto, off or runtime=count,…; got 'lots'"),
     ("nomad_pool_memory", "4096", "4096", "4G", "HUTCH_NOMAD_POOL_MEMORY: expected MiB per client node, got '4G'"),
+    ("nomad_exec", "alloc", "alloc", "runc", "HUTCH_NOMAD_EXEC: expected agent or alloc, got 'runc'"),
     ("prebuild", "base:latest,python:3.13", "base:latest,python:3.13", "ruby:3",
      "HUTCH_PREBUILD: unknown runtime 'ruby:3'"),
     ("sandbox_domain", "sandboxes.example.com:8700", "sandboxes.example.com:8700", "https://sandboxes.example.com",

@@ -1,0 +1,306 @@
+"""The API end of a sandbox's exec agent: many commands over one alloc exec session.
+
+A runc exec costs about 45 ms (most of the +66 ms an execute paid over bare python); Nomad's
+alloc-exec websocket about 3. So each sandbox gets one long-lived alloc exec running
+``hutch-exec-agent`` (scripts/services.d/nomad/exec-agent), which forks the commands itself:
+it has exactly the sandbox's confinement (it is an ordinary exec of the task), and so do they.
+
+The agent's binary travels as the first bytes of that exec's stdin (``head -c`` writes it to the
+sandbox's /tmp, the agent unlinks it as it starts), so it reaches any client node with no
+host-side install. Its stdin and stdout then carry frames (the protocol is described in
+exec-agent/main.go): a 9-byte header (kind, command id, payload length) and the payload.
+Each direction is windowed per command, so a slow consumer slows only its own command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import struct
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+
+from hutch.core.errors import DriverFailure
+from hutch.drivers.nomad.client import KILL_GRACE, STDIN_CHUNK, ExecFailed, NomadClient
+from hutch.drivers.nomad.execs import ENVELOPE, noop
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">cII")
+WINDOW = 1 << 20  # the agent's window (exec-agent/main.go): bytes in flight per command and direction
+CHUNK = 32 * 1024
+READY_TIMEOUT = 30.0  # seconds for the agent to say it runs (its start is one runc exec + 2 MiB)
+# Seconds for the agent to say a command started (a fork): one that does not is stopped or
+# wedged; its session is ended (Nomad then kills it) and the command runs the old way.
+START_TIMEOUT = 5.0
+SIGKILL = 9
+# Writes the binary (the first $1 bytes of stdin) to /tmp and runs it; the agent removes the file.
+START_SCRIPT = ('f=$(mktemp /tmp/.hutch-exec-agent.XXXXXX) && head -c "$1" >"$f" && chmod 700 "$f" '
+                '&& exec "$f" "$f"')
+Emit = Callable[[str, bytes], Awaitable[None] | None]
+
+
+class NotStarted(Exception):
+    """The agent did not start the command (it ended first, or could not fork): nothing of the
+    command ran, so the caller runs it the old way."""
+
+
+class _Command:
+    def __init__(self, streamed: bool) -> None:
+        self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.started = False
+        self.consumed = False  # a streamed stdin's first block was taken: it cannot be run again
+        self.streamed = streamed
+        self.sent = 0
+        self.acked = 0
+        self.acks = asyncio.Event()
+
+
+class ExecAgent:
+    """One sandbox's agent session (``start`` it, then ``run`` commands, concurrently)."""
+
+    def __init__(self, client: NomadClient, alloc_id: str, task: str, sandbox_id: str) -> None:
+        self.client, self.alloc_id, self.task, self.sandbox_id = client, alloc_id, task, sandbox_id
+        self.pid: int | None = None  # the agent's pid in the sandbox, once ready
+        self.tag: str | None = None  # its alloc exec's tag (the plugin's kill verb ends it)
+        self.alive = False
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+        self._cmds: dict[int, _Command] = {}
+        self._next_id = 1
+        self._buffer = bytearray()
+        self.ended = asyncio.Event()
+
+    async def start(self, binary: bytes, envelope: str) -> None:
+        """Start the agent through one alloc exec (``envelope``: the plugin's JSON for it) and
+        wait until it says it runs; ExecFailed/DriverFailure if it does not."""
+        self.tag = json.loads(envelope).get("tag")
+        self._ws = await self.client.exec_socket(
+            self.alloc_id, self.task, [ENVELOPE, envelope, "sh", "-c", START_SCRIPT, "sh", str(len(binary))])
+        try:
+            for at in range(0, len(binary), STDIN_CHUNK):
+                await self._stdin(binary[at:at + STDIN_CHUNK])
+            async with asyncio.timeout(READY_TIMEOUT):
+                while not self.alive:
+                    if not await self._receive():
+                        raise DriverFailure(f"sandbox {self.sandbox_id}: the exec agent ended as it started")
+        except BaseException:
+            await self.close()
+            raise
+        self._reader = asyncio.create_task(self._read(), name=f"exec-agent-{self.sandbox_id}")
+
+    async def close(self) -> None:
+        """End the session: the agent sees its stdin end and exits (and Nomad ends the exec)."""
+        self._ended()
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
+
+    async def terminate(self) -> None:
+        """End an agent that does not answer: a stopped one writes nothing, so Nomad would never
+        notice its session closed; the plugin's kill verb ends it by its exec's tag."""
+        await self.close()
+        if self.tag is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.client.exec(self.alloc_id, self.task, [ENVELOPE, json.dumps({"kill": self.tag})], stdin=None,
+                                   on_output=lambda _s, _d: None, stop=asyncio.Event(), kill=noop)
+
+    # -- the session ---------------------------------------------------------------------
+
+    async def _stdin(self, data: bytes) -> None:
+        if self._ws is None or self._ws.closed:
+            raise ConnectionResetError("the exec agent's session is closed")
+        async with self._send_lock:
+            await self._ws.send_str(json.dumps({"stdin": {"data": base64.b64encode(data).decode()}}))
+
+    async def _send(self, *frames: tuple[bytes, int, bytes]) -> None:
+        await self._stdin(b"".join(HEADER.pack(kind, cid, len(p)) + p for kind, cid, p in frames))
+
+    async def _read(self) -> None:
+        try:
+            while await self._receive():
+                pass
+        except Exception as err:  # the session is over however it ended
+            log.info("sandbox %s: exec agent session ended: %s", self.sandbox_id, err)
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        if self.ended.is_set():
+            return
+        self.alive = False
+        self.ended.set()
+        for cmd in self._cmds.values():
+            cmd.events.put_nowait(("gone", None))
+
+    async def _receive(self) -> bool:
+        """Handle one websocket message; False once the session has ended."""
+        assert self._ws is not None
+        msg = await self._ws.receive()
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            return False
+        frame = json.loads(msg.data)
+        if (frame.get("stderr") or {}).get("data"):
+            text = base64.b64decode(frame["stderr"]["data"]).decode(errors="replace").strip()
+            log.warning("sandbox %s: exec agent: %s", self.sandbox_id, text[:500])
+        if (frame.get("stdout") or {}).get("data"):
+            self._buffer += base64.b64decode(frame["stdout"]["data"])
+            self._dispatch()
+        return not frame.get("exited")
+
+    def _dispatch(self) -> None:
+        while len(self._buffer) >= HEADER.size:
+            kind, cid, size = HEADER.unpack_from(self._buffer)
+            if len(self._buffer) < HEADER.size + size:
+                return
+            payload = bytes(self._buffer[HEADER.size:HEADER.size + size])
+            del self._buffer[:HEADER.size + size]
+            if kind == b"R":
+                self.pid = int(json.loads(payload)["pid"])
+                self.alive = True
+                continue
+            cmd = self._cmds.get(cid)
+            if cmd is None:
+                continue
+            if kind == b"a":
+                cmd.acked += struct.unpack(">I", payload)[0]
+                cmd.acks.set()
+            elif kind in (b"1", b"2"):
+                cmd.events.put_nowait(("stdout" if kind == b"1" else "stderr", payload))
+            elif kind == b"P":
+                cmd.started = True
+            elif kind == b"X":
+                cmd.events.put_nowait(("exit", json.loads(payload)))
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def run(self, argv: Sequence[str], env: list[str], cwd: str, tag: str, *,
+                  stdin: bytes | AsyncIterable[bytes] | None, on_output: Emit, stop: asyncio.Event,
+                  kill: Callable[[], Awaitable[None]]) -> int | None:
+        """Run a command; its exit code (None: killed after ``stop`` and no exit came in time).
+
+        NotStarted: nothing ran, run it another way. ExecFailed("working directory ...") for a
+        missing cwd. DriverFailure if the agent ended while the command ran."""
+        if not self.alive:
+            raise NotStarted("the exec agent is not running")
+        cid, self._next_id = self._next_id, self._next_id + 1
+        cmd = _Command(streamed=stdin is not None and not isinstance(stdin, bytes))
+        self._cmds[cid] = cmd
+        request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "tag": tag,
+                              "stdin": stdin is not None}).encode()
+        feeder: asyncio.Task[None] | None = None
+        try:
+            frames = [(b"S", cid, request)]
+            if isinstance(stdin, bytes) and len(stdin) <= CHUNK:  # the whole command in one message
+                frames += [(b"I", cid, stdin)] if stdin else []
+                frames.append((b"E", cid, b""))
+                cmd.sent = len(stdin)
+            try:
+                await self._send(*frames)
+            except (ConnectionResetError, aiohttp.ClientError) as err:
+                raise NotStarted(str(err)) from err
+            if stdin is not None and len(frames) == 1:
+                feeder = asyncio.create_task(self._feed(cid, cmd, stdin))
+            return await self._wait(cid, cmd, cwd, on_output, stop, kill)
+        finally:
+            self._cmds.pop(cid, None)
+            if feeder is not None:
+                feeder.cancel()
+                await asyncio.gather(feeder, return_exceptions=True)
+
+    async def _feed(self, cid: int, cmd: _Command, stdin: bytes | AsyncIterable[bytes]) -> None:
+        async def blocks() -> AsyncIterable[bytes]:
+            if isinstance(stdin, bytes):
+                yield stdin
+                return
+            async for block in stdin:
+                cmd.consumed = True
+                yield block
+
+        async for block in blocks():
+            for at in range(0, len(block), CHUNK):
+                while cmd.sent - cmd.acked >= WINDOW:
+                    cmd.acks.clear()
+                    await cmd.acks.wait()
+                piece = block[at:at + CHUNK]
+                cmd.sent += len(piece)
+                await self._send((b"I", cid, piece))
+        await self._send((b"E", cid, b""))
+
+    async def _wait(self, cid: int, cmd: _Command, cwd: str, on_output: Emit, stop: asyncio.Event,
+                    kill: Callable[[], Awaitable[None]]) -> int | None:
+        loop = asyncio.get_running_loop()
+        killed_at: float | None = None
+        sent_at = loop.time()
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while True:
+                getter = asyncio.create_task(cmd.events.get())
+                waiting = {getter} if killed_at is not None else {getter, stopper}
+                timeout = None if killed_at is None else max(0.0, killed_at + KILL_GRACE - loop.time())
+                if not cmd.started and killed_at is None:
+                    timeout = max(0.0, sent_at + START_TIMEOUT - loop.time())
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    if killed_at is not None:  # no exit in time: the plugin kills by the command's tag
+                        await kill()
+                        return None
+                    if not done:  # no word of the command's start: the agent is stopped or wedged
+                        log.warning("sandbox %s: the exec agent did not start a command within %.0f s; "
+                                    "ending it", self.sandbox_id, START_TIMEOUT)
+                        await self.terminate()
+                        await kill()  # had it forked after all, the copy must not run beside the retry
+                        if cmd.consumed:
+                            raise DriverFailure(f"sandbox {self.sandbox_id}: its exec agent stopped answering "
+                                                "after part of the command's stdin was taken")
+                        raise NotStarted("the exec agent did not answer")
+                    killed_at = loop.time()
+                    with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+                        await self._send((b"K", cid, bytes([SIGKILL])))
+                    continue
+                what, value = getter.result()
+                if what == "exit":
+                    try:
+                        return self._exit_code(value, cwd)
+                    except NotStarted:
+                        if cmd.consumed:
+                            raise DriverFailure(f"sandbox {self.sandbox_id}: the command did not start, and "
+                                                "part of its streamed stdin was already taken") from None
+                        raise
+                if what == "gone":
+                    if killed_at is not None or stop.is_set():  # a cancel, a timeout, a destroy
+                        await kill()
+                        return None
+                    if not cmd.started and not cmd.consumed:
+                        raise NotStarted("the exec agent ended before the command started")
+                    await kill()  # what the agent started would run on unowned
+                    raise DriverFailure(f"sandbox {self.sandbox_id}: its exec agent ended while the command ran"
+                                        + ("" if cmd.started else " (part of its stdin was already sent)"))
+                pending = on_output(what, value)
+                if pending is not None:
+                    await pending
+                with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+                    await self._send((b"A", cid, struct.pack(">I", len(value))))
+        finally:
+            stopper.cancel()
+
+    @staticmethod
+    def _exit_code(report: dict[str, Any], cwd: str) -> int:
+        error = report.get("error")
+        if error == "cwd":
+            raise ExecFailed(f"working directory {cwd} does not exist or is not a directory")
+        if error:
+            raise NotStarted(f"the exec agent could not start the command: {report.get('reason')}")
+        return int(report["code"])

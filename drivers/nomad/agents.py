@@ -1,0 +1,184 @@
+"""The exec agents of the nomad driver's sandboxes (``agent.ExecAgent``): one per sandbox,
+started in the background, restarted when one ends, held off a pause.
+
+``HUTCH_NOMAD_EXEC=agent`` (the default) runs commands through them; ``alloc`` runs every
+command as its own alloc exec, as before. A command finds no agent ready (starting, ended,
+never built) and runs the old way; nothing waits on an agent.
+
+The binary is built once from scripts/services.d/nomad/exec-agent with the Go toolchain
+(static, CGO_ENABLED=0) and cached by its sources' hash under the nomad cache
+(``HUTCH_NOMAD_CACHE``, /var/cache/hutch/nomad), like the containerd plugin:
+``services start nomad`` and ``./scripts/install --dev`` build it
+(``python -m hutch.drivers.nomad.agents build``), and a driver that finds none builds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from hutch.core.errors import DriverFailure, InvalidInput
+from hutch.drivers.nomad.agent import ExecAgent
+from hutch.drivers.nomad.client import NomadClient
+from hutch.drivers.nomad.jobs import HOME, TASK
+from hutch.drivers.nomad.state import NomadSandbox
+
+log = logging.getLogger(__name__)
+
+MODES = ("agent", "alloc")
+SOURCE = Path(__file__).resolve().parents[2] / "scripts" / "services.d" / "nomad" / "exec-agent"
+PAUSE_WAIT = 30.0  # seconds a pause waits for an agent start in progress
+RETRY_MAX = 60.0  # seconds between restarts of an agent that keeps failing, at most
+AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def check_mode(setting: str, value: str) -> None:
+    if value not in MODES:
+        raise InvalidInput(f"{setting}: expected agent or alloc, got {value!r}", field=setting)
+
+
+def binary_path(source: Path = SOURCE) -> Path:
+    """Where the build of ``source`` is cached: keyed by its files, so a change rebuilds."""
+    digest = hashlib.sha256()
+    for name in ["go.mod", *sorted(p.name for p in source.glob("*.go"))]:
+        digest.update((source / name).read_bytes())
+    cache = Path(os.environ.get("HUTCH_NOMAD_CACHE") or "/var/cache/hutch/nomad")
+    return cache / f"exec-agent-{digest.hexdigest()[:12]}" / "hutch-exec-agent"
+
+
+def build(source: Path = SOURCE) -> Path:
+    """The agent's binary, built if it is not cached (a few seconds); DriverFailure if it cannot be."""
+    if not (source / "go.mod").is_file():
+        raise DriverFailure(f"the exec agent's sources are not at {source}")
+    out = binary_path(source)
+    if out.is_file():
+        return out
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not Path(go).is_file():
+        raise DriverFailure("Go is not installed: cannot build the nomad exec agent")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-trimpath -buildvcs=false"}
+    if "HOME" not in env and "GOCACHE" not in env:
+        env["GOCACHE"] = str(out.parent.parent / ".gocache")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    done = subprocess.run([go, "build", "-ldflags=-s -w", "-o", str(tmp), "."], cwd=source, env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise DriverFailure(f"building the nomad exec agent failed: {done.stderr.strip()[-1000:]}")
+    tmp.replace(out)
+    return out
+
+
+class ExecAgents:
+    """The agents of one driver's sandboxes, by sandbox id."""
+
+    def __init__(self, client: NomadClient, mode: str) -> None:
+        check_mode("HUTCH_NOMAD_EXEC", mode)
+        self.client = client
+        self.mode = mode
+        self._binary: bytes | None = None
+        self._agents: dict[str, ExecAgent] = {}
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._failures: dict[str, tuple[int, float]] = {}  # sandbox -> (failed starts in a row, retry after)
+        self._held: set[str] = set()
+
+    async def load(self) -> None:
+        """Find (or build) the binary; without one, every command runs as its own alloc exec."""
+        if self.mode != "agent":
+            return
+        try:
+            path = await asyncio.to_thread(build)
+            self._binary = await asyncio.to_thread(path.read_bytes)
+        except (DriverFailure, OSError) as err:
+            log.warning("nomad exec agent unavailable, commands run as alloc execs: %s", err)
+
+    def get(self, sb: NomadSandbox) -> ExecAgent | None:
+        """The sandbox's running agent; None if there is none yet (one is then started)."""
+        agent = self._agents.get(sb.id)
+        if agent is not None and agent.alive:
+            return agent
+        self.ensure(sb)
+        return None
+
+    def live(self, sandbox_id: str) -> ExecAgent | None:
+        agent = self._agents.get(sandbox_id)
+        return agent if agent is not None and agent.alive else None
+
+    def ensure(self, sb: NomadSandbox) -> None:
+        """Start the sandbox's agent in the background unless it runs, is starting, is held
+        (a pause) or failed too recently."""
+        if self._binary is None or sb.id in self._held or sb.id in self._starting or self.live(sb.id):
+            return
+        _, retry_after = self._failures.get(sb.id, (0, 0.0))
+        if asyncio.get_running_loop().time() < retry_after:
+            return
+        task = asyncio.create_task(self._start(sb), name=f"exec-agent-start-{sb.id}")
+        self._starting[sb.id] = task
+        task.add_done_callback(lambda _t: self._starting.pop(sb.id, None))
+
+    async def _start(self, sb: NomadSandbox) -> None:
+        assert self._binary is not None
+        old = self._agents.pop(sb.id, None)
+        if old is not None:
+            await old.close()
+        agent = ExecAgent(self.client, sb.alloc_id, TASK, sb.id)
+        # The plugin's envelope (drivers/nomad/execs.py): the agent gets a tag of its own; the
+        # commands it forks get theirs (and their own environment) from each request.
+        envelope = json.dumps({"env": [f"PATH={AGENT_PATH}", f"HOME={HOME}"], "cwd": HOME,
+                               "tag": f"agent-{uuid.uuid4().hex}"})
+        try:
+            await agent.start(self._binary, envelope)
+        except Exception as err:  # any failure to start leaves the old path; the next try is later
+            count = self._failures.get(sb.id, (0, 0.0))[0] + 1
+            delay = min(RETRY_MAX, 0.5 * 2 ** count)
+            self._failures[sb.id] = (count, asyncio.get_running_loop().time() + delay)
+            log.warning("sandbox %s: exec agent did not start (%s); commands run as alloc execs, "
+                        "next try in %.0f s", sb.id, err, delay)
+            return
+        self._failures.pop(sb.id, None)
+        self._agents[sb.id] = agent
+        log.debug("sandbox %s: exec agent runs (pid %s)", sb.id, agent.pid)
+
+    async def hold(self, sandbox_id: str) -> None:
+        """Before a pause: no new agent start, and one in progress finished (PAUSE_WAIT at most).
+        A start frozen half-way would hold runc's exec, and the resume waits behind it."""
+        self._held.add(sandbox_id)
+        task = self._starting.get(sandbox_id)
+        if task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), PAUSE_WAIT)
+
+    def release(self, sandbox_id: str) -> None:
+        self._held.discard(sandbox_id)
+
+    async def drop(self, sandbox_id: str) -> None:
+        """The sandbox is going: its agent's session ends (and a start in progress with it)."""
+        task = self._starting.pop(sandbox_id, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        agent = self._agents.pop(sandbox_id, None)
+        self._failures.pop(sandbox_id, None)
+        self._held.discard(sandbox_id)
+        if agent is not None:
+            await agent.close()
+
+    async def close(self) -> None:
+        for sid in list({*self._agents, *self._starting}):
+            await self.drop(sid)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["build"]:
+        sys.exit("usage: python -m hutch.drivers.nomad.agents build")
+    print(build())

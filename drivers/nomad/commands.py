@@ -1,0 +1,88 @@
+"""How the nomad driver runs a command: through the sandbox's exec agent when it has one
+running (``agents.ExecAgents``: a fork, about 1 ms), else as its own alloc exec
+(``execs.run_tagged``: a runc exec, about 50 ms). Both carry the same tag, so the plugin's
+kill verb ends either kind; and the create-time file writes that ride on a command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from hutch.core.errors import HutchError, InvalidInput
+from hutch.drivers.base import ExecRequest, ExecResult, FileToWrite, OutputSink
+from hutch.drivers.nomad.agent import NotStarted
+from hutch.drivers.nomad.agents import ExecAgents
+from hutch.drivers.nomad.client import NomadClient
+from hutch.drivers.nomad.execs import ENVELOPE, noop, run_tagged
+from hutch.drivers.nomad.files import pack_files
+from hutch.drivers.nomad.jobs import TASK
+from hutch.drivers.nomad.state import NomadSandbox
+
+# Kills, as the sandbox user, every process carrying the tag ($1) in its environment, until none
+# is left: the plugin's kill verb knows only the execs it started itself.
+KILL_MARKED = ('m="HUTCH_EXEC_TAG=$1"; for round in 1 2 3 4 5 6 7 8 9 10; do n=0; '
+               'for p in /proc/[0-9]*; do tr "\\0" "\\n" <"$p/environ" 2>/dev/null | grep -qxF "$m" '
+               '&& kill -9 "${p#/proc/}" 2>/dev/null && n=$((n+1)); done; [ "$n" = 0 ] && break; done; true')
+
+
+async def kill_marked(client: NomadClient, sb: NomadSandbox, tag: str) -> None:
+    """End what an agent-run command left when its agent could not (it ended, or stopped
+    answering): an alloc exec scanning the sandbox's processes for the command's tag."""
+    with contextlib.suppress(HutchError):
+        await client.exec(sb.alloc_id, TASK, [ENVELOPE, json.dumps({"env": ["PATH=/usr/bin:/bin"], "cwd": "/"}),
+                                              "sh", "-c", KILL_MARKED, "sh", tag],
+                          stdin=None, on_output=lambda _s, _d: None, stop=asyncio.Event(), kill=noop)
+
+
+async def run_command(agents: ExecAgents, client: NomadClient, sb: NomadSandbox, req: ExecRequest,
+                      envelope: dict[str, Any], argv: Sequence[str], stop: asyncio.Event, sink: OutputSink,
+                      kill: Callable[[], Awaitable[None]]) -> int | None:
+    """Run ``req`` (``envelope``/``argv``: its alloc exec form) and return its exit code (None:
+    killed after ``stop``, no exit came). The agent's NotStarted means nothing ran: the alloc
+    exec then runs it; an agent that ended while the command ran is a DriverFailure."""
+    agent = agents.get(sb)
+    fell_back = False
+    if agent is not None:
+        try:
+            # ignore: the agent emits only "stdout"/"stderr", as OutputSink.write wants
+            return await agent.run(req.argv, envelope["env"], envelope["cwd"], envelope["tag"],
+                                   stdin=req.stdin or None, on_output=sink.write,  # type: ignore[arg-type]
+                                   stop=stop, kill=lambda: kill_marked(client, sb, envelope["tag"]))
+        except NotStarted:
+            agents.ensure(sb)
+            fell_back = True
+    # ignore: run_tagged's Emit takes any str, but it only ever emits "stdout"/"stderr".
+    # After an agent failed (a rare path, often under pressure) the output is checked against the
+    # plugin's count: one alloc exec more, and no tail lost to Nomad's stream.
+    return await run_tagged(client, sb.alloc_id, TASK, argv, envelope["tag"], stdin=req.stdin,
+                            on_output=sink.write, stop=stop, kill=kill, verify=fell_back)  # type: ignore[arg-type]
+
+
+class _Runs(Protocol):
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult: ...
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.text = b""
+
+    def write(self, stream: str, data: bytes) -> None:
+        self.text += data
+
+
+async def write_files(driver: _Runs, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    """Create-time files: one tar stream unpacked by ``tar`` in the sandbox, as its user."""
+    if not files:
+        return
+    errors = _Errors()
+    result = await driver.exec(ExecRequest(
+        execution_id=f"write-{uuid.uuid4().hex}", sandbox_id=sandbox_id,
+        argv=["tar", "-x", "-p", "-f", "-", "-C", "/", "--no-same-owner", "--overwrite"],
+        cwd="/", timeout=120, stdin=pack_files(files)), errors)
+    if result.exit_code != 0:
+        message = errors.text.decode(errors="replace").strip()[-500:]
+        raise InvalidInput(f"cannot write files: {message or f'tar exited {result.exit_code}'}", field="path")

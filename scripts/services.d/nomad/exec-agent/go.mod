@@ -1,0 +1,3 @@
+module hutch.invalid/exec-agent
+
+go 1.24

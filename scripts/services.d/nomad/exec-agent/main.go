@@ -1,0 +1,192 @@
+// hutch-exec-agent runs commands inside one nomad sandbox for the API, so that a command costs
+// a fork instead of a runc exec (about 45 ms each). The API starts it once per sandbox through
+// an ordinary Nomad alloc exec, so it has exactly the sandbox's confinement (uid, capabilities,
+// seccomp, cgroup, network namespace); the commands it forks inherit that confinement.
+//
+// Its stdin and stdout carry frames (drivers/nomad/agent.py is the other end): a 9-byte
+// header (kind, command id as a big-endian uint32, payload length as a big-endian uint32) and
+// the payload.
+//
+//	API -> agent: 'S' start (JSON startRequest), 'I' stdin bytes, 'E' stdin closed,
+//	              'K' signal (one byte: its number), 'A' output acknowledged (uint32 bytes)
+//	agent -> API: 'R' ready (JSON, id 0), 'P' started (JSON pid), '1' stdout, '2' stderr,
+//	              'a' stdin consumed (uint32 bytes), 'X' exit (JSON exitReport),
+//	              'H' heartbeat (id 0, every heartbeatEvery)
+//
+// Both directions are windowed per command (window bytes unacknowledged at most), so one
+// slow command or slow reader never holds up another's frames. At the end of its stdin (the
+// API's session is gone) the agent kills what it started and exits: no agent outlives its API.
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	window  = 1 << 20 // bytes in flight per command and direction
+	chunk   = 32 << 10
+	tagEnv  = "HUTCH_EXEC_TAG" // the plugin's marker (containerd-driver/handle.go): its kill verb and pids guard see our commands too
+	version = 1
+	// Nomad 1.10's exec handler notices its websocket is gone only when the exec next writes
+	// (command/agent/alloc_endpoint.go), and only then ends the exec (and this agent): an idle
+	// agent writes a heartbeat so an API that died without closing its session is noticed.
+	heartbeatEvery = 2 * time.Second
+)
+
+type startRequest struct {
+	Argv  []string `json:"argv"`
+	Env   []string `json:"env"`
+	Cwd   string   `json:"cwd"`
+	Tag   string   `json:"tag"`
+	Stdin bool     `json:"stdin"`
+}
+
+type exitReport struct {
+	Code   int    `json:"code"`
+	Error  string `json:"error,omitempty"` // "cwd" or "fork": the command did not start
+	Reason string `json:"reason,omitempty"`
+}
+
+type agent struct {
+	out  *bufio.Writer
+	wmu  sync.Mutex
+	mu   sync.Mutex
+	cmds map[uint32]*command
+	pids map[int]*command // running, by pid: the reaper's index
+}
+
+func main() {
+	runtime.GOMAXPROCS(1) // few threads: each counts against the sandbox's pids limit
+	if len(os.Args) > 1 {
+		_ = os.Remove(os.Args[1]) // the copy we were started from: nothing left in the sandbox's /tmp
+	}
+	// No signal is ignored here: an ignored disposition would pass to the commands through exec.
+	a := &agent{out: bufio.NewWriterSize(os.Stdout, 64<<10), cmds: map[uint32]*command{}, pids: map[int]*command{}}
+	go a.reap()
+	go a.heartbeat()
+	ready, _ := json.Marshal(map[string]int{"pid": os.Getpid(), "version": version})
+	a.send('R', 0, ready)
+	a.read(bufio.NewReaderSize(os.Stdin, 64<<10))
+	a.killAll()
+	os.Exit(0)
+}
+
+func (a *agent) heartbeat() {
+	for range time.Tick(heartbeatEvery) {
+		a.send('H', 0, nil)
+	}
+}
+
+// send writes one frame; a broken stdout means the API is gone.
+func (a *agent) send(kind byte, id uint32, payload []byte) {
+	var head [9]byte
+	head[0] = kind
+	binary.BigEndian.PutUint32(head[1:5], id)
+	binary.BigEndian.PutUint32(head[5:9], uint32(len(payload)))
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	_, err := a.out.Write(head[:])
+	if err == nil {
+		_, err = a.out.Write(payload)
+	}
+	if err == nil {
+		err = a.out.Flush()
+	}
+	if err != nil {
+		a.killAll()
+		os.Exit(0)
+	}
+}
+
+func (a *agent) read(in *bufio.Reader) {
+	var head [9]byte
+	for {
+		if _, err := io.ReadFull(in, head[:]); err != nil {
+			return
+		}
+		id := binary.BigEndian.Uint32(head[1:5])
+		payload := make([]byte, binary.BigEndian.Uint32(head[5:9]))
+		if _, err := io.ReadFull(in, payload); err != nil {
+			return
+		}
+		a.handle(head[0], id, payload)
+	}
+}
+
+func (a *agent) handle(kind byte, id uint32, payload []byte) {
+	if kind == 'S' {
+		var req startRequest
+		if err := json.Unmarshal(payload, &req); err != nil || len(req.Argv) == 0 {
+			a.exit(id, exitReport{Code: -1, Error: "request", Reason: fmt.Sprintf("bad start request: %v", err)})
+			return
+		}
+		a.start(id, req)
+		return
+	}
+	a.mu.Lock()
+	c := a.cmds[id]
+	a.mu.Unlock()
+	if c == nil {
+		return // ended already: late stdin, acks or signals mean nothing
+	}
+	switch kind {
+	case 'I':
+		c.stdin.push(payload)
+	case 'E':
+		c.stdin.close()
+	case 'K':
+		if len(payload) == 1 {
+			c.signal(syscall.Signal(payload[0]))
+		}
+	case 'A':
+		if len(payload) == 4 {
+			c.out.release(int(binary.BigEndian.Uint32(payload)))
+		}
+	}
+}
+
+func (a *agent) exit(id uint32, r exitReport) {
+	b, _ := json.Marshal(r)
+	a.send('X', id, b)
+}
+
+func (a *agent) killAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.cmds {
+		c.signal(syscall.SIGKILL)
+	}
+}
+
+// reap waits for the commands' exits without a thread blocked per command: on SIGCHLD, every
+// child that has exited.
+func (a *agent) reap() {
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	for range sigs {
+		for {
+			var status syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+			if err != nil || pid <= 0 {
+				break
+			}
+			a.mu.Lock()
+			c := a.pids[pid]
+			delete(a.pids, pid)
+			a.mu.Unlock()
+			if c != nil {
+				go c.finish(status)
+			}
+		}
+	}
+}

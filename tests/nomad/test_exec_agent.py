@@ -1,0 +1,244 @@
+"""The nomad driver's exec agent (drivers/nomad/agent.py, scripts/services.d/nomad/exec-agent)
+against the real Nomad + containerd: commands forked by it are as confined as alloc execs,
+keep their streams apart, and survive the agent being killed, stopped or starved."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hutch.core.errors import DriverFailure
+from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
+from hutch.drivers.nomad.agent import ExecAgent
+from hutch.drivers.nomad.client import NomadClient
+from hutch.drivers.nomad.driver import NomadDriver
+from hutch.drivers.nomad.execs import ENVELOPE, noop
+from hutch.drivers.nomad.jobs import TASK
+from tests.drivers_support import NOMAD_ADDR, Recorder, new_id
+from tests.isolation import terminal_probe
+
+# The terminal probe plus what a parent passes through exec: signal dispositions and mask,
+# environment, umask, working directory, OOM score.
+PROBE = terminal_probe.PROBE + textwrap.dedent("""
+    extra = {k: status[k].strip() for k in ("SigIgn", "SigBlk", "Groups", "Umask")}
+    extra["env"] = sorted(k for k in os.environ if k != "HUTCH_EXEC_TAG")
+    extra["cwd"] = os.getcwd()
+    extra["oom_score_adj"] = open("/proc/self/oom_score_adj").read().strip()
+    extra["fds"] = sorted(os.listdir("/proc/self/fd"))
+    print("EXTRA" + json.dumps(extra))
+""")
+
+
+async def until_agent(driver: NomadDriver, sid: str, other_than: int | None = None) -> ExecAgent:
+    """The sandbox's running agent (started in the background after a create or a loss)."""
+    for _ in range(600):
+        driver._agents.ensure(driver.running(sid))
+        agent = driver._agents.live(sid)
+        if agent is not None and agent.pid != other_than:
+            return agent
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no exec agent came up in sandbox {sid}")
+
+
+async def run(driver: NomadDriver, sid: str, argv: list[str], stdin: bytes | None = None) -> tuple[int, Recorder]:
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, argv, stdin=stdin), sink)
+    return result.exit_code, sink
+
+
+async def parent_of_a_command(driver: NomadDriver, sid: str) -> int:
+    code, sink = await run(driver, sid, ["sh", "-c", "cut -d' ' -f4 /proc/$$/stat"])
+    assert code == 0, sink.text("stderr")
+    return int(sink.stdout)
+
+
+def extra(output: str) -> dict:
+    return json.loads(output.split("EXTRA", 1)[1])
+
+
+async def test_a_command_through_the_agent_is_as_confined_as_an_alloc_exec(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", env={"FROM_CREATE": "1"}))
+    agent = await until_agent(driver, sid)
+    assert await parent_of_a_command(driver, sid) == agent.pid  # forked by the agent: no runc exec
+    code, through_agent = await run(driver, sid, ["python3", "-c", PROBE])
+    assert code == 0, through_agent.text("stderr")
+    await driver._agents.drop(sid)
+    await driver._agents.hold(sid)  # no agent: the command is its own alloc exec
+    code, through_alloc = await run(driver, sid, ["python3", "-c", PROBE])
+    assert code == 0, through_alloc.text("stderr")
+    assert await parent_of_a_command(driver, sid) == 0  # runc's exec: a parent outside the sandbox
+    driver._agents.release(sid)
+    assert terminal_probe.parse(through_agent.stdout) == terminal_probe.parse(through_alloc.stdout)
+    assert extra(through_agent.stdout) == extra(through_alloc.stdout)
+    assert "FROM_CREATE" in extra(through_agent.stdout)["env"]
+
+
+async def test_concurrent_commands_keep_their_streams_apart(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    agent = await until_agent(driver, sid)
+    # Each: 3 MiB of its own letter on stdout (past the 1 MiB window), its stdin echoed back, a
+    # line on stderr, its own exit code.
+    letters = "abcdefgh"
+    script = "head -c 3145728 /dev/zero | tr '\\0' {l}; cat; echo err-{l} >&2; exit {n}"
+    inputs = {letter: letter.upper().encode() * 100_000 for letter in letters}
+    results = await asyncio.gather(*(
+        run(driver, sid, ["sh", "-c", script.format(l=letter, n=n)], stdin=inputs[letter])
+        for n, letter in enumerate(letters)))
+    for n, (letter, (code, sink)) in enumerate(zip(letters, results, strict=True)):
+        assert code == n
+        assert sink.stdout == letter * 3145728 + inputs[letter].decode()
+        assert sink.text("stderr") == f"err-{letter}\n"
+    assert driver._agents.live(sid) is agent  # all of it through the one agent
+
+
+async def test_a_streamed_stdin_goes_through_in_order(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    await until_agent(driver, sid)
+
+    async def blocks():  # 8 MiB in uneven blocks, well past the stdin window
+        for i in range(64):
+            yield bytes([i]) * (131072 + i)
+
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["sha256sum"], stdin=blocks()), sink)
+    expected = hashlib.sha256(b"".join(bytes([i]) * (131072 + i) for i in range(64))).hexdigest()
+    assert result.exit_code == 0 and sink.stdout.split()[0] == expected
+
+
+async def test_errors_read_as_before(driver: NomadDriver) -> None:
+    from hutch.core.errors import InvalidInput
+
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    await until_agent(driver, sid)
+    code, sink = await run(driver, sid, ["no-such-command"])
+    assert (code, sink.text("stderr")) == (127, "no-such-command: command not found\n")
+    with pytest.raises(InvalidInput) as caught:
+        await driver.exec(ExecRequest(new_id("ex"), sid, ["true"], cwd="no/such/dir"), Recorder())
+    assert caught.value.field == "cwd"
+    code, sink = await run(driver, sid, ["sh", "-c", "yes | head -c 3"])  # SIGPIPE is not ignored
+    assert (code, sink.stdout) == (0, "y\ny")
+
+
+async def test_a_killed_agent_is_replaced_and_its_running_command_fails(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    agent = await until_agent(driver, sid)
+    running = asyncio.ensure_future(run(driver, sid, ["sh", "-c", "sleep 60; echo never"]))
+    # From inside the sandbox, a moment later, by a command that itself has ended.
+    code, _ = await run(driver, sid, ["sh", "-c", f"(sleep 0.5; kill -9 {agent.pid}) >/dev/null 2>&1 &"])
+    assert code == 0
+    with pytest.raises(DriverFailure, match="exec agent ended while the command ran"):
+        await running
+    code, sink = await run(driver, sid, ["sh", "-c", "echo still; ps -eo args"])  # through alloc exec, or a new agent
+    assert code == 0 and sink.stdout.startswith("still\n")
+    assert "sleep 60" not in sink.stdout  # the dead agent's command did not run on
+    new = await until_agent(driver, sid, other_than=agent.pid)
+    assert await parent_of_a_command(driver, sid) == new.pid
+
+
+async def test_a_stopped_agent_is_ended_and_the_command_runs_without_it(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    agent = await until_agent(driver, sid)
+    code, _ = await run(driver, sid, ["sh", "-c", f"(sleep 0.3; kill -STOP {agent.pid}) >/dev/null 2>&1 &"])
+    assert code == 0
+    await asyncio.sleep(0.6)  # let the stop land: the next command then meets a stopped agent
+    code, sink = await run(driver, sid, ["echo", "ran"], stdin=b"")
+    assert (code, sink.stdout) == (0, "ran\n")
+    new = await until_agent(driver, sid, other_than=agent.pid)
+    code, sink = await run(driver, sid, ["ps", "-eo", "pid"])
+    assert str(agent.pid) not in sink.stdout.split()  # the stopped one was ended, not left behind
+    assert await parent_of_a_command(driver, sid) == new.pid
+
+
+@pytest.mark.parametrize("resources", [Resources(memory_bytes=16 * 2**20), Resources(pids=12)],
+                         ids=["16MiB", "12-pids"])
+async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resources: Resources) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=resources))
+    for _ in range(3):
+        code, sink = await run(driver, sid, ["sh", "-c", "echo ok; cat"], stdin=b"in")
+        assert (code, sink.stdout) == (0, "ok\nin")
+    results = await asyncio.gather(*(run(driver, sid, ["echo", str(i)]) for i in range(4)))
+    assert [(c, s.stdout) for c, s in results] == [(0, f"{i}\n") for i in range(4)]
+
+
+async def agent_pids(client: NomadClient, alloc_id: str) -> list[str]:
+    out = bytearray()
+    code = await client.exec(alloc_id, TASK, [ENVELOPE, json.dumps({"env": ["PATH=/usr/bin:/bin"], "cwd": "/"}),
+                                              "ps", "-eo", "pid,args"], stdin=None,
+                             on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
+    assert code == 0
+    return [line.split()[0] for line in out.decode().splitlines() if "hutch-exec-agent" in line]
+
+
+async def test_the_agent_ends_when_its_api_goes_away(tmp_path: Path) -> None:
+    """An API killed outright (no close): Nomad ends the exec, and the agent with it."""
+    child = textwrap.dedent(f"""
+        import asyncio, json, os, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from hutch.drivers.base import ProvisionRequest
+        from tests.drivers_support import start_nomad
+        from tests.nomad.test_exec_agent import until_agent
+        async def main():
+            d = await start_nomad(__import__("pathlib").Path({str(tmp_path / "data")!r}))
+            await d.provision(ProvisionRequest(sandbox_id="gone", runtime="base:latest"))
+            agent = await until_agent(d, "gone")
+            sb = d._sandboxes["gone"]
+            print(json.dumps({{"alloc": sb.alloc_id, "job": sb.job_id}}), flush=True)
+            os._exit(0)
+        asyncio.run(main())
+    """)
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", child], capture_output=True,
+                                   text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    client = NomadClient(NOMAD_ADDR)
+    await client.start()
+    try:
+        for _ in range(200):
+            if not await agent_pids(client, info["alloc"]):
+                break
+            await asyncio.sleep(0.1)
+        assert await agent_pids(client, info["alloc"]) == []
+    finally:
+        await client.deregister(info["job"])
+        await client.close()
+
+
+async def test_a_closed_driver_leaves_no_agent(driver: NomadDriver) -> None:
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    await until_agent(driver, sid)
+    alloc = driver._sandboxes[sid].alloc_id
+    assert len(await agent_pids(driver.client, alloc)) == 1
+    await driver._agents.close()  # the session ends: the agent reads the end of its stdin
+    for _ in range(200):
+        if not await agent_pids(driver.client, alloc):
+            break
+        await asyncio.sleep(0.05)
+    assert await agent_pids(driver.client, alloc) == []
+
+
+async def test_a_pause_waits_for_an_agent_starting(driver: NomadDriver) -> None:
+    """A freeze while runc sets up the agent's exec held that exec, and the resume waited
+    behind it: a terminal on a just-paused sandbox hung."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))  # starts the agent
+    await driver.pause(sid)
+    await driver.resume(sid)
+    code, sink = await run(driver, sid, ["echo", "thawed"])
+    assert (code, sink.stdout) == (0, "thawed\n")
+    await until_agent(driver, sid)
