@@ -370,7 +370,7 @@ class NomadDriver(WarmPools, Driver):
                     if ex.sandbox_id == sandbox_id:
                         ex.cancelled = True
                         ex.stop.set()
-                await self._agents.drop(sandbox_id)
+                self._spawn(self._agents.drop(sandbox_id), f"exec-agent-drop-{sandbox_id}")  # not waited for
                 # The client kills the task within a second of the stop; its status reaches
                 # the server seconds later, so the purge and GC finish in the background.
                 with contextlib.suppress(NomadNotFound):
