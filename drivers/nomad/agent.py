@@ -257,6 +257,8 @@ class ExecAgent:
                     if killed_at is not None:  # no exit in time: the plugin kills by the command's tag
                         await kill()
                         return None
+                    if not done and cmd.started:  # it started meanwhile (that frame wakes nobody)
+                        continue
                     if not done:  # no word of the command's start: the agent is stopped or wedged
                         log.warning("sandbox %s: the exec agent did not start a command within %.0f s; "
                                     "ending it", self.sandbox_id, START_TIMEOUT)

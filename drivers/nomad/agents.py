@@ -133,7 +133,8 @@ class ExecAgents:
         agent = ExecAgent(self.client, sb.alloc_id, TASK, sb.id)
         # The plugin's envelope (drivers/nomad/execs.py): the agent gets a tag of its own; the
         # commands it forks get theirs (and their own environment) from each request.
-        envelope = json.dumps({"env": [f"PATH={AGENT_PATH}", f"HOME={HOME}"], "cwd": HOME,
+        # GOMAXPROCS=1: fewer threads, each of which counts against the sandbox's pids limit.
+        envelope = json.dumps({"env": [f"PATH={AGENT_PATH}", f"HOME={HOME}", "GOMAXPROCS=1"], "cwd": HOME,
                                "tag": f"agent-{uuid.uuid4().hex}"})
         try:
             await agent.start(self._binary, envelope)

@@ -17,6 +17,7 @@ import pytest
 
 from hutch.core.errors import DriverFailure
 from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
+from hutch.drivers.nomad import agent as agent_module
 from hutch.drivers.nomad.agent import ExecAgent
 from hutch.drivers.nomad.client import NomadClient
 from hutch.drivers.nomad.driver import NomadDriver
@@ -116,6 +117,25 @@ async def test_a_streamed_stdin_goes_through_in_order(driver: NomadDriver) -> No
     assert result.exit_code == 0 and sink.stdout.split()[0] == expected
 
 
+async def test_a_silent_command_is_not_taken_for_a_stopped_agent(driver: NomadDriver,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its start is confirmed by a frame that wakes no one; a long silence after it is the
+    command's own (a streamed upload into sha256sum once failed here after 5 s)."""
+    monkeypatch.setattr(agent_module, "START_TIMEOUT", 0.5)
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    agent = await until_agent(driver, sid)
+
+    async def blocks():
+        for _ in range(16):
+            yield b"x" * 65536
+
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["sh", "-c", "sleep 2; wc -c"], stdin=blocks()), sink)
+    assert (result.exit_code, sink.stdout.strip()) == (0, "1048576")
+    assert driver._agents.live(sid) is agent
+
+
 async def test_errors_read_as_before(driver: NomadDriver) -> None:
     from hutch.core.errors import InvalidInput
 
@@ -166,8 +186,12 @@ async def test_a_stopped_agent_is_ended_and_the_command_runs_without_it(driver: 
 @pytest.mark.parametrize("resources", [Resources(memory_bytes=16 * 2**20), Resources(pids=12)],
                          ids=["16MiB", "12-pids"])
 async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resources: Resources) -> None:
+    """The agent fits a 16 MiB sandbox (~3 MiB: its binary, unlinked, and its heap) and one
+    with 12 pids (GOMAXPROCS=1: six threads), and runs their commands itself."""
     sid = new_id()
     await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=resources))
+    agent = await until_agent(driver, sid)
+    assert await parent_of_a_command(driver, sid) == agent.pid
     for _ in range(3):
         code, sink = await run(driver, sid, ["sh", "-c", "echo ok; cat"], stdin=b"in")
         assert (code, sink.stdout) == (0, "ok\nin")
