@@ -102,6 +102,17 @@ async def test_concurrent_commands_keep_their_streams_apart(driver: NomadDriver)
     assert driver._agents.live(sid) is agent  # all of it through the one agent
 
 
+async def test_a_command_that_exits_at_once_keeps_its_output(driver: NomadDriver) -> None:
+    """Its exit can be reaped before its output is read: the exit waits for the read (the
+    reaper once finished such a command with nothing read, under load: exit 0, no output)."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    await until_agent(driver, sid)
+    for _ in range(5):
+        results = await asyncio.gather(*(run(driver, sid, ["echo", str(i)]) for i in range(48)))
+        assert [(c, s.stdout) for c, s in results] == [(0, f"{i}\n") for i in range(48)]
+
+
 async def test_a_streamed_stdin_goes_through_in_order(driver: NomadDriver) -> None:
     sid = new_id()
     await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))

@@ -54,6 +54,9 @@ func (a *agent) start(id uint32, req startRequest) {
 	}
 	env := append(append([]string{}, req.Env...), tagEnv+"="+req.Tag)
 	attr := &syscall.ProcAttr{Dir: req.Cwd, Env: env, Files: fds(files), Sys: &syscall.SysProcAttr{Setpgid: true}}
+	// Counted before the fork: a command that exits at once is finished (by the reaper) only
+	// after its pumps have read its output.
+	c.pumps.Add(2)
 	// Held from the fork to the registration, so the reaper cannot miss a command that exits at once.
 	a.mu.Lock()
 	pid, err := syscall.ForkExec(path, req.Argv, attr)
@@ -82,7 +85,6 @@ func (a *agent) start(id uint32, req startRequest) {
 	}
 	started, _ := json.Marshal(map[string]int{"pid": pid})
 	a.send('P', id, started)
-	c.pumps.Add(2)
 	go c.pump('1', c.pipes[0])
 	go c.pump('2', c.pipes[1])
 	if c.stdin != nil {
