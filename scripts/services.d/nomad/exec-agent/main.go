@@ -139,6 +139,9 @@ func (a *agent) handle(kind byte, id uint32, payload []byte) {
 	if c == nil {
 		return // ended already: late stdin, acks or signals mean nothing
 	}
+	if c.stdin == nil && (kind == 'I' || kind == 'E') {
+		return // started without stdin
+	}
 	switch kind {
 	case 'I':
 		c.stdin.push(payload)
