@@ -149,7 +149,7 @@ def _check_pool(setting: str, value: str) -> None:
 
 
 def _check_exec_mode(setting: str, value: str) -> None:
-    from hutch.drivers.nomad.agents import check_mode  # names the setting
+    from hutch.drivers.nomad.exec_modes import check_mode  # light: no python-nomad needed
 
     check_mode(setting, value)
 

@@ -26,24 +26,19 @@ import sys
 import uuid
 from pathlib import Path
 
-from hutch.core.errors import DriverFailure, InvalidInput
+from hutch.core.errors import DriverFailure
 from hutch.drivers.nomad.agent import ExecAgent
 from hutch.drivers.nomad.client import NomadClient
+from hutch.drivers.nomad.exec_modes import check_mode
 from hutch.drivers.nomad.jobs import HOME, TASK
 from hutch.drivers.nomad.state import NomadSandbox
 
 log = logging.getLogger(__name__)
 
-MODES = ("agent", "alloc")
 SOURCE = Path(__file__).resolve().parents[2] / "scripts" / "services.d" / "nomad" / "exec-agent"
 PAUSE_WAIT = 30.0  # seconds a pause waits for an agent start in progress
 RETRY_MAX = 60.0  # seconds between restarts of an agent that keeps failing, at most
 AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def check_mode(setting: str, value: str) -> None:
-    if value not in MODES:
-        raise InvalidInput(f"{setting}: expected agent or alloc, got {value!r}", field=setting)
 
 
 def binary_path(source: Path = SOURCE) -> Path:
