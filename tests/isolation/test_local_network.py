@@ -1,7 +1,7 @@
 """Sandbox networking on the local driver, from the attacker's side.
 
 A "fake internet" host is a network namespace the test creates (veth to the host,
-203.0.113.0/24) with an HTTP server in it. A sandbox with network reaches it through NAT;
+203.0.113.0/29) with an HTTP server in it. A sandbox with network reaches it through NAT;
 nothing reaches the host's own services (any of its addresses), another sandbox, or
 link-local/metadata addresses; a sandbox without network has loopback only.
 """
@@ -39,6 +39,11 @@ pytestmark = pytest.mark.isolation
 PY = "python:3.13"
 INET_HOST, INET_SERVER = "203.0.113.1", "203.0.113.2"
 INET_SERVER2 = "203.0.113.3"  # the same server under a second address (allow-list tests)
+# A /29, not the whole TEST-NET-3 /24: on the machines CI runs on, the package registries
+# (deb.debian.org, PyPI, npm, the Go proxy) answer at 203.0.113.80, and a host route for the
+# /24 sent every download made meanwhile into this namespace ("No route to host": a runtime
+# build on first use failed twice in a row while another suite's fake internet was up).
+INET_PREFIX = 29
 
 
 def sh(*cmd: str) -> None:
@@ -55,7 +60,7 @@ def fake_internet() -> Iterator[tuple[str, int]]:
 def fake_internet_running() -> Iterator[tuple[str, int]]:
     """An HTTP server in its own network namespace, routed from the host: "the internet"."""
     # An earlier run that was killed leaves its fake internet behind: its route to the same
-    # /24 would win, and the sandbox would reach a namespace where nothing listens.
+    # prefix would win, and the sandbox would reach a namespace where nothing listens.
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     for name in {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}:
         if name.startswith("tinet"):
@@ -69,10 +74,10 @@ def fake_internet_running() -> Iterator[tuple[str, int]]:
     server = None
     try:
         sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        sh("ip", "addr", "add", f"{INET_HOST}/24", "dev", veth)
+        sh("ip", "addr", "add", f"{INET_HOST}/{INET_PREFIX}", "dev", veth)
         sh("ip", "link", "set", veth, "up")
-        for cmd in (["ip", "addr", "add", f"{INET_SERVER}/24", "dev", "eth0"],
-                    ["ip", "addr", "add", f"{INET_SERVER2}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+        for cmd in (["ip", "addr", "add", f"{INET_SERVER}/{INET_PREFIX}", "dev", "eth0"],
+                    ["ip", "addr", "add", f"{INET_SERVER2}/{INET_PREFIX}", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                     ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", INET_HOST]):
             sh("ip", "netns", "exec", ns, *cmd)
         server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8080",
