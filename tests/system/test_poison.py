@@ -10,45 +10,19 @@ Kafka and PostgreSQL (see tests/system/test_production.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
-from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 from tests.system.server import KEY, Server
-from tests.system.test_production import _dump, hutch
+from tests.system.test_production import _dump, hutch, run
 
 pytestmark = pytest.mark.slow
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-@pytest.fixture
-def kafka_log() -> Iterator[Callable[[str], str]]:
-    made: list[str] = []
-
-    def make(label: str) -> str:
-        made.append(kafka_url(label))
-        return made[-1]
-
-    yield make
-    for url in made:
-        run(drop_topics(url))
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    url, name = run(fresh_database("poison"))
-    yield url
-    run(drop_database(name))
 
 
 async def append_poison(url: str, data_dir: Path) -> tuple[str, str]:

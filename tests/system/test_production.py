@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.services import PrivateService, drop_database, drop_topics, fresh_database, kafka_url
+from tests.services import PrivateService, drop_database, fresh_database
 from tests.system.server import KEY, ROOT, Server
 
 pytestmark = pytest.mark.slow
@@ -45,27 +45,6 @@ KEY_ID = "key_" + hashlib.sha256(KEY.encode()).hexdigest()[:12]
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
-
-
-@pytest.fixture
-def kafka_log() -> Iterator[Callable[[str], str]]:
-    """Fresh topics on the shared broker, deleted afterwards."""
-    made: list[str] = []
-
-    def make(label: str) -> str:
-        made.append(kafka_url(label))
-        return made[-1]
-
-    yield make
-    for url in made:
-        run(drop_topics(url))
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    url, name = run(fresh_database("sys"))
-    yield url
-    run(drop_database(name))
 
 
 def hutch(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:

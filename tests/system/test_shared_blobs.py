@@ -9,33 +9,21 @@ the snapshot's tag, and the file is there.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import shutil
 import tarfile
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 from tests.system.server import KEY, Server
 
 pytestmark = pytest.mark.slow
 
 CONTENT = b"made on server A\n" * 1000
-
-
-@pytest.fixture
-def shared() -> Iterator[Callable[[], dict[str, str]]]:
-    """One Kafka topic and one PostgreSQL database for every server of the test."""
-    url, name = asyncio.run(fresh_database("blobs"))
-    log = kafka_url("blobs")
-    yield lambda: {"HUTCH_EVENT_LOG": log, "HUTCH_STORE": url}
-    asyncio.run(drop_database(name))
-    asyncio.run(drop_topics(log))
 
 
 def download(server: Server, path: str) -> bytes:

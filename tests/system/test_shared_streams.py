@@ -10,31 +10,19 @@ whole, after A's data dir is deleted.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 from tests.system.server import Server
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def shared() -> Iterator[Callable[[], dict[str, str]]]:
-    """One Kafka topic and one PostgreSQL database for every server of the test."""
-    url, name = asyncio.run(fresh_database("streams"))
-    log = kafka_url("streams")
-    yield lambda: {"HUTCH_EVENT_LOG": log, "HUTCH_STORE": url}
-    asyncio.run(drop_database(name))
-    asyncio.run(drop_topics(log))
 
 
 def stream_path(url: str) -> str:
