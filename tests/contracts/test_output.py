@@ -23,6 +23,20 @@ S1 = "stm_one1"
 S2 = "stm_two2"
 
 
+class Follower:
+    """Reads a stream to its end in the background; ``first`` is set once bytes came."""
+
+    def __init__(self, outputs: OutputStreams, stream_id: str) -> None:
+        self.got: list[bytes] = []
+        self.first = asyncio.Event()
+        self.task = asyncio.create_task(self._follow(outputs, stream_id))
+
+    async def _follow(self, outputs: OutputStreams, stream_id: str) -> None:
+        async for chunk in outputs.read(stream_id):
+            self.got.append(chunk)
+            self.first.set()
+
+
 @pytest.fixture(params=["files", "postgres"])
 async def outputs(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OutputStreams]:
     if request.param == "files":
@@ -118,22 +132,14 @@ async def test_exists_is_the_id_check_or_saved_bytes(outputs: OutputStreams) -> 
 
 async def test_a_follower_gets_bytes_as_they_come_and_ends_at_close(outputs: OutputStreams) -> None:
     writer = await outputs.open(S1)
-    got: list[bytes] = []
-    first = asyncio.Event()
-
-    async def follow() -> None:
-        async for chunk in outputs.read(S1):
-            got.append(chunk)
-            first.set()
-
-    task = asyncio.create_task(follow())
+    follower = Follower(outputs, S1)
     writer.write(b"early ")
-    await asyncio.wait_for(first.wait(), 10)  # delivered while the stream is still open
-    assert not task.done()
+    await asyncio.wait_for(follower.first.wait(), 10)  # delivered while the stream is still open
+    assert not follower.task.done()
     writer.write(b"late")
     await outputs.close(S1)
-    await asyncio.wait_for(task, 10)
-    assert b"".join(got) == b"early late"
+    await asyncio.wait_for(follower.task, 10)
+    assert b"".join(follower.got) == b"early late"
 
 
 async def test_a_follower_from_an_offset_of_a_live_stream(outputs: OutputStreams) -> None:
@@ -276,22 +282,14 @@ async def test_another_replica_follows_a_live_stream(
     outputs, shared, _url = replicas
     writer = await outputs.open(S1)
     assert await shared.is_open(S1)
-    got: list[bytes] = []
-    first = asyncio.Event()
-
-    async def follow() -> None:
-        async for chunk in shared.read(S1):
-            got.append(chunk)
-            first.set()
-
-    task = asyncio.create_task(follow())
+    follower = Follower(shared, S1)
     writer.write(b"live ")
-    await asyncio.wait_for(first.wait(), 10)
-    assert not task.done()
+    await asyncio.wait_for(follower.first.wait(), 10)
+    assert not follower.task.done()
     writer.write(b"and done")
     await outputs.close(S1)
-    await asyncio.wait_for(task, 10)
-    assert b"".join(got) == b"live and done"
+    await asyncio.wait_for(follower.task, 10)
+    assert b"".join(follower.got) == b"live and done"
     assert not await shared.is_open(S1)
     assert await shared.size(S1) == len(b"live and done")
 
