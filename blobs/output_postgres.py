@@ -142,8 +142,7 @@ class PostgresOutputStreams(OutputStreams):
         await self._pg.close()
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        for event in self._waiters.get(payload, ()):
-            event.set()
+        self._wake(payload)
 
     async def _on_session(self, query: str, *args: object) -> object:
         self._pg.require()
