@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING
 
 from hutch.core.models import Execution
@@ -59,8 +59,7 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
                 continue
             if ended and not pending:
                 return
-            if ended and pending and not [x for x in pending
-                                          if await _readable(engine, x, engine.streams.derive(x.execution_id, stream))]:
+            if ended and pending and not await _any_readable(engine, pending, stream):
                 return  # ended with commands that never started (they were cancelled with it)
             await _next_change(changes, sandbox_id)
     finally:
@@ -84,6 +83,14 @@ async def execution_output(engine: Engine, execution_id: str, stream: str) -> As
         engine.projector.unlisten(changes)
     async for chunk in engine.outputs.read(stream_id):
         yield chunk
+
+
+async def _any_readable(engine: Engine, pending: Iterable[Execution], stream: str) -> bool:
+    """Stops at the first: on PostgreSQL each check is a query."""
+    for execution in pending:
+        if await _readable(engine, execution, engine.streams.derive(execution.execution_id, stream)):
+            return True
+    return False
 
 
 async def _readable(engine: Engine, execution: Execution, stream_id: str) -> bool:
