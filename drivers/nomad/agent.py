@@ -51,11 +51,10 @@ class NotStarted(Exception):
 
 
 class _Command:
-    def __init__(self, streamed: bool) -> None:
+    def __init__(self) -> None:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.started = False
         self.consumed = False  # a streamed stdin's first block was taken: it cannot be run again
-        self.streamed = streamed
         self.sent = 0
         self.acked = 0
         self.acks = asyncio.Event()
@@ -195,7 +194,7 @@ class ExecAgent:
         if not self.alive:
             raise NotStarted("the exec agent is not running")
         cid, self._next_id = self._next_id, self._next_id + 1
-        cmd = _Command(streamed=stdin is not None and not isinstance(stdin, bytes))
+        cmd = _Command()
         self._cmds[cid] = cmd
         request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "tag": tag,
                               "stdin": stdin is not None}).encode()
