@@ -5,7 +5,7 @@ into events, and events into driver calls.
 ``Reads`` (queries over the projection store), ``Recorder`` (THE way a command becomes
 appended events: decide, round-trip check, append, wait for the projection),
 ``Provisioning`` (create), ``SandboxControl`` (pause, resume, env, destroy and ends),
-``Executions`` (commands and jobs), ``Checkpoints``, ``Snapshots``, ``Quotas``,
+``Executions`` (commands and jobs), ``Checkpoints`` (the routes call it directly), ``Snapshots``, ``Quotas``,
 ``Recovery`` (start-up) and ``Background`` with the ``Reaper`` (idle and paused timeouts).
 """
 
@@ -38,8 +38,9 @@ from hutch.core.blobs import BlobStore
 from hutch.core.errors import IllegalTransition
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, EventData
-from hutch.core.models import Checkpoint, Execution, Sandbox, SandboxStatus
+from hutch.core.models import Execution, Sandbox, SandboxStatus
 from hutch.core.output import OutputStreams
+from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver, FileToWrite
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -58,6 +59,7 @@ class Engine:
         limits: archives.Limits | None = None,
         blobs: BlobStore | None = None,
         projector: Projector | None = None,  # api.composition builds it; default: one that applies
+        replicas: Replicas | None = None,  # other API processes on this log (core/replicas.py)
     ) -> None:
         self.log = event_log
         self.store = store
@@ -71,7 +73,8 @@ class Engine:
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)
         self.quotas = Quotas(self.reads)
-        self.control = SandboxControl(self.reads, self.recorder, driver)
+        self.replicas = replicas or SoleReplica()
+        self.control = SandboxControl(self.reads, self.recorder, driver, self.replicas)
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts
         self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control, driver=driver,
                                      outputs=outputs, streams=self.streams, inputs=self.inputs,
@@ -85,7 +88,7 @@ class Engine:
         self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, driver=driver, outputs=outputs,
                                          streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
-                                         background=self.background)
+                                         background=self.background, replicas=self.replicas)
         self.recovery = Recovery(store, self.recorder, self.control, driver)
 
     @property
@@ -165,18 +168,6 @@ class Engine:
 
     async def destroy(self, sandbox_id: str) -> None:
         await self.control.destroy(sandbox_id)
-
-    async def create_checkpoint(self, sandbox_id: str, name: str) -> Checkpoint:
-        return await self.checkpoints.create(sandbox_id, name)
-
-    async def list_checkpoints(self, sandbox_id: str) -> tuple[Checkpoint, ...]:
-        return await self.checkpoints.list(sandbox_id)
-
-    async def restore_checkpoint(self, sandbox_id: str, ref: str) -> None:
-        await self.checkpoints.restore(sandbox_id, ref)
-
-    async def delete_checkpoint(self, sandbox_id: str, ref: str) -> None:
-        await self.checkpoints.delete(sandbox_id, ref)
 
     # ---------------------------------------------------------------- reads
 

@@ -22,23 +22,23 @@ async def create(request: web.Request) -> web.Response:
     name = body.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidInput("name: required, a non-empty string of at most 200 characters", field="name")
-    cp = await request.app[ENGINE].create_checkpoint(request.match_info["sandbox_id"], name)
+    cp = await request.app[ENGINE].checkpoints.create(request.match_info["sandbox_id"], name)
     return ok(render(cp), http_status=201)
 
 
 @routes.get("/sandbox/checkpoints/{sandbox_id}")
 async def list_(request: web.Request) -> web.Response:
-    found = await request.app[ENGINE].list_checkpoints(request.match_info["sandbox_id"])
+    found = await request.app[ENGINE].checkpoints.list(request.match_info["sandbox_id"])
     return ok({"checkpoints": [render(c) for c in found]})
 
 
 @routes.post("/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}/restore")
 async def restore(request: web.Request) -> web.Response:
-    await request.app[ENGINE].restore_checkpoint(request.match_info["sandbox_id"], request.match_info["checkpoint_id"])
+    await request.app[ENGINE].checkpoints.restore(request.match_info["sandbox_id"], request.match_info["checkpoint_id"])
     return ok()
 
 
 @routes.delete("/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}")
 async def delete(request: web.Request) -> web.Response:
-    await request.app[ENGINE].delete_checkpoint(request.match_info["sandbox_id"], request.match_info["checkpoint_id"])
+    await request.app[ENGINE].checkpoints.delete(request.match_info["sandbox_id"], request.match_info["checkpoint_id"])
     return ok()
