@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import re
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
 from hutch.api.http import check_query
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
+from hutch.api.replication import ON_LOST, REPLICATION, Replication, replica_middleware
 from hutch.api.routes import (
     audit,
     checkpoints,
@@ -152,7 +154,8 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 
 def create_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[envelope_middleware, proxy.host_middleware, auth_middleware],
+    app = web.Application(middlewares=[envelope_middleware, proxy.host_middleware, auth_middleware,
+                                       replica_middleware],
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
@@ -207,14 +210,22 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await outputs.start()
         stack.push_async_callback(outputs.close_store)
         secret = await outputs.secret()  # shared by every replica on the production profile
+        replicas = parts.replicas
+        await replicas.start()  # before the driver: its recovery leaves other replicas' sandboxes alone
+        stack.push_async_callback(replicas.close)
+        if replicas.shared:
+            driver.set_foreign(replicas.foreign_handles)
         await driver.start()
         stack.push_async_callback(driver.close)
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=secret, data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
                                                max_entries=config.max_archive_entries),
-                        blobs=blob_store, projector=parts.projector)
+                        blobs=blob_store, projector=parts.projector, replicas=replicas)
         stack.push_async_callback(engine.close)
+        replication = Replication(replicas, engine, on_lost=app.get(ON_LOST))
+        engine.projector.observers.append(replication.observe)
+        stack.push_async_callback(replication.close)
         prebuild = config.prebuild_runtimes
         engine.projector.observers.append(tenants.observe)
         await engine.start()
@@ -223,6 +234,9 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[TENANTS] = tenants
         engine.prebuild(prebuild)
         app[ENGINE] = engine
+        app[REPLICATION] = replication
+        if replicas.shared:
+            engine.background.spawn(replication.run(), "replicas")  # lease, take-overs
         app[SESSIONS] = Sessions(secret)
         if config.ssh_port is not None:
             from hutch.api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
@@ -246,5 +260,6 @@ def run_server(config: Config) -> None:
         print(f"hutch: SSH gateway on {config.host}:{config.ssh_port or '(a free port: see GET /healthz)'}", flush=True)
     memory.limit_arenas()  # process-wide, so here rather than in create_app (tests share a process)
     app = create_app(config)
+    app[ON_LOST] = lambda: os.kill(os.getpid(), signal.SIGTERM)  # claimed by another replica: stop
     app.cleanup_ctx.append(memory.trim_ctx)
     web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)

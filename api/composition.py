@@ -17,6 +17,7 @@ from hutch.core.blobs import BlobStore
 from hutch.core.errors import InvalidInput
 from hutch.core.eventlog.base import EventLog
 from hutch.core.output import OutputStreams
+from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -116,6 +117,17 @@ def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 
+def open_replicas(config: Config) -> Replicas:
+    """Leases and sandbox owners in PostgreSQL with a PostgreSQL store (several replicas can
+    share it: api/replication.py); else this process is the only one."""
+    replica_id, url = config.replica
+    if config.store.startswith(_POSTGRES):
+        from hutch.projections.replicas import PostgresReplicas  # asyncpg only where used
+
+        return PostgresReplicas(config.store, me=replica_id, url=url)
+    return SoleReplica(replica_id, url)
+
+
 def make_projector(event_log: EventLog, store: ProjectionStore, *, external: bool = False) -> Projector:
     """The projector a process runs. ``external``: another process (``hutch projector``)
     applies the log, and this one waits for the shared store to show each position."""
@@ -135,6 +147,7 @@ class ServerParts:
     driver: Driver
     blobs: BlobStore
     outputs: OutputStreams
+    replicas: Replicas
 
 
 def server_parts(config: Config) -> ServerParts:
@@ -145,4 +158,5 @@ def server_parts(config: Config) -> ServerParts:
     blobs = open_blob_store(config.store, config.data_dir)
     return ServerParts(event_log=event_log, store=store, projector=projector, driver=open_driver(config, blobs),
                        blobs=blobs, outputs=open_output_streams(config.store, config.data_dir,
-                                                                config.output_cap_bytes))
+                                                                config.output_cap_bytes),
+                       replicas=open_replicas(config))

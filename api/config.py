@@ -7,9 +7,12 @@ number (0-65535), got 'eighty'``), instead of failing later or with a traceback.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import secrets
+import socket
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -108,6 +111,11 @@ def _check_http_url(setting: str, value: str | None) -> None:
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise _refuse(setting, "an http:// or https:// URL", value)
+
+
+def _check_replica_id(setting: str, value: str | None) -> None:
+    if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+        raise _refuse(setting, "1-64 letters, digits, '_', '.' or '-'", value)
 
 
 def _check_event_log(setting: str, value: str) -> None:
@@ -223,6 +231,11 @@ class Config:
     # gateway (api/ssh_gateway.py).
     ssh_port: int | None = _setting("HUTCH_SSH_PORT", None, convert=_to_port)
     log_level: str = _setting("HUTCH_LOG_LEVEL", "INFO", check=_check_log_level)
+    # Several replicas on one PostgreSQL store (core/replicas.py): where the others reach this
+    # one (default http://host:port, the host's address when bound to all), and its id
+    # (default: the host name and a hash of the data dir, so a restart is the same replica).
+    replica_url: str | None = _setting("HUTCH_REPLICA_URL", None, check=_check_http_url)
+    replica_id: str | None = _setting("HUTCH_REPLICA_ID", None, check=_check_replica_id)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -250,6 +263,18 @@ class Config:
     @property
     def base_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
+
+    @property
+    def replica(self) -> tuple[str, str]:
+        """(id, URL) of this server among the replicas of one deployment."""
+        digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:8]
+        rid = self.replica_id or f"{socket.gethostname()[:40]}-{digest}"
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostbyname(socket.gethostname())
+        elif ":" in host:
+            host = f"[{host}]"
+        return rid, self.replica_url or f"http://{host}:{self.port}"
 
 
 def _prebuild_names(value: str) -> list[str]:

@@ -16,16 +16,18 @@ from hutch.api.recorder import Recorder, iso
 from hutch.core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
 from hutch.core.models import Sandbox, SandboxStatus
 from hutch.core.quantities import parse_duration
+from hutch.core.replicas import Replicas
 from hutch.drivers.base import Driver
 
 log = logging.getLogger(__name__)
 
 
 class SandboxControl:
-    def __init__(self, reads: Reads, recorder: Recorder, driver: Driver) -> None:
+    def __init__(self, reads: Reads, recorder: Recorder, driver: Driver, replicas: Replicas) -> None:
         self._reads = reads
         self._recorder = recorder
         self._driver = driver
+        self.replicas = replicas  # which sandboxes this replica drives (core/replicas.py)
 
     async def pause(self, sandbox_id: str) -> Sandbox:
         def command(sb: Sandbox) -> Pause:

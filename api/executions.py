@@ -110,7 +110,8 @@ class Executions:
 
     async def _abandoned(self, execution_id: str) -> None:
         ex = await self._reads.store.get_execution(execution_id)
-        if ex is not None and ex.type == "exec" and ex.status is ExecutionStatus.RUNNING:
+        # Only a command this process runs: another replica's waiters do not decide for it.
+        if ex is not None and ex.type == "exec" and ex.status is ExecutionStatus.RUNNING and self.running(execution_id):
             await self.cancel(execution_id, why="cancelled: every client waiting for it went away "
                               f"(none came back within {self.watchers.grace:g} s)")
 

@@ -8,6 +8,10 @@ command: an upload waits while the command has not read what came before, so a s
 size costs the server a few chunks of memory, and a command that exits without reading it
 all ends the upload (its answer still 200: the command had what it wanted). A stream is
 read by one command, once; one never used is dropped after ``UNUSED_SECONDS``.
+
+With several API replicas (api/replication.py) a stream lives in the replica that made it,
+whose id ends in ``.<replica id>``: an upload reaching another replica is relayed there, and
+a command run elsewhere reads the bytes from it over HTTP (``GET /streams/{id}/stdin``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 
 from hutch.core.errors import IllegalTransition, InvalidInput, PayloadTooLarge
 from hutch.core.tenancy import scoped_org, visible_org
@@ -37,15 +41,26 @@ class _Stream:
         self.reader_gone = False  # the command ended: an upload still sending stops
 
 
+# (holder replica, stream id) -> the stream's bytes read from that replica (api/replication.py)
+RemoteOpener = Callable[[str, str], AsyncGenerator[bytes, None]]
+
+
 class InputStreams:
     def __init__(self) -> None:
         self._streams: dict[str, _Stream] = {}
+        self.holder: str | None = None  # this replica's id, when there are several
+        self.remote: RemoteOpener | None = None
+
+    def holder_of(self, stream_id: str) -> str | None:
+        """The other replica a stream lives in; None if here (or unknown: refused here)."""
+        _, dot, holder = stream_id.partition(".")
+        return holder if dot and holder != self.holder and self.remote is not None else None
 
     def create(self, name: str) -> str:
         self._expire()
         if len(self._streams) >= MAX_STREAMS:
             raise PayloadTooLarge(f"too many open stdin streams ({MAX_STREAMS}); use or let go of some first")
-        stream_id = "stin_" + secrets.token_hex(16)
+        stream_id = "stin_" + secrets.token_hex(16) + (f".{self.holder}" if self.holder else "")
         self._streams[stream_id] = _Stream(name, scoped_org())
         return stream_id
 
@@ -57,7 +72,10 @@ class InputStreams:
         return stream
 
     def check(self, stream_id: str) -> None:
-        """Refuse a create or execute naming a stream that is not there, or already taken."""
+        """Refuse a create or execute naming a stream that is not there, or already taken
+        (another replica's: checked there when the command reads it)."""
+        if self.holder_of(stream_id):
+            return
         if self._get(stream_id, "stream.stdin").reading:
             raise InvalidInput(f"stream.stdin: stream {stream_id} is already another command's stdin (each is read "
                                f"once; make another with POST /streams)", field="stream.stdin")
@@ -93,9 +111,11 @@ class InputStreams:
             raise IllegalTransition(f"stream {stream_id}: no command read it within {UNUSED_SECONDS:g} s; name it "
                                     f"in stream.stdin of a create or execute") from None
 
-    def reader(self, stream_id: str) -> _Reader:
+    def reader(self, stream_id: str) -> _Reader | AsyncGenerator[bytes, None]:
         """The stream's bytes for one command, until the upload ends; ``aclose`` when the command
         is done with it (read or not), which ends an upload still sending."""
+        if (holder := self.holder_of(stream_id)) and self.remote is not None:
+            return self.remote(holder, stream_id)
         stream = self._get(stream_id, "stream.stdin")
         stream.reading = True
         return _Reader(stream)

@@ -26,6 +26,7 @@ from hutch.core.events import SandboxCreated
 from hutch.core.lifecycle import Fail, ReportBuild, Start
 from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
 from hutch.core.output import OutputStreams
+from hutch.core.replicas import Replicas
 from hutch.drivers.base import Driver, ProvisionRequest
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ class Created:
 class Provisioning:
     def __init__(self, *, reads: Reads, recorder: Recorder, driver: Driver, outputs: OutputStreams,
                  streams: StreamIds, inputs: InputStreams, quotas: Quotas, snapshots: Snapshots,
-                 executions: Executions, background: Background) -> None:
+                 executions: Executions, background: Background, replicas: Replicas) -> None:
         self._reads = reads
+        self._replicas = replicas
         self._recorder = recorder
         self._driver = driver
         self._outputs = outputs
@@ -76,6 +78,7 @@ class Provisioning:
         locked = self._recorder.lock(spec.org_id) if self._quotas.limits_sandboxes(spec.org_id) else None
         async with locked or contextlib.nullcontext():
             await self._quotas.check_sandbox(spec.org_id, spec)
+            await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
             await self._recorder.append(sandbox_id, created)
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
@@ -126,6 +129,8 @@ class Provisioning:
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
+        if (handle := self._driver.handle(sandbox_id)) is not None and self._replicas.shared:
+            await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
         await self._recorder.command(sandbox_id, Start())
         if req.command and execution_id:
             await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),

@@ -30,6 +30,8 @@ class Recovery:
         live, _ = await self._store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
         await self._destroy_unowned(alive - {sb.sandbox_id for sb in live})
         for sb in live:
+            if not await self._control.replicas.mine(sb.sandbox_id):
+                continue  # another replica's (api/replication.py takes over those of dead ones)
             if sb.sandbox_id in alive and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
                 for ex in await self._store.list_executions(sb.sandbox_id):
                     if not ex.status.is_final:

@@ -149,6 +149,7 @@ ROUTES: dict[tuple[str, str], Op] = {
     ("POST", "/streams"): Op("CreateStream", "StreamCreated", required=False, top="StreamCreated"),
     ("PUT", "/streams/{stream_id}"): Op(NONE, "BytesTaken", takes="application/octet-stream"),
     ("GET", "/streams/{stream_id}"): Op(media="application/octet-stream"),
+    ("GET", "/streams/{stream_id}/stdin"): Op(media="application/octet-stream"),  # between replicas
     ("GET", "/streams/audit/{sandbox_id}/{token}"): Op(media="application/x-ndjson", query=(
         Param("follow", BOOLEAN, "keep the stream open for new events (the default)"),)),
     # Tenancy and SSH keys.

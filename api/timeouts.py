@@ -89,6 +89,8 @@ class Reaper:
         if at > time.time() + 0.001:  # activity moved the deadline
             await self.schedule(sandbox_id)
             return
+        if not await self._control.replicas.mine(sandbox_id):
+            return  # another replica's: its own reaper ends it
         log.info("reaping %s: %s", sandbox_id, reason)
         await self._control.end(sandbox_id, Terminate(reason=reason))
 

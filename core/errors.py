@@ -138,3 +138,12 @@ class ProjectionUnavailable(HutchError):
     status = 503
     code = "PROJECTION_UNAVAILABLE"
     retriable = True
+
+
+class ReplicaUnavailable(HutchError):
+    """The replica that owns the sandbox cannot be reached, or the sandbox is moving to
+    another replica (a take-over in progress): try again shortly."""
+
+    status = 503
+    code = "REPLICA_UNAVAILABLE"
+    retriable = True

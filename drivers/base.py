@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 import attrs
 
 from hutch.core.errors import InvalidInput, NotSupported
-from hutch.core.models import SandboxSpec
+from hutch.core.models import Sandbox, SandboxSpec
 
 Stream = Literal["stdout", "stderr"]
 
@@ -338,6 +338,26 @@ class Driver(abc.ABC):
 
     async def resume(self, sandbox_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot resume sandboxes")
+
+    # -- replicas (core/replicas.py): a sandbox placed through one API replica and driven,
+    # after that replica was lost, by another's driver.
+
+    _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None = None
+
+    def set_foreign(self, handles: Callable[[], Awaitable[list[dict[str, str]]]] | None) -> None:
+        """Called before ``start``: the handles of sandboxes other replicas own, which a driver
+        recovering its own leftovers must leave alone (they may have been taken over)."""
+        self._foreign = handles
+
+    def handle(self, sandbox_id: str) -> dict[str, str] | None:
+        """Where the sandbox runs, for another replica's driver to adopt; None: only this
+        process can drive it (the local driver's processes die with their host)."""
+        return None
+
+    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+        """Drive a sandbox another replica's driver placed; False if it no longer runs (or
+        this driver cannot reach it)."""
+        return False
 
     # -- sandboxes that end on their own ---------------------------------------------
     # A backend whose sandboxes can die without being asked (a Nomad allocation lost,

@@ -38,7 +38,7 @@ from hutch.core.errors import DriverFailure, SandboxNotFound
 routes = web.RouteTableDef()
 PREFIX = "/proxy"
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp.ClientSession)
-_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length"}
 _CHUNK = 256 * 1024
 # Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
@@ -78,6 +78,12 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
     sb = await request.app[ENGINE].get(sandbox_id)
     if sb.spec.network.port != port:
         raise SandboxNotFound(f"sandbox {sandbox_id} exposes no port {port}", sandbox_id=sandbox_id)
+    from hutch.api.replication import REPLICATION  # it imports this module
+
+    replication = request.app.get(REPLICATION)
+    if replication is not None and replication.replicas.shared \
+            and (forwarded := await replication.forward(request, sandbox_id)) is not None:
+        return forwarded  # another replica's sandbox (api/replication.py)
     return await serve(request, sandbox_id, request.path.removeprefix("/"), prefix="")
 
 
@@ -98,7 +104,7 @@ def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
     tenants = request.app[TENANTS]
     for name, value in request.headers.items():
         low = name.lower()
-        if (low in _HOP and low != "content-length") or low.startswith("sec-websocket-"):
+        if (low in HOP and low != "content-length") or low.startswith("sec-websocket-"):
             continue
         if low == "authorization" and tenants.knows(value.partition(" ")[2].strip()):
             continue  # never hand a hutch key (any organization's, revoked ones too) to the sandbox
@@ -139,18 +145,28 @@ async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str
     headers = _forward_headers(request, prefix)
     session = request.app[SESSION]
     if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await _websocket(request, session, f"ws://{target}", headers)
-    body = request.content.iter_chunked(_CHUNK) if request.body_exists else None
+        return await relay_websocket(request, session, f"ws://{target}", headers)
+    return await relay_http(request, session, f"http://{target}", headers,
+                            unreachable=f"sandbox {sandbox_id}: nothing answers on its port")
+
+
+async def relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str], *,
+                     unreachable: str) -> web.StreamResponse:
+    """``request`` relayed to ``url``, bodies streamed both ways (the replicas' forwarding too)."""
+    body: bytes | AsyncIterator[bytes] | None = None
+    if request.body_exists and getattr(request, "_read_bytes", None) is not None:
+        body = await request.read()  # a middleware read it already (the orgId lookup)
+    elif request.body_exists:
+        body = request.content.iter_chunked(_CHUNK)
     try:
-        upstream_cm = session.request(request.method, f"http://{target}", headers=headers, data=body,
-                                      allow_redirects=False)
+        upstream_cm = session.request(request.method, url, headers=headers, data=body, allow_redirects=False)
         upstream = await upstream_cm.__aenter__()
     except (TimeoutError, aiohttp.ClientConnectionError) as err:
-        raise DriverFailure(f"sandbox {sandbox_id}: nothing answers on its port ({type(err).__name__})") from err
+        raise DriverFailure(f"{unreachable} ({type(err).__name__})") from err
     try:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in upstream.headers.items():
-            if name.lower() not in _HOP:
+            if name.lower() not in HOP:
                 resp.headers.add(name, value)
         if upstream.headers.get("Content-Length") is not None and request.method != "HEAD":
             resp.content_length = int(upstream.headers["Content-Length"])
@@ -164,7 +180,7 @@ async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str
         await upstream_cm.__aexit__(None, None, None)
 
 
-async def _websocket(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> web.StreamResponse:
+async def relay_websocket(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> web.StreamResponse:
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
     try:
         upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=True, max_msg_size=0)

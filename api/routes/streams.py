@@ -4,6 +4,8 @@ service takes it (api/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
+import hmac
+
 from aiohttp import web
 
 from hutch.api import sandbox_streams
@@ -61,3 +63,28 @@ async def upload_input(request: web.Request) -> web.Response:
     sent = await request.app[ENGINE].inputs.upload(request.match_info["stream_id"], request.content.iter_chunked(65536))
     return ok({"bytes": sent})
 
+
+
+STDIN_TOKEN = "X-Hutch-Replica-Token"  # HMAC of the stream id under the replicas' shared secret
+
+
+@routes.get("/streams/{stream_id}/stdin")
+@needs(PUBLIC)  # between replicas: the token, signed with the secret they share, is the capability
+async def read_input(request: web.Request) -> web.StreamResponse:
+    """A stdin stream of this replica, read by a command another replica runs (api/replication.py)."""
+    engine = request.app[ENGINE]
+    stream_id = request.match_info["stream_id"]
+    token = request.headers.get(STDIN_TOKEN, "")
+    if not hmac.compare_digest(token, engine.streams.sign("stdin:" + stream_id)):
+        raise NotFound(f"stream {stream_id} not found")
+    reader = engine.inputs.reader(stream_id)  # a 400 naming it if it is not here or taken
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    resp.enable_chunked_encoding()
+    try:
+        await resp.prepare(request)
+        async for chunk in reader:
+            await resp.write(chunk)  # fails once the reading replica is done: the upload ends
+        await resp.write_eof()
+    finally:
+        await reader.aclose()
+    return resp

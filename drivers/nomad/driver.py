@@ -41,7 +41,6 @@ import hashlib
 import json
 import logging
 import re
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,13 +76,13 @@ from hutch.drivers.base import (
 from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import rootfs
 from hutch.drivers.nomad import agents, commands, images, placement
+from hutch.drivers.nomad.adoption import Adoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused
 from hutch.drivers.nomad.files import NomadFiles
 from hutch.drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
 from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
 from hutch.drivers.nomad.pools import (
-    PoolEntry,
     PoolSizing,
     WarmPools,
     fixed_sizes,
@@ -111,7 +110,7 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(WarmPools, Driver):
+class NomadDriver(Adoption, WarmPools, Driver):
     name = "nomad"
 
     def __init__(
@@ -213,42 +212,6 @@ class NomadDriver(WarmPools, Driver):
     def _lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
 
-    # -- restart -------------------------------------------------------------------------
-
-    async def _recover(self) -> None:
-        """Adopt the sandboxes and pool allocations a previous run of this data dir left."""
-        jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix())}
-        claimed = set()
-        for sb in self._states.load_all():
-            claimed.add(sb.job_id)
-            if await self._alloc_running(sb.job_id, sb.alloc_id):
-                self._sandboxes[sb.id] = sb
-                if sb.allow:
-                    self._allow.adopt(sb.id, sb.allow)
-            else:
-                self._states.forget(sb.id)
-                if sb.job_id in jobs:
-                    self._spawn(self._stop_job(sb.job_id, None), f"nomad-reap-{sb.job_id}")
-        for job_id, job in jobs.items():
-            if job_id in claimed or job.get("Status") == "dead":
-                continue
-            meta = job.get("Meta") or {}
-            runtime = meta.get("hutch.pool")
-            allocs = await self._client.job_allocations(job_id)
-            running = [a for a in allocs if a.get("ClientStatus") == "running"]
-            if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
-                self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, running[0]["ID"], runtime))
-            else:  # a sandbox whose state file is gone, or a pool we no longer want
-                self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
-
-    async def _alloc_running(self, job_id: str, alloc_id: str) -> bool:
-        try:
-            alloc = await self._client.allocation(alloc_id)
-        except NomadNotFound:
-            return False
-        return alloc.get("JobID") == job_id and alloc.get("ClientStatus") == "running" \
-            and alloc.get("DesiredStatus") == "run"
-
     async def alive(self) -> set[str]:
         return {sid for sid in self._sandboxes if sid not in self._destroying}
 
@@ -322,7 +285,7 @@ class NomadDriver(WarmPools, Driver):
                 await asyncio.sleep(1)
                 continue
             index = new_index if new_index >= index else 0
-            by_alloc = {a["ID"]: a for a in allocs or [] if str(a.get("JobID", "")).startswith(self._job_prefix())}
+            by_alloc = {a["ID"]: a for a in allocs or [] if str(a.get("JobID", "")).startswith("hutch-")}
             for sb in list(self._sandboxes.values()):
                 alloc = by_alloc.get(sb.alloc_id)
                 if alloc is None or sb.id in self._destroying:

@@ -234,7 +234,10 @@ async def test_the_server_takes_each_example_refuses_each_missing_field_and_answ
 
 # Not called: they stay open by design (a websocket, server-sent events) or forward to a
 # sandbox's port, which the fake driver has none of; the fuzzing covers what they answer.
-NOT_CALLED = {("GET", "/sandbox/{sandbox_id}/terminal"), ("GET", "/app/live")} | {
+# The terminal and live websockets; a stdin stream read between replicas (its token is the
+# replicas' shared secret's: tests/cluster/test_replicas.py calls it); the port proxy.
+NOT_CALLED = {("GET", "/sandbox/{sandbox_id}/terminal"), ("GET", "/app/live"),
+              ("GET", "/streams/{stream_id}/stdin")} | {
     (m, p) for m, p in ROUTES if p.startswith("/proxy/")}
 
 

@@ -31,13 +31,13 @@ variable "hutch_version" {
 }
 
 variable "api_replicas" {
-  description = "hutch API servers (allocations of the hutch-api job). Only 1 for now: a sandbox's driver state lives in the server that created it (README, Status)."
+  description = "hutch API servers (allocations of the hutch-api job) on one Kafka log and one PostgreSQL: each owns the sandboxes created through it, relays requests about the others' sandboxes, and takes over those of one that is lost (README, \"Two or more API replicas\")."
   type        = number
   default     = 1
 
   validation {
-    condition     = var.api_replicas == 1
-    error_message = "api_replicas: only 1 API server is supported for now (per-sandbox state lives in the server that created the sandbox)."
+    condition     = var.api_replicas >= 1 && floor(var.api_replicas) == var.api_replicas
+    error_message = "api_replicas: a whole number of API servers, at least 1."
   }
 }
 

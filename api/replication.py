@@ -1,0 +1,242 @@
+"""Several API replicas on one log and one database (``core.replicas``).
+
+- **Forwarding.** A request about a sandbox another live replica owns is relayed to that
+  replica (one HTTP hop; the wire does not change), so its driver, its executions and their
+  output writers stay in one process. Reads the projection answers alike everywhere (the
+  sandbox, its events, executions and jobs lists, an execution's status) are served here.
+- **Take-over.** Every ``RENEW_SECONDS`` this replica renews its lease and claims the
+  sandboxes of every replica whose lease ran out. A claimed sandbox is adopted by this
+  replica's driver (the nomad driver finds its allocation), its unfinished executions end
+  ``failed`` naming the lost replica (their processes were children of the dead replica's
+  exec sessions), a oneshot sandbox ends, and one still being created or destroyed is
+  finished off. A request about a dead replica's sandbox claims it at once.
+- **Lost.** A replica that finds its own lease claimed (it stalled past the lease) stops
+  serving sandboxes: they are another replica's now; the server process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Callable, Sequence
+
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from hutch.api.routes import proxy
+from hutch.api.routes.streams import STDIN_TOKEN
+from hutch.api.service import Engine
+from hutch.core.errors import InvalidInput, ReplicaUnavailable
+from hutch.core.events import Event
+from hutch.core.lifecycle import Fail, FinishExecution, Terminate
+from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
+from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas
+
+log = logging.getLogger(__name__)
+
+FORWARDED = "X-Hutch-Forwarded-By"
+_ENDING = ("lifecycle:failed", "lifecycle:terminated")
+# GET routes that read only the projection (shared by every replica): never forwarded.
+_LOCAL_READS = frozenset({
+    "/sandbox/{sandbox_id}", "/sandbox/status/{sandbox_id}", "/cli/sandbox/{sandbox_id}",
+    "/sandbox/sandboxes/{sandbox_id}/events", "/sandbox/sandboxes/{sandbox_id}/executions",
+    "/sandbox/sandboxes/{sandbox_id}/history", "/sandbox/sandboxes/{sandbox_id}/jobs",
+    "/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}", "/sandbox/checkpoints/{sandbox_id}",
+})
+
+
+class Replication:
+    def __init__(self, replicas: Replicas, engine: Engine, *, on_lost: Callable[[], None] | None = None) -> None:
+        self.replicas = replicas
+        self.engine = engine
+        self.lost = False
+        self._on_lost = on_lost
+        self._claiming = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None  # reads other replicas' stdin streams
+        if replicas.shared:
+            engine.inputs.holder, engine.inputs.remote = replicas.me, self.read_remote
+
+    # -- forwarding ----------------------------------------------------------------------
+
+    async def target(self, request: web.Request, sandbox_id: str) -> str | None:
+        """The owner's URL if another live replica owns the sandbox; None: serve it here."""
+        if self.lost:
+            raise ReplicaUnavailable(f"sandbox {sandbox_id}: this replica ({self.replicas.me}) was taken over; "
+                                     "use another", sandbox_id=sandbox_id)
+        if self.replicas.owns(sandbox_id):
+            return None
+        owner = await self.replicas.owner(sandbox_id)
+        if owner is not None and owner.replica_id != self.replicas.me and not owner.alive:
+            await self.take_over()  # its replica is gone: ours now (or another survivor's)
+            owner = await self.replicas.owner(sandbox_id)
+        if owner is None or owner.replica_id == self.replicas.me:
+            return None
+        if not owner.alive:
+            raise ReplicaUnavailable(f"sandbox {sandbox_id}: replica {owner.replica_id} owning it is gone and "
+                                     "another is taking it over; try again", sandbox_id=sandbox_id)
+        if request.headers.get(FORWARDED):
+            raise ReplicaUnavailable(f"sandbox {sandbox_id} moved to replica {owner.replica_id}; try again",
+                                     sandbox_id=sandbox_id)
+        return owner.url
+
+    async def forward(self, request: web.Request, sandbox_id: str) -> web.StreamResponse | None:
+        """The owner's answer, relayed; None if the request is to be served here."""
+        url = await self.target(request, sandbox_id)
+        return None if url is None else await self.relay(request, url)
+
+    async def forward_upload(self, request: web.Request) -> web.StreamResponse | None:
+        """``PUT /streams/{id}`` of a stdin stream another replica holds: relayed there."""
+        holder = self.engine.inputs.holder_of(request.match_info.get("stream_id", ""))
+        if request.method != "PUT" or holder is None:
+            return None
+        found = await self.replicas.address(holder)
+        if found is None or not found.alive:
+            raise InvalidInput(f"stream {request.match_info['stream_id']}: replica {holder} holding it is gone; "
+                               "make another with POST /streams", field="stream")
+        return await self.relay(request, found.url)
+
+    async def read_remote(self, holder: str, stream_id: str) -> AsyncGenerator[bytes, None]:
+        """A stdin stream another replica holds, for a command this one runs."""
+        found = await self.replicas.address(holder)
+        if found is None or not found.alive:
+            raise InvalidInput(f"stream.stdin: replica {holder} holding stream {stream_id} is gone",
+                               field="stream.stdin")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        headers = {STDIN_TOKEN: self.engine.streams.sign("stdin:" + stream_id)}
+        async with self._session.get(f"{found.url.rstrip('/')}/streams/{stream_id}/stdin", headers=headers) as resp:
+            if resp.status != 200:
+                body = await resp.json(content_type=None)
+                raise InvalidInput(str(body.get("message") or f"stream.stdin: {stream_id}: HTTP {resp.status}"),
+                                   field="stream.stdin")
+            async for chunk in resp.content.iter_any():
+                yield chunk
+
+    async def sandbox_of(self, request: web.Request) -> str | None:
+        info = request.match_info
+        resource = info.route.resource
+        if request.method == "GET" and resource is not None and resource.canonical in _LOCAL_READS:
+            return None
+        if "sandbox_id" in info:
+            return info["sandbox_id"]
+        if "execution_id" in info and request.method != "GET":  # cancel: where the command runs
+            found = await self.engine.store.get_execution(info["execution_id"])
+            return found.sandbox_id if found is not None else None
+        return None
+
+    async def relay(self, request: web.Request, url: str) -> web.StreamResponse:
+        # Host kept: the owner routes a port URL under the wildcard domain by it.
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in proxy.HOP or k.lower() in ("content-length", "host")}
+        headers[FORWARDED] = self.replicas.me
+        session = request.app[proxy.SESSION]
+        target = url.rstrip("/") + request.rel_url.raw_path_qs
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            for name in [k for k in headers if k.lower().startswith("sec-websocket-")]:
+                del headers[name]
+            return await proxy.relay_websocket(request, session, "ws" + target.removeprefix("http"), headers)
+        return await proxy.relay_http(request, session, target, headers,
+                                      unreachable=f"the replica at {url} owning this sandbox does not answer")
+
+    # -- take-over -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Renew the lease and take dead replicas over, until cancelled."""
+        while True:
+            try:
+                if not await self.replicas.renew():
+                    self._lose()
+                    return
+                await self.take_over()
+            except Exception:  # a database outage: try again next round (the lease may lapse)
+                log.warning("replica %s: lease renewal or take-over failed", self.replicas.me, exc_info=True)
+            await asyncio.sleep(RENEW_SECONDS)
+
+    def _lose(self) -> None:
+        log.critical("replica %s: another replica claimed this one's sandboxes (its lease ran out); "
+                     "no longer serving them", self.replicas.me)
+        self.lost = True
+        if self._on_lost is not None:
+            self._on_lost()
+
+    async def take_over(self) -> None:
+        async with self._claiming:
+            for claimed in await self.replicas.claim_dead():
+                log.warning("replica %s: took over %d sandbox(es) of lost replica %s", self.replicas.me,
+                            len(claimed.sandboxes), claimed.dead_replica)
+                await self._adopt(claimed)
+
+    async def _adopt(self, claimed: Claimed) -> None:
+        why = f"the replica running it ({claimed.dead_replica}) was lost"
+        for sandbox_id, handle in claimed.sandboxes:
+            try:
+                await self._adopt_one(sandbox_id, handle, why)
+            except Exception:
+                log.exception("taking over sandbox %s failed", sandbox_id)
+
+    async def _adopt_one(self, sandbox_id: str, handle: Handle | None, why: str) -> None:
+        engine, recorder = self.engine, self.engine.recorder
+        await engine.projector.wait_for(await engine.log.last_position())  # the dead one's last events
+        sb = await engine.store.get_sandbox(sandbox_id)
+        if sb is None or sb.status.is_final:
+            await self.replicas.disown(sandbox_id)
+            return
+        adopted = handle is not None and await engine.driver.adopt(sb, handle)
+        for ex in await engine.store.list_executions(sandbox_id):
+            if not ex.status.is_final:
+                await recorder.command(sandbox_id, FinishExecution(ex.execution_id, ExecutionStatus.FAILED,
+                                                                   error=why))
+        if sb.status is SandboxStatus.STOPPING and adopted:  # a destroy the dead replica began
+            await engine.driver.destroy(sandbox_id)
+            await recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True))
+        elif not adopted or sb.status is SandboxStatus.CREATING:
+            with contextlib.suppress(Exception):
+                await engine.driver.destroy(sandbox_id)
+            gone = "; its processes were not found" if not adopted else " while the sandbox was being created"
+            await recorder.command(sandbox_id, Fail(reason=why + gone))
+        elif sb.spec.mode is Mode.ONESHOT:
+            await engine.control.end(sandbox_id, Terminate(reason=why))
+        else:
+            await engine.reaper.schedule(sandbox_id)
+            return
+        await self.replicas.disown(sandbox_id)
+
+    def observe(self, batch: Sequence[Event]) -> None:
+        """Projector hook: a sandbox of ours that ended needs no owner any more."""
+        for event in batch:
+            if event.type in _ENDING and self.replicas.owns(event.sandbox_id) and self.replicas.shared:
+                task = asyncio.get_running_loop().create_task(self._disown(event.sandbox_id))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _disown(self, sandbox_id: str) -> None:
+        try:
+            await self.replicas.disown(sandbox_id)
+        except Exception:
+            log.warning("forgetting the owner of %s failed", sandbox_id, exc_info=True)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+        if self._session is not None:
+            await self._session.close()
+
+
+REPLICATION: web.AppKey[Replication] = web.AppKey("replication", Replication)
+ON_LOST: web.AppKey[Callable[[], None]] = web.AppKey("replica_lost", Callable[[], None])  # type: ignore[arg-type]
+
+
+@web.middleware
+async def replica_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """After auth: a request about a sandbox another replica owns goes there."""
+    replication = request.app.get(REPLICATION)
+    if replication is None or not replication.replicas.shared:
+        return await handler(request)
+    sandbox_id = await replication.sandbox_of(request)
+    forwarded = await replication.forward(request, sandbox_id) if sandbox_id else \
+        await replication.forward_upload(request)
+    return forwarded if forwarded is not None else await handler(request)

@@ -1,0 +1,125 @@
+"""The replicas seam: which API process (replica) owns a sandbox, and whether it still lives.
+
+Several ``hutch serve`` processes may share one event log and one PostgreSQL store. Each
+sandbox has one owner, the replica that created it (or took it over): the owner's driver
+runs it, its executions and their output writers live in the owner's process, and only the
+owner appends that sandbox's lifecycle events. A request reaching another replica is
+forwarded to the owner (``api.replication``), so there is one writer per sandbox without a
+distributed lock on every command.
+
+Liveness is a lease: a replica renews it every ``RENEW_SECONDS``; one not renewed for
+``LEASE_SECONDS`` is dead, and exactly one survivor claims its sandboxes (the store decides
+who wins). A replica that finds itself claimed while still running stops serving: its
+sandboxes are somebody else's now.
+
+Adapters: ``SoleReplica`` here (one process; the embedded profile and any single server)
+and ``projections.replicas.PostgresReplicas`` (leases and owners in PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import abc
+
+import attrs
+
+LEASE_SECONDS = 10.0
+RENEW_SECONDS = 2.0
+
+
+@attrs.frozen
+class Owner:
+    replica_id: str
+    url: str
+    alive: bool
+
+
+Handle = dict[str, str]  # what a driver needs to adopt a sandbox it did not place (Driver.handle)
+
+
+@attrs.frozen
+class Claimed:
+    """What one take-over moved to this replica: a dead replica's sandboxes and their handles."""
+
+    dead_replica: str
+    sandboxes: tuple[tuple[str, Handle | None], ...]
+
+
+class Replicas(abc.ABC):
+    me: str  # this replica's id
+    url: str  # where the other replicas reach it
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Register (or renew) this replica's lease."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Give the lease up: a replica stopped on purpose is taken over at once."""
+
+    @property
+    def shared(self) -> bool:
+        """True if other replicas can exist (forwarding and take-over are worth doing)."""
+        return False
+
+    @abc.abstractmethod
+    async def own(self, sandbox_id: str) -> None:
+        """Record this replica as the owner of a new sandbox."""
+
+    async def set_handle(self, sandbox_id: str, handle: Handle) -> None:  # noqa: B027 - optional
+        """Where the driver placed it, kept for whoever takes it over."""
+
+    async def foreign_handles(self) -> list[Handle]:
+        """The handles of sandboxes other replicas own: a driver recovering its own leftovers
+        must not reap them (they may have been taken over from this replica)."""
+        return []
+
+    @abc.abstractmethod
+    async def owner(self, sandbox_id: str) -> Owner | None:
+        """Who owns it; None if no replica ever recorded it (made before replicas existed)."""
+
+    async def address(self, replica_id: str) -> Owner | None:
+        """Where another replica is, and whether it lives; None if no such replica."""
+        return None
+
+    @abc.abstractmethod
+    async def disown(self, sandbox_id: str) -> None:
+        """The sandbox ended: no one owns it any more."""
+
+    @abc.abstractmethod
+    async def renew(self) -> bool:
+        """Renew this replica's lease; False if another replica has claimed it (we are lost)."""
+
+    @abc.abstractmethod
+    async def claim_dead(self) -> list[Claimed]:
+        """Take over every replica whose lease ran out; what was claimed (possibly nothing)."""
+
+    def owns(self, sandbox_id: str) -> bool:
+        """Known here to be ours (no round trip): created or taken over by this replica."""
+        return True
+
+    async def mine(self, sandbox_id: str) -> bool:
+        """True unless another replica owns it (unrecorded sandboxes are everyone's: legacy)."""
+        if self.owns(sandbox_id):
+            return True
+        found = await self.owner(sandbox_id)
+        return found is None or found.replica_id == self.me
+
+
+class SoleReplica(Replicas):
+    """One process, no one to forward to or take over from: everything is ours."""
+
+    def __init__(self, me: str = "sole", url: str = "") -> None:
+        self.me, self.url = me, url
+
+    async def own(self, sandbox_id: str) -> None:
+        return None
+
+    async def owner(self, sandbox_id: str) -> Owner | None:
+        return None
+
+    async def disown(self, sandbox_id: str) -> None:
+        return None
+
+    async def renew(self) -> bool:
+        return True
+
+    async def claim_dead(self) -> list[Claimed]:
+        return []

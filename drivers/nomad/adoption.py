@@ -1,0 +1,104 @@
+"""The nomad driver's recovery (a mixin of :class:`drivers.nomad.driver.NomadDriver`): what a
+previous run of this data dir left is adopted at start, and a sandbox another API replica
+placed is adopted when this replica takes it over (core/replicas.py, api/replication.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hutch.core.models import Sandbox, SandboxStatus
+from hutch.drivers.egress import AllowLists
+from hutch.drivers.nomad.client import NomadClient, NomadNotFound
+from hutch.drivers.nomad.pools import PoolEntry
+from hutch.drivers.nomad.runtime_images import RuntimeImages
+from hutch.drivers.nomad.state import NomadSandbox, StateFiles
+
+
+class Adoption:
+    _client: NomadClient
+    _states: StateFiles
+    _images: RuntimeImages
+    _allow: AllowLists
+    _sandboxes: dict[str, NomadSandbox]
+    _paused: set[str]
+    _pool: dict[str, deque[PoolEntry]]
+    pool_sizes: dict[str, int]
+    _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None
+
+    # Provided by NomadDriver (the class this is mixed into).
+    def _job_prefix(self) -> str:
+        raise NotImplementedError
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        raise NotImplementedError
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        raise NotImplementedError
+
+    async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None:
+        raise NotImplementedError
+
+    async def _recover(self) -> None:
+        """Adopt the sandboxes and pool allocations a previous run of this data dir left."""
+        jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix())}
+        # Taken over by another replica while this one was gone: theirs now, left alone.
+        claimed = {h.get("job_id") for h in await self._foreign()} if self._foreign is not None else set()
+        for sb in self._states.load_all():
+            if sb.job_id in claimed:
+                self._states.forget(sb.id)
+                continue
+            claimed.add(sb.job_id)
+            if await self._alloc_running(sb.job_id, sb.alloc_id):
+                self._sandboxes[sb.id] = sb
+                if sb.allow:
+                    self._allow.adopt(sb.id, sb.allow)
+            else:
+                self._states.forget(sb.id)
+                if sb.job_id in jobs:
+                    self._spawn(self._stop_job(sb.job_id, None), f"nomad-reap-{sb.job_id}")
+        for job_id, job in jobs.items():
+            if job_id in claimed or job.get("Status") == "dead":
+                continue
+            meta = job.get("Meta") or {}
+            runtime = meta.get("hutch.pool")
+            allocs = await self._client.job_allocations(job_id)
+            running = [a for a in allocs if a.get("ClientStatus") == "running"]
+            if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
+                self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, running[0]["ID"], runtime))
+            else:  # a sandbox whose state file is gone, or a pool we no longer want
+                self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
+
+    async def _alloc_running(self, job_id: str, alloc_id: str) -> bool:
+        try:
+            alloc = await self._client.allocation(alloc_id)
+        except NomadNotFound:
+            return False
+        return alloc.get("JobID") == job_id and alloc.get("ClientStatus") == "running" \
+            and alloc.get("DesiredStatus") == "run"
+
+    def handle(self, sandbox_id: str) -> dict[str, str] | None:
+        sb = self._sandboxes.get(sandbox_id)
+        return None if sb is None else {"job_id": sb.job_id, "alloc_id": sb.alloc_id}
+
+    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+        """A sandbox another replica placed (its job keeps that replica's name): driven from
+        here if its allocation still runs; env and allow list come from its spec."""
+        sid, spec = sandbox.sandbox_id, sandbox.spec
+        async with self._lock(sid):
+            if sid in self._sandboxes:
+                return True
+            if not await self._alloc_running(handle.get("job_id", ""), handle.get("alloc_id", "")):
+                return False
+            sb = NomadSandbox(sid, handle["job_id"], handle["alloc_id"], self._images.require(spec.runtime).name,
+                              dict(spec.env))
+            if spec.network.allow:
+                sb.allow = await self._allow.first(sid, spec.network.allow)
+            if sandbox.status is SandboxStatus.PAUSED:
+                self._paused.add(sid)
+            await asyncio.to_thread(self._states.save, sb)
+            self._sandboxes[sid] = sb
+            return True
+

@@ -1,0 +1,127 @@
+"""Replica leases and sandbox owners in PostgreSQL (``core.replicas``; migration 009).
+
+Every time is the database's ``now()``, so replicas on hosts whose clocks disagree still
+agree on who is dead. A take-over is one statement: the dead replica's row is marked
+claimed only if it is still unclaimed (two survivors racing: the row lock makes the second
+find it claimed and move nothing), and its sandboxes change owner in the same statement.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hutch.core.errors import ReplicaUnavailable
+from hutch.core.replicas import LEASE_SECONDS, Claimed, Handle, Owner, Replicas
+from hutch.projections.pgpool import Pool
+
+_REGISTER = """
+INSERT INTO hutch_replicas (replica_id, url, expires_at, claimed_by)
+VALUES ($1, $2, now() + make_interval(secs => $3), NULL)
+ON CONFLICT (replica_id) DO UPDATE
+SET url = EXCLUDED.url, expires_at = EXCLUDED.expires_at, claimed_by = NULL"""
+_RENEW = """
+UPDATE hutch_replicas SET expires_at = now() + make_interval(secs => $2)
+WHERE replica_id = $1 AND claimed_by IS NULL"""
+_CLAIM = """
+WITH dead AS (
+    UPDATE hutch_replicas SET claimed_by = $1
+    WHERE replica_id <> $1 AND claimed_by IS NULL AND expires_at < now()
+    RETURNING replica_id
+), moved AS (
+    UPDATE hutch_sandbox_owners o SET replica_id = $1 FROM dead
+    WHERE o.replica_id = dead.replica_id
+    RETURNING dead.replica_id AS dead, o.sandbox_id, o.handle
+)
+SELECT d.replica_id AS dead, m.sandbox_id, m.handle
+FROM dead d LEFT JOIN moved m ON m.dead = d.replica_id"""
+_OWNER = """
+SELECT o.replica_id, coalesce(r.url, '') AS url,
+       coalesce(r.expires_at > now() AND r.claimed_by IS NULL, false) AS alive
+FROM hutch_sandbox_owners o LEFT JOIN hutch_replicas r USING (replica_id)
+WHERE o.sandbox_id = $1"""
+
+
+class PostgresReplicas(Replicas):
+    def __init__(self, dsn: str, *, me: str, url: str, lease_seconds: float = LEASE_SECONDS) -> None:
+        self.me, self.url = me, url
+        self.lease_seconds = lease_seconds
+        self._pg = Pool(dsn, what="replica registry", unavailable=ReplicaUnavailable, min_size=1, max_size=4)
+        self._mine: set[str] = set()  # owned here: no query (a replica claimed away exits)
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    async def start(self) -> None:
+        await self._pg.start()
+        async with self._pg.conn() as conn:
+            await conn.execute(_REGISTER, self.me, self.url, self.lease_seconds)
+            rows = await conn.fetch("SELECT sandbox_id FROM hutch_sandbox_owners WHERE replica_id = $1", self.me)
+        self._mine = {r["sandbox_id"] for r in rows}
+
+    async def close(self) -> None:
+        """Stopped on purpose: the lease ends now, so a survivor takes the sandboxes over at once."""
+        if self._pg.started:
+            try:
+                async with self._pg.conn() as conn:
+                    await conn.execute("UPDATE hutch_replicas SET expires_at = now() WHERE replica_id = $1 "
+                                       "AND claimed_by IS NULL", self.me)
+            except Exception:  # whatever the database says: the lease expires on its own
+                pass
+        await self._pg.close()
+
+    async def own(self, sandbox_id: str) -> None:
+        async with self._pg.conn() as conn:
+            await conn.execute(
+                "INSERT INTO hutch_sandbox_owners (sandbox_id, replica_id) VALUES ($1, $2) "
+                "ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = EXCLUDED.replica_id", sandbox_id, self.me)
+        self._mine.add(sandbox_id)
+
+    async def set_handle(self, sandbox_id: str, handle: Handle) -> None:
+        async with self._pg.conn() as conn:
+            await conn.execute("UPDATE hutch_sandbox_owners SET handle = $2::jsonb WHERE sandbox_id = $1",
+                               sandbox_id, json.dumps(handle))
+
+    async def foreign_handles(self) -> list[Handle]:
+        async with self._pg.conn() as conn:
+            rows = await conn.fetch("SELECT handle FROM hutch_sandbox_owners "
+                                    "WHERE replica_id <> $1 AND handle IS NOT NULL", self.me)
+        return [json.loads(r["handle"]) for r in rows]
+
+    async def owner(self, sandbox_id: str) -> Owner | None:
+        if sandbox_id in self._mine:
+            return Owner(self.me, self.url, True)
+        async with self._pg.conn() as conn:
+            row = await conn.fetchrow(_OWNER, sandbox_id)
+        return None if row is None else Owner(row["replica_id"], row["url"], bool(row["alive"]))
+
+    async def address(self, replica_id: str) -> Owner | None:
+        async with self._pg.conn() as conn:
+            row = await conn.fetchrow("SELECT url, expires_at > now() AND claimed_by IS NULL AS alive "
+                                      "FROM hutch_replicas WHERE replica_id = $1", replica_id)
+        return None if row is None else Owner(replica_id, row["url"], bool(row["alive"]))
+
+    async def disown(self, sandbox_id: str) -> None:
+        self._mine.discard(sandbox_id)
+        async with self._pg.conn() as conn:
+            await conn.execute("DELETE FROM hutch_sandbox_owners WHERE sandbox_id = $1 AND replica_id = $2",
+                               sandbox_id, self.me)
+
+    def owns(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._mine
+
+    async def renew(self) -> bool:
+        async with self._pg.conn() as conn:
+            status = await conn.execute(_RENEW, self.me, self.lease_seconds)
+        return status.endswith(" 1")
+
+    async def claim_dead(self) -> list[Claimed]:
+        async with self._pg.conn() as conn:
+            rows = await conn.fetch(_CLAIM, self.me)
+        by_dead: dict[str, list[tuple[str, Handle | None]]] = {}
+        for row in rows:
+            found = by_dead.setdefault(row["dead"], [])
+            if row["sandbox_id"] is not None:
+                found.append((row["sandbox_id"], json.loads(row["handle"]) if row["handle"] else None))
+                self._mine.add(row["sandbox_id"])
+        return [Claimed(dead, tuple(sandboxes)) for dead, sandboxes in sorted(by_dead.items())]

@@ -1,0 +1,180 @@
+"""Two API replicas (``hutch serve``) on one Kafka topic and one PostgreSQL database over the
+real cluster (core/replicas.py, api/replication.py): requests alternate between them, a
+sandbox made through one is driven through the other, every event is appended once, and
+after a kill -9 of one the other takes its sandboxes over: their running executions end
+``failed`` naming the lost replica, their output stays readable, the sandboxes keep
+working, and the killed replica coming back takes nothing back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hutch import SyncSandboxClient
+from tests.cluster.conftest import Cluster
+from tests.services import drop_database, drop_topics, fresh_database, kafka_url
+from tests.system.server import KEY, Server
+
+TAKE_OVER_LIMIT = 30.0  # seconds from the kill to the lost replica's execution ending failed
+
+
+class Pair:
+    def __init__(self, a: Server, b: Server) -> None:
+        self.a, self.b = a, b
+
+    def either(self, n: int) -> Server:
+        return (self.a, self.b)[n % 2]
+
+
+@pytest.fixture
+def pair(cluster: Cluster, tmp_path: Path) -> Iterator[Pair]:
+    url, database = asyncio.run(fresh_database("replicas"))
+    log = kafka_url("replicas")
+    servers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        servers.append(Server(tmp_path / name, driver="nomad", HUTCH_NOMAD_ADDR=cluster.addr,
+                              HUTCH_NOMAD_REGISTRY=cluster.registry, HUTCH_EVENT_LOG=log, HUTCH_STORE=url,
+                              HUTCH_NOMAD_POOL="off", HUTCH_REPLICA_ID=f"replica-{name}"))
+    try:
+        for srv in servers:
+            srv.start(timeout=120)
+        yield Pair(*servers)
+    finally:
+        try:
+            live = [s for s in servers if s.proc is not None and s.proc.poll() is None]
+            for sb in live[0].data("GET", "/sandbox?limit=100").get("sandboxes", []) if live else []:
+                live[0].call("DELETE", f"/sandbox/{sb['sandboxId']}", timeout=60)
+        finally:
+            for srv in servers:
+                srv.stop()
+            asyncio.run(drop_database(database))
+            asyncio.run(drop_topics(log))
+
+
+def run(server: Server, sid: str, command: list[str]) -> dict[str, Any]:
+    """Execute and wait for the end; the finished execution."""
+    started = server.data("POST", f"/sandbox/{sid}/execute", {"command": command, "timeout": "60s"}, timeout=90)
+    done: dict[str, Any] = server.data("GET", f"/sandbox/execution/{started['executionId']}?wait=60s", timeout=90)
+    assert done["status"] not in ("queued", "running"), done
+    return done
+
+
+def read(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        data: bytes = resp.read()
+        return data
+
+
+def event_types(server: Server, sid: str) -> Counter[str]:
+    events = server.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100")
+    items = events if isinstance(events, list) else events.get("events", [])
+    return Counter(e.get("type") or e.get("eventType") for e in items)
+
+
+def test_a_sandbox_made_through_one_replica_is_driven_through_the_other(pair: Pair, cluster: Cluster) -> None:
+    sid = pair.a.data("POST", "/sandbox", {"runtime": "python:3.13"}, timeout=300)["sandboxId"]
+    job = next(a["JobID"] for a in cluster.allocs_of(sid))
+    # B has never seen it: everything that needs the sandbox's driver is relayed to A.
+    for n in range(4):
+        done = run(pair.either(n + 1), sid, ["sh", "-c", f"echo turn {n}"])
+        assert done["exitCode"] == 0, done
+        assert read(done["stdoutStreamUrl"]) == f"turn {n}\n".encode()
+    with SyncSandboxClient(pair.b.url, KEY) as client:
+        sb = client.connect(sid)
+        sb.write_files({"through-b.txt": b"written through B"})
+    with SyncSandboxClient(pair.a.url, KEY) as client:
+        assert client.connect(sid).read_bytes("through-b.txt") == b"written through B"
+    assert pair.b.call("POST", f"/sandbox/{sid}/pause")[0] == 200
+    assert pair.a.data("GET", f"/sandbox/{sid}")["status"] == "paused"
+    assert pair.a.call("POST", f"/sandbox/{sid}/resume")[0] == 200
+    assert pair.b.data("GET", f"/sandbox/{sid}")["status"] == "idle"
+    assert run(pair.b, sid, ["true"])["exitCode"] == 0
+    status, _ = pair.b.call("DELETE", f"/sandbox/{sid}", timeout=60)
+    assert status in (200, 204), status
+    assert pair.a.call("GET", f"/sandbox/{sid}")[0] == 404  # deleted, as A's projection shows too
+    # Each operation was recorded once, whichever replica took the request.
+    types = event_types(pair.b, sid)
+    assert types["lifecycle:started"] == 1 and types["pause"] == 1 and types["resume"] == 1, types
+    assert types["execution:started"] == 5 and types["execution:finished"] == 5, types
+    assert types["lifecycle:terminated"] == 1, types
+    assert job.startswith("hutch-"), job  # placed by A's driver, destroyed through B via A
+    deadline = time.monotonic() + 30
+    while any(a["ClientStatus"] == "running" for a in cluster.allocs_of(sid)):
+        assert time.monotonic() < deadline, cluster.allocs_of(sid)
+        time.sleep(0.5)
+
+
+def test_a_killed_replica_s_sandboxes_are_taken_over(pair: Pair, cluster: Cluster) -> None:
+    sid = pair.a.data("POST", "/sandbox", {"runtime": "python:3.13"}, timeout=300)["sandboxId"]
+    other = pair.b.data("POST", "/sandbox", {"runtime": "python:3.13"}, timeout=300)["sandboxId"]
+    running = pair.a.data("POST", f"/sandbox/{sid}/execute",
+                          {"command": ["sh", "-c", "echo before the loss; sleep 600"]})
+    stdout = running["stdoutStreamUrl"].replace(pair.a.url, pair.b.url)
+    with urllib.request.urlopen(stdout, timeout=30) as resp:  # through B while A runs it
+        assert resp.read(16) == b"before the loss\n"
+
+    killed = time.monotonic()
+    pair.a.kill9()
+    # B notices within the lease, ends the execution naming A, and drives the sandbox from then on.
+    ex = pair.b.data("GET", f"/sandbox/execution/{running['executionId']}?wait=30s", timeout=40)
+    took = time.monotonic() - killed
+    assert ex["status"] == "failed" and "replica-a" in (ex.get("error") or ""), ex
+    assert took < TAKE_OVER_LIMIT, took
+    print(f"take-over: the lost replica's execution ended {took:.1f}s after the kill")
+    # Its output up to the loss, then the end, through B.
+    assert read(stdout) == b"before the loss\n"
+    done = run(pair.b, sid, ["sh", "-c", "echo after the loss"])
+    assert done["exitCode"] == 0 and read(done["stdoutStreamUrl"]) == b"after the loss\n", done
+    assert run(pair.b, other, ["true"])["exitCode"] == 0
+    assert event_types(pair.b, sid)["execution:finished"] == 2
+
+    # A comes back (same data dir, same replica id): the sandbox stays B's and keeps running.
+    pair.a.start(timeout=120)
+    assert run(pair.a, sid, ["sh", "-c", "echo relayed"])["exitCode"] == 0
+    assert [a["ClientStatus"] for a in cluster.allocs_of(sid)] == ["running"], cluster.allocs_of(sid)
+    status, _ = pair.a.call("DELETE", f"/sandbox/{sid}", timeout=60)
+    assert status in (200, 204), status
+    assert pair.b.call("GET", f"/sandbox/{sid}")[0] == 404
+
+
+def test_a_replica_stopped_on_purpose_hands_its_sandboxes_over_at_once(pair: Pair) -> None:
+    sid = pair.a.data("POST", "/sandbox", {"runtime": "python:3.13"}, timeout=300)["sandboxId"]
+    pair.a.stop()
+    started = time.monotonic()
+    done = run(pair.b, sid, ["sh", "-c", "echo still here"])  # claims it: A's lease ended with A
+    assert done["exitCode"] == 0 and read(done["stdoutStreamUrl"]) == b"still here\n", done
+    assert time.monotonic() - started < 10
+    assert pair.b.data("GET", f"/sandbox/{sid}")["status"] in ("idle", "running")
+
+
+def test_stdin_uploaded_through_one_replica_feeds_a_command_run_by_the_other(pair: Pair) -> None:
+    sid = pair.b.data("POST", "/sandbox", {"runtime": "python:3.13"}, timeout=300)["sandboxId"]
+    made = pair.a.call("POST", "/streams", {"name": "input"})[1]
+    stream_id = made["id"]
+    assert stream_id.endswith(".replica-a"), stream_id  # it lives in A
+    # The upload reaches B, which relays it to A; the command runs in B (the sandbox's owner)
+    # and reads the bytes from A.
+    req = urllib.request.Request(f"{pair.b.url}/streams/{stream_id}", data=b"fed through A\n", method="PUT",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+    started = pair.a.data("POST", f"/sandbox/{sid}/execute",
+                          {"command": ["cat"], "stream": {"stdin": stream_id}, "timeout": "60s"}, timeout=90)
+    done = pair.a.data("GET", f"/sandbox/execution/{started['executionId']}?wait=60s", timeout=90)
+    assert done["exitCode"] == 0, done
+    assert read(done["stdoutStreamUrl"]) == b"fed through A\n"
+    # Without the replicas' token, nobody else reads a stream.
+    other = pair.a.call("POST", "/streams", {})[1]["id"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{pair.a.url}/streams/{other}/stdin", timeout=10)
+    assert refused.value.code == 404
+    refused.value.close()

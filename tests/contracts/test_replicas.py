@@ -1,0 +1,118 @@
+"""The replicas seam (core/replicas.py): what every adapter promises, then what only a shared
+one (PostgreSQL) can show — owners seen across processes, leases that lapse, one winner per
+take-over, a replica that learns it was claimed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from hutch.core.replicas import Owner, Replicas, SoleReplica
+from hutch.projections.replicas import PostgresReplicas
+from tests.services import drop_database, fresh_database
+
+LEASE = 0.5  # seconds: short, so a lapse takes no time
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    url, name = await fresh_database("replicas")
+    try:
+        yield url
+    finally:
+        await drop_database(name)
+
+
+@pytest.fixture
+async def started() -> AsyncIterator[list[Replicas]]:
+    made: list[Replicas] = []
+    yield made
+    for r in made:
+        await r.close()
+
+
+@pytest.fixture(params=["sole", "postgres"])
+async def one(request: pytest.FixtureRequest) -> AsyncIterator[Replicas]:
+    name = None
+    if request.param == "sole":
+        replica: Replicas = SoleReplica("me", "http://me")
+    else:
+        url, name = await fresh_database("replicas")
+        replica = PostgresReplicas(url, me="me", url="http://me", lease_seconds=LEASE)
+    await replica.start()
+    try:
+        yield replica
+    finally:
+        await replica.close()
+        if name is not None:
+            await drop_database(name)
+
+
+async def test_a_sandbox_this_replica_made_is_its_own(one: Replicas) -> None:
+    await one.own("sbx_1")
+    assert one.owns("sbx_1") and await one.mine("sbx_1")
+    assert await one.renew() is True
+    assert await one.claim_dead() == []  # nobody else, nothing to take over
+
+
+async def test_an_ended_sandbox_has_no_owner(one: Replicas) -> None:
+    await one.own("sbx_1")
+    await one.disown("sbx_1")
+    assert await one.mine("sbx_1")  # nobody else's: an unowned sandbox may be served anywhere
+    assert await one.owner("sbx_1") is None
+
+
+# -- shared: two replicas on one database ------------------------------------------------------
+
+@pytest.fixture
+async def pg(database: str, started: list[Replicas]) -> Callable[[str], asyncio.Future[PostgresReplicas]]:
+    async def make(name: str) -> PostgresReplicas:
+        replica = PostgresReplicas(database, me=name, url=f"http://{name}", lease_seconds=LEASE)
+        await replica.start()
+        started.append(replica)
+        return replica
+    return make  # type: ignore[return-value]
+
+
+async def test_another_replica_sees_the_owner_and_its_address(pg: Callable[..., PostgresReplicas]) -> None:
+    a, b = await pg("a"), await pg("b")
+    await a.own("sbx_1")
+    await a.set_handle("sbx_1", {"job_id": "hutch-x-sbx_1", "alloc_id": "a1"})
+    assert not await b.mine("sbx_1")
+    assert await b.owner("sbx_1") == Owner("a", "http://a", True)
+    assert await b.foreign_handles() == [{"job_id": "hutch-x-sbx_1", "alloc_id": "a1"}]
+    assert await a.foreign_handles() == []
+
+
+async def test_a_lapsed_lease_is_taken_over_once_and_its_replica_learns_it(pg: Callable[..., PostgresReplicas]) -> None:
+    a, b, c = await pg("a"), await pg("b"), await pg("c")
+    await a.own("sbx_1")
+    await a.set_handle("sbx_1", {"job_id": "j1", "alloc_id": "a1"})
+    await a.own("sbx_2")
+    assert await b.claim_dead() == []  # a's lease is still running
+    await asyncio.sleep(LEASE + 0.2)
+    assert await b.renew() and await c.renew()
+    assert (await b.owner("sbx_1")).alive is False  # type: ignore[union-attr]
+    claims = await asyncio.gather(b.claim_dead(), c.claim_dead())
+    won = [cl for cl in claims if cl]
+    assert len(won) == 1, claims  # one survivor wins; the other finds it claimed
+    (claimed,) = won[0]
+    assert claimed.dead_replica == "a"
+    assert dict(claimed.sandboxes) == {"sbx_1": {"job_id": "j1", "alloc_id": "a1"}, "sbx_2": None}
+    winner = b if claims[0] else c
+    assert await winner.mine("sbx_1") and await winner.mine("sbx_2")
+    assert await a.renew() is False  # it stalled past its lease: it must stop serving
+    # Started again (same id): a live replica once more, owning nothing it lost.
+    await a.start()
+    assert await a.renew() is True
+    assert not await a.mine("sbx_1")
+
+
+async def test_a_replica_closed_on_purpose_is_taken_over_at_once(pg: Callable[..., PostgresReplicas]) -> None:
+    a, b = await pg("a"), await pg("b")
+    await a.own("sbx_1")
+    await a.close()
+    claimed = await b.claim_dead()
+    assert [(c.dead_replica, c.sandboxes) for c in claimed] == [("a", (("sbx_1", None),))]
