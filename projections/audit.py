@@ -153,6 +153,9 @@ class PostgresSink:
     async def write(self, source: str, rows: Sequence[tuple[int, int, dict[str, Any]]]) -> None:
         if not rows:
             return
+        # PostgreSQL text and jsonb cannot hold U+0000; an event carrying one (a poison event:
+        # tests/system/test_poison.py) would be refused, and retried, for ever. Kept, marked.
+        rows = [(p, off, _without_nul(r)) for p, off, r in rows]
         await self._pool.executemany(
             "INSERT INTO audit_trail (event_id, position, sandbox_id, type, actor, at, detail,"
             " source, source_partition, source_offset, org_id, project_id)"
@@ -163,6 +166,17 @@ class PostgresSink:
                 for p, off, r in rows
             ],
         )
+
+
+def _without_nul(value: Any) -> Any:
+    """``value`` with every U+0000 in its strings (keys too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 class Auditor:

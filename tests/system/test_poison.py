@@ -134,3 +134,27 @@ def test_a_record_nobody_can_decode_is_stepped_over_and_survives_a_restart(
         assert [s["name"] for s in again.data("GET", "/sandbox")["sandboxes"]].count("after") == 1
     finally:
         again.stop()
+
+
+async def test_the_audit_trail_keeps_an_event_postgresql_cannot_store_as_is(database: str) -> None:
+    """A NUL in an event (a poison event's command) is kept in ``audit_trail`` with U+FFFD in
+    its place, instead of the sink refusing the batch and its consumer retrying it for ever."""
+    from hutch.projections.audit import PostgresSink
+
+    sink = PostgresSink(database)
+    await sink.start()
+    try:
+        record = {"eventId": "evt_nul", "position": 7, "sandboxId": "sbx_nul", "type": "create",
+                  "actor": "key\x00x", "at": "2026-11-28T00:00:00Z", "orgId": "org_local", "projectId": None,
+                  "detail": {"command": ["echo", "a\x00b"], "k\x00": 1}}
+        await sink.write("log", [(0, 7, record)])
+        assert await sink.resume_points("log") == {0: 8}
+    finally:
+        await sink.close()
+    conn = await asyncpg.connect(database)
+    try:
+        row = await conn.fetchrow("SELECT actor, detail FROM audit_trail WHERE event_id = 'evt_nul'")
+    finally:
+        await conn.close()
+    assert row["actor"] == "key\ufffdx"
+    assert json.loads(row["detail"]) == {"command": ["echo", "a\ufffdb"], "k\ufffd": 1}
