@@ -39,6 +39,10 @@ READY_TIMEOUT = 30.0  # seconds for the agent to say it runs (its start is one r
 # wedged; its session is ended (Nomad then kills it) and the command runs the old way.
 START_TIMEOUT = 5.0
 SIGKILL = 9
+# The agent writes a heartbeat every 2 s (exec-agent/main.go): a session silent this long is
+# a stopped or wedged agent, ended (the plugin's kill verb) so its commands fail instead of
+# waiting for their timeouts.
+SILENT_SECONDS = 10.0
 # Writes the binary (the first $1 bytes of stdin) to /tmp and runs it; the agent removes the file.
 START_SCRIPT = ('f=$(mktemp /tmp/.hutch-exec-agent.XXXXXX) && head -c "$1" >"$f" && chmod 700 "$f" '
                 '&& exec "$f" "$f"')
@@ -127,13 +131,24 @@ class ExecAgent:
         await self._stdin(b"".join(HEADER.pack(kind, cid, len(p)) + p for kind, cid, p in frames))
 
     async def _read(self) -> None:
+        silent = False
         try:
-            while await self._receive():
-                pass
+            while True:
+                try:
+                    async with asyncio.timeout(SILENT_SECONDS):
+                        if not await self._receive():
+                            break
+                except TimeoutError:
+                    silent = True
+                    log.warning("sandbox %s: the exec agent sent nothing for %.0f s (not even its heartbeat); "
+                                "ending it", self.sandbox_id, SILENT_SECONDS)
+                    break
         except Exception as err:  # the session is over however it ended
             log.info("sandbox %s: exec agent session ended: %s", self.sandbox_id, err)
         finally:
             self._ended()
+        if silent:
+            await self.terminate()
 
     def _ended(self) -> None:
         if self.ended.is_set():

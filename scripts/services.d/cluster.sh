@@ -310,6 +310,7 @@ stop() {
   remove_alloc_netns $allocs
   STATE="$ROOT/server"; stop_pid nomad INT
   STATE="$ROOT/registry"; stop_pid registry
+  kill_orphan_logmons
   net_down
   for i in $(seq "$CLIENTS"); do
     unmount_under "$ROOT/c$i"

@@ -192,6 +192,12 @@ release_dead_client() {
   done
 }
 
+# Log monitors of allocations whose Nomad agent is gone (re-parented to init): every stop
+# left a few, and they kept `pgrep -x nomad` above true, so the clean-up skipped itself.
+kill_orphan_logmons() {
+  pkill -KILL -P 1 -f '/nomad logmon$' 2>/dev/null || true
+}
+
 # ---------------------------------------------------------------------------- registry + images
 
 start_registry() {
@@ -345,12 +351,14 @@ start() {
 stop() {
   if pid_of nomad >/dev/null; then say "stopping Nomad"; fi
   stop_pid nomad INT
+  kill_orphan_logmons
   release_dead_client
   if pid_of containerd >/dev/null; then
     remove_containers
     say "stopping containerd"
   fi
   stop_pid containerd
+  release_dead_client  # again: the namespaces the containers held are free now
   if pid_of registry >/dev/null; then say "stopping the registry"; fi
   stop_pid registry
   if mountpoint -q "$CTRD_ROOT"; then umount "$CTRD_ROOT" 2>/dev/null || umount -l "$CTRD_ROOT" || true; fi

@@ -194,6 +194,25 @@ async def test_a_stopped_agent_is_ended_and_the_command_runs_without_it(driver: 
     assert await parent_of_a_command(driver, sid) == new.pid
 
 
+async def test_an_agent_stopped_while_a_command_runs_is_ended_and_the_command_fails(
+    driver: NomadDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped agent sends no heartbeat: its session is ended and the command it forked is
+    killed and fails, instead of waiting for its own timeout (60 s here)."""
+    monkeypatch.setattr(agent_module, "SILENT_SECONDS", 3.0)
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    agent = await until_agent(driver, sid)
+    running = asyncio.ensure_future(run(driver, sid, ["sh", "-c", "sleep 60; echo never"]))
+    code, _ = await run(driver, sid, ["sh", "-c", f"(sleep 0.5; kill -STOP {agent.pid}) >/dev/null 2>&1 &"])
+    assert code == 0
+    with pytest.raises(DriverFailure, match="exec agent ended while the command ran"):
+        await asyncio.wait_for(running, 30)
+    code, sink = await run(driver, sid, ["ps", "-eo", "pid,args"])
+    assert code == 0 and "sleep 60" not in sink.stdout, sink.stdout
+    assert str(agent.pid) not in [line.split()[0] for line in sink.stdout.splitlines()[1:]]
+
+
 @pytest.mark.parametrize("resources", [Resources(memory_bytes=16 * 2**20), Resources(pids=12)],
                          ids=["16MiB", "12-pids"])
 async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resources: Resources) -> None:
