@@ -99,6 +99,15 @@ async def recover(client: NomadClient, alloc_id: str, task: str, tag: str, recei
     return int(end["exitCode"])
 
 
+async def plugin_verb(client: NomadClient, alloc_id: str, task: str, verb: dict[str, Any]) -> tuple[int | None, bytes]:
+    """A plugin verb (kill, freeze, usage, exit, allow: containerd-driver/driver.go) carried by an
+    alloc exec, which starts no process in the sandbox; its exit code and output."""
+    out = bytearray()
+    code = await client.exec(alloc_id, task, [ENVELOPE, json.dumps(verb)], stdin=None,
+                             on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
+    return code, bytes(out)
+
+
 def _collect_into(buffer: bytearray) -> Callable[[str, bytes], None]:
     """An exec output callback that appends every stream's bytes to ``buffer``."""
     return lambda _stream, data: buffer.extend(data)
