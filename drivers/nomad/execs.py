@@ -108,25 +108,17 @@ async def plugin_verb(client: NomadClient, alloc_id: str, task: str, verb: dict[
     return code, bytes(out)
 
 
-def _collect_into(buffer: bytearray) -> Callable[[str, bytes], None]:
-    """An exec output callback that appends every stream's bytes to ``buffer``."""
-    return lambda _stream, data: buffer.extend(data)
-
-
 async def _end_of(client: NomadClient, alloc_id: str, task: str, tag: str) -> dict | None:
     """How the exec ``tag`` ended, as the plugin recorded it; None if it does not know. Asked
     again when the asking itself fails (a busy Nomad refusing an exec now and then)."""
     for attempt in range(4):
-        out = bytearray()
         try:
-            code = await client.exec(alloc_id, task, [ENVELOPE, json.dumps({"exit": tag})], stdin=None,
-                                     on_output=_collect_into(out), stop=asyncio.Event(),
-                                     kill=noop)
+            code, out = await plugin_verb(client, alloc_id, task, {"exit": tag})
         except HutchError as err:
             log.warning("exec %s: asking the plugin how it ended failed (%s)", tag, err)
             await asyncio.sleep(0.1 * (attempt + 1))
             continue
-        return json.loads(bytes(out)) if code == 0 else None
+        return json.loads(out) if code == 0 else None
     return None
 
 
