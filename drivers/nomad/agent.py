@@ -27,7 +27,7 @@ import aiohttp
 
 from hutch.core.errors import DriverFailure
 from hutch.drivers.nomad.client import KILL_GRACE, STDIN_CHUNK, ExecFailed, NomadClient
-from hutch.drivers.nomad.execs import ENVELOPE, noop
+from hutch.drivers.nomad.execs import ENVELOPE, plugin_verb
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,7 @@ class ExecAgent:
         if self.tag is None:
             return
         with contextlib.suppress(Exception):
-            await self.client.exec(self.alloc_id, self.task, [ENVELOPE, json.dumps({"kill": self.tag})], stdin=None,
-                                   on_output=lambda _s, _d: None, stop=asyncio.Event(), kill=noop)
+            await plugin_verb(self.client, self.alloc_id, self.task, {"kill": self.tag})
 
     # -- the session ---------------------------------------------------------------------
 

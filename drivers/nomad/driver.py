@@ -78,7 +78,7 @@ from hutch.drivers.local import rootfs
 from hutch.drivers.nomad import agents, commands, images, placement
 from hutch.drivers.nomad.adoption import Adoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
-from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, noop, refused
+from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
 from hutch.drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
 from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
@@ -369,29 +369,22 @@ class NomadDriver(Adoption, WarmPools, Driver):
     # -- pause -----------------------------------------------------------------------------
 
     async def _verb(self, sb: NomadSandbox, verb: dict[str, Any]) -> None:
-        """A plugin verb (freeze, kill) carried by an alloc exec; no process is started."""
-        out = bytearray()
-        code = await self._client.exec(
-            sb.alloc_id, TASK, [ENVELOPE, json.dumps(verb)], stdin=None,
-            on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
+        """A plugin verb (freeze, kill, allow) that must succeed (``execs.plugin_verb``)."""
+        code, out = await plugin_verb(self._client, sb.alloc_id, TASK, verb)
         if code != 0:
-            raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {bytes(out)[:300]!r}")
+            raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {out[:300]!r}")
 
     async def usage(self, sandbox_id: str) -> Usage:
         """The plugin's usage verb: the container's cgroup accounting, read on the client."""
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             return Usage()
-        out = bytearray()
         for _ in range(2):  # an alloc exec now and then fails to start on a busy client: once more
-            out.clear()
             # Bounded: a client cut off from the network answers nothing (no refusal, no reset),
             # and a status read must not wait for the heartbeat timeout that declares it lost.
             try:
                 async with asyncio.timeout(USAGE_TIMEOUT):
-                    code = await self._client.exec(
-                        sb.alloc_id, TASK, [ENVELOPE, json.dumps({"usage": True})], stdin=None,
-                        on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
+                    code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"usage": True})
             except TimeoutError:
                 return Usage()  # unreachable: asking again would only wait again
             except HutchError:
@@ -400,7 +393,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
                 break
         else:
             return Usage()
-        data = json.loads(bytes(out) or b"{}")
+        data = json.loads(out or b"{}")
         peak = data.get("memoryPeakBytes")
         return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None)
 

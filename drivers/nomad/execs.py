@@ -99,25 +99,26 @@ async def recover(client: NomadClient, alloc_id: str, task: str, tag: str, recei
     return int(end["exitCode"])
 
 
-def _collect_into(buffer: bytearray) -> Callable[[str, bytes], None]:
-    """An exec output callback that appends every stream's bytes to ``buffer``."""
-    return lambda _stream, data: buffer.extend(data)
+async def plugin_verb(client: NomadClient, alloc_id: str, task: str, verb: dict[str, Any]) -> tuple[int | None, bytes]:
+    """A plugin verb (kill, freeze, usage, exit, allow: containerd-driver/driver.go) carried by an
+    alloc exec, which starts no process in the sandbox; its exit code and output."""
+    out = bytearray()
+    code = await client.exec(alloc_id, task, [ENVELOPE, json.dumps(verb)], stdin=None,
+                             on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)
+    return code, bytes(out)
 
 
 async def _end_of(client: NomadClient, alloc_id: str, task: str, tag: str) -> dict | None:
     """How the exec ``tag`` ended, as the plugin recorded it; None if it does not know. Asked
     again when the asking itself fails (a busy Nomad refusing an exec now and then)."""
     for attempt in range(4):
-        out = bytearray()
         try:
-            code = await client.exec(alloc_id, task, [ENVELOPE, json.dumps({"exit": tag})], stdin=None,
-                                     on_output=_collect_into(out), stop=asyncio.Event(),
-                                     kill=noop)
+            code, out = await plugin_verb(client, alloc_id, task, {"exit": tag})
         except HutchError as err:
             log.warning("exec %s: asking the plugin how it ended failed (%s)", tag, err)
             await asyncio.sleep(0.1 * (attempt + 1))
             continue
-        return json.loads(bytes(out)) if code == 0 else None
+        return json.loads(out) if code == 0 else None
     return None
 
 

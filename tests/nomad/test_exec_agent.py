@@ -229,6 +229,36 @@ async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resour
     assert [(c, s.stdout) for c, s in results] == [(0, f"{i}\n") for i in range(4)]
 
 
+@pytest.mark.parametrize("end", ["timeout", "cancel"])
+async def test_a_command_holding_the_pids_limit_ends_with_its_agent_stopped(
+        driver: NomadDriver, monkeypatch: pytest.MonkeyPatch, end: str) -> None:
+    """A command that stops its agent and fills the sandbox's pids limit: its timeout or cancel
+    falls to the plugin's kill verb, which kills by the command's tag from the host. No process
+    can start in the sandbox (a shell scanning it for the tag once had to, and could not):
+    the command was left running and the sandbox full."""
+    monkeypatch.setattr(agent_module, "KILL_GRACE", 1.0)  # the stopped agent does not answer the kill
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources(pids=64)))
+    await until_agent(driver, sid)
+    # The agent is stopped once it said the command started. The bomb's first link is an orphan
+    # (out of the agent's tree, which ending the agent kills); each link forks the next and
+    # becomes a sleep, and the one whose fork is refused exits: the limit stays full, and no
+    # fork is retried (a bomb that keeps retrying is the plugin's pids guard's).
+    bomb = ("sleep 0.5; kill -STOP $PPID; exec 2>/dev/null; b(){ b & exec sleep 300; }; "
+            "(b &); exec sleep 301")
+    execution = ExecRequest(new_id("ex"), sid, ["sh", "-c", bomb], timeout=3.0 if end == "timeout" else None)
+    task = asyncio.ensure_future(driver.exec(execution, Recorder()))
+    if end == "cancel":
+        await asyncio.sleep(3.0)
+        await driver.cancel(execution.execution_id)
+    result = await task
+    assert result.timed_out if end == "timeout" else result.cancelled
+    monkeypatch.setattr(agent_module, "START_TIMEOUT", 1.0)  # the stopped agent does not start the next one
+    code, sink = await run(driver, sid, ["sh", "-c", "echo usable; ps -eo args"])
+    assert code == 0 and sink.stdout.startswith("usable\n"), sink.stderr
+    assert "sleep 30" not in sink.stdout, sink.stdout  # every link of it ended
+
+
 async def agent_pids(client: NomadClient, alloc_id: str) -> list[str]:
     out = bytearray()
     code = await client.exec(alloc_id, TASK, [ENVELOPE, json.dumps({"env": ["PATH=/usr/bin:/bin"], "cwd": "/"}),

@@ -838,7 +838,7 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //
 //	{"env": ["K=V", ...], "cwd": "/dir", "tag": "exec-1"}   run argv with this env and cwd
 //	  (+ "ttySize": {"height": 24, "width": 80})            a terminal exec's first window size
-//	{"kill": "exec-1"}                                      kill the tagged exec's process tree
+//	{"kill": "exec-1"}                                      kill what carries the tag: the exec's tree, its processes (killTagged)
 //	{"freeze": true|false}                                  pause / resume the whole container
 //	{"usage": true}                                         the container's cpu and peak memory, as JSON
 //	{"exit": "exec-1"}                                      how the ended tagged exec ended, as JSON (exits.go)

@@ -62,7 +62,12 @@ func (h *taskHandle) freeze(on bool) error {
 	return nil
 }
 
-// killTagged kills the process tree of a running exec by its tag; false if there is none.
+// killTagged kills what carries tag: a running exec's process tree and every process with the
+// tag in its environment (killExec); with no exec of ours behind the tag (a command the
+// sandbox's exec agent forked, the agent ended or not answering), those processes of the
+// container alone, in rounds until none is left (killContained). Done from the host, so a
+// sandbox at its pids limit, where no process can start, is no obstacle. False if nothing
+// carried the tag.
 func (h *taskHandle) killTagged(tag string) bool {
 	h.mu.Lock()
 	t, ok := h.tagged[tag]
@@ -71,7 +76,7 @@ func (h *taskHandle) killTagged(tag string) bool {
 	}
 	h.mu.Unlock()
 	if !ok {
-		return false
+		return h.killContained(tag) > 0
 	}
 	h.killExec(tag, t.pid)
 	return true
@@ -79,41 +84,6 @@ func (h *taskHandle) killTagged(tag string) bool {
 
 // tagEnv marks every process an exec started (see exec).
 const tagEnv = "HUTCH_EXEC_TAG"
-
-// killExec kills everything an exec started: its tree, and every process carrying its tag
-// (background children that outlived their parent and were reparented to pid 1, which a
-// walk of the tree no longer finds). Scans repeat until one finds none: a process forked
-// between a scan and its kills carries the tag too and dies in the next round, so even a
-// fork bomb ends. No freeze: the container's other commands run on meanwhile (a frozen
-// container refuses new execs).
-func (h *taskHandle) killExec(tag string, pid int) {
-	killTree(pid)
-	for round := 0; round < 200; round++ {
-		if killMarked(tag) == 0 {
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // let the killed die (a zombie keeps its environ no more)
-	}
-}
-
-// killMarked SIGKILLs every process carrying tag in its environment; how many it killed.
-func killMarked(tag string) int {
-	marker := []byte(tagEnv + "=" + tag + "\x00")
-	found := 0
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil && bytes.Contains(env, marker) {
-			if syscall.Kill(p, syscall.SIGKILL) == nil {
-				found++
-			}
-		}
-	}
-	return found
-}
 
 func newTaskHandle(d *Driver, cfg *drivers.TaskConfig, c containerd.Container, t containerd.Task, workspace string) *taskHandle {
 	return &taskHandle{
@@ -415,47 +385,6 @@ func (h *taskHandle) exec(ctx context.Context, command []string, stdin io.Reader
 		h.exits.put(envelope.Tag, result, outTail, errTail)
 	}
 	return result, nil
-}
-
-// killTree SIGKILLs pid's descendants (host pids, read from /proc), then pid.
-func killTree(pid int) {
-	if pid <= 0 {
-		return
-	}
-	children := map[int][]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(s[i+1:])
-		if len(fields) < 2 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(fields[1])
-		children[ppid] = append(children[ppid], p)
-	}
-	var victims []int
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		victims = append(victims, p)
-		queue = append(queue, children[p]...)
-	}
-	for i := len(victims) - 1; i >= 0; i-- {
-		_ = syscall.Kill(victims[i], syscall.SIGKILL)
-	}
 }
 
 var signals = map[string]syscall.Signal{

@@ -22,12 +22,7 @@ import (
 const pidsGuardPeriod = time.Second
 
 func (h *taskHandle) guardPids() {
-	events := filepath.Join("/sys/fs/cgroup/pids", h.d.config.Namespace, h.container.ID(), "pids.events")
-	procs := filepath.Join("/sys/fs/cgroup/pids", h.d.config.Namespace, h.container.ID(), "cgroup.procs")
-	if _, err := os.Stat(events); err != nil { // cgroup v2: one file tree
-		events = filepath.Join("/sys/fs/cgroup", h.d.config.Namespace, h.container.ID(), "pids.events")
-		procs = filepath.Join("/sys/fs/cgroup", h.d.config.Namespace, h.container.ID(), "cgroup.procs")
-	}
+	events, procs := h.pidsFile("pids.events"), h.pidsFile("cgroup.procs")
 	ticker := time.NewTicker(pidsGuardPeriod)
 	defer ticker.Stop()
 	last, lastOOMs, rising := forkRefusals(events), h.d.oomCount(h.container.ID()), 0
@@ -62,6 +57,15 @@ func (h *taskHandle) guardPids() {
 			h.endFrozen(tag)
 		}
 	}
+}
+
+// pidsFile is the path of a file of the container's pids cgroup (v1, else v2: one file tree).
+func (h *taskHandle) pidsFile(name string) string {
+	v1 := filepath.Join("/sys/fs/cgroup/pids", h.d.config.Namespace, h.container.ID())
+	if _, err := os.Stat(v1); err == nil {
+		return filepath.Join(v1, name)
+	}
+	return filepath.Join("/sys/fs/cgroup", h.d.config.Namespace, h.container.ID(), name)
 }
 
 func forkRefusals(events string) int64 {
