@@ -141,7 +141,10 @@ class PostgresOutputStreams(OutputStreams):
                 await asyncio.wait_for(session.close(), 10)  # its locks go with it
         await self._pg.close()
 
-    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _notified(self, _conn: object, pid: int, _channel: str, payload: str) -> None:
+        session = self._session
+        if session is not None and not session.is_closed() and pid == session.get_server_pid():
+            return  # our own save or close: its readers here were woken as it committed
         self._wake(payload)
 
     async def _on_session(self, query: str, *args: object) -> object:
