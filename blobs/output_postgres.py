@@ -154,7 +154,9 @@ class PostgresOutputStreams(OutputStreams):
             if self._session is not None and not self._session.is_closed():
                 try:
                     return await self._session.fetchval(query, *args)
-                except UNAVAILABLE as err:
+                except (*UNAVAILABLE, asyncpg.InternalClientError) as err:
+                    # A backend ended under us: its FATAL message can leave the protocol mid-state
+                    # ("cannot switch to state 12; another operation is in progress").
                     lost = err
             try:  # on a new session: a restarted database must not stop every later command
                 session = await self._reconnect()
