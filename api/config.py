@@ -271,10 +271,21 @@ class Config:
         rid = self.replica_id or f"{socket.gethostname()[:40]}-{digest}"
         host = self.host
         if host in ("0.0.0.0", "::", ""):
-            host = socket.gethostbyname(socket.gethostname())
+            host = _own_address()
         elif ":" in host:
             host = f"[{host}]"
         return rid, self.replica_url or f"http://{host}:{self.port}"
+
+
+def _own_address() -> str:
+    """The address this host reaches others from (the default route's interface): a UDP
+    socket's connect sends nothing. The host name's address (often 127.0.0.1) without a route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+            return str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
 
 
 def _prebuild_names(value: str) -> list[str]:

@@ -3,6 +3,7 @@ made, a bad one is refused in one line naming it, and the server exits with that
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -55,6 +56,9 @@ SETTINGS = [
     ("rate_limit", "20:100", "20:100", "fast", "HUTCH_RATE_LIMIT: expected requests per second"),
     ("ssh_port", "2222", 2222, "ssh", "HUTCH_SSH_PORT: expected a port number (0-65535), got 'ssh'"),
     ("log_level", "DEBUG", "DEBUG", "loud", "HUTCH_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got 'loud'"),
+    ("replica_url", "http://10.0.0.5:8700", "http://10.0.0.5:8700", "10.0.0.5:8700",
+     "HUTCH_REPLICA_URL: expected an http:// or https:// URL, got '10.0.0.5:8700'"),
+    ("replica_id", "api-1", "api-1", "api 1", "HUTCH_REPLICA_ID: expected 1-64 letters, digits, '_', '.' or '-'"),
 ]
 
 
@@ -113,3 +117,14 @@ def test_the_server_exits_with_the_one_line_naming_the_setting(command: list[str
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.startswith("hutch: error: HUTCH_PORT: expected a port number (0-65535), got 'eighty'")
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_replica_is_named_by_its_host_and_data_dir_and_reached_at_its_address(tmp_path: Path) -> None:
+    rid, url = Config(data_dir=tmp_path, host="127.0.0.1", port=8123).replica
+    assert rid.endswith("-" + hashlib.sha256(str(tmp_path.resolve()).encode()).hexdigest()[:8])
+    assert url == "http://127.0.0.1:8123"
+    assert Config(data_dir=tmp_path, port=8123).replica[0] == rid  # a restart is the same replica
+    assert Config(data_dir=tmp_path / "other").replica[0] != rid
+    rid, url = Config(data_dir=tmp_path, host="0.0.0.0", port=8123).replica
+    assert not url.startswith(("http://0.0.0.0", "http://127.")), url  # bound to all: the host's address
+    assert Config(replica_id="api-1", replica_url="http://lb:1").replica == ("api-1", "http://lb:1")
