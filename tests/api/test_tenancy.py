@@ -58,6 +58,7 @@ PUBLIC_ROUTES = {
     ("GET", "/healthz"),
     ("GET", "/streams/{stream_id}"),  # output stream URLs: the unguessable id is the capability
     ("GET", "/streams/audit/{sandbox_id}/{token}"),  # HMAC of the sandbox id under the server's secret
+    ("GET", "/streams/{stream_id}/stdin"),  # between replicas: an HMAC of the id under their shared secret
     ("GET", "/sandbox/snapshots/public"),  # public snapshots are public by design
     ("GET", "/sandbox/snapshots/public/{ref}"),
     ("*", "/proxy/{sandbox_id}"),  # port URLs: public like Agentuity's sandbox URLs
