@@ -76,7 +76,8 @@ class Adoption:
             alloc = await self._client.allocation(alloc_id)
         except NomadNotFound:
             return False
-        return alloc.get("JobID") == job_id and alloc.get("ClientStatus") == "running" \
+        # pending: placed moments ago, the server not yet told it runs (placement.py)
+        return alloc.get("JobID") == job_id and alloc.get("ClientStatus") in ("pending", "running") \
             and alloc.get("DesiredStatus") == "run"
 
     def handle(self, sandbox_id: str) -> dict[str, str] | None:

@@ -295,8 +295,10 @@ class NomadDriver(Adoption, WarmPools, Driver):
                     await self._lost(sb, alloc_reason(alloc), failed=status != "complete",
                                      node_lost=status in NODE_GONE)
             for runtime, pool in self._pool.items():
+                # "pending": the server may hear that a task runs up to a second after the
+                # driver does (placement.py), so an entry only just placed reads pending.
                 dead = [(e, a) for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
-                        and a.get("ClientStatus") != "running"]
+                        and a.get("ClientStatus") not in ("pending", "running")]
                 for entry, alloc in dead:
                     pool.remove(entry)
                     gone = alloc.get("ClientStatus") in NODE_GONE  # stopped, not purged (placement.stop_job)

@@ -1,6 +1,16 @@
 """Placing a sandbox's Nomad job and taking it down again: register it and wait (bounded)
 until its task runs, saying why when Nomad cannot place it; stop it, wait for its task to go,
 then purge it. Nomad's own scheduler picks the node (jobs.py's spec carries no constraints).
+
+Why placing asks the client and not only the server: a Nomad client reports a new
+allocation's first states to the servers as a "typical" update, which it batches for up to a
+second (nomad 1.10 client/client.go: ``allocSync`` sends those every 5th tick of 200 ms; only
+a status change after the first acknowledged one, or a failure, is sent at once). The task
+runs 200-400 ms after the job is registered, the server hears so 200-1000 ms later. So once
+the server has an allocation for the job, the driver also knocks on the task through an
+alloc exec of a plugin verb (which starts nothing in the sandbox): the client answers it
+from its own state, "not started yet" until the task runs. The first of the two to say
+"running" wins; a failure still comes from the server's side (sent at once).
 """
 
 from __future__ import annotations
@@ -13,12 +23,14 @@ from typing import Any
 
 from hutch.core.errors import DriverFailure, HutchError
 from hutch.drivers.nomad.client import NomadClient, NomadNotFound
+from hutch.drivers.nomad.execs import plugin_verb
 from hutch.drivers.nomad.jobs import TASK
 
 PLACE_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0
 ENDED = ("failed", "lost", "complete")
 NODE_GONE = ("lost", "unknown")  # "unknown": the node missed its heartbeats (jobs.py: Disconnect)
+KNOCK_EVERY = 0.04  # seconds between knocks on a task that has not started yet
 
 
 async def place(client: NomadClient, job: dict[str, Any]) -> str:
@@ -33,18 +45,44 @@ async def place(client: NomadClient, job: dict[str, Any]) -> str:
 
 async def _wait_running(client: NomadClient, job_id: str) -> str:
     index = 0
+    knock: asyncio.Task[str] | None = None
+    query: asyncio.Future[tuple[Any, int]] | None = None
+    try:
+        while True:
+            query = asyncio.ensure_future(client.blocking_get(f"/v1/job/{job_id}/allocations", index, "10s"))
+            waiting: set[asyncio.Future[Any]] = {query} if knock is None else {query, knock}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if knock is not None and knock.done():
+                return knock.result()
+            allocs, index = query.result()
+            for alloc in allocs or []:
+                status = alloc.get("ClientStatus")
+                if status == "running":
+                    state = (alloc.get("TaskStates") or {}).get(TASK) or {}
+                    if state.get("State") == "running":
+                        return str(alloc["ID"])
+                elif status in ENDED:
+                    raise DriverFailure(f"nomad could not start the sandbox: {alloc_reason(alloc)}")
+                if knock is None and status in ("pending", "running"):
+                    knock = asyncio.create_task(_knock(client, str(alloc["ID"])))
+            if not allocs:
+                await _check_placement(client, job_id)
+    finally:
+        for pending in (knock, query):
+            if pending is not None and not pending.done():
+                pending.cancel()
+
+
+async def _knock(client: NomadClient, alloc_id: str) -> str:
+    """Returns ``alloc_id`` once its client runs the task (the module's docstring says why).
+    Any refusal (the client has not got the allocation yet, the task is not started or not
+    running) is tried again; a task that fails is the server's news, not this loop's."""
     while True:
-        allocs, index = await client.blocking_get(f"/v1/job/{job_id}/allocations", index, "10s")
-        for alloc in allocs or []:
-            status = alloc.get("ClientStatus")
-            if status == "running":
-                state = (alloc.get("TaskStates") or {}).get(TASK) or {}
-                if state.get("State") == "running":
-                    return str(alloc["ID"])
-            elif status in ENDED:
-                raise DriverFailure(f"nomad could not start the sandbox: {alloc_reason(alloc)}")
-        if not allocs:
-            await _check_placement(client, job_id)
+        try:
+            await plugin_verb(client, alloc_id, TASK, {"exit": "-"})
+            return alloc_id
+        except HutchError:
+            await asyncio.sleep(KNOCK_EVERY)
 
 
 async def _check_placement(client: NomadClient, job_id: str) -> None:
