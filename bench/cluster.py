@@ -47,7 +47,7 @@ def pct(samples: list[float], q: float) -> float:
 
 def nodes(addr: str) -> dict[str, str]:
     with urllib.request.urlopen(addr + "/v1/allocations", timeout=10) as resp:
-        return {a["JobID"]: a["NodeName"] for a in json.loads(resp.read()) if a["ClientStatus"] == "running"}
+        return {a["JobID"]: a["NodeName"] for a in json.loads(resp.read()) if a["ClientStatus"] in ("pending", "running")}
 
 
 async def driver_for(addr: str, registry: str, **kw: object) -> NomadDriver:
