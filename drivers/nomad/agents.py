@@ -5,6 +5,12 @@ started in the background, restarted when one ends, held off a pause.
 command as its own alloc exec, as before. A command finds no agent ready (starting, ended,
 never built) and runs the old way; nothing waits on an agent.
 
+An idle allocation of a warm pool gets its agent when it is placed (``warm``, keyed by its
+job id) and the sandbox that claims it takes the agent over (``hand_over``): a pooled create
+is ready in a few ms, and without this its first commands ran as alloc execs (150-250 ms
+each on the cluster) while the agent started behind them. The agent carries no sandbox's
+settings (each command brings its own environment), so any claim can have it.
+
 The binary is built once from scripts/services.d/nomad/exec-agent with the Go toolchain
 (static, CGO_ENABLED=0) and cached by its sources' hash under the nomad cache
 (``HUTCH_NOMAD_CACHE``, /var/cache/hutch/nomad), like the containerd plugin:
@@ -119,6 +125,20 @@ class ExecAgents:
         task = asyncio.create_task(self._start(sb), name=f"exec-agent-start-{sb.id}")
         self._starting[sb.id] = task
         task.add_done_callback(lambda _t: self._starting.pop(sb.id, None))
+
+    async def warm(self, job_id: str, alloc_id: str, runtime: str) -> None:
+        """Start an agent in an idle pool allocation, keyed by its job id; without one (no
+        binary, a failed start) its claimer starts one as any sandbox does."""
+        if self._binary is not None:
+            await self._start(NomadSandbox(job_id, job_id, alloc_id, runtime, {}))
+
+    def hand_over(self, job_id: str, sb: NomadSandbox) -> None:
+        """The agent of the pool allocation ``job_id`` becomes the agent of ``sb``, its claimer."""
+        self._failures.pop(job_id, None)
+        agent = self._agents.pop(job_id, None)
+        if agent is not None and agent.alive and agent.alloc_id == sb.alloc_id:
+            agent.sandbox_id = sb.id
+            self._agents[sb.id] = agent
 
     async def _start(self, sb: NomadSandbox) -> None:
         assert self._binary is not None

@@ -248,6 +248,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
             allow = await self._allow.first(req.sandbox_id, req.network_allow) if req.network_allow else None
             if entry is not None:
                 sb = NomadSandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
+                self._agents.hand_over(entry.job_id, sb)
             else:
                 job_id = self._job_prefix() + req.sandbox_id
                 meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
@@ -302,8 +303,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
                 for entry, alloc in dead:
                     pool.remove(entry)
                     gone = alloc.get("ClientStatus") in NODE_GONE  # stopped, not purged (placement.stop_job)
-                    self._spawn(self._stop_job(entry.job_id, entry.alloc_id if gone else None, node_lost=gone),
-                                f"nomad-reap-{entry.job_id}")
+                    self._retire(entry, alloc_id=entry.alloc_id if gone else None, node_lost=gone)
                 if dead:
                     log.warning("warm pool %s: %d idle allocation(s) died; refilling", runtime, len(dead))
                     self._refill_wakeup.set()

@@ -32,6 +32,7 @@ from hutch.drivers.base import Metric, Resources
 from hutch.drivers.nomad.jobs import DEFAULT_MEMORY_MB, job_spec
 
 if TYPE_CHECKING:
+    from hutch.drivers.nomad.agents import ExecAgents
     from hutch.drivers.nomad.client import NomadClient
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class WarmPools:
     _pool_nodes: int
     _refill_wakeup: asyncio.Event
     _refilling: bool
+    _agents: ExecAgents
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -247,8 +249,7 @@ class WarmPools:
                     self._pool_starting[runtime] = self._pool_starting.get(runtime, 0) + 1
                     self._spawn(self._add_to_pool(runtime), f"nomad-pool-{runtime}")
                 while len(pool) > target:  # less wanted now: the oldest idle allocations go
-                    entry = pool.popleft()
-                    self._spawn(self._stop_job(entry.job_id, None), f"nomad-reap-{entry.job_id}")
+                    self._retire(pool.popleft())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refill_wakeup.wait(), 5)
 
@@ -261,6 +262,7 @@ class WarmPools:
             alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, Resources(),
                                                   {"hutch.pool": runtime}))
             self.pool_sizing.record_placement(time.monotonic() - started)
+            await self._agents.warm(job_id, alloc_id, runtime)  # agents.py: so its claimer's commands are fast
             self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, alloc_id, runtime))
         except HutchError as err:
             log.warning("warm pool %s: placing an allocation failed: %s", runtime, err.message)
@@ -270,6 +272,11 @@ class WarmPools:
         finally:
             self._pool_starting[runtime] -= 1
             self._refill_wakeup.set()
+
+    def _retire(self, entry: PoolEntry, *, alloc_id: str | None = None, node_lost: bool = False) -> None:
+        """An idle allocation leaves its pool: its job stopped, its agent's session ended."""
+        self._spawn(self._agents.drop(entry.job_id), f"exec-agent-drop-{entry.job_id}")
+        self._spawn(self._stop_job(entry.job_id, alloc_id, node_lost=node_lost), f"nomad-reap-{entry.job_id}")
 
     async def _drain_pools(self) -> None:
         """Idle pool allocations are cheap to place again and must not pile up on the nodes."""

@@ -23,7 +23,7 @@ from hutch.drivers.nomad.client import NomadClient
 from hutch.drivers.nomad.driver import NomadDriver
 from hutch.drivers.nomad.execs import ENVELOPE, noop
 from hutch.drivers.nomad.jobs import TASK
-from tests.drivers_support import NOMAD_ADDR, Recorder, new_id
+from tests.drivers_support import NOMAD_ADDR, Recorder, new_id, start_nomad
 from tests.isolation import terminal_probe
 
 # The terminal probe plus what a parent passes through exec: signal dispositions and mask,
@@ -326,3 +326,46 @@ async def test_a_pause_waits_for_an_agent_starting(driver: NomadDriver) -> None:
     code, sink = await run(driver, sid, ["echo", "thawed"])
     assert (code, sink.stdout) == (0, "thawed\n")
     await until_agent(driver, sid)
+
+
+async def test_a_pooled_sandbox_takes_over_the_agent_its_allocation_started(tmp_path: Path) -> None:
+    """An idle pool allocation starts its agent when placed, and the sandbox that claims it
+    runs its first command through that agent: it used to run as an alloc exec (150-250 ms
+    on the cluster) while a new agent started behind it. An allocation leaving the pool ends
+    its agent's session."""
+    driver = await start_nomad(tmp_path / "data", pool_sizes={"base:latest": 1})
+    assert isinstance(driver, NomadDriver)
+    try:
+        pool = driver._pool["base:latest"]
+        for _ in range(1200):
+            if pool:
+                break
+            await asyncio.sleep(0.05)
+        entry = pool[0]
+        idle_agent = driver._agents.live(entry.job_id)
+        assert idle_agent is not None, "the idle allocation has no agent"
+        assert await agent_pids(driver.client, entry.alloc_id) == [str(idle_agent.pid)]
+
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+        assert driver._sandboxes[sid].alloc_id == entry.alloc_id  # claimed from the pool
+        assert driver._agents.live(sid) is idle_agent and driver._agents.live(entry.job_id) is None
+        assert await parent_of_a_command(driver, sid) == idle_agent.pid  # the first command, through it
+
+        for _ in range(1200):  # refilled, with an agent of its own
+            if pool and driver._agents.live(pool[0].job_id) is not None:
+                break
+            await asyncio.sleep(0.05)
+        spare = pool[0]
+        spare_agent = driver._agents.live(spare.job_id)
+        assert spare_agent is not None
+        driver.pool_sizing.fixed = {"base:latest": 0}  # wanted no more: the spare leaves the pool
+        driver._refill_wakeup.set()
+        for _ in range(400):
+            if not spare_agent.alive and spare.job_id not in driver._agents._agents:
+                break
+            await asyncio.sleep(0.05)
+        assert not spare_agent.alive and spare.job_id not in driver._agents._agents
+        await driver.destroy(sid)
+    finally:
+        await driver.close()
