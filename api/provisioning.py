@@ -74,9 +74,11 @@ class Provisioning:
         queued = tuple(req.command) if build and req.command else None
         created = [SandboxCreated(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id,
                                   initial_command=queued)]
-        # The quota's check and the create it allows, as one; without a quota, no lock (api/quotas.py).
-        locked = self._recorder.lock(spec.org_id) if self._quotas.limits_sandboxes(spec.org_id) else None
-        async with locked or contextlib.nullcontext():
+        # The quota's check and the create it allows, as one, on this replica and across
+        # replicas; without a quota, no lock (api/quotas.py).
+        limited = self._quotas.limits_sandboxes(spec.org_id)
+        async with self._recorder.lock(spec.org_id) if limited else contextlib.nullcontext(), \
+                self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
             await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
             await self._recorder.append(sandbox_id, created)

@@ -6,9 +6,9 @@ A sandbox that gives no memory or CPU counts the driver-independent defaults bel
 organization with a memory quota cannot slip past it by asking for nothing.
 
 An organization with a sandbox quota (``limits_sandboxes``) has its creates hold its lock from
-the check to the append: two creates on one replica cannot both take the last slot (replicas
-check against the shared store; a race between replicas can overshoot by the creates in
-flight, which the README says). An organization without one takes no lock: held until the
+the check to the append (applied, so the next check counts it): two creates cannot both take
+the last slot, on one replica (the recorder's lock) nor on two (``Replicas.serialised``: a
+PostgreSQL advisory lock when replicas share the store). An organization without one takes no lock: held until the
 event was applied, it made that organization's creates one at a time (bench/soak.py, 200
 clients for 2 minutes: create p50 15.1 s, execute 0.1 s; without the lock, create 3.0 s).
 The trade-off: creates already past that branch when an organization's first sandbox quota

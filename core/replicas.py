@@ -19,6 +19,8 @@ and ``projections.replicas.PostgresReplicas`` (leases and owners in PostgreSQL).
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import AsyncIterator
 
 import attrs
 
@@ -94,6 +96,13 @@ class Replicas(abc.ABC):
     def owns(self, sandbox_id: str) -> bool:
         """Known here to be ours (no round trip): created or taken over by this replica."""
         return True
+
+    @contextlib.asynccontextmanager
+    async def serialised(self, key: str) -> AsyncIterator[None]:
+        """Held by one replica at a time, for what must not interleave across replicas (an
+        organization's quota check and the create it allows). The caller already holds its
+        process's own lock on ``key``; with no other replica there is nothing more to hold."""
+        yield
 
     async def mine(self, sandbox_id: str) -> bool:
         """True unless another replica owns it (unrecorded sandboxes are everyone's: legacy)."""

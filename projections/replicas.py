@@ -4,11 +4,19 @@ Every time is the database's ``now()``, so replicas on hosts whose clocks disagr
 agree on who is dead. A take-over is one statement: the dead replica's row is marked
 claimed only if it is still unclaimed (two survivors racing: the row lock makes the second
 find it claimed and move nothing), and its sandboxes change owner in the same statement.
+
+``serialised`` is a session advisory lock on its own connection (a pool of its own, so
+creates waiting on it never starve the lease renewals): a replica that dies holding it
+loses its session, and the lock with it. A wait is bounded by ``lock_timeout``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
+
+import asyncpg
 
 from hutch.core.errors import ReplicaUnavailable
 from hutch.core.replicas import LEASE_SECONDS, Claimed, Handle, Owner, Replicas
@@ -34,6 +42,9 @@ WITH dead AS (
 )
 SELECT d.replica_id AS dead, m.sandbox_id, m.handle
 FROM dead d LEFT JOIN moved m ON m.dead = d.replica_id"""
+_LOCK = """
+SELECT set_config('lock_timeout', $2, false), pg_advisory_lock(hashtextextended($1, 0))"""
+SERIALISED_WAIT_SECONDS = 30
 _OWNER = """
 SELECT o.replica_id, coalesce(r.url, '') AS url,
        coalesce(r.expires_at > now() AND r.claimed_by IS NULL, false) AS alive
@@ -47,6 +58,7 @@ class PostgresReplicas(Replicas):
         self.lease_seconds = lease_seconds
         self._pg = Pool(dsn, what="replica registry", unavailable=ReplicaUnavailable, min_size=1, max_size=4)
         self._mine: set[str] = set()  # owned here: no query (a replica claimed away exits)
+        self._locks = Pool(dsn, what="replica locks", unavailable=ReplicaUnavailable, min_size=0, max_size=8)
 
     @property
     def shared(self) -> bool:
@@ -54,6 +66,7 @@ class PostgresReplicas(Replicas):
 
     async def start(self) -> None:
         await self._pg.start()
+        await self._locks.start()
         async with self._pg.conn() as conn:
             await conn.execute(_REGISTER, self.me, self.url, self.lease_seconds)
             rows = await conn.fetch("SELECT sandbox_id FROM hutch_sandbox_owners WHERE replica_id = $1", self.me)
@@ -69,6 +82,20 @@ class PostgresReplicas(Replicas):
             except Exception:  # whatever the database says: the lease expires on its own
                 pass
         await self._pg.close()
+        await self._locks.close()
+
+    @contextlib.asynccontextmanager
+    async def serialised(self, key: str) -> AsyncIterator[None]:
+        async with self._locks.conn() as conn:
+            try:
+                await conn.execute(_LOCK, key, f"{SERIALISED_WAIT_SECONDS:g}s")
+            except asyncpg.LockNotAvailableError as err:
+                raise ReplicaUnavailable(f"{key}: another replica held it for {SERIALISED_WAIT_SECONDS:g} s; "
+                                         "try again") from err
+            try:
+                yield
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", key)
 
     async def own(self, sandbox_id: str) -> None:
         async with self._pg.conn() as conn:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from hutch import SyncSandboxClient
@@ -178,3 +179,34 @@ def test_stdin_uploaded_through_one_replica_feeds_a_command_run_by_the_other(pai
         urllib.request.urlopen(f"{pair.a.url}/streams/{other}/stdin", timeout=10)
     assert refused.value.code == 404
     refused.value.close()
+
+
+def test_a_sandbox_quota_holds_across_replicas(pair: Pair) -> None:
+    """Creates of one organization reaching both replicas at once: the quota's check and the
+    create it allows are one across replicas too (Replicas.serialised), so no more sandboxes
+    are made than the quota allows, whichever replica took each request."""
+    limit, attempts = 1, 6  # 1: the first create through each replica is the race
+    pair.a.data("POST", "/orgs", {"name": "quota"})
+    admin = pair.a.data("POST", "/keys?orgId=org_quota", {"role": "admin"})["secret"]
+    headers = {"Authorization": f"Bearer {admin}"}
+    pair.a.data("PATCH", "/orgs/org_quota/quota", {"sandboxes": limit})
+    deadline = time.monotonic() + 10
+    while pair.b.data("GET", "/orgs/org_quota")["quota"].get("sandboxes") != limit:  # B has seen it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    async def create(session: aiohttp.ClientSession, server: Server) -> tuple[int, Any]:
+        async with session.post(f"{server.url}/sandbox", json={"runtime": "base:latest"}, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=300)) as resp:
+            return resp.status, await resp.json()
+
+    async def race() -> list[tuple[int, Any]]:
+        async with aiohttp.ClientSession() as session:
+            return list(await asyncio.gather(*(create(session, pair.either(n)) for n in range(attempts))))
+
+    answers = asyncio.run(race())
+    made = [body["data"]["sandboxId"] for status, body in answers if status == 201]
+    refused = [body for status, body in answers if status != 201]
+    assert len(made) == limit, answers
+    assert all(body["code"] == "QUOTA_EXCEEDED" for body in refused), refused
+    assert pair.b.data("GET", "/orgs/org_quota")["usage"]["sandboxes"] == limit

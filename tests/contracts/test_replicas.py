@@ -64,6 +64,17 @@ async def test_an_ended_sandbox_has_no_owner(one: Replicas) -> None:
     assert await one.owner("sbx_1") is None
 
 
+async def test_serialised_can_be_held_again_after_it_is_left(one: Replicas) -> None:
+    for _ in range(2):
+        async with one.serialised("quota:org_a"):
+            pass
+    with pytest.raises(RuntimeError):  # an error inside is the caller's, and the lock is left
+        async with one.serialised("quota:org_a"):
+            raise RuntimeError("inside")
+    async with asyncio.timeout(5), one.serialised("quota:org_a"):
+        pass
+
+
 # -- shared: two replicas on one database ------------------------------------------------------
 
 @pytest.fixture
@@ -116,3 +127,54 @@ async def test_a_replica_closed_on_purpose_is_taken_over_at_once(pg: Callable[..
     await a.close()
     claimed = await b.claim_dead()
     assert [(c.dead_replica, c.sandboxes) for c in claimed] == [("a", (("sbx_1", None),))]
+
+
+async def test_serialised_holds_off_the_other_replicas_on_that_key_only(pg: Callable[..., PostgresReplicas]) -> None:
+    """An organization's quota check and create, across replicas (api/provisioning.py)."""
+    a, b = await pg("a"), await pg("b")
+    inside: list[str] = []
+    a_in, a_out = asyncio.Event(), asyncio.Event()
+
+    async def hold_a() -> None:
+        async with a.serialised("quota:org_a"):
+            inside.append("a")
+            a_in.set()
+            await a_out.wait()
+            inside.remove("a")
+
+    async def then_b() -> None:
+        async with b.serialised("quota:org_a"):
+            assert inside == [], inside  # never while a holds it
+            inside.append("b")
+
+    held = asyncio.create_task(hold_a())
+    await a_in.wait()
+    waiting = asyncio.create_task(then_b())
+    async with asyncio.timeout(5), b.serialised("quota:org_b"):  # another key: not held off
+        pass
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # b waits for a
+    a_out.set()
+    await asyncio.wait_for(asyncio.gather(held, waiting), 5)
+    assert inside == ["b"]
+
+
+async def test_a_replica_that_dies_holding_serialised_lets_the_others_in(pg: Callable[..., PostgresReplicas]) -> None:
+    a, b = await pg("a"), await pg("b")
+    entered = asyncio.Event()
+
+    async def hold_for_ever() -> None:
+        async with a.serialised("quota:org_a"):
+            entered.set()
+            await asyncio.sleep(3600)
+
+    holder = asyncio.create_task(hold_for_ever())
+    await entered.wait()
+    async with a._locks.conn() as probe:  # the holder's session ends as a killed process's would
+        await probe.execute("SELECT pg_terminate_backend(pid) FROM pg_locks "
+                            "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()")
+    async with asyncio.timeout(10), b.serialised("quota:org_a"):
+        pass
+    holder.cancel()
+    with pytest.raises((asyncio.CancelledError, Exception)):
+        await holder
