@@ -7,20 +7,22 @@ find it claimed and move nothing), and its sandboxes change owner in the same st
 
 ``serialised`` is a session advisory lock on its own connection (a pool of its own, so
 creates waiting on it never starve the lease renewals): a replica that dies holding it
-loses its session, and the lock with it. A wait is bounded by ``lock_timeout``.
+loses its session, and the lock with it; an unlock that fails ends the session too. Waiting
+for a connection and for the lock are each bounded (``SERIALISED_WAIT_SECONDS``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import asyncpg
 
 from hutch.core.errors import ReplicaUnavailable
 from hutch.core.replicas import LEASE_SECONDS, Claimed, Handle, Owner, Replicas
-from hutch.projections.pgpool import Pool
+from hutch.projections.pgpool import UNAVAILABLE, Pool
 
 _REGISTER = """
 INSERT INTO hutch_replicas (replica_id, url, expires_at, claimed_by)
@@ -42,8 +44,8 @@ WITH dead AS (
 )
 SELECT d.replica_id AS dead, m.sandbox_id, m.handle
 FROM dead d LEFT JOIN moved m ON m.dead = d.replica_id"""
-_LOCK = """
-SELECT set_config('lock_timeout', $2, false), pg_advisory_lock(hashtextextended($1, 0))"""
+log = logging.getLogger(__name__)
+
 SERIALISED_WAIT_SECONDS = 30
 _OWNER = """
 SELECT o.replica_id, coalesce(r.url, '') AS url,
@@ -86,16 +88,35 @@ class PostgresReplicas(Replicas):
 
     @contextlib.asynccontextmanager
     async def serialised(self, key: str) -> AsyncIterator[None]:
-        async with self._locks.conn() as conn:
+        # The connection is taken by hand: an error of the caller's inside must stay the
+        # caller's, not read as these locks' database being unavailable.
+        wait = SERIALISED_WAIT_SECONDS
+        pool = self._locks.require()
+        try:
+            conn = await pool.acquire(timeout=wait)
+        except TimeoutError as err:
+            raise ReplicaUnavailable(f"{key}: no connection for the replicas' locks within {wait} s; "
+                                     "try again") from err
+        except UNAVAILABLE as err:
+            raise ReplicaUnavailable(f"PostgreSQL replica locks: {err}") from err
+        try:
             try:
-                await conn.execute(_LOCK, key, f"{SERIALISED_WAIT_SECONDS:g}s")
+                await conn.execute(f"SET lock_timeout = '{wait}s'")  # asyncpg resets it on release
+                await conn.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", key)
             except asyncpg.LockNotAvailableError as err:
-                raise ReplicaUnavailable(f"{key}: another replica held it for {SERIALISED_WAIT_SECONDS:g} s; "
-                                         "try again") from err
+                raise ReplicaUnavailable(f"{key}: another replica held it for {wait} s; try again") from err
+            except UNAVAILABLE as err:
+                raise ReplicaUnavailable(f"PostgreSQL replica locks: {err}") from err
             try:
                 yield
             finally:
-                await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", key)
+                try:
+                    await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", key)
+                except Exception as err:  # the session is gone or going: so is its lock
+                    log.warning("replica lock %s: unlock failed (%s); ending its session", key, err)
+                    conn.terminate()
+        finally:
+            await pool.release(conn)
 
     async def own(self, sandbox_id: str) -> None:
         async with self._pg.conn() as conn:

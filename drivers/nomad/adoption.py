@@ -65,7 +65,7 @@ class Adoption:
             meta = job.get("Meta") or {}
             runtime = meta.get("hutch.pool")
             allocs = await self._client.job_allocations(job_id)
-            running = [a for a in allocs if a.get("ClientStatus") == "running"]
+            running = [a for a in allocs if a.get("ClientStatus") in ("pending", "running")]  # placement.py
             if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
                 self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, running[0]["ID"], runtime))
             else:  # a sandbox whose state file is gone, or a pool we no longer want

@@ -136,7 +136,7 @@ class ExecAgents:
         """The agent of the pool allocation ``job_id`` becomes the agent of ``sb``, its claimer."""
         self._failures.pop(job_id, None)
         agent = self._agents.pop(job_id, None)
-        if agent is not None and agent.alive and agent.alloc_id == sb.alloc_id:
+        if agent is not None and agent.alive:  # sb was made from the entry: the same allocation
             agent.sandbox_id = sb.id
             self._agents[sb.id] = agent
 

@@ -30,7 +30,8 @@ PLACE_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0
 ENDED = ("failed", "lost", "complete")
 NODE_GONE = ("lost", "unknown")  # "unknown": the node missed its heartbeats (jobs.py: Disconnect)
-KNOCK_EVERY = 0.04  # seconds between knocks on a task that has not started yet
+KNOCK_EVERY = 0.04  # seconds before the second knock on a task not started yet; then x1.5 ...
+KNOCK_MAX = 0.5  # ... up to this (an image pulled for a minute is not knocked on 1,500 times)
 
 
 async def place(client: NomadClient, job: dict[str, Any]) -> str:
@@ -69,7 +70,12 @@ async def _wait_running(client: NomadClient, job_id: str) -> str:
                 await _check_placement(client, job_id)
     finally:
         for pending in (knock, query):
-            if pending is not None and not pending.done():
+            if pending is None:
+                continue
+            if pending.done():
+                if not pending.cancelled():
+                    pending.exception()  # retrieved: the other one decided
+            else:
                 pending.cancel()
 
 
@@ -77,12 +83,14 @@ async def _knock(client: NomadClient, alloc_id: str) -> str:
     """Returns ``alloc_id`` once its client runs the task (the module's docstring says why).
     Any refusal (the client has not got the allocation yet, the task is not started or not
     running) is tried again; a task that fails is the server's news, not this loop's."""
+    delay = KNOCK_EVERY
     while True:
         try:
             await plugin_verb(client, alloc_id, TASK, {"exit": "-"})
             return alloc_id
         except HutchError:
-            await asyncio.sleep(KNOCK_EVERY)
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, KNOCK_MAX)
 
 
 async def _check_placement(client: NomadClient, job_id: str) -> None:

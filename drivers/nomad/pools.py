@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hutch.core import runtimes
-from hutch.core.errors import HutchError, InvalidInput
+from hutch.core.errors import DriverFailure, HutchError, InvalidInput
 from hutch.drivers.base import Metric, Resources
 from hutch.drivers.nomad.jobs import DEFAULT_MEMORY_MB, job_spec
+from hutch.drivers.nomad.placement import alloc_reason
 
 if TYPE_CHECKING:
     from hutch.drivers.nomad.agents import ExecAgents
@@ -257,21 +258,35 @@ class WarmPools:
         recipe = runtimes.find(runtime)
         assert recipe is not None
         job_id = f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
+        settled = False  # in the pool, or failed and taken down
         try:
             started = time.monotonic()
             alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, Resources(),
                                                   {"hutch.pool": runtime}))
             self.pool_sizing.record_placement(time.monotonic() - started)
             await self._agents.warm(job_id, alloc_id, runtime)  # agents.py: so its claimer's commands are fast
+            # It may have ended while its agent started; the watcher looks at entries only.
+            alloc = await self._client.allocation(alloc_id)
+            if alloc.get("ClientStatus") not in ("pending", "running") or alloc.get("DesiredStatus") != "run":
+                raise DriverFailure(f"allocation {alloc_id} ended as it was placed: {alloc_reason(alloc)}")
             self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, alloc_id, runtime))
+            settled = True
         except HutchError as err:
             log.warning("warm pool %s: placing an allocation failed: %s", runtime, err.message)
-            with contextlib.suppress(HutchError):
-                await self._client.deregister(job_id, purge=True)
-            await asyncio.sleep(2)
+            await self._discard(job_id)
+            settled = True
+            await asyncio.sleep(2)  # counted as starting meanwhile: a failing placement is not retried at once
         finally:
+            if not settled:  # cancelled half-way (the driver closing): nothing of it stays placed
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._discard(job_id))
             self._pool_starting[runtime] -= 1
             self._refill_wakeup.set()
+
+    async def _discard(self, job_id: str) -> None:
+        await self._agents.drop(job_id)
+        with contextlib.suppress(HutchError):
+            await self._client.deregister(job_id, purge=True)
 
     def _retire(self, entry: PoolEntry, *, alloc_id: str | None = None, node_lost: bool = False) -> None:
         """An idle allocation leaves its pool: its job stopped, its agent's session ended."""

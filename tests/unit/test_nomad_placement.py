@@ -75,10 +75,10 @@ async def test_the_client_saying_the_task_runs_is_enough(monkeypatch: pytest.Mon
 
 
 async def test_the_server_saying_it_runs_is_enough_too() -> None:
-    nomad = FakeNomad([[], [alloc("running", "running")]], refusals=None)
+    nomad = FakeNomad([[alloc("pending")], [alloc("running", "running")]], refusals=None)
     assert await asyncio.wait_for(placement.place(nomad, JOB), 5) == "alloc-1"  # type: ignore[arg-type]
     await asyncio.sleep(0)
-    assert leftover_tasks() == []  # and the knocking stops
+    assert leftover_tasks() == []  # and the knocking (begun at "pending") stops
 
 
 async def test_a_task_that_fails_to_start_fails_the_create_while_knocks_are_refused(
@@ -97,3 +97,19 @@ async def test_no_knock_before_the_server_has_placed_an_allocation(monkeypatch: 
     nomad = FakeNomad([[], [], [alloc("pending")]], refusals=0)
     assert await asyncio.wait_for(placement.place(nomad, JOB), 5) == "alloc-1"  # type: ignore[arg-type]
     assert nomad.queries == 3 and nomad.knocks == 1
+
+
+async def test_knocks_slow_down_on_a_task_slow_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image pulled for a minute is not knocked on every 40 ms."""
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(placement.asyncio, "sleep", sleep)
+    nomad = FakeNomad([[alloc("pending")]], refusals=12)
+    assert await asyncio.wait_for(placement._knock(nomad, "alloc-1"), 5) == "alloc-1"  # type: ignore[arg-type]
+    assert slept[0] == placement.KNOCK_EVERY and slept == sorted(slept)
+    assert slept[-1] == placement.KNOCK_MAX and len(slept) == 12
