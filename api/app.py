@@ -22,7 +22,13 @@ from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
 from hutch.api.http import check_query
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
-from hutch.api.replication import ON_LOST, REPLICATION, Replication, replica_middleware
+from hutch.api.replication import (
+    ON_LOST,
+    REPLICATION,
+    Replication,
+    relayed_by_a_replica,
+    replica_middleware,
+)
 from hutch.api.routes import (
     audit,
     checkpoints,
@@ -105,7 +111,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise Unauthorized("Authorization header must be 'Bearer <api key>'")
     else:
         principal = tenants.authenticate(token.strip())
-    tenants.throttle(principal)
+    if not relayed_by_a_replica(request):  # counted where it came in (api/replication.py)
+        tenants.throttle(principal)
     principal = principal.acting_for(await _requested_org(request), tenants.directory)
     principal.require(Access(access))
     request[PRINCIPAL] = principal
@@ -223,7 +230,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                                                max_entries=config.max_archive_entries),
                         blobs=blob_store, projector=parts.projector, replicas=replicas)
         stack.push_async_callback(engine.close)
-        replication = Replication(replicas, engine, on_lost=app.get(ON_LOST))
+        replication = Replication(replicas, engine, on_lost=app.get(ON_LOST),
+                                  on_live=lambda n: setattr(tenants, "replicas", n))
         engine.projector.observers.append(replication.observe)
         stack.push_async_callback(replication.close)
         prebuild = config.prebuild_runtimes

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 
@@ -37,6 +38,7 @@ from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas
 log = logging.getLogger(__name__)
 
 FORWARDED = "X-Hutch-Forwarded-By"
+FORWARD_TOKEN = "X-Hutch-Forwarded-Token"  # HMAC of the replica and the request under the shared secret
 _ENDING = ("lifecycle:failed", "lifecycle:terminated")
 # GET routes that read only the projection (shared by every replica): never forwarded.
 _LOCAL_READS = frozenset({
@@ -48,11 +50,13 @@ _LOCAL_READS = frozenset({
 
 
 class Replication:
-    def __init__(self, replicas: Replicas, engine: Engine, *, on_lost: Callable[[], None] | None = None) -> None:
+    def __init__(self, replicas: Replicas, engine: Engine, *, on_lost: Callable[[], None] | None = None,
+                 on_live: Callable[[int], None] | None = None) -> None:
         self.replicas = replicas
         self.engine = engine
         self.lost = False
         self._on_lost = on_lost
+        self._on_live = on_live  # told how many replicas live, every renewal (rate limit shares)
         self._claiming = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None  # reads other replicas' stdin streams
@@ -132,6 +136,7 @@ class Replication:
         headers = {k: v for k, v in request.headers.items()
                    if k.lower() not in proxy.HOP or k.lower() in ("content-length", "host")}
         headers[FORWARDED] = self.replicas.me
+        headers[FORWARD_TOKEN] = forward_token(self.engine, self.replicas.me, request.method, request.rel_url.raw_path_qs)
         session = request.app[proxy.SESSION]
         target = url.rstrip("/") + request.rel_url.raw_path_qs
         if request.headers.get("Upgrade", "").lower() == "websocket":
@@ -151,6 +156,8 @@ class Replication:
                     self._lose()
                     return
                 await self.take_over()
+                if self._on_live is not None:
+                    self._on_live(await self.replicas.live_count())
             except Exception:  # a database outage: try again next round (the lease may lapse)
                 log.warning("replica %s: lease renewal or take-over failed", self.replicas.me, exc_info=True)
             await asyncio.sleep(RENEW_SECONDS)
@@ -224,6 +231,22 @@ class Replication:
                 await task
         if self._session is not None:
             await self._session.close()
+
+
+def forward_token(engine: Engine, replica: str, method: str, path_qs: str) -> str:
+    return engine.streams.sign(f"forward:{replica}:{method}:{path_qs}")
+
+
+def relayed_by_a_replica(request: web.Request) -> bool:
+    """The request came from another replica, relaying it here: that replica already counted
+    it against the key's rate. The header alone proves nothing (a client may send it): the
+    token, an HMAC under the replicas' shared secret, does."""
+    replication = request.app.get(REPLICATION)
+    by, token = request.headers.get(FORWARDED), request.headers.get(FORWARD_TOKEN)
+    if replication is None or not by or not token:
+        return False
+    wanted = forward_token(replication.engine, by, request.method, request.rel_url.raw_path_qs)
+    return hmac.compare_digest(token, wanted)
 
 
 REPLICATION: web.AppKey[Replication] = web.AppKey("replication", Replication)

@@ -78,6 +78,9 @@ class Tenants:
                                    server_admin=True)
         self.directory = Directory()
         self.default_rate = default_rate
+        # Replicas sharing the load (api/replication.py keeps it): each takes its share of a
+        # key's rate, so a key behind a balancer over N of them gets its rate, not N times it.
+        self.replicas = 1
         self._buckets: dict[str, Bucket] = {}
         self._loading: list[Event] | None = None
 
@@ -143,13 +146,15 @@ class Tenants:
         if rate is None:
             return
         now = time.monotonic()
+        share = (rate[0] / self.replicas, max(1.0, rate[1] / self.replicas))
         bucket = self._buckets.get(principal.key_id)
-        if bucket is None or bucket.rate != rate[0] or bucket.burst != rate[1]:
-            bucket = self._buckets[principal.key_id] = Bucket(rate[0], float(rate[1]), float(rate[1]), now)
+        if bucket is None or bucket.rate != share[0] or bucket.burst != share[1]:
+            bucket = self._buckets[principal.key_id] = Bucket(share[0], share[1], share[1], now)
         wait = bucket.take(now)
         if wait > 0:
+            over = f", {self.replicas} replicas each allowing its share" if self.replicas > 1 else ""
             raise RateLimited(f"rate limit: key {principal.key_id} may make {rate[0]:g} requests a second "
-                              f"(burst {rate[1]}); retry in {wait:.2f} s", retry_after=wait)
+                              f"(burst {rate[1]}{over}); retry in {wait:.2f} s", retry_after=wait)
 
 
 def owned(spec: SandboxSpec, directory: Directory | None) -> SandboxSpec:

@@ -97,6 +97,10 @@ class Replicas(abc.ABC):
         """Known here to be ours (no round trip): created or taken over by this replica."""
         return True
 
+    async def live_count(self) -> int:
+        """How many replicas hold a live lease, this one included (at least 1)."""
+        return 1
+
     @contextlib.asynccontextmanager
     async def serialised(self, key: str) -> AsyncIterator[None]:
         """Held by one replica at a time, for what must not interleave across replicas (an

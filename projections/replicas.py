@@ -86,6 +86,12 @@ class PostgresReplicas(Replicas):
         await self._pg.close()
         await self._locks.close()
 
+    async def live_count(self) -> int:
+        async with self._pg.conn() as conn:
+            found = await conn.fetchval("SELECT count(*) FROM hutch_replicas "
+                                        "WHERE expires_at > now() AND claimed_by IS NULL")
+        return max(1, int(found or 0))
+
     @contextlib.asynccontextmanager
     async def serialised(self, key: str) -> AsyncIterator[None]:
         # The connection is taken by hand: an error of the caller's inside must stay the

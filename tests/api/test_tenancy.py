@@ -14,6 +14,8 @@ from typing import Any
 import asyncssh
 from aiohttp import web
 
+from hutch.api.keys import ENGINE, TENANTS
+from hutch.api.replication import FORWARD_TOKEN, FORWARDED, forward_token
 from hutch.api.tenancy import PUBLIC, access_of
 from hutch.core.tenancy import Access
 from tests.api.conftest import Api, AppFactory
@@ -367,6 +369,34 @@ async def test_server_default_rate_applies_to_keys_without_their_own(make_api: A
     key = bearer((await new_key(api, "org_alpha", "member"))["secret"])
     got = [(await api.client.get("/sandbox", headers=key)).status for _ in range(4)]
     assert got[:2] == [200, 200] and 429 in got[2:]
+
+
+async def test_each_replica_takes_its_share_of_a_key_s_rate(api: Api) -> None:
+    """Behind a balancer over two replicas, a key gets its rate, not twice it: each replica
+    allows half (api/replication.py tells the tenants how many replicas live)."""
+    await new_org(api, "alpha")
+    key = bearer((await new_key(api, "org_alpha", "read-only", rate=2, burst=4))["secret"])
+    api.client.server.app[TENANTS].replicas = 2
+    got = [(await api.client.get("/sandbox", headers=key)) for _ in range(3)]
+    assert [r.status for r in got] == [200, 200, 429]
+    assert "2 replicas each allowing its share" in (await got[2].json())["message"]
+
+
+async def test_a_request_another_replica_relayed_is_not_counted_twice(api: Api) -> None:
+    """The replica a request came in through counted it; the owner it is relayed to does not,
+    when the relay's token says so. The header alone is anyone's to send: counted."""
+    await new_org(api, "alpha")
+    key = bearer((await new_key(api, "org_alpha", "read-only", rate=1, burst=1))["secret"])
+    engine = api.client.server.app[ENGINE]
+    token = forward_token(engine, "replica-b", "GET", "/sandbox?limit=5")
+    relayed = {**key, FORWARDED: "replica-b", FORWARD_TOKEN: token}
+    assert (await api.client.get("/sandbox?limit=5", headers=key)).status == 200  # the burst's one
+    for _ in range(3):
+        assert (await api.client.get("/sandbox?limit=5", headers=relayed)).status == 200
+    forged = {**key, FORWARDED: "replica-b", FORWARD_TOKEN: token[:-1] + ("0" if token[-1] != "0" else "1")}
+    assert (await api.client.get("/sandbox?limit=5", headers=forged)).status == 429
+    other_request = {**key, FORWARDED: "replica-b", FORWARD_TOKEN: token}  # signed for another path
+    assert (await api.client.get("/sandbox?limit=6", headers=other_request)).status == 429
 
 
 async def test_audit_records_name_org_project_and_key(api: Api) -> None:

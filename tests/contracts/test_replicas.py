@@ -57,6 +57,10 @@ async def test_a_sandbox_this_replica_made_is_its_own(one: Replicas) -> None:
     assert await one.claim_dead() == []  # nobody else, nothing to take over
 
 
+async def test_it_counts_itself_among_the_live(one: Replicas) -> None:
+    assert await one.live_count() == 1
+
+
 async def test_an_ended_sandbox_has_no_owner(one: Replicas) -> None:
     await one.own("sbx_1")
     await one.disown("sbx_1")
@@ -180,3 +184,13 @@ async def test_a_replica_that_dies_holding_serialised_lets_the_others_in(pg: Cal
     holder.cancel()
     with pytest.raises((asyncio.CancelledError, Exception)):
         await holder
+
+
+async def test_live_replicas_are_counted_until_they_close_or_lapse(pg: Callable[..., PostgresReplicas]) -> None:
+    a, b, c = await pg("a"), await pg("b"), await pg("c")
+    assert await a.live_count() == 3
+    await c.close()  # stopped on purpose: its lease ends now
+    assert await a.live_count() == 2
+    await asyncio.sleep(LEASE + 0.3)  # b stops renewing
+    assert await a.renew() is True
+    assert await a.live_count() == 1
