@@ -108,6 +108,8 @@ def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
             continue
         if low == "authorization" and tenants.knows(value.partition(" ")[2].strip()):
             continue  # never hand a hutch key (any organization's, revoked ones too) to the sandbox
+        if low.startswith("x-hutch-forwarded-"):
+            continue  # nor what replicas relaying a request tell each other (api/replication.py)
         headers[name] = value
     peer = request.remote or ""
     prior = request.headers.get("X-Forwarded-For")

@@ -43,7 +43,8 @@ def handle(c):
     n = int(headers.get("content-length", "0"))
     body = f.read(n) if n else b""
     resp = (f"{method} {path} prefix={headers.get('x-forwarded-prefix')} auth={headers.get('authorization')} "
-            f"len={len(body)} sha={hashlib.sha256(body).hexdigest()}").encode()
+            f"len={len(body)} sha={hashlib.sha256(body).hexdigest()} "
+            f"relay={headers.get('x-hutch-forwarded-by')},{headers.get('x-hutch-forwarded-token')}").encode()
     c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(resp) + resp)
     c.close()
 s = socket.socket()
@@ -83,6 +84,10 @@ async def test_a_port_is_served_through_its_url(api: Api) -> None:
     text = await resp.text()
     assert resp.status == 200, text
     assert text.startswith(f"GET /hello?x=1 prefix=/proxy/{sid} auth=None len=0"), text  # the API key stays out
+    # A relay's credentials between replicas (api/replication.py) stay out too.
+    relayed = {**AUTH, "X-Hutch-Forwarded-By": "replica-b", "X-Hutch-Forwarded-Token": "f" * 64}
+    text = await (await api.client.get(base + "hello?x=1", headers=relayed)).text()
+    assert text.endswith(" relay=None,None"), text
 
     body = os.urandom(5 * 2**20)
     resp = await api.client.post(base + "upload", data=io.BytesIO(body))
