@@ -8,7 +8,8 @@ At the Driver interface (what the API's create waits for), side by side in one r
   dev agent (server and client on this host, loopback) and on the cluster (the API's host is
   not a client: every placement crosses the cluster network);
 - placements per second: 24 creates at concurrency 8, and how the spread policy put them;
-- create from a warm pool of 3 (base:latest), the pool refilled before each claim;
+- create from a warm pool of 3 (base:latest), the pool refilled before each claim, and the
+  first command sent right after it (the claimed allocation's exec agent already runs);
 - node loss: kill -9 of a client's Nomad agent and containerd -> the driver's report that the
   sandbox failed, p50 over --kills kills (the client is revived between kills).
 """
@@ -31,7 +32,7 @@ from pathlib import Path
 # Run as a script, sys.path[0] is bench/, where nomad.py would shadow python-nomad.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from hutch.drivers.base import ProvisionRequest  # noqa: E402
+from hutch.drivers.base import ExecRequest, ProvisionRequest  # noqa: E402
 from hutch.drivers.nomad.driver import NomadDriver  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,20 +97,30 @@ async def placements(addr: str, registry: str, count: int = 24, concurrency: int
         await d.close()
 
 
-async def warm(addr: str, registry: str, n: int) -> list[float]:
+async def warm(addr: str, registry: str, n: int) -> tuple[list[float], list[float]]:
+    """Creates claimed from a pool of 3, and the first command (`true`) sent right after each."""
     d = await driver_for(addr, registry, pool_sizes={"base:latest": 3})
     try:
-        out = []
+        creates, firsts = [], []
         for i in range(n):
             while d.pool_metrics()["pools"]["base:latest"]["ready"] < 3:  # noqa: ASYNC110 (a counter)
                 await asyncio.sleep(0.05)
             t = time.perf_counter()
             await d.provision(ProvisionRequest(f"warm-{i}", "base:latest"))
-            out.append(time.perf_counter() - t)
+            creates.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            result = await d.exec(ExecRequest(f"exe_warm{i}", f"warm-{i}", ["true"]), _Discard())
+            firsts.append(time.perf_counter() - t)
+            assert result.exit_code == 0, result
             await d.destroy(f"warm-{i}")
-        return out
+        return creates, firsts
     finally:
         await d.close()
+
+
+class _Discard:
+    def write(self, stream: str, data: bytes) -> None:
+        pass
 
 
 def cluster(*args: str) -> None:
@@ -163,9 +174,11 @@ async def main(n: int, kills: int) -> None:
         c = await cold(addr, registry, n)
         rows.append(f"| create -> idle, cold, {label} | {statistics.median(c) * 1000:.0f} | {pct(c, 0.99):.0f} | {n} |")
     for label, (addr, registry) in (("dev agent (1 host)", DEV), ("cluster (3 clients)", CLUSTER)):
-        w = await warm(addr, registry, n)
+        w, first = await warm(addr, registry, n)
         rows.append(f"| create -> idle, warm pool of 3, {label} | {statistics.median(w) * 1000:.1f} | "
                     f"{pct(w, 0.99):.1f} | {n} |")
+        rows.append(f"| first command (`true`) right after that create, {label} | "
+                    f"{statistics.median(first) * 1000:.1f} | {pct(first, 0.99):.1f} | {n} |")
     for label, (addr, registry) in (("dev agent (1 host)", DEV), ("cluster (3 clients)", CLUSTER)):
         rate, spread = await placements(addr, registry)
         rows.append(f"| placements/s, 24 creates at concurrency 8, {label} | {rate:.1f} | spread: "
