@@ -187,7 +187,7 @@ async def test_a_replica_that_dies_holding_serialised_lets_the_others_in(pg: Cal
 
 
 async def test_live_replicas_are_counted_until_they_close_or_lapse(pg: Callable[..., PostgresReplicas]) -> None:
-    a, b, c = await pg("a"), await pg("b"), await pg("c")
+    a, _b, c = await pg("a"), await pg("b"), await pg("c")  # b renews nothing: it lapses
     assert await a.live_count() == 3
     await c.close()  # stopped on purpose: its lease ends now
     assert await a.live_count() == 2
