@@ -128,3 +128,14 @@ def test_a_replica_is_named_by_its_host_and_data_dir_and_reached_at_its_address(
     rid, url = Config(data_dir=tmp_path, host="0.0.0.0", port=8123).replica
     assert not url.startswith(("http://0.0.0.0", "http://127.")), url  # bound to all: the host's address
     assert Config(replica_id="api-1", replica_url="http://lb:1").replica == ("api-1", "http://lb:1")
+
+
+def test_settings_are_checked_without_the_server_extras(tmp_path: Path) -> None:
+    """`pip install hutch` has no python-nomad: checking HUTCH_NOMAD_POOL must not need it
+    (drivers/nomad/pools.py imported placement.py at the top, and `hutch run` failed)."""
+    script = ("import sys; sys.modules['nomad'] = None\n"
+              "from hutch.api.config import Config\n"
+              f"Config(data_dir={str(tmp_path)!r}, nomad_pool='auto', nomad_pool_memory='512')\n"
+              "print('checked')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "checked", done.stderr[-2000:]
