@@ -24,6 +24,10 @@ from hutch.core.errors import ReplicaUnavailable
 from hutch.core.replicas import LEASE_SECONDS, Claimed, Handle, Owner, Replicas
 from hutch.projections.pgpool import UNAVAILABLE, Pool
 
+log = logging.getLogger(__name__)
+
+SERIALISED_WAIT_SECONDS = 30  # waiting for a connection, then for the lock
+
 _REGISTER = """
 INSERT INTO hutch_replicas (replica_id, url, expires_at, claimed_by)
 VALUES ($1, $2, now() + make_interval(secs => $3), NULL)
@@ -44,9 +48,6 @@ WITH dead AS (
 )
 SELECT d.replica_id AS dead, m.sandbox_id, m.handle
 FROM dead d LEFT JOIN moved m ON m.dead = d.replica_id"""
-log = logging.getLogger(__name__)
-
-SERIALISED_WAIT_SECONDS = 30
 _OWNER = """
 SELECT o.replica_id, coalesce(r.url, '') AS url,
        coalesce(r.expires_at > now() AND r.claimed_by IS NULL, false) AS alive

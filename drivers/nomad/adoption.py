@@ -12,6 +12,7 @@ from typing import Any
 from hutch.core.models import Sandbox, SandboxStatus
 from hutch.drivers.egress import AllowLists
 from hutch.drivers.nomad.client import NomadClient, NomadNotFound
+from hutch.drivers.nomad.jobs import LIVE
 from hutch.drivers.nomad.pools import PoolEntry
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
@@ -65,7 +66,7 @@ class Adoption:
             meta = job.get("Meta") or {}
             runtime = meta.get("hutch.pool")
             allocs = await self._client.job_allocations(job_id)
-            running = [a for a in allocs if a.get("ClientStatus") in ("pending", "running")]  # placement.py
+            running = [a for a in allocs if a.get("ClientStatus") in LIVE]
             if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
                 self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, running[0]["ID"], runtime))
             else:  # a sandbox whose state file is gone, or a pool we no longer want
@@ -76,8 +77,7 @@ class Adoption:
             alloc = await self._client.allocation(alloc_id)
         except NomadNotFound:
             return False
-        # pending: placed moments ago, the server not yet told it runs (placement.py)
-        return alloc.get("JobID") == job_id and alloc.get("ClientStatus") in ("pending", "running") \
+        return alloc.get("JobID") == job_id and alloc.get("ClientStatus") in LIVE \
             and alloc.get("DesiredStatus") == "run"
 
     def handle(self, sandbox_id: str) -> dict[str, str] | None:

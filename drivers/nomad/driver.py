@@ -80,7 +80,7 @@ from hutch.drivers.nomad.adoption import Adoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
-from hutch.drivers.nomad.jobs import HOME, PLUGIN, PORT_LABEL, TASK, job_spec
+from hutch.drivers.nomad.jobs import HOME, LIVE, PLUGIN, PORT_LABEL, TASK, job_spec
 from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
 from hutch.drivers.nomad.pools import (
     PoolSizing,
@@ -296,10 +296,8 @@ class NomadDriver(Adoption, WarmPools, Driver):
                     await self._lost(sb, alloc_reason(alloc), failed=status != "complete",
                                      node_lost=status in NODE_GONE)
             for runtime, pool in self._pool.items():
-                # "pending": the server may hear that a task runs up to a second after the
-                # driver does (placement.py), so an entry only just placed reads pending.
                 dead = [(e, a) for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
-                        and a.get("ClientStatus") not in ("pending", "running")]
+                        and a.get("ClientStatus") not in LIVE]
                 for entry, alloc in dead:
                     pool.remove(entry)
                     gone = alloc.get("ClientStatus") in NODE_GONE  # stopped, not purged (placement.stop_job)

@@ -12,6 +12,9 @@ from hutch.drivers.nomad import images
 
 PLUGIN = "hutch-containerd"
 TASK = "sandbox"
+# An allocation alive or about to be: a client tells the servers "running" up to a second
+# after it starts the task (placement.py), so one just placed still reads "pending".
+LIVE = ("pending", "running")
 HOME = images.HOME
 PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
 # pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM; not

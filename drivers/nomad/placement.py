@@ -24,7 +24,7 @@ from typing import Any
 from hutch.core.errors import DriverFailure, HutchError
 from hutch.drivers.nomad.client import NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import plugin_verb
-from hutch.drivers.nomad.jobs import TASK
+from hutch.drivers.nomad.jobs import LIVE, TASK
 
 PLACE_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0
@@ -64,7 +64,7 @@ async def _wait_running(client: NomadClient, job_id: str) -> str:
                         return str(alloc["ID"])
                 elif status in ENDED:
                     raise DriverFailure(f"nomad could not start the sandbox: {alloc_reason(alloc)}")
-                if knock is None and status in ("pending", "running"):
+                if knock is None and status in LIVE:
                     knock = asyncio.create_task(_knock(client, str(alloc["ID"])))
             if not allocs:
                 await _check_placement(client, job_id)

@@ -29,7 +29,7 @@ import attrs
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput
 from hutch.drivers.base import Metric, Resources
-from hutch.drivers.nomad.jobs import DEFAULT_MEMORY_MB, job_spec
+from hutch.drivers.nomad.jobs import DEFAULT_MEMORY_MB, LIVE, job_spec
 
 if TYPE_CHECKING:
     from hutch.drivers.nomad.agents import ExecAgents
@@ -266,7 +266,7 @@ class WarmPools:
             await self._agents.warm(job_id, alloc_id, runtime)  # agents.py: so its claimer's commands are fast
             # It may have ended while its agent started; the watcher looks at entries only.
             alloc = await self._client.allocation(alloc_id)
-            if alloc.get("ClientStatus") not in ("pending", "running") or alloc.get("DesiredStatus") != "run":
+            if alloc.get("ClientStatus") not in LIVE or alloc.get("DesiredStatus") != "run":
                 # Imported here: this module is read without python-nomad (api/config.py checks
                 # HUTCH_NOMAD_POOL on a plain `pip install hutch`), and placement.py needs it.
                 from hutch.drivers.nomad.placement import alloc_reason
