@@ -1,13 +1,15 @@
 """The production event log: Apache Kafka, through aiokafka.
 
-Two topics per log, written together in one Kafka transaction per group commit:
+Three topics per log:
 
-* ``<topic>`` — the events, keyed by sandbox id over several partitions (6 by default), so
-  each sandbox's events stay in order in one partition, per-sandbox reads touch one
-  partition, and consumer groups (``hutch audit``) spread partitions over their members.
-  Every record carries its log position in a ``position`` header.
-* ``<topic>.order`` — the same records in one partition. Its offsets *are* the global
-  order: ``position = offset + 1`` (0 stays "before the first event").
+* ``<topic>.order`` — the events in one partition. Its offsets *are* the global order:
+  ``position = offset + 1`` (0 stays "before the first event"). An append is one Produce
+  of one record batch here, and that is its commit point.
+* ``<topic>`` — the same events keyed by sandbox id over several partitions (6 by default),
+  so per-sandbox reads touch one partition and consumer groups (``hutch audit``) spread
+  partitions over their members. Every record carries its position in a ``position`` header.
+  Copied from the order topic, exactly once, by an indexer (``eventlog.kafka_index``).
+* ``<topic>.indexed`` — how far that copy got.
 
 Why this design: the contract wants one total order that agrees with append order
 (``read(after)``, ``subscribe(after)``, ``last_position()``, the events API's paging, the
@@ -18,27 +20,27 @@ position than one already acknowledged, and a projector that already applied the
 larger one would skip it. A sequence kept outside Kafka (a database counter) couples
 the log to the store and still leaves the gap-between-sequence-and-write problem.
 A single-partition topic is Kafka's own sequencer: the broker assigns offsets in the
-order it appends, with no coordination between writers. Writing both topics in one
-transaction keeps them identical for ``read_committed`` readers: an event is in both or
-in neither, and an aborted or half-written append is invisible. Positions have gaps
-(each commit marker takes an offset of the order topic); the port only asks them to
-be strictly increasing.
+order it appends, with no coordination between writers.
 
-Durability: the producer is transactional, which implies idempotence and
-``acks=all``; ``append`` returns only after the transaction committed, i.e. after the
-broker acknowledged every record. An append whose commit failed ambiguously (the
-broker went away mid-commit) is resolved before anyone is told: the producer is
-re-created under the same transactional id — Kafka then finishes or aborts the open
-transaction — and the order topic is searched for the events' ids. Found: they are
-acknowledged with their positions. Not found: they are written again. So a retry
-never duplicates an event, and a broker restart only delays appends (up to
-``append_timeout``) instead of failing them.
+Until 2026-11 both topics were written in one Kafka transaction per append. That cost
+16.5 ms an append (AddPartitionsToTxn, Produce, EndTxn, then the commit markers) against
+2.0 ms for one idempotent Produce on the same broker, and an execute appends twice. So the
+append writes only the order topic, and the keyed topic follows a moment later; a
+per-sandbox read covers the gap by scanning the order topic past the index's progress, so
+it still sees every append acknowledged before it began. Consumer groups see an event once
+the indexer copied it.
 
-The transactional id is derived from the host, the data dir and the topic: a
-restarted server (kill -9 included) fences its previous incarnation and aborts the
-transaction it left open at once, instead of blocking ``read_committed`` readers until
-the transaction times out. Two servers on one data dir are already refused by the
-data-dir lock.
+Durability and atomicity: the producer is idempotent with ``acks=all``; ``append``
+returns once the broker acknowledged the batch, which is readable from then on (no
+transaction: the last stable offset is the high watermark). One append is one record
+batch, which Kafka writes whole or not at all; an append too big for one batch is refused.
+An append whose Produce failed ambiguously (the broker went away mid-request) is resolved
+before anyone is told: the producer is re-created and the order topic is searched for the
+events' ids. Found: they are acknowledged with their positions. Not found: they are written
+again. So a broker restart only delays appends (up to ``append_timeout``) instead of failing
+them. What this cannot rule out, unlike the transactions it replaced: a request the broker
+read before the failure and appends only after the search, which then writes it twice
+(readers then see that event twice).
 
 Identity: the cluster id, the topic, and the log's epoch, ``kafka:<cluster>/<topic>@<epoch>``.
 The epoch is a record written once at the start of the order topic by the first writer
@@ -57,10 +59,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -73,14 +73,17 @@ from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.eventlog.base import EventLog, GroupMember, LogCapabilities
 from hutch.core.events import Event
 from hutch.eventlog.kafka_groups import consume_group
+from hutch.eventlog.kafka_index import Indexer, Progress, last_progress
 from hutch.eventlog.kafka_records import (
     DEFAULT_PARTITIONS,
     EPOCH_HEADER,
+    GROUP_BYTES,
     ID_CLOCK_SLACK_MS,
+    MAX_APPEND_BYTES,
     MAX_EVENT_BYTES,
     MAX_GROUP_EVENTS,
+    RECORD_OVERHEAD,
     PartitionReader,
-    ProducerSlot,
     decode_record,
     id_millis,
     is_epoch,
@@ -103,35 +106,36 @@ class KafkaEventLog(EventLog):
         *,
         partitions: int = DEFAULT_PARTITIONS,
         replication: int | None = None,
-        transactional_id: str | None = None,
         append_timeout: float = 60.0,
-        txn_timeout: float = 8.0,
-        producers: int = 3,
+        produce_timeout: float = 8.0,
         writer: bool = True,
         client_id: str = "hutch",
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.order_topic = f"{topic}.order"
+        self.indexed_topic = f"{topic}.indexed"
         self.partitions = partitions
         self.replication = replication
         self.append_timeout = append_timeout
-        self.txn_timeout = txn_timeout
+        self.produce_timeout = produce_timeout
         self.client_id = client_id
-        self.transactional_id = transactional_id or f"hutch-{socket.gethostname()}-{topic}"
-        # Several producers, so a new transaction need not wait for the previous one's commit
-        # markers (the broker answers CONCURRENT_TRANSACTIONS until they are written).
-        self._slots = [ProducerSlot(f"{self.transactional_id}-{i}") for i in range(producers if writer else 0)]
-        self._idle: list[ProducerSlot] = []
+        self.writer = writer
+        self._producer: AIOKafkaProducer | None = None
+        self._writing = False  # one Produce at a time: appends waiting meanwhile go in the next
         self._watcher: AIOKafkaConsumer | None = None  # asks for end offsets; never fetches
         self._readable_waiters: list[tuple[dict[TopicPartition, int], asyncio.Future[None]]] = []
         self._readable_poller: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._readers: dict[TopicPartition, PartitionReader] = {}
+        self._making_reader = asyncio.Lock()
         self._order_tp = TopicPartition(self.order_topic, 0)
-        self._pending: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
+        self._indexed_tp = TopicPartition(self.indexed_topic, 0)
+        self._pending: list[tuple[Sequence[Event], int, asyncio.Future[list[int]]]] = []
         self._scan_from = 0  # no record of an unresolved append of ours lies below this offset
         self._closed = False
+        self.indexer: Indexer | None = None
+        self._indexing: asyncio.Task[None] | None = None
         self.cluster_id: str | None = None
         self._identity: str | None = None
 
@@ -141,15 +145,12 @@ class KafkaEventLog(EventLog):
         unknown = set(params) - {"partitions", "replication", "transactional_id"}
         if unknown:
             raise InvalidInput(f"event log: unknown parameter(s) {sorted(unknown)} in {url!r}", field="event_log")
-        tid = params.get("transactional_id") or "hutch-" + hashlib.sha256(
-            f"{socket.gethostname()}\0{data_dir.resolve()}\0{bootstrap}\0{topic}".encode()
-        ).hexdigest()[:24]
+        # transactional_id: still accepted, no longer used (appends take no transaction).
         return cls(
             bootstrap,
             topic,
             partitions=int(params.get("partitions", DEFAULT_PARTITIONS)),
             replication=int(params["replication"]) if "replication" in params else None,
-            transactional_id=tid,
             writer=writer,
         )
 
@@ -160,32 +161,40 @@ class KafkaEventLog(EventLog):
             await self._ensure_topics()
             self._watcher = self._consumer()
             await self._watcher.start()
-            for slot in self._slots:
-                await slot.replace(self._new_producer)
-            self._idle = list(self._slots)
+            if self.writer:
+                self._producer = await self._new_producer(None)
             reader = await self._reader(self._order_tp)
             async with reader.lock:
                 first, end = await reader.bounds()
-            if end == first and self._slots:
+            if end == first and self.writer:
                 await self._write_epoch()
             async with reader.lock:
                 self._scan_from = (await reader.bounds())[1]
         except KafkaError as err:
             await self.close()
             raise LogUnavailable(f"cannot open the Kafka event log at {self.bootstrap}: {err}") from err
+        if self.writer:
+            self.indexer = Indexer(
+                bootstrap=self.bootstrap, topic=self.topic, order_topic=self.order_topic,
+                indexed_topic=self.indexed_topic, partitions=self.partitions, progress=self._progress,
+                end=self._order_end, producer=self._new_producer, consumer=lambda: self._consumer(fetch_max_wait_ms=500))
+            self._indexing = asyncio.create_task(self.indexer.run(), name="kafka-eventlog-indexer")
 
     async def close(self) -> None:
         self._closed = True
+        if self._indexing is not None:
+            self._indexing.cancel()
+            with contextlib.suppress(BaseException):
+                await self._indexing
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=self.append_timeout)
-        for fut in [f for _, f in self._pending]:
+        for fut in [f for _, _, f in self._pending]:
             if not fut.done():
                 fut.set_exception(LogUnavailable("the Kafka event log closed before the append was written"))
         self._pending = []
         if self._readable_poller is not None:
             self._readable_poller.cancel()
-        for slot in self._slots:
-            await slot.close()
+        await self._drop_producer()
         if self._watcher is not None:
             watcher, self._watcher = self._watcher, None
             with contextlib.suppress(Exception):
@@ -197,19 +206,17 @@ class KafkaEventLog(EventLog):
 
     async def _ensure_topics(self) -> None:
         self.cluster_id, self.partitions = await ensure_topics(
-            self.bootstrap, self.topic, self.order_topic, partitions=self.partitions,
+            self.bootstrap, self.topic, self.order_topic, self.indexed_topic, partitions=self.partitions,
             replication=self.replication, client_id=self.client_id)
 
     async def _write_epoch(self) -> None:
         """Start an empty log with its epoch record (order topic only: it has no sandbox)."""
-        producer = self._slots[0].producer
-        assert producer is not None
+        assert self._producer is not None
         epoch = uuid.uuid4().hex
-        async with producer.transaction():
-            fut = await producer.send(self.order_topic, value=json.dumps({"epoch": epoch}).encode(), partition=0,
-                                      headers=[(EPOCH_HEADER, epoch.encode())])
-            fut.add_done_callback(retrieve_exception)
-            await fut
+        fut = await self._producer.send(self.order_topic, value=json.dumps({"epoch": epoch}).encode(), partition=0,
+                                        headers=[(EPOCH_HEADER, epoch.encode())])
+        fut.add_done_callback(retrieve_exception)
+        await fut
         log.info("event log %s/%s: new log, epoch %s", self.cluster_id, self.topic, epoch)
 
     async def identity(self) -> str | None:
@@ -223,7 +230,8 @@ class KafkaEventLog(EventLog):
                     self._identity = f"kafka:{self.cluster_id or '?'}/{self.topic}@{epoch}"
         return self._identity
 
-    async def _new_producer(self, transactional_id: str) -> AIOKafkaProducer:
+    async def _new_producer(self, transactional_id: str | None) -> AIOKafkaProducer:
+        """The appender's idempotent producer (no id), or the indexer's transactional one."""
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             client_id=self.client_id,
@@ -234,26 +242,39 @@ class KafkaEventLog(EventLog):
             transaction_timeout_ms=10_000,
             request_timeout_ms=15_000,
             linger_ms=0,
-            max_batch_size=1 * 2**20,
+            max_batch_size=MAX_EVENT_BYTES,
         )
         try:
-            await producer.start()  # init_transactions: fences an older incarnation, ends its open txn
+            await producer.start()  # transactional: init_transactions fences an older holder of the id
         except BaseException:
             with contextlib.suppress(Exception):
                 await producer.stop()
             raise
         return producer
 
+    async def _drop_producer(self) -> None:
+        old, self._producer = self._producer, None
+        if old is not None:
+            # stop() flushes what is pending, which never ends while the broker is away.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.stop(), 5)
+
     async def _reader(self, tp: TopicPartition) -> PartitionReader:
         reader = self._readers.get(tp)
         if reader is None:
-            consumer = self._consumer()
-            await consumer.start()
-            consumer.assign([tp])
-            consumer.pause(tp)
-            reader = self._readers.setdefault(tp, PartitionReader(consumer, tp))
-            if reader.consumer is not consumer:
-                await consumer.stop()
+            async with self._making_reader:  # one per partition (the indexer reads beside requests)
+                reader = self._readers.get(tp)
+                if reader is None:
+                    consumer = self._consumer()
+                    try:
+                        await consumer.start()
+                    except BaseException:  # cancelled half-way (a close): nothing left open
+                        with contextlib.suppress(Exception):
+                            await consumer.stop()
+                        raise
+                    consumer.assign([tp])
+                    consumer.pause(tp)
+                    reader = self._readers[tp] = PartitionReader(consumer, tp)
         return reader
 
     def _consumer(self, *, fetch_max_wait_ms: int = 0) -> AIOKafkaConsumer:
@@ -274,35 +295,39 @@ class KafkaEventLog(EventLog):
     async def append(self, events: Sequence[Event]) -> list[int]:
         if not events:
             return []
-        if not self._slots:
+        if not self.writer:
             raise LogUnavailable("this Kafka event log was opened read-only")
         if self._closed:
             raise LogUnavailable("the Kafka event log is not started")
+        size = sum(len(record_bytes(e)) + len(e.sandbox_id) + RECORD_OVERHEAD for e in events)
+        if size > MAX_APPEND_BYTES:
+            raise InvalidInput(f"an append of {len(events)} event(s) takes {size} bytes; "
+                               f"at most {MAX_APPEND_BYTES} fit in one record batch")
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._pending.append((events, fut))
+        self._pending.append((events, size, fut))
         self._dispatch()
         return await fut
 
     def _dispatch(self) -> None:
-        """Hand pending appends to idle producers, one transaction per producer at a time."""
-        while self._pending and self._idle:
-            slot = self._idle.pop(0)  # the longest idle: its last commit is surely complete
-            group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
-            count = 0
-            while self._pending and (not group or count + len(self._pending[0][0]) <= MAX_GROUP_EVENTS):
-                item = self._pending.pop(0)
-                group.append(item)
-                count += len(item[0])
-            task = asyncio.create_task(self._commit_group(slot, group), name="kafka-eventlog-commit")
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+        """Send what is pending as one record batch, unless a Produce is on its way already."""
+        if self._writing or not self._pending:
+            return
+        group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
+        count = size = 0
+        while self._pending and (not group or (count + len(self._pending[0][0]) <= MAX_GROUP_EVENTS
+                                               and size + self._pending[0][1] <= GROUP_BYTES)):
+            events, bytes_, fut = self._pending.pop(0)
+            group.append((events, fut))
+            count, size = count + len(events), size + bytes_
+        self._writing = True
+        task = asyncio.create_task(self._commit_group(group), name="kafka-eventlog-append")
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
-    async def _commit_group(
-        self, slot: ProducerSlot, group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]]
-    ) -> None:
+    async def _commit_group(self, group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]]) -> None:
         flat = [e for evs, _ in group for e in evs]
         try:
-            positions = await self._write_resolving(slot, flat)
+            positions = await self._write_resolving(flat)
         except Exception as err:
             error = err if isinstance(err, LogUnavailable) else LogUnavailable(f"event log append failed: {err}")
             for _, fut in group:
@@ -315,19 +340,19 @@ class KafkaEventLog(EventLog):
                     fut.set_result(positions[i : i + len(evs)])
                 i += len(evs)
         finally:
-            self._idle.append(slot)
+            self._writing = False
             if not self._closed:
                 self._dispatch()
 
-    async def _write_resolving(self, slot: ProducerSlot, events: list[Event]) -> list[int]:
-        """Write in one transaction; on failure find out what the broker kept, then retry the rest."""
+    async def _write_resolving(self, events: list[Event]) -> list[int]:
+        """Write as one batch; on failure find out what the broker kept, then retry the rest."""
         deadline = time.monotonic() + self.append_timeout
         delay = 0.1
         while True:
-            # Everything appended before this transaction began lies below this offset.
+            # Everything appended before this Produce was sent lies below this offset.
             floor = self._scan_from
             try:
-                return await self._write(slot, events)
+                return await self._write(events)
             except KafkaError as err:
                 failure = err
             log.warning("Kafka append of %d event(s) failed (%s); resolving", len(events), failure)
@@ -339,7 +364,8 @@ class KafkaEventLog(EventLog):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 try:
-                    await slot.replace(self._new_producer)
+                    await self._drop_producer()  # its connections close: nothing more of it arrives
+                    self._producer = await self._new_producer(None)
                     found = await self._find(events, floor)
                     break
                 except KafkaError as err:
@@ -348,65 +374,29 @@ class KafkaEventLog(EventLog):
             if found is not None:
                 return found
 
-    async def _write(self, slot: ProducerSlot, events: list[Event]) -> list[int]:
-        producer = slot.producer
+    async def _write(self, events: list[Event]) -> list[int]:
+        producer = self._producer
         if producer is None:
             raise LogUnavailable("the Kafka event log is closed")
-        # A transaction stuck on a vanished broker would otherwise wait for the broker to time
-        # it out after it comes back; bounding it here lets the caller re-create the producer,
-        # which ends the stuck transaction at once.
-        txn = asyncio.ensure_future(self._transact(producer, events))
+        no_headers: tuple[tuple[str, bytes], ...] = ()
+        records = [(e.sandbox_id.encode(), record_bytes(e), no_headers) for e in events]
+        ((builder, count),) = pack_batches(producer, records)  # append() sized the group to fit one
+        fut = await producer.send_batch(builder, self.order_topic, partition=0)
+        fut.add_done_callback(retrieve_exception)
         try:
-            offsets, keyed = await asyncio.wait_for(asyncio.shield(txn), self.txn_timeout)
+            # A request stuck on a vanished broker would wait for aiokafka's own timeouts;
+            # bounding it here lets the caller re-create the producer and resolve.
+            meta = await asyncio.wait_for(asyncio.shield(fut), self.produce_timeout)
         except TimeoutError:
-            txn.cancel()
-            txn.add_done_callback(retrieve_exception)
-            raise KafkaTimeoutError(f"transaction not committed within {self.txn_timeout:g}s") from None
-        # The commit marker follows the last record.
-        self._scan_from = max(self._scan_from, offsets[-1] + 2)
-        # The commit returns once the coordinator decided; the markers that make the records
-        # readable reach the partitions a moment later. Acknowledge once they are readable, so
-        # a read that follows an append sees it.
-        await self._until_readable({self._order_tp: offsets[-1], **keyed})
-        return [off + 1 for off in offsets]
-
-    async def _transact(self, producer: AIOKafkaProducer, events: list[Event]) -> tuple[list[int], dict[TopicPartition, int]]:
-        """One transaction: the events into the order partition, then into their keyed
-        partitions with their positions. Returns the order offsets and, per keyed partition,
-        the last offset written. Records go in explicit record batches: a batch gets
-        consecutive offsets, and building batches costs far less than a send() per record."""
-        values = [record_bytes(e) for e in events]
-        keys = [e.sandbox_id.encode() for e in events]
-        async with producer.transaction():
-            order = pack_batches(producer, [(k, v, ()) for k, v in zip(keys, values, strict=True)])
-            offsets: list[int] = []
-            for builder, count in order:
-                fut = await producer.send_batch(builder, self.order_topic, partition=0)
-                fut.add_done_callback(retrieve_exception)
-                base = (await fut).offset
-                offsets.extend(range(base, base + count))
-            by_partition: dict[int, list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]] = {}
-            for e, k, v, off in zip(events, keys, values, offsets, strict=True):
-                by_partition.setdefault(partition_for(e.sandbox_id, self.partitions), []).append(
-                    (k, v, (("position", str(off + 1).encode()),))
-                )
-            pending = []
-            for partition, records in by_partition.items():
-                for builder, count in pack_batches(producer, records):
-                    fut = await producer.send_batch(builder, self.topic, partition=partition)
-                    fut.add_done_callback(retrieve_exception)
-                    pending.append((fut, count))
-            keyed: dict[TopicPartition, int] = {}
-            for fut, count in pending:
-                meta = await fut
-                tp = TopicPartition(meta.topic, meta.partition)
-                keyed[tp] = max(keyed.get(tp, -1), meta.offset + count - 1)
-        return offsets, keyed
+            raise KafkaTimeoutError(f"append not acknowledged within {self.produce_timeout:g}s") from None
+        base = meta.offset
+        self._scan_from = max(self._scan_from, base + count)
+        return [base + 1 + i for i in range(count)]
 
     async def _until_readable(self, last: dict[TopicPartition, int]) -> None:
         """Wait until every partition's last stable offset passed the given offsets.
 
-        One poller serves every waiting commit, so concurrent commits share each round of
+        One poller serves every waiting reader, so concurrent waits share each round of
         ListOffsets requests instead of each polling on its own."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._readable_waiters.append((dict(last), fut))
@@ -446,11 +436,10 @@ class KafkaEventLog(EventLog):
                 await asyncio.sleep(delay)
 
     async def _find(self, events: list[Event], floor: int) -> list[int] | None:
-        """Positions of ``events`` if the failed transaction committed after all, else None.
+        """Positions of ``events`` if the failed Produce was written after all, else None.
 
-        Called after the producer was re-created under the same transactional id, which makes
-        the broker finish or abort the open transaction first. A transaction is all or nothing,
-        so finding one event decides."""
+        Called after the producer was dropped (its connections closed). An append is one
+        record batch, all or nothing, so finding one event decides."""
         wanted = {e.event_id: i for i, e in enumerate(events)}
         found: dict[int, int] = {}
         reader = await self._reader(self._order_tp)
@@ -506,8 +495,21 @@ class KafkaEventLog(EventLog):
             return newest[:limit] if limit is not None else newest
 
     async def _read_sandbox(self, sandbox_id: str, after: int, limit: int | None, reverse: bool) -> list[Event]:
+        """The keyed partition up to the index's progress, then the order topic past it
+        (see ``eventlog.kafka_index``): every event appended before the read began."""
+        progress = await self._progress()
         tp = TopicPartition(self.topic, partition_for(sandbox_id, self.partitions))
+        if tp.partition in progress.keyed:  # the copies it claims may still await their commit marker
+            await self._until_readable({tp: progress.keyed[tp.partition]})
         key = sandbox_id.encode()
+        matches: dict[int, Event] = {}
+        wanted = (lambda pos: after <= 0 or pos < after) if reverse else (lambda pos: pos > after)
+        order = await self._reader(self._order_tp)
+        async with order.lock:  # usually a few records: those the indexer has not copied yet
+            _, end = await order.bounds()
+            async for off, k, value, _ in order.scan(progress.next_offset, end):
+                if k == key and wanted(off + 1):
+                    matches[off + 1] = decode_record(value, off + 1)
         reader = await self._reader(tp)
         async with reader.lock:
             first, end = await reader.bounds()
@@ -516,26 +518,32 @@ class KafkaEventLog(EventLog):
                 found = await reader.consumer.offsets_for_times({tp: max(0, born - ID_CLOCK_SLACK_MS)})
                 hit = found.get(tp)
                 first = max(first, hit.offset if hit is not None else end)
-            matches: list[Event] = []
             if not reverse:
                 async for _, k, value, headers in reader.scan(first, end):
-                    if k != key:
-                        continue
                     pos = int(headers["position"])
-                    if pos > after:
-                        matches.append(decode_record(value, pos))
+                    if k == key and wanted(pos):
+                        matches[pos] = decode_record(value, pos)
             else:
                 upper, window = end, 2 * (limit or 500) + 16
                 while upper > first and (limit is None or len(matches) < limit):
                     lower = max(first, upper - window)
                     async for _, k, value, headers in reader.scan(lower, upper):
                         pos = int(headers["position"])
-                        if k == key and (after <= 0 or pos < after):
-                            matches.append(decode_record(value, pos))
+                        if k == key and wanted(pos):
+                            matches[pos] = decode_record(value, pos)
                     upper, window = lower, window * 2
-        # Writers from different processes may interleave in a partition: order by position.
-        matches.sort(key=lambda e: e.position or 0, reverse=reverse)
-        return matches[:limit] if limit is not None else matches
+        # Keyed copies and order records overlap past the progress read: one event per position.
+        ordered = sorted(matches.values(), key=lambda e: e.position or 0, reverse=reverse)
+        return ordered[:limit] if limit is not None else ordered
+
+    async def _progress(self) -> Progress:
+        return await last_progress(await self._reader(self._indexed_tp),
+                                   lambda p: self._reader(TopicPartition(self.topic, p)), self.partitions)
+
+    async def _order_end(self) -> int:
+        reader = await self._reader(self._order_tp)
+        async with reader.lock:
+            return (await reader.bounds())[1]
 
     async def last_position(self) -> int:
         newest = await self.read(0, limit=1, reverse=True)
@@ -571,4 +579,10 @@ class KafkaEventLog(EventLog):
                 await consumer.stop()
 
     async def consume_group(self, group: str, member: GroupMember) -> None:
-        await consume_group(self.bootstrap, self.topic, group, member)
+        await consume_group(self.bootstrap, self.topic, group, member, index_done=self._index_done)
+
+    async def _index_done(self) -> dict[int, int] | None:
+        """Per keyed partition, its last copy, once the index has copied the whole order topic."""
+        end = await self._order_end()
+        progress = await self._progress()
+        return progress.keyed if progress.next_offset >= end else None

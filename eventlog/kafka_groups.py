@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -19,8 +20,11 @@ log = logging.getLogger(__name__)
 
 
 async def consume_group(bootstrap: str, topic: str, group: str, member: GroupMember, *,
+                        index_done: Callable[[], Awaitable[dict[int, int] | None]],
                         client_id: str = "hutch-audit") -> None:
-    """Follow ``topic`` as a member of ``group`` until cancelled."""
+    """Follow ``topic`` as a member of ``group`` until cancelled. ``index_done`` says what the
+    keyed topic holds once the index has copied the whole order topic (None before): a member
+    has caught up only when it read that far (``eventlog.kafka_index``)."""
 
     class Resume(ConsumerRebalanceListener):  # aiokafka is untyped: a subclass of Any
         async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -47,13 +51,14 @@ async def consume_group(bootstrap: str, topic: str, group: str, member: GroupMem
     consumer.subscribe([topic], listener=Resume())
     await consumer.start()
     try:
-        await _follow(consumer, topic, member)
+        await _follow(consumer, topic, member, index_done)
     finally:
         with contextlib.suppress(Exception):
             await consumer.stop()
 
 
-async def _follow(consumer: AIOKafkaConsumer, topic: str, member: GroupMember) -> None:
+async def _follow(consumer: AIOKafkaConsumer, topic: str, member: GroupMember,
+                  index_done: Callable[[], Awaitable[dict[int, int] | None]]) -> None:
     while True:
         try:
             batches = await consumer.getmany(timeout_ms=500, max_records=2000)
@@ -69,6 +74,10 @@ async def _follow(consumer: AIOKafkaConsumer, topic: str, member: GroupMember) -
             with contextlib.suppress(KafkaError):  # the member's resume points cover a lost commit
                 await consumer.commit({tp: records[-1].offset + 1})
         if not batches and consumer.assignment():
+            copied = await index_done()
+            if copied is None:
+                continue
             ends = await consumer.end_offsets(list(consumer.assignment()))
-            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+            if all([end > copied.get(tp.partition, -1) and await consumer.position(tp) >= end
+                    for tp, end in ends.items()]):
                 member.mark_caught_up()

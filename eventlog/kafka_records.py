@@ -1,16 +1,15 @@
 """The pieces ``eventlog.kafka.KafkaEventLog`` is built from: its settings and URL, how an
 event becomes a Kafka record and back, where a sandbox's events live, the epoch record, and
-the two small holders of Kafka clients (a parked partition reader, a transactional producer).
+a parked partition reader.
 See ``eventlog.kafka`` for the design."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -21,8 +20,13 @@ from hutch.core.events import Event, decode_or_unreadable, encode
 
 DEFAULT_PARTITIONS = 6
 MAX_EVENT_BYTES = 8 * 2**20
-# The most events one transaction carries; more pending appends wait for the next one.
+# An append is one record batch, and a batch is at most the topic's max.message.bytes.
+MAX_APPEND_BYTES = MAX_EVENT_BYTES - 4096
+RECORD_OVERHEAD = 64  # bytes a record takes besides its key and value (lengths, header), rounded up
+# The most events and bytes one Produce (or one index transaction) carries; more pending
+# appends wait for the next one.
 MAX_GROUP_EVENTS = 5000
+GROUP_BYTES = 2**20
 # Time skew allowed between a sandbox id's timestamp and its first record's (per-sandbox reads
 # start at that time instead of the partition's beginning).
 ID_CLOCK_SLACK_MS = 10 * 60 * 1000
@@ -134,22 +138,3 @@ class PartitionReader:
         finally:
             # A parked reader does not fetch: its consumer's fetcher would otherwise poll forever.
             c.pause(tp)
-
-
-class ProducerSlot:
-    """One transactional producer. A transactional id allows one open transaction at a time."""
-
-    def __init__(self, transactional_id: str) -> None:
-        self.transactional_id = transactional_id
-        self.producer: AIOKafkaProducer | None = None
-
-    async def replace(self, factory: Callable[[str], Awaitable[AIOKafkaProducer]]) -> None:
-        await self.close()
-        self.producer = await factory(self.transactional_id)
-
-    async def close(self) -> None:
-        old, self.producer = self.producer, None
-        if old is not None:
-            # stop() flushes what is pending, which never ends while the broker is away.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(old.stop(), 5)

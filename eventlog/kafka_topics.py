@@ -1,4 +1,4 @@
-"""The two topics of a Kafka event log (see ``eventlog.kafka``): created on start when
+"""The three topics of a Kafka event log (see ``eventlog.kafka``): created on start when
 missing, with unlimited retention (the log is the source of truth), then checked."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from hutch.core.errors import LogUnavailable
 from hutch.eventlog.kafka_records import TOPIC_CONFIG
 
 
-async def ensure_topics(bootstrap: str, topic: str, order_topic: str, *, partitions: int,
+async def ensure_topics(bootstrap: str, topic: str, order_topic: str, indexed_topic: str, *, partitions: int,
                         replication: int | None, client_id: str) -> tuple[str | None, int]:
-    """Create ``topic`` (``partitions`` partitions) and ``order_topic`` (one) when missing and
-    wait until every broker knows them. Returns the cluster id and the events topic's own
+    """Create ``topic`` (``partitions`` partitions), ``order_topic`` and ``indexed_topic`` (one
+    each) when missing and wait until every broker knows them. Returns the cluster id and the events topic's own
     partition count, which decides where keys live (an existing topic keeps its count)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
     await admin.start()
@@ -26,6 +26,7 @@ async def ensure_topics(bootstrap: str, topic: str, order_topic: str, *, partiti
         wanted = [
             NewTopic(topic, partitions, replication, topic_configs=TOPIC_CONFIG),
             NewTopic(order_topic, 1, replication, topic_configs=TOPIC_CONFIG),
+            NewTopic(indexed_topic, 1, replication, topic_configs=TOPIC_CONFIG),
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
@@ -39,7 +40,7 @@ async def ensure_topics(bootstrap: str, topic: str, order_topic: str, *, partiti
                     raise LogUnavailable(f"cannot create Kafka topic {name}: error code {code}")
         deadline = time.monotonic() + 30
         while True:  # a new topic takes a moment to reach the metadata of every broker
-            described = await admin.describe_topics([topic, order_topic])
+            described = await admin.describe_topics([topic, order_topic, indexed_topic])
             errors = {t["topic"]: t["error_code"] for t in described if t["error_code"] != 0}
             if not errors and all(t["partitions"] for t in described):
                 break

@@ -50,7 +50,7 @@ async def drop_topics(url: str) -> None:
     await admin.start()
     try:
         with contextlib.suppress(Exception):  # best effort: a leftover topic only costs disk
-            await admin.delete_topics([topic, f"{topic}.order"])
+            await admin.delete_topics([topic, f"{topic}.order", f"{topic}.indexed"])
     finally:
         await admin.close()
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from hutch.api.composition import open_event_log
 from hutch.core import ids
 from hutch.core.errors import LogUnavailable
+from hutch.core.events import Event
 from hutch.eventlog.kafka import KafkaEventLog
 from tests.contracts.test_eventlog import ev
 from tests.services import drop_topics, kafka_url
@@ -63,26 +66,120 @@ async def test_per_sandbox_reads_agree_with_the_global_order(url: str, tmp_path:
         await log.close()
 
 
-async def test_a_restarted_writer_ends_the_transaction_its_predecessor_left_open(url: str, tmp_path: Path) -> None:
-    """A server killed mid-append leaves an open transaction, which would hide every later event
-    from read_committed readers until it times out. The next writer on the same data dir takes
-    over its transactional ids and so aborts it at once."""
+class Collector:
+    """A consumer-group member that keeps what it is given (the keyed topic, via the index)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def resume_points(self, source: str, partitions: Sequence[int]) -> dict[int, int]:
+        return {}
+
+    async def deliver(self, source: str, records: Sequence[tuple[int, int, Event]]) -> None:
+        self.events.extend(e for _, _, e in records)
+
+    def mark_caught_up(self) -> None:
+        pass
+
+
+async def indexed(log: KafkaEventLog, want: set[str], within: float) -> list[Event]:
+    """The events a fresh consumer group sees once it has every event id in ``want``."""
+    member = Collector()
+    group = asyncio.create_task(log.consume_group(f"test-{ids.new_id('event')}", member))
+    try:
+        deadline = time.monotonic() + within
+        while not want <= {e.event_id for e in member.events}:
+            assert time.monotonic() < deadline, f"not indexed within {within} s: {want - {e.event_id for e in member.events}}"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # a duplicate would arrive right behind
+        return member.events
+    finally:
+        group.cancel()
+        with contextlib.suppress(BaseException):
+            await group
+
+
+async def crash_indexer(log: KafkaEventLog) -> AIOKafkaProducer | None:
+    """The indexer dies as with kill -9: its task ends, its producer is never closed."""
+    assert log.indexer is not None and log._indexing is not None
+    producer, log.indexer.producer = log.indexer.producer, None
+    log._indexing.cancel()
+    with contextlib.suppress(BaseException):
+        await log._indexing
+    return producer
+
+
+async def test_a_dead_indexers_open_transaction_is_ended_by_the_next_writer(url: str, tmp_path: Path) -> None:
+    """A server killed mid-copy leaves an open transaction on the keyed topic, which would hide
+    every later copy from read_committed readers until it times out. The next writer takes the
+    indexer's transactional id and so aborts it at once."""
     dead = await opened(url, tmp_path)
-    (before,) = await dead.append([ev("sbx_a", 1)])
-    producer = dead._slots[0].producer
+    before = await dead.append([ev("sbx_a", 1)])
+    await indexed(dead, {e.event_id for e in await dead.read()}, within=8)
+    producer = await crash_indexer(dead)
     assert producer is not None
     await producer.begin_transaction()
-    await (await producer.send(dead.order_topic, b'{"never": "committed"}', partition=0))
+    await (await producer.send(dead.topic, b'{"never": "committed"}', key=b"sbx_a", partition=0))
     # ... and the process dies here: nothing closes it.
     started = time.monotonic()
     successor = await opened(url, tmp_path)
     try:
-        (after,) = await successor.append([ev("sbx_a", 2)])
-        assert [e.position for e in await successor.read()] == [before, after]
+        mine = [*before, *await successor.append([ev("sbx_a", 2)])]
+        everything = await successor.read()
+        assert [e.position for e in everything] == mine
+        seen = await indexed(successor, {e.event_id for e in everything}, within=8)
+        assert sorted(e.position or 0 for e in seen) == mine, "copied exactly once, nothing uncommitted"
         assert time.monotonic() - started < 8, "the open transaction was waited out, not aborted"
     finally:
         await successor.close()
-        await dead.close()  # its producers were fenced: closing them fails fast or times out (5 s)
+        with contextlib.suppress(Exception):  # fenced: stopping it fails fast or times out
+            await asyncio.wait_for(producer.stop(), 5)
+        await dead.close()
+
+
+async def test_per_sandbox_reads_see_appends_the_index_has_not_copied(url: str, tmp_path: Path) -> None:
+    log = await opened(url, tmp_path)
+    crashed = None
+    try:
+        sid = ids.new_id("sandbox")
+        copied = await log.append([ev(sid, 1), ev(sid, 2)])
+        await indexed(log, {e.event_id for e in await log.read()}, within=8)
+        crashed = await crash_indexer(log)  # from here on nothing is copied
+        later = await log.append([ev(sid, 3), ev("sbx_other", 4), ev(sid, 5)])
+        assert [e.position for e in await log.read(sandbox_id=sid)] == [*copied, later[0], later[2]]
+        assert [e.position for e in await log.read(sandbox_id=sid, reverse=True, limit=3)] == \
+            [later[2], later[0], copied[1]]
+        assert [e.position for e in await log.read(copied[1], sandbox_id=sid)] == [later[0], later[2]]
+    finally:
+        await log.close()
+        if crashed is not None:
+            await crashed.stop()
+
+
+async def test_a_standby_indexer_takes_over_from_a_dead_one(url: str, tmp_path: Path) -> None:
+    """Two writers: the last started indexes, the other stands by; when the indexer dies the
+    standby leads within a few seconds, and every event is copied exactly once throughout."""
+    first = await opened(url, tmp_path / "a")
+    second = await opened(url, tmp_path / "b")  # leads: fences the first
+    crashed = None
+    try:
+        await first.append([ev("sbx_a", 1)])
+        await second.append([ev("sbx_b", 2)])
+        await indexed(first, {e.event_id for e in await first.read()}, within=8)
+        assert second.indexer is not None and second.indexer.leading
+        crashed = await crash_indexer(second)
+        await first.append([ev("sbx_a", 3)])
+        await second.append([ev("sbx_b", 4)])
+        everything = await first.read()
+        seen = await indexed(first, {e.event_id for e in everything}, within=10)
+        assert sorted(e.position or 0 for e in seen) == [e.position for e in everything]
+        assert first.indexer is not None and first.indexer.leading
+    finally:
+        if crashed is not None:
+            with contextlib.suppress(Exception):  # fenced: fails fast
+                await crashed.stop()
+        await second.close()
+        await first.close()
 
 
 async def test_a_read_only_log_refuses_appends_and_takes_no_producer(url: str, tmp_path: Path) -> None:
