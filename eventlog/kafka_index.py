@@ -49,6 +49,10 @@ from hutch.eventlog.kafka_records import (
 log = logging.getLogger(__name__)
 
 STANDBY_CHECK_SECONDS = 1.0
+# At most one copy transaction this often (bench/eventlog.py at 1,000 appends/s: a copy per
+# fetched record raised the projection lag p50 from 6.8 to 15.6 ms, the indexer sharing the
+# process's event loop).
+COPY_INTERVAL_SECONDS = 0.05
 STALL_CHECKS = 2  # checks in a row that saw the progress stuck behind the end before leading
 
 
@@ -133,11 +137,16 @@ class Indexer:
             consumer.assign([order])
             consumer.seek(order, progress.next_offset)
             done = progress.next_offset
+            loop = asyncio.get_running_loop()
             while True:
                 batch = await consumer.getmany(order, timeout_ms=1000, max_records=MAX_GROUP_EVENTS)
                 records = batch.get(order, [])
                 if records:
+                    began = loop.time()
                     done = await self._copy(self.producer, records, keyed)
+                    # Paced: a transaction per copy costs four round trips and the CPU that
+                    # a server's requests need, so what arrives meanwhile waits for one copy.
+                    await asyncio.sleep(began + COPY_INTERVAL_SECONDS - loop.time())
                 elif await consumer.position(order) > done:
                     # Only commit markers lay ahead (a log written before the index existed):
                     # say so, or a standby would take the end it can never reach for a stall.

@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaProducer
 
 from hutch.api.composition import open_event_log
 from hutch.core import ids
-from hutch.core.errors import LogUnavailable
-from hutch.core.events import Event
+from hutch.core.errors import InvalidInput, LogUnavailable
+from hutch.core.events import Event, ExecutionStarted
 from hutch.eventlog.kafka import KafkaEventLog
 from tests.contracts.test_eventlog import ev
 from tests.services import drop_topics, kafka_url
@@ -195,3 +195,19 @@ async def test_a_read_only_log_refuses_appends_and_takes_no_producer(url: str, t
     finally:
         await reader.close()
         await writer.close()
+
+
+async def test_an_append_larger_than_one_batch_is_refused_whole(url: str, tmp_path: Path) -> None:
+    """An append is one record batch (all or nothing); one that cannot be one is refused,
+    naming its size, and nothing of it is written."""
+    log = await opened(url, tmp_path)
+    try:
+        big = [Event(ids.new_id("event"), "sbx_a", "2026-01-01T00:00:00.000Z",
+                     ExecutionStarted(execution_id=f"exec_{i}", command=("echo", "x" * 5 * 2**20)))
+               for i in range(2)]
+        with pytest.raises(InvalidInput, match=r"takes \d+ bytes"):
+            await log.append(big)
+        (p,) = await log.append([ev("sbx_a", 1)])
+        assert [e.position for e in await log.read()] == [p]
+    finally:
+        await log.close()
