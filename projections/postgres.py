@@ -166,8 +166,9 @@ class PostgresProjectionStore(ProjectionStore):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"store: {dsn!r} is not a postgresql:// URL", field="store")
         self.dsn = dsn
+        # Stateless sessions: statements and transactions only; wait_for removes its listener.
         self._pg = Pool(dsn, what="projection store", unavailable=StoreUnavailable,
-                        min_size=min_size, max_size=max_size)
+                        min_size=min_size, max_size=max_size, stateless=True)
         # The highest position this object saw the store hold: finding less means commits were
         # lost (see StoreBehind), which must not pass silently.
         self._floor = 0
