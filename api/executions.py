@@ -140,17 +140,25 @@ class Executions:
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
         stdout = await self._outputs.open(self._streams.derive(execution_id, "stdout"))
         stderr = await self._outputs.open(self._streams.derive(execution_id, "stderr"))
+        launched: list[asyncio.Task[None]] = []
+
+        def launch() -> None:
+            # Once ``execution:started`` is in the log the command may run: nothing runs
+            # unrecorded, and it need not wait for the projector (3.3 ms p50 on PostgreSQL).
+            task = self._background.spawn(
+                self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream)),
+                f"exec-{execution_id}")
+            self._tasks[execution_id] = task
+            task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
+            launched.append(task)
+
         try:
             await self._recorder.command(
-                sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind))
+                sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind), durable=launch)
         except BaseException:
-            await self.close_streams(execution_id)
+            if not launched:  # the command never started: its streams are nobody's
+                await self.close_streams(execution_id)
             raise
-        task = self._background.spawn(
-            self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream)),
-            f"exec-{execution_id}")
-        self._tasks[execution_id] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
 
     async def close_streams(self, execution_id: str) -> None:
         """Every byte saved and both streams closed: before the execution is recorded finished,

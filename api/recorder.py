@@ -57,11 +57,13 @@ class Recorder:
         async with self.lock(stream):
             return await self.append(stream, decide())
 
-    async def command(self, sandbox_id: str, command: Command) -> list[Event]:
-        """Decide ``command`` against the sandbox as it is and append what it produces."""
+    async def command(self, sandbox_id: str, command: Command, *,
+                      durable: Callable[[], None] | None = None) -> list[Event]:
+        """Decide ``command`` against the sandbox as it is and append what it produces.
+        ``durable`` is called once the events are in the log, before they are projected."""
         async with self.lock(sandbox_id):
             sb = await self._reads.require(sandbox_id)
-            return await self.append(sandbox_id, decide(sb, command))
+            return await self.append(sandbox_id, decide(sb, command), durable=durable)
 
     async def act(self, sandbox_id: str, command_for: Callable[[Sandbox], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:
@@ -82,8 +84,10 @@ class Recorder:
             snap = await self._store.get_snapshot(snapshot_id)
             return await self.append(snapshot_id, snapshots.decide(snapshot_id, snap, command))
 
-    async def append(self, stream: str, payloads: Iterable[EventData]) -> list[Event]:
-        """Append events about ``stream``; the caller holds the stream's lock."""
+    async def append(self, stream: str, payloads: Iterable[EventData], *,
+                     durable: Callable[[], None] | None = None) -> list[Event]:
+        """Append events about ``stream``; the caller holds the stream's lock. ``durable``:
+        what may start once the events are recorded, while the projector applies them."""
         at = now_iso()
         payloads = list(payloads)
         if not payloads:
@@ -96,6 +100,8 @@ class Recorder:
             if decode(json.loads(json.dumps(encode(e)))) != e:
                 raise InvalidInput(f"{e.type}: event does not survive serialisation; refusing to log it")
         positions = await self._log.append(events)
+        if durable is not None and events:
+            durable()
         await self._projector.wait_for(positions[-1])
         return [attrs.evolve(e, position=p) for e, p in zip(events, positions, strict=True)]
 
