@@ -138,8 +138,8 @@ class Executions:
                     *, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT) -> None:
         """Record the command started and run it in the background."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
-        stdout = await self._outputs.open(self._streams.derive(execution_id, "stdout"))
-        stderr = await self._outputs.open(self._streams.derive(execution_id, "stderr"))
+        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name))
+                                                for name in ("stdout", "stderr")))
         launched: list[asyncio.Task[None]] = []
 
         def launch() -> None:
@@ -163,8 +163,8 @@ class Executions:
     async def close_streams(self, execution_id: str) -> None:
         """Every byte saved and both streams closed: before the execution is recorded finished,
         so a reader that sees it finished reads its whole output."""
-        await self._outputs.close(self._streams.derive(execution_id, "stdout"))
-        await self._outputs.close(self._streams.derive(execution_id, "stderr"))
+        await asyncio.gather(*(self._outputs.close(self._streams.derive(execution_id, name))
+                               for name in ("stdout", "stderr")))
 
     async def _run(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                    sink: ExecutionSink) -> None:
