@@ -2,7 +2,8 @@
 
     python bench/run.py [--n 40] [--concurrency 8] [--seconds 10]
 
-Starts a real server (local driver) on loopback, then measures, interleaved where it
+Starts a real server on loopback (local driver and embedded profile unless ``--driver nomad``
+/ ``--profile production`` say otherwise), then measures, interleaved where it
 matters so machine noise hits every row alike:
   bare        the runtime's own python3 -c pass, chrooted on the host (the baseline)
   execute     POST /sandbox/{id}/execute + long-poll to completion, in a live sandbox
@@ -132,16 +133,42 @@ def row(name: str, samples: list[float], bare: float) -> str:
     return f"| {name} | {med:.1f} | {p90:.1f} | {med - bare:+.1f} | {med / bare:.2f}x |"
 
 
+async def profile_settings(profile: str) -> dict[str, str]:
+    """The server's settings for ``profile``: none for the embedded one; a fresh topic and
+    database for the production one, so runs never see each other's data."""
+    if profile == "embedded":
+        return {}
+    from tests.services import fresh_database, kafka_url
+
+    store, name = await fresh_database("bench_run")
+    return {"HUTCH_EVENT_LOG": kafka_url("bench-run"), "HUTCH_STORE": store, "database": name}
+
+
+async def drop_profile(settings: dict[str, str]) -> None:
+    from tests.services import drop_database, drop_topics
+
+    if "HUTCH_EVENT_LOG" in settings:
+        await drop_topics(settings["HUTCH_EVENT_LOG"])
+        await drop_database(settings["database"])
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--rounds", type=int, default=3, help="throughput rounds; the median is reported")
+    ap.add_argument("--driver", choices=("local", "nomad"), default="local",
+                    help="nomad: the Nomad named by HUTCH_NOMAD_ADDR / HUTCH_NOMAD_REGISTRY (./scripts/services)")
+    ap.add_argument("--profile", choices=("embedded", "production"), default="embedded",
+                    help="production: a fresh Kafka topic and PostgreSQL database on the services of "
+                         "./scripts/services start kafka postgres")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp) / "data", driver="local", HUTCH_LOG_LEVEL="WARNING").start()
+        settings = await profile_settings(args.profile)
+        env = {k: v for k, v in settings.items() if k.startswith("HUTCH_")}
+        server = Server(Path(tmp) / "data", driver=args.driver, HUTCH_LOG_LEVEL="WARNING", **env).start(timeout=300)
         try:
             url = server.url
             bare, exe, one, create, create_disk = [], [], [], [], []
@@ -169,9 +196,11 @@ async def main() -> None:
             raise
         finally:
             server.stop()
+            await drop_profile(settings)
 
     b = statistics.median(bare)
-    print(f"hutch bench: n={args.n} per row, runtime {RUNTIME}, {os.cpu_count()} cpus, command `python3 -c pass`; "
+    print(f"hutch bench: {args.profile} profile, {args.driver} driver; "
+          f"n={args.n} per row, runtime {RUNTIME}, {os.cpu_count()} cpus, command `python3 -c pass`; "
           f"other load on the machine before the run: {noise:.2f} cpus busy")
     print("| what | median ms | p90 ms | vs bare | ratio |")
     print("|---|---|---|---|---|")
