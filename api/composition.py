@@ -30,7 +30,7 @@ def open_event_log(url: str, data_dir: Path, *, read_only: bool = False) -> Even
     ``kafka://HOST:PORT/TOPIC`` (see ``eventlog.kafka``).
 
     ``read_only``: for readers that never append (``hutch projector``, ``hutch audit``); on
-    Kafka it keeps them from taking, and so fencing, the server's transactional ids."""
+    Kafka it opens no producer and runs no indexer, so it never fences the server's."""
     if url in ("sqlite", "embedded", ""):
         from hutch.eventlog.sqlite import SqliteEventLog
 

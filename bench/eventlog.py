@@ -9,7 +9,7 @@ Each run uses a fresh Kafka topic and a fresh PostgreSQL database (the settings'
 is only used to create it), so runs never see each other's data.
 
 append      ``--events`` events appended by ``--writers`` concurrent writers, each append
-            a batch of ``--batch`` events (one transaction per group commit); events/s from
+            a batch of ``--batch`` events (one Produce per group commit); events/s from
             the first append to the last acknowledgement. Also single-event appends from
             the same writers (the server's pattern: one event per append, group-committed).
 lag         a writer appends single events at ``--rate`` per second for ``--seconds``

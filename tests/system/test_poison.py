@@ -32,7 +32,7 @@ async def append_poison(url: str, data_dir: Path) -> tuple[str, str]:
     from hutch.core.events import Event, SandboxCreated
     from hutch.core.models import SandboxSpec
 
-    log = open_event_log(url, data_dir)  # its own transactional id: another writer
+    log = open_event_log(url, data_dir)  # another writer beside the server's
     await log.start()
     try:
         spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", name="nul\x00name")
