@@ -19,7 +19,7 @@ import attrs
 
 from hutch.api.reads import Reads
 from hutch.core import ids, snapshots
-from hutch.core.errors import InvalidInput
+from hutch.core.errors import InvalidInput, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, EventData, SandboxCreated, SnapshotCreated, decode, encode
 from hutch.core.lifecycle import Command, decide
@@ -58,9 +58,10 @@ class Recorder:
             return await self.append(stream, decide())
 
     async def command(self, sandbox_id: str, command: Command, *,
-                      durable: Callable[[], None] | None = None) -> list[Event]:
+                      durable: Callable[[int], None] | None = None) -> list[Event]:
         """Decide ``command`` against the sandbox as it is and append what it produces.
-        ``durable`` is called once the events are in the log, before they are projected."""
+        ``durable`` is called with the last position once the events are in the log, before
+        they are projected."""
         async with self.lock(sandbox_id):
             sb = await self._reads.require(sandbox_id)
             return await self.append(sandbox_id, decide(sb, command), durable=durable)
@@ -85,7 +86,7 @@ class Recorder:
             return await self.append(snapshot_id, snapshots.decide(snapshot_id, snap, command))
 
     async def append(self, stream: str, payloads: Iterable[EventData], *,
-                     durable: Callable[[], None] | None = None) -> list[Event]:
+                     durable: Callable[[int], None] | None = None) -> list[Event]:
         """Append events about ``stream``; the caller holds the stream's lock. ``durable``:
         what may start once the events are recorded, while the projector applies them."""
         at = now_iso()
@@ -101,9 +102,20 @@ class Recorder:
                 raise InvalidInput(f"{e.type}: event does not survive serialisation; refusing to log it")
         positions = await self._log.append(events)
         if durable is not None and events:
-            durable()
+            durable(positions[-1])
         await self._projector.wait_for(positions[-1])
         return [attrs.evolve(e, position=p) for e, p in zip(events, positions, strict=True)]
+
+    async def settled(self, position: int) -> None:
+        """Return once the projections show ``position``, however long the store is away
+        (what follows must be decided against it); raises only if the projector stopped."""
+        while True:
+            try:
+                await self._projector.wait_for(position)
+                return
+            except ProjectionUnavailable:
+                if self._projector.failure is not None:
+                    raise
 
     def forget(self, stream: str) -> None:
         """An ended sandbox's lock and owner entry go: kept, both grew with every sandbox the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -9,10 +10,10 @@ import pytest
 
 from hutch.api.reads import Reads
 from hutch.api.recorder import Recorder
-from hutch.core.errors import InvalidInput, SnapshotNotFound
+from hutch.core.errors import InvalidInput, ProjectionUnavailable, SnapshotNotFound
 from hutch.core.events import SandboxCreated, SandboxEnvChanged
-from hutch.core.lifecycle import ChangeEnv, Start
-from hutch.core.models import SandboxSpec, SandboxStatus, SnapshotStatus
+from hutch.core.lifecycle import ChangeEnv, FinishExecution, Start, StartExecution
+from hutch.core.models import ExecutionStatus, SandboxSpec, SandboxStatus, SnapshotStatus
 from hutch.core.snapshots import BeginBuild, DeleteSnapshot
 from hutch.eventlog.sqlite import SqliteEventLog
 from hutch.projections.memory import MemoryProjectionStore
@@ -64,3 +65,46 @@ async def test_snapshot_commands_are_decided_in_core(parts: Parts) -> None:
     assert deleted.org == "org_acme"
     snap = await reads.store.get_snapshot("snp_1")
     assert snap is not None and snap.status is SnapshotStatus.DELETED
+
+
+class FlakyStore(MemoryProjectionStore):
+    """A memory store that is away while ``away`` is set (its applies fail and are retried)."""
+
+    away = False
+
+    async def apply(self, events):  # type: ignore[no-untyped-def]
+        if self.away:
+            raise ConnectionError("the store is away")
+        return await super().apply(events)
+
+
+async def test_what_follows_a_launched_start_waits_until_the_store_shows_it(tmp_path: Path) -> None:
+    """A command launched once its start is in the log (``durable``) runs on when the store is
+    away and the request fails; ``settled`` holds its end back until the store shows the start,
+    so the end is not refused as "not running"."""
+    event_log, store = SqliteEventLog(tmp_path / "events.db"), FlakyStore()
+    await event_log.start()
+    projector = Projector(event_log, store)
+    await projector.start()
+    recorder = Recorder(event_log, store, projector, Reads(store, event_log, projector))
+    try:
+        spec = SandboxSpec(runtime="base:latest", runtime_id="srt")
+        async with recorder.lock("sbx_1"):
+            await recorder.append("sbx_1", [SandboxCreated(spec=spec)])
+        await recorder.command("sbx_1", Start())
+        store.away = True
+        launched: list[int] = []
+        with pytest.raises(ProjectionUnavailable):
+            async with asyncio.timeout(40):
+                await recorder.command("sbx_1", StartExecution("exe_1", ("true",)), durable=launched.append)
+        assert launched, "the command was launched once its start was in the log"
+        waiting = asyncio.create_task(recorder.settled(launched[0]))
+        await asyncio.sleep(0.3)
+        assert not waiting.done(), "settled returned while the store did not show the start"
+        store.away = False
+        await asyncio.wait_for(waiting, 10)
+        await recorder.command("sbx_1", FinishExecution("exe_1", ExecutionStatus.COMPLETED, exit_code=0))
+        assert (await store.get_execution("exe_1")).status is ExecutionStatus.COMPLETED  # type: ignore[union-attr]
+    finally:
+        await projector.close()
+        await event_log.close()
