@@ -34,12 +34,16 @@ Durability and atomicity: the producer is idempotent with ``acks=all``; ``append
 returns once the broker acknowledged the batch, which is readable from then on (no
 transaction: the last stable offset is the high watermark). One append is one record
 batch, which Kafka writes whole or not at all; an append too big for one batch is refused.
-An append whose Produce failed ambiguously (the broker went away mid-request) is resolved
-before anyone is told: the producer is re-created and the order topic is searched for the
-events' ids. Found: they are acknowledged with their positions. Not found: they are written
-again. So a broker restart only delays appends (up to ``append_timeout``) instead of failing
-them. What this cannot rule out, unlike the transactions it replaced: a request the broker
-read before the failure and appends only after the search, which then writes it twice
+The producer retries a batch it could not deliver under its producer id and sequence
+number, so the broker keeps one copy however often it arrives; an append waits for that (up
+to ``append_timeout``), so a broker restart delays appends instead of failing them. If the
+wait runs out or the batch fails, the append is resolved before anyone is told: the producer
+is abandoned at once (its sender stopped, its connections closed), a new one writes a
+*resolve bound* (a record every reader skips) with ``acks=all``, and the order topic below
+that bound is searched for the events' ids. Found: they are acknowledged with their
+positions. Not found: they are written again. What this cannot rule out, unlike the
+transactions it replaced (which fenced the old producer): a request of the abandoned
+producer that the broker had read but appends only after the bound would be written twice
 (readers then see that event twice).
 
 Identity: the cluster id, the topic, and the log's epoch, ``kafka:<cluster>/<topic>@<epoch>``.
@@ -67,7 +71,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError
 
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.eventlog.base import EventLog, GroupMember, LogCapabilities
@@ -83,10 +87,11 @@ from hutch.eventlog.kafka_records import (
     MAX_EVENT_BYTES,
     MAX_GROUP_EVENTS,
     RECORD_OVERHEAD,
+    RESOLVE_HEADER,
     PartitionReader,
     decode_record,
     id_millis,
-    is_epoch,
+    is_marker,
     pack_batches,
     parse_url,
     partition_for,
@@ -194,6 +199,10 @@ class KafkaEventLog(EventLog):
         self._pending = []
         if self._readable_poller is not None:
             self._readable_poller.cancel()
+        for _, waiter in self._readable_waiters:  # reads waiting on it fail now, not in a minute
+            if not waiter.done():
+                waiter.set_exception(LogUnavailable("the Kafka event log closed"))
+        self._readable_waiters = []
         await self._drop_producer()
         if self._watcher is not None:
             watcher, self._watcher = self._watcher, None
@@ -345,32 +354,34 @@ class KafkaEventLog(EventLog):
                 self._dispatch()
 
     async def _write_resolving(self, events: list[Event]) -> list[int]:
-        """Write as one batch; on failure find out what the broker kept, then retry the rest."""
-        deadline = time.monotonic() + self.append_timeout
+        """Write as one batch. The idempotent producer retries a batch it could not deliver
+        under its producer id and sequence number, so the broker keeps one copy however often
+        it arrives: wait for it (up to ``append_timeout``: a broker restart delays appends).
+        If it failed or the wait ran out, find out what the broker kept (abandon the producer,
+        write a bound with a new one, search below it); not there, write it again."""
+        deadline = time.monotonic() + 2 * self.append_timeout
         delay = 0.1
         while True:
-            # Everything appended before this Produce was sent lies below this offset.
-            floor = self._scan_from
+            floor = self._scan_from  # everything appended before this batch was sent lies below
             try:
                 return await self._write(events)
-            except KafkaError as err:
-                failure = err
+            except (KafkaError, TimeoutError) as err:
+                failure: BaseException = err
             log.warning("Kafka append of %d event(s) failed (%s); resolving", len(events), failure)
             while True:
-                if time.monotonic() > deadline or self._closed:
-                    raise LogUnavailable(
-                        f"the Kafka event log did not accept the append within {self.append_timeout:g}s: {failure}"
-                    ) from failure
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                if self._closed or time.monotonic() > deadline:
+                    raise LogUnavailable(f"the Kafka event log did not take the append ({failure}); whether it "
+                                         "was written is not known until the broker answers") from failure
                 try:
-                    await self._drop_producer()  # its connections close: nothing more of it arrives
+                    await self._abandon_producer()
                     self._producer = await self._new_producer(None)
-                    found = await self._find(events, floor)
+                    found = await self._find(events, floor, await self._bound())
                     break
-                except KafkaError as err:
+                except (KafkaError, TimeoutError) as err:
                     failure = err
                     log.warning("Kafka still unavailable (%s); retrying", err)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
             if found is not None:
                 return found
 
@@ -383,15 +394,40 @@ class KafkaEventLog(EventLog):
         ((builder, count),) = pack_batches(producer, records)  # append() sized the group to fit one
         fut = await producer.send_batch(builder, self.order_topic, partition=0)
         fut.add_done_callback(retrieve_exception)
-        try:
-            # A request stuck on a vanished broker would wait for aiokafka's own timeouts;
-            # bounding it here lets the caller re-create the producer and resolve.
-            meta = await asyncio.wait_for(asyncio.shield(fut), self.produce_timeout)
-        except TimeoutError:
-            raise KafkaTimeoutError(f"append not acknowledged within {self.produce_timeout:g}s") from None
+        meta = await asyncio.wait_for(asyncio.shield(fut), self.append_timeout)
         base = meta.offset
         self._scan_from = max(self._scan_from, base + count)
         return [base + 1 + i for i in range(count)]
+
+    async def _abandon_producer(self) -> None:
+        """Stop the producer at once, batches undelivered or not: ``stop()`` would wait for
+        them, and a producer left running would deliver the failed batch behind the search
+        for it. aiokafka has no public way to do this (its sender task and client are private)."""
+        old, self._producer = self._producer, None
+        if old is None:
+            return
+        sender = getattr(old, "_sender", None)
+        task = getattr(sender, "sender_task", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        old._closed = True  # its stop() and __del__ would flush what the sender no longer sends
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(old.client.close(), 5)
+
+    async def _bound(self) -> int:
+        """Write a resolve bound with the new producer and return its offset. Acknowledged with
+        acks=all, it lies behind every record the broker appended before it, and those are
+        readable once it is: a batch of the abandoned producer that reached the leader but not
+        yet its followers is found below it, not written a second time."""
+        assert self._producer is not None
+        fut = await self._producer.send(self.order_topic, value=b"{}", partition=0,
+                                        headers=[(RESOLVE_HEADER, b"1")])
+        fut.add_done_callback(retrieve_exception)
+        meta = await asyncio.wait_for(asyncio.shield(fut), self.produce_timeout)
+        self._scan_from = max(self._scan_from, meta.offset + 1)
+        return int(meta.offset)
 
     async def _until_readable(self, last: dict[TopicPartition, int]) -> None:
         """Wait until every partition's last stable offset passed the given offsets.
@@ -435,17 +471,17 @@ class KafkaEventLog(EventLog):
             if still:
                 await asyncio.sleep(delay)
 
-    async def _find(self, events: list[Event], floor: int) -> list[int] | None:
-        """Positions of ``events`` if the failed Produce was written after all, else None.
-
-        Called after the producer was dropped (its connections closed). An append is one
-        record batch, all or nothing, so finding one event decides."""
+    async def _find(self, events: list[Event], floor: int, bound: int) -> list[int] | None:
+        """Positions of ``events`` if the failed Produce was written after all (between
+        ``floor`` and the resolve ``bound``), else None. An append is one record batch, all or
+        nothing, so finding one event decides."""
         wanted = {e.event_id: i for i, e in enumerate(events)}
         found: dict[int, int] = {}
         reader = await self._reader(self._order_tp)
         async with reader.lock:
-            _, end = await reader.bounds()
-            async for off, _, value, _ in reader.scan(floor, end):
+            async for off, _, value, headers in reader.scan(floor, bound):
+                if is_marker(headers):
+                    continue
                 i = wanted.get(decode_record(value, off + 1).event_id)  # never raises: another writer's record too
                 if i is not None:
                     found[i] = off + 1
@@ -477,7 +513,7 @@ class KafkaEventLog(EventLog):
             if not reverse:
                 out: list[Event] = []
                 async for off, _, value, headers in reader.scan(max(first, after), end):
-                    if is_epoch(headers):
+                    if is_marker(headers):
                         continue
                     out.append(decode_record(value, off + 1))
                     if limit is not None and len(out) >= limit:
@@ -489,7 +525,7 @@ class KafkaEventLog(EventLog):
             window = 2 * (limit or 500) + 16
             while upper > first and (limit is None or len(newest) < limit):
                 lower = max(first, upper - window)
-                chunk = [decode_record(v, off + 1) async for off, _, v, h in reader.scan(lower, upper) if not is_epoch(h)]
+                chunk = [decode_record(v, off + 1) async for off, _, v, h in reader.scan(lower, upper) if not is_marker(h)]
                 newest.extend(reversed(chunk))
                 upper, window = lower, window * 2
             return newest[:limit] if limit is not None else newest
@@ -572,7 +608,7 @@ class KafkaEventLog(EventLog):
                     await asyncio.sleep(0.5)
                     continue
                 for rec in batch.get(tp, []):
-                    if not is_epoch(rec.headers):
+                    if not is_marker(rec.headers):
                         yield decode_record(rec.value, rec.offset + 1)
         finally:
             with contextlib.suppress(Exception):

@@ -99,11 +99,14 @@ def decode_record(value: bytes, position: int) -> Event:
 
 
 EPOCH_HEADER = "epoch"
+RESOLVE_HEADER = "resolve"  # a bound written when resolving a failed append (eventlog.kafka)
 
 
-def is_epoch(headers: Any) -> bool:
-    """The epoch record (see the module's docstring) is no event: every reader skips it."""
-    return any(k == EPOCH_HEADER for k, _ in (headers.items() if isinstance(headers, dict) else headers or ()))
+def is_marker(headers: Any) -> bool:
+    """The epoch record and resolve bounds (see ``eventlog.kafka``) are no events: every
+    reader skips them."""
+    return any(k in (EPOCH_HEADER, RESOLVE_HEADER)
+               for k, _ in (headers.items() if isinstance(headers, dict) else headers or ()))
 
 
 class PartitionReader:

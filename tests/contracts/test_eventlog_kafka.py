@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaTimeoutError
 
 from hutch.api.composition import open_event_log
 from hutch.core import ids
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.events import Event, ExecutionStarted
 from hutch.eventlog.kafka import KafkaEventLog
+from hutch.eventlog.kafka_records import partition_for
 from tests.contracts.test_eventlog import ev
 from tests.services import drop_topics, kafka_url
 
@@ -119,7 +121,9 @@ async def test_a_dead_indexers_open_transaction_is_ended_by_the_next_writer(url:
     producer = await crash_indexer(dead)
     assert producer is not None
     await producer.begin_transaction()
-    await (await producer.send(dead.topic, b'{"never": "committed"}', key=b"sbx_a", partition=0))
+    # On the partition sbx_a's copies go to: the successor's must wait for this one to end.
+    await (await producer.send(dead.topic, b'{"never": "committed"}', key=b"sbx_a",
+                               partition=partition_for("sbx_a", dead.partitions)))
     # ... and the process dies here: nothing closes it.
     started = time.monotonic()
     successor = await opened(url, tmp_path)
@@ -209,5 +213,45 @@ async def test_an_append_larger_than_one_batch_is_refused_whole(url: str, tmp_pa
             await log.append(big)
         (p,) = await log.append([ev("sbx_a", 1)])
         assert [e.position for e in await log.read()] == [p]
+    finally:
+        await log.close()
+
+
+async def test_an_append_whose_answer_was_lost_is_found_not_written_twice(url: str, tmp_path: Path) -> None:
+    """The broker wrote the batch but the writer never heard: the append is resolved below a
+    bound written by a new producer, found, and acknowledged once. A batch that never reached
+    the broker is written again, once. Readers skip the bounds."""
+    log = await opened(url, tmp_path)
+    try:
+        real = log._write
+        calls = 0
+
+        async def answer_lost(events: list[Event]) -> list[int]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                await real(events)  # the broker wrote it...
+                raise KafkaTimeoutError("the answer was lost")  # ...and the writer never heard
+            return await real(events)
+
+        log._write = answer_lost  # type: ignore[method-assign]
+        positions = await log.append([ev("sbx_a", 1), ev("sbx_a", 2)])
+        assert calls == 1, "found, not written again"
+        assert [e.position for e in await log.read()] == positions
+
+        calls = 0
+
+        async def never_sent(events: list[Event]) -> list[int]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise KafkaTimeoutError("no broker")
+            return await real(events)
+
+        log._write = never_sent  # type: ignore[method-assign]
+        more = await log.append([ev("sbx_a", 3)])
+        assert calls == 2, "not found below the bound, so written again"
+        assert [e.position for e in await log.read()] == positions + more
+        assert [e.position for e in await log.read(sandbox_id="sbx_a")] == positions + more
     finally:
         await log.close()
