@@ -40,7 +40,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 from hutch.eventlog.kafka_records import (
     MAX_GROUP_EVENTS,
     PartitionReader,
-    is_epoch,
+    is_marker,
     pack_batches,
     partition_for,
     retrieve_exception,
@@ -89,9 +89,15 @@ async def last_progress(indexed: PartitionReader, keyed: Callable[[int], Awaitab
         reader = await keyed(partition)
         async with reader.lock:
             first, end = await reader.bounds()
-            async for off, _, _, headers in reader.scan(max(first, end - 2), end):
-                highest = max(highest, int(headers.get("position", b"0")))
-                copies[partition] = off
+            # Backwards until a record: the tail may be commit markers and aborted records
+            # (the transactional writers of old ran three at a time).
+            upper, window = end, 4
+            while upper > first and partition not in copies:
+                lower = max(first, upper - window)
+                async for off, _, _, headers in reader.scan(lower, upper):
+                    highest = max(highest, int(headers.get("position", b"0")))
+                    copies[partition] = off
+                upper, window = lower, window * 4
     return Progress(highest, copies)  # position p is order offset p - 1: the next to copy is offset p
 
 
@@ -118,8 +124,9 @@ class Indexer:
             except ProducerFenced:
                 log.info("event log %s: another server indexes now; standing by", self.topic)
                 await self._stand_by()
-            except (KafkaError, OSError) as err:
-                log.warning("event log %s: indexing failed (%s); again in %g s", self.topic, err, STANDBY_CHECK_SECONDS)
+            except Exception as err:  # Kafka away, or a bug: log it and lead again, never stop quietly
+                log.warning("event log %s: indexing failed (%s: %s); again in %g s", self.topic,
+                            type(err).__name__, err, STANDBY_CHECK_SECONDS)
                 await asyncio.sleep(STANDBY_CHECK_SECONDS)
             finally:
                 self.leading = False
@@ -161,7 +168,7 @@ class Indexer:
         Returns the order offset copied up to."""
         by_partition: dict[int, list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]] = {}
         for rec in records:
-            if is_epoch(rec.headers):
+            if is_marker(rec.headers):
                 continue
             key = rec.key or b""
             by_partition.setdefault(partition_for(key.decode(errors="replace"), self.partitions), []).append(
