@@ -194,8 +194,12 @@ async def test_a_read_only_log_refuses_appends_and_takes_no_producer(url: str, t
         assert [e.position for e in await reader.read()] == [p]
         with pytest.raises(LogUnavailable):
             await reader.append([ev("sbx_a", 2)])
-        (q,) = await writer.append([ev("sbx_a", 3)])  # the writer was not fenced by the reader
+        (q,) = await writer.append([ev("sbx_a", 3)])
         assert q > p
+        # It runs no indexer, so it never fences the writer's: the writer's goes on copying.
+        assert reader.indexer is None and writer.indexer is not None
+        await indexed(reader, {e.event_id for e in await reader.read()}, within=8)
+        assert writer.indexer.leading
     finally:
         await reader.close()
         await writer.close()
