@@ -89,6 +89,7 @@ from hutch.eventlog.kafka_records import (
     RECORD_OVERHEAD,
     RESOLVE_HEADER,
     PartitionReader,
+    Record,
     decode_record,
     id_millis,
     is_marker,
@@ -136,7 +137,7 @@ class KafkaEventLog(EventLog):
         self._making_reader = asyncio.Lock()
         self._order_tp = TopicPartition(self.order_topic, 0)
         self._indexed_tp = TopicPartition(self.indexed_topic, 0)
-        self._pending: list[tuple[Sequence[Event], int, asyncio.Future[list[int]]]] = []
+        self._pending: list[tuple[Sequence[Event], list[Record], int, asyncio.Future[list[int]]]] = []
         self._scan_from = 0  # no record of an unresolved append of ours lies below this offset
         self._closed = False
         self.indexer: Indexer | None = None
@@ -180,7 +181,7 @@ class KafkaEventLog(EventLog):
             raise LogUnavailable(f"cannot open the Kafka event log at {self.bootstrap}: {err}") from err
         if self.writer:
             self.indexer = Indexer(
-                bootstrap=self.bootstrap, topic=self.topic, order_topic=self.order_topic,
+                topic=self.topic, order_topic=self.order_topic,
                 indexed_topic=self.indexed_topic, partitions=self.partitions, progress=self._progress,
                 end=self._order_end, producer=self._new_producer, consumer=lambda: self._consumer(fetch_max_wait_ms=500))
             self._indexing = asyncio.create_task(self.indexer.run(), name="kafka-eventlog-indexer")
@@ -193,7 +194,7 @@ class KafkaEventLog(EventLog):
                 await self._indexing
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=self.append_timeout)
-        for fut in [f for _, _, f in self._pending]:
+        for fut in [f for *_, f in self._pending]:
             if not fut.done():
                 fut.set_exception(LogUnavailable("the Kafka event log closed before the append was written"))
         self._pending = []
@@ -308,12 +309,14 @@ class KafkaEventLog(EventLog):
             raise LogUnavailable("this Kafka event log was opened read-only")
         if self._closed:
             raise LogUnavailable("the Kafka event log is not started")
-        size = sum(len(record_bytes(e)) + len(e.sandbox_id) + RECORD_OVERHEAD for e in events)
+        # Encoded once, here: the size check and the Produce (and a resend) use the same bytes.
+        records: list[Record] = [(e.sandbox_id.encode(), record_bytes(e), ()) for e in events]
+        size = sum(len(key) + len(value) + RECORD_OVERHEAD for key, value, _ in records)
         if size > MAX_APPEND_BYTES:
             raise InvalidInput(f"an append of {len(events)} event(s) takes {size} bytes; "
                                f"at most {MAX_APPEND_BYTES} fit in one record batch")
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._pending.append((events, size, fut))
+        self._pending.append((events, records, size, fut))
         self._dispatch()
         return await fut
 
@@ -321,30 +324,30 @@ class KafkaEventLog(EventLog):
         """Send what is pending as one record batch, unless a Produce is on its way already."""
         if self._writing or not self._pending:
             return
-        group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]] = []
+        group: list[tuple[Sequence[Event], list[Record], asyncio.Future[list[int]]]] = []
         count = size = 0
         while self._pending and (not group or (count + len(self._pending[0][0]) <= MAX_GROUP_EVENTS
-                                               and size + self._pending[0][1] <= GROUP_BYTES)):
-            events, bytes_, fut = self._pending.pop(0)
-            group.append((events, fut))
+                                               and size + self._pending[0][2] <= GROUP_BYTES)):
+            events, records, bytes_, fut = self._pending.pop(0)
+            group.append((events, records, fut))
             count, size = count + len(events), size + bytes_
         self._writing = True
         task = asyncio.create_task(self._commit_group(group), name="kafka-eventlog-append")
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _commit_group(self, group: list[tuple[Sequence[Event], asyncio.Future[list[int]]]]) -> None:
-        flat = [e for evs, _ in group for e in evs]
+    async def _commit_group(self, group: list[tuple[Sequence[Event], list[Record], asyncio.Future[list[int]]]]) -> None:
         try:
-            positions = await self._write_resolving(flat)
+            positions = await self._write_resolving([e for evs, _, _ in group for e in evs],
+                                                    [r for _, recs, _ in group for r in recs])
         except Exception as err:
             error = err if isinstance(err, LogUnavailable) else LogUnavailable(f"event log append failed: {err}")
-            for _, fut in group:
+            for *_, fut in group:
                 if not fut.done():
                     fut.set_exception(error)
         else:
             i = 0
-            for evs, fut in group:
+            for evs, _, fut in group:
                 if not fut.done():
                     fut.set_result(positions[i : i + len(evs)])
                 i += len(evs)
@@ -353,7 +356,7 @@ class KafkaEventLog(EventLog):
             if not self._closed:
                 self._dispatch()
 
-    async def _write_resolving(self, events: list[Event]) -> list[int]:
+    async def _write_resolving(self, events: list[Event], records: list[Record]) -> list[int]:
         """Write as one batch. The idempotent producer retries a batch it could not deliver
         under its producer id and sequence number, so the broker keeps one copy however often
         it arrives: wait for it (up to ``append_timeout``: a broker restart delays appends).
@@ -364,7 +367,7 @@ class KafkaEventLog(EventLog):
         while True:
             floor = self._scan_from  # everything appended before this batch was sent lies below
             try:
-                return await self._write(events)
+                return await self._write(records)
             except (KafkaError, TimeoutError) as err:
                 failure: BaseException = err
             log.warning("Kafka append of %d event(s) failed (%s); resolving", len(events), failure)
@@ -385,12 +388,10 @@ class KafkaEventLog(EventLog):
             if found is not None:
                 return found
 
-    async def _write(self, events: list[Event]) -> list[int]:
+    async def _write(self, records: list[Record]) -> list[int]:
         producer = self._producer
         if producer is None:
             raise LogUnavailable("the Kafka event log is closed")
-        no_headers: tuple[tuple[str, bytes], ...] = ()
-        records = [(e.sandbox_id.encode(), record_bytes(e), no_headers) for e in events]
         ((builder, count),) = pack_batches(producer, records)  # append() sized the group to fit one
         fut = await producer.send_batch(builder, self.order_topic, partition=0)
         fut.add_done_callback(retrieve_exception)

@@ -40,6 +40,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 from hutch.eventlog.kafka_records import (
     MAX_GROUP_EVENTS,
     PartitionReader,
+    Record,
     is_marker,
     pack_batches,
     partition_for,
@@ -76,35 +77,26 @@ async def last_progress(indexed: PartitionReader, keyed: Callable[[int], Awaitab
     existed, when both topics were written in one transaction) has everything in its keyed
     topic up to the highest position there."""
     async with indexed.lock:
-        first, end = await indexed.bounds()
-        upper, window = end, 4  # the newest record sits just below the end, before a commit marker
-        while upper > first:
-            lower = max(first, upper - window)
-            found = [v async for _, _, v, _ in indexed.scan(lower, upper)]
-            if found:
-                return Progress.decode(found[-1])
-            upper, window = lower, window * 4
+        newest = await indexed.newest()  # before a commit marker, or aborted leaders' records
+    if newest:
+        return Progress.decode(newest[-1][2])
     highest, copies = 0, {}
     for partition in range(partitions):
         reader = await keyed(partition)
         async with reader.lock:
-            first, end = await reader.bounds()
-            # Backwards until a record: the tail may be commit markers and aborted records
-            # (the transactional writers of old ran three at a time).
-            upper, window = end, 4
-            while upper > first and partition not in copies:
-                lower = max(first, upper - window)
-                async for off, _, _, headers in reader.scan(lower, upper):
-                    highest = max(highest, int(headers.get("position", b"0")))
-                    copies[partition] = off
-                upper, window = lower, window * 4
+            # The old transactional writers ran three at a time: positions near a partition's
+            # end need not rise with offsets, so the highest of the newest window counts.
+            newest = await reader.newest()
+        if newest:
+            highest = max(highest, *(int(headers.get("position", b"0")) for *_, headers in newest))
+            copies[partition] = newest[-1][0]
     return Progress(highest, copies)  # position p is order offset p - 1: the next to copy is offset p
 
 
 class Indexer:
     """Copies the order topic into the keyed topic while it leads (see the module docstring)."""
 
-    def __init__(self, *, bootstrap: str, topic: str, order_topic: str, indexed_topic: str, partitions: int,
+    def __init__(self, *, topic: str, order_topic: str, indexed_topic: str, partitions: int,
                  progress: Callable[[], Awaitable[Progress]], end: Callable[[], Awaitable[int]],
                  producer: Callable[[str], Awaitable[AIOKafkaProducer]],
                  consumer: Callable[[], AIOKafkaConsumer]) -> None:
@@ -154,10 +146,10 @@ class Indexer:
                     # Paced: a transaction per copy costs four round trips and the CPU that
                     # a server's requests need, so what arrives meanwhile waits for one copy.
                     await asyncio.sleep(began + COPY_INTERVAL_SECONDS - loop.time())
-                elif await consumer.position(order) > done:
+                elif (ahead := await consumer.position(order)) > done:
                     # Only commit markers lay ahead (a log written before the index existed):
                     # say so, or a standby would take the end it can never reach for a stall.
-                    done = await self._copy(self.producer, [], keyed, upto=await consumer.position(order))
+                    done = await self._copy(self.producer, [], keyed, upto=ahead)
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
@@ -166,7 +158,7 @@ class Indexer:
                     *, upto: int | None = None) -> int:
         """One transaction: the records into their keyed partitions, then the progress.
         Returns the order offset copied up to."""
-        by_partition: dict[int, list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]] = {}
+        by_partition: dict[int, list[Record]] = {}
         for rec in records:
             if is_marker(rec.headers):
                 continue

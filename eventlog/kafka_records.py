@@ -73,9 +73,10 @@ def retrieve_exception(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-def pack_batches(
-    producer: AIOKafkaProducer, records: list[tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]]
-) -> list[tuple[Any, int]]:
+Record = tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]  # key, value, headers
+
+
+def pack_batches(producer: AIOKafkaProducer, records: list[Record]) -> list[tuple[Any, int]]:
     """Pack (key, value, headers) records into record batches; returns (batch, record count)."""
     out: list[tuple[Any, int]] = []
     builder, count = producer.create_batch(), 0
@@ -123,6 +124,19 @@ class PartitionReader:
         first = (await c.beginning_offsets([tp]))[tp]
         end = (await c.end_offsets([tp]))[tp]
         return first, end
+
+    async def newest(self) -> list[tuple[int, bytes | None, bytes, dict[str, bytes]]]:
+        """The newest committed records (at least one, unless there are none), looking back in
+        growing windows past commit markers and aborted records. The caller holds the lock."""
+        first, upper = await self.bounds()
+        window = 4
+        while upper > first:
+            lower = max(first, upper - window)
+            found = [rec async for rec in self.scan(lower, upper)]
+            if found:
+                return found
+            upper, window = lower, window * 4
+        return []
 
     async def scan(self, start: int, end: int) -> AsyncIterator[tuple[int, bytes | None, bytes, dict[str, bytes]]]:
         """(offset, key, value, headers) of committed records with start <= offset < end."""

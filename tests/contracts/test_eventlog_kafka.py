@@ -17,7 +17,7 @@ from hutch.core import ids
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.events import Event, ExecutionStarted
 from hutch.eventlog.kafka import KafkaEventLog
-from hutch.eventlog.kafka_records import partition_for
+from hutch.eventlog.kafka_records import Record, partition_for
 from tests.contracts.test_eventlog import ev
 from tests.services import drop_topics, kafka_url
 
@@ -230,13 +230,13 @@ async def test_an_append_whose_answer_was_lost_is_found_not_written_twice(url: s
         real = log._write
         calls = 0
 
-        async def answer_lost(events: list[Event]) -> list[int]:
+        async def answer_lost(records: list[Record]) -> list[int]:
             nonlocal calls
             calls += 1
             if calls == 1:
-                await real(events)  # the broker wrote it...
+                await real(records)  # the broker wrote it...
                 raise KafkaTimeoutError("the answer was lost")  # ...and the writer never heard
-            return await real(events)
+            return await real(records)
 
         log._write = answer_lost  # type: ignore[method-assign]
         positions = await log.append([ev("sbx_a", 1), ev("sbx_a", 2)])
@@ -245,12 +245,12 @@ async def test_an_append_whose_answer_was_lost_is_found_not_written_twice(url: s
 
         calls = 0
 
-        async def never_sent(events: list[Event]) -> list[int]:
+        async def never_sent(records: list[Record]) -> list[int]:
             nonlocal calls
             calls += 1
             if calls == 1:
                 raise KafkaTimeoutError("no broker")
-            return await real(events)
+            return await real(records)
 
         log._write = never_sent  # type: ignore[method-assign]
         more = await log.append([ev("sbx_a", 3)])
