@@ -26,6 +26,7 @@ from hutch.api.replication import (
     ON_LOST,
     REPLICATION,
     Replication,
+    name_the_replica,
     relayed_by_a_replica,
     replica_middleware,
 )
@@ -185,6 +186,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(openapi.routes)  # GET /openapi.json: every route above, described
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(proxy.session_ctx)
+    app.on_response_prepare.append(name_the_replica)
     return app
 
 

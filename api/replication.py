@@ -38,6 +38,7 @@ from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas
 log = logging.getLogger(__name__)
 
 FORWARDED = "X-Hutch-Forwarded-By"
+REPLICA_HEADER = "X-Hutch-Replica"
 FORWARD_TOKEN = "X-Hutch-Forwarded-Token"  # HMAC of the replica and the request under the shared secret
 _ENDING = ("lifecycle:failed", "lifecycle:terminated")
 # GET routes that read only the projection (shared by every replica): never forwarded.
@@ -70,10 +71,16 @@ class Replication:
         if self.lost:
             raise ReplicaUnavailable(f"sandbox {sandbox_id}: this replica ({self.replicas.me}) was taken over; "
                                      "use another", sandbox_id=sandbox_id)
-        if self.replicas.owns(sandbox_id):
+        current = self.replicas.current()
+        if self.replicas.owns(sandbox_id):  # remembered, and the lease is current
             return None
+        # Not known here, or after a stall (the lease may have lapsed and the sandbox moved):
+        # the store decides.
         owner = await self.replicas.owner(sandbox_id)
-        if owner is not None and owner.replica_id != self.replicas.me and not owner.alive:
+        if not current and owner is not None and owner.replica_id == self.replicas.me and not owner.alive:
+            raise ReplicaUnavailable(f"sandbox {sandbox_id}: this replica ({self.replicas.me}) missed its lease "
+                                     "renewals and may be taken over; try again", sandbox_id=sandbox_id)
+        if owner is not None and owner.replica_id != self.replicas.me and not owner.alive and current:
             await self.take_over()  # its replica is gone: ours now (or another survivor's)
             owner = await self.replicas.owner(sandbox_id)
         if owner is None or owner.replica_id == self.replicas.me:
@@ -247,6 +254,14 @@ def relayed_by_a_replica(request: web.Request) -> bool:
         return False
     wanted = forward_token(replication.engine, by, request.method, request.rel_url.raw_path_qs)
     return hmac.compare_digest(token, wanted)
+
+
+async def name_the_replica(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: which replica answered, for operators behind a balancer (a
+    relayed answer keeps the owner's name). Informational: a sandbox's port may set it too."""
+    replication = request.app.get(REPLICATION)
+    if replication is not None and replication.replicas.shared:
+        response.headers.setdefault(REPLICA_HEADER, replication.replicas.me)
 
 
 REPLICATION: web.AppKey[Replication] = web.AppKey("replication", Replication)

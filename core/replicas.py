@@ -26,6 +26,7 @@ import attrs
 
 LEASE_SECONDS = 10.0
 RENEW_SECONDS = 2.0
+CURRENT_MARGIN = 0.2  # of a lease: how much sooner than the database a replica doubts its own
 
 
 @attrs.frozen
@@ -94,7 +95,15 @@ class Replicas(abc.ABC):
         """Take over every replica whose lease ran out; what was claimed (possibly nothing)."""
 
     def owns(self, sandbox_id: str) -> bool:
-        """Known here to be ours (no round trip): created or taken over by this replica."""
+        """Known here to be ours (no round trip): created or taken over by this replica, and
+        its lease is ``current`` (after a stall, ``owner`` asks the store)."""
+        return True
+
+    def current(self) -> bool:
+        """This replica's lease is surely still held: its last renewal began less than a lease
+        ago, less a margin for the database's clock. False after a stall (a frozen process, a
+        starved loop): another replica may have taken its sandboxes over meanwhile, and what
+        ``owns`` remembers is not to be trusted until a renewal says so."""
         return True
 
     async def live_count(self) -> int:

@@ -16,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
 
 from hutch.core.errors import ReplicaUnavailable
-from hutch.core.replicas import LEASE_SECONDS, Claimed, Handle, Owner, Replicas
+from hutch.core.replicas import CURRENT_MARGIN, LEASE_SECONDS, Claimed, Handle, Owner, Replicas
 from hutch.projections.pgpool import UNAVAILABLE, Pool
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class PostgresReplicas(Replicas):
         self.lease_seconds = lease_seconds
         self._pg = Pool(dsn, what="replica registry", unavailable=ReplicaUnavailable, min_size=1, max_size=4)
         self._mine: set[str] = set()  # owned here: no query (a replica claimed away exits)
+        self._held_until = 0.0  # monotonic: the lease is surely ours until then (``current``)
         self._locks = Pool(dsn, what="replica locks", unavailable=ReplicaUnavailable, min_size=0, max_size=8)
 
     @property
@@ -70,10 +72,12 @@ class PostgresReplicas(Replicas):
     async def start(self) -> None:
         await self._pg.start()
         await self._locks.start()
+        began = time.monotonic()
         async with self._pg.conn() as conn:
             await conn.execute(_REGISTER, self.me, self.url, self.lease_seconds)
             rows = await conn.fetch("SELECT sandbox_id FROM hutch_sandbox_owners WHERE replica_id = $1", self.me)
         self._mine = {r["sandbox_id"] for r in rows}
+        self._hold_from(began)
 
     async def close(self) -> None:
         """Stopped on purpose: the lease ends now, so a survivor takes the sandboxes over at once."""
@@ -144,7 +148,7 @@ class PostgresReplicas(Replicas):
         return [json.loads(r["handle"]) for r in rows]
 
     async def owner(self, sandbox_id: str) -> Owner | None:
-        if sandbox_id in self._mine:
+        if self.owns(sandbox_id):
             return Owner(self.me, self.url, True)
         async with self._pg.conn() as conn:
             row = await conn.fetchrow(_OWNER, sandbox_id)
@@ -163,12 +167,25 @@ class PostgresReplicas(Replicas):
                                sandbox_id, self.me)
 
     def owns(self, sandbox_id: str) -> bool:
-        return sandbox_id in self._mine
+        # Remembered only while the lease is current: after a stall the store decides.
+        return sandbox_id in self._mine and self.current()
 
     async def renew(self) -> bool:
+        began = time.monotonic()
         async with self._pg.conn() as conn:
             status = await conn.execute(_RENEW, self.me, self.lease_seconds)
-        return status.endswith(" 1")
+        if not status.endswith(" 1"):
+            self._held_until = 0.0
+            return False
+        self._hold_from(began)
+        return True
+
+    def _hold_from(self, began: float) -> None:
+        # The database set the expiry at its now() + lease, which came after ``began``.
+        self._held_until = began + self.lease_seconds * (1 - CURRENT_MARGIN)
+
+    def current(self) -> bool:
+        return time.monotonic() < self._held_until
 
     async def claim_dead(self) -> list[Claimed]:
         async with self._pg.conn() as conn:

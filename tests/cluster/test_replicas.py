@@ -8,6 +8,9 @@ working, and the killed replica coming back takes nothing back."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +23,7 @@ import aiohttp
 import pytest
 
 from hutch import SyncSandboxClient
+from hutch.core.replicas import LEASE_SECONDS, RENEW_SECONDS
 from tests.cluster.conftest import Cluster
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 from tests.system.server import KEY, Server
@@ -51,14 +55,27 @@ def pair(cluster: Cluster, tmp_path: Path) -> Iterator[Pair]:
         yield Pair(*servers)
     finally:
         try:
-            live = [s for s in servers if s.proc is not None and s.proc.poll() is None]
-            for sb in live[0].data("GET", "/sandbox?limit=100").get("sandboxes", []) if live else []:
-                live[0].call("DELETE", f"/sandbox/{sb['sandboxId']}", timeout=60)
+            destroy_all(servers)
         finally:
             for srv in servers:
                 srv.stop()
             asyncio.run(drop_database(database))
             asyncio.run(drop_topics(log))
+
+
+def destroy_all(servers: list[Server]) -> None:
+    """Through a replica still serving (one may be dead, or exiting after it was claimed):
+    nothing the test made outlives it."""
+    for srv in servers:
+        if srv.proc is None or srv.proc.poll() is not None:
+            continue
+        try:
+            sandboxes = srv.data("GET", "/sandbox?limit=100").get("sandboxes", [])
+        except (urllib.error.URLError, ConnectionError):
+            continue
+        for sb in sandboxes:
+            srv.call("DELETE", f"/sandbox/{sb['sandboxId']}", timeout=60)
+        return
 
 
 def run(server: Server, sid: str, command: list[str]) -> dict[str, Any]:
@@ -210,3 +227,39 @@ def test_a_sandbox_quota_holds_across_replicas(pair: Pair) -> None:
     assert len(made) == limit, answers
     assert all(body["code"] == "QUOTA_EXCEEDED" for body in refused), refused
     assert pair.b.data("GET", "/orgs/org_quota")["usage"]["sandboxes"] == limit
+
+
+def test_a_replica_back_from_a_stall_serves_nothing_it_lost(pair: Pair) -> None:
+    """A frozen replica (SIGSTOP past its lease) is taken over; thawed, it must not act on the
+    sandboxes it still remembers as its own before its next renewal tells it it lost them:
+    its lease is not current, so it asks the store, and relays to the new owner."""
+    sid = pair.a.data("POST", "/sandbox", {"runtime": "base:latest"}, timeout=300)["sandboxId"]
+    assert execute_through(pair.a, sid)[1] == "replica-a"
+    assert pair.a.proc is not None
+    os.kill(pair.a.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(LEASE_SECONDS + 3 * RENEW_SECONDS)  # the lease runs out; B claims A's sandboxes
+    finally:
+        os.kill(pair.a.proc.pid, signal.SIGCONT)
+    try:
+        status, served_by = execute_through(pair.a, sid)
+    except (urllib.error.URLError, ConnectionError):  # A found itself claimed and went first
+        status, served_by = 0, None
+    # A may refuse (503: it learnt it was claimed, or its lease lapsed) or relay to B; it must
+    # not run the command itself.
+    assert status in (0, 200, 503), (status, served_by)
+    assert not (status == 200 and served_by == "replica-a"), "the thawed replica acted on a sandbox B owns"
+    print(f"thawed replica-a answered {status} from {served_by}")
+    assert execute_through(pair.b, sid) == (200, "replica-b")
+
+
+def execute_through(server: Server, sid: str) -> tuple[int, str | None]:
+    """POST execute of `true`; the status and which replica answered (X-Hutch-Replica)."""
+    req = urllib.request.Request(f"{server.url}/sandbox/{sid}/execute", data=json.dumps({"command": ["true"]}).encode(),
+                                 method="POST", headers={"Authorization": f"Bearer {KEY}",
+                                                         "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.headers.get("X-Hutch-Replica")
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("X-Hutch-Replica")

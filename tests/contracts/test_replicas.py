@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from hutch.core.replicas import Owner, Replicas, SoleReplica
+from hutch.core.replicas import CURRENT_MARGIN, Owner, Replicas, SoleReplica
 from hutch.projections.replicas import PostgresReplicas
 from tests.services import drop_database, fresh_database
 
@@ -194,3 +194,28 @@ async def test_live_replicas_are_counted_until_they_close_or_lapse(pg: Callable[
     await asyncio.sleep(LEASE + 0.3)  # b stops renewing
     assert await a.renew() is True
     assert await a.live_count() == 1
+
+
+async def test_a_replica_that_stops_renewing_doubts_its_lease_before_the_store_does(
+        database: str, started: list[Replicas]) -> None:
+    """A stalled replica must not go on trusting what it owns: ``current`` turns False a margin
+    before the database would let another replica claim it (api/replication.py then asks the
+    store who owns a sandbox instead of serving it)."""
+    lease = 2.0
+    a = PostgresReplicas(database, me="a", url="http://a", lease_seconds=lease)
+    await a.start()
+    started.append(a)
+    assert a.current() and SoleReplica().current()
+    await asyncio.sleep(lease * (1 - CURRENT_MARGIN) + 0.1)  # no renewal: a stall
+    assert not a.current()
+    found = await a.address("a")
+    assert found is not None and found.alive  # the store still holds it: doubted first
+    assert await a.renew() is True and a.current()
+
+
+async def test_a_claimed_replica_is_not_current(pg: Callable[..., PostgresReplicas]) -> None:
+    a, b = await pg("a"), await pg("b")
+    await asyncio.sleep(LEASE + 0.2)
+    assert await b.renew() is True
+    assert [c.dead_replica for c in await b.claim_dead()] == ["a"]
+    assert await a.renew() is False and not a.current()
