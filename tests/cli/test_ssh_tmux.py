@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.leftovers import destroy_every_sandbox
+
 KEY = "tmux-test-key"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,8 +50,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(30)
+        try:
+            destroy_every_sandbox(url, KEY)
+        finally:
+            proc.terminate()
+            proc.wait(30)
 
 
 def _api(url: str, method: str, path: str, body: dict | None = None) -> dict:

@@ -85,7 +85,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path, profile_flags: list[s
         _wait_ready(proc, url, key, log)
         yield url, key
     finally:
-        _stop(proc)
+        _stop(proc, url, key)
 
 
 def test_agentuity_cli_sandbox_commands_against_hutch(server: tuple[str, str], tmp_path: Path) -> None:

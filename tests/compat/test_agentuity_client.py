@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.leftovers import destroy_every_sandbox
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
 pytestmark = pytest.mark.compat
@@ -89,7 +90,16 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, key: str, log: Path) ->
     )
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], url: str, key: str) -> None:
+    """Stop the server, after destroying what the test made (tests/leftovers.py)."""
+    if proc.poll() is None:
+        try:
+            destroy_every_sandbox(url, key)
+        finally:
+            _terminate(proc)
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -239,4 +249,4 @@ def _serve_and_check(tmp_path: Path, flags: list[str], server_env: dict[str, str
         last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
         assert last.endswith(" passed, 0 failed"), f"unexpected summary line: {last!r}"
     finally:
-        _stop(proc)
+        _stop(proc, url, key)

@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.leftovers import destroy_every_sandbox
+
 KEY = "system-test-key"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +75,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def destroy_every_sandbox(self) -> None:
+        """Before a last ``stop``: what the test made does not outlive it (tests/leftovers.py)."""
+        destroy_every_sandbox(self.url, KEY)
 
     def call(self, method: str, path: str, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None

@@ -300,5 +300,6 @@ def test_sandboxes_no_event_owns_are_destroyed_at_start(tmp_path: Path) -> None:
         # The new log works as any other.
         fresh = server.data("POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
         assert server.data("GET", f"/sandbox/{fresh}")["status"] in ("idle", "creating")
+        server.destroy_every_sandbox()
     finally:
         server.stop()

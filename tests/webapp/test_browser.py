@@ -46,7 +46,7 @@ def server(tmp_path: Path, profile_flags: list[str]) -> Iterator[tuple[str, str]
         _wait_ready(proc, url, key, log)
         yield url, key
     finally:
-        _stop(proc)
+        _stop(proc, url, key)
 
 
 @pytest.fixture
