@@ -68,6 +68,12 @@ class Replication:
 
     async def target(self, request: web.Request, sandbox_id: str) -> str | None:
         """The owner's URL if another live replica owns the sandbox; None: serve it here."""
+        return await self.owner_url(sandbox_id, relayed=bool(request.headers.get(FORWARDED)))
+
+    async def owner_url(self, sandbox_id: str, *, relayed: bool) -> str | None:
+        """The owner's URL if another live replica owns the sandbox; None: serve it here.
+        ``relayed``: another replica sent it here as the owner; if it moved meanwhile, "try
+        again" rather than a second hop."""
         if self.lost:
             raise ReplicaUnavailable(f"sandbox {sandbox_id}: this replica ({self.replicas.me}) was taken over; "
                                      "use another", sandbox_id=sandbox_id)
@@ -88,7 +94,7 @@ class Replication:
         if not owner.alive:
             raise ReplicaUnavailable(f"sandbox {sandbox_id}: replica {owner.replica_id} owning it is gone and "
                                      "another is taking it over; try again", sandbox_id=sandbox_id)
-        if request.headers.get(FORWARDED):
+        if relayed:
             raise ReplicaUnavailable(f"sandbox {sandbox_id} moved to replica {owner.replica_id}; try again",
                                      sandbox_id=sandbox_id)
         return owner.url

@@ -61,12 +61,12 @@ _ROOT = SFTPAttrs(type=asyncssh.FILEXFER_TYPE_DIRECTORY, size=0, permissions=sta
 
 
 class SandboxSftp(asyncssh.SFTPServer):
-    """One SFTP session in the sandbox the login named (the connection's user name)."""
+    """One SFTP session in the sandbox the login named (api/ssh_gateway.py: ``hutch_sandbox``)."""
 
     def __init__(self, chan: asyncssh.SSHServerChannel[bytes], engine: Engine) -> None:
         super().__init__(chan)
         self.engine = engine
-        self.sandbox_id: str = chan.get_extra_info("username")
+        self.sandbox_id: str = chan.get_extra_info("hutch_sandbox")  # a relay's user name is not it
         self.principal = chan.get_extra_info("hutch_principal")
 
     # ------------------------------------------------------------ plumbing

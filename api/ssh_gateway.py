@@ -9,22 +9,27 @@ The user name is the sandbox id; the key must be registered for the sandbox's or
 (``/ssh-keys``, core/tenancy.py). An unknown sandbox, another organization's sandbox and an
 unregistered key are refused alike, before any session: nothing is revealed. The host key
 is made once and kept in the data dir.
+
+With several replicas, a session for a sandbox another replica owns is relayed to that
+replica's gateway (api/ssh_relay.py), as HTTP requests are (api/replication.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import asyncssh
 
 from hutch.api import sandbox_streams
 from hutch.api.output import StreamOptions
 from hutch.api.sftp import SandboxSftp
+from hutch.api.ssh_relay import RELAY_USER, OwnerGateways, RelayPasses, relay
 from hutch.api.terminals import ActiveTerminal, TerminalOptions, open_terminal
 from hutch.api.wire import ExecuteRequest
 from hutch.core.errors import HutchError
@@ -32,6 +37,7 @@ from hutch.core.events import ACTOR
 from hutch.core.tenancy import SCOPE, Principal, Role, Scope
 
 if TYPE_CHECKING:
+    from hutch.api.replication import Replication
     from hutch.api.service import Engine
     from hutch.api.tenancy import Tenants
 
@@ -64,29 +70,63 @@ def host_key(data_dir: Path) -> asyncssh.SSHKey:
 
 
 class SshGateway:
-    def __init__(self, engine: Engine, tenants: Tenants, data_dir: Path) -> None:
+    def __init__(self, engine: Engine, tenants: Tenants, data_dir: Path,
+                 replication: Replication | None = None) -> None:
         self.engine = engine
         self.tenants = tenants
         self.data_dir = data_dir
         self.port: int | None = None
         self._server: asyncssh.SSHAcceptor | None = None
+        self.replication = replication if replication is not None and replication.replicas.shared else None
+        self.passes = RelayPasses(engine.streams.sign)
+        self.gateways = OwnerGateways()
 
     async def start(self, host: str, port: int) -> None:
+        # Sessions are made per connection (``_Auth.session_requested``): one served here,
+        # or one relayed whole to the owning replica.
         self._server = await asyncssh.listen(
             host, port, server_host_keys=[host_key(self.data_dir)], server_factory=lambda: _Auth(self),
-            process_factory=self._session, sftp_factory=lambda chan: SandboxSftp(chan, self.engine),
-            allow_scp=True, encoding=None, line_editor=False, agent_forwarding=False,
-            x11_forwarding=False, allow_pty=True)
+            encoding=None, line_editor=False, agent_forwarding=False, x11_forwarding=False, allow_pty=True)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def owner(self, sandbox_id: str, *, relayed: bool) -> str | None:
+        """The URL of the replica owning the sandbox if not this one (None: served here)."""
+        if self.replication is None:
+            return None
+        return await self.replication.owner_url(sandbox_id, relayed=relayed)
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
 
+    def session(self, conn: asyncssh.SSHServerConnection) -> asyncssh.SSHServerProcess[bytes]:
+        if conn.get_extra_info("hutch_refusal") is not None:
+            return _WholeSession(self._refused)
+        if conn.get_extra_info("hutch_owner") is not None:
+            return _WholeSession(self._relayed)
+        return asyncssh.SSHServerProcess(
+            self._session, lambda chan: SandboxSftp(cast("asyncssh.SSHServerChannel[bytes]", chan), self.engine),
+            asyncssh.sftp.MIN_SFTP_VERSION, allow_scp=True)
+
+    async def _refused(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        """A known key and sandbox, but no replica can serve it now: say why (not a bare
+        "permission denied", which would send the user looking at their keys)."""
+        process.stderr.write(f"hutch: {process.get_extra_info('hutch_refusal')}\r\n".encode())
+        with contextlib.suppress(Exception):
+            process.exit(_EXIT_FAILED)
+
+    async def _relayed(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        principal: Principal = process.get_extra_info("hutch_principal")
+        sandbox_id: str = process.get_extra_info("hutch_sandbox")
+        code = await relay(process, url=process.get_extra_info("hutch_owner"), sandbox_id=sandbox_id,
+                           password=self.passes.make(sandbox_id, principal), gateways=self.gateways)
+        with contextlib.suppress(Exception):
+            process.exit(code)
+
     async def _session(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         principal: Principal = process.get_extra_info("hutch_principal")
-        sandbox_id = process.get_extra_info("username")
+        sandbox_id: str = process.get_extra_info("hutch_sandbox")
         code = _EXIT_FAILED
         with acting(principal):
             try:
@@ -147,24 +187,54 @@ class SshGateway:
         return final.exit_code if final.exit_code is not None else _EXIT_FAILED
 
 
+class _WholeSession(asyncssh.SSHServerProcess[bytes]):
+    """A session relayed whole to the owning replica: its sftp and scp too, so they are not
+    served here (no SFTP server of our own; every subsystem goes to the process)."""
+
+    def __init__(self, process_factory: Any) -> None:
+        super().__init__(process_factory, None, asyncssh.sftp.MIN_SFTP_VERSION, False)
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return subsystem == "sftp"
+
+    def session_started(self) -> None:
+        # asyncssh's own would run an SFTP server for the sftp subsystem; here the process
+        # factory gets every session (the else branch of SSHServerStreamSession.session_started;
+        # ``_chan``, ``_conn`` and ``_session_factory`` are asyncssh privates).
+        chan, conn = self._chan, self._conn
+        assert chan is not None and conn is not None and self._session_factory is not None
+        stdin = asyncssh.SSHReader[bytes](self, chan)
+        handler = self._session_factory(stdin, asyncssh.SSHWriter[bytes](self, chan),
+                                        asyncssh.SSHWriter[bytes](self, chan, asyncssh.EXTENDED_DATA_STDERR))
+        if inspect.isawaitable(handler):
+            conn.create_task(handler, stdin.logger)
+
+
 class _Auth(asyncssh.SSHServer):
-    """Public keys only; the key must open the sandbox named as the user."""
+    """Public keys only; the key must open the sandbox named as the user. Another replica
+    relaying a session here (user ``replica-relay.<sandbox>``) shows a relay pass instead."""
 
     def __init__(self, gateway: SshGateway) -> None:
         self.gateway = gateway
         self._conn: asyncssh.SSHServerConnection | None = None
+        self._relay = False
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
 
     def begin_auth(self, username: str) -> bool:
+        self._relay = username.startswith(RELAY_USER)
         return True
 
     def password_auth_supported(self) -> bool:
-        return False
+        return self._relay  # a person is never asked for a password
 
     def public_key_auth_supported(self) -> bool:
-        return True
+        return not self._relay
+
+    def session_requested(self) -> asyncssh.SSHServerProcess[bytes]:
+        assert self._conn is not None
+        return self.gateway.session(self._conn)
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         record = self.gateway.tenants.directory.ssh_key_for(key.get_fingerprint("sha256"))
@@ -172,13 +242,27 @@ class _Auth(asyncssh.SSHServer):
             return False
         principal = Principal(key_id=record.added_by or record.ssh_key_id, org_id=record.org_id,
                               role=Role.MEMBER, projects=record.projects)
+        return await self._admit(username, principal, relayed=False)
+
+    async def validate_password(self, username: str, password: str) -> bool:
+        sandbox_id = username.removeprefix(RELAY_USER)
+        principal = self.gateway.passes.check(sandbox_id, password) if self._relay else None
+        return principal is not None and await self._admit(sandbox_id, principal, relayed=True)
+
+    async def _admit(self, sandbox_id: str, principal: Principal, *, relayed: bool) -> bool:
         with acting(principal):
             try:
-                await self.gateway.engine.get(username)
+                await self.gateway.engine.get(sandbox_id)
             except HutchError:
                 return False  # unknown, gone or another organization's: the same refusal
+            owner, refusal = None, None
+            try:
+                owner = await self.gateway.owner(sandbox_id, relayed=relayed)
+            except HutchError as err:  # its replica is being taken over; a relay that found it moved
+                refusal = err.message
         assert self._conn is not None
-        self._conn.set_extra_info(hutch_principal=principal)
+        self._conn.set_extra_info(hutch_principal=principal, hutch_sandbox=sandbox_id, hutch_owner=owner,
+                                  hutch_refusal=refusal)
         return True
 
 

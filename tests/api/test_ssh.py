@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import os
 import stat
+import time
 from pathlib import Path
 
 import asyncssh
@@ -13,6 +14,8 @@ import pytest
 
 from hutch.api.keys import SSH_GATEWAY
 from hutch.api.sftp import SandboxSftp
+from hutch.api.ssh_relay import PASS_SECONDS, RELAY_USER, RelayPasses
+from hutch.core.tenancy import Principal, Role
 from tests.api.conftest import Api, AppFactory
 
 
@@ -135,6 +138,36 @@ async def test_refusals_reveal_nothing(gateway: Gateway) -> None:
     await gw.api.call("DELETE", f"/ssh-keys/{record['id']}")
     assert (await gw.ssh(registered, sid, "true"))[0] == 255  # removed: refused at once
     assert record["id"] not in [k["id"] for k in (await gw.api.data("GET", "/ssh-keys"))["sshKeys"]]
+
+
+async def test_a_relay_pass_opens_only_the_sandbox_it_names_and_only_briefly(gateway: Gateway) -> None:
+    """Replicas relay sessions with a signed pass (api/ssh_relay.py) instead of the user's key.
+    A forged, expired or other-sandbox pass is refused; a person is never offered a password."""
+    gw = gateway
+    sid, other = await _sandbox(gw.api), await _sandbox(gw.api)
+    ssh_gateway = gw.api.client.server.app[SSH_GATEWAY]
+    passes: RelayPasses = ssh_gateway.passes  # type: ignore[attr-defined]
+    me = Principal(key_id="key_relay", org_id="org_local", role=Role.MEMBER)
+
+    async def run_as(user: str, password: str) -> int | None:
+        async with asyncssh.connect("127.0.0.1", gw.port, username=user, password=password, known_hosts=None,
+                                    client_keys=None, agent_path=None, preferred_auth="password") as conn:
+            return (await conn.run("echo relayed", check=False)).exit_status
+
+    assert await run_as(RELAY_USER + sid, passes.make(sid, me)) == 0  # served here: no other replica
+    good = passes.make(sid, me)
+    refused = [
+        RELAY_USER + sid + ":" + good.rpartition(".")[0] + ".0000",  # forged signature
+        RELAY_USER + other + ":" + good,  # a pass for another sandbox
+        RELAY_USER + sid + ":" + passes.make(sid, me, now=time.time() - 2 * PASS_SECONDS),  # expired
+        sid + ":" + good,  # a person's user name: public keys only
+    ]
+    for attempt in refused:
+        user, _, password = attempt.partition(":")
+        with pytest.raises(asyncssh.PermissionDenied):
+            await run_as(user, password)
+    mac = good.rpartition(".")[2]
+    assert passes.check(sid, "e30." + mac) is None and passes.check(sid, "no-dot") is None
 
 
 async def test_the_host_key_is_made_once_and_kept(gateway: Gateway, make_api: AppFactory, data_dir: Path) -> None:

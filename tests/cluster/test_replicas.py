@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -48,7 +49,7 @@ def pair(cluster: Cluster, tmp_path: Path) -> Iterator[Pair]:
         (tmp_path / name).mkdir()
         servers.append(Server(tmp_path / name, driver="nomad", HUTCH_NOMAD_ADDR=cluster.addr,
                               HUTCH_NOMAD_REGISTRY=cluster.registry, HUTCH_EVENT_LOG=log, HUTCH_STORE=url,
-                              HUTCH_NOMAD_POOL="off", HUTCH_REPLICA_ID=f"replica-{name}"))
+                              HUTCH_NOMAD_POOL="off", HUTCH_REPLICA_ID=f"replica-{name}", HUTCH_SSH_PORT="0"))
     try:
         for srv in servers:
             srv.start(timeout=120)
@@ -263,3 +264,42 @@ def execute_through(server: Server, sid: str) -> tuple[int, str | None]:
             return resp.status, resp.headers.get("X-Hutch-Replica")
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("X-Hutch-Replica")
+
+
+def test_ssh_through_one_replica_reaches_a_sandbox_the_other_owns(pair: Pair, tmp_path: Path) -> None:
+    """OpenSSH's own ssh, scp and sftp through replica A's gateway, into a sandbox B owns:
+    relayed to B's gateway whole (api/ssh_relay.py), as HTTP requests are."""
+    sid = pair.b.data("POST", "/sandbox", {"runtime": "base:latest"}, timeout=300)["sandboxId"]
+    key = tmp_path / "id_relay"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    pair.a.data("POST", "/ssh-keys", {"publicKey": key.with_suffix(".pub").read_text()})
+    port = pair.a.data("GET", "/healthz")["ssh"]["port"]
+    opts = ["-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", f"UserKnownHostsFile={tmp_path / 'known_hosts'}", "-o", "LogLevel=ERROR"]
+
+    def ssh(*argv: str, stdin: bytes = b"", tty: bool = False) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["ssh", *opts, "-tt" if tty else "-T", "-p", str(port), f"{sid}@127.0.0.1", *argv],
+                              input=stdin, capture_output=True, timeout=120)
+
+    done = ssh("echo out; echo err >&2; cat; exit 7", stdin=b"piped in\n")
+    assert (done.returncode, done.stdout, done.stderr) == (7, b"out\npiped in\n", b"err\n"), done
+    shell = ssh(tty=True, stdin=b"echo sum-$((2+3)); tty\nexit 4\n")  # a login shell on a terminal
+    assert shell.returncode == 4 and b"sum-5" in shell.stdout and b"/dev/pts/" in shell.stdout, shell
+    payload = os.urandom(200_000)
+    (tmp_path / "up.bin").write_bytes(payload)
+    scp = ["scp", *opts, "-P", str(port)]
+    up = subprocess.run([*scp, str(tmp_path / "up.bin"), f"{sid}@127.0.0.1:up.bin"], capture_output=True, timeout=120)
+    assert up.returncode == 0, up
+    back = subprocess.run([*scp, f"{sid}@127.0.0.1:up.bin", str(tmp_path / "down.bin")], capture_output=True,
+                          timeout=120)
+    assert back.returncode == 0 and (tmp_path / "down.bin").read_bytes() == payload, back
+    (tmp_path / "batch").write_text("mkdir made\nput " + str(tmp_path / "up.bin") + " made/again.bin\nls made\n")
+    sftp = subprocess.run(["sftp", *opts, "-P", str(port), "-b", str(tmp_path / "batch"), f"{sid}@127.0.0.1"],
+                          capture_output=True, timeout=120)
+    assert sftp.returncode == 0 and b"again.bin" in sftp.stdout, sftp
+    with SyncSandboxClient(pair.b.url, KEY) as client:  # the files landed in B's sandbox
+        assert client.connect(sid).read_bytes("made/again.bin") == payload
+    # Served by B: every session came to B's gateway as a relay, none was run by A itself.
+    relayed = pair.b.log.read_text().count(f"Auth for user replica-relay.{sid} succeeded")
+    assert relayed == 5, relayed  # ssh, ssh -tt, scp up, scp down, sftp
+    assert f"Auth for user {sid} succeeded" not in pair.b.log.read_text()
