@@ -28,8 +28,9 @@ from aiohttp.typedefs import Handler
 
 from hutch.api.routes import proxy
 from hutch.api.routes.streams import STDIN_TOKEN
+from hutch.api.sandbox_streams import is_sandbox_stream
 from hutch.api.service import Engine
-from hutch.core.errors import InvalidInput, ReplicaUnavailable
+from hutch.core.errors import DriverFailure, InvalidInput, ReplicaUnavailable
 from hutch.core.events import Event
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
@@ -48,6 +49,8 @@ _LOCAL_READS = frozenset({
     "/sandbox/sandboxes/{sandbox_id}/history", "/sandbox/sandboxes/{sandbox_id}/jobs",
     "/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}", "/sandbox/checkpoints/{sandbox_id}",
 })
+# GET routes whose reader waits for a command (api/watchers.py): sent to the replica running it.
+_WAITERS = frozenset({"/sandbox/execution/{execution_id}", "/streams/{stream_id}"})
 
 
 class Replication:
@@ -101,8 +104,15 @@ class Replication:
 
     async def forward(self, request: web.Request, sandbox_id: str) -> web.StreamResponse | None:
         """The owner's answer, relayed; None if the request is to be served here."""
-        url = await self.target(request, sandbox_id)
-        return None if url is None else await self.relay(request, url)
+        try:
+            url = await self.target(request, sandbox_id)
+            return None if url is None else await self.relay(request, url)
+        except (ReplicaUnavailable, DriverFailure) as err:
+            if not _waiter(request):
+                raise
+            # The projection here answers a waiter as well; only its leaving counts for less.
+            log.info("replica %s: a waiter of sandbox %s is served here: %s", self.replicas.me, sandbox_id, err)
+            return None
 
     async def forward_upload(self, request: web.Request) -> web.StreamResponse | None:
         """``PUT /streams/{id}`` of a stdin stream another replica holds: relayed there."""
@@ -135,6 +145,8 @@ class Replication:
     async def sandbox_of(self, request: web.Request) -> str | None:
         info = request.match_info
         resource = info.route.resource
+        if _waiter(request):
+            return await self._waited_on(request)
         if request.method == "GET" and resource is not None and resource.canonical in _LOCAL_READS:
             return None
         if "sandbox_id" in info:
@@ -143,6 +155,20 @@ class Replication:
             found = await self.engine.store.get_execution(info["execution_id"])
             return found.sandbox_id if found is not None else None
         return None
+
+    async def _waited_on(self, request: web.Request) -> str | None:
+        """A long-poll for a running command, or a read of its output, is one of its waiters
+        (api/watchers.py): served by the replica that runs it, so that its waiters all leaving
+        cancels it wherever they came in. Once the command ended, any replica answers."""
+        info = request.match_info
+        if "execution_id" in info:
+            execution_id = info["execution_id"] if request.query.get("wait") else None
+        else:
+            execution_id = self.engine.streams.execution_of(info.get("stream_id", ""))
+        if execution_id is None or is_sandbox_stream(execution_id) or self.engine.executions.running(execution_id):
+            return None  # not a command's waiter, or one this replica runs: no store read
+        found = await self.engine.store.get_execution(execution_id)
+        return found.sandbox_id if found is not None and not found.status.is_final else None
 
     async def relay(self, request: web.Request, url: str) -> web.StreamResponse:
         # Host kept: the owner routes a port URL under the wildcard domain by it.
@@ -244,6 +270,11 @@ class Replication:
                 await task
         if self._session is not None:
             await self._session.close()
+
+
+def _waiter(request: web.Request) -> bool:
+    resource = request.match_info.route.resource
+    return request.method == "GET" and resource is not None and resource.canonical in _WAITERS
 
 
 def forward_token(engine: Engine, replica: str, method: str, path_qs: str) -> str:

@@ -41,6 +41,7 @@ SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length"}
 _CHUNK = 256 * 1024
+_WATCH_SECONDS = 0.2  # how often a relayed request looks at its client's connection
 # Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
 _WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
@@ -154,7 +155,30 @@ async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str
 
 async def relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str], *,
                      unreachable: str) -> web.StreamResponse:
-    """``request`` relayed to ``url``, bodies streamed both ways (the replicas' forwarding too)."""
+    """``request`` relayed to ``url``, bodies streamed both ways (the replicas' forwarding too).
+    A client that leaves drops the upstream request at once, even while the upstream says
+    nothing (a long-poll, a quiet stream): the far side then sees its waiter leave as if the
+    client had been its own (api/watchers.py)."""
+    prepared: list[web.StreamResponse] = []
+    work = asyncio.ensure_future(_relay_http(request, session, url, headers, unreachable, prepared))
+    try:
+        while True:
+            done, _ = await asyncio.wait([work], timeout=_WATCH_SECONDS)
+            if done:
+                return work.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+                return prepared[0] if prepared else web.Response(status=499)  # nobody reads it
+    finally:
+        if not work.done():
+            work.cancel()
+
+
+async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                      unreachable: str, prepared: list[web.StreamResponse]) -> web.StreamResponse:
     body: bytes | AsyncIterator[bytes] | None = None
     if request.body_exists and getattr(request, "_read_bytes", None) is not None:
         body = await request.read()  # a middleware read it already (the orgId lookup)
@@ -173,6 +197,7 @@ async def relay_http(request: web.Request, session: aiohttp.ClientSession, url: 
         if upstream.headers.get("Content-Length") is not None and request.method != "HEAD":
             resp.content_length = int(upstream.headers["Content-Length"])
         await resp.prepare(request)
+        prepared.append(resp)
         with contextlib.suppress(aiohttp.ClientPayloadError):
             async for chunk in upstream.content.iter_chunked(_CHUNK):
                 await resp.write(chunk)  # waits for the client: backpressure both ways

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -303,3 +304,25 @@ def test_ssh_through_one_replica_reaches_a_sandbox_the_other_owns(pair: Pair, tm
     relayed = pair.b.log.read_text().count(f"Auth for user replica-relay.{sid} succeeded")
     assert relayed == 5, relayed  # ssh, ssh -tt, scp up, scp down, sftp
     assert f"Auth for user {sid} succeeded" not in pair.b.log.read_text()
+
+
+def test_a_command_whose_waiters_left_through_the_other_replica_is_cancelled(pair: Pair) -> None:
+    """api/watchers.py across replicas: the client long-polls a command A runs, and reads its
+    output, through B, then goes away. Both waits were relayed to A (the replica running it),
+    so A sees its waiters leave and cancels the command after the grace, as on one replica."""
+    sid = pair.a.data("POST", "/sandbox", {"runtime": "base:latest"}, timeout=300)["sandboxId"]
+    started = pair.a.data("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "echo up; sleep 600"]})
+    execution_id = started["executionId"]
+    stdout = started["stdoutStreamUrl"].replace(pair.a.url, pair.b.url)
+    with urllib.request.urlopen(stdout, timeout=30) as resp:  # a reader through B, left mid-stream
+        assert resp.read(3) == b"up\n"
+    port = int(pair.b.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:  # a long-poll, dropped
+        sock.sendall(f"GET /sandbox/execution/{execution_id}?wait=60s HTTP/1.1\r\nHost: b\r\n"
+                     f"Authorization: Bearer {KEY}\r\n\r\n".encode())
+        time.sleep(1)
+    deadline = time.monotonic() + 30
+    while (ex := pair.b.data("GET", f"/sandbox/execution/{execution_id}"))["status"] == "running":
+        assert time.monotonic() < deadline, "the command ran on after its waiters left through B"
+        time.sleep(0.5)  # polls without `wait` are no waiters
+    assert ex["status"] == "cancelled" and "went away" in (ex.get("error") or ""), ex
