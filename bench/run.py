@@ -6,14 +6,19 @@ Starts a real server on loopback (local driver and embedded profile unless ``--d
 / ``--profile production`` say otherwise), then measures, interleaved where it
 matters so machine noise hits every row alike:
   bare        the runtime's own python3 -c pass, chrooted on the host (the baseline)
-  execute     POST /sandbox/{id}/execute + long-poll to completion, in a live sandbox
+  execute     POST /sandbox/{id}/execute + long-poll to completion, in a live sandbox; and
+              the same for `true`, against the runtime's `true` chrooted on the host (a
+              baseline of about 1 ms: what is left is hutch's own cost, without python's
+              start-up, whose noise is larger than the difference on a busy machine)
   oneshot     POST /sandbox (oneshot) + stream to EOF + execution result, raw HTTP
   client run  SandboxClient.run() of the real @agentuity/core client (Node)
   create      POST /sandbox until idle (then DELETE, not timed); again with resources.disk
               (a 1Gi disk limit: its own loop-mounted file system, drivers/local/disks.py)
   throughput  oneshot `true` runs/s with N concurrent clients
-Prints medians and p90s with the difference and ratio against bare. Not a test: no
-pass/fail, the README records the figures.
+Prints medians and p90s with the difference and ratio against bare, and the median of the
+paired differences (each sample less the bare sample taken just before it: steadier when the
+machine's speed drifts during the run). Not a test: no pass/fail, the README records the
+figures.
 """
 
 from __future__ import annotations
@@ -50,11 +55,11 @@ def runtime_rootfs() -> Path:
     return rootfs_path(default_cache(), recipe)
 
 
-def bare_once(rootfs: Path) -> float:
-    """The same python3 binary the sandbox runs, started on the host with no isolation
-    (chroot only, so it finds its own libraries): the baseline every row is held to."""
+def bare_once(rootfs: Path, cmd: list[str] = PY_PASS) -> float:
+    """The same binary the sandbox runs, started on the host with no isolation (chroot
+    only, so it finds its own libraries): the baseline every row is held to."""
     t0 = time.perf_counter()
-    subprocess.run(["chroot", str(rootfs), *PY_PASS], check=True)
+    subprocess.run(["chroot", str(rootfs), *cmd], check=True)
     return (time.perf_counter() - t0) * 1000
 
 
@@ -127,10 +132,12 @@ def busy_cpus(seconds: float = 2.0) -> float:
     return (busy() - b0) / seconds
 
 
-def row(name: str, samples: list[float], bare: float) -> str:
+def row(name: str, samples: list[float], bare: float, pairs: list[float] | None = None) -> str:
+    """``pairs``: the bare samples taken just before each of ``samples`` (interleaved rows)."""
     med = statistics.median(samples)
     p90 = sorted(samples)[int(len(samples) * 0.9) - 1] if len(samples) >= 10 else max(samples)
-    return f"| {name} | {med:.1f} | {p90:.1f} | {med - bare:+.1f} | {med / bare:.2f}x |"
+    paired = f"{statistics.median(s - b for s, b in zip(samples, pairs, strict=True)):+.1f}" if pairs else ""
+    return f"| {name} | {med:.1f} | {p90:.1f} | {med - bare:+.1f} | {paired} | {med / bare:.2f}x |"
 
 
 async def profile_settings(profile: str) -> dict[str, str]:
@@ -172,6 +179,7 @@ async def main() -> None:
         try:
             url = server.url
             bare, exe, one, create, create_disk = [], [], [], [], []
+            bare_true, exe_true, bare_again = [], [], []
             rootfs = runtime_rootfs()
             noise = busy_cpus()
             async with aiohttp.ClientSession() as s:
@@ -181,9 +189,17 @@ async def main() -> None:
                     bare_once(rootfs)
                     await execute_once(s, url, sid, PY_PASS)
                     await oneshot_once(s, url, PY_PASS)
-                for _ in range(args.n):  # interleaved: noise hits every row alike
+                # Interleaved, so that noise hits every row alike; the executes apart from the
+                # creates and one-shots, whose teardown (after each, untimed) would otherwise
+                # land on whichever execute follows (on Nomad: 76 ms for `true` right after a
+                # destroy, against 18 ms without).
+                for _ in range(args.n):
+                    bare_true.append(bare_once(rootfs, ["true"]))
+                    exe_true.append(await execute_once(s, url, sid, ["true"]))
                     bare.append(bare_once(rootfs))
                     exe.append(await execute_once(s, url, sid, PY_PASS))
+                for _ in range(args.n):
+                    bare_again.append(bare_once(rootfs))
                     one.append(await oneshot_once(s, url, PY_PASS))
                     create.append(await create_once(s, url))
                     create_disk.append(await create_once(s, url, resources={"disk": "1Gi"}))
@@ -202,16 +218,19 @@ async def main() -> None:
     print(f"hutch bench: {args.profile} profile, {args.driver} driver; "
           f"n={args.n} per row, runtime {RUNTIME}, {os.cpu_count()} cpus, command `python3 -c pass`; "
           f"other load on the machine before the run: {noise:.2f} cpus busy")
-    print("| what | median ms | p90 ms | vs bare | ratio |")
-    print("|---|---|---|---|---|")
+    print("| what | median ms | p90 ms | vs bare | paired | ratio |")
+    print("|---|---|---|---|---|---|")
     print(row("bare: the runtime's python3 -c pass, chroot on the host", bare, b))
-    print(row("execute in a live sandbox (HTTP)", exe, b))
-    print(row("one-shot run (HTTP)", one, b))
+    print(row("execute in a live sandbox (HTTP)", exe, b, bare))
+    print(row("bare: the runtime's true, chroot on the host", bare_true, statistics.median(bare_true)))
+    print(row("execute `true` in a live sandbox (HTTP), against bare true", exe_true, statistics.median(bare_true),
+              bare_true))
+    print(row("one-shot run (HTTP)", one, b, bare_again))
     print(row("one-shot run (@agentuity/core client.run)", client, b))
     print(row("create -> idle", create, b))
     print(row("create -> idle, 1Gi disk limit", create_disk, b))
     print(f"| one-shot `true` throughput, {args.concurrency} concurrent | {statistics.median(rates):.1f} runs/s "
-          f"(median of {args.rounds} rounds of {args.seconds:g}s: {', '.join(f'{r:.1f}' for r in rates)}) | | | |")
+          f"(median of {args.rounds} rounds of {args.seconds:g}s: {', '.join(f'{r:.1f}' for r in rates)}) | | | | |")
 
 
 if __name__ == "__main__":
