@@ -119,10 +119,8 @@ class SshGateway:
     async def _relayed(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         principal: Principal = process.get_extra_info("hutch_principal")
         sandbox_id: str = process.get_extra_info("hutch_sandbox")
-        code = await relay(process, url=process.get_extra_info("hutch_owner"), sandbox_id=sandbox_id,
-                           password=self.passes.make(sandbox_id, principal), gateways=self.gateways)
-        with contextlib.suppress(Exception):
-            process.exit(code)
+        await relay(process, url=process.get_extra_info("hutch_owner"), sandbox_id=sandbox_id,
+                    password=self.passes.make(sandbox_id, principal), gateways=self.gateways)
 
     async def _session(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         principal: Principal = process.get_extra_info("hutch_principal")

@@ -13,7 +13,9 @@ keys alone, as before.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hmac
 import json
 import logging
@@ -51,7 +53,9 @@ class RelayPasses:
     def check(self, sandbox_id: str, password: str, now: float | None = None) -> Principal | None:
         """The user the pass speaks for; None if it is forged, expired or for another sandbox."""
         body, _, mac = password.partition(".")
-        if not mac or not hmac.compare_digest(mac, self._sign("ssh-relay:" + body)):
+        # Bytes: compare_digest refuses a str with characters outside ASCII (anyone can send one).
+        if not mac or not hmac.compare_digest(mac.encode(errors="replace"),
+                                              self._sign("ssh-relay:" + body).encode()):
             return None
         try:
             claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(body.encode()))
@@ -90,27 +94,66 @@ class OwnerGateways:
 
 
 async def relay(process: asyncssh.SSHServerProcess[bytes], *, url: str, sandbox_id: str, password: str,
-                gateways: OwnerGateways) -> int:
-    """Run the session on the owner's gateway, joined end to end to this one; its exit status."""
+                gateways: OwnerGateways) -> None:
+    """Run the session on the owner's gateway, joined end to end to this one, and end this
+    one as that one ended (its exit status or signal). The user hanging up ends the far
+    session too (asyncssh alone would leave it running, a shell or a ``cat`` waiting for
+    input that never comes); a failure says why on stderr and exits 255."""
     try:
         host, port = await gateways.address(url)
         conn = await asyncssh.connect(host, port, username=RELAY_USER + sandbox_id, password=password,
-                                      known_hosts=None, client_keys=None, agent_path=None,
+                                      known_hosts=None, client_keys=None, agent_path=None, config=None,
                                       preferred_auth="password", connect_timeout=10)
     except (OSError, asyncssh.Error, ReplicaUnavailable) as err:
         gateways.forget(url)
         why = err.message if isinstance(err, ReplicaUnavailable) else f"{err.__class__.__name__}: {err}"
-        process.stderr.write(f"hutch: the replica owning {sandbox_id} ({url}) does not answer: {why}\r\n".encode())
-        return _EXIT_FAILED
+        _fail(process, f"the replica owning {sandbox_id} ({url}) does not answer: {why}")
+        return
     try:
-        term_type = process.term_type
+        await _join(process, conn, sandbox_id)
+    finally:
+        conn.close()
+        with contextlib.suppress(Exception):
+            await conn.wait_closed()
+
+
+async def _join(process: asyncssh.SSHServerProcess[bytes], conn: asyncssh.SSHClientConnection,
+                sandbox_id: str) -> None:
+    term_type = process.term_type
+    try:
         upstream = await conn.create_process(
             process.command, subsystem=process.subsystem, term_type=term_type,
             term_size=process.term_size if term_type else None, encoding=None)
-        await process.redirect(stdin=upstream.stdin, stdout=upstream.stdout, stderr=upstream.stderr)
-        done = await upstream.wait()
-        await process.stdout.drain()
+    except (OSError, asyncssh.Error) as err:
+        _fail(process, f"the replica owning {sandbox_id} refused the session: {err}")
+        return
+    await process.redirect(stdin=upstream.stdin, stdout=upstream.stdout, stderr=upstream.stderr)
+    finished = asyncio.ensure_future(upstream.wait())
+    hung_up = asyncio.ensure_future(process.channel.wait_closed())
+    try:
+        await asyncio.wait({finished, hung_up}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        conn.close()
-        await conn.wait_closed()
-    return done.exit_status if done.exit_status is not None else _EXIT_FAILED
+        hung_up.cancel()
+        if not finished.done():  # the user went away: so does the far session
+            finished.cancel()
+            upstream.close()
+    if finished.cancelled():
+        return
+    try:
+        done = finished.result()
+        await process.stdout.drain()
+    except (OSError, asyncssh.Error) as err:
+        _fail(process, f"the replica owning {sandbox_id} dropped the session: {err}")
+        return
+    with contextlib.suppress(OSError, asyncssh.Error):
+        if done.exit_signal is not None:
+            signal_name, core_dumped, message, lang = done.exit_signal
+            process.exit_with_signal(signal_name, core_dumped, message, lang)
+        else:
+            process.exit(done.exit_status if done.exit_status is not None else _EXIT_FAILED)
+
+
+def _fail(process: asyncssh.SSHServerProcess[bytes], message: str) -> None:
+    with contextlib.suppress(OSError, asyncssh.Error):
+        process.stderr.write(f"hutch: {message}\r\n".encode())
+        process.exit(_EXIT_FAILED)

@@ -161,6 +161,7 @@ async def test_a_relay_pass_opens_only_the_sandbox_it_names_and_only_briefly(gat
         RELAY_USER + other + ":" + good,  # a pass for another sandbox
         RELAY_USER + sid + ":" + passes.make(sid, me, now=time.time() - 2 * PASS_SECONDS),  # expired
         sid + ":" + good,  # a person's user name: public keys only
+        RELAY_USER + sid + ":a.\u00e9",  # a signature outside ASCII: refused, not a crash
     ]
     for attempt in refused:
         user, _, password = attempt.partition(":")

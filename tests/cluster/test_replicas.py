@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -304,6 +305,29 @@ def test_ssh_through_one_replica_reaches_a_sandbox_the_other_owns(pair: Pair, tm
     relayed = pair.b.log.read_text().count(f"Auth for user replica-relay.{sid} succeeded")
     assert relayed == 5, relayed  # ssh, ssh -tt, scp up, scp down, sftp
     assert f"Auth for user {sid} succeeded" not in pair.b.log.read_text()
+
+    # The user hanging up ends the far session too, as it ends a session on B's own gateway
+    # (a relay that held B's side open would leave the shell, and the hop, running).
+    shell_at_b = subprocess.Popen(["ssh", *opts, "-tt", "-p", str(port), f"{sid}@127.0.0.1"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert shell_at_b.stdin is not None and shell_at_b.stdout is not None
+        shell_at_b.stdin.write(b"echo shell-$((6*7))\n")
+        shell_at_b.stdin.flush()
+        seen = b""
+        while b"shell-42" not in seen:  # the shell runs on B
+            seen += shell_at_b.stdout.read1(4096) or b""
+    finally:
+        shell_at_b.kill()
+        shell_at_b.wait()
+        for pipe in (shell_at_b.stdin, shell_at_b.stdout):
+            if pipe is not None:
+                pipe.close()
+    hop = re.findall(rf"\[(conn=\d+)\] Beginning auth for user replica-relay\.{sid}", pair.b.log.read_text())[-1]
+    deadline = time.monotonic() + 20
+    while f"[{hop}, chan=0] Channel closed" not in pair.b.log.read_text():
+        assert time.monotonic() < deadline, f"the hop to B ({hop}) outlived the user hanging up"
+        time.sleep(0.2)
 
 
 def test_a_command_whose_waiters_left_through_the_other_replica_is_cancelled(pair: Pair) -> None:
