@@ -3,6 +3,7 @@ the event log, projection store, driver and engine (owned by one cleanup_ctx).""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import json
@@ -26,6 +27,7 @@ from hutch.api.replication import (
     ON_LOST,
     REPLICATION,
     Replication,
+    keep_lease,
     name_the_replica,
     relayed_by_a_replica,
     replica_middleware,
@@ -222,6 +224,9 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         replicas = parts.replicas
         await replicas.start()  # before the driver: its recovery leaves other replicas' sandboxes alone
         stack.push_async_callback(replicas.close)
+        if replicas.shared:  # renewed from now on, whatever the start costs (a slow recovery)
+            lease = asyncio.create_task(keep_lease(replicas, app.get(ON_LOST)), name="lease")
+            stack.push_async_callback(_cancelled, lease)
         if replicas.shared:
             driver.set_foreign(replicas.foreign_handles)
         await driver.start()
@@ -232,8 +237,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                                                max_entries=config.max_archive_entries),
                         blobs=blob_store, projector=parts.projector, replicas=replicas)
         stack.push_async_callback(engine.close)
-        replication = Replication(replicas, engine, on_lost=app.get(ON_LOST),
-                                  on_live=lambda n: setattr(tenants, "replicas", n))
+        replication = Replication(replicas, engine, on_live=lambda n: setattr(tenants, "replicas", n))
         engine.projector.observers.append(replication.observe)
         stack.push_async_callback(replication.close)
         prebuild = config.prebuild_runtimes
@@ -246,7 +250,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[ENGINE] = engine
         app[REPLICATION] = replication
         if replicas.shared:
-            engine.background.spawn(replication.run(), "replicas")  # lease, take-overs
+            engine.background.spawn(replication.run(), "replicas")  # take-overs
         app[SESSIONS] = Sessions(secret)
         if config.ssh_port is not None:
             from hutch.api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
@@ -256,6 +260,12 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             stack.push_async_callback(gateway.close)
             app[SSH_GATEWAY] = gateway
         yield
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def run_server(config: Config) -> None:

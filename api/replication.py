@@ -54,18 +54,20 @@ _WAITERS = frozenset({"/sandbox/execution/{execution_id}", "/streams/{stream_id}
 
 
 class Replication:
-    def __init__(self, replicas: Replicas, engine: Engine, *, on_lost: Callable[[], None] | None = None,
-                 on_live: Callable[[int], None] | None = None) -> None:
+    def __init__(self, replicas: Replicas, engine: Engine, *, on_live: Callable[[int], None] | None = None) -> None:
         self.replicas = replicas
         self.engine = engine
-        self.lost = False
-        self._on_lost = on_lost
         self._on_live = on_live  # told how many replicas live, every renewal (rate limit shares)
         self._claiming = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None  # reads other replicas' stdin streams
         if replicas.shared:
             engine.inputs.holder, engine.inputs.remote = replicas.me, self.read_remote
+
+    @property
+    def lost(self) -> bool:
+        """Another replica claimed this one's sandboxes (its lease ran out): it serves none."""
+        return self.replicas.claimed
 
     # -- forwarding ----------------------------------------------------------------------
 
@@ -104,13 +106,15 @@ class Replication:
 
     async def forward(self, request: web.Request, sandbox_id: str) -> web.StreamResponse | None:
         """The owner's answer, relayed; None if the request is to be served here."""
+        url = await self.target(request, sandbox_id)
+        return None if url is None else await self.relay(request, url)
+
+    async def forward_waiter(self, request: web.Request, sandbox_id: str) -> web.StreamResponse | None:
+        """``forward`` for a waiter (``_WAITERS``): when the owner does not answer (killed,
+        being taken over), served here from the shared projection, as any replica may."""
         try:
-            url = await self.target(request, sandbox_id)
-            return None if url is None else await self.relay(request, url)
+            return await self.forward(request, sandbox_id)
         except (ReplicaUnavailable, DriverFailure) as err:
-            if not _waiter(request):
-                raise
-            # The projection here answers a waiter as well; only its leaving counts for less.
             log.info("replica %s: a waiter of sandbox %s is served here: %s", self.replicas.me, sandbox_id, err)
             return None
 
@@ -188,25 +192,15 @@ class Replication:
     # -- take-over -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Renew the lease and take dead replicas over, until cancelled."""
-        while True:
+        """Take dead replicas over, and share the live count out, until cancelled or lost."""
+        while not self.lost:
             try:
-                if not await self.replicas.renew():
-                    self._lose()
-                    return
                 await self.take_over()
                 if self._on_live is not None:
                     self._on_live(await self.replicas.live_count())
-            except Exception:  # a database outage: try again next round (the lease may lapse)
-                log.warning("replica %s: lease renewal or take-over failed", self.replicas.me, exc_info=True)
+            except Exception:  # a database outage: try again next round
+                log.warning("replica %s: take-over failed", self.replicas.me, exc_info=True)
             await asyncio.sleep(RENEW_SECONDS)
-
-    def _lose(self) -> None:
-        log.critical("replica %s: another replica claimed this one's sandboxes (its lease ran out); "
-                     "no longer serving them", self.replicas.me)
-        self.lost = True
-        if self._on_lost is not None:
-            self._on_lost()
 
     async def take_over(self) -> None:
         async with self._claiming:
@@ -253,7 +247,7 @@ class Replication:
     def observe(self, batch: Sequence[Event]) -> None:
         """Projector hook: a sandbox of ours that ended needs no owner any more."""
         for event in batch:
-            if event.type in _ENDING and self.replicas.owns(event.sandbox_id) and self.replicas.shared:
+            if event.type in _ENDING and self.replicas.remembers(event.sandbox_id) and self.replicas.shared:
                 task = asyncio.get_running_loop().create_task(self._disown(event.sandbox_id))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -275,6 +269,24 @@ class Replication:
 def _waiter(request: web.Request) -> bool:
     resource = request.match_info.route.resource
     return request.method == "GET" and resource is not None and resource.canonical in _WAITERS
+
+
+async def keep_lease(replicas: Replicas, on_lost: Callable[[], None] | None) -> None:
+    """Renew the lease every ``RENEW_SECONDS`` until cancelled, on a task of its own from the
+    moment the replica registers: no other work (a slow start, a long take-over) may hold a
+    renewal back past the lease, or the replica would doubt its own sandboxes (``current``)
+    and then be claimed while alive. Claimed after all (it stalled): it stops serving."""
+    while True:
+        try:
+            if not await replicas.renew():
+                log.critical("replica %s: another replica claimed this one's sandboxes (its lease ran out); "
+                             "no longer serving them", replicas.me)
+                if on_lost is not None:
+                    on_lost()
+                return
+        except Exception:  # a database outage: try again next round (the lease may lapse)
+            log.warning("replica %s: lease renewal failed", replicas.me, exc_info=True)
+        await asyncio.sleep(RENEW_SECONDS)
 
 
 def forward_token(engine: Engine, replica: str, method: str, path_qs: str) -> str:
@@ -312,6 +324,9 @@ async def replica_middleware(request: web.Request, handler: Handler) -> web.Stre
     if replication is None or not replication.replicas.shared:
         return await handler(request)
     sandbox_id = await replication.sandbox_of(request)
-    forwarded = await replication.forward(request, sandbox_id) if sandbox_id else \
-        await replication.forward_upload(request)
+    if sandbox_id and _waiter(request):
+        forwarded = await replication.forward_waiter(request, sandbox_id)
+    else:
+        forwarded = await replication.forward(request, sandbox_id) if sandbox_id else \
+            await replication.forward_upload(request)
     return forwarded if forwarded is not None else await handler(request)

@@ -50,6 +50,7 @@ class Claimed:
 class Replicas(abc.ABC):
     me: str  # this replica's id
     url: str  # where the other replicas reach it
+    claimed: bool = False  # a renewal found this replica claimed by another: it serves nothing now
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Register (or renew) this replica's lease."""
@@ -97,6 +98,11 @@ class Replicas(abc.ABC):
     def owns(self, sandbox_id: str) -> bool:
         """Known here to be ours (no round trip): created or taken over by this replica, and
         its lease is ``current`` (after a stall, ``owner`` asks the store)."""
+        return True
+
+    def remembers(self, sandbox_id: str) -> bool:
+        """Created or taken over by this replica and not disowned since, whether or not its
+        lease is current (what to disown when a sandbox ends)."""
         return True
 
     def current(self) -> bool:

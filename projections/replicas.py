@@ -56,13 +56,19 @@ FROM hutch_sandbox_owners o LEFT JOIN hutch_replicas r USING (replica_id)
 WHERE o.sandbox_id = $1"""
 
 
+def _clock() -> float:
+    """Seconds that run on through a stopped process and a suspended host alike (monotonic
+    stops during a suspend: a host woken after its lease ran out would still trust it)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 class PostgresReplicas(Replicas):
     def __init__(self, dsn: str, *, me: str, url: str, lease_seconds: float = LEASE_SECONDS) -> None:
         self.me, self.url = me, url
         self.lease_seconds = lease_seconds
         self._pg = Pool(dsn, what="replica registry", unavailable=ReplicaUnavailable, min_size=1, max_size=4)
         self._mine: set[str] = set()  # owned here: no query (a replica claimed away exits)
-        self._held_until = 0.0  # monotonic: the lease is surely ours until then (``current``)
+        self._held_until = 0.0  # on _clock(): the lease is surely ours until then (``current``)
         self._locks = Pool(dsn, what="replica locks", unavailable=ReplicaUnavailable, min_size=0, max_size=8)
 
     @property
@@ -72,7 +78,7 @@ class PostgresReplicas(Replicas):
     async def start(self) -> None:
         await self._pg.start()
         await self._locks.start()
-        began = time.monotonic()
+        began = _clock()
         async with self._pg.conn() as conn:
             await conn.execute(_REGISTER, self.me, self.url, self.lease_seconds)
             rows = await conn.fetch("SELECT sandbox_id FROM hutch_sandbox_owners WHERE replica_id = $1", self.me)
@@ -170,12 +176,16 @@ class PostgresReplicas(Replicas):
         # Remembered only while the lease is current: after a stall the store decides.
         return sandbox_id in self._mine and self.current()
 
+    def remembers(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._mine
+
     async def renew(self) -> bool:
-        began = time.monotonic()
+        began = _clock()
         async with self._pg.conn() as conn:
             status = await conn.execute(_RENEW, self.me, self.lease_seconds)
         if not status.endswith(" 1"):
             self._held_until = 0.0
+            self.claimed = True
             return False
         self._hold_from(began)
         return True
@@ -185,7 +195,7 @@ class PostgresReplicas(Replicas):
         self._held_until = began + self.lease_seconds * (1 - CURRENT_MARGIN)
 
     def current(self) -> bool:
-        return time.monotonic() < self._held_until
+        return _clock() < self._held_until
 
     async def claim_dead(self) -> list[Claimed]:
         async with self._pg.conn() as conn:

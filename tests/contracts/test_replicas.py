@@ -205,9 +205,12 @@ async def test_a_replica_that_stops_renewing_doubts_its_lease_before_the_store_d
     a = PostgresReplicas(database, me="a", url="http://a", lease_seconds=lease)
     await a.start()
     started.append(a)
-    assert a.current() and SoleReplica().current()
+    await a.own("sbx_stalled")
+    assert a.current() and SoleReplica().current() and a.owns("sbx_stalled")
     await asyncio.sleep(lease * (1 - CURRENT_MARGIN) + 0.1)  # no renewal: a stall
     assert not a.current()
+    # Not trusted without a round trip any more, but still remembered (to disown when it ends).
+    assert not a.owns("sbx_stalled") and a.remembers("sbx_stalled") and not a.claimed
     found = await a.address("a")
     assert found is not None and found.alive  # the store still holds it: doubted first
     assert await a.renew() is True and a.current()
@@ -218,4 +221,4 @@ async def test_a_claimed_replica_is_not_current(pg: Callable[..., PostgresReplic
     await asyncio.sleep(LEASE + 0.2)
     assert await b.renew() is True
     assert [c.dead_replica for c in await b.claim_dead()] == ["a"]
-    assert await a.renew() is False and not a.current()
+    assert await a.renew() is False and not a.current() and a.claimed
