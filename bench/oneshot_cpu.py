@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,8 +27,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.run import drop_profile, oneshot_once, profile_settings, throughput  # noqa: E402
-from tests.system.server import Server  # noqa: E402
+from bench.run import bench_server, oneshot_once, throughput  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -91,33 +89,23 @@ async def main() -> None:
     ap.add_argument("--settle", type=float, default=15, help="seconds after the runs for their teardown")
     args = ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = await profile_settings(args.profile)
-        env = {k: v for k, v in settings.items() if k.startswith("HUTCH_")}
-        server = Server(Path(tmp) / "data", driver=args.driver, HUTCH_LOG_LEVEL="WARNING", **env).start(timeout=300)
-        try:
-            async with aiohttp.ClientSession() as s:
-                for _ in range(3):
-                    await oneshot_once(s, server.url, ["true"])
-            await asyncio.sleep(args.settle)
-            b0, t0 = machine_busy(), time.monotonic()
-            await asyncio.sleep(5)
-            idle_load = (machine_busy() - b0) / (time.monotonic() - t0)  # cores busy with nothing of ours
+    async with bench_server(args.driver, args.profile) as server:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(3):
+                await oneshot_once(s, server.url, ["true"])
+        await asyncio.sleep(args.settle)
+        b0, t0 = machine_busy(), time.monotonic()
+        await asyncio.sleep(5)
+        idle_load = (machine_busy() - b0) / (time.monotonic() - t0)  # cores busy with nothing of ours
 
-            assert server.proc is not None
-            before = per_process(server.proc.pid)
-            b0, t0 = machine_busy(), time.monotonic()
-            rate, runs = await throughput(server.url, args.concurrency, args.seconds)
-            await asyncio.sleep(args.settle)
-            window = time.monotonic() - t0
-            busy = machine_busy() - b0 - idle_load * window
-            after = per_process(server.proc.pid)
-        except BaseException:
-            print(server.log.read_text()[-6000:], file=sys.stderr)
-            raise
-        finally:
-            server.stop()
-            await drop_profile(settings)
+        assert server.proc is not None
+        before = per_process(server.proc.pid)
+        b0, t0 = machine_busy(), time.monotonic()
+        rate, runs = await throughput(server.url, args.concurrency, args.seconds)
+        await asyncio.sleep(args.settle)
+        window = time.monotonic() - t0
+        busy = machine_busy() - b0 - idle_load * window
+        after = per_process(server.proc.pid)
 
     groups: Counter[str] = Counter()
     for pid, (group, used) in after.items():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -159,6 +161,24 @@ async def drop_profile(settings: dict[str, str]) -> None:
         await drop_database(settings["database"])
 
 
+@contextlib.asynccontextmanager
+async def bench_server(driver: str, profile: str) -> AsyncIterator[Server]:
+    """A real server on loopback for one bench run; its log printed if the run fails, its
+    topic and database (production profile) dropped after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = await profile_settings(profile)
+        env = {k: v for k, v in settings.items() if k.startswith("HUTCH_")}
+        server = Server(Path(tmp) / "data", driver=driver, HUTCH_LOG_LEVEL="WARNING", **env).start(timeout=300)
+        try:
+            yield server
+        except BaseException:
+            print(server.log.read_text()[-6000:], file=sys.stderr)
+            raise
+        finally:
+            server.stop()
+            await drop_profile(settings)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=40)
@@ -172,47 +192,37 @@ async def main() -> None:
                          "./scripts/services start kafka postgres")
     args = ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = await profile_settings(args.profile)
-        env = {k: v for k, v in settings.items() if k.startswith("HUTCH_")}
-        server = Server(Path(tmp) / "data", driver=args.driver, HUTCH_LOG_LEVEL="WARNING", **env).start(timeout=300)
-        try:
-            url = server.url
-            bare, exe, one, create, create_disk = [], [], [], [], []
-            bare_true, exe_true, bare_again = [], [], []
-            rootfs = runtime_rootfs()
-            noise = busy_cpus()
-            async with aiohttp.ClientSession() as s:
-                async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
-                    sid = (await r.json())["data"]["sandboxId"]
-                for _ in range(3):  # warm caches on every path
-                    bare_once(rootfs)
-                    await execute_once(s, url, sid, PY_PASS)
-                    await oneshot_once(s, url, PY_PASS)
-                # Interleaved, so that noise hits every row alike; the executes apart from the
-                # creates and one-shots, whose teardown (after each, untimed) would otherwise
-                # land on whichever execute follows (on Nomad: 76 ms for `true` right after a
-                # destroy, against 18 ms without).
-                for _ in range(args.n):
-                    bare_true.append(bare_once(rootfs, ["true"]))
-                    exe_true.append(await execute_once(s, url, sid, ["true"]))
-                    bare.append(bare_once(rootfs))
-                    exe.append(await execute_once(s, url, sid, PY_PASS))
-                for _ in range(args.n):
-                    bare_again.append(bare_once(rootfs))
-                    one.append(await oneshot_once(s, url, PY_PASS))
-                    create.append(await create_once(s, url))
-                    create_disk.append(await create_once(s, url, resources={"disk": "1Gi"}))
-                async with s.delete(f"{url}/sandbox/{sid}", headers=H) as r:  # sandboxes outlive the server
-                    await r.read()
-            client = client_runs(url, args.n)
-            rates = [(await throughput(url, args.concurrency, args.seconds))[0] for _ in range(args.rounds)]
-        except BaseException:
-            print(server.log.read_text()[-6000:], file=sys.stderr)
-            raise
-        finally:
-            server.stop()
-            await drop_profile(settings)
+    async with bench_server(args.driver, args.profile) as server:
+        url = server.url
+        bare, exe, one, create, create_disk = [], [], [], [], []
+        bare_true, exe_true, bare_again = [], [], []
+        rootfs = runtime_rootfs()
+        noise = busy_cpus()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+                sid = (await r.json())["data"]["sandboxId"]
+            for _ in range(3):  # warm caches on every path
+                bare_once(rootfs)
+                await execute_once(s, url, sid, PY_PASS)
+                await oneshot_once(s, url, PY_PASS)
+            # Interleaved, so that noise hits every row alike; the executes apart from the
+            # creates and one-shots, whose teardown (after each, untimed) would otherwise
+            # land on whichever execute follows (on Nomad: 76 ms for `true` right after a
+            # destroy, against 18 ms without).
+            for _ in range(args.n):
+                bare_true.append(bare_once(rootfs, ["true"]))
+                exe_true.append(await execute_once(s, url, sid, ["true"]))
+                bare.append(bare_once(rootfs))
+                exe.append(await execute_once(s, url, sid, PY_PASS))
+            for _ in range(args.n):
+                bare_again.append(bare_once(rootfs))
+                one.append(await oneshot_once(s, url, PY_PASS))
+                create.append(await create_once(s, url))
+                create_disk.append(await create_once(s, url, resources={"disk": "1Gi"}))
+            async with s.delete(f"{url}/sandbox/{sid}", headers=H) as r:  # sandboxes outlive the server
+                await r.read()
+        client = client_runs(url, args.n)
+        rates = [(await throughput(url, args.concurrency, args.seconds))[0] for _ in range(args.rounds)]
 
     b = statistics.median(bare)
     print(f"hutch bench: {args.profile} profile, {args.driver} driver; "
