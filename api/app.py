@@ -3,7 +3,6 @@ the event log, projection store, driver and engine (owned by one cleanup_ctx).""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import json
@@ -19,6 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from hutch.api import archives, memory, openapi
+from hutch.api.background import Background
 from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
 from hutch.api.http import check_query
@@ -224,10 +224,11 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         replicas = parts.replicas
         await replicas.start()  # before the driver: its recovery leaves other replicas' sandboxes alone
         stack.push_async_callback(replicas.close)
-        if replicas.shared:  # renewed from now on, whatever the start costs (a slow recovery)
-            lease = asyncio.create_task(keep_lease(replicas, app.get(ON_LOST)), name="lease")
-            stack.push_async_callback(_cancelled, lease)
         if replicas.shared:
+            # Renewed from now on, whatever the start costs (a slow recovery).
+            lease = Background()
+            lease.spawn(keep_lease(replicas, app.get(ON_LOST)), "lease")
+            stack.push_async_callback(lease.close)
             driver.set_foreign(replicas.foreign_handles)
         await driver.start()
         stack.push_async_callback(driver.close)
@@ -260,12 +261,6 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             stack.push_async_callback(gateway.close)
             app[SSH_GATEWAY] = gateway
         yield
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 def run_server(config: Config) -> None:

@@ -324,9 +324,10 @@ async def replica_middleware(request: web.Request, handler: Handler) -> web.Stre
     if replication is None or not replication.replicas.shared:
         return await handler(request)
     sandbox_id = await replication.sandbox_of(request)
-    if sandbox_id and _waiter(request):
+    if not sandbox_id:
+        forwarded = await replication.forward_upload(request)
+    elif _waiter(request):
         forwarded = await replication.forward_waiter(request, sandbox_id)
     else:
-        forwarded = await replication.forward(request, sandbox_id) if sandbox_id else \
-            await replication.forward_upload(request)
+        forwarded = await replication.forward(request, sandbox_id)
     return forwarded if forwarded is not None else await handler(request)

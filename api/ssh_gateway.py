@@ -29,7 +29,7 @@ import asyncssh
 from hutch.api import sandbox_streams
 from hutch.api.output import StreamOptions
 from hutch.api.sftp import SandboxSftp
-from hutch.api.ssh_relay import RELAY_USER, OwnerGateways, RelayPasses, relay
+from hutch.api.ssh_relay import EXIT_FAILED, RELAY_USER, OwnerGateways, RelayPasses, fail, relay
 from hutch.api.terminals import ActiveTerminal, TerminalOptions, open_terminal
 from hutch.api.wire import ExecuteRequest
 from hutch.core.errors import HutchError
@@ -45,7 +45,6 @@ log = logging.getLogger("hutch.ssh")
 
 HOST_KEY_FILE = "ssh_host_ed25519_key"
 _DRAIN = 1.0  # seconds of output still taken after a terminal's command exited
-_EXIT_FAILED = 255  # what ssh reports when the remote side could not run the command
 
 
 @contextlib.contextmanager
@@ -110,11 +109,8 @@ class SshGateway:
             asyncssh.sftp.MIN_SFTP_VERSION, allow_scp=True)
 
     async def _refused(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
-        """A known key and sandbox, but no replica can serve it now: say why (not a bare
-        "permission denied", which would send the user looking at their keys)."""
-        process.stderr.write(f"hutch: {process.get_extra_info('hutch_refusal')}\r\n".encode())
-        with contextlib.suppress(Exception):
-            process.exit(_EXIT_FAILED)
+        """A known key and sandbox, but no replica can serve it now."""
+        fail(process, process.get_extra_info("hutch_refusal"))
 
     async def _relayed(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         principal: Principal = process.get_extra_info("hutch_principal")
@@ -125,7 +121,7 @@ class SshGateway:
     async def _session(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         principal: Principal = process.get_extra_info("hutch_principal")
         sandbox_id: str = process.get_extra_info("hutch_sandbox")
-        code = _EXIT_FAILED
+        code = EXIT_FAILED
         with acting(principal):
             try:
                 if process.get_terminal_type() is not None:
@@ -151,7 +147,7 @@ class SshGateway:
         try:
             await asyncio.wait({exited, closed}, return_when=asyncio.FIRST_COMPLETED)
             if not exited.done():  # the client hung up
-                return _EXIT_FAILED
+                return EXIT_FAILED
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(output), _DRAIN)
             return exited.result()
@@ -164,7 +160,7 @@ class SshGateway:
         """``ssh host 'cmd'`` without a terminal: an execution, output kept apart, stdin piped."""
         if not process.command:
             process.stderr.write(b"hutch: no command; ask for a terminal (ssh -t) for a shell\r\n")
-            return _EXIT_FAILED
+            return EXIT_FAILED
         engine = self.engine
         stdin_id = engine.inputs.create("ssh")
         upload = asyncio.ensure_future(engine.inputs.upload(stdin_id, _chunks(process)))
@@ -182,7 +178,7 @@ class SshGateway:
             upload.cancel()
             with contextlib.suppress(BaseException):
                 await upload
-        return final.exit_code if final.exit_code is not None else _EXIT_FAILED
+        return final.exit_code if final.exit_code is not None else EXIT_FAILED
 
 
 class _WholeSession(asyncssh.SSHServerProcess[bytes]):

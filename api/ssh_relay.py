@@ -34,7 +34,7 @@ log = logging.getLogger("hutch.ssh")
 
 RELAY_USER = "replica-relay."  # + the sandbox id
 PASS_SECONDS = 60  # a pass opens one connection, made at once; it need not live long
-_EXIT_FAILED = 255
+EXIT_FAILED = 255  # what ssh reports when the remote side could not run the command
 
 
 class RelayPasses:
@@ -107,7 +107,7 @@ async def relay(process: asyncssh.SSHServerProcess[bytes], *, url: str, sandbox_
     except (OSError, asyncssh.Error, ReplicaUnavailable) as err:
         gateways.forget(url)
         why = err.message if isinstance(err, ReplicaUnavailable) else f"{err.__class__.__name__}: {err}"
-        _fail(process, f"the replica owning {sandbox_id} ({url}) does not answer: {why}")
+        fail(process, f"the replica owning {sandbox_id} ({url}) does not answer: {why}")
         return
     try:
         await _join(process, conn, sandbox_id)
@@ -125,7 +125,7 @@ async def _join(process: asyncssh.SSHServerProcess[bytes], conn: asyncssh.SSHCli
             process.command, subsystem=process.subsystem, term_type=term_type,
             term_size=process.term_size if term_type else None, encoding=None)
     except (OSError, asyncssh.Error) as err:
-        _fail(process, f"the replica owning {sandbox_id} refused the session: {err}")
+        fail(process, f"the replica owning {sandbox_id} refused the session: {err}")
         return
     await process.redirect(stdin=upstream.stdin, stdout=upstream.stdout, stderr=upstream.stderr)
     finished = asyncio.ensure_future(upstream.wait())
@@ -143,17 +143,19 @@ async def _join(process: asyncssh.SSHServerProcess[bytes], conn: asyncssh.SSHCli
         done = finished.result()
         await process.stdout.drain()
     except (OSError, asyncssh.Error) as err:
-        _fail(process, f"the replica owning {sandbox_id} dropped the session: {err}")
+        fail(process, f"the replica owning {sandbox_id} dropped the session: {err}")
         return
     with contextlib.suppress(OSError, asyncssh.Error):
         if done.exit_signal is not None:
             signal_name, core_dumped, message, lang = done.exit_signal
             process.exit_with_signal(signal_name, core_dumped, message, lang)
         else:
-            process.exit(done.exit_status if done.exit_status is not None else _EXIT_FAILED)
+            process.exit(done.exit_status if done.exit_status is not None else EXIT_FAILED)
 
 
-def _fail(process: asyncssh.SSHServerProcess[bytes], message: str) -> None:
+def fail(process: asyncssh.SSHServerProcess[bytes], message: str) -> None:
+    """End the session with 255 and say why on stderr (not a bare failure, which would send
+    the user looking at their keys or their command)."""
     with contextlib.suppress(OSError, asyncssh.Error):
         process.stderr.write(f"hutch: {message}\r\n".encode())
-        process.exit(_EXIT_FAILED)
+        process.exit(EXIT_FAILED)

@@ -72,28 +72,38 @@ class Watchers:
         request's connection. Returns (its result, False), or (None, True) when the client went
         away first (``work`` is then cancelled)."""
         self.attach(execution_id)
-        task = asyncio.ensure_future(work)
         gone = False
         try:
-            while not task.done():
-                try:
-                    await asyncio.wait([task], timeout=_POLL_SECONDS)
-                except asyncio.CancelledError:
-                    gone = True  # the server cancels a handler whose client disconnected
-                    raise
-                transport = request.transport
-                if not task.done() and (transport is None or transport.is_closing()):
-                    gone = True
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                    return None, True
-            try:
-                return task.result(), False
-            except (ConnectionError, asyncio.CancelledError):
-                gone = True  # the copy to a client that left failed
-                return None, True
+            result, gone = await while_client_stays(request, work)
+            return result, gone
+        except asyncio.CancelledError:
+            gone = True  # the server cancels a handler whose client disconnected
+            raise
+        except ConnectionError:
+            gone = True  # the copy to a client that left failed
+            return None, True
         finally:
-            if not task.done():
-                task.cancel()
             self.detach(execution_id, abandoned=gone)
+
+
+async def while_client_stays(request: web.Request, work: Awaitable[T]) -> tuple[T | None, bool]:
+    """Run ``work``, looking at the request's connection every ``_POLL_SECONDS`` (aiohttp does
+    not cancel a handler whose client left, and a long-poll or a quiet stream writes nothing
+    that would fail). Returns (its result, False), or (None, True) when the client went away
+    first or ``work`` was cancelled; ``work`` is then cancelled. Its own errors are raised."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=_POLL_SECONDS)
+            transport = request.transport
+            if not task.done() and (transport is None or transport.is_closing()):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                return None, True
+        if task.cancelled():
+            return None, True
+        return task.result(), False
+    finally:
+        if not task.done():
+            task.cancel()

@@ -27,16 +27,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.run import bench_server, oneshot_once, throughput  # noqa: E402
+from bench.run import bench_server, busy_cpus, machine_busy, oneshot_once, throughput  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy() -> float:
-    """CPU seconds every core has spent busy since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / TICK
 
 
 def group_of(pid: int, cmdline: str, comm: str, server_pid: int) -> str:
@@ -94,9 +87,7 @@ async def main() -> None:
             for _ in range(3):
                 await oneshot_once(s, server.url, ["true"])
         await asyncio.sleep(args.settle)
-        b0, t0 = machine_busy(), time.monotonic()
-        await asyncio.sleep(5)
-        idle_load = (machine_busy() - b0) / (time.monotonic() - t0)  # cores busy with nothing of ours
+        idle_load = busy_cpus(5)  # cores busy with nothing of ours
 
         assert server.proc is not None
         before = per_process(server.proc.pid)

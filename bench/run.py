@@ -123,15 +123,19 @@ def client_runs(url: str, n: int) -> list[float]:
     return json.loads(out.stdout.strip().splitlines()[-1])["samples_ms"]
 
 
+def machine_busy() -> float:
+    """CPU seconds every core has spent busy since boot (/proc/stat: user to steal, less idle
+    and iowait; guest time is already counted in user)."""
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def busy_cpus(seconds: float = 2.0) -> float:
     """CPUs kept busy by everything else on the machine while we sit idle (noise)."""
-    def busy() -> float:
-        with open("/proc/stat") as fh:
-            v = [int(x) for x in fh.readline().split()[1:]]
-        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-    b0 = busy()
+    b0 = machine_busy()
     time.sleep(seconds)
-    return (busy() - b0) / seconds
+    return (machine_busy() - b0) / seconds
 
 
 def row(name: str, samples: list[float], bare: float, pairs: list[float] | None = None) -> str:

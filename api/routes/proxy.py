@@ -33,6 +33,7 @@ from aiohttp.typedefs import Handler
 
 from hutch.api.keys import CONFIG, ENGINE, TENANTS
 from hutch.api.tenancy import PUBLIC, needs
+from hutch.api.watchers import while_client_stays
 from hutch.core.errors import DriverFailure, SandboxNotFound
 
 routes = web.RouteTableDef()
@@ -41,7 +42,6 @@ SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length"}
 _CHUNK = 256 * 1024
-_WATCH_SECONDS = 0.2  # how often a relayed request looks at its client's connection
 # Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
 _WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
@@ -160,21 +160,11 @@ async def relay_http(request: web.Request, session: aiohttp.ClientSession, url: 
     nothing (a long-poll, a quiet stream): the far side then sees its waiter leave as if the
     client had been its own (api/watchers.py)."""
     prepared: list[web.StreamResponse] = []
-    work = asyncio.ensure_future(_relay_http(request, session, url, headers, unreachable, prepared))
-    try:
-        while True:
-            done, _ = await asyncio.wait([work], timeout=_WATCH_SECONDS)
-            if done:
-                return work.result()
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await work
-                return prepared[0] if prepared else web.Response(status=499)  # nobody reads it
-    finally:
-        if not work.done():
-            work.cancel()
+    relayed, gone = await while_client_stays(request, _relay_http(request, session, url, headers, unreachable,
+                                                                 prepared))
+    if gone or relayed is None:  # the client left: nobody reads it
+        return prepared[0] if prepared else web.Response(status=499)
+    return relayed
 
 
 async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str],

@@ -73,11 +73,10 @@ def destroy_all(servers: list[Server]) -> None:
         if srv.proc is None or srv.proc.poll() is not None:
             continue
         try:
-            sandboxes = srv.data("GET", "/sandbox?limit=100").get("sandboxes", [])
+            srv.call("GET", "/healthz", timeout=10)
         except (urllib.error.URLError, ConnectionError):
             continue
-        for sb in sandboxes:
-            srv.call("DELETE", f"/sandbox/{sb['sandboxId']}", timeout=60)
+        srv.destroy_every_sandbox()
         return
 
 
