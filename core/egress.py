@@ -55,6 +55,62 @@ def _entry(raw: str) -> str:
     return name
 
 
+# What a sandbox with network may never reach, on every driver. Always: "this network",
+# loopback, link-local (cloud metadata at 169.254.169.254), multicast and reserved ranges.
+ALWAYS_DENIED = ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4")
+# By default also the private ranges (RFC 1918) and carrier-grade NAT (RFC 6598): a host's LAN,
+# its other services and other drivers' sandboxes live there. An operator whose sandboxes must
+# reach a private range names it in HUTCH_SANDBOX_EGRESS_PERMIT (only these can be permitted).
+PRIVATE = ("10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16")
+PERMIT_SETTING = "HUTCH_SANDBOX_EGRESS_PERMIT"
+DENY_SETTING = "HUTCH_SANDBOX_EGRESS_DENY"
+
+
+def parse_cidrs(setting: str, text: str) -> list[ipaddress.IPv4Network]:
+    """A comma-separated list of IPv4 CIDRs from an operator setting; a ValueError names it."""
+    out: list[ipaddress.IPv4Network] = []
+    for raw in (part.strip() for part in text.split(",")):
+        if not raw:
+            continue
+        try:
+            net = ipaddress.ip_network(raw, strict=False)
+        except ValueError as err:
+            raise ValueError(f"{setting}: {raw!r} is not an IPv4 CIDR ({err})") from None
+        if not isinstance(net, ipaddress.IPv4Network):
+            raise ValueError(f"{setting}: {raw!r}: sandboxes have IPv4 only (IPv6 is always denied)")
+        out.append(net)
+    return out
+
+
+def denied_ranges(permit: str = "", deny: str = "") -> list[str]:
+    """The IPv4 ranges a sandbox's outbound traffic is dropped to, as CIDRs: the always-denied
+    ones, the private ones minus what ``permit`` (HUTCH_SANDBOX_EGRESS_PERMIT) carves out, and
+    ``deny`` (HUTCH_SANDBOX_EGRESS_DENY). A permitted range outside PRIVATE is an error: the
+    always-denied ranges are never opened."""
+    permitted = parse_cidrs(PERMIT_SETTING, permit)
+    private = [ipaddress.IPv4Network(c) for c in PRIVATE]
+    for net in permitted:
+        if not any(net.subnet_of(p) for p in private):
+            raise ValueError(f"{PERMIT_SETTING}: {net} is not inside a private range "
+                             f"({', '.join(PRIVATE)}); only those can be permitted")
+    remaining: list[ipaddress.IPv4Network] = []
+    for block in private:
+        pieces = [block]
+        for net in permitted:
+            pieces = [rest for piece in pieces for rest in _without(piece, net)]
+        remaining.extend(pieces)
+    extra = parse_cidrs(DENY_SETTING, deny)
+    return [*ALWAYS_DENIED, *(str(n) for n in remaining), *(str(n) for n in extra)]
+
+
+def _without(block: ipaddress.IPv4Network, hole: ipaddress.IPv4Network) -> list[ipaddress.IPv4Network]:
+    if hole.supernet_of(block):
+        return []
+    if not hole.subnet_of(block):
+        return [block]
+    return list(block.address_exclude(hole))
+
+
 def is_network(entry: str) -> bool:
     """A normalised entry that needs no resolving."""
     return "/" in entry

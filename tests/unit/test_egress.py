@@ -81,3 +81,28 @@ async def test_a_name_that_does_not_resolve_at_create_is_a_400(monkeypatch: pyte
     monkeypatch.setattr(egress, "_addresses", fake)
     with pytest.raises(InvalidInput, match=r"nope\.test"):
         await egress.resolve(["nope.test"])
+
+
+def test_private_ranges_are_denied_by_default() -> None:
+    from hutch.core.egress import denied_ranges
+
+    denied = denied_ranges()
+    for cidr in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"):
+        assert cidr in denied
+
+
+def test_an_operator_permits_part_of_a_private_range_only() -> None:
+    import ipaddress
+
+    from hutch.core.egress import denied_ranges
+
+    denied = [ipaddress.ip_network(c) for c in denied_ranges(permit="10.1.0.0/16")]
+    assert not any(ipaddress.ip_address("10.1.2.3") in n for n in denied)
+    assert any(ipaddress.ip_address("10.2.0.1") in n for n in denied)
+    assert any(ipaddress.ip_address("169.254.169.254") in n for n in denied)
+    with pytest.raises(ValueError, match=r"HUTCH_SANDBOX_EGRESS_PERMIT: 169\.254\.0\.0/16 is not inside a private range"):
+        denied_ranges(permit="169.254.0.0/16")
+    with pytest.raises(ValueError, match="HUTCH_SANDBOX_EGRESS_DENY: 'nope' is not an IPv4 CIDR"):
+        denied_ranges(deny="nope")
+    with pytest.raises(ValueError, match="IPv6 is always denied"):
+        denied_ranges(permit="fd00::/8")
