@@ -2,8 +2,9 @@
 
 Live sandboxes (not final) count against ``sandboxes`` and, by what they asked for, against
 ``memory_bytes`` and ``cpu_millis``; ready snapshots' archives against ``snapshot_bytes``.
-A sandbox that gives no memory or CPU counts the driver-independent defaults below, so an
-organization with a memory quota cannot slip past it by asking for nothing.
+A sandbox that gives no memory or CPU has the server's defaults filled into its spec before it
+is recorded (api/defaults.py), so it counts what its driver enforces; one recorded before that
+counts the same defaults, so an organization cannot slip past a quota by asking for nothing.
 
 An organization with a sandbox quota (``limits_sandboxes``) has its creates hold its lock from
 the check to the append (applied, so the next check counts it): two creates cannot both take
@@ -18,6 +19,7 @@ creates in flight then).
 
 from __future__ import annotations
 
+from hutch.api.defaults import SandboxDefaults
 from hutch.api.reads import Reads
 from hutch.core.errors import QuotaExceeded
 from hutch.core.models import SandboxSpec
@@ -25,13 +27,11 @@ from hutch.core.quantities import format_bytes
 from hutch.core.tenancy import Quota
 from hutch.projections.base import SandboxQuery, SnapshotQuery
 
-DEFAULT_MEMORY_BYTES = 512 * 2**20  # what an unsized sandbox counts as
-DEFAULT_CPU_MILLIS = 1000
-
 
 class Quotas:
-    def __init__(self, reads: Reads) -> None:
+    def __init__(self, reads: Reads, defaults: SandboxDefaults | None = None) -> None:
         self._reads = reads  # the store, and the organizations (their quotas) once the app sets them
+        self.defaults = defaults or SandboxDefaults()
 
     def of(self, org_id: str) -> Quota:
         tenants = self._reads.tenants
@@ -48,8 +48,8 @@ class Quotas:
         snaps, _ = await self._reads.store.list_snapshots(SnapshotQuery(org_id=org_id, limit=10**9))
         return {
             "sandboxes": count,
-            "memory_bytes": sum(_memory(sb.spec) for sb in live),
-            "cpu_millis": sum(_cpu(sb.spec) for sb in live),
+            "memory_bytes": sum(self.defaults.memory_of(sb.spec.resources) for sb in live),
+            "cpu_millis": sum(self.defaults.cpu_of(sb.spec.resources) for sb in live),
             "snapshot_bytes": sum(s.size_bytes for s in snaps),
         }
 
@@ -61,8 +61,8 @@ class Quotas:
         used = await self.usage(org_id)
         for field, adds, show in (
             ("sandboxes", count, str),
-            ("memory_bytes", _memory(spec) * count, format_bytes),
-            ("cpu_millis", _cpu(spec) * count, lambda v: f"{v}m"),
+            ("memory_bytes", self.defaults.memory_of(spec.resources) * count, format_bytes),
+            ("cpu_millis", self.defaults.cpu_of(spec.resources) * count, lambda v: f"{v}m"),
         ):
             limit = getattr(quota, field)
             if limit is not None and used[field] + adds > limit:
@@ -82,10 +82,3 @@ class Quotas:
                 f"it keeps {format_bytes(used)}, and this one is {format_bytes(size_bytes)}",
                 quota="snapshot_bytes", limit=limit, used=used)
 
-
-def _memory(spec: SandboxSpec) -> int:
-    return spec.resources.memory_bytes or DEFAULT_MEMORY_BYTES
-
-
-def _cpu(spec: SandboxSpec) -> int:
-    return spec.resources.cpu_millis or DEFAULT_CPU_MILLIS

@@ -19,6 +19,7 @@ from pathlib import Path
 from hutch.api import archives
 from hutch.api.background import Background
 from hutch.api.control import SandboxControl
+from hutch.api.defaults import SandboxDefaults
 from hutch.api.engine_checkpoints import Checkpoints
 from hutch.api.executions import JOB_STOP_GRACE_SECONDS, Executions
 from hutch.api.input_streams import InputStreams
@@ -60,6 +61,7 @@ class Engine:
         blobs: BlobStore | None = None,
         projector: Projector | None = None,  # api.composition builds it; default: one that applies
         replicas: Replicas | None = None,  # other API processes on this log (core/replicas.py)
+        defaults: SandboxDefaults | None = None,  # what an unsized sandbox gets (api/defaults.py)
     ) -> None:
         self.log = event_log
         self.store = store
@@ -72,7 +74,7 @@ class Engine:
         self.background = Background()
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)
-        self.quotas = Quotas(self.reads)
+        self.quotas = Quotas(self.reads, defaults)
         self.replicas = replicas or SoleReplica()
         self.control = SandboxControl(self.reads, self.recorder, driver, self.replicas)
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts

@@ -39,7 +39,14 @@ class Capabilities:
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
 # pids guard ends it), not at the host's pid_max.
-DEFAULT_PIDS = int(os.environ.get("HUTCH_DEFAULT_PIDS", "1024"))
+# HUTCH_DEFAULT_PIDS is checked by the server's Config at start (api/config.py), which names
+# a bad value; read here too because drivers also run without a Config (tests, tools).
+def _default_pids() -> int:
+    text = os.environ.get("HUTCH_DEFAULT_PIDS", "")
+    return int(text) if text.isdigit() and int(text) > 0 else 1024
+
+
+DEFAULT_PIDS = _default_pids()
 
 
 def check_env(env: Mapping[str, str], field: str) -> None:

@@ -100,6 +100,7 @@ struct opts {
     char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
     int userns;
     unsigned long rlimit_data, rlimit_nproc;
+    unsigned long long dev_size;  /* launch: bytes of the /dev tmpfs (/dev/shm lives there) */
     char **argv;
 };
 
@@ -133,6 +134,7 @@ static void parse(int argc, char **argv, struct opts *o)
         }
         else if (!strcmp(a, "--rlimit-data")) o->rlimit_data = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rlimit-nproc")) o->rlimit_nproc = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--dev-size")) o->dev_size = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
         else if (!strcmp(a, "-e") && o->n_env < 4095) o->env[o->n_env++] = argv[i];
         else if (!strcmp(a, "--ov-lower")) o->ov_lower = v;
@@ -257,11 +259,16 @@ static void drop_privileges(uid_t uid, gid_t gid, int userns)
  * harmless character devices (made by mknod as root, bound from the host under a user
  * namespace), a private devpts instance and the usual links. Nothing else of the
  * host's /dev is reachable. */
-static void setup_dev(int userns)
+static void setup_dev(int userns, unsigned long long size)
 {
-    /* Under a user namespace nobody polices /dev/shm's size (no memory cgroup): cap it. */
-    TRY(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, userns ? "mode=0755,size=64m" : "mode=0755"),
-        "mount /dev: %s", strerror(errno));
+    /* Sized to the sandbox's memory limit (--dev-size): its pages are charged to the memory
+     * cgroup anyway, and a full /dev/shm then answers ENOSPC instead of the tmpfs default of
+     * half the host's RAM. Under a user namespace nobody else polices it (no memory cgroup):
+     * the server caps it lower (launch.py). */
+    char data[64];
+    if (size) snprintf(data, sizeof data, "mode=0755,size=%llu", size);
+    else snprintf(data, sizeof data, "mode=0755,size=%s", userns ? "64m" : "512m");
+    TRY(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, data), "mount /dev: %s", strerror(errno));
     static const struct { const char *name; unsigned major, minor; } devices[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
     };
@@ -421,7 +428,7 @@ static int mode_launch(struct opts *o)
     if (o->netfilter_fd >= 0) load_netfilter(o->netfilter_fd, 0);
     TRY(chdir(o->ov_target), "chdir %s: %s", o->ov_target, strerror(errno));
     TRY(mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mount /proc: %s", strerror(errno));
-    setup_dev(o->userns);
+    setup_dev(o->userns, o->dev_size);
     TRY(syscall(SYS_pivot_root, ".", "."), "pivot_root: %s", strerror(errno));
     TRY(umount2(".", MNT_DETACH), "detach the host root: %s", strerror(errno));
     TRY(chdir("/"), "chdir /: %s", strerror(errno));

@@ -1,0 +1,97 @@
+"""Limits and quotas, from the attacker's side: a tenant who asks for nothing, or for a lot
+of storage, gets exactly what the organization is counted for, and the host's memory, CPU
+and disk stay out of reach.
+
+Local driver (the one whose cgroups the host can read), on both profiles.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hutch.api.keys import ENGINE
+from tests.api.conftest import Api, AppFactory, make_api, profile  # noqa: F401  (fixtures)
+from tests.drivers_support import require_root
+
+pytestmark = pytest.mark.isolation
+
+MIB = 2**20
+
+
+@pytest.fixture
+def driver_name() -> str:
+    require_root()
+    return "local"
+
+
+async def run(api: Api, sid: str, script: str, timeout: str = "60s") -> tuple[dict, str, str]:
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", script], "timeout": timeout})
+    done = await api.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=90s")
+    out, err = await api.stream(ex["stdoutStreamUrl"]), await api.stream(ex["stderrStreamUrl"])
+    return done, out.decode(), err.decode()
+
+
+def cgroup_file(controller: str, sid: str, name: str) -> str:
+    """A sandbox's cgroup file as the host's administrator reads it (cgroup v1 here)."""
+    found = glob.glob(f"/sys/fs/cgroup/{controller}/hutch/*/{sid}/{name}")
+    assert len(found) == 1, (controller, sid, name, found)
+    return Path(found[0]).read_text().strip()
+
+
+async def test_a_sandbox_without_resources_is_held_to_what_it_is_counted_at(make_api: AppFactory) -> None:  # noqa: F811
+    api = await make_api()
+    engine = api.client.app[ENGINE]
+    sid = (await api.data("POST", "/sandbox", json={"runtime": "python:3.13"}, expect=201))["sandboxId"]
+    # The record says what it got, and the cgroup enforces that, not "unlimited".
+    got = (await api.data("GET", f"/sandbox/{sid}"))["resources"]
+    assert got["memory"] == "512Mi" and got["cpu"] == "1", got
+    limit = int(cgroup_file("memory", sid, "memory.limit_in_bytes"))
+    quota_us = int(cgroup_file("cpu", sid, "cpu.cfs_quota_us"))
+    period_us = int(cgroup_file("cpu", sid, "cpu.cfs_period_us"))
+    assert limit == 512 * MIB, limit
+    assert quota_us == period_us, (quota_us, period_us)  # one core
+    # The organization's usage counts exactly what the cgroup enforces.
+    sb = await engine.reads.require(sid)
+    used = await engine.quotas.usage(sb.spec.org_id)
+    assert used["memory_bytes"] == limit and used["cpu_millis"] == quota_us * 1000 // period_us, used
+    # /dev/shm is a memory file system inside the limit, not half the host's RAM.
+    done, out, err = await run(api, sid, "df -B1 --output=size /dev/shm | tail -1")
+    assert int(out.strip()) <= limit, (out, err)
+    # tmpfs pages are charged to the sandbox's memory cgroup: 100 MiB in /dev/shm shows in
+    # its memory.stat as shared memory.
+    done, out, err = await run(api, sid, "dd if=/dev/zero of=/dev/shm/charged bs=1M count=100 2>&1; echo rc=$?")
+    assert "rc=0" in out, (out, err)
+    stat = dict(line.split() for line in cgroup_file("memory", sid, "memory.stat").splitlines())
+    assert int(stat["total_shmem"]) >= 100 * MIB, stat
+    await run(api, sid, "rm -f /dev/shm/charged")
+    # Past the limit in memory: the hog is killed, the sandbox lives on.
+    done, out, err = await run(api, sid, "python3 -c 'x = b\"\\x01\" * (700 << 20); print(\"kept\", len(x))'")
+    assert done["exitCode"] != 0 and "kept" not in out, (done, out, err)
+    # Past it in /dev/shm: refused (no space) or killed, never kept.
+    done, out, err = await run(api, sid, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=700 2>&1; echo rc=$?; "
+                                         "stat -c %s /dev/shm/fill")
+    kept = int(out.strip().splitlines()[-1]) if out.strip().splitlines()[-1].isdigit() else 0
+    assert "rc=0" not in out and kept < limit, (done, out, err)
+    assert int(cgroup_file("memory", sid, "memory.max_usage_in_bytes")) <= limit
+    done, out, _ = await run(api, sid, "rm -f /dev/shm/fill; echo alive")
+    assert out.strip() == "alive", out
+
+
+@pytest.mark.parametrize(("setting", "value"), [("HUTCH_DEFAULT_MEMORY", "lots"), ("HUTCH_DEFAULT_MEMORY", "1Mi"),
+                                                 ("HUTCH_DEFAULT_CPU", "fast"), ("HUTCH_DEFAULT_CPU", "-1"),
+                                                 ("HUTCH_DEFAULT_PIDS", "many")])
+def test_a_bad_default_fails_the_server_start_naming_the_setting(tmp_path: Path, setting: str, value: str) -> None:
+    env = {**os.environ, setting: value, "HUTCH_DATA_DIR": str(tmp_path), "HUTCH_DRIVER": "fake", "HUTCH_PORT": "0"}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hutch", "serve"], env=env, capture_output=True, text=True,
+                              timeout=20)
+    except subprocess.TimeoutExpired as err:
+        raise AssertionError(f"the server started with {setting}={value!r}") from err
+    assert proc.returncode != 0 and setting in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+
