@@ -7,6 +7,7 @@ Local driver (the one whose cgroups the host can read), on both profiles.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import subprocess
@@ -95,3 +96,44 @@ def test_a_bad_default_fails_the_server_start_naming_the_setting(tmp_path: Path,
         raise AssertionError(f"the server started with {setting}={value!r}") from err
     assert proc.returncode != 0 and setting in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
+
+# Another user of the host, looking for secrets where `ps` and /proc show them: every
+# process's command line, and the environment of every process it may read.
+SCANNER = r"""
+import os, select, sys, time
+secret = sys.stdin.buffer.readline().strip()  # not on our own command line
+hits = set()
+while not select.select([sys.stdin], [], [], 0)[0]:  # until the test closes our stdin
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        for part in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{pid}/{part}", "rb") as fh:
+                    if secret in fh.read():
+                        hits.add(f"{part} of pid {pid}")
+            except OSError:
+                pass
+    time.sleep(0.005)
+print("\n".join(sorted(hits)) or "none", flush=True)
+"""
+
+
+async def test_env_secrets_are_in_no_command_line_or_readable_environment(make_api: AppFactory) -> None:  # noqa: F811
+    api = await make_api()
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    scanner = await asyncio.create_subprocess_exec(
+        "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-I", "-c", SCANNER,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert scanner.stdin is not None
+    scanner.stdin.write(secret.encode() + b"\n")
+    await scanner.stdin.drain()
+    try:
+        sid = (await api.data("POST", "/sandbox", expect=201,
+                              json={"runtime": "base:latest", "env": {"SECRET": secret}}))["sandboxId"]
+        await api.data("PATCH", f"/sandbox/env/{sid}", json={"env": {"OTHER": secret + "-2"}})
+        for _ in range(5):
+            _, out, _ = await run(api, sid, 'sleep 0.3; test "$SECRET" = "${OTHER%-2}" && echo same')
+            assert out.strip() == "same", out  # the command got the secret
+    finally:
+        scanner.stdin.close()
+        found, _ = await asyncio.wait_for(scanner.communicate(), 30)
+    assert scanner.returncode == 0 and found.decode().strip() == "none", found

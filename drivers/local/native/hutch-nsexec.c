@@ -95,7 +95,7 @@ struct opts {
     char *env[4096];
     int n_env;
     const char *ov_lower, *ov_upper, *ov_work, *ov_target;
-    int ready_fd, info_fd, netfilter_fd, tty_fd;
+    int ready_fd, info_fd, netfilter_fd, tty_fd, env_fd;
     unsigned short tty_rows, tty_cols;
     char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
     int userns;
@@ -113,6 +113,7 @@ static void parse(int argc, char **argv, struct opts *o)
     o->info_fd = -1;
     o->netfilter_fd = -1;
     o->tty_fd = -1;
+    o->env_fd = -1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -136,7 +137,7 @@ static void parse(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--rlimit-nproc")) o->rlimit_nproc = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--dev-size")) o->dev_size = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
-        else if (!strcmp(a, "-e") && o->n_env < 4095) o->env[o->n_env++] = argv[i];
+        else if (!strcmp(a, "--env-fd")) o->env_fd = atoi(v);
         else if (!strcmp(a, "--ov-lower")) o->ov_lower = v;
         else if (!strcmp(a, "--ov-upper")) o->ov_upper = v;
         else if (!strcmp(a, "--ov-work")) o->ov_work = v;
@@ -578,9 +579,39 @@ static void attach_tty(int sock, unsigned short rows, unsigned short cols)
     if (peer > 2) close(peer);
 }
 
+/* The command's environment: NUL-terminated KEY=VALUE entries read from --env-fd (a
+ * memfd the server filled), never from our command line, which every user of the host can
+ * read in /proc (and our own environment is empty). */
+static void read_env(struct opts *o)
+{
+    if (o->env_fd < 0) return;
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) fail("setup", "out of memory");
+    for (;;) {
+        if (len == cap) {
+            if (cap >= ((size_t)64 << 20)) fail("setup", "environment over 64 MiB");
+            cap *= 2;
+            char *more = realloc(buf, cap + 1);
+            if (!more) fail("setup", "out of memory");
+            buf = more;
+        }
+        ssize_t r = read(o->env_fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) fail("setup", "read the environment: %s", strerror(errno));
+        if (r == 0) break;
+        len += (size_t)r;
+    }
+    close(o->env_fd);
+    buf[len] = '\0';
+    for (size_t i = 0; i < len && o->n_env < 4095; i += strlen(buf + i) + 1)
+        if (buf[i]) o->env[o->n_env++] = buf + i;
+}
+
 static int mode_exec(struct opts *o)
 {
     if (!o->argv || !o->argv[0]) fail("setup", "no command");
+    read_env(o);
     enter(o);
     if (o->tty_fd >= 0) attach_tty(o->tty_fd, o->tty_rows, o->tty_cols);
     o->env[o->n_env] = NULL;
