@@ -187,6 +187,15 @@ def _check_cpu(setting: str, value: str) -> None:
     parse_millicores(setting, value)  # an InvalidInput naming it
 
 
+def _check_egress(setting: str, value: str) -> None:
+    from hutch.core import egress
+
+    try:
+        egress.denied_ranges(**{"permit" if setting == egress.PERMIT_SETTING else "deny": value})
+    except ValueError as err:  # its words name the setting
+        raise InvalidInput(str(err), field=setting) from None
+
+
 def _check_rate(setting: str, value: str) -> None:
     from hutch.api.tenancy import parse_rate
 
@@ -244,6 +253,11 @@ class Config:
     default_disk: str | None = _setting("HUTCH_DEFAULT_DISK", None, check=_check_size)
     # Read by the drivers themselves (drivers/base.py); checked here so a bad one stops the start.
     default_pids: int = _setting("HUTCH_DEFAULT_PIDS", 1024, convert=_to_count)
+    # What sandboxes with network may reach besides the internet (core/egress.py): private
+    # ranges to open ("10.1.0.0/16,..."; only inside RFC 1918 and CGNAT) and more ranges to
+    # close. Read by the drivers from the environment; checked here so a bad one stops the start.
+    egress_permit: str = _setting("HUTCH_SANDBOX_EGRESS_PERMIT", "", check=_check_egress)
+    egress_deny: str = _setting("HUTCH_SANDBOX_EGRESS_DENY", "", check=_check_egress)
     # Requests a second per key (":burst" optional) for keys created without their own rate,
     # and for the bootstrap key; "" = unlimited (api/tenancy.py).
     rate_limit: str = _setting("HUTCH_RATE_LIMIT", "", check=_check_rate)

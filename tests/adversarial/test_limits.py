@@ -86,7 +86,7 @@ async def test_a_sandbox_without_resources_is_held_to_what_it_is_counted_at(make
 
 @pytest.mark.parametrize(("setting", "value"), [("HUTCH_DEFAULT_MEMORY", "lots"), ("HUTCH_DEFAULT_MEMORY", "1Mi"),
                                                  ("HUTCH_DEFAULT_CPU", "fast"), ("HUTCH_DEFAULT_CPU", "-1"),
-                                                 ("HUTCH_DEFAULT_PIDS", "many")])
+                                                 ("HUTCH_DEFAULT_PIDS", "many"), ("HUTCH_SANDBOX_EGRESS_PERMIT", "8.8.8.0/24")])
 def test_a_bad_default_fails_the_server_start_naming_the_setting(tmp_path: Path, setting: str, value: str) -> None:
     env = {**os.environ, setting: value, "HUTCH_DATA_DIR": str(tmp_path), "HUTCH_DRIVER": "fake", "HUTCH_PORT": "0"}
     try:
