@@ -253,6 +253,10 @@ class Config:
     default_disk: str | None = _setting("HUTCH_DEFAULT_DISK", None, check=_check_size)
     # Read by the drivers themselves (drivers/base.py); checked here so a bad one stops the start.
     default_pids: int = _setting("HUTCH_DEFAULT_PIDS", 1024, convert=_to_count)
+    # Disk checkpoints per sandbox: how many, and the bytes they may take on the host (they
+    # count against the organization's storage quota too: api/engine_checkpoints.py).
+    max_checkpoints: int = _setting("HUTCH_MAX_CHECKPOINTS", 10, convert=_to_count)
+    max_checkpoint_bytes: str = _setting("HUTCH_MAX_CHECKPOINT_BYTES", "2Gi", check=_check_size)
     # What sandboxes with network may reach besides the internet (core/egress.py): private
     # ranges to open ("10.1.0.0/16,..."; only inside RFC 1918 and CGNAT) and more ranges to
     # close. Read by the drivers from the environment; checked here so a bad one stops the start.

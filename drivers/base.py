@@ -318,6 +318,11 @@ class Driver(abc.ABC):
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot delete checkpoints")
 
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        """Bytes each of the sandbox's checkpoints takes where the driver keeps it (counted
+        against the organization's storage quota); {} where they take none worth counting."""
+        return {}
+
     async def open_terminal(self, req: TerminalRequest) -> Terminal:
         """Start ``req.argv`` on a new pseudo-terminal of a running sandbox."""
         raise NotSupported(f"driver {self.name} has no terminals")

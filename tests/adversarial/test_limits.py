@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hutch.api.keys import ENGINE
-from tests.api.conftest import Api, AppFactory, make_api, profile  # noqa: F401  (fixtures)
+from tests.api.conftest import AUTH, Api, AppFactory, make_api, profile  # noqa: F401  (fixtures)
 from tests.drivers_support import require_root
 
 pytestmark = pytest.mark.isolation
@@ -137,3 +137,79 @@ async def test_env_secrets_are_in_no_command_line_or_readable_environment(make_a
         scanner.stdin.close()
         found, _ = await asyncio.wait_for(scanner.communicate(), 30)
     assert scanner.returncode == 0 and found.decode().strip() == "none", found
+
+
+async def test_checkpoints_are_bounded_per_sandbox_and_counted(make_api: AppFactory) -> None:  # noqa: F811
+    api = await make_api(max_checkpoint_bytes="200Mi")
+    engine = api.client.app[ENGINE]
+    sid = (await api.data("POST", "/sandbox", expect=201,
+                          json={"runtime": "base:latest", "resources": {"disk": "64Mi"}}))["sandboxId"]
+    _done, out, err = await run(api, sid, "dd if=/dev/urandom of=blob bs=1M count=50 2>&1; echo rc=$?")
+    assert "rc=0" in out, (out, err)
+    # 20 checkpoints of 50 MiB: 1,000 MB of the host's disk outside the sandbox's 64Mi.
+    taken, refused = 0, None
+    for i in range(20):
+        resp = await api.client.post(f"/sandbox/{sid}/checkpoint", json={"name": f"c{i}"}, headers=AUTH)
+        if resp.status != 201:
+            refused = (resp.status, await resp.json())
+            break
+        taken += 1
+    assert refused is not None and refused[0] == 403, (taken, refused)
+    assert refused[1]["code"] == "QUOTA_EXCEEDED" and refused[1]["quota"] == "checkpoint_bytes", refused
+    on_disk = sum(f.stat().st_blocks * 512 for f in (engine.driver.data_dir / "sandboxes" / sid / "checkpoints").rglob("*")
+                  if f.is_file() and not f.is_symlink())
+    assert taken >= 3 and on_disk <= 200 * MIB, (taken, on_disk)
+    listed = await api.data("GET", f"/sandbox/checkpoints/{sid}")
+    assert len(listed["checkpoints"]) == taken, listed
+    used = await engine.quotas.usage((await engine.reads.require(sid)).spec.org_id)
+    assert used["checkpoint_bytes"] >= taken * 50 * MIB and used["storage_bytes"] >= used["checkpoint_bytes"], used
+    # And by count: small ones stop at HUTCH_MAX_CHECKPOINTS (10 by default).
+    small = (await api.data("POST", "/sandbox", expect=201, json={"runtime": "base:latest"}))["sandboxId"]
+    statuses = []
+    for i in range(11):
+        resp = await api.client.post(f"/sandbox/{small}/checkpoint", json={"name": f"s{i}"}, headers=AUTH)
+        statuses.append((resp.status, (await resp.json()).get("quota")))
+    assert statuses[:10] == [(201, None)] * 10 and statuses[10] == (403, "checkpoints"), statuses
+
+
+async def test_an_upload_over_the_storage_quota_is_refused_before_its_bytes_land(make_api: AppFactory) -> None:  # noqa: F811
+    api = await make_api()
+    engine = api.client.app[ENGINE]
+    org = (await api.data("POST", "/orgs", json={"name": "uploaders"}, expect=201))["id"]
+    await api.data("PATCH", f"/orgs/{org}/quota", json={"snapshotBytes": 1 * MIB})
+
+    async def build() -> tuple[str, str]:
+        made = await api.data("POST", "/sandbox/snapshots/build", expect=201,
+                              json={"runtime": "base:latest", "orgId": org, "force": True})
+        return made["snapshotId"], made["uploadUrl"].split("://", 1)[1].split("/", 1)[1]
+
+    async def stored(snapshot_id: str) -> bool:
+        return await engine.snapshots.archives.exists(snapshot_id)
+
+    async def upload(path: str, body: object) -> tuple[int, dict]:
+        resp = await api.client.put("/" + path, data=body)  # the presigned URL: no key
+        return resp.status, await resp.json()
+
+    # Within the quota: stored, and counted before it is finalized.
+    first, path = await build()
+    assert (await upload(path, b"\0" * (600 * 1024)))[0] == 200
+    assert (await api.data("GET", f"/orgs/{org}"))["usage"]["uploadBytes"] == 600 * 1024
+    # Past what is left (Content-Length says so): refused before a byte is stored.
+    second, path = await build()
+    status, body = await upload(path, b"\0" * (600 * 1024))
+    assert status == 403 and body["code"] == "QUOTA_EXCEEDED" and not await stored(second), (status, body)
+
+    # Without a Content-Length: refused the moment it passes what is left, nothing kept.
+    async def chunks():
+        for _ in range(8):
+            yield b"\0" * (128 * 1024)
+
+    status, body = await upload(path, chunks())
+    assert status == 403 and body["code"] == "QUOTA_EXCEEDED" and not await stored(second), (status, body)
+    # An organization over its quota (lowered by the operator) stores not one more byte.
+    await api.data("PATCH", f"/orgs/{org}/quota", json={"snapshotBytes": 100 * 1024})
+    status, body = await upload(path, b"x")
+    assert status == 403 and body["code"] == "QUOTA_EXCEEDED" and not await stored(second), (status, body)
+    # Never finalized: expired with its upload, and no longer counted.
+    assert first in await engine.snapshots.expire_builds(older_than=0)
+    assert not await stored(first) and (await api.data("GET", f"/orgs/{org}"))["usage"]["uploadBytes"] == 0

@@ -56,6 +56,8 @@ SETTINGS = [
     ("default_memory", "1Gi", "1Gi", "8Mi", "HUTCH_DEFAULT_MEMORY: expected at least 16Mi"),
     ("default_cpu", "500m", "500m", "fast", "HUTCH_DEFAULT_CPU"),
     ("default_pids", "256", 256, "many", "HUTCH_DEFAULT_PIDS: expected a positive whole number, got 'many'"),
+    ("max_checkpoints", "4", 4, "0", "HUTCH_MAX_CHECKPOINTS: expected a positive whole number, got '0'"),
+    ("max_checkpoint_bytes", "1Gi", "1Gi", "lots", "HUTCH_MAX_CHECKPOINT_BYTES"),
     ("egress_permit", "10.1.0.0/16", "10.1.0.0/16", "169.254.0.0/16",
      "HUTCH_SANDBOX_EGRESS_PERMIT: 169.254.0.0/16 is not inside a private range"),
     ("egress_deny", "203.0.113.0/24", "203.0.113.0/24", "fd00::/8", "HUTCH_SANDBOX_EGRESS_DENY: 'fd00::/8'"),
