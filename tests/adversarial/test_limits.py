@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from hutch.api.config import Config
 from hutch.api.keys import ENGINE
+from hutch.core.errors import InvalidInput
 from tests.api.conftest import AUTH, Api, AppFactory, make_api, profile  # noqa: F401  (fixtures)
 from tests.drivers_support import require_root
 
@@ -84,17 +86,28 @@ async def test_a_sandbox_without_resources_is_held_to_what_it_is_counted_at(make
     assert out.strip() == "alive", out
 
 
-@pytest.mark.parametrize(("setting", "value"), [("HUTCH_DEFAULT_MEMORY", "lots"), ("HUTCH_DEFAULT_MEMORY", "1Mi"),
-                                                 ("HUTCH_DEFAULT_CPU", "fast"), ("HUTCH_DEFAULT_CPU", "-1"),
-                                                 ("HUTCH_DEFAULT_PIDS", "many"), ("HUTCH_SANDBOX_EGRESS_PERMIT", "8.8.8.0/24")])
-def test_a_bad_default_fails_the_server_start_naming_the_setting(tmp_path: Path, setting: str, value: str) -> None:
-    env = {**os.environ, setting: value, "HUTCH_DATA_DIR": str(tmp_path), "HUTCH_DRIVER": "fake", "HUTCH_PORT": "0"}
+BAD_SETTINGS = [("HUTCH_DEFAULT_MEMORY", "lots"), ("HUTCH_DEFAULT_MEMORY", "1Mi"), ("HUTCH_DEFAULT_CPU", "fast"),
+                ("HUTCH_DEFAULT_CPU", "-1"), ("HUTCH_DEFAULT_PIDS", "many"), ("HUTCH_SANDBOX_EGRESS_PERMIT", "8.8.8.0/24"),
+                ("HUTCH_MAX_CHECKPOINTS", "0"), ("HUTCH_MAX_CHECKPOINT_BYTES", "lots")]
+
+
+def test_a_bad_default_fails_the_server_start_naming_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each setting as `hutch serve` reads it (in process: a server start costs seconds) ...
+    for setting, value in BAD_SETTINGS:
+        with monkeypatch.context() as m:
+            m.setenv(setting, value)
+            with pytest.raises(InvalidInput) as caught:
+                Config.from_env(data_dir=tmp_path)
+            assert caught.value.message.startswith(setting), (setting, caught.value.message)
+    # ... and one through the real command: it stops before serving, saying which.
+    env = {**os.environ, "HUTCH_DEFAULT_MEMORY": "lots", "HUTCH_DATA_DIR": str(tmp_path), "HUTCH_DRIVER": "fake",
+           "HUTCH_PORT": "0"}
     try:
         proc = subprocess.run([sys.executable, "-m", "hutch", "serve"], env=env, capture_output=True, text=True,
-                              timeout=20)
+                              timeout=30)
     except subprocess.TimeoutExpired as err:
-        raise AssertionError(f"the server started with {setting}={value!r}") from err
-    assert proc.returncode != 0 and setting in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+        raise AssertionError("the server started with HUTCH_DEFAULT_MEMORY='lots'") from err
+    assert proc.returncode != 0 and "HUTCH_DEFAULT_MEMORY" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
 
 # Another user of the host, looking for secrets where `ps` and /proc show them: every
