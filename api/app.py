@@ -21,6 +21,8 @@ from hutch.api import archives, memory, openapi
 from hutch.api.background import Background
 from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
+from hutch.api.defaults import SandboxDefaults
+from hutch.api.engine_checkpoints import CheckpointLimits
 from hutch.api.http import check_query
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from hutch.api.replication import (
@@ -55,6 +57,7 @@ from hutch.api.webapp import routes as webapp_routes
 from hutch.api.webapp.sessions import COOKIE, SESSIONS, Sessions
 from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from hutch.core.events import ACTOR
+from hutch.core.quantities import parse_bytes
 from hutch.core.tenancy import SCOPE, Access, Scope
 
 log = logging.getLogger("hutch.api")
@@ -236,7 +239,12 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                         stream_secret=secret, data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
                                                max_entries=config.max_archive_entries),
-                        blobs=blob_store, projector=parts.projector, replicas=replicas)
+                        blobs=blob_store, projector=parts.projector, replicas=replicas,
+                        defaults=SandboxDefaults(memory=config.default_memory, cpu=config.default_cpu,
+                                                 disk=config.default_disk),
+                        checkpoint_limits=CheckpointLimits(
+                            count=config.max_checkpoints,
+                            bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes)))
         stack.push_async_callback(engine.close)
         replication = Replication(replicas, engine, on_live=lambda n: setattr(tenants, "replicas", n))
         engine.projector.observers.append(replication.observe)

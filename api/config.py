@@ -25,6 +25,7 @@ from hutch.core.paths import API_KEY_FILE, default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
+MIN_MEMORY = 16 * 2**20  # the least a sandbox starts with (api/wire.py refuses less at create)
 EVENT_LOGS = "sqlite, sqlite:///PATH or kafka://HOST:PORT/TOPIC"
 
 
@@ -173,6 +174,28 @@ def _check_size(setting: str, value: str | None) -> None:
         parse_bytes(setting, value)  # an InvalidInput naming it
 
 
+def _check_memory(setting: str, value: str) -> None:
+    from hutch.core.quantities import parse_bytes
+
+    if parse_bytes(setting, value) < MIN_MEMORY:  # parse_bytes: an InvalidInput naming it
+        raise _refuse(setting, f"at least {MIN_MEMORY >> 20}Mi (a sandbox needs that much to start)", value)
+
+
+def _check_cpu(setting: str, value: str) -> None:
+    from hutch.core.quantities import parse_millicores
+
+    parse_millicores(setting, value)  # an InvalidInput naming it
+
+
+def _check_egress(setting: str, value: str) -> None:
+    from hutch.core import egress
+
+    try:
+        egress.denied_ranges(**{"permit" if setting == egress.PERMIT_SETTING else "deny": value})
+    except ValueError as err:  # its words name the setting
+        raise InvalidInput(str(err), field=setting) from None
+
+
 def _check_rate(setting: str, value: str) -> None:
     from hutch.api.tenancy import parse_rate
 
@@ -222,8 +245,23 @@ class Config:
     # A wildcard domain pointing at this server ("sandboxes.example.com", with a ":port" when
     # not on 80/443): port URLs become {port}-{id}.{domain} (api/routes/proxy.py).
     sandbox_domain: str | None = _setting("HUTCH_SANDBOX_DOMAIN", None, check=_check_host_port)
-    # The disk limit ("2Gi") of a sandbox whose create gives none; None: unlimited.
+    # What a sandbox whose create gives no resources gets, enforced by the driver and counted
+    # by the quotas alike (api/defaults.py): memory ("512Mi"; /dev/shm lives inside it), CPU
+    # ("1" core, "500m"), disk ("2Gi"; None: only the host's disk bounds it), processes.
+    default_memory: str = _setting("HUTCH_DEFAULT_MEMORY", "512Mi", check=_check_memory)
+    default_cpu: str = _setting("HUTCH_DEFAULT_CPU", "1", check=_check_cpu)
     default_disk: str | None = _setting("HUTCH_DEFAULT_DISK", None, check=_check_size)
+    # Read by the drivers themselves (drivers/base.py); checked here so a bad one stops the start.
+    default_pids: int = _setting("HUTCH_DEFAULT_PIDS", 1024, convert=_to_count)
+    # Disk checkpoints per sandbox: how many, and the bytes they may take on the host (they
+    # count against the organization's storage quota too: api/engine_checkpoints.py).
+    max_checkpoints: int = _setting("HUTCH_MAX_CHECKPOINTS", 10, convert=_to_count)
+    max_checkpoint_bytes: str = _setting("HUTCH_MAX_CHECKPOINT_BYTES", "2Gi", check=_check_size)
+    # What sandboxes with network may reach besides the internet (core/egress.py): private
+    # ranges to open ("10.1.0.0/16,..."; only inside RFC 1918 and CGNAT) and more ranges to
+    # close. Read by the drivers from the environment; checked here so a bad one stops the start.
+    egress_permit: str = _setting("HUTCH_SANDBOX_EGRESS_PERMIT", "", check=_check_egress)
+    egress_deny: str = _setting("HUTCH_SANDBOX_EGRESS_DENY", "", check=_check_egress)
     # Requests a second per key (":burst" optional) for keys created without their own rate,
     # and for the bootstrap key; "" = unlimited (api/tenancy.py).
     rate_limit: str = _setting("HUTCH_RATE_LIMIT", "", check=_check_rate)

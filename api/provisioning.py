@@ -60,8 +60,10 @@ class Provisioning:
         ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
         execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
         tenants = self._reads.tenants
-        req = attrs.evolve(req, spec=owned(req.spec, tenants.directory if tenants else None))
-        spec = req.spec
+        spec = owned(req.spec, tenants.directory if tenants else None)
+        # Once, here: the driver, the quota and the recorded event all see these limits.
+        spec = self._quotas.defaults.apply(spec, cpu_limit=self._driver.capabilities.cpu_limit)
+        req = attrs.evolve(req, spec=spec)
         build = spec.runtime not in self._driver.runtimes_available()
         self._check_capabilities(spec)
         sandbox_id = ids.new_id("sandbox")

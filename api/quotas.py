@@ -1,9 +1,13 @@
 """Organization quotas, checked before anything is recorded (so a refusal leaves nothing).
 
 Live sandboxes (not final) count against ``sandboxes`` and, by what they asked for, against
-``memory_bytes`` and ``cpu_millis``; ready snapshots' archives against ``snapshot_bytes``.
-A sandbox that gives no memory or CPU counts the driver-independent defaults below, so an
-organization with a memory quota cannot slip past it by asking for nothing.
+``memory_bytes`` and ``cpu_millis``. ``snapshot_bytes`` is the organization's storage quota:
+ready snapshots' archives, its sandboxes' disk checkpoints (their bytes on the host, as the
+driver reports them) and the archives of snapshot builds not finalized yet, uploads in
+flight counted from their first byte (on this replica; stored ones on every replica).
+A sandbox that gives no memory or CPU has the server's defaults filled into its spec before it
+is recorded (api/defaults.py), so it counts what its driver enforces; one recorded before that
+counts the same defaults, so an organization cannot slip past a quota by asking for nothing.
 
 An organization with a sandbox quota (``limits_sandboxes``) has its creates hold its lock from
 the check to the append (applied, so the next check counts it): two creates cannot both take
@@ -18,20 +22,29 @@ creates in flight then).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, AsyncIterator
+
+from hutch.api.defaults import SandboxDefaults
 from hutch.api.reads import Reads
+from hutch.core.blobs import BlobNotFound, BlobStore
 from hutch.core.errors import QuotaExceeded
 from hutch.core.models import SandboxSpec
 from hutch.core.quantities import format_bytes
 from hutch.core.tenancy import Quota
+from hutch.drivers.base import Driver
 from hutch.projections.base import SandboxQuery, SnapshotQuery
 
-DEFAULT_MEMORY_BYTES = 512 * 2**20  # what an unsized sandbox counts as
-DEFAULT_CPU_MILLIS = 1000
+STORAGE = "snapshot_bytes"  # the quota that bounds every byte an organization keeps
 
 
 class Quotas:
-    def __init__(self, reads: Reads) -> None:
+    def __init__(self, reads: Reads, defaults: SandboxDefaults | None = None, *, driver: Driver | None = None,
+                 blobs: BlobStore | None = None) -> None:
         self._reads = reads  # the store, and the organizations (their quotas) once the app sets them
+        self.defaults = defaults or SandboxDefaults()
+        self._driver = driver  # checkpoints' sizes
+        self._blobs = blobs  # unfinalized builds' uploads
+        self._uploading: dict[str, dict[str, int]] = {}  # org -> snapshot -> bytes received so far
 
     def of(self, org_id: str) -> Quota:
         tenants = self._reads.tenants
@@ -46,12 +59,78 @@ class Quotas:
     async def usage(self, org_id: str) -> dict[str, int]:
         live, count = await self._reads.store.list_sandboxes(SandboxQuery(org_id=org_id, live=True, limit=10**9))
         snaps, _ = await self._reads.store.list_snapshots(SnapshotQuery(org_id=org_id, limit=10**9))
+        checkpoints = 0
+        if self._driver is not None:
+            for sb in live:
+                if sb.checkpoints:
+                    checkpoints += sum((await self._driver.checkpoint_sizes(sb.sandbox_id)).values())
+        uploads = await self._pending_uploads(org_id)
+        snapshot_bytes = sum(s.size_bytes for s in snaps)
         return {
             "sandboxes": count,
-            "memory_bytes": sum(_memory(sb.spec) for sb in live),
-            "cpu_millis": sum(_cpu(sb.spec) for sb in live),
-            "snapshot_bytes": sum(s.size_bytes for s in snaps),
+            "memory_bytes": sum(self.defaults.memory_of(sb.spec.resources) for sb in live),
+            "cpu_millis": sum(self.defaults.cpu_of(sb.spec.resources) for sb in live),
+            "snapshot_bytes": snapshot_bytes,
+            "checkpoint_bytes": checkpoints,
+            "upload_bytes": sum(uploads.values()),
+            "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()),
         }
+
+    async def _pending_uploads(self, org_id: str) -> dict[str, int]:
+        """Bytes of each build not finalized yet: stored, or (larger) still arriving here."""
+        out = dict(self._uploading.get(org_id, {}))
+        if self._blobs is None:
+            return out
+        building, _ = await self._reads.store.list_snapshots(
+            SnapshotQuery(org_id=org_id, ready_only=False, building_only=True, limit=10**9))
+        for snap in building:
+            try:
+                size = (await self._blobs.stat(f"snapshots/{snap.snapshot_id}.tar.gz")).size
+            except BlobNotFound:
+                continue
+            out[snap.snapshot_id] = max(out.get(snap.snapshot_id, 0), size)
+        return out
+
+    async def storage_room(self, org_id: str, *, replacing: str | None = None, allow_full: bool = False) -> int | None:
+        """Bytes the organization may still store (None: no storage quota); refuses with
+        QUOTA_EXCEEDED when there is none left (``allow_full``: only when it stores more than
+        its quota). ``replacing``: a build whose earlier upload a new one replaces (not
+        counted twice)."""
+        limit = self.of(org_id).snapshot_bytes
+        if limit is None:
+            return None
+        used = await self.usage(org_id)
+        stored = used["storage_bytes"]
+        if replacing is not None:
+            stored -= (await self._pending_uploads(org_id)).get(replacing, 0)
+        if stored > limit or (stored == limit and not allow_full):
+            raise self._storage_full(org_id, limit, stored, "nothing more can be stored")
+        return limit - stored
+
+    def _storage_full(self, org_id: str, limit: int, used: int, what: str) -> QuotaExceeded:
+        return QuotaExceeded(
+            f"quota snapshot_bytes: organization {org_id} may store {format_bytes(limit)} (snapshots, checkpoints "
+            f"and uploads not finalized); it stores {format_bytes(used)}, and {what}", quota=STORAGE, limit=limit,
+            used=used)
+
+    async def metered(self, org_id: str, snapshot_id: str, chunks: AsyncIterable[bytes],
+                      room: int | None) -> AsyncIterator[bytes]:
+        """``chunks`` counted against the organization's storage from the first byte on (so a
+        concurrent check sees them), refused with QUOTA_EXCEEDED the moment they pass ``room``."""
+        counts = self._uploading.setdefault(org_id, {})
+        counts[snapshot_id] = 0
+        try:
+            async for chunk in chunks:
+                counts[snapshot_id] += len(chunk)
+                if room is not None and counts[snapshot_id] > room:
+                    limit = self.of(org_id).snapshot_bytes or 0
+                    raise self._storage_full(org_id, limit, limit - room + counts[snapshot_id],
+                                             f"this upload passed the {format_bytes(room)} left")
+                yield chunk
+        finally:
+            counts.pop(snapshot_id, None)
+            if not counts:
+                self._uploading.pop(org_id, None)
 
     async def check_sandbox(self, org_id: str, spec: SandboxSpec, count: int = 1) -> None:
         """``count``: that many sandboxes of this spec at once (a fork), all or none."""
@@ -61,8 +140,8 @@ class Quotas:
         used = await self.usage(org_id)
         for field, adds, show in (
             ("sandboxes", count, str),
-            ("memory_bytes", _memory(spec) * count, format_bytes),
-            ("cpu_millis", _cpu(spec) * count, lambda v: f"{v}m"),
+            ("memory_bytes", self.defaults.memory_of(spec.resources) * count, format_bytes),
+            ("cpu_millis", self.defaults.cpu_of(spec.resources) * count, lambda v: f"{v}m"),
         ):
             limit = getattr(quota, field)
             if limit is not None and used[field] + adds > limit:
@@ -71,21 +150,14 @@ class Quotas:
                     f"{show(used[field])}, and {'this one' if count == 1 else f'these {count}'} would add {show(adds)}",
                     quota=field, limit=limit, used=used[field])
 
-    async def check_snapshot(self, org_id: str, size_bytes: int) -> None:
+    async def check_snapshot(self, org_id: str, size_bytes: int, *, finalizing: str | None = None) -> None:
+        """``finalizing``: a build whose upload becomes this snapshot (counted once, as it)."""
         limit = self.of(org_id).snapshot_bytes
         if limit is None:
             return
-        used = (await self.usage(org_id))["snapshot_bytes"]
+        used = (await self.usage(org_id))["storage_bytes"]
+        if finalizing is not None:
+            used -= (await self._pending_uploads(org_id)).get(finalizing, 0)
         if used + size_bytes > limit:
-            raise QuotaExceeded(
-                f"quota snapshot_bytes: organization {org_id} may keep {format_bytes(limit)} of snapshots; "
-                f"it keeps {format_bytes(used)}, and this one is {format_bytes(size_bytes)}",
-                quota="snapshot_bytes", limit=limit, used=used)
+            raise self._storage_full(org_id, limit, used, f"this snapshot is {format_bytes(size_bytes)}")
 
-
-def _memory(spec: SandboxSpec) -> int:
-    return spec.resources.memory_bytes or DEFAULT_MEMORY_BYTES
-
-
-def _cpu(spec: SandboxSpec) -> int:
-    return spec.resources.cpu_millis or DEFAULT_CPU_MILLIS

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from hutch.api import archives
 from hutch.api.background import Background
 from hutch.api.control import SandboxControl
-from hutch.api.engine_checkpoints import Checkpoints
+from hutch.api.defaults import SandboxDefaults
+from hutch.api.engine_checkpoints import CheckpointLimits, Checkpoints
 from hutch.api.executions import JOB_STOP_GRACE_SECONDS, Executions
 from hutch.api.input_streams import InputStreams
 from hutch.api.provisioning import Created, Provisioning
@@ -27,7 +29,7 @@ from hutch.api.quotas import Quotas
 from hutch.api.reads import Reads
 from hutch.api.recorder import Recorder, now_iso
 from hutch.api.recovery import Recovery
-from hutch.api.snapshots import Snapshots
+from hutch.api.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.api.stream_ids import StreamIds
 from hutch.api.tenancy import Tenants
 from hutch.api.timeouts import Reaper
@@ -45,6 +47,8 @@ from hutch.drivers.base import Driver, FileToWrite
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
 
+log = logging.getLogger(__name__)
+
 
 class Engine:
     def __init__(
@@ -60,6 +64,8 @@ class Engine:
         blobs: BlobStore | None = None,
         projector: Projector | None = None,  # api.composition builds it; default: one that applies
         replicas: Replicas | None = None,  # other API processes on this log (core/replicas.py)
+        defaults: SandboxDefaults | None = None,  # what an unsized sandbox gets (api/defaults.py)
+        checkpoint_limits: CheckpointLimits | None = None,  # per sandbox (api/engine_checkpoints.py)
     ) -> None:
         self.log = event_log
         self.store = store
@@ -72,7 +78,8 @@ class Engine:
         self.background = Background()
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)
-        self.quotas = Quotas(self.reads)
+        blob_store = blobs or FileBlobStore(data_dir)
+        self.quotas = Quotas(self.reads, defaults, driver=driver, blobs=blob_store)
         self.replicas = replicas or SoleReplica()
         self.control = SandboxControl(self.reads, self.recorder, driver, self.replicas)
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts
@@ -80,10 +87,10 @@ class Engine:
                                      outputs=outputs, streams=self.streams, inputs=self.inputs,
                                      background=self.background)
         self.watchers = self.executions.watchers  # cancels a command its waiters all left
-        self.checkpoints = Checkpoints(self.reads, self.recorder, driver, self.reaper)
+        self.checkpoints = Checkpoints(self.reads, self.recorder, driver, self.reaper, self.quotas, checkpoint_limits)
         self.snapshots = Snapshots(store=store, reads=self.reads, recorder=self.recorder, driver=driver,
                                    quotas=self.quotas, streams=self.streams, reaper=self.reaper,
-                                   blobs=blobs or FileBlobStore(data_dir), spool_dir=data_dir / "spool",
+                                   blobs=blob_store, spool_dir=data_dir / "spool",
                                    limits=limits or archives.Limits())
         self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, driver=driver, outputs=outputs,
                                          streams=self.streams, inputs=self.inputs, quotas=self.quotas,
@@ -107,8 +114,18 @@ class Engine:
         self.driver.set_listener(self.control.ended)
         await self.recovery.run()
         await self.snapshots.expire_builds()
+        self.background.spawn(self._sweep_builds(), "expire-builds")
         await asyncio.to_thread(clear_spool, self.snapshots.archives.spool_dir)  # a kill cut short
         self.background.spawn(self.reaper.watch(), "timeouts")
+
+    async def _sweep_builds(self) -> None:
+        """Abandoned snapshot builds (and their uploads) go within BUILD_SWEEP_SECONDS of expiring."""
+        while True:
+            await asyncio.sleep(BUILD_SWEEP_SECONDS)
+            try:
+                await self.snapshots.expire_builds()
+            except Exception:  # the next sweep tries again; a failed one leaves everything as it was
+                log.exception("expiring abandoned snapshot builds failed")
 
     async def close(self) -> None:
         self.watchers.close()

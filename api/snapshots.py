@@ -46,11 +46,13 @@ from hutch.core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
+    QuotaExceeded,
     RuntimeNotFound,
     SnapshotNotFound,
 )
 from hutch.core.models import Snapshot, SnapshotFile, SnapshotStatus
 from hutch.core.packages import check_dependencies, check_packages
+from hutch.core.quantities import format_bytes
 from hutch.core.snapshots import (
     DEFAULT_TAG,
     BeginBuild,
@@ -69,7 +71,11 @@ from hutch.projections.base import ProjectionStore, SnapshotQuery
 
 WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
 LINEAGE_MAX = 1000
-BUILD_TTL_SECONDS = 24 * 3600  # a build not finalized within a day is abandoned
+# A build not finalized within an hour is abandoned: deleted with its upload at the server's
+# start, at every new build, and every BUILD_SWEEP_SECONDS (Engine.start); until then its
+# upload counts against the organization's storage quota.
+BUILD_TTL_SECONDS = 3600
+BUILD_SWEEP_SECONDS = 600
 
 
 class SnapshotArchives:
@@ -307,12 +313,22 @@ class Snapshots:
         await self._recorder.snapshot(snapshot_id, command)
         return await self.get(snapshot_id, include_building=True), None
 
-    async def upload(self, snapshot_id: str, body: AsyncIterable[bytes], max_bytes: int) -> Snapshot:
+    async def upload(self, snapshot_id: str, body: AsyncIterable[bytes], max_bytes: int,
+                     declared: int | None = None) -> Snapshot:
+        """Store a build's archive (``max_bytes`` at most). Counted against the organization's
+        storage quota from its first byte; refused with QUOTA_EXCEEDED before any byte is
+        stored when the organization has no room left (or ``declared``, its Content-Length,
+        is more than the room), and the moment it passes the room."""
         snap = await self.get(snapshot_id, include_building=True, own=True)
         if snap.status is not SnapshotStatus.BUILDING:
             raise IllegalTransition(f"snapshot {snapshot_id} is {snap.status.value}; its content cannot change",
                                     snapshot_id=snapshot_id)
-        await self.archives.save(snapshot_id, body, max_bytes)
+        room = await self._quotas.storage_room(snap.org_id, replacing=snapshot_id)
+        if room is not None and declared is not None and declared > room:
+            raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
+                                f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
+                                limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
+        await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room), max_bytes)
         return snap
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
@@ -339,7 +355,7 @@ class Snapshots:
                                    f"{snapshot_id}/upload) and there is no env, dependency or package to keep",
                                    field="archive")
             files = ()
-        await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files))
+        await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
         await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
                                                                  dependencies=deps, packages=pkgs))
         await self._take_tag(snapshot_id, snap.name, snap.tag)

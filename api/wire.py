@@ -149,8 +149,7 @@ def parse_stream(body: Mapping[str, Any]) -> StreamOptions:
 MIN_DISK = 16 * 2**20  # the file system a limit makes needs room for itself and the skeleton
 
 
-def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
-                 default_disk: str | None = None) -> CreateRequest:
+def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> CreateRequest:
     """``snapshot``: what the body's ``snapshot`` reference resolved to (the route resolves
     it, since that reads the store); its runtime and env are the new sandbox's base."""
     if not isinstance(body, dict):
@@ -159,7 +158,7 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None, *,
     dependencies = check_dependencies(body.get("dependencies"))
     packages = check_packages(body.get("packages"))
     recipe = _parse_runtime(body, snapshot)
-    resources = _parse_resources(body, default_disk)
+    resources = _parse_resources(body)
     network = _parse_network(body)
     timeouts = _parse_timeouts(body)
     cmd_obj = _object(body, "command")
@@ -215,13 +214,12 @@ def _parse_runtime(body: Mapping[str, Any], snapshot: Snapshot | None) -> runtim
     return recipe
 
 
-def _parse_resources(body: Mapping[str, Any], default_disk: str | None) -> Resources:
+def _parse_resources(body: Mapping[str, Any]) -> Resources:
+    """As given; what is left out gets the server's defaults later (api/defaults.py)."""
     res = _object(body, "resources")
     memory = expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
     cpu = expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
     disk = expect(res, "disk", (str, int), "a size such as 1Gi", "resources.")
-    if disk is None:
-        disk = default_disk  # the server's HUTCH_DEFAULT_DISK, recorded in the spec like a given one
     resources = Resources(
         memory=str(memory) if memory is not None else None,
         cpu=str(cpu) if cpu is not None else None,

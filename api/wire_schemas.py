@@ -306,7 +306,10 @@ STREAM_CREATED = obj({"id": STRING}, ("id",))
 BYTES_TAKEN = obj({"bytes": INTEGER}, ("bytes",))
 NULLABLE_INT: Schema = {"type": ["integer", "null"]}
 QUOTA = obj({k: NULLABLE_INT for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes")})
-ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": QUOTA},
+# snapshotBytes of the quota bounds storageBytes of the usage (snapshots, checkpoints, uploads).
+USAGE = obj({k: INTEGER for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes", "checkpointBytes",
+                                  "uploadBytes", "storageBytes")})
+ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": USAGE},
                ("id", "name", "createdAt", "quota"))
 ORG_LIST = obj({"orgs": array(ORG_INFO), "total": INTEGER}, ("orgs", "total"))
 PROJECT = obj({"id": STRING, "name": STRING, "orgId": STRING, "createdAt": TIME}, ("id", "name", "orgId"))

@@ -39,7 +39,14 @@ class Capabilities:
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
 # pids guard ends it), not at the host's pid_max.
-DEFAULT_PIDS = int(os.environ.get("HUTCH_DEFAULT_PIDS", "1024"))
+# HUTCH_DEFAULT_PIDS is checked by the server's Config at start (api/config.py), which names
+# a bad value; read here too because drivers also run without a Config (tests, tools).
+def _default_pids() -> int:
+    text = os.environ.get("HUTCH_DEFAULT_PIDS", "")
+    return int(text) if text.isdigit() and int(text) > 0 else 1024
+
+
+DEFAULT_PIDS = _default_pids()
 
 
 def check_env(env: Mapping[str, str], field: str) -> None:
@@ -310,6 +317,11 @@ class Driver(abc.ABC):
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         raise NotSupported(f"driver {self.name} cannot delete checkpoints")
+
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        """Bytes each of the sandbox's checkpoints takes where the driver keeps it (counted
+        against the organization's storage quota); {} where they take none worth counting."""
+        return {}
 
     async def open_terminal(self, req: TerminalRequest) -> Terminal:
         """Start ``req.argv`` on a new pseudo-terminal of a running sandbox."""

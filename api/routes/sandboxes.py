@@ -18,7 +18,7 @@ from hutch.api.http import (
     q_int,
     q_offset,
 )
-from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
+from hutch.api.keys import API_KEY_ID, ENGINE
 from hutch.api.routes import history as history_routes
 from hutch.api.routes import proxy
 from hutch.api.routes.audit import audit_stream_id, audit_stream_url
@@ -97,7 +97,7 @@ async def create(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = await json_body(request)
     snapshot = await engine.snapshots.resolve(body["snapshot"]) if body.get("snapshot") is not None else None
-    req = wire.parse_create(body, snapshot, default_disk=request.app[CONFIG].default_disk)
+    req = wire.parse_create(body, snapshot)
     if req.spec.network.allow:  # a name that does not resolve is a 400 before anything is recorded
         await egress.resolve(req.spec.network.allow)
     created = await engine.create(req, api_key_id=request.get(API_KEY_ID))

@@ -145,7 +145,7 @@ async def upload(request: web.Request) -> web.Response:
         if not hmac.compare_digest(token.encode(), engine.snapshots.upload_token(snapshot_id).encode()):
             raise Unauthorized("upload: the token does not match this snapshot's upload URL")
     await engine.snapshots.upload(snapshot_id, request.content.iter_chunked(1 << 20),
-                                  request.app[CONFIG].max_upload_bytes)
+                                  request.app[CONFIG].max_upload_bytes, declared=request.content_length)
     return ok({"success": True, "scanned": False, "message": "stored; archives are checked when finalized"})
 
 

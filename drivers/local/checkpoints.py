@@ -14,6 +14,7 @@ swaps in a copy of the checkpoint and starts init again over it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -34,10 +35,22 @@ from hutch.drivers.local import layers
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.sandboxnet import SandboxNetwork
+from hutch.drivers.local.smallfiles import get as _get
+from hutch.drivers.local.smallfiles import put as _put
 from hutch.drivers.local.state import SAFE_ID, Registry, Sandbox
 from hutch.drivers.local.teardown import Teardown
 
 NO_FREEZER = "disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)"
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes ``path`` takes on disk (allocated blocks, links not followed), as ``du -s``."""
+    total = 0
+    for dirpath, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
 
 
 def copy_layer(src: Path, dst: Path) -> None:
@@ -89,6 +102,8 @@ class Checkpoints:
             finally:
                 if not was_frozen:
                     self._cgroups.freeze(sb.id, False)
+            # Measured once, after the copy: what the organization's storage quota counts.
+            await asyncio.to_thread(_put, _size_file(target), str(disk_bytes(target)).encode())
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._registry.running(sandbox_id)
@@ -139,3 +154,24 @@ class Checkpoints:
         async with self._registry.lock(sandbox_id):
             if target.exists():
                 await asyncio.to_thread(shutil.rmtree, target)
+            _size_file(target).unlink(missing_ok=True)
+
+    def sizes(self, sandbox_id: str) -> dict[str, int]:
+        """Each checkpoint's bytes on the host's disk (measured when it was taken)."""
+        if not SAFE_ID.match(sandbox_id):
+            return {}
+        out: dict[str, int] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self._sandbox_root / sandbox_id / "checkpoints"):
+                if entry.is_dir(follow_symlinks=False) and SAFE_ID.match(entry.name) \
+                        and not entry.name.endswith(".tmp"):
+                    path = Path(entry.path)
+                    try:
+                        out[entry.name] = int(_get(_size_file(path)))
+                    except (FileNotFoundError, ValueError):
+                        out[entry.name] = disk_bytes(path)  # taken by an older server
+        return out
+
+
+def _size_file(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + ".size")

@@ -311,5 +311,8 @@ class LocalDriver(Driver):
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._checkpoints.restore(sandbox_id, checkpoint_id)
 
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        return await asyncio.to_thread(self._checkpoints.sizes, sandbox_id)
+
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._checkpoints.delete_checkpoint(sandbox_id, checkpoint_id)

@@ -100,7 +100,13 @@ class Executions:
         nsexec = self._nsexec
         nsexec.gc_leaves(sb.id)
         status_r, status_w = os.pipe()
-        cmd = nsexec.command("exec", sb, leaf, cwd=cwd, env=env, status_w=status_w)
+        fds: list[int] = []
+        try:
+            cmd = nsexec.command("exec", sb, leaf, cwd=cwd, env=env, status_w=status_w, pass_fds=fds)
+        except BaseException:
+            for fd in (status_r, status_w, *fds):
+                os.close(fd)
+            raise
 
         def release() -> None:
             nsexec.ended(leaf)
@@ -108,7 +114,7 @@ class Executions:
 
         try:
             term = await terminal.spawn(cmd, req.argv, rows=req.rows, cols=req.cols, status_r=status_r,
-                                        status_w=status_w, kill=lambda: nsexec.kill_leaf(sb.id, leaf),
+                                        status_w=status_w, extra_fds=fds, kill=lambda: nsexec.kill_leaf(sb.id, leaf),
                                         release=release)
         except terminal.StartFailed as failed:
             nsexec.raise_status(str(failed), sb.id)

@@ -32,6 +32,7 @@ async def run(
     *,
     status_r: int,
     status_w: int,
+    extra_fds: Sequence[int] = (),
     stdin: bytes | AsyncIterable[bytes] | None,
     sink: OutputSink | None,
     limit: float | None,
@@ -40,7 +41,8 @@ async def run(
 ) -> tuple[int, bool, str]:
     """Run hutch-nsexec (``cmd``: its command line up to ``--``); returns (exit code, timed
     out, status-fd message). ``kill`` kills the command's whole tree (on a timeout or a
-    cancel); ``started`` gets the helper's pid.
+    cancel); ``started`` gets the helper's pid. ``status_w`` and ``extra_fds`` (an env
+    memfd) are handed to the helper and closed here.
 
     Not asyncio's subprocess API: its ``wait()`` (3.11) only returns once every
     pipe is closed, and a background child holding stdout would make an execution
@@ -49,14 +51,15 @@ async def run(
     try:
         # Blocking, but a vfork+exec of a static binary: well under a millisecond.
         proc = subprocess.Popen(  # noqa: ASYNC220
-            [*cmd, "--", *argv], env={}, pass_fds=(status_w,), bufsize=0,
+            [*cmd, "--", *argv], env={}, pass_fds=(status_w, *extra_fds), bufsize=0,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except BaseException:
         os.close(status_r)
         raise
     finally:
-        os.close(status_w)
+        for fd in (status_w, *extra_fds):
+            os.close(fd)
     started(proc.pid)
     pipes = _Pipes(proc, sink)
     try:

@@ -31,6 +31,18 @@ ROOTLESS_TMP = ("/tmp", "/var/tmp")  # made writable in the upper layer (see pop
 HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER
 READY_TIMEOUT = 15.0
+# /dev (and so /dev/shm) of a rootless sandbox: no memory cgroup counts its pages, so it stays
+# small whatever the sandbox's (per-process) memory limit.
+ROOTLESS_DEV_BYTES = 64 * 2**20
+
+
+def dev_bytes(memory: int | None, rootless: bool) -> int | None:
+    """The size of a sandbox's /dev tmpfs: its memory limit (tmpfs pages are charged to the
+    memory cgroup, so /dev/shm is inside the limit either way; sized to it, a full /dev/shm
+    is ENOSPC, not an OOM kill of whoever touches memory next)."""
+    if rootless:
+        return min(memory or ROOTLESS_DEV_BYTES, ROOTLESS_DEV_BYTES)
+    return memory
 
 
 def layers_key(lower: list[Path]) -> str:
@@ -65,7 +77,8 @@ class Launcher:
         populate_upper(lower, d / "upper", uid, self._rootless,
                        slirp.resolv_conf() if slirp_net and req.network_enabled else None)
         res = req.resources
-        sb = Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer)
+        sb = Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
+                     dev_bytes=dev_bytes(res.memory_bytes, self._rootless))
         if self._cgroups is not None:
             self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         else:
@@ -156,6 +169,8 @@ class Launcher:
             pass_fds.append(rules_r)
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
+        if sb.dev_bytes:
+            cmd += ["--dev-size", str(sb.dev_bytes)]
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(d / "upper"),
                 "--ov-work", str(d / "work"), "--ov-target", str(d / "merged")]
         return cmd

@@ -14,10 +14,12 @@ The firewall (iptables, chains ``HUTCH-IN``/``HUTCH-FWD``/``HUTCH-NAT``, install
   is its own loopback.
 - FORWARD into a sandbox veth: replies only, so no sandbox (or anyone) opens a
   connection to another sandbox. From ``hzp*``: nothing (a port without network is
-  reachable only through the API's proxy). From ``hzn*``: not to the sandbox subnet,
-  link-local (cloud metadata 169.254.169.254), loopback, multicast or reserved ranges,
-  nor ``HUTCH_SANDBOX_EGRESS_DENY`` (comma-separated CIDRs, e.g. the host's LAN);
-  everything else is accepted and masqueraded.
+  reachable only through the API's proxy). From ``hzn*``: DNS (udp/tcp 53, nothing else)
+  to the name servers sandboxes are given (the host's, often a private address), then not
+  to the sandbox subnet nor to what core/egress.py denies: link-local (cloud metadata
+  169.254.169.254), loopback, multicast, reserved, and by default the private ranges (RFC
+  1918) and CGNAT, less ``HUTCH_SANDBOX_EGRESS_PERMIT`` and plus ``HUTCH_SANDBOX_EGRESS_DENY``
+  (comma-separated CIDRs); everything else is accepted and masqueraded.
 - ``network.allow`` (an allow-list): ``HUTCH-FWD`` sends everything from ``hzn*`` through
   ``HUTCH-ALLOW`` first, which sends a listed sandbox's packets to its own chain
   ``HUTCH-A<n>``: replies, DNS to its name servers and the listed CIDRs return to
@@ -27,6 +29,10 @@ The firewall (iptables, chains ``HUTCH-IN``/``HUTCH-FWD``/``HUTCH-NAT``, install
   limited; each chain is replaced whole (iptables-restore) when its names resolve anew.
 Turning the first sandbox's network on sets ``net.ipv4.ip_forward=1`` (host-wide; the
 FORWARD rules above only accept traffic from sandbox veths).
+
+IPv6: sandboxes have none (disabled on both ends of every veth). As a second wall,
+ip6tables drops every packet that comes in from or goes out to a sandbox veth (``hz+``), in
+INPUT and FORWARD, so a sandbox that somehow got an IPv6 address still reaches nothing.
 """
 
 from __future__ import annotations
@@ -38,12 +44,12 @@ import subprocess
 import threading
 from pathlib import Path
 
+from hutch.core import egress
 from hutch.core.errors import DriverFailure
 
 SUBNET = ipaddress.ip_network(os.environ.get("HUTCH_SANDBOX_SUBNET", "10.213.0.0/16"))
 GATEWAY = SUBNET[1]
 PREFIX = "hz"
-DENIED = ["169.254.0.0/16", "127.0.0.0/8", "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "100.64.0.0/10"]
 PUBLIC_DNS = ("1.1.1.1", "8.8.8.8")
 
 ALLOW_CHAIN = "HUTCH-ALLOW"
@@ -78,6 +84,25 @@ def _ensure_rule(table: str, chain: str, *rule: str) -> None:
         _iptables("-t", table, "-I", chain, "1", *rule)
 
 
+def denied() -> list[str]:
+    """What a sandbox with network may not reach (core/egress.py, with the operator's
+    HUTCH_SANDBOX_EGRESS_PERMIT and _DENY; the server's Config refuses bad ones at start)."""
+    try:
+        return egress.denied_ranges(os.environ.get(egress.PERMIT_SETTING, ""), os.environ.get(egress.DENY_SETTING, ""))
+    except ValueError as err:
+        raise DriverFailure(str(err)) from None
+
+
+def _ensure_ipv6_wall() -> None:
+    """Drop every IPv6 packet from or to a sandbox veth (they have no IPv6: a second wall)."""
+    if not Path("/proc/net/if_inet6").exists():
+        return  # a kernel without IPv6: nothing to wall off
+    for chain, rule in (("INPUT", ("-i", f"{PREFIX}+")), ("FORWARD", ("-i", f"{PREFIX}+")),
+                        ("FORWARD", ("-o", f"{PREFIX}+")), ("OUTPUT", ("-o", f"{PREFIX}+"))):
+        if _run("ip6tables", "-w", "-C", chain, *rule, "-j", "DROP", check=False).returncode != 0:
+            _run("ip6tables", "-w", "-I", chain, "1", *rule, "-j", "DROP")
+
+
 def ensure_firewall() -> None:
     """Install (or refresh) the chains and jumps; idempotent, once per process."""
     global _firewall_ready
@@ -86,7 +111,7 @@ def ensure_firewall() -> None:
             return
         if not Path("/usr/sbin/iptables").exists() and _run("sh", "-c", "command -v iptables", check=False).returncode:
             raise DriverFailure("sandbox networking needs iptables (apt-get install iptables)")
-        extra = [c.strip() for c in os.environ.get("HUTCH_SANDBOX_EGRESS_DENY", "").split(",") if c.strip()]
+        drops = [str(SUBNET), *denied()]
         for table, chain in (("filter", "HUTCH-IN"), ("filter", "HUTCH-FWD"), ("nat", "HUTCH-NAT")):
             _iptables("-t", table, "-N", chain, check=False)
             _iptables("-t", table, "-F", chain)
@@ -98,7 +123,12 @@ def ensure_firewall() -> None:
         _iptables("-A", "HUTCH-FWD", "-o", f"{PREFIX}+", "-j", "DROP")
         _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}p+", "-j", "DROP")
         _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-j", ALLOW_CHAIN)
-        for cidr in [str(SUBNET), *DENIED, *extra]:
+        # Before the drops: the name servers are often private addresses (10.255.255.53 here).
+        for ns in nameservers():
+            for proto in ("udp", "tcp"):
+                _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-d", f"{ns}/32", "-p", proto, "--dport", "53",
+                          "-j", "ACCEPT")
+        for cidr in drops:
             _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-d", cidr, "-j", "DROP")
         _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-j", "ACCEPT")
         _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}+", "-j", "DROP")
@@ -107,6 +137,7 @@ def ensure_firewall() -> None:
         _ensure_rule("filter", "FORWARD", "-i", f"{PREFIX}+", "-j", "HUTCH-FWD")
         _ensure_rule("filter", "FORWARD", "-o", f"{PREFIX}+", "-j", "HUTCH-FWD")
         _ensure_rule("nat", "POSTROUTING", "-s", str(SUBNET), "-j", "HUTCH-NAT")
+        _ensure_ipv6_wall()
         _firewall_ready = True
 
 

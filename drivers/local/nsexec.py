@@ -24,6 +24,21 @@ from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.state import Registry, Sandbox
 
 
+def env_fd(env: Mapping[str, str]) -> int:
+    """A memfd holding ``env`` as NUL-terminated KEY=VALUE entries, read from its start by
+    hutch-nsexec (--env-fd). Only the server (root) and the helper it starts hold it."""
+    fd = os.memfd_create("hutch-env", os.MFD_CLOEXEC)
+    try:
+        data = memoryview(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+        while data:
+            data = data[os.write(fd, data):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def rlimit_args(sb: Sandbox) -> list[str]:
     """Rlimits every process of a rootless sandbox gets (none when cgroups limit it)."""
     args = []
@@ -45,16 +60,21 @@ class Nsexec:
         self._pids: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
 
     def command(self, mode: str, sb: Sandbox, leaf: str, *, cwd: str, env: Mapping[str, str] | None,
-                status_w: int) -> list[str]:
-        """hutch-nsexec's command line up to the ``--`` before the argv; makes the leaf cgroup."""
+                status_w: int, pass_fds: list[int] | None = None) -> list[str]:
+        """hutch-nsexec's command line up to the ``--`` before the argv; makes the leaf cgroup.
+        An ``env`` goes in a memfd added to ``pass_fds`` (the caller passes it on and closes it):
+        a tenant's variables are secrets, and a command line is readable by every host user."""
         assert self.path is not None
+        assert env is None or pass_fds is not None
         procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
         cmd = [str(self.path), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
                "--cwd", cwd, "--status-fd", str(status_w), *rlimit_args(sb)]
         for p in procs:
             cmd += ["--cgroup-procs", str(p)]
-        for key, value in (env or {}).items():
-            cmd += ["-e", f"{key}={value}"]
+        if env is not None and pass_fds is not None:
+            fd = env_fd(env)
+            pass_fds.append(fd)
+            cmd += ["--env-fd", str(fd)]
         return cmd
 
     async def run(
@@ -72,9 +92,15 @@ class Nsexec:
     ) -> tuple[int, bool, str]:
         """Run hutch-nsexec in the sandbox (helper.py); (exit code, timed out, status message)."""
         status_r, status_w = os.pipe()
-        cmd = self.command(mode, sb, leaf, cwd=cwd, env=env, status_w=status_w)
+        fds: list[int] = []
         try:
-            return await helper.run(cmd, argv, status_r=status_r, status_w=status_w, stdin=stdin, sink=sink,
+            cmd = self.command(mode, sb, leaf, cwd=cwd, env=env, status_w=status_w, pass_fds=fds)
+        except BaseException:
+            for fd in (status_r, status_w, *fds):
+                os.close(fd)
+            raise
+        try:
+            return await helper.run(cmd, argv, status_r=status_r, status_w=status_w, extra_fds=fds, stdin=stdin, sink=sink,
                                     limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf),
                                     started=lambda pid: self._pids.__setitem__(leaf, pid))
         finally:

@@ -7,6 +7,9 @@ one into a requested sandbox: its directory and cgroups are renamed to the reque
 uid claim and ``meta.json`` follow the new id. No command has ever run in a pooled
 sandbox, so a claimed one is indistinguishable from a freshly started one. Pooled
 sandboxes are named ``_pool-<server pid>-<its start time>-...`` (state.POOL_NAME):
+a pooled sandbox's /dev is sized when it starts (to a memory limit: launch.dev_bytes), so
+one is claimed only for that memory limit, and a runtime's pool is filled for the memory
+limit its latest sandbox asked for (the server's default, mostly);
 ``alive()`` does not see them, ``close()`` destroys them, and a later start reaps those
 of a server that is gone. Needs cgroup v1 (v2 cannot rename cgroups): on v2 the pool
 stays off.
@@ -26,11 +29,11 @@ from typing import Any
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure
-from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest
+from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest, Resources
 from hutch.drivers.local import rootfs, uids
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import start_time
-from hutch.drivers.local.launch import Launcher
+from hutch.drivers.local.launch import Launcher, dev_bytes
 from hutch.drivers.local.state import POOL_PREFIX, Registry, Sandbox, is_live
 from hutch.drivers.local.teardown import Teardown
 
@@ -76,6 +79,7 @@ class WarmPool:
         self.size = pool_size()
         self.idle: dict[str, list[Sandbox]] = {}  # runtime -> idle pooled sandboxes
         self._filling: set[str] = set()
+        self._memory: dict[str, int | None] = {}  # runtime -> the memory limit its pool is filled for
         self._fill_slots = asyncio.Semaphore(1)
         self._seq = itertools.count()
         self._tag = ""
@@ -89,8 +93,13 @@ class WarmPool:
     async def claim(self, req: ProvisionRequest) -> Sandbox | None:
         """Turn an idle pooled sandbox into ``req``'s; None when none is left."""
         pool = self.idle.get(req.runtime)
+        wanted = dev_bytes(req.resources.memory_bytes, rootless=False)
         while pool:
-            pooled = pool.pop()
+            fits = [sb for sb in pool if sb.dev_bytes == wanted]
+            if not fits:
+                return None
+            pooled = fits[-1]
+            pool.remove(pooled)
             try:
                 return self._adopt(pooled, req)
             except Exception as err:  # e.g. reaped by another server on this data dir
@@ -119,14 +128,17 @@ class WarmPool:
         res = req.resources
         self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         sb = Sandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
-                     init_pid=pooled.init_pid, init_start=pooled.init_start)
+                     init_pid=pooled.init_pid, init_start=pooled.init_start, dev_bytes=pooled.dev_bytes)
         self._registry.write_meta(sb)
         return sb
 
-    def refill(self, runtime: str) -> None:
+    def refill(self, runtime: str, memory: int | None = None) -> None:
+        """Keep ``size`` idle sandboxes of ``runtime`` for ``memory`` (the latest one asked)."""
         if self.size <= 0 or self.closed or runtime in self._filling:
             return
-        if len(self.idle.get(runtime, ())) >= self.size:
+        changed = self._memory.get(runtime, memory) != memory
+        self._memory[runtime] = memory
+        if not changed and len(self.idle.get(runtime, ())) >= self.size:
             return
         self._filling.add(runtime)
         self._background.spawn(self._fill(runtime))
@@ -136,13 +148,18 @@ class WarmPool:
         assert recipe is not None
         lower = rootfs.rootfs_path(self._runtime_cache, recipe)
         pool = self.idle.setdefault(runtime, [])
+        memory = self._memory.get(runtime)
         try:
+            for stale in [sb for sb in pool if sb.dev_bytes != dev_bytes(memory, rootless=False)]:
+                pool.remove(stale)  # sized for another memory limit: none would fit
+                await self._teardown.teardown(stale.id)
             while not self.closed and len(pool) < self.size:
                 async with self._fill_slots:  # one sandbox started at a time, across runtimes
                     name = f"{self._tag}-{next(self._seq)}"
                     try:
-                        sb = await self._launcher.create(ProvisionRequest(sandbox_id=name, runtime=runtime),
-                                                         [lower], None)
+                        sb = await self._launcher.create(
+                            ProvisionRequest(sandbox_id=name, runtime=runtime, resources=Resources(memory_bytes=memory)),
+                            [lower], None)
                     except Exception as err:
                         log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)
                         await self._teardown.teardown(name)

@@ -86,7 +86,7 @@ class Provisioner:
                     await self._teardown.teardown(sb.id)
                     raise
             self._registry.sandboxes[sb.id] = sb
-        self._pool.refill(recipe.name)
+        self._pool.refill(recipe.name, req.resources.memory_bytes)
 
     async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> Sandbox:
         """A pooled sandbox claimed for ``req``, or a new one."""

@@ -10,9 +10,11 @@ the only holder of CAP_NET_ADMIN there, before the sandbox user exists):
 - DNS to slirp's resolver (10.0.2.3) passes; the rest of slirp's 10.0.2.0/24 does not
   (10.0.2.2 would be the host's loopback; slirp4netns also runs with
   ``--disable-host-loopback``);
-- the host's own addresses (every address of every interface, read at creation), link-
-  local (cloud metadata 169.254.169.254), loopback, multicast, CGNAT and reserved
-  ranges, and ``HUTCH_SANDBOX_EGRESS_DENY`` are rejected;
+- the host's own addresses (every address of every interface, read at creation) and what
+  core/egress.py denies every sandbox: link-local (cloud metadata 169.254.169.254),
+  loopback, multicast, reserved, and by default the private ranges (RFC 1918) and CGNAT
+  (less ``HUTCH_SANDBOX_EGRESS_PERMIT``, plus ``HUTCH_SANDBOX_EGRESS_DENY``) are rejected;
+  slirp's resolver forwards DNS to the host's name servers, so those need no opening;
 - with ``network.allow``, only the listed addresses pass, through the ``HUTCH-ALLOW``
   chain (anything else is rejected: a TCP reset); a refresh of its names replaces that
   chain whole from the server, whose helper enters the sandbox's user and network
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 
 from hutch.core.errors import DriverFailure, NotSupported
-from hutch.drivers.local.network import DENIED
+from hutch.drivers.local.network import denied
 
 DNS = "10.0.2.3"
 SLIRP_NET = "10.0.2.0/24"
@@ -74,7 +76,6 @@ def egress_rules(*, outbound: bool = True, allow: list[str] | None = None) -> by
     """The iptables-restore input for a sandbox's own network namespace. Without
     ``outbound`` (a port only) nothing leaves but replies to connections made to it;
     with ``allow`` (CIDRs) nothing but those."""
-    extra = [c.strip() for c in os.environ.get("HUTCH_SANDBOX_EGRESS_DENY", "").split(",") if c.strip()]
     reject = "-j REJECT --reject-with icmp-net-prohibited"
     head = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD DROP [0:0]", ":OUTPUT ACCEPT [0:0]",
             "-A OUTPUT -o lo -j ACCEPT"]
@@ -84,7 +85,7 @@ def egress_rules(*, outbound: bool = True, allow: list[str] | None = None) -> by
     lines = [*head,
              f"-A OUTPUT -d {DNS}/32 -p udp --dport 53 -j ACCEPT",
              f"-A OUTPUT -d {DNS}/32 -p tcp --dport 53 -j ACCEPT"]
-    for cidr in [SLIRP_NET, *DENIED, *extra, *(f"{a}/32" for a in host_addresses())]:
+    for cidr in [SLIRP_NET, *denied(), *(f"{a}/32" for a in host_addresses())]:
         lines.append(f"-A OUTPUT -d {cidr} {reject}")
     if allow is not None:
         lines += [f"-A OUTPUT -j {ALLOW_CHAIN}", *_allow_chain(allow)[1:]]

@@ -48,6 +48,7 @@ class Sandbox:
     slirp_start: int | None = None
     host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
     allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
+    dev_bytes: int | None = None  # the size of its /dev tmpfs (/dev/shm): its memory limit (launch.py)
 
 
 @attrs.define

@@ -115,7 +115,8 @@ class LocalTerminal(Terminal):
 
 
 async def spawn(cmd: list[str], argv: Sequence[str], *, rows: int, cols: int, status_r: int, status_w: int,
-                kill: Callable[[], Awaitable[None]], release: Callable[[], None]) -> LocalTerminal:
+                kill: Callable[[], Awaitable[None]], release: Callable[[], None],
+                extra_fds: Sequence[int] = ()) -> LocalTerminal:
     """Start the helper (``cmd`` is its command line up to ``--``) and take the terminal it
     makes. A helper that fails first (no such working directory, ...) raises, with its words."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -124,11 +125,12 @@ async def spawn(cmd: list[str], argv: Sequence[str], *, rows: int, cols: int, st
         try:
             proc = subprocess.Popen(  # noqa: ASYNC220 - a vfork+exec of a static binary
                 [*cmd, "--tty-fd", str(theirs.fileno()), "--tty-size", f"{rows}x{cols}", "--", *argv],
-                env={}, pass_fds=(status_w, theirs.fileno()),
+                env={}, pass_fds=(status_w, theirs.fileno(), *extra_fds),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
             theirs.close()
-            os.close(status_w)
+            for fd in (status_w, *extra_fds):  # the helper has them now (an env memfd among them)
+                os.close(fd)
         pidfd = os.pidfd_open(proc.pid)
         got: asyncio.Future[None] = loop.create_future()
         ended: asyncio.Future[None] = loop.create_future()

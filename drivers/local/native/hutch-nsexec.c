@@ -95,11 +95,12 @@ struct opts {
     char *env[4096];
     int n_env;
     const char *ov_lower, *ov_upper, *ov_work, *ov_target;
-    int ready_fd, info_fd, netfilter_fd, tty_fd;
+    int ready_fd, info_fd, netfilter_fd, tty_fd, env_fd;
     unsigned short tty_rows, tty_cols;
     char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
     int userns;
     unsigned long rlimit_data, rlimit_nproc;
+    unsigned long long dev_size;  /* launch: bytes of the /dev tmpfs (/dev/shm lives there) */
     char **argv;
 };
 
@@ -112,6 +113,7 @@ static void parse(int argc, char **argv, struct opts *o)
     o->info_fd = -1;
     o->netfilter_fd = -1;
     o->tty_fd = -1;
+    o->env_fd = -1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -133,8 +135,9 @@ static void parse(int argc, char **argv, struct opts *o)
         }
         else if (!strcmp(a, "--rlimit-data")) o->rlimit_data = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rlimit-nproc")) o->rlimit_nproc = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--dev-size")) o->dev_size = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
-        else if (!strcmp(a, "-e") && o->n_env < 4095) o->env[o->n_env++] = argv[i];
+        else if (!strcmp(a, "--env-fd")) o->env_fd = atoi(v);
         else if (!strcmp(a, "--ov-lower")) o->ov_lower = v;
         else if (!strcmp(a, "--ov-upper")) o->ov_upper = v;
         else if (!strcmp(a, "--ov-work")) o->ov_work = v;
@@ -257,11 +260,16 @@ static void drop_privileges(uid_t uid, gid_t gid, int userns)
  * harmless character devices (made by mknod as root, bound from the host under a user
  * namespace), a private devpts instance and the usual links. Nothing else of the
  * host's /dev is reachable. */
-static void setup_dev(int userns)
+static void setup_dev(int userns, unsigned long long size)
 {
-    /* Under a user namespace nobody polices /dev/shm's size (no memory cgroup): cap it. */
-    TRY(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, userns ? "mode=0755,size=64m" : "mode=0755"),
-        "mount /dev: %s", strerror(errno));
+    /* Sized to the sandbox's memory limit (--dev-size): its pages are charged to the memory
+     * cgroup anyway, and a full /dev/shm then answers ENOSPC instead of the tmpfs default of
+     * half the host's RAM. Under a user namespace nobody else polices it (no memory cgroup):
+     * the server caps it lower (launch.py). */
+    char data[64];
+    if (size) snprintf(data, sizeof data, "mode=0755,size=%llu", size);
+    else snprintf(data, sizeof data, "mode=0755,size=%s", userns ? "64m" : "512m");
+    TRY(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, data), "mount /dev: %s", strerror(errno));
     static const struct { const char *name; unsigned major, minor; } devices[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
     };
@@ -421,7 +429,7 @@ static int mode_launch(struct opts *o)
     if (o->netfilter_fd >= 0) load_netfilter(o->netfilter_fd, 0);
     TRY(chdir(o->ov_target), "chdir %s: %s", o->ov_target, strerror(errno));
     TRY(mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mount /proc: %s", strerror(errno));
-    setup_dev(o->userns);
+    setup_dev(o->userns, o->dev_size);
     TRY(syscall(SYS_pivot_root, ".", "."), "pivot_root: %s", strerror(errno));
     TRY(umount2(".", MNT_DETACH), "detach the host root: %s", strerror(errno));
     TRY(chdir("/"), "chdir /: %s", strerror(errno));
@@ -571,9 +579,39 @@ static void attach_tty(int sock, unsigned short rows, unsigned short cols)
     if (peer > 2) close(peer);
 }
 
+/* The command's environment: NUL-terminated KEY=VALUE entries read from --env-fd (a
+ * memfd the server filled), never from our command line, which every user of the host can
+ * read in /proc (and our own environment is empty). */
+static void read_env(struct opts *o)
+{
+    if (o->env_fd < 0) return;
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) fail("setup", "out of memory");
+    for (;;) {
+        if (len == cap) {
+            if (cap >= ((size_t)64 << 20)) fail("setup", "environment over 64 MiB");
+            cap *= 2;
+            char *more = realloc(buf, cap + 1);
+            if (!more) fail("setup", "out of memory");
+            buf = more;
+        }
+        ssize_t r = read(o->env_fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) fail("setup", "read the environment: %s", strerror(errno));
+        if (r == 0) break;
+        len += (size_t)r;
+    }
+    close(o->env_fd);
+    buf[len] = '\0';
+    for (size_t i = 0; i < len && o->n_env < 4095; i += strlen(buf + i) + 1)
+        if (buf[i]) o->env[o->n_env++] = buf + i;
+}
+
 static int mode_exec(struct opts *o)
 {
     if (!o->argv || !o->argv[0]) fail("setup", "no command");
+    read_env(o);
     enter(o);
     if (o->tty_fd >= 0) attach_tty(o->tty_fd, o->tty_rows, o->tty_cols);
     o->env[o->n_env] = NULL;
