@@ -47,7 +47,8 @@ from hutch.client import Sandbox, SandboxClient
 __all__ = ["RunResult", "Workspace", "WorkspaceSnapshot"]
 
 LANGUAGES = {"node": ("node", "-e"), "python": ("python3", "-c"), "shell": ("/bin/sh", "-c")}
-RUNTIME_FOR = {"node": "node:lts", "python": "python:3.13", "shell": "base:latest"}
+# One runtime with every language above: a call picks its language, whatever the constructor's.
+DEFAULT_RUNTIME = "workspace:latest"
 SANDBOX_ROOT = "/home/agentuity"
 TIMED_OUT = 124  # the document's (and timeout(1)'s) exit code for a command killed at its limit
 
@@ -116,7 +117,7 @@ class Workspace:
         self.env = dict(env or {})
         self.timeout_seconds = timeout_seconds
         self.language = language
-        self.runtime = runtime or RUNTIME_FOR[language]
+        self.runtime = runtime or DEFAULT_RUNTIME
         self.url, self.api_key, self.data_dir = url, api_key, data_dir
         #: The sandbox id (sandbox and remote backends): reattach with ``Workspace(workspace_id=…)``.
         self.id: str | None = workspace_id

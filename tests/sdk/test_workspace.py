@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,3 +252,14 @@ def _git_repo(path: Path, files: dict[str, str]) -> Path:
     subprocess.run([*git, "add", "."], cwd=path, check=True)
     subprocess.run([*git, "commit", "-q", "-m", "files"], cwd=path, check=True)
     return path
+
+
+@pytest.mark.timeout(600)  # a fresh machine builds workspace:latest (Node.js from npm) first
+async def test_a_default_workspace_runs_every_language_it_names(tmp_path: Path) -> None:
+    """Seed 004 picks the interpreter per call: node, python and shell all work in a workspace
+    made with the defaults (language node), and in one made for python."""
+    async with Workspace(data_dir=tmp_path / "engine") as ws:
+        assert ws.runtime == "workspace:latest"
+        assert (await ws.run("console.log(6*7)")).stdout == "42\n"
+        assert (await ws.run("print(6*7)", language="python")).stdout == "42\n"
+        assert (await ws.shell("git --version >/dev/null && echo has-git")).stdout == "has-git\n"
