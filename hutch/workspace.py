@@ -370,6 +370,9 @@ def _local_write(root: Path, target: Path, data: bytes, shown: str) -> None:
     if target.is_symlink() or not target.parent.resolve().is_relative_to(root.resolve()):
         raise ValueError(f"path: {shown!r} leads outside the workspace")
     target.write_bytes(data)
+    if target.suffix == ".py":  # as the drivers do (drivers/bytecode.py): never run a stale module
+        for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            cached.unlink(missing_ok=True)
 
 
 def _local_read(root: Path, target: Path) -> bytes | None:
