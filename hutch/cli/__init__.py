@@ -157,6 +157,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except (ValueError, TypeError) as err:
         raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err
+    from hutch.api.extras import missing_message
+
+    if (missing := missing_message(config)) is not None:
+        raise UsageError(missing)
     run_server(config)
     return 0
 
