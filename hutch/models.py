@@ -264,6 +264,7 @@ class Execution:
     auto_resumed: bool | None = None
     stdout: str | None = None
     stderr: str | None = None
+    error: str | None = None  # why it failed, timed out or was cancelled (e.g. killed: out of memory)
 
 
 @attrs.frozen(kw_only=True)
@@ -361,6 +362,7 @@ class RunResult:
     execution_id: str | None = None
     status: str | None = None
     output_truncated: bool | None = None
+    error: str | None = None  # why it failed, timed out or was cancelled (e.g. killed: out of memory)
 
 
 @attrs.frozen

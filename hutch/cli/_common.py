@@ -106,12 +106,14 @@ def _note(message: str) -> None:
     sys.stderr.flush()
 
 
-def _status_note(status: str | None, truncated: bool | None) -> None:
+def _status_note(status: str | None, truncated: bool | None, error: str | None = None) -> None:
     if status == "timeout":
-        _note("the command hit its time limit and was stopped")
+        _note("the command hit its time limit and was stopped" + (f" ({error})" if error else ""))
     elif status == "cancelled":
-        _note("the command was cancelled")
+        _note("the command was cancelled" + (f": {error}" if error else ""))
+    elif status == "failed" and error and "out of memory" in error:
+        _note(f"the command was {error}: raise the sandbox's memory (--memory, e.g. --memory 1Gi)")
     elif status == "failed":
-        _note("the command could not be run (status: failed)")
+        _note(f"the command failed: {error}" if error else "the command could not be run (status: failed)")
     if truncated:
         _note("output was truncated at the server's cap")

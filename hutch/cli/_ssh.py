@@ -139,7 +139,7 @@ def _plain(args: argparse.Namespace, argv: list[str]) -> int:
                                      stdin=piped_stdin())
 
     execution = asyncio.run(_with_client(args, work))
-    _status_note(execution.status, execution.output_truncated)
+    _status_note(execution.status, execution.output_truncated, execution.error)
     return _exit_code(execution.exit_code)
 
 

@@ -249,3 +249,18 @@ def test_piped_stdin_reaches_the_command(engine_env: Path, tmp_path: Path) -> No
     ignored = subprocess.run([*run[:4], "--no-stdin", "--", "cat"], input=b"nope\n", capture_output=True, env=env,
                              timeout=60, check=False)
     assert (ignored.returncode, ignored.stdout) == (0, b""), ignored.stderr
+
+
+def test_a_command_killed_for_memory_says_so(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """It ran and was killed at its limit: the note says so and how to raise it (it said "could
+    not be run"), and --json carries the error. The local driver's real memory cgroup."""
+    monkeypatch.setenv("HUTCH_DRIVER", "local")
+    hog = ["--memory", "64Mi", "--", "sh", "-c", "head -c 400m /dev/zero | tail > /dev/null"]
+    code = main(["run", *hog])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "killed: out of memory (limit 64Mi)" in err and "--memory" in err, err
+    assert "could not be run" not in err
+    code = main(["run", "--json", *hog])
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "failed" and result["error"] == "killed: out of memory (limit 64Mi)"
