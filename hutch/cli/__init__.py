@@ -87,17 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     top = parser.add_subparsers(dest="topic", metavar="COMMAND", parser_class=_Parser)
     top.required = True
 
-    # The order of these calls is the order `--help` lists the commands in.
-    _serve_parser(top)
-    _ops.add_parsers(top)
+    # The order of these calls is the order `--help` lists the commands in: what a user runs
+    # first, then organizations and keys, then the server and the operator's commands.
     sb = _sandbox.add_parsers(top)
     _sandbox.add_runtime_parser(top)
     _files_jobs.add_parsers(sb)
     _checkpoints.add_parsers(sb)
     _snapshots.add_parsers(sb)
-    _tenancy.add_parsers(top)
     _history.add_parsers(sb)
     _ssh.add_parsers(top, sb)
+    _tenancy.add_parsers(top)
+    _serve_parser(top)
+    _ops.add_parsers(top)
     return parser
 
 
