@@ -152,7 +152,8 @@ def test_sandbox_history_and_time_travel(
     assert [s["type"] for s in steps] == ["create", "lifecycle:started", "env"]
     assert main(["--url", url, "sb", "history", sandbox_id]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("-> creating") and lines[-1].endswith("-> idle") and "env" in lines[-1]
+    assert lines[0].split() == ["POSITION", "TIME", "EVENT", "ID", "TYPE", "STATUS", "AFTER"]  # as `events` has
+    assert lines[1].endswith("creating") and lines[-1].endswith("idle") and " env " in lines[-1]
     assert main(["--url", url, "sb", "history", sandbox_id, "--at", steps[1]["eventId"]]) == 0
     shown = capsys.readouterr().out
     assert "lifecycle:started" in shown and "STAGE=one" in shown and "STAGE=two" not in shown
