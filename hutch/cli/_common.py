@@ -63,7 +63,22 @@ async def _with_client(
     args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]
 ) -> T:
     async with _remote_client(args) as client:
+        if client.org_id is not None and not client.org_id.startswith("org_"):
+            client.org_id = await _org_by_name(client, client.org_id)
         return await work(client)
+
+
+async def _org_by_name(client: SandboxClient, name: str) -> str:
+    """``--org acme`` (the name given to ``org create``) means the organization of that name
+    among those this key may act for; ids look like ``org_acme``."""
+    client.org_id = None  # listing with the key's own rights
+    orgs = await client.tenancy.list_orgs()
+    found = [o.id for o in orgs if o.name == name]
+    if len(found) == 1:
+        return found[0]
+    known = ", ".join(f"{o.id} ({o.name})" for o in orgs) or "none"
+    raise UsageError(f"--org {name!r}: no organization of that name that this key may act for "
+                     f"(organization ids look like org_{name}; this key's: {known})")
 
 
 def _remote_wanted(args: argparse.Namespace) -> bool:
