@@ -169,6 +169,7 @@ def create_app(config: Config) -> web.Application:
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
+    app.router.add_get("/", _root)
     app.add_routes(tenancy_routes.routes)
     app.add_routes(cli.routes)  # the official Agentuity CLI's /cli/… and /services/stats calls
     app.add_routes(audit.routes)
@@ -190,6 +191,13 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(proxy.session_ctx)
     app.on_response_prepare.append(name_the_replica)
     return app
+
+
+@needs(PUBLIC)
+async def _root(request: web.Request) -> web.Response:
+    """A person who opens the server's address gets the Web App, not a 401 (the API lives under
+    its own paths; GET /openapi.json describes it)."""
+    raise web.HTTPFound("/app")
 
 
 @needs(PUBLIC)
