@@ -216,6 +216,11 @@ class SandboxInfo:
     timeout: Timeouts | None = None
     command: CommandInfo | None = None
 
+    @property
+    def id(self) -> str:
+        """The sandbox's id, by the name a :class:`hutch.Sandbox` handle gives it."""
+        return self.sandbox_id
+
 
 @attrs.frozen(kw_only=True)
 class SandboxList:

@@ -109,8 +109,9 @@ class Workspace:
             raise ValueError(f"backend: {backend!r} is not one of sandbox, remote, unix-local")
         if language not in LANGUAGES:
             raise ValueError(f"language: {language!r} is not one of {', '.join(LANGUAGES)}")
+        url = url or (os.environ.get("HUTCH_URL") if backend == "remote" else None)
         if backend == "remote" and not url:
-            raise ValueError("backend 'remote' needs url= (and api_key=, or HUTCH_API_KEY)")
+            raise ValueError("backend 'remote' needs url= or HUTCH_URL (and api_key=, or HUTCH_API_KEY)")
         self.backend = backend
         self.files = dict(files or {})
         self.git_clones = list(git_clones)
@@ -165,8 +166,11 @@ class Workspace:
 
     async def _open_sandbox(self) -> None:
         assert self._stack is not None
-        if self.backend == "remote":
-            self._client = await self._stack.enter_async_context(SandboxClient(self.url, self.api_key))
+        from hutch import _config
+
+        served = _config.local_server_url() if self.backend == "sandbox" and self.data_dir is None else None
+        if self.backend == "remote" or served:  # this machine's `hutch serve`, when one runs
+            self._client = await self._stack.enter_async_context(SandboxClient(self.url or served, self.api_key))
         else:
             from hutch.local_engine import local_client
 

@@ -78,7 +78,8 @@ __all__ = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hutch", description="Self-hostable sandboxes for AI agents.")
-    parser.add_argument("--url", help="server URL (default: HUTCH_URL, else http://127.0.0.1:8700)")
+    parser.add_argument("--url", help="server URL (default: HUTCH_URL, else the `hutch serve` running on this "
+                        "machine's data dir, else the engine inside this process)")
     parser.add_argument(
         "--api-key", help="API key (default: HUTCH_API_KEY, else the local server's key file)"
     )

@@ -82,7 +82,14 @@ async def _org_by_name(client: SandboxClient, name: str) -> str:
 
 
 def _remote_wanted(args: argparse.Namespace) -> bool:
-    return bool(args.url or os.environ.get("HUTCH_URL"))
+    """Whether a server is named (--url, HUTCH_URL) or runs on the data dir; else the engine runs
+    in this process (hutch/_config.py's rule). --data-dir/--driver ask for the engine here."""
+    if args.url or os.environ.get("HUTCH_URL"):
+        return True
+    from hutch import _config
+
+    return not (getattr(args, "data_dir", None) or getattr(args, "driver", None)) \
+        and _config.local_server_url() is not None
 
 
 async def _in_process(args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]) -> T:

@@ -135,8 +135,32 @@ def test_serve_prints_address_and_key_then_answers_the_cli(
     assert [s["sandboxId"] for s in json.loads(capsys.readouterr().out)["sandboxes"]] == [
         sandbox_id
     ]
+    # Without --url or HUTCH_URL the CLI finds the server on its data dir (server.url); `hutch
+    # run` goes there too instead of failing on a busy data dir.
+    assert (engine_env / "server.url").read_text().strip() == url
+    assert main(["sb", "ls", "--json"]) == 0
+    assert [s["sandboxId"] for s in json.loads(capsys.readouterr().out)["sandboxes"]] == [sandbox_id]
+    assert main(["run", "--", "echo", "via-the-server"]) == 0
+    assert capsys.readouterr().out == "via-the-server\n"
     assert main(["--url", url, "sb", "delete", sandbox_id]) == 0
     capsys.readouterr()
+
+
+def test_without_a_server_every_command_runs_the_engine_in_process(capsys: pytest.CaptureFixture[str],
+                                                                   engine_env: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No URL, no HUTCH_URL, no server: `hutch sb create` and the next command (a new process's
+    engine adopts the data dir's sandboxes) work as `hutch run` does. The local driver: its
+    sandboxes outlive the engine (the fake driver's live in its memory)."""
+    monkeypatch.setenv("HUTCH_DRIVER", "local")
+    assert main(["sb", "create", "--name", "embedded"]) == 0
+    sandbox_id = capsys.readouterr().out.strip()
+    assert main(["sb", "exec", sandbox_id, "--", "echo", "hi"]) == 0
+    assert capsys.readouterr().out == "hi\n"
+    assert main(["sb", "get", sandbox_id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "embedded"
+    assert main(["sb", "delete", sandbox_id]) == 0
+    assert not (engine_env / "server.url").exists()
 
 
 def test_sandbox_history_and_time_travel(
