@@ -6,10 +6,15 @@ import sys
 
 from hutch.api.app import run_server
 from hutch.api.config import Config
+from hutch.api.extras import missing_message
 from hutch.core.errors import HutchError
 
+config = Config.from_env()
+if (missing := missing_message(config)) is not None:
+    print(f"hutch: error: {missing}", file=sys.stderr, flush=True)
+    sys.exit(2)
 try:
-    run_server(Config.from_env())
+    run_server(config)
 except HutchError as err:
     print(f"hutch: error: {err.message} [{err.code}]", file=sys.stderr, flush=True)
     sys.exit(1)

@@ -57,6 +57,7 @@ from hutch.api.webapp import routes as webapp_routes
 from hutch.api.webapp.sessions import COOKIE, SESSIONS, Sessions
 from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from hutch.core.events import ACTOR
+from hutch.core.paths import LOCK_FILE, URL_FILE
 from hutch.core.quantities import parse_bytes
 from hutch.core.tenancy import SCOPE, Access, Scope
 
@@ -157,7 +158,7 @@ async def _requested_org(request: web.Request) -> str | None:
 
 def _lock_data_dir(data_dir: Path) -> int:
     """Two servers on one data dir would interleave one log and fight over sandboxes."""
-    fd = os.open(data_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as err:
@@ -172,6 +173,7 @@ def create_app(config: Config) -> web.Application:
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app.router.add_get("/healthz", _health)
+    app.router.add_get("/", _root)
     app.add_routes(tenancy_routes.routes)
     app.add_routes(cli.routes)  # the official Agentuity CLI's /cli/… and /services/stats calls
     app.add_routes(audit.routes)
@@ -193,6 +195,13 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(proxy.session_ctx)
     app.on_response_prepare.append(name_the_replica)
     return app
+
+
+@needs(PUBLIC)
+async def _root(request: web.Request) -> web.Response:
+    """A person who opens the server's address gets the Web App, not a 401 (the API lives under
+    its own paths; GET /openapi.json describes it)."""
+    raise web.HTTPFound("/app")
 
 
 @needs(PUBLIC)
@@ -285,4 +294,24 @@ def run_server(config: Config) -> None:
     app = create_app(config)
     app[ON_LOST] = lambda: os.kill(os.getpid(), signal.SIGTERM)  # claimed by another replica: stop
     app.cleanup_ctx.append(memory.trim_ctx)
+    app.cleanup_ctx.append(_announce_ctx)
     web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
+
+
+async def _announce_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Where this server listens, in its data dir while it serves: a client on this machine with
+    no URL and no HUTCH_URL finds it there (hutch/_config.py), as `hutch serve` then `hutch sb ls`
+    promises. Written after the engine holds the data dir's lock."""
+    config = app[CONFIG]
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "", "::") else config.host
+    host = f"[{host}]" if ":" in host else host
+    where = config.data_dir / URL_FILE
+    if config.port:  # a port the OS picks (0) is not known here; such a server is found by URL only
+        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"http://{host}:{config.port}\n")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            where.unlink()

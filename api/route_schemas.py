@@ -182,6 +182,7 @@ ROUTES: dict[tuple[str, str], Op] = {
     ("GET", "/services/stats/{org_id}"): Op(data="ServiceStats", query=WINDOW),
     **{(m, "/cli/{tail}"): Op(NONE, NONE) for m in ("GET", "POST", "PUT", "PATCH", "DELETE")},  # 501, by design
     # The server, the Web App, the port proxy.
+    ("GET", "/"): Op(data=NONE, media="text/html"),  # a redirect to the Web App
     ("GET", "/healthz"): Op(data="Health"),
     ("GET", "/openapi.json"): Op(data=NONE),  # this document, not in the envelope (api/openapi.py)
     ("GET", "/metrics"): Op(media="text/plain"),

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 API_KEY_FILE = "api-key"
+LOCK_FILE = "server.lock"  # held (flock) by the server or in-process engine using the data dir
+URL_FILE = "server.url"  # where a server on the data dir listens, while it does
 
 
 def default_data_dir() -> Path:

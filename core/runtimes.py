@@ -216,6 +216,24 @@ CATALOG: tuple[RuntimeRecipe, ...] = (
         readme=f"Node.js {_version(NODE_LTS)} (LTS, Krypton) with npm {_version(NPM)} on Debian trixie.",
     ),
     RuntimeRecipe(
+        name="workspace:latest",
+        description="Workspace runtime: Node.js LTS, Python 3 and git with a shell",
+        suite="trixie",
+        # Every language a Workspace runs per call (node, python, shell), whatever it was made with.
+        packages=(*_AGENT_PACKAGES, "libatomic1", "python3", "python3-pip", "python3-venv"),
+        npm_packages=(NODE_LTS, NPM),
+        pypi_tools=(UV,),
+        version_command=("sh", "-c", "node --version && python3 --version && git --version"),
+        version_expect="Python 3.13",
+        tags=("workspace", "javascript", "node", "python", "language"),
+        requirements=Requirements(memory="1Gi", cpu="1", disk="2Gi"),
+        icon_url="https://nodejs.org/static/images/favicons/favicon.png",
+        brand_color="#3776AB",
+        url="https://nodejs.org",
+        readme=(f"The Workspace's default: Node.js {_version(NODE_LTS)} with npm {_version(NPM)}, Debian trixie's "
+                f"python3.13 with pip, venv and uv {_version(UV)}, git, curl and ripgrep."),
+    ),
+    RuntimeRecipe(
         name="python:3.13",
         description="Python 3.13 with uv package manager",
         suite="trixie",

@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hutch.core.paths import API_KEY_FILE, default_data_dir
+from hutch.core.paths import API_KEY_FILE, LOCK_FILE, URL_FILE, default_data_dir
 
 __all__ = [
     "API_KEY_FILE",
     "DEFAULT_URL",
     "data_dir",
+    "data_dir_in_use",
     "default_data_dir",
+    "local_server_url",
     "resolve_api_key",
     "resolve_url",
 ]
@@ -28,8 +30,40 @@ def data_dir() -> Path:
     return Path(explicit) if explicit else default_data_dir()
 
 
-def resolve_url(url: str | None = None) -> str:
-    return (url or os.environ.get("HUTCH_URL") or DEFAULT_URL).rstrip("/")
+def resolve_url(url: str | None = None) -> str | None:
+    """Where a client's server is, one rule for every entry point (SDK, CLI, Workspace):
+    the argument, then ``HUTCH_URL``, then the server running on this machine's data dir
+    (``hutch serve`` writes its address there); None: no server, use the embedded engine
+    (the engine inside this process, on the data dir)."""
+    found = url or os.environ.get("HUTCH_URL") or local_server_url()
+    return found.rstrip("/") if found else None
+
+
+def local_server_url() -> str | None:
+    """The address of the ``hutch serve`` using the data dir, if one runs now."""
+    where = data_dir()
+    try:
+        text = (where / URL_FILE).read_text().strip()
+    except OSError:
+        return None
+    return text if text and data_dir_in_use(where) else None
+
+
+def data_dir_in_use(where: Path) -> bool:
+    """Whether a server (or an in-process engine) holds the data dir's lock."""
+    import fcntl
+
+    try:
+        fd = os.open(where / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
 
 
 def resolve_api_key(api_key: str | None = None) -> str | None:

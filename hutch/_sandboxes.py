@@ -92,6 +92,7 @@ class SandboxesAPI(ExecutionsAPI):
             stderr=err,
             status=final.status if final else None,
             output_truncated=final.output_truncated if final else None,
+            error=final.error if final else None,
         )
 
     async def _finish_oneshot(

@@ -10,8 +10,10 @@ resource.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json as jsonlib
+import os
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from hutch.client import SandboxClient
 
 LONG_POLL = "5m"  # the longest server-side wait the wire allows per request
+EMBEDDED_URL = "http://localhost"  # the embedded engine's private socket answers any host
 
 
 class Transport:
@@ -42,12 +45,20 @@ class Transport:
         drain_timeout: float,
         org_id: str | None,
     ) -> None:
-        self.url = _config.resolve_url(url)
+        found = url if connector is not None else _config.resolve_url(url)
+        self._url_source = ("the url argument" if url else "HUTCH_URL" if os.environ.get("HUTCH_URL")
+                            else "the hutch serve on this machine's data dir")
+        #: Whether this client runs the engine in its own process (no server: ``hutch.local_engine``),
+        #: started at its first call and stopped by :meth:`close`.
+        self.embedded = found is None
+        self.url = (found or EMBEDDED_URL).rstrip("/")
         #: The organization calls act in (``orgId`` on every request), for a key that may act
         #: for several (the server's administrator); None: the key's own.
         self.org_id = org_id
         self.api_key = _config.resolve_api_key(api_key)
         self._connector = connector
+        self._engine: Any = None  # hutch.local_engine.EmbeddedEngine, once started
+        self._engine_lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self.request_timeout = request_timeout
@@ -71,6 +82,23 @@ class Transport:
         elif self._connector is not None:
             await self._connector.close()
         self._connector = None
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await engine.stop()
+
+    async def _ready(self) -> aiohttp.ClientSession:
+        """The session, with the embedded engine started first when this client runs one."""
+        if self.embedded and self._engine is None:
+            async with self._engine_lock:
+                if self._engine is None and not self._closed:
+                    # The server's code, imported only by a client that runs it.
+                    from hutch.local_engine import EmbeddedEngine
+
+                    engine = EmbeddedEngine()
+                    self._connector, key = await engine.start()
+                    self._engine = engine
+                    self.api_key = self.api_key or key
+        return self._http()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -109,7 +137,7 @@ class Transport:
         url = self.url + path
         limit = max_seconds if max_seconds is not None else self.request_timeout
         try:
-            async with self._http().request(
+            async with (await self._ready()).request(
                 method,
                 url,
                 params=self._params(params),
@@ -124,7 +152,8 @@ class Transport:
                 f"{method} {path}: no answer from {self.url} within {limit:g}s"
             ) from err
         except (aiohttp.ClientError, OSError) as err:
-            raise ConnectionFailed(f"cannot reach hutch server at {self.url}: {err}") from err
+            raise ConnectionFailed(f"cannot reach hutch server at {self.url}: {err} (is it running? the URL came "
+                                   f"from {self._url_source}; without one the client runs the engine itself)") from err
         try:
             body: Any = jsonlib.loads(text) if text else None
         except ValueError:
@@ -155,7 +184,7 @@ class Transport:
         trusted = self._connector is not None or urlsplit(full)[:2] == urlsplit(self.url)[:2]
         headers = self._auth_headers() if trusted else {}
         try:
-            async with self._http().get(
+            async with (await self._ready()).get(
                 full, headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
             ) as resp:
                 if resp.status == 404:
@@ -181,7 +210,7 @@ class Transport:
         """A request whose body and/or answer is streamed (no total time limit; a stalled
         socket still fails after ``request_timeout``). Raises on any 4xx/5xx."""
         try:
-            async with self._http().request(
+            async with (await self._ready()).request(
                 method,
                 self.url + path,
                 params=self._params(params),

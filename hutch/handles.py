@@ -70,6 +70,7 @@ class ExecutionHandle:
             auto_resumed=self.started.auto_resumed,
             stdout=out,
             stderr=err,
+            error=final.error,
         )
 
     async def _complete(

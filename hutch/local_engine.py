@@ -1,6 +1,7 @@
-"""The engine inside this process, for ``hutch run`` without a server and the Workspace's
-``sandbox`` backend: the same API app, reachable only through a private Unix socket (a
-mode-0700 directory), with a :class:`SandboxClient` bound to it.
+"""The engine inside this process, for a client with no server to talk to (``hutch run``, any
+CLI command, ``SandboxClient()`` and the Workspace's ``sandbox`` backend when neither an URL,
+``HUTCH_URL`` nor a ``hutch serve`` on the data dir names one): the same API app, reachable
+only through a private Unix socket (a mode-0700 directory).
 
 Sandboxes outlive it (as they outlive a server): the next engine on the same data dir adopts
 them, which is how a workspace is reattached from another process.
@@ -14,6 +15,7 @@ import os
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 
@@ -23,29 +25,56 @@ SHUTDOWN_SECONDS = 30.0
 log = logging.getLogger("hutch")
 
 
+class EmbeddedEngine:
+    """The API app of this process on a private socket; ``start`` answers how to reach it."""
+
+    def __init__(self, *, data_dir: str | os.PathLike[str] | None = None, driver: str | None = None) -> None:
+        self._data_dir, self._driver = data_dir, driver
+        self._runner: Any = None
+        self._private: tempfile.TemporaryDirectory[str] | None = None
+
+    async def start(self) -> tuple[aiohttp.UnixConnector, str]:
+        """(a connector to the engine, its API key)."""
+        from aiohttp import web
+
+        from hutch.api.app import create_app
+        from hutch.api.config import Config, resolve_api_key
+
+        config = Config.from_env(data_dir=self._data_dir, driver=self._driver)
+        self._runner = web.AppRunner(create_app(config), handle_signals=False, access_log=None)
+        try:
+            await self._runner.setup()  # starts the log, projections and driver (the app's cleanup_ctx)
+            self._private = tempfile.TemporaryDirectory(prefix="hutch-")  # mkdtemp: mode 0700
+            socket_path = os.path.join(self._private.name, "api.sock")
+            await web.UnixSite(self._runner, socket_path).start()
+        except BaseException:
+            await self.stop()
+            raise
+        key, _ = resolve_api_key(config)
+        return aiohttp.UnixConnector(path=socket_path), key
+
+    async def stop(self) -> None:
+        try:
+            if self._runner is not None:
+                async with asyncio.timeout(SHUTDOWN_SECONDS):
+                    await self._runner.cleanup()
+        except TimeoutError:
+            log.warning("the in-process engine did not shut down within %ss", SHUTDOWN_SECONDS)
+        finally:
+            self._runner = None
+            if self._private is not None:
+                self._private.cleanup()
+                self._private = None
+
+
 @asynccontextmanager
 async def local_client(*, data_dir: str | os.PathLike[str] | None = None,
                        driver: str | None = None) -> AsyncIterator[SandboxClient]:
-    from aiohttp import web
-
-    from hutch.api.app import create_app
-    from hutch.api.config import Config, resolve_api_key
-
-    config = Config.from_env(data_dir=data_dir, driver=driver)
-    runner = web.AppRunner(create_app(config), handle_signals=False, access_log=None)
+    """A client bound to a new engine in this process, whatever HUTCH_URL says."""
+    engine = EmbeddedEngine(data_dir=data_dir, driver=driver)
+    connector, key = await engine.start()
     try:
-        await runner.setup()  # starts the log, projections and driver (the app's cleanup_ctx)
-        with tempfile.TemporaryDirectory(prefix="hutch-") as private:  # mkdtemp: mode 0700
-            socket_path = os.path.join(private, "api.sock")
-            site = web.UnixSite(runner, socket_path)
-            await site.start()
-            key, _ = resolve_api_key(config)
-            client = SandboxClient("http://localhost", key, connector=aiohttp.UnixConnector(path=socket_path))
-            async with client:
-                yield client
+        async with SandboxClient("http://localhost", key, connector=connector) as client:
+            yield client
     finally:
-        try:
-            async with asyncio.timeout(SHUTDOWN_SECONDS):
-                await runner.cleanup()
-        except TimeoutError:
-            log.warning("the in-process engine did not shut down within %ss", SHUTDOWN_SECONDS)
+        await engine.stop()

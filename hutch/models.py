@@ -216,6 +216,11 @@ class SandboxInfo:
     timeout: Timeouts | None = None
     command: CommandInfo | None = None
 
+    @property
+    def id(self) -> str:
+        """The sandbox's id, by the name a :class:`hutch.Sandbox` handle gives it."""
+        return self.sandbox_id
+
 
 @attrs.frozen(kw_only=True)
 class SandboxList:
@@ -264,6 +269,7 @@ class Execution:
     auto_resumed: bool | None = None
     stdout: str | None = None
     stderr: str | None = None
+    error: str | None = None  # why it failed, timed out or was cancelled (e.g. killed: out of memory)
 
 
 @attrs.frozen(kw_only=True)
@@ -361,6 +367,7 @@ class RunResult:
     execution_id: str | None = None
     status: str | None = None
     output_truncated: bool | None = None
+    error: str | None = None  # why it failed, timed out or was cancelled (e.g. killed: out of memory)
 
 
 @attrs.frozen

@@ -102,7 +102,7 @@ async def open_terminal(client: SandboxClient, sandbox_id: str, command: Sequenc
         params.append(("orgId", client.org_id))
     path = f"/sandbox/{sandbox_id}/terminal"
     try:
-        ws = await client._http().ws_connect(client.url + path, params=params, headers=client._auth_headers(),
+        ws = await (await client._ready()).ws_connect(client.url + path, params=params, headers=client._auth_headers(),
                                              heartbeat=30.0, max_msg_size=1 << 20)
     except aiohttp.WSServerHandshakeError as err:
         # The refusal's words are in a JSON body the handshake does not keep: the same
@@ -117,7 +117,7 @@ async def open_terminal(client: SandboxClient, sandbox_id: str, command: Sequenc
 async def _explain(client: SandboxClient, path: str, params: list[tuple[str, str]],
                    err: aiohttp.WSServerHandshakeError, sandbox_id: str) -> None:
     try:
-        async with client._http().get(client.url + path, params=params, headers=client._auth_headers()) as resp:
+        async with (await client._ready()).get(client.url + path, params=params, headers=client._auth_headers()) as resp:
             body = await resp.json(content_type=None)
             status = resp.status
     except (aiohttp.ClientError, OSError, ValueError):

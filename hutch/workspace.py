@@ -47,7 +47,8 @@ from hutch.client import Sandbox, SandboxClient
 __all__ = ["RunResult", "Workspace", "WorkspaceSnapshot"]
 
 LANGUAGES = {"node": ("node", "-e"), "python": ("python3", "-c"), "shell": ("/bin/sh", "-c")}
-RUNTIME_FOR = {"node": "node:lts", "python": "python:3.13", "shell": "base:latest"}
+# One runtime with every language above: a call picks its language, whatever the constructor's.
+DEFAULT_RUNTIME = "workspace:latest"
 SANDBOX_ROOT = "/home/agentuity"
 TIMED_OUT = 124  # the document's (and timeout(1)'s) exit code for a command killed at its limit
 
@@ -108,15 +109,16 @@ class Workspace:
             raise ValueError(f"backend: {backend!r} is not one of sandbox, remote, unix-local")
         if language not in LANGUAGES:
             raise ValueError(f"language: {language!r} is not one of {', '.join(LANGUAGES)}")
+        url = url or (os.environ.get("HUTCH_URL") if backend == "remote" else None)
         if backend == "remote" and not url:
-            raise ValueError("backend 'remote' needs url= (and api_key=, or HUTCH_API_KEY)")
+            raise ValueError("backend 'remote' needs url= or HUTCH_URL (and api_key=, or HUTCH_API_KEY)")
         self.backend = backend
         self.files = dict(files or {})
         self.git_clones = list(git_clones)
         self.env = dict(env or {})
         self.timeout_seconds = timeout_seconds
         self.language = language
-        self.runtime = runtime or RUNTIME_FOR[language]
+        self.runtime = runtime or DEFAULT_RUNTIME
         self.url, self.api_key, self.data_dir = url, api_key, data_dir
         #: The sandbox id (sandbox and remote backends): reattach with ``Workspace(workspace_id=…)``.
         self.id: str | None = workspace_id
@@ -164,8 +166,11 @@ class Workspace:
 
     async def _open_sandbox(self) -> None:
         assert self._stack is not None
-        if self.backend == "remote":
-            self._client = await self._stack.enter_async_context(SandboxClient(self.url, self.api_key))
+        from hutch import _config
+
+        served = _config.local_server_url() if self.backend == "sandbox" and self.data_dir is None else None
+        if self.backend == "remote" or served:  # this machine's `hutch serve`, when one runs
+            self._client = await self._stack.enter_async_context(SandboxClient(self.url or served, self.api_key))
         else:
             from hutch.local_engine import local_client
 
@@ -369,6 +374,9 @@ def _local_write(root: Path, target: Path, data: bytes, shown: str) -> None:
     if target.is_symlink() or not target.parent.resolve().is_relative_to(root.resolve()):
         raise ValueError(f"path: {shown!r} leads outside the workspace")
     target.write_bytes(data)
+    if target.suffix == ".py":  # as the drivers do (drivers/bytecode.py): never run a stale module
+        for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            cached.unlink(missing_ok=True)
 
 
 def _local_read(root: Path, target: Path) -> bytes | None:

@@ -42,6 +42,7 @@ from hutch.drivers.base import (
     Stream,
 )
 from hutch.drivers.builds import Builds
+from hutch.drivers.bytecode import forget_bytecode
 
 Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
 HOME = "/home/agentuity"
@@ -154,6 +155,7 @@ class FakeDriver(Driver):
             self._mkdirs(sb, posixpath.dirname(path))
             sb.files[path] = f.content
             sb.modes[path] = f.mode
+        await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])
 
     # -- files (in memory; paths normalised like a kernel would, symlinks one level deep)
 
@@ -198,6 +200,7 @@ class FakeDriver(Driver):
             buf += chunk
         sb.files[p] = bytes(buf)
         sb.modes[p] = mode
+        await forget_bytecode(self.list_files, self.remove, sandbox_id, [path])
         return len(buf)
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:

@@ -64,6 +64,7 @@ from hutch.drivers.base import (
     Usage,
 )
 from hutch.drivers.builds import Builds
+from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
 from hutch.drivers.local.checkpoints import Checkpoints
@@ -279,6 +280,7 @@ class LocalDriver(Driver):
 
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
         await self._executions.write_files(sandbox_id, files)
+        await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])
 
     # -- files (fsops.py) ------------------------------------------------------
 
@@ -289,7 +291,9 @@ class LocalDriver(Driver):
     async def write_file(
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
     ) -> int:
-        return await self._files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
+        written = await self._files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
+        await forget_bytecode(self.list_files, self.remove, sandbox_id, [path])
+        return written
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
         return await self._files.list_files(sandbox_id, path)

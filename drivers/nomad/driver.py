@@ -73,6 +73,7 @@ from hutch.drivers.base import (
     Usage,
     check_env,
 )
+from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import rootfs
 from hutch.drivers.nomad import agents, commands, images, placement
@@ -516,7 +517,9 @@ class NomadDriver(Adoption, WarmPools, Driver):
     async def write_file(
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
     ) -> int:
-        return await self._files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
+        written = await self._files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
+        await forget_bytecode(self.list_files, self.remove, sandbox_id, [path])
+        return written
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
         return await self._files.list_files(sandbox_id, path)
@@ -551,6 +554,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
     async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
         self.check_not_paused(self.running(sandbox_id))
         await commands.write_files(self, sandbox_id, files)
+        await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])
 
 
 __all__ = ["NomadDriver", "PoolSizing", "pool_sizing_from_env"]

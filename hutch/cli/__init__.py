@@ -78,7 +78,8 @@ __all__ = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hutch", description="Self-hostable sandboxes for AI agents.")
-    parser.add_argument("--url", help="server URL (default: HUTCH_URL, else http://127.0.0.1:8700)")
+    parser.add_argument("--url", help="server URL (default: HUTCH_URL, else the `hutch serve` running on this "
+                        "machine's data dir, else the engine inside this process)")
     parser.add_argument(
         "--api-key", help="API key (default: HUTCH_API_KEY, else the local server's key file)"
     )
@@ -87,17 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     top = parser.add_subparsers(dest="topic", metavar="COMMAND", parser_class=_Parser)
     top.required = True
 
-    # The order of these calls is the order `--help` lists the commands in.
-    _serve_parser(top)
-    _ops.add_parsers(top)
+    # The order of these calls is the order `--help` lists the commands in: what a user runs
+    # first, then organizations and keys, then the server and the operator's commands.
     sb = _sandbox.add_parsers(top)
     _sandbox.add_runtime_parser(top)
     _files_jobs.add_parsers(sb)
     _checkpoints.add_parsers(sb)
     _snapshots.add_parsers(sb)
-    _tenancy.add_parsers(top)
     _history.add_parsers(sb)
     _ssh.add_parsers(top, sb)
+    _tenancy.add_parsers(top)
+    _serve_parser(top)
+    _ops.add_parsers(top)
     return parser
 
 
@@ -157,6 +159,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except (ValueError, TypeError) as err:
         raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err
+    from hutch.api.extras import missing_message
+
+    if (missing := missing_message(config)) is not None:
+        raise UsageError(missing)
     run_server(config)
     return 0
 

@@ -63,11 +63,33 @@ async def _with_client(
     args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]
 ) -> T:
     async with _remote_client(args) as client:
+        if client.org_id is not None and not client.org_id.startswith("org_"):
+            client.org_id = await _org_by_name(client, client.org_id)
         return await work(client)
 
 
+async def _org_by_name(client: SandboxClient, name: str) -> str:
+    """``--org acme`` (the name given to ``org create``) means the organization of that name
+    among those this key may act for; ids look like ``org_acme``."""
+    client.org_id = None  # listing with the key's own rights
+    orgs = await client.tenancy.list_orgs()
+    found = [o.id for o in orgs if o.name == name]
+    if len(found) == 1:
+        return found[0]
+    known = ", ".join(f"{o.id} ({o.name})" for o in orgs) or "none"
+    raise UsageError(f"--org {name!r}: no organization of that name that this key may act for "
+                     f"(organization ids look like org_{name}; this key's: {known})")
+
+
 def _remote_wanted(args: argparse.Namespace) -> bool:
-    return bool(args.url or os.environ.get("HUTCH_URL"))
+    """Whether a server is named (--url, HUTCH_URL) or runs on the data dir; else the engine runs
+    in this process (hutch/_config.py's rule). --data-dir/--driver ask for the engine here."""
+    if args.url or os.environ.get("HUTCH_URL"):
+        return True
+    from hutch import _config
+
+    return not (getattr(args, "data_dir", None) or getattr(args, "driver", None)) \
+        and _config.local_server_url() is not None
 
 
 async def _in_process(args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]) -> T:
@@ -106,12 +128,14 @@ def _note(message: str) -> None:
     sys.stderr.flush()
 
 
-def _status_note(status: str | None, truncated: bool | None) -> None:
+def _status_note(status: str | None, truncated: bool | None, error: str | None = None) -> None:
     if status == "timeout":
-        _note("the command hit its time limit and was stopped")
+        _note("the command hit its time limit and was stopped" + (f" ({error})" if error else ""))
     elif status == "cancelled":
-        _note("the command was cancelled")
+        _note("the command was cancelled" + (f": {error}" if error else ""))
+    elif status == "failed" and error and "out of memory" in error:
+        _note(f"the command was {error}: raise the sandbox's memory (--memory, e.g. --memory 1Gi)")
     elif status == "failed":
-        _note("the command could not be run (status: failed)")
+        _note(f"the command failed: {error}" if error else "the command could not be run (status: failed)")
     if truncated:
         _note("output was truncated at the server's cap")

@@ -23,12 +23,15 @@ from hutch.cli._common import (
     _note,
     _out,
     _Parser,
+    _stderr_sink,
+    _stdout_sink,
     _with_client,
 )
 from hutch.cli._values import _int_in, duration_value, env_pair
 from hutch.client import ARCHIVE_FORMATS, SandboxClient
 from hutch.core.errors import HutchError
 from hutch.core.quantities import parse_duration
+from hutch.handles import JobHandle
 from hutch.models import to_wire
 
 T = TypeVar("T")
@@ -85,6 +88,12 @@ def add_parsers(sb: Any) -> None:
     get.add_argument("job_id", metavar="JOB_ID")
     _json_flag(get)
     get.set_defaults(handler=cmd_job_get)
+    logs = jb.add_parser("logs", aliases=["output"],
+                         help="a job's stdout and stderr so far (-f: follow until the job ends)")
+    logs.add_argument("sandbox_id", metavar="SANDBOX_ID")
+    logs.add_argument("job_id", metavar="JOB_ID")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    logs.set_defaults(handler=cmd_job_logs)
     stop = jb.add_parser("destroy", aliases=["stop"], help="stop a job (SIGTERM, then SIGKILL)")
     stop.add_argument("sandbox_id", metavar="SANDBOX_ID")
     stop.add_argument("job_id", metavar="JOB_ID")
@@ -414,6 +423,32 @@ def cmd_job_get(args: argparse.Namespace) -> int:
         render.dump_json(to_wire(job), _out())
     else:
         render.job(job, _out())
+    return 0
+
+
+# Without --follow: the output streams carry no "now" mark, so "so far" is what arrives before
+# the streams fall quiet for this long (a finished job's streams simply end).
+_QUIET_SECONDS = 1.0
+
+
+def cmd_job_logs(args: argparse.Namespace) -> int:
+    """stdout to stdout, stderr to stderr, as they were written."""
+
+    async def work(client: SandboxClient) -> None:
+        handle = JobHandle(client, await client.get_job(args.sandbox_id, args.job_id))
+        chunks = handle.output().__aiter__()
+        sinks = {"stdout": _stdout_sink(), "stderr": _stderr_sink()}
+        while True:
+            try:
+                chunk = await (chunks.__anext__() if args.follow
+                               else asyncio.wait_for(chunks.__anext__(), _QUIET_SECONDS))
+            except (StopAsyncIteration, TimeoutError):
+                break
+            sinks[chunk.stream].write(chunk.data)
+            sinks[chunk.stream].flush()
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+    _run(args, work)
     return 0
 
 

@@ -54,6 +54,5 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         render.dump_json({"history": steps}, out)
         return 0
-    for s in steps:
-        out.write(f"{s['position']:>8}  {s['createdAt']}  {s['eventId']}  {s['type']:<22} -> {s['status']}\n")
+    render.history(steps, out)
     return 0

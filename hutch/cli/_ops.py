@@ -46,8 +46,12 @@ def _log_and_store(p: argparse.ArgumentParser, store_help: str = "postgresql://â
 
 def _settings(args: argparse.Namespace) -> tuple[str, str, Path]:
     from hutch.api.config import Config
+    from hutch.api.extras import missing_message
+    from hutch.cli._common import UsageError
 
     config = Config.from_env(event_log=args.event_log, store=args.store, data_dir=args.data_dir)
+    if (missing := missing_message(config)) is not None:
+        raise UsageError(missing)
     return config.event_log, config.store, config.data_dir
 
 

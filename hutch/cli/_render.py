@@ -126,6 +126,18 @@ def events(items: Sequence[SandboxEvent], out: TextIO) -> None:
     )
 
 
+def history(steps: Sequence[dict[str, Any]], out: TextIO) -> None:
+    """A sandbox's timeline: each event and the status it left the sandbox in."""
+    if not steps:
+        out.write("no events\n")
+        return
+    table(
+        ["POSITION", "TIME", "EVENT ID", "TYPE", "STATUS AFTER"],
+        [[s["position"], s["createdAt"], s["eventId"], s["type"], s["status"]] for s in steps],
+        out,
+    )
+
+
 def executions(items: Sequence[ExecutionInfo], out: TextIO) -> None:
     if not items:
         out.write("no executions\n")

@@ -62,7 +62,8 @@ _ONESHOT_SETTLE_MS = 10_000
 
 def _sandbox_spec_flags(p: argparse.ArgumentParser) -> None:
     """Flags shared by `run` and `sandbox create`."""
-    p.add_argument("--runtime", help="runtime name, e.g. base:latest or python:3.13")
+    p.add_argument("--runtime", help="runtime name (default base:latest: a shell and coreutils, no python; "
+                   "python:3.13 has python3; `hutch runtime list` shows them all)")
     p.add_argument("--runtime-id", help="runtime id (srt_...)")
     p.add_argument("--snapshot", help="create from a snapshot id or tag")
     p.add_argument("--memory", type=memory_value, help="memory limit, e.g. 512Mi, 1Gi")
@@ -350,11 +351,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "stdout": result.stdout,
                 "stderr": result.stderr,
                 "outputTruncated": bool(result.output_truncated),
+                "error": result.error,
             },
             _out(),
         )
     else:
-        _status_note(result.status, result.output_truncated)
+        _status_note(result.status, result.output_truncated, result.error)
     return _exit_code(result.exit_code)
 
 
@@ -377,7 +379,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if args.json:
         render.dump_json(to_wire(execution), _out())
     else:
-        _status_note(execution.status, execution.output_truncated)
+        _status_note(execution.status, execution.output_truncated, execution.error)
     return _exit_code(execution.exit_code)
 
 

@@ -2,6 +2,11 @@
 a sandbox, as ``ssh`` gives one: the local terminal in raw mode, window size changes passed on
 (SIGWINCH), the remote command's exit code as ours. ``--show`` prints the ``ssh`` command line
 that reaches the same sandbox through the server's SSH gateway (``hutch serve --ssh-port``).
+
+As OpenSSH decides: a terminal is asked for only when stdin is one (``-t`` forces it, ``-T``
+refuses it). Scripts, CI jobs and agents call ``hutch ssh SBX 'cmd' < file`` (or with stdin a
+pipe, /dev/null, or closed): that runs as a plain command with stdout and stderr apart, stdin
+passed through once (no terminal echoing it back), and the command's exit code as ours.
 """
 
 from __future__ import annotations
@@ -20,8 +25,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from hutch._stdin import piped_stdin
 from hutch.cli import _render as render
-from hutch.cli._common import UsageError, _call, _json_flag, _note, _out, _Parser, _with_client
+from hutch.cli._common import (
+    UsageError,
+    _call,
+    _exit_code,
+    _json_flag,
+    _note,
+    _out,
+    _Parser,
+    _status_note,
+    _stderr_sink,
+    _stdout_sink,
+    _with_client,
+)
 from hutch.cli._tenancy import _show as _print_record
 from hutch.client import SandboxClient
 from hutch.models import to_wire
@@ -54,7 +72,12 @@ def add_parsers(top: Any, sb: Any) -> None:
                        help="run this (through the shell, as ssh does) instead of a login shell")
         p.add_argument("--show", action="store_true", help="print the equivalent ssh command line and exit")
         p.add_argument("--cwd", help="start in this directory (relative to the workspace)")
-        p.set_defaults(handler=cmd_ssh, accepts_command=True)
+        tty_flags = p.add_mutually_exclusive_group()
+        tty_flags.add_argument("-t", dest="tty", action="store_const", const=True,
+                               help="a terminal even when stdin is not one (as ssh -t)")
+        tty_flags.add_argument("-T", dest="tty", action="store_const", const=False,
+                               help="no terminal even when stdin is one (as ssh -T)")
+        p.set_defaults(handler=cmd_ssh, accepts_command=True, tty=None)
 
 
 def cmd_key_add(args: argparse.Namespace) -> int:
@@ -92,7 +115,32 @@ def cmd_ssh(args: argparse.Namespace) -> int:
         return asyncio.run(_with_client(args, lambda client: _show(client, args)))
     # As ssh: a remote command is one string for the sandbox user's shell.
     argv = ["/bin/sh", "-c", " ".join(args.command)] if args.command else None
+    if not (args.tty if args.tty is not None else _stdin_is_terminal()):
+        script = " ".join(args.command) if args.command else "exec /bin/sh"
+        if args.cwd:  # relative to the workspace, as the terminal's cwd
+            script = f"cd {shlex.quote(args.cwd)} && {script}"
+        return _plain(args, ["/bin/sh", "-c", script])
     return asyncio.run(_with_client(args, lambda client: _session(client, args.sandbox_id, argv, args.cwd)))
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except OSError:  # closed
+        return False
+
+
+def _plain(args: argparse.Namespace, argv: list[str]) -> int:
+    """A command without a terminal: what ``ssh host cmd`` does when stdin is not one."""
+
+    async def work(client: SandboxClient) -> Any:
+        sandbox = await client.connect(args.sandbox_id)
+        return await sandbox.execute(argv, stdout=_stdout_sink(), stderr=_stderr_sink(), capture=False,
+                                     stdin=piped_stdin())
+
+    execution = asyncio.run(_with_client(args, work))
+    _status_note(execution.status, execution.output_truncated, execution.error)
+    return _exit_code(execution.exit_code)
 
 
 async def _show(client: SandboxClient, args: argparse.Namespace) -> int:
@@ -135,10 +183,21 @@ async def _session(client: SandboxClient, sandbox_id: str, argv: list[str] | Non
             return
         send(data)
 
+    async def read_in_thread() -> None:  # stdin epoll refuses: a regular file, /dev/null
+        while data := await asyncio.to_thread(_read_or_end):
+            send(data)
+        send(_EOT)
+
+    reader: asyncio.Task[None] | None = None
     try:
         with _raw(interactive):
-            os.set_blocking(0, False)
-            loop.add_reader(0, typed)
+            try:
+                os.set_blocking(0, False)
+                loop.add_reader(0, typed)
+            except (PermissionError, ValueError, OSError):
+                with contextlib.suppress(OSError):
+                    os.set_blocking(0, True)
+                reader = asyncio.create_task(read_in_thread())
             if interactive:
                 loop.add_signal_handler(signal.SIGWINCH, lambda: send_resize(term, pending))
             out = sys.stdout.buffer
@@ -146,15 +205,25 @@ async def _session(client: SandboxClient, sandbox_id: str, argv: list[str] | Non
                 out.write(data)
                 out.flush()
     finally:
+        if reader is not None:
+            reader.cancel()
         with contextlib.suppress(Exception):
             loop.remove_reader(0)
             loop.remove_signal_handler(signal.SIGWINCH)
-        os.set_blocking(0, True)
+        with contextlib.suppress(OSError):
+            os.set_blocking(0, True)
         await term.close()
     if term.exit_code is None:
         _note("the connection to the terminal was lost")
         return 255  # what ssh answers when the connection drops
     return term.exit_code
+
+
+def _read_or_end() -> bytes:
+    try:
+        return os.read(0, 65536)
+    except OSError:  # closed
+        return b""
 
 
 def send_resize(term: Terminal, pending: set[asyncio.Task[None]]) -> None:
@@ -165,10 +234,13 @@ def send_resize(term: Terminal, pending: set[asyncio.Task[None]]) -> None:
 
 
 def _size() -> tuple[int, int]:
+    """The local window's size; 24x80 when no terminal knows it (``script`` without a window
+    size reports 0x0)."""
     for fd in (1, 0, 2):
         with contextlib.suppress(OSError):
             size = os.get_terminal_size(fd)
-            return size.lines, size.columns
+            if size.lines > 0 and size.columns > 0:
+                return size.lines, size.columns
     return 24, 80
 
 

@@ -85,6 +85,8 @@ async def test_live_events_are_the_organizations_own(api: Api) -> None:
 
 
 async def test_static_files_and_their_headers(api: Api) -> None:
+    root = await api.client.get("/", allow_redirects=False)  # a person opening the address: the app, not a 401
+    assert root.status == 302 and root.headers["Location"] == "/app"
     page = await api.client.get("/app")
     assert page.status == 200 and "<title>hutch</title>" in await page.text()
     csp = page.headers["Content-Security-Policy"]

@@ -306,3 +306,30 @@ def test_unreachable_server_is_reported(
     assert code == 1
     assert err.startswith("hutch: error: cannot reach hutch server at http://127.0.0.1:9")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flags", "module", "names"), [
+    (["serve", "--ssh-port", "2298"], "asyncssh", "the SSH gateway"),
+    (["serve", "--event-log", "kafka://127.0.0.1:1/t"], "aiokafka", "the Kafka event log"),
+    (["serve", "--store", "postgresql://u@127.0.0.1:1/d"], "asyncpg", "the PostgreSQL store"),
+    (["serve", "--driver", "nomad"], "nomad", "the nomad driver"),
+    (["projector", "--event-log", "kafka://127.0.0.1:1/t", "--store", "postgresql://u@127.0.0.1:1/d"], "aiokafka",
+     "the Kafka event log"),
+])
+def test_a_part_without_the_server_extra_says_so_before_starting(tmp_path: Path, flags: list[str], module: str,
+                                                                  names: str) -> None:
+    """`pip install hutch` lacks the server extra: asking for a part that needs it ends at once
+    with what is missing and the command that installs it (it was an internal error after the
+    server had announced itself)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = f"import sys; sys.modules[{module!r}] = None; from hutch.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, *flags, "--data-dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert f"{names}" in done.stderr and f"needs {module}" in done.stderr
+    assert "pip install 'hutch[server]'" in done.stderr
+    assert "internal error" not in done.stderr and "listening" not in (done.stdout + done.stderr).lower()

@@ -135,8 +135,32 @@ def test_serve_prints_address_and_key_then_answers_the_cli(
     assert [s["sandboxId"] for s in json.loads(capsys.readouterr().out)["sandboxes"]] == [
         sandbox_id
     ]
+    # Without --url or HUTCH_URL the CLI finds the server on its data dir (server.url); `hutch
+    # run` goes there too instead of failing on a busy data dir.
+    assert (engine_env / "server.url").read_text().strip() == url
+    assert main(["sb", "ls", "--json"]) == 0
+    assert [s["sandboxId"] for s in json.loads(capsys.readouterr().out)["sandboxes"]] == [sandbox_id]
+    assert main(["run", "--", "echo", "via-the-server"]) == 0
+    assert capsys.readouterr().out == "via-the-server\n"
     assert main(["--url", url, "sb", "delete", sandbox_id]) == 0
     capsys.readouterr()
+
+
+def test_without_a_server_every_command_runs_the_engine_in_process(capsys: pytest.CaptureFixture[str],
+                                                                   engine_env: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No URL, no HUTCH_URL, no server: `hutch sb create` and the next command (a new process's
+    engine adopts the data dir's sandboxes) work as `hutch run` does. The local driver: its
+    sandboxes outlive the engine (the fake driver's live in its memory)."""
+    monkeypatch.setenv("HUTCH_DRIVER", "local")
+    assert main(["sb", "create", "--name", "embedded"]) == 0
+    sandbox_id = capsys.readouterr().out.strip()
+    assert main(["sb", "exec", sandbox_id, "--", "echo", "hi"]) == 0
+    assert capsys.readouterr().out == "hi\n"
+    assert main(["sb", "get", sandbox_id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "embedded"
+    assert main(["sb", "delete", sandbox_id]) == 0
+    assert not (engine_env / "server.url").exists()
 
 
 def test_sandbox_history_and_time_travel(
@@ -152,7 +176,8 @@ def test_sandbox_history_and_time_travel(
     assert [s["type"] for s in steps] == ["create", "lifecycle:started", "env"]
     assert main(["--url", url, "sb", "history", sandbox_id]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("-> creating") and lines[-1].endswith("-> idle") and "env" in lines[-1]
+    assert lines[0].split() == ["POSITION", "TIME", "EVENT", "ID", "TYPE", "STATUS", "AFTER"]  # as `events` has
+    assert lines[1].endswith("creating") and lines[-1].endswith("idle") and " env " in lines[-1]
     assert main(["--url", url, "sb", "history", sandbox_id, "--at", steps[1]["eventId"]]) == 0
     shown = capsys.readouterr().out
     assert "lifecycle:started" in shown and "STAGE=one" in shown and "STAGE=two" not in shown
@@ -249,3 +274,18 @@ def test_piped_stdin_reaches_the_command(engine_env: Path, tmp_path: Path) -> No
     ignored = subprocess.run([*run[:4], "--no-stdin", "--", "cat"], input=b"nope\n", capture_output=True, env=env,
                              timeout=60, check=False)
     assert (ignored.returncode, ignored.stdout) == (0, b""), ignored.stderr
+
+
+def test_a_command_killed_for_memory_says_so(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """It ran and was killed at its limit: the note says so and how to raise it (it said "could
+    not be run"), and --json carries the error. The local driver's real memory cgroup."""
+    monkeypatch.setenv("HUTCH_DRIVER", "local")
+    hog = ["--memory", "64Mi", "--", "sh", "-c", "head -c 400m /dev/zero | tail > /dev/null"]
+    code = main(["run", *hog])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "killed: out of memory (limit 64Mi)" in err and "--memory" in err, err
+    assert "could not be run" not in err
+    code = main(["run", "--json", *hog])
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "failed" and result["error"] == "killed: out of memory (limit 64Mi)"

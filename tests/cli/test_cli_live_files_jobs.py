@@ -115,6 +115,15 @@ def test_fs_env_job_pause_end_to_end(
     assert [j["jobId"] for j in json.loads(out)["jobs"]] == [job_id]
     code, out, _ = cli(capsys, "sb", "job", "destroy", sid, job_id, "--force", "--json")
     assert json.loads(out)["status"] == "cancelled"
+    # job logs: the output so far of a running job (returns while it runs), and with -f of a
+    # finished one, stdout and stderr apart.
+    code, out, err = cli(capsys, "sb", "job", "create", sid, "--", "sh", "-c", "echo line-1; echo err-1 >&2; sleep 60")
+    running = out.strip()
+    code, out, err = cli(capsys, "sb", "job", "logs", sid, running)
+    assert (code, out, err) == (0, "line-1\n", "err-1\n")
+    assert cli(capsys, "sb", "job", "stop", sid, running, "--force")[0] == 0
+    code, out, err = cli(capsys, "sb", "job", "logs", sid, running, "-f")
+    assert (code, out, err) == (0, "line-1\n", "err-1\n")
 
     assert cli(capsys, "sb", "hibernate", sid)[0] == 0
     code, out, _ = cli(capsys, "sb", "exec", sid, "--json", "--", "echo", "hi")

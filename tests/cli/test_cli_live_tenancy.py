@@ -24,9 +24,12 @@ def test_org_project_key_commands(url: str, capsys: pytest.CaptureFixture[str], 
     assert code == 0 and project["orgId"] == "org_acme" and project["id"].startswith("proj_")
     code, out, _ = cli(capsys, "project", "list", "--org", "org_acme")
     assert "web" in out
-    code, out, err = cli(capsys, "key", "create", "--org", "org_acme", "--role", "admin", "--name", "ops")
+    code, out, err = cli(capsys, "key", "create", "--org", "acme", "--role", "admin", "--name", "ops")  # a name
     secret = out.strip()
-    assert code == 0 and secret.startswith("hk_") and "shown only now" in err
+    assert code == 0 and secret.startswith("hk_") and "shown only now" in err and "admin of org_acme" in err
+    code, _, err = cli(capsys, "key", "list", "--org", "acne")
+    assert code == 2 and "no organization of that name" in err and "ids look like org_acne" in err
+    assert "org_acme (acme)" in err
     code, out, _ = cli(capsys, "key", "create", "--org", "org_acme", "--role", "read-only", "--project", "web",
                        "--expires", "7d", "--json")
     reader = json.loads(out)

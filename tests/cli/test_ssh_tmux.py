@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -133,3 +134,41 @@ def test_hutch_ssh_in_a_real_terminal(server: str) -> None:
                            capture_output=True, text=True, check=True).stdout
     port = _api(server, "GET", "/healthz").get("ssh", {}).get("port")
     assert shown.strip() == f"ssh -p {port} {sid}@127.0.0.1 'ls -la'"
+
+
+def test_hutch_ssh_from_scripts_without_a_terminal(server: str, tmp_path: Path) -> None:
+    """Scripts, CI jobs and agents: stdin a file, /dev/null, a pipe or closed; no terminal is
+    asked for (as OpenSSH), stdout and stderr stay apart, input is not echoed back, and the
+    remote exit code is ours. Under `script` with no window size, a terminal of 24x80."""
+    sid = _api(server, "POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HUTCH_URL": server, "HUTCH_API_KEY": KEY}
+    hutch = [sys.executable, "-m", "hutch.cli", "ssh", sid]
+    script = "echo out; echo err >&2; cat; exit 7"
+    given = tmp_path / "input.txt"
+    given.write_text("from-a-file\n")
+
+    def ssh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*hutch, *argv], env=env, capture_output=True, text=True, timeout=120, **kw)  # type: ignore[call-overload]
+
+    with given.open() as fh:
+        done = ssh(script, stdin=fh)
+    assert (done.returncode, done.stdout, done.stderr) == (7, "out\nfrom-a-file\n", "err\n")
+    done = ssh(script, stdin=subprocess.DEVNULL)
+    assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "err\n")
+    done = ssh(script, input="piped-once\n")
+    assert (done.returncode, done.stdout, done.stderr) == (7, "out\npiped-once\n", "err\n")
+    done = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", *hutch, "echo closed-ok"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "closed-ok\n"), done.stderr
+    # No command, stdin a script: the shell reads it (ssh host < script.sh).
+    done = ssh(input="echo from-stdin-shell\nexit 3\n")
+    assert (done.returncode, done.stdout) == (3, "from-stdin-shell\n"), done.stderr
+    # -t forces a terminal even from /dev/null (no internal error), as ssh -t.
+    done = subprocess.run([*hutch[:-1], "-t", sid, "stty size; exit 4"], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4 and "24 80" in done.stdout, done.stdout + done.stderr
+    # `script` gives a terminal of no size (0x0): the remote one is 24x80.
+    line = shlex.join([*hutch, "stty size; exit 5"])
+    done = subprocess.run(["script", "-qec", line, "/dev/null"], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 5 and "24 80" in done.stdout, done.stdout + done.stderr

@@ -200,6 +200,26 @@ async def test_write_files_then_read_them(driver: Driver, sandbox: str) -> None:
     assert out.stdout == "overwritten\n"
 
 
+async def test_writing_a_python_source_drops_its_cached_bytecode(driver: Driver, sandbox: str) -> None:
+    """Python trusts a .pyc while the source's mtime second and size match: a module rewritten
+    within a second at the same size would run stale (drivers/bytecode.py)."""
+    stale = ["pkg/__pycache__/mod.cpython-313.pyc", "pkg/__pycache__/mod.cpython-313.opt-1.pyc"]
+    kept = ["pkg/__pycache__/other.cpython-313.pyc", "pkg/__pycache__/modx.cpython-313.pyc"]
+    await driver.write_files(sandbox, [FileToWrite(p, b"old") for p in stale + kept])
+    await driver.write_files(sandbox, [FileToWrite("pkg/mod.py", b"x = 1\n")])
+    left = {e.name for e in await driver.list_files(sandbox, "pkg/__pycache__")}
+    assert left == {"other.cpython-313.pyc", "modx.cpython-313.pyc"}
+    await driver.write_files(sandbox, [FileToWrite(p, b"old") for p in stale])
+    await driver.write_file(sandbox, "pkg/mod.py", _chunks(b"x = 2\n"))
+    left = {e.name for e in await driver.list_files(sandbox, "pkg/__pycache__")}
+    assert left == {"other.cpython-313.pyc", "modx.cpython-313.pyc"}
+    await driver.write_files(sandbox, [FileToWrite("fresh/new.py", b"")])  # no cache there: no error
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
 async def test_files_persist_between_executions(driver: Driver, sandbox: str) -> None:
     result, _ = await run(driver, sandbox, "sh", "-c", "echo kept > kept.txt")
     assert result.exit_code == 0

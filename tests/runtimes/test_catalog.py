@@ -12,8 +12,9 @@ from hutch.core import runtimes
 from hutch.core.errors import RuntimeNotFound
 from hutch.drivers.local import rootfs
 
+# The seeds' runtimes, and the Workspace's default (every language it names in one runtime).
 SEED_RUNTIMES = {"base:latest", "bun:1", "node:latest", "node:lts", "python:3.13", "python:3.14",
-                 "claude-code:latest", "amp:latest", "opencode:latest"}
+                 "claude-code:latest", "amp:latest", "opencode:latest", "workspace:latest"}
 
 
 def test_the_seeds_runtimes_are_in_the_catalog_with_their_fields() -> None:

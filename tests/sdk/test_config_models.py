@@ -17,11 +17,40 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
 
 
-def test_url_defaults_to_local_server_and_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert SandboxClient().url == "http://127.0.0.1:8700"
-    monkeypatch.setenv("HUTCH_URL", "http://h:1/")
-    assert SandboxClient().url == "http://h:1"
-    assert SandboxClient("http://other:2").url == "http://other:2"
+def test_one_rule_for_the_server_argument_env_local_server_then_embedded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The URL argument, then HUTCH_URL, then the `hutch serve` holding this machine's data dir
+    (its address in server.url), else the engine in this process."""
+    import fcntl
+    import os
+
+    data = tmp_path / "xdg" / "hutch"
+    data.mkdir(parents=True)
+    assert SandboxClient().embedded
+    (data / "server.url").write_text("http://127.0.0.1:8711\n")
+    assert SandboxClient().embedded  # a stale file: no server holds the data dir
+    fd = os.open(data / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running server holds it
+        client = SandboxClient()
+        assert (client.url, client.embedded) == ("http://127.0.0.1:8711", False)
+        monkeypatch.setenv("HUTCH_URL", "http://h:1/")
+        assert SandboxClient().url == "http://h:1"
+        assert SandboxClient("http://other:2").url == "http://other:2"
+    finally:
+        os.close(fd)
+
+
+async def test_a_client_without_a_server_runs_the_engine_itself(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    monkeypatch.setenv("HUTCH_DRIVER", "fake")
+    async with SandboxClient() as client:
+        assert client.embedded
+        sandbox = await client.create()
+        assert sandbox.id.startswith("sbx_") and (await client.get(sandbox.id)).id == sandbox.id
+        assert (tmp_path / "xdg" / "hutch" / "events.db").exists() or any((tmp_path / "xdg" / "hutch").iterdir())
+    assert client._engine is None  # stopped with the client
 
 
 def test_api_key_argument_then_env_then_local_key_file(

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,3 +252,29 @@ def _git_repo(path: Path, files: dict[str, str]) -> Path:
     subprocess.run([*git, "add", "."], cwd=path, check=True)
     subprocess.run([*git, "commit", "-q", "-m", "files"], cwd=path, check=True)
     return path
+
+
+@pytest.mark.timeout(600)  # a fresh machine builds workspace:latest (Node.js from npm) first
+async def test_a_default_workspace_runs_every_language_it_names(tmp_path: Path) -> None:
+    """Seed 004 picks the interpreter per call: node, python and shell all work in a workspace
+    made with the defaults (language node), and in one made for python."""
+    async with Workspace(data_dir=tmp_path / "engine") as ws:
+        assert ws.runtime == "workspace:latest"
+        assert (await ws.run("console.log(6*7)")).stdout == "42\n"
+        assert (await ws.run("print(6*7)", language="python")).stdout == "42\n"
+        assert (await ws.shell("git --version >/dev/null && echo has-git")).stdout == "has-git\n"
+
+
+@pytest.mark.parametrize("backend", ["sandbox", "unix-local"])
+async def test_a_module_rewritten_within_a_second_runs_as_written(tmp_path: Path, backend: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent fixes a module and reruns at once: same size, same mtime second. Python's cached
+    bytecode must not win (also with -B, also from a new process)."""
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # unix-local runs the host's python
+    options: dict[str, Any] = {"data_dir": tmp_path / "engine"} if backend == "sandbox" else {}
+    async with Workspace(backend=backend, language="python", runtime="python:3.13" if backend == "sandbox" else None,
+                         **options) as ws:
+        for body, expected in (("x * x", "49"), ("x + x", "14"), ("x - x", "0"), ("x * x", "49")):
+            await ws.write_file("mod.py", f"def sq(x):\n    return {body}\n")
+            assert (await ws.run("from mod import sq; print(sq(7))")).stdout == expected + "\n"
+            assert (await ws.shell("python3 -B -c 'from mod import sq; print(sq(7))'")).stdout == expected + "\n"
