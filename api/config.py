@@ -187,6 +187,16 @@ def _check_cpu(setting: str, value: str) -> None:
     parse_millicores(setting, value)  # an InvalidInput naming it
 
 
+def _check_ca_certs(setting: str, value: str | None) -> None:
+    if value:
+        from hutch.drivers.trust import read_certs  # light: no driver is started
+
+        try:
+            read_certs(value)
+        except ValueError as err:
+            raise InvalidInput(str(err), field=setting) from None
+
+
 def _check_egress(setting: str, value: str) -> None:
     from hutch.core import egress
 
@@ -262,6 +272,9 @@ class Config:
     # close. Read by the drivers from the environment; checked here so a bad one stops the start.
     egress_permit: str = _setting("HUTCH_SANDBOX_EGRESS_PERMIT", "", check=_check_egress)
     egress_deny: str = _setting("HUTCH_SANDBOX_EGRESS_DENY", "", check=_check_egress)
+    # A PEM file of CA certificates every sandbox trusts besides its runtime's (a TLS-inspecting
+    # proxy's CA): drivers/trust.py. Read by the drivers; checked here so a bad one stops the start.
+    sandbox_ca_certs: str | None = _setting("HUTCH_SANDBOX_CA_CERTS", None, check=_check_ca_certs)
     # Requests a second per key (":burst" optional) for keys created without their own rate,
     # and for the bootstrap key; "" = unlimited (api/tenancy.py).
     rate_limit: str = _setting("HUTCH_RATE_LIMIT", "", check=_check_rate)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from hutch.core.errors import DriverFailure, IllegalTransition, InvalidInput, NotSupported
+from hutch.drivers import trust
 from hutch.drivers.base import (
     ExecRequest,
     ExecResult,
@@ -54,7 +55,7 @@ class Executions:
     def _env(sb: Sandbox, extra: Mapping[str, str]) -> dict[str, str]:
         check_env(extra, "env")
         env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
-               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox"}
+               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox", **trust.sandbox_env()}
         env.update(sb.env)
         env.update(extra)
         return env

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from hutch.core.errors import DriverFailure
+from hutch.drivers import trust
 from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest
 from hutch.drivers.egress import flatten
 from hutch.drivers.local import disks, helper, layers, network, rootfs, slirp, uids
@@ -198,6 +199,9 @@ def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = Fa
     _put(etc / "resolv.conf", (resolv or network.resolv_conf()).encode(), 0o644)
     for name in ("passwd", "group", "resolv.conf"):
         os.chmod(etc / name, 0o644)
+    if trust.extra_certs() is not None:  # the operator's CAs (drivers/trust.py), root's: read-only here
+        _put_in_lower_dirs(lower, upper, trust.BUNDLE,
+                           trust.bundle(_lower_bytes(lower, trust.BUNDLE.lstrip("/"))))
     for rel, mode in [(HOME, 0o755), (rootfs.WORKSPACE, 0o755)] + [(t, 0o1777) for t in ROOTLESS_TMP if rootless]:
         path = upper / rel.lstrip("/")
         parent = path.parent
@@ -208,6 +212,26 @@ def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = Fa
         if not rootless:
             os.chown(path, uid, uid)
         os.chmod(path, mode)
+
+
+def _put_in_lower_dirs(lower: list[Path], upper: Path, path: str, data: bytes) -> None:
+    """Write ``path`` in the upper layer, its missing parents made with the runtime's modes."""
+    target = upper / path.lstrip("/")
+    missing = [p for p in target.parents if p != upper and upper in p.parents and not p.exists()]
+    for parent in reversed(missing):
+        parent.mkdir()
+        os.chmod(parent, os.stat(layers.find_in_lowers(lower, str(parent.relative_to(upper)))).st_mode & 0o7777)
+    if target.is_symlink():  # a spare's earlier copy is a file; a runtime's bundle is never a link
+        target.unlink()
+    _put(target, data, 0o644)
+    os.chmod(target, 0o644)
+
+
+def _lower_bytes(lower: list[Path], rel: str) -> bytes:
+    try:
+        return (layers.find_in_lowers(lower, rel)).read_bytes()
+    except (OSError, FileNotFoundError):
+        return b""
 
 
 _LOWER_TEXT: dict[str, tuple[float, str]] = {}

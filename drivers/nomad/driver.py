@@ -58,6 +58,7 @@ from hutch.core.errors import (
     SandboxNotFound,
 )
 from hutch.core.runtimes import RuntimeRecipe
+from hutch.drivers import trust
 from hutch.drivers.base import (
     Capabilities,
     Driver,
@@ -431,7 +432,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
     def command_env(self, sb: NomadSandbox, extra: Mapping[str, str]) -> list[str]:
         check_env(extra, "env")
         env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
-               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox"}
+               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox", **trust.sandbox_env()}
         env.update(sb.env)
         env.update(extra)
         return [f"{k}={v}" for k, v in env.items()]
