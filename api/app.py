@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import math
 import os
@@ -21,7 +20,7 @@ from hutch.api import archives, memory, openapi
 from hutch.api.background import Background
 from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
-from hutch.api.http import check_query
+from hutch.api.http import check_query, parse_json
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from hutch.api.replication import (
     ON_LOST,
@@ -139,8 +138,8 @@ async def _requested_org(request: web.Request) -> str | None:
             and (request.content_length or 0) <= _ORG_IN_BODY_MAX and request.body_exists:
         raw = await request.read()  # cached: the handler reads it again for free
         if b'"orgId"' in raw:
-            with contextlib.suppress(ValueError):
-                body = json.loads(raw)
+            with contextlib.suppress(InvalidInput):  # the handler's json_body names what is wrong
+                body = parse_json(raw)
                 got = body.get("orgId") if isinstance(body, dict) else None
                 value = query if got is None else got  # null: not given
     if query is not None and value != query:

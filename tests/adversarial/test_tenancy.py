@@ -1,0 +1,70 @@
+"""Attacks on tenancy, keys, SSH keys and input limits (issue 32), each as an attacker would
+make it: a server with two organizations (alpha, beta) and keys of every role, on both
+profiles. The API layer decides all of these, so the fake driver carries most of them;
+those that need a real process (a command to cancel, an ``ssh`` login, an env as big as
+the kernel takes) run on the local driver."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.api.conftest import Api
+from tests.api.test_tenancy import (
+    PUBLIC_ROUTES,
+    bearer,
+    canonical,
+    fill,
+    new_key,
+    new_org,
+    routes_of,
+)
+
+
+@pytest.fixture
+def driver_name() -> str:
+    return "fake"
+
+
+MISSING = {"name": "cobol:1", "ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26,
+           "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26, "checkpoint_id": "ckpt_" + "0" * 26,
+           "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26, "org_id": "org_alpha",
+           "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26, "tail": "agents"}
+
+
+def deep(levels: int) -> bytes:
+    """A body whose ``env`` is ``levels`` lists deep; ``orgId`` first, as the auth looks for it."""
+    return b'{"orgId": "org_alpha", "env": ' + b"[" * levels + b"]" * levels + b"}"
+
+
+async def test_deeply_nested_json_is_a_400_naming_the_body_on_every_route(api: Api) -> None:
+    """100,000 nested lists were a 500 (RecursionError in the decoder); 100 are past any
+    body hutch takes. Every route that reads JSON answers 400 naming the body; none a 500."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    sid = (await api.data("POST", "/sandbox", headers=admin, json={}, expect=201))["sandboxId"]
+    for levels in (100_000, 100):
+        for path in ("/sandbox", f"/sandbox/{sid}/execute", f"/sandbox/env/{sid}", "/keys", "/ssh-keys",
+                     "/projects", "/orgs/org_alpha/quota"):
+            method = "PATCH" if path.startswith(("/sandbox/env", "/orgs")) else "POST"
+            resp = await api.client.request(method, path, data=deep(levels), headers={
+                **admin, "Content-Type": "application/json"})
+            body = await resp.json()
+            if resp.status == 403:  # refused before the body is read (the quota is the operator's)
+                continue
+            assert (resp.status, body.get("field")) == (400, "body"), (levels, method, path, resp.status, body)
+            assert "nested" in body["message"], body
+    # Every other route that takes a body: never a 500, whatever it does with it.
+    swept = 0
+    for route in routes_of(api):
+        if route.method not in ("POST", "PUT", "PATCH", "*") or canonical(route) in PUBLIC_ROUTES:
+            continue
+        resp = await api.client.request("POST" if route.method == "*" else route.method, fill(route, MISSING),
+                                        data=deep(100_000), headers={**admin, "Content-Type": "application/json"})
+        text = await resp.text()
+        assert resp.status != 500, (route.method, route.resource.canonical, resp.status, text[:300])
+        if resp.status == 400 and resp.content_type == "application/json":
+            assert json.loads(text).get("field") in ("body", None) or "nested" not in text, text[:300]
+        swept += 1
+    assert swept >= 30
