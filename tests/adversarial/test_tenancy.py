@@ -68,3 +68,19 @@ async def test_deeply_nested_json_is_a_400_naming_the_body_on_every_route(api: A
             assert json.loads(text).get("field") in ("body", None) or "nested" not in text, text[:300]
         swept += 1
     assert swept >= 30
+
+
+async def test_a_tenant_admin_reads_its_quota_but_only_the_operator_sets_it(api: Api) -> None:
+    """An admin of alpha set ``sandboxes: 100000`` and lifted the operator's memory cap. The
+    quota is the operator's (the bootstrap key): the tenant reads it, and a change is 403."""
+    await new_org(api, "alpha")
+    await api.data("PATCH", "/orgs/org_alpha/quota", json={"sandboxes": 2, "memoryBytes": 2**30})  # the operator
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    for attempt in ({"sandboxes": 100_000}, {"memoryBytes": None}, {"sandboxes": 100_000, "orgId": "org_alpha"}):
+        refused = await api.call("PATCH", "/orgs/org_alpha/quota", headers=admin, json=attempt, expect=403)
+        assert refused["code"] == "FORBIDDEN" and "administrator" in refused["message"], refused
+    seen = await api.data("GET", "/orgs/org_alpha", headers=admin)
+    assert seen["quota"]["sandboxes"] == 2 and seen["quota"]["memoryBytes"] == 2**30
+    assert seen["usage"]["sandboxes"] == 0
+    changed = await api.data("PATCH", "/orgs/org_alpha/quota", json={"sandboxes": 3})
+    assert changed["quota"] == {**seen["quota"], "sandboxes": 3}
