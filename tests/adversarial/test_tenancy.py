@@ -6,10 +6,13 @@ the kernel takes) run on the local driver."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import aiohttp
 import pytest
 
+from hutch.api.keys import ENGINE
 from tests.api.conftest import Api
 from tests.api.test_tenancy import (
     PUBLIC_ROUTES,
@@ -84,3 +87,52 @@ async def test_a_tenant_admin_reads_its_quota_but_only_the_operator_sets_it(api:
     assert seen["usage"]["sandboxes"] == 0
     changed = await api.data("PATCH", "/orgs/org_alpha/quota", json={"sandboxes": 3})
     assert changed["quota"] == {**seen["quota"], "sandboxes": 3}
+
+
+GRACE = 0.6  # the "every waiter went away" grace, shortened (api/watchers.py)
+
+
+async def leave_early(api: Api, path: str, headers: dict[str, str], after: float = 0.4) -> None:
+    """A client that starts waiting, then drops its connection (an aborted fetch)."""
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(after), session.get(api.client.make_url(path), headers=headers) as resp:
+                await resp.read()
+
+
+async def status_of(api: Api, execution_id: str, headers: dict[str, str]) -> str:
+    """Without ``wait``: a long-poll would itself be a waiter."""
+    return str((await api.data("GET", f"/sandbox/execution/{execution_id}", headers=headers))["status"])
+
+
+@pytest.mark.parametrize("driver_name", ["fake", "local"])
+async def test_readers_that_may_not_write_cannot_cancel_a_command(api: Api) -> None:
+    """A read-only key's long-poll and a keyless reader of the stream URL (a read capability)
+    that disconnect were taken as "every waiter went away" and cancelled the command. Only a
+    waiter that may act on the sandbox counts: readers leaving, alone or together, and a
+    reader sending a read-only key, leave it running; a member's long-poll leaving ends it."""
+    await new_org(api, "alpha")
+    member = bearer((await new_key(api, "org_alpha", "member"))["secret"])
+    reader = bearer((await new_key(api, "org_alpha", "read-only"))["secret"])
+    api.client.app[ENGINE].watchers.grace = GRACE
+    sid = (await api.data("POST", "/sandbox", headers=member, json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", headers=member, json={"command": ["sleep", "60"]})
+    exec_id = ex["executionId"]
+    for _ in range(100):
+        if await status_of(api, exec_id, member) == "running":
+            break
+        await asyncio.sleep(0.05)
+    stream = "/" + ex["stdoutStreamUrl"].split("://", 1)[1].split("/", 1)[1]
+    poll = f"/sandbox/execution/{exec_id}?wait=30s"
+    await asyncio.gather(leave_early(api, poll, reader), leave_early(api, stream, {}))
+    await leave_early(api, stream, reader)  # a read-only key on a stream read is a reader too
+    await asyncio.sleep(GRACE * 3)
+    assert await status_of(api, exec_id, member) == "running"
+    # The control: the member's own long-poll leaving is what "stop it" means.
+    await leave_early(api, poll, member)
+    for _ in range(100):
+        if await status_of(api, exec_id, member) != "running":
+            break
+        await asyncio.sleep(0.1)
+    done = await api.data("GET", f"/sandbox/execution/{exec_id}", headers=member)
+    assert done["status"] == "cancelled" and "went away" in done["error"], done
