@@ -117,7 +117,7 @@ class Tenants:
             raise Unauthorized("invalid API key")
         if key.revoked_at is not None:
             raise Unauthorized(f"API key {key.key_id} was revoked at {key.revoked_at}")
-        if key.expires_at is not None and key.expires_at <= _now():
+        if key.expires_at is not None and key.expires_at <= now_utc():
             raise Unauthorized(f"API key {key.key_id} expired at {key.expires_at}")
         return Principal(key_id=key.key_id, org_id=key.org_id, role=key.role, projects=key.projects)
 
@@ -131,7 +131,7 @@ class Tenants:
             raise Unauthorized("the session's key is unknown here; sign in again")
         if key.revoked_at is not None:
             raise Unauthorized(f"API key {key.key_id} was revoked at {key.revoked_at}")
-        if key.expires_at is not None and key.expires_at <= _now():
+        if key.expires_at is not None and key.expires_at <= now_utc():
             raise Unauthorized(f"API key {key.key_id} expired at {key.expires_at}")
         return Principal(key_id=key.key_id, org_id=key.org_id, role=key.role, projects=key.projects)
 
@@ -182,7 +182,8 @@ def _fold(directory: Directory, event: Event) -> None:
     directory.position = event.position or directory.position
 
 
-def _now() -> str:
+def now_utc() -> str:
+    """Now, as the directory's records hold times (so expiries compare as strings)."""
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -210,4 +211,4 @@ def access_of(method: str, handler: Any) -> Access | str:
     return Access.READ if method in ("GET", "HEAD") else Access.WRITE
 
 
-__all__ = ["PUBLIC", "Tenants", "access_of", "bootstrap_key_id", "needs", "parse_rate", "tenancy"]
+__all__ = ["PUBLIC", "Tenants", "access_of", "bootstrap_key_id", "needs", "now_utc", "parse_rate", "tenancy"]

@@ -149,5 +149,5 @@ def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
 async def revoke_key(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     key_id = request.match_info["key_id"]
-    await request.app[ENGINE].record(principal.org_id, lambda: [tenancy.revoke_key(directory, principal.org_id, key_id)])
+    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
     return ok(render_key(directory.keys[key_id]))

@@ -7,13 +7,16 @@ the kernel takes) run on the local driver."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
+from pathlib import Path
 
 import aiohttp
 import pytest
 
-from hutch.api.keys import ENGINE
-from tests.api.conftest import Api
+from hutch.api.keys import ENGINE, SSH_GATEWAY
+from tests.api.conftest import Api, AppFactory
+from tests.api.test_ssh import Gateway
 from tests.api.test_tenancy import (
     PUBLIC_ROUTES,
     bearer,
@@ -136,3 +139,51 @@ async def test_readers_that_may_not_write_cannot_cancel_a_command(api: Api) -> N
         await asyncio.sleep(0.1)
     done = await api.data("GET", f"/sandbox/execution/{exec_id}", headers=member)
     assert done["status"] == "cancelled" and "went away" in done["error"], done
+
+
+@pytest.fixture
+async def gateway(make_api: AppFactory, tmp_path: Path) -> Gateway:
+    """A server with its SSH gateway, driven with OpenSSH's own client (tests/api/test_ssh.py)."""
+    api = await make_api(ssh_port=0)
+    return Gateway(api, api.client.server.app[SSH_GATEWAY].port, tmp_path)  # type: ignore[attr-defined]
+
+
+def in_seconds(seconds: float) -> str:
+    return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def sandbox_of(api: Api, headers: dict[str, str]) -> str:
+    return str((await api.data("POST", "/sandbox", headers=headers, json={"runtime": "base:latest"},
+                               expect=201))["sandboxId"])
+
+
+@pytest.mark.parametrize("driver_name", ["local"])
+async def test_revoking_an_api_key_ends_the_ssh_keys_it_registered(gateway: Gateway) -> None:
+    """Off-boarding: ``ssh … 'echo STILL-IN'`` still worked after the API key that registered
+    the SSH key was revoked. An SSH key dies with the API key that added it (revoked, or
+    expired), and leaves the organization's list; the others' keys go on working."""
+    gw, api = gateway, gateway.api
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    leaver = await api.data("POST", "/keys", headers=admin, json={"role": "member"}, expect=201)
+    temp = await api.data("POST", "/keys", headers=admin, json={"role": "member", "expires": in_seconds(4)},
+                          expect=201)
+    stays = gw.keygen("id_stays")
+    keys = {name: gw.keygen(name) for name in ("id_leaver", "id_temp")}
+    for name, owner in (("id_leaver", leaver), ("id_temp", temp)):
+        await api.data("POST", "/ssh-keys", headers=bearer(owner["secret"]), expect=201,
+                       json={"publicKey": keys[name].with_suffix(".pub").read_text()})
+    await api.data("POST", "/ssh-keys", headers=admin, json={"publicKey": stays.with_suffix(".pub").read_text()},
+                   expect=201)
+    sid = await sandbox_of(api, admin)
+    code, out, err = await gw.ssh(keys["id_leaver"], sid, "echo STILL-IN")
+    assert (code, out) == (0, "STILL-IN\n"), err
+    await api.data("DELETE", f"/keys/{leaver['id']}", headers=admin)
+    expires = dt.datetime.fromisoformat(temp["expiresAt"].replace("Z", "+00:00"))
+    await asyncio.sleep(max(0.0, (expires - dt.datetime.now(dt.UTC)).total_seconds()) + 1)
+    for gone in ("id_leaver", "id_temp"):
+        code, out, err = await gw.ssh(keys[gone], sid, "echo STILL-IN")
+        assert code == 255 and out == "" and "Permission denied (publickey)" in err, (gone, code, out, err)
+    listed = (await api.data("GET", "/ssh-keys", headers=admin))["sshKeys"]
+    assert [k["name"] for k in listed] == ["id_stays@test"], listed
+    assert (await gw.ssh(stays, sid, "echo IN"))[:2] == (0, "IN\n")
