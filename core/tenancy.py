@@ -413,10 +413,13 @@ def add_ssh_key(directory: Directory, org_id: str, public_key: object, name: obj
     line, fingerprint = ssh_fingerprint(public_key)
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
         raise InvalidInput("name: a label of 1 to 200 characters", field="name")
+    # Other organizations' registrations are not looked at: one registering a person's public
+    # key first must not lock her out of her own, nor learn that she has one anywhere. The
+    # login's sandbox id says which organization's registration applies.
     for known in directory.ssh_keys_for(fingerprint, now):
-        # One key opens one organization: the gateway must know whose sandboxes a login means.
-        where = "this organization" if known.org_id == org_id else "another organization"
-        raise InvalidInput(f"publicKey: key {fingerprint} is registered already (in {where})", field="publicKey")
+        if known.org_id == org_id and known.projects == projects:
+            raise InvalidInput(f"publicKey: key {fingerprint} is registered already in this organization "
+                               f"({known.ssh_key_id})", field="publicKey")
     label = name if isinstance(name, str) else (line.split(" ", 2)[2] if line.count(" ") >= 2 else fingerprint)
     return SshKeyAdded(ssh_key_id=ids.new_id("ssh_key"), name=label, public_key=line, fingerprint=fingerprint,
                        added_by=added_by, projects=projects)

@@ -187,3 +187,41 @@ async def test_revoking_an_api_key_ends_the_ssh_keys_it_registered(gateway: Gate
     listed = (await api.data("GET", "/ssh-keys", headers=admin))["sshKeys"]
     assert [k["name"] for k in listed] == ["id_stays@test"], listed
     assert (await gw.ssh(stays, sid, "echo IN"))[:2] == (0, "IN\n")
+
+
+@pytest.mark.parametrize("driver_name", ["local"])
+async def test_a_public_key_squatted_by_another_organization_locks_nobody_out(gateway: Gateway) -> None:
+    """Beta registered alice's public key first, so alice's own registration in alpha failed
+    ("registered already (in another organization)"): a lock-out, and an oracle telling
+    anyone whether a public key is in use. Now both registrations stand, each opening its
+    own organization's sandboxes only, and registering says nothing of other organizations."""
+    gw, api = gateway, gateway.api
+    await new_org(api, "alpha")
+    await new_org(api, "beta")
+    alpha = bearer((await new_key(api, "org_alpha", "member"))["secret"])
+    beta = bearer((await new_key(api, "org_beta", "member"))["secret"])
+    alice, fresh = gw.keygen("id_alice"), gw.keygen("id_fresh")
+    squat = await api.data("POST", "/ssh-keys", headers=beta, expect=201,
+                           json={"publicKey": alice.with_suffix(".pub").read_text()})
+    alphas, betas = await sandbox_of(api, alpha), await sandbox_of(api, beta)
+    # Alice's registration answers exactly as a key nobody registered does.
+    answers = []
+    for key in (alice, fresh):
+        resp = await api.client.post("/ssh-keys", headers=alpha, json={"publicKey": key.with_suffix(".pub").read_text()})
+        body = await resp.json()
+        answers.append((resp.status, sorted(body["data"]) if "data" in body else body))
+    assert answers[0] == answers[1] and answers[0][0] == 201, answers
+    mine = [k for k in (await api.data("GET", "/ssh-keys", headers=alpha))["sshKeys"] if k["name"] == "id_alice@test"]
+    assert len(mine) == 1 and mine[0]["orgId"] == "org_alpha" and mine[0]["id"] != squat["id"]
+    assert (await gw.ssh(alice, alphas, "echo alpha"))[:2] == (0, "alpha\n")
+    assert (await gw.ssh(alice, betas, "echo beta"))[:2] == (0, "beta\n")  # beta's registration: beta's own
+    # Alpha removes hers: beta's registration opens nothing of alpha's.
+    await api.data("DELETE", f"/ssh-keys/{mine[0]['id']}", headers=alpha)
+    code, out, err = await gw.ssh(alice, alphas, "echo alpha")
+    assert code == 255 and out == "" and "Permission denied (publickey)" in err, (code, out, err)
+    assert (await gw.ssh(alice, betas, "echo beta"))[:2] == (0, "beta\n")
+    # Beta's list holds beta's record only; a second registration in one organization is refused.
+    assert [k["orgId"] for k in (await api.data("GET", "/ssh-keys", headers=beta))["sshKeys"]] == ["org_beta"]
+    again = await api.call("POST", "/ssh-keys", headers=beta, json={"publicKey": alice.with_suffix(".pub").read_text()},
+                           expect=400)
+    assert "in this organization" in again["message"] and "another" not in again["message"]
