@@ -463,6 +463,7 @@ def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, 
         "fileCount": snap.file_count,
         "parentSnapshotId": snap.parent_snapshot_id,
         "sourceSandboxId": snap.source_sandbox_id,  # hutch extra
+        "projectId": snap.project_id,  # hutch extra: its sandbox's project (absent: organization-wide)
         "status": snap.status.value,  # hutch extra: building | ready
         "public": snap.public,
         "createdAt": snap.created_at,

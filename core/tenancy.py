@@ -504,7 +504,7 @@ def visible(org_id: str, project_id: str | None = None) -> bool:
 
 
 def visible_org(org_id: str) -> bool:
-    """Organization-wide items (snapshots): any key of the organization sees them."""
+    """Organization-wide items (stdin streams): any key of the organization sees them."""
     scope = SCOPE.get()
     return scope is None or scope.org_id == org_id
 

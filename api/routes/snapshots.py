@@ -10,9 +10,9 @@ from aiohttp import web
 
 from hutch.api import wire
 from hutch.api.http import base_url, json_body, ok, q_choice, q_int, q_offset, stream
-from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
+from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, TENANTS
 from hutch.api.snapshots import LINEAGE_MAX, unchanged
-from hutch.api.tenancy import PUBLIC, needs
+from hutch.api.tenancy import PUBLIC, needs, project_for
 from hutch.core.blobs import BlobNotFound
 from hutch.core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from hutch.core.models import Snapshot
@@ -125,6 +125,8 @@ async def build_init(request: web.Request) -> web.Response:
         description=_str(body, "description"), message=_str(body, "message"),
         content_hash=_str(body, "contentHash"), force=_flag(body, "force"), public=_flag(body, "public"),
         api_key_id=request.get(API_KEY_ID),
+        # hutch's: the project it belongs to (a key limited to one project: that one).
+        project_id=project_for(_str(body, "projectId"), request.app[TENANTS].directory, "snapshots"),
     )
     if existing is not None:
         return ok(unchanged(existing))

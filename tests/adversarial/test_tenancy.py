@@ -7,12 +7,15 @@ the kernel takes) run on the local driver."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from hutch.api.keys import ENGINE, SSH_GATEWAY
 from tests.api.conftest import Api, AppFactory
@@ -24,6 +27,7 @@ from tests.api.test_tenancy import (
     fill,
     new_key,
     new_org,
+    params_of,
     routes_of,
 )
 
@@ -225,3 +229,106 @@ async def test_a_public_key_squatted_by_another_organization_locks_nobody_out(ga
     again = await api.call("POST", "/ssh-keys", headers=beta, json={"publicKey": alice.with_suffix(".pub").read_text()},
                            expect=400)
     assert "in this organization" in again["message"] and "another" not in again["message"]
+
+
+MARK = "other-project-secret-5e1d"
+
+
+def _snapshot_routes(api: Api) -> list[web.AbstractRoute]:
+    """Every route about snapshots, checkpoints or forks, but the public ones."""
+    return [r for r in routes_of(api) if canonical(r) not in PUBLIC_ROUTES
+            and any(word in r.resource.canonical for word in ("snapshot", "checkpoint", "/fork"))]
+
+
+async def test_a_project_limited_key_reaches_no_snapshot_of_another_project(api: Api) -> None:
+    """Snapshots recorded ``projectId: null``, so a key limited to project ``web`` listed,
+    read, downloaded and created from snapshots of project ``other`` and of org-level
+    sandboxes. A snapshot (a fork's too) belongs to its sandbox's project; checkpoints are
+    their sandbox's. Every snapshot, checkpoint and fork route, given another project's ids
+    by the web key, answers as an id that never existed does, and changes nothing."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    web_id = (await api.data("POST", "/projects", headers=admin, json={"name": "web"}, expect=201))["id"]
+    other_id = (await api.data("POST", "/projects", headers=admin, json={"name": "other"}, expect=201))["id"]
+    webkey = bearer((await api.data("POST", "/keys", headers=admin, expect=201,
+                                    json={"role": "member", "projects": ["web"]}))["secret"])
+    files = {"files": [{"path": "secret.txt", "content": base64.b64encode(MARK.encode()).decode()}]}
+
+    async def sandbox(headers: dict[str, str], **spec: Any) -> str:
+        sid = (await api.data("POST", "/sandbox", headers=headers, json=spec, expect=201))["sandboxId"]
+        await api.call("POST", f"/fs/{sid}", headers=headers, json=files)
+        return str(sid)
+
+    async def snapshot(headers: dict[str, str], sid: str, name: str, tag: str = "v1") -> dict[str, Any]:
+        return dict(await api.data("POST", f"/sandbox/{sid}/snapshot", headers=headers, expect=201,
+                                   json={"name": name, "tag": tag}))
+
+    theirs_sbx = await sandbox(admin, projectId="other")
+    org_sbx = await sandbox(admin)
+    snap_other = await snapshot(admin, theirs_sbx, "othersnap")
+    snap_org = await snapshot(admin, org_sbx, "orgsnap")
+    assert (snap_other.get("projectId"), snap_org.get("projectId")) == (other_id, None)
+    checkpoint = (await api.data("POST", f"/sandbox/{theirs_sbx}/checkpoint", headers=admin, json={"name": "cp"},
+                                 expect=201))["id"]
+    forked = await api.data("POST", f"/sandbox/{theirs_sbx}/fork", headers=admin, json={"count": 1}, expect=201)
+    fork_snap = await api.data("GET", f"/sandbox/snapshots/{forked['snapshotId']}", headers=admin)
+    assert fork_snap["projectId"] == other_id and forked["sandboxes"][0]["projectId"] == other_id
+    build = await api.data("POST", "/sandbox/snapshots/build", headers=admin, json={"runtime": "base:latest"},
+                           expect=201)
+    # What the web key may have: its own sandbox's snapshot and fork, and a web sandbox made
+    # (by the admin) from another project's snapshot, whose lineage must stop at its own.
+    mine = await sandbox(webkey)
+    snap_web = await snapshot(webkey, mine, "websnap")
+    assert snap_web["projectId"] == web_id
+    web_fork = await api.data("POST", f"/sandbox/{mine}/fork", headers=webkey, json={"count": 1}, expect=201)
+    assert (await api.data("GET", f"/sandbox/snapshots/{web_fork['snapshotId']}", headers=webkey))[
+        "projectId"] == web_id
+    web_build = await api.data("POST", "/sandbox/snapshots/build", headers=webkey, json={"runtime": "base:latest"},
+                               expect=201)
+    built = await api.data("POST", f"/sandbox/snapshots/{web_build['snapshotId']}/finalize", headers=webkey,
+                           json={"env": {"A": "1"}})
+    assert built["projectId"] == web_id
+    grown = await sandbox(admin, projectId="web", snapshot=snap_other["snapshotId"])
+    snap_grown = await snapshot(admin, grown, "grown")
+    lineage = await api.data("GET", f"/sandbox/snapshots/lineage?snapshot={snap_grown['snapshotId']}", headers=webkey)
+    assert [e["snapshotId"] for e in lineage["lineage"]] == [snap_grown["snapshotId"]], lineage
+
+    theirs = [snap_other["snapshotId"], snap_org["snapshotId"], forked["snapshotId"], build["snapshotId"]]
+    secrets = {MARK, *theirs, checkpoint, "othersnap", "orgsnap"}
+    listed = await api.call("GET", "/sandbox/snapshots?limit=1000", headers=webkey)
+    assert {s["snapshotId"] for s in listed["data"]["snapshots"]} == {
+        snap_web["snapshotId"], web_fork["snapshotId"], snap_grown["snapshotId"], built["snapshotId"]}, listed
+    for name in ("othersnap", "orgsnap", "fork-" + theirs_sbx[-12:]):
+        assert (await api.data("GET", f"/sandbox/snapshots?name={name}", headers=webkey))["total"] == 0
+    swept = 0
+    for route in _snapshot_routes(api):
+        for snapshot_id in theirs:
+            for sandbox_id in (theirs_sbx, org_sbx):
+                ids = {**MISSING, "snapshot_id": snapshot_id, "sandbox_id": sandbox_id, "checkpoint_id": checkpoint}
+                body = {"name": "x", "tag": "v1", "count": 1, "runtime": "base:latest"}
+                query = f"?snapshot={snapshot_id}&name=othersnap&sandboxId={sandbox_id}"
+                kw: dict[str, Any] = {"json": body} if route.method in ("POST", "PUT", "PATCH") else {}
+                resp = await api.client.request(route.method, fill(route, ids) + query, headers=webkey, **kw)
+                text = await resp.text()
+                path = fill(route, ids)
+                assert not [s for s in secrets if s in text and s not in path + query], (route.method, path, text[:300])
+                if params_of(route):
+                    other = await api.client.request(route.method, fill(route, MISSING) + query.replace(
+                        snapshot_id, MISSING["snapshot_id"]), headers=webkey, **kw)
+                    assert resp.status >= 400 and resp.status == other.status, (route.method, path, resp.status, text)
+                swept += 1
+    assert swept >= 4 * 2 * 10
+    # Creating from another project's snapshot, by id or by name, is as from one that never was.
+    nothing = await api.call("POST", "/sandbox", headers=webkey, json={"snapshot": MISSING["snapshot_id"]},
+                             expect=404)
+    for ref in (*theirs, "othersnap:v1", "orgsnap", "@alpha/othersnap:v1"):
+        refused = await api.call("POST", "/sandbox", headers=webkey, json={"snapshot": ref}, expect=404)
+        assert refused["code"] == nothing["code"], refused
+    # Taking othersnap:v1 for its own snapshot does not take the tag from the other project's.
+    await snapshot(webkey, mine, "othersnap")
+    for snapshot_id in theirs[:3]:
+        snap = await api.data("GET", f"/sandbox/snapshots/{snapshot_id}", headers=admin)
+        assert snap["status"] == "ready", snap
+    assert (await api.data("GET", f"/sandbox/snapshots/{snap_other['snapshotId']}", headers=admin))["tag"] == "v1"
+    assert (await api.data("GET", f"/sandbox/checkpoints/{theirs_sbx}", headers=admin))["checkpoints"][0]["id"] \
+        == checkpoint
