@@ -30,6 +30,7 @@ import attrs
 
 from hutch.core import ids
 from hutch.core.errors import Forbidden, InvalidInput, NotFound
+from hutch.core.limits import PUBLIC_KEY_CHARS
 
 LOCAL_ORG = "org_local"
 SECRET_PREFIX = "hk_"
@@ -388,6 +389,9 @@ def ssh_fingerprint(public_key: object) -> tuple[str, str]:
     refused by name."""
     if not isinstance(public_key, str) or not public_key.strip():
         raise InvalidInput("publicKey: required, one line as in ~/.ssh/id_ed25519.pub", field="publicKey")
+    if len(public_key) > PUBLIC_KEY_CHARS:
+        raise InvalidInput(f"publicKey: {len(public_key)} characters; an OpenSSH public key line is at most "
+                           f"{PUBLIC_KEY_CHARS}", field="publicKey")
     line = public_key.strip()
     if "PRIVATE KEY" in line:
         raise InvalidInput("publicKey: this is a private key; send the .pub file's line, and keep this one secret",

@@ -13,6 +13,7 @@ from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, TENANTS
 from hutch.api.sandbox_streams import is_sandbox_stream
 from hutch.api.tenancy import PUBLIC, needs
+from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
 from hutch.core.tenancy import SCOPE, Access, Scope
 
@@ -80,6 +81,7 @@ async def create_input(request: web.Request) -> web.Response:
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise InvalidInput(f"name: expected a string, got {name!r}", field="name")
+    limits.check_chars(name, "name", limits.NAME_CHARS)
     stream_id = request.app[ENGINE].inputs.create(name or "")
     # The stream service answers {id} at the top level (the real client reads it there).
     return web.json_response({"success": True, "id": stream_id, "data": {"id": stream_id}}, status=201)

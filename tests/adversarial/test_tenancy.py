@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import gc
+import io
 import json
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from hutch.api.keys import ENGINE, SSH_GATEWAY
-from tests.api.conftest import Api, AppFactory
+from tests.api.conftest import AUTH, Api, AppFactory
 from tests.api.test_ssh import Gateway
 from tests.api.test_tenancy import (
     PUBLIC_ROUTES,
@@ -332,3 +335,100 @@ async def test_a_project_limited_key_reaches_no_snapshot_of_another_project(api:
     assert (await api.data("GET", f"/sandbox/snapshots/{snap_other['snapshotId']}", headers=admin))["tag"] == "v1"
     assert (await api.data("GET", f"/sandbox/checkpoints/{theirs_sbx}", headers=admin))["checkpoints"][0]["id"] \
         == checkpoint
+
+
+def env_patch(tag: str, count: int = 30_000, size: int = 1024) -> bytes:
+    """``{"env": {...}}`` of ``count`` variables of ``size`` bytes each (names unique per tag)."""
+    value = json.dumps("v" * size)
+    return ('{"env": {' + ",".join(f'"{tag}_{i}": {value}' for i in range(count)) + "}}").encode()
+
+
+@pytest.mark.parametrize("driver_name", ["local"])
+async def test_unbounded_env_names_and_inputs_are_refused_by_name(api: Api) -> None:
+    """Three PATCH /sandbox/env of 30,000 variables x 1 KB were accepted: the server's memory
+    grew by 210 MB and kept it, the event log by 115 MB, and the sandbox's commands then
+    failed with E2BIG. Each is now a 400 naming env, before anything is kept; an env and a
+    command at the limits still run (the limits are inside what Linux's execve takes)."""
+    sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest", "env": {"KEEP": "1"}},
+                          expect=201))["sandboxId"]
+    events_before = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]
+    tracemalloc.start()
+    held = []
+    try:
+        for tag in ("A", "B", "C"):
+            resp = await api.client.patch(f"/sandbox/env/{sid}", data=io.BytesIO(env_patch(tag)),
+                                          headers={**AUTH, "Content-Type": "application/json"})
+            body = await resp.json()
+            assert (resp.status, body.get("field")) == (400, "env"), (resp.status, str(body)[:300])
+            resp.release()
+            del resp, body
+            gc.collect()
+            held.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    # After the first, what is held is its last request's transient (aiohttp keeps the body it
+    # read until the next one); another refusal adds nothing to it.
+    grown = held[-1] - held[0]
+    assert grown < 8 * 2**20, f"two more refusals left the server {grown / 2**20:.1f} MiB bigger"
+    assert (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"] == events_before
+    engine = api.client.app[ENGINE]
+    assert (await engine.get(sid)).spec.env == {"KEEP": "1"}
+
+    from hutch.core import limits  # the limits, once they exist (the attack above needs none)
+
+    # At the limits, a command runs: the largest single variable, the env filled to its budget,
+    # and an argv filled to its own (every string counted with its NUL and pointer, as execve does).
+    big = "B" * (limits.MAX_ARG_STRLEN - len("BIG=") - 1)
+    fill_env = {"BIG": big, "KEEP": None}
+    used = limits.env_bytes({"BIG": big})
+    i = 0
+    while used + limits.env_bytes({f"F{i:04d}": "x" * 1000}) <= limits.ENV_BYTES and len(fill_env) < limits.ENV_VARS:
+        fill_env[f"F{i:04d}"] = "x" * 1000
+        used += limits.env_bytes({f"F{i:04d}": "x" * 1000})
+        i += 1
+    env = (await api.data("PATCH", f"/sandbox/env/{sid}", json={"env": fill_env}))["env"]
+    assert limits.ENV_BYTES - 1100 < limits.env_bytes(env) <= limits.ENV_BYTES
+    script = 'echo "${#BIG} $# ${#1}"'
+    arg = "a" * (limits.MAX_ARG_STRLEN - 1)
+    argv = ["sh", "-c", script, "x"]
+    while limits.argv_bytes([*argv, arg]) <= limits.ARGV_BYTES:
+        argv.append(arg)
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": argv})
+    done = await api.wait_execution(ex["executionId"])
+    assert (done["status"], done.get("exitCode")) == ("completed", 0), done
+    assert (await api.stream(ex["stdoutStreamUrl"])).decode() == f"{len(big)} {len(argv) - 4} {len(arg)}\n"
+    # One byte past each limit: a 400 naming the field, nothing recorded.
+    over = [
+        ("PATCH", f"/sandbox/env/{sid}", {"env": {"ONE_MORE": "x" * 2000}}, "env"),
+        ("PATCH", f"/sandbox/env/{sid}", {"env": {"BIG": big + "B"}}, "env.BIG"),
+        ("PATCH", f"/sandbox/env/{sid}", {"env": {"N" * (limits.ENV_NAME_CHARS + 1): "1"}}, "env"),
+        ("POST", f"/sandbox/{sid}/execute", {"command": [*argv, arg]}, "command"),
+        ("POST", f"/sandbox/{sid}/execute", {"command": ["echo", arg + "a"]}, "command[1]"),
+        ("POST", f"/sandbox/sandboxes/{sid}/jobs", {"command": ["echo", arg + "a"]}, "command[1]"),
+        ("POST", "/sandbox", {"env": {"BIG": big + "B"}}, "env.BIG"),
+        ("POST", "/sandbox", {"command": {"exec": ["echo", arg + "a"]}}, "command.exec[1]"),
+        ("POST", "/sandbox", {"name": "n" * (limits.NAME_CHARS + 1)}, "name"),
+        ("POST", "/sandbox", {"description": "d" * (limits.TEXT_CHARS + 1)}, "description"),
+        ("POST", "/sandbox", {"metadata": {"m": "x" * limits.METADATA_BYTES}}, "metadata"),
+        ("POST", "/sandbox", {"metadata": {str(k): k for k in range(limits.METADATA_ITEMS + 1)}}, "metadata"),
+        ("POST", "/sandbox", {"metadata": nested(limits.METADATA_DEPTH + 1)}, "metadata"),
+        ("POST", f"/fs/{sid}", {"files": [{"path": "p" * (limits.PATH_BYTES + 1), "content": ""}]}, "files[0].path"),
+        ("POST", f"/sandbox/{sid}/snapshot", {"name": "s", "description": "d" * (limits.TEXT_CHARS + 1)},
+         "description"),
+        ("POST", "/ssh-keys", {"publicKey": "ssh-ed25519 " + "A" * limits.PUBLIC_KEY_CHARS}, "publicKey"),
+        ("POST", "/streams", {"name": "n" * (limits.NAME_CHARS + 1)}, "name"),
+    ]
+    for method, path, body, field in over:
+        answer = await api.call(method, path, json=body, expect=400)
+        assert answer["field"] == field, (method, path, field, answer)
+        assert "INTERNAL" not in answer["code"]
+    assert (await engine.get(sid)).spec.env == env
+    assert (await api.data("GET", "/sandbox"))["total"] == 1
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """``{"n": {"n": ...}}``, ``levels`` objects deep."""
+    out: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        out = {"n": out}
+    return out
