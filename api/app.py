@@ -10,18 +10,19 @@ import math
 import os
 import re
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api import archives, memory, openapi
+from hutch.api import archives, body_fields, memory, openapi
 from hutch.api.background import Background
 from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
 from hutch.api.http import check_query, parse_json
-from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
+from hutch.api.keys import API_KEY_ID, BODY_CHECK, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from hutch.api.replication import (
     ON_LOST,
     REPLICATION,
@@ -167,6 +168,7 @@ def create_app(config: Config) -> web.Application:
                                        replica_middleware],
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
+    app[BODY_CHECK] = _body_check(body_fields.table())
     app.router.add_get("/healthz", _health)
     app.add_routes(tenancy_routes.routes)
     app.add_routes(cli.routes)  # the official Agentuity CLI's /cli/… and /services/stats calls
@@ -189,6 +191,17 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(proxy.session_ctx)
     app.on_response_prepare.append(name_the_replica)
     return app
+
+
+def _body_check(fields: dict[tuple[str, str], body_fields.Fields]) -> Callable[[web.Request, dict[str, Any]], None]:
+    def check(request: web.Request, body: dict[str, Any]) -> None:
+        route = request.match_info.route
+        path = re.sub(r"{([^}:]+):[^}]*}", r"{\1}", route.resource.canonical) if route.resource else ""
+        found = fields.get((request.method, path))
+        if found is not None:
+            body_fields.check(body, found, f"{request.method} {path}")
+
+    return check
 
 
 @needs(PUBLIC)

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api.keys import CONFIG
+from hutch.api.keys import BODY_CHECK, CONFIG
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_duration
 
@@ -38,6 +38,8 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object", field="body")
+    if (check := request.app.get(BODY_CHECK)) is not None:
+        check(request, body)
     return body
 
 

@@ -432,3 +432,51 @@ def nested(levels: int) -> dict[str, Any]:
     for _ in range(levels - 1):
         out = {"n": out}
     return out
+
+
+async def test_fields_that_look_like_ours_are_refused_naming_the_one_meant(api: Api) -> None:
+    """A key created with ``expiresAt`` (the field is ``expires``) silently never expired. On
+    hutch's own routes every field it does not take is refused; on the Agentuity wire's, those
+    that look like one it takes (a typo, another spelling) are, naming the one meant, while
+    what @agentuity/core 2.0.21 sends (tests/compat) stays accepted."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    sid = (await api.data("POST", "/sandbox", headers=admin, json={}, expect=201))["sandboxId"]
+    refused = [
+        ("POST", "/keys", {"role": "member", "expiresAt": "1h"}, "expiresAt", "expires"),
+        ("POST", "/keys", {"role": "member", "project": ["x"]}, "project", "projects"),
+        ("POST", "/keys", {"role": "member", "color": "red"}, "color", None),
+        ("POST", "/ssh-keys", {"public_key": "ssh-ed25519 AAAA"}, "public_key", "publicKey"),
+        ("POST", "/projects", {"name": "web", "descr": "x"}, "descr", None),
+        ("POST", f"/sandbox/{sid}/fork", {"copies": 2}, "copies", None),
+        ("POST", "/sandbox", {"envs": {"A": "1"}}, "envs", "env"),
+        ("POST", "/sandbox", {"resources": {"memroy": "1Gi"}}, "resources.memroy", "memory"),
+        ("POST", "/sandbox", {"timeout": {"idel": "5m"}}, "timeout.idel", "idle"),
+        ("POST", "/sandbox", {"network": {"enable": True}}, "network.enable", "enabled"),
+        ("POST", f"/sandbox/{sid}/execute", {"command": ["true"], "timeoutSeconds": 5}, "timeoutSeconds", "timeout"),
+        ("POST", f"/sandbox/{sid}/execute", {"command": ["true"], "files": [{"path": "a", "contents": ""}]},
+         "files[0].contents", "content"),
+        ("PATCH", f"/sandbox/env/{sid}", {"env": {}, "Env": {"A": "1"}}, "Env", "env"),
+    ]
+    for method, path, body, field, meant in refused:
+        answer = await api.call(method, path, headers=admin, json=body, expect=400)
+        assert answer["field"] == field, (method, path, answer)
+        assert (meant is None) or f"did you mean {meant}" in answer["message"], answer
+    # Nothing was made by any of them.
+    assert (await api.data("GET", "/keys", headers=admin))["total"] == 1
+    assert (await api.data("GET", "/sandbox", headers=admin))["total"] == 1
+    # What the real client sends on the wire routes, its own fields included, is taken.
+    made = await api.data("POST", "/sandbox", headers=admin, expect=201, json={
+        "runtime": "base:latest", "projectId": None, "scopes": [], "orgId": "org_alpha",
+        "resources": {"memory": "256Mi", "cpu": "1", "disk": "1Gi"}, "network": {"enabled": False},
+        "stream": {"timestamps": False}, "timeout": {"idle": "10m", "execution": "5m"},
+        "command": {"exec": ["true"], "mode": "interactive", "files": []}, "metadata": {"anything": {"goes": 1}}})
+    job = await api.call("POST", f"/sandbox/sandboxes/{made['sandboxId']}/jobs", headers=admin, expect=201,
+                         json={"command": ["true"], "streams": {}})
+    assert job["data"]["jobId"]
+    await api.call("POST", "/streams", headers=admin, expect=201,
+                   json={"name": "n", "metadata": {"a": "b"}, "headers": {"content-type": "text/plain"}, "ttl": 60})
+    build = await api.data("POST", "/sandbox/snapshots/build", headers=admin, expect=201, json={
+        "runtime": "base:latest", "name": "b", "git": {"branch": "main"}, "encrypt": True, "force": True})
+    await api.data("POST", f"/sandbox/snapshots/{build['snapshotId']}/finalize", headers=admin, json={
+        "sizeBytes": 0, "fileCount": 0, "files": [], "env": {"A": "1"}, "metadata": {"k": "v"}})
