@@ -5,26 +5,26 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import math
 import os
 import re
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api import archives, memory, openapi
+from hutch.api import archives, body_fields, memory, openapi
 from hutch.api.background import Background
 from hutch.api.composition import server_parts
 from hutch.api.config import Config, resolve_api_key
 from hutch.api.defaults import SandboxDefaults
 from hutch.api.engine_checkpoints import CheckpointLimits
-from hutch.api.http import check_query
-from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
+from hutch.api.http import check_query, parse_json
+from hutch.api.keys import API_KEY_ID, BODY_CHECK, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
 from hutch.api.replication import (
     ON_LOST,
     REPLICATION,
@@ -143,8 +143,8 @@ async def _requested_org(request: web.Request) -> str | None:
             and (request.content_length or 0) <= _ORG_IN_BODY_MAX and request.body_exists:
         raw = await request.read()  # cached: the handler reads it again for free
         if b'"orgId"' in raw:
-            with contextlib.suppress(ValueError):
-                body = json.loads(raw)
+            with contextlib.suppress(InvalidInput):  # the handler's json_body names what is wrong
+                body = parse_json(raw)
                 got = body.get("orgId") if isinstance(body, dict) else None
                 value = query if got is None else got  # null: not given
     if query is not None and value != query:
@@ -172,6 +172,7 @@ def create_app(config: Config) -> web.Application:
                                        replica_middleware],
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
+    app[BODY_CHECK] = _body_check(body_fields.table())
     app.router.add_get("/healthz", _health)
     app.router.add_get("/", _root)
     app.add_routes(tenancy_routes.routes)
@@ -195,6 +196,17 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(proxy.session_ctx)
     app.on_response_prepare.append(name_the_replica)
     return app
+
+
+def _body_check(fields: dict[tuple[str, str], body_fields.Fields]) -> Callable[[web.Request, dict[str, Any]], None]:
+    def check(request: web.Request, body: dict[str, Any]) -> None:
+        route = request.match_info.route
+        path = re.sub(r"{([^}:]+):[^}]*}", r"{\1}", route.resource.canonical) if route.resource else ""
+        found = fields.get((request.method, path))
+        if found is not None:
+            body_fields.check(body, found, f"{request.method} {path}")
+
+    return check
 
 
 @needs(PUBLIC)

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api.keys import CONFIG
+from hutch.api.keys import BODY_CHECK, CONFIG
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_duration
 
@@ -23,37 +23,56 @@ def ok(data: Any = None, *, http_status: int = 200, top: dict[str, Any] | None =
     return web.json_response(body, status=http_status)
 
 
+# How deep a body may nest. The deepest body hutch reads is a few levels (metadata is kept as
+# given, so a little room for it); past this the decoder's recursion would be the limit, and
+# a body nested as deep as the parser allows was a 500 (RecursionError) in every route.
+MAX_DEPTH = 64
+
+
 async def json_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         if required:
             raise InvalidInput("body: a JSON object is required", field="body")
         return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidInput(f"body: invalid JSON ({err})", field="body") from err
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object", field="body")
-    _check_text(body)
+    if (check := request.app.get(BODY_CHECK)) is not None:
+        check(request, body)
     return body
 
 
-def _check_text(body: dict[str, Any]) -> None:
+def parse_json(raw: bytes | str, field: str = "body") -> Any:
+    """The one decoder for what clients send (bodies, the auth's orgId look, terminal control
+    messages): JSON, at most ``MAX_DEPTH`` deep, no NUL or lone surrogate in any string."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise InvalidInput(f"{field}: nested deeper than {MAX_DEPTH} levels", field=field) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInput(f"{field}: invalid JSON ({err})", field=field) from err
+    _check_text(value, field)
+    return value
+
+
+def _check_text(body: Any, field: str) -> None:
     """Refuse a NUL character or a lone surrogate (``\\ud800``) anywhere in a body, keys too:
     PostgreSQL's text and jsonb cannot hold them, so an event carrying one would stop the
     production profile's projections at it (found by the fuzzing, tests/api/test_openapi_fuzz.py).
     A loop, not recursion: a body nested as deep as the JSON parser allows is still checked."""
-    todo: list[tuple[Any, str]] = [(body, "")]
+    todo: list[tuple[Any, str, int]] = [(body, "", 0)]
     while todo:
-        value, at = todo.pop()
+        value, at, depth = todo.pop()
+        if isinstance(value, (dict, list)) and depth >= MAX_DEPTH:
+            raise InvalidInput(f"{field}: nested deeper than {MAX_DEPTH} levels (at {at or 'the top'})", field=field)
         if isinstance(value, dict):
             for key, item in value.items():
                 path = f"{at}.{key}" if at else key
                 _check_string(key, path)
-                todo.append((item, path))
+                todo.append((item, path, depth + 1))
         elif isinstance(value, list):
-            todo.extend((item, f"{at}[{i}]") for i, item in enumerate(value))
+            todo.extend((item, f"{at}[{i}]", depth + 1) for i, item in enumerate(value))
         elif isinstance(value, str):
             _check_string(value, at)
 

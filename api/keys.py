@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from aiohttp import web
 
 from hutch.api.config import Config
@@ -13,5 +16,7 @@ CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 TENANTS: web.AppKey[Tenants] = web.AppKey("tenants", Tenants)
 SSH_GATEWAY: web.AppKey[object] = web.AppKey("ssh_gateway", object)  # api/ssh_gateway.py, when enabled
+# Refuses the fields a route's JSON body does not take (api/body_fields.py); set by create_app.
+BODY_CHECK: web.AppKey[Callable[[web.Request, dict[str, Any]], None]] = web.AppKey("body_check")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 API_KEY_ID: web.RequestKey[str] = web.RequestKey("api_key_id", str)

@@ -132,14 +132,14 @@ class Recorder:
         if isinstance(first, SandboxCreated):
             found: tuple[str | None, str | None] = (first.spec.org_id, first.spec.project_id)
         elif isinstance(first, SnapshotCreated):
-            found = (first.org_id, None)
+            found = (first.org_id, first.project_id)
         elif stream.startswith("org_"):
             found = (stream, None)
         elif stream in self._owners:
             return self._owners[stream]
         elif stream.startswith("snp_"):
             snap = await self._store.get_snapshot(stream)
-            found = (snap.org_id, None) if snap else (None, None)
+            found = (snap.org_id, snap.project_id) if snap else (None, None)
         else:
             sb = await self._store.get_sandbox(stream)
             found = (sb.spec.org_id, sb.spec.project_id) if sb else (None, None)

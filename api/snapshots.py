@@ -65,7 +65,7 @@ from hutch.core.snapshots import (
     decide,
     parse_ref,
 )
-from hutch.core.tenancy import LOCAL_ORG, scoped_org, visible_org
+from hutch.core.tenancy import LOCAL_ORG, SCOPE, scoped_org, visible
 from hutch.drivers.base import Driver, ProvisionRequest
 from hutch.projections.base import ProjectionStore, SnapshotQuery
 
@@ -180,21 +180,22 @@ class Snapshots:
     # ---------------------------------------------------------------- reads
 
     async def get(self, snapshot_id: str, *, include_building: bool = False, own: bool = False) -> Snapshot:
-        """A snapshot the request may see: its organization's, or (unless ``own``, for changes)
-        a public one. Any other is as absent as one that never existed."""
+        """A snapshot the request may see: its organization's, within the key's projects (one
+        of no project: only by keys limited to none), or (unless ``own``, for changes) a public
+        one. Any other is as absent as one that never existed."""
         snap = await self._store.get_snapshot(snapshot_id)
         if snap is None or snap.status is SnapshotStatus.DELETED or (
             snap.status is SnapshotStatus.BUILDING and not include_building
-        ) or not (visible_org(snap.org_id) or (snap.public and not own)):
+        ) or not (_mine(snap) or (snap.public and not own)):
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
         return snap
 
     async def list(self, query: SnapshotQuery) -> tuple[builtins.list[Snapshot], int]:
-        """The request's organization's snapshots (every organization's public ones when the
-        query asks for public ones only)."""
-        org = scoped_org()
-        if org is not None and query.public is not True:
-            query = attrs.evolve(query, org_id=org)
+        """The request's organization's snapshots, within its key's projects (every
+        organization's public ones when the query asks for public ones only)."""
+        scope = SCOPE.get()
+        if scope is not None and query.public is not True:
+            query = attrs.evolve(query, org_id=scope.org_id, projects=scope.projects)
         return await self._store.list_snapshots(query)
 
     async def resolve(self, value: object, field: str = "snapshot", *, public_only: bool = False) -> Snapshot:
@@ -210,7 +211,7 @@ class Snapshots:
         if ref.snapshot_id:
             snap = await self._store.get_snapshot(ref.snapshot_id)
             ok = snap is not None and snap.status is SnapshotStatus.READY and (
-                snap.public or (not public_only and visible_org(snap.org_id)))
+                snap.public or (not public_only and _mine(snap)))
             return snap if ok else None
         if ref.name:
             found, _ = await self.list(SnapshotQuery(name=ref.name, tag=ref.tag, public=public, limit=1))
@@ -229,7 +230,7 @@ class Snapshots:
         seen: set[str] = set()
         snap: Snapshot | None = start
         while snap is not None and len(chain) < limit and snap.snapshot_id not in seen and (
-                snap.public or visible_org(snap.org_id)):
+                snap.public or _mine(snap)):
             seen.add(snap.snapshot_id)
             chain.append((snap, snap.status is SnapshotStatus.DELETED))
             snap = await self._store.get_snapshot(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
@@ -271,7 +272,7 @@ class Snapshots:
 
     async def delete(self, snapshot_id: str) -> None:
         snap = await self._store.get_snapshot(snapshot_id)
-        if snap is None or snap.status is SnapshotStatus.DELETED or not visible_org(snap.org_id):
+        if snap is None or snap.status is SnapshotStatus.DELETED or not _mine(snap):
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
         await self._recorder.snapshot(snapshot_id, DeleteSnapshot())
         await self.archives.remove(snapshot_id)
@@ -292,7 +293,8 @@ class Snapshots:
 
     async def build_init(self, *, runtime: str, name: str | None, tag: str | None, description: str | None,
                          message: str | None, content_hash: str | None, force: bool, public: bool,
-                         api_key_id: str | None) -> tuple[Snapshot | None, Snapshot | None]:
+                         api_key_id: str | None, project_id: str | None = None,
+                         ) -> tuple[Snapshot | None, Snapshot | None]:
         """(the new building snapshot, None) or, unchanged content without force, (None, existing)."""
         recipe = runtimes.find(runtime)
         if recipe is None:
@@ -302,7 +304,7 @@ class Snapshots:
             name=name if name is not None else recipe.name.replace(":", "-").replace(".", "_"), runtime=recipe.name,
             runtime_id=recipe.id, tag=tag if tag is not None else DEFAULT_TAG, org_id=scoped_org() or LOCAL_ORG,
             description=description, message=message, public=public, content_hash=content_hash,
-            api_key_id=api_key_id)
+            api_key_id=api_key_id, project_id=project_id)
         snapshot_id = ids.new_id("snapshot")
         decide(snapshot_id, None, command)  # a bad name, tag or hash is refused before anything is looked up
         if content_hash and not force:
@@ -376,20 +378,28 @@ class Snapshots:
     # ---------------------------------------------------------------- helpers
 
     async def _take_tag(self, snapshot_id: str, name: str, tag: str | None) -> None:
-        """A name:tag names one snapshot: the one that just took it; older holders lose it."""
+        """A name:tag names one snapshot of a project (or of the organization, for those of
+        none): the one that just took it; older holders there lose it. Another project's keep
+        theirs: a key limited to one project changes nothing of another's."""
         if tag is None:
             return
-        org = (await self._store.get_snapshot(snapshot_id) or _NO_SNAPSHOT).org_id
+        snap = await self._store.get_snapshot(snapshot_id) or _NO_SNAPSHOT
         others, _ = await self._store.list_snapshots(
-            SnapshotQuery(org_id=org, name=name, tag=tag, ready_only=False, limit=1000))
+            SnapshotQuery(org_id=snap.org_id, name=name, tag=tag, ready_only=False, limit=1000))
         for other in others:
-            if other.snapshot_id != snapshot_id:
+            if other.snapshot_id != snapshot_id and other.project_id == snap.project_id:
                 with contextlib.suppress(SnapshotNotFound):  # deleted meanwhile
                     await self._recorder.snapshot(other.snapshot_id, TagSnapshot(None))
 
 
 _NO_SNAPSHOT = Snapshot(snapshot_id="", name="", runtime="", runtime_id="", status=SnapshotStatus.DELETED,
                         created_at="", updated_at="")
+
+
+def _mine(snap: Snapshot) -> bool:
+    """Whether the request may see (and change) the snapshot as its own: its organization's,
+    and its project one of the key's (a key limited to projects sees none of no project)."""
+    return visible(snap.org_id, snap.project_id)
 
 
 def _default_name(sandbox_name: str | None, sandbox_id: str) -> str:

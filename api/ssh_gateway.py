@@ -6,7 +6,8 @@ them; recorded like every execution), and ``scp``/``sftp`` reach the sandbox's f
 the driver's file primitives, the same as the file API (api/sftp.py): never the host's.
 
 The user name is the sandbox id; the key must be registered for the sandbox's organization
-(``/ssh-keys``, core/tenancy.py). An unknown sandbox, another organization's sandbox and an
+(``/ssh-keys``, core/tenancy.py), by an API key still live (revoked or expired, its SSH
+keys open nothing). An unknown sandbox, another organization's sandbox and an
 unregistered key are refused alike, before any session: nothing is revealed. The host key
 is made once and kept in the data dir.
 
@@ -30,6 +31,7 @@ from hutch.api import sandbox_streams
 from hutch.api.output import StreamOptions
 from hutch.api.sftp import SandboxSftp
 from hutch.api.ssh_relay import EXIT_FAILED, RELAY_USER, OwnerGateways, RelayPasses, fail, relay
+from hutch.api.tenancy import now_utc
 from hutch.api.terminals import ActiveTerminal, TerminalOptions, open_terminal
 from hutch.api.wire import ExecuteRequest
 from hutch.core.errors import HutchError
@@ -231,12 +233,15 @@ class _Auth(asyncssh.SSHServer):
         return self.gateway.session(self._conn)
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        record = self.gateway.tenants.directory.ssh_key_for(key.get_fingerprint("sha256"))
-        if record is None:
-            return False
-        principal = Principal(key_id=record.added_by or record.ssh_key_id, org_id=record.org_id,
-                              role=Role.MEMBER, projects=record.projects)
-        return await self._admit(username, principal, relayed=False)
+        # One public key may be registered by several organizations (each its own record, live
+        # while the API key that added it is): the sandbox in the user name picks the one
+        # whose organization and projects hold it; the others are as if unregistered.
+        for record in self.gateway.tenants.directory.ssh_keys_for(key.get_fingerprint("sha256"), now_utc()):
+            principal = Principal(key_id=record.added_by or record.ssh_key_id, org_id=record.org_id,
+                                  role=Role.MEMBER, projects=record.projects)
+            if await self._admit(username, principal, relayed=False):
+                return True
+        return False
 
     async def validate_password(self, username: str, password: str) -> bool:
         sandbox_id = username.removeprefix(RELAY_USER)

@@ -117,7 +117,7 @@ class Tenants:
             raise Unauthorized("invalid API key")
         if key.revoked_at is not None:
             raise Unauthorized(f"API key {key.key_id} was revoked at {key.revoked_at}")
-        if key.expires_at is not None and key.expires_at <= _now():
+        if key.expires_at is not None and key.expires_at <= now_utc():
             raise Unauthorized(f"API key {key.key_id} expired at {key.expires_at}")
         return Principal(key_id=key.key_id, org_id=key.org_id, role=key.role, projects=key.projects)
 
@@ -131,7 +131,7 @@ class Tenants:
             raise Unauthorized("the session's key is unknown here; sign in again")
         if key.revoked_at is not None:
             raise Unauthorized(f"API key {key.key_id} was revoked at {key.revoked_at}")
-        if key.expires_at is not None and key.expires_at <= _now():
+        if key.expires_at is not None and key.expires_at <= now_utc():
             raise Unauthorized(f"API key {key.key_id} expired at {key.expires_at}")
         return Principal(key_id=key.key_id, org_id=key.org_id, role=key.role, projects=key.projects)
 
@@ -158,21 +158,28 @@ class Tenants:
 
 
 def owned(spec: SandboxSpec, directory: Directory | None) -> SandboxSpec:
-    """``spec`` in the request's organization, its ``projectId`` resolved (a name or id of one
-    of the organization's projects; a key limited to projects must name one of them, or has
-    it filled in when it is limited to exactly one)."""
+    """``spec`` in the request's organization, its ``projectId`` resolved (``project_for``)."""
+    scope = SCOPE.get()
+    return attrs.evolve(spec, org_id=scope.org_id if scope else LOCAL_ORG,
+                        project_id=project_for(spec.project_id, directory, "sandboxes"))
+
+
+def project_for(requested: str | None, directory: Directory | None, what: str) -> str | None:
+    """The project something new (``what``: sandboxes, snapshots) is made in: ``requested`` (a
+    name or id of one of the organization's projects) resolved; a key limited to projects
+    must name one of them, or has it filled in when it is limited to exactly one."""
     scope = SCOPE.get()
     org = scope.org_id if scope else LOCAL_ORG
-    project = spec.project_id
+    project = requested
     if project is not None and directory is not None:
         project = tenancy.resolve_project(directory, org, project)
     if scope is not None and scope.projects:
         if project is None and len(scope.projects) == 1:
             project = scope.projects[0]
         if project not in scope.projects:
-            raise InvalidInput(f"projectId: this key may only create sandboxes in projects "
+            raise InvalidInput(f"projectId: this key may only create {what} in projects "
                                f"{', '.join(scope.projects)}", field="projectId")
-    return attrs.evolve(spec, org_id=org, project_id=project)
+    return project
 
 
 def _fold(directory: Directory, event: Event) -> None:
@@ -182,7 +189,8 @@ def _fold(directory: Directory, event: Event) -> None:
     directory.position = event.position or directory.position
 
 
-def _now() -> str:
+def now_utc() -> str:
+    """Now, as the directory's records hold times (so expiries compare as strings)."""
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -210,4 +218,5 @@ def access_of(method: str, handler: Any) -> Access | str:
     return Access.READ if method in ("GET", "HEAD") else Access.WRITE
 
 
-__all__ = ["PUBLIC", "Tenants", "access_of", "bootstrap_key_id", "needs", "parse_rate", "tenancy"]
+__all__ = ["PUBLIC", "Tenants", "access_of", "bootstrap_key_id", "needs", "now_utc", "parse_rate", "project_for",
+           "tenancy"]

@@ -6,7 +6,13 @@ streams it reads. The user means "stop it". So a waiter — a long-poll
 (``GET /sandbox/execution/{id}?wait=…``) or a stream read of a command still running —
 that disconnects before its answer is complete counts as abandoning the command, and when
 no waiter is left the command is cancelled after a grace period (``HUTCH_ABANDON_GRACE``,
-default 3 s). Any waiter that attaches within the grace keeps it running: a client that
+default 3 s).
+
+Only a waiter that may act on the sandbox counts — one whose request, as it started, carried
+a key allowed to write there (a member's or an admin's, within its projects). A read-only
+key's long-poll and a keyless reader of a stream URL (a read capability, anyone's who has
+the URL) are readers: they neither cancel the command by leaving nor keep it by staying.
+Otherwise a read-only key, or anyone shown an output URL, could cancel other people's work. Any waiter that attaches within the grace keeps it running: a client that
 merely lost its connection and comes back (the SDKs retry, the real client loops its
 long-poll) loses nothing. Commands nobody ever waited for (fire and forget) and jobs
 (which outlive their request by design) are never cancelled this way.
@@ -67,10 +73,17 @@ class Watchers:
         with contextlib.suppress(Exception):
             await self._abandon(execution_id)
 
-    async def hold(self, request: web.Request, execution_id: str, work: Awaitable[T]) -> tuple[T | None, bool]:
-        """Run ``work`` (a long-poll, a stream copy) as a waiter of ``execution_id``, watching the
-        request's connection. Returns (its result, False), or (None, True) when the client went
-        away first (``work`` is then cancelled)."""
+    async def hold(self, request: web.Request, execution_id: str, work: Awaitable[T], *,
+                   counts: bool) -> tuple[T | None, bool]:
+        """Run ``work`` (a long-poll, a stream copy) watching the request's connection; as a
+        waiter of ``execution_id`` when it ``counts`` (the caller may act on the sandbox).
+        Returns (its result, False), or (None, True) when the client went away first (``work``
+        is then cancelled)."""
+        if not counts:
+            try:
+                return await while_client_stays(request, work)
+            except ConnectionError:
+                return None, True
         self.attach(execution_id)
         gone = False
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from hutch.api.output import RAW_OUTPUT, StreamOptions
-from hutch.core import egress, runtimes
+from hutch.core import egress, limits, runtimes
 from hutch.core.errors import InvalidInput, NotSupported, RuntimeNotFound
 from hutch.core.events import Event, encode
 from hutch.core.models import (
@@ -64,6 +64,7 @@ def parse_command(value: object, field: str) -> tuple[str, ...]:
             raise InvalidInput(f"{field}[{i}]: expected a string, got {type(part).__name__}", field=field)
         if "\x00" in part:
             raise InvalidInput(f"{field}[{i}]: contains a NUL byte", field=field)
+    limits.check_argv(value, field)
     return tuple(value)
 
 
@@ -72,8 +73,10 @@ def parse_env(value: object, field: str = "env", *, allow_null: bool = False) ->
         return {}
     if not isinstance(value, dict):
         raise InvalidInput(f"{field}: expected an object of string values", field=field)
+    limits.check_env_count(len(value), field)  # before looking at each of 30,000
     out: dict[str, Any] = {}
     for k, v in value.items():
+        limits.check_env_entry(k, v if isinstance(v, str) else None, field)
         if not k or not set(k) <= _ENV_NAME_OK or k[0].isdigit():
             raise InvalidInput(
                 f"{field}.{k}: invalid variable name (letters, digits and _; not starting with a digit)",
@@ -107,6 +110,8 @@ def parse_files(value: object, field: str) -> list[FileToWrite]:
             raise InvalidInput(f"{f}.path: expected a non-empty string", field=f + ".path")
         if "\x00" in path:
             raise InvalidInput(f"{f}.path: contains a NUL byte", field=f + ".path")
+        if len(path.encode()) > limits.PATH_BYTES:
+            raise InvalidInput(f"{f}.path: longer than {limits.PATH_BYTES} bytes (PATH_MAX)", field=f + ".path")
         if not isinstance(content, str):
             raise InvalidInput(f"{f}.content: expected a base64 string", field=f + ".content")
         try:
@@ -164,13 +169,17 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
     cmd_obj = _object(body, "command")
     command, mode = _parse_initial_command(cmd_obj, given=body.get("command") is not None)
     metadata = expect(body, "metadata", dict, "an object")
+    limits.check_metadata(metadata)
     files = parse_files(body.get("files"), "files") + parse_files(cmd_obj.get("files"), "command.files")
+    name, description = expect(body, "name", str, "a string"), expect(body, "description", str, "a string")
+    limits.check_chars(name, "name", limits.NAME_CHARS)
+    limits.check_chars(description, "description", limits.TEXT_CHARS)
     spec = SandboxSpec(
         runtime=recipe.name,
         runtime_id=recipe.id,
         mode=mode,
-        name=expect(body, "name", str, "a string"),
-        description=expect(body, "description", str, "a string"),
+        name=name,
+        description=description,
         resources=resources,
         env={**(snapshot.env if snapshot else {}), **parse_env(body.get("env"))},
         network=network,
@@ -182,6 +191,7 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
         dependencies=_merged(snapshot.dependencies if snapshot else (), dependencies),
         packages=_merged(snapshot.packages if snapshot else (), packages),
     )
+    limits.check_env(spec.env)  # the snapshot's and the body's together: what every command starts with
     if body.get("scopes"):
         raise NotSupported("scopes: hutch has no Agentuity services (key-value, vector, object storage) to grant "
                            "a sandbox access to; leave scopes out", field="scopes")
@@ -461,6 +471,7 @@ def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, 
         "fileCount": snap.file_count,
         "parentSnapshotId": snap.parent_snapshot_id,
         "sourceSandboxId": snap.source_sandbox_id,  # hutch extra
+        "projectId": snap.project_id,  # hutch extra: its sandbox's project (absent: organization-wide)
         "status": snap.status.value,  # hutch extra: building | ready
         "public": snap.public,
         "createdAt": snap.created_at,

@@ -209,7 +209,7 @@ SNAPSHOT = obj({
     "snapshotId": id_of("snapshot"), "runtimeId": STRING, "runtime": STRING, "name": STRING, "fullName": STRING,
     "description": STRING, "message": STRING, "tag": STRING, "sizeBytes": INTEGER, "fileCount": INTEGER,
     "parentSnapshotId": STRING, "sourceSandboxId": STRING, "status": enum_of(SnapshotStatus), "public": BOOLEAN,
-    "createdAt": TIME,
+    "createdAt": TIME, "projectId": STRING,
     "files": array(obj({"path": STRING, "size": INTEGER, "sha256": STRING, "contentType": STRING, "mode": INTEGER},
                        ("path", "size"))),
     "env": {"type": "object", "additionalProperties": STRING}, "dependencies": array(STRING),
@@ -232,7 +232,8 @@ EMPTY = obj({}, description="no fields read")
 FORK = obj({"count": {"type": "integer", "minimum": 1, "maximum": MAX_COPIES}})
 BUILD_SNAPSHOT = obj({"runtime": {"type": "string", "minLength": 1, "description": "a runtime name or id (srt_...)"},
                       "name": SNAPSHOT_NAME, "tag": SNAPSHOT_TAG, "description": STRING, "message": STRING,
-                      "contentHash": STRING, "force": BOOLEAN, "public": BOOLEAN, "encrypt": BOOLEAN}, ("runtime",))
+                      "contentHash": STRING, "force": BOOLEAN, "public": BOOLEAN, "encrypt": BOOLEAN,
+                      "projectId": STRING}, ("runtime",))
 STRING_MAP: Schema = {"type": "object", "additionalProperties": STRING}
 FINALIZE_SNAPSHOT = obj({"env": STRING_MAP, "metadata": STRING_MAP,
                          "dependencies": names(APT_RE.pattern, "apt packages"),

@@ -178,6 +178,7 @@ class SnapshotCreated:
     dependencies: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
     org_id: str = "org_local"
+    project_id: str | None = None  # its sandbox's project (a build: the key's); None: organization-wide
 
 
 @attrs.frozen

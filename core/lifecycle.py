@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 
+from hutch.core import limits
 from hutch.core.errors import CheckpointNotFound, IllegalTransition
 from hutch.core.events import (
     CheckpointCreated,
@@ -241,6 +242,9 @@ def _decide_change_env(sandbox: Sandbox, command: ChangeEnv) -> list[Decided]:
         raise _illegal(sandbox, "change the environment")
     if not command.set and not command.unset:
         return []
+    # Judged on the env it would make: small changes add up, and every command starts with it.
+    env = {k: v for k, v in sandbox.spec.env.items() if k not in command.unset}
+    limits.check_env({**env, **command.set})
     return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
 
 

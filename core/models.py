@@ -182,3 +182,6 @@ class Snapshot:
     org_id: str = "org_local"
     dependencies: tuple[str, ...] = ()  # apt packages its sandboxes get installed
     packages: tuple[str, ...] = ()  # npm packages its sandboxes get installed
+    # Its sandbox's project (a build's: the building key's). None, as every snapshot recorded
+    # before snapshots had projects: organization-wide, seen by keys not limited to projects.
+    project_id: str | None = None

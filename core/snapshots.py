@@ -110,6 +110,7 @@ def evolve_snapshot(snapshot: Snapshot | None, event: Event) -> Snapshot | None:
             org_id=data.org_id,
             dependencies=data.dependencies,
             packages=data.packages,
+            project_id=data.project_id,
         )
     if snapshot is None:
         return None
@@ -161,6 +162,7 @@ class BeginBuild:
     public: bool = False
     content_hash: str | None = None
     api_key_id: str | None = None
+    project_id: str | None = None
 
 
 @attrs.frozen
@@ -234,7 +236,7 @@ def _taken(command: TakeSnapshot) -> SnapshotCreated:
         description=command.description, public=command.public, source_sandbox_id=source.sandbox_id,
         parent_snapshot_id=spec.snapshot_id, size_bytes=sum(f.size for f in files), file_count=len(files),
         files=files, env=dict(spec.env), api_key_id=command.api_key_id, dependencies=spec.dependencies,
-        packages=spec.packages, org_id=spec.org_id,
+        packages=spec.packages, org_id=spec.org_id, project_id=spec.project_id,
     )
 
 
@@ -243,5 +245,5 @@ def _build_begun(command: BeginBuild) -> SnapshotCreated:
         name=check_name(command.name), runtime=command.runtime, runtime_id=command.runtime_id, ready=False,
         tag=check_tag(command.tag), description=command.description, message=command.message,
         public=command.public, content_hash=check_content_hash(command.content_hash),
-        api_key_id=command.api_key_id, org_id=command.org_id,
+        api_key_id=command.api_key_id, org_id=command.org_id, project_id=command.project_id,
     )

@@ -30,6 +30,7 @@ import attrs
 
 from hutch.core import ids
 from hutch.core.errors import Forbidden, InvalidInput, NotFound
+from hutch.core.limits import PUBLIC_KEY_CHARS
 
 LOCAL_ORG = "org_local"
 SECRET_PREFIX = "hk_"
@@ -107,7 +108,9 @@ class ApiKey:
 class SshKey:
     """A public key that opens the SSH gateway (api/ssh_gateway.py) to the organization's
     sandboxes, with the rights of a member limited to ``projects`` (those of the API key
-    that added it)."""
+    that added it). It lives as long as that API key: revoked or expired, its SSH keys open
+    nothing (off-boarding ends every access a key gave). The same public key may be in
+    several organizations: the sandbox named in the SSH user name says which one is meant."""
 
     ssh_key_id: str
     org_id: str
@@ -198,7 +201,7 @@ class Directory:
     by_hash: dict[str, str] = attrs.field(factory=dict)  # secret hash -> key id
     position: int = 0
     ssh_keys: dict[str, SshKey] = attrs.field(factory=dict)
-    by_fingerprint: dict[str, str] = attrs.field(factory=dict)  # fingerprint -> ssh key id (live ones)
+    by_fingerprint: dict[str, tuple[str, ...]] = attrs.field(factory=dict)  # fingerprint -> ssh key ids not removed
 
     def __attrs_post_init__(self) -> None:
         self.orgs.setdefault(LOCAL_ORG, Organization(LOCAL_ORG, "local", "1970-01-01T00:00:00Z"))
@@ -233,10 +236,12 @@ class Directory:
             self.projects[record.project_id] = record
         elif isinstance(record, SshKey):
             self.ssh_keys[record.ssh_key_id] = record
-            if record.removed_at is None:
-                self.by_fingerprint[record.fingerprint] = record.ssh_key_id
-            elif self.by_fingerprint.get(record.fingerprint) == record.ssh_key_id:
-                del self.by_fingerprint[record.fingerprint]
+            others = tuple(i for i in self.by_fingerprint.get(record.fingerprint, ()) if i != record.ssh_key_id)
+            ids_ = (*others, record.ssh_key_id) if record.removed_at is None else others
+            if ids_:
+                self.by_fingerprint[record.fingerprint] = ids_
+            else:
+                self.by_fingerprint.pop(record.fingerprint, None)
         else:
             self.keys[record.key_id] = record
             self.by_hash[record.secret_hash] = record.key_id
@@ -249,13 +254,27 @@ class Directory:
         key_id = self.by_hash.get(hash_secret(secret))
         return self.keys.get(key_id) if key_id else None
 
-    def ssh_key_for(self, fingerprint: str) -> SshKey | None:
-        """The live SSH key with this fingerprint, if any."""
-        found = self.by_fingerprint.get(fingerprint)
-        return self.ssh_keys.get(found) if found else None
+    def ssh_keys_for(self, fingerprint: str, now: str) -> list[SshKey]:
+        """The live SSH keys with this fingerprint (one per organization or projects that
+        registered it), oldest first."""
+        found = (self.ssh_keys[i] for i in self.by_fingerprint.get(fingerprint, ()))
+        return sorted((k for k in found if self.ssh_key_live(k, now)), key=lambda k: k.created_at)
+
+    def ssh_key_live(self, record: SshKey, now: str) -> bool:
+        """Not removed, and the API key that added it neither revoked nor expired at ``now``
+        (the bootstrap key, which is in no directory, never is)."""
+        if record.removed_at is not None:
+            return False
+        adder = self.keys.get(record.added_by) if record.added_by else None
+        return adder is None or key_live(adder, now)
 
     def org_projects(self, org_id: str) -> list[Project]:
         return sorted((p for p in self.projects.values() if p.org_id == org_id), key=lambda p: p.created_at)
+
+
+def key_live(key: ApiKey, now: str) -> bool:
+    """Neither revoked nor expired at ``now`` (ISO-8601 UTC, as the records hold times)."""
+    return key.revoked_at is None and (key.expires_at is None or key.expires_at > now)
 
 
 def hash_secret(secret: str) -> str:
@@ -346,13 +365,17 @@ def check_expiry(value: object, now: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def revoke_key(directory: Directory, org_id: str | None, key_id: str) -> KeyRevoked:
+def revoke_key(directory: Directory, org_id: str | None, key_id: str) -> list[KeyRevoked | SshKeyRemoved]:
+    """The key's revocation and the removal of every SSH key it added: off-boarding a person
+    ends their SSH access too, and the organization's list says so."""
     key = directory.keys.get(key_id)
     if key is None or (org_id is not None and key.org_id != org_id):
         raise NotFound(f"key {key_id} not found")
     if key.revoked_at is not None:
         raise InvalidInput(f"key {key_id} is revoked already", field="keyId")
-    return KeyRevoked(key_id=key_id)
+    added = sorted((k for k in directory.ssh_keys.values() if k.added_by == key_id and k.removed_at is None),
+                   key=lambda k: k.created_at)
+    return [KeyRevoked(key_id=key_id), *(SshKeyRemoved(ssh_key_id=k.ssh_key_id) for k in added)]
 
 
 # What the SSH gateway takes (what OpenSSH 9 makes by default, and the hardware-backed kinds).
@@ -366,6 +389,9 @@ def ssh_fingerprint(public_key: object) -> tuple[str, str]:
     refused by name."""
     if not isinstance(public_key, str) or not public_key.strip():
         raise InvalidInput("publicKey: required, one line as in ~/.ssh/id_ed25519.pub", field="publicKey")
+    if len(public_key) > PUBLIC_KEY_CHARS:
+        raise InvalidInput(f"publicKey: {len(public_key)} characters; an OpenSSH public key line is at most "
+                           f"{PUBLIC_KEY_CHARS}", field="publicKey")
     line = public_key.strip()
     if "PRIVATE KEY" in line:
         raise InvalidInput("publicKey: this is a private key; send the .pub file's line, and keep this one secret",
@@ -387,14 +413,17 @@ def ssh_fingerprint(public_key: object) -> tuple[str, str]:
 
 
 def add_ssh_key(directory: Directory, org_id: str, public_key: object, name: object, *, added_by: str | None,
-                projects: tuple[str, ...] = ()) -> SshKeyAdded:
+                projects: tuple[str, ...] = (), now: str) -> SshKeyAdded:
     line, fingerprint = ssh_fingerprint(public_key)
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
         raise InvalidInput("name: a label of 1 to 200 characters", field="name")
-    if (known := directory.ssh_key_for(fingerprint)) is not None:
-        # One key opens one organization: the gateway must know whose sandboxes a login means.
-        where = "this organization" if known.org_id == org_id else "another organization"
-        raise InvalidInput(f"publicKey: key {fingerprint} is registered already (in {where})", field="publicKey")
+    # Other organizations' registrations are not looked at: one registering a person's public
+    # key first must not lock her out of her own, nor learn that she has one anywhere. The
+    # login's sandbox id says which organization's registration applies.
+    for known in directory.ssh_keys_for(fingerprint, now):
+        if known.org_id == org_id and known.projects == projects:
+            raise InvalidInput(f"publicKey: key {fingerprint} is registered already in this organization "
+                               f"({known.ssh_key_id})", field="publicKey")
     label = name if isinstance(name, str) else (line.split(" ", 2)[2] if line.count(" ") >= 2 else fingerprint)
     return SshKeyAdded(ssh_key_id=ids.new_id("ssh_key"), name=label, public_key=line, fingerprint=fingerprint,
                        added_by=added_by, projects=projects)
@@ -479,7 +508,7 @@ def visible(org_id: str, project_id: str | None = None) -> bool:
 
 
 def visible_org(org_id: str) -> bool:
-    """Organization-wide items (snapshots): any key of the organization sees them."""
+    """Organization-wide items (stdin streams): any key of the organization sees them."""
     scope = SCOPE.get()
     return scope is None or scope.org_id == org_id
 

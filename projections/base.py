@@ -58,6 +58,7 @@ class SandboxQuery:
 @attrs.frozen
 class SnapshotQuery:
     org_id: str | None = None  # None: every organization (public ones are found with public=True)
+    projects: tuple[str, ...] = ()  # () = every project and none; else only snapshots of these
     source_sandbox_id: str | None = None
     name: str | None = None
     tag: str | None = None
@@ -82,6 +83,7 @@ def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
         return False
     return (
         (q.org_id is None or snap.org_id == q.org_id)
+        and (not q.projects or snap.project_id in q.projects)
         and (q.source_sandbox_id is None or snap.source_sandbox_id == q.source_sandbox_id)
         and (q.name is None or snap.name == q.name)
         and (q.tag is None or snap.tag == q.tag)

@@ -386,6 +386,9 @@ class PostgresProjectionStore(ProjectionStore):
             if value is not None:
                 args.append(value)
                 where.append(f"{column} = ${len(args)}")
+        if query.projects:  # from the document: no column (and no migration) for a filter this rare
+            args.append(list(query.projects))
+            where.append(f"doc->>'projectId' = ANY(${len(args)}::text[])")
         sort = {"createdAt": "created_at", "name": "name", "size": "size_bytes", "files": "file_count"}[
             SNAPSHOT_SORTS.get(query.sort, "createdAt")]
         direction = "DESC" if query.direction == "desc" else "ASC"

@@ -188,8 +188,7 @@ async def delete_key(request: web.Request) -> web.Response:
     if key_id not in {k.key_id for k in _own_keys(request)}:
         raise NotFound(f"API key {key_id} not found")
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    await request.app[ENGINE].record(principal.org_id, lambda: [tenancy.revoke_key(directory, principal.org_id,
-                                                                                   key_id)])
+    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
     return ok(1)
 
 

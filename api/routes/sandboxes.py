@@ -18,7 +18,7 @@ from hutch.api.http import (
     q_int,
     q_offset,
 )
-from hutch.api.keys import API_KEY_ID, ENGINE
+from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from hutch.api.routes import history as history_routes
 from hutch.api.routes import proxy
 from hutch.api.routes.audit import audit_stream_id, audit_stream_url
@@ -27,6 +27,7 @@ from hutch.api.stats import usage as usage_stats
 from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
 from hutch.core.models import Execution, Mode, Sandbox, SandboxStatus
+from hutch.core.tenancy import Access
 from hutch.drivers import egress
 from hutch.drivers.base import Usage
 from hutch.projections.base import SandboxQuery
@@ -186,8 +187,10 @@ async def get_execution(request: web.Request) -> web.Response:
     engine, execution_id, wait = request.app[ENGINE], request.match_info["execution_id"], q_duration(request, "wait")
     if not wait:
         return ok(render_execution(request, await engine.get_execution(execution_id)))
-    # A long-poll is a waiter: its client leaving for good cancels the command (api/watchers.py).
-    ex, gone = await engine.watchers.hold(request, execution_id, engine.get_execution(execution_id, wait=wait))
+    # A long-poll by a key that may act on the sandbox is a waiter: its client leaving for good
+    # cancels the command (api/watchers.py). A read-only key's is a reader: it cannot.
+    ex, gone = await engine.watchers.hold(request, execution_id, engine.get_execution(execution_id, wait=wait),
+                                          counts=request[PRINCIPAL].may(Access.WRITE))
     if gone or ex is None:
         return web.Response(status=499)  # nobody reads it: the client went away
     return ok(render_execution(request, ex))

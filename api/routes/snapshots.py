@@ -10,9 +10,10 @@ from aiohttp import web
 
 from hutch.api import wire
 from hutch.api.http import base_url, json_body, ok, q_choice, q_int, q_offset, stream
-from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE
+from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, TENANTS
 from hutch.api.snapshots import LINEAGE_MAX, unchanged
-from hutch.api.tenancy import PUBLIC, needs
+from hutch.api.tenancy import PUBLIC, needs, project_for
+from hutch.core import limits
 from hutch.core.blobs import BlobNotFound
 from hutch.core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from hutch.core.models import Snapshot
@@ -25,8 +26,10 @@ def _render(request: web.Request, snap: Snapshot) -> dict[str, Any]:
     return wire.snapshot_info(snap, f"{base_url(request)}/sandbox/snapshots/{snap.snapshot_id}/download")
 
 
-def _str(body: dict[str, Any], key: str) -> str | None:
-    return wire.expect(body, key, str, "a string")
+def _str(body: dict[str, Any], key: str, most: int = limits.TEXT_CHARS) -> str | None:
+    value = wire.expect(body, key, str, "a string")
+    limits.check_chars(value, key, most)
+    return value
 
 
 def _flag(body: dict[str, Any], key: str) -> bool:
@@ -37,6 +40,11 @@ def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
     value = body.get(key) or {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise InvalidInput(f"{key}: expected an object of string values", field=key)
+    # A snapshot's env becomes its sandboxes' env, so the same limits; its metadata is kept as given.
+    if key == "env":
+        limits.check_env(wire.parse_env(value, key))
+    else:
+        limits.check_metadata(value, key)
     return dict(value)
 
 
@@ -125,6 +133,8 @@ async def build_init(request: web.Request) -> web.Response:
         description=_str(body, "description"), message=_str(body, "message"),
         content_hash=_str(body, "contentHash"), force=_flag(body, "force"), public=_flag(body, "public"),
         api_key_id=request.get(API_KEY_ID),
+        # hutch's: the project it belongs to (a key limited to one project: that one).
+        project_id=project_for(_str(body, "projectId"), request.app[TENANTS].directory, "snapshots"),
     )
     if existing is not None:
         return ok(unchanged(existing))

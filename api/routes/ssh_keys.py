@@ -1,7 +1,9 @@
 """``/ssh-keys``: the public keys that open the SSH gateway (api/ssh_gateway.py) to an
 organization's sandboxes. Listed by anyone in the organization; added and removed by its
 members and admins (a key grants what a member's API key grants, within the projects of
-the API key that added it). Records are events in the log, like API keys: every replica's
+the API key that added it, for as long as that API key lives: revoking it removes them).
+The same public key may be registered by several organizations; registering never says
+whether another has it. Records are events in the log, like API keys: every replica's
 gateway knows a removal within the projection lag.
 """
 
@@ -13,6 +15,7 @@ from aiohttp import web
 
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.api.tenancy import now_utc
 from hutch.core import tenancy
 from hutch.core.tenancy import SshKey
 
@@ -27,9 +30,10 @@ def render_ssh_key(k: SshKey) -> dict[str, Any]:
 
 @routes.get("/ssh-keys")
 async def list_ssh_keys(request: web.Request) -> web.Response:
-    org_id = request[PRINCIPAL].org_id
-    keys = sorted((k for k in request.app[TENANTS].directory.ssh_keys.values()
-                   if k.org_id == org_id and k.removed_at is None), key=lambda k: k.created_at)
+    org_id, directory, now = request[PRINCIPAL].org_id, request.app[TENANTS].directory, now_utc()
+    # Those of a revoked or expired API key open nothing any more: not listed as if they did.
+    keys = sorted((k for k in directory.ssh_keys.values() if k.org_id == org_id and directory.ssh_key_live(k, now)),
+                  key=lambda k: k.created_at)
     return ok({"sshKeys": [render_ssh_key(k) for k in keys]})
 
 
@@ -38,7 +42,7 @@ async def add_ssh_key(request: web.Request) -> web.Response:
     body = await json_body(request)
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     event = tenancy.add_ssh_key(directory, principal.org_id, body.get("publicKey"), body.get("name"),
-                                added_by=principal.key_id, projects=principal.projects)
+                                added_by=principal.key_id, projects=principal.projects, now=now_utc())
     await request.app[ENGINE].record(principal.org_id, lambda: [event])
     return ok(render_ssh_key(directory.ssh_keys[event.ssh_key_id]), http_status=201)
 

@@ -10,10 +10,12 @@ from aiohttp import web
 
 from hutch.api import sandbox_streams
 from hutch.api.http import json_body, ok
-from hutch.api.keys import ENGINE
+from hutch.api.keys import ENGINE, TENANTS
 from hutch.api.sandbox_streams import is_sandbox_stream
 from hutch.api.tenancy import PUBLIC, needs
-from hutch.core.errors import InvalidInput, NotFound
+from hutch.core import limits
+from hutch.core.errors import HutchError, InvalidInput, NotFound
+from hutch.core.tenancy import SCOPE, Access, Scope
 
 routes = web.RouteTableDef()
 
@@ -42,9 +44,35 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
         await resp.write_eof()
     elif owner is None:
         await copy()
-    else:  # a reader is a waiter: its client leaving for good cancels the command (api/watchers.py)
-        await engine.watchers.hold(request, owner, copy())
+    else:  # a reader that may act on the command is a waiter: leaving, it cancels (api/watchers.py)
+        await engine.watchers.hold(request, owner, copy(), counts=await _may_act(request, owner))
     return resp
+
+
+async def _may_act(request: web.Request, execution_id: str) -> bool:
+    """Whether this stream read carries a key that may act on the execution's sandbox. The URL
+    alone is a read capability: a keyless reader (or a read-only key's) must not be able to
+    cancel the command by hanging up. A bad key here is no refusal, just no key: the URL
+    still reads."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return False
+    try:
+        principal = request.app[TENANTS].authenticate(token.strip())
+    except HutchError:
+        return False
+    if not principal.may(Access.WRITE):
+        return False
+    if principal.server_admin:
+        return True  # acts for every organization
+    scope = SCOPE.set(Scope(principal.org_id, principal.projects))
+    try:
+        await request.app[ENGINE].get_execution(execution_id)  # its organization and projects only
+        return True
+    except HutchError:
+        return False
+    finally:
+        SCOPE.reset(scope)
 
 
 @routes.post("/streams")
@@ -53,6 +81,7 @@ async def create_input(request: web.Request) -> web.Response:
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise InvalidInput(f"name: expected a string, got {name!r}", field="name")
+    limits.check_chars(name, "name", limits.NAME_CHARS)
     stream_id = request.app[ENGINE].inputs.create(name or "")
     # The stream service answers {id} at the top level (the real client reads it there).
     return web.json_response({"success": True, "id": stream_id, "data": {"id": stream_id}}, status=201)

@@ -2,8 +2,10 @@
 
 ``/orgs``: the server's administrator (the bootstrap key) creates organizations and sees all
 of them; any other key sees its own. ``/projects`` and ``/keys`` act in the request's
-organization (``orgId`` picks another for the administrator). Keys and quotas need an admin
-key; projects are listed by anyone in the organization and created by admins. A key's secret
+organization (``orgId`` picks another for the administrator). Keys need an admin key;
+projects are listed by anyone in the organization and created by admins. A quota is read by
+anyone in its organization and set by the server's administrator only: limits an
+organization could lift itself would limit nothing. A key's secret
 is in the answer to its creation and nowhere else, ever.
 """
 
@@ -73,7 +75,7 @@ async def get_org(request: web.Request) -> web.Response:
 
 
 @routes.patch("/orgs/{org_id}/quota")
-@needs(Access.ADMIN)
+@needs(Access.SERVER)  # the operator's: a tenant's admin raising its own limits would make them moot
 async def set_quota(request: web.Request) -> web.Response:
     org = _org(request)
     body = await json_body(request)
@@ -151,5 +153,5 @@ def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
 async def revoke_key(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     key_id = request.match_info["key_id"]
-    await request.app[ENGINE].record(principal.org_id, lambda: [tenancy.revoke_key(directory, principal.org_id, key_id)])
+    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
     return ok(render_key(directory.keys[key_id]))

@@ -17,7 +17,7 @@ import json
 
 from aiohttp import WSMsgType, web
 
-from hutch.api.http import q_int
+from hutch.api.http import parse_json, q_int
 from hutch.api.keys import ENGINE
 from hutch.api.tenancy import needs
 from hutch.api.terminals import ActiveTerminal, TerminalOptions, check_term, open_terminal
@@ -102,7 +102,7 @@ async def _pump_input(ws: web.WebSocketResponse, active: ActiveTerminal) -> None
 
 async def _control(ws: web.WebSocketResponse, active: ActiveTerminal, text: str) -> None:
     try:
-        message = json.loads(text)
+        message = parse_json(text, "message")
         if not isinstance(message, dict) or message.get("type") != "resize":
             raise ValueError(f"unknown control message {text[:100]!r} (expected {{\"type\": \"resize\", ...}})")
         rows, cols = message.get("rows"), message.get("cols")

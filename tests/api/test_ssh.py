@@ -128,7 +128,7 @@ async def test_refusals_reveal_nothing(gateway: Gateway) -> None:
     ]
     for code, out, err in refusals:
         assert code == 255 and out == "" and "Permission denied (publickey)" in err, (code, out, err)
-    # The same key cannot be registered twice, nor for another organization.
+    # The same key cannot be registered twice in one organization (other organizations: test_tenancy).
     body = await gw.api.call("POST", "/ssh-keys", json={"publicKey": registered.with_suffix(".pub").read_text()},
                              expect=400)
     assert "registered already" in body["message"]

@@ -145,7 +145,7 @@ def test_the_renderers_fit_their_schemas_field_for_field() -> None:
                     status=SnapshotStatus.READY, created_at=AT, updated_at=AT, tag="v1", description="d", message="m",
                     source_sandbox_id=SBX, parent_snapshot_id=SNP, size_bytes=3, file_count=1,
                     files=(SnapshotFile(path="a", size=3, sha256="00", mode=0o644),), env={"A": "1"},
-                    metadata={"k": "v"}, dependencies=("curl",), packages=("zod",))
+                    metadata={"k": "v"}, dependencies=("curl",), packages=("zod",), project_id="proj_x")
     public = attrs.evolve(snap, public=True)
     _fills(SCHEMAS["Snapshot"], [wire.snapshot_info(snap, "http://h/d"), wire.snapshot_info(public, "http://h/d")])
     _fills(SCHEMAS["Checkpoint"], [checkpoints.render(Checkpoint(checkpoint_id=CKPT, name="c", created_at=AT,

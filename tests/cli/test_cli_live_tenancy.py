@@ -4,6 +4,7 @@ facades) with a key of another organization."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -35,14 +36,19 @@ def test_org_project_key_commands(url: str, capsys: pytest.CaptureFixture[str], 
     reader = json.loads(out)
     assert reader["role"] == "read-only" and reader["projects"] == [project["id"]] and reader["secret"]
     # The new admin key manages its own organization: no --org needed.
+    bootstrap = os.environ["HUTCH_API_KEY"]
     monkeypatch.setenv("HUTCH_API_KEY", secret)
     code, out, _ = cli(capsys, "key", "list", "--json")
     listed = json.loads(out)
     assert {k["name"] for k in listed} == {"ops", reader["id"]} and "secret" not in out
     code, out, _ = cli(capsys, "key", "list")
     assert "ops" in out and "active" in out
+    code, _, err = cli(capsys, "org", "quota", "org_acme", "--sandboxes", "99")  # quotas are the operator's
+    assert code == 1 and "administrator" in err
+    monkeypatch.setenv("HUTCH_API_KEY", bootstrap)
     code, out, _ = cli(capsys, "org", "quota", "org_acme", "--sandboxes", "2", "--memory", "4Gi", "--json")
     assert code == 0 and json.loads(out)["quota"] == {"sandboxes": 2, "memoryBytes": 4 * 2**30}
+    monkeypatch.setenv("HUTCH_API_KEY", secret)
     code, out, _ = cli(capsys, "org", "get", "org_acme")
     assert "sandboxes=2" in out
     code, out, _ = cli(capsys, "key", "revoke", reader["id"])
