@@ -9,11 +9,11 @@ from hutch.api.config import Config
 from hutch.api.extras import missing_message
 from hutch.core.errors import HutchError
 
-config = Config.from_env()
-if (missing := missing_message(config)) is not None:
-    print(f"hutch: error: {missing}", file=sys.stderr, flush=True)
-    sys.exit(2)
 try:
+    config = Config.from_env()
+    if (missing := missing_message(config)) is not None:
+        print(f"hutch: error: {missing}", file=sys.stderr, flush=True)
+        sys.exit(2)
     run_server(config)
 except HutchError as err:
     print(f"hutch: error: {err.message} [{err.code}]", file=sys.stderr, flush=True)

@@ -61,6 +61,8 @@ SETTINGS = [
     ("egress_permit", "10.1.0.0/16", "10.1.0.0/16", "169.254.0.0/16",
      "HUTCH_SANDBOX_EGRESS_PERMIT: 169.254.0.0/16 is not inside a private range"),
     ("egress_deny", "203.0.113.0/24", "203.0.113.0/24", "fd00::/8", "HUTCH_SANDBOX_EGRESS_DENY: 'fd00::/8'"),
+    ("sandbox_ca_certs", "/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/certs/ca-certificates.crt",
+     "/nonexistent.pem", "HUTCH_SANDBOX_CA_CERTS: cannot read /nonexistent.pem"),
     ("rate_limit", "20:100", "20:100", "fast", "HUTCH_RATE_LIMIT: expected requests per second"),
     ("ssh_port", "2222", 2222, "ssh", "HUTCH_SSH_PORT: expected a port number (0-65535), got 'ssh'"),
     ("log_level", "DEBUG", "DEBUG", "loud", "HUTCH_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got 'loud'"),
