@@ -26,6 +26,8 @@ from hutch.core.errors import Forbidden, Unauthorized
 
 COOKIE = "hutch_session"
 CSRF_COOKIE = "hutch_csrf"
+HOST_ONLY = "__Host-"  # the browser's own guarantee that a cookie was set by this host, for this host
+HUTCH_COOKIES = frozenset({COOKIE, CSRF_COOKIE, HOST_ONLY + COOKIE, HOST_ONLY + CSRF_COOKIE})
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 

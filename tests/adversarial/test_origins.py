@@ -1,0 +1,110 @@
+"""Issue 32, the port proxy's origin: no content a sandbox serves can ever act with a hutch
+credential. A hostile tenant serves ``origin_site.SITE`` on its sandbox's port and waits for
+a signed-in admin of another organization to open it (a link in a chat, an image tag, a
+redirect). The attacks: hutch's cookies replayed from the request the sandbox sees; cookies,
+service workers and origin-wide policies set by its answer; its page's JavaScript reading
+the Web App and minting keys with the visitor's session (the path form shares hutch's
+origin); cookies planted from a sandbox host under the same site, login CSRF, the API
+answering on sandbox hosts, and the proxy as an oracle of which sandbox ids exist.
+
+The in-process tests here speak HTTP as curl would; ``test_origins_browser.py`` runs the
+same attacks in Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+
+import pytest
+
+from tests.adversarial.origin_site import PORT, SITE
+from tests.api.conftest import Api
+
+DOMAIN = "sandboxes.test"
+HUTCH_COOKIES = "theirs=1; hutch_session=S; hutch_csrf=C; __Host-hutch_session=S2; __Host-hutch_csrf=C2; other=2"
+# What a header that acts beyond one document would do on hutch's origin, were it passed on.
+ORIGIN_WIDE = ("set-cookie", "service-worker-allowed", "clear-site-data", "set-login", "nel", "report-to",
+               "reporting-endpoints", "strict-transport-security", "alt-svc", "origin-agent-cluster", "accept-ch",
+               "critical-ch", "sec-session-registration", "link", "refresh", "www-authenticate")
+
+
+@pytest.fixture(params=["local"])
+def driver_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)  # the proxy's rules are the API's; test_ports.py covers nomad's ports
+
+
+async def _site(api: Api, *, headers: dict[str, str] | None = None) -> str:
+    """A sandbox (of the key's organization) serving the hostile site on its port."""
+    sid = (await api.data("POST", "/sandbox", json={"runtime": "python:3.13", "network": {"port": PORT}},
+                          expect=201, headers=headers or {}))["sandboxId"]
+    files = [{"path": "site.py", "content": base64.b64encode(SITE.encode()).decode()}]
+    await api.call("POST", f"/fs/{sid}", json={"files": files}, headers=headers or {})
+    await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["python3", "site.py"]}, expect=201,
+                   headers=headers or {})
+    for _ in range(150):
+        resp = await api.client.get(f"/proxy/{sid}/echo")
+        if resp.status == 200:
+            return sid
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the site did not come up: {resp.status} {await resp.text()}")
+
+
+def _host(sid: str, port: int = PORT) -> str:
+    return f"{port}-{sid.removeprefix('sbx_')}.{DOMAIN}"
+
+
+async def _echo(api: Api, path: str, **headers: str) -> dict[str, str]:
+    resp = await api.client.get(path, headers={"Cookie": HUTCH_COOKIES, **headers})
+    assert resp.status == 200, await resp.text()
+    return dict(await resp.json())
+
+
+async def _ws_echo(api: Api, path: str, **headers: str) -> dict[str, str]:
+    ws = await api.client.ws_connect(path, headers={"Cookie": HUTCH_COOKIES, **headers})
+    try:
+        return dict(json.loads((await ws.receive(timeout=10)).data))
+    finally:
+        await ws.close()
+
+
+async def test_no_hutch_cookie_reaches_a_sandbox_and_its_answer_acts_on_no_origin(make_api) -> None:  # type: ignore[no-untyped-def]
+    """The header-echo attack of the issue, and the hostile answer, on both URL forms."""
+    api = await make_api(sandbox_domain=DOMAIN)
+    sid = await _site(api)
+    host = _host(sid)
+
+    # The path form is hutch's origin: every cookie the browser sends there is hutch's (its
+    # own, or one planted on the origin), so none passes, over HTTP or a websocket.
+    assert "cookie" not in await _echo(api, f"/proxy/{sid}/echo")
+    assert "cookie" not in await _ws_echo(api, f"/proxy/{sid}/ws")
+    # The host form is the sandbox's own origin: its own cookies pass, never hutch's.
+    assert (await _echo(api, "/echo", Host=host))["cookie"] == "theirs=1; other=2"
+    assert (await _ws_echo(api, "/ws", Host=host))["cookie"] == "theirs=1; other=2"
+    # Nor the Web App's CSRF token, were a page to send it along.
+    assert "x-csrf-token" not in await _echo(api, f"/proxy/{sid}/echo", **{"X-CSRF-Token": "C"})
+
+    # The path form's answer: an opaque-origin document that can set nothing on hutch's origin.
+    resp = await api.client.get(f"/proxy/{sid}/evil-headers")
+    assert resp.status == 200 and await resp.text() == "<p>hello</p>"
+    passed = {name.lower() for name in resp.headers}
+    assert not passed & set(ORIGIN_WIDE), sorted(passed & set(ORIGIN_WIDE))
+    assert resp.headers["X-App-Header"] == "kept"
+    policies = resp.headers.getall("Content-Security-Policy")
+    ours = [p for p in policies if "allow-same-origin" not in p]
+    assert ours and re.match(r"sandbox( allow-[a-z-]+)*(;|$)", ours[0]), policies
+    assert "sandbox allow-same-origin allow-scripts" in policies  # the sandbox's own, kept: both hold
+    assert resp.headers.getall("X-Content-Type-Options") == ["nosniff"]
+    # Its own requests (images, module scripts, fetch) come from the opaque origin: cross-origin.
+    assert resp.headers["Access-Control-Allow-Origin"] == "*"
+    # Every answer of the path form is served so, whatever its type.
+    resp = await api.client.get(f"/proxy/{sid}/echo")
+    assert resp.headers["Content-Security-Policy"].startswith("sandbox")
+
+    # The host form's cookies stay on the sandbox's own host: a Domain attribute (which would
+    # plant them on every sibling host under the domain, or on hutch's own) is taken off.
+    resp = await api.client.get("/domain-cookie", headers={"Host": host})
+    cookies = resp.headers.getall("Set-Cookie")
+    assert len(cookies) == 3 and not any("domain" in c.lower() for c in cookies), cookies
+    assert cookies[0] == "theirs=1; Path=/; HttpOnly"
