@@ -22,7 +22,8 @@ through this proxy and nothing else.
 
 Origins (``api/proxy_origin.py``): no content a sandbox serves acts with a hutch credential.
 The host form is the sandbox's own origin, the one for apps: hutch's cookies never reach
-it, and its cookies stay on its own host. The path form is on hutch's own origin, so its
+it, its cookies stay on its own host, and no host under the domain answers as the API or
+the Web App (``host_middleware``). The path form is on hutch's own origin, so its
 documents are served sandboxed into an opaque origin (``Content-Security-Policy: sandbox``
 without ``allow-same-origin``): no cookies reach the sandbox and none can be set, no
 ``localStorage``/``sessionStorage``/IndexedDB, no service worker, and its requests to its
@@ -66,25 +67,31 @@ def sandbox_url(request: web.Request, base: str, sandbox_id: str, port: int) -> 
     return f"{base}{PREFIX}/{sandbox_id}/"
 
 
-def _host_match(request: web.Request) -> tuple[str, int] | None:
-    """(sandbox id, port) when the request's Host names a sandbox under the wildcard domain."""
+def _sandbox_host(request: web.Request) -> tuple[str, int] | None:
+    """(sandbox id, port) when the request's Host is under the wildcard domain; None when it
+    is not (the API's own host). A host under the domain that names no sandbox's port is
+    nobody's: 404, never the API."""
     domain = request.app[CONFIG].sandbox_domain
     if not domain:
         return None
-    label, dot, rest = request.host.lower().partition(".")
-    if not dot or (rest != domain.lower() and rest.rsplit(":", 1)[0] != domain.lower()):
+    host = request.host.lower().rstrip(".")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    under = "." + domain.lower().rsplit(":", 1)[0]
+    if not name.endswith(under):
         return None
+    label = name.removesuffix(under)
     port, dash, body = label.partition("-")
-    if not (dash and port.isdigit() and len(body) == 26 and body.isalnum()):
-        return None
+    if not (dash and port.isdigit() and len(body) == 26 and body.isalnum() and body.isascii()):
+        raise SandboxNotFound(f"no sandbox port at {request.host}")
     return "sbx_" + body, int(port)
 
 
 @web.middleware
 async def host_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Requests to ``{port}-{id}.{domain}`` go to that sandbox's port at the same path: public,
-    like the path form (no API key, and this server's key is never passed on)."""
-    found = _host_match(request)
+    like the path form (no API key, and this server's key is never passed on). No request
+    whose Host is under the domain reaches the API or the Web App."""
+    found = _sandbox_host(request)
     if found is None:
         return await handler(request)
     sandbox_id, port = found

@@ -20,7 +20,7 @@ import re
 import pytest
 
 from tests.adversarial.origin_site import PORT, SITE
-from tests.api.conftest import Api
+from tests.api.conftest import AUTH, Api
 
 DOMAIN = "sandboxes.test"
 HUTCH_COOKIES = "theirs=1; hutch_session=S; hutch_csrf=C; __Host-hutch_session=S2; __Host-hutch_csrf=C2; other=2"
@@ -108,3 +108,23 @@ async def test_no_hutch_cookie_reaches_a_sandbox_and_its_answer_acts_on_no_origi
     cookies = resp.headers.getall("Set-Cookie")
     assert len(cookies) == 3 and not any("domain" in c.lower() for c in cookies), cookies
     assert cookies[0] == "theirs=1; Path=/; HttpOnly"
+
+
+async def test_the_api_and_the_web_app_do_not_answer_on_sandbox_hosts(make_api) -> None:  # type: ignore[no-untyped-def]
+    """A host under the sandbox domain is a sandbox's origin (or nothing): never hutch's. Were
+    the Web App served there, a sandbox host next to it could read it and plant its cookies."""
+    api = await make_api(sandbox_domain=DOMAIN)
+    sid = await _site(api)
+    unknown = f"8000-{'0' * 26}.{DOMAIN}"
+    for host in (f"www.{DOMAIN}", f"WWW.{DOMAIN.upper()}", f"a.b.{DOMAIN}", f"app.{DOMAIN}:8700", unknown,
+                 f"8000-{sid.removeprefix('sbx_')}x.{DOMAIN}", f"x.{_host(sid)}"):
+        for path in ("/app", "/app/session", "/keys", "/sandbox", "/openapi.json", "/healthz"):
+            resp = await api.client.get(path, headers={"Host": host, **AUTH})
+            body = await resp.json()
+            assert resp.status == 404 and body["code"] == "SANDBOX_NOT_FOUND", (host, path, resp.status, body)
+        resp = await api.client.post("/app/session", json={"apiKey": "test-key"}, headers={"Host": host})
+        assert resp.status == 404 and "Set-Cookie" not in resp.headers, (host, resp.status)
+    # The sandbox's own host: its app, at every path (hutch's paths included).
+    assert "cookie" not in await _echo(api, "/app/session", Host=_host(sid), Cookie="")
+    # The API's own host still answers.
+    assert (await api.data("GET", "/sandbox"))["sandboxes"]
