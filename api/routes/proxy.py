@@ -23,14 +23,18 @@ through this proxy and nothing else.
 Origins (``api/proxy_origin.py``): no content a sandbox serves acts with a hutch credential.
 The host form is the sandbox's own origin, the one for apps: hutch's cookies never reach
 it, its cookies stay on its own host, and no host under the domain answers as the API or
-the Web App (``host_middleware``). The path form is on hutch's own origin, so its
-documents are served sandboxed into an opaque origin (``Content-Security-Policy: sandbox``
-without ``allow-same-origin``): no cookies reach the sandbox and none can be set, no
+the Web App (``host_middleware``). The path form is on hutch's own origin, so its documents
+are served sandboxed into an opaque origin (``Content-Security-Policy: sandbox`` without
+``allow-same-origin``): no cookies reach the sandbox and none can be set, no
 ``localStorage``/``sessionStorage``/IndexedDB, no service worker, and its requests to its
 own URLs are cross-origin (``Access-Control-Allow-Origin: *`` is added so simple ones and
 module scripts still work; a request that needs a preflight reaches the sandbox's app as
 an ``OPTIONS`` it must answer). Enough for a status page or an API; an app needing cookies
 or storage wants the host form.
+
+A URL that serves nothing (an unknown id, another organization's sandbox, one without a
+port or not on that port, one that has ended) answers one 404, word for word: the proxy
+tells nothing of which sandboxes exist, and wakes none that it would not serve.
 """
 
 from __future__ import annotations
@@ -47,7 +51,13 @@ from hutch.api.keys import CONFIG, ENGINE, TENANTS
 from hutch.api.proxy_origin import answer_headers, request_headers
 from hutch.api.tenancy import PUBLIC, needs
 from hutch.api.watchers import while_client_stays
-from hutch.core.errors import DriverFailure, SandboxNotFound
+from hutch.core.errors import (
+    DriverFailure,
+    IllegalTransition,
+    NotFound,
+    NotSupported,
+    SandboxNotFound,
+)
 
 routes = web.RouteTableDef()
 PREFIX = "/proxy"
@@ -86,6 +96,22 @@ def _sandbox_host(request: web.Request) -> tuple[str, int] | None:
     return "sbx_" + body, int(port)
 
 
+def _not_served(sandbox_id: str) -> SandboxNotFound:
+    """What every URL that serves nothing answers, word for word as an unknown id's."""
+    return SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+
+
+async def _exposes(request: web.Request, sandbox_id: str, port: int | None) -> None:
+    """The sandbox exists, is not deleted and exposes ``port`` (any port for the path form)."""
+    try:
+        sb = await request.app[ENGINE].get(sandbox_id)
+    except NotFound:
+        raise _not_served(sandbox_id) from None
+    exposed = sb.spec.network.port
+    if exposed is None or (port is not None and exposed != port):
+        raise _not_served(sandbox_id)
+
+
 @web.middleware
 async def host_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Requests to ``{port}-{id}.{domain}`` go to that sandbox's port at the same path: public,
@@ -95,9 +121,7 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if found is None:
         return await handler(request)
     sandbox_id, port = found
-    sb = await request.app[ENGINE].get(sandbox_id)
-    if sb.spec.network.port != port:
-        raise SandboxNotFound(f"sandbox {sandbox_id} exposes no port {port}", sandbox_id=sandbox_id)
+    await _exposes(request, sandbox_id, port)
     from hutch.api.replication import REPLICATION  # it imports this module
 
     replication = request.app.get(REPLICATION)
@@ -143,8 +167,12 @@ def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
 
 async def _target(request: web.Request, sandbox_id: str, tail: str) -> str:
     engine = request.app[ENGINE]
-    await engine.for_files(sandbox_id)  # exists, not ended; wakes a paused one; activity
-    host, port = await engine.driver.port_target(sandbox_id)
+    await _exposes(request, sandbox_id, None)  # before anything wakes it
+    try:
+        await engine.for_files(sandbox_id)  # not ended; wakes a paused one; activity
+        host, port = await engine.driver.port_target(sandbox_id)
+    except (NotFound, IllegalTransition, NotSupported):
+        raise _not_served(sandbox_id) from None
     query = f"?{request.query_string}" if request.query_string else ""
     return f"{host}:{port}/{tail}{query}"
 

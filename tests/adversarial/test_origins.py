@@ -16,6 +16,9 @@ import asyncio
 import base64
 import json
 import re
+import secrets
+import string
+from typing import Any
 
 import pytest
 
@@ -128,3 +131,43 @@ async def test_the_api_and_the_web_app_do_not_answer_on_sandbox_hosts(make_api) 
     assert "cookie" not in await _echo(api, "/app/session", Host=_host(sid), Cookie="")
     # The API's own host still answers.
     assert (await api.data("GET", "/sandbox"))["sandboxes"]
+
+
+def _shape(body: dict[str, Any], sid: str) -> dict[str, Any]:
+    return {k: (v.replace(sid, "{id}").replace(sid.removeprefix("sbx_"), "{id}") if isinstance(v, str) else v)
+            for k, v in body.items()}
+
+
+async def test_a_port_url_tells_nothing_of_sandboxes_it_does_not_serve(make_api) -> None:  # type: ignore[no-untyped-def]
+    """Unknown, another organization's without a port, paused without a port, ended: one 404,
+    word for word, on both URL forms; and such a request wakes nothing."""
+    api = await make_api(sandbox_domain=DOMAIN)
+    await api.data("POST", "/orgs", json={"name": "beta"}, expect=201)
+    beta = {"Authorization": "Bearer " + (await api.data("POST", "/keys?orgId=org_beta", json={"role": "admin"},
+                                                         expect=201))["secret"]}
+    no_port = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201,
+                              headers=beta))["sandboxId"]
+    paused = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201,
+                             headers=beta))["sandboxId"]
+    await api.call("POST", f"/sandbox/{paused}/pause", headers=beta)
+    ended = await _site(api, headers=beta)
+    served = await _site(api, headers=beta)
+    await api.call("DELETE", f"/sandbox/{ended}", headers=beta)
+    unknown = "sbx_" + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(26))
+
+    def path_form(sid: str) -> tuple[str, dict[str, str]]:
+        return f"/proxy/{sid}/x", {}
+
+    def host_form(sid: str, port: int = PORT) -> tuple[str, dict[str, str]]:
+        return "/x", {"Host": _host(sid, port)}
+
+    shapes = []
+    for sid, (path, headers) in [(s, form(s)) for s in (unknown, no_port, paused, ended)
+                                 for form in (path_form, host_form)] + [(served, host_form(served, 9000))]:
+        for method in ("GET", "POST"):
+            resp = await api.client.request(method, path, headers={**headers, **AUTH})
+            body = await resp.json()
+            shapes.append((resp.status, _shape(body, sid)))
+    assert len(set(map(json.dumps, shapes))) == 1, shapes
+    assert shapes[0][0] == 404
+    assert (await api.data("GET", f"/sandbox/{paused}", headers=beta))["status"] == "paused"
