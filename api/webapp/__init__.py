@@ -19,8 +19,8 @@ from aiohttp import web
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.tenancy import PUBLIC, needs
-from hutch.api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions
-from hutch.core.errors import InvalidInput, NotFound
+from hutch.api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions, require_same_origin
+from hutch.core.errors import InvalidInput, NotFound, UnsupportedMediaType
 from hutch.core.tenancy import Access, Principal, visible
 
 STATIC = Path(__file__).with_name("static")
@@ -59,6 +59,13 @@ def _file(path: Path) -> web.StreamResponse:
 @routes.post("/app/session")
 @needs(PUBLIC)  # signing in: the key in the body is the credential
 async def sign_in(request: web.Request) -> web.Response:
+    # Login CSRF: another site's form would sign the visitor in as the attacker (then what she
+    # does lands in the attacker's organization). A form cannot send JSON, nor another
+    # origin's page this origin's Origin.
+    require_same_origin(request, "signing in")
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType(f"Content-Type: expected application/json, got {request.content_type}",
+                                   field="Content-Type")
     body = await json_body(request)
     secret = body.get("apiKey")
     if not isinstance(secret, str) or not secret.strip():

@@ -5,7 +5,10 @@ nonce, signed with the server's secret: nothing to steal that works elsewhere, a
 request looks the key up again, so revoking the key ends its sessions at once. Requests
 that change anything must also send ``X-CSRF-Token``: a second MAC of the cookie that the
 page reads (from the sign-in answer or the readable ``hutch_csrf`` cookie) and another
-site cannot. A websocket (the terminal) opened with the cookie must come from this origin.
+site cannot. Every request made with the cookie (a websocket too), and signing in, must come
+from this server's own origin when the browser says where it comes from (``Origin``,
+``Sec-Fetch-Site``): a page of another site, of a sandbox host on this site, or of the path
+form's opaque origin (``api/proxy_origin.py``) is refused, whatever cookie and token it holds.
 Sign-out forgets the nonce in this process (other replicas keep honouring the cookie until
 it expires: sessions last ``ttl``).
 """
@@ -30,6 +33,31 @@ HOST_ONLY = "__Host-"  # the browser's own guarantee that a cookie was set by th
 HUTCH_COOKIES = frozenset({COOKIE, CSRF_COOKIE, HOST_ONLY + COOKIE, HOST_ONLY + CSRF_COOKIE})
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+_SAME_ORIGIN = ("same-origin", "none")  # Sec-Fetch-Site: this origin's own pages, or the user (a bookmark)
+
+
+def _authority(host: str, default_port: int) -> str:
+    host = host.lower()
+    return host.removesuffix(f":{default_port}")
+
+
+def require_same_origin(request: web.Request, what: str) -> None:
+    """Refuse a request a browser says comes from another origin. A client that is no
+    browser sends neither header, and no other site can make it send anything."""
+    why = None
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site.lower() not in _SAME_ORIGIN:
+        why = f"Sec-Fetch-Site: {site}"
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        scheme, sep, authority = origin.partition("://")
+        default = 443 if scheme.lower() == "https" else 80
+        if not sep or scheme.lower() not in ("http", "https") or \
+                _authority(authority, default) != _authority(request.host, default):
+            why = f"Origin: {origin}"
+    if why is not None:
+        raise Forbidden(f"{what}: refused from another origin ({why}); the Origin must be this server's own "
+                        f"({request.host}): sign in and use the Web App here")
 
 
 class Sessions:
@@ -70,16 +98,14 @@ class Sessions:
             self._ended.add(json.loads(base64.urlsafe_b64decode(body))["n"])
 
     def check(self, request: web.Request, cookie: str) -> str:
-        """The key id a cookie-authenticated request acts as, after the CSRF and origin checks."""
+        """The key id a cookie-authenticated request acts as, after the origin and CSRF checks."""
         key_id = self.key_id(cookie)
+        websocket = request.headers.get("Upgrade", "").lower() == "websocket"
+        require_same_origin(request, f"{'a websocket' if websocket else request.method} with this server's session")
         if request.method not in SAFE_METHODS:
             sent = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(sent, self.csrf(cookie)):
                 raise Forbidden(f"missing or wrong {CSRF_HEADER} header (the app sends it on every change)")
-        if request.headers.get("Upgrade", "").lower() == "websocket":
-            origin = request.headers.get("Origin")
-            if origin is not None and origin.split("://", 1)[-1] != request.host:
-                raise Forbidden(f"a websocket from {origin} may not use this server's session")
         return key_id
 
 

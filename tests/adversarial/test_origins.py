@@ -171,3 +171,47 @@ async def test_a_port_url_tells_nothing_of_sandboxes_it_does_not_serve(make_api)
     assert len(set(map(json.dumps, shapes))) == 1, shapes
     assert shapes[0][0] == 404
     assert (await api.data("GET", f"/sandbox/{paused}", headers=beta))["status"] == "paused"
+
+
+async def test_sign_in_and_cookie_routes_refuse_cross_site_requests(make_api) -> None:  # type: ignore[no-untyped-def]
+    """Login CSRF: a form on another site (or on a sandbox host of the same site) posting
+    text/plain signs the visitor in as the attacker. Refused before any cookie is set."""
+    api = await make_api(driver="fake")
+    own = str(api.client.make_url("/")).rstrip("/")
+    body = json.dumps({"apiKey": "test-key"})
+    refused = [
+        ({"Content-Type": "text/plain", "Origin": "http://evil.example"}, 403),
+        ({"Content-Type": "application/json", "Origin": "http://evil.example"}, 403),
+        ({"Content-Type": "application/json", "Origin": "null"}, 403),  # an opaque origin: a sandboxed page
+        ({"Content-Type": "application/json", "Origin": f"http://8000-x.{DOMAIN}"}, 403),
+        ({"Content-Type": "application/json", "Sec-Fetch-Site": "cross-site"}, 403),
+        ({"Content-Type": "application/json", "Sec-Fetch-Site": "same-site"}, 403),  # a sibling host
+        ({"Content-Type": "text/plain", "Origin": own}, 415),
+        ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+        ({}, 415),
+    ]
+    for headers, status in refused:
+        resp = await api.client.post("/app/session", data=body, headers=headers)
+        answer = await resp.json()
+        assert resp.status == status and "Set-Cookie" not in resp.headers, (headers, resp.status, answer)
+        assert ("Origin" if status == 403 else "Content-Type") in answer["message"], answer
+    assert not api.client.session.cookie_jar.filter_cookies(api.client.make_url("/"))
+
+    resp = await api.client.post("/app/session", data=body, headers={"Content-Type": "application/json",
+                                                                     "Origin": own, "Sec-Fetch-Site": "same-origin"})
+    assert resp.status == 201, await resp.text()
+    csrf = (await resp.json())["data"]["csrf"]
+    set_cookies = resp.headers.getall("Set-Cookie")
+    assert len(set_cookies) == 2 and not any("domain" in c.lower() for c in set_cookies), set_cookies  # host-only
+    # Every change made with the cookie checks the origin too, the CSRF token notwithstanding.
+    for origin in ("http://evil.example", "null", f"http://8000-x.{DOMAIN}"):
+        resp = await api.client.post("/sandbox", json={}, headers={"X-CSRF-Token": csrf, "Origin": origin})
+        assert resp.status == 403 and "Origin" in (await resp.json())["message"], origin
+        resp = await api.client.delete("/app/session", headers={"X-CSRF-Token": csrf, "Origin": origin})
+        assert resp.status == 403, origin
+    resp = await api.client.post("/sandbox", json={}, headers={"X-CSRF-Token": csrf, "Origin": own})
+    assert resp.status == 201, await resp.text()
+    # A client that is no browser (no Origin, no Sec-Fetch-Site) still signs in with JSON.
+    api.client.session.cookie_jar.clear()
+    resp = await api.client.post("/app/session", json={"apiKey": "test-key"})
+    assert resp.status == 201, await resp.text()
