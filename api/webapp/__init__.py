@@ -19,7 +19,15 @@ from aiohttp import web
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.tenancy import PUBLIC, needs
-from hutch.api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions, require_same_origin
+from hutch.api.webapp.sessions import (
+    HOST_ONLY,
+    SESSIONS,
+    Sessions,
+    cookie_names,
+    require_same_origin,
+    session_cookie,
+    tls_browser,
+)
 from hutch.core.errors import InvalidInput, NotFound, UnsupportedMediaType
 from hutch.core.tenancy import Access, Principal, visible
 
@@ -74,10 +82,12 @@ async def sign_in(request: web.Request) -> web.Response:
     sessions: Sessions = request.app[SESSIONS]
     cookie, csrf = sessions.issue(principal.key_id)
     resp = ok(_me(principal) | {"csrf": csrf}, http_status=201)
-    secure = request.secure
-    resp.set_cookie(COOKIE, cookie, httponly=True, secure=secure, samesite="Strict", path="/",
+    # Host-only (no Domain: no sandbox host under this one gets them), Path=/ (as __Host- needs).
+    secure = tls_browser(request)
+    name, csrf_name = cookie_names(request)
+    resp.set_cookie(name, cookie, httponly=True, secure=secure, samesite="Strict", path="/",
                     max_age=int(sessions.ttl))
-    resp.set_cookie(CSRF_COOKIE, csrf, httponly=False, secure=secure, samesite="Strict", path="/",
+    resp.set_cookie(csrf_name, csrf, httponly=False, secure=secure, samesite="Strict", path="/",
                     max_age=int(sessions.ttl))
     return resp
 
@@ -90,11 +100,11 @@ async def whoami(request: web.Request) -> web.Response:
 @routes.delete("/app/session")
 @needs(Access.READ)  # any signed-in key may sign out, a read-only one too
 async def sign_out(request: web.Request) -> web.Response:
-    if cookie := request.cookies.get(COOKIE):
+    if cookie := session_cookie(request):
         request.app[SESSIONS].end(cookie)
     resp = ok({"signedOut": True})
-    resp.del_cookie(COOKIE, path="/")
-    resp.del_cookie(CSRF_COOKIE, path="/")
+    for name in cookie_names(request):
+        resp.del_cookie(name, path="/", secure=name.startswith(HOST_ONLY) or None)  # a browser drops only what it could set
     return resp
 
 

@@ -11,6 +11,12 @@ from this server's own origin when the browser says where it comes from (``Origi
 form's opaque origin (``api/proxy_origin.py``) is refused, whatever cookie and token it holds.
 Sign-out forgets the nonce in this process (other replicas keep honouring the cookie until
 it expires: sessions last ``ttl``).
+
+The cookies are host-only (no ``Domain``). When the browser reaches this server over TLS
+(directly, or through a front ending TLS at ``HUTCH_PUBLIC_URL``'s host) they are named
+``__Host-…``: a browser then refuses such a cookie from anyone but this host, so a page on a
+sibling host (a sandbox's, under ``HUTCH_SANDBOX_DOMAIN``) cannot plant its own session here
+(cookie tossing), and only those names are read. Over plain HTTP no name can say that.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import hmac
 import json
 import secrets
 import time
+import urllib.parse
 
 from aiohttp import web
 
+from hutch.api.keys import CONFIG
 from hutch.core.errors import Forbidden, Unauthorized
 
 COOKIE = "hutch_session"
@@ -36,9 +44,30 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 _SAME_ORIGIN = ("same-origin", "none")  # Sec-Fetch-Site: this origin's own pages, or the user (a bookmark)
 
 
+def tls_browser(request: web.Request) -> bool:
+    """The browser talks TLS: to this server, or to a front that ends it at the public URL's host."""
+    if request.secure:
+        return True
+    public = request.app[CONFIG].public_url
+    if not public:
+        return False
+    parts = urllib.parse.urlsplit(public)
+    return parts.scheme == "https" and _authority(parts.netloc, 443) == _authority(request.host, 443)
+
+
 def _authority(host: str, default_port: int) -> str:
     host = host.lower()
     return host.removesuffix(f":{default_port}")
+
+
+def cookie_names(request: web.Request) -> tuple[str, str]:
+    """(session cookie, CSRF cookie) as this request's browser keeps them."""
+    prefix = HOST_ONLY if tls_browser(request) else ""
+    return prefix + COOKIE, prefix + CSRF_COOKIE
+
+
+def session_cookie(request: web.Request) -> str | None:
+    return request.cookies.get(cookie_names(request)[0]) or None
 
 
 def require_same_origin(request: web.Request, what: str) -> None:

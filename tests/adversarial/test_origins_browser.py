@@ -171,3 +171,30 @@ def test_a_path_form_page_cannot_act_with_the_visitors_session(deployment: Deplo
     _the_visit_gave_nothing_away(deployment, "path", out, me, before)
     after = {c["value"] for c in browser.get_cookies() if c["name"].endswith("hutch_session")}
     assert after == before, (before, after)
+
+
+def test_a_host_form_page_on_hutchs_own_site_cannot_either(deployment: Deployment, browser: WebDriver) -> None:
+    page = Page(browser, ARTIFACTS / "origins-host")
+    front = deployment.public.rsplit(":", 1)[1]
+    deployment.configure(api=deployment.public, parent=HUTCH_HOST, label="host")
+    _sign_in(page, deployment.public, deployment.admin["secret"])
+    before = {c["value"] for c in browser.get_cookies() if c["name"].endswith("hutch_session")}
+    host = f"{PORT}-{deployment.sid.removeprefix('sbx_')}.{SANDBOX_DOMAIN}:{front}"
+    out = _open_the_trap(page, f"https://{host}/attack.html")
+    page.shot("host-form-trap")
+    assert out["origin"] == f"https://{host}", out
+    me = _whoami(page, deployment.public)
+    _the_visit_gave_nothing_away(deployment, "host", out, me, before)
+    # Over TLS hutch's cookies are __Host-: host-only, Secure, and no other host can set one. The
+    # page did plant its session under the plain names on hutch.test; hutch reads none of them.
+    cookies = browser.get_cookies()
+    own = {c["name"]: c for c in cookies if c["name"].startswith("__Host-")}
+    assert set(own) == {"__Host-hutch_session", "__Host-hutch_csrf"}, cookies
+    assert all(c["secure"] and c["domain"] == HUTCH_HOST for c in own.values()), own
+    assert own["__Host-hutch_session"]["value"] in before, (own, before)
+    assert any(c["name"] == "hutch_session" and c["domain"] == f".{HUTCH_HOST}" for c in cookies), cookies
+    # The app itself works with them: signing out is a change (the CSRF token read from
+    # __Host-hutch_csrf), and it takes both cookies away.
+    page.click("#sign-out")
+    page.css("#api-key")
+    page.wait(lambda d: not [c for c in d.get_cookies() if c["name"].startswith("__Host-")], 10, "signed out")
