@@ -35,10 +35,15 @@ STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
           ".png": "image/png"}
 # The app loads nothing from elsewhere and may not be framed; inline scripts are not allowed
-# (inline styles are: xterm.js writes its own <style> elements).
-_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-                                       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
-            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+# (inline styles are: xterm.js writes its own <style> elements). Scripts only from the app's
+# own files, never 'self' as a whole: the port proxy's path form (/proxy/…) is on this origin
+# and serves what tenants write. No workers at all (the app has none). COOP: a page the app
+# opens (a port URL) gets no handle on it.
+_CSP = ("default-src 'self'; script-src {origin}/app/static/; worker-src 'none'; img-src 'self' data:; "
+        "style-src 'self' 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+        "form-action 'self'")
+_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
+            "Cross-Origin-Opener-Policy": "same-origin"}
 _HEARTBEAT = 15.0
 
 routes = web.RouteTableDef()
@@ -47,7 +52,7 @@ routes = web.RouteTableDef()
 @routes.get("/app")
 @needs(PUBLIC)  # the sign-in page; everything it shows comes from the API, behind the session
 async def index(request: web.Request) -> web.StreamResponse:
-    return _file(STATIC / "index.html")
+    return _file(request, STATIC / "index.html")
 
 
 @routes.get("/app/static/{name:[A-Za-z0-9_./-]+}")
@@ -57,11 +62,14 @@ async def static(request: web.Request) -> web.StreamResponse:
     path = (STATIC / name).resolve()
     if ".." in name.split("/") or not path.is_relative_to(STATIC.resolve()) or not path.is_file():
         raise NotFound(f"no such file in the app: {name}")
-    return _file(path)
+    return _file(request, path)
 
 
-def _file(path: Path) -> web.StreamResponse:
-    return web.FileResponse(path, headers={**_HEADERS, "Content-Type": _TYPES.get(path.suffix, "application/octet-stream")})
+def _file(request: web.Request, path: Path) -> web.StreamResponse:
+    # A path-restricted source needs the origin spelt out (CSP has no 'self' with a path).
+    origin = f"{'https' if tls_browser(request) else 'http'}://{request.host}"
+    return web.FileResponse(path, headers={**_HEADERS, "Content-Security-Policy": _CSP.format(origin=origin),
+                                           "Content-Type": _TYPES.get(path.suffix, "application/octet-stream")})
 
 
 @routes.post("/app/session")

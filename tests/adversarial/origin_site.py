@@ -166,6 +166,9 @@ def handle(c):
         answer(c, "200 OK", [("Content-Type", "text/plain"),
                              ("Set-Cookie", f"hutch_session={cfg.get('session', 'x')}; Path=/{domain}"),
                              ("Set-Cookie", f"hutch_csrf={cfg.get('csrf', 'x')}; Path=/{domain}")], b"ok")
+    elif path.endswith("/evil.js"):  # as a page's script, or as a worker
+        answer(c, "200 OK", [("Content-Type", "text/javascript")],
+               b"if (typeof window !== 'undefined') window.ownedBySandbox = true; else postMessage('worker ran');")
     elif path.endswith("/sw.js"):
         answer(c, "200 OK", [("Content-Type", "text/javascript"), ("Service-Worker-Allowed", "/")], WORKER)
     elif path.endswith("/domain-cookie"):

@@ -198,3 +198,30 @@ def test_a_host_form_page_on_hutchs_own_site_cannot_either(deployment: Deploymen
     page.click("#sign-out")
     page.css("#api-key")
     page.wait(lambda d: not [c for c in d.get_cookies() if c["name"].startswith("__Host-")], 10, "signed out")
+
+
+def test_the_web_app_runs_no_script_a_sandbox_serves(deployment: Deployment, browser: WebDriver) -> None:
+    """The path form is on the Web App's origin, so a CSP of 'self' would let the app's page
+    run a sandbox's script (as a script or a worker) were a tenant's text ever to reach the
+    page as HTML: a bug to come, turned into a stolen session. Simulated here by adding the
+    element from outside (WebDriver's own script is not held to the CSP; the element is)."""
+    browser.get(deployment.url + "/app")
+    page = Page(browser, ARTIFACTS / "origins-csp")
+    page.wait(lambda d: d.find_element("id", "main").text.strip() != "", 30, "the app to run")  # its own script does
+    ran = browser.execute_async_script("""
+        const done = arguments[arguments.length - 1], src = arguments[0], out = {};
+        const finish = () => { if ('script' in out && 'worker' in out) done(out); };
+        const s = document.createElement('script');
+        s.src = src;
+        s.onload = () => { out.script = 'ran: ' + window.ownedBySandbox; finish(); };
+        s.onerror = () => { out.script = 'blocked'; finish(); };
+        document.head.appendChild(s);
+        try {
+          const w = new Worker(src);
+          w.onmessage = (e) => { out.worker = 'ran: ' + e.data; finish(); };
+          w.onerror = () => { out.worker = 'blocked'; finish(); };
+        } catch (e) { out.worker = 'blocked: ' + e; finish(); }
+        setTimeout(() => done(out), 10000);
+    """, f"/proxy/{deployment.sid}/evil.js")
+    assert ran == {"script": "blocked", "worker": ran.get("worker", "")} and ran["worker"].startswith("blocked"), ran
+
