@@ -32,9 +32,9 @@ module scripts still work; a request that needs a preflight reaches the sandbox'
 an ``OPTIONS`` it must answer). Enough for a status page or an API; an app needing cookies
 or storage wants the host form.
 
-A URL that serves nothing (an unknown id, another organization's sandbox, one without a
-port or not on that port, one that has ended) answers one 404, word for word: the proxy
-tells nothing of which sandboxes exist, and wakes none that it would not serve.
+A URL that serves nothing (an unknown id; any organization's sandbox without a port, not
+on that port, or ended) answers one 404, word for word: the proxy tells nothing of which
+sandboxes exist, and wakes none that it would not serve.
 """
 
 from __future__ import annotations
