@@ -72,17 +72,23 @@ def session_cookie(request: web.Request) -> str | None:
 
 def require_same_origin(request: web.Request, what: str) -> None:
     """Refuse a request a browser says comes from another origin. A client that is no
-    browser sends neither header, and no other site can make it send anything."""
+    browser sends neither header, and no other site can make it send anything. This
+    server's origin is the request's Host, or ``HUTCH_PUBLIC_URL``'s (a front that rewrites
+    Host)."""
     why = None
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None and site.lower() not in _SAME_ORIGIN:
         why = f"Sec-Fetch-Site: {site}"
     origin = request.headers.get("Origin")
     if origin is not None:
-        scheme, sep, authority = origin.partition("://")
-        default = 443 if scheme.lower() == "https" else 80
-        if not sep or scheme.lower() not in ("http", "https") or \
-                _authority(authority, default) != _authority(request.host, default):
+        scheme, sep, authority = origin.lower().partition("://")
+        default = 443 if scheme == "https" else 80
+        # Any scheme on the request's own host: a front may end TLS before the request gets here.
+        same = _authority(authority, default) == _authority(request.host, default)
+        if public := request.app[CONFIG].public_url:
+            parts = urllib.parse.urlsplit(public)
+            same = same or (scheme == parts.scheme and _authority(authority, default) == _authority(parts.netloc, default))
+        if not sep or scheme not in ("http", "https") or not same:
             why = f"Origin: {origin}"
     if why is not None:
         raise Forbidden(f"{what}: refused from another origin ({why}); the Origin must be this server's own "

@@ -176,7 +176,7 @@ async def test_a_port_url_tells_nothing_of_sandboxes_it_does_not_serve(make_api)
 async def test_sign_in_and_cookie_routes_refuse_cross_site_requests(make_api) -> None:  # type: ignore[no-untyped-def]
     """Login CSRF: a form on another site (or on a sandbox host of the same site) posting
     text/plain signs the visitor in as the attacker. Refused before any cookie is set."""
-    api = await make_api(driver="fake")
+    api = await make_api(driver="fake", public_url="https://hutch.example.com")
     own = str(api.client.make_url("/")).rstrip("/")
     body = json.dumps({"apiKey": "test-key"})
     refused = [
@@ -211,7 +211,12 @@ async def test_sign_in_and_cookie_routes_refuse_cross_site_requests(make_api) ->
         assert resp.status == 403, origin
     resp = await api.client.post("/sandbox", json={}, headers={"X-CSRF-Token": csrf, "Origin": own})
     assert resp.status == 201, await resp.text()
-    # A client that is no browser (no Origin, no Sec-Fetch-Site) still signs in with JSON.
-    api.client.session.cookie_jar.clear()
-    resp = await api.client.post("/app/session", json={"apiKey": "test-key"})
-    assert resp.status == 201, await resp.text()
+    # A client that is no browser (no Origin, no Sec-Fetch-Site) still signs in with JSON, and
+    # so does a browser on HUTCH_PUBLIC_URL's origin behind a front that rewrites Host.
+    for headers in ({}, {"Origin": "https://hutch.example.com", "Sec-Fetch-Site": "same-origin"}):
+        api.client.session.cookie_jar.clear()
+        resp = await api.client.post("/app/session", json={"apiKey": "test-key"}, headers=headers)
+        assert resp.status == 201, (headers, await resp.text())
+    resp = await api.client.post("/app/session", json={"apiKey": "test-key"},
+                                 headers={"Origin": "http://hutch.example.com"})  # not its scheme's port
+    assert resp.status == 403
