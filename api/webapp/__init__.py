@@ -19,6 +19,7 @@ from aiohttp import web
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.tenancy import PUBLIC, needs
+from hutch.api.watchers import while_client_stays
 from hutch.api.webapp.sessions import (
     HOST_ONLY,
     SESSIONS,
@@ -134,10 +135,14 @@ async def live(request: web.Request) -> web.StreamResponse:
         await resp.write(b": hutch live\n\n")
         while True:
             try:
-                event = await asyncio.wait_for(queue.get(), _HEARTBEAT)
+                # Watching the connection: a stopping server closes it, and would otherwise
+                # wait for the next heartbeat's failed write to be done with this handler.
+                event, gone = await while_client_stays(request, asyncio.wait_for(queue.get(), _HEARTBEAT))
             except TimeoutError:
                 await resp.write(b": heartbeat\n\n")  # keeps proxies from closing an idle stream
                 continue
+            if gone or event is None:
+                break
             if not visible(event.org_id, event.project) or event.org_id != principal.org_id:
                 continue
             data = {"eventId": event.event_id, "type": event.type, "sandboxId": event.sandbox_id,
