@@ -54,7 +54,7 @@ from hutch.api.routes import tenancy as tenancy_routes
 from hutch.api.service import Engine
 from hutch.api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
 from hutch.api.webapp import routes as webapp_routes
-from hutch.api.webapp.sessions import COOKIE, SESSIONS, Sessions
+from hutch.api.webapp.sessions import SESSIONS, Sessions, session_cookie
 from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
@@ -110,7 +110,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     tenants = request.app[TENANTS]
-    if not header and (cookie := request.cookies.get(COOKIE)):  # the Web App's session (api/webapp/)
+    if not header and (cookie := session_cookie(request)):  # the Web App's session (api/webapp/)
         principal = tenants.principal_for(request.app[SESSIONS].check(request, cookie))
     elif not header:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'")

@@ -103,6 +103,11 @@ class PayloadTooLarge(HutchError):
     code = "PAYLOAD_TOO_LARGE"
 
 
+class UnsupportedMediaType(HutchError):
+    status = 415
+    code = "UNSUPPORTED_MEDIA_TYPE"
+
+
 class NotSupported(HutchError):
     """The chosen backend cannot do this (see the driver's capabilities)."""
 

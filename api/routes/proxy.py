@@ -19,22 +19,45 @@ A paused sandbox is resumed by a request; a request counts as activity for the i
 timeout. The driver says where the port is (``Driver.port_target``): on the local
 driver a host-only veth address, so a port of a sandbox without network is reachable
 through this proxy and nothing else.
+
+Origins (``api/proxy_origin.py``): no content a sandbox serves acts with a hutch credential.
+The host form is the sandbox's own origin, the one for apps: hutch's cookies never reach
+it, its cookies stay on its own host, and no host under the domain answers as the API or
+the Web App (``host_middleware``). The path form is on hutch's own origin, so its documents
+are served sandboxed into an opaque origin (``Content-Security-Policy: sandbox`` without
+``allow-same-origin``): no cookies reach the sandbox and none can be set, no
+``localStorage``/``sessionStorage``/IndexedDB, no service worker, and its requests to its
+own URLs are cross-origin (``Access-Control-Allow-Origin: *`` is added so simple ones and
+module scripts still work; a request that needs a preflight reaches the sandbox's app as
+an ``OPTIONS`` it must answer). Enough for a status page or an API; an app needing cookies
+or storage wants the host form.
+
+A URL that serves nothing (an unknown id; any organization's sandbox without a port, not
+on that port, or ended) answers one 404, word for word: the proxy tells nothing of which
+sandboxes exist, and wakes none that it would not serve.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from hutch.api.keys import CONFIG, ENGINE, TENANTS
+from hutch.api.proxy_origin import answer_headers, request_headers
 from hutch.api.tenancy import PUBLIC, needs
 from hutch.api.watchers import while_client_stays
-from hutch.core.errors import DriverFailure, SandboxNotFound
+from hutch.core.errors import (
+    DriverFailure,
+    IllegalTransition,
+    NotFound,
+    NotSupported,
+    SandboxNotFound,
+)
 
 routes = web.RouteTableDef()
 PREFIX = "/proxy"
@@ -54,31 +77,51 @@ def sandbox_url(request: web.Request, base: str, sandbox_id: str, port: int) -> 
     return f"{base}{PREFIX}/{sandbox_id}/"
 
 
-def _host_match(request: web.Request) -> tuple[str, int] | None:
-    """(sandbox id, port) when the request's Host names a sandbox under the wildcard domain."""
+def _sandbox_host(request: web.Request) -> tuple[str, int] | None:
+    """(sandbox id, port) when the request's Host is under the wildcard domain; None when it
+    is not (the API's own host). A host under the domain that names no sandbox's port is
+    nobody's: 404, never the API."""
     domain = request.app[CONFIG].sandbox_domain
     if not domain:
         return None
-    label, dot, rest = request.host.lower().partition(".")
-    if not dot or (rest != domain.lower() and rest.rsplit(":", 1)[0] != domain.lower()):
+    host = request.host.lower().rstrip(".")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    under = "." + domain.lower().rsplit(":", 1)[0]
+    if not name.endswith(under):
         return None
+    label = name.removesuffix(under)
     port, dash, body = label.partition("-")
-    if not (dash and port.isdigit() and len(body) == 26 and body.isalnum()):
-        return None
+    if not (dash and port.isdigit() and len(body) == 26 and body.isalnum() and body.isascii()):
+        raise SandboxNotFound(f"no sandbox port at {request.host}")
     return "sbx_" + body, int(port)
+
+
+def _not_served(sandbox_id: str) -> SandboxNotFound:
+    """What every URL that serves nothing answers, word for word as an unknown id's."""
+    return SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
+
+
+async def _exposes(request: web.Request, sandbox_id: str, port: int | None) -> None:
+    """The sandbox exists, is not deleted and exposes ``port`` (any port for the path form)."""
+    try:
+        sb = await request.app[ENGINE].get(sandbox_id)
+    except NotFound:
+        raise _not_served(sandbox_id) from None
+    exposed = sb.spec.network.port
+    if exposed is None or (port is not None and exposed != port):
+        raise _not_served(sandbox_id)
 
 
 @web.middleware
 async def host_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Requests to ``{port}-{id}.{domain}`` go to that sandbox's port at the same path: public,
-    like the path form (no API key, and this server's key is never passed on)."""
-    found = _host_match(request)
+    like the path form (no API key, and this server's key is never passed on). No request
+    whose Host is under the domain reaches the API or the Web App."""
+    found = _sandbox_host(request)
     if found is None:
         return await handler(request)
     sandbox_id, port = found
-    sb = await request.app[ENGINE].get(sandbox_id)
-    if sb.spec.network.port != port:
-        raise SandboxNotFound(f"sandbox {sandbox_id} exposes no port {port}", sandbox_id=sandbox_id)
+    await _exposes(request, sandbox_id, port)
     from hutch.api.replication import REPLICATION  # it imports this module
 
     replication = request.app.get(REPLICATION)
@@ -103,7 +146,7 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
 def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
     headers: dict[str, str] = {}
     tenants = request.app[TENANTS]
-    for name, value in request.headers.items():
+    for name, value in request_headers(request.headers.items(), path_form=bool(prefix)):
         low = name.lower()
         if (low in HOP and low != "content-length") or low.startswith("sec-websocket-"):
             continue
@@ -124,8 +167,12 @@ def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
 
 async def _target(request: web.Request, sandbox_id: str, tail: str) -> str:
     engine = request.app[ENGINE]
-    await engine.for_files(sandbox_id)  # exists, not ended; wakes a paused one; activity
-    host, port = await engine.driver.port_target(sandbox_id)
+    await _exposes(request, sandbox_id, None)  # before anything wakes it
+    try:
+        await engine.for_files(sandbox_id)  # not ended; wakes a paused one; activity
+        host, port = await engine.driver.port_target(sandbox_id)
+    except (NotFound, IllegalTransition, NotSupported):
+        raise _not_served(sandbox_id) from None
     query = f"?{request.query_string}" if request.query_string else ""
     return f"{host}:{port}/{tail}{query}"
 
@@ -149,26 +196,32 @@ async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str
     session = request.app[SESSION]
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await relay_websocket(request, session, f"ws://{target}", headers)
+    path_form = bool(prefix)
     return await relay_http(request, session, f"http://{target}", headers,
-                            unreachable=f"sandbox {sandbox_id}: nothing answers on its port")
+                            unreachable=f"sandbox {sandbox_id}: nothing answers on its port",
+                            answer=lambda upstream: answer_headers(upstream, path_form=path_form))
+
+
+Answer = Callable[[Iterable[tuple[str, str]]], list[tuple[str, str]]]
 
 
 async def relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str], *,
-                     unreachable: str) -> web.StreamResponse:
+                     unreachable: str, answer: Answer = list) -> web.StreamResponse:
     """``request`` relayed to ``url``, bodies streamed both ways (the replicas' forwarding too).
     A client that leaves drops the upstream request at once, even while the upstream says
     nothing (a long-poll, a quiet stream): the far side then sees its waiter leave as if the
-    client had been its own (api/watchers.py)."""
+    client had been its own (api/watchers.py). ``answer``: which of the far side's headers
+    the client gets (a sandbox's: ``proxy_origin.answer_headers``; a replica's: all)."""
     prepared: list[web.StreamResponse] = []
     relayed, gone = await while_client_stays(request, _relay_http(request, session, url, headers, unreachable,
-                                                                 prepared))
+                                                                 answer, prepared))
     if gone or relayed is None:  # the client left: nobody reads it
         return prepared[0] if prepared else web.Response(status=499)
     return relayed
 
 
 async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                      unreachable: str, prepared: list[web.StreamResponse]) -> web.StreamResponse:
+                      unreachable: str, answer: Answer, prepared: list[web.StreamResponse]) -> web.StreamResponse:
     body: bytes | AsyncIterator[bytes] | None = None
     if request.body_exists and getattr(request, "_read_bytes", None) is not None:
         body = await request.read()  # a middleware read it already (the orgId lookup)
@@ -181,9 +234,8 @@ async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url:
         raise DriverFailure(f"{unreachable} ({type(err).__name__})") from err
     try:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for name, value in upstream.headers.items():
-            if name.lower() not in HOP:
-                resp.headers.add(name, value)
+        for name, value in answer((k, v) for k, v in upstream.headers.items() if k.lower() not in HOP):
+            resp.headers.add(name, value)
         if upstream.headers.get("Content-Length") is not None and request.method != "HEAD":
             resp.content_length = int(upstream.headers["Content-Length"])
         await resp.prepare(request)

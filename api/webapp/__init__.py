@@ -19,18 +19,32 @@ from aiohttp import web
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.tenancy import PUBLIC, needs
-from hutch.api.webapp.sessions import COOKIE, CSRF_COOKIE, SESSIONS, Sessions
-from hutch.core.errors import InvalidInput, NotFound
+from hutch.api.watchers import while_client_stays
+from hutch.api.webapp.sessions import (
+    HOST_ONLY,
+    SESSIONS,
+    Sessions,
+    cookie_names,
+    require_same_origin,
+    session_cookie,
+    tls_browser,
+)
+from hutch.core.errors import InvalidInput, NotFound, UnsupportedMediaType
 from hutch.core.tenancy import Access, Principal, visible
 
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
           ".png": "image/png"}
 # The app loads nothing from elsewhere and may not be framed; inline scripts are not allowed
-# (inline styles are: xterm.js writes its own <style> elements).
-_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-                                       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
-            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+# (inline styles are: xterm.js writes its own <style> elements). Scripts only from the app's
+# own files, never 'self' as a whole: the port proxy's path form (/proxy/…) is on this origin
+# and serves what tenants write. No workers at all (the app has none). COOP: a page the app
+# opens (a port URL) gets no handle on it.
+_CSP = ("default-src 'self'; script-src {origin}/app/static/; worker-src 'none'; img-src 'self' data:; "
+        "style-src 'self' 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+        "form-action 'self'")
+_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
+            "Cross-Origin-Opener-Policy": "same-origin"}
 _HEARTBEAT = 15.0
 
 routes = web.RouteTableDef()
@@ -39,7 +53,7 @@ routes = web.RouteTableDef()
 @routes.get("/app")
 @needs(PUBLIC)  # the sign-in page; everything it shows comes from the API, behind the session
 async def index(request: web.Request) -> web.StreamResponse:
-    return _file(STATIC / "index.html")
+    return _file(request, STATIC / "index.html")
 
 
 @routes.get("/app/static/{name:[A-Za-z0-9_./-]+}")
@@ -49,16 +63,26 @@ async def static(request: web.Request) -> web.StreamResponse:
     path = (STATIC / name).resolve()
     if ".." in name.split("/") or not path.is_relative_to(STATIC.resolve()) or not path.is_file():
         raise NotFound(f"no such file in the app: {name}")
-    return _file(path)
+    return _file(request, path)
 
 
-def _file(path: Path) -> web.StreamResponse:
-    return web.FileResponse(path, headers={**_HEADERS, "Content-Type": _TYPES.get(path.suffix, "application/octet-stream")})
+def _file(request: web.Request, path: Path) -> web.StreamResponse:
+    # A path-restricted source needs the origin spelt out (CSP has no 'self' with a path).
+    origin = f"{'https' if tls_browser(request) else 'http'}://{request.host}"
+    return web.FileResponse(path, headers={**_HEADERS, "Content-Security-Policy": _CSP.format(origin=origin),
+                                           "Content-Type": _TYPES.get(path.suffix, "application/octet-stream")})
 
 
 @routes.post("/app/session")
 @needs(PUBLIC)  # signing in: the key in the body is the credential
 async def sign_in(request: web.Request) -> web.Response:
+    # Login CSRF: another site's form would sign the visitor in as the attacker (then what she
+    # does lands in the attacker's organization). A form cannot send JSON, nor another
+    # origin's page this origin's Origin.
+    require_same_origin(request, "signing in")
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType(f"Content-Type: expected application/json, got {request.content_type}",
+                                   field="Content-Type")
     body = await json_body(request)
     secret = body.get("apiKey")
     if not isinstance(secret, str) or not secret.strip():
@@ -67,10 +91,12 @@ async def sign_in(request: web.Request) -> web.Response:
     sessions: Sessions = request.app[SESSIONS]
     cookie, csrf = sessions.issue(principal.key_id)
     resp = ok(_me(principal) | {"csrf": csrf}, http_status=201)
-    secure = request.secure
-    resp.set_cookie(COOKIE, cookie, httponly=True, secure=secure, samesite="Strict", path="/",
+    # Host-only (no Domain: no sandbox host under this one gets them), Path=/ (as __Host- needs).
+    secure = tls_browser(request)
+    name, csrf_name = cookie_names(request)
+    resp.set_cookie(name, cookie, httponly=True, secure=secure, samesite="Strict", path="/",
                     max_age=int(sessions.ttl))
-    resp.set_cookie(CSRF_COOKIE, csrf, httponly=False, secure=secure, samesite="Strict", path="/",
+    resp.set_cookie(csrf_name, csrf, httponly=False, secure=secure, samesite="Strict", path="/",
                     max_age=int(sessions.ttl))
     return resp
 
@@ -83,11 +109,11 @@ async def whoami(request: web.Request) -> web.Response:
 @routes.delete("/app/session")
 @needs(Access.READ)  # any signed-in key may sign out, a read-only one too
 async def sign_out(request: web.Request) -> web.Response:
-    if cookie := request.cookies.get(COOKIE):
+    if cookie := session_cookie(request):
         request.app[SESSIONS].end(cookie)
     resp = ok({"signedOut": True})
-    resp.del_cookie(COOKIE, path="/")
-    resp.del_cookie(CSRF_COOKIE, path="/")
+    for name in cookie_names(request):
+        resp.del_cookie(name, path="/", secure=name.startswith(HOST_ONLY) or None)  # a browser drops only what it could set
     return resp
 
 
@@ -109,10 +135,14 @@ async def live(request: web.Request) -> web.StreamResponse:
         await resp.write(b": hutch live\n\n")
         while True:
             try:
-                event = await asyncio.wait_for(queue.get(), _HEARTBEAT)
+                # Watching the connection: a stopping server closes it, and would otherwise
+                # wait for the next heartbeat's failed write to be done with this handler.
+                event, gone = await while_client_stays(request, asyncio.wait_for(queue.get(), _HEARTBEAT))
             except TimeoutError:
                 await resp.write(b": heartbeat\n\n")  # keeps proxies from closing an idle stream
                 continue
+            if gone or event is None:
+                break
             if not visible(event.org_id, event.project) or event.org_id != principal.org_id:
                 continue
             data = {"eventId": event.event_id, "type": event.type, "sandboxId": event.sandbox_id,

@@ -1,3 +1,6 @@
-"""Fixtures the attacker's tests share with the API tests (a server per test, on both profiles)."""
+"""Fixtures the adversarial tests share with the API tests (an in-process server per test,
+on every profile): imported, not copied."""
 
-from tests.api.conftest import api, make_api, profile  # noqa: F401  # fixtures, found by pytest by name
+from tests.api.conftest import api, make_api, profile
+
+__all__ = ["api", "make_api", "profile"]

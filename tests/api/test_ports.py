@@ -108,14 +108,15 @@ async def test_a_port_is_served_through_its_url(api: Api) -> None:
     assert "url" not in plain
     info = await api.data("GET", f"/sandbox/{plain['sandboxId']}")
     assert info["networkEnabled"] is True and "url" not in info
+    # A sandbox without a port is as absent as an unknown id (tests/adversarial/test_origins.py).
     resp = await api.client.get(f"/proxy/{plain['sandboxId']}/")
-    assert resp.status == 501 and "no port" in (await resp.json())["message"]
+    assert resp.status == 404 and (await resp.json())["message"] == f"sandbox {plain['sandboxId']} not found"
     resp = await api.client.get("/proxy/sbx_nope/")
     assert resp.status == 404
 
     await api.call("DELETE", f"/sandbox/{sid}")
     resp = await api.client.get(base)
-    assert resp.status in (404, 409)
+    assert resp.status == 404
 
 
 async def test_with_a_wildcard_domain_a_port_is_served_at_the_root_of_its_own_host(make_api) -> None:  # type: ignore[no-untyped-def]
@@ -144,7 +145,7 @@ async def test_with_a_wildcard_domain_a_port_is_served_at_the_root_of_its_own_ho
     await ws.close()
     # Another port, or a sandbox that is not there: 404; other hosts reach the API as before.
     resp = await api.client.get("/", headers={"Host": host.replace("8000-", "9000-", 1)})
-    assert resp.status == 404 and "no port 9000" in (await resp.json())["message"]
+    assert resp.status == 404 and (await resp.json())["message"] == f"sandbox {sid} not found"
     resp = await api.client.get("/", headers={"Host": "8000-" + "0" * 26 + ".sandboxes.test"})
     assert resp.status == 404
     assert (await api.data("GET", f"/sandbox/{sid}"))["url"] == f"http://{host}/"

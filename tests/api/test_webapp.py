@@ -90,7 +90,9 @@ async def test_static_files_and_their_headers(api: Api) -> None:
     page = await api.client.get("/app")
     assert page.status == 200 and "<title>hutch</title>" in await page.text()
     csp = page.headers["Content-Security-Policy"]
-    assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "script-src" not in csp
+    assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "worker-src 'none'" in csp
+    origin = str(api.client.make_url("/")).rstrip("/")
+    assert f"script-src {origin}/app/static/;" in csp, csp  # not 'self': the path form's /proxy/… is on it
     js = await api.client.get("/app/static/app.js")
     assert js.status == 200 and js.headers["Content-Type"].startswith("text/javascript")
     assert (await api.client.get("/app/static/vendor/xterm.js")).status == 200

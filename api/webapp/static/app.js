@@ -45,7 +45,8 @@ class SignedOut extends ApiError {}
 
 async function api(method, path, body, { raw = false } = {}) {
 	const headers = { Accept: 'application/json' };
-	if (method !== 'GET') headers['X-CSRF-Token'] = cookie('hutch_csrf');
+	// Over TLS the server names its cookies __Host-… (a sibling host cannot plant them).
+	if (method !== 'GET') headers['X-CSRF-Token'] = cookie('__Host-hutch_csrf') || cookie('hutch_csrf');
 	let payload;
 	if (body instanceof Blob || body instanceof ArrayBuffer) payload = body;
 	else if (body !== undefined) {
