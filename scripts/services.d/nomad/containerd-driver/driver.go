@@ -370,20 +370,14 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 		mounts = append(mounts, bind(workspaceHost, tc.Workspace, false))
 	}
+	// Nothing of Nomad's goes into a sandbox: not the task dirs (/alloc, /local: writable on the
+	// client's disk, outside any disk limit), not /secrets (the Task API socket, root on the
+	// host through a raw_exec job; the workload identity), not Nomad's environment. Only the
+	// volumes a job asks for (hutch's ask for none).
 	for _, m := range cfg.Mounts {
 		mounts = append(mounts, bind(m.HostPath, m.TaskPath, m.Readonly))
 	}
-	if dir := cfg.TaskDir(); dir != nil {
-		mounts = append(mounts,
-			bind(dir.SharedAllocDir, "/alloc", false),
-			bind(dir.LocalDir, "/local", false),
-			bind(dir.SecretsDir, "/secrets", false))
-	}
-
-	env := make([]string, 0, len(cfg.Env))
-	for k, v := range cfg.Env {
-		env = append(env, k+"="+v)
-	}
+	env := sandboxEnv(cfg.Env)
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(image),
 		oci.WithEnv(env),
@@ -402,7 +396,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		opts = append(opts, oci.WithProcessCwd(tc.Workspace))
 	}
 	if tc.HostNetwork {
-		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostResolvconf, oci.WithHostHostsFile)
+		return nil, nil, fmt.Errorf("host_network: sandboxes never share the host's network")
 	} else if ni := cfg.NetworkIsolation; ni != nil && ni.Mode == drivers.NetIsolationModeGroup && ni.Path != "" {
 		if !d.config.SandboxFirewall {
 			return nil, nil, fmt.Errorf("group networking needs sandbox_firewall = true in the plugin config")
@@ -449,7 +443,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating container %s: %v", id, err)
 	}
-	logPath := filepath.Join(cfg.TaskDir().LogDir, "container.log")
+	// The task's own stdout and stderr are init's (an idle shell: it writes nothing), and any
+	// process of the sandbox can write to them (through /proc/<pid>/fd/1 of init's children):
+	// a file on the client's disk there grew without bound. They go nowhere.
+	logPath := os.DevNull
 	var taskOpts []containerd.NewTaskOpts
 	if disk != "" {
 		rootfs, err := diskRootfs(ctx, client, d.config.Snapshotter, id, disk)
@@ -504,6 +501,18 @@ func firstNonEmpty(values ...string) string {
 		}
 	}
 	return ""
+}
+
+// sandboxEnv is the task's environment without what Nomad adds of its own (NOMAD_* names the
+// allocation, its dirs and, with an identity, its token) or of Vault's and Consul's.
+func sandboxEnv(taskEnv map[string]string) []string {
+	env := make([]string, 0, len(taskEnv))
+	for k, v := range taskEnv {
+		if !strings.HasPrefix(k, "NOMAD_") && !strings.HasPrefix(k, "VAULT_") && !strings.HasPrefix(k, "CONSUL_") {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
 }
 
 func bind(src, dst string, readonly bool) specs.Mount {
