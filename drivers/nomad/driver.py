@@ -11,6 +11,8 @@
 - **Resources**: memory -> the task's MemoryMB (a hard limit), cpu millicores -> a CFS
   quota, pids -> the container's pids limit. Nomad's CPU reservation is kept small so a
   node is not "full" of idle sandboxes.
+- **Network**: with one, no IPv6, and the ranges of ``jobs.egress_denied`` (private ones by
+  default) refused, DNS to its name servers aside (the plugin's network.go, egress.go).
 - **Workspace**: a host directory per allocation (``workspace_root/<alloc id>`` on the
   client) bind-mounted at /home/agentuity, owned by the sandbox uid.
 - **Exec**: through the sandbox's exec agent (``drivers.nomad.agent``: one alloc exec that
@@ -80,7 +82,7 @@ from hutch.drivers.nomad.adoption import Adoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
-from hutch.drivers.nomad.jobs import HOME, LIVE, PLUGIN, PORT_LABEL, TASK, job_spec
+from hutch.drivers.nomad.jobs import HOME, LIVE, PLUGIN, PORT_LABEL, TASK, egress_denied, job_spec
 from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
 from hutch.drivers.nomad.pools import (
     PoolSizing,
@@ -141,6 +143,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
             egress_allow=True)  # the plugin's allow.go, kept current through its allow verb
         self._allow = AllowLists(self._apply_allow)
+        self._egress_denied = egress_denied()  # HUTCH_SANDBOX_EGRESS_PERMIT / _DENY
         # Warm pools (pools.py): fixed sizes, or adaptive sizing (HUTCH_NOMAD_POOL=auto).
         self._init_pools(pool_sizing or fixed_sizes(pool_sizes))
         self._client = NomadClient(address, token=token, namespace=namespace)
@@ -254,7 +257,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
                 meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
                 job = job_spec(job_id, self._image(recipe, layer), self.datacenters, req.resources, meta,
                                network=req.network_enabled, port=req.port,
-                               allow=flatten(allow) if allow is not None else None)
+                               allow=flatten(allow) if allow is not None else None, denied=self._egress_denied)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:

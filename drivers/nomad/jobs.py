@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 from typing import Any
 
+from hutch.core.egress import DENY_SETTING, PERMIT_SETTING, denied_ranges
+from hutch.core.errors import InvalidInput
 from hutch.drivers.base import DEFAULT_PIDS, Resources
 from hutch.drivers.local import network as sandbox_network
 from hutch.drivers.nomad import images
@@ -25,9 +29,21 @@ CPU_RESERVATION_MHZ = 10
 DISCONNECT_LOST_AFTER_NS = 3600 * 10**9  # unknown -> lost after an hour (the job is long stopped)
 
 
+def egress_denied() -> list[str]:
+    """The IPv4 ranges sandboxes with a network are refused (core/egress.py), from the operator's
+    HUTCH_SANDBOX_EGRESS_PERMIT / HUTCH_SANDBOX_EGRESS_DENY; InvalidInput names a bad one."""
+    try:
+        return denied_ranges(os.environ.get(PERMIT_SETTING, ""), os.environ.get(DENY_SETTING, ""))
+    except ValueError as err:
+        setting = DENY_SETTING if str(err).startswith(DENY_SETTING) else PERMIT_SETTING
+        raise InvalidInput(str(err), field=setting) from None
+
+
 def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resources, meta: dict[str, str], *,
-             network: bool = False, port: int | None = None, allow: list[str] | None = None) -> dict[str, Any]:
-    """The Nomad job of one sandbox (or pool entry): one group, one hutch-containerd task."""
+             network: bool = False, port: int | None = None, allow: list[str] | None = None,
+             denied: Sequence[str] = ()) -> dict[str, Any]:
+    """The Nomad job of one sandbox (or pool entry): one group, one hutch-containerd task.
+    ``denied``: what a sandbox with network may not reach (egress_denied())."""
     memory_mb = DEFAULT_MEMORY_MB
     if resources.memory_bytes:
         memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
@@ -53,8 +69,9 @@ def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resourc
         group_extra["Networks"] = [net]
         config["resolv_conf"] = sandbox_network.resolv_conf()
         config["no_outbound"] = not network  # a port alone serves; it reaches nothing
+        config["denied"] = list(denied or egress_denied())  # the plugin's egress.go
         if allow is not None:
-            config["allow"] = allow  # the plugin's allow.go
+            config["allow"] = allow
     return {"Job": {
         "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": datacenters,
         "Meta": meta,

@@ -89,6 +89,7 @@ var (
 		"resolv_conf":    hclspec.NewAttr("resolv_conf", "string", false),
 		"no_outbound":    hclspec.NewAttr("no_outbound", "bool", false),
 		"disk_bytes":     hclspec.NewAttr("disk_bytes", "number", false),
+		"denied":         hclspec.NewAttr("denied", "list(string)", false),
 		"allow":          hclspec.NewAttr("allow", "list(string)", false),
 	})
 
@@ -135,6 +136,9 @@ type TaskConfig struct {
 	ResolvConf  string   `codec:"resolv_conf"`
 	NoOutbound  bool     `codec:"no_outbound"` // on the bridge only to serve a port
 	DiskBytes   int64    `codec:"disk_bytes"`  // a disk limit (disk.go); 0: none
+	// The IPv4 ranges the sandbox's traffic is refused to (the hutch server's
+	// core/egress.denied_ranges); none: defaultDenied (egress.go).
+	Denied []string `codec:"denied"`
 	Allow       []string `codec:"allow"`       // network.allow's CIDRs (allow.go); none: unrestricted
 }
 
@@ -411,10 +415,8 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			if err := restrictOutbound(ni.Path, id); err != nil {
 				return nil, nil, err
 			}
-		} else if len(tc.Allow) > 0 {
-			if err := setAllowed(ni.Path, id, tc.ResolvConf, tc.Allow); err != nil {
-				return nil, nil, err
-			}
+		} else if err := setEgress(ni.Path, id, tc.ResolvConf, tc.Denied, len(tc.Allow) > 0, tc.Allow); err != nil {
+			return nil, nil, err
 		}
 	}
 	if lr := cfg.Resources; lr != nil && lr.LinuxResources != nil && lr.LinuxResources.MemoryLimitBytes > 0 {
@@ -632,11 +634,11 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 				return fmt.Errorf("restricting %s: %v", state.ContainerID, err)
 			}
 		}
-	} else if err == nil && len(tc.Allow) > 0 {
+	} else if err == nil {
 		// The jump went with the chains' reinstall; the chain is put back as created (the
-		// hutch server sends its current addresses at its next refresh).
+		// hutch server sends its current allow-list addresses at its next refresh).
 		if ni := handle.Config.NetworkIsolation; ni != nil && ni.Path != "" {
-			if err := setAllowed(ni.Path, state.ContainerID, tc.ResolvConf, tc.Allow); err != nil {
+			if err := setEgress(ni.Path, state.ContainerID, tc.ResolvConf, tc.Denied, len(tc.Allow) > 0, tc.Allow); err != nil {
 				return fmt.Errorf("limiting %s: %v", state.ContainerID, err)
 			}
 		}
@@ -718,7 +720,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	ctx := d.nsCtx(d.ctx)
 	d.deleteContainer(ctx, h.container)
 	removeOutboundRule(h.container.ID())
-	removeAllowChain(h.container.ID())
+	removeEgressChain(h.container.ID())
 	if h.disk != "" && strings.HasPrefix(h.disk, d.config.WorkspaceRoot+"/") {
 		removeDisk(h.disk) // the workspace with it
 	} else if h.workspace != "" && strings.HasPrefix(h.workspace, d.config.WorkspaceRoot+"/") {
