@@ -16,7 +16,6 @@ import (
 	"github.com/containerd/containerd"
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
@@ -89,8 +88,8 @@ var (
 		"resolv_conf":    hclspec.NewAttr("resolv_conf", "string", false),
 		"no_outbound":    hclspec.NewAttr("no_outbound", "bool", false),
 		"disk_bytes":     hclspec.NewAttr("disk_bytes", "number", false),
-		"denied":         hclspec.NewAttr("denied", "list(string)", false),
 		"allow":          hclspec.NewAttr("allow", "list(string)", false),
+		"denied":         hclspec.NewAttr("denied", "list(string)", false),
 	})
 
 	capabilities = &drivers.Capabilities{
@@ -136,10 +135,10 @@ type TaskConfig struct {
 	ResolvConf  string   `codec:"resolv_conf"`
 	NoOutbound  bool     `codec:"no_outbound"` // on the bridge only to serve a port
 	DiskBytes   int64    `codec:"disk_bytes"`  // a disk limit (disk.go); 0: none
+	Allow       []string `codec:"allow"`       // network.allow's CIDRs (allow.go); none: unrestricted
 	// The IPv4 ranges the sandbox's traffic is refused to (the hutch server's
 	// core/egress.denied_ranges); none: defaultDenied (egress.go).
 	Denied []string `codec:"denied"`
-	Allow       []string `codec:"allow"`       // network.allow's CIDRs (allow.go); none: unrestricted
 }
 
 // TaskState is what Nomad keeps for RecoverTask.
@@ -419,14 +418,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			return nil, nil, err
 		}
 	}
-	if lr := cfg.Resources; lr != nil && lr.LinuxResources != nil && lr.LinuxResources.MemoryLimitBytes > 0 {
-		limit := uint64(lr.LinuxResources.MemoryLimitBytes)
-		opts = append(opts, oci.WithMemoryLimit(limit), withMemorySwap(int64(limit)))
+	limits, err := sandboxLimits(cfg, tc)
+	if err != nil {
+		return nil, nil, err
 	}
-	if tc.CPUMillis > 0 {
-		const period = 100000
-		opts = append(opts, oci.WithCPUCFS(int64(tc.CPUMillis)*period/1000, period))
-	}
+	opts = append(opts, limits...)
 	if tc.PidsLimit > 0 {
 		opts = append(opts, oci.WithPidsLimit(int64(tc.PidsLimit)))
 	}
@@ -542,16 +538,6 @@ func commandsBeforeInit(initPid int, logger log.Logger) {
 	}
 	if err := os.WriteFile("/proc/"+fields[1]+"/oom_score_adj", []byte("500"), 0); err != nil {
 		logger.Warn("raising the OOM score of a sandbox's commands", "shim", fields[1], "error", err)
-	}
-}
-
-// withMemorySwap makes the memory limit include swap, so a limit is a limit.
-func withMemorySwap(limit int64) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-		if s.Linux != nil && s.Linux.Resources != nil && s.Linux.Resources.Memory != nil {
-			s.Linux.Resources.Memory.Swap = &limit
-		}
-		return nil
 	}
 }
 
