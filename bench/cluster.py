@@ -28,6 +28,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 # Run as a script, sys.path[0] is bench/, where nomad.py would shadow python-nomad.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -41,19 +42,31 @@ CLUSTER = ("http://10.77.0.1:4656", "10.77.0.1:5000")
 CLUSTER_SH = ROOT / "scripts" / "services.d" / "cluster.sh"
 
 
+def token_for(addr: str) -> str | None:
+    """The ACL token of hutch on that Nomad (./scripts/services start prints them)."""
+    return os.environ.get("HUTCH_TEST_CLUSTER_TOKEN" if addr == CLUSTER[0] else "HUTCH_NOMAD_TOKEN")
+
+
+def nomad_get(addr: str, path: str) -> Any:
+    token = token_for(addr)
+    request = urllib.request.Request(addr + path, headers={"X-Nomad-Token": token} if token else {})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 def pct(samples: list[float], q: float) -> float:
     ms = sorted(s * 1000 for s in samples)
     return ms[min(len(ms) - 1, int(len(ms) * q))]
 
 
 def nodes(addr: str) -> dict[str, str]:
-    with urllib.request.urlopen(addr + "/v1/allocations", timeout=10) as resp:
-        return {a["JobID"]: a["NodeName"] for a in json.loads(resp.read()) if a["ClientStatus"] in ("pending", "running")}
+    return {a["JobID"]: a["NodeName"] for a in nomad_get(addr, "/v1/allocations")
+            if a["ClientStatus"] in ("pending", "running")}
 
 
 async def driver_for(addr: str, registry: str, **kw: object) -> NomadDriver:
     d = NomadDriver(address=addr, data_dir=Path(tempfile.mkdtemp(prefix="hutch-bench-cluster-")), registry=registry,
-                    **kw)  # type: ignore[arg-type]
+                    token=token_for(addr), **kw)  # type: ignore[arg-type]
     await d.start()
     return d
 
@@ -128,8 +141,7 @@ def cluster(*args: str) -> None:
 
 
 def ready(addr: str) -> int:
-    with urllib.request.urlopen(addr + "/v1/nodes", timeout=10) as resp:
-        return sum(1 for n in json.loads(resp.read()) if n["Status"] == "ready")
+    return sum(1 for n in nomad_get(addr, "/v1/nodes") if n["Status"] == "ready")
 
 
 async def node_loss(kills: int) -> list[float]:
@@ -139,7 +151,7 @@ async def node_loss(kills: int) -> list[float]:
         ended[sid] = time.perf_counter()
 
     d = NomadDriver(address=CLUSTER[0], data_dir=Path(tempfile.mkdtemp(prefix="hutch-bench-loss-")),
-                    registry=CLUSTER[1])
+                    registry=CLUSTER[1], token=token_for(CLUSTER[0]))
     d.set_listener(listener)
     await d.start()
     out = []

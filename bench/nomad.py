@@ -51,7 +51,8 @@ def row(name: str, samples: list[float]) -> str:
 
 async def main(n: int) -> None:
     data = Path(tempfile.mkdtemp(prefix="hutch-bench-nomad-"))
-    driver = NomadDriver(address=ADDR, data_dir=data, registry=REGISTRY, pool_sizes={"base:latest": 3})
+    driver = NomadDriver(address=ADDR, data_dir=data, registry=REGISTRY, token=os.environ.get("HUTCH_NOMAD_TOKEN"),
+                         pool_sizes={"base:latest": 3})
     await driver.start()
     rows = []
     try:

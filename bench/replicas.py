@@ -138,6 +138,8 @@ async def main(args: argparse.Namespace) -> None:
     env = {"HUTCH_NOMAD_ADDR": os.environ.get("HUTCH_TEST_CLUSTER_ADDR", "http://10.77.0.1:4656"),
            "HUTCH_NOMAD_REGISTRY": os.environ.get("HUTCH_TEST_CLUSTER_REGISTRY", "10.77.0.1:5000"),
            "HUTCH_EVENT_LOG": log, "HUTCH_STORE": url, "HUTCH_NOMAD_POOL": "auto"}
+    if token := os.environ.get("HUTCH_TEST_CLUSTER_TOKEN"):  # the cluster's ACLs are on
+        env["HUTCH_NOMAD_TOKEN"] = token
     servers = []
     for name in ("a", "b"):
         (root / name).mkdir()

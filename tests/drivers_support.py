@@ -111,6 +111,7 @@ class Recorder:
 
 NOMAD_ADDR = os.environ.get("HUTCH_NOMAD_ADDR", "http://127.0.0.1:4646")
 NOMAD_REGISTRY = os.environ.get("HUTCH_NOMAD_REGISTRY", "127.0.0.1:5000")
+NOMAD_TOKEN = os.environ.get("HUTCH_NOMAD_TOKEN")  # the dev agent runs with ACLs on
 
 
 async def start_nomad(data_dir: Path, **kw: object) -> Driver:
@@ -118,6 +119,7 @@ async def start_nomad(data_dir: Path, **kw: object) -> Driver:
     from hutch.drivers.nomad.driver import NomadDriver
 
     driver = NomadDriver(address=NOMAD_ADDR, data_dir=data_dir, registry=kw.pop("registry", NOMAD_REGISTRY),  # type: ignore[arg-type]
+                         token=kw.pop("token", NOMAD_TOKEN),  # type: ignore[arg-type]
                          runtime_cache=RUNTIME_CACHE, **kw)  # type: ignore[arg-type]
     try:
         await driver.start()

@@ -44,7 +44,9 @@ SIGKILL = 9
 # waiting for their timeouts.
 SILENT_SECONDS = 10.0
 # Writes the binary (the first $1 bytes of stdin) to /tmp and runs it; the agent removes the file.
-START_SCRIPT = ('f=$(mktemp /tmp/.hutch-exec-agent.XXXXXX) && head -c "$1" >"$f" && chmod 700 "$f" '
+# Execute-only (0100): the kernel execs an unreadable binary not dumpable, so the sandbox's own
+# processes never get at the agent's memory, not even in the instant before it says so itself.
+START_SCRIPT = ('f=$(mktemp /tmp/.hutch-exec-agent.XXXXXX) && head -c "$1" >"$f" && chmod 100 "$f" '
                 '&& exec "$f" "$f"')
 Emit = Callable[[str, bytes], Awaitable[None] | None]
 

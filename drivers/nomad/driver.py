@@ -8,9 +8,14 @@
   io_uring: the plugin's seccomp.go) and a network namespace with only loopback. No restarts,
   no rescheduling: a sandbox that dies is over, and says so (below). Placing and stopping
   jobs is ``drivers.nomad.placement``; the images and installs, ``drivers.nomad.runtime_images``.
-- **Resources**: memory -> the task's MemoryMB (a hard limit), cpu millicores -> a CFS
-  quota, pids -> the container's pids limit. Nomad's CPU reservation is kept small so a
-  node is not "full" of idle sandboxes.
+- **Resources**: memory -> the task's MemoryMB (a hard limit, swap and /dev/shm inside it),
+  cpu millicores -> a CFS quota, pids -> the container's pids limit; a sandbox that names
+  no memory or CPU gets the service's defaults (``jobs.default_resources``), never none.
+  Nomad's CPU reservation is kept small so a node is not "full" of idle sandboxes.
+- **Nothing of Nomad's** is in a sandbox: no task dirs, no /secrets (the Task API socket),
+  no NOMAD_* environment; its stdout goes nowhere; its exec agent is not dumpable. With a
+  network: no IPv6, and the ranges of ``jobs.egress_denied`` (private ones by default)
+  refused, DNS to its name servers aside.
 - **Workspace**: a host directory per allocation (``workspace_root/<alloc id>`` on the
   client) bind-mounted at /home/agentuity, owned by the sandbox uid.
 - **Exec**: through the sandbox's exec agent (``drivers.nomad.agent``: one alloc exec that
@@ -82,7 +87,16 @@ from hutch.drivers.nomad.adoption import Adoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
-from hutch.drivers.nomad.jobs import HOME, LIVE, PLUGIN, PORT_LABEL, TASK, job_spec
+from hutch.drivers.nomad.jobs import (
+    HOME,
+    LIVE,
+    PLUGIN,
+    PORT_LABEL,
+    TASK,
+    default_resources,
+    egress_denied,
+    job_spec,
+)
 from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
 from hutch.drivers.nomad.pools import (
     PoolSizing,
@@ -143,6 +157,8 @@ class NomadDriver(Adoption, WarmPools, Driver):
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
             egress_allow=True)  # the plugin's allow.go, kept current through its allow verb
         self._allow = AllowLists(self._apply_allow)
+        default_resources()  # a bad HUTCH_DEFAULT_MEMORY / HUTCH_DEFAULT_CPU is said now, not at a create
+        self._egress_denied = egress_denied()  # HUTCH_SANDBOX_EGRESS_PERMIT / _DENY
         # Warm pools (pools.py): fixed sizes, or adaptive sizing (HUTCH_NOMAD_POOL=auto).
         self._init_pools(pool_sizing or fixed_sizes(pool_sizes))
         self._client = NomadClient(address, token=token, namespace=namespace)
@@ -256,7 +272,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
                 meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
                 job = job_spec(job_id, self._image(recipe, layer), self.datacenters, req.resources, meta,
                                network=req.network_enabled, port=req.port,
-                               allow=flatten(allow) if allow is not None else None)
+                               allow=flatten(allow) if allow is not None else None, denied=self._egress_denied)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:

@@ -4,8 +4,15 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
+from hutch.core.egress import DENY_SETTING, PERMIT_SETTING, denied_ranges
+from hutch.core.errors import InvalidInput
+from hutch.core.quantities import parse_bytes, parse_millicores
 from hutch.drivers.base import DEFAULT_PIDS, Resources
 from hutch.drivers.local import network as sandbox_network
 from hutch.drivers.nomad import images
@@ -20,17 +27,47 @@ PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
 # pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM; not
 # dumpable (images.INIT_SHELL), so out of reach of ptrace from inside.
 INIT = [images.INIT_SHELL, "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
-DEFAULT_MEMORY_MB = 256
+# What a sandbox that asks for nothing gets: what api/quotas.py counts it at (512Mi, one CPU),
+# or the service's HUTCH_DEFAULT_MEMORY / HUTCH_DEFAULT_CPU. Never unlimited.
+DEFAULT_MEMORY = "512Mi"
+DEFAULT_CPU = "1000m"
 CPU_RESERVATION_MHZ = 10
 DISCONNECT_LOST_AFTER_NS = 3600 * 10**9  # unknown -> lost after an hour (the job is long stopped)
 
 
+def default_resources() -> Resources:
+    """The memory and CPU of a sandbox that gives none; InvalidInput names a bad setting."""
+    memory = os.environ.get("HUTCH_DEFAULT_MEMORY") or DEFAULT_MEMORY
+    cpu = os.environ.get("HUTCH_DEFAULT_CPU") or DEFAULT_CPU
+    return Resources(memory_bytes=parse_bytes("HUTCH_DEFAULT_MEMORY", memory),
+                     cpu_millis=parse_millicores("HUTCH_DEFAULT_CPU", cpu))
+
+
+def sized(resources: Resources) -> Resources:
+    """``resources`` with the defaults where it names no memory or CPU."""
+    defaults = default_resources()
+    return attrs.evolve(resources, memory_bytes=resources.memory_bytes or defaults.memory_bytes,
+                        cpu_millis=resources.cpu_millis or defaults.cpu_millis)
+
+
+def egress_denied() -> list[str]:
+    """The IPv4 ranges sandboxes with a network are refused (core/egress.py), from the operator's
+    HUTCH_SANDBOX_EGRESS_PERMIT / HUTCH_SANDBOX_EGRESS_DENY; InvalidInput names a bad one."""
+    try:
+        return denied_ranges(os.environ.get(PERMIT_SETTING, ""), os.environ.get(DENY_SETTING, ""))
+    except ValueError as err:
+        setting = DENY_SETTING if str(err).startswith(DENY_SETTING) else PERMIT_SETTING
+        raise InvalidInput(str(err), field=setting) from None
+
+
 def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resources, meta: dict[str, str], *,
-             network: bool = False, port: int | None = None, allow: list[str] | None = None) -> dict[str, Any]:
-    """The Nomad job of one sandbox (or pool entry): one group, one hutch-containerd task."""
-    memory_mb = DEFAULT_MEMORY_MB
-    if resources.memory_bytes:
-        memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
+             network: bool = False, port: int | None = None, allow: list[str] | None = None,
+             denied: Sequence[str] = ()) -> dict[str, Any]:
+    """The Nomad job of one sandbox (or pool entry): one group, one hutch-containerd task.
+    ``denied``: what a sandbox with network may not reach (egress_denied())."""
+    resources = sized(resources)
+    assert resources.memory_bytes and resources.cpu_millis
+    memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
     config: dict[str, Any] = {
         "image": image,
         "command": INIT[0],
@@ -39,9 +76,8 @@ def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resourc
         "workspace": HOME,
         "hostname": "sandbox",
         "pids_limit": resources.pids or DEFAULT_PIDS,
+        "cpu_millis": resources.cpu_millis,
     }
-    if resources.cpu_millis:
-        config["cpu_millis"] = resources.cpu_millis
     if resources.disk_bytes:  # the plugin's own file system of that size (disk.go)
         config["disk_bytes"] = resources.disk_bytes
     group_extra: dict[str, Any] = {}
@@ -53,8 +89,9 @@ def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resourc
         group_extra["Networks"] = [net]
         config["resolv_conf"] = sandbox_network.resolv_conf()
         config["no_outbound"] = not network  # a port alone serves; it reaches nothing
+        config["denied"] = list(denied or egress_denied())  # the plugin's egress.go
         if allow is not None:
-            config["allow"] = allow  # the plugin's allow.go
+            config["allow"] = allow
     return {"Job": {
         "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": datacenters,
         "Meta": meta,

@@ -29,7 +29,7 @@ import attrs
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput
 from hutch.drivers.base import Metric, Resources
-from hutch.drivers.nomad.jobs import DEFAULT_MEMORY_MB, LIVE, job_spec
+from hutch.drivers.nomad.jobs import LIVE, default_resources, job_spec, sized
 
 if TYPE_CHECKING:
     from hutch.drivers.nomad.agents import ExecAgents
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MEMORY_BUDGET_MB = 1024  # per client node: four idle 256 MiB allocations
+DEFAULT_MEMORY_BUDGET_MB = 2048  # per client node: four idle allocations of the default 512 MiB
 
 
 @attrs.define
@@ -89,7 +89,8 @@ class PoolSizing:
             demand[runtime] = max(1, math.ceil(recent / self.window * self._placement_s * 2))
         if self.default_runtime:
             demand[self.default_runtime] = max(1, demand.get(self.default_runtime, 0))
-        room = max(0, nodes) * self.memory_budget_mb // DEFAULT_MEMORY_MB
+        entry_mb = max(1, (default_resources().memory_bytes or 0) // 2**20)
+        room = max(0, nodes) * self.memory_budget_mb // entry_mb
         total = sum(demand.values())
         if total <= room:
             return demand
@@ -198,7 +199,7 @@ class WarmPools:
         if runtime not in self._pool:
             return None
         pool = self._pool[runtime]
-        if resources != Resources() or not pool:
+        if sized(resources) != sized(Resources()) or not pool:  # an entry has the default size
             self._pool_misses += 1
             return None
         self._pool_claims += 1

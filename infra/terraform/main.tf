@@ -28,6 +28,7 @@ module "hutch" {
   datacenters       = var.datacenters
   nomad_addr        = var.nomad_addr
   nomad_token       = var.nomad_token
+  api_nomad_token   = var.api_nomad_token
   artifact_base_url = var.artifact_base_url
   hutch_version     = var.hutch_version
   api_replicas      = var.api_replicas

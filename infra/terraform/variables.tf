@@ -4,7 +4,14 @@ variable "nomad_addr" {
 }
 
 variable "nomad_token" {
-  description = "ACL token with submit-job and read-node rights in the hutch namespace."
+  description = "ACL token that deploys: submits jobs, reads nodes, writes variables and host volumes (see the README)."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
+variable "api_nomad_token" {
+  description = "ACL token of the hutch API servers, of the README's hutch-driver policy; default: nomad_token."
   type        = string
   default     = null
   sensitive   = true

@@ -6,7 +6,8 @@
 # plugin process and its own data and workspace dirs. The parts are the ones `nomad.sh` builds
 # (Nomad and the plugin from Go modules, cached; containerd/runc/registry from Debian).
 #
-#   cluster.sh start       # idempotent; prints HUTCH_DRIVER=nomad, HUTCH_NOMAD_* (like nomad.sh)
+#   cluster.sh start       # idempotent; prints HUTCH_DRIVER=nomad, HUTCH_NOMAD_* (like nomad.sh;
+#                          # HUTCH_NOMAD_OPERATOR_TOKEN too: a management token, for Terraform)
 #   cluster.sh stop        # leaves nothing: processes, shims, mounts, namespaces, links, iptables
 #   cluster.sh status | restart
 #   cluster.sh kill N      # node loss: kill -9 client N's Nomad agent and its containerd
@@ -26,6 +27,9 @@
 # The sandboxes' network: Nomad's CNI bridge inside each client's namespace, NATed there and
 # again by this host for 10.77.0.0/24. The plugin's denied_cidrs keep every sandbox off the
 # cluster network (the Nomad server, the registry) and off this host's own addresses.
+#
+# Hardened as production is (the same template): ACLs on (bootstrapped by acl_setup of nomad.sh,
+# with its secret in $ROOT/acl), raw_exec off.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -120,7 +124,7 @@ agent_vars() {
   http_port = $SERVER_PORT, server_ips = ["$HOST_IP"], plugin_dir = "$5",
   containerd_address = "${6:-}", workspace_root = "${7:-}", network_interface = "${8:-}", cgroup_parent = "${9:-}",
   min_heartbeat_ttl = "4s", heartbeat_grace = "4s", failover_heartbeat_ttl = "20s",
-  cluster_cidrs = [$(denied_cidrs)], insecure_registries = ["$REGISTRY"], acl_enabled = false
+  cluster_cidrs = [$(denied_cidrs)], insecure_registries = ["$REGISTRY"], acl_enabled = true
 }
 VARS
 }
@@ -152,7 +156,8 @@ server_up() {
   echo $! >"$STATE/nomad.pid"
 }
 
-server_api() { curl -fsS -m 5 "http://$HOST_IP:$SERVER_PORT$1"; }
+SERVER_ADDR="http://$HOST_IP:$SERVER_PORT"
+server_api() { curl -fsS -m 5 -H "X-Nomad-Token: $(management_secret "$ROOT/acl")" "$SERVER_ADDR$1"; }
 
 # ---------------------------------------------------------------------------- clients
 
@@ -267,8 +272,10 @@ registry_up() {
 
 print_settings() {
   echo "HUTCH_DRIVER=nomad"
-  echo "HUTCH_NOMAD_ADDR=http://$HOST_IP:$SERVER_PORT"
+  echo "HUTCH_NOMAD_ADDR=$SERVER_ADDR"
   echo "HUTCH_NOMAD_REGISTRY=$REGISTRY"
+  echo "HUTCH_NOMAD_TOKEN=$(cat "$ROOT/acl/hutch.token")"
+  echo "HUTCH_NOMAD_OPERATOR_TOKEN=$(management_secret "$ROOT/acl")"
 }
 
 wait_clients() {  # count timeout
@@ -296,6 +303,7 @@ start() {
     # will ever place again. Start them from nothing too.
     for i in $(seq "$CLIENTS"); do client_down "$i"; rm -rf "${ROOT:?}/c$i/data"; done
   fi
+  acl_setup "$SERVER_ADDR" "$ROOT/acl"
   for i in $(seq "$CLIENTS"); do client_up "$i"; done
   wait_clients "$CLIENTS" 90
   say "cluster ready in $((SECONDS - started))s: server $HOST_IP:$SERVER_PORT, $CLIENTS clients ($(for i in $(seq "$CLIENTS"); do printf '%s ' "$(client_ip "$i")"; done)), registry $REGISTRY"

@@ -10,11 +10,17 @@
 #
 #   nomad.sh start     # idempotent; installs/builds what is missing; waits for a ready client
 #                      # node; prints HUTCH_DRIVER=nomad and HUTCH_NOMAD_* settings on stdout
+#                      # (HUTCH_NOMAD_TOKEN: hutch's ACL token, a new one after each restart)
 #   nomad.sh stop      # stops Nomad, removes the containers it left, stops containerd + registry
 #   nomad.sh restart | status | build | images
 # Settings (environment): HUTCH_NOMAD_PORT (4646), HUTCH_REGISTRY_PORT (5000),
 # HUTCH_NOMAD_RUNTIMES ("base:latest python:3.13"), HUTCH_NOMAD_CACHE (/var/cache/hutch/nomad),
 # HUTCH_SERVICES_DIR (state). Logs: $HUTCH_SERVICES_DIR/nomad/*.log.
+#
+# As production runs it (infra/terraform): ACLs on, so nothing answers without a token (the
+# management token's secret is $HUTCH_SERVICES_DIR/nomad/acl/management.secret, root only;
+# hutch gets a token of the hutch-driver policy: acl_setup), and no raw_exec or exec driver:
+# hutch-containerd is the only one a job can use.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -249,7 +255,48 @@ images() {
 
 # ---------------------------------------------------------------------------- nomad
 
-api() { curl -fsS -m 5 "http://127.0.0.1:$PORT$1"; }
+api() { curl -fsS -m 5 -H "X-Nomad-Token: $(management_secret "$STATE/acl")" "http://127.0.0.1:$PORT$1"; }
+
+# ---------------------------------------------------------------------------- ACLs
+
+ACL_POLICY=hutch-driver
+# What the nomad driver calls (drivers/nomad/client.py, placement.py): jobs (register, read,
+# stop, their allocations and evaluations), allocations (read, exec, gc: submit-job), nodes (read).
+ACL_RULES='namespace "default" {
+  capabilities = ["submit-job", "read-job", "list-jobs", "alloc-exec", "alloc-lifecycle"]
+}
+node {
+  policy = "read"
+}'
+
+management_secret() { cat "$1/management.secret" 2>/dev/null || true; }
+
+# acl_setup ADDR DIR: bootstraps the ACLs of the Nomad at ADDR with the secret in
+# DIR/management.secret (generated once: a dev agent, which forgets everything when it stops,
+# gets the same management token again), writes the hutch-driver policy and keeps a token of
+# it in DIR/hutch.token (a new one when the old no longer works).
+acl_setup() {
+  local addr=$1 dir=$2 mgmt out deadline=$((SECONDS + 60))
+  mkdir -p "$dir" && chmod 700 "$dir"
+  [[ -s $dir/management.secret ]] || (umask 077 && cat /proc/sys/kernel/random/uuid >"$dir/management.secret")
+  mgmt=$(management_secret "$dir")
+  until curl -fsS -m 5 -H "X-Nomad-Token: $mgmt" "$addr/v1/acl/token/self" >/dev/null 2>&1; do
+    out=$(curl -sS -m 5 -X POST -d "{\"BootstrapSecret\": \"$mgmt\"}" "$addr/v1/acl/bootstrap" 2>&1) || true
+    [[ $out != *"already done"* ]] || die "the Nomad at $addr had its ACLs bootstrapped with another secret than $dir/management.secret; stop it (its state goes) and start it again"
+    ((SECONDS < deadline)) || die "bootstrapping the ACLs of the Nomad at $addr failed: $out"
+    sleep 0.3
+  done
+  local policy
+  policy=$($PY -c 'import json, sys; print(json.dumps({"Name": sys.argv[1], "Description": "the hutch nomad driver", "Rules": sys.argv[2]}))' "$ACL_POLICY" "$ACL_RULES")
+  curl -fsS -m 5 -X POST -H "X-Nomad-Token: $mgmt" -d "$policy" "$addr/v1/acl/policy/$ACL_POLICY" >/dev/null \
+    || die "writing the ACL policy $ACL_POLICY to $addr failed"
+  if [[ -s $dir/hutch.token ]] && curl -fsS -m 5 -H "X-Nomad-Token: $(cat "$dir/hutch.token")" "$addr/v1/acl/token/self" >/dev/null 2>&1; then
+    return 0
+  fi
+  out=$(curl -fsS -m 5 -X POST -H "X-Nomad-Token: $mgmt" -d "{\"Name\": \"hutch\", \"Type\": \"client\", \"Policies\": [\"$ACL_POLICY\"]}" \
+    "$addr/v1/acl/token") || die "making hutch's ACL token on $addr failed"
+  (umask 077 && $PY -c 'import json, sys; print(json.load(sys.stdin)["SecretID"])' <<<"$out" >"$dir/hutch.token")
+}
 
 node_ready() {
   api /v1/nodes?resources=false 2>/dev/null | $PY -c '
@@ -268,10 +315,12 @@ start_nomad() {
   agent_config "$plugin" >"$STATE/agent.hcl.new"
   if pid_of nomad >/dev/null && node_ready && cmp -s "$STATE/agent.hcl.new" "$STATE/agent.hcl"; then
     rm -f "$STATE/agent.hcl.new"
+    acl_setup "http://127.0.0.1:$PORT" "$STATE/acl"
     return 0
   fi
   stop_pid nomad INT
-  api /v1/agent/self >/dev/null 2>&1 && die "port $PORT answers but is not our Nomad; set HUTCH_NOMAD_PORT"
+  curl -sS -m 5 -o /dev/null "http://127.0.0.1:$PORT/v1/status/leader" 2>/dev/null \
+    && die "port $PORT answers but is not our Nomad; set HUTCH_NOMAD_PORT"
   remove_containers
   release_dead_client
   mkdir -p "$WORKSPACES" "$STATE/plugins"
@@ -282,6 +331,7 @@ start_nomad() {
   rm -rf "$STATE/alloc"
   setsid "$(nomad_bin)" agent -dev -config "$STATE/agent.hcl" >>"$STATE/nomad.log" 2>&1 </dev/null &
   echo $! >"$STATE/nomad.pid"
+  acl_setup "http://127.0.0.1:$PORT" "$STATE/acl"
   local deadline=$((SECONDS + 90))
   until node_ready; do
     pid_of nomad >/dev/null || { tail -n 30 "$STATE/nomad.log" >&2; die "Nomad exited"; }
@@ -306,9 +356,13 @@ ports {
   rpc  = $((PORT + 1))
   serf = $((PORT + 2))
 }
+acl {
+  enabled = true
+}
 client {
   options = {
-    "driver.denylist"          = "docker,java,qemu,podman"
+    # hutch-containerd only: raw_exec (which dev mode turns on) runs a job as root on the host.
+    "driver.denylist"          = "docker,java,qemu,podman,raw_exec,exec"
     "fingerprint.denylist"     = "env_aws,env_gce,env_azure,env_digitalocean"
   }
   gc_interval = "10s"
@@ -319,6 +373,11 @@ client {
 }
 server {
   job_gc_threshold = "5m"
+}
+plugin "raw_exec" {
+  config {
+    enabled = false
+  }
 }
 plugin "hutch-containerd" {
   config {
@@ -335,6 +394,7 @@ print_settings() {
   echo "HUTCH_DRIVER=nomad"
   echo "HUTCH_NOMAD_ADDR=http://127.0.0.1:$PORT"
   echo "HUTCH_NOMAD_REGISTRY=$REGISTRY"
+  echo "HUTCH_NOMAD_TOKEN=$(cat "$STATE/acl/hutch.token")"
 }
 
 start() {

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,8 @@ async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: di
     async def factory(**overrides: Any) -> Api:
         # Warm pools are off in the API tests (their idle allocations would crowd the one dev
         # agent the whole suite shares); tests/nomad/test_pools.py covers them.
-        overrides = {"nomad_pool": "off", **profile, **overrides}
+        # The dev agent's ACLs are on: its token as `services start nomad` printed it.
+        overrides = {"nomad_pool": "off", "nomad_token": os.environ.get("HUTCH_NOMAD_TOKEN"), **profile, **overrides}
         config = Config(data_dir=data_dir, api_key=KEY, driver=overrides.pop("driver", driver_name), **overrides)
         app: web.Application = create_app(config)
         client = Api(await aiohttp_client(app))

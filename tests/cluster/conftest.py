@@ -1,7 +1,8 @@
 """The cluster of ``./scripts/services start cluster`` (one Nomad server, three clients each in
 its own network namespace with its own containerd) and a real ``hutch serve`` on the
 production profile driving it. ``scripts/test`` starts the cluster and exports its settings as
-HUTCH_TEST_CLUSTER_ADDR / HUTCH_TEST_CLUSTER_REGISTRY; without them these tests fail."""
+HUTCH_TEST_CLUSTER_ADDR / HUTCH_TEST_CLUSTER_REGISTRY / HUTCH_TEST_CLUSTER_TOKEN (its ACLs are
+on); without them these tests fail."""
 
 from __future__ import annotations
 
@@ -32,12 +33,22 @@ def _setting(name: str) -> str:
 
 
 class Cluster:
-    def __init__(self, addr: str, registry: str) -> None:
-        self.addr, self.registry = addr, registry
+    def __init__(self, addr: str, registry: str, token: str) -> None:
+        self.addr, self.registry, self.token = addr, registry, token
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.addr + path, timeout=10) as resp:
+        request = urllib.request.Request(self.addr + path, headers={"X-Nomad-Token": self.token})
+        with urllib.request.urlopen(request, timeout=10) as resp:
             return json.loads(resp.read())
+
+    def restarted(self, settings: str) -> None:
+        """After a stop and start: the new server's token (from the start's settings), here and
+        for what reads the environment later in this session."""
+        for line in settings.splitlines():
+            if line.startswith("HUTCH_NOMAD_TOKEN="):
+                self.token = os.environ["HUTCH_TEST_CLUSTER_TOKEN"] = line.split("=", 1)[1]
+            if line.startswith("HUTCH_NOMAD_OPERATOR_TOKEN="):
+                os.environ["HUTCH_TEST_CLUSTER_OPERATOR_TOKEN"] = line.split("=", 1)[1]
 
     def ready_nodes(self) -> set[str]:
         return {n["Name"] for n in self.get("/v1/nodes") if n["Status"] == "ready"
@@ -79,7 +90,8 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
-    c = Cluster(_setting("HUTCH_TEST_CLUSTER_ADDR"), _setting("HUTCH_TEST_CLUSTER_REGISTRY"))
+    c = Cluster(_setting("HUTCH_TEST_CLUSTER_ADDR"), _setting("HUTCH_TEST_CLUSTER_REGISTRY"),
+                _setting("HUTCH_TEST_CLUSTER_TOKEN"))
     try:
         c.wait_ready(timeout=60)
     except OSError as err:
@@ -107,6 +119,7 @@ def server(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     data = tmp_path_factory.mktemp("cluster") / "data"
     data.mkdir()
     srv = Server(data, driver="nomad", HUTCH_NOMAD_ADDR=cluster.addr, HUTCH_NOMAD_REGISTRY=cluster.registry,
+                 HUTCH_NOMAD_TOKEN=cluster.token,
                  HUTCH_EVENT_LOG=log, HUTCH_STORE=url, HUTCH_NOMAD_POOL="off")
     srv.start(timeout=120)
     try:

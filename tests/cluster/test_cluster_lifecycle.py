@@ -44,4 +44,5 @@ def test_stop_leaves_nothing_and_start_brings_it_back(server: Server, cluster: C
         start = subprocess.run([str(SERVICES), "start", "cluster"], capture_output=True, text=True, timeout=600)
         assert start.returncode == 0, start.stderr
     assert f"HUTCH_NOMAD_ADDR={cluster.addr}" in start.stdout
+    cluster.restarted(start.stdout)  # a new server: a new token for hutch
     cluster.wait_ready(frozenset(CLIENTS))

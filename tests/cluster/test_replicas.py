@@ -49,7 +49,7 @@ def pair(cluster: Cluster, tmp_path: Path) -> Iterator[Pair]:
     servers = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        servers.append(Server(tmp_path / name, driver="nomad", HUTCH_NOMAD_ADDR=cluster.addr,
+        servers.append(Server(tmp_path / name, driver="nomad", HUTCH_NOMAD_ADDR=cluster.addr, HUTCH_NOMAD_TOKEN=cluster.token,
                               HUTCH_NOMAD_REGISTRY=cluster.registry, HUTCH_EVENT_LOG=log, HUTCH_STORE=url,
                               HUTCH_NOMAD_POOL="off", HUTCH_REPLICA_ID=f"replica-{name}", HUTCH_SSH_PORT="0"))
     try:

@@ -13,7 +13,11 @@ The sandboxes' images come from the cluster's own registry (HUTCH_TEST_CLUSTER_R
 module's ``image_registry``): the clients' hutch-containerd trusts only that one over plain
 HTTP, so the registry job comes up and answers but holds no images here.
 
-Needs: the cluster (HUTCH_TEST_CLUSTER_ADDR / HUTCH_TEST_CLUSTER_REGISTRY), Kafka's jar cache,
+The cluster runs with ACLs on, as the nomad-node template has it: OpenTofu deploys with its
+management token (HUTCH_TEST_CLUSTER_OPERATOR_TOKEN), the API server gets hutch's own token of the
+hutch-driver policy (HUTCH_TEST_CLUSTER_TOKEN, the module's api_nomad_token).
+
+Needs: the cluster (HUTCH_TEST_CLUSTER_ADDR / REGISTRY / TOKEN / OPERATOR_TOKEN), Kafka's jar cache,
 ``npm ci`` in tests/compat, and scripts/tofu's build. Nothing skips. Takes 1.5-2 minutes here
 (most of it Nomad hard-linking /usr into each exec task's chroot).
 """
@@ -64,13 +68,14 @@ def _setting(name: str) -> str:
 class Nomad:
     """The few reads of Nomad's HTTP API this test makes."""
 
-    def __init__(self, addr: str) -> None:
-        self.addr = addr.rstrip("/")
+    def __init__(self, addr: str, token: str) -> None:
+        self.addr, self.token = addr.rstrip("/"), token
 
     def get(self, path: str, *, raw: bool = False) -> Any:
         """The JSON (or text) at ``path``; None on a 404."""
         try:
-            with urllib.request.urlopen(self.addr + path, timeout=10) as resp:
+            request = urllib.request.Request(self.addr + path, headers={"X-Nomad-Token": self.token})
+            with urllib.request.urlopen(request, timeout=10) as resp:
                 body = resp.read().decode(errors="replace")
         except urllib.error.HTTPError as err:
             if err.code == 404:
@@ -245,6 +250,14 @@ variable "artifact_base_url" { type = string }
 variable "hutch_version" { type = string }
 variable "kafka_version" { type = string }
 variable "image_registry" { type = string }
+variable "nomad_token" {
+  type      = string
+  sensitive = true
+}
+variable "api_nomad_token" {
+  type      = string
+  sensitive = true
+}
 variable "api_key" {
   type      = string
   sensitive = true
@@ -255,13 +268,16 @@ variable "postgres_password" {
 }
 
 provider "nomad" {
-  address = var.nomad_addr
+  address   = var.nomad_addr
+  secret_id = var.nomad_token
 }
 
 module "hutch" {
   source            = "../modules/hutch-on-nomad"
   datacenters       = ["dc1"]
   nomad_addr        = var.nomad_addr
+  nomad_token       = var.nomad_token
+  api_nomad_token   = var.api_nomad_token
   artifact_base_url = var.artifact_base_url
   hutch_version     = var.hutch_version
   kafka_version     = var.kafka_version
@@ -347,7 +363,7 @@ def test_apply_run_a_sandbox_destroy(
     artifacts: Artifacts, base_image: None, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    nomad = Nomad(_setting("HUTCH_TEST_CLUSTER_ADDR"))
+    nomad = Nomad(_setting("HUTCH_TEST_CLUSTER_ADDR"), _setting("HUTCH_TEST_CLUSTER_OPERATOR_TOKEN"))
     if stale := leftovers(nomad):
         pytest.fail(f"the cluster already has {', '.join(stale)}: another run of this test, or one that "
                     "could not clean up; remove them with nomad job stop -purge, nomad volume delete -type "
@@ -357,6 +373,7 @@ def test_apply_run_a_sandbox_destroy(
     variables = {"nomad_addr": nomad.addr, "artifact_base_url": artifacts.url,
                  "hutch_version": artifacts.hutch_version, "kafka_version": artifacts.kafka_version,
                  "image_registry": _setting("HUTCH_TEST_CLUSTER_REGISTRY"),
+                 "nomad_token": nomad.token, "api_nomad_token": _setting("HUTCH_TEST_CLUSTER_TOKEN"),
                  "api_key": key, "postgres_password": password}
     (root / "test.auto.tfvars.json").write_text(json.dumps(variables))
     timings: dict[str, float] = {}

@@ -23,7 +23,7 @@ from hutch.drivers.nomad.client import NomadClient
 from hutch.drivers.nomad.driver import NomadDriver
 from hutch.drivers.nomad.execs import ENVELOPE, noop
 from hutch.drivers.nomad.jobs import TASK
-from tests.drivers_support import NOMAD_ADDR, Recorder, new_id, start_nomad
+from tests.drivers_support import NOMAD_ADDR, NOMAD_TOKEN, Recorder, new_id, start_nomad
 from tests.isolation import terminal_probe
 
 # The terminal probe plus what a parent passes through exec: signal dispositions and mask,
@@ -289,7 +289,7 @@ async def test_the_agent_ends_when_its_api_goes_away(tmp_path: Path) -> None:
                                    text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
-    client = NomadClient(NOMAD_ADDR)
+    client = NomadClient(NOMAD_ADDR, token=NOMAD_TOKEN)
     await client.start()
     try:
         for _ in range(200):

@@ -70,9 +70,9 @@ async def test_create_claims_from_the_warm_pool_and_the_pool_refills(tmp_path: P
 def _jobs(prefix: str) -> list[dict]:  # type: ignore[type-arg]
     import nomad
 
-    from tests.drivers_support import NOMAD_ADDR
+    from tests.drivers_support import NOMAD_ADDR, NOMAD_TOKEN
 
-    return nomad.Nomad(address=NOMAD_ADDR).jobs.get_jobs(prefix=prefix)
+    return nomad.Nomad(address=NOMAD_ADDR, token=NOMAD_TOKEN).jobs.get_jobs(prefix=prefix)
 
 
 async def test_a_sandbox_killed_outside_hutch_is_reported(tmp_path: Path) -> None:

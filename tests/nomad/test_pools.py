@@ -38,7 +38,7 @@ def test_adaptive_sizes_follow_the_create_rate_and_drain_when_idle() -> None:
 
 
 def test_adaptive_sizes_stay_within_the_memory_budget() -> None:
-    s = PoolSizing(fixed=None, memory_budget_mb=512, window=60)  # 2 idle allocations per node
+    s = PoolSizing(fixed=None, memory_budget_mb=1024, window=60)  # 2 idle allocations (512 MiB) per node
     for rt in ("python:3.13", "node:22"):
         for i in range(120):
             s.record_create(rt, now=i / 2)

@@ -12,9 +12,10 @@ locals {
   # snapshots, checkpoints and finished streams live).
   stateful = ["hutch-registry", "hutch-postgres", "hutch-kafka", "hutch-api"]
 
+  api_token = var.api_nomad_token != null ? var.api_nomad_token : var.nomad_token
   api_secrets = merge(
     { api_key = var.api_key, postgres_password = var.postgres_password },
-    var.nomad_token == null ? {} : { nomad_token = var.nomad_token },
+    local.api_token == null ? {} : { nomad_token = local.api_token },
   )
 }
 
@@ -113,7 +114,7 @@ resource "nomad_job" "hutch" {
     image_registry = var.image_registry
     public_url     = var.public_url
     secrets        = nomad_variable.api.path
-    with_token     = nonsensitive(var.nomad_token != null)
+    with_token     = nonsensitive(local.api_token != null)
   })
   purge_on_destroy = true
   # Not needed to start (the API waits for its services), but a destroy then stops it first.

@@ -9,7 +9,14 @@ variable "nomad_addr" {
 }
 
 variable "nomad_token" {
-  description = "ACL token the hutch API servers use (HUTCH_NOMAD_TOKEN; kept in a Nomad variable); null on a cluster without ACLs."
+  description = "ACL token this module polls Nomad with (see main.tf) and, without api_nomad_token, the hutch API servers use (HUTCH_NOMAD_TOKEN; kept in a Nomad variable); null on a cluster without ACLs."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
+variable "api_nomad_token" {
+  description = "ACL token of the hutch API servers (HUTCH_NOMAD_TOKEN), if it is not nomad_token: one of the hutch-driver policy in the README is all they need."
   type        = string
   default     = null
   sensitive   = true

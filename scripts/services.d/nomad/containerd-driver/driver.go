@@ -16,7 +16,6 @@ import (
 	"github.com/containerd/containerd"
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
@@ -90,6 +89,7 @@ var (
 		"no_outbound":    hclspec.NewAttr("no_outbound", "bool", false),
 		"disk_bytes":     hclspec.NewAttr("disk_bytes", "number", false),
 		"allow":          hclspec.NewAttr("allow", "list(string)", false),
+		"denied":         hclspec.NewAttr("denied", "list(string)", false),
 	})
 
 	capabilities = &drivers.Capabilities{
@@ -136,6 +136,9 @@ type TaskConfig struct {
 	NoOutbound  bool     `codec:"no_outbound"` // on the bridge only to serve a port
 	DiskBytes   int64    `codec:"disk_bytes"`  // a disk limit (disk.go); 0: none
 	Allow       []string `codec:"allow"`       // network.allow's CIDRs (allow.go); none: unrestricted
+	// The IPv4 ranges the sandbox's traffic is refused to (the hutch server's
+	// core/egress.denied_ranges); none: defaultDenied (egress.go).
+	Denied []string `codec:"denied"`
 }
 
 // TaskState is what Nomad keeps for RecoverTask.
@@ -370,20 +373,14 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 		mounts = append(mounts, bind(workspaceHost, tc.Workspace, false))
 	}
+	// Nothing of Nomad's goes into a sandbox: not the task dirs (/alloc, /local: writable on the
+	// client's disk, outside any disk limit), not /secrets (the Task API socket, root on the
+	// host through a raw_exec job; the workload identity), not Nomad's environment. Only the
+	// volumes a job asks for (hutch's ask for none).
 	for _, m := range cfg.Mounts {
 		mounts = append(mounts, bind(m.HostPath, m.TaskPath, m.Readonly))
 	}
-	if dir := cfg.TaskDir(); dir != nil {
-		mounts = append(mounts,
-			bind(dir.SharedAllocDir, "/alloc", false),
-			bind(dir.LocalDir, "/local", false),
-			bind(dir.SecretsDir, "/secrets", false))
-	}
-
-	env := make([]string, 0, len(cfg.Env))
-	for k, v := range cfg.Env {
-		env = append(env, k+"="+v)
-	}
+	env := sandboxEnv(cfg.Env)
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(image),
 		oci.WithEnv(env),
@@ -402,7 +399,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		opts = append(opts, oci.WithProcessCwd(tc.Workspace))
 	}
 	if tc.HostNetwork {
-		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostResolvconf, oci.WithHostHostsFile)
+		return nil, nil, fmt.Errorf("host_network: sandboxes never share the host's network")
 	} else if ni := cfg.NetworkIsolation; ni != nil && ni.Mode == drivers.NetIsolationModeGroup && ni.Path != "" {
 		if !d.config.SandboxFirewall {
 			return nil, nil, fmt.Errorf("group networking needs sandbox_firewall = true in the plugin config")
@@ -417,20 +414,15 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			if err := restrictOutbound(ni.Path, id); err != nil {
 				return nil, nil, err
 			}
-		} else if len(tc.Allow) > 0 {
-			if err := setAllowed(ni.Path, id, tc.ResolvConf, tc.Allow); err != nil {
-				return nil, nil, err
-			}
+		} else if err := setEgress(ni.Path, id, tc.ResolvConf, tc.Denied, len(tc.Allow) > 0, tc.Allow); err != nil {
+			return nil, nil, err
 		}
 	}
-	if lr := cfg.Resources; lr != nil && lr.LinuxResources != nil && lr.LinuxResources.MemoryLimitBytes > 0 {
-		limit := uint64(lr.LinuxResources.MemoryLimitBytes)
-		opts = append(opts, oci.WithMemoryLimit(limit), withMemorySwap(int64(limit)))
+	limits, err := sandboxLimits(cfg, tc)
+	if err != nil {
+		return nil, nil, err
 	}
-	if tc.CPUMillis > 0 {
-		const period = 100000
-		opts = append(opts, oci.WithCPUCFS(int64(tc.CPUMillis)*period/1000, period))
-	}
+	opts = append(opts, limits...)
 	if tc.PidsLimit > 0 {
 		opts = append(opts, oci.WithPidsLimit(int64(tc.PidsLimit)))
 	}
@@ -449,7 +441,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating container %s: %v", id, err)
 	}
-	logPath := filepath.Join(cfg.TaskDir().LogDir, "container.log")
+	// The task's own stdout and stderr are init's (an idle shell: it writes nothing), and any
+	// process of the sandbox can write to them (through /proc/<pid>/fd/1 of init's children):
+	// a file on the client's disk there grew without bound. They go nowhere.
+	logPath := os.DevNull
 	var taskOpts []containerd.NewTaskOpts
 	if disk != "" {
 		rootfs, err := diskRootfs(ctx, client, d.config.Snapshotter, id, disk)
@@ -506,6 +501,18 @@ func firstNonEmpty(values ...string) string {
 	return ""
 }
 
+// sandboxEnv is the task's environment without what Nomad adds of its own (NOMAD_* names the
+// allocation, its dirs and, with an identity, its token) or of Vault's and Consul's.
+func sandboxEnv(taskEnv map[string]string) []string {
+	env := make([]string, 0, len(taskEnv))
+	for k, v := range taskEnv {
+		if !strings.HasPrefix(k, "NOMAD_") && !strings.HasPrefix(k, "VAULT_") && !strings.HasPrefix(k, "CONSUL_") {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
 func bind(src, dst string, readonly bool) specs.Mount {
 	options := []string{"rbind", "rprivate", "nosuid", "nodev"}
 	if readonly {
@@ -531,16 +538,6 @@ func commandsBeforeInit(initPid int, logger log.Logger) {
 	}
 	if err := os.WriteFile("/proc/"+fields[1]+"/oom_score_adj", []byte("500"), 0); err != nil {
 		logger.Warn("raising the OOM score of a sandbox's commands", "shim", fields[1], "error", err)
-	}
-}
-
-// withMemorySwap makes the memory limit include swap, so a limit is a limit.
-func withMemorySwap(limit int64) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-		if s.Linux != nil && s.Linux.Resources != nil && s.Linux.Resources.Memory != nil {
-			s.Linux.Resources.Memory.Swap = &limit
-		}
-		return nil
 	}
 }
 
@@ -623,11 +620,11 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 				return fmt.Errorf("restricting %s: %v", state.ContainerID, err)
 			}
 		}
-	} else if err == nil && len(tc.Allow) > 0 {
+	} else if err == nil {
 		// The jump went with the chains' reinstall; the chain is put back as created (the
-		// hutch server sends its current addresses at its next refresh).
+		// hutch server sends its current allow-list addresses at its next refresh).
 		if ni := handle.Config.NetworkIsolation; ni != nil && ni.Path != "" {
-			if err := setAllowed(ni.Path, state.ContainerID, tc.ResolvConf, tc.Allow); err != nil {
+			if err := setEgress(ni.Path, state.ContainerID, tc.ResolvConf, tc.Denied, len(tc.Allow) > 0, tc.Allow); err != nil {
 				return fmt.Errorf("limiting %s: %v", state.ContainerID, err)
 			}
 		}
@@ -709,7 +706,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	ctx := d.nsCtx(d.ctx)
 	d.deleteContainer(ctx, h.container)
 	removeOutboundRule(h.container.ID())
-	removeAllowChain(h.container.ID())
+	removeEgressChain(h.container.ID())
 	if h.disk != "" && strings.HasPrefix(h.disk, d.config.WorkspaceRoot+"/") {
 		removeDisk(h.disk) // the workspace with it
 	} else if h.workspace != "" && strings.HasPrefix(h.workspace, d.config.WorkspaceRoot+"/") {

@@ -12,8 +12,15 @@
 //     namespaces and, unless the task asks
 //     for the host's, a network namespace with only loopback. Memory, CPU (CFS
 //     quota from millicores) and pids limits go to the container's cgroup.
+//     A task without a CPU limit gets one CPU, never the whole client; /dev/shm is sized
+//     inside the memory limit (limits.go).
 //   - A per-allocation workspace directory on the host (workspace_root/<alloc id>)
 //     is bind-mounted at the task's workspace path and owned by the task's uid.
+//   - Nothing of Nomad's reaches the container: not its task dirs (/alloc, /local),
+//     not /secrets (the Task API socket, the workload identity), not its NOMAD_*
+//     environment; the task's stdout and stderr go to /dev/null, not a file on the
+//     client's disk. A task on the bridge has no IPv6 and its own egress chain (network.go,
+//     egress.go).
 //   - ExecTaskStreaming: runs a process in the container. A command may start with
 //     the envelope "hutch-exec:v1" followed by a JSON object {"env":[..],"cwd":".."}
 //     so that environment and working directory reach the OCI process spec exactly

@@ -10,7 +10,11 @@ package main
 //     see bridged traffic; port isolation is enforced by the bridge itself);
 //   - nothing from the bridge reaches the client host's own services (INPUT), and routed
 //     traffic to link-local (cloud metadata), loopback, multicast and CGNAT ranges is
-//     dropped (FORWARD); replies to connections the host opened still pass.
+//     dropped (FORWARD); replies to connections the host opened still pass; what else a
+//     task may reach is its own chain's business (egress.go);
+//   - no IPv6: the task's eth0 has it disabled (no link-local address, so nothing of the
+//     host's on [::] is in reach over the bridge), and ip6tables drops everything from and
+//     to the bridge, should an address ever appear.
 //
 // The chains are (re)installed when the plugin is configured, idempotently.
 
@@ -35,10 +39,14 @@ var (
 	peerIndexRe = regexp.MustCompile(`eth0@if(\d+)`)
 )
 
-func ipt(args ...string) error {
-	out, err := exec.Command("iptables", append([]string{"-w"}, args...)...).CombinedOutput()
+func ipt(args ...string) error { return xtables("iptables", args...) }
+
+func ip6t(args ...string) error { return xtables("ip6tables", args...) }
+
+func xtables(tool string, args ...string) error {
+	out, err := exec.Command(tool, append([]string{"-w"}, args...)...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, out)
+		return fmt.Errorf("%s %s: %v: %s", tool, strings.Join(args, " "), err, out)
 	}
 	return nil
 }
@@ -70,6 +78,19 @@ func installFirewall(extraDenied []string) error {
 			return err
 		}
 	}
+	// IPv6: nothing, either way.
+	for _, chain := range []string{"HUTCH-NOMAD-IN", "HUTCH-NOMAD-FWD"} {
+		_ = ip6t("-N", chain)
+		if err := ip6t("-F", chain); err != nil {
+			return err
+		}
+	}
+	for _, r := range [][]string{{"-A", "HUTCH-NOMAD-IN", "-j", "DROP"},
+		{"-A", "HUTCH-NOMAD-FWD", "-i", bridgeName, "-j", "DROP"}, {"-A", "HUTCH-NOMAD-FWD", "-o", bridgeName, "-j", "DROP"}} {
+		if err := ip6t(r...); err != nil {
+			return err
+		}
+	}
 	return jumpsFirstLocked()
 }
 
@@ -84,17 +105,22 @@ func jumpsFirst() error {
 }
 
 func jumpsFirstLocked() error {
-	for _, jump := range [][]string{{"INPUT", "-i", bridgeName, "-j", "HUTCH-NOMAD-IN"},
-		{"FORWARD", "-i", bridgeName, "-j", "HUTCH-NOMAD-FWD"}} {
-		out, err := exec.Command("iptables", "-w", "-S", jump[0], "1").CombinedOutput()
-		first := "-A " + strings.Join(jump, " ")
-		if err == nil && strings.TrimSpace(string(out)) == first {
-			continue
-		}
-		for ipt(append([]string{"-D"}, jump...)...) == nil {
-		}
-		if err := ipt(append([]string{"-I", jump[0], "1"}, jump[1:]...)...); err != nil {
-			return err
+	jumps := map[string][][]string{
+		"iptables": {{"INPUT", "-i", bridgeName, "-j", "HUTCH-NOMAD-IN"}, {"FORWARD", "-i", bridgeName, "-j", "HUTCH-NOMAD-FWD"}},
+		// IPv6 FORWARD: both ways (the chain matches the bridge itself).
+		"ip6tables": {{"INPUT", "-i", bridgeName, "-j", "HUTCH-NOMAD-IN"}, {"FORWARD", "-j", "HUTCH-NOMAD-FWD"}},
+	}
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		for _, jump := range jumps[tool] {
+			out, err := exec.Command(tool, "-w", "-S", jump[0], "1").CombinedOutput()
+			if err == nil && strings.TrimSpace(string(out)) == "-A "+strings.Join(jump, " ") {
+				continue
+			}
+			for xtables(tool, append([]string{"-D"}, jump...)...) == nil {
+			}
+			if err := xtables(tool, append([]string{"-I", jump[0], "1"}, jump[1:]...)...); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -128,12 +154,27 @@ func isolatePort(netnsPath string) error {
 	return fmt.Errorf("no host interface with index %s", m[1])
 }
 
+// noIPv6 disables IPv6 on the namespace's eth0 (its link-local address goes with it) and on
+// any interface made later; loopback keeps ::1, the sandbox's own. A sandbox has no
+// CAP_NET_ADMIN and a read-only /proc/sys: it cannot turn it back on.
+func noIPv6(netnsPath string) error {
+	for _, key := range []string{"net.ipv6.conf.default.disable_ipv6", "net.ipv6.conf.eth0.disable_ipv6"} {
+		if out, err := exec.Command("nsenter", "--net="+netnsPath, "sysctl", "-qw", key+"=1").CombinedOutput(); err != nil {
+			return fmt.Errorf("disabling IPv6 in %s (%s): %v: %s", netnsPath, key, err, out)
+		}
+	}
+	return nil
+}
+
 // groupNetwork joins the allocation's network namespace, with its own resolv.conf.
 func groupNetwork(netnsPath, resolvConf, taskDir string) ([]oci.SpecOpts, []specs.Mount, error) {
 	if err := jumpsFirst(); err != nil {
 		return nil, nil, err
 	}
 	if err := isolatePort(netnsPath); err != nil {
+		return nil, nil, err
+	}
+	if err := noIPv6(netnsPath); err != nil {
 		return nil, nil, err
 	}
 	opts := []oci.SpecOpts{oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netnsPath})}

@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -67,6 +68,10 @@ type agent struct {
 
 func main() {
 	runtime.GOMAXPROCS(1) // few threads: each counts against the sandbox's pids limit
+	if err := beyondReach(); err != nil {
+		fmt.Fprintf(os.Stderr, "hutch-exec-agent: %v\n", err)
+		os.Exit(1)
+	}
 	if len(os.Args) > 1 {
 		_ = os.Remove(os.Args[1]) // the copy we were started from: nothing left in the sandbox's /tmp
 	}
@@ -79,6 +84,28 @@ func main() {
 	a.read(bufio.NewReaderSize(os.Stdin, 64<<10))
 	a.killAll()
 	os.Exit(0)
+}
+
+// beyondReach keeps the sandbox's own processes (same uid) out of the agent: every command's
+// stdin, a tenant's secrets among them, passes through its memory, and it must be no easier a
+// target than the commands themselves. Not dumpable: no ptrace attach, no /proc/<pid>/mem,
+// maps, environ or fd. The API starts it from an execute-only file, which the kernel already
+// execs not dumpable (so there is no window after the exec); this holds whatever started it.
+// An attach made before (through a dumpable parent) would survive: then the agent refuses to run.
+func beyondReach() error {
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_DUMPABLE, 0, 0); errno != 0 {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE, 0): %v", errno)
+	}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return fmt.Errorf("reading /proc/self/status: %v", err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if tracer, ok := strings.CutPrefix(line, "TracerPid:"); ok && strings.TrimSpace(tracer) != "0" {
+			return fmt.Errorf("traced by pid %s: not running", strings.TrimSpace(tracer))
+		}
+	}
+	return nil
 }
 
 func (a *agent) heartbeat() {
