@@ -19,6 +19,7 @@ import attrs
 from hutch.api.wire import CreateRequest
 from hutch.core.errors import InvalidInput
 from hutch.core.models import Snapshot
+from hutch.core.snapshots import FORK_OF
 
 if TYPE_CHECKING:
     from hutch.api.service import Created, Engine
@@ -34,7 +35,7 @@ async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: st
     await engine.quotas.check_sandbox(parent.spec.org_id, parent.spec, count)
     snap = await engine.snapshots.take(sandbox_id, name=f"fork-{sandbox_id.removeprefix('sbx_')[-12:]}",
                                        description=f"the instant {sandbox_id} was forked", tag=None, public=False,
-                                       api_key_id=api_key_id)
+                                       api_key_id=api_key_id, metadata={FORK_OF: sandbox_id})
     base = attrs.evolve(
         parent.spec, snapshot_id=snap.snapshot_id, env=dict(snap.env), command=None,
         metadata={**(parent.spec.metadata or {}), "forkedFrom": sandbox_id},

@@ -79,7 +79,9 @@ PATH_Q = Param("path", FS_PATH, "a path in the sandbox")
 
 
 def snapshot_query(hi: int) -> tuple[Param, ...]:
-    return (Param("sandboxId", STRING), Param("name", STRING), Param("tag", STRING), limit(50, hi), OFFSET,
+    return (Param("sandboxId", STRING), Param("name", STRING), Param("tag", STRING),
+            Param("forks", BOOLEAN, "also the snapshots forks keep of their instant (hidden by default)"),
+            limit(50, hi), OFFSET,
             Param("sort", _one_of(sorted(SNAPSHOT_SORTS))), DIRECTION)
 
 

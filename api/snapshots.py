@@ -239,7 +239,7 @@ class Snapshots:
     # ---------------------------------------------------------------- writes
 
     async def take(self, sandbox_id: str, *, name: str | None, description: str | None, tag: str | None,
-                   public: bool, api_key_id: str | None) -> Snapshot:
+                   public: bool, api_key_id: str | None, metadata: dict[str, str] | None = None) -> Snapshot:
         """A snapshot of the sandbox's workspace, env and runtime, as they are now."""
         if not self._driver.capabilities.files:
             raise NotSupported(f"driver {self._driver.name} cannot read sandbox files, so cannot snapshot them")
@@ -247,7 +247,7 @@ class Snapshots:
         command = TakeSnapshot(
             source=sb, name=name if name is not None else _default_name(sb.spec.name, sandbox_id),
             tag=tag if tag is not None else DEFAULT_TAG, files=(), description=description, public=public,
-            api_key_id=api_key_id)
+            api_key_id=api_key_id, metadata=dict(metadata or {}))
         snapshot_id = ids.new_id("snapshot")
         decide(snapshot_id, None, command)  # refuses (an ended sandbox, a bad name or tag) before any work
         self._reaper.touch(sandbox_id)

@@ -135,6 +135,11 @@ def is_snapshot_event(event: Event) -> bool:
 # ---------------------------------------------------------------- commands
 
 
+# A snapshot a fork keeps of the instant it copied (api/fork.py): its metadata names the forked
+# sandbox; listings leave these out unless asked (they are records, not bases a user made).
+FORK_OF = "forkOf"
+
+
 @attrs.frozen
 class TakeSnapshot:
     """Record a snapshot of ``source``'s workspace (archived as ``files``): ready at once."""
@@ -146,6 +151,7 @@ class TakeSnapshot:
     description: str | None = None
     public: bool = False
     api_key_id: str | None = None
+    metadata: dict[str, str] = attrs.field(factory=dict)  # e.g. a fork's FORK_OF
 
 
 @attrs.frozen
@@ -235,7 +241,8 @@ def _taken(command: TakeSnapshot) -> SnapshotCreated:
         name=check_name(command.name), runtime=spec.runtime, runtime_id=spec.runtime_id, tag=check_tag(command.tag),
         description=command.description, public=command.public, source_sandbox_id=source.sandbox_id,
         parent_snapshot_id=spec.snapshot_id, size_bytes=sum(f.size for f in files), file_count=len(files),
-        files=files, env=dict(spec.env), api_key_id=command.api_key_id, dependencies=spec.dependencies,
+        files=files, env=dict(spec.env), metadata=dict(command.metadata), api_key_id=command.api_key_id,
+        dependencies=spec.dependencies,
         packages=spec.packages, org_id=spec.org_id, project_id=spec.project_id,
     )
 

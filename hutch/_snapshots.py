@@ -71,10 +71,13 @@ class SnapshotsAPI(Transport):
         offset: int | None = None,
         sort: str | None = None,
         direction: str | None = None,
+        forks: bool = False,
     ) -> tuple[list[Snapshot], int]:
-        """(one page of snapshots, how many match in all)."""
+        """(one page of snapshots, how many match in all). ``forks``: also the snapshots forks
+        keep of the instant they copied (hidden by default)."""
         resp = await self._request("GET", "/sandbox/snapshots", params={
-            "sandboxId": sandbox_id, "limit": limit, "offset": offset, "sort": sort, "direction": direction})
+            "sandboxId": sandbox_id, "limit": limit, "offset": offset, "sort": sort, "direction": direction,
+            "forks": True if forks else None})
         data = self._data(resp)
         return [from_wire(Snapshot, item) for item in _items(data, "snapshots")], int(data.get("total", 0))
 

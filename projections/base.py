@@ -32,6 +32,7 @@ from hutch.core.errors import NotSupported
 from hutch.core.events import Event, UnreadableRecord
 from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
 from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from hutch.core.snapshots import FORK_OF
 from hutch.core.tenancy import TENANCY_EVENTS, Directory
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class SnapshotQuery:
     content_hash: str | None = None
     ready_only: bool = True  # False: building ones too (never deleted ones)
     building_only: bool = False  # only builds not finalized yet (with ready_only=False)
+    forks: bool = True  # False: without the snapshots a fork keeps of its instant (metadata FORK_OF)
     limit: int = 50
     offset: int = 0
     sort: str = "createdAt"  # createdAt | name | size | files (the CLI's created/size/files too)
@@ -89,6 +91,7 @@ def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
         and (q.tag is None or snap.tag == q.tag)
         and (q.public is None or snap.public == q.public)
         and (q.content_hash is None or snap.content_hash == q.content_hash)
+        and (q.forks or FORK_OF not in snap.metadata)
     )
 
 

@@ -47,7 +47,7 @@ from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
 from hutch.core.models import Execution, Sandbox, Snapshot, SnapshotStatus
 from hutch.core.serde import converter
-from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
+from hutch.core.snapshots import FORK_OF, evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
 from hutch.projections.base import (
     SNAPSHOT_SORTS,
@@ -386,6 +386,8 @@ class PostgresProjectionStore(ProjectionStore):
             if value is not None:
                 args.append(value)
                 where.append(f"{column} = ${len(args)}")
+        if not query.forks:  # from the document, as projects below
+            where.append(f"NOT (doc->'metadata' ? '{FORK_OF}')")
         if query.projects:  # from the document: no column (and no migration) for a filter this rare
             args.append(list(query.projects))
             where.append(f"doc->>'projectId' = ANY(${len(args)}::text[])")

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api import wire
-from hutch.api.http import base_url, json_body, ok, q_choice, q_int, q_offset, stream
+from hutch.api.http import base_url, json_body, ok, q_bool, q_choice, q_int, q_offset, stream
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, TENANTS
 from hutch.api.snapshots import LINEAGE_MAX, unchanged
 from hutch.api.tenancy import PUBLIC, needs, project_for
@@ -67,6 +67,7 @@ def _list_query(request: web.Request, *, public: bool | None, hi: int) -> Snapsh
         name=request.query.get("name") or None,
         tag=request.query.get("tag") or None,
         public=public,
+        forks=bool(q_bool(request, "forks")),  # a fork's instant is listed only when asked for
         limit=q_int(request, "limit", 50, lo=1, hi=hi),
         offset=q_offset(request),
         sort=sort,

@@ -45,6 +45,7 @@ def add_parsers(sb: Any) -> None:
     ls.add_argument("--offset", type=int, help="pagination offset")
     ls.add_argument("--sort", choices=_SORTS, help="sort by name, created, size or files (default: created)")
     ls.add_argument("--direction", choices=("asc", "desc"), help="sort direction (default: desc)")
+    ls.add_argument("--forks", action="store_true", help="also the snapshots forks keep of their instant")
     _json_flag(ls)
     ls.set_defaults(handler=cmd_list)
 
@@ -122,7 +123,8 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     found: list[Snapshot]  # spelled out: hutch.client's own annotation reads `list` as its method
     found, total = _call(args, lambda c: c.list_snapshots(
-        sandbox_id=args.sandbox, limit=args.limit, offset=args.offset, sort=args.sort, direction=args.direction))
+        sandbox_id=args.sandbox, limit=args.limit, offset=args.offset, sort=args.sort, direction=args.direction,
+        forks=args.forks))
     if args.json:
         render.dump_json({"snapshots": [to_wire(s) for s in found], "total": total}, _out())
         return 0

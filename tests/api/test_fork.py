@@ -38,6 +38,11 @@ async def test_copies_start_from_the_instant_and_stay_apart(api: Api) -> None:
     spec = events[0]["event"]["spec"]
     assert spec["snapshotId"] == forked["snapshotId"] and spec["metadata"]["forkedFrom"] == parent
     assert spec["env"] == {"STAGE": "***"}
+    # The instant's snapshot is a record, not a base a user made: a listing shows it when asked.
+    listed = [s["snapshotId"] for s in (await api.data("GET", "/sandbox/snapshots"))["snapshots"]]
+    assert forked["snapshotId"] not in listed
+    listed = [s["snapshotId"] for s in (await api.data("GET", "/sandbox/snapshots?forks=true"))["snapshots"]]
+    assert forked["snapshotId"] in listed
     for sid in [parent, *copies]:
         await api.call("DELETE", f"/sandbox/{sid}")
 

@@ -194,6 +194,11 @@ def test_sandbox_fork(served: tuple[str, subprocess.Popen[str]], capsys: pytest.
     assert len(copies) == 2 and all(c.startswith("sbx_") and c != parent for c in copies)
     assert main(["--url", url, "sb", "fork", parent, "-n", "0"]) == 1
     assert "count" in capsys.readouterr().err
+    # The fork's record of its instant stays out of `snapshot list` unless asked for.
+    assert main(["--url", url, "sb", "snapshot", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["snapshots"] == []
+    assert main(["--url", url, "sb", "snapshot", "list", "--forks", "--json"]) == 0
+    assert [s["name"] for s in json.loads(capsys.readouterr().out)["snapshots"]][0].startswith("fork-")
 
 
 def test_ssh_keys(served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str],
