@@ -17,6 +17,7 @@ CLI (used by ``scripts/services.d/nomad.sh``)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from hutch.core.errors import DriverFailure
 from hutch.core.runtimes import RuntimeRecipe
+from hutch.drivers import trust
 from hutch.drivers.local import layers, rootfs
 
 FORMAT = 2  # bump when the image layout below changes (2: the execute-only init shell)
@@ -51,6 +53,8 @@ def image_ref(recipe: RuntimeRecipe, registry: str, layer: str | None = None) ->
     repo = re.sub(r"[^a-z0-9._-]", "-", repo.lower())
     version = re.sub(r"[^A-Za-z0-9._-]", "-", version or "latest")
     suffix = f"-l{layer[:16]}" if layer else ""
+    if (certs := trust.extra_certs()) is not None:  # the operator's CAs are in the image's bundle
+        suffix += f"-c{hashlib.sha256(certs).hexdigest()[:12]}"
     return f"{registry}/hutch/{repo}:{version}-{recipe.recipe_hash[:12]}-f{FORMAT}{suffix}"
 
 
@@ -96,6 +100,13 @@ def _stage_user_layer(roots: list[Path], stage: Path) -> None:
     (etc / "group").write_text(group + f"{USER}:x:{SANDBOX_UID}:\n")
     for name in ("passwd", "group"):
         os.chmod(etc / name, 0o644)
+    if trust.extra_certs() is not None:  # HUTCH_SANDBOX_CA_CERTS: the runtime's bundle, then the operator's
+        bundle = stage / trust.BUNDLE.lstrip("/")
+        for parent in reversed([p for p in bundle.parents if stage in p.parents and not p.exists()]):
+            parent.mkdir()
+            os.chmod(parent, os.stat(below(str(parent.relative_to(stage)))).st_mode & 0o7777)
+        bundle.write_bytes(trust.bundle(below(trust.BUNDLE.lstrip("/")).read_bytes()))
+        os.chmod(bundle, 0o644)
     init = stage / INIT_SHELL.lstrip("/")
     init.parent.mkdir(parents=True)
     shutil.copyfile(below("usr/bin/dash"), init)

@@ -58,11 +58,11 @@ CLIENTS = (
 )
 
 
-async def _clients_in_a_sandbox(api: Api, pki: Path) -> str:
+async def _clients_in_a_sandbox(api: Api, pki: Path, runtime: str = "workspace:latest") -> str:
     files = [{"path": name, "content": base64.b64encode((pki / name).read_bytes()).decode()}
              for name in ("server.pem", "server.key")]
     files += [{"path": "ok", "content": "dHJ1c3RlZA=="}, {"path": "server.py", "content": base64.b64encode(SERVER.encode()).decode()}]
-    sandbox = await api.data("POST", "/sandbox", json={"runtime": "workspace:latest", "files": files}, expect=201)
+    sandbox = await api.data("POST", "/sandbox", json={"runtime": runtime, "files": files}, expect=201)
     sid = sandbox["sandboxId"]
     await api.data("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["python3", "server.py"]}, expect=201)
     started = await api.data("POST", f"/sandbox/{sid}/execute", json={
@@ -89,6 +89,17 @@ async def test_sandboxes_trust_the_operators_ca(make_api: AppFactory, pki: Path,
         return
     for tool in ("python", "node", "curl"):
         assert f"{tool} trusted" in out, out
+    assert "pip=/etc/ssl/certs/ca-certificates.crt requests=/etc/ssl/certs/ca-certificates.crt" in out
+
+
+@pytest.mark.timeout(300)
+async def test_nomad_sandboxes_trust_the_operators_ca_too(make_api: AppFactory, pki: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nomad driver bakes the certificates into its image's bundle (a tag of its own, pushed
+    on first use: drivers/nomad/images.py); python:3.13 has python, not node or curl."""
+    monkeypatch.setenv("HUTCH_SANDBOX_CA_CERTS", str(pki / "ca.pem"))
+    out = await _clients_in_a_sandbox(await make_api(driver="nomad"), pki, runtime="python:3.13")
+    assert "python trusted" in out, out
     assert "pip=/etc/ssl/certs/ca-certificates.crt requests=/etc/ssl/certs/ca-certificates.crt" in out
 
 
