@@ -16,6 +16,7 @@ SERVICES = {"kafka", "postgres", "nomad", "cluster"}
 
 _FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<key>not run|needs|page needs|serve)\s*:\s*(?P<value>.*?)\s*-->\s*$")
+_NO_SERVER = re.compile(r"^\s*<!--\s*without a server\s*-->\s*$")
 _EXITS = re.compile(r"^(?P<cmd>.*?\S)\s+#\s*exits (?P<code>\d+)\b.*$")
 
 
@@ -27,6 +28,7 @@ class Block:
     text: str
     not_run: str | None = None  # the reason, when marked
     needs: set[str] = field(default_factory=set)
+    without_server: bool = False  # run as on a machine where no `hutch serve` runs
 
     @property
     def kind(self) -> str:
@@ -64,6 +66,10 @@ def read_page(path: Path) -> Page:
         line = lines[i]
         marker = _MARKER.match(line)
         fence = _FENCE.match(line)
+        if _NO_SERVER.match(line):
+            pending.append((i + 1, "without a server", ""))
+            i += 1
+            continue
         if marker:
             key, value = marker["key"], marker["value"]
             if key == "page needs":
@@ -87,6 +93,8 @@ def read_page(path: Path) -> Page:
                     if len(value) < 20:
                         problems.append(f"{path.name}:{at}: `not run` needs a reason saying what covers it instead")
                     block.not_run = value
+                elif key == "without a server":
+                    block.without_server = True
                 else:
                     block.needs |= _services(value, path, at, problems)
             if block.kind == "unknown":

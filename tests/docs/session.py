@@ -62,6 +62,7 @@ class PageSession:
         self.timings: list[tuple[str, float]] = []
         self.server: subprocess.Popen[bytes] | None = None
         self.server_log = tmp / "serve.log"
+        self.embedded_data = tmp / "embedded-data"  # blocks marked `without a server`
         self.url = ""
         self.key = ""
         self.env = self._base_env()
@@ -178,16 +179,41 @@ class PageSession:
             except subprocess.TimeoutExpired:
                 os.killpg(self.server.pid, signal.SIGKILL)
                 self.server.wait(5)
+        if self.embedded_data.exists():
+            self._destroy_embedded_sandboxes()
         from tests import services
 
         for kind, name in self._cleanups:
             with contextlib.suppress(Exception):  # best effort: a leftover only costs disk
                 asyncio.run(services.drop_topics(name) if kind == "topic" else services.drop_database(name))
 
+    def _destroy_embedded_sandboxes(self) -> None:
+        """Sandboxes outlive the process that made them: what blocks without a server left."""
+        env = {k: v for k, v in self.env.items() if k not in ("HUTCH_URL", "HUTCH_API_KEY")}
+        env["HUTCH_DATA_DIR"] = str(self.embedded_data)
+        script = (
+            "import asyncio\n"
+            "from hutch import SandboxClient\n"
+            "async def main():\n"
+            "    async with SandboxClient() as client:\n"
+            "        async for info in client.iter_sandboxes():\n"
+            "            if info.status not in ('deleted', 'terminated', 'failed'):\n"
+            "                await client.destroy(info.id)\n"
+            "asyncio.run(main())\n"
+        )
+        code, out = _run([sys.executable, "-c", script], env, self.work)
+        if code != 0:
+            self.cleanup_errors.append(f"{self.page.path.name}: destroying the in-process sandboxes:\n{out}")
+
     # -- blocks ----------------------------------------------------------------------------------
 
     def run(self, block: Block) -> None:
         env = self.env | self.service_env(block.needs, fresh=False)
+        if block.without_server:
+            # No server for this block: the CLI and the SDK run the engine in their own process,
+            # on a data dir no `hutch serve` serves.
+            env = {k: v for k, v in env.items() if k not in ("HUTCH_URL", "HUTCH_API_KEY")}
+            env["HUTCH_DATA_DIR"] = str(self.embedded_data)
         started = time.monotonic()
         if block.kind == "sh":
             ok, output = self._run_shell(block, env)

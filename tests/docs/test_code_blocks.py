@@ -17,7 +17,9 @@ The convention (docs/index.md, "How the code on these pages is tested", says the
   server that never returns, an interactive terminal, a command that installs or stops the
   machine's shared services); the reason says what covers it instead.
   ``<!-- needs: kafka postgres -->`` (``nomad``, ``cluster``): the block gets those services'
-  settings, and fails (never skips) when they are missing.
+  settings, and fails (never skips) when they are missing. ``<!-- without a server -->``: the
+  block runs as where no ``hutch serve`` runs (no ``HUTCH_URL``, a data dir nobody serves): the
+  engine in the CLI's own process; the sandboxes it leaves are destroyed at the end.
 - Page-wide: ``<!-- page needs: … -->`` puts the page's server on those services
   (``kafka postgres``: a fresh topic and database; ``nomad``: the nomad driver),
   ``<!-- serve: ARGS -->`` adds arguments to its ``hutch serve``.
