@@ -218,8 +218,7 @@ class PageSession:
         if block.kind == "sh":
             ok, output = self._run_shell(block, env)
         elif block.kind == "python":
-            ok, output = self._run_file(block, env, ".py",
-                                        [sys.executable, str(Path(__file__).with_name("run_python.py"))])
+            ok, output = self._run_file(block, env, ".py", [sys.executable])
         else:
             ok, output = self._run_file(block, env, ".mjs", ["node"])
         self.timings.append((block.where(), time.monotonic() - started))

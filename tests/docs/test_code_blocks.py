@@ -9,8 +9,9 @@ The convention (docs/index.md, "How the code on these pages is tested", says the
   driver, data dir in that HOME), ``HUTCH_URL`` and ``HUTCH_API_KEY`` exported. At the end
   every sandbox left is destroyed and the server stopped.
 - A line whose comment says ``# exits N`` must exit N; any other failing command fails.
-- ```python blocks run with this interpreter on their own (top-level ``await`` allowed);
-  ```js blocks with node as ES modules, the compatibility test's node_modules beside them.
+- ```python blocks are whole programs: each is saved to a file and run with python3 as it is
+  (no top-level ``await``: a reader who saves one and runs it gets what the test got);
+  ```js blocks run with node as ES modules, the compatibility test's node_modules beside them.
 - ```text, ```yaml, ```json, ```hcl blocks are output or data, never run; any other
   language fails the page, so nothing escapes by accident.
 - ``<!-- not run: REASON -->`` on the line(s) above a block: it cannot run as written (a
