@@ -8,7 +8,7 @@ Each run puts ``--mib`` MiB of random bytes (fed in 1 MiB chunks from memory, as
 feed a spooled file), then reads them back whole; MiB/s from the call to the last byte,
 the median of ``--runs``. PostgreSQL uses a fresh database (created on the settings'
 server, dropped after). Files go to a temporary directory on the same disk as /var/lib
-unless ``--dir`` says otherwise. Not a test: no pass/fail; the README records the figures.
+unless ``--dir`` says otherwise. Not a test: no pass/fail; docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

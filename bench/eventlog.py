@@ -17,7 +17,7 @@ lag         a writer appends single events at ``--rate`` per second for ``--seco
             while a Projector follows the log into the store; lag = time from an append's
             acknowledgement to the projector having applied that event (the moment a
             second API process can read it), p50/p99/max.
-Not a test: no pass/fail; the README records the figures.
+Not a test: no pass/fail; docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ times each, interleaved:
   write     POST /fs/upload/{id} (an uncompressed tar streamed from the client)
   read      GET /fs/{id}?path= (raw bytes, streamed)
 Prints medians in MB/s (10^6 bytes per second) and the server's peak resident memory
-(VmHWM) before and after, to show memory stays flat. Not a test: the README records it.
+(VmHWM) before and after, to show memory stays flat. Not a test: docs/benchmarks.md records it.
 """
 
 from __future__ import annotations

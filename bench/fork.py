@@ -6,7 +6,7 @@ In one process (the in-process engine on a fresh data dir), for each workspace (
 in one file, 10 MiB in ten, 1,000 files of 1 KiB): a parent sandbox is filled, then
 ``--rounds`` times ``POST /sandbox/{id}/fork`` with ``--copies`` and the wall time until every
 copy is ``idle``, divided by the copies; beside it, a plain create of the same runtime until
-``idle`` (the bare baseline: what any new sandbox costs). Medians. Not a test: the README
+``idle`` (the bare baseline: what any new sandbox costs). Medians. Not a test: docs/benchmarks.md
 records the figures.
 """
 

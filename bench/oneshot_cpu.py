@@ -9,7 +9,7 @@ seconds more for their teardown, and divides the CPU time every process used in 
 group (the API server, the Nomad server and clients, containerd, the hutch plugin, Kafka,
 PostgreSQL); what exited inside the window (runc, shims, logmon, short commands) is the
 rest. The CPU seconds per run set the ceiling of runs a second on this machine: cores ÷ that.
-Not a test: the README records the figures.
+Not a test: docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ matters so machine noise hits every row alike:
   throughput  oneshot `true` runs/s with N concurrent clients
 Prints medians and p90s with the difference and ratio against bare, and the median of the
 paired differences (each sample less the bare sample taken just before it: steadier when the
-machine's speed drifts during the run). Not a test: no pass/fail, the README records the
+machine's speed drifts during the run). Not a test: no pass/fail, docs/benchmarks.md records the
 figures.
 """
 

@@ -10,7 +10,7 @@ descriptors at start, after a warm-up at full concurrency (``--warmup``, 60 s: t
 idle to 200 clients is behind it) and at the end, both differences printed (RSS should stay
 flat within 10 %), and a reading every 30 s; and what is left after the server stops: mounts
 under the data dir, hutch cgroups, sandbox processes.
-Not a test: the README records the figures.
+Not a test: docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the read, p50/p99 over ``--runs`` commands, after 20 warm-up ones.
 read whole; MiB/s of each, the median of ``--runs``.
 
 PostgreSQL uses a fresh database (created on the settings' server, dropped after). Not a
-test: no pass/fail; the README records the figures.
+test: no pass/fail; docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

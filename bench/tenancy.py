@@ -15,7 +15,7 @@ lag     two ``hutch serve`` processes (fake driver) on one Kafka topic and one P
         database (fresh per run): ``--keys`` times, a key is created and revoked through
         A while B is asked every millisecond; lag = from A's answer to the revocation to
         B's first 401. Median, p90, max.
-Not a test: no pass/fail; the README records the figures.
+Not a test: no pass/fail; docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ variable "hutch_version" {
 }
 
 variable "api_replicas" {
-  description = "hutch API servers (allocations of the hutch-api job) sharing one log and database; see the README, \"Two or more API replicas\"."
+  description = "hutch API servers (allocations of the hutch-api job) sharing one log and database; see docs/production.md, \"Two or more API replicas\"."
   type        = number
   default     = 1
 }

@@ -38,7 +38,7 @@ variable "hutch_version" {
 }
 
 variable "api_replicas" {
-  description = "hutch API servers (allocations of the hutch-api job) on one Kafka log and one PostgreSQL: each owns the sandboxes created through it, relays requests about the others' sandboxes, and takes over those of one that is lost (README, \"Two or more API replicas\")."
+  description = "hutch API servers (allocations of the hutch-api job) on one Kafka log and one PostgreSQL: each owns the sandboxes created through it, relays requests about the others' sandboxes, and takes over those of one that is lost (docs/production.md, \"Two or more API replicas\")."
   type        = number
   default     = 1
 
