@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[2] / "core"
+CORE = Path(__file__).resolve().parents[2] / "hutch" / "core"
 # Modules whose use is I/O (``os`` stays allowed: ``core.paths`` reads the environment,
 # ``core.ids`` draws random bytes).
 IO_MODULES = {"aiohttp", "aiokafka", "asyncpg", "asyncssh", "nomad", "sqlite3", "socket", "subprocess",

@@ -41,7 +41,7 @@ from hutch.drivers.nomad.state import NomadSandbox
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parents[2] / "scripts" / "services.d" / "nomad" / "exec-agent"
+SOURCE = Path(__file__).resolve().parents[3] / "scripts" / "services.d" / "nomad" / "exec-agent"
 PAUSE_WAIT = 30.0  # seconds a pause waits for an agent start in progress
 RETRY_MAX = 60.0  # seconds between restarts of an agent that keeps failing, at most
 AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
