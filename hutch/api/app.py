@@ -24,7 +24,16 @@ from hutch.api.config import Config, resolve_api_key
 from hutch.api.defaults import SandboxDefaults
 from hutch.api.engine_checkpoints import CheckpointLimits
 from hutch.api.http import check_query, parse_json
-from hutch.api.keys import API_KEY_ID, BODY_CHECK, CONFIG, ENGINE, PRINCIPAL, SSH_GATEWAY, TENANTS
+from hutch.api.keys import (
+    API_KEY_ID,
+    BODY_CHECK,
+    CONFIG,
+    ENGINE,
+    FORWARD_TO_OWNER,
+    PRINCIPAL,
+    SSH_GATEWAY,
+    TENANTS,
+)
 from hutch.api.replication import (
     ON_LOST,
     REPLICATION,
@@ -280,6 +289,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         app[ENGINE] = engine
         app[REPLICATION] = replication
         if replicas.shared:
+            app[FORWARD_TO_OWNER] = replication.forward
             engine.background.spawn(replication.run(), "replicas")  # take-overs
         app[SESSIONS] = Sessions(secret)
         if config.ssh_port is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -18,5 +18,9 @@ TENANTS: web.AppKey[Tenants] = web.AppKey("tenants", Tenants)
 SSH_GATEWAY: web.AppKey[object] = web.AppKey("ssh_gateway", object)  # api/ssh_gateway.py, when enabled
 # Refuses the fields a route's JSON body does not take (api/body_fields.py); set by create_app.
 BODY_CHECK: web.AppKey[Callable[[web.Request, dict[str, Any]], None]] = web.AppKey("body_check")
+# A request to a sandbox's port that another replica owns goes there: the relayed answer, or
+# None to serve it here (api/replication.py sets it; the port proxy calls it).
+ForwardToOwner = Callable[[web.Request, str], Awaitable[web.StreamResponse | None]]
+FORWARD_TO_OWNER: web.AppKey[ForwardToOwner] = web.AppKey("forward_to_owner")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 API_KEY_ID: web.RequestKey[str] = web.RequestKey("api_key_id", str)

@@ -47,7 +47,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api.keys import CONFIG, ENGINE, TENANTS
+from hutch.api.keys import CONFIG, ENGINE, FORWARD_TO_OWNER, TENANTS
 from hutch.api.proxy_origin import answer_headers, request_headers
 from hutch.api.tenancy import PUBLIC, needs
 from hutch.api.watchers import while_client_stays
@@ -122,11 +122,8 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     sandbox_id, port = found
     await _exposes(request, sandbox_id, port)
-    from hutch.api.replication import REPLICATION  # it imports this module
-
-    replication = request.app.get(REPLICATION)
-    if replication is not None and replication.replicas.shared \
-            and (forwarded := await replication.forward(request, sandbox_id)) is not None:
+    forward = request.app.get(FORWARD_TO_OWNER)
+    if forward is not None and (forwarded := await forward(request, sandbox_id)) is not None:
         return forwarded  # another replica's sandbox (api/replication.py)
     return await serve(request, sandbox_id, request.path.removeprefix("/"), prefix="")
 
