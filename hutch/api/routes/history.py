@@ -11,6 +11,7 @@ from aiohttp import web
 from hutch.api import fork, history, wire
 from hutch.api.http import json_body, ok
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
+from hutch.api.render import render_sandbox
 from hutch.core.events import Event
 from hutch.core.models import Sandbox
 from hutch.core.tenancy import Access
@@ -33,7 +34,6 @@ def _env(request: web.Request, sb: Sandbox) -> dict[str, str]:
 
 
 async def render_as_of(request: web.Request, sandbox_id: str, ref: str) -> dict[str, Any]:
-    from hutch.api.routes.sandboxes import render_sandbox  # the same shape as a get
 
     event, state = await history.as_of(request.app[ENGINE], sandbox_id, ref)
     return {**render_sandbox(request, state), "env": _env(request, state), "asOf": _event(event)}
@@ -52,7 +52,6 @@ def _or(value: object, default: object) -> object:
 
 @routes.post("/sandbox/{sandbox_id}/fork")
 async def fork_sandbox(request: web.Request) -> web.Response:
-    from hutch.api.routes.sandboxes import render_sandbox
 
     body = await json_body(request, required=False)
     snap, made = await fork.fork(request.app[ENGINE], request.match_info["sandbox_id"], _or(body.get("count"), 1),

@@ -8,7 +8,6 @@ from aiohttp import web
 
 from hutch.api import wire
 from hutch.api.http import (
-    base_url,
     json_body,
     ok,
     q_bool,
@@ -19,17 +18,15 @@ from hutch.api.http import (
     q_offset,
 )
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
+from hutch.api.render import port_url, render_execution, render_sandbox, stream_urls
 from hutch.api.routes import history as history_routes
-from hutch.api.routes import proxy
 from hutch.api.routes.audit import audit_stream_id, audit_stream_url
-from hutch.api.service import Engine
 from hutch.api.stats import usage as usage_stats
 from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
-from hutch.core.models import Execution, Mode, Sandbox, SandboxStatus
+from hutch.core.models import Mode, Sandbox, SandboxStatus
 from hutch.core.tenancy import Access
 from hutch.drivers import egress
-from hutch.drivers.base import Usage
 from hutch.projections.base import SandboxQuery
 
 routes = web.RouteTableDef()
@@ -38,32 +35,6 @@ _STATUSES = tuple(s.value for s in SandboxStatus)
 _SORTS = {"name": "name", "created": "createdAt", "createdAt": "createdAt", "updated": "updatedAt",
           "updatedAt": "updatedAt", "status": "status", "mode": "mode",
           "execution_count": "executions"}
-
-
-def _urls(request: web.Request, engine: Engine, owner_id: str) -> tuple[str, str]:
-    """The output stream URLs of an execution, or of a sandbox (all its executions' output:
-    api/sandbox_streams.py)."""
-    base = base_url(request)
-    return (
-        f"{base}/streams/{engine.streams.derive(owner_id, 'stdout')}",
-        f"{base}/streams/{engine.streams.derive(owner_id, 'stderr')}",
-    )
-
-
-def render_sandbox(request: web.Request, sb: Sandbox, usage: Usage | None = None) -> dict:
-    engine = request.app[ENGINE]
-    urls = _urls(request, engine, sb.initial_execution_id or sb.sandbox_id)
-    return wire.sandbox_info(sb, urls, _port_url(request, sb), usage)
-
-
-def _port_url(request: web.Request, sb: Sandbox) -> str | None:
-    port = sb.spec.network.port
-    return proxy.sandbox_url(request, base_url(request), sb.sandbox_id, port) if port is not None else None
-
-
-def render_execution(request: web.Request, ex: Execution) -> dict:
-    out, err = _urls(request, request.app[ENGINE], ex.execution_id)
-    return wire.execution_info(ex, out, err)
 
 
 @routes.get("/sandbox/runtimes")
@@ -106,12 +77,12 @@ async def create(request: web.Request) -> web.Response:
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,
             "auditStreamId": audit_stream_id(engine, sb.sandbox_id),
             "auditStreamUrl": audit_stream_url(request, engine, sb.sandbox_id)}
-    if (url := _port_url(request, sb)) is not None:
+    if (url := port_url(request, sb)) is not None:
         data["url"] = url
     # A command's streams, or (interactive, no command) the sandbox's own: every execution's
     # output, which @agentuity/runtime's ctx.sandbox reads as the sandbox's stdout/stderr.
     owner = created.execution_id or sb.sandbox_id
-    out, err = _urls(request, engine, owner)
+    out, err = stream_urls(request, engine, owner)
     if created.execution_id:
         data["executionId"] = created.execution_id
     data.update(
