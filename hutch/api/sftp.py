@@ -23,6 +23,7 @@ import asyncssh
 from asyncssh import SFTPAttrs, SFTPName
 
 from hutch.core.errors import FileNotFound, HutchError, NotFound, NotSupported
+from hutch.core.events import acting
 from hutch.drivers.base import FileInfo
 
 if TYPE_CHECKING:
@@ -79,7 +80,6 @@ class SandboxSftp(asyncssh.SFTPServer):
 
     async def _call(self, work: Any) -> Any:
         """Run one driver call as the key's organization, with its errors in SFTP's words."""
-        from hutch.api.ssh_gateway import acting  # the gateway imports us
 
         with acting(self.principal):
             try:

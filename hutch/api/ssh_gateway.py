@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -35,8 +35,8 @@ from hutch.api.tenancy import now_utc
 from hutch.api.terminals import ActiveTerminal, TerminalOptions, open_terminal
 from hutch.api.wire import ExecuteRequest
 from hutch.core.errors import HutchError
-from hutch.core.events import ACTOR
-from hutch.core.tenancy import SCOPE, Principal, Role, Scope
+from hutch.core.events import acting
+from hutch.core.tenancy import Principal, Role
 
 if TYPE_CHECKING:
     from hutch.api.replication import Replication
@@ -47,17 +47,6 @@ log = logging.getLogger("hutch.ssh")
 
 HOST_KEY_FILE = "ssh_host_ed25519_key"
 _DRAIN = 1.0  # seconds of output still taken after a terminal's command exited
-
-
-@contextlib.contextmanager
-def acting(principal: Principal) -> Iterator[None]:
-    """Engine calls below see what the key's organization may see, and record who acted."""
-    actor, scope = ACTOR.set(principal.key_id), SCOPE.set(Scope(principal.org_id, principal.projects))
-    try:
-        yield
-    finally:
-        SCOPE.reset(scope)
-        ACTOR.reset(actor)
 
 
 def host_key(data_dir: Path) -> asyncssh.SSHKey:

@@ -7,7 +7,9 @@ payload shape gets a new version and an upcaster in ``decode``; old records stay
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
@@ -18,12 +20,15 @@ from hutch.core.models import ExecutionStatus, SandboxSpec, SnapshotFile
 from hutch.core.serde import converter
 from hutch.core.tenancy import (
     LOCAL_ORG,
+    SCOPE,
     TENANCY_EVENTS,
     KeyCreated,
     KeyRevoked,
     OrgCreated,
+    Principal,
     ProjectCreated,
     QuotaSet,
+    Scope,
     SshKeyAdded,
     SshKeyRemoved,
 )
@@ -283,6 +288,18 @@ ACTOR: ContextVar[str | None] = ContextVar("hutch_actor", default=None)
 
 def _current_actor() -> str | None:
     return ACTOR.get()
+
+
+@contextlib.contextmanager
+def acting(principal: Principal) -> Iterator[None]:
+    """Calls below see what the key's organization may see, and record who acted (a front door
+    that is not a request, e.g. the SSH gateway, sets what the API's auth middleware sets)."""
+    actor, scope = ACTOR.set(principal.key_id), SCOPE.set(Scope(principal.org_id, principal.projects))
+    try:
+        yield
+    finally:
+        SCOPE.reset(scope)
+        ACTOR.reset(actor)
 
 
 @attrs.frozen
