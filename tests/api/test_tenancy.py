@@ -14,9 +14,9 @@ from typing import Any
 import asyncssh
 from aiohttp import web
 
+from hutch.api.access import PUBLIC, access_of
 from hutch.api.keys import ENGINE, TENANTS
 from hutch.api.replication import FORWARD_TOKEN, FORWARDED, forward_token
-from hutch.api.tenancy import PUBLIC, access_of
 from hutch.core.tenancy import Access
 from tests.api.conftest import Api, AppFactory
 
@@ -57,6 +57,7 @@ def fill(route: web.AbstractRoute, values: dict[str, str]) -> str:
 
 # Routes anyone may call, each for a reason; a new public route fails here until it is added.
 PUBLIC_ROUTES = {
+    ("GET", "/"),  # a redirect to the Web App
     ("GET", "/healthz"),
     ("GET", "/streams/{stream_id}"),  # output stream URLs: the unguessable id is the capability
     ("GET", "/streams/audit/{sandbox_id}/{token}"),  # HMAC of the sandbox id under the server's secret

@@ -194,29 +194,4 @@ def now_utc() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# ---------------------------------------------------------------- what each route needs
-
-Handler = Callable[..., Awaitable[Any]]
-PUBLIC = "public"  # no key: the path or a token in it is the capability (streams, port URLs)
-
-
-def needs(access: Access | str) -> Callable[[Handler], Handler]:
-    """Declare what a handler needs, where the method alone would say wrong (see ``access_of``)."""
-
-    def mark(handler: Handler) -> Handler:
-        handler.hutch_access = access  # type: ignore[attr-defined]  # a mark access_of reads
-        return handler
-
-    return mark
-
-
-def access_of(method: str, handler: Any) -> Access | str:
-    """A handler's declared access, else by method: reads are GET/HEAD, everything else writes."""
-    declared = getattr(handler, "hutch_access", None)
-    if declared is not None:
-        return declared
-    return Access.READ if method in ("GET", "HEAD") else Access.WRITE
-
-
-__all__ = ["PUBLIC", "Tenants", "access_of", "bootstrap_key_id", "needs", "now_utc", "parse_rate", "project_for",
-           "tenancy"]
+__all__ = ["Tenants", "bootstrap_key_id", "now_utc", "owned", "parse_rate", "project_for", "tenancy"]
