@@ -298,11 +298,11 @@ async def test_a_project_limited_key_reaches_no_snapshot_of_another_project(api:
 
     theirs = [snap_other["snapshotId"], snap_org["snapshotId"], forked["snapshotId"], build["snapshotId"]]
     secrets = {MARK, *theirs, checkpoint, "othersnap", "orgsnap"}
-    listed = await api.call("GET", "/sandbox/snapshots?limit=1000", headers=webkey)
+    listed = await api.call("GET", "/sandbox/snapshots?limit=1000&forks=true", headers=webkey)  # forks' too
     assert {s["snapshotId"] for s in listed["data"]["snapshots"]} == {
         snap_web["snapshotId"], web_fork["snapshotId"], snap_grown["snapshotId"], built["snapshotId"]}, listed
     for name in ("othersnap", "orgsnap", "fork-" + theirs_sbx[-12:]):
-        assert (await api.data("GET", f"/sandbox/snapshots?name={name}", headers=webkey))["total"] == 0
+        assert (await api.data("GET", f"/sandbox/snapshots?name={name}&forks=true", headers=webkey))["total"] == 0
     swept = 0
     for route in _snapshot_routes(api):
         for snapshot_id in theirs:
