@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch.api.fork import MAX_COPIES
 from hutch.api.wire import MAX_FILES
 from hutch.core import egress, ids, snapshots
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus, SnapshotStatus
 from hutch.core.packages import APT_RE, MAX_ITEMS, NPM_RE
+from hutch.service.fork import MAX_COPIES
 
 Schema = dict[str, Any]
 
@@ -308,9 +308,9 @@ BYTES_TAKEN = obj({"bytes": INTEGER}, ("bytes",))
 NULLABLE_INT: Schema = {"type": ["integer", "null"]}
 QUOTA = obj({k: NULLABLE_INT for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes")})
 # snapshotBytes of the quota bounds storageBytes of the usage (snapshots, checkpoints, uploads).
-USAGE = obj({k: INTEGER for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes", "checkpointBytes",
-                                  "uploadBytes", "storageBytes")})
-ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": USAGE},
+ORG_USAGE = obj({k: INTEGER for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes", "checkpointBytes",
+                                      "uploadBytes", "storageBytes")})
+ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": ORG_USAGE},
                ("id", "name", "createdAt", "quota"))
 ORG_LIST = obj({"orgs": array(ORG_INFO), "total": INTEGER}, ("orgs", "total"))
 PROJECT = obj({"id": STRING, "name": STRING, "orgId": STRING, "createdAt": TIME}, ("id", "name", "orgId"))
