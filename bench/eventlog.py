@@ -36,7 +36,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hutch.api.composition import make_projector, open_event_log, open_store  # noqa: E402
 from hutch.core import ids  # noqa: E402
 from hutch.core.eventlog.base import EventLog  # noqa: E402
 from hutch.core.events import (  # noqa: E402
@@ -49,6 +48,7 @@ from hutch.core.events import (  # noqa: E402
 )
 from hutch.core.models import ExecutionStatus, SandboxSpec  # noqa: E402
 from hutch.projections.base import ProjectionStore  # noqa: E402
+from hutch.service.composition import make_projector, open_event_log, open_store  # noqa: E402
 
 
 def now_iso() -> str:

@@ -5,7 +5,7 @@
     python bench/streams.py --micro           # what a short command pays for its streams
     python bench/streams.py --mib 64          # one big stream: write and read throughput
 
-``--micro``: what ``api/executions.py`` does around a short command (``echo hello``): open
+``--micro``: what ``service/executions.py`` does around a short command (``echo hello``): open
 stdout and stderr, write one line to stdout, close both (the close returns once the bytes
 are saved), then read stdout whole as a client does. The time of the writer's part and of
 the read, p50/p99 over ``--runs`` commands, after 20 warm-up ones.

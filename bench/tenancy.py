@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hutch.api.tenancy import Tenants  # noqa: E402
 from hutch.core import tenancy  # noqa: E402
 from hutch.core.tenancy import Access  # noqa: E402
+from hutch.service.tenancy import Tenants  # noqa: E402
 
 
 def check_cost(n: int, rounds: int) -> dict[str, float]:
@@ -62,7 +62,7 @@ async def end_to_end(n: int, rounds: int) -> dict[str, float]:
     from aiohttp.test_utils import TestServer
 
     from hutch.api.app import create_app
-    from hutch.api.config import Config
+    from hutch.service.config import Config
 
     with tempfile.TemporaryDirectory() as tmp:
         app = create_app(Config(data_dir=Path(tmp), api_key="boot", driver="fake"))

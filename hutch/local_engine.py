@@ -38,7 +38,7 @@ class EmbeddedEngine:
         from aiohttp import web
 
         from hutch.api.app import create_app
-        from hutch.api.config import Config, resolve_api_key
+        from hutch.service.config import Config, resolve_api_key
 
         config = Config.from_env(data_dir=self._data_dir, driver=self._driver)
         self._runner = web.AppRunner(create_app(config), handle_signals=False, access_log=None)

@@ -5,9 +5,9 @@ event log) ends the process with its message and code, not a traceback."""
 import sys
 
 from hutch.api.app import run_server
-from hutch.api.config import Config
-from hutch.api.extras import missing_message
 from hutch.core.errors import HutchError
+from hutch.service.config import Config
+from hutch.service.extras import missing_message
 
 try:
     config = Config.from_env()

@@ -17,12 +17,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api import archives, body_fields, memory, openapi
-from hutch.api.background import Background
-from hutch.api.composition import server_parts
-from hutch.api.config import Config, resolve_api_key
-from hutch.api.defaults import SandboxDefaults
-from hutch.api.engine_checkpoints import CheckpointLimits
+from hutch.api import body_fields, memory, openapi
+from hutch.api.access import PUBLIC, access_of, needs
 from hutch.api.http import check_query, parse_json
 from hutch.api.keys import (
     API_KEY_ID,
@@ -60,8 +56,6 @@ from hutch.api.routes import (
     terminals,
 )
 from hutch.api.routes import tenancy as tenancy_routes
-from hutch.api.service import Engine
-from hutch.api.tenancy import PUBLIC, Tenants, access_of, needs, parse_rate
 from hutch.api.webapp import routes as webapp_routes
 from hutch.api.webapp.sessions import SESSIONS, Sessions, session_cookie
 from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
@@ -69,6 +63,14 @@ from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
 from hutch.core.quantities import parse_bytes
 from hutch.core.tenancy import SCOPE, Access, Scope
+from hutch.service import archives
+from hutch.service.background import Background
+from hutch.service.checkpoints import CheckpointLimits
+from hutch.service.composition import server_parts
+from hutch.service.config import Config, resolve_api_key
+from hutch.service.defaults import SandboxDefaults
+from hutch.service.engine import Engine
+from hutch.service.tenancy import Tenants, parse_rate
 
 log = logging.getLogger("hutch.api")
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api.config import Config
-from hutch.api.service import Engine
-from hutch.api.tenancy import Tenants
 from hutch.core.tenancy import Principal
+from hutch.service.config import Config
+from hutch.service.engine import Engine
+from hutch.service.tenancy import Tenants
 
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)

@@ -21,9 +21,9 @@ from typing import Any
 
 from aiohttp import web
 
+from hutch.api.access import PUBLIC, access_of, needs
 from hutch.api.http import base_url
 from hutch.api.route_schemas import JSON, ROUTES, Op
-from hutch.api.tenancy import PUBLIC, access_of, needs
 from hutch.api.wire_schemas import EXAMPLES, SCHEMAS
 
 VERSION = "3.1.0"

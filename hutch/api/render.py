@@ -9,14 +9,14 @@ from hutch.api import wire
 from hutch.api.http import base_url
 from hutch.api.keys import ENGINE
 from hutch.api.routes import proxy
-from hutch.api.service import Engine
 from hutch.core.models import Execution, Sandbox
 from hutch.drivers.base import Usage
+from hutch.service.engine import Engine
 
 
 def stream_urls(request: web.Request, engine: Engine, owner_id: str) -> tuple[str, str]:
     """The output stream URLs of an execution, or of a sandbox (all its executions' output:
-    api/sandbox_streams.py)."""
+    service/sandbox_streams.py)."""
     base = base_url(request)
     return (
         f"{base}/streams/{engine.streams.derive(owner_id, 'stdout')}",

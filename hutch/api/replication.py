@@ -28,13 +28,13 @@ from aiohttp.typedefs import Handler
 
 from hutch.api.routes import proxy
 from hutch.api.routes.streams import STDIN_TOKEN
-from hutch.api.sandbox_streams import is_sandbox_stream
-from hutch.api.service import Engine
 from hutch.core.errors import DriverFailure, InvalidInput, ReplicaUnavailable
 from hutch.core.events import Event
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
 from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas
+from hutch.service.engine import Engine
+from hutch.service.sandbox_streams import is_sandbox_stream
 
 log = logging.getLogger(__name__)
 

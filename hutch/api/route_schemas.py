@@ -14,12 +14,12 @@ from typing import Any
 
 import attrs
 
-from hutch.api.archives import FORMATS
 from hutch.api.http import MAX_OFFSET
-from hutch.api.snapshots import LINEAGE_MAX
 from hutch.api.wire_schemas import BOOLEAN, DURATION, FS_PATH, STRING, Schema
 from hutch.core.models import Mode, SandboxStatus
 from hutch.projections.base import SNAPSHOT_SORTS
+from hutch.service.archives import FORMATS
+from hutch.service.snapshots import LINEAGE_MAX
 
 JSON = "application/json"
 NONE = ""  # a route that reads no body, or answers no data: said, not left undescribed

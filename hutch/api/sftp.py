@@ -27,7 +27,7 @@ from hutch.core.events import acting
 from hutch.drivers.base import FileInfo
 
 if TYPE_CHECKING:
-    from hutch.api.service import Engine
+    from hutch.service.engine import Engine
 
 HOME = "/home/agentuity"  # where a relative path starts (the sandbox user's home)
 _SPOOL = 8 << 20

@@ -1,6 +1,6 @@
 """The SSH gateway (``hutch serve --ssh-port PORT``): real OpenSSH clients into sandboxes.
 
-``ssh -p PORT sbx_…@host`` opens a shell on a terminal (api/terminals.py), ``ssh … 'cmd'``
+``ssh -p PORT sbx_…@host`` opens a shell on a terminal (service/terminals.py), ``ssh … 'cmd'``
 runs a command as an execution (its stdout, stderr and exit code kept apart, as ssh keeps
 them; recorded like every execution), and ``scp``/``sftp`` reach the sandbox's files through
 the driver's file primitives, the same as the file API (api/sftp.py): never the host's.
@@ -27,21 +27,21 @@ from typing import TYPE_CHECKING, Any, cast
 
 import asyncssh
 
-from hutch.api import sandbox_streams
-from hutch.api.output import StreamOptions
 from hutch.api.sftp import SandboxSftp
 from hutch.api.ssh_relay import EXIT_FAILED, RELAY_USER, OwnerGateways, RelayPasses, fail, relay
-from hutch.api.tenancy import now_utc
-from hutch.api.terminals import ActiveTerminal, TerminalOptions, open_terminal
-from hutch.api.wire import ExecuteRequest
 from hutch.core.errors import HutchError
 from hutch.core.events import acting
 from hutch.core.tenancy import Principal, Role
+from hutch.service import sandbox_streams
+from hutch.service.output import StreamOptions
+from hutch.service.requests import ExecuteRequest
+from hutch.service.tenancy import now_utc
+from hutch.service.terminals import ActiveTerminal, TerminalOptions, open_terminal
 
 if TYPE_CHECKING:
     from hutch.api.replication import Replication
-    from hutch.api.service import Engine
-    from hutch.api.tenancy import Tenants
+    from hutch.service.engine import Engine
+    from hutch.service.tenancy import Tenants
 
 log = logging.getLogger("hutch.ssh")
 

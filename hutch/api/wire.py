@@ -12,9 +12,6 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
-from hutch.api.output import RAW_OUTPUT, StreamOptions
 from hutch.core import egress, limits, runtimes
 from hutch.core.errors import InvalidInput, NotSupported, RuntimeNotFound
 from hutch.core.events import Event, encode
@@ -31,6 +28,8 @@ from hutch.core.models import (
 from hutch.core.packages import check_dependencies, check_packages
 from hutch.core.quantities import parse_bytes, parse_duration, parse_millicores
 from hutch.drivers.base import FileToWrite, Usage
+from hutch.service.output import StreamOptions
+from hutch.service.requests import CreateRequest, ExecuteRequest
 
 
 def org_ref(org_id: str) -> dict[str, str]:
@@ -120,14 +119,6 @@ def parse_files(value: object, field: str) -> list[FileToWrite]:
             raise InvalidInput(f"{f}.content: not valid base64", field=f + ".content") from err
         files.append(FileToWrite(path=path, content=data))
     return files
-
-
-@attrs.frozen
-class CreateRequest:
-    spec: SandboxSpec
-    files: list[FileToWrite]
-    command: tuple[str, ...] | None
-    stream: StreamOptions = RAW_OUTPUT  # for the initial command
 
 
 def parse_stream(body: Mapping[str, Any]) -> StreamOptions:
@@ -225,7 +216,7 @@ def _parse_runtime(body: Mapping[str, Any], snapshot: Snapshot | None) -> runtim
 
 
 def _parse_resources(body: Mapping[str, Any]) -> Resources:
-    """As given; what is left out gets the server's defaults later (api/defaults.py)."""
+    """As given; what is left out gets the server's defaults later (service/defaults.py)."""
     res = _object(body, "resources")
     memory = expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
     cpu = expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
@@ -287,14 +278,6 @@ def _parse_initial_command(cmd_obj: Mapping[str, Any], *, given: bool) -> tuple[
 
 def _merged(base: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
     return base + tuple(x for x in extra if x not in base)
-
-
-@attrs.frozen
-class ExecuteRequest:
-    command: tuple[str, ...]
-    files: list[FileToWrite]
-    timeout: float | None  # None: the sandbox's default
-    stream: StreamOptions = RAW_OUTPUT
 
 
 def parse_execute(body: Mapping[str, Any]) -> ExecuteRequest:

@@ -144,7 +144,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from hutch.api.app import run_server
-    from hutch.api.config import Config
+    from hutch.service.config import Config
 
     try:
         config = Config.from_env(
@@ -159,7 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except (ValueError, TypeError) as err:
         raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err
-    from hutch.api.extras import missing_message
+    from hutch.service.extras import missing_message
 
     if (missing := missing_message(config)) is not None:
         raise UsageError(missing)

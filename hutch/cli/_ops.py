@@ -45,9 +45,9 @@ def _log_and_store(p: argparse.ArgumentParser, store_help: str = "postgresql://â
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, str, Path]:
-    from hutch.api.config import Config
-    from hutch.api.extras import missing_message
     from hutch.cli._common import UsageError
+    from hutch.service.config import Config
+    from hutch.service.extras import missing_message
 
     config = Config.from_env(event_log=args.event_log, store=args.store, data_dir=args.data_dir)
     if (missing := missing_message(config)) is not None:
@@ -61,8 +61,8 @@ def _logging() -> None:
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
-    from hutch.api.composition import open_persistent_store
-    from hutch.projections.commands import run_projector, until_signalled
+    from hutch.service.composition import open_persistent_store
+    from hutch.service.ops import run_projector, until_signalled
 
     event_log, store, data_dir = _settings(args)
     open_persistent_store(store)  # refuse a non-persistent store before connecting to anything
@@ -72,7 +72,7 @@ def cmd_projector(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from hutch.projections.commands import rebuild
+    from hutch.service.ops import rebuild
 
     event_log, store, data_dir = _settings(args)
     _logging()
@@ -83,7 +83,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from hutch.projections.audit import DEFAULT_GROUP
-    from hutch.projections.commands import run_audit, until_signalled
+    from hutch.service.ops import run_audit, until_signalled
 
     event_log, store, data_dir = _settings(args)
     store = args.store or os.environ.get("HUTCH_AUDIT_STORE") or store

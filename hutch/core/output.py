@@ -1,7 +1,7 @@
 """The OutputStreams port: the stdout/stderr bytes of executions, which are not events.
 
 A stream is written by the one process running its command and read by anyone holding its
-id (api/stream_ids.py), on any API replica. Every adapter keeps these rules
+id (service/stream_ids.py), on any API replica. Every adapter keeps these rules
 (``tests/contracts/test_output.py``):
 
 * ``open`` makes the stream open and hands back its writer (the same writer when the

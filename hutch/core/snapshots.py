@@ -135,7 +135,7 @@ def is_snapshot_event(event: Event) -> bool:
 # ---------------------------------------------------------------- commands
 
 
-# A snapshot a fork keeps of the instant it copied (api/fork.py): its metadata names the forked
+# A snapshot a fork keeps of the instant it copied (service/fork.py): its metadata names the forked
 # sandbox; listings leave these out unless asked (they are records, not bases a user made).
 FORK_OF = "forkOf"
 

@@ -34,12 +34,12 @@ class Capabilities:
     tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
-    terminals: bool = False  # open_terminal: a command on a pseudo-terminal (api/terminals.py)
+    terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
 
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
 # pids guard ends it), not at the host's pid_max.
-# HUTCH_DEFAULT_PIDS is checked by the server's Config at start (api/config.py), which names
+# HUTCH_DEFAULT_PIDS is checked by the server's Config at start (service/config.py), which names
 # a bad value; read here too because drivers also run without a Config (tests, tools).
 def _default_pids() -> int:
     text = os.environ.get("HUTCH_DEFAULT_PIDS", "")

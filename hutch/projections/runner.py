@@ -54,7 +54,7 @@ class Projector:
         self._advanced = asyncio.Condition()
         self._listeners: list[asyncio.Queue[Event]] = []
         self.failure: LogMismatch | None = None  # why the projector stopped, if it did
-        # Called with each settled batch before writers waiting for it wake (api/tenancy.py:
+        # Called with each settled batch before writers waiting for it wake (service/tenancy.py:
         # a key revoked through another replica is refused here from then on).
         self.observers: list[Callable[[Sequence[Event]], None]] = []
 

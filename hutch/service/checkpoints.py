@@ -4,7 +4,7 @@ checkpoint between the decision and the append.
 
 Checkpoints take the host's disk outside the sandbox's own disk limit, so they are bounded:
 per sandbox by count (HUTCH_MAX_CHECKPOINTS) and bytes (HUTCH_MAX_CHECKPOINT_BYTES), and per
-organization by its storage quota (``snapshot_bytes``, api/quotas.py). A checkpoint's size is
+organization by its storage quota (``snapshot_bytes``, service/quotas.py). A checkpoint's size is
 known once taken: a full sandbox or organization is refused before, and one that the new
 checkpoint took past a limit has it deleted again (logged) and is refused, so none stays over.
 """
@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import attrs
 
-from hutch.api.quotas import Quotas
-from hutch.api.reads import Reads
-from hutch.api.recorder import Recorder
-from hutch.api.timeouts import Reaper
 from hutch.core import ids
 from hutch.core.errors import QuotaExceeded
 from hutch.core.lifecycle import (
@@ -28,6 +24,10 @@ from hutch.core.lifecycle import (
 from hutch.core.models import Checkpoint
 from hutch.core.quantities import format_bytes
 from hutch.drivers.base import Driver
+from hutch.service.quotas import Quotas
+from hutch.service.reads import Reads
+from hutch.service.recorder import Recorder
+from hutch.service.timeouts import Reaper
 
 
 @attrs.frozen

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import attrs
 
-from hutch.api.config import Config
 from hutch.core.blobs import BlobStore
 from hutch.core.errors import InvalidInput
 from hutch.core.eventlog.base import EventLog
@@ -21,6 +20,7 @@ from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
+from hutch.service.config import Config
 
 _POSTGRES = ("postgresql://", "postgres://")
 

@@ -207,7 +207,7 @@ def _check_egress(setting: str, value: str) -> None:
 
 
 def _check_rate(setting: str, value: str) -> None:
-    from hutch.api.tenancy import parse_rate
+    from hutch.service.tenancy import parse_rate
 
     parse_rate(value, setting)  # an InvalidInput naming it
 
@@ -256,7 +256,7 @@ class Config:
     # not on 80/443): port URLs become {port}-{id}.{domain} (api/routes/proxy.py).
     sandbox_domain: str | None = _setting("HUTCH_SANDBOX_DOMAIN", None, check=_check_host_port)
     # What a sandbox whose create gives no resources gets, enforced by the driver and counted
-    # by the quotas alike (api/defaults.py): memory ("512Mi"; /dev/shm lives inside it), CPU
+    # by the quotas alike (service/defaults.py): memory ("512Mi"; /dev/shm lives inside it), CPU
     # ("1" core, "500m"), disk ("2Gi"; None: only the host's disk bounds it), processes.
     default_memory: str = _setting("HUTCH_DEFAULT_MEMORY", "512Mi", check=_check_memory)
     default_cpu: str = _setting("HUTCH_DEFAULT_CPU", "1", check=_check_cpu)
@@ -264,7 +264,7 @@ class Config:
     # Read by the drivers themselves (drivers/base.py); checked here so a bad one stops the start.
     default_pids: int = _setting("HUTCH_DEFAULT_PIDS", 1024, convert=_to_count)
     # Disk checkpoints per sandbox: how many, and the bytes they may take on the host (they
-    # count against the organization's storage quota too: api/engine_checkpoints.py).
+    # count against the organization's storage quota too: service/checkpoints.py).
     max_checkpoints: int = _setting("HUTCH_MAX_CHECKPOINTS", 10, convert=_to_count)
     max_checkpoint_bytes: str = _setting("HUTCH_MAX_CHECKPOINT_BYTES", "2Gi", check=_check_size)
     # What sandboxes with network may reach besides the internet (core/egress.py): private
@@ -276,7 +276,7 @@ class Config:
     # proxy's CA): drivers/trust.py. Read by the drivers; checked here so a bad one stops the start.
     sandbox_ca_certs: str | None = _setting("HUTCH_SANDBOX_CA_CERTS", None, check=_check_ca_certs)
     # Requests a second per key (":burst" optional) for keys created without their own rate,
-    # and for the bootstrap key; "" = unlimited (api/tenancy.py).
+    # and for the bootstrap key; "" = unlimited (service/tenancy.py).
     rate_limit: str = _setting("HUTCH_RATE_LIMIT", "", check=_check_rate)
     # `hutch serve --ssh-port`: the SSH gateway's port on ``host`` (0: any free one); None: no
     # gateway (api/ssh_gateway.py).

@@ -11,13 +11,13 @@ from typing import Any
 
 import attrs
 
-from hutch.api.reads import Reads
-from hutch.api.recorder import Recorder, iso
 from hutch.core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
 from hutch.core.models import Sandbox, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.core.replicas import Replicas
 from hutch.drivers.base import Driver
+from hutch.service.reads import Reads
+from hutch.service.recorder import Recorder, iso
 
 log = logging.getLogger(__name__)
 

@@ -17,23 +17,6 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from hutch.api import archives
-from hutch.api.background import Background
-from hutch.api.control import SandboxControl
-from hutch.api.defaults import SandboxDefaults
-from hutch.api.engine_checkpoints import CheckpointLimits, Checkpoints
-from hutch.api.executions import JOB_STOP_GRACE_SECONDS, Executions
-from hutch.api.input_streams import InputStreams
-from hutch.api.provisioning import Created, Provisioning
-from hutch.api.quotas import Quotas
-from hutch.api.reads import Reads
-from hutch.api.recorder import Recorder, now_iso
-from hutch.api.recovery import Recovery
-from hutch.api.snapshots import BUILD_SWEEP_SECONDS, Snapshots
-from hutch.api.stream_ids import StreamIds
-from hutch.api.tenancy import Tenants
-from hutch.api.timeouts import Reaper
-from hutch.api.wire import CreateRequest, ExecuteRequest
 from hutch.blobs import clear_spool
 from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobStore
@@ -46,6 +29,23 @@ from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver, FileToWrite
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
+from hutch.service import archives
+from hutch.service.background import Background
+from hutch.service.checkpoints import CheckpointLimits, Checkpoints
+from hutch.service.control import SandboxControl
+from hutch.service.defaults import SandboxDefaults
+from hutch.service.executions import JOB_STOP_GRACE_SECONDS, Executions
+from hutch.service.input_streams import InputStreams
+from hutch.service.provisioning import Created, Provisioning
+from hutch.service.quotas import Quotas
+from hutch.service.reads import Reads
+from hutch.service.recorder import Recorder, now_iso
+from hutch.service.recovery import Recovery
+from hutch.service.requests import CreateRequest, ExecuteRequest
+from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
+from hutch.service.stream_ids import StreamIds
+from hutch.service.tenancy import Tenants
+from hutch.service.timeouts import Reaper
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,8 @@ class Engine:
         blobs: BlobStore | None = None,
         projector: Projector | None = None,  # api.composition builds it; default: one that applies
         replicas: Replicas | None = None,  # other API processes on this log (core/replicas.py)
-        defaults: SandboxDefaults | None = None,  # what an unsized sandbox gets (api/defaults.py)
-        checkpoint_limits: CheckpointLimits | None = None,  # per sandbox (api/engine_checkpoints.py)
+        defaults: SandboxDefaults | None = None,  # what an unsized sandbox gets (service/defaults.py)
+        checkpoint_limits: CheckpointLimits | None = None,  # per sandbox (service/checkpoints.py)
     ) -> None:
         self.log = event_log
         self.store = store
@@ -100,7 +100,7 @@ class Engine:
 
     @property
     def tenants(self) -> Tenants | None:
-        """The organizations (api/tenancy.py), set by the app; None: no quotas, one organization."""
+        """The organizations (service/tenancy.py), set by the app; None: no quotas, one organization."""
         return self.reads.tenants
 
     @tenants.setter

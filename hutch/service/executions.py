@@ -11,15 +11,6 @@ import time
 
 import attrs
 
-from hutch.api.background import Background
-from hutch.api.control import SandboxControl
-from hutch.api.input_streams import InputStreams
-from hutch.api.output import RAW_OUTPUT, ExecutionSink, StreamOptions
-from hutch.api.reads import Reads
-from hutch.api.recorder import Recorder
-from hutch.api.stream_ids import StreamIds
-from hutch.api.watchers import Watchers
-from hutch.api.wire import ExecuteRequest
 from hutch.core import ids
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
@@ -27,6 +18,15 @@ from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, Sandbox
 from hutch.core.output import OutputStreams
 from hutch.core.quantities import format_bytes, parse_duration
 from hutch.drivers.base import Driver, ExecRequest, ExecResult
+from hutch.service.background import Background
+from hutch.service.control import SandboxControl
+from hutch.service.input_streams import InputStreams
+from hutch.service.output import RAW_OUTPUT, ExecutionSink, StreamOptions
+from hutch.service.reads import Reads
+from hutch.service.recorder import Recorder
+from hutch.service.requests import ExecuteRequest
+from hutch.service.stream_ids import StreamIds
+from hutch.service.watchers import Watchers
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from hutch.api.config import Config
+from hutch.service.config import Config
 
 INSTALL = "pip install 'hutch[server]'  (from a checkout: pip install -e '.[server]')"
 

@@ -1,7 +1,7 @@
 """Fork: N new sandboxes whose files and env are a sandbox's at one instant, for agents that
 explore alternatives in parallel.
 
-The instant is a snapshot (api/snapshots.py: the workspace archive, the env), named
+The instant is a snapshot (service/snapshots.py: the workspace archive, the env), named
 ``fork-…`` and kept as the record of what the copies started from; each copy is a create from
 it with the parent's spec (runtime, resources, network, timeouts, installs, project), so the
 log's create events name the snapshot and ``metadata.forkedFrom`` the parent. Processes are
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from hutch.api.wire import CreateRequest
 from hutch.core.errors import InvalidInput
 from hutch.core.models import Snapshot
 from hutch.core.snapshots import FORK_OF
+from hutch.service.requests import CreateRequest
 
 if TYPE_CHECKING:
-    from hutch.api.service import Created, Engine
+    from hutch.service.engine import Created, Engine
 
 MAX_COPIES = 20
 

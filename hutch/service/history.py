@@ -18,7 +18,7 @@ from hutch.core.lifecycle import evolve_sandbox
 from hutch.core.models import Sandbox
 
 if TYPE_CHECKING:
-    from hutch.api.service import Engine
+    from hutch.service.engine import Engine
 
 
 async def timeline(engine: Engine, sandbox_id: str) -> list[tuple[Event, Sandbox]]:

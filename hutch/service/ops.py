@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hutch.api.composition import make_projector, open_event_log, open_persistent_store
 from hutch.core.errors import InvalidInput
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
 from hutch.projections.audit import DEFAULT_GROUP, Auditor, JsonlSink, PostgresSink, Sink
+from hutch.service.composition import make_projector, open_event_log, open_persistent_store
 
 log = logging.getLogger(__name__)
 

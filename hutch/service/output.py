@@ -22,7 +22,7 @@ class StreamOptions:
 
     timestamps: bool = False  # each line prefixed with the UTC time its first byte arrived
     ignore: frozenset[str] = frozenset()  # "stdout" / "stderr" given as "ignore": discarded
-    stdin: str | None = None  # a stdin stream (api/input_streams.py) to read the command's input from
+    stdin: str | None = None  # a stdin stream (service/input_streams.py) to read the command's input from
 
 
 RAW_OUTPUT = StreamOptions()  # no stream options: the bytes as the command wrote them

@@ -10,16 +10,6 @@ from collections.abc import Iterable
 
 import attrs
 
-from hutch.api.background import Background, quietly
-from hutch.api.executions import Executions, default_timeout
-from hutch.api.input_streams import InputStreams
-from hutch.api.quotas import Quotas
-from hutch.api.reads import Reads
-from hutch.api.recorder import Recorder
-from hutch.api.snapshots import Snapshots
-from hutch.api.stream_ids import StreamIds
-from hutch.api.tenancy import owned
-from hutch.api.wire import CreateRequest
 from hutch.core import ids
 from hutch.core.errors import DriverFailure, HutchError, NotSupported
 from hutch.core.events import SandboxCreated
@@ -28,6 +18,16 @@ from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas
 from hutch.drivers.base import Driver, ProvisionRequest
+from hutch.service.background import Background, quietly
+from hutch.service.executions import Executions, default_timeout
+from hutch.service.input_streams import InputStreams
+from hutch.service.quotas import Quotas
+from hutch.service.reads import Reads
+from hutch.service.recorder import Recorder
+from hutch.service.requests import CreateRequest
+from hutch.service.snapshots import Snapshots
+from hutch.service.stream_ids import StreamIds
+from hutch.service.tenancy import owned
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Provisioning:
         created = [SandboxCreated(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id,
                                   initial_command=queued)]
         # The quota's check and the create it allows, as one, on this replica and across
-        # replicas; without a quota, no lock (api/quotas.py).
+        # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
         async with self._recorder.lock(spec.org_id) if limited else contextlib.nullcontext(), \
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():

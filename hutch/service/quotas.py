@@ -6,7 +6,7 @@ ready snapshots' archives, its sandboxes' disk checkpoints (their bytes on the h
 driver reports them) and the archives of snapshot builds not finalized yet, uploads in
 flight counted from their first byte (on this replica; stored ones on every replica).
 A sandbox that gives no memory or CPU has the server's defaults filled into its spec before it
-is recorded (api/defaults.py), so it counts what its driver enforces; one recorded before that
+is recorded (service/defaults.py), so it counts what its driver enforces; one recorded before that
 counts the same defaults, so an organization cannot slip past a quota by asking for nothing.
 
 An organization with a sandbox quota (``limits_sandboxes``) has its creates hold its lock from
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
 
-from hutch.api.defaults import SandboxDefaults
-from hutch.api.reads import Reads
 from hutch.core.blobs import BlobNotFound, BlobStore
 from hutch.core.errors import QuotaExceeded
 from hutch.core.models import SandboxSpec
@@ -33,6 +31,8 @@ from hutch.core.quantities import format_bytes
 from hutch.core.tenancy import Quota
 from hutch.drivers.base import Driver
 from hutch.projections.base import SandboxQuery, SnapshotQuery
+from hutch.service.defaults import SandboxDefaults
+from hutch.service.reads import Reads
 
 STORAGE = "snapshot_bytes"  # the quota that bounds every byte an organization keeps
 

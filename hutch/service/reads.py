@@ -22,7 +22,7 @@ from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
 
 if TYPE_CHECKING:
-    from hutch.api.tenancy import Tenants
+    from hutch.service.tenancy import Tenants
 
 T = TypeVar("T")
 
@@ -35,8 +35,8 @@ class Reads:
         self.store = store
         self.log = event_log
         self.projector = projector
-        self.tenants: Tenants | None = None  # set by the app (api/tenancy.py); None: one organization
-        # Sandboxes waiting for their runtime's first build (api/provisioning.py keeps it):
+        self.tenants: Tenants | None = None  # set by the app (service/tenancy.py); None: one organization
+        # Sandboxes waiting for their runtime's first build (service/provisioning.py keeps it):
         # a wait for them to leave ``creating`` holds as long as the build takes.
         self.building: set[str] = set()
 

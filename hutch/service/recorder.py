@@ -17,7 +17,6 @@ from typing import TypeVar
 
 import attrs
 
-from hutch.api.reads import Reads
 from hutch.core import ids, snapshots
 from hutch.core.errors import InvalidInput, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
@@ -26,6 +25,7 @@ from hutch.core.lifecycle import Command, decide
 from hutch.core.models import Sandbox
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
+from hutch.service.reads import Reads
 
 C = TypeVar("C", bound=Command)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from hutch.api.control import SandboxControl
-from hutch.api.recorder import Recorder
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
 from hutch.drivers.base import Driver
 from hutch.projections.base import ProjectionStore, SandboxQuery
+from hutch.service.control import SandboxControl
+from hutch.service.recorder import Recorder
 
 log = logging.getLogger(__name__)
 

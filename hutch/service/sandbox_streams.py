@@ -3,10 +3,10 @@
 ``@agentuity/runtime``'s ``ctx.sandbox`` reads an interactive sandbox's output from the
 ``stdoutStreamId``/``stderrStreamId`` of the create answer (and ``connect`` from the
 ``stdoutStreamUrl`` of a get): the sandbox's console, not one command's. hutch keeps output
-per execution (api/output.py), so a sandbox stream is composed on read: the bytes of each
+per execution (service/output.py), so a sandbox stream is composed on read: the bytes of each
 execution in the order they were made, following the running one, then waiting for the
 next, until the sandbox has ended and its last execution's stream has closed. Its id is
-derived from the sandbox id like an execution's (api/stream_ids.py), so it is the same kind
+derived from the sandbox id like an execution's (service/stream_ids.py), so it is the same kind
 of capability and needs no state.
 
 Reading it is not waiting on any command: a reader that leaves cancels nothing (unlike an
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from hutch.core.models import Execution
 
 if TYPE_CHECKING:
-    from hutch.api.service import Engine
+    from hutch.service.engine import Engine
 
 # A safety net only: changes wake the reader at once through the projector's listener.
 _RECHECK_SECONDS = 1.0

@@ -33,12 +33,6 @@ from typing import IO
 import attrs
 
 import hutch.blobs as blobs
-from hutch.api import archives
-from hutch.api.quotas import Quotas
-from hutch.api.reads import Reads
-from hutch.api.recorder import Recorder
-from hutch.api.stream_ids import StreamIds
-from hutch.api.timeouts import Reaper
 from hutch.blobs.files import FileBlobStore
 from hutch.core import ids, runtimes
 from hutch.core.blobs import BlobNotFound, BlobStore
@@ -68,6 +62,12 @@ from hutch.core.snapshots import (
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, scoped_org, visible
 from hutch.drivers.base import Driver, ProvisionRequest
 from hutch.projections.base import ProjectionStore, SnapshotQuery
+from hutch.service import archives
+from hutch.service.quotas import Quotas
+from hutch.service.reads import Reads
+from hutch.service.recorder import Recorder
+from hutch.service.stream_ids import StreamIds
+from hutch.service.timeouts import Reaper
 
 WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
 LINEAGE_MAX = 1000

@@ -28,7 +28,7 @@ class StreamIds:
         return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
 
     def execution_of(self, stream_id: str) -> str | None:
-        """The execution (or, for a sandbox's own streams, the sandbox: api/sandbox_streams.py)
+        """The execution (or, for a sandbox's own streams, the sandbox: service/sandbox_streams.py)
         an issued output stream id belongs to (None for any other id)."""
         m = _ID.match(stream_id)
         return f"{m['prefix']}_{m['body']}" if m is not None and self.issued(stream_id) else None

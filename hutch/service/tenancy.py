@@ -18,8 +18,7 @@ import hashlib
 import hmac
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
 
@@ -27,7 +26,7 @@ from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, RateLimited, Unauthorized
 from hutch.core.events import Event
 from hutch.core.models import SandboxSpec
-from hutch.core.tenancy import LOCAL_ORG, SCOPE, Access, Directory, Principal, Role
+from hutch.core.tenancy import LOCAL_ORG, SCOPE, Directory, Principal, Role
 from hutch.projections.base import ProjectionStore, is_tenancy_event
 
 

@@ -17,7 +17,7 @@ from hutch.core.errors import InvalidInput
 from hutch.drivers.base import Terminal, TerminalRequest
 
 if TYPE_CHECKING:
-    from hutch.api.service import Engine
+    from hutch.service.engine import Engine
 
 # What runs when the user names no command: the sandbox user's login shell (bash in every
 # runtime hutch builds; sh in a snapshot's runtime without it).

@@ -12,16 +12,16 @@ import datetime as dt
 import logging
 import time
 
-from hutch.api.background import Background
-from hutch.api.control import SandboxControl
 from hutch.core.errors import HutchError
 from hutch.core.lifecycle import Terminate
 from hutch.core.models import Sandbox, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
+from hutch.service.background import Background
+from hutch.service.control import SandboxControl
 
-log = logging.getLogger("hutch.api")
+log = logging.getLogger("hutch.service")
 
 
 def seconds(value: str | None, field: str) -> float:

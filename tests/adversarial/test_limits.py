@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hutch.api.config import Config
 from hutch.api.keys import ENGINE
 from hutch.core.errors import InvalidInput
+from hutch.service.config import Config
 from tests.api.conftest import AUTH, Api, AppFactory, make_api, profile  # noqa: F401  (fixtures)
 from tests.drivers_support import require_root
 

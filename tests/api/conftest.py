@@ -10,8 +10,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from hutch.api.app import create_app
-from hutch.api.config import Config
 from hutch.api.keys import ENGINE
+from hutch.service.config import Config
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
 KEY = "test-key"

@@ -9,8 +9,8 @@ import base64
 
 import pytest
 
-from hutch.api.config import Config
 from hutch.core.errors import InvalidInput
+from hutch.service.config import Config
 from tests.api.conftest import Api, AppFactory
 
 

@@ -1,4 +1,4 @@
-"""Fork (api/fork.py): N sandboxes with the parent's files and env at one instant."""
+"""Fork (service/fork.py): N sandboxes with the parent's files and env at one instant."""
 
 from __future__ import annotations
 

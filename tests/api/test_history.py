@@ -1,4 +1,4 @@
-"""Time travel (api/history.py): a sandbox as of any of its events, folded from the log."""
+"""Time travel (service/history.py): a sandbox as of any of its events, folded from the log."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_a_missing_route_would_be_caught(make_app_document: dict) -> None:  # ty
 @pytest.fixture
 def make_app_document(tmp_path: Path) -> dict:  # type: ignore[type-arg]
     from hutch.api.app import create_app
-    from hutch.api.config import Config
+    from hutch.service.config import Config
 
     return document(create_app(Config(data_dir=tmp_path / "data", api_key="k", driver="fake")))
 

@@ -1,6 +1,6 @@
 """Concurrent creates against a sandbox quota: the organization's lock is what holds it.
 
-Only organizations with a sandbox quota take that lock (api/quotas.py), so this is the test
+Only organizations with a sandbox quota take that lock (service/quotas.py), so this is the test
 that fails if the lock is dropped for them too."""
 
 from __future__ import annotations

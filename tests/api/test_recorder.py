@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from hutch.api.reads import Reads
-from hutch.api.recorder import Recorder
 from hutch.core.errors import InvalidInput, ProjectionUnavailable, SnapshotNotFound
 from hutch.core.events import SandboxCreated, SandboxEnvChanged
 from hutch.core.lifecycle import ChangeEnv, FinishExecution, Start, StartExecution
@@ -18,6 +16,8 @@ from hutch.core.snapshots import BeginBuild, DeleteSnapshot
 from hutch.eventlog.sqlite import SqliteEventLog
 from hutch.projections.memory import MemoryProjectionStore
 from hutch.projections.runner import Projector
+from hutch.service.reads import Reads
+from hutch.service.recorder import Recorder
 
 Parts = tuple[Recorder, Reads, SqliteEventLog]
 

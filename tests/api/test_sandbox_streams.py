@@ -1,4 +1,4 @@
-"""A sandbox's own output streams (api/sandbox_streams.py): what ``@agentuity/runtime``'s
+"""A sandbox's own output streams (service/sandbox_streams.py): what ``@agentuity/runtime``'s
 ``ctx.sandbox`` reads as an interactive sandbox's stdout and stderr."""
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ from typing import Any
 import attrs
 import pytest
 
-from hutch.api.composition import open_event_log
-from hutch.api.config import Config
-from hutch.api.service import now_iso
 from hutch.core.events import Event, SandboxCreated, SandboxStarted, encode
 from hutch.core.models import SandboxSpec
 from hutch.core.serde import converter
+from hutch.service.composition import open_event_log
+from hutch.service.config import Config
+from hutch.service.engine import now_iso
 from tests.api.conftest import Api, AppFactory
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 

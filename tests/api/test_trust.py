@@ -104,8 +104,8 @@ async def test_nomad_sandboxes_trust_the_operators_ca_too(make_api: AppFactory, 
 
 
 async def test_a_bad_ca_setting_stops_the_start(tmp_path: Path) -> None:
-    from hutch.api.config import Config
     from hutch.core.errors import InvalidInput
+    from hutch.service.config import Config
 
     (tmp_path / "not.pem").write_text("hello")
     for value, words in ((str(tmp_path / "nope.pem"), "cannot read"), (str(tmp_path / "not.pem"), "no PEM")):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hutch.api.composition import open_event_log
 from hutch.core import ids
 from hutch.core.errors import NotSupported
 from hutch.core.eventlog.base import EventLog, LogCapabilities
 from hutch.core.events import Event, ExecutionStarted, SandboxStarted
+from hutch.service.composition import open_event_log
 from tests.services import drop_topics, kafka_url
 
 BACKENDS = ["sqlite", "kafka"]

@@ -12,12 +12,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaTimeoutError
 
-from hutch.api.composition import open_event_log
 from hutch.core import ids
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.events import Event, ExecutionStarted
 from hutch.eventlog.kafka import KafkaEventLog
 from hutch.eventlog.kafka_records import Record, partition_for
+from hutch.service.composition import open_event_log
 from tests.contracts.test_eventlog import ev
 from tests.services import drop_topics, kafka_url
 

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hutch.api.composition import open_store
 from hutch.core import ids
 from hutch.core.errors import NotSupported
 from hutch.core.events import (
@@ -33,6 +32,7 @@ from hutch.core.models import (
     SnapshotStatus,
 )
 from hutch.projections.base import ProjectionStore, SandboxQuery, SnapshotQuery, StoreCapabilities
+from hutch.service.composition import open_store
 from tests.services import drop_database, fresh_database
 
 BACKENDS = ["memory", "postgres"]

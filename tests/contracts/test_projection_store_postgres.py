@@ -9,11 +9,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from hutch.api.composition import open_event_log
 from hutch.core.events import ExecutionStarted, SandboxStarted
 from hutch.projections.base import SandboxQuery, StoreBehind
 from hutch.projections.postgres import PostgresProjectionStore
 from hutch.projections.runner import Projector
+from hutch.service.composition import open_event_log
 from tests.contracts.test_projection_store import Log, created
 from tests.services import drop_database, fresh_database
 

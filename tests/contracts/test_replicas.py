@@ -134,7 +134,7 @@ async def test_a_replica_closed_on_purpose_is_taken_over_at_once(pg: Callable[..
 
 
 async def test_serialised_holds_off_the_other_replicas_on_that_key_only(pg: Callable[..., PostgresReplicas]) -> None:
-    """An organization's quota check and create, across replicas (api/provisioning.py)."""
+    """An organization's quota check and create, across replicas (service/provisioning.py)."""
     a, b = await pg("a"), await pg("b")
     inside: list[str] = []
     a_in, a_out = asyncio.Event(), asyncio.Event()

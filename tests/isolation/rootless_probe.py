@@ -36,11 +36,11 @@ from aiohttp import web
 import hutch.eventlog.sqlite
 import hutch.projections.memory  # noqa: F401
 from hutch.api.app import create_app
-from hutch.api.config import Config
 from hutch.core.errors import HutchError, NotSupported
 from hutch.drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
 from hutch.drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
 from hutch.drivers.local.driver import LocalDriver
+from hutch.service.config import Config
 from tests.isolation import channel_probe, connect_probe, terminal_probe
 
 PY = "python:3.13"

@@ -19,13 +19,13 @@ import pytest
 from pytest_aiohttp import AiohttpClient
 
 from hutch.api.app import create_app
-from hutch.api.config import Config
 from hutch.api.keys import ENGINE
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure
 from hutch.drivers.base import ExecRequest
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.driver import LocalDriver
+from hutch.service.config import Config
 from tests.drivers_support import (
     RUNTIME_CACHE,
     TEST_RUNTIMES,

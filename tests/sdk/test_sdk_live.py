@@ -9,7 +9,7 @@ import pytest
 
 from hutch import SandboxClient, errors
 from hutch.api.app import create_app
-from hutch.api.config import Config
+from hutch.service.config import Config
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def assert_names_both_and_the_fix(said: str, store_log: str | None, log: str | N
 
 
 def identity_of(event_log: str, data_dir: Path) -> str:
-    from hutch.api.composition import open_event_log
+    from hutch.service.composition import open_event_log
 
     async def ask() -> str:
         log = open_event_log(event_log, data_dir, read_only=True)
@@ -105,7 +105,7 @@ def test_a_new_topic_with_an_old_store_is_refused(tmp_path: Path, database: str,
 
 
 async def _events_in(url: str, data_dir: Path) -> int:
-    from hutch.api.composition import open_event_log
+    from hutch.service.composition import open_event_log
 
     log = open_event_log(url, data_dir, read_only=True)
     await log.start()

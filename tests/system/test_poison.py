@@ -27,10 +27,10 @@ pytestmark = pytest.mark.slow
 
 async def append_poison(url: str, data_dir: Path) -> tuple[str, str]:
     """Append, as another writer, a create whose name holds a NUL; (sandbox id, event id)."""
-    from hutch.api.composition import open_event_log
     from hutch.core import ids
     from hutch.core.events import Event, SandboxCreated
     from hutch.core.models import SandboxSpec
+    from hutch.service.composition import open_event_log
 
     log = open_event_log(url, data_dir)  # another writer beside the server's
     await log.start()

@@ -357,7 +357,7 @@ def test_hutch_audit_keeps_every_event_once_and_names_the_key(
 
 
 async def _log_events(url: str, tmp_path: Path) -> list[Any]:
-    from hutch.api.composition import open_event_log
+    from hutch.service.composition import open_event_log
 
     log = open_event_log(url, tmp_path / "reader", read_only=True)
     await log.start()

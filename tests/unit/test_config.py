@@ -1,4 +1,4 @@
-"""The server's settings (api/config.py): each is converted and checked when a Config is
+"""The server's settings (service/config.py): each is converted and checked when a Config is
 made, a bad one is refused in one line naming it, and the server exits with that line."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from hutch.api.composition import make_projector, open_event_log, open_store
-from hutch.api.config import Config
 from hutch.core.errors import InvalidInput
+from hutch.service.composition import make_projector, open_event_log, open_store
+from hutch.service.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,7 +144,7 @@ def test_settings_are_checked_without_the_server_extras(tmp_path: Path) -> None:
     """`pip install hutch` has no python-nomad: checking HUTCH_NOMAD_POOL must not need it
     (drivers/nomad/pools.py imported placement.py at the top, and `hutch run` failed)."""
     script = ("import sys; sys.modules['nomad'] = None\n"
-              "from hutch.api.config import Config\n"
+              "from hutch.service.config import Config\n"
               f"Config(data_dir={str(tmp_path)!r}, nomad_pool='auto', nomad_pool_memory='512')\n"
               "print('checked')")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)

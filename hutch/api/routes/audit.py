@@ -13,12 +13,12 @@ import json
 
 from aiohttp import web
 
+from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, q_bool
 from hutch.api.keys import ENGINE
-from hutch.api.service import Engine
-from hutch.api.tenancy import PUBLIC, needs
 from hutch.core.errors import NotFound
 from hutch.projections.audit import audit_record
+from hutch.service.engine import Engine
 
 routes = web.RouteTableDef()
 

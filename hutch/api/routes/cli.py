@@ -17,10 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
+from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok, q_choice, q_instant, q_int, q_offset
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.api.stats import usage as usage_stats
-from hutch.api.tenancy import PUBLIC, needs
 from hutch.api.wire import org_ref
 from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
@@ -28,6 +27,7 @@ from hutch.core.models import Mode, Sandbox, SandboxStatus
 from hutch.core.packages import check_dependencies
 from hutch.core.tenancy import Access, ApiKey
 from hutch.projections.base import SandboxQuery
+from hutch.service.stats import usage as usage_stats
 
 routes = web.RouteTableDef()
 REGION = "local"  # one server, one region: the CLI picks it without asking

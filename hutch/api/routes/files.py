@@ -13,10 +13,11 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api import archives, wire
+from hutch.api import wire
 from hutch.api.http import json_body, ok, q_choice, stream
 from hutch.api.keys import CONFIG, ENGINE
 from hutch.core.errors import InvalidInput
+from hutch.service import archives
 
 routes = web.RouteTableDef()
 

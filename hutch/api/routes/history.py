@@ -1,5 +1,5 @@
-"""Time travel on the wire (api/history.py): ``GET /sandbox/{id}?asOf=…`` (in sandboxes.py)
-and ``GET /sandbox/sandboxes/{id}/history``; and forks (api/fork.py), the sandbox's other
+"""Time travel on the wire (service/history.py): ``GET /sandbox/{id}?asOf=…`` (in sandboxes.py)
+and ``GET /sandbox/sandboxes/{id}/history``; and forks (service/fork.py), the sandbox's other
 relation across time: ``POST /sandbox/{id}/fork``."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api import fork, history, wire
+from hutch.api import wire
 from hutch.api.http import json_body, ok
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from hutch.api.render import render_sandbox
 from hutch.core.events import Event
 from hutch.core.models import Sandbox
 from hutch.core.tenancy import Access
+from hutch.service import fork, history
 
 routes = web.RouteTableDef()
 

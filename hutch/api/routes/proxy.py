@@ -47,9 +47,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from hutch.api.access import PUBLIC, needs
 from hutch.api.keys import CONFIG, ENGINE, FORWARD_TO_OWNER, TENANTS
 from hutch.api.proxy_origin import answer_headers, request_headers
-from hutch.api.tenancy import PUBLIC, needs
 from hutch.api.watchers import while_client_stays
 from hutch.core.errors import (
     DriverFailure,

@@ -21,13 +21,14 @@ from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from hutch.api.render import port_url, render_execution, render_sandbox, stream_urls
 from hutch.api.routes import history as history_routes
 from hutch.api.routes.audit import audit_stream_id, audit_stream_url
-from hutch.api.stats import usage as usage_stats
+from hutch.api.watchers import hold
 from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
 from hutch.core.models import Mode, Sandbox, SandboxStatus
 from hutch.core.tenancy import Access
 from hutch.drivers import egress
 from hutch.projections.base import SandboxQuery
+from hutch.service.stats import usage as usage_stats
 
 routes = web.RouteTableDef()
 
@@ -160,7 +161,7 @@ async def get_execution(request: web.Request) -> web.Response:
         return ok(render_execution(request, await engine.get_execution(execution_id)))
     # A long-poll by a key that may act on the sandbox is a waiter: its client leaving for good
     # cancels the command (api/watchers.py). A read-only key's is a reader: it cannot.
-    ex, gone = await engine.watchers.hold(request, execution_id, engine.get_execution(execution_id, wait=wait),
+    ex, gone = await hold(engine.watchers, request, execution_id, engine.get_execution(execution_id, wait=wait),
                                           counts=request[PRINCIPAL].may(Access.WRITE))
     if gone or ex is None:
         return web.Response(status=499)  # nobody reads it: the client went away
@@ -204,7 +205,7 @@ async def list_events(request: web.Request) -> web.Response:
 
 @routes.get("/sandbox/{sandbox_id}")
 async def get_sandbox(request: web.Request) -> web.Response:
-    if ref := request.query.get("asOf"):  # time travel: as of an event or a time (api/history.py)
+    if ref := request.query.get("asOf"):  # time travel: as of an event or a time (service/history.py)
         return ok(await history_routes.render_as_of(request, request.match_info["sandbox_id"], ref))
     sb = await _maybe_wait(request, request.match_info["sandbox_id"])
     usage = None

@@ -1,5 +1,5 @@
 """/sandbox/…snapshot…: take, build (init, upload, finalize), get, list, tag, delete, lineage,
-public listing, and download of snapshots (api/snapshots.py does the work)."""
+public listing, and download of snapshots (service/snapshots.py does the work)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api import wire
+from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, json_body, ok, q_bool, q_choice, q_int, q_offset, stream
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, TENANTS
-from hutch.api.snapshots import LINEAGE_MAX, unchanged
-from hutch.api.tenancy import PUBLIC, needs, project_for
 from hutch.core import limits
 from hutch.core.blobs import BlobNotFound
 from hutch.core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from hutch.core.models import Snapshot
 from hutch.core.snapshots import check_name
 from hutch.projections.base import SNAPSHOT_SORTS, SnapshotQuery
+from hutch.service.snapshots import LINEAGE_MAX, unchanged
+from hutch.service.tenancy import project_for
 
 routes = web.RouteTableDef()
 

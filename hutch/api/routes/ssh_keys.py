@@ -15,9 +15,9 @@ from aiohttp import web
 
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.api.tenancy import now_utc
 from hutch.core import tenancy
 from hutch.core.tenancy import SshKey
+from hutch.service.tenancy import now_utc
 
 routes = web.RouteTableDef()
 

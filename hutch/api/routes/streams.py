@@ -1,6 +1,6 @@
 """Streams. ``GET /streams/{id}``: output, unauthenticated on purpose (the stream id is the
-capability): an execution's, or a sandbox's own (api/sandbox_streams.py). ``POST /streams`` and ``PUT /streams/{id}``: stdin, as Agentuity's stream
-service takes it (api/input_streams.py), behind the API key."""
+capability): an execution's, or a sandbox's own (service/sandbox_streams.py). ``POST /streams`` and ``PUT /streams/{id}``: stdin, as Agentuity's stream
+service takes it (service/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import hmac
 
 from aiohttp import web
 
-from hutch.api import sandbox_streams
+from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, TENANTS
-from hutch.api.sandbox_streams import is_sandbox_stream
-from hutch.api.tenancy import PUBLIC, needs
+from hutch.api.watchers import hold
 from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
 from hutch.core.tenancy import SCOPE, Access, Scope
+from hutch.service import sandbox_streams
+from hutch.service.sandbox_streams import is_sandbox_stream
 
 routes = web.RouteTableDef()
 
@@ -45,7 +46,7 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
     elif owner is None:
         await copy()
     else:  # a reader that may act on the command is a waiter: leaving, it cancels (api/watchers.py)
-        await engine.watchers.hold(request, owner, copy(), counts=await _may_act(request, owner))
+        await hold(engine.watchers, request, owner, copy(), counts=await _may_act(request, owner))
     return resp
 
 

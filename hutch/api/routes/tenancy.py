@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from hutch.api.access import needs
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.api.tenancy import needs
 from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound
 from hutch.core.tenancy import Access, ApiKey, Organization, Project
@@ -31,7 +31,7 @@ def render_org(org: Organization, usage: dict[str, int] | None = None) -> dict[s
                                      "cpuMillis": org.quota.cpu_millis, "snapshotBytes": org.quota.snapshot_bytes}}
     if usage is not None:
         # snapshotBytes of the quota bounds storageBytes: snapshots, checkpoints and the
-        # uploads of builds not finalized yet (api/quotas.py).
+        # uploads of builds not finalized yet (service/quotas.py).
         out["usage"] = {"sandboxes": usage["sandboxes"], "memoryBytes": usage["memory_bytes"],
                         "cpuMillis": usage["cpu_millis"], "snapshotBytes": usage["snapshot_bytes"],
                         "checkpointBytes": usage["checkpoint_bytes"], "uploadBytes": usage["upload_bytes"],

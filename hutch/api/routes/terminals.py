@@ -17,12 +17,12 @@ import json
 
 from aiohttp import WSMsgType, web
 
+from hutch.api.access import needs
 from hutch.api.http import parse_json, q_int
 from hutch.api.keys import ENGINE
-from hutch.api.tenancy import needs
-from hutch.api.terminals import ActiveTerminal, TerminalOptions, check_term, open_terminal
 from hutch.core.errors import InvalidInput, NotSupported
 from hutch.core.tenancy import Access
+from hutch.service.terminals import ActiveTerminal, TerminalOptions, check_term, open_terminal
 
 routes = web.RouteTableDef()
 

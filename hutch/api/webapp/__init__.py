@@ -16,9 +16,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.api.tenancy import PUBLIC, needs
 from hutch.api.watchers import while_client_stays
 from hutch.api.webapp.sessions import (
     HOST_ONLY,

@@ -1,6 +1,6 @@
 """How the nomad driver runs a command (``HUTCH_NOMAD_EXEC``), checkable without the driver.
 
-api/config.py checks every setting when a server starts, whatever its driver; importing the
+service/config.py checks every setting when a server starts, whatever its driver; importing the
 driver itself for that would need the server extra (python-nomad) on a plain
 ``pip install hutch`` running the embedded default.
 """

@@ -27,7 +27,7 @@ PORT_LABEL = "sandbox"  # the group network's dynamic port carrying network.port
 # pid 1: an idle shell that reaps orphaned children and exits at once on SIGTERM; not
 # dumpable (images.INIT_SHELL), so out of reach of ptrace from inside.
 INIT = [images.INIT_SHELL, "-c", "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"]
-# What a sandbox that asks for nothing gets: what api/quotas.py counts it at (512Mi, one CPU),
+# What a sandbox that asks for nothing gets: what service/quotas.py counts it at (512Mi, one CPU),
 # or the service's HUTCH_DEFAULT_MEMORY / HUTCH_DEFAULT_CPU. Never unlimited.
 DEFAULT_MEMORY = "512Mi"
 DEFAULT_CPU = "1000m"

@@ -268,7 +268,7 @@ class WarmPools:
             # It may have ended while its agent started; the watcher looks at entries only.
             alloc = await self._client.allocation(alloc_id)
             if alloc.get("ClientStatus") not in LIVE or alloc.get("DesiredStatus") != "run":
-                # Imported here: this module is read without python-nomad (api/config.py checks
+                # Imported here: this module is read without python-nomad (service/config.py checks
                 # HUTCH_NOMAD_POOL on a plain `pip install hutch`), and placement.py needs it.
                 from hutch.drivers.nomad.placement import alloc_reason
 
