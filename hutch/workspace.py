@@ -18,8 +18,9 @@ Backends:
 
 The workspace root is the sandbox user's home (``/home/agentuity``) in a sandbox, the
 temporary directory locally. A path that would leave it (``../x``, an absolute path
-elsewhere) is refused with ``ValueError``: the document's "blocked by the filesystem" holds
-for a sandbox anyway, and locally nothing else would hold it.
+elsewhere, a symlink the workspace's code planted) is refused with ``ValueError``: the
+document's "blocked by the filesystem" holds for a sandbox anyway, and locally nothing else
+would hold it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 
 import attrs
 
+from hutch import _workspace_files as local_files
 from hutch.client import Sandbox, SandboxClient
 
 __all__ = ["RunResult", "Workspace", "WorkspaceSnapshot"]
@@ -269,7 +271,7 @@ class Workspace:
             await self._sandbox.write_files({full: data})
             return
         assert self._dir is not None
-        await asyncio.to_thread(_local_write, self._dir, Path(full), data, path)
+        await asyncio.to_thread(local_files.write, self._dir, full, data, path)
 
     async def read_file(self, path: str, encoding: str = "utf8") -> str | None:
         """The file's text (``encoding="base64"``: base64), or None when it does not exist."""
@@ -284,7 +286,7 @@ class Workspace:
                 return None
         else:
             assert self._dir is not None
-            found = await asyncio.to_thread(_local_read, self._dir, Path(full))
+            found = await asyncio.to_thread(local_files.read, self._dir, full)
             if found is None:
                 return None
             data = found
@@ -307,7 +309,7 @@ class Workspace:
 
     async def _walk(self) -> AsyncIterator[tuple[str, bytes]]:
         if self._dir is not None:
-            for item in await asyncio.to_thread(_local_files, self._dir):
+            for item in await asyncio.to_thread(local_files.files, self._dir):
                 yield item
             return
         assert self._sandbox is not None
@@ -361,29 +363,6 @@ class Workspace:
     def _need_started(self) -> None:
         if not self._ready and self._stack is None:
             raise RuntimeError("the workspace is not started (call start(), or use `async with`)")
-
-
-# unix-local's file work, off the event loop. A symlink planted in the workspace (by code it
-# ran) must not carry a write or a read outside it: the resolved path is checked too.
-def _local_write(root: Path, target: Path, data: bytes, shown: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.is_symlink() or not target.parent.resolve().is_relative_to(root.resolve()):
-        raise ValueError(f"path: {shown!r} leads outside the workspace")
-    target.write_bytes(data)
-    if target.suffix == ".py":  # as the drivers do (drivers/bytecode.py): never run a stale module
-        for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
-            cached.unlink(missing_ok=True)
-
-
-def _local_read(root: Path, target: Path) -> bytes | None:
-    if not target.is_file() or not target.resolve().is_relative_to(root.resolve()):
-        return None
-    return target.read_bytes()
-
-
-def _local_files(root: Path) -> list[tuple[str, bytes]]:
-    return [(p.relative_to(root).as_posix(), p.read_bytes())
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
 
 
 class SyncWorkspace:

@@ -98,14 +98,29 @@ async def test_every_method_and_the_failure_table(workspace: Workspace) -> None:
         await ws.run("1")
 
 
-async def test_unix_local_refuses_a_planted_symlink(tmp_path: Path) -> None:
-    async with Workspace(backend="unix-local", language="shell") as ws:
-        await ws.shell(f"ln -s {tmp_path} escape")
-        with pytest.raises(ValueError, match="outside the workspace"):
-            await ws.write_file("escape/owned.txt", "x")
-        assert not (tmp_path / "owned.txt").exists()
-        (tmp_path / "secret.txt").write_text("host secret")
-        assert await ws.read_file("escape/secret.txt") is None  # a read through it finds nothing
+@pytest.mark.parametrize("backend", ["unix-local"])
+async def test_what_the_code_plants_does_not_carry_this_process_outside(tmp_path: Path, backend: str) -> None:
+    """The workspace's code plants a symlink to a directory outside, a symlinked parent and a
+    FIFO. A write follows no link (checked after making the parents, `escape/deeper` used to
+    appear outside), a read or a snapshot brings no outside file in, and a FIFO does not hang
+    the call (it held a worker thread for good). This matters most where this process has more
+    rights than the code it runs (docker, as root)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("host secret")
+    async with Workspace(backend=backend, language="shell") as ws:
+        await ws.shell(f"ln -s {outside} escape; ln -s {outside}/secret.txt leak.txt; mkdir -p d; mkfifo d/pipe")
+        for path in ("escape/owned.txt", "leak.txt", "escape/deeper/owned.txt"):
+            with pytest.raises(ValueError, match="outside the workspace"):
+                await ws.write_file(path, "x")
+        with pytest.raises(ValueError, match="not a regular file"):
+            await ws.write_file("d/pipe", "x")
+        assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+        assert (outside / "secret.txt").read_text() == "host secret"
+        assert await ws.read_file("escape/secret.txt") is None
+        assert await ws.read_file("leak.txt") is None
+        assert await ws.read_file("d/pipe") is None
+        assert set((await ws.snapshot()).files) == set()
 
 
 async def test_snapshots_move_between_backends(tmp_path: Path) -> None:
