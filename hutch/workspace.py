@@ -154,12 +154,12 @@ class Workspace:
                 self._dir = Path(tempfile.mkdtemp(prefix="hutch-workspace-"))
             else:
                 await self._open_sandbox()
-            if self._from_snapshot is None:  # a resumed or reattached workspace has its files
+            if self._from_snapshot is None:  # a resumed or reattached workspace has its files (and clones)
                 for path, contents in self.files.items():
                     await self.write_file(path, contents, "binary" if isinstance(contents, bytes) else "utf8",
                                           _starting=True)
-            for clone in self.git_clones:
-                await self._clone(clone)
+                for clone in self.git_clones:
+                    await self._clone(clone)
         except BaseException:
             await self._teardown(destroy=True)
             raise
@@ -187,6 +187,7 @@ class Workspace:
         url, into = clone.get("url"), clone.get("dir") or posixpath.basename(str(clone.get("url", ""))).removesuffix(".git")
         if not url:
             raise ValueError("git_clones: each needs a url")
+        self._path(into)  # a clone lands inside the workspace too
         argv = ["git", "clone", "--depth", "1", *(["--branch", clone["ref"]] if clone.get("ref") else []), url, into]
         result = await self._exec(argv, self.timeout_seconds * 5)
         if result.exit_code != 0:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -256,6 +257,12 @@ async def test_git_clones_at_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="git clone"):
         async with Workspace(backend="unix-local", git_clones=[{"url": f"file://{tmp_path}/nope"}]):
             pass
+    # A clone's dir is a workspace path like any other: `../x` would land beside the workspace.
+    beside = f"escaped-{os.getpid()}"
+    with pytest.raises(ValueError, match="outside the workspace"):
+        async with Workspace(backend="unix-local", git_clones=[{"url": f"file://{repo}", "dir": f"../{beside}"}]):
+            pass
+    assert not (Path(tempfile.gettempdir()) / beside).exists()
 
 
 def _git_repo(path: Path, files: dict[str, str]) -> Path:
