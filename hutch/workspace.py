@@ -15,11 +15,15 @@ Backends:
 - ``remote``: a hutch server (or any Agentuity-compatible one) by ``url`` and ``api_key``.
 - ``unix-local``: a temporary directory and a child process, as the document has it: for
   trusted code only (it runs with your user's rights; only the paths are confined).
+- ``docker``: a temporary directory bind-mounted into a container of a Docker engine on this
+  machine (hutch/_workspace_docker.py): the files as unix-local, the code confined as far as
+  Docker allows. Needs ``pip install 'hutch[docker]'``.
 
 The workspace root is the sandbox user's home (``/home/agentuity``) in a sandbox, the
-temporary directory locally. A path that would leave it (``../x``, an absolute path
-elsewhere) is refused with ``ValueError``: the document's "blocked by the filesystem" holds
-for a sandbox anyway, and locally nothing else would hold it.
+temporary directory locally (bind-mounted at ``/home/agentuity`` for docker). A path that
+would leave it (``../x``, an absolute path elsewhere, a symlink the workspace's code planted)
+is refused with ``ValueError``: the document's "blocked by the filesystem" holds for a sandbox
+anyway, and locally nothing else would hold it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import logging
 import os
 import posixpath
 import shutil
@@ -38,14 +43,19 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from hutch import _workspace_files as local_files
 from hutch.client import Sandbox, SandboxClient
+
+if TYPE_CHECKING:
+    from hutch._workspace_docker import DockerBox
 
 __all__ = ["RunResult", "Workspace", "WorkspaceSnapshot"]
 
+BACKENDS = ("sandbox", "remote", "unix-local", "docker")
 LANGUAGES = {"node": ("node", "-e"), "python": ("python3", "-c"), "shell": ("/bin/sh", "-c")}
 # One runtime with every language above: a call picks its language, whatever the constructor's.
 DEFAULT_RUNTIME = "workspace:latest"
@@ -105,13 +115,17 @@ class Workspace:
         data_dir: str | os.PathLike[str] | None = None,
         workspace_id: str | None = None,
     ) -> None:
-        if backend not in ("sandbox", "remote", "unix-local"):
-            raise ValueError(f"backend: {backend!r} is not one of sandbox, remote, unix-local")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
         if language not in LANGUAGES:
             raise ValueError(f"language: {language!r} is not one of {', '.join(LANGUAGES)}")
         url = url or (os.environ.get("HUTCH_URL") if backend == "remote" else None)
         if backend == "remote" and not url:
             raise ValueError("backend 'remote' needs url= or HUTCH_URL (and api_key=, or HUTCH_API_KEY)")
+        if backend == "docker":  # the document's "dockerode is required": said before anything starts
+            from hutch._workspace_docker import require_sdk
+
+            require_sdk()
         self.backend = backend
         self.files = dict(files or {})
         self.git_clones = list(git_clones)
@@ -120,13 +134,15 @@ class Workspace:
         self.language = language
         self.runtime = runtime or DEFAULT_RUNTIME
         self.url, self.api_key, self.data_dir = url, api_key, data_dir
-        #: The sandbox id (sandbox and remote backends): reattach with ``Workspace(workspace_id=…)``.
+        #: The sandbox id (sandbox and remote backends) or container id (docker): reattach with
+        #: ``Workspace(workspace_id=…)``.
         self.id: str | None = workspace_id
         self._ready = False
         self._stack: AsyncExitStack | None = None
         self._client: SandboxClient | None = None
         self._sandbox: Sandbox | None = None
         self._dir: Path | None = None
+        self._box: DockerBox | None = None
         self._from_snapshot: str | None = None
 
     @property
@@ -151,14 +167,16 @@ class Workspace:
         try:
             if self.backend == "unix-local":
                 self._dir = Path(tempfile.mkdtemp(prefix="hutch-workspace-"))
+            elif self.backend == "docker":
+                await self._open_box()
             else:
                 await self._open_sandbox()
-            if self._from_snapshot is None:  # a resumed or reattached workspace has its files
+            if self._from_snapshot is None:  # a resumed or reattached workspace has its files (and clones)
                 for path, contents in self.files.items():
                     await self.write_file(path, contents, "binary" if isinstance(contents, bytes) else "utf8",
                                           _starting=True)
-            for clone in self.git_clones:
-                await self._clone(clone)
+                for clone in self.git_clones:
+                    await self._clone(clone)
         except BaseException:
             await self._teardown(destroy=True)
             raise
@@ -185,14 +203,30 @@ class Workspace:
                                                   snapshot=self._from_snapshot)
         self.id = self._sandbox.id
 
+    async def _open_box(self) -> None:
+        from hutch._workspace_docker import DockerBox
+
+        if self.id is not None:  # reattach: another process made it
+            self._box = await DockerBox.attach(self.id)
+            self._from_snapshot = "reattached"
+        else:
+            self._box = await DockerBox.create(self.runtime, self.env)
+        self.id, self._dir = self._box.id, self._box.root
+
     async def _clone(self, clone: Mapping[str, str]) -> None:
         url, into = clone.get("url"), clone.get("dir") or posixpath.basename(str(clone.get("url", ""))).removesuffix(".git")
         if not url:
             raise ValueError("git_clones: each needs a url")
+        target = self._path(into)  # a clone lands inside the workspace too
         argv = ["git", "clone", "--depth", "1", *(["--branch", clone["ref"]] if clone.get("ref") else []), url, into]
-        result = await self._exec(argv, self.timeout_seconds * 5)
+        # docker: with the host's git into the bind mount, before any of the workspace's code has
+        # run, so the container never needs a network.
+        run = self._host_exec if self._box is not None else self._exec
+        result = await run(argv, self.timeout_seconds * 5)
         if result.exit_code != 0:
             raise RuntimeError(f"git clone {url} failed (exit {result.exit_code}): {result.output.strip()[-500:]}")
+        if self._box is not None and self._dir is not None:
+            await asyncio.to_thread(local_files.give, self._dir, target, self._box.owner)
 
     async def close(self) -> None:
         """Remove the workspace (the temporary directory, or the sandbox). Idempotent."""
@@ -210,10 +244,16 @@ class Workspace:
             if destroy and self._sandbox is not None:
                 with contextlib.suppress(Exception):
                     await self._sandbox.destroy()
-            if self._dir is not None:
+            if self._box is not None:  # the container, its directory and its uid; or only the connection
+                try:
+                    await (self._box.remove() if destroy else asyncio.to_thread(self._box.close))
+                except Exception as err:  # close() runs in finally blocks: say so, do not raise
+                    logging.getLogger("hutch.workspace").warning("docker workspace %s: %s", self.id, err)
+            elif self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
         finally:
             stack, self._stack, self._sandbox, self._client, self._dir = self._stack, None, None, None, None
+            self._box = None
             if stack is not None:
                 await stack.aclose()
 
@@ -236,6 +276,12 @@ class Workspace:
             timed_out = ex.status == "timeout"
             code = TIMED_OUT if timed_out else (ex.exit_code if ex.exit_code is not None else 1)
             return RunResult(ex.stdout or "", ex.stderr or "", code, timed_out)
+        if self._box is not None:
+            return RunResult(*await self._box.exec(argv, timeout))
+        return await self._host_exec(argv, timeout)
+
+    async def _host_exec(self, argv: list[str], timeout: float) -> RunResult:
+        """A child process of this one, in the workspace directory (unix-local; docker's clones)."""
         assert self._dir is not None
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=self._dir, env={**os.environ, "HOME": str(self._dir), **self.env},
@@ -253,7 +299,7 @@ class Workspace:
 
     def _path(self, path: str) -> str:
         """The path inside the workspace root, or ValueError for one that leaves it."""
-        root = SANDBOX_ROOT if self._sandbox is not None or self.backend != "unix-local" else str(self._dir)
+        root = str(self._dir) if self._dir is not None else SANDBOX_ROOT
         if not path or "\x00" in path:
             raise ValueError(f"path: {path!r} is not a usable path")
         full = posixpath.normpath(posixpath.join(root, path))
@@ -273,7 +319,8 @@ class Workspace:
             await self._sandbox.write_files({full: data})
             return
         assert self._dir is not None
-        await asyncio.to_thread(_local_write, self._dir, Path(full), data, path)
+        owner = self._box.owner if self._box is not None else None
+        await asyncio.to_thread(local_files.write, self._dir, full, data, path, owner)
 
     async def read_file(self, path: str, encoding: str = "utf8") -> str | None:
         """The file's text (``encoding="base64"``: base64), or None when it does not exist."""
@@ -288,7 +335,7 @@ class Workspace:
                 return None
         else:
             assert self._dir is not None
-            found = await asyncio.to_thread(_local_read, self._dir, Path(full))
+            found = await asyncio.to_thread(local_files.read, self._dir, full)
             if found is None:
                 return None
             data = found
@@ -311,7 +358,7 @@ class Workspace:
 
     async def _walk(self) -> AsyncIterator[tuple[str, bytes]]:
         if self._dir is not None:
-            for item in await asyncio.to_thread(_local_files, self._dir):
+            for item in await asyncio.to_thread(local_files.files, self._dir):
                 yield item
             return
         assert self._sandbox is not None
@@ -365,29 +412,6 @@ class Workspace:
     def _need_started(self) -> None:
         if not self._ready and self._stack is None:
             raise RuntimeError("the workspace is not started (call start(), or use `async with`)")
-
-
-# unix-local's file work, off the event loop. A symlink planted in the workspace (by code it
-# ran) must not carry a write or a read outside it: the resolved path is checked too.
-def _local_write(root: Path, target: Path, data: bytes, shown: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.is_symlink() or not target.parent.resolve().is_relative_to(root.resolve()):
-        raise ValueError(f"path: {shown!r} leads outside the workspace")
-    target.write_bytes(data)
-    if target.suffix == ".py":  # as the drivers do (drivers/bytecode.py): never run a stale module
-        for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
-            cached.unlink(missing_ok=True)
-
-
-def _local_read(root: Path, target: Path) -> bytes | None:
-    if not target.is_file() or not target.resolve().is_relative_to(root.resolve()):
-        return None
-    return target.read_bytes()
-
-
-def _local_files(root: Path) -> list[tuple[str, bytes]]:
-    return [(p.relative_to(root).as_posix(), p.read_bytes())
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
 
 
 class SyncWorkspace:

@@ -1,5 +1,6 @@
-"""hutch.Workspace on its three backends: every method, the document's failure-mode table row
-by row, snapshots across backends, reattach from another process, and the LLM tools."""
+"""hutch.Workspace on its four backends: every method, the document's failure-mode table row by
+row, snapshots across backends, reattach from another process, and the LLM tools (the docker
+backend's own tests: test_workspace_docker.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -51,10 +53,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(30)
 
 
-@pytest.fixture(params=["unix-local", "sandbox", "remote"])
+def built_tree(name: str) -> None:
+    """The docker backend imports a runtime's built tree and refuses without one: build it (a
+    no-op when cached; the sandbox backend builds on first use by itself)."""
+    from hutch.drivers.local import rootfs
+
+    rootfs.build(rootfs.lookup(name), rootfs.default_cache(), log=lambda msg: print(msg, file=sys.stderr))
+
+
+@pytest.fixture(params=["unix-local", "sandbox", "remote", "docker"])
 async def workspace(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Workspace]:
     options: dict = {"backend": request.param, "language": "python", "files": {"seed.txt": "seeded\n"},
                      "env": {"STAGE": "one"}, "timeout_seconds": 30}
+    if request.param == "docker":
+        built_tree("workspace:latest")
     if request.param == "sandbox":
         options["data_dir"] = tmp_path / "engine"
     if request.param == "remote":
@@ -98,14 +110,31 @@ async def test_every_method_and_the_failure_table(workspace: Workspace) -> None:
         await ws.run("1")
 
 
-async def test_unix_local_refuses_a_planted_symlink(tmp_path: Path) -> None:
-    async with Workspace(backend="unix-local", language="shell") as ws:
-        await ws.shell(f"ln -s {tmp_path} escape")
-        with pytest.raises(ValueError, match="outside the workspace"):
-            await ws.write_file("escape/owned.txt", "x")
-        assert not (tmp_path / "owned.txt").exists()
-        (tmp_path / "secret.txt").write_text("host secret")
-        assert await ws.read_file("escape/secret.txt") is None  # a read through it finds nothing
+@pytest.mark.parametrize("backend", ["unix-local", "docker"])
+async def test_what_the_code_plants_does_not_carry_this_process_outside(tmp_path: Path, backend: str) -> None:
+    """The workspace's code plants a symlink to a directory outside, a symlinked parent and a
+    FIFO. A write follows no link (checked after making the parents, `escape/deeper` used to
+    appear outside), a read or a snapshot brings no outside file in, and a FIFO does not hang
+    the call (it held a worker thread for good). This matters most where this process has more
+    rights than the code it runs (docker, as root)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("host secret")
+    if backend == "docker":
+        built_tree("workspace:latest")
+    async with Workspace(backend=backend, language="shell") as ws:
+        await ws.shell(f"ln -s {outside} escape; ln -s {outside}/secret.txt leak.txt; mkdir -p d; mkfifo d/pipe")
+        for path in ("escape/owned.txt", "leak.txt", "escape/deeper/owned.txt"):
+            with pytest.raises(ValueError, match="outside the workspace"):
+                await ws.write_file(path, "x")
+        with pytest.raises(ValueError, match="not a regular file"):
+            await ws.write_file("d/pipe", "x")
+        assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+        assert (outside / "secret.txt").read_text() == "host secret"
+        assert await ws.read_file("escape/secret.txt") is None
+        assert await ws.read_file("leak.txt") is None
+        assert await ws.read_file("d/pipe") is None
+        assert set((await ws.snapshot()).files) == set()
 
 
 async def test_snapshots_move_between_backends(tmp_path: Path) -> None:
@@ -138,29 +167,34 @@ async def test_snapshots_move_between_backends(tmp_path: Path) -> None:
         await home.close()
 
 
-def test_each_turn_a_separate_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sandbox", "docker"])
+def test_each_turn_a_separate_process(tmp_path: Path, backend: str) -> None:
     """The document's pattern: each user turn is a new process; the workspace lives on."""
     engine = tmp_path / "engine"
+    if backend == "docker":
+        built_tree("workspace:latest")
     turn = """
 import asyncio, sys
 from hutch.workspace import Workspace
 async def main():
-    ws = Workspace(language="python", data_dir=sys.argv[1], workspace_id=sys.argv[2] if len(sys.argv) > 2 else None)
+    ws = Workspace(backend=sys.argv[1], language="python", data_dir=sys.argv[2],
+                   workspace_id=sys.argv[3] if len(sys.argv) > 3 else None)
     await ws.start()
     n = int(await ws.read_file("turns.txt") or "0") + 1
     await ws.write_file("turns.txt", str(n))
-    print(ws.id, n)
+    print(ws.id, n, (await ws.run("print(open('turns.txt').read())")).stdout.strip())
     await (ws.close() if n == 3 else ws.detach())
 asyncio.run(main())
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    first = subprocess.run([sys.executable, "-c", turn, str(engine)], env=env, capture_output=True, text=True, check=True)
-    sid, n = first.stdout.split()
-    assert n == "1" and sid.startswith("sbx_")
+    first = subprocess.run([sys.executable, "-c", turn, backend, str(engine)], env=env, capture_output=True, text=True,
+                           check=True)
+    sid, n, seen = first.stdout.split()
+    assert n == seen == "1" and (sid.startswith("sbx_") if backend == "sandbox" else len(sid) == 64)
     for expected in ("2", "3"):
-        out = subprocess.run([sys.executable, "-c", turn, str(engine), sid], env=env, capture_output=True, text=True,
-                             check=True).stdout.split()
-        assert out == [sid, expected]
+        out = subprocess.run([sys.executable, "-c", turn, backend, str(engine), sid], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out == [sid, expected, expected]
 
 
 async def test_tools_for_a_scripted_model(tmp_path: Path) -> None:
@@ -241,6 +275,12 @@ async def test_git_clones_at_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="git clone"):
         async with Workspace(backend="unix-local", git_clones=[{"url": f"file://{tmp_path}/nope"}]):
             pass
+    # A clone's dir is a workspace path like any other: `../x` would land beside the workspace.
+    beside = f"escaped-{os.getpid()}"
+    with pytest.raises(ValueError, match="outside the workspace"):
+        async with Workspace(backend="unix-local", git_clones=[{"url": f"file://{repo}", "dir": f"../{beside}"}]):
+            pass
+    assert not (Path(tempfile.gettempdir()) / beside).exists()
 
 
 def _git_repo(path: Path, files: dict[str, str]) -> Path:
@@ -265,13 +305,15 @@ async def test_a_default_workspace_runs_every_language_it_names(tmp_path: Path) 
         assert (await ws.shell("git --version >/dev/null && echo has-git")).stdout == "has-git\n"
 
 
-@pytest.mark.parametrize("backend", ["sandbox", "unix-local"])
+@pytest.mark.parametrize("backend", ["sandbox", "unix-local", "docker"])
 async def test_a_module_rewritten_within_a_second_runs_as_written(tmp_path: Path, backend: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """An agent fixes a module and reruns at once: same size, same mtime second. Python's cached
     bytecode must not win (also with -B, also from a new process)."""
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # unix-local runs the host's python
     options: dict[str, Any] = {"data_dir": tmp_path / "engine"} if backend == "sandbox" else {}
+    if backend == "docker":
+        built_tree("workspace:latest")
     async with Workspace(backend=backend, language="python", runtime="python:3.13" if backend == "sandbox" else None,
                          **options) as ws:
         for body, expected in (("x * x", "49"), ("x + x", "14"), ("x - x", "0"), ("x * x", "49")):
