@@ -50,6 +50,7 @@ from aiohttp.typedefs import Handler
 from hutch.api.access import PUBLIC, needs
 from hutch.api.keys import CONFIG, ENGINE, FORWARD_TO_OWNER, TENANTS
 from hutch.api.proxy_origin import answer_headers, request_headers
+from hutch.api.render import PROXY_PREFIX
 from hutch.api.watchers import while_client_stays
 from hutch.core.errors import (
     DriverFailure,
@@ -60,21 +61,13 @@ from hutch.core.errors import (
 )
 
 routes = web.RouteTableDef()
-PREFIX = "/proxy"
+PREFIX = PROXY_PREFIX
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp.ClientSession)
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length"}
 _CHUNK = 256 * 1024
 # Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
 _WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
-
-
-def sandbox_url(request: web.Request, base: str, sandbox_id: str, port: int) -> str:
-    domain = request.app[CONFIG].sandbox_domain
-    if domain:
-        scheme = base.split("://", 1)[0]
-        return f"{scheme}://{port}-{sandbox_id.removeprefix('sbx_')}.{domain}/"
-    return f"{base}{PREFIX}/{sandbox_id}/"
 
 
 def _sandbox_host(request: web.Request) -> tuple[str, int] | None:
