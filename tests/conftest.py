@@ -47,3 +47,70 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pairs.append((driver, profile))
     metafunc.definition.add_marker(pytest.mark.parametrize(("driver_name", "profile"), pairs, indirect=["profile"]))
 
+
+# ---------------------------------------------------------------- the quick tier
+
+# `./scripts/test --quick` (pytest --quick): the edit-test loop's tier, a few minutes on two
+# cores and no service started: the unit tests, the API on the fake driver and the embedded
+# profile, the SDK and the CLI against the in-test fake and the fake-driven engine, and the
+# contract suites on their in-process backends. What needs a real service or driver stays in the
+# full run: a test parametrized onto one (a param below) and the modules in NOT_QUICK.
+QUICK = ("tests/unit/", "tests/api/", "tests/sdk/", "tests/cli/", "tests/contracts/")
+SERVICE_PARAMS = {"local", "nomad", "production", "kafka", "postgres", "docker"}
+NOT_QUICK = (  # module paths or test ids (a prefix of the id), each for its reason
+    "tests/api/test_openapi_fuzz.py",  # a live server fuzzed for minutes
+    "tests/api/test_first_use_real.py",  # real runtime builds
+    "tests/api/test_tenancy_upgrade.py::test_a_revocation_through_one_api_process_is_refused_by_another",  # PostgreSQL
+    "tests/contracts/test_eventlog_kafka.py",  # Kafka
+    "tests/contracts/test_projection_store_postgres.py",  # PostgreSQL
+    "tests/contracts/test_output.py::test_another_replica_follows_a_live_stream",  # PostgreSQL, as the four below
+    "tests/contracts/test_output.py::test_replicas_share_the_secret",
+    "tests/contracts/test_output.py::test_a_stream_open_on_one_replica_cannot_be_opened_on_another",
+    "tests/contracts/test_output.py::test_a_killed_writer_reads_as_closed_with_every_saved_byte",
+    "tests/contracts/test_output.py::test_a_writer_whose_session_was_lost_opens_and_saves_on_a_new_one",
+    "tests/contracts/test_replicas.py::test_a_lapsed_lease",  # PostgreSQL, as the five below
+    "tests/contracts/test_replicas.py::test_a_replica_",
+    "tests/contracts/test_replicas.py::test_a_claimed_replica",
+    "tests/contracts/test_replicas.py::test_another_replica",
+    "tests/contracts/test_replicas.py::test_live_replicas",
+    "tests/contracts/test_replicas.py::test_serialised_holds",
+    "tests/cli/test_cli.py::test_a_part_without_the_server_extra",  # a fresh interpreter each, ~6 s
+    "tests/cli/test_cli_live",  # a `hutch serve` process per test (the CLI against the fake: test_cli*.py)
+    "tests/cli/test_ssh_tmux.py",  # the local driver
+    "tests/sdk/test_workspace",  # the local driver and Docker (unix-local alone is a fraction)
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="only the quick tier: no service, no real driver (tests/conftest.py)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With --quick, what is outside the tier is not even imported (collecting everything takes
+    as long as some of the tier's tests)."""
+    if not config.getoption("quick"):
+        return None
+    if not collection_path.is_relative_to(config.rootpath / "tests"):
+        return None
+    rel = collection_path.relative_to(config.rootpath).as_posix()
+    if collection_path.is_dir():
+        inside = rel == "tests" or any(q.startswith(rel + "/") or (rel + "/").startswith(q) for q in QUICK)
+        return None if inside else True
+    return True if not rel.startswith(QUICK) or any(rel.startswith(n) for n in NOT_QUICK if "::" not in n) else None
+
+
+def _needs_a_service(item: pytest.Item) -> bool:
+    if not item.nodeid.startswith(QUICK) or item.nodeid.startswith(NOT_QUICK):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v in SERVICE_PARAMS for v in params.values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("quick"):
+        return
+    slow = [item for item in items if _needs_a_service(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not _needs_a_service(item)]
