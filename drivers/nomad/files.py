@@ -45,8 +45,10 @@ from hutch.core.errors import (
     HutchError,
     InvalidInput,
     NotSupported,
+    QuotaExceeded,
     SandboxNotFound,
 )
+from hutch.core.quantities import format_bytes
 from hutch.drivers.base import FileInfo, FileToWrite
 from hutch.drivers.fserrors import from_errno
 from hutch.drivers.nomad.access import SandboxAccess
@@ -373,14 +375,23 @@ class NomadFiles:
             raise NotSupported("disk checkpoints are not local files with this blob store")
         return self._blobs.path(self._checkpoint_key(sandbox_id, checkpoint_id))
 
-    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str, *, limit: int | None = None,
+                         used: int = 0) -> int:
+        """Take it; the bytes it takes. ``limit``: what the sandbox's checkpoints may take in all
+        (HUTCH_MAX_CHECKPOINT_BYTES), ``used`` by those it has: the export stops the moment it
+        passes what is left (QuotaExceeded), and nothing of it is kept."""
         sb = self._access.running(sandbox_id)
         self._access.check_not_paused(sb)
         key = self._checkpoint_key(sandbox_id, checkpoint_id)
         # Spooled first: the export streams from the sandbox at its own pace, whatever the
         # blob store's; the store gets a complete file.
-        with await spool(self.export_tar(sb.id, HOME), await self._spool_dir()) as spooled:
+        export = self.export_tar(sb.id, HOME)
+        if limit is not None:
+            export = _bounded(export, sandbox_id, limit, used)
+        with await spool(export, await self._spool_dir()) as spooled:
+            size = os.fstat(spooled.fileno()).st_size
             await put_file(self._blobs, key, spooled)
+        return size
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._access.running(sandbox_id)
@@ -411,3 +422,23 @@ class NomadFiles:
             await self._blobs.delete_prefix(f"{CHECKPOINTS}/{sandbox_id}/")
         except BlobUnavailable as err:
             log.warning("sandbox %s: its checkpoints were not removed: %s", sandbox_id, err)
+
+
+async def _bounded(export: AsyncIterator[bytes], sandbox_id: str, limit: int, used: int) -> AsyncIterator[bytes]:
+    """``export`` until it passes ``limit - used`` bytes: then QuotaExceeded, and the export is
+    closed (its command in the sandbox stopped). A tar of what a sandbox holds is not bounded
+    by its disk: a sparse file of 2 GiB takes nothing there and 2 GiB here."""
+    room, taken = limit - used, 0
+    try:
+        async for chunk in export:
+            taken += len(chunk)
+            if taken > room:
+                raise QuotaExceeded(
+                    f"quota checkpoint_bytes: sandbox {sandbox_id}'s checkpoints may take {format_bytes(limit)}; "
+                    f"they take {format_bytes(used)}, and this one passed the {format_bytes(max(room, 0))} left",
+                    quota="checkpoint_bytes", limit=limit, used=used + taken)
+            yield chunk
+    finally:
+        close = getattr(export, "aclose", None)  # an async generator: its finally stops the export
+        if close is not None:
+            await close()

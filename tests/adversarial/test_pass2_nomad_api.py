@@ -1,0 +1,125 @@
+"""The second adversarial pass of issue 32 on the nomad driver, from the API's side: a hutch
+server driving the dev agent's Nomad, with two organizations (alpha, beta) and keys of every
+role. What a tenant sees of the orchestrator (tokens, Nomad's addresses, jobs), what a tenant
+can do to another's nomad sandbox, what a sandbox can make the server store, Nomad's own
+ACLs on the dev agent and on every node of the cluster, and what the Terraform templates
+would expose. One server (and its sandboxes) for the module.
+
+tests/adversarial/test_pass2_nomad.py is the view from inside the sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from hutch.api.app import create_app
+from hutch.api.config import Config
+from hutch.api.keys import ENGINE
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BOOT = {"Authorization": "Bearer pass2-bootstrap"}
+NOMAD_TOKEN = os.environ.get("HUTCH_NOMAD_TOKEN")
+MiB = 2**20
+CHECKPOINT_LIMIT = 16 * MiB  # HUTCH_MAX_CHECKPOINT_BYTES of the module's server
+
+
+class Server:
+    """The module's hutch server, its organizations' keys and a way to call it."""
+
+    def __init__(self, client: TestClient, data_dir: Path) -> None:
+        self.client, self.data_dir = client, data_dir
+        self.keys: dict[str, dict[str, str]] = {}
+
+    async def call(self, method: str, path: str, key: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any]:
+        resp = await self.client.request(method, path, headers=key if key is not None else BOOT, **kw)
+        text = await resp.text()
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text
+
+    async def ok(self, method: str, path: str, key: dict[str, str] | None = None, expect: int = 200,
+                 **kw: Any) -> Any:
+        status, body = await self.call(method, path, key, **kw)
+        assert status == expect, (method, path, status, body)
+        return body.get("data") if isinstance(body, dict) else body
+
+    async def sandbox(self, key: dict[str, str], **spec: Any) -> str:
+        sid = str((await self.ok("POST", "/sandbox", key, expect=201, json={"runtime": "python:3.13", **spec}))
+                  ["sandboxId"])
+        for _ in range(200):
+            status = (await self.ok("GET", f"/sandbox/{sid}", key))["status"]
+            if status != "creating":
+                assert status == "idle", status
+                return sid
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"sandbox {sid} never came up")
+
+    async def sh(self, key: dict[str, str], sid: str, script: str) -> tuple[int, str]:
+        ex = await self.ok("POST", f"/sandbox/{sid}/execute", key, json={"command": ["sh", "-c", script]})
+        done = await self.ok("GET", f"/sandbox/execution/{ex['executionId']}?wait=60s", key)
+        out = await self.client.get("/" + done["stdoutStreamUrl"].split("://", 1)[1].split("/", 1)[1])
+        return int(done["exitCode"]), await out.text()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Server]:
+    data_dir = tmp_path_factory.mktemp("nomad-pass2-api")
+    config = Config(data_dir=data_dir, api_key=BOOT["Authorization"].split()[1], driver="nomad", nomad_pool="off",
+                    nomad_token=NOMAD_TOKEN, max_checkpoint_bytes=f"{CHECKPOINT_LIMIT // MiB}Mi")
+    client = TestClient(TestServer(create_app(config)))
+    await client.start_server()
+    srv = Server(client, data_dir)
+    try:
+        for org in ("alpha", "beta"):
+            await srv.ok("POST", "/orgs", expect=201, json={"name": org})
+            for role in ("admin", "member", "read-only"):
+                secret = (await srv.ok("POST", f"/keys?orgId=org_{org}", expect=201, json={"role": role}))["secret"]
+                srv.keys[f"{org}-{role}"] = {"Authorization": f"Bearer {secret}"}
+        yield srv
+    finally:
+        engine = client.server.app[ENGINE]
+        for sid in await engine.driver.alive():
+            await engine.driver.destroy(sid)
+        await client.close()
+
+
+def disk_used(path: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------ what a sandbox makes the server store
+
+async def test_a_checkpoint_takes_no_more_of_the_servers_disk_than_the_limit(server: Server) -> None:
+    """A nomad checkpoint is a tar of the workspace, spooled to the API server's disk and
+    stored in its blob store; HUTCH_MAX_CHECKPOINT_BYTES and the organization's storage quota
+    only see what the driver reports. A 2 GiB sparse file takes nothing in the sandbox and
+    2 GiB in a tar: before, the nomad driver reported no size and spooled without a bound,
+    so the checkpoint of a 16 MiB limit was taken whole (2 GiB on the server's disk per
+    checkpoint, ten per sandbox, whatever the sandbox's disk limit). Now the spool stops at
+    what is left of the limit, the checkpoint is refused (403 QUOTA_EXCEEDED) and nothing
+    stays; a small one is counted in the organization's usage."""
+    member = server.keys["alpha-member"]
+    sid = await server.sandbox(member)
+    assert (await server.sh(member, sid, "truncate -s 2G big && echo small > note"))[0] == 0
+    before = disk_used(server.data_dir)
+    status, body = await server.call("POST", f"/sandbox/{sid}/checkpoint", member, json={"name": "big"})
+    grown = disk_used(server.data_dir) - before
+    assert (status, body.get("code"), body.get("quota")) == (403, "QUOTA_EXCEEDED", "checkpoint_bytes"), (status, body)
+    assert grown < 2 * CHECKPOINT_LIMIT, f"the server's disk took {grown // MiB} MiB for a refused checkpoint"
+    assert (await server.ok("GET", f"/sandbox/checkpoints/{sid}", member))["checkpoints"] == []
+    # Without the sparse file: taken, and counted.
+    assert (await server.sh(member, sid, "rm big"))[0] == 0
+    await server.ok("POST", f"/sandbox/{sid}/checkpoint", member, expect=201, json={"name": "small"})
+    usage = (await server.ok("GET", "/orgs/org_alpha", member))["usage"]
+    assert 0 < usage["checkpointBytes"] < CHECKPOINT_LIMIT, usage
+    await server.ok("DELETE", f"/sandbox/{sid}", member)
