@@ -45,6 +45,7 @@ from hutch.core.errors import (
     HutchError,
     InvalidInput,
     NotSupported,
+    PayloadTooLarge,
     QuotaExceeded,
     SandboxNotFound,
 )
@@ -144,6 +145,10 @@ _ERRNOS["Directory nonexistent"] = errno.ENOENT  # dash's words for a redirectio
 _TYPE_BITS = {"f": 0o100000, "d": 0o040000, "l": 0o120000, "p": 0o010000, "s": 0o140000, "c": 0o020000,
               "b": 0o060000}
 _QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is slowed down
+# What one file operation that is not streamed may print: the server holds it whole, and a
+# listing then costs ~1.6 KB of its memory per entry (170,000 files grew it by 268 MiB per
+# request). 32 MiB lists ~150,000 entries of 200-character names, a million of short ones.
+MAX_OUTPUT = 32 * 2**20
 
 
 def pack_files(files: Sequence[FileToWrite]) -> bytes:
@@ -199,13 +204,20 @@ class NomadFiles:
         tag = f"f-{uuid.uuid4().hex}"
         envelope = json.dumps({"env": self._access.command_env(sb, {}), "cwd": HOME, "tag": tag})
         out, err = bytearray(), bytearray()
+        stop = stop or asyncio.Event()
+        overflow = False
 
         async def on_output(stream: str, data: bytes) -> None:
+            nonlocal overflow
             if stream == "stderr":
                 err.extend(data)
                 del err[:-8192]
             elif on_stdout is not None:
                 await on_stdout(data)
+            elif overflow or len(out) + len(data) > MAX_OUTPUT:
+                overflow = True
+                out.clear()
+                stop.set()  # the command is killed
             else:
                 out.extend(data)
 
@@ -214,12 +226,15 @@ class NomadFiles:
             code = await run_tagged(
                 self._access.client, sb.alloc_id, TASK,
                 [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args], tag,
-                stdin=stdin, on_output=on_output, stop=stop or asyncio.Event(),
+                stdin=stdin, on_output=on_output, stop=stop,
                 kill=lambda: self._access.kill_tagged(sb, tag), verify=verify)
         except ExecFailed as err_:
             if self._access.gone(sb.id):
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
             raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
+        if overflow:
+            raise PayloadTooLarge(f"{op} {path}: the sandbox's answer passed {format_bytes(MAX_OUTPUT)} (a directory "
+                                  "of too many entries?); name a narrower path", field="path")
         return code, bytes(out), bytes(err)
 
     def _failure(self, sb: NomadSandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:

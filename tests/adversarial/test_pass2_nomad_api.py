@@ -123,3 +123,44 @@ async def test_a_checkpoint_takes_no_more_of_the_servers_disk_than_the_limit(ser
     usage = (await server.ok("GET", "/orgs/org_alpha", member))["usage"]
     assert 0 < usage["checkpointBytes"] < CHECKPOINT_LIMIT, usage
     await server.ok("DELETE", f"/sandbox/{sid}", member)
+
+
+def peak_rss_reset() -> None:
+    """Start a new peak (VmHWM) for this process, where the server runs."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+LISTING_CAP = 32 * MiB  # drivers/nomad/files.py: what one file operation may print
+
+
+async def test_a_listing_is_bounded_in_the_servers_memory(server: Server) -> None:
+    """A file listing is what the sandbox prints (`find`), held by the server whole, then parsed
+    into objects: about 1 KB of the server's memory per entry, so a directory of a million files
+    was ~1 GB per request. Before: 170,000 files of 200-character names (36 MB listed) were
+    answered (200), the server's peak growing by the amount measured below. Now what one file
+    operation prints is bounded: past 32 MiB the command is stopped and the request refused
+    (413 naming the path)."""
+    member = server.keys["alpha-member"]
+    sid = await server.sandbox(member)
+    try:
+        made = await server.sh(member, sid, "mkdir many && cd many && python3 -c '"
+                                            "import os\nfor i in range(170000): os.close(os.open(str(i).zfill(200), 65))'")
+        assert made[0] == 0, made
+        before = peak_rss_mib()
+        peak_rss_reset()
+        status, body = await server.call("GET", f"/fs/list/{sid}?path=many", member)
+        grown = peak_rss_mib() - before
+        answer = (status, body.get("code"), body.get("field")) if isinstance(body, dict) else (status, body[:200])
+        assert answer == (413, "PAYLOAD_TOO_LARGE", "path"), (answer, f"peak grew by {grown:.0f} MiB")
+        assert grown < 3 * LISTING_CAP / MiB, f"the server's peak grew by {grown:.0f} MiB for a refused listing"
+        # A directory of ordinary size still lists.
+        assert len((await server.ok("GET", f"/fs/list/{sid}?path=.", member))["files"]) == 1
+    finally:
+        await server.ok("DELETE", f"/sandbox/{sid}", member)
