@@ -194,3 +194,63 @@ async def test_the_exec_agents_pipes_carry_nothing_the_server_buffers_or_logs_un
         assert (await run(driver, sid, ["echo", "still here"]))[:2] == (0, "still here\n")
     finally:
         await driver.destroy(sid)
+
+
+# ------------------------------------------------------------------------ one uid for every sandbox
+
+# Every nomad sandbox runs as uid 290000 of the host (no user namespace), and the kernel
+# counts some things per uid: inotify instances (fs.inotify.max_user_instances, 128 by
+# default) and watches (max_user_watches). A daemon of one sandbox takes 300 instances and
+# 200,000 watches (100 instances x 2,000 directories) and holds them.
+INOTIFY_HOG = r'''
+import ctypes, json, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+for i in range(2000):
+    os.makedirs(f"/tmp/w/{i}", exist_ok=True)
+fds = [fd for fd in (libc.inotify_init1(0) for _ in range(300)) if fd >= 0]
+watches = 0
+for fd in fds[:100]:
+    for i in range(2000):
+        if libc.inotify_add_watch(fd, f"/tmp/w/{i}".encode(), 0x100) >= 0:
+            watches += 1
+json.dump({"instances": len(fds), "watches": watches}, open("/tmp/hog.json", "w"))
+time.sleep(300)
+'''
+
+# What another sandbox then gets: an inotify instance, and a watch in it.
+INOTIFY_PROBE = r'''
+import ctypes, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+out = {"init": "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]}
+if fd >= 0:
+    w = libc.inotify_add_watch(fd, b"/tmp", 0x100)
+    out["watch"] = "ok" if w >= 0 else errno.errorcode[ctypes.get_errno()]
+print(json.dumps(out))
+'''
+
+
+async def test_no_sandbox_takes_the_kernels_per_uid_allowances_of_the_others(driver: NomadDriver) -> None:
+    """One sandbox held the uid's 128 inotify instances and every other nomad sandbox of the
+    node got EMFILE from inotify_init (a file watcher, `tail -f`, a dev server's reload: gone
+    for every tenant); 200,000 watches made their inotify_add_watch ENOSPC. The clients lift
+    those per-uid counts (scripts/services.d/nomad.sh `sandbox_sysctls`, the Terraform
+    nodes' sysctl.d): instances and watches are kernel memory charged to the sandbox's own
+    memory cgroup (1,000 instances: +1 MiB of its kmem), so each sandbox pays for its own."""
+    hog, other = await make(driver), await make(driver)
+    try:
+        await launch_daemon(driver, hog, INOTIFY_HOG)
+        took: dict[str, Any] = {}
+        for _ in range(100):
+            code, out, _ = await run(driver, hog, ["cat", "/tmp/hog.json"])
+            if code == 0 and out:
+                took = json.loads(out)
+                break
+            await asyncio.sleep(0.2)
+        seen = await python(driver, other, INOTIFY_PROBE)
+    finally:
+        await driver.destroy(hog)
+        await driver.destroy(other)
+    assert took, "the hog never reported"
+    assert seen == {"init": "ok", "watch": "ok"}, f"another sandbox got {seen} while one held {took}"
+    assert took == {"instances": 300, "watches": 200000}, took
