@@ -164,3 +164,62 @@ async def test_a_listing_is_bounded_in_the_servers_memory(server: Server) -> Non
         assert len((await server.ok("GET", f"/fs/list/{sid}?path=.", member))["files"]) == 1
     finally:
         await server.ok("DELETE", f"/sandbox/{sid}", member)
+
+
+# ------------------------------------------------------------------------ the Terraform templates
+
+TERRAFORM = Path(__file__).resolve().parents[2] / "infra" / "terraform"
+SERVICES = Path(__file__).resolve().parents[2] / "scripts" / "services.d"
+
+
+def template(path: str) -> str:
+    return (TERRAFORM / path).read_text()
+
+
+async def test_the_terraform_registry_listens_on_the_cluster_address_only() -> None:
+    """The hutch-registry job serves the runtime images every sandbox starts from, and takes
+    pushes from whoever reaches it (no authentication: containerd on the clients pulls
+    anonymously). It listened on 0.0.0.0:5000: on a client with a public address, anyone on
+    the internet could push a `python:3.13` of their own (every tenant's next sandboxes would
+    run it), and a sandbox could too, through another client's public address (only private
+    ranges and the cluster's CIDRs are denied to sandboxes). It listens on the allocation's
+    own address now, the cluster network's, as Kafka and PostgreSQL do."""
+    registry = template("modules/hutch-on-nomad/jobs/registry.nomad.hcl.tftpl")
+    addr = next(line.split(":", 1)[1].strip() for line in registry.splitlines() if line.strip().startswith("addr:"))
+    assert addr == '{{ env "NOMAD_ADDR_http" }}', f"the registry listens on {addr}"
+    kafka = template("modules/hutch-on-nomad/jobs/kafka.nomad.hcl.tftpl")
+    assert 'listeners=PLAINTEXT://{{ env "NOMAD_ADDR_broker" }}' in kafka and "0.0.0.0" not in kafka
+    postgres = template("modules/hutch-on-nomad/jobs/postgres.nomad.hcl.tftpl")
+    assert "scram-sha-256" in postgres and " trust" not in postgres  # a password, from a Nomad variable
+
+
+async def test_the_terraform_nodes_run_nomad_as_production_must() -> None:
+    """What a deployment from the templates exposes of Nomad: ACLs on unless turned off by
+    name, raw_exec off and denied on clients (a job of it runs as root on the host), the
+    clients' per-uid inotify counts lifted as the one-box services lift them, the API's Nomad
+    token only in a Nomad variable rendered into the task's secrets (never in a job's text or
+    environment block), and the driver policy the README prints without ACL, variable,
+    operator or node-write rights."""
+    agent = template("modules/nomad-node/agent.hcl.tftpl")
+    variables = template("modules/nomad-node/variables.tf")
+    assert "acl {\n  enabled = ${acl_enabled}\n}" in agent
+    acl_default = variables.split('variable "acl_enabled"', 1)[1].split("}", 1)[0]
+    assert "default = true" in acl_default, acl_default
+    assert 'plugin "raw_exec" {\n  config {\n    enabled = false' in agent
+    denylist = next(line for line in agent.splitlines() if '"driver.denylist"' in line)
+    assert "raw_exec" in denylist, denylist
+    assert "sandbox_firewall = true" in agent and "denied_cidrs" in agent
+    cloud_init = template("modules/nomad-node/cloud-init.yaml.tftpl")
+    sysctls = {"fs.inotify.max_user_instances": "2147483647", "fs.inotify.max_user_watches": "2147483647"}
+    for name, value in sysctls.items():
+        assert f"{name} = {value}" in cloud_init, name
+        assert f"{name}={value}" in (SERVICES / "nomad.sh").read_text(), name
+    hutch_job = template("modules/hutch-on-nomad/jobs/hutch.nomad.hcl.tftpl")
+    token_lines = [line.strip() for line in hutch_job.splitlines() if "nomad_token" in line]
+    assert token_lines == ["HUTCH_NOMAD_TOKEN={{ .nomad_token }}"], token_lines
+    assert 'destination = "secrets/hutch.env"' in hutch_job and "env         = true" in hutch_job
+    readme = (TERRAFORM / "README.md").read_text()
+    policy = readme.split('namespace "default" {', 1)[1].split("```", 1)[0]
+    assert '"submit-job", "read-job", "list-jobs", "alloc-exec", "alloc-lifecycle"' in policy
+    assert "policy = \"read\"" in policy and "write" not in policy and "acl" not in policy
+    assert "variables" not in policy and "operator" not in policy
