@@ -13,8 +13,12 @@ ACLs, the Terraform templates) is tests/adversarial/test_pass2_nomad_api.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -254,3 +258,542 @@ async def test_no_sandbox_takes_the_kernels_per_uid_allowances_of_the_others(dri
     assert took, "the hog never reported"
     assert seen == {"init": "ok", "watch": "ok"}, f"another sandbox got {seen} while one held {took}"
     assert took == {"instances": 300, "watches": 200000}, took
+
+
+# ------------------------------------------------------------------------ escapes from the container
+
+# Everything a process of the sandbox tries on its way out, and what each attempt gave.
+ESCAPE_PROBE = r'''
+import ctypes, errno, json, os, socket
+out = {}
+libc = ctypes.CDLL(None, use_errno=True)
+def err(e):
+    return errno.errorcode.get(e, str(e))
+status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+    out["status " + k] = status[k].strip()
+out["uid"] = [os.getuid(), os.geteuid(), os.getgid()]
+out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())[:1]
+out["hostname"] = socket.gethostname()
+out["/dev"] = sorted(os.listdir("/dev"))
+out["/sys/fs/cgroup"] = sorted(os.listdir("/sys/fs/cgroup"))
+mounts = [l.split(" - ")[0].split()[3:5] for l in open("/proc/self/mountinfo")]
+out["mount points"] = sorted(m[1] for m in mounts)
+out["host sources"] = sorted(m[0] for m in mounts if m[0] != "/" and m[1] not in ("/proc/keys", "/proc/timer_list"))
+for path in ("/run/containerd", "/run/hutch-containerd", "/run/runc", "/var/run/docker.sock", "/var/lib/hutch",
+             "/var/lib/nomad", "/var/lib/containerd", "/alloc", "/local", "/secrets", "/etc/nomad.d"):
+    out["exists " + path] = os.path.exists(path)
+def read(path, n=64):
+    try:
+        with open(path, "rb") as f:
+            data = f.read(n)
+        return "empty" if not data else "read"
+    except OSError as e:
+        return err(e.errno)
+for path in ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/sysrq-trigger",
+             "/proc/1/environ", "/proc/1/mem", "/proc/1/maps", "/proc/1/root/etc/hostname", "/proc/1/cwd/x",
+             "/sys/firmware/efi/efivars", "/sys/kernel/debug/kprobes/list", "/sys/kernel/security/lsm"):
+    out["read " + path] = read(path)
+for path in ("/proc/1/exe", "/proc/1/fd/0", "/proc/1/ns/mnt"):
+    try:
+        os.readlink(path)
+        out["readlink " + path] = "read"
+    except OSError as e:
+        out["readlink " + path] = err(e.errno)
+def write(path, data):
+    try:
+        with open(path, "w") as f:
+            f.write(data)
+        return "WROTE"
+    except OSError as e:
+        return err(e.errno)
+for path, data in (("/proc/sys/kernel/core_pattern", "|/tmp/x"), ("/proc/sys/vm/drop_caches", "3"),
+                   ("/sys/kernel/mm/transparent_hugepage/enabled", "never"), ("/proc/self/oom_score_adj", "-1000"),
+                   ("/sys/fs/cgroup/release_agent", "/tmp/x"), ("/proc/sysrq-trigger", "c"), ("/etc/passwd", "x")):
+    out["write " + path] = write(path, data)
+def sc(name, nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    out["syscall " + name] = "ok" if r >= 0 else err(ctypes.get_errno())
+buf = ctypes.create_string_buffer(8)
+local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
+remote = (ctypes.c_void_p * 2)(0x400000, 8)
+CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x20000, 0x40000000, 0x20000000
+sc("unshare(NEWUSER)", 272, CLONE_NEWUSER); sc("unshare(NEWNS)", 272, CLONE_NEWNS)
+sc("unshare(NEWNET)", 272, CLONE_NEWNET); sc("unshare(NEWPID)", 272, CLONE_NEWPID)
+sc("setns(own net)", 308, os.open("/proc/self/ns/net", os.O_RDONLY), 0)
+sc("mount(tmpfs)", 165, ctypes.cast(ctypes.c_char_p(b"x"), ctypes.c_void_p).value,
+   ctypes.cast(ctypes.c_char_p(b"/tmp"), ctypes.c_void_p).value, ctypes.cast(ctypes.c_char_p(b"tmpfs"), ctypes.c_void_p).value, 0, 0)
+sc("umount2(/proc)", 166, ctypes.cast(ctypes.c_char_p(b"/proc"), ctypes.c_void_p).value, 2)
+sc("chroot(/tmp)", 161, ctypes.cast(ctypes.c_char_p(b"/tmp"), ctypes.c_void_p).value)
+sc("pivot_root", 155, 0, 0)
+sc("ptrace(ATTACH, 1)", 101, 16, 1, 0, 0)
+sc("process_vm_readv(1)", 310, 1, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
+sc("bpf", 321, 0, 0, 0); sc("perf_event_open", 298, 0, 0, -1, -1, 0); sc("userfaultfd", 323, 0)
+sc("keyctl", 250, 0, 0); sc("add_key", 248, 0, 0, 0, 0, 0); sc("request_key", 249, 0, 0, 0, 0)
+sc("kexec_load", 246, 0, 0, 0, 0); sc("init_module", 175, 0, 0, 0); sc("finit_module", 313, 0, 0, 0)
+sc("delete_module", 176, 0, 0); sc("open_by_handle_at", 304, 0, 0, 0); sc("iopl", 172, 3); sc("ioperm", 173, 0, 1, 1)
+sc("reboot", 169, 0, 0, 0, 0); sc("syslog(READ_ALL)", 103, 3, 0, 0); sc("sethostname", 170, 0, 0)
+sc("acct", 163, 0); sc("swapon", 167, 0, 0); sc("fanotify_init", 300, 0, 0); sc("kcmp", 312, 1, 1, 0, 0, 0)
+sc("quotactl", 179, 0, 0, 0, 0); sc("setuid(0)", 105, 0); sc("setgid(0)", 106, 0); sc("clone3", 435, 0, 0)
+sc("io_uring_setup", 425, 1, 0); sc("lookup_dcookie", 212, 0, 0, 0); sc("settimeofday", 164, 0, 0)
+sc("clock_settime", 227, 0, 0); sc("vhangup", 153); sc("nfsservctl", 180, 0, 0, 0)
+sc("move_mount", 429, 0, 0, 0, 0, 0); sc("fsopen", 430, 0, 0); sc("open_tree", 428, -100, 0, 0)
+sc("mknod(char 1:1)", 133, ctypes.cast(ctypes.c_char_p(b"/tmp/mem"), ctypes.c_void_p).value, 0o20600, 0x0101)
+sc("personality(READ_IMPLIES_EXEC)", 135, 0x0400000)
+for name, args in (("AF_PACKET", (17, socket.SOCK_RAW, 0)), ("AF_VSOCK", (40, socket.SOCK_STREAM, 0)),
+                   ("raw IPv4", (socket.AF_INET, socket.SOCK_RAW, 1)), ("AF_ALG", (38, socket.SOCK_SEQPACKET, 0)),
+                   ("AF_KEY", (15, socket.SOCK_RAW, 2)), ("AF_BLUETOOTH", (31, socket.SOCK_RAW, 0))):
+    try:
+        socket.socket(*args).close()
+        out["socket " + name] = "ok"
+    except OSError as e:
+        out["socket " + name] = err(e.errno)
+print(json.dumps(out))
+'''
+
+MASKED = ("ENOENT", "empty", "EACCES", "EPERM")  # absent, bound over by /dev/null, or refused
+REFUSED = ("EPERM", "EACCES", "ENOSYS")
+
+
+async def test_nothing_inside_leads_out_of_the_container(driver: NomadDriver) -> None:
+    """Credentials, capabilities, seccomp, the mounts and devices it has, the host's and
+    init's /proc entries, kernel interfaces that change the host, namespaces, mounts,
+    ptrace and process_vm_readv of init, modules, keyrings, BPF, perf, io_uring, raw and
+    exotic sockets: each would be a way out if it answered (a capability, a host path in the
+    mounts, a namespace made, a write to core_pattern or release_agent)."""
+    sid = await make(driver, network_enabled=True)
+    try:
+        seen = await python(driver, sid, ESCAPE_PROBE)
+    finally:
+        await driver.destroy(sid)
+    problems = {}
+
+    def expect(key: str, ok: Any) -> None:
+        value = seen.pop(key)
+        if not (ok(value) if callable(ok) else value == ok):
+            problems[key] = value
+
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        expect(f"status {cap}", "0000000000000000")
+    expect("status NoNewPrivs", "1")
+    expect("status Seccomp", "2")
+    expect("uid", [290000, 290000, 290000])
+    expect("pids", [1])
+    expect("hostname", "sandbox")
+    expect("/dev", ["fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout",
+                    "tty", "urandom", "zero"])
+    expect("/sys/fs/cgroup", [])
+    expect("mount points", lambda v: set(v) <= {
+        "/", "/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys", "/run", "/home/agentuity",
+        "/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+        "/proc/acpi", "/proc/keys", "/proc/timer_list", "/sys/firmware", "/proc/kcore", "/proc/sysrq-trigger",
+        "/proc/sched_debug", "/proc/scsi", "/proc/latency_stats", "/proc/timer_stats", "/proc/asound",
+        "/sys/devices/virtual/powercap"})
+    # The only host paths bound in: the workspace and the sandbox's own resolv.conf/hosts files.
+    expect("host sources", lambda v: all(s.startswith(("/var/lib/hutch/nomad-workspaces/", "/bus", "/fs", "/irq",
+                                                       "/sys", "/null")) or "resolv" in s or "hosts" in s
+                                         or "hostname" in s for s in v))
+    for key in [k for k in seen if k.startswith("exists ")]:
+        expect(key, False)
+    for key in [k for k in seen if k.startswith("read ")]:
+        expect(key, lambda v: v in MASKED)
+    for key in [k for k in seen if k.startswith("readlink ")]:
+        expect(key, "EACCES")
+    for key in [k for k in seen if k.startswith("write ")]:
+        expect(key, lambda v: v in ("EROFS", "EACCES", "EPERM", "ENOENT"))
+    for key in [k for k in seen if k.startswith("syscall ")]:
+        expect(key, lambda v: v in REFUSED)
+    for key in [k for k in seen if k.startswith("socket ")]:
+        expect(key, lambda v: v in ("EAFNOSUPPORT", "EPERM"))
+    assert not seen, f"unchecked: {seen}"
+    assert not problems, json.dumps(problems, indent=1)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def alloc_driver(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[NomadDriver]:
+    """The same Nomad, every command its own alloc exec (runc exec): HUTCH_NOMAD_EXEC=alloc."""
+    d = await start_nomad(tmp_path_factory.mktemp("nomad-pass2-alloc") / "data", exec_mode="alloc")
+    assert isinstance(d, NomadDriver)
+    try:
+        yield d
+    finally:
+        for sid in list(d._sandboxes):
+            await d.destroy(sid)
+        await d.close()
+
+
+# Connect to each abstract unix socket of the host's network namespace (containerd's shims
+# once listened there: CVE-2020-15257), by name; what each gave.
+ABSTRACT_PROBE = r'''
+import errno, json, socket, sys
+out = {}
+for name in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect("\0" + name)
+        out[name] = "connected"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e.errno))
+    finally:
+        s.close()
+print(json.dumps(out))
+'''
+
+
+async def test_the_runtimes_own_ways_in_are_closed(driver: NomadDriver, alloc_driver: NomadDriver) -> None:
+    """What hutch, runc and containerd themselves hand a sandbox:
+    - a command or terminal whose argv starts like the plugin's envelope (`hutch-exec:v1`
+      and a verb: freeze the sandbox, widen its allow-list) is a command like any other
+      (not found), on both exec paths: the driver's envelope always comes first;
+    - a working directory of /proc/self/fd/N (runc's leaked host fds, CVE-2024-21626) is
+      refused on runc's path (terminals, alloc execs) and on the agent's;
+    - the exec agent's binary is gone from /tmp once it runs, and its /proc entries are
+      closed to the sandbox (not dumpable);
+    - the host's abstract unix sockets are not reachable (another network namespace)."""
+    from hutch.drivers.base import TerminalRequest
+    from hutch.drivers.nomad.execs import ENVELOPE
+    from tests.nomad.test_exec_agent import until_agent
+
+    sid = await make(driver, network_enabled=True, network_allow=("198.51.100.7/32",))
+    plain = await make(alloc_driver)
+    found: dict[str, Any] = {}
+    try:
+        agent = await until_agent(driver, sid)
+        for name, d, target in (("agent", driver, sid), ("alloc", alloc_driver, plain)):
+            for verb in ({"freeze": True}, {"allow": ["0.0.0.0/0"]}, {"kill": "x"}, {"usage": True}):
+                found[f"{name} {verb}"] = (await run(d, target, [ENVELOPE, json.dumps(verb)]))[0]
+            found[f"{name} still runs"] = (await run(d, target, ["echo", "ok"]))[:2]
+            for n in (3, 5, 7):
+                try:
+                    r = await d.exec(ExecRequest(new_id("ex"), target, ["sh", "-c", "ls -a ../../.."],
+                                                 cwd=f"/proc/self/fd/{n}"), Recorder())
+                    found[f"{name} cwd fd {n}"] = f"ran, exit {r.exit_code}"
+                except Exception as err:  # the refusal is what is looked for
+                    found[f"{name} cwd fd {n}"] = type(err).__name__
+        for n in (3, 5, 7):
+            try:
+                term = await alloc_driver.open_terminal(TerminalRequest(plain, ["ls", "-a", "../../.."],
+                                                                        cwd=f"/proc/self/fd/{n}"))
+                await term.close()
+                found[f"terminal cwd fd {n}"] = "opened"
+            except Exception as err:
+                found[f"terminal cwd fd {n}"] = type(err).__name__
+        try:
+            term = await alloc_driver.open_terminal(TerminalRequest(plain, [ENVELOPE, json.dumps({"freeze": True})]))
+            found["terminal envelope"] = await asyncio.wait_for(term.wait(), 30)
+            await term.close()
+        except Exception as err:
+            found["terminal envelope"] = type(err).__name__
+        found["still reaches nothing but its list"] = await python(driver, sid, (
+            "import json, socket\ns = socket.socket(); s.settimeout(2)\n"
+            "try:\n    s.connect(('1.1.1.1', 80)); r = 'open'\nexcept OSError as e:\n    r = type(e).__name__\n"
+            "print(json.dumps(r))"))
+        found["agent"] = await python(driver, sid, (
+            "import glob, json, os, sys\npid = int(sys.argv[1])\nout = {'tmp': glob.glob('/tmp/.hutch-exec-agent*')}\n"
+            "for p in ('exe', 'cwd', 'root', 'fd/0'):\n    try:\n        os.readlink(f'/proc/{pid}/{p}'); out[p] = 'read'\n"
+            "    except OSError as e:\n        out[p] = e.strerror\nprint(json.dumps(out))"), str(agent.pid))
+        unix = await asyncio.to_thread(Path("/proc/net/unix").read_text)
+        abstract = sorted({line.split()[-1][1:] for line in unix.splitlines()[1:] if line.split()[-1].startswith("@")})
+        found["host abstract sockets"] = await python(driver, sid, ABSTRACT_PROBE, *abstract) if abstract else {}
+    finally:
+        await driver.destroy(sid)
+        await alloc_driver.destroy(plain)
+    expected: dict[str, Any] = {}
+    for name in ("agent", "alloc"):
+        expected.update({f"{name} {v}": 127 for v in ({"freeze": True}, {"allow": ["0.0.0.0/0"]}, {"kill": "x"},
+                                                      {"usage": True})})
+        expected[f"{name} still runs"] = (0, "ok\n")
+        expected.update({f"{name} cwd fd {n}": "InvalidInput" for n in (3, 5, 7)})
+    expected.update({f"terminal cwd fd {n}": "InvalidInput" for n in (3, 5, 7)})
+    expected["terminal envelope"] = 127
+    expected["still reaches nothing but its list"] = "ConnectionRefusedError"
+    expected["agent"] = {"tmp": [], "exe": "Permission denied", "cwd": "Permission denied", "root": "Permission denied",
+                         "fd/0": "Permission denied"}
+    expected["host abstract sockets"] = {n: "ECONNREFUSED" for n in found["host abstract sockets"]}
+    assert found == expected, json.dumps(found, indent=1)
+
+
+# ------------------------------------------------------------------------ the network, both families
+
+# Datagrams to each host:port given (IPv4 and IPv6; broadcast allowed): what sending gave.
+UDP_PROBE = r'''
+import errno, json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+    try:
+        addr = socket.getaddrinfo(host, int(port), family, socket.SOCK_DGRAM)[0][4]
+        for _ in range(3):
+            s.sendto(b"hutch-udp " + target.encode(), addr)
+        out[target] = "sent"
+    except OSError as e:
+        out[target] = errno.errorcode.get(e.errno, type(e).__name__)
+    finally:
+        s.close()
+print(json.dumps(out))
+'''
+
+SERVICE_PORTS = (22, 80, 4646, 4647, 4648, 4656, 4657, 4658, 5000, 9092, 15432, 19092, 2024)
+
+
+class UdpSink:
+    """UDP sockets of the host on every address, both families, one port: what arrives."""
+
+    def __init__(self) -> None:
+        self.v4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.v4.bind(("0.0.0.0", 0))
+        self.port = self.v4.getsockname()[1]
+        self.v6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        self.v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        self.v6.bind(("::", self.port))
+        for s in (self.v4, self.v6):
+            s.setblocking(False)
+
+    def received(self) -> list[str]:
+        got = []
+        for s in (self.v4, self.v6):
+            while True:
+                try:
+                    data, source = s.recvfrom(2048)
+                except BlockingIOError:
+                    break
+                got.append(f"{data.decode(errors='replace')} from {source[0]}")
+        return got
+
+    def close(self) -> None:
+        self.v4.close()
+        self.v6.close()
+
+
+def host_addresses_v4() -> list[str]:
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+def host_addresses_v6() -> list[str]:
+    """As a sandbox would name them: link-local ones through its own eth0."""
+    out = subprocess.run(["ip", "-6", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    addrs = [line.split()[3].split("/")[0] for line in out.splitlines()]
+    return [f"{a}%eth0" if a.startswith("fe80:") else a for a in addrs if a != "::1"]
+
+
+def resolvers() -> list[str]:
+    from hutch.drivers.local import network as sandbox_network
+
+    return [line.split()[1] for line in sandbox_network.resolv_conf().splitlines() if line.startswith("nameserver")]
+
+
+async def test_no_kind_of_sandbox_reaches_the_orchestrator_the_host_or_its_neighbours(driver: NomadDriver) -> None:
+    """From a sandbox with network, one with an allow-list, one with only a port and one with
+    none: TCP to every service port of Nomad (HTTP, RPC, Serf; the dev agent's and the
+    cluster's), the registry, Kafka, PostgreSQL, SSH and hutch's SSH gateway on every address
+    of the host (IPv4 and IPv6, link-local too), on the cluster's client nodes, the bridge's
+    gateway, cloud metadata and the name server's other ports; TCP to another sandbox's
+    bridge address on its served port and another; UDP (broadcast and multicast too) to a
+    host socket on every address. Any one answering would be a way to the orchestrator (Nomad
+    with a token lying around, a registry to push to, the event log to write) or a tenant.
+    The fake internet answers the sandbox with network (the probe works)."""
+    from tests.isolation import connect_probe
+    from tests.isolation.test_local_network import fake_internet_running
+
+    served = await make(driver, port=8000)
+    await run(driver, served, ["sh", "-c", "(python3 -m http.server 8000 & python3 -m http.server 9000 &) "
+                                           ">/dev/null 2>&1"])
+    neighbour = await python(driver, served, "import json, socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                                             "\ns.connect(('192.0.2.1', 9))\nprint(json.dumps(s.getsockname()[0]))")
+    sink = UdpSink()
+    opened: dict[str, list[str]] = {}
+    udp: dict[str, dict[str, str]] = {}
+    try:
+        with fake_internet_running() as internet:
+            kinds = {"network": {"network_enabled": True},
+                     "allow-list": {"network_enabled": True, "network_allow": (f"{internet[0]}/32", "10.77.0.0/16",
+                                                                               f"{neighbour}/32")},
+                     "port only": {"port": 8001}, "no network": {}}
+            sandboxes = {kind: await make(driver, **kw) for kind, kw in kinds.items()}
+            v4 = [*host_addresses_v4(), "172.26.64.1", "10.77.0.11", "10.77.0.12", "10.77.0.13", "169.254.169.254"]
+            tcp = [f"{h}:{p}" for h in [*v4, *host_addresses_v6()] for p in SERVICE_PORTS]
+            tcp += [f"{r}:{p}" for r in resolvers() for p in (22, 80, 443, 4646)]
+            tcp += [f"{neighbour}:8000", f"{neighbour}:9000"]
+            inet = f"{internet[0]}:{internet[1]}"
+            datagrams = [f"{h}:{sink.port}" for h in [*host_addresses_v4(), "172.26.64.1", "172.26.79.255",
+                                                      "255.255.255.255", "224.0.0.1", *host_addresses_v6(),
+                                                      "ff02::1%eth0"]]
+            for kind, sid in sandboxes.items():
+                code, out, err = await run(driver, sid, ["python3", "-c", connect_probe.SCRIPT, inet, *tcp], timeout=120)
+                assert code == 0, err
+                seen = json.loads(out)
+                opened[kind] = sorted(t for t, v in seen.items() if v.startswith("open"))
+                udp[kind] = await python(driver, sid, UDP_PROBE, *datagrams)
+            await asyncio.sleep(0.5)
+            arrived = sink.received()
+    finally:
+        sink.close()
+        await driver.destroy(served)
+        for sid in list(locals().get("sandboxes", {}).values()):
+            await driver.destroy(sid)
+    assert opened == {"network": [inet], "allow-list": [inet], "port only": [], "no network": []}, \
+        json.dumps(opened, indent=1)
+    assert not arrived, f"datagrams reached the host: {arrived}\n{json.dumps(udp, indent=1)}"
+    assert any(v == "sent" for v in udp["network"].values()), udp  # the probe did send
+
+
+def cluster_settings() -> tuple[str, str, str]:
+    names = ("HUTCH_TEST_CLUSTER_ADDR", "HUTCH_TEST_CLUSTER_REGISTRY", "HUTCH_TEST_CLUSTER_TOKEN")
+    values = [os.environ.get(n) for n in names]
+    if not all(values):
+        pytest.fail(f"{', '.join(names)} must be set: start the cluster with ./scripts/services start cluster",
+                    pytrace=False)
+    return values[0], values[1], values[2]  # type: ignore[return-value]
+
+
+async def test_a_cluster_sandbox_reaches_no_node_and_no_other_nodes_sandbox(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """On the three-client cluster: a sandbox with network, on one client, tries the Nomad
+    server's HTTP/RPC/Serf and the registry (10.77.0.1), every client's Nomad, this host's
+    addresses, and a sandbox of another client through the port Nomad mapped for it on that
+    client's address. Each is the cluster's own network (the plugin's denied_cidrs, the
+    server's private ranges); the sandbox on the other node serves (the host reaches it)."""
+    from tests.drivers_support import RUNTIME_CACHE
+    from tests.isolation import connect_probe
+
+    addr, registry, token = cluster_settings()
+    d = NomadDriver(address=addr, data_dir=tmp_path_factory.mktemp("nomad-pass2-cluster"), registry=registry,
+                    token=token, runtime_cache=RUNTIME_CACHE)
+    await d.start()
+    made: list[str] = []
+    try:
+        if PY not in d.runtimes_available():
+            await d.build_runtime(PY, lambda line: None)
+        attacker = await make(d, network_enabled=True)
+        made.append(attacker)
+        node_of = {}
+        node_of[attacker] = (await d._client.allocation(d.running(attacker).alloc_id))["NodeName"]
+        victim = None
+        for _ in range(3):  # spread placement: the next one lands on another client
+            sid = await make(d, port=8000)
+            made.append(sid)
+            node_of[sid] = (await d._client.allocation(d.running(sid).alloc_id))["NodeName"]
+            if node_of[sid] != node_of[attacker]:
+                victim = sid
+                break
+        assert victim is not None, f"every sandbox landed on one client: {node_of}"
+        await run(d, victim, ["sh", "-c", "python3 -m http.server 8000 >/dev/null 2>&1 &"])
+        host, port = await d.port_target(victim)
+        for _ in range(100):  # it serves: the host reaches it
+            with contextlib.suppress(OSError):
+                socket.create_connection((host, port), 1).close()
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"the victim never served on {host}:{port}")
+        targets = [f"10.77.0.1:{p}" for p in (4656, 4657, 4658, 5000, 22)]
+        targets += [f"10.77.0.{n}:{p}" for n in (11, 12, 13) for p in (4656, 4657, 4658)]
+        targets += [f"{a}:{p}" for a in host_addresses_v4() if not a.startswith("127.") for p in (4646, 4656, 5000, 2024)]
+        targets += [f"{host}:{port}"]
+        code, out, err = await run(d, attacker, ["python3", "-c", connect_probe.SCRIPT, *targets], timeout=120)
+        assert code == 0, err
+        opened = sorted(t for t, v in json.loads(out).items() if v.startswith("open"))
+    finally:
+        for sid in made:
+            await d.destroy(sid)
+        await d.close()
+    assert opened == [], f"from {node_of[attacker]}: {opened}"
+
+
+# ------------------------------------------------------------------------ limits a sandbox meets
+
+# Fork until the kernel refuses, children sleeping; the most that were alive at once.
+FORK_BOMB = r'''
+import errno, json, os, time
+alive = 0
+why = None
+while alive < 100000:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        why = errno.errorcode.get(e.errno)
+        break
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    alive += 1
+json.dump({"alive": alive, "why": why}, open("/tmp/bomb.json", "w"))
+time.sleep(600)
+'''
+
+# Empty files until the file system says no: how many, and why it stopped.
+INODES = r'''
+import errno, json, os
+os.makedirs("many", exist_ok=True)
+n, why = 0, None
+while n < 2000000:
+    try:
+        os.close(os.open(f"many/{n}", os.O_CREAT | os.O_WRONLY, 0o600))
+    except OSError as e:
+        why = errno.errorcode.get(e.errno)
+        break
+    n += 1
+print(json.dumps({"files": n, "why": why}))
+'''
+
+# 20 MiB into the task's stderr, through the fd 2 of init's children (init is not dumpable).
+STDERR_FLOOD = r'''
+import os
+pids = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"
+        and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == "1"]
+for pid in pids:
+    try:
+        fd = os.open(f"/proc/{pid}/fd/2", os.O_WRONLY)
+        break
+    except OSError:
+        continue
+else:
+    raise SystemExit(f"no way into the task's stderr through {pids}")
+for _ in range(20):
+    os.write(fd, b"y" * (1 << 20))
+print("wrote 20 MiB through", pid)
+'''
+
+
+async def test_a_sandboxs_limits_keep_its_node_and_neighbours_whole(driver: NomadDriver) -> None:
+    """A fork bomb stops at the sandbox's pids limit (64 here) and its neighbour keeps running
+    commands meanwhile; the bomb's command times out and its tree goes, the sandbox stays
+    usable. With a disk limit, files are made until that file system is full of inodes (an
+    ext4 image of the limit's size), never the client's own inodes. The task's stderr, as its
+    stdout, goes nowhere on the client's disk."""
+    from hutch.drivers.base import Resources
+    from tests.adversarial.test_nomad_attacker import alloc_files
+
+    bombed = await make(driver, resources=Resources(pids=64))
+    neighbour = await make(driver)
+    disked = await make(driver, resources=Resources(disk_bytes=64 * MiB))
+    try:
+        bomb = asyncio.ensure_future(run(driver, bombed, ["python3", "-c", FORK_BOMB], timeout=8))
+        await asyncio.sleep(3)
+        started = time.monotonic()
+        beside = await run(driver, neighbour, ["echo", "beside"])
+        beside_took = time.monotonic() - started
+        code, _, _ = await bomb
+        report = json.loads((await run(driver, bombed, ["cat", "/tmp/bomb.json"]))[1] or "{}")
+        after = (await run(driver, bombed, ["echo", "after"]))[:2]
+        host = os.statvfs("/var/lib/hutch/nomad-workspaces")
+        made = await python(driver, disked, INODES, timeout=120)
+        host_after = os.statvfs("/var/lib/hutch/nomad-workspaces")
+        alloc = driver.running(neighbour).alloc_id
+        flood = await run(driver, neighbour, ["python3", "-c", STDERR_FLOOD])
+        await asyncio.sleep(1)
+        sizes = await asyncio.to_thread(alloc_files, alloc)
+    finally:
+        for sid in (bombed, neighbour, disked):
+            await driver.destroy(sid)
+    assert beside[:2] == (0, "beside\n") and beside_took < 5, (beside, beside_took)
+    assert code == 124 and after == (0, "after\n"), (code, after)
+    assert report.get("why") == "EAGAIN" and report.get("alive", 0) < 64, report
+    assert made["why"] == "ENOSPC" and made["files"] < 70000, made
+    assert host.f_ffree - host_after.f_ffree < 1000, "the client's own inodes were taken"
+    assert flood[0] == 0, flood
+    assert sum(sizes.values()) < 4 * MiB, sizes

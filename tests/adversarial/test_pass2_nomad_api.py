@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,15 @@ class Server:
     def __init__(self, client: TestClient, data_dir: Path) -> None:
         self.client, self.data_dir = client, data_dir
         self.keys: dict[str, dict[str, str]] = {}
+        self.created: dict[str, Any] = {}  # the last create's answer
 
     async def call(self, method: str, path: str, key: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any]:
         resp = await self.client.request(method, path, headers=key if key is not None else BOOT, **kw)
-        text = await resp.text()
+        raw = await resp.read()
         try:
-            return resp.status, json.loads(text)
+            return resp.status, json.loads(raw)
         except ValueError:
-            return resp.status, text
+            return resp.status, raw.decode(errors="replace")
 
     async def ok(self, method: str, path: str, key: dict[str, str] | None = None, expect: int = 200,
                  **kw: Any) -> Any:
@@ -54,8 +56,8 @@ class Server:
         return body.get("data") if isinstance(body, dict) else body
 
     async def sandbox(self, key: dict[str, str], **spec: Any) -> str:
-        sid = str((await self.ok("POST", "/sandbox", key, expect=201, json={"runtime": "python:3.13", **spec}))
-                  ["sandboxId"])
+        self.created = await self.ok("POST", "/sandbox", key, expect=201, json={"runtime": "python:3.13", **spec})
+        sid = str(self.created["sandboxId"])
         for _ in range(200):
             status = (await self.ok("GET", f"/sandbox/{sid}", key))["status"]
             if status != "creating":
@@ -223,3 +225,220 @@ async def test_the_terraform_nodes_run_nomad_as_production_must() -> None:
     assert '"submit-job", "read-job", "list-jobs", "alloc-exec", "alloc-lifecycle"' in policy
     assert "policy = \"read\"" in policy and "write" not in policy and "acl" not in policy
     assert "variables" not in policy and "operator" not in policy
+
+
+# ------------------------------------------------------------------------ tokens and the orchestrator, seen by a tenant
+
+# Inside the sandbox: every string shaped like a Nomad secret (a UUID) in any process's
+# environment or command line, and in every file of the usual places, hashed: the caller
+# compares with the token's hash (the token itself never enters the sandbox).
+TOKEN_SEARCH = r'''
+import hashlib, json, os, re, sys
+uuid = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+found, looked = set(), 0
+def scan(data, where):
+    global looked
+    looked += 1
+    for m in uuid.findall(data):
+        found.add(hashlib.sha256(m).hexdigest())
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for part in ("environ", "cmdline"):
+        try:
+            scan(open(f"/proc/{pid}/{part}", "rb").read(), f"{pid}/{part}")
+        except OSError:
+            pass
+for top in ("/etc", "/home", "/tmp", "/run", "/var", "/opt", "/root", "/srv", "/usr/local/etc"):
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in filenames:
+            try:
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    scan(f.read(1 << 20), os.path.join(dirpath, name))
+            except OSError:
+                pass
+print(json.dumps({"hashes": sorted(found), "looked": looked}))
+'''
+
+
+async def test_the_orchestrators_secrets_and_names_reach_no_tenant(server: Server) -> None:
+    """Where could a tenant read hutch's Nomad token, or learn Nomad's internals (its address,
+    the registry, job and allocation ids)? Every answer an admin of alpha gets about its nomad
+    sandbox (the sandbox, its list, history, events, executions and output, the audit stream,
+    metrics, runtimes, its organization, the OpenAPI description, the Web App's pages and
+    session), every process and file inside the sandbox, and the Nomad job hutch submitted
+    (which carries neither the token nor the tenant's env: the env travels with each exec)."""
+    import hashlib
+    import urllib.request
+
+    admin = server.keys["alpha-admin"]
+    secret_env = "alpha-env-secret-5c1e"
+    sid = await server.sandbox(admin, network={"enabled": True, "port": 8000}, env={"SECRET": secret_env})
+    created = server.created
+    code, _ = await server.sh(admin, sid, "echo $SECRET >/dev/null; env | wc -l")
+    assert code == 0
+    engine = server.client.server.app[ENGINE]
+    sb = engine.driver.running(sid)
+    sandbox = await server.ok("GET", f"/sandbox/{sid}", admin)
+    answers = [json.dumps(sandbox), json.dumps(created)]
+    for path in ("/sandbox", f"/sandbox/status/{sid}", f"/sandbox/sandboxes/{sid}/history",
+                 f"/sandbox/sandboxes/{sid}/events", f"/sandbox/sandboxes/{sid}/executions", "/metrics",
+                 "/sandbox/runtimes", "/sandbox/stats", "/orgs/org_alpha", "/openapi.json", "/healthz", "/keys"):
+        status, body = await server.call("GET", path, admin)
+        assert status == 200, (path, status, body)
+        answers.append(body if isinstance(body, str) else json.dumps(body))
+    audit = await server.client.get("/" + created["auditStreamUrl"].split("://", 1)[1].split("/", 1)[1] + "?follow=false")
+    answers.append(await audit.text())
+    signed = await server.client.post("/app/session", json={"apiKey": admin["Authorization"].split()[1]})
+    assert signed.status in (200, 201), await signed.text()
+    for path in ("/app", "/app/session"):
+        answers.append(await (await server.client.get(path)).text())
+    server.client.session.cookie_jar.clear()  # signed out: later calls carry only their key
+    seen = "\n".join(answers)
+    leaks = {name: value for name, value in (
+        ("the Nomad token", NOMAD_TOKEN), ("Nomad's address", engine.driver.address.split("//", 1)[1]),
+        ("the registry", engine.driver.registry), ("the job id", sb.job_id), ("the allocation id", sb.alloc_id))
+        if value and value in seen}
+    assert not leaks, f"a tenant's answers hold {sorted(leaks)}"
+
+    inside = json.loads((await server.sh(admin, sid, f"python3 -c {shlex.quote(TOKEN_SEARCH)}"))[1])
+    assert inside["looked"] > 100, inside["looked"]
+    assert NOMAD_TOKEN and hashlib.sha256(NOMAD_TOKEN.encode()).hexdigest() not in inside["hashes"]
+
+    request = urllib.request.Request(f"{engine.driver.address}/v1/job/{sb.job_id}",
+                                     headers={"X-Nomad-Token": NOMAD_TOKEN or ""})
+    job = await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=10).read().decode())
+    assert NOMAD_TOKEN not in job and secret_env not in job and "SECRET" not in job, job[:2000]
+    await server.ok("DELETE", f"/sandbox/{sid}", admin)
+
+
+async def test_another_organization_reaches_nothing_of_a_nomad_sandbox(server: Server) -> None:
+    """A member of beta names alpha's nomad sandbox on every route that takes one (read it,
+    run in it, its files, its terminal, checkpoints, snapshots, fork, pause, env, delete):
+    404 as if it did not exist; alpha's read-only key may read but not act (403); no key is
+    401. Afterwards the sandbox is as it was: same file, no execution it did not run."""
+    alpha, reader, beta = server.keys["alpha-member"], server.keys["alpha-read-only"], server.keys["beta-member"]
+    server.client.session.cookie_jar.clear()  # no Web App session: each call is its key alone
+    sid = await server.sandbox(alpha, network={"enabled": True, "port": 8000})
+    assert (await server.sh(alpha, sid, "echo mine > owned"))[0] == 0
+    tries = [("GET", f"/sandbox/{sid}", None), ("GET", f"/sandbox/status/{sid}", None),
+             ("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "echo pwned > owned"]}),
+             ("GET", f"/fs/{sid}?path=owned", None), ("GET", f"/fs/list/{sid}?path=.", None),
+             ("POST", f"/fs/{sid}", {"files": [{"path": "owned", "content": "cHduZWQ="}]}),
+             ("POST", f"/fs/rm/{sid}", {"path": "owned"}), ("GET", f"/fs/download/{sid}?path=.", None),
+             ("GET", f"/sandbox/{sid}/terminal", None), ("POST", f"/sandbox/{sid}/checkpoint", {"name": "x"}),
+             ("GET", f"/sandbox/checkpoints/{sid}", None), ("POST", f"/sandbox/{sid}/snapshot", {}),
+             ("POST", f"/sandbox/{sid}/fork", {}), ("POST", f"/sandbox/{sid}/pause", None),
+             ("PATCH", f"/sandbox/env/{sid}", {"env": {"X": "1"}}),
+             ("GET", f"/sandbox/sandboxes/{sid}/executions", None), ("GET", f"/sandbox/sandboxes/{sid}/history", None),
+             ("DELETE", f"/sandbox/{sid}", None)]
+    found = {}
+    for method, path, body in tries:
+        kw = {"json": body} if body is not None else {}
+        found[f"beta {method} {path}"] = (await server.call(method, path, beta, **kw))[0]
+        if method != "GET":
+            found[f"reader {method} {path}"] = (await server.call(method, path, reader, **kw))[0]
+        found[f"nobody {method} {path}"] = (await server.call(method, path, {}, **kw))[0]
+    expected = {}
+    for method, path, _ in tries:
+        expected[f"beta {method} {path}"] = 404
+        if method != "GET":
+            expected[f"reader {method} {path}"] = 403
+        expected[f"nobody {method} {path}"] = 401
+    assert found == expected, json.dumps({k: v for k, v in found.items() if expected[k] != v}, indent=1)
+    assert (await server.sh(alpha, sid, "cat owned"))[1] == "mine\n"
+    executions = await server.ok("GET", f"/sandbox/sandboxes/{sid}/executions", alpha)
+    assert len(executions["executions"]) == 2, executions
+    await server.ok("DELETE", f"/sandbox/{sid}", alpha)
+
+
+# ------------------------------------------------------------------------ Nomad's own ACLs, every node
+
+def nomad(addr: str, path: str, token: str | None, method: str = "GET", body: bytes | None = None) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"X-Nomad-Token": token} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(addr + path, data=body, method=method, headers=headers),
+                                    timeout=10) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+def cluster_token() -> str:
+    token = os.environ.get("HUTCH_TEST_CLUSTER_TOKEN")
+    if not token or not os.environ.get("HUTCH_TEST_CLUSTER_ADDR"):
+        pytest.fail("HUTCH_TEST_CLUSTER_ADDR/_TOKEN must be set: ./scripts/services start cluster", pytrace=False)
+    return token
+
+
+async def test_nomad_answers_no_one_without_a_token_and_hutchs_token_only_what_hutch_needs(server: Server) -> None:
+    """Nomad's HTTP API on the dev agent, the cluster's server and each of its clients (every
+    node answers for the whole cluster): anonymous reads of jobs, nodes, allocations, the
+    agent, ACL tokens, raft, the event stream, services, a running sandbox's files, logs and
+    stats are 403, and the list routes that answer everyone (policies, variables, namespaces,
+    volumes) are empty; the ACLs cannot be bootstrapped again. hutch's own token (what a
+    compromised API server holds) reads no ACL tokens, variables, agent, raft or event stream,
+    reads no allocation's files or logs, writes no policy, and a raw_exec job it submits is
+    never placed (no node offers raw_exec)."""
+    member = server.keys["alpha-member"]
+    sid = await server.sandbox(member)
+    alloc = server.client.server.app[ENGINE].driver.running(sid).alloc_id
+    nodes = [("dev agent", "http://127.0.0.1:4646", NOMAD_TOKEN, alloc)]
+    token = cluster_token()
+    cluster = os.environ["HUTCH_TEST_CLUSTER_ADDR"]
+    nodes += [("cluster server", cluster, token, None)]
+    nodes += [(f"client {n}", f"http://10.77.0.{n}:4656", token, None) for n in (11, 12, 13)]
+    denied = ["/v1/jobs", "/v1/nodes", "/v1/allocations", "/v1/agent/self", "/v1/agent/members", "/v1/agent/host",
+              "/v1/acl/tokens", "/v1/operator/raft/configuration", "/v1/event/stream", "/v1/services"]
+    empty = ["/v1/acl/policies", "/v1/vars", "/v1/namespaces", "/v1/volumes"]
+    hutch_denied = ["/v1/agent/self", "/v1/agent/host", "/v1/acl/tokens", "/v1/operator/raft/configuration",
+                    "/v1/event/stream", "/v1/acl/token/" + "0" * 8 + "-0000-0000-0000-" + "0" * 12]
+    found, expected = {}, {}
+    try:
+        for name, addr, tok, alloc_id in nodes:
+            for path in denied:
+                found[f"{name} anonymous {path}"] = (await asyncio.to_thread(nomad, addr, path, None))[0]
+                expected[f"{name} anonymous {path}"] = 403
+            for path in empty:
+                found[f"{name} anonymous {path}"] = await asyncio.to_thread(nomad, addr, path, None)
+                expected[f"{name} anonymous {path}"] = (200, "[]")
+            for path in hutch_denied:
+                found[f"{name} hutch {path}"] = (await asyncio.to_thread(nomad, addr, path, tok))[0]
+                expected[f"{name} hutch {path}"] = 403
+            found[f"{name} hutch /v1/vars"] = await asyncio.to_thread(nomad, addr, "/v1/vars", tok)
+            expected[f"{name} hutch /v1/vars"] = (200, "[]")
+            found[f"{name} bootstrap"] = (await asyncio.to_thread(nomad, addr, "/v1/acl/bootstrap", None, "POST", b""))[0]
+            expected[f"{name} bootstrap"] = 400
+            policy = json.dumps({"Name": "pass2", "Rules": 'namespace "default" { policy = "write" }'}).encode()
+            found[f"{name} hutch writes a policy"] = (await asyncio.to_thread(
+                nomad, addr, "/v1/acl/policy/pass2", tok, "POST", policy))[0]
+            expected[f"{name} hutch writes a policy"] = 403
+            if alloc_id:
+                # Nomad's streaming routes answer 200 or 500 with the refusal as their body.
+                for who, key in (("anonymous", None), ("hutch", tok)):
+                    for path in (f"/v1/client/fs/ls/{alloc_id}?path=/", f"/v1/client/fs/stat/{alloc_id}?path=/",
+                                 f"/v1/client/fs/cat/{alloc_id}?path=sandbox/resolv.conf",
+                                 f"/v1/client/fs/readat/{alloc_id}?path=sandbox/resolv.conf&offset=0&limit=64",
+                                 f"/v1/client/fs/logs/{alloc_id}?task=sandbox&type=stdout&plain=true"):
+                        code, text = await asyncio.to_thread(nomad, addr, path, key)
+                        found[f"{name} {who} {path}"] = "denied" if code == 403 or "Permission denied" in text \
+                            else (code, text[:100])
+                        expected[f"{name} {who} {path}"] = "denied"
+                path = f"/v1/client/allocation/{alloc_id}/stats"
+                found[f"{name} anonymous {path}"] = (await asyncio.to_thread(nomad, addr, path, None))[0]
+                expected[f"{name} anonymous {path}"] = 403
+        job_id = f"pass2-raw-{os.getpid()}"
+        job = json.dumps({"Job": {"ID": job_id, "Type": "batch", "Datacenters": ["*"], "TaskGroups": [{
+            "Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/true"}}]}]}})
+        for name, addr, tok, _ in (nodes[0], nodes[1]):
+            status, _ = await asyncio.to_thread(nomad, addr, "/v1/jobs", tok, "PUT", job.encode())
+            await asyncio.sleep(2)
+            allocs = json.loads((await asyncio.to_thread(nomad, addr, f"/v1/job/{job_id}/allocations", tok))[1] or "[]") \
+                if status == 200 else []
+            found[f"{name} raw_exec job placed"] = [a.get("ClientStatus") for a in allocs]
+            expected[f"{name} raw_exec job placed"] = []
+            await asyncio.to_thread(nomad, addr, f"/v1/job/{job_id}?purge=true", tok, "DELETE")
+    finally:
+        await server.ok("DELETE", f"/sandbox/{sid}", member)
+    assert found == expected, json.dumps({k: v for k, v in found.items() if expected.get(k) != v}, indent=1)
