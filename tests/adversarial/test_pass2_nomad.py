@@ -446,10 +446,12 @@ async def test_the_runtimes_own_ways_in_are_closed(driver: NomadDriver, alloc_dr
       and a verb: freeze the sandbox, widen its allow-list) is a command like any other
       (not found), on both exec paths: the driver's envelope always comes first;
     - a working directory of /proc/self/fd/N (runc's leaked host fds, CVE-2024-21626) is
-      refused on runc's path (terminals, alloc execs) and on the agent's;
+      refused on runc's path (terminals, alloc execs) and on the agent's: the command never
+      runs there (a terminal's is sometimes refused just after its start: no output, 137);
     - the exec agent's binary is gone from /tmp once it runs, and its /proc entries are
       closed to the sandbox (not dumpable);
     - the host's abstract unix sockets are not reachable (another network namespace)."""
+    from hutch.core.errors import InvalidInput
     from hutch.drivers.base import TerminalRequest
     from hutch.drivers.nomad.execs import ENVELOPE
     from tests.nomad.test_exec_agent import until_agent
@@ -468,16 +470,24 @@ async def test_the_runtimes_own_ways_in_are_closed(driver: NomadDriver, alloc_dr
                     r = await d.exec(ExecRequest(new_id("ex"), target, ["sh", "-c", "ls -a ../../.."],
                                                  cwd=f"/proc/self/fd/{n}"), Recorder())
                     found[f"{name} cwd fd {n}"] = f"ran, exit {r.exit_code}"
-                except Exception as err:  # the refusal is what is looked for
-                    found[f"{name} cwd fd {n}"] = type(err).__name__
+                except InvalidInput:  # "working directory ... does not exist"
+                    found[f"{name} cwd fd {n}"] = "refused"
         for n in (3, 5, 7):
+            # runc refuses the directory, either before the start (InvalidInput) or just after
+            # it (the stream ends without an exit: 137); the command never runs either way.
             try:
-                term = await alloc_driver.open_terminal(TerminalRequest(plain, ["ls", "-a", "../../.."],
+                term = await alloc_driver.open_terminal(TerminalRequest(plain, ["sh", "-c", "echo RAN; pwd; ls -a ../../.."],
                                                                         cwd=f"/proc/self/fd/{n}"))
-                await term.close()
-                found[f"terminal cwd fd {n}"] = "opened"
-            except Exception as err:
-                found[f"terminal cwd fd {n}"] = type(err).__name__
+            except InvalidInput:
+                found[f"terminal cwd fd {n}"] = "refused"
+                continue
+            screen = b""
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    while chunk := await term.read():
+                        screen += chunk
+            await term.close()
+            found[f"terminal cwd fd {n}"] = f"ran: {screen[:300]!r}" if b"RAN" in screen else "refused"
         try:
             term = await alloc_driver.open_terminal(TerminalRequest(plain, [ENVELOPE, json.dumps({"freeze": True})]))
             found["terminal envelope"] = await asyncio.wait_for(term.wait(), 30)
@@ -503,8 +513,8 @@ async def test_the_runtimes_own_ways_in_are_closed(driver: NomadDriver, alloc_dr
         expected.update({f"{name} {v}": 127 for v in ({"freeze": True}, {"allow": ["0.0.0.0/0"]}, {"kill": "x"},
                                                       {"usage": True})})
         expected[f"{name} still runs"] = (0, "ok\n")
-        expected.update({f"{name} cwd fd {n}": "InvalidInput" for n in (3, 5, 7)})
-    expected.update({f"terminal cwd fd {n}": "InvalidInput" for n in (3, 5, 7)})
+        expected.update({f"{name} cwd fd {n}": "refused" for n in (3, 5, 7)})
+    expected.update({f"terminal cwd fd {n}": "refused" for n in (3, 5, 7)})
     expected["terminal envelope"] = 127
     expected["still reaches nothing but its list"] = "ConnectionRefusedError"
     expected["agent"] = {"tmp": [], "exe": "Permission denied", "cwd": "Permission denied", "root": "Permission denied",
@@ -797,3 +807,76 @@ async def test_a_sandboxs_limits_keep_its_node_and_neighbours_whole(driver: Noma
     assert host.f_ffree - host_after.f_ffree < 1000, "the client's own inodes were taken"
     assert flood[0] == 0, flood
     assert sum(sizes.values()) < 4 * MiB, sizes
+
+
+# ------------------------------------------------------------------------ warm pools: one tenant after another
+
+LEAVE_BEHIND = r'''
+import os, socket, subprocess
+open("/tmp/left-by-a", "w").write("a's secret")
+open("/home/agentuity/left-by-a", "w").write("a's secret")
+subprocess.Popen(["left-by-a", "1000"], executable="/bin/sleep", start_new_session=True, env={},
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+if os.fork() == 0:
+    os.setsid()
+    s = socket.socket(socket.AF_UNIX)
+    s.bind("\0left-by-a")
+    s.listen(1)
+    import time
+    time.sleep(1000)
+print("{}")
+'''
+
+FIND_LEFTOVERS = r'''
+import errno, json, os, socket
+out = {"files": [p for p in ("/tmp/left-by-a", "/home/agentuity/left-by-a") if os.path.exists(p)], "procs": []}
+for p in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+    try:
+        if b"left-by-a" in open(f"/proc/{p}/cmdline", "rb").read():
+            out["procs"].append(p)
+    except OSError:
+        pass
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("\0left-by-a")
+    out["socket"] = "connected"
+except OSError as e:
+    out["socket"] = errno.errorcode[e.errno]
+print(json.dumps(out))
+'''
+
+
+async def test_a_warm_pool_hands_no_tenant_what_another_left(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """With warm pools a create claims an allocation placed ahead of time (with an exec agent
+    already running in it). A tenant that claimed one leaves files in /tmp and its workspace,
+    a daemon and an abstract socket, then destroys its sandbox; the next create claims a
+    pool entry too, and must find none of it (an entry serves one sandbox, then goes)."""
+    d = await start_nomad(tmp_path_factory.mktemp("nomad-pass2-pool") / "data", pool_sizes={PY: 1})
+    assert isinstance(d, NomadDriver)
+
+    async def pooled() -> str:
+        for _ in range(300):
+            if d._pool.get(PY):
+                claims = d.pool_metrics()["claims"]
+                sid = await make(d)
+                assert d.pool_metrics()["claims"] == claims + 1, "the create did not claim a pool entry"
+                return sid
+            await asyncio.sleep(0.1)
+        raise AssertionError("the warm pool never filled")
+
+    try:
+        first = await pooled()
+        first_alloc = d.running(first).alloc_id
+        await python(d, first, LEAVE_BEHIND)
+        left = await python(d, first, FIND_LEFTOVERS)
+        assert len(left["files"]) == 2 and left["procs"] and left["socket"] == "connected", left  # the probe sees them
+        await d.destroy(first)
+        second = await pooled()
+        assert d.running(second).alloc_id != first_alloc
+        seen = await python(d, second, FIND_LEFTOVERS)
+        await d.destroy(second)
+    finally:
+        for sid in list(d._sandboxes):
+            await d.destroy(sid)
+        await d.close()
+    assert seen == {"files": [], "procs": [], "socket": "ECONNREFUSED"}, seen

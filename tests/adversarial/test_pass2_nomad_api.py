@@ -442,3 +442,36 @@ async def test_nomad_answers_no_one_without_a_token_and_hutchs_token_only_what_h
     finally:
         await server.ok("DELETE", f"/sandbox/{sid}", member)
     assert found == expected, json.dumps({k: v for k, v in found.items() if expected.get(k) != v}, indent=1)
+
+
+async def test_the_files_api_stays_inside_the_container(server: Server) -> None:
+    """The nomad driver's file primitives run as the sandbox user inside its container, so a
+    path means what it means to the sandbox: `..` out of the workspace, absolute paths, and
+    links planted by the sandbox (to /proc/1/root, init's view) reach the container's files
+    or nothing, never the client's (whose /etc/hostname says `vm`). Before the first pass a
+    path like these could have reached the host through a driver that resolved it there."""
+    member = server.keys["alpha-member"]
+    sid = await server.sandbox(member)
+    try:
+        assert (await server.sh(member, sid, "ln -s /proc/1/root initroot && ln -s /proc/1/environ initenv && "
+                                             "ln -s / root"))[0] == 0
+        found = {}
+        for path in ("../../../../etc/hostname", "/etc/hostname", "root/etc/hostname", "initroot/etc/hostname",
+                     "initenv", "/proc/1/environ", "/etc/shadow", "/proc/self/root/etc/hostname"):
+            status, body = await server.call("GET", f"/fs/{sid}?path={path}", member)
+            found[f"read {path}"] = (status, "Permission denied" in body.get("message", "")) if isinstance(body, dict) \
+                else body.strip()
+        for path in ("/etc/passwd", "../../../../etc/cron.d/x", "/proc/1/root/tmp/x", "initroot/tmp/x"):
+            status, _ = await server.call("POST", f"/fs/{sid}", member,
+                                          json={"files": [{"path": path, "content": "eA=="}]})
+            found[f"write {path}"] = status
+    finally:
+        await server.ok("DELETE", f"/sandbox/{sid}", member)
+    host_name = (await asyncio.to_thread(Path("/etc/hostname").read_text)).strip()
+    assert not any(v == host_name for v in found.values()), found
+    assert {k: v for k, v in found.items() if k.startswith("read")} == {
+        "read ../../../../etc/hostname": "sandbox", "read /etc/hostname": "sandbox", "read root/etc/hostname": "sandbox",
+        "read initroot/etc/hostname": (404, False), "read initenv": (400, True), "read /proc/1/environ": (400, True),
+        "read /etc/shadow": (400, True), "read /proc/self/root/etc/hostname": "sandbox"}, found
+    writes = {k: v for k, v in found.items() if k.startswith("write")}
+    assert writes == {k: 400 for k in writes}, writes  # "Permission denied" or "No such file or directory"
