@@ -31,6 +31,7 @@ BOOT = {"Authorization": "Bearer pass2-bootstrap"}
 NOMAD_TOKEN = os.environ.get("HUTCH_NOMAD_TOKEN")
 MiB = 2**20
 CHECKPOINT_LIMIT = 16 * MiB  # HUTCH_MAX_CHECKPOINT_BYTES of the module's server
+ARCHIVE_LIMIT = 32 * MiB  # max_upload_bytes of the module's server: what a snapshot may unpack to
 
 
 class Server:
@@ -77,7 +78,8 @@ class Server:
 async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Server]:
     data_dir = tmp_path_factory.mktemp("nomad-pass2-api")
     config = Config(data_dir=data_dir, api_key=BOOT["Authorization"].split()[1], driver="nomad", nomad_pool="off",
-                    nomad_token=NOMAD_TOKEN, max_checkpoint_bytes=f"{CHECKPOINT_LIMIT // MiB}Mi")
+                    nomad_token=NOMAD_TOKEN, max_checkpoint_bytes=f"{CHECKPOINT_LIMIT // MiB}Mi",
+                    max_upload_bytes=ARCHIVE_LIMIT)
     client = TestClient(TestServer(create_app(config)))
     await client.start_server()
     srv = Server(client, data_dir)
@@ -138,6 +140,29 @@ def peak_rss_mib() -> float:
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
 
+
+
+async def test_a_snapshot_stops_reading_the_sandbox_at_the_archive_limit(server: Server) -> None:
+    """A snapshot (and a fork, which takes one) is the sandbox's export, gzipped into a spool
+    on the server, then checked against the archive limits (max_upload_bytes unpacked). A
+    sparse file costs the sandbox nothing and the export its full size, so the check came
+    after the server had read and compressed all of it: 4 GiB of sparse file for a 32 MiB
+    limit kept the server streaming for minutes (the client gave up at 5); a 1 TiB one for
+    hours, one request per sandbox at a time. The spool now stops at the limit: 413 naming
+    the archive within seconds, and no snapshot is made."""
+    member = server.keys["alpha-member"]
+    sid = await server.sandbox(member)
+    try:
+        assert (await server.sh(member, sid, "truncate -s 4G big"))[0] == 0
+        started = asyncio.get_running_loop().time()
+        status, body = await server.call("POST", f"/sandbox/{sid}/snapshot", member, json={})
+        took = asyncio.get_running_loop().time() - started
+        assert (status, body.get("code"), body.get("field")) == (413, "PAYLOAD_TOO_LARGE", "archive"), (status, body)
+        assert took < 60, f"the server read the sandbox for {took:.0f} s"
+        snapshots = await server.ok("GET", "/sandbox/snapshots", member)
+        assert snapshots["snapshots"] == [], snapshots
+    finally:
+        await server.ok("DELETE", f"/sandbox/{sid}", member)
 
 LISTING_CAP = 32 * MiB  # drivers/nomad/files.py: what one file operation may print
 
