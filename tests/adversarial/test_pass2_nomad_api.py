@@ -169,16 +169,16 @@ LISTING_CAP = 32 * MiB  # drivers/nomad/files.py: what one file operation may pr
 
 async def test_a_listing_is_bounded_in_the_servers_memory(server: Server) -> None:
     """A file listing is what the sandbox prints (`find`), held by the server whole, then parsed
-    into objects: about 1 KB of the server's memory per entry, so a directory of a million files
-    was ~1 GB per request. Before: 170,000 files of 200-character names (36 MB listed) were
-    answered (200), the server's peak growing by the amount measured below. Now what one file
-    operation prints is bounded: past 32 MiB the command is stopped and the request refused
-    (413 naming the path)."""
+    into objects: about 1.6 KB of the server's memory per entry, so a directory of a million files
+    was ~1.6 GB per request. Before: 170,000 files of 200-character names (36 MB listed) were
+    answered (200) and grew the server's peak by 268 MiB. Now what one file operation prints
+    is bounded: past 32 MiB (here 125,000 names of 250 characters, 35 MB) the command is
+    stopped and the request refused (413 naming the path)."""
     member = server.keys["alpha-member"]
     sid = await server.sandbox(member)
     try:
         made = await server.sh(member, sid, "mkdir many && cd many && python3 -c '"
-                                            "import os\nfor i in range(170000): os.close(os.open(str(i).zfill(200), 65))'")
+                                            "import os\nfor i in range(125000): os.close(os.open(str(i).zfill(250), 65))'")
         assert made[0] == 0, made
         before = peak_rss_mib()
         peak_rss_reset()
