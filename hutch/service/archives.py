@@ -110,15 +110,39 @@ async def _file_chunks(driver: Driver, sandbox_id: str, entry: _Entry) -> AsyncI
         yield b"\0" * left
 
 
-async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool = True) -> AsyncIterator[bytes]:
+def export_bound(limits: Limits) -> int:
+    """How much of a sandbox's tar the server reads for an archive that must unpack to at most
+    ``limits.max_bytes``: that and room for the tar's own headers and padding (an eighth and
+    2 MiB: at the default 4 GiB, ~1 KiB for each of 500,000 entries, past the 100,000 allowed).
+    A sparse file is as large as a sandbox likes in a tar and costs it nothing: without a
+    bound, the server read and compressed all of it before the unpacked size was checked."""
+    return limits.max_bytes + limits.max_bytes // 8 + 2 * 2**20
+
+
+async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool = True,
+                 max_bytes: int | None = None) -> AsyncIterator[bytes]:
+    """The tar (gzipped unless ``compress`` is False) of ``root`` in the sandbox; with
+    ``max_bytes``, PayloadTooLarge the moment the tar itself passes it (``export_bound``)."""
     gz = zlib.compressobj(6, zlib.DEFLATED, 31) if compress else None
+    taken = 0
 
     def out(data: bytes) -> bytes:
+        nonlocal taken
+        taken += len(data)
+        if max_bytes is not None and taken > max_bytes:
+            raise PayloadTooLarge(f"archive: the sandbox's files come to more than {max_bytes} bytes of tar",
+                                  field="archive")
         return gz.compress(data) if gz is not None else data
 
     if driver.capabilities.tar_streams:  # one stream instead of a round trip per file
-        async for chunk in driver.export_tar(sandbox_id, root):
-            yield out(chunk)
+        export = driver.export_tar(sandbox_id, root)
+        try:
+            async for chunk in export:
+                yield out(chunk)
+        finally:
+            close = getattr(export, "aclose", None)  # an export cut short stops its command
+            if close is not None:
+                await close()
         if gz is not None:
             yield gz.flush()
         return

@@ -251,7 +251,8 @@ class Snapshots:
         snapshot_id = ids.new_id("snapshot")
         decide(snapshot_id, None, command)  # refuses (an ended sandbox, a bad name or tag) before any work
         self._reaper.touch(sandbox_id)
-        with await self.archives.spool(archives.tar_gz(self._driver, sandbox_id, WORKSPACE)) as spooled:
+        export = archives.tar_gz(self._driver, sandbox_id, WORKSPACE, max_bytes=archives.export_bound(self.limits))
+        with await self.archives.spool(export) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
             await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
             await self.archives.put(snapshot_id, spooled)

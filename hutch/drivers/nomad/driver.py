@@ -143,8 +143,12 @@ class NomadDriver(Adoption, WarmPools, Driver):
         runtime_cache: Path | None = None,
         blobs: BlobStore | None = None,
         exec_mode: str = "agent",  # HUTCH_NOMAD_EXEC: "agent" or "alloc" (drivers.nomad.agents)
+        # HUTCH_MAX_CHECKPOINT_BYTES: what one sandbox's checkpoints may take in the blob store;
+        # a checkpoint is stopped the moment it passes what is left (None: not bounded here).
+        max_checkpoint_bytes: int | None = None,
     ) -> None:
         self.address = address
+        self.max_checkpoint_bytes = max_checkpoint_bytes
         self.registry = registry
         self.runtime_cache = runtime_cache or rootfs.default_cache()  # the trees images are made from
         self._images = RuntimeImages(registry, self.runtime_cache)
@@ -557,13 +561,25 @@ class NomadDriver(Adoption, WarmPools, Driver):
         await self._files.import_tar(sandbox_id, dest, archive, gzipped=gzipped)
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        await self._files.checkpoint(sandbox_id, checkpoint_id)
+        sb = self.running(sandbox_id)
+        sb.checkpoints[checkpoint_id] = await self._files.checkpoint(
+            sandbox_id, checkpoint_id, limit=self.max_checkpoint_bytes, used=sum(sb.checkpoints.values()))
+        await asyncio.to_thread(self._states.save, sb)
+
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        """What each checkpoint takes in the blob store (the API counts it against the sandbox's
+        limit and the organization's storage quota)."""
+        sb = self._sandboxes.get(sandbox_id)
+        return dict(sb.checkpoints) if sb is not None else {}
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._files.restore(sandbox_id, checkpoint_id)
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._files.delete_checkpoint(sandbox_id, checkpoint_id)
+        sb = self._sandboxes.get(sandbox_id)
+        if sb is not None and sb.checkpoints.pop(checkpoint_id, None) is not None:
+            await asyncio.to_thread(self._states.save, sb)
 
     async def open_terminal(self, req: TerminalRequest) -> Terminal:
         return await self._terminals.open_terminal(req)
