@@ -22,8 +22,8 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from hutch.api.app import create_app
-from hutch.api.config import Config
 from hutch.api.keys import ENGINE
+from hutch.service.config import Config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
