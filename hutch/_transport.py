@@ -22,6 +22,7 @@ import aiohttp
 
 from hutch import _config
 from hutch._shapes import Duration, _query
+from hutch._version import __version__
 from hutch.errors import ConnectionFailed, ServerError, error_from_response
 
 if TYPE_CHECKING:
@@ -104,8 +105,6 @@ class Transport:
         if self._closed:
             raise RuntimeError("SandboxClient is closed")
         if self._session is None:
-            from hutch import __version__
-
             self._session = aiohttp.ClientSession(
                 connector=self._connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
