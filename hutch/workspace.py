@@ -48,7 +48,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hutch import _workspace_files as local_files
+from hutch._blocking import Blocking, _Portal
 from hutch.client import Sandbox, SandboxClient
+from hutch.workspace_tools import WorkspaceTools
 
 if TYPE_CHECKING:
     from hutch._workspace_docker import DockerBox
@@ -403,10 +405,8 @@ class Workspace:
             children.append(child)
         return children
 
-    def tools(self) -> Any:
+    def tools(self) -> WorkspaceTools:
         """Tool definitions and a dispatcher for LLM tool calling (hutch/workspace_tools.py)."""
-        from hutch.workspace_tools import WorkspaceTools
-
         return WorkspaceTools(self)
 
     def _need_started(self) -> None:
@@ -419,8 +419,6 @@ class SyncWorkspace:
     :class:`Workspace`, not written twice). ``resume`` is :meth:`SyncWorkspace.resume`."""
 
     def __init__(self, **options: Any) -> None:
-        from hutch.sync import Blocking, _Portal
-
         self._portal = _Portal()
         self.aio = self._portal.call(_make(options))
         self._blocking = Blocking(self._portal, self.aio)
@@ -428,8 +426,6 @@ class SyncWorkspace:
     @classmethod
     def resume(cls, snapshot: WorkspaceSnapshot, **options: Any) -> SyncWorkspace:
         ws = cls.__new__(cls)
-        from hutch.sync import Blocking, _Portal
-
         ws._portal = _Portal()
         ws.aio = ws._portal.call(Workspace.resume(snapshot, **options))
         ws._blocking = Blocking(ws._portal, ws.aio)
