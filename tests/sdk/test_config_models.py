@@ -50,7 +50,7 @@ async def test_a_client_without_a_server_runs_the_engine_itself(monkeypatch: pyt
         sandbox = await client.create()
         assert sandbox.id.startswith("sbx_") and (await client.get(sandbox.id)).id == sandbox.id
         assert (tmp_path / "xdg" / "hutch" / "events.db").exists() or any((tmp_path / "xdg" / "hutch").iterdir())
-    assert client._engine is None  # stopped with the client
+    assert client.connection.engine is None  # stopped with the client
 
 
 def test_api_key_argument_then_env_then_local_key_file(
