@@ -1,7 +1,8 @@
 """The one connection under :class:`hutch.client.SandboxClient` and every service it is made
 of: the aiohttp session, base URL, bearer key and organization, JSON calls, streamed requests
 and output streams, and the mapping of failures to :mod:`hutch.errors`. With no server to talk
-to it runs the engine in this process (hutch/local_engine.py), started at its first call.
+to it runs the engine in this process (hutch/_embedded.py, the SDK's one bridge to the server's
+code, imported only here and only then), started at its first call.
 
 Its methods without an underscore are the SDK's internal API: the services
 (hutch/_sandboxes.py, _executions.py, _files.py, _copies.py, _snapshots.py, tenancy.py), the
@@ -16,20 +17,33 @@ import contextlib
 import json as jsonlib
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+import attrs
 
 from hutch import _config
 from hutch._shapes import Duration, _query
 from hutch._version import __version__
 from hutch.errors import ConnectionFailed, ServerError, error_from_response
 
-__all__ = ["EMBEDDED_URL", "LONG_POLL", "Connected", "Connection", "items"]
+if TYPE_CHECKING:
+    from hutch._embedded import EmbeddedEngine
+
+__all__ = ["EMBEDDED_URL", "LONG_POLL", "Connected", "Connection", "EngineOptions", "items"]
 
 LONG_POLL = "5m"  # the longest server-side wait the wire allows per request
 EMBEDDED_URL = "http://localhost"  # the embedded engine's private socket answers any host
+
+
+@attrs.frozen
+class EngineOptions:
+    """The engine a connection runs in this process: its data dir and driver (None: what the
+    environment says, as for ``hutch serve``)."""
+
+    data_dir: str | os.PathLike[str] | None = None
+    driver: str | None = None
 
 
 class Connection:
@@ -46,21 +60,26 @@ class Connection:
         long_poll: Duration = LONG_POLL,
         drain_timeout: float = 30.0,
         org_id: str | None = None,
+        engine: EngineOptions | None = None,
     ) -> None:
-        found = url if connector is not None else _config.resolve_url(url)
-        self._url_source = ("the url argument" if url else "HUTCH_URL" if os.environ.get("HUTCH_URL")
+        # ``engine``: run that engine, whatever the URL argument, HUTCH_URL or a running server
+        # say (``hutch.client.local_client``); its key is the one to use.
+        found = None if engine is not None else url if connector is not None else _config.resolve_url(url)
+        self._url_source = ("the engine in this process" if engine is not None else "the url argument" if url
+                            else "HUTCH_URL" if os.environ.get("HUTCH_URL")
                             else "the hutch serve on this machine's data dir")
-        #: Whether this client runs the engine in its own process (no server: ``hutch.local_engine``),
+        #: Whether this connection runs the engine in its own process (no server: hutch/_embedded.py),
         #: started at its first call and stopped by :meth:`close`.
         self.embedded = found is None
+        self._engine_options = engine or EngineOptions()
         self.url = (found or EMBEDDED_URL).rstrip("/")
         #: The organization calls act in (``orgId`` on every request), for a key that may act
         #: for several (the server's administrator); None: the key's own.
         self.org_id = org_id
-        self.api_key = _config.resolve_api_key(api_key)
+        self.api_key = api_key if engine is not None else _config.resolve_api_key(api_key)
         self._connector = connector
-        #: The engine this connection runs (``hutch.local_engine.EmbeddedEngine``), once started.
-        self.engine: Any = None
+        #: The engine this connection runs (``hutch._embedded.EmbeddedEngine``), once started.
+        self.engine: EmbeddedEngine | None = None
         self._engine_lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -87,9 +106,10 @@ class Connection:
             async with self._engine_lock:
                 if self.engine is None and not self._closed:
                     # The server's code, imported only by a client that runs it.
-                    from hutch.local_engine import EmbeddedEngine
+                    from hutch._embedded import EmbeddedEngine
 
-                    engine = EmbeddedEngine()
+                    options = self._engine_options
+                    engine = EmbeddedEngine(data_dir=options.data_dir, driver=options.driver)
                     self._connector, key = await engine.start()
                     self.engine = engine
                     self.api_key = self.api_key or key
@@ -97,7 +117,7 @@ class Connection:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._closed:
-            raise RuntimeError("SandboxClient is closed")  # the name its users know
+            raise RuntimeError("SandboxClient is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=self._connector,

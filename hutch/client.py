@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import IO, Any, Generic, TypeVar, Unpack, overload
 
 import aiohttp
 
 from hutch import _transfer
-from hutch._connection import LONG_POLL, Connection
+from hutch._connection import LONG_POLL, Connection, EngineOptions
 from hutch._files import ARCHIVE_FORMATS, READ_CHUNK
 from hutch._options import SandboxOptions, with_sandbox_options
 from hutch._output import OutputSink
@@ -70,6 +71,7 @@ __all__ = [
     "Sandbox",
     "SandboxClient",
     "SandboxOptions",
+    "local_client",
 ]
 
 T = TypeVar("T")
@@ -131,6 +133,13 @@ class SandboxClient:
     ) -> None:
         self._attach(Connection(url, api_key, connector=connector, request_timeout=request_timeout,
                                 long_poll=long_poll, drain_timeout=drain_timeout, org_id=org_id))
+
+    @classmethod
+    def _over(cls, connection: Connection) -> SandboxClient:
+        """A client over a connection made otherwise (:func:`local_client`'s)."""
+        client = cls.__new__(cls)
+        client._attach(connection)
+        return client
 
     def _attach(self, connection: Connection) -> None:
         services = Services.over(connection)
@@ -528,3 +537,13 @@ class SandboxClient:
             status=status, name=name, mode=mode, project_id=project_id, snapshot_id=snapshot_id,
             live=live, limit=limit, offset=offset, sort=sort, direction=direction,
             deleted_only=deleted_only)
+
+
+@asynccontextmanager
+async def local_client(*, data_dir: str | os.PathLike[str] | None = None,
+                       driver: str | None = None) -> AsyncIterator[SandboxClient]:
+    """A client bound to a new engine in this process, whatever HUTCH_URL says."""
+    connection = Connection(None, None, engine=EngineOptions(data_dir=data_dir, driver=driver))
+    async with SandboxClient._over(connection) as client:
+        await connection.session()  # the engine starts now: a failure to start is this call's
+        yield client

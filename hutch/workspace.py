@@ -10,7 +10,7 @@ processes: the seeds' "Sandbox Agent", in Python, with hutch's isolation as the 
 Backends:
 
 - ``sandbox`` (the default): a hutch sandbox on this machine through the in-process engine
-  (hutch/local_engine.py): no server, root or rootless. An agent's code is untrusted; the
+  (hutch/_embedded.py): no server, root or rootless. An agent's code is untrusted; the
   document's default (``unix-local``) runs it as you, on your machine.
 - ``remote``: a hutch server (or any Agentuity-compatible one) by ``url`` and ``api_key``.
 - ``unix-local``: a temporary directory and a child process, as the document has it: for
@@ -49,7 +49,7 @@ import attrs
 
 from hutch import _workspace_files as local_files
 from hutch._blocking import Blocking, _Portal
-from hutch.client import Sandbox, SandboxClient
+from hutch.client import Sandbox, SandboxClient, local_client
 from hutch.workspace_tools import WorkspaceTools
 
 if TYPE_CHECKING:
@@ -192,8 +192,6 @@ class Workspace:
         if self.backend == "remote" or served:  # this machine's `hutch serve`, when one runs
             self._client = await self._stack.enter_async_context(SandboxClient(self.url or served, self.api_key))
         else:
-            from hutch.local_engine import local_client
-
             self._client = await self._stack.enter_async_context(local_client(data_dir=self.data_dir))
         if self.id is not None:  # reattach: another process made it
             self._sandbox = await self._client.connect(self.id)
