@@ -7,14 +7,12 @@ server's administrator (the bootstrap key), who may act for any organization.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
+from hutch._connection import Connection
 from hutch.models import from_wire
-
-if TYPE_CHECKING:
-    from hutch.client import SandboxClient
 
 __all__ = ["ApiKey", "Organization", "Project", "Quota", "SshKey", "Tenancy"]
 
@@ -75,11 +73,13 @@ class SshKey:
 
 
 class Tenancy:
-    def __init__(self, client: SandboxClient) -> None:
-        self._client = client
+    """``client.tenancy``: the calls of the tenancy routes, over the client's connection."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return self._client._data(await self._client._request(method, path, json=body))
+        return self._connection.data(await self._connection.request(method, path, json=body))
 
     async def create_org(self, name: str) -> Organization:
         """A new organization (the server's administrator only); its id is ``org_<name>``."""
