@@ -2,6 +2,11 @@
 and an execution as a request sees them: their stream URLs and port URL depend on the address
 the request came in on. Optional fields are omitted, never ``null``: the real client's zod
 schemas reject null. The requests' bodies go the other way in api/parse.py.
+
+An answer the SDK reads whole (an execution, a job, a runtime reference) is built from its
+``core.wire`` class, the one the SDK parses it into, so the two cannot drift; the others stay
+dicts until their SDK classes carry every field the server sends (a sandbox's ``updatedAt``,
+``networkAllow``, ``reason``; a snapshot's ``projectId``, ``dependencies`` …).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from hutch.api.routes import proxy
 from hutch.core import runtimes
 from hutch.core.events import Event, encode
 from hutch.core.models import Execution, Sandbox, Snapshot
+from hutch.core.serde import to_wire
+from hutch.core.wire import ExecutionInfo, Job, RuntimeRef
 from hutch.drivers.base import Usage
 from hutch.service.engine import Engine
 
@@ -36,10 +43,9 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 def runtime_summary(name: str) -> dict[str, Any]:
     recipe = runtimes.find(name)
     if recipe is None:
-        return {"id": "srt_unknown", "name": name}
-    return _drop_none(
-        {"id": recipe.id, "name": recipe.name, "iconUrl": recipe.icon_url, "brandColor": recipe.brand_color, "tags": list(recipe.tags)}
-    )
+        return to_wire(RuntimeRef(id="srt_unknown", name=name))
+    return to_wire(RuntimeRef(id=recipe.id, name=recipe.name, icon_url=recipe.icon_url, brand_color=recipe.brand_color,
+                              tags=list(recipe.tags)))
 
 
 def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[str, Any] | None = None,
@@ -125,40 +131,18 @@ _JOB_STATUS = {"queued": "pending", "running": "running", "cancelled": "cancelle
 def job_info(job: Execution, stdout_url: str, stderr_url: str) -> dict[str, Any]:
     """Jobs are executions of kind "job"; the wire gives them their own statuses."""
     status = _JOB_STATUS.get(job.status.value) or ("completed" if job.exit_code == 0 else "failed")
-    return _drop_none(
-        {
-            "jobId": job.execution_id,
-            "sandboxId": job.sandbox_id,
-            "command": list(job.command),
-            "status": status,
-            "exitCode": job.exit_code,
-            "startedAt": job.started_at,
-            "completedAt": job.completed_at,
-            "error": job.error,
-            "stdoutStreamUrl": stdout_url,
-            "stderrStreamUrl": stderr_url,
-        }
-    )
+    return to_wire(Job(job_id=job.execution_id, sandbox_id=job.sandbox_id, command=list(job.command), status=status,
+                       exit_code=job.exit_code, started_at=job.started_at, completed_at=job.completed_at,
+                       error=job.error, stdout_stream_url=stdout_url, stderr_stream_url=stderr_url))
 
 
 def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None) -> dict[str, Any]:
-    return _drop_none(
-        {
-            "executionId": ex.execution_id,
-            "sandboxId": ex.sandbox_id,
-            "type": ex.type,
-            "status": ex.status.value,
-            "command": list(ex.command),
-            "exitCode": ex.exit_code,
-            "durationMs": ex.duration_ms,
-            "startedAt": ex.started_at,
-            "completedAt": ex.completed_at,
-            "error": ex.error,
-            "stdoutStreamUrl": stdout_url,
-            "stderrStreamUrl": stderr_url,
-            "outputTruncated": ex.output_truncated,
-        }
-    )
+    return to_wire(ExecutionInfo(
+        execution_id=ex.execution_id, sandbox_id=ex.sandbox_id, type=ex.type, status=ex.status.value,
+        command=list(ex.command), exit_code=ex.exit_code, duration_ms=ex.duration_ms, started_at=ex.started_at,
+        completed_at=ex.completed_at, error=ex.error, stdout_stream_url=stdout_url, stderr_stream_url=stderr_url,
+        output_truncated=ex.output_truncated,
+    ))
 
 
 def _full_name(snap: Snapshot) -> str:
