@@ -2,8 +2,10 @@
 server raises too. The root is :class:`SandboxError` (another name for ``HutchError``).
 
 Every error carries the server's ``message``, its machine ``code`` and the HTTP ``status``
-(``None`` when no response arrived). The class is chosen by the server's code first, then
-by the HTTP status, so ``except NotFound`` catches ``SANDBOX_NOT_FOUND`` and a bare 404 alike.
+(``None`` when no response arrived; an error the SDK raises before asking, such as an
+``InvalidInput`` for a bad argument, carries its kind's). The class is chosen by the server's
+code first, then by the HTTP status, so ``except NotFound`` catches ``SANDBOX_NOT_FOUND`` and a
+bare 404 alike.
 """
 
 from __future__ import annotations
