@@ -90,8 +90,8 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
     except RateLimited as err:
         wait = math.ceil(float(err.context.get("retry_after", 1)))
         return web.json_response(err.to_wire(), status=err.status, headers={"Retry-After": str(max(1, wait))})
-    except HutchError as err:
-        return web.json_response(err.to_wire(), status=err.status)
+    except HutchError as err:  # every kind the server raises has a status; 500 for one that has none
+        return web.json_response(err.to_wire(), status=err.status or 500)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[CONFIG].max_body_bytes
         return _error(413, f"body: larger than the {limit} bytes this server accepts", "PAYLOAD_TOO_LARGE")

@@ -1,5 +1,5 @@
-"""JSON Schemas of the wire bodies: what the main routes take (as api/wire.py and the route
-handlers parse them) and what their success answers carry under ``data`` (as api/wire.py's
+"""JSON Schemas of the wire bodies: what the main routes take (as api/parse.py and the route
+handlers parse them) and what their success answers carry under ``data`` (as api/render.py's
 renderers write them). /openapi.json (api/openapi.py) states them per route from ``ROUTES``.
 
 One source of truth, held by tests/api/test_wire_schemas.py: each request schema's example is
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch.api.wire import MAX_FILES
+from hutch.api.parse import MAX_FILES
 from hutch.core import egress, ids, snapshots
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus, SnapshotStatus
 from hutch.core.packages import APT_RE, MAX_ITEMS, NPM_RE
@@ -28,7 +28,7 @@ NO_NUL: Schema = {"type": "string", "pattern": "^[^\\x00]*$"}
 INTEGER: Schema = {"type": "integer"}
 BOOLEAN: Schema = {"type": "boolean"}
 OBJECT: Schema = {"type": "object"}
-ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # wire.parse_env: letters, digits and _, no leading digit
+ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # parse.parse_env: letters, digits and _, no leading digit
 BASE64 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # b64decode(validate=True)
 # core/quantities.py's forms (it also strips surrounding blanks).
 DURATION: Schema = {"type": "string", "pattern": "^(?:[0-9]+(?:\\.[0-9]+)?(?:ms|s|m|h|d))+$",

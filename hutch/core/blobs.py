@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncGenerator, AsyncIterable
-from typing import ClassVar
 
 import attrs
 
-from hutch.core.errors import HutchError, InvalidInput, NotFound
+from hutch.core.errors import InvalidInput, NotFound, ServiceUnavailable
 
 CHUNK = 1 << 20  # what ``get`` yields at most, and what adapters write at a time
 MAX_KEY_LENGTH = 1024
@@ -42,10 +41,8 @@ class BlobNotFound(NotFound):
     code = "BLOB_NOT_FOUND"
 
 
-class BlobUnavailable(HutchError):
-    status: ClassVar[int] = 503
-    code: ClassVar[str] = "BLOB_STORE_UNAVAILABLE"
-    retriable: ClassVar[bool] = True
+class BlobUnavailable(ServiceUnavailable):
+    code = "BLOB_STORE_UNAVAILABLE"
 
 
 @attrs.frozen

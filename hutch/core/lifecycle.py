@@ -130,7 +130,7 @@ def _illegal(sandbox: Sandbox, what: str) -> IllegalTransition:
     return IllegalTransition(
         f"cannot {what}: sandbox {sandbox.sandbox_id} is {sandbox.status.value}",
         sandbox_id=sandbox.sandbox_id,
-        status=sandbox.status.value,
+        sandbox_status=sandbox.status.value,
     )
 
 
@@ -231,7 +231,7 @@ def _decide_checkpoint_change(sandbox: Sandbox, command: RestoreCheckpoint | Del
     if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:
         raise IllegalTransition(
             f"cannot restore: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
-            sandbox_id=sandbox.sandbox_id, status=status.value,
+            sandbox_id=sandbox.sandbox_id, sandbox_status=status.value,
         )
     return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
 
@@ -256,7 +256,7 @@ def _decide_pause(sandbox: Sandbox, command: Pause) -> list[Decided]:
         raise IllegalTransition(
             f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
             sandbox_id=sandbox.sandbox_id,
-            status=status.value,
+            sandbox_status=status.value,
         )
     if status is not SandboxStatus.IDLE:
         raise _illegal(sandbox, "pause")
@@ -278,7 +278,7 @@ def _decide_start_execution(sandbox: Sandbox, command: StartExecution) -> list[D
         raise IllegalTransition(
             f"cannot execute: sandbox {sandbox.sandbox_id} is paused; resume it first",
             sandbox_id=sandbox.sandbox_id,
-            status=status.value,
+            sandbox_status=status.value,
         )
     if status not in _LIVE:
         raise _illegal(sandbox, "execute")

@@ -148,10 +148,12 @@ class SnapshotStatus(StrEnum):
 
 @attrs.frozen
 class SnapshotFile:
+    """A file in a snapshot's workspace archive: in its events and on the wire alike."""
+
     path: str  # relative to the workspace
     size: int
     sha256: str
-    mode: int
+    mode: int = 0o644
     content_type: str = "application/octet-stream"
 
 

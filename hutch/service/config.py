@@ -25,7 +25,7 @@ from hutch.core.paths import API_KEY_FILE, default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
-MIN_MEMORY = 16 * 2**20  # the least a sandbox starts with (api/wire.py refuses less at create)
+MIN_MEMORY = 16 * 2**20  # the least a sandbox starts with (api/parse.py refuses less at create)
 EVENT_LOGS = "sqlite, sqlite:///PATH or kafka://HOST:PORT/TOPIC"
 
 

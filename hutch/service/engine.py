@@ -165,7 +165,7 @@ class Engine:
             sb = await self.control.resume(sandbox_id, auto=True)
         if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
             raise IllegalTransition(
-                f"cannot use files: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
+                f"cannot use files: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, sandbox_status=sb.status.value
             )
         self.touch(sandbox_id)
         return sb

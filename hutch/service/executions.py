@@ -71,7 +71,7 @@ class Executions:
             sb = await self._reads.require(sandbox_id)
         if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
             raise IllegalTransition(
-                f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
+                f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, sandbox_status=sb.status.value
             )
         if req.stream.stdin:
             self._inputs.check(req.stream.stdin)

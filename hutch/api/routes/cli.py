@@ -20,7 +20,7 @@ from aiohttp import web
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok, q_choice, q_instant, q_int, q_offset
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.api.wire import org_ref
+from hutch.api.render import org_ref
 from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
 from hutch.core.models import Mode, Sandbox, SandboxStatus

@@ -13,9 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api import wire
 from hutch.api.http import json_body, ok, q_choice, stream
 from hutch.api.keys import CONFIG, ENGINE
+from hutch.api.parse import parse_env, parse_files
 from hutch.core.errors import InvalidInput
 from hutch.service import archives
 
@@ -129,7 +129,7 @@ async def upload(request: web.Request) -> web.Response:
 @routes.post("/fs/{sandbox_id}")
 async def write_files(request: web.Request) -> web.Response:
     body = await json_body(request)
-    files = wire.parse_files(body.get("files"), "files")
+    files = parse_files(body.get("files"), "files")
     sid = await _sandbox(request)
     driver = request.app[ENGINE].driver
     for f in files:
@@ -153,6 +153,6 @@ async def set_env(request: web.Request) -> web.Response:
     body = await json_body(request)
     if not isinstance(body.get("env"), dict):
         raise InvalidInput("env: expected an object of string (set) or null (delete) values", field="env")
-    changes = wire.parse_env(body["env"], "env", allow_null=True)
+    changes = parse_env(body["env"], "env", allow_null=True)
     env = await request.app[ENGINE].set_env(request.match_info["sandbox_id"], changes)
     return ok({"env": env})
