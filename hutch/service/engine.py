@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from hutch.blobs import clear_spool
 from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobStore
 from hutch.core.errors import IllegalTransition
@@ -46,6 +45,7 @@ from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.service.stream_ids import StreamIds
 from hutch.service.tenancy import Tenants
 from hutch.service.timeouts import Reaper
+from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
 
