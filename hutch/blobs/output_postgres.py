@@ -2,7 +2,7 @@
 PostgreSQL, so a stream written through one API replica is read through any other and
 outlives the host that ran its command.
 
-Layout (``projections/migrations/008_output.sql``): ``hutch_output_chunks(stream_id,
+Layout (``storage/migrations/008_output.sql``): ``hutch_output_chunks(stream_id,
 start_pos, end_pos, data)``, one row per saved piece; ``hutch_secrets`` holds the secret
 stream ids are signed with, made once by the first replica, so every replica issues and
 accepts the same ids.
@@ -36,7 +36,7 @@ import asyncpg
 from hutch.core.blobs import BlobUnavailable
 from hutch.core.errors import InvalidInput
 from hutch.core.output import CHUNK, OutputStreams, OutputWriter, check_offset, check_stream_id
-from hutch.projections.pgpool import UNAVAILABLE, Pool
+from hutch.storage.pg import UNAVAILABLE, Pool
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,8 @@
 ``decide(state, command) -> [events]`` checks a command against the current state and
 says what happened; ``evolve(state, event) -> state`` folds one event. Folding is
 ``functools.reduce(evolve, events, None)``. An illegal command raises ``IllegalTransition``
-and changes nothing; evolve never validates (the log is the truth, even if odd).
+and changes nothing; evolve never validates (the log is the truth, even if odd). Every
+sandbox event is decided here, its creation too (``Create``, against no sandbox).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import attrs
 
 from hutch.core import limits
-from hutch.core.errors import CheckpointNotFound, IllegalTransition
+from hutch.core.errors import CheckpointNotFound, IllegalTransition, InvalidInput, SandboxNotFound
 from hutch.core.events import (
     CheckpointCreated,
     CheckpointDeleted,
@@ -31,9 +32,29 @@ from hutch.core.events import (
     SandboxStarted,
     SandboxTerminated,
 )
-from hutch.core.models import Checkpoint, Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
+from hutch.core.models import (
+    Checkpoint,
+    Execution,
+    ExecutionStatus,
+    Mode,
+    Sandbox,
+    SandboxSpec,
+    SandboxStatus,
+)
 
 # ---------------------------------------------------------------- commands
+
+
+@attrs.frozen
+class Create:
+    """Record a new sandbox: its spec as the server settled it (organization, project,
+    defaults), the key that asked, and the command it runs at create, if any. That command
+    is ``queued`` from the create on (``initial_command``) when it waits for a runtime build."""
+
+    spec: SandboxSpec
+    api_key_id: str | None = None
+    initial_execution_id: str | None = None
+    initial_command: tuple[str, ...] | None = None
 
 
 @attrs.frozen
@@ -119,7 +140,7 @@ class Resume:
 
 
 Command = (
-    Start | Fail | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
+    Create | Start | Fail | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
     | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
 )
 
@@ -142,10 +163,11 @@ def checkpoint_id_for(sandbox: Sandbox, ref: str) -> str:
     return next((c.checkpoint_id for c in sandbox.checkpoints if c.name == ref), ref)
 
 
-# What decide can say happened: the sandbox lifecycle's events (creation, snapshots and
-# tenancy are decided elsewhere).
+# What decide can say happened: the sandbox lifecycle's events (snapshots and tenancy are
+# decided elsewhere).
 Decided = (
-    SandboxStarted
+    SandboxCreated
+    | SandboxStarted
     | SandboxFailed
     | RuntimeBuildProgress
     | CheckpointCreated
@@ -162,8 +184,13 @@ Decided = (
 )
 
 
-def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
-    """Event payloads the command produces (the caller wraps them in envelopes)."""
+def decide(sandbox: Sandbox | None, command: Command) -> list[Decided]:
+    """Event payloads the command produces (the caller wraps them in envelopes). ``sandbox``
+    is None where none is recorded: only a ``Create`` goes there."""
+    if isinstance(command, Create):
+        return _decide_create(sandbox, command)
+    if sandbox is None:
+        raise SandboxNotFound("sandbox not found: nothing but a create is decided before it is recorded")
     match command:
         case Start() | Fail() | ReportBuild():
             return _decide_setup(sandbox, command)
@@ -184,6 +211,18 @@ def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
         case Destroy() | Terminate():
             return _decide_end(sandbox, command)
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _decide_create(sandbox: Sandbox | None, command: Create) -> list[Decided]:
+    """A sandbox id is used once: a create never lands on a recorded sandbox, whatever its state."""
+    if sandbox is not None:
+        raise _illegal(sandbox, "create it again")
+    if command.initial_command is not None and command.initial_execution_id is None:
+        # The queued command is read back as an execution under that id (evolve_execution).
+        raise InvalidInput("a create's queued command needs its execution id", field="command")
+    return [SandboxCreated(spec=command.spec, api_key_id=command.api_key_id,
+                           initial_execution_id=command.initial_execution_id,
+                           initial_command=command.initial_command)]
 
 
 def _decide_setup(sandbox: Sandbox, command: Start | Fail | ReportBuild) -> list[Decided]:

@@ -99,7 +99,7 @@ def open_output_streams(store: str, data_dir: Path, cap_bytes: int) -> OutputStr
     return FileOutputStreams(data_dir, cap_bytes)
 
 
-def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
+def open_driver(config: Config, blobs: BlobStore) -> Driver:
     if config.driver == "fake":
         from hutch.drivers.fake.driver import FakeDriver
 

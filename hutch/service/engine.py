@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
-from hutch.blobs import clear_spool
 from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobStore
 from hutch.core.errors import IllegalTransition
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event, EventData
+from hutch.core.events import Event
 from hutch.core.models import Execution, Sandbox, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
@@ -44,8 +43,9 @@ from hutch.service.recovery import Recovery
 from hutch.service.requests import CreateRequest, ExecuteRequest
 from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.service.stream_ids import StreamIds
-from hutch.service.tenancy import Tenants
+from hutch.service.tenancy import TenancyWrites, Tenants
 from hutch.service.timeouts import Reaper
+from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class Engine:
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
         self.recovery = Recovery(store, self.recorder, self.control, driver)
+        self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
 
     @property
     def tenants(self) -> Tenants | None:
@@ -134,10 +135,6 @@ class Engine:
         await self.projector.close()
 
     # ---------------------------------------------------------------- writes
-
-    async def record(self, stream: str, decide: Callable[[], Iterable[EventData]]) -> builtins.list[Event]:
-        """Tenancy records (an organization's stream): see ``Recorder.record``."""
-        return await self.recorder.record(stream, decide)
 
     async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
         return await self.provisioning.create(req, api_key_id=api_key_id)

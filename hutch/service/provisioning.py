@@ -12,8 +12,7 @@ import attrs
 
 from hutch.core import ids
 from hutch.core.errors import DriverFailure, HutchError, NotSupported
-from hutch.core.events import SandboxCreated
-from hutch.core.lifecycle import Fail, ReportBuild, Start
+from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
 from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas
@@ -58,7 +57,12 @@ class Provisioning:
         """Record the sandbox and make it real. A catalog runtime the driver lacks is built
         first (``Driver.build_runtime``): then the answer comes at once with the sandbox
         ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
-        execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
+        execute, streams and waits hold until it is ready or ``failed`` with the build's words.
+
+        The sandbox is recorded as every sandbox event is, by a command ``decide`` checks
+        (``Create``). What runs before it leaves nothing of this sandbox behind: the checks,
+        and the driver's ``prepare`` (an install layer, kept in a cache other sandboxes share),
+        where a bad package name shows before there is a sandbox to fail."""
         tenants = self._reads.tenants
         spec = owned(req.spec, tenants.directory if tenants else None)
         # Once, here: the driver, the quota and the recorded event all see these limits.
@@ -74,8 +78,7 @@ class Provisioning:
             self._inputs.check(req.stream.stdin)
         execution_id = ids.new_id("execution") if req.command else None
         queued = tuple(req.command) if build and req.command else None
-        created = [SandboxCreated(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id,
-                                  initial_command=queued)]
+        create = Create(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id, initial_command=queued)
         # The quota's check and the create it allows, as one, on this replica and across
         # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
@@ -83,7 +86,7 @@ class Provisioning:
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
             await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
-            await self._recorder.append(sandbox_id, created)
+            await self._recorder.command(sandbox_id, create)
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
                 await self._outputs.open(self._streams.derive(execution_id, "stdout"))

@@ -32,8 +32,6 @@ from typing import IO
 
 import attrs
 
-import hutch.blobs as blobs
-from hutch.blobs.files import FileBlobStore
 from hutch.core import ids, runtimes
 from hutch.core.blobs import BlobNotFound, BlobStore
 from hutch.core.errors import (
@@ -68,6 +66,7 @@ from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.stream_ids import StreamIds
 from hutch.service.timeouts import Reaper
+from hutch.storage import spool
 
 WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
 LINEAGE_MAX = 1000
@@ -91,19 +90,13 @@ class SnapshotArchives:
     def key(snapshot_id: str) -> str:
         return f"snapshots/{snapshot_id}.tar.gz"
 
-    def path(self, snapshot_id: str) -> Path:
-        """Where the archive is on this host's disk: the files profile only (tests, debugging)."""
-        if not isinstance(self.store, FileBlobStore):
-            raise NotSupported("snapshot archives are not local files with this blob store")
-        return self.store.path(self.key(snapshot_id))
-
     async def spool(self, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> IO[bytes]:
         """``chunks`` in a local temporary file (size-checked as they arrive); the caller closes it."""
         await asyncio.to_thread(_private_dir, self.spool_dir)
         return await archives.spool(chunks, max_bytes if max_bytes is not None else 2**63, str(self.spool_dir))
 
     async def put(self, snapshot_id: str, spooled: IO[bytes]) -> None:
-        await blobs.put_file(self.store, self.key(snapshot_id), spooled)
+        await spool.put_file(self.store, self.key(snapshot_id), spooled)
 
     async def save(self, snapshot_id: str, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> None:
         with await self.spool(chunks, max_bytes) as spooled:
@@ -113,7 +106,7 @@ class SnapshotArchives:
         """The archive in a local temporary file, or None when there is none."""
         await asyncio.to_thread(_private_dir, self.spool_dir)
         try:
-            return await blobs.fetch(self.store, self.key(snapshot_id), self.spool_dir)
+            return await spool.fetch(self.store, self.key(snapshot_id), self.spool_dir)
         except BlobNotFound:
             return None
 

@@ -69,7 +69,7 @@ def test_the_wheel_holds_only_the_hutch_namespace_and_its_data(dists: tuple[Path
     for needed in ("hutch/py.typed", "hutch/core/models.py", "hutch/api/app.py",
                    "hutch/drivers/local/native/hutch-nsexec.c", "hutch/api/webapp/static/index.html"):
         assert needed in names, f"{needed} missing from the wheel"
-    assert any(n.startswith("hutch/projections/migrations/") and n.endswith(".sql") for n in names)
+    assert any(n.startswith("hutch/storage/migrations/") and n.endswith(".sql") for n in names)
     assert not any("/tests/" in n or n.startswith("tests/") for n in names)
 
 

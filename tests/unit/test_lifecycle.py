@@ -5,10 +5,11 @@ from functools import reduce
 
 import pytest
 
-from hutch.core.errors import IllegalTransition
+from hutch.core.errors import IllegalTransition, InvalidInput, SandboxNotFound
 from hutch.core.events import Event, EventData, SandboxCreated
 from hutch.core.lifecycle import (
     Command,
+    Create,
     Destroy,
     Fail,
     FinishExecution,
@@ -29,7 +30,7 @@ def fold(sb: Sandbox | None, payloads: Sequence[EventData]) -> Sandbox:
 
 
 def new(mode: Mode = Mode.INTERACTIVE) -> Sandbox:
-    return fold(None, [SandboxCreated(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", mode=mode))])
+    return fold(None, decide(None, Create(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", mode=mode))))
 
 
 def step(sb: Sandbox, command: Command) -> Sandbox:
@@ -80,6 +81,24 @@ def test_illegal_transitions_raise_and_change_nothing(setup: list[Command], comm
     with pytest.raises(IllegalTransition) as info:
         decide(sb, command)
     assert sb.sandbox_id in info.value.message and info.value.status == 409
+
+
+def test_a_create_is_decided_like_every_other_sandbox_event() -> None:
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt")
+    assert decide(None, Create(spec=spec, api_key_id="key_1", initial_execution_id="exec_1",
+                               initial_command=("ls",))) == [
+        SandboxCreated(spec=spec, api_key_id="key_1", initial_execution_id="exec_1", initial_command=("ls",))]
+    for setup in ([], [Start()], [Fail("boom")], [Start(), Destroy(), Terminate(reason="x", deleted=True)]):
+        sb = new()
+        for c in setup:
+            sb = step(sb, c)
+        with pytest.raises(IllegalTransition) as info:  # an id is used once, whatever became of it
+            decide(sb, Create(spec=spec))
+        assert sb.sandbox_id in info.value.message and info.value.status == 409
+    with pytest.raises(InvalidInput):  # a queued command is read back under its execution id
+        decide(None, Create(spec=spec, initial_command=("ls",)))
+    with pytest.raises(SandboxNotFound):  # nothing else is decided before the create
+        decide(None, Start())
 
 
 def test_destroy_and_fail_are_idempotent() -> None:

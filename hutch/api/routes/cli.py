@@ -21,7 +21,6 @@ from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok, q_choice, q_instant, q_int, q_offset
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.render import org_ref
-from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
 from hutch.core.models import Mode, Sandbox, SandboxStatus
 from hutch.core.packages import check_dependencies
@@ -151,15 +150,14 @@ async def create_key(request: web.Request) -> web.Response:
     """``agentuity cloud apikey create``: a hutch key of the request's organization. Agentuity
     keys have no role; hutch's get ``member`` unless the body names ``role``."""
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     project = body.get("projectId")
     if project is not None and not isinstance(project, str):  # {} is not "no project"
         raise InvalidInput(f"projectId: expected a project id or name, got {project!r}", field="projectId")
     projects = [project] if project else []
-    secret, event = tenancy.create_key(directory, principal.org_id, role="member" if body.get("role") is None else body["role"],
-                                       name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"))
-    await request.app[ENGINE].record(principal.org_id, lambda: [event])
-    return ok({"id": event.key_id, "value": secret})
+    secret, key = await request.app[ENGINE].tenancy.create_key(
+        request[PRINCIPAL].org_id, role="member" if body.get("role") is None else body["role"],
+        name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"))
+    return ok({"id": key.key_id, "value": secret})
 
 
 @routes.get("/cli/apikey")
@@ -187,8 +185,7 @@ async def delete_key(request: web.Request) -> web.Response:
     key_id = request.match_info["key_id"]
     if key_id not in {k.key_id for k in _own_keys(request)}:
         raise NotFound(f"API key {key_id} not found")
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
+    await request.app[ENGINE].tenancy.revoke_key(request[PRINCIPAL].org_id, key_id)
     return ok(1)
 
 

@@ -15,7 +15,6 @@ from aiohttp import web
 
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.core import tenancy
 from hutch.core.tenancy import SshKey
 from hutch.service.tenancy import now_utc
 
@@ -40,17 +39,11 @@ async def list_ssh_keys(request: web.Request) -> web.Response:
 @routes.post("/ssh-keys")
 async def add_ssh_key(request: web.Request) -> web.Response:
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    event = tenancy.add_ssh_key(directory, principal.org_id, body.get("publicKey"), body.get("name"),
-                                added_by=principal.key_id, projects=principal.projects, now=now_utc())
-    await request.app[ENGINE].record(principal.org_id, lambda: [event])
-    return ok(render_ssh_key(directory.ssh_keys[event.ssh_key_id]), http_status=201)
+    key = await request.app[ENGINE].tenancy.add_ssh_key(request[PRINCIPAL], body.get("publicKey"), body.get("name"))
+    return ok(render_ssh_key(key), http_status=201)
 
 
 @routes.delete("/ssh-keys/{ssh_key_id}")
 async def remove_ssh_key(request: web.Request) -> web.Response:
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    ssh_key_id = request.match_info["ssh_key_id"]
-    await request.app[ENGINE].record(principal.org_id,
-                                     lambda: [tenancy.remove_ssh_key(directory, principal.org_id, ssh_key_id)])
-    return ok(render_ssh_key(directory.ssh_keys[ssh_key_id]))
+    key = await request.app[ENGINE].tenancy.remove_ssh_key(request[PRINCIPAL].org_id, request.match_info["ssh_key_id"])
+    return ok(render_ssh_key(key))

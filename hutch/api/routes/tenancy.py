@@ -18,7 +18,6 @@ from aiohttp import web
 from hutch.api.access import needs
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound
 from hutch.core.tenancy import Access, ApiKey, Organization, Project
 
@@ -62,10 +61,8 @@ async def list_orgs(request: web.Request) -> web.Response:
 @needs(Access.SERVER)
 async def create_org(request: web.Request) -> web.Response:
     body = await json_body(request)
-    engine, directory = request.app[ENGINE], request.app[TENANTS].directory
-    org_id = tenancy.org_id_for(tenancy.check_name(body.get("name"), "name"))
-    await engine.record(org_id, lambda: [tenancy.create_org(directory, body.get("name"))[1]])
-    return ok(render_org(directory.orgs[org_id]), http_status=201)
+    org = await request.app[ENGINE].tenancy.create_org(body.get("name"))
+    return ok(render_org(org), http_status=201)
 
 
 @routes.get("/orgs/{org_id}")
@@ -84,10 +81,9 @@ async def set_quota(request: web.Request) -> web.Response:
     unknown = [k for k in body if k not in names and k != "orgId"]
     if unknown:
         raise InvalidInput(f"{unknown[0]}: not a quota; expected {', '.join(names)}", field=unknown[0])
-    directory, engine = request.app[TENANTS].directory, request.app[ENGINE]
-    await engine.record(org.org_id, lambda: [tenancy.set_quota({names[k]: v for k, v in body.items() if k in names},
-                                                               directory.orgs[org.org_id].quota)])
-    return ok(render_org(directory.orgs[org.org_id], await engine.quotas.usage(org.org_id)))
+    engine = request.app[ENGINE]
+    org = await engine.tenancy.set_quota(org.org_id, {names[k]: v for k, v in body.items() if k in names})
+    return ok(render_org(org, await engine.quotas.usage(org.org_id)))
 
 
 def _org(request: web.Request) -> Organization:
@@ -113,12 +109,8 @@ async def list_projects(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def create_project(request: web.Request) -> web.Response:
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    events = await request.app[ENGINE].record(
-        principal.org_id, lambda: [tenancy.create_project(directory, principal.org_id, body.get("name"))])
-    created = events[0].data
-    assert isinstance(created, tenancy.ProjectCreated)  # the one event decided above
-    return ok(render_project(directory.projects[created.project_id]), http_status=201)
+    project = await request.app[ENGINE].tenancy.create_project(request[PRINCIPAL].org_id, body.get("name"))
+    return ok(render_project(project), http_status=201)
 
 
 @routes.get("/keys")
@@ -133,12 +125,10 @@ async def list_keys(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def create_key(request: web.Request) -> web.Response:
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    secret, event = tenancy.create_key(
-        directory, principal.org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
+    secret, key = await request.app[ENGINE].tenancy.create_key(
+        request[PRINCIPAL].org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
         expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"))
-    await request.app[ENGINE].record(principal.org_id, lambda: [event])
-    return ok(render_key(directory.keys[event.key_id]) | {"secret": secret}, http_status=201)
+    return ok(render_key(key) | {"secret": secret}, http_status=201)
 
 
 def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
@@ -151,7 +141,5 @@ def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
 @routes.delete("/keys/{key_id}")
 @needs(Access.ADMIN)
 async def revoke_key(request: web.Request) -> web.Response:
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    key_id = request.match_info["key_id"]
-    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
-    return ok(render_key(directory.keys[key_id]))
+    key = await request.app[ENGINE].tenancy.revoke_key(request[PRINCIPAL].org_id, request.match_info["key_id"])
+    return ok(render_key(key))

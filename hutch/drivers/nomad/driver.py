@@ -52,7 +52,6 @@ from typing import Any
 
 import attrs
 
-from hutch.blobs import clear_spool
 from hutch.core.blobs import BlobStore
 from hutch.core.errors import (
     DriverFailure,
@@ -107,6 +106,7 @@ from hutch.drivers.nomad.pools import (
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 from hutch.drivers.nomad.terminal import NomadTerminals
+from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
         pool_sizes: Mapping[str, int] | None = None,
         pool_sizing: PoolSizing | None = None,
         runtime_cache: Path | None = None,
-        blobs: BlobStore | None = None,
+        blobs: BlobStore,  # disk checkpoints: the server's blob store
         exec_mode: str = "agent",  # HUTCH_NOMAD_EXEC: "agent" or "alloc" (drivers.nomad.agents)
         # HUTCH_MAX_CHECKPOINT_BYTES: what one sandbox's checkpoints may take in the blob store;
         # a checkpoint is stopped the moment it passes what is left (None: not bounded here).
@@ -169,7 +169,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
         self._agents = agents.ExecAgents(self._client, exec_mode)
         self._available = self._images.available  # the same set, kept current by RuntimeImages
         self._states = StateFiles(self.state_dir)
-        # Disk checkpoints: in ``blobs``; by default files under the data dir, as they always were.
+        # Disk checkpoints: in ``blobs`` (files under the data dir, as they always were, or PostgreSQL).
         self._files = NomadFiles(self, self.state_dir, blobs)
         self._terminals = NomadTerminals(self)
         self._sandboxes: dict[str, NomadSandbox] = {}

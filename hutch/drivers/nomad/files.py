@@ -36,15 +36,12 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
-from hutch.blobs import fetch, put_file, read_file, spool
-from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
 from hutch.core.errors import (
     CheckpointNotFound,
     DriverFailure,
     HutchError,
     InvalidInput,
-    NotSupported,
     PayloadTooLarge,
     QuotaExceeded,
     SandboxNotFound,
@@ -57,6 +54,7 @@ from hutch.drivers.nomad.client import ExecFailed
 from hutch.drivers.nomad.execs import ENVELOPE, run_tagged
 from hutch.drivers.nomad.jobs import HOME, TASK
 from hutch.drivers.nomad.state import NomadSandbox
+from hutch.storage.spool import fetch, put_file, read_file, spool
 
 # The one script every primitive runs: $1 = op, $2 = path, then the op's own arguments.
 # fail() prints a strerror text, which the driver maps back to an errno.
@@ -178,12 +176,12 @@ class NomadFiles:
     """The driver's file primitives and checkpoints (NomadDriver delegates to one of these).
 
     Checkpoints are kept in ``blobs`` as ``nomad/checkpoints/<sandbox>/<checkpoint>.tar``
-    (by default files under the data dir, ``state_dir``'s parent, as they always were),
+    (the server's blob store: files under the data dir, as they always were, or PostgreSQL),
     spooled through ``state_dir/spool``."""
 
-    def __init__(self, access: SandboxAccess, state_dir: Path, blobs: BlobStore | None = None) -> None:
+    def __init__(self, access: SandboxAccess, state_dir: Path, blobs: BlobStore) -> None:
         self._access = access
-        self._blobs = blobs or FileBlobStore(state_dir.parent)
+        self._blobs = blobs
         self.spool_dir = state_dir / "spool"
 
     # ------------------------------------------------------------------ plumbing
@@ -383,12 +381,6 @@ class NomadFiles:
         if "/" in checkpoint_id or checkpoint_id.startswith("."):
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
         return check_key(f"{CHECKPOINTS}/{sandbox_id}/{checkpoint_id}.tar")
-
-    def checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
-        """Where a checkpoint is on this host's disk: files-backed stores only (tests, debugging)."""
-        if not isinstance(self._blobs, FileBlobStore):
-            raise NotSupported("disk checkpoints are not local files with this blob store")
-        return self._blobs.path(self._checkpoint_key(sandbox_id, checkpoint_id))
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str, *, limit: int | None = None,
                          used: int = 0) -> int:
