@@ -111,7 +111,7 @@ class DriverRoles:
 def _check_listed(driver: Driver, role: type) -> None:
     """A driver written against the one wide Driver overrides the methods it offers without
     listing their role; taken as not played, they would answer NotSupported in silence. Said
-    when the engine starts instead."""
+    when the engine is built (DriverRoles.of) instead."""
     if isinstance(driver, role):
         return
     stray = [name for name, value in vars(role).items()
