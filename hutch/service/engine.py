@@ -25,7 +25,7 @@ from hutch.core.events import Event
 from hutch.core.models import Execution, Sandbox, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
-from hutch.drivers.base import Driver, FileToWrite
+from hutch.drivers.base import Driver, DriverRoles, FileToWrite
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
 from hutch.service import archives
@@ -69,7 +69,8 @@ class Engine:
     ) -> None:
         self.log = event_log
         self.store = store
-        self.driver = driver
+        self.driver = driver  # whole: the API's routes still call it directly
+        self.roles = roles = DriverRoles.of(driver)  # each collaborator takes the roles it uses
         self.outputs = outputs
         self.projector = projector or Projector(event_log, store)
         self.streams = StreamIds(stream_secret)
@@ -79,24 +80,27 @@ class Engine:
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)
         blob_store = blobs or FileBlobStore(data_dir)
-        self.quotas = Quotas(self.reads, defaults, driver=driver, blobs=blob_store)
+        self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store)
         self.replicas = replicas or SoleReplica()
-        self.control = SandboxControl(self.reads, self.recorder, driver, self.replicas)
+        self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
+                                      pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts
-        self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control, driver=driver,
-                                     outputs=outputs, streams=self.streams, inputs=self.inputs,
-                                     background=self.background)
+        self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control,
+                                     commands=roles.commands, files=roles.files, outputs=outputs,
+                                     streams=self.streams, inputs=self.inputs, background=self.background)
         self.watchers = self.executions.watchers  # cancels a command its waiters all left
-        self.checkpoints = Checkpoints(self.reads, self.recorder, driver, self.reaper, self.quotas, checkpoint_limits)
-        self.snapshots = Snapshots(store=store, reads=self.reads, recorder=self.recorder, driver=driver,
+        self.checkpoints = Checkpoints(self.reads, self.recorder, roles.checkpointing, self.reaper, self.quotas,
+                                       checkpoint_limits)
+        self.snapshots = Snapshots(store=store, reads=self.reads, recorder=self.recorder, driver=roles,
                                    quotas=self.quotas, streams=self.streams, reaper=self.reaper,
                                    blobs=blob_store, spool_dir=data_dir / "spool",
                                    limits=limits or archives.Limits())
-        self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, driver=driver, outputs=outputs,
-                                         streams=self.streams, inputs=self.inputs, quotas=self.quotas,
+        self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, lifecycle=roles.lifecycle,
+                                         runtimes=roles.runtimes, files=roles.files, adoption=roles.adoption,
+                                         outputs=outputs, streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
-        self.recovery = Recovery(store, self.recorder, self.control, driver)
+        self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
 
     @property

@@ -17,7 +17,8 @@ from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
 from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.quantities import format_bytes, parse_duration
-from hutch.drivers.base import Driver, ExecRequest, ExecResult
+from hutch.drivers.base import ExecRequest, ExecResult
+from hutch.drivers.roles import CommandRunner, SandboxFiles
 from hutch.service.background import Background
 from hutch.service.control import SandboxControl
 from hutch.service.input_streams import InputStreams
@@ -42,12 +43,14 @@ def default_timeout(spec: SandboxSpec) -> float | None:
 
 
 class Executions:
-    def __init__(self, *, reads: Reads, recorder: Recorder, control: SandboxControl, driver: Driver,
-                 outputs: OutputStreams, streams: StreamIds, inputs: InputStreams, background: Background) -> None:
+    def __init__(self, *, reads: Reads, recorder: Recorder, control: SandboxControl, commands: CommandRunner,
+                 files: SandboxFiles, outputs: OutputStreams, streams: StreamIds, inputs: InputStreams,
+                 background: Background) -> None:
         self._reads = reads
         self._recorder = recorder
         self._control = control
-        self._driver = driver
+        self._commands = commands
+        self._files = files  # what an execute request brings along
         self._outputs = outputs
         self._streams = streams
         self._inputs = inputs
@@ -76,7 +79,7 @@ class Executions:
         if req.stream.stdin:
             self._inputs.check(req.stream.stdin)
         if req.files:
-            await self._driver.write_files(sandbox_id, req.files)
+            await self._files.write_files(sandbox_id, req.files)
         timeout = default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
         execution_id = ids.new_id("execution")
         await self.start(sandbox_id, execution_id, req.command, timeout, stream=req.stream)
@@ -104,7 +107,7 @@ class Executions:
         deadline = time.monotonic() + CANCEL_WAIT_SECONDS
         while not ex.status.is_final and time.monotonic() < deadline:
             # Again until it ends: a command just started may not be the driver's to kill yet.
-            await self._driver.cancel(execution_id)
+            await self._commands.cancel(execution_id)
             ex = await self._reads.get_execution(execution_id, wait=0.3)
         return ex
 
@@ -124,14 +127,14 @@ class Executions:
         self._stopping.add(job_id)
         if not force:
             try:
-                await self._driver.signal(job_id, signal.SIGTERM)
+                await self._commands.signal(job_id, signal.SIGTERM)
             except NotSupported:
                 force = True
             else:
                 job = await self._reads.get_execution(job_id, wait=grace)
                 if job.status.is_final:
                     return job
-        await self._driver.cancel(job_id)
+        await self._commands.cancel(job_id)
         return await self._reads.get_execution(job_id, wait=10.0)
 
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
@@ -181,7 +184,7 @@ class Executions:
         result: ExecResult | None = None
         stdin = self._inputs.reader(sink.options.stdin) if sink.options.stdin else None
         try:
-            result = await self._driver.exec(
+            result = await self._commands.exec(
                 ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout,
                             env=dict(sb.spec.env), stdin=stdin),
                 sink,

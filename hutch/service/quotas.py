@@ -29,7 +29,7 @@ from hutch.core.errors import QuotaExceeded
 from hutch.core.models import SandboxSpec
 from hutch.core.quantities import format_bytes
 from hutch.core.tenancy import Quota
-from hutch.drivers.base import Driver
+from hutch.drivers.roles import Checkpointing
 from hutch.projections.base import SandboxQuery, SnapshotQuery
 from hutch.service.defaults import SandboxDefaults
 from hutch.service.reads import Reads
@@ -38,11 +38,11 @@ STORAGE = "snapshot_bytes"  # the quota that bounds every byte an organization k
 
 
 class Quotas:
-    def __init__(self, reads: Reads, defaults: SandboxDefaults | None = None, *, driver: Driver | None = None,
+    def __init__(self, reads: Reads, defaults: SandboxDefaults | None = None, *, checkpointing: Checkpointing | None = None,
                  blobs: BlobStore | None = None) -> None:
         self._reads = reads  # the store, and the organizations (their quotas) once the app sets them
         self.defaults = defaults or SandboxDefaults()
-        self._driver = driver  # checkpoints' sizes
+        self._checkpointing = checkpointing  # checkpoints' sizes
         self._blobs = blobs  # unfinalized builds' uploads
         self._uploading: dict[str, dict[str, int]] = {}  # org -> snapshot -> bytes received so far
 
@@ -60,10 +60,10 @@ class Quotas:
         live, count = await self._reads.store.list_sandboxes(SandboxQuery(org_id=org_id, live=True, limit=10**9))
         snaps, _ = await self._reads.store.list_snapshots(SnapshotQuery(org_id=org_id, limit=10**9))
         checkpoints = 0
-        if self._driver is not None:
+        if self._checkpointing is not None:
             for sb in live:
                 if sb.checkpoints:
-                    checkpoints += sum((await self._driver.checkpoint_sizes(sb.sandbox_id)).values())
+                    checkpoints += sum((await self._checkpointing.checkpoint_sizes(sb.sandbox_id)).values())
         uploads = await self._pending_uploads(org_id)
         snapshot_bytes = sum(s.size_bytes for s in snaps)
         return {

@@ -58,7 +58,7 @@ from hutch.core.snapshots import (
     parse_ref,
 )
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, scoped_org, visible
-from hutch.drivers.base import Driver, ProvisionRequest
+from hutch.drivers.base import DriverRoles, ProvisionRequest
 from hutch.projections.base import ProjectionStore, SnapshotQuery
 from hutch.service import archives
 from hutch.service.quotas import Quotas
@@ -153,13 +153,13 @@ def scan(path: Path, limits: archives.Limits) -> tuple[SnapshotFile, ...]:
 
 
 class Snapshots:
-    def __init__(self, *, store: ProjectionStore, reads: Reads, recorder: Recorder, driver: Driver, quotas: Quotas,
+    def __init__(self, *, store: ProjectionStore, reads: Reads, recorder: Recorder, driver: DriverRoles, quotas: Quotas,
                  streams: StreamIds, reaper: Reaper, blobs: BlobStore, spool_dir: Path,
                  limits: archives.Limits) -> None:
         self._store = store
         self._reads = reads
         self._recorder = recorder
-        self._driver = driver
+        self._driver = driver  # by role: the archive streams choose between files and trees
         self._quotas = quotas
         self._streams = streams
         self._reaper = reaper
@@ -339,7 +339,7 @@ class Snapshots:
                 field = "dependencies" if deps else "packages"
                 raise NotSupported(f"{field}: driver {driver.name} cannot install dependencies or packages yet",
                                    field=field)
-            await driver.prepare(ProvisionRequest(sandbox_id=snapshot_id, runtime=snap.runtime,
+            await driver.runtimes.prepare(ProvisionRequest(sandbox_id=snapshot_id, runtime=snap.runtime,
                                                   dependencies=deps, packages=pkgs))
         spooled = await self.archives.fetch(snapshot_id)
         if spooled is not None:

@@ -199,7 +199,7 @@ async def service_stats(request: web.Request) -> web.Response:
     if request.match_info["org_id"] != principal.org_id:
         raise NotFound(f"organization {request.match_info['org_id']} not found")
     engine = request.app[ENGINE]
-    used = await usage_stats(engine.store, engine.driver, q_instant(request, "start"), q_instant(request, "end"),
+    used = await usage_stats(engine.store, engine.roles.usage, q_instant(request, "start"), q_instant(request, "end"),
                              scope=engine.scoped(SandboxQuery()))
     live, _ = await engine.list(SandboxQuery(live=True, limit=10**9))
     return ok({"services": {"sandbox": {

@@ -101,8 +101,8 @@ async def download(request: web.Request) -> web.StreamResponse:
     fmt = q_choice(request, "format", archives.FORMATS, "tar.gz") or "tar.gz"
     sid = await _sandbox(request)
     root = _path(request.query.get("path"), default=".")
-    driver = request.app[ENGINE].driver
-    await driver.list_files(sid, root)  # a missing path is a 404 before any byte is sent
+    driver = request.app[ENGINE].roles
+    await driver.files.list_files(sid, root)  # a missing path is a 404 before any byte is sent
     chunks = archives.zip_stream(driver, sid, root) if fmt == "zip" else archives.tar_gz(driver, sid, root, compress=fmt == "tar.gz")
     name = f"{sid}.{fmt}"
     return await stream(request, chunks, _CONTENT_TYPES[fmt], headers={"Content-Disposition": f'attachment; filename="{name}"'})
@@ -119,7 +119,7 @@ async def upload(request: web.Request) -> web.Response:
                                    str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
     with spooled:
         done = await archives.extract(
-            request.app[ENGINE].driver, sid, dest, fmt, spooled,
+            request.app[ENGINE].roles, sid, dest, fmt, spooled,
             archives.Limits(max_bytes=config.max_upload_bytes, max_entries=config.max_archive_entries),
         )
     request.app[ENGINE].touch(sid)

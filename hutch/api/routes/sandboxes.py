@@ -68,7 +68,7 @@ async def list_runtimes(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     scope = engine.resolved(SandboxQuery(project_id=request.query.get("projectId") or None))  # hutch: per project
-    return ok(await usage_stats(engine.store, engine.driver, q_instant(request, "start"), q_instant(request, "end"),
+    return ok(await usage_stats(engine.store, engine.roles.usage, q_instant(request, "start"), q_instant(request, "end"),
                                 scope=scope))
 
 

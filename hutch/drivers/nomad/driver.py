@@ -62,7 +62,7 @@ from hutch.core.errors import (
     SandboxNotFound,
 )
 from hutch.core.runtimes import RuntimeRecipe
-from hutch.drivers import trust
+from hutch.drivers import roles, trust
 from hutch.drivers.base import (
     Capabilities,
     Driver,
@@ -126,7 +126,8 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(Adoption, WarmPools, Driver):
+class NomadDriver(Adoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
+                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
     name = "nomad"
 
     def __init__(
