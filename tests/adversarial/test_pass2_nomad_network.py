@@ -168,12 +168,14 @@ async def test_a_cluster_sandbox_reaches_no_node_and_no_other_nodes_sandbox(
     addresses, and a sandbox of another client through the port Nomad mapped for it on that
     client's address. Each is the cluster's own network (the plugin's denied_cidrs, the
     server's private ranges); the sandbox on the other node serves (the host reaches it)."""
+    from hutch.blobs.files import FileBlobStore
     from tests.drivers_support import RUNTIME_CACHE
     from tests.isolation import connect_probe
 
     addr, registry, token = cluster_settings()
-    d = NomadDriver(address=addr, data_dir=tmp_path_factory.mktemp("nomad-pass2-cluster"), registry=registry,
-                    token=token, runtime_cache=RUNTIME_CACHE)
+    data = tmp_path_factory.mktemp("nomad-pass2-cluster")
+    d = NomadDriver(address=addr, data_dir=data, registry=registry, token=token, blobs=FileBlobStore(data),
+                    runtime_cache=RUNTIME_CACHE)
     await d.start()
     made: list[str] = []
     try:
