@@ -56,7 +56,8 @@ def _attrs(info: FileInfo) -> SFTPAttrs:
                      uid=0, gid=0, owner=_USER, group=_USER)
 
 
-_ROOT = SFTPAttrs(type=asyncssh.FILEXFER_TYPE_DIRECTORY, size=0, permissions=stat.S_IFDIR | 0o755,
+# SFTPv3 carries names only beside ids: without uid/gid, asyncssh refuses to send "/"'s attributes.
+_ROOT = SFTPAttrs(type=asyncssh.FILEXFER_TYPE_DIRECTORY, size=0, permissions=stat.S_IFDIR | 0o755, uid=0, gid=0,
                   owner="root", group="root")
 
 
