@@ -156,6 +156,36 @@ async def test_sftp_serves_the_sandbox_never_the_host(world: World, keys: dict[s
             assert "HUTCH_" not in environ and "PYTHONPATH" not in environ, environ[:300]
 
 
+async def test_sftp_sizes_spend_neither_server_memory_nor_server_disk(world: World, keys: dict[str, Path]) -> None:
+    """An SFTP write of one byte at offset 1 GiB grew the server's resident memory by 1 GiB
+    (the file was spooled in a ``BytesIO``, which fills the gap with zeros): a member with an
+    SSH key could run the host out of memory with a few requests, every tenant's server with
+    it. And a sparse file of a terabyte in the sandbox (a few KiB on its disk) would be
+    fetched whole into the server's temporary directory by an SFTP open. Now an SFTP file
+    is bounded (past it: refused by name) and a write far past its end spends no memory."""
+    sid = world.sandbox("ssh", runtime="base:latest")
+    code, _, err = world.run("beta_member", sid, "truncate -s 1T /home/agentuity/sparse")
+    assert code == 0, err
+    async with connect(world, sid, keys["beta"]) as conn, conn.start_sftp_client() as sftp:
+        handle = await sftp.open("far.bin", "wb")
+        before = world.reset_peak()
+        try:
+            await handle.write(b"x", 256 * 2**20)  # inside the bound: taken, without spending memory
+            grown = world.memory("VmHWM") - before
+            assert grown < 128 * 2**20, f"a write at 256 MiB grew the server by {grown >> 20} MiB"
+            with pytest.raises(asyncssh.SFTPError, match="too large"):
+                await handle.write(b"x", 2**40)
+        finally:
+            with contextlib.suppress(asyncssh.SFTPError):
+                await handle.close()
+        with pytest.raises(asyncssh.SFTPError, match="too large"):
+            await sftp.open("sparse")  # a terabyte of zeros: not copied to the server's disk
+        with pytest.raises(asyncssh.SFTPError, match="too large"):
+            await sftp.open("sparse", "r+b")
+    grown = world.memory("VmHWM") - before
+    assert grown < 128 * 2**20, f"the server grew by {grown >> 20} MiB"
+
+
 async def test_a_read_only_key_registers_no_ssh_key_and_nobody_else_s_keys_change(world: World) -> None:
     """A read-only key adding an SSH key (which would open a shell, more than it may do) is
     403; beta cannot remove or see alpha's SSH keys by id."""
