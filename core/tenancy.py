@@ -310,17 +310,31 @@ def create_project(directory: Directory, org_id: str, name: object) -> ProjectCr
     return ProjectCreated(project_id=ids.new_id("project"), name=name)
 
 
+def within(limit: tuple[str, ...], projects: tuple[str, ...]) -> bool:
+    """Whether a key limited to ``limit`` (() = every project) may administer a key (API or
+    SSH) limited to ``projects``: one limited to projects only keys limited to some of its
+    own, never an organization-wide one (that would be a way out of its projects)."""
+    return not limit or (bool(projects) and set(projects) <= set(limit))
+
+
 def create_key(directory: Directory, org_id: str, *, role: object, name: object = None,
                projects: object = (), expires_at: object = None, rate: object = None,
-               burst: object = None, now: dt.datetime | None = None) -> tuple[str, KeyCreated]:
-    """(the secret, shown once; the event, which holds its hash only)."""
+               burst: object = None, now: dt.datetime | None = None, limit: tuple[str, ...] = (),
+               field: str = "projects") -> tuple[str, KeyCreated]:
+    """(the secret, shown once; the event, which holds its hash only). ``limit``: the projects
+    the creating key is limited to; the new key is limited to them too (to all of them when
+    ``projects`` names none), and naming another is refused by ``field``."""
     if not isinstance(role, str) or role not in {r.value for r in Role}:
         raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 100):
         raise InvalidInput("name: expected a string of 1-100 characters", field="name")
     if not isinstance(projects, (list, tuple)) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects: expected a list of project ids or names", field="projects")
-    project_ids = tuple(resolve_project(directory, org_id, p, "projects") for p in projects)
+    project_ids = tuple(resolve_project(directory, org_id, p, field) for p in projects)
+    if limit and not project_ids:
+        project_ids = limit
+    if not within(limit, project_ids):
+        raise InvalidInput(f"{field}: this key may only make keys in projects {', '.join(limit)}", field=field)
     expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else None
     numbers: dict[str, float | None] = {}
     for field, value in (("rate", rate), ("burst", burst)):
@@ -365,11 +379,13 @@ def check_expiry(value: object, now: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def revoke_key(directory: Directory, org_id: str | None, key_id: str) -> list[KeyRevoked | SshKeyRemoved]:
+def revoke_key(directory: Directory, org_id: str | None, key_id: str,
+               limit: tuple[str, ...] = ()) -> list[KeyRevoked | SshKeyRemoved]:
     """The key's revocation and the removal of every SSH key it added: off-boarding a person
-    ends their SSH access too, and the organization's list says so."""
+    ends their SSH access too, and the organization's list says so. A key outside ``limit``
+    (the revoking key's projects: ``within``) is as unknown as one that never was."""
     key = directory.keys.get(key_id)
-    if key is None or (org_id is not None and key.org_id != org_id):
+    if key is None or (org_id is not None and key.org_id != org_id) or not within(limit, key.projects):
         raise NotFound(f"key {key_id} not found")
     if key.revoked_at is not None:
         raise InvalidInput(f"key {key_id} is revoked already", field="keyId")
@@ -429,9 +445,11 @@ def add_ssh_key(directory: Directory, org_id: str, public_key: object, name: obj
                        added_by=added_by, projects=projects)
 
 
-def remove_ssh_key(directory: Directory, org_id: str | None, ssh_key_id: str) -> SshKeyRemoved:
+def remove_ssh_key(directory: Directory, org_id: str | None, ssh_key_id: str,
+                   limit: tuple[str, ...] = ()) -> SshKeyRemoved:
     key = directory.ssh_keys.get(ssh_key_id)
-    if key is None or key.removed_at is not None or (org_id is not None and key.org_id != org_id):
+    if key is None or key.removed_at is not None or (org_id is not None and key.org_id != org_id) \
+            or not within(limit, key.projects):
         raise NotFound(f"ssh key {ssh_key_id} not found")
     return SshKeyRemoved(ssh_key_id=ssh_key_id)
 

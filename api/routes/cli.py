@@ -96,7 +96,8 @@ async def resolve_sandbox(request: web.Request) -> web.Response:
 async def project(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     found = directory.projects.get(request.match_info["project_id"])
-    if found is None or found.org_id != principal.org_id:
+    if found is None or found.org_id != principal.org_id or \
+            (principal.projects and found.project_id not in principal.projects):  # as GET /projects lists them
         raise NotFound(f"project {request.match_info['project_id']} not found")
     return ok({"id": found.project_id, "name": found.name, "orgId": found.org_id, "region": REGION,
                "description": None, "tags": [], "secrets": {}, "env": {}, "deployment": None})
@@ -141,8 +142,8 @@ def _cli_key(key: ApiKey, request: web.Request) -> dict[str, Any]:
 
 def _own_keys(request: web.Request) -> list[ApiKey]:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    return sorted((k for k in directory.keys.values() if k.org_id == principal.org_id and k.revoked_at is None),
-                  key=lambda k: k.created_at)
+    return sorted((k for k in directory.keys.values() if k.org_id == principal.org_id and k.revoked_at is None
+                   and tenancy.within(principal.projects, k.projects)), key=lambda k: k.created_at)
 
 
 @routes.post("/cli/apikey")
@@ -157,7 +158,8 @@ async def create_key(request: web.Request) -> web.Response:
         raise InvalidInput(f"projectId: expected a project id or name, got {project!r}", field="projectId")
     projects = [project] if project else []
     secret, event = tenancy.create_key(directory, principal.org_id, role="member" if body.get("role") is None else body["role"],
-                                       name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"))
+                                       name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"),
+                                       limit=principal.projects, field="projectId")
     await request.app[ENGINE].record(principal.org_id, lambda: [event])
     return ok({"id": event.key_id, "value": secret})
 
@@ -188,7 +190,8 @@ async def delete_key(request: web.Request) -> web.Response:
     if key_id not in {k.key_id for k in _own_keys(request)}:
         raise NotFound(f"API key {key_id} not found")
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
+    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id,
+                                                                                   principal.projects))
     return ok(1)
 
 

@@ -3,7 +3,9 @@
 ``/orgs``: the server's administrator (the bootstrap key) creates organizations and sees all
 of them; any other key sees its own. ``/projects`` and ``/keys`` act in the request's
 organization (``orgId`` picks another for the administrator). Keys need an admin key;
-projects are listed by anyone in the organization and created by admins. A quota is read by
+projects are listed by anyone in the organization and created by admins. An admin key
+limited to projects administers inside them only: the keys it makes, lists and revokes are
+limited to (some of) its projects, and it makes no projects (``core.tenancy.within``). A quota is read by
 anyone in its organization and set by the server's administrator only: limits an
 organization could lift itself would limit nothing. A key's secret
 is in the answer to its creation and nowhere else, ever.
@@ -19,7 +21,7 @@ from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.tenancy import needs
 from hutch.core import tenancy
-from hutch.core.errors import InvalidInput, NotFound
+from hutch.core.errors import Forbidden, InvalidInput, NotFound
 from hutch.core.tenancy import Access, ApiKey, Organization, Project
 
 routes = web.RouteTableDef()
@@ -114,6 +116,8 @@ async def list_projects(request: web.Request) -> web.Response:
 async def create_project(request: web.Request) -> web.Response:
     body = await json_body(request)
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
+    if principal.projects:
+        raise Forbidden("projects are the organization's: a key limited to projects makes none")
     events = await request.app[ENGINE].record(
         principal.org_id, lambda: [tenancy.create_project(directory, principal.org_id, body.get("name"))])
     created = events[0].data
@@ -125,7 +129,9 @@ async def create_project(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def list_keys(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    found = sorted((k for k in directory.keys.values() if k.org_id == principal.org_id), key=lambda k: k.created_at)
+    found = sorted((k for k in directory.keys.values()
+                    if k.org_id == principal.org_id and tenancy.within(principal.projects, k.projects)),
+                   key=lambda k: k.created_at)
     return ok({"keys": [render_key(k) for k in found], "total": len(found)})
 
 
@@ -136,7 +142,7 @@ async def create_key(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     secret, event = tenancy.create_key(
         directory, principal.org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
-        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"))
+        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"), limit=principal.projects)
     await request.app[ENGINE].record(principal.org_id, lambda: [event])
     return ok(render_key(directory.keys[event.key_id]) | {"secret": secret}, http_status=201)
 
@@ -153,5 +159,6 @@ def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
 async def revoke_key(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     key_id = request.match_info["key_id"]
-    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
+    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id,
+                                                                                   principal.projects))
     return ok(render_key(directory.keys[key_id]))

@@ -1,0 +1,163 @@
+"""Second adversarial pass, tenancy on every route of a real ``hutch serve`` (local driver), on
+both profiles: keys limited to a project, read-only keys, no key (and dead ones), the URLs
+that are capabilities (streams, audit streams, stdin between replicas, presigned uploads),
+and one tenant's waiting clients against the others' requests.
+
+The first pass swept every route with another organization's admin key and the role matrix
+(tests/api/test_tenancy.py); this one takes the ids of *another project of the same
+organization* to every route, walks /openapi.json (so a route added later is swept too)
+and attacks the administration of keys from inside a project."""
+
+from __future__ import annotations
+
+import base64
+import re
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.adversarial.pass2 import World, start_world
+
+pytestmark = pytest.mark.isolation
+
+MARK = "ml-project-secret-8c2e"
+MISSING = {"sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
+           "snapshot_id": "snp_" + "0" * 26, "checkpoint_id": "ckpt_" + "0" * 26, "key_id": "key_" + "0" * 26,
+           "ssh_key_id": "ssk_" + "0" * 26, "project_id": "proj_" + "0" * 26, "org_id": "org_nobody",
+           "stream_id": "stin_" + "0" * 32, "token": "stm_x", "name": "cobol:1", "ref": "nothing", "tail": "agents"}
+
+
+@pytest.fixture(scope="module", params=["embedded", "production"])
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    yield from start_world(tmp_path_factory.mktemp(f"pass2-tenancy-{request.param}"), request.param)
+
+
+@pytest.fixture(scope="module")
+def ml(world: World) -> dict[str, str]:
+    """Things of alpha's ``ml`` project (and organization-wide ones) a ``web`` key must not reach."""
+    sid = world.sandbox("ml", who="alpha_admin", runtime="base:latest", projectId="ml", name=MARK,
+                        env={"MARK": MARK}, metadata={"m": MARK})
+    world.data("alpha_admin", "POST", f"/fs/{sid}",
+               {"files": [{"path": "secret.txt", "content": base64.b64encode(MARK.encode()).decode()}]})
+    ex = world.data("alpha_admin", "POST", f"/sandbox/{sid}/execute", {"command": ["echo", MARK]})
+    world.data("alpha_admin", "GET", f"/sandbox/execution/{ex['executionId']}?wait=30s")
+    job = world.data("alpha_admin", "POST", f"/sandbox/sandboxes/{sid}/jobs", {"command": ["sleep", "600"]})
+    snap = world.data("alpha_admin", "POST", f"/sandbox/{sid}/snapshot", {"name": "mlsnap"})
+    checkpoint = world.data("alpha_admin", "POST", f"/sandbox/{sid}/checkpoint", {"name": "cp"})
+    owner = world.data("boot", "POST", "/keys?orgId=org_alpha", {"role": "admin", "name": "owner"})
+    ssh = world.data("alpha_admin", "POST", "/ssh-keys", {"publicKey": world.keygen("id_owner").with_suffix(
+        ".pub").read_text()})
+    return {"sandbox_id": sid, "execution_id": ex["executionId"], "job_id": job["jobId"],
+            "snapshot_id": snap["snapshotId"], "checkpoint_id": checkpoint["id"], "key_id": owner["id"],
+            "ssh_key_id": ssh["id"], "project_id": world.projects["ml"], "org_id": "org_alpha",
+            "stream_id": MISSING["stream_id"], "token": MISSING["token"], "name": "cobol:1", "ref": "mlsnap",
+            "tail": "agents", "owner_secret": owner["secret"], "fingerprint": ssh["fingerprint"]}
+
+
+def operations(world: World) -> list[tuple[str, str, bool]]:
+    """(method, path template, public) of every operation /openapi.json describes."""
+    doc = world.call(None, "GET", "/openapi.json")[1]
+    out = []
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            out.append((method.upper(), path, op.get("security") == []))
+    assert len(out) > 90, len(out)
+    return out
+
+
+def fill(template: str, ids: dict[str, str]) -> str:
+    return re.sub(r"{(\w+)}", lambda m: urllib.parse.quote(ids[m.group(1)], safe=""), template)
+
+
+BODY = {"command": ["cat", "secret.txt"], "name": "x", "path": "secret.txt", "files": [], "env": {"X": "1"},
+        "tag": "t", "role": "member", "count": 1, "runtime": "base:latest"}
+
+
+def test_a_project_limited_admin_administers_only_its_projects(world: World, ml: dict[str, str]) -> None:
+    """An admin key limited to project ``web`` made an organization-wide admin key (``POST
+    /keys`` without ``projects``, and ``POST /cli/apikey``): a way out of its project into
+    every project of the organization. It also listed every key of the organization and
+    revoked keys outside its project (the owner's). Now the keys it makes are limited to its
+    projects (its own when none are named; others refused by name), and it sees and revokes
+    only keys that are limited to its projects, as it sees only their sandboxes."""
+    web = world.projects["web"]
+    made = world.data("web_admin", "POST", "/keys", {"role": "admin"})
+    assert made["projects"] == [web], made
+    status, answer = world.call(made["secret"], "GET", f"/sandbox/{ml['sandbox_id']}")
+    assert status == 404, answer
+    for body in ({"role": "admin", "projects": ["ml"]}, {"role": "member", "projects": ["web", "ml"]},
+                 {"role": "read-only", "projects": [world.projects["ml"]]}):
+        status, answer = world.call("web_admin", "POST", "/keys", body)
+        assert (status, answer.get("field")) == (400, "projects"), (body, answer)
+    cli = world.data("web_admin", "POST", "/cli/apikey", {"name": "cli", "role": "admin"})
+    listed = {k["id"]: k for k in world.data("web_admin", "GET", "/keys")["keys"]}
+    assert listed[cli["id"]]["projects"] == [web], listed[cli["id"]]
+    status, answer = world.call("web_admin", "POST", "/cli/apikey", {"name": "cli", "projectId": "ml"})
+    assert (status, answer.get("field")) == (400, "projectId"), answer
+    # It sees only keys inside its projects: not the owner's, not alpha's org-wide keys.
+    assert all(k["projects"] and set(k["projects"]) <= {web} for k in listed.values()), listed
+    assert ml["key_id"] not in listed and world.key_ids["alpha_admin"] not in listed
+    cli_listed = world.data("web_admin", "GET", "/cli/apikey")
+    assert ml["key_id"] not in str(cli_listed) and world.key_ids["alpha_admin"] not in str(cli_listed)
+    for method, path in (("DELETE", f"/keys/{ml['key_id']}"), ("GET", f"/cli/apikey/{ml['key_id']}"),
+                         ("DELETE", f"/cli/apikey/{ml['key_id']}")):
+        status, answer = world.call("web_admin", method, path)
+        missing = world.call("web_admin", method, path.replace(ml["key_id"], MISSING["key_id"]))
+        assert (status, answer["code"]) == (missing[0], missing[1]["code"]) == (404, missing[1]["code"]), answer
+    assert world.call(ml["owner_secret"], "GET", "/keys")[0] == 200  # the owner's key still works
+    # Projects are the organization's: a key limited to some makes none.
+    status, answer = world.call("web_admin", "POST", "/projects", {"name": "grab"})
+    assert (status, answer["code"]) == (403, "FORBIDDEN"), answer
+    # Inside its project it administers: revokes the key it made.
+    assert world.data("web_admin", "DELETE", f"/keys/{made['id']}")["revokedAt"]
+
+
+def test_a_project_limited_key_sees_and_removes_only_its_projects_ssh_keys(world: World, ml: dict[str, str]) -> None:
+    """A member limited to ``web`` listed every SSH key of the organization and removed the
+    owner's (organization-wide) one, locking her out of the gateway. It sees and removes only
+    SSH keys registered within its projects."""
+    mine = world.data("web_member", "POST", "/ssh-keys", {"publicKey": world.keygen("id_webm").with_suffix(
+        ".pub").read_text()})
+    listed = world.data("web_member", "GET", "/ssh-keys")["sshKeys"]
+    assert mine["id"] in {k["id"] for k in listed} and ml["ssh_key_id"] not in str(listed), listed
+    status, answer = world.call("web_member", "DELETE", f"/ssh-keys/{ml['ssh_key_id']}")
+    assert (status, answer["code"]) == (404, "SSH_KEY_NOT_FOUND") or status == 404, answer
+    assert ml["ssh_key_id"] in str(world.data("alpha_admin", "GET", "/ssh-keys"))
+    assert world.data("web_member", "DELETE", f"/ssh-keys/{mine['id']}")["id"] == mine["id"]
+
+
+def test_a_project_limited_key_on_every_route_finds_nothing_of_another_project(world: World,
+                                                                               ml: dict[str, str]) -> None:
+    """Every operation of /openapi.json that takes a key, given the ids of project ``ml`` (its
+    sandbox, execution, job, snapshot, checkpoint; the owner's key and SSH key) by keys limited
+    to ``web`` (admin and member): each answers exactly as for an id that never existed, and
+    no answer holds anything of ``ml``'s."""
+    secrets = {MARK, ml["sandbox_id"], ml["execution_id"], ml["job_id"], ml["snapshot_id"], ml["checkpoint_id"],
+               ml["key_id"], ml["ssh_key_id"], ml["fingerprint"], "mlsnap"}
+    swept = 0
+    for method, template, public in operations(world):
+        if public or template in ("/app/live", "/orgs/{org_id}", "/services/stats/{org_id}"):
+            continue  # the organization's own (tested below); a stream that never ends
+        for who in ("web_admin", "web_member"):
+            kw: dict[str, Any] = {"body": BODY} if method in ("POST", "PUT", "PATCH") else {}
+            query = f"?snapshot={ml['snapshot_id']}&sandboxId={ml['sandbox_id']}&name=mlsnap&path=secret.txt"
+            path = fill(template, ml)
+            status, answer = world.call(who, method, path + query, **kw)
+            text = str(answer)
+            leaked = [s for s in secrets if s in text and s not in path + query]
+            assert not leaked, (who, method, template, status, text[:300])
+            if "{" in template:
+                other, other_answer = world.call(who, method, fill(template, MISSING) + query, **kw)
+                assert status >= 400 and status == other, (who, method, template, status, text[:300])
+                if isinstance(answer, dict) and isinstance(other_answer, dict):
+                    assert answer.get("code") == other_answer.get("code"), (who, method, template, answer)
+            swept += 1
+    assert swept >= 150, swept
+    # ml's things are as they were.
+    assert world.data("alpha_admin", "GET", f"/sandbox/{ml['sandbox_id']}")["name"] == MARK
+    job = world.data("alpha_admin", "GET", f"/sandbox/sandboxes/{ml['sandbox_id']}/jobs/{ml['job_id']}")
+    assert job["status"] == "running"
+    assert world.data("alpha_admin", "GET", f"/sandbox/snapshots/{ml['snapshot_id']}")["name"] == "mlsnap"
+    assert world.call(ml["owner_secret"], "GET", "/keys")[0] == 200
