@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import hmac
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -73,7 +72,7 @@ def parse_rate(value: str | None, setting: str = "HUTCH_RATE_LIMIT") -> tuple[fl
 
 class Tenants:
     def __init__(self, bootstrap_secret: str, *, default_rate: tuple[float, int] | None = None) -> None:
-        self._bootstrap = bootstrap_secret.encode()
+        self._bootstrap_secret = bootstrap_secret
         self.bootstrap = Principal(key_id=bootstrap_key_id(bootstrap_secret), org_id=LOCAL_ORG, role=Role.ADMIN,
                                    server_admin=True)
         self.directory = Directory()
@@ -110,7 +109,7 @@ class Tenants:
     # ---------------------------------------------------------------- requests
 
     def authenticate(self, secret: str) -> Principal:
-        if hmac.compare_digest(secret.encode(), self._bootstrap):
+        if tenancy.secrets_match(secret, self._bootstrap_secret):
             return self.bootstrap
         key = self.directory.key_for(secret)
         if key is None:
@@ -137,7 +136,7 @@ class Tenants:
 
     def knows(self, secret: str) -> bool:
         """A hutch key, valid or not any more (the proxy never forwards one)."""
-        return hmac.compare_digest(secret.encode(), self._bootstrap) or self.directory.key_for(secret) is not None
+        return tenancy.secrets_match(secret, self._bootstrap_secret) or self.directory.key_for(secret) is not None
 
     def throttle(self, principal: Principal) -> None:
         """Raise ``RateLimited`` (429, with the seconds to wait) when the key is over its rate."""

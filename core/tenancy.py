@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import hmac
 import re
 import secrets
 from collections.abc import Mapping
@@ -277,8 +278,21 @@ def key_live(key: ApiKey, now: str) -> bool:
     return key.revoked_at is None and (key.expires_at is None or key.expires_at > now)
 
 
+def _raw(text: str) -> bytes:
+    # What the client sent, byte for byte: aiohttp hands header bytes that are not UTF-8 over
+    # as surrogates, which a plain encode() refuses (a 500 for any such header before).
+    return text.encode("utf-8", "surrogateescape")
+
+
 def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
+    return hashlib.sha256(_raw(secret)).hexdigest()
+
+
+def secrets_match(given: str, wanted: str) -> bool:
+    """Constant-time equality of a secret a client sent (a key, a token, a MAC: any bytes,
+    any characters) with ours; never an error (``hmac.compare_digest`` refuses a str
+    holding characters outside ASCII)."""
+    return hmac.compare_digest(_raw(given), _raw(wanted))
 
 
 def org_id_for(name: str) -> str:

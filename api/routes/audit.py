@@ -8,7 +8,6 @@ source of truth; no auditor process is needed), then followed live until the san
 
 from __future__ import annotations
 
-import hmac
 import json
 
 from aiohttp import web
@@ -18,6 +17,7 @@ from hutch.api.keys import ENGINE
 from hutch.api.service import Engine
 from hutch.api.tenancy import PUBLIC, needs
 from hutch.core.errors import NotFound
+from hutch.core.tenancy import secrets_match
 from hutch.projections.audit import audit_record
 
 routes = web.RouteTableDef()
@@ -40,7 +40,7 @@ def _line(record: dict) -> bytes:
 async def audit_stream(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     sandbox_id, token = request.match_info["sandbox_id"], request.match_info["token"]
-    if not hmac.compare_digest(token.encode(), audit_stream_id(engine, sandbox_id).encode()):
+    if not secrets_match(token, audit_stream_id(engine, sandbox_id)):
         raise NotFound("audit stream not found")
     follow = q_bool(request, "follow") is not False
     queue = engine.projector.listen()  # before reading the log: nothing falls in between

@@ -4,8 +4,6 @@ service takes it (api/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
-import hmac
-
 from aiohttp import web
 
 from hutch.api import sandbox_streams
@@ -15,7 +13,7 @@ from hutch.api.sandbox_streams import is_sandbox_stream
 from hutch.api.tenancy import PUBLIC, needs
 from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
-from hutch.core.tenancy import SCOPE, Access, Scope
+from hutch.core.tenancy import SCOPE, Access, Scope, secrets_match
 
 routes = web.RouteTableDef()
 
@@ -104,7 +102,7 @@ async def read_input(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     stream_id = request.match_info["stream_id"]
     token = request.headers.get(STDIN_TOKEN, "")
-    if not hmac.compare_digest(token, engine.streams.sign("stdin:" + stream_id)):
+    if not secrets_match(token, engine.streams.sign("stdin:" + stream_id)):
         raise NotFound(f"stream {stream_id} not found")
     reader = engine.inputs.reader(stream_id)  # a 400 naming it if it is not here or taken
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})

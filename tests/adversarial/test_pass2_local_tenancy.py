@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -161,3 +162,87 @@ def test_a_project_limited_key_on_every_route_finds_nothing_of_another_project(w
     assert job["status"] == "running"
     assert world.data("alpha_admin", "GET", f"/sandbox/snapshots/{ml['snapshot_id']}")["name"] == "mlsnap"
     assert world.call(ml["owner_secret"], "GET", "/keys")[0] == 200
+
+
+AUTH_VARIANTS = ["", "Bearer", "Bearer ", "Basic dXNlcjpwYXNz", "Bearer hk_not-a-key", "bearer  hk_", "Token x",
+                 "Bearer " + "A" * 4000, "Bearer \u00e9t\u00e9"]
+
+
+def test_no_key_a_dead_key_or_a_mangled_header_opens_no_route(world: World, ml: dict[str, str]) -> None:
+    """Without a key, with a revoked or an expired key, with another auth scheme, a mangled
+    or enormous header, a key in the query string or in a cookie that is no session: every
+    operation that takes a key answers 401 (never 2xx, never a 500), naming nothing."""
+    revoked = world.data("alpha_admin", "POST", "/keys", {"role": "admin"})
+    world.data("alpha_admin", "DELETE", f"/keys/{revoked['id']}")
+    expiring = world.data("alpha_admin", "POST", "/keys", {"role": "admin", "expires": "2s"})
+    time.sleep(2.5)
+    variants = [*AUTH_VARIANTS, f"Bearer {revoked['secret']}", f"Bearer {expiring['secret']}"]
+    # No session either: a key as the cookie, a forged one, bytes that are not UTF-8 (a 500 before).
+    cookies = [f"hutch_session={world.keys['alpha_admin']}", "hutch_session=\u00e9t\u00e9.\u00e9",
+               "hutch_session=e30." + "0" * 64, "__Host-hutch_session=x.y; hutch_csrf=\u00ff"]
+    swept = 0
+    for method, template, public in operations(world):
+        if public:
+            continue
+        path = fill(template, ml)
+        for i, auth in enumerate(variants):
+            headers = {"Authorization": auth} if auth else {}
+            status, answer = world.call(None, method, path + f"?apiKey={world.keys['alpha_admin']}",
+                                        headers={**headers, "Cookie": cookies[i % len(cookies)],
+                                                 "X-CSRF-Token": "\u00e9"},
+                                        body=BODY if method in ("POST", "PUT", "PATCH") else None)
+            assert status == 401, (method, template, auth[:30], status, str(answer)[:200])
+            assert MARK not in str(answer) and answer.get("code") == "UNAUTHORIZED", answer
+            swept += 1
+    assert swept >= 75 * len(variants), swept
+
+
+def test_capability_urls_open_only_what_they_name(world: World, ml: dict[str, str]) -> None:
+    """The URLs that need no key are capabilities: a stream id's MAC, an audit token, the
+    replicas' stdin token, a presigned upload's token. Each opens only what it was made for:
+    one sandbox's audit token is no other's, a stream id with its kind or MAC changed is
+    404, the replicas' stdin route is 404 without their token, and an upload token of one
+    build uploads to no other (nor does a stream id or an audit token serve as one)."""
+    beta_sbx = world.sandbox("beta", runtime="base:latest")
+    made = world.data("beta_member", "POST", f"/sandbox/{beta_sbx}/execute", {"command": ["echo", "beta-out"]})
+    world.data("beta_member", "GET", f"/sandbox/execution/{made['executionId']}?wait=30s")
+    out_id = made["stdoutStreamUrl"].rsplit("/", 1)[1]
+    assert world.stream(made["stdoutStreamUrl"]) == b"beta-out\n"
+    alpha = world.data("alpha_admin", "GET", f"/sandbox/{ml['sandbox_id']}")
+    alpha_out = alpha["stdoutStreamUrl"].rsplit("/", 1)[1]
+    forged = [out_id[:-1] + ("0" if out_id[-1] != "0" else "1"),  # the MAC changed
+              out_id[:-33] + "e" + out_id[-32:],  # stderr's kind, stdout's MAC
+              out_id.upper(), out_id + "0", out_id[:-2], "stm_" + "0" * 60,
+              alpha_out[:-32] + out_id[-32:],  # alpha's sandbox, beta's MAC
+              "../" + out_id, out_id + "/../" + alpha_out]
+    for stream_id in forged:
+        status, answer = world.call(None, "GET", "/streams/" + urllib.parse.quote(stream_id, safe=""))
+        assert status == 404 and b"beta-out" not in (answer if isinstance(answer, bytes) else str(answer).encode()), \
+            (stream_id, status, answer)
+    # Audit streams: the token is the sandbox's own.
+    made_sb = world.data("beta_member", "POST", "/sandbox", {"runtime": "base:latest"})
+    token = made_sb["auditStreamUrl"].rsplit("/", 1)[1]
+    for sandbox_id in (ml["sandbox_id"], beta_sbx, MISSING["sandbox_id"]):
+        status, _ = world.call(None, "GET", f"/streams/audit/{sandbox_id}/{token}?follow=false")
+        assert status == 404, sandbox_id
+    status, body = world.call(None, "GET", f"/streams/audit/{made_sb['sandboxId']}/{token}?follow=false")
+    assert status == 200 and made_sb["sandboxId"].encode() in body
+    assert world.call("beta_member", "DELETE", f"/sandbox/{made_sb['sandboxId']}")[0] == 200
+    # The replicas' stdin route: nothing without their token (the stream exists, alpha's).
+    stdin = world.call("alpha_admin", "POST", "/streams", {"name": "in"})[1]["id"]
+    for headers in ({}, {"X-Hutch-Replica-Token": "0" * 64}, {"X-Hutch-Replica-Token": token},
+                    {"X-Hutch-Replica-Token": "\u00e9"}):
+        status, _ = world.call(None, "GET", f"/streams/{stdin}/stdin", headers=headers)
+        assert status == 404, headers
+    # Presigned uploads: the token is its build's.
+    mine = world.data("beta_member", "POST", "/sandbox/snapshots/build", {"runtime": "base:latest"})
+    theirs = world.data("alpha_admin", "POST", "/sandbox/snapshots/build", {"runtime": "base:latest"})
+    my_token = urllib.parse.parse_qs(urllib.parse.urlsplit(mine["uploadUrl"]).query)["token"][0]
+    for token_ in (my_token, out_id, token, "", "\u00e9"):
+        status, answer = world.call(None, "PUT", f"/sandbox/snapshots/{theirs['snapshotId']}/upload?token="
+                                    + urllib.parse.quote(token_), raw=b"x" * 10,
+                                    headers={"Content-Type": "application/octet-stream"})
+        assert status in (401, 403, 404), (token_, status, answer)
+    status, answer = world.call(None, "PUT", f"/sandbox/snapshots/{mine['snapshotId']}/upload?token={my_token}",
+                                raw=b"not a tarball", headers={"Content-Type": "application/octet-stream"})
+    assert status < 500, answer
