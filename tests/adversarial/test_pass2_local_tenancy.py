@@ -10,13 +10,16 @@ and attacks the administration of keys from inside a project."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 import time
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.adversarial.pass2 import World, start_world
@@ -246,3 +249,54 @@ def test_capability_urls_open_only_what_they_name(world: World, ml: dict[str, st
     status, answer = world.call(None, "PUT", f"/sandbox/snapshots/{mine['snapshotId']}/upload?token={my_token}",
                                 raw=b"not a tarball", headers={"Content-Type": "application/octet-stream"})
     assert status < 500, answer
+
+
+def test_one_tenants_waiting_clients_do_not_slow_the_others(world: World) -> None:
+    """Every event of every organization woke every long-poll of the server, and each woken
+    long-poll read the store again: beta holding 800 long-polls on its own running command
+    made each of alpha's commands cost the server 17 times the CPU (0.012 s -> 0.21 s each,
+    embedded; on PostgreSQL each wake is a query). A wait is now woken by its own sandbox's
+    events only, so what beta's waits cost does not grow with the others' work."""
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{world.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, clock ticks
+
+    alpha_sbx = world.sandbox("alpha-work", who="alpha_admin", runtime="base:latest")
+    beta_sbx = world.sandbox("beta-waits", runtime="base:latest")
+
+    async def alpha_work(session: aiohttp.ClientSession, rounds: int = 15) -> float:
+        headers = {"Authorization": f"Bearer {world.keys['alpha_admin']}"}
+        start = cpu()
+        for _ in range(rounds):
+            async with session.post(f"/sandbox/{alpha_sbx}/execute", json={"command": ["true"]},
+                                    headers=headers) as resp:
+                ex = (await resp.json())["data"]["executionId"]
+            async with session.get(f"/sandbox/execution/{ex}?wait=30s", headers=headers) as resp:
+                assert (await resp.json())["data"]["status"] == "completed"
+        return (cpu() - start) / rounds
+
+    async def attack() -> tuple[float, float]:
+        beta = {"Authorization": f"Bearer {world.keys['beta_member']}"}
+        async with aiohttp.ClientSession(world.url, connector=aiohttp.TCPConnector(limit=0)) as session:
+            await alpha_work(session, 3)  # warm
+            alone = await alpha_work(session)
+            async with session.post(f"/sandbox/{beta_sbx}/execute", json={"command": ["sleep", "600"]},
+                                    headers=beta) as resp:
+                ex = (await resp.json())["data"]["executionId"]
+            polls = [asyncio.ensure_future(session.get(f"/sandbox/execution/{ex}?wait=300s", headers=beta))
+                     for _ in range(800)]
+            await asyncio.sleep(3)
+            try:
+                crowded = await alpha_work(session)
+            finally:
+                for poll in polls:
+                    poll.cancel()
+                await asyncio.gather(*polls, return_exceptions=True)
+                async with session.post(f"/sandbox/execution/{ex}/cancel", headers=beta):
+                    pass
+            return alone, crowded
+
+    alone, crowded = asyncio.run(attack())
+    assert crowded < 3 * alone + 0.02, f"alpha's command cost {alone:.3f} s of server CPU alone, {crowded:.3f} s " \
+                                       f"with beta's 800 long-polls waiting"
