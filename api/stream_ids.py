@@ -9,7 +9,7 @@ import hmac
 import re
 
 _KINDS = {"stdout": "o", "stderr": "e", "audit": "a"}  # only o and e are output streams
-_ID = re.compile(r"^stm_(?P<prefix>[a-z]+)(?P<body>[0-9a-z]{26})(?P<kind>[oe])(?P<mac>[0-9a-f]{32})$")
+_ID = re.compile(r"^stm_(?P<prefix>[a-z]+)(?P<body>[0-9a-z]{26})(?P<kind>[oe])(?P<mac>[0-9a-f]{32})\Z")
 
 
 class StreamIds:

@@ -35,7 +35,7 @@ from hutch.core.limits import PUBLIC_KEY_CHARS
 
 LOCAL_ORG = "org_local"
 SECRET_PREFIX = "hk_"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
 
 
 class Role(StrEnum):
@@ -372,14 +372,17 @@ def resolve_project(directory: Directory, org_id: str, ref: str, field: str = "p
     raise InvalidInput(f"{field}: organization {org_id} has no project {ref!r}", field=field)
 
 
-_DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
+_DURATION_RE = re.compile(r"^(\d+)([smhdw])\Z")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def check_expiry(value: object, now: dt.datetime) -> str:
     """``30d``/``12h``/… from now, or an ISO-8601 time in the future; an ISO string back."""
     if isinstance(value, str) and (m := _DURATION_RE.match(value.strip())):
-        moment = now + dt.timedelta(seconds=int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        try:
+            moment = now + dt.timedelta(seconds=int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        except OverflowError:
+            raise InvalidInput(f"expires: {value!r} is past the year 9999", field="expires") from None
     else:
         try:
             moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
