@@ -253,13 +253,14 @@ class Snapshots:
         self._reaper.touch(sandbox_id)
         with await self.archives.spool(archives.tar_gz(self._driver, sandbox_id, WORKSPACE)) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
-            await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
-            await self.archives.put(snapshot_id, spooled)
-        try:
-            await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
-        except BaseException:
-            await self.archives.remove(snapshot_id)
-            raise
+            async with self._quotas.storage_held(sb.spec.org_id):  # the check and its record, as one
+                await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
+                await self.archives.put(snapshot_id, spooled)
+                try:
+                    await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
+                except BaseException:
+                    await self.archives.remove(snapshot_id)
+                    raise
         await self._take_tag(snapshot_id, command.name, command.tag)
         return await self.get(snapshot_id)
 
@@ -357,9 +358,10 @@ class Snapshots:
                                    f"{snapshot_id}/upload) and there is no env, dependency or package to keep",
                                    field="archive")
             files = ()
-        await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
-        await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
-                                                                 dependencies=deps, packages=pkgs))
+        async with self._quotas.storage_held(snap.org_id):  # the check and its record, as one
+            await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
+            await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
+                                                                     dependencies=deps, packages=pkgs))
         await self._take_tag(snapshot_id, snap.name, snap.tag)
         return await self.get(snapshot_id)
 

@@ -300,3 +300,34 @@ def test_one_tenants_waiting_clients_do_not_slow_the_others(world: World) -> Non
     alone, crowded = asyncio.run(attack())
     assert crowded < 3 * alone + 0.02, f"alpha's command cost {alone:.3f} s of server CPU alone, {crowded:.3f} s " \
                                        f"with beta's 800 long-polls waiting"
+
+
+def test_concurrent_snapshots_cannot_pass_the_storage_quota(world: World) -> None:
+    """Ten snapshots of a 700 KB workspace asked at once, under a 1 MiB storage quota: all ten
+    were taken (7 MB stored; one at a time, the second is refused), because each checked the
+    quota before any of them was recorded. The check and the record it allows are now one, as
+    for sandbox creates: one is taken, nine are 403 QUOTA_EXCEEDED, and the usage stays
+    within the quota."""
+    org = f"q{int(time.time() * 1000) % 10**8}"
+    world.data("boot", "POST", "/orgs", {"name": org})
+    key = world.data("boot", "POST", f"/keys?orgId=org_{org}", {"role": "member"})["secret"]
+    world.data("boot", "PATCH", f"/orgs/org_{org}/quota", {"snapshotBytes": 2**20})
+    sid = world.data(key, "POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
+    code, _, err = world.run(key, sid, "head -c 700000 /dev/urandom > /home/agentuity/w.bin")
+    assert code == 0, err
+
+    async def race() -> list[tuple[int, Any]]:
+        async with aiohttp.ClientSession(world.url) as session:
+            async def one(i: int) -> tuple[int, Any]:
+                async with session.post(f"/sandbox/{sid}/snapshot", json={"name": f"s{i}"},
+                                        headers={"Authorization": f"Bearer {key}"}) as resp:
+                    return resp.status, await resp.json()
+            return await asyncio.gather(*(one(i) for i in range(10)))
+
+    answers = asyncio.run(race())
+    taken = [a for status, a in answers if status == 201]
+    refused = [a for status, a in answers if status != 201]
+    assert len(taken) == 1, f"{len(taken)} snapshots taken under a quota that holds one"
+    assert {(a["code"], a.get("quota")) for a in refused} == {("QUOTA_EXCEEDED", "snapshot_bytes")}, refused
+    usage = world.data(key, "GET", f"/orgs/org_{org}")["usage"]
+    assert usage["storageBytes"] <= 2**20, usage
