@@ -326,12 +326,16 @@ class Snapshots:
         if snap.status is not SnapshotStatus.BUILDING:
             raise IllegalTransition(f"snapshot {snapshot_id} is {snap.status.value}; its content cannot change",
                                     snapshot_id=snapshot_id)
-        room = await self._quotas.storage_room(snap.org_id, replacing=snapshot_id)
-        if room is not None and declared is not None and declared > room:
-            raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
-                                f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
-                                limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
-        await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room), max_bytes)
+        # The room is reckoned and taken by one upload at a time (of an organization with a
+        # storage quota): reckoned at each one's start, four at once each took all of it.
+        async with self._quotas.storage_held(snap.org_id):
+            room = await self._quotas.storage_room(snap.org_id, replacing=snapshot_id)
+            if room is not None and declared is not None and declared > room:
+                raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
+                                    f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
+                                    limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
+            await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room),
+                                     max_bytes)
         return snap
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
