@@ -104,6 +104,8 @@ class SandboxSftp(asyncssh.SFTPServer):
 
         with acting(self.principal):
             try:
+                if self.engine.tenants is not None:  # each operation is a request of the key's
+                    self.engine.tenants.throttle(self.principal)
                 await self.engine.for_files(self.sandbox_id)  # scoped; wakes a paused sandbox
                 return await work()
             except HutchError as err:

@@ -216,3 +216,35 @@ async def test_many_ssh_sessions_leave_the_gateway_serving(world: World, keys: d
     finally:
         for writer in idle:
             writer.close()
+
+
+async def test_the_gateway_counts_against_the_keys_rate_limit(world: World) -> None:
+    """A key limited to 1 request a second (burst 2) is refused its third quick HTTP request,
+    but the SSH key it registered ran every command asked of it, one execution each, and every
+    SFTP operation: the gateway took no notice of the rate. Sessions and SFTP operations now
+    count against the registering key's rate like its HTTP requests, and a refusal says so."""
+    slow = world.data("beta_admin", "POST", "/keys", {"role": "member", "rate": 1, "burst": 2})
+    key = world.keygen("id_slow")
+    world.data(slow["secret"], "POST", "/ssh-keys", {"publicKey": key.with_suffix(".pub").read_text()})
+    sid = world.sandbox("ssh", runtime="base:latest")
+    statuses = [world.call(slow["secret"], "GET", f"/sandbox/{sid}")[0] for _ in range(4)]
+    assert 429 in statuses, statuses  # the HTTP control
+    await asyncio.sleep(2.5)
+    ran, refused = 0, []
+    async with connect(world, sid, key) as conn:
+        for _ in range(6):
+            result = await conn.run("echo ran", check=False)
+            if result.stdout == "ran\n":
+                ran += 1
+            else:
+                refused.append(result.stderr)
+    assert ran <= 3 and refused and all("rate limit" in r for r in refused), (ran, refused)
+    await asyncio.sleep(2.5)
+    async with connect(world, sid, key) as conn, conn.start_sftp_client() as sftp:
+        failures = []
+        for _ in range(6):
+            try:
+                await sftp.listdir("/tmp")
+            except asyncssh.SFTPError as err:
+                failures.append(str(err))
+    assert failures and all("rate limit" in f for f in failures), failures
