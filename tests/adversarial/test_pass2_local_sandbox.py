@@ -490,3 +490,28 @@ for i in $(seq 50); do python3 -c 'import socket; socket.create_connection(("127
             assert seen["port"] == 8081 and "X-Injected" not in seen["headers"], seen
         else:
             assert 400 <= status < 500, (tail, status, page[:200])
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed (issue 32, pass 2): command output is kept for ever and counted "
+                                       "by no quota; bounding it needs a retention and accounting design")
+def test_the_output_an_organization_keeps_is_bounded_by_its_storage_quota(world: World) -> None:
+    """Medium, open. Each command's stdout and stderr are kept (16 MiB each at most) for ever,
+    on the server's disk (embedded) or in PostgreSQL, and counted by no quota: an organization
+    whose storage quota is 8 MiB ran three commands of 16 MiB of output and the server kept
+    48 MiB of it, and would keep as much as it is asked to (a member with a loop fills the
+    disk every tenant's event log and projections live on). What should hold: the output an
+    organization keeps counts against its storage quota (or a retention of its own bounds it),
+    so that here at most one more command's cap is kept past the quota."""
+    org = f"o{int(time.time() * 1000) % 10**8}"
+    world.data("boot", "POST", "/orgs", {"name": org})
+    key = world.data("boot", "POST", f"/keys?orgId=org_{org}", {"role": "member"})["secret"]
+    world.data("boot", "PATCH", f"/orgs/org_{org}/quota", {"snapshotBytes": 8 * 2**20})
+    sid = world.data(key, "POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
+    kept = 0
+    for _ in range(3):
+        status, ex = world.call(key, "POST", f"/sandbox/{sid}/execute", {"command": ["head", "-c", "16M", "/dev/zero"]})
+        if status != 200:
+            continue  # refused: nothing more kept
+        world.data(key, "GET", f"/sandbox/execution/{ex['data']['executionId']}?wait=60s", timeout=90)
+        kept += len(world.stream(ex["data"]["stdoutStreamUrl"]))
+    assert kept <= 8 * 2**20 + 16 * 2**20, f"{kept >> 20} MiB of output kept under an 8 MiB storage quota"
