@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
 import urllib.parse
@@ -360,3 +361,63 @@ def test_concurrent_uploads_cannot_pass_the_storage_quota(world: World) -> None:
     assert sorted(statuses) == [200, 403, 403, 403], statuses
     usage = world.data(key, "GET", f"/orgs/org_{org}")["usage"]
     assert usage["storageBytes"] <= 2**20, usage
+
+
+def test_another_organizations_ids_in_queries_and_bodies_find_nothing(world: World, ml: dict[str, str]) -> None:
+    """Ids of alpha's given by beta where a route takes them in the query or the body rather
+    than the path: a history's ``asOf`` event, list filters (``projectId``, ``snapshotId``,
+    ``sandboxId``, ``name``), a lineage, a snapshot to create from (by id, name, full name), a
+    project to create in, a stdin stream to read from or write to, a project for a key. Each
+    answers exactly as the same request with an id that never existed (the id aside)."""
+    alpha_event = world.data("alpha_admin", "GET", f"/sandbox/sandboxes/{ml['sandbox_id']}/events?limit=1")[
+        "events"][0]["eventId"]
+    stdin = world.call("alpha_admin", "POST", "/streams", {"name": "in"})[1]["id"]
+    mine = world.sandbox("beta", runtime="base:latest")
+    theirs = {"evt": alpha_event, "proj": world.projects["ml"], "snp": ml["snapshot_id"], "sbx": ml["sandbox_id"],
+              "stdin": stdin, "name": "mlsnap", "full": "@alpha/mlsnap:latest"}
+    nothing = {"evt": "evt_" + "0" * 26, "proj": MISSING["project_id"], "snp": MISSING["snapshot_id"],
+               "sbx": MISSING["sandbox_id"], "stdin": MISSING["stream_id"], "name": "nosnap",
+               "full": "@alpha/nosnap:latest"}
+    cases: list[tuple[str, str, str, Any]] = [
+        ("beta_member", "GET", f"/sandbox/{mine}?asOf={{evt}}", None),
+        ("beta_member", "GET", "/sandbox?projectId={proj}", None),
+        ("beta_member", "GET", "/sandbox?snapshotId={snp}", None),
+        ("beta_member", "GET", "/sandbox/stats?projectId={proj}", None),
+        ("beta_member", "GET", "/cli/sandbox?projectId={proj}", None),
+        ("beta_member", "GET", "/sandbox/snapshots?sandboxId={sbx}", None),
+        ("beta_member", "GET", "/sandbox/snapshots?name={name}", None),
+        ("beta_member", "GET", "/sandbox/snapshots/lineage?snapshot={snp}", None),
+        ("beta_member", "GET", "/sandbox/snapshots/public/{snp}", None),
+        ("beta_member", "POST", "/sandbox", {"snapshot": "{snp}"}),
+        ("beta_member", "POST", "/sandbox", {"snapshot": "{full}"}),
+        ("beta_member", "POST", "/sandbox", {"snapshot": "{name}:latest"}),
+        ("beta_member", "POST", "/sandbox", {"projectId": "{proj}"}),
+        ("beta_member", "POST", f"/sandbox/{mine}/execute", {"command": ["cat"], "stream": {"stdin": "{stdin}"}}),
+        ("beta_member", "PUT", "/streams/{stdin}", None),
+        ("beta_member", "POST", "/sandbox/snapshots/build", {"runtime": "base:latest", "projectId": "{proj}"}),
+        ("beta_admin", "POST", "/keys", {"role": "member", "projects": ["{proj}"]}),
+        ("beta_admin", "POST", "/cli/apikey", {"name": "x", "projectId": "{proj}"}),
+    ]
+
+    def put(template: Any, ids: dict[str, str]) -> Any:
+        """The body with each ``{name}`` in its strings filled in."""
+        if isinstance(template, str):
+            return template.format(**ids)
+        if isinstance(template, dict):
+            return {k: put(v, ids) for k, v in template.items()}
+        if isinstance(template, list):
+            return [put(v, ids) for v in template]
+        return template
+
+    for who, method, path, body in cases:
+        answers = []
+        for ids in (theirs, nothing):
+            kw: dict[str, Any] = {"raw": b"x"} if method == "PUT" else {"body": put(body, ids)}
+            answers.append(world.call(who, method, path.format(**ids), **kw))
+        (status, answer), (other_status, other) = answers
+        text, other_text = json.dumps(answer), json.dumps(other)
+        for key in theirs:
+            text = text.replace(theirs[key], "<id>")
+            other_text = other_text.replace(nothing[key], "<id>")
+        assert (status, text) == (other_status, other_text), (method, path, status, text[:300], other_text[:300])
+        assert MARK not in text
