@@ -309,7 +309,7 @@ def probe(target):
     host, port = target
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(fam, socket.SOCK_STREAM)
-    s.settimeout(1.5)
+    s.settimeout(1)
     try:
         s.connect(socket.getaddrinfo(host, port, fam)[0][4])
         return f"{host} {port}", "CONNECTED"
@@ -413,13 +413,13 @@ def test_a_fork_bomb_and_a_disk_filler_stay_in_their_sandbox(world: World, kinds
 
 
 def test_an_output_flood_is_capped_and_costs_the_server_nothing_it_keeps(world: World, kinds: dict[str, str]) -> None:
-    """``yes`` for 5 seconds on stdout and stderr (GiBs): each stream keeps at most the output cap
+    """``yes`` for 3 seconds on stdout and stderr (hundreds of MiB): each stream keeps at most the output cap
     (16 MiB) and says it was truncated; the server's memory stays flat while it pours in and
     readers can still read it."""
     sid = kinds["off"]
     before = world.reset_peak()
     ex = world.data("beta_member", "POST", f"/sandbox/{sid}/execute", {"command": [
-        "sh", "-c", "timeout 5 yes flood & timeout 5 yes flood >&2; wait"], "timeout": "60s"})
+        "sh", "-c", "timeout 3 yes flood & timeout 3 yes flood >&2; wait"], "timeout": "60s"})
     done = world.data("beta_member", "GET", f"/sandbox/execution/{ex['executionId']}?wait=90s", timeout=120)
     assert done["status"] == "completed", done
     with urllib.request.urlopen(world.url + "/streams/" + ex["stdoutStreamUrl"].rsplit("/", 1)[1]) as resp:
