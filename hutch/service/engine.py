@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 from hutch.blobs.files import FileBlobStore
@@ -82,6 +83,7 @@ class Engine:
         blob_store = blobs or FileBlobStore(data_dir)
         self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store)
         self.replicas = replicas or SoleReplica()
+        self.quotas.serialise = self._one_at_a_time
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
                                       pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts
@@ -131,6 +133,12 @@ class Engine:
                 await self.snapshots.expire_builds()
             except Exception:  # the next sweep tries again; a failed one leaves everything as it was
                 log.exception("expiring abandoned snapshot builds failed")
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, key: str) -> AsyncIterator[None]:
+        """``key`` held by one request at a time, on this replica and across replicas."""
+        async with self.recorder.lock(key), self.replicas.serialised(key):
+            yield
 
     async def close(self) -> None:
         self.watchers.close()

@@ -22,7 +22,8 @@ creates in flight then).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import contextlib
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from hutch.core.blobs import BlobNotFound, BlobStore
 from hutch.core.errors import QuotaExceeded
@@ -45,6 +46,21 @@ class Quotas:
         self._checkpointing = checkpointing  # checkpoints' sizes
         self._blobs = blobs  # unfinalized builds' uploads
         self._uploading: dict[str, dict[str, int]] = {}  # org -> snapshot -> bytes received so far
+        # One holder at a time of a key, on this replica and across replicas (the engine sets it:
+        # the recorder's lock and ``Replicas.serialised``); None: nothing to serialise with.
+        self.serialise: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None
+
+    @contextlib.asynccontextmanager
+    async def storage_held(self, org_id: str) -> AsyncIterator[None]:
+        """Held from a storage check to the record it allows (a snapshot taken, a build
+        finalized), so that two of them cannot both take the last room: ten snapshots asked at
+        once under a quota that holds one were all taken before. Only organizations with a
+        storage quota take it (as ``limits_sandboxes`` for creates)."""
+        if self.of(org_id).snapshot_bytes is None or self.serialise is None:
+            yield
+            return
+        async with self.serialise(f"storage:{org_id}"):
+            yield
 
     def of(self, org_id: str) -> Quota:
         tenants = self._reads.tenants

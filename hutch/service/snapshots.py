@@ -247,13 +247,14 @@ class Snapshots:
         export = archives.tar_gz(self._driver, sandbox_id, WORKSPACE, max_bytes=archives.export_bound(self.limits))
         with await self.archives.spool(export) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
-            await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
-            await self.archives.put(snapshot_id, spooled)
-        try:
-            await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
-        except BaseException:
-            await self.archives.remove(snapshot_id)
-            raise
+            async with self._quotas.storage_held(sb.spec.org_id):  # the check and its record, as one
+                await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
+                await self.archives.put(snapshot_id, spooled)
+                try:
+                    await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
+                except BaseException:
+                    await self.archives.remove(snapshot_id)
+                    raise
         await self._take_tag(snapshot_id, command.name, command.tag)
         return await self.get(snapshot_id)
 
@@ -319,12 +320,16 @@ class Snapshots:
         if snap.status is not SnapshotStatus.BUILDING:
             raise IllegalTransition(f"snapshot {snapshot_id} is {snap.status.value}; its content cannot change",
                                     snapshot_id=snapshot_id)
-        room = await self._quotas.storage_room(snap.org_id, replacing=snapshot_id)
-        if room is not None and declared is not None and declared > room:
-            raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
-                                f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
-                                limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
-        await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room), max_bytes)
+        # The room is reckoned and taken by one upload at a time (of an organization with a
+        # storage quota): reckoned at each one's start, four at once each took all of it.
+        async with self._quotas.storage_held(snap.org_id):
+            room = await self._quotas.storage_room(snap.org_id, replacing=snapshot_id)
+            if room is not None and declared is not None and declared > room:
+                raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
+                                    f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
+                                    limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
+            await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room),
+                                     max_bytes)
         return snap
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
@@ -351,9 +356,10 @@ class Snapshots:
                                    f"{snapshot_id}/upload) and there is no env, dependency or package to keep",
                                    field="archive")
             files = ()
-        await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
-        await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
-                                                                 dependencies=deps, packages=pkgs))
+        async with self._quotas.storage_held(snap.org_id):  # the check and its record, as one
+            await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
+            await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
+                                                                     dependencies=deps, packages=pkgs))
         await self._take_tag(snapshot_id, snap.name, snap.tag)
         return await self.get(snapshot_id)
 

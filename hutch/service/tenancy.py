@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import hmac
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -83,7 +82,7 @@ def parse_rate(value: str | None, setting: str = "HUTCH_RATE_LIMIT") -> tuple[fl
 
 class Tenants:
     def __init__(self, bootstrap_secret: str, *, default_rate: tuple[float, int] | None = None) -> None:
-        self._bootstrap = bootstrap_secret.encode()
+        self._bootstrap_secret = bootstrap_secret
         self.bootstrap = Principal(key_id=bootstrap_key_id(bootstrap_secret), org_id=LOCAL_ORG, role=Role.ADMIN,
                                    server_admin=True)
         self.directory = Directory()
@@ -120,7 +119,7 @@ class Tenants:
     # ---------------------------------------------------------------- requests
 
     def authenticate(self, secret: str) -> Principal:
-        if hmac.compare_digest(secret.encode(), self._bootstrap):
+        if tenancy.secrets_match(secret, self._bootstrap_secret):
             return self.bootstrap
         key = self.directory.key_for(secret)
         if key is None:
@@ -147,7 +146,7 @@ class Tenants:
 
     def knows(self, secret: str) -> bool:
         """A hutch key, valid or not any more (the proxy never forwards one)."""
-        return hmac.compare_digest(secret.encode(), self._bootstrap) or self.directory.key_for(secret) is not None
+        return tenancy.secrets_match(secret, self._bootstrap_secret) or self.directory.key_for(secret) is not None
 
     def throttle(self, principal: Principal) -> None:
         """Raise ``RateLimited`` (429, with the seconds to wait) when the key is over its rate."""
@@ -205,13 +204,16 @@ class TenancyWrites:
         return self._directory().projects[event.data.project_id]
 
     async def create_key(self, org_id: str, *, role: object, name: object = None, projects: object = (),
-                         expires_at: object = None, rate: object = None, burst: object = None) -> tuple[str, ApiKey]:
-        """(the key's secret, which is in this answer and nowhere else, ever; the key)."""
+                         expires_at: object = None, rate: object = None, burst: object = None,
+                         limit: tuple[str, ...] = (), field: str = "projects") -> tuple[str, ApiKey]:
+        """(the key's secret, which is in this answer and nowhere else, ever; the key). ``limit``:
+        the creating key's projects, which a new key may not reach past (``field`` names them)."""
         made: list[str] = []
 
         def decide() -> list[EventData]:
             secret, event = tenancy.create_key(self._directory(), org_id, role=role, name=name, projects=projects,
-                                               expires_at=expires_at, rate=rate, burst=burst)
+                                               expires_at=expires_at, rate=rate, burst=burst, limit=limit,
+                                               field=field)
             made.append(secret)
             return [event]
 
@@ -219,9 +221,10 @@ class TenancyWrites:
         assert isinstance(event.data, tenancy.KeyCreated)
         return made[-1], self._directory().keys[event.data.key_id]
 
-    async def revoke_key(self, org_id: str, key_id: str) -> ApiKey:
-        """The key's revocation, and the removal of every SSH key it added."""
-        await self._record(org_id, lambda: tenancy.revoke_key(self._directory(), org_id, key_id))
+    async def revoke_key(self, org_id: str, key_id: str, limit: tuple[str, ...] = ()) -> ApiKey:
+        """The key's revocation, and the removal of every SSH key it added; a key outside the
+        revoking key's projects (``limit``) is not found."""
+        await self._record(org_id, lambda: tenancy.revoke_key(self._directory(), org_id, key_id, limit))
         return self._directory().keys[key_id]
 
     async def add_ssh_key(self, principal: Principal, public_key: object, name: object) -> SshKey:
@@ -236,8 +239,8 @@ class TenancyWrites:
         assert isinstance(event.data, tenancy.SshKeyAdded)
         return self._directory().ssh_keys[event.data.ssh_key_id]
 
-    async def remove_ssh_key(self, org_id: str, ssh_key_id: str) -> SshKey:
-        await self._record(org_id, lambda: [tenancy.remove_ssh_key(self._directory(), org_id, ssh_key_id)])
+    async def remove_ssh_key(self, org_id: str, ssh_key_id: str, limit: tuple[str, ...] = ()) -> SshKey:
+        await self._record(org_id, lambda: [tenancy.remove_ssh_key(self._directory(), org_id, ssh_key_id, limit)])
         return self._directory().ssh_keys[ssh_key_id]
 
 

@@ -71,6 +71,7 @@ PUBLIC_ROUTES = {
     ("GET", "/app/static/{name}"),
     ("POST", "/app/session"),  # signing in: the API key in the body is the credential
     ("GET", "/openapi.json"),  # the API's description: no secret
+    ("GET", "/"),  # a redirect to the Web App: a person opening the address gets the app, not a 401
 }
 
 # What each route needs beyond the rule "GET reads, everything else writes".

@@ -3,7 +3,6 @@ public listing, and download of snapshots (service/snapshots.py does the work)."
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +17,7 @@ from hutch.core.blobs import BlobNotFound
 from hutch.core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from hutch.core.models import Snapshot
 from hutch.core.snapshots import check_name
+from hutch.core.tenancy import secrets_match
 from hutch.projections.base import SNAPSHOT_SORTS, SnapshotQuery
 from hutch.service.snapshots import LINEAGE_MAX, unchanged
 from hutch.service.tenancy import project_for
@@ -155,7 +155,7 @@ async def upload(request: web.Request) -> web.Response:
     snapshot_id = request.match_info["snapshot_id"]
     if API_KEY_ID not in request:
         token = request.query.get("token", "")
-        if not hmac.compare_digest(token.encode(), engine.snapshots.upload_token(snapshot_id).encode()):
+        if not secrets_match(token, engine.snapshots.upload_token(snapshot_id)):
             raise Unauthorized("upload: the token does not match this snapshot's upload URL")
     await engine.snapshots.upload(snapshot_id, request.content.iter_chunked(1 << 20),
                                   request.app[CONFIG].max_upload_bytes, declared=request.content_length)

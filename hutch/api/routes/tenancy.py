@@ -3,7 +3,9 @@
 ``/orgs``: the server's administrator (the bootstrap key) creates organizations and sees all
 of them; any other key sees its own. ``/projects`` and ``/keys`` act in the request's
 organization (``orgId`` picks another for the administrator). Keys need an admin key;
-projects are listed by anyone in the organization and created by admins. A quota is read by
+projects are listed by anyone in the organization and created by admins. An admin key
+limited to projects administers inside them only: the keys it makes, lists and revokes are
+limited to (some of) its projects, and it makes no projects (``core.tenancy.within``). A quota is read by
 anyone in its organization and set by the server's administrator only: limits an
 organization could lift itself would limit nothing. A key's secret
 is in the answer to its creation and nowhere else, ever.
@@ -18,7 +20,8 @@ from aiohttp import web
 from hutch.api.access import needs
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.core.errors import InvalidInput, NotFound
+from hutch.core import tenancy
+from hutch.core.errors import Forbidden, InvalidInput, NotFound
 from hutch.core.tenancy import Access, ApiKey, Organization, Project
 
 routes = web.RouteTableDef()
@@ -109,7 +112,10 @@ async def list_projects(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def create_project(request: web.Request) -> web.Response:
     body = await json_body(request)
-    project = await request.app[ENGINE].tenancy.create_project(request[PRINCIPAL].org_id, body.get("name"))
+    principal = request[PRINCIPAL]
+    if principal.projects:
+        raise Forbidden("projects are the organization's: a key limited to projects makes none")
+    project = await request.app[ENGINE].tenancy.create_project(principal.org_id, body.get("name"))
     return ok(render_project(project), http_status=201)
 
 
@@ -117,7 +123,9 @@ async def create_project(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def list_keys(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    found = sorted((k for k in directory.keys.values() if k.org_id == principal.org_id), key=lambda k: k.created_at)
+    found = sorted((k for k in directory.keys.values()
+                    if k.org_id == principal.org_id and tenancy.within(principal.projects, k.projects)),
+                   key=lambda k: k.created_at)
     return ok({"keys": [render_key(k) for k in found], "total": len(found)})
 
 
@@ -125,9 +133,10 @@ async def list_keys(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def create_key(request: web.Request) -> web.Response:
     body = await json_body(request)
+    principal = request[PRINCIPAL]
     secret, key = await request.app[ENGINE].tenancy.create_key(
-        request[PRINCIPAL].org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
-        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"))
+        principal.org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
+        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"), limit=principal.projects)
     return ok(render_key(key) | {"secret": secret}, http_status=201)
 
 
@@ -141,5 +150,7 @@ def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
 @routes.delete("/keys/{key_id}")
 @needs(Access.ADMIN)
 async def revoke_key(request: web.Request) -> web.Response:
-    key = await request.app[ENGINE].tenancy.revoke_key(request[PRINCIPAL].org_id, request.match_info["key_id"])
+    principal = request[PRINCIPAL]
+    key = await request.app[ENGINE].tenancy.revoke_key(principal.org_id, request.match_info["key_id"],
+                                                        principal.projects)
     return ok(render_key(key))
