@@ -175,7 +175,8 @@ SANDBOX = obj({
         "memory": STRING, "cpu": STRING, "disk": STRING}),
     "networkEnabled": BOOLEAN, "networkPort": INTEGER, "networkAllow": array(STRING), "url": URL, "org": ORG,
     "projectId": STRING, "timeout": obj({"idle": STRING, "execution": STRING, "paused": STRING}),
-    "command": obj({"exec": array(STRING), "mode": enum_of(Mode)}, ("exec",)),
+    "command": obj({"exec": array(STRING), "mode": enum_of(Mode), "omittedBytes": INTEGER, "sha256": STRING},
+                   ("exec",)),
     "snapshot": obj({"id": STRING, "public": BOOLEAN, "user": OBJECT}, ("id",)),
     "dependencies": array(STRING), "packages": array(STRING), "reason": STRING, "cpuTimeMs": INTEGER,
     "memoryByteSec": INTEGER, "memoryPeakBytes": INTEGER,
@@ -194,6 +195,7 @@ EXECUTION = obj({
     "executionId": STRING, "sandboxId": id_of("sandbox"), "type": STRING, "status": enum_of(ExecutionStatus),
     "command": array(STRING), "exitCode": INTEGER, "durationMs": INTEGER, "startedAt": TIME, "completedAt": TIME,
     "error": STRING, "stdoutStreamUrl": URL, "stderrStreamUrl": URL, "outputTruncated": BOOLEAN,
+    "commandOmittedBytes": INTEGER, "commandSha256": STRING,
 }, ("executionId", "sandboxId", "type", "status", "command", "outputTruncated"))
 EXECUTION_STARTED = obj({"executionId": id_of("execution"), "status": enum_of(ExecutionStatus),
                          "stdoutStreamUrl": URL, "stderrStreamUrl": URL}, ("executionId", "status"))
@@ -202,7 +204,7 @@ JOB_INFO = obj({
     "jobId": STRING, "sandboxId": id_of("sandbox"), "command": array(STRING),
     "status": {"type": "string", "enum": ["pending", "running", "completed", "failed", "cancelled"]},
     "exitCode": INTEGER, "startedAt": TIME, "completedAt": TIME, "error": STRING,
-    "stdoutStreamUrl": URL, "stderrStreamUrl": URL,
+    "stdoutStreamUrl": URL, "stderrStreamUrl": URL, "commandOmittedBytes": INTEGER, "commandSha256": STRING,
 }, ("jobId", "sandboxId", "command", "status", "stdoutStreamUrl", "stderrStreamUrl"))
 JOB_LIST = obj({"jobs": array(JOB_INFO)}, ("jobs",))
 SNAPSHOT = obj({
