@@ -6,7 +6,8 @@ into events, and events into driver calls.
 appended events: decide, round-trip check, append, wait for the projection),
 ``Provisioning`` (create), ``SandboxControl`` (pause, resume, env, destroy and ends),
 ``Executions`` (commands and jobs), ``Checkpoints`` (the routes call it directly), ``Snapshots``, ``Quotas``,
-``Recovery`` (start-up) and ``Background`` with the ``Reaper`` (idle and paused timeouts).
+``Recovery`` (start-up), ``OutputRetention`` (ended sandboxes' output) and ``Background`` with
+the ``Reaper`` (idle and paused timeouts).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder, now_iso
 from hutch.service.recovery import Recovery
 from hutch.service.requests import CreateRequest, ExecuteRequest
+from hutch.service.retention import DEFAULT_RETENTION_SECONDS, OutputRetention
 from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.service.stream_ids import StreamIds
 from hutch.service.tenancy import TenancyWrites, Tenants
@@ -67,6 +69,7 @@ class Engine:
         replicas: Replicas | None = None,  # other API processes on this log (core/replicas.py)
         defaults: SandboxDefaults | None = None,  # what an unsized sandbox gets (service/defaults.py)
         checkpoint_limits: CheckpointLimits | None = None,  # per sandbox (service/checkpoints.py)
+        output_retention: float = DEFAULT_RETENTION_SECONDS,  # after a sandbox ends (service/retention.py)
     ) -> None:
         self.log = event_log
         self.store = store
@@ -103,6 +106,7 @@ class Engine:
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
         self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
+        self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
 
     @property
@@ -122,6 +126,7 @@ class Engine:
         await self.recovery.run()
         await self.snapshots.expire_builds()
         self.background.spawn(self._sweep_builds(), "expire-builds")
+        self.background.spawn(self.retention.run(), "output-retention")
         await asyncio.to_thread(clear_spool, self.snapshots.archives.spool_dir)  # a kill cut short
         self.background.spawn(self.reaper.watch(), "timeouts")
 

@@ -15,7 +15,7 @@ from hutch.core import ids
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
 from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
-from hutch.core.output import OutputStreams
+from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.quantities import format_bytes, parse_duration
 from hutch.drivers.base import ExecRequest, ExecResult
 from hutch.drivers.roles import CommandRunner, SandboxFiles
@@ -82,7 +82,7 @@ class Executions:
             await self._files.write_files(sandbox_id, req.files)
         timeout = default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
         execution_id = ids.new_id("execution")
-        await self.start(sandbox_id, execution_id, req.command, timeout, stream=req.stream)
+        await self.start(sandbox_id, execution_id, req.command, timeout, org_id=sb.spec.org_id, stream=req.stream)
         return await self._reads.execution(execution_id), auto_resumed
 
     async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
@@ -92,7 +92,7 @@ class Executions:
         if sb.status is SandboxStatus.PAUSED:
             await self._control.resume(sandbox_id, auto=True)
         job_id = ids.new_id("job")
-        await self.start(sandbox_id, job_id, command, None, kind="job")
+        await self.start(sandbox_id, job_id, command, None, org_id=sb.spec.org_id, kind="job")
         return await self._reads.execution(job_id)
 
     async def cancel(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
@@ -138,10 +138,12 @@ class Executions:
         return await self._reads.get_execution(job_id, wait=10.0)
 
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
-                    *, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT) -> None:
-        """Record the command started and run it in the background."""
+                    *, org_id: str, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT) -> None:
+        """Record the command started and run it in the background. Its output is the
+        organization's (``org_id``): kept until the retention drops it (service/retention.py)."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
-        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name))
+        owner = StreamOwner(org_id, sandbox_id)
+        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name), owner)
                                                 for name in ("stdout", "stderr")))
         launched: list[asyncio.Task[None]] = []
 
