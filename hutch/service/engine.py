@@ -84,7 +84,8 @@ class Engine:
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)
         blob_store = blobs or FileBlobStore(data_dir)
-        self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store)
+        self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store,
+                             outputs=outputs)
         self.replicas = replicas or SoleReplica()
         self.quotas.serialise = self._one_at_a_time
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
@@ -92,7 +93,8 @@ class Engine:
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts
         self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control,
                                      commands=roles.commands, files=roles.files, outputs=outputs,
-                                     streams=self.streams, inputs=self.inputs, background=self.background)
+                                     streams=self.streams, inputs=self.inputs, background=self.background,
+                                     quotas=self.quotas)
         self.watchers = self.executions.watchers  # cancels a command its waiters all left
         self.checkpoints = Checkpoints(self.reads, self.recorder, roles.checkpointing, self.reaper, self.quotas,
                                        checkpoint_limits)

@@ -146,8 +146,11 @@ class Provisioning:
             await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
         await self._recorder.command(sandbox_id, Start())
         if req.command and execution_id:
+            # Not refused when the organization's storage is full (the sandbox is made already):
+            # its output keeps what fits, and says it was cut.
+            budget = await self._quotas.output_budget(spec.org_id, refuse_full=False)
             await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
-                                         org_id=spec.org_id, stream=req.stream)
+                                         org_id=spec.org_id, stream=req.stream, budget=budget)
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec
