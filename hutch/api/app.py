@@ -61,7 +61,7 @@ from hutch.api.webapp.sessions import SESSIONS, Sessions, session_cookie
 from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
-from hutch.core.quantities import parse_bytes
+from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.tenancy import SCOPE, Access, Scope
 from hutch.service import archives
 from hutch.service.background import Background
@@ -276,7 +276,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                                                  disk=config.default_disk),
                         checkpoint_limits=CheckpointLimits(
                             count=config.max_checkpoints,
-                            bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes)))
+                            bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes)),
+                        output_retention=parse_duration("HUTCH_OUTPUT_RETENTION", config.output_retention))
         stack.push_async_callback(engine.close)
         replication = Replication(replicas, engine, on_live=lambda n: setattr(tenants, "replicas", n))
         engine.projector.observers.append(replication.observe)

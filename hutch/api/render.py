@@ -104,7 +104,9 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
             "org": org_ref(spec.org_id),
             "projectId": spec.project_id,
             "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),
-            "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value}) if spec.command else None,
+            "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value,
+                                   "omittedBytes": spec.command_omitted_bytes,
+                                   "sha256": spec.command_sha256}) if spec.command else None,
             "snapshot": {"id": spec.snapshot_id, "public": False, "user": USER} if spec.snapshot_id else None,
             "dependencies": list(spec.dependencies) or None,  # hutch extra
             "packages": list(spec.packages) or None,  # hutch extra
@@ -132,7 +134,8 @@ def job_info(job: Execution, stdout_url: str, stderr_url: str) -> dict[str, Any]
     status = _JOB_STATUS.get(job.status.value) or ("completed" if job.exit_code == 0 else "failed")
     return to_wire(Job(job_id=job.execution_id, sandbox_id=job.sandbox_id, command=list(job.command), status=status,
                        exit_code=job.exit_code, started_at=job.started_at, completed_at=job.completed_at,
-                       error=job.error, stdout_stream_url=stdout_url, stderr_stream_url=stderr_url))
+                       error=job.error, stdout_stream_url=stdout_url, stderr_stream_url=stderr_url,
+                       command_omitted_bytes=job.command_omitted_bytes, command_sha256=job.command_sha256))
 
 
 def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None) -> dict[str, Any]:
@@ -140,7 +143,8 @@ def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None
         execution_id=ex.execution_id, sandbox_id=ex.sandbox_id, type=ex.type, status=ex.status.value,
         command=list(ex.command), exit_code=ex.exit_code, duration_ms=ex.duration_ms, started_at=ex.started_at,
         completed_at=ex.completed_at, error=ex.error, stdout_stream_url=stdout_url, stderr_stream_url=stderr_url,
-        output_truncated=ex.output_truncated,
+        output_truncated=ex.output_truncated, command_omitted_bytes=ex.command_omitted_bytes,
+        command_sha256=ex.command_sha256,
     ))
 
 

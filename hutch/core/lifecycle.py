@@ -220,9 +220,15 @@ def _decide_create(sandbox: Sandbox | None, command: Create) -> list[Decided]:
     if command.initial_command is not None and command.initial_execution_id is None:
         # The queued command is read back as an execution under that id (evolve_execution).
         raise InvalidInput("a create's queued command needs its execution id", field="command")
-    return [SandboxCreated(spec=command.spec, api_key_id=command.api_key_id,
-                           initial_execution_id=command.initial_execution_id,
-                           initial_command=command.initial_command)]
+    spec, initial = command.spec, command.initial_command
+    if spec.command is not None:  # the log keeps the command's first 4 KiB (core.limits.recorded_argv)
+        kept = limits.recorded_argv(spec.command)
+        spec = attrs.evolve(spec, command=kept.argv, command_omitted_bytes=kept.omitted_bytes,
+                            command_sha256=kept.sha256)
+    if initial is not None:
+        initial = limits.recorded_argv(initial).argv
+    return [SandboxCreated(spec=spec, api_key_id=command.api_key_id,
+                           initial_execution_id=command.initial_execution_id, initial_command=initial)]
 
 
 def _decide_setup(sandbox: Sandbox, command: Start | Fail | ReportBuild) -> list[Decided]:
@@ -323,12 +329,15 @@ def _decide_start_execution(sandbox: Sandbox, command: StartExecution) -> list[D
         raise _illegal(sandbox, "execute")
     if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
         raise _illegal(sandbox, "execute in a oneshot sandbox")
+    kept = limits.recorded_argv(command.command)  # the driver runs the whole; the log keeps its start
     return [
         ExecutionStarted(
             execution_id=command.execution_id,
-            command=command.command,
+            command=kept.argv,
             timeout_seconds=command.timeout_seconds,
             kind=command.kind,
+            command_omitted_bytes=kept.omitted_bytes,
+            command_sha256=kept.sha256,
         )
     ]
 
@@ -464,7 +473,9 @@ def evolve_execution(execution: Execution | None, event: Event) -> Execution | N
     data, at = event.data, event.created_at
     if isinstance(data, SandboxCreated) and data.initial_command is not None:
         return Execution(execution_id=data.initial_execution_id or "", sandbox_id=event.sandbox_id,
-                         command=data.initial_command, status=ExecutionStatus.QUEUED, created_at=at)
+                         command=data.initial_command, status=ExecutionStatus.QUEUED, created_at=at,
+                         command_omitted_bytes=data.spec.command_omitted_bytes,
+                         command_sha256=data.spec.command_sha256)
     if isinstance(data, ExecutionStarted):
         return Execution(
             execution_id=data.execution_id,
@@ -475,6 +486,8 @@ def evolve_execution(execution: Execution | None, event: Event) -> Execution | N
             started_at=at,
             type=data.kind,
             timeout_seconds=data.timeout_seconds,
+            command_omitted_bytes=data.command_omitted_bytes,
+            command_sha256=data.command_sha256,
         )
     if execution is None:
         return None

@@ -177,6 +177,9 @@ class SnapshotLineageEntry:
 class CommandInfo:
     exec: list[str]
     mode: str | None = None
+    # ``exec`` as recorded: its first 4 KiB; how many bytes were left out, the whole's SHA-256.
+    omitted_bytes: int | None = None
+    sha256: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -287,6 +290,10 @@ class ExecutionInfo:
     stdout_stream_url: str | None = None
     stderr_stream_url: str | None = None
     output_truncated: bool | None = None
+    # ``command`` as recorded: the argv's first 4 KiB; how many bytes were left out (absent:
+    # none) and the SHA-256 of the whole argv (each argument and a NUL, as /proc/<pid>/cmdline).
+    command_omitted_bytes: int | None = None
+    command_sha256: str | None = None
 
     @property
     def done(self) -> bool:
@@ -385,6 +392,8 @@ class Job:
     error: str | None = None
     stdout_stream_url: str | None = None
     stderr_stream_url: str | None = None
+    command_omitted_bytes: int | None = None  # ``command`` as recorded: see ExecutionInfo
+    command_sha256: str | None = None
 
     @property
     def done(self) -> bool:

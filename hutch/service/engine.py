@@ -6,7 +6,8 @@ into events, and events into driver calls.
 appended events: decide, round-trip check, append, wait for the projection),
 ``Provisioning`` (create), ``SandboxControl`` (pause, resume, env, destroy and ends),
 ``Executions`` (commands and jobs), ``Checkpoints`` (the routes call it directly), ``Snapshots``, ``Quotas``,
-``Recovery`` (start-up) and ``Background`` with the ``Reaper`` (idle and paused timeouts).
+``Recovery`` (start-up), ``OutputRetention`` (ended sandboxes' output) and ``Background`` with
+the ``Reaper`` (idle and paused timeouts).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder, now_iso
 from hutch.service.recovery import Recovery
 from hutch.service.requests import CreateRequest, ExecuteRequest
+from hutch.service.retention import DEFAULT_RETENTION_SECONDS, OutputRetention
 from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.service.stream_ids import StreamIds
 from hutch.service.tenancy import TenancyWrites, Tenants
@@ -67,6 +69,7 @@ class Engine:
         replicas: Replicas | None = None,  # other API processes on this log (core/replicas.py)
         defaults: SandboxDefaults | None = None,  # what an unsized sandbox gets (service/defaults.py)
         checkpoint_limits: CheckpointLimits | None = None,  # per sandbox (service/checkpoints.py)
+        output_retention: float = DEFAULT_RETENTION_SECONDS,  # after a sandbox ends (service/retention.py)
     ) -> None:
         self.log = event_log
         self.store = store
@@ -81,7 +84,8 @@ class Engine:
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)
         blob_store = blobs or FileBlobStore(data_dir)
-        self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store)
+        self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store,
+                             outputs=outputs)
         self.replicas = replicas or SoleReplica()
         self.quotas.serialise = self._one_at_a_time
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
@@ -89,7 +93,8 @@ class Engine:
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts
         self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control,
                                      commands=roles.commands, files=roles.files, outputs=outputs,
-                                     streams=self.streams, inputs=self.inputs, background=self.background)
+                                     streams=self.streams, inputs=self.inputs, background=self.background,
+                                     quotas=self.quotas)
         self.watchers = self.executions.watchers  # cancels a command its waiters all left
         self.checkpoints = Checkpoints(self.reads, self.recorder, roles.checkpointing, self.reaper, self.quotas,
                                        checkpoint_limits)
@@ -103,6 +108,7 @@ class Engine:
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
         self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
+        self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
 
     @property
@@ -122,6 +128,7 @@ class Engine:
         await self.recovery.run()
         await self.snapshots.expire_builds()
         self.background.spawn(self._sweep_builds(), "expire-builds")
+        self.background.spawn(self.retention.run(), "output-retention")
         await asyncio.to_thread(clear_spool, self.snapshots.archives.spool_dir)  # a kill cut short
         self.background.spawn(self.reaper.watch(), "timeouts")
 

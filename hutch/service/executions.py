@@ -15,14 +15,15 @@ from hutch.core import ids
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
 from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
-from hutch.core.output import OutputStreams
+from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.quantities import format_bytes, parse_duration
 from hutch.drivers.base import ExecRequest, ExecResult
 from hutch.drivers.roles import CommandRunner, SandboxFiles
 from hutch.service.background import Background
 from hutch.service.control import SandboxControl
 from hutch.service.input_streams import InputStreams
-from hutch.service.output import RAW_OUTPUT, ExecutionSink, StreamOptions
+from hutch.service.output import RAW_OUTPUT, ExecutionSink, OutputBudget, StreamOptions
+from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.requests import ExecuteRequest
@@ -45,8 +46,9 @@ def default_timeout(spec: SandboxSpec) -> float | None:
 class Executions:
     def __init__(self, *, reads: Reads, recorder: Recorder, control: SandboxControl, commands: CommandRunner,
                  files: SandboxFiles, outputs: OutputStreams, streams: StreamIds, inputs: InputStreams,
-                 background: Background) -> None:
+                 background: Background, quotas: Quotas) -> None:
         self._reads = reads
+        self._quotas = quotas  # the output an organization keeps counts against its storage quota
         self._recorder = recorder
         self._control = control
         self._commands = commands
@@ -67,6 +69,8 @@ class Executions:
     async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
         """Start a command; returns the execution and whether a paused sandbox was resumed for it."""
         sb = await self._reads.wait_not_creating(sandbox_id)
+        # Before anything happens for it: an organization whose storage is full runs nothing.
+        budget = await self._quotas.output_budget(sb.spec.org_id, refuse_full=True)
         auto_resumed = False
         if sb.status is SandboxStatus.PAUSED:
             await self._control.resume(sandbox_id, auto=True)
@@ -82,17 +86,19 @@ class Executions:
             await self._files.write_files(sandbox_id, req.files)
         timeout = default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
         execution_id = ids.new_id("execution")
-        await self.start(sandbox_id, execution_id, req.command, timeout, stream=req.stream)
+        await self.start(sandbox_id, execution_id, req.command, timeout, org_id=sb.spec.org_id, stream=req.stream,
+                         budget=budget)
         return await self._reads.execution(execution_id), auto_resumed
 
     async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
         """A job is an execution of kind "job": it runs beside executions and other jobs,
         outlives the request, and has no default time limit."""
         sb = await self._reads.wait_not_creating(sandbox_id)
+        budget = await self._quotas.output_budget(sb.spec.org_id, refuse_full=True)
         if sb.status is SandboxStatus.PAUSED:
             await self._control.resume(sandbox_id, auto=True)
         job_id = ids.new_id("job")
-        await self.start(sandbox_id, job_id, command, None, kind="job")
+        await self.start(sandbox_id, job_id, command, None, org_id=sb.spec.org_id, kind="job", budget=budget)
         return await self._reads.execution(job_id)
 
     async def cancel(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
@@ -138,10 +144,14 @@ class Executions:
         return await self._reads.get_execution(job_id, wait=10.0)
 
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
-                    *, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT) -> None:
-        """Record the command started and run it in the background."""
+                    *, org_id: str, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT,
+                    budget: OutputBudget | None = None) -> None:
+        """Record the command started and run it in the background. Its output is the
+        organization's (``org_id``), kept within ``budget`` (Quotas.output_budget) until the
+        retention drops it (service/retention.py)."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
-        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name))
+        owner = StreamOwner(org_id, sandbox_id)
+        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name), owner)
                                                 for name in ("stdout", "stderr")))
         launched: list[asyncio.Task[None]] = []
 
@@ -152,7 +162,8 @@ class Executions:
             # recorded once the store shows its start (``_run``): the request's error says
             # the write is in the log.
             task = self._background.spawn(
-                self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream), position),
+                self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream, budget),
+                          position),
                 f"exec-{execution_id}")
             self._tasks[execution_id] = task
             task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))

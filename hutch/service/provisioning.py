@@ -14,7 +14,7 @@ from hutch.core import ids
 from hutch.core.errors import DriverFailure, HutchError, NotSupported
 from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
 from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
-from hutch.core.output import OutputStreams
+from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.replicas import Replicas
 from hutch.drivers.base import ProvisionRequest
 from hutch.drivers.roles import Adoption, RuntimeCatalog, SandboxFiles, SandboxLifecycle
@@ -94,8 +94,9 @@ class Provisioning:
             await self._recorder.command(sandbox_id, create)
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
-                await self._outputs.open(self._streams.derive(execution_id, "stdout"))
-                await self._outputs.open(self._streams.derive(execution_id, "stderr"))
+                owner = StreamOwner(spec.org_id, sandbox_id)
+                await self._outputs.open(self._streams.derive(execution_id, "stdout"), owner)
+                await self._outputs.open(self._streams.derive(execution_id, "stderr"), owner)
             self._reads.building.add(sandbox_id)
             self._background.spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
         else:
@@ -145,8 +146,11 @@ class Provisioning:
             await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
         await self._recorder.command(sandbox_id, Start())
         if req.command and execution_id:
+            # Not refused when the organization's storage is full (the sandbox is made already):
+            # its output keeps what fits, and says it was cut.
+            budget = await self._quotas.output_budget(spec.org_id, refuse_full=False)
             await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
-                                         stream=req.stream)
+                                         org_id=spec.org_id, stream=req.stream, budget=budget)
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec

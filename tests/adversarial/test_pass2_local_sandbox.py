@@ -492,16 +492,16 @@ for i in $(seq 50); do python3 -c 'import socket; socket.create_connection(("127
             assert 400 <= status < 500, (tail, status, page[:200])
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed (issue 32, pass 2): command output is kept for ever and counted "
-                                       "by no quota; bounding it needs a retention and accounting design")
 def test_the_output_an_organization_keeps_is_bounded_by_its_storage_quota(world: World) -> None:
-    """Medium, open. Each command's stdout and stderr are kept (16 MiB each at most) for ever,
-    on the server's disk (embedded) or in PostgreSQL, and counted by no quota: an organization
-    whose storage quota is 8 MiB ran three commands of 16 MiB of output and the server kept
-    48 MiB of it, and would keep as much as it is asked to (a member with a loop fills the
-    disk every tenant's event log and projections live on). What should hold: the output an
-    organization keeps counts against its storage quota (or a retention of its own bounds it),
-    so that here at most one more command's cap is kept past the quota."""
+    """Medium, found open by pass 2. Each command's stdout and stderr were kept (16 MiB each at
+    most) for ever, on the server's disk (embedded) or in PostgreSQL, and counted by no quota:
+    an organization whose storage quota is 8 MiB ran three commands of 16 MiB of output and the
+    server kept 48 MiB of it, and would have kept as much as it was asked to (a member with a
+    loop fills the disk every tenant's event log and projections live on). What holds now: the
+    output an organization keeps counts against its storage quota from its first byte, a
+    command is cut where the room ends and refused (403 QUOTA_EXCEEDED) when none is left, and
+    ended sandboxes' output is dropped after HUTCH_OUTPUT_RETENTION: here the first command
+    keeps 8 MiB and the next two are refused (at most one more command's cap is allowed)."""
     org = f"o{int(time.time() * 1000) % 10**8}"
     world.data("boot", "POST", "/orgs", {"name": org})
     key = world.data("boot", "POST", f"/keys?orgId=org_{org}", {"role": "member"})["secret"]
@@ -517,16 +517,15 @@ def test_the_output_an_organization_keeps_is_bounded_by_its_storage_quota(world:
     assert kept <= 8 * 2**20 + 16 * 2**20, f"{kept >> 20} MiB of output kept under an 8 MiB storage quota"
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed (issue 32, pass 2): every command's argv (512 KiB at most) is "
-                                       "kept in the event log for ever, counted by no quota")
 def test_the_event_log_an_organization_writes_is_bounded_by_its_storage_quota(world: World) -> None:
-    """Medium, open. The event log is the source of truth, kept for ever (Kafka: unlimited
-    retention) and shared by every tenant; each command's argv is in its event (up to 512 KiB
-    since the first pass's limits). Forty commands of three 131,000-byte arguments each, from
-    an organization whose storage quota is 8 MiB, grew the log by 18 MiB; a member with
-    a loop grows it at its rate limit times 512 KiB, for ever. What should hold: what an
-    organization's commands put in the log counts against its storage quota (or stays out of
-    the log: the argument bytes kept elsewhere, and bounded)."""
+    """Medium, found open by pass 2. The event log is the source of truth, kept for ever (Kafka:
+    unlimited retention) and shared by every tenant; each command's argv was in its event whole
+    (up to 512 KiB since the first pass's limits): forty commands of three 131,000-byte
+    arguments each, from an organization whose storage quota is 8 MiB, grew the log by 18 MiB,
+    and a member with a loop grew it at its rate limit times 512 KiB, for ever. What holds now:
+    an event keeps the first 4 KiB of an argv, how many bytes it left out and the SHA-256 of
+    the whole (core/limits.py ``recorded_argv``; the driver still runs the whole), so what a
+    command puts in the log is bounded (the same forty grow it by under 2 MiB)."""
     org = f"l{int(time.time() * 1000) % 10**8}"
     world.data("boot", "POST", "/orgs", {"name": org})
     key = world.data("boot", "POST", f"/keys?orgId=org_{org}", {"role": "member"})["secret"]

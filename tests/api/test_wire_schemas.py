@@ -132,13 +132,14 @@ def test_the_renderers_fit_their_schemas_field_for_field() -> None:
                        network=Network(enabled=True, port=3000, allow=("pypi.org",)),
                        timeout=Timeouts(idle="1m", execution="2m", paused="3m"), command=("true",),
                        metadata={"k": "v"}, project_id="proj_x", snapshot_id=SNP, dependencies=("curl",),
-                       packages=("zod",))
+                       packages=("zod",), command_omitted_bytes=10, command_sha256="00")
     sb = Sandbox(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
                  executions=1, exit_code=0, reason="done", cpu_seconds=1.5, memory_peak_bytes=2**20)
     _fills(SCHEMAS["Sandbox"], [render.sandbox_info(sb, ("http://h/o", "http://h/e"), "http://h/p",
                                                   Usage(cpu_seconds=2.0, memory_peak_bytes=2**21))])
     ex = Execution(execution_id=EXC, sandbox_id=SBX, command=("echo",), status=ExecutionStatus.FAILED, created_at=AT,
-                   started_at=AT, completed_at=LATER, exit_code=1, duration_ms=5, error="e", output_truncated=True)
+                   started_at=AT, completed_at=LATER, exit_code=1, duration_ms=5, error="e", output_truncated=True,
+                   command_omitted_bytes=10, command_sha256="00")
     _fills(SCHEMAS["Execution"], [render.execution_info(ex, "http://h/o", "http://h/e")])
     _fills(SCHEMAS["Job"], [render.job_info(ex, "http://h/o", "http://h/e")])
     snap = Snapshot(snapshot_id=SNP, name="n", runtime="base:latest", runtime_id="srt_base",

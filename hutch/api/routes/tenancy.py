@@ -32,12 +32,12 @@ def render_org(org: Organization, usage: dict[str, int] | None = None) -> dict[s
                            "quota": {"sandboxes": org.quota.sandboxes, "memoryBytes": org.quota.memory_bytes,
                                      "cpuMillis": org.quota.cpu_millis, "snapshotBytes": org.quota.snapshot_bytes}}
     if usage is not None:
-        # snapshotBytes of the quota bounds storageBytes: snapshots, checkpoints and the
-        # uploads of builds not finalized yet (service/quotas.py).
+        # snapshotBytes of the quota bounds storageBytes: snapshots, checkpoints, the uploads
+        # of builds not finalized yet and commands' output (service/quotas.py).
         out["usage"] = {"sandboxes": usage["sandboxes"], "memoryBytes": usage["memory_bytes"],
                         "cpuMillis": usage["cpu_millis"], "snapshotBytes": usage["snapshot_bytes"],
                         "checkpointBytes": usage["checkpoint_bytes"], "uploadBytes": usage["upload_bytes"],
-                        "storageBytes": usage["storage_bytes"]}
+                        "outputBytes": usage["output_bytes"], "storageBytes": usage["storage_bytes"]}
     return out
 
 
