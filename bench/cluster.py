@@ -33,6 +33,7 @@ from typing import Any
 # Run as a script, sys.path[0] is bench/, where nomad.py would shadow python-nomad.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from hutch.blobs.files import FileBlobStore  # noqa: E402
 from hutch.drivers.base import ExecRequest, ProvisionRequest  # noqa: E402
 from hutch.drivers.nomad.driver import NomadDriver  # noqa: E402
 
@@ -65,8 +66,9 @@ def nodes(addr: str) -> dict[str, str]:
 
 
 async def driver_for(addr: str, registry: str, **kw: object) -> NomadDriver:
-    d = NomadDriver(address=addr, data_dir=Path(tempfile.mkdtemp(prefix="hutch-bench-cluster-")), registry=registry,
-                    token=token_for(addr), **kw)  # type: ignore[arg-type]
+    data = Path(tempfile.mkdtemp(prefix="hutch-bench-cluster-"))
+    d = NomadDriver(address=addr, data_dir=data, registry=registry, token=token_for(addr),
+                    blobs=FileBlobStore(data), **kw)  # type: ignore[arg-type]
     await d.start()
     return d
 
@@ -150,8 +152,9 @@ async def node_loss(kills: int) -> list[float]:
     async def listener(sid: str, reason: str, failed: bool) -> None:
         ended[sid] = time.perf_counter()
 
-    d = NomadDriver(address=CLUSTER[0], data_dir=Path(tempfile.mkdtemp(prefix="hutch-bench-loss-")),
-                    registry=CLUSTER[1], token=token_for(CLUSTER[0]))
+    data = Path(tempfile.mkdtemp(prefix="hutch-bench-loss-"))
+    d = NomadDriver(address=CLUSTER[0], data_dir=data, registry=CLUSTER[1], token=token_for(CLUSTER[0]),
+                    blobs=FileBlobStore(data))
     d.set_listener(listener)
     await d.start()
     out = []

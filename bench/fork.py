@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Not this directory: its nomad.py would shadow the python-nomad package.
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from hutch.local_engine import local_client  # noqa: E402
+from hutch.client import local_client  # noqa: E402
 
 WORKSPACES = {
     "empty": {},

@@ -30,6 +30,7 @@ from pathlib import Path
 # Run as a script, sys.path[0] is bench/, where this file would shadow python-nomad.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from hutch.blobs.files import FileBlobStore  # noqa: E402
 from hutch.drivers.base import ExecRequest, ProvisionRequest  # noqa: E402
 from hutch.drivers.local import rootfs  # noqa: E402
 from hutch.drivers.nomad.driver import NomadDriver  # noqa: E402
@@ -52,7 +53,7 @@ def row(name: str, samples: list[float]) -> str:
 async def main(n: int) -> None:
     data = Path(tempfile.mkdtemp(prefix="hutch-bench-nomad-"))
     driver = NomadDriver(address=ADDR, data_dir=data, registry=REGISTRY, token=os.environ.get("HUTCH_NOMAD_TOKEN"),
-                         pool_sizes={"base:latest": 3})
+                         pool_sizes={"base:latest": 3}, blobs=FileBlobStore(data))
     await driver.start()
     rows = []
     try:

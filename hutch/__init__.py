@@ -14,6 +14,7 @@ Errors are :class:`hutch.errors.SandboxError` subclasses carrying the server's
 from __future__ import annotations
 
 from hutch import errors
+from hutch._version import __version__
 from hutch.client import (
     Duration,
     ExecutionHandle,
@@ -63,8 +64,6 @@ from hutch.models import (
 )
 from hutch.sync import SyncJobHandle, SyncSandbox, SyncSandboxClient
 from hutch.workspace import SyncWorkspace, Workspace, WorkspaceSnapshot
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Checkpoint",

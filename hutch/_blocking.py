@@ -1,11 +1,13 @@
 """How the blocking facade (``hutch/sync.py``) is derived from the async client instead of
-written twice: a :class:`_Portal` (an event loop on its own thread) and :func:`blocking` /
+written twice: a :class:`_Portal` (an event loop on its own thread), :func:`blocking` /
 :func:`blocking_iter`, which turn an async method into a blocking one with the same name,
-parameters and docstring.
+parameters and docstring, and :func:`derive`, which gives a twin every such method of its
+async class.
 
 A twin derives from :class:`Facade`, holds ``_portal`` and ``aio`` (the async object it
-fronts) and lists its methods as ``get = blocking(SandboxClient.get)``; results that are themselves async objects
-are wrapped (``blocking(SandboxClient.create, SyncSandbox)``).
+fronts) and writes only what is its own (construction, closing, ``with``, properties);
+``derive`` adds the rest, wrapping results that are themselves async objects (a ``Sandbox``
+comes back as a ``SyncSandbox``).
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import re
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-__all__ = ["Blocking", "Facade", "blocking", "blocking_iter", "iterate"]
+__all__ = ["Blocking", "Facade", "async_methods", "blocking", "blocking_iter", "derive", "iterate"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-W = TypeVar("W")
 T = TypeVar("T")
 
 
@@ -90,17 +92,15 @@ class Blocking:
 
 class Facade:
     """Base of the blocking twins: what their derived methods call through (``_portal``,
-    ``aio``), and those methods named after the twin that holds them."""
+    ``aio``)."""
 
     _portal: _Portal
     aio: Any  # the async object this one fronts
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for name, value in vars(cls).items():
-            if getattr(value, "__blocking__", False):
-                value.__module__ = cls.__module__
-                value.__qualname__ = f"{cls.__qualname__}.{name}"
+    if TYPE_CHECKING:
+        # The derived methods are set on the class when hutch/sync.py is imported, where a type
+        # checker cannot see them: it takes any other name as Any.
+        def __getattr__(self, name: str) -> Any: ...
 
 
 def iterate(portal: _Portal, agen: AsyncIterator[T]) -> Iterator[T]:
@@ -122,31 +122,21 @@ async def _next(agen: AsyncIterator[T]) -> T:
     return await anext(agen)
 
 
-@overload
 def blocking(
     method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[Facade, P], R]: ...
-
-
-@overload
-def blocking(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-    wrap: Callable[[_Portal, R], W],
-) -> Callable[Concatenate[Facade, P], W]: ...
-
-
-def blocking(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-    wrap: Callable[[_Portal, R], W] | None = None,
-) -> Callable[Concatenate[Facade, P], R | W]:
+    wrap: Callable[[_Portal, R], Any] | None = None,
+    returns: Any = None,
+) -> Callable[Concatenate[Facade, P], Any]:
     """``method`` of the async class, run on the facade's loop and waited for; its result
-    passed through ``wrap(portal, result)`` when given (an async handle's blocking twin)."""
+    passed through ``wrap(portal, result)`` when given (an async handle's blocking twin, which
+    ``returns`` names)."""
 
-    def call(self: Facade, /, *args: P.args, **kwargs: P.kwargs) -> R | W:
+    def call(self: Facade, /, *args: P.args, **kwargs: P.kwargs) -> Any:
         result = self._portal.call(method(self.aio, *args, **kwargs))
         return result if wrap is None else wrap(self._portal, result)
 
-    returns = inspect.signature(method).return_annotation if wrap is None else _returns(wrap)
+    if wrap is None:
+        returns = inspect.signature(method).return_annotation
     return _like(call, method, returns)
 
 
@@ -165,9 +155,54 @@ def blocking_iter(
     return _like(call, method, returns)
 
 
-def _returns(wrap: Callable[..., Any]) -> Any:
-    """What ``wrap`` makes, as an annotation: the class itself, or a function's return annotation."""
-    return wrap.__name__ if isinstance(wrap, type) else inspect.signature(wrap).return_annotation
+def async_methods(cls: type) -> dict[str, Callable[..., Any]]:
+    """The public methods of ``cls`` a blocking twin has: coroutines, async generators, and
+    plain methods returning an async iterator (``Sandbox.read_file``)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for name, member in inspect.getmembers(cls, inspect.isfunction):
+        if not name.startswith("_") and (inspect.iscoroutinefunction(member) or _iterates(member)):
+            found[name] = member
+    return found
+
+
+def derive(twins: Mapping[type, type[Facade]], *, also: Mapping[str, type] | None = None) -> None:
+    """Give each blocking twin (``twins``: async class -> its twin) a blocking method for every
+    method of ``async_methods(async class)`` it does not write itself. A result annotated as one
+    of the async classes (or a list of them) comes back as its twin; ``also`` names more such
+    wrappers by annotation (``{"Terminal": Blocking}``)."""
+    wrappers: dict[str, type] = {aio.__name__: twin for aio, twin in twins.items()}
+    wrappers.update(also or {})
+    for aio, twin in twins.items():
+        for name, method in async_methods(aio).items():
+            if name in vars(twin):  # written by the twin itself (closing, say)
+                continue
+            if _iterates(method):
+                made = blocking_iter(method)
+            else:
+                made = blocking(method, *_wrapper(inspect.signature(method).return_annotation, wrappers))
+            made.__module__ = twin.__module__
+            made.__qualname__ = f"{twin.__qualname__}.{name}"
+            setattr(twin, name, made)
+
+
+def _iterates(method: Callable[..., Any]) -> bool:
+    returns = inspect.signature(method).return_annotation
+    return inspect.isasyncgenfunction(method) or (isinstance(returns, str) and returns.startswith("AsyncIterator["))
+
+
+def _wrapper(returns: Any, wrappers: Mapping[str, type]) -> tuple[Callable[[_Portal, Any], Any] | None, Any]:
+    """(what turns a result annotated ``returns`` into its blocking twin, the twin's annotation),
+    or (None, None) for a result passed as it is. Annotations are text (postponed evaluation)."""
+    if not isinstance(returns, str):
+        return None, None
+    if returns in wrappers:
+        twin = wrappers[returns]
+        return twin, twin.__name__
+    listed = re.fullmatch(r"list\[(\w+)\]", returns)
+    if listed and listed[1] in wrappers:
+        each = wrappers[listed[1]]
+        return (lambda portal, items: [each(portal, item) for item in items]), f"list[{each.__name__}]"
+    return None, None
 
 
 def _like(call: Callable[..., Any], method: Callable[..., Any], returns: Any) -> Any:
@@ -177,5 +212,4 @@ def _like(call: Callable[..., Any], method: Callable[..., Any], returns: Any) ->
         return_annotation=returns
     )
     call.__annotations__ = {**method.__annotations__, "return": returns}
-    call.__blocking__ = True  # type: ignore[attr-defined]  # a marker for Facade.__init_subclass__
     return call

@@ -1,6 +1,7 @@
-"""Copies between the local disk and a sandbox for :class:`hutch.client.SandboxClient`
-(``copy_to``/``copy_from``, as ``hutch cp`` does): whole files and trees streamed as tar,
-with the missing parent directories created on the receiving side unless ``strict``."""
+"""Copies between the local disk and a sandbox (``copy_to``/``copy_from``, as ``hutch cp``
+does), over the file service: whole files and trees streamed as tar, with the missing parent
+directories created on the receiving side unless ``strict``. (The public docs are on
+:class:`hutch.client.SandboxClient`, which delegates here.)"""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import tempfile
 from pathlib import Path
 
 from hutch import _transfer
-from hutch._files import FilesAPI, _drain_to
+from hutch._files import SandboxFiles, drain_to
 from hutch.errors import FileNotFound, InvalidInput, ServerError
 from hutch.models import CopyResult
 
 
-class CopiesAPI(FilesAPI):
-    """Local <-> sandbox copies (a base of ``SandboxClient``), built on the file calls."""
+class Copies:
+    """Local <-> sandbox copies, built on the file calls."""
+
+    def __init__(self, files: SandboxFiles) -> None:
+        self.files = files
 
     async def _remote_kind(self, sandbox_id: str, path: str) -> str | None:
         """"dir", "file" (symlinks count as files) or None when nothing is there."""
@@ -29,7 +33,7 @@ class CopiesAPI(FilesAPI):
             return "dir"
         parent, name = posixpath.split(p)
         try:
-            entries = await self.list_files(sandbox_id, parent or ".")
+            entries = await self.files.list_files(sandbox_id, parent or ".")
         except (FileNotFound, InvalidInput):
             return None
         for entry in entries:
@@ -43,7 +47,7 @@ class CopiesAPI(FilesAPI):
         d = directory.rstrip("/")
         while d not in ("", ".", "/"):
             try:
-                await self.list_files(sandbox_id, d)
+                await self.files.list_files(sandbox_id, d)
                 break
             except FileNotFound:
                 missing.append(d)
@@ -59,10 +63,6 @@ class CopiesAPI(FilesAPI):
         recursive: bool = False,
         strict: bool = False,
     ) -> CopyResult:
-        """Copy a local file (or, with ``recursive``, a directory) to ``dest`` in the sandbox,
-        streaming it as a tar built on the fly. A ``dest`` that is an existing directory or ends
-        in ``/`` receives the source under its own name. Missing parent directories are created
-        (listed in ``directories_created``) unless ``strict``."""
         src = _local_path(local)
         try:
             st = await asyncio.to_thread(os.stat, src)
@@ -92,7 +92,7 @@ class CopiesAPI(FilesAPI):
                 sandbox_id=sandbox_id,
             )
         stats = _transfer.TarStats()
-        result = await self.upload_archive(
+        result = await self.files.upload_archive(
             sandbox_id,
             _transfer.tar_stream(src, posixpath.basename(target), stats),
             path=parent,
@@ -115,9 +115,6 @@ class CopiesAPI(FilesAPI):
         recursive: bool = False,
         strict: bool = False,
     ) -> CopyResult:
-        """Copy a file (or, with ``recursive``, a directory) from the sandbox to ``local``,
-        streamed to disk. A ``local`` that is an existing directory or ends in ``/`` receives
-        it under its own name. Missing local parent directories are created unless ``strict``."""
         kind = await self._remote_kind(sandbox_id, source)
         if kind is None:
             raise FileNotFound(
@@ -173,7 +170,7 @@ class CopiesAPI(FilesAPI):
         )
         try:
             with tmp:
-                size = await _drain_to(self.read_file(sandbox_id, source), tmp)
+                size = await drain_to(self.files.read_file(sandbox_id, source), tmp)
             os.replace(tmp.name, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -184,7 +181,7 @@ class CopiesAPI(FilesAPI):
     async def _receive_tree(self, sandbox_id: str, source: str, target: Path) -> tuple[int, int]:
         """The remote directory unpacked into ``target``: (files, bytes)."""
         with tempfile.TemporaryFile(prefix="hutch-download-") as spool:
-            await _drain_to(self.iter_archive(sandbox_id, path=source, format="tar"), spool)
+            await drain_to(self.files.iter_archive(sandbox_id, path=source, format="tar"), spool)
             await asyncio.to_thread(spool.seek, 0)
             try:
                 return await asyncio.to_thread(_transfer.extract_tree, spool, target)

@@ -1,5 +1,6 @@
-"""Files and env of :class:`hutch.client.SandboxClient`: small files as JSON, streamed reads,
-listings, directories, env variables, and whole archives streamed either way."""
+"""Files and env of sandboxes over a :class:`~hutch._connection.Connection`: small files as
+JSON, streamed reads, listings, directories, env variables, and whole archives streamed either
+way. (The public docs are on :class:`hutch.client.SandboxClient`, which delegates here.)"""
 
 from __future__ import annotations
 
@@ -12,23 +13,24 @@ from pathlib import Path
 from typing import IO, cast
 
 from hutch import _transfer
+from hutch._connection import Connection, items
 from hutch._shapes import Files, _wire_files
-from hutch._transport import Transport, _items
 from hutch.errors import InvalidInput
 from hutch.models import SandboxFileInfo, UploadResult, from_wire
 
-_READ_CHUNK = 256 * 1024
+READ_CHUNK = 256 * 1024
 #: Archive formats of ``/fs/download`` and ``/fs/upload``.
 ARCHIVE_FORMATS = ("tar.gz", "zip", "tar")
 
 
-class FilesAPI(Transport):
-    """Files, env and archives (a base of ``SandboxClient``)."""
+class SandboxFiles:
+    """Files, env and archives."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
     async def write_files(self, sandbox_id: str, files: Files) -> int:
-        """Write small files (sent base64 in one JSON body; parent directories are created).
-        For large files use :meth:`copy_to` or :meth:`upload_archive`, which stream."""
-        resp = await self._request(
+        resp = await self.connection.request(
             "POST",
             f"/fs/{sandbox_id}",
             json={"files": _wire_files(files) or []},
@@ -40,28 +42,25 @@ class FilesAPI(Transport):
         return int(data.get("filesWritten", resp.get("filesWritten", 0)))
 
     async def read_file(
-        self, sandbox_id: str, path: str, *, chunk_size: int = _READ_CHUNK
+        self, sandbox_id: str, path: str, *, chunk_size: int = READ_CHUNK
     ) -> AsyncIterator[bytes]:
-        """A file's bytes as they arrive: ``async for chunk in client.read_file(sid, path)``.
-        Errors (missing file: ``FileNotFound``) are raised on the first iteration."""
-        async with self._raw(
+        async with self.connection.raw(
             "GET", f"/fs/{sandbox_id}", params={"path": path}, sandbox_id=sandbox_id
         ) as resp:
             async for chunk in resp.content.iter_chunked(chunk_size):
                 yield chunk
 
     async def read_bytes(self, sandbox_id: str, path: str) -> bytes:
-        """A whole (small) file in memory."""
         return b"".join([chunk async for chunk in self.read_file(sandbox_id, path)])
 
     async def list_files(self, sandbox_id: str, path: str | None = None) -> list[SandboxFileInfo]:
-        resp = await self._request(
+        resp = await self.connection.request(
             "GET", f"/fs/list/{sandbox_id}", params={"path": path}, sandbox_id=sandbox_id
         )
-        return [from_wire(SandboxFileInfo, item) for item in _items(self._data(resp), "files")]
+        return [from_wire(SandboxFileInfo, item) for item in items(self.connection.data(resp), "files")]
 
     async def mkdir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
-        await self._request(
+        await self.connection.request(
             "POST",
             f"/fs/mkdir/{sandbox_id}",
             json={"path": path, "recursive": recursive},
@@ -69,15 +68,13 @@ class FilesAPI(Transport):
         )
 
     async def rm_file(self, sandbox_id: str, path: str) -> bool:
-        """Remove a file; returns whether it existed."""
-        resp = await self._request(
+        resp = await self.connection.request(
             "POST", f"/fs/rm/{sandbox_id}", json={"path": path}, sandbox_id=sandbox_id
         )
         return bool(resp.get("found", True))
 
     async def rm_dir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> bool:
-        """Remove a directory (``recursive`` for a non-empty one); returns whether it existed."""
-        resp = await self._request(
+        resp = await self.connection.request(
             "POST",
             f"/fs/rmdir/{sandbox_id}",
             json={"path": path, "recursive": recursive},
@@ -86,31 +83,27 @@ class FilesAPI(Transport):
         return bool(resp.get("found", True))
 
     async def set_env(self, sandbox_id: str, env: Mapping[str, str | None]) -> dict[str, str]:
-        """Set variables (``None`` deletes one); returns the sandbox's whole env afterwards.
-        Later executions and jobs see the result."""
-        resp = await self._request(
+        resp = await self.connection.request(
             "PATCH", f"/sandbox/env/{sandbox_id}", json={"env": dict(env)}, sandbox_id=sandbox_id
         )
-        data = self._data(resp)
+        data = self.connection.data(resp)
         return dict(data.get("env", {})) if isinstance(data, dict) else {}
 
     async def iter_archive(
         self, sandbox_id: str, *, path: str | None = None, format: str = "tar.gz"
     ) -> AsyncIterator[bytes]:
-        """An archive (``tar.gz``, ``zip`` or ``tar``) of ``path`` (default: the workspace),
-        as the server streams it."""
         if format not in ARCHIVE_FORMATS:
             raise InvalidInput(
                 f"format: expected one of {', '.join(ARCHIVE_FORMATS)}, got {format!r}",
                 field="format",
             )
-        async with self._raw(
+        async with self.connection.raw(
             "GET",
             f"/fs/download/{sandbox_id}",
             params={"path": path, "format": format},
             sandbox_id=sandbox_id,
         ) as resp:
-            async for chunk in resp.content.iter_chunked(_READ_CHUNK):
+            async for chunk in resp.content.iter_chunked(READ_CHUNK):
                 yield chunk
 
     async def download_archive(
@@ -121,9 +114,7 @@ class FilesAPI(Transport):
         path: str | None = None,
         format: str = "tar.gz",
     ) -> int:
-        """Stream an archive of ``path`` into ``dest`` (a local path or a binary file);
-        returns the number of bytes written. A partial local file is removed on failure."""
-        return await _save_to(self.iter_archive(sandbox_id, path=path, format=format), dest)
+        return await save_to(self.iter_archive(sandbox_id, path=path, format=format), dest)
 
     async def upload_archive(
         self,
@@ -133,15 +124,12 @@ class FilesAPI(Transport):
         path: str | None = None,
         format: str | None = None,
     ) -> UploadResult:
-        """Send an archive and extract it at ``path`` (default: the workspace). ``source`` is
-        a local path, a binary file, bytes or an (async) iterable of chunks; it is streamed,
-        never read whole. ``format`` (tar.gz, zip, tar) is detected by the server if omitted."""
         if format is not None and format not in (*ARCHIVE_FORMATS, "tgz"):
             raise InvalidInput(
                 f"format: expected one of {', '.join(ARCHIVE_FORMATS)}, got {format!r}",
                 field="format",
             )
-        async with self._raw(
+        async with self.connection.raw(
             "POST",
             f"/fs/upload/{sandbox_id}",
             params={"path": path, "format": format},
@@ -164,22 +152,22 @@ class FilesAPI(Transport):
         )
 
 
-async def _save_to(chunks: AsyncIterator[bytes], dest: str | os.PathLike[str] | IO[bytes]) -> int:
+async def save_to(chunks: AsyncIterator[bytes], dest: str | os.PathLike[str] | IO[bytes]) -> int:
     """``chunks`` into a binary file or a local path; a partial local file is removed on failure."""
     if hasattr(dest, "write"):
-        return await _drain_to(chunks, cast(IO[bytes], dest))
+        return await drain_to(chunks, cast(IO[bytes], dest))
     target = Path(cast("str | os.PathLike[str]", dest))
     fh = await asyncio.to_thread(open, target, "wb")
     try:
         with fh:
-            return await _drain_to(chunks, fh)
+            return await drain_to(chunks, fh)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(target)
         raise
 
 
-async def _drain_to(chunks: AsyncIterator[bytes], fh: IO[bytes]) -> int:
+async def drain_to(chunks: AsyncIterator[bytes], fh: IO[bytes]) -> int:
     size = 0
     async for chunk in chunks:
         await asyncio.to_thread(fh.write, chunk)

@@ -1,7 +1,7 @@
 """Reading an execution's output streams: capture, forward to sinks, or interleave.
 
-Split from ``hutch/client.py``; the stream URLs are read through the client's
-``_iter_stream`` (which decides where the API key may be sent)."""
+The stream URLs are read through :meth:`hutch._connection.Connection.stream` (which decides
+where the API key may be sent)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ import inspect
 import io
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, Any, Literal
 
+from hutch._connection import Connection
 from hutch.models import OutputChunk
-
-if TYPE_CHECKING:
-    from hutch.client import SandboxClient
 
 #: Where streamed output goes: a callable taking ``bytes`` (sync or async), a binary
 #: file (``sys.stdout.buffer``) or a text file (``sys.stdout``; decoded as UTF-8).
@@ -59,12 +57,12 @@ class _Sink:
             target.flush()
 
 
-class _OutputCollector:
+class OutputCollector:
     """Reads stdout/stderr stream URLs concurrently, capturing and/or forwarding chunks."""
 
     def __init__(
         self,
-        client: SandboxClient,
+        connection: Connection,
         stdout_url: str | None,
         stderr_url: str | None,
         *,
@@ -72,7 +70,7 @@ class _OutputCollector:
         stderr: OutputSink | None = None,
         capture: bool = True,
     ) -> None:
-        self._client = client
+        self._connection = connection
         self.combined = stdout_url is not None and stdout_url == stderr_url
         self._stdout_url = stdout_url
         self._stderr_url = None if self.combined else stderr_url
@@ -97,7 +95,7 @@ class _OutputCollector:
             )
 
     async def _pump(self, url: str, buf: bytearray, sink: _Sink | None) -> None:
-        async for chunk in self._client._iter_stream(url):
+        async for chunk in self._connection.stream(url):
             self._last_progress = time.monotonic()
             if self._capture:
                 buf.extend(chunk)
@@ -135,8 +133,8 @@ class _OutputCollector:
         return out, err
 
 
-async def _interleave(
-    client: SandboxClient, stdout_url: str | None, stderr_url: str | None
+async def interleave(
+    connection: Connection, stdout_url: str | None, stderr_url: str | None
 ) -> AsyncIterator[OutputChunk]:
     """Yield :class:`OutputChunk` s from stdout and stderr, interleaved as they arrive, until both end."""
     queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
@@ -147,7 +145,7 @@ async def _interleave(
 
     async def pump(name: Stream, url: str) -> None:
         try:
-            async for chunk in client._iter_stream(url):
+            async for chunk in connection.stream(url):
                 await queue.put(OutputChunk(name, chunk))
         finally:
             await queue.put(None)

@@ -1,6 +1,7 @@
-"""Sandboxes of :class:`hutch.client.SandboxClient`: one-shot runs, creating, connecting to,
-looking up, listing, pausing, resuming and destroying sandboxes, plus the server-wide calls
-(runtimes, terminals, the server's own info)."""
+"""Sandboxes over a :class:`~hutch._connection.Connection`: one-shot runs, creating, looking
+up, listing, pausing, resuming, forking and destroying sandboxes, plus the server-wide calls
+(runtimes, the server's own info). (The public docs are on :class:`hutch.client.SandboxClient`,
+which delegates here and makes the :class:`~hutch._sandbox.Sandbox` handles.)"""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
-from hutch._executions import ExecutionsAPI
-from hutch._options import SandboxOptions, check_options, create_body, with_sandbox_options
-from hutch._output import OutputSink, _OutputCollector
-from hutch._sandbox import Sandbox
+from hutch._connection import Connection
+from hutch._executions import Executions
+from hutch._options import SandboxOptions, check_options, create_body
+from hutch._output import OutputCollector, OutputSink
 from hutch._shapes import _wire_files
 from hutch._stdin import Stdin, StdinUpload
 from hutch.errors import InvalidInput, SandboxError
@@ -28,18 +29,21 @@ from hutch.models import (
     SandboxStatusInfo,
     from_wire,
 )
-from hutch.terminal import Terminal, open_terminal
 
 _EXIT_CODE_FAST_WAIT = "250ms"
 _STATUS_SETTLE_WAIT_MS = 15_000
 
 
-class SandboxesAPI(ExecutionsAPI):
-    """Sandbox lifecycle and server-wide calls (a base of ``SandboxClient``)."""
+class Sandboxes:
+    """Sandbox lifecycle and server-wide calls (and one-shot runs, which wait for their
+    execution through the executions service)."""
+
+    def __init__(self, connection: Connection, executions: Executions) -> None:
+        self.connection = connection
+        self.executions = executions
 
     # ------------------------------------------------------------ one-shot
 
-    @with_sandbox_options
     async def run(
         self,
         command: Sequence[str],
@@ -51,13 +55,6 @@ class SandboxesAPI(ExecutionsAPI):
         stdin: Stdin | None = None,
         **options: Unpack[SandboxOptions],
     ) -> RunResult:
-        """Run one command in a fresh one-shot sandbox and return its exit code and output.
-
-        The server destroys the sandbox when the command exits. Output is captured and, if
-        ``stdout``/``stderr`` sinks are given, forwarded as it streams. If the call fails or
-        is cancelled, the sandbox is destroyed before the error propagates. ``on_created`` hears
-        the create's answer (e.g. ``status == "creating"``: its runtime is being built first).
-        """
         check_options("run", options)
         if isinstance(command, str):
             raise InvalidInput(
@@ -65,19 +62,19 @@ class SandboxesAPI(ExecutionsAPI):
             )
         started = time.monotonic()
         body = _oneshot_body(command, stream, options)
-        upload = await StdinUpload.open(self._as_client(), stdin) if stdin is not None else None
+        upload = await StdinUpload.open(self.connection, stdin) if stdin is not None else None
         if upload is not None:
             body["stream"]["stdin"] = upload.stream_id
         try:
-            created = await self._create(body)
+            created = await self._created(body)
         except BaseException:
             if upload is not None:
                 await upload.cancel()
             raise
         if on_created is not None:
             on_created(created)
-        collector = _OutputCollector(
-            self._as_client(), created.stdout_stream_url, created.stderr_stream_url,
+        collector = OutputCollector(
+            self.connection, created.stdout_stream_url, created.stderr_stream_url,
             stdout=stdout, stderr=stderr,
         )
         collector.start()
@@ -96,7 +93,7 @@ class SandboxesAPI(ExecutionsAPI):
         )
 
     async def _finish_oneshot(
-        self, created: SandboxCreated, collector: _OutputCollector, upload: StdinUpload | None
+        self, created: SandboxCreated, collector: OutputCollector, upload: StdinUpload | None
     ) -> tuple[ExecutionInfo | None, int]:
         """Wait for a one-shot command and its output: (its final state, its exit code).
         On any failure or cancellation the sandbox is destroyed before the error propagates."""
@@ -104,11 +101,11 @@ class SandboxesAPI(ExecutionsAPI):
         try:
             final: ExecutionInfo | None = None
             if created.execution_id:
-                final = await self.wait_execution(created.execution_id)
+                final = await self.executions.wait_execution(created.execution_id)
             else:
                 await collector.drain(None)
             exit_code = await self._settle_exit_code(sandbox_id, final)
-            await collector.drain(self.drain_timeout)
+            await collector.drain(self.connection.drain_timeout)
             if upload is not None:
                 await upload.finish()
         except BaseException:
@@ -126,7 +123,7 @@ class SandboxesAPI(ExecutionsAPI):
             return final.exit_code
         if final is not None and final.status == "completed":
             with contextlib.suppress(SandboxError):
-                again = await self.get_execution(final.execution_id, wait=_EXIT_CODE_FAST_WAIT)
+                again = await self.executions.get_execution(final.execution_id, wait=_EXIT_CODE_FAST_WAIT)
                 if again.exit_code is not None:
                     return again.exit_code
         with contextlib.suppress(SandboxError):
@@ -143,23 +140,19 @@ class SandboxesAPI(ExecutionsAPI):
 
     # ------------------------------------------------------------ sandboxes
 
-    async def _create(self, body: Mapping[str, Any]) -> SandboxCreated:
-        resp = await self._request("POST", "/sandbox", json=body)
-        return from_wire(SandboxCreated, self._data(resp))
+    async def _created(self, body: Mapping[str, Any]) -> SandboxCreated:
+        resp = await self.connection.request("POST", "/sandbox", json=body)
+        return from_wire(SandboxCreated, self.connection.data(resp))
 
-    @with_sandbox_options
-    async def create(self, **options: Unpack[SandboxOptions]) -> Sandbox:
-        """Create an interactive sandbox. ``timeout`` may be ``Timeouts(idle=, execution=, paused=)``;
-        a bare duration sets the per-execution timeout. The server makes ``execute`` wait while
-        the sandbox is still ``creating``."""
+    async def create(self, **options: Unpack[SandboxOptions]) -> SandboxCreated:
         check_options("create", options)
-        created = await self._create(create_body(options))
-        return Sandbox(self._as_client(), created.sandbox_id, created.status, created=created)
+        return await self._created(create_body(options))
 
-    async def connect(self, sandbox_id: str) -> Sandbox:
-        """A :class:`Sandbox` for an existing id (fails with ``SandboxNotFound`` if there is none)."""
-        info = await self.get(sandbox_id)
-        return Sandbox(self._as_client(), info.sandbox_id, info.status, info=info)
+    async def fork(self, sandbox_id: str, count: int) -> list[tuple[str, str]]:
+        """(id, status) of each of ``count`` new copies of the sandbox."""
+        resp = await self.connection.request("POST", f"/sandbox/{sandbox_id}/fork", json={"count": count},
+                                             sandbox_id=sandbox_id)
+        return [(s["sandboxId"], s["status"]) for s in self.connection.data(resp)["sandboxes"]]
 
     async def get(
         self,
@@ -174,15 +167,15 @@ class SandboxesAPI(ExecutionsAPI):
             "waitForStatus": wait_for_status,
             "waitMs": wait_ms,
         }
-        timeout = self.request_timeout + (wait_ms or 0) / 1000
-        resp = await self._request(
+        timeout = self.connection.request_timeout + (wait_ms or 0) / 1000
+        resp = await self.connection.request(
             "GET",
             f"/sandbox/{sandbox_id}",
             params=params,
             max_seconds=timeout,
             sandbox_id=sandbox_id,
         )
-        return from_wire(SandboxInfo, self._data(resp))
+        return from_wire(SandboxInfo, self.connection.data(resp))
 
     async def get_status(
         self,
@@ -191,17 +184,15 @@ class SandboxesAPI(ExecutionsAPI):
         wait_for_status: str | Sequence[str] | None = None,
         wait_ms: int | None = None,
     ) -> SandboxStatusInfo:
-        """Lightweight status (status and exit code); optionally held server-side until one of
-        ``wait_for_status`` is reached or ``wait_ms`` passes."""
-        timeout = self.request_timeout + (wait_ms or 0) / 1000
-        resp = await self._request(
+        timeout = self.connection.request_timeout + (wait_ms or 0) / 1000
+        resp = await self.connection.request(
             "GET",
             f"/sandbox/status/{sandbox_id}",
             params={"waitForStatus": wait_for_status, "waitMs": wait_ms},
             max_seconds=timeout,
             sandbox_id=sandbox_id,
         )
-        return from_wire(SandboxStatusInfo, self._data(resp))
+        return from_wire(SandboxStatusInfo, self.connection.data(resp))
 
     async def list(
         self,
@@ -218,7 +209,6 @@ class SandboxesAPI(ExecutionsAPI):
         direction: str | None = None,
         deleted_only: bool = False,
     ) -> SandboxList:
-        """One page of sandboxes (server default 50, max 100) and the total that match."""
         params = {
             "name": name,
             "mode": mode,
@@ -232,13 +222,12 @@ class SandboxesAPI(ExecutionsAPI):
             "direction": direction,
             "deletedOnly": True if deleted_only else None,
         }
-        resp = await self._request("GET", "/sandbox", params=params)
-        return from_wire(SandboxList, self._data(resp))
+        resp = await self.connection.request("GET", "/sandbox", params=params)
+        return from_wire(SandboxList, self.connection.data(resp))
 
     async def iter_sandboxes(
         self, *, page_size: int = 100, **filters: Any
     ) -> AsyncIterator[SandboxInfo]:
-        """Every sandbox matching ``filters`` (as for :meth:`list`), fetching page by page."""
         offset = 0
         while True:
             page = await self.list(limit=page_size, offset=offset, **filters)
@@ -249,16 +238,16 @@ class SandboxesAPI(ExecutionsAPI):
                 return
 
     async def destroy(self, sandbox_id: str) -> None:
-        await self._request("DELETE", f"/sandbox/{sandbox_id}", sandbox_id=sandbox_id)
+        await self.connection.request("DELETE", f"/sandbox/{sandbox_id}", sandbox_id=sandbox_id)
 
     async def pause(self, sandbox_id: str) -> PauseResult:
-        resp = await self._request("POST", f"/sandbox/{sandbox_id}/pause", sandbox_id=sandbox_id)
+        resp = await self.connection.request("POST", f"/sandbox/{sandbox_id}/pause", sandbox_id=sandbox_id)
         return from_wire(PauseResult, resp.get("data", resp))
 
     async def resume(self, sandbox_id: str) -> None:
-        await self._request("POST", f"/sandbox/{sandbox_id}/resume", sandbox_id=sandbox_id)
+        await self.connection.request("POST", f"/sandbox/{sandbox_id}/resume", sandbox_id=sandbox_id)
 
-    # ------------------------------------------------------------ runtimes, terminals, server
+    # ------------------------------------------------------------ runtimes, the server
 
     async def list_runtimes(
         self,
@@ -268,24 +257,15 @@ class SandboxesAPI(ExecutionsAPI):
         sort: str | None = None,
         direction: str | None = None,
     ) -> RuntimeList:
-        resp = await self._request(
+        resp = await self.connection.request(
             "GET",
             "/sandbox/runtimes",
             params={"limit": limit, "offset": offset, "sort": sort, "direction": direction},
         )
-        return from_wire(RuntimeList, self._data(resp))
-
-    async def terminal(self, sandbox_id: str, command: Sequence[str] | None = None, *, rows: int = 24,
-                       cols: int = 80, cwd: str | None = None, term: str | None = None) -> Terminal:
-        """Start ``command`` (default: the sandbox user's login shell) on a new pseudo-terminal:
-        a :class:`hutch.terminal.Terminal` to write, read, resize and wait on."""
-        return await open_terminal(self._as_client(), sandbox_id, command, rows=rows, cols=cols,
-                                   cwd=cwd, term=term)
+        return from_wire(RuntimeList, self.connection.data(resp))
 
     async def server_info(self) -> dict[str, Any]:
-        """What the server says of itself (``GET /healthz``): ``status``, and ``ssh.port`` when
-        it runs an SSH gateway."""
-        return dict(self._data(await self._request("GET", "/healthz")))
+        return dict(self.connection.data(await self.connection.request("GET", "/healthz")))
 
 
 def _oneshot_body(

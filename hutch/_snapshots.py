@@ -1,6 +1,7 @@
-"""Checkpoints, snapshots and usage stats of :class:`hutch.client.SandboxClient`: saving and
-restoring a sandbox's files in place, and named, tagged snapshots new sandboxes start from
-(made from a sandbox, or built from a runtime and a workspace archive)."""
+"""Checkpoints, snapshots and usage stats over a :class:`~hutch._connection.Connection`:
+saving and restoring a sandbox's files in place, and named, tagged snapshots new sandboxes
+start from (made from a sandbox, or built from a runtime and a workspace archive). (The public
+docs are on :class:`hutch.client.SandboxClient`, which delegates here.)"""
 
 from __future__ import annotations
 
@@ -9,32 +10,34 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import IO, Any
 
 from hutch import _transfer
-from hutch._files import _save_to
-from hutch._transport import Transport, _items
+from hutch._connection import Connection, items
+from hutch._files import save_to
 from hutch.models import Checkpoint, Snapshot, SnapshotLineageEntry, from_wire
 
 
-class SnapshotsAPI(Transport):
-    """Checkpoints, snapshots and stats (a base of ``SandboxClient``)."""
+class Snapshots:
+    """Checkpoints, snapshots and stats."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
     async def create_checkpoint(self, sandbox_id: str, name: str) -> Checkpoint:
-        resp = await self._request(
+        resp = await self.connection.request(
             "POST", f"/sandbox/{sandbox_id}/checkpoint", json={"name": name}, sandbox_id=sandbox_id
         )
-        return from_wire(Checkpoint, self._data(resp))
+        return from_wire(Checkpoint, self.connection.data(resp))
 
     async def list_checkpoints(self, sandbox_id: str) -> list[Checkpoint]:
-        resp = await self._request("GET", f"/sandbox/checkpoints/{sandbox_id}", sandbox_id=sandbox_id)
-        return [from_wire(Checkpoint, item) for item in _items(self._data(resp), "checkpoints")]
+        resp = await self.connection.request("GET", f"/sandbox/checkpoints/{sandbox_id}", sandbox_id=sandbox_id)
+        return [from_wire(Checkpoint, item) for item in items(self.connection.data(resp), "checkpoints")]
 
     async def restore_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        """Bring the sandbox's files back to exactly that checkpoint."""
-        await self._request(
+        await self.connection.request(
             "POST", f"/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}/restore", sandbox_id=sandbox_id
         )
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        await self._request(
+        await self.connection.request(
             "DELETE", f"/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}", sandbox_id=sandbox_id
         )
 
@@ -49,19 +52,16 @@ class SnapshotsAPI(Transport):
         description: str | None = None,
         public: bool | None = None,
     ) -> Snapshot:
-        """Snapshot the sandbox's workspace, env and runtime; new sandboxes can start from it
-        (``create(snapshot=...)`` with its id, ``name:tag`` or tag)."""
         body = {"name": name, "tag": tag, "description": description, "public": public}
-        resp = await self._request(
+        resp = await self.connection.request(
             "POST", f"/sandbox/{sandbox_id}/snapshot",
             json={k: v for k, v in body.items() if v is not None}, sandbox_id=sandbox_id,
         )
-        return from_wire(Snapshot, self._data(resp))
+        return from_wire(Snapshot, self.connection.data(resp))
 
     async def get_snapshot(self, snapshot: str) -> Snapshot:
-        """By id (``snp_...``), ``name:tag`` or tag."""
-        resp = await self._request("GET", f"/sandbox/snapshots/{snapshot}")
-        return from_wire(Snapshot, self._data(resp))
+        resp = await self.connection.request("GET", f"/sandbox/snapshots/{snapshot}")
+        return from_wire(Snapshot, self.connection.data(resp))
 
     async def list_snapshots(
         self,
@@ -73,41 +73,34 @@ class SnapshotsAPI(Transport):
         direction: str | None = None,
         forks: bool = False,
     ) -> tuple[list[Snapshot], int]:
-        """(one page of snapshots, how many match in all). ``forks``: also the snapshots forks
-        keep of the instant they copied (hidden by default)."""
-        resp = await self._request("GET", "/sandbox/snapshots", params={
+        resp = await self.connection.request("GET", "/sandbox/snapshots", params={
             "sandboxId": sandbox_id, "limit": limit, "offset": offset, "sort": sort, "direction": direction,
             "forks": True if forks else None})
-        data = self._data(resp)
-        return [from_wire(Snapshot, item) for item in _items(data, "snapshots")], int(data.get("total", 0))
+        data = self.connection.data(resp)
+        return [from_wire(Snapshot, item) for item in items(data, "snapshots")], int(data.get("total", 0))
 
     async def tag_snapshot(self, snapshot_id: str, tag: str | None) -> Snapshot:
-        """Give the snapshot ``tag`` (taking it from whichever snapshot of that name had it),
-        or remove its tag with None."""
-        resp = await self._request("PATCH", f"/sandbox/snapshots/{snapshot_id}", json={"tag": tag})
-        return from_wire(Snapshot, self._data(resp))
+        resp = await self.connection.request("PATCH", f"/sandbox/snapshots/{snapshot_id}", json={"tag": tag})
+        return from_wire(Snapshot, self.connection.data(resp))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        """Sandboxes already made from it keep their files; lineage shows it as deleted."""
-        await self._request("DELETE", f"/sandbox/snapshots/{snapshot_id}")
+        await self.connection.request("DELETE", f"/sandbox/snapshots/{snapshot_id}")
 
     async def snapshot_lineage(
         self, *, snapshot: str | None = None, name: str | None = None, tag: str | None = None,
         limit: int | None = None,
     ) -> list[SnapshotLineageEntry]:
-        """The snapshot and its ancestors, newest first."""
-        resp = await self._request("GET", "/sandbox/snapshots/lineage", params={
+        resp = await self.connection.request("GET", "/sandbox/snapshots/lineage", params={
             "snapshot": snapshot, "name": name, "tag": tag, "limit": limit})
-        return [from_wire(SnapshotLineageEntry, item) for item in _items(self._data(resp), "lineage")]
+        return [from_wire(SnapshotLineageEntry, item) for item in items(self.connection.data(resp), "lineage")]
 
     async def download_snapshot(self, snapshot_id: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
-        """The snapshot's workspace archive (tar.gz) into ``dest``; returns bytes written."""
         async def chunks() -> AsyncIterator[bytes]:
-            async with self._raw("GET", f"/sandbox/snapshots/{snapshot_id}/download") as resp:
+            async with self.connection.raw("GET", f"/sandbox/snapshots/{snapshot_id}/download") as resp:
                 async for chunk in resp.content.iter_chunked(1 << 20):
                     yield chunk
 
-        return await _save_to(chunks(), dest)
+        return await save_to(chunks(), dest)
 
     async def build_snapshot(
         self,
@@ -127,15 +120,12 @@ class SnapshotsAPI(Transport):
         packages: Sequence[str] = (),
         progress: Callable[[str], None] | None = None,
     ) -> tuple[Snapshot, bool]:
-        """Build a snapshot from a workspace archive (tar.gz; None for env only): init, upload,
-        finalize. Returns (the snapshot, whether it is new): with ``content_hash`` and no
-        ``force``, a snapshot of that name with the same hash is returned instead."""
         body: dict[str, Any] = {"runtime": runtime, "name": name, "tag": tag, "description": description,
                                 "message": message, "contentHash": content_hash, "force": force or None,
                                 "public": public}
-        resp = await self._request("POST", "/sandbox/snapshots/build",
+        resp = await self.connection.request("POST", "/sandbox/snapshots/build",
                                    json={k: v for k, v in body.items() if v is not None})
-        init = self._data(resp)
+        init = self.connection.data(resp)
         say = progress or (lambda _m: None)
         if init.get("unchanged"):
             say(f"unchanged: {init.get('existingId')} has this content already")
@@ -144,18 +134,17 @@ class SnapshotsAPI(Transport):
         say(f"build {snapshot_id} started")
         if archive is not None:
             say("uploading the archive")
-            async with self._raw("PUT", f"/sandbox/snapshots/{snapshot_id}/upload",
+            async with self.connection.raw("PUT", f"/sandbox/snapshots/{snapshot_id}/upload",
                                  data=_transfer.source_chunks(archive),
                                  headers={"Content-Type": "application/gzip"}) as upload:
                 await upload.read()
         say("finalizing" + (" (installing dependencies and packages)" if dependencies or packages else ""))
-        resp = await self._request("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", max_seconds=1800, json={
+        resp = await self.connection.request("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", max_seconds=1800, json={
             "sizeBytes": 0, "fileCount": 0, "files": [], "env": dict(env or {}), "metadata": dict(metadata or {}),
             "dependencies": list(dependencies), "packages": list(packages)})
-        return from_wire(Snapshot, self._data(resp)), True
+        return from_wire(Snapshot, self.connection.data(resp)), True
 
     async def stats(self, *, start: str | None = None, end: str | None = None) -> dict[str, Any]:
-        """Usage of the sandboxes created in [start, end) (ISO 8601 times; open-ended when None)."""
-        resp = await self._request("GET", "/sandbox/stats", params={"start": start, "end": end})
-        data = self._data(resp)
+        resp = await self.connection.request("GET", "/sandbox/stats", params={"start": start, "end": end})
+        data = self.connection.data(resp)
         return dict(data) if isinstance(data, dict) else {}

@@ -10,10 +10,9 @@ import os
 import stat
 import sys
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import IO, TYPE_CHECKING, Union
+from typing import IO, Union
 
-if TYPE_CHECKING:
-    from hutch.client import SandboxClient
+from hutch._connection import Connection
 
 #: What a command's stdin may be: bytes or text, a binary file (read as it is sent), or an
 #: async iterable of byte chunks.
@@ -45,12 +44,12 @@ class StdinUpload:
         self.task = task
 
     @classmethod
-    async def open(cls, client: SandboxClient, data: Stdin) -> StdinUpload:
-        made = await client._request("POST", "/streams", json={"name": "hutch-sdk-stdin"})
+    async def open(cls, connection: Connection, data: Stdin) -> StdinUpload:
+        made = await connection.request("POST", "/streams", json={"name": "hutch-sdk-stdin"})
         stream_id = str(made.get("id") or (made.get("data") or {}).get("id"))
 
         async def send() -> None:
-            async with client._raw("PUT", f"/streams/{stream_id}", data=_chunks(data)) as resp:
+            async with connection.raw("PUT", f"/streams/{stream_id}", data=_chunks(data)) as resp:
                 await resp.read()
 
         # Sent at once: the server holds the first chunks until the command reads them.

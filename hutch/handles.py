@@ -1,18 +1,17 @@
 """Handles of started work: :class:`ExecutionHandle` (a command) and :class:`JobHandle` (a
-background job), as ``Sandbox.start``/``Sandbox.create_job`` return them."""
+background job), as ``Sandbox.start``/``Sandbox.create_job`` return them. They hold the
+executions service (hutch/_executions.py) and read output through its connection."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
-from hutch._output import OutputSink, _interleave, _OutputCollector
+from hutch._connection import Connected
+from hutch._executions import Executions
+from hutch._output import OutputCollector, OutputSink, interleave
 from hutch._stdin import StdinUpload
 from hutch.models import Execution, ExecutionInfo, Job, OutputChunk
-
-if TYPE_CHECKING:
-    from hutch.client import SandboxClient
 
 __all__ = ["ExecutionHandle", "JobHandle"]
 
@@ -20,9 +19,9 @@ __all__ = ["ExecutionHandle", "JobHandle"]
 class ExecutionHandle:
     """A started execution: iterate its output as it arrives, then :meth:`wait` for the result."""
 
-    def __init__(self, client: SandboxClient, sandbox_id: str, started: Execution,
+    def __init__(self, executions: Executions | Connected, sandbox_id: str, started: Execution,
                  stdin: StdinUpload | None = None) -> None:
-        self._client = client
+        self._executions = _executions(executions)
         self.sandbox_id = sandbox_id
         self.started = started
         self._stdin = stdin
@@ -41,19 +40,19 @@ class ExecutionHandle:
 
     async def output(self) -> AsyncIterator[OutputChunk]:
         """Yield :class:`OutputChunk` s from stdout and stderr, interleaved as they arrive, until both end."""
-        async for chunk in _interleave(self._client, self.stdout_stream_url, self.stderr_stream_url):
+        async for chunk in interleave(self._executions.connection, self.stdout_stream_url, self.stderr_stream_url):
             yield chunk
 
     async def wait(self) -> Execution:
         """Long-poll until the execution is terminal; output is not captured here."""
-        final = await self._client.wait_execution(self.execution_id)
+        final = await self._executions.wait_execution(self.execution_id)
         return self._result(final, None)
 
     async def cancel(self) -> Execution:
         """End the command's whole process tree (status ``cancelled``)."""
-        return self._result(await self._client.cancel_execution(self.execution_id), None)
+        return self._result(await self._executions.cancel_execution(self.execution_id), None)
 
-    def _result(self, final: ExecutionInfo, collector: _OutputCollector | None) -> Execution:
+    def _result(self, final: ExecutionInfo, collector: OutputCollector | None) -> Execution:
         out = err = None
         if collector is not None:
             out, err = collector.text()
@@ -78,8 +77,8 @@ class ExecutionHandle:
     ) -> Execution:
         collector = None
         if capture or stdout is not None or stderr is not None:
-            collector = _OutputCollector(
-                self._client,
+            collector = OutputCollector(
+                self._executions.connection,
                 self.stdout_stream_url,
                 self.stderr_stream_url,
                 stdout=stdout,
@@ -88,9 +87,9 @@ class ExecutionHandle:
             )
             collector.start()
         try:
-            final = await self._client.wait_execution(self.execution_id)
+            final = await self._executions.wait_execution(self.execution_id)
             if collector is not None:
-                await collector.drain(self._client.drain_timeout)
+                await collector.drain(self._executions.connection.drain_timeout)
             if self._stdin is not None:
                 await self._stdin.finish()
         except BaseException:
@@ -106,8 +105,8 @@ class JobHandle:
     """A background job: :attr:`job` is the last state seen; :meth:`get` refreshes it,
     :meth:`output` follows stdout/stderr, :meth:`wait` polls until it ends, :meth:`stop` ends it."""
 
-    def __init__(self, client: SandboxClient, job: Job) -> None:
-        self._client = client
+    def __init__(self, executions: Executions | Connected, job: Job) -> None:
+        self._executions = _executions(executions)
         self.job = job
 
     def __repr__(self) -> str:
@@ -126,19 +125,19 @@ class JobHandle:
         return self.job.status
 
     async def get(self) -> Job:
-        self.job = await self._client.get_job(self.sandbox_id, self.id)
+        self.job = await self._executions.get_job(self.sandbox_id, self.id)
         return self.job
 
     async def stop(self, *, force: bool = False) -> Job:
         """Graceful (SIGTERM, then SIGKILL after the server's grace period) or, with
         ``force``, SIGKILL at once."""
-        self.job = await self._client.stop_job(self.sandbox_id, self.id, force=force)
+        self.job = await self._executions.stop_job(self.sandbox_id, self.id, force=force)
         return self.job
 
     async def output(self) -> AsyncIterator[OutputChunk]:
         """stdout/stderr chunks, interleaved as they arrive, until the job's streams end."""
-        async for chunk in _interleave(
-            self._client, self.job.stdout_stream_url, self.job.stderr_stream_url
+        async for chunk in interleave(
+            self._executions.connection, self.job.stdout_stream_url, self.job.stderr_stream_url
         ):
             yield chunk
 
@@ -150,3 +149,10 @@ class JobHandle:
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_poll)
         return self.job
+
+
+def _executions(given: Executions | Connected) -> Executions:
+    """The executions service a handle calls: the one given, or a new one over the connection of
+    the client given (as handles were made before they held services; a service keeps no state
+    but its connection, so the two are the same)."""
+    return given if isinstance(given, Executions) else Executions(given.connection)

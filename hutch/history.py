@@ -6,21 +6,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hutch.client import SandboxClient
+from hutch._connection import Connected
 
 __all__ = ["as_of", "history"]
 
 
-async def history(client: SandboxClient, sandbox_id: str) -> list[dict[str, Any]]:
+async def history(client: Connected, sandbox_id: str) -> list[dict[str, Any]]:
     """Every event of the sandbox with its status right after it, oldest first."""
-    body = await client._request("GET", f"/sandbox/sandboxes/{sandbox_id}/history", sandbox_id=sandbox_id)
-    return list(client._data(body)["history"])
+    conn = client.connection
+    body = await conn.request("GET", f"/sandbox/sandboxes/{sandbox_id}/history", sandbox_id=sandbox_id)
+    return list(conn.data(body)["history"])
 
 
-async def as_of(client: SandboxClient, sandbox_id: str, ref: str) -> dict[str, Any]:
+async def as_of(client: Connected, sandbox_id: str, ref: str) -> dict[str, Any]:
     """The sandbox as it was right after event ``ref`` (``evt_…``) or at a time (ISO 8601)."""
-    body = await client._request("GET", f"/sandbox/{sandbox_id}", params={"asOf": ref}, sandbox_id=sandbox_id)
-    return dict(client._data(body))
+    conn = client.connection
+    body = await conn.request("GET", f"/sandbox/{sandbox_id}", params={"asOf": ref}, sandbox_id=sandbox_id)
+    return dict(conn.data(body))

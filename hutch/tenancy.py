@@ -7,79 +7,25 @@ server's administrator (the bootstrap key), who may act for any organization.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import attrs
+from hutch._connection import Connection
 
+# The shapes are the server's too (core/wire.py); this module is the calls that answer them.
+from hutch.core.wire import ApiKey, Organization, Project, Quota, SshKey
 from hutch.models import from_wire
-
-if TYPE_CHECKING:
-    from hutch.client import SandboxClient
 
 __all__ = ["ApiKey", "Organization", "Project", "Quota", "SshKey", "Tenancy"]
 
 
-@attrs.frozen
-class Quota:
-    sandboxes: int | None = None
-    memory_bytes: int | None = None
-    cpu_millis: int | None = None
-    snapshot_bytes: int | None = None
-
-
-@attrs.frozen
-class Organization:
-    id: str
-    name: str
-    created_at: str
-    quota: Quota = Quota()
-    usage: Quota | None = None  # what live sandboxes and snapshots use now (from get_org)
-
-
-@attrs.frozen
-class Project:
-    id: str
-    name: str
-    org_id: str
-    created_at: str
-
-
-@attrs.frozen
-class ApiKey:
-    id: str
-    name: str
-    org_id: str
-    role: str  # admin | member | read-only
-    prefix: str
-    created_at: str
-    projects: tuple[str, ...] = ()
-    expires_at: str | None = None
-    revoked_at: str | None = None
-    rate: float | None = None
-    burst: int | None = None
-    secret: str | None = None  # only in what create_key returns: shown once, kept nowhere
-
-
-@attrs.frozen
-class SshKey:
-    """A public key registered for the SSH gateway (``ssh -p PORT sbx_…@host``)."""
-
-    id: str
-    org_id: str
-    name: str
-    public_key: str
-    fingerprint: str
-    created_at: str
-    added_by: str | None = None
-    projects: list[str] = attrs.field(factory=list)
-
-
 class Tenancy:
-    def __init__(self, client: SandboxClient) -> None:
-        self._client = client
+    """``client.tenancy``: the calls of the tenancy routes, over the client's connection."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return self._client._data(await self._client._request(method, path, json=body))
+        return self._connection.data(await self._connection.request(method, path, json=body))
 
     async def create_org(self, name: str) -> Organization:
         """A new organization (the server's administrator only); its id is ``org_<name>``."""

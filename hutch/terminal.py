@@ -18,14 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
 
 import aiohttp
 
+from hutch._connection import Connected, Connection
 from hutch.errors import ConnectionFailed, ServerError, error_from_response
-
-if TYPE_CHECKING:
-    from hutch.client import SandboxClient
 
 __all__ = ["Terminal", "open_terminal"]
 
@@ -88,36 +85,38 @@ class Terminal:
         await self._ws.close()
 
 
-async def open_terminal(client: SandboxClient, sandbox_id: str, command: Sequence[str] | None = None, *,
+async def open_terminal(client: Connected | Connection, sandbox_id: str, command: Sequence[str] | None = None, *,
                         rows: int = 24, cols: int = 80, cwd: str | None = None,
                         term: str | None = None) -> Terminal:
-    """Start ``command`` (default: a login shell) on a new terminal of the sandbox."""
+    """Start ``command`` (default: a login shell) on a new terminal of the sandbox (``client``:
+    a :class:`hutch.client.SandboxClient`, or the connection under one)."""
+    conn = client if isinstance(client, Connection) else client.connection
     params: list[tuple[str, str]] = [("rows", str(rows)), ("cols", str(cols))]
     params += [("command", part) for part in command or ()]
     if cwd:
         params.append(("cwd", cwd))
     if term:
         params.append(("term", term))
-    if client.org_id is not None:
-        params.append(("orgId", client.org_id))
+    if conn.org_id is not None:  # by hand: ``command`` repeats, which Connection.params cannot say
+        params.append(("orgId", conn.org_id))
     path = f"/sandbox/{sandbox_id}/terminal"
     try:
-        ws = await (await client._ready()).ws_connect(client.url + path, params=params, headers=client._auth_headers(),
-                                             heartbeat=30.0, max_msg_size=1 << 20)
+        ws = await (await conn.session()).ws_connect(conn.url + path, params=params, headers=conn.auth_headers(),
+                                                     heartbeat=30.0, max_msg_size=1 << 20)
     except aiohttp.WSServerHandshakeError as err:
         # The refusal's words are in a JSON body the handshake does not keep: the same
         # request without the upgrade answers them (the route checks before it upgrades).
-        await _explain(client, path, params, err, sandbox_id)
+        await _explain(conn, path, params, err, sandbox_id)
         raise  # not reached: _explain raises
     except (aiohttp.ClientError, OSError) as err:
-        raise ConnectionFailed(f"cannot reach hutch server at {client.url}: {err}") from err
+        raise ConnectionFailed(f"cannot reach hutch server at {conn.url}: {err}") from err
     return Terminal(ws, sandbox_id)
 
 
-async def _explain(client: SandboxClient, path: str, params: list[tuple[str, str]],
+async def _explain(conn: Connection, path: str, params: list[tuple[str, str]],
                    err: aiohttp.WSServerHandshakeError, sandbox_id: str) -> None:
     try:
-        async with (await client._ready()).get(client.url + path, params=params, headers=client._auth_headers()) as resp:
+        async with (await conn.session()).get(conn.url + path, params=params, headers=conn.auth_headers()) as resp:
             body = await resp.json(content_type=None)
             status = resp.status
     except (aiohttp.ClientError, OSError, ValueError):

@@ -10,7 +10,7 @@ processes: the seeds' "Sandbox Agent", in Python, with hutch's isolation as the 
 Backends:
 
 - ``sandbox`` (the default): a hutch sandbox on this machine through the in-process engine
-  (hutch/local_engine.py): no server, root or rootless. An agent's code is untrusted; the
+  (hutch/_embedded.py): no server, root or rootless. An agent's code is untrusted; the
   document's default (``unix-local``) runs it as you, on your machine.
 - ``remote``: a hutch server (or any Agentuity-compatible one) by ``url`` and ``api_key``.
 - ``unix-local``: a temporary directory and a child process, as the document has it: for
@@ -48,7 +48,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hutch import _workspace_files as local_files
-from hutch.client import Sandbox, SandboxClient
+from hutch._blocking import Blocking, _Portal
+from hutch.client import Sandbox, SandboxClient, local_client
+from hutch.workspace_tools import WorkspaceTools
 
 if TYPE_CHECKING:
     from hutch._workspace_docker import DockerBox
@@ -190,8 +192,6 @@ class Workspace:
         if self.backend == "remote" or served:  # this machine's `hutch serve`, when one runs
             self._client = await self._stack.enter_async_context(SandboxClient(self.url or served, self.api_key))
         else:
-            from hutch.local_engine import local_client
-
             self._client = await self._stack.enter_async_context(local_client(data_dir=self.data_dir))
         if self.id is not None:  # reattach: another process made it
             self._sandbox = await self._client.connect(self.id)
@@ -403,10 +403,8 @@ class Workspace:
             children.append(child)
         return children
 
-    def tools(self) -> Any:
+    def tools(self) -> WorkspaceTools:
         """Tool definitions and a dispatcher for LLM tool calling (hutch/workspace_tools.py)."""
-        from hutch.workspace_tools import WorkspaceTools
-
         return WorkspaceTools(self)
 
     def _need_started(self) -> None:
@@ -419,8 +417,6 @@ class SyncWorkspace:
     :class:`Workspace`, not written twice). ``resume`` is :meth:`SyncWorkspace.resume`."""
 
     def __init__(self, **options: Any) -> None:
-        from hutch.sync import Blocking, _Portal
-
         self._portal = _Portal()
         self.aio = self._portal.call(_make(options))
         self._blocking = Blocking(self._portal, self.aio)
@@ -428,8 +424,6 @@ class SyncWorkspace:
     @classmethod
     def resume(cls, snapshot: WorkspaceSnapshot, **options: Any) -> SyncWorkspace:
         ws = cls.__new__(cls)
-        from hutch.sync import Blocking, _Portal
-
         ws._portal = _Portal()
         ws.aio = ws._portal.call(Workspace.resume(snapshot, **options))
         ws._blocking = Blocking(ws._portal, ws.aio)

@@ -15,10 +15,33 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from hutch.workspace import Workspace
+
+class Ran(Protocol):
+    """What a run answers (``hutch.workspace.RunResult``)."""
+
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def timed_out(self) -> bool: ...
+
+
+class WorkspaceLike(Protocol):
+    """What the tools call on a workspace (:class:`hutch.workspace.Workspace` is one): typed on
+    this rather than on the class, so that the workspace can import its tools and not the
+    other way round."""
+
+    async def run(self, code: str, *, language: str | None = None,
+                  timeout_seconds: float | None = None) -> Ran: ...
+    async def shell(self, command: str, *, timeout_seconds: float | None = None) -> Ran: ...
+    async def write_file(self, path: str, contents: str) -> None: ...
+    async def read_file(self, path: str) -> str | None: ...
+
 
 _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "run_code": ("Run code in the workspace and get its stdout, stderr and exit code.", {
@@ -39,7 +62,7 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 class WorkspaceTools:
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(self, workspace: WorkspaceLike) -> None:
         self.workspace = workspace
 
     def openai(self) -> list[dict[str, Any]]:

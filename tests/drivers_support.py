@@ -115,11 +115,13 @@ NOMAD_TOKEN = os.environ.get("HUTCH_NOMAD_TOKEN")  # the dev agent runs with ACL
 
 
 async def start_nomad(data_dir: Path, **kw: object) -> Driver:
+    from hutch.blobs.files import FileBlobStore
     from hutch.core.errors import HutchError
     from hutch.drivers.nomad.driver import NomadDriver
 
     driver = NomadDriver(address=NOMAD_ADDR, data_dir=data_dir, registry=kw.pop("registry", NOMAD_REGISTRY),  # type: ignore[arg-type]
                          token=kw.pop("token", NOMAD_TOKEN),  # type: ignore[arg-type]
+                         blobs=FileBlobStore(data_dir),  # disk checkpoints where the embedded profile keeps them
                          runtime_cache=RUNTIME_CACHE, **kw)  # type: ignore[arg-type]
     try:
         await driver.start()

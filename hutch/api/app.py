@@ -61,7 +61,7 @@ from hutch.api.webapp.sessions import SESSIONS, Sessions, session_cookie
 from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
-from hutch.core.quantities import parse_bytes
+from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.tenancy import SCOPE, Access, Scope
 from hutch.service import archives
 from hutch.service.background import Background
@@ -90,8 +90,8 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
     except RateLimited as err:
         wait = math.ceil(float(err.context.get("retry_after", 1)))
         return web.json_response(err.to_wire(), status=err.status, headers={"Retry-After": str(max(1, wait))})
-    except HutchError as err:
-        return web.json_response(err.to_wire(), status=err.status)
+    except HutchError as err:  # every kind the server raises has a status; 500 for one that has none
+        return web.json_response(err.to_wire(), status=err.status or 500)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[CONFIG].max_body_bytes
         return _error(413, f"body: larger than the {limit} bytes this server accepts", "PAYLOAD_TOO_LARGE")
@@ -276,7 +276,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                                                  disk=config.default_disk),
                         checkpoint_limits=CheckpointLimits(
                             count=config.max_checkpoints,
-                            bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes)))
+                            bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes)),
+                        output_retention=parse_duration("HUTCH_OUTPUT_RETENTION", config.output_retention))
         stack.push_async_callback(engine.close)
         replication = Replication(replicas, engine, on_live=lambda n: setattr(tenants, "replicas", n))
         engine.projector.observers.append(replication.observe)

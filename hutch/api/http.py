@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,13 +44,43 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
     return body
 
 
+# Integers a body may hold: what a 64-bit counter (and PostgreSQL's bigint) takes. Nothing hutch
+# reads is larger; a larger one was a 500 wherever it met a float() or the database.
+MAX_INT = 2**63 - 1
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: read as infinity by Python, a number by nobody
+        raise _NotJson(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _integer(text: str) -> int:
+    if len(text) > 20 or abs(value := int(text)) > MAX_INT:
+        raise _NotJson(f"the integer {text[:40]}{'...' if len(text) > 40 else ''} is out of range "
+                       f"(at most {MAX_INT})")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON value")
+
+
 def parse_json(raw: bytes | str, field: str = "body") -> Any:
     """The one decoder for what clients send (bodies, the auth's orgId look, terminal control
-    messages): JSON, at most ``MAX_DEPTH`` deep, no NUL or lone surrogate in any string."""
+    messages): JSON, at most ``MAX_DEPTH`` deep, no NUL or lone surrogate in any string, no
+    ``NaN``/``Infinity`` (Python's extensions) and no number out of range."""
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_float=_number, parse_int=_integer, parse_constant=_constant)
     except RecursionError:
         raise InvalidInput(f"{field}: nested deeper than {MAX_DEPTH} levels", field=field) from None
+    except _NotJson as err:
+        raise InvalidInput(f"{field}: invalid JSON ({err})", field=field) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidInput(f"{field}: invalid JSON ({err})", field=field) from err
     _check_text(value, field)
@@ -123,12 +154,16 @@ def q_instant(request: web.Request, name: str) -> str | None:
 
 
 def check_query(request: web.Request) -> None:
-    """Refuse a NUL or a lone surrogate in any query name or value, as in bodies (``_check_text``):
-    PostgreSQL's text cannot hold them, so a NUL in a list's filter was a 500 on the production
-    profile (found by the fuzzing)."""
+    """Refuse a NUL or a lone surrogate in any query name or value, and in the path's ids, as in
+    bodies (``_check_text``): PostgreSQL's text cannot hold them, so a NUL in a list's filter
+    (found by the fuzzing) and in a sandbox id (``/sandbox/sbx_%00``) were 500s on the
+    production profile. A port URL's own path (``tail``) is the sandbox's business."""
     for key, value in request.query.items():
         _check_string(key, key)
         _check_string(value, key)
+    for key, value in request.match_info.items():
+        if key != "tail":
+            _check_string(value, key)
 
 
 def q_bool(request: web.Request, name: str) -> bool | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 
@@ -33,6 +32,7 @@ from hutch.core.events import Event
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
 from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas
+from hutch.core.tenancy import secrets_match
 from hutch.service.engine import Engine
 from hutch.service.sandbox_streams import is_sandbox_stream
 
@@ -302,7 +302,7 @@ def relayed_by_a_replica(request: web.Request) -> bool:
     if replication is None or not by or not token:
         return False
     wanted = forward_token(replication.engine, by, request.method, request.rel_url.raw_path_qs)
-    return hmac.compare_digest(token, wanted)
+    return secrets_match(token, wanted)
 
 
 async def name_the_replica(request: web.Request, response: web.StreamResponse) -> None:

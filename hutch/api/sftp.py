@@ -7,7 +7,11 @@ What the primitives cannot do (rename, links, locks) is refused as unsupported.
 
 Files are whole-file operations in the driver: a file opened for reading is fetched once,
 a file opened for writing is collected and written at close. Both are spooled to a
-server-side temporary file past 8 MiB, so memory stays flat.
+server-side temporary file past 8 MiB, so memory stays flat, and both are bounded by the
+server's upload limit (``max_upload_bytes``, 4 GiB): past it, "too large". A write far past a
+file's end leaves a hole in that temporary file (a ``BytesIO`` would fill the gap with zeros
+in the server's memory: one byte at offset 1 GiB took 1 GiB), and one read answers at most
+4 MiB whatever the client asks.
 """
 
 from __future__ import annotations
@@ -31,15 +35,30 @@ if TYPE_CHECKING:
 
 HOME = "/home/agentuity"  # where a relative path starts (the sandbox user's home)
 _SPOOL = 8 << 20
+_READ_MAX = asyncssh.sftp.MAX_SFTP_READ_LEN  # 4 MiB: a read request may ask for 4 GiB
 _USER = "agentuity"
 
 
 class _Open:
-    def __init__(self, path: str, writing: bool) -> None:
+    def __init__(self, path: str, writing: bool, limit: int) -> None:
         self.path = path
         self.writing = writing
+        self.limit = limit
         self.data = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - closed in close()
         self.mode = 0o644
+
+    def reserve(self, end: int) -> None:
+        """Make room for the file to reach ``end`` bytes: refused past the limit; on disk past
+        the spool's size before anything is written, so a far write leaves a hole, not zeros."""
+        if end > self.limit:
+            raise _too_large(self.path, self.limit)
+        if end > _SPOOL:
+            self.data.rollover()
+
+
+def _too_large(path: str, limit: int) -> asyncssh.SFTPError:
+    return asyncssh.SFTPFailure(f"{path}: file too large for SFTP (at most {limit} bytes); use the file API "
+                                "(GET /fs, POST /fs/upload) for larger files")
 
 
 def _sftp_error(err: HutchError) -> asyncssh.SFTPError:
@@ -57,7 +76,8 @@ def _attrs(info: FileInfo) -> SFTPAttrs:
                      uid=0, gid=0, owner=_USER, group=_USER)
 
 
-_ROOT = SFTPAttrs(type=asyncssh.FILEXFER_TYPE_DIRECTORY, size=0, permissions=stat.S_IFDIR | 0o755,
+# SFTPv3 carries names only beside ids: without uid/gid, asyncssh refuses to send "/"'s attributes.
+_ROOT = SFTPAttrs(type=asyncssh.FILEXFER_TYPE_DIRECTORY, size=0, permissions=stat.S_IFDIR | 0o755, uid=0, gid=0,
                   owner="root", group="root")
 
 
@@ -69,6 +89,7 @@ class SandboxSftp(asyncssh.SFTPServer):
         self.engine = engine
         self.sandbox_id: str = chan.get_extra_info("hutch_sandbox")  # a relay's user name is not it
         self.principal = chan.get_extra_info("hutch_principal")
+        self.limit = engine.snapshots.limits.max_bytes  # the server's max_upload_bytes
 
     # ------------------------------------------------------------ plumbing
 
@@ -83,6 +104,8 @@ class SandboxSftp(asyncssh.SFTPServer):
 
         with acting(self.principal):
             try:
+                if self.engine.tenants is not None:  # each operation is a request of the key's
+                    self.engine.tenants.throttle(self.principal)
                 await self.engine.for_files(self.sandbox_id)  # scoped; wakes a paused sandbox
                 return await work()
             except HutchError as err:
@@ -158,34 +181,44 @@ class SandboxSftp(asyncssh.SFTPServer):
     async def open(self, path: bytes, pflags: int, attrs: SFTPAttrs) -> object:
         where = self._path(path)
         writing = bool(pflags & (asyncssh.FXF_WRITE | asyncssh.FXF_CREAT | asyncssh.FXF_TRUNC | asyncssh.FXF_APPEND))
-        handle = _Open(where, writing)
+        handle = _Open(where, writing, self.limit)
         if attrs.permissions is not None:
             handle.mode = attrs.permissions & 0o777
         keep = writing and not pflags & asyncssh.FXF_TRUNC  # an update in place starts from the file
         if not writing or keep:
             try:
+                if ((await self._info(where)).size or 0) > self.limit:  # a sparse terabyte: refused at once
+                    raise _too_large(where, self.limit)
                 await self._call(lambda: self._fetch(where, handle))
             except asyncssh.SFTPNoSuchFile:
                 if not writing:
+                    handle.data.close()
                     raise
+            except BaseException:
+                handle.data.close()
+                raise
         return handle
 
     async def open56(self, path: bytes, desired_access: int, flags: int, attrs: SFTPAttrs) -> object:
         raise asyncssh.SFTPOpUnsupported("SFTP version 5/6 opens are not supported")
 
     async def _fetch(self, path: str, handle: _Open) -> None:
+        got = 0
         async for chunk in self.engine.driver.read_file(self.sandbox_id, path):
+            got += len(chunk)
+            handle.reserve(got)  # a link to a bigger file, /dev/zero: stopped at the limit
             handle.data.write(chunk)
 
     async def read(self, file_obj: object, offset: int, size: int) -> bytes:
         assert isinstance(file_obj, _Open)
         file_obj.data.seek(offset)
-        return file_obj.data.read(size)
+        return file_obj.data.read(min(size, _READ_MAX))
 
     async def write(self, file_obj: object, offset: int, data: bytes) -> int:
         assert isinstance(file_obj, _Open)
         if not file_obj.writing:
             raise asyncssh.SFTPPermissionDenied("the file was opened for reading")
+        file_obj.reserve(offset + len(data))
         file_obj.data.seek(offset)
         return file_obj.data.write(data)
 

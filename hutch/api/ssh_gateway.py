@@ -7,7 +7,8 @@ the driver's file primitives, the same as the file API (api/sftp.py): never the 
 
 The user name is the sandbox id; the key must be registered for the sandbox's organization
 (``/ssh-keys``, core/tenancy.py), by an API key still live (revoked or expired, its SSH
-keys open nothing). An unknown sandbox, another organization's sandbox and an
+keys open nothing). Each session, and each SFTP operation that reaches the sandbox, counts
+against that API key's rate limit like an HTTP request (where the session is served). An unknown sandbox, another organization's sandbox and an
 unregistered key are refused alike, before any session: nothing is revealed. The host key
 is made once and kept in the data dir.
 
@@ -115,6 +116,7 @@ class SshGateway:
         code = EXIT_FAILED
         with acting(principal):
             try:
+                self.tenants.throttle(principal)  # a session is a request of its key's (RateLimited: said)
                 if process.get_terminal_type() is not None:
                     code = await self._terminal(process, sandbox_id)
                 else:

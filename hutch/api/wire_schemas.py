@@ -1,5 +1,5 @@
-"""JSON Schemas of the wire bodies: what the main routes take (as api/wire.py and the route
-handlers parse them) and what their success answers carry under ``data`` (as api/wire.py's
+"""JSON Schemas of the wire bodies: what the main routes take (as api/parse.py and the route
+handlers parse them) and what their success answers carry under ``data`` (as api/render.py's
 renderers write them). /openapi.json (api/openapi.py) states them per route from ``ROUTES``.
 
 One source of truth, held by tests/api/test_wire_schemas.py: each request schema's example is
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch.api.wire import MAX_FILES
+from hutch.api.parse import MAX_FILES
 from hutch.core import egress, ids, snapshots
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus, SnapshotStatus
 from hutch.core.packages import APT_RE, MAX_ITEMS, NPM_RE
@@ -28,7 +28,7 @@ NO_NUL: Schema = {"type": "string", "pattern": "^[^\\x00]*$"}
 INTEGER: Schema = {"type": "integer"}
 BOOLEAN: Schema = {"type": "boolean"}
 OBJECT: Schema = {"type": "object"}
-ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # wire.parse_env: letters, digits and _, no leading digit
+ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # parse.parse_env: letters, digits and _, no leading digit
 BASE64 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # b64decode(validate=True)
 # core/quantities.py's forms (it also strips surrounding blanks).
 DURATION: Schema = {"type": "string", "pattern": "^(?:[0-9]+(?:\\.[0-9]+)?(?:ms|s|m|h|d))+$",
@@ -175,7 +175,8 @@ SANDBOX = obj({
         "memory": STRING, "cpu": STRING, "disk": STRING}),
     "networkEnabled": BOOLEAN, "networkPort": INTEGER, "networkAllow": array(STRING), "url": URL, "org": ORG,
     "projectId": STRING, "timeout": obj({"idle": STRING, "execution": STRING, "paused": STRING}),
-    "command": obj({"exec": array(STRING), "mode": enum_of(Mode)}, ("exec",)),
+    "command": obj({"exec": array(STRING), "mode": enum_of(Mode), "omittedBytes": INTEGER, "sha256": STRING},
+                   ("exec",)),
     "snapshot": obj({"id": STRING, "public": BOOLEAN, "user": OBJECT}, ("id",)),
     "dependencies": array(STRING), "packages": array(STRING), "reason": STRING, "cpuTimeMs": INTEGER,
     "memoryByteSec": INTEGER, "memoryPeakBytes": INTEGER,
@@ -194,6 +195,7 @@ EXECUTION = obj({
     "executionId": STRING, "sandboxId": id_of("sandbox"), "type": STRING, "status": enum_of(ExecutionStatus),
     "command": array(STRING), "exitCode": INTEGER, "durationMs": INTEGER, "startedAt": TIME, "completedAt": TIME,
     "error": STRING, "stdoutStreamUrl": URL, "stderrStreamUrl": URL, "outputTruncated": BOOLEAN,
+    "commandOmittedBytes": INTEGER, "commandSha256": STRING,
 }, ("executionId", "sandboxId", "type", "status", "command", "outputTruncated"))
 EXECUTION_STARTED = obj({"executionId": id_of("execution"), "status": enum_of(ExecutionStatus),
                          "stdoutStreamUrl": URL, "stderrStreamUrl": URL}, ("executionId", "status"))
@@ -202,7 +204,7 @@ JOB_INFO = obj({
     "jobId": STRING, "sandboxId": id_of("sandbox"), "command": array(STRING),
     "status": {"type": "string", "enum": ["pending", "running", "completed", "failed", "cancelled"]},
     "exitCode": INTEGER, "startedAt": TIME, "completedAt": TIME, "error": STRING,
-    "stdoutStreamUrl": URL, "stderrStreamUrl": URL,
+    "stdoutStreamUrl": URL, "stderrStreamUrl": URL, "commandOmittedBytes": INTEGER, "commandSha256": STRING,
 }, ("jobId", "sandboxId", "command", "status", "stdoutStreamUrl", "stderrStreamUrl"))
 JOB_LIST = obj({"jobs": array(JOB_INFO)}, ("jobs",))
 SNAPSHOT = obj({
@@ -307,9 +309,9 @@ STREAM_CREATED = obj({"id": STRING}, ("id",))
 BYTES_TAKEN = obj({"bytes": INTEGER}, ("bytes",))
 NULLABLE_INT: Schema = {"type": ["integer", "null"]}
 QUOTA = obj({k: NULLABLE_INT for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes")})
-# snapshotBytes of the quota bounds storageBytes of the usage (snapshots, checkpoints, uploads).
+# snapshotBytes of the quota bounds storageBytes of the usage (snapshots, checkpoints, uploads, output).
 ORG_USAGE = obj({k: INTEGER for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes", "checkpointBytes",
-                                      "uploadBytes", "storageBytes")})
+                                      "uploadBytes", "outputBytes", "storageBytes")})
 ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": ORG_USAGE},
                ("id", "name", "createdAt", "quota"))
 ORG_LIST = obj({"orgs": array(ORG_INFO), "total": INTEGER}, ("orgs", "total"))

@@ -57,7 +57,7 @@ class FileBlobStore(BlobStore):
             raise
         return BlobInfo(key=key, size=size, sha256=digest.hexdigest(), created=final.stat().st_mtime)
 
-    async def put_file(self, key: str, source: Path) -> bool:
+    async def link_file(self, key: str, source: Path) -> bool:
         """Put a complete local file by linking it into place (no second copy); False, with
         nothing changed, when it cannot be linked (another filesystem), so the caller copies."""
         final = self.path(key)
@@ -83,6 +83,10 @@ class FileBlobStore(BlobStore):
             return await asyncio.to_thread(open, path, "rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:
             raise BlobNotFound(f"blob {key!r} not found", key=key) from err
+
+    async def open_local(self, key: str) -> IO[bytes]:
+        """The blob's own file (no copy): a reader keeps it whole while it is replaced."""
+        return await self.open(key)
 
     async def get(self, key: str) -> AsyncGenerator[bytes, None]:
         fh = await self.open(key)

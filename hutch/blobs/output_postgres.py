@@ -2,7 +2,7 @@
 PostgreSQL, so a stream written through one API replica is read through any other and
 outlives the host that ran its command.
 
-Layout (``projections/migrations/008_output.sql``): ``hutch_output_chunks(stream_id,
+Layout (``storage/migrations/008_output.sql``): ``hutch_output_chunks(stream_id,
 start_pos, end_pos, data)``, one row per saved piece; ``hutch_secrets`` holds the secret
 stream ids are signed with, made once by the first replica, so every replica issues and
 accepts the same ids.
@@ -19,7 +19,13 @@ accepts the same ids.
   dead writer sends nothing. It checks "open" *before* fetching chunks: a stream seen
   closed has every chunk committed, so the fetch after it is the whole remainder.
 
-Chunks are never deleted, as output files are kept on the embedded profile.
+* Owners (``storage/migrations/010_output_owners.sql``): a stream opened with an owner gets a
+  ``hutch_output_streams`` row with its first chunk, in the chunk's own statement, and its
+  byte count with every chunk after; ``stored`` sums an organization's rows, ``drop`` deletes
+  a sandbox's rows and their chunks in one statement.
+
+Chunks are deleted only with their sandbox's output (``drop``); a stream without an owner
+(saved before streams had owners) is kept.
 """
 
 from __future__ import annotations
@@ -35,8 +41,15 @@ import asyncpg
 
 from hutch.core.blobs import BlobUnavailable
 from hutch.core.errors import InvalidInput
-from hutch.core.output import CHUNK, OutputStreams, OutputWriter, check_offset, check_stream_id
-from hutch.projections.pgpool import UNAVAILABLE, Pool
+from hutch.core.output import (
+    CHUNK,
+    OutputStreams,
+    OutputWriter,
+    StreamOwner,
+    check_offset,
+    check_stream_id,
+)
+from hutch.storage.pg import UNAVAILABLE, Pool
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +60,17 @@ _RETRIES = (0.2, 0.5, 1.0)  # a chunk's save is retried after these pauses, then
 _CHANNEL = "hutch_output"
 _SAVE = ("WITH c AS (INSERT INTO hutch_output_chunks (stream_id, start_pos, end_pos, data)"
          " VALUES ($1, $2, $3, $4)) SELECT pg_notify('hutch_output', $1)")
+_SAVE_OWNED = ("WITH c AS (INSERT INTO hutch_output_chunks (stream_id, start_pos, end_pos, data)"
+               " VALUES ($1, $2, $3, $4)),"
+               " o AS (INSERT INTO hutch_output_streams (stream_id, org_id, sandbox_id, bytes) VALUES ($1, $5, $6, $3)"
+               " ON CONFLICT (stream_id) DO UPDATE SET bytes = EXCLUDED.bytes)"
+               " SELECT pg_notify('hutch_output', $1)")
+_STORED = "SELECT coalesce(sum(bytes), 0)::bigint FROM hutch_output_streams WHERE org_id = $1"
+_KEPT = "SELECT DISTINCT org_id, sandbox_id FROM hutch_output_streams"
+_DROP = ("WITH s AS (DELETE FROM hutch_output_streams WHERE org_id = $1 AND sandbox_id = $2"
+         " AND NOT stream_id = ANY($3::text[]) RETURNING stream_id, bytes),"
+         " c AS (DELETE FROM hutch_output_chunks WHERE stream_id IN (SELECT stream_id FROM s))"
+         " SELECT coalesce(sum(bytes), 0)::bigint FROM s")
 _HELD = ("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
          " AND classid = $1 AND objid = $2"
          " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))")
@@ -70,9 +94,9 @@ async def _held(conn: asyncpg.Connection, stream_id: str) -> bool:
 
 
 class PostgresOutputWriter(OutputWriter):
-    def __init__(self, owner: PostgresOutputStreams, stream_id: str, cap: int) -> None:
-        super().__init__(stream_id, cap)
-        self._owner = owner
+    def __init__(self, store: PostgresOutputStreams, stream_id: str, cap: int, owner: StreamOwner | None) -> None:
+        super().__init__(stream_id, cap, owner)
+        self._store = store
         self._pending = bytearray()
         self._saved = 0  # where the next chunk starts
         self._full = asyncio.Event()
@@ -95,7 +119,7 @@ class PostgresOutputWriter(OutputWriter):
                 self._full.clear()
                 data = bytes(self._pending[:_ROW_MAX])
                 del self._pending[:len(data)]
-                await self._owner._save_chunk(self.stream_id, self._saved, data)
+                await self._store._save_chunk(self.stream_id, self._saved, data, self.owner)
                 self._saved += len(data)
         finally:
             self._pump = None
@@ -190,12 +214,14 @@ class PostgresOutputStreams(OutputStreams):
         assert isinstance(value, bytes)
         return value
 
-    async def open(self, stream_id: str) -> PostgresOutputWriter:
+    async def open(self, stream_id: str, owner: StreamOwner | None = None) -> PostgresOutputWriter:
         writer = self._writers.get(check_stream_id(stream_id))
         if writer is None:
             if not await self._on_session("SELECT pg_try_advisory_lock($1)", lock_key(stream_id)):
                 raise InvalidInput(f"stream {stream_id} is already being written by another process")
-            writer = self._writers[stream_id] = PostgresOutputWriter(self, stream_id, self.cap)
+            writer = self._writers[stream_id] = PostgresOutputWriter(self, stream_id, self.cap, owner)
+        elif writer.owner is None and writer.size == 0:
+            writer.owner = owner
         return writer
 
     async def close(self, stream_id: str) -> None:
@@ -214,10 +240,11 @@ class PostgresOutputStreams(OutputStreams):
             self._writers.pop(stream_id, None)
             self._wake(stream_id)
 
-    async def _save_chunk(self, stream_id: str, start: int, data: bytes) -> None:
+    async def _save_chunk(self, stream_id: str, start: int, data: bytes, owner: StreamOwner | None) -> None:
+        query, args = (_SAVE, ()) if owner is None else (_SAVE_OWNED, (owner.org_id, owner.sandbox_id))
         for pause in (*_RETRIES, None):
             try:
-                await self._on_session(_SAVE, stream_id, start, start + len(data), data)
+                await self._on_session(query, stream_id, start, start + len(data), data, *args)
                 break
             except (BlobUnavailable, asyncpg.PostgresError) as err:
                 if pause is None:
@@ -241,6 +268,22 @@ class PostgresOutputStreams(OutputStreams):
             value = await conn.fetchval("SELECT max(end_pos) FROM hutch_output_chunks WHERE stream_id = $1",
                                         check_stream_id(stream_id))
         return int(value or 0)
+
+    async def stored(self, org_id: str) -> int:
+        async with self._conn() as conn:
+            saved = int(await conn.fetchval(_STORED, org_id))
+        # Written here and not saved yet (at most a chunk a stream, for 100 ms): counted already.
+        return saved + sum(w.size - w._saved for w in self._writers.values()
+                           if w.owner is not None and w.owner.org_id == org_id)
+
+    async def kept(self) -> list[StreamOwner]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(_KEPT)
+        return [StreamOwner(r["org_id"], r["sandbox_id"]) for r in rows]
+
+    async def drop(self, owner: StreamOwner) -> int:
+        async with self._conn() as conn:
+            return int(await conn.fetchval(_DROP, owner.org_id, owner.sandbox_id, list(self._writers)))
 
     async def read(self, stream_id: str, offset: int = 0) -> AsyncIterator[bytes]:
         check_offset(check_stream_id(stream_id), offset)

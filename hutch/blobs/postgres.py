@@ -4,7 +4,7 @@ Why PostgreSQL: the production profile already runs it (no new service to run, s
 and back up), and a blob's row commits in the same database as the metadata that
 refers to it. The README's scale-out section has the figures and the trade-off.
 
-Layout: ``hutch_blobs(key, oid, size, sha256, created)`` (``projections/migrations/
+Layout: ``hutch_blobs(key, oid, size, sha256, created)`` (``storage/migrations/
 006_blobs.sql``), one row per key naming one large object.
 
 * ``put`` is one transaction: create a large object, write it in ``CHUNK`` pieces,
@@ -39,7 +39,7 @@ from hutch.core.blobs import (
     check_prefix,
 )
 from hutch.core.errors import InvalidInput
-from hutch.projections.pgpool import Pool
+from hutch.storage.pg import Pool
 
 _INV_WRITE = 0x20000
 _INV_READ = 0x40000

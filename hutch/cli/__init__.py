@@ -49,7 +49,7 @@ from hutch.cli._sandbox import (  # the handlers, as hutch.cli has always offere
 )
 from hutch.cli._values import _int_in
 from hutch.core.errors import HutchError
-from hutch.errors import ConnectionFailed, SandboxError, Unauthorized
+from hutch.errors import ConnectionFailed, Unauthorized
 
 __all__ = [
     "UsageError",
@@ -179,9 +179,9 @@ def _explain(err: HutchError, args: argparse.Namespace) -> str:
         message += " (start one with `hutch serve`, or set HUTCH_URL)"
     elif "in use by another hutch server" in message:
         message += "; set HUTCH_URL to use that server, e.g. HUTCH_URL=http://127.0.0.1:8700"
-    code = getattr(err, "code", None)
-    if isinstance(err, SandboxError) and code and not isinstance(err, ConnectionFailed):
-        message += f" [{code}]"
+    # The machine code of what the server or the SDK refused; not of the CLI's own failures.
+    if err.code and not isinstance(err, ConnectionFailed | _files_jobs.Failure):
+        message += f" [{err.code}]"
     return message
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
-from hutch.client import SandboxClient
+from hutch.client import SandboxClient, local_client
 
 T = TypeVar("T")
 
@@ -94,8 +94,6 @@ def _remote_wanted(args: argparse.Namespace) -> bool:
 
 async def _in_process(args: argparse.Namespace, work: Callable[[SandboxClient], Awaitable[T]]) -> T:
     """Run the engine inside this process, reachable only through a private Unix socket."""
-    from hutch.local_engine import local_client
-
     async with local_client(data_dir=args.data_dir, driver=args.driver) as client:
         return await work(client)
 

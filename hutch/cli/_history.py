@@ -26,8 +26,8 @@ def add_parsers(sb: Any) -> None:
 
 def cmd_fork(args: argparse.Namespace) -> int:
     async def work(client: Any) -> Any:
-        return await client._request("POST", f"/sandbox/{args.sandbox_id}/fork", json={"count": args.count},
-                                     sandbox_id=args.sandbox_id)
+        return await client.connection.request("POST", f"/sandbox/{args.sandbox_id}/fork",
+                                               json={"count": args.count}, sandbox_id=args.sandbox_id)
 
     data = _call(args, work)["data"]
     if args.json:

@@ -21,6 +21,10 @@ Failure semantics, which every adapter keeps (``tests/contracts/test_blobs.py``)
 * A backend that cannot be reached raises ``BlobUnavailable`` (retriable). A ``put`` that
   raised it took effect fully or not at all (the lost part may be the commit's reply).
 
+Two optional hooks let a store that keeps blobs as local files skip a copy (``link_file``,
+``open_local``); ``storage.spool`` calls them and falls back to ``put``/``get``, so callers
+never ask which store they hold.
+
 This module is pure: the adapters (``blobs.files``, ``blobs.postgres``) do the I/O.
 """
 
@@ -28,11 +32,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncGenerator, AsyncIterable
-from typing import ClassVar
+from pathlib import Path
+from typing import IO
 
 import attrs
 
-from hutch.core.errors import HutchError, InvalidInput, NotFound
+from hutch.core.errors import InvalidInput, NotFound, ServiceUnavailable
 
 CHUNK = 1 << 20  # what ``get`` yields at most, and what adapters write at a time
 MAX_KEY_LENGTH = 1024
@@ -42,10 +47,8 @@ class BlobNotFound(NotFound):
     code = "BLOB_NOT_FOUND"
 
 
-class BlobUnavailable(HutchError):
-    status: ClassVar[int] = 503
-    code: ClassVar[str] = "BLOB_STORE_UNAVAILABLE"
-    retriable: ClassVar[bool] = True
+class BlobUnavailable(ServiceUnavailable):
+    code = "BLOB_STORE_UNAVAILABLE"
 
 
 @attrs.frozen
@@ -136,3 +139,15 @@ class BlobStore(abc.ABC):
     @abc.abstractmethod
     async def delete_prefix(self, prefix: str) -> int:
         """Remove every key starting with ``prefix`` (see ``check_prefix``); how many."""
+
+    async def link_file(self, key: str, path: Path) -> bool:
+        """Put the complete local file at ``path`` under ``key`` without copying it, where
+        the store can; False, with nothing changed, where it cannot (the default), so the
+        caller streams the file through ``put``. Same guarantees as ``put`` when True."""
+        return False
+
+    async def open_local(self, key: str) -> IO[bytes] | None:
+        """``key``'s value as an open local file, read in place, where the store keeps its
+        values as files (``BlobNotFound`` if absent); None where it does not (the default),
+        so the caller copies it out with ``get``."""
+        return None

@@ -136,11 +136,18 @@ class CheckpointDeleted:
 
 @attrs.frozen
 class ExecutionStarted:
+    """``command``: the first 4 KiB of the argv the driver was given (the log is kept for ever and
+    shared by every tenant: core.limits.recorded_argv); ``command_omitted_bytes`` and
+    ``command_sha256`` say how much was left out and what the whole was (absent in older records,
+    and whenever nothing was left out)."""
+
     type: ClassVar[str] = "execution:started"
     execution_id: str
     command: tuple[str, ...]
     timeout_seconds: float | None = None
     kind: str = "exec"
+    command_omitted_bytes: int | None = None
+    command_sha256: str | None = None
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ PREFIXES = {
     "ssh_key": "ssk",
 }
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-_ID_RE = re.compile(r"^(?P<prefix>[a-z]+)_(?P<body>[0-9a-hjkmnp-tv-z]{26})$")
+_ID_RE = re.compile(r"^(?P<prefix>[a-z]+)_(?P<body>[0-9a-hjkmnp-tv-z]{26})\Z")
 
 
 def new_id(kind: str, *, now_ms: int | None = None, random_bytes: bytes | None = None) -> str:

@@ -3,7 +3,8 @@
 ``decide(state, command) -> [events]`` checks a command against the current state and
 says what happened; ``evolve(state, event) -> state`` folds one event. Folding is
 ``functools.reduce(evolve, events, None)``. An illegal command raises ``IllegalTransition``
-and changes nothing; evolve never validates (the log is the truth, even if odd).
+and changes nothing; evolve never validates (the log is the truth, even if odd). Every
+sandbox event is decided here, its creation too (``Create``, against no sandbox).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import attrs
 
 from hutch.core import limits
-from hutch.core.errors import CheckpointNotFound, IllegalTransition
+from hutch.core.errors import CheckpointNotFound, IllegalTransition, InvalidInput, SandboxNotFound
 from hutch.core.events import (
     CheckpointCreated,
     CheckpointDeleted,
@@ -31,9 +32,29 @@ from hutch.core.events import (
     SandboxStarted,
     SandboxTerminated,
 )
-from hutch.core.models import Checkpoint, Execution, ExecutionStatus, Mode, Sandbox, SandboxStatus
+from hutch.core.models import (
+    Checkpoint,
+    Execution,
+    ExecutionStatus,
+    Mode,
+    Sandbox,
+    SandboxSpec,
+    SandboxStatus,
+)
 
 # ---------------------------------------------------------------- commands
+
+
+@attrs.frozen
+class Create:
+    """Record a new sandbox: its spec as the server settled it (organization, project,
+    defaults), the key that asked, and the command it runs at create, if any. That command
+    is ``queued`` from the create on (``initial_command``) when it waits for a runtime build."""
+
+    spec: SandboxSpec
+    api_key_id: str | None = None
+    initial_execution_id: str | None = None
+    initial_command: tuple[str, ...] | None = None
 
 
 @attrs.frozen
@@ -119,7 +140,7 @@ class Resume:
 
 
 Command = (
-    Start | Fail | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
+    Create | Start | Fail | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
     | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
 )
 
@@ -130,7 +151,7 @@ def _illegal(sandbox: Sandbox, what: str) -> IllegalTransition:
     return IllegalTransition(
         f"cannot {what}: sandbox {sandbox.sandbox_id} is {sandbox.status.value}",
         sandbox_id=sandbox.sandbox_id,
-        status=sandbox.status.value,
+        sandbox_status=sandbox.status.value,
     )
 
 
@@ -142,10 +163,11 @@ def checkpoint_id_for(sandbox: Sandbox, ref: str) -> str:
     return next((c.checkpoint_id for c in sandbox.checkpoints if c.name == ref), ref)
 
 
-# What decide can say happened: the sandbox lifecycle's events (creation, snapshots and
-# tenancy are decided elsewhere).
+# What decide can say happened: the sandbox lifecycle's events (snapshots and tenancy are
+# decided elsewhere).
 Decided = (
-    SandboxStarted
+    SandboxCreated
+    | SandboxStarted
     | SandboxFailed
     | RuntimeBuildProgress
     | CheckpointCreated
@@ -162,8 +184,13 @@ Decided = (
 )
 
 
-def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
-    """Event payloads the command produces (the caller wraps them in envelopes)."""
+def decide(sandbox: Sandbox | None, command: Command) -> list[Decided]:
+    """Event payloads the command produces (the caller wraps them in envelopes). ``sandbox``
+    is None where none is recorded: only a ``Create`` goes there."""
+    if isinstance(command, Create):
+        return _decide_create(sandbox, command)
+    if sandbox is None:
+        raise SandboxNotFound("sandbox not found: nothing but a create is decided before it is recorded")
     match command:
         case Start() | Fail() | ReportBuild():
             return _decide_setup(sandbox, command)
@@ -184,6 +211,24 @@ def decide(sandbox: Sandbox, command: Command) -> list[Decided]:
         case Destroy() | Terminate():
             return _decide_end(sandbox, command)
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _decide_create(sandbox: Sandbox | None, command: Create) -> list[Decided]:
+    """A sandbox id is used once: a create never lands on a recorded sandbox, whatever its state."""
+    if sandbox is not None:
+        raise _illegal(sandbox, "create it again")
+    if command.initial_command is not None and command.initial_execution_id is None:
+        # The queued command is read back as an execution under that id (evolve_execution).
+        raise InvalidInput("a create's queued command needs its execution id", field="command")
+    spec, initial = command.spec, command.initial_command
+    if spec.command is not None:  # the log keeps the command's first 4 KiB (core.limits.recorded_argv)
+        kept = limits.recorded_argv(spec.command)
+        spec = attrs.evolve(spec, command=kept.argv, command_omitted_bytes=kept.omitted_bytes,
+                            command_sha256=kept.sha256)
+    if initial is not None:
+        initial = limits.recorded_argv(initial).argv
+    return [SandboxCreated(spec=spec, api_key_id=command.api_key_id,
+                           initial_execution_id=command.initial_execution_id, initial_command=initial)]
 
 
 def _decide_setup(sandbox: Sandbox, command: Start | Fail | ReportBuild) -> list[Decided]:
@@ -231,7 +276,7 @@ def _decide_checkpoint_change(sandbox: Sandbox, command: RestoreCheckpoint | Del
     if isinstance(command, RestoreCheckpoint) and status is SandboxStatus.RUNNING:
         raise IllegalTransition(
             f"cannot restore: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
-            sandbox_id=sandbox.sandbox_id, status=status.value,
+            sandbox_id=sandbox.sandbox_id, sandbox_status=status.value,
         )
     return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
 
@@ -256,7 +301,7 @@ def _decide_pause(sandbox: Sandbox, command: Pause) -> list[Decided]:
         raise IllegalTransition(
             f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
             sandbox_id=sandbox.sandbox_id,
-            status=status.value,
+            sandbox_status=status.value,
         )
     if status is not SandboxStatus.IDLE:
         raise _illegal(sandbox, "pause")
@@ -278,18 +323,21 @@ def _decide_start_execution(sandbox: Sandbox, command: StartExecution) -> list[D
         raise IllegalTransition(
             f"cannot execute: sandbox {sandbox.sandbox_id} is paused; resume it first",
             sandbox_id=sandbox.sandbox_id,
-            status=status.value,
+            sandbox_status=status.value,
         )
     if status not in _LIVE:
         raise _illegal(sandbox, "execute")
     if sandbox.spec.mode is Mode.ONESHOT and sandbox.executions >= 1:
         raise _illegal(sandbox, "execute in a oneshot sandbox")
+    kept = limits.recorded_argv(command.command)  # the driver runs the whole; the log keeps its start
     return [
         ExecutionStarted(
             execution_id=command.execution_id,
-            command=command.command,
+            command=kept.argv,
             timeout_seconds=command.timeout_seconds,
             kind=command.kind,
+            command_omitted_bytes=kept.omitted_bytes,
+            command_sha256=kept.sha256,
         )
     ]
 
@@ -425,7 +473,9 @@ def evolve_execution(execution: Execution | None, event: Event) -> Execution | N
     data, at = event.data, event.created_at
     if isinstance(data, SandboxCreated) and data.initial_command is not None:
         return Execution(execution_id=data.initial_execution_id or "", sandbox_id=event.sandbox_id,
-                         command=data.initial_command, status=ExecutionStatus.QUEUED, created_at=at)
+                         command=data.initial_command, status=ExecutionStatus.QUEUED, created_at=at,
+                         command_omitted_bytes=data.spec.command_omitted_bytes,
+                         command_sha256=data.spec.command_sha256)
     if isinstance(data, ExecutionStarted):
         return Execution(
             execution_id=data.execution_id,
@@ -436,6 +486,8 @@ def evolve_execution(execution: Execution | None, event: Event) -> Execution | N
             started_at=at,
             type=data.kind,
             timeout_seconds=data.timeout_seconds,
+            command_omitted_bytes=data.command_omitted_bytes,
+            command_sha256=data.command_sha256,
         )
     if execution is None:
         return None

@@ -9,12 +9,21 @@ inside that (``ENV_BYTES`` + ``ARGV_BYTES`` = 768 KiB), leaving room for what a 
 (its default variables, its own helper's arguments). Counts, names and metadata are capped
 so that nothing a client sends grows the server's memory or its event log without bound:
 every limit is far above what a real sandbox uses.
+
+What the event log keeps of a command is bounded more tightly than what a command may be: the
+log is kept for ever and shared by every tenant, so an event records the first
+``RECORDED_ARGV_BYTES`` of a command's argv and how many bytes it left out, with the SHA-256
+of the whole (``recorded_argv``); the driver is handed the whole argv all the same.
 """
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
+
+import attrs
 
 from hutch.core.errors import InvalidInput
 
@@ -34,6 +43,8 @@ PUBLIC_KEY_CHARS = 16 * 2**10  # an OpenSSH public key line (RSA 16384 is under 
 METADATA_BYTES = 64 * 2**10  # as JSON
 METADATA_ITEMS = 1024  # keys and list items, at every level
 METADATA_DEPTH = 8  # objects and lists within one another
+
+RECORDED_ARGV_BYTES = 4096  # what an event keeps of a command's argv (recorded_argv)
 
 assert ENV_BYTES + ARGV_BYTES <= ARG_MAX // 2  # the rest is the drivers' headroom
 
@@ -113,3 +124,44 @@ def check_metadata(value: object, field: str = "metadata") -> None:
             raise InvalidInput(f"{field}: more than {METADATA_ITEMS} keys and items; at most {METADATA_ITEMS}",
                                field=field)
         todo.extend((child, depth + 1) for child in children)
+
+
+@attrs.frozen
+class RecordedArgv:
+    """What an event keeps of an argv. Its bytes are counted as ``/proc/<pid>/cmdline`` lays
+    them out (each argument's UTF-8 and a NUL): ``argv`` is their first ``RECORDED_ARGV_BYTES``
+    (an argument the cut falls in kept as its start, the ones after it left out);
+    ``omitted_bytes`` how many were left out and ``sha256`` the SHA-256 of the whole, so that
+    an audit can still tell which command ran. Both None when nothing was left out."""
+
+    argv: tuple[str, ...]
+    omitted_bytes: int | None = None
+    sha256: str | None = None
+
+
+def cmdline(argv: Iterable[str]) -> bytes:
+    """The argv as ``/proc/<pid>/cmdline`` shows it: each argument followed by a NUL."""
+    return b"".join(arg.encode("utf-8", "surrogatepass") + b"\0" for arg in argv)
+
+
+def recorded_argv(argv: Iterable[str], most: int = RECORDED_ARGV_BYTES) -> RecordedArgv:
+    argv = tuple(argv)
+    whole = cmdline(argv)
+    if len(whole) <= most:
+        return RecordedArgv(argv)
+    kept: list[str] = []
+    room = most
+    for arg in argv:
+        raw = arg.encode("utf-8", "surrogatepass")
+        if len(raw) + 1 <= room:
+            kept.append(arg)
+            room -= len(raw) + 1
+            continue
+        # Cut on a character's boundary: a partial character at the end is left out too.
+        start = codecs.getincrementaldecoder("utf-8")("surrogatepass").decode(raw[:room], final=False)
+        if start:
+            kept.append(start)
+            room -= len(start.encode("utf-8", "surrogatepass"))
+        break
+    return RecordedArgv(tuple(kept), omitted_bytes=len(whole) - (most - room),
+                        sha256=hashlib.sha256(whole).hexdigest())

@@ -92,6 +92,10 @@ class SandboxSpec:
     snapshot_id: str | None = None  # created from this snapshot (its runtime, env, workspace)
     dependencies: tuple[str, ...] = ()  # apt packages installed into this sandbox's runtime
     packages: tuple[str, ...] = ()  # npm packages installed globally in it
+    # As recorded, ``command`` is the first 4 KiB of the command's argv (core.limits.recorded_argv):
+    # how many bytes of it the record left out, and the SHA-256 of the whole. None: nothing left out.
+    command_omitted_bytes: int | None = None
+    command_sha256: str | None = None
 
 
 @attrs.frozen
@@ -138,6 +142,10 @@ class Execution:
     error: str | None = None
     output_truncated: bool = False
     timeout_seconds: float | None = None
+    # ``command`` as its event recorded it: its argv's first 4 KiB (core.limits.recorded_argv);
+    # how many bytes it left out and the SHA-256 of the whole. None: nothing left out.
+    command_omitted_bytes: int | None = None
+    command_sha256: str | None = None
 
 
 class SnapshotStatus(StrEnum):
@@ -148,10 +156,12 @@ class SnapshotStatus(StrEnum):
 
 @attrs.frozen
 class SnapshotFile:
+    """A file in a snapshot's workspace archive: in its events and on the wire alike."""
+
     path: str  # relative to the workspace
     size: int
     sha256: str
-    mode: int
+    mode: int = 0o644
     content_type: str = "application/octet-stream"
 
 

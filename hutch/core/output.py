@@ -17,6 +17,12 @@ id (service/stream_ids.py), on any API replica. Every adapter keeps these rules
   exists is the stream id's to say (``exists`` is given the id check).
 * A negative offset is refused with ``InvalidInput``. An id that is not a stream id (``stm_`` and letters/digits) is refused with
   ``UnknownStream`` by every method.
+* A stream opened with an ``owner`` (the organization and sandbox whose command writes it)
+  is counted: ``stored(org)`` is every byte the organization's streams keep, saved or about
+  to be (so a running command's output counts as it comes), and ``drop(owner)`` deletes every
+  stream of that sandbox and returns the bytes it freed; ``kept()`` names the owners whose
+  output is stored. A stream without an owner (written before streams had owners) is nobody's:
+  counted by no one, dropped by no one.
 
 This module is pure: the adapters (``blobs.output_files``, ``blobs.output_postgres``) do
 the I/O.
@@ -25,7 +31,10 @@ the I/O.
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import AsyncIterator, Callable
+
+import attrs
 
 from hutch.core.errors import InvalidInput, NotFound
 
@@ -52,12 +61,31 @@ def check_stream_id(stream_id: str) -> str:
     return stream_id
 
 
+_OWNER_PART = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+@attrs.frozen
+class StreamOwner:
+    """Whose output a stream is: counted against the organization's storage quota, dropped with
+    the rest of its sandbox's output once that has ended long enough (service/retention.py)."""
+
+    org_id: str
+    sandbox_id: str
+
+    def __attrs_post_init__(self) -> None:
+        # Adapters may use them as names (a directory, a key): ids, never paths.
+        for field, value in (("org_id", self.org_id), ("sandbox_id", self.sandbox_id)):
+            if not isinstance(value, str) or not _OWNER_PART.fullmatch(value):
+                raise InvalidInput(f"stream owner: {field} {value!r} is not an id", field=field)
+
+
 class OutputWriter(abc.ABC):
     """One open stream's writer: the cap and truncation are kept here, the saving by the
     adapter (``_save``)."""
 
-    def __init__(self, stream_id: str, cap: int) -> None:
+    def __init__(self, stream_id: str, cap: int, owner: StreamOwner | None = None) -> None:
         self.stream_id = stream_id
+        self.owner = owner
         self.cap = cap
         self.size = 0
         self.truncated = False
@@ -95,8 +123,9 @@ class OutputStreams(abc.ABC):
         """The secret stream ids are signed with, the same for every replica sharing the store."""
 
     @abc.abstractmethod
-    async def open(self, stream_id: str) -> OutputWriter:
-        """Open the stream for writing in this process (the writer already open, if any)."""
+    async def open(self, stream_id: str, owner: StreamOwner | None = None) -> OutputWriter:
+        """Open the stream for writing in this process (the writer already open, if any, which
+        takes ``owner`` when it has none yet)."""
 
     @abc.abstractmethod
     async def close(self, stream_id: str) -> None:
@@ -113,6 +142,19 @@ class OutputStreams(abc.ABC):
     @abc.abstractmethod
     def read(self, stream_id: str, offset: int = 0) -> AsyncIterator[bytes]:
         """The bytes from ``offset`` on, following the stream while it is open."""
+
+    @abc.abstractmethod
+    async def stored(self, org_id: str) -> int:
+        """Bytes the organization's streams keep: saved, and written to its open streams here."""
+
+    @abc.abstractmethod
+    async def kept(self) -> list[StreamOwner]:
+        """The owners (sandboxes) with output stored."""
+
+    @abc.abstractmethod
+    async def drop(self, owner: StreamOwner) -> int:
+        """Delete every stream of ``owner``'s sandbox (for a sandbox that ended: none of its
+        streams is written any more); returns the bytes freed. Its streams read as empty after."""
 
     async def exists(self, stream_id: str) -> bool:
         """A stream this deployment issued, or one with bytes saved."""

@@ -16,6 +16,9 @@ _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "": 1, "b": 1}
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]i?|[bB])?\s*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_UNITS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600), "d": Decimal(86400)}
+# Past any machine (a larger value reached the driver and failed there: ERANGE, OverflowError).
+MAX_BYTES = 2**60  # 1 EiB
+MAX_MILLICORES = 10**7  # 10,000 CPUs
 
 
 def _bad(field: str, value: object, expected: str) -> InvalidInput:
@@ -29,6 +32,8 @@ def parse_bytes(field: str, value: object) -> int:
     if isinstance(value, int):
         if value <= 0:
             raise _bad(field, value, "a positive size")
+        if value > MAX_BYTES:
+            raise _bad(field, value, f"a size of at most {MAX_BYTES >> 40}Ti")
         return value
     if not isinstance(value, str):
         raise _bad(field, value, "a size such as 512Mi, 1Gi or a number of bytes")
@@ -42,6 +47,8 @@ def parse_bytes(field: str, value: object) -> int:
     result = int(number * mult)
     if result <= 0:
         raise _bad(field, value, "a positive size")
+    if result > MAX_BYTES:
+        raise _bad(field, value, f"a size of at most {MAX_BYTES >> 40}Ti")
     return result
 
 
@@ -56,6 +63,8 @@ def parse_millicores(field: str, value: object) -> int:
         raise _bad(field, value, "cpu such as 500m, 0.5 or 2") from err
     if not millis.is_finite() or millis <= 0 or millis != millis.to_integral_value():
         raise _bad(field, value, "a positive cpu amount in whole millicores")
+    if millis > MAX_MILLICORES:
+        raise _bad(field, value, f"at most {MAX_MILLICORES // 1000} CPUs")
     return int(millis)
 
 

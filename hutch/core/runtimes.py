@@ -29,8 +29,8 @@ class Requirements:
 
 
 # Exact pins only: a range would let the same recipe build different trees on different days.
-_NPM_PIN = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*@\d+\.\d+\.\d+[0-9A-Za-z.+-]*$")
-_PYPI_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==\d[0-9A-Za-z.+!-]*$")
+_NPM_PIN = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*@\d+\.\d+\.\d+[0-9A-Za-z.+-]*\Z")
+_PYPI_PIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==\d[0-9A-Za-z.+!-]*\Z")
 
 
 def _pins(pattern: re.Pattern[str], example: str) -> _Validator[tuple[str, ...]]:

@@ -30,8 +30,8 @@ from hutch.core.events import (
 )
 from hutch.core.models import Sandbox, Snapshot, SnapshotFile, SnapshotStatus
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 DEFAULT_TAG = "latest"
 CONTENT_HASH_MAX = 128
 

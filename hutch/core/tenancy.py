@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import hmac
 import re
 import secrets
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from hutch.core.limits import PUBLIC_KEY_CHARS
 
 LOCAL_ORG = "org_local"
 SECRET_PREFIX = "hk_"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
 
 
 class Role(StrEnum):
@@ -277,8 +278,21 @@ def key_live(key: ApiKey, now: str) -> bool:
     return key.revoked_at is None and (key.expires_at is None or key.expires_at > now)
 
 
+def _raw(text: str) -> bytes:
+    # What the client sent, byte for byte: aiohttp hands header bytes that are not UTF-8 over
+    # as surrogates, which a plain encode() refuses (a 500 for any such header before).
+    return text.encode("utf-8", "surrogateescape")
+
+
 def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
+    return hashlib.sha256(_raw(secret)).hexdigest()
+
+
+def secrets_match(given: str, wanted: str) -> bool:
+    """Constant-time equality of a secret a client sent (a key, a token, a MAC: any bytes,
+    any characters) with ours; never an error (``hmac.compare_digest`` refuses a str
+    holding characters outside ASCII)."""
+    return hmac.compare_digest(_raw(given), _raw(wanted))
 
 
 def org_id_for(name: str) -> str:
@@ -310,17 +324,31 @@ def create_project(directory: Directory, org_id: str, name: object) -> ProjectCr
     return ProjectCreated(project_id=ids.new_id("project"), name=name)
 
 
+def within(limit: tuple[str, ...], projects: tuple[str, ...]) -> bool:
+    """Whether a key limited to ``limit`` (() = every project) may administer a key (API or
+    SSH) limited to ``projects``: one limited to projects only keys limited to some of its
+    own, never an organization-wide one (that would be a way out of its projects)."""
+    return not limit or (bool(projects) and set(projects) <= set(limit))
+
+
 def create_key(directory: Directory, org_id: str, *, role: object, name: object = None,
                projects: object = (), expires_at: object = None, rate: object = None,
-               burst: object = None, now: dt.datetime | None = None) -> tuple[str, KeyCreated]:
-    """(the secret, shown once; the event, which holds its hash only)."""
+               burst: object = None, now: dt.datetime | None = None, limit: tuple[str, ...] = (),
+               field: str = "projects") -> tuple[str, KeyCreated]:
+    """(the secret, shown once; the event, which holds its hash only). ``limit``: the projects
+    the creating key is limited to; the new key is limited to them too (to all of them when
+    ``projects`` names none), and naming another is refused by ``field``."""
     if not isinstance(role, str) or role not in {r.value for r in Role}:
         raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 100):
         raise InvalidInput("name: expected a string of 1-100 characters", field="name")
     if not isinstance(projects, (list, tuple)) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects: expected a list of project ids or names", field="projects")
-    project_ids = tuple(resolve_project(directory, org_id, p, "projects") for p in projects)
+    project_ids = tuple(resolve_project(directory, org_id, p, field) for p in projects)
+    if limit and not project_ids:
+        project_ids = limit
+    if not within(limit, project_ids):
+        raise InvalidInput(f"{field}: this key may only make keys in projects {', '.join(limit)}", field=field)
     expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else None
     numbers: dict[str, float | None] = {}
     for field, value in (("rate", rate), ("burst", burst)):
@@ -344,14 +372,17 @@ def resolve_project(directory: Directory, org_id: str, ref: str, field: str = "p
     raise InvalidInput(f"{field}: organization {org_id} has no project {ref!r}", field=field)
 
 
-_DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
+_DURATION_RE = re.compile(r"^(\d+)([smhdw])\Z")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def check_expiry(value: object, now: dt.datetime) -> str:
     """``30d``/``12h``/… from now, or an ISO-8601 time in the future; an ISO string back."""
     if isinstance(value, str) and (m := _DURATION_RE.match(value.strip())):
-        moment = now + dt.timedelta(seconds=int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        try:
+            moment = now + dt.timedelta(seconds=int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        except OverflowError:
+            raise InvalidInput(f"expires: {value!r} is past the year 9999", field="expires") from None
     else:
         try:
             moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
@@ -365,11 +396,13 @@ def check_expiry(value: object, now: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def revoke_key(directory: Directory, org_id: str | None, key_id: str) -> list[KeyRevoked | SshKeyRemoved]:
+def revoke_key(directory: Directory, org_id: str | None, key_id: str,
+               limit: tuple[str, ...] = ()) -> list[KeyRevoked | SshKeyRemoved]:
     """The key's revocation and the removal of every SSH key it added: off-boarding a person
-    ends their SSH access too, and the organization's list says so."""
+    ends their SSH access too, and the organization's list says so. A key outside ``limit``
+    (the revoking key's projects: ``within``) is as unknown as one that never was."""
     key = directory.keys.get(key_id)
-    if key is None or (org_id is not None and key.org_id != org_id):
+    if key is None or (org_id is not None and key.org_id != org_id) or not within(limit, key.projects):
         raise NotFound(f"key {key_id} not found")
     if key.revoked_at is not None:
         raise InvalidInput(f"key {key_id} is revoked already", field="keyId")
@@ -429,9 +462,11 @@ def add_ssh_key(directory: Directory, org_id: str, public_key: object, name: obj
                        added_by=added_by, projects=projects)
 
 
-def remove_ssh_key(directory: Directory, org_id: str | None, ssh_key_id: str) -> SshKeyRemoved:
+def remove_ssh_key(directory: Directory, org_id: str | None, ssh_key_id: str,
+                   limit: tuple[str, ...] = ()) -> SshKeyRemoved:
     key = directory.ssh_keys.get(ssh_key_id)
-    if key is None or key.removed_at is not None or (org_id is not None and key.org_id != org_id):
+    if key is None or key.removed_at is not None or (org_id is not None and key.org_id != org_id) \
+            or not within(limit, key.projects):
         raise NotFound(f"ssh key {ssh_key_id} not found")
     return SshKeyRemoved(ssh_key_id=ssh_key_id)
 

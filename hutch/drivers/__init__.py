@@ -1,1 +1,2 @@
-"""Execution backends behind one ``Driver`` interface (see ``drivers.base``)."""
+"""Execution backends behind the Driver port: its roles in ``drivers.roles``, the whole port
+(``Driver``) and the driver by role (``DriverRoles``) in ``drivers.base``."""

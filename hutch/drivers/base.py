@@ -1,387 +1,143 @@
 """The Driver seam: make a sandbox real on some machine and run commands in it.
 
-Shaped after Nomad's driver plugin: a small ABC, capability flags telling the layer
-above what a backend cannot do, and ``NotSupported`` defaults for optional features.
-Every driver passes the same conformance suite (``tests/contracts/test_driver.py``).
+Shaped after Nomad's driver plugin: small interfaces by role (``drivers/roles.py``),
+capability flags telling the layer above what a backend cannot do here, and ``NotSupported``
+for what it does not offer. ``Driver`` is the whole port, as one class; ``DriverRoles`` the
+same driver seen by role, which is how the service takes it. The values that cross the port
+live in ``core/driver_types.py`` and are named here too. Every driver passes the same
+conformance suite (``tests/contracts/test_driver.py``).
 """
 
 from __future__ import annotations
 
-import abc
-import os
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Literal, Protocol
-
 import attrs
 
-from hutch.core.errors import InvalidInput, NotSupported
-from hutch.core.models import Sandbox, SandboxSpec
+from hutch.core.driver_types import (
+    DEFAULT_PIDS,
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    FileInfo,
+    FileToWrite,
+    Metric,
+    OutputSink,
+    ProvisionRequest,
+    Resources,
+    SandboxEndedListener,
+    Stream,
+    Terminal,
+    TerminalRequest,
+    Usage,
+    check_env,
+)
+from hutch.drivers.roles import (
+    OPTIONAL_ROLES,
+    Adoption,
+    Checkpointing,
+    CommandRunner,
+    NotPlayed,
+    Pausing,
+    PortForwarding,
+    RuntimeCatalog,
+    SandboxFiles,
+    SandboxLifecycle,
+    Terminals,
+    TreeTransfer,
+    UsageReporting,
+)
 
-Stream = Literal["stdout", "stderr"]
+
+class Driver(SandboxLifecycle, RuntimeCatalog, CommandRunner, NotPlayed):
+    """The whole port: the three required roles, and for every optional role what a driver
+    that does not play it answers (``NotPlayed``), so code typed on ``Driver`` sees every
+    method of every role, as before the port was split.
+
+    A driver subclasses it and lists the optional roles it plays first, which makes their
+    methods abstract again for it: ``class LocalDriver(roles.SandboxFiles, …, Driver)``."""
+
+
+class _RolesNotPlayed(NotPlayed, SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
+                      UsageReporting, Adoption):
+    """Stands in for the optional roles a driver does not play, answering in its name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 @attrs.frozen
-class Capabilities:
-    memory_limit: bool = False
-    cpu_limit: bool = False
-    pids_limit: bool = False
-    network: bool = False  # can give a sandbox outbound network when asked
-    pause: bool = False
-    files: bool = False
-    checkpoints: bool = False
-    ports: bool = False  # can expose one port of a sandbox to the server (port_target)
-    installs: bool = False  # can add apt dependencies and npm packages at create (prepare)
-    tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
-    kernel_isolation: bool = False  # real namespaces; False for the fake driver
-    egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
-    terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
+class DriverRoles:
+    """A driver by role: each field is the driver where it plays that role, else a stand-in
+    answering as ``NotPlayed`` does. The service's collaborators take the roles they use from
+    it (service/engine.py); the archive streams (service/archives.py) take it whole, since they
+    choose between ``trees`` and ``files`` by capability."""
 
+    lifecycle: SandboxLifecycle
+    runtimes: RuntimeCatalog
+    commands: CommandRunner
+    files: SandboxFiles
+    trees: TreeTransfer
+    checkpointing: Checkpointing
+    pausing: Pausing
+    terminals: Terminals
+    ports: PortForwarding
+    usage: UsageReporting
+    adoption: Adoption
 
-# Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
-# pids guard ends it), not at the host's pid_max.
-# HUTCH_DEFAULT_PIDS is checked by the server's Config at start (service/config.py), which names
-# a bad value; read here too because drivers also run without a Config (tests, tools).
-def _default_pids() -> int:
-    text = os.environ.get("HUTCH_DEFAULT_PIDS", "")
-    return int(text) if text.isdigit() and int(text) > 0 else 1024
+    @property
+    def name(self) -> str:
+        return self.lifecycle.name
 
-
-DEFAULT_PIDS = _default_pids()
-
-
-def check_env(env: Mapping[str, str], field: str) -> None:
-    """What a process environment can hold: names without '=' or NUL, values without NUL."""
-    for key, value in env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
-
-
-@attrs.frozen
-class Resources:
-    memory_bytes: int | None = None
-    cpu_millis: int | None = None
-    disk_bytes: int | None = None
-    pids: int | None = None
-
-
-@attrs.frozen
-class ProvisionRequest:
-    sandbox_id: str
-    runtime: str  # catalog name, e.g. "python:3.13"; the driver maps it to its image
-    resources: Resources = Resources()
-    network_enabled: bool = False
-    port: int | None = None  # one port to expose (through port_target); None = none
-    network_allow: tuple[str, ...] = ()  # core/egress.py entries; () = unrestricted
-    env: Mapping[str, str] = attrs.field(factory=dict)
-    dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
-    packages: tuple[str, ...] = ()  # npm packages to install globally
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.lifecycle.capabilities
 
     @classmethod
-    def for_spec(cls, sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
-        """What the driver needs of a sandbox's spec. The env travels with every exec instead
-        (it can change: PATCH /sandbox/env), so a removed variable is really gone."""
-        r = spec.resources
-        return cls(sandbox_id=sandbox_id, runtime=spec.runtime,
-                   resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
-                   network_enabled=spec.network.enabled, port=spec.network.port, env={},
-                   network_allow=spec.network.allow,
-                   dependencies=spec.dependencies, packages=spec.packages)
-
-
-@attrs.frozen
-class ExecRequest:
-    execution_id: str
-    sandbox_id: str
-    argv: Sequence[str]
-    env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the sandbox env
-    cwd: str | None = None  # None = the sandbox workspace (HOME)
-    timeout: float | None = None  # seconds; None = no limit
-    stdin: bytes | AsyncIterable[bytes] | None = None  # streamed when an iterable: flat memory
-
-
-@attrs.frozen
-class ExecResult:
-    exit_code: int  # 128+n when killed by signal n
-    timed_out: bool = False
-    cancelled: bool = False
-    oom_killed: bool = False
-
-
-@attrs.frozen
-class FileToWrite:
-    path: str  # relative paths resolve to the sandbox workspace
-    content: bytes
-    mode: int = 0o644
-
-
-@attrs.frozen
-class FileInfo:
-    name: str  # the entry's name in the listed directory (a listed file: its base name)
-    size: int
-    is_dir: bool
-    mode: int  # permission bits and type bits, as st_mode
-    mod_time: float  # unix seconds
-    is_symlink: bool = False
-    link_target: str | None = None
-
-
-@attrs.frozen
-class Usage:
-    cpu_seconds: float | None = None  # CPU time of every process the sandbox ran
-    memory_peak_bytes: int | None = None  # the most memory it held at once
-
-
-@attrs.frozen
-class Metric:
-    """One sample for ``GET /metrics`` (Prometheus text format)."""
-
-    name: str  # hutch_…
-    value: float
-    kind: Literal["gauge", "counter"] = "gauge"
-    help: str = ""
-    labels: Mapping[str, str] = attrs.field(factory=dict)
-
-
-class OutputSink(Protocol):
-    """Where a running command's bytes go. Called from the event loop."""
-
-    def write(self, stream: Stream, data: bytes) -> None: ...
-
-
-@attrs.frozen
-class TerminalRequest:
-    sandbox_id: str
-    argv: Sequence[str]  # what runs on the terminal (a login shell when the user names none)
-    env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the sandbox env, as an exec's
-    cwd: str | None = None  # None = the sandbox workspace (HOME)
-    rows: int = 24
-    cols: int = 80
-
-
-class Terminal(abc.ABC):
-    """A command running on a pseudo-terminal in a sandbox, as the sandbox user with the
-    sandbox's limits and seccomp filter, the same as an execution. The terminal's line
-    discipline does the rest: a Ctrl-C written as the byte 0x03 signals the foreground
-    process group, not the session."""
-
-    @abc.abstractmethod
-    async def read(self) -> bytes:
-        """The next output (what the terminal echoes included); b"" once no process holds
-        the terminal any more."""
-
-    @abc.abstractmethod
-    async def write(self, data: bytes) -> None:
-        """Typed input, as a keyboard sends it."""
-
-    @abc.abstractmethod
-    async def resize(self, rows: int, cols: int) -> None:
-        """The window size; the foreground process gets SIGWINCH."""
-
-    @abc.abstractmethod
-    async def wait(self) -> int:
-        """The command's exit code (128+n when killed by signal n)."""
-
-    @abc.abstractmethod
-    async def close(self) -> None:
-        """Hang up: the session gets SIGHUP and what it started is killed. Idempotent."""
-
-
-# The engine's callback for a sandbox that ended on its own: (sandbox id, reason, failed).
-SandboxEndedListener = Callable[[str, str, bool], Awaitable[None]]
-
-
-class Driver(abc.ABC):
-    name: str
-    capabilities: Capabilities
-
-    async def start(self) -> None:  # noqa: B027 - optional hook
-        """Acquire long-lived resources (called once, before any other method)."""
-
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release them. Sandboxes keep running unless the driver cannot keep them."""
-
-    @abc.abstractmethod
-    def runtimes_available(self) -> set[str]:
-        """Catalog names this driver can provision right now (built / pulled)."""
-
-    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
-        """Make the catalog runtime ``name`` available (build it, push its image...), telling
-        ``progress`` each step. Concurrent calls for one runtime share one build (see
-        ``drivers.builds``); a failed build leaves nothing half-made and raises its own words."""
-        raise NotSupported(f"runtime: {name} is not available and driver {self.name} cannot build runtimes",
-                           field="runtime")
-
-    def runtimes_building(self) -> set[str]:
-        """Catalog names being built right now (first use or prebuild)."""
-        return set()
-
-    def runtime_info(self, name: str) -> dict[str, object]:
-        """What a user needs to choose a runtime beyond ``available``: its size in bytes and when
-        it was last built (ISO-8601), where this driver knows them."""
-        return {}
-
-    @abc.abstractmethod
-    async def provision(self, req: ProvisionRequest) -> None:
-        """Create the sandbox and return once commands can run in it.
-
-        On failure nothing is left behind (no process, mount, cgroup or directory).
-        """
-
-    async def prepare(self, req: ProvisionRequest) -> None:
-        """Make ready what ``provision`` of ``req`` will need and may be slow or fail for a
-        reason of the request's own (installing its dependencies and packages), before the
-        engine records the sandbox: a bad package name creates nothing."""
-        if req.dependencies or req.packages:
-            raise NotSupported(f"driver {self.name} cannot install dependencies or packages at create",
-                               field="dependencies" if req.dependencies else "packages")
-
-    @abc.abstractmethod
-    async def destroy(self, sandbox_id: str) -> None:
-        """Kill every process and remove every mount, cgroup and file. Idempotent."""
-
-    @abc.abstractmethod
-    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
-        """Run a command inside the sandbox, streaming its output into ``sink``.
-
-        Timeout and ``cancel`` kill the whole process tree the command started,
-        background children included.
-        """
-
-    @abc.abstractmethod
-    async def cancel(self, execution_id: str) -> None:
-        """Kill a running execution's process tree; its ``exec`` returns cancelled."""
-
-    @abc.abstractmethod
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
-        """Write files as the sandbox user, resolving paths inside the sandbox's own view."""
-
-    @abc.abstractmethod
-    async def alive(self) -> set[str]:
-        """Ids of the sandboxes this driver is running now (used to recover after a restart)."""
-
-    # -- files: every path resolves inside the sandbox's own view, as the sandbox user.
-    # Relative paths resolve to the workspace (HOME). Missing paths raise FileNotFound.
-
-    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
-        """The file's bytes in chunks, with backpressure: nothing is read ahead of the consumer.
-
-        Raises FileNotFound (or InvalidInput for a directory) before yielding anything."""
-        raise NotSupported(f"driver {self.name} cannot read files")
-        yield b""  # pragma: no cover - makes this an async generator
-
-    async def write_file(
-        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
-    ) -> int:
-        """Stream ``chunks`` into the file (replacing it); returns the bytes written.
-
-        ``parents`` creates missing parent directories; without it a missing parent is FileNotFound."""
-        raise NotSupported(f"driver {self.name} cannot write files")
-
-    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        """The entries of a directory (or the file itself), not recursive."""
-        raise NotSupported(f"driver {self.name} cannot list files")
-
-    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
-        raise NotSupported(f"driver {self.name} cannot make directories")
-
-    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
-        """Remove a file (or with ``directory`` an empty directory, or with ``recursive`` a tree).
-        Returns whether the path existed."""
-        raise NotSupported(f"driver {self.name} cannot remove files")
-
-    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
-        raise NotSupported(f"driver {self.name} cannot make symlinks")
-
-    # -- whole trees at once: optional, for drivers where each primitive is a round trip.
-    # The API checks every member of an archive before import_tar sees it.
-
-    async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
-        """An uncompressed tar of the directory ``path`` (names relative to it; directories,
-        regular files and symlinks only) or of the one file ``path``."""
-        raise NotSupported(f"driver {self.name} cannot stream trees")
-        yield b""  # pragma: no cover - makes this an async generator
-
-    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
-        """Unpack an already-checked tar (or tar.gz) at ``dest`` (created), as the sandbox user."""
-        raise NotSupported(f"driver {self.name} cannot stream trees")
-
-    # -- disk checkpoints: restore points of the sandbox's writable filesystem
-
-    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        """Save the writable filesystem as it is now (cheaply: links or layers, not full copies)."""
-        raise NotSupported(f"driver {self.name} cannot checkpoint sandboxes")
-
-    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
-        """Bring the writable filesystem back to exactly that state. Processes may be restarted."""
-        raise NotSupported(f"driver {self.name} cannot restore checkpoints")
-
-    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        raise NotSupported(f"driver {self.name} cannot delete checkpoints")
-
-    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
-        """Bytes each of the sandbox's checkpoints takes where the driver keeps it (counted
-        against the organization's storage quota); {} where they take none worth counting."""
-        return {}
-
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
-        """Start ``req.argv`` on a new pseudo-terminal of a running sandbox."""
-        raise NotSupported(f"driver {self.name} has no terminals")
-
-    async def signal(self, execution_id: str, signum: int) -> None:
-        """Send a signal to a running execution's whole process tree (graceful stop)."""
-        raise NotSupported(f"driver {self.name} cannot signal executions")
-
-    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
-        """(host, port) the API connects to for the sandbox's exposed port (its reverse proxy).
-
-        Reachable from the server only; NotSupported when the sandbox (or driver) has none."""
-        raise NotSupported(f"driver {self.name} cannot expose ports")
-
-    async def usage(self, sandbox_id: str) -> Usage:
-        """What the sandbox has used so far (for stats); unknown parts are None."""
-        return Usage()
-
-    def metrics(self) -> list[Metric]:
-        """What the driver can tell about itself for ``GET /metrics`` (warm pools, …)."""
-        return []
-
-    async def pause(self, sandbox_id: str) -> None:
-        raise NotSupported(f"driver {self.name} cannot pause sandboxes")
-
-    async def resume(self, sandbox_id: str) -> None:
-        raise NotSupported(f"driver {self.name} cannot resume sandboxes")
-
-    # -- replicas (core/replicas.py): a sandbox placed through one API replica and driven,
-    # after that replica was lost, by another's driver.
-
-    _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None = None
-
-    def set_foreign(self, handles: Callable[[], Awaitable[list[dict[str, str]]]] | None) -> None:
-        """Called before ``start``: the handles of sandboxes other replicas own, which a driver
-        recovering its own leftovers must leave alone (they may have been taken over)."""
-        self._foreign = handles
-
-    def handle(self, sandbox_id: str) -> dict[str, str] | None:
-        """Where the sandbox runs, for another replica's driver to adopt; None: only this
-        process can drive it (the local driver's processes die with their host)."""
-        return None
-
-    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
-        """Drive a sandbox another replica's driver placed; False if it no longer runs (or
-        this driver cannot reach it)."""
-        return False
-
-    # -- sandboxes that end on their own ---------------------------------------------
-    # A backend whose sandboxes can die without being asked (a Nomad allocation lost,
-    # OOM-killed or rescheduled) reports it; the engine turns it into a lifecycle event.
-
-    _ended_listener: SandboxEndedListener | None = None
-
-    def set_listener(self, listener: SandboxEndedListener | None) -> None:
-        """Called by the engine before ``start``: where ``report_ended`` goes."""
-        self._ended_listener = listener
-
-    async def report_ended(self, sandbox_id: str, reason: str, *, failed: bool) -> None:
-        """A sandbox ended without a destroy: ``failed`` (lost, killed) or merely done."""
-        if self._ended_listener is not None:
-            await self._ended_listener(sandbox_id, reason, failed)
+    def of(cls, driver: Driver) -> DriverRoles:
+        for role in OPTIONAL_ROLES:
+            _check_listed(driver, role)
+        absent = _RolesNotPlayed(driver.name)
+        d = driver
+        return cls(lifecycle=d, runtimes=d, commands=d,
+                   files=d if isinstance(d, SandboxFiles) else absent,
+                   trees=d if isinstance(d, TreeTransfer) else absent,
+                   checkpointing=d if isinstance(d, Checkpointing) else absent,
+                   pausing=d if isinstance(d, Pausing) else absent,
+                   terminals=d if isinstance(d, Terminals) else absent,
+                   ports=d if isinstance(d, PortForwarding) else absent,
+                   usage=d if isinstance(d, UsageReporting) else absent,
+                   adoption=d if isinstance(d, Adoption) else absent)
+
+
+def _check_listed(driver: Driver, role: type) -> None:
+    """A driver written against the one wide Driver overrides the methods it offers without
+    listing their role; taken as not played, they would answer NotSupported in silence. Said
+    when the engine is built (DriverRoles.of) instead."""
+    if isinstance(driver, role):
+        return
+    stray = [name for name, value in vars(role).items()
+             if callable(value) and not name.startswith("_") and getattr(type(driver), name) is not getattr(NotPlayed, name)]
+    if stray:
+        raise TypeError(f"{type(driver).__name__} defines {', '.join(stray)} of {role.__name__} "
+                        f"but does not list {role.__name__} among its bases")
+
+
+__all__ = [
+    "DEFAULT_PIDS",
+    "Capabilities",
+    "Driver",
+    "DriverRoles",
+    "ExecRequest",
+    "ExecResult",
+    "FileInfo",
+    "FileToWrite",
+    "Metric",
+    "OutputSink",
+    "ProvisionRequest",
+    "Resources",
+    "SandboxEndedListener",
+    "Stream",
+    "Terminal",
+    "TerminalRequest",
+    "Usage",
+    "check_env",
+]

@@ -123,7 +123,7 @@ class JsonlSink:
 
 
 class PostgresSink:
-    """Rows of ``audit_trail`` (see projections/migrations/002_audit.sql)."""
+    """Rows of ``audit_trail`` (see storage/migrations/002_audit.sql)."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
@@ -132,7 +132,7 @@ class PostgresSink:
     async def start(self) -> None:
         import asyncpg
 
-        from hutch.projections.postgres import migrate
+        from hutch.storage.schema import migrate
 
         self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=2)
         async with self._pool.acquire() as conn:

@@ -24,8 +24,8 @@ be reached (connection refused or lost, pool closed, timeout, shutdown) raises
 Each write NOTIFYs ``hutch_projection`` with the new position; a process that does not
 run a projector itself can ``wait_for`` a position without polling.
 
-Schema changes are numbered SQL files in ``projections/migrations/``, applied in order
-at start under an advisory lock and recorded in ``schema_migrations``.
+The tables are part of the one numbered schema ``storage.schema`` applies when the pool
+starts (``storage/migrations/``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
-from importlib import resources
 from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
@@ -62,8 +61,8 @@ from hutch.projections.base import (
     is_tenancy_event,
     skipped_event,
 )
-from hutch.projections.pgpool import Pool
 from hutch.projections.postgres_sql import LOAD, SKIP, SKIPPED, WRITE, where_clause
+from hutch.storage.pg import Pool
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -71,7 +70,6 @@ _T = TypeVar("_T")
 
 PROJECTION = "state"
 NOTIFY_CHANNEL = "hutch_projection"
-_MIGRATION_LOCK = 0x68757463  # "hutc": one advisory-lock key for every hutch migration run
 # Events per transaction when applying a backlog (a rebuild, a projector catching up).
 APPLY_CHUNK = 500
 # SQLSTATE classes that blame what the events make, not the store: data exceptions (22: a NUL
@@ -106,35 +104,6 @@ class StoreUnavailable(HutchError):
     status = 503
     code = "STORE_UNAVAILABLE"
     retriable = True
-
-
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every migration shipped with hutch, oldest first."""
-    found = []
-    for entry in resources.files("hutch.projections.migrations").iterdir():
-        name = entry.name
-        if name.endswith(".sql") and name[:3].isdigit():
-            found.append((int(name[:3]), name, entry.read_text()))
-    return sorted(found)
-
-
-async def migrate(conn: asyncpg.Connection) -> list[str]:
-    """Apply the migrations this database lacks; returns their names."""
-    applied: list[str] = []
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-        for version, name, sql in migrations():
-            if version in done:
-                continue
-            await conn.execute(sql)
-            await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
-            applied.append(name)
-    return applied
 
 
 def _json_default(value: object) -> object:

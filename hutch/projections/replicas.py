@@ -23,7 +23,7 @@ import asyncpg
 
 from hutch.core.errors import ReplicaUnavailable
 from hutch.core.replicas import CURRENT_MARGIN, LEASE_SECONDS, Claimed, Handle, Owner, Replicas
-from hutch.projections.pgpool import UNAVAILABLE, Pool
+from hutch.storage.pg import UNAVAILABLE, Pool
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,28 @@ class _Rewound(Exception):
     """The log handed the projector an event at or below its position."""
 
 
+class Listener(asyncio.Queue[Event]):
+    """Events applied from now on, as one waiter wants them: those of one sandbox or one
+    organization only (an event of another wakes nothing), at most ``limit`` held (0: no
+    bound). A waiter whose client has stopped reading (a stalled stream) holds at most
+    ``limit`` events, and what it missed is said by ``overflowed``; before, every waiter of
+    the server held every event of every tenant, and each woke for each of them."""
+
+    def __init__(self, *, sandbox_id: str | None = None, org_id: str | None = None, limit: int = 0) -> None:
+        super().__init__(maxsize=limit)
+        self.sandbox_id, self.org_id = sandbox_id, org_id
+        self.overflowed = False
+
+    def offer(self, event: Event) -> None:
+        if (self.sandbox_id is not None and event.sandbox_id != self.sandbox_id) or \
+                (self.org_id is not None and event.org_id != self.org_id):
+            return
+        try:
+            self.put_nowait(event)
+        except asyncio.QueueFull:
+            self.overflowed = True
+
+
 class Projector:
     """Follows the log from the store's tracked position.
 
@@ -52,7 +74,7 @@ class Projector:
         self._task: asyncio.Task[None] | None = None
         self._position = 0
         self._advanced = asyncio.Condition()
-        self._listeners: list[asyncio.Queue[Event]] = []
+        self._listeners: list[Listener] = []
         self.failure: LogMismatch | None = None  # why the projector stopped, if it did
         # Called with each settled batch before writers waiting for it wake (service/tenancy.py:
         # a key revoked through another replica is refused here from then on).
@@ -149,7 +171,7 @@ class Projector:
                         observe(batch)
                     for q in self._listeners:
                         for event in batch:
-                            q.put_nowait(event)
+                            q.offer(event)
                     async with self._advanced:
                         self._advanced.notify_all()
             except asyncio.CancelledError:
@@ -222,12 +244,15 @@ class Projector:
             raise ProjectionUnavailable(f"the event was appended at log position {position}, but the projector "
                                         f"stopped: {self.failure.message}")
 
-    def listen(self) -> asyncio.Queue[Event]:
-        """A queue of every event applied from now on (for waiters such as ?wait= long-polls)."""
-        q: asyncio.Queue[Event] = asyncio.Queue()
+    def listen(self, *, sandbox_id: str | None = None, org_id: str | None = None, limit: int = 0) -> Listener:
+        """A queue of the events applied from now on (for waiters such as ?wait= long-polls):
+        every one, or one sandbox's or organization's (``Listener``). A waiter that serves a
+        client takes the narrowest it can and a ``limit``: what one tenant waits for must
+        cost nothing when another tenant works."""
+        q = Listener(sandbox_id=sandbox_id, org_id=org_id, limit=limit)
         self._listeners.append(q)
         return q
 
-    def unlisten(self, q: asyncio.Queue[Event]) -> None:
+    def unlisten(self, q: Listener) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(q)

@@ -1,5 +1,6 @@
-"""Archives in and out of a sandbox, built on the Driver's file primitives (or, where a
-driver offers them, its whole-tree tar streams: one round trip instead of one per file).
+"""Archives in and out of a sandbox, built on the driver's file primitives (its ``files``
+role) or, where its capabilities say it offers them, its whole-tree tar streams (``trees``: one
+round trip instead of one per file); so these take the driver by role (``DriverRoles``).
 
 Downloads walk the tree with ``list_files`` and stream each file with ``read_file``
 into a tar.gz or zip written on the fly, so memory stays flat whatever the size.
@@ -30,7 +31,8 @@ from typing import IO
 import attrs
 
 from hutch.core.errors import InvalidInput, PayloadTooLarge
-from hutch.drivers.base import Driver
+from hutch.drivers.base import DriverRoles
+from hutch.drivers.roles import SandboxFiles
 
 FORMATS = ("tar.gz", "zip", "tar")
 _CHUNK = 256 * 1024
@@ -50,8 +52,8 @@ class _Entry:
     link_target: str | None
 
 
-async def _walk(driver: Driver, sandbox_id: str, root: str) -> AsyncIterator[_Entry]:
-    entries = await driver.list_files(sandbox_id, root)
+async def _walk(files: SandboxFiles, sandbox_id: str, root: str) -> AsyncIterator[_Entry]:
+    entries = await files.list_files(sandbox_id, root)
     listed_is_file = len(entries) == 1 and not entries[0].is_dir and posixpath.basename(root.rstrip("/")) == entries[0].name
     if listed_is_file:
         e = entries[0]
@@ -67,7 +69,7 @@ async def _walk(driver: Driver, sandbox_id: str, root: str) -> AsyncIterator[_En
                 yield _Entry(rel, full, 0, e.mode, e.mod_time, False, e.link_target or "")
             elif e.is_dir:
                 yield _Entry(rel, full, 0, e.mode, e.mod_time, True, None)
-                stack.append((rel, full, await driver.list_files(sandbox_id, full)))
+                stack.append((rel, full, await files.list_files(sandbox_id, full)))
             else:
                 yield _Entry(rel, full, e.size, e.mode, e.mod_time, False, None)
 
@@ -96,11 +98,11 @@ class _Sink:
         return out
 
 
-async def _file_chunks(driver: Driver, sandbox_id: str, entry: _Entry) -> AsyncIterator[bytes]:
+async def _file_chunks(files: SandboxFiles, sandbox_id: str, entry: _Entry) -> AsyncIterator[bytes]:
     """Exactly ``entry.size`` bytes: a file that changed since it was listed is cut or padded,
     because the tar header already promised its size."""
     left = entry.size
-    async for chunk in driver.read_file(sandbox_id, entry.abs):
+    async for chunk in files.read_file(sandbox_id, entry.abs):
         if left <= 0:
             break
         chunk = chunk[:left]
@@ -110,19 +112,43 @@ async def _file_chunks(driver: Driver, sandbox_id: str, entry: _Entry) -> AsyncI
         yield b"\0" * left
 
 
-async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool = True) -> AsyncIterator[bytes]:
+def export_bound(limits: Limits) -> int:
+    """How much of a sandbox's tar the server reads for an archive that must unpack to at most
+    ``limits.max_bytes``: that and room for the tar's own headers and padding (an eighth and
+    2 MiB: at the default 4 GiB, ~1 KiB for each of 500,000 entries, past the 100,000 allowed).
+    A sparse file is as large as a sandbox likes in a tar and costs it nothing: without a
+    bound, the server read and compressed all of it before the unpacked size was checked."""
+    return limits.max_bytes + limits.max_bytes // 8 + 2 * 2**20
+
+
+async def tar_gz(driver: DriverRoles, sandbox_id: str, root: str, *, compress: bool = True,
+                 max_bytes: int | None = None) -> AsyncIterator[bytes]:
+    """The tar (gzipped unless ``compress`` is False) of ``root`` in the sandbox; with
+    ``max_bytes``, PayloadTooLarge the moment the tar itself passes it (``export_bound``)."""
     gz = zlib.compressobj(6, zlib.DEFLATED, 31) if compress else None
+    taken = 0
 
     def out(data: bytes) -> bytes:
+        nonlocal taken
+        taken += len(data)
+        if max_bytes is not None and taken > max_bytes:
+            raise PayloadTooLarge(f"archive: the sandbox's files come to more than {max_bytes} bytes of tar",
+                                  field="archive")
         return gz.compress(data) if gz is not None else data
 
     if driver.capabilities.tar_streams:  # one stream instead of a round trip per file
-        async for chunk in driver.export_tar(sandbox_id, root):
-            yield out(chunk)
+        export = driver.trees.export_tar(sandbox_id, root)
+        try:
+            async for chunk in export:
+                yield out(chunk)
+        finally:
+            close = getattr(export, "aclose", None)  # an export cut short stops its command
+            if close is not None:
+                await close()
         if gz is not None:
             yield gz.flush()
         return
-    async for entry in _walk(driver, sandbox_id, root):
+    async for entry in _walk(driver.files, sandbox_id, root):
         info = tarfile.TarInfo(entry.rel + ("/" if entry.is_dir else ""))
         info.mode = stat.S_IMODE(entry.mode)
         info.mtime = int(entry.mtime)
@@ -134,7 +160,7 @@ async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool =
             info.size = entry.size
         yield out(info.tobuf(format=tarfile.PAX_FORMAT))
         if info.isreg():
-            async for chunk in _file_chunks(driver, sandbox_id, entry):
+            async for chunk in _file_chunks(driver.files, sandbox_id, entry):
                 yield out(chunk)
             if entry.size % 512:
                 yield out(b"\0" * (512 - entry.size % 512))
@@ -143,10 +169,10 @@ async def tar_gz(driver: Driver, sandbox_id: str, root: str, *, compress: bool =
         yield gz.flush()
 
 
-async def zip_stream(driver: Driver, sandbox_id: str, root: str) -> AsyncIterator[bytes]:
+async def zip_stream(driver: DriverRoles, sandbox_id: str, root: str) -> AsyncIterator[bytes]:
     sink = _Sink()
     with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:  # type: ignore[call-overload]  # _Sink: write/tell/flush, all "w" needs
-        async for entry in _walk(driver, sandbox_id, root):
+        async for entry in _walk(driver.files, sandbox_id, root):
             when = time.gmtime(max(entry.mtime, 315532800))[:6]  # zip cannot say before 1980
             if entry.is_dir:
                 zi = zipfile.ZipInfo(entry.rel + "/", when)
@@ -161,7 +187,7 @@ async def zip_stream(driver: Driver, sandbox_id: str, root: str) -> AsyncIterato
                 zi.external_attr = (stat.S_IFREG | stat.S_IMODE(entry.mode)) << 16
                 zi.compress_type = zipfile.ZIP_DEFLATED
                 with zf.open(zi, "w", force_zip64=True) as member:
-                    async for chunk in _file_chunks(driver, sandbox_id, entry):
+                    async for chunk in _file_chunks(driver.files, sandbox_id, entry):
                         member.write(chunk)
                         if sink.offset and sink.parts:
                             yield sink.take()
@@ -308,7 +334,7 @@ async def spool(body: AsyncIterable[bytes], max_bytes: int, directory: str | Non
         raise
 
 
-async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, archive: IO[bytes], limits: Limits) -> Extracted:
+async def extract(driver: DriverRoles, sandbox_id: str, dest: str, fmt: str | None, archive: IO[bytes], limits: Limits) -> Extracted:
     """Check every member first, then write them through the driver as the sandbox user."""
     head = archive.read(512)
     archive.seek(0)
@@ -324,11 +350,11 @@ async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, a
         # The driver unpacks a tar written here from the checked members only, with the
         # directory modes the per-file path gives (a 0644 directory in an archive would
         # lock its own contents away).
-        await driver.import_tar(sandbox_id, dest, _rewritten(path, members), gzipped=False)
+        await driver.trees.import_tar(sandbox_id, dest, _rewritten(path, members), gzipped=False)
         kinds = [m.kind for m in members]
         return Extracted(files=kinds.count("file"), directories=kinds.count("dir"), symlinks=kinds.count("symlink"),
                          bytes=sum(m.size for m in members))
-    await driver.mkdir(sandbox_id, dest, parents=True)
+    await driver.files.mkdir(sandbox_id, dest, parents=True)
     counts = {"file": 0, "dir": 0, "symlink": 0}
     written = 0
     opener = zipfile.ZipFile(path) if fmt == "zip" else tarfile.open(path, "r:*")  # noqa: SIM115 - closed by the with below
@@ -337,14 +363,14 @@ async def extract(driver: Driver, sandbox_id: str, dest: str, fmt: str | None, a
             target = posixpath.join(dest, m.name)
             counts[m.kind] += 1
             if m.kind == "dir":
-                await driver.mkdir(sandbox_id, target, parents=True)
+                await driver.files.mkdir(sandbox_id, target, parents=True)
             elif m.kind == "symlink":
-                await driver.symlink(sandbox_id, target, m.target)
+                await driver.files.symlink(sandbox_id, target, m.target)
             else:
                 fh = src.open(m.source) if isinstance(src, zipfile.ZipFile) else src.extractfile(m.source)
                 assert fh is not None
                 with fh:
-                    written += await driver.write_file(sandbox_id, target, _read_chunks(fh), mode=m.mode, parents=True)
+                    written += await driver.files.write_file(sandbox_id, target, _read_chunks(fh), mode=m.mode, parents=True)
     return Extracted(files=counts["file"], directories=counts["dir"], symlinks=counts["symlink"], bytes=written)
 
 

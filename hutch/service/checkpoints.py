@@ -23,7 +23,7 @@ from hutch.core.lifecycle import (
 )
 from hutch.core.models import Checkpoint
 from hutch.core.quantities import format_bytes
-from hutch.drivers.base import Driver
+from hutch.drivers.roles import Checkpointing
 from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
@@ -37,11 +37,11 @@ class CheckpointLimits:
 
 
 class Checkpoints:
-    def __init__(self, reads: Reads, recorder: Recorder, driver: Driver, reaper: Reaper, quotas: Quotas,
+    def __init__(self, reads: Reads, recorder: Recorder, checkpointing: Checkpointing, reaper: Reaper, quotas: Quotas,
                  limits: CheckpointLimits | None = None) -> None:
         self._reads = reads
         self._recorder = recorder
-        self._driver = driver
+        self._checkpointing = checkpointing
         self._reaper = reaper
         self._quotas = quotas
         self.limits = limits or CheckpointLimits()
@@ -57,7 +57,7 @@ class Checkpoints:
         await self._quotas.storage_room(org_id)  # refuses an organization that stores its quota already
         checkpoint_id = ids.new_id("checkpoint")
         await self._recorder.act(sandbox_id, lambda _sb: TakeCheckpoint(checkpoint_id=checkpoint_id, name=name),
-                                 lambda _: self._driver.checkpoint(sandbox_id, checkpoint_id))
+                                 lambda _: self._checkpointing.checkpoint(sandbox_id, checkpoint_id))
         try:
             self._check_bytes(sandbox_id, await self._sizes(sandbox_id), adds=checkpoint_id)
             await self._quotas.storage_room(org_id, allow_full=True)
@@ -67,7 +67,7 @@ class Checkpoints:
         return next(c for c in (await self._reads.require(sandbox_id)).checkpoints if c.checkpoint_id == checkpoint_id)
 
     async def _sizes(self, sandbox_id: str) -> dict[str, int]:
-        return await self._driver.checkpoint_sizes(sandbox_id)
+        return await self._checkpointing.checkpoint_sizes(sandbox_id)
 
     def _check_bytes(self, sandbox_id: str, sizes: dict[str, int], adds: str | None) -> None:
         used, limit = sum(sizes.values()), self.limits.bytes
@@ -84,9 +84,9 @@ class Checkpoints:
     async def restore(self, sandbox_id: str, ref: str) -> None:
         """``ref``: the checkpoint's id or name (also for delete)."""
         await self._recorder.act(sandbox_id, lambda sb: RestoreCheckpoint(checkpoint_id_for(sb, ref)),
-                                 lambda command: self._driver.restore(sandbox_id, command.checkpoint_id))
+                                 lambda command: self._checkpointing.restore(sandbox_id, command.checkpoint_id))
         self._reaper.touch(sandbox_id)
 
     async def delete(self, sandbox_id: str, ref: str) -> None:
         await self._recorder.act(sandbox_id, lambda sb: DeleteCheckpoint(checkpoint_id_for(sb, ref)),
-                                 lambda command: self._driver.delete_checkpoint(sandbox_id, command.checkpoint_id))
+                                 lambda command: self._checkpointing.delete_checkpoint(sandbox_id, command.checkpoint_id))

@@ -16,6 +16,7 @@ from hutch.core.blobs import BlobStore
 from hutch.core.errors import InvalidInput
 from hutch.core.eventlog.base import EventLog
 from hutch.core.output import OutputStreams
+from hutch.core.quantities import parse_bytes
 from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver
 from hutch.projections.base import ProjectionStore
@@ -98,7 +99,7 @@ def open_output_streams(store: str, data_dir: Path, cap_bytes: int) -> OutputStr
     return FileOutputStreams(data_dir, cap_bytes)
 
 
-def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
+def open_driver(config: Config, blobs: BlobStore) -> Driver:
     if config.driver == "fake":
         from hutch.drivers.fake.driver import FakeDriver
 
@@ -113,7 +114,8 @@ def open_driver(config: Config, blobs: BlobStore | None = None) -> Driver:
         return NomadDriver(address=config.nomad_addr, data_dir=config.data_dir, registry=config.nomad_registry,
                            token=config.nomad_token,
                            pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
-                           runtime_cache=config.runtimes_dir, blobs=blobs, exec_mode=config.nomad_exec)
+                           runtime_cache=config.runtimes_dir, blobs=blobs, exec_mode=config.nomad_exec,
+                           max_checkpoint_bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes))
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 

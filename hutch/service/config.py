@@ -25,7 +25,7 @@ from hutch.core.paths import API_KEY_FILE, default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
-MIN_MEMORY = 16 * 2**20  # the least a sandbox starts with (api/wire.py refuses less at create)
+MIN_MEMORY = 16 * 2**20  # the least a sandbox starts with (api/parse.py refuses less at create)
 EVENT_LOGS = "sqlite, sqlite:///PATH or kafka://HOST:PORT/TOPIC"
 
 
@@ -174,6 +174,12 @@ def _check_size(setting: str, value: str | None) -> None:
         parse_bytes(setting, value)  # an InvalidInput naming it
 
 
+def _check_duration(setting: str, value: str) -> None:
+    from hutch.core.quantities import parse_duration
+
+    parse_duration(setting, value)  # an InvalidInput naming it
+
+
 def _check_memory(setting: str, value: str) -> None:
     from hutch.core.quantities import parse_bytes
 
@@ -267,6 +273,9 @@ class Config:
     # count against the organization's storage quota too: service/checkpoints.py).
     max_checkpoints: int = _setting("HUTCH_MAX_CHECKPOINTS", 10, convert=_to_count)
     max_checkpoint_bytes: str = _setting("HUTCH_MAX_CHECKPOINT_BYTES", "2Gi", check=_check_size)
+    # How long a sandbox's command output is kept after the sandbox ended ("7d", "12h", "0s":
+    # at the next sweep); until then it counts against the storage quota (service/retention.py).
+    output_retention: str = _setting("HUTCH_OUTPUT_RETENTION", "7d", check=_check_duration)
     # What sandboxes with network may reach besides the internet (core/egress.py): private
     # ranges to open ("10.1.0.0/16,..."; only inside RFC 1918 and CGNAT) and more ranges to
     # close. Read by the drivers from the environment; checked here so a bad one stops the start.

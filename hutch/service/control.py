@@ -15,7 +15,7 @@ from hutch.core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Termin
 from hutch.core.models import Sandbox, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.core.replicas import Replicas
-from hutch.drivers.base import Driver
+from hutch.drivers.roles import CommandRunner, Pausing, SandboxLifecycle, UsageReporting
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder, iso
 
@@ -23,10 +23,14 @@ log = logging.getLogger(__name__)
 
 
 class SandboxControl:
-    def __init__(self, reads: Reads, recorder: Recorder, driver: Driver, replicas: Replicas) -> None:
+    def __init__(self, reads: Reads, recorder: Recorder, replicas: Replicas, *, lifecycle: SandboxLifecycle,
+                 pausing: Pausing, commands: CommandRunner, usage: UsageReporting) -> None:
         self._reads = reads
         self._recorder = recorder
-        self._driver = driver
+        self._lifecycle = lifecycle
+        self._pausing = pausing
+        self._commands = commands
+        self._usage_reporting = usage
         self.replicas = replicas  # which sandboxes this replica drives (core/replicas.py)
 
     async def pause(self, sandbox_id: str) -> Sandbox:
@@ -36,11 +40,11 @@ class SandboxControl:
             deadline = iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=paused_for)) if paused_for else None
             return Pause(terminates_at=deadline)
 
-        await self._recorder.act(sandbox_id, command, lambda _: self._driver.pause(sandbox_id))
+        await self._recorder.act(sandbox_id, command, lambda _: self._pausing.pause(sandbox_id))
         return await self._reads.require(sandbox_id)
 
     async def resume(self, sandbox_id: str, *, auto: bool = False) -> Sandbox:
-        await self._recorder.act(sandbox_id, lambda _sb: Resume(auto=auto), lambda _: self._driver.resume(sandbox_id))
+        await self._recorder.act(sandbox_id, lambda _sb: Resume(auto=auto), lambda _: self._pausing.resume(sandbox_id))
         return await self._reads.require(sandbox_id)
 
     async def set_env(self, sandbox_id: str, changes: dict[str, str | None]) -> dict[str, str]:
@@ -58,9 +62,9 @@ class SandboxControl:
         for ex in await self._reads.store.list_executions(sandbox_id):
             if not ex.status.is_final:
                 with contextlib.suppress(Exception):
-                    await self._driver.cancel(ex.execution_id)
+                    await self._commands.cancel(ex.execution_id)
         used = await self._usage(sandbox_id)
-        await self._driver.destroy(sandbox_id)
+        await self._lifecycle.destroy(sandbox_id)
         await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True, **used))
         self._recorder.forget(sandbox_id)
 
@@ -69,7 +73,7 @@ class SandboxControl:
         lets it go, then the end is recorded with its usage."""
         command = attrs.evolve(command, **await self._usage(sandbox_id))
         try:
-            await self._driver.destroy(sandbox_id)
+            await self._lifecycle.destroy(sandbox_id)
         except Exception as err:  # still record the end; the driver cleans leftovers at start
             log.exception("destroying %s failed", sandbox_id)
             await self._recorder.command(sandbox_id, Fail(reason=f"destroy failed: {err}"))
@@ -91,7 +95,7 @@ class SandboxControl:
         """Best effort, just before the driver forgets the sandbox: stats want it later.
         Travels in the lifecycle:terminated event (Terminate's usage fields)."""
         try:
-            used = await self._driver.usage(sandbox_id)
+            used = await self._usage_reporting.usage(sandbox_id)
         except Exception:
             log.warning("reading the usage of %s failed", sandbox_id, exc_info=True)
             return {}

@@ -6,27 +6,28 @@ into events, and events into driver calls.
 appended events: decide, round-trip check, append, wait for the projection),
 ``Provisioning`` (create), ``SandboxControl`` (pause, resume, env, destroy and ends),
 ``Executions`` (commands and jobs), ``Checkpoints`` (the routes call it directly), ``Snapshots``, ``Quotas``,
-``Recovery`` (start-up) and ``Background`` with the ``Reaper`` (idle and paused timeouts).
+``Recovery`` (start-up), ``OutputRetention`` (ended sandboxes' output) and ``Background`` with
+the ``Reaper`` (idle and paused timeouts).
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-from hutch.blobs import clear_spool
 from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobStore
 from hutch.core.errors import IllegalTransition
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event, EventData
+from hutch.core.events import Event
 from hutch.core.models import Execution, Sandbox, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
-from hutch.drivers.base import Driver, FileToWrite
+from hutch.drivers.base import Driver, DriverRoles, FileToWrite
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
 from hutch.service import archives
@@ -42,10 +43,12 @@ from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder, now_iso
 from hutch.service.recovery import Recovery
 from hutch.service.requests import CreateRequest, ExecuteRequest
+from hutch.service.retention import DEFAULT_RETENTION_SECONDS, OutputRetention
 from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.service.stream_ids import StreamIds
-from hutch.service.tenancy import Tenants
+from hutch.service.tenancy import TenancyWrites, Tenants
 from hutch.service.timeouts import Reaper
+from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +69,12 @@ class Engine:
         replicas: Replicas | None = None,  # other API processes on this log (core/replicas.py)
         defaults: SandboxDefaults | None = None,  # what an unsized sandbox gets (service/defaults.py)
         checkpoint_limits: CheckpointLimits | None = None,  # per sandbox (service/checkpoints.py)
+        output_retention: float = DEFAULT_RETENTION_SECONDS,  # after a sandbox ends (service/retention.py)
     ) -> None:
         self.log = event_log
         self.store = store
-        self.driver = driver
+        self.driver = driver  # whole: the API's routes still call it directly
+        self.roles = roles = DriverRoles.of(driver)  # each collaborator takes the roles it uses
         self.outputs = outputs
         self.projector = projector or Projector(event_log, store)
         self.streams = StreamIds(stream_secret)
@@ -79,24 +84,32 @@ class Engine:
         self.reads = Reads(store, event_log, self.projector)
         self.recorder = Recorder(event_log, store, self.projector, self.reads)
         blob_store = blobs or FileBlobStore(data_dir)
-        self.quotas = Quotas(self.reads, defaults, driver=driver, blobs=blob_store)
+        self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store,
+                             outputs=outputs)
         self.replicas = replicas or SoleReplica()
-        self.control = SandboxControl(self.reads, self.recorder, driver, self.replicas)
+        self.quotas.serialise = self._one_at_a_time
+        self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
+                                      pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
         self.reaper = Reaper(store, self.projector, self.background, self.control)  # idle and paused timeouts
-        self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control, driver=driver,
-                                     outputs=outputs, streams=self.streams, inputs=self.inputs,
-                                     background=self.background)
+        self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control,
+                                     commands=roles.commands, files=roles.files, outputs=outputs,
+                                     streams=self.streams, inputs=self.inputs, background=self.background,
+                                     quotas=self.quotas)
         self.watchers = self.executions.watchers  # cancels a command its waiters all left
-        self.checkpoints = Checkpoints(self.reads, self.recorder, driver, self.reaper, self.quotas, checkpoint_limits)
-        self.snapshots = Snapshots(store=store, reads=self.reads, recorder=self.recorder, driver=driver,
+        self.checkpoints = Checkpoints(self.reads, self.recorder, roles.checkpointing, self.reaper, self.quotas,
+                                       checkpoint_limits)
+        self.snapshots = Snapshots(store=store, reads=self.reads, recorder=self.recorder, driver=roles,
                                    quotas=self.quotas, streams=self.streams, reaper=self.reaper,
                                    blobs=blob_store, spool_dir=data_dir / "spool",
                                    limits=limits or archives.Limits())
-        self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, driver=driver, outputs=outputs,
-                                         streams=self.streams, inputs=self.inputs, quotas=self.quotas,
+        self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, lifecycle=roles.lifecycle,
+                                         runtimes=roles.runtimes, files=roles.files, adoption=roles.adoption,
+                                         outputs=outputs, streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
-        self.recovery = Recovery(store, self.recorder, self.control, driver)
+        self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
+        self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
+        self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
 
     @property
     def tenants(self) -> Tenants | None:
@@ -115,6 +128,7 @@ class Engine:
         await self.recovery.run()
         await self.snapshots.expire_builds()
         self.background.spawn(self._sweep_builds(), "expire-builds")
+        self.background.spawn(self.retention.run(), "output-retention")
         await asyncio.to_thread(clear_spool, self.snapshots.archives.spool_dir)  # a kill cut short
         self.background.spawn(self.reaper.watch(), "timeouts")
 
@@ -127,6 +141,12 @@ class Engine:
             except Exception:  # the next sweep tries again; a failed one leaves everything as it was
                 log.exception("expiring abandoned snapshot builds failed")
 
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, key: str) -> AsyncIterator[None]:
+        """``key`` held by one request at a time, on this replica and across replicas."""
+        async with self.recorder.lock(key), self.replicas.serialised(key):
+            yield
+
     async def close(self) -> None:
         self.watchers.close()
         self.reaper.close()
@@ -134,10 +154,6 @@ class Engine:
         await self.projector.close()
 
     # ---------------------------------------------------------------- writes
-
-    async def record(self, stream: str, decide: Callable[[], Iterable[EventData]]) -> builtins.list[Event]:
-        """Tenancy records (an organization's stream): see ``Recorder.record``."""
-        return await self.recorder.record(stream, decide)
 
     async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
         return await self.provisioning.create(req, api_key_id=api_key_id)
@@ -165,7 +181,7 @@ class Engine:
             sb = await self.control.resume(sandbox_id, auto=True)
         if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
             raise IllegalTransition(
-                f"cannot use files: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
+                f"cannot use files: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, sandbox_status=sb.status.value
             )
         self.touch(sandbox_id)
         return sb

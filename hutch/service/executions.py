@@ -15,13 +15,15 @@ from hutch.core import ids
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
 from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
-from hutch.core.output import OutputStreams
+from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.quantities import format_bytes, parse_duration
-from hutch.drivers.base import Driver, ExecRequest, ExecResult
+from hutch.drivers.base import ExecRequest, ExecResult
+from hutch.drivers.roles import CommandRunner, SandboxFiles
 from hutch.service.background import Background
 from hutch.service.control import SandboxControl
 from hutch.service.input_streams import InputStreams
-from hutch.service.output import RAW_OUTPUT, ExecutionSink, StreamOptions
+from hutch.service.output import RAW_OUTPUT, ExecutionSink, OutputBudget, StreamOptions
+from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.requests import ExecuteRequest
@@ -42,12 +44,15 @@ def default_timeout(spec: SandboxSpec) -> float | None:
 
 
 class Executions:
-    def __init__(self, *, reads: Reads, recorder: Recorder, control: SandboxControl, driver: Driver,
-                 outputs: OutputStreams, streams: StreamIds, inputs: InputStreams, background: Background) -> None:
+    def __init__(self, *, reads: Reads, recorder: Recorder, control: SandboxControl, commands: CommandRunner,
+                 files: SandboxFiles, outputs: OutputStreams, streams: StreamIds, inputs: InputStreams,
+                 background: Background, quotas: Quotas) -> None:
         self._reads = reads
+        self._quotas = quotas  # the output an organization keeps counts against its storage quota
         self._recorder = recorder
         self._control = control
-        self._driver = driver
+        self._commands = commands
+        self._files = files  # what an execute request brings along
         self._outputs = outputs
         self._streams = streams
         self._inputs = inputs
@@ -64,6 +69,8 @@ class Executions:
     async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
         """Start a command; returns the execution and whether a paused sandbox was resumed for it."""
         sb = await self._reads.wait_not_creating(sandbox_id)
+        # Before anything happens for it: an organization whose storage is full runs nothing.
+        budget = await self._quotas.output_budget(sb.spec.org_id, refuse_full=True)
         auto_resumed = False
         if sb.status is SandboxStatus.PAUSED:
             await self._control.resume(sandbox_id, auto=True)
@@ -71,25 +78,27 @@ class Executions:
             sb = await self._reads.require(sandbox_id)
         if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
             raise IllegalTransition(
-                f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, status=sb.status.value
+                f"cannot execute: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, sandbox_status=sb.status.value
             )
         if req.stream.stdin:
             self._inputs.check(req.stream.stdin)
         if req.files:
-            await self._driver.write_files(sandbox_id, req.files)
+            await self._files.write_files(sandbox_id, req.files)
         timeout = default_timeout(sb.spec) if req.timeout is None else (req.timeout or None)
         execution_id = ids.new_id("execution")
-        await self.start(sandbox_id, execution_id, req.command, timeout, stream=req.stream)
+        await self.start(sandbox_id, execution_id, req.command, timeout, org_id=sb.spec.org_id, stream=req.stream,
+                         budget=budget)
         return await self._reads.execution(execution_id), auto_resumed
 
     async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
         """A job is an execution of kind "job": it runs beside executions and other jobs,
         outlives the request, and has no default time limit."""
         sb = await self._reads.wait_not_creating(sandbox_id)
+        budget = await self._quotas.output_budget(sb.spec.org_id, refuse_full=True)
         if sb.status is SandboxStatus.PAUSED:
             await self._control.resume(sandbox_id, auto=True)
         job_id = ids.new_id("job")
-        await self.start(sandbox_id, job_id, command, None, kind="job")
+        await self.start(sandbox_id, job_id, command, None, org_id=sb.spec.org_id, kind="job", budget=budget)
         return await self._reads.execution(job_id)
 
     async def cancel(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
@@ -104,7 +113,7 @@ class Executions:
         deadline = time.monotonic() + CANCEL_WAIT_SECONDS
         while not ex.status.is_final and time.monotonic() < deadline:
             # Again until it ends: a command just started may not be the driver's to kill yet.
-            await self._driver.cancel(execution_id)
+            await self._commands.cancel(execution_id)
             ex = await self._reads.get_execution(execution_id, wait=0.3)
         return ex
 
@@ -124,21 +133,25 @@ class Executions:
         self._stopping.add(job_id)
         if not force:
             try:
-                await self._driver.signal(job_id, signal.SIGTERM)
+                await self._commands.signal(job_id, signal.SIGTERM)
             except NotSupported:
                 force = True
             else:
                 job = await self._reads.get_execution(job_id, wait=grace)
                 if job.status.is_final:
                     return job
-        await self._driver.cancel(job_id)
+        await self._commands.cancel(job_id)
         return await self._reads.get_execution(job_id, wait=10.0)
 
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
-                    *, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT) -> None:
-        """Record the command started and run it in the background."""
+                    *, org_id: str, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT,
+                    budget: OutputBudget | None = None) -> None:
+        """Record the command started and run it in the background. Its output is the
+        organization's (``org_id``), kept within ``budget`` (Quotas.output_budget) until the
+        retention drops it (service/retention.py)."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
-        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name))
+        owner = StreamOwner(org_id, sandbox_id)
+        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name), owner)
                                                 for name in ("stdout", "stderr")))
         launched: list[asyncio.Task[None]] = []
 
@@ -149,7 +162,8 @@ class Executions:
             # recorded once the store shows its start (``_run``): the request's error says
             # the write is in the log.
             task = self._background.spawn(
-                self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream), position),
+                self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream, budget),
+                          position),
                 f"exec-{execution_id}")
             self._tasks[execution_id] = task
             task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
@@ -181,7 +195,7 @@ class Executions:
         result: ExecResult | None = None
         stdin = self._inputs.reader(sink.options.stdin) if sink.options.stdin else None
         try:
-            result = await self._driver.exec(
+            result = await self._commands.exec(
                 ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout,
                             env=dict(sb.spec.env), stdin=stdin),
                 sink,

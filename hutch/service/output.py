@@ -28,12 +28,40 @@ class StreamOptions:
 RAW_OUTPUT = StreamOptions()  # no stream options: the bytes as the command wrote them
 
 
-class ExecutionSink:
-    """Where a running command's bytes go: its two output streams, as ``StreamOptions`` say."""
+class OutputBudget:
+    """What an organization's running commands may still keep of their output on this replica
+    before its storage quota is full (service/quotas.py ``output_budget``): every command of
+    the organization running here takes from the one budget, so that many at once cannot each
+    keep what is left. ``left`` is set afresh from the counted usage as each command starts;
+    bytes taken while that usage was being counted may not be in it, so they stay taken."""
 
-    def __init__(self, stdout: OutputWriter, stderr: OutputWriter, options: StreamOptions = RAW_OUTPUT) -> None:
+    def __init__(self) -> None:
+        self.left = 0
+        self.spent = 0  # every byte ever taken (to tell which were taken while usage was counted)
+
+    def take(self, size: int) -> int:
+        """How many of ``size`` bytes may be kept (all, some, or none), taken."""
+        got = min(size, max(self.left, 0))
+        self.left -= got
+        self.spent += got
+        return got
+
+    def refill(self, room: int, spent_before: int) -> None:
+        """``room``: what the quota leaves, counted from a usage read when ``spent`` was
+        ``spent_before``."""
+        self.left = room - (self.spent - spent_before)
+
+
+class ExecutionSink:
+    """Where a running command's bytes go: its two output streams, as ``StreamOptions`` say,
+    within the organization's ``OutputBudget`` when it has a storage quota (the rest is
+    dropped and the stream marked truncated, as past the per-stream cap)."""
+
+    def __init__(self, stdout: OutputWriter, stderr: OutputWriter, options: StreamOptions = RAW_OUTPUT,
+                 budget: OutputBudget | None = None) -> None:
         self.streams = {"stdout": stdout, "stderr": stderr}
         self.options = options
+        self.budget = budget
         self._line_start = {"stdout": True, "stderr": True}
 
     def write(self, stream: str, data: bytes) -> None:
@@ -41,7 +69,14 @@ class ExecutionSink:
             return
         if self.options.timestamps:
             data = self._stamped(stream, data)
-        self.streams[stream].write(data)
+        writer = self.streams[stream]
+        if self.budget is not None and data and not writer.closed:
+            fits = min(len(data), max(writer.cap - writer.size, 0))  # the stream's cap cuts the rest anyway
+            allowed = self.budget.take(fits)
+            if allowed < fits:
+                writer.truncated = True
+                data = data[:allowed]
+        writer.write(data)
 
     def _stamped(self, stream: str, data: bytes) -> bytes:
         now = time.time()

@@ -12,12 +12,12 @@ import attrs
 
 from hutch.core import ids
 from hutch.core.errors import DriverFailure, HutchError, NotSupported
-from hutch.core.events import SandboxCreated
-from hutch.core.lifecycle import Fail, ReportBuild, Start
+from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
 from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
-from hutch.core.output import OutputStreams
+from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.replicas import Replicas
-from hutch.drivers.base import Driver, ProvisionRequest
+from hutch.drivers.base import ProvisionRequest
+from hutch.drivers.roles import Adoption, RuntimeCatalog, SandboxFiles, SandboxLifecycle
 from hutch.service.background import Background, quietly
 from hutch.service.executions import Executions, default_timeout
 from hutch.service.input_streams import InputStreams
@@ -39,13 +39,17 @@ class Created:
 
 
 class Provisioning:
-    def __init__(self, *, reads: Reads, recorder: Recorder, driver: Driver, outputs: OutputStreams,
+    def __init__(self, *, reads: Reads, recorder: Recorder, lifecycle: SandboxLifecycle, runtimes: RuntimeCatalog,
+                 files: SandboxFiles, adoption: Adoption, outputs: OutputStreams,
                  streams: StreamIds, inputs: InputStreams, quotas: Quotas, snapshots: Snapshots,
                  executions: Executions, background: Background, replicas: Replicas) -> None:
         self._reads = reads
         self._replicas = replicas
         self._recorder = recorder
-        self._driver = driver
+        self._lifecycle = lifecycle
+        self._runtimes = runtimes
+        self._files = files  # what a create request brings along
+        self._adoption = adoption  # where a sandbox runs, for another replica to take over
         self._outputs = outputs
         self._streams = streams
         self._inputs = inputs
@@ -56,26 +60,30 @@ class Provisioning:
 
     async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
         """Record the sandbox and make it real. A catalog runtime the driver lacks is built
-        first (``Driver.build_runtime``): then the answer comes at once with the sandbox
+        first (``RuntimeCatalog.build_runtime``): then the answer comes at once with the sandbox
         ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
-        execute, streams and waits hold until it is ready or ``failed`` with the build's words."""
+        execute, streams and waits hold until it is ready or ``failed`` with the build's words.
+
+        The sandbox is recorded as every sandbox event is, by a command ``decide`` checks
+        (``Create``). What runs before it leaves nothing of this sandbox behind: the checks,
+        and the driver's ``prepare`` (an install layer, kept in a cache other sandboxes share),
+        where a bad package name shows before there is a sandbox to fail."""
         tenants = self._reads.tenants
         spec = owned(req.spec, tenants.directory if tenants else None)
         # Once, here: the driver, the quota and the recorded event all see these limits.
-        spec = self._quotas.defaults.apply(spec, cpu_limit=self._driver.capabilities.cpu_limit)
+        spec = self._quotas.defaults.apply(spec, cpu_limit=self._lifecycle.capabilities.cpu_limit)
         req = attrs.evolve(req, spec=spec)
-        build = spec.runtime not in self._driver.runtimes_available()
+        build = spec.runtime not in self._runtimes.runtimes_available()
         self._check_capabilities(spec)
         sandbox_id = ids.new_id("sandbox")
         if (spec.dependencies or spec.packages) and not build:
             # Installing is where a bad package name shows: before the sandbox is recorded.
-            await self._driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
+            await self._runtimes.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
         if req.stream.stdin:
             self._inputs.check(req.stream.stdin)
         execution_id = ids.new_id("execution") if req.command else None
         queued = tuple(req.command) if build and req.command else None
-        created = [SandboxCreated(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id,
-                                  initial_command=queued)]
+        create = Create(spec=spec, api_key_id=api_key_id, initial_execution_id=execution_id, initial_command=queued)
         # The quota's check and the create it allows, as one, on this replica and across
         # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
@@ -83,11 +91,12 @@ class Provisioning:
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
             await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
-            await self._recorder.append(sandbox_id, created)
+            await self._recorder.command(sandbox_id, create)
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
-                await self._outputs.open(self._streams.derive(execution_id, "stdout"))
-                await self._outputs.open(self._streams.derive(execution_id, "stderr"))
+                owner = StreamOwner(spec.org_id, sandbox_id)
+                await self._outputs.open(self._streams.derive(execution_id, "stdout"), owner)
+                await self._outputs.open(self._streams.derive(execution_id, "stderr"), owner)
             self._reads.building.add(sandbox_id)
             self._background.spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
         else:
@@ -96,7 +105,7 @@ class Provisioning:
 
     def _check_capabilities(self, spec: SandboxSpec) -> None:
         """Refuse what the driver cannot give, before anything is recorded."""
-        caps, name = self._driver.capabilities, self._driver.name
+        caps, name = self._lifecycle.capabilities, self._lifecycle.name
         for field, asked, can, what in (
             ("network.enabled", spec.network.enabled, caps.network, "give sandboxes network access"),
             ("network.allow", spec.network.allow, caps.egress_allow, "limit a network to destinations"),
@@ -110,44 +119,47 @@ class Provisioning:
 
     def prebuild(self, names: Iterable[str]) -> None:
         """Build these runtimes in the background (``--prebuild``); creates join the build."""
-        for name in set(names) - self._driver.runtimes_available():
+        for name in set(names) - self._runtimes.runtimes_available():
             self._background.spawn(
-                quietly(self._driver.build_runtime(name, lambda line: log.info("prebuild: %s", line))),
+                quietly(self._runtimes.build_runtime(name, lambda line: log.info("prebuild: %s", line))),
                 f"prebuild-{name}")
 
     async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec
         try:
-            await self._driver.provision(ProvisionRequest.for_spec(sandbox_id, spec))
+            await self._lifecycle.provision(ProvisionRequest.for_spec(sandbox_id, spec))
             if spec.snapshot_id:
                 await self._snapshots.seed(sandbox_id, spec.snapshot_id)
             if req.files:
-                await self._driver.write_files(sandbox_id, req.files)
+                await self._files.write_files(sandbox_id, req.files)
         except BaseException as err:
             reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
             with contextlib.suppress(Exception):
-                await self._driver.destroy(sandbox_id)
+                await self._lifecycle.destroy(sandbox_id)
             await self._recorder.command(sandbox_id, Fail(reason=f"provisioning failed: {reason}"))
             if isinstance(err, HutchError):
                 raise
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
-        if (handle := self._driver.handle(sandbox_id)) is not None and self._replicas.shared:
+        if (handle := self._adoption.handle(sandbox_id)) is not None and self._replicas.shared:
             await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
         await self._recorder.command(sandbox_id, Start())
         if req.command and execution_id:
+            # Not refused when the organization's storage is full (the sandbox is made already):
+            # its output keeps what fits, and says it was cut.
+            budget = await self._quotas.output_budget(spec.org_id, refuse_full=False)
             await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
-                                         stream=req.stream)
+                                         org_id=spec.org_id, stream=req.stream, budget=budget)
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec
         started = False
         try:
             try:
-                await self._driver.build_runtime(spec.runtime, lambda line: self._report_build(sandbox_id, spec, line))
+                await self._runtimes.build_runtime(spec.runtime, lambda line: self._report_build(sandbox_id, spec, line))
                 if spec.dependencies or spec.packages:
-                    await self._driver.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
+                    await self._runtimes.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
             except Exception as err:
                 reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
                 log.warning("sandbox %s: runtime %s could not be built: %s", sandbox_id, spec.runtime, reason)

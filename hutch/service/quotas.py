@@ -3,8 +3,12 @@
 Live sandboxes (not final) count against ``sandboxes`` and, by what they asked for, against
 ``memory_bytes`` and ``cpu_millis``. ``snapshot_bytes`` is the organization's storage quota:
 ready snapshots' archives, its sandboxes' disk checkpoints (their bytes on the host, as the
-driver reports them) and the archives of snapshot builds not finalized yet, uploads in
-flight counted from their first byte (on this replica; stored ones on every replica).
+driver reports them), the archives of snapshot builds not finalized yet, uploads in
+flight counted from their first byte (on this replica; stored ones on every replica), and
+its commands' output as the output store keeps it (running commands' from their first byte;
+kept until service/retention.py drops an ended sandbox's). An organization with no room left
+runs no command (``output_budget``), and the commands it runs share what is left (on this
+replica): past it their output is cut, as past the per-stream cap.
 A sandbox that gives no memory or CPU has the server's defaults filled into its spec before it
 is recorded (service/defaults.py), so it counts what its driver enforces; one recorded before that
 counts the same defaults, so an organization cannot slip past a quota by asking for nothing.
@@ -22,29 +26,49 @@ creates in flight then).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import contextlib
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from hutch.core.blobs import BlobNotFound, BlobStore
 from hutch.core.errors import QuotaExceeded
 from hutch.core.models import SandboxSpec
+from hutch.core.output import OutputStreams
 from hutch.core.quantities import format_bytes
 from hutch.core.tenancy import Quota
-from hutch.drivers.base import Driver
+from hutch.drivers.roles import Checkpointing
 from hutch.projections.base import SandboxQuery, SnapshotQuery
 from hutch.service.defaults import SandboxDefaults
+from hutch.service.output import OutputBudget
 from hutch.service.reads import Reads
 
 STORAGE = "snapshot_bytes"  # the quota that bounds every byte an organization keeps
 
 
 class Quotas:
-    def __init__(self, reads: Reads, defaults: SandboxDefaults | None = None, *, driver: Driver | None = None,
-                 blobs: BlobStore | None = None) -> None:
+    def __init__(self, reads: Reads, defaults: SandboxDefaults | None = None, *, checkpointing: Checkpointing | None = None,
+                 blobs: BlobStore | None = None, outputs: OutputStreams | None = None) -> None:
         self._reads = reads  # the store, and the organizations (their quotas) once the app sets them
         self.defaults = defaults or SandboxDefaults()
-        self._driver = driver  # checkpoints' sizes
+        self._checkpointing = checkpointing  # checkpoints' sizes
         self._blobs = blobs  # unfinalized builds' uploads
+        self._outputs = outputs  # commands' output
         self._uploading: dict[str, dict[str, int]] = {}  # org -> snapshot -> bytes received so far
+        self._output_budgets: dict[str, OutputBudget] = {}  # org -> what its running commands may keep
+        # One holder at a time of a key, on this replica and across replicas (the engine sets it:
+        # the recorder's lock and ``Replicas.serialised``); None: nothing to serialise with.
+        self.serialise: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None
+
+    @contextlib.asynccontextmanager
+    async def storage_held(self, org_id: str) -> AsyncIterator[None]:
+        """Held from a storage check to the record it allows (a snapshot taken, a build
+        finalized), so that two of them cannot both take the last room: ten snapshots asked at
+        once under a quota that holds one were all taken before. Only organizations with a
+        storage quota take it (as ``limits_sandboxes`` for creates)."""
+        if self.of(org_id).snapshot_bytes is None or self.serialise is None:
+            yield
+            return
+        async with self.serialise(f"storage:{org_id}"):
+            yield
 
     def of(self, org_id: str) -> Quota:
         tenants = self._reads.tenants
@@ -60,11 +84,12 @@ class Quotas:
         live, count = await self._reads.store.list_sandboxes(SandboxQuery(org_id=org_id, live=True, limit=10**9))
         snaps, _ = await self._reads.store.list_snapshots(SnapshotQuery(org_id=org_id, limit=10**9))
         checkpoints = 0
-        if self._driver is not None:
+        if self._checkpointing is not None:
             for sb in live:
                 if sb.checkpoints:
-                    checkpoints += sum((await self._driver.checkpoint_sizes(sb.sandbox_id)).values())
+                    checkpoints += sum((await self._checkpointing.checkpoint_sizes(sb.sandbox_id)).values())
         uploads = await self._pending_uploads(org_id)
+        output = await self._outputs.stored(org_id) if self._outputs is not None else 0
         snapshot_bytes = sum(s.size_bytes for s in snaps)
         return {
             "sandboxes": count,
@@ -73,7 +98,8 @@ class Quotas:
             "snapshot_bytes": snapshot_bytes,
             "checkpoint_bytes": checkpoints,
             "upload_bytes": sum(uploads.values()),
-            "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()),
+            "output_bytes": output,
+            "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()) + output,
         }
 
     async def _pending_uploads(self, org_id: str) -> dict[str, int]:
@@ -109,9 +135,26 @@ class Quotas:
 
     def _storage_full(self, org_id: str, limit: int, used: int, what: str) -> QuotaExceeded:
         return QuotaExceeded(
-            f"quota snapshot_bytes: organization {org_id} may store {format_bytes(limit)} (snapshots, checkpoints "
-            f"and uploads not finalized); it stores {format_bytes(used)}, and {what}", quota=STORAGE, limit=limit,
-            used=used)
+            f"quota snapshot_bytes: organization {org_id} may store {format_bytes(limit)} (snapshots, checkpoints, "
+            f"uploads not finalized and command output); it stores {format_bytes(used)}, and {what}", quota=STORAGE,
+            limit=limit, used=used)
+
+    async def output_budget(self, org_id: str, *, refuse_full: bool) -> OutputBudget | None:
+        """What the organization's commands running here may still keep of their output (None:
+        it has no storage quota), counted afresh now. ``refuse_full``: QUOTA_EXCEEDED when there
+        is no room left (an execute, a job); a create's command runs and keeps what fits."""
+        limit = self.of(org_id).snapshot_bytes
+        if limit is None:
+            return None
+        budget = self._output_budgets.setdefault(org_id, OutputBudget())
+        spent = budget.spent
+        stored = (await self.usage(org_id))["storage_bytes"]
+        budget.refill(limit - stored, spent)
+        if refuse_full and stored >= limit:
+            raise self._storage_full(org_id, limit, stored, "no command runs until it stores less (its output "
+                                     "could not be kept): delete snapshots or checkpoints, or end sandboxes, whose "
+                                     "output is dropped HUTCH_OUTPUT_RETENTION after they end")
+        return budget
 
     async def metered(self, org_id: str, snapshot_id: str, chunks: AsyncIterable[bytes],
                       room: int | None) -> AsyncIterator[bytes]:

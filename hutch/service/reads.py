@@ -74,7 +74,7 @@ class Reads:
     async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
         await self.require(sandbox_id)
         return await self.wait(
-            lambda: self.require(sandbox_id), lambda s: s.status in statuses, min(wait, MAX_WAIT_SECONDS)
+            lambda: self.require(sandbox_id), lambda s: s.status in statuses, min(wait, MAX_WAIT_SECONDS), sandbox_id
         )
 
     async def wait_not_creating(self, sandbox_id: str) -> Sandbox:
@@ -107,7 +107,8 @@ class Reads:
         if ex.status.is_final or wait <= 0:
             return ex
         return await self.wait(
-            lambda: self.execution(execution_id), lambda e: e.status.is_final, min(wait, MAX_WAIT_SECONDS)
+            lambda: self.execution(execution_id), lambda e: e.status.is_final, min(wait, MAX_WAIT_SECONDS),
+            ex.sandbox_id,
         )
 
     async def execution(self, execution_id: str) -> Execution:
@@ -135,9 +136,11 @@ class Reads:
 
     # ---------------------------------------------------------------- waiting
 
-    async def wait(self, read: Callable[[], Awaitable[T]], done: Callable[[T], bool], wait: float) -> T:
-        """Hold until ``done(read())`` or ``wait`` seconds pass; returns the last read."""
-        queue = self.projector.listen()
+    async def wait(self, read: Callable[[], Awaitable[T]], done: Callable[[T], bool], wait: float,
+                   sandbox_id: str) -> T:
+        """Hold until ``done(read())`` or ``wait`` seconds pass; returns the last read. Woken by
+        ``sandbox_id``'s events only (one pending wake is enough: each re-reads)."""
+        queue = self.projector.listen(sandbox_id=sandbox_id, limit=1)
         deadline = time.monotonic() + wait
         try:
             while True:

@@ -1,10 +1,11 @@
 """The recorder: THE one way a command turns into appended events.
 
-Under the stream's lock: read the state, ``decide`` (``core.lifecycle`` for sandboxes,
-``core.snapshots`` for snapshots), check that every event survives an encode/decode round
-trip, append, and wait until the projector has applied the append (read-your-writes).
-Locks are per stream (a sandbox, a snapshot, an organization's tenancy records): writes to
-one stream are serialised on this server.
+Under the stream's lock: read the state, ``decide`` (``core.lifecycle`` for sandboxes, their
+creation included; ``core.snapshots`` for snapshots; ``core.tenancy`` for an organization's
+records, through ``record``), check that every event survives an encode/decode round trip,
+append, and wait until the projector has applied the append (read-your-writes). Locks are per
+stream (a sandbox, a snapshot, an organization's tenancy records): writes to one stream are
+serialised on this server. Nothing appends but these methods (``_append`` is theirs).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hutch.core import ids, snapshots
 from hutch.core.errors import InvalidInput, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, EventData, SandboxCreated, SnapshotCreated, decode, encode
-from hutch.core.lifecycle import Command, decide
+from hutch.core.lifecycle import Command, Create, decide
 from hutch.core.models import Sandbox
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -55,16 +56,20 @@ class Recorder:
         organization), deciding and appending under the stream's lock: checks such as a
         name's uniqueness hold against concurrent requests to this server."""
         async with self.lock(stream):
-            return await self.append(stream, decide())
+            return await self._append(stream, decide())
 
     async def command(self, sandbox_id: str, command: Command, *,
                       durable: Callable[[int], None] | None = None) -> list[Event]:
         """Decide ``command`` against the sandbox as it is and append what it produces.
         ``durable`` is called with the last position once the events are in the log, before
-        they are projected."""
+        they are projected. A ``Create`` is decided against whatever the store holds under
+        the id, in any organization (nothing, or ``decide`` refuses it)."""
         async with self.lock(sandbox_id):
-            sb = await self._reads.require(sandbox_id)
-            return await self.append(sandbox_id, decide(sb, command), durable=durable)
+            if isinstance(command, Create):
+                sb: Sandbox | None = await self._store.get_sandbox(sandbox_id)
+            else:
+                sb = await self._reads.require(sandbox_id)
+            return await self._append(sandbox_id, decide(sb, command), durable=durable)
 
     async def act(self, sandbox_id: str, command_for: Callable[[Sandbox], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:
@@ -77,15 +82,15 @@ class Recorder:
             events = decide(sb, command)
             if events:
                 await effect(command)
-                await self.append(sandbox_id, events)
+                await self._append(sandbox_id, events)
 
     async def snapshot(self, snapshot_id: str, command: snapshots.SnapshotCommand) -> list[Event]:
         """Decide a snapshot command against the snapshot as stored and append what it produces."""
         async with self.lock(snapshot_id):
             snap = await self._store.get_snapshot(snapshot_id)
-            return await self.append(snapshot_id, snapshots.decide(snapshot_id, snap, command))
+            return await self._append(snapshot_id, snapshots.decide(snapshot_id, snap, command))
 
-    async def append(self, stream: str, payloads: Iterable[EventData], *,
+    async def _append(self, stream: str, payloads: Iterable[EventData], *,
                      durable: Callable[[int], None] | None = None) -> list[Event]:
         """Append events about ``stream``; the caller holds the stream's lock. ``durable``:
         what may start once the events are recorded, while the projector applies them."""

@@ -8,7 +8,7 @@ import logging
 
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
-from hutch.drivers.base import Driver
+from hutch.drivers.roles import SandboxLifecycle
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.service.control import SandboxControl
 from hutch.service.recorder import Recorder
@@ -17,16 +17,16 @@ log = logging.getLogger(__name__)
 
 
 class Recovery:
-    def __init__(self, store: ProjectionStore, recorder: Recorder, control: SandboxControl, driver: Driver) -> None:
+    def __init__(self, store: ProjectionStore, recorder: Recorder, control: SandboxControl, lifecycle: SandboxLifecycle) -> None:
         self._store = store
         self._recorder = recorder
         self._control = control
-        self._driver = driver
+        self._lifecycle = lifecycle
 
     async def run(self) -> None:
         """Sandboxes whose processes died with an old server end through a lifecycle event;
         running ones that no event gives an owner are destroyed."""
-        alive = await self._driver.alive()
+        alive = await self._lifecycle.alive()
         live, _ = await self._store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
         await self._destroy_unowned(alive - {sb.sandbox_id for sb in live})
         for sb in live:
@@ -49,7 +49,7 @@ class Recovery:
             else:
                 await self._recorder.command(sb.sandbox_id, Terminate(reason=reason))
             with contextlib.suppress(Exception):
-                await self._driver.destroy(sb.sandbox_id)
+                await self._lifecycle.destroy(sb.sandbox_id)
 
     async def _destroy_unowned(self, candidates: set[str]) -> None:
         """The driver runs them but the log says none is live: either the log has no record of
@@ -60,4 +60,4 @@ class Recovery:
             why = "the event log has no record of it" if sb is None else f"the event log says it is {sb.status.value}"
             log.warning("sandbox %s is running but %s; destroying it", sandbox_id, why)
             with contextlib.suppress(Exception):
-                await self._driver.destroy(sandbox_id)
+                await self._lifecycle.destroy(sandbox_id)

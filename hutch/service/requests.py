@@ -1,5 +1,5 @@
 """What a create and an execute ask the service for, once the API has parsed and checked them
-(api/wire.py builds these from a request's JSON; the SSH gateway and the Workspace build them
+(api/parse.py builds these from a request's JSON; the SSH gateway and the Workspace build them
 too)."""
 
 from __future__ import annotations

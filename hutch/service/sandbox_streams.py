@@ -37,7 +37,7 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
     """The bytes of ``stream`` ("stdout"/"stderr") of every execution of the sandbox so far,
     then new ones as they come, ending when the sandbox has ended."""
     done: set[str] = set()
-    changes = engine.projector.listen()
+    changes = engine.projector.listen(sandbox_id=sandbox_id, limit=1)
     try:
         while True:
             _drain(changes)  # what happened before the reads below is in them
@@ -61,7 +61,7 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
                 return
             if ended and pending and not await _any_readable(engine, pending, stream):
                 return  # ended with commands that never started (they were cancelled with it)
-            await _next_change(changes, sandbox_id)
+            await _next_change(changes)
     finally:
         engine.projector.unlisten(changes)
 
@@ -70,17 +70,18 @@ async def execution_output(engine: Engine, execution_id: str, stream: str) -> As
     """One execution's ``stream`` to its end, waiting first for a queued execution to start
     (its stream opens then: reading it before would read an empty stream)."""
     stream_id = engine.streams.derive(execution_id, stream)
-    changes = engine.projector.listen()
-    try:
-        while True:
-            _drain(changes)
-            execution = await engine.store.get_execution(execution_id)
-            if execution is None or await _readable(engine, execution, stream_id):
-                break
-            sandbox_id = execution.sandbox_id
-            await _next_change(changes, sandbox_id)
-    finally:
-        engine.projector.unlisten(changes)
+    execution = await engine.store.get_execution(execution_id)
+    if execution is not None:
+        changes = engine.projector.listen(sandbox_id=execution.sandbox_id, limit=1)
+        try:
+            while True:
+                _drain(changes)
+                execution = await engine.store.get_execution(execution_id)
+                if execution is None or await _readable(engine, execution, stream_id):
+                    break
+                await _next_change(changes)
+        finally:
+            engine.projector.unlisten(changes)
     async for chunk in engine.outputs.read(stream_id):
         yield chunk
 
@@ -104,10 +105,8 @@ def _drain(changes: asyncio.Queue) -> None:
         changes.get_nowait()
 
 
-async def _next_change(changes: asyncio.Queue, sandbox_id: str) -> None:
+async def _next_change(changes: asyncio.Queue) -> None:
+    """The sandbox's next event (its listener takes no other), or the safety net's time."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(_RECHECK_SECONDS):
-            while True:
-                event = await changes.get()
-                if event.sandbox_id == sandbox_id:
-                    return
+            await changes.get()

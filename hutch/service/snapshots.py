@@ -32,8 +32,6 @@ from typing import IO
 
 import attrs
 
-import hutch.blobs as blobs
-from hutch.blobs.files import FileBlobStore
 from hutch.core import ids, runtimes
 from hutch.core.blobs import BlobNotFound, BlobStore
 from hutch.core.errors import (
@@ -60,7 +58,7 @@ from hutch.core.snapshots import (
     parse_ref,
 )
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, scoped_org, visible
-from hutch.drivers.base import Driver, ProvisionRequest
+from hutch.drivers.base import DriverRoles, ProvisionRequest
 from hutch.projections.base import ProjectionStore, SnapshotQuery
 from hutch.service import archives
 from hutch.service.quotas import Quotas
@@ -68,6 +66,7 @@ from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.stream_ids import StreamIds
 from hutch.service.timeouts import Reaper
+from hutch.storage import spool
 
 WORKSPACE = "."  # relative to the sandbox user's workspace (HOME), as the file API resolves it
 LINEAGE_MAX = 1000
@@ -91,19 +90,13 @@ class SnapshotArchives:
     def key(snapshot_id: str) -> str:
         return f"snapshots/{snapshot_id}.tar.gz"
 
-    def path(self, snapshot_id: str) -> Path:
-        """Where the archive is on this host's disk: the files profile only (tests, debugging)."""
-        if not isinstance(self.store, FileBlobStore):
-            raise NotSupported("snapshot archives are not local files with this blob store")
-        return self.store.path(self.key(snapshot_id))
-
     async def spool(self, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> IO[bytes]:
         """``chunks`` in a local temporary file (size-checked as they arrive); the caller closes it."""
         await asyncio.to_thread(_private_dir, self.spool_dir)
         return await archives.spool(chunks, max_bytes if max_bytes is not None else 2**63, str(self.spool_dir))
 
     async def put(self, snapshot_id: str, spooled: IO[bytes]) -> None:
-        await blobs.put_file(self.store, self.key(snapshot_id), spooled)
+        await spool.put_file(self.store, self.key(snapshot_id), spooled)
 
     async def save(self, snapshot_id: str, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> None:
         with await self.spool(chunks, max_bytes) as spooled:
@@ -113,7 +106,7 @@ class SnapshotArchives:
         """The archive in a local temporary file, or None when there is none."""
         await asyncio.to_thread(_private_dir, self.spool_dir)
         try:
-            return await blobs.fetch(self.store, self.key(snapshot_id), self.spool_dir)
+            return await spool.fetch(self.store, self.key(snapshot_id), self.spool_dir)
         except BlobNotFound:
             return None
 
@@ -160,13 +153,13 @@ def scan(path: Path, limits: archives.Limits) -> tuple[SnapshotFile, ...]:
 
 
 class Snapshots:
-    def __init__(self, *, store: ProjectionStore, reads: Reads, recorder: Recorder, driver: Driver, quotas: Quotas,
+    def __init__(self, *, store: ProjectionStore, reads: Reads, recorder: Recorder, driver: DriverRoles, quotas: Quotas,
                  streams: StreamIds, reaper: Reaper, blobs: BlobStore, spool_dir: Path,
                  limits: archives.Limits) -> None:
         self._store = store
         self._reads = reads
         self._recorder = recorder
-        self._driver = driver
+        self._driver = driver  # by role: the archive streams choose between files and trees
         self._quotas = quotas
         self._streams = streams
         self._reaper = reaper
@@ -251,15 +244,17 @@ class Snapshots:
         snapshot_id = ids.new_id("snapshot")
         decide(snapshot_id, None, command)  # refuses (an ended sandbox, a bad name or tag) before any work
         self._reaper.touch(sandbox_id)
-        with await self.archives.spool(archives.tar_gz(self._driver, sandbox_id, WORKSPACE)) as spooled:
+        export = archives.tar_gz(self._driver, sandbox_id, WORKSPACE, max_bytes=archives.export_bound(self.limits))
+        with await self.archives.spool(export) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
-            await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
-            await self.archives.put(snapshot_id, spooled)
-        try:
-            await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
-        except BaseException:
-            await self.archives.remove(snapshot_id)
-            raise
+            async with self._quotas.storage_held(sb.spec.org_id):  # the check and its record, as one
+                await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
+                await self.archives.put(snapshot_id, spooled)
+                try:
+                    await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
+                except BaseException:
+                    await self.archives.remove(snapshot_id)
+                    raise
         await self._take_tag(snapshot_id, command.name, command.tag)
         return await self.get(snapshot_id)
 
@@ -325,12 +320,16 @@ class Snapshots:
         if snap.status is not SnapshotStatus.BUILDING:
             raise IllegalTransition(f"snapshot {snapshot_id} is {snap.status.value}; its content cannot change",
                                     snapshot_id=snapshot_id)
-        room = await self._quotas.storage_room(snap.org_id, replacing=snapshot_id)
-        if room is not None and declared is not None and declared > room:
-            raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
-                                f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
-                                limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
-        await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room), max_bytes)
+        # The room is reckoned and taken by one upload at a time (of an organization with a
+        # storage quota): reckoned at each one's start, four at once each took all of it.
+        async with self._quotas.storage_held(snap.org_id):
+            room = await self._quotas.storage_room(snap.org_id, replacing=snapshot_id)
+            if room is not None and declared is not None and declared > room:
+                raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
+                                    f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
+                                    limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
+            await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room),
+                                     max_bytes)
         return snap
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
@@ -345,7 +344,7 @@ class Snapshots:
                 field = "dependencies" if deps else "packages"
                 raise NotSupported(f"{field}: driver {driver.name} cannot install dependencies or packages yet",
                                    field=field)
-            await driver.prepare(ProvisionRequest(sandbox_id=snapshot_id, runtime=snap.runtime,
+            await driver.runtimes.prepare(ProvisionRequest(sandbox_id=snapshot_id, runtime=snap.runtime,
                                                   dependencies=deps, packages=pkgs))
         spooled = await self.archives.fetch(snapshot_id)
         if spooled is not None:
@@ -357,9 +356,10 @@ class Snapshots:
                                    f"{snapshot_id}/upload) and there is no env, dependency or package to keep",
                                    field="archive")
             files = ()
-        await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
-        await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
-                                                                 dependencies=deps, packages=pkgs))
+        async with self._quotas.storage_held(snap.org_id):  # the check and its record, as one
+            await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
+            await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
+                                                                     dependencies=deps, packages=pkgs))
         await self._take_tag(snapshot_id, snap.name, snap.tag)
         return await self.get(snapshot_id)
 

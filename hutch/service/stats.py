@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from hutch.drivers.base import Driver
+from hutch.drivers.roles import UsageReporting
 from hutch.projections.base import ProjectionStore, SandboxQuery
 
 
@@ -19,7 +19,7 @@ def _unix(iso: str) -> float:
     return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-async def usage(store: ProjectionStore, driver: Driver, start: str | None, end: str | None,
+async def usage(store: ProjectionStore, driver: UsageReporting, start: str | None, end: str | None,
                 scope: SandboxQuery | None = None) -> dict[str, Any]:
     """Usage of sandboxes created in [start, end) (of ``scope``'s organization and projects):
     counts by status, executions and jobs by status, and the wall time they ran."""

@@ -9,7 +9,7 @@ import hmac
 import re
 
 _KINDS = {"stdout": "o", "stderr": "e", "audit": "a"}  # only o and e are output streams
-_ID = re.compile(r"^stm_(?P<prefix>[a-z]+)(?P<body>[0-9a-z]{26})(?P<kind>[oe])(?P<mac>[0-9a-f]{32})$")
+_ID = re.compile(r"^stm_(?P<prefix>[a-z]+)(?P<body>[0-9a-z]{26})(?P<kind>[oe])(?P<mac>[0-9a-f]{32})\Z")
 
 
 class StreamIds:
@@ -25,7 +25,8 @@ class StreamIds:
 
     def sign(self, text: str) -> str:
         """HMAC-SHA256 of ``text`` under the server's secret (other capabilities: snapshot uploads)."""
-        return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
+        # A path or header may carry undecodable bytes (as surrogates): signed as sent.
+        return hmac.new(self._secret, text.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
 
     def execution_of(self, stream_id: str) -> str | None:
         """The execution (or, for a sandbox's own streams, the sandbox: service/sandbox_streams.py)

@@ -1,4 +1,5 @@
-"""Tenancy at the API edge: who a key is, what it may touch, how fast it may ask.
+"""Tenancy at the API edge: who a key is, what it may touch, how fast it may ask; and the
+directory's writes (``TenancyWrites``), which the routes call and never record themselves.
 
 ``Tenants`` keeps this process's copy of the directory (organizations, projects, keys:
 ``core.tenancy.Directory``), loaded from the projection store at start and then folded from
@@ -15,18 +16,27 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import hmac
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
 from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, RateLimited, Unauthorized
-from hutch.core.events import Event
+from hutch.core.events import Event, EventData
 from hutch.core.models import SandboxSpec
-from hutch.core.tenancy import LOCAL_ORG, SCOPE, Directory, Principal, Role
+from hutch.core.tenancy import (
+    LOCAL_ORG,
+    SCOPE,
+    ApiKey,
+    Directory,
+    Organization,
+    Principal,
+    Project,
+    Role,
+    SshKey,
+)
 from hutch.projections.base import ProjectionStore, is_tenancy_event
 
 
@@ -72,7 +82,7 @@ def parse_rate(value: str | None, setting: str = "HUTCH_RATE_LIMIT") -> tuple[fl
 
 class Tenants:
     def __init__(self, bootstrap_secret: str, *, default_rate: tuple[float, int] | None = None) -> None:
-        self._bootstrap = bootstrap_secret.encode()
+        self._bootstrap_secret = bootstrap_secret
         self.bootstrap = Principal(key_id=bootstrap_key_id(bootstrap_secret), org_id=LOCAL_ORG, role=Role.ADMIN,
                                    server_admin=True)
         self.directory = Directory()
@@ -109,7 +119,7 @@ class Tenants:
     # ---------------------------------------------------------------- requests
 
     def authenticate(self, secret: str) -> Principal:
-        if hmac.compare_digest(secret.encode(), self._bootstrap):
+        if tenancy.secrets_match(secret, self._bootstrap_secret):
             return self.bootstrap
         key = self.directory.key_for(secret)
         if key is None:
@@ -136,7 +146,7 @@ class Tenants:
 
     def knows(self, secret: str) -> bool:
         """A hutch key, valid or not any more (the proxy never forwards one)."""
-        return hmac.compare_digest(secret.encode(), self._bootstrap) or self.directory.key_for(secret) is not None
+        return tenancy.secrets_match(secret, self._bootstrap_secret) or self.directory.key_for(secret) is not None
 
     def throttle(self, principal: Principal) -> None:
         """Raise ``RateLimited`` (429, with the seconds to wait) when the key is over its rate."""
@@ -154,6 +164,84 @@ class Tenants:
             over = f", {self.replicas} replicas each allowing its share" if self.replicas > 1 else ""
             raise RateLimited(f"rate limit: key {principal.key_id} may make {rate[0]:g} requests a second "
                               f"(burst {rate[1]}{over}); retry in {wait:.2f} s", retry_after=wait)
+
+
+# ``Recorder.record``: the events a decision returns, decided and appended under the stream's
+# lock. Taken as a callable so this module needs no recorder (whose reads need ``Tenants``).
+Recording = Callable[[str, Callable[[], Iterable[EventData]]], Awaitable[list[Event]]]
+
+
+class TenancyWrites:
+    """The directory's writes: organizations, quotas, projects, API keys, SSH keys. Each is
+    decided by ``core.tenancy`` against the directory under its organization's stream lock, so
+    a name or key taken twice at once is refused once, and recorded in that stream. Each
+    returns the record as the directory holds it: the projector folds the events into
+    ``Tenants`` before the recorder returns."""
+
+    def __init__(self, record: Recording, tenants: Callable[[], Tenants | None]) -> None:
+        self._record = record
+        self._tenants = tenants  # the app's, set once it has loaded (Engine.tenants)
+
+    def _directory(self) -> Directory:
+        tenants = self._tenants()
+        if tenants is None:  # an engine without the app: nothing routes here
+            raise RuntimeError("tenancy writes need the app's directory (Engine.tenants)")
+        return tenants.directory
+
+    async def create_org(self, name: object) -> Organization:
+        org_id = tenancy.org_id_for(tenancy.check_name(name, "name"))
+        await self._record(org_id, lambda: [tenancy.create_org(self._directory(), name)[1]])
+        return self._directory().orgs[org_id]
+
+    async def set_quota(self, org_id: str, values: Mapping[str, object]) -> Organization:
+        """Fields given replace the organization's; ``None`` lifts a limit."""
+        await self._record(org_id, lambda: [tenancy.set_quota(values, self._directory().orgs[org_id].quota)])
+        return self._directory().orgs[org_id]
+
+    async def create_project(self, org_id: str, name: object) -> Project:
+        [event] = await self._record(org_id, lambda: [tenancy.create_project(self._directory(), org_id, name)])
+        assert isinstance(event.data, tenancy.ProjectCreated)  # the one event decided above
+        return self._directory().projects[event.data.project_id]
+
+    async def create_key(self, org_id: str, *, role: object, name: object = None, projects: object = (),
+                         expires_at: object = None, rate: object = None, burst: object = None,
+                         limit: tuple[str, ...] = (), field: str = "projects") -> tuple[str, ApiKey]:
+        """(the key's secret, which is in this answer and nowhere else, ever; the key). ``limit``:
+        the creating key's projects, which a new key may not reach past (``field`` names them)."""
+        made: list[str] = []
+
+        def decide() -> list[EventData]:
+            secret, event = tenancy.create_key(self._directory(), org_id, role=role, name=name, projects=projects,
+                                               expires_at=expires_at, rate=rate, burst=burst, limit=limit,
+                                               field=field)
+            made.append(secret)
+            return [event]
+
+        [event] = await self._record(org_id, decide)
+        assert isinstance(event.data, tenancy.KeyCreated)
+        return made[-1], self._directory().keys[event.data.key_id]
+
+    async def revoke_key(self, org_id: str, key_id: str, limit: tuple[str, ...] = ()) -> ApiKey:
+        """The key's revocation, and the removal of every SSH key it added; a key outside the
+        revoking key's projects (``limit``) is not found."""
+        await self._record(org_id, lambda: tenancy.revoke_key(self._directory(), org_id, key_id, limit))
+        return self._directory().keys[key_id]
+
+    async def add_ssh_key(self, principal: Principal, public_key: object, name: object) -> SshKey:
+        """Registered by ``principal``'s key, within its projects, for as long as that key lives."""
+        org_id = principal.org_id
+
+        def decide() -> list[EventData]:
+            return [tenancy.add_ssh_key(self._directory(), org_id, public_key, name, added_by=principal.key_id,
+                                        projects=principal.projects, now=now_utc())]
+
+        [event] = await self._record(org_id, decide)
+        assert isinstance(event.data, tenancy.SshKeyAdded)
+        return self._directory().ssh_keys[event.data.ssh_key_id]
+
+    async def remove_ssh_key(self, org_id: str, ssh_key_id: str, limit: tuple[str, ...] = ()) -> SshKey:
+        await self._record(org_id, lambda: [tenancy.remove_ssh_key(self._directory(), org_id, ssh_key_id, limit)])
+        return self._directory().ssh_keys[ssh_key_id]
 
 
 def owned(spec: SandboxSpec, directory: Directory | None) -> SandboxSpec:
@@ -193,4 +281,4 @@ def now_utc() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-__all__ = ["Tenants", "bootstrap_key_id", "now_utc", "owned", "parse_rate", "project_for", "tenancy"]
+__all__ = ["TenancyWrites", "Tenants", "bootstrap_key_id", "now_utc", "owned", "parse_rate", "project_for", "tenancy"]

@@ -1,7 +1,7 @@
 """Terminals: a shell (or any command) on a pseudo-terminal in a sandbox, carried over a
 websocket (api/routes/terminals.py), the SSH gateway (api/ssh_gateway.py) and ``hutch ssh``.
 
-The driver makes the terminal (``Driver.open_terminal``); this module decides what runs on
+The driver makes the terminal (its ``terminals`` role, ``Terminals.open_terminal``); this module decides what runs on
 it and keeps the sandbox awake while it is used: a paused sandbox resumes for it, and input
 or output counts as activity for the idle timeout, as file operations do.
 """
@@ -52,7 +52,7 @@ async def open_terminal(engine: Engine, sandbox_id: str, opts: TerminalOptions,
     check_term(opts.term)
     sb = await engine.for_files(sandbox_id)  # waits out creating, resumes a paused one
     argv: Sequence[str] = opts.command or LOGIN_SHELL
-    term = await engine.driver.open_terminal(TerminalRequest(
+    term = await engine.roles.terminals.open_terminal(TerminalRequest(
         sandbox_id=sb.sandbox_id, argv=tuple(argv), env={**sb.spec.env, "TERM": opts.term, **(env or {})},
         cwd=opts.cwd, rows=opts.rows, cols=opts.cols))
     return ActiveTerminal(engine, sb.sandbox_id, term)

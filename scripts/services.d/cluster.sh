@@ -293,6 +293,7 @@ start() {
   local started=$SECONDS i
   install_packages
   build
+  sandbox_sysctls  # nomad.sh: the clients' per-uid inotify counts, lifted (one kernel for all)
   net_up
   registry_up
   FRESH_SERVER=0

@@ -397,10 +397,21 @@ print_settings() {
   echo "HUTCH_NOMAD_TOKEN=$(cat "$STATE/acl/hutch.token")"
 }
 
+# Every nomad sandbox runs as the same uid of the host (HUTCH_NOMAD_UID), and the kernel counts
+# inotify instances and watches per uid: one sandbox holding the 128 instances of the default
+# left every other sandbox of the node without any (EMFILE). Both are kernel memory charged to
+# the memory cgroup of the sandbox that takes them, so the per-uid counts are lifted and each
+# sandbox pays for its own within its memory limit. The same values as the Terraform nodes'
+# /etc/sysctl.d/60-hutch-sandboxes.conf (infra/terraform/modules/nomad-node).
+sandbox_sysctls() {
+  sysctl -qw fs.inotify.max_user_instances=2147483647 fs.inotify.max_user_watches=2147483647
+}
+
 start() {
   local started=$SECONDS
   install_packages
   build
+  sandbox_sysctls
   start_containerd
   start_registry
   start_nomad

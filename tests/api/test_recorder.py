@@ -1,4 +1,4 @@
-"""api.recorder: the one way commands become events, on the embedded log and the memory store."""
+"""service.recorder: the one way commands become events, on the embedded log and the memory store."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from hutch.core.errors import InvalidInput, ProjectionUnavailable, SnapshotNotFound
-from hutch.core.events import SandboxCreated, SandboxEnvChanged
-from hutch.core.lifecycle import ChangeEnv, FinishExecution, Start, StartExecution
+from hutch.core.errors import (
+    IllegalTransition,
+    InvalidInput,
+    ProjectionUnavailable,
+    SandboxNotFound,
+    SnapshotNotFound,
+)
+from hutch.core.events import SandboxEnvChanged
+from hutch.core.lifecycle import ChangeEnv, Create, FinishExecution, Start, StartExecution
 from hutch.core.models import ExecutionStatus, SandboxSpec, SandboxStatus, SnapshotStatus
 from hutch.core.snapshots import BeginBuild, DeleteSnapshot
 from hutch.eventlog.sqlite import SqliteEventLog
@@ -35,15 +41,22 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
 
 
 async def test_a_command_is_decided_appended_and_readable_at_once(parts: Parts) -> None:
-    recorder, reads, _ = parts
+    recorder, reads, event_log = parts
     spec = SandboxSpec(runtime="base:latest", runtime_id="srt", org_id="org_acme")
-    async with recorder.lock("sbx_1"):
-        await recorder.append("sbx_1", [SandboxCreated(spec=spec)])
+    with pytest.raises(SandboxNotFound):  # nothing but a create lands on an unrecorded id
+        await recorder.command("sbx_1", Start())
+    [created] = await recorder.command("sbx_1", Create(spec=spec))
+    assert created.type == "create" and created.org == "org_acme"
+    assert (await reads.require("sbx_1")).status is SandboxStatus.CREATING  # read-your-writes
     [started] = await recorder.command("sbx_1", Start())
     assert started.position is not None and started.org == "org_acme"
     assert (await reads.require("sbx_1")).status is SandboxStatus.IDLE  # read-your-writes
     await recorder.command("sbx_1", ChangeEnv(set={"A": "1"}))
     assert (await reads.require("sbx_1")).spec.env == {"A": "1"}
+    before = await event_log.last_position()
+    with pytest.raises(IllegalTransition, match="sandbox sbx_1 is idle"):  # an id is used once
+        await recorder.command("sbx_1", Create(spec=spec))
+    assert await event_log.last_position() == before
 
 
 async def test_an_event_that_does_not_survive_a_round_trip_is_refused(parts: Parts) -> None:
@@ -97,8 +110,7 @@ async def test_what_follows_a_launched_start_waits_until_the_store_shows_it(tmp_
     recorder = Recorder(event_log, store, projector, Reads(store, event_log, projector))
     try:
         spec = SandboxSpec(runtime="base:latest", runtime_id="srt")
-        async with recorder.lock("sbx_1"):
-            await recorder.append("sbx_1", [SandboxCreated(spec=spec)])
+        await recorder.command("sbx_1", Create(spec=spec))
         await recorder.command("sbx_1", Start())
         store.away = True
         launched: list[int] = []

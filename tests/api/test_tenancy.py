@@ -74,6 +74,7 @@ PUBLIC_ROUTES = {
     ("GET", "/app/static/{name}"),
     ("POST", "/app/session"),  # signing in: the API key in the body is the credential
     ("GET", "/openapi.json"),  # the API's description: no secret
+    ("GET", "/"),  # a redirect to the Web App: a person opening the address gets the app, not a 401
 }
 
 # What each route needs beyond the rule "GET reads, everything else writes".
@@ -417,3 +418,16 @@ async def test_audit_records_name_org_project_and_key(api: Api) -> None:
     lines = [json.loads(x) for x in (await api.stream(created["auditStreamUrl"] + "?follow=false")).splitlines()]
     assert lines[0]["type"] == "create"
     assert {(r["orgId"], r["projectId"], r["keyId"]) for r in lines} == {("org_alpha", project["id"], admin["id"])}
+
+
+async def test_a_directory_write_is_decided_under_its_organization_s_lock(api: Api) -> None:
+    """Requests racing for one name or one SSH key: one is recorded, the others are refused by
+    the check the first one made true (service/tenancy.TenancyWrites decides under the lock)."""
+    await new_org(api, "alpha")
+    a = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    public_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+    for path, body in (("/ssh-keys", {"publicKey": public_key}), ("/projects", {"name": "web"})):
+        answers = await asyncio.gather(*(api.client.post(path, headers=a, json=body) for _ in range(4)))
+        assert sorted(r.status for r in answers) == [201, 400, 400, 400], path
+    assert len((await api.data("GET", "/ssh-keys", headers=a))["sshKeys"]) == 1
+    assert [p["name"] for p in (await api.data("GET", "/projects", headers=a))["projects"]] == ["web"]

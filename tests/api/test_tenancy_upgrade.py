@@ -120,7 +120,7 @@ async def _old_store(dsn: str, events: list[Event]) -> None:
     import asyncpg
 
     from hutch.projections.base import fold
-    from hutch.projections.postgres import migrations
+    from hutch.storage.schema import migrations
 
     sandboxes: dict[str, Any] = {}
     for event in events:

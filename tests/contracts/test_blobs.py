@@ -13,11 +13,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-import hutch.blobs as blobs
 from hutch.blobs.files import FileBlobStore
 from hutch.blobs.postgres import PostgresBlobStore
 from hutch.core.blobs import CHUNK, BlobNotFound, BlobStore
 from hutch.core.errors import InvalidInput
+from hutch.storage import spool
 from tests.services import drop_database, fresh_database
 
 
@@ -211,12 +211,12 @@ async def test_get_of_a_missing_key_raises_before_any_bytes(store: BlobStore) ->
 
 
 async def test_a_spooled_file_is_put_whole(store: BlobStore, tmp_path: Path) -> None:
-    """``blobs.spool`` then ``blobs.put_file``, as the callers do (the files store links)."""
+    """``spool.spool`` then ``spool.put_file``, as the callers do (the files store links)."""
     data = os.urandom(CHUNK + 123)
     (tmp_path / "spool").mkdir()
-    with await blobs.spool(stream(data[:100], data[100:]), tmp_path / "spool") as spooled:
-        await blobs.put_file(store, "spooled/k", spooled)
-        await blobs.put_file(store, "spooled/k", spooled)  # again: replaces, from the start
+    with await spool.spool(stream(data[:100], data[100:]), tmp_path / "spool") as spooled:
+        await spool.put_file(store, "spooled/k", spooled)
+        await spool.put_file(store, "spooled/k", spooled)  # again: replaces, from the start
     assert await read(store, "spooled/k") == data
     assert list((tmp_path / "spool").iterdir()) == []
     assert await leftovers(store) == ["spooled/k"]
@@ -228,16 +228,29 @@ def test_clear_spool_removes_only_what_a_killed_process_left(tmp_path: Path) -> 
     (tmp_path / "spool-live").write_bytes(b"y")  # a put in progress right now
     (tmp_path / "other").write_bytes(b"z")
     os.utime(tmp_path / "other", (0, 0))
-    assert blobs.clear_spool(tmp_path) == 1
+    assert spool.clear_spool(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "spool-live"]
-    assert blobs.clear_spool(tmp_path / "absent") == 0
+    assert spool.clear_spool(tmp_path / "absent") == 0
 
 
 async def test_fetch_gives_a_named_local_file(store: BlobStore, tmp_path: Path) -> None:
     await store.put("f/k", stream(b"abc" * 1000))
-    with await blobs.fetch(store, "f/k", tmp_path) as local:
+    with await spool.fetch(store, "f/k", tmp_path) as local:
         assert local.read() == b"abc" * 1000
         assert await asyncio.to_thread(Path(local.name).read_bytes) == b"abc" * 1000  # tar checks reopen it by name
     with pytest.raises(BlobNotFound):
-        await blobs.fetch(store, "f/missing", tmp_path)
+        await spool.fetch(store, "f/missing", tmp_path)
     assert await asyncio.to_thread(lambda: list(tmp_path.glob("spool-*"))) == []
+
+
+async def test_the_files_store_links_a_spooled_file_and_is_read_in_place(tmp_path: Path) -> None:
+    """Its hooks (``link_file``, ``open_local``): the embedded profile writes an archive once
+    and reads it without a copy; the other stores copy through ``put``/``get`` (above)."""
+    store = FileBlobStore(tmp_path / "blobs")
+    (tmp_path / "spool").mkdir()
+    with await spool.spool(stream(b"abc" * 100), tmp_path / "spool") as spooled:
+        await spool.put_file(store, "linked/k", spooled)
+        assert os.stat(spooled.name).st_ino == store.path("linked/k").stat().st_ino
+    with await spool.fetch(store, "linked/k", tmp_path / "spool") as local:
+        assert local.name == str(store.path("linked/k")) and local.read() == b"abc" * 100
+    assert list((tmp_path / "spool").iterdir()) == []

@@ -15,7 +15,7 @@ import pytest
 from hutch.blobs.output_files import FileOutputStreams
 from hutch.blobs.output_postgres import PostgresOutputStreams
 from hutch.core.errors import InvalidInput
-from hutch.core.output import CHUNK, OutputStreams, UnknownStream
+from hutch.core.output import CHUNK, OutputStreams, StreamOwner, UnknownStream
 from tests.services import drop_database, fresh_database
 
 CAP = 4 * 2**20
@@ -263,6 +263,65 @@ async def test_closing_the_store_saves_and_closes_its_streams(outputs: OutputStr
         assert await read_all(again, S1) == b"saved at shutdown"
     finally:
         await again.close_store()
+
+
+def again_on(outputs: OutputStreams) -> OutputStreams:
+    """Another server's view of the same store (a restart, or another replica)."""
+    if isinstance(outputs, PostgresOutputStreams):
+        return PostgresOutputStreams(outputs.dsn, CAP)
+    assert isinstance(outputs, FileOutputStreams)
+    return FileOutputStreams(outputs.data_dir, CAP)
+
+
+async def test_an_owned_stream_counts_for_its_organization_from_its_first_byte(outputs: OutputStreams) -> None:
+    a1, a2, b1 = StreamOwner("org_a", "sbx_a1"), StreamOwner("org_a", "sbx_a2"), StreamOwner("org_b", "sbx_b1")
+    assert await outputs.stored("org_a") == 0 and await outputs.kept() == []
+    one = await outputs.open("stm_a1out", a1)
+    one.write(b"x" * 1000)
+    assert await outputs.stored("org_a") == 1000  # while it runs: saved or about to be
+    await outputs.close("stm_a1out")
+    for stream_id, owner, size in (("stm_a1err", a1, 10), ("stm_a2out", a2, 200), ("stm_b1out", b1, 7)):
+        (await outputs.open(stream_id, owner)).write(b"y" * size)
+        await outputs.close(stream_id)
+    (await outputs.open("stm_nobody", None)).write(b"z" * 50)  # written before streams had owners
+    await outputs.close("stm_nobody")
+    (await outputs.open("stm_empty", a1)).write(b"")  # no byte: nothing stored, as before
+    await outputs.close("stm_empty")
+    assert await outputs.stored("org_a") == 1210 and await outputs.stored("org_b") == 7
+    assert sorted(await outputs.kept(), key=str) == sorted([a1, a2, b1], key=str)
+    # A restarted server (another replica) counts the same.
+    again = again_on(outputs)
+    await again.start()
+    try:
+        assert await again.stored("org_a") == 1210 and await again.stored("org_b") == 7
+    finally:
+        await again.close_store()
+
+
+async def test_dropping_a_sandboxs_output_deletes_its_streams_only(outputs: OutputStreams) -> None:
+    a1, a2 = StreamOwner("org_a", "sbx_a1"), StreamOwner("org_a", "sbx_a2")
+    for stream_id, owner, size in (("stm_a1out", a1, 300), ("stm_a1err", a1, 30), ("stm_a2out", a2, 5)):
+        (await outputs.open(stream_id, owner)).write(b"x" * size)
+        await outputs.close(stream_id)
+    (await outputs.open("stm_nobody")).write(b"z" * 50)
+    await outputs.close("stm_nobody")
+    assert await outputs.drop(a1) == 330
+    assert await read_all(outputs, "stm_a1out") == b"" and await outputs.size("stm_a1err") == 0
+    assert await read_all(outputs, "stm_a2out") == b"x" * 5 and await read_all(outputs, "stm_nobody") == b"z" * 50
+    assert await outputs.stored("org_a") == 5 and await outputs.kept() == [a2]
+    assert await outputs.drop(a1) == 0  # again: nothing left
+    again = again_on(outputs)
+    await again.start()
+    try:
+        assert await again.stored("org_a") == 5 and await again.kept() == [a2]
+    finally:
+        await again.close_store()
+
+
+def test_an_owner_is_made_of_ids_never_of_paths() -> None:
+    for org, sandbox in (("../etc", "sbx_1"), ("org_a", "sbx/1"), ("", "sbx_1"), ("org_a", ".."), ("org a", "s")):
+        with pytest.raises(InvalidInput):
+            StreamOwner(org, sandbox)
 
 
 # ---- across processes (PostgreSQL only: file streams are one host's by design, and a

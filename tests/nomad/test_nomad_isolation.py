@@ -17,6 +17,7 @@ import pytest
 
 from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
 from hutch.drivers.nomad.driver import NomadDriver
+from hutch.storage.spool import fetch
 from tests.drivers_support import Recorder, new_id, start_nomad
 from tests.isolation import channel_probe, terminal_probe
 from tests.nomad.test_exec_agent import until_agent
@@ -151,5 +152,7 @@ async def test_a_large_export_arrives_whole_every_time(driver: NomadDriver) -> N
     assert code == 0
     for i in range(2):
         await driver.checkpoint(sid, f"ckpt_{i}")
-        with tarfile.open(driver._files.checkpoint_path(sid, f"ckpt_{i}")) as tf:  # raises on a short archive
+        files = driver._files  # the checkpoint as the driver put it in its blob store
+        archive = await fetch(files._blobs, files._checkpoint_key(sid, f"ckpt_{i}"))
+        with archive, tarfile.open(fileobj=archive) as tf:  # raises on a short archive
             assert {m.name: m.size for m in tf.getmembers() if m.isfile()} == {"big": 31457280, "f": 4}

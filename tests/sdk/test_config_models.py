@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hutch import SandboxClient, _config
+from hutch.client import local_client
 from hutch.models import FileToWrite, SandboxInfo, Timeouts, coerce_files, from_wire, to_wire
 
 
@@ -50,7 +51,36 @@ async def test_a_client_without_a_server_runs_the_engine_itself(monkeypatch: pyt
         sandbox = await client.create()
         assert sandbox.id.startswith("sbx_") and (await client.get(sandbox.id)).id == sandbox.id
         assert (tmp_path / "xdg" / "hutch" / "events.db").exists() or any((tmp_path / "xdg" / "hutch").iterdir())
-    assert client._engine is None  # stopped with the client
+    assert client.connection.engine is None  # stopped with the client
+
+
+async def test_local_client_runs_its_own_engine_whatever_the_url_settings_say(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    monkeypatch.setenv("HUTCH_URL", "http://127.0.0.1:9")  # nothing answers there
+    async with local_client(data_dir=tmp_path / "data", driver="fake") as client:
+        assert client.embedded and client.connection.engine is not None  # started as the context opened
+        sandbox = await client.create()
+        assert (await client.get(sandbox.id)).id == sandbox.id  # with the engine's own key
+        assert (tmp_path / "data" / "api-key").exists()
+    assert client.connection.engine is None
+
+
+def test_a_client_of_a_server_loads_no_server_code(tmp_path: Path) -> None:
+    """The engine's code (hutch/_embedded.py and the server under it) is imported only by a
+    client that runs one: the SDK's modules and a client of a server stay light."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys, hutch, hutch.sync, hutch.history, hutch.tenancy, hutch.terminal, hutch.workspace, "
+            "hutch.local_engine; hutch.SandboxClient('http://127.0.0.1:9'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['hutch', p] for p in "
+            "('_embedded', 'api', 'service', 'projections', 'drivers', 'eventlog', 'blobs'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_api_key_argument_then_env_then_local_key_file(

@@ -4,11 +4,14 @@ from collections.abc import Sequence
 from functools import reduce
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from hutch.core.errors import IllegalTransition
+from hutch.core.errors import IllegalTransition, InvalidInput, SandboxNotFound
 from hutch.core.events import Event, EventData, SandboxCreated
 from hutch.core.lifecycle import (
     Command,
+    Create,
     Destroy,
     Fail,
     FinishExecution,
@@ -29,7 +32,7 @@ def fold(sb: Sandbox | None, payloads: Sequence[EventData]) -> Sandbox:
 
 
 def new(mode: Mode = Mode.INTERACTIVE) -> Sandbox:
-    return fold(None, [SandboxCreated(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", mode=mode))])
+    return fold(None, decide(None, Create(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", mode=mode))))
 
 
 def step(sb: Sandbox, command: Command) -> Sandbox:
@@ -82,6 +85,24 @@ def test_illegal_transitions_raise_and_change_nothing(setup: list[Command], comm
     assert sb.sandbox_id in info.value.message and info.value.status == 409
 
 
+def test_a_create_is_decided_like_every_other_sandbox_event() -> None:
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt")
+    assert decide(None, Create(spec=spec, api_key_id="key_1", initial_execution_id="exec_1",
+                               initial_command=("ls",))) == [
+        SandboxCreated(spec=spec, api_key_id="key_1", initial_execution_id="exec_1", initial_command=("ls",))]
+    for setup in ([], [Start()], [Fail("boom")], [Start(), Destroy(), Terminate(reason="x", deleted=True)]):
+        sb = new()
+        for c in setup:
+            sb = step(sb, c)
+        with pytest.raises(IllegalTransition) as info:  # an id is used once, whatever became of it
+            decide(sb, Create(spec=spec))
+        assert sb.sandbox_id in info.value.message and info.value.status == 409
+    with pytest.raises(InvalidInput):  # a queued command is read back under its execution id
+        decide(None, Create(spec=spec, initial_command=("ls",)))
+    with pytest.raises(SandboxNotFound):  # nothing else is decided before the create
+        decide(None, Start())
+
+
 def test_destroy_and_fail_are_idempotent() -> None:
     sb = step(step(step(new(), Start()), Destroy()), Terminate(reason="x", deleted=True))
     assert decide(sb, Destroy()) == []
@@ -105,3 +126,57 @@ def test_pause_and_resume() -> None:
         decide(busy, Pause())
     with pytest.raises(IllegalTransition):
         decide(step(sb, Terminate(reason="x")), Resume())
+
+
+def test_the_log_keeps_the_start_of_a_long_argv_and_says_what_it_left_out() -> None:
+    """An event is kept for ever in a log every tenant shares: a command's argv is recorded up to
+    its first 4 KiB, with how many bytes were left out and the SHA-256 of the whole (the
+    driver still runs the whole: it never reads the argv back from the log)."""
+    import hashlib
+    import json
+
+    from hutch.core.events import ExecutionStarted, decode, encode
+    from hutch.core.lifecycle import evolve_execution
+    from hutch.core.limits import RECORDED_ARGV_BYTES, cmdline
+
+    sb = step(new(), Start())
+    argv = ("true", *(["a" * 131_000] * 3))
+    [started] = decide(sb, StartExecution("exec_1", argv))
+    assert isinstance(started, ExecutionStarted)
+    assert started.command == ("true", "a" * (RECORDED_ARGV_BYTES - 5))
+    assert started.command_omitted_bytes == len(cmdline(argv)) - RECORDED_ARGV_BYTES
+    assert started.command_sha256 == hashlib.sha256(cmdline(argv)).hexdigest()
+    event = Event("evt_1", "sbx_1", "2026-01-01T00:00:00.000Z", started)
+    assert len(json.dumps(encode(event))) < RECORDED_ARGV_BYTES + 512
+    ex = evolve_execution(None, decode(encode(event)))
+    assert ex is not None and ex.command == started.command and ex.command_omitted_bytes == started.command_omitted_bytes
+    # A short one is recorded whole, as before: the record's shape is unchanged.
+    [short] = decide(sb, StartExecution("exec_2", ("ls", "-l")))
+    assert isinstance(short, ExecutionStarted) and short.command == ("ls", "-l")
+    assert set(encode(Event("evt_2", "sbx_1", "t", short))["data"]) == {"executionId", "command", "kind"}
+    # A record written before the fields existed decodes, as "nothing left out".
+    old = decode({"v": 1, "eventId": "evt_3", "sandboxId": "sbx_1", "type": "execution:started", "createdAt": "t",
+                  "data": {"executionId": "exec_3", "command": ["ls"], "kind": "exec"}})
+    assert isinstance(old.data, ExecutionStarted) and old.data.command_omitted_bytes is None
+    # A create's command likewise, in its spec and as its queued execution.
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt", command=argv)
+    [created] = decide(None, Create(spec=spec, initial_execution_id="exec_4", initial_command=argv))
+    assert isinstance(created, SandboxCreated)
+    assert created.spec.command == started.command and created.initial_command == started.command
+    assert created.spec.command_omitted_bytes == started.command_omitted_bytes
+    queued = evolve_execution(None, Event("evt_4", "sbx_2", "t", created))
+    assert queued is not None and queued.command_sha256 == started.command_sha256
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=3000), min_size=1, max_size=8))
+def test_a_recorded_argv_is_the_start_of_the_whole_on_a_character_boundary(argv: list[str]) -> None:
+    from hutch.core.limits import RECORDED_ARGV_BYTES, cmdline, recorded_argv
+
+    whole, kept = cmdline(argv), recorded_argv(argv)
+    if kept.omitted_bytes is None:
+        assert kept.argv == tuple(argv) and len(whole) <= RECORDED_ARGV_BYTES and kept.sha256 is None
+        return
+    size = len(whole) - kept.omitted_bytes
+    assert RECORDED_ARGV_BYTES - 3 <= size <= RECORDED_ARGV_BYTES  # a cut character is left out whole
+    assert whole[:size] == cmdline(kept.argv)[:size]
+    assert len(cmdline(kept.argv)) - size in (0, 1)  # 1: the last argument was cut (its NUL is not kept)

@@ -8,7 +8,6 @@ source of truth; no auditor process is needed), then followed live until the san
 
 from __future__ import annotations
 
-import hmac
 import json
 
 from aiohttp import web
@@ -17,10 +16,12 @@ from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, q_bool
 from hutch.api.keys import ENGINE
 from hutch.core.errors import NotFound
+from hutch.core.tenancy import secrets_match
 from hutch.projections.audit import audit_record
 from hutch.service.engine import Engine
 
 routes = web.RouteTableDef()
+_BACKLOG = 256  # events a follower holds while its reader is not reading
 
 
 def audit_stream_id(engine: Engine, sandbox_id: str) -> str:
@@ -40,10 +41,12 @@ def _line(record: dict) -> bytes:
 async def audit_stream(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     sandbox_id, token = request.match_info["sandbox_id"], request.match_info["token"]
-    if not hmac.compare_digest(token.encode(), audit_stream_id(engine, sandbox_id).encode()):
+    if not secrets_match(token, audit_stream_id(engine, sandbox_id)):
         raise NotFound("audit stream not found")
     follow = q_bool(request, "follow") is not False
-    queue = engine.projector.listen()  # before reading the log: nothing falls in between
+    # Before reading the log: nothing falls in between. Bounded: a reader that stops reading
+    # holds at most _BACKLOG events, and catches up from the log when it reads again.
+    queue = engine.projector.listen(sandbox_id=sandbox_id, limit=_BACKLOG)
     try:
         sandbox = await engine.store.get_sandbox(sandbox_id)
         if sandbox is None:
@@ -57,13 +60,21 @@ async def audit_stream(request: web.Request) -> web.StreamResponse:
             last = event.position or last
         ended = sandbox.status.is_final
         while follow and not ended:
-            event = await queue.get()
-            if event.sandbox_id != sandbox_id or (event.position or 0) <= last:
-                continue
-            await resp.write(_line(audit_record(event)))
-            last = event.position or last
+            if queue.overflowed:
+                queue.overflowed = False
+                events = await engine.log.read(last, sandbox_id=sandbox_id)
+            else:
+                events = [await queue.get()]
+            for event in events:
+                if (event.position or 0) <= last:
+                    continue
+                await resp.write(_line(audit_record(event)))
+                last = event.position or last
             current = await engine.store.get_sandbox(sandbox_id)
             ended = current is None or current.status.is_final
+            if ended:  # the end may have come while events waited or were missed: the log has them
+                for event in await engine.log.read(last, sandbox_id=sandbox_id):
+                    await resp.write(_line(audit_record(event)))
         await resp.write_eof()
         return resp
     finally:

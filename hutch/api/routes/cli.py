@@ -20,7 +20,7 @@ from aiohttp import web
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok, q_choice, q_instant, q_int, q_offset
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
-from hutch.api.wire import org_ref
+from hutch.api.render import org_ref
 from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
 from hutch.core.models import Mode, Sandbox, SandboxStatus
@@ -96,7 +96,8 @@ async def resolve_sandbox(request: web.Request) -> web.Response:
 async def project(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     found = directory.projects.get(request.match_info["project_id"])
-    if found is None or found.org_id != principal.org_id:
+    if found is None or found.org_id != principal.org_id or \
+            (principal.projects and found.project_id not in principal.projects):  # as GET /projects lists them
         raise NotFound(f"project {request.match_info['project_id']} not found")
     return ok({"id": found.project_id, "name": found.name, "orgId": found.org_id, "region": REGION,
                "description": None, "tags": [], "secrets": {}, "env": {}, "deployment": None})
@@ -141,8 +142,8 @@ def _cli_key(key: ApiKey, request: web.Request) -> dict[str, Any]:
 
 def _own_keys(request: web.Request) -> list[ApiKey]:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    return sorted((k for k in directory.keys.values() if k.org_id == principal.org_id and k.revoked_at is None),
-                  key=lambda k: k.created_at)
+    return sorted((k for k in directory.keys.values() if k.org_id == principal.org_id and k.revoked_at is None
+                   and tenancy.within(principal.projects, k.projects)), key=lambda k: k.created_at)
 
 
 @routes.post("/cli/apikey")
@@ -151,15 +152,16 @@ async def create_key(request: web.Request) -> web.Response:
     """``agentuity cloud apikey create``: a hutch key of the request's organization. Agentuity
     keys have no role; hutch's get ``member`` unless the body names ``role``."""
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     project = body.get("projectId")
     if project is not None and not isinstance(project, str):  # {} is not "no project"
         raise InvalidInput(f"projectId: expected a project id or name, got {project!r}", field="projectId")
     projects = [project] if project else []
-    secret, event = tenancy.create_key(directory, principal.org_id, role="member" if body.get("role") is None else body["role"],
-                                       name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"))
-    await request.app[ENGINE].record(principal.org_id, lambda: [event])
-    return ok({"id": event.key_id, "value": secret})
+    principal = request[PRINCIPAL]
+    secret, key = await request.app[ENGINE].tenancy.create_key(
+        principal.org_id, role="member" if body.get("role") is None else body["role"],
+        name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"), limit=principal.projects,
+        field="projectId")
+    return ok({"id": key.key_id, "value": secret})
 
 
 @routes.get("/cli/apikey")
@@ -187,8 +189,8 @@ async def delete_key(request: web.Request) -> web.Response:
     key_id = request.match_info["key_id"]
     if key_id not in {k.key_id for k in _own_keys(request)}:
         raise NotFound(f"API key {key_id} not found")
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
+    principal = request[PRINCIPAL]
+    await request.app[ENGINE].tenancy.revoke_key(principal.org_id, key_id, principal.projects)
     return ok(1)
 
 
@@ -202,7 +204,7 @@ async def service_stats(request: web.Request) -> web.Response:
     if request.match_info["org_id"] != principal.org_id:
         raise NotFound(f"organization {request.match_info['org_id']} not found")
     engine = request.app[ENGINE]
-    used = await usage_stats(engine.store, engine.driver, q_instant(request, "start"), q_instant(request, "end"),
+    used = await usage_stats(engine.store, engine.roles.usage, q_instant(request, "start"), q_instant(request, "end"),
                              scope=engine.scoped(SandboxQuery()))
     live, _ = await engine.list(SandboxQuery(live=True, limit=10**9))
     return ok({"services": {"sandbox": {

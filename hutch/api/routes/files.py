@@ -13,9 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api import wire
 from hutch.api.http import json_body, ok, q_choice, stream
 from hutch.api.keys import CONFIG, ENGINE
+from hutch.api.parse import parse_env, parse_files
 from hutch.core.errors import InvalidInput
 from hutch.service import archives
 
@@ -101,8 +101,8 @@ async def download(request: web.Request) -> web.StreamResponse:
     fmt = q_choice(request, "format", archives.FORMATS, "tar.gz") or "tar.gz"
     sid = await _sandbox(request)
     root = _path(request.query.get("path"), default=".")
-    driver = request.app[ENGINE].driver
-    await driver.list_files(sid, root)  # a missing path is a 404 before any byte is sent
+    driver = request.app[ENGINE].roles
+    await driver.files.list_files(sid, root)  # a missing path is a 404 before any byte is sent
     chunks = archives.zip_stream(driver, sid, root) if fmt == "zip" else archives.tar_gz(driver, sid, root, compress=fmt == "tar.gz")
     name = f"{sid}.{fmt}"
     return await stream(request, chunks, _CONTENT_TYPES[fmt], headers={"Content-Disposition": f'attachment; filename="{name}"'})
@@ -119,7 +119,7 @@ async def upload(request: web.Request) -> web.Response:
                                    str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
     with spooled:
         done = await archives.extract(
-            request.app[ENGINE].driver, sid, dest, fmt, spooled,
+            request.app[ENGINE].roles, sid, dest, fmt, spooled,
             archives.Limits(max_bytes=config.max_upload_bytes, max_entries=config.max_archive_entries),
         )
     request.app[ENGINE].touch(sid)
@@ -129,7 +129,7 @@ async def upload(request: web.Request) -> web.Response:
 @routes.post("/fs/{sandbox_id}")
 async def write_files(request: web.Request) -> web.Response:
     body = await json_body(request)
-    files = wire.parse_files(body.get("files"), "files")
+    files = parse_files(body.get("files"), "files")
     sid = await _sandbox(request)
     driver = request.app[ENGINE].driver
     for f in files:
@@ -153,6 +153,6 @@ async def set_env(request: web.Request) -> web.Response:
     body = await json_body(request)
     if not isinstance(body.get("env"), dict):
         raise InvalidInput("env: expected an object of string (set) or null (delete) values", field="env")
-    changes = wire.parse_env(body["env"], "env", allow_null=True)
+    changes = parse_env(body["env"], "env", allow_null=True)
     env = await request.app[ENGINE].set_env(request.match_info["sandbox_id"], changes)
     return ok({"env": env})

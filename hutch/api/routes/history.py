@@ -8,10 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api import wire
 from hutch.api.http import json_body, ok
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
-from hutch.api.render import render_sandbox
+from hutch.api.render import redact_event, render_sandbox
 from hutch.core.events import Event
 from hutch.core.models import Sandbox
 from hutch.core.tenancy import Access
@@ -22,7 +21,7 @@ routes = web.RouteTableDef()
 
 def _event(ev: Event) -> dict[str, Any]:
     return {"eventId": ev.event_id, "type": ev.type, "createdAt": ev.created_at, "position": ev.position,
-            "event": wire.redact_event(ev)}
+            "event": redact_event(ev)}
 
 
 def _env(request: web.Request, sb: Sandbox) -> dict[str, str]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from hutch.api import wire
 from hutch.api.http import base_url, json_body, ok, q_bool, q_int
 from hutch.api.keys import ENGINE
+from hutch.api.parse import parse_job
+from hutch.api.render import job_info
 from hutch.core.models import Execution
 
 routes = web.RouteTableDef()
@@ -15,7 +16,7 @@ routes = web.RouteTableDef()
 def render_job(request: web.Request, job: Execution) -> dict:
     engine = request.app[ENGINE]
     base = base_url(request)
-    return wire.job_info(
+    return job_info(
         job,
         f"{base}/streams/{engine.streams.derive(job.execution_id, 'stdout')}",
         f"{base}/streams/{engine.streams.derive(job.execution_id, 'stderr')}",
@@ -24,7 +25,7 @@ def render_job(request: web.Request, job: Execution) -> dict:
 
 @routes.post("/sandbox/sandboxes/{sandbox_id}/jobs")
 async def create_job(request: web.Request) -> web.Response:
-    command = wire.parse_job(await json_body(request))
+    command = parse_job(await json_body(request))
     job = await request.app[ENGINE].start_job(request.match_info["sandbox_id"], command)
     return ok(render_job(request, job), http_status=201)
 

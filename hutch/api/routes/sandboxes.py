@@ -6,7 +6,6 @@ import contextlib
 
 from aiohttp import web
 
-from hutch.api import wire
 from hutch.api.http import (
     json_body,
     ok,
@@ -18,7 +17,15 @@ from hutch.api.http import (
     q_offset,
 )
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
-from hutch.api.render import port_url, render_execution, render_sandbox, stream_urls
+from hutch.api.parse import parse_create, parse_execute
+from hutch.api.render import (
+    port_url,
+    redact_event,
+    render_execution,
+    render_sandbox,
+    runtime_info,
+    stream_urls,
+)
 from hutch.api.routes import history as history_routes
 from hutch.api.routes.audit import audit_stream_id, audit_stream_url
 from hutch.api.watchers import hold
@@ -53,7 +60,7 @@ async def list_runtimes(request: web.Request) -> web.Response:
         catalog.reverse()
     page = catalog[offset : offset + limit]
     building = driver.runtimes_building()
-    return ok({"runtimes": [wire.runtime_info(r, avail, driver.runtime_info(r.name), r.name in building)
+    return ok({"runtimes": [runtime_info(r, avail, driver.runtime_info(r.name), r.name in building)
                             for r, avail in page], "total": len(catalog)})
 
 
@@ -61,7 +68,7 @@ async def list_runtimes(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     scope = engine.resolved(SandboxQuery(project_id=request.query.get("projectId") or None))  # hutch: per project
-    return ok(await usage_stats(engine.store, engine.driver, q_instant(request, "start"), q_instant(request, "end"),
+    return ok(await usage_stats(engine.store, engine.roles.usage, q_instant(request, "start"), q_instant(request, "end"),
                                 scope=scope))
 
 
@@ -70,7 +77,7 @@ async def create(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = await json_body(request)
     snapshot = await engine.snapshots.resolve(body["snapshot"]) if body.get("snapshot") is not None else None
-    req = wire.parse_create(body, snapshot)
+    req = parse_create(body, snapshot)
     if req.spec.network.allow:  # a name that does not resolve is a 400 before anything is recorded
         await egress.resolve(req.spec.network.allow)
     created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
@@ -193,7 +200,7 @@ async def list_events(request: web.Request) -> web.Response:
                     "eventId": ev.event_id,
                     "sandboxId": ev.sandbox_id,
                     "type": ev.type,
-                    "event": wire.redact_event(ev),
+                    "event": redact_event(ev),
                     "createdAt": ev.created_at,
                     "position": ev.position,  # hutch extra: the log position
                 }
@@ -223,7 +230,7 @@ async def destroy(request: web.Request) -> web.Response:
 
 @routes.post("/sandbox/{sandbox_id}/execute")
 async def execute(request: web.Request) -> web.Response:
-    req = wire.parse_execute(await json_body(request))
+    req = parse_execute(await json_body(request))
     ex, auto_resumed = await request.app[ENGINE].execute(request.match_info["sandbox_id"], req)
     info = render_execution(request, ex)
     data = {k: info[k] for k in ("executionId", "status", "stdoutStreamUrl", "stderrStreamUrl") if k in info}

@@ -3,20 +3,21 @@ public listing, and download of snapshots (service/snapshots.py does the work)."
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from aiohttp import web
 
-from hutch.api import wire
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, json_body, ok, q_bool, q_choice, q_int, q_offset, stream
 from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, TENANTS
+from hutch.api.parse import expect, parse_env
+from hutch.api.render import lineage_entry, snapshot_info
 from hutch.core import limits
 from hutch.core.blobs import BlobNotFound
 from hutch.core.errors import InvalidInput, SnapshotNotFound, Unauthorized
 from hutch.core.models import Snapshot
 from hutch.core.snapshots import check_name
+from hutch.core.tenancy import secrets_match
 from hutch.projections.base import SNAPSHOT_SORTS, SnapshotQuery
 from hutch.service.snapshots import LINEAGE_MAX, unchanged
 from hutch.service.tenancy import project_for
@@ -24,17 +25,17 @@ from hutch.service.tenancy import project_for
 routes = web.RouteTableDef()
 
 def _render(request: web.Request, snap: Snapshot) -> dict[str, Any]:
-    return wire.snapshot_info(snap, f"{base_url(request)}/sandbox/snapshots/{snap.snapshot_id}/download")
+    return snapshot_info(snap, f"{base_url(request)}/sandbox/snapshots/{snap.snapshot_id}/download")
 
 
 def _str(body: dict[str, Any], key: str, most: int = limits.TEXT_CHARS) -> str | None:
-    value = wire.expect(body, key, str, "a string")
+    value = expect(body, key, str, "a string")
     limits.check_chars(value, key, most)
     return value
 
 
 def _flag(body: dict[str, Any], key: str) -> bool:
-    return bool(wire.expect(body, key, bool, "true or false"))
+    return bool(expect(body, key, bool, "true or false"))
 
 
 def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
@@ -43,7 +44,7 @@ def _str_map(body: dict[str, Any], key: str) -> dict[str, str]:
         raise InvalidInput(f"{key}: expected an object of string values", field=key)
     # A snapshot's env becomes its sandboxes' env, so the same limits; its metadata is kept as given.
     if key == "env":
-        limits.check_env(wire.parse_env(value, key))
+        limits.check_env(parse_env(value, key))
     else:
         limits.check_metadata(value, key)
     return dict(value)
@@ -86,14 +87,14 @@ async def list_(request: web.Request) -> web.Response:
 @needs(PUBLIC)
 async def list_public(request: web.Request) -> web.Response:
     found, total = await request.app[ENGINE].snapshots.list(_list_query(request, public=True, hi=100))
-    return ok({"snapshots": [wire.snapshot_info(s) for s in found], "total": total})
+    return ok({"snapshots": [snapshot_info(s) for s in found], "total": total})
 
 
 @routes.get("/sandbox/snapshots/public/{ref:.+}")
 @needs(PUBLIC)
 async def get_public(request: web.Request) -> web.Response:
     snap = await request.app[ENGINE].snapshots.resolve(request.match_info["ref"], "snapshotRef", public_only=True)
-    return ok(wire.snapshot_info(snap))
+    return ok(snapshot_info(snap))
 
 
 @routes.get("/sandbox/snapshots/lineage")
@@ -115,7 +116,7 @@ async def lineage(request: web.Request) -> web.Response:
     else:
         raise InvalidInput("snapshot: give snapshot (an id or name:tag) or name", field="snapshot")
     chain = await engine.snapshots.lineage(start, limit)
-    return ok({"lineage": [wire.lineage_entry(s, deleted) for s, deleted in chain], "total": len(chain)})
+    return ok({"lineage": [lineage_entry(s, deleted) for s, deleted in chain], "total": len(chain)})
 
 
 @routes.post("/sandbox/snapshots/build")
@@ -154,7 +155,7 @@ async def upload(request: web.Request) -> web.Response:
     snapshot_id = request.match_info["snapshot_id"]
     if API_KEY_ID not in request:
         token = request.query.get("token", "")
-        if not hmac.compare_digest(token.encode(), engine.snapshots.upload_token(snapshot_id).encode()):
+        if not secrets_match(token, engine.snapshots.upload_token(snapshot_id)):
             raise Unauthorized("upload: the token does not match this snapshot's upload URL")
     await engine.snapshots.upload(snapshot_id, request.content.iter_chunked(1 << 20),
                                   request.app[CONFIG].max_upload_bytes, declared=request.content_length)

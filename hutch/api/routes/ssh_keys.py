@@ -1,6 +1,6 @@
 """``/ssh-keys``: the public keys that open the SSH gateway (api/ssh_gateway.py) to an
-organization's sandboxes. Listed by anyone in the organization; added and removed by its
-members and admins (a key grants what a member's API key grants, within the projects of
+organization's sandboxes. Listed by anyone in the organization (a key limited to projects:
+those registered within them); added and removed by its members and admins (a key grants what a member's API key grants, within the projects of
 the API key that added it, for as long as that API key lives: revoking it removes them).
 The same public key may be registered by several organizations; registering never says
 whether another has it. Records are events in the log, like API keys: every replica's
@@ -30,9 +30,11 @@ def render_ssh_key(k: SshKey) -> dict[str, Any]:
 
 @routes.get("/ssh-keys")
 async def list_ssh_keys(request: web.Request) -> web.Response:
-    org_id, directory, now = request[PRINCIPAL].org_id, request.app[TENANTS].directory, now_utc()
+    principal, directory, now = request[PRINCIPAL], request.app[TENANTS].directory, now_utc()
     # Those of a revoked or expired API key open nothing any more: not listed as if they did.
-    keys = sorted((k for k in directory.ssh_keys.values() if k.org_id == org_id and directory.ssh_key_live(k, now)),
+    # A key limited to projects sees those registered within them (core.tenancy.within).
+    keys = sorted((k for k in directory.ssh_keys.values() if k.org_id == principal.org_id
+                   and directory.ssh_key_live(k, now) and tenancy.within(principal.projects, k.projects)),
                   key=lambda k: k.created_at)
     return ok({"sshKeys": [render_ssh_key(k) for k in keys]})
 
@@ -40,17 +42,13 @@ async def list_ssh_keys(request: web.Request) -> web.Response:
 @routes.post("/ssh-keys")
 async def add_ssh_key(request: web.Request) -> web.Response:
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    event = tenancy.add_ssh_key(directory, principal.org_id, body.get("publicKey"), body.get("name"),
-                                added_by=principal.key_id, projects=principal.projects, now=now_utc())
-    await request.app[ENGINE].record(principal.org_id, lambda: [event])
-    return ok(render_ssh_key(directory.ssh_keys[event.ssh_key_id]), http_status=201)
+    key = await request.app[ENGINE].tenancy.add_ssh_key(request[PRINCIPAL], body.get("publicKey"), body.get("name"))
+    return ok(render_ssh_key(key), http_status=201)
 
 
 @routes.delete("/ssh-keys/{ssh_key_id}")
 async def remove_ssh_key(request: web.Request) -> web.Response:
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    ssh_key_id = request.match_info["ssh_key_id"]
-    await request.app[ENGINE].record(principal.org_id,
-                                     lambda: [tenancy.remove_ssh_key(directory, principal.org_id, ssh_key_id)])
-    return ok(render_ssh_key(directory.ssh_keys[ssh_key_id]))
+    principal = request[PRINCIPAL]
+    key = await request.app[ENGINE].tenancy.remove_ssh_key(principal.org_id, request.match_info["ssh_key_id"],
+                                                           principal.projects)
+    return ok(render_ssh_key(key))

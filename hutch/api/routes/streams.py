@@ -4,8 +4,6 @@ service takes it (service/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
-import hmac
-
 from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
@@ -14,7 +12,7 @@ from hutch.api.keys import ENGINE, TENANTS
 from hutch.api.watchers import hold
 from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
-from hutch.core.tenancy import SCOPE, Access, Scope
+from hutch.core.tenancy import SCOPE, Access, Scope, secrets_match
 from hutch.service import sandbox_streams
 from hutch.service.sandbox_streams import is_sandbox_stream
 
@@ -105,7 +103,7 @@ async def read_input(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     stream_id = request.match_info["stream_id"]
     token = request.headers.get(STDIN_TOKEN, "")
-    if not hmac.compare_digest(token, engine.streams.sign("stdin:" + stream_id)):
+    if not secrets_match(token, engine.streams.sign("stdin:" + stream_id)):
         raise NotFound(f"stream {stream_id} not found")
     reader = engine.inputs.reader(stream_id)  # a 400 naming it if it is not here or taken
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})

@@ -3,7 +3,9 @@
 ``/orgs``: the server's administrator (the bootstrap key) creates organizations and sees all
 of them; any other key sees its own. ``/projects`` and ``/keys`` act in the request's
 organization (``orgId`` picks another for the administrator). Keys need an admin key;
-projects are listed by anyone in the organization and created by admins. A quota is read by
+projects are listed by anyone in the organization and created by admins. An admin key
+limited to projects administers inside them only: the keys it makes, lists and revokes are
+limited to (some of) its projects, and it makes no projects (``core.tenancy.within``). A quota is read by
 anyone in its organization and set by the server's administrator only: limits an
 organization could lift itself would limit nothing. A key's secret
 is in the answer to its creation and nowhere else, ever.
@@ -19,7 +21,7 @@ from hutch.api.access import needs
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.core import tenancy
-from hutch.core.errors import InvalidInput, NotFound
+from hutch.core.errors import Forbidden, InvalidInput, NotFound
 from hutch.core.tenancy import Access, ApiKey, Organization, Project
 
 routes = web.RouteTableDef()
@@ -30,12 +32,12 @@ def render_org(org: Organization, usage: dict[str, int] | None = None) -> dict[s
                            "quota": {"sandboxes": org.quota.sandboxes, "memoryBytes": org.quota.memory_bytes,
                                      "cpuMillis": org.quota.cpu_millis, "snapshotBytes": org.quota.snapshot_bytes}}
     if usage is not None:
-        # snapshotBytes of the quota bounds storageBytes: snapshots, checkpoints and the
-        # uploads of builds not finalized yet (service/quotas.py).
+        # snapshotBytes of the quota bounds storageBytes: snapshots, checkpoints, the uploads
+        # of builds not finalized yet and commands' output (service/quotas.py).
         out["usage"] = {"sandboxes": usage["sandboxes"], "memoryBytes": usage["memory_bytes"],
                         "cpuMillis": usage["cpu_millis"], "snapshotBytes": usage["snapshot_bytes"],
                         "checkpointBytes": usage["checkpoint_bytes"], "uploadBytes": usage["upload_bytes"],
-                        "storageBytes": usage["storage_bytes"]}
+                        "outputBytes": usage["output_bytes"], "storageBytes": usage["storage_bytes"]}
     return out
 
 
@@ -62,10 +64,8 @@ async def list_orgs(request: web.Request) -> web.Response:
 @needs(Access.SERVER)
 async def create_org(request: web.Request) -> web.Response:
     body = await json_body(request)
-    engine, directory = request.app[ENGINE], request.app[TENANTS].directory
-    org_id = tenancy.org_id_for(tenancy.check_name(body.get("name"), "name"))
-    await engine.record(org_id, lambda: [tenancy.create_org(directory, body.get("name"))[1]])
-    return ok(render_org(directory.orgs[org_id]), http_status=201)
+    org = await request.app[ENGINE].tenancy.create_org(body.get("name"))
+    return ok(render_org(org), http_status=201)
 
 
 @routes.get("/orgs/{org_id}")
@@ -84,10 +84,9 @@ async def set_quota(request: web.Request) -> web.Response:
     unknown = [k for k in body if k not in names and k != "orgId"]
     if unknown:
         raise InvalidInput(f"{unknown[0]}: not a quota; expected {', '.join(names)}", field=unknown[0])
-    directory, engine = request.app[TENANTS].directory, request.app[ENGINE]
-    await engine.record(org.org_id, lambda: [tenancy.set_quota({names[k]: v for k, v in body.items() if k in names},
-                                                               directory.orgs[org.org_id].quota)])
-    return ok(render_org(directory.orgs[org.org_id], await engine.quotas.usage(org.org_id)))
+    engine = request.app[ENGINE]
+    org = await engine.tenancy.set_quota(org.org_id, {names[k]: v for k, v in body.items() if k in names})
+    return ok(render_org(org, await engine.quotas.usage(org.org_id)))
 
 
 def _org(request: web.Request) -> Organization:
@@ -113,19 +112,20 @@ async def list_projects(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def create_project(request: web.Request) -> web.Response:
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    events = await request.app[ENGINE].record(
-        principal.org_id, lambda: [tenancy.create_project(directory, principal.org_id, body.get("name"))])
-    created = events[0].data
-    assert isinstance(created, tenancy.ProjectCreated)  # the one event decided above
-    return ok(render_project(directory.projects[created.project_id]), http_status=201)
+    principal = request[PRINCIPAL]
+    if principal.projects:
+        raise Forbidden("projects are the organization's: a key limited to projects makes none")
+    project = await request.app[ENGINE].tenancy.create_project(principal.org_id, body.get("name"))
+    return ok(render_project(project), http_status=201)
 
 
 @routes.get("/keys")
 @needs(Access.ADMIN)
 async def list_keys(request: web.Request) -> web.Response:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    found = sorted((k for k in directory.keys.values() if k.org_id == principal.org_id), key=lambda k: k.created_at)
+    found = sorted((k for k in directory.keys.values()
+                    if k.org_id == principal.org_id and tenancy.within(principal.projects, k.projects)),
+                   key=lambda k: k.created_at)
     return ok({"keys": [render_key(k) for k in found], "total": len(found)})
 
 
@@ -133,12 +133,11 @@ async def list_keys(request: web.Request) -> web.Response:
 @needs(Access.ADMIN)
 async def create_key(request: web.Request) -> web.Response:
     body = await json_body(request)
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    secret, event = tenancy.create_key(
-        directory, principal.org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
-        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"))
-    await request.app[ENGINE].record(principal.org_id, lambda: [event])
-    return ok(render_key(directory.keys[event.key_id]) | {"secret": secret}, http_status=201)
+    principal = request[PRINCIPAL]
+    secret, key = await request.app[ENGINE].tenancy.create_key(
+        principal.org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
+        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"), limit=principal.projects)
+    return ok(render_key(key) | {"secret": secret}, http_status=201)
 
 
 def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
@@ -151,7 +150,7 @@ def _or_none(body: dict[str, Any], key: str, default: Any) -> Any:
 @routes.delete("/keys/{key_id}")
 @needs(Access.ADMIN)
 async def revoke_key(request: web.Request) -> web.Response:
-    principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
-    key_id = request.match_info["key_id"]
-    await request.app[ENGINE].record(principal.org_id, lambda: tenancy.revoke_key(directory, principal.org_id, key_id))
-    return ok(render_key(directory.keys[key_id]))
+    principal = request[PRINCIPAL]
+    key = await request.app[ENGINE].tenancy.revoke_key(principal.org_id, request.match_info["key_id"],
+                                                        principal.projects)
+    return ok(render_key(key))

@@ -106,7 +106,7 @@ async def _control(ws: web.WebSocketResponse, active: ActiveTerminal, text: str)
         if not isinstance(message, dict) or message.get("type") != "resize":
             raise ValueError(f"unknown control message {text[:100]!r} (expected {{\"type\": \"resize\", ...}})")
         rows, cols = message.get("rows"), message.get("cols")
-        if not isinstance(rows, int) or not isinstance(cols, int):
+        if type(rows) is not int or type(cols) is not int:  # true is an int to Python, not a size
             raise ValueError("resize: rows and cols must be integers")
         await active.resize(rows, cols)
     except (ValueError, InvalidInput) as err:

@@ -46,6 +46,7 @@ _CSP = ("default-src 'self'; script-src {origin}/app/static/; worker-src 'none';
 _HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
             "Cross-Origin-Opener-Policy": "same-origin"}
 _HEARTBEAT = 15.0
+_BACKLOG = 1000
 
 routes = web.RouteTableDef()
 
@@ -130,7 +131,9 @@ async def live(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
-    queue = engine.projector.listen()
+    # The organization's events only, and a bounded backlog: a browser that stopped reading
+    # holds at most _BACKLOG of them, then its stream ends (EventSource reconnects).
+    queue = engine.projector.listen(org_id=principal.org_id, limit=_BACKLOG)
     try:
         await resp.write(b": hutch live\n\n")
         while True:
@@ -141,7 +144,7 @@ async def live(request: web.Request) -> web.StreamResponse:
             except TimeoutError:
                 await resp.write(b": heartbeat\n\n")  # keeps proxies from closing an idle stream
                 continue
-            if gone or event is None:
+            if gone or event is None or queue.overflowed:
                 break
             if not visible(event.org_id, event.project) or event.org_id != principal.org_id:
                 continue

@@ -34,6 +34,7 @@ from aiohttp import web
 
 from hutch.api.keys import CONFIG
 from hutch.core.errors import Forbidden, Unauthorized
+from hutch.core.tenancy import secrets_match
 
 COOKIE = "hutch_session"
 CSRF_COOKIE = "hutch_csrf"
@@ -116,7 +117,7 @@ class Sessions:
 
     def key_id(self, cookie: str) -> str:
         body, _, mac = cookie.partition(".")
-        if not hmac.compare_digest(mac, self._mac(body)):
+        if not body.isascii() or not secrets_match(mac, self._mac(body)):
             raise Unauthorized("the session cookie is not this server's; sign in again")
         try:
             data = json.loads(base64.urlsafe_b64decode(body))
@@ -139,7 +140,7 @@ class Sessions:
         require_same_origin(request, f"{'a websocket' if websocket else request.method} with this server's session")
         if request.method not in SAFE_METHODS:
             sent = request.headers.get(CSRF_HEADER, "")
-            if not hmac.compare_digest(sent, self.csrf(cookie)):
+            if not secrets_match(sent, self.csrf(cookie)):
                 raise Forbidden(f"missing or wrong {CSRF_HEADER} header (the app sends it on every change)")
         return key_id
 

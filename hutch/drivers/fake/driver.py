@@ -30,6 +30,7 @@ from hutch.core.errors import (
     RuntimeNotFound,
     SandboxNotFound,
 )
+from hutch.drivers import roles
 from hutch.drivers.base import (
     Capabilities,
     Driver,
@@ -88,7 +89,7 @@ class FakeSandbox:
         return posixpath.dirname(path) in self.dirs
 
 
-class FakeDriver(Driver):
+class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver):
     name = "fake"
     capabilities = Capabilities(files=True, pause=True, checkpoints=True)
 

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure, NotSupported
+from hutch.drivers import roles
 from hutch.drivers.base import (
     Capabilities,
     Driver,
@@ -86,7 +87,8 @@ __all__ = ["UID_BASE", "LocalDriver"]  # UID_BASE: the tests find sandbox uids b
 HOME = rootfs.SANDBOX_HOME
 
 
-class LocalDriver(Driver):
+class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding,
+                  roles.UsageReporting, Driver):
     name = "local"
 
     def __init__(self, data_dir: Path, runtime_cache: Path) -> None:

@@ -22,11 +22,11 @@ from hutch.drivers.local.smallfiles import get as _get
 from hutch.drivers.local.smallfiles import put as _put
 
 # Ids that may name a directory (sandboxes, checkpoints): no dots first, no slashes.
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 # Pooled sandboxes (pool.py): ``_pool-<server pid>-<its start time>-<token>-<seq>``,
 # never a valid sandbox id.
 POOL_PREFIX = "_pool-"
-POOL_NAME = re.compile(r"^_pool-(\d+)-(\d+)-[0-9a-f]+-\d+$")
+POOL_NAME = re.compile(r"^_pool-(\d+)-(\d+)-[0-9a-f]+-\d+\Z")
 
 
 @attrs.define

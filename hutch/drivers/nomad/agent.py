@@ -10,6 +10,12 @@ sandbox's /tmp, the agent unlinks it as it starts), so it reaches any client nod
 host-side install. Its stdin and stdout then carry frames (the protocol is described in
 exec-agent/main.go): a 9-byte header (kind, command id, payload length) and the payload.
 Each direction is windowed per command, so a slow consumer slows only its own command.
+
+What comes back is a tenant's words, not the agent's: the start script is an ordinary shell of
+the sandbox, so the sandbox's own processes can take its pipes (through /proc) or its binary
+and speak in the agent's place. The session only takes what the real agent sends: frames of
+its size (``MAX_FRAME``), output within each command's window, JSON where JSON is due; the
+first thing past that ends the session. Its stderr is logged a few lines per session.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct(">cII")
 WINDOW = 1 << 20  # the agent's window (exec-agent/main.go): bytes in flight per command and direction
 CHUNK = 32 * 1024
+# The largest frame the agent sends is an output chunk (32 KiB, exec-agent/main.go); anything
+# much larger is not the agent. Without a bound, one header claiming 4 GiB had the server buffer
+# whatever followed, for as long as the sandbox kept writing.
+MAX_FRAME = 4 * CHUNK
+STDERR_LINES = 10  # the agent's stderr, logged per session: it only ever says why it stopped
 READY_TIMEOUT = 30.0  # seconds for the agent to say it runs (its start is one runc exec + 2 MiB)
 # Seconds for the agent to say a command started (a fork): one that does not is stopped or
 # wedged; its session is ended (Nomad then kills it) and the command runs the old way.
@@ -51,6 +62,11 @@ START_SCRIPT = ('f=$(mktemp /tmp/.hutch-exec-agent.XXXXXX) && head -c "$1" >"$f"
 Emit = Callable[[str, bytes], Awaitable[None] | None]
 
 
+class AgentMisbehaved(DriverFailure):
+    """What came on the agent's stdout is not what the agent sends (a process of the sandbox
+    speaking in its place): the session ends."""
+
+
 class NotStarted(Exception):
     """The agent did not start the command (it ended first, or could not fork): nothing of the
     command ran, so the caller runs it the old way."""
@@ -64,6 +80,7 @@ class _Command:
         self.sent = 0
         self.acked = 0
         self.acks = asyncio.Event()
+        self.unacked = 0  # output received and not yet acknowledged: the agent's window bounds it
 
 
 class ExecAgent:
@@ -80,6 +97,7 @@ class ExecAgent:
         self._cmds: dict[int, _Command] = {}
         self._next_id = 1
         self._buffer = bytearray()
+        self._stderr_logged = 0
         self.ended = asyncio.Event()
 
     async def start(self, binary: bytes, envelope: str) -> None:
@@ -144,6 +162,9 @@ class ExecAgent:
                     log.warning("sandbox %s: the exec agent sent nothing for %.0f s (not even its heartbeat); "
                                 "ending it", self.sandbox_id, SILENT_SECONDS)
                     break
+        except AgentMisbehaved as err:
+            silent = True  # ended from here: whatever holds the agent's place is killed too
+            log.warning("sandbox %s: %s; its exec agent session is ended", self.sandbox_id, err.message)
         except Exception as err:  # the session is over however it ended
             log.info("sandbox %s: exec agent session ended: %s", self.sandbox_id, err)
         finally:
@@ -167,36 +188,62 @@ class ExecAgent:
             return False
         frame = json.loads(msg.data)
         if (frame.get("stderr") or {}).get("data"):
-            text = base64.b64decode(frame["stderr"]["data"]).decode(errors="replace").strip()
-            log.warning("sandbox %s: exec agent: %s", self.sandbox_id, text[:500])
+            self._log_stderr(base64.b64decode(frame["stderr"]["data"]))
         if (frame.get("stdout") or {}).get("data"):
             self._buffer += base64.b64decode(frame["stdout"]["data"])
             self._dispatch()
         return not frame.get("exited")
 
+    def _log_stderr(self, data: bytes) -> None:
+        """The agent's stderr (why it stopped), a few lines per session: a sandbox's process
+        holding that pipe wrote 5,000 lines, and each came out as a warning of the server."""
+        if self._stderr_logged > STDERR_LINES:
+            return
+        self._stderr_logged += 1
+        if self._stderr_logged > STDERR_LINES:
+            log.warning("sandbox %s: exec agent: more on its stderr, not logged", self.sandbox_id)
+            return
+        log.warning("sandbox %s: exec agent: %s", self.sandbox_id, data.decode(errors="replace").strip()[:500])
+
     def _dispatch(self) -> None:
+        """The complete frames of the buffer, handed on; AgentMisbehaved at the first one the
+        agent would not send."""
         while len(self._buffer) >= HEADER.size:
             kind, cid, size = HEADER.unpack_from(self._buffer)
+            if size > MAX_FRAME:
+                raise AgentMisbehaved(f"a frame of {size} bytes on the exec agent's stdout (at most {MAX_FRAME})")
             if len(self._buffer) < HEADER.size + size:
                 return
             payload = bytes(self._buffer[HEADER.size:HEADER.size + size])
             del self._buffer[:HEADER.size + size]
-            if kind == b"R":
-                self.pid = int(json.loads(payload)["pid"])
-                self.alive = True
-                continue
-            cmd = self._cmds.get(cid)
-            if cmd is None:
-                continue
-            if kind == b"a":
-                cmd.acked += struct.unpack(">I", payload)[0]
-                cmd.acks.set()
-            elif kind in (b"1", b"2"):
-                cmd.events.put_nowait(("stdout" if kind == b"1" else "stderr", payload))
-            elif kind == b"P":
-                cmd.started = True
-            elif kind == b"X":
-                cmd.events.put_nowait(("exit", json.loads(payload)))
+            try:
+                self._frame(kind, cid, payload)
+            except (ValueError, TypeError, KeyError, struct.error) as err:  # JSON or a count that is not
+                raise AgentMisbehaved(f"a malformed {kind!r} frame on the exec agent's stdout: {err}") from None
+
+    def _frame(self, kind: bytes, cid: int, payload: bytes) -> None:
+        if kind == b"R":
+            self.pid = int(json.loads(payload)["pid"])
+            self.alive = True
+            return
+        cmd = self._cmds.get(cid)
+        if cmd is None:
+            return
+        if kind == b"a":
+            cmd.acked += struct.unpack(">I", payload)[0]
+            cmd.acks.set()
+        elif kind in (b"1", b"2"):
+            cmd.unacked += len(payload)
+            if cmd.unacked > WINDOW + MAX_FRAME:
+                raise AgentMisbehaved(f"{cmd.unacked} bytes of output past the exec agent's window of {WINDOW}")
+            cmd.events.put_nowait(("stdout" if kind == b"1" else "stderr", payload))
+        elif kind == b"P":
+            cmd.started = True
+        elif kind == b"X":
+            report = json.loads(payload)
+            if not isinstance(report, dict) or not isinstance(report.get("code"), int):
+                raise ValueError(f"exit report {report!r}")
+            cmd.events.put_nowait(("exit", report))
 
     # -- commands ------------------------------------------------------------------------
 
@@ -308,6 +355,7 @@ class ExecAgent:
                 pending = on_output(what, value)
                 if pending is not None:
                     await pending
+                cmd.unacked -= len(value)
                 with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
                     await self._send((b"A", cid, struct.pack(">I", len(value))))
         finally:

@@ -52,7 +52,6 @@ from typing import Any
 
 import attrs
 
-from hutch.blobs import clear_spool
 from hutch.core.blobs import BlobStore
 from hutch.core.errors import (
     DriverFailure,
@@ -63,7 +62,7 @@ from hutch.core.errors import (
     SandboxNotFound,
 )
 from hutch.core.runtimes import RuntimeRecipe
-from hutch.drivers import trust
+from hutch.drivers import roles, trust
 from hutch.drivers.base import (
     Capabilities,
     Driver,
@@ -107,6 +106,7 @@ from hutch.drivers.nomad.pools import (
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 from hutch.drivers.nomad.terminal import NomadTerminals
+from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ USER = images.USER
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\Z")
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
@@ -126,7 +126,8 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(Adoption, WarmPools, Driver):
+class NomadDriver(Adoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
+                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
     name = "nomad"
 
     def __init__(
@@ -141,10 +142,14 @@ class NomadDriver(Adoption, WarmPools, Driver):
         pool_sizes: Mapping[str, int] | None = None,
         pool_sizing: PoolSizing | None = None,
         runtime_cache: Path | None = None,
-        blobs: BlobStore | None = None,
+        blobs: BlobStore,  # disk checkpoints: the server's blob store
         exec_mode: str = "agent",  # HUTCH_NOMAD_EXEC: "agent" or "alloc" (drivers.nomad.agents)
+        # HUTCH_MAX_CHECKPOINT_BYTES: what one sandbox's checkpoints may take in the blob store;
+        # a checkpoint is stopped the moment it passes what is left (None: not bounded here).
+        max_checkpoint_bytes: int | None = None,
     ) -> None:
         self.address = address
+        self.max_checkpoint_bytes = max_checkpoint_bytes
         self.registry = registry
         self.runtime_cache = runtime_cache or rootfs.default_cache()  # the trees images are made from
         self._images = RuntimeImages(registry, self.runtime_cache)
@@ -165,7 +170,7 @@ class NomadDriver(Adoption, WarmPools, Driver):
         self._agents = agents.ExecAgents(self._client, exec_mode)
         self._available = self._images.available  # the same set, kept current by RuntimeImages
         self._states = StateFiles(self.state_dir)
-        # Disk checkpoints: in ``blobs``; by default files under the data dir, as they always were.
+        # Disk checkpoints: in ``blobs`` (files under the data dir, as they always were, or PostgreSQL).
         self._files = NomadFiles(self, self.state_dir, blobs)
         self._terminals = NomadTerminals(self)
         self._sandboxes: dict[str, NomadSandbox] = {}
@@ -557,13 +562,25 @@ class NomadDriver(Adoption, WarmPools, Driver):
         await self._files.import_tar(sandbox_id, dest, archive, gzipped=gzipped)
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        await self._files.checkpoint(sandbox_id, checkpoint_id)
+        sb = self.running(sandbox_id)
+        sb.checkpoints[checkpoint_id] = await self._files.checkpoint(
+            sandbox_id, checkpoint_id, limit=self.max_checkpoint_bytes, used=sum(sb.checkpoints.values()))
+        await asyncio.to_thread(self._states.save, sb)
+
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        """What each checkpoint takes in the blob store (the API counts it against the sandbox's
+        limit and the organization's storage quota)."""
+        sb = self._sandboxes.get(sandbox_id)
+        return dict(sb.checkpoints) if sb is not None else {}
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._files.restore(sandbox_id, checkpoint_id)
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._files.delete_checkpoint(sandbox_id, checkpoint_id)
+        sb = self._sandboxes.get(sandbox_id)
+        if sb is not None and sb.checkpoints.pop(checkpoint_id, None) is not None:
+            await asyncio.to_thread(self._states.save, sb)
 
     async def open_terminal(self, req: TerminalRequest) -> Terminal:
         return await self._terminals.open_terminal(req)

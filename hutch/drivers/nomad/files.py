@@ -36,17 +36,17 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
-from hutch.blobs import fetch, put_file, read_file, spool
-from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
 from hutch.core.errors import (
     CheckpointNotFound,
     DriverFailure,
     HutchError,
     InvalidInput,
-    NotSupported,
+    PayloadTooLarge,
+    QuotaExceeded,
     SandboxNotFound,
 )
+from hutch.core.quantities import format_bytes
 from hutch.drivers.base import FileInfo, FileToWrite
 from hutch.drivers.fserrors import from_errno
 from hutch.drivers.nomad.access import SandboxAccess
@@ -54,6 +54,7 @@ from hutch.drivers.nomad.client import ExecFailed
 from hutch.drivers.nomad.execs import ENVELOPE, run_tagged
 from hutch.drivers.nomad.jobs import HOME, TASK
 from hutch.drivers.nomad.state import NomadSandbox
+from hutch.storage.spool import fetch, put_file, read_file, spool
 
 # The one script every primitive runs: $1 = op, $2 = path, then the op's own arguments.
 # fail() prints a strerror text, which the driver maps back to an errno.
@@ -142,6 +143,10 @@ _ERRNOS["Directory nonexistent"] = errno.ENOENT  # dash's words for a redirectio
 _TYPE_BITS = {"f": 0o100000, "d": 0o040000, "l": 0o120000, "p": 0o010000, "s": 0o140000, "c": 0o020000,
               "b": 0o060000}
 _QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is slowed down
+# What one file operation that is not streamed may print: the server holds it whole, and a
+# listing then costs ~1.6 KB of its memory per entry (170,000 files grew it by 268 MiB per
+# request). 32 MiB lists ~150,000 entries of 200-character names, a million of short ones.
+MAX_OUTPUT = 32 * 2**20
 
 
 def pack_files(files: Sequence[FileToWrite]) -> bytes:
@@ -171,12 +176,12 @@ class NomadFiles:
     """The driver's file primitives and checkpoints (NomadDriver delegates to one of these).
 
     Checkpoints are kept in ``blobs`` as ``nomad/checkpoints/<sandbox>/<checkpoint>.tar``
-    (by default files under the data dir, ``state_dir``'s parent, as they always were),
+    (the server's blob store: files under the data dir, as they always were, or PostgreSQL),
     spooled through ``state_dir/spool``."""
 
-    def __init__(self, access: SandboxAccess, state_dir: Path, blobs: BlobStore | None = None) -> None:
+    def __init__(self, access: SandboxAccess, state_dir: Path, blobs: BlobStore) -> None:
         self._access = access
-        self._blobs = blobs or FileBlobStore(state_dir.parent)
+        self._blobs = blobs
         self.spool_dir = state_dir / "spool"
 
     # ------------------------------------------------------------------ plumbing
@@ -197,13 +202,20 @@ class NomadFiles:
         tag = f"f-{uuid.uuid4().hex}"
         envelope = json.dumps({"env": self._access.command_env(sb, {}), "cwd": HOME, "tag": tag})
         out, err = bytearray(), bytearray()
+        stop = stop or asyncio.Event()
+        overflow = False
 
         async def on_output(stream: str, data: bytes) -> None:
+            nonlocal overflow
             if stream == "stderr":
                 err.extend(data)
                 del err[:-8192]
             elif on_stdout is not None:
                 await on_stdout(data)
+            elif overflow or len(out) + len(data) > MAX_OUTPUT:
+                overflow = True
+                out.clear()
+                stop.set()  # the command is killed
             else:
                 out.extend(data)
 
@@ -212,12 +224,15 @@ class NomadFiles:
             code = await run_tagged(
                 self._access.client, sb.alloc_id, TASK,
                 [ENVELOPE, envelope, "/bin/sh", "-c", _SCRIPT, "hutch-fs", op, path, *args], tag,
-                stdin=stdin, on_output=on_output, stop=stop or asyncio.Event(),
+                stdin=stdin, on_output=on_output, stop=stop,
                 kill=lambda: self._access.kill_tagged(sb, tag), verify=verify)
         except ExecFailed as err_:
             if self._access.gone(sb.id):
                 raise SandboxNotFound(f"sandbox {sb.id} was destroyed") from err_
             raise DriverFailure(f"sandbox {sb.id}: file operation {op} failed: {err_.reason}") from err_
+        if overflow:
+            raise PayloadTooLarge(f"{op} {path}: the sandbox's answer passed {format_bytes(MAX_OUTPUT)} (a directory "
+                                  "of too many entries?); name a narrower path", field="path")
         return code, bytes(out), bytes(err)
 
     def _failure(self, sb: NomadSandbox, op: str, path: str, code: int | None, stderr: bytes) -> HutchError:
@@ -367,20 +382,23 @@ class NomadFiles:
             raise InvalidInput(f"checkpoint id {checkpoint_id!r} is not usable", field="checkpointId")
         return check_key(f"{CHECKPOINTS}/{sandbox_id}/{checkpoint_id}.tar")
 
-    def checkpoint_path(self, sandbox_id: str, checkpoint_id: str) -> Path:
-        """Where a checkpoint is on this host's disk: files-backed stores only (tests, debugging)."""
-        if not isinstance(self._blobs, FileBlobStore):
-            raise NotSupported("disk checkpoints are not local files with this blob store")
-        return self._blobs.path(self._checkpoint_key(sandbox_id, checkpoint_id))
-
-    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str, *, limit: int | None = None,
+                         used: int = 0) -> int:
+        """Take it; the bytes it takes. ``limit``: what the sandbox's checkpoints may take in all
+        (HUTCH_MAX_CHECKPOINT_BYTES), ``used`` by those it has: the export stops the moment it
+        passes what is left (QuotaExceeded), and nothing of it is kept."""
         sb = self._access.running(sandbox_id)
         self._access.check_not_paused(sb)
         key = self._checkpoint_key(sandbox_id, checkpoint_id)
         # Spooled first: the export streams from the sandbox at its own pace, whatever the
         # blob store's; the store gets a complete file.
-        with await spool(self.export_tar(sb.id, HOME), await self._spool_dir()) as spooled:
+        export = self.export_tar(sb.id, HOME)
+        if limit is not None:
+            export = _bounded(export, sandbox_id, limit, used)
+        with await spool(export, await self._spool_dir()) as spooled:
+            size = os.fstat(spooled.fileno()).st_size
             await put_file(self._blobs, key, spooled)
+        return size
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         sb = self._access.running(sandbox_id)
@@ -411,3 +429,23 @@ class NomadFiles:
             await self._blobs.delete_prefix(f"{CHECKPOINTS}/{sandbox_id}/")
         except BlobUnavailable as err:
             log.warning("sandbox %s: its checkpoints were not removed: %s", sandbox_id, err)
+
+
+async def _bounded(export: AsyncIterator[bytes], sandbox_id: str, limit: int, used: int) -> AsyncIterator[bytes]:
+    """``export`` until it passes ``limit - used`` bytes: then QuotaExceeded, and the export is
+    closed (its command in the sandbox stopped). A tar of what a sandbox holds is not bounded
+    by its disk: a sparse file of 2 GiB takes nothing there and 2 GiB here."""
+    room, taken = limit - used, 0
+    try:
+        async for chunk in export:
+            taken += len(chunk)
+            if taken > room:
+                raise QuotaExceeded(
+                    f"quota checkpoint_bytes: sandbox {sandbox_id}'s checkpoints may take {format_bytes(limit)}; "
+                    f"they take {format_bytes(used)}, and this one passed the {format_bytes(max(room, 0))} left",
+                    quota="checkpoint_bytes", limit=limit, used=used + taken)
+            yield chunk
+    finally:
+        close = getattr(export, "aclose", None)  # an async generator: its finally stops the export
+        if close is not None:
+            await close()

@@ -21,6 +21,7 @@ class NomadSandbox:
     env: dict[str, str]
     port_target: tuple[str, int] | None = attrs.field(default=None, eq=False)  # read from Nomad, cached
     allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
+    checkpoints: dict[str, int] = attrs.field(factory=dict)  # the bytes each checkpoint takes in the blob store
 
 
 class StateFiles:

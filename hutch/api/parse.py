@@ -1,41 +1,26 @@
-"""Turns wire JSON into validated domain values and domain values into wire JSON.
+"""Turns wire JSON into validated domain values: the requests' bodies (what
+api/wire_schemas.py describes) into ``SandboxSpec``, ``CreateRequest``, ``ExecuteRequest`` ….
 
 Every check names the field it rejects (``resources.memory: invalid value 'lots'…``).
-Optional fields are omitted, never ``null``: the real client's zod schemas reject null.
+The answers go the other way in api/render.py.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 from hutch.core import egress, limits, runtimes
 from hutch.core.errors import InvalidInput, NotSupported, RuntimeNotFound
-from hutch.core.events import Event, encode
-from hutch.core.models import (
-    Execution,
-    Mode,
-    Network,
-    Resources,
-    Sandbox,
-    SandboxSpec,
-    Snapshot,
-    Timeouts,
-)
+from hutch.core.models import Mode, Network, Resources, SandboxSpec, Snapshot, Timeouts
 from hutch.core.packages import check_dependencies, check_packages
 from hutch.core.quantities import parse_bytes, parse_duration, parse_millicores
-from hutch.drivers.base import FileToWrite, Usage
+from hutch.drivers.base import FileToWrite
 from hutch.service.output import StreamOptions
 from hutch.service.requests import CreateRequest, ExecuteRequest
 
-
-def org_ref(org_id: str) -> dict[str, str]:
-    """An organization as the wire names it: its id is ``org_`` + its name (core/tenancy.py)."""
-    return {"id": org_id, "name": org_id.removeprefix("org_")}
-USER = {"id": "user_local"}  # one tenant: every private snapshot is this user's
 MAX_FILES = 1000
 _ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -294,200 +279,7 @@ def parse_execute(body: Mapping[str, Any]) -> ExecuteRequest:
     )
 
 
-# ---------------------------------------------------------------- rendering
-
-
-def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
-
-
-def runtime_summary(name: str) -> dict[str, Any]:
-    recipe = runtimes.find(name)
-    if recipe is None:
-        return {"id": "srt_unknown", "name": name}
-    return _drop_none(
-        {"id": recipe.id, "name": recipe.name, "iconUrl": recipe.icon_url, "brandColor": recipe.brand_color, "tags": list(recipe.tags)}
-    )
-
-
-def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[str, Any] | None = None,
-                 building: bool = False) -> dict[str, Any]:
-    """``built``: the driver's facts of its build (``sizeBytes``, ``builtAt``, ``buildSeconds``)."""
-    req = recipe.requirements
-    return _drop_none(
-        {
-            "id": recipe.id,
-            "name": recipe.name,
-            "description": recipe.description,
-            "iconUrl": recipe.icon_url,
-            "brandColor": recipe.brand_color,
-            "url": recipe.url,
-            "tags": list(recipe.tags),
-            "requirements": _drop_none(
-                {"memory": req.memory, "cpu": req.cpu, "disk": req.disk, "networkEnabled": req.network_enabled}
-            ),
-            "readme": recipe.readme,
-            "available": available,  # hutch extras: built on this host (else built on first use),
-            "building": building or None,  # being built now, its size and last build
-            **(built or {}),
-        }
-    )
-
-
-def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | None = None,
-                 usage: Usage | None = None) -> dict[str, Any]:
-    """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one; ``url``:
-    where its exposed port is served (api/routes/proxy.py), if it has one; ``usage``: what a
-    live sandbox has used so far (an ended one's was recorded as it ended)."""
-    spec = sb.spec
-    cpu = usage.cpu_seconds if usage and usage.cpu_seconds is not None else sb.cpu_seconds
-    peak = usage.memory_peak_bytes if usage and usage.memory_peak_bytes is not None else sb.memory_peak_bytes
-    return _drop_none(
-        {
-            "sandboxId": sb.sandbox_id,
-            "identifier": sb.sandbox_id.removeprefix("sbx_")[-12:],
-            "name": spec.name,
-            "description": spec.description,
-            "status": sb.status.value,
-            "mode": spec.mode.value,
-            "createdAt": sb.created_at,
-            "updatedAt": sb.updated_at,
-            "region": "local",
-            "runtime": runtime_summary(spec.runtime),
-            "executions": sb.executions,
-            "exitCode": sb.exit_code if sb.status.is_final else None,
-            "stdoutStreamUrl": stream_urls[0] if stream_urls else None,
-            "stderrStreamUrl": stream_urls[1] if stream_urls else None,
-            "metadata": spec.metadata,
-            "resources": _drop_none({"memory": spec.resources.memory, "cpu": spec.resources.cpu, "disk": spec.resources.disk}),
-            "networkEnabled": spec.network.enabled,
-            "networkPort": spec.network.port,
-            "networkAllow": list(spec.network.allow) or None,  # hutch's extension
-            "url": url,
-            "org": org_ref(spec.org_id),
-            "projectId": spec.project_id,
-            "timeout": _drop_none({"idle": spec.timeout.idle, "execution": spec.timeout.execution, "paused": spec.timeout.paused}),
-            "command": _drop_none({"exec": list(spec.command), "mode": spec.mode.value}) if spec.command else None,
-            "snapshot": {"id": spec.snapshot_id, "public": False, "user": USER} if spec.snapshot_id else None,
-            "dependencies": list(spec.dependencies) or None,  # hutch extra
-            "packages": list(spec.packages) or None,  # hutch extra
-            "reason": sb.reason,  # hutch extra: why it failed or ended
-            "cpuTimeMs": round(cpu * 1000) if cpu is not None else None,
-            # Peak x lifetime: an upper bound of the byte-seconds it held (what stats counts too).
-            "memoryByteSec": round(peak * _lifetime(sb)) if peak is not None and sb.status.is_final else None,
-            "memoryPeakBytes": peak,  # hutch extra
-        }
-    )
-
-
-def _lifetime(sb: Sandbox) -> float:
-    def unix(iso: str) -> float:
-        return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-    return max(0.0, unix(sb.updated_at) - unix(sb.created_at))
-
-
-_JOB_STATUS = {"queued": "pending", "running": "running", "cancelled": "cancelled", "failed": "failed", "timeout": "failed"}
-
-
-def job_info(job: Execution, stdout_url: str, stderr_url: str) -> dict[str, Any]:
-    """Jobs are executions of kind "job"; the wire gives them their own statuses."""
-    status = _JOB_STATUS.get(job.status.value) or ("completed" if job.exit_code == 0 else "failed")
-    return _drop_none(
-        {
-            "jobId": job.execution_id,
-            "sandboxId": job.sandbox_id,
-            "command": list(job.command),
-            "status": status,
-            "exitCode": job.exit_code,
-            "startedAt": job.started_at,
-            "completedAt": job.completed_at,
-            "error": job.error,
-            "stdoutStreamUrl": stdout_url,
-            "stderrStreamUrl": stderr_url,
-        }
-    )
-
-
 def parse_job(body: Mapping[str, Any]) -> tuple[str, ...]:
     if body.get("command") is None:
         raise InvalidInput("command: required (an array of strings)", field="command")
     return parse_command(body["command"], "command")
-
-
-def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None) -> dict[str, Any]:
-    return _drop_none(
-        {
-            "executionId": ex.execution_id,
-            "sandboxId": ex.sandbox_id,
-            "type": ex.type,
-            "status": ex.status.value,
-            "command": list(ex.command),
-            "exitCode": ex.exit_code,
-            "durationMs": ex.duration_ms,
-            "startedAt": ex.started_at,
-            "completedAt": ex.completed_at,
-            "error": ex.error,
-            "stdoutStreamUrl": stdout_url,
-            "stderrStreamUrl": stderr_url,
-            "outputTruncated": ex.output_truncated,
-        }
-    )
-
-
-def _full_name(snap: Snapshot) -> str:
-    org = org_ref(snap.org_id)["name"]
-    return f"@{org}/{snap.name}:{snap.tag}" if snap.tag else f"@{org}/{snap.name}"
-
-
-def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "snapshotId": snap.snapshot_id,
-        "runtimeId": snap.runtime_id,
-        "runtime": snap.runtime,  # hutch extra: the runtime's name
-        "name": snap.name,
-        "fullName": _full_name(snap),
-        "description": snap.description,
-        "message": snap.message,
-        "tag": snap.tag,
-        "sizeBytes": snap.size_bytes,
-        "fileCount": snap.file_count,
-        "parentSnapshotId": snap.parent_snapshot_id,
-        "sourceSandboxId": snap.source_sandbox_id,  # hutch extra
-        "projectId": snap.project_id,  # hutch extra: its sandbox's project (absent: organization-wide)
-        "status": snap.status.value,  # hutch extra: building | ready
-        "public": snap.public,
-        "createdAt": snap.created_at,
-        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "contentType": f.content_type, "mode": f.mode}
-                  for f in snap.files],
-        "env": snap.env,  # hutch extra: what sandboxes made from it start with
-        "dependencies": list(snap.dependencies) or None,  # hutch extra: apt packages its sandboxes get
-        "packages": list(snap.packages) or None,  # hutch extra: npm packages its sandboxes get
-        "userMetadata": snap.metadata,
-        "downloadUrl": download_url,
-    }
-    if snap.public:
-        org = org_ref(snap.org_id)
-        info.update(org={**org, "slug": org["name"]}, orgName=org["name"], orgSlug=org["name"])
-    else:
-        info["user"] = USER
-    return _drop_none(info)
-
-
-def lineage_entry(snap: Snapshot, deleted: bool) -> dict[str, Any]:
-    entry = {k: v for k, v in snapshot_info(snap).items()
-             if k in ("snapshotId", "name", "fullName", "message", "tag", "parentSnapshotId", "public", "org", "user",
-                      "createdAt")}
-    entry["deleted"] = deleted
-    return entry
-
-
-def redact_event(event: Event) -> dict[str, Any]:
-    """The events API payload: env values are secrets, so only their names are shown."""
-    data = encode(event)["data"]
-    spec = data.get("spec")
-    if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
-        spec["env"] = {k: "***" for k in spec["env"]}
-    if event.type == "env" and isinstance(data.get("set"), dict):
-        data["set"] = {k: "***" for k in data["set"]}
-    return data

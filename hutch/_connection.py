@@ -1,11 +1,13 @@
-"""The one HTTP transport under :class:`hutch.client.SandboxClient`: its aiohttp session,
-base URL and bearer key, JSON calls and streamed requests, and the mapping of failures to
-:mod:`hutch.errors`.
+"""The one connection under :class:`hutch.client.SandboxClient` and every service it is made
+of: the aiohttp session, base URL, bearer key and organization, JSON calls, streamed requests
+and output streams, and the mapping of failures to :mod:`hutch.errors`. With no server to talk
+to it runs the engine in this process (hutch/_embedded.py, the SDK's one bridge to the server's
+code, imported only here and only then), started at its first call.
 
-The client's resource classes (``hutch/_sandboxes.py``, ``_executions.py``, ``_files.py``,
-``_copies.py``, ``_snapshots.py``) all derive from :class:`Transport`, and
-``SandboxClient`` derives from all of them: one object, one session, methods grouped by
-resource.
+Its methods without an underscore are the SDK's internal API: the services
+(hutch/_sandboxes.py, _executions.py, _files.py, _copies.py, _snapshots.py, tenancy.py), the
+handles, the terminal and the output readers hold a :class:`Connection` and call it, rather than
+reaching into the client's privates.
 """
 
 from __future__ import annotations
@@ -15,49 +17,69 @@ import contextlib
 import json as jsonlib
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+import attrs
 
 from hutch import _config
 from hutch._shapes import Duration, _query
+from hutch._version import __version__
 from hutch.errors import ConnectionFailed, ServerError, error_from_response
 
 if TYPE_CHECKING:
-    from hutch.client import SandboxClient
+    from hutch._embedded import EmbeddedEngine
+
+__all__ = ["EMBEDDED_URL", "LONG_POLL", "Connected", "Connection", "EngineOptions", "items"]
 
 LONG_POLL = "5m"  # the longest server-side wait the wire allows per request
 EMBEDDED_URL = "http://localhost"  # the embedded engine's private socket answers any host
 
 
-class Transport:
-    """Session, URL, key and the request helpers every resource class calls."""
+@attrs.frozen
+class EngineOptions:
+    """The engine a connection runs in this process: its data dir and driver (None: what the
+    environment says, as for ``hutch serve``)."""
+
+    data_dir: str | os.PathLike[str] | None = None
+    driver: str | None = None
+
+
+class Connection:
+    """Session, URL, key, organization and the request helpers every service calls (the
+    arguments are :class:`hutch.client.SandboxClient`'s)."""
 
     def __init__(
         self,
         url: str | None,
         api_key: str | None,
         *,
-        connector: aiohttp.BaseConnector | None,
-        request_timeout: float,
-        long_poll: Duration,
-        drain_timeout: float,
-        org_id: str | None,
+        connector: aiohttp.BaseConnector | None = None,
+        request_timeout: float = 60.0,
+        long_poll: Duration = LONG_POLL,
+        drain_timeout: float = 30.0,
+        org_id: str | None = None,
+        engine: EngineOptions | None = None,
     ) -> None:
-        found = url if connector is not None else _config.resolve_url(url)
-        self._url_source = ("the url argument" if url else "HUTCH_URL" if os.environ.get("HUTCH_URL")
+        # ``engine``: run that engine, whatever the URL argument, HUTCH_URL or a running server
+        # say (``hutch.client.local_client``); its key is the one to use.
+        found = None if engine is not None else url if connector is not None else _config.resolve_url(url)
+        self._url_source = ("the engine in this process" if engine is not None else "the url argument" if url
+                            else "HUTCH_URL" if os.environ.get("HUTCH_URL")
                             else "the hutch serve on this machine's data dir")
-        #: Whether this client runs the engine in its own process (no server: ``hutch.local_engine``),
+        #: Whether this connection runs the engine in its own process (no server: hutch/_embedded.py),
         #: started at its first call and stopped by :meth:`close`.
         self.embedded = found is None
+        self._engine_options = engine or EngineOptions()
         self.url = (found or EMBEDDED_URL).rstrip("/")
         #: The organization calls act in (``orgId`` on every request), for a key that may act
         #: for several (the server's administrator); None: the key's own.
         self.org_id = org_id
-        self.api_key = _config.resolve_api_key(api_key)
+        self.api_key = api_key if engine is not None else _config.resolve_api_key(api_key)
         self._connector = connector
-        self._engine: Any = None  # hutch.local_engine.EmbeddedEngine, once started
+        #: The engine this connection runs (``hutch._embedded.EmbeddedEngine``), once started.
+        self.engine: EmbeddedEngine | None = None
         self._engine_lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -65,14 +87,6 @@ class Transport:
         self.long_poll = long_poll
         #: After an execution ends, how long a silent output stream may stay open before we stop reading.
         self.drain_timeout = drain_timeout
-
-    def _as_client(self) -> SandboxClient:
-        """This object as the :class:`SandboxClient` it is (the resource classes are only
-        ever its bases), for the handles that hold a client."""
-        from hutch.client import SandboxClient
-
-        assert isinstance(self, SandboxClient), "resource classes are bases of SandboxClient only"
-        return self
 
     async def close(self) -> None:
         self._closed = True
@@ -82,21 +96,22 @@ class Transport:
         elif self._connector is not None:
             await self._connector.close()
         self._connector = None
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
             await engine.stop()
 
-    async def _ready(self) -> aiohttp.ClientSession:
-        """The session, with the embedded engine started first when this client runs one."""
-        if self.embedded and self._engine is None:
+    async def session(self) -> aiohttp.ClientSession:
+        """The session, with the embedded engine started first when this connection runs one."""
+        if self.embedded and self.engine is None:
             async with self._engine_lock:
-                if self._engine is None and not self._closed:
+                if self.engine is None and not self._closed:
                     # The server's code, imported only by a client that runs it.
-                    from hutch.local_engine import EmbeddedEngine
+                    from hutch._embedded import EmbeddedEngine
 
-                    engine = EmbeddedEngine()
+                    options = self._engine_options
+                    engine = EmbeddedEngine(data_dir=options.data_dir, driver=options.driver)
                     self._connector, key = await engine.start()
-                    self._engine = engine
+                    self.engine = engine
                     self.api_key = self.api_key or key
         return self._http()
 
@@ -104,8 +119,6 @@ class Transport:
         if self._closed:
             raise RuntimeError("SandboxClient is closed")
         if self._session is None:
-            from hutch import __version__
-
             self._session = aiohttp.ClientSession(
                 connector=self._connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
@@ -113,16 +126,17 @@ class Transport:
             )
         return self._session
 
-    def _params(self, params: Mapping[str, Any] | None) -> dict[str, str]:
+    def params(self, params: Mapping[str, Any] | None) -> dict[str, str]:
+        """A query string's parameters as the wire takes them, with this connection's ``orgId``."""
         query = _query(params or {})
         if self.org_id is not None:
             query.setdefault("orgId", self.org_id)
         return query
 
-    def _auth_headers(self) -> dict[str, str]:
+    def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    async def _request(
+    async def request(
         self,
         method: str,
         path: str,
@@ -137,12 +151,12 @@ class Transport:
         url = self.url + path
         limit = max_seconds if max_seconds is not None else self.request_timeout
         try:
-            async with (await self._ready()).request(
+            async with (await self.session()).request(
                 method,
                 url,
-                params=self._params(params),
+                params=self.params(params),
                 json=json,
-                headers=self._auth_headers(),
+                headers=self.auth_headers(),
                 timeout=aiohttp.ClientTimeout(total=limit, sock_connect=30),
             ) as resp:
                 text = await resp.text(errors="replace")
@@ -171,20 +185,21 @@ class Transport:
         return body
 
     @staticmethod
-    def _data(body: Mapping[str, Any]) -> Any:
+    def data(body: Mapping[str, Any]) -> Any:
+        """What an answer carries: its envelope's ``data``, else the whole body."""
         return body.get("data", body)
 
-    def _absolute(self, url: str) -> str:
+    def absolute(self, url: str) -> str:
         return url if urlsplit(url).scheme else urljoin(self.url + "/", url.lstrip("/"))
 
-    async def _iter_stream(self, url: str) -> AsyncIterator[bytes]:
+    async def stream(self, url: str) -> AsyncIterator[bytes]:
         """The bytes behind an output stream URL, as they arrive, until the server closes it."""
-        full = self._absolute(url)
+        full = self.absolute(url)
         # Stream URLs are capabilities; only send our key where it cannot leak.
         trusted = self._connector is not None or urlsplit(full)[:2] == urlsplit(self.url)[:2]
-        headers = self._auth_headers() if trusted else {}
+        headers = self.auth_headers() if trusted else {}
         try:
-            async with (await self._ready()).get(
+            async with (await self.session()).get(
                 full, headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
             ) as resp:
                 if resp.status == 404:
@@ -197,7 +212,7 @@ class Transport:
             raise ConnectionFailed(f"reading output stream {full}: {err}") from err
 
     @contextlib.asynccontextmanager
-    async def _raw(
+    async def raw(
         self,
         method: str,
         path: str,
@@ -210,12 +225,12 @@ class Transport:
         """A request whose body and/or answer is streamed (no total time limit; a stalled
         socket still fails after ``request_timeout``). Raises on any 4xx/5xx."""
         try:
-            async with (await self._ready()).request(
+            async with (await self.session()).request(
                 method,
                 self.url + path,
-                params=self._params(params),
+                params=self.params(params),
                 data=data,
-                headers={**self._auth_headers(), **(headers or {})},
+                headers={**self.auth_headers(), **(headers or {})},
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=30, sock_read=self.request_timeout
                 ),
@@ -237,7 +252,16 @@ async def _error_body(resp: aiohttp.ClientResponse) -> Any:
         return text
 
 
-def _items(data: Any, key: str) -> list[Any]:
+class Connected(Protocol):
+    """What holds a connection (a :class:`hutch.client.SandboxClient`): how the functions that
+    take a client (``hutch.history``, ``hutch.terminal.open_terminal``) reach it without
+    importing the client."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+
+def items(data: Any, key: str) -> list[Any]:
     """The list under ``key`` of a response's data; a server answering otherwise is broken."""
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
         raise ServerError(

@@ -2,8 +2,10 @@
 closed without hanging, and a connection error turned into the adapter's own "unavailable"
 error (which the API answers 503), so a PostgreSQL outage is never a 500.
 
-The projection store and the blob store each own one (their callers start and close them
-separately); each says what it is called in errors and which exception means "unavailable".
+The projection store, the blob store, the output streams and the replica registry each own
+one (their callers start and close them separately); each says what it is called in errors
+and which exception means "unavailable". It lives below them all (``hutch.storage``) so no
+adapter package imports another's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
+
+from hutch.storage.schema import migrate
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +54,7 @@ class Pool:
         return self._pool is not None
 
     async def start(self) -> None:
-        """Open the pool and bring the schema up to date (projections/migrations)."""
-        from hutch.projections.postgres import migrate  # the one numbered schema
-
+        """Open the pool and bring the one numbered schema up to date (``storage.schema``)."""
         try:
             # Commits wait for the WAL flush (synchronous_commit stays on): without it a
             # PostgreSQL crash loses the last applied batches, and a reader would see state

@@ -1,0 +1,199 @@
+"""What crosses the Driver port (``drivers/roles.py``): the requests a driver is given, what
+it answers, the capability flags, and the objects it hands back (a running terminal, an
+output sink it writes to).
+
+Pure values, so the service and the API can name them without importing a driver; the
+drivers' own face, ``drivers/base.py``, re-exports them under their old import path.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
+from typing import Literal, Protocol
+
+import attrs
+
+from hutch.core.errors import InvalidInput
+from hutch.core.models import SandboxSpec
+
+Stream = Literal["stdout", "stderr"]
+
+
+@attrs.frozen
+class Capabilities:
+    """What a driver can do here, now: the run-time truth the service checks before it asks.
+
+    An optional role's flag (files, tar_streams, checkpoints, pause, terminals, ports) is set
+    only by a driver that plays the role (drivers/roles.py), and may stay unset although it
+    does, where the host lacks something (the local driver cannot pause without a cgroup
+    freezer); the other flags qualify the required roles."""
+
+    memory_limit: bool = False
+    cpu_limit: bool = False
+    pids_limit: bool = False
+    network: bool = False  # can give a sandbox outbound network when asked
+    pause: bool = False
+    files: bool = False
+    checkpoints: bool = False
+    ports: bool = False  # can expose one port of a sandbox to the server (port_target)
+    installs: bool = False  # can add apt dependencies and npm packages at create (prepare)
+    tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
+    kernel_isolation: bool = False  # real namespaces; False for the fake driver
+    egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
+    terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
+
+
+# Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
+# pids guard ends it), not at the host's pid_max.
+# HUTCH_DEFAULT_PIDS is checked by the server's Config at start (service/config.py), which names
+# a bad value; read here too because drivers also run without a Config (tests, tools).
+def _default_pids() -> int:
+    text = os.environ.get("HUTCH_DEFAULT_PIDS", "")
+    return int(text) if text.isdigit() and int(text) > 0 else 1024
+
+
+DEFAULT_PIDS = _default_pids()
+
+
+def check_env(env: Mapping[str, str], field: str) -> None:
+    """What a process environment can hold: names without '=' or NUL, values without NUL."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
+
+
+@attrs.frozen
+class Resources:
+    memory_bytes: int | None = None
+    cpu_millis: int | None = None
+    disk_bytes: int | None = None
+    pids: int | None = None
+
+
+@attrs.frozen
+class ProvisionRequest:
+    sandbox_id: str
+    runtime: str  # catalog name, e.g. "python:3.13"; the driver maps it to its image
+    resources: Resources = Resources()
+    network_enabled: bool = False
+    port: int | None = None  # one port to expose (through port_target); None = none
+    network_allow: tuple[str, ...] = ()  # core/egress.py entries; () = unrestricted
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
+    packages: tuple[str, ...] = ()  # npm packages to install globally
+
+    @classmethod
+    def for_spec(cls, sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
+        """What the driver needs of a sandbox's spec. The env travels with every exec instead
+        (it can change: PATCH /sandbox/env), so a removed variable is really gone."""
+        r = spec.resources
+        return cls(sandbox_id=sandbox_id, runtime=spec.runtime,
+                   resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
+                   network_enabled=spec.network.enabled, port=spec.network.port, env={},
+                   network_allow=spec.network.allow,
+                   dependencies=spec.dependencies, packages=spec.packages)
+
+
+@attrs.frozen
+class ExecRequest:
+    execution_id: str
+    sandbox_id: str
+    argv: Sequence[str]
+    env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the sandbox env
+    cwd: str | None = None  # None = the sandbox workspace (HOME)
+    timeout: float | None = None  # seconds; None = no limit
+    stdin: bytes | AsyncIterable[bytes] | None = None  # streamed when an iterable: flat memory
+
+
+@attrs.frozen
+class ExecResult:
+    exit_code: int  # 128+n when killed by signal n
+    timed_out: bool = False
+    cancelled: bool = False
+    oom_killed: bool = False
+
+
+@attrs.frozen
+class FileToWrite:
+    path: str  # relative paths resolve to the sandbox workspace
+    content: bytes
+    mode: int = 0o644
+
+
+@attrs.frozen
+class FileInfo:
+    name: str  # the entry's name in the listed directory (a listed file: its base name)
+    size: int
+    is_dir: bool
+    mode: int  # permission bits and type bits, as st_mode
+    mod_time: float  # unix seconds
+    is_symlink: bool = False
+    link_target: str | None = None
+
+
+@attrs.frozen
+class Usage:
+    cpu_seconds: float | None = None  # CPU time of every process the sandbox ran
+    memory_peak_bytes: int | None = None  # the most memory it held at once
+
+
+@attrs.frozen
+class Metric:
+    """One sample for ``GET /metrics`` (Prometheus text format)."""
+
+    name: str  # hutch_…
+    value: float
+    kind: Literal["gauge", "counter"] = "gauge"
+    help: str = ""
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+
+
+class OutputSink(Protocol):
+    """Where a running command's bytes go. Called from the event loop."""
+
+    def write(self, stream: Stream, data: bytes) -> None: ...
+
+
+@attrs.frozen
+class TerminalRequest:
+    sandbox_id: str
+    argv: Sequence[str]  # what runs on the terminal (a login shell when the user names none)
+    env: Mapping[str, str] = attrs.field(factory=dict)  # merged over the sandbox env, as an exec's
+    cwd: str | None = None  # None = the sandbox workspace (HOME)
+    rows: int = 24
+    cols: int = 80
+
+
+class Terminal(abc.ABC):
+    """A command running on a pseudo-terminal in a sandbox, as the sandbox user with the
+    sandbox's limits and seccomp filter, the same as an execution. The terminal's line
+    discipline does the rest: a Ctrl-C written as the byte 0x03 signals the foreground
+    process group, not the session."""
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """The next output (what the terminal echoes included); b"" once no process holds
+        the terminal any more."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Typed input, as a keyboard sends it."""
+
+    @abc.abstractmethod
+    async def resize(self, rows: int, cols: int) -> None:
+        """The window size; the foreground process gets SIGWINCH."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """The command's exit code (128+n when killed by signal n)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Hang up: the session gets SIGHUP and what it started is killed. Idempotent."""
+
+
+# The engine's callback for a sandbox that ended on its own: (sandbox id, reason, failed).
+SandboxEndedListener = Callable[[str, str, bool], Awaitable[None]]
+

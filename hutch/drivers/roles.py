@@ -1,0 +1,384 @@
+"""The Driver port by role: small interfaces, one per thing a backend can be asked to do.
+
+Every driver plays the three required roles (``SandboxLifecycle``, ``RuntimeCatalog``,
+``CommandRunner``; ``drivers.base.Driver`` is them) and lists, before ``Driver`` among its
+bases, the optional roles it plays::
+
+    class NodeAgentDriver(roles.SandboxFiles, roles.Pausing, Driver): ...
+
+A role's abstract methods are what a driver playing it must do (Python refuses to build one
+that leaves any out); a default in a role is a part of it a driver may skip. For a role a
+driver does not list, ``NotPlayed`` answers as the one wide Driver always did: NotSupported in
+its own words, or, where a role only reports, nothing to report.
+
+The capability flags (``Capabilities``) stay the run-time truth: a flag is set only by a
+driver that plays its role, and may stay unset although it does (the local driver plays
+``Pausing`` but cannot pause without a cgroup freezer). ``tests/contracts/test_driver.py``
+runs each role's tests on the drivers that play it and holds every role against its flag.
+The service takes what it uses from ``drivers.base.DriverRoles``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+
+from hutch.core.driver_types import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    FileInfo,
+    FileToWrite,
+    Metric,
+    OutputSink,
+    ProvisionRequest,
+    SandboxEndedListener,
+    Terminal,
+    TerminalRequest,
+    Usage,
+)
+from hutch.core.errors import NotSupported
+from hutch.core.models import Sandbox
+
+# Foreign handles: the sandboxes other API replicas own (core/replicas.py).
+ForeignHandles = Callable[[], Awaitable[list[dict[str, str]]]]
+
+# -- required: every driver plays these -------------------------------------------------
+
+
+class SandboxLifecycle(abc.ABC):
+    """Make a sandbox real on some machine, take it away, and say which ones run."""
+
+    name: str
+    capabilities: Capabilities
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Acquire long-lived resources (called once, before any other method)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release them. Sandboxes keep running unless the driver cannot keep them."""
+
+    @abc.abstractmethod
+    async def provision(self, req: ProvisionRequest) -> None:
+        """Create the sandbox and return once commands can run in it.
+
+        On failure nothing is left behind (no process, mount, cgroup or directory).
+        """
+
+    @abc.abstractmethod
+    async def destroy(self, sandbox_id: str) -> None:
+        """Kill every process and remove every mount, cgroup and file. Idempotent."""
+
+    @abc.abstractmethod
+    async def alive(self) -> set[str]:
+        """Ids of the sandboxes this driver is running now (used to recover after a restart)."""
+
+    # A backend whose sandboxes can die without being asked (a Nomad allocation lost,
+    # OOM-killed or rescheduled) reports it; the engine turns it into a lifecycle event.
+
+    _ended_listener: SandboxEndedListener | None = None
+
+    def set_listener(self, listener: SandboxEndedListener | None) -> None:
+        """Called by the engine before ``start``: where ``report_ended`` goes."""
+        self._ended_listener = listener
+
+    async def report_ended(self, sandbox_id: str, reason: str, *, failed: bool) -> None:
+        """A sandbox ended without a destroy: ``failed`` (lost, killed) or merely done."""
+        if self._ended_listener is not None:
+            await self._ended_listener(sandbox_id, reason, failed)
+
+
+class RuntimeCatalog(abc.ABC):
+    """The catalog runtimes (core/runtimes.py) this driver can start sandboxes from."""
+
+    name: str
+
+    @abc.abstractmethod
+    def runtimes_available(self) -> set[str]:
+        """Catalog names this driver can provision right now (built / pulled)."""
+
+    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
+        """Make the catalog runtime ``name`` available (build it, push its image...), telling
+        ``progress`` each step. Concurrent calls for one runtime share one build (see
+        ``drivers.builds``); a failed build leaves nothing half-made and raises its own words."""
+        raise NotSupported(f"runtime: {name} is not available and driver {self.name} cannot build runtimes",
+                           field="runtime")
+
+    def runtimes_building(self) -> set[str]:
+        """Catalog names being built right now (first use or prebuild)."""
+        return set()
+
+    def runtime_info(self, name: str) -> dict[str, object]:
+        """What a user needs to choose a runtime beyond ``available``: its size in bytes and when
+        it was last built (ISO-8601), where this driver knows them."""
+        return {}
+
+    async def prepare(self, req: ProvisionRequest) -> None:
+        """Make ready what ``provision`` of ``req`` will need and may be slow or fail for a
+        reason of the request's own (installing its dependencies and packages), before the
+        engine records the sandbox: a bad package name creates nothing."""
+        if req.dependencies or req.packages:
+            raise NotSupported(f"driver {self.name} cannot install dependencies or packages at create",
+                               field="dependencies" if req.dependencies else "packages")
+
+
+class CommandRunner(abc.ABC):
+    """Run commands in a sandbox, streaming their output, and stop them."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        """Run a command inside the sandbox, streaming its output into ``sink``.
+
+        Timeout and ``cancel`` kill the whole process tree the command started,
+        background children included.
+        """
+
+    @abc.abstractmethod
+    async def cancel(self, execution_id: str) -> None:
+        """Kill a running execution's process tree; its ``exec`` returns cancelled."""
+
+    async def signal(self, execution_id: str, signum: int) -> None:
+        """Send a signal to a running execution's whole process tree (graceful stop)."""
+        raise NotSupported(f"driver {self.name} cannot signal executions")
+
+
+# -- optional: a driver lists the ones it plays ----------------------------------------
+
+
+class SandboxFiles(abc.ABC):
+    """Files in a sandbox (capability ``files``). Every path resolves inside the sandbox's own
+    view, as the sandbox user; relative paths resolve to the workspace (HOME). Missing paths
+    raise FileNotFound."""
+
+    @abc.abstractmethod
+    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+        """Write files as the sandbox user, resolving paths inside the sandbox's own view."""
+
+    @abc.abstractmethod
+    def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        """The file's bytes in chunks, with backpressure: nothing is read ahead of the consumer.
+
+        Raises FileNotFound (or InvalidInput for a directory) before yielding anything."""
+
+    @abc.abstractmethod
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        """Stream ``chunks`` into the file (replacing it); returns the bytes written.
+
+        ``parents`` creates missing parent directories; without it a missing parent is FileNotFound."""
+
+    @abc.abstractmethod
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        """The entries of a directory (or the file itself), not recursive."""
+
+    @abc.abstractmethod
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None: ...
+
+    @abc.abstractmethod
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        """Remove a file (or with ``directory`` an empty directory, or with ``recursive`` a tree).
+        Returns whether the path existed."""
+
+    @abc.abstractmethod
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None: ...
+
+
+class TreeTransfer(abc.ABC):
+    """Whole trees at once (capability ``tar_streams``), for drivers where each file primitive
+    is a round trip. The service checks every member of an archive before import_tar sees it."""
+
+    @abc.abstractmethod
+    def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        """An uncompressed tar of the directory ``path`` (names relative to it; directories,
+        regular files and symlinks only) or of the one file ``path``."""
+
+    @abc.abstractmethod
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        """Unpack an already-checked tar (or tar.gz) at ``dest`` (created), as the sandbox user."""
+
+
+class Checkpointing(abc.ABC):
+    """Disk checkpoints (capability ``checkpoints``): restore points of the sandbox's writable
+    filesystem."""
+
+    @abc.abstractmethod
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        """Save the writable filesystem as it is now (cheaply: links or layers, not full copies)."""
+
+    @abc.abstractmethod
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        """Bring the writable filesystem back to exactly that state. Processes may be restarted."""
+
+    @abc.abstractmethod
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None: ...
+
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        """Bytes each of the sandbox's checkpoints takes where the driver keeps it (counted
+        against the organization's storage quota); {} where they take none worth counting."""
+        return {}
+
+
+class Pausing(abc.ABC):
+    """Freeze every process of a sandbox and thaw it again (capability ``pause``)."""
+
+    @abc.abstractmethod
+    async def pause(self, sandbox_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def resume(self, sandbox_id: str) -> None: ...
+
+
+class Terminals(abc.ABC):
+    """Commands on a pseudo-terminal (capability ``terminals``; service/terminals.py)."""
+
+    @abc.abstractmethod
+    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+        """Start ``req.argv`` on a new pseudo-terminal of a running sandbox."""
+
+
+class PortForwarding(abc.ABC):
+    """One exposed port of a sandbox, reachable by the server (capability ``ports``)."""
+
+    @abc.abstractmethod
+    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        """(host, port) the API connects to for the sandbox's exposed port (its reverse proxy).
+
+        Reachable from the server only; NotSupported when the sandbox (or driver) has none."""
+
+
+class UsageReporting(abc.ABC):
+    """What sandboxes have used and how the driver fares, for stats and ``GET /metrics``."""
+
+    @abc.abstractmethod
+    async def usage(self, sandbox_id: str) -> Usage:
+        """What the sandbox has used so far (for stats); unknown parts are None."""
+
+    def metrics(self) -> list[Metric]:
+        """What the driver can tell about itself for ``GET /metrics`` (warm pools, …)."""
+        return []
+
+
+class Adoption(abc.ABC):
+    """Replicas (core/replicas.py): a sandbox placed through one API replica and driven, after
+    that replica was lost, by another's driver."""
+
+    _foreign: ForeignHandles | None = None
+
+    def set_foreign(self, handles: ForeignHandles | None) -> None:
+        """Called before ``start``: the handles of sandboxes other replicas own, which a driver
+        recovering its own leftovers must leave alone (they may have been taken over)."""
+        self._foreign = handles
+
+    @abc.abstractmethod
+    def handle(self, sandbox_id: str) -> dict[str, str] | None:
+        """Where the sandbox runs, for another replica's driver to adopt; None: only this
+        process can drive it."""
+
+    @abc.abstractmethod
+    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+        """Drive a sandbox another replica's driver placed; False if it no longer runs (or
+        this driver cannot reach it)."""
+
+
+OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
+                                    UsageReporting, Adoption)
+
+
+class NotPlayed:
+    """What a driver answers for an optional role it does not play: NotSupported in the words
+    the wide Driver always used, or, for the roles that only report, nothing to report.
+
+    ``Driver`` ends with it, so code holding a whole driver may call any role's method (the
+    API's routes do, until they go through the service); ``DriverRoles`` stands it in for
+    each role a driver does not list."""
+
+    name: str
+
+    # SandboxFiles
+
+    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+        raise NotSupported(f"driver {self.name} cannot write files")
+
+    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        raise NotSupported(f"driver {self.name} cannot read files")
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        raise NotSupported(f"driver {self.name} cannot write files")
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        raise NotSupported(f"driver {self.name} cannot list files")
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        raise NotSupported(f"driver {self.name} cannot make directories")
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        raise NotSupported(f"driver {self.name} cannot remove files")
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot make symlinks")
+
+    # TreeTransfer
+
+    async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        raise NotSupported(f"driver {self.name} cannot stream trees")
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        raise NotSupported(f"driver {self.name} cannot stream trees")
+
+    # Checkpointing
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot checkpoint sandboxes")
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot restore checkpoints")
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot delete checkpoints")
+
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        return {}
+
+    # Pausing
+
+    async def pause(self, sandbox_id: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot pause sandboxes")
+
+    async def resume(self, sandbox_id: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot resume sandboxes")
+
+    # Terminals
+
+    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+        raise NotSupported(f"driver {self.name} has no terminals")
+
+    # PortForwarding
+
+    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        raise NotSupported(f"driver {self.name} cannot expose ports")
+
+    # UsageReporting: nothing measured
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        return Usage()
+
+    def metrics(self) -> list[Metric]:
+        return []
+
+    # Adoption: nothing of another replica's to leave alone, nothing to hand over or take
+
+    def set_foreign(self, handles: ForeignHandles | None) -> None:
+        pass
+
+    def handle(self, sandbox_id: str) -> dict[str, str] | None:
+        return None
+
+    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+        return False
