@@ -74,8 +74,6 @@ NOT_QUICK = (  # module paths or test ids (a prefix of the id), each for its rea
     "tests/contracts/test_replicas.py::test_another_replica",
     "tests/contracts/test_replicas.py::test_live_replicas",
     "tests/contracts/test_replicas.py::test_serialised_holds",
-    "tests/cli/test_cli.py::test_a_part_without_the_server_extra",  # a fresh interpreter each, ~6 s
-    "tests/cli/test_cli_live",  # a `hutch serve` process per test (the CLI against the fake: test_cli*.py)
     "tests/cli/test_ssh_tmux.py",  # the local driver
     "tests/sdk/test_workspace",  # the local driver and Docker (unix-local alone is a fraction)
 )
