@@ -20,7 +20,7 @@ from hutch.api.http import base_url
 from hutch.api.keys import CONFIG, ENGINE
 from hutch.core import runtimes
 from hutch.core.events import Event, encode
-from hutch.core.models import Execution, Sandbox, Snapshot
+from hutch.core.models import Execution, SandboxState, Snapshot
 from hutch.core.serde import to_wire
 from hutch.core.wire import ExecutionInfo, Job, RuntimeRef
 from hutch.drivers.base import Usage
@@ -71,7 +71,7 @@ def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[st
     )
 
 
-def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | None = None,
+def sandbox_info(sb: SandboxState, stream_urls: tuple[str, str] | None, url: str | None = None,
                  usage: Usage | None = None) -> dict[str, Any]:
     """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one; ``url``:
     where its exposed port is served (api/routes/proxy.py), if it has one; ``usage``: what a
@@ -119,7 +119,7 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
     )
 
 
-def _lifetime(sb: Sandbox) -> float:
+def _lifetime(sb: SandboxState) -> float:
     def unix(iso: str) -> float:
         return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
@@ -219,13 +219,13 @@ def stream_urls(request: web.Request, engine: Engine, owner_id: str) -> tuple[st
     )
 
 
-def render_sandbox(request: web.Request, sb: Sandbox, usage: Usage | None = None) -> dict:
+def render_sandbox(request: web.Request, sb: SandboxState, usage: Usage | None = None) -> dict:
     engine = request.app[ENGINE]
     urls = stream_urls(request, engine, sb.initial_execution_id or sb.sandbox_id)
     return sandbox_info(sb, urls, port_url(request, sb), usage)
 
 
-def port_url(request: web.Request, sb: Sandbox) -> str | None:
+def port_url(request: web.Request, sb: SandboxState) -> str | None:
     port = sb.spec.network.port
     return sandbox_url(request, base_url(request), sb.sandbox_id, port) if port is not None else None
 

@@ -107,7 +107,7 @@ class Checkpoint:
 
 
 @attrs.frozen
-class Sandbox:
+class SandboxState:
     sandbox_id: str
     spec: SandboxSpec
     status: SandboxStatus

@@ -28,7 +28,7 @@ from hutch.core.events import (
     SnapshotFinalized,
     SnapshotTagged,
 )
-from hutch.core.models import Sandbox, Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.models import SandboxState, Snapshot, SnapshotFile, SnapshotStatus
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
@@ -144,7 +144,7 @@ FORK_OF = "forkOf"
 class TakeSnapshot:
     """Record a snapshot of ``source``'s workspace (archived as ``files``): ready at once."""
 
-    source: Sandbox
+    source: SandboxState
     name: str
     tag: str
     files: tuple[SnapshotFile, ...]

@@ -38,7 +38,7 @@ from hutch.core.driver_types import (
     Usage,
 )
 from hutch.core.errors import NotSupported
-from hutch.core.models import Sandbox
+from hutch.core.models import SandboxState
 
 # Foreign handles: the sandboxes other API replicas own (core/replicas.py).
 ForeignHandles = Callable[[], Awaitable[list[dict[str, str]]]]
@@ -278,7 +278,7 @@ class Adoption(abc.ABC):
         process can drive it."""
 
     @abc.abstractmethod
-    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+    async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         """Drive a sandbox another replica's driver placed; False if it no longer runs (or
         this driver cannot reach it)."""
 
@@ -380,5 +380,5 @@ class NotPlayed:
     def handle(self, sandbox_id: str) -> dict[str, str] | None:
         return None
 
-    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+    async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         return False

@@ -31,7 +31,7 @@ import attrs
 from hutch.core.errors import NotSupported
 from hutch.core.events import Event, UnreadableRecord
 from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
-from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from hutch.core.models import Execution, SandboxState, SandboxStatus, Snapshot, SnapshotStatus
 from hutch.core.snapshots import FORK_OF
 from hutch.core.tenancy import TENANCY_EVENTS, Directory
 
@@ -207,10 +207,10 @@ class ProjectionStore(abc.ABC):
         there are in all. ``reset`` forgets them; a rebuild records them again."""
 
     @abc.abstractmethod
-    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None: ...
+    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None: ...
 
     @abc.abstractmethod
-    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         """One page and the total matching the filters."""
 
     @abc.abstractmethod
@@ -251,7 +251,7 @@ def is_tenancy_event(event: Event) -> bool:
     return isinstance(event.data, TENANCY_EVENTS)
 
 
-def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
+def matches(sandbox: SandboxState, q: SandboxQuery) -> bool:
     """The list filters, shared by stores that filter in Python."""
     if q.org_id is not None and sandbox.spec.org_id != q.org_id:
         return False
@@ -277,8 +277,8 @@ def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
     return not (q.project_id and sandbox.spec.project_id != q.project_id)
 
 
-def sort_key(q: SandboxQuery) -> Callable[[Sandbox], tuple[Any, str]]:
-    field: dict[str, Callable[[Sandbox], tuple[Any, str]]] = {
+def sort_key(q: SandboxQuery) -> Callable[[SandboxState], tuple[Any, str]]:
+    field: dict[str, Callable[[SandboxState], tuple[Any, str]]] = {
         "createdAt": lambda s: (s.created_at, s.sandbox_id),
         "updatedAt": lambda s: (s.updated_at, s.sandbox_id),
         "name": lambda s: (s.spec.name or "", s.sandbox_id),
@@ -290,8 +290,8 @@ def sort_key(q: SandboxQuery) -> Callable[[Sandbox], tuple[Any, str]]:
 
 
 def fold(
-    sandboxes: dict[str, Sandbox], executions: dict[str, Execution], by_sandbox: dict[str, list[str]], event: Event
-) -> tuple[Sandbox | None, list[Execution]]:
+    sandboxes: dict[str, SandboxState], executions: dict[str, Execution], by_sandbox: dict[str, list[str]], event: Event
+) -> tuple[SandboxState | None, list[Execution]]:
     """Apply one event to in-memory maps; returns what changed (for stores that persist rows)."""
     if isinstance(event.data, UnreadableRecord):
         raise EventRefused(f"the log record at position {event.position} cannot be read "

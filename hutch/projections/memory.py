@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
-from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot
+from hutch.core.models import Execution, SandboxState, SandboxStatus, Snapshot
 from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import Directory
 from hutch.projections.base import (
@@ -46,7 +46,7 @@ class MemoryProjectionStore(ProjectionStore):
 
     def _clear(self) -> None:
         self._position = 0
-        self._sandboxes: dict[str, Sandbox] = {}
+        self._sandboxes: dict[str, SandboxState] = {}
         self._executions: dict[str, Execution] = {}
         self._by_sandbox: dict[str, list[str]] = {}
         self._snapshots: dict[str, Snapshot] = {}
@@ -146,10 +146,10 @@ class MemoryProjectionStore(ProjectionStore):
         self._by_sandbox[sandbox_id] = [ex.execution_id for ex in executions]
         self._executions.update((ex.execution_id, ex) for ex in executions)
 
-    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
+    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
         return self._sandboxes.get(sandbox_id) or self._ended.sandbox(sandbox_id)
 
-    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         found = [s for s in self._sandboxes.values() if matches(s, query)]
         if query.deleted_only or query.include_deleted or query.status == SandboxStatus.DELETED.value:
             found.extend(s for s in self._ended.sandboxes(query.org_id) if matches(s, query))

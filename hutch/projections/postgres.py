@@ -44,7 +44,7 @@ import attrs
 from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
-from hutch.core.models import Execution, Sandbox, Snapshot, SnapshotStatus
+from hutch.core.models import Execution, SandboxState, Snapshot, SnapshotStatus
 from hutch.core.serde import converter
 from hutch.core.snapshots import FORK_OF, evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
@@ -116,8 +116,8 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=_json_default)
 
 
-def _sandbox(row: asyncpg.Record) -> Sandbox:
-    return converter.structure(json.loads(row["doc"]), Sandbox)
+def _sandbox(row: asyncpg.Record) -> SandboxState:
+    return converter.structure(json.loads(row["doc"]), SandboxState)
 
 
 def _execution(row: asyncpg.Record) -> Execution:
@@ -300,13 +300,13 @@ class PostgresProjectionStore(ProjectionStore):
     # read is safe to repeat on the fresh connection the pool opens instead.
 
     @_read_once_more
-    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
+    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM sandboxes WHERE sandbox_id = $1", sandbox_id)
         return _sandbox(row) if row else None
 
     @_read_once_more
-    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         where, args = where_clause(query)
         sort = _SORT.get(query.sort, _SORT["createdAt"])
         direction = "DESC" if query.direction == "desc" else "ASC"
@@ -453,7 +453,7 @@ def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
 class _Changed:
     """The rows a batch of events changed, and their ``WRITE`` parameters."""
 
-    sandboxes: dict[str, Sandbox] = attrs.field(factory=dict)
+    sandboxes: dict[str, SandboxState] = attrs.field(factory=dict)
     executions: dict[str, Execution] = attrs.field(factory=dict)
     seqs: dict[str, int] = attrs.field(factory=dict)  # each execution's order: its first event's position
     snapshots: dict[str, Snapshot] = attrs.field(factory=dict)

@@ -24,7 +24,7 @@ from hutch.core.blobs import BlobStore
 from hutch.core.errors import IllegalTransition
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
-from hutch.core.models import Execution, Sandbox, SandboxStatus
+from hutch.core.models import Execution, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver, DriverRoles, FileToWrite
@@ -174,7 +174,7 @@ class Engine:
                        grace: float = JOB_STOP_GRACE_SECONDS) -> Execution:
         return await self.executions.stop_job(sandbox_id, job_id, force=force, grace=grace)
 
-    async def for_files(self, sandbox_id: str) -> Sandbox:
+    async def for_files(self, sandbox_id: str) -> SandboxState:
         """A sandbox ready for file operations: waits out creating, wakes a paused one."""
         sb = await self.reads.wait_not_creating(sandbox_id)
         if sb.status is SandboxStatus.PAUSED:
@@ -193,10 +193,10 @@ class Engine:
     async def set_env(self, sandbox_id: str, changes: dict[str, str | None]) -> dict[str, str]:
         return await self.control.set_env(sandbox_id, changes)
 
-    async def pause(self, sandbox_id: str) -> Sandbox:
+    async def pause(self, sandbox_id: str) -> SandboxState:
         return await self.control.pause(sandbox_id)
 
-    async def resume(self, sandbox_id: str, *, auto: bool = False) -> Sandbox:
+    async def resume(self, sandbox_id: str, *, auto: bool = False) -> SandboxState:
         return await self.control.resume(sandbox_id, auto=auto)
 
     async def destroy(self, sandbox_id: str) -> None:
@@ -210,13 +210,13 @@ class Engine:
     def resolved(self, query: SandboxQuery) -> SandboxQuery:
         return self.reads.resolved(query)
 
-    async def get(self, sandbox_id: str, *, include_deleted: bool = False) -> Sandbox:
+    async def get(self, sandbox_id: str, *, include_deleted: bool = False) -> SandboxState:
         return await self.reads.require(sandbox_id, include_deleted=include_deleted)
 
-    async def list(self, query: SandboxQuery) -> tuple[builtins.list[Sandbox], int]:
+    async def list(self, query: SandboxQuery) -> tuple[builtins.list[SandboxState], int]:
         return await self.reads.list(query)
 
-    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
+    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> SandboxState:
         return await self.reads.wait_status(sandbox_id, statuses, wait)
 
     async def events(self, sandbox_id: str, *, limit: int, reverse: bool) -> builtins.list[Event]:

@@ -14,7 +14,14 @@ import attrs
 from hutch.core import ids
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
-from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.models import (
+    Execution,
+    ExecutionStatus,
+    Mode,
+    SandboxSpec,
+    SandboxState,
+    SandboxStatus,
+)
 from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.quantities import format_bytes, parse_duration
 from hutch.drivers.base import ExecRequest, ExecResult
@@ -222,7 +229,7 @@ class Executions:
             code = finish.exit_code if finish.exit_code is not None else 1
             await self._control.end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))
 
-    def _finish(self, sb: Sandbox, execution_id: str, result: ExecResult | None, error: str | None,
+    def _finish(self, sb: SandboxState, execution_id: str, result: ExecResult | None, error: str | None,
                 timeout: float | None, duration_ms: int, truncated: bool) -> FinishExecution:
         """How the command ended, from what the driver said (or the error it raised)."""
         if result is None:

@@ -13,7 +13,7 @@ import attrs
 from hutch.core import ids
 from hutch.core.errors import DriverFailure, HutchError, NotSupported
 from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
-from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.models import SandboxSpec, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.replicas import Replicas
 from hutch.drivers.base import ProvisionRequest
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen
 class Created:
-    sandbox: Sandbox
+    sandbox: SandboxState
     execution_id: str | None
 
 

@@ -16,7 +16,7 @@ from hutch.core import tenancy
 from hutch.core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
-from hutch.core.models import Execution, Sandbox, SandboxStatus
+from hutch.core.models import Execution, SandboxState, SandboxStatus
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, visible
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -60,7 +60,7 @@ class Reads:
 
     # ---------------------------------------------------------------- sandboxes
 
-    async def require(self, sandbox_id: str, *, include_deleted: bool = True) -> Sandbox:
+    async def require(self, sandbox_id: str, *, include_deleted: bool = True) -> SandboxState:
         sb = await self.store.get_sandbox(sandbox_id)
         if sb is None or (sb.status is SandboxStatus.DELETED and not include_deleted) or not visible(
                 sb.spec.org_id, sb.spec.project_id):
@@ -68,16 +68,16 @@ class Reads:
             raise SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
         return sb
 
-    async def list(self, query: SandboxQuery) -> tuple[builtins.list[Sandbox], int]:
+    async def list(self, query: SandboxQuery) -> tuple[builtins.list[SandboxState], int]:
         return await self.store.list_sandboxes(self.resolved(query))
 
-    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
+    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> SandboxState:
         await self.require(sandbox_id)
         return await self.wait(
             lambda: self.require(sandbox_id), lambda s: s.status in statuses, min(wait, MAX_WAIT_SECONDS), sandbox_id
         )
 
-    async def wait_not_creating(self, sandbox_id: str) -> Sandbox:
+    async def wait_not_creating(self, sandbox_id: str) -> SandboxState:
         sb = await self.require(sandbox_id, include_deleted=False)
         ready: set[SandboxStatus] = {s for s in SandboxStatus if s is not SandboxStatus.CREATING}
         if sb.status is SandboxStatus.CREATING:

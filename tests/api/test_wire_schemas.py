@@ -28,8 +28,8 @@ from hutch.core.models import (
     Mode,
     Network,
     Resources,
-    Sandbox,
     SandboxSpec,
+    SandboxState,
     SandboxStatus,
     Snapshot,
     SnapshotFile,
@@ -133,7 +133,7 @@ def test_the_renderers_fit_their_schemas_field_for_field() -> None:
                        timeout=Timeouts(idle="1m", execution="2m", paused="3m"), command=("true",),
                        metadata={"k": "v"}, project_id="proj_x", snapshot_id=SNP, dependencies=("curl",),
                        packages=("zod",), command_omitted_bytes=10, command_sha256="00")
-    sb = Sandbox(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
+    sb = SandboxState(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
                  executions=1, exit_code=0, reason="done", cpu_seconds=1.5, memory_peak_bytes=2**20)
     _fills(SCHEMAS["Sandbox"], [render.sandbox_info(sb, ("http://h/o", "http://h/e"), "http://h/p",
                                                   Usage(cpu_seconds=2.0, memory_peak_bytes=2**21))])

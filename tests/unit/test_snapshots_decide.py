@@ -17,7 +17,7 @@ from hutch.core.events import (
     SnapshotFinalized,
 )
 from hutch.core.lifecycle import evolve_sandbox
-from hutch.core.models import Sandbox, SandboxSpec, Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.models import SandboxSpec, SandboxState, Snapshot, SnapshotFile, SnapshotStatus
 from hutch.core.snapshots import (
     BeginBuild,
     DeleteSnapshot,
@@ -34,7 +34,7 @@ FILES = (SnapshotFile(path="a.txt", size=3, sha256="0" * 64, mode=0o644),
          SnapshotFile(path="b.txt", size=4, sha256="1" * 64, mode=0o600))
 
 
-def sandbox(*payloads: EventData) -> Sandbox:
+def sandbox(*payloads: EventData) -> SandboxState:
     spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", env={"A": "1"}, snapshot_id="snp_parent",
                        org_id="org_acme")
     created: list[EventData] = [SandboxCreated(spec=spec), SandboxStarted()]

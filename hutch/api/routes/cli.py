@@ -23,7 +23,7 @@ from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.render import org_ref
 from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
-from hutch.core.models import Mode, Sandbox, SandboxStatus
+from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.packages import check_dependencies
 from hutch.core.tenancy import Access, ApiKey
 from hutch.projections.base import SandboxQuery
@@ -60,7 +60,7 @@ async def regions(request: web.Request) -> web.Response:
     return ok([{"region": REGION, "description": "this hutch server"}])
 
 
-def _cli_sandbox(sb: Sandbox) -> dict[str, Any]:
+def _cli_sandbox(sb: SandboxState) -> dict[str, Any]:
     spec = sb.spec
     return {"id": sb.sandbox_id, "name": spec.name, "description": spec.description, "status": sb.status.value,
             "region": REGION, "createdAt": sb.created_at, "orgId": spec.org_id,

@@ -31,7 +31,7 @@ from hutch.api.routes.audit import audit_stream_id, audit_stream_url
 from hutch.api.watchers import hold
 from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
-from hutch.core.models import Mode, Sandbox, SandboxStatus
+from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.tenancy import Access
 from hutch.drivers import egress
 from hutch.projections.base import SandboxQuery
@@ -139,7 +139,7 @@ def _wanted_statuses(request: web.Request) -> set[SandboxStatus] | None:
     return out
 
 
-async def _maybe_wait(request: web.Request, sandbox_id: str) -> Sandbox:
+async def _maybe_wait(request: web.Request, sandbox_id: str) -> SandboxState:
     engine = request.app[ENGINE]
     wanted = _wanted_statuses(request)
     wait_ms = q_int(request, "waitMs", 0)
