@@ -33,8 +33,8 @@ from hutch.core.events import (
     SandboxTerminated,
 )
 from hutch.core.models import (
-    Checkpoint,
-    Execution,
+    CheckpointState,
+    ExecutionState,
     ExecutionStatus,
     Mode,
     SandboxSpec,
@@ -446,7 +446,7 @@ def _evolve_checkpoints(
 ) -> SandboxState:
     match data:
         case CheckpointCreated():
-            cp = Checkpoint(checkpoint_id=data.checkpoint_id, name=data.name, created_at=at, parent=data.parent)
+            cp = CheckpointState(checkpoint_id=data.checkpoint_id, name=data.name, created_at=at, parent=data.parent)
             return attrs.evolve(sandbox, checkpoints=(*sandbox.checkpoints, cp), current_checkpoint=data.name, updated_at=at)
         case CheckpointRestored(checkpoint_id=cid):
             name = next((c.name for c in sandbox.checkpoints if c.checkpoint_id == cid), sandbox.current_checkpoint)
@@ -469,15 +469,15 @@ def _evolve_executions(sandbox: SandboxState, data: ExecutionStarted | Execution
     return attrs.evolve(sandbox, running=running, status=status, exit_code=data.exit_code, updated_at=at)
 
 
-def evolve_execution(execution: Execution | None, event: Event) -> Execution | None:
+def evolve_execution(execution: ExecutionState | None, event: Event) -> ExecutionState | None:
     data, at = event.data, event.created_at
     if isinstance(data, SandboxCreated) and data.initial_command is not None:
-        return Execution(execution_id=data.initial_execution_id or "", sandbox_id=event.sandbox_id,
+        return ExecutionState(execution_id=data.initial_execution_id or "", sandbox_id=event.sandbox_id,
                          command=data.initial_command, status=ExecutionStatus.QUEUED, created_at=at,
                          command_omitted_bytes=data.spec.command_omitted_bytes,
                          command_sha256=data.spec.command_sha256)
     if isinstance(data, ExecutionStarted):
-        return Execution(
+        return ExecutionState(
             execution_id=data.execution_id,
             sandbox_id=event.sandbox_id,
             command=data.command,

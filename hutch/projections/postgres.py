@@ -44,7 +44,7 @@ import attrs
 from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
-from hutch.core.models import Execution, SandboxState, Snapshot, SnapshotStatus
+from hutch.core.models import ExecutionState, SandboxState, SnapshotState, SnapshotStatus
 from hutch.core.serde import converter
 from hutch.core.snapshots import FORK_OF, evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
@@ -120,12 +120,12 @@ def _sandbox(row: asyncpg.Record) -> SandboxState:
     return converter.structure(json.loads(row["doc"]), SandboxState)
 
 
-def _execution(row: asyncpg.Record) -> Execution:
-    return converter.structure(json.loads(row["doc"]), Execution)
+def _execution(row: asyncpg.Record) -> ExecutionState:
+    return converter.structure(json.loads(row["doc"]), ExecutionState)
 
 
-def _snapshot(row: asyncpg.Record) -> Snapshot:
-    return converter.structure(json.loads(row["doc"]), Snapshot)
+def _snapshot(row: asyncpg.Record) -> SnapshotState:
+    return converter.structure(json.loads(row["doc"]), SnapshotState)
 
 
 class PostgresProjectionStore(ProjectionStore):
@@ -321,13 +321,13 @@ class PostgresProjectionStore(ProjectionStore):
         return [_sandbox(r) for r in rows], total
 
     @_read_once_more
-    async def get_execution(self, execution_id: str) -> Execution | None:
+    async def get_execution(self, execution_id: str) -> ExecutionState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM executions WHERE execution_id = $1", execution_id)
         return _execution(row) if row else None
 
     @_read_once_more
-    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[ExecutionState]:
         async with self._conn() as conn:
             rows = await conn.fetch(
                 "SELECT doc FROM executions WHERE sandbox_id = $1 ORDER BY seq DESC LIMIT $2", sandbox_id, limit
@@ -335,13 +335,13 @@ class PostgresProjectionStore(ProjectionStore):
         return [_execution(r) for r in rows]
 
     @_read_once_more
-    async def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM snapshots WHERE snapshot_id = $1", snapshot_id)
         return _snapshot(row) if row else None
 
     @_read_once_more
-    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[SnapshotState], int]:
         args: list[Any] = [SnapshotStatus.DELETED.value]
         where = ["status <> $1"]
         if query.ready_only:
@@ -454,9 +454,9 @@ class _Changed:
     """The rows a batch of events changed, and their ``WRITE`` parameters."""
 
     sandboxes: dict[str, SandboxState] = attrs.field(factory=dict)
-    executions: dict[str, Execution] = attrs.field(factory=dict)
+    executions: dict[str, ExecutionState] = attrs.field(factory=dict)
     seqs: dict[str, int] = attrs.field(factory=dict)  # each execution's order: its first event's position
-    snapshots: dict[str, Snapshot] = attrs.field(factory=dict)
+    snapshots: dict[str, SnapshotState] = attrs.field(factory=dict)
     tenancy: dict[tuple[str, str], TenancyRecord] = attrs.field(factory=dict)
 
     def sandbox_rows(self) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from hutch.core.blobs import BlobStore
 from hutch.core.errors import IllegalTransition
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
-from hutch.core.models import Execution, SandboxState, SandboxStatus
+from hutch.core.models import ExecutionState, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver, DriverRoles, FileToWrite
@@ -161,17 +161,17 @@ class Engine:
     def prebuild(self, names: Iterable[str]) -> None:
         self.provisioning.prebuild(names)
 
-    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
+    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[ExecutionState, bool]:
         return await self.executions.execute(sandbox_id, req)
 
-    async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
+    async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> ExecutionState:
         return await self.executions.start_job(sandbox_id, command)
 
-    async def cancel_execution(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
+    async def cancel_execution(self, execution_id: str, *, why: str = "cancelled on request") -> ExecutionState:
         return await self.executions.cancel(execution_id, why=why)
 
     async def stop_job(self, sandbox_id: str, job_id: str, *, force: bool,
-                       grace: float = JOB_STOP_GRACE_SECONDS) -> Execution:
+                       grace: float = JOB_STOP_GRACE_SECONDS) -> ExecutionState:
         return await self.executions.stop_job(sandbox_id, job_id, force=force, grace=grace)
 
     async def for_files(self, sandbox_id: str) -> SandboxState:
@@ -222,16 +222,16 @@ class Engine:
     async def events(self, sandbox_id: str, *, limit: int, reverse: bool) -> builtins.list[Event]:
         return await self.reads.events(sandbox_id, limit=limit, reverse=reverse)
 
-    async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
+    async def get_execution(self, execution_id: str, wait: float = 0.0) -> ExecutionState:
         return await self.reads.get_execution(execution_id, wait)
 
-    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[ExecutionState]:
         return await self.reads.list_executions(sandbox_id, limit)
 
-    async def get_job(self, sandbox_id: str, job_id: str) -> Execution:
+    async def get_job(self, sandbox_id: str, job_id: str) -> ExecutionState:
         return await self.reads.get_job(sandbox_id, job_id)
 
-    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[ExecutionState]:
         return await self.reads.list_jobs(sandbox_id, limit)
 
 

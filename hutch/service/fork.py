@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from hutch.core.errors import InvalidInput
-from hutch.core.models import Snapshot
+from hutch.core.models import SnapshotState
 from hutch.core.snapshots import FORK_OF
 from hutch.service.requests import CreateRequest
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 MAX_COPIES = 20
 
 
-async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: str | None) -> tuple[Snapshot, list[Created]]:
+async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: str | None) -> tuple[SnapshotState, list[Created]]:
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COPIES:
         raise InvalidInput(f"count: expected an integer from 1 to {MAX_COPIES}, got {count!r}", field="count")
     parent = await engine.get(sandbox_id)

@@ -16,7 +16,7 @@ from hutch.core import tenancy
 from hutch.core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
-from hutch.core.models import Execution, SandboxState, SandboxStatus
+from hutch.core.models import ExecutionState, SandboxState, SandboxStatus
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, visible
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -92,7 +92,7 @@ class Reads:
 
     # ---------------------------------------------------------------- executions and jobs
 
-    async def visible_execution(self, execution_id: str) -> Execution:
+    async def visible_execution(self, execution_id: str) -> ExecutionState:
         ex = await self.store.get_execution(execution_id)
         if ex is not None and SCOPE.get() is not None:
             sb = await self.store.get_sandbox(ex.sandbox_id)
@@ -102,7 +102,7 @@ class Reads:
             raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
         return ex
 
-    async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
+    async def get_execution(self, execution_id: str, wait: float = 0.0) -> ExecutionState:
         ex = await self.visible_execution(execution_id)
         if ex.status.is_final or wait <= 0:
             return ex
@@ -111,25 +111,25 @@ class Reads:
             ex.sandbox_id,
         )
 
-    async def execution(self, execution_id: str) -> Execution:
+    async def execution(self, execution_id: str) -> ExecutionState:
         """An execution known to exist (the engine recorded it), unscoped."""
         ex = await self.store.get_execution(execution_id)
         assert ex is not None
         return ex
 
-    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[ExecutionState]:
         await self.require(sandbox_id)
         found = [e for e in await self.store.list_executions(sandbox_id) if e.type != "job"]
         return found[:limit] if limit is not None else found
 
-    async def get_job(self, sandbox_id: str, job_id: str) -> Execution:
+    async def get_job(self, sandbox_id: str, job_id: str) -> ExecutionState:
         await self.require(sandbox_id)
         job = await self.store.get_execution(job_id)
         if job is None or job.type != "job" or job.sandbox_id != sandbox_id:
             raise ExecutionNotFound(f"job {job_id} not found in sandbox {sandbox_id}", job_id=job_id)
         return job
 
-    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[ExecutionState]:
         await self.require(sandbox_id)
         jobs = [e for e in await self.store.list_executions(sandbox_id) if e.type == "job"]
         return jobs[:limit] if limit is not None else jobs

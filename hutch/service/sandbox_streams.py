@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING
 
-from hutch.core.models import Execution
+from hutch.core.models import ExecutionState
 
 if TYPE_CHECKING:
     from hutch.service.engine import Engine
@@ -86,7 +86,7 @@ async def execution_output(engine: Engine, execution_id: str, stream: str) -> As
         yield chunk
 
 
-async def _any_readable(engine: Engine, pending: Iterable[Execution], stream: str) -> bool:
+async def _any_readable(engine: Engine, pending: Iterable[ExecutionState], stream: str) -> bool:
     """Stops at the first: on PostgreSQL each check is a query."""
     for execution in pending:
         if await _readable(engine, execution, engine.streams.derive(execution.execution_id, stream)):
@@ -94,7 +94,7 @@ async def _any_readable(engine: Engine, pending: Iterable[Execution], stream: st
     return False
 
 
-async def _readable(engine: Engine, execution: Execution, stream_id: str) -> bool:
+async def _readable(engine: Engine, execution: ExecutionState, stream_id: str) -> bool:
     """Its bytes can be read to their end now: the stream is open (read follows it to its
     close) or the execution has ended (its bytes, if any, are all saved: its streams closed first)."""
     return execution.status.is_final or await engine.outputs.is_open(stream_id)

@@ -17,7 +17,7 @@ from hutch.core.events import (
     SnapshotFinalized,
 )
 from hutch.core.lifecycle import evolve_sandbox
-from hutch.core.models import SandboxSpec, SandboxState, Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.models import SandboxSpec, SandboxState, SnapshotFile, SnapshotState, SnapshotStatus
 from hutch.core.snapshots import (
     BeginBuild,
     DeleteSnapshot,
@@ -44,7 +44,7 @@ def sandbox(*payloads: EventData) -> SandboxState:
     return out
 
 
-def step(snapshot: Snapshot | None, command: SnapshotCommand) -> Snapshot:
+def step(snapshot: SnapshotState | None, command: SnapshotCommand) -> SnapshotState:
     events = [Event(f"evt_{i}", SNAPSHOT_ID, "2026-01-01T00:00:01.000Z", p)
               for i, p in enumerate(decide(SNAPSHOT_ID, snapshot, command))]
     out = reduce(evolve_snapshot, events, snapshot)
@@ -52,7 +52,7 @@ def step(snapshot: Snapshot | None, command: SnapshotCommand) -> Snapshot:
     return out
 
 
-def building() -> Snapshot:
+def building() -> SnapshotState:
     return step(None, BeginBuild(name="app", runtime="base:latest", runtime_id="srt_x", tag="v1", org_id="org_acme",
                                  content_hash="abc"))
 

@@ -8,12 +8,12 @@ from hutch.api.http import base_url, json_body, ok, q_bool, q_int
 from hutch.api.keys import ENGINE
 from hutch.api.parse import parse_job
 from hutch.api.render import job_info
-from hutch.core.models import Execution
+from hutch.core.models import ExecutionState
 
 routes = web.RouteTableDef()
 
 
-def render_job(request: web.Request, job: Execution) -> dict:
+def render_job(request: web.Request, job: ExecutionState) -> dict:
     engine = request.app[ENGINE]
     base = base_url(request)
     return job_info(
