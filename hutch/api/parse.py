@@ -24,7 +24,7 @@ from hutch.core.models import (
 )
 from hutch.core.packages import check_dependencies, check_packages
 from hutch.core.quantities import parse_bytes, parse_duration, parse_millicores
-from hutch.drivers.base import FileToWrite
+from hutch.drivers.base import FileWrite
 from hutch.service.output import StreamOptions
 from hutch.service.requests import CreateRequest, ExecuteRequest
 
@@ -84,7 +84,7 @@ def parse_env(value: object, field: str = "env", *, allow_null: bool = False) ->
     return out
 
 
-def parse_files(value: object, field: str) -> list[FileToWrite]:
+def parse_files(value: object, field: str) -> list[FileWrite]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -109,7 +109,7 @@ def parse_files(value: object, field: str) -> list[FileToWrite]:
             data = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError) as err:
             raise InvalidInput(f"{f}.content: not valid base64", field=f + ".content") from err
-        files.append(FileToWrite(path=path, content=data))
+        files.append(FileWrite(path=path, content=data))
     return files
 
 

@@ -28,12 +28,12 @@ from hutch.core.driver_types import (
     ExecRequest,
     ExecResult,
     FileInfo,
-    FileToWrite,
+    FileWrite,
     Metric,
     OutputSink,
     ProvisionRequest,
+    PtySession,
     SandboxEndedListener,
-    Terminal,
     TerminalRequest,
     Usage,
 )
@@ -153,7 +153,7 @@ class SandboxFiles(abc.ABC):
     raise FileNotFound."""
 
     @abc.abstractmethod
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         """Write files as the sandbox user, resolving paths inside the sandbox's own view."""
 
     @abc.abstractmethod
@@ -235,7 +235,7 @@ class Terminals(abc.ABC):
     """Commands on a pseudo-terminal (capability ``terminals``; service/terminals.py)."""
 
     @abc.abstractmethod
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         """Start ``req.argv`` on a new pseudo-terminal of a running sandbox."""
 
 
@@ -299,7 +299,7 @@ class NotPlayed:
 
     # SandboxFiles
 
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         raise NotSupported(f"driver {self.name} cannot write files")
 
     async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
@@ -356,7 +356,7 @@ class NotPlayed:
 
     # Terminals
 
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         raise NotSupported(f"driver {self.name} has no terminals")
 
     # PortForwarding

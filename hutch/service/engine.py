@@ -27,7 +27,7 @@ from hutch.core.events import Event
 from hutch.core.models import ExecutionState, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
-from hutch.drivers.base import Driver, DriverRoles, FileToWrite
+from hutch.drivers.base import Driver, DriverRoles, FileWrite
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
 from hutch.service import archives
@@ -235,4 +235,4 @@ class Engine:
         return await self.reads.list_jobs(sandbox_id, limit)
 
 
-__all__ = ["Created", "Engine", "FileToWrite", "now_iso"]
+__all__ = ["Created", "Engine", "FileWrite", "now_iso"]

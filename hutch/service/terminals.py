@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from hutch.core.errors import InvalidInput
-from hutch.drivers.base import Terminal, TerminalRequest
+from hutch.drivers.base import PtySession, TerminalRequest
 
 if TYPE_CHECKING:
     from hutch.service.engine import Engine
@@ -61,7 +61,7 @@ async def open_terminal(engine: Engine, sandbox_id: str, opts: TerminalOptions,
 class ActiveTerminal:
     """A driver terminal that marks its sandbox active while bytes move."""
 
-    def __init__(self, engine: Engine, sandbox_id: str, term: Terminal) -> None:
+    def __init__(self, engine: Engine, sandbox_id: str, term: PtySession) -> None:
         self.engine = engine
         self.sandbox_id = sandbox_id
         self.term = term
