@@ -47,7 +47,14 @@ from hutch.core.lifecycle import execution_id_of
 from hutch.core.models import ExecutionState, SandboxState, SnapshotState, SnapshotStatus
 from hutch.core.serde import converter
 from hutch.core.snapshots import FORK_OF, evolve_snapshot, is_snapshot_event
-from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
+from hutch.core.tenancy import (
+    ApiKeyRecord,
+    Directory,
+    OrganizationRecord,
+    ProjectRecord,
+    Record,
+    SshKeyRecord,
+)
 from hutch.projections.base import (
     SNAPSHOT_SORTS,
     EventRefused,
@@ -428,15 +435,15 @@ def _savepoint(conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManag
 
 
 TenancyRecord = Record
-_TENANCY_KINDS: dict[str, type] = {"org": Organization, "project": Project, "key": ApiKey, "sshkey": SshKey}
+_TENANCY_KINDS: dict[str, type] = {"org": OrganizationRecord, "project": ProjectRecord, "key": ApiKeyRecord, "sshkey": SshKeyRecord}
 
 
 def _tenancy_key(record: TenancyRecord) -> tuple[str, str]:
-    if isinstance(record, Organization):
+    if isinstance(record, OrganizationRecord):
         return "org", record.org_id
-    if isinstance(record, Project):
+    if isinstance(record, ProjectRecord):
         return "project", record.project_id
-    if isinstance(record, SshKey):
+    if isinstance(record, SshKeyRecord):
         return "sshkey", record.ssh_key_id
     return "key", record.key_id
 

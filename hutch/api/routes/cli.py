@@ -25,7 +25,7 @@ from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
 from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.packages import check_dependencies
-from hutch.core.tenancy import Access, ApiKey
+from hutch.core.tenancy import Access, ApiKeyRecord
 from hutch.projections.base import SandboxQuery
 from hutch.service.stats import usage as usage_stats
 
@@ -132,7 +132,7 @@ def _iso_z(value: str | None) -> str | None:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _cli_key(key: ApiKey, request: web.Request) -> dict[str, Any]:
+def _cli_key(key: ApiKeyRecord, request: web.Request) -> dict[str, Any]:
     directory = request.app[TENANTS].directory
     project = directory.projects.get(key.projects[0]) if key.projects else None
     return {"id": key.key_id, "name": key.name, "orgId": key.org_id, "type": key.role.value,
@@ -140,7 +140,7 @@ def _cli_key(key: ApiKey, request: web.Request) -> dict[str, Any]:
             "project": {"id": project.project_id, "name": project.name} if project else None}
 
 
-def _own_keys(request: web.Request) -> list[ApiKey]:
+def _own_keys(request: web.Request) -> list[ApiKeyRecord]:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     return sorted((k for k in directory.keys.values() if k.org_id == principal.org_id and k.revoked_at is None
                    and tenancy.within(principal.projects, k.projects)), key=lambda k: k.created_at)

@@ -18,7 +18,7 @@ from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 
 
-class Adoption:
+class NomadAdoption:
     _client: NomadClient
     _states: StateFiles
     _images: RuntimeImages

@@ -82,7 +82,7 @@ from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import rootfs
 from hutch.drivers.nomad import agents, commands, images, placement
-from hutch.drivers.nomad.adoption import Adoption
+from hutch.drivers.nomad.adoption import NomadAdoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
@@ -126,7 +126,7 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(Adoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
+class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
                   roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
     name = "nomad"
 
