@@ -33,7 +33,6 @@ from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
 from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.tenancy import Access
-from hutch.drivers import egress
 from hutch.projections.base import SandboxQuery
 from hutch.service.stats import usage as usage_stats
 
@@ -78,8 +77,6 @@ async def create(request: web.Request) -> web.Response:
     body = await json_body(request)
     snapshot = await engine.snapshots.resolve(body["snapshot"]) if body.get("snapshot") is not None else None
     req = parse_create(body, snapshot)
-    if req.spec.network.allow:  # a name that does not resolve is a 400 before anything is recorded
-        await egress.resolve(req.spec.network.allow)
     created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
     sb = created.sandbox
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,
