@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 
 async def timeline(engine: Engine, sandbox_id: str) -> list[tuple[Event, SandboxState]]:
     """Every event of the sandbox with the sandbox as it was right after it."""
-    await engine.get(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
+    await engine.reads.require(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
     state: SandboxState | None = None
     out: list[tuple[Event, SandboxState]] = []
-    for event in await engine.log.read(0, sandbox_id=sandbox_id):
+    for event in await engine.parts.log.read(0, sandbox_id=sandbox_id):
         state = evolve_sandbox(state, event)
         if state is not None:
             out.append((event, state))

@@ -27,7 +27,6 @@ from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.packages import check_dependencies
 from hutch.core.tenancy import Access, ApiKeyRecord
 from hutch.projections.base import SandboxQuery
-from hutch.service.stats import usage as usage_stats
 
 routes = web.RouteTableDef()
 REGION = "local"  # one server, one region: the CLI picks it without asking
@@ -80,14 +79,14 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         sort=_SORTS[sort],
         direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
     )
-    found, total = await request.app[ENGINE].list(query)
+    found, total = await request.app[ENGINE].reads.list(query)
     return ok({"sandboxes": [_cli_sandbox(sb) for sb in found], "total": total})
 
 
 @routes.get("/cli/sandbox/{sandbox_id}")
 async def resolve_sandbox(request: web.Request) -> web.Response:
     """Which organization and region a sandbox is in (the CLI routes later calls by it)."""
-    sb = await request.app[ENGINE].get(request.match_info["sandbox_id"], include_deleted=True)
+    sb = await request.app[ENGINE].reads.require(request.match_info["sandbox_id"], include_deleted=True)
     return ok({"id": sb.sandbox_id, "name": sb.spec.name, "region": REGION, "status": sb.status.value,
                "orgId": sb.spec.org_id, "projectId": sb.spec.project_id})
 
@@ -204,9 +203,9 @@ async def service_stats(request: web.Request) -> web.Response:
     if request.match_info["org_id"] != principal.org_id:
         raise NotFound(f"organization {request.match_info['org_id']} not found")
     engine = request.app[ENGINE]
-    used = await usage_stats(engine.store, engine.roles.usage, q_instant(request, "start"), q_instant(request, "end"),
-                             scope=engine.scoped(SandboxQuery()))
-    live, _ = await engine.list(SandboxQuery(live=True, limit=10**9))
+    used = await engine.usage.report(q_instant(request, "start"), q_instant(request, "end"),
+                                     scope=engine.reads.scoped(SandboxQuery()))
+    live, _ = await engine.reads.list(SandboxQuery(live=True, limit=10**9))
     return ok({"services": {"sandbox": {
         "totalActive": len(live),
         "running": sum(sb.status is SandboxStatus.RUNNING for sb in live),
