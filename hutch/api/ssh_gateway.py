@@ -160,13 +160,13 @@ class SshGateway:
         req = ExecuteRequest(command=("/bin/sh", "-c", process.command), files=[], timeout=None,
                              stream=StreamOptions(stdin=stdin_id))
         try:
-            execution, _ = await engine.execute(sandbox_id, req)
+            execution, _ = await engine.executions.execute(sandbox_id, req)
             await asyncio.gather(
                 _copy_stream(engine, execution.execution_id, "stdout", process.stdout),
                 _copy_stream(engine, execution.execution_id, "stderr", process.stderr))
-            final = await engine.get_execution(execution.execution_id, wait=3600)
+            final = await engine.reads.get_execution(execution.execution_id, wait=3600)
             while not final.status.is_final:
-                final = await engine.get_execution(execution.execution_id, wait=3600)
+                final = await engine.reads.get_execution(execution.execution_id, wait=3600)
         finally:
             upload.cancel()
             with contextlib.suppress(BaseException):
@@ -242,7 +242,7 @@ class _Auth(asyncssh.SSHServer):
     async def _admit(self, sandbox_id: str, principal: Principal, *, relayed: bool) -> bool:
         with acting(principal):
             try:
-                await self.gateway.engine.get(sandbox_id)
+                await self.gateway.engine.reads.require(sandbox_id)
             except HutchError:
                 return False  # unknown, gone or another organization's: the same refusal
             owner, refusal = None, None

@@ -21,7 +21,7 @@ from hutch.core.lifecycle import (
     TakeCheckpoint,
     checkpoint_id_for,
 )
-from hutch.core.models import Checkpoint
+from hutch.core.models import CheckpointState
 from hutch.core.quantities import format_bytes
 from hutch.drivers.roles import Checkpointing
 from hutch.service.quotas import Quotas
@@ -46,7 +46,7 @@ class Checkpoints:
         self._quotas = quotas
         self.limits = limits or CheckpointLimits()
 
-    async def create(self, sandbox_id: str, name: str) -> Checkpoint:
+    async def create(self, sandbox_id: str, name: str) -> CheckpointState:
         sb = await self._reads.require(sandbox_id)
         org_id = sb.spec.org_id
         if len(sb.checkpoints) >= self.limits.count:
@@ -78,7 +78,7 @@ class Checkpoints:
                                 f"{format_bytes(limit)}; they take {format_bytes(used)}, and {what}",
                                 quota="checkpoint_bytes", limit=limit, used=used)
 
-    async def list(self, sandbox_id: str) -> tuple[Checkpoint, ...]:
+    async def list(self, sandbox_id: str) -> tuple[CheckpointState, ...]:
         return (await self._reads.require(sandbox_id, include_deleted=False)).checkpoints
 
     async def restore(self, sandbox_id: str, ref: str) -> None:

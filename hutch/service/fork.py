@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from hutch.core.errors import InvalidInput
-from hutch.core.models import Snapshot
+from hutch.core.models import SnapshotState
 from hutch.core.snapshots import FORK_OF
 from hutch.service.requests import CreateRequest
 
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 MAX_COPIES = 20
 
 
-async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: str | None) -> tuple[Snapshot, list[Created]]:
+async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: str | None) -> tuple[SnapshotState, list[Created]]:
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COPIES:
         raise InvalidInput(f"count: expected an integer from 1 to {MAX_COPIES}, got {count!r}", field="count")
-    parent = await engine.get(sandbox_id)
+    parent = await engine.reads.require(sandbox_id)
     # All the copies fit in the organization's quota, or none is made (nor the snapshot).
     await engine.quotas.check_sandbox(parent.spec.org_id, parent.spec, count)
     snap = await engine.snapshots.take(sandbox_id, name=f"fork-{sandbox_id.removeprefix('sbx_')[-12:]}",
@@ -43,7 +43,7 @@ async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: st
 
     async def one(i: int) -> Created:
         name = f"{parent.spec.name}-{i + 1}" if parent.spec.name else None
-        return await engine.create(CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None),
+        return await engine.provisioning.create(CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None),
                                    api_key_id=api_key_id)
 
     return snap, list(await asyncio.gather(*(one(i) for i in range(count))))

@@ -15,25 +15,25 @@ from typing import TYPE_CHECKING
 from hutch.core.errors import InvalidInput, NotFound
 from hutch.core.events import Event
 from hutch.core.lifecycle import evolve_sandbox
-from hutch.core.models import Sandbox
+from hutch.core.models import SandboxState
 
 if TYPE_CHECKING:
     from hutch.service.engine import Engine
 
 
-async def timeline(engine: Engine, sandbox_id: str) -> list[tuple[Event, Sandbox]]:
+async def timeline(engine: Engine, sandbox_id: str) -> list[tuple[Event, SandboxState]]:
     """Every event of the sandbox with the sandbox as it was right after it."""
-    await engine.get(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
-    state: Sandbox | None = None
-    out: list[tuple[Event, Sandbox]] = []
-    for event in await engine.log.read(0, sandbox_id=sandbox_id):
+    await engine.reads.require(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
+    state: SandboxState | None = None
+    out: list[tuple[Event, SandboxState]] = []
+    for event in await engine.parts.log.read(0, sandbox_id=sandbox_id):
         state = evolve_sandbox(state, event)
         if state is not None:
             out.append((event, state))
     return out
 
 
-async def as_of(engine: Engine, sandbox_id: str, ref: str) -> tuple[Event, Sandbox]:
+async def as_of(engine: Engine, sandbox_id: str, ref: str) -> tuple[Event, SandboxState]:
     """The sandbox right after event ``ref`` (an event id), or after the last event at or
     before ``ref`` (an ISO 8601 time)."""
     steps = await timeline(engine, sandbox_id)

@@ -34,7 +34,7 @@ from hutch.core.errors import QuotaExceeded
 from hutch.core.models import SandboxSpec
 from hutch.core.output import OutputStreams
 from hutch.core.quantities import format_bytes
-from hutch.core.tenancy import Quota
+from hutch.core.tenancy import QuotaRecord
 from hutch.drivers.roles import Checkpointing
 from hutch.projections.base import SandboxQuery, SnapshotQuery
 from hutch.service.defaults import SandboxDefaults
@@ -70,10 +70,10 @@ class Quotas:
         async with self.serialise(f"storage:{org_id}"):
             yield
 
-    def of(self, org_id: str) -> Quota:
+    def of(self, org_id: str) -> QuotaRecord:
         tenants = self._reads.tenants
         org = tenants.directory.orgs.get(org_id) if tenants is not None else None
-        return org.quota if org is not None else Quota()
+        return org.quota if org is not None else QuotaRecord()
 
     def limits_sandboxes(self, org_id: str) -> bool:
         """Whether the organization's quota limits live sandboxes (their count, memory or CPU)."""

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING
 
-from hutch.core.models import Execution
+from hutch.core.models import ExecutionState
 
 if TYPE_CHECKING:
     from hutch.service.engine import Engine
@@ -37,21 +37,21 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
     """The bytes of ``stream`` ("stdout"/"stderr") of every execution of the sandbox so far,
     then new ones as they come, ending when the sandbox has ended."""
     done: set[str] = set()
-    changes = engine.projector.listen(sandbox_id=sandbox_id, limit=1)
+    changes = engine.parts.projector.listen(sandbox_id=sandbox_id, limit=1)
     try:
         while True:
             _drain(changes)  # what happened before the reads below is in them
             # Read the sandbox before its executions: an ended sandbox has no new ones after.
-            sandbox = await engine.store.get_sandbox(sandbox_id)
+            sandbox = await engine.parts.store.get_sandbox(sandbox_id)
             ended = sandbox is None or sandbox.status.is_final
-            pending = [x for x in reversed(await engine.store.list_executions(sandbox_id))
+            pending = [x for x in reversed(await engine.parts.store.list_executions(sandbox_id))
                        if x.execution_id not in done]
             progressed = False
             for execution in pending:
                 stream_id = engine.streams.derive(execution.execution_id, stream)
                 if not await _readable(engine, execution, stream_id):
                     break  # queued: its stream opens when it starts; keep the order
-                async for chunk in engine.outputs.read(stream_id):
+                async for chunk in engine.parts.outputs.read(stream_id):
                     yield chunk
                 done.add(execution.execution_id)
                 progressed = True
@@ -63,30 +63,30 @@ async def follow(engine: Engine, sandbox_id: str, stream: str) -> AsyncIterator[
                 return  # ended with commands that never started (they were cancelled with it)
             await _next_change(changes)
     finally:
-        engine.projector.unlisten(changes)
+        engine.parts.projector.unlisten(changes)
 
 
 async def execution_output(engine: Engine, execution_id: str, stream: str) -> AsyncIterator[bytes]:
     """One execution's ``stream`` to its end, waiting first for a queued execution to start
     (its stream opens then: reading it before would read an empty stream)."""
     stream_id = engine.streams.derive(execution_id, stream)
-    execution = await engine.store.get_execution(execution_id)
+    execution = await engine.parts.store.get_execution(execution_id)
     if execution is not None:
-        changes = engine.projector.listen(sandbox_id=execution.sandbox_id, limit=1)
+        changes = engine.parts.projector.listen(sandbox_id=execution.sandbox_id, limit=1)
         try:
             while True:
                 _drain(changes)
-                execution = await engine.store.get_execution(execution_id)
+                execution = await engine.parts.store.get_execution(execution_id)
                 if execution is None or await _readable(engine, execution, stream_id):
                     break
                 await _next_change(changes)
         finally:
-            engine.projector.unlisten(changes)
-    async for chunk in engine.outputs.read(stream_id):
+            engine.parts.projector.unlisten(changes)
+    async for chunk in engine.parts.outputs.read(stream_id):
         yield chunk
 
 
-async def _any_readable(engine: Engine, pending: Iterable[Execution], stream: str) -> bool:
+async def _any_readable(engine: Engine, pending: Iterable[ExecutionState], stream: str) -> bool:
     """Stops at the first: on PostgreSQL each check is a query."""
     for execution in pending:
         if await _readable(engine, execution, engine.streams.derive(execution.execution_id, stream)):
@@ -94,10 +94,10 @@ async def _any_readable(engine: Engine, pending: Iterable[Execution], stream: st
     return False
 
 
-async def _readable(engine: Engine, execution: Execution, stream_id: str) -> bool:
+async def _readable(engine: Engine, execution: ExecutionState, stream_id: str) -> bool:
     """Its bytes can be read to their end now: the stream is open (read follows it to its
     close) or the execution has ended (its bytes, if any, are all saved: its streams closed first)."""
-    return execution.status.is_final or await engine.outputs.is_open(stream_id)
+    return execution.status.is_final or await engine.parts.outputs.is_open(stream_id)
 
 
 def _drain(changes: asyncio.Queue) -> None:

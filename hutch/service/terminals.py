@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from hutch.core.errors import InvalidInput
-from hutch.drivers.base import Terminal, TerminalRequest
+from hutch.core.errors import InvalidInput, NotSupported
+from hutch.drivers.base import PtySession, TerminalRequest
 
 if TYPE_CHECKING:
     from hutch.service.engine import Engine
@@ -45,14 +45,21 @@ def check_term(term: str) -> None:
         raise InvalidInput(f"term: {term!r} is not a terminal type", field="term")
 
 
+def check_supported(engine: Engine) -> None:
+    """Refuse before a websocket upgrade when this server's driver has no terminals."""
+    roles = engine.parts.roles
+    if not roles.capabilities.terminals:
+        raise NotSupported(f"driver {roles.name} has no terminals")
+
+
 async def open_terminal(engine: Engine, sandbox_id: str, opts: TerminalOptions,
                         env: Mapping[str, str] | None = None) -> ActiveTerminal:
     """Open a terminal in a sandbox the caller may use (404 otherwise, as every route)."""
     check_size(opts.rows, opts.cols)
     check_term(opts.term)
-    sb = await engine.for_files(sandbox_id)  # waits out creating, resumes a paused one
+    sb = await engine.files.ready(sandbox_id)  # waits out creating, resumes a paused one
     argv: Sequence[str] = opts.command or LOGIN_SHELL
-    term = await engine.roles.terminals.open_terminal(TerminalRequest(
+    term = await engine.parts.roles.terminals.open_terminal(TerminalRequest(
         sandbox_id=sb.sandbox_id, argv=tuple(argv), env={**sb.spec.env, "TERM": opts.term, **(env or {})},
         cwd=opts.cwd, rows=opts.rows, cols=opts.cols))
     return ActiveTerminal(engine, sb.sandbox_id, term)
@@ -61,13 +68,13 @@ async def open_terminal(engine: Engine, sandbox_id: str, opts: TerminalOptions,
 class ActiveTerminal:
     """A driver terminal that marks its sandbox active while bytes move."""
 
-    def __init__(self, engine: Engine, sandbox_id: str, term: Terminal) -> None:
+    def __init__(self, engine: Engine, sandbox_id: str, term: PtySession) -> None:
         self.engine = engine
         self.sandbox_id = sandbox_id
         self.term = term
 
     def _touch(self) -> None:
-        self.engine.touch(self.sandbox_id)  # a dict write: cheap enough for every chunk
+        self.engine.files.touch(self.sandbox_id)  # a dict write: cheap enough for every chunk
 
     async def read(self) -> bytes:
         data = await self.term.read()

@@ -36,7 +36,7 @@ from hutch.drivers.base import (
     DriverRoles,
     ExecRequest,
     ExecResult,
-    FileToWrite,
+    FileWrite,
     OutputSink,
     ProvisionRequest,
     TerminalRequest,
@@ -281,14 +281,14 @@ class TestSandboxFiles:
 
     async def test_write_files_then_read_them(self, driver: Driver, sandbox: str) -> None:
         await driver.write_files(sandbox, [
-            FileToWrite("notes/deep/a.txt", b"relative to home\n"),
-            FileToWrite("/tmp/b.txt", b"absolute\n", mode=0o600),
+            FileWrite("notes/deep/a.txt", b"relative to home\n"),
+            FileWrite("/tmp/b.txt", b"absolute\n", mode=0o600),
         ])
         _, out = await run(driver, sandbox, "cat", "/home/agentuity/notes/deep/a.txt")
         assert out.stdout == "relative to home\n"
         _, out = await run(driver, sandbox, "cat", "/tmp/b.txt")
         assert out.stdout == "absolute\n"
-        await driver.write_files(sandbox, [FileToWrite("notes/deep/a.txt", b"overwritten\n")])
+        await driver.write_files(sandbox, [FileWrite("notes/deep/a.txt", b"overwritten\n")])
         _, out = await run(driver, sandbox, "cat", "notes/deep/a.txt")
         assert out.stdout == "overwritten\n"
 
@@ -297,18 +297,18 @@ class TestSandboxFiles:
         within a second at the same size would run stale (drivers/bytecode.py)."""
         stale = ["pkg/__pycache__/mod.cpython-313.pyc", "pkg/__pycache__/mod.cpython-313.opt-1.pyc"]
         kept = ["pkg/__pycache__/other.cpython-313.pyc", "pkg/__pycache__/modx.cpython-313.pyc"]
-        await driver.write_files(sandbox, [FileToWrite(p, b"old") for p in stale + kept])
-        await driver.write_files(sandbox, [FileToWrite("pkg/mod.py", b"x = 1\n")])
+        await driver.write_files(sandbox, [FileWrite(p, b"old") for p in stale + kept])
+        await driver.write_files(sandbox, [FileWrite("pkg/mod.py", b"x = 1\n")])
         left = {e.name for e in await driver.list_files(sandbox, "pkg/__pycache__")}
         assert left == {"other.cpython-313.pyc", "modx.cpython-313.pyc"}
-        await driver.write_files(sandbox, [FileToWrite(p, b"old") for p in stale])
+        await driver.write_files(sandbox, [FileWrite(p, b"old") for p in stale])
         await driver.write_file(sandbox, "pkg/mod.py", _chunks(b"x = 2\n"))
         left = {e.name for e in await driver.list_files(sandbox, "pkg/__pycache__")}
         assert left == {"other.cpython-313.pyc", "modx.cpython-313.pyc"}
-        await driver.write_files(sandbox, [FileToWrite("fresh/new.py", b"")])  # no cache there: no error
+        await driver.write_files(sandbox, [FileWrite("fresh/new.py", b"")])  # no cache there: no error
 
     async def test_sandboxes_do_not_share_files(self, driver: Driver, sandbox: str) -> None:
-        await driver.write_files(sandbox, [FileToWrite("mine.txt", b"one")])
+        await driver.write_files(sandbox, [FileWrite("mine.txt", b"one")])
         other = await provision(driver)
         try:
             result, _ = await run(driver, other, "cat", "mine.txt")
@@ -320,7 +320,7 @@ class TestSandboxFiles:
         sid = await provision(driver)
         await driver.destroy(sid)
         with pytest.raises(SandboxNotFound):
-            await driver.write_files(sid, [FileToWrite("x", b"")])
+            await driver.write_files(sid, [FileWrite("x", b"")])
 
 
 class TestPausing:
@@ -444,7 +444,7 @@ class _Minimal(Driver):
 async def test_a_driver_of_the_required_roles_refuses_the_others_by_name() -> None:
     by_role = DriverRoles.of(_Minimal())
     with pytest.raises(NotSupported, match="driver minimal cannot write files"):
-        await by_role.files.write_files("sb", [FileToWrite("x", b"")])
+        await by_role.files.write_files("sb", [FileWrite("x", b"")])
     with pytest.raises(NotSupported, match="driver minimal has no terminals"):
         await by_role.terminals.open_terminal(TerminalRequest("sb", ["sh"]))
     with pytest.raises(NotSupported, match="driver minimal cannot signal executions"):

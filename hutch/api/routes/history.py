@@ -12,7 +12,7 @@ from hutch.api.http import json_body, ok
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from hutch.api.render import redact_event, render_sandbox
 from hutch.core.events import Event
-from hutch.core.models import Sandbox
+from hutch.core.models import SandboxState
 from hutch.core.tenancy import Access
 from hutch.service import fork, history
 
@@ -24,7 +24,7 @@ def _event(ev: Event) -> dict[str, Any]:
             "event": redact_event(ev)}
 
 
-def _env(request: web.Request, sb: Sandbox) -> dict[str, str]:
+def _env(request: web.Request, sb: SandboxState) -> dict[str, str]:
     """The env as it was: values for keys that may set it (and so read it through setEnv),
     names only for read-only keys."""
     principal = request.get(PRINCIPAL)

@@ -22,7 +22,7 @@ routes = web.RouteTableDef()
 @routes.get("/streams/{stream_id}")
 @needs(PUBLIC)
 async def read_stream(request: web.Request) -> web.StreamResponse:
-    outputs = request.app[ENGINE].outputs
+    outputs = request.app[ENGINE].output
     stream_id = request.match_info["stream_id"]
     if not await outputs.exists(stream_id):
         raise NotFound(f"stream {stream_id} not found")
@@ -66,7 +66,7 @@ async def _may_act(request: web.Request, execution_id: str) -> bool:
         return True  # acts for every organization
     scope = SCOPE.set(Scope(principal.org_id, principal.projects))
     try:
-        await request.app[ENGINE].get_execution(execution_id)  # its organization and projects only
+        await request.app[ENGINE].reads.get_execution(execution_id)  # its organization and projects only
         return True
     except HutchError:
         return False

@@ -57,10 +57,10 @@ from hutch.drivers.base import (
     ExecRequest,
     ExecResult,
     FileInfo,
-    FileToWrite,
+    FileWrite,
     OutputSink,
     ProvisionRequest,
-    Terminal,
+    PtySession,
     TerminalRequest,
     Usage,
 )
@@ -68,13 +68,13 @@ from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
-from hutch.drivers.local.checkpoints import Checkpoints
-from hutch.drivers.local.executions import Executions
+from hutch.drivers.local.checkpoints import LocalCheckpoints
+from hutch.drivers.local.executions import LocalExecutions
 from hutch.drivers.local.fsops import Files
 from hutch.drivers.local.launch import ROOTLESS_TMP, Launcher
 from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
-from hutch.drivers.local.pool import Background, WarmPool
+from hutch.drivers.local.pool import PoolRefill, WarmPool
 from hutch.drivers.local.provisioning import Provisioner
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
@@ -133,15 +133,15 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
         self._registry = Registry(self.sandbox_root, cg)
         self._nsexec = Nsexec(self._registry, cg)
         self._network = SandboxNetwork(self._registry, self._nsexec, rootless)
-        self._executions = Executions(self._registry, self._nsexec, cg)
+        self._executions = LocalExecutions(self._registry, self._nsexec, cg)
         self._launcher = Launcher(self._registry, self._nsexec, cg, self._network, self._spares, rootless=rootless)
         self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache)
-        self._background = Background()  # pool fills, destroys: close() waits for them
+        self._background = PoolRefill()  # pool fills, destroys: close() waits for them
         self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache)
         self._provisioner = Provisioner(self._registry, cg, self._launcher, self._pool, self._network,
                                         self._teardown, runtime_cache=cache, rootless=rootless)
         self._files = Files(self._registry, self._nsexec, HOME)
-        self._checkpoints = Checkpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
+        self._checkpoints = LocalCheckpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -271,7 +271,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
         return await self._executions.exec(req, sink)
 
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         return await self._executions.open_terminal(req)
 
     async def cancel(self, execution_id: str) -> None:
@@ -280,7 +280,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
     async def signal(self, execution_id: str, signum: int) -> None:
         await self._executions.signal(execution_id, signum)
 
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         await self._executions.write_files(sandbox_id, files)
         await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])
 
