@@ -49,7 +49,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from hutch.core import runtimes
-from hutch.core.errors import DriverFailure, NotSupported
+from hutch.core.errors import DriverFailure, NotSupported, SandboxNotFound
 from hutch.drivers import roles
 from hutch.drivers.base import (
     Capabilities,
@@ -60,6 +60,7 @@ from hutch.drivers.base import (
     FileToWrite,
     OutputSink,
     ProvisionRequest,
+    Resources,
     Terminal,
     TerminalRequest,
     Usage,
@@ -250,6 +251,15 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
         async with self._registry.lock(sandbox_id):
             await self._teardown.teardown(sandbox_id)
         self._registry.drop_lock(sandbox_id)
+
+    def limits(self, sandbox_id: str) -> Resources:
+        """The memory, cpu and disk limits the sandbox was given, read back from its meta.json
+        after a restart too: the capacity a node agent has committed to it (pids are not
+        kept). None where it had no limit or was made before limits were kept."""
+        sb = self._registry.load(sandbox_id) if SAFE_ID.match(sandbox_id) else None
+        if sb is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        return Resources(memory_bytes=sb.memory_bytes, cpu_millis=sb.cpu_millis, disk_bytes=sb.disk_bytes)
 
     async def usage(self, sandbox_id: str) -> Usage:
         if self._cgroups is None or not SAFE_ID.match(sandbox_id):
