@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
@@ -70,6 +71,7 @@ from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
 from hutch.drivers.local.checkpoints import Checkpoints
+from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
 from hutch.drivers.local.executions import Executions
 from hutch.drivers.local.fsops import Files
 from hutch.drivers.local.launch import ROOTLESS_TMP, Launcher
@@ -84,6 +86,8 @@ from hutch.drivers.local.teardown import Teardown
 from hutch.drivers.local.uids import UID_BASE
 
 __all__ = ["UID_BASE", "LocalDriver"]  # UID_BASE: the tests find sandbox uids by it
+
+log = logging.getLogger(__name__)
 
 HOME = rootfs.SANDBOX_HOME
 
@@ -143,6 +147,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
                                         self._teardown, runtime_cache=cache, rootless=rootless)
         self._files = Files(self._registry, self._nsexec, HOME)
         self._checkpoints = Checkpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
+        self._ended = EndWatch(self._init_ended, self._background.spawn)  # endwatch.py
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -153,6 +158,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
             self._pool.size = 0
             self._nsexec.path = await asyncio.to_thread(self._prepare)
             await self._teardown.reap_leftovers()
+            self._watch_adopted()
             return
         if self._cgroups is None:
             raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
@@ -162,7 +168,13 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
             self._pool.size = 0
         self._pool.start()
         await self._teardown.reap_leftovers()
+        self._watch_adopted()
         self._guard = asyncio.create_task(self._executions.guard_pids(lambda: self._pool.closed))
+
+    def _watch_adopted(self) -> None:
+        raise_fd_limit()
+        for sb in list(self._registry.sandboxes.values()):
+            self._ended.watch(sb)
 
     def _prepare(self) -> Path:
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
@@ -176,6 +188,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
 
     async def close(self) -> None:
         self._pool.closed = True  # no more fills, and the pids guard stops
+        self._ended.close()  # the sandboxes run on; the next start watches them again
         await self._network.allow.close()
         if self._guard is not None:
             self._guard.cancel()
@@ -233,6 +246,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
 
     async def provision(self, req: ProvisionRequest) -> None:
         await self._provisioner.provision(req)
+        self._ended.watch(self._registry.sandboxes[req.sandbox_id])
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
@@ -241,6 +255,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
     async def destroy(self, sandbox_id: str) -> None:
         if not SAFE_ID.match(sandbox_id):
             return
+        self._ended.forget(sandbox_id)
         # Shielded and tracked: a caller cancelled half way (a server shutting down)
         # must not leave a killed sandbox's cgroups and files behind; close() waits.
         task = asyncio.ensure_future(self._destroy(sandbox_id))
@@ -251,6 +266,24 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
         async with self._registry.lock(sandbox_id):
             await self._teardown.teardown(sandbox_id)
         self._registry.drop_lock(sandbox_id)
+
+    async def _init_ended(self, sandbox_id: str, init_pid: int) -> None:
+        """A watched init exited (endwatch.py). Unless a destroy (the record is gone) or a
+        restore (a new init) did it, the sandbox is over: torn down as a destroy would, then
+        reported failed, as the nomad driver reports a lost allocation."""
+        async with self._registry.lock(sandbox_id):
+            sb = self._registry.sandboxes.get(sandbox_id)
+            if sb is None or sb.init_pid != init_pid or is_live(sb):
+                return
+            log.warning("sandbox %s: its init (pid %d) ended without a destroy; ending the sandbox",
+                        sandbox_id, init_pid)
+            try:
+                await self._teardown.teardown(sandbox_id)
+            except Exception:  # reported all the same: the sandbox is gone either way
+                log.exception("tearing down sandbox %s after its init ended", sandbox_id)
+        self._registry.drop_lock(sandbox_id)
+        await self.report_ended(sandbox_id, f"the sandbox's init process (pid {init_pid}) ended without a destroy: "
+                                "killed on the host (processes inside cannot kill it)", failed=True)
 
     def limits(self, sandbox_id: str) -> Resources:
         """The memory, cpu and disk limits the sandbox was given, read back from its meta.json
@@ -326,6 +359,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._checkpoints.restore(sandbox_id, checkpoint_id)
+        self._ended.watch(self._registry.running(sandbox_id))  # its new init
 
     async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
         return await asyncio.to_thread(self._checkpoints.sizes, sandbox_id)
