@@ -181,17 +181,32 @@ async def untar_into_files(files: SandboxFiles, sandbox_id: str, dest: str, arch
     chunks each way) whatever the archive's size."""
     await files.mkdir(sandbox_id, dest, parents=True)
     feed: queue.Queue[bytes | None] = queue.Queue(maxsize=_DEPTH)
-    parsed: queue.Queue[_Parsed] = queue.Queue(maxsize=_DEPTH)
+    # Parsed items reach the loop by call_soon_threadsafe, not by a worker thread per get:
+    # an upload of 200 small files is 600 items, and a thread hop each cost ~15 % more CPU
+    # than writing the members straight from the spooled archive did.
+    loop = asyncio.get_running_loop()
+    parsed: asyncio.Queue[_Parsed] = asyncio.Queue()
+    room = threading.BoundedSemaphore(_DEPTH)  # the loop releases one per item taken
     stop = threading.Event()
 
-    def put(q: queue.Queue[_Parsed] | queue.Queue[bytes | None], item: object) -> bool:
+    def put(q: queue.Queue[bytes | None], item: bytes | None) -> bool:
         while not stop.is_set():
             try:
-                q.put(item, timeout=0.1)  # type: ignore[arg-type]
+                q.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
+
+    def hand(item: _Parsed) -> bool:
+        while not room.acquire(timeout=0.1):
+            if stop.is_set():
+                return False
+        try:
+            loop.call_soon_threadsafe(parsed.put_nowait, item)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
 
     def parse() -> None:
         try:
@@ -200,27 +215,19 @@ async def untar_into_files(files: SandboxFiles, sandbox_id: str, dest: str, arch
                     name, kind = _member_name(info), _kind(info)
                     if not name:
                         continue
-                    if not put(parsed, (kind, name, stat.S_IMODE(info.mode) or 0o644, info.linkname)):
+                    if not hand((kind, name, stat.S_IMODE(info.mode) or 0o644, info.linkname)):
                         return
                     if kind == "file":
                         fh: IO[bytes] | None = tf.extractfile(info)
                         assert fh is not None
                         while data := fh.read(CHUNK):
-                            if not put(parsed, data):
+                            if not hand(data):
                                 return
-                        if not put(parsed, b""):  # the file's end
+                        if not hand(b""):  # the file's end
                             return
-            put(parsed, None)
+            hand(None)
         except BaseException as err:
-            put(parsed, err)
-
-    def get() -> _Parsed:
-        while True:
-            try:
-                return parsed.get(timeout=0.1)
-            except queue.Empty:
-                if stop.is_set():  # the caller went away: no thread is left waiting
-                    return None
+            hand(err)
 
     source_failed: list[BaseException] = []
 
@@ -234,7 +241,8 @@ async def untar_into_files(files: SandboxFiles, sandbox_id: str, dest: str, arch
         await asyncio.to_thread(put, feed, None)
 
     async def take() -> _Parsed:
-        item = await asyncio.to_thread(get)
+        item = await parsed.get()
+        room.release()
         if isinstance(item, BaseException):
             raise source_failed[0] if source_failed else item
         return item
