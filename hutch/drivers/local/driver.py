@@ -51,7 +51,7 @@ from pathlib import Path
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure, NotSupported, SandboxNotFound
-from hutch.drivers import roles
+from hutch.drivers import roles, trees
 from hutch.drivers.base import (
     Capabilities,
     Driver,
@@ -92,7 +92,7 @@ log = logging.getLogger(__name__)
 HOME = rootfs.SANDBOX_HOME
 
 
-class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding,
+class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding,
                   roles.UsageReporting, Driver):
     name = "local"
 
@@ -124,6 +124,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
             network=True,  # rootless: slirp4netns (slirp.py) instead of a veth and NAT
             pause=self._cgroups is not None,  # the freezer
             files=True,
+            tar_streams=True,  # trees.py over the file primitives: one call for a node agent, not one a file
             checkpoints=not self.rootless,  # consistent copies need the freezer
             ports=True,  # rootless: a slirp4netns forward on the host's loopback
             installs=not self.rootless,  # install layers build in a chroot as root
@@ -351,6 +352,14 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._files.symlink(sandbox_id, path, target)
+
+    # -- whole trees (drivers/trees.py over the primitives above) --------------
+
+    def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        return trees.tar_from_files(self, sandbox_id, path)
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        await trees.untar_into_files(self, sandbox_id, dest, archive, gzipped=gzipped)
 
     # -- checkpoints (checkpoints.py) ------------------------------------------
 
