@@ -63,6 +63,7 @@ class EndWatch:
         self._fds: dict[str, int] = {}  # sandbox id -> pidfd of its init
         self._polled: dict[str, Sandbox] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._said = False  # a host without pidfds would otherwise log it for every sandbox
 
     def watch(self, sb: Sandbox) -> None:
         """Watch the sandbox's init as it is now (after a provision, an adoption, a restore)."""
@@ -76,7 +77,9 @@ class EndWatch:
             self._fire(sb.id, pid)  # already gone
             return
         except OSError as err:
-            log.warning("sandbox %s: no pidfd for its init (%s); polling it every %ss", sb.id, err, POLL_PERIOD)
+            (log.debug if self._said else log.warning)(
+                "sandbox %s: no pidfd for its init (%s); polling it every %ss", sb.id, err, POLL_PERIOD)
+            self._said = True
             self._polled[sb.id] = sb
             if self._poller is None or self._poller.done():
                 self._poller = asyncio.create_task(self._poll())
