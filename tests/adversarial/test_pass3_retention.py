@@ -6,6 +6,7 @@ retention; argv: its first 4 KiB in the log). In process, fake driver, on both p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
@@ -129,3 +130,34 @@ async def test_an_install_layer_is_not_kept_past_its_sandbox_uncounted(make_api:
         assert kept <= counted, f"{kept} bytes of its install layer kept after the sandbox went, {counted} counted"
     finally:  # the test's own layer (its key is this run's): the shared cache is not the test's to fill
         shutil.rmtree(layer.parent, ignore_errors=True)
+
+
+async def test_the_sweep_spares_running_output_and_other_tenants_and_counts_down_to_zero(
+        make_api: AppFactory) -> None:  # noqa: F811
+    """Retention "0s": a sandbox destroyed while its job writes is final at once, so a sweep
+    may meet its stream still open; it leaves it (counted) until it closes, then drops it
+    and counts the organization down to 0, never below, and leaves another organization's
+    live output alone. Holds (a probe, not a finding)."""
+    api = await make_api(output_retention="0s")
+    engine = api.client.app[ENGINE]
+    t, other = await tenant(api, "leaver"), await tenant(api, "neighbour")
+    sid, theirs = await t.sandbox(), await other.sandbox()
+    assert (await other.execute(theirs, 50 * KIB))[0] == 200
+    job = (await t.call("POST", f"/sandbox/sandboxes/{sid}/jobs",
+                        json={"command": ["sh", "-c", "yes 40000; sleep 1; yes 30000"]}, expect=201))["data"]
+    for _ in range(50):  # its first bytes are kept (and counted) before the sandbox goes
+        if await engine.outputs.stored(t.org) >= 40000:
+            break
+        await asyncio.sleep(0.02)
+    assert await engine.outputs.stored(t.org) >= 40000
+    await t.call("DELETE", f"/sandbox/{sid}")
+    for _ in range(30):  # while the job runs on, if it does: its bytes stay counted
+        await engine.retention.sweep()
+        stored = await engine.outputs.stored(t.org)
+        assert stored >= 0, stored
+        if not await engine.outputs.is_open(job["stdoutStreamUrl"].rsplit("/", 1)[1]):
+            break
+        await asyncio.sleep(0.1)
+    await engine.retention.sweep()
+    assert await engine.outputs.stored(t.org) == 0 and (await usage(t))["outputBytes"] == 0
+    assert await engine.outputs.stored(other.org) == 50 * KIB  # live: kept
