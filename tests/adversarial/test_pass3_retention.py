@@ -7,7 +7,9 @@ retention; argv: its first 4 KiB in the log). In process, fake driver, on both p
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -161,3 +163,29 @@ async def test_the_sweep_spares_running_output_and_other_tenants_and_counts_down
     await engine.retention.sweep()
     assert await engine.outputs.stored(t.org) == 0 and (await usage(t))["outputBytes"] == 0
     assert await engine.outputs.stored(other.org) == 50 * KIB  # live: kept
+
+
+async def test_a_snapshot_taken_while_a_job_runs_does_not_double_spend_the_room(
+        make_api: AppFactory) -> None:  # noqa: F811
+    """Low. A job starts with the whole 256 KiB room to fill and sleeps; meanwhile the member
+    snapshots 200 KiB of random files (allowed: nothing is stored yet); then the job writes
+    200 KiB. Before, the room its budget was given was the room the snapshot was checked
+    against too: the organization stored 409,600 bytes under its 262,144-byte quota. Now a
+    snapshot, checkpoint or upload made while commands run comes out of their room
+    (Quotas.charge), and the job is cut where the quota ends."""
+    api = await make_api()
+    t = await tenant(api, "doublespend")
+    sid = await t.sandbox()
+    blob = base64.b64encode(os.urandom(200 * KIB)).decode()
+    await t.call("POST", f"/fs/{sid}", json={"files": [{"path": "noise.bin", "content": blob}]})
+    job = (await t.call("POST", f"/sandbox/sandboxes/{sid}/jobs",
+                        json={"command": ["sh", "-c", "sleep 1; yes 204800"]}, expect=201))["data"]
+    await t.call("POST", f"/sandbox/{sid}/snapshot", json={"name": "noise"}, expect=201)
+    for _ in range(100):
+        if (await t.call("GET", f"/sandbox/sandboxes/{sid}/jobs/{job['jobId']}"))["data"]["status"] != "running":
+            break
+        await asyncio.sleep(0.05)
+    used = await usage(t)
+    assert used["storageBytes"] <= QUOTA, used
+    done = (await t.call("GET", f"/sandbox/execution/{job['jobId']}"))["data"]
+    assert done["outputTruncated"] and used["outputBytes"] == QUOTA - 200 * KIB, (done, used)
