@@ -13,7 +13,10 @@ appended events: decide, round-trip check, append, wait for the projection),
 ``Recovery`` (start-up), ``OutputRetention`` (ended sandboxes' output), ``Background`` with
 the ``Reaper`` (idle and paused timeouts), ``FileAccess`` (files), ``Runtimes``, ``UsageReports``
 (stats, metrics), ``Changes`` (following events), ``Takeover`` (a lost replica's sandboxes),
-``Ports``, ``OutputReads`` and the directory's ``TenancyWrites``.
+``Ports``, ``OutputReads``, ``SandboxOutput`` (a sandbox's own streams), ``TerminalSessions``,
+``History`` (time travel), ``Forks`` and the directory's ``TenancyWrites``. Each is given the
+collaborators and adapters it uses, never the engine: below it, no service module names
+``Engine`` (tests/unit/test_api_uses_services.py).
 """
 
 from __future__ import annotations
