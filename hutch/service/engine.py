@@ -110,6 +110,7 @@ class Engine:
                              outputs=outputs)
         self.replicas = replicas or SoleReplica()
         self.quotas.serialise = self._one_at_a_time
+        self.recorder.meter = self.quotas.admit_events
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
                                       pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
         self.reaper = Reaper(store, projector, self.background, self.control)  # idle and paused timeouts

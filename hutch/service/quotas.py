@@ -6,7 +6,9 @@ ready snapshots' archives, its sandboxes' disk checkpoints (their bytes on the h
 driver reports them), the archives of snapshot builds not finalized yet, uploads in
 flight counted from their first byte (on this replica; stored ones on every replica), and
 its commands' output as the output store keeps it (running commands' from their first byte;
-kept until service/retention.py drops an ended sandbox's). An organization with no room left
+kept until service/retention.py drops an ended sandbox's), and what its sandboxes' events take
+in the event log (``event_bytes``: kept for ever, deleted sandboxes' too; a create or an env
+change that would pass the quota is refused, ``admit_events``). An organization with no room left
 runs no command (``output_budget``), and the commands it runs share what is left (on this
 replica): past it their output is cut, as past the per-stream cap. What else it stores while
 they run (a snapshot, a checkpoint, an upload) comes out of that share too (``charge``).
@@ -91,6 +93,7 @@ class Quotas:
                     checkpoints += sum((await self._checkpointing.checkpoint_sizes(sb.sandbox_id)).values())
         uploads = await self._pending_uploads(org_id)
         output = await self._outputs.stored(org_id) if self._outputs is not None else 0
+        events = await self._reads.store.event_bytes(org_id)
         snapshot_bytes = sum(s.size_bytes for s in snaps)
         return {
             "sandboxes": count,
@@ -100,7 +103,8 @@ class Quotas:
             "checkpoint_bytes": checkpoints,
             "upload_bytes": sum(uploads.values()),
             "output_bytes": output,
-            "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()) + output,
+            "event_bytes": events,
+            "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()) + output + events,
         }
 
     async def _pending_uploads(self, org_id: str) -> dict[str, int]:
@@ -146,8 +150,23 @@ class Quotas:
     def _storage_full(self, org_id: str, limit: int, used: int, what: str) -> QuotaExceeded:
         return QuotaExceeded(
             f"quota snapshot_bytes: organization {org_id} may store {format_bytes(limit)} (snapshots, checkpoints, "
-            f"uploads not finalized and command output); it stores {format_bytes(used)}, and {what}", quota=STORAGE,
+            f"uploads not finalized, command output and its sandboxes' records in the event log); it stores {format_bytes(used)}, and {what}", quota=STORAGE,
             limit=limit, used=used)
+
+    async def admit_events(self, org_id: str, size: int, refuse: bool) -> None:
+        """``size`` bytes of a sandbox's events about to be appended (the recorder's meter).
+        ``refuse``: a create or an env change, refused with QUOTA_EXCEEDED (before anything is
+        recorded) when they would pass the quota. Either way they come out of the running
+        commands' room (``charge``), as they are kept for ever."""
+        limit = self.of(org_id).snapshot_bytes
+        if refuse and limit is not None:
+            stored = (await self.usage(org_id))["storage_bytes"]
+            if stored + size > limit:
+                raise self._storage_full(org_id, limit, stored, (
+                    f"this would write {format_bytes(size)} more to the event log, which keeps a sandbox's "
+                    "env, metadata and every env change for ever: delete snapshots or checkpoints, or ask "
+                    "the operator for a larger quota"))
+        self.charge(org_id, size)
 
     async def output_budget(self, org_id: str, *, refuse_full: bool) -> OutputBudget | None:
         """What the organization's commands running here may still keep of their output (None:
