@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -29,8 +29,10 @@ import attrs
 from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobStore
 from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
+from hutch.core.tenancy import QuotaSet
 from hutch.drivers.base import Driver, DriverRoles, FileWrite
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -138,11 +140,18 @@ class Engine:
         self.usage = UsageReports(log=event_log, store=store, projector=projector, reads=self.reads,
                                   lifecycle=roles.lifecycle, usage=roles.usage)
         self.changes = Changes(event_log, store, projector)
+        self.changes.observe(self._quota_changes)
         self.takeover = Takeover(log=event_log, store=store, projector=projector, recorder=self.recorder,
                                  control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
                                  adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
         self.output = OutputReads(outputs)
+
+    def _quota_changes(self, batch: Sequence[Event]) -> None:
+        """A quota set (here or on another replica) reaches the commands running here, once
+        the directory shows it (the task runs after this batch's observers)."""
+        for org_id in {e.sandbox_id for e in batch if isinstance(e.data, QuotaSet)}:
+            self.background.spawn(self.quotas.requota(org_id), f"requota-{org_id}")
 
     # ---------------------------------------------------------------- lifetime
 

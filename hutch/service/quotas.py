@@ -10,7 +10,8 @@ kept until service/retention.py drops an ended sandbox's), and what its sandboxe
 in the event log (``event_bytes``: kept for ever, deleted sandboxes' too; a create or an env
 change that would pass the quota is refused, ``admit_events``). An organization with no room left
 runs no command (``output_budget``), and the commands it runs share what is left (on this
-replica): past it their output is cut, as past the per-stream cap. What else it stores while
+replica): past it their output is cut, as past the per-stream cap. A quota set or changed while
+they run reaches them (``requota``, on every replica as the change is projected). What else it stores while
 they run (a snapshot, a checkpoint, an upload) comes out of that share too (``charge``).
 A sandbox that gives no memory or CPU has the server's defaults filled into its spec before it
 is recorded (service/defaults.py), so it counts what its driver enforces; one recorded before that
@@ -145,7 +146,7 @@ class Quotas:
         counts the room afresh."""
         budget = self._output_budgets.get(org_id)
         if budget is not None and size > 0:
-            budget.left -= size
+            budget.lower(size)
 
     def _storage_full(self, org_id: str, limit: int, used: int, what: str) -> QuotaExceeded:
         return QuotaExceeded(
@@ -168,14 +169,16 @@ class Quotas:
                     "the operator for a larger quota"))
         self.charge(org_id, size)
 
-    async def output_budget(self, org_id: str, *, refuse_full: bool) -> OutputBudget | None:
-        """What the organization's commands running here may still keep of their output (None:
-        it has no storage quota), counted afresh now. ``refuse_full``: QUOTA_EXCEEDED when there
-        is no room left (an execute, a job); a create's command runs and keeps what fits."""
+    async def output_budget(self, org_id: str, *, refuse_full: bool) -> OutputBudget:
+        """What the organization's commands running here may still keep of their output (no
+        limit when it has no storage quota, until one is set: ``requota``), counted afresh
+        now. ``refuse_full``: QUOTA_EXCEEDED when there is no room left (an execute, a job); a
+        create's command runs and keeps what fits."""
+        budget = self._output_budgets.setdefault(org_id, OutputBudget())
         limit = self.of(org_id).snapshot_bytes
         if limit is None:
-            return None
-        budget = self._output_budgets.setdefault(org_id, OutputBudget())
+            budget.refill(None, budget.spent)
+            return budget
         spent = budget.spent
         stored = (await self.usage(org_id))["storage_bytes"]
         budget.refill(limit - stored, spent)
@@ -184,6 +187,19 @@ class Quotas:
                                      "could not be kept): delete snapshots or checkpoints, or end sandboxes, whose "
                                      "output is dropped HUTCH_OUTPUT_RETENTION after they end")
         return budget
+
+    async def requota(self, org_id: str) -> None:
+        """The organization's quota changed: the commands running here keep to the new one
+        from now on (their budget counted afresh, or unlimited when the quota went)."""
+        budget = self._output_budgets.get(org_id)
+        if budget is None:
+            return
+        limit = self.of(org_id).snapshot_bytes
+        spent = budget.spent
+        if limit is None:
+            budget.refill(None, spent)
+            return
+        budget.refill(limit - (await self.usage(org_id))["storage_bytes"], spent)
 
     async def metered(self, org_id: str, snapshot_id: str, chunks: AsyncIterable[bytes],
                       room: int | None) -> AsyncIterator[bytes]:

@@ -201,15 +201,13 @@ async def test_a_snapshot_taken_while_a_job_runs_does_not_double_spend_the_room(
     assert done["outputTruncated"] and used["outputBytes"] < QUOTA - 200 * KIB, (done, used)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open, low: a command started while its organization had no storage quota has no output "
-    "budget (Quotas.output_budget answers None) and keeps up to the per-stream cap (16 MiB a "
-    "stream) whatever quota the operator sets while it runs; jobs run until stopped. Closing "
-    "it means a budget for every organization, refilled when its quota changes: not done here"))
 async def test_a_quota_set_while_a_job_runs_bounds_that_jobs_output(make_api: AppFactory) -> None:  # noqa: F811
-    """A member of an organization without a storage quota starts a job that sleeps, then
-    writes 300 KiB; the operator sets a 256 KiB storage quota in between. The job keeps all
-    300 KiB: the organization stores more than its quota from the moment it is set."""
+    """Low. A member of an organization without a storage quota starts a job that sleeps,
+    then writes 300 KiB; the operator sets a 256 KiB storage quota in between. Before, the job
+    kept all 300 KiB (a command started without a quota had no output budget). Now every
+    organization's commands share a budget, unlimited while it has no quota and counted
+    afresh when its quota changes (Quotas.requota, as the change is projected): the job is
+    cut where the new quota ends."""
     api = await make_api()
     t = await tenant(api, "early", quota=None)
     sid = await t.sandbox()
@@ -221,4 +219,6 @@ async def test_a_quota_set_while_a_job_runs_bounds_that_jobs_output(make_api: Ap
             break
         await asyncio.sleep(0.05)
     used = await usage(t)
-    assert used["storageBytes"] <= QUOTA, used
+    assert used["storageBytes"] <= QUOTA + END_RECORD, used  # past it by the job's end record only
+    done = (await t.call("GET", f"/sandbox/execution/{job['jobId']}"))["data"]
+    assert done["outputTruncated"] and 0 < used["outputBytes"] < QUOTA, (done, used)
