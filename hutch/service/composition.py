@@ -16,7 +16,7 @@ from hutch.core.blobs import BlobStore
 from hutch.core.errors import InvalidInput
 from hutch.core.eventlog.base import EventLog
 from hutch.core.output import OutputStreams
-from hutch.core.quantities import parse_bytes
+from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver
 from hutch.projections.base import ProjectionStore
@@ -106,8 +106,11 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
         return FakeDriver()
     if config.driver == "local":
         from hutch.drivers.local.driver import LocalDriver
+        from hutch.drivers.local.layercache import LayerLimits
 
-        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
+        limits = LayerLimits(max_bytes=parse_bytes("HUTCH_LAYER_CACHE_MAX", config.layer_cache_max),
+                             retention_seconds=parse_duration("HUTCH_LAYER_RETENTION", config.layer_retention))
+        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir, layer_limits=limits)
     if config.driver == "nomad":
         from hutch.drivers.nomad.driver import NomadDriver, pool_sizing_from_env
 
