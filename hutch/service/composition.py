@@ -118,7 +118,8 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
                            token=config.nomad_token,
                            pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
                            runtime_cache=config.runtimes_dir, blobs=blobs, exec_mode=config.nomad_exec,
-                           max_checkpoint_bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes))
+                           max_checkpoint_bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes),
+                           layer_max_bytes=parse_bytes("HUTCH_LAYER_CACHE_MAX", config.layer_cache_max))
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 

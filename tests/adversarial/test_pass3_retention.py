@@ -157,6 +157,33 @@ async def test_an_install_larger_than_the_layer_cache_is_refused_naming_the_limi
         shutil.rmtree(layer.parent, ignore_errors=True)
 
 
+async def test_a_nomad_install_leaves_no_layer_on_the_host_once_its_image_is_pushed(
+        make_api: AppFactory) -> None:  # noqa: F811
+    """Nomad driver. An install is built on the server's host as the local driver builds it,
+    then pushed to the registry as a derived image; the host's tree is a leftover from then
+    on (the registry is asked first), so it must not pile up there for every spelling. (The
+    derived images in the registry are not bounded: docs/security.md says so.)"""
+    from hutch.drivers.local import rootfs
+
+    api = await make_api(driver="nomad")
+    t = await tenant(api, "nomad-installer", quota=None)
+    spec = f"json@>=1.0.0-r{time.time_ns()}"
+    recipe = runtimes.find("base:latest")
+    assert recipe is not None
+    layer = layers.layer_path(rootfs.default_cache(), layers.layer_key(recipe, (), (spec,)))
+    try:
+        made = await t.call("POST", "/sandbox", json={"runtime": "base:latest", "packages": [spec]}, expect=201)
+        sid = made["data"]["sandboxId"]
+        ran = await t.call("POST", f"/sandbox/{sid}/execute",
+                           json={"command": ["sh", "-c", "ls /usr/local/lib/node_modules/json/package.json"]})
+        done = await t.call("GET", f"/sandbox/execution/{ran['data']['executionId']}?wait=60s")
+        assert done["data"]["exitCode"] == 0, done
+        assert not layer.parent.exists(), f"{tree_bytes(layer)} bytes of a pushed install kept at {layer}"
+        await t.call("DELETE", f"/sandbox/{sid}")
+    finally:
+        shutil.rmtree(layer.parent, ignore_errors=True)
+
+
 async def test_the_sweep_spares_running_output_and_other_tenants_and_counts_down_to_zero(
         make_api: AppFactory) -> None:  # noqa: F811
     """Retention "0s": a sandbox destroyed while its job writes is final at once, so a sweep
