@@ -119,18 +119,23 @@ async def test_an_install_layer_is_not_kept_past_its_retention_and_never_under_i
     ran = await t.call("POST", f"/sandbox/{sid}/execute", json={"command": ["true"]})  # waits for the create
     recipe = runtimes.find("base:latest")
     assert recipe is not None
-    layer = layers.layer_path(engine.parts.driver.runtime_cache, layers.layer_key(recipe, (), (spec,)))
+    key = layers.layer_key(recipe, (), (spec,))
+    layer = layers.layer_path(engine.parts.driver.runtime_cache, key)
     assert layer.is_dir(), (ran, layer)
     try:
-        assert await engine.parts.driver.layers.sweep(now=time.time() + 60) == [] and layer.is_dir(), \
-            "a sweep dropped the layer its live sandbox is mounted over"
+        # The cache is the host's: this sweep also drops other unused layers (a cache's churn).
+        dropped = await engine.parts.driver.layers.sweep(now=time.time() + 60)
+        assert key not in dropped and layer.is_dir(), "a sweep dropped the layer its live sandbox is mounted over"
         ran = await t.call("POST", f"/sandbox/{sid}/execute",
                            json={"command": ["sh", "-c", "ls /usr/local/lib/node_modules/json/package.json"]})
         done = await t.call("GET", f"/sandbox/execution/{ran['data']['executionId']}?wait=30s")
         assert done["data"]["exitCode"] == 0, done
         await t.call("DELETE", f"/sandbox/{sid}")
         await engine.retention.sweep(now=time.time() + 60)
-        await engine.parts.driver.layers.sweep(now=time.time() + 60)
+        for _ in range(50):  # a destroyed sandbox's mount may outlive it a moment (a helper exiting)
+            if key in await engine.parts.driver.layers.sweep(now=time.time() + 60):
+                break
+            await asyncio.sleep(0.2)
         kept, counted = (tree_bytes(layer) if layer.exists() else 0), (await usage(t))["storageBytes"]
         assert kept <= counted, f"{kept} bytes of its install layer kept after the sandbox went, {counted} counted"
     finally:  # the test's own layer (its key is this run's): the shared cache is not the test's to fill
