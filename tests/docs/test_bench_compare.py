@@ -1,0 +1,50 @@
+"""bench/compare.py: two commits' servers timed in turns, one table of ratios.
+
+On the local driver (a real server per commit), so not in the quick tier; n=2 keeps it to a
+few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NUMBER = r"\d+\.\d+"
+
+
+def compare(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "compare.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_head_against_its_parent_prints_both_commits_and_a_row_of_ratios() -> None:
+    out = compare("HEAD~1", "HEAD", "--bench", "execute-true", "-n", "2")
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("hutch compare: embedded profile, local driver"), lines[0]
+    assert lines[1] == f"A = {git('rev-parse', 'HEAD~1')[:10]} {git('log', '-1', '--format=%s', 'HEAD~1')}"
+    assert lines[2] == f"B = {git('rev-parse', 'HEAD')[:10]} {git('log', '-1', '--format=%s', 'HEAD')}"
+    assert lines[3] == "| figure | A median | A p90 | B median | B p90 | B/A median | B/A p90 | B/A paired |"
+    cells = re.fullmatch(rf"\| execute `true` in a live sandbox \(HTTP\), ms \| ({NUMBER}) \| ({NUMBER}) \| "
+                         rf"({NUMBER}) \| ({NUMBER}) \| ({NUMBER}) \| ({NUMBER}) \| ({NUMBER}) \|", lines[5])
+    assert cells is not None, lines[5]
+    a_med, a_p90, b_med, b_p90, ratio, ratio_p90, _ = (float(c) for c in cells.groups())
+    assert 0 < a_med <= a_p90 and 0 < b_med <= b_p90
+    assert abs(ratio - b_med / a_med) < 0.01 and abs(ratio_p90 - b_p90 / a_p90) < 0.01
+    assert len(lines) == 6
+    assert "hutch-compare-" not in git("worktree", "list")  # the checkouts are gone
+
+
+def test_a_name_that_is_no_commit_is_refused_by_name() -> None:
+    out = compare("HEAD", "no-such-commit-xyz", "--bench", "execute-true", "-n", "2")
+    assert out.returncode != 0
+    assert "'no-such-commit-xyz' is not a commit" in out.stderr, out.stderr
