@@ -54,13 +54,17 @@ WARM = 3
 SCENARIOS = ("execute", "run")
 
 
-async def load(scenario: str, url: str, n: int, bare: list[float]) -> list[float]:
-    """``n`` timed operations (after WARM untimed ones); their client-side milliseconds. The
-    baseline goes to ``bare``: the runtime's `python3 -c pass` on the host (chroot only),
-    before each execute; before and after the batch of client runs (one Node process)."""
+async def load(scenario: str, url: str, n: int, bare: list[float],
+               warmed: Callable[[], Awaitable[None]] | None = None) -> list[float]:
+    """``n`` timed operations (after WARM untimed ones, then ``warmed()``); their client-side
+    milliseconds. The baseline goes to ``bare``: the runtime's `python3 -c pass` on the host
+    (chroot only), before each execute; before and after the batch of client runs (one Node
+    process)."""
     rootfs = runtime_rootfs()
     if scenario == "run":
         client_runs(url, WARM)
+        if warmed is not None:
+            await warmed()
         bare += [bare_once(rootfs) for _ in range((n + 1) // 2)]
         took = client_runs(url, n)
         bare += [bare_once(rootfs) for _ in range(n // 2)]
@@ -71,6 +75,8 @@ async def load(scenario: str, url: str, n: int, bare: list[float]) -> list[float
         for _ in range(WARM):
             bare_once(rootfs)
             await execute_once(s, url, sid, PY_PASS)
+        if warmed is not None:
+            await warmed()
         took = []
         for _ in range(n):
             bare.append(bare_once(rootfs))
@@ -97,19 +103,27 @@ async def with_server(phases: bool, body: Callable[[Server], Awaitable[list[floa
 
 
 async def flame_graph(scenario: str, n: int, out: Path) -> None:
+    """Attached after the warm-up: a fresh server's first requests build cattrs' (un)structure
+    functions for every class they meet (milliseconds each), once per process."""
+    spies: list[asyncio.subprocess.Process] = []
+
+    async def attach(pid: int) -> None:
+        spies.append(await asyncio.create_subprocess_exec(
+            "py-spy", "record", "--pid", str(pid), "--rate", "1000", "--format", "flamegraph",
+            "--output", str(out), "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        await asyncio.sleep(1)  # attached before the timed load starts
+
     async def under_py_spy(server: Server) -> list[float]:
         assert server.proc is not None
-        spy = await asyncio.create_subprocess_exec(
-            "py-spy", "record", "--pid", str(server.proc.pid), "--rate", "250", "--format", "flamegraph",
-            "--output", str(out), "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        await asyncio.sleep(1)  # attached before the load starts
+        pid = server.proc.pid
         try:
-            return await load(scenario, server.url, n, [])
+            return await load(scenario, server.url, n, [], warmed=lambda: attach(pid))
         finally:
-            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-            _, err = await asyncio.wait_for(spy.communicate(), 60)
-            if spy.returncode != 0:
-                raise RuntimeError(f"py-spy failed ({spy.returncode}): {err.decode()[-2000:]}")
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+                _, err = await asyncio.wait_for(spy.communicate(), 60)
+                if spy.returncode != 0:
+                    raise RuntimeError(f"py-spy failed ({spy.returncode}): {err.decode()[-2000:]}")
 
     await with_server(False, under_py_spy)
 
