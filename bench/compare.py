@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -185,6 +186,11 @@ async def main() -> None:
         ap.error("-n and --rounds must be at least 1")
     benches = list(dict.fromkeys(args.bench or DEFAULT))
     sides = [Side("A", *resolve(args.a)), Side("B", *resolve(args.b))]
+    # Stopped (a timeout, ^C from a supervisor), it still stops both servers and removes the
+    # checkouts: the cancel unwinds through the context managers below.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
 
     with checkouts([side.commit for side in sides]) as roots:
         async with servers(args.driver, roots, sides, live_sandbox=any(b.startswith("execute") for b in benches)):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,3 +50,40 @@ def test_a_name_that_is_no_commit_is_refused_by_name() -> None:
     out = compare("HEAD", "no-such-commit-xyz", "--bench", "execute-true", "-n", "2")
     assert out.returncode != 0
     assert "'no-such-commit-xyz' is not a commit" in out.stderr, out.stderr
+
+
+def test_a_run_stopped_midway_removes_its_checkouts_and_servers() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "compare.py"), "HEAD", "HEAD", "--bench",
+                             "throughput", "--seconds", "30", "--rounds", "1"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(servers_of(proc.pid)) < 2:  # both servers up: the throughput round starts
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "no server started within 60 s"
+            time.sleep(0.2)
+        assert "hutch-compare-" in git("worktree", "list")
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert "hutch-compare-" not in git("worktree", "list")
+    assert servers_of(proc.pid) == []
+
+
+def servers_of(pid: int) -> list[int]:
+    """The `python -m hutch.api` children of ``pid`` still alive."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"hutch.api" in cmdline and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
