@@ -116,11 +116,17 @@ async def throughput(url: str, concurrency: int, seconds: float) -> tuple[float,
 
 
 def client_runs(url: str, n: int) -> list[float]:
+    return client_runs_by_url([url], n)[url]
+
+
+def client_runs_by_url(urls: list[str], n: int) -> dict[str, list[float]]:
+    """``n`` runs on each server of ``urls``, in turns (bench/oneshot_client.mjs)."""
     script = ROOT / "bench" / "oneshot_client.mjs"
-    env = {**os.environ, "HUTCH_URL": url, "HUTCH_API_KEY": KEY}
+    env = {**os.environ, "HUTCH_URL": ",".join(urls), "HUTCH_API_KEY": KEY}
     out = subprocess.run(["node", str(script), str(n), RUNTIME, *PY_PASS], env=env, check=True,
                          capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["samples_ms"]
+    by_url: dict[str, list[float]] = json.loads(out.stdout.strip().splitlines()[-1])["by_url"]
+    return by_url
 
 
 def machine_busy() -> float:
@@ -166,13 +172,13 @@ async def drop_profile(settings: dict[str, str]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def bench_server(driver: str, profile: str) -> AsyncIterator[Server]:
-    """A real server on loopback for one bench run; its log printed if the run fails, its
-    topic and database (production profile) dropped after."""
+async def bench_server(driver: str, profile: str, root: Path = ROOT) -> AsyncIterator[Server]:
+    """A real server on loopback for one bench run, running the source tree ``root``; its log
+    printed if the run fails, its topic and database (production profile) dropped after."""
     with tempfile.TemporaryDirectory() as tmp:
         settings = await profile_settings(profile)
         env = {k: v for k, v in settings.items() if k.startswith("HUTCH_")}
-        server = Server(Path(tmp) / "data", driver=driver, HUTCH_LOG_LEVEL="WARNING", **env).start(timeout=300)
+        server = Server(Path(tmp) / "data", driver=driver, root=root, HUTCH_LOG_LEVEL="WARNING", **env).start(timeout=300)
         try:
             yield server
         except BaseException:

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api import body_fields, memory, openapi
+from hutch.api import body_fields, memory, openapi, phases_file
 from hutch.api.access import PUBLIC, access_of, needs
 from hutch.api.http import check_query, parse_json
 from hutch.api.keys import (
@@ -58,6 +58,7 @@ from hutch.api.routes import (
 from hutch.api.routes import tenancy as tenancy_routes
 from hutch.api.webapp import routes as webapp_routes
 from hutch.api.webapp.sessions import SESSIONS, Sessions, session_cookie
+from hutch.core import phases
 from hutch.core.errors import HutchError, InvalidInput, RateLimited, Unauthorized
 from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
@@ -112,6 +113,7 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Key -> principal (organization, projects, role) -> rate limit -> the route's access.
     The scope it sets is what every lookup below sees (``core.tenancy.SCOPE``)."""
+    t0 = phases.start()
     access = access_of(request.method, request.match_info.route.handler)
     if access == PUBLIC:
         return await handler(request)  # the path (a stream id, a port URL) is the capability
@@ -138,6 +140,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     # Reset after the request: aiohttp serves a keep-alive connection's requests in one task.
     actor = ACTOR.set(principal.key_id)  # events this request causes name the key that acted
     scope = SCOPE.set(Scope(principal.org_id, principal.projects))
+    phases.end("auth and tenancy", t0)
     try:
         return await handler(request)
     finally:
@@ -179,7 +182,8 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 
 def create_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[envelope_middleware, proxy.host_middleware, auth_middleware,
+    timed = [phases_file.request_middleware] if phases.ON else []  # a bench's (core/phases.py)
+    app = web.Application(middlewares=[*timed, envelope_middleware, proxy.host_middleware, auth_middleware,
                                        replica_middleware],
                           client_max_size=config.max_body_bytes)
     app[CONFIG] = config
@@ -203,6 +207,8 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(ssh_keys.routes)
     app.add_routes(proxy.routes)
     app.add_routes(openapi.routes)  # GET /openapi.json: every route above, described
+    if phases.ON:  # first, so it writes last: after the engine's own spans at shutdown
+        app.cleanup_ctx.append(phases_file.file_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(proxy.session_ctx)
     app.on_response_prepare.append(name_the_replica)

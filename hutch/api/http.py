@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api.keys import BODY_CHECK, CONFIG
+from hutch.core import phases
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_duration
 
@@ -31,6 +32,11 @@ MAX_DEPTH = 64
 
 
 async def json_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
+    with phases.span("body: read, parse and check"):
+        return await _json_body(request, required)
+
+
+async def _json_body(request: web.Request, required: bool) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         if required:

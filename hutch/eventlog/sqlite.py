@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import attrs
 
+from hutch.core import phases
 from hutch.core.errors import LogUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, decode_or_unreadable, encode
@@ -56,7 +57,8 @@ class SqliteEventLog(EventLog):
         self._identity: str | None = None
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        with phases.span("eventlog: a call in its thread, handoffs included"):
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _open(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +131,8 @@ class SqliteEventLog(EventLog):
                     )
                     positions.append(int(cur.lastrowid or 0))
                 out.append(positions)
-            conn.execute("COMMIT")
+            with phases.span("eventlog: sqlite COMMIT (WAL fsync), in its thread"):
+                conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from hutch.core import phases
 from hutch.core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
@@ -71,9 +72,11 @@ class SandboxControl:
     async def end(self, sandbox_id: str, command: Terminate) -> None:
         """End a sandbox not destroyed on request (oneshot done, reaped, restart): the driver
         lets it go, then the end is recorded with its usage."""
-        command = attrs.evolve(command, **await self._usage(sandbox_id))
+        with phases.span("end: usage read"):
+            command = attrs.evolve(command, **await self._usage(sandbox_id))
         try:
-            await self._lifecycle.destroy(sandbox_id)
+            with phases.span("driver: destroy"):
+                await self._lifecycle.destroy(sandbox_id)
         except Exception as err:  # still record the end; the driver cleans leftovers at start
             log.exception("destroying %s failed", sandbox_id)
             await self._recorder.command(sandbox_id, Fail(reason=f"destroy failed: {err}"))

@@ -11,7 +11,7 @@ import time
 
 import attrs
 
-from hutch.core import ids
+from hutch.core import ids, phases
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
 from hutch.core.models import (
@@ -158,8 +158,9 @@ class Executions:
         retention drops it (service/retention.py)."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
         owner = StreamOwner(org_id, sandbox_id)
-        stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name), owner)
-                                                for name in ("stdout", "stderr")))
+        with phases.span("streams: open both"):
+            stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name), owner)
+                                                    for name in ("stdout", "stderr")))
         launched: list[asyncio.Task[None]] = []
 
         def launch(position: int) -> None:
@@ -187,11 +188,13 @@ class Executions:
     async def close_streams(self, execution_id: str) -> None:
         """Every byte saved and both streams closed: before the execution is recorded finished,
         so a reader that sees it finished reads its whole output."""
-        await asyncio.gather(*(self._outputs.close(self._streams.derive(execution_id, name))
-                               for name in ("stdout", "stderr")))
+        with phases.span("streams: close both"):
+            await asyncio.gather(*(self._outputs.close(self._streams.derive(execution_id, name))
+                                   for name in ("stdout", "stderr")))
 
     async def _run(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                    sink: ExecutionSink, started_at: int) -> None:
+        t_run = phases.start()
         try:
             sb = await self._reads.require(sandbox_id)
         except BaseException:
@@ -201,6 +204,7 @@ class Executions:
         error: str | None = None
         result: ExecResult | None = None
         stdin = self._inputs.reader(sink.options.stdin) if sink.options.stdin else None
+        t_exec = phases.start()
         try:
             result = await self._commands.exec(
                 ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout,
@@ -215,6 +219,7 @@ class Executions:
             log.exception("execution %s failed in the driver", execution_id)
             error = f"{type(err).__name__}: {err}"
         finally:
+            phases.end("driver: exec, whole", t_exec)
             duration_ms = int((time.monotonic() - started) * 1000)
             if stdin is not None:
                 await stdin.aclose()  # an upload still sending is told the command is done with it
@@ -222,9 +227,11 @@ class Executions:
             await self.close_streams(execution_id)
         finish = self._finish(sb, execution_id, result, error, timeout, duration_ms, truncated)
         self._stopping.discard(execution_id)
-        await self._recorder.settled(started_at)  # the end is decided against a store showing the start
+        with phases.span("execution: settled wait (start projected)"):
+            await self._recorder.settled(started_at)  # the end is decided against a store showing the start
         with contextlib.suppress(IllegalTransition, SandboxNotFound):  # the sandbox ended under it
             await self._recorder.command(sandbox_id, finish)
+        phases.end("execution: task, start to finish recorded", t_run)
         if sb.spec.mode is Mode.ONESHOT:
             code = finish.exit_code if finish.exit_code is not None else 1
             await self._control.end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))

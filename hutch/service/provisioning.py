@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from hutch.core import ids
+from hutch.core import ids, phases
 from hutch.core.errors import DriverFailure, HutchError, NotSupported
 from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
 from hutch.core.models import SandboxSpec, SandboxState, SandboxStatus
@@ -92,7 +92,8 @@ class Provisioning:
         limited = self._quotas.limits_sandboxes(spec.org_id)
         async with self._recorder.lock(spec.org_id) if limited else contextlib.nullcontext(), \
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
-            await self._quotas.check_sandbox(spec.org_id, spec)
+            with phases.span("create: quota check"):
+                await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
             await self._recorder.command(sandbox_id, create)
         if build:
@@ -130,7 +131,8 @@ class Provisioning:
     async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec
         try:
-            await self._lifecycle.provision(ProvisionRequest.for_spec(sandbox_id, spec))
+            with phases.span("driver: provision"):
+                await self._lifecycle.provision(ProvisionRequest.for_spec(sandbox_id, spec))
             if spec.snapshot_id:
                 await self._snapshots.seed(sandbox_id, spec.snapshot_id)
             if req.files:

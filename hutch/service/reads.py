@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
-from hutch.core import tenancy
+from hutch.core import phases, tenancy
 from hutch.core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
@@ -142,15 +142,19 @@ class Reads:
         ``sandbox_id``'s events only (one pending wake is enough: each re-reads)."""
         queue = self.projector.listen(sandbox_id=sandbox_id, limit=1)
         deadline = time.monotonic() + wait
+        t_held = t_woken = phases.start()
         try:
             while True:
                 value = await read()
                 remaining = deadline - time.monotonic()
                 if done(value) or remaining <= 0:
+                    phases.end("long-poll: woken to answer", t_woken)
+                    phases.end("long-poll: held", t_held)
                     return value
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await queue.get()
+                t_woken = phases.start()
                 while not queue.empty():  # coalesce a burst of events into one re-read
                     queue.get_nowait()
         finally:

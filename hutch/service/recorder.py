@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import attrs
 
-from hutch.core import ids, snapshots
+from hutch.core import ids, phases, snapshots
 from hutch.core.errors import InvalidInput, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import (
@@ -80,12 +80,18 @@ class Recorder:
         ``durable`` is called with the last position once the events are in the log, before
         they are projected. A ``Create`` is decided against whatever the store holds under
         the id, in any organization (nothing, or ``decide`` refuses it)."""
+        what = f" ({type(command).__name__})" if phases.ON else ""  # a span's name, built only for a bench
+        t0 = phases.start()
         async with self.lock(sandbox_id):
-            if isinstance(command, Create):
-                sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
-            else:
-                sb = await self._reads.require(sandbox_id)
-            return await self._append(sandbox_id, decide(sb, command), durable=durable,
+            phases.end("record: lock wait", t0)
+            with phases.span("record: state read"):
+                if isinstance(command, Create):
+                    sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
+                else:
+                    sb = await self._reads.require(sandbox_id)
+            with phases.span("record: decide"):
+                events = decide(sb, command)
+            return await self._append(sandbox_id, events, durable=durable, what=what,
                                       metered=isinstance(command, Create | ChangeEnv | StartExecution) or None)
 
     async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
@@ -108,7 +114,8 @@ class Recorder:
             return await self._append(snapshot_id, snapshots.decide(snapshot_id, snap, command))
 
     async def _append(self, stream: str, payloads: Iterable[EventData], *,
-                     durable: Callable[[int], None] | None = None, metered: bool | None = False) -> list[Event]:
+                     durable: Callable[[int], None] | None = None, metered: bool | None = False,
+                     what: str = "") -> list[Event]:
         """Append events about ``stream``; the caller holds the stream's lock. ``durable``:
         what may start once the events are recorded, while the projector applies them.
         ``metered``: a sandbox's events, counted (None) or refused past the quota (True)."""
@@ -118,17 +125,23 @@ class Recorder:
             return []
         org, project = await self._owner(stream, payloads[0])
         events = [Event(ids.new_id("event"), stream, at, p, org=org, project=project) for p in payloads]
-        for e in events:
-            # An event the projector cannot read back would wedge every reader of the log:
-            # refuse it here, before it is written.
-            if decode(json.loads(json.dumps(encode(e)))) != e:
-                raise InvalidInput(f"{e.type}: event does not survive serialisation; refusing to log it")
+        with phases.span("record: round-trip check"):
+            for e in events:
+                # An event the projector cannot read back would wedge every reader of the log:
+                # refuse it here, before it is written.
+                if decode(json.loads(json.dumps(encode(e)))) != e:
+                    raise InvalidInput(f"{e.type}: event does not survive serialisation; refusing to log it")
         if metered is not False and self.meter is not None and org is not None:
-            await self.meter(org, sum(recorded_size(e) for e in events), bool(metered))
+            with phases.span("record: quota meter"):
+                await self.meter(org, sum(recorded_size(e) for e in events), bool(metered))
+        t0 = phases.start()
         positions = await self._log.append(events)
+        phases.end("record: append" + what, t0)
         if durable is not None and events:
             durable(positions[-1])
+        t0 = phases.start()
         await self._projector.wait_for(positions[-1])
+        phases.end("record: projection wait" + what, t0)
         return [attrs.evolve(e, position=p) for e, p in zip(events, positions, strict=True)]
 
     async def settled(self, position: int) -> None:

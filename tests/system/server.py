@@ -26,8 +26,10 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path, driver: str = "fake", **env: str) -> None:
+    def __init__(self, data_dir: Path, driver: str = "fake", root: Path = ROOT, **env: str) -> None:
+        """``root``: the source tree the server runs (bench/compare.py: another commit's checkout)."""
         self.data_dir = data_dir
+        self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -36,7 +38,7 @@ class Server:
             "HUTCH_PORT": str(self.port),
             "HUTCH_DRIVER": driver,
             "HUTCH_API_KEY": KEY,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(root),
             "HUTCH_NOMAD_POOL": "off",  # as in the API tests (tests/api/conftest.py)
             **env,
         }
@@ -49,7 +51,7 @@ class Server:
         self.env["HUTCH_PORT"] = str(self.port)
         with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hutch.api"], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "hutch.api"], cwd=self.root, env=self.env, stdout=out, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

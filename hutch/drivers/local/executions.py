@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from hutch.core import phases
 from hutch.core.errors import DriverFailure, IllegalTransition, InvalidInput, NotSupported
 from hutch.drivers import trust
 from hutch.drivers.base import (
@@ -61,6 +62,7 @@ class LocalExecutions:
         return env
 
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        t0 = phases.start()
         sb = self._registry.running(req.sandbox_id)
         if not req.argv:
             raise InvalidInput("command must not be empty", field="command")
@@ -74,15 +76,18 @@ class LocalExecutions:
         execution = LocalExecution(sandbox_id=sb.id, leaf=leaf)
         executions[req.execution_id] = execution
         self._nsexec.gc_leaves(sb.id)
+        phases.end("driver: exec, before the helper", t0)
         try:
             code, timed_out, status = await self._nsexec.run(
                 "exec", sb, leaf, cwd=cwd, argv=req.argv, env=env, stdin=req.stdin,
                 sink=sink, limit=req.timeout)
         finally:
             executions.pop(req.execution_id, None)
+        t0 = phases.start()
         # Rootless: no memory cgroup, so no OOM kill either (allocations past the rlimit fail).
         oom = self._cgroups is not None and self._cgroups.oom_kills(sb.id, leaf) > 0
         self._nsexec.drop_leaf(sb.id, leaf)
+        phases.end("driver: exec, after the helper (OOM count, leaf dropped)", t0)
         self._nsexec.raise_status(status, sb.id)
         if execution.cancelled:
             return ExecResult(exit_code=EXIT_CANCELLED, cancelled=True, oom_killed=oom)

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Literal
 
+from hutch.core import phases
 from hutch.drivers.base import OutputSink
 from hutch.drivers.local.smallfiles import get as _get
 
@@ -48,6 +49,7 @@ async def run(
     pipe is closed, and a background child holding stdout would make an execution
     last as long as that child. We watch the helper's pidfd for the exit instead.
     """
+    t0 = phases.start()
     try:
         # Blocking, but a vfork+exec of a static binary: well under a millisecond.
         proc = subprocess.Popen(  # noqa: ASYNC220
@@ -60,10 +62,12 @@ async def run(
     finally:
         for fd in (status_w, *extra_fds):
             os.close(fd)
+    phases.end("helper: fork/exec (Popen)", t0)
     started(proc.pid)
     pipes = _Pipes(proc, sink)
     try:
-        code, timed_out = await pipes.carry(stdin, limit, kill)
+        with phases.span("helper: runs to exit (its setup, the command, the pipes)"):
+            code, timed_out = await pipes.carry(stdin, limit, kill)
     finally:
         await pipes.close()
         status = read_available(status_r).decode(errors="replace")

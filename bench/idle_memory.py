@@ -1,0 +1,198 @@
+"""What one idle sandbox costs in memory: kernel objects, its processes, the server's share.
+
+    python bench/idle_memory.py [--n 200] [--concurrency 8] [--settle 3]
+
+Starts a real server (local driver, embedded profile), reads the machine's memory, waits
+``--settle`` seconds and reads it again (the drift other work causes meanwhile: the noise
+floor), makes ``--n`` idle sandboxes, waits ``--settle`` seconds, reads it a third time, and
+prints per sandbox the difference: /proc/meminfo (what the whole host gave), the kernel's slab
+caches by object type (/proc/slabinfo: which kernel objects a sandbox is made of), the
+processes in the server's memory cgroups (each sandbox's pid 1: Rss, Pss, private), the
+cgroups' own memory.stat and kmem counters, the mounts in a sandbox's mount namespace, and
+the server process's own Rss and Pss. Then destroys them all and says what was left. On a
+machine shared with other work the host-wide rows move with it: compare them with the
+noise floor printed beside them. Not a test: docs/benchmarks.md records the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.run import RUNTIME, H  # noqa: E402
+from tests.system.server import Server  # noqa: E402
+
+MEMINFO = ("MemAvailable", "MemFree", "Slab", "SUnreclaim", "SReclaimable", "KernelStack", "PageTables",
+           "Shmem", "Cached", "Buffers", "AnonPages")
+MEMCG = Path("/sys/fs/cgroup/memory/hutch")
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo's rows, in bytes."""
+    found = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        found[name] = int(rest.split()[0]) * 1024
+    return found
+
+
+def slabs() -> dict[str, tuple[int, int]]:
+    """Each slab cache's (objects, bytes)."""
+    found = {}
+    for line in Path("/proc/slabinfo").read_text().splitlines()[2:]:
+        f = line.split()
+        found[f[0]] = (int(f[2]), int(f[2]) * int(f[3]))  # num_objs, objsize
+    return found
+
+
+def rollup(pid: int | str) -> dict[str, int]:
+    found = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            name, _, rest = line.partition(":")
+            found[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError):
+        return {}
+    return found
+
+
+def cgroup_pids(instance: str) -> dict[str, list[int]]:
+    """The processes in each sandbox's memory cgroup (and its leaves) of this server."""
+    found: dict[str, list[int]] = {}
+    for cg in (MEMCG / instance).glob("*/**/cgroup.procs"):
+        sandbox = cg.relative_to(MEMCG / instance).parts[0]
+        found.setdefault(sandbox, []).extend(int(p) for p in cg.read_text().split())
+    return found
+
+
+def mount_count(pid: int) -> int:
+    return len(Path(f"/proc/{pid}/mountinfo").read_text().splitlines())
+
+
+def memcg(instance: str) -> dict[str, int]:
+    base = MEMCG / instance
+    stat = dict(line.split() for line in (base / "memory.stat").read_text().splitlines())
+    return {"usage_in_bytes": int((base / "memory.usage_in_bytes").read_text()),
+            "kmem.usage_in_bytes": int((base / "memory.kmem.usage_in_bytes").read_text()),
+            **{k: int(stat[k]) for k in ("total_rss", "total_cache", "total_shmem", "total_mapped_file")}}
+
+
+@dataclass
+class Reading:
+    meminfo: dict[str, int]
+    slabs: dict[str, tuple[int, int]]
+    server: dict[str, int]
+    memcg: dict[str, int]
+
+
+def snapshot(server_pid: int, instance: str) -> Reading:
+    return Reading(meminfo(), slabs(), rollup(server_pid), memcg(instance))
+
+
+async def create_idle(url: str, n: int, concurrency: int) -> list[str]:
+    made: list[str] = []
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(s: aiohttp.ClientSession) -> None:
+        async with sem, s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+            data = (await r.json())["data"]
+            assert data["status"] == "idle", data
+            made.append(data["sandboxId"])
+
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(one(s) for _ in range(n)))
+    return made
+
+
+async def destroy_all(url: str, ids: list[str], concurrency: int) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(s: aiohttp.ClientSession, sid: str) -> None:
+        async with sem, s.delete(f"{url}/sandbox/{sid}", headers=H) as r:
+            await r.read()
+
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(one(s, sid) for sid in ids))
+
+
+def kib(n: float) -> str:
+    return f"{n / 1024:+.1f}"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--settle", type=float, default=3.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        server = Server(data, driver="local", HUTCH_LOG_LEVEL="WARNING", HUTCH_WARM_POOL="0").start(timeout=300)
+        assert server.proc is not None
+        instance = hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:12]
+        ids: list[str] = []
+        try:
+            ids = await create_idle(server.url, 2, 2)  # the instance's cgroups exist; first-use costs paid
+            await destroy_all(server.url, ids, 2)
+            await asyncio.sleep(args.settle)
+            before = snapshot(server.proc.pid, instance)
+            await asyncio.sleep(args.settle)
+            drift = snapshot(server.proc.pid, instance)
+            t0 = time.perf_counter()
+            ids = await create_idle(server.url, args.n, args.concurrency)
+            took = time.perf_counter() - t0
+            await asyncio.sleep(args.settle)
+            after = snapshot(server.proc.pid, instance)
+            procs = cgroup_pids(instance)
+            mounts = [mount_count(pids[0]) for pids in procs.values() if pids]
+            roll = [rollup(p) for pids in procs.values() for p in pids]
+            await destroy_all(server.url, ids, args.concurrency)
+            ids = []
+            await asyncio.sleep(args.settle)
+            end = snapshot(server.proc.pid, instance)
+        finally:
+            if ids:
+                await destroy_all(server.url, ids, args.concurrency)
+            server.stop()
+    n = args.n
+    print(f"hutch idle memory: local driver, embedded profile, runtime {RUNTIME}, warm pool off; {n} idle sandboxes "
+          f"made in {took:.1f} s ({n / took:.0f}/s at {args.concurrency} concurrent); figures per sandbox, KiB; "
+          f"'noise' is the same reading's drift over {args.settle:g} s with no sandbox made")
+    print("\n| /proc/meminfo | per sandbox | noise (whole, /n) | after destroy-all (whole, /n) |\n|---|---|---|---|")
+    mb, md, ma, me = (x.meminfo for x in (before, drift, after, end))
+    for k in MEMINFO:
+        print(f"| {k} | {kib((ma[k] - mb[k]) / n)} | {kib((md[k] - mb[k]) / n)} | {kib((me[k] - mb[k]) / n)} |")
+    print("\n| slab cache | objects per sandbox | KiB per sandbox |\n|---|---|---|")
+    sb, sa = before.slabs, after.slabs
+    grown = sorted(((sa[k][1] - sb.get(k, (0, 0))[1], k) for k in sa), reverse=True)
+    for bytes_, k in grown[:20]:
+        print(f"| {k} | {(sa[k][0] - sb.get(k, (0, 0))[0]) / n:+.1f} | {kib(bytes_ / n)} |")
+    total_slab = sum(b for b, _ in grown)
+    print(f"| (every cache) | | {kib(total_slab / n)} |")
+    print(f"\nprocesses in the sandboxes' cgroups: {sum(len(p) for p in procs.values()) / n:.2f} per sandbox; "
+          f"each sandbox's pid 1 and any other: Rss {kib(sum(r.get('Rss', 0) for r in roll) / n)}, "
+          f"Pss {kib(sum(r.get('Pss', 0) for r in roll) / n)}, private "
+          f"{kib(sum(r.get('Private_Clean', 0) + r.get('Private_Dirty', 0) for r in roll) / n)} KiB per sandbox")
+    print(f"mounts in a sandbox's mount namespace: {min(mounts)} to {max(mounts)}")
+    cb, ca = before.memcg, after.memcg
+    print("memory cgroups (the server's instance subtree), per sandbox: "
+          + ", ".join(f"{k} {kib((ca[k] - cb[k]) / n)}" for k in ca))
+    vb, va, ve = before.server, after.server, end.server
+    print(f"server process: Rss {kib((va['Rss'] - vb['Rss']) / n)}, Pss {kib((va['Pss'] - vb['Pss']) / n)} KiB "
+          f"per sandbox ({vb['Rss'] / 2**20:.1f} -> {va['Rss'] / 2**20:.1f} MiB; "
+          f"{ve['Rss'] / 2**20:.1f} MiB after destroy-all)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
