@@ -10,6 +10,8 @@
 #                          # HUTCH_NOMAD_OPERATOR_TOKEN too: a management token, for Terraform)
 #   cluster.sh stop        # leaves nothing: processes, shims, mounts, namespaces, links, iptables
 #   cluster.sh status | restart
+#   cluster.sh acl         # writes the ACL policy, the namespaces and the node agents' variable
+#                          # again on the running cluster (what start does; restarts nothing)
 #   cluster.sh kill N      # node loss: kill -9 client N's Nomad agent and its containerd
 #   cluster.sh revive N    # start client N's containerd and Nomad agent again
 #   cluster.sh link N down|up   # node loss by network: client N's cable out / back in
@@ -29,7 +31,9 @@
 # cluster network (the Nomad server, the registry) and off this host's own addresses.
 #
 # Hardened as production is (the same template): ACLs on (bootstrapped by acl_setup of nomad.sh,
-# with its secret in $ROOT/acl), raw_exec off.
+# with its secret in $ROOT/acl); raw_exec on for the node agents' system job only: Nomad's
+# servers refuse it in every namespace but hutch-system (nomad.sh NAMESPACES), where only the
+# management token submits.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -124,7 +128,7 @@ agent_vars() {
   http_port = $SERVER_PORT, server_ips = ["$HOST_IP"], plugin_dir = "$5",
   containerd_address = "${6:-}", workspace_root = "${7:-}", network_interface = "${8:-}", cgroup_parent = "${9:-}",
   min_heartbeat_ttl = "4s", heartbeat_grace = "4s", failover_heartbeat_ttl = "20s",
-  cluster_cidrs = [$(denied_cidrs)], insecure_registries = ["$REGISTRY"], acl_enabled = true
+  cluster_cidrs = [$(denied_cidrs)], insecure_registries = ["$REGISTRY"], acl_enabled = true, node_agents = true
 }
 VARS
 }
@@ -268,6 +272,27 @@ registry_up() {
   start_registry  # nomad.sh's, with this STATE and REGISTRY
 }
 
+# ---------------------------------------------------------------------------- node agents
+
+# The node agents' shared secret (issue 35): made once, kept with the cluster's ACL secret, and
+# handed to the agents only through the Nomad variable their job reads (nomad/jobs/hutch-node in
+# hutch-system, which hutch's own token cannot read).
+node_secret_file() {
+  local f="$ROOT/acl/node.secret"
+  [[ -s $f ]] || (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$f")
+  echo "$f"
+}
+
+node_variable() {
+  local body
+  body=$($PY -c 'import json, sys
+print(json.dumps({"Namespace": "hutch-system", "Path": "nomad/jobs/hutch-node", "Items": {"secret": sys.stdin.read().strip()}}))' \
+    <"$(node_secret_file)")
+  curl -fsS -m 5 -X PUT -H "X-Nomad-Token: $(management_secret "$ROOT/acl")" -d @- \
+    "$SERVER_ADDR/v1/var/nomad/jobs/hutch-node?namespace=hutch-system" <<<"$body" >/dev/null \
+    || die "writing the node agents' variable nomad/jobs/hutch-node failed"
+}
+
 # ---------------------------------------------------------------------------- actions
 
 print_settings() {
@@ -305,6 +330,7 @@ start() {
     for i in $(seq "$CLIENTS"); do client_down "$i"; rm -rf "${ROOT:?}/c$i/data"; done
   fi
   acl_setup "$SERVER_ADDR" "$ROOT/acl"
+  node_variable
   for i in $(seq "$CLIENTS"); do client_up "$i"; done
   wait_clients "$CLIENTS" 90
   say "cluster ready in $((SECONDS - started))s: server $HOST_IP:$SERVER_PORT, $CLIENTS clients ($(for i in $(seq "$CLIENTS"); do printf '%s ' "$(client_ip "$i")"; done)), registry $REGISTRY"
@@ -353,6 +379,7 @@ case "${1:-}" in
   stop) stop ;;
   restart) stop; start ;;
   status) status ;;
+  acl) acl_setup "$SERVER_ADDR" "$ROOT/acl"; node_variable ;;  # rules, namespaces, variable again: no restart
   kill)
     node_arg "${2:-}"
     STATE="$ROOT/c$2"
@@ -363,5 +390,5 @@ case "${1:-}" in
     node_arg "${2:-}"
     [[ "${3:-}" == up || "${3:-}" == down ]] || die "expected: link N up|down"
     ip link set "$(netns "$2")" "$3" ;;
-  *) echo "usage: $0 start|stop|restart|status|kill N|revive N|link N up|down" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|status|acl|kill N|revive N|link N up|down" >&2; exit 2 ;;
 esac
