@@ -134,10 +134,14 @@ VARS
 }
 
 render_agent() {  # an HCL object of the template's variables -> the agent's configuration
+  render_template "$TEMPLATE" "$1"
+}
+
+render_template() {  # template, an HCL object of its variables -> the rendered text
   local out work="$ROOT/console"
   mkdir -p "$work"
-  out=$(cd "$work" && tr '\n' ' ' <<<"templatefile(\"$TEMPLATE\", $1)" | "$repo/scripts/tofu" console) \
-    || die "rendering $TEMPLATE failed"
+  out=$(cd "$work" && tr '\n' ' ' <<<"templatefile(\"$1\", $2)" | "$repo/scripts/tofu" console) \
+    || die "rendering $1 failed"
   sed '1{/^<<EOT$/d}; ${/^EOT$/d}' <<<"$out"  # console prints a multi-line string as a heredoc
 }
 
@@ -293,6 +297,118 @@ print(json.dumps({"Namespace": "hutch-system", "Path": "nomad/jobs/hutch-node", 
     || die "writing the node agents' variable nomad/jobs/hutch-node failed"
 }
 
+# The agents themselves: the hutch-node system job of infra/terraform's hutch-on-nomad module,
+# rendered from the same template, running this checkout's hutch (source_dir) with the clients'
+# python3 through raw_exec, root, in each client's network namespace: one agent per client on
+# its address, port $NODE_PORT, its sandboxes under $AGENTS_DIR/<node name>.
+NODE_JOB_TEMPLATE="$repo/infra/terraform/modules/hutch-on-nomad/jobs/node.nomad.hcl.tftpl"
+NODE_PORT=${HUTCH_CLUSTER_NODE_PORT:-4750}
+AGENTS_DIR="$ROOT/agents"
+
+node_job_vars() {
+  cat <<VARS
+{
+  namespace = "hutch-system", datacenters = ["dc1"], service = "hutch-node", port = $NODE_PORT,
+  secret_path = "nomad/jobs/hutch-node", data_dir = "$AGENTS_DIR",
+  runtime_cache = "${HUTCH_RUNTIME_CACHE:-/var/cache/hutch/runtimes}", cpu = 500, memory = 1024,
+  hutch_version = "", wheels_url = "", source_dir = "$repo", python = "$($PY -c 'import sys; print(sys.executable)')"
+}
+VARS
+}
+
+# The job as Nomad's API takes it: the rendered HCL, parsed by the server itself.
+node_job_json() {
+  local hcl
+  hcl=$(render_template "$NODE_JOB_TEMPLATE" "$(node_job_vars)")
+  $PY -c 'import json, sys; print(json.dumps({"JobHCL": sys.stdin.read(), "Canonicalize": True}))' <<<"$hcl" \
+    | curl -fsS -m 20 -X POST -H "X-Nomad-Token: $(management_secret "$ROOT/acl")" -d @- \
+        "$SERVER_ADDR/v1/jobs/parse?namespace=hutch-system" \
+    | $PY -c 'import json, sys; print(json.dumps({"Job": json.load(sys.stdin)}))'
+}
+
+agent_code() { (cd "$repo" && $PY -m hutch.cli node serve --help >/dev/null 2>&1); }
+
+node_job_up() {
+  if ! agent_code; then
+    say "no 'hutch node serve' in $repo (issue 35's agent): the hutch-node system job is not submitted"
+    return 0
+  fi
+  mkdir -p "$AGENTS_DIR" && chmod 700 "$AGENTS_DIR"
+  node_job_json | curl -fsS -m 20 -X PUT -H "X-Nomad-Token: $(management_secret "$ROOT/acl")" -d @- \
+    "$SERVER_ADDR/v1/jobs?namespace=hutch-system" >/dev/null || die "submitting the hutch-node system job failed"
+  # Loud but not fatal: the cluster serves the nomad driver without its agents, and what needs
+  # them fails naming them.
+  wait_agents "$CLIENTS" 180 || say "WARNING: the node agents are not all up: $(node_job_why)"
+}
+
+node_job_why() {  # the agents' allocations: status, last task event, stderr's tail
+  SERVER_ADDR=$SERVER_ADDR MGMT=$(management_secret "$ROOT/acl") $PY -c '
+import json, os, urllib.request
+def get(path, raw=False):
+    req = urllib.request.Request(os.environ["SERVER_ADDR"] + path, headers={"X-Nomad-Token": os.environ["MGMT"]})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.read().decode(errors="replace") if raw else json.load(resp)
+q = "namespace=hutch-system"
+try:
+    allocs = get("/v1/job/hutch-node/allocations?" + q)
+except OSError as err:
+    raise SystemExit(f"no allocations readable: {err}")
+if not allocs:
+    print("no allocation placed (do the clients offer raw_exec? nomad job status -namespace hutch-system hutch-node)")
+for alloc in allocs:
+    node, status = alloc["NodeName"], alloc["ClientStatus"]
+    events = (alloc.get("TaskStates") or {}).get("agent", {}).get("Events") or [{}]
+    last = events[-1].get("DisplayMessage", "")
+    try:
+        path = "/v1/client/fs/logs/" + alloc["ID"] + "?" + q + "&task=agent&type=stderr&plain=true&origin=end&offset=400"
+        tail = get(path, raw=True).strip()[-300:]
+    except OSError:
+        tail = ""
+    print(f"{node}: {status}; {last}; {tail}")'
+}
+
+healthy_agents() {  # allocations of hutch-node running with every check passing
+  local mgmt; mgmt=$(management_secret "$ROOT/acl")
+  SERVER_ADDR=$SERVER_ADDR MGMT=$mgmt $PY -c '
+import json, os, urllib.request
+def get(path):
+    req = urllib.request.Request(os.environ["SERVER_ADDR"] + path, headers={"X-Nomad-Token": os.environ["MGMT"]})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.load(resp)
+healthy = 0
+try:
+    for alloc in get("/v1/job/hutch-node/allocations?namespace=hutch-system"):
+        if alloc["ClientStatus"] == "running" and alloc["DesiredStatus"] == "run":
+            aid = alloc["ID"]
+            checks = get(f"/v1/client/allocation/{aid}/checks?namespace=hutch-system") or {}
+            healthy += bool(checks) and all(c.get("Status") == "success" for c in checks.values())
+except OSError:
+    pass
+print(healthy)'
+}
+
+wait_agents() {  # count timeout
+  local deadline=$((SECONDS + $2)) n
+  while :; do
+    n=$(healthy_agents)
+    ((n >= $1)) && return 0
+    ((SECONDS < deadline)) || { say "$n of $1 node agents healthy after $2 s"; return 1; }
+    sleep 0.5
+  done
+}
+
+# Stopped through Nomad first (SIGTERM: the agent leaves its sandboxes for the next start), then
+# whatever a client killed without a stop left running.
+node_job_down() {
+  local mgmt i deadline=$((SECONDS + 20))
+  mgmt=$(management_secret "$ROOT/acl")
+  if curl -fsS -m 5 -X DELETE -H "X-Nomad-Token: $mgmt" "$SERVER_ADDR/v1/job/hutch-node?namespace=hutch-system&purge=true" >/dev/null 2>&1; then
+    while pgrep -f -- "node serve .*--data-dir $AGENTS_DIR/" >/dev/null && ((SECONDS < deadline)); do sleep 0.3; done
+  fi
+  pkill -KILL -f -- "node serve .*--data-dir $AGENTS_DIR/" 2>/dev/null || true
+  unmount_under "$AGENTS_DIR"
+}
+
 # ---------------------------------------------------------------------------- actions
 
 print_settings() {
@@ -301,6 +417,7 @@ print_settings() {
   echo "HUTCH_NOMAD_REGISTRY=$REGISTRY"
   echo "HUTCH_NOMAD_TOKEN=$(cat "$ROOT/acl/hutch.token")"
   echo "HUTCH_NOMAD_OPERATOR_TOKEN=$(management_secret "$ROOT/acl")"
+  echo "HUTCH_NODE_SECRET_FILE=$(node_secret_file)"
 }
 
 wait_clients() {  # count timeout
@@ -333,13 +450,15 @@ start() {
   node_variable
   for i in $(seq "$CLIENTS"); do client_up "$i"; done
   wait_clients "$CLIENTS" 90
+  node_job_up
   say "cluster ready in $((SECONDS - started))s: server $HOST_IP:$SERVER_PORT, $CLIENTS clients ($(for i in $(seq "$CLIENTS"); do printf '%s ' "$(client_ip "$i")"; done)), registry $REGISTRY"
   print_settings
 }
 
 stop() {
   local i allocs
-  allocs=$(server_api /v1/allocations 2>/dev/null | python3 -c 'import json, sys; print(" ".join(a["ID"] for a in json.load(sys.stdin)))' 2>/dev/null || true)
+  allocs=$(server_api "/v1/allocations?namespace=*" 2>/dev/null | python3 -c 'import json, sys; print(" ".join(a["ID"] for a in json.load(sys.stdin)))' 2>/dev/null || true)
+  node_job_down
   for i in $(seq "$CLIENTS"); do client_down "$i"; done
   # shellcheck disable=SC2086
   remove_alloc_netns $allocs
@@ -351,7 +470,7 @@ stop() {
     unmount_under "$ROOT/c$i"
     rm -rf "${ROOT:?}/c$i" "$RUN/c$i"
   done
-  rm -rf "$ROOT/server/data"
+  rm -rf "$ROOT/server/data" "$AGENTS_DIR"
   rmdir "$RUN" 2>/dev/null || true
   # Nomad's per-client cgroup parents (cgroup v1 hierarchies and the v2 mount).
   for i in $(seq "$CLIENTS"); do

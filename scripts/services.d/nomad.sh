@@ -280,7 +280,7 @@ node {
 # management one may submit, and never in default, where hutch's token may. A namespace made
 # without capabilities would allow every driver: only management tokens can make one.
 NAMESPACES='[
-  {"Name": "default", "Description": "Default shared namespace: sandboxes; no raw_exec",
+  {"Name": "default", "Description": "Default shared namespace",
    "Capabilities": {"DisabledTaskDrivers": ["raw_exec"]}},
   {"Name": "hutch-system", "Description": "hutch node agents (the hutch-node system job): raw_exec only",
    "Capabilities": {"EnabledTaskDrivers": ["raw_exec"]}}
