@@ -123,6 +123,9 @@ class NomadAgentDirectory:
         self.error: str | None = None  # the last query's failure, None once one succeeds again
 
     async def start(self) -> None:
+        """Starts following the catalog (the first agents() does, if no one did); close() stops."""
+        if self._tasks:
+            return
         await self._client.start()
         self._tasks = [asyncio.create_task(self._follow_services(), name=f"nomad catalog {self.service}"),
                        asyncio.create_task(self._follow_nodes(), name="nomad nodes")]
@@ -167,8 +170,8 @@ class NomadAgentDirectory:
     async def _first_view(self, timeout: float) -> None:
         if self._ready.is_set():
             return
-        if not self._tasks:
-            raise DriverFailure("the node agents' directory is not started")
+        if not self._tasks:  # a caller that knows only agents() (drivers/node/directory.py)
+            await self.start()
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except TimeoutError:
