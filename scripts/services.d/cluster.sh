@@ -406,7 +406,38 @@ node_job_down() {
     while pgrep -f -- "node serve .*--data-dir $AGENTS_DIR/" >/dev/null && ((SECONDS < deadline)); do sleep 0.3; done
   fi
   pkill -KILL -f -- "node serve .*--data-dir $AGENTS_DIR/" 2>/dev/null || true
+  reap_agents
   unmount_under "$AGENTS_DIR"
+}
+
+# An agent that stops leaves its sandboxes (and its warm spares) for the next one to adopt;
+# on `stop` there is no next one. The local driver over each agent's data dir, in its client's
+# network namespace, adopts what still runs, tears down the dead agent's spares and the
+# remains of dead sandboxes, and destroys the rest.
+reap_agents() {
+  local dir name ns
+  for dir in "$AGENTS_DIR"/*/; do
+    [[ -d $dir/sandboxes ]] || continue
+    name=$(basename "$dir")
+    ns=(); [[ -e /run/netns/$name ]] && ns=(nsenter "--net=/run/netns/$name" --)
+    (cd "$repo" && HUTCH_WARM_POOL=0 "${ns[@]}" $PY - "$dir" "${HUTCH_RUNTIME_CACHE:-/var/cache/hutch/runtimes}" <<'PY'
+import asyncio, sys
+from pathlib import Path
+from hutch.drivers.local.driver import LocalDriver
+
+async def reap(data_dir: Path, cache: Path) -> None:
+    driver = LocalDriver(data_dir, cache)
+    await driver.start()
+    try:
+        for sid in sorted(await driver.alive()):
+            await driver.destroy(sid)
+    finally:
+        await driver.close()
+
+asyncio.run(reap(Path(sys.argv[1]), Path(sys.argv[2])))
+PY
+    ) || say "warning: reaping the sandboxes of the node agent $name failed"
+  done
 }
 
 # ---------------------------------------------------------------------------- actions
