@@ -298,9 +298,10 @@ print(json.dumps({"Namespace": "hutch-system", "Path": "nomad/jobs/hutch-node", 
 }
 
 # The agents themselves: the hutch-node system job of infra/terraform's hutch-on-nomad module,
-# rendered from the same template, running this checkout's hutch (source_dir) with the clients'
-# python3 through raw_exec, root, in each client's network namespace: one agent per client on
-# its address, port $NODE_PORT, its sandboxes under $AGENTS_DIR/<node name>.
+# rendered from the same template, running this checkout's hutch (source_dir) with the
+# services' Python (its sys.executable: hutch's dependencies are in its site) through raw_exec,
+# root, in each client's network namespace: one agent per client on its address, port
+# $NODE_PORT, its sandboxes under $AGENTS_DIR/<node name>.
 NODE_JOB_TEMPLATE="$repo/infra/terraform/modules/hutch-on-nomad/jobs/node.nomad.hcl.tftpl"
 NODE_PORT=${HUTCH_CLUSTER_NODE_PORT:-4750}
 AGENTS_DIR="$ROOT/agents"
