@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from hutch.drivers.node.catalog import AgentNode, host_port, join
+from hutch.core.errors import InvalidInput
+from hutch.drivers.node.catalog import AgentNode, NomadAgentDirectory, host_port, join
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "nomad_catalog.json").read_text())
 SERVICE: list[dict[str, Any]] = RECORDED["service"]
@@ -84,3 +85,11 @@ def test_addresses() -> None:
     assert host_port("10.77.0.11", 4750) == "10.77.0.11:4750"
     assert host_port("fd00::11", 4750) == "[fd00::11]:4750"
     assert host_port("node-1.internal", 4750) == "node-1.internal:4750"
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"service": ""}, "HUTCH_NODE_SERVICE"),
+                                           ({"namespace": ""}, "HUTCH_NODE_NAMESPACE")])
+def test_an_empty_service_or_namespace_is_refused_naming_it(kw: dict[str, str], field: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        NomadAgentDirectory("http://127.0.0.1:4646", None, **kw)
+    assert caught.value.field == field and field in str(caught.value)

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from hutch.core.errors import DriverFailure
+from hutch.core.errors import DriverFailure, InvalidInput
 from hutch.drivers.nomad.client import NomadClient, NomadNotFound
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,11 @@ class NomadAgentDirectory:
     def __init__(self, addr: str, token: str | None, service: str = SERVICE, namespace: str = NAMESPACE,
                  *, wait: str = WAIT) -> None:
         if not service:
-            raise ValueError("the node agents' service name is empty")
+            raise InvalidInput("HUTCH_NODE_SERVICE: the node agents' Nomad service name is empty",
+                               field="HUTCH_NODE_SERVICE")
         if not namespace:
-            raise ValueError("the node agents' namespace is empty")
+            raise InvalidInput("HUTCH_NODE_NAMESPACE: the node agents' Nomad namespace is empty",
+                               field="HUTCH_NODE_NAMESPACE")
         self.service, self.namespace = service, namespace
         self._client = NomadClient(addr, token=token, namespace=namespace)
         self._wait = wait
