@@ -37,6 +37,7 @@ module "hutch" {
   warm_pools        = var.warm_pools
   image_registry    = var.image_registry
   postgres_password = var.postgres_password
+  node_secret       = var.node_secret
 }
 
 output "server_user_data" {
@@ -56,4 +57,9 @@ output "hutch_api" {
 
 output "hutch_jobs" {
   value = module.hutch.jobs
+}
+
+output "hutch_node_agents" {
+  description = "The node agents' system job (namespace, job, service, variable, port)."
+  value       = module.hutch.node_agents
 }

@@ -86,3 +86,9 @@ variable "postgres_password" {
   type        = string
   sensitive   = true
 }
+
+variable "node_secret" {
+  description = "The node agents' shared secret, at least 32 characters (e.g. `openssl rand -hex 32`)."
+  type        = string
+  sensitive   = true
+}

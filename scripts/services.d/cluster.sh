@@ -10,6 +10,8 @@
 #                          # HUTCH_NOMAD_OPERATOR_TOKEN too: a management token, for Terraform)
 #   cluster.sh stop        # leaves nothing: processes, shims, mounts, namespaces, links, iptables
 #   cluster.sh status | restart
+#   cluster.sh acl         # writes the ACL policy, the namespaces and the node agents' variable
+#                          # again on the running cluster (what start does; restarts nothing)
 #   cluster.sh kill N      # node loss: kill -9 client N's Nomad agent and its containerd
 #   cluster.sh revive N    # start client N's containerd and Nomad agent again
 #   cluster.sh link N down|up   # node loss by network: client N's cable out / back in
@@ -29,7 +31,9 @@
 # cluster network (the Nomad server, the registry) and off this host's own addresses.
 #
 # Hardened as production is (the same template): ACLs on (bootstrapped by acl_setup of nomad.sh,
-# with its secret in $ROOT/acl), raw_exec off.
+# with its secret in $ROOT/acl); raw_exec on for the node agents' system job only: Nomad's
+# servers refuse it in every namespace but hutch-system (nomad.sh NAMESPACES), where only the
+# management token submits.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -124,16 +128,20 @@ agent_vars() {
   http_port = $SERVER_PORT, server_ips = ["$HOST_IP"], plugin_dir = "$5",
   containerd_address = "${6:-}", workspace_root = "${7:-}", network_interface = "${8:-}", cgroup_parent = "${9:-}",
   min_heartbeat_ttl = "4s", heartbeat_grace = "4s", failover_heartbeat_ttl = "20s",
-  cluster_cidrs = [$(denied_cidrs)], insecure_registries = ["$REGISTRY"], acl_enabled = true
+  cluster_cidrs = [$(denied_cidrs)], insecure_registries = ["$REGISTRY"], acl_enabled = true, node_agents = true
 }
 VARS
 }
 
 render_agent() {  # an HCL object of the template's variables -> the agent's configuration
+  render_template "$TEMPLATE" "$1"
+}
+
+render_template() {  # template, an HCL object of its variables -> the rendered text
   local out work="$ROOT/console"
   mkdir -p "$work"
-  out=$(cd "$work" && tr '\n' ' ' <<<"templatefile(\"$TEMPLATE\", $1)" | "$repo/scripts/tofu" console) \
-    || die "rendering $TEMPLATE failed"
+  out=$(cd "$work" && tr '\n' ' ' <<<"templatefile(\"$1\", $2)" | "$repo/scripts/tofu" console) \
+    || die "rendering $1 failed"
   sed '1{/^<<EOT$/d}; ${/^EOT$/d}' <<<"$out"  # console prints a multi-line string as a heredoc
 }
 
@@ -268,6 +276,171 @@ registry_up() {
   start_registry  # nomad.sh's, with this STATE and REGISTRY
 }
 
+# ---------------------------------------------------------------------------- node agents
+
+# The node agents' shared secret (issue 35): made once, kept with the cluster's ACL secret, and
+# handed to the agents only through the Nomad variable their job reads (nomad/jobs/hutch-node in
+# hutch-system, which hutch's own token cannot read).
+node_secret_file() {
+  local f="$ROOT/acl/node.secret"
+  [[ -s $f ]] || (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$f")
+  echo "$f"
+}
+
+node_variable() {
+  local body
+  body=$($PY -c 'import json, sys
+print(json.dumps({"Namespace": "hutch-system", "Path": "nomad/jobs/hutch-node", "Items": {"secret": sys.stdin.read().strip()}}))' \
+    <"$(node_secret_file)")
+  curl -fsS -m 5 -X PUT -H "X-Nomad-Token: $(management_secret "$ROOT/acl")" -d @- \
+    "$SERVER_ADDR/v1/var/nomad/jobs/hutch-node?namespace=hutch-system" <<<"$body" >/dev/null \
+    || die "writing the node agents' variable nomad/jobs/hutch-node failed"
+}
+
+# The agents themselves: the hutch-node system job of infra/terraform's hutch-on-nomad module,
+# rendered from the same template, running this checkout's hutch (source_dir) with the
+# services' Python (its sys.executable: hutch's dependencies are in its site) through raw_exec,
+# root, in each client's network namespace: one agent per client on its address, port
+# $NODE_PORT, its sandboxes under $AGENTS_DIR/<node name>.
+NODE_JOB_TEMPLATE="$repo/infra/terraform/modules/hutch-on-nomad/jobs/node.nomad.hcl.tftpl"
+NODE_PORT=${HUTCH_CLUSTER_NODE_PORT:-4750}
+AGENTS_DIR="$ROOT/agents"
+
+node_job_vars() {
+  cat <<VARS
+{
+  namespace = "hutch-system", datacenters = ["dc1"], service = "hutch-node", port = $NODE_PORT,
+  secret_path = "nomad/jobs/hutch-node", data_dir = "$AGENTS_DIR",
+  runtime_cache = "${HUTCH_RUNTIME_CACHE:-/var/cache/hutch/runtimes}", cpu = 500, memory = 1024,
+  hutch_version = "", wheels_url = "", source_dir = "$repo", python = "$($PY -c 'import sys; print(sys.executable)')"
+}
+VARS
+}
+
+# The job as Nomad's API takes it: the rendered HCL, parsed by the server itself.
+node_job_json() {
+  local hcl
+  hcl=$(render_template "$NODE_JOB_TEMPLATE" "$(node_job_vars)")
+  $PY -c 'import json, sys; print(json.dumps({"JobHCL": sys.stdin.read(), "Canonicalize": True}))' <<<"$hcl" \
+    | curl -fsS -m 20 -X POST -H "X-Nomad-Token: $(management_secret "$ROOT/acl")" -d @- \
+        "$SERVER_ADDR/v1/jobs/parse?namespace=hutch-system" \
+    | $PY -c 'import json, sys; print(json.dumps({"Job": json.load(sys.stdin)}))'
+}
+
+agent_code() { (cd "$repo" && $PY -m hutch.cli node serve --help >/dev/null 2>&1); }
+
+node_job_up() {
+  if ! agent_code; then
+    say "no 'hutch node serve' in $repo (issue 35's agent): the hutch-node system job is not submitted"
+    return 0
+  fi
+  mkdir -p "$AGENTS_DIR" && chmod 700 "$AGENTS_DIR"
+  node_job_json | curl -fsS -m 20 -X PUT -H "X-Nomad-Token: $(management_secret "$ROOT/acl")" -d @- \
+    "$SERVER_ADDR/v1/jobs?namespace=hutch-system" >/dev/null || die "submitting the hutch-node system job failed"
+  # Loud but not fatal: the cluster serves the nomad driver without its agents, and what needs
+  # them fails naming them.
+  wait_agents "$CLIENTS" 180 || say "WARNING: the node agents are not all up: $(node_job_why)"
+}
+
+node_job_why() {  # the agents' allocations: status, last task event, stderr's tail
+  SERVER_ADDR=$SERVER_ADDR MGMT=$(management_secret "$ROOT/acl") $PY -c '
+import json, os, urllib.request
+def get(path, raw=False):
+    req = urllib.request.Request(os.environ["SERVER_ADDR"] + path, headers={"X-Nomad-Token": os.environ["MGMT"]})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.read().decode(errors="replace") if raw else json.load(resp)
+q = "namespace=hutch-system"
+try:
+    allocs = get("/v1/job/hutch-node/allocations?" + q)
+except OSError as err:
+    raise SystemExit(f"no allocations readable: {err}")
+if not allocs:
+    print("no allocation placed (do the clients offer raw_exec? nomad job status -namespace hutch-system hutch-node)")
+for alloc in allocs:
+    node, status = alloc["NodeName"], alloc["ClientStatus"]
+    events = (alloc.get("TaskStates") or {}).get("agent", {}).get("Events") or [{}]
+    last = events[-1].get("DisplayMessage", "")
+    try:
+        path = "/v1/client/fs/logs/" + alloc["ID"] + "?" + q + "&task=agent&type=stderr&plain=true&origin=end&offset=400"
+        tail = get(path, raw=True).strip()[-300:]
+    except OSError:
+        tail = ""
+    print(f"{node}: {status}; {last}; {tail}")'
+}
+
+healthy_agents() {  # allocations of hutch-node running with every check passing
+  local mgmt; mgmt=$(management_secret "$ROOT/acl")
+  SERVER_ADDR=$SERVER_ADDR MGMT=$mgmt $PY -c '
+import json, os, urllib.request
+def get(path):
+    req = urllib.request.Request(os.environ["SERVER_ADDR"] + path, headers={"X-Nomad-Token": os.environ["MGMT"]})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.load(resp)
+healthy = 0
+try:
+    for alloc in get("/v1/job/hutch-node/allocations?namespace=hutch-system"):
+        if alloc["ClientStatus"] == "running" and alloc["DesiredStatus"] == "run":
+            aid = alloc["ID"]
+            checks = get(f"/v1/client/allocation/{aid}/checks?namespace=hutch-system") or {}
+            healthy += bool(checks) and all(c.get("Status") == "success" for c in checks.values())
+except OSError:
+    pass
+print(healthy)'
+}
+
+wait_agents() {  # count timeout
+  local deadline=$((SECONDS + $2)) n
+  while :; do
+    n=$(healthy_agents)
+    ((n >= $1)) && return 0
+    ((SECONDS < deadline)) || { say "$n of $1 node agents healthy after $2 s"; return 1; }
+    sleep 0.5
+  done
+}
+
+# Stopped through Nomad first (SIGTERM: the agent leaves its sandboxes for the next start), then
+# whatever a client killed without a stop left running.
+node_job_down() {
+  local mgmt i deadline=$((SECONDS + 20))
+  mgmt=$(management_secret "$ROOT/acl")
+  if curl -fsS -m 5 -X DELETE -H "X-Nomad-Token: $mgmt" "$SERVER_ADDR/v1/job/hutch-node?namespace=hutch-system&purge=true" >/dev/null 2>&1; then
+    while pgrep -f -- "node serve .*--data-dir $AGENTS_DIR/" >/dev/null && ((SECONDS < deadline)); do sleep 0.3; done
+  fi
+  pkill -KILL -f -- "node serve .*--data-dir $AGENTS_DIR/" 2>/dev/null || true
+  reap_agents
+  unmount_under "$AGENTS_DIR"
+}
+
+# An agent that stops leaves its sandboxes (and its warm spares) for the next one to adopt;
+# on `stop` there is no next one. The local driver over each agent's data dir, in its client's
+# network namespace, adopts what still runs, tears down the dead agent's spares and the
+# remains of dead sandboxes, and destroys the rest.
+reap_agents() {
+  local dir name ns
+  for dir in "$AGENTS_DIR"/*/; do
+    [[ -d $dir/sandboxes ]] || continue
+    name=$(basename "$dir")
+    ns=(); [[ -e /run/netns/$name ]] && ns=(nsenter "--net=/run/netns/$name" --)
+    (cd "$repo" && HUTCH_WARM_POOL=0 "${ns[@]}" $PY - "$dir" "${HUTCH_RUNTIME_CACHE:-/var/cache/hutch/runtimes}" <<'PY'
+import asyncio, sys
+from pathlib import Path
+from hutch.drivers.local.driver import LocalDriver
+
+async def reap(data_dir: Path, cache: Path) -> None:
+    driver = LocalDriver(data_dir, cache)
+    await driver.start()
+    try:
+        for sid in sorted(await driver.alive()):
+            await driver.destroy(sid)
+    finally:
+        await driver.close()
+
+asyncio.run(reap(Path(sys.argv[1]), Path(sys.argv[2])))
+PY
+    ) || say "warning: reaping the sandboxes of the node agent $name failed"
+  done
+}
+
 # ---------------------------------------------------------------------------- actions
 
 print_settings() {
@@ -276,6 +449,7 @@ print_settings() {
   echo "HUTCH_NOMAD_REGISTRY=$REGISTRY"
   echo "HUTCH_NOMAD_TOKEN=$(cat "$ROOT/acl/hutch.token")"
   echo "HUTCH_NOMAD_OPERATOR_TOKEN=$(management_secret "$ROOT/acl")"
+  echo "HUTCH_NODE_SECRET_FILE=$(node_secret_file)"
 }
 
 wait_clients() {  # count timeout
@@ -305,15 +479,18 @@ start() {
     for i in $(seq "$CLIENTS"); do client_down "$i"; rm -rf "${ROOT:?}/c$i/data"; done
   fi
   acl_setup "$SERVER_ADDR" "$ROOT/acl"
+  node_variable
   for i in $(seq "$CLIENTS"); do client_up "$i"; done
   wait_clients "$CLIENTS" 90
+  node_job_up
   say "cluster ready in $((SECONDS - started))s: server $HOST_IP:$SERVER_PORT, $CLIENTS clients ($(for i in $(seq "$CLIENTS"); do printf '%s ' "$(client_ip "$i")"; done)), registry $REGISTRY"
   print_settings
 }
 
 stop() {
   local i allocs
-  allocs=$(server_api /v1/allocations 2>/dev/null | python3 -c 'import json, sys; print(" ".join(a["ID"] for a in json.load(sys.stdin)))' 2>/dev/null || true)
+  allocs=$(server_api "/v1/allocations?namespace=*" 2>/dev/null | python3 -c 'import json, sys; print(" ".join(a["ID"] for a in json.load(sys.stdin)))' 2>/dev/null || true)
+  node_job_down
   for i in $(seq "$CLIENTS"); do client_down "$i"; done
   # shellcheck disable=SC2086
   remove_alloc_netns $allocs
@@ -325,7 +502,7 @@ stop() {
     unmount_under "$ROOT/c$i"
     rm -rf "${ROOT:?}/c$i" "$RUN/c$i"
   done
-  rm -rf "$ROOT/server/data"
+  rm -rf "$ROOT/server/data" "$AGENTS_DIR"
   rmdir "$RUN" 2>/dev/null || true
   # Nomad's per-client cgroup parents (cgroup v1 hierarchies and the v2 mount).
   for i in $(seq "$CLIENTS"); do
@@ -353,6 +530,7 @@ case "${1:-}" in
   stop) stop ;;
   restart) stop; start ;;
   status) status ;;
+  acl) acl_setup "$SERVER_ADDR" "$ROOT/acl"; node_variable ;;  # rules, namespaces, variable again: no restart
   kill)
     node_arg "${2:-}"
     STATE="$ROOT/c$2"
@@ -363,5 +541,5 @@ case "${1:-}" in
     node_arg "${2:-}"
     [[ "${3:-}" == up || "${3:-}" == down ]] || die "expected: link N up|down"
     ip link set "$(netns "$2")" "$3" ;;
-  *) echo "usage: $0 start|stop|restart|status|kill N|revive N|link N up|down" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|status|acl|kill N|revive N|link N up|down" >&2; exit 2 ;;
 esac

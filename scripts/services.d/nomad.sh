@@ -262,19 +262,46 @@ api() { curl -fsS -m 5 -H "X-Nomad-Token: $(management_secret "$STATE/acl")" "ht
 ACL_POLICY=hutch-driver
 # What the nomad driver calls (drivers/nomad/client.py, placement.py): jobs (register, read,
 # stop, their allocations and evaluations), allocations (read, exec, gc: submit-job), nodes (read).
+# In hutch-system, where the node agents run, only what the node driver's directory reads: the
+# hutch-node service registrations (drivers/node/catalog.py; Nomad wants read-job for them).
 ACL_RULES='namespace "default" {
   capabilities = ["submit-job", "read-job", "list-jobs", "alloc-exec", "alloc-lifecycle"]
+}
+namespace "hutch-system" {
+  capabilities = ["read-job"]
 }
 node {
   policy = "read"
 }'
 
+# The node agents run as root through raw_exec (the hutch-node system job). Nomad's servers
+# refuse, at registration, a job whose driver its namespace's capabilities do not allow
+# (nomad/job_endpoint_validators.go): raw_exec only in hutch-system, where no token but a
+# management one may submit, and never in default, where hutch's token may. A namespace made
+# without capabilities would allow every driver: only management tokens can make one.
+NAMESPACES='[
+  {"Name": "default", "Description": "Default shared namespace",
+   "Capabilities": {"DisabledTaskDrivers": ["raw_exec"]}},
+  {"Name": "hutch-system", "Description": "hutch node agents (the hutch-node system job): raw_exec only",
+   "Capabilities": {"EnabledTaskDrivers": ["raw_exec"]}}
+]'
+
+namespaces_setup() {  # addr management-secret
+  local ns name
+  while read -r ns; do
+    name=$($PY -c 'import json, sys; print(json.loads(sys.argv[1])["Name"])' "$ns")
+    curl -fsS -m 5 -X PUT -H "X-Nomad-Token: $2" -d "$ns" "$1/v1/namespace/$name" >/dev/null \
+      || die "writing namespace $name to $1 failed"
+  done < <($PY -c 'import json, sys; [print(json.dumps(n)) for n in json.loads(sys.argv[1])]' "$NAMESPACES")
+}
+
 management_secret() { cat "$1/management.secret" 2>/dev/null || true; }
 
 # acl_setup ADDR DIR: bootstraps the ACLs of the Nomad at ADDR with the secret in
 # DIR/management.secret (generated once: a dev agent, which forgets everything when it stops,
-# gets the same management token again), writes the hutch-driver policy and keeps a token of
-# it in DIR/hutch.token (a new one when the old no longer works).
+# gets the same management token again), writes the namespaces (their task drivers) and the
+# hutch-driver policy and keeps a token of it in DIR/hutch.token (a new one when the old no
+# longer works).
 acl_setup() {
   local addr=$1 dir=$2 mgmt out deadline=$((SECONDS + 60))
   mkdir -p "$dir" && chmod 700 "$dir"
@@ -286,6 +313,8 @@ acl_setup() {
     ((SECONDS < deadline)) || die "bootstrapping the ACLs of the Nomad at $addr failed: $out"
     sleep 0.3
   done
+  # Before hutch's token exists: it never sees default allowing raw_exec.
+  namespaces_setup "$addr" "$mgmt"
   local policy
   policy=$($PY -c 'import json, sys; print(json.dumps({"Name": sys.argv[1], "Description": "the hutch nomad driver", "Rules": sys.argv[2]}))' "$ACL_POLICY" "$ACL_RULES")
   curl -fsS -m 5 -X POST -H "X-Nomad-Token: $mgmt" -d "$policy" "$addr/v1/acl/policy/$ACL_POLICY" >/dev/null \

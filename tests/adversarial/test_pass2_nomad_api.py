@@ -232,9 +232,15 @@ async def test_the_terraform_nodes_run_nomad_as_production_must() -> None:
     assert "acl {\n  enabled = ${acl_enabled}\n}" in agent
     acl_default = variables.split('variable "acl_enabled"', 1)[1].split("}", 1)[0]
     assert "default = true" in acl_default, acl_default
-    assert 'plugin "raw_exec" {\n  config {\n    enabled = false' in agent
+    # raw_exec only for the node agents, and then only in hutch-system (the module's namespaces)
+    assert 'plugin "raw_exec" {\n  config {\n    enabled = ${node_agents}' in agent
     denylist = next(line for line in agent.splitlines() if '"driver.denylist"' in line)
-    assert "raw_exec" in denylist, denylist
+    assert "%{ if !node_agents },raw_exec%{ endif }" in denylist, denylist
+    module = template("modules/hutch-on-nomad/main.tf")
+    default_ns = module.split('resource "nomad_namespace" "default"', 1)[1].split("\n}\n", 1)[0]
+    node_ns = module.split('resource "nomad_namespace" "node"', 1)[1].split("\n}\n", 1)[0]
+    assert 'disabled_task_drivers = ["raw_exec"]' in default_ns, default_ns
+    assert 'enabled_task_drivers = ["raw_exec"]' in node_ns, node_ns
     assert "sandbox_firewall = true" in agent and "denied_cidrs" in agent
     cloud_init = template("modules/nomad-node/cloud-init.yaml.tftpl")
     sysctls = {"fs.inotify.max_user_instances": "2147483647", "fs.inotify.max_user_watches": "2147483647"}

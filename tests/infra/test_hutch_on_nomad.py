@@ -9,6 +9,16 @@ cache ``scripts/services start kafka`` fills), runs a sandbox through hutch-cont
 the real SandboxClient (tests/compat/compat.mjs: a command with files written and read back);
 ``tofu destroy`` leaves none of the jobs, Nomad variables and dynamic host volumes it made.
 
+The node agents (issue 35): the module's hutch-node system job (raw_exec) in a namespace of its
+own, the only one whose capabilities allow raw_exec, with ``default`` denying it; the agents'
+secret in that namespace's Nomad variable; a short secret refused by the module before
+anything is made. Here the job goes to a namespace and port of the test's own, beside the
+agents ``services start cluster`` runs in hutch-system. Where a client offers raw_exec (the
+cluster's template turns it on), the job is placed there, and with hutch's agent in this
+checkout (hutch/node) every placed agent answers its check and is in the service catalog as
+the API's directory reads it; a client without raw_exec is named by Nomad's placement
+failure.
+
 The sandboxes' images come from the cluster's own registry (HUTCH_TEST_CLUSTER_REGISTRY, the
 module's ``image_registry``): the clients' hutch-containerd trusts only that one over plain
 HTTP, so the registry job comes up and answers but holds no images here.
@@ -24,6 +34,7 @@ Needs: the cluster (HUTCH_TEST_CLUSTER_ADDR / REGISTRY / TOKEN / OPERATOR_TOKEN)
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import http.server
 import json
@@ -52,6 +63,8 @@ TERRAFORM = REPO / "infra" / "terraform"
 COMPAT = REPO / "tests" / "compat"
 JOBS = ("hutch-registry", "hutch-postgres", "hutch-kafka", "hutch-api")
 VARIABLES = ("nomad/jobs/hutch-postgres", "nomad/jobs/hutch-api")
+# The node agents of this test: beside (not instead of) those of the cluster in hutch-system.
+NODE_NAMESPACE, NODE_PORT, NODE_VARIABLE = "hutch-tftest", 4751, "nomad/jobs/hutch-node"
 UP_TIMEOUT = 240.0  # every job running and healthy, from the end of `tofu apply`
 
 pytestmark = pytest.mark.timeout(600)
@@ -266,6 +279,11 @@ variable "postgres_password" {
   type      = string
   sensitive = true
 }
+variable "node_secret" {
+  type      = string
+  sensitive = true
+}
+variable "node_data_dir" { type = string }
 
 provider "nomad" {
   address   = var.nomad_addr
@@ -285,6 +303,14 @@ module "hutch" {
   api_replicas      = 1
   api_key           = var.api_key
   postgres_password = var.postgres_password
+  node_secret       = var.node_secret
+  node_namespace    = "{NODE_NAMESPACE}"
+  node_port         = {NODE_PORT}
+  node_data_dir     = var.node_data_dir
+}
+
+output "node_agents" {
+  value = module.hutch.node_agents
 }
 
 output "jobs" {
@@ -298,7 +324,7 @@ output "variables" {
 output "volumes" {
   value = module.hutch.volumes
 }
-''')
+'''.replace("{NODE_NAMESPACE}", NODE_NAMESPACE).replace("{NODE_PORT}", str(NODE_PORT)))
     return root
 
 
@@ -340,9 +366,83 @@ def leftovers(nomad: Nomad) -> list[str]:
     """What of the module's is still in Nomad."""
     left = [f"job {job}" for job in JOBS if nomad.get(f"/v1/job/{job}") is not None]
     left += [f"variable {path}" for path in VARIABLES if nomad.get(f"/v1/var/{path}") is not None]
+    if nomad.get(f"/v1/namespace/{NODE_NAMESPACE}") is not None:
+        left.append(f"namespace {NODE_NAMESPACE}")
+        if nomad.get(f"/v1/job/hutch-node?namespace={NODE_NAMESPACE}") is not None:
+            left.append(f"job hutch-node in {NODE_NAMESPACE}")
+        if nomad.get(f"/v1/var/{NODE_VARIABLE}?namespace={NODE_NAMESPACE}") is not None:
+            left.append(f"variable {NODE_VARIABLE} in {NODE_NAMESPACE}")
     volumes = nomad.get("/v1/volumes?type=host") or []
     left += [f"volume {v['Name']} ({v['ID']})" for v in volumes if v["Name"] in JOBS]
     return left
+
+
+def node_pieces_made(nomad: Nomad, secret: str) -> None:
+    """The node agents' namespaces, job and variable as the module made them."""
+    namespace = nomad.get(f"/v1/namespace/{NODE_NAMESPACE}")
+    assert namespace and namespace["Capabilities"]["EnabledTaskDrivers"] == ["raw_exec"], namespace
+    default = nomad.get("/v1/namespace/default")
+    assert "raw_exec" in ((default["Capabilities"] or {}).get("DisabledTaskDrivers") or []), default
+    job = nomad.get(f"/v1/job/hutch-node?namespace={NODE_NAMESPACE}")
+    assert job is not None, f"no job hutch-node in namespace {NODE_NAMESPACE}"
+    group = job["TaskGroups"][0]
+    task = group["Tasks"][0]
+    assert (job["Type"], job["Priority"], task["Driver"]) == ("system", 90, "raw_exec"), job
+    assert [(p["Label"], p["Value"]) for p in group["Networks"][0]["ReservedPorts"]] == [("agent", NODE_PORT)]
+    service = group["Services"][0]
+    assert (service["Name"], service["Provider"], service["PortLabel"]) == ("hutch-node", "nomad", "agent")
+    assert [(c["Type"], c["Path"]) for c in service["Checks"]] == [("http", "/healthz")], service["Checks"]
+    template = task["Templates"][0]
+    assert (template["DestPath"], template["Perms"]) == ("secrets/node.secret", "0400"), template
+    assert f'nomadVar "{NODE_VARIABLE}"' in template["EmbeddedTmpl"], template
+    assert task["Env"]["HUTCH_NODE_SECRET_FILE"] == "${NOMAD_SECRETS_DIR}/node.secret", task["Env"]
+    assert secret not in json.dumps(job), "the node secret is in the job's text"
+    variable = nomad.get(f"/v1/var/{NODE_VARIABLE}?namespace={NODE_NAMESPACE}")
+    assert variable and variable["Items"] == {"secret": secret}, "the agents' variable does not hold the secret"
+
+
+def node_agents_up(nomad: Nomad, deadline: float) -> dict[str, str]:
+    """Every client runs an agent of the job: placed on each (the clients offer raw_exec for it),
+    and with hutch's agent in this checkout, healthy and in the catalog the API reads. Without the
+    agent (hutch/node), its task still starts and hutch refuses `node` (the job runs hutch)."""
+    from hutch.drivers.node.catalog import NomadAgentDirectory
+
+    nodes = {n["Name"]: n for n in nomad.get("/v1/nodes") if n["Status"] == "ready"}
+    without = sorted(name for name, n in nodes.items()
+                     if not (n.get("Drivers") or {}).get("raw_exec", {}).get("Healthy"))
+    assert not without, (f"clients without raw_exec: {without}; the cluster's template turns it on for the node "
+                         "agents: ./scripts/services restart cluster with this checkout's scripts")
+    agent_code = (REPO / "hutch" / "node" / "serve.py").is_file()
+    query = f"?namespace={NODE_NAMESPACE}"
+
+    def stderr(alloc: dict[str, Any]) -> str:
+        return nomad.get(f"/v1/client/fs/logs/{alloc['ID']}{query}&task=agent&type=stderr&plain=true",
+                         raw=True) or ""
+
+    while True:
+        allocs = [a for a in nomad.get(f"/v1/job/hutch-node/allocations{query}") or [] if a["DesiredStatus"] == "run"]
+        placed = {a["NodeName"] for a in allocs}
+        if agent_code:
+            healthy = {a["NodeName"] for a in allocs if a["ClientStatus"] == "running"
+                       and (checks := nomad.get(f"/v1/client/allocation/{a['ID']}/checks{query}") or {})
+                       and all(c.get("Status") == "success" for c in checks.values())}
+            if healthy == set(nodes):
+                break
+        elif {a["NodeName"] for a in allocs if "invalid choice: 'node'" in stderr(a)} == set(nodes):
+            return {}
+        if time.monotonic() > deadline:
+            states = [f"{a['NodeName']}: {a['ClientStatus']}: {stderr(a)[-300:]}" for a in allocs]
+            pytest.fail(f"node agents placed on {sorted(placed)} of {sorted(nodes)}, not up in time (agent code "
+                        f"here: {agent_code})\n" + "\n".join(states), pytrace=False)
+        time.sleep(1)
+
+    async def catalog() -> dict[str, str]:
+        async with NomadAgentDirectory(nomad.addr, nomad.token, namespace=NODE_NAMESPACE) as directory:
+            return await directory.agents()
+
+    agents = asyncio.run(catalog())
+    assert agents == {name: f"{n['Address']}:{NODE_PORT}" for name, n in nodes.items()}, agents
+    return agents
 
 
 def compat_run(url: str, key: str) -> str:
@@ -374,10 +474,15 @@ def test_apply_run_a_sandbox_destroy(
                  "hutch_version": artifacts.hutch_version, "kafka_version": artifacts.kafka_version,
                  "image_registry": _setting("HUTCH_TEST_CLUSTER_REGISTRY"),
                  "nomad_token": nomad.token, "api_nomad_token": _setting("HUTCH_TEST_CLUSTER_TOKEN"),
-                 "api_key": key, "postgres_password": password}
+                 "api_key": key, "postgres_password": password,
+                 "node_secret": secrets.token_hex(32), "node_data_dir": str(tmp_path / "agents")}
     (root / "test.auto.tfvars.json").write_text(json.dumps(variables))
     timings: dict[str, float] = {}
     tofu("init", "-backend=false", "-input=false", "-no-color", root=root, timeout=120)
+    # A short node secret: refused by the module's validation, naming it, before anything is made.
+    short = tofu("plan", "-input=false", "-no-color", "-var", "node_secret=too-short", root=root, timeout=120,
+                 check=False)
+    assert short.returncode != 0 and "node_secret: at least 32 characters" in short.stderr, short.stderr
     try:
         mark = time.monotonic()
         tofu("apply", "-auto-approve", "-input=false", "-no-color", root=root, timeout=180)
@@ -386,6 +491,10 @@ def test_apply_run_a_sandbox_destroy(
         assert outputs["jobs"]["value"] == list(JOBS), outputs["jobs"]
         assert outputs["variables"]["value"] == list(VARIABLES), outputs["variables"]
         assert set(outputs["volumes"]["value"]) == set(JOBS), outputs["volumes"]
+        assert outputs["node_agents"]["value"] == {
+            "namespace": NODE_NAMESPACE, "job": "hutch-node", "service": "hutch-node",
+            "variable": NODE_VARIABLE, "port": NODE_PORT}, outputs["node_agents"]
+        node_pieces_made(nomad, variables["node_secret"])
 
         mark = time.monotonic()
         artifacts.wait()
@@ -393,6 +502,9 @@ def test_apply_run_a_sandbox_destroy(
         wait_up(nomad, mark, mark + UP_TIMEOUT)
         url = api_url(nomad, key, mark + UP_TIMEOUT)
         timings["up"] = time.monotonic() - mark
+        agents = node_agents_up(nomad, mark + UP_TIMEOUT)
+        timings["node agents up"] = time.monotonic() - mark
+        print(f"node agents: {agents or 'placed on every client; no hutch/node here, hutch refused node serve'}")
         # The registry job answers the OCI distribution API on its service address.
         reg = nomad.service("hutch-registry")[0]
         with urllib.request.urlopen(f"http://{reg['Address']}:{reg['Port']}/v2/", timeout=5) as resp:

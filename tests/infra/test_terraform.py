@@ -182,6 +182,11 @@ def test_rendered_user_data_passes_cloud_init_schema(
         assert "containerd" not in doc["packages"] and "hutch-containerd" not in commands
     else:
         assert '"10.0.0.10:4647"' in agent_hcl and 'plugin "hutch-containerd"' in agent_hcl
+        # The node agents' driver, on by default: confined to hutch-system by the namespaces
+        # hutch-on-nomad sets (tests/adversarial/test_node_namespace.py tries the way around).
+        assert 'plugin "raw_exec" {\n  config {\n    enabled = true' in agent_hcl
+        denylist = next(line for line in agent_hcl.splitlines() if '"driver.denylist"' in line)
+        assert "raw_exec" not in denylist, denylist
         assert {"containerd", "runc", "containernetworking-plugins"} <= set(doc["packages"])
         # One list for both kinds of client: this module's and those `services start cluster` runs.
         listed = (TERRAFORM / "modules" / "nomad-node" / "client-packages.txt").read_text().split("\n")

@@ -1,8 +1,10 @@
 # hutch's services as Nomad jobs (Nomad's `exec` driver; state on dynamic host volumes; secrets
 # in Nomad variables): the OCI registry of runtime images, PostgreSQL (projections), Kafka in
 # KRaft mode (the event log) and the hutch API servers, which in turn place sandboxes as Nomad
-# jobs (hutch-containerd). The API servers and the broker get their code as artifacts from
-# var.artifact_base_url; everything else is on the clients already (nomad-node's packages).
+# jobs (hutch-containerd); and the hutch node agent on every client, a system job of raw_exec
+# in a namespace of its own (issue 35). The API servers, the agents and the broker get their
+# code as artifacts from var.artifact_base_url; everything else is on the clients already
+# (nomad-node's packages).
 
 locals {
   artifacts = "${trimsuffix(var.artifact_base_url, "/")}/"
@@ -60,6 +62,61 @@ resource "terraform_data" "volume_released" {
     }
   }
 }
+
+# ---------------------------------------------------------------- the node agents (issue 35)
+
+# raw_exec, which the agents run by (nomad-node's node_agents), is root on the host: Nomad's
+# servers allow it in the agents' namespace only, and refuse it at registration everywhere else
+# (nomad/job_endpoint_validators.go). `default` is where the API's token submits sandboxes: it
+# denies raw_exec, and keeps denying it after a destroy (the provider cannot delete `default`;
+# it writes it again). A namespace made later without capabilities allows every driver: only a
+# management token can make one.
+resource "nomad_namespace" "default" {
+  name        = "default"
+  description = "Default shared namespace"
+  capabilities {
+    disabled_task_drivers = ["raw_exec"]
+  }
+}
+
+resource "nomad_namespace" "node" {
+  name        = var.node_namespace
+  description = "hutch node agents (the hutch-node system job): raw_exec only"
+  capabilities {
+    enabled_task_drivers = ["raw_exec"]
+  }
+}
+
+# The agents' shared secret: read by their job's workload identity (a job reads its own
+# nomad/jobs/<id> variables), by no token but a management one.
+resource "nomad_variable" "node" {
+  path      = "nomad/jobs/hutch-node"
+  namespace = nomad_namespace.node.name
+  items     = { secret = var.node_secret }
+}
+
+resource "nomad_job" "node" {
+  jobspec = templatefile("${path.module}/jobs/node.nomad.hcl.tftpl", {
+    namespace     = nomad_namespace.node.name
+    datacenters   = var.datacenters
+    service       = "hutch-node"
+    port          = var.node_port
+    secret_path   = nomad_variable.node.path
+    data_dir      = var.node_data_dir
+    runtime_cache = var.node_runtime_cache
+    cpu           = 500
+    memory        = var.node_memory
+    hutch_version = var.hutch_version
+    wheels_url    = "${local.artifacts}hutch-wheels-${var.hutch_version}.tar.gz"
+    source_dir    = ""
+    python        = ""
+  })
+  purge_on_destroy = true
+  # The namespace refuses raw_exec everywhere else before the agents' driver is used.
+  depends_on = [nomad_namespace.default]
+}
+
+# ---------------------------------------------------------------- the API and its services
 
 resource "nomad_variable" "postgres" {
   path  = "nomad/jobs/hutch-postgres"

@@ -17,3 +17,14 @@ output "volumes" {
   description = "The dynamic host volumes holding its state, by name: their ids and nodes."
   value       = { for name, v in nomad_dynamic_host_volume.state : name => { id = v.id, node_id = v.node_id } }
 }
+
+output "node_agents" {
+  description = "The node agents' system job: its namespace, job, Nomad service (provider nomad, port label agent) and secret variable."
+  value = {
+    namespace = nomad_namespace.node.name
+    job       = nomad_job.node.id
+    service   = "hutch-node"
+    variable  = nomad_variable.node.path
+    port      = var.node_port
+  }
+}

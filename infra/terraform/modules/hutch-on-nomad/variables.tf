@@ -94,3 +94,59 @@ variable "kafka_memory" {
   type        = number
   default     = 1024
 }
+
+variable "node_secret" {
+  description = "The node agents' shared secret (at least 32 characters; the API and every agent sign with it): kept in the Nomad variable nomad/jobs/hutch-node of node_namespace, rendered into each agent's secrets/ (mode 0400)."
+  type        = string
+  sensitive   = true
+
+  validation {
+    condition     = length(var.node_secret) >= 32
+    error_message = "node_secret: at least 32 characters (e.g. `openssl rand -hex 32`)."
+  }
+}
+
+variable "node_namespace" {
+  description = "The Nomad namespace of the node agents' system job: the only one where raw_exec is allowed (nomad-node's node_agents turns it on). Only management tokens may submit there."
+  type        = string
+  default     = "hutch-system"
+
+  validation {
+    condition     = var.node_namespace != "default" && can(regex("^[a-zA-Z0-9-]{1,128}$", var.node_namespace))
+    error_message = "node_namespace: a namespace of its own (not default): letters, digits and -."
+  }
+}
+
+variable "node_port" {
+  description = "The port every node agent listens on, on its client's address (a static port: one agent per client)."
+  type        = number
+  default     = 4750
+
+  validation {
+    condition     = var.node_port >= 1 && var.node_port <= 65535 && floor(var.node_port) == var.node_port
+    error_message = "node_port: a port number, 1-65535."
+  }
+}
+
+variable "node_data_dir" {
+  description = "Where each agent keeps its sandboxes on its client (a directory per node name under it): outside the allocation, so a restarted or updated agent finds them."
+  type        = string
+  default     = "/var/lib/hutch-node"
+
+  validation {
+    condition     = startswith(var.node_data_dir, "/")
+    error_message = "node_data_dir: an absolute path."
+  }
+}
+
+variable "node_runtime_cache" {
+  description = "Where each agent keeps the runtimes' root file systems it builds (HUTCH_RUNTIME_CACHE)."
+  type        = string
+  default     = "/var/cache/hutch/runtimes"
+}
+
+variable "node_memory" {
+  description = "MiB of memory for each agent's own task (runtime builds run in it; the sandboxes leave it for hutch's own cgroups)."
+  type        = number
+  default     = 1024
+}

@@ -20,6 +20,7 @@ locals {
     cluster_cidrs          = var.cluster_cidrs
     insecure_registries    = var.insecure_registries
     acl_enabled            = var.acl_enabled
+    node_agents            = var.node_agents
   })
 
   # One list for the clients made here and those scripts/services.d/nomad.sh starts locally.

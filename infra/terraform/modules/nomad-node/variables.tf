@@ -48,6 +48,12 @@ variable "acl_enabled" {
   default = true
 }
 
+variable "node_agents" {
+  description = "Clients run the hutch node agent (hutch-on-nomad's hutch-node system job): raw_exec on, which Nomad's servers allow in the hutch-system namespace only (hutch-on-nomad sets the namespaces' task drivers: apply it before any token other than a management one exists). false: raw_exec off and denied."
+  type        = bool
+  default     = true
+}
+
 variable "name" {
   description = "The node's name in Nomad (default: the host name)."
   type        = string
