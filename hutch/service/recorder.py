@@ -67,8 +67,13 @@ class Recorder:
         async with self.lock(sandbox_id):
             if isinstance(command, Create):
                 sb: Sandbox | None = await self._store.get_sandbox(sandbox_id)
-            else:
-                sb = await self._reads.require(sandbox_id)
+                self._reads.own(sandbox_id)  # before the append: its creation is folded as it lands
+                try:
+                    return await self._append(sandbox_id, decide(sb, command), durable=durable)
+                except BaseException:
+                    self._reads.disown(sandbox_id)
+                    raise
+            sb = await self._reads.require(sandbox_id)
             return await self._append(sandbox_id, decide(sb, command), durable=durable)
 
     async def act(self, sandbox_id: str, command_for: Callable[[Sandbox], C],
