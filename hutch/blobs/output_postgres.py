@@ -49,7 +49,7 @@ from hutch.core.output import (
     check_offset,
     check_stream_id,
 )
-from hutch.storage.pg import UNAVAILABLE, Pool
+from hutch.storage.pg import UNAVAILABLE, Pool, count_statements
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,7 @@ class PostgresOutputStreams(OutputStreams):
         await self._pg.start()  # the one numbered schema, shared with the projection store
         try:
             self._session = await asyncpg.connect(self.dsn, command_timeout=60)
+            count_statements(self._session, "output streams session")
             await self._session.add_listener(_CHANNEL, self._notified)
         except (*UNAVAILABLE, asyncpg.PostgresError) as err:
             await self.close_store()
@@ -196,6 +197,7 @@ class PostgresOutputStreams(OutputStreams):
         if old is not None:
             old.terminate()
         session = await asyncpg.connect(self.dsn, command_timeout=60)
+        count_statements(session, "output streams session")
         try:
             await session.add_listener(_CHANNEL, self._notified)
             await session.execute("SELECT pg_try_advisory_lock(k) FROM unnest($1::bigint[]) AS k",

@@ -48,6 +48,15 @@ def _kind(query: str) -> str:
     return kind
 
 
+def count_statements(conn: asyncpg.Connection, what: str) -> None:
+    """Count every statement ``conn`` sends (``hutch_store_statements_total``) under ``what``
+    and its kind: a statement is a round trip, whatever the machine's load."""
+    def counted(record: asyncpg.connection.LoggedQuery) -> None:
+        counters.count("hutch_store_statements_total", 1, (("store", what), ("kind", _kind(record.query))))
+
+    conn.add_query_logger(counted)
+
+
 class _KeptSession(asyncpg.Connection):
     """A connection handed back to the pool as it is (asyncpg still rolls back an open
     transaction and drops listener callbacks): no reset statement, one round trip less."""
@@ -91,11 +100,7 @@ class Pool:
             raise self._unavailable(f"cannot open the PostgreSQL {self.what}: {err}") from err
 
     async def _init(self, conn: asyncpg.Connection) -> None:
-        conn.add_query_logger(self._counted)
-
-    def _counted(self, record: asyncpg.connection.LoggedQuery) -> None:
-        # By pool and kind: a statement is a round trip, whatever the machine's load.
-        counters.count("hutch_store_statements_total", 1, (("store", self.what), ("kind", _kind(record.query))))
+        count_statements(conn, self.what)
 
     async def close(self) -> None:
         if self._pool is not None:
