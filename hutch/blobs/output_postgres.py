@@ -140,7 +140,9 @@ class PostgresOutputStreams(OutputStreams):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"output streams: {dsn!r} is not a postgresql:// URL", field="store")
         self.dsn = dsn
-        self._pg = Pool(dsn, what="output streams", unavailable=BlobUnavailable)
+        # Stateless: its sessions only read chunks and locks and write rows (the stream locks
+        # and LISTEN live on ``_session``), so a release needs no reset statement.
+        self._pg = Pool(dsn, what="output streams", unavailable=BlobUnavailable, stateless=True)
         self._session: asyncpg.Connection | None = None  # holds this process's stream locks
         self._session_lock = asyncio.Lock()  # one statement at a time on it
         self._writers: dict[str, PostgresOutputWriter] = {}
