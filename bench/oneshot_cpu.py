@@ -139,6 +139,13 @@ async def measure(args: argparse.Namespace, profile: str) -> Result:
         backends = await backend_pids(server.env.get("HUTCH_STORE"))
         before = per_process(server.proc.pid, backends)
         counted = await scrape(s, server.url)
+        spy = None
+        if args.py_spy:  # the API server's stacks for the window, collapsed (py-spy's "raw")
+            out = Path(args.py_spy) / f"api-{profile}.txt"
+            spy = await asyncio.create_subprocess_exec(
+                "py-spy", "record", "-p", str(server.proc.pid), "-d", f"{args.seconds:g}", "-r", "100",
+                "--nonblocking", "-f", "raw", "-o", str(out),
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         b0, t0 = machine_busy(), time.monotonic()
         res.rate, res.runs = await throughput(server.url, args.concurrency, args.seconds)
         await asyncio.sleep(args.settle)
@@ -147,6 +154,8 @@ async def measure(args: argparse.Namespace, profile: str) -> Result:
         after = per_process(server.proc.pid, backends)
         res.counts = await scrape(s, server.url)
         res.counts.subtract(counted)  # with one /metrics' own reads: a few statements, no events
+        if spy is not None:
+            await spy.wait()
 
     for pid, (group, used) in after.items():
         if pid in before and before[pid][0] == group:
@@ -199,6 +208,7 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--settle", type=float, default=15, help="seconds after the runs for their teardown")
+    ap.add_argument("--py-spy", metavar="DIR", help="record the API server's stacks in the window (py-spy on PATH)")
     args = ap.parse_args()
     profiles = [p.strip() for p in args.profile.split(",") if p.strip()]
     unknown = [p for p in profiles if p not in ("embedded", "production")]
