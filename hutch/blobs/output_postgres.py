@@ -82,6 +82,22 @@ _SECRET = ("WITH made AS (INSERT INTO hutch_secrets (name, value) VALUES ($1, $2
            " SELECT value FROM made UNION ALL SELECT value FROM hutch_secrets WHERE name = $1 LIMIT 1")
 
 
+# One row per stream, in the order asked (WITH ORDINALITY): the answers map back to the askers.
+_LOCK_MANY = ("SELECT array_agg(pg_try_advisory_lock(k) ORDER BY n)"
+              " FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS u(k, s, n)")
+_UNLOCK_MANY = ("SELECT array_agg(ok ORDER BY n) FROM (SELECT pg_advisory_unlock(k) AS ok, pg_notify('hutch_output', s), n"
+                " FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS u(k, s, n)) released")
+
+
+class _Batch:
+    """Lock or unlock requests waiting for the one statement that takes them all."""
+
+    def __init__(self, query: str) -> None:
+        self.query = query
+        self.pending: list[tuple[str, asyncio.Future[bool]]] = []
+        self.sending: asyncio.Task[None] | None = None
+
+
 def lock_key(stream_id: str) -> int:
     """The stream's advisory lock: 64 bits of a hash of its id (signed, as PostgreSQL takes it)."""
     return int.from_bytes(hashlib.sha256(stream_id.encode()).digest()[:8], "big", signed=True)
@@ -147,6 +163,10 @@ class PostgresOutputStreams(OutputStreams):
         self._session_lock = asyncio.Lock()  # one statement at a time on it
         self._writers: dict[str, PostgresOutputWriter] = {}
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        # Locks and unlocks asked for together (a command's stdout and stderr are opened and
+        # closed at once) go as one statement: two round trips a command fewer.
+        self._locking = _Batch(_LOCK_MANY)
+        self._unlocking = _Batch(_UNLOCK_MANY)
 
     async def start(self) -> None:
         await self._pg.start()  # the one numbered schema, shared with the projection store
@@ -210,6 +230,35 @@ class PostgresOutputStreams(OutputStreams):
         self._session = session
         return session
 
+    async def _batched(self, batch: _Batch, stream_id: str) -> bool:
+        """``stream_id``'s lock taken or released (``batch``) in one statement with whatever
+        other streams asked for the same meanwhile; True when PostgreSQL said so."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        batch.pending.append((stream_id, fut))
+        if batch.sending is None:
+            batch.sending = asyncio.create_task(self._send(batch))
+        return await fut
+
+    async def _send(self, batch: _Batch) -> None:
+        try:
+            while batch.pending:
+                await asyncio.sleep(0)  # let the streams opened or closed with this one ask too
+                asked, batch.pending = batch.pending, []
+                ids = [stream_id for stream_id, _ in asked]
+                try:
+                    answers = await self._on_session(batch.query, [lock_key(i) for i in ids], ids)
+                except Exception as err:
+                    for _, fut in asked:
+                        if not fut.done():
+                            fut.set_exception(err)
+                    continue
+                assert isinstance(answers, list) and len(answers) == len(asked)
+                for (_, fut), answer in zip(asked, answers, strict=True):
+                    if not fut.done():
+                        fut.set_result(bool(answer))
+        finally:
+            batch.sending = None
+
     def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         return self._pg.conn()
 
@@ -221,7 +270,7 @@ class PostgresOutputStreams(OutputStreams):
     async def open(self, stream_id: str, owner: StreamOwner | None = None) -> PostgresOutputWriter:
         writer = self._writers.get(check_stream_id(stream_id))
         if writer is None:
-            if not await self._on_session("SELECT pg_try_advisory_lock($1)", lock_key(stream_id)):
+            if not await self._batched(self._locking, stream_id):
                 raise InvalidInput(f"stream {stream_id} is already being written by another process")
             writer = self._writers[stream_id] = PostgresOutputWriter(self, stream_id, self.cap, owner)
         elif writer.owner is None and writer.size == 0:
@@ -239,8 +288,7 @@ class PostgresOutputStreams(OutputStreams):
         finally:
             # Released after the last chunk committed: a reader seeing it closed sees them all.
             with contextlib.suppress(BlobUnavailable):  # a lost session released it already
-                await self._on_session("SELECT pg_advisory_unlock($1), pg_notify('hutch_output', $2)",
-                                       lock_key(stream_id), stream_id)
+                await self._batched(self._unlocking, stream_id)
             self._writers.pop(stream_id, None)
             self._wake(stream_id)
 

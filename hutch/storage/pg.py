@@ -30,6 +30,7 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 
 
 _TABLE = re.compile(r"\b(?:from|into|update|join)\s+([a-z_][\w.]*)")
+_PG_FUNCTION = re.compile(r"\b(pg_\w+)\s*\(")
 _FUNCTION = re.compile(r"\s*select\s+([a-z_][\w.]*)\s*\(")
 _kinds: dict[str, str] = {}  # the code's statements are a fixed set of strings
 
@@ -41,6 +42,8 @@ def _kind(query: str) -> str:
     if kind is None:
         q = query.lower()
         m = _TABLE.search(q) or _FUNCTION.match(q)
+        if m is not None and m.group(1) == "unnest":  # rows of arguments: name what they drive
+            m = _PG_FUNCTION.search(q) or m
         verb = q.split(None, 1)[0] if q.strip() else "?"
         kind = f"{verb} {m.group(1)}" if m else verb
         if len(_kinds) < 1000:  # a query built from values must not grow this without end
