@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,6 +30,7 @@ T = TypeVar("T")
 
 MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for 5m)
 CREATING_WAIT_SECONDS = 60.0
+ENDED_KEPT = 1024  # ended sandboxes still folded (``Reads.observe``), the oldest dropped first
 
 
 class Reads:
@@ -48,6 +50,10 @@ class Reads:
         # would reach the store before this projector, and those sandboxes are read there.
         self._mine: set[str] = set()
         self._folded: dict[str, Sandbox] = {}
+        # Ended ones stay folded a while, oldest dropped first: the reaper and the client
+        # read them once more just after they end (up to 3.5 store reads per one-shot).
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.ended_kept = ENDED_KEPT
         self._folded_to = 0  # the last log position folded: a re-applied batch folds once
         projector.observers.append(self.observe)
 
@@ -60,6 +66,7 @@ class Reads:
     def disown(self, sandbox_id: str) -> None:
         self._mine.discard(sandbox_id)
         self._folded.pop(sandbox_id, None)
+        self._ended.pop(sandbox_id, None)
 
     def observe(self, batch: Sequence[Event]) -> None:
         """Projector observer: runs once a batch is applied, before the writers waiting wake."""
@@ -79,16 +86,19 @@ class Reads:
                 after = None if isinstance(event.data, UnreadableRecord) else evolve_sandbox(before, event)
             except Exception:
                 after = None  # the store refuses what the fold raises on: it answers from now on
-            if after is None or after.status.is_final:
-                # Ended: read from the store (its few later reads), and nothing kept per
-                # sandbox the server ever had.
+            if after is None or after.status is SandboxStatus.DELETED:
+                # Deleted: the stores archive it (later events fold apart), so they answer.
                 self.disown(sandbox_id)
-            else:
-                self._folded[sandbox_id] = after
+                continue
+            self._folded[sandbox_id] = after
+            if after.status.is_final:
+                self._ended[sandbox_id] = None
+                while len(self._ended) > self.ended_kept:  # nothing kept per sandbox ever had
+                    self.disown(next(iter(self._ended)))
 
     async def sandbox(self, sandbox_id: str) -> Sandbox | None:
         """The sandbox as the projections hold it, unscoped: folded here if it is this
-        process's own and live, else from the store."""
+        process's own (live, or ended a little while ago), else from the store."""
         found = self._folded.get(sandbox_id)
         return found if found is not None else await self.store.get_sandbox(sandbox_id)
 

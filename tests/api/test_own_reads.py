@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from hutch.api.keys import ENGINE
@@ -39,7 +41,27 @@ async def test_own_live_sandbox_is_folded_alike_and_read_without_the_store(api: 
     assert folded == stored and folded is not None and folded.spec.env == {"A": "1", "B": "2"}
 
     await api.call("DELETE", f"/sandbox/{sid}")
-    # Ended: nothing kept for it; its later reads are the store's.
+    # Deleted: nothing kept for it (the stores archive it); its later reads are the store's.
     assert sid not in engine.reads._folded
     await api.call("GET", f"/sandbox/{sid}", expect=404)
     assert (await engine.store.get_sandbox(sid)).status.is_final
+
+
+async def test_ended_sandboxes_stay_folded_alike_up_to_a_bound(api: Api, profile: dict[str, str]) -> None:
+    engine = api.client.app[ENGINE]
+    engine.reads.ended_kept = 1
+    ended = []
+    for _ in range(2):
+        body = {"command": {"exec": ["true"], "mode": "oneshot"}}
+        sid = (await api.data("POST", "/sandbox", json=body, expect=201))["sandboxId"]
+        for _ in range(200):
+            if (await engine.store.get_sandbox(sid)).status.is_final:
+                break
+            await asyncio.sleep(0.05)
+        ended.append(sid)
+    older, newer = ended
+    before = _store_reads()
+    folded = await engine.reads.sandbox(newer)
+    assert _store_reads() == before  # the one just ended is answered here ...
+    assert folded == await engine.store.get_sandbox(newer) and folded is not None and folded.status.is_final
+    assert older not in engine.reads._folded  # ... the one before it was dropped (bound 1)
