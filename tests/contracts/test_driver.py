@@ -16,6 +16,9 @@ understand (echo, cat, sleep, env, pwd, ``sh -c`` with ``;``, ``>&2``, ``>``, ``
 from __future__ import annotations
 
 import asyncio
+import gzip
+import io
+import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -23,6 +26,7 @@ from typing import Any
 import pytest
 
 from hutch.core.errors import (
+    FileNotFound,
     HutchError,
     IllegalTransition,
     InvalidInput,
@@ -321,6 +325,46 @@ class TestSandboxFiles:
         await driver.destroy(sid)
         with pytest.raises(SandboxNotFound):
             await driver.write_files(sid, [FileWrite("x", b"")])
+
+
+class TestTreeTransfer:
+    @pytest.fixture(params=playing(roles.TreeTransfer))
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_a_tree_goes_out_and_back_in_whole(self, driver: Driver, sandbox: str) -> None:
+        await driver.write_files(sandbox, [
+            FileWrite("tree/a.txt", b"alpha\n"),
+            FileWrite("tree/deep/er/b.bin", bytes(range(256)) * 300, mode=0o600),
+            FileWrite("tree/empty.txt", b""),
+        ])
+        await driver.symlink(sandbox, "tree/link", "deep/er/b.bin")
+        await driver.mkdir(sandbox, "tree/hollow", parents=False)
+        tar = b"".join([c async for c in driver.export_tar(sandbox, "tree")])
+        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+            members = {m.name.rstrip("/"): m for m in tf.getmembers()}
+            assert set(members) == {"a.txt", "deep", "deep/er", "deep/er/b.bin", "empty.txt", "link", "hollow"}
+            assert members["link"].issym() and members["link"].linkname == "deep/er/b.bin"
+            assert members["hollow"].isdir() and members["deep/er/b.bin"].mode & 0o777 == 0o600
+            f = tf.extractfile("deep/er/b.bin")
+            assert f is not None and f.read() == bytes(range(256)) * 300
+        one = b"".join([c async for c in driver.export_tar(sandbox, "tree/a.txt")])
+        with tarfile.open(fileobj=io.BytesIO(one)) as tf:
+            assert tf.getnames() == ["a.txt"]
+
+        await driver.import_tar(sandbox, "copy/plain", _chunks(tar), gzipped=False)
+        await driver.import_tar(sandbox, "copy/gz", _chunks(gzip.compress(tar)), gzipped=True)
+        for dest in ("copy/plain", "copy/gz"):
+            _, out = await run(driver, sandbox, "sh", "-c", f"cat {dest}/a.txt {dest}/link | wc -c; "
+                               f"ls -d {dest}/hollow {dest}/empty.txt")
+            assert out.stdout.split() == [str(6 + 256 * 300), f"{dest}/empty.txt", f"{dest}/hollow"], out.stdout
+        names = {e.name for e in await driver.list_files(sandbox, "copy/gz/deep/er")}
+        assert names == {"b.bin"}
+
+    async def test_a_missing_tree_is_file_not_found(self, driver: Driver, sandbox: str) -> None:
+        with pytest.raises(FileNotFound):
+            await _drain(driver.export_tar(sandbox, "no/such/dir"))
 
 
 class TestPausing:

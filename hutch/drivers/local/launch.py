@@ -79,7 +79,8 @@ class Launcher:
                        slirp.resolv_conf() if slirp_net and req.network_enabled else None)
         res = req.resources
         sb = LocalSandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
-                     dev_bytes=dev_bytes(res.memory_bytes, self._rootless))
+                     dev_bytes=dev_bytes(res.memory_bytes, self._rootless), memory_bytes=res.memory_bytes,
+                     cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes)
         if self._cgroups is not None:
             self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         else:

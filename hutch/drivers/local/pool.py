@@ -128,7 +128,8 @@ class WarmPool:
         res = req.resources
         self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         sb = LocalSandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
-                     init_pid=pooled.init_pid, init_start=pooled.init_start, dev_bytes=pooled.dev_bytes)
+                     init_pid=pooled.init_pid, init_start=pooled.init_start, dev_bytes=pooled.dev_bytes,
+                     memory_bytes=res.memory_bytes, cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes)
         self._registry.write_meta(sb)
         return sb
 

@@ -49,6 +49,11 @@ class LocalSandbox:
     host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
     allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
     dev_bytes: int | None = None  # the size of its /dev tmpfs (/dev/shm): its memory limit (launch.py)
+    # The limits it was given, so a restarted driver (a node agent) knows the capacity it has
+    # committed; None: no limit, or a meta.json written before they were kept.
+    memory_bytes: int | None = None
+    cpu_millis: int | None = None
+    disk_bytes: int | None = None
 
 
 @attrs.define
