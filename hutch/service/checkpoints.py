@@ -59,11 +59,13 @@ class Checkpoints:
         await self._recorder.act(sandbox_id, lambda _sb: TakeCheckpoint(checkpoint_id=checkpoint_id, name=name),
                                  lambda _: self._checkpointing.checkpoint(sandbox_id, checkpoint_id))
         try:
-            self._check_bytes(sandbox_id, await self._sizes(sandbox_id), adds=checkpoint_id)
+            sizes = await self._sizes(sandbox_id)
+            self._check_bytes(sandbox_id, sizes, adds=checkpoint_id)
             await self._quotas.storage_room(org_id, allow_full=True)
         except QuotaExceeded:
             await self.delete(sandbox_id, checkpoint_id)  # none stays over a limit
             raise
+        self._quotas.charge(org_id, sizes.get(checkpoint_id, 0))
         return next(c for c in (await self._reads.require(sandbox_id)).checkpoints if c.checkpoint_id == checkpoint_id)
 
     async def _sizes(self, sandbox_id: str) -> dict[str, int]:
