@@ -34,7 +34,7 @@ def driver_name() -> str:
 
 async def logged_bytes(api: Api, sandbox_id: str) -> int:
     """What the event log keeps for a sandbox: its records as they are stored (JSON)."""
-    events = await api.client.app[ENGINE].log.read(0, sandbox_id=sandbox_id)
+    events = await api.client.app[ENGINE].parts.log.read(0, sandbox_id=sandbox_id)
     return sum(len(json.dumps(encode(e), separators=(",", ":"))) for e in events)
 
 
@@ -123,7 +123,7 @@ async def test_an_install_layer_is_not_kept_past_its_sandbox_uncounted(make_api:
     ran = await t.call("POST", f"/sandbox/{sid}/execute", json={"command": ["true"]})  # waits for the create
     recipe = runtimes.find("base:latest")
     assert recipe is not None
-    layer = layers.layer_path(engine.driver.runtime_cache, layers.layer_key(recipe, (), (spec,)))
+    layer = layers.layer_path(engine.parts.driver.runtime_cache, layers.layer_key(recipe, (), (spec,)))
     assert layer.is_dir(), (ran, layer)
     try:
         await t.call("DELETE", f"/sandbox/{sid}")
@@ -148,21 +148,21 @@ async def test_the_sweep_spares_running_output_and_other_tenants_and_counts_down
     job = (await t.call("POST", f"/sandbox/sandboxes/{sid}/jobs",
                         json={"command": ["sh", "-c", "yes 40000; sleep 1; yes 30000"]}, expect=201))["data"]
     for _ in range(50):  # its first bytes are kept (and counted) before the sandbox goes
-        if await engine.outputs.stored(t.org) >= 40000:
+        if await engine.parts.outputs.stored(t.org) >= 40000:
             break
         await asyncio.sleep(0.02)
-    assert await engine.outputs.stored(t.org) >= 40000
+    assert await engine.parts.outputs.stored(t.org) >= 40000
     await t.call("DELETE", f"/sandbox/{sid}")
     for _ in range(30):  # while the job runs on, if it does: its bytes stay counted
         await engine.retention.sweep()
-        stored = await engine.outputs.stored(t.org)
+        stored = await engine.parts.outputs.stored(t.org)
         assert stored >= 0, stored
-        if not await engine.outputs.is_open(job["stdoutStreamUrl"].rsplit("/", 1)[1]):
+        if not await engine.parts.outputs.is_open(job["stdoutStreamUrl"].rsplit("/", 1)[1]):
             break
         await asyncio.sleep(0.1)
     await engine.retention.sweep()
-    assert await engine.outputs.stored(t.org) == 0 and (await usage(t))["outputBytes"] == 0
-    assert await engine.outputs.stored(other.org) == 50 * KIB  # live: kept
+    assert await engine.parts.outputs.stored(t.org) == 0 and (await usage(t))["outputBytes"] == 0
+    assert await engine.parts.outputs.stored(other.org) == 50 * KIB  # live: kept
 
 
 async def test_a_snapshot_taken_while_a_job_runs_does_not_double_spend_the_room(
