@@ -33,11 +33,10 @@ from hutch.api.ssh_relay import EXIT_FAILED, RELAY_USER, OwnerGateways, RelayPas
 from hutch.core.errors import HutchError
 from hutch.core.events import acting
 from hutch.core.tenancy import Principal, Role
-from hutch.service import sandbox_streams
 from hutch.service.output import StreamOptions
 from hutch.service.requests import ExecuteRequest
 from hutch.service.tenancy import now_utc
-from hutch.service.terminals import ActiveTerminal, TerminalOptions, open_terminal
+from hutch.service.terminals import ActiveTerminal, TerminalOptions
 
 if TYPE_CHECKING:
     from hutch.api.replication import Replication
@@ -131,7 +130,7 @@ class SshGateway:
     async def _terminal(self, process: asyncssh.SSHServerProcess[bytes], sandbox_id: str) -> int:
         cols, rows, _w, _h = process.get_terminal_size()
         command = ("/bin/sh", "-c", process.command) if process.command else ()
-        active = await open_terminal(self.engine, sandbox_id, TerminalOptions(
+        active = await self.engine.terminals.open(sandbox_id, TerminalOptions(
             command=command, rows=rows or 24, cols=cols or 80, term=process.get_terminal_type() or "xterm-256color"))
         output = asyncio.ensure_future(_copy_out(active, process))
         typed = asyncio.ensure_future(_copy_in(process, active))  # ends at the client's EOF: as sshd, go on
@@ -279,6 +278,6 @@ async def _chunks(process: asyncssh.SSHServerProcess[bytes]) -> AsyncIterator[by
 
 
 async def _copy_stream(engine: Engine, execution_id: str, stream: str, out: Any) -> None:
-    async for chunk in sandbox_streams.execution_output(engine, execution_id, stream):
+    async for chunk in engine.sandbox_output.execution_output(execution_id, stream):
         out.write(chunk)
         await out.drain()

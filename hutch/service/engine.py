@@ -13,7 +13,10 @@ appended events: decide, round-trip check, append, wait for the projection),
 ``Recovery`` (start-up), ``OutputRetention`` (ended sandboxes' output), ``Background`` with
 the ``Reaper`` (idle and paused timeouts), ``FileAccess`` (files), ``Runtimes``, ``UsageReports``
 (stats, metrics), ``Changes`` (following events), ``Takeover`` (a lost replica's sandboxes),
-``Ports``, ``OutputReads`` and the directory's ``TenancyWrites``.
+``Ports``, ``OutputReads``, ``SandboxOutput`` (a sandbox's own streams), ``TerminalSessions``,
+``History`` (time travel), ``Forks`` and the directory's ``TenancyWrites``. Each is given the
+collaborators and adapters it uses, never the engine: below it, no service module names
+``Engine`` (tests/unit/test_api_uses_services.py).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from hutch.service.control import SandboxControl
 from hutch.service.defaults import SandboxDefaults
 from hutch.service.executions import Executions
 from hutch.service.files import FileAccess
+from hutch.service.fork import Forks
+from hutch.service.history import History
 from hutch.service.input_streams import InputStreams
 from hutch.service.output import OutputReads
 from hutch.service.ports import Ports
@@ -52,10 +57,12 @@ from hutch.service.recorder import Recorder, now_iso
 from hutch.service.recovery import Recovery
 from hutch.service.retention import DEFAULT_RETENTION_SECONDS, OutputRetention
 from hutch.service.runtimes import Runtimes
+from hutch.service.sandbox_streams import SandboxOutput
 from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.service.stream_ids import StreamIds
 from hutch.service.takeover import Takeover
 from hutch.service.tenancy import TenancyWrites
+from hutch.service.terminals import TerminalSessions
 from hutch.service.timeouts import Reaper
 from hutch.service.usage import UsageReports
 from hutch.storage.spool import clear_spool
@@ -129,19 +136,23 @@ class Engine:
                                          outputs=outputs, streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
+        self.forks = Forks(self.reads, self.quotas, self.snapshots, self.provisioning)  # copies of a sandbox
         self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
         self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
         self.files = FileAccess(self.reads, self.control, self.reaper, roles)
+        self.terminals = TerminalSessions(roles.terminals, roles.lifecycle, self.files)
         self.runtimes = Runtimes(roles.runtimes)
         self.usage = UsageReports(log=event_log, store=store, projector=projector, reads=self.reads,
                                   lifecycle=roles.lifecycle, usage=roles.usage)
         self.changes = Changes(event_log, store, projector)
+        self.history = History(event_log, self.reads)  # a sandbox as of any of its events
         self.takeover = Takeover(log=event_log, store=store, projector=projector, recorder=self.recorder,
                                  control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
                                  adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
         self.output = OutputReads(outputs)
+        self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
 
     # ---------------------------------------------------------------- lifetime
 

@@ -13,7 +13,6 @@ from hutch.api.watchers import hold
 from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
 from hutch.core.tenancy import SCOPE, Access, Scope, secrets_match
-from hutch.service import sandbox_streams
 from hutch.service.sandbox_streams import is_sandbox_stream
 
 routes = web.RouteTableDef()
@@ -38,7 +37,7 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     owner = engine.streams.execution_of(stream_id)
     if owner is not None and is_sandbox_stream(owner):
-        async for chunk in sandbox_streams.follow(engine, owner, engine.streams.kind_of(stream_id)):
+        async for chunk in engine.sandbox_output.follow(owner, engine.streams.kind_of(stream_id)):
             await resp.write(chunk)
         await resp.write_eof()
     elif owner is None:

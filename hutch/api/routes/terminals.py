@@ -22,13 +22,7 @@ from hutch.api.http import parse_json, q_int
 from hutch.api.keys import ENGINE
 from hutch.core.errors import InvalidInput
 from hutch.core.tenancy import Access
-from hutch.service.terminals import (
-    ActiveTerminal,
-    TerminalOptions,
-    check_supported,
-    check_term,
-    open_terminal,
-)
+from hutch.service.terminals import ActiveTerminal, TerminalOptions, check_term
 
 routes = web.RouteTableDef()
 
@@ -52,12 +46,12 @@ async def terminal(request: web.Request) -> web.StreamResponse:
         term=request.query.get("term") or "xterm-256color",
     )
     check_term(opts.term)
-    check_supported(engine)
+    engine.terminals.check_supported()
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=_MAX_FRAME)
     if not ws.can_prepare(request).ok:
         raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
                            field="Upgrade")
-    active = await open_terminal(engine, sandbox_id, opts)
+    active = await engine.terminals.open(sandbox_id, opts)
     try:
         await ws.prepare(request)
         await relay(ws, active)
