@@ -14,7 +14,7 @@ import time
 
 from hutch.core.errors import HutchError
 from hutch.core.lifecycle import Terminate
-from hutch.core.models import Sandbox, SandboxStatus
+from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -46,7 +46,7 @@ class Reaper:
         for timer in self._timers.values():
             timer.cancel()
 
-    def deadline(self, sb: Sandbox) -> tuple[float, str] | None:
+    def deadline(self, sb: SandboxState) -> tuple[float, str] | None:
         """(unix time, reason) at which the reaper ends this sandbox, if ever."""
         if sb.status is SandboxStatus.PAUSED:
             limit = seconds(sb.spec.timeout.paused, "timeout.paused")

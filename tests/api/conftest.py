@@ -102,8 +102,8 @@ async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: di
     # A stopping server leaves its sandboxes running (a restart adopts them); a test must not.
     for app in apps:
         engine = app[ENGINE]
-        for sandbox_id in await engine.driver.alive():
-            await engine.driver.destroy(sandbox_id)
+        for sandbox_id in await engine.parts.driver.alive():
+            await engine.parts.driver.destroy(sandbox_id)
 
 
 @pytest.fixture

@@ -36,6 +36,6 @@ async def test_unknown_runtimes_and_failed_builds(make_api: AppFactory, monkeypa
     api = await make_api()
     missing = await api.call("POST", "/sandbox/runtimes/cobol:1/build", expect=404)
     assert "cobol:1" in missing["message"] and "known runtimes" in missing["message"]
-    api.client.server.app[ENGINE].driver.fail_build = "mirror unreachable"  # type: ignore[attr-defined]
+    api.client.server.app[ENGINE].parts.driver.fail_build = "mirror unreachable"  # type: ignore[attr-defined]
     events = await _events(api, "bun:1")
     assert events[-1] == {"error": "mirror unreachable"}

@@ -198,7 +198,7 @@ async def test_bad_create_input_names_the_field_and_creates_nothing(api: Api, bo
     assert field in err["message"] and err["code"]
     assert (await api.data("GET", "/sandbox?live=true"))["total"] == 0
     engine = api.client.app[ENGINE]
-    assert await engine.log.last_position() == 0  # nothing half-made: not even an event
+    assert await engine.parts.log.last_position() == 0  # nothing half-made: not even an event
 
 
 @pytest.mark.runs_on(*WIRE)  # refused while parsing
@@ -266,9 +266,9 @@ async def test_a_stream_without_output_has_no_file_but_reads_empty(api: Api) -> 
     await api.wait_execution(data["executionId"])
     stderr_id = yarl.URL(data["stderrStreamUrl"]).name
     stdout_id = yarl.URL(data["stdoutStreamUrl"]).name
-    assert await engine.outputs.size(stderr_id) == 0 and await engine.outputs.size(stdout_id) == 5
-    if isinstance(engine.outputs, FileOutputStreams):  # the embedded profile: no file at all
-        assert not (engine.outputs.root / stderr_id).exists() and (engine.outputs.root / stdout_id).exists()
+    assert await engine.parts.outputs.size(stderr_id) == 0 and await engine.parts.outputs.size(stdout_id) == 5
+    if isinstance(engine.parts.outputs, FileOutputStreams):  # the embedded profile: no file at all
+        assert not (engine.parts.outputs.root / stderr_id).exists() and (engine.parts.outputs.root / stdout_id).exists()
     assert await api.stream(data["stderrStreamUrl"]) == b""
     assert engine.streams.issued(stderr_id) and engine.streams.issued(stdout_id)
 
@@ -290,12 +290,12 @@ async def test_a_forged_stream_id_is_404(api: Api) -> None:
 async def test_provision_failure_is_recorded_not_half_made(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(driver="fake")  # the failure is scripted
     engine = api.client.app[ENGINE]
-    engine.driver.fail_provision = "disk full"  # type: ignore[attr-defined]
+    engine.parts.driver.fail_provision = "disk full"  # type: ignore[attr-defined]
     err = await api.call("POST", "/sandbox", json={}, expect=502)
     assert "disk full" in err["message"]
-    (sb,), total = await engine.store.list_sandboxes(__import__("hutch.projections.base").projections.base.SandboxQuery(include_deleted=True))
+    (sb,), total = await engine.parts.store.list_sandboxes(__import__("hutch.projections.base").projections.base.SandboxQuery(include_deleted=True))
     assert total == 1 and sb.status.value == "failed" and "disk full" in sb.reason
-    assert engine.driver.sandboxes == {}  # type: ignore[attr-defined]
+    assert engine.parts.driver.sandboxes == {}  # type: ignore[attr-defined]
 
 
 @pytest.mark.runs_on(*STORE)  # counts and positions from both stores

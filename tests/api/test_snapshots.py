@@ -299,5 +299,5 @@ async def test_abandoned_builds_are_cleared(api: Api) -> None:
     assert await snapshots.expire_builds(older_than=0) == [init["snapshotId"]]
     assert not await snapshots.archives.exists(init["snapshotId"])
     await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize", json={}, expect=404)
-    gone = await api.client.server.app[ENGINE].store.get_snapshot(init["snapshotId"])
+    gone = await api.client.server.app[ENGINE].parts.store.get_snapshot(init["snapshotId"])
     assert gone is not None and gone.status.value == "deleted"  # through an event, in the log
