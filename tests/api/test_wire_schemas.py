@@ -37,7 +37,7 @@ from hutch.core.models import (
     TimeoutSpec,
 )
 from hutch.drivers.base import Usage
-from tests.api.conftest import AppFactory
+from tests.api.conftest import WIRE, AppFactory
 
 HELLO_B64 = "aGVsbG8K"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC/1Rr6FP4rnldeo8MVNjQS92985lw2P6EnTUezYkIoT every"
@@ -164,6 +164,7 @@ def generic(schema: Schema) -> bool:
     return not (set(schema) - {"type", "description"}) and schema.get("type") in (None, "object")
 
 
+@pytest.mark.runs_on(*WIRE)  # the route table alone
 async def test_every_operation_of_the_live_router_is_described(make_api: AppFactory) -> None:
     api = await make_api()
     doc = document(api.client.app)
