@@ -55,7 +55,7 @@ from hutch.workspace_tools import WorkspaceTools
 if TYPE_CHECKING:
     from hutch._workspace_docker import DockerBox
 
-__all__ = ["RunResult", "Workspace", "WorkspaceSnapshot"]
+__all__ = ["CodeResult", "RunResult", "Workspace", "WorkspaceSnapshot"]
 
 BACKENDS = ("sandbox", "remote", "unix-local", "docker")
 LANGUAGES = {"node": ("node", "-e"), "python": ("python3", "-c"), "shell": ("/bin/sh", "-c")}
@@ -66,7 +66,7 @@ TIMED_OUT = 124  # the document's (and timeout(1)'s) exit code for a command kil
 
 
 @attrs.frozen
-class RunResult:
+class CodeResult:
     stdout: str
     stderr: str
     exit_code: int
@@ -76,6 +76,11 @@ class RunResult:
     def output(self) -> str:
         """stdout then stderr (the document's combined ``output``)."""
         return self.stdout + self.stderr
+
+
+# The workspace's first name for it, kept importable; the client's RunResult (hutch.RunResult) is
+# another class, the answer of a one-shot sandbox run.
+RunResult = CodeResult
 
 
 @attrs.frozen
@@ -259,28 +264,28 @@ class Workspace:
 
     # ------------------------------------------------------------ code
 
-    async def run(self, code: str, *, language: str | None = None, timeout_seconds: float | None = None) -> RunResult:
+    async def run(self, code: str, *, language: str | None = None, timeout_seconds: float | None = None) -> CodeResult:
         lang = language or self.language
         if lang not in LANGUAGES:
             raise ValueError(f"language: {lang!r} is not one of {', '.join(LANGUAGES)}")
         program, flag = LANGUAGES[lang]
         return await self._exec([program, flag, code], timeout_seconds or self.timeout_seconds)
 
-    async def shell(self, command: str, *, timeout_seconds: float | None = None) -> RunResult:
+    async def shell(self, command: str, *, timeout_seconds: float | None = None) -> CodeResult:
         return await self.run(command, language="shell", timeout_seconds=timeout_seconds)
 
-    async def _exec(self, argv: list[str], timeout: float) -> RunResult:
+    async def _exec(self, argv: list[str], timeout: float) -> CodeResult:
         self._need_started()
         if self._sandbox is not None:
             ex = await self._sandbox.execute(argv, timeout=f"{timeout:g}s")
             timed_out = ex.status == "timeout"
             code = TIMED_OUT if timed_out else (ex.exit_code if ex.exit_code is not None else 1)
-            return RunResult(ex.stdout or "", ex.stderr or "", code, timed_out)
+            return CodeResult(ex.stdout or "", ex.stderr or "", code, timed_out)
         if self._box is not None:
-            return RunResult(*await self._box.exec(argv, timeout))
+            return CodeResult(*await self._box.exec(argv, timeout))
         return await self._host_exec(argv, timeout)
 
-    async def _host_exec(self, argv: list[str], timeout: float) -> RunResult:
+    async def _host_exec(self, argv: list[str], timeout: float) -> CodeResult:
         """A child process of this one, in the workspace directory (unix-local; docker's clones)."""
         assert self._dir is not None
         proc = await asyncio.create_subprocess_exec(
@@ -292,8 +297,8 @@ class Workspace:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the child and what it started
             out, err = await proc.communicate()
-            return RunResult(out.decode(errors="replace"), err.decode(errors="replace"), TIMED_OUT, True)
-        return RunResult(out.decode(errors="replace"), err.decode(errors="replace"), proc.returncode or 0)
+            return CodeResult(out.decode(errors="replace"), err.decode(errors="replace"), TIMED_OUT, True)
+        return CodeResult(out.decode(errors="replace"), err.decode(errors="replace"), proc.returncode or 0)
 
     # ------------------------------------------------------------ files
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 
 class Ran(Protocol):
-    """What a run answers (``hutch.workspace.RunResult``)."""
+    """What a run answers (``hutch.workspace.CodeResult``)."""
 
     @property
     def stdout(self) -> str: ...

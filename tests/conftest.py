@@ -3,6 +3,11 @@
 Backends are chosen per contract suite by fixture parameters; the production backends
 (Kafka, PostgreSQL, Nomad) join those parameter lists in their own issues. A backend
 whose service is missing fails its setup loudly: nothing here skips.
+
+The API tests (tests/api/conftest.py: ``driver_name`` x ``profile``) run on every driver and
+both profiles unless a test says where it runs: ``@pytest.mark.runs_on("fake-embedded", ...)``
+(on a test, or a module's ``pytestmark``), with the reason beside it. The usual places:
+``WIRE``, ``STORE`` and ``REAL`` in tests/api/conftest.py.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from pathlib import Path
 import pytest
 
 RUNTIME_CACHE = Path(os.environ.get("HUTCH_RUNTIME_CACHE", "/var/cache/hutch/runtimes"))
+DRIVERS = ("fake", "local", "nomad")
+PROFILES = ("embedded", "production")
 
 
 @pytest.fixture
@@ -20,3 +27,88 @@ def data_dir(tmp_path: Path) -> Path:
     d = tmp_path / "data"
     d.mkdir()
     return d
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``runs_on`` becomes one parametrization of (driver_name, profile), the pairs it names:
+    placed as a ``parametrize`` mark, it takes precedence over the fixtures' own params."""
+    mark = metafunc.definition.get_closest_marker("runs_on")
+    if mark is None:
+        return
+    where = f"{metafunc.definition.nodeid}: runs_on{mark.args}"
+    if not mark.args or not {"driver_name", "profile"} <= set(metafunc.fixturenames):
+        raise pytest.UsageError(f"{where} names no pair, or the test uses no driver_name and profile")
+    pairs = []
+    for pair in mark.args:
+        driver, _, profile = str(pair).partition("-")
+        if driver not in DRIVERS or profile not in PROFILES:
+            raise pytest.UsageError(f"{where}: {pair!r} is not <{'|'.join(DRIVERS)}>-<{'|'.join(PROFILES)}>")
+        pairs.append((driver, profile))
+    metafunc.definition.add_marker(pytest.mark.parametrize(("driver_name", "profile"), pairs, indirect=["profile"]))
+
+
+# ---------------------------------------------------------------- the quick tier
+
+# `./scripts/test --quick` (pytest --quick): the edit-test loop's tier, a few minutes on two
+# cores and no service started: the unit tests, the API on the fake driver and the embedded
+# profile, the SDK and the CLI against the in-test fake and the fake-driven engine, and the
+# contract suites on their in-process backends. What needs a real service or driver stays in the
+# full run: a test parametrized onto one (a param below) and the modules in NOT_QUICK.
+QUICK = ("tests/unit/", "tests/api/", "tests/sdk/", "tests/cli/", "tests/contracts/")
+SERVICE_PARAMS = {"local", "nomad", "production", "kafka", "postgres", "docker"}
+NOT_QUICK = (  # module paths or test ids (a prefix of the id), each for its reason
+    "tests/api/test_openapi_fuzz.py",  # a live server fuzzed for minutes
+    "tests/api/test_first_use_real.py",  # real runtime builds
+    "tests/api/test_tenancy_upgrade.py::test_a_revocation_through_one_api_process_is_refused_by_another",  # PostgreSQL
+    "tests/contracts/test_eventlog_kafka.py",  # Kafka
+    "tests/contracts/test_projection_store_postgres.py",  # PostgreSQL
+    "tests/contracts/test_output.py::test_another_replica_follows_a_live_stream",  # PostgreSQL, as the four below
+    "tests/contracts/test_output.py::test_replicas_share_the_secret",
+    "tests/contracts/test_output.py::test_a_stream_open_on_one_replica_cannot_be_opened_on_another",
+    "tests/contracts/test_output.py::test_a_killed_writer_reads_as_closed_with_every_saved_byte",
+    "tests/contracts/test_output.py::test_a_writer_whose_session_was_lost_opens_and_saves_on_a_new_one",
+    "tests/contracts/test_replicas.py::test_a_lapsed_lease",  # PostgreSQL, as the five below
+    "tests/contracts/test_replicas.py::test_a_replica_",
+    "tests/contracts/test_replicas.py::test_a_claimed_replica",
+    "tests/contracts/test_replicas.py::test_another_replica",
+    "tests/contracts/test_replicas.py::test_live_replicas",
+    "tests/contracts/test_replicas.py::test_serialised_holds",
+    "tests/cli/test_ssh_tmux.py",  # the local driver
+    "tests/sdk/test_workspace",  # the local driver and Docker (unix-local alone is a fraction)
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="only the quick tier: no service, no real driver (tests/conftest.py)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With --quick, what is outside the tier is not even imported (collecting everything takes
+    as long as some of the tier's tests)."""
+    if not config.getoption("quick"):
+        return None
+    if not collection_path.is_relative_to(config.rootpath / "tests"):
+        return None
+    rel = collection_path.relative_to(config.rootpath).as_posix()
+    if collection_path.is_dir():
+        inside = rel == "tests" or any(q.startswith(rel + "/") or (rel + "/").startswith(q) for q in QUICK)
+        return None if inside else True
+    return True if not rel.startswith(QUICK) or any(rel.startswith(n) for n in NOT_QUICK if "::" not in n) else None
+
+
+def _needs_a_service(item: pytest.Item) -> bool:
+    if not item.nodeid.startswith(QUICK) or item.nodeid.startswith(NOT_QUICK):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v in SERVICE_PARAMS for v in params.values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("quick"):
+        return
+    slow = [item for item in items if _needs_a_service(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not _needs_a_service(item)]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.drivers.base import Driver, ProvisionRequest, Resources
+from hutch.drivers.base import Driver, ProvisionRequest, ResourceLimits
 
 RUNTIME_CACHE = Path(os.environ.get("HUTCH_RUNTIME_CACHE", "/var/cache/hutch/runtimes"))
 TEST_RUNTIMES = ("base:latest", "python:3.13")
@@ -79,10 +79,10 @@ def new_id(prefix: str = "sb") -> str:
 
 
 async def provision(driver: Driver, runtime: str = "base:latest", *, env: dict[str, str] | None = None,
-                    resources: Resources | None = None) -> str:
+                    resources: ResourceLimits | None = None) -> str:
     sid = new_id()
     await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=runtime, env=env or {},
-                                            resources=resources or Resources()))
+                                            resources=resources or ResourceLimits()))
     return sid
 
 

@@ -280,15 +280,15 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                         output_retention=parse_duration("HUTCH_OUTPUT_RETENTION", config.output_retention))
         stack.push_async_callback(engine.close)
         replication = Replication(replicas, engine, on_live=lambda n: setattr(tenants, "replicas", n))
-        engine.projector.observers.append(replication.observe)
+        engine.changes.observe(replication.observe)
         stack.push_async_callback(replication.close)
         prebuild = config.prebuild_runtimes
-        engine.projector.observers.append(tenants.observe)
+        engine.changes.observe(tenants.observe)
         await engine.start()
         await tenants.load(store)
-        engine.tenants = tenants
+        engine.reads.tenants = tenants
         app[TENANTS] = tenants
-        engine.prebuild(prebuild)
+        engine.provisioning.prebuild(prebuild)
         app[ENGINE] = engine
         app[REPLICATION] = replication
         if replicas.shared:

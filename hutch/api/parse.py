@@ -14,10 +14,17 @@ from typing import Any
 
 from hutch.core import egress, limits, runtimes
 from hutch.core.errors import InvalidInput, NotSupported, RuntimeNotFound
-from hutch.core.models import Mode, Network, Resources, SandboxSpec, Snapshot, Timeouts
+from hutch.core.models import (
+    Mode,
+    NetworkSpec,
+    ResourceSpec,
+    SandboxSpec,
+    SnapshotState,
+    TimeoutSpec,
+)
 from hutch.core.packages import check_dependencies, check_packages
 from hutch.core.quantities import parse_bytes, parse_duration, parse_millicores
-from hutch.drivers.base import FileToWrite
+from hutch.drivers.base import FileWrite
 from hutch.service.output import StreamOptions
 from hutch.service.requests import CreateRequest, ExecuteRequest
 
@@ -77,7 +84,7 @@ def parse_env(value: object, field: str = "env", *, allow_null: bool = False) ->
     return out
 
 
-def parse_files(value: object, field: str) -> list[FileToWrite]:
+def parse_files(value: object, field: str) -> list[FileWrite]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -102,7 +109,7 @@ def parse_files(value: object, field: str) -> list[FileToWrite]:
             data = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError) as err:
             raise InvalidInput(f"{f}.content: not valid base64", field=f + ".content") from err
-        files.append(FileToWrite(path=path, content=data))
+        files.append(FileWrite(path=path, content=data))
     return files
 
 
@@ -130,7 +137,7 @@ def parse_stream(body: Mapping[str, Any]) -> StreamOptions:
 MIN_DISK = 16 * 2**20  # the file system a limit makes needs room for itself and the skeleton
 
 
-def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> CreateRequest:
+def parse_create(body: Mapping[str, Any], snapshot: SnapshotState | None = None) -> CreateRequest:
     """``snapshot``: what the body's ``snapshot`` reference resolved to (the route resolves
     it, since that reads the store); its runtime and env are the new sandbox's base."""
     if not isinstance(body, dict):
@@ -174,7 +181,7 @@ def parse_create(body: Mapping[str, Any], snapshot: Snapshot | None = None) -> C
     return CreateRequest(spec=spec, files=files, command=command, stream=parse_stream(body))
 
 
-def _check_snapshot_ref(body: Mapping[str, Any], snapshot: Snapshot | None) -> None:
+def _check_snapshot_ref(body: Mapping[str, Any], snapshot: SnapshotState | None) -> None:
     if body.get("snapshot") is not None:
         if snapshot is None:
             raise InvalidInput("snapshot: the reference was not resolved", field="snapshot")
@@ -183,7 +190,7 @@ def _check_snapshot_ref(body: Mapping[str, Any], snapshot: Snapshot | None) -> N
                                "a snapshot brings its own runtime", field="snapshot")
 
 
-def _parse_runtime(body: Mapping[str, Any], snapshot: Snapshot | None) -> runtimes.RuntimeRecipe:
+def _parse_runtime(body: Mapping[str, Any], snapshot: SnapshotState | None) -> runtimes.RuntimeRecipe:
     """The runtime the sandbox runs: the snapshot's, else ``runtime`` or ``runtimeId``, else the default."""
     runtime_name = expect(body, "runtime", str, "a runtime name such as python:3.13")
     runtime_id = expect(body, "runtimeId", str, "a runtime id (srt_...)")
@@ -200,13 +207,13 @@ def _parse_runtime(body: Mapping[str, Any], snapshot: Snapshot | None) -> runtim
     return recipe
 
 
-def _parse_resources(body: Mapping[str, Any]) -> Resources:
+def _parse_resources(body: Mapping[str, Any]) -> ResourceSpec:
     """As given; what is left out gets the server's defaults later (service/defaults.py)."""
     res = _object(body, "resources")
     memory = expect(res, "memory", (str, int), "a size such as 512Mi", "resources.")
     cpu = expect(res, "cpu", (str, int, float), "cpu such as 500m or 1", "resources.")
     disk = expect(res, "disk", (str, int), "a size such as 1Gi", "resources.")
-    resources = Resources(
+    resources = ResourceSpec(
         memory=str(memory) if memory is not None else None,
         cpu=str(cpu) if cpu is not None else None,
         disk=str(disk) if disk is not None else None,
@@ -222,7 +229,7 @@ def _parse_resources(body: Mapping[str, Any]) -> Resources:
     return resources
 
 
-def _parse_network(body: Mapping[str, Any]) -> Network:
+def _parse_network(body: Mapping[str, Any]) -> NetworkSpec:
     net = _object(body, "network")
     enabled = expect(net, "enabled", bool, "true or false", "network.") or False
     port = expect(net, "port", int, "an integer port", "network.")
@@ -231,10 +238,10 @@ def _parse_network(body: Mapping[str, Any]) -> Network:
     allow = egress.parse_allow(net["allow"]) if net.get("allow") is not None else ()
     if allow and not enabled:
         raise InvalidInput("network.allow: limits an enabled network; add network.enabled: true", field="network.allow")
-    return Network(enabled=enabled, port=port, allow=allow)
+    return NetworkSpec(enabled=enabled, port=port, allow=allow)
 
 
-def _parse_timeouts(body: Mapping[str, Any]) -> Timeouts:
+def _parse_timeouts(body: Mapping[str, Any]) -> TimeoutSpec:
     tmo = _object(body, "timeout")
     timeouts = {}
     for key in ("idle", "execution", "paused"):
@@ -242,7 +249,7 @@ def _parse_timeouts(body: Mapping[str, Any]) -> Timeouts:
         if value is not None:
             parse_duration(f"timeout.{key}", value)
         timeouts[key] = value
-    return Timeouts(**timeouts)
+    return TimeoutSpec(**timeouts)
 
 
 def _parse_initial_command(cmd_obj: Mapping[str, Any], *, given: bool) -> tuple[tuple[str, ...] | None, Mode]:

@@ -20,7 +20,7 @@ from hutch.api.http import base_url
 from hutch.api.keys import CONFIG, ENGINE
 from hutch.core import runtimes
 from hutch.core.events import Event, encode
-from hutch.core.models import Execution, Sandbox, Snapshot
+from hutch.core.models import ExecutionState, SandboxState, SnapshotState
 from hutch.core.serde import to_wire
 from hutch.core.wire import ExecutionInfo, Job, RuntimeRef
 from hutch.drivers.base import Usage
@@ -71,7 +71,7 @@ def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[st
     )
 
 
-def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | None = None,
+def sandbox_info(sb: SandboxState, stream_urls: tuple[str, str] | None, url: str | None = None,
                  usage: Usage | None = None) -> dict[str, Any]:
     """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one; ``url``:
     where its exposed port is served (api/routes/proxy.py), if it has one; ``usage``: what a
@@ -119,7 +119,7 @@ def sandbox_info(sb: Sandbox, stream_urls: tuple[str, str] | None, url: str | No
     )
 
 
-def _lifetime(sb: Sandbox) -> float:
+def _lifetime(sb: SandboxState) -> float:
     def unix(iso: str) -> float:
         return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
@@ -129,7 +129,7 @@ def _lifetime(sb: Sandbox) -> float:
 _JOB_STATUS = {"queued": "pending", "running": "running", "cancelled": "cancelled", "failed": "failed", "timeout": "failed"}
 
 
-def job_info(job: Execution, stdout_url: str, stderr_url: str) -> dict[str, Any]:
+def job_info(job: ExecutionState, stdout_url: str, stderr_url: str) -> dict[str, Any]:
     """Jobs are executions of kind "job"; the wire gives them their own statuses."""
     status = _JOB_STATUS.get(job.status.value) or ("completed" if job.exit_code == 0 else "failed")
     return to_wire(Job(job_id=job.execution_id, sandbox_id=job.sandbox_id, command=list(job.command), status=status,
@@ -138,7 +138,7 @@ def job_info(job: Execution, stdout_url: str, stderr_url: str) -> dict[str, Any]
                        command_omitted_bytes=job.command_omitted_bytes, command_sha256=job.command_sha256))
 
 
-def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None) -> dict[str, Any]:
+def execution_info(ex: ExecutionState, stdout_url: str | None, stderr_url: str | None) -> dict[str, Any]:
     return to_wire(ExecutionInfo(
         execution_id=ex.execution_id, sandbox_id=ex.sandbox_id, type=ex.type, status=ex.status.value,
         command=list(ex.command), exit_code=ex.exit_code, duration_ms=ex.duration_ms, started_at=ex.started_at,
@@ -148,12 +148,12 @@ def execution_info(ex: Execution, stdout_url: str | None, stderr_url: str | None
     ))
 
 
-def _full_name(snap: Snapshot) -> str:
+def _full_name(snap: SnapshotState) -> str:
     org = org_ref(snap.org_id)["name"]
     return f"@{org}/{snap.name}:{snap.tag}" if snap.tag else f"@{org}/{snap.name}"
 
 
-def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, Any]:
+def snapshot_info(snap: SnapshotState, download_url: str | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {
         "snapshotId": snap.snapshot_id,
         "runtimeId": snap.runtime_id,
@@ -187,7 +187,7 @@ def snapshot_info(snap: Snapshot, download_url: str | None = None) -> dict[str, 
     return _drop_none(info)
 
 
-def lineage_entry(snap: Snapshot, deleted: bool) -> dict[str, Any]:
+def lineage_entry(snap: SnapshotState, deleted: bool) -> dict[str, Any]:
     entry = {k: v for k, v in snapshot_info(snap).items()
              if k in ("snapshotId", "name", "fullName", "message", "tag", "parentSnapshotId", "public", "org", "user",
                       "createdAt")}
@@ -219,18 +219,18 @@ def stream_urls(request: web.Request, engine: Engine, owner_id: str) -> tuple[st
     )
 
 
-def render_sandbox(request: web.Request, sb: Sandbox, usage: Usage | None = None) -> dict:
+def render_sandbox(request: web.Request, sb: SandboxState, usage: Usage | None = None) -> dict:
     engine = request.app[ENGINE]
     urls = stream_urls(request, engine, sb.initial_execution_id or sb.sandbox_id)
     return sandbox_info(sb, urls, port_url(request, sb), usage)
 
 
-def port_url(request: web.Request, sb: Sandbox) -> str | None:
+def port_url(request: web.Request, sb: SandboxState) -> str | None:
     port = sb.spec.network.port
     return sandbox_url(request, base_url(request), sb.sandbox_id, port) if port is not None else None
 
 
-def render_execution(request: web.Request, ex: Execution) -> dict:
+def render_execution(request: web.Request, ex: ExecutionState) -> dict:
     out, err = stream_urls(request, request.app[ENGINE], ex.execution_id)
     return execution_info(ex, out, err)
 

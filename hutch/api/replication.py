@@ -29,8 +29,6 @@ from hutch.api.routes import proxy
 from hutch.api.routes.streams import STDIN_TOKEN
 from hutch.core.errors import DriverFailure, InvalidInput, ReplicaUnavailable
 from hutch.core.events import Event
-from hutch.core.lifecycle import Fail, FinishExecution, Terminate
-from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
 from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas
 from hutch.core.tenancy import secrets_match
 from hutch.service.engine import Engine
@@ -156,8 +154,7 @@ class Replication:
         if "sandbox_id" in info:
             return info["sandbox_id"]
         if "execution_id" in info and request.method != "GET":  # cancel: where the command runs
-            found = await self.engine.store.get_execution(info["execution_id"])
-            return found.sandbox_id if found is not None else None
+            return await self.engine.takeover.sandbox_of_execution(info["execution_id"])
         return None
 
     async def _waited_on(self, request: web.Request) -> str | None:
@@ -171,8 +168,7 @@ class Replication:
             execution_id = self.engine.streams.execution_of(info.get("stream_id", ""))
         if execution_id is None or is_sandbox_stream(execution_id) or self.engine.executions.running(execution_id):
             return None  # not a command's waiter, or one this replica runs: no store read
-        found = await self.engine.store.get_execution(execution_id)
-        return found.sandbox_id if found is not None and not found.status.is_final else None
+        return await self.engine.takeover.sandbox_of_execution(execution_id, running=True)
 
     async def relay(self, request: web.Request, url: str) -> web.StreamResponse:
         # Host kept: the owner routes a port URL under the wildcard domain by it.
@@ -218,31 +214,8 @@ class Replication:
                 log.exception("taking over sandbox %s failed", sandbox_id)
 
     async def _adopt_one(self, sandbox_id: str, handle: Handle | None, why: str) -> None:
-        engine, recorder = self.engine, self.engine.recorder
-        await engine.projector.wait_for(await engine.log.last_position())  # the dead one's last events
-        sb = await engine.store.get_sandbox(sandbox_id)
-        if sb is None or sb.status.is_final:
+        if not await self.engine.takeover.adopt(sandbox_id, handle, why):
             await self.replicas.disown(sandbox_id)
-            return
-        adopted = handle is not None and await engine.driver.adopt(sb, handle)
-        for ex in await engine.store.list_executions(sandbox_id):
-            if not ex.status.is_final:
-                await recorder.command(sandbox_id, FinishExecution(ex.execution_id, ExecutionStatus.FAILED,
-                                                                   error=why))
-        if sb.status is SandboxStatus.STOPPING and adopted:  # a destroy the dead replica began
-            await engine.driver.destroy(sandbox_id)
-            await recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True))
-        elif not adopted or sb.status is SandboxStatus.CREATING:
-            with contextlib.suppress(Exception):
-                await engine.driver.destroy(sandbox_id)
-            gone = "; its processes were not found" if not adopted else " while the sandbox was being created"
-            await recorder.command(sandbox_id, Fail(reason=why + gone))
-        elif sb.spec.mode is Mode.ONESHOT:
-            await engine.control.end(sandbox_id, Terminate(reason=why))
-        else:
-            await engine.reaper.schedule(sandbox_id)
-            return
-        await self.replicas.disown(sandbox_id)
 
     def observe(self, batch: Sequence[Event]) -> None:
         """Projector hook: a sandbox of ours that ended needs no owner any more."""

@@ -104,9 +104,9 @@ class SandboxSftp(asyncssh.SFTPServer):
 
         with acting(self.principal):
             try:
-                if self.engine.tenants is not None:  # each operation is a request of the key's
-                    self.engine.tenants.throttle(self.principal)
-                await self.engine.for_files(self.sandbox_id)  # scoped; wakes a paused sandbox
+                if self.engine.reads.tenants is not None:  # each operation is a request of the key's
+                    self.engine.reads.tenants.throttle(self.principal)
+                await self.engine.files.ready(self.sandbox_id)  # scoped; wakes a paused sandbox
                 return await work()
             except HutchError as err:
                 raise _sftp_error(err) from None
@@ -115,7 +115,7 @@ class SandboxSftp(asyncssh.SFTPServer):
         if path == "/":
             return _ROOT
         parent, name = posixpath.split(path)
-        entries = await self._call(lambda: self.engine.driver.list_files(self.sandbox_id, parent))
+        entries = await self._call(lambda: self.engine.files.list(self.sandbox_id, parent))
         for entry in entries:
             if entry.name == name:
                 return _attrs(entry)
@@ -164,7 +164,7 @@ class SandboxSftp(asyncssh.SFTPServer):
 
     async def scandir(self, path: bytes) -> AsyncIterator[SFTPName]:
         where = self._path(path)
-        entries = await self._call(lambda: self.engine.driver.list_files(self.sandbox_id, where))
+        entries = await self._call(lambda: self.engine.files.list(self.sandbox_id, where))
         yield SFTPName(b".", attrs=await self._info(where))
         yield SFTPName(b"..", attrs=await self._info(posixpath.dirname(where)))
         for entry in entries:
@@ -204,7 +204,7 @@ class SandboxSftp(asyncssh.SFTPServer):
 
     async def _fetch(self, path: str, handle: _Open) -> None:
         got = 0
-        async for chunk in self.engine.driver.read_file(self.sandbox_id, path):
+        async for chunk in self.engine.files.read(self.sandbox_id, path):
             got += len(chunk)
             handle.reserve(got)  # a link to a bigger file, /dev/zero: stopped at the limit
             handle.data.write(chunk)
@@ -227,7 +227,7 @@ class SandboxSftp(asyncssh.SFTPServer):
         try:
             if file_obj.writing:
                 file_obj.data.seek(0)
-                await self._call(lambda: self.engine.driver.write_file(
+                await self._call(lambda: self.engine.files.write(
                     self.sandbox_id, file_obj.path, _chunks(file_obj), mode=file_obj.mode, parents=False))
         finally:
             file_obj.data.close()
@@ -239,17 +239,17 @@ class SandboxSftp(asyncssh.SFTPServer):
 
     async def mkdir(self, path: bytes, attrs: SFTPAttrs) -> None:
         where = self._path(path)
-        await self._call(lambda: self.engine.driver.mkdir(self.sandbox_id, where, parents=False))
+        await self._call(lambda: self.engine.files.mkdir(self.sandbox_id, where, parents=False))
 
     async def rmdir(self, path: bytes) -> None:
         where = self._path(path)
-        if not await self._call(lambda: self.engine.driver.remove(self.sandbox_id, where, directory=True,
+        if not await self._call(lambda: self.engine.files.remove(self.sandbox_id, where, directory=True,
                                                                    recursive=False)):
             raise asyncssh.SFTPNoSuchFile(f"{where} does not exist")
 
     async def remove(self, path: bytes) -> None:
         where = self._path(path)
-        if not await self._call(lambda: self.engine.driver.remove(self.sandbox_id, where, directory=False,
+        if not await self._call(lambda: self.engine.files.remove(self.sandbox_id, where, directory=False,
                                                                    recursive=False)):
             raise asyncssh.SFTPNoSuchFile(f"{where} does not exist")
 
@@ -262,7 +262,7 @@ class SandboxSftp(asyncssh.SFTPServer):
     async def readlink(self, path: bytes) -> bytes:
         where = self._path(path)
         parent, name = posixpath.split(where)
-        entries = await self._call(lambda: self.engine.driver.list_files(self.sandbox_id, parent))
+        entries = await self._call(lambda: self.engine.files.list(self.sandbox_id, parent))
         for entry in entries:
             if entry.name == name and entry.is_symlink and entry.link_target is not None:
                 return entry.link_target.encode()
@@ -270,7 +270,7 @@ class SandboxSftp(asyncssh.SFTPServer):
 
     async def symlink(self, oldpath: bytes, newpath: bytes) -> None:
         target, where = oldpath.decode(), self._path(newpath)
-        await self._call(lambda: self.engine.driver.symlink(self.sandbox_id, where, target))
+        await self._call(lambda: self.engine.files.symlink(self.sandbox_id, where, target))
 
     async def link(self, oldpath: bytes, newpath: bytes) -> None:
         raise asyncssh.SFTPOpUnsupported("hard links are not supported")

@@ -33,11 +33,10 @@ from hutch.api.ssh_relay import EXIT_FAILED, RELAY_USER, OwnerGateways, RelayPas
 from hutch.core.errors import HutchError
 from hutch.core.events import acting
 from hutch.core.tenancy import Principal, Role
-from hutch.service import sandbox_streams
 from hutch.service.output import StreamOptions
 from hutch.service.requests import ExecuteRequest
 from hutch.service.tenancy import now_utc
-from hutch.service.terminals import ActiveTerminal, TerminalOptions, open_terminal
+from hutch.service.terminals import ActiveTerminal, TerminalOptions
 
 if TYPE_CHECKING:
     from hutch.api.replication import Replication
@@ -131,7 +130,7 @@ class SshGateway:
     async def _terminal(self, process: asyncssh.SSHServerProcess[bytes], sandbox_id: str) -> int:
         cols, rows, _w, _h = process.get_terminal_size()
         command = ("/bin/sh", "-c", process.command) if process.command else ()
-        active = await open_terminal(self.engine, sandbox_id, TerminalOptions(
+        active = await self.engine.terminals.open(sandbox_id, TerminalOptions(
             command=command, rows=rows or 24, cols=cols or 80, term=process.get_terminal_type() or "xterm-256color"))
         output = asyncio.ensure_future(_copy_out(active, process))
         typed = asyncio.ensure_future(_copy_in(process, active))  # ends at the client's EOF: as sshd, go on
@@ -160,13 +159,13 @@ class SshGateway:
         req = ExecuteRequest(command=("/bin/sh", "-c", process.command), files=[], timeout=None,
                              stream=StreamOptions(stdin=stdin_id))
         try:
-            execution, _ = await engine.execute(sandbox_id, req)
+            execution, _ = await engine.executions.execute(sandbox_id, req)
             await asyncio.gather(
                 _copy_stream(engine, execution.execution_id, "stdout", process.stdout),
                 _copy_stream(engine, execution.execution_id, "stderr", process.stderr))
-            final = await engine.get_execution(execution.execution_id, wait=3600)
+            final = await engine.reads.get_execution(execution.execution_id, wait=3600)
             while not final.status.is_final:
-                final = await engine.get_execution(execution.execution_id, wait=3600)
+                final = await engine.reads.get_execution(execution.execution_id, wait=3600)
         finally:
             upload.cancel()
             with contextlib.suppress(BaseException):
@@ -242,7 +241,7 @@ class _Auth(asyncssh.SSHServer):
     async def _admit(self, sandbox_id: str, principal: Principal, *, relayed: bool) -> bool:
         with acting(principal):
             try:
-                await self.gateway.engine.get(sandbox_id)
+                await self.gateway.engine.reads.require(sandbox_id)
             except HutchError:
                 return False  # unknown, gone or another organization's: the same refusal
             owner, refusal = None, None
@@ -279,6 +278,6 @@ async def _chunks(process: asyncssh.SSHServerProcess[bytes]) -> AsyncIterator[by
 
 
 async def _copy_stream(engine: Engine, execution_id: str, stream: str, out: Any) -> None:
-    async for chunk in sandbox_streams.execution_output(engine, execution_id, stream):
+    async for chunk in engine.sandbox_output.execution_output(execution_id, stream):
         out.write(chunk)
         await out.drain()

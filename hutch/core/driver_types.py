@@ -65,7 +65,7 @@ def check_env(env: Mapping[str, str], field: str) -> None:
 
 
 @attrs.frozen
-class Resources:
+class ResourceLimits:
     memory_bytes: int | None = None
     cpu_millis: int | None = None
     disk_bytes: int | None = None
@@ -76,7 +76,7 @@ class Resources:
 class ProvisionRequest:
     sandbox_id: str
     runtime: str  # catalog name, e.g. "python:3.13"; the driver maps it to its image
-    resources: Resources = Resources()
+    resources: ResourceLimits = ResourceLimits()
     network_enabled: bool = False
     port: int | None = None  # one port to expose (through port_target); None = none
     network_allow: tuple[str, ...] = ()  # core/egress.py entries; () = unrestricted
@@ -90,7 +90,7 @@ class ProvisionRequest:
         (it can change: PATCH /sandbox/env), so a removed variable is really gone."""
         r = spec.resources
         return cls(sandbox_id=sandbox_id, runtime=spec.runtime,
-                   resources=Resources(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
+                   resources=ResourceLimits(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
                    network_enabled=spec.network.enabled, port=spec.network.port, env={},
                    network_allow=spec.network.allow,
                    dependencies=spec.dependencies, packages=spec.packages)
@@ -116,7 +116,7 @@ class ExecResult:
 
 
 @attrs.frozen
-class FileToWrite:
+class FileWrite:
     path: str  # relative paths resolve to the sandbox workspace
     content: bytes
     mode: int = 0o644
@@ -166,7 +166,7 @@ class TerminalRequest:
     cols: int = 80
 
 
-class Terminal(abc.ABC):
+class PtySession(abc.ABC):
     """A command running on a pseudo-terminal in a sandbox, as the sandbox user with the
     sandbox's limits and seccomp filter, the same as an execution. The terminal's line
     discipline does the rest: a Ctrl-C written as the byte 0x03 signals the foreground

@@ -33,12 +33,12 @@ from hutch.core.events import (
     SandboxTerminated,
 )
 from hutch.core.models import (
-    Checkpoint,
-    Execution,
+    CheckpointState,
+    ExecutionState,
     ExecutionStatus,
     Mode,
-    Sandbox,
     SandboxSpec,
+    SandboxState,
     SandboxStatus,
 )
 
@@ -147,7 +147,7 @@ Command = (
 _LIVE = (SandboxStatus.IDLE, SandboxStatus.RUNNING)
 
 
-def _illegal(sandbox: Sandbox, what: str) -> IllegalTransition:
+def _illegal(sandbox: SandboxState, what: str) -> IllegalTransition:
     return IllegalTransition(
         f"cannot {what}: sandbox {sandbox.sandbox_id} is {sandbox.status.value}",
         sandbox_id=sandbox.sandbox_id,
@@ -155,7 +155,7 @@ def _illegal(sandbox: Sandbox, what: str) -> IllegalTransition:
     )
 
 
-def checkpoint_id_for(sandbox: Sandbox, ref: str) -> str:
+def checkpoint_id_for(sandbox: SandboxState, ref: str) -> str:
     """A checkpoint named by its id or, as the seeds' CLI allows, by its name (names are unique
     per sandbox). An unknown ref is returned as it is: ``decide`` says it is not found."""
     if any(c.checkpoint_id == ref for c in sandbox.checkpoints):
@@ -184,7 +184,7 @@ Decided = (
 )
 
 
-def decide(sandbox: Sandbox | None, command: Command) -> list[Decided]:
+def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
     """Event payloads the command produces (the caller wraps them in envelopes). ``sandbox``
     is None where none is recorded: only a ``Create`` goes there."""
     if isinstance(command, Create):
@@ -213,7 +213,7 @@ def decide(sandbox: Sandbox | None, command: Command) -> list[Decided]:
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
 
 
-def _decide_create(sandbox: Sandbox | None, command: Create) -> list[Decided]:
+def _decide_create(sandbox: SandboxState | None, command: Create) -> list[Decided]:
     """A sandbox id is used once: a create never lands on a recorded sandbox, whatever its state."""
     if sandbox is not None:
         raise _illegal(sandbox, "create it again")
@@ -231,7 +231,7 @@ def _decide_create(sandbox: Sandbox | None, command: Create) -> list[Decided]:
                            initial_execution_id=command.initial_execution_id, initial_command=initial)]
 
 
-def _decide_setup(sandbox: Sandbox, command: Start | Fail | ReportBuild) -> list[Decided]:
+def _decide_setup(sandbox: SandboxState, command: Start | Fail | ReportBuild) -> list[Decided]:
     """The creating sandbox: the driver made it real, it failed, or its runtime builds."""
     status = sandbox.status
     match command:
@@ -249,7 +249,7 @@ def _decide_setup(sandbox: Sandbox, command: Start | Fail | ReportBuild) -> list
             return [RuntimeBuildProgress(runtime=runtime, message=message)]
 
 
-def _decide_take_checkpoint(sandbox: Sandbox, command: TakeCheckpoint) -> list[Decided]:
+def _decide_take_checkpoint(sandbox: SandboxState, command: TakeCheckpoint) -> list[Decided]:
     status, name = sandbox.status, command.name
     if status not in _LIVE and status is not SandboxStatus.PAUSED:
         raise _illegal(sandbox, "checkpoint")
@@ -261,7 +261,7 @@ def _decide_take_checkpoint(sandbox: Sandbox, command: TakeCheckpoint) -> list[D
     return [CheckpointCreated(checkpoint_id=command.checkpoint_id, name=name, parent=sandbox.current_checkpoint)]
 
 
-def _decide_checkpoint_change(sandbox: Sandbox, command: RestoreCheckpoint | DeleteCheckpoint) -> list[Decided]:
+def _decide_checkpoint_change(sandbox: SandboxState, command: RestoreCheckpoint | DeleteCheckpoint) -> list[Decided]:
     """Restore or delete an existing checkpoint: both need a live or paused sandbox and a known id."""
     status, cid = sandbox.status, command.checkpoint_id
     verb = "restore" if isinstance(command, RestoreCheckpoint) else "delete"
@@ -281,7 +281,7 @@ def _decide_checkpoint_change(sandbox: Sandbox, command: RestoreCheckpoint | Del
     return [CheckpointRestored(cid) if verb == "restore" else CheckpointDeleted(cid)]
 
 
-def _decide_change_env(sandbox: Sandbox, command: ChangeEnv) -> list[Decided]:
+def _decide_change_env(sandbox: SandboxState, command: ChangeEnv) -> list[Decided]:
     status = sandbox.status
     if status.is_final or status is SandboxStatus.STOPPING:
         raise _illegal(sandbox, "change the environment")
@@ -293,7 +293,7 @@ def _decide_change_env(sandbox: Sandbox, command: ChangeEnv) -> list[Decided]:
     return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
 
 
-def _decide_pause(sandbox: Sandbox, command: Pause) -> list[Decided]:
+def _decide_pause(sandbox: SandboxState, command: Pause) -> list[Decided]:
     status = sandbox.status
     if status is SandboxStatus.PAUSED:
         return []  # pausing a paused sandbox changes nothing
@@ -308,7 +308,7 @@ def _decide_pause(sandbox: Sandbox, command: Pause) -> list[Decided]:
     return [SandboxPaused(terminates_at=command.terminates_at)]
 
 
-def _decide_resume(sandbox: Sandbox, command: Resume) -> list[Decided]:
+def _decide_resume(sandbox: SandboxState, command: Resume) -> list[Decided]:
     status = sandbox.status
     if status in _LIVE:
         return []  # already awake
@@ -317,7 +317,7 @@ def _decide_resume(sandbox: Sandbox, command: Resume) -> list[Decided]:
     return [SandboxResumed(auto=command.auto)]
 
 
-def _decide_start_execution(sandbox: Sandbox, command: StartExecution) -> list[Decided]:
+def _decide_start_execution(sandbox: SandboxState, command: StartExecution) -> list[Decided]:
     status = sandbox.status
     if status is SandboxStatus.PAUSED:
         raise IllegalTransition(
@@ -342,7 +342,7 @@ def _decide_start_execution(sandbox: Sandbox, command: StartExecution) -> list[D
     ]
 
 
-def _decide_finish_execution(sandbox: Sandbox, command: FinishExecution) -> list[Decided]:
+def _decide_finish_execution(sandbox: SandboxState, command: FinishExecution) -> list[Decided]:
     if command.execution_id not in sandbox.running:
         raise IllegalTransition(
             f"execution {command.execution_id} is not running in sandbox {sandbox.sandbox_id}",
@@ -359,7 +359,7 @@ def _decide_finish_execution(sandbox: Sandbox, command: FinishExecution) -> list
     return [finished]
 
 
-def _decide_end(sandbox: Sandbox, command: Destroy | Terminate) -> list[Decided]:
+def _decide_end(sandbox: SandboxState, command: Destroy | Terminate) -> list[Decided]:
     """Destroy on request, or terminate for any other reason (a oneshot's exit code completes it)."""
     status = sandbox.status
     if isinstance(command, Destroy):
@@ -381,10 +381,10 @@ def _decide_end(sandbox: Sandbox, command: Destroy | Terminate) -> list[Decided]
 # ---------------------------------------------------------------- evolve
 
 
-def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
+def evolve_sandbox(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
     data, at = event.data, event.created_at
     if isinstance(data, SandboxCreated):
-        return Sandbox(
+        return SandboxState(
             sandbox_id=event.sandbox_id,
             spec=data.spec,
             status=SandboxStatus.CREATING,
@@ -410,7 +410,7 @@ def evolve_sandbox(sandbox: Sandbox | None, event: Event) -> Sandbox | None:
             return _evolve_status(sandbox, data, at)
 
 
-def _evolve_status(sandbox: Sandbox, data: EventData, at: str) -> Sandbox:
+def _evolve_status(sandbox: SandboxState, data: EventData, at: str) -> SandboxState:
     """The sandbox's own status events; any other event leaves it as it is."""
     match data:
         case SandboxStarted():
@@ -429,7 +429,7 @@ def _evolve_status(sandbox: Sandbox, data: EventData, at: str) -> Sandbox:
     return sandbox
 
 
-def _evolve_terminated(sandbox: Sandbox, data: SandboxTerminated, at: str) -> Sandbox:
+def _evolve_terminated(sandbox: SandboxState, data: SandboxTerminated, at: str) -> SandboxState:
     status = SandboxStatus.DELETED if data.deleted else SandboxStatus.TERMINATED
     exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
     return attrs.evolve(
@@ -442,11 +442,11 @@ def _evolve_terminated(sandbox: Sandbox, data: SandboxTerminated, at: str) -> Sa
 
 
 def _evolve_checkpoints(
-    sandbox: Sandbox, data: CheckpointCreated | CheckpointRestored | CheckpointDeleted, at: str
-) -> Sandbox:
+    sandbox: SandboxState, data: CheckpointCreated | CheckpointRestored | CheckpointDeleted, at: str
+) -> SandboxState:
     match data:
         case CheckpointCreated():
-            cp = Checkpoint(checkpoint_id=data.checkpoint_id, name=data.name, created_at=at, parent=data.parent)
+            cp = CheckpointState(checkpoint_id=data.checkpoint_id, name=data.name, created_at=at, parent=data.parent)
             return attrs.evolve(sandbox, checkpoints=(*sandbox.checkpoints, cp), current_checkpoint=data.name, updated_at=at)
         case CheckpointRestored(checkpoint_id=cid):
             name = next((c.name for c in sandbox.checkpoints if c.checkpoint_id == cid), sandbox.current_checkpoint)
@@ -456,7 +456,7 @@ def _evolve_checkpoints(
             return attrs.evolve(sandbox, checkpoints=kept, updated_at=at)
 
 
-def _evolve_executions(sandbox: Sandbox, data: ExecutionStarted | ExecutionFinished, at: str) -> Sandbox:
+def _evolve_executions(sandbox: SandboxState, data: ExecutionStarted | ExecutionFinished, at: str) -> SandboxState:
     """An execution starts (the sandbox runs) or finishes (it idles once none runs)."""
     if isinstance(data, ExecutionStarted):
         running = sandbox.running | {data.execution_id}
@@ -469,15 +469,15 @@ def _evolve_executions(sandbox: Sandbox, data: ExecutionStarted | ExecutionFinis
     return attrs.evolve(sandbox, running=running, status=status, exit_code=data.exit_code, updated_at=at)
 
 
-def evolve_execution(execution: Execution | None, event: Event) -> Execution | None:
+def evolve_execution(execution: ExecutionState | None, event: Event) -> ExecutionState | None:
     data, at = event.data, event.created_at
     if isinstance(data, SandboxCreated) and data.initial_command is not None:
-        return Execution(execution_id=data.initial_execution_id or "", sandbox_id=event.sandbox_id,
+        return ExecutionState(execution_id=data.initial_execution_id or "", sandbox_id=event.sandbox_id,
                          command=data.initial_command, status=ExecutionStatus.QUEUED, created_at=at,
                          command_omitted_bytes=data.spec.command_omitted_bytes,
                          command_sha256=data.spec.command_sha256)
     if isinstance(data, ExecutionStarted):
-        return Execution(
+        return ExecutionState(
             execution_id=data.execution_id,
             sandbox_id=event.sandbox_id,
             command=data.command,

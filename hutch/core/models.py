@@ -47,7 +47,7 @@ class Mode(StrEnum):
 
 
 @attrs.frozen
-class Resources:
+class ResourceSpec:
     """As the user gave them (normalised strings) plus parsed values for drivers."""
 
     memory: str | None = None
@@ -59,14 +59,14 @@ class Resources:
 
 
 @attrs.frozen
-class Network:
+class NetworkSpec:
     enabled: bool = False
     port: int | None = None
     allow: tuple[str, ...] = ()  # hutch's egress allow-list (core/egress.py); () = unrestricted
 
 
 @attrs.frozen
-class Timeouts:
+class TimeoutSpec:
     idle: str | None = None
     execution: str | None = None
     paused: str | None = None
@@ -81,10 +81,10 @@ class SandboxSpec:
     mode: Mode = Mode.INTERACTIVE
     name: str | None = None
     description: str | None = None
-    resources: Resources = Resources()
+    resources: ResourceSpec = ResourceSpec()
     env: dict[str, str] = attrs.field(factory=dict)
-    network: Network = Network()
-    timeout: Timeouts = Timeouts()
+    network: NetworkSpec = NetworkSpec()
+    timeout: TimeoutSpec = TimeoutSpec()
     command: tuple[str, ...] | None = None
     metadata: dict[str, Any] | None = None  # arbitrary JSON, kept as given
     project_id: str | None = None
@@ -99,7 +99,7 @@ class SandboxSpec:
 
 
 @attrs.frozen
-class Checkpoint:
+class CheckpointState:
     checkpoint_id: str
     name: str
     created_at: str
@@ -107,7 +107,7 @@ class Checkpoint:
 
 
 @attrs.frozen
-class Sandbox:
+class SandboxState:
     sandbox_id: str
     spec: SandboxSpec
     status: SandboxStatus
@@ -119,7 +119,7 @@ class Sandbox:
     reason: str | None = None  # why it failed or terminated
     paused_at: str | None = None
     terminates_at: str | None = None  # a paused sandbox's deadline (timeout.paused)
-    checkpoints: tuple[Checkpoint, ...] = ()
+    checkpoints: tuple[CheckpointState, ...] = ()
     current_checkpoint: str = ""  # name of the checkpoint last taken or restored: the next one's parent
     initial_execution_id: str | None = None
     api_key_id: str | None = None  # which key created it (audit)
@@ -128,7 +128,7 @@ class Sandbox:
 
 
 @attrs.frozen
-class Execution:
+class ExecutionState:
     execution_id: str
     sandbox_id: str
     command: tuple[str, ...]
@@ -166,7 +166,7 @@ class SnapshotFile:
 
 
 @attrs.frozen
-class Snapshot:
+class SnapshotState:
     """A reusable base: a runtime plus a workspace archive, env and metadata (core.snapshots)."""
 
     snapshot_id: str

@@ -28,7 +28,7 @@ from hutch.core.events import (
     SnapshotFinalized,
     SnapshotTagged,
 )
-from hutch.core.models import Sandbox, Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.models import SandboxState, SnapshotFile, SnapshotState, SnapshotStatus
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
@@ -82,11 +82,11 @@ def parse_ref(value: object, field: str = "snapshot") -> Ref:
     return Ref(word=check_tag(ref, field))
 
 
-def evolve_snapshot(snapshot: Snapshot | None, event: Event) -> Snapshot | None:
+def evolve_snapshot(snapshot: SnapshotState | None, event: Event) -> SnapshotState | None:
     """The snapshot after ``event``; None for events that are not about a snapshot."""
     data, at = event.data, event.created_at
     if isinstance(data, SnapshotCreated):
-        return Snapshot(
+        return SnapshotState(
             snapshot_id=event.sandbox_id,
             name=data.name,
             runtime=data.runtime,
@@ -144,7 +144,7 @@ FORK_OF = "forkOf"
 class TakeSnapshot:
     """Record a snapshot of ``source``'s workspace (archived as ``files``): ready at once."""
 
-    source: Sandbox
+    source: SandboxState
     name: str
     tag: str
     files: tuple[SnapshotFile, ...]
@@ -196,7 +196,7 @@ SnapshotCommand = TakeSnapshot | BeginBuild | FinalizeBuild | TagSnapshot | Dele
 SnapshotEventData = SnapshotCreated | SnapshotFinalized | SnapshotTagged | SnapshotDeleted
 
 
-def decide(snapshot_id: str, snapshot: Snapshot | None, command: SnapshotCommand) -> list[SnapshotEventData]:
+def decide(snapshot_id: str, snapshot: SnapshotState | None, command: SnapshotCommand) -> list[SnapshotEventData]:
     """Event payloads the command produces about snapshot ``snapshot_id`` (currently ``snapshot``)."""
     match command:
         case TakeSnapshot() | BeginBuild():
@@ -223,7 +223,7 @@ def decide(snapshot_id: str, snapshot: Snapshot | None, command: SnapshotCommand
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
 
 
-def _existing(snapshot_id: str, snapshot: Snapshot | None) -> Snapshot:
+def _existing(snapshot_id: str, snapshot: SnapshotState | None) -> SnapshotState:
     if snapshot is None or snapshot.status is SnapshotStatus.DELETED:
         raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
     return snapshot

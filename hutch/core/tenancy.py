@@ -61,7 +61,7 @@ GRANTS: dict[Role, frozenset[Access]] = {
 
 
 @attrs.frozen
-class Quota:
+class QuotaRecord:
     """Limits of one organization; None = unlimited. Memory and CPU count live sandboxes'
     requested resources (what they may use, not what they happen to use now)."""
 
@@ -74,15 +74,15 @@ class Quota:
 
 
 @attrs.frozen
-class Organization:
+class OrganizationRecord:
     org_id: str
     name: str
     created_at: str
-    quota: Quota = Quota()
+    quota: QuotaRecord = QuotaRecord()
 
 
 @attrs.frozen
-class Project:
+class ProjectRecord:
     project_id: str
     org_id: str
     name: str
@@ -90,7 +90,7 @@ class Project:
 
 
 @attrs.frozen
-class ApiKey:
+class ApiKeyRecord:
     key_id: str
     org_id: str
     role: Role
@@ -106,7 +106,7 @@ class ApiKey:
 
 
 @attrs.frozen
-class SshKey:
+class SshKeyRecord:
     """A public key that opens the SSH gateway (api/ssh_gateway.py) to the organization's
     sandboxes, with the rights of a member limited to ``projects`` (those of the API key
     that added it). It lives as long as that API key: revoked or expired, its SSH keys open
@@ -136,7 +136,7 @@ class OrgCreated:
 @attrs.frozen
 class QuotaSet:
     type: ClassVar[str] = "org:quota"
-    quota: Quota
+    quota: QuotaRecord
 
 
 @attrs.frozen
@@ -185,7 +185,7 @@ class SshKeyRemoved:
 
 TENANCY_EVENTS: tuple[type, ...] = (OrgCreated, QuotaSet, ProjectCreated, KeyCreated, KeyRevoked,
                                     SshKeyAdded, SshKeyRemoved)
-Record = Organization | Project | ApiKey | SshKey
+Record = OrganizationRecord | ProjectRecord | ApiKeyRecord | SshKeyRecord
 
 
 # ---------------------------------------------------------------- the directory's fold
@@ -196,33 +196,33 @@ class Directory:
     """Organizations, projects and keys as of ``position``: a plain fold, kept in memory by
     every API process (and by the memory store). ``apply`` returns what changed."""
 
-    orgs: dict[str, Organization] = attrs.field(factory=dict)
-    projects: dict[str, Project] = attrs.field(factory=dict)
-    keys: dict[str, ApiKey] = attrs.field(factory=dict)
+    orgs: dict[str, OrganizationRecord] = attrs.field(factory=dict)
+    projects: dict[str, ProjectRecord] = attrs.field(factory=dict)
+    keys: dict[str, ApiKeyRecord] = attrs.field(factory=dict)
     by_hash: dict[str, str] = attrs.field(factory=dict)  # secret hash -> key id
     position: int = 0
-    ssh_keys: dict[str, SshKey] = attrs.field(factory=dict)
+    ssh_keys: dict[str, SshKeyRecord] = attrs.field(factory=dict)
     by_fingerprint: dict[str, tuple[str, ...]] = attrs.field(factory=dict)  # fingerprint -> ssh key ids not removed
 
     def __attrs_post_init__(self) -> None:
-        self.orgs.setdefault(LOCAL_ORG, Organization(LOCAL_ORG, "local", "1970-01-01T00:00:00Z"))
+        self.orgs.setdefault(LOCAL_ORG, OrganizationRecord(LOCAL_ORG, "local", "1970-01-01T00:00:00Z"))
 
     def apply(self, stream: str, at: str, data: object) -> list[Record]:
         changed: list[Record] = []
         match data:
             case OrgCreated(name=name):
-                changed.append(Organization(stream, name, at))
+                changed.append(OrganizationRecord(stream, name, at))
             case QuotaSet(quota=quota) if stream in self.orgs:
                 changed.append(attrs.evolve(self.orgs[stream], quota=quota))
             case ProjectCreated(project_id=pid, name=name):
-                changed.append(Project(pid, stream, name, at))
+                changed.append(ProjectRecord(pid, stream, name, at))
             case KeyCreated():
-                changed.append(ApiKey(data.key_id, stream, data.role, data.name, data.secret_hash, data.prefix, at,
+                changed.append(ApiKeyRecord(data.key_id, stream, data.role, data.name, data.secret_hash, data.prefix, at,
                                       data.projects, data.expires_at, None, data.rate, data.burst))
             case KeyRevoked(key_id=kid) if kid in self.keys:
                 changed.append(attrs.evolve(self.keys[kid], revoked_at=at))
             case SshKeyAdded():
-                changed.append(SshKey(data.ssh_key_id, stream, data.name, data.public_key, data.fingerprint, at,
+                changed.append(SshKeyRecord(data.ssh_key_id, stream, data.name, data.public_key, data.fingerprint, at,
                                       data.added_by, data.projects))
             case SshKeyRemoved(ssh_key_id=sid) if sid in self.ssh_keys:
                 changed.append(attrs.evolve(self.ssh_keys[sid], removed_at=at))
@@ -231,11 +231,11 @@ class Directory:
         return changed
 
     def put(self, record: Record) -> None:
-        if isinstance(record, Organization):
+        if isinstance(record, OrganizationRecord):
             self.orgs[record.org_id] = record
-        elif isinstance(record, Project):
+        elif isinstance(record, ProjectRecord):
             self.projects[record.project_id] = record
-        elif isinstance(record, SshKey):
+        elif isinstance(record, SshKeyRecord):
             self.ssh_keys[record.ssh_key_id] = record
             others = tuple(i for i in self.by_fingerprint.get(record.fingerprint, ()) if i != record.ssh_key_id)
             ids_ = (*others, record.ssh_key_id) if record.removed_at is None else others
@@ -251,17 +251,17 @@ class Directory:
         return Directory(dict(self.orgs), dict(self.projects), dict(self.keys), dict(self.by_hash), self.position,
                          dict(self.ssh_keys), dict(self.by_fingerprint))
 
-    def key_for(self, secret: str) -> ApiKey | None:
+    def key_for(self, secret: str) -> ApiKeyRecord | None:
         key_id = self.by_hash.get(hash_secret(secret))
         return self.keys.get(key_id) if key_id else None
 
-    def ssh_keys_for(self, fingerprint: str, now: str) -> list[SshKey]:
+    def ssh_keys_for(self, fingerprint: str, now: str) -> list[SshKeyRecord]:
         """The live SSH keys with this fingerprint (one per organization or projects that
         registered it), oldest first."""
         found = (self.ssh_keys[i] for i in self.by_fingerprint.get(fingerprint, ()))
         return sorted((k for k in found if self.ssh_key_live(k, now)), key=lambda k: k.created_at)
 
-    def ssh_key_live(self, record: SshKey, now: str) -> bool:
+    def ssh_key_live(self, record: SshKeyRecord, now: str) -> bool:
         """Not removed, and the API key that added it neither revoked nor expired at ``now``
         (the bootstrap key, which is in no directory, never is)."""
         if record.removed_at is not None:
@@ -269,11 +269,11 @@ class Directory:
         adder = self.keys.get(record.added_by) if record.added_by else None
         return adder is None or key_live(adder, now)
 
-    def org_projects(self, org_id: str) -> list[Project]:
+    def org_projects(self, org_id: str) -> list[ProjectRecord]:
         return sorted((p for p in self.projects.values() if p.org_id == org_id), key=lambda p: p.created_at)
 
 
-def key_live(key: ApiKey, now: str) -> bool:
+def key_live(key: ApiKeyRecord, now: str) -> bool:
     """Neither revoked nor expired at ``now`` (ISO-8601 UTC, as the records hold times)."""
     return key.revoked_at is None and (key.expires_at is None or key.expires_at > now)
 
@@ -471,12 +471,12 @@ def remove_ssh_key(directory: Directory, org_id: str | None, ssh_key_id: str,
     return SshKeyRemoved(ssh_key_id=ssh_key_id)
 
 
-def set_quota(values: Mapping[str, object], current: Quota) -> QuotaSet:
+def set_quota(values: Mapping[str, object], current: QuotaRecord) -> QuotaSet:
     """Fields given replace the current ones; ``None`` lifts a limit."""
     changes: dict[str, int | None] = {}
     for field, value in values.items():
-        if field not in Quota.FIELDS:
-            raise InvalidInput(f"{field}: not a quota; expected one of {', '.join(Quota.FIELDS)}", field=field)
+        if field not in QuotaRecord.FIELDS:
+            raise InvalidInput(f"{field}: not a quota; expected one of {', '.join(QuotaRecord.FIELDS)}", field=field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise InvalidInput(f"{field}: expected a whole number >= 0 or null, got {value!r}", field=field)
         changes[field] = value

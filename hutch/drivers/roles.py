@@ -28,17 +28,17 @@ from hutch.core.driver_types import (
     ExecRequest,
     ExecResult,
     FileInfo,
-    FileToWrite,
+    FileWrite,
     Metric,
     OutputSink,
     ProvisionRequest,
+    PtySession,
     SandboxEndedListener,
-    Terminal,
     TerminalRequest,
     Usage,
 )
 from hutch.core.errors import NotSupported
-from hutch.core.models import Sandbox
+from hutch.core.models import SandboxState
 
 # Foreign handles: the sandboxes other API replicas own (core/replicas.py).
 ForeignHandles = Callable[[], Awaitable[list[dict[str, str]]]]
@@ -153,7 +153,7 @@ class SandboxFiles(abc.ABC):
     raise FileNotFound."""
 
     @abc.abstractmethod
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         """Write files as the sandbox user, resolving paths inside the sandbox's own view."""
 
     @abc.abstractmethod
@@ -235,7 +235,7 @@ class Terminals(abc.ABC):
     """Commands on a pseudo-terminal (capability ``terminals``; service/terminals.py)."""
 
     @abc.abstractmethod
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         """Start ``req.argv`` on a new pseudo-terminal of a running sandbox."""
 
 
@@ -278,7 +278,7 @@ class Adoption(abc.ABC):
         process can drive it."""
 
     @abc.abstractmethod
-    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+    async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         """Drive a sandbox another replica's driver placed; False if it no longer runs (or
         this driver cannot reach it)."""
 
@@ -299,7 +299,7 @@ class NotPlayed:
 
     # SandboxFiles
 
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         raise NotSupported(f"driver {self.name} cannot write files")
 
     async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
@@ -356,7 +356,7 @@ class NotPlayed:
 
     # Terminals
 
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         raise NotSupported(f"driver {self.name} has no terminals")
 
     # PortForwarding
@@ -380,5 +380,5 @@ class NotPlayed:
     def handle(self, sandbox_id: str) -> dict[str, str] | None:
         return None
 
-    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+    async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         return False

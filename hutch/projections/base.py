@@ -31,7 +31,13 @@ import attrs
 from hutch.core.errors import NotSupported
 from hutch.core.events import Event, UnreadableRecord
 from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
-from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot, SnapshotStatus
+from hutch.core.models import (
+    ExecutionState,
+    SandboxState,
+    SandboxStatus,
+    SnapshotState,
+    SnapshotStatus,
+)
 from hutch.core.snapshots import FORK_OF
 from hutch.core.tenancy import TENANCY_EVENTS, Directory
 
@@ -78,7 +84,7 @@ SNAPSHOT_SORTS = {"createdAt": "createdAt", "created": "createdAt", "name": "nam
                   "sizeBytes": "size", "files": "files", "fileCount": "files"}
 
 
-def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
+def snapshot_matches(snap: SnapshotState, q: SnapshotQuery) -> bool:
     if snap.status is SnapshotStatus.DELETED or (q.ready_only and snap.status is not SnapshotStatus.READY):
         return False
     if q.building_only and snap.status is not SnapshotStatus.BUILDING:
@@ -95,8 +101,8 @@ def snapshot_matches(snap: Snapshot, q: SnapshotQuery) -> bool:
     )
 
 
-def snapshot_sort_key(q: SnapshotQuery) -> Callable[[Snapshot], tuple[Any, str]]:
-    field: dict[str, Callable[[Snapshot], tuple[Any, str]]] = {
+def snapshot_sort_key(q: SnapshotQuery) -> Callable[[SnapshotState], tuple[Any, str]]:
+    field: dict[str, Callable[[SnapshotState], tuple[Any, str]]] = {
         "createdAt": lambda s: (s.created_at, s.snapshot_id),
         "name": lambda s: (s.name, s.snapshot_id),
         "size": lambda s: (s.size_bytes, s.snapshot_id),
@@ -207,25 +213,25 @@ class ProjectionStore(abc.ABC):
         there are in all. ``reset`` forgets them; a rebuild records them again."""
 
     @abc.abstractmethod
-    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None: ...
+    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None: ...
 
     @abc.abstractmethod
-    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         """One page and the total matching the filters."""
 
     @abc.abstractmethod
-    async def get_execution(self, execution_id: str) -> Execution | None: ...
+    async def get_execution(self, execution_id: str) -> ExecutionState | None: ...
 
     @abc.abstractmethod
-    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[ExecutionState]:
         """Newest first."""
 
     @abc.abstractmethod
-    async def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotState | None:
         """Deleted ones too (status ``deleted``): lineage still names them."""
 
     @abc.abstractmethod
-    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[SnapshotState], int]:
         """One page and the total matching the filters (never deleted ones)."""
 
     @abc.abstractmethod
@@ -251,7 +257,7 @@ def is_tenancy_event(event: Event) -> bool:
     return isinstance(event.data, TENANCY_EVENTS)
 
 
-def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
+def matches(sandbox: SandboxState, q: SandboxQuery) -> bool:
     """The list filters, shared by stores that filter in Python."""
     if q.org_id is not None and sandbox.spec.org_id != q.org_id:
         return False
@@ -277,8 +283,8 @@ def matches(sandbox: Sandbox, q: SandboxQuery) -> bool:
     return not (q.project_id and sandbox.spec.project_id != q.project_id)
 
 
-def sort_key(q: SandboxQuery) -> Callable[[Sandbox], tuple[Any, str]]:
-    field: dict[str, Callable[[Sandbox], tuple[Any, str]]] = {
+def sort_key(q: SandboxQuery) -> Callable[[SandboxState], tuple[Any, str]]:
+    field: dict[str, Callable[[SandboxState], tuple[Any, str]]] = {
         "createdAt": lambda s: (s.created_at, s.sandbox_id),
         "updatedAt": lambda s: (s.updated_at, s.sandbox_id),
         "name": lambda s: (s.spec.name or "", s.sandbox_id),
@@ -290,13 +296,13 @@ def sort_key(q: SandboxQuery) -> Callable[[Sandbox], tuple[Any, str]]:
 
 
 def fold(
-    sandboxes: dict[str, Sandbox], executions: dict[str, Execution], by_sandbox: dict[str, list[str]], event: Event
-) -> tuple[Sandbox | None, list[Execution]]:
+    sandboxes: dict[str, SandboxState], executions: dict[str, ExecutionState], by_sandbox: dict[str, list[str]], event: Event
+) -> tuple[SandboxState | None, list[ExecutionState]]:
     """Apply one event to in-memory maps; returns what changed (for stores that persist rows)."""
     if isinstance(event.data, UnreadableRecord):
         raise EventRefused(f"the log record at position {event.position} cannot be read "
                            f"({event.data.reason}): {event.data.record[:200]!r}")
-    changed_execs: list[Execution] = []
+    changed_execs: list[ExecutionState] = []
     new_sb = evolve_sandbox(sandboxes.get(event.sandbox_id), event)
     if new_sb is not None:
         sandboxes[event.sandbox_id] = new_sb

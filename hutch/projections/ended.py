@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import TypeVar
 
-from hutch.core.models import Execution, Sandbox
+from hutch.core.models import ExecutionState, SandboxState
 
 T = TypeVar("T")
 BATCH = 500  # rows decoded at a time when a listing scans the archive
@@ -42,7 +42,7 @@ class EndedArchive:
     def close(self) -> None:
         self._db.close()
 
-    def put(self, sandbox: Sandbox, executions: list[Execution]) -> None:
+    def put(self, sandbox: SandboxState, executions: list[ExecutionState]) -> None:
         """Archive a sandbox and its executions (in the order they were made), replacing any
         earlier copy: a late event can change a deleted sandbox (see MemoryProjectionStore)."""
         with self._db:  # one transaction: the sandbox and its executions together or not at all
@@ -57,7 +57,7 @@ class EndedArchive:
             )
         self.count += 1 - replaced
 
-    def take(self, sandbox_id: str) -> tuple[Sandbox, list[Execution]] | None:
+    def take(self, sandbox_id: str) -> tuple[SandboxState, list[ExecutionState]] | None:
         """Remove and return an archived sandbox with its executions (oldest first)."""
         found = self.sandbox(sandbox_id)
         if found is None:
@@ -70,29 +70,29 @@ class EndedArchive:
         self.count -= 1
         return found, executions
 
-    def sandbox(self, sandbox_id: str) -> Sandbox | None:
+    def sandbox(self, sandbox_id: str) -> SandboxState | None:
         row = self._db.execute("SELECT row FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
-        return None if row is None else _load(row[0], Sandbox)
+        return None if row is None else _load(row[0], SandboxState)
 
-    def execution(self, execution_id: str) -> Execution | None:
+    def execution(self, execution_id: str) -> ExecutionState | None:
         row = self._db.execute("SELECT row FROM executions WHERE id = ?", (execution_id,)).fetchone()
-        return None if row is None else _load(row[0], Execution)
+        return None if row is None else _load(row[0], ExecutionState)
 
-    def executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+    def executions(self, sandbox_id: str, limit: int | None = None) -> list[ExecutionState]:
         """Newest first, as the store lists them."""
         rows = self._db.execute(
             "SELECT row FROM executions WHERE sandbox_id = ? ORDER BY seq DESC LIMIT ?",
             (sandbox_id, -1 if limit is None else limit),
         )
-        return [_load(r[0], Execution) for r in rows]
+        return [_load(r[0], ExecutionState) for r in rows]
 
-    def sandboxes(self, org_id: str | None) -> Iterator[Sandbox]:
+    def sandboxes(self, org_id: str | None) -> Iterator[SandboxState]:
         """Every archived sandbox (of one organization, or all), decoded a batch at a time."""
         cursor = (self._db.execute("SELECT row FROM sandboxes") if org_id is None
                   else self._db.execute("SELECT row FROM sandboxes WHERE org_id = ?", (org_id,)))
         while batch := cursor.fetchmany(BATCH):
             for (row,) in batch:
-                yield _load(row, Sandbox)
+                yield _load(row, SandboxState)
 
 
 def _load(row: bytes, kind: type[T]) -> T:

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
-from hutch.core.models import Execution, Sandbox, SandboxStatus, Snapshot
+from hutch.core.models import ExecutionState, SandboxState, SandboxStatus, SnapshotState
 from hutch.core.snapshots import evolve_snapshot, is_snapshot_event
 from hutch.core.tenancy import Directory
 from hutch.projections.base import (
@@ -46,10 +46,10 @@ class MemoryProjectionStore(ProjectionStore):
 
     def _clear(self) -> None:
         self._position = 0
-        self._sandboxes: dict[str, Sandbox] = {}
-        self._executions: dict[str, Execution] = {}
+        self._sandboxes: dict[str, SandboxState] = {}
+        self._executions: dict[str, ExecutionState] = {}
         self._by_sandbox: dict[str, list[str]] = {}
-        self._snapshots: dict[str, Snapshot] = {}
+        self._snapshots: dict[str, SnapshotState] = {}
         self._log: str | None = None
         self._directory = Directory()
         self._ended = EndedArchive()
@@ -146,20 +146,20 @@ class MemoryProjectionStore(ProjectionStore):
         self._by_sandbox[sandbox_id] = [ex.execution_id for ex in executions]
         self._executions.update((ex.execution_id, ex) for ex in executions)
 
-    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
+    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
         return self._sandboxes.get(sandbox_id) or self._ended.sandbox(sandbox_id)
 
-    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         found = [s for s in self._sandboxes.values() if matches(s, query)]
         if query.deleted_only or query.include_deleted or query.status == SandboxStatus.DELETED.value:
             found.extend(s for s in self._ended.sandboxes(query.org_id) if matches(s, query))
         found.sort(key=sort_key(query), reverse=query.direction == "desc")
         return found[query.offset : query.offset + query.limit], len(found)
 
-    async def get_execution(self, execution_id: str) -> Execution | None:
+    async def get_execution(self, execution_id: str) -> ExecutionState | None:
         return self._executions.get(execution_id) or self._ended.execution(execution_id)
 
-    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[ExecutionState]:
         if sandbox_id not in self._sandboxes:
             return self._ended.executions(sandbox_id, limit)
         ids = self._by_sandbox.get(sandbox_id, [])[::-1]
@@ -167,10 +167,10 @@ class MemoryProjectionStore(ProjectionStore):
             ids = ids[:limit]
         return [self._executions[i] for i in ids]
 
-    async def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotState | None:
         return self._snapshots.get(snapshot_id)
 
-    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[SnapshotState], int]:
         found = [s for s in self._snapshots.values() if snapshot_matches(s, query)]
         found.sort(key=snapshot_sort_key(query), reverse=query.direction == "desc")
         return found[query.offset : query.offset + query.limit], len(found)

@@ -44,10 +44,17 @@ import attrs
 from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
-from hutch.core.models import Execution, Sandbox, Snapshot, SnapshotStatus
+from hutch.core.models import ExecutionState, SandboxState, SnapshotState, SnapshotStatus
 from hutch.core.serde import converter
 from hutch.core.snapshots import FORK_OF, evolve_snapshot, is_snapshot_event
-from hutch.core.tenancy import ApiKey, Directory, Organization, Project, Record, SshKey
+from hutch.core.tenancy import (
+    ApiKeyRecord,
+    Directory,
+    OrganizationRecord,
+    ProjectRecord,
+    Record,
+    SshKeyRecord,
+)
 from hutch.projections.base import (
     SNAPSHOT_SORTS,
     EventRefused,
@@ -116,16 +123,16 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=_json_default)
 
 
-def _sandbox(row: asyncpg.Record) -> Sandbox:
-    return converter.structure(json.loads(row["doc"]), Sandbox)
+def _sandbox(row: asyncpg.Record) -> SandboxState:
+    return converter.structure(json.loads(row["doc"]), SandboxState)
 
 
-def _execution(row: asyncpg.Record) -> Execution:
-    return converter.structure(json.loads(row["doc"]), Execution)
+def _execution(row: asyncpg.Record) -> ExecutionState:
+    return converter.structure(json.loads(row["doc"]), ExecutionState)
 
 
-def _snapshot(row: asyncpg.Record) -> Snapshot:
-    return converter.structure(json.loads(row["doc"]), Snapshot)
+def _snapshot(row: asyncpg.Record) -> SnapshotState:
+    return converter.structure(json.loads(row["doc"]), SnapshotState)
 
 
 class PostgresProjectionStore(ProjectionStore):
@@ -300,13 +307,13 @@ class PostgresProjectionStore(ProjectionStore):
     # read is safe to repeat on the fresh connection the pool opens instead.
 
     @_read_once_more
-    async def get_sandbox(self, sandbox_id: str) -> Sandbox | None:
+    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM sandboxes WHERE sandbox_id = $1", sandbox_id)
         return _sandbox(row) if row else None
 
     @_read_once_more
-    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[Sandbox], int]:
+    async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         where, args = where_clause(query)
         sort = _SORT.get(query.sort, _SORT["createdAt"])
         direction = "DESC" if query.direction == "desc" else "ASC"
@@ -321,13 +328,13 @@ class PostgresProjectionStore(ProjectionStore):
         return [_sandbox(r) for r in rows], total
 
     @_read_once_more
-    async def get_execution(self, execution_id: str) -> Execution | None:
+    async def get_execution(self, execution_id: str) -> ExecutionState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM executions WHERE execution_id = $1", execution_id)
         return _execution(row) if row else None
 
     @_read_once_more
-    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[Execution]:
+    async def list_executions(self, sandbox_id: str, limit: int | None = None) -> list[ExecutionState]:
         async with self._conn() as conn:
             rows = await conn.fetch(
                 "SELECT doc FROM executions WHERE sandbox_id = $1 ORDER BY seq DESC LIMIT $2", sandbox_id, limit
@@ -335,13 +342,13 @@ class PostgresProjectionStore(ProjectionStore):
         return [_execution(r) for r in rows]
 
     @_read_once_more
-    async def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM snapshots WHERE snapshot_id = $1", snapshot_id)
         return _snapshot(row) if row else None
 
     @_read_once_more
-    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[Snapshot], int]:
+    async def list_snapshots(self, query: SnapshotQuery) -> tuple[list[SnapshotState], int]:
         args: list[Any] = [SnapshotStatus.DELETED.value]
         where = ["status <> $1"]
         if query.ready_only:
@@ -428,15 +435,15 @@ def _savepoint(conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManag
 
 
 TenancyRecord = Record
-_TENANCY_KINDS: dict[str, type] = {"org": Organization, "project": Project, "key": ApiKey, "sshkey": SshKey}
+_TENANCY_KINDS: dict[str, type] = {"org": OrganizationRecord, "project": ProjectRecord, "key": ApiKeyRecord, "sshkey": SshKeyRecord}
 
 
 def _tenancy_key(record: TenancyRecord) -> tuple[str, str]:
-    if isinstance(record, Organization):
+    if isinstance(record, OrganizationRecord):
         return "org", record.org_id
-    if isinstance(record, Project):
+    if isinstance(record, ProjectRecord):
         return "project", record.project_id
-    if isinstance(record, SshKey):
+    if isinstance(record, SshKeyRecord):
         return "sshkey", record.ssh_key_id
     return "key", record.key_id
 
@@ -453,10 +460,10 @@ def _directory(rows: Iterable[asyncpg.Record]) -> Directory:
 class _Changed:
     """The rows a batch of events changed, and their ``WRITE`` parameters."""
 
-    sandboxes: dict[str, Sandbox] = attrs.field(factory=dict)
-    executions: dict[str, Execution] = attrs.field(factory=dict)
+    sandboxes: dict[str, SandboxState] = attrs.field(factory=dict)
+    executions: dict[str, ExecutionState] = attrs.field(factory=dict)
     seqs: dict[str, int] = attrs.field(factory=dict)  # each execution's order: its first event's position
-    snapshots: dict[str, Snapshot] = attrs.field(factory=dict)
+    snapshots: dict[str, SnapshotState] = attrs.field(factory=dict)
     tenancy: dict[tuple[str, str], TenancyRecord] = attrs.field(factory=dict)
 
     def sandbox_rows(self) -> list[dict[str, Any]]:

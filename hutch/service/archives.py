@@ -3,7 +3,8 @@ role) or, where its capabilities say it offers them, its whole-tree tar streams 
 round trip instead of one per file); so these take the driver by role (``DriverRoles``).
 
 Downloads walk the tree with ``list_files`` and stream each file with ``read_file``
-into a tar.gz or zip written on the fly, so memory stays flat whatever the size.
+(drivers/trees.py, which a driver may use to play ``trees`` itself) into a tar.gz or zip
+written on the fly, so memory stays flat whatever the size.
 
 Uploads are spooled to a temporary file on disk (zip needs to seek, and spooling lets us
 check every member *before* writing anything: an archive with one bad member writes
@@ -31,47 +32,14 @@ from typing import IO
 import attrs
 
 from hutch.core.errors import InvalidInput, PayloadTooLarge
+from hutch.drivers import trees
 from hutch.drivers.base import DriverRoles
-from hutch.drivers.roles import SandboxFiles
 
 FORMATS = ("tar.gz", "zip", "tar")
 _CHUNK = 256 * 1024
 
 
 # ---------------------------------------------------------------- download
-
-
-@attrs.frozen
-class _Entry:
-    rel: str  # path inside the archive
-    abs: str  # path inside the sandbox
-    size: int
-    mode: int
-    mtime: float
-    is_dir: bool
-    link_target: str | None
-
-
-async def _walk(files: SandboxFiles, sandbox_id: str, root: str) -> AsyncIterator[_Entry]:
-    entries = await files.list_files(sandbox_id, root)
-    listed_is_file = len(entries) == 1 and not entries[0].is_dir and posixpath.basename(root.rstrip("/")) == entries[0].name
-    if listed_is_file:
-        e = entries[0]
-        yield _Entry(e.name, root, e.size, e.mode, e.mod_time, False, e.link_target if e.is_symlink else None)
-        return
-    stack = [("", root, entries)]
-    while stack:
-        rel_dir, abs_dir, items = stack.pop()
-        for e in sorted(items, key=lambda x: x.name):
-            rel = posixpath.join(rel_dir, e.name) if rel_dir else e.name
-            full = posixpath.join(abs_dir, e.name)
-            if e.is_symlink:
-                yield _Entry(rel, full, 0, e.mode, e.mod_time, False, e.link_target or "")
-            elif e.is_dir:
-                yield _Entry(rel, full, 0, e.mode, e.mod_time, True, None)
-                stack.append((rel, full, await files.list_files(sandbox_id, full)))
-            else:
-                yield _Entry(rel, full, e.size, e.mode, e.mod_time, False, None)
 
 
 class _Sink:
@@ -96,20 +64,6 @@ class _Sink:
     def take(self) -> bytes:
         out, self.parts = b"".join(self.parts), []
         return out
-
-
-async def _file_chunks(files: SandboxFiles, sandbox_id: str, entry: _Entry) -> AsyncIterator[bytes]:
-    """Exactly ``entry.size`` bytes: a file that changed since it was listed is cut or padded,
-    because the tar header already promised its size."""
-    left = entry.size
-    async for chunk in files.read_file(sandbox_id, entry.abs):
-        if left <= 0:
-            break
-        chunk = chunk[:left]
-        left -= len(chunk)
-        yield chunk
-    if left > 0:
-        yield b"\0" * left
 
 
 def export_bound(limits: Limits) -> int:
@@ -148,23 +102,8 @@ async def tar_gz(driver: DriverRoles, sandbox_id: str, root: str, *, compress: b
         if gz is not None:
             yield gz.flush()
         return
-    async for entry in _walk(driver.files, sandbox_id, root):
-        info = tarfile.TarInfo(entry.rel + ("/" if entry.is_dir else ""))
-        info.mode = stat.S_IMODE(entry.mode)
-        info.mtime = int(entry.mtime)
-        if entry.is_dir:
-            info.type = tarfile.DIRTYPE
-        elif entry.link_target is not None:
-            info.type, info.linkname = tarfile.SYMTYPE, entry.link_target
-        else:
-            info.size = entry.size
-        yield out(info.tobuf(format=tarfile.PAX_FORMAT))
-        if info.isreg():
-            async for chunk in _file_chunks(driver.files, sandbox_id, entry):
-                yield out(chunk)
-            if entry.size % 512:
-                yield out(b"\0" * (512 - entry.size % 512))
-    yield out(b"\0" * 1024)
+    async for chunk in trees.tar_from_files(driver.files, sandbox_id, root):
+        yield out(chunk)
     if gz is not None:
         yield gz.flush()
 
@@ -172,7 +111,7 @@ async def tar_gz(driver: DriverRoles, sandbox_id: str, root: str, *, compress: b
 async def zip_stream(driver: DriverRoles, sandbox_id: str, root: str) -> AsyncIterator[bytes]:
     sink = _Sink()
     with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:  # type: ignore[call-overload]  # _Sink: write/tell/flush, all "w" needs
-        async for entry in _walk(driver.files, sandbox_id, root):
+        async for entry in trees.walk(driver.files, sandbox_id, root):
             when = time.gmtime(max(entry.mtime, 315532800))[:6]  # zip cannot say before 1980
             if entry.is_dir:
                 zi = zipfile.ZipInfo(entry.rel + "/", when)
@@ -187,7 +126,7 @@ async def zip_stream(driver: DriverRoles, sandbox_id: str, root: str) -> AsyncIt
                 zi.external_attr = (stat.S_IFREG | stat.S_IMODE(entry.mode)) << 16
                 zi.compress_type = zipfile.ZIP_DEFLATED
                 with zf.open(zi, "w", force_zip64=True) as member:
-                    async for chunk in _file_chunks(driver.files, sandbox_id, entry):
+                    async for chunk in trees.file_chunks(driver.files, sandbox_id, entry):
                         member.write(chunk)
                         if sink.offset and sink.parts:
                             yield sink.take()
@@ -362,15 +301,14 @@ async def extract(driver: DriverRoles, sandbox_id: str, dest: str, fmt: str | No
         for m in members:
             target = posixpath.join(dest, m.name)
             counts[m.kind] += 1
-            if m.kind == "dir":
-                await driver.files.mkdir(sandbox_id, target, parents=True)
-            elif m.kind == "symlink":
-                await driver.files.symlink(sandbox_id, target, m.target)
-            else:
-                fh = src.open(m.source) if isinstance(src, zipfile.ZipFile) else src.extractfile(m.source)
-                assert fh is not None
-                with fh:
-                    written += await driver.files.write_file(sandbox_id, target, _read_chunks(fh), mode=m.mode, parents=True)
+            if m.kind != "file":
+                await trees.write_member(driver.files, sandbox_id, target, m.kind, link=m.target)
+                continue
+            fh = src.open(m.source) if isinstance(src, zipfile.ZipFile) else src.extractfile(m.source)
+            assert fh is not None
+            with fh:
+                written += await trees.write_member(driver.files, sandbox_id, target, "file", mode=m.mode,
+                                                    chunks=_read_chunks(fh))
     return Extracted(files=counts["file"], directories=counts["dir"], symlinks=counts["symlink"], bytes=written)
 
 

@@ -21,7 +21,7 @@ from hutch.core.lifecycle import (
     TakeCheckpoint,
     checkpoint_id_for,
 )
-from hutch.core.models import Checkpoint
+from hutch.core.models import CheckpointState
 from hutch.core.quantities import format_bytes
 from hutch.drivers.roles import Checkpointing
 from hutch.service.quotas import Quotas
@@ -46,7 +46,7 @@ class Checkpoints:
         self._quotas = quotas
         self.limits = limits or CheckpointLimits()
 
-    async def create(self, sandbox_id: str, name: str) -> Checkpoint:
+    async def create(self, sandbox_id: str, name: str) -> CheckpointState:
         sb = await self._reads.require(sandbox_id)
         org_id = sb.spec.org_id
         if len(sb.checkpoints) >= self.limits.count:
@@ -59,11 +59,13 @@ class Checkpoints:
         await self._recorder.act(sandbox_id, lambda _sb: TakeCheckpoint(checkpoint_id=checkpoint_id, name=name),
                                  lambda _: self._checkpointing.checkpoint(sandbox_id, checkpoint_id))
         try:
-            self._check_bytes(sandbox_id, await self._sizes(sandbox_id), adds=checkpoint_id)
+            sizes = await self._sizes(sandbox_id)
+            self._check_bytes(sandbox_id, sizes, adds=checkpoint_id)
             await self._quotas.storage_room(org_id, allow_full=True)
         except QuotaExceeded:
             await self.delete(sandbox_id, checkpoint_id)  # none stays over a limit
             raise
+        self._quotas.charge(org_id, sizes.get(checkpoint_id, 0))
         return next(c for c in (await self._reads.require(sandbox_id)).checkpoints if c.checkpoint_id == checkpoint_id)
 
     async def _sizes(self, sandbox_id: str) -> dict[str, int]:
@@ -78,7 +80,7 @@ class Checkpoints:
                                 f"{format_bytes(limit)}; they take {format_bytes(used)}, and {what}",
                                 quota="checkpoint_bytes", limit=limit, used=used)
 
-    async def list(self, sandbox_id: str) -> tuple[Checkpoint, ...]:
+    async def list(self, sandbox_id: str) -> tuple[CheckpointState, ...]:
         return (await self._reads.require(sandbox_id, include_deleted=False)).checkpoints
 
     async def restore(self, sandbox_id: str, ref: str) -> None:

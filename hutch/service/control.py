@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from hutch.core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
-from hutch.core.models import Sandbox, SandboxStatus
+from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.core.replicas import Replicas
 from hutch.drivers.roles import CommandRunner, Pausing, SandboxLifecycle, UsageReporting
@@ -33,8 +33,8 @@ class SandboxControl:
         self._usage_reporting = usage
         self.replicas = replicas  # which sandboxes this replica drives (core/replicas.py)
 
-    async def pause(self, sandbox_id: str) -> Sandbox:
-        def command(sb: Sandbox) -> Pause:
+    async def pause(self, sandbox_id: str) -> SandboxState:
+        def command(sb: SandboxState) -> Pause:
             limit = sb.spec.timeout.paused
             paused_for = parse_duration("timeout.paused", limit) if limit else 0.0
             deadline = iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=paused_for)) if paused_for else None
@@ -43,7 +43,7 @@ class SandboxControl:
         await self._recorder.act(sandbox_id, command, lambda _: self._pausing.pause(sandbox_id))
         return await self._reads.require(sandbox_id)
 
-    async def resume(self, sandbox_id: str, *, auto: bool = False) -> Sandbox:
+    async def resume(self, sandbox_id: str, *, auto: bool = False) -> SandboxState:
         await self._recorder.act(sandbox_id, lambda _sb: Resume(auto=auto), lambda _: self._pausing.resume(sandbox_id))
         return await self._reads.require(sandbox_id)
 

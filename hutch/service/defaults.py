@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from hutch.core.models import Resources, SandboxSpec
+from hutch.core.models import ResourceSpec, SandboxSpec
 from hutch.core.quantities import parse_bytes, parse_millicores
 
 
@@ -46,10 +46,10 @@ class SandboxDefaults:
         )
         return spec if filled == r else attrs.evolve(spec, resources=filled)
 
-    def memory_of(self, resources: Resources) -> int:
+    def memory_of(self, resources: ResourceSpec) -> int:
         """What a sandbox counts against a memory quota (one recorded before defaults were filled
         in counts the default)."""
         return resources.memory_bytes or self.memory_bytes
 
-    def cpu_of(self, resources: Resources) -> int:
+    def cpu_of(self, resources: ResourceSpec) -> int:
         return resources.cpu_millis or self.cpu_millis

@@ -1,56 +1,87 @@
 """The service layer: HTTP-free operations that turn requests into commands, commands
 into events, and events into driver calls.
 
-``Engine`` is the facade the routes use; each job is a collaborator of its own:
+``Engine`` exposes collaborators and forwards nothing: a route calls
+``engine.<collaborator>.<verb>`` (``engine.provisioning.create``, ``engine.reads.require``,
+``engine.files.list`` …). The adapters it is composed of (event log, projection store,
+projector, driver and its roles, output streams, blobs) are ``engine.parts``, for composition
+and tests only: hutch/api never names them (tests/unit/test_api_uses_services.py). Collaborators:
 ``Reads`` (queries over the projection store), ``Recorder`` (THE way a command becomes
 appended events: decide, round-trip check, append, wait for the projection),
 ``Provisioning`` (create), ``SandboxControl`` (pause, resume, env, destroy and ends),
 ``Executions`` (commands and jobs), ``Checkpoints`` (the routes call it directly), ``Snapshots``, ``Quotas``,
-``Recovery`` (start-up), ``OutputRetention`` (ended sandboxes' output) and ``Background`` with
-the ``Reaper`` (idle and paused timeouts).
+``Recovery`` (start-up), ``OutputRetention`` (ended sandboxes' output), ``Background`` with
+the ``Reaper`` (idle and paused timeouts), ``FileAccess`` (files), ``Runtimes``, ``UsageReports``
+(stats, metrics), ``Changes`` (following events), ``Takeover`` (a lost replica's sandboxes),
+``Ports``, ``OutputReads``, ``SandboxOutput`` (a sandbox's own streams), ``TerminalSessions``,
+``History`` (time travel), ``Forks`` and the directory's ``TenancyWrites``. Each is given the
+collaborators and adapters it uses, never the engine: below it, no service module names
+``Engine`` (tests/unit/test_api_uses_services.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import attrs
 
 from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobStore
-from hutch.core.errors import IllegalTransition
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event
-from hutch.core.models import Execution, Sandbox, SandboxStatus
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
-from hutch.drivers.base import Driver, DriverRoles, FileToWrite
-from hutch.projections.base import ProjectionStore, SandboxQuery
+from hutch.drivers.base import Driver, DriverRoles, FileWrite
+from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
 from hutch.service import archives
 from hutch.service.background import Background
+from hutch.service.changes import Changes
 from hutch.service.checkpoints import CheckpointLimits, Checkpoints
 from hutch.service.control import SandboxControl
 from hutch.service.defaults import SandboxDefaults
-from hutch.service.executions import JOB_STOP_GRACE_SECONDS, Executions
+from hutch.service.executions import Executions
+from hutch.service.files import FileAccess
+from hutch.service.fork import Forks
+from hutch.service.history import History
 from hutch.service.input_streams import InputStreams
+from hutch.service.output import OutputReads
+from hutch.service.ports import Ports
 from hutch.service.provisioning import Created, Provisioning
 from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder, now_iso
 from hutch.service.recovery import Recovery
-from hutch.service.requests import CreateRequest, ExecuteRequest
 from hutch.service.retention import DEFAULT_RETENTION_SECONDS, OutputRetention
+from hutch.service.runtimes import Runtimes
+from hutch.service.sandbox_streams import SandboxOutput
 from hutch.service.snapshots import BUILD_SWEEP_SECONDS, Snapshots
 from hutch.service.stream_ids import StreamIds
-from hutch.service.tenancy import TenancyWrites, Tenants
+from hutch.service.takeover import Takeover
+from hutch.service.tenancy import TenancyWrites
+from hutch.service.terminals import TerminalSessions
 from hutch.service.timeouts import Reaper
+from hutch.service.usage import UsageReports
 from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class Parts:
+    """The adapters an engine is composed of: composition (api/app.py) and tests reach them
+    here; routes go through the engine's collaborators."""
+
+    log: EventLog
+    store: ProjectionStore
+    projector: Projector
+    driver: Driver  # whole, for start-up (its listener) and tests; collaborators take roles
+    roles: DriverRoles
+    outputs: OutputStreams
+    blobs: BlobStore
 
 
 class Engine:
@@ -71,26 +102,24 @@ class Engine:
         checkpoint_limits: CheckpointLimits | None = None,  # per sandbox (service/checkpoints.py)
         output_retention: float = DEFAULT_RETENTION_SECONDS,  # after a sandbox ends (service/retention.py)
     ) -> None:
-        self.log = event_log
-        self.store = store
-        self.driver = driver  # whole: the API's routes still call it directly
-        self.roles = roles = DriverRoles.of(driver)  # each collaborator takes the roles it uses
-        self.outputs = outputs
-        self.projector = projector or Projector(event_log, store)
+        roles = DriverRoles.of(driver)  # each collaborator takes the roles it uses
+        projector = projector or Projector(event_log, store)
+        blob_store = blobs or FileBlobStore(data_dir)
+        self.parts = Parts(log=event_log, store=store, projector=projector, driver=driver, roles=roles,
+                           outputs=outputs, blobs=blob_store)
         self.streams = StreamIds(stream_secret)
         self.inputs = InputStreams()  # stdin uploads (POST/PUT /streams)
         outputs.verify = self.streams.issued  # streams closed before their first byte store nothing
         self.background = Background()
-        self.reads = Reads(store, event_log, self.projector)
-        self.recorder = Recorder(event_log, store, self.projector, self.reads)
-        blob_store = blobs or FileBlobStore(data_dir)
+        self.reads = Reads(store, event_log, projector)
+        self.recorder = Recorder(event_log, store, projector, self.reads)
         self.quotas = Quotas(self.reads, defaults, checkpointing=roles.checkpointing, blobs=blob_store,
                              outputs=outputs)
         self.replicas = replicas or SoleReplica()
         self.quotas.serialise = self._one_at_a_time
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
                                       pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
-        self.reaper = Reaper(store, self.projector, self.background, self.control,  # idle and paused timeouts
+        self.reaper = Reaper(store, projector, self.background, self.control,  # idle and paused timeouts
                             read=self.reads.sandbox)
         self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control,
                                      commands=roles.commands, files=roles.files, outputs=outputs,
@@ -108,24 +137,29 @@ class Engine:
                                          outputs=outputs, streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
+        self.forks = Forks(self.reads, self.quotas, self.snapshots, self.provisioning)  # copies of a sandbox
         self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
         self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
-
-    @property
-    def tenants(self) -> Tenants | None:
-        """The organizations (service/tenancy.py), set by the app; None: no quotas, one organization."""
-        return self.reads.tenants
-
-    @tenants.setter
-    def tenants(self, tenants: Tenants | None) -> None:
-        self.reads.tenants = tenants
+        self.files = FileAccess(self.reads, self.control, self.reaper, roles)
+        self.terminals = TerminalSessions(roles.terminals, roles.lifecycle, self.files)
+        self.runtimes = Runtimes(roles.runtimes)
+        self.usage = UsageReports(log=event_log, store=store, projector=projector, reads=self.reads,
+                                  lifecycle=roles.lifecycle, usage=roles.usage)
+        self.changes = Changes(event_log, store, projector)
+        self.history = History(event_log, self.reads)  # a sandbox as of any of its events
+        self.takeover = Takeover(log=event_log, store=store, projector=projector, recorder=self.recorder,
+                                 control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
+                                 adoption=roles.adoption)
+        self.ports = Ports(self.files, roles.ports)
+        self.output = OutputReads(outputs)
+        self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
 
     # ---------------------------------------------------------------- lifetime
 
     async def start(self) -> None:
-        await self.projector.start()
-        self.driver.set_listener(self.control.ended)
+        await self.parts.projector.start()
+        self.parts.driver.set_listener(self.control.ended)
         await self.recovery.run()
         await self.snapshots.expire_builds()
         self.background.spawn(self._sweep_builds(), "expire-builds")
@@ -152,88 +186,7 @@ class Engine:
         self.watchers.close()
         self.reaper.close()
         await self.background.close()
-        await self.projector.close()
-
-    # ---------------------------------------------------------------- writes
-
-    async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
-        return await self.provisioning.create(req, api_key_id=api_key_id)
-
-    def prebuild(self, names: Iterable[str]) -> None:
-        self.provisioning.prebuild(names)
-
-    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
-        return await self.executions.execute(sandbox_id, req)
-
-    async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
-        return await self.executions.start_job(sandbox_id, command)
-
-    async def cancel_execution(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
-        return await self.executions.cancel(execution_id, why=why)
-
-    async def stop_job(self, sandbox_id: str, job_id: str, *, force: bool,
-                       grace: float = JOB_STOP_GRACE_SECONDS) -> Execution:
-        return await self.executions.stop_job(sandbox_id, job_id, force=force, grace=grace)
-
-    async def for_files(self, sandbox_id: str) -> Sandbox:
-        """A sandbox ready for file operations: waits out creating, wakes a paused one."""
-        sb = await self.reads.wait_not_creating(sandbox_id)
-        if sb.status is SandboxStatus.PAUSED:
-            sb = await self.control.resume(sandbox_id, auto=True)
-        if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
-            raise IllegalTransition(
-                f"cannot use files: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id, sandbox_status=sb.status.value
-            )
-        self.touch(sandbox_id)
-        return sb
-
-    def touch(self, sandbox_id: str) -> None:
-        """Activity that is not an event (file operations) still keeps a sandbox from idling out."""
-        self.reaper.touch(sandbox_id)
-
-    async def set_env(self, sandbox_id: str, changes: dict[str, str | None]) -> dict[str, str]:
-        return await self.control.set_env(sandbox_id, changes)
-
-    async def pause(self, sandbox_id: str) -> Sandbox:
-        return await self.control.pause(sandbox_id)
-
-    async def resume(self, sandbox_id: str, *, auto: bool = False) -> Sandbox:
-        return await self.control.resume(sandbox_id, auto=auto)
-
-    async def destroy(self, sandbox_id: str) -> None:
-        await self.control.destroy(sandbox_id)
-
-    # ---------------------------------------------------------------- reads
-
-    def scoped(self, query: SandboxQuery) -> SandboxQuery:
-        return self.reads.scoped(query)
-
-    def resolved(self, query: SandboxQuery) -> SandboxQuery:
-        return self.reads.resolved(query)
-
-    async def get(self, sandbox_id: str, *, include_deleted: bool = False) -> Sandbox:
-        return await self.reads.require(sandbox_id, include_deleted=include_deleted)
-
-    async def list(self, query: SandboxQuery) -> tuple[builtins.list[Sandbox], int]:
-        return await self.reads.list(query)
-
-    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
-        return await self.reads.wait_status(sandbox_id, statuses, wait)
-
-    async def events(self, sandbox_id: str, *, limit: int, reverse: bool) -> builtins.list[Event]:
-        return await self.reads.events(sandbox_id, limit=limit, reverse=reverse)
-
-    async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
-        return await self.reads.get_execution(execution_id, wait)
-
-    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
-        return await self.reads.list_executions(sandbox_id, limit)
-
-    async def get_job(self, sandbox_id: str, job_id: str) -> Execution:
-        return await self.reads.get_job(sandbox_id, job_id)
-
-    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
-        return await self.reads.list_jobs(sandbox_id, limit)
+        await self.parts.projector.close()
 
 
-__all__ = ["Created", "Engine", "FileToWrite", "now_iso"]
+__all__ = ["Created", "Engine", "FileWrite", "Parts", "now_iso"]

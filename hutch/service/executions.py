@@ -14,7 +14,14 @@ import attrs
 from hutch.core import ids
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
 from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
-from hutch.core.models import Execution, ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.models import (
+    ExecutionState,
+    ExecutionStatus,
+    Mode,
+    SandboxSpec,
+    SandboxState,
+    SandboxStatus,
+)
 from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.quantities import format_bytes, parse_duration
 from hutch.drivers.base import ExecRequest, ExecResult
@@ -66,7 +73,7 @@ class Executions:
         """Whether this server runs the command now (its task has not ended)."""
         return execution_id in self._tasks
 
-    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[Execution, bool]:
+    async def execute(self, sandbox_id: str, req: ExecuteRequest) -> tuple[ExecutionState, bool]:
         """Start a command; returns the execution and whether a paused sandbox was resumed for it."""
         sb = await self._reads.wait_not_creating(sandbox_id)
         # Before anything happens for it: an organization whose storage is full runs nothing.
@@ -90,7 +97,7 @@ class Executions:
                          budget=budget)
         return await self._reads.execution(execution_id), auto_resumed
 
-    async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> Execution:
+    async def start_job(self, sandbox_id: str, command: tuple[str, ...]) -> ExecutionState:
         """A job is an execution of kind "job": it runs beside executions and other jobs,
         outlives the request, and has no default time limit."""
         sb = await self._reads.wait_not_creating(sandbox_id)
@@ -101,7 +108,7 @@ class Executions:
         await self.start(sandbox_id, job_id, command, None, org_id=sb.spec.org_id, kind="job", budget=budget)
         return await self._reads.execution(job_id)
 
-    async def cancel(self, execution_id: str, *, why: str = "cancelled on request") -> Execution:
+    async def cancel(self, execution_id: str, *, why: str = "cancelled on request") -> ExecutionState:
         """End a running command's whole process tree (status ``cancelled``); returns it ended."""
         ex = await self._reads.visible_execution(execution_id)
         if ex.status is ExecutionStatus.QUEUED:  # the initial command, behind its runtime's build
@@ -125,7 +132,7 @@ class Executions:
                               f"(none came back within {self.watchers.grace:g} s)")
 
     async def stop_job(self, sandbox_id: str, job_id: str, *, force: bool,
-                       grace: float = JOB_STOP_GRACE_SECONDS) -> Execution:
+                       grace: float = JOB_STOP_GRACE_SECONDS) -> ExecutionState:
         """Graceful: SIGTERM to the job's process tree, SIGKILL after ``grace``. Forced: SIGKILL now."""
         job = await self._reads.get_job(sandbox_id, job_id)
         if job.status.is_final:
@@ -222,7 +229,7 @@ class Executions:
             code = finish.exit_code if finish.exit_code is not None else 1
             await self._control.end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))
 
-    def _finish(self, sb: Sandbox, execution_id: str, result: ExecResult | None, error: str | None,
+    def _finish(self, sb: SandboxState, execution_id: str, result: ExecResult | None, error: str | None,
                 timeout: float | None, duration_ms: int, truncated: bool) -> FinishExecution:
         """How the command ended, from what the driver said (or the error it raised)."""
         if result is None:

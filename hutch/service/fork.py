@@ -12,38 +12,43 @@ kernels, and a copy of a running process would share its sockets anyway).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import attrs
 
 from hutch.core.errors import InvalidInput
-from hutch.core.models import Snapshot
+from hutch.core.models import SnapshotState
 from hutch.core.snapshots import FORK_OF
+from hutch.service.provisioning import Created, Provisioning
+from hutch.service.quotas import Quotas
+from hutch.service.reads import Reads
 from hutch.service.requests import CreateRequest
-
-if TYPE_CHECKING:
-    from hutch.service.engine import Created, Engine
+from hutch.service.snapshots import Snapshots
 
 MAX_COPIES = 20
 
 
-async def fork(engine: Engine, sandbox_id: str, count: object, *, api_key_id: str | None) -> tuple[Snapshot, list[Created]]:
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COPIES:
-        raise InvalidInput(f"count: expected an integer from 1 to {MAX_COPIES}, got {count!r}", field="count")
-    parent = await engine.get(sandbox_id)
-    # All the copies fit in the organization's quota, or none is made (nor the snapshot).
-    await engine.quotas.check_sandbox(parent.spec.org_id, parent.spec, count)
-    snap = await engine.snapshots.take(sandbox_id, name=f"fork-{sandbox_id.removeprefix('sbx_')[-12:]}",
-                                       description=f"the instant {sandbox_id} was forked", tag=None, public=False,
-                                       api_key_id=api_key_id, metadata={FORK_OF: sandbox_id})
-    base = attrs.evolve(
-        parent.spec, snapshot_id=snap.snapshot_id, env=dict(snap.env), command=None,
-        metadata={**(parent.spec.metadata or {}), "forkedFrom": sandbox_id},
-        dependencies=snap.dependencies, packages=snap.packages)
+class Forks:
+    def __init__(self, reads: Reads, quotas: Quotas, snapshots: Snapshots, provisioning: Provisioning) -> None:
+        self._reads, self._quotas, self._snapshots, self._provisioning = reads, quotas, snapshots, provisioning
 
-    async def one(i: int) -> Created:
-        name = f"{parent.spec.name}-{i + 1}" if parent.spec.name else None
-        return await engine.create(CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None),
-                                   api_key_id=api_key_id)
+    async def fork(self, sandbox_id: str, count: object, *,
+                   api_key_id: str | None) -> tuple[SnapshotState, list[Created]]:
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COPIES:
+            raise InvalidInput(f"count: expected an integer from 1 to {MAX_COPIES}, got {count!r}", field="count")
+        parent = await self._reads.require(sandbox_id)
+        # All the copies fit in the organization's quota, or none is made (nor the snapshot).
+        await self._quotas.check_sandbox(parent.spec.org_id, parent.spec, count)
+        snap = await self._snapshots.take(sandbox_id, name=f"fork-{sandbox_id.removeprefix('sbx_')[-12:]}",
+                                          description=f"the instant {sandbox_id} was forked", tag=None,
+                                          public=False, api_key_id=api_key_id, metadata={FORK_OF: sandbox_id})
+        base = attrs.evolve(
+            parent.spec, snapshot_id=snap.snapshot_id, env=dict(snap.env), command=None,
+            metadata={**(parent.spec.metadata or {}), "forkedFrom": sandbox_id},
+            dependencies=snap.dependencies, packages=snap.packages)
 
-    return snap, list(await asyncio.gather(*(one(i) for i in range(count))))
+        async def one(i: int) -> Created:
+            name = f"{parent.spec.name}-{i + 1}" if parent.spec.name else None
+            return await self._provisioning.create(
+                CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None), api_key_id=api_key_id)
+
+        return snap, list(await asyncio.gather(*(one(i) for i in range(count))))

@@ -10,33 +10,37 @@ and ``hutch sandbox history`` prints both.
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
 
 from hutch.core.errors import InvalidInput, NotFound
+from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
 from hutch.core.lifecycle import evolve_sandbox
-from hutch.core.models import Sandbox
-
-if TYPE_CHECKING:
-    from hutch.service.engine import Engine
+from hutch.core.models import SandboxState
+from hutch.service.reads import Reads
 
 
-async def timeline(engine: Engine, sandbox_id: str) -> list[tuple[Event, Sandbox]]:
-    """Every event of the sandbox with the sandbox as it was right after it."""
-    await engine.get(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
-    state: Sandbox | None = None
-    out: list[tuple[Event, Sandbox]] = []
-    for event in await engine.log.read(0, sandbox_id=sandbox_id):
-        state = evolve_sandbox(state, event)
-        if state is not None:
-            out.append((event, state))
-    return out
+class History:
+    def __init__(self, log: EventLog, reads: Reads) -> None:
+        self._log, self._reads = log, reads
+
+    async def timeline(self, sandbox_id: str) -> list[tuple[Event, SandboxState]]:
+        """Every event of the sandbox with the sandbox as it was right after it."""
+        await self._reads.require(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
+        state: SandboxState | None = None
+        out: list[tuple[Event, SandboxState]] = []
+        for event in await self._log.read(0, sandbox_id=sandbox_id):
+            state = evolve_sandbox(state, event)
+            if state is not None:
+                out.append((event, state))
+        return out
+
+    async def as_of(self, sandbox_id: str, ref: str) -> tuple[Event, SandboxState]:
+        """The sandbox right after event ``ref`` (an event id), or after the last event at or
+        before ``ref`` (an ISO 8601 time)."""
+        return _as_of(await self.timeline(sandbox_id), sandbox_id, ref)
 
 
-async def as_of(engine: Engine, sandbox_id: str, ref: str) -> tuple[Event, Sandbox]:
-    """The sandbox right after event ``ref`` (an event id), or after the last event at or
-    before ``ref`` (an ISO 8601 time)."""
-    steps = await timeline(engine, sandbox_id)
+def _as_of(steps: list[tuple[Event, SandboxState]], sandbox_id: str, ref: str) -> tuple[Event, SandboxState]:
     if ref.startswith("evt_"):
         for event, state in steps:
             if event.event_id == ref:

@@ -7,7 +7,11 @@ at ``{hutch}/streams``. The bytes pass through a small bounded queue from the up
 command: an upload waits while the command has not read what came before, so a stdin of any
 size costs the server a few chunks of memory, and a command that exits without reading it
 all ends the upload (its answer still 200: the command had what it wanted). A stream is
-read by one command, once; one never used is dropped after ``UNUSED_SECONDS``.
+read by one command, once; one never used is dropped after ``UNUSED_SECONDS``, one its
+command is done with after ``DONE_SECONDS`` (kept that long so that a late upload is told 0
+bytes were taken). Of the streams not done with, each of which may hold an upload's queue,
+the server keeps ``MAX_STREAMS`` and an organization ``MAX_STREAMS_PER_ORG``: one tenant
+cannot take them all from the others.
 
 With several API replicas (api/replication.py) a stream lives in the replica that made it,
 whose id ends in ``.<replica id>``: an upload reaching another replica is relayed there, and
@@ -27,7 +31,9 @@ from hutch.core.tenancy import scoped_org, visible_org
 
 QUEUE_CHUNKS = 16  # chunks of up to 64 KiB in flight between an upload and its command
 MAX_STREAMS = 1000  # open streams per server
+MAX_STREAMS_PER_ORG = 100  # of them, per organization
 UNUSED_SECONDS = 600.0
+DONE_SECONDS = 60.0
 
 
 class _Stream:
@@ -39,6 +45,7 @@ class _Stream:
         self.uploading = False
         self.reading = False
         self.reader_gone = False  # the command ended: an upload still sending stops
+        self.done_at = 0.0  # when it did (monotonic)
 
 
 # (holder replica, stream id) -> the stream's bytes read from that replica (api/replication.py)
@@ -58,10 +65,17 @@ class InputStreams:
 
     def create(self, name: str) -> str:
         self._expire()
-        if len(self._streams) >= MAX_STREAMS:
+        # Streams a command is done with hold no bytes (their queue is drained): not counted.
+        held = [s for s in self._streams.values() if not s.reader_gone]
+        if len(held) >= MAX_STREAMS:
             raise PayloadTooLarge(f"too many open stdin streams ({MAX_STREAMS}); use or let go of some first")
+        org_id = scoped_org()
+        if org_id is not None and sum(s.org_id == org_id for s in held) >= MAX_STREAMS_PER_ORG:
+            raise PayloadTooLarge(f"organization {org_id} has {MAX_STREAMS_PER_ORG} open stdin streams, as many as "
+                                  f"one may; use or let go of some first (one never read goes after "
+                                  f"{UNUSED_SECONDS:g} s)")
         stream_id = "stin_" + secrets.token_hex(16) + (f".{self.holder}" if self.holder else "")
-        self._streams[stream_id] = _Stream(name, scoped_org())
+        self._streams[stream_id] = _Stream(name, org_id)
         return stream_id
 
     def _get(self, stream_id: str, field: str = "stream") -> _Stream:
@@ -123,7 +137,8 @@ class InputStreams:
     def _expire(self) -> None:
         now = time.monotonic()
         for stream_id, stream in list(self._streams.items()):
-            if (stream.reader_gone or not stream.reading) and now - stream.created > UNUSED_SECONDS:
+            if (stream.reader_gone and now - stream.done_at > DONE_SECONDS) or (
+                    not stream.reading and now - stream.created > UNUSED_SECONDS):
                 del self._streams[stream_id]
 
 
@@ -145,6 +160,7 @@ class _Reader:
     async def aclose(self) -> None:
         stream = self._stream
         stream.reader_gone = True  # kept a while: an upload arriving late is told 0 bytes were taken
+        stream.done_at = time.monotonic()
         with contextlib.suppress(asyncio.QueueEmpty):  # an upload waiting on a full queue moves on
             while True:
                 stream.queue.get_nowait()

@@ -10,10 +10,11 @@ The streams themselves (stdout/stderr bytes of executions, which are not events)
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 import attrs
 
-from hutch.core.output import OutputWriter
+from hutch.core.output import OutputStreams, OutputWriter
 
 
 @attrs.frozen
@@ -89,3 +90,17 @@ class ExecutionSink:
             self._line_start[stream] = piece.endswith((b"\n", b"\r"))
         return bytes(out)
 
+
+
+class OutputReads:
+    """Reading a stored output stream by its id (GET /streams/{id})."""
+
+    def __init__(self, outputs: OutputStreams) -> None:
+        self._outputs = outputs
+
+    async def exists(self, stream_id: str) -> bool:
+        return await self._outputs.exists(stream_id)
+
+    def read(self, stream_id: str) -> AsyncIterator[bytes]:
+        """The stream's bytes, following it while it is open."""
+        return self._outputs.read(stream_id)

@@ -13,9 +13,10 @@ import attrs
 from hutch.core import ids
 from hutch.core.errors import DriverFailure, HutchError, NotSupported
 from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
-from hutch.core.models import Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.models import SandboxSpec, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.replicas import Replicas
+from hutch.drivers import egress
 from hutch.drivers.base import ProvisionRequest
 from hutch.drivers.roles import Adoption, RuntimeCatalog, SandboxFiles, SandboxLifecycle
 from hutch.service.background import Background, quietly
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen
 class Created:
-    sandbox: Sandbox
+    sandbox: SandboxState
     execution_id: str | None
 
 
@@ -68,6 +69,8 @@ class Provisioning:
         (``Create``). What runs before it leaves nothing of this sandbox behind: the checks,
         and the driver's ``prepare`` (an install layer, kept in a cache other sandboxes share),
         where a bad package name shows before there is a sandbox to fail."""
+        if req.spec.network.allow:  # first, as the route did: a name that does not resolve is a 400 naming it
+            await egress.resolve(req.spec.network.allow)
         tenants = self._reads.tenants
         spec = owned(req.spec, tenants.directory if tenants else None)
         # Once, here: the driver, the quota and the recorded event all see these limits.

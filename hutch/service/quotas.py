@@ -8,7 +8,8 @@ flight counted from their first byte (on this replica; stored ones on every repl
 its commands' output as the output store keeps it (running commands' from their first byte;
 kept until service/retention.py drops an ended sandbox's). An organization with no room left
 runs no command (``output_budget``), and the commands it runs share what is left (on this
-replica): past it their output is cut, as past the per-stream cap.
+replica): past it their output is cut, as past the per-stream cap. What else it stores while
+they run (a snapshot, a checkpoint, an upload) comes out of that share too (``charge``).
 A sandbox that gives no memory or CPU has the server's defaults filled into its spec before it
 is recorded (service/defaults.py), so it counts what its driver enforces; one recorded before that
 counts the same defaults, so an organization cannot slip past a quota by asking for nothing.
@@ -34,7 +35,7 @@ from hutch.core.errors import QuotaExceeded
 from hutch.core.models import SandboxSpec
 from hutch.core.output import OutputStreams
 from hutch.core.quantities import format_bytes
-from hutch.core.tenancy import Quota
+from hutch.core.tenancy import QuotaRecord
 from hutch.drivers.roles import Checkpointing
 from hutch.projections.base import SandboxQuery, SnapshotQuery
 from hutch.service.defaults import SandboxDefaults
@@ -70,10 +71,10 @@ class Quotas:
         async with self.serialise(f"storage:{org_id}"):
             yield
 
-    def of(self, org_id: str) -> Quota:
+    def of(self, org_id: str) -> QuotaRecord:
         tenants = self._reads.tenants
         org = tenants.directory.orgs.get(org_id) if tenants is not None else None
-        return org.quota if org is not None else Quota()
+        return org.quota if org is not None else QuotaRecord()
 
     def limits_sandboxes(self, org_id: str) -> bool:
         """Whether the organization's quota limits live sandboxes (their count, memory or CPU)."""
@@ -133,6 +134,15 @@ class Quotas:
             raise self._storage_full(org_id, limit, stored, "nothing more can be stored")
         return limit - stored
 
+    def charge(self, org_id: str, size: int) -> None:
+        """Bytes stored for the organization besides output (a snapshot, a checkpoint, an
+        upload's chunk) come out of the room its running commands were given as they started
+        (``output_budget``), so that the two do not each fill it; the next command's start
+        counts the room afresh."""
+        budget = self._output_budgets.get(org_id)
+        if budget is not None and size > 0:
+            budget.left -= size
+
     def _storage_full(self, org_id: str, limit: int, used: int, what: str) -> QuotaExceeded:
         return QuotaExceeded(
             f"quota snapshot_bytes: organization {org_id} may store {format_bytes(limit)} (snapshots, checkpoints, "
@@ -169,6 +179,7 @@ class Quotas:
                     limit = self.of(org_id).snapshot_bytes or 0
                     raise self._storage_full(org_id, limit, limit - room + counts[snapshot_id],
                                              f"this upload passed the {format_bytes(room)} left")
+                self.charge(org_id, len(chunk))
                 yield chunk
         finally:
             counts.pop(snapshot_id, None)
@@ -194,7 +205,8 @@ class Quotas:
                     quota=field, limit=limit, used=used[field])
 
     async def check_snapshot(self, org_id: str, size_bytes: int, *, finalizing: str | None = None) -> None:
-        """``finalizing``: a build whose upload becomes this snapshot (counted once, as it)."""
+        """``finalizing``: a build whose upload becomes this snapshot (counted once, as it).
+        Passed, the snapshot's bytes come out of the running commands' room (``charge``)."""
         limit = self.of(org_id).snapshot_bytes
         if limit is None:
             return
@@ -203,4 +215,6 @@ class Quotas:
             used -= (await self._pending_uploads(org_id)).get(finalizing, 0)
         if used + size_bytes > limit:
             raise self._storage_full(org_id, limit, used, f"this snapshot is {format_bytes(size_bytes)}")
+        if finalizing is None:  # a build's upload was charged as it came
+            self.charge(org_id, size_bytes)
 

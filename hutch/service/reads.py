@@ -18,7 +18,7 @@ from hutch.core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, SandboxCreated, UnreadableRecord
 from hutch.core.lifecycle import evolve_sandbox
-from hutch.core.models import Execution, Sandbox, SandboxStatus
+from hutch.core.models import ExecutionState, SandboxState, SandboxStatus
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, visible
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -49,7 +49,7 @@ class Reads:
         # folded here before any writer waiting for them wakes; another replica's events
         # would reach the store before this projector, and those sandboxes are read there.
         self._mine: set[str] = set()
-        self._folded: dict[str, Sandbox] = {}
+        self._folded: dict[str, SandboxState] = {}
         # Ended ones stay folded a while, oldest dropped first: the reaper and the client
         # read them once more just after they end (up to 3.5 store reads per one-shot).
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -96,7 +96,7 @@ class Reads:
                 while len(self._ended) > self.ended_kept:  # nothing kept per sandbox ever had
                     self.disown(next(iter(self._ended)))
 
-    async def sandbox(self, sandbox_id: str) -> Sandbox | None:
+    async def sandbox(self, sandbox_id: str) -> SandboxState | None:
         """The sandbox as the projections hold it, unscoped: folded here if it is this
         process's own (live, or ended a little while ago), else from the store."""
         found = self._folded.get(sandbox_id)
@@ -122,7 +122,7 @@ class Reads:
 
     # ---------------------------------------------------------------- sandboxes
 
-    async def require(self, sandbox_id: str, *, include_deleted: bool = True) -> Sandbox:
+    async def require(self, sandbox_id: str, *, include_deleted: bool = True) -> SandboxState:
         sb = await self.sandbox(sandbox_id)
         if sb is None or (sb.status is SandboxStatus.DELETED and not include_deleted) or not visible(
                 sb.spec.org_id, sb.spec.project_id):
@@ -130,16 +130,16 @@ class Reads:
             raise SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
         return sb
 
-    async def list(self, query: SandboxQuery) -> tuple[builtins.list[Sandbox], int]:
+    async def list(self, query: SandboxQuery) -> tuple[builtins.list[SandboxState], int]:
         return await self.store.list_sandboxes(self.resolved(query))
 
-    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> Sandbox:
+    async def wait_status(self, sandbox_id: str, statuses: set[SandboxStatus], wait: float) -> SandboxState:
         await self.require(sandbox_id)
         return await self.wait(
             lambda: self.require(sandbox_id), lambda s: s.status in statuses, min(wait, MAX_WAIT_SECONDS), sandbox_id
         )
 
-    async def wait_not_creating(self, sandbox_id: str) -> Sandbox:
+    async def wait_not_creating(self, sandbox_id: str) -> SandboxState:
         sb = await self.require(sandbox_id, include_deleted=False)
         ready: set[SandboxStatus] = {s for s in SandboxStatus if s is not SandboxStatus.CREATING}
         if sb.status is SandboxStatus.CREATING:
@@ -154,7 +154,7 @@ class Reads:
 
     # ---------------------------------------------------------------- executions and jobs
 
-    async def visible_execution(self, execution_id: str) -> Execution:
+    async def visible_execution(self, execution_id: str) -> ExecutionState:
         ex = await self.store.get_execution(execution_id)
         if ex is not None and SCOPE.get() is not None:
             sb = await self.sandbox(ex.sandbox_id)
@@ -164,7 +164,7 @@ class Reads:
             raise ExecutionNotFound(f"execution {execution_id} not found", execution_id=execution_id)
         return ex
 
-    async def get_execution(self, execution_id: str, wait: float = 0.0) -> Execution:
+    async def get_execution(self, execution_id: str, wait: float = 0.0) -> ExecutionState:
         ex = await self.visible_execution(execution_id)
         if ex.status.is_final or wait <= 0:
             return ex
@@ -173,25 +173,25 @@ class Reads:
             ex.sandbox_id,
         )
 
-    async def execution(self, execution_id: str) -> Execution:
+    async def execution(self, execution_id: str) -> ExecutionState:
         """An execution known to exist (the engine recorded it), unscoped."""
         ex = await self.store.get_execution(execution_id)
         assert ex is not None
         return ex
 
-    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+    async def list_executions(self, sandbox_id: str, limit: int | None) -> builtins.list[ExecutionState]:
         await self.require(sandbox_id)
         found = [e for e in await self.store.list_executions(sandbox_id) if e.type != "job"]
         return found[:limit] if limit is not None else found
 
-    async def get_job(self, sandbox_id: str, job_id: str) -> Execution:
+    async def get_job(self, sandbox_id: str, job_id: str) -> ExecutionState:
         await self.require(sandbox_id)
         job = await self.store.get_execution(job_id)
         if job is None or job.type != "job" or job.sandbox_id != sandbox_id:
             raise ExecutionNotFound(f"job {job_id} not found in sandbox {sandbox_id}", job_id=job_id)
         return job
 
-    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[Execution]:
+    async def list_jobs(self, sandbox_id: str, limit: int | None) -> builtins.list[ExecutionState]:
         await self.require(sandbox_id)
         jobs = [e for e in await self.store.list_executions(sandbox_id) if e.type == "job"]
         return jobs[:limit] if limit is not None else jobs

@@ -23,7 +23,7 @@ from hutch.core.errors import InvalidInput, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, EventData, SandboxCreated, SnapshotCreated, decode, encode
 from hutch.core.lifecycle import Command, Create, decide
-from hutch.core.models import Sandbox
+from hutch.core.models import SandboxState
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
 from hutch.service.reads import Reads
@@ -66,7 +66,7 @@ class Recorder:
         the id, in any organization (nothing, or ``decide`` refuses it)."""
         async with self.lock(sandbox_id):
             if isinstance(command, Create):
-                sb: Sandbox | None = await self._store.get_sandbox(sandbox_id)
+                sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
                 self._reads.own(sandbox_id)  # before the append: its creation is folded as it lands
                 try:
                     return await self._append(sandbox_id, decide(sb, command), durable=durable)
@@ -76,7 +76,7 @@ class Recorder:
             sb = await self._reads.require(sandbox_id)
             return await self._append(sandbox_id, decide(sb, command), durable=durable)
 
-    async def act(self, sandbox_id: str, command_for: Callable[[Sandbox], C],
+    async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:
         """A command with an effect outside the log (the driver pauses, checkpoints...): decided
         first, so a refusal touches nothing; the effect runs only when there is something to

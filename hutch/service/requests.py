@@ -7,14 +7,14 @@ from __future__ import annotations
 import attrs
 
 from hutch.core.models import SandboxSpec
-from hutch.drivers.base import FileToWrite
+from hutch.drivers.base import FileWrite
 from hutch.service.output import RAW_OUTPUT, StreamOptions
 
 
 @attrs.frozen
 class CreateRequest:
     spec: SandboxSpec
-    files: list[FileToWrite]
+    files: list[FileWrite]
     command: tuple[str, ...] | None
     stream: StreamOptions = RAW_OUTPUT  # for the initial command
 
@@ -22,6 +22,6 @@ class CreateRequest:
 @attrs.frozen
 class ExecuteRequest:
     command: tuple[str, ...]
-    files: list[FileToWrite]
+    files: list[FileWrite]
     timeout: float | None  # None: the sandbox's default
     stream: StreamOptions = RAW_OUTPUT

@@ -42,7 +42,7 @@ from hutch.core.errors import (
     RuntimeNotFound,
     SnapshotNotFound,
 )
-from hutch.core.models import Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.models import SnapshotFile, SnapshotState, SnapshotStatus
 from hutch.core.packages import check_dependencies, check_packages
 from hutch.core.quantities import format_bytes
 from hutch.core.snapshots import (
@@ -172,7 +172,7 @@ class Snapshots:
 
     # ---------------------------------------------------------------- reads
 
-    async def get(self, snapshot_id: str, *, include_building: bool = False, own: bool = False) -> Snapshot:
+    async def get(self, snapshot_id: str, *, include_building: bool = False, own: bool = False) -> SnapshotState:
         """A snapshot the request may see: its organization's, within the key's projects (one
         of no project: only by keys limited to none), or (unless ``own``, for changes) a public
         one. Any other is as absent as one that never existed."""
@@ -183,7 +183,7 @@ class Snapshots:
             raise SnapshotNotFound(f"snapshot {snapshot_id} not found", snapshot_id=snapshot_id)
         return snap
 
-    async def list(self, query: SnapshotQuery) -> tuple[builtins.list[Snapshot], int]:
+    async def list(self, query: SnapshotQuery) -> tuple[builtins.list[SnapshotState], int]:
         """The request's organization's snapshots, within its key's projects (every
         organization's public ones when the query asks for public ones only)."""
         scope = SCOPE.get()
@@ -191,7 +191,7 @@ class Snapshots:
             query = attrs.evolve(query, org_id=scope.org_id, projects=scope.projects)
         return await self._store.list_snapshots(query)
 
-    async def resolve(self, value: object, field: str = "snapshot", *, public_only: bool = False) -> Snapshot:
+    async def resolve(self, value: object, field: str = "snapshot", *, public_only: bool = False) -> SnapshotState:
         ref = parse_ref(value, field)
         snap = await self._find(ref, public_only)
         if snap is None:
@@ -199,7 +199,7 @@ class Snapshots:
                                    field=field)
         return snap
 
-    async def _find(self, ref: Ref, public_only: bool) -> Snapshot | None:
+    async def _find(self, ref: Ref, public_only: bool) -> SnapshotState | None:
         public = True if public_only else None
         if ref.snapshot_id:
             snap = await self._store.get_snapshot(ref.snapshot_id)
@@ -217,11 +217,11 @@ class Snapshots:
                 return found[0]
         return None
 
-    async def lineage(self, start: Snapshot, limit: int) -> builtins.list[tuple[Snapshot, bool]]:
+    async def lineage(self, start: SnapshotState, limit: int) -> builtins.list[tuple[SnapshotState, bool]]:
         """``start`` and its ancestors, newest first, each with whether it was deleted."""
-        chain: builtins.list[tuple[Snapshot, bool]] = []
+        chain: builtins.list[tuple[SnapshotState, bool]] = []
         seen: set[str] = set()
-        snap: Snapshot | None = start
+        snap: SnapshotState | None = start
         while snap is not None and len(chain) < limit and snap.snapshot_id not in seen and (
                 snap.public or _mine(snap)):
             seen.add(snap.snapshot_id)
@@ -232,7 +232,7 @@ class Snapshots:
     # ---------------------------------------------------------------- writes
 
     async def take(self, sandbox_id: str, *, name: str | None, description: str | None, tag: str | None,
-                   public: bool, api_key_id: str | None, metadata: dict[str, str] | None = None) -> Snapshot:
+                   public: bool, api_key_id: str | None, metadata: dict[str, str] | None = None) -> SnapshotState:
         """A snapshot of the sandbox's workspace, env and runtime, as they are now."""
         if not self._driver.capabilities.files:
             raise NotSupported(f"driver {self._driver.name} cannot read sandbox files, so cannot snapshot them")
@@ -258,7 +258,7 @@ class Snapshots:
         await self._take_tag(snapshot_id, command.name, command.tag)
         return await self.get(snapshot_id)
 
-    async def set_tag(self, snapshot_id: str, tag: str | None) -> Snapshot:
+    async def set_tag(self, snapshot_id: str, tag: str | None) -> SnapshotState:
         snap = await self.get(snapshot_id, own=True)
         await self._recorder.snapshot(snapshot_id, TagSnapshot(tag))
         if tag is not None:
@@ -289,7 +289,7 @@ class Snapshots:
     async def build_init(self, *, runtime: str, name: str | None, tag: str | None, description: str | None,
                          message: str | None, content_hash: str | None, force: bool, public: bool,
                          api_key_id: str | None, project_id: str | None = None,
-                         ) -> tuple[Snapshot | None, Snapshot | None]:
+                         ) -> tuple[SnapshotState | None, SnapshotState | None]:
         """(the new building snapshot, None) or, unchanged content without force, (None, existing)."""
         recipe = runtimes.find(runtime)
         if recipe is None:
@@ -311,7 +311,7 @@ class Snapshots:
         return await self.get(snapshot_id, include_building=True), None
 
     async def upload(self, snapshot_id: str, body: AsyncIterable[bytes], max_bytes: int,
-                     declared: int | None = None) -> Snapshot:
+                     declared: int | None = None) -> SnapshotState:
         """Store a build's archive (``max_bytes`` at most). Counted against the organization's
         storage quota from its first byte; refused with QUOTA_EXCEEDED before any byte is
         stored when the organization has no room left (or ``declared``, its Content-Length,
@@ -333,7 +333,7 @@ class Snapshots:
         return snap
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
-                       dependencies: object, packages: object) -> Snapshot:
+                       dependencies: object, packages: object) -> SnapshotState:
         snap = await self.get(snapshot_id, include_building=True, own=True)
         decide(snapshot_id, snap, FinalizeBuild(files=()))  # a ready one is refused before anything is installed
         deps, pkgs = check_dependencies(dependencies), check_packages(packages)
@@ -392,11 +392,11 @@ class Snapshots:
                     await self._recorder.snapshot(other.snapshot_id, TagSnapshot(None))
 
 
-_NO_SNAPSHOT = Snapshot(snapshot_id="", name="", runtime="", runtime_id="", status=SnapshotStatus.DELETED,
+_NO_SNAPSHOT = SnapshotState(snapshot_id="", name="", runtime="", runtime_id="", status=SnapshotStatus.DELETED,
                         created_at="", updated_at="")
 
 
-def _mine(snap: Snapshot) -> bool:
+def _mine(snap: SnapshotState) -> bool:
     """Whether the request may see (and change) the snapshot as its own: its organization's,
     and its project one of the key's (a key limited to projects sees none of no project)."""
     return visible(snap.org_id, snap.project_id)
@@ -409,7 +409,7 @@ def _default_name(sandbox_name: str | None, sandbox_id: str) -> str:
     return sandbox_id
 
 
-def unchanged(snap: Snapshot) -> dict[str, object]:
+def unchanged(snap: SnapshotState) -> dict[str, object]:
     return {"unchanged": True, "existingId": snap.snapshot_id, "existingName": snap.name,
             "existingTag": snap.tag}
 

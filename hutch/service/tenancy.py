@@ -29,13 +29,13 @@ from hutch.core.models import SandboxSpec
 from hutch.core.tenancy import (
     LOCAL_ORG,
     SCOPE,
-    ApiKey,
+    ApiKeyRecord,
     Directory,
-    Organization,
+    OrganizationRecord,
     Principal,
-    Project,
+    ProjectRecord,
     Role,
-    SshKey,
+    SshKeyRecord,
 )
 from hutch.projections.base import ProjectionStore, is_tenancy_event
 
@@ -188,24 +188,24 @@ class TenancyWrites:
             raise RuntimeError("tenancy writes need the app's directory (Engine.tenants)")
         return tenants.directory
 
-    async def create_org(self, name: object) -> Organization:
+    async def create_org(self, name: object) -> OrganizationRecord:
         org_id = tenancy.org_id_for(tenancy.check_name(name, "name"))
         await self._record(org_id, lambda: [tenancy.create_org(self._directory(), name)[1]])
         return self._directory().orgs[org_id]
 
-    async def set_quota(self, org_id: str, values: Mapping[str, object]) -> Organization:
+    async def set_quota(self, org_id: str, values: Mapping[str, object]) -> OrganizationRecord:
         """Fields given replace the organization's; ``None`` lifts a limit."""
         await self._record(org_id, lambda: [tenancy.set_quota(values, self._directory().orgs[org_id].quota)])
         return self._directory().orgs[org_id]
 
-    async def create_project(self, org_id: str, name: object) -> Project:
+    async def create_project(self, org_id: str, name: object) -> ProjectRecord:
         [event] = await self._record(org_id, lambda: [tenancy.create_project(self._directory(), org_id, name)])
         assert isinstance(event.data, tenancy.ProjectCreated)  # the one event decided above
         return self._directory().projects[event.data.project_id]
 
     async def create_key(self, org_id: str, *, role: object, name: object = None, projects: object = (),
                          expires_at: object = None, rate: object = None, burst: object = None,
-                         limit: tuple[str, ...] = (), field: str = "projects") -> tuple[str, ApiKey]:
+                         limit: tuple[str, ...] = (), field: str = "projects") -> tuple[str, ApiKeyRecord]:
         """(the key's secret, which is in this answer and nowhere else, ever; the key). ``limit``:
         the creating key's projects, which a new key may not reach past (``field`` names them)."""
         made: list[str] = []
@@ -221,13 +221,13 @@ class TenancyWrites:
         assert isinstance(event.data, tenancy.KeyCreated)
         return made[-1], self._directory().keys[event.data.key_id]
 
-    async def revoke_key(self, org_id: str, key_id: str, limit: tuple[str, ...] = ()) -> ApiKey:
+    async def revoke_key(self, org_id: str, key_id: str, limit: tuple[str, ...] = ()) -> ApiKeyRecord:
         """The key's revocation, and the removal of every SSH key it added; a key outside the
         revoking key's projects (``limit``) is not found."""
         await self._record(org_id, lambda: tenancy.revoke_key(self._directory(), org_id, key_id, limit))
         return self._directory().keys[key_id]
 
-    async def add_ssh_key(self, principal: Principal, public_key: object, name: object) -> SshKey:
+    async def add_ssh_key(self, principal: Principal, public_key: object, name: object) -> SshKeyRecord:
         """Registered by ``principal``'s key, within its projects, for as long as that key lives."""
         org_id = principal.org_id
 
@@ -239,7 +239,7 @@ class TenancyWrites:
         assert isinstance(event.data, tenancy.SshKeyAdded)
         return self._directory().ssh_keys[event.data.ssh_key_id]
 
-    async def remove_ssh_key(self, org_id: str, ssh_key_id: str, limit: tuple[str, ...] = ()) -> SshKey:
+    async def remove_ssh_key(self, org_id: str, ssh_key_id: str, limit: tuple[str, ...] = ()) -> SshKeyRecord:
         await self._record(org_id, lambda: [tenancy.remove_ssh_key(self._directory(), org_id, ssh_key_id, limit)])
         return self._directory().ssh_keys[ssh_key_id]
 

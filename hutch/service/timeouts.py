@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from hutch.core.errors import HutchError
 from hutch.core.lifecycle import Terminate
-from hutch.core.models import Sandbox, SandboxStatus
+from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -36,7 +36,7 @@ def _unix(iso: str) -> float:
 class Reaper:
     def __init__(self, store: ProjectionStore, projector: Projector, background: Background,
                  control: SandboxControl, *,
-                 read: Callable[[str], Awaitable[Sandbox | None]] | None = None) -> None:
+                 read: Callable[[str], Awaitable[SandboxState | None]] | None = None) -> None:
         self._store = store
         # Re-armed on every event: ``read`` (Reads.sandbox) answers this process's own live
         # sandboxes without a store round trip, which was six reads per one-shot.
@@ -51,7 +51,7 @@ class Reaper:
         for timer in self._timers.values():
             timer.cancel()
 
-    def deadline(self, sb: Sandbox) -> tuple[float, str] | None:
+    def deadline(self, sb: SandboxState) -> tuple[float, str] | None:
         """(unix time, reason) at which the reaper ends this sandbox, if ever."""
         if sb.status is SandboxStatus.PAUSED:
             limit = seconds(sb.spec.timeout.paused, "timeout.paused")

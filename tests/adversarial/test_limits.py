@@ -169,7 +169,7 @@ async def test_checkpoints_are_bounded_per_sandbox_and_counted(make_api: AppFact
         taken += 1
     assert refused is not None and refused[0] == 403, (taken, refused)
     assert refused[1]["code"] == "QUOTA_EXCEEDED" and refused[1]["quota"] == "checkpoint_bytes", refused
-    on_disk = sum(f.stat().st_blocks * 512 for f in (engine.driver.data_dir / "sandboxes" / sid / "checkpoints").rglob("*")
+    on_disk = sum(f.stat().st_blocks * 512 for f in (engine.parts.driver.data_dir / "sandboxes" / sid / "checkpoints").rglob("*")
                   if f.is_file() and not f.is_symlink())
     assert taken >= 3 and on_disk <= 200 * MIB, (taken, on_disk)
     listed = await api.data("GET", f"/sandbox/checkpoints/{sid}")

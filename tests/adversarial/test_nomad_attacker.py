@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
+from hutch.drivers.base import ExecRequest, ProvisionRequest, ResourceLimits
 from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import (  # noqa: F401  (fixtures of the local driver)
     NOMAD_ADDR,
@@ -256,7 +256,7 @@ print(json.dumps(taken))
 
 async def test_every_writable_path_counts_against_the_disk_limit(driver: NomadDriver) -> None:
     limit = 200 * MiB
-    sid = await make(driver, resources=Resources(disk_bytes=limit))
+    sid = await make(driver, resources=ResourceLimits(disk_bytes=limit))
     taken = await python(driver, sid, FILL, str(300 * MiB), timeout=300)
     await driver.destroy(sid)
     over = {d: t for d, t in taken.items() if t[0] > limit}
@@ -565,7 +565,7 @@ else:
 
 
 async def test_memory_cpu_and_shm_limits_are_real_and_never_unlimited(driver: NomadDriver) -> None:
-    sized = await make(driver, resources=Resources(memory_bytes=128 * MiB, cpu_millis=500))
+    sized = await make(driver, resources=ResourceLimits(memory_bytes=128 * MiB, cpu_millis=500))
     unsized = await make(driver)
     found: dict[str, Any] = {}
     for name, sid in (("sized", sized), ("unsized", unsized)):

@@ -118,10 +118,10 @@ async def test_an_ended_sandboxs_output_is_dropped_after_the_retention(make_api:
         assert (await t.execute(sid, 100 * KIB))[0] == 200
     ex = (await t.call("GET", f"/sandbox/sandboxes/{gone}/executions"))["data"]["executions"][0]
     await t.call("DELETE", f"/sandbox/{gone}")
-    assert await engine.outputs.stored(t.org) == 200 * KIB  # ended, within its window: still kept (and counted)
+    assert await engine.parts.outputs.stored(t.org) == 200 * KIB  # ended, within its window: still kept (and counted)
     assert await engine.retention.sweep() == []
     assert await engine.retention.sweep(now=time.time() + 3601) == [gone]
-    assert await engine.outputs.stored(t.org) == 100 * KIB and (await usage(t))["outputBytes"] == 100 * KIB
+    assert await engine.parts.outputs.stored(t.org) == 100 * KIB and (await usage(t))["outputBytes"] == 100 * KIB
     assert await api.stream(ex["stdoutStreamUrl"]) == b""  # read as an empty stream, not an error
     assert await engine.retention.sweep(now=time.time() + 10**6) == []  # the live one keeps its own
     assert (await t.execute(live, 1))[1]["kept"] == 1

@@ -58,7 +58,7 @@ async def work(api: Api, headers: dict[str, str], sandbox_id: str, rounds: int, 
 
 
 def listeners(api: Api) -> list[Any]:
-    return list(api.client.app[ENGINE].projector._listeners)
+    return list(api.client.app[ENGINE].parts.projector._listeners)
 
 
 def read_all(sock: socket.socket) -> bytes:
@@ -114,7 +114,7 @@ async def test_a_stalled_audit_follower_holds_little_and_misses_nothing(api: Api
         await api.call("DELETE", f"/sandbox/{mine['sandboxId']}", headers=beta)
         body = await asyncio.to_thread(lambda: dechunk(read_all(sock)))
     positions = [json.loads(line)["position"] for line in body.splitlines()]
-    logged = [e.position for e in await api.client.app[ENGINE].log.read(0, sandbox_id=mine["sandboxId"])]
+    logged = [e.position for e in await api.client.app[ENGINE].parts.log.read(0, sandbox_id=mine["sandboxId"])]
     assert positions == logged, f"{len(positions)} records for {len(logged)} events"
     assert len(listeners(api)) == before
 

@@ -536,12 +536,12 @@ async def test_a_sandboxs_limits_keep_its_node_and_neighbours_whole(driver: Noma
     usable. With a disk limit, files are made until that file system is full of inodes (an
     ext4 image of the limit's size), never the client's own inodes. The task's stderr, as its
     stdout, goes nowhere on the client's disk."""
-    from hutch.drivers.base import Resources
+    from hutch.drivers.base import ResourceLimits
     from tests.adversarial.test_nomad_attacker import alloc_files
 
-    bombed = await make(driver, resources=Resources(pids=64))
+    bombed = await make(driver, resources=ResourceLimits(pids=64))
     neighbour = await make(driver)
-    disked = await make(driver, resources=Resources(disk_bytes=64 * MiB))
+    disked = await make(driver, resources=ResourceLimits(disk_bytes=64 * MiB))
     try:
         bomb = asyncio.ensure_future(run(driver, bombed, ["python3", "-c", FORK_BOMB], timeout=8))
         await asyncio.sleep(3)

@@ -92,8 +92,8 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
         yield srv
     finally:
         engine = client.server.app[ENGINE]
-        for sid in await engine.driver.alive():
-            await engine.driver.destroy(sid)
+        for sid in await engine.parts.driver.alive():
+            await engine.parts.driver.destroy(sid)
         await client.close()
 
 
@@ -301,7 +301,7 @@ async def test_the_orchestrators_secrets_and_names_reach_no_tenant(server: Serve
     code, _ = await server.sh(admin, sid, "echo $SECRET >/dev/null; env | wc -l")
     assert code == 0
     engine = server.client.server.app[ENGINE]
-    sb = engine.driver.running(sid)
+    sb = engine.parts.driver.running(sid)
     sandbox = await server.ok("GET", f"/sandbox/{sid}", admin)
     answers = [json.dumps(sandbox), json.dumps(created)]
     for path in ("/sandbox", f"/sandbox/status/{sid}", f"/sandbox/sandboxes/{sid}/history",
@@ -319,8 +319,8 @@ async def test_the_orchestrators_secrets_and_names_reach_no_tenant(server: Serve
     server.client.session.cookie_jar.clear()  # signed out: later calls carry only their key
     seen = "\n".join(answers)
     leaks = {name: value for name, value in (
-        ("the Nomad token", NOMAD_TOKEN), ("Nomad's address", engine.driver.address.split("//", 1)[1]),
-        ("the registry", engine.driver.registry), ("the job id", sb.job_id), ("the allocation id", sb.alloc_id))
+        ("the Nomad token", NOMAD_TOKEN), ("Nomad's address", engine.parts.driver.address.split("//", 1)[1]),
+        ("the registry", engine.parts.driver.registry), ("the job id", sb.job_id), ("the allocation id", sb.alloc_id))
         if value and value in seen}
     assert not leaks, f"a tenant's answers hold {sorted(leaks)}"
 
@@ -328,7 +328,7 @@ async def test_the_orchestrators_secrets_and_names_reach_no_tenant(server: Serve
     assert inside["looked"] > 100, inside["looked"]
     assert NOMAD_TOKEN and hashlib.sha256(NOMAD_TOKEN.encode()).hexdigest() not in inside["hashes"]
 
-    request = urllib.request.Request(f"{engine.driver.address}/v1/job/{sb.job_id}",
+    request = urllib.request.Request(f"{engine.parts.driver.address}/v1/job/{sb.job_id}",
                                      headers={"X-Nomad-Token": NOMAD_TOKEN or ""})
     job = await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=10).read().decode())
     assert NOMAD_TOKEN not in job and secret_env not in job and "SECRET" not in job, job[:2000]
@@ -408,7 +408,7 @@ async def test_nomad_answers_no_one_without_a_token_and_hutchs_token_only_what_h
     never placed (no node offers raw_exec)."""
     member = server.keys["alpha-member"]
     sid = await server.sandbox(member)
-    alloc = server.client.server.app[ENGINE].driver.running(sid).alloc_id
+    alloc = server.client.server.app[ENGINE].parts.driver.running(sid).alloc_id
     nodes = [("dev agent", "http://127.0.0.1:4646", NOMAD_TOKEN, alloc)]
     token = cluster_token()
     cluster = os.environ["HUTCH_TEST_CLUSTER_ADDR"]

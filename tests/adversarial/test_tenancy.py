@@ -372,7 +372,7 @@ async def test_unbounded_env_names_and_inputs_are_refused_by_name(api: Api) -> N
     assert grown < 8 * 2**20, f"two more refusals left the server {grown / 2**20:.1f} MiB bigger"
     assert (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"] == events_before
     engine = api.client.app[ENGINE]
-    assert (await engine.get(sid)).spec.env == {"KEEP": "1"}
+    assert (await engine.reads.require(sid)).spec.env == {"KEEP": "1"}
 
     from hutch.core import limits  # the limits, once they exist (the attack above needs none)
 
@@ -422,7 +422,7 @@ async def test_unbounded_env_names_and_inputs_are_refused_by_name(api: Api) -> N
         answer = await api.call(method, path, json=body, expect=400)
         assert answer["field"] == field, (method, path, field, answer)
         assert "INTERNAL" not in answer["code"]
-    assert (await engine.get(sid)).spec.env == env
+    assert (await engine.reads.require(sid)).spec.env == env
     assert (await api.data("GET", "/sandbox"))["total"] == 1
 
 

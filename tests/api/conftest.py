@@ -49,17 +49,30 @@ class Api:
 
 AppFactory = Callable[..., Awaitable[Api]]
 
+# Where an API test runs (``@pytest.mark.runs_on(*WIRE)`` etc., tests/conftest.py); unmarked, on all
+# six pairs. The drivers' behaviour is proven by tests/contracts/test_driver.py on every backend and
+# the profiles' by tests/contracts and tests/system: an API test on a real driver or the production
+# profile earns its run by exercising what they bring through the API.
+WIRE = ("fake-embedded",)  # the wire, validation, routing, tenancy rules: no driver or store involved
+STORE = ("fake-embedded", "fake-production")  # the service over the log and the store, both profiles
+# What a driver does, seen through the API (files, processes, terminals, ports, disk, installs):
+# each real driver once and each profile once. The local driver keeps nothing in the store; the
+# nomad driver keeps checkpoints in the blob store, which the production profile puts in PostgreSQL.
+REAL = ("local-embedded", "nomad-production")
+
 
 @pytest.fixture(params=["fake", "local", "nomad"])
 def driver_name(request: pytest.FixtureRequest) -> str:
-    """Every API test runs on every driver: the same wire, whatever makes it real."""
+    """An API test runs on every driver unless it says where (``runs_on``): the same wire,
+    whatever makes it real."""
     return str(request.param)
 
 
 @pytest.fixture(params=["embedded", "production"])
 async def profile(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
-    """Every API test runs on both profiles: the embedded log and in-memory projections, and
-    Kafka + PostgreSQL (a fresh topic and database per test; the services must be running)."""
+    """Both profiles unless a test says where it runs (``runs_on``): the embedded log and
+    in-memory projections, and Kafka + PostgreSQL (a fresh topic and database per test; the
+    services must be running)."""
     if request.param == "embedded":
         yield {}
         return
@@ -89,8 +102,8 @@ async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: di
     # A stopping server leaves its sandboxes running (a restart adopts them); a test must not.
     for app in apps:
         engine = app[ENGINE]
-        for sandbox_id in await engine.driver.alive():
-            await engine.driver.destroy(sandbox_id)
+        for sandbox_id in await engine.parts.driver.alive():
+            await engine.parts.driver.destroy(sandbox_id)
 
 
 @pytest.fixture

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tests.api.conftest import KEY, Api
+import pytest
+
+from tests.api.conftest import KEY, STORE, WIRE, Api
 
 KEY_ID = "key_" + hashlib.sha256(KEY.encode()).hexdigest()[:12]
 
@@ -14,6 +16,7 @@ def records(body: bytes) -> list[dict]:
     return [json.loads(line) for line in body.splitlines()]
 
 
+@pytest.mark.runs_on(*STORE)  # read from either log
 async def test_create_returns_an_audit_stream_of_who_did_what(api: Api) -> None:
     created = await api.data("POST", "/sandbox", json={"name": "audited", "env": {"TOKEN": "s3cret"}}, expect=201)
     sid = created["sandboxId"]
@@ -37,6 +40,7 @@ async def test_create_returns_an_audit_stream_of_who_did_what(api: Api) -> None:
     assert "s3cret" not in json.dumps(trail)
 
 
+@pytest.mark.runs_on(*WIRE)  # the token's MAC
 async def test_an_audit_stream_url_is_a_capability(api: Api) -> None:
     created = await api.data("POST", "/sandbox", json={}, expect=201)
     bad = created["auditStreamUrl"][:-4] + "0000"

@@ -1,6 +1,6 @@
 """Cancelling a command: explicitly (``POST /sandbox/execution/{id}/cancel``), and when every
 client waiting for it went away (the real client's ``AbortSignal`` only drops its
-connections) unless one comes back within the grace. On every driver and profile."""
+connections) unless one comes back within the grace."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from hutch.api.keys import ENGINE
-from tests.api.conftest import AUTH, Api, AppFactory
+from tests.api.conftest import AUTH, REAL, STORE, Api, AppFactory
 
 GRACE = 0.6
 
@@ -54,6 +54,7 @@ async def leave_early(api: Api, path: str, after: float = 0.3) -> None:
             await asyncio.wait_for(wait_for_it(session), after)
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # a real process tree ended; the record in both stores
 async def test_cancel_ends_the_whole_tree_and_the_sandbox_lives_on(api: Api, driver_name: str) -> None:
     sid, ex = await running(api, ["sh", "-c", "sleep 300 & sleep 301"])
     done = await api.data("POST", f"/sandbox/execution/{ex['executionId']}/cancel")
@@ -72,6 +73,7 @@ async def test_cancel_ends_the_whole_tree_and_the_sandbox_lives_on(api: Api, dri
     await api.call("POST", "/sandbox/execution/exec_doesnotexist0000000000/cancel", expect=404)
 
 
+@pytest.mark.runs_on(*STORE)  # the service's watchers (the cancel itself: above)
 async def test_a_command_whose_waiter_left_is_cancelled_after_the_grace(make_api: AppFactory) -> None:
     api = await with_grace(make_api)
     _, ex = await running(api, ["sleep", "60"])
@@ -80,6 +82,7 @@ async def test_a_command_whose_waiter_left_is_cancelled_after_the_grace(make_api
     assert done["status"] == "cancelled" and "went away" in done["error"], done
 
 
+@pytest.mark.runs_on(*STORE)  # the service's watchers
 async def test_a_stream_reader_that_left_cancels_the_command_too(make_api: AppFactory) -> None:
     api = await with_grace(make_api)
     _, ex = await running(api, ["sleep", "60"])
@@ -89,6 +92,7 @@ async def test_a_stream_reader_that_left_cancels_the_command_too(make_api: AppFa
     assert done["status"] == "cancelled", done
 
 
+@pytest.mark.runs_on(*STORE)  # the service's watchers
 async def test_a_waiter_that_comes_back_within_the_grace_keeps_the_command(make_api: AppFactory) -> None:
     api = await with_grace(make_api)
     _, ex = await running(api, ["sleep", "60"])
@@ -100,6 +104,7 @@ async def test_a_waiter_that_comes_back_within_the_grace_keeps_the_command(make_
     await api.data("POST", f"/sandbox/execution/{ex['executionId']}/cancel")
 
 
+@pytest.mark.runs_on(*STORE)  # the service's watchers
 async def test_fire_and_forget_commands_and_jobs_are_never_abandoned(make_api: AppFactory) -> None:
     api = await with_grace(make_api)
     sid, ex = await running(api, ["sleep", "60"])  # nobody ever waits for it

@@ -1,12 +1,14 @@
 """Details the seeds name: checkpoints by name, ``stream.timestamps`` and ``"ignore"``, fields
 hutch cannot honour refused by name (never silently ignored), and the resource usage a
-sandbox's get shows. On every driver and profile."""
+sandbox's get shows."""
 
 from __future__ import annotations
 
 import re
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import REAL, STORE, WIRE, Api
 
 
 async def new_sandbox(api: Api) -> str:
@@ -19,6 +21,7 @@ async def run(api: Api, sid: str, command: list[str], **extra: object) -> tuple[
     return done, await api.stream(ex["stdoutStreamUrl"]), await api.stream(ex["stderrStreamUrl"])
 
 
+@pytest.mark.runs_on(*STORE)  # names resolved over the store (real restores: test_files.py)
 async def test_checkpoints_restore_and_delete_by_name(api: Api) -> None:
     sid = await new_sandbox(api)
     await api.data("POST", f"/fs/{sid}", json={"files": [{"path": "f.txt", "content": "YmVmb3Jl"}]})  # "before"
@@ -32,6 +35,7 @@ async def test_checkpoints_restore_and_delete_by_name(api: Api) -> None:
     assert "no checkpoint has that id or name" in gone["message"]
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # lines as real processes write them
 async def test_stream_timestamps_prefix_each_line_and_ignore_discards(api: Api) -> None:
     sid = await new_sandbox(api)
     done, out, err = await run(api, sid, ["sh", "-c", "echo one; echo two; echo oops >&2"],
@@ -46,6 +50,7 @@ async def test_stream_timestamps_prefix_each_line_and_ignore_discards(api: Api) 
     assert (await run(api, sid, ["echo", "plain"], stream={"timestamps": False}))[1] == b"plain\n"
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_fields_hutch_cannot_honour_are_refused_by_name(api: Api) -> None:
     sid = await new_sandbox(api)
     # stdout to a stream is Agentuity's, not hutch's: refused by name, never ignored.
@@ -66,6 +71,7 @@ async def test_fields_hutch_cannot_honour_are_refused_by_name(api: Api) -> None:
     await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["true"], "stream": {"stdin": "ignore"}})
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # the real drivers' accounting; the fake has none
 async def test_get_shows_what_a_sandbox_used(api: Api, driver_name: str) -> None:
     sid = await new_sandbox(api)
     await run(api, sid, ["sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])

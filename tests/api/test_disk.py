@@ -1,7 +1,7 @@
 """resources.disk: a sandbox that writes past its limit gets ENOSPC inside while the host's
 disk is untouched, and stays usable (delete and continue); the file API answers 413;
-HUTCH_DEFAULT_DISK applies when a create gives none. On every driver and profile (the
-fake driver only records the limit: the enforcement checks need a real one)."""
+HUTCH_DEFAULT_DISK applies when a create gives none (the fake driver only records the limit:
+the enforcement checks need a real one)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from hutch.core.errors import InvalidInput
 from hutch.service.config import Config
-from tests.api.conftest import Api, AppFactory
+from tests.api.conftest import REAL, WIRE, Api, AppFactory
 
 
 async def run(api: Api, sid: str, script: str) -> tuple[dict, str, str]:
@@ -21,6 +21,7 @@ async def run(api: Api, sid: str, script: str) -> tuple[dict, str, str]:
     return done, out.decode(), err.decode()
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # the real drivers enforce it; the fake records it
 async def test_writing_past_the_limit_is_enospc_and_the_sandbox_stays_usable(api: Api, driver_name: str) -> None:
     sid = (await api.data("POST", "/sandbox", expect=201,
                           json={"runtime": "base:latest", "resources": {"disk": "64Mi"}}))["sandboxId"]
@@ -44,9 +45,8 @@ async def test_writing_past_the_limit_is_enospc_and_the_sandbox_stays_usable(api
     assert 40 * 1024 < size_kib <= 64 * 1024, out  # df shows the limit (less the file system's own metadata)
 
 
-async def test_a_limited_sandbox_checkpoints_and_restores(api: Api, driver_name: str) -> None:
-    if driver_name == "fake":
-        return
+@pytest.mark.runs_on(*REAL)  # real disks only
+async def test_a_limited_sandbox_checkpoints_and_restores(api: Api) -> None:
     sid = (await api.data("POST", "/sandbox", expect=201,
                           json={"runtime": "base:latest", "resources": {"disk": "48Mi"}}))["sandboxId"]
     await run(api, sid, "dd if=/dev/zero of=a bs=1M count=30 && echo first > f")
@@ -58,6 +58,7 @@ async def test_a_limited_sandbox_checkpoints_and_restores(api: Api, driver_name:
     assert out.split() == ["first", str(30 * 2**20)], out
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # recorded, and enforced by the real drivers
 async def test_the_server_default_applies_when_a_create_gives_none(make_api: AppFactory, driver_name: str) -> None:
     api = await make_api(default_disk="32Mi")
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
@@ -70,6 +71,7 @@ async def test_the_server_default_applies_when_a_create_gives_none(make_api: App
         assert int(out.split()[1]) <= 32 * 1024, out
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_bad_disk_sizes_are_refused_by_name(api: Api) -> None:
     for bad in ("1Ki", "lots", -5):
         err = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "resources": {"disk": bad}}, expect=400)

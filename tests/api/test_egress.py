@@ -5,9 +5,12 @@ test_local_rootless.py and tests/nomad/test_nomad_network.py."""
 
 from __future__ import annotations
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import REAL, WIRE, Api
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_bad_allow_lists_are_refused_by_name(api: Api) -> None:
     for network, words in (
         ({"enabled": True, "allow": "pypi.org"}, "expected a list"),
@@ -22,6 +25,7 @@ async def test_bad_allow_lists_are_refused_by_name(api: Api) -> None:
         assert err["field"] == "network.allow" and words in err["message"], (network, err)
 
 
+@pytest.mark.runs_on(*WIRE)  # resolved before anything is recorded
 async def test_a_name_that_does_not_resolve_makes_nothing(api: Api, driver_name: str) -> None:
     before = (await api.data("GET", "/sandbox"))["total"]
     err = await api.call("POST", "/sandbox", expect=400, json={
@@ -30,6 +34,7 @@ async def test_a_name_that_does_not_resolve_makes_nothing(api: Api, driver_name:
     assert (await api.data("GET", "/sandbox"))["total"] == before
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # the fake refuses it; the real drivers take it
 async def test_the_list_is_kept_and_shown(api: Api, driver_name: str) -> None:
     body = {"runtime": "base:latest", "network": {"enabled": True, "allow": ["10.9.8.7", "LOCALHOST", "10.0.0.0/8"]}}
     if driver_name == "fake":  # no network at all: the field that cannot be honoured is named

@@ -1,5 +1,4 @@
-"""Files, archives and env through the wire. Drivers join the parameter list below as
-they implement the file primitives of drivers/base.py."""
+"""Files, archives and env through the wire."""
 
 from __future__ import annotations
 
@@ -10,12 +9,7 @@ import zipfile
 
 import pytest
 
-from tests.api.conftest import AUTH, Api
-
-
-@pytest.fixture(params=["fake", "local", "nomad"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.api.conftest import AUTH, REAL, STORE, WIRE, Api
 
 
 def b64(data: bytes) -> str:
@@ -33,6 +27,7 @@ async def raw(api: Api, method: str, path: str, *, expect: int = 200, **kw: obje
     return body
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # the drivers' file primitives through the API
 async def test_write_read_list_mkdir_rm(api: Api) -> None:
     sid = await new_sandbox(api)
     body = await api.call("POST", f"/fs/{sid}", json={"files": [
@@ -60,6 +55,7 @@ async def test_write_read_list_mkdir_rm(api: Api) -> None:
     await api.call("GET", f"/fs/list/{sid}?path=nope", expect=404)
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # written by the driver, read by a real process
 async def test_files_given_at_create_and_execute_are_written(api: Api) -> None:
     sid = (await api.call("POST", "/sandbox", json={"files": [{"path": "cfg/a.txt", "content": b64(b"A")}]}, expect=201))["data"]["sandboxId"]
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", "cat cfg/a.txt; cat b.txt"],
@@ -68,6 +64,7 @@ async def test_files_given_at_create_and_execute_are_written(api: Api) -> None:
     assert await api.stream(ex["stdoutStreamUrl"]) == b"AB"
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_bad_file_requests(api: Api) -> None:
     sid = await new_sandbox(api)
     for path, body, field in [
@@ -85,6 +82,7 @@ async def test_bad_file_requests(api: Api) -> None:
     err = await api.call("GET", f"/fs/list/{sid}", expect=404)
 
 
+@pytest.mark.runs_on(*STORE)  # the service's env and its events (env reaching a process: tests/contracts)
 async def test_env_patch_sets_and_deletes_for_later_commands(api: Api) -> None:
     sid = (await api.call("POST", "/sandbox", json={"env": {"KEEP": "1", "DROP": "2"}}, expect=201))["data"]["sandboxId"]
     data = await api.data("PATCH", f"/sandbox/env/{sid}", json={"env": {"NEW": "3", "DROP": None}})
@@ -116,6 +114,7 @@ def make_tar(entries: list[tuple[str, bytes | None, dict]], gz: bool = True) -> 
     return buf.getvalue()
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # archives over real file systems (links, modes)
 async def test_upload_and_download_archives_round_trip(api: Api) -> None:
     sid = await new_sandbox(api)
     archive = make_tar([("proj/", None, {"type": tarfile.DIRTYPE}), ("proj/a.txt", b"alpha", {}),
@@ -140,6 +139,7 @@ async def test_upload_and_download_archives_round_trip(api: Api) -> None:
     assert await raw(api, "GET", f"/fs/{sid}?path=zipped/z/one.txt") == b"1"
 
 
+@pytest.mark.runs_on(*WIRE)  # service/archives.py checks every entry before one is written
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
@@ -161,6 +161,7 @@ async def test_hostile_archives_are_refused_whole(api: Api, entries: list, messa
     await api.call("GET", f"/fs/{sid}?path=good.txt", expect=404)  # nothing was half-written
 
 
+@pytest.mark.runs_on(*WIRE)  # checked before anything is written
 async def test_zip_slip_and_limits(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(max_upload_bytes=10_000)
     sid = await new_sandbox(api)
@@ -180,6 +181,7 @@ async def test_zip_slip_and_limits(make_api) -> None:  # type: ignore[no-untyped
     assert "format" in err["message"]
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # real restores; the chain in both stores
 async def test_checkpoints_restore_exact_state_with_a_parent_chain(api: Api) -> None:
     sid = await new_sandbox(api)
     await api.call("POST", f"/fs/{sid}", json={"files": [{"path": "keep.txt", "content": b64(b"v1")},

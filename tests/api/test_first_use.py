@@ -29,7 +29,7 @@ def driver_name() -> str:
 
 async def fake_with_unbuilt(make_api: AppFactory, **build: object) -> tuple[Api, FakeDriver]:
     api = await make_api()
-    driver = api.client.app[ENGINE].driver
+    driver = api.client.app[ENGINE].parts.driver
     assert isinstance(driver, FakeDriver)
     driver.unbuilt = {RUNTIME}
     for key, value in build.items():

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import REAL, STORE, Api
 
 
 async def _cat(api: Api, sid: str, path: str) -> bytes | None:
@@ -12,6 +14,7 @@ async def _cat(api: Api, sid: str, path: str) -> bytes | None:
     return await resp.read() if resp.status == 200 else None
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # real files copied apart; the record in both stores
 async def test_copies_start_from_the_instant_and_stay_apart(api: Api) -> None:
     parent = (await api.data("POST", "/sandbox", expect=201,
                              json={"runtime": "base:latest", "name": "explore", "env": {"STAGE": "one"},
@@ -47,6 +50,7 @@ async def test_copies_start_from_the_instant_and_stay_apart(api: Api) -> None:
         await api.call("DELETE", f"/sandbox/{sid}")
 
 
+@pytest.mark.runs_on(*STORE)  # refusals over the store
 async def test_bad_counts_and_gone_parents(api: Api) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
     for count in (0, 21, "2", True, 1.5):
@@ -58,6 +62,7 @@ async def test_bad_counts_and_gone_parents(api: Api) -> None:
     assert total == 0  # nothing half-made
 
 
+@pytest.mark.runs_on(*STORE)  # the service's quota over the store
 async def test_a_fork_fits_the_quota_whole_or_not_at_all(api: Api) -> None:
     await api.data("POST", "/orgs", json={"name": "forks"}, expect=201)
     key = (await api.data("POST", "/keys?orgId=org_forks", json={"role": "admin"}, expect=201))["secret"]

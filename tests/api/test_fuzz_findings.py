@@ -1,5 +1,6 @@
 """What the fuzzing (tests/api/test_openapi_fuzz.py) found, held: each bad input is a 400
-naming its field, on both profiles, where it was a 500 or was taken as something else."""
+naming its field, where it was a 500 or was taken as something else; on both profiles where
+the store sees the value."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from hutch.api.http import MAX_OFFSET
-from tests.api.conftest import Api, AppFactory
+from tests.api.conftest import WIRE, Api, AppFactory
 
 
 @pytest.fixture
@@ -22,6 +23,7 @@ async def refused(api: Api, method: str, path: str, field: str, body: Any = None
     return str(answer["message"])
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_a_usage_window_that_is_not_a_time_is_refused(make_api: AppFactory) -> None:
     # It was a 500: the usage sums parsed it unchecked.
     assert "ISO 8601" in await refused(await make_api(), "GET", "/services/stats/org_local?start=yesterday", "start")
@@ -35,16 +37,19 @@ async def test_an_offset_past_the_cap_is_refused(make_api: AppFactory, path: str
     await api.call("GET", f"{path}?offset={MAX_OFFSET}")
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing, before PostgreSQL sees it
 async def test_a_nul_in_a_query_value_is_refused(make_api: AppFactory) -> None:
     # A 500 on PostgreSQL, whose text cannot hold it.
     assert "NUL" in await refused(await make_api(), "GET", "/sandbox?name=a%00b", "name")
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_a_stream_name_that_is_not_a_string_is_refused(make_api: AppFactory) -> None:
     # It was silently dropped.
     await refused(await make_api(), "POST", "/streams", "name", {"name": 5})
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 @pytest.mark.parametrize(("path", "body", "field"), [
     ("/keys", {"name": "k", "role": "member", "projects": {}}, "projects"),
     ("/cli/apikey", {"name": "k", "projectId": {}}, "projectId"),
@@ -55,6 +60,7 @@ async def test_an_empty_object_is_not_taken_as_none(make_api: AppFactory, path: 
     await refused(await make_api(), "POST", path, field, body)
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 @pytest.mark.parametrize("org", [5, "org_other"])
 async def test_a_body_org_must_agree_with_the_query_org(make_api: AppFactory, org: object) -> None:
     # The query's won silently, a bad body orgId unread.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import STORE, Api
 
 
+@pytest.mark.runs_on(*STORE)  # folded from either log
 async def test_a_sandbox_as_of_each_of_its_events(api: Api) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest", "env": {"STAGE": "one"}},
                           expect=201))["sandboxId"]

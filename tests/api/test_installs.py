@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import AUTH, Api
-
-
-@pytest.fixture(params=["local", "nomad"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.api.conftest import AUTH, REAL, WIRE, Api
 
 
 async def run(api: Api, sid: str, *argv: str) -> tuple[int, bytes]:
@@ -20,6 +15,7 @@ async def run(api: Api, sid: str, *argv: str) -> tuple[int, bytes]:
     return done["exitCode"], await api.stream(ex["stdoutStreamUrl"])
 
 
+@pytest.mark.runs_on(*REAL)  # the real drivers' install layers
 async def test_dependencies_and_packages_are_installed_and_shared(api: Api) -> None:
     body = {"runtime": "base:latest", "dependencies": ["jq"], "packages": ["json@11.0.0"]}
     first = (await api.call("POST", "/sandbox", json=body, expect=201))["data"]["sandboxId"]
@@ -48,6 +44,7 @@ async def test_dependencies_and_packages_are_installed_and_shared(api: Api) -> N
     assert (await run(api, child, "jq", "--version"))[0] == 0
 
 
+@pytest.mark.runs_on(*REAL)  # the real drivers look the names up
 async def test_a_package_that_does_not_exist_creates_nothing(api: Api) -> None:
     before = (await api.data("GET", "/sandbox"))["total"]
     err = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "dependencies": ["no-such-pkg-hutch"]},
@@ -70,6 +67,7 @@ async def test_a_package_that_does_not_exist_creates_nothing(api: Api) -> None:
     assert (await api.data("GET", "/sandbox"))["total"] == before  # no sandbox, not even a failed one
 
 
+@pytest.mark.runs_on(*REAL)  # the real drivers' install layers
 async def test_snapshot_build_installs_dependencies(api: Api) -> None:
     init = await api.data("POST", "/sandbox/snapshots/build", json={"runtime": "base:latest", "name": "tools"},
                           expect=201)
@@ -86,7 +84,7 @@ async def test_snapshot_build_installs_dependencies(api: Api) -> None:
     await api.call("GET", f"/sandbox/snapshots/{bad['snapshotId']}", expect=404)  # still not a snapshot
 
 
-@pytest.mark.parametrize("driver_name", ["fake"])
+@pytest.mark.runs_on(*WIRE)  # the fake driver refuses them
 async def test_drivers_without_installs_say_so(api: Api) -> None:
     err = await api.call("POST", "/sandbox", json={"dependencies": ["jq"]}, expect=501)
     assert err["field"] == "dependencies" and "fake" in err["message"]
@@ -94,6 +92,7 @@ async def test_drivers_without_installs_say_so(api: Api) -> None:
     assert (await resp.json())["data"]["total"] == 0
 
 
+@pytest.mark.runs_on(*REAL)  # the real drivers' accounting
 async def test_stats_count_cpu_and_memory_time(api: Api) -> None:
     """Usage is read from the driver's accounting (cgroups on the local driver) as a sandbox
     ends, logged as a "usage" event, and summed by stats; live sandboxes are asked now."""

@@ -1,11 +1,13 @@
-"""Pause/resume, jobs and timeouts through the wire, on every driver."""
+"""Pause/resume, jobs and timeouts through the wire."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import REAL, STORE, Api
 
 
 async def new_sandbox(api: Api, **body: object) -> str:
@@ -20,6 +22,7 @@ async def run(api: Api, sid: str, *command: str) -> dict:
     return final
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # the drivers' pause and resume; auto-resume in both stores
 async def test_pause_keeps_files_and_execute_auto_resumes(api: Api) -> None:
     sid = await new_sandbox(api, timeout={"paused": "1h"})
     assert (await run(api, sid, "sh", "-c", "echo kept > f.txt"))["exitCode"] == 0
@@ -39,6 +42,7 @@ async def test_pause_keeps_files_and_execute_auto_resumes(api: Api) -> None:
     assert [a.get("auto", False) for a in auto] == [True, False]
 
 
+@pytest.mark.runs_on(*STORE)  # decided in core against the store
 async def test_illegal_pause_and_resume_are_409(api: Api) -> None:
     sid = await new_sandbox(api)
     err = await api.call("POST", f"/sandbox/{sid}/resume", expect=200)  # idle: already awake
@@ -52,6 +56,7 @@ async def test_illegal_pause_and_resume_are_409(api: Api) -> None:
     await api.call("POST", "/sandbox/sbx_nope/resume", expect=404)
 
 
+@pytest.mark.runs_on(*STORE)  # the service's timers over the store
 async def test_paused_timeout_terminates(api: Api) -> None:
     sid = await new_sandbox(api, timeout={"paused": "300ms"})
     await api.call("POST", f"/sandbox/{sid}/pause")
@@ -62,6 +67,7 @@ async def test_paused_timeout_terminates(api: Api) -> None:
     assert events[0]["type"] == "lifecycle:terminated" and "paused timeout" in events[0]["event"]["reason"]
 
 
+@pytest.mark.runs_on(*STORE)  # the service's timers over the store
 async def test_idle_timeout_reaps_promptly_and_activity_defers_it(api: Api) -> None:
     # The idle clock starts when the sandbox becomes idle (its started event), before the
     # create call returns: on a loaded machine the production profile's create tail took
@@ -91,6 +97,7 @@ def _seconds_between(a: str, b: str) -> float:
     return (parse(b) - parse(a)).total_seconds()
 
 
+@pytest.mark.runs_on(*STORE)  # the service's timers over the store
 async def test_running_commands_keep_a_sandbox_from_idling_out(api: Api) -> None:
     # Idle 1 s, not less: the clock starts before the create call returns (see above).
     sid = await new_sandbox(api, timeout={"idle": "1s"})
@@ -101,6 +108,7 @@ async def test_running_commands_keep_a_sandbox_from_idling_out(api: Api) -> None
     assert status["status"] == "terminated"
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # real processes side by side, stopped
 async def test_jobs_run_beside_executions_and_stop(api: Api) -> None:
     sid = await new_sandbox(api)
     job = (await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["sh", "-c", "echo started; sleep 30"]}, expect=201))["data"]
@@ -125,6 +133,7 @@ async def test_jobs_run_beside_executions_and_stop(api: Api) -> None:
     assert again["status"] == "cancelled"  # stopping a stopped job is harmless
 
 
+@pytest.mark.runs_on(*STORE)  # refusals and lookups
 async def test_job_errors(api: Api) -> None:
     sid = await new_sandbox(api)
     err = await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={}, expect=400)
@@ -135,6 +144,7 @@ async def test_job_errors(api: Api) -> None:
     await api.call("GET", f"/sandbox/sandboxes/{sid}/jobs/{ex['executionId']}", expect=404)  # not a job
 
 
+@pytest.mark.runs_on(*STORE)  # the stores' counts
 async def test_stats_count_what_ran_in_a_time_range(api: Api) -> None:
     sid = await new_sandbox(api)
     await run(api, sid, "true")

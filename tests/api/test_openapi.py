@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hutch.api.openapi import document
-from tests.api.conftest import AppFactory
+from tests.api.conftest import STORE, WIRE, AppFactory
 
 COMPAT = Path(__file__).resolve().parents[1] / "compat"
 REFERENCE = COMPAT / "node_modules" / "@agentuity" / "core" / "dist" / "services" / "sandbox" / "api-reference.js"
@@ -40,6 +40,7 @@ def client_endpoints() -> list[tuple[str, str]]:
     return [(m.upper(), p) for m, p in json.loads(out)]
 
 
+@pytest.mark.runs_on(*WIRE)  # the route table alone
 async def test_the_document_is_served_without_a_key_and_names_every_route(make_api: AppFactory) -> None:
     api = await make_api()
     resp = await api.client.get("/openapi.json")  # no Authorization header
@@ -89,6 +90,7 @@ def make_app_document(tmp_path: Path) -> dict:  # type: ignore[type-arg]
     return document(create_app(Config(data_dir=tmp_path / "data", api_key="k", driver="fake")))
 
 
+@pytest.mark.runs_on(*WIRE)  # a static page
 async def test_the_web_app_links_the_document(make_api: AppFactory) -> None:
     api = await make_api()
     resp = await api.client.get("/app")
@@ -96,6 +98,7 @@ async def test_the_web_app_links_the_document(make_api: AppFactory) -> None:
     assert 'href="/openapi.json"' in await resp.text()
 
 
+@pytest.mark.runs_on(*WIRE)  # routing alone
 async def test_a_wrong_method_on_a_cli_path_is_405_and_an_unknown_cli_call_501(make_api: AppFactory) -> None:
     """Found by the fuzzing: the /cli/ catch-all answered 501 "hutch does not have that" to
     PUT /cli/apikey/{id}, a path hutch serves with other methods."""
@@ -143,6 +146,7 @@ def test_every_route_states_its_bodies_from_the_wire_schemas(make_app_document: 
     assert itself["required"] == ["openapi", "paths"]
 
 
+@pytest.mark.runs_on(*STORE)  # PostgreSQL's projections were the ones that stopped
 async def test_a_nul_or_a_lone_surrogate_in_a_body_is_refused_and_the_projections_go_on(make_api: AppFactory) -> None:
     """Found by the fuzzing with the wire schemas: a sandbox named "a\\u0000b" was recorded, and
     PostgreSQL cannot hold a NUL, so the production profile's projections stopped at that event

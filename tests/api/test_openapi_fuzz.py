@@ -1,4 +1,4 @@
-"""Schemathesis fuzzes a live `hutch serve` from its own /openapi.json, on both profiles: every
+"""Schemathesis fuzzes a live `hutch serve` from its own /openapi.json, on the production profile: every
 operation, a fixed seed and a bounded number of examples per operation, three checks: no answer
 is a server error (5xx), every JSON answer is the documented envelope (its ``data`` as the
 route's schema has it), and a request the document forbids (negative data: a wrong type, a
@@ -24,7 +24,12 @@ SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC/1Rr6FP4rnldeo8MVNjQS92985lw2P6
 EXAMPLES = 8  # per operation and phase: ~90 operations, well inside CI's budget
 
 
-@pytest.fixture(params=["embedded", "production"])
+# The production profile only: the wire's parsing and answers are the same code on both, and
+# PostgreSQL is the stricter store (a NUL, a number past a bigint): what the fuzzing found
+# (test_fuzz_findings.py) was a 500 on both profiles or on PostgreSQL alone, never on the embedded
+# one alone. The embedded profile took another 55-60 s (run1.log); test_fuzz_findings.py and
+# test_wire_schemas.py hold the wire on it.
+@pytest.fixture(params=["production"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     env: dict[str, str] = {}
     cleanup = []

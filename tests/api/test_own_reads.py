@@ -37,14 +37,14 @@ async def test_own_live_sandbox_is_folded_alike_and_read_without_the_store(api: 
     # Commands, their decisions and the idle timer's re-arming read the folded state.
     assert _store_reads() == before
 
-    folded, stored = await engine.reads.sandbox(sid), await engine.store.get_sandbox(sid)
+    folded, stored = await engine.reads.sandbox(sid), await engine.parts.store.get_sandbox(sid)
     assert folded == stored and folded is not None and folded.spec.env == {"A": "1", "B": "2"}
 
     await api.call("DELETE", f"/sandbox/{sid}")
     # Deleted: nothing kept for it (the stores archive it); its later reads are the store's.
     assert sid not in engine.reads._folded
     await api.call("GET", f"/sandbox/{sid}", expect=404)
-    assert (await engine.store.get_sandbox(sid)).status.is_final
+    assert (await engine.parts.store.get_sandbox(sid)).status.is_final
 
 
 async def test_ended_sandboxes_stay_folded_alike_up_to_a_bound(api: Api, profile: dict[str, str]) -> None:
@@ -55,7 +55,7 @@ async def test_ended_sandboxes_stay_folded_alike_up_to_a_bound(api: Api, profile
         body = {"command": {"exec": ["true"], "mode": "oneshot"}}
         sid = (await api.data("POST", "/sandbox", json=body, expect=201))["sandboxId"]
         for _ in range(200):
-            if (await engine.store.get_sandbox(sid)).status.is_final:
+            if (await engine.parts.store.get_sandbox(sid)).status.is_final:
                 break
             await asyncio.sleep(0.05)
         ended.append(sid)
@@ -63,5 +63,5 @@ async def test_ended_sandboxes_stay_folded_alike_up_to_a_bound(api: Api, profile
     before = _store_reads()
     folded = await engine.reads.sandbox(newer)
     assert _store_reads() == before  # the one just ended is answered here ...
-    assert folded == await engine.store.get_sandbox(newer) and folded is not None and folded.status.is_final
+    assert folded == await engine.parts.store.get_sandbox(newer) and folded is not None and folded.status.is_final
     assert older not in engine.reads._folded  # ... the one before it was dropped (bound 1)

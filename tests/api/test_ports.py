@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.api.conftest import AUTH, Api
+from tests.api.conftest import AUTH, REAL, WIRE, Api
 
 SERVER = r'''
 import base64, hashlib, socket, struct, threading
@@ -61,11 +61,7 @@ def path_of(url: str) -> str:
     return "/" + url.split("://", 1)[1].split("/", 1)[1]
 
 
-@pytest.fixture(params=["local", "nomad"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
+@pytest.mark.runs_on(*REAL)  # a real server in a real sandbox, through each driver's port
 async def test_a_port_is_served_through_its_url(api: Api) -> None:
     created = await api.call("POST", "/sandbox", json={"runtime": "python:3.13", "network": {"port": 8000}}, expect=201)
     sid = created["data"]["sandboxId"]
@@ -119,6 +115,7 @@ async def test_a_port_is_served_through_its_url(api: Api) -> None:
     assert resp.status == 404
 
 
+@pytest.mark.runs_on("local-embedded")  # the API's host routing; the port's target as above
 async def test_with_a_wildcard_domain_a_port_is_served_at_the_root_of_its_own_host(make_api) -> None:  # type: ignore[no-untyped-def]
     """HUTCH_SANDBOX_DOMAIN: the url is {port}-{id}.{domain} and a request with that Host reaches
     the port at / (no prefix: X-Forwarded-Prefix is not sent), websockets too, no key needed."""
@@ -151,6 +148,7 @@ async def test_with_a_wildcard_domain_a_port_is_served_at_the_root_of_its_own_ho
     assert (await api.data("GET", f"/sandbox/{sid}"))["url"] == f"http://{host}/"
 
 
+@pytest.mark.runs_on(*WIRE)  # the fake driver refuses them
 async def test_drivers_without_network_or_ports_refuse_them(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(driver="fake")
     err = await api.call("POST", "/sandbox", json={"network": {"port": 8000}}, expect=501)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import STORE, Api
 from tests.api.test_tenancy import bearer, new_key, new_org
 
 LIMIT = 2
@@ -20,6 +22,7 @@ async def create(api: Api, headers: dict[str, str]) -> tuple[int, dict[str, Any]
     return resp.status, await resp.json()
 
 
+@pytest.mark.runs_on(*STORE)  # the organization's lock over either store
 async def test_concurrent_creates_cannot_pass_a_sandbox_quota(api: Api) -> None:
     await new_org(api, "alpha")
     admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])

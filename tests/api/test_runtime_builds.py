@@ -7,12 +7,7 @@ import json
 import pytest
 
 from hutch.api.keys import ENGINE
-from tests.api.conftest import AUTH, Api, AppFactory
-
-
-@pytest.fixture(params=["fake"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.api.conftest import AUTH, WIRE, Api, AppFactory
 
 
 async def _events(api: Api, name: str) -> list[dict]:
@@ -21,6 +16,7 @@ async def _events(api: Api, name: str) -> list[dict]:
     return [json.loads(line[6:]) for line in (await resp.text()).splitlines() if line.startswith("data: ")]
 
 
+@pytest.mark.runs_on(*WIRE)  # the driver's build, streamed: no store
 async def test_a_build_streams_its_steps_then_done(make_api: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HUTCH_FAKE_UNBUILT", "bun:1")
     api = await make_api()
@@ -34,11 +30,12 @@ async def test_a_build_streams_its_steps_then_done(make_api: AppFactory, monkeyp
     assert (await _events(api, "bun:1")) == [{"done": True, "available": True}]  # built: at once
 
 
+@pytest.mark.runs_on(*WIRE)  # the driver's build, streamed: no store
 async def test_unknown_runtimes_and_failed_builds(make_api: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HUTCH_FAKE_UNBUILT", "bun:1")
     api = await make_api()
     missing = await api.call("POST", "/sandbox/runtimes/cobol:1/build", expect=404)
     assert "cobol:1" in missing["message"] and "known runtimes" in missing["message"]
-    api.client.server.app[ENGINE].driver.fail_build = "mirror unreachable"  # type: ignore[attr-defined]
+    api.client.server.app[ENGINE].parts.driver.fail_build = "mirror unreachable"  # type: ignore[attr-defined]
     events = await _events(api, "bun:1")
     assert events[-1] == {"error": "mirror unreachable"}

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import REAL, STORE, WIRE, Api
 
 
 def _path(url: str) -> str:
@@ -17,6 +19,7 @@ async def _run(api: Api, sid: str, script: str) -> None:
     assert (await api.wait_execution(ex["executionId"]))["status"] == "completed"
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # real output, live, in both output stores
 async def test_a_sandbox_stream_carries_every_execution_and_ends_with_the_sandbox(api: Api) -> None:
     created = await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201)
     sid = created["sandboxId"]
@@ -44,6 +47,7 @@ async def test_a_sandbox_stream_carries_every_execution_and_ends_with_the_sandbo
     assert await api.stream(err_url) == b"e1\ne2\n"
 
 
+@pytest.mark.runs_on(*STORE)  # the service's queue, both output stores
 async def test_commands_queued_behind_a_running_one_keep_their_order(api: Api) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
     url = (await api.data("GET", f"/sandbox/{sid}"))["stdoutStreamUrl"]
@@ -55,6 +59,7 @@ async def test_commands_queued_behind_a_running_one_keep_their_order(api: Api) -
     assert await asyncio.wait_for(api.stream(url), 10) == b"a\nb\n"
 
 
+@pytest.mark.runs_on(*WIRE)  # the stream id's MAC
 async def test_a_forged_sandbox_stream_id_is_404(api: Api) -> None:
     created = await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201)
     real = created["stdoutStreamId"]

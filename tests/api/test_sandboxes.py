@@ -11,18 +11,20 @@ import yarl
 
 from hutch.api.app import ENGINE
 from hutch.blobs.output_files import FileOutputStreams
-from tests.api.conftest import AUTH, Api
+from tests.api.conftest import AUTH, REAL, STORE, WIRE, Api
 
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+@pytest.mark.runs_on(*WIRE)  # the wire alone
 async def test_health_needs_no_key(api: Api) -> None:
     resp = await api.client.get("/healthz")
     assert resp.status == 200
 
 
+@pytest.mark.runs_on(*WIRE)  # refused before anything else runs
 @pytest.mark.parametrize(
     ("headers", "message"),
     [({}, "missing Authorization"), ({"Authorization": "Bearer wrong"}, "invalid API key"),
@@ -35,6 +37,7 @@ async def test_auth_is_required(api: Api, headers: dict[str, str], message: str)
     assert message in body["message"]
 
 
+@pytest.mark.runs_on(*WIRE)  # the catalog is the same on every driver
 async def test_runtimes_catalog(api: Api) -> None:
     data = await api.data("GET", "/sandbox/runtimes")
     names = [r["name"] for r in data["runtimes"]]
@@ -46,6 +49,7 @@ async def test_runtimes_catalog(api: Api) -> None:
     assert len(page["runtimes"]) == 1
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # the whole path: real processes, events in both stores
 async def test_interactive_sandbox_end_to_end(api: Api) -> None:
     created = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "name": "dev", "env": {"GREETING": "hi"},
                                                        "resources": {"memory": "256Mi", "cpu": "500m"},
@@ -93,6 +97,7 @@ async def test_interactive_sandbox_end_to_end(api: Api) -> None:
     assert [e["type"] for e in desc] == ["lifecycle:terminated", "destroy"]
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # a oneshot's lifecycle: real process, both stores
 async def test_oneshot_runs_files_and_terminates_with_exit_code(api: Api) -> None:
     body = {"runtime": "python:3.13", "command": {"exec": ["cat", "main.py"], "mode": "oneshot",
                                                   "files": [{"path": "main.py", "content": b64("print(1)\n")}]}}
@@ -109,12 +114,14 @@ async def test_oneshot_runs_files_and_terminates_with_exit_code(api: Api) -> Non
     assert types[-2:] == ["lifecycle:completed", "lifecycle:terminated"]
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # exit codes are the drivers' (contract-tested)
 async def test_oneshot_failure_exit_code_is_reported(api: Api) -> None:
     data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["sh", "-c", "exit 7"], "mode": "oneshot"}}, expect=201))["data"]
     status = await api.data("GET", f"/sandbox/status/{data['sandboxId']}?waitForStatus=terminated&waitMs=10000")
     assert status["exitCode"] == 7
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # a real process killed at its timeout
 async def test_execution_timeout_and_default_timeout(api: Api) -> None:
     sid = (await api.call("POST", "/sandbox", json={"timeout": {"execution": "200ms"}}, expect=201))["data"]["sandboxId"]
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "30"]})
@@ -124,6 +131,7 @@ async def test_execution_timeout_and_default_timeout(api: Api) -> None:
     assert (await api.wait_execution(ex["executionId"]))["status"] == "completed"
 
 
+@pytest.mark.runs_on(*STORE)  # the service's waits over the store
 async def test_long_poll_returns_current_state_when_wait_expires(api: Api) -> None:
     sid = (await api.call("POST", "/sandbox", json={}, expect=201))["data"]["sandboxId"]
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "5"]})
@@ -136,6 +144,7 @@ async def test_long_poll_returns_current_state_when_wait_expires(api: Api) -> No
     assert final["status"] == "cancelled"
 
 
+@pytest.mark.runs_on(*STORE)  # the service caps output; both output stores
 async def test_output_over_the_cap_is_truncated(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(output_cap_bytes=1000)
     sid = (await api.call("POST", "/sandbox", json={}, expect=201))["data"]["sandboxId"]
@@ -145,6 +154,7 @@ async def test_output_over_the_cap_is_truncated(make_api) -> None:  # type: igno
     assert len(await api.stream(ex["stdoutStreamUrl"])) == 1000
 
 
+@pytest.mark.runs_on(*STORE)  # the stores' queries
 async def test_list_filters_and_pages(api: Api) -> None:
     ids = [(await api.call("POST", "/sandbox", json={"name": f"n{i}"}, expect=201))["data"]["sandboxId"] for i in range(3)]
     data = await api.data("GET", "/sandbox?limit=2")
@@ -159,6 +169,7 @@ async def test_list_filters_and_pages(api: Api) -> None:
     assert [s["sandboxId"] for s in (await api.data("GET", "/sandbox?deletedOnly=true"))["sandboxes"]] == [ids[0]]
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing, before the log
 @pytest.mark.parametrize(
     ("body", "status", "field"),
     [
@@ -187,9 +198,10 @@ async def test_bad_create_input_names_the_field_and_creates_nothing(api: Api, bo
     assert field in err["message"] and err["code"]
     assert (await api.data("GET", "/sandbox?live=true"))["total"] == 0
     engine = api.client.app[ENGINE]
-    assert await engine.log.last_position() == 0  # nothing half-made: not even an event
+    assert await engine.parts.log.last_position() == 0  # nothing half-made: not even an event
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_malformed_bodies(api: Api) -> None:
     resp = await api.client.post("/sandbox", data=b"{not json", headers={"Authorization": "Bearer test-key"})
     assert resp.status == 400 and "invalid JSON" in (await resp.json())["message"]
@@ -204,6 +216,7 @@ async def test_malformed_bodies(api: Api) -> None:
     assert "timeout" in err["message"]
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while reading the body
 async def test_oversized_body_is_413(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(max_body_bytes=1024)
     resp = await api.client.post("/sandbox", data=b"x" * 4096, headers={"Authorization": "Bearer test-key"})
@@ -211,6 +224,7 @@ async def test_oversized_body_is_413(make_api) -> None:  # type: ignore[no-untyp
     assert resp.status == 413 and body["code"] == "PAYLOAD_TOO_LARGE" and "body" in body["message"]
 
 
+@pytest.mark.runs_on(*WIRE)  # both stores answer missing ids on every route in test_tenancy.py
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/sandbox/sbx_nope"), ("DELETE", "/sandbox/sbx_nope"), ("GET", "/sandbox/status/sbx_nope"),
@@ -222,6 +236,7 @@ async def test_unknown_ids_are_404(api: Api, method: str, path: str) -> None:
     assert err["code"].endswith("NOT_FOUND")
 
 
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
 async def test_bad_query_parameters(api: Api) -> None:
     for q, field in [("limit=abc", "limit"), ("limit=1000", "limit"), ("status=sleepy", "status"), ("live=maybe", "live"),
                      ("direction=up", "direction")]:
@@ -229,6 +244,7 @@ async def test_bad_query_parameters(api: Api) -> None:
         assert field in err["message"]
 
 
+@pytest.mark.runs_on(*WIRE)  # the stream id's MAC, before any store
 async def test_unknown_stream_is_404_without_auth(api: Api) -> None:
     resp = await api.client.get("/streams/stm_" + "0" * 32)
     assert resp.status == 404
@@ -237,6 +253,7 @@ async def test_unknown_stream_is_404_without_auth(api: Api) -> None:
         assert resp.status == 404, sneaky
 
 
+@pytest.mark.runs_on(*STORE)  # both output stores
 async def test_a_stream_without_output_has_no_file_but_reads_empty(api: Api) -> None:
     """Streams store something at their first byte; one that never got a byte is still a
     stream (its id says so), readable and empty, during and after the run."""
@@ -249,13 +266,14 @@ async def test_a_stream_without_output_has_no_file_but_reads_empty(api: Api) -> 
     await api.wait_execution(data["executionId"])
     stderr_id = yarl.URL(data["stderrStreamUrl"]).name
     stdout_id = yarl.URL(data["stdoutStreamUrl"]).name
-    assert await engine.outputs.size(stderr_id) == 0 and await engine.outputs.size(stdout_id) == 5
-    if isinstance(engine.outputs, FileOutputStreams):  # the embedded profile: no file at all
-        assert not (engine.outputs.root / stderr_id).exists() and (engine.outputs.root / stdout_id).exists()
+    assert await engine.parts.outputs.size(stderr_id) == 0 and await engine.parts.outputs.size(stdout_id) == 5
+    if isinstance(engine.parts.outputs, FileOutputStreams):  # the embedded profile: no file at all
+        assert not (engine.parts.outputs.root / stderr_id).exists() and (engine.parts.outputs.root / stdout_id).exists()
     assert await api.stream(data["stderrStreamUrl"]) == b""
     assert engine.streams.issued(stderr_id) and engine.streams.issued(stdout_id)
 
 
+@pytest.mark.runs_on(*WIRE)  # the stream id's MAC
 async def test_a_forged_stream_id_is_404(api: Api) -> None:
     data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["true"], "mode": "oneshot"}}, expect=201))["data"]
     real = yarl.URL(data["stderrStreamUrl"]).name
@@ -268,17 +286,19 @@ async def test_a_forged_stream_id_is_404(api: Api) -> None:
         assert (await api.client.get(f"/streams/{sid}")).status == 404, sid
 
 
+@pytest.mark.runs_on(*STORE)  # the fake's scripted failure, recorded in both stores
 async def test_provision_failure_is_recorded_not_half_made(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api(driver="fake")  # the failure is scripted
     engine = api.client.app[ENGINE]
-    engine.driver.fail_provision = "disk full"  # type: ignore[attr-defined]
+    engine.parts.driver.fail_provision = "disk full"  # type: ignore[attr-defined]
     err = await api.call("POST", "/sandbox", json={}, expect=502)
     assert "disk full" in err["message"]
-    (sb,), total = await engine.store.list_sandboxes(__import__("hutch.projections.base").projections.base.SandboxQuery(include_deleted=True))
+    (sb,), total = await engine.parts.store.list_sandboxes(__import__("hutch.projections.base").projections.base.SandboxQuery(include_deleted=True))
     assert total == 1 and sb.status.value == "failed" and "disk full" in sb.reason
-    assert engine.driver.sandboxes == {}  # type: ignore[attr-defined]
+    assert engine.parts.driver.sandboxes == {}  # type: ignore[attr-defined]
 
 
+@pytest.mark.runs_on(*STORE)  # counts and positions from both stores
 async def test_metrics_in_prometheus_text(api: Api) -> None:
     sid = (await api.call("POST", "/sandbox", json={}, expect=201))["data"]["sandboxId"]
     await api.call("POST", "/sandbox", json={}, expect=201)
@@ -305,6 +325,7 @@ def _counted(text: str, name: str, **labels: str) -> int:
     return total
 
 
+@pytest.mark.runs_on(*STORE)  # the service's counters on both logs and stores
 async def test_metrics_count_the_log_path_work(api: Api, profile: dict[str, str]) -> None:
     # Counts are process-wide: read the change one create makes, never the absolute value.
     before = await (await api.client.get("/metrics", headers=AUTH)).text()

@@ -9,12 +9,7 @@ import tarfile
 
 import pytest
 
-from tests.api.conftest import AUTH, Api
-
-
-@pytest.fixture(params=["fake", "local", "nomad"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.api.conftest import AUTH, REAL, STORE, Api
 
 
 def b64(data: bytes) -> str:
@@ -55,6 +50,7 @@ def tar_gz(entries: dict[str, bytes], *, links: dict[str, str] | None = None) ->
     return buf.getvalue()
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # real files in and out; archives in both blob stores
 async def test_take_and_create_from_snapshot(api: Api) -> None:
     sid = await sandbox(api, runtime="base:latest", name="seed", env={"STAGE": "one", "KEEP": "yes"})
     await write(api, sid, {"app/main.py": b"print('hi')\n", "data.txt": b"x" * 1000})
@@ -113,6 +109,7 @@ async def test_take_and_create_from_snapshot(api: Api) -> None:
     assert await read(api, grandchild, "more.txt") == b"more"
 
 
+@pytest.mark.runs_on(*STORE)  # the service's tags over the store
 async def test_tags_move_and_clear(api: Api) -> None:
     sid = await sandbox(api)
     await write(api, sid, {"a": b"1"})
@@ -137,6 +134,7 @@ async def test_tags_move_and_clear(api: Api) -> None:
     await api.call("PATCH", "/sandbox/snapshots/snp_missing", json={"tag": "x"}, expect=404)
 
 
+@pytest.mark.runs_on(*STORE)  # the service's refusals over the store
 async def test_create_refusals(api: Api) -> None:
     sid = await sandbox(api)
     snap = await api.data("POST", f"/sandbox/{sid}/snapshot", json={}, expect=201)
@@ -161,6 +159,7 @@ async def test_create_refusals(api: Api) -> None:
     assert (await api.data("GET", f"/sandbox/{child}"))["status"] == "idle"
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # both blob stores; a real sandbox made from the build
 async def test_build_upload_finalize(api: Api) -> None:
     init = await api.data("POST", "/sandbox/snapshots/build", json={
         "runtime": "base:latest", "name": "built", "tag": "v1", "message": "first build", "contentHash": "abc123",
@@ -204,6 +203,7 @@ async def test_build_upload_finalize(api: Api) -> None:
     assert forced["snapshotId"] != snapshot_id
 
 
+@pytest.mark.runs_on(*STORE)  # checked at finalize, read back from either blob store
 @pytest.mark.parametrize(("entries", "links", "needle"), [
     ({"../escape.txt": b"x"}, None, "climbs out"),
     ({"/etc/passwd": b"x"}, None, "absolute"),
@@ -220,6 +220,7 @@ async def test_build_refuses_archives_that_climb_out(api: Api, entries: dict[str
     await api.call("GET", f"/sandbox/snapshots/{init['snapshotId']}", expect=404)
 
 
+@pytest.mark.runs_on(*STORE)  # refusals, an upload in either blob store
 async def test_build_errors_name_the_field(api: Api) -> None:
     for body, field, status in (({}, "runtime", 400), ({"runtime": "cobol:85"}, "runtime", 404),
                                 ({"runtime": "base:latest", "name": "a b"}, "name", 400),
@@ -251,6 +252,7 @@ async def test_build_errors_name_the_field(api: Api) -> None:
     await sandbox(api, snapshot="envonly")
 
 
+@pytest.mark.runs_on(*STORE)  # routing and the store's public list
 async def test_public_snapshots_need_no_key(api: Api) -> None:
     sid = await sandbox(api)
     await write(api, sid, {"pub.txt": b"p"})
@@ -271,6 +273,7 @@ async def test_public_snapshots_need_no_key(api: Api) -> None:
         assert (await api.client.get(path)).status == 401
 
 
+@pytest.mark.runs_on(*STORE)  # both profiles' durability; real files: take_and_create
 async def test_snapshots_survive_a_restart(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api()
     sid = await sandbox(api)
@@ -283,6 +286,7 @@ async def test_snapshots_survive_a_restart(make_api) -> None:  # type: ignore[no
     assert await read(again, child, "kept.txt") == b"kept"
 
 
+@pytest.mark.runs_on(*STORE)  # the service over either blob store
 async def test_abandoned_builds_are_cleared(api: Api) -> None:
     from hutch.api.keys import ENGINE
 
@@ -295,5 +299,5 @@ async def test_abandoned_builds_are_cleared(api: Api) -> None:
     assert await snapshots.expire_builds(older_than=0) == [init["snapshotId"]]
     assert not await snapshots.archives.exists(init["snapshotId"])
     await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize", json={}, expect=404)
-    gone = await api.client.server.app[ENGINE].store.get_snapshot(init["snapshotId"])
+    gone = await api.client.server.app[ENGINE].parts.store.get_snapshot(init["snapshotId"])
     assert gone is not None and gone.status.value == "deleted"  # through an event, in the log

@@ -16,12 +16,7 @@ from hutch.api.keys import SSH_GATEWAY
 from hutch.api.sftp import SandboxSftp
 from hutch.api.ssh_relay import PASS_SECONDS, RELAY_USER, RelayPasses
 from hutch.core.tenancy import Principal, Role
-from tests.api.conftest import Api, AppFactory
-
-
-@pytest.fixture(params=["local", "nomad"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.api.conftest import REAL, Api, AppFactory
 
 
 class Gateway:
@@ -66,6 +61,7 @@ async def _register(gw: Gateway, key: Path, headers: dict[str, str] | None = Non
                              expect=201, headers=headers or {})
 
 
+@pytest.mark.runs_on(*REAL)  # real commands and terminals through each driver
 async def test_commands_shells_exit_codes_and_stdin(gateway: Gateway) -> None:
     gw, key = gateway, gateway.keygen("id_a")
     record = await _register(gw, key)
@@ -85,6 +81,7 @@ async def test_commands_shells_exit_codes_and_stdin(gateway: Gateway) -> None:
     assert code == 2 and out.split()[:2] != [], out
 
 
+@pytest.mark.runs_on(*REAL)  # real files through each driver
 async def test_scp_both_ways_and_sftp(gateway: Gateway) -> None:
     gw, key = gateway, gateway.keygen("id_b")
     await _register(gw, key)
@@ -112,6 +109,7 @@ async def test_scp_both_ways_and_sftp(gateway: Gateway) -> None:
     assert code != 0 and not (gw.home / "nope").exists()
 
 
+@pytest.mark.runs_on("local-embedded", "local-production")  # the gateway's checks over both stores' keys
 async def test_refusals_reveal_nothing(gateway: Gateway) -> None:
     gw = gateway
     registered, stranger = gw.keygen("id_c"), gw.keygen("id_d")
@@ -140,6 +138,7 @@ async def test_refusals_reveal_nothing(gateway: Gateway) -> None:
     assert record["id"] not in [k["id"] for k in (await gw.api.data("GET", "/ssh-keys"))["sshKeys"]]
 
 
+@pytest.mark.runs_on("local-embedded")  # the gateway's passes, no store
 async def test_a_relay_pass_opens_only_the_sandbox_it_names_and_only_briefly(gateway: Gateway) -> None:
     """Replicas relay sessions with a signed pass (api/ssh_relay.py) instead of the user's key.
     A forged, expired or other-sandbox pass is refused; a person is never offered a password."""
@@ -171,6 +170,7 @@ async def test_a_relay_pass_opens_only_the_sandbox_it_names_and_only_briefly(gat
     assert passes.check(sid, "e30." + mac) is None and passes.check(sid, "no-dot") is None
 
 
+@pytest.mark.runs_on("local-embedded")  # the gateway's start, no driver or store
 async def test_the_host_key_is_made_once_and_kept(gateway: Gateway, make_api: AppFactory, data_dir: Path) -> None:
     path = data_dir / "ssh_host_ed25519_key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -1,6 +1,6 @@
 """stdin as Agentuity's stream service carries it: POST /streams, PUT /streams/{id} (a streamed
-body), stream.stdin in a create (its initial command) or an execute. On every driver and
-profile; 100 MiB through with flat server memory on the real drivers."""
+body), stream.stdin in a create (its initial command) or an execute; 100 MiB through with flat
+server memory on the real drivers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import hashlib
 import os
 from collections.abc import AsyncIterator
 
-from tests.api.conftest import AUTH, Api
+import pytest
+
+from tests.api.conftest import AUTH, REAL, STORE, WIRE, Api
 
 
 async def new_stdin(api: Api) -> str:
@@ -25,6 +27,7 @@ async def upload(api: Api, stream_id: str, data: bytes | AsyncIterator[bytes]) -
     return (await resp.json())["data"]
 
 
+@pytest.mark.runs_on(*STORE, *REAL)  # real processes reading it; the streams' records in both stores
 async def test_stdin_reaches_an_execution_and_a_oneshot_command(api: Api) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
     stdin = await new_stdin(api)
@@ -51,6 +54,7 @@ async def test_stdin_reaches_an_execution_and_a_oneshot_command(api: Api) -> Non
     assert resp.status == 401
 
 
+@pytest.mark.runs_on(*WIRE, *REAL)  # a real process that stops reading
 async def test_a_command_that_stops_reading_ends_the_upload(api: Api, driver_name: str) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
     stdin = await new_stdin(api)
@@ -80,9 +84,8 @@ def _rss() -> int:
     return 0
 
 
-async def test_100_mib_of_stdin_goes_through_with_flat_memory(api: Api, driver_name: str) -> None:
-    if driver_name == "fake":
-        return  # the fake's "cat" is an echo in memory; the real drivers stream
+@pytest.mark.runs_on(*REAL)  # the real drivers stream it; the fake's "cat" is an echo in memory
+async def test_100_mib_of_stdin_goes_through_with_flat_memory(api: Api) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
     stdin = await new_stdin(api)
     ex = await api.data("POST", f"/sandbox/{sid}/execute",

@@ -12,13 +12,16 @@ import re
 from typing import Any
 
 import asyncssh
+import pytest
 from aiohttp import web
 
 from hutch.api.access import PUBLIC, access_of
 from hutch.api.keys import ENGINE, TENANTS
 from hutch.api.replication import FORWARD_TOKEN, FORWARDED, forward_token
 from hutch.core.tenancy import Access
-from tests.api.conftest import Api, AppFactory
+from tests.api.conftest import STORE, WIRE, Api, AppFactory
+
+pytestmark = pytest.mark.runs_on(*STORE)  # the tenancy rules over the store: no driver is involved
 
 MARK = "alpha-private-7f3a"  # in A's names, env and files: must never show in B's answers
 
@@ -108,6 +111,7 @@ def canonical(route: web.AbstractRoute) -> tuple[str, str]:
     return route.method, re.sub(r"{([^}:]+):[^}]*}", r"{\1}", route.resource.canonical)
 
 
+@pytest.mark.runs_on(*WIRE)  # the route table alone
 def test_every_route_declares_what_it_needs(api: Api) -> None:
     public, mismatched = set(), []
     for route in routes_of(api):
@@ -131,6 +135,7 @@ async def two_orgs(api: Api) -> tuple[dict[str, str], dict[str, str]]:
     return bearer(a["secret"]), bearer(b["secret"])
 
 
+@pytest.mark.runs_on(*STORE, "local-embedded")  # and the routes a real driver answers
 async def test_cross_tenant_sweep_walks_every_route(api: Api) -> None:
     """B's admin key, given every id of A on every route, learns nothing and changes nothing:
     each answer is the one an id that never existed gets, never 2xx, never A's data."""

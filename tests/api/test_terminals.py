@@ -10,12 +10,7 @@ import re
 import aiohttp
 import pytest
 
-from tests.api.conftest import AUTH, Api, AppFactory
-
-
-@pytest.fixture(params=["local", "nomad"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.api.conftest import AUTH, REAL, WIRE, Api, AppFactory
 
 
 class Screen:
@@ -80,6 +75,7 @@ async def _run(api: Api, sid: str, script: str) -> str:
     return (await api.stream(ex["stdoutStreamUrl"])).decode()
 
 
+@pytest.mark.runs_on(*REAL)  # each real driver's terminals
 async def test_a_shell_runs_commands_as_the_sandbox_user_and_passes_its_exit_code(api: Api) -> None:
     sid = await _sandbox(api, env={"GREETING": "hi"})
     screen = await _open(api, sid)
@@ -91,6 +87,7 @@ async def test_a_shell_runs_commands_as_the_sandbox_user_and_passes_its_exit_cod
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
+@pytest.mark.runs_on(*REAL)  # each real driver's terminals
 async def test_a_command_a_size_a_resize_and_ctrl_c(api: Api) -> None:
     sid = await _sandbox(api)
     screen = await _open(api, sid, rows=30, cols=100, command="sh")
@@ -114,6 +111,7 @@ async def test_a_command_a_size_a_resize_and_ctrl_c(api: Api) -> None:
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
+@pytest.mark.runs_on(*REAL)  # each real driver's terminals
 async def test_a_client_that_leaves_hangs_the_terminal_up(api: Api) -> None:
     sid = await _sandbox(api)
     screen = await _open(api, sid, command=["sh", "-c", "trap '' HUP; echo started; sleep 300"])
@@ -128,6 +126,7 @@ async def test_a_client_that_leaves_hangs_the_terminal_up(api: Api) -> None:
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
+@pytest.mark.runs_on(*REAL)  # each real driver's terminals
 async def test_a_paused_sandbox_resumes_for_a_terminal(api: Api) -> None:
     sid = await _sandbox(api)
     await api.call("POST", f"/sandbox/{sid}/pause")
@@ -138,6 +137,7 @@ async def test_a_paused_sandbox_resumes_for_a_terminal(api: Api) -> None:
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
+@pytest.mark.runs_on(*REAL)  # each real driver's terminals
 async def test_terminal_activity_keeps_the_sandbox_from_idling_out(api: Api) -> None:
     sid = await _sandbox(api, timeout={"idle": "3s"})
     screen = await _open(api, sid, command="sh")
@@ -155,6 +155,7 @@ async def test_terminal_activity_keeps_the_sandbox_from_idling_out(api: Api) -> 
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
+@pytest.mark.runs_on(*REAL)  # refusals, and a real missing command's 127
 async def test_bad_requests_are_clear_errors_before_any_upgrade(api: Api) -> None:
     sid = await _sandbox(api)
     body = await api.call("GET", f"/sandbox/{sid}/terminal", expect=400)
@@ -175,9 +176,8 @@ async def test_bad_requests_are_clear_errors_before_any_upgrade(api: Api) -> Non
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
-async def test_the_fake_driver_has_no_terminals(make_api: AppFactory, driver_name: str) -> None:
-    if driver_name != "local":
-        return  # one run is enough: the fake driver is the same under both parameters
+@pytest.mark.runs_on(*WIRE)  # the fake driver's refusal
+async def test_the_fake_driver_has_no_terminals(make_api: AppFactory) -> None:
     api = await make_api(driver="fake")
     sid = await _sandbox(api)
     with pytest.raises(aiohttp.WSServerHandshakeError) as err:

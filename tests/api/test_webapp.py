@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 import yarl
 
-from tests.api.conftest import KEY, Api
+from tests.api.conftest import KEY, WIRE, Api
 
 
 @pytest.fixture(params=["fake"])
@@ -57,6 +57,7 @@ async def test_a_revoked_key_ends_its_sessions_and_a_forged_cookie_is_refused(ap
     assert forged.status == 401
 
 
+@pytest.mark.runs_on(*WIRE)  # refused at the upgrade
 async def test_a_websocket_from_another_origin_may_not_use_the_session(api: Api) -> None:
     await _sign_in(api)
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
@@ -84,6 +85,7 @@ async def test_live_events_are_the_organizations_own(api: Api) -> None:
     resp.close()
 
 
+@pytest.mark.runs_on(*WIRE)  # static files
 async def test_static_files_and_their_headers(api: Api) -> None:
     root = await api.client.get("/", allow_redirects=False)  # a person opening the address: the app, not a 401
     assert root.status == 302 and root.headers["Location"] == "/app"

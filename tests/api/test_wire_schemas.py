@@ -22,22 +22,22 @@ from hutch.api.routes import checkpoints
 from hutch.api.wire_schemas import EXAMPLES, SCHEMAS, Schema
 from hutch.core import ids
 from hutch.core.models import (
-    Checkpoint,
-    Execution,
+    CheckpointState,
+    ExecutionState,
     ExecutionStatus,
     Mode,
-    Network,
-    Resources,
-    Sandbox,
+    NetworkSpec,
+    ResourceSpec,
     SandboxSpec,
+    SandboxState,
     SandboxStatus,
-    Snapshot,
     SnapshotFile,
+    SnapshotState,
     SnapshotStatus,
-    Timeouts,
+    TimeoutSpec,
 )
 from hutch.drivers.base import Usage
-from tests.api.conftest import AppFactory
+from tests.api.conftest import WIRE, AppFactory
 
 HELLO_B64 = "aGVsbG8K"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC/1Rr6FP4rnldeo8MVNjQS92985lw2P6EnTUezYkIoT every"
@@ -128,28 +128,28 @@ def _fills(schema: Schema, rendered: list[dict[str, Any]]) -> None:
 
 def test_the_renderers_fit_their_schemas_field_for_field() -> None:
     spec = SandboxSpec(runtime="base:latest", runtime_id="srt_base", mode=Mode.ONESHOT, name="n", description="d",
-                       resources=Resources(memory="512Mi", cpu="1", disk="1Gi"), env={"A": "1"},
-                       network=Network(enabled=True, port=3000, allow=("pypi.org",)),
-                       timeout=Timeouts(idle="1m", execution="2m", paused="3m"), command=("true",),
+                       resources=ResourceSpec(memory="512Mi", cpu="1", disk="1Gi"), env={"A": "1"},
+                       network=NetworkSpec(enabled=True, port=3000, allow=("pypi.org",)),
+                       timeout=TimeoutSpec(idle="1m", execution="2m", paused="3m"), command=("true",),
                        metadata={"k": "v"}, project_id="proj_x", snapshot_id=SNP, dependencies=("curl",),
                        packages=("zod",), command_omitted_bytes=10, command_sha256="00")
-    sb = Sandbox(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
+    sb = SandboxState(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
                  executions=1, exit_code=0, reason="done", cpu_seconds=1.5, memory_peak_bytes=2**20)
     _fills(SCHEMAS["Sandbox"], [render.sandbox_info(sb, ("http://h/o", "http://h/e"), "http://h/p",
                                                   Usage(cpu_seconds=2.0, memory_peak_bytes=2**21))])
-    ex = Execution(execution_id=EXC, sandbox_id=SBX, command=("echo",), status=ExecutionStatus.FAILED, created_at=AT,
+    ex = ExecutionState(execution_id=EXC, sandbox_id=SBX, command=("echo",), status=ExecutionStatus.FAILED, created_at=AT,
                    started_at=AT, completed_at=LATER, exit_code=1, duration_ms=5, error="e", output_truncated=True,
                    command_omitted_bytes=10, command_sha256="00")
     _fills(SCHEMAS["Execution"], [render.execution_info(ex, "http://h/o", "http://h/e")])
     _fills(SCHEMAS["Job"], [render.job_info(ex, "http://h/o", "http://h/e")])
-    snap = Snapshot(snapshot_id=SNP, name="n", runtime="base:latest", runtime_id="srt_base",
+    snap = SnapshotState(snapshot_id=SNP, name="n", runtime="base:latest", runtime_id="srt_base",
                     status=SnapshotStatus.READY, created_at=AT, updated_at=AT, tag="v1", description="d", message="m",
                     source_sandbox_id=SBX, parent_snapshot_id=SNP, size_bytes=3, file_count=1,
                     files=(SnapshotFile(path="a", size=3, sha256="00", mode=0o644),), env={"A": "1"},
                     metadata={"k": "v"}, dependencies=("curl",), packages=("zod",), project_id="proj_x")
     public = attrs.evolve(snap, public=True)
     _fills(SCHEMAS["Snapshot"], [render.snapshot_info(snap, "http://h/d"), render.snapshot_info(public, "http://h/d")])
-    _fills(SCHEMAS["Checkpoint"], [checkpoints.render(Checkpoint(checkpoint_id=CKPT, name="c", created_at=AT,
+    _fills(SCHEMAS["Checkpoint"], [checkpoints.render(CheckpointState(checkpoint_id=CKPT, name="c", created_at=AT,
                                                                  parent="b"))])
 
 
@@ -164,6 +164,7 @@ def generic(schema: Schema) -> bool:
     return not (set(schema) - {"type", "description"}) and schema.get("type") in (None, "object")
 
 
+@pytest.mark.runs_on(*WIRE)  # the route table alone
 async def test_every_operation_of_the_live_router_is_described(make_api: AppFactory) -> None:
     api = await make_api()
     doc = document(api.client.app)

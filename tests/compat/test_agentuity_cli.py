@@ -24,7 +24,12 @@ from tests.compat.test_agentuity_client import profile_flags as profile_flags  #
 # One test walks the whole CLI (about 25 commands, each a bun start) through one live server;
 # at a load average of 16-27 it took 126 s, past pytest's default 120 s (each command has its own
 # 180 s bound below).
-pytestmark = [pytest.mark.compat, pytest.mark.timeout(400)]
+# Each real driver once and each profile once (local-embedded, nomad-production), as the API tests'
+# REAL (tests/api/conftest.py): the CLI's commands are the wire calls test_agentuity_client.py and
+# tests/api prove on every driver; one walk takes about a minute, four took four.
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(400),
+              pytest.mark.parametrize(("server", "profile_flags"), [("local", "embedded"), ("nomad", "production")],
+                                      indirect=True, ids=["local-embedded", "nomad-production"])]
 COMPAT_DIR = Path(__file__).resolve().parent
 BUN_DIR = COMPAT_DIR / "node_modules" / "@oven" / "bun-linux-x64" / "bin"
 AGENTUITY = COMPAT_DIR / "node_modules" / ".bin" / "agentuity"

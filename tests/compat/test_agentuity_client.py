@@ -134,6 +134,10 @@ def driver_flags(request: pytest.FixtureRequest) -> list[str]:
     return ["--driver", only or str(request.param)]
 
 
+# Each real driver once and each profile once, as the API tests' REAL (tests/api/conftest.py):
+# the drivers' differences are the contract suite's, the profiles' the system tests'.
+@pytest.mark.parametrize(("driver_flags", "profile_flags"), [("local", "embedded"), ("nomad", "production")],
+                         indirect=True, ids=["local-embedded", "nomad-production"])
 @pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
 def test_agentuity_sandbox_client_against_live_server(
     tmp_path: Path, profile_flags: list[str], driver_flags: list[str]

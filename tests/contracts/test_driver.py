@@ -16,6 +16,9 @@ understand (echo, cat, sleep, env, pwd, ``sh -c`` with ``;``, ``>&2``, ``>``, ``
 from __future__ import annotations
 
 import asyncio
+import gzip
+import io
+import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -23,6 +26,7 @@ from typing import Any
 import pytest
 
 from hutch.core.errors import (
+    FileNotFound,
     HutchError,
     IllegalTransition,
     InvalidInput,
@@ -36,7 +40,7 @@ from hutch.drivers.base import (
     DriverRoles,
     ExecRequest,
     ExecResult,
-    FileToWrite,
+    FileWrite,
     OutputSink,
     ProvisionRequest,
     TerminalRequest,
@@ -281,14 +285,14 @@ class TestSandboxFiles:
 
     async def test_write_files_then_read_them(self, driver: Driver, sandbox: str) -> None:
         await driver.write_files(sandbox, [
-            FileToWrite("notes/deep/a.txt", b"relative to home\n"),
-            FileToWrite("/tmp/b.txt", b"absolute\n", mode=0o600),
+            FileWrite("notes/deep/a.txt", b"relative to home\n"),
+            FileWrite("/tmp/b.txt", b"absolute\n", mode=0o600),
         ])
         _, out = await run(driver, sandbox, "cat", "/home/agentuity/notes/deep/a.txt")
         assert out.stdout == "relative to home\n"
         _, out = await run(driver, sandbox, "cat", "/tmp/b.txt")
         assert out.stdout == "absolute\n"
-        await driver.write_files(sandbox, [FileToWrite("notes/deep/a.txt", b"overwritten\n")])
+        await driver.write_files(sandbox, [FileWrite("notes/deep/a.txt", b"overwritten\n")])
         _, out = await run(driver, sandbox, "cat", "notes/deep/a.txt")
         assert out.stdout == "overwritten\n"
 
@@ -297,18 +301,18 @@ class TestSandboxFiles:
         within a second at the same size would run stale (drivers/bytecode.py)."""
         stale = ["pkg/__pycache__/mod.cpython-313.pyc", "pkg/__pycache__/mod.cpython-313.opt-1.pyc"]
         kept = ["pkg/__pycache__/other.cpython-313.pyc", "pkg/__pycache__/modx.cpython-313.pyc"]
-        await driver.write_files(sandbox, [FileToWrite(p, b"old") for p in stale + kept])
-        await driver.write_files(sandbox, [FileToWrite("pkg/mod.py", b"x = 1\n")])
+        await driver.write_files(sandbox, [FileWrite(p, b"old") for p in stale + kept])
+        await driver.write_files(sandbox, [FileWrite("pkg/mod.py", b"x = 1\n")])
         left = {e.name for e in await driver.list_files(sandbox, "pkg/__pycache__")}
         assert left == {"other.cpython-313.pyc", "modx.cpython-313.pyc"}
-        await driver.write_files(sandbox, [FileToWrite(p, b"old") for p in stale])
+        await driver.write_files(sandbox, [FileWrite(p, b"old") for p in stale])
         await driver.write_file(sandbox, "pkg/mod.py", _chunks(b"x = 2\n"))
         left = {e.name for e in await driver.list_files(sandbox, "pkg/__pycache__")}
         assert left == {"other.cpython-313.pyc", "modx.cpython-313.pyc"}
-        await driver.write_files(sandbox, [FileToWrite("fresh/new.py", b"")])  # no cache there: no error
+        await driver.write_files(sandbox, [FileWrite("fresh/new.py", b"")])  # no cache there: no error
 
     async def test_sandboxes_do_not_share_files(self, driver: Driver, sandbox: str) -> None:
-        await driver.write_files(sandbox, [FileToWrite("mine.txt", b"one")])
+        await driver.write_files(sandbox, [FileWrite("mine.txt", b"one")])
         other = await provision(driver)
         try:
             result, _ = await run(driver, other, "cat", "mine.txt")
@@ -320,7 +324,47 @@ class TestSandboxFiles:
         sid = await provision(driver)
         await driver.destroy(sid)
         with pytest.raises(SandboxNotFound):
-            await driver.write_files(sid, [FileToWrite("x", b"")])
+            await driver.write_files(sid, [FileWrite("x", b"")])
+
+
+class TestTreeTransfer:
+    @pytest.fixture(params=playing(roles.TreeTransfer))
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_a_tree_goes_out_and_back_in_whole(self, driver: Driver, sandbox: str) -> None:
+        await driver.write_files(sandbox, [
+            FileWrite("tree/a.txt", b"alpha\n"),
+            FileWrite("tree/deep/er/b.bin", bytes(range(256)) * 300, mode=0o600),
+            FileWrite("tree/empty.txt", b""),
+        ])
+        await driver.symlink(sandbox, "tree/link", "deep/er/b.bin")
+        await driver.mkdir(sandbox, "tree/hollow", parents=False)
+        tar = b"".join([c async for c in driver.export_tar(sandbox, "tree")])
+        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+            members = {m.name.rstrip("/"): m for m in tf.getmembers()}
+            assert set(members) == {"a.txt", "deep", "deep/er", "deep/er/b.bin", "empty.txt", "link", "hollow"}
+            assert members["link"].issym() and members["link"].linkname == "deep/er/b.bin"
+            assert members["hollow"].isdir() and members["deep/er/b.bin"].mode & 0o777 == 0o600
+            f = tf.extractfile("deep/er/b.bin")
+            assert f is not None and f.read() == bytes(range(256)) * 300
+        one = b"".join([c async for c in driver.export_tar(sandbox, "tree/a.txt")])
+        with tarfile.open(fileobj=io.BytesIO(one)) as tf:
+            assert tf.getnames() == ["a.txt"]
+
+        await driver.import_tar(sandbox, "copy/plain", _chunks(tar), gzipped=False)
+        await driver.import_tar(sandbox, "copy/gz", _chunks(gzip.compress(tar)), gzipped=True)
+        for dest in ("copy/plain", "copy/gz"):
+            _, out = await run(driver, sandbox, "sh", "-c", f"cat {dest}/a.txt {dest}/link | wc -c; "
+                               f"ls -d {dest}/hollow {dest}/empty.txt")
+            assert out.stdout.split() == [str(6 + 256 * 300), f"{dest}/empty.txt", f"{dest}/hollow"], out.stdout
+        names = {e.name for e in await driver.list_files(sandbox, "copy/gz/deep/er")}
+        assert names == {"b.bin"}
+
+    async def test_a_missing_tree_is_file_not_found(self, driver: Driver, sandbox: str) -> None:
+        with pytest.raises(FileNotFound):
+            await _drain(driver.export_tar(sandbox, "no/such/dir"))
 
 
 class TestPausing:
@@ -444,7 +488,7 @@ class _Minimal(Driver):
 async def test_a_driver_of_the_required_roles_refuses_the_others_by_name() -> None:
     by_role = DriverRoles.of(_Minimal())
     with pytest.raises(NotSupported, match="driver minimal cannot write files"):
-        await by_role.files.write_files("sb", [FileToWrite("x", b"")])
+        await by_role.files.write_files("sb", [FileWrite("x", b"")])
     with pytest.raises(NotSupported, match="driver minimal has no terminals"):
         await by_role.terminals.open_terminal(TerminalRequest("sb", ["sh"]))
     with pytest.raises(NotSupported, match="driver minimal cannot signal executions"):

@@ -287,7 +287,7 @@ async def test_folds_organizations_projects_and_keys(store: ProjectionStore) -> 
         KeyRevoked,
         OrgCreated,
         ProjectCreated,
-        Quota,
+        QuotaRecord,
         QuotaSet,
         Role,
     )
@@ -298,9 +298,9 @@ async def test_folds_organizations_projects_and_keys(store: ProjectionStore) -> 
         log("org_acme", ProjectCreated(project_id="proj_1", name="web")),
         log("org_acme", KeyCreated(key_id="key_1", role=Role.MEMBER, name="ci", secret_hash="ab" * 32,
                                    prefix="hk_abc", projects=("proj_1",))),
-        log("org_acme", QuotaSet(quota=Quota(sandboxes=3))),
+        log("org_acme", QuotaSet(quota=QuotaRecord(sandboxes=3))),
         log("org_acme", KeyRevoked(key_id="key_1")),
-        log(LOCAL_ORG, QuotaSet(quota=Quota(memory_bytes=2**30))),
+        log(LOCAL_ORG, QuotaSet(quota=QuotaRecord(memory_bytes=2**30))),
     ])
     found = await store.directory()
     assert found.position == 6 == await store.position()

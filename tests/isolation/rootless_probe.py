@@ -37,7 +37,7 @@ import hutch.eventlog.sqlite
 import hutch.projections.memory  # noqa: F401
 from hutch.api.app import create_app
 from hutch.core.errors import HutchError, NotSupported
-from hutch.drivers.base import ExecRequest, FileToWrite, ProvisionRequest, Resources
+from hutch.drivers.base import ExecRequest, FileWrite, ProvisionRequest, ResourceLimits
 from hutch.drivers.local import fsops, layers, native, network, rootfs, slirp, spares  # noqa: F401
 from hutch.drivers.local.driver import LocalDriver
 from hutch.service.config import Config
@@ -85,8 +85,8 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
                 "stderr": sink.out["stderr"].decode(errors="replace")[-2000:]}
 
     sid, bomb = "sbx_rootless1", "sbx_rootless3"
-    await d.provision(ProvisionRequest(sid, PY, resources=Resources(pids=64)))
-    await d.provision(ProvisionRequest(bomb, PY, resources=Resources(memory_bytes=256 * 2**20, pids=64)))
+    await d.provision(ProvisionRequest(sid, PY, resources=ResourceLimits(pids=64)))
+    await d.provision(ProvisionRequest(bomb, PY, resources=ResourceLimits(memory_bytes=256 * 2**20, pids=64)))
     sb = d._registry.running(sid)
     report["init_host_uid"] = host_uid(sb.init_pid)
     report["identity"] = await run(sid, "sh", "-c", "id -u; id -un; cat /proc/self/uid_map; hostname; "
@@ -136,7 +136,7 @@ else:
                                    "| grep '^sleep' | sort")
     if os.environ.get("HUTCH_PROBE_BAIT"):  # the host's bait (tests/isolation/channel_probe.py)
         report["channels"] = await run(sid, "python3", "-c", channel_probe.SCRIPT, os.environ["HUTCH_PROBE_BAIT"])
-    await d.write_files(sid, [FileToWrite("dir/f.txt", b"written")])
+    await d.write_files(sid, [FileWrite("dir/f.txt", b"written")])
     report["files"] = await run(sid, "cat", "dir/f.txt")
     if internet and host_port:
         net = "sbx_rootless4"
@@ -156,8 +156,8 @@ else:
         report["allow"] = await allow_list(d, run, internet)
     errors: dict[str, dict[str, object] | None] = {}
     for name, call in [
-        ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(cpu_millis=500)))),
-        ("disk", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=Resources(disk_bytes=2**30)))),
+        ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=ResourceLimits(cpu_millis=500)))),
+        ("disk", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=ResourceLimits(disk_bytes=2**30)))),
         ("pause", lambda: d.pause(sid)),
         ("checkpoint", lambda: d.checkpoint(sid, "ckpt_x")),
     ]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hutch.core.errors import InvalidInput
-from hutch.drivers.base import ExecRequest, ExecResult, FileToWrite, Resources
+from hutch.drivers.base import ExecRequest, ExecResult, FileWrite, ResourceLimits
 from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -157,7 +157,7 @@ async def test_commands_start_with_default_signal_dispositions(driver: LocalDriv
 
 
 async def test_memory_hog_is_oom_killed_and_sandbox_survives(driver: LocalDriver) -> None:
-    sid = await provision(driver, PY, resources=Resources(memory_bytes=128 * 2**20))
+    sid = await provision(driver, PY, resources=ResourceLimits(memory_bytes=128 * 2**20))
     try:
         result, _ = await python(driver, sid, """
             hog = []
@@ -174,7 +174,7 @@ async def test_memory_hog_is_oom_killed_and_sandbox_survives(driver: LocalDriver
 
 
 async def test_fork_bomb_is_contained(driver: LocalDriver) -> None:
-    sid = await provision(driver, PY, resources=Resources(pids=64))
+    sid = await provision(driver, PY, resources=ResourceLimits(pids=64))
     other = await provision(driver, PY)
     try:
         assert driver._cgroups is not None
@@ -209,7 +209,7 @@ async def test_fork_bomb_is_contained(driver: LocalDriver) -> None:
 async def test_a_fork_bomb_left_behind_by_an_ended_command_is_ended(driver: LocalDriver) -> None:
     # Its command ends at once (timeouts and cancel never reach it); the bomb would hold the
     # sandbox at its pids limit for ever: the pids guard ends its leaf (pidsguard.py).
-    sid = await provision(driver, PY, resources=Resources(pids=64))
+    sid = await provision(driver, PY, resources=ResourceLimits(pids=64))
     try:
         result, _ = await run(driver, sid, "sh", "-c", "b(){ b | b & }; b; exit 0", timeout=10)
         assert not result.timed_out
@@ -227,7 +227,7 @@ async def test_a_fork_bomb_left_behind_by_an_ended_command_is_ended(driver: Loca
 
 
 async def test_background_fork_bomb_dies_with_the_sandbox(driver: LocalDriver) -> None:
-    sid = await provision(driver, PY, resources=Resources(pids=64))
+    sid = await provision(driver, PY, resources=ResourceLimits(pids=64))
     assert driver._cgroups is not None
     # The bomb goes to the background; bash's own exit depends on whether the bomb had
     # filled the pids limit before its last fork (EAGAIN: exit 254 on a loaded machine).
@@ -242,7 +242,7 @@ async def test_background_fork_bomb_dies_with_the_sandbox(driver: LocalDriver) -
 
 
 async def test_pids_limit_holds(driver: LocalDriver) -> None:
-    sid = await provision(driver, PY, resources=Resources(pids=20))
+    sid = await provision(driver, PY, resources=ResourceLimits(pids=20))
     try:
         result, out = await python(driver, sid, """
             import os, time
@@ -264,7 +264,7 @@ async def test_pids_limit_holds(driver: LocalDriver) -> None:
 
 
 async def test_cpu_limit_is_applied(driver: LocalDriver) -> None:
-    sid = await provision(driver, PY, resources=Resources(cpu_millis=250))
+    sid = await provision(driver, PY, resources=ResourceLimits(cpu_millis=250))
     try:
         result, out = await python(driver, sid, """
             import os, time
@@ -316,7 +316,7 @@ async def test_runtime_root_is_read_only_and_unchanged(driver: LocalDriver, sand
                           "touch /usr/hutch-x || echo denied; echo evil >> /etc/passwd || echo denied")
     assert result.exit_code == 0
     with pytest.raises(InvalidInput):
-        await driver.write_files(sandbox, [FileToWrite("/usr/bin/hutch-x", b"x")])
+        await driver.write_files(sandbox, [FileWrite("/usr/bin/hutch-x", b"x")])
     assert not (lower / "usr/hutch-x").exists()
     assert not (lower / "usr/bin/hutch-x").exists()
     assert (lower / "etc/passwd").read_bytes() == before
@@ -333,9 +333,9 @@ async def test_write_files_never_leave_the_sandbox(driver: LocalDriver, sandbox:
     result, _ = await run(driver, sandbox, "ln", "-s", str(host_dir), "link")
     assert result.exit_code == 0
     with pytest.raises(InvalidInput):  # the link's target does not exist in the sandbox
-        await driver.write_files(sandbox, [FileToWrite("link/pwned", b"x")])
+        await driver.write_files(sandbox, [FileWrite("link/pwned", b"x")])
     name = f"dotdot-{uuid.uuid4().hex}"
-    await driver.write_files(sandbox, [FileToWrite(f"../../../../../../tmp/{name}", b"inside")])
+    await driver.write_files(sandbox, [FileWrite(f"../../../../../../tmp/{name}", b"inside")])
     assert list(host_dir.iterdir()) == []
     assert not (Path("/tmp") / name).exists()
     _, out = await run(driver, sandbox, "cat", f"/tmp/{name}")
@@ -473,7 +473,7 @@ def _mounted_anywhere(needle: str) -> bool:
 
 
 async def test_destroy_leaves_no_process_mount_cgroup_or_file(driver: LocalDriver) -> None:
-    sid = await provision(driver, PY, resources=Resources(memory_bytes=256 * 2**20, pids=100))
+    sid = await provision(driver, PY, resources=ResourceLimits(memory_bytes=256 * 2**20, pids=100))
     await run(driver, sid, "sh", "-c", "sleep 300 >/dev/null 2>&1 & echo x > f")
     sb = driver._registry.running(sid)
     assert driver._cgroups is not None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hutch.core.errors import DriverFailure
-from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
+from hutch.drivers.base import ExecRequest, ProvisionRequest, ResourceLimits
 from hutch.drivers.nomad import agent as agent_module
 from hutch.drivers.nomad.agent import ExecAgent
 from hutch.drivers.nomad.client import NomadClient
@@ -213,9 +213,9 @@ async def test_an_agent_stopped_while_a_command_runs_is_ended_and_the_command_fa
     assert str(agent.pid) not in [line.split()[0] for line in sink.stdout.splitlines()[1:]]
 
 
-@pytest.mark.parametrize("resources", [Resources(memory_bytes=16 * 2**20), Resources(pids=12)],
+@pytest.mark.parametrize("resources", [ResourceLimits(memory_bytes=16 * 2**20), ResourceLimits(pids=12)],
                          ids=["16MiB", "12-pids"])
-async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resources: Resources) -> None:
+async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resources: ResourceLimits) -> None:
     """The agent fits a 16 MiB sandbox (~3 MiB: its binary, unlinked, and its heap) and one
     with 12 pids (GOMAXPROCS=1: six threads), and runs their commands itself."""
     sid = new_id()
@@ -238,7 +238,7 @@ async def test_a_command_holding_the_pids_limit_ends_with_its_agent_stopped(
     the command was left running and the sandbox full."""
     monkeypatch.setattr(agent_module, "KILL_GRACE", 1.0)  # the stopped agent does not answer the kill
     sid = new_id()
-    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources(pids=64)))
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=ResourceLimits(pids=64)))
     await until_agent(driver, sid)
     # The agent is stopped once it said the command started. The bomb's first link is an orphan
     # (out of the agent's tree, which ending the agent kills); each link forks the next and

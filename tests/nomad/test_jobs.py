@@ -7,7 +7,7 @@ import pytest
 
 from hutch.core.egress import denied_ranges
 from hutch.core.errors import InvalidInput
-from hutch.drivers.base import Resources
+from hutch.drivers.base import ResourceLimits
 from hutch.drivers.nomad.jobs import default_resources, egress_denied, job_spec, sized
 
 
@@ -18,15 +18,15 @@ def task_of(job: dict) -> dict:  # type: ignore[type-arg]
 def test_a_sandbox_that_asks_for_nothing_gets_the_services_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HUTCH_DEFAULT_MEMORY", "HUTCH_DEFAULT_CPU", "HUTCH_SANDBOX_EGRESS_PERMIT", "HUTCH_SANDBOX_EGRESS_DENY"):
         monkeypatch.delenv(name, raising=False)
-    task = task_of(job_spec("j", "img", ["*"], Resources(), {}))
+    task = task_of(job_spec("j", "img", ["*"], ResourceLimits(), {}))
     assert task["Resources"]["MemoryMB"] == 512 and task["Config"]["cpu_millis"] == 1000
-    assert sized(Resources(memory_bytes=512 * 2**20, cpu_millis=1000)) == sized(Resources())  # a pool entry's size
+    assert sized(ResourceLimits(memory_bytes=512 * 2**20, cpu_millis=1000)) == sized(ResourceLimits())  # a pool entry's size
     monkeypatch.setenv("HUTCH_DEFAULT_MEMORY", "1Gi")
     monkeypatch.setenv("HUTCH_DEFAULT_CPU", "0.5")
-    task = task_of(job_spec("j", "img", ["*"], Resources(), {}))
+    task = task_of(job_spec("j", "img", ["*"], ResourceLimits(), {}))
     assert task["Resources"]["MemoryMB"] == 1024 and task["Config"]["cpu_millis"] == 500
     # A sandbox with a network carries the denied ranges, the server's own list.
-    task = task_of(job_spec("j", "img", ["*"], Resources(), {}, network=True, denied=egress_denied()))
+    task = task_of(job_spec("j", "img", ["*"], ResourceLimits(), {}, network=True, denied=egress_denied()))
     assert task["Config"]["denied"] == denied_ranges() and "10.0.0.0/8" in task["Config"]["denied"]
     monkeypatch.setenv("HUTCH_SANDBOX_EGRESS_PERMIT", "10.1.0.0/16")
     assert "10.1.0.0/16" not in egress_denied() and "10.0.0.0/16" in egress_denied()

@@ -53,9 +53,9 @@ async def test_create_claims_from_the_warm_pool_and_the_pool_refills(tmp_path: P
         assert 'hutch_nomad_pool_target{runtime="base:latest"} 2' in text
         assert "hutch_nomad_pool_claims_total 1" in text and "# TYPE hutch_nomad_pool_claims_total counter" in text
         # A create with other resources cannot use the pool: it is scheduled cold.
-        from hutch.drivers.base import Resources
+        from hutch.drivers.base import ResourceLimits
 
-        other = await provision(driver, resources=Resources(memory_bytes=128 * 2**20))
+        other = await provision(driver, resources=ResourceLimits(memory_bytes=128 * 2**20))
         assert driver.pool_metrics()["claims"] == 1 and driver.pool_metrics()["misses"] >= 1
         await driver.destroy(other)
         await driver.destroy(sid)
@@ -118,11 +118,11 @@ async def test_a_restarted_driver_adopts_its_sandboxes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("limit_mb", [64])
 async def test_memory_limit_holds_and_the_sandbox_survives(tmp_path: Path, limit_mb: int) -> None:
-    from hutch.drivers.base import Resources
+    from hutch.drivers.base import ResourceLimits
 
     driver = await start_nomad(tmp_path / "data")
     try:
-        sid = await provision(driver, resources=Resources(memory_bytes=limit_mb * 2**20))
+        sid = await provision(driver, resources=ResourceLimits(memory_bytes=limit_mb * 2**20))
         sink = Recorder()
         # tail keeps everything after the last newline: /dev/zero has none.
         hog = f"head -c {4 * limit_mb}M /dev/zero | tail > /dev/null"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.drivers.base import ExecRequest, ProvisionRequest, Resources
+from hutch.drivers.base import ExecRequest, ProvisionRequest, ResourceLimits
 from hutch.drivers.nomad.driver import NomadDriver
 from hutch.storage.spool import fetch
 from tests.drivers_support import Recorder, new_id, start_nomad
@@ -110,7 +110,7 @@ async def test_a_timeout_or_cancel_ends_the_whole_tree_background_children_inclu
 
 async def test_a_fork_bomb_leaves_the_sandbox_usable(driver: NomadDriver) -> None:
     sid = new_id()
-    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources(pids=128)))
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=ResourceLimits(pids=128)))
     # The bomb's first shell stays (exec, no fork needed) until the timeout (4 s) kills it and
     # everything carrying its tag, reparented orphans included.
     await run(driver, sid, ["sh", "-c", "b(){ b | b & }; b; exec sleep 30"], timeout=4.0)
@@ -127,7 +127,7 @@ async def test_a_fork_bomb_left_behind_by_an_ended_command_is_ended(driver: Noma
     # The issue's own case: the command ends by itself, its bomb runs on in the background;
     # the plugin's pids guard (pidsguard.go) ends the exec tag that fills the limit.
     sid = new_id()
-    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources(pids=128)))
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=ResourceLimits(pids=128)))
     await run(driver, sid, ["sh", "-c", "b(){ b | b & }; b; sleep 2"], timeout=10.0)
     started = time.monotonic()
     code, out = 1, ""
@@ -147,7 +147,7 @@ async def test_a_large_export_arrives_whole_every_time(driver: NomadDriver) -> N
     import tarfile
 
     sid = new_id()
-    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=Resources()))
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=ResourceLimits()))
     code, _ = await run(driver, sid, ["sh", "-c", "head -c 31457280 /dev/urandom > big && echo end > f"])
     assert code == 0
     for i in range(2):

@@ -178,8 +178,8 @@ async def test_create_by_runtime_id_on_a_built_runtime(aiohttp_client: AiohttpCl
         assert got["data"]["runtime"]["name"] == "python:3.13" and got["data"]["runtime"]["id"] == py.id
     finally:
         engine = app[ENGINE]
-        for alive in await engine.driver.alive():
-            await engine.driver.destroy(alive)
+        for alive in await engine.parts.driver.alive():
+            await engine.parts.driver.destroy(alive)
 
 
 async def test_sandboxes_share_the_runtime_on_disk(driver: LocalDriver) -> None:

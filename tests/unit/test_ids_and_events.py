@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 
 from hutch.core import ids
 from hutch.core.events import EVENT_TYPES, Event, ExecutionFinished, SandboxCreated, decode, encode
-from hutch.core.models import ExecutionStatus, Mode, Network, Resources, SandboxSpec, Timeouts
+from hutch.core.models import (
+    ExecutionStatus,
+    Mode,
+    NetworkSpec,
+    ResourceSpec,
+    SandboxSpec,
+    TimeoutSpec,
+)
 
 
 def test_ids_carry_the_seeds_prefixes() -> None:
@@ -42,9 +49,9 @@ text = st.text(min_size=1, max_size=20)
 specs = st.builds(
     SandboxSpec,
     runtime=text, runtime_id=text, mode=st.sampled_from(Mode), name=st.none() | text,
-    resources=st.builds(Resources, memory=st.none() | text, memory_bytes=st.none() | st.integers(1, 2**40)),
-    env=st.dictionaries(text, text, max_size=4), network=st.builds(Network, enabled=st.booleans()),
-    timeout=st.builds(Timeouts, idle=st.none() | text),
+    resources=st.builds(ResourceSpec, memory=st.none() | text, memory_bytes=st.none() | st.integers(1, 2**40)),
+    env=st.dictionaries(text, text, max_size=4), network=st.builds(NetworkSpec, enabled=st.booleans()),
+    timeout=st.builds(TimeoutSpec, idle=st.none() | text),
     command=st.none() | st.lists(text, min_size=1, max_size=4).map(tuple),
     metadata=st.none() | st.dictionaries(text, st.recursive(
         st.none() | st.booleans() | st.integers() | text,

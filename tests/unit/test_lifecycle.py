@@ -21,21 +21,21 @@ from hutch.core.lifecycle import (
     decide,
     evolve_sandbox,
 )
-from hutch.core.models import ExecutionStatus, Mode, Sandbox, SandboxSpec, SandboxStatus
+from hutch.core.models import ExecutionStatus, Mode, SandboxSpec, SandboxState, SandboxStatus
 
 
-def fold(sb: Sandbox | None, payloads: Sequence[EventData]) -> Sandbox:
+def fold(sb: SandboxState | None, payloads: Sequence[EventData]) -> SandboxState:
     events = [Event(f"evt_{i}", "sbx_1", f"2026-01-01T00:00:{i:02d}.000Z", p) for i, p in enumerate(payloads)]
     out = reduce(evolve_sandbox, events, sb)
     assert out is not None
     return out
 
 
-def new(mode: Mode = Mode.INTERACTIVE) -> Sandbox:
+def new(mode: Mode = Mode.INTERACTIVE) -> SandboxState:
     return fold(None, decide(None, Create(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", mode=mode))))
 
 
-def step(sb: Sandbox, command: Command) -> Sandbox:
+def step(sb: SandboxState, command: Command) -> SandboxState:
     return fold(sb, decide(sb, command))
 
 

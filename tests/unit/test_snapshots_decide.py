@@ -17,7 +17,7 @@ from hutch.core.events import (
     SnapshotFinalized,
 )
 from hutch.core.lifecycle import evolve_sandbox
-from hutch.core.models import Sandbox, SandboxSpec, Snapshot, SnapshotFile, SnapshotStatus
+from hutch.core.models import SandboxSpec, SandboxState, SnapshotFile, SnapshotState, SnapshotStatus
 from hutch.core.snapshots import (
     BeginBuild,
     DeleteSnapshot,
@@ -34,7 +34,7 @@ FILES = (SnapshotFile(path="a.txt", size=3, sha256="0" * 64, mode=0o644),
          SnapshotFile(path="b.txt", size=4, sha256="1" * 64, mode=0o600))
 
 
-def sandbox(*payloads: EventData) -> Sandbox:
+def sandbox(*payloads: EventData) -> SandboxState:
     spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", env={"A": "1"}, snapshot_id="snp_parent",
                        org_id="org_acme")
     created: list[EventData] = [SandboxCreated(spec=spec), SandboxStarted()]
@@ -44,7 +44,7 @@ def sandbox(*payloads: EventData) -> Sandbox:
     return out
 
 
-def step(snapshot: Snapshot | None, command: SnapshotCommand) -> Snapshot:
+def step(snapshot: SnapshotState | None, command: SnapshotCommand) -> SnapshotState:
     events = [Event(f"evt_{i}", SNAPSHOT_ID, "2026-01-01T00:00:01.000Z", p)
               for i, p in enumerate(decide(SNAPSHOT_ID, snapshot, command))]
     out = reduce(evolve_snapshot, events, snapshot)
@@ -52,7 +52,7 @@ def step(snapshot: Snapshot | None, command: SnapshotCommand) -> Snapshot:
     return out
 
 
-def building() -> Snapshot:
+def building() -> SnapshotState:
     return step(None, BeginBuild(name="app", runtime="base:latest", runtime_id="srt_x", tag="v1", org_id="org_acme",
                                  content_hash="abc"))
 

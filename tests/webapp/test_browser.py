@@ -1,5 +1,5 @@
 """The Web App in a real headless Chromium (Debian's, driven through its chromedriver by
-Selenium) against `hutch serve` with the local driver, on both profiles. Screenshots of
+Selenium) against `hutch serve` with the local driver and the embedded profile. Screenshots of
 every page go to $HUTCH_TEST_ARTIFACTS (default tests/artifacts/webapp)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.compat.test_agentuity_client import _free_port, _hutch_command, _stop, _wait_ready
-from tests.compat.test_agentuity_client import profile_flags as profile_flags  # both profiles
+from tests.compat.test_agentuity_client import profile_flags as profile_flags
 
 ARTIFACTS = Path(os.environ.get("HUTCH_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "artifacts")) / "webapp"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -118,6 +118,10 @@ class Page:
 
 
 @pytest.mark.timeout(600)
+# The embedded profile only: the browser drives the same routes on both, and what the profile
+# changes under them (sessions, the live feed, the keys) is tests/api/test_webapp.py's, on both
+# profiles. The production run took another 15 s plus its server's start (run1.log).
+@pytest.mark.parametrize("profile_flags", ["embedded"], indirect=True)
 def test_the_web_app_flows_in_chromium(server: tuple[str, str], browser: WebDriver, profile_flags: list[str]) -> None:
     url, boot = server
     shots = ARTIFACTS / ("production" if profile_flags else "embedded")

@@ -8,6 +8,7 @@ source of truth; no auditor process is needed), then followed live until the san
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from aiohttp import web
@@ -44,38 +45,12 @@ async def audit_stream(request: web.Request) -> web.StreamResponse:
     if not secrets_match(token, audit_stream_id(engine, sandbox_id)):
         raise NotFound("audit stream not found")
     follow = q_bool(request, "follow") is not False
-    # Before reading the log: nothing falls in between. Bounded: a reader that stops reading
-    # holds at most _BACKLOG events, and catches up from the log when it reads again.
-    queue = engine.projector.listen(sandbox_id=sandbox_id, limit=_BACKLOG)
-    try:
-        sandbox = await engine.store.get_sandbox(sandbox_id)
-        if sandbox is None:
-            raise NotFound("audit stream not found")
+    events = await engine.changes.sandbox_events(sandbox_id, follow=follow, backlog=_BACKLOG)
+    async with contextlib.aclosing(events):
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
-        last = 0
-        for event in await engine.log.read(0, sandbox_id=sandbox_id):
+        async for event in events:
             await resp.write(_line(audit_record(event)))
-            last = event.position or last
-        ended = sandbox.status.is_final
-        while follow and not ended:
-            if queue.overflowed:
-                queue.overflowed = False
-                events = await engine.log.read(last, sandbox_id=sandbox_id)
-            else:
-                events = [await queue.get()]
-            for event in events:
-                if (event.position or 0) <= last:
-                    continue
-                await resp.write(_line(audit_record(event)))
-                last = event.position or last
-            current = await engine.store.get_sandbox(sandbox_id)
-            ended = current is None or current.status.is_final
-            if ended:  # the end may have come while events waited or were missed: the log has them
-                for event in await engine.log.read(last, sandbox_id=sandbox_id):
-                    await resp.write(_line(audit_record(event)))
         await resp.write_eof()
         return resp
-    finally:
-        engine.projector.unlisten(queue)

@@ -7,12 +7,12 @@ from aiohttp import web
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE
 from hutch.core.errors import InvalidInput
-from hutch.core.models import Checkpoint
+from hutch.core.models import CheckpointState
 
 routes = web.RouteTableDef()
 
 
-def render(c: Checkpoint) -> dict:
+def render(c: CheckpointState) -> dict:
     return {"id": c.checkpoint_id, "name": c.name, "createdAt": c.created_at, "parent": c.parent}
 
 

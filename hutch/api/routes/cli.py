@@ -23,11 +23,10 @@ from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.render import org_ref
 from hutch.core import tenancy
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
-from hutch.core.models import Mode, Sandbox, SandboxStatus
+from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.packages import check_dependencies
-from hutch.core.tenancy import Access, ApiKey
+from hutch.core.tenancy import Access, ApiKeyRecord
 from hutch.projections.base import SandboxQuery
-from hutch.service.stats import usage as usage_stats
 
 routes = web.RouteTableDef()
 REGION = "local"  # one server, one region: the CLI picks it without asking
@@ -60,7 +59,7 @@ async def regions(request: web.Request) -> web.Response:
     return ok([{"region": REGION, "description": "this hutch server"}])
 
 
-def _cli_sandbox(sb: Sandbox) -> dict[str, Any]:
+def _cli_sandbox(sb: SandboxState) -> dict[str, Any]:
     spec = sb.spec
     return {"id": sb.sandbox_id, "name": spec.name, "description": spec.description, "status": sb.status.value,
             "region": REGION, "createdAt": sb.created_at, "orgId": spec.org_id,
@@ -80,14 +79,14 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         sort=_SORTS[sort],
         direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
     )
-    found, total = await request.app[ENGINE].list(query)
+    found, total = await request.app[ENGINE].reads.list(query)
     return ok({"sandboxes": [_cli_sandbox(sb) for sb in found], "total": total})
 
 
 @routes.get("/cli/sandbox/{sandbox_id}")
 async def resolve_sandbox(request: web.Request) -> web.Response:
     """Which organization and region a sandbox is in (the CLI routes later calls by it)."""
-    sb = await request.app[ENGINE].get(request.match_info["sandbox_id"], include_deleted=True)
+    sb = await request.app[ENGINE].reads.require(request.match_info["sandbox_id"], include_deleted=True)
     return ok({"id": sb.sandbox_id, "name": sb.spec.name, "region": REGION, "status": sb.status.value,
                "orgId": sb.spec.org_id, "projectId": sb.spec.project_id})
 
@@ -132,7 +131,7 @@ def _iso_z(value: str | None) -> str | None:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _cli_key(key: ApiKey, request: web.Request) -> dict[str, Any]:
+def _cli_key(key: ApiKeyRecord, request: web.Request) -> dict[str, Any]:
     directory = request.app[TENANTS].directory
     project = directory.projects.get(key.projects[0]) if key.projects else None
     return {"id": key.key_id, "name": key.name, "orgId": key.org_id, "type": key.role.value,
@@ -140,7 +139,7 @@ def _cli_key(key: ApiKey, request: web.Request) -> dict[str, Any]:
             "project": {"id": project.project_id, "name": project.name} if project else None}
 
 
-def _own_keys(request: web.Request) -> list[ApiKey]:
+def _own_keys(request: web.Request) -> list[ApiKeyRecord]:
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     return sorted((k for k in directory.keys.values() if k.org_id == principal.org_id and k.revoked_at is None
                    and tenancy.within(principal.projects, k.projects)), key=lambda k: k.created_at)
@@ -204,9 +203,9 @@ async def service_stats(request: web.Request) -> web.Response:
     if request.match_info["org_id"] != principal.org_id:
         raise NotFound(f"organization {request.match_info['org_id']} not found")
     engine = request.app[ENGINE]
-    used = await usage_stats(engine.store, engine.roles.usage, q_instant(request, "start"), q_instant(request, "end"),
-                             scope=engine.scoped(SandboxQuery()))
-    live, _ = await engine.list(SandboxQuery(live=True, limit=10**9))
+    used = await engine.usage.report(q_instant(request, "start"), q_instant(request, "end"),
+                                     scope=engine.reads.scoped(SandboxQuery()))
+    live, _ = await engine.reads.list(SandboxQuery(live=True, limit=10**9))
     return ok({"services": {"sandbox": {
         "totalActive": len(live),
         "running": sum(sb.status is SandboxStatus.RUNNING for sb in live),

@@ -47,7 +47,7 @@ def _flag(body: dict[str, Any], key: str) -> bool:
 
 async def _sandbox(request: web.Request) -> str:
     sandbox_id = request.match_info["sandbox_id"]
-    await request.app[ENGINE].for_files(sandbox_id)
+    await request.app[ENGINE].files.ready(sandbox_id)
     return sandbox_id
 
 
@@ -55,7 +55,7 @@ async def _sandbox(request: web.Request) -> str:
 async def mkdir(request: web.Request) -> web.Response:
     body = await json_body(request)
     sid = await _sandbox(request)
-    await request.app[ENGINE].driver.mkdir(sid, _path(body.get("path")), parents=_flag(body, "recursive"))
+    await request.app[ENGINE].files.mkdir(sid, _path(body.get("path")), parents=_flag(body, "recursive"))
     return ok()
 
 
@@ -63,7 +63,7 @@ async def mkdir(request: web.Request) -> web.Response:
 async def rm_file(request: web.Request) -> web.Response:
     body = await json_body(request)
     sid = await _sandbox(request)
-    found = await request.app[ENGINE].driver.remove(sid, _path(body.get("path")), directory=False, recursive=False)
+    found = await request.app[ENGINE].files.remove(sid, _path(body.get("path")), directory=False, recursive=False)
     return ok(top={"found": found})
 
 
@@ -71,7 +71,7 @@ async def rm_file(request: web.Request) -> web.Response:
 async def rm_dir(request: web.Request) -> web.Response:
     body = await json_body(request)
     sid = await _sandbox(request)
-    found = await request.app[ENGINE].driver.remove(
+    found = await request.app[ENGINE].files.remove(
         sid, _path(body.get("path")), directory=True, recursive=_flag(body, "recursive")
     )
     return ok(top={"found": found})
@@ -80,7 +80,7 @@ async def rm_dir(request: web.Request) -> web.Response:
 @routes.get("/fs/list/{sandbox_id}")
 async def list_files(request: web.Request) -> web.Response:
     sid = await _sandbox(request)
-    entries = await request.app[ENGINE].driver.list_files(sid, _path(request.query.get("path"), default="."))
+    entries = await request.app[ENGINE].files.list(sid, _path(request.query.get("path"), default="."))
     files = [
         {
             "path": e.name,
@@ -101,9 +101,7 @@ async def download(request: web.Request) -> web.StreamResponse:
     fmt = q_choice(request, "format", archives.FORMATS, "tar.gz") or "tar.gz"
     sid = await _sandbox(request)
     root = _path(request.query.get("path"), default=".")
-    driver = request.app[ENGINE].roles
-    await driver.files.list_files(sid, root)  # a missing path is a 404 before any byte is sent
-    chunks = archives.zip_stream(driver, sid, root) if fmt == "zip" else archives.tar_gz(driver, sid, root, compress=fmt == "tar.gz")
+    chunks = await request.app[ENGINE].files.archive(sid, root, fmt)  # a missing path: 404 before any byte
     name = f"{sid}.{fmt}"
     return await stream(request, chunks, _CONTENT_TYPES[fmt], headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
@@ -118,11 +116,10 @@ async def upload(request: web.Request) -> web.Response:
     spooled = await archives.spool(request.content.iter_chunked(256 * 1024), config.max_upload_bytes,
                                    str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
     with spooled:
-        done = await archives.extract(
-            request.app[ENGINE].roles, sid, dest, fmt, spooled,
+        done = await request.app[ENGINE].files.extract(
+            sid, dest, fmt, spooled,
             archives.Limits(max_bytes=config.max_upload_bytes, max_entries=config.max_archive_entries),
         )
-    request.app[ENGINE].touch(sid)
     return ok({"files": done.files, "directories": done.directories, "symlinks": done.symlinks, "bytes": done.bytes})
 
 
@@ -131,9 +128,8 @@ async def write_files(request: web.Request) -> web.Response:
     body = await json_body(request)
     files = parse_files(body.get("files"), "files")
     sid = await _sandbox(request)
-    driver = request.app[ENGINE].driver
     for f in files:
-        await driver.write_file(sid, f.path, _once(f.content), mode=f.mode, parents=True)
+        await request.app[ENGINE].files.write(sid, f.path, _once(f.content), mode=f.mode, parents=True)
     return ok({"filesWritten": len(files)}, top={"filesWritten": len(files)})
 
 
@@ -145,7 +141,7 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 async def read_file(request: web.Request) -> web.StreamResponse:
     sid = await _sandbox(request)
     path = _path(request.query.get("path"))
-    return await stream(request, request.app[ENGINE].driver.read_file(sid, path), "application/octet-stream")
+    return await stream(request, request.app[ENGINE].files.read(sid, path), "application/octet-stream")
 
 
 @routes.patch("/sandbox/env/{sandbox_id}")
@@ -154,5 +150,5 @@ async def set_env(request: web.Request) -> web.Response:
     if not isinstance(body.get("env"), dict):
         raise InvalidInput("env: expected an object of string (set) or null (delete) values", field="env")
     changes = parse_env(body["env"], "env", allow_null=True)
-    env = await request.app[ENGINE].set_env(request.match_info["sandbox_id"], changes)
+    env = await request.app[ENGINE].control.set_env(request.match_info["sandbox_id"], changes)
     return ok({"env": env})

@@ -12,9 +12,8 @@ from hutch.api.http import json_body, ok
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from hutch.api.render import redact_event, render_sandbox
 from hutch.core.events import Event
-from hutch.core.models import Sandbox
+from hutch.core.models import SandboxState
 from hutch.core.tenancy import Access
-from hutch.service import fork, history
 
 routes = web.RouteTableDef()
 
@@ -24,7 +23,7 @@ def _event(ev: Event) -> dict[str, Any]:
             "event": redact_event(ev)}
 
 
-def _env(request: web.Request, sb: Sandbox) -> dict[str, str]:
+def _env(request: web.Request, sb: SandboxState) -> dict[str, str]:
     """The env as it was: values for keys that may set it (and so read it through setEnv),
     names only for read-only keys."""
     principal = request.get(PRINCIPAL)
@@ -35,13 +34,13 @@ def _env(request: web.Request, sb: Sandbox) -> dict[str, str]:
 
 async def render_as_of(request: web.Request, sandbox_id: str, ref: str) -> dict[str, Any]:
 
-    event, state = await history.as_of(request.app[ENGINE], sandbox_id, ref)
+    event, state = await request.app[ENGINE].history.as_of(sandbox_id, ref)
     return {**render_sandbox(request, state), "env": _env(request, state), "asOf": _event(event)}
 
 
 @routes.get("/sandbox/sandboxes/{sandbox_id}/history")
 async def sandbox_history(request: web.Request) -> web.Response:
-    steps = await history.timeline(request.app[ENGINE], request.match_info["sandbox_id"])
+    steps = await request.app[ENGINE].history.timeline(request.match_info["sandbox_id"])
     return ok({"history": [{**_event(ev), "status": sb.status.value, "executions": sb.executions}
                            for ev, sb in steps]})
 
@@ -54,7 +53,7 @@ def _or(value: object, default: object) -> object:
 async def fork_sandbox(request: web.Request) -> web.Response:
 
     body = await json_body(request, required=False)
-    snap, made = await fork.fork(request.app[ENGINE], request.match_info["sandbox_id"], _or(body.get("count"), 1),
-                                 api_key_id=request.get(API_KEY_ID))
+    snap, made = await request.app[ENGINE].forks.fork(request.match_info["sandbox_id"], _or(body.get("count"), 1),
+                                                     api_key_id=request.get(API_KEY_ID))
     return ok({"snapshotId": snap.snapshot_id,
                "sandboxes": [render_sandbox(request, c.sandbox) for c in made]}, http_status=201)

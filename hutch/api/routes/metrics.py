@@ -11,9 +11,8 @@ from aiohttp import web
 
 from hutch.api.keys import ENGINE, PRINCIPAL
 from hutch.core import counters
-from hutch.core.models import SandboxStatus
 from hutch.drivers.base import Metric
-from hutch.projections.base import SandboxQuery, SnapshotQuery
+from hutch.projections.base import SnapshotQuery
 
 routes = web.RouteTableDef()
 
@@ -49,23 +48,11 @@ async def metrics(request: web.Request) -> web.Response:
     # An organization's key sees its own organization's counts; the server's administrator
     # sees the whole server's, and the driver's own metrics (warm pools: not any one tenant's).
     admin = request[PRINCIPAL].server_admin and "orgId" not in request.query
-    for status in SandboxStatus:
-        query = SandboxQuery(status=status.value, limit=1, include_deleted=True)
-        _, total = await engine.store.list_sandboxes(query if admin else engine.scoped(query))
-        found.append(Metric("hutch_sandboxes", total, "gauge", "sandboxes by status", {"status": status.value}))
+    found.extend(await engine.usage.counts(whole_server=admin))
     _, snapshots = await engine.snapshots.list(SnapshotQuery(limit=1))
     found.append(Metric("hutch_snapshots", snapshots, "gauge", "ready snapshots"))
-    found.append(Metric("hutch_event_log_position", await engine.log.last_position(), "gauge",
-                        "position of the newest event in the log"))
-    found.append(Metric("hutch_projection_position", engine.projector.position, "gauge",
-                        "position of the newest event the projections hold"))
-    _, skipped = await engine.store.skipped(limit=0)
-    found.append(Metric("hutch_projection_skipped_events", skipped, "gauge",
-                        "events the projection store refused on their own and stepped over (see the log's errors)"))
-    found.append(Metric("hutch_driver_info", 1, "gauge", "the driver this server runs sandboxes with",
-                        {"driver": engine.driver.name}))
     if admin:
-        found.extend(engine.driver.metrics())
+        found.extend(engine.usage.driver_metrics())
         # The process's own work on the log path (hutch.core.counters): the server's, not a tenant's.
         found.extend(Metric(name, value, "counter", counters.HELP.get(name, ""), labels)
                      for name, labels, value in counters.counts())

@@ -97,7 +97,7 @@ def _not_served(sandbox_id: str) -> SandboxNotFound:
 async def _exposes(request: web.Request, sandbox_id: str, port: int | None) -> None:
     """The sandbox exists, is not deleted and exposes ``port`` (any port for the path form)."""
     try:
-        sb = await request.app[ENGINE].get(sandbox_id)
+        sb = await request.app[ENGINE].reads.require(sandbox_id)
     except NotFound:
         raise _not_served(sandbox_id) from None
     exposed = sb.spec.network.port
@@ -159,8 +159,7 @@ async def _target(request: web.Request, sandbox_id: str, tail: str) -> str:
     engine = request.app[ENGINE]
     await _exposes(request, sandbox_id, None)  # before anything wakes it
     try:
-        await engine.for_files(sandbox_id)  # not ended; wakes a paused one; activity
-        host, port = await engine.driver.port_target(sandbox_id)
+        host, port = await engine.ports.target(sandbox_id)  # not ended; wakes a paused one; activity
     except (NotFound, IllegalTransition, NotSupported):
         raise _not_served(sandbox_id) from None
     query = f"?{request.query_string}" if request.query_string else ""

@@ -28,21 +28,21 @@ async def build(request: web.Request) -> web.StreamResponse:
     if runtimes.find(name) is None:
         known = ", ".join(r.name for r in runtimes.CATALOG)
         raise RuntimeNotFound(f"runtime: unknown runtime {name!r}; known runtimes: {known}", field="name")
-    driver = request.app[ENGINE].driver
+    catalog = request.app[ENGINE].runtimes
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
     await resp.prepare(request)
     lines: asyncio.Queue[str | None] = asyncio.Queue()
 
     async def run() -> dict[str, object]:
         try:
-            await driver.build_runtime(name, lines.put_nowait)
-            return {"done": True, "available": name in driver.runtimes_available()}
+            await catalog.build(name, lines.put_nowait)
+            return {"done": True, "available": name in catalog.available()}
         except HutchError as err:
             return {"error": err.message}
         finally:
             lines.put_nowait(None)
 
-    if name in driver.runtimes_available() and name not in driver.runtimes_building():
+    if name in catalog.available() and name not in catalog.building():
         await resp.write(f"data: {json.dumps({'done': True, 'available': True})}\n\n".encode())
         await resp.write_eof()
         return resp

@@ -31,11 +31,9 @@ from hutch.api.routes.audit import audit_stream_id, audit_stream_url
 from hutch.api.watchers import hold
 from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
-from hutch.core.models import Mode, Sandbox, SandboxStatus
+from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.tenancy import Access
-from hutch.drivers import egress
 from hutch.projections.base import SandboxQuery
-from hutch.service.stats import usage as usage_stats
 
 routes = web.RouteTableDef()
 
@@ -51,25 +49,24 @@ async def list_runtimes(request: web.Request) -> web.Response:
     offset = q_offset(request)
     sort = q_choice(request, "sort", ("name", "created"), "name")
     direction = q_choice(request, "direction", ("asc", "desc"), "asc")
-    driver = request.app[ENGINE].driver
-    available = driver.runtimes_available()
+    catalog_here = request.app[ENGINE].runtimes
+    available = catalog_here.available()
     catalog = [(r, r.name in available) for r in runtimes.CATALOG]
     if sort == "name":
         catalog.sort(key=lambda item: item[0].name, reverse=direction == "desc")
     elif direction == "desc":
         catalog.reverse()
     page = catalog[offset : offset + limit]
-    building = driver.runtimes_building()
-    return ok({"runtimes": [runtime_info(r, avail, driver.runtime_info(r.name), r.name in building)
+    building = catalog_here.building()
+    return ok({"runtimes": [runtime_info(r, avail, catalog_here.info(r.name), r.name in building)
                             for r, avail in page], "total": len(catalog)})
 
 
 @routes.get("/sandbox/stats")
 async def stats(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    scope = engine.resolved(SandboxQuery(project_id=request.query.get("projectId") or None))  # hutch: per project
-    return ok(await usage_stats(engine.store, engine.roles.usage, q_instant(request, "start"), q_instant(request, "end"),
-                                scope=scope))
+    scope = engine.reads.resolved(SandboxQuery(project_id=request.query.get("projectId") or None))  # hutch: per project
+    return ok(await engine.usage.report(q_instant(request, "start"), q_instant(request, "end"), scope=scope))
 
 
 @routes.post("/sandbox")
@@ -78,9 +75,7 @@ async def create(request: web.Request) -> web.Response:
     body = await json_body(request)
     snapshot = await engine.snapshots.resolve(body["snapshot"]) if body.get("snapshot") is not None else None
     req = parse_create(body, snapshot)
-    if req.spec.network.allow:  # a name that does not resolve is a 400 before anything is recorded
-        await egress.resolve(req.spec.network.allow)
-    created = await engine.create(req, api_key_id=request.get(API_KEY_ID))
+    created = await engine.provisioning.create(req, api_key_id=request.get(API_KEY_ID))
     sb = created.sandbox
     data = {"sandboxId": sb.sandbox_id, "status": sb.status.value,
             "auditStreamId": audit_stream_id(engine, sb.sandbox_id),
@@ -119,7 +114,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
         sort=_SORTS[sort or "created"],
         direction=q_choice(request, "direction", ("asc", "desc"), "desc") or "desc",
     )
-    found, total = await request.app[ENGINE].list(query)
+    found, total = await request.app[ENGINE].reads.list(query)
     return ok({"sandboxes": [render_sandbox(request, sb) for sb in found], "total": total})
 
 
@@ -139,17 +134,17 @@ def _wanted_statuses(request: web.Request) -> set[SandboxStatus] | None:
     return out
 
 
-async def _maybe_wait(request: web.Request, sandbox_id: str) -> Sandbox:
+async def _maybe_wait(request: web.Request, sandbox_id: str) -> SandboxState:
     engine = request.app[ENGINE]
     wanted = _wanted_statuses(request)
     wait_ms = q_int(request, "waitMs", 0)
     include_deleted = bool(q_bool(request, "includeDeleted"))
     if wanted and wait_ms:
-        sb = await engine.wait_status(sandbox_id, wanted, wait_ms / 1000)
+        sb = await engine.reads.wait_status(sandbox_id, wanted, wait_ms / 1000)
         if sb.status is SandboxStatus.DELETED and not include_deleted and SandboxStatus.DELETED not in wanted:
-            return await engine.get(sandbox_id, include_deleted=False)
+            return await engine.reads.require(sandbox_id, include_deleted=False)
         return sb
-    return await engine.get(sandbox_id, include_deleted=include_deleted or bool(wanted and SandboxStatus.DELETED in wanted))
+    return await engine.reads.require(sandbox_id, include_deleted=include_deleted or bool(wanted and SandboxStatus.DELETED in wanted))
 
 
 @routes.get("/sandbox/status/{sandbox_id}")
@@ -165,10 +160,10 @@ async def status(request: web.Request) -> web.Response:
 async def get_execution(request: web.Request) -> web.Response:
     engine, execution_id, wait = request.app[ENGINE], request.match_info["execution_id"], q_duration(request, "wait")
     if not wait:
-        return ok(render_execution(request, await engine.get_execution(execution_id)))
+        return ok(render_execution(request, await engine.reads.get_execution(execution_id)))
     # A long-poll by a key that may act on the sandbox is a waiter: its client leaving for good
     # cancels the command (api/watchers.py). A read-only key's is a reader: it cannot.
-    ex, gone = await hold(engine.watchers, request, execution_id, engine.get_execution(execution_id, wait=wait),
+    ex, gone = await hold(engine.watchers, request, execution_id, engine.reads.get_execution(execution_id, wait=wait),
                                           counts=request[PRINCIPAL].may(Access.WRITE))
     if gone or ex is None:
         return web.Response(status=499)  # nobody reads it: the client went away
@@ -177,14 +172,14 @@ async def get_execution(request: web.Request) -> web.Response:
 
 @routes.post("/sandbox/execution/{execution_id}/cancel")
 async def cancel_execution(request: web.Request) -> web.Response:
-    ex = await request.app[ENGINE].cancel_execution(request.match_info["execution_id"])
+    ex = await request.app[ENGINE].executions.cancel(request.match_info["execution_id"])
     return ok(render_execution(request, ex))
 
 
 @routes.get("/sandbox/sandboxes/{sandbox_id}/executions")
 async def list_executions(request: web.Request) -> web.Response:
     limit = q_int(request, "limit", 50, lo=1, hi=1000)
-    found = await request.app[ENGINE].list_executions(request.match_info["sandbox_id"], limit)
+    found = await request.app[ENGINE].reads.list_executions(request.match_info["sandbox_id"], limit)
     return ok({"executions": [render_execution(request, ex) for ex in found]})
 
 
@@ -192,7 +187,7 @@ async def list_executions(request: web.Request) -> web.Response:
 async def list_events(request: web.Request) -> web.Response:
     limit = q_int(request, "limit", 50, lo=1, hi=100)
     direction = q_choice(request, "direction", ("asc", "desc"), "asc")
-    found = await request.app[ENGINE].events(request.match_info["sandbox_id"], limit=limit, reverse=direction == "desc")
+    found = await request.app[ENGINE].reads.events(request.match_info["sandbox_id"], limit=limit, reverse=direction == "desc")
     return ok(
         {
             "events": [
@@ -218,20 +213,20 @@ async def get_sandbox(request: web.Request) -> web.Response:
     usage = None
     if not sb.status.is_final:  # what it has used so far, from the driver (an ended one's is in its events)
         with contextlib.suppress(Exception):
-            usage = await request.app[ENGINE].driver.usage(sb.sandbox_id)
+            usage = await request.app[ENGINE].usage.so_far(sb.sandbox_id)
     return ok(render_sandbox(request, sb, usage))
 
 
 @routes.delete("/sandbox/{sandbox_id}")
 async def destroy(request: web.Request) -> web.Response:
-    await request.app[ENGINE].destroy(request.match_info["sandbox_id"])
+    await request.app[ENGINE].control.destroy(request.match_info["sandbox_id"])
     return ok()
 
 
 @routes.post("/sandbox/{sandbox_id}/execute")
 async def execute(request: web.Request) -> web.Response:
     req = parse_execute(await json_body(request))
-    ex, auto_resumed = await request.app[ENGINE].execute(request.match_info["sandbox_id"], req)
+    ex, auto_resumed = await request.app[ENGINE].executions.execute(request.match_info["sandbox_id"], req)
     info = render_execution(request, ex)
     data = {k: info[k] for k in ("executionId", "status", "stdoutStreamUrl", "stderrStreamUrl") if k in info}
     return ok(data, top={"autoResumed": auto_resumed})
@@ -239,7 +234,7 @@ async def execute(request: web.Request) -> web.Response:
 
 @routes.post("/sandbox/{sandbox_id}/pause")
 async def pause(request: web.Request) -> web.Response:
-    sb = await request.app[ENGINE].pause(request.match_info["sandbox_id"])
+    sb = await request.app[ENGINE].control.pause(request.match_info["sandbox_id"])
     # The client reads these at the top level, not under "data".
     top = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
     if sb.terminates_at:
@@ -249,5 +244,5 @@ async def pause(request: web.Request) -> web.Response:
 
 @routes.post("/sandbox/{sandbox_id}/resume")
 async def resume(request: web.Request) -> web.Response:
-    await request.app[ENGINE].resume(request.match_info["sandbox_id"])
+    await request.app[ENGINE].control.resume(request.match_info["sandbox_id"])
     return ok()

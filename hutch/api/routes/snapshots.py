@@ -15,7 +15,7 @@ from hutch.api.render import lineage_entry, snapshot_info
 from hutch.core import limits
 from hutch.core.blobs import BlobNotFound
 from hutch.core.errors import InvalidInput, SnapshotNotFound, Unauthorized
-from hutch.core.models import Snapshot
+from hutch.core.models import SnapshotState
 from hutch.core.snapshots import check_name
 from hutch.core.tenancy import secrets_match
 from hutch.projections.base import SNAPSHOT_SORTS, SnapshotQuery
@@ -24,7 +24,7 @@ from hutch.service.tenancy import project_for
 
 routes = web.RouteTableDef()
 
-def _render(request: web.Request, snap: Snapshot) -> dict[str, Any]:
+def _render(request: web.Request, snap: SnapshotState) -> dict[str, Any]:
     return snapshot_info(snap, f"{base_url(request)}/sandbox/snapshots/{snap.snapshot_id}/download")
 
 

@@ -16,13 +16,13 @@ from aiohttp import web
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.core import tenancy
-from hutch.core.tenancy import SshKey
+from hutch.core.tenancy import SshKeyRecord
 from hutch.service.tenancy import now_utc
 
 routes = web.RouteTableDef()
 
 
-def render_ssh_key(k: SshKey) -> dict[str, Any]:
+def render_ssh_key(k: SshKeyRecord) -> dict[str, Any]:
     return {"id": k.ssh_key_id, "orgId": k.org_id, "name": k.name, "publicKey": k.public_key,
             "fingerprint": k.fingerprint, "createdAt": k.created_at, "addedBy": k.added_by,
             "projects": list(k.projects)}

@@ -13,7 +13,6 @@ from hutch.api.watchers import hold
 from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
 from hutch.core.tenancy import SCOPE, Access, Scope, secrets_match
-from hutch.service import sandbox_streams
 from hutch.service.sandbox_streams import is_sandbox_stream
 
 routes = web.RouteTableDef()
@@ -22,7 +21,7 @@ routes = web.RouteTableDef()
 @routes.get("/streams/{stream_id}")
 @needs(PUBLIC)
 async def read_stream(request: web.Request) -> web.StreamResponse:
-    outputs = request.app[ENGINE].outputs
+    outputs = request.app[ENGINE].output
     stream_id = request.match_info["stream_id"]
     if not await outputs.exists(stream_id):
         raise NotFound(f"stream {stream_id} not found")
@@ -38,7 +37,7 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     owner = engine.streams.execution_of(stream_id)
     if owner is not None and is_sandbox_stream(owner):
-        async for chunk in sandbox_streams.follow(engine, owner, engine.streams.kind_of(stream_id)):
+        async for chunk in engine.sandbox_output.follow(owner, engine.streams.kind_of(stream_id)):
             await resp.write(chunk)
         await resp.write_eof()
     elif owner is None:
@@ -66,7 +65,7 @@ async def _may_act(request: web.Request, execution_id: str) -> bool:
         return True  # acts for every organization
     scope = SCOPE.set(Scope(principal.org_id, principal.projects))
     try:
-        await request.app[ENGINE].get_execution(execution_id)  # its organization and projects only
+        await request.app[ENGINE].reads.get_execution(execution_id)  # its organization and projects only
         return True
     except HutchError:
         return False

@@ -22,12 +22,12 @@ from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.core import tenancy
 from hutch.core.errors import Forbidden, InvalidInput, NotFound
-from hutch.core.tenancy import Access, ApiKey, Organization, Project
+from hutch.core.tenancy import Access, ApiKeyRecord, OrganizationRecord, ProjectRecord
 
 routes = web.RouteTableDef()
 
 
-def render_org(org: Organization, usage: dict[str, int] | None = None) -> dict[str, Any]:
+def render_org(org: OrganizationRecord, usage: dict[str, int] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"id": org.org_id, "name": org.name, "createdAt": org.created_at,
                            "quota": {"sandboxes": org.quota.sandboxes, "memoryBytes": org.quota.memory_bytes,
                                      "cpuMillis": org.quota.cpu_millis, "snapshotBytes": org.quota.snapshot_bytes}}
@@ -41,11 +41,11 @@ def render_org(org: Organization, usage: dict[str, int] | None = None) -> dict[s
     return out
 
 
-def render_project(p: Project) -> dict[str, Any]:
+def render_project(p: ProjectRecord) -> dict[str, Any]:
     return {"id": p.project_id, "name": p.name, "orgId": p.org_id, "createdAt": p.created_at}
 
 
-def render_key(k: ApiKey) -> dict[str, Any]:
+def render_key(k: ApiKeyRecord) -> dict[str, Any]:
     return {"id": k.key_id, "name": k.name, "orgId": k.org_id, "role": k.role.value, "prefix": k.prefix,
             "projects": list(k.projects), "createdAt": k.created_at, "expiresAt": k.expires_at,
             "revokedAt": k.revoked_at, "rate": k.rate, "burst": k.burst}
@@ -89,7 +89,7 @@ async def set_quota(request: web.Request) -> web.Response:
     return ok(render_org(org, await engine.quotas.usage(org.org_id)))
 
 
-def _org(request: web.Request) -> Organization:
+def _org(request: web.Request) -> OrganizationRecord:
     """The path's organization, if the key acts for it (administrators: any); else 404."""
     principal, directory = request[PRINCIPAL], request.app[TENANTS].directory
     org_id = request.match_info["org_id"]

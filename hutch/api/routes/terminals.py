@@ -20,9 +20,9 @@ from aiohttp import WSMsgType, web
 from hutch.api.access import needs
 from hutch.api.http import parse_json, q_int
 from hutch.api.keys import ENGINE
-from hutch.core.errors import InvalidInput, NotSupported
+from hutch.core.errors import InvalidInput
 from hutch.core.tenancy import Access
-from hutch.service.terminals import ActiveTerminal, TerminalOptions, check_term, open_terminal
+from hutch.service.terminals import ActiveTerminal, TerminalOptions, check_term
 
 routes = web.RouteTableDef()
 
@@ -37,7 +37,7 @@ async def terminal(request: web.Request) -> web.StreamResponse:
     sandbox_id = request.match_info["sandbox_id"]
     # Every refusal before the upgrade, in this order, so that the same request without the
     # upgrade (what a client does to learn why its handshake failed) gets the same answer.
-    await engine.get(sandbox_id)  # another organization's sandbox is a 404 before anything else
+    await engine.reads.require(sandbox_id)  # another organization's sandbox is a 404 before anything else
     opts = TerminalOptions(
         command=tuple(request.query.getall("command", [])),
         rows=q_int(request, "rows", 24, lo=1, hi=1000),
@@ -46,13 +46,12 @@ async def terminal(request: web.Request) -> web.StreamResponse:
         term=request.query.get("term") or "xterm-256color",
     )
     check_term(opts.term)
-    if not engine.driver.capabilities.terminals:
-        raise NotSupported(f"driver {engine.driver.name} has no terminals")
+    engine.terminals.check_supported()
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=_MAX_FRAME)
     if not ws.can_prepare(request).ok:
         raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
                            field="Upgrade")
-    active = await open_terminal(engine, sandbox_id, opts)
+    active = await engine.terminals.open(sandbox_id, opts)
     try:
         await ws.prepare(request)
         await relay(ws, active)

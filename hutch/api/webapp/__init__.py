@@ -133,7 +133,7 @@ async def live(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     # The organization's events only, and a bounded backlog: a browser that stopped reading
     # holds at most _BACKLOG of them, then its stream ends (EventSource reconnects).
-    queue = engine.projector.listen(org_id=principal.org_id, limit=_BACKLOG)
+    queue = engine.changes.listen(org_id=principal.org_id, limit=_BACKLOG)
     try:
         await resp.write(b": hutch live\n\n")
         while True:
@@ -154,7 +154,7 @@ async def live(request: web.Request) -> web.StreamResponse:
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        engine.projector.unlisten(queue)
+        engine.changes.unlisten(queue)
     with contextlib.suppress(Exception):
         await resp.write_eof()
     return resp

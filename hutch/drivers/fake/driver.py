@@ -37,7 +37,7 @@ from hutch.drivers.base import (
     ExecRequest,
     ExecResult,
     FileInfo,
-    FileToWrite,
+    FileWrite,
     OutputSink,
     ProvisionRequest,
     Stream,
@@ -149,7 +149,7 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
         except KeyError:
             raise SandboxNotFound(f"fake driver has no sandbox {sandbox_id}") from None
 
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         sb = self._get(sandbox_id)
         for f in files:
             path = _abspath(f.path, None)

@@ -37,7 +37,7 @@ from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.smallfiles import get as _get
 from hutch.drivers.local.smallfiles import put as _put
-from hutch.drivers.local.state import SAFE_ID, Registry, Sandbox
+from hutch.drivers.local.state import SAFE_ID, LocalSandbox, Registry
 from hutch.drivers.local.teardown import Teardown
 
 NO_FREEZER = "disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)"
@@ -67,7 +67,7 @@ def copy_layer(src: Path, dst: Path) -> None:
     os.rename(tmp, dst)
 
 
-class Checkpoints:
+class LocalCheckpoints:
     """Checkpoints of the sandboxes of one driver (needs the freezer: not rootless)."""
 
     def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, net: SandboxNetwork,
@@ -130,7 +130,7 @@ class Checkpoints:
             if was_frozen:
                 await asyncio.to_thread(self._cgroups.freeze, sb.id, True)
 
-    def _swap_in(self, sb: Sandbox, source: Path) -> None:
+    def _swap_in(self, sb: LocalSandbox, source: Path) -> None:
         # Fresh upper and work dirs: the old mount may linger a moment (a helper still
         # exiting holds its namespace), and overlay refuses a workdir that is in use. The
         # real dirs (on a limited disk: inside it, disks.py); the old ones go before the

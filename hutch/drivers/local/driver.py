@@ -43,24 +43,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from hutch.core import runtimes
-from hutch.core.errors import DriverFailure, NotSupported
-from hutch.drivers import roles
+from hutch.core.errors import DriverFailure, NotSupported, SandboxNotFound
+from hutch.drivers import roles, trees
 from hutch.drivers.base import (
     Capabilities,
     Driver,
     ExecRequest,
     ExecResult,
     FileInfo,
-    FileToWrite,
+    FileWrite,
     OutputSink,
     ProvisionRequest,
-    Terminal,
+    PtySession,
+    ResourceLimits,
     TerminalRequest,
     Usage,
 )
@@ -68,13 +70,14 @@ from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
-from hutch.drivers.local.checkpoints import Checkpoints
-from hutch.drivers.local.executions import Executions
+from hutch.drivers.local.checkpoints import LocalCheckpoints
+from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
+from hutch.drivers.local.executions import LocalExecutions
 from hutch.drivers.local.fsops import Files
 from hutch.drivers.local.launch import ROOTLESS_TMP, Launcher
 from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
-from hutch.drivers.local.pool import Background, WarmPool
+from hutch.drivers.local.pool import PoolRefill, WarmPool
 from hutch.drivers.local.provisioning import Provisioner
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
@@ -84,10 +87,12 @@ from hutch.drivers.local.uids import UID_BASE
 
 __all__ = ["UID_BASE", "LocalDriver"]  # UID_BASE: the tests find sandbox uids by it
 
+log = logging.getLogger(__name__)
+
 HOME = rootfs.SANDBOX_HOME
 
 
-class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding,
+class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding,
                   roles.UsageReporting, Driver):
     name = "local"
 
@@ -119,6 +124,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
             network=True,  # rootless: slirp4netns (slirp.py) instead of a veth and NAT
             pause=self._cgroups is not None,  # the freezer
             files=True,
+            tar_streams=True,  # trees.py over the file primitives: one call for a node agent, not one a file
             checkpoints=not self.rootless,  # consistent copies need the freezer
             ports=True,  # rootless: a slirp4netns forward on the host's loopback
             installs=not self.rootless,  # install layers build in a chroot as root
@@ -133,15 +139,16 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
         self._registry = Registry(self.sandbox_root, cg)
         self._nsexec = Nsexec(self._registry, cg)
         self._network = SandboxNetwork(self._registry, self._nsexec, rootless)
-        self._executions = Executions(self._registry, self._nsexec, cg)
+        self._executions = LocalExecutions(self._registry, self._nsexec, cg)
         self._launcher = Launcher(self._registry, self._nsexec, cg, self._network, self._spares, rootless=rootless)
         self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache)
-        self._background = Background()  # pool fills, destroys: close() waits for them
+        self._background = PoolRefill()  # pool fills, destroys: close() waits for them
         self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache)
         self._provisioner = Provisioner(self._registry, cg, self._launcher, self._pool, self._network,
                                         self._teardown, runtime_cache=cache, rootless=rootless)
         self._files = Files(self._registry, self._nsexec, HOME)
-        self._checkpoints = Checkpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
+        self._checkpoints = LocalCheckpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
+        self._ended = EndWatch(self._init_ended, self._background.spawn)  # endwatch.py
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -152,6 +159,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
             self._pool.size = 0
             self._nsexec.path = await asyncio.to_thread(self._prepare)
             await self._teardown.reap_leftovers()
+            self._watch_adopted()
             return
         if self._cgroups is None:
             raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
@@ -161,7 +169,13 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
             self._pool.size = 0
         self._pool.start()
         await self._teardown.reap_leftovers()
+        self._watch_adopted()
         self._guard = asyncio.create_task(self._executions.guard_pids(lambda: self._pool.closed))
+
+    def _watch_adopted(self) -> None:
+        raise_fd_limit()
+        for sb in list(self._registry.sandboxes.values()):
+            self._ended.watch(sb)
 
     def _prepare(self) -> Path:
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
@@ -175,6 +189,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
 
     async def close(self) -> None:
         self._pool.closed = True  # no more fills, and the pids guard stops
+        self._ended.close()  # the sandboxes run on; the next start watches them again
         await self._network.allow.close()
         if self._guard is not None:
             self._guard.cancel()
@@ -232,6 +247,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
 
     async def provision(self, req: ProvisionRequest) -> None:
         await self._provisioner.provision(req)
+        self._ended.watch(self._registry.sandboxes[req.sandbox_id])
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
@@ -240,6 +256,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
     async def destroy(self, sandbox_id: str) -> None:
         if not SAFE_ID.match(sandbox_id):
             return
+        self._ended.forget(sandbox_id)
         # Shielded and tracked: a caller cancelled half way (a server shutting down)
         # must not leave a killed sandbox's cgroups and files behind; close() waits.
         task = asyncio.ensure_future(self._destroy(sandbox_id))
@@ -250,6 +267,33 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
         async with self._registry.lock(sandbox_id):
             await self._teardown.teardown(sandbox_id)
         self._registry.drop_lock(sandbox_id)
+
+    async def _init_ended(self, sandbox_id: str, init_pid: int) -> None:
+        """A watched init exited (endwatch.py). Unless a destroy (the record is gone) or a
+        restore (a new init) did it, the sandbox is over: torn down as a destroy would, then
+        reported failed, as the nomad driver reports a lost allocation."""
+        async with self._registry.lock(sandbox_id):
+            sb = self._registry.sandboxes.get(sandbox_id)
+            if sb is None or sb.init_pid != init_pid or is_live(sb):
+                return
+            log.warning("sandbox %s: its init (pid %d) ended without a destroy; ending the sandbox",
+                        sandbox_id, init_pid)
+            try:
+                await self._teardown.teardown(sandbox_id)
+            except Exception:  # reported all the same: the sandbox is gone either way
+                log.exception("tearing down sandbox %s after its init ended", sandbox_id)
+        self._registry.drop_lock(sandbox_id)
+        await self.report_ended(sandbox_id, f"the sandbox's init process (pid {init_pid}) ended without a destroy: "
+                                "killed on the host (processes inside cannot kill it)", failed=True)
+
+    def limits(self, sandbox_id: str) -> ResourceLimits:
+        """The memory, cpu and disk limits the sandbox was given, read back from its meta.json
+        after a restart too: the capacity a node agent has committed to it (pids are not
+        kept). None where it had no limit or was made before limits were kept."""
+        sb = self._registry.load(sandbox_id) if SAFE_ID.match(sandbox_id) else None
+        if sb is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        return ResourceLimits(memory_bytes=sb.memory_bytes, cpu_millis=sb.cpu_millis, disk_bytes=sb.disk_bytes)
 
     async def usage(self, sandbox_id: str) -> Usage:
         if self._cgroups is None or not SAFE_ID.match(sandbox_id):
@@ -271,7 +315,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
         return await self._executions.exec(req, sink)
 
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         return await self._executions.open_terminal(req)
 
     async def cancel(self, execution_id: str) -> None:
@@ -280,7 +324,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
     async def signal(self, execution_id: str, signum: int) -> None:
         await self._executions.signal(execution_id, signum)
 
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         await self._executions.write_files(sandbox_id, files)
         await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])
 
@@ -309,6 +353,14 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._files.symlink(sandbox_id, path, target)
 
+    # -- whole trees (drivers/trees.py over the primitives above) --------------
+
+    def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        return trees.tar_from_files(self, sandbox_id, path)
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        await trees.untar_into_files(self, sandbox_id, dest, archive, gzipped=gzipped)
+
     # -- checkpoints (checkpoints.py) ------------------------------------------
 
     async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
@@ -316,6 +368,7 @@ class LocalDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.
 
     async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self._checkpoints.restore(sandbox_id, checkpoint_id)
+        self._ended.watch(self._registry.running(sandbox_id))  # its new init
 
     async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
         return await asyncio.to_thread(self._checkpoints.sizes, sandbox_id)

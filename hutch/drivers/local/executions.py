@@ -23,9 +23,9 @@ from hutch.drivers import trust
 from hutch.drivers.base import (
     ExecRequest,
     ExecResult,
-    FileToWrite,
+    FileWrite,
     OutputSink,
-    Terminal,
+    PtySession,
     TerminalRequest,
     check_env,
 )
@@ -33,7 +33,7 @@ from hutch.drivers.local import pidsguard, rootfs, terminal
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.pidsguard import PidsGuard
-from hutch.drivers.local.state import Execution, Registry, Sandbox
+from hutch.drivers.local.state import LocalExecution, LocalSandbox, Registry
 
 HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER
@@ -43,7 +43,7 @@ EXIT_CANCELLED = 128 + signal.SIGKILL
 NO_FREEZER = "pause needs the cgroup freezer; this server runs without root (rootless mode)"
 
 
-class Executions:
+class LocalExecutions:
     """Runs and controls what executes in the sandboxes of one driver."""
 
     def __init__(self, registry: Registry, nsexec: Nsexec, cgroups: Cgroups | None) -> None:
@@ -52,7 +52,7 @@ class Executions:
         self._cgroups = cgroups
 
     @staticmethod
-    def _env(sb: Sandbox, extra: Mapping[str, str]) -> dict[str, str]:
+    def _env(sb: LocalSandbox, extra: Mapping[str, str]) -> dict[str, str]:
         check_env(extra, "env")
         env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
                "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox", **trust.sandbox_env()}
@@ -71,7 +71,7 @@ class Executions:
         cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
         leaf = "x-" + re.sub(r"[^A-Za-z0-9_.-]", "_", req.execution_id)[:100]
         self._registry.check_not_paused(sb)
-        execution = Execution(sandbox_id=sb.id, leaf=leaf)
+        execution = LocalExecution(sandbox_id=sb.id, leaf=leaf)
         executions[req.execution_id] = execution
         self._nsexec.gc_leaves(sb.id)
         try:
@@ -90,7 +90,7 @@ class Executions:
             return ExecResult(exit_code=EXIT_TIMEOUT, timed_out=True, oom_killed=oom)
         return ExecResult(exit_code=code, oom_killed=oom)
 
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         sb = self._registry.running(req.sandbox_id)
         if not req.argv:
             raise InvalidInput("command must not be empty", field="command")
@@ -142,7 +142,7 @@ class Executions:
             raise InvalidInput(f"signal: {signum} is not a signal", field="signal")
         await self._nsexec.signal_leaf(execution.sandbox_id, execution.leaf, signum)
 
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         sb = self._registry.running(sandbox_id)
         if not files:
             return

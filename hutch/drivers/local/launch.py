@@ -24,7 +24,7 @@ from hutch.drivers.local.nsexec import Nsexec, rlimit_args
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.smallfiles import put as _put
 from hutch.drivers.local.spares import SpareDirs
-from hutch.drivers.local.state import Registry, Sandbox
+from hutch.drivers.local.state import LocalSandbox, Registry
 
 # Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
 ROOTLESS_UID = 1000
@@ -63,7 +63,7 @@ class Launcher:
         self._spares = spares
         self._rootless = rootless
 
-    async def create(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> Sandbox:
+    async def create(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> LocalSandbox:
         """Start a sandbox from scratch.
 
         On the event loop, not in worker threads: the file and cgroup work is ~1 ms of
@@ -78,8 +78,9 @@ class Launcher:
         populate_upper(lower, d / "upper", uid, self._rootless,
                        slirp.resolv_conf() if slirp_net and req.network_enabled else None)
         res = req.resources
-        sb = Sandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
-                     dev_bytes=dev_bytes(res.memory_bytes, self._rootless))
+        sb = LocalSandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
+                     dev_bytes=dev_bytes(res.memory_bytes, self._rootless), memory_bytes=res.memory_bytes,
+                     cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes)
         if self._cgroups is not None:
             self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         else:
@@ -108,7 +109,7 @@ class Launcher:
         _put(d / "uid", str(uid).encode())
         return uid
 
-    async def launch(self, d: Path, sb: Sandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
+    async def launch(self, d: Path, sb: LocalSandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
         """Start the sandbox's pid 1 over ``d``'s upper layer; returns its (pid, start time).
 
         The launcher forks pid 1, prints its host pid and exits; pid 1 says "ready" on
@@ -152,7 +153,7 @@ class Launcher:
             raise DriverFailure(f"sandbox {sid} died at start: {_text(stderr)}")
         return pid, start
 
-    def _command(self, d: Path, sb: Sandbox, lower: list[Path], netfilter: bytes | None, procs: list[Path], *,
+    def _command(self, d: Path, sb: LocalSandbox, lower: list[Path], netfilter: bytes | None, procs: list[Path], *,
                  ready_w: int, info_w: int, pass_fds: list[int]) -> list[str]:
         """The launcher's command line (``procs``: its init leaf's cgroup.procs files); adds
         the fds the launcher inherits to ``pass_fds``."""

@@ -21,7 +21,7 @@ from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
 from hutch.drivers.base import OutputSink
 from hutch.drivers.local import helper
 from hutch.drivers.local.cgroups import Cgroups
-from hutch.drivers.local.state import Registry, Sandbox
+from hutch.drivers.local.state import LocalSandbox, Registry
 
 
 def env_fd(env: Mapping[str, str]) -> int:
@@ -39,7 +39,7 @@ def env_fd(env: Mapping[str, str]) -> int:
     return fd
 
 
-def rlimit_args(sb: Sandbox) -> list[str]:
+def rlimit_args(sb: LocalSandbox) -> list[str]:
     """Rlimits every process of a rootless sandbox gets (none when cgroups limit it)."""
     args = []
     if sb.rlimit_data:
@@ -59,7 +59,7 @@ class Nsexec:
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
         self._pids: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
 
-    def command(self, mode: str, sb: Sandbox, leaf: str, *, cwd: str, env: Mapping[str, str] | None,
+    def command(self, mode: str, sb: LocalSandbox, leaf: str, *, cwd: str, env: Mapping[str, str] | None,
                 status_w: int, pass_fds: list[int] | None = None) -> list[str]:
         """hutch-nsexec's command line up to the ``--`` before the argv; makes the leaf cgroup.
         An ``env`` goes in a memfd added to ``pass_fds`` (the caller passes it on and closes it):
@@ -80,7 +80,7 @@ class Nsexec:
     async def run(
         self,
         mode: str,
-        sb: Sandbox,
+        sb: LocalSandbox,
         leaf: str,
         *,
         cwd: str,

@@ -29,12 +29,12 @@ from typing import Any
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure
-from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest, Resources
+from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest, ResourceLimits
 from hutch.drivers.local import rootfs, uids
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import start_time
 from hutch.drivers.local.launch import Launcher, dev_bytes
-from hutch.drivers.local.state import POOL_PREFIX, Registry, Sandbox, is_live
+from hutch.drivers.local.state import POOL_PREFIX, LocalSandbox, Registry, is_live
 from hutch.drivers.local.teardown import Teardown
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def pool_size() -> int:
         return 2
 
 
-class Background:
+class PoolRefill:
     """Tasks that must finish before the driver closes (pool fills, destroys)."""
 
     def __init__(self) -> None:
@@ -69,7 +69,7 @@ class WarmPool:
     """The idle pooled sandboxes of one driver, per runtime."""
 
     def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, teardown: Teardown,
-                 background: Background, runtime_cache: Path) -> None:
+                 background: PoolRefill, runtime_cache: Path) -> None:
         self._registry = registry
         self._runtime_cache = runtime_cache
         self._cgroups = cgroups
@@ -77,7 +77,7 @@ class WarmPool:
         self._teardown = teardown
         self._background = background
         self.size = pool_size()
-        self.idle: dict[str, list[Sandbox]] = {}  # runtime -> idle pooled sandboxes
+        self.idle: dict[str, list[LocalSandbox]] = {}  # runtime -> idle pooled sandboxes
         self._filling: set[str] = set()
         self._memory: dict[str, int | None] = {}  # runtime -> the memory limit its pool is filled for
         self._fill_slots = asyncio.Semaphore(1)
@@ -90,7 +90,7 @@ class WarmPool:
         me = os.getpid()
         self._tag = f"{POOL_PREFIX}{me}-{start_time(me)}-{secrets.token_hex(4)}"
 
-    async def claim(self, req: ProvisionRequest) -> Sandbox | None:
+    async def claim(self, req: ProvisionRequest) -> LocalSandbox | None:
         """Turn an idle pooled sandbox into ``req``'s; None when none is left."""
         pool = self.idle.get(req.runtime)
         wanted = dev_bytes(req.resources.memory_bytes, rootless=False)
@@ -108,7 +108,7 @@ class WarmPool:
                 await self._teardown.teardown(req.sandbox_id)  # if the rename went through
         return None
 
-    def _adopt(self, pooled: Sandbox, req: ProvisionRequest) -> Sandbox:
+    def _adopt(self, pooled: LocalSandbox, req: ProvisionRequest) -> LocalSandbox:
         """Renames and a few small writes, done on the event loop (see Launcher.create)."""
         assert self._cgroups is not None
         if not is_live(pooled):
@@ -127,8 +127,9 @@ class WarmPool:
         uids.move_claim(pooled.uid, old_dir, new_dir)
         res = req.resources
         self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
-        sb = Sandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
-                     init_pid=pooled.init_pid, init_start=pooled.init_start, dev_bytes=pooled.dev_bytes)
+        sb = LocalSandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
+                     init_pid=pooled.init_pid, init_start=pooled.init_start, dev_bytes=pooled.dev_bytes,
+                     memory_bytes=res.memory_bytes, cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes)
         self._registry.write_meta(sb)
         return sb
 
@@ -158,7 +159,7 @@ class WarmPool:
                     name = f"{self._tag}-{next(self._seq)}"
                     try:
                         sb = await self._launcher.create(
-                            ProvisionRequest(sandbox_id=name, runtime=runtime, resources=Resources(memory_bytes=memory)),
+                            ProvisionRequest(sandbox_id=name, runtime=runtime, resources=ResourceLimits(memory_bytes=memory)),
                             [lower], None)
                     except Exception as err:
                         log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)

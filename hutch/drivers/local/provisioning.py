@@ -24,7 +24,7 @@ from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.pool import WarmPool
 from hutch.drivers.local.sandboxnet import SandboxNetwork
-from hutch.drivers.local.state import SAFE_ID, Registry, Sandbox, is_live
+from hutch.drivers.local.state import SAFE_ID, LocalSandbox, Registry, is_live
 from hutch.drivers.local.teardown import Teardown
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class Provisioner:
             self._registry.sandboxes[sb.id] = sb
         self._pool.refill(recipe.name, req.resources.memory_bytes)
 
-    async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> Sandbox:
+    async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> LocalSandbox:
         """A pooled sandbox claimed for ``req``, or a new one."""
         layer = await self.layer(recipe, req)
         # A pooled sandbox has its layer on the host's disk and no allow-list (its network is

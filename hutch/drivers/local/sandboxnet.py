@@ -19,7 +19,7 @@ from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import network, slirp
 from hutch.drivers.local.helper import start_time
 from hutch.drivers.local.nsexec import Nsexec
-from hutch.drivers.local.state import Registry, Sandbox
+from hutch.drivers.local.state import LocalSandbox, Registry
 from hutch.drivers.local.uids import UID_BASE
 
 
@@ -34,7 +34,7 @@ class SandboxNetwork:
         self.slirps: dict[str, subprocess.Popen[bytes]] = {}  # rootless network, to reap
         self._slirp_dir: Path | None = None  # rootless ports: slirp4netns API sockets
 
-    def sync(self, sb: Sandbox) -> None:
+    def sync(self, sb: LocalSandbox) -> None:
         """The sandbox's veth (network or a port) and its allow-list, before the veth: see network.py."""
         if sb.allow:
             network.set_allowed(sb.uid - UID_BASE, flatten(sb.allow))
@@ -62,7 +62,7 @@ class SandboxNetwork:
             return "127.0.0.1", sb.host_port
         return str(network.address(sb.uid - UID_BASE)), sb.port
 
-    async def start_slirp(self, sb: Sandbox, *, outbound: bool, port: int | None) -> None:
+    async def start_slirp(self, sb: LocalSandbox, *, outbound: bool, port: int | None) -> None:
         """Rootless: the sandbox's slirp4netns, and its port forward if it exposes one."""
         api = self._slirp_socket(sb.id) if port is not None else None
         proc = await asyncio.to_thread(slirp.start, sb.init_pid, api)
@@ -92,14 +92,14 @@ class SandboxNetwork:
             return None
         return self._slirp_dir / f"{hashlib.sha256(sid.encode()).hexdigest()[:16]}.sock"
 
-    async def teardown(self, sb: Sandbox) -> None:
+    async def teardown(self, sb: LocalSandbox) -> None:
         """Undo the sandbox's network, if it has one (its init already killed)."""
         if sb.slirp_pid:
             self._stop_slirp(sb)
         elif sb.network or sb.port is not None:
             await asyncio.to_thread(network.teardown, sb.uid - UID_BASE)
 
-    def _stop_slirp(self, sb: Sandbox) -> None:
+    def _stop_slirp(self, sb: LocalSandbox) -> None:
         sock = self._slirp_socket_path(sb.id)
         if sock is not None:
             sock.unlink(missing_ok=True)

@@ -30,7 +30,7 @@ POOL_NAME = re.compile(r"^_pool-(\d+)-(\d+)-[0-9a-f]+-\d+\Z")
 
 
 @attrs.define
-class Sandbox:
+class LocalSandbox:
     id: str
     uid: int
     runtime: str
@@ -49,16 +49,21 @@ class Sandbox:
     host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
     allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
     dev_bytes: int | None = None  # the size of its /dev tmpfs (/dev/shm): its memory limit (launch.py)
+    # The limits it was given, so a restarted driver (a node agent) knows the capacity it has
+    # committed; None: no limit, or a meta.json written before they were kept.
+    memory_bytes: int | None = None
+    cpu_millis: int | None = None
+    disk_bytes: int | None = None
 
 
 @attrs.define
-class Execution:
+class LocalExecution:
     sandbox_id: str
     leaf: str
     cancelled: bool = False
 
 
-def is_live(sb: Sandbox) -> bool:
+def is_live(sb: LocalSandbox) -> bool:
     """Whether the sandbox's init still runs (the same process, not a reused pid)."""
     return start_time(sb.init_pid) == sb.init_start
 
@@ -69,8 +74,8 @@ class Registry:
     def __init__(self, sandbox_root: Path, cgroups: Cgroups | None) -> None:
         self.sandbox_root = sandbox_root
         self._cgroups = cgroups
-        self.sandboxes: dict[str, Sandbox] = {}
-        self.executions: dict[str, Execution] = {}
+        self.sandboxes: dict[str, LocalSandbox] = {}
+        self.executions: dict[str, LocalExecution] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     def lock(self, sid: str) -> asyncio.Lock:
@@ -79,18 +84,18 @@ class Registry:
     def drop_lock(self, sid: str) -> None:
         self._locks.pop(sid, None)
 
-    def load(self, sid: str) -> Sandbox | None:
+    def load(self, sid: str) -> LocalSandbox | None:
         sb = self.sandboxes.get(sid)
         if sb is not None:
             return sb
         try:
             data = json.loads(_get(self.sandbox_root / sid / "meta.json"))
             data["id"] = sid  # a claimed pooled sandbox renamed before its meta was rewritten
-            return Sandbox(**data)
+            return LocalSandbox(**data)
         except (OSError, ValueError, TypeError):
             return None
 
-    def running(self, sid: str) -> Sandbox:
+    def running(self, sid: str) -> LocalSandbox:
         sb = self.load(sid) if SAFE_ID.match(sid) else None
         if sb is None:
             raise SandboxNotFound(f"sandbox {sid} not found")
@@ -99,13 +104,13 @@ class Registry:
         self.sandboxes[sid] = sb
         return sb
 
-    def write_meta(self, sb: Sandbox) -> None:
+    def write_meta(self, sb: LocalSandbox) -> None:
         # In place (see _put). A server killed in the middle of this write leaves a torn
         # meta.json: the next start then treats the sandbox as dead and ends it (with a
         # lifecycle event), as it does any sandbox it cannot account for.
         _put(self.sandbox_root / sb.id / "meta.json", json.dumps(attrs.asdict(sb)).encode())
 
-    def check_not_paused(self, sb: Sandbox) -> None:
+    def check_not_paused(self, sb: LocalSandbox) -> None:
         if self._cgroups is not None and self._cgroups.is_frozen(sb.id):
             raise IllegalTransition(f"sandbox {sb.id} is paused; resume it first")
 

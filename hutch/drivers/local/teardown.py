@@ -24,7 +24,7 @@ from hutch.drivers.local.launch import layers_key
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
-from hutch.drivers.local.state import POOL_NAME, SAFE_ID, Registry, Sandbox, is_live
+from hutch.drivers.local.state import POOL_NAME, SAFE_ID, LocalSandbox, Registry, is_live
 
 
 class Teardown:
@@ -51,7 +51,7 @@ class Teardown:
         await self._remove_cgroups(sid, sb)
         self._retire_dir(sid, sb)
 
-    async def _remove_cgroups(self, sid: str, sb: Sandbox | None) -> None:
+    async def _remove_cgroups(self, sid: str, sb: LocalSandbox | None) -> None:
         # On the loop (see Launcher.create): rmdirs of cgroups and of a dozen entries.
         start = time.monotonic()
         pause = 0.0002
@@ -70,7 +70,7 @@ class Teardown:
             await asyncio.sleep(pause)  # killed processes still have to exit
             pause = min(pause * 2, 0.01)
 
-    def _retire_dir(self, sid: str, sb: Sandbox | None) -> None:
+    def _retire_dir(self, sid: str, sb: LocalSandbox | None) -> None:
         """Keep the dead sandbox's directory as a spare skeleton if it is exactly one
         (spares.py), else delete it."""
         d = self._registry.sandbox_root / sid
@@ -86,7 +86,7 @@ class Teardown:
                 return
         shutil.rmtree(d, onerror=_rm_unreadable)
 
-    async def kill_init(self, sb: Sandbox) -> None:
+    async def kill_init(self, sb: LocalSandbox) -> None:
         """SIGKILL the sandbox's pid 1 and wait until it is gone.
 
         The kernel then kills every process of the sandbox's pid namespace and lets no

@@ -20,7 +20,7 @@ import subprocess
 import termios
 from collections.abc import Awaitable, Callable, Sequence
 
-from hutch.drivers.base import Terminal
+from hutch.drivers.base import PtySession
 from hutch.drivers.local.helper import set_done
 
 _HANGUP_GRACE = 1.0  # seconds a hung-up session has to exit before its tree is killed
@@ -30,7 +30,7 @@ class StartFailed(Exception):
     """The helper ended before the terminal was made; ``args[0]`` is its status line."""
 
 
-class LocalTerminal(Terminal):
+class LocalTerminal(PtySession):
     def __init__(self, proc: subprocess.Popen[bytes], pidfd: int, master: int,
                  kill: Callable[[], Awaitable[None]], release: Callable[[], None]) -> None:
         self.pid = proc.pid

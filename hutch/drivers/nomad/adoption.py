@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hutch.core.models import Sandbox, SandboxStatus
+from hutch.core.models import SandboxState, SandboxStatus
 from hutch.drivers.egress import AllowLists
 from hutch.drivers.nomad.client import NomadClient, NomadNotFound
 from hutch.drivers.nomad.jobs import LIVE
@@ -18,7 +18,7 @@ from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 
 
-class Adoption:
+class NomadAdoption:
     _client: NomadClient
     _states: StateFiles
     _images: RuntimeImages
@@ -84,7 +84,7 @@ class Adoption:
         sb = self._sandboxes.get(sandbox_id)
         return None if sb is None else {"job_id": sb.job_id, "alloc_id": sb.alloc_id}
 
-    async def adopt(self, sandbox: Sandbox, handle: dict[str, str]) -> bool:
+    async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         """A sandbox another replica placed (its job keeps that replica's name): driven from
         here if its allocation still runs; env and allow list come from its spec."""
         sid, spec = sandbox.sandbox_id, sandbox.spec

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from hutch.core.errors import HutchError, InvalidInput
-from hutch.drivers.base import ExecRequest, ExecResult, FileToWrite, OutputSink
+from hutch.drivers.base import ExecRequest, ExecResult, FileWrite, OutputSink
 from hutch.drivers.nomad.agent import NotStarted
 from hutch.drivers.nomad.agents import ExecAgents
 from hutch.drivers.nomad.client import NomadClient
@@ -67,7 +67,7 @@ class _Errors:
         self.text += data
 
 
-async def write_files(driver: _Runs, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+async def write_files(driver: _Runs, sandbox_id: str, files: Sequence[FileWrite]) -> None:
     """Create-time files: one tar stream unpacked by ``tar`` in the sandbox, as its user."""
     if not files:
         return

@@ -69,11 +69,11 @@ from hutch.drivers.base import (
     ExecRequest,
     ExecResult,
     FileInfo,
-    FileToWrite,
+    FileWrite,
     Metric,
     OutputSink,
     ProvisionRequest,
-    Terminal,
+    PtySession,
     TerminalRequest,
     Usage,
     check_env,
@@ -82,7 +82,7 @@ from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import rootfs
 from hutch.drivers.nomad import agents, commands, images, placement
-from hutch.drivers.nomad.adoption import Adoption
+from hutch.drivers.nomad.adoption import NomadAdoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
@@ -126,7 +126,7 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(Adoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
+class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
                   roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
     name = "nomad"
 
@@ -582,10 +582,10 @@ class NomadDriver(Adoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles
         if sb is not None and sb.checkpoints.pop(checkpoint_id, None) is not None:
             await asyncio.to_thread(self._states.save, sb)
 
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         return await self._terminals.open_terminal(req)
 
-    async def write_files(self, sandbox_id: str, files: Sequence[FileToWrite]) -> None:
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         self.check_not_paused(self.running(sandbox_id))
         await commands.write_files(self, sandbox_id, files)
         await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])

@@ -47,7 +47,7 @@ from hutch.core.errors import (
     SandboxNotFound,
 )
 from hutch.core.quantities import format_bytes
-from hutch.drivers.base import FileInfo, FileToWrite
+from hutch.drivers.base import FileInfo, FileWrite
 from hutch.drivers.fserrors import from_errno
 from hutch.drivers.nomad.access import SandboxAccess
 from hutch.drivers.nomad.client import ExecFailed
@@ -149,7 +149,7 @@ _QUEUE_DEPTH = 8  # output frames held for a slow reader before the command is s
 MAX_OUTPUT = 32 * 2**20
 
 
-def pack_files(files: Sequence[FileToWrite]) -> bytes:
+def pack_files(files: Sequence[FileWrite]) -> bytes:
     """Create-time files as a tar stream of paths under the workspace, for ``tar -x`` run in
     the sandbox as the sandbox user (the driver's ``write_files``)."""
     buf = io.BytesIO()

@@ -13,7 +13,7 @@ import attrs
 from hutch.core.egress import DENY_SETTING, PERMIT_SETTING, denied_ranges
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_bytes, parse_millicores
-from hutch.drivers.base import DEFAULT_PIDS, Resources
+from hutch.drivers.base import DEFAULT_PIDS, ResourceLimits
 from hutch.drivers.local import network as sandbox_network
 from hutch.drivers.nomad import images
 
@@ -35,15 +35,15 @@ CPU_RESERVATION_MHZ = 10
 DISCONNECT_LOST_AFTER_NS = 3600 * 10**9  # unknown -> lost after an hour (the job is long stopped)
 
 
-def default_resources() -> Resources:
+def default_resources() -> ResourceLimits:
     """The memory and CPU of a sandbox that gives none; InvalidInput names a bad setting."""
     memory = os.environ.get("HUTCH_DEFAULT_MEMORY") or DEFAULT_MEMORY
     cpu = os.environ.get("HUTCH_DEFAULT_CPU") or DEFAULT_CPU
-    return Resources(memory_bytes=parse_bytes("HUTCH_DEFAULT_MEMORY", memory),
+    return ResourceLimits(memory_bytes=parse_bytes("HUTCH_DEFAULT_MEMORY", memory),
                      cpu_millis=parse_millicores("HUTCH_DEFAULT_CPU", cpu))
 
 
-def sized(resources: Resources) -> Resources:
+def sized(resources: ResourceLimits) -> ResourceLimits:
     """``resources`` with the defaults where it names no memory or CPU."""
     defaults = default_resources()
     return attrs.evolve(resources, memory_bytes=resources.memory_bytes or defaults.memory_bytes,
@@ -60,7 +60,7 @@ def egress_denied() -> list[str]:
         raise InvalidInput(str(err), field=setting) from None
 
 
-def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resources, meta: dict[str, str], *,
+def job_spec(job_id: str, image: str, datacenters: list[str], resources: ResourceLimits, meta: dict[str, str], *,
              network: bool = False, port: int | None = None, allow: list[str] | None = None,
              denied: Sequence[str] = ()) -> dict[str, Any]:
     """The Nomad job of one sandbox (or pool entry): one group, one hutch-containerd task.

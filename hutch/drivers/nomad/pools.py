@@ -28,7 +28,7 @@ import attrs
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput
-from hutch.drivers.base import Metric, Resources
+from hutch.drivers.base import Metric, ResourceLimits
 from hutch.drivers.nomad.jobs import LIVE, default_resources, job_spec, sized
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ class WarmPools:
             self._spawn(self._refill_loop(), "nomad-pool")
         self._refill_wakeup.set()
 
-    def _claim(self, runtime: str, resources: Resources) -> PoolEntry | None:
+    def _claim(self, runtime: str, resources: ResourceLimits) -> PoolEntry | None:
         self.pool_sizing.record_create(runtime)
         if self.pool_sizing.adaptive and runtime in self._available:
             self._pool.setdefault(runtime, deque())
@@ -199,7 +199,7 @@ class WarmPools:
         if runtime not in self._pool:
             return None
         pool = self._pool[runtime]
-        if sized(resources) != sized(Resources()) or not pool:  # an entry has the default size
+        if sized(resources) != sized(ResourceLimits()) or not pool:  # an entry has the default size
             self._pool_misses += 1
             return None
         self._pool_claims += 1
@@ -261,7 +261,7 @@ class WarmPools:
         settled = False  # in the pool, or failed and taken down
         try:
             started = time.monotonic()
-            alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, Resources(),
+            alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, ResourceLimits(),
                                                   {"hutch.pool": runtime}))
             self.pool_sizing.record_placement(time.monotonic() - started)
             await self._agents.warm(job_id, alloc_id, runtime)  # agents.py: so its claimer's commands are fast

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from hutch.core.errors import InvalidInput
-from hutch.drivers.base import Terminal, TerminalRequest
+from hutch.drivers.base import PtySession, TerminalRequest
 from hutch.drivers.nomad.access import SandboxAccess
 from hutch.drivers.nomad.client import KILL_GRACE, STDIN_CHUNK, ExecFailed
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, recover, refused
@@ -45,7 +45,7 @@ class NomadTerminals:
     def __init__(self, access: SandboxAccess) -> None:
         self._access = access
 
-    async def open_terminal(self, req: TerminalRequest) -> Terminal:
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
         sb = self._access.running(req.sandbox_id)
         self._access.check_not_paused(sb)
         if not req.argv:
@@ -60,7 +60,7 @@ class NomadTerminals:
             raise
 
 
-class NomadTerminal(Terminal):
+class NomadTerminal(PtySession):
     def __init__(self, client: NomadClient, alloc_id: str, tag: str, ws: aiohttp.ClientWebSocketResponse,
                  kill: Callable[[], Awaitable[None]]) -> None:
         self._client = client

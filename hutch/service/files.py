@@ -1,0 +1,71 @@
+"""Files in a running sandbox, for the HTTP routes, archives and SFTP: the sandbox is made
+ready first (creating waited out, a paused one woken) and every use counts as activity, so a
+sandbox someone works in through its files does not idle out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import IO
+
+from hutch.core.errors import IllegalTransition
+from hutch.core.models import SandboxState, SandboxStatus
+from hutch.drivers.base import DriverRoles, FileInfo
+from hutch.service import archives
+from hutch.service.control import SandboxControl
+from hutch.service.reads import Reads
+from hutch.service.timeouts import Reaper
+
+
+class FileAccess:
+    def __init__(self, reads: Reads, control: SandboxControl, reaper: Reaper, roles: DriverRoles) -> None:
+        self._reads, self._control, self._reaper, self._roles = reads, control, reaper, roles
+
+    async def ready(self, sandbox_id: str) -> SandboxState:
+        """A sandbox ready for file operations (and terminals, ports): waits out creating,
+        wakes a paused one; scoped to the caller's organization."""
+        sb = await self._reads.wait_not_creating(sandbox_id)
+        if sb.status is SandboxStatus.PAUSED:
+            sb = await self._control.resume(sandbox_id, auto=True)
+        if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
+            raise IllegalTransition(
+                f"cannot use files: sandbox {sandbox_id} is {sb.status.value}", sandbox_id=sandbox_id,
+                sandbox_status=sb.status.value,
+            )
+        self.touch(sandbox_id)
+        return sb
+
+    def touch(self, sandbox_id: str) -> None:
+        """Activity that is not an event still keeps a sandbox from idling out."""
+        self._reaper.touch(sandbox_id)
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        await self._roles.files.mkdir(sandbox_id, path, parents=parents)
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        return await self._roles.files.remove(sandbox_id, path, directory=directory, recursive=recursive)
+
+    async def list(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        return await self._roles.files.list_files(sandbox_id, path)
+
+    def read(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        return self._roles.files.read_file(sandbox_id, path)
+
+    async def write(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644,
+                    parents: bool = True) -> int:
+        return await self._roles.files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        await self._roles.files.symlink(sandbox_id, path, target)
+
+    async def archive(self, sandbox_id: str, root: str, fmt: str) -> AsyncIterator[bytes]:
+        """``root`` as a tar, tar.gz or zip stream; a missing ``root`` raises before any byte."""
+        await self._roles.files.list_files(sandbox_id, root)
+        if fmt == "zip":
+            return archives.zip_stream(self._roles, sandbox_id, root)
+        return archives.tar_gz(self._roles, sandbox_id, root, compress=fmt == "tar.gz")
+
+    async def extract(self, sandbox_id: str, dest: str, fmt: str | None, archive: IO[bytes],
+                      limits: archives.Limits) -> archives.Extracted:
+        done = await archives.extract(self._roles, sandbox_id, dest, fmt, archive, limits)
+        self.touch(sandbox_id)
+        return done

@@ -1,0 +1,61 @@
+"""Taking over the sandboxes of a replica that was lost (api/replication.py finds them):
+adopt what the driver still runs, fail the commands that died with the replica, and end or
+keep each sandbox as its state says."""
+
+from __future__ import annotations
+
+import contextlib
+
+from hutch.core.eventlog.base import EventLog
+from hutch.core.lifecycle import Fail, FinishExecution, Terminate
+from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
+from hutch.core.replicas import Handle
+from hutch.drivers.roles import Adoption, SandboxLifecycle
+from hutch.projections.base import ProjectionStore
+from hutch.projections.runner import Projector
+from hutch.service.control import SandboxControl
+from hutch.service.recorder import Recorder
+from hutch.service.timeouts import Reaper
+
+
+class Takeover:
+    def __init__(self, *, log: EventLog, store: ProjectionStore, projector: Projector, recorder: Recorder,
+                 control: SandboxControl, reaper: Reaper, lifecycle: SandboxLifecycle, adoption: Adoption) -> None:
+        self._log, self._store, self._projector = log, store, projector
+        self._recorder, self._control, self._reaper = recorder, control, reaper
+        self._lifecycle, self._adoption = lifecycle, adoption
+
+    async def sandbox_of_execution(self, execution_id: str, *, running: bool = False) -> str | None:
+        """The sandbox an execution runs in (with ``running``: only while it has not ended);
+        unscoped, for routing a request to the replica that owns it."""
+        found = await self._store.get_execution(execution_id)
+        if found is None or (running and found.status.is_final):
+            return None
+        return found.sandbox_id
+
+    async def adopt(self, sandbox_id: str, handle: Handle | None, why: str) -> bool:
+        """Take over one sandbox; returns whether this replica keeps it (False: it ended, or
+        was never found, and its claim can go)."""
+        await self._projector.wait_for(await self._log.last_position())  # the dead one's last events
+        sb = await self._store.get_sandbox(sandbox_id)
+        if sb is None or sb.status.is_final:
+            return False
+        adopted = handle is not None and await self._adoption.adopt(sb, handle)
+        for ex in await self._store.list_executions(sandbox_id):
+            if not ex.status.is_final:
+                await self._recorder.command(sandbox_id, FinishExecution(ex.execution_id, ExecutionStatus.FAILED,
+                                                                         error=why))
+        if sb.status is SandboxStatus.STOPPING and adopted:  # a destroy the dead replica began
+            await self._lifecycle.destroy(sandbox_id)
+            await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True))
+        elif not adopted or sb.status is SandboxStatus.CREATING:
+            with contextlib.suppress(Exception):
+                await self._lifecycle.destroy(sandbox_id)
+            gone = "; its processes were not found" if not adopted else " while the sandbox was being created"
+            await self._recorder.command(sandbox_id, Fail(reason=why + gone))
+        elif sb.spec.mode is Mode.ONESHOT:
+            await self._control.end(sandbox_id, Terminate(reason=why))
+        else:
+            await self._reaper.schedule(sandbox_id)
+            return True
+        return False
