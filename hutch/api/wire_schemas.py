@@ -309,9 +309,11 @@ STREAM_CREATED = obj({"id": STRING}, ("id",))
 BYTES_TAKEN = obj({"bytes": INTEGER}, ("bytes",))
 NULLABLE_INT: Schema = {"type": ["integer", "null"]}
 QUOTA = obj({k: NULLABLE_INT for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes")})
-# snapshotBytes of the quota bounds storageBytes of the usage (snapshots, checkpoints, uploads, output).
+# snapshotBytes of the quota bounds storageBytes of the usage (snapshots, checkpoints, uploads, output,
+# event log records).
 ORG_USAGE = obj({k: INTEGER for k in ("sandboxes", "memoryBytes", "cpuMillis", "snapshotBytes", "checkpointBytes",
-                                      "uploadBytes", "outputBytes", "storageBytes")})
+                                      "uploadBytes", "outputBytes", "eventBytes",
+                                      "storageBytes")})
 ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": ORG_USAGE},
                ("id", "name", "createdAt", "quota"))
 ORG_LIST = obj({"orgs": array(ORG_INFO), "total": INTEGER}, ("orgs", "total"))

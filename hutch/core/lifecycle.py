@@ -31,6 +31,7 @@ from hutch.core.events import (
     SandboxResumed,
     SandboxStarted,
     SandboxTerminated,
+    recorded_size,
 )
 from hutch.core.models import (
     CheckpointState,
@@ -382,6 +383,14 @@ def _decide_end(sandbox: SandboxState, command: Destroy | Terminate) -> list[Dec
 
 
 def evolve_sandbox(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
+    """The sandbox after ``event``, its events' bytes in the log counted (``log_bytes``)."""
+    evolved = _evolve(sandbox, event)
+    if evolved is None:
+        return None
+    return attrs.evolve(evolved, log_bytes=evolved.log_bytes + recorded_size(event))
+
+
+def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
     data, at = event.data, event.created_at
     if isinstance(data, SandboxCreated):
         return SandboxState(

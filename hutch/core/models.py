@@ -125,6 +125,9 @@ class SandboxState:
     api_key_id: str | None = None  # which key created it (audit)
     cpu_seconds: float | None = None  # recorded as it ended (a "usage" event)
     memory_peak_bytes: int | None = None
+    # What its events take in the event log (each record as encoded, core.events.recorded_size):
+    # the log is kept for ever, so this counts against the organization's storage quota.
+    log_bytes: int = 0
 
 
 @attrs.frozen

@@ -220,6 +220,11 @@ class ProjectionStore(abc.ABC):
         """One page and the total matching the filters."""
 
     @abc.abstractmethod
+    async def event_bytes(self, org_id: str) -> int:
+        """What the events of the organization's sandboxes take in the log (the sum of their
+        ``log_bytes``, deleted sandboxes' too: the log keeps them)."""
+
+    @abc.abstractmethod
     async def get_execution(self, execution_id: str) -> ExecutionState | None: ...
 
     @abc.abstractmethod

@@ -30,7 +30,8 @@ class EndedArchive:
         self._db.executescript(
             """
             PRAGMA cache_size = -256;  -- KiB: rows are written once and seldom read again
-            CREATE TABLE sandboxes (id TEXT PRIMARY KEY, org_id TEXT, row BLOB NOT NULL);
+            CREATE TABLE sandboxes (id TEXT PRIMARY KEY, org_id TEXT, log_bytes INTEGER NOT NULL,
+                                    row BLOB NOT NULL);
             CREATE INDEX sandboxes_org ON sandboxes (org_id);
             CREATE TABLE executions (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL,
                                      seq INTEGER NOT NULL, row BLOB NOT NULL);
@@ -49,8 +50,8 @@ class EndedArchive:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM executions WHERE sandbox_id = ?", (sandbox.sandbox_id,))
             replaced = self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox.sandbox_id,)).rowcount
-            self._db.execute("INSERT INTO sandboxes VALUES (?, ?, ?)",
-                             (sandbox.sandbox_id, sandbox.spec.org_id, pickle.dumps(sandbox)))
+            self._db.execute("INSERT INTO sandboxes VALUES (?, ?, ?, ?)",
+                             (sandbox.sandbox_id, sandbox.spec.org_id, sandbox.log_bytes, pickle.dumps(sandbox)))
             self._db.executemany(
                 "INSERT INTO executions VALUES (?, ?, ?, ?)",
                 [(ex.execution_id, sandbox.sandbox_id, seq, pickle.dumps(ex)) for seq, ex in enumerate(executions)],
@@ -69,6 +70,11 @@ class EndedArchive:
             self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
         self.count -= 1
         return found, executions
+
+    def log_bytes(self, org_id: str) -> int:
+        """What the archived sandboxes of an organization took in the event log."""
+        row = self._db.execute("SELECT coalesce(sum(log_bytes), 0) FROM sandboxes WHERE org_id = ?", (org_id,)).fetchone()
+        return int(row[0])
 
     def sandbox(self, sandbox_id: str) -> SandboxState | None:
         row = self._db.execute("SELECT row FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()

@@ -156,6 +156,10 @@ class MemoryProjectionStore(ProjectionStore):
         found.sort(key=sort_key(query), reverse=query.direction == "desc")
         return found[query.offset : query.offset + query.limit], len(found)
 
+    async def event_bytes(self, org_id: str) -> int:
+        live = sum(s.log_bytes for s in self._sandboxes.values() if s.spec.org_id == org_id)
+        return live + self._ended.log_bytes(org_id)
+
     async def get_execution(self, execution_id: str) -> ExecutionState | None:
         return self._executions.get(execution_id) or self._ended.execution(execution_id)
 

@@ -313,6 +313,12 @@ class PostgresProjectionStore(ProjectionStore):
         return _sandbox(row) if row else None
 
     @_read_once_more
+    async def event_bytes(self, org_id: str) -> int:
+        async with self._conn() as conn:
+            return int(await conn.fetchval(
+                "SELECT coalesce(sum(log_bytes), 0) FROM sandboxes WHERE org_id = $1", org_id))
+
+    @_read_once_more
     async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         where, args = where_clause(query)
         sort = _SORT.get(query.sort, _SORT["createdAt"])
@@ -470,7 +476,7 @@ class _Changed:
         return [
             {"sandbox_id": x.sandbox_id, "status": x.status.value, "is_final": x.status.is_final,
              "name": x.spec.name, "mode": x.spec.mode.value, "project_id": x.spec.project_id,
-             "org_id": x.spec.org_id,
+             "org_id": x.spec.org_id, "log_bytes": x.log_bytes,
              "created_at": x.created_at, "updated_at": x.updated_at, "doc": converter.unstructure(x)}
             for x in self.sandboxes.values()
         ]

@@ -32,15 +32,17 @@ WRITE = """
 WITH moved AS (
   UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2 RETURNING position
 ), sandbox_rows AS (
-  INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, org_id, created_at, updated_at, doc)
+  INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, org_id, created_at, updated_at,
+                         log_bytes, doc)
   SELECT r.sandbox_id, r.status, r.is_final, r.name, r.mode, r.project_id, r.org_id, r.created_at, r.updated_at,
-         r.doc
+         r.log_bytes, r.doc
     FROM jsonb_to_recordset($4::jsonb) AS r(sandbox_id text, status text, is_final boolean, name text,
-         mode text, project_id text, org_id text, created_at text, updated_at text, doc jsonb)
+         mode text, project_id text, org_id text, created_at text, updated_at text, log_bytes bigint, doc jsonb)
    WHERE EXISTS (SELECT 1 FROM moved)
   ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
      name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,
-     created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, doc = EXCLUDED.doc
+     created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, log_bytes = EXCLUDED.log_bytes,
+     doc = EXCLUDED.doc
 ), execution_rows AS (
   INSERT INTO executions (execution_id, sandbox_id, seq, status, is_final, doc)
   SELECT r.execution_id, r.sandbox_id, r.seq, r.status, r.is_final, r.doc

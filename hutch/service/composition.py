@@ -16,7 +16,7 @@ from hutch.core.blobs import BlobStore
 from hutch.core.errors import InvalidInput
 from hutch.core.eventlog.base import EventLog
 from hutch.core.output import OutputStreams
-from hutch.core.quantities import parse_bytes
+from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.replicas import Replicas, SoleReplica
 from hutch.drivers.base import Driver
 from hutch.projections.base import ProjectionStore
@@ -106,8 +106,11 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
         return FakeDriver()
     if config.driver == "local":
         from hutch.drivers.local.driver import LocalDriver
+        from hutch.drivers.local.layercache import LayerLimits
 
-        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir)
+        limits = LayerLimits(max_bytes=parse_bytes("HUTCH_LAYER_CACHE_MAX", config.layer_cache_max),
+                             retention_seconds=parse_duration("HUTCH_LAYER_RETENTION", config.layer_retention))
+        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir, layer_limits=limits)
     if config.driver == "nomad":
         from hutch.drivers.nomad.driver import NomadDriver, pool_sizing_from_env
 
@@ -115,7 +118,8 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
                            token=config.nomad_token,
                            pool_sizing=pool_sizing_from_env(config.nomad_pool, config.nomad_pool_memory),
                            runtime_cache=config.runtimes_dir, blobs=blobs, exec_mode=config.nomad_exec,
-                           max_checkpoint_bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes))
+                           max_checkpoint_bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes),
+                           layer_max_bytes=parse_bytes("HUTCH_LAYER_CACHE_MAX", config.layer_cache_max))
     raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
 
 

@@ -276,6 +276,11 @@ class Config:
     # How long a sandbox's command output is kept after the sandbox ended ("7d", "12h", "0s":
     # at the next sweep); until then it counts against the storage quota (service/retention.py).
     output_retention: str = _setting("HUTCH_OUTPUT_RETENTION", "7d", check=_check_duration)
+    # Install layers (a create's packages and dependencies): the server's cache, not a tenant's
+    # storage. Bounded in bytes (unused layers go least recently used first; one install
+    # larger is refused with a 413) and dropped once unused this long: drivers/local/layercache.py.
+    layer_cache_max: str = _setting("HUTCH_LAYER_CACHE_MAX", "4Gi", check=_check_size)
+    layer_retention: str = _setting("HUTCH_LAYER_RETENTION", "7d", check=_check_duration)
     # What sandboxes with network may reach besides the internet (core/egress.py): private
     # ranges to open ("10.1.0.0/16,..."; only inside RFC 1918 and CGNAT) and more ranges to
     # close. Read by the drivers from the environment; checked here so a bad one stops the start.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -32,8 +32,10 @@ import attrs
 from hutch.blobs.files import FileBlobStore
 from hutch.core.blobs import BlobStore
 from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event
 from hutch.core.output import OutputStreams
 from hutch.core.replicas import Replicas, SoleReplica
+from hutch.core.tenancy import QuotaSet
 from hutch.drivers.base import Driver, DriverRoles, FileWrite
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -117,6 +119,7 @@ class Engine:
                              outputs=outputs)
         self.replicas = replicas or SoleReplica()
         self.quotas.serialise = self._one_at_a_time
+        self.recorder.meter = self.quotas.admit_events
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
                                       pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
         self.reaper = Reaper(store, projector, self.background, self.control,  # idle and paused timeouts
@@ -148,12 +151,19 @@ class Engine:
                                   lifecycle=roles.lifecycle, usage=roles.usage)
         self.changes = Changes(event_log, store, projector)
         self.history = History(event_log, self.reads)  # a sandbox as of any of its events
+        self.changes.observe(self._quota_changes)
         self.takeover = Takeover(log=event_log, store=store, projector=projector, recorder=self.recorder,
                                  control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
                                  adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
         self.output = OutputReads(outputs)
         self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
+
+    def _quota_changes(self, batch: Sequence[Event]) -> None:
+        """A quota set (here or on another replica) reaches the commands running here, once
+        the directory shows it (the task runs after this batch's observers)."""
+        for org_id in {e.sandbox_id for e in batch if isinstance(e.data, QuotaSet)}:
+            self.background.spawn(self.quotas.requota(org_id), f"requota-{org_id}")
 
     # ---------------------------------------------------------------- lifetime
 

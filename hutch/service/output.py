@@ -33,30 +33,38 @@ class OutputBudget:
     """What an organization's running commands may still keep of their output on this replica
     before its storage quota is full (service/quotas.py ``output_budget``): every command of
     the organization running here takes from the one budget, so that many at once cannot each
-    keep what is left. ``left`` is set afresh from the counted usage as each command starts;
-    bytes taken while that usage was being counted may not be in it, so they stay taken."""
+    keep what is left. ``left`` is set afresh from the counted usage as each command starts,
+    and when the organization's quota changes (so a quota set while a command runs reaches
+    it); bytes taken while that usage was being counted may not be in it, so they stay taken.
+    ``left`` None: the organization has no storage quota (every byte kept, still counted)."""
 
     def __init__(self) -> None:
-        self.left = 0
+        self.left: int | None = 0
         self.spent = 0  # every byte ever taken (to tell which were taken while usage was counted)
 
     def take(self, size: int) -> int:
         """How many of ``size`` bytes may be kept (all, some, or none), taken."""
-        got = min(size, max(self.left, 0))
-        self.left -= got
+        got = size if self.left is None else min(size, max(self.left, 0))
+        if self.left is not None:
+            self.left -= got
         self.spent += got
         return got
 
-    def refill(self, room: int, spent_before: int) -> None:
-        """``room``: what the quota leaves, counted from a usage read when ``spent`` was
-        ``spent_before``."""
-        self.left = room - (self.spent - spent_before)
+    def lower(self, size: int) -> None:
+        """``size`` bytes stored besides output come out of what is left."""
+        if self.left is not None:
+            self.left -= size
+
+    def refill(self, room: int | None, spent_before: int) -> None:
+        """``room``: what the quota leaves (None: no quota), counted from a usage read when
+        ``spent`` was ``spent_before``."""
+        self.left = None if room is None else room - (self.spent - spent_before)
 
 
 class ExecutionSink:
     """Where a running command's bytes go: its two output streams, as ``StreamOptions`` say,
-    within the organization's ``OutputBudget`` when it has a storage quota (the rest is
-    dropped and the stream marked truncated, as past the per-stream cap)."""
+    within the organization's ``OutputBudget`` (the rest is dropped and the stream marked
+    truncated, as past the per-stream cap)."""
 
     def __init__(self, stdout: OutputWriter, stderr: OutputWriter, options: StreamOptions = RAW_OUTPUT,
                  budget: OutputBudget | None = None) -> None:

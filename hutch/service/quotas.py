@@ -6,9 +6,12 @@ ready snapshots' archives, its sandboxes' disk checkpoints (their bytes on the h
 driver reports them), the archives of snapshot builds not finalized yet, uploads in
 flight counted from their first byte (on this replica; stored ones on every replica), and
 its commands' output as the output store keeps it (running commands' from their first byte;
-kept until service/retention.py drops an ended sandbox's). An organization with no room left
+kept until service/retention.py drops an ended sandbox's), and what its sandboxes' events take
+in the event log (``event_bytes``: kept for ever, deleted sandboxes' too; a create or an env
+change that would pass the quota is refused, ``admit_events``). An organization with no room left
 runs no command (``output_budget``), and the commands it runs share what is left (on this
-replica): past it their output is cut, as past the per-stream cap. What else it stores while
+replica): past it their output is cut, as past the per-stream cap. A quota set or changed while
+they run reaches them (``requota``, on every replica as the change is projected). What else it stores while
 they run (a snapshot, a checkpoint, an upload) comes out of that share too (``charge``).
 A sandbox that gives no memory or CPU has the server's defaults filled into its spec before it
 is recorded (service/defaults.py), so it counts what its driver enforces; one recorded before that
@@ -91,6 +94,7 @@ class Quotas:
                     checkpoints += sum((await self._checkpointing.checkpoint_sizes(sb.sandbox_id)).values())
         uploads = await self._pending_uploads(org_id)
         output = await self._outputs.stored(org_id) if self._outputs is not None else 0
+        events = await self._reads.store.event_bytes(org_id)
         snapshot_bytes = sum(s.size_bytes for s in snaps)
         return {
             "sandboxes": count,
@@ -100,7 +104,8 @@ class Quotas:
             "checkpoint_bytes": checkpoints,
             "upload_bytes": sum(uploads.values()),
             "output_bytes": output,
-            "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()) + output,
+            "event_bytes": events,
+            "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()) + output + events,
         }
 
     async def _pending_uploads(self, org_id: str) -> dict[str, int]:
@@ -141,22 +146,39 @@ class Quotas:
         counts the room afresh."""
         budget = self._output_budgets.get(org_id)
         if budget is not None and size > 0:
-            budget.left -= size
+            budget.lower(size)
 
     def _storage_full(self, org_id: str, limit: int, used: int, what: str) -> QuotaExceeded:
         return QuotaExceeded(
             f"quota snapshot_bytes: organization {org_id} may store {format_bytes(limit)} (snapshots, checkpoints, "
-            f"uploads not finalized and command output); it stores {format_bytes(used)}, and {what}", quota=STORAGE,
+            f"uploads not finalized, command output and its sandboxes' records in the event log); it stores {format_bytes(used)}, and {what}", quota=STORAGE,
             limit=limit, used=used)
 
-    async def output_budget(self, org_id: str, *, refuse_full: bool) -> OutputBudget | None:
-        """What the organization's commands running here may still keep of their output (None:
-        it has no storage quota), counted afresh now. ``refuse_full``: QUOTA_EXCEEDED when there
-        is no room left (an execute, a job); a create's command runs and keeps what fits."""
+    async def admit_events(self, org_id: str, size: int, refuse: bool) -> None:
+        """``size`` bytes of a sandbox's events about to be appended (the recorder's meter).
+        ``refuse``: a create or an env change, refused with QUOTA_EXCEEDED (before anything is
+        recorded) when they would pass the quota. Either way they come out of the running
+        commands' room (``charge``), as they are kept for ever."""
+        limit = self.of(org_id).snapshot_bytes
+        if refuse and limit is not None:
+            stored = (await self.usage(org_id))["storage_bytes"]
+            if stored + size > limit:
+                raise self._storage_full(org_id, limit, stored, (
+                    f"this would write {format_bytes(size)} more to the event log, which keeps a sandbox's "
+                    "env, metadata and every env change for ever: delete snapshots or checkpoints, or ask "
+                    "the operator for a larger quota"))
+        self.charge(org_id, size)
+
+    async def output_budget(self, org_id: str, *, refuse_full: bool) -> OutputBudget:
+        """What the organization's commands running here may still keep of their output (no
+        limit when it has no storage quota, until one is set: ``requota``), counted afresh
+        now. ``refuse_full``: QUOTA_EXCEEDED when there is no room left (an execute, a job); a
+        create's command runs and keeps what fits."""
+        budget = self._output_budgets.setdefault(org_id, OutputBudget())
         limit = self.of(org_id).snapshot_bytes
         if limit is None:
-            return None
-        budget = self._output_budgets.setdefault(org_id, OutputBudget())
+            budget.refill(None, budget.spent)
+            return budget
         spent = budget.spent
         stored = (await self.usage(org_id))["storage_bytes"]
         budget.refill(limit - stored, spent)
@@ -165,6 +187,19 @@ class Quotas:
                                      "could not be kept): delete snapshots or checkpoints, or end sandboxes, whose "
                                      "output is dropped HUTCH_OUTPUT_RETENTION after they end")
         return budget
+
+    async def requota(self, org_id: str) -> None:
+        """The organization's quota changed: the commands running here keep to the new one
+        from now on (their budget counted afresh, or unlimited when the quota went)."""
+        budget = self._output_budgets.get(org_id)
+        if budget is None:
+            return
+        limit = self.of(org_id).snapshot_bytes
+        spent = budget.spent
+        if limit is None:
+            budget.refill(None, spent)
+            return
+        budget.refill(limit - (await self.usage(org_id))["storage_bytes"], spent)
 
     async def metered(self, org_id: str, snapshot_id: str, chunks: AsyncIterable[bytes],
                       room: int | None) -> AsyncIterator[bytes]:

@@ -6,6 +6,12 @@ records, through ``record``), check that every event survives an encode/decode r
 append, and wait until the projector has applied the append (read-your-writes). Locks are per
 stream (a sandbox, a snapshot, an organization's tenancy records): writes to one stream are
 serialised on this server. Nothing appends but these methods (``_append`` is theirs).
+
+What a sandbox's events take in the log counts against its organization's storage quota
+(the log is kept for ever): ``meter`` (the engine's ``Quotas.admit_events``) is told the
+bytes of every sandbox append before it is written, and refuses a create or an env change,
+whose size the tenant chooses, that would pass the quota; the rest (a command started, a
+status) is the server's to record, counted but never refused.
 """
 
 from __future__ import annotations
@@ -21,8 +27,16 @@ import attrs
 from hutch.core import ids, snapshots
 from hutch.core.errors import InvalidInput, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event, EventData, SandboxCreated, SnapshotCreated, decode, encode
-from hutch.core.lifecycle import Command, Create, decide
+from hutch.core.events import (
+    Event,
+    EventData,
+    SandboxCreated,
+    SnapshotCreated,
+    decode,
+    encode,
+    recorded_size,
+)
+from hutch.core.lifecycle import ChangeEnv, Command, Create, StartExecution, decide
 from hutch.core.models import SandboxState
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -47,6 +61,8 @@ class Recorder:
         self._reads = reads
         self._locks: dict[str, asyncio.Lock] = {}
         self._owners: dict[str, tuple[str | None, str | None]] = {}  # stream id -> (org, project)
+        # (org, bytes, refuse): awaited before a sandbox's events are appended (see above).
+        self.meter: Callable[[str, int, bool], Awaitable[None]] | None = None
 
     def lock(self, stream: str) -> asyncio.Lock:
         return self._locks.setdefault(stream, asyncio.Lock())
@@ -69,12 +85,13 @@ class Recorder:
                 sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
                 self._reads.own(sandbox_id)  # before the append: its creation is folded as it lands
                 try:
-                    return await self._append(sandbox_id, decide(sb, command), durable=durable)
+                    return await self._append(sandbox_id, decide(sb, command), durable=durable, metered=True)
                 except BaseException:
                     self._reads.disown(sandbox_id)
                     raise
             sb = await self._reads.require(sandbox_id)
-            return await self._append(sandbox_id, decide(sb, command), durable=durable)
+            return await self._append(sandbox_id, decide(sb, command), durable=durable,
+                                      metered=isinstance(command, ChangeEnv | StartExecution) or None)
 
     async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:
@@ -87,7 +104,7 @@ class Recorder:
             events = decide(sb, command)
             if events:
                 await effect(command)
-                await self._append(sandbox_id, events)
+                await self._append(sandbox_id, events, metered=None)
 
     async def snapshot(self, snapshot_id: str, command: snapshots.SnapshotCommand) -> list[Event]:
         """Decide a snapshot command against the snapshot as stored and append what it produces."""
@@ -96,9 +113,10 @@ class Recorder:
             return await self._append(snapshot_id, snapshots.decide(snapshot_id, snap, command))
 
     async def _append(self, stream: str, payloads: Iterable[EventData], *,
-                     durable: Callable[[int], None] | None = None) -> list[Event]:
+                     durable: Callable[[int], None] | None = None, metered: bool | None = False) -> list[Event]:
         """Append events about ``stream``; the caller holds the stream's lock. ``durable``:
-        what may start once the events are recorded, while the projector applies them."""
+        what may start once the events are recorded, while the projector applies them.
+        ``metered``: a sandbox's events, counted (None) or refused past the quota (True)."""
         at = now_iso()
         payloads = list(payloads)
         if not payloads:
@@ -110,6 +128,8 @@ class Recorder:
             # refuse it here, before it is written.
             if decode(json.loads(json.dumps(encode(e)))) != e:
                 raise InvalidInput(f"{e.type}: event does not survive serialisation; refusing to log it")
+        if metered is not False and self.meter is not None and org is not None:
+            await self.meter(org, sum(recorded_size(e) for e in events), bool(metered))
         positions = await self._log.append(events)
         if durable is not None and events:
             durable(positions[-1])

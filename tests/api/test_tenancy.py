@@ -343,9 +343,11 @@ async def test_quotas_name_the_limit_and_leave_nothing_half_made(api: Api) -> No
     await api.call("DELETE", f"/sandbox/{first}", headers=member)
     await api.data("POST", "/sandbox", headers=member, json={"resources": {"memory": "512Mi"}}, expect=201)
     # Snapshot storage.
-    await api.data("PATCH", "/orgs/org_alpha/quota", json={"snapshotBytes": 10, "memoryBytes": None})
+    await api.data("PATCH", "/orgs/org_alpha/quota", json={"memoryBytes": None})
     sid = (await api.data("POST", "/sandbox", headers=member, json={}, expect=201))["sandboxId"]
     await api.call("POST", f"/fs/{sid}", headers=member, json={"files": [{"path": "big", "content": "QUJD" * 100}]})
+    stored = (await api.data("GET", "/orgs/org_alpha"))["usage"]["storageBytes"]  # its sandboxes' records
+    await api.data("PATCH", "/orgs/org_alpha/quota", json={"snapshotBytes": stored + 10})
     snap = await api.call("POST", f"/sandbox/{sid}/snapshot", headers=member, json={"name": "s"}, expect=403)
     assert snap["quota"] == "snapshot_bytes"
     assert (await api.data("GET", "/sandbox/snapshots", headers=member))["total"] == 0

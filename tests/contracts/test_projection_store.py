@@ -22,6 +22,7 @@ from hutch.core.events import (
     SnapshotFinalized,
     SnapshotTagged,
     decode_or_unreadable,
+    recorded_size,
 )
 from hutch.core.models import (
     ExecutionStatus,
@@ -186,6 +187,32 @@ async def test_a_deleted_sandbox_stays_readable_with_its_executions(store: Proje
     await store.apply(log.events)  # a replay after a crash changes nothing, deleted or not
     sb = await store.get_sandbox("sbx_1")
     assert sb is not None and sb.executions == 2 and await store.position() == len(log.events)
+
+
+async def test_counts_what_each_organizations_sandboxes_write_to_the_log(store: ProjectionStore) -> None:
+    """eventBytes of the storage quota: the encoded size of every event of an organization's
+    sandboxes, deleted ones too (the log keeps them), folded with the state so that a rebuild
+    (the memory store's every start) counts the same."""
+    log = Log()
+    mine = SandboxSpec(runtime="base:latest", runtime_id="srt_x", org_id="org_a", env={"K": "v" * 500})
+    theirs = SandboxSpec(runtime="base:latest", runtime_id="srt_x", org_id="org_b")
+    await store.apply([log("sbx_1", SandboxCreated(spec=mine)), log("sbx_1", SandboxStarted()),
+                       log("sbx_1", SandboxEnvChanged(set={"K": "w" * 900})),
+                       log("sbx_1", SandboxTerminated(reason="done", deleted=True)),
+                       log("sbx_2", SandboxCreated(spec=mine)), log("sbx_2", ExecutionStarted("exec_1", ("a",))),
+                       log("sbx_3", SandboxCreated(spec=theirs))])
+    by_org = {org: sum(recorded_size(e) for e in log.events if e.sandbox_id in sids)
+              for org, sids in (("org_a", ("sbx_1", "sbx_2")), ("org_b", ("sbx_3",)))}
+    assert by_org["org_a"] > 2 * 500 + 900
+    assert await store.event_bytes("org_a") == by_org["org_a"]
+    assert await store.event_bytes("org_b") == by_org["org_b"] and await store.event_bytes("org_c") == 0
+    gone = await store.get_sandbox("sbx_1")
+    assert gone is not None and gone.log_bytes == sum(recorded_size(e) for e in log.events[:4])
+    await store.apply(log.events)  # a replay changes nothing
+    assert await store.event_bytes("org_a") == by_org["org_a"]
+    await store.reset()
+    await store.apply(log.events)
+    assert await store.event_bytes("org_a") == by_org["org_a"]
 
 
 async def test_executions_are_listed_newest_first_with_limit(store: ProjectionStore) -> None:

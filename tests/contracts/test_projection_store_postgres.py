@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from hutch.core.events import ExecutionStarted, SandboxStarted
+from hutch.core.events import ExecutionStarted, SandboxEnvChanged, SandboxStarted, recorded_size
 from hutch.projections.base import SandboxQuery, StoreBehind
 from hutch.projections.postgres import PostgresProjectionStore
 from hutch.projections.runner import Projector
@@ -48,6 +48,24 @@ async def test_two_stores_on_one_database_apply_each_event_once(database: str) -
     finally:
         await a.close()
         await b.close()
+
+
+async def test_what_a_sandbox_wrote_to_the_log_is_kept_across_a_restart(database: str) -> None:
+    """The count of a sandbox's log bytes lives in its row (log_bytes), not in the process: a
+    store opened afresh on the database (a restart) reads the same eventBytes."""
+    first = PostgresProjectionStore(database)
+    await first.start()
+    log = Log()
+    try:
+        await first.apply([log("sbx_1", created()), log("sbx_1", SandboxEnvChanged(set={"A": "x" * 4000}))])
+    finally:
+        await first.close()
+    again = PostgresProjectionStore(database)
+    await again.start()
+    try:
+        assert await again.event_bytes("org_local") == sum(recorded_size(e) for e in log.events) > 4000
+    finally:
+        await again.close()
 
 
 async def test_a_store_that_lost_commits_says_so_instead_of_skipping(database: str) -> None:

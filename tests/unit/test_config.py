@@ -59,6 +59,8 @@ SETTINGS = [
     ("max_checkpoints", "4", 4, "0", "HUTCH_MAX_CHECKPOINTS: expected a positive whole number, got '0'"),
     ("max_checkpoint_bytes", "1Gi", "1Gi", "lots", "HUTCH_MAX_CHECKPOINT_BYTES"),
     ("output_retention", "12h", "12h", "a week", "HUTCH_OUTPUT_RETENTION"),
+    ("layer_cache_max", "10Gi", "10Gi", "half the disk", "HUTCH_LAYER_CACHE_MAX"),
+    ("layer_retention", "1d", "1d", "a while", "HUTCH_LAYER_RETENTION"),
     ("egress_permit", "10.1.0.0/16", "10.1.0.0/16", "169.254.0.0/16",
      "HUTCH_SANDBOX_EGRESS_PERMIT: 169.254.0.0/16 is not inside a private range"),
     ("egress_deny", "203.0.113.0/24", "203.0.113.0/24", "fd00::/8", "HUTCH_SANDBOX_EGRESS_DENY: 'fd00::/8'"),

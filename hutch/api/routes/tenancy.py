@@ -33,11 +33,13 @@ def render_org(org: OrganizationRecord, usage: dict[str, int] | None = None) -> 
                                      "cpuMillis": org.quota.cpu_millis, "snapshotBytes": org.quota.snapshot_bytes}}
     if usage is not None:
         # snapshotBytes of the quota bounds storageBytes: snapshots, checkpoints, the uploads
-        # of builds not finalized yet and commands' output (service/quotas.py).
+        # of builds not finalized yet, commands' output and what its sandboxes' events take in
+        # the event log (service/quotas.py).
         out["usage"] = {"sandboxes": usage["sandboxes"], "memoryBytes": usage["memory_bytes"],
                         "cpuMillis": usage["cpu_millis"], "snapshotBytes": usage["snapshot_bytes"],
                         "checkpointBytes": usage["checkpoint_bytes"], "uploadBytes": usage["upload_bytes"],
-                        "outputBytes": usage["output_bytes"], "storageBytes": usage["storage_bytes"]}
+                        "outputBytes": usage["output_bytes"], "eventBytes": usage["event_bytes"],
+                        "storageBytes": usage["storage_bytes"]}
     return out
 
 

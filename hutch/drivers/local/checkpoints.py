@@ -31,7 +31,7 @@ from hutch.core.errors import (
     RuntimeNotFound,
     SandboxNotFound,
 )
-from hutch.drivers.local import layers
+from hutch.drivers.local import layercache, layers
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.sandboxnet import SandboxNetwork
@@ -118,10 +118,11 @@ class LocalCheckpoints:
         async with self._registry.lock(sb.id):
             was_frozen = self._cgroups.is_frozen(sb.id)
             self._registry.mark_cancelled(sb.id)
-            await self._teardown.kill_init(sb)
-            await asyncio.to_thread(self._swap_in, sb, source)
-            pid, start = await self._launcher.launch(self._sandbox_root / sb.id, sb,
-                                                     layers.lowers(self._runtime_cache, recipe, sb.layer))
+            async with layercache.held(self._runtime_cache / "layers", sb.layer):  # unmounted a moment
+                await self._teardown.kill_init(sb)
+                await asyncio.to_thread(self._swap_in, sb, source)
+                pid, start = await self._launcher.launch(self._sandbox_root / sb.id, sb,
+                                                         layers.lowers(self._runtime_cache, recipe, sb.layer))
             sb.init_pid, sb.init_start = pid, start
             self._registry.write_meta(sb)
             self._registry.sandboxes[sb.id] = sb

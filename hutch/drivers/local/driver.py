@@ -75,6 +75,7 @@ from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
 from hutch.drivers.local.executions import LocalExecutions
 from hutch.drivers.local.fsops import Files
 from hutch.drivers.local.launch import ROOTLESS_TMP, Launcher
+from hutch.drivers.local.layercache import LayerLimits, LayerSweeper
 from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.pool import PoolRefill, WarmPool
@@ -96,9 +97,11 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
                   roles.UsageReporting, Driver):
     name = "local"
 
-    def __init__(self, data_dir: Path, runtime_cache: Path) -> None:
+    def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.runtime_cache = Path(runtime_cache)
+        # Install layers: the server's cache, bounded and swept (layercache.py).
+        self.layers = LayerSweeper(self.runtime_cache / "layers", layer_limits or LayerLimits())
         self.sandbox_root = self.data_dir / "sandboxes"
         # Two data dirs (two servers, or tests) on one host keep separate cgroup trees.
         instance = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
@@ -145,7 +148,8 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
         self._background = PoolRefill()  # pool fills, destroys: close() waits for them
         self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache)
         self._provisioner = Provisioner(self._registry, cg, self._launcher, self._pool, self._network,
-                                        self._teardown, runtime_cache=cache, rootless=rootless)
+                                        self._teardown, runtime_cache=cache, rootless=rootless,
+                                        layer_limits=self.layers.limits, on_built=self.layers.wake)
         self._files = Files(self._registry, self._nsexec, HOME)
         self._checkpoints = LocalCheckpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
         self._ended = EndWatch(self._init_ended, self._background.spawn)  # endwatch.py
@@ -170,6 +174,7 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
         self._pool.start()
         await self._teardown.reap_leftovers()
         self._watch_adopted()
+        self.layers.start()  # after adopting: sandboxes that outlived the last server keep theirs
         self._guard = asyncio.create_task(self._executions.guard_pids(lambda: self._pool.closed))
 
     def _watch_adopted(self) -> None:
@@ -190,6 +195,7 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
     async def close(self) -> None:
         self._pool.closed = True  # no more fills, and the pids guard stops
         self._ended.close()  # the sandboxes run on; the next start watches them again
+        await self.layers.close()
         await self._network.allow.close()
         if self._guard is not None:
             self._guard.cancel()

@@ -7,7 +7,9 @@ by ``apt-get install`` and ``npm install --global`` and then used as an extra lo
 sandbox that wants ``jq`` costs what ``jq`` costs once, and the next one starts as fast
 as any other; ``<cache>/layers/<key>/tree`` with ``manifest.json`` (what apt installed,
 which npm packages resolved to) beside it, keyed by the runtime build and the sorted
-request.
+request. The cache is bounded and swept (layercache.py): a layer no sandbox is mounted over
+goes after ``HUTCH_LAYER_RETENTION`` unused, or sooner, least recently used first, when the
+layers take more than ``HUTCH_LAYER_CACHE_MAX``; one install larger than that is refused.
 
 Who runs what: the install runs on the host as root, in a private mount namespace
 (nothing stays mounted), chrooted into the overlay, with the host's network; ``/tmp``,
@@ -36,9 +38,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hutch.core.errors import DriverFailure, InvalidInput
+from hutch.core.errors import DriverFailure, InvalidInput, PayloadTooLarge
 from hutch.core.runtimes import RuntimeRecipe
-from hutch.drivers.local import rootfs
+from hutch.drivers.local import layercache, rootfs
 
 Log = Callable[[str], None]
 
@@ -94,13 +96,15 @@ def lowers(cache: Path, recipe: RuntimeRecipe, layer: str | None) -> list[Path]:
 
 
 def build(recipe: RuntimeRecipe, cache: Path, dependencies: Sequence[str], packages: Sequence[str], *,
-          log: Log = lambda _m: None) -> str:
-    """Build (or find) the layer; returns its key. Blocking: run it in a thread."""
+          log: Log = lambda _m: None, max_bytes: int = layercache.DEFAULT_MAX_BYTES) -> str:
+    """Build (or find) the layer; returns its key. Blocking: run it in a thread. A layer
+    larger than the whole cache may be (``max_bytes``) is refused, naming the limit."""
     key = layer_key(recipe, dependencies, packages)
     root = cache / "layers"
     final = layer_path(cache, key)
     with rootfs.locked(root, key):
         if final.is_dir():
+            layercache.touch(root, key)
             return key
         for stale in root.glob(f".tmp-{key}-*"):  # a build that died; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
@@ -118,10 +122,18 @@ def build(recipe: RuntimeRecipe, cache: Path, dependencies: Sequence[str], packa
             npm_root = tmp / "upper/usr/local/lib/node_modules"
             manifest["npm"] = _npm_versions(npm_root)
             _check_installed(manifest, dependencies, packages)
+            size = layercache.tree_bytes(tmp / "upper")
+            if size > max_bytes:
+                field = "packages" if packages else "dependencies"
+                raise PayloadTooLarge(
+                    f"{field}: the install takes {size >> 20} MiB, more than this server keeps for all install "
+                    f"layers (HUTCH_LAYER_CACHE_MAX, {max_bytes >> 20} MiB)", field=field)
+            (tmp / "size").write_text(f"{size}\n")
             for scratch in ("work", "merged"):
                 shutil.rmtree(tmp / scratch, ignore_errors=True)
             (tmp / "upper").rename(tmp / "tree")
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            (tmp / "used").touch()
             os.rename(tmp, final.parent)
             log(f"layer {key}: built in {manifest['build_seconds']}s")
             return key

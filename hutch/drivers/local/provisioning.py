@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from hutch.core import runtimes
 from hutch.core.errors import IllegalTransition, InvalidInput, NotSupported, RuntimeNotFound
 from hutch.drivers.base import ProvisionRequest, check_env
-from hutch.drivers.local import layers, rootfs, slirp
+from hutch.drivers.local import layercache, layers, rootfs, slirp
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.pool import WarmPool
@@ -36,7 +37,8 @@ class Provisioner:
     """Makes the sandboxes of one driver."""
 
     def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, pool: WarmPool,
-                 net: SandboxNetwork, teardown: Teardown, *, runtime_cache: Path, rootless: bool) -> None:
+                 net: SandboxNetwork, teardown: Teardown, *, runtime_cache: Path, rootless: bool,
+                 layer_limits: layercache.LayerLimits, on_built: Callable[[], None] = lambda: None) -> None:
         self._registry = registry
         self._cgroups = cgroups
         self._launcher = launcher
@@ -45,6 +47,8 @@ class Provisioner:
         self._teardown = teardown
         self._runtime_cache = runtime_cache
         self._rootless = rootless
+        self._layer_limits = layer_limits
+        self._on_built = on_built  # the layer cache may be over its bound now: sweep it
         self.max_starting = STARTS_PER_CORE * (os.cpu_count() or 1)
         self._starting = asyncio.Semaphore(self.max_starting)
 
@@ -90,17 +94,19 @@ class Provisioner:
 
     async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> LocalSandbox:
         """A pooled sandbox claimed for ``req``, or a new one."""
-        layer = await self.layer(recipe, req)
-        # A pooled sandbox has its layer on the host's disk and no allow-list (its network is
-        # made after the claim): a disk limit or network.allow is made from scratch.
-        poolable = layer is None and not req.resources.disk_bytes and not req.network_allow
-        sb = await self._pool.claim(req) if poolable else None
-        if sb is None:
-            try:
-                sb = await self._launcher.create(req, layers.lowers(self._runtime_cache, recipe, layer), layer)
-            except BaseException:
-                await self._teardown.teardown(req.sandbox_id)
-                raise
+        wanted = layers.layer_key(recipe, req.dependencies, req.packages) if req.dependencies or req.packages else None
+        async with layercache.held(self._runtime_cache / "layers", wanted):  # no sweep drops it until mounted
+            layer = await self.layer(recipe, req)
+            # A pooled sandbox has its layer on the host's disk and no allow-list (its network is
+            # made after the claim): a disk limit or network.allow is made from scratch.
+            poolable = layer is None and not req.resources.disk_bytes and not req.network_allow
+            sb = await self._pool.claim(req) if poolable else None
+            if sb is None:
+                try:
+                    sb = await self._launcher.create(req, layers.lowers(self._runtime_cache, recipe, layer), layer)
+                except BaseException:
+                    await self._teardown.teardown(req.sandbox_id)
+                    raise
         return sb
 
     async def prepare(self, req: ProvisionRequest) -> None:
@@ -116,8 +122,13 @@ class Provisioner:
         if not (req.dependencies or req.packages):
             return None
         self._check_built(recipe)
-        return await asyncio.to_thread(layers.build, recipe, self._runtime_cache, req.dependencies, req.packages,
-                                       log=log.info)
+        built = not layers.layer_path(self._runtime_cache, layers.layer_key(recipe, req.dependencies,
+                                                                           req.packages)).is_dir()
+        key = await asyncio.to_thread(layers.build, recipe, self._runtime_cache, req.dependencies, req.packages,
+                                      log=log.info, max_bytes=self._layer_limits.max_bytes)
+        if built:
+            self._on_built()
+        return key
 
 
 def _check_rootless(req: ProvisionRequest) -> None:

@@ -81,6 +81,7 @@ from hutch.drivers.base import (
 from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import rootfs
+from hutch.drivers.local.layercache import DEFAULT_MAX_BYTES
 from hutch.drivers.nomad import agents, commands, images, placement
 from hutch.drivers.nomad.adoption import NomadAdoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
@@ -142,6 +143,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         pool_sizes: Mapping[str, int] | None = None,
         pool_sizing: PoolSizing | None = None,
         runtime_cache: Path | None = None,
+        layer_max_bytes: int = DEFAULT_MAX_BYTES,  # HUTCH_LAYER_CACHE_MAX: the largest install
         blobs: BlobStore,  # disk checkpoints: the server's blob store
         exec_mode: str = "agent",  # HUTCH_NOMAD_EXEC: "agent" or "alloc" (drivers.nomad.agents)
         # HUTCH_MAX_CHECKPOINT_BYTES: what one sandbox's checkpoints may take in the blob store;
@@ -152,7 +154,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self.registry = registry
         self.runtime_cache = runtime_cache or rootfs.default_cache()  # the trees images are made from
-        self._images = RuntimeImages(registry, self.runtime_cache)
+        self._images = RuntimeImages(registry, self.runtime_cache, layer_max_bytes)
         self.datacenters = list(datacenters)
         self.state_dir = Path(data_dir) / "nomad"
         # Two servers (or tests) on one Nomad keep apart: jobs are named per data dir.

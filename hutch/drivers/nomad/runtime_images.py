@@ -19,15 +19,17 @@ from hutch.core.errors import RuntimeNotFound
 from hutch.core.runtimes import RuntimeRecipe
 from hutch.drivers.base import ProvisionRequest
 from hutch.drivers.builds import Builds
-from hutch.drivers.local import layers, rootfs
+from hutch.drivers.local import layercache, layers, rootfs
 from hutch.drivers.nomad import images
 
 log = logging.getLogger(__name__)
 
 
 class RuntimeImages:
-    def __init__(self, registry: str, runtime_cache: Path) -> None:
+    def __init__(self, registry: str, runtime_cache: Path,
+                 layer_max_bytes: int = layercache.DEFAULT_MAX_BYTES) -> None:
         self.registry = registry
+        self.layer_max_bytes = layer_max_bytes  # HUTCH_LAYER_CACHE_MAX: a larger install is refused
         self.runtime_cache = runtime_cache  # the trees images are made from
         # The runtimes with an image. Updated in place: the driver's warm pools hold this set.
         self.available: set[str] = set()
@@ -101,8 +103,12 @@ class RuntimeImages:
             raise RuntimeNotFound(f"installs on the nomad driver build on this host's copy of runtime {recipe.name}, "
                                   f"which is not built; {rootfs.build_hint(recipe.name, cache)}", field="runtime")
         async with self._install_lock:
-            built = await asyncio.to_thread(layers.build, recipe, cache, req.dependencies, req.packages, log=log.info)
+            built = await asyncio.to_thread(layers.build, recipe, cache, req.dependencies, req.packages, log=log.info,
+                                            max_bytes=self.layer_max_bytes)
             assert built == key, "layers.build keys a layer by layers.layer_key"
             if not await asyncio.to_thread(images.exists, recipe, self.registry, key):
                 await asyncio.to_thread(images.push, recipe, self.registry, cache=cache, layer=key)
+            # Pushed, the host's tree is only a leftover (the registry is asked first next time);
+            # drop leaves it if a local sandbox on this host is mounted over the same layer.
+            await asyncio.to_thread(layercache.drop, cache / "layers", key)
         return key

@@ -1,0 +1,86 @@
+"""The install-layer cache (drivers/local/layercache.py): bounded by size, least recently used
+first, unused layers dropped after their retention, and never a layer an overlay on this
+host is mounted over or a create holds. Made-up layers in a temporary cache: no install."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hutch.drivers.local import layercache
+from hutch.drivers.local.layercache import LayerLimits
+
+MIB = 2**20
+DAY = 24 * 3600.0
+
+
+def make_layer(root: Path, n: int, size: int, used: float) -> str:
+    key = f"{n:024x}"
+    tree = root / key / "tree"
+    tree.mkdir(parents=True)
+    (tree / "blob").write_bytes(os.urandom(size))
+    (root / key / "used").touch()
+    os.utime(root / key / "used", (used, used))
+    return key
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "layers"
+
+
+def test_unused_layers_go_after_their_retention_and_the_rest_stay(root: Path) -> None:
+    now = time.time()
+    old, recent = make_layer(root, 1, 4096, now - 2 * DAY), make_layer(root, 2, 4096, now - 60)
+    assert layercache.sweep(root, LayerLimits(max_bytes=64 * MIB, retention_seconds=DAY), now) == [old]
+    assert not (root / old).exists() and (root / recent / "tree").is_dir()
+    assert not list(root.glob(".trash-*"))
+
+
+def test_over_its_bound_the_cache_drops_the_least_recently_used_until_it_fits(root: Path) -> None:
+    now = time.time()
+    keys = [make_layer(root, n, MIB, now - 100 + n) for n in range(5)]  # keys[0]: used longest ago
+    assert layercache.sweep(root, LayerLimits(max_bytes=int(3.5 * MIB), retention_seconds=DAY), now) == keys[:2]
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == keys[2:]
+    assert all((root / k / "size").read_text().strip() for k in keys[2:])  # measured once, kept
+
+
+def test_a_layer_a_create_holds_is_not_dropped(root: Path) -> None:
+    key = make_layer(root, 1, 4096, time.time() - 2 * DAY)
+    with layercache.using(root, key):
+        assert layercache.sweep(root, LayerLimits(max_bytes=1, retention_seconds=0)) == []
+    assert (root / key / "tree").is_dir()
+    assert layercache.sweep(root, LayerLimits(max_bytes=1, retention_seconds=0)) == [key]
+
+
+@pytest.fixture
+def mounted_over(root: Path, tmp_path: Path) -> Iterator[str]:
+    """A layer some other mount namespace has an overlay over (as a sandbox's would be)."""
+    key = make_layer(root, 7, 4096, time.time() - 2 * DAY)
+    for d in ("runtime", "upper", "work", "merged"):
+        (tmp_path / d).mkdir()
+    opts = (f"lowerdir={root / key / 'tree'}:{tmp_path / 'runtime'},upperdir={tmp_path / 'upper'},"
+            f"workdir={tmp_path / 'work'}")
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             f"mount -t overlay overlay -o {opts} {tmp_path / 'merged'} && echo up && sleep 60"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up", "the overlay did not mount"
+        yield key
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_a_layer_an_overlay_is_mounted_over_is_never_dropped(root: Path, mounted_over: str) -> None:
+    assert layercache.mounted(root) == {mounted_over}
+    assert layercache.sweep(root, LayerLimits(max_bytes=1, retention_seconds=0)) == []
+    assert (root / mounted_over / "tree" / "blob").is_file()
+    used = (root / mounted_over / "used").stat().st_mtime
+    assert used > time.time() - 60, "a layer in use is marked used: its retention starts when it is let go"
