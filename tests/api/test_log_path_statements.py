@@ -24,12 +24,7 @@ async def _ended(api: Api, sandbox_id: str) -> None:
     raise AssertionError(f"sandbox {sandbox_id} did not end within 10 s")
 
 
-@pytest.fixture(params=["fake"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.mark.parametrize("profile", ["production"], indirect=True)  # the embedded one has no PostgreSQL
+@pytest.mark.runs_on("fake-production")  # the embedded profile has no PostgreSQL
 async def test_a_oneshot_sends_no_reset_statements(api: Api, profile: dict[str, str]) -> None:
     before = _statements()
     body = {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}
@@ -43,7 +38,7 @@ async def test_a_oneshot_sends_no_reset_statements(api: Api, profile: dict[str, 
     assert resets == {}, sent
 
 
-@pytest.mark.parametrize("profile", ["production"], indirect=True)
+@pytest.mark.runs_on("fake-production")
 async def test_a_commands_two_streams_are_locked_and_released_in_one_statement_each(
         api: Api, profile: dict[str, str]) -> None:
     # `true`: no bytes to save first, so both streams close at once (one with bytes to save

@@ -9,7 +9,7 @@ import pytest
 
 from hutch.api.keys import ENGINE
 from hutch.core import counters
-from tests.api.conftest import Api
+from tests.api.conftest import STORE, Api
 
 
 def _store_reads() -> int:
@@ -17,11 +17,7 @@ def _store_reads() -> int:
                if name == "hutch_store_statements_total" and labels.get("kind") == "select sandboxes")
 
 
-@pytest.fixture(params=["fake"])
-def driver_name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)  # the reads are the service's, whatever the driver
-
-
+@pytest.mark.runs_on(*STORE)  # the reads are the service's, whatever the driver
 async def test_own_live_sandbox_is_folded_alike_and_read_without_the_store(api: Api,
                                                                           profile: dict[str, str]) -> None:
     engine = api.client.app[ENGINE]
@@ -47,6 +43,7 @@ async def test_own_live_sandbox_is_folded_alike_and_read_without_the_store(api: 
     assert (await engine.parts.store.get_sandbox(sid)).status.is_final
 
 
+@pytest.mark.runs_on(*STORE)
 async def test_ended_sandboxes_stay_folded_alike_up_to_a_bound(api: Api, profile: dict[str, str]) -> None:
     engine = api.client.app[ENGINE]
     engine.reads.ended_kept = 1
