@@ -49,7 +49,7 @@ from hutch.core.output import (
     check_offset,
     check_stream_id,
 )
-from hutch.storage.pg import UNAVAILABLE, Pool
+from hutch.storage.pg import UNAVAILABLE, Pool, count_statements
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,22 @@ _FETCH = ("SELECT start_pos, end_pos, data FROM hutch_output_chunks"
 _SECRET = ("WITH made AS (INSERT INTO hutch_secrets (name, value) VALUES ($1, $2)"
            " ON CONFLICT (name) DO NOTHING RETURNING value)"
            " SELECT value FROM made UNION ALL SELECT value FROM hutch_secrets WHERE name = $1 LIMIT 1")
+
+
+# One row per stream, in the order asked (WITH ORDINALITY): the answers map back to the askers.
+_LOCK_MANY = ("SELECT array_agg(pg_try_advisory_lock(k) ORDER BY n)"
+              " FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS u(k, s, n)")
+_UNLOCK_MANY = ("SELECT array_agg(ok ORDER BY n) FROM (SELECT pg_advisory_unlock(k) AS ok, pg_notify('hutch_output', s), n"
+                " FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS u(k, s, n)) released")
+
+
+class _Batch:
+    """Lock or unlock requests waiting for the one statement that takes them all."""
+
+    def __init__(self, query: str) -> None:
+        self.query = query
+        self.pending: list[tuple[str, asyncio.Future[bool]]] = []
+        self.sending: asyncio.Task[None] | None = None
 
 
 def lock_key(stream_id: str) -> int:
@@ -140,16 +156,23 @@ class PostgresOutputStreams(OutputStreams):
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise InvalidInput(f"output streams: {dsn!r} is not a postgresql:// URL", field="store")
         self.dsn = dsn
-        self._pg = Pool(dsn, what="output streams", unavailable=BlobUnavailable)
+        # Stateless: its sessions only read chunks and locks and write rows (the stream locks
+        # and LISTEN live on ``_session``), so a release needs no reset statement.
+        self._pg = Pool(dsn, what="output streams", unavailable=BlobUnavailable, stateless=True)
         self._session: asyncpg.Connection | None = None  # holds this process's stream locks
         self._session_lock = asyncio.Lock()  # one statement at a time on it
         self._writers: dict[str, PostgresOutputWriter] = {}
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        # Locks and unlocks asked for together (a command's stdout and stderr are opened and
+        # closed at once) go as one statement: two round trips a command fewer.
+        self._locking = _Batch(_LOCK_MANY)
+        self._unlocking = _Batch(_UNLOCK_MANY)
 
     async def start(self) -> None:
         await self._pg.start()  # the one numbered schema, shared with the projection store
         try:
             self._session = await asyncpg.connect(self.dsn, command_timeout=60)
+            count_statements(self._session, "output streams session")
             await self._session.add_listener(_CHANNEL, self._notified)
         except (*UNAVAILABLE, asyncpg.PostgresError) as err:
             await self.close_store()
@@ -196,6 +219,7 @@ class PostgresOutputStreams(OutputStreams):
         if old is not None:
             old.terminate()
         session = await asyncpg.connect(self.dsn, command_timeout=60)
+        count_statements(session, "output streams session")
         try:
             await session.add_listener(_CHANNEL, self._notified)
             await session.execute("SELECT pg_try_advisory_lock(k) FROM unnest($1::bigint[]) AS k",
@@ -205,6 +229,35 @@ class PostgresOutputStreams(OutputStreams):
             raise
         self._session = session
         return session
+
+    async def _batched(self, batch: _Batch, stream_id: str) -> bool:
+        """``stream_id``'s lock taken or released (``batch``) in one statement with whatever
+        other streams asked for the same meanwhile; True when PostgreSQL said so."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        batch.pending.append((stream_id, fut))
+        if batch.sending is None:
+            batch.sending = asyncio.create_task(self._send(batch))
+        return await fut
+
+    async def _send(self, batch: _Batch) -> None:
+        try:
+            while batch.pending:
+                await asyncio.sleep(0)  # let the streams opened or closed with this one ask too
+                asked, batch.pending = batch.pending, []
+                ids = [stream_id for stream_id, _ in asked]
+                try:
+                    answers = await self._on_session(batch.query, [lock_key(i) for i in ids], ids)
+                except Exception as err:
+                    for _, fut in asked:
+                        if not fut.done():
+                            fut.set_exception(err)
+                    continue
+                assert isinstance(answers, list) and len(answers) == len(asked)
+                for (_, fut), answer in zip(asked, answers, strict=True):
+                    if not fut.done():
+                        fut.set_result(bool(answer))
+        finally:
+            batch.sending = None
 
     def _conn(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         return self._pg.conn()
@@ -217,7 +270,7 @@ class PostgresOutputStreams(OutputStreams):
     async def open(self, stream_id: str, owner: StreamOwner | None = None) -> PostgresOutputWriter:
         writer = self._writers.get(check_stream_id(stream_id))
         if writer is None:
-            if not await self._on_session("SELECT pg_try_advisory_lock($1)", lock_key(stream_id)):
+            if not await self._batched(self._locking, stream_id):
                 raise InvalidInput(f"stream {stream_id} is already being written by another process")
             writer = self._writers[stream_id] = PostgresOutputWriter(self, stream_id, self.cap, owner)
         elif writer.owner is None and writer.size == 0:
@@ -235,8 +288,7 @@ class PostgresOutputStreams(OutputStreams):
         finally:
             # Released after the last chunk committed: a reader seeing it closed sees them all.
             with contextlib.suppress(BlobUnavailable):  # a lost session released it already
-                await self._on_session("SELECT pg_advisory_unlock($1), pg_notify('hutch_output', $2)",
-                                       lock_key(stream_id), stream_id)
+                await self._batched(self._unlocking, stream_id)
             self._writers.pop(stream_id, None)
             self._wake(stream_id)
 

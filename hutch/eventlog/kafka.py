@@ -73,6 +73,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from hutch.core import counters
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.eventlog.base import EventLog, GroupMember, LogCapabilities
 from hutch.core.events import Event
@@ -315,6 +316,8 @@ class KafkaEventLog(EventLog):
         if size > MAX_APPEND_BYTES:
             raise InvalidInput(f"an append of {len(events)} event(s) takes {size} bytes; "
                                f"at most {MAX_APPEND_BYTES} fit in one record batch")
+        counters.count("hutch_eventlog_appends_total")
+        counters.count("hutch_eventlog_append_events_total", len(events))
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._pending.append((events, records, size, fut))
         self._dispatch()
@@ -392,13 +395,15 @@ class KafkaEventLog(EventLog):
         producer = self._producer
         if producer is None:
             raise LogUnavailable("the Kafka event log is closed")
-        ((builder, count),) = pack_batches(producer, records)  # append() sized the group to fit one
+        ((builder, n),) = pack_batches(producer, records)  # append() sized the group to fit one
+        counters.count("hutch_eventlog_writes_total")
+        counters.count("hutch_eventlog_write_events_total", n)
         fut = await producer.send_batch(builder, self.order_topic, partition=0)
         fut.add_done_callback(retrieve_exception)
         meta = await asyncio.wait_for(asyncio.shield(fut), self.append_timeout)
         base = meta.offset
-        self._scan_from = max(self._scan_from, base + count)
-        return [base + 1 + i for i in range(count)]
+        self._scan_from = max(self._scan_from, base + n)
+        return [base + 1 + i for i in range(n)]
 
     async def _abandon_producer(self) -> None:
         """Stop the producer at once, batches undelivered or not: ``stop()`` would wait for

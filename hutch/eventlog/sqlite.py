@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import attrs
 
-from hutch.core import phases
+from hutch.core import counters, phases
 from hutch.core.errors import LogUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event, decode_or_unreadable, encode
@@ -91,6 +91,8 @@ class SqliteEventLog(EventLog):
     async def append(self, events: Sequence[Event]) -> list[int]:
         if not events:
             return []
+        counters.count("hutch_eventlog_appends_total")
+        counters.count("hutch_eventlog_append_events_total", len(events))
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._pending.append((events, fut))
         if self._flushing is None or self._flushing.done():
@@ -100,6 +102,8 @@ class SqliteEventLog(EventLog):
     async def _flush(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
+            counters.count("hutch_eventlog_writes_total")
+            counters.count("hutch_eventlog_write_events_total", sum(len(evs) for evs, _ in batch))
             try:
                 positions = await self._run(self._write, [evs for evs, _ in batch])
             except sqlite3.Error as err:

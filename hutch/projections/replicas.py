@@ -66,7 +66,9 @@ class PostgresReplicas(Replicas):
     def __init__(self, dsn: str, *, me: str, url: str, lease_seconds: float = LEASE_SECONDS) -> None:
         self.me, self.url = me, url
         self.lease_seconds = lease_seconds
-        self._pg = Pool(dsn, what="replica registry", unavailable=ReplicaUnavailable, min_size=1, max_size=4)
+        # Stateless: plain statements only (the session locks have ``_locks``): no reset on release.
+        self._pg = Pool(dsn, what="replica registry", unavailable=ReplicaUnavailable, min_size=1, max_size=4,
+                        stateless=True)
         self._mine: set[str] = set()  # owned here: no query (a replica claimed away exits)
         self._held_until = 0.0  # on _clock(): the lease is surely ours until then (``current``)
         self._locks = Pool(dsn, what="replica locks", unavailable=ReplicaUnavailable, min_size=0, max_size=8)

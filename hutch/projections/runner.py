@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
+from hutch.core import counters
 from hutch.core.errors import LogMismatch, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
@@ -211,6 +212,8 @@ class Projector:
             try:
                 if self.applies:
                     await self.store.apply(batch)
+                    counters.count("hutch_projector_batches_total")
+                    counters.count("hutch_projector_events_total", len(batch))
                 else:
                     await self.store.wait_for(batch[-1].position or 0, timeout=30)
                 return

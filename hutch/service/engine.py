@@ -122,7 +122,8 @@ class Engine:
         self.recorder.meter = self.quotas.admit_events
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
                                       pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
-        self.reaper = Reaper(store, projector, self.background, self.control)  # idle and paused timeouts
+        self.reaper = Reaper(store, projector, self.background, self.control,  # idle and paused timeouts
+                            read=self.reads.sandbox)
         self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control,
                                      commands=roles.commands, files=roles.files, outputs=outputs,
                                      streams=self.streams, inputs=self.inputs, background=self.background,

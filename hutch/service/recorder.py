@@ -84,15 +84,23 @@ class Recorder:
         t0 = phases.start()
         async with self.lock(sandbox_id):
             phases.end("record: lock wait", t0)
-            with phases.span("record: state read"):
-                if isinstance(command, Create):
+            if isinstance(command, Create):
+                with phases.span("record: state read"):
                     sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
-                else:
-                    sb = await self._reads.require(sandbox_id)
+                self._reads.own(sandbox_id)  # before the append: its creation is folded as it lands
+                try:
+                    with phases.span("record: decide"):
+                        events = decide(sb, command)
+                    return await self._append(sandbox_id, events, durable=durable, what=what, metered=True)
+                except BaseException:
+                    self._reads.disown(sandbox_id)
+                    raise
+            with phases.span("record: state read"):
+                sb = await self._reads.require(sandbox_id)
             with phases.span("record: decide"):
                 events = decide(sb, command)
             return await self._append(sandbox_id, events, durable=durable, what=what,
-                                      metered=isinstance(command, Create | ChangeEnv | StartExecution) or None)
+                                      metered=isinstance(command, ChangeEnv | StartExecution) or None)
 
     async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:

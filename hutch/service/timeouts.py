@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from hutch.core.errors import HutchError
 from hutch.core.lifecycle import Terminate
@@ -34,8 +35,12 @@ def _unix(iso: str) -> float:
 
 class Reaper:
     def __init__(self, store: ProjectionStore, projector: Projector, background: Background,
-                 control: SandboxControl) -> None:
+                 control: SandboxControl, *,
+                 read: Callable[[str], Awaitable[SandboxState | None]] | None = None) -> None:
         self._store = store
+        # Re-armed on every event: ``read`` (Reads.sandbox) answers this process's own live
+        # sandboxes without a store round trip, which was six reads per one-shot.
+        self._read = read or store.get_sandbox
         self._projector = projector
         self._background = background
         self._control = control
@@ -67,7 +72,7 @@ class Reaper:
         timer = self._timers.pop(sandbox_id, None)
         if timer is not None:
             timer.cancel()
-        sb = await self._store.get_sandbox(sandbox_id)
+        sb = await self._read(sandbox_id)
         if sb is None or sb.status.is_final:
             self._activity.pop(sandbox_id, None)
             return
@@ -81,7 +86,7 @@ class Reaper:
         )
 
     async def _reap(self, sandbox_id: str) -> None:
-        sb = await self._store.get_sandbox(sandbox_id)
+        sb = await self._read(sandbox_id)
         found = self.deadline(sb) if sb is not None else None
         if found is None:
             return

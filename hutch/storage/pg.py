@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 
+from hutch.core import counters
 from hutch.storage.schema import migrate
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,37 @@ log = logging.getLogger(__name__)
 UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
     asyncpg.CannotConnectNowError, asyncpg.OperatorInterventionError)
+
+
+_TABLE = re.compile(r"\b(?:from|into|update|join)\s+([a-z_][\w.]*)")
+_PG_FUNCTION = re.compile(r"\b(pg_\w+)\s*\(")
+_FUNCTION = re.compile(r"\s*select\s+([a-z_][\w.]*)\s*\(")
+_kinds: dict[str, str] = {}  # the code's statements are a fixed set of strings
+
+
+def _kind(query: str) -> str:
+    """A statement's first keyword and the first table (or called function) it names:
+    "select sandboxes", "insert output_chunks". Few enough to label, enough to find the caller."""
+    kind = _kinds.get(query)
+    if kind is None:
+        q = query.lower()
+        m = _TABLE.search(q) or _FUNCTION.match(q)
+        if m is not None and m.group(1) == "unnest":  # rows of arguments: name what they drive
+            m = _PG_FUNCTION.search(q) or m
+        verb = q.split(None, 1)[0] if q.strip() else "?"
+        kind = f"{verb} {m.group(1)}" if m else verb
+        if len(_kinds) < 1000:  # a query built from values must not grow this without end
+            _kinds[query] = kind
+    return kind
+
+
+def count_statements(conn: asyncpg.Connection, what: str) -> None:
+    """Count every statement ``conn`` sends (``hutch_store_statements_total``) under ``what``
+    and its kind: a statement is a round trip, whatever the machine's load."""
+    def counted(record: asyncpg.connection.LoggedQuery) -> None:
+        counters.count("hutch_store_statements_total", 1, (("store", what), ("kind", _kind(record.query))))
+
+    conn.add_query_logger(counted)
 
 
 class _KeptSession(asyncpg.Connection):
@@ -60,13 +93,17 @@ class Pool:
             # PostgreSQL crash loses the last applied batches, and a reader would see state
             # older than a write it was already told about.
             self._pool = await asyncpg.create_pool(self.dsn, min_size=self._min_size, max_size=self._max_size,
-                                                   command_timeout=60, connection_class=self._connection_class)
+                                                   command_timeout=60, connection_class=self._connection_class,
+                                                   init=self._init)
             async with self._pool.acquire() as conn:
                 for name in await migrate(conn):
                     log.info("%s: applied migration %s", self.what, name)
         except (*UNAVAILABLE, asyncpg.PostgresError) as err:
             await self.close()
             raise self._unavailable(f"cannot open the PostgreSQL {self.what}: {err}") from err
+
+    async def _init(self, conn: asyncpg.Connection) -> None:
+        count_statements(conn, self.what)
 
     async def close(self) -> None:
         if self._pool is not None:

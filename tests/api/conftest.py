@@ -61,6 +61,11 @@ STORE = ("fake-embedded", "fake-production")  # the service over the log and the
 REAL = ("local-embedded", "nomad-production")
 
 
+# The test servers made on each production profile's database (by its URL): ``profile`` checks
+# they stopped before it drops the database and topic.
+_SERVING: dict[str, list[TestClient]] = {}
+
+
 @pytest.fixture(params=["fake", "local", "nomad"])
 def driver_name(request: pytest.FixtureRequest) -> str:
     """An API test runs on every driver unless it says where (``runs_on``): the same wire,
@@ -79,6 +84,10 @@ async def profile(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str
     url, database = await fresh_database("api")
     log = kafka_url("api")
     yield {"event_log": log, "store": url}
+    # A server still running would stop against a dropped topic: a command it cuts short
+    # records its end there, and the append retries for 2 x append_timeout (120 s) per test.
+    running = [c for c in _SERVING.pop(url, []) if not c.server.closed]
+    assert not running, f"{len(running)} server(s) on {database} still running as it is dropped"
     await drop_database(database)
     await drop_topics(log)
 
@@ -86,6 +95,7 @@ async def profile(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str
 @pytest.fixture
 async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: dict[str, str]) -> AsyncIterator[AppFactory]:  # type: ignore[no-untyped-def]
     apps: list[web.Application] = []
+    clients: list[TestClient] = []
 
     async def factory(**overrides: Any) -> Api:
         # Warm pools are off in the API tests (their idle allocations would crowd the one dev
@@ -96,6 +106,8 @@ async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: di
         app: web.Application = create_app(config)
         client = Api(await aiohttp_client(app))
         apps.append(app)
+        clients.append(client.client)
+        _SERVING.setdefault(profile.get("store", ""), []).append(client.client)
         return client
 
     yield factory
@@ -104,6 +116,10 @@ async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: di
         engine = app[ENGINE]
         for sandbox_id in await engine.parts.driver.alive():
             await engine.parts.driver.destroy(sandbox_id)
+    # Stopped here, before ``profile`` drops their database and topic (aiohttp_client would
+    # stop them after it): a stopping server records the commands it cuts short.
+    for client in clients:
+        await client.close()
 
 
 @pytest.fixture

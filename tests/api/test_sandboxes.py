@@ -313,3 +313,34 @@ async def test_metrics_in_prometheus_text(api: Api) -> None:
     assert position >= 5 and f"hutch_projection_position {position}" in lines  # read-your-writes
     assert any(x.startswith("hutch_driver_info{driver=") for x in lines)
     assert (await api.client.get("/metrics")).status == 401  # behind the key like the rest
+
+
+def _counted(text: str, name: str, **labels: str) -> int:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    total = 0
+    for line in text.splitlines():
+        named = line.startswith((f"{name}{{", f"{name} "))
+        if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += int(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.runs_on(*STORE)  # the service's counters on both logs and stores
+async def test_metrics_count_the_log_path_work(api: Api, profile: dict[str, str]) -> None:
+    # Counts are process-wide: read the change one create makes, never the absolute value.
+    before = await (await api.client.get("/metrics", headers=AUTH)).text()
+    await api.call("POST", "/sandbox", json={}, expect=201)
+    after = await (await api.client.get("/metrics", headers=AUTH)).text()
+
+    def delta(name: str, **labels: str) -> int:
+        return _counted(after, name, **labels) - _counted(before, name, **labels)
+
+    assert "# TYPE hutch_eventlog_appends_total counter" in after.splitlines()
+    appends, events = delta("hutch_eventlog_appends_total"), delta("hutch_eventlog_append_events_total")
+    assert appends >= 1 and events >= appends, after
+    assert 1 <= delta("hutch_eventlog_writes_total") <= appends
+    assert delta("hutch_eventlog_write_events_total") == events
+    assert delta("hutch_projector_events_total") == events  # each applied once, none skipped
+    assert delta("hutch_projector_batches_total") >= 1
+    statements = delta("hutch_store_statements_total", store="projection store")
+    assert (statements > 0) == bool(profile), after  # PostgreSQL only in the production profile

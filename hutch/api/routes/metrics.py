@@ -2,13 +2,15 @@
 
 The engine's view (sandboxes by status, snapshots, the log and projection positions, the
 events the projections stepped over as poison)
-plus whatever the driver reports about itself (the nomad driver's warm pools)."""
+plus whatever the driver reports about itself (the nomad driver's warm pools) and the process's
+counts of its log-path work: appends, log writes, projector batches, PostgreSQL statements."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from hutch.api.keys import ENGINE, PRINCIPAL
+from hutch.core import counters
 from hutch.drivers.base import Metric
 from hutch.projections.base import SnapshotQuery
 
@@ -51,5 +53,8 @@ async def metrics(request: web.Request) -> web.Response:
     found.append(Metric("hutch_snapshots", snapshots, "gauge", "ready snapshots"))
     if admin:
         found.extend(engine.usage.driver_metrics())
+        # The process's own work on the log path (hutch.core.counters): the server's, not a tenant's.
+        found.extend(Metric(name, value, "counter", counters.HELP.get(name, ""), labels)
+                     for name, labels, value in counters.counts())
     return web.Response(text=render(found), content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
