@@ -346,6 +346,26 @@ class Workspace:
             data = found
         return base64.b64encode(data).decode() if encoding == "base64" else data.decode(errors="replace")
 
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        """The entries of a directory of the workspace: ``{"name", "is_dir", "size"}`` each,
+        sorted by name (one level; ValueError when there is no such directory)."""
+        self._need_started()
+        full = self._path(path)
+        if self._sandbox is not None:
+            from hutch.errors import FileNotFound
+
+            try:
+                found = [(e.path, e.is_dir, e.size or 0) for e in await self._sandbox.list_files(full)]
+            except FileNotFound:
+                raise ValueError(f"path: {path!r}: no such directory in the workspace") from None
+        else:
+            assert self._dir is not None
+            listed = await asyncio.to_thread(local_files.listing, self._dir, full)
+            if listed is None:
+                raise ValueError(f"path: {path!r}: no such directory in the workspace")
+            found = listed
+        return [{"name": name, "is_dir": is_dir, "size": 0 if is_dir else size} for name, is_dir, size in sorted(found)]
+
     # ------------------------------------------------------------ snapshots
 
     async def snapshot(self) -> WorkspaceSnapshot:

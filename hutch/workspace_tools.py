@@ -31,6 +31,15 @@ class Ran(Protocol):
     def timed_out(self) -> bool: ...
 
 
+class Snapshotted(Protocol):
+    """What a snapshot answers (``hutch.workspace.WorkspaceSnapshot``)."""
+
+    @property
+    def files(self) -> Mapping[str, str]: ...
+    @property
+    def snapshot_id(self) -> str | None: ...
+
+
 class WorkspaceLike(Protocol):
     """What the tools call on a workspace (:class:`hutch.workspace.Workspace` is one): typed on
     this rather than on the class, so that the workspace can import its tools and not the
@@ -41,6 +50,8 @@ class WorkspaceLike(Protocol):
     async def shell(self, command: str, *, timeout_seconds: float | None = None) -> Ran: ...
     async def write_file(self, path: str, contents: str) -> None: ...
     async def read_file(self, path: str) -> str | None: ...
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]: ...
+    async def snapshot(self) -> Snapshotted: ...
 
 
 _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -58,6 +69,13 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "read_file": ("Read a file of the workspace; null when it does not exist.", {
         "type": "object", "required": ["path"], "additionalProperties": False,
         "properties": {"path": {"type": "string"}}}),
+    "list_files": ("List a directory of the workspace (default: its root): each entry's name, "
+                   "whether it is a directory, and its size.", {
+        "type": "object", "required": [], "additionalProperties": False,
+        "properties": {"path": {"type": "string"}}}),
+    "snapshot": ("Save the workspace's files; answers the snapshot id (a new sandbox can start "
+                 "from it) and the files saved.", {
+        "type": "object", "required": [], "additionalProperties": False, "properties": {}}),
 }
 
 
@@ -89,8 +107,14 @@ class WorkspaceTools:
         elif name == "write_file":
             await ws.write_file(str(args["path"]), str(args["contents"]))
             return {"written": args["path"]}
-        else:
+        elif name == "read_file":
             return {"path": args["path"], "contents": await ws.read_file(str(args["path"]))}
+        elif name == "list_files":
+            path = str(args.get("path") or ".")
+            return {"path": path, "files": await ws.list_files(path)}
+        else:
+            snap = await ws.snapshot()
+            return {"snapshot_id": snap.snapshot_id, "files": sorted(snap.files)}
         return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code, "timed_out": r.timed_out}
 
     async def dispatch(self, call: Mapping[str, Any]) -> dict[str, Any]:
