@@ -428,6 +428,15 @@ class Workspace:
             children.append(child)
         return children
 
+    @classmethod
+    def over(cls, client: SandboxClient, sandbox: Sandbox, **options: Any) -> Workspace:
+        """A started workspace on a sandbox that someone else made and keeps (an MCP session):
+        it owns neither, so drop it without ``close()`` (which would destroy the sandbox)."""
+        ws = cls(backend="remote", url=client.url, api_key=client.api_key, workspace_id=sandbox.id, **options)
+        ws._client, ws._sandbox, ws._from_snapshot, ws._ready = client, sandbox, "reattached", True
+        ws._stack = AsyncExitStack()  # nothing of its own to close
+        return ws
+
     def tools(self) -> WorkspaceTools:
         """Tool definitions and a dispatcher for LLM tool calling (hutch/workspace_tools.py)."""
         return WorkspaceTools(self)

@@ -13,6 +13,7 @@ workspace) is an error result the model can read, never an exception in the agen
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -88,7 +89,13 @@ class WorkspaceTools:
                 for n, (d, p) in _SPECS.items()]
 
     def anthropic(self) -> list[dict[str, Any]]:
-        return [{"name": n, "description": d, "input_schema": p} for n, (d, p) in _SPECS.items()]
+        return self.definitions()
+
+    @staticmethod
+    def definitions() -> list[dict[str, Any]]:
+        """Each tool's name, description and JSON Schema (fresh copies: callers may extend them),
+        for a server that serves these tools to other clients (hutch/mcp_server.py)."""
+        return [{"name": n, "description": d, "input_schema": copy.deepcopy(p)} for n, (d, p) in _SPECS.items()]
 
     async def call(self, name: str, args: Mapping[str, Any]) -> Any:
         """Run one tool; its result as JSON-ready data (ValueError for a bad call)."""
