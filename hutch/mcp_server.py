@@ -151,10 +151,10 @@ def _gone(err: BaseException) -> bool:
     return isinstance(err, HutchError) and err.status == 404  # the model destroyed it by another way
 
 
-async def answer(session: McpSession, name: str, args: Mapping[str, Any] | None) -> types.CallToolResult:
+async def answer(sessions: Sessions, ctx: Any, name: str, args: Mapping[str, Any] | None) -> types.CallToolResult:
     """Run one call; every failure is a tool error with hutch's message, never the server's."""
     try:
-        result = await session.call(name, args or {})
+        result = await sessions.of(ctx).call(name, args or {})
     except (ToolError, HutchError, ValueError, RuntimeError) as err:
         message = err.message if isinstance(err, HutchError) else str(err)
         code = f" [{err.code}]" if isinstance(err, HutchError) and err.code else ""
@@ -193,7 +193,10 @@ class Sessions:
         found = connection.state.get("hutch")
         if found is None:
             headers = getattr(ctx.request, "headers", None) or {}
-            found = connection.state["hutch"] = McpSession(self.url, bearer_key(headers.get("authorization")))
+            key = bearer_key(headers.get("authorization"))
+            if key is None:  # never None behind mcp_http's gate; without a key the client would use this machine's
+                raise ToolError("this request carries no hutch API key (Authorization: Bearer KEY)")
+            found = connection.state["hutch"] = McpSession(self.url, key)
             connection.exit_stack.push_async_callback(self._end, found)
         assert isinstance(found, McpSession)
         return found
@@ -233,7 +236,7 @@ def build_server(sessions: Sessions) -> Server[Any]:
         return types.ListToolsResult(tools=tool_list())
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await answer(sessions.of(ctx), params.name, params.arguments)
+        return await answer(sessions, ctx, params.name, params.arguments)
 
     from hutch._version import __version__
 
