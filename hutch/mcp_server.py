@@ -21,6 +21,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -181,6 +184,7 @@ class Sessions:
         self.url, self.api_key, self.per_connection = url, api_key, per_connection
         self._only: McpSession | None = None
         self._ending: set[asyncio.Task[None]] = set()
+        self.closed = asyncio.Event()
 
     def of(self, ctx: Any) -> McpSession:
         if not self.per_connection:
@@ -208,11 +212,14 @@ class Sessions:
 
     async def close(self) -> None:
         """At shutdown: end the stdio session, wait for the HTTP sessions' endings."""
-        if self._only is not None:
-            only, self._only = self._only, None
-            await only.close()
-        if self._ending:
-            await asyncio.gather(*list(self._ending), return_exceptions=True)
+        try:
+            if self._only is not None:
+                only, self._only = self._only, None
+                await only.close()
+            if self._ending:
+                await asyncio.gather(*list(self._ending), return_exceptions=True)
+        finally:
+            self.closed.set()
 
 
 def bearer_key(authorization: str | None) -> str | None:
@@ -245,7 +252,32 @@ def build_server(sessions: Sessions) -> Server[Any]:
 
 
 async def serve_stdio(url: str | None, api_key: str | None) -> None:
-    """One session over this process's stdin and stdout, until the client closes stdin."""
-    server = build_server(Sessions(url, api_key, per_connection=False))
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+    """One session over this process's stdin and stdout, until the client closes stdin, or
+    SIGTERM / SIGINT (what a client sends when a server is slow to leave; Ctrl-C)."""
+    sessions = Sessions(url, api_key, per_connection=False)
+    server = build_server(sessions)
+    serving, loop = asyncio.current_task(), asyncio.get_running_loop()
+    assert serving is not None
+
+    def stop() -> None:
+        serving.cancel()  # the server's lifespan ends the session and destroys its sandboxes
+        loop.create_task(_leave_once_closed(sessions))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    try:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def _leave_once_closed(sessions: Sessions) -> None:
+    # The SDK reads stdin in a worker thread that only end-of-file ends, so a cancelled server
+    # never finishes leaving while the client holds stdin open: once the session is closed
+    # (its sandboxes destroyed), nothing is left to do but exit.
+    await sessions.closed.wait()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import sys
 from typing import Any
 
-from hutch.cli._common import UsageError, _note
+from hutch.cli._common import UsageError
 
 _NEEDS = "`hutch mcp` needs the MCP SDK: pip install 'hutch[mcp]'"
 
@@ -65,13 +63,4 @@ async def _stdio(mcp_server: Any, url: str, api_key: str | None) -> None:
     # A bad key or an absent server is said now, once, rather than as every tool call's error.
     async with SandboxClient(url, api_key) as client:
         await client.tenancy.list_orgs()
-    # The client ends us with SIGTERM when we are slow to leave after it closed our stdin:
-    # leave through the session's cleanup (its sandboxes) all the same.
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        await mcp_server.serve_stdio(url, api_key)
-    except asyncio.CancelledError:
-        _note("mcp: stopped")
-    sys.stdout.flush()
+    await mcp_server.serve_stdio(url, api_key)

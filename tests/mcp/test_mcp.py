@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -263,6 +264,51 @@ async def test_a_quota_is_a_tool_error(served: str, mcp_url: str, keys: dict[str
         assert "quota" in message.lower(), message
         assert "sandbox" in await refused(client, "create_sandbox", runtime=7)  # and a bad argument
     assert await gone(served, keys["C"], first)
+
+
+def test_a_server_stopped_by_sigterm_destroys_its_sessions_sandboxes(served: str, keys: dict[str, str]) -> None:
+    """What a client's shutdown (stdio) or an operator's (HTTP) does: the sessions still open
+    end, and their sandboxes with them. Raw JSON-RPC, so the session stays open until the signal."""
+    port = _free_port()
+    stdio = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp"], env=_env(HUTCH_URL=served, HUTCH_API_KEY=ADMIN),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    http = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}"],
+                            env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL)
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    create = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "create_sandbox", "arguments": {}}}
+    try:
+        assert stdio.stdin is not None and stdio.stdout is not None
+        for message in (hello, ready, create):
+            stdio.stdin.write(json.dumps(message).encode() + b"\n")
+            stdio.stdin.flush()
+        answers = [json.loads(stdio.stdout.readline()) for _ in range(2)]
+        by_stdio = answers[1]["result"]["structuredContent"]["sandbox_id"]
+        url = f"http://127.0.0.1:{port}/mcp"
+        _wait_for(url, http, "hutch mcp --http")
+        headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {keys['B']}"}
+        with httpx2.Client(headers=headers) as client:
+            opened = client.post(url, json=hello)
+            headers.update({"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"})
+            client.post(url, json=ready, headers=headers)
+            made = client.post(url, json=create, headers=headers).text
+        data = next(line.removeprefix("data:") for line in made.splitlines() if line.startswith("data:"))
+        by_http = json.loads(data)["result"]["structuredContent"]["sandbox_id"]
+        for proc in (stdio, http):
+            proc.terminate()
+        assert stdio.wait(30) == 0
+        assert http.wait(30) == -signal.SIGTERM  # uvicorn re-raises the signal once it has shut down
+    finally:
+        for proc in (stdio, http):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if stdio.stdin is not None:
+            stdio.stdin.close()
+        if stdio.stdout is not None:
+            stdio.stdout.close()
+    assert asyncio.run(gone(served, ADMIN, by_stdio)) and asyncio.run(gone(served, keys["B"], by_http))
 
 
 def test_without_the_extra_it_says_what_to_install(served: str) -> None:
