@@ -312,6 +312,7 @@ def test_a_server_stopped_by_sigterm_destroys_its_sessions_sandboxes(served: str
 
 
 def test_without_the_extra_it_says_what_to_install(served: str) -> None:
+    """A process of its own: in this one the SDK's modules are loaded already."""
     code = "import sys; sys.modules['mcp'] = None; from hutch.cli import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, "mcp"], capture_output=True, text=True, timeout=60,
                           env=_env(HUTCH_URL=served), stdin=subprocess.DEVNULL)
@@ -328,3 +329,10 @@ def test_a_bad_bind_or_a_missing_server_is_a_usage_error(tmp_path: Path, monkeyp
                        [["--url", "http://x", "--api-key", "k", "mcp", "--http", "127.0.0.1:1"], "over HTTP"]):
         assert main(argv) == 2
         assert said in capsys.readouterr().err, argv
+
+
+def test_stdio_with_a_bad_key_says_so_once_and_exits(served: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from hutch.cli import main
+
+    assert main(["--url", served, "--api-key", "hk_wrong", "mcp"]) == 1
+    assert "invalid API key" in capsys.readouterr().err
