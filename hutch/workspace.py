@@ -71,6 +71,9 @@ class CodeResult:
     stderr: str
     exit_code: int
     timed_out: bool = False
+    #: Why the sandbox ended the command, when it did (e.g. ``killed: out of memory (limit
+    #: 64Mi)``): an exit code alone (137) does not say. None otherwise.
+    error: str | None = None
 
     @property
     def output(self) -> str:
@@ -280,7 +283,8 @@ class Workspace:
             ex = await self._sandbox.execute(argv, timeout=f"{timeout:g}s")
             timed_out = ex.status == "timeout"
             code = TIMED_OUT if timed_out else (ex.exit_code if ex.exit_code is not None else 1)
-            return CodeResult(ex.stdout or "", ex.stderr or "", code, timed_out)
+            error = ex.error if ex.status not in ("completed", "timeout") else None  # timed_out says that one
+            return CodeResult(ex.stdout or "", ex.stderr or "", code, timed_out, error)
         if self._box is not None:
             return CodeResult(*await self._box.exec(argv, timeout))
         return await self._host_exec(argv, timeout)

@@ -30,6 +30,8 @@ class Ran(Protocol):
     def exit_code(self) -> int: ...
     @property
     def timed_out(self) -> bool: ...
+    @property
+    def error(self) -> str | None: ...
 
 
 class Snapshotted(Protocol):
@@ -122,7 +124,8 @@ class WorkspaceTools:
         else:
             snap = await ws.snapshot()
             return {"snapshot_id": snap.snapshot_id, "files": sorted(snap.files)}
-        return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code, "timed_out": r.timed_out}
+        ran = {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code, "timed_out": r.timed_out}
+        return {**ran, "error": r.error} if r.error else ran
 
     async def dispatch(self, call: Mapping[str, Any]) -> dict[str, Any]:
         """Answer an OpenAI tool call (``{"id", "function": {"name", "arguments"}}``) or an

@@ -200,6 +200,19 @@ async def test_http_a_session_acts_with_its_key_and_ends_with_its_sandboxes(serv
         assert (await b.get(sid, include_deleted=True)).sandbox_id == sid
 
 
+async def test_a_command_the_sandbox_killed_says_why(served: str, mcp_url: str, keys: dict[str, str]) -> None:
+    """An exit code alone (137) does not tell a model that the sandbox's memory limit ended its
+    program: hutch's reason comes with the result."""
+    async with SandboxClient(served, keys["B"]) as b:
+        small = (await b.create(runtime="workspace:latest", resources={"memory": "64Mi"})).id
+        try:
+            async with http_session(mcp_url, keys["B"]) as client:
+                ran = await call(client, "run_code", sandbox_id=small, code="x = bytearray(500 * 2**20)")
+            assert ran["exit_code"] == 137 and "out of memory" in ran["error"], ran
+        finally:
+            await b.destroy(small)
+
+
 async def test_an_org_a_session_cannot_see_read_or_destroy_org_b_sandboxes(served: str, mcp_url: str,
                                                                           keys: dict[str, str]) -> None:
     async with SandboxClient(served, keys["B"]) as b:
