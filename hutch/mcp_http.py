@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hutch.client import SandboxClient
 from hutch.errors import HutchError, Unauthorized
-from hutch.mcp_server import Sessions, bearer_key, build_server
+from hutch.mcp_server import McpSessions, bearer_key, build_server
 
 PATH = "/mcp"
 
@@ -87,7 +87,7 @@ async def _refuse(send: Send, status: int, message: str, *, code: int = types.IN
 
 
 def app(hutch_url: str | None, host: str) -> ASGIApp:
-    server = build_server(Sessions(hutch_url, per_connection=True))
+    server = build_server(McpSessions(hutch_url, per_connection=True))
     # host: the SDK turns on its DNS-rebinding guard (allowed Host headers) for a loopback bind.
     return KeyGate(server.streamable_http_app(streamable_http_path=PATH, host=host), hutch_url)
 

@@ -154,7 +154,7 @@ def _gone(err: BaseException) -> bool:
     return isinstance(err, HutchError) and err.status == 404  # the model destroyed it by another way
 
 
-async def answer(sessions: Sessions, ctx: Any, name: str, args: Mapping[str, Any] | None) -> types.CallToolResult:
+async def answer(sessions: McpSessions, ctx: Any, name: str, args: Mapping[str, Any] | None) -> types.CallToolResult:
     """Run one call; every failure is a tool error with hutch's message, never the server's."""
     try:
         result = await sessions.of(ctx).call(name, args or {})
@@ -174,7 +174,7 @@ def tool_list() -> list[types.Tool]:
     return [types.Tool(name=name, description=desc, input_schema=schema) for name, (desc, schema) in TOOLS.items()]
 
 
-class Sessions:
+class McpSessions:
     """Finds the session of a request. stdio: the one of the process. HTTP: one per MCP
     connection, made at its first tool call with the key its requests carry and ended with
     it; the ending runs as a task of ours, because the SDK gives a connection's cleanup only a
@@ -228,7 +228,7 @@ def bearer_key(authorization: str | None) -> str | None:
     return (key.strip() or None) if scheme.lower() == "bearer" else None
 
 
-def build_server(sessions: Sessions) -> Server[Any]:
+def build_server(sessions: McpSessions) -> Server[Any]:
     @contextlib.asynccontextmanager
     async def lifespan(_: Server[Any]) -> AsyncIterator[dict[str, Any]]:
         try:
@@ -254,7 +254,7 @@ def build_server(sessions: Sessions) -> Server[Any]:
 async def serve_stdio(url: str | None, api_key: str | None) -> None:
     """One session over this process's stdin and stdout, until the client closes stdin, or
     SIGTERM / SIGINT (what a client sends when a server is slow to leave; Ctrl-C)."""
-    sessions = Sessions(url, api_key, per_connection=False)
+    sessions = McpSessions(url, api_key, per_connection=False)
     server = build_server(sessions)
     serving, loop = asyncio.current_task(), asyncio.get_running_loop()
     assert serving is not None
@@ -273,7 +273,7 @@ async def serve_stdio(url: str | None, api_key: str | None) -> None:
             loop.remove_signal_handler(sig)
 
 
-async def _leave_once_closed(sessions: Sessions) -> None:
+async def _leave_once_closed(sessions: McpSessions) -> None:
     # The SDK reads stdin in a worker thread that only end-of-file ends, so a cancelled server
     # never finishes leaving while the client holds stdin open: once the session is closed
     # (its sandboxes destroyed), nothing is left to do but exit.
