@@ -49,7 +49,7 @@ class KeyGate:
             return
         refused = await self._check(key)
         if refused is not None:
-            await _refuse(send, 401 if refused[0] else 502, refused[1])
+            await _refuse(send, *refused)
             return
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
@@ -63,15 +63,16 @@ class KeyGate:
         scope["user"] = AuthenticatedUser(AccessToken(token=key, client_id=principal, scopes=[]))
         await self.app(scope, receive, send)
 
-    async def _check(self, key: str) -> tuple[bool, str] | None:
-        """None when the hutch server takes the key; else (whether the key is at fault, why)."""
+    async def _check(self, key: str) -> tuple[int, str] | None:
+        """None when the hutch server takes the key; else the HTTP status to answer and why."""
         try:
             async with SandboxClient(self.hutch_url, key) as client:
-                await client.tenancy.list_orgs()
+                await client.tenancy.list_orgs()  # any key may: it answers the key's own organization
         except Unauthorized as err:
-            return True, f"the hutch server refused this API key: {err.message}"
-        except HutchError as err:
-            return False, f"the hutch server could not check the API key: {err.message}"
+            return 401, f"the hutch server refused this API key: {err.message}"
+        except HutchError as err:  # the key's rate limit (429) is the client's to hear; else the server's
+            status = err.status if err.status is not None and 400 <= err.status < 500 else 502
+            return status, f"the hutch server could not check the API key: {err.message}"
         return None
 
 

@@ -88,6 +88,9 @@ def keys(served: str) -> dict[str, str]:
                 await admin.tenancy.create_org(f"mcp{org}")
                 async with SandboxClient(served, ADMIN, org_id=f"org_mcp{org}") as there:
                     found[org.upper()] = str((await there.tenancy.create_key("member", name="agent")).secret)
+                    if org == "b":  # a key of one request a minute
+                        slow = await there.tenancy.create_key("member", name="slow", rate=1 / 60, burst=1)
+                        found["B-slow"] = str(slow.secret)
             await admin.tenancy.set_quota("org_mcpc", sandboxes=1)
         return found
 
@@ -249,7 +252,7 @@ async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: 
         assert stolen.status_code == 404 and "tools" not in stolen.text
 
 
-async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str) -> None:
+async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str, keys: dict[str, str]) -> None:
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
     async with httpx2.AsyncClient() as http:
         bare = await http.post(mcp_url, json=hello)
@@ -257,6 +260,10 @@ async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str) -> None:
         assert "Authorization: Bearer <hutch API key>" in bare.json()["error"]["message"]
         bad = await http.post(mcp_url, json=hello, headers={"Authorization": "Bearer hk_not_a_key"})
         assert bad.status_code == 401 and "refused this API key" in bad.json()["error"]["message"]
+        for status in (200, 429):  # the key's rate limit, met while the key is checked: the client's to hear
+            limited = await http.post(mcp_url, json=hello, headers={"Authorization": f"Bearer {keys['B-slow']}"})
+            assert limited.status_code == status, limited.text
+        assert "could not check the API key" in limited.json()["error"]["message"]
     for key, said in ((None, "Authorization: Bearer <hutch API key>"), ("hk_not_a_key", "refused this API key")):
         with pytest.raises(BaseExceptionGroup) as failed:  # the SDK's MCPError, out of its task groups
             async with http_session(mcp_url, key):
