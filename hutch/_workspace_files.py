@@ -128,6 +128,26 @@ def _read_regular(fd: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def listing(root: Path, full: str) -> list[tuple[str, bool, int]] | None:
+    """The directory at ``full``: (name, is_dir, size) of each entry, sorted; None when there is
+    no directory there (or only a symlink to one: the path is never followed out)."""
+    try:
+        dfd = _open_dir(root, _parts(root, full))
+    except OSError:
+        return None
+    try:
+        with os.scandir(dfd) as entries:
+            found = []
+            for e in entries:
+                try:
+                    found.append((e.name, e.is_dir(follow_symlinks=False), e.stat(follow_symlinks=False).st_size))
+                except OSError:
+                    continue  # removed while we looked
+    finally:
+        os.close(dfd)
+    return sorted(found)
+
+
 def files(root: Path) -> list[tuple[str, bytes]]:
     """Every regular file under ``root`` (relative POSIX path, contents), sorted; symlinks are
     neither followed nor listed."""

@@ -71,6 +71,9 @@ class CodeResult:
     stderr: str
     exit_code: int
     timed_out: bool = False
+    #: Why the sandbox ended the command, when it did (e.g. ``killed: out of memory (limit
+    #: 64Mi)``): an exit code alone (137) does not say. None otherwise.
+    error: str | None = None
 
     @property
     def output(self) -> str:
@@ -280,7 +283,8 @@ class Workspace:
             ex = await self._sandbox.execute(argv, timeout=f"{timeout:g}s")
             timed_out = ex.status == "timeout"
             code = TIMED_OUT if timed_out else (ex.exit_code if ex.exit_code is not None else 1)
-            return CodeResult(ex.stdout or "", ex.stderr or "", code, timed_out)
+            error = ex.error if ex.status not in ("completed", "timeout") else None  # timed_out says that one
+            return CodeResult(ex.stdout or "", ex.stderr or "", code, timed_out, error)
         if self._box is not None:
             return CodeResult(*await self._box.exec(argv, timeout))
         return await self._host_exec(argv, timeout)
@@ -346,6 +350,26 @@ class Workspace:
             data = found
         return base64.b64encode(data).decode() if encoding == "base64" else data.decode(errors="replace")
 
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        """The entries of a directory of the workspace: ``{"name", "is_dir", "size"}`` each,
+        sorted by name (one level; ValueError when there is no such directory)."""
+        self._need_started()
+        full = self._path(path)
+        if self._sandbox is not None:
+            from hutch.errors import FileNotFound
+
+            try:
+                found = [(e.path, e.is_dir, e.size or 0) for e in await self._sandbox.list_files(full)]
+            except FileNotFound:
+                raise ValueError(f"path: {path!r}: no such directory in the workspace") from None
+        else:
+            assert self._dir is not None
+            listed = await asyncio.to_thread(local_files.listing, self._dir, full)
+            if listed is None:
+                raise ValueError(f"path: {path!r}: no such directory in the workspace")
+            found = listed
+        return [{"name": name, "is_dir": is_dir, "size": 0 if is_dir else size} for name, is_dir, size in sorted(found)]
+
     # ------------------------------------------------------------ snapshots
 
     async def snapshot(self) -> WorkspaceSnapshot:
@@ -407,6 +431,15 @@ class Workspace:
             child._stack = AsyncExitStack()  # nothing of its own to close but its sandbox
             children.append(child)
         return children
+
+    @classmethod
+    def over(cls, client: SandboxClient, sandbox: Sandbox, **options: Any) -> Workspace:
+        """A started workspace on a sandbox that someone else made and keeps (an MCP session):
+        it owns neither, so drop it without ``close()`` (which would destroy the sandbox)."""
+        ws = cls(backend="remote", url=client.url, api_key=client.api_key, workspace_id=sandbox.id, **options)
+        ws._client, ws._sandbox, ws._from_snapshot, ws._ready = client, sandbox, "reattached", True
+        ws._stack = AsyncExitStack()  # nothing of its own to close
+        return ws
 
     def tools(self) -> WorkspaceTools:
         """Tool definitions and a dispatcher for LLM tool calling (hutch/workspace_tools.py)."""

@@ -13,6 +13,7 @@ workspace) is an error result the model can read, never an exception in the agen
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -29,6 +30,17 @@ class Ran(Protocol):
     def exit_code(self) -> int: ...
     @property
     def timed_out(self) -> bool: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+class Snapshotted(Protocol):
+    """What a snapshot answers (``hutch.workspace.WorkspaceSnapshot``)."""
+
+    @property
+    def files(self) -> Mapping[str, str]: ...
+    @property
+    def snapshot_id(self) -> str | None: ...
 
 
 class WorkspaceLike(Protocol):
@@ -41,6 +53,8 @@ class WorkspaceLike(Protocol):
     async def shell(self, command: str, *, timeout_seconds: float | None = None) -> Ran: ...
     async def write_file(self, path: str, contents: str) -> None: ...
     async def read_file(self, path: str) -> str | None: ...
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]: ...
+    async def snapshot(self) -> Snapshotted: ...
 
 
 _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -58,6 +72,13 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "read_file": ("Read a file of the workspace; null when it does not exist.", {
         "type": "object", "required": ["path"], "additionalProperties": False,
         "properties": {"path": {"type": "string"}}}),
+    "list_files": ("List a directory of the workspace (default: its root): each entry's name, "
+                   "whether it is a directory, and its size.", {
+        "type": "object", "required": [], "additionalProperties": False,
+        "properties": {"path": {"type": "string"}}}),
+    "snapshot": ("Save the workspace's files; answers the snapshot id (a new sandbox can start "
+                 "from it) and the files saved.", {
+        "type": "object", "required": [], "additionalProperties": False, "properties": {}}),
 }
 
 
@@ -70,7 +91,13 @@ class WorkspaceTools:
                 for n, (d, p) in _SPECS.items()]
 
     def anthropic(self) -> list[dict[str, Any]]:
-        return [{"name": n, "description": d, "input_schema": p} for n, (d, p) in _SPECS.items()]
+        return self.definitions()
+
+    @staticmethod
+    def definitions() -> list[dict[str, Any]]:
+        """Each tool's name, description and JSON Schema (fresh copies: callers may extend them),
+        for a server that serves these tools to other clients (hutch/mcp_server.py)."""
+        return [{"name": n, "description": d, "input_schema": copy.deepcopy(p)} for n, (d, p) in _SPECS.items()]
 
     async def call(self, name: str, args: Mapping[str, Any]) -> Any:
         """Run one tool; its result as JSON-ready data (ValueError for a bad call)."""
@@ -89,9 +116,16 @@ class WorkspaceTools:
         elif name == "write_file":
             await ws.write_file(str(args["path"]), str(args["contents"]))
             return {"written": args["path"]}
-        else:
+        elif name == "read_file":
             return {"path": args["path"], "contents": await ws.read_file(str(args["path"]))}
-        return {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code, "timed_out": r.timed_out}
+        elif name == "list_files":
+            path = str(args.get("path") or ".")
+            return {"path": path, "files": await ws.list_files(path)}
+        else:
+            snap = await ws.snapshot()
+            return {"snapshot_id": snap.snapshot_id, "files": sorted(snap.files)}
+        ran = {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code, "timed_out": r.timed_out}
+        return {**ran, "error": r.error} if r.error else ran
 
     async def dispatch(self, call: Mapping[str, Any]) -> dict[str, Any]:
         """Answer an OpenAI tool call (``{"id", "function": {"name", "arguments"}}``) or an

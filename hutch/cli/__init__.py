@@ -6,6 +6,7 @@
     hutch sandbox|sb ...             create, list, get, delete, exec, events, execution, runtime
                                      pause|hibernate, resume|wake, fs|files|file, env, job
     hutch runtime|rt list|build      the catalog (from the server); build runtimes on this host
+    hutch mcp [--http HOST:PORT]     serve sandboxes to MCP clients (stdio, or streamable HTTP)
 
 Every sandbox command takes ``--json``. Exit codes: the command's own code for ``run`` and
 ``exec``; 0 on success otherwise; 1 when the server refused or could not be reached
@@ -25,6 +26,7 @@ from hutch.cli import (
     _checkpoints,  # checkpoint (ckpt), stats
     _files_jobs,  # fs (files, file), env, job
     _history,  # history
+    _mcp,  # mcp (the MCP server; its SDK imported only when it runs)
     _ops,  # hutch projector | projections rebuild | audit
     _sandbox,  # run; sandbox run, create, list, get, delete, exec, …; runtime
     _snapshots,  # snapshot (snap)
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _ssh.add_parsers(top, sb)
     _tenancy.add_parsers(top)
     _serve_parser(top)
+    _mcp.add_parsers(top)
     _ops.add_parsers(top)
     return parser
 

@@ -94,6 +94,13 @@ async def test_every_method_and_the_failure_table(workspace: Workspace) -> None:
     assert await ws.read_file("deep/er/notes.md") == "- fix the bug\n"
     await ws.write_file("blob.bin", "AAEC/w==", "base64")
     assert await ws.read_file("blob.bin", "base64") == "AAEC/w=="
+    top = {e["name"]: e for e in await ws.list_files()}
+    assert top["deep"]["is_dir"] and not top["seed.txt"]["is_dir"] and top["seed.txt"]["size"] == 7
+    assert [e["name"] for e in await ws.list_files("deep/er")] == ["notes.md"]
+    with pytest.raises(ValueError, match="no such directory"):
+        await ws.list_files("no/such/dir")
+    with pytest.raises(ValueError, match="outside the workspace"):
+        await ws.list_files("..")
     # The document's failure modes, row by row.
     slow = await ws.run("import time; time.sleep(30)", timeout_seconds=1)
     assert (slow.timed_out, slow.exit_code) == (True, 124)
@@ -201,7 +208,8 @@ async def test_tools_for_a_scripted_model(tmp_path: Path) -> None:
     """A fake model's tool calls, OpenAI- and Anthropic-shaped, through the dispatcher."""
     async with Workspace(backend="sandbox", language="python", data_dir=tmp_path / "engine") as ws:
         tools = ws.tools()
-        assert {t["function"]["name"] for t in tools.openai()} == {"run_code", "shell", "write_file", "read_file"}
+        assert {t["function"]["name"] for t in tools.openai()} == {"run_code", "shell", "write_file", "read_file",
+                                                                    "list_files", "snapshot"}
         assert all("input_schema" in t for t in tools.anthropic())
         script = [
             {"id": "c1", "function": {"name": "write_file", "arguments": json.dumps({"path": "m.py", "contents": "X = 41\n"})}},
@@ -210,6 +218,8 @@ async def test_tools_for_a_scripted_model(tmp_path: Path) -> None:
             {"id": "c4", "function": {"name": "rm_rf", "arguments": "{}"}},
             {"id": "c5", "function": {"name": "shell", "arguments": "not json"}},
             {"type": "tool_use", "id": "c6", "name": "write_file", "input": {"path": "../x", "contents": "no"}},
+            {"id": "c7", "function": {"name": "list_files", "arguments": "{}"}},
+            {"type": "tool_use", "id": "c8", "name": "snapshot", "input": {}},
         ]
         replies = [await tools.dispatch(call) for call in script]
     assert replies[0] == {"role": "tool", "tool_call_id": "c1", "content": json.dumps({"written": "m.py"})}
@@ -219,6 +229,9 @@ async def test_tools_for_a_scripted_model(tmp_path: Path) -> None:
     assert "unknown tool" in json.loads(replies[3]["content"])["error"]
     assert "error" in json.loads(replies[4]["content"])
     assert replies[5]["is_error"] and "outside the workspace" in replies[5]["content"]
+    assert {"name": "m.py", "is_dir": False, "size": 7} in json.loads(replies[6]["content"])["files"]
+    snap = json.loads(replies[7]["content"])
+    assert snap["snapshot_id"].startswith("snp_") and "m.py" in snap["files"], snap
 
 
 def test_the_readme_agent_loop(tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""``hutch mcp [--http HOST:PORT]``: serve hutch sandboxes to MCP clients (hutch/mcp_server.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from hutch.cli._common import UsageError
+
+_NEEDS = "`hutch mcp` needs the MCP SDK: pip install 'hutch[mcp]'"
+
+
+def add_parsers(top: Any) -> None:
+    p = top.add_parser("mcp", help="serve sandboxes to MCP clients (Claude Desktop, Claude Code, Cursor …) "
+                       "over stdio, or streamable HTTP with --http")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio; each client sends "
+                        "its own hutch key as Authorization: Bearer KEY")
+    p.set_defaults(handler=cmd_mcp)
+
+
+def _server_url(args: argparse.Namespace) -> str:
+    from hutch import _config
+
+    url = args.url or os.environ.get("HUTCH_URL") or _config.local_server_url()
+    if not url:
+        raise UsageError("no hutch server to serve: set HUTCH_URL (or --url), or start one with `hutch serve`")
+    return str(url)
+
+
+def _bind(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"--http {value!r}: expected HOST:PORT with a port from 1 to 65535, e.g. 127.0.0.1:8701")
+    return host, int(port)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    url = _server_url(args)
+    bind = _bind(args.http) if args.http else None
+    try:
+        from hutch import mcp_server
+    except ImportError as err:
+        raise UsageError(f"{_NEEDS} ({err})") from err
+    if bind is not None:
+        if args.api_key:
+            raise UsageError("--api-key is for stdio: over HTTP each client sends its own key "
+                             "(Authorization: Bearer KEY)")
+        from hutch import mcp_http
+
+        mcp_http.serve_http(url, *bind)
+        return 0
+    asyncio.run(_stdio(mcp_server, url, args.api_key))
+    return 0
+
+
+async def _stdio(mcp_server: Any, url: str, api_key: str | None) -> None:
+    from hutch.client import SandboxClient
+
+    # A bad key or an absent server is said now, once, rather than as every tool call's error.
+    async with SandboxClient(url, api_key) as client:
+        await client.tenancy.list_orgs()
+    await mcp_server.serve_stdio(url, api_key)

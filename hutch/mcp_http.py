@@ -1,0 +1,103 @@
+"""``hutch mcp --http HOST:PORT``: the MCP tools over streamable HTTP (hutch/mcp_server.py).
+
+Every request carries ``Authorization: Bearer <hutch API key>``; the key is checked with the
+hutch server on each request (a revoked key stops working at once) and anything else is
+answered 401 before the MCP SDK sees it. The SDK binds an MCP session to the key that opened
+it, so a session id that leaks is useless with another key (it answers 404).
+
+Sessions are what own sandboxes here, so this endpoint speaks the session-bearing (handshake)
+protocol versions. A request at a sessionless version (2026-07-28: one self-contained request
+per POST, nothing that ends) is answered with UNSUPPORTED_PROTOCOL_VERSION naming the handshake
+versions, and clients fall back to the initialize handshake (the MCP SDK's ``auto`` mode does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+import mcp_types as types
+import uvicorn
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hutch.client import SandboxClient
+from hutch.errors import HutchError, Unauthorized
+from hutch.mcp_server import McpSessions, bearer_key, build_server
+
+PATH = "/mcp"
+
+
+class KeyGate:
+    """ASGI middleware: no key, or a key the hutch server refuses, is a 401 with a reason."""
+
+    def __init__(self, app: ASGIApp, hutch_url: str | None) -> None:
+        self.app, self.hutch_url = app, hutch_url
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the lifespan
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = bearer_key(headers.get("authorization"))
+        if key is None:
+            await _refuse(send, 401, "an Authorization: Bearer <hutch API key> header is required")
+            return
+        refused = await self._check(key)
+        if refused is not None:
+            await _refuse(send, *refused)
+            return
+        version = headers.get("mcp-protocol-version")
+        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            data = {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": version}
+            await _refuse(send, 400, f"protocol version {version} has no sessions, and hutch's MCP sessions own "
+                          "the sandboxes they create: use the initialize handshake",
+                          code=types.UNSUPPORTED_PROTOCOL_VERSION, data=data)
+            return
+        # The SDK binds each MCP session to the principal of the request that opened it.
+        principal = hashlib.sha256(key.encode()).hexdigest()
+        scope["user"] = AuthenticatedUser(AccessToken(token=key, client_id=principal, scopes=[]))
+        await self.app(scope, receive, send)
+
+    async def _check(self, key: str) -> tuple[int, str] | None:
+        """None when the hutch server takes the key; else the HTTP status to answer and why."""
+        try:
+            async with SandboxClient(self.hutch_url, key) as client:
+                await client.tenancy.list_orgs()  # any key may: it answers the key's own organization
+        except Unauthorized as err:
+            return 401, f"the hutch server refused this API key: {err.message}"
+        except HutchError as err:  # the key's rate limit (429) is the client's to hear; else the server's
+            status = err.status if err.status is not None and 400 <= err.status < 500 else 502
+            return status, f"the hutch server could not check the API key: {err.message}"
+        return None
+
+
+async def _refuse(send: Send, status: int, message: str, *, code: int = types.INVALID_REQUEST,
+                  data: Any = None) -> None:
+    error: dict[str, Any] = {"code": code, "message": message, **({"data": data} if data is not None else {})}
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="hutch"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def app(hutch_url: str | None, host: str) -> ASGIApp:
+    server = build_server(McpSessions(hutch_url, per_connection=True))
+    # host: the SDK turns on its DNS-rebinding guard (allowed Host headers) for a loopback bind.
+    return KeyGate(server.streamable_http_app(streamable_http_path=PATH, host=host), hutch_url)
+
+
+def serve_http(hutch_url: str | None, host: str, port: int) -> None:
+    config = uvicorn.Config(app(hutch_url, host), host=host, port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    sys.stderr.write(f"hutch mcp: serving MCP on http://{shown}:{port}{PATH} for the hutch server at "
+                     f"{hutch_url}\n")
+    sys.stderr.flush()
+    server.run()
