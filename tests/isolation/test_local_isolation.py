@@ -8,6 +8,8 @@ prerequisite fails loudly; nothing here skips.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import errno
 import json
 import os
 import signal
@@ -23,6 +25,7 @@ import pytest
 from hutch.core.errors import InvalidInput
 from hutch.drivers.base import ExecRequest, ExecResult, FileWrite, ResourceLimits
 from hutch.drivers.local.driver import LocalDriver
+from hutch.drivers.local.native import seccomp_program
 from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
@@ -446,6 +449,50 @@ async def test_seccomp_filter(driver: LocalDriver, sandbox: str) -> None:
     verdicts = dict(line.split() for line in out.stdout.splitlines())
     assert verdicts.pop("io_uring_setup") == "ENOSYS"
     assert set(verdicts.values()) == {"EPERM"}, verdicts
+
+
+PTRACE_SECCOMP_GET_FILTER = 0x420C
+WALL = 0x40000000
+
+
+def loaded_seccomp_programs(pid: int) -> list[bytes]:
+    """The seccomp programs the kernel runs for ``pid`` (newest first), read with ptrace
+    as root: what was really loaded, whoever compiled it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    if libc.ptrace(16, pid, None, None) < 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), f"ptrace attach {pid}")
+    try:
+        os.waitpid(pid, WALL)
+        programs = []
+        for index in range(8):
+            n = libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, index, None)
+            if n < 0:
+                assert ctypes.get_errno() == errno.ENOENT, os.strerror(ctypes.get_errno())
+                return programs
+            buf = ctypes.create_string_buffer(n * 8)
+            assert libc.ptrace(PTRACE_SECCOMP_GET_FILTER, pid, index, buf) == n
+            programs.append(buf.raw)
+        return programs
+    finally:
+        libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+
+
+async def test_the_loaded_seccomp_filter_is_the_one_libseccomp_compiles(driver: LocalDriver, sandbox: str) -> None:
+    """Byte for byte, the one program on a command and on pid 1 is what libseccomp makes of
+    the helper's rules (``hutch-nsexec seccomp-bpf``, the path every exec took before the
+    build embedded the program): the filter is compiled once, never changed."""
+    await run(driver, sandbox, "sh", "-c", "exec sleep 300 >/dev/null 2>&1 &")
+    helper = driver._nsexec.path
+    assert helper is not None
+    compiled = seccomp_program(helper)
+    assert len(compiled) > 400 and len(compiled) % 8 == 0
+    init = driver._registry.running(sandbox).init_pid
+    pids = sandbox_processes(driver, sandbox)
+    assert init in pids and len(pids) >= 2
+    for pid in pids:
+        assert loaded_seccomp_programs(pid) == [compiled], pid
 
 
 async def test_server_environment_does_not_leak(driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,9 @@
 """Compile (once) and locate the ``hutch-nsexec`` helper.
 
 The binary is cached as ``<dir>/hutch-nsexec-<source hash>``, so a changed source is
-rebuilt and an unchanged one never is. Needs gcc, libc6-dev and libseccomp-dev.
+rebuilt and an unchanged one never is. Needs gcc, libc6-dev and libseccomp-dev. Built
+twice: the first build prints the seccomp filter libseccomp compiles, the second embeds
+that program, so no exec compiles it again.
 
     python -m hutch.drivers.local.native --out DIR     # prebuild, prints the path
 """
@@ -14,6 +16,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -27,7 +30,9 @@ LIBS = ["-lseccomp"]
 
 
 def helper_path(directory: Path) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS + LIBS).encode()).hexdigest()[:16]
+    # This file too: its build (the embedded seccomp program) is part of what the binary is.
+    recipe = SOURCE.read_bytes() + Path(__file__).read_bytes() + " ".join(CFLAGS + LIBS).encode()
+    digest = hashlib.sha256(recipe).hexdigest()[:16]
     return directory / f"hutch-nsexec-{digest}"
 
 
@@ -45,18 +50,43 @@ def ensure_helper(directory: Path) -> Path:
             raise DriverFailure("the local driver needs gcc to build its helper (apt-get install gcc libc6-dev libseccomp-dev)")
         fd, tmp = tempfile.mkstemp(prefix=".hutch-nsexec-", dir=directory)
         os.close(fd)
+        header = Path(tmp + ".seccomp.h")
         try:
-            proc = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), *LIBS],
-                                  capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise DriverFailure(
-                    "building hutch-nsexec failed (is libseccomp-dev installed?):\n" + proc.stderr[-4000:])
+            _compile(cc, tmp)
+            header.write_text(seccomp_header(seccomp_program(Path(tmp))))
+            _compile(cc, tmp, "-include", str(header))
             os.chmod(tmp, 0o755)
             os.rename(tmp, target)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            for leftover in (Path(tmp), header):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
     return target
+
+
+def _compile(cc: str, out: str, *extra: str) -> None:
+    proc = subprocess.run([cc, *CFLAGS, *extra, "-o", out, str(SOURCE), *LIBS],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise DriverFailure("building hutch-nsexec failed (is libseccomp-dev installed?):\n" + proc.stderr[-4000:])
+
+
+def seccomp_program(helper: Path) -> bytes:
+    """The sandbox's seccomp filter as libseccomp compiles it (``helper seccomp-bpf``): raw
+    ``struct sock_filter`` instructions, 8 bytes each."""
+    proc = subprocess.run([str(helper), "seccomp-bpf"], capture_output=True, check=False)
+    if proc.returncode != 0 or not proc.stdout or len(proc.stdout) % 8:
+        raise DriverFailure(f"hutch-nsexec seccomp-bpf failed (exit {proc.returncode}): "
+                            + proc.stderr.decode(errors="replace")[-2000:])
+    return proc.stdout
+
+
+def seccomp_header(program: bytes) -> str:
+    """``program`` as the C initializer the second build embeds (hutch-nsexec.c, install_seccomp)."""
+    rows = []
+    for (code, jt, jf, k) in struct.iter_unpack("=HBBI", program):
+        rows.append(f"    {{0x{code:04x}, {jt}, {jf}, 0x{k:08x}}},")
+    return "#define HUTCH_SECCOMP_PROG {\\\n" + "\\\n".join(rows) + "\\\n}\n"
 
 
 def main(argv: list[str] | None = None) -> int:

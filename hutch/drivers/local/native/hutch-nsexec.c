@@ -190,7 +190,7 @@ static int deny_socket_families(scmp_filter_ctx ctx)
 /* Deny-list on top of what an uncapable uid already cannot do. EPERM for things a
  * program should treat as "not allowed"; ENOSYS where libraries probe and fall back
  * (clone3 -> clone, whose flags we can inspect; io_uring -> epoll). */
-static void install_seccomp(void)
+static scmp_filter_ctx seccomp_rules(void)
 {
     scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
     if (!ctx) fail("setup", "seccomp_init failed");
@@ -228,8 +228,43 @@ static void install_seccomp(void)
                            SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, SOCK_RAW));
     if (rc) fail("setup", "seccomp_rule_add failed");
     /* Foreign ABIs (i386 int 0x80) get killed by libseccomp's default bad-arch action. */
+    return ctx;
+}
+
+/* The filter is the same for every sandbox process, but libseccomp compiles its rules anew
+ * on each load (about a millisecond of every exec). So the build compiles it once: it runs
+ * a first build's "seccomp-bpf" mode (the program libseccomp makes of seccomp_rules(), as
+ * seccomp_load would load it) and builds again with that program embedded as
+ * HUTCH_SECCOMP_PROG (native.py). Loaded here exactly as seccomp_load does it: the
+ * seccomp(2) call with no flags, no_new_privs being set already (drop_privileges). */
+#ifdef HUTCH_SECCOMP_PROG
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+static const struct sock_filter seccomp_prog[] = HUTCH_SECCOMP_PROG;
+#endif
+
+static void install_seccomp(void)
+{
+#ifdef HUTCH_SECCOMP_PROG
+    struct sock_fprog prog = {
+        .len = (unsigned short)(sizeof seccomp_prog / sizeof *seccomp_prog),
+        .filter = (struct sock_filter *)seccomp_prog,
+    };
+    TRY(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog), "seccomp: %s", strerror(errno));
+#else
+    scmp_filter_ctx ctx = seccomp_rules();
     if (seccomp_load(ctx) < 0) fail("setup", "seccomp_load failed");
     seccomp_release(ctx);
+#endif
+}
+
+/* seccomp-bpf: the program libseccomp compiles from seccomp_rules(), raw, on stdout. */
+static int mode_seccomp_bpf(void)
+{
+    scmp_filter_ctx ctx = seccomp_rules();
+    if (seccomp_export_bpf(ctx, 1) < 0) fail("setup", "seccomp_export_bpf failed");
+    seccomp_release(ctx);
+    return 0;
 }
 
 /* Become the sandbox user for good: no supplementary groups, no capabilities in any
@@ -920,7 +955,7 @@ static int mode_netfilter(struct opts *o)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) fail("setup", "usage: hutch-nsexec launch|init|exec|write|fs|netfilter [options] [-- argv]");
+    if (argc < 2) fail("setup", "usage: hutch-nsexec launch|init|exec|write|fs|netfilter|seccomp-bpf [options] [-- argv]");
     struct opts *o = calloc(1, sizeof *o);
     if (!o) fail("setup", "out of memory");
     parse(argc, argv, o);
@@ -933,6 +968,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "write")) return mode_write(o);
     if (!strcmp(mode, "fs")) return mode_fs(o);
     if (!strcmp(mode, "netfilter")) return mode_netfilter(o);
+    if (!strcmp(mode, "seccomp-bpf")) return mode_seccomp_bpf();
     fail("setup", "unknown mode %s", mode);
     return 125;
 }
