@@ -9,6 +9,8 @@ sandbox event is decided here, its creation too (``Create``, against no sandbox)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from hutch.core import limits
@@ -212,6 +214,20 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
         case Destroy() | Terminate():
             return _decide_end(sandbox, command)
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def decide_in_turn(sandbox: SandboxState, commands: Sequence[Command]) -> list[Decided]:
+    """What ``commands`` produce, each decided against the sandbox as the events of the ones
+    before it leave it: events recorded as one append (a create's ``Start`` and its command's
+    ``StartExecution``), so that one refusal refuses them all."""
+    decided: list[Decided] = []
+    state: SandboxState | None = sandbox
+    for command in commands:
+        events = decide(state, command)
+        for data in events:
+            state = _evolve(state, Event("", sandbox.sandbox_id, sandbox.updated_at, data))
+        decided.extend(events)
+    return decided
 
 
 def _decide_create(sandbox: SandboxState | None, command: Create) -> list[Decided]:

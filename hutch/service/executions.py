@@ -8,12 +8,13 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Sequence
 
 import attrs
 
 from hutch.core import ids, phases
 from hutch.core.errors import HutchError, IllegalTransition, NotSupported, SandboxNotFound
-from hutch.core.lifecycle import FinishExecution, StartExecution, Terminate
+from hutch.core.lifecycle import Command, FinishExecution, StartExecution, Terminate
 from hutch.core.models import (
     ExecutionState,
     ExecutionStatus,
@@ -152,10 +153,11 @@ class Executions:
 
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                     *, org_id: str, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT,
-                    budget: OutputBudget | None = None) -> None:
+                    budget: OutputBudget | None = None, preceded_by: Sequence[Command] = ()) -> None:
         """Record the command started and run it in the background. Its output is the
         organization's (``org_id``), kept within ``budget`` (Quotas.output_budget) until the
-        retention drops it (service/retention.py)."""
+        retention drops it (service/retention.py). ``preceded_by``: commands recorded in the
+        same append, before the start (a create's ``Start``): all of them or none."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
         owner = StreamOwner(org_id, sandbox_id)
         with phases.span("streams: open both"):
@@ -178,8 +180,9 @@ class Executions:
             launched.append(task)
 
         try:
-            await self._recorder.command(
-                sandbox_id, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind), durable=launch)
+            await self._recorder.command_many(
+                sandbox_id, (*preceded_by, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind)),
+                durable=launch)
         except BaseException:
             if not launched:  # the command never started: its streams are nobody's
                 await self.close_streams(execution_id)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import attrs
@@ -36,7 +36,7 @@ from hutch.core.events import (
     encode,
     recorded_size,
 )
-from hutch.core.lifecycle import ChangeEnv, Command, Create, StartExecution, decide
+from hutch.core.lifecycle import ChangeEnv, Command, Create, StartExecution, decide, decide_in_turn
 from hutch.core.models import SandboxState
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -80,27 +80,41 @@ class Recorder:
         ``durable`` is called with the last position once the events are in the log, before
         they are projected. A ``Create`` is decided against whatever the store holds under
         the id, in any organization (nothing, or ``decide`` refuses it)."""
-        what = f" ({type(command).__name__})" if phases.ON else ""  # a span's name, built only for a bench
+        if not isinstance(command, Create):
+            return await self.command_many(sandbox_id, (command,), durable=durable)
+        what = " (Create)" if phases.ON else ""  # a span's name, built only for a bench
         t0 = phases.start()
         async with self.lock(sandbox_id):
             phases.end("record: lock wait", t0)
-            if isinstance(command, Create):
-                with phases.span("record: state read"):
-                    sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
-                self._reads.own(sandbox_id)  # before the append: its creation is folded as it lands
-                try:
-                    with phases.span("record: decide"):
-                        events = decide(sb, command)
-                    return await self._append(sandbox_id, events, durable=durable, what=what, metered=True)
-                except BaseException:
-                    self._reads.disown(sandbox_id)
-                    raise
+            with phases.span("record: state read"):
+                sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
+            self._reads.own(sandbox_id)  # before the append: its creation is folded as it lands
+            try:
+                with phases.span("record: decide"):
+                    events = decide(sb, command)
+                return await self._append(sandbox_id, events, durable=durable, what=what, metered=True)
+            except BaseException:
+                self._reads.disown(sandbox_id)
+                raise
+
+    async def command_many(self, sandbox_id: str, commands: Sequence[Command], *,
+                           durable: Callable[[int], None] | None = None) -> list[Event]:
+        """Decide ``commands`` in turn (``core.lifecycle.decide_in_turn``) against the sandbox
+        as it is and append what they produce as ONE append: all of it durable, or none of it
+        written. A create's ``Start`` and its command's ``StartExecution`` go together so that
+        the way to the command's launch awaits one append, not two (on production, each is a
+        Produce and a projection transaction). Not for a ``Create`` (``command``)."""
+        what = f" ({'+'.join(type(c).__name__ for c in commands)})" if phases.ON else ""
+        t0 = phases.start()
+        async with self.lock(sandbox_id):
+            phases.end("record: lock wait", t0)
             with phases.span("record: state read"):
                 sb = await self._reads.require(sandbox_id)
             with phases.span("record: decide"):
-                events = decide(sb, command)
-            return await self._append(sandbox_id, events, durable=durable, what=what,
-                                      metered=isinstance(command, ChangeEnv | StartExecution) or None)
+                events = decide_in_turn(sb, commands)
+            # Refused past the quota when any of them is the tenant's to size (its env, its argv).
+            refusable = any(isinstance(c, ChangeEnv | StartExecution) for c in commands)
+            return await self._append(sandbox_id, events, durable=durable, what=what, metered=refusable or None)
 
     async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:

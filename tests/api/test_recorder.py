@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hutch.core import counters
 from hutch.core.errors import (
     IllegalTransition,
     InvalidInput,
@@ -17,7 +18,7 @@ from hutch.core.errors import (
 )
 from hutch.core.events import SandboxEnvChanged
 from hutch.core.lifecycle import ChangeEnv, Create, FinishExecution, Start, StartExecution
-from hutch.core.models import ExecutionStatus, SandboxSpec, SandboxStatus, SnapshotStatus
+from hutch.core.models import ExecutionStatus, Mode, SandboxSpec, SandboxStatus, SnapshotStatus
 from hutch.core.snapshots import BeginBuild, DeleteSnapshot
 from hutch.eventlog.sqlite import SqliteEventLog
 from hutch.projections.memory import MemoryProjectionStore
@@ -26,6 +27,10 @@ from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 
 Parts = tuple[Recorder, Reads, SqliteEventLog]
+
+
+def _appends() -> int:
+    return sum(v for name, _, v in counters.counts() if name == "hutch_eventlog_appends_total")
 
 
 @pytest.fixture
@@ -57,6 +62,29 @@ async def test_a_command_is_decided_appended_and_readable_at_once(parts: Parts) 
     with pytest.raises(IllegalTransition, match="sandbox sbx_1 is idle"):  # an id is used once
         await recorder.command("sbx_1", Create(spec=spec))
     assert await event_log.last_position() == before
+
+
+async def test_commands_in_one_append_are_recorded_all_or_nothing(parts: Parts) -> None:
+    """A create's Start and its command's StartExecution go to the log as one append: durable
+    once (the command may start), both projected, or neither written when one is refused."""
+    recorder, reads, event_log = parts
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt", org_id="org_acme", mode=Mode.ONESHOT)
+    await recorder.command("sbx_1", Create(spec=spec))
+    before = await event_log.last_position()
+    with pytest.raises(IllegalTransition, match="execute in a oneshot sandbox"):
+        await recorder.command_many("sbx_1", [Start(), StartExecution("exe_1", ("a",)), StartExecution("exe_2", ("b",))])
+    assert await event_log.last_position() == before  # the Start the refusal came after is not written
+    assert (await reads.require("sbx_1")).status is SandboxStatus.CREATING
+    appends = _appends()
+    durable: list[int] = []
+    started, running = await recorder.command_many("sbx_1", [Start(), StartExecution("exe_1", ("true",))],
+                                                   durable=durable.append)
+    assert _appends() == appends + 1
+    assert (started.type, running.type) == ("lifecycle:started", "execution:started")
+    assert started.org == running.org == "org_acme"
+    assert durable == [running.position] and started.position == running.position - 1  # type: ignore[operator]
+    sb = await reads.require("sbx_1")  # read-your-writes: both applied
+    assert sb.status is SandboxStatus.RUNNING and sb.running == {"exe_1"}
 
 
 async def test_an_event_that_does_not_survive_a_round_trip_is_refused(parts: Parts) -> None:

@@ -19,6 +19,7 @@ from hutch.core.lifecycle import (
     StartExecution,
     Terminate,
     decide,
+    decide_in_turn,
     evolve_sandbox,
 )
 from hutch.core.models import ExecutionStatus, Mode, SandboxSpec, SandboxState, SandboxStatus
@@ -64,6 +65,21 @@ def test_oneshot_completes_with_the_exit_code_then_terminates() -> None:
     assert sb.status is SandboxStatus.TERMINATED and sb.exit_code == 1
     with pytest.raises(IllegalTransition):
         decide(step(step(new(Mode.ONESHOT), Start()), StartExecution("exec_1", ("a",))), StartExecution("exec_2", ("b",)))
+
+
+def test_commands_decided_in_turn_see_what_the_ones_before_them_said() -> None:
+    """A create's Start and its command's StartExecution, decided for one append: the second
+    against the sandbox the first leaves (idle), and a refusal anywhere refuses them all."""
+    sb = new(Mode.ONESHOT)
+    events = decide_in_turn(sb, [Start(), StartExecution("exec_1", ("true",))])
+    assert [e.type for e in events] == ["lifecycle:started", "execution:started"]
+    after = fold(sb, events)
+    assert after.status is SandboxStatus.RUNNING and after.running == {"exec_1"} and after.executions == 1
+    with pytest.raises(IllegalTransition, match="execute in a oneshot sandbox"):  # the second is refused
+        decide_in_turn(sb, [Start(), StartExecution("exec_1", ("a",)), StartExecution("exec_2", ("b",))])
+    with pytest.raises(IllegalTransition, match="cannot start"):  # the first is refused
+        decide_in_turn(step(sb, Start()), [Start(), StartExecution("exec_1", ("a",))])
+    assert decide_in_turn(sb, []) == []
 
 
 @pytest.mark.parametrize(
