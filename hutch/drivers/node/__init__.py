@@ -1,0 +1,1 @@
+"""The node driver: sandboxes placed on ``hutch node`` agents, one per machine (docs/node.md)."""
