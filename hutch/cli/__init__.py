@@ -25,6 +25,7 @@ from hutch.cli import (
     _checkpoints,  # checkpoint (ckpt), stats
     _files_jobs,  # fs (files, file), env, job
     _history,  # history
+    _nodes,  # node serve
     _ops,  # hutch projector | projections rebuild | audit
     _sandbox,  # run; sandbox run, create, list, get, delete, exec, …; runtime
     _snapshots,  # snapshot (snap)
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tenancy.add_parsers(top)
     _serve_parser(top)
     _ops.add_parsers(top)
+    _nodes.add_parsers(top)
     return parser
 
 

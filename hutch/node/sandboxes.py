@@ -1,0 +1,159 @@
+"""Lifecycle, runtimes, pause, usage, checkpoints and the node's capacity."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from aiohttp import web
+
+from hutch.core.driver_types import ProvisionRequest
+from hutch.core.errors import HutchError, SandboxNotFound
+from hutch.core.serde import converter
+from hutch.node.app import DRIVER, INSTANCE, SETTINGS
+
+
+def _memory() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes."""
+    values: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            values[key] = int(rest.split()[0]) * 1024
+    return values.get("MemTotal", 0), values.get("MemAvailable", 0)
+
+
+async def capacity(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    alive = await driver.alive()
+    memory = cpu = 0
+    for sid in alive:
+        try:
+            limits = driver.limits(sid)
+        except SandboxNotFound:  # ended meanwhile
+            continue
+        memory += limits.memory_bytes or 0
+        cpu += limits.cpu_millis or 0
+    total, available = _memory()
+    return web.json_response({
+        "name": request.app[SETTINGS].name, "instance": request.app[INSTANCE],
+        "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
+        "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(alive),
+        "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
+        "capabilities": converter.unstructure(driver.capabilities),
+    })
+
+
+async def list_sandboxes(request: web.Request) -> web.Response:
+    return web.json_response({"sandboxes": sorted(await request.app[DRIVER].alive())})
+
+
+async def get_sandbox(request: web.Request) -> web.Response:
+    sid = request.match_info["id"]
+    return web.json_response({"alive": sid in await request.app[DRIVER].alive()})
+
+
+def _request(body: object, sid: str) -> ProvisionRequest:
+    req = converter.structure(body, ProvisionRequest)
+    if req.sandbox_id != sid:
+        raise ValueError(f"the body names sandbox {req.sandbox_id}, the path {sid}")
+    return req
+
+
+async def provision(request: web.Request) -> web.Response:
+    driver, sid = request.app[DRIVER], request.match_info["id"]
+    req = _request(await request.json(), sid)
+    # Idempotent by id: a retried create (its answer lost) must not make a second sandbox.
+    if sid not in await driver.alive():
+        await driver.provision(req)
+    return web.json_response({"ok": True})
+
+
+async def prepare(request: web.Request) -> web.Response:
+    await request.app[DRIVER].prepare(_request(await request.json(), request.match_info["id"]))
+    return web.json_response({"ok": True})
+
+
+async def destroy(request: web.Request) -> web.Response:
+    await request.app[DRIVER].destroy(request.match_info["id"])
+    return web.json_response({"ok": True})
+
+
+async def runtime_info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[DRIVER].runtime_info(request.match_info["name"]))
+
+
+async def build_runtime(request: web.Request) -> web.StreamResponse:
+    """NDJSON: ``{"progress": line}`` as the build goes, then ``{"ok": true}`` or ``{"error": …}``."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    lines: asyncio.Queue[str] = asyncio.Queue()
+    build = asyncio.ensure_future(request.app[DRIVER].build_runtime(request.match_info["name"], lines.put_nowait))
+    while not build.done() or not lines.empty():
+        getter = asyncio.ensure_future(lines.get())
+        await asyncio.wait({getter, build}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            await resp.write(json.dumps({"progress": getter.result()}).encode() + b"\n")
+        else:
+            getter.cancel()
+    try:
+        build.result()
+        last: dict[str, object] = {"ok": True}
+    except HutchError as err:
+        last = {"error": err.to_wire(), "status": err.status or 500}
+    await resp.write(json.dumps(last).encode() + b"\n")
+    await resp.write_eof()
+    return resp
+
+
+async def pause(request: web.Request) -> web.Response:
+    await request.app[DRIVER].pause(request.match_info["id"])
+    return web.json_response({"ok": True})
+
+
+async def resume(request: web.Request) -> web.Response:
+    await request.app[DRIVER].resume(request.match_info["id"])
+    return web.json_response({"ok": True})
+
+
+async def usage(request: web.Request) -> web.Response:
+    return web.json_response(converter.unstructure(await request.app[DRIVER].usage(request.match_info["id"])))
+
+
+async def checkpoint(request: web.Request) -> web.Response:
+    await request.app[DRIVER].checkpoint(request.match_info["id"], request.match_info["cid"])
+    return web.json_response({"ok": True})
+
+
+async def restore(request: web.Request) -> web.Response:
+    await request.app[DRIVER].restore(request.match_info["id"], request.match_info["cid"])
+    return web.json_response({"ok": True})
+
+
+async def delete_checkpoint(request: web.Request) -> web.Response:
+    await request.app[DRIVER].delete_checkpoint(request.match_info["id"], request.match_info["cid"])
+    return web.json_response({"ok": True})
+
+
+async def checkpoint_sizes(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[DRIVER].checkpoint_sizes(request.match_info["id"]))
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/v1/node", capacity)
+    r.add_get("/v1/sandboxes", list_sandboxes)
+    r.add_get("/v1/sandboxes/{id}", get_sandbox)
+    r.add_put("/v1/sandboxes/{id}", provision)
+    r.add_delete("/v1/sandboxes/{id}", destroy)
+    r.add_post("/v1/sandboxes/{id}/prepare", prepare)
+    r.add_get("/v1/runtimes/{name}", runtime_info)
+    r.add_post("/v1/runtimes/{name}/build", build_runtime)
+    r.add_post("/v1/sandboxes/{id}/pause", pause)
+    r.add_post("/v1/sandboxes/{id}/resume", resume)
+    r.add_get("/v1/sandboxes/{id}/usage", usage)
+    r.add_get("/v1/sandboxes/{id}/checkpoints", checkpoint_sizes)
+    r.add_post("/v1/sandboxes/{id}/checkpoints/{cid}", checkpoint)
+    r.add_post("/v1/sandboxes/{id}/checkpoints/{cid}/restore", restore)
+    r.add_delete("/v1/sandboxes/{id}/checkpoints/{cid}", delete_checkpoint)
