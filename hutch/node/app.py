@@ -33,7 +33,8 @@ def error_response(err: HutchError) -> web.Response:
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         if request.path != "/healthz":
-            request.app[VERIFIER].verify(request.method, request.path_qs, request.headers)
+            # raw_path: the path and query exactly as signed, before any decoding or normalising
+            request.app[VERIFIER].verify(request.method, request.raw_path, request.headers)
         return await handler(request)
     except web.HTTPException:
         raise

@@ -1,0 +1,432 @@
+"""The node driver: sandboxes placed on ``hutch node`` agents and driven there.
+
+Each call goes to the agent that runs the sandbox (``_where``: filled by provision, alive and
+adopt; an unknown sandbox is looked for on every agent once). Placement (placement.py) uses
+the nodes' capacity, refreshed every second, minus this driver's own reservations, and is
+decided in ``reserve``, before the engine records the sandbox: a cluster with no room answers
+503 and records nothing. The agents prove themselves at start (hello) and their instances are
+pinned; what is not done yet (loss detection, a watch stream, TLS) is in docs/node.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+
+import aiohttp
+
+from hutch.core.driver_types import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    FileInfo,
+    FileWrite,
+    OutputSink,
+    ProvisionRequest,
+    PtySession,
+    TerminalRequest,
+    Usage,
+)
+from hutch.core.errors import DriverFailure, HutchError, SandboxNotFound, from_wire
+from hutch.core.models import SandboxState
+from hutch.core.serde import converter
+from hutch.drivers import roles
+from hutch.drivers.base import Driver
+from hutch.drivers.node import placement, wire
+from hutch.drivers.node.client import AgentClient
+from hutch.drivers.node.directory import Directory
+from hutch.drivers.node.ports import PortTunnels
+from hutch.drivers.node.terminal import NodeTerminal
+
+log = logging.getLogger(__name__)
+
+REFRESH = 1.0  # seconds between capacity reads of every agent
+RESERVATION = 30.0  # seconds a placement holds room for its provision
+INLINE_STDIN = 64 << 10  # stdin up to this travels in the exec request; more is streamed
+
+
+class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
+                 roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
+    name = "node"
+
+    def __init__(self, directory: Directory, secret: bytes) -> None:
+        self._directory = directory
+        self._secret = wire.check_secret(secret, "HUTCH_NODE_SECRET")
+        self._session: aiohttp.ClientSession | None = None
+        self._agents: dict[str, AgentClient] = {}
+        self._states: dict[str, placement.NodeState] = {}
+        self._where: dict[str, str] = {}  # sandbox -> node
+        self._running: dict[str, str] = {}  # execution -> node, while it runs
+        self._reserved: dict[str, tuple[str, int, int, float]] = {}  # sandbox -> (node, memory, cpu, until)
+        self._refresher: asyncio.Task[None] | None = None
+        self._tunnels = PortTunnels(self._tunnel)
+        self._caps: dict[str, dict[str, bool]] = {}  # node -> its capability flags
+        # Until the agents answer: nothing promised.
+        self.capabilities = Capabilities()
+
+    # -- agents ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit_per_host=64))
+        agents = await self._directory.agents()
+        self._agents = {name: AgentClient(name, address, self._secret, self._session)
+                        for name, address in agents.items()}
+        results = await asyncio.gather(*(a.hello() for a in self._agents.values()), return_exceptions=True)
+        failed = {name: r for name, r in zip(self._agents, results, strict=True) if isinstance(r, BaseException)}
+        for name, err in failed.items():
+            log.warning("node agent %s: %s", name, err)
+        if len(failed) == len(self._agents):
+            await self.close()
+            said = "; ".join(f"{n}: {e}" for n, e in failed.items())
+            raise DriverFailure(f"no node agent answered with this cluster's secret: {said}")
+        await self._refresh()
+        self.capabilities = self._common_capabilities()
+        self._refresher = asyncio.create_task(self._refresh_forever())
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self._tunnels.close()
+        if self._session is not None:
+            await self._session.close()
+
+    def _common_capabilities(self) -> Capabilities:
+        """What every answering node can do: a mixed fleet never promises what one cannot."""
+        seen = list(self._caps.values())
+        if not seen:
+            return Capabilities()
+        fields = {f: all(c.get(f, False) for c in seen) for f in seen[0]}
+        return converter.structure(fields, Capabilities)
+
+    async def _refresh(self) -> None:
+        async def one(name: str, agent: AgentClient) -> placement.NodeState:
+            try:
+                if agent.instance is None:
+                    await agent.hello()
+                s = await agent.json("GET", agent.path("node"), timeout=5)
+            except HutchError as err:
+                return placement.NodeState(name=name, unusable=f"did not answer ({err.message})")
+            if s.get("instance") != agent.instance:
+                log.warning("node agent %s restarted (instance %s, was %s)", name, s.get("instance"), agent.instance)
+                agent.instance = None  # proven again at the next refresh
+                return placement.NodeState(name=name, unusable="restarted and has not proven itself again yet")
+            self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
+            return placement.NodeState(
+                name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
+                memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
+                cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
+                runtimes=frozenset(s["runtimes"]))
+
+        names = list(self._agents)
+        states = await asyncio.gather(*(one(n, self._agents[n]) for n in names))
+        self._states = dict(zip(names, states, strict=True))
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            try:
+                await self._refresh()
+            except Exception:  # never let the refresher die
+                log.exception("refreshing the node agents' capacity")
+
+    def _agent(self, node: str) -> AgentClient:
+        return self._agents[node]
+
+    async def _owner(self, sandbox_id: str) -> AgentClient:
+        node = self._where.get(sandbox_id)
+        if node is None:
+            node = await self._locate(sandbox_id)
+        if node is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        return self._agents[node]
+
+    async def _locate(self, sandbox_id: str) -> str | None:
+        """Which agent runs a sandbox this driver has not placed (an API restart, a take-over)."""
+        async def has(agent: AgentClient) -> bool:
+            try:
+                answer = await agent.json("GET", agent.path("sandboxes", sandbox_id), timeout=5)
+            except HutchError:
+                return False
+            return bool(answer.get("alive"))
+
+        found = await asyncio.gather(*(has(a) for a in self._agents.values()))
+        for name, yes in zip(self._agents, found, strict=True):
+            if yes:
+                self._where[sandbox_id] = name
+                return name
+        return None
+
+    # -- placement and lifecycle -----------------------------------------------
+
+    def _reservations(self) -> dict[str, tuple[int, int]]:
+        now = time.monotonic()
+        for sid in [sid for sid, r in self._reserved.items() if r[3] < now]:
+            del self._reserved[sid]
+        totals: dict[str, tuple[int, int]] = {}
+        for node, memory, cpu, _ in self._reserved.values():
+            m, c = totals.get(node, (0, 0))
+            totals[node] = (m + memory, c + cpu)
+        return totals
+
+    async def reserve(self, req: ProvisionRequest) -> None:
+        if req.sandbox_id in self._reserved:
+            return
+        node = placement.choose([self._states[n] for n in self._agents if n in self._states], req.resources,
+                                req.runtime, self._reservations())
+        memory, cpu = placement.need(req.resources)
+        self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+
+    async def provision(self, req: ProvisionRequest) -> None:
+        await self.reserve(req)
+        node = self._reserved[req.sandbox_id][0]
+        agent = self._agents[node]
+        try:
+            await agent.json("PUT", agent.path("sandboxes", req.sandbox_id), converter.unstructure(req))
+        finally:
+            self._reserved.pop(req.sandbox_id, None)
+        self._where[req.sandbox_id] = node
+
+    async def prepare(self, req: ProvisionRequest) -> None:
+        await self.reserve(req)
+        agent = self._agents[self._reserved[req.sandbox_id][0]]
+        await agent.json("POST", agent.path("sandboxes", req.sandbox_id, "prepare"), converter.unstructure(req))
+
+    async def destroy(self, sandbox_id: str) -> None:
+        self._reserved.pop(sandbox_id, None)
+        await self._tunnels.drop(sandbox_id)
+        node = self._where.get(sandbox_id) or await self._locate(sandbox_id)
+        if node is None:
+            return  # idempotent: never placed, or gone already
+        agent = self._agents[node]
+        await agent.json("DELETE", agent.path("sandboxes", sandbox_id))
+        self._where.pop(sandbox_id, None)
+
+    async def alive(self) -> set[str]:
+        found: set[str] = set()
+        for name, agent in self._agents.items():
+            try:
+                answer = await agent.json("GET", agent.path("sandboxes"), timeout=10)
+            except HutchError as err:
+                log.warning("node agent %s: cannot list its sandboxes: %s", name, err.message)
+                continue
+            for sid in answer["sandboxes"]:
+                self._where[sid] = name
+                found.add(sid)
+        return found
+
+    # -- runtimes --------------------------------------------------------------
+
+    def runtimes_available(self) -> set[str]:
+        """On any answering node (a placement prefers one that has it; another builds it)."""
+        out: set[str] = set()
+        for state in self._states.values():
+            out |= state.runtimes
+        return out
+
+    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
+        """Built on every answering node, so any can take a sandbox of it."""
+        async def on(node: str, agent: AgentClient) -> None:
+            async for line in _lines(agent.stream("POST", agent.path("runtimes", name, "build"))):
+                answer = json.loads(line)
+                if "progress" in answer:
+                    progress(f"{node}: {answer['progress']}")
+                elif "error" in answer:
+                    raise from_wire(int(answer.get("status", 500)), answer["error"])
+
+        usable = {n: a for n, a in self._agents.items() if not self._states.get(n, placement.NodeState(n)).unusable}
+        await asyncio.gather(*(on(n, a) for n, a in usable.items()))
+        await self._refresh()
+
+    # -- commands --------------------------------------------------------------
+
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        agent = await self._owner(req.sandbox_id)
+        body: dict[str, object] = {"execution_id": req.execution_id, "argv": list(req.argv), "env": dict(req.env),
+                                   "cwd": req.cwd, "timeout": req.timeout}
+        stdin = req.stdin
+        feeder: asyncio.Task[object] | None = None
+        if isinstance(stdin, bytes) and len(stdin) <= INLINE_STDIN:
+            body["stdin"] = base64.b64encode(stdin).decode()
+        elif stdin is not None:
+            body["stdin"] = "attach"
+            chunks = _one(stdin) if isinstance(stdin, bytes) else stdin
+            feeder = asyncio.create_task(agent.upload("PUT", agent.path("executions", req.execution_id, "stdin"), chunks))
+        self._running[req.execution_id] = agent.name
+        reader = wire.FrameReader()
+        try:
+            async for data in agent.stream("POST", agent.path("sandboxes", req.sandbox_id, "exec"), body):
+                for kind, payload in reader.feed(data):
+                    if kind == wire.STDOUT:
+                        sink.write("stdout", payload)
+                    elif kind == wire.STDERR:
+                        sink.write("stderr", payload)
+                    elif kind == wire.RESULT:
+                        return converter.structure(json.loads(payload), ExecResult)
+                    else:
+                        answer = json.loads(payload)
+                        raise from_wire(int(answer.pop("status", 500)), answer)
+        except ValueError as err:
+            raise DriverFailure(f"node agent {agent.name} sent a broken answer while the command ran: {err}") from err
+        finally:
+            self._running.pop(req.execution_id, None)
+            if feeder is not None:
+                if not feeder.done():
+                    feeder.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await feeder
+        raise DriverFailure(f"node agent {agent.name} stopped answering while the command ran")
+
+    async def cancel(self, execution_id: str) -> None:
+        node = self._running.get(execution_id)
+        if node is not None:  # unknown or finished: a no-op, as on the local driver
+            agent = self._agents[node]
+            await agent.json("POST", agent.path("executions", execution_id, "cancel"))
+
+    async def signal(self, execution_id: str, signum: int) -> None:
+        node = self._running.get(execution_id)
+        if node is not None:
+            agent = self._agents[node]
+            await agent.json("POST", agent.path("executions", execution_id, "signal"), {"signum": signum})
+
+    # -- files -----------------------------------------------------------------
+
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
+        agent = await self._owner(sandbox_id)
+        body = {"files": [{"path": f.path, "content": base64.b64encode(f.content).decode(), "mode": f.mode}
+                          for f in files]}
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "files"), body)
+
+    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        agent = await self._owner(sandbox_id)
+        async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "file", path=path)):
+            yield chunk
+
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.upload("PUT", agent.path("sandboxes", sandbox_id, "file", path=path, mode=mode,
+                                                      parents="1" if parents else "0"), chunks)
+        return int(answer["written"])
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "list", path=path))
+        return [converter.structure(e, FileInfo) for e in answer["entries"]]
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "mkdir"), {"path": path, "parents": parents})
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.json("POST", agent.path("sandboxes", sandbox_id, "remove"),
+                                  {"path": path, "directory": directory, "recursive": recursive})
+        return bool(answer["existed"])
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "symlink"), {"path": path, "target": target})
+
+    async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        agent = await self._owner(sandbox_id)
+        async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "tar", path=path)):
+            yield chunk
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.upload("PUT", agent.path("sandboxes", sandbox_id, "tar", dest=dest, gzip="1" if gzipped else "0"),
+                           archive)
+
+    # -- checkpoints, pause, usage ---------------------------------------------
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id))
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id, "restore"))
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("DELETE", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id))
+
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "checkpoints"))
+        return {str(k): int(v) for k, v in answer.items()}
+
+    async def pause(self, sandbox_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "pause"))
+
+    async def resume(self, sandbox_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "resume"))
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        try:
+            agent = await self._owner(sandbox_id)
+            answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "usage"), timeout=2)
+        except HutchError:  # stats are best effort, as the nomad driver's
+            return Usage()
+        return converter.structure(answer, Usage)
+
+    # -- terminals and ports ---------------------------------------------------
+
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
+        agent = await self._owner(req.sandbox_id)
+        ws = await agent.websocket(agent.path("sandboxes", req.sandbox_id, "terminal"))
+        return await NodeTerminal.open(ws, agent.name, {"argv": list(req.argv), "env": dict(req.env), "cwd": req.cwd,
+                                                        "rows": req.rows, "cols": req.cols})
+
+    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        await self._owner(sandbox_id)
+        return await self._tunnels.target(sandbox_id)
+
+    async def _tunnel(self, sandbox_id: str) -> aiohttp.ClientWebSocketResponse:
+        agent = await self._owner(sandbox_id)
+        return await agent.websocket(agent.path("sandboxes", sandbox_id, "port"))
+
+    # -- adoption --------------------------------------------------------------
+
+    def handle(self, sandbox_id: str) -> dict[str, str] | None:
+        node = self._where.get(sandbox_id)
+        return {"node": node} if node else None
+
+    async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
+        node = handle.get("node")
+        if node not in self._agents:
+            return False
+        agent = self._agents[node]
+        try:
+            answer = await agent.json("GET", agent.path("sandboxes", sandbox.sandbox_id), timeout=5)
+        except HutchError:
+            return False
+        if answer.get("alive"):
+            self._where[sandbox.sandbox_id] = node
+            return True
+        return False
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), INLINE_STDIN):
+        yield data[i:i + INLINE_STDIN]
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield line
