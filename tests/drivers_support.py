@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +140,84 @@ async def start_nomad(data_dir: Path, **kw: object) -> Driver:
 async def nomad_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
     data = request.getfixturevalue("tmp_path") / "nomad-data"
     driver = await start_nomad(data)
+    try:
+        yield driver
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()
+
+
+# -- the node driver: two `hutch node serve` agents on this host ---------------------------
+
+NODE_SECRET = "node-secret-for-the-tests-0123456789abcdef"
+
+
+class NodeAgents:
+    """Agent processes, each with its own data dir, listening on loopback."""
+
+    def __init__(self, root: Path, names: tuple[str, ...] = ("n1", "n2")) -> None:
+        import socket
+        import subprocess
+
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.addresses: dict[str, str] = {}
+        for name in names:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            env = {**os.environ, "HUTCH_NODE_SECRET": NODE_SECRET, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE)}
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "hutch", "node", "serve", "--name", name, "--listen", f"127.0.0.1:{port}",
+                 "--data-dir", str(root / name)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.addresses[name] = f"127.0.0.1:{port}"
+        for name, proc in self.procs.items():
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # the agent says when it listens, or why it stopped
+            if "listening" not in line:
+                self.stop()
+                pytest.fail(f"node agent {name} did not start: {line}{proc.stdout.read()}", pytrace=False)
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{n}={a}" for n, a in self.addresses.items())
+
+    def stop(self) -> None:
+        import signal as signals
+
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signals.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except Exception:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+async def start_node(agents: NodeAgents) -> Driver:
+    from hutch.drivers.node.directory import StaticDirectory
+    from hutch.drivers.node.driver import NodeDriver
+
+    driver = NodeDriver(StaticDirectory(agents.spec), NODE_SECRET.encode())
+    await driver.start()
+    return driver
+
+
+@pytest.fixture(scope="module")
+def node_agents(built_runtimes: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Two agents shared by a module: what each test leaves, its own fixture destroys."""
+    require_root()
+    agents = NodeAgents(tmp_path_factory.mktemp("hutch-nodes"))
+    yield agents
+    agents.stop()
+
+
+async def node_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+    driver = await start_node(request.getfixturevalue("node_agents"))
     try:
         yield driver
     finally:
