@@ -116,7 +116,7 @@ def _serve_parser(top: Any) -> None:
         "--event-log", metavar="URL", help="sqlite | sqlite:///path | kafka://... (HUTCH_EVENT_LOG)"
     )
     serve.add_argument("--store", metavar="URL", help="memory | postgresql://... (HUTCH_STORE)")
-    serve.add_argument("--driver", choices=("local", "nomad", "fake"), help="the execution driver (HUTCH_DRIVER)")
+    serve.add_argument("--driver", choices=("local", "nomad", "node", "fake"), help="the execution driver (HUTCH_DRIVER)")
     serve.add_argument("--prebuild", nargs="+", metavar="RUNTIME",
                        help="build these catalog runtimes (or 'all') in the background at start, instead of at "
                             "their first use (HUTCH_PREBUILD, comma-separated)")
