@@ -74,12 +74,14 @@ def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
         raise NoCapacity(f"no node can take a sandbox of {format_bytes(memory)} memory and {cpu}m cpu: {where}",
                          field="resources")
 
-    def load(node: NodeState) -> float:
+    def load(node: NodeState) -> tuple[float, float]:
+        """The fuller of memory and cpu after this sandbox, then both: a cpu fraction that
+        ties (every sandbox asks the default core) leaves memory to decide."""
         r = reserved.get(node.name, (0, 0))
         mem = (node.memory_committed + r[0] + memory) / max(node.memory_total, 1)
         cpus = (node.cpu_committed_millis + r[1] + cpu) / max(node.cpus * 1000, 1)
-        return max(mem, cpus)
+        return round(max(mem, cpus), 6), round(mem + cpus, 6)
 
     rng = rng or random.Random()
-    best = min((runtime not in n.runtimes, round(load(n), 6), rng.random(), n.name) for n in fitting)
+    best = min((runtime not in n.runtimes, load(n), rng.random(), n.name) for n in fitting)
     return best[3]
