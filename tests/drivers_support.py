@@ -156,7 +156,8 @@ NODE_SECRET = "node-secret-for-the-tests-0123456789abcdef"
 class NodeAgents:
     """Agent processes, each with its own data dir, listening on loopback."""
 
-    def __init__(self, root: Path, names: tuple[str, ...] = ("n1", "n2")) -> None:
+    def __init__(self, root: Path, names: tuple[str, ...] = ("n1", "n2"), *, listen: str = "127.0.0.1",
+                 secret: str = NODE_SECRET) -> None:
         import socket
         import subprocess
 
@@ -166,9 +167,9 @@ class NodeAgents:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            env = {**os.environ, "HUTCH_NODE_SECRET": NODE_SECRET, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE)}
+            env = {**os.environ, "HUTCH_NODE_SECRET": secret, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE)}
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "hutch", "node", "serve", "--name", name, "--listen", f"127.0.0.1:{port}",
+                [sys.executable, "-m", "hutch", "node", "serve", "--name", name, "--listen", f"{listen}:{port}",
                  "--data-dir", str(root / name)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             self.addresses[name] = f"127.0.0.1:{port}"
         for name, proc in self.procs.items():
