@@ -10,7 +10,6 @@ import attrs
 
 from hutch.core.driver_types import ResourceLimits
 from hutch.core.errors import NoCapacity
-from hutch.core.quantities import format_bytes
 
 # What a sandbox without limits is counted as: the driver's own defaults.
 DEFAULT_MEMORY = 512 << 20
@@ -36,6 +35,14 @@ class NodeState:
     unusable: str | None = None  # "did not answer: …"
 
 
+def _human(n: int) -> str:
+    """Memory as an operator reads it (exact quantities like 21474560Ki are not)."""
+    gib = 1 << 30
+    if n % gib == 0:
+        return f"{n // gib}Gi"
+    return f"{n / gib:.1f}Gi" if n >= gib else f"{n >> 20}Mi"
+
+
 def need(resources: ResourceLimits) -> tuple[int, int]:
     return resources.memory_bytes or DEFAULT_MEMORY, resources.cpu_millis or DEFAULT_CPU
 
@@ -47,7 +54,7 @@ def _fits(node: NodeState, memory: int, cpu: int, reserved: tuple[int, int]) -> 
     free_memory = min(node.memory_available, node.memory_total * MEMORY_OVERCOMMIT - node.memory_committed) - reserved[0]
     free_cpu = node.cpus * 1000 * CPU_OVERCOMMIT - node.cpu_committed_millis - reserved[1]
     if memory > free_memory:
-        return f"{node.name} has {format_bytes(max(free_memory, 0))} memory free"
+        return f"{node.name} has {_human(max(free_memory, 0))} memory free"
     if cpu > node.cpus * 1000:
         return f"{node.name} has {node.cpus * 1000}m cpu in all"
     if cpu > free_cpu:
@@ -71,7 +78,7 @@ def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
             fitting.append(node)
     if not fitting:
         where = "; ".join(reasons) if reasons else "no node agent is known"
-        raise NoCapacity(f"no node can take a sandbox of {format_bytes(memory)} memory and {cpu}m cpu: {where}",
+        raise NoCapacity(f"no node can take a sandbox of {_human(memory)} memory and {cpu}m cpu: {where}",
                          field="resources")
 
     def load(node: NodeState) -> tuple[float, float]:

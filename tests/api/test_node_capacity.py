@@ -1,0 +1,25 @@
+"""The node driver's placement seen through the API: a sandbox no node has room for is
+refused with 503 NO_CAPACITY naming every node, before anything is recorded."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.api.conftest import NODE, Api
+
+
+@pytest.mark.runs_on(*NODE)  # placement happens in the node driver only
+async def test_a_sandbox_that_fits_nowhere_answers_503_and_records_nothing(api: Api) -> None:
+    before = await api.data("GET", "/sandbox")
+    body = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "resources": {"memory": "4096Gi"}},
+                          expect=503)
+    assert body["code"] == "NO_CAPACITY", body
+    assert re.fullmatch(r"no node can take a sandbox of 4096Gi memory and 1000m cpu: "
+                        r"n1 has [0-9.]+[GM]i memory free; n2 has [0-9.]+[GM]i memory free", body["message"]), body
+    assert await api.data("GET", "/sandbox") == before
+    # One that fits is placed and runs.
+    created = await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201)
+    ex = await api.data("POST", f"/sandbox/{created['sandboxId']}/execute", json={"command": ["true"]})
+    assert (await api.wait_execution(ex["executionId"]))["exitCode"] == 0
