@@ -8,6 +8,7 @@ Runtimes are built (once, then cached) in ``$HUTCH_RUNTIME_CACHE`` (default
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -161,23 +162,56 @@ class NodeAgents:
         import socket
         import subprocess
 
+        self.root = root
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.addresses: dict[str, str] = {}
+        self._argv: dict[str, list[str]] = {}
+        self._env = {**os.environ, "HUTCH_NODE_SECRET": secret, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE)}
         for name in names:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            env = {**os.environ, "HUTCH_NODE_SECRET": secret, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE)}
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "hutch", "node", "serve", "--name", name, "--listen", f"{listen}:{port}",
-                 "--data-dir", str(root / name)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self._argv[name] = [sys.executable, "-m", "hutch", "node", "serve", "--name", name,
+                                "--listen", f"{listen}:{port}", "--data-dir", str(root / name)]
             self.addresses[name] = f"127.0.0.1:{port}"
-        for name, proc in self.procs.items():
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # the agent says when it listens, or why it stopped
-            if "listening" not in line:
-                self.stop()
-                pytest.fail(f"node agent {name} did not start: {line}{proc.stdout.read()}", pytrace=False)
+            self._spawn(name)
+        for name in names:
+            self._wait(name)
+
+    def _spawn(self, name: str) -> None:
+        import subprocess
+
+        self.procs[name] = subprocess.Popen(self._argv[name], env=self._env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True)
+
+    def _wait(self, name: str) -> None:
+        proc = self.procs[name]
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the agent says when it listens, or why it stopped
+        if "listening" not in line:
+            self.stop()
+            pytest.fail(f"node agent {name} did not start: {line}{proc.stdout.read()}", pytrace=False)
+        import threading
+
+        # Its log goes on being read (to stderr): a full pipe would stop the agent.
+        threading.Thread(target=self._relay, args=(name, proc.stdout), daemon=True).start()
+
+    @staticmethod
+    def _relay(name: str, stream: Any) -> None:
+        with contextlib.suppress(ValueError, OSError), stream:  # until the agent exits
+            for line in stream:
+                print(f"[agent {name}] {line}", end="", file=sys.stderr)
+
+    def kill(self, name: str) -> None:
+        """kill -9: the agent dies, its sandboxes run on (as after a crash)."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
+
+    def restart(self, name: str) -> None:
+        """The same agent again: its address, its data dir (it adopts what still runs)."""
+        self._spawn(name)
+        self._wait(name)
 
     @property
     def spec(self) -> str:
@@ -195,15 +229,13 @@ class NodeAgents:
             except Exception:
                 proc.kill()
                 proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
-async def start_node(agents: NodeAgents) -> Driver:
+async def start_node(agents: NodeAgents, **kw: Any) -> Driver:
     from hutch.drivers.node.directory import StaticDirectory
     from hutch.drivers.node.driver import NodeDriver
 
-    driver = NodeDriver(StaticDirectory(agents.spec), NODE_SECRET.encode())
+    driver = NodeDriver(StaticDirectory(agents.spec), NODE_SECRET.encode(), **kw)
     await driver.start()
     return driver
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 
@@ -12,6 +13,25 @@ from hutch.core.driver_types import ProvisionRequest
 from hutch.core.errors import HutchError, SandboxNotFound
 from hutch.core.serde import converter
 from hutch.node.app import DRIVER, INSTANCE, SETTINGS
+
+
+class Ends:
+    """Sandboxes whose init ended without a destroy (LocalDriver.report_ended), numbered for
+    the node driver to fetch what it has not seen (``GET /v1/ended?after=N``). Bounded: a
+    driver away for more than ``KEEP`` ends reconciles through its list of sandboxes."""
+
+    KEEP = 1000
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.items: collections.deque[tuple[int, dict[str, object]]] = collections.deque(maxlen=self.KEEP)
+
+    async def record(self, sandbox_id: str, reason: str, failed: bool) -> None:
+        self.seq += 1
+        self.items.append((self.seq, {"seq": self.seq, "sandbox": sandbox_id, "reason": reason, "failed": failed}))
+
+
+ENDS = web.AppKey("ends", Ends)
 
 
 def _memory() -> tuple[int, int]:
@@ -41,8 +61,13 @@ async def capacity(request: web.Request) -> web.Response:
         "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
         "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(alive),
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
-        "capabilities": converter.unstructure(driver.capabilities),
+        "capabilities": converter.unstructure(driver.capabilities), "ended_seq": request.app[ENDS].seq,
     })
+
+
+async def ended(request: web.Request) -> web.Response:
+    after = int(request.query.get("after", "0"))
+    return web.json_response({"ended": [e for seq, e in request.app[ENDS].items if seq > after]})
 
 
 async def list_sandboxes(request: web.Request) -> web.Response:
@@ -141,8 +166,11 @@ async def checkpoint_sizes(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app[ENDS] = Ends()
+    app[DRIVER].set_listener(app[ENDS].record)
     r = app.router
     r.add_get("/v1/node", capacity)
+    r.add_get("/v1/ended", ended)
     r.add_get("/v1/sandboxes", list_sandboxes)
     r.add_get("/v1/sandboxes/{id}", get_sandbox)
     r.add_put("/v1/sandboxes/{id}", provision)

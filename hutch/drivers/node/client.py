@@ -17,12 +17,26 @@ from hutch.drivers.node import wire
 
 
 class AgentClient:
-    def __init__(self, name: str, address: str, secret: bytes, session: aiohttp.ClientSession) -> None:
+    def __init__(self, name: str, address: str, secret: bytes) -> None:
         self.name = name  # as the directory lists it; the hello must say the same
         self.address = address
         self._secret = secret
-        self._session = session
+        self._session = self._new_session()
         self.instance: str | None = None  # pinned at hello: another means the agent restarted
+        self.ended_seq = 0  # the last sandbox end of this instance reported
+
+    @staticmethod
+    def _new_session() -> aiohttp.ClientSession:
+        # One session per agent: losing the node aborts exactly its calls (abort()).
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+
+    async def abort(self) -> None:
+        """Break every call in flight (the node is lost) and start afresh for its return."""
+        old, self._session = self._session, self._new_session()
+        await old.close()
+
+    async def close(self) -> None:
+        await self._session.close()
 
     def path(self, *parts: str, **query: object) -> str:
         tail = "/".join(quote(p, safe="") for p in parts)

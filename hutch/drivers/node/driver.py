@@ -47,17 +47,22 @@ log = logging.getLogger(__name__)
 
 REFRESH = 1.0  # seconds between capacity reads of every agent
 RESERVATION = 30.0  # seconds a placement holds room for its provision
-INLINE_STDIN = 64 << 10  # stdin up to this travels in the exec request; more is streamed
+INLINE_STDIN = 64 << 10
+# An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
+# + the 5 s a read may take, under the 15 s the issue allows).
+LOST_AFTER = 8.0  # stdin up to this travels in the exec request; more is streamed
 
 
 class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
                  roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
     name = "node"
 
-    def __init__(self, directory: Directory, secret: bytes) -> None:
+    def __init__(self, directory: Directory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
         self._directory = directory
         self._secret = wire.check_secret(secret, "HUTCH_NODE_SECRET")
-        self._session: aiohttp.ClientSession | None = None
+        self._lost_after = lost_after
+        self._seen: dict[str, float] = {}  # node -> when its agent last answered (monotonic)
+        self._lost: dict[str, set[str]] = {}  # lost node -> the sandboxes failed with it
         self._agents: dict[str, AgentClient] = {}
         self._states: dict[str, placement.NodeState] = {}
         self._where: dict[str, str] = {}  # sandbox -> node
@@ -72,10 +77,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
     # -- agents ----------------------------------------------------------------
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit_per_host=64))
         agents = await self._directory.agents()
-        self._agents = {name: AgentClient(name, address, self._secret, self._session)
-                        for name, address in agents.items()}
+        self._agents = {name: AgentClient(name, address, self._secret) for name, address in agents.items()}
         results = await asyncio.gather(*(a.hello() for a in self._agents.values()), return_exceptions=True)
         failed = {name: r for name, r in zip(self._agents, results, strict=True) if isinstance(r, BaseException)}
         for name, err in failed.items():
@@ -84,6 +87,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             await self.close()
             said = "; ".join(f"{n}: {e}" for n, e in failed.items())
             raise DriverFailure(f"no node agent answered with this cluster's secret: {said}")
+        now = time.monotonic()
+        self._seen = {name: now for name in self._agents}  # a node down at start is lost after lost_after too
         await self._refresh()
         self.capabilities = self._common_capabilities()
         self._refresher = asyncio.create_task(self._refresh_forever())
@@ -94,8 +99,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
         await self._tunnels.close()
-        if self._session is not None:
-            await self._session.close()
+        for agent in self._agents.values():
+            await agent.close()
 
     def _common_capabilities(self) -> Capabilities:
         """What every answering node can do: a mixed fleet never promises what one cannot."""
@@ -106,27 +111,71 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         return converter.structure(fields, Capabilities)
 
     async def _refresh(self) -> None:
-        async def one(name: str, agent: AgentClient) -> placement.NodeState:
-            try:
-                if agent.instance is None:
-                    await agent.hello()
-                s = await agent.json("GET", agent.path("node"), timeout=5)
-            except HutchError as err:
-                return placement.NodeState(name=name, unusable=f"did not answer ({err.message})")
-            if s.get("instance") != agent.instance:
-                log.warning("node agent %s restarted (instance %s, was %s)", name, s.get("instance"), agent.instance)
-                agent.instance = None  # proven again at the next refresh
-                return placement.NodeState(name=name, unusable="restarted and has not proven itself again yet")
-            self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
-            return placement.NodeState(
-                name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
-                memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
-                cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
-                runtimes=frozenset(s["runtimes"]))
-
         names = list(self._agents)
-        states = await asyncio.gather(*(one(n, self._agents[n]) for n in names))
+        states = await asyncio.gather(*(self._read_node(n, self._agents[n]) for n in names))
         self._states = dict(zip(names, states, strict=True))
+
+    async def _read_node(self, name: str, agent: AgentClient) -> placement.NodeState:
+        """One agent's capacity; the sandbox ends it saw; and whether it is lost or back."""
+        try:
+            if agent.instance is None:
+                await agent.hello()
+                agent.ended_seq = 0  # a new process counts its ends from 1
+            s = await agent.json("GET", agent.path("node"), timeout=5)
+        except HutchError as err:
+            await self._missed(name, agent)
+            return placement.NodeState(name=name, unusable=f"did not answer ({err.message})")
+        if s.get("instance") != agent.instance:
+            log.warning("node agent %s restarted (instance %s, was %s)", name, s.get("instance"), agent.instance)
+            agent.instance = None  # proven again at the next refresh
+            return placement.NodeState(name=name, unusable="restarted and has not proven itself again yet")
+        self._seen[name] = time.monotonic()
+        if name in self._lost:
+            await self._returned(name, agent)
+        if int(s.get("ended_seq", 0)) > agent.ended_seq:
+            await self._report_ends(name, agent)
+        self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
+        return placement.NodeState(
+            name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
+            memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
+            cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
+            runtimes=frozenset(s["runtimes"]))
+
+    async def _missed(self, name: str, agent: AgentClient) -> None:
+        silent = time.monotonic() - self._seen.get(name, 0.0)
+        if name in self._lost or silent < self._lost_after:
+            return
+        gone = {sid for sid, node in self._where.items() if node == name}
+        self._lost[name] = gone
+        log.warning("node %s is lost: its agent has not answered for %.0f s; failing its %d sandboxes",
+                    name, silent, len(gone))
+        await agent.abort()  # what runs there (executions, terminals) ends now, failed, not hung
+        for sid in gone:
+            self._where.pop(sid, None)
+        reason = f"node {name} was lost: its agent has not answered for {self._lost_after:.0f} s"
+        for sid in gone:
+            await self.report_ended(sid, reason, failed=True)
+
+    async def _returned(self, name: str, agent: AgentClient) -> None:
+        """A node back after it was lost: what it still runs of the sandboxes failed meanwhile
+        is ended there (the log says they are over)."""
+        lost = self._lost.pop(name)
+        log.warning("node %s answers again; ending the %d sandboxes failed while it was lost", name, len(lost))
+        for sid in lost:
+            try:
+                await agent.json("DELETE", agent.path("sandboxes", sid))
+            except HutchError as err:
+                log.warning("node %s: ending lost sandbox %s: %s", name, sid, err.message)
+
+    async def _report_ends(self, name: str, agent: AgentClient) -> None:
+        """Sandboxes whose init ended on the node without a destroy (killed on the host)."""
+        answer = await agent.json("GET", agent.path("ended", after=agent.ended_seq), timeout=5)
+        for end in answer["ended"]:
+            agent.ended_seq = max(agent.ended_seq, int(end["seq"]))
+            sid = str(end["sandbox"])
+            if self._where.get(sid) == name:
+                self._where.pop(sid, None)
+                await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
 
     async def _refresh_forever(self) -> None:
         while True:
