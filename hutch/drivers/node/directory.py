@@ -8,7 +8,7 @@ from typing import Protocol
 from hutch.core.errors import InvalidInput
 
 
-class Directory(Protocol):
+class AgentDirectory(Protocol):
     async def agents(self) -> dict[str, str]: ...
 
 

@@ -39,7 +39,7 @@ from hutch.drivers import roles
 from hutch.drivers.base import Driver
 from hutch.drivers.node import placement, wire
 from hutch.drivers.node.client import AgentClient
-from hutch.drivers.node.directory import Directory
+from hutch.drivers.node.directory import AgentDirectory
 from hutch.drivers.node.ports import PortTunnels
 from hutch.drivers.node.terminal import NodeTerminal
 
@@ -57,7 +57,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                  roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
     name = "node"
 
-    def __init__(self, directory: Directory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
+    def __init__(self, directory: AgentDirectory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
         self._directory = directory
         self._secret = wire.check_secret(secret, "HUTCH_NODE_SECRET")
         self._lost_after = lost_after
