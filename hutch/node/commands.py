@@ -21,6 +21,7 @@ from hutch.node.app import DRIVER
 log = logging.getLogger(__name__)
 
 STDIN_DEPTH = 8  # chunks queued ahead of the command: TCP holds the rest back
+GONE_CHECK = 1.0  # seconds between looks at a silent command's connection
 
 
 class StdinSlot:
@@ -96,8 +97,12 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
                 break
             sink.ready.clear()
             waiter = asyncio.ensure_future(sink.ready.wait())
-            await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, task}, timeout=GONE_CHECK, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
+            if not broken and (request.transport is None or request.transport.is_closing()):
+                # The API side went away while the command was silent: nothing runs unwatched.
+                broken = True
+                await driver.cancel(eid)
         try:
             last = wire.json_frame(wire.RESULT, converter.unstructure(task.result()))
         except HutchError as err:

@@ -3,6 +3,7 @@ request, from inside a sandbox, or as an impostor at an agent's address."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -113,3 +114,27 @@ async def test_an_impostor_without_the_secret_is_not_used(aiohttp_server) -> Non
     squatter.addresses = {"a1": f"127.0.0.1:{server.port}"}
     with pytest.raises(DriverFailure, match="could not prove it holds the cluster's node secret"):
         await start_node(squatter)
+
+
+async def test_an_execution_whose_api_side_goes_away_is_ended(driver: Driver) -> None:
+    """An API replica that dies (or drops the request) leaves nothing running unwatched, even
+    a command that prints nothing."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sid, "base:latest"))
+    count = ["sh", "-c", "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done | grep -c '^sleep$' || true"]
+    task = asyncio.create_task(driver.exec(ExecRequest(new_id("ex"), sid, ["sleep", "300"]), Recorder()))
+    await asyncio.sleep(1)
+    sink = Recorder()
+    await driver.exec(ExecRequest(new_id("ex"), sid, count), sink)
+    assert sink.stdout.strip() == "1"  # it runs: the check below can fail
+    task.cancel()  # the request goes away with it
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(50):
+        sink = Recorder()
+        await driver.exec(ExecRequest(new_id("ex"), sid, count), sink)
+        if sink.stdout.strip() == "0":
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the execution outlived its request")
