@@ -35,6 +35,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 def group_of(pid: int, cmdline: str, comm: str, server_pid: int) -> str:
     if pid == server_pid:
         return "hutch API server"
+    if " node serve " in cmdline:
+        return "hutch node agents"
     if "logmon" in cmdline:
         return "nomad logmon"
     if "nomad" in comm or cmdline.split(" ")[0].endswith("/nomad"):
@@ -75,7 +77,7 @@ def per_process(server_pid: int) -> dict[int, tuple[str, float]]:
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--driver", choices=("local", "nomad"), default="nomad")
+    ap.add_argument("--driver", choices=("local", "nomad", "node"), default="nomad")
     ap.add_argument("--profile", choices=("embedded", "production"), default="production")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20)
