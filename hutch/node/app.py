@@ -64,7 +64,9 @@ async def hello(request: web.Request) -> web.Response:
 def make_app(settings: NodeSettings, driver: LocalDriver, *, own_driver: bool = True) -> web.Application:
     from hutch.node import commands, files, ports, sandboxes, terminals
 
-    app = web.Application(middlewares=[guard], client_max_size=64 << 20)
+    # JSON bodies: a batch of files arrives base64'd, as the API took it (its own cap is 64 MiB
+    # of JSON), plus the agent's envelope; streamed bodies (files, tar, stdin) have no cap here.
+    app = web.Application(middlewares=[guard], client_max_size=128 << 20)
     app[SETTINGS] = settings
     app[DRIVER] = driver
     app[VERIFIER] = wire.Verifier(settings.secret)

@@ -244,8 +244,11 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
 
     async def prepare(self, req: ProvisionRequest) -> None:
         await self.reserve(req)
-        agent = self._agents[self._reserved[req.sandbox_id][0]]
+        node, memory, cpu, _ = self._reserved[req.sandbox_id]
+        agent = self._agents[node]
         await agent.json("POST", agent.path("sandboxes", req.sandbox_id, "prepare"), converter.unstructure(req))
+        # An install may take longer than the reservation: the provision must land where it was built.
+        self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
 
     async def destroy(self, sandbox_id: str) -> None:
         self._reserved.pop(sandbox_id, None)
