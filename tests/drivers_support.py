@@ -158,7 +158,7 @@ class NodeAgents:
     """Agent processes, each with its own data dir, listening on loopback."""
 
     def __init__(self, root: Path, names: tuple[str, ...] = ("n1", "n2"), *, listen: str = "127.0.0.1",
-                 secret: str = NODE_SECRET) -> None:
+                 secret: str = NODE_SECRET, env: dict[str, str] | None = None) -> None:
         import socket
         import subprocess
 
@@ -166,7 +166,7 @@ class NodeAgents:
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.addresses: dict[str, str] = {}
         self._argv: dict[str, list[str]] = {}
-        self._env = {**os.environ, "HUTCH_NODE_SECRET": secret, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE)}
+        self._env = {**os.environ, "HUTCH_NODE_SECRET": secret, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE), **(env or {})}
         for name in names:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))

@@ -251,6 +251,13 @@ class NoCapacity(ServiceUnavailable):
     code = "NO_CAPACITY"
 
 
+class NodeFull(ServiceUnavailable):
+    """A node agent's own admission refused a sandbox (another API replica took the room
+    first); the node driver places it elsewhere."""
+
+    code = "NODE_FULL"
+
+
 class ConnectionFailed(HutchError):
     """No HTTP response: the server is down, the URL is wrong, or the connection broke."""
 

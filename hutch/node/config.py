@@ -7,7 +7,7 @@ from pathlib import Path
 
 import attrs
 
-from hutch.drivers.node import wire
+from hutch.drivers.node import placement, wire
 
 
 class SettingError(Exception):
@@ -22,6 +22,7 @@ class NodeSettings:
     data_dir: Path
     runtime_cache: Path
     secret: bytes = attrs.field(repr=False)
+    max_sandboxes: int = placement.MAX_SANDBOXES
 
 
 def read_secret(env: dict[str, str] | None = None) -> bytes:
@@ -61,5 +62,8 @@ def settings(name: str, listen: str, data_dir: str, env: dict[str, str] | None =
                            "uid range (run it as root, as the cluster's system job does)")
     host, port = parse_listen(listen)
     cache = Path(env.get("HUTCH_RUNTIME_CACHE") or env.get("HUTCH_RUNTIMES_DIR") or "/var/cache/hutch/runtimes")
+    most = env.get("HUTCH_NODE_MAX_SANDBOXES") or str(placement.MAX_SANDBOXES)
+    if not most.isdigit() or int(most) < 1:
+        raise SettingError(f"HUTCH_NODE_MAX_SANDBOXES: expected a positive whole number, got {most!r}")
     return NodeSettings(name=name, host=host, port=port, data_dir=Path(data_dir), runtime_cache=cache,
-                        secret=read_secret(env))
+                        secret=read_secret(env), max_sandboxes=int(most))

@@ -6,12 +6,14 @@ import asyncio
 import collections
 import json
 import os
+from typing import Any
 
 from aiohttp import web
 
 from hutch.core.driver_types import ProvisionRequest
-from hutch.core.errors import HutchError, SandboxNotFound
+from hutch.core.errors import HutchError, NodeFull, SandboxNotFound
 from hutch.core.serde import converter
+from hutch.drivers.node import placement
 from hutch.node.app import DRIVER, INSTANCE, SETTINGS
 
 
@@ -44,8 +46,8 @@ def _memory() -> tuple[int, int]:
     return values.get("MemTotal", 0), values.get("MemAvailable", 0)
 
 
-async def capacity(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
+async def snapshot(app: web.Application) -> dict[str, Any]:
+    driver = app[DRIVER]
     alive = await driver.alive()
     memory = cpu = 0
     for sid in alive:
@@ -56,14 +58,45 @@ async def capacity(request: web.Request) -> web.Response:
         memory += limits.memory_bytes or 0
         cpu += limits.cpu_millis or 0
     total, available = _memory()
-    return web.json_response({
-        "name": request.app[SETTINGS].name, "instance": request.app[INSTANCE],
+    return {
+        "name": app[SETTINGS].name, "instance": app[INSTANCE],
         "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
         "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(alive),
+        "max_sandboxes": app[SETTINGS].max_sandboxes,
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
-        "capabilities": converter.unstructure(driver.capabilities), "ended_seq": request.app[ENDS].seq,
-    })
+        "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
+    }
 
+
+async def capacity(request: web.Request) -> web.Response:
+    return web.json_response(await snapshot(request.app))
+
+
+class Admission:
+    """The agent's own check at provision, the last word when API replicas place at once: what
+    is starting counts as taken until it runs (and shows in the snapshot)."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.starting: dict[str, tuple[int, int]] = {}
+
+    async def admit(self, app: web.Application, req: ProvisionRequest) -> None:
+        async with self.lock:
+            s = await snapshot(app)
+            state = placement.NodeState(
+                name=str(s["name"]), cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
+                memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
+                cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
+                max_sandboxes=int(s["max_sandboxes"]))
+            held = (sum(m for m, _ in self.starting.values()), sum(c for _, c in self.starting.values()),
+                    len(self.starting))
+            why = placement.refusal(state, req.resources, held)
+            if why:
+                raise NodeFull(why)
+            self.starting[req.sandbox_id] = placement.need(req.resources)
+
+
+ADMISSION = web.AppKey("admission", Admission)
 
 async def ended(request: web.Request) -> web.Response:
     after = int(request.query.get("after", "0"))
@@ -90,8 +123,14 @@ async def provision(request: web.Request) -> web.Response:
     driver, sid = request.app[DRIVER], request.match_info["id"]
     req = _request(await request.json(), sid)
     # Idempotent by id: a retried create (its answer lost) must not make a second sandbox.
-    if sid not in await driver.alive():
+    if sid in await driver.alive():
+        return web.json_response({"ok": True})
+    admission = request.app[ADMISSION]
+    await admission.admit(request.app, req)
+    try:
         await driver.provision(req)
+    finally:
+        admission.starting.pop(sid, None)
     return web.json_response({"ok": True})
 
 
@@ -167,6 +206,7 @@ async def checkpoint_sizes(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app[ENDS] = Ends()
+    app[ADMISSION] = Admission()
     app[DRIVER].set_listener(app[ENDS].record)
     r = app.router
     r.add_get("/v1/node", capacity)

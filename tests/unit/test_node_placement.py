@@ -51,7 +51,7 @@ def test_resources_are_honoured_against_free_capacity() -> None:
     assert choose(nodes, ResourceLimits(memory_bytes=4 * GiB), "base:latest") == "big"
     # this driver's own reservations count as taken
     with pytest.raises(NoCapacity):
-        choose(nodes, ResourceLimits(memory_bytes=4 * GiB), "base:latest", {"big": (5 * GiB, 0)})
+        choose(nodes, ResourceLimits(memory_bytes=4 * GiB), "base:latest", {"big": (5 * GiB, 0, 1)})
 
 
 def test_none_fits_names_every_node() -> None:
@@ -67,3 +67,11 @@ def test_none_fits_names_every_node() -> None:
 def test_no_node_at_all() -> None:
     with pytest.raises(NoCapacity, match="no node agent is known"):
         choose([], ResourceLimits(), "base:latest")
+
+
+def test_a_node_at_its_sandbox_cap_takes_no_more() -> None:
+    nodes = [NodeState(name="a", cpus=4, memory_total=16 * GiB, memory_available=8 * GiB, sandboxes=1, max_sandboxes=2),
+             NodeState(name="b", cpus=4, memory_total=16 * GiB, memory_available=8 * GiB, sandboxes=2, max_sandboxes=2)]
+    assert choose(nodes, ResourceLimits(), "base:latest") == "a"
+    with pytest.raises(NoCapacity, match="a runs its maximum of 2 sandboxes; b runs its maximum of 2 sandboxes"):
+        choose(nodes, ResourceLimits(), "base:latest", {"a": (0, 0, 1)})

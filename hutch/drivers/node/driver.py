@@ -32,7 +32,7 @@ from hutch.core.driver_types import (
     TerminalRequest,
     Usage,
 )
-from hutch.core.errors import DriverFailure, HutchError, SandboxNotFound, from_wire
+from hutch.core.errors import DriverFailure, HutchError, NodeFull, SandboxNotFound, from_wire
 from hutch.core.models import SandboxState
 from hutch.core.serde import converter
 from hutch.drivers import roles
@@ -139,7 +139,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
             memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
             cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
-            runtimes=frozenset(s["runtimes"]))
+            max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]))
 
     async def _missed(self, name: str, agent: AgentClient) -> None:
         silent = time.monotonic() - self._seen.get(name, 0.0)
@@ -214,30 +214,44 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
 
     # -- placement and lifecycle -----------------------------------------------
 
-    def _reservations(self) -> dict[str, tuple[int, int]]:
+    def _reservations(self, *, but: str | None = None) -> dict[str, placement.Held]:
         now = time.monotonic()
         for sid in [sid for sid, r in self._reserved.items() if r[3] < now]:
             del self._reserved[sid]
-        totals: dict[str, tuple[int, int]] = {}
-        for node, memory, cpu, _ in self._reserved.values():
-            m, c = totals.get(node, (0, 0))
-            totals[node] = (m + memory, c + cpu)
+        totals: dict[str, placement.Held] = {}
+        for sid, (node, memory, cpu, _) in self._reserved.items():
+            if sid != but:
+                m, c, n = totals.get(node, (0, 0, 0))
+                totals[node] = (m + memory, c + cpu, n + 1)
         return totals
+
+    def _choose(self, req: ProvisionRequest, excluded: dict[str, str]) -> str:
+        states = [placement.NodeState(name=n, unusable=why) if (why := excluded.get(n)) else self._states[n]
+                  for n in self._agents if n in self._states]
+        return placement.choose(states, req.resources, req.runtime, self._reservations(but=req.sandbox_id))
 
     async def reserve(self, req: ProvisionRequest) -> None:
         if req.sandbox_id in self._reserved:
             return
-        node = placement.choose([self._states[n] for n in self._agents if n in self._states], req.resources,
-                                req.runtime, self._reservations())
+        node = self._choose(req, {})
         memory, cpu = placement.need(req.resources)
         self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
 
     async def provision(self, req: ProvisionRequest) -> None:
         await self.reserve(req)
-        node = self._reserved[req.sandbox_id][0]
-        agent = self._agents[node]
+        node, memory, cpu, _ = self._reserved[req.sandbox_id]
+        excluded: dict[str, str] = {}
         try:
-            await agent.json("PUT", agent.path("sandboxes", req.sandbox_id), converter.unstructure(req))
+            while True:
+                agent = self._agents[node]
+                try:
+                    await agent.json("PUT", agent.path("sandboxes", req.sandbox_id), converter.unstructure(req))
+                    break
+                except NodeFull as full:
+                    # Another replica took the room first: the agent's own check is the last word.
+                    excluded[node] = f"refused it: {full.message}"
+                    node = self._choose(req, excluded)  # NoCapacity once every node refused
+                    self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
         finally:
             self._reserved.pop(req.sandbox_id, None)
         self._where[req.sandbox_id] = node

@@ -17,6 +17,7 @@ DEFAULT_CPU = 1000
 # Limits are ceilings, mostly idle: a node takes this many times its memory and cores in
 # limits, and no more memory than it really has available (MemAvailable) at placement.
 MEMORY_OVERCOMMIT = 32
+MAX_SANDBOXES = 4000  # per node unless its agent says otherwise (HUTCH_NODE_MAX_SANDBOXES)
 CPU_OVERCOMMIT = 8
 
 
@@ -32,6 +33,7 @@ class NodeState:
     cpu_committed_millis: int = 0
     sandboxes: int = 0
     runtimes: frozenset[str] = frozenset()
+    max_sandboxes: int = MAX_SANDBOXES
     unusable: str | None = None  # "did not answer: …"
 
 
@@ -47,10 +49,22 @@ def need(resources: ResourceLimits) -> tuple[int, int]:
     return resources.memory_bytes or DEFAULT_MEMORY, resources.cpu_millis or DEFAULT_CPU
 
 
-def _fits(node: NodeState, memory: int, cpu: int, reserved: tuple[int, int]) -> str | None:
+Held = tuple[int, int, int]  # memory, cpu millis and sandboxes held by reservations
+
+
+def refusal(node: NodeState, resources: ResourceLimits, reserved: Held = (0, 0, 0)) -> str | None:
+    """Why ``node`` cannot take a sandbox of ``resources``, or None: the driver's placement
+    and the agent's own admission ask the same."""
+    memory, cpu = need(resources)
+    return _fits(node, memory, cpu, reserved)
+
+
+def _fits(node: NodeState, memory: int, cpu: int, reserved: Held) -> str | None:
     """Why ``node`` cannot take it, or None."""
     if node.unusable:
         return f"{node.name} {node.unusable}"
+    if node.sandboxes + reserved[2] >= node.max_sandboxes:
+        return f"{node.name} runs its maximum of {node.max_sandboxes} sandboxes"
     free_memory = min(node.memory_available, node.memory_total * MEMORY_OVERCOMMIT - node.memory_committed) - reserved[0]
     free_cpu = node.cpus * 1000 * CPU_OVERCOMMIT - node.cpu_committed_millis - reserved[1]
     if memory > free_memory:
@@ -63,7 +77,7 @@ def _fits(node: NodeState, memory: int, cpu: int, reserved: tuple[int, int]) -> 
 
 
 def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
-           reserved: Mapping[str, tuple[int, int]] | None = None, rng: random.Random | None = None) -> str:
+           reserved: Mapping[str, Held] | None = None, rng: random.Random | None = None) -> str:
     """The node to place on: among those with room, the ones with the runtime built first (the
     others would build it), then the least committed fraction after this sandbox; ties random."""
     memory, cpu = need(resources)
@@ -71,7 +85,7 @@ def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
     reasons: list[str] = []
     fitting: list[NodeState] = []
     for node in nodes:
-        why = _fits(node, memory, cpu, reserved.get(node.name, (0, 0)))
+        why = _fits(node, memory, cpu, reserved.get(node.name, (0, 0, 0)))
         if why:
             reasons.append(why)
         else:
@@ -84,7 +98,7 @@ def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
     def load(node: NodeState) -> tuple[float, float]:
         """The fuller of memory and cpu after this sandbox, then both: a cpu fraction that
         ties (every sandbox asks the default core) leaves memory to decide."""
-        r = reserved.get(node.name, (0, 0))
+        r = reserved.get(node.name, (0, 0, 0))
         mem = (node.memory_committed + r[0] + memory) / max(node.memory_total, 1)
         cpus = (node.cpu_committed_millis + r[1] + cpu) / max(node.cpus * 1000, 1)
         return round(max(mem, cpus), 6), round(mem + cpus, 6)
