@@ -4,6 +4,7 @@ terminals.py, ports.py)."""
 
 from __future__ import annotations
 
+import hmac
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,7 +35,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         if request.path != "/healthz":
             # raw_path: the path and query exactly as signed, before any decoding or normalising
-            request.app[VERIFIER].verify(request.method, request.raw_path, request.headers)
+            body = request.app[VERIFIER].verify(request.method, request.raw_path, request.headers)
+            await _check_body(request, body)
         return await handler(request)
     except web.HTTPException:
         raise
@@ -45,6 +47,19 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as err:  # the driver's own fault: said as a DriverFailure, logged whole
         log.exception("node agent: %s %s failed", request.method, request.path)
         return error_response(DriverFailure(f"node agent {request.app[SETTINGS].name}: {type(err).__name__}: {err}"))
+
+
+STREAMED = "streamed:"  # the name prefix of the routes whose body is streamed (not hashed)
+
+
+async def _check_body(request: web.Request, signed: str) -> None:
+    if signed == wire.STREAM:
+        if not (request.match_info.route.name or "").startswith(STREAMED):
+            raise Unauthorized(f"{request.method} {request.path} takes no streamed body")
+        return
+    # read() keeps the body for the handler's json()
+    if not hmac.compare_digest(signed, wire.body_digest(await request.read())):
+        raise Unauthorized("the body is not the one that was signed")
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -16,7 +16,7 @@ from hutch.core.driver_types import ExecRequest, FileWrite, Stream
 from hutch.core.errors import HutchError
 from hutch.core.serde import converter
 from hutch.drivers.node import wire
-from hutch.node.app import DRIVER
+from hutch.node.app import DRIVER, STREAMED
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def add_routes(app: web.Application) -> None:
     app[SLOTS] = {}
     r = app.router
     r.add_post("/v1/sandboxes/{id}/exec", exec_command)
-    r.add_put("/v1/executions/{eid}/stdin", attach_stdin)
+    r.add_put("/v1/executions/{eid}/stdin", attach_stdin, name=STREAMED + "stdin")
     r.add_post("/v1/executions/{eid}/cancel", cancel)
     r.add_post("/v1/executions/{eid}/signal", signal)
     r.add_post("/v1/sandboxes/{id}/files", write_files)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from hutch.core.serde import converter
-from hutch.node.app import DRIVER
+from hutch.node.app import DRIVER, STREAMED
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,10 @@ async def import_tar(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/v1/sandboxes/{id}/file", read_file)
-    r.add_put("/v1/sandboxes/{id}/file", write_file)
+    r.add_put("/v1/sandboxes/{id}/file", write_file, name=STREAMED + "file")
     r.add_get("/v1/sandboxes/{id}/list", list_files)
     r.add_post("/v1/sandboxes/{id}/mkdir", mkdir)
     r.add_post("/v1/sandboxes/{id}/remove", remove)
     r.add_post("/v1/sandboxes/{id}/symlink", symlink)
     r.add_get("/v1/sandboxes/{id}/tar", export_tar)
-    r.add_put("/v1/sandboxes/{id}/tar", import_tar)
+    r.add_put("/v1/sandboxes/{id}/tar", import_tar, name=STREAMED + "tar")

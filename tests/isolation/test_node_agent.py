@@ -78,6 +78,17 @@ async def test_unsigned_wrong_secret_and_replayed_requests_are_refused(agent: No
                                                     json={"execution_id": "ex-x", "argv": ["touch", "pwned"]}) as resp:
         assert resp.status == 401
     assert {e.name for e in await driver.list_files(sid, ".")}.isdisjoint({"pwned"})
+    # A signed request whose body was swapped on the way, or passed off as a stream, runs nothing.
+    exec_path = f"/v1/sandboxes/{sid}/exec"
+    signed = json.dumps({"execution_id": "ex-y", "argv": ["true"]}).encode()
+    evil = json.dumps({"execution_id": "ex-y", "argv": ["touch", "pwned"]}).encode()
+    for marker, body, refusal in ((wire.body_digest(signed), evil, "not the one that was signed"),
+                                  (wire.STREAM, evil, "takes no streamed body")):
+        headers = {**wire.sign(NODE_SECRET.encode(), "POST", exec_path, body=marker), "Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as s, s.post(base + exec_path, data=body, headers=headers) as resp:
+            answer = await resp.json()
+            assert (resp.status, answer["code"]) == (401, "UNAUTHORIZED") and refusal in answer["message"], answer
+    assert {e.name for e in await driver.list_files(sid, ".")}.isdisjoint({"pwned"})
 
 
 async def test_a_networked_sandbox_cannot_reach_its_agent(agent: NodeAgents, driver: Driver) -> None:

@@ -101,3 +101,14 @@ def test_errors_come_back_as_their_own_class() -> None:
     assert type(from_wire(502, DriverFailure("boom").to_wire())) is DriverFailure
     assert type(from_wire(503, NoCapacity("full").to_wire())) is NoCapacity
     assert isinstance(from_wire(500, "<html>"), DriverFailure)
+
+
+def test_a_signature_covers_the_body_marker() -> None:
+    headers = wire.sign(SECRET, "POST", "/v1/sandboxes/sb-1/exec", body=wire.body_digest(b'{"argv":["true"]}'), now=1000)
+    swapped = {**headers, wire.BODY: wire.body_digest(b'{"argv":["rm","-rf","/"]}')}
+    with pytest.raises(Unauthorized, match="bad signature"):
+        wire.Verifier(SECRET).verify("POST", "/v1/sandboxes/sb-1/exec", swapped, now=1000)
+    assert wire.Verifier(SECRET).verify("POST", "/v1/sandboxes/sb-1/exec", headers, now=1000) == headers[wire.BODY]
+    missing = {k: v for k, v in headers.items() if k != wire.BODY}
+    with pytest.raises(Unauthorized, match="unsigned"):
+        wire.Verifier(SECRET).verify("POST", "/v1/sandboxes/sb-1/exec", missing, now=1000)

@@ -43,9 +43,17 @@ class AgentClient:
         q = {k: v for k, v in query.items() if v is not None}
         return f"/v1/{tail}" + (f"?{urlencode(q, quote_via=quote)}" if q else "")
 
-    def _url_headers(self, method: str, path_qs: str) -> tuple[URL, dict[str, str]]:
+    def _url_headers(self, method: str, path_qs: str, body: str = wire.EMPTY) -> tuple[URL, dict[str, str]]:
         # encoded=True: sent byte for byte as signed (the agent checks the raw path)
-        return URL(f"http://{self.address}{path_qs}", encoded=True), wire.sign(self._secret, method, path_qs)
+        return (URL(f"http://{self.address}{path_qs}", encoded=True),
+                wire.sign(self._secret, method, path_qs, body=body))
+
+    def _body(self, method: str, path_qs: str, body: Any) -> tuple[URL, dict[str, str], bytes | None]:
+        data = None if body is None else json.dumps(body).encode()
+        url, headers = self._url_headers(method, path_qs, wire.body_digest(data or b""))
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        return url, headers, data
 
     def _unreachable(self, err: Exception) -> DriverFailure:
         return DriverFailure(f"node agent {self.name} at {self.address} did not answer: {err}")
@@ -70,9 +78,9 @@ class AgentClient:
         raise from_wire(resp.status, body)
 
     async def json(self, method: str, path_qs: str, body: Any = None, *, timeout: float | None = None) -> Any:
-        url, headers = self._url_headers(method, path_qs)
+        url, headers, data = self._body(method, path_qs, body)
         try:
-            async with self._session.request(method, url, json=body, headers=headers,
+            async with self._session.request(method, url, data=data, headers=headers,
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 await self._raise_for(resp)
                 return await resp.json()
@@ -83,9 +91,9 @@ class AgentClient:
 
     async def stream(self, method: str, path_qs: str, body: Any = None) -> AsyncIterator[bytes]:
         """A streamed answer's bytes; its error (before any byte) raised at the first step."""
-        url, headers = self._url_headers(method, path_qs)
+        url, headers, data = self._body(method, path_qs, body)
         try:
-            async with self._session.request(method, url, json=body, headers=headers,
+            async with self._session.request(method, url, data=data, headers=headers,
                                              timeout=aiohttp.ClientTimeout(total=None)) as resp:
                 await self._raise_for(resp)
                 async for chunk in resp.content.iter_any():
@@ -96,7 +104,7 @@ class AgentClient:
             raise self._unreachable(err) from err
 
     async def upload(self, method: str, path_qs: str, chunks: AsyncIterable[bytes]) -> Any:
-        url, headers = self._url_headers(method, path_qs)
+        url, headers = self._url_headers(method, path_qs, wire.STREAM)
 
         async def body() -> AsyncIterator[bytes]:
             async for chunk in chunks:

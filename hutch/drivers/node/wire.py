@@ -5,8 +5,10 @@
   path with query, ts and nonce. The agent refuses a missing or wrong signature, a ts outside
   ``WINDOW`` seconds and a nonce it has seen inside the window: a request overheard cannot
   be sent again, and a sandbox that reaches an agent without the secret can do nothing.
-  Bodies are not signed: the channel is the cluster's private network (TLS is not done yet;
-  docs/node.md).
+  ``X-Hutch-Body`` is signed too: the SHA-256 of the body (JSON bodies and empty ones, which
+  the agent checks), or ``stream`` for the few routes whose body is streamed (file and tar
+  uploads, stdin), which the agent allows on those routes only. The channel is not encrypted
+  yet (docs/node.md).
 - **Hello proof**: the driver sends a fresh nonce; the agent answers its name, its instance id
   (random per process start) and an HMAC over the three, proving it holds the secret, so a
   process squatting on an agent's address cannot take sandboxes. The driver pins the instance:
@@ -32,7 +34,15 @@ WINDOW = 60.0  # seconds a signed request stays valid either side of the agent's
 MAX_NONCES = 100_000  # remembered nonces: a flood of fresh ones evicts the oldest, never grows memory
 MIN_SECRET = 32  # bytes
 
-TS, NONCE, SIG = "X-Hutch-Ts", "X-Hutch-Nonce", "X-Hutch-Sig"
+TS, NONCE, SIG, BODY = "X-Hutch-Ts", "X-Hutch-Nonce", "X-Hutch-Sig", "X-Hutch-Body"
+STREAM = "stream"  # X-Hutch-Body of a streamed body
+
+
+def body_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+EMPTY = body_digest(b"")
 
 HEADER = struct.Struct(">cI")
 STDOUT, STDERR, RESULT, ERROR = b"o", b"e", b"x", b"!"
@@ -49,11 +59,12 @@ def _mac(secret: bytes, *parts: str) -> str:
     return hmac.new(secret, "\n".join(parts).encode(), hashlib.sha256).hexdigest()
 
 
-def sign(secret: bytes, method: str, path_qs: str, *, now: float | None = None) -> dict[str, str]:
-    """The headers that make one request (``path_qs``: path and query as sent) acceptable once."""
+def sign(secret: bytes, method: str, path_qs: str, *, body: str = EMPTY, now: float | None = None) -> dict[str, str]:
+    """The headers that make one request (``path_qs``: path and query as sent; ``body``: its
+    body's digest, or STREAM) acceptable once."""
     ts = str(int(now if now is not None else time.time()))
     nonce = secrets.token_hex(16)
-    return {TS: ts, NONCE: nonce, SIG: _mac(secret, method.upper(), path_qs, ts, nonce)}
+    return {TS: ts, NONCE: nonce, BODY: body, SIG: _mac(secret, method.upper(), path_qs, ts, nonce, body)}
 
 
 class Verifier:
@@ -65,16 +76,18 @@ class Verifier:
         self._max = max_nonces
         self._seen: OrderedDict[str, float] = OrderedDict()
 
-    def verify(self, method: str, path_qs: str, headers: Any, *, now: float | None = None) -> None:
+    def verify(self, method: str, path_qs: str, headers: Any, *, now: float | None = None) -> str:
+        """Refuses what is not signed, stale or replayed; returns the signed body marker (a
+        digest the body must match, or STREAM)."""
         now = now if now is not None else time.time()
-        ts, nonce, sig = headers.get(TS), headers.get(NONCE), headers.get(SIG)
-        if not ts or not nonce or not sig:
+        ts, nonce, sig, body = headers.get(TS), headers.get(NONCE), headers.get(SIG), headers.get(BODY)
+        if not ts or not nonce or not sig or not body:
             raise Unauthorized("unsigned request: the node agent answers signed requests only")
         try:
             at = float(ts)
         except ValueError:
             raise Unauthorized(f"bad {TS} header") from None
-        if not hmac.compare_digest(sig, _mac(self._secret, method.upper(), path_qs, ts, nonce)):
+        if not hmac.compare_digest(sig, _mac(self._secret, method.upper(), path_qs, ts, nonce, body)):
             raise Unauthorized("bad signature: the request was not signed with this cluster's node secret")
         if abs(now - at) > self._window:
             raise Unauthorized(f"stale request: signed {now - at:.0f} s from the agent's clock (window {self._window:.0f} s)")
@@ -84,6 +97,7 @@ class Verifier:
         self._seen[nonce] = at
         while len(self._seen) > self._max:
             self._seen.popitem(last=False)
+        return str(body)
 
     def _expire(self, now: float) -> None:
         while self._seen:
