@@ -3,11 +3,12 @@ refused with 503 NO_CAPACITY naming every node, before anything is recorded."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
 
-from tests.api.conftest import NODE, Api
+from tests.api.conftest import AUTH, NODE, Api
 
 
 @pytest.mark.runs_on(*NODE)  # placement happens in the node driver only
@@ -23,3 +24,19 @@ async def test_a_sandbox_that_fits_nowhere_answers_503_and_records_nothing(api: 
     created = await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201)
     ex = await api.data("POST", f"/sandbox/{created['sandboxId']}/execute", json={"command": ["true"]})
     assert (await api.wait_execution(ex["executionId"]))["exitCode"] == 0
+
+
+@pytest.mark.runs_on(*NODE)  # the node driver's own gauges
+async def test_metrics_show_each_node(api: Api) -> None:
+    await api.data("POST", "/sandbox", json={"runtime": "base:latest", "resources": {"memory": "300Mi"}}, expect=201)
+    for _ in range(30):  # the nodes are read every second
+        text = await (await api.client.get("/metrics", headers=AUTH)).text()
+        committed = re.findall(r'^hutch_node_memory_committed_bytes\{node="(n[12])"\} (\S+)$', text, re.M)
+        if sum(float(v) for _, v in committed) >= 300 << 20:
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(text)
+    assert re.search(r'^hutch_node_up\{node="n1"\} 1', text, re.M) and re.search(r'^hutch_node_up\{node="n2"\} 1', text, re.M)
+    assert sorted(n for n, _ in committed) == ["n1", "n2"]
+    assert sum(float(v) for v in re.findall(r'^hutch_node_sandboxes\{node="n[12]"\} (\S+)$', text, re.M)) == 1

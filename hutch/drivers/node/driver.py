@@ -26,6 +26,7 @@ from hutch.core.driver_types import (
     ExecResult,
     FileInfo,
     FileWrite,
+    Metric,
     OutputSink,
     ProvisionRequest,
     PtySession,
@@ -185,9 +186,6 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             except Exception:  # never let the refresher die
                 log.exception("refreshing the node agents' capacity")
 
-    def _agent(self, node: str) -> AgentClient:
-        return self._agents[node]
-
     async def _owner(self, sandbox_id: str) -> AgentClient:
         node = self._where.get(sandbox_id)
         if node is None:
@@ -275,14 +273,19 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._where.pop(sandbox_id, None)
 
     async def alive(self) -> set[str]:
-        found: set[str] = set()
-        for name, agent in self._agents.items():
+        """What every answering agent runs (asked at once: a silent node costs one timeout)."""
+        async def listed(name: str, agent: AgentClient) -> list[str]:
             try:
                 answer = await agent.json("GET", agent.path("sandboxes"), timeout=10)
             except HutchError as err:
                 log.warning("node agent %s: cannot list its sandboxes: %s", name, err.message)
-                continue
-            for sid in answer["sandboxes"]:
+                return []
+            return [str(sid) for sid in answer["sandboxes"]]
+
+        found: set[str] = set()
+        lists = await asyncio.gather(*(listed(n, a) for n, a in self._agents.items()))
+        for name, sids in zip(self._agents, lists, strict=True):
+            for sid in sids:
                 self._where[sid] = name
                 found.add(sid)
         return found
@@ -461,6 +464,26 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
     async def _tunnel(self, sandbox_id: str) -> aiohttp.ClientWebSocketResponse:
         agent = await self._owner(sandbox_id)
         return await agent.websocket(agent.path("sandboxes", sandbox_id, "port"))
+
+    # -- metrics ---------------------------------------------------------------
+
+    def metrics(self) -> list[Metric]:
+        """Per node, as last read: up, its sandboxes, its committed memory and cpu."""
+        out: list[Metric] = []
+        for name in self._agents:
+            state = self._states.get(name)
+            up = state is not None and state.unusable is None
+            labels = {"node": name}
+            out.append(Metric("hutch_node_up", 1.0 if up else 0.0, "gauge", "the node's agent answered its last read", labels))
+            if state is not None and up:
+                out += [Metric("hutch_node_sandboxes", state.sandboxes, "gauge", "sandboxes the node runs", labels),
+                        Metric("hutch_node_memory_committed_bytes", state.memory_committed, "gauge",
+                               "memory limits of the node's sandboxes", labels),
+                        Metric("hutch_node_memory_available_bytes", state.memory_available, "gauge",
+                               "the node's MemAvailable", labels),
+                        Metric("hutch_node_cpu_committed_millis", state.cpu_committed_millis, "gauge",
+                               "cpu limits of the node's sandboxes", labels)]
+        return out
 
     # -- adoption --------------------------------------------------------------
 
