@@ -148,6 +148,12 @@ async def runtime_info(request: web.Request) -> web.Response:
     return web.json_response(request.app[DRIVER].runtime_info(request.match_info["name"]))
 
 
+async def runtimes_built(request: web.Request) -> web.Response:
+    """Size and build time of every runtime built here (read when the set changes)."""
+    driver = request.app[DRIVER]
+    return web.json_response({name: driver.runtime_info(name) for name in sorted(driver.runtimes_available())})
+
+
 async def build_runtime(request: web.Request) -> web.StreamResponse:
     """NDJSON: ``{"progress": line}`` as the build goes, then ``{"ok": true}`` or ``{"error": …}``."""
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -216,6 +222,7 @@ def add_routes(app: web.Application) -> None:
     r.add_put("/v1/sandboxes/{id}", provision)
     r.add_delete("/v1/sandboxes/{id}", destroy)
     r.add_post("/v1/sandboxes/{id}/prepare", prepare)
+    r.add_get("/v1/runtimes", runtimes_built)
     r.add_get("/v1/runtimes/{name}", runtime_info)
     r.add_post("/v1/runtimes/{name}/build", build_runtime)
     r.add_post("/v1/sandboxes/{id}/pause", pause)

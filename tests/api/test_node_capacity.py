@@ -40,3 +40,10 @@ async def test_metrics_show_each_node(api: Api) -> None:
     assert re.search(r'^hutch_node_up\{node="n1"\} 1', text, re.M) and re.search(r'^hutch_node_up\{node="n2"\} 1', text, re.M)
     assert sorted(n for n, _ in committed) == ["n1", "n2"]
     assert sum(float(v) for v in re.findall(r'^hutch_node_sandboxes\{node="n[12]"\} (\S+)$', text, re.M)) == 1
+
+
+@pytest.mark.runs_on(*NODE)  # the catalog's sizes come from the nodes
+async def test_the_runtime_list_shows_what_the_nodes_built(api: Api) -> None:
+    listed = {r["name"]: r for r in (await api.data("GET", "/sandbox/runtimes?limit=100"))["runtimes"]}
+    base = listed["base:latest"]
+    assert base["available"] is True and base["sizeBytes"] > 10 * 2**20 and base["builtAt"].endswith("Z"), base

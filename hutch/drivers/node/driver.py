@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 
 import aiohttp
@@ -72,6 +73,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._refresher: asyncio.Task[None] | None = None
         self._tunnels = PortTunnels(self._tunnel)
         self._caps: dict[str, dict[str, bool]] = {}  # node -> its capability flags
+        self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
+        self._building: Counter[str] = Counter()  # runtimes this driver is having built
         # Until the agents answer: nothing promised.
         self.capabilities = Capabilities()
 
@@ -135,6 +138,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             await self._returned(name, agent)
         if int(s.get("ended_seq", 0)) > agent.ended_seq:
             await self._report_ends(name, agent)
+        if set(s["runtimes"]) != set(self._built.get(name, {})):
+            self._built[name] = await agent.json("GET", agent.path("runtimes"), timeout=5)
         self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
         return placement.NodeState(
             name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
@@ -310,8 +315,24 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                     raise from_wire(int(answer.get("status", 500)), answer["error"])
 
         usable = {n: a for n, a in self._agents.items() if not self._states.get(n, placement.NodeState(n)).unusable}
-        await asyncio.gather(*(on(n, a) for n, a in usable.items()))
+        self._building[name] += 1
+        try:
+            await asyncio.gather(*(on(n, a) for n, a in usable.items()))
+        finally:
+            self._building[name] -= 1
+            if not self._building[name]:
+                del self._building[name]
         await self._refresh()
+
+    def runtimes_building(self) -> set[str]:
+        return set(self._building)
+
+    def runtime_info(self, name: str) -> dict[str, object]:
+        """As the first node that has it built says (the nodes build from the same recipe)."""
+        for built in self._built.values():
+            if built.get(name):
+                return dict(built[name])
+        return {}
 
     # -- commands --------------------------------------------------------------
 
