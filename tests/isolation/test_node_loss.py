@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,15 @@ async def _listed(address: str) -> list[str]:
     async with aiohttp.ClientSession() as s, \
             s.get(f"http://{address}{path}", headers=wire.sign(NODE_SECRET.encode(), "GET", path)) as resp:
         return list((await resp.json())["sandboxes"])
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed init is reparented; whether it is reaped at once is
+    not ours to decide)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 async def _until(what: str, check, timeout: float) -> float:  # type: ignore[no-untyped-def]
@@ -94,3 +104,26 @@ async def test_a_lost_node_fails_its_sandboxes_and_ends_them_when_it_returns(bui
             await driver.destroy(left)
         await driver.close()
         await asyncio.to_thread(agents.stop)
+
+
+async def test_reap_ends_what_a_stopped_agent_left(built_runtimes: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A stopped agent leaves its sandboxes running (its next start adopts them); a cluster's
+    stop ends them with ``hutch node reap``."""
+    require_root()
+    agents = NodeAgents(tmp_path, ("r1",))
+    driver = await start_node(agents)
+    sid = new_id()
+    try:
+        await driver.provision(ProvisionRequest(sid, "base:latest"))
+        meta = json.loads((tmp_path / "r1" / "sandboxes" / sid / "meta.json").read_text())
+    finally:
+        await driver.close()
+        await asyncio.to_thread(agents.stop)
+    init = int(meta["init_pid"])
+    assert _running(init)  # still running after its agent stopped
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "hutch", "node", "reap", "--data-dir",
+                                                str(tmp_path / "r1"), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0 and out.decode().startswith("hutch node reap: ended 1 sandboxes"), out
+    assert not _running(init)
+    assert not (tmp_path / "r1" / "sandboxes" / sid).exists()
