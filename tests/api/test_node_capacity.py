@@ -47,3 +47,12 @@ async def test_the_runtime_list_shows_what_the_nodes_built(api: Api) -> None:
     listed = {r["name"]: r for r in (await api.data("GET", "/sandbox/runtimes?limit=100"))["runtimes"]}
     base = listed["base:latest"]
     assert base["available"] is True and base["sizeBytes"] > 10 * 2**20 and base["builtAt"].endswith("Z"), base
+
+
+@pytest.mark.runs_on(*NODE)  # placement happens in the node driver only
+async def test_creates_in_a_row_are_spread(api: Api) -> None:
+    for _ in range(4):
+        await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201)
+    text = await (await api.client.get("/metrics", headers=AUTH)).text()
+    counts = sorted(float(v) for v in re.findall(r'^hutch_node_sandboxes\{node="n[12]"\} (\S+)$', text, re.M))
+    assert counts == [2.0, 2.0], text

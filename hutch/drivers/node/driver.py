@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 
 import aiohttp
+import attrs
 
 from hutch.core.driver_types import (
     Capabilities,
@@ -258,6 +259,11 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         finally:
             self._reserved.pop(req.sandbox_id, None)
         self._where[req.sandbox_id] = node
+        # Counted at once, not at the next read: creates in a row must see each other.
+        if (state := self._states.get(node)) is not None and state.unusable is None:
+            self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes + 1,
+                                              memory_committed=state.memory_committed + memory,
+                                              cpu_committed_millis=state.cpu_committed_millis + cpu)
 
     async def prepare(self, req: ProvisionRequest) -> None:
         await self.reserve(req)
