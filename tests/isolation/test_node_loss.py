@@ -78,7 +78,8 @@ async def test_a_lost_node_fails_its_sandboxes_and_ends_them_when_it_returns(bui
 
         # The agent killed: its sandboxes failed within 15 s, naming the node.
         sid = new_id()
-        await driver.provision(ProvisionRequest(sid, "base:latest"))
+        await driver.provision(ProvisionRequest(sid, "base:latest", port=8000))
+        tunnel = await driver.port_target(sid)
         running = asyncio.create_task(driver.exec(ExecRequest(new_id("ex"), sid, ["sleep", "60"]), Recorder()))
         await asyncio.sleep(0.5)
         agents.kill("lost1")
@@ -88,6 +89,8 @@ async def test_a_lost_node_fails_its_sandboxes_and_ends_them_when_it_returns(bui
         _, reason, failed = next(e for e in ended if e[0] == sid)
         assert failed and reason.startswith("node lost1 was lost: its agent has not answered for"), reason
         print(f"lost after {took:.1f} s")
+        with pytest.raises(ConnectionRefusedError):  # its port's listener went with it
+            await asyncio.open_connection(*tunnel)
         assert sid in await asyncio.to_thread(lambda: os.listdir(tmp_path / "lost1" / "sandboxes"))  # still there
 
         # It comes back (adopting what runs): the failed sandbox is ended there.

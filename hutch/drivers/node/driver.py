@@ -95,7 +95,6 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         now = time.monotonic()
         self._seen = {name: now for name in self._agents}  # a node down at start is lost after lost_after too
         await self._refresh()
-        self.capabilities = self._common_capabilities()
         self._refresher = asyncio.create_task(self._refresh_forever())
 
     async def close(self) -> None:
@@ -119,6 +118,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         names = list(self._agents)
         states = await asyncio.gather(*(self._read_node(n, self._agents[n]) for n in names))
         self._states = dict(zip(names, states, strict=True))
+        if self._caps:  # a node that answers later (down at start) counts too
+            self.capabilities = self._common_capabilities()
 
     async def _read_node(self, name: str, agent: AgentClient) -> placement.NodeState:
         """One agent's capacity; the sandbox ends it saw; and whether it is lost or back."""
@@ -159,6 +160,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         await agent.abort()  # what runs there (executions, terminals) ends now, failed, not hung
         for sid in gone:
             self._where.pop(sid, None)
+            await self._tunnels.drop(sid)
         reason = f"node {name} was lost: its agent has not answered for {self._lost_after:.0f} s"
         for sid in gone:
             await self.report_ended(sid, reason, failed=True)
@@ -182,6 +184,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             sid = str(end["sandbox"])
             if self._where.get(sid) == name:
                 self._where.pop(sid, None)
+                await self._tunnels.drop(sid)
                 await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
 
     async def _refresh_forever(self) -> None:
