@@ -130,3 +130,39 @@ async def test_reap_ends_what_a_stopped_agent_left(built_runtimes: Path, tmp_pat
     assert proc.returncode == 0 and out.decode().startswith("hutch node reap: ended 1 sandboxes"), out
     assert not _running(init)
     assert not (tmp_path / "r1" / "sandboxes" / sid).exists()
+
+
+async def test_a_silent_node_is_lost_too_and_ends_its_sandbox_when_it_answers(built_runtimes: Path,  # noqa: F811
+                                                                              tmp_path: Path) -> None:
+    """A host that stops answering (SIGSTOP: connections open, nothing comes back), as a
+    partition looks: every read times out, and the node is still lost within 15 s."""
+    require_root()
+    agents = NodeAgents(tmp_path, ("quiet",))
+    driver = await start_node(agents)
+    ended: list[tuple[str, str, bool]] = []
+
+    async def listener(sid: str, reason: str, failed: bool) -> None:
+        ended.append((sid, reason, failed))
+
+    driver.set_listener(listener)
+    pid = agents.procs["quiet"].pid
+    try:
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sid, "base:latest"))
+        os.kill(pid, signal.SIGSTOP)
+        took = await _until("the silent node's sandbox failed", lambda: any(e[0] == sid for e in ended), 15)
+        print(f"lost after {took:.1f} s")
+        assert ended == [(sid, "node quiet was lost: its agent has not answered for 8 s", True)]
+        os.kill(pid, signal.SIGCONT)
+        for _ in range(100):
+            if sid not in await _listed(agents.addresses["quiet"]):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the node that answered again still runs the sandbox failed meanwhile")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        for left in await driver.alive():
+            await driver.destroy(left)
+        await driver.close()
+        await asyncio.to_thread(agents.stop)

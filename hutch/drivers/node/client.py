@@ -58,9 +58,10 @@ class AgentClient:
     def _unreachable(self, err: Exception) -> DriverFailure:
         return DriverFailure(f"node agent {self.name} at {self.address} did not answer: {err}")
 
-    async def hello(self) -> str:
+    async def hello(self, *, timeout: float = 5) -> str:
         nonce = secrets.token_hex(16)
-        answer = await self.json("GET", self.path("hello", nonce=nonce))
+        # Bounded: a hello to a host that went away must not hold up the reads of the others.
+        answer = await self.json("GET", self.path("hello", nonce=nonce), timeout=timeout)
         name, instance = wire.check_hello(self._secret, nonce, answer)
         if name != self.name:
             raise DriverFailure(f"the agent at {self.address} calls itself {name!r}, the directory {self.name!r}")

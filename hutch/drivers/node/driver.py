@@ -50,10 +50,11 @@ log = logging.getLogger(__name__)
 
 REFRESH = 1.0  # seconds between capacity reads of every agent
 RESERVATION = 30.0  # seconds a placement holds room for its provision
-INLINE_STDIN = 64 << 10
+INLINE_STDIN = 64 << 10  # stdin up to this travels in the exec request; more is streamed
+READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, ends, runtimes)
 # An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
-# + the 5 s a read may take, under the 15 s the issue allows).
-LOST_AFTER = 8.0  # stdin up to this travels in the exec request; more is streamed
+# + 1 s, under the 15 s the issue allows).
+LOST_AFTER = 8.0
 
 
 class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
@@ -123,11 +124,15 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
 
     async def _read_node(self, name: str, agent: AgentClient) -> placement.NodeState:
         """One agent's capacity; the sandbox ends it saw; and whether it is lost or back."""
+        # A read gives up when its node would be lost anyway: a silent host is declared lost
+        # LOST_AFTER after its last answer, not a whole READ_TIMEOUT later.
+        silent = time.monotonic() - self._seen.get(name, time.monotonic())
+        timeout = min(READ_TIMEOUT, max(1.0, self._lost_after - silent + 0.1))
         try:
             if agent.instance is None:
-                await agent.hello()
+                await agent.hello(timeout=timeout)
                 agent.ended_seq = 0  # a new process counts its ends from 1
-            s = await agent.json("GET", agent.path("node"), timeout=5)
+            s = await agent.json("GET", agent.path("node"), timeout=timeout)
         except HutchError as err:
             await self._missed(name, agent)
             return placement.NodeState(name=name, unusable=f"did not answer ({err.message})")
@@ -141,7 +146,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         if int(s.get("ended_seq", 0)) > agent.ended_seq:
             await self._report_ends(name, agent)
         if set(s["runtimes"]) != set(self._built.get(name, {})):
-            self._built[name] = await agent.json("GET", agent.path("runtimes"), timeout=5)
+            self._built[name] = await agent.json("GET", agent.path("runtimes"), timeout=READ_TIMEOUT)
         self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
         return placement.NodeState(
             name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
@@ -172,13 +177,13 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         log.warning("node %s answers again; ending the %d sandboxes failed while it was lost", name, len(lost))
         for sid in lost:
             try:
-                await agent.json("DELETE", agent.path("sandboxes", sid))
+                await agent.json("DELETE", agent.path("sandboxes", sid), timeout=30)
             except HutchError as err:
                 log.warning("node %s: ending lost sandbox %s: %s", name, sid, err.message)
 
     async def _report_ends(self, name: str, agent: AgentClient) -> None:
         """Sandboxes whose init ended on the node without a destroy (killed on the host)."""
-        answer = await agent.json("GET", agent.path("ended", after=agent.ended_seq), timeout=5)
+        answer = await agent.json("GET", agent.path("ended", after=agent.ended_seq), timeout=READ_TIMEOUT)
         for end in answer["ended"]:
             agent.ended_seq = max(agent.ended_seq, int(end["seq"]))
             sid = str(end["sandbox"])
