@@ -44,9 +44,11 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(err)
     except (ValueError, KeyError, TypeError) as err:  # a body that is not what the route takes
         return error_response(InvalidInput(f"bad request to the node agent: {err}"))
-    except Exception as err:  # the driver's own fault: said as a DriverFailure, logged whole
+    except Exception as err:  # the driver's own fault: logged whole here, named only by kind there
+        # (its text can carry host paths and names, and the API may show it to a tenant)
         log.exception("node agent: %s %s failed", request.method, request.path)
-        return error_response(DriverFailure(f"node agent {request.app[SETTINGS].name}: {type(err).__name__}: {err}"))
+        return error_response(DriverFailure(f"node agent {request.app[SETTINGS].name} failed ({type(err).__name__}); "
+                                            "its log has the details"))
 
 
 STREAMED = "streamed:"  # the name prefix of the routes whose body is streamed (not hashed)
