@@ -59,3 +59,51 @@ async def test_a_full_node_refuses_what_a_stale_placement_sends_it(built_runtime
         await a.close()
         await b.close()
         await asyncio.to_thread(agents.stop)
+
+
+class _Directory:
+    """A directory whose nodes change, as Nomad's catalog does when nodes join or drain."""
+
+    def __init__(self, placeable: dict[str, str], reachable: dict[str, str]) -> None:
+        self.placeable, self.reach = placeable, reachable
+
+    async def agents(self) -> dict[str, str]:
+        return dict(self.placeable)
+
+    async def reachable(self) -> dict[str, str]:
+        return dict(self.reach)
+
+
+async def test_a_node_that_joins_is_placed_on_and_a_drained_one_is_not(built_runtimes: Path,  # noqa: F811
+                                                                         tmp_path: Path) -> None:
+    require_root()
+    from tests.drivers_support import NODE_SECRET
+
+    agents = NodeAgents(tmp_path, ("j1", "j2"))
+    directory = _Directory({"j1": agents.addresses["j1"]}, {"j1": agents.addresses["j1"]})
+    driver = NodeDriver(directory, NODE_SECRET.encode())
+    await driver.start()
+    try:
+        first = new_id()
+        await driver.provision(ProvisionRequest(first, "base:latest"))
+        assert driver.handle(first) == {"node": "j1"}
+        # j2 joins and j1 drains (its agent still serves what it runs).
+        directory.placeable = {"j2": agents.addresses["j2"]}
+        directory.reach = {"j1": agents.addresses["j1"], "j2": agents.addresses["j2"]}
+        for _ in range(50):
+            if "j2" in driver._states and driver._states["j1"].unusable:
+                break
+            await asyncio.sleep(0.1)
+        second = new_id()
+        await driver.provision(ProvisionRequest(second, "base:latest"))
+        assert driver.handle(second) == {"node": "j2"}
+        assert await driver.alive() == {first, second}  # the drained node is still asked
+        directory.placeable = {}
+        await asyncio.sleep(1.5)
+        with pytest.raises(NoCapacity, match="j1 is not offered for placement"):
+            await driver.provision(ProvisionRequest(new_id(), "base:latest"))
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()
+        await asyncio.to_thread(agents.stop)

@@ -75,6 +75,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._refresher: asyncio.Task[None] | None = None
         self._tunnels = PortTunnels(self._tunnel)
         self._caps: dict[str, dict[str, bool]] = {}  # node -> its capability flags
+        self._placeable: set[str] = set()  # nodes the directory offers for new sandboxes
         self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
         self._building: Counter[str] = Counter()  # runtimes this driver is having built
         # Until the agents answer: nothing promised.
@@ -83,7 +84,9 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
     # -- agents ----------------------------------------------------------------
 
     async def start(self) -> None:
-        agents = await self._directory.agents()
+        if (start := getattr(self._directory, "start", None)) is not None:
+            await start()  # Nomad's catalog follows its blocking queries from here
+        agents = await self._directory_view()
         self._agents = {name: AgentClient(name, address, self._secret) for name, address in agents.items()}
         results = await asyncio.gather(*(a.hello() for a in self._agents.values()), return_exceptions=True)
         failed = {name: r for name, r in zip(self._agents, results, strict=True) if isinstance(r, BaseException)}
@@ -99,6 +102,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._refresher = asyncio.create_task(self._refresh_forever())
 
     async def close(self) -> None:
+        if (close := getattr(self._directory, "close", None)) is not None:
+            await close()
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -115,10 +120,37 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         fields = {f: all(c.get(f, False) for c in seen) for f in seen[0]}
         return converter.structure(fields, Capabilities)
 
+    async def _directory_view(self) -> dict[str, str]:
+        """Every agent worth calling: the placeable ones (``agents()``), and where the directory
+        tells them apart (Nomad's catalog: ``reachable()``) those of drained or ineligible nodes,
+        which still serve the sandboxes they run."""
+        self._placeable = set(placeable := await self._directory.agents())
+        reachable = getattr(self._directory, "reachable", None)
+        return {**placeable, **(await reachable())} if reachable is not None else placeable
+
+    async def _follow_directory(self) -> None:
+        """A node that joins is placed on at the next read; one whose address changed is
+        called at its new one (and proves itself again)."""
+        try:
+            view = await self._directory_view()
+        except HutchError as err:  # the last view stands; reads go on
+            log.warning("the node directory did not answer: %s", err.message)
+            return
+        for name, address in view.items():
+            if name not in self._agents or self._agents[name].address != address:
+                old = self._agents.get(name)
+                self._agents[name] = AgentClient(name, address, self._secret)
+                self._seen.setdefault(name, time.monotonic())
+                if old is not None:
+                    await old.close()
+
     async def _refresh(self) -> None:
+        await self._follow_directory()
         names = list(self._agents)
         states = await asyncio.gather(*(self._read_node(n, self._agents[n]) for n in names))
-        self._states = dict(zip(names, states, strict=True))
+        self._states = {n: state if n in self._placeable or state.unusable
+                        else attrs.evolve(state, unusable="is not offered for placement (drained, ineligible or down)")
+                        for n, state in zip(names, states, strict=True)}
         if self._caps:  # a node that answers later (down at start) counts too
             self.capabilities = self._common_capabilities()
 
