@@ -10,10 +10,9 @@
 #                          # HUTCH_NOMAD_OPERATOR_TOKEN too: a management token, for Terraform)
 #   cluster.sh stop        # leaves nothing: processes, shims, mounts, namespaces, links, iptables
 #   cluster.sh status | restart
-#   cluster.sh kill N      # node loss: kill -9 client N's Nomad agent, its containerd and node agent
-#   cluster.sh revive N    # start client N's containerd, Nomad agent and node agent again
+#   cluster.sh kill N      # node loss: kill -9 client N's Nomad agent and its containerd
+#   cluster.sh revive N    # start client N's containerd and Nomad agent again
 #   cluster.sh link N down|up   # node loss by network: client N's cable out / back in
-#   cluster.sh agents-up|agents-down   # only the node agents (started and stopped with the rest)
 #
 # Placement is Nomad's "spread" algorithm (set in the server's scheduler configuration):
 # sandboxes are bursty and interactive, so spreading them keeps neighbours apart and makes
@@ -28,12 +27,6 @@
 # The sandboxes' network: Nomad's CNI bridge inside each client's namespace, NATed there and
 # again by this host for 10.77.0.0/24. The plugin's denied_cidrs keep every sandbox off the
 # cluster network (the Nomad server, the registry) and off this host's own addresses.
-#
-# Node agents (docs/node.md): each client also runs `hutch node serve` in its namespace, on
-# $(client_ip N):7700, one shared secret in $ROOT/node.secret; HUTCH_DRIVER=node with the
-# printed HUTCH_NODE_AGENTS places sandboxes on them instead of Nomad. An agent runs in a mount
-# namespace of its own whose /sys is the client's (a veth's sysfs entry shows only in a sysfs
-# mounted in its network namespace), with the host's cgroup hierarchies moved back in.
 #
 # Hardened as production is (the same template): ACLs on (bootstrapped by acl_setup of nomad.sh,
 # with its secret in $ROOT/acl), raw_exec off.
@@ -275,56 +268,6 @@ registry_up() {
   start_registry  # nomad.sh's, with this STATE and REGISTRY
 }
 
-# ---------------------------------------------------------------------------- node agents
-
-AGENT_PORT=${HUTCH_NODE_PORT:-7700}
-REPO="$(cd "$here/../.." && pwd)"
-
-node_secret() {
-  [[ -s "$ROOT/node.secret" ]] || (umask 077; mkdir -p "$ROOT"; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ROOT/node.secret")
-  echo "$ROOT/node.secret"
-}
-
-agents_list() { local i; for i in $(seq "$CLIENTS"); do printf '%s%s=%s:%s' "$([[ $i -gt 1 ]] && echo ,)" "$(netns "$i")" "$(client_ip "$i")" "$AGENT_PORT"; done; }
-
-agent_up() {
-  local i=$1 dir="$ROOT/c$1"
-  STATE="$dir"
-  pid_of hutch-node >/dev/null && return 0
-  mkdir -p "$dir/hutch-node"
-  # The pid is the agent's: nsenter, unshare and sh each exec the next.
-  HUTCH_NODE_SECRET_FILE="$(node_secret)" PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" \
-    nsenter "$(ns_path "$i")" unshare --mount --propagation slave sh -c '
-      mkdir -p /run/hutch-node-cg && mount --rbind /sys/fs/cgroup /run/hutch-node-cg &&
-      mount -t sysfs sysfs /sys && mount --move /run/hutch-node-cg /sys/fs/cgroup &&
-      exec "$0" -m hutch node serve --name "$1" --listen "$2" --data-dir "$3"' \
-      "${HUTCH_PYTHON:-python3}" "$(netns "$i")" "$(client_ip "$i"):$AGENT_PORT" "$dir/hutch-node" \
-      >>"$dir/hutch-node.log" 2>&1 </dev/null &
-  echo $! >"$dir/hutch-node.pid"
-  local deadline=$((SECONDS + 60))
-  until curl -fsS -m 1 "http://$(client_ip "$i"):$AGENT_PORT/healthz" >/dev/null 2>&1; do
-    pid_of hutch-node >/dev/null || { tail -n 20 "$dir/hutch-node.log" >&2; die "node agent of client $i stopped"; }
-    ((SECONDS < deadline)) || { tail -n 20 "$dir/hutch-node.log" >&2; die "node agent of client $i did not answer"; }
-    sleep 0.2
-  done
-}
-
-# Stopped, then its sandboxes ended (a stopped agent leaves them running for its next start).
-agent_down() {
-  local i=$1 dir="$ROOT/c$1"
-  STATE="$dir"
-  stop_pid hutch-node
-  [[ -d "$dir/hutch-node/sandboxes" ]] || return 0
-  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" nsenter "$(ns_path "$i")" unshare --mount --propagation slave sh -c '
-      mkdir -p /run/hutch-node-cg && mount --rbind /sys/fs/cgroup /run/hutch-node-cg &&
-      mount -t sysfs sysfs /sys && mount --move /run/hutch-node-cg /sys/fs/cgroup &&
-      exec "$0" -m hutch node reap --data-dir "$1"' "${HUTCH_PYTHON:-python3}" "$dir/hutch-node" >&2 \
-    || say "client $i: ending the node agent's sandboxes failed"
-}
-
-agents_up() { local i; for i in $(seq "$CLIENTS"); do agent_up "$i"; done; }
-agents_down() { local i; for i in $(seq "$CLIENTS"); do agent_down "$i"; done; rmdir /run/hutch-node-cg 2>/dev/null || true; }
-
 # ---------------------------------------------------------------------------- actions
 
 print_settings() {
@@ -333,8 +276,6 @@ print_settings() {
   echo "HUTCH_NOMAD_REGISTRY=$REGISTRY"
   echo "HUTCH_NOMAD_TOKEN=$(cat "$ROOT/acl/hutch.token")"
   echo "HUTCH_NOMAD_OPERATOR_TOKEN=$(management_secret "$ROOT/acl")"
-  echo "HUTCH_NODE_AGENTS=$(agents_list)"
-  echo "HUTCH_NODE_SECRET_FILE=$(node_secret)"
 }
 
 wait_clients() {  # count timeout
@@ -366,7 +307,6 @@ start() {
   acl_setup "$SERVER_ADDR" "$ROOT/acl"
   for i in $(seq "$CLIENTS"); do client_up "$i"; done
   wait_clients "$CLIENTS" 90
-  agents_up
   say "cluster ready in $((SECONDS - started))s: server $HOST_IP:$SERVER_PORT, $CLIENTS clients ($(for i in $(seq "$CLIENTS"); do printf '%s ' "$(client_ip "$i")"; done)), registry $REGISTRY"
   print_settings
 }
@@ -374,7 +314,6 @@ start() {
 stop() {
   local i allocs
   allocs=$(server_api /v1/allocations 2>/dev/null | python3 -c 'import json, sys; print(" ".join(a["ID"] for a in json.load(sys.stdin)))' 2>/dev/null || true)
-  agents_down
   for i in $(seq "$CLIENTS"); do client_down "$i"; done
   # shellcheck disable=SC2086
   remove_alloc_netns $allocs
@@ -401,8 +340,6 @@ status() {
   for i in $(seq "$CLIENTS"); do
     STATE="$ROOT/c$i"
     pid_of nomad >/dev/null && say "client $i running" || { say "client $i not running"; rc=3; }
-    # Said, not counted: a cluster started before the agents existed is still a cluster.
-    pid_of hutch-node >/dev/null && say "node agent $i running" || say "node agent $i not running"
   done
   ((rc == 0)) && (($(ready_clients) == CLIENTS)) && print_settings || return 3
 }
@@ -419,14 +356,12 @@ case "${1:-}" in
   kill)
     node_arg "${2:-}"
     STATE="$ROOT/c$2"
-    for svc in nomad containerd hutch-node; do pid=$(pid_of $svc) && kill -KILL "$pid"; rm -f "$STATE/$svc.pid"; done
-    say "client $2: Nomad agent, containerd and node agent killed (-9); its shims and sandboxes run on" ;;
-  revive) node_arg "${2:-}"; client_net_up "$2"; client_up "$2"; agent_up "$2" ;;
-  agents-up) agents_up; echo "HUTCH_NODE_AGENTS=$(agents_list)"; echo "HUTCH_NODE_SECRET_FILE=$(node_secret)" ;;
-  agents-down) agents_down ;;
+    for svc in nomad containerd; do pid=$(pid_of $svc) && kill -KILL "$pid"; rm -f "$STATE/$svc.pid"; done
+    say "client $2: Nomad agent and containerd killed (-9); its shims and sandboxes run on" ;;
+  revive) node_arg "${2:-}"; client_net_up "$2"; client_up "$2" ;;
   link)
     node_arg "${2:-}"
     [[ "${3:-}" == up || "${3:-}" == down ]] || die "expected: link N up|down"
     ip link set "$(netns "$2")" "$3" ;;
-  *) echo "usage: $0 start|stop|restart|status|kill N|revive N|link N up|down|agents-up|agents-down" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|status|kill N|revive N|link N up|down" >&2; exit 2 ;;
 esac
