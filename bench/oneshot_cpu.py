@@ -47,6 +47,8 @@ def group_of(pid: int, cmdline: str, comm: str, server_pid: int, backends: froze
         return "hutch API server"
     if pid in backends:
         return "postgresql: this server's backends"
+    if " node serve " in cmdline:
+        return "hutch node agents"
     if "logmon" in cmdline:
         return "nomad logmon"
     if "nomad" in comm or cmdline.split(" ")[0].endswith("/nomad"):
@@ -202,7 +204,7 @@ def side_by_side(results: list[Result]) -> None:
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--driver", choices=("local", "nomad"), default="nomad")
+    ap.add_argument("--driver", choices=("local", "nomad", "node"), default="nomad")
     ap.add_argument("--profile", default="production",
                     help="embedded, production, or both comma-separated (measured in turn, printed side by side)")
     ap.add_argument("--concurrency", type=int, default=8)

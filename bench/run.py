@@ -178,6 +178,12 @@ async def bench_server(driver: str, profile: str, root: Path = ROOT) -> AsyncIte
     with tempfile.TemporaryDirectory() as tmp:
         settings = await profile_settings(profile)
         env = {k: v for k, v in settings.items() if k.startswith("HUTCH_")}
+        agents = None
+        if driver == "node":  # two agents on this host (docs/node.md), as the tests run them
+            from tests.drivers_support import NODE_SECRET, NodeAgents
+
+            agents = NodeAgents(Path(tmp) / "nodes")
+            env.update(HUTCH_NODE_AGENTS=agents.spec, HUTCH_NODE_SECRET=NODE_SECRET)
         server = Server(Path(tmp) / "data", driver=driver, root=root, HUTCH_LOG_LEVEL="WARNING", **env).start(timeout=300)
         try:
             yield server
@@ -185,7 +191,12 @@ async def bench_server(driver: str, profile: str, root: Path = ROOT) -> AsyncIte
             print(server.log.read_text()[-6000:], file=sys.stderr)
             raise
         finally:
+            if agents is not None:  # an agent that stops leaves its sandboxes running
+                with contextlib.suppress(Exception):
+                    server.destroy_every_sandbox()
             server.stop()
+            if agents is not None:
+                agents.stop()
             await drop_profile(settings)
 
 
@@ -195,7 +206,7 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--rounds", type=int, default=3, help="throughput rounds; the median is reported")
-    ap.add_argument("--driver", choices=("local", "nomad"), default="local",
+    ap.add_argument("--driver", choices=("local", "nomad", "node"), default="local",
                     help="nomad: the Nomad named by HUTCH_NOMAD_ADDR / HUTCH_NOMAD_REGISTRY (./scripts/services)")
     ap.add_argument("--profile", choices=("embedded", "production"), default="embedded",
                     help="production: a fresh Kafka topic and PostgreSQL database on the services of "

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 RUNTIME_CACHE = Path(os.environ.get("HUTCH_RUNTIME_CACHE", "/var/cache/hutch/runtimes"))
-DRIVERS = ("fake", "local", "nomad")
+DRIVERS = ("fake", "local", "nomad", "node")
 PROFILES = ("embedded", "production")
 
 
@@ -56,7 +56,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # contract suites on their in-process backends. What needs a real service or driver stays in the
 # full run: a test parametrized onto one (a param below) and the modules in NOT_QUICK.
 QUICK = ("tests/unit/", "tests/api/", "tests/sdk/", "tests/cli/", "tests/contracts/")
-SERVICE_PARAMS = {"local", "nomad", "production", "kafka", "postgres", "docker"}
+SERVICE_PARAMS = {"local", "nomad", "node", "production", "kafka", "postgres", "docker"}
 NOT_QUICK = (  # module paths or test ids (a prefix of the id), each for its reason
     "tests/api/test_openapi_fuzz.py",  # a live server fuzzed for minutes
     "tests/api/test_first_use_real.py",  # real runtime builds

@@ -8,12 +8,14 @@ Runtimes are built (once, then cached) in ``$HUTCH_RUNTIME_CACHE`` (default
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +141,116 @@ async def start_nomad(data_dir: Path, **kw: object) -> Driver:
 async def nomad_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
     data = request.getfixturevalue("tmp_path") / "nomad-data"
     driver = await start_nomad(data)
+    try:
+        yield driver
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()
+
+
+# -- the node driver: two `hutch node serve` agents on this host ---------------------------
+
+NODE_SECRET = "node-secret-for-the-tests-0123456789abcdef"
+
+
+class NodeAgents:
+    """Agent processes, each with its own data dir, listening on loopback."""
+
+    def __init__(self, root: Path, names: tuple[str, ...] = ("n1", "n2"), *, listen: str = "127.0.0.1",
+                 secret: str = NODE_SECRET, env: dict[str, str] | None = None) -> None:
+        import socket
+        import subprocess
+
+        self.root = root
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.addresses: dict[str, str] = {}
+        self._argv: dict[str, list[str]] = {}
+        self._env = {**os.environ, "HUTCH_NODE_SECRET": secret, "HUTCH_RUNTIME_CACHE": str(RUNTIME_CACHE), **(env or {})}
+        for name in names:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            self._argv[name] = [sys.executable, "-m", "hutch", "node", "serve", "--name", name,
+                                "--listen", f"{listen}:{port}", "--data-dir", str(root / name)]
+            self.addresses[name] = f"127.0.0.1:{port}"
+            self._spawn(name)
+        for name in names:
+            self._wait(name)
+
+    def _spawn(self, name: str) -> None:
+        import subprocess
+
+        self.procs[name] = subprocess.Popen(self._argv[name], env=self._env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True)
+
+    def _wait(self, name: str) -> None:
+        proc = self.procs[name]
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the agent says when it listens, or why it stopped
+        if "listening" not in line:
+            self.stop()
+            pytest.fail(f"node agent {name} did not start: {line}{proc.stdout.read()}", pytrace=False)
+        import threading
+
+        # Its log goes on being read (to stderr): a full pipe would stop the agent.
+        threading.Thread(target=self._relay, args=(name, proc.stdout), daemon=True).start()
+
+    @staticmethod
+    def _relay(name: str, stream: Any) -> None:
+        with contextlib.suppress(ValueError, OSError), stream:  # until the agent exits
+            for line in stream:
+                print(f"[agent {name}] {line}", end="", file=sys.stderr)
+
+    def kill(self, name: str) -> None:
+        """kill -9: the agent dies, its sandboxes run on (as after a crash)."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
+
+    def restart(self, name: str) -> None:
+        """The same agent again: its address, its data dir (it adopts what still runs)."""
+        self._spawn(name)
+        self._wait(name)
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{n}={a}" for n, a in self.addresses.items())
+
+    def stop(self) -> None:
+        import signal as signals
+
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signals.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except Exception:
+                proc.kill()
+                proc.wait()
+
+
+async def start_node(agents: NodeAgents, **kw: Any) -> Driver:
+    from hutch.drivers.node.directory import StaticDirectory
+    from hutch.drivers.node.driver import NodeDriver
+
+    driver = NodeDriver(StaticDirectory(agents.spec), NODE_SECRET.encode(), **kw)
+    await driver.start()
+    return driver
+
+
+@pytest.fixture(scope="module")
+def node_agents(built_runtimes: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Two agents shared by a module: what each test leaves, its own fixture destroys."""
+    require_root()
+    agents = NodeAgents(tmp_path_factory.mktemp("hutch-nodes"))
+    yield agents
+    agents.stop()
+
+
+async def node_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+    driver = await start_node(request.getfixturevalue("node_agents"))
     try:
         yield driver
     finally:

@@ -27,6 +27,7 @@ from hutch.cli import (
     _files_jobs,  # fs (files, file), env, job
     _history,  # history
     _mcp,  # mcp (the MCP server; its SDK imported only when it runs)
+    _nodes,  # node serve
     _ops,  # hutch projector | projections rebuild | audit
     _sandbox,  # run; sandbox run, create, list, get, delete, exec, …; runtime
     _snapshots,  # snapshot (snap)
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(top)
     _mcp.add_parsers(top)
     _ops.add_parsers(top)
+    _nodes.add_parsers(top)
     return parser
 
 
@@ -117,7 +119,7 @@ def _serve_parser(top: Any) -> None:
         "--event-log", metavar="URL", help="sqlite | sqlite:///path | kafka://... (HUTCH_EVENT_LOG)"
     )
     serve.add_argument("--store", metavar="URL", help="memory | postgresql://... (HUTCH_STORE)")
-    serve.add_argument("--driver", choices=("local", "nomad", "fake"), help="the execution driver (HUTCH_DRIVER)")
+    serve.add_argument("--driver", choices=("local", "nomad", "node", "fake"), help="the execution driver (HUTCH_DRIVER)")
     serve.add_argument("--prebuild", nargs="+", metavar="RUNTIME",
                        help="build these catalog runtimes (or 'all') in the background at start, instead of at "
                             "their first use (HUTCH_PREBUILD, comma-separated)")

@@ -115,7 +115,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         "--data-dir", help="in-process only: the engine's data dir (default: HUTCH_DATA_DIR)"
     )
     p.add_argument(
-        "--driver", choices=("local", "nomad", "fake"),
+        "--driver", choices=("local", "nomad", "node", "fake"),
         help="in-process only: execution driver (default: HUTCH_DRIVER or local)",
     )
     _json_flag(p)

@@ -244,12 +244,52 @@ class ReplicaUnavailable(ServiceUnavailable):
     code = "REPLICA_UNAVAILABLE"
 
 
+class NoCapacity(ServiceUnavailable):
+    """No node can take the sandbox asked for (the node driver's placement): worth a retry
+    once sandboxes end."""
+
+    code = "NO_CAPACITY"
+
+
+class NodeFull(ServiceUnavailable):
+    """A node agent's own admission refused a sandbox (another API replica took the room
+    first); the node driver places it elsewhere."""
+
+    code = "NODE_FULL"
+
+
 class ConnectionFailed(HutchError):
     """No HTTP response: the server is down, the URL is wrong, or the connection broke."""
 
     status = None
     code = "CONNECTION_FAILED"
     retriable = True
+
+
+# ---------------------------------------------------------------- from a node agent's answer
+
+
+def _subclasses(cls: type[HutchError]) -> list[type[HutchError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_subclasses(sub))
+    return out
+
+
+def from_wire(status: int, body: Any) -> HutchError:
+    """The error a node agent raised (status + ``to_wire()`` body), as the very class it was:
+    unlike the SDK's mapping (``error_from_response``) a DRIVER_ERROR stays a DriverFailure,
+    so the service treats an agent's refusal as it treats the local driver's."""
+    by_code = {c.code: c for c in reversed(_subclasses(HutchError)) if "code" in c.__dict__}
+    message = body.get("message") if isinstance(body, dict) else None
+    code = body.get("code") if isinstance(body, dict) else None
+    field = body.get("field") if isinstance(body, dict) else None
+    cls = by_code.get(code) if isinstance(code, str) else None
+    if cls is None:
+        return DriverFailure(f"the node agent answered HTTP {status}: {message or body!r}")
+    err = cls(message if isinstance(message, str) else f"the node agent answered HTTP {status}",
+              field=field if isinstance(field, str) else None)
+    return err
 
 
 # ---------------------------------------------------------------- from a server's answer

@@ -58,6 +58,11 @@ class SandboxLifecycle(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release them. Sandboxes keep running unless the driver cannot keep them."""
 
+    async def reserve(self, req: ProvisionRequest) -> None:  # noqa: B027 - optional hook
+        """Choose where ``req`` will run and hold room there, before the engine records the
+        sandbox; raise (NoCapacity) when no machine can take it, so nothing is recorded. A
+        driver with one machine has nothing to choose."""
+
     @abc.abstractmethod
     async def provision(self, req: ProvisionRequest) -> None:
         """Create the sandbox and return once commands can run in it.

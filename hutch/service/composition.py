@@ -120,7 +120,33 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
                            runtime_cache=config.runtimes_dir, blobs=blobs, exec_mode=config.nomad_exec,
                            max_checkpoint_bytes=parse_bytes("HUTCH_MAX_CHECKPOINT_BYTES", config.max_checkpoint_bytes),
                            layer_max_bytes=parse_bytes("HUTCH_LAYER_CACHE_MAX", config.layer_cache_max))
-    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad or fake", field="driver")
+    if config.driver == "node":
+        return _node_driver(config)
+    raise InvalidInput(f"driver: unknown driver {config.driver!r}; expected local, nomad, node or fake", field="driver")
+
+
+def _node_driver(config: Config) -> Driver:
+    from hutch.drivers.node.directory import StaticDirectory
+    from hutch.drivers.node.driver import NodeDriver
+
+    if not config.node_agents:
+        raise InvalidInput("HUTCH_NODE_AGENTS: the node driver needs its agents (name=host:port,…)",
+                           field="HUTCH_NODE_AGENTS")
+    if config.node_secret_file is not None:
+        try:
+            secret = config.node_secret_file.read_bytes().strip()
+        except OSError as err:
+            raise InvalidInput(f"HUTCH_NODE_SECRET_FILE: cannot read {config.node_secret_file}: {err.strerror}",
+                               field="HUTCH_NODE_SECRET_FILE") from None
+        where = "HUTCH_NODE_SECRET_FILE"
+    elif config.node_secret:
+        secret, where = config.node_secret.encode(), "HUTCH_NODE_SECRET"
+    else:
+        raise InvalidInput("HUTCH_NODE_SECRET_FILE (or HUTCH_NODE_SECRET): the node driver needs the cluster's "
+                           "node secret", field="HUTCH_NODE_SECRET_FILE")
+    if len(secret) < 32:
+        raise InvalidInput(f"{where}: the node secret must be at least 32 bytes", field=where)
+    return NodeDriver(StaticDirectory(config.node_agents), secret)
 
 
 def open_replicas(config: Config) -> Replicas:

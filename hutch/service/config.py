@@ -143,6 +143,19 @@ def _check_secret(setting: str, value: str | None) -> None:
         raise InvalidInput(f"{setting}: expected a secret without spaces", field=setting)
 
 
+def _check_node_agents(setting: str, value: str | None) -> None:
+    if value is not None:
+        from hutch.drivers.node.directory import parse_agents  # an InvalidInput naming the entry
+
+        parse_agents(value, setting)
+
+
+def _check_node_secret(setting: str, value: str | None) -> None:
+    _check_secret(setting, value)
+    if value and len(value.encode()) < 32:
+        raise InvalidInput(f"{setting}: the node secret must be at least 32 bytes", field=setting)
+
+
 def _check_log_level(setting: str, value: str) -> None:
     if value not in logging.getLevelNamesMapping():
         raise _refuse(setting, "DEBUG, INFO, WARNING, ERROR or CRITICAL", value)
@@ -230,7 +243,7 @@ class Config:
     # "inprocess" (default): this server applies the log to the store. "external": a separate
     # `hutch projector` does (PostgreSQL only); this server waits for it (read-your-writes).
     projector: str = _setting("HUTCH_PROJECTOR", "inprocess", check=_one_of("inprocess", "external"))
-    driver: str = _setting("HUTCH_DRIVER", "local", check=_one_of("local", "nomad", "fake"))
+    driver: str = _setting("HUTCH_DRIVER", "local", check=_one_of("local", "nomad", "node", "fake"))
     # None: read or generate <data_dir>/api-key
     api_key: str | None = _setting("HUTCH_API_KEY", None, check=_check_secret)
     # base for absolute stream URLs; default http://host:port
@@ -255,6 +268,11 @@ class Config:
     # How commands run: "agent" (a per-sandbox exec agent forks them, drivers/nomad/agents.py)
     # or "alloc" (each its own Nomad alloc exec: a runc exec, ~45 ms more).
     nomad_exec: str = _setting("HUTCH_NOMAD_EXEC", "agent", check=_check_exec_mode)
+    # The node driver (docs/node.md): the agents, name=host:port,… and the cluster's shared
+    # secret (>= 32 bytes; the file wins), both required with HUTCH_DRIVER=node.
+    node_agents: str | None = _setting("HUTCH_NODE_AGENTS", None, check=_check_node_agents)
+    node_secret: str | None = _setting("HUTCH_NODE_SECRET", None, check=_check_node_secret)
+    node_secret_file: Path | None = _setting("HUTCH_NODE_SECRET_FILE", None, convert=_to_path)  # noqa: RUF009
     # Catalog runtimes to build at start ("all", or names, comma-separated); any other
     # runtime is built at its first use.
     prebuild: str = _setting("HUTCH_PREBUILD", "", check=_check_prebuild)

@@ -79,6 +79,9 @@ class Provisioning:
         build = spec.runtime not in self._runtimes.runtimes_available()
         self._check_capabilities(spec)
         sandbox_id = ids.new_id("sandbox")
+        # Where it will run, before anything is recorded: a cluster with no room answers 503
+        # and leaves no failed sandbox behind (the node driver; a no-op elsewhere).
+        await self._lifecycle.reserve(ProvisionRequest.for_spec(sandbox_id, spec))
         if (spec.dependencies or spec.packages) and not build:
             # Installing is where a bad package name shows: before the sandbox is recorded.
             await self._runtimes.prepare(ProvisionRequest.for_spec(sandbox_id, spec))

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient
 from hutch.api.app import create_app
 from hutch.api.keys import ENGINE
 from hutch.service.config import Config
+from tests.drivers_support import NODE_SECRET, built_runtimes, node_agents  # noqa: F401  (fixtures)
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
 KEY = "test-key"
@@ -59,6 +60,9 @@ STORE = ("fake-embedded", "fake-production")  # the service over the log and the
 # each real driver once and each profile once. The local driver keeps nothing in the store; the
 # nomad driver keeps checkpoints in the blob store, which the production profile puts in PostgreSQL.
 REAL = ("local-embedded", "nomad-production")
+# The node driver (two agents on this host, shared per module): what its wire carries that the
+# contract suite does not (terminals, ports, stdin streams, archives through the API).
+NODE = ("node-embedded",)
 
 
 # The test servers made on each production profile's database (by its URL): ``profile`` checks
@@ -93,9 +97,13 @@ async def profile(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str
 
 
 @pytest.fixture
-async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: dict[str, str]) -> AsyncIterator[AppFactory]:  # type: ignore[no-untyped-def]
+async def make_api(aiohttp_client, data_dir: Path, driver_name: str, profile: dict[str, str],  # type: ignore[no-untyped-def]
+                   request: pytest.FixtureRequest) -> AsyncIterator[AppFactory]:
     apps: list[web.Application] = []
     clients: list[TestClient] = []
+    if driver_name == "node":
+        agents = request.getfixturevalue("node_agents")
+        profile = {**profile, "node_agents": agents.spec, "node_secret": NODE_SECRET}
 
     async def factory(**overrides: Any) -> Api:
         # Warm pools are off in the API tests (their idle allocations would crowd the one dev

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from tests.api.conftest import AUTH, REAL, STORE, WIRE, Api
+from tests.api.conftest import AUTH, NODE, REAL, STORE, WIRE, Api
 
 
 def b64(data: bytes) -> str:
@@ -114,7 +114,7 @@ def make_tar(entries: list[tuple[str, bytes | None, dict]], gz: bool = True) -> 
     return buf.getvalue()
 
 
-@pytest.mark.runs_on(*WIRE, *REAL)  # archives over real file systems (links, modes)
+@pytest.mark.runs_on(*WIRE, *REAL, *NODE)  # archives over real file systems (links, modes); node: tar streams
 async def test_upload_and_download_archives_round_trip(api: Api) -> None:
     sid = await new_sandbox(api)
     archive = make_tar([("proj/", None, {"type": tarfile.DIRTYPE}), ("proj/a.txt", b"alpha", {}),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import AUTH, REAL, WIRE, Api
+from tests.api.conftest import AUTH, NODE, REAL, WIRE, Api
 
 
 async def run(api: Api, sid: str, *argv: str) -> tuple[int, bytes]:
@@ -15,7 +15,7 @@ async def run(api: Api, sid: str, *argv: str) -> tuple[int, bytes]:
     return done["exitCode"], await api.stream(ex["stdoutStreamUrl"])
 
 
-@pytest.mark.runs_on(*REAL)  # the real drivers' install layers
+@pytest.mark.runs_on(*REAL, *NODE)  # the real drivers' install layers (node: prepared on the node it lands on)
 async def test_dependencies_and_packages_are_installed_and_shared(api: Api) -> None:
     body = {"runtime": "base:latest", "dependencies": ["jq"], "packages": ["json@11.0.0"]}
     first = (await api.call("POST", "/sandbox", json=body, expect=201))["data"]["sandboxId"]
@@ -44,7 +44,7 @@ async def test_dependencies_and_packages_are_installed_and_shared(api: Api) -> N
     assert (await run(api, child, "jq", "--version"))[0] == 0
 
 
-@pytest.mark.runs_on(*REAL)  # the real drivers look the names up
+@pytest.mark.runs_on(*REAL, *NODE)  # the real drivers look the names up (node: on the reserved node, nothing recorded)
 async def test_a_package_that_does_not_exist_creates_nothing(api: Api) -> None:
     before = (await api.data("GET", "/sandbox"))["total"]
     err = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "dependencies": ["no-such-pkg-hutch"]},

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.api.conftest import AUTH, REAL, WIRE, Api
+from tests.api.conftest import AUTH, NODE, REAL, WIRE, Api
 
 SERVER = r'''
 import base64, hashlib, socket, struct, threading
@@ -61,7 +61,7 @@ def path_of(url: str) -> str:
     return "/" + url.split("://", 1)[1].split("/", 1)[1]
 
 
-@pytest.mark.runs_on(*REAL)  # a real server in a real sandbox, through each driver's port
+@pytest.mark.runs_on(*REAL, *NODE)  # a real server in a real sandbox, through each driver's port (node: the tunnel)
 async def test_a_port_is_served_through_its_url(api: Api) -> None:
     created = await api.call("POST", "/sandbox", json={"runtime": "python:3.13", "network": {"port": 8000}}, expect=201)
     sid = created["data"]["sandboxId"]

@@ -16,7 +16,7 @@ from hutch.api.keys import SSH_GATEWAY
 from hutch.api.sftp import SandboxSftp
 from hutch.api.ssh_relay import PASS_SECONDS, RELAY_USER, RelayPasses
 from hutch.core.tenancy import Principal, Role
-from tests.api.conftest import REAL, Api, AppFactory
+from tests.api.conftest import NODE, REAL, Api, AppFactory
 
 
 class Gateway:
@@ -61,7 +61,7 @@ async def _register(gw: Gateway, key: Path, headers: dict[str, str] | None = Non
                              expect=201, headers=headers or {})
 
 
-@pytest.mark.runs_on(*REAL)  # real commands and terminals through each driver
+@pytest.mark.runs_on(*REAL, *NODE)  # real commands and terminals through each driver (node: the agent's websocket)
 async def test_commands_shells_exit_codes_and_stdin(gateway: Gateway) -> None:
     gw, key = gateway, gateway.keygen("id_a")
     record = await _register(gw, key)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.api.conftest import AUTH, REAL, STORE, WIRE, Api
+from tests.api.conftest import AUTH, NODE, REAL, STORE, WIRE, Api
 
 
 async def new_stdin(api: Api) -> str:
@@ -54,7 +54,7 @@ async def test_stdin_reaches_an_execution_and_a_oneshot_command(api: Api) -> Non
     assert resp.status == 401
 
 
-@pytest.mark.runs_on(*WIRE, *REAL)  # a real process that stops reading
+@pytest.mark.runs_on(*WIRE, *REAL, *NODE)  # a real process that stops reading (node: stdin attached by a second request)
 async def test_a_command_that_stops_reading_ends_the_upload(api: Api, driver_name: str) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
     stdin = await new_stdin(api)
@@ -84,7 +84,7 @@ def _rss() -> int:
     return 0
 
 
-@pytest.mark.runs_on(*REAL)  # the real drivers stream it; the fake's "cat" is an echo in memory
+@pytest.mark.runs_on(*REAL, *NODE)  # the real drivers stream it; the fake's "cat" is an echo in memory
 async def test_100_mib_of_stdin_goes_through_with_flat_memory(api: Api) -> None:
     sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
     stdin = await new_stdin(api)

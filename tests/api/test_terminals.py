@@ -10,7 +10,7 @@ import re
 import aiohttp
 import pytest
 
-from tests.api.conftest import AUTH, REAL, WIRE, Api, AppFactory
+from tests.api.conftest import AUTH, NODE, REAL, WIRE, Api, AppFactory
 
 
 class Screen:
@@ -87,7 +87,7 @@ async def test_a_shell_runs_commands_as_the_sandbox_user_and_passes_its_exit_cod
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
-@pytest.mark.runs_on(*REAL)  # each real driver's terminals
+@pytest.mark.runs_on(*REAL, *NODE)  # each real driver's terminals; the node driver's websocket
 async def test_a_command_a_size_a_resize_and_ctrl_c(api: Api) -> None:
     sid = await _sandbox(api)
     screen = await _open(api, sid, rows=30, cols=100, command="sh")
@@ -111,7 +111,7 @@ async def test_a_command_a_size_a_resize_and_ctrl_c(api: Api) -> None:
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
-@pytest.mark.runs_on(*REAL)  # each real driver's terminals
+@pytest.mark.runs_on(*REAL, *NODE)  # each real driver's terminals; a hang-up through the agent
 async def test_a_client_that_leaves_hangs_the_terminal_up(api: Api) -> None:
     sid = await _sandbox(api)
     screen = await _open(api, sid, command=["sh", "-c", "trap '' HUP; echo started; sleep 300"])

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.drivers_support import NODE_SECRET, NodeAgents, built_runtimes  # noqa: F401  (fixture)
 from tests.leftovers import destroy_every_sandbox
 from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 
@@ -147,6 +148,19 @@ def test_agentuity_sandbox_client_against_live_server(
         # files, setEnv, jobs, pause/resume + autoResumed through the real client too
         node_env["HUTCH_COMPAT_EXTENDED"] = "1"
     _serve_and_check(tmp_path, [*profile_flags, *driver_flags], {}, node_env)
+
+
+@pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
+def test_agentuity_sandbox_client_through_node_agents(tmp_path: Path, built_runtimes: Path) -> None:  # noqa: F811  (fixture)
+    """The node driver (docs/node.md): ``hutch serve --driver node`` on two ``hutch node
+    serve`` agents of this host; the real client's every check, the extended ones too."""
+    agents = NodeAgents(tmp_path / "nodes")
+    try:
+        _serve_and_check(tmp_path, ["--driver", "node"],
+                         {"HUTCH_NODE_AGENTS": agents.spec, "HUTCH_NODE_SECRET": NODE_SECRET},
+                         {"HUTCH_COMPAT_EXTENDED": "1"})
+    finally:
+        agents.stop()
 
 
 @pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)

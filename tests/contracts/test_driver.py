@@ -48,6 +48,7 @@ from hutch.drivers.base import (
 )
 from hutch.drivers.fake.driver import FakeDriver
 from hutch.drivers.local.driver import LocalDriver
+from hutch.drivers.node.driver import NodeDriver
 from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import (
     Recorder,
@@ -55,11 +56,13 @@ from tests.drivers_support import (
     local_data_dir,  # noqa: F401  (fixture)
     local_driver_fixture,
     new_id,
+    node_agents,  # noqa: F401  (fixture)
+    node_driver_fixture,
     nomad_driver_fixture,
     provision,
 )
 
-CLASSES: dict[str, type[Driver]] = {"fake": FakeDriver, "local": LocalDriver, "nomad": NomadDriver}
+CLASSES: dict[str, type[Driver]] = {"fake": FakeDriver, "local": LocalDriver, "nomad": NomadDriver, "node": NodeDriver}
 BACKENDS = list(CLASSES)
 
 
@@ -80,6 +83,10 @@ async def open_driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
     if request.param == "nomad":
         async for nomad in nomad_driver_fixture(request):
             yield nomad
+        return
+    if request.param == "node":
+        async for node in node_driver_fixture(request):
+            yield node
         return
     async for local in local_driver_fixture(request):
         yield local

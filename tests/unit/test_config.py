@@ -31,7 +31,10 @@ SETTINGS = [
      "HUTCH_STORE: expected memory or postgresql://USER@HOST:PORT/DATABASE, got 'redis://h'"),
     ("projector", "external", "external", "elsewhere",
      "HUTCH_PROJECTOR: expected inprocess or external, got 'elsewhere'"),
-    ("driver", "nomad", "nomad", "docker", "HUTCH_DRIVER: expected local, nomad or fake, got 'docker'"),
+    ("driver", "nomad", "nomad", "docker", "HUTCH_DRIVER: expected local, nomad, node or fake, got 'docker'"),
+    ("node_agents", "c1=10.0.0.1:7700,c2=10.0.0.2:7700", "c1=10.0.0.1:7700,c2=10.0.0.2:7700", "c1=10.0.0.1",
+     "HUTCH_NODE_AGENTS: expected name=host:port[,…], got 'c1=10.0.0.1'"),
+    ("node_secret", "k" * 32, "k" * 32, "k" * 31, "HUTCH_NODE_SECRET: the node secret must be at least 32 bytes"),
     ("api_key", "hutch_abc", "hutch_abc", "two words", "HUTCH_API_KEY: expected a secret without spaces"),
     ("public_url", "https://hutch.example.com", "https://hutch.example.com", "hutch.example.com",
      "HUTCH_PUBLIC_URL: expected an http:// or https:// URL, got 'hutch.example.com'"),
@@ -88,12 +91,12 @@ def test_each_setting_is_checked_and_a_bad_one_is_refused_by_name(
 
 
 def test_every_setting_is_covered_here() -> None:
-    covered = {s[0] for s in SETTINGS} | {"data_dir", "runtime_cache"}  # paths: any text is one
+    covered = {s[0] for s in SETTINGS} | {"data_dir", "runtime_cache", "node_secret_file"}  # paths: any text is one
     assert covered == {f.name for f in attrs.fields(Config)}
 
 
 def test_secrets_are_never_echoed() -> None:
-    for field in ("api_key", "nomad_token"):
+    for field in ("api_key", "nomad_token", "node_secret"):
         with pytest.raises(InvalidInput) as caught:
             Config(**{field: "hunter2 with spaces"})  # type: ignore[arg-type]
         assert "hunter2" not in caught.value.message
@@ -152,3 +155,17 @@ def test_settings_are_checked_without_the_server_extras(tmp_path: Path) -> None:
               "print('checked')")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "checked", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("settings", "refusal"), [
+    ({}, "HUTCH_NODE_AGENTS: the node driver needs its agents"),
+    ({"node_agents": "c1=127.0.0.1:7700"}, "HUTCH_NODE_SECRET_FILE (or HUTCH_NODE_SECRET): the node driver needs"),
+    ({"node_agents": "c1=127.0.0.1:7700", "node_secret_file": "/nonexistent"},
+     "HUTCH_NODE_SECRET_FILE: cannot read /nonexistent"),
+])
+def test_the_node_driver_needs_its_agents_and_secret(settings: dict[str, str], refusal: str) -> None:
+    from hutch.service.composition import open_driver
+
+    with pytest.raises(InvalidInput) as caught:
+        open_driver(Config(driver="node", **settings), None)  # type: ignore[arg-type]
+    assert caught.value.message.startswith(refusal)

@@ -38,8 +38,11 @@ INPUT and FORWARD, so a sandbox that somehow got an IPv6 address still reaches n
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import os
+import socket
+import struct
 import subprocess
 import threading
 from pathlib import Path
@@ -160,7 +163,7 @@ def setup(pid: int, index: int, *, outbound: bool) -> str:
         _sysctl_write(f"/proc/sys/net/ipv6/conf/{host}/disable_ipv6", "1")
         _run("ip", "link", "set", host, "up")
         _run("ip", "route", "replace", f"{ip}/32", "dev", host)
-        mac = Path(f"/sys/class/net/{host}/address").read_text().strip()
+        mac = link_mac(host)
         ns = f"--net=/proc/{pid}/ns/net"
         _run("nsenter", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
              "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.eth0.disable_ipv6=1")
@@ -206,8 +209,27 @@ def clear_allowed(index: int) -> None:
 def teardown(index: int) -> None:
     clear_allowed(index)
     for name in (host_veth(index, True), host_veth(index, False)):
-        if Path(f"/sys/class/net/{name}").exists():
+        if link_exists(name):
             _run("ip", "link", "del", name, check=False)
+
+
+# Links are asked of the kernel in this process's network namespace, not read from /sys:
+# sysfs shows the namespace of whoever mounted it, and a node agent run in a cluster client's
+# namespace (docs/node.md) sees the host's, where its veths do not show.
+
+def link_mac(name: str) -> str:
+    """The link's hardware address (SIOCGIFHWADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        answer = fcntl.ioctl(s.fileno(), 0x8927, struct.pack("256s", name.encode()[:15]))
+    return ":".join(f"{b:02x}" for b in answer[18:24])
+
+
+def link_exists(name: str) -> bool:
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return False
+    return True
 
 
 def nameservers() -> list[str]:

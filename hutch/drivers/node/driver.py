@@ -1,0 +1,588 @@
+"""The node driver: sandboxes placed on ``hutch node`` agents and driven there.
+
+Each call goes to the agent that runs the sandbox (``_where``: filled by provision, alive and
+adopt; an unknown sandbox is looked for on every agent once). Placement (placement.py) uses
+the nodes' capacity, refreshed every second, minus this driver's own reservations, and is
+decided in ``reserve``, before the engine records the sandbox: a cluster with no room answers
+503 and records nothing. The agents prove themselves at start (hello) and their instances are
+pinned; what is not done yet (loss detection, a watch stream, TLS) is in docs/node.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+
+import aiohttp
+import attrs
+
+from hutch.core.driver_types import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    FileInfo,
+    FileWrite,
+    Metric,
+    OutputSink,
+    ProvisionRequest,
+    PtySession,
+    TerminalRequest,
+    Usage,
+)
+from hutch.core.errors import DriverFailure, HutchError, NodeFull, SandboxNotFound, from_wire
+from hutch.core.models import SandboxState
+from hutch.core.serde import converter
+from hutch.drivers import roles
+from hutch.drivers.base import Driver
+from hutch.drivers.node import placement, wire
+from hutch.drivers.node.client import AgentClient
+from hutch.drivers.node.directory import AgentDirectory
+from hutch.drivers.node.ports import PortTunnels
+from hutch.drivers.node.terminal import NodeTerminal
+
+log = logging.getLogger(__name__)
+
+REFRESH = 1.0  # seconds between capacity reads of every agent
+RESERVATION = 30.0  # seconds a placement holds room for its provision
+INLINE_STDIN = 64 << 10  # stdin up to this travels in the exec request; more is streamed
+READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, ends, runtimes)
+# An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
+# + 1 s, under the 15 s the issue allows).
+LOST_AFTER = 8.0
+
+
+class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
+                 roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
+    name = "node"
+
+    def __init__(self, directory: AgentDirectory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
+        self._directory = directory
+        self._secret = wire.check_secret(secret, "HUTCH_NODE_SECRET")
+        self._lost_after = lost_after
+        self._seen: dict[str, float] = {}  # node -> when its agent last answered (monotonic)
+        self._lost: dict[str, set[str]] = {}  # lost node -> the sandboxes failed with it
+        self._agents: dict[str, AgentClient] = {}
+        self._states: dict[str, placement.NodeState] = {}
+        self._where: dict[str, str] = {}  # sandbox -> node
+        self._running: dict[str, str] = {}  # execution -> node, while it runs
+        self._reserved: dict[str, tuple[str, int, int, float]] = {}  # sandbox -> (node, memory, cpu, until)
+        self._refresher: asyncio.Task[None] | None = None
+        self._tunnels = PortTunnels(self._tunnel)
+        self._caps: dict[str, dict[str, bool]] = {}  # node -> its capability flags
+        self._placeable: set[str] = set()  # nodes the directory offers for new sandboxes
+        self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
+        self._building: Counter[str] = Counter()  # runtimes this driver is having built
+        # Until the agents answer: nothing promised.
+        self.capabilities = Capabilities()
+
+    # -- agents ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        if (start := getattr(self._directory, "start", None)) is not None:
+            await start()  # Nomad's catalog follows its blocking queries from here
+        agents = await self._directory_view()
+        self._agents = {name: AgentClient(name, address, self._secret) for name, address in agents.items()}
+        results = await asyncio.gather(*(a.hello() for a in self._agents.values()), return_exceptions=True)
+        failed = {name: r for name, r in zip(self._agents, results, strict=True) if isinstance(r, BaseException)}
+        for name, err in failed.items():
+            log.warning("node agent %s: %s", name, err)
+        if len(failed) == len(self._agents):
+            await self.close()
+            said = "; ".join(f"{n}: {e}" for n, e in failed.items())
+            raise DriverFailure(f"no node agent answered with this cluster's secret: {said}")
+        now = time.monotonic()
+        self._seen = {name: now for name in self._agents}  # a node down at start is lost after lost_after too
+        await self._refresh()
+        self._refresher = asyncio.create_task(self._refresh_forever())
+
+    async def close(self) -> None:
+        if (close := getattr(self._directory, "close", None)) is not None:
+            await close()
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self._tunnels.close()
+        for agent in self._agents.values():
+            await agent.close()
+
+    def _common_capabilities(self) -> Capabilities:
+        """What every answering node can do: a mixed fleet never promises what one cannot."""
+        seen = list(self._caps.values())
+        if not seen:
+            return Capabilities()
+        fields = {f: all(c.get(f, False) for c in seen) for f in seen[0]}
+        return converter.structure(fields, Capabilities)
+
+    async def _directory_view(self) -> dict[str, str]:
+        """Every agent worth calling: the placeable ones (``agents()``), and where the directory
+        tells them apart (Nomad's catalog: ``reachable()``) those of drained or ineligible nodes,
+        which still serve the sandboxes they run."""
+        self._placeable = set(placeable := await self._directory.agents())
+        reachable = getattr(self._directory, "reachable", None)
+        return {**placeable, **(await reachable())} if reachable is not None else placeable
+
+    async def _follow_directory(self) -> None:
+        """A node that joins is placed on at the next read; one whose address changed is
+        called at its new one (and proves itself again)."""
+        try:
+            view = await self._directory_view()
+        except HutchError as err:  # the last view stands; reads go on
+            log.warning("the node directory did not answer: %s", err.message)
+            return
+        for name, address in view.items():
+            if name not in self._agents or self._agents[name].address != address:
+                old = self._agents.get(name)
+                self._agents[name] = AgentClient(name, address, self._secret)
+                self._seen.setdefault(name, time.monotonic())
+                if old is not None:
+                    await old.close()
+
+    async def _refresh(self) -> None:
+        await self._follow_directory()
+        names = list(self._agents)
+        states = await asyncio.gather(*(self._read_node(n, self._agents[n]) for n in names))
+        self._states = {n: state if n in self._placeable or state.unusable
+                        else attrs.evolve(state, unusable="is not offered for placement (drained, ineligible or down)")
+                        for n, state in zip(names, states, strict=True)}
+        if self._caps:  # a node that answers later (down at start) counts too
+            self.capabilities = self._common_capabilities()
+
+    async def _read_node(self, name: str, agent: AgentClient) -> placement.NodeState:
+        """One agent's capacity; the sandbox ends it saw; and whether it is lost or back."""
+        # A read gives up when its node would be lost anyway: a silent host is declared lost
+        # LOST_AFTER after its last answer, not a whole READ_TIMEOUT later.
+        silent = time.monotonic() - self._seen.get(name, time.monotonic())
+        timeout = min(READ_TIMEOUT, max(1.0, self._lost_after - silent + 0.1))
+        try:
+            if agent.instance is None:
+                await agent.hello(timeout=timeout)
+                agent.ended_seq = 0  # a new process counts its ends from 1
+            s = await agent.json("GET", agent.path("node"), timeout=timeout)
+        except HutchError as err:
+            await self._missed(name, agent)
+            return placement.NodeState(name=name, unusable=f"did not answer ({err.message})")
+        if s.get("instance") != agent.instance:
+            log.warning("node agent %s restarted (instance %s, was %s)", name, s.get("instance"), agent.instance)
+            agent.instance = None  # proven again at the next refresh
+            return placement.NodeState(name=name, unusable="restarted and has not proven itself again yet")
+        self._seen[name] = time.monotonic()
+        if name in self._lost:
+            await self._returned(name, agent)
+        if int(s.get("ended_seq", 0)) > agent.ended_seq:
+            await self._report_ends(name, agent)
+        if set(s["runtimes"]) != set(self._built.get(name, {})):
+            self._built[name] = await agent.json("GET", agent.path("runtimes"), timeout=READ_TIMEOUT)
+        self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
+        return placement.NodeState(
+            name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
+            memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
+            cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
+            max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]))
+
+    async def _missed(self, name: str, agent: AgentClient) -> None:
+        silent = time.monotonic() - self._seen.get(name, 0.0)
+        if name in self._lost or silent < self._lost_after:
+            return
+        gone = {sid for sid, node in self._where.items() if node == name}
+        self._lost[name] = gone
+        log.warning("node %s is lost: its agent has not answered for %.0f s; failing its %d sandboxes",
+                    name, silent, len(gone))
+        await agent.abort()  # what runs there (executions, terminals) ends now, failed, not hung
+        for sid in gone:
+            self._where.pop(sid, None)
+            await self._tunnels.drop(sid)
+        reason = f"node {name} was lost: its agent has not answered for {self._lost_after:.0f} s"
+        for sid in gone:
+            await self.report_ended(sid, reason, failed=True)
+
+    async def _returned(self, name: str, agent: AgentClient) -> None:
+        """A node back after it was lost: what it still runs of the sandboxes failed meanwhile
+        is ended there (the log says they are over)."""
+        lost = self._lost.pop(name)
+        log.warning("node %s answers again; ending the %d sandboxes failed while it was lost", name, len(lost))
+        for sid in lost:
+            try:
+                await agent.json("DELETE", agent.path("sandboxes", sid), timeout=30)
+            except HutchError as err:
+                log.warning("node %s: ending lost sandbox %s: %s", name, sid, err.message)
+
+    async def _report_ends(self, name: str, agent: AgentClient) -> None:
+        """Sandboxes whose init ended on the node without a destroy (killed on the host)."""
+        answer = await agent.json("GET", agent.path("ended", after=agent.ended_seq), timeout=READ_TIMEOUT)
+        for end in answer["ended"]:
+            agent.ended_seq = max(agent.ended_seq, int(end["seq"]))
+            sid = str(end["sandbox"])
+            if self._where.get(sid) == name:
+                self._where.pop(sid, None)
+                await self._tunnels.drop(sid)
+                await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            try:
+                await self._refresh()
+            except Exception:  # never let the refresher die
+                log.exception("refreshing the node agents' capacity")
+
+    async def _owner(self, sandbox_id: str) -> AgentClient:
+        node = self._where.get(sandbox_id)
+        if node is None:
+            node = await self._locate(sandbox_id)
+        if node is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        return self._agents[node]
+
+    async def _locate(self, sandbox_id: str) -> str | None:
+        """Which agent runs a sandbox this driver has not placed (an API restart, a take-over)."""
+        async def has(agent: AgentClient) -> bool:
+            try:
+                answer = await agent.json("GET", agent.path("sandboxes", sandbox_id), timeout=5)
+            except HutchError:
+                return False
+            return bool(answer.get("alive"))
+
+        found = await asyncio.gather(*(has(a) for a in self._agents.values()))
+        for name, yes in zip(self._agents, found, strict=True):
+            if yes:
+                self._where[sandbox_id] = name
+                return name
+        return None
+
+    # -- placement and lifecycle -----------------------------------------------
+
+    def _reservations(self, *, but: str | None = None) -> dict[str, placement.Held]:
+        now = time.monotonic()
+        for sid in [sid for sid, r in self._reserved.items() if r[3] < now]:
+            del self._reserved[sid]
+        totals: dict[str, placement.Held] = {}
+        for sid, (node, memory, cpu, _) in self._reserved.items():
+            if sid != but:
+                m, c, n = totals.get(node, (0, 0, 0))
+                totals[node] = (m + memory, c + cpu, n + 1)
+        return totals
+
+    def _choose(self, req: ProvisionRequest, excluded: dict[str, str]) -> str:
+        states = [placement.NodeState(name=n, unusable=why) if (why := excluded.get(n)) else self._states[n]
+                  for n in self._agents if n in self._states]
+        return placement.choose(states, req.resources, req.runtime, self._reservations(but=req.sandbox_id))
+
+    async def reserve(self, req: ProvisionRequest) -> None:
+        if req.sandbox_id in self._reserved:
+            return
+        node = self._choose(req, {})
+        memory, cpu = placement.need(req.resources)
+        self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+
+    async def provision(self, req: ProvisionRequest) -> None:
+        await self.reserve(req)
+        node, memory, cpu, _ = self._reserved[req.sandbox_id]
+        excluded: dict[str, str] = {}
+        try:
+            while True:
+                agent = self._agents[node]
+                try:
+                    await agent.json("PUT", agent.path("sandboxes", req.sandbox_id), converter.unstructure(req))
+                    break
+                except NodeFull as full:
+                    # Another replica took the room first: the agent's own check is the last word.
+                    excluded[node] = f"refused it: {full.message}"
+                    node = self._choose(req, excluded)  # NoCapacity once every node refused
+                    self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+        finally:
+            self._reserved.pop(req.sandbox_id, None)
+        self._where[req.sandbox_id] = node
+        # Counted at once, not at the next read: creates in a row must see each other.
+        if (state := self._states.get(node)) is not None and state.unusable is None:
+            self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes + 1,
+                                              memory_committed=state.memory_committed + memory,
+                                              cpu_committed_millis=state.cpu_committed_millis + cpu)
+
+    async def prepare(self, req: ProvisionRequest) -> None:
+        await self.reserve(req)
+        node, memory, cpu, _ = self._reserved[req.sandbox_id]
+        agent = self._agents[node]
+        await agent.json("POST", agent.path("sandboxes", req.sandbox_id, "prepare"), converter.unstructure(req))
+        # An install may take longer than the reservation: the provision must land where it was built.
+        self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        self._reserved.pop(sandbox_id, None)
+        await self._tunnels.drop(sandbox_id)
+        node = self._where.get(sandbox_id) or await self._locate(sandbox_id)
+        if node is None:
+            return  # idempotent: never placed, or gone already
+        agent = self._agents[node]
+        await agent.json("DELETE", agent.path("sandboxes", sandbox_id))
+        self._where.pop(sandbox_id, None)
+
+    async def alive(self) -> set[str]:
+        """What every answering agent runs (asked at once: a silent node costs one timeout)."""
+        async def listed(name: str, agent: AgentClient) -> list[str]:
+            try:
+                answer = await agent.json("GET", agent.path("sandboxes"), timeout=10)
+            except HutchError as err:
+                log.warning("node agent %s: cannot list its sandboxes: %s", name, err.message)
+                return []
+            return [str(sid) for sid in answer["sandboxes"]]
+
+        found: set[str] = set()
+        lists = await asyncio.gather(*(listed(n, a) for n, a in self._agents.items()))
+        for name, sids in zip(self._agents, lists, strict=True):
+            for sid in sids:
+                self._where[sid] = name
+                found.add(sid)
+        return found
+
+    # -- runtimes --------------------------------------------------------------
+
+    def runtimes_available(self) -> set[str]:
+        """On any answering node (a placement prefers one that has it; another builds it)."""
+        out: set[str] = set()
+        for state in self._states.values():
+            out |= state.runtimes
+        return out
+
+    async def build_runtime(self, name: str, progress: Callable[[str], None]) -> None:
+        """Built on every answering node, so any can take a sandbox of it."""
+        async def on(node: str, agent: AgentClient) -> None:
+            async for line in _lines(agent.stream("POST", agent.path("runtimes", name, "build"))):
+                answer = json.loads(line)
+                if "progress" in answer:
+                    progress(f"{node}: {answer['progress']}")
+                elif "error" in answer:
+                    raise from_wire(int(answer.get("status", 500)), answer["error"])
+
+        usable = {n: a for n, a in self._agents.items() if not self._states.get(n, placement.NodeState(n)).unusable}
+        self._building[name] += 1
+        try:
+            await asyncio.gather(*(on(n, a) for n, a in usable.items()))
+        finally:
+            self._building[name] -= 1
+            if not self._building[name]:
+                del self._building[name]
+        await self._refresh()
+
+    def runtimes_building(self) -> set[str]:
+        return set(self._building)
+
+    def runtime_info(self, name: str) -> dict[str, object]:
+        """As the first node that has it built says (the nodes build from the same recipe)."""
+        for built in self._built.values():
+            if built.get(name):
+                return dict(built[name])
+        return {}
+
+    # -- commands --------------------------------------------------------------
+
+    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        agent = await self._owner(req.sandbox_id)
+        body: dict[str, object] = {"execution_id": req.execution_id, "argv": list(req.argv), "env": dict(req.env),
+                                   "cwd": req.cwd, "timeout": req.timeout}
+        stdin = req.stdin
+        feeder: asyncio.Task[object] | None = None
+        if isinstance(stdin, bytes) and len(stdin) <= INLINE_STDIN:
+            body["stdin"] = base64.b64encode(stdin).decode()
+        elif stdin is not None:
+            body["stdin"] = "attach"
+            chunks = _one(stdin) if isinstance(stdin, bytes) else stdin
+            feeder = asyncio.create_task(agent.upload("PUT", agent.path("executions", req.execution_id, "stdin"), chunks))
+        self._running[req.execution_id] = agent.name
+        reader = wire.FrameReader()
+        try:
+            async for data in agent.stream("POST", agent.path("sandboxes", req.sandbox_id, "exec"), body):
+                for kind, payload in reader.feed(data):
+                    if kind == wire.STDOUT:
+                        sink.write("stdout", payload)
+                    elif kind == wire.STDERR:
+                        sink.write("stderr", payload)
+                    elif kind == wire.RESULT:
+                        return converter.structure(json.loads(payload), ExecResult)
+                    else:
+                        answer = json.loads(payload)
+                        raise from_wire(int(answer.pop("status", 500)), answer)
+        except ValueError as err:
+            raise DriverFailure(f"node agent {agent.name} sent a broken answer while the command ran: {err}") from err
+        finally:
+            self._running.pop(req.execution_id, None)
+            if feeder is not None:
+                if not feeder.done():
+                    feeder.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await feeder
+        raise DriverFailure(f"node agent {agent.name} stopped answering while the command ran")
+
+    async def cancel(self, execution_id: str) -> None:
+        node = self._running.get(execution_id)
+        if node is not None:  # unknown or finished: a no-op, as on the local driver
+            agent = self._agents[node]
+            await agent.json("POST", agent.path("executions", execution_id, "cancel"))
+
+    async def signal(self, execution_id: str, signum: int) -> None:
+        node = self._running.get(execution_id)
+        if node is not None:
+            agent = self._agents[node]
+            await agent.json("POST", agent.path("executions", execution_id, "signal"), {"signum": signum})
+
+    # -- files -----------------------------------------------------------------
+
+    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
+        agent = await self._owner(sandbox_id)
+        body = {"files": [{"path": f.path, "content": base64.b64encode(f.content).decode(), "mode": f.mode}
+                          for f in files]}
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "files"), body)
+
+    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        agent = await self._owner(sandbox_id)
+        async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "file", path=path)):
+            yield chunk
+
+    async def write_file(
+        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
+    ) -> int:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.upload("PUT", agent.path("sandboxes", sandbox_id, "file", path=path, mode=mode,
+                                                      parents="1" if parents else "0"), chunks)
+        return int(answer["written"])
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "list", path=path))
+        return [converter.structure(e, FileInfo) for e in answer["entries"]]
+
+    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "mkdir"), {"path": path, "parents": parents})
+
+    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.json("POST", agent.path("sandboxes", sandbox_id, "remove"),
+                                  {"path": path, "directory": directory, "recursive": recursive})
+        return bool(answer["existed"])
+
+    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "symlink"), {"path": path, "target": target})
+
+    async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        agent = await self._owner(sandbox_id)
+        async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "tar", path=path)):
+            yield chunk
+
+    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.upload("PUT", agent.path("sandboxes", sandbox_id, "tar", dest=dest, gzip="1" if gzipped else "0"),
+                           archive)
+
+    # -- checkpoints, pause, usage ---------------------------------------------
+
+    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id))
+
+    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id, "restore"))
+
+    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("DELETE", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id))
+
+    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
+        agent = await self._owner(sandbox_id)
+        answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "checkpoints"))
+        return {str(k): int(v) for k, v in answer.items()}
+
+    async def pause(self, sandbox_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "pause"))
+
+    async def resume(self, sandbox_id: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "resume"))
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        try:
+            agent = await self._owner(sandbox_id)
+            answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "usage"), timeout=2)
+        except HutchError:  # stats are best effort, as the nomad driver's
+            return Usage()
+        return converter.structure(answer, Usage)
+
+    # -- terminals and ports ---------------------------------------------------
+
+    async def open_terminal(self, req: TerminalRequest) -> PtySession:
+        agent = await self._owner(req.sandbox_id)
+        ws = await agent.websocket(agent.path("sandboxes", req.sandbox_id, "terminal"))
+        return await NodeTerminal.open(ws, agent.name, {"argv": list(req.argv), "env": dict(req.env), "cwd": req.cwd,
+                                                        "rows": req.rows, "cols": req.cols})
+
+    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
+        await self._owner(sandbox_id)
+        return await self._tunnels.target(sandbox_id)
+
+    async def _tunnel(self, sandbox_id: str) -> aiohttp.ClientWebSocketResponse:
+        agent = await self._owner(sandbox_id)
+        return await agent.websocket(agent.path("sandboxes", sandbox_id, "port"))
+
+    # -- metrics ---------------------------------------------------------------
+
+    def metrics(self) -> list[Metric]:
+        """Per node, as last read: up, its sandboxes, its committed memory and cpu."""
+        out: list[Metric] = []
+        for name in self._agents:
+            state = self._states.get(name)
+            up = state is not None and state.unusable is None
+            labels = {"node": name}
+            out.append(Metric("hutch_node_up", 1.0 if up else 0.0, "gauge", "the node's agent answered its last read", labels))
+            if state is not None and up:
+                out += [Metric("hutch_node_sandboxes", state.sandboxes, "gauge", "sandboxes the node runs", labels),
+                        Metric("hutch_node_memory_committed_bytes", state.memory_committed, "gauge",
+                               "memory limits of the node's sandboxes", labels),
+                        Metric("hutch_node_memory_available_bytes", state.memory_available, "gauge",
+                               "the node's MemAvailable", labels),
+                        Metric("hutch_node_cpu_committed_millis", state.cpu_committed_millis, "gauge",
+                               "cpu limits of the node's sandboxes", labels)]
+        return out
+
+    # -- adoption --------------------------------------------------------------
+
+    def handle(self, sandbox_id: str) -> dict[str, str] | None:
+        node = self._where.get(sandbox_id)
+        return {"node": node} if node else None
+
+    async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
+        node = handle.get("node")
+        if node not in self._agents:
+            return False
+        agent = self._agents[node]
+        try:
+            answer = await agent.json("GET", agent.path("sandboxes", sandbox.sandbox_id), timeout=5)
+        except HutchError:
+            return False
+        if answer.get("alive"):
+            self._where[sandbox.sandbox_id] = node
+            return True
+        return False
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), INLINE_STDIN):
+        yield data[i:i + INLINE_STDIN]
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield line

@@ -1,0 +1,108 @@
+"""Where a new sandbox goes (pure): spread over the nodes that can take it, the one with the
+least committed first; none fits -> NoCapacity naming every node's state."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import attrs
+
+from hutch.core.driver_types import ResourceLimits
+from hutch.core.errors import NoCapacity
+
+# What a sandbox without limits is counted as: the driver's own defaults.
+DEFAULT_MEMORY = 512 << 20
+DEFAULT_CPU = 1000
+# Limits are ceilings, mostly idle: a node takes this many times its memory and cores in
+# limits, and no more memory than it really has available (MemAvailable) at placement.
+MEMORY_OVERCOMMIT = 32
+MAX_SANDBOXES = 4000  # per node unless its agent says otherwise (HUTCH_NODE_MAX_SANDBOXES)
+CPU_OVERCOMMIT = 8
+
+
+@attrs.frozen
+class NodeState:
+    """A node as the driver last saw it (``GET /v1/node``), or why it cannot be used."""
+
+    name: str
+    cpus: int = 0
+    memory_total: int = 0
+    memory_available: int = 0
+    memory_committed: int = 0
+    cpu_committed_millis: int = 0
+    sandboxes: int = 0
+    runtimes: frozenset[str] = frozenset()
+    max_sandboxes: int = MAX_SANDBOXES
+    unusable: str | None = None  # "did not answer: …"
+
+
+def _human(n: int) -> str:
+    """Memory as an operator reads it (exact quantities like 21474560Ki are not)."""
+    gib = 1 << 30
+    if n % gib == 0:
+        return f"{n // gib}Gi"
+    return f"{n / gib:.1f}Gi" if n >= gib else f"{n >> 20}Mi"
+
+
+def need(resources: ResourceLimits) -> tuple[int, int]:
+    return resources.memory_bytes or DEFAULT_MEMORY, resources.cpu_millis or DEFAULT_CPU
+
+
+Held = tuple[int, int, int]  # memory, cpu millis and sandboxes held by reservations
+
+
+def refusal(node: NodeState, resources: ResourceLimits, reserved: Held = (0, 0, 0)) -> str | None:
+    """Why ``node`` cannot take a sandbox of ``resources``, or None: the driver's placement
+    and the agent's own admission ask the same."""
+    memory, cpu = need(resources)
+    return _fits(node, memory, cpu, reserved)
+
+
+def _fits(node: NodeState, memory: int, cpu: int, reserved: Held) -> str | None:
+    """Why ``node`` cannot take it, or None."""
+    if node.unusable:
+        return f"{node.name} {node.unusable}"
+    if node.sandboxes + reserved[2] >= node.max_sandboxes:
+        return f"{node.name} runs its maximum of {node.max_sandboxes} sandboxes"
+    free_memory = min(node.memory_available, node.memory_total * MEMORY_OVERCOMMIT - node.memory_committed) - reserved[0]
+    free_cpu = node.cpus * 1000 * CPU_OVERCOMMIT - node.cpu_committed_millis - reserved[1]
+    if memory > free_memory:
+        return f"{node.name} has {_human(max(free_memory, 0))} memory free"
+    if cpu > node.cpus * 1000:
+        return f"{node.name} has {node.cpus * 1000}m cpu in all"
+    if cpu > free_cpu:
+        return f"{node.name} has {max(free_cpu, 0)}m cpu uncommitted"
+    return None
+
+
+def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
+           reserved: Mapping[str, Held] | None = None, rng: random.Random | None = None) -> str:
+    """The node to place on: among those with room, the ones with the runtime built first (the
+    others would build it), then the least committed fraction after this sandbox; ties random."""
+    memory, cpu = need(resources)
+    reserved = reserved or {}
+    reasons: list[str] = []
+    fitting: list[NodeState] = []
+    for node in nodes:
+        why = _fits(node, memory, cpu, reserved.get(node.name, (0, 0, 0)))
+        if why:
+            reasons.append(why)
+        else:
+            fitting.append(node)
+    if not fitting:
+        where = "; ".join(reasons) if reasons else "no node agent is known"
+        raise NoCapacity(f"no node can take a sandbox of {_human(memory)} memory and {cpu}m cpu: {where}",
+                         field="resources")
+
+    def load(node: NodeState) -> tuple[float, float]:
+        """The fuller of memory and cpu after this sandbox, then both: a cpu fraction that
+        ties (every sandbox asks the default core) leaves memory to decide."""
+        r = reserved.get(node.name, (0, 0, 0))
+        mem = (node.memory_committed + r[0] + memory) / max(node.memory_total, 1)
+        cpus = (node.cpu_committed_millis + r[1] + cpu) / max(node.cpus * 1000, 1)
+        return round(max(mem, cpus), 6), round(mem + cpus, 6)
+
+    rng = rng or random.Random()
+    best = min((runtime not in n.runtimes, load(n), rng.random(), n.name) for n in fitting)
+    return best[3]

@@ -1,0 +1,69 @@
+"""The agent's settings, checked at start: a bad one stops it with one line naming it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+from hutch.drivers.node import placement, wire
+
+
+class SettingError(Exception):
+    """A setting the agent cannot start with; its message is the one line an operator sees."""
+
+
+@attrs.frozen
+class NodeSettings:
+    name: str
+    host: str
+    port: int
+    data_dir: Path
+    runtime_cache: Path
+    secret: bytes = attrs.field(repr=False)
+    max_sandboxes: int = placement.MAX_SANDBOXES
+
+
+def read_secret(env: dict[str, str] | None = None) -> bytes:
+    """The cluster's node secret, from ``HUTCH_NODE_SECRET_FILE`` or ``HUTCH_NODE_SECRET``."""
+    env = dict(os.environ) if env is None else env
+    path = env.get("HUTCH_NODE_SECRET_FILE")
+    if path:
+        try:
+            secret = Path(path).read_bytes().strip()
+        except OSError as err:
+            raise SettingError(f"HUTCH_NODE_SECRET_FILE: cannot read {path}: {err.strerror}") from None
+        where = "HUTCH_NODE_SECRET_FILE"
+    elif env.get("HUTCH_NODE_SECRET"):
+        secret, where = env["HUTCH_NODE_SECRET"].encode(), "HUTCH_NODE_SECRET"
+    else:
+        raise SettingError("no node secret: set HUTCH_NODE_SECRET_FILE (or HUTCH_NODE_SECRET) to the cluster's "
+                           f"shared secret of at least {wire.MIN_SECRET} bytes")
+    try:
+        return wire.check_secret(secret, where)
+    except ValueError as err:
+        raise SettingError(str(err)) from None
+
+
+def parse_listen(text: str, field: str = "--listen") -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingError(f"{field}: expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def settings(name: str, listen: str, data_dir: str, env: dict[str, str] | None = None) -> NodeSettings:
+    env = dict(os.environ) if env is None else env
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise SettingError(f"--name: letters, digits, '-', '_' and '.' only, got {name!r}")
+    if os.geteuid() != 0:
+        raise SettingError("hutch node serve needs root: an agent makes sandboxes with cgroups, overlays and a "
+                           "uid range (run it as root, as the cluster's system job does)")
+    host, port = parse_listen(listen)
+    cache = Path(env.get("HUTCH_RUNTIME_CACHE") or env.get("HUTCH_RUNTIMES_DIR") or "/var/cache/hutch/runtimes")
+    most = env.get("HUTCH_NODE_MAX_SANDBOXES") or str(placement.MAX_SANDBOXES)
+    if not most.isdigit() or int(most) < 1:
+        raise SettingError(f"HUTCH_NODE_MAX_SANDBOXES: expected a positive whole number, got {most!r}")
+    return NodeSettings(name=name, host=host, port=port, data_dir=Path(data_dir), runtime_cache=cache,
+                        secret=read_secret(env), max_sandboxes=int(most))

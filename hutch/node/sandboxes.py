@@ -1,0 +1,234 @@
+"""Lifecycle, runtimes, pause, usage, checkpoints and the node's capacity."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+from typing import Any
+
+from aiohttp import web
+
+from hutch.core.driver_types import ProvisionRequest
+from hutch.core.errors import HutchError, NodeFull, SandboxNotFound
+from hutch.core.serde import converter
+from hutch.drivers.node import placement
+from hutch.node.app import DRIVER, INSTANCE, SETTINGS
+
+
+class Ends:
+    """Sandboxes whose init ended without a destroy (LocalDriver.report_ended), numbered for
+    the node driver to fetch what it has not seen (``GET /v1/ended?after=N``). Bounded: a
+    driver away for more than ``KEEP`` ends reconciles through its list of sandboxes."""
+
+    KEEP = 1000
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.items: collections.deque[tuple[int, dict[str, object]]] = collections.deque(maxlen=self.KEEP)
+
+    async def record(self, sandbox_id: str, reason: str, failed: bool) -> None:
+        self.seq += 1
+        self.items.append((self.seq, {"seq": self.seq, "sandbox": sandbox_id, "reason": reason, "failed": failed}))
+
+
+ENDS = web.AppKey("ends", Ends)
+
+
+def _memory() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes."""
+    values: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            values[key] = int(rest.split()[0]) * 1024
+    return values.get("MemTotal", 0), values.get("MemAvailable", 0)
+
+
+async def snapshot(app: web.Application) -> dict[str, Any]:
+    driver = app[DRIVER]
+    alive = await driver.alive()
+    memory = cpu = 0
+    for sid in alive:
+        try:
+            limits = driver.limits(sid)
+        except SandboxNotFound:  # ended meanwhile
+            continue
+        memory += limits.memory_bytes or 0
+        cpu += limits.cpu_millis or 0
+    total, available = _memory()
+    return {
+        "name": app[SETTINGS].name, "instance": app[INSTANCE],
+        "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
+        "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(alive),
+        "max_sandboxes": app[SETTINGS].max_sandboxes,
+        "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
+        "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
+    }
+
+
+async def capacity(request: web.Request) -> web.Response:
+    return web.json_response(await snapshot(request.app))
+
+
+class Admission:
+    """The agent's own check at provision, the last word when API replicas place at once: what
+    is starting counts as taken until it runs (and shows in the snapshot)."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.starting: dict[str, tuple[int, int]] = {}
+
+    async def admit(self, app: web.Application, req: ProvisionRequest) -> None:
+        async with self.lock:
+            s = await snapshot(app)
+            state = placement.NodeState(
+                name=str(s["name"]), cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
+                memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
+                cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
+                max_sandboxes=int(s["max_sandboxes"]))
+            held = (sum(m for m, _ in self.starting.values()), sum(c for _, c in self.starting.values()),
+                    len(self.starting))
+            why = placement.refusal(state, req.resources, held)
+            if why:
+                raise NodeFull(why)
+            self.starting[req.sandbox_id] = placement.need(req.resources)
+
+
+ADMISSION = web.AppKey("admission", Admission)
+
+async def ended(request: web.Request) -> web.Response:
+    after = int(request.query.get("after", "0"))
+    return web.json_response({"ended": [e for seq, e in request.app[ENDS].items if seq > after]})
+
+
+async def list_sandboxes(request: web.Request) -> web.Response:
+    return web.json_response({"sandboxes": sorted(await request.app[DRIVER].alive())})
+
+
+async def get_sandbox(request: web.Request) -> web.Response:
+    sid = request.match_info["id"]
+    return web.json_response({"alive": sid in await request.app[DRIVER].alive()})
+
+
+def _request(body: object, sid: str) -> ProvisionRequest:
+    req = converter.structure(body, ProvisionRequest)
+    if req.sandbox_id != sid:
+        raise ValueError(f"the body names sandbox {req.sandbox_id}, the path {sid}")
+    return req
+
+
+async def provision(request: web.Request) -> web.Response:
+    driver, sid = request.app[DRIVER], request.match_info["id"]
+    req = _request(await request.json(), sid)
+    # Idempotent by id: a retried create (its answer lost) must not make a second sandbox.
+    if sid in await driver.alive():
+        return web.json_response({"ok": True})
+    admission = request.app[ADMISSION]
+    await admission.admit(request.app, req)
+    try:
+        await driver.provision(req)
+    finally:
+        admission.starting.pop(sid, None)
+    return web.json_response({"ok": True})
+
+
+async def prepare(request: web.Request) -> web.Response:
+    await request.app[DRIVER].prepare(_request(await request.json(), request.match_info["id"]))
+    return web.json_response({"ok": True})
+
+
+async def destroy(request: web.Request) -> web.Response:
+    await request.app[DRIVER].destroy(request.match_info["id"])
+    return web.json_response({"ok": True})
+
+
+async def runtime_info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[DRIVER].runtime_info(request.match_info["name"]))
+
+
+async def runtimes_built(request: web.Request) -> web.Response:
+    """Size and build time of every runtime built here (read when the set changes)."""
+    driver = request.app[DRIVER]
+    return web.json_response({name: driver.runtime_info(name) for name in sorted(driver.runtimes_available())})
+
+
+async def build_runtime(request: web.Request) -> web.StreamResponse:
+    """NDJSON: ``{"progress": line}`` as the build goes, then ``{"ok": true}`` or ``{"error": …}``."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    lines: asyncio.Queue[str] = asyncio.Queue()
+    build = asyncio.ensure_future(request.app[DRIVER].build_runtime(request.match_info["name"], lines.put_nowait))
+    while not build.done() or not lines.empty():
+        getter = asyncio.ensure_future(lines.get())
+        await asyncio.wait({getter, build}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            await resp.write(json.dumps({"progress": getter.result()}).encode() + b"\n")
+        else:
+            getter.cancel()
+    try:
+        build.result()
+        last: dict[str, object] = {"ok": True}
+    except HutchError as err:
+        last = {"error": err.to_wire(), "status": err.status or 500}
+    await resp.write(json.dumps(last).encode() + b"\n")
+    await resp.write_eof()
+    return resp
+
+
+async def pause(request: web.Request) -> web.Response:
+    await request.app[DRIVER].pause(request.match_info["id"])
+    return web.json_response({"ok": True})
+
+
+async def resume(request: web.Request) -> web.Response:
+    await request.app[DRIVER].resume(request.match_info["id"])
+    return web.json_response({"ok": True})
+
+
+async def usage(request: web.Request) -> web.Response:
+    return web.json_response(converter.unstructure(await request.app[DRIVER].usage(request.match_info["id"])))
+
+
+async def checkpoint(request: web.Request) -> web.Response:
+    await request.app[DRIVER].checkpoint(request.match_info["id"], request.match_info["cid"])
+    return web.json_response({"ok": True})
+
+
+async def restore(request: web.Request) -> web.Response:
+    await request.app[DRIVER].restore(request.match_info["id"], request.match_info["cid"])
+    return web.json_response({"ok": True})
+
+
+async def delete_checkpoint(request: web.Request) -> web.Response:
+    await request.app[DRIVER].delete_checkpoint(request.match_info["id"], request.match_info["cid"])
+    return web.json_response({"ok": True})
+
+
+async def checkpoint_sizes(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[DRIVER].checkpoint_sizes(request.match_info["id"]))
+
+
+def add_routes(app: web.Application) -> None:
+    app[ENDS] = Ends()
+    app[ADMISSION] = Admission()
+    app[DRIVER].set_listener(app[ENDS].record)
+    r = app.router
+    r.add_get("/v1/node", capacity)
+    r.add_get("/v1/ended", ended)
+    r.add_get("/v1/sandboxes", list_sandboxes)
+    r.add_get("/v1/sandboxes/{id}", get_sandbox)
+    r.add_put("/v1/sandboxes/{id}", provision)
+    r.add_delete("/v1/sandboxes/{id}", destroy)
+    r.add_post("/v1/sandboxes/{id}/prepare", prepare)
+    r.add_get("/v1/runtimes", runtimes_built)
+    r.add_get("/v1/runtimes/{name}", runtime_info)
+    r.add_post("/v1/runtimes/{name}/build", build_runtime)
+    r.add_post("/v1/sandboxes/{id}/pause", pause)
+    r.add_post("/v1/sandboxes/{id}/resume", resume)
+    r.add_get("/v1/sandboxes/{id}/usage", usage)
+    r.add_get("/v1/sandboxes/{id}/checkpoints", checkpoint_sizes)
+    r.add_post("/v1/sandboxes/{id}/checkpoints/{cid}", checkpoint)
+    r.add_post("/v1/sandboxes/{id}/checkpoints/{cid}/restore", restore)
+    r.add_delete("/v1/sandboxes/{id}/checkpoints/{cid}", delete_checkpoint)

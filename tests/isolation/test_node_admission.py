@@ -1,0 +1,109 @@
+"""Two API replicas placing at once: the agent's own admission is the last word, and a
+driver whose view was stale places elsewhere or answers NO_CAPACITY."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from hutch.core.errors import NoCapacity
+from hutch.drivers.base import Driver, ProvisionRequest
+from hutch.drivers.node.driver import NodeDriver
+from tests.drivers_support import (
+    NodeAgents,
+    built_runtimes,  # noqa: F401  (fixture)
+    new_id,
+    require_root,
+    start_node,
+)
+
+pytestmark = pytest.mark.isolation
+
+
+async def _stale(driver: Driver) -> None:
+    """Its view of the nodes stops where it is, as a replica's can lag a second behind."""
+    assert isinstance(driver, NodeDriver) and driver._refresher is not None
+    driver._refresher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await driver._refresher
+
+
+async def test_a_full_node_refuses_what_a_stale_placement_sends_it(built_runtimes: Path,  # noqa: F811
+                                                                    tmp_path: Path) -> None:
+    require_root()
+    agents = NodeAgents(tmp_path, ("m1", "m2"), env={"HUTCH_NODE_MAX_SANDBOXES": "1"})
+    a, b = await start_node(agents), await start_node(agents)
+    try:
+        await _stale(b)
+        first = new_id()
+        await a.provision(ProvisionRequest(first, "base:latest"))
+        # b still sees two empty nodes: whichever it picks, it lands on the other one.
+        second = new_id()
+        await b.provision(ProvisionRequest(second, "base:latest"))
+        assert {a.handle(first)["node"], b.handle(second)["node"]} == {"m1", "m2"}  # type: ignore[index]
+        # Now both are full: b knows of its own, not of a's, which refuses; it says both.
+        a_node, b_node = a.handle(first)["node"], b.handle(second)["node"]  # type: ignore[index]
+        with pytest.raises(NoCapacity) as caught:
+            await b.provision(ProvisionRequest(new_id(), "base:latest"))
+        message = caught.value.message
+        assert f"{a_node} refused it: {a_node} runs its maximum of 1 sandboxes" in message, message
+        assert f"; {b_node} runs its maximum of 1 sandboxes" in message or \
+            message.split(": ", 1)[1].startswith(f"{b_node} runs its maximum of 1 sandboxes"), message
+        assert len(await a.alive()) == 2
+    finally:
+        for sid in await a.alive():
+            await a.destroy(sid)
+        await a.close()
+        await b.close()
+        await asyncio.to_thread(agents.stop)
+
+
+class _Directory:
+    """A directory whose nodes change, as Nomad's catalog does when nodes join or drain."""
+
+    def __init__(self, placeable: dict[str, str], reachable: dict[str, str]) -> None:
+        self.placeable, self.reach = placeable, reachable
+
+    async def agents(self) -> dict[str, str]:
+        return dict(self.placeable)
+
+    async def reachable(self) -> dict[str, str]:
+        return dict(self.reach)
+
+
+async def test_a_node_that_joins_is_placed_on_and_a_drained_one_is_not(built_runtimes: Path,  # noqa: F811
+                                                                         tmp_path: Path) -> None:
+    require_root()
+    from tests.drivers_support import NODE_SECRET
+
+    agents = NodeAgents(tmp_path, ("j1", "j2"))
+    directory = _Directory({"j1": agents.addresses["j1"]}, {"j1": agents.addresses["j1"]})
+    driver = NodeDriver(directory, NODE_SECRET.encode())
+    await driver.start()
+    try:
+        first = new_id()
+        await driver.provision(ProvisionRequest(first, "base:latest"))
+        assert driver.handle(first) == {"node": "j1"}
+        # j2 joins and j1 drains (its agent still serves what it runs).
+        directory.placeable = {"j2": agents.addresses["j2"]}
+        directory.reach = {"j1": agents.addresses["j1"], "j2": agents.addresses["j2"]}
+        for _ in range(50):
+            if "j2" in driver._states and driver._states["j1"].unusable:
+                break
+            await asyncio.sleep(0.1)
+        second = new_id()
+        await driver.provision(ProvisionRequest(second, "base:latest"))
+        assert driver.handle(second) == {"node": "j2"}
+        assert await driver.alive() == {first, second}  # the drained node is still asked
+        directory.placeable = {}
+        await asyncio.sleep(1.5)
+        with pytest.raises(NoCapacity, match="j1 is not offered for placement"):
+            await driver.provision(ProvisionRequest(new_id(), "base:latest"))
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()
+        await asyncio.to_thread(agents.stop)
