@@ -1,0 +1,47 @@
+"""One ``hutch serve`` (local driver, E2B wire on) per module, and the E2B SDK pointed at it
+by its two environment variables, as a user would."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.system.server import KEY, Server, free_port
+
+
+class E2bServer:
+    def __init__(self, server: Server, e2b_port: int) -> None:
+        self.server = server
+        self.url = f"http://127.0.0.1:{e2b_port}"
+
+    def key_of_new_org(self, name: str) -> str:
+        """An admin key of a new organization ``name`` (made by the bootstrap key)."""
+        org = self.server.data("POST", "/orgs", {"name": name})
+        return str(self.server.data("POST", f"/keys?orgId={org['id']}", {"role": "admin"})["secret"])
+
+
+@pytest.fixture(scope="module")
+def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    data: Path = tmp_path_factory.mktemp("e2b") / "data"
+    data.mkdir()
+    e2b_port = free_port()
+    server = Server(data, driver="local", HUTCH_E2B_PORT=str(e2b_port)).start()
+    try:
+        yield E2bServer(server, e2b_port)
+    finally:
+        server.destroy_every_sandbox()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def e2b_env(e2b_server: E2bServer) -> Iterator[E2bServer]:
+    """E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set for the module's tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("E2B_API_URL", e2b_server.url)
+        mp.setenv("E2B_SANDBOX_URL", e2b_server.url)
+        mp.setenv("E2B_API_KEY", KEY)
+        mp.delenv("E2B_DEBUG", raising=False)
+        mp.delenv("E2B_DOMAIN", raising=False)
+        yield e2b_server
