@@ -166,12 +166,36 @@ def _states(request: web.Request) -> set[str]:
     return states
 
 
+def _started_after(request: web.Request) -> datetime | None:
+    raw = request.query.get("startedAfter")
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as err:
+        raise InvalidInput(f"startedAfter: expected an ISO 8601 time, got {raw!r}", field="startedAfter") from err
+    if when.tzinfo is None:
+        raise InvalidInput(f"startedAfter: give the time zone too, got {raw!r}", field="startedAfter")
+    return when
+
+
+def _started(sb: SandboxState) -> datetime:
+    return datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
+
+
 @routes.get("/sandboxes")
 @routes.get("/v2/sandboxes")
 @control(Access.READ)
 async def list_sandboxes(request: web.Request) -> web.Response:
+    """The organization's live sandboxes, filtered as E2B's query says: state, metadata
+    (key=value&…), template, startedAfter; ordered by start (order asc|desc, newest first
+    unless asked); paged by limit and the x-next-token the previous page gave."""
     engine = request.app[ENGINE]
-    wanted, states = _metadata_filter(request), _states(request)
+    wanted, states, after = _metadata_filter(request), _states(request), _started_after(request)
+    template = request.query.get("template") or None
+    order = request.query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidInput(f"order: expected asc or desc, got {order!r}", field="order")
     raw_limit, raw_next = request.query.get("limit", "100"), request.query.get("nextToken", "0")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
         raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
@@ -181,13 +205,16 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     found: list[SandboxState] = []
     page_at = 0
     while True:  # the filters are E2B's, not the store's: read every live sandbox of the organization
-        page, _total = await engine.reads.list(SandboxQuery(live=True, limit=100, offset=page_at))
+        page, _total = await engine.reads.list(SandboxQuery(live=True, limit=100, offset=page_at,
+                                                            sort="createdAt", direction=order))
         found.extend(page)
         page_at += len(page)
         if len(page) < 100:
             break
     chosen = [sb for sb in found
               if ("paused" if sb.status is SandboxStatus.PAUSED else "running") in states
+              and (template is None or _template_of(sb) == template)
+              and (after is None or _started(sb) >= after)
               and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v for k, v in wanted.items())]
     window = chosen[offset:offset + limit]
     response = web.json_response([_render(request, sb, detail=True) for sb in window])

@@ -22,7 +22,9 @@ from hutch.api.e2b.access import SANDBOX_KEY, envd
 from hutch.api.e2b.processes import Process, Processes
 from hutch.api.keys import ENGINE
 from hutch.core.errors import HutchError, InvalidInput, NotSupported
-from hutch.core.models import ExecutionState, ExecutionStatus
+from hutch.core.models import ExecutionState, ExecutionStatus, SandboxStatus
+from hutch.service.engine import Engine
+from hutch.service.output import RAW_OUTPUT, StreamOptions
 from hutch.service.requests import ExecuteRequest
 
 log = logging.getLogger("hutch.api.e2b")
@@ -31,12 +33,21 @@ PROCESSES: web.AppKey[Processes] = web.AppKey("e2b_processes", Processes)
 KEEPALIVE_DEFAULT = 50.0  # seconds between keep-alive events on a quiet stream
 _SIGKILL, _SIGTERM = 9, 15
 _CWD_SCRIPT = 'cd -- "$0" && exec "$@"'
+STDIN_CHUNKS = 16  # SendInput calls queued for a command that has not read them yet
+STDIN_WAIT_SECONDS = 30.0  # how long a SendInput waits for room before it is refused
+STDIN_POLL_SECONDS = 5.0  # how often a stdin nobody closed looks whether its command ended
 
 
 @routes.get("/health")
+@envd
 async def health(request: web.Request) -> web.Response:
-    """envd's probe: the SDK asks it after a broken stream to tell a dead sandbox from a dead
-    connection. It names no sandbox, so it says only that this server answers."""
+    """envd's probe: the SDK asks it after a broken stream (and for ``is_running``) to tell a
+    sandbox gone from a connection lost. A sandbox that ended or is paused answers as E2B's
+    proxy does for one it cannot reach: 502, "… was not found"."""
+    sandbox_id = request[SANDBOX_KEY]
+    sb = await request.app[ENGINE].reads.require(sandbox_id)
+    if sb.status not in (SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.CREATING):
+        return web.json_response({"code": 502, "message": f"The sandbox {sandbox_id} was not found"}, status=502)
     return web.Response(status=204)
 
 
@@ -149,6 +160,11 @@ async def _follow(request: web.Request, events: _Events, proc: Process) -> None:
             pending.cancel()
         await chunks.aclose()  # type: ignore[attr-defined]
     ex = await engine.reads.get_execution(proc.execution_id, wait=30.0)
+    sb = await engine.reads.require(ex.sandbox_id)
+    if sb.status.is_final or sb.status is SandboxStatus.STOPPING:  # envd's stream breaks so: the SDK probes /health
+        await connect.end_stream(events.response, connect.RpcError(
+            "unavailable", f"the command's sandbox {ex.sandbox_id} ended while it ran ({sb.status.value})"))
+        return
     if ex.status is ExecutionStatus.TIMEOUT:
         await connect.end_stream(events.response, connect.RpcError("deadline_exceeded", ex.error or "timed out"))
         return
@@ -192,15 +208,42 @@ async def start(request: web.Request) -> web.StreamResponse:
     cmd, args, envs, cwd = config.get("cmd", ""), config.get("args", []), config.get("envs", {}), config.get("cwd")
     deadline = connect.timeout_ms(request)
     sandbox_id = request[SANDBOX_KEY]
+    engine = request.app[ENGINE]
 
     async def begin() -> Process:
-        ex, _ = await request.app[ENGINE].executions.execute(
-            sandbox_id, ExecuteRequest(command=_argv(cmd, args, envs, cwd), files=[],
+        stdin: asyncio.Queue[bytes | None] | None = None
+        options = RAW_OUTPUT
+        if req.get("stdin"):
+            stdin = asyncio.Queue(maxsize=STDIN_CHUNKS)
+            options = StreamOptions(stdin=engine.inputs.create("e2b-stdin"))
+        ex, _ = await engine.executions.execute(
+            sandbox_id, ExecuteRequest(command=_argv(cmd, args, envs, cwd), files=[], stream=options,
                                        timeout=deadline / 1000 if deadline else 0))
+        if stdin is not None:
+            assert options.stdin is not None
+            engine.background.spawn(engine.inputs.upload(options.stdin, _stdin_chunks(engine, ex.execution_id, stdin)),
+                                    f"e2b-stdin-{ex.execution_id}")
         return request.app[PROCESSES].add(sandbox_id, ex.execution_id, cmd=cmd, args=tuple(args), envs=envs,
-                                          cwd=cwd, tag=req.get("tag"))
+                                          cwd=cwd, tag=req.get("tag"), stdin=stdin)
 
     return await _serve_stream(request, call, begin())
+
+
+async def _stdin_chunks(engine: Engine, execution_id: str,
+                        queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    """What SendInput sends, as the upload of the command's stdin stream; it ends at
+    CloseStdin, or once the command has ended (nobody closed it)."""
+    while True:
+        try:
+            async with asyncio.timeout(STDIN_POLL_SECONDS):
+                chunk = await queue.get()
+        except TimeoutError:
+            if engine.executions.running(execution_id):
+                continue
+            return
+        if chunk is None:
+            return
+        yield chunk
 
 
 async def _running(request: web.Request, req: dict[str, Any]) -> Process:
@@ -243,6 +286,41 @@ async def send_signal(request: web.Request) -> web.Response:
         raise InvalidInput(f"signal: expected SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {signal!r}", field="signal")
     proc = await _running(request, req)
     await request.app[ENGINE].executions.cancel(proc.execution_id, why=f"killed over the E2B wire (signal {signal})")
+    return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
+
+
+def _open_stdin(proc: Process) -> asyncio.Queue[bytes | None]:
+    if proc.stdin is None:
+        raise connect.RpcError("failed_precondition", f"process {proc.pid} was started without stdin; "
+                               "start it with stdin=True to send it input")
+    return proc.stdin
+
+
+@routes.post("/process.Process/SendInput")
+@envd
+async def send_input(request: web.Request) -> web.Response:
+    call, req = await _call(request, msg.SEND_INPUT_REQUEST)
+    given = req.get("input") or {}
+    if given.get("pty") is not None:
+        raise NotSupported("input.pty: terminals over the E2B wire are not supported yet", field="input.pty")
+    proc = await _running(request, req)
+    data = given.get("stdin", b"")
+    if data:
+        try:  # a command not reading its stdin holds the sender back, for a while
+            async with asyncio.timeout(STDIN_WAIT_SECONDS):
+                await _open_stdin(proc).put(data)
+        except TimeoutError:
+            raise connect.RpcError("resource_exhausted", f"process {proc.pid} has not read its stdin for "
+                                   f"{STDIN_WAIT_SECONDS:g} s; nothing more is taken until it does") from None
+    return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
+
+
+@routes.post("/process.Process/CloseStdin")
+@envd
+async def close_stdin(request: web.Request) -> web.Response:
+    call, req = await _call(request, msg.CLOSE_STDIN_REQUEST)
+    proc = await _running(request, req)
+    await _open_stdin(proc).put(None)
     return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
 
 

@@ -28,3 +28,6 @@ PROCESS_EVENT: Schema = {
     "keepalive": (4, "message", {}),
 }
 EVENT_RESPONSE: Schema = {"event": (1, "message", PROCESS_EVENT)}  # StartResponse and ConnectResponse
+PROCESS_INPUT: Schema = {"stdin": (1, "bytes", None), "pty": (2, "bytes", None)}
+SEND_INPUT_REQUEST: Schema = {"process": (1, "message", SELECTOR), "input": (2, "message", PROCESS_INPUT)}
+CLOSE_STDIN_REQUEST: Schema = {"process": (1, "message", SELECTOR)}

@@ -5,6 +5,8 @@ wire. It is not kept across a restart (the commands themselves are: they are exe
 
 from __future__ import annotations
 
+import asyncio
+
 import attrs
 
 
@@ -17,6 +19,9 @@ class Process:
     envs: dict[str, str]
     cwd: str | None
     tag: str | None
+    # What SendInput sends to the command's stdin (None: closed, CloseStdin); None when it was
+    # started without stdin.
+    stdin: asyncio.Queue[bytes | None] | None = attrs.field(default=None, eq=False)
 
 
 class Processes:
@@ -26,10 +31,10 @@ class Processes:
         self._by_sandbox: dict[str, dict[int, Process]] = {}
 
     def add(self, sandbox_id: str, execution_id: str, *, cmd: str, args: tuple[str, ...], envs: dict[str, str],
-            cwd: str | None, tag: str | None) -> Process:
+            cwd: str | None, tag: str | None, stdin: asyncio.Queue[bytes | None] | None = None) -> Process:
         table = self._by_sandbox.setdefault(sandbox_id, {})
         pid = max(table, default=self.FIRST_PID - 1) + 1
-        table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag)
+        table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag, stdin)
         return proc
 
     def of(self, sandbox_id: str) -> list[Process]:
