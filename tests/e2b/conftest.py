@@ -45,3 +45,8 @@ def e2b_env(e2b_server: E2bServer) -> Iterator[E2bServer]:
         mp.delenv("E2B_DEBUG", raising=False)
         mp.delenv("E2B_DOMAIN", raising=False)
         yield e2b_server
+
+
+# E2B's own tests run in their own pytest (tests/e2b/test_upstream.py), under their own
+# pytest.ini and conftest: not collected as hutch's.
+collect_ignore = ["upstream"]
