@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
-from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
+from e2b.exceptions import (
+    AuthenticationException,
+    FileNotFoundException,
+    NotFoundException,
+    SandboxException,
+)
 
 from tests.e2b.conftest import E2bServer
 
@@ -37,6 +42,21 @@ def test_a_background_command_is_listed_and_killed(sandbox: Sandbox) -> None:
         handle.wait()
     assert handle.pid not in [p.pid for p in sandbox.commands.list()]
     assert sandbox.commands.kill(handle.pid) is False  # gone: envd's not_found
+
+
+def test_files_are_written_read_listed_and_removed(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("notes/a.txt", "first")  # parents made; relative: the user's home
+    assert info.path == "/home/agentuity/notes/a.txt"
+    sandbox.files.write("/tmp/b.bin", b"\x00\xff")
+    assert sandbox.files.read("notes/a.txt") == "first"
+    assert sandbox.files.read("/tmp/b.bin", format="bytes") == b"\x00\xff"
+    assert sandbox.commands.run("cat notes/a.txt").stdout == "first"  # the same home as commands
+    assert [e.name for e in sandbox.files.list("notes")] == ["a.txt"]
+    assert sandbox.files.make_dir("notes") is False  # exists already
+    sandbox.files.remove("notes")
+    assert not sandbox.files.exists("notes/a.txt")
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("notes/a.txt")
 
 
 def test_info_and_list_show_the_sandbox(sandbox: Sandbox) -> None:
@@ -95,6 +115,10 @@ def test_another_organizations_key_reaches_nothing_on_either_plane(e2b_env: E2bS
                          connection_config=_config_for(sandbox.sandbox_id, "k.forged"))
         with pytest.raises(AuthenticationException):
             forged.commands.list()
+        with pytest.raises(AuthenticationException):
+            stolen.files.read("/etc/hostname")
+        with pytest.raises(AuthenticationException):
+            stolen.files.write("/tmp/planted", "x")
     finally:
         theirs.kill()
     assert sandbox.is_running()

@@ -3,14 +3,18 @@ the two encodings Connect carries: binary protobuf (``application/proto``, ``…
 and protobuf's JSON mapping (``application/json``, ``…connect+json``: lowerCamelCase names,
 bytes in base64, enums by name), which E2B's own SDKs send.
 
-A message's schema maps each field name to (number, kind, what): kind is a scalar kind, a
-message (``what``: its schema), a ``map`` of strings, or ``repeated`` one of those."""
+A message's schema maps each field name to (number, kind, what): kind is a scalar kind
+(string, bytes, bool, uint32, sint32, int64, enum, or timestamp: a
+``google.protobuf.Timestamp`` given as unix seconds), a message (``what``: its schema), a
+``map`` of strings, or ``repeated`` one of those."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import json
+import math
 from typing import Any
 
 from hutch.api.e2b import protowire as pw
@@ -49,6 +53,9 @@ def to_proto(schema: Schema, msg: dict[str, Any]) -> bytes:
 
 
 def _one_proto(number: int, kind: str, what: Any, value: Any) -> bytes:
+    if kind == "timestamp":
+        nanos, seconds = math.modf(value)
+        return pw.blob(number, pw.uint(1, int(seconds)) + pw.uint(2, round(nanos * 1e9)))
     if kind == "message":
         return pw.blob(number, to_proto(what, value))
     if kind in ("string", "bytes"):
@@ -76,12 +83,16 @@ def from_proto(schema: Schema, raw: bytes) -> dict[str, Any]:
 
 
 def _one_from_proto(kind: str, what: Any, value: pw.Value, name: str) -> Any:
-    want_bytes = kind in ("string", "bytes", "message")
+    want_bytes = kind in ("string", "bytes", "message", "timestamp")
     if want_bytes != isinstance(value, bytes):
         raise InvalidInput(f"{name}: the wrong protobuf wire type", field=name)
     if kind == "message":
         assert isinstance(value, bytes)
         return from_proto(what, value)
+    if kind == "timestamp":
+        assert isinstance(value, bytes)
+        parts = pw.fields(value)
+        return int(pw.last(parts, 1, int) or 0) + int(pw.last(parts, 2, int) or 0) / 1e9
     if kind == "string":
         assert isinstance(value, bytes)
         try:
@@ -117,6 +128,10 @@ def to_json(schema: Schema, msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_to_json(kind: str, what: Any, value: Any) -> Any:
+    if kind == "timestamp":
+        return dt.datetime.fromtimestamp(value, dt.UTC).isoformat().replace("+00:00", "Z")
+    if kind == "int64":
+        return str(value)  # protobuf's JSON mapping: 64-bit integers are strings
     if kind == "message":
         return to_json(what, value)
     if kind == "bytes":
@@ -151,6 +166,16 @@ def from_json(schema: Schema, data: object, where: str = "body") -> dict[str, An
 
 
 def _one_from_json(kind: str, what: Any, value: object, field: str) -> Any:
+    if kind == "timestamp":
+        try:
+            return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError as err:
+            raise InvalidInput(f"{field}: expected an RFC 3339 time", field=field) from err
+    if kind == "int64" and isinstance(value, str | int) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except ValueError as err:
+            raise InvalidInput(f"{field}: expected a 64-bit integer", field=field) from err
     if kind == "message":
         return from_json(what, value, field)
     if kind == "string":

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from hutch.api.e2b import control_routes, envd_routes
+from hutch.api.e2b import control_routes, envd_routes, files_routes
 from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.processes import Processes
 from hutch.api.keys import ENGINE, TENANTS
@@ -24,6 +24,7 @@ def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
     app[TENANTS] = tenants
     app.add_routes(control_routes.routes)
     app.add_routes(envd_routes.routes)
+    app.add_routes(files_routes.routes)
     return app
 
 
