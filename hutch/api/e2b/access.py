@@ -53,7 +53,7 @@ async def rpc_errors(request: web.Request, handler: Handler) -> web.StreamRespon
     except Exception as err:
         if not request.path.startswith(_RPC_PREFIXES) or isinstance(err, web.HTTPException):
             raise
-        if not isinstance(err, HutchError):
+        if not isinstance(err, HutchError | connect.RpcError):
             log.exception("unhandled error in %s %s", request.method, request.path)
         return connect.error_response(err)
 
@@ -69,6 +69,8 @@ async def e2b_errors(request: web.Request, handler: Handler) -> web.StreamRespon
         return response
     except HutchError as err:
         return error(err.status or 500, err.message)
+    except ConnectionResetError:
+        raise  # the client left mid-answer (a download it stopped reading): nothing to answer
     except web.HTTPException as err:
         if err.status < 400:
             raise

@@ -20,12 +20,14 @@ from hutch.api.e2b import codec, connect
 from hutch.api.e2b import process_messages as msg
 from hutch.api.e2b.access import SANDBOX_KEY, envd
 from hutch.api.e2b.processes import Process, Processes
+from hutch.api.e2b.terminals import PtyProcess
 from hutch.api.keys import ENGINE
-from hutch.core.errors import HutchError, InvalidInput, NotSupported
+from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.models import ExecutionState, ExecutionStatus, SandboxStatus
 from hutch.service.engine import Engine
 from hutch.service.output import RAW_OUTPUT, StreamOptions
 from hutch.service.requests import ExecuteRequest
+from hutch.service.terminals import check_size
 
 log = logging.getLogger("hutch.api.e2b")
 routes = web.RouteTableDef()
@@ -133,12 +135,47 @@ async def _output(request: web.Request, execution_id: str) -> AsyncIterator[tupl
             await task
 
 
+def _keepalive_interval(request: web.Request) -> float:
+    with contextlib.suppress(ValueError):
+        return max(1.0, float(request.headers.get("Keepalive-Ping-Interval", KEEPALIVE_DEFAULT)))
+    return KEEPALIVE_DEFAULT
+
+
+async def _follow_pty(request: web.Request, events: _Events, pty: PtyProcess) -> None:
+    """What the terminal writes from now on, then its end."""
+    interval = _keepalive_interval(request)
+    queue = pty.follow()
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(interval):
+                    item = await queue.get()
+            except TimeoutError:
+                await events.send(keepalive={})
+                continue
+            if item is None:
+                await connect.end_stream(events.response, connect.RpcError(
+                    "resource_exhausted", "this stream fell too far behind the terminal's output"))
+                return
+            kind, value = item
+            if kind == "end":
+                code = int(value)
+                await events.send(end={"exit_code": code, "exited": code >= 0, "status": f"exit status {code}"})
+                await connect.end_stream(events.response)
+                return
+            await events.send(data={"pty": value})
+    finally:
+        pty.leave(queue)
+
+
 async def _follow(request: web.Request, events: _Events, proc: Process) -> None:
     """Output, keep-alives on a quiet stream, then how it ended; the stream ends after."""
+    if proc.pty is not None:
+        await _follow_pty(request, events, proc.pty)
+        return
+    assert proc.execution_id is not None
     engine = request.app[ENGINE]
-    interval = KEEPALIVE_DEFAULT
-    with contextlib.suppress(ValueError):
-        interval = max(1.0, float(request.headers.get("Keepalive-Ping-Interval", interval)))
+    interval = _keepalive_interval(request)
     chunks = _output(request, proc.execution_id).__aiter__()
     pending: asyncio.Future[tuple[str, bytes]] | None = None
     try:
@@ -179,8 +216,8 @@ async def _serve_stream(request: web.Request, call: connect.Call, begin: Awaitab
     try:
         await events.send(start={"pid": proc.pid})
         await _follow(request, events, proc)
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise  # the client left: the command goes on, as envd's does
+    except ConnectionResetError:
+        return events.response  # the client left: the command goes on, as envd's does
     except Exception as err:
         if not isinstance(err, HutchError):
             log.exception("the stream of process %s failed", proc.pid)
@@ -200,8 +237,6 @@ async def start(request: web.Request) -> web.StreamResponse:
     call, req = await _call(request, msg.START_REQUEST)
     if not call.streaming:
         raise InvalidInput("Start is a server stream: send application/connect+json or +proto", field="Content-Type")
-    if req.get("pty") is not None:
-        raise NotSupported("pty: terminals over the E2B wire are not supported yet", field="pty")
     config = req.get("process")
     if config is None:
         raise InvalidInput("process: required", field="process")
@@ -209,6 +244,18 @@ async def start(request: web.Request) -> web.StreamResponse:
     deadline = connect.timeout_ms(request)
     sandbox_id = request[SANDBOX_KEY]
     engine = request.app[ENGINE]
+    request.app[PROCESSES].prune(lambda p: _alive(engine, p))
+    if req.get("pty") is not None:
+        rows, cols = _size(req["pty"])
+        if not cmd:
+            raise InvalidInput("process.cmd: required", field="process.cmd")
+
+        async def open_pty() -> Process:
+            pty = await PtyProcess.open(engine, sandbox_id, (cmd, *args), rows=rows, cols=cols, cwd=cwd, env=envs)
+            return request.app[PROCESSES].add(sandbox_id, None, cmd=cmd, args=tuple(args), envs=envs, cwd=cwd,
+                                              tag=req.get("tag"), pty=pty)
+
+        return await _serve_stream(request, call, open_pty())
 
     async def begin() -> Process:
         stdin: asyncio.Queue[bytes | None] | None = None
@@ -246,11 +293,24 @@ async def _stdin_chunks(engine: Engine, execution_id: str,
         yield chunk
 
 
+def _size(pty: dict[str, Any]) -> tuple[int, int]:
+    size = pty.get("size") or {}
+    rows, cols = size.get("rows") or 24, size.get("cols") or 80
+    check_size(rows, cols)
+    return rows, cols
+
+
+def _alive(engine: Engine, proc: Process) -> bool:
+    if proc.pty is not None:
+        return proc.pty.running
+    return proc.execution_id is not None and engine.executions.running(proc.execution_id)
+
+
 async def _running(request: web.Request, req: dict[str, Any]) -> Process:
     pid, tag = _selector(req)
     sandbox_id = request[SANDBOX_KEY]
     proc = request.app[PROCESSES].find(sandbox_id, pid=pid, tag=tag)
-    if proc is None or not request.app[ENGINE].executions.running(proc.execution_id):
+    if proc is None or not _alive(request.app[ENGINE], proc):
         name = f"pid {pid}" if pid is not None else f"tag {tag!r}"
         raise connect.RpcError("not_found", f"process with {name} not found in sandbox {sandbox_id}")
     return proc
@@ -271,7 +331,7 @@ async def list_processes(request: web.Request) -> web.Response:
     call, _ = await _call(request, msg.EMPTY)
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
     await engine.reads.require(sandbox_id)
-    procs = [p for p in request.app[PROCESSES].of(sandbox_id) if engine.executions.running(p.execution_id)]
+    procs = [p for p in request.app[PROCESSES].of(sandbox_id) if _alive(engine, p)]
     return connect.unary(codec.encode(msg.LIST_RESPONSE, {"processes": [_info(p) for p in procs]}, call.is_json),
                          call.is_json)
 
@@ -285,7 +345,11 @@ async def send_signal(request: web.Request) -> web.Response:
     if signal not in (_SIGKILL, _SIGTERM):
         raise InvalidInput(f"signal: expected SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {signal!r}", field="signal")
     proc = await _running(request, req)
-    await request.app[ENGINE].executions.cancel(proc.execution_id, why=f"killed over the E2B wire (signal {signal})")
+    if proc.pty is not None:
+        await proc.pty.kill()
+    else:
+        assert proc.execution_id is not None
+        await request.app[ENGINE].executions.cancel(proc.execution_id, why=f"killed over the E2B wire (signal {signal})")
     return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
 
 
@@ -301,9 +365,12 @@ def _open_stdin(proc: Process) -> asyncio.Queue[bytes | None]:
 async def send_input(request: web.Request) -> web.Response:
     call, req = await _call(request, msg.SEND_INPUT_REQUEST)
     given = req.get("input") or {}
-    if given.get("pty") is not None:
-        raise NotSupported("input.pty: terminals over the E2B wire are not supported yet", field="input.pty")
     proc = await _running(request, req)
+    if given.get("pty") is not None:
+        if proc.pty is None:
+            raise connect.RpcError("failed_precondition", f"process {proc.pid} has no terminal; send stdin")
+        await proc.pty.terminal.write(given["pty"])
+        return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
     data = given.get("stdin", b"")
     if data:
         try:  # a command not reading its stdin holds the sender back, for a while
@@ -321,6 +388,20 @@ async def close_stdin(request: web.Request) -> web.Response:
     call, req = await _call(request, msg.CLOSE_STDIN_REQUEST)
     proc = await _running(request, req)
     await _open_stdin(proc).put(None)
+    return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
+
+
+@routes.post("/process.Process/Update")
+@envd
+async def update(request: web.Request) -> web.Response:
+    """A terminal's new size."""
+    call, req = await _call(request, msg.UPDATE_REQUEST)
+    proc = await _running(request, req)
+    if req.get("pty") is not None:
+        if proc.pty is None:
+            raise connect.RpcError("failed_precondition", f"process {proc.pid} has no terminal to resize")
+        rows, cols = _size(req["pty"])
+        await proc.pty.terminal.resize(rows, cols)
     return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
 
 

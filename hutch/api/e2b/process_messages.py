@@ -31,3 +31,4 @@ EVENT_RESPONSE: Schema = {"event": (1, "message", PROCESS_EVENT)}  # StartRespon
 PROCESS_INPUT: Schema = {"stdin": (1, "bytes", None), "pty": (2, "bytes", None)}
 SEND_INPUT_REQUEST: Schema = {"process": (1, "message", SELECTOR), "input": (2, "message", PROCESS_INPUT)}
 CLOSE_STDIN_REQUEST: Schema = {"process": (1, "message", SELECTOR)}
+UPDATE_REQUEST: Schema = {"process": (1, "message", SELECTOR), "pty": (2, "message", PTY)}
