@@ -28,10 +28,15 @@ def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
     return app
 
 
+SHUTDOWN_SECONDS = 2.0
+
+
 @contextlib.asynccontextmanager
 async def serving(engine: Engine, tenants: Tenants, host: str, port: int) -> AsyncIterator[int]:
     """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs; yields the port."""
-    runner = web.AppRunner(create_e2b_app(engine, tenants), access_log=None)
+    # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
+    # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
+    runner = web.AppRunner(create_e2b_app(engine, tenants), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
