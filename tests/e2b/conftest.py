@@ -3,11 +3,13 @@ by its two environment variables, as a user would."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.services import drop_database, drop_topics, fresh_database, kafka_url
 from tests.system.server import KEY, Server, free_port
 
 
@@ -22,17 +24,38 @@ class E2bServer:
         return str(self.server.data("POST", f"/keys?orgId={org['id']}", {"role": "admin"})["secret"])
 
 
-@pytest.fixture(scope="module")
-def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+def _serve(tmp_path_factory: pytest.TempPathFactory, **env: str) -> Iterator[E2bServer]:
     data: Path = tmp_path_factory.mktemp("e2b") / "data"
     data.mkdir()
     e2b_port = free_port()
-    server = Server(data, driver="local", HUTCH_E2B_PORT=str(e2b_port)).start()
+    server = Server(data, driver="local", HUTCH_E2B_PORT=str(e2b_port), **env).start()
     try:
         yield E2bServer(server, e2b_port)
     finally:
         server.destroy_every_sandbox()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def e2b_embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """The embedded profile (SQLite log, memory store): E2B's own tests run here."""
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["embedded", "production"])
+def e2b_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """hutch's own E2B tests run on both profiles: production is Kafka and PostgreSQL (a fresh
+    topic and database, failing loudly when the services are missing)."""
+    if request.param == "embedded":
+        yield from _serve(tmp_path_factory)
+        return
+    log = kafka_url("e2b")
+    store, name = asyncio.run(fresh_database("e2b"))
+    try:
+        yield from _serve(tmp_path_factory, HUTCH_EVENT_LOG=log, HUTCH_STORE=store)
+    finally:
+        asyncio.run(drop_database(name))
+        asyncio.run(drop_topics(log))
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ def _lines(name: str) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
 
 
-def test_the_chosen_e2b_tests_pass(e2b_server: E2bServer, tmp_path: Path) -> None:
+def test_the_chosen_e2b_tests_pass(e2b_embedded_server: E2bServer, tmp_path: Path) -> None:
+    e2b_server = e2b_embedded_server
     report = tmp_path / "junit.xml"
     deselect = [arg for test in _lines("EXCLUDED") for arg in ("--deselect", test)]
     env = {**os.environ, "E2B_API_URL": e2b_server.url, "E2B_SANDBOX_URL": e2b_server.url, "E2B_API_KEY": KEY,
