@@ -9,6 +9,7 @@ from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
+    InvalidArgumentException,
     NotFoundException,
     SandboxException,
 )
@@ -57,6 +58,14 @@ def test_files_are_written_read_listed_and_removed(sandbox: Sandbox) -> None:
     assert not sandbox.files.exists("notes/a.txt")
     with pytest.raises(FileNotFoundException):
         sandbox.files.read("notes/a.txt")
+
+
+def test_a_listing_larger_than_the_server_holds_is_refused_naming_the_bound(sandbox: Sandbox) -> None:
+    sandbox.commands.run("mkdir -p big && cd big && touch $(seq 1 10001)")
+    with pytest.raises(InvalidArgumentException, match="more than 10000 entries below '/home/agentuity/big'"):
+        sandbox.files.list("big")
+    assert len(sandbox.files.list("/home/agentuity", depth=1)) >= 1  # a narrower listing still answers
+    sandbox.commands.run("rm -rf big")
 
 
 def test_info_and_list_show_the_sandbox(sandbox: Sandbox) -> None:

@@ -22,6 +22,7 @@ from hutch.core.errors import FileNotFound, InvalidInput, NotFound, NotSupported
 
 routes = web.RouteTableDef()
 MAX_DEPTH = 32
+MAX_ENTRIES = 10_000  # one ListDir's answer is held whole: a tree larger than this is refused
 HOME = "/home/agentuity"  # the sandbox user's home, where the drivers start a relative path too
 
 
@@ -114,6 +115,9 @@ async def list_dir(request: web.Request) -> web.Response:
             for info in await engine.files.list(sandbox_id, directory):
                 entry = _entry(info, posixpath.join(directory, info.name))
                 entries.append(entry)
+                if len(entries) > MAX_ENTRIES:
+                    raise connect.RpcError("invalid_argument", f"more than {MAX_ENTRIES} entries below {path!r} "
+                                           f"within depth {depth}; list a smaller depth or a narrower path")
                 if info.is_dir and not info.is_symlink:
                     below.append(entry["path"])
         level = below
