@@ -24,11 +24,11 @@ class E2bServer:
         return str(self.server.data("POST", f"/keys?orgId={org['id']}", {"role": "admin"})["secret"])
 
 
-def _serve(tmp_path_factory: pytest.TempPathFactory, **env: str) -> Iterator[E2bServer]:
+def _serve(tmp_path_factory: pytest.TempPathFactory, driver: str = "local", **env: str) -> Iterator[E2bServer]:
     data: Path = tmp_path_factory.mktemp("e2b") / "data"
     data.mkdir()
     e2b_port = free_port()
-    server = Server(data, driver="local", HUTCH_E2B_PORT=str(e2b_port), **env).start()
+    server = Server(data, driver=driver, HUTCH_E2B_PORT=str(e2b_port), **env).start()
     try:
         yield E2bServer(server, e2b_port)
     finally:
@@ -42,12 +42,16 @@ def e2b_embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2
     yield from _serve(tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=["embedded", "production"])
+@pytest.fixture(scope="module", params=["embedded", "production", "nomad"])
 def e2b_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
-    """hutch's own E2B tests run on both profiles: production is Kafka and PostgreSQL (a fresh
-    topic and database, failing loudly when the services are missing)."""
+    """hutch's own E2B tests run on both profiles (production: Kafka and PostgreSQL, a fresh
+    topic and database) with the local driver, and on the nomad driver (commands, files and
+    terminals are the driver's); a missing service fails loudly."""
     if request.param == "embedded":
         yield from _serve(tmp_path_factory)
+        return
+    if request.param == "nomad":
+        yield from _serve(tmp_path_factory, driver="nomad")
         return
     log = kafka_url("e2b")
     store, name = asyncio.run(fresh_database("e2b"))
