@@ -4,14 +4,15 @@ hutch sandbox like any other: recorded, in the key's organization, within its qu
 network off unless asked for.
 
 E2B's ``timeout`` (seconds until the sandbox is ended) becomes hutch's idle timeout: the
-sandbox ends once nothing has happened in it for that long. What hutch does not have answers
+sandbox ends once nothing has happened in it for that long; set_timeout (and connect's
+``timeout``) sets it anew, counted from then. What hutch does not have answers
 E2B's error shape naming it (docs/e2b.md)."""
 
 from __future__ import annotations
 
 import math
 import urllib.parse
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
@@ -49,10 +50,11 @@ def _template_of(sb: SandboxState) -> str:
     return sb.spec.snapshot_id or sb.spec.runtime
 
 
-def _timeout(body: dict[str, Any]) -> int:
+def _timeout(body: dict[str, Any], *, lowest: int = 1) -> int:
     value = body.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TIMEOUT:
-        raise InvalidInput(f"timeout: expected whole seconds from 1 to {MAX_TIMEOUT}, got {value!r}", field="timeout")
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= MAX_TIMEOUT:
+        raise InvalidInput(f"timeout: expected whole seconds from {lowest} to {MAX_TIMEOUT}, got {value!r}",
+                           field="timeout")
     return value
 
 
@@ -77,18 +79,23 @@ def _render(request: web.Request, sb: SandboxState, *, detail: bool) -> dict[str
                            "envdVersion": ENVD_VERSION, "alias": _template_of(sb), "domain": None}
     out["envdAccessToken"] = envd_token(request.app[ENGINE], sb.sandbox_id, principal.key_id)
     if detail:
-        idle = parse_duration("timeout.idle", sb.spec.timeout.idle) if sb.spec.timeout.idle else 0
         started = datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
-        last = datetime.fromisoformat(sb.updated_at.replace("Z", "+00:00"))
         res = sb.spec.resources
         meta = sb.spec.metadata if isinstance(sb.spec.metadata, dict) else {}
-        out.update(startedAt=started.isoformat(), endAt=(last + timedelta(seconds=idle)).isoformat(),
+        out.update(startedAt=started.isoformat(), endAt=_ends_at(sb).isoformat(),
                    cpuCount=math.ceil((res.cpu_millis or 0) / 1000), memoryMB=(res.memory_bytes or 0) // 2**20,
                    diskSizeMB=(res.disk_bytes or 0) // 2**20,
                    state="paused" if sb.status is SandboxStatus.PAUSED else "running",
                    metadata={k: v for k, v in meta.items() if isinstance(v, str)},
                    allowInternetAccess=sb.spec.network.enabled)
     return out
+
+
+def _ends_at(sb: SandboxState) -> datetime:
+    """When the idle timeout ends it, if nothing happens in it before (hutch's reaper may know of
+    a later activity: a file read is not an event)."""
+    idle = parse_duration("timeout.idle", sb.spec.timeout.idle) if sb.spec.timeout.idle else 0
+    return datetime.fromisoformat(sb.updated_at.replace("Z", "+00:00")) + timedelta(seconds=idle)
 
 
 async def _live(request: web.Request, sandbox_id: str) -> SandboxState:
@@ -246,13 +253,20 @@ async def pause(request: web.Request) -> web.Response:
 @routes.post("/v2/sandboxes/{sandbox_id}/connect")
 @control(Access.WRITE)
 async def connect(request: web.Request) -> web.Response:
-    """Connect (and resume, a paused one): the answer carries the envd token, for this key."""
+    """Connect (and resume, a paused one): the answer carries the envd token, for this key. A
+    ``timeout`` given that would end the sandbox later than now planned is the idle timeout
+    from now on, as set_timeout's; one that would end it sooner changes nothing."""
     engine = request.app[ENGINE]
-    await _body(request)  # timeout / memory: the idle timeout stays as created
+    body = await _body(request)
     sb = await _live(request, request.match_info["sandbox_id"])
     resumed = sb.status is SandboxStatus.PAUSED
     if resumed:
         await engine.control.resume(sb.sandbox_id)
+    extend = body.get("timeout") is not None and (
+        datetime.now(UTC) + timedelta(seconds=_timeout(body, lowest=0)) > _ends_at(sb))
+    if extend:  # as E2B's connect: a later end, never an earlier one
+        await engine.control.set_idle_timeout(sb.sandbox_id, f"{max(1, _timeout(body, lowest=0))}s")
+    if resumed or extend:
         sb = await engine.reads.require(sb.sandbox_id)
     return web.json_response(_render(request, sb, detail=False), status=201 if resumed else 200)
 
@@ -260,6 +274,10 @@ async def connect(request: web.Request) -> web.Response:
 @routes.post("/sandboxes/{sandbox_id}/timeout")
 @control(Access.WRITE)
 async def set_timeout(request: web.Request) -> web.Response:
+    """The sandbox ends ``timeout`` seconds from now unless something happens in it (hutch's
+    idle timeout, set anew); 0 is the shortest hutch has, a second."""
+    body = await _body(request)
+    seconds = _timeout(body, lowest=0)
     sb = await _live(request, request.match_info["sandbox_id"])
-    raise NotSupported(f"sandbox {sb.sandbox_id}: changing the timeout of a running sandbox is not supported yet; "
-                       "hutch ends a sandbox after the timeout it was created with passes idle")
+    await request.app[ENGINE].control.set_idle_timeout(sb.sandbox_id, f"{max(1, seconds)}s")
+    return web.Response(status=204)
