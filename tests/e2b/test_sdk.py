@@ -4,6 +4,9 @@ envd token opening nothing of another's."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
 from e2b.exceptions import (
@@ -15,6 +18,7 @@ from e2b.exceptions import (
 )
 
 from tests.e2b.conftest import E2bServer
+from tests.system.server import KEY
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +78,18 @@ def test_info_and_list_show_the_sandbox(sandbox: Sandbox) -> None:
     assert info.allow_internet_access is False  # hutch's default, whatever E2B's is
     listed = [s.sandbox_id for s in Sandbox.list().next_items()]
     assert sandbox.sandbox_id in listed
+
+
+def test_a_listing_carries_no_envd_token_and_a_get_does(e2b_env: E2bServer, sandbox: Sandbox) -> None:
+    def get(path: str) -> object:
+        req = urllib.request.Request(e2b_env.url + path, headers={"X-API-Key": KEY})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    listed = get("/v2/sandboxes")
+    assert isinstance(listed, list) and listed and all("envdAccessToken" not in s for s in listed)
+    one = get(f"/sandboxes/{sandbox.sandbox_id}")
+    assert isinstance(one, dict) and one["envdAccessToken"] == sandbox._envd_access_token
 
 
 def test_metadata_and_env_vars_reach_the_sandbox(e2b_env: E2bServer) -> None:

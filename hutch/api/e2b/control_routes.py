@@ -73,11 +73,14 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _render(request: web.Request, sb: SandboxState, *, detail: bool) -> dict[str, Any]:
+def _render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool = True) -> dict[str, Any]:
+    """E2B's Sandbox (``detail``: SandboxDetail). The envd token is always issued (E2B's
+    ``secure``, whatever was asked); a listing leaves it out, as E2B's does."""
     principal = request[PRINCIPAL_KEY]
     out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": sb.sandbox_id, "clientID": "hutch",
                            "envdVersion": ENVD_VERSION, "alias": _template_of(sb), "domain": None}
-    out["envdAccessToken"] = envd_token(request.app[ENGINE], sb.sandbox_id, principal.key_id)
+    if token:
+        out["envdAccessToken"] = envd_token(request.app[ENGINE], sb.sandbox_id, principal.key_id)
     if detail:
         started = datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
         res = sb.spec.resources
@@ -224,7 +227,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
               and (after is None or _started(sb) >= after)
               and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v for k, v in wanted.items())]
     window = chosen[offset:offset + limit]
-    response = web.json_response([_render(request, sb, detail=True) for sb in window])
+    response = web.json_response([_render(request, sb, detail=True, token=False) for sb in window])
     if offset + limit < len(chosen):
         response.headers["x-next-token"] = str(offset + limit)
     return response
