@@ -105,6 +105,18 @@ def test_metadata_and_env_vars_reach_the_sandbox(e2b_env: E2bServer) -> None:
     assert Sandbox.kill(sbx.sandbox_id) is False  # killed already: E2B's 404
 
 
+def test_a_create_repeated_with_its_idempotency_key_makes_one_sandbox(e2b_env: E2bServer) -> None:
+    first = Sandbox.create(timeout=60, idempotency_key="e2b-test-once")
+    try:
+        again = Sandbox.create(timeout=60, idempotency_key="e2b-test-once")
+        assert again.sandbox_id == first.sandbox_id
+        assert Sandbox.create(timeout=60, idempotency_key="e2b-test-other").kill() is True  # another key: another
+    finally:
+        first.kill()
+    with pytest.raises(SandboxException, match="has ended; use a new key"):
+        Sandbox.create(timeout=60, idempotency_key="e2b-test-once")
+
+
 def test_a_missing_sandbox_or_template_is_the_sdks_not_found(e2b_env: E2bServer) -> None:
     with pytest.raises(NotFoundException):
         Sandbox.get_info("sbx_doesnotexist")

@@ -18,17 +18,19 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token
+from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.http import parse_json
 from hutch.api.keys import ENGINE
 from hutch.api.parse import parse_create
 from hutch.core import runtimes
-from hutch.core.errors import InvalidInput, NotFound, NotSupported, SandboxNotFound
+from hutch.core.errors import Conflict, InvalidInput, NotFound, NotSupported, SandboxNotFound
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.core.tenancy import Access
 from hutch.projections.base import SandboxQuery
 
 routes = web.RouteTableDef()
+IDEMPOTENCY: web.AppKey[IdempotentCreates] = web.AppKey("e2b_idempotency", IdempotentCreates)
 
 ENVD_VERSION = "0.5.7"  # what the SDK is told envd speaks: commands with stdin, a default user
 DEFAULT_TIMEOUT = 300  # seconds, E2B's default
@@ -145,9 +147,24 @@ async def create(request: web.Request) -> web.Response:
             raise NotFound(f"template {template!r} not found (hutch has base and its runtimes, e.g. python:3.13, "
                            "or a snapshot id snp_...)", field="templateID")
         hutch_body["runtime"] = runtime
-    created = await engine.provisioning.create(parse_create(hutch_body, snapshot),
-                                               api_key_id=request[PRINCIPAL_KEY].key_id)
-    sb = await engine.reads.wait_not_creating(created.sandbox.sandbox_id)
+    req = parse_create(hutch_body, snapshot)
+    principal = request[PRINCIPAL_KEY]
+
+    async def make() -> str:
+        created = await engine.provisioning.create(req, api_key_id=principal.key_id)
+        return created.sandbox.sandbox_id
+
+    key = request.headers.get("Idempotency-Key")
+    sandbox_id, made = await request.app[IDEMPOTENCY].once(principal.org_id, key, make) if key else (await make(), True)
+    try:
+        sb = await engine.reads.wait_not_creating(sandbox_id)
+    except NotFound:
+        if made:
+            raise
+        sb = None
+    if not made and (sb is None or sb.status not in _LIVE):
+        raise Conflict(f"Idempotency-Key {key!r}: the sandbox it made, {sandbox_id}, has ended; use a new key")
+    assert sb is not None
     if sb.status not in _LIVE:
         raise NotSupported(f"sandbox {sb.sandbox_id} did not start: {sb.reason or sb.status.value}")
     return web.json_response(_render(request, sb, detail=False), status=201)

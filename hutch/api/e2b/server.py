@@ -11,6 +11,7 @@ from aiohttp import web
 
 from hutch.api.e2b import control_routes, envd_routes, files_routes
 from hutch.api.e2b.access import e2b_errors, rpc_errors
+from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
 from hutch.api.keys import ENGINE, TENANTS
 from hutch.service.engine import Engine
@@ -21,6 +22,7 @@ def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
     app = web.Application(middlewares=[e2b_errors, rpc_errors], client_max_size=16 * 2**20)
     app[ENGINE] = engine
     app[envd_routes.PROCESSES] = Processes()
+    app[control_routes.IDEMPOTENCY] = IdempotentCreates()
     app[TENANTS] = tenants
     app.add_routes(control_routes.routes)
     app.add_routes(envd_routes.routes)
