@@ -24,6 +24,7 @@ from hutch.api.keys import (
     API_KEY_ID,
     BODY_CHECK,
     CONFIG,
+    E2B_PORT,
     ENGINE,
     FORWARD_TO_OWNER,
     PRINCIPAL,
@@ -238,6 +239,8 @@ async def _health(request: web.Request) -> web.Response:
     data: dict[str, object] = {"status": "ok"}
     if (gateway := request.app.get(SSH_GATEWAY)) is not None:
         data["ssh"] = {"port": gateway.port}  # type: ignore[attr-defined]  # `hutch ssh --show`
+    if (e2b_port := request.app.get(E2B_PORT)) is not None:
+        data["e2b"] = {"port": e2b_port}
     return web.json_response({"success": True, "data": data})
 
 
@@ -308,6 +311,10 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             await gateway.start(config.host, config.ssh_port)
             stack.push_async_callback(gateway.close)
             app[SSH_GATEWAY] = gateway
+        if config.e2b_port is not None:
+            from hutch.api.e2b.server import serving  # E2B's wire, on its own listener
+
+            app[E2B_PORT] = await stack.enter_async_context(serving(engine, tenants, config.host, config.e2b_port))
         yield
 
 
@@ -319,6 +326,8 @@ def run_server(config: Config) -> None:
     if generated:
         print(f"hutch: generated API key (stored in {config.data_dir / 'api-key'}): {key}", flush=True)
     print(f"hutch: serving on http://{config.host}:{config.port} (data dir {config.data_dir}, driver {config.driver})", flush=True)
+    if config.e2b_port is not None:
+        print(f"hutch: E2B wire on {config.host}:{config.e2b_port or '(a free port: see GET /healthz)'}", flush=True)
     if config.ssh_port is not None:
         print(f"hutch: SSH gateway on {config.host}:{config.ssh_port or '(a free port: see GET /healthz)'}", flush=True)
     memory.limit_arenas()  # process-wide, so here rather than in create_app (tests share a process)

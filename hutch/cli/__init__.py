@@ -125,6 +125,9 @@ def _serve_parser(top: Any) -> None:
                             "their first use (HUTCH_PREBUILD, comma-separated)")
     serve.add_argument("--ssh-port", type=_int_in(0, 65535), metavar="PORT",
                        help="also run the SSH gateway on this port: ssh -p PORT sbx_…@host (HUTCH_SSH_PORT)")
+    serve.add_argument("--e2b-port", type=_int_in(0, 65535), metavar="PORT",
+                       help="also serve E2B's wire on this port, for its SDK's E2B_API_URL and E2B_SANDBOX_URL "
+                            "(HUTCH_E2B_PORT)")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -161,6 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             driver=args.driver,
             prebuild=",".join(args.prebuild) if args.prebuild else None,
             ssh_port=args.ssh_port,
+            e2b_port=args.e2b_port,
         )
     except (ValueError, TypeError) as err:
         raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err

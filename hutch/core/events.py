@@ -106,6 +106,14 @@ class SandboxResumed:
 
 
 @attrs.frozen
+class SandboxTimeoutChanged:
+    """The idle timeout changed while the sandbox lives (E2B's set_timeout: api/e2b/)."""
+
+    type: ClassVar[str] = "timeout"
+    idle: str | None = None  # a duration such as 300s; None: no idle timeout
+
+
+@attrs.frozen
 class SandboxEnvChanged:
     """PATCH /sandbox/env: later executions and jobs see the result."""
 
@@ -242,6 +250,7 @@ EventData = (
     | SandboxPaused
     | SandboxResumed
     | SandboxEnvChanged
+    | SandboxTimeoutChanged
     | CheckpointCreated
     | CheckpointRestored
     | CheckpointDeleted
@@ -272,6 +281,7 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
         SandboxPaused,
         SandboxResumed,
         SandboxEnvChanged,
+        SandboxTimeoutChanged,
         CheckpointCreated,
         CheckpointRestored,
         CheckpointDeleted,

@@ -33,6 +33,7 @@ from hutch.core.events import (
     SandboxResumed,
     SandboxStarted,
     SandboxTerminated,
+    SandboxTimeoutChanged,
     recorded_size,
 )
 from hutch.core.models import (
@@ -44,6 +45,7 @@ from hutch.core.models import (
     SandboxState,
     SandboxStatus,
 )
+from hutch.core.quantities import parse_duration
 
 # ---------------------------------------------------------------- commands
 
@@ -117,6 +119,11 @@ class ChangeEnv:
 
 
 @attrs.frozen
+class ChangeTimeout:
+    idle: str | None  # a duration such as 300s (checked); None: no idle timeout
+
+
+@attrs.frozen
 class TakeCheckpoint:
     checkpoint_id: str
     name: str
@@ -144,7 +151,7 @@ class Resume:
 
 Command = (
     Create | Start | Fail | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
-    | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
+    | ChangeTimeout | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
 )
 
 _LIVE = (SandboxStatus.IDLE, SandboxStatus.RUNNING)
@@ -177,6 +184,7 @@ Decided = (
     | CheckpointRestored
     | CheckpointDeleted
     | SandboxEnvChanged
+    | SandboxTimeoutChanged
     | SandboxPaused
     | SandboxResumed
     | ExecutionStarted
@@ -203,6 +211,12 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
             return _decide_checkpoint_change(sandbox, command)
         case ChangeEnv():
             return _decide_change_env(sandbox, command)
+        case ChangeTimeout():
+            if sandbox.status.is_final or sandbox.status is SandboxStatus.STOPPING:
+                raise _illegal(sandbox, "change the timeout")
+            if command.idle is not None:
+                parse_duration("timeout.idle", command.idle)
+            return [SandboxTimeoutChanged(idle=command.idle)]
         case Pause():
             return _decide_pause(sandbox, command)
         case Resume():
@@ -425,6 +439,9 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             return _evolve_checkpoints(sandbox, data, at)
         case ExecutionStarted() | ExecutionFinished():
             return _evolve_executions(sandbox, data, at)
+        case SandboxTimeoutChanged():
+            timeout = attrs.evolve(sandbox.spec.timeout, idle=data.idle)
+            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, timeout=timeout), updated_at=at)
         case SandboxEnvChanged():
             env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
             env.update(data.set)

@@ -313,6 +313,9 @@ class Config:
     # `hutch serve --ssh-port`: the SSH gateway's port on ``host`` (0: any free one); None: no
     # gateway (api/ssh_gateway.py).
     ssh_port: int | None = _setting("HUTCH_SSH_PORT", None, convert=_to_port)
+    # `hutch serve --e2b-port`: where E2B's SDK finds this server (E2B_API_URL and
+    # E2B_SANDBOX_URL both), on ``host`` (0: any free one); None: not served (api/e2b/).
+    e2b_port: int | None = _setting("HUTCH_E2B_PORT", None, convert=_to_port)
     log_level: str = _setting("HUTCH_LOG_LEVEL", "INFO", check=_check_log_level)
     # Several replicas on one PostgreSQL store (core/replicas.py): where the others reach this
     # one (default http://host:port, the host's address when bound to all), and its id

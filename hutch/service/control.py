@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from hutch.core import phases
-from hutch.core.lifecycle import ChangeEnv, Destroy, Fail, Pause, Resume, Terminate
+from hutch.core.lifecycle import ChangeEnv, ChangeTimeout, Destroy, Fail, Pause, Resume, Terminate
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.core.replicas import Replicas
@@ -54,6 +54,12 @@ class SandboxControl:
         unset = tuple(k for k, v in changes.items() if v is None)
         await self._recorder.command(sandbox_id, ChangeEnv(set=set_, unset=unset))
         return dict((await self._reads.require(sandbox_id)).spec.env)
+
+    async def set_idle_timeout(self, sandbox_id: str, idle: str | None) -> SandboxState:
+        """A new idle timeout from now on: the reaper reschedules on the event, and the event
+        itself is the sandbox's latest activity."""
+        await self._recorder.command(sandbox_id, ChangeTimeout(idle))
+        return await self._reads.require(sandbox_id)
 
     async def destroy(self, sandbox_id: str) -> None:
         sb = await self._reads.require(sandbox_id)

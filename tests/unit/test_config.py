@@ -71,6 +71,7 @@ SETTINGS = [
      "/nonexistent.pem", "HUTCH_SANDBOX_CA_CERTS: cannot read /nonexistent.pem"),
     ("rate_limit", "20:100", "20:100", "fast", "HUTCH_RATE_LIMIT: expected requests per second"),
     ("ssh_port", "2222", 2222, "ssh", "HUTCH_SSH_PORT: expected a port number (0-65535), got 'ssh'"),
+    ("e2b_port", "3000", 3000, "e2b", "HUTCH_E2B_PORT: expected a port number (0-65535), got 'e2b'"),
     ("log_level", "DEBUG", "DEBUG", "loud", "HUTCH_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got 'loud'"),
     ("replica_url", "http://10.0.0.5:8700", "http://10.0.0.5:8700", "10.0.0.5:8700",
      "HUTCH_REPLICA_URL: expected an http:// or https:// URL, got '10.0.0.5:8700'"),

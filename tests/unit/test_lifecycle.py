@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hutch.core.errors import IllegalTransition, InvalidInput, SandboxNotFound
 from hutch.core.events import Event, EventData, SandboxCreated
 from hutch.core.lifecycle import (
+    ChangeTimeout,
     Command,
     Create,
     Destroy,
@@ -196,3 +197,15 @@ def test_a_recorded_argv_is_the_start_of_the_whole_on_a_character_boundary(argv:
     assert RECORDED_ARGV_BYTES - 3 <= size <= RECORDED_ARGV_BYTES  # a cut character is left out whole
     assert whole[:size] == cmdline(kept.argv)[:size]
     assert len(cmdline(kept.argv)) - size in (0, 1)  # 1: the last argument was cut (its NUL is not kept)
+
+
+def test_the_idle_timeout_changes_while_the_sandbox_lives_and_not_after() -> None:
+    sb = step(new(), Start())
+    sb = step(sb, ChangeTimeout("5s"))
+    assert sb.spec.timeout.idle == "5s" and sb.updated_at == "2026-01-01T00:00:00.000Z"
+    assert step(sb, ChangeTimeout(None)).spec.timeout.idle is None
+    with pytest.raises(InvalidInput, match=r"timeout\.idle"):
+        decide(sb, ChangeTimeout("soon"))
+    ended = step(step(sb, Destroy()), Terminate(reason="destroyed on request", deleted=True))
+    with pytest.raises(IllegalTransition, match="cannot change the timeout"):
+        decide(ended, ChangeTimeout("5s"))

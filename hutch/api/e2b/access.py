@@ -1,0 +1,150 @@
+"""Who may do what on E2B's wire, and its refusals' shapes. The wire (api/e2b/server.py) is
+the control plane the SDK reaches at ``E2B_API_URL`` and the in-sandbox API ("envd") it
+reaches at ``E2B_SANDBOX_URL``, both at one address. A separate aiohttp application, not routes of hutch's own: its
+answers are E2B's (``{"code": 404, "message": …}``, Connect's errors), not hutch's envelope,
+and its keys come in ``X-API-Key`` and ``X-Access-Token`` instead of ``Authorization``. It
+shares the server's engine, so what it does is recorded, scoped, metered and limited as any
+other request.
+
+Who may do what:
+- control plane: ``X-API-Key`` is a hutch API key; the request acts for its organization
+  (``acting``), as the auth middleware of api/app.py would.
+- envd: the SDK sends no API key there, only the ``envdAccessToken`` the create (or connect)
+  answered, and ``E2b-Sandbox-Id``. The token names the key it was given to (the one that
+  created, connected to or read the sandbox) and is an HMAC of (sandbox, key) under the server
+  secret: it opens that one sandbox, as that key, for as long as the key is valid and may write
+  (a revoked key, or a read-only one, runs nothing)."""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from hutch.api.e2b import connect
+from hutch.api.keys import ENGINE, TENANTS
+from hutch.core.errors import HutchError, RateLimited, Unauthorized
+from hutch.core.events import acting
+from hutch.core.tenancy import Access, Principal
+from hutch.service.engine import Engine
+
+log = logging.getLogger("hutch.api.e2b")
+
+SANDBOX_HEADER = "E2b-Sandbox-Id"
+TOKEN_HEADER = "X-Access-Token"
+_RPC_PREFIXES = ("/process.", "/filesystem.")
+PRINCIPAL_KEY: web.RequestKey[Principal] = web.RequestKey("e2b_principal", Principal)
+SANDBOX_KEY: web.RequestKey[str] = web.RequestKey("e2b_sandbox", str)
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"code": status, "message": message}, status=status)
+
+
+@web.middleware
+async def rpc_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A refusal on a Connect route, in Connect's shape (api/e2b/connect.py)."""
+    try:
+        return await handler(request)
+    except Exception as err:
+        if not request.path.startswith(_RPC_PREFIXES) or isinstance(err, web.HTTPException):
+            raise
+        if not isinstance(err, HutchError | connect.RpcError):
+            log.exception("unhandled error in %s %s", request.method, request.path)
+        return connect.error_response(err)
+
+
+@web.middleware
+async def e2b_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every other refusal in E2B's shape."""
+    try:
+        return await handler(request)
+    except RateLimited as err:
+        response = error(429, err.message)
+        response.headers["Retry-After"] = str(max(1, int(float(err.context.get("retry_after", 1)) + 0.999)))
+        return response
+    except HutchError as err:
+        return error(err.status or 500, err.message)
+    except ConnectionResetError:
+        raise  # the client left mid-answer (a download it stopped reading): nothing to answer
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        reason = "no such endpoint on the E2B wire" if err.status == 404 else err.reason
+        return error(err.status, f"{request.method} {request.path}: {reason}")
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error(500, "internal error; see the server log")
+
+
+def envd_token(engine: Engine, sandbox_id: str, key_id: str) -> str:
+    return f"{key_id}.{engine.streams.sign(f'e2b-envd:{sandbox_id}:{key_id}')[:48]}"
+
+
+def _control_principal(request: web.Request, access: Access) -> Principal:
+    key = request.headers.get("X-API-Key", "").strip()
+    if not key:
+        raise Unauthorized("missing X-API-Key header: send a hutch API key as E2B_API_KEY")
+    tenants = request.app[TENANTS]
+    principal = tenants.authenticate(key)
+    tenants.throttle(principal)
+    principal.require(access)
+    return principal
+
+
+async def _envd_principal(request: web.Request) -> tuple[Principal, str]:
+    sandbox_id = request.headers.get(SANDBOX_HEADER, "").strip()
+    token = request.headers.get(TOKEN_HEADER, "").strip()
+    if not sandbox_id:
+        raise Unauthorized(f"missing {SANDBOX_HEADER} header: which sandbox is this for?")
+    if not token:
+        raise Unauthorized(f"missing {TOKEN_HEADER} header: send the envdAccessToken the create answered")
+    key_id, _, _mac = token.rpartition(".")
+    engine = request.app[ENGINE]
+    # Checked before anything is looked up: a wrong token learns nothing about the sandbox.
+    if not key_id or not hmac.compare_digest(token, envd_token(engine, sandbox_id, key_id)):
+        raise Unauthorized(f"{TOKEN_HEADER}: not a valid access token for sandbox {sandbox_id}")
+    tenants = request.app[TENANTS]
+    principal = tenants.principal_for(key_id)
+    tenants.throttle(principal)
+    principal.require(Access.WRITE)
+    if principal.server_admin:  # the administrator's sandbox may be in any organization
+        sb = await engine.reads.require(sandbox_id)
+        principal = principal.acting_for(sb.spec.org_id, tenants.directory)
+    return principal, sandbox_id
+
+
+def control(access: Access) -> Callable[[Handler], Handler]:
+    """A control-plane handler: it runs as the X-API-Key's organization."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def run(request: web.Request) -> web.StreamResponse:
+            principal = _control_principal(request, access)
+            request[PRINCIPAL_KEY] = principal
+            with acting(principal):
+                return await handler(request)
+
+        return run
+
+    return wrap
+
+
+def envd(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Handler:
+    """An envd handler: it runs as the key that created the sandbox its token opens."""
+
+    @functools.wraps(handler)
+    async def run(request: web.Request) -> web.StreamResponse:
+        principal, sandbox_id = await _envd_principal(request)
+        request[PRINCIPAL_KEY] = principal
+        request[SANDBOX_KEY] = sandbox_id
+        with acting(principal):
+            return await handler(request)
+
+    return run
+
+

@@ -1,0 +1,129 @@
+"""Connect RPC (connectrpc.com/docs/protocol) over aiohttp, the part envd's clients use: unary
+calls (``application/proto`` or ``application/json``: the body is the message) and server
+streams (``application/connect+proto`` or ``…connect+json``: the request and each answer in a
+five-byte envelope, the stream closed by an end-of-stream envelope whose JSON carries the
+error, if any). E2B's SDKs send JSON; other Connect clients default to protobuf
+(api/e2b/codec.py reads and writes both).
+
+Errors keep Connect's shapes: a unary call answers ``{"code": "not_found", "message": …}``
+with the HTTP status Connect pairs with the code; a stream that already answered 200 ends with
+``{"error": {"code", "message"}}``. hutch's own errors map by their HTTP status."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import attrs
+from aiohttp import web
+
+from hutch.core.errors import HutchError, InvalidInput, PayloadTooLarge, UnsupportedMediaType
+
+UNARY = {"application/proto": False, "application/json": True}  # content type -> is JSON
+STREAM = {"application/connect+proto": False, "application/connect+json": True}
+_END_STREAM = 0x02
+_COMPRESSED = 0x01
+MAX_MESSAGE = 4 * 2**20  # envd's requests are small: a command line, a path, some stdin
+
+# Connect's codes and the HTTP status each answers a unary call with.
+_STATUS_OF_CODE = {"canceled": 499, "unknown": 500, "invalid_argument": 400, "deadline_exceeded": 504,
+                   "not_found": 404, "already_exists": 409, "permission_denied": 403,
+                   "resource_exhausted": 429, "failed_precondition": 400, "aborted": 409, "out_of_range": 400,
+                   "unimplemented": 501, "internal": 500, "unavailable": 503, "data_loss": 500,
+                   "unauthenticated": 401}
+_CODE_OF_STATUS = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
+                   409: "failed_precondition", 413: "resource_exhausted", 415: "invalid_argument",
+                   429: "resource_exhausted", 501: "unimplemented", 503: "unavailable", 504: "deadline_exceeded"}
+
+
+class RpcError(Exception):
+    """An error with a Connect code of its own (not one of hutch's by HTTP status)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def code_of(err: BaseException) -> tuple[str, str]:
+    if isinstance(err, RpcError):
+        return err.code, err.message
+    if isinstance(err, HutchError):
+        return _CODE_OF_STATUS.get(err.status or 500, "internal"), err.message
+    return "internal", "internal error; see the server log"
+
+
+def error_response(err: BaseException) -> web.Response:
+    code, message = code_of(err)
+    return web.json_response({"code": code, "message": message}, status=_STATUS_OF_CODE[code])
+
+
+def _check_encoding(request: web.Request) -> None:
+    for header in ("Content-Encoding", "Connect-Content-Encoding"):
+        value = request.headers.get(header, "identity").lower()
+        if value != "identity":
+            raise UnsupportedMediaType(f"{header}: {value!r} is not supported; send messages uncompressed")
+
+
+@attrs.frozen
+class Call:
+    message: bytes  # the request's one message, encoded
+    streaming: bool  # a server stream (enveloped) rather than a unary call
+    is_json: bool  # protobuf's JSON mapping rather than binary protobuf
+
+
+async def read_request(request: web.Request) -> Call:
+    kind = request.content_type
+    if kind not in UNARY and kind not in STREAM:
+        raise UnsupportedMediaType(f"Content-Type: expected one of {', '.join([*UNARY, *STREAM])}, got {kind!r}")
+    _check_encoding(request)
+    if request.content_length is not None and request.content_length > MAX_MESSAGE + 5:
+        raise PayloadTooLarge(f"body: larger than the {MAX_MESSAGE} bytes a message may be")
+    body = await request.content.read(MAX_MESSAGE + 6)
+    if len(body) > MAX_MESSAGE + 5:
+        raise PayloadTooLarge(f"body: larger than the {MAX_MESSAGE} bytes a message may be")
+    if kind in UNARY:
+        return Call(body, False, UNARY[kind])
+    if len(body) < 5:
+        raise InvalidInput("body: a Connect stream's request needs its five-byte envelope", field="body")
+    flags, size = struct.unpack(">BI", body[:5])
+    if flags & _COMPRESSED:
+        raise InvalidInput("body: the message is compressed; send it uncompressed", field="body")
+    if len(body) != 5 + size:
+        raise InvalidInput(f"body: the envelope says {size} bytes and {len(body) - 5} came; a server stream "
+                           "takes exactly one request message", field="body")
+    return Call(body[5:], True, STREAM[kind])
+
+
+def unary(message: bytes, is_json: bool) -> web.Response:
+    return web.Response(body=message, content_type="application/json" if is_json else "application/proto")
+
+
+def envelope(message: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(message)) + message
+
+
+async def open_stream(request: web.Request, is_json: bool) -> web.StreamResponse:
+    kind = "application/connect+json" if is_json else "application/connect+proto"
+    response = web.StreamResponse(status=200, headers={"Content-Type": kind})
+    await response.prepare(request)
+    return response
+
+
+async def end_stream(response: web.StreamResponse, err: BaseException | None = None) -> None:
+    payload: dict[str, object] = {}
+    if err is not None:
+        code, message = code_of(err)
+        payload["error"] = {"code": code, "message": message}
+    raw = json.dumps(payload).encode()
+    await response.write(struct.pack(">BI", _END_STREAM, len(raw)) + raw)
+    await response.write_eof()
+
+
+def timeout_ms(request: web.Request) -> int | None:
+    """The client's deadline for the call (``Connect-Timeout-Ms``), if it gave one."""
+    raw = request.headers.get("Connect-Timeout-Ms")
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 10:
+        raise InvalidInput(f"Connect-Timeout-Ms: expected up to 10 digits, got {raw!r}", field="Connect-Timeout-Ms")
+    return int(raw)

@@ -1,0 +1,303 @@
+"""E2B's control plane (the API at ``E2B_API_URL``: e2b-dev/E2B spec/openapi.yml) on hutch's
+service layer: create, get, list, kill, pause, resume and connect. A sandbox made here is a
+hutch sandbox like any other: recorded, in the key's organization, within its quotas, with the
+network off unless asked for.
+
+E2B's ``timeout`` (seconds until the sandbox is ended) becomes hutch's idle timeout: the
+sandbox ends once nothing has happened in it for that long; set_timeout (and connect's
+``timeout``) sets it anew, counted from then. What hutch does not have answers
+E2B's error shape naming it (docs/e2b.md)."""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+
+from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token
+from hutch.api.e2b.idempotency import IdempotentCreates
+from hutch.api.http import parse_json
+from hutch.api.keys import ENGINE
+from hutch.api.parse import parse_create
+from hutch.core import runtimes
+from hutch.core.errors import Conflict, InvalidInput, NotFound, NotSupported, SandboxNotFound
+from hutch.core.models import SandboxState, SandboxStatus
+from hutch.core.quantities import parse_duration
+from hutch.core.tenancy import Access
+from hutch.projections.base import SandboxQuery
+
+routes = web.RouteTableDef()
+IDEMPOTENCY: web.AppKey[IdempotentCreates] = web.AppKey("e2b_idempotency", IdempotentCreates)
+
+ENVD_VERSION = "0.5.7"  # what the SDK is told envd speaks: commands with stdin, a default user
+DEFAULT_TIMEOUT = 300  # seconds, E2B's default
+MAX_TIMEOUT = 24 * 3600
+_TEMPLATES = {"base": "base:latest"}  # E2B's template names -> hutch's runtimes
+_LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
+# Create fields hutch has no counterpart for: refused when set to anything but empty/false.
+_UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes",
+                "network": "per-sandbox egress rules on the E2B wire (use hutch's network.allow)",
+                "autoPause": "pausing on timeout", "autoResume": "resuming on traffic",
+                "autoPauseMemory": "pausing on timeout"}
+_KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", *_UNSUPPORTED}
+
+
+def _template_of(sb: SandboxState) -> str:
+    for name, runtime in _TEMPLATES.items():
+        if sb.spec.runtime == runtime:
+            return name
+    return sb.spec.snapshot_id or sb.spec.runtime
+
+
+def _timeout(body: dict[str, Any], *, lowest: int = 1) -> int:
+    value = body.get("timeout", DEFAULT_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= MAX_TIMEOUT:
+        raise InvalidInput(f"timeout: expected whole seconds from {lowest} to {MAX_TIMEOUT}, got {value!r}",
+                           field="timeout")
+    return value
+
+
+def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
+    value = body.get(field) or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise InvalidInput(f"{field}: expected an object of string values", field=field)
+    return value
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    body = parse_json(raw) if raw.strip() else {}
+    if not isinstance(body, dict):
+        raise InvalidInput("body: expected a JSON object", field="body")
+    return body
+
+
+def _render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool = True) -> dict[str, Any]:
+    """E2B's Sandbox (``detail``: SandboxDetail). The envd token is always issued (E2B's
+    ``secure``, whatever was asked); a listing leaves it out, as E2B's does."""
+    principal = request[PRINCIPAL_KEY]
+    out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": sb.sandbox_id, "clientID": "hutch",
+                           "envdVersion": ENVD_VERSION, "alias": _template_of(sb), "domain": None}
+    if token:
+        out["envdAccessToken"] = envd_token(request.app[ENGINE], sb.sandbox_id, principal.key_id)
+    if detail:
+        started = datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
+        res = sb.spec.resources
+        meta = sb.spec.metadata if isinstance(sb.spec.metadata, dict) else {}
+        out.update(startedAt=started.isoformat(), endAt=_ends_at(sb).isoformat(),
+                   cpuCount=math.ceil((res.cpu_millis or 0) / 1000), memoryMB=(res.memory_bytes or 0) // 2**20,
+                   diskSizeMB=(res.disk_bytes or 0) // 2**20,
+                   state="paused" if sb.status is SandboxStatus.PAUSED else "running",
+                   metadata={k: v for k, v in meta.items() if isinstance(v, str)},
+                   allowInternetAccess=sb.spec.network.enabled)
+    return out
+
+
+def _ends_at(sb: SandboxState) -> datetime:
+    """When the idle timeout ends it, if nothing happens in it before (hutch's reaper may know of
+    a later activity: a file read is not an event)."""
+    idle = parse_duration("timeout.idle", sb.spec.timeout.idle) if sb.spec.timeout.idle else 0
+    return datetime.fromisoformat(sb.updated_at.replace("Z", "+00:00")) + timedelta(seconds=idle)
+
+
+async def _live(request: web.Request, sandbox_id: str) -> SandboxState:
+    """The sandbox, if the key's organization has it and it has not ended (an ended one is
+    gone, as in E2B)."""
+    try:
+        sb = await request.app[ENGINE].reads.require(sandbox_id, include_deleted=False)
+    except NotFound:
+        sb = None
+    if sb is None or sb.status not in _LIVE:
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+    return sb
+
+
+@routes.post("/sandboxes")
+@routes.post("/v2/sandboxes")
+@control(Access.WRITE)
+async def create(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    unknown = sorted(set(body) - _KNOWN)
+    if unknown:
+        raise InvalidInput(f"{unknown[0]}: not a field of a new sandbox", field=unknown[0])
+    for field, what in _UNSUPPORTED.items():
+        if body.get(field):
+            raise NotSupported(f"{field}: hutch does not offer {what} on the E2B wire yet", field=field)
+    template = body.get("templateID")
+    if not isinstance(template, str) or not template:
+        raise InvalidInput("templateID: required, a template name such as base", field="templateID")
+    hutch_body: dict[str, Any] = {"env": _strings(body, "envVars"), "metadata": _strings(body, "metadata"),
+                                  "timeout": {"idle": f"{_timeout(body)}s"}}
+    internet = body.get("allow_internet_access")
+    if internet is not None and not isinstance(internet, bool):
+        raise InvalidInput("allow_internet_access: expected true or false", field="allow_internet_access")
+    if internet:  # hutch's default is off, whatever E2B's is
+        hutch_body["network"] = {"enabled": True}
+    snapshot = None
+    if template.startswith("snp_"):
+        snapshot = await engine.snapshots.resolve(template, "templateID")
+        hutch_body["snapshot"] = template
+    else:
+        runtime = _TEMPLATES.get(template, template)
+        if runtimes.find(runtime) is None:
+            raise NotFound(f"template {template!r} not found (hutch has base and its runtimes, e.g. python:3.13, "
+                           "or a snapshot id snp_...)", field="templateID")
+        hutch_body["runtime"] = runtime
+    req = parse_create(hutch_body, snapshot)
+    principal = request[PRINCIPAL_KEY]
+
+    async def make() -> str:
+        created = await engine.provisioning.create(req, api_key_id=principal.key_id)
+        return created.sandbox.sandbox_id
+
+    key = request.headers.get("Idempotency-Key")
+    sandbox_id, made = await request.app[IDEMPOTENCY].once(principal.org_id, key, make) if key else (await make(), True)
+    try:
+        sb = await engine.reads.wait_not_creating(sandbox_id)
+    except NotFound:
+        if made:
+            raise
+        sb = None
+    if not made and (sb is None or sb.status not in _LIVE):
+        raise Conflict(f"Idempotency-Key {key!r}: the sandbox it made, {sandbox_id}, has ended; use a new key")
+    assert sb is not None
+    if sb.status not in _LIVE:
+        raise NotSupported(f"sandbox {sb.sandbox_id} did not start: {sb.reason or sb.status.value}")
+    return web.json_response(_render(request, sb, detail=False), status=201)
+
+
+@routes.get("/sandboxes/{sandbox_id}")
+@control(Access.READ)
+async def get(request: web.Request) -> web.Response:
+    sb = await _live(request, request.match_info["sandbox_id"])
+    return web.json_response(_render(request, sb, detail=True))
+
+
+def _metadata_filter(request: web.Request) -> dict[str, str]:
+    raw = request.query.get("metadata", "")
+    try:
+        return dict(urllib.parse.parse_qsl(raw, keep_blank_values=True, strict_parsing=bool(raw)))
+    except ValueError as err:
+        raise InvalidInput(f"metadata: expected key=value pairs joined by &, got {raw!r}", field="metadata") from err
+
+
+def _states(request: web.Request) -> set[str]:
+    raw = request.query.get("state", "running,paused")
+    states = {s.strip() for s in raw.split(",") if s.strip()}
+    if not states <= {"running", "paused"}:
+        raise InvalidInput(f"state: expected running and/or paused, got {raw!r}", field="state")
+    return states
+
+
+def _started_after(request: web.Request) -> datetime | None:
+    raw = request.query.get("startedAfter")
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as err:
+        raise InvalidInput(f"startedAfter: expected an ISO 8601 time, got {raw!r}", field="startedAfter") from err
+    if when.tzinfo is None:
+        raise InvalidInput(f"startedAfter: give the time zone too, got {raw!r}", field="startedAfter")
+    return when
+
+
+def _started(sb: SandboxState) -> datetime:
+    return datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
+
+
+@routes.get("/sandboxes")
+@routes.get("/v2/sandboxes")
+@control(Access.READ)
+async def list_sandboxes(request: web.Request) -> web.Response:
+    """The organization's live sandboxes, filtered as E2B's query says: state, metadata
+    (key=value&…), template, startedAfter; ordered by start (order asc|desc, newest first
+    unless asked); paged by limit and the x-next-token the previous page gave."""
+    engine = request.app[ENGINE]
+    wanted, states, after = _metadata_filter(request), _states(request), _started_after(request)
+    template = request.query.get("template") or None
+    order = request.query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidInput(f"order: expected asc or desc, got {order!r}", field="order")
+    raw_limit, raw_next = request.query.get("limit", "100"), request.query.get("nextToken", "0")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
+        raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
+    if not raw_next.isdigit():
+        raise InvalidInput(f"nextToken: not a token this server gave, got {raw_next!r}", field="nextToken")
+    limit, offset = int(raw_limit), int(raw_next)
+    found: list[SandboxState] = []
+    page_at = 0
+    while True:  # the filters are E2B's, not the store's: read every live sandbox of the organization
+        page, _total = await engine.reads.list(SandboxQuery(live=True, limit=100, offset=page_at,
+                                                            sort="createdAt", direction=order))
+        found.extend(page)
+        page_at += len(page)
+        if len(page) < 100:
+            break
+    chosen = [sb for sb in found
+              if ("paused" if sb.status is SandboxStatus.PAUSED else "running") in states
+              and (template is None or _template_of(sb) == template)
+              and (after is None or _started(sb) >= after)
+              and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v for k, v in wanted.items())]
+    window = chosen[offset:offset + limit]
+    response = web.json_response([_render(request, sb, detail=True, token=False) for sb in window])
+    if offset + limit < len(chosen):
+        response.headers["x-next-token"] = str(offset + limit)
+    return response
+
+
+@routes.delete("/sandboxes/{sandbox_id}")
+@control(Access.WRITE)
+async def kill(request: web.Request) -> web.Response:
+    sb = await _live(request, request.match_info["sandbox_id"])
+    await request.app[ENGINE].control.destroy(sb.sandbox_id)
+    return web.Response(status=204)
+
+
+@routes.post("/sandboxes/{sandbox_id}/pause")
+@control(Access.WRITE)
+async def pause(request: web.Request) -> web.Response:
+    sb = await _live(request, request.match_info["sandbox_id"])
+    if sb.status is SandboxStatus.PAUSED:
+        return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
+    await request.app[ENGINE].control.pause(sb.sandbox_id)
+    return web.Response(status=204)
+
+
+@routes.post("/sandboxes/{sandbox_id}/resume")
+@routes.post("/sandboxes/{sandbox_id}/connect")
+@routes.post("/v2/sandboxes/{sandbox_id}/connect")
+@control(Access.WRITE)
+async def connect(request: web.Request) -> web.Response:
+    """Connect (and resume, a paused one): the answer carries the envd token, for this key. A
+    ``timeout`` given that would end the sandbox later than now planned is the idle timeout
+    from now on, as set_timeout's; one that would end it sooner changes nothing."""
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    sb = await _live(request, request.match_info["sandbox_id"])
+    resumed = sb.status is SandboxStatus.PAUSED
+    if resumed:
+        await engine.control.resume(sb.sandbox_id)
+    extend = body.get("timeout") is not None and (
+        datetime.now(UTC) + timedelta(seconds=_timeout(body, lowest=0)) > _ends_at(sb))
+    if extend:  # as E2B's connect: a later end, never an earlier one
+        await engine.control.set_idle_timeout(sb.sandbox_id, f"{max(1, _timeout(body, lowest=0))}s")
+    if resumed or extend:
+        sb = await engine.reads.require(sb.sandbox_id)
+    return web.json_response(_render(request, sb, detail=False), status=201 if resumed else 200)
+
+
+@routes.post("/sandboxes/{sandbox_id}/timeout")
+@control(Access.WRITE)
+async def set_timeout(request: web.Request) -> web.Response:
+    """The sandbox ends ``timeout`` seconds from now unless something happens in it (hutch's
+    idle timeout, set anew); 0 is the shortest hutch has, a second."""
+    body = await _body(request)
+    seconds = _timeout(body, lowest=0)
+    sb = await _live(request, request.match_info["sandbox_id"])
+    await request.app[ENGINE].control.set_idle_timeout(sb.sandbox_id, f"{max(1, seconds)}s")
+    return web.Response(status=204)

@@ -1,0 +1,203 @@
+"""envd's files: its filesystem service over Connect (Stat, MakeDir, ListDir, Remove) and its
+HTTP ``/files`` (download, and upload as octet-stream or multipart), on hutch's file access
+of the sandbox the request's token opens (api/e2b/access.py). A relative path starts at the
+sandbox user's home, /home/agentuity (E2B's is /home/user), and answers name it absolute."""
+
+from __future__ import annotations
+
+import posixpath
+import stat
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import BodyPartReader, web
+
+from hutch.api.e2b import codec, connect
+from hutch.api.e2b import filesystem_messages as msg
+from hutch.api.e2b.access import SANDBOX_KEY, envd
+from hutch.api.http import stream
+from hutch.api.keys import ENGINE
+from hutch.core.driver_types import FileInfo
+from hutch.core.errors import FileNotFound, InvalidInput, NotFound, NotSupported
+
+routes = web.RouteTableDef()
+MAX_DEPTH = 32
+MAX_ENTRIES = 10_000  # one ListDir's answer is held whole: a tree larger than this is refused
+HOME = "/home/agentuity"  # the sandbox user's home, where the drivers start a relative path too
+
+
+def _path(value: object, field: str = "path") -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{field}: required, a path in the sandbox", field=field)
+    if "\x00" in value or len(value) > 4096:
+        raise InvalidInput(f"{field}: not a usable path", field=field)
+    return posixpath.join(HOME, value)  # an absolute one stays as it is
+
+
+def _entry(info: FileInfo, path: str) -> dict[str, Any]:
+    kind = msg.DIRECTORY if info.is_dir else msg.FILE  # of what a symlink points to, as envd says
+    return {"name": posixpath.basename(path.rstrip("/")) or "/", "type": kind, "path": path, "size": info.size,
+            "mode": stat.S_IMODE(info.mode), "permissions": stat.filemode(info.mode), "owner": "", "group": "",
+            "modified_time": info.mod_time, "symlink_target": _target(info.link_target, path)}
+
+
+def _target(link: str | None, path: str) -> str | None:
+    """A symlink's target as an absolute path, as envd gives it."""
+    return None if link is None else posixpath.normpath(posixpath.join(posixpath.dirname(path), link))
+
+
+async def _stat(request: web.Request, path: str) -> dict[str, Any]:
+    """The entry at ``path``: found in its parent's listing (a listing of a directory is its
+    children, not itself)."""
+    engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
+    await engine.files.ready(sandbox_id)
+    clean = posixpath.normpath(path)
+    parent, name = posixpath.split(clean)
+    if name in ("", "/", "."):
+        return {"name": clean, "type": msg.DIRECTORY, "path": path, "size": 0, "mode": 0o755,
+                "permissions": "drwxr-xr-x", "owner": "", "group": ""}
+    for info in await engine.files.list(sandbox_id, parent or "."):
+        if info.name == name:
+            return _entry(info, path)
+    raise FileNotFound(f"path {path!r} not found in sandbox {sandbox_id}", field="path")
+
+
+async def _rpc(request: web.Request, schema: codec.Schema) -> tuple[connect.Call, dict[str, Any]]:
+    call = await connect.read_request(request)
+    if call.streaming:
+        raise InvalidInput("this is a unary call: send application/json or application/proto", field="Content-Type")
+    return call, codec.decode(schema, call.message, call.is_json)
+
+
+def _answer(call: connect.Call, schema: codec.Schema, body: dict[str, Any]) -> web.Response:
+    return connect.unary(codec.encode(schema, body, call.is_json), call.is_json)
+
+
+@routes.post("/filesystem.Filesystem/Stat")
+@envd
+async def stat_entry(request: web.Request) -> web.Response:
+    call, req = await _rpc(request, msg.PATH_REQUEST)
+    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, _path(req.get("path")))})
+
+
+@routes.post("/filesystem.Filesystem/MakeDir")
+@envd
+async def make_dir(request: web.Request) -> web.Response:
+    """With its parents; a path that exists is already_exists (the SDK's make_dir: False)."""
+    call, req = await _rpc(request, msg.PATH_REQUEST)
+    path = _path(req.get("path"))
+    try:
+        await _stat(request, path)
+    except NotFound:
+        pass
+    else:
+        raise connect.RpcError("already_exists", f"path {path!r} already exists")
+    await request.app[ENGINE].files.mkdir(request[SANDBOX_KEY], path, parents=True)
+    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, path)})
+
+
+@routes.post("/filesystem.Filesystem/ListDir")
+@envd
+async def list_dir(request: web.Request) -> web.Response:
+    call, req = await _rpc(request, msg.LIST_DIR_REQUEST)
+    path, depth = _path(req.get("path")), req.get("depth") or 1
+    if not 1 <= depth <= MAX_DEPTH:
+        raise InvalidInput(f"depth: expected 1 to {MAX_DEPTH}, got {depth}", field="depth")
+    root = await _stat(request, path)
+    if root["type"] != msg.DIRECTORY:
+        raise InvalidInput(f"path {path!r} is not a directory", field="path")
+    engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
+    entries: list[dict[str, Any]] = []
+    level = [path]
+    for _ in range(depth):
+        below = []
+        for directory in level:
+            for info in await engine.files.list(sandbox_id, directory):
+                entry = _entry(info, posixpath.join(directory, info.name))
+                entries.append(entry)
+                if len(entries) > MAX_ENTRIES:
+                    raise connect.RpcError("invalid_argument", f"more than {MAX_ENTRIES} entries below {path!r} "
+                                           f"within depth {depth}; list a smaller depth or a narrower path")
+                if info.is_dir and not info.is_symlink:
+                    below.append(entry["path"])
+        level = below
+    return _answer(call, msg.LIST_DIR_RESPONSE, {"entries": entries})
+
+
+@routes.post("/filesystem.Filesystem/Remove")
+@envd
+async def remove(request: web.Request) -> web.Response:
+    call, req = await _rpc(request, msg.PATH_REQUEST)
+    path = _path(req.get("path"))
+    try:
+        entry = await _stat(request, path)
+    except NotFound:  # gone already: what was asked is so (envd answers the same)
+        return _answer(call, msg.EMPTY, {})
+    is_dir = entry["type"] == msg.DIRECTORY
+    await request.app[ENGINE].files.remove(request[SANDBOX_KEY], path, directory=is_dir, recursive=is_dir)
+    return _answer(call, msg.EMPTY, {})
+
+
+@routes.route("*", "/filesystem.Filesystem/{method}")
+@envd
+async def other(request: web.Request) -> web.Response:
+    method = request.match_info["method"]
+    raise connect.RpcError("unimplemented", f"filesystem.Filesystem/{method} is not supported by hutch yet "
+                           "(docs/e2b.md)")
+
+
+# ------------------------------------------------------------------ HTTP /files
+
+
+def _refuse_metadata(request: web.Request) -> None:
+    for header in request.headers:
+        if header.lower().startswith("x-metadata-"):
+            raise NotSupported(f"{header}: file metadata (extended attributes) is not supported by hutch yet",
+                               field=header)
+
+
+@routes.get("/files")
+@envd
+async def download(request: web.Request) -> web.StreamResponse:
+    engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
+    path = _path(request.query.get("path"))
+    await engine.files.ready(sandbox_id)
+    return await stream(request, engine.files.read(sandbox_id, path), "application/octet-stream")
+
+
+async def _body_chunks(request: web.Request) -> AsyncIterator[bytes]:
+    # A gzip upload (Content-Encoding: gzip) arrives inflated: aiohttp decodes the body.
+    async for chunk in request.content.iter_chunked(2**16):
+        yield chunk
+
+
+async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
+    while chunk := await part.read_chunk(2**16):
+        yield chunk
+
+
+@routes.post("/files")
+@envd
+async def upload(request: web.Request) -> web.Response:
+    """One file (octet-stream, at ``path``) or several (multipart: each part's file name is its
+    path, or ``path`` for a single part); parents are made. Answers what was written."""
+    engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
+    _refuse_metadata(request)
+    await engine.files.ready(sandbox_id)
+    written: list[str] = []
+    if request.content_type == "multipart/form-data":
+        reader = await request.multipart()
+        given = request.query.get("path")
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                raise InvalidInput("body: nested multipart is not supported", field="body")
+            path = _path(given if given and not written else part.filename, "file name")
+            await engine.files.write(sandbox_id, path, _part_chunks(part), parents=True)
+            written.append(path)
+    else:
+        path = _path(request.query.get("path"))
+        await engine.files.write(sandbox_id, path, _body_chunks(request), parents=True)
+        written.append(path)
+    if not written:
+        raise InvalidInput("body: no file in the upload", field="body")
+    return web.json_response([{"name": posixpath.basename(p), "type": "file", "path": p} for p in written])

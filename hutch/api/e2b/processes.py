@@ -1,0 +1,62 @@
+"""envd names a process by a pid (and an optional tag); hutch names a command by its
+execution id. This is the table between them, per sandbox, on the server that started the
+command: enough for envd's List, Connect and SendSignal of the commands started over the E2B
+wire. It is not kept across a restart (the commands themselves are: they are executions)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import attrs
+
+from hutch.api.e2b.terminals import PtyProcess
+
+
+@attrs.frozen
+class Process:
+    pid: int
+    execution_id: str | None  # None: a terminal (``pty``), not an execution
+    cmd: str
+    args: tuple[str, ...]
+    envs: dict[str, str]
+    cwd: str | None
+    tag: str | None
+    # What SendInput sends to the command's stdin (None: closed, CloseStdin); None when it was
+    # started without stdin.
+    stdin: asyncio.Queue[bytes | None] | None = attrs.field(default=None, eq=False)
+    pty: PtyProcess | None = attrs.field(default=None, eq=False)
+
+
+class Processes:
+    FIRST_PID = 1000  # below it: what a real init and its daemons would hold
+
+    def __init__(self) -> None:
+        self._by_sandbox: dict[str, dict[int, Process]] = {}
+        self._last_pid: dict[str, int] = {}  # never given again in its sandbox
+
+    def add(self, sandbox_id: str, execution_id: str | None, *, cmd: str, args: tuple[str, ...],
+            envs: dict[str, str], cwd: str | None, tag: str | None, stdin: asyncio.Queue[bytes | None] | None = None,
+            pty: PtyProcess | None = None) -> Process:
+        table = self._by_sandbox.setdefault(sandbox_id, {})
+        pid = self._last_pid[sandbox_id] = self._last_pid.get(sandbox_id, self.FIRST_PID - 1) + 1
+        table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag, stdin, pty)
+        return proc
+
+    def prune(self, running: Callable[[Process], bool]) -> None:
+        """Forget the processes that ended. (A sandbox's last pid stays, one number, so that a
+        handle to an ended process never reaches a new one.)"""
+        for sandbox_id, table in list(self._by_sandbox.items()):
+            for pid in [pid for pid, proc in table.items() if not running(proc)]:
+                del table[pid]
+            if not table:
+                del self._by_sandbox[sandbox_id]
+
+    def of(self, sandbox_id: str) -> list[Process]:
+        return list(self._by_sandbox.get(sandbox_id, {}).values())
+
+    def find(self, sandbox_id: str, *, pid: int | None = None, tag: str | None = None) -> Process | None:
+        for proc in self.of(sandbox_id):
+            if (pid is not None and proc.pid == pid) or (tag is not None and proc.tag == tag):
+                return proc
+        return None

@@ -1,0 +1,50 @@
+"""E2B's wire on its own listener (``hutch serve --e2b-port``): one aiohttp application with
+the control plane (api/e2b/control_routes.py) and envd (api/e2b/envd_routes.py), sharing the
+server's engine and tenants; who may do what is api/e2b/access.py's."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from hutch.api.e2b import control_routes, envd_routes, files_routes
+from hutch.api.e2b.access import e2b_errors, rpc_errors
+from hutch.api.e2b.idempotency import IdempotentCreates
+from hutch.api.e2b.processes import Processes
+from hutch.api.keys import ENGINE, TENANTS
+from hutch.service.engine import Engine
+from hutch.service.tenancy import Tenants
+
+
+def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
+    app = web.Application(middlewares=[e2b_errors, rpc_errors], client_max_size=16 * 2**20)
+    app[ENGINE] = engine
+    app[envd_routes.PROCESSES] = Processes()
+    app[control_routes.IDEMPOTENCY] = IdempotentCreates()
+    app[TENANTS] = tenants
+    app.add_routes(control_routes.routes)
+    app.add_routes(envd_routes.routes)
+    app.add_routes(files_routes.routes)
+    return app
+
+
+SHUTDOWN_SECONDS = 2.0
+
+
+@contextlib.asynccontextmanager
+async def serving(engine: Engine, tenants: Tenants, host: str, port: int) -> AsyncIterator[int]:
+    """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs; yields the port."""
+    # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
+    # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
+    runner = web.AppRunner(create_e2b_app(engine, tenants), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        server = site._server  # the bound socket: the port the OS picked when given 0
+        sockets = getattr(server, "sockets", None) or []
+        yield int(sockets[0].getsockname()[1]) if sockets else port
+    finally:
+        await runner.cleanup()

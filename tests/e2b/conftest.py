@@ -1,0 +1,79 @@
+"""One ``hutch serve`` (local driver, E2B wire on) per module, and the E2B SDK pointed at it
+by its two environment variables, as a user would."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.services import drop_database, drop_topics, fresh_database, kafka_url
+from tests.system.server import KEY, Server, free_port
+
+
+class E2bServer:
+    def __init__(self, server: Server, e2b_port: int) -> None:
+        self.server = server
+        self.url = f"http://127.0.0.1:{e2b_port}"
+
+    def key_of_new_org(self, name: str) -> str:
+        """An admin key of a new organization ``name`` (made by the bootstrap key)."""
+        org = self.server.data("POST", "/orgs", {"name": name})
+        return str(self.server.data("POST", f"/keys?orgId={org['id']}", {"role": "admin"})["secret"])
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, driver: str = "local", **env: str) -> Iterator[E2bServer]:
+    data: Path = tmp_path_factory.mktemp("e2b") / "data"
+    data.mkdir()
+    e2b_port = free_port()
+    server = Server(data, driver=driver, HUTCH_E2B_PORT=str(e2b_port), **env).start()
+    try:
+        yield E2bServer(server, e2b_port)
+    finally:
+        server.destroy_every_sandbox()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def e2b_embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """The embedded profile (SQLite log, memory store): E2B's own tests run here."""
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["embedded", "production", "nomad"])
+def e2b_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """hutch's own E2B tests run on both profiles (production: Kafka and PostgreSQL, a fresh
+    topic and database) with the local driver, and on the nomad driver (commands, files and
+    terminals are the driver's); a missing service fails loudly."""
+    if request.param == "embedded":
+        yield from _serve(tmp_path_factory)
+        return
+    if request.param == "nomad":
+        yield from _serve(tmp_path_factory, driver="nomad")
+        return
+    log = kafka_url("e2b")
+    store, name = asyncio.run(fresh_database("e2b"))
+    try:
+        yield from _serve(tmp_path_factory, HUTCH_EVENT_LOG=log, HUTCH_STORE=store)
+    finally:
+        asyncio.run(drop_database(name))
+        asyncio.run(drop_topics(log))
+
+
+@pytest.fixture(scope="module")
+def e2b_env(e2b_server: E2bServer) -> Iterator[E2bServer]:
+    """E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set for the module's tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("E2B_API_URL", e2b_server.url)
+        mp.setenv("E2B_SANDBOX_URL", e2b_server.url)
+        mp.setenv("E2B_API_KEY", KEY)
+        mp.delenv("E2B_DEBUG", raising=False)
+        mp.delenv("E2B_DOMAIN", raising=False)
+        yield e2b_server
+
+
+# E2B's own tests run in their own pytest (tests/e2b/test_upstream.py), under their own
+# pytest.ini and conftest: not collected as hutch's.
+collect_ignore = ["upstream"]

@@ -1,0 +1,184 @@
+"""The real ``e2b`` SDK (sync and async) against hutch's E2B wire: create, run a command and
+read its output and exit code, list, kill, a missing sandbox, and one organization's key and
+envd token opening nothing of another's."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
+from e2b.exceptions import (
+    AuthenticationException,
+    FileNotFoundException,
+    InvalidArgumentException,
+    NotFoundException,
+    SandboxException,
+)
+
+from tests.e2b.conftest import E2bServer
+from tests.system.server import KEY
+
+
+@pytest.fixture(scope="module")
+def sandbox(e2b_env: E2bServer) -> Sandbox:
+    return Sandbox.create(timeout=120)
+
+
+def test_a_command_runs_and_its_output_and_exit_code_come_back(sandbox: Sandbox) -> None:
+    result = sandbox.commands.run("echo out; echo err >&2; printf '%s' \"$GREETING\"", envs={"GREETING": "hello"})
+    assert (result.stdout, result.stderr, result.exit_code) == ("out\nhello", "err\n", 0)
+    in_tmp = sandbox.commands.run("pwd", cwd="/tmp")
+    assert in_tmp.stdout == "/tmp\n"
+
+
+def test_a_failing_command_raises_with_its_exit_code(sandbox: Sandbox) -> None:
+    with pytest.raises(CommandExitException) as caught:
+        sandbox.commands.run("echo partial; exit 3")
+    assert caught.value.exit_code == 3 and caught.value.stdout == "partial\n"
+
+
+def test_a_background_command_is_listed_and_killed(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("sleep 60", background=True)
+    assert handle.pid in [p.pid for p in sandbox.commands.list()]
+    assert sandbox.commands.kill(handle.pid) is True
+    with pytest.raises(CommandExitException):
+        handle.wait()
+    assert handle.pid not in [p.pid for p in sandbox.commands.list()]
+    assert sandbox.commands.kill(handle.pid) is False  # gone: envd's not_found
+
+
+def test_files_are_written_read_listed_and_removed(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("notes/a.txt", "first")  # parents made; relative: the user's home
+    assert info.path == "/home/agentuity/notes/a.txt"
+    sandbox.files.write("/tmp/b.bin", b"\x00\xff")
+    assert sandbox.files.read("notes/a.txt") == "first"
+    assert sandbox.files.read("/tmp/b.bin", format="bytes") == b"\x00\xff"
+    assert sandbox.commands.run("cat notes/a.txt").stdout == "first"  # the same home as commands
+    assert [e.name for e in sandbox.files.list("notes")] == ["a.txt"]
+    assert sandbox.files.make_dir("notes") is False  # exists already
+    sandbox.files.remove("notes")
+    assert not sandbox.files.exists("notes/a.txt")
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("notes/a.txt")
+
+
+def test_a_listing_larger_than_the_server_holds_is_refused_naming_the_bound(sandbox: Sandbox) -> None:
+    sandbox.commands.run("mkdir -p big && cd big && touch $(seq 1 10001)")
+    with pytest.raises(InvalidArgumentException, match="more than 10000 entries below '/home/agentuity/big'"):
+        sandbox.files.list("big")
+    assert len(sandbox.files.list("/home/agentuity", depth=1)) >= 1  # a narrower listing still answers
+    sandbox.commands.run("rm -rf big")
+
+
+def test_info_and_list_show_the_sandbox(sandbox: Sandbox) -> None:
+    info = sandbox.get_info()
+    assert (info.sandbox_id, info.template_id, info.state.value) == (sandbox.sandbox_id, "base", "running")
+    assert info.allow_internet_access is False  # hutch's default, whatever E2B's is
+    listed = [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert sandbox.sandbox_id in listed
+
+
+def test_a_listing_carries_no_envd_token_and_a_get_does(e2b_env: E2bServer, sandbox: Sandbox) -> None:
+    def get(path: str) -> object:
+        req = urllib.request.Request(e2b_env.url + path, headers={"X-API-Key": KEY})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    listed = get("/v2/sandboxes")
+    assert isinstance(listed, list) and listed and all("envdAccessToken" not in s for s in listed)
+    one = get(f"/sandboxes/{sandbox.sandbox_id}")
+    assert isinstance(one, dict) and one["envdAccessToken"] == sandbox._envd_access_token
+
+
+def test_metadata_and_env_vars_reach_the_sandbox(e2b_env: E2bServer) -> None:
+    sbx = Sandbox.create(metadata={"purpose": "e2b-test"}, envs={"FROM_CREATE": "yes"}, timeout=60)
+    try:
+        assert sbx.commands.run("echo $FROM_CREATE").stdout == "yes\n"
+        found = Sandbox.list(query=SandboxQuery(metadata={"purpose": "e2b-test"})).next_items()
+        assert [s.sandbox_id for s in found] == [sbx.sandbox_id]
+        assert found[0].metadata == {"purpose": "e2b-test"}
+    finally:
+        assert sbx.kill() is True
+    assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert Sandbox.kill(sbx.sandbox_id) is False  # killed already: E2B's 404
+
+
+def test_a_create_repeated_with_its_idempotency_key_makes_one_sandbox(e2b_env: E2bServer) -> None:
+    first = Sandbox.create(timeout=60, idempotency_key="e2b-test-once")
+    try:
+        again = Sandbox.create(timeout=60, idempotency_key="e2b-test-once")
+        assert again.sandbox_id == first.sandbox_id
+        assert Sandbox.create(timeout=60, idempotency_key="e2b-test-other").kill() is True  # another key: another
+    finally:
+        first.kill()
+    with pytest.raises(SandboxException, match="has ended; use a new key"):
+        Sandbox.create(timeout=60, idempotency_key="e2b-test-once")
+
+
+def test_a_missing_sandbox_or_template_is_the_sdks_not_found(e2b_env: E2bServer) -> None:
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info("sbx_doesnotexist")
+    with pytest.raises(SandboxException, match="template 'no-such-template' not found"):
+        Sandbox.create(template="no-such-template")
+
+
+def test_a_bad_key_is_refused_in_e2bs_shape(e2b_env: E2bServer) -> None:
+    with pytest.raises(AuthenticationException, match="invalid API key"):
+        Sandbox.list(api_key="not-a-key").next_items()
+
+
+def test_another_organizations_key_reaches_nothing_on_either_plane(e2b_env: E2bServer, sandbox: Sandbox) -> None:
+    """Org B's key cannot see, kill or connect to org A's sandbox; B's envd token (for B's own
+    sandbox) opens nothing of A's, and neither does a forged one."""
+    other = e2b_env.key_of_new_org("e2bother")
+    assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list(api_key=other).next_items()]
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id, api_key=other)
+    assert Sandbox.kill(sandbox.sandbox_id, api_key=other) is False
+    with pytest.raises(SandboxException):
+        Sandbox.connect(sandbox.sandbox_id, api_key=other)
+    theirs = Sandbox.create(api_key=other, timeout=60)
+    try:
+        # B's client, with B's valid token, aimed at A's sandbox by its id.
+        stolen = Sandbox(sandbox_id=sandbox.sandbox_id, sandbox_domain=None,  # type: ignore[call-arg]
+                         envd_version=theirs._envd_version, envd_access_token=theirs._envd_access_token,
+                         connection_config=_config_for(sandbox.sandbox_id, theirs._envd_access_token))
+        with pytest.raises(AuthenticationException):
+            stolen.commands.run("echo pwned")
+        forged = Sandbox(sandbox_id=sandbox.sandbox_id, sandbox_domain=None,  # type: ignore[call-arg]
+                         envd_version=theirs._envd_version, envd_access_token="k.forged",
+                         connection_config=_config_for(sandbox.sandbox_id, "k.forged"))
+        with pytest.raises(AuthenticationException):
+            forged.commands.list()
+        with pytest.raises(AuthenticationException):
+            stolen.files.read("/etc/hostname")
+        with pytest.raises(AuthenticationException):
+            stolen.files.write("/tmp/planted", "x")
+    finally:
+        theirs.kill()
+    assert sandbox.is_running()
+
+
+def _config_for(sandbox_id: str, token: str | None):  # type: ignore[no-untyped-def]
+    from e2b.connection_config import ConnectionConfig
+
+    headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983"}
+    if token:
+        headers["X-Access-Token"] = token
+    return ConnectionConfig(extra_sandbox_headers=headers)
+
+
+async def test_the_async_sdk_runs_a_command_and_kills(e2b_env: E2bServer) -> None:
+    sbx = await AsyncSandbox.create(timeout=60)
+    try:
+        result = await sbx.commands.run("echo async; exit 0")
+        assert (result.stdout, result.exit_code) == ("async\n", 0)
+        with pytest.raises(CommandExitException) as caught:
+            await sbx.commands.run("exit 7")
+        assert caught.value.exit_code == 7
+    finally:
+        assert await sbx.kill() is True
+    with pytest.raises(NotFoundException):
+        await AsyncSandbox.get_info(sbx.sandbox_id)
