@@ -165,6 +165,8 @@ class WarmPool:
                 await self._teardown.teardown(stale.id)
             while not self.closed and len(pool) < self.size:
                 await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX)
+                if self.closed:  # closed while it waited: nothing to start and tear down
+                    return
                 async with self._fill_slots:  # one sandbox started at a time, across runtimes
                     name = f"{self._tag}-{next(self._seq)}"
                     try:
