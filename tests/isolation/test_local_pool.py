@@ -64,8 +64,9 @@ async def test_a_refill_waits_for_the_claiming_request_to_launch_its_command(dri
     await driver.destroy(await provision(driver, RT))  # the runtime's pool is filled from its first create
     await full_pool(driver)
     starts = spy_pool_starts(driver)
+    driver._quiet._hold_max = 30  # only the launch ends the hold, however slow the machine
     sid = await provision(driver, RT)  # claims a pooled sandbox: the pool wants one more
-    await asyncio.sleep(quiet.HOLD_MAX / 4)
+    await asyncio.sleep(quiet.HOLD_MAX)
     assert starts == [], "the refill started a sandbox while the create's command was still to launch"
     sink = Recorder()
     launched = time.monotonic()
