@@ -80,6 +80,7 @@ from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.pool import PoolRefill, WarmPool
 from hutch.drivers.local.provisioning import Provisioner
+from hutch.drivers.local.quiet import Quiet
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
 from hutch.drivers.local.state import SAFE_ID, Registry, is_live
@@ -142,14 +143,17 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
         self._registry = Registry(self.sandbox_root, cg)
         self._nsexec = Nsexec(self._registry, cg)
         self._network = SandboxNetwork(self._registry, self._nsexec, rootless)
-        self._executions = LocalExecutions(self._registry, self._nsexec, cg)
+        self._quiet = Quiet()  # requests launching; the pool's refill waits for none (quiet.py)
+        self._executions = LocalExecutions(self._registry, self._nsexec, cg, self._quiet)
         self._launcher = Launcher(self._registry, self._nsexec, cg, self._network, self._spares, rootless=rootless)
         self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache)
         self._background = PoolRefill()  # pool fills, destroys: close() waits for them
-        self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache)
+        self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache,
+                              self._quiet)
         self._provisioner = Provisioner(self._registry, cg, self._launcher, self._pool, self._network,
                                         self._teardown, runtime_cache=cache, rootless=rootless,
-                                        layer_limits=self.layers.limits, on_built=self.layers.wake)
+                                        layer_limits=self.layers.limits, quiet=self._quiet,
+                                        on_built=self.layers.wake)
         self._files = Files(self._registry, self._nsexec, HOME)
         self._checkpoints = LocalCheckpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
         self._ended = EndWatch(self._init_ended, self._background.spawn)  # endwatch.py

@@ -34,6 +34,7 @@ from hutch.drivers.local import pidsguard, rootfs, terminal
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.pidsguard import PidsGuard
+from hutch.drivers.local.quiet import Quiet
 from hutch.drivers.local.state import LocalExecution, LocalSandbox, Registry
 
 HOME = rootfs.SANDBOX_HOME
@@ -47,10 +48,11 @@ NO_FREEZER = "pause needs the cgroup freezer; this server runs without root (roo
 class LocalExecutions:
     """Runs and controls what executes in the sandboxes of one driver."""
 
-    def __init__(self, registry: Registry, nsexec: Nsexec, cgroups: Cgroups | None) -> None:
+    def __init__(self, registry: Registry, nsexec: Nsexec, cgroups: Cgroups | None, quiet: Quiet) -> None:
         self._registry = registry
         self._nsexec = nsexec
         self._cgroups = cgroups
+        self._quiet = quiet  # held from an exec's start to its helper's (quiet.py)
 
     @staticmethod
     def _env(sb: LocalSandbox, extra: Mapping[str, str]) -> dict[str, str]:
@@ -62,6 +64,13 @@ class LocalExecutions:
         return env
 
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        self._quiet.hold(req.execution_id)
+        try:
+            return await self._exec(req, sink)
+        finally:
+            self._quiet.release(req.execution_id, req.sandbox_id)
+
+    async def _exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
         t0 = phases.start()
         sb = self._registry.running(req.sandbox_id)
         if not req.argv:
@@ -80,7 +89,8 @@ class LocalExecutions:
         try:
             code, timed_out, status = await self._nsexec.run(
                 "exec", sb, leaf, cwd=cwd, argv=req.argv, env=env, stdin=req.stdin,
-                sink=sink, limit=req.timeout)
+                sink=sink, limit=req.timeout,
+                launched=lambda: self._quiet.release(req.execution_id, req.sandbox_id))  # its create's hold too
         finally:
             executions.pop(req.execution_id, None)
         t0 = phases.start()

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
@@ -89,8 +89,10 @@ class Nsexec:
         stdin: bytes | AsyncIterable[bytes] | None,
         sink: OutputSink | None,
         limit: float | None,
+        launched: Callable[[], None] = lambda: None,
     ) -> tuple[int, bool, str]:
-        """Run hutch-nsexec in the sandbox (helper.py); (exit code, timed out, status message)."""
+        """Run hutch-nsexec in the sandbox (helper.py); (exit code, timed out, status message).
+        ``launched`` is called once the helper is started."""
         status_r, status_w = os.pipe()
         fds: list[int] = []
         try:
@@ -99,10 +101,14 @@ class Nsexec:
             for fd in (status_r, status_w, *fds):
                 os.close(fd)
             raise
+
+        def started(pid: int) -> None:
+            self._pids[leaf] = pid
+            launched()
+
         try:
             return await helper.run(cmd, argv, status_r=status_r, status_w=status_w, extra_fds=fds, stdin=stdin, sink=sink,
-                                    limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf),
-                                    started=lambda pid: self._pids.__setitem__(leaf, pid))
+                                    limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf), started=started)
         finally:
             self._pids.pop(leaf, None)
 

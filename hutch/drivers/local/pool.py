@@ -1,7 +1,8 @@
 """The local driver's warm pool: idle sandboxes started ahead of time.
 
 For each runtime it has provisioned, the driver keeps ``HUTCH_WARM_POOL`` (default 2; 0
-turns it off) idle sandboxes, refilled in the background one at a time. ``claim`` turns
+turns it off) idle sandboxes, refilled in the background one at a time, each started when
+no request is launching (quiet.py: a refill beside a launch slowed it). ``claim`` turns
 one into a requested sandbox: its directory and cgroups are renamed to the requested id
 (same parent, so nothing moves), the requested limits are written to its cgroup, the
 uid claim and ``meta.json`` follow the new id. No command has ever run in a pooled
@@ -34,10 +35,17 @@ from hutch.drivers.local import rootfs, uids
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import start_time
 from hutch.drivers.local.launch import Launcher, dev_bytes
+from hutch.drivers.local.quiet import Quiet
 from hutch.drivers.local.state import POOL_PREFIX, LocalSandbox, Registry, is_live
 from hutch.drivers.local.teardown import Teardown
 
 log = logging.getLogger(__name__)
+
+# How long a refill waits for no request to be launching (quiet.py) before it starts a
+# sandbox anyway: a steady load defers the pool's refill, never stops it. An empty pool
+# waits less: every create meanwhile starts its own sandbox (17 ms instead of 2).
+REFILL_DEFER_MAX = 1.0
+EMPTY_DEFER_MAX = 0.25
 
 
 def pool_size() -> int:
@@ -69,13 +77,14 @@ class WarmPool:
     """The idle pooled sandboxes of one driver, per runtime."""
 
     def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, teardown: Teardown,
-                 background: PoolRefill, runtime_cache: Path) -> None:
+                 background: PoolRefill, runtime_cache: Path, quiet: Quiet) -> None:
         self._registry = registry
         self._runtime_cache = runtime_cache
         self._cgroups = cgroups
         self._launcher = launcher
         self._teardown = teardown
         self._background = background
+        self._quiet = quiet
         self.size = pool_size()
         self.idle: dict[str, list[LocalSandbox]] = {}  # runtime -> idle pooled sandboxes
         self._filling: set[str] = set()
@@ -155,6 +164,9 @@ class WarmPool:
                 pool.remove(stale)  # sized for another memory limit: none would fit
                 await self._teardown.teardown(stale.id)
             while not self.closed and len(pool) < self.size:
+                await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX)
+                if self.closed:  # closed while it waited: nothing to start and tear down
+                    return
                 async with self._fill_slots:  # one sandbox started at a time, across runtimes
                     name = f"{self._tag}-{next(self._seq)}"
                     try:

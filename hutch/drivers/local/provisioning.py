@@ -24,6 +24,7 @@ from hutch.drivers.local import layercache, layers, rootfs, slirp
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.pool import WarmPool
+from hutch.drivers.local.quiet import Quiet
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.state import SAFE_ID, LocalSandbox, Registry, is_live
 from hutch.drivers.local.teardown import Teardown
@@ -38,7 +39,7 @@ class Provisioner:
 
     def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, pool: WarmPool,
                  net: SandboxNetwork, teardown: Teardown, *, runtime_cache: Path, rootless: bool,
-                 layer_limits: layercache.LayerLimits, on_built: Callable[[], None] = lambda: None) -> None:
+                 layer_limits: layercache.LayerLimits, quiet: Quiet, on_built: Callable[[], None] = lambda: None) -> None:
         self._registry = registry
         self._cgroups = cgroups
         self._launcher = launcher
@@ -49,6 +50,7 @@ class Provisioner:
         self._rootless = rootless
         self._layer_limits = layer_limits
         self._on_built = on_built  # the layer cache may be over its bound now: sweep it
+        self._quiet = quiet  # held until the sandbox's first command is launched (quiet.py)
         self.max_starting = STARTS_PER_CORE * (os.cpu_count() or 1)
         self._starting = asyncio.Semaphore(self.max_starting)
 
@@ -74,6 +76,15 @@ class Provisioner:
 
     async def provision(self, req: ProvisionRequest) -> None:
         recipe = self._recipe(req)
+        self._quiet.hold(req.sandbox_id)
+        try:
+            await self._provision(recipe, req)
+        except BaseException:
+            self._quiet.release(req.sandbox_id)
+            raise
+        self._pool.refill(recipe.name, req.resources.memory_bytes)
+
+    async def _provision(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> None:
         async with self._starting, self._registry.lock(req.sandbox_id):
             old = self._registry.load(req.sandbox_id)
             if old is not None and is_live(old):
@@ -90,7 +101,6 @@ class Provisioner:
                     await self._teardown.teardown(sb.id)
                     raise
             self._registry.sandboxes[sb.id] = sb
-        self._pool.refill(recipe.name, req.resources.memory_bytes)
 
     async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> LocalSandbox:
         """A pooled sandbox claimed for ``req``, or a new one."""

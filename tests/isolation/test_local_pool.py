@@ -1,0 +1,97 @@
+"""The local driver's warm pool and the requests it must not slow (issue 37): a refill starts
+no sandbox while a request is launching (from its create to its command's helper, quiet.py),
+still starts one when the hold lapses, and fills back to its size after a burst.
+
+Needs root and the base runtime (built by the session fixture); nothing here skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from hutch.drivers.base import ExecRequest
+from hutch.drivers.local import quiet
+from hutch.drivers.local.driver import LocalDriver
+from tests.drivers_support import (
+    Recorder,
+    built_runtimes,  # noqa: F401  (fixture)
+    local_data_dir,  # noqa: F401  (fixture)
+    local_driver_fixture,
+    new_id,
+    provision,
+)
+
+pytestmark = pytest.mark.isolation
+
+RT = "base:latest"
+
+
+@pytest.fixture
+async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
+    async for d in local_driver_fixture(request):
+        assert isinstance(d, LocalDriver)
+        assert d._pool.size == 2, "the warm pool is on by default (cgroup v1, as root)"
+        yield d
+
+
+async def full_pool(driver: LocalDriver, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while len(driver._pool.idle.get(RT, ())) < driver._pool.size or RT in driver._pool._filling:
+        assert time.monotonic() < deadline, (
+            f"the pool holds {len(driver._pool.idle.get(RT, ()))} of {driver._pool.size} after {timeout} s")
+        await asyncio.sleep(0.02)
+
+
+def spy_pool_starts(driver: LocalDriver) -> list[float]:
+    """When the pool starts each of its sandboxes (the launcher's create of a pooled name)."""
+    starts: list[float] = []
+    create = driver._launcher.create
+
+    async def spied(req, *args, **kw):  # type: ignore[no-untyped-def]
+        if req.sandbox_id.startswith("_pool"):
+            starts.append(time.monotonic())
+        return await create(req, *args, **kw)
+
+    driver._launcher.create = spied  # type: ignore[method-assign]
+    return starts
+
+
+async def test_a_refill_waits_for_the_claiming_request_to_launch_its_command(driver: LocalDriver) -> None:
+    await driver.destroy(await provision(driver, RT))  # the runtime's pool is filled from its first create
+    await full_pool(driver)
+    starts = spy_pool_starts(driver)
+    driver._quiet._hold_max = 30  # only the launch ends the hold, however slow the machine
+    sid = await provision(driver, RT)  # claims a pooled sandbox: the pool wants one more
+    await asyncio.sleep(quiet.HOLD_MAX)
+    assert starts == [], "the refill started a sandbox while the create's command was still to launch"
+    sink = Recorder()
+    launched = time.monotonic()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ("true",)), sink)
+    assert result.exit_code == 0
+    await full_pool(driver)
+    assert len(starts) == 1 and starts[0] >= launched, (starts, launched)
+    await driver.destroy(sid)
+
+
+async def test_a_create_without_a_command_defers_the_refill_only_until_its_hold_lapses(driver: LocalDriver) -> None:
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    starts = spy_pool_starts(driver)
+    made = time.monotonic()
+    sid = await provision(driver, RT)
+    await full_pool(driver)
+    assert len(starts) == 1 and starts[0] - made >= quiet.HOLD_MAX * 0.9, (starts, made)
+    await driver.destroy(sid)
+
+
+async def test_the_pool_fills_back_to_its_size_after_a_burst(driver: LocalDriver) -> None:
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    burst = await asyncio.gather(*(provision(driver, RT) for _ in range(6)))  # more than the pool holds
+    await asyncio.gather(*(driver.destroy(sid) for sid in burst))
+    await full_pool(driver)
+    assert all(sb.id.startswith("_pool") for sb in driver._pool.idle[RT])
