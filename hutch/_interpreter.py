@@ -173,10 +173,11 @@ class Interpreter:
         stderr: list[str] = []
         error: CodeError | None = None
         count: int | None = None
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
-            await self._ensure(http)
+        async with aiohttp.ClientSession() as http:
+            await self._ensure(http)  # the server's start is not the cell's time
             try:
-                async with http.post(self._base() + "execute", json=body, headers=self._headers()) as resp:
+                async with http.post(self._base() + "execute", json=body, headers=self._headers(),
+                                     timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                     await _check(resp, "run_code")
                     async for raw in resp.content:
                         if not raw.strip():

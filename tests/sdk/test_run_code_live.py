@@ -23,7 +23,7 @@ from e2b_code_interpreter import AsyncSandbox as E2BSandbox
 from packaging.version import Version
 
 from hutch.client import SandboxClient
-from hutch.errors import InvalidInput
+from hutch.errors import InvalidInput, SandboxError
 from hutch.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,3 +193,15 @@ async def test_the_e2b_code_interpreter_package_speaks_to_it(served: str, sandbo
     assert context.cwd == "/tmp" and context.language == "python"
     apart = await e2b.run_code("e2b_x", context=context)
     assert apart.error is not None and apart.error.name == "NameError"
+
+
+async def test_a_cell_past_its_timeout_is_interrupted_and_the_context_lives_on(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        await sandbox.run_code("kept = 'still here'")
+        with pytest.raises(SandboxError, match="did not finish within 2s") as caught:
+            await sandbox.run_code("import time\nfor _ in range(60):\n    time.sleep(0.5)", timeout=2)
+        assert caught.value.code == "EXECUTION_TIMEOUT"
+        started = time.monotonic()
+        after = await sandbox.run_code("kept")  # not queued behind the 30 s cell: it was interrupted
+        assert after.text == "still here" and time.monotonic() - started < 10
