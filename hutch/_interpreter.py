@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -112,6 +113,19 @@ class Interpreter:
                 f"network={{'port': {PORT}}} (Workspace(runtime={RUNTIME!r}) does both)", field="runtime")
         return url if url.endswith("/") else url + "/"
 
+    @contextlib.asynccontextmanager
+    async def _http(self) -> AsyncIterator[aiohttp.ClientSession]:
+        """A session that sends no hutch credential. A server's proxy is reached over a session
+        of this module's own; the engine in this process (no server) serves its proxy only on
+        its private socket, through the connection's session (it adds the key per request, not
+        to the session, so these requests carry none)."""
+        connection = self._sandbox._services.connection
+        if connection.embedded:
+            yield await connection.session()
+            return
+        async with aiohttp.ClientSession() as http:
+            yield http
+
     def _headers(self) -> dict[str, str]:
         assert self._token is not None
         return {"X-Access-Token": self._token}
@@ -173,7 +187,7 @@ class Interpreter:
         stderr: list[str] = []
         error: CodeError | None = None
         count: int | None = None
-        async with aiohttp.ClientSession() as http:
+        async with self._http() as http:
             await self._ensure(http)  # the server's start is not the cell's time
             try:
                 async with http.post(self._base() + "execute", json=body, headers=self._headers(),
@@ -206,7 +220,7 @@ class Interpreter:
 
     async def create_context(self, *, language: str | None = None, cwd: str | None = None) -> CodeContext:
         body = {k: v for k, v in (("language", language), ("cwd", cwd)) if v is not None}
-        async with aiohttp.ClientSession() as http:
+        async with self._http() as http:
             await self._ensure(http)
             async with http.post(self._base() + "contexts", json=body, headers=self._headers()) as resp:
                 await _check(resp, "create_code_context")

@@ -156,8 +156,12 @@ async def test_a_sandbox_without_the_port_is_told_what_to_do(served: str) -> Non
             await sandbox.run_code("1")
 
 
-async def test_workspace_run_code_gives_rich_results(served: str) -> None:
-    async with Workspace(backend="remote", url=served, api_key=KEY, runtime="code-interpreter") as ws:
+async def test_workspace_run_code_gives_rich_results_without_a_server(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Workspace's default backend with no server: the engine in this process serves its
+    proxy only on its private socket, and run_code reaches the port through it."""
+    monkeypatch.delenv("HUTCH_URL", raising=False)
+    async with Workspace(runtime="code-interpreter", data_dir=tmp_path) as ws:
         await ws.run_code("import pandas as pd\ndf = pd.DataFrame({'n': [1, 2, 3]})")
         ran = await ws.run_code("print(df.n.sum()); df")
         assert ran.exit_code == 0 and ran.stdout == "6\n" and ran.exception is None
