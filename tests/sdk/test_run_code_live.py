@@ -98,6 +98,10 @@ async def test_state_streams_and_a_network_off_sandbox(served: str, sandbox_id: 
         second = await sandbox.run_code("x + 1")
         assert second.text == "42" and second.error is None
         assert second.results[0].is_main_result
+        # env is the call's own: set for it, gone after it.
+        probe = "import os\nos.environ.get('GREETING', 'unset')"
+        assert (await sandbox.run_code(probe, env={"GREETING": "hi"})).text == "hi"
+        assert (await sandbox.run_code(probe)).text == "unset"
 
 
 async def test_a_chart_is_png_and_a_dataframe_html(served: str, sandbox_id: str) -> None:
