@@ -125,6 +125,9 @@ async def test_an_exception_is_a_structured_error(served: str, sandbox_id: str) 
         assert "boom()" in ran.error.traceback and "ValueError" in ran.error.traceback
         after = await sandbox.run_code("1 + 1")  # the kernel lives on
         assert after.text == "2"
+        died = await sandbox.run_code("import os\nos._exit(3)")  # no idle ever comes from a dead kernel
+        assert died.error is not None and died.error.name == "KernelDied" and "restarted" in died.error.value
+        assert (await sandbox.run_code("1 + 2")).text == "3"
 
 
 async def test_contexts_keep_state_apart(served: str, sandbox_id: str) -> None:
