@@ -293,7 +293,8 @@ def _pypi_packages(recipe: RuntimeRecipe, root: Path, _cache: Path, tmp: Path, m
     machine = os.uname().machine
     platforms = [arg for minor in range(39, 16, -1) for arg in ("--platform", f"manylinux_2_{minor}_{machine}")]
     _run([sys.executable, "-m", "pip", "install", "--target", str(site), "--only-binary=:all:", "--no-compile",
-          *platforms, "--python-version", recipe.python,
+          # The host's own packages are not the tree's: their conflicts would only be noise.
+          "--no-warn-conflicts", *platforms, "--python-version", recipe.python,
           "--implementation", "cp", "--disable-pip-version-check", "--report", str(report),
           *recipe.pypi_packages], f"runtime {recipe.name}: pip install", log)
     installed = json.loads(report.read_text()).get("install", [])
