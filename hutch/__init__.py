@@ -14,6 +14,7 @@ Errors are :class:`hutch.errors.SandboxError` subclasses carrying the server's
 from __future__ import annotations
 
 from hutch import errors
+from hutch._interpreter import CodeContext, CodeError, CodeExecution, CodeOutput
 from hutch._version import __version__
 from hutch.client import (
     Duration,
@@ -67,6 +68,10 @@ from hutch.workspace import SyncWorkspace, Workspace, WorkspaceSnapshot
 
 __all__ = [
     "Checkpoint",
+    "CodeContext",
+    "CodeError",
+    "CodeExecution",
+    "CodeOutput",
     "ConnectionFailed",
     "CopyResult",
     "Duration",

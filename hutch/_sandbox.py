@@ -13,6 +13,7 @@ from typing import IO, Any
 from hutch import _transfer
 from hutch._connection import Connected
 from hutch._files import READ_CHUNK
+from hutch._interpreter import CodeContext, CodeExecution, Interpreter, OutputHandler
 from hutch._output import OutputSink
 from hutch._services import Services
 from hutch._shapes import Duration, Files
@@ -59,6 +60,7 @@ class Sandbox:
         self.stderr_stream_url: str | None = getattr(source, "stderr_stream_url", None)
         self.audit_stream_url: str | None = getattr(source, "audit_stream_url", None)
         self.url: str | None = getattr(source, "url", None)
+        self._interpreter: Interpreter | None = None
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, status={self.status!r})"
@@ -117,6 +119,34 @@ class Sandbox:
         """
         handle = await self.start(command, files=files, timeout=timeout, stream=stream, stdin=stdin)
         return await handle._complete(stdout=stdout, stderr=stderr, capture=capture)
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        context: CodeContext | str | None = None,
+        language: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: OutputHandler | None = None,
+        on_stderr: OutputHandler | None = None,
+    ) -> CodeExecution:
+        """Run ``code`` in a Jupyter kernel that keeps its state between calls (the default
+        Python context, or ``context``): stdout/stderr as they arrive (``on_stdout``/
+        ``on_stderr``), rich results (``.results``: text, html, png bytes, ...) and the
+        exception as ``.error`` (name, value, traceback). Needs the ``code-interpreter``
+        runtime and ``network={"port": 49999}``; starts the interpreter on first use."""
+        return await self._code().run_code(code, context=context, language=language, env=env, timeout=timeout,
+                                           on_stdout=on_stdout, on_stderr=on_stderr)
+
+    async def create_code_context(self, *, language: str | None = None, cwd: str | None = None) -> CodeContext:
+        """A new kernel with state of its own, for ``run_code(context=...)`` (python only)."""
+        return await self._code().create_context(language=language, cwd=cwd)
+
+    def _code(self) -> Interpreter:
+        if self._interpreter is None:
+            self._interpreter = Interpreter(self)
+        return self._interpreter
 
     async def get(self) -> SandboxInfo:
         info = await self._services.sandboxes.get(self.id)

@@ -49,7 +49,11 @@ import attrs
 
 from hutch import _workspace_files as local_files
 from hutch._blocking import Blocking, _Portal
+from hutch._interpreter import PORT as INTERPRETER_PORT
+from hutch._interpreter import RUNTIME as INTERPRETER_RUNTIME
+from hutch._interpreter import CodeError, CodeOutput
 from hutch.client import Sandbox, SandboxClient, local_client
+from hutch.errors import SandboxError
 from hutch.workspace_tools import WorkspaceTools
 
 if TYPE_CHECKING:
@@ -74,6 +78,10 @@ class CodeResult:
     #: Why the sandbox ended the command, when it did (e.g. ``killed: out of memory (limit
     #: 64Mi)``): an exit code alone (137) does not say. None otherwise.
     error: str | None = None
+    #: ``run_code`` in the code-interpreter runtime: what the cell showed (its value, charts as
+    #: PNG bytes, tables as HTML) and the exception it raised (name, value, traceback).
+    results: tuple[CodeOutput, ...] = ()
+    exception: CodeError | None = None
 
     @property
     def output(self) -> str:
@@ -205,9 +213,13 @@ class Workspace:
             self._sandbox = await self._client.connect(self.id)
             self._from_snapshot = "reattached"
             return
-        # Network only when a git clone needs it (the clones run first, in the sandbox).
+        # Network only when a git clone needs it (the clones run first, in the sandbox); the
+        # interpreter's port is reached through hutch's proxy, which needs no network.
+        network: dict[str, Any] = {"enabled": True} if self.git_clones else {}
+        if self.runtime == INTERPRETER_RUNTIME:
+            network["port"] = INTERPRETER_PORT
         self._sandbox = await self._client.create(runtime=None if self._from_snapshot else self.runtime,
-                                                  env=self.env or None, network=bool(self.git_clones) or None,
+                                                  env=self.env or None, network=network or None,
                                                   snapshot=self._from_snapshot)
         self.id = self._sandbox.id
 
@@ -273,6 +285,23 @@ class Workspace:
             raise ValueError(f"language: {lang!r} is not one of {', '.join(LANGUAGES)}")
         program, flag = LANGUAGES[lang]
         return await self._exec([program, flag, code], timeout_seconds or self.timeout_seconds)
+
+    async def run_code(self, code: str, *, language: str | None = None,
+                       timeout_seconds: float | None = None) -> CodeResult:
+        """``run``, except in the code-interpreter runtime (``runtime="code-interpreter"``): there
+        the code runs in a Jupyter kernel that keeps its variables between calls, and the result
+        carries ``results`` (text, html, png bytes) and ``exception`` (name, value, traceback)."""
+        if self._sandbox is None or self.runtime != INTERPRETER_RUNTIME or language not in (None, "python"):
+            return await self.run(code, language=language, timeout_seconds=timeout_seconds)
+        limit = timeout_seconds or self.timeout_seconds
+        try:
+            ran = await self._sandbox.run_code(code, timeout=limit)
+        except SandboxError as err:
+            if err.code != "EXECUTION_TIMEOUT":
+                raise
+            return CodeResult("", str(err), TIMED_OUT, True)
+        return CodeResult("".join(ran.stdout), "".join(ran.stderr), 1 if ran.error else 0,
+                          results=ran.results, exception=ran.error)
 
     async def shell(self, command: str, *, timeout_seconds: float | None = None) -> CodeResult:
         return await self.run(command, language="shell", timeout_seconds=timeout_seconds)

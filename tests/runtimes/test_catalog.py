@@ -12,9 +12,10 @@ from hutch.core import runtimes
 from hutch.core.errors import RuntimeNotFound
 from hutch.drivers.local import rootfs
 
-# The seeds' runtimes, and the Workspace's default (every language it names in one runtime).
+# The seeds' runtimes, the Workspace's default (every language it names in one runtime) and the
+# code interpreter (issue 36: a Jupyter kernel per context behind E2B's interpreter protocol).
 SEED_RUNTIMES = {"base:latest", "bun:1", "node:latest", "node:lts", "python:3.13", "python:3.14",
-                 "claude-code:latest", "amp:latest", "opencode:latest", "workspace:latest"}
+                 "claude-code:latest", "amp:latest", "opencode:latest", "workspace:latest", "code-interpreter"}
 
 
 def test_the_seeds_runtimes_are_in_the_catalog_with_their_fields() -> None:
@@ -59,9 +60,20 @@ def test_recipe_hash_covers_what_changes_the_tree_and_nothing_else() -> None:
         attrs.evolve(base, pypi_tools=("uv==0.1.0",)),
         attrs.evolve(base, npm_packages=("left-pad@1.3.0",)),
         attrs.evolve(base, links=(("/usr/local/bin/py", "python3"),)),
+        attrs.evolve(base, pypi_packages=("pandas==3.1.1",), python="3.13"),
+        attrs.evolve(base, files=(("/usr/local/bin/hutch-interpreter", "hutch-interpreter"),)),
     ]
     hashes = {c.recipe_hash for c in changed} | {base.recipe_hash}
     assert len(hashes) == len(changed) + 1
+
+
+def test_the_interpreter_runtime_is_rebuilt_when_its_program_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = runtimes.find("code-interpreter")
+    assert recipe is not None and recipe.python == "3.13" and "ipykernel==7.4.0" in recipe.pypi_packages
+    before = recipe.recipe_hash
+    real = runtimes.runtime_file
+    monkeypatch.setattr(runtimes, "runtime_file", lambda name: real(name) + b"# edited\n")
+    assert recipe.recipe_hash != before
 
 
 def test_a_debian_only_recipe_keeps_the_hash_it_had_before_extras_existed() -> None:
@@ -76,6 +88,8 @@ def test_a_debian_only_recipe_keeps_the_hash_it_had_before_extras_existed() -> N
     ("npm_packages", ("left-pad@latest",)),
     ("pypi_tools", ("uv",)),
     ("pypi_tools", ("uv>=0.5",)),
+    ("pypi_packages", ("pandas",)),
+    ("files", (("usr/bin/x", "hutch-interpreter"),)),
     ("links", (("usr/bin/x", "y"),)),
     ("links", (("/usr/../etc/x", "y"),)),
 ])

@@ -43,7 +43,7 @@ from typing import Any
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure, RuntimeNotFound
-from hutch.core.runtimes import RuntimeRecipe
+from hutch.core.runtimes import RuntimeRecipe, runtime_file
 
 DEFAULT_CACHE = Path("/var/cache/hutch/runtimes")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -147,6 +147,7 @@ def build(recipe: RuntimeRecipe, cache: Path, *, log: Log = print, force: bool =
             manifest: dict[str, Any] = {"name": recipe.name, "id": recipe.id, "recipe_hash": recipe.recipe_hash,
                               "suite": recipe.suite, "packages": list(recipe.packages),
                               "npm_packages": list(recipe.npm_packages), "pypi_tools": list(recipe.pypi_tools),
+                              "files": [list(pair) for pair in recipe.files],
                               "links": [list(pair) for pair in recipe.links]}
             for n, (label, step) in enumerate(steps, 1):
                 log(f"{recipe.name}: [{n}/{len(steps)}] {label} ({time.monotonic() - started:.0f}s)")
@@ -183,6 +184,8 @@ def _steps(recipe: RuntimeRecipe) -> list[tuple[str, Step]]:
         steps.append(("npm: " + " ".join(recipe.npm_packages), _npm))
     if recipe.pypi_tools:
         steps.append(("pypi: " + " ".join(recipe.pypi_tools), _pypi_tools))
+    if recipe.pypi_packages:
+        steps.append(("pypi libraries: " + " ".join(recipe.pypi_packages), _pypi_packages))
     steps.append(("links and hutch files", _finish))
     steps.append(("version check: " + " ".join(recipe.version_command), _version_check))
     return steps
@@ -277,7 +280,54 @@ def _pypi_tools(recipe: RuntimeRecipe, root: Path, _cache: Path, tmp: Path, mani
     manifest["pypi"] = wheels
 
 
+def _pypi_packages(recipe: RuntimeRecipe, root: Path, _cache: Path, tmp: Path, manifest: dict[str, Any],
+                   log: Log) -> None:
+    """The pinned libraries and their dependencies, resolved by the host's pip for the tree's
+    python (wheels only: nothing is compiled, and no code of theirs runs on the host)."""
+    if not recipe.python:
+        raise DriverFailure(f"runtime {recipe.name}: pypi_packages needs the tree's python version (python=)")
+    site = root / f"usr/local/lib/python{recipe.python}/dist-packages"  # on Debian's python3 path
+    report = tmp / "pip-report.json"
+    # Every manylinux tag up to trixie's glibc (2.41) named: pip 23 does not expand a given
+    # manylinux_2_39 to the older tags (matplotlib ships manylinux_2_17 wheels only).
+    machine = os.uname().machine
+    platforms = [arg for minor in range(39, 16, -1) for arg in ("--platform", f"manylinux_2_{minor}_{machine}")]
+    _run([sys.executable, "-m", "pip", "install", "--target", str(site), "--only-binary=:all:", "--no-compile",
+          # The host's own packages are not the tree's: their conflicts would only be noise.
+          "--no-warn-conflicts", *platforms, "--python-version", recipe.python,
+          "--implementation", "cp", "--disable-pip-version-check", "--report", str(report),
+          *recipe.pypi_packages], f"runtime {recipe.name}: pip install", log)
+    installed = json.loads(report.read_text()).get("install", [])
+    manifest["pypi_packages"] = {item["metadata"]["name"]: item["metadata"]["version"] for item in installed}
+    # Bytecode by the tree's own python, once, in the tree: otherwise every sandbox compiles
+    # pandas and matplotlib again at its first import (seconds each).
+    _in_tree(recipe, root, ["python3", "-m", "compileall", "-q", "-j", "0",
+                            f"/usr/local/lib/python{recipe.python}/dist-packages"], "compileall")
+
+
+def _in_tree(recipe: RuntimeRecipe, root: Path, argv: list[str], what: str) -> str:
+    """Run ``argv`` in the tree: private namespaces, its own /proc, no network, tmpfs HOME."""
+    script = ('mount -t tmpfs -o size=64m,mode=1777 hutch-check "$1/tmp" && root="$1" && shift && '
+              'exec chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin '
+              'HOME=/tmp LANG=C.UTF-8 "$@"')
+    cmd = ["unshare", "--mount", "--propagation=private", "--pid", "--net", "--fork", f"--mount-proc={root}/proc",
+           "/bin/sh", "-c", script, "sh", str(root), *argv]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as err:
+        raise DriverFailure(f"runtime {recipe.name}: {what} did not finish in 600s") from err
+    if proc.returncode != 0:
+        raise DriverFailure(f"runtime {recipe.name}: {what} failed (exit {proc.returncode}): "
+                            f"{(proc.stdout + proc.stderr).strip()[-500:]}")
+    return proc.stdout
+
+
 def _finish(recipe: RuntimeRecipe, root: Path, _cache: Path, _tmp: Path, _manifest: dict[str, Any], _log: Log) -> None:
+    for file_path, name in recipe.files:
+        program = root / file_path.lstrip("/")
+        program.parent.mkdir(parents=True, exist_ok=True)
+        program.write_bytes(runtime_file(name))
+        program.chmod(0o755)
     for link, target in recipe.links:
         path = root / link.lstrip("/")
         path.parent.mkdir(parents=True, exist_ok=True)

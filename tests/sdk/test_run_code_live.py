@@ -1,0 +1,218 @@
+"""``sandbox.run_code`` and ``Workspace.run_code`` in the code-interpreter runtime, against a real
+``hutch serve`` (local driver) and one sandbox shared by the module: a kernel that keeps its
+state, a matplotlib chart as PNG, a DataFrame as an HTML table, an exception as a structured
+error, all through hutch's proxy to port 49999 of a sandbox without network."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from e2b.connection_config import ConnectionConfig
+from e2b_code_interpreter import AsyncSandbox as E2BSandbox
+from packaging.version import Version
+
+from hutch.client import SandboxClient
+from hutch.errors import InvalidInput, SandboxError
+from hutch.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "interp-test-key"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The first use of the runtime may build it (about 2 minutes here, see docs/runtimes.md).
+pytestmark = pytest.mark.timeout(600)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HUTCH_LOG_LEVEL": "WARNING", "HUTCH_DRIVER": "local",
+           "HUTCH_DATA_DIR": str(tmp_path_factory.mktemp("served")), "HUTCH_API_KEY": KEY}
+    for var in ("HUTCH_EVENT_LOG", "HUTCH_STORE", "HUTCH_URL"):
+        env.pop(var, None)
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, f"hutch serve exited with {proc.returncode}"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def sandbox_id(served: str) -> Iterator[str]:
+    """One interpreter sandbox for the module; each test connects to it, as another process would."""
+
+    async def create() -> str:
+        async with SandboxClient(served, KEY) as client:
+            sandbox = await client.create(runtime="code-interpreter", network={"port": 49999})
+            # Ready before the tests' calls (each bounded by the client's request timeout).
+            info = await client.get(sandbox.id, wait_for_status=["idle", "running"], wait_ms=300_000)
+            assert info.status in ("idle", "running"), info.status
+            return sandbox.id
+
+    sid = asyncio.run(create())
+    yield sid
+
+    async def destroy() -> None:
+        async with SandboxClient(served, KEY) as client:
+            await client.destroy(sid)
+
+    asyncio.run(destroy())
+
+
+async def test_state_streams_and_a_network_off_sandbox(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        info = await sandbox.get()
+        assert info.network_enabled is False  # the kernel is local: no network needed
+        seen: list[str] = []
+        first = await sandbox.run_code("import sys\nx = 41\nprint('out'); print('err', file=sys.stderr)",
+                                       on_stdout=seen.append)
+        assert first.error is None and first.stdout == ("out\n",) and first.stderr == ("err\n",)
+        assert seen == ["out\n"]
+        second = await sandbox.run_code("x + 1")
+        assert second.text == "42" and second.error is None
+        assert second.results[0].is_main_result
+        # env is the call's own: set for it, gone after it.
+        probe = "import os\nos.environ.get('GREETING', 'unset')"
+        assert (await sandbox.run_code(probe, env={"GREETING": "hi"})).text == "hi"
+        assert (await sandbox.run_code(probe)).text == "unset"
+
+
+async def test_a_chart_is_png_and_a_dataframe_html(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        chart = await sandbox.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()")
+        assert chart.error is None
+        pngs = [r.png for r in chart.results if r.png]
+        assert len(pngs) == 1 and pngs[0].startswith(PNG_MAGIC)
+        table = await sandbox.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+        assert table.error is None and table.results[0].html is not None
+        assert "<table" in table.results[0].html and "<td>x</td>" in table.results[0].html
+
+
+async def test_an_exception_is_a_structured_error(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        ran = await sandbox.run_code("def boom():\n    raise ValueError('no good')\nboom()")
+        assert ran.error is not None
+        assert (ran.error.name, ran.error.value) == ("ValueError", "no good")
+        assert "boom()" in ran.error.traceback and "ValueError" in ran.error.traceback
+        after = await sandbox.run_code("1 + 1")  # the kernel lives on
+        assert after.text == "2"
+        died = await sandbox.run_code("import os\nos._exit(3)")  # no idle ever comes from a dead kernel
+        assert died.error is not None and died.error.name == "KernelDied" and "restarted" in died.error.value
+        assert (await sandbox.run_code("1 + 2")).text == "3"
+
+
+async def test_contexts_keep_state_apart(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        await sandbox.run_code("mine = 'default'")
+        other = await sandbox.create_code_context(cwd="/tmp")
+        assert other.language == "python" and other.cwd == "/tmp"
+        inside = await sandbox.run_code("import os\nprint(os.getcwd()); mine", context=other)
+        assert inside.stdout == ("/tmp\n",)
+        assert inside.error is not None and inside.error.name == "NameError"
+        with pytest.raises(InvalidInput, match="JavaScript"):
+            await sandbox.create_code_context(language="javascript")
+
+
+async def test_the_port_refuses_a_caller_without_the_token(served: str, sandbox_id: str) -> None:
+    """The proxy URL is public: without the sandbox's interpreter token nothing runs."""
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        await sandbox.run_code("0")  # started
+        assert sandbox.url
+        async with aiohttp.ClientSession() as http:
+            async with http.post(sandbox.url + "execute", json={"code": "print(1)"}) as resp:
+                assert resp.status == 401 and "X-Access-Token" in await resp.text()
+            async with http.post(sandbox.url + "execute", json={"code": "print(1)"},
+                                 headers={"X-Access-Token": "guess"}) as resp:
+                assert resp.status == 401
+
+
+async def test_a_sandbox_without_the_port_is_told_what_to_do(served: str) -> None:
+    async with SandboxClient(served, KEY) as client, await client.create(runtime="base:latest") as sandbox:
+        with pytest.raises(InvalidInput, match="network=\\{'port': 49999\\}"):
+            await sandbox.run_code("1")
+
+
+async def test_workspace_run_code_gives_rich_results_without_a_server(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Workspace's default backend with no server: the engine in this process serves its
+    proxy only on its private socket, and run_code reaches the port through it."""
+    monkeypatch.delenv("HUTCH_URL", raising=False)
+    async with Workspace(runtime="code-interpreter", data_dir=tmp_path) as ws:
+        await ws.run_code("import pandas as pd\ndf = pd.DataFrame({'n': [1, 2, 3]})")
+        ran = await ws.run_code("print(df.n.sum()); df")
+        assert ran.exit_code == 0 and ran.stdout == "6\n" and ran.exception is None
+        assert ran.results and "<table" in (ran.results[0].html or "")
+        failed = await ws.run_code("1/0")
+        assert failed.exit_code == 1 and failed.exception is not None
+        assert failed.exception.name == "ZeroDivisionError"
+
+
+async def test_the_e2b_code_interpreter_package_speaks_to_it(served: str, sandbox_id: str) -> None:
+    """E2B's own client, its run_code and create_code_context unchanged, pointed at the port
+    through hutch's proxy (E2B_SANDBOX_URL's way); only its control plane (E2B's wire, another
+    branch) is left out: the sandbox object is made from its id and the interpreter's token."""
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        await sandbox.run_code("0")  # started, its token in the sandbox
+        token = (await sandbox.read_bytes("/home/agentuity/.hutch-interpreter-token")).decode()
+        assert sandbox.url
+    config = ConnectionConfig(sandbox_url=sandbox.url.rstrip("/"), api_key="e2b_unused", request_timeout=60)
+    e2b = E2BSandbox(sandbox_id=sandbox_id, envd_version=Version("0.2.0"), envd_access_token=token,
+                     sandbox_domain=None, connection_config=config, traffic_access_token=token)
+    seen: list[str] = []
+    await e2b.run_code("e2b_x = 20")
+    ran = await e2b.run_code("print('hi'); e2b_x + 1", on_stdout=lambda m: seen.append(m.line))
+    assert ran.text == "21" and ran.logs.stdout == ["hi\n"] and seen == ["hi\n"]
+    chart = await e2b.run_code("import matplotlib.pyplot as plt\nplt.bar([1, 2], [3, 4])\nplt.show()")
+    assert chart.results and base64.b64decode(chart.results[0].png).startswith(PNG_MAGIC)
+    table = await e2b.run_code("import pandas as pd\npd.DataFrame({'k': [1]})")
+    assert "<table" in table.results[0].html
+    failed = await e2b.run_code("raise KeyError('gone')")
+    assert failed.error is not None and failed.error.name == "KeyError" and "gone" in failed.error.traceback
+    context = await e2b.create_code_context(cwd="/tmp")
+    assert context.cwd == "/tmp" and context.language == "python"
+    apart = await e2b.run_code("e2b_x", context=context)
+    assert apart.error is not None and apart.error.name == "NameError"
+
+
+async def test_a_cell_past_its_timeout_is_interrupted_and_the_context_lives_on(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        await sandbox.run_code("kept = 'still here'")
+        with pytest.raises(SandboxError, match="did not finish within 2s") as caught:
+            await sandbox.run_code("import time\nfor _ in range(60):\n    time.sleep(0.5)", timeout=2)
+        assert caught.value.code == "EXECUTION_TIMEOUT"
+        started = time.monotonic()
+        after = await sandbox.run_code("kept")  # not queued behind the 30 s cell: it was interrupted
+        assert after.text == "still here" and time.monotonic() - started < 10
