@@ -14,6 +14,8 @@ loads no more than before.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import io
 import shlex
@@ -23,9 +25,6 @@ from typing import Any
 
 INSTALL = "pip install 'hutch[e2b]'  (or: pip install e2b)"
 TIMED_OUT = 124
-# What the SDK may raise when the command outlived its limit: hutch's wire ends the execution
-# (its whole tree) at the limit; E2B's own ends the stream, and the command with it.
-_TIMEOUT_MARKERS = ("deadline", "timeout", "timed out")
 
 
 class E2bUnavailable(RuntimeError):
@@ -72,18 +71,22 @@ class E2bBox:
         await self.sandbox.kill()
 
     async def exec(self, argv: list[str], timeout: float) -> tuple[str, str, int, bool]:
-        from e2b import CommandExitException, TimeoutException
+        """Started in the background and killed by its pid at the limit: the SDK's own timeout
+        only ends the stream, and an E2B server may leave the command running behind it."""
+        from e2b import CommandExitException
 
         out: list[str] = []
-        err_out: list[str] = []  # what came before a timeout, which the SDK's exception does not carry
+        err_out: list[str] = []  # what came before a timeout: the handle's result never comes
+        handle = await self.sandbox.commands.run(shlex.join(argv), background=True, cwd=self.home, timeout=0,
+                                                 on_stdout=out.append, on_stderr=err_out.append)
         try:
-            done = await self.sandbox.commands.run(shlex.join(argv), cwd=self.home, timeout=timeout,
-                                                   on_stdout=out.append, on_stderr=err_out.append)
+            done = await asyncio.wait_for(handle.wait(), timeout)
         except CommandExitException as err:
             return err.stdout, err.stderr, err.exit_code, False
-        except TimeoutException as err:
-            if not any(m in str(err).lower() for m in _TIMEOUT_MARKERS):
-                raise
+        except TimeoutError:
+            await handle.kill()  # the whole tree on hutch's wire (commands.kill)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(handle.disconnect(), 5)
             return "".join(out), "".join(err_out), TIMED_OUT, True
         return done.stdout, done.stderr, done.exit_code, False
 

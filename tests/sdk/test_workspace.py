@@ -361,8 +361,8 @@ async def test_a_module_rewritten_within_a_second_runs_as_written(tmp_path: Path
 
 async def test_the_e2b_backend_by_its_arguments_detached_reattached_and_what_it_cannot(
         serving: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """No E2B_* variable: the server named by the arguments. A timed-out command keeps what it
-    printed before its limit (the SDK's exception carries none of it); the workspace outlives
+    """No E2B_* variable: the server named by the arguments. A timed-out command is killed and
+    keeps what it printed before its limit (the SDK's timeout does neither); the workspace outlives
     a detach and comes back by its id; E2B's API has no fork, and the Workspace says so."""
     for var in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN"):
         monkeypatch.delenv(var, raising=False)
@@ -373,6 +373,7 @@ async def test_the_e2b_backend_by_its_arguments_detached_reattached_and_what_it_
         assert (await ws.shell("pwd; echo $STAGE")).stdout == "/home/agentuity\ntwo\n"
         slow = await ws.shell("echo before; sleep 30", timeout_seconds=1)
         assert (slow.stdout, slow.timed_out, slow.exit_code) == ("before\n", True, 124)
+        assert "sleep 30" not in (await ws.shell("ps -eo args")).stdout  # killed at its limit, not left behind
         await ws.write_file("kept/a.txt", "across turns")
         with pytest.raises(RuntimeError, match="backend 'e2b' cannot fork"):
             await ws.fork(1)
