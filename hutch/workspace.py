@@ -18,6 +18,9 @@ Backends:
 - ``docker``: a temporary directory bind-mounted into a container of a Docker engine on this
   machine (hutch/_workspace_docker.py): the files as unix-local, the code confined as far as
   Docker allows. Needs ``pip install 'hutch[docker]'``.
+- ``e2b``: a sandbox of any E2B-compatible server (hutch's own E2B wire too) through E2B's SDK
+  (hutch/_workspace_e2b.py), found by ``E2B_API_KEY``/``E2B_API_URL``/``E2B_SANDBOX_URL`` or by
+  ``api_key``, ``url`` and ``sandbox_url``. Needs ``pip install 'hutch[e2b]'``.
 
 The workspace root is the sandbox user's home (``/home/agentuity``) in a sandbox, the
 temporary directory locally (bind-mounted at ``/home/agentuity`` for docker). A path that
@@ -58,10 +61,11 @@ from hutch.workspace_tools import WorkspaceTools
 
 if TYPE_CHECKING:
     from hutch._workspace_docker import DockerBox
+    from hutch._workspace_e2b import E2bBox
 
 __all__ = ["CodeResult", "RunResult", "Workspace", "WorkspaceSnapshot"]
 
-BACKENDS = ("sandbox", "remote", "unix-local", "docker")
+BACKENDS = ("sandbox", "remote", "unix-local", "docker", "e2b")
 LANGUAGES = {"node": ("node", "-e"), "python": ("python3", "-c"), "shell": ("/bin/sh", "-c")}
 # One runtime with every language above: a call picks its language, whatever the constructor's.
 DEFAULT_RUNTIME = "workspace:latest"
@@ -132,6 +136,7 @@ class Workspace:
         api_key: str | None = None,
         data_dir: str | os.PathLike[str] | None = None,
         workspace_id: str | None = None,
+        sandbox_url: str | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -144,6 +149,13 @@ class Workspace:
             from hutch._workspace_docker import require_sdk
 
             require_sdk()
+        if backend == "e2b":  # the same, and the key, which E2B's SDK would only miss at create
+            from hutch._workspace_e2b import require_sdk as require_e2b
+
+            require_e2b()
+            if not (api_key or os.environ.get("E2B_API_KEY")):
+                raise ValueError("backend 'e2b' needs api_key= or E2B_API_KEY (and url=/E2B_API_URL for a server "
+                                 "other than E2B's cloud)")
         self.backend = backend
         self.files = dict(files or {})
         self.git_clones = list(git_clones)
@@ -151,8 +163,8 @@ class Workspace:
         self.timeout_seconds = timeout_seconds
         self.language = language
         self.runtime = runtime or DEFAULT_RUNTIME
-        self.url, self.api_key, self.data_dir = url, api_key, data_dir
-        #: The sandbox id (sandbox and remote backends) or container id (docker): reattach with
+        self.url, self.api_key, self.data_dir, self.sandbox_url = url, api_key, data_dir, sandbox_url
+        #: The sandbox id (sandbox, remote and e2b backends) or container id (docker): reattach with
         #: ``Workspace(workspace_id=…)``.
         self.id: str | None = workspace_id
         self._ready = False
@@ -161,6 +173,7 @@ class Workspace:
         self._sandbox: Sandbox | None = None
         self._dir: Path | None = None
         self._box: DockerBox | None = None
+        self._e2b: E2bBox | None = None
         self._from_snapshot: str | None = None
 
     @property
@@ -187,6 +200,8 @@ class Workspace:
                 self._dir = Path(tempfile.mkdtemp(prefix="hutch-workspace-"))
             elif self.backend == "docker":
                 await self._open_box()
+            elif self.backend == "e2b":
+                await self._open_e2b()
             else:
                 await self._open_sandbox()
             if self._from_snapshot is None:  # a resumed or reattached workspace has its files (and clones)
@@ -233,6 +248,17 @@ class Workspace:
             self._box = await DockerBox.create(self.runtime, self.env)
         self.id, self._dir = self._box.id, self._box.root
 
+    async def _open_e2b(self) -> None:
+        from hutch._workspace_e2b import E2bBox
+
+        opts = {"api_key": self.api_key, "api_url": self.url, "sandbox_url": self.sandbox_url}
+        if self.id is not None:  # reattach: another process made it
+            self._e2b = await E2bBox.attach(self.id, opts)
+            self._from_snapshot = "reattached"
+        else:  # the runtime is the template: hutch's wire takes any runtime name
+            self._e2b = await E2bBox.create(self.runtime, self.env, bool(self.git_clones), opts)
+        self.id = self._e2b.id
+
     async def _clone(self, clone: Mapping[str, str]) -> None:
         url, into = clone.get("url"), clone.get("dir") or posixpath.basename(str(clone.get("url", ""))).removesuffix(".git")
         if not url:
@@ -264,6 +290,11 @@ class Workspace:
             if destroy and self._sandbox is not None:
                 with contextlib.suppress(Exception):
                     await self._sandbox.destroy()
+            if destroy and self._e2b is not None:
+                try:
+                    await self._e2b.kill()
+                except Exception as err:  # close() runs in finally blocks: say so, do not raise
+                    logging.getLogger("hutch.workspace").warning("e2b workspace %s: %s", self.id, err)
             if self._box is not None:  # the container, its directory and its uid; or only the connection
                 try:
                     await (self._box.remove() if destroy else asyncio.to_thread(self._box.close))
@@ -273,7 +304,7 @@ class Workspace:
                 shutil.rmtree(self._dir, ignore_errors=True)
         finally:
             stack, self._stack, self._sandbox, self._client, self._dir = self._stack, None, None, None, None
-            self._box = None
+            self._box, self._e2b = None, None
             if stack is not None:
                 await stack.aclose()
 
@@ -316,6 +347,8 @@ class Workspace:
             return CodeResult(ex.stdout or "", ex.stderr or "", code, timed_out, error)
         if self._box is not None:
             return CodeResult(*await self._box.exec(argv, timeout))
+        if self._e2b is not None:
+            return CodeResult(*await self._e2b.exec(argv, timeout))
         return await self._host_exec(argv, timeout)
 
     async def _host_exec(self, argv: list[str], timeout: float) -> CodeResult:
@@ -337,7 +370,7 @@ class Workspace:
 
     def _path(self, path: str) -> str:
         """The path inside the workspace root, or ValueError for one that leaves it."""
-        root = str(self._dir) if self._dir is not None else SANDBOX_ROOT
+        root = str(self._dir) if self._dir is not None else self._e2b.home if self._e2b is not None else SANDBOX_ROOT
         if not path or "\x00" in path:
             raise ValueError(f"path: {path!r} is not a usable path")
         full = posixpath.normpath(posixpath.join(root, path))
@@ -356,6 +389,9 @@ class Workspace:
         if self._sandbox is not None:
             await self._sandbox.write_files({full: data})
             return
+        if self._e2b is not None:
+            await self._e2b.write(full, data)
+            return
         assert self._dir is not None
         owner = self._box.owner if self._box is not None else None
         await asyncio.to_thread(local_files.write, self._dir, full, data, path, owner)
@@ -371,6 +407,11 @@ class Workspace:
                 data = await self._sandbox.read_bytes(full)
             except FileNotFound:
                 return None
+        elif self._e2b is not None:
+            found = await self._e2b.read(full)
+            if found is None:
+                return None
+            data = found
         else:
             assert self._dir is not None
             found = await asyncio.to_thread(local_files.read, self._dir, full)
@@ -392,8 +433,11 @@ class Workspace:
             except FileNotFound:
                 raise ValueError(f"path: {path!r}: no such directory in the workspace") from None
         else:
-            assert self._dir is not None
-            listed = await asyncio.to_thread(local_files.listing, self._dir, full)
+            if self._e2b is not None:
+                listed = await self._e2b.listing(full)
+            else:
+                assert self._dir is not None
+                listed = await asyncio.to_thread(local_files.listing, self._dir, full)
             if listed is None:
                 raise ValueError(f"path: {path!r}: no such directory in the workspace")
             found = listed
@@ -417,6 +461,10 @@ class Workspace:
     async def _walk(self) -> AsyncIterator[tuple[str, bytes]]:
         if self._dir is not None:
             for item in await asyncio.to_thread(local_files.files, self._dir):
+                yield item
+            return
+        if self._e2b is not None:
+            for item in await self._e2b.files():
                 yield item
             return
         assert self._sandbox is not None
@@ -450,7 +498,8 @@ class Workspace:
         carried). They use this workspace's connection: close them before it."""
         self._need_started()
         if self._sandbox is None or self._client is None:
-            raise RuntimeError("fork needs a sandbox: use the sandbox or remote backend")
+            why = " (E2B's API has none)" if self.backend == "e2b" else ""
+            raise RuntimeError(f"fork: backend {self.backend!r} cannot fork{why}; use the sandbox or remote backend")
         children = []
         for sandbox in await self._sandbox.fork(count):
             child = Workspace(backend=self.backend, env=self.env, timeout_seconds=self.timeout_seconds,

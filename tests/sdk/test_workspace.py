@@ -1,4 +1,4 @@
-"""hutch.Workspace on its four backends: every method, the document's failure-mode table row by
+"""hutch.Workspace on its five backends: every method, the document's failure-mode table row by
 row, snapshots across backends, reattach from another process, and the LLM tools (the docker
 backend's own tests: test_workspace_docker.py)."""
 
@@ -23,20 +23,26 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = "workspace-test-key"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A hutch server (local driver) for the remote backend."""
+def _free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """One hutch server (local driver) for the remote backend and, on its E2B wire, the e2b one:
+    (its URL, its E2B wire's URL)."""
+    port, e2b_port = _free_port(), _free_port()
     data = tmp_path_factory.mktemp("served")
     env = {**os.environ, "HUTCH_DATA_DIR": str(data), "HUTCH_DRIVER": "local", "HUTCH_API_KEY": KEY,
            "HUTCH_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
     for var in ("HUTCH_URL", "HUTCH_EVENT_LOG", "HUTCH_STORE"):
         env.pop(var, None)
-    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "serve", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "serve", "--port", str(port), "--e2b-port",
+                             str(e2b_port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -47,10 +53,26 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except OSError:
                 assert proc.poll() is None
                 time.sleep(0.1)
-        yield url
+        yield url, f"http://127.0.0.1:{e2b_port}"
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def served(serving: tuple[str, str]) -> str:
+    return serving[0]
+
+
+@pytest.fixture
+def e2b_env(serving: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """E2B's SDK pointed at the module's server by its own variables, as its users do."""
+    for var in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+        monkeypatch.setenv(var, serving[1])
+    monkeypatch.setenv("E2B_API_KEY", KEY)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    return serving[1]
 
 
 def built_tree(name: str) -> None:
@@ -61,7 +83,7 @@ def built_tree(name: str) -> None:
     rootfs.build(rootfs.lookup(name), rootfs.default_cache(), log=lambda msg: print(msg, file=sys.stderr))
 
 
-@pytest.fixture(params=["unix-local", "sandbox", "remote", "docker"])
+@pytest.fixture(params=["unix-local", "sandbox", "remote", "docker", "e2b"])
 async def workspace(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Workspace]:
     options: dict = {"backend": request.param, "language": "python", "files": {"seed.txt": "seeded\n"},
                      "env": {"STAGE": "one"}, "timeout_seconds": 30}
@@ -71,6 +93,8 @@ async def workspace(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         options["data_dir"] = tmp_path / "engine"
     if request.param == "remote":
         options.update(url=request.getfixturevalue("served"), api_key=KEY)
+    if request.param == "e2b":
+        request.getfixturevalue("e2b_env")
     ws = Workspace(**options)
     await ws.start()
     try:
@@ -333,3 +357,50 @@ async def test_a_module_rewritten_within_a_second_runs_as_written(tmp_path: Path
             await ws.write_file("mod.py", f"def sq(x):\n    return {body}\n")
             assert (await ws.run("from mod import sq; print(sq(7))")).stdout == expected + "\n"
             assert (await ws.shell("python3 -B -c 'from mod import sq; print(sq(7))'")).stdout == expected + "\n"
+
+
+async def test_the_e2b_backend_by_its_arguments_detached_reattached_and_what_it_cannot(
+        serving: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No E2B_* variable: the server named by the arguments. A timed-out command is killed and
+    keeps what it printed before its limit (the SDK's timeout does neither); the workspace outlives
+    a detach and comes back by its id; E2B's API has no fork, and the Workspace says so."""
+    for var in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN"):
+        monkeypatch.delenv(var, raising=False)
+    named = {"backend": "e2b", "url": serving[1], "sandbox_url": serving[1], "api_key": KEY}
+    ws = Workspace(**named, language="shell", env={"STAGE": "two"})
+    await ws.start()
+    try:
+        assert (await ws.shell("pwd; echo $STAGE")).stdout == "/home/agentuity\ntwo\n"
+        slow = await ws.shell("echo before; sleep 30", timeout_seconds=1)
+        assert (slow.stdout, slow.timed_out, slow.exit_code) == ("before\n", True, 124)
+        assert "sleep 30" not in (await ws.shell("ps -eo args")).stdout  # killed at its limit, not left behind
+        await ws.write_file("kept/a.txt", "across turns")
+        with pytest.raises(RuntimeError, match="backend 'e2b' cannot fork"):
+            await ws.fork(1)
+        await ws.detach()
+        again = Workspace(**named, workspace_id=ws.id)
+        await again.start()
+        assert await again.read_file("kept/a.txt") == "across turns"
+        saved = await again.snapshot()  # files and env as JSON; no native snapshot on this wire
+        assert (saved.backend, saved.snapshot_id, saved.files) == ("e2b", None, {"kept/a.txt": "YWNyb3NzIHR1cm5z"})
+        home = await Workspace.resume(saved, backend="unix-local")
+        assert await home.read_file("kept/a.txt") == "across turns"
+        await home.close()
+        await again.close()
+        from e2b import NotFoundException
+
+        with pytest.raises(NotFoundException, match="not found"):  # close() ended the sandbox itself
+            await Workspace(**named, workspace_id=ws.id).start()
+    finally:
+        await ws.close()
+
+
+def test_the_e2b_backend_says_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hutch._workspace_e2b import E2bUnavailable
+
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="backend 'e2b' needs api_key= or E2B_API_KEY"):
+        Workspace(backend="e2b")
+    monkeypatch.setitem(sys.modules, "e2b", None)  # as if `pip install hutch` without the extra
+    with pytest.raises(E2bUnavailable, match=r"needs E2B's SDK .*pip install 'hutch\[e2b\]'"):
+        Workspace(backend="e2b", api_key=KEY)
