@@ -174,7 +174,13 @@ async def create(request: web.Request) -> web.Response:
     if sb.status not in _LIVE:
         raise NotSupported(f"sandbox {sb.sandbox_id} did not start: {sb.reason or sb.status.value}")
     if made and sb.spec.runtime == ports.RUNTIME:
-        await ports.start_interpreter(request.app, sb.sandbox_id)
+        try:
+            await ports.start_interpreter(request.app, sb.sandbox_id)
+        except Exception:
+            # A template whose server never answers is no sandbox to hand out: not left running.
+            ports.forget(request.app, sb.sandbox_id)
+            await engine.control.destroy(sb.sandbox_id)
+            raise
     return web.json_response(_render(request, sb, detail=False), status=201)
 
 
@@ -263,6 +269,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
 async def kill(request: web.Request) -> web.Response:
     sb = await _live(request, request.match_info["sandbox_id"])
     await request.app[ENGINE].control.destroy(sb.sandbox_id)
+    ports.forget(request.app, sb.sandbox_id)
     return web.Response(status=204)
 
 

@@ -88,9 +88,13 @@ async def _token(app: web.Application, sandbox_id: str) -> str:
         try:
             known = b"".join([c async for c in app[ENGINE].files.read(sandbox_id, TOKEN_FILE)]).decode().strip()
         except NotFound:
-            known = ""
+            return ""  # not started (yet): the interpreter refuses; read again on the next call
         app[TOKENS][sandbox_id] = known
     return known
+
+
+def forget(app: web.Application, sandbox_id: str) -> None:
+    app[TOKENS].pop(sandbox_id, None)
 
 
 @web.middleware
