@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from e2b import Sandbox as BaseSandbox
-from e2b.exceptions import NotFoundException
+from e2b.exceptions import NotFoundException, TimeoutException
 from e2b_code_interpreter import Sandbox
 
 from tests.e2b.conftest import E2bServer
@@ -97,3 +98,19 @@ def test_another_orgs_key_and_token_run_nothing_in_it(served: E2bServer, sbx: Sa
     finally:
         theirs.kill()
     assert _execute(served.url, sbx.sandbox_id, X_Access_Token=sbx._envd_access_token) == 200
+
+
+def test_output_streams_and_a_timed_out_cell_is_interrupted(sbx: Sandbox) -> None:
+    """The relay streams: a line printed before a pause arrives before the cell ends; a caller
+    that leaves at its timeout interrupts the cell and the context keeps its state."""
+    started = time.monotonic()
+    arrived: list[float] = []
+    sbx.run_code("import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')",
+                 on_stdout=lambda m: arrived.append(time.monotonic() - started))
+    ended = time.monotonic() - started
+    assert len(arrived) == 2 and ended - arrived[0] > 1.5, (arrived, ended)
+    sbx.run_code("kept = 'still here'")
+    with pytest.raises(TimeoutException):
+        sbx.run_code("import time\nfor _ in range(60):\n    time.sleep(0.5)", timeout=2)
+    started = time.monotonic()
+    assert sbx.run_code("kept").text == "still here" and time.monotonic() - started < 10
