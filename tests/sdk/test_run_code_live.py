@@ -6,7 +6,6 @@ error, all through hutch's proxy to port 49999 of a sandbox without network."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import socket
 import subprocess
@@ -18,9 +17,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from e2b.connection_config import ConnectionConfig
-from e2b_code_interpreter import AsyncSandbox as E2BSandbox
-from packaging.version import Version
 
 from hutch.client import SandboxClient
 from hutch.errors import InvalidInput, SandboxError
@@ -176,34 +172,6 @@ async def test_workspace_run_code_gives_rich_results_without_a_server(tmp_path: 
         failed = await ws.run_code("1/0")
         assert failed.exit_code == 1 and failed.exception is not None
         assert failed.exception.name == "ZeroDivisionError"
-
-
-async def test_the_e2b_code_interpreter_package_speaks_to_it(served: str, sandbox_id: str) -> None:
-    """E2B's own client, its run_code and create_code_context unchanged, pointed at the port
-    through hutch's proxy (E2B_SANDBOX_URL's way); only its control plane (E2B's wire, another
-    branch) is left out: the sandbox object is made from its id and the interpreter's token."""
-    async with SandboxClient(served, KEY) as client:
-        sandbox = await client.connect(sandbox_id)
-        await sandbox.run_code("0")  # started, its token in the sandbox
-        token = (await sandbox.read_bytes("/home/agentuity/.hutch-interpreter-token")).decode()
-        assert sandbox.url
-    config = ConnectionConfig(sandbox_url=sandbox.url.rstrip("/"), api_key="e2b_unused", request_timeout=60)
-    e2b = E2BSandbox(sandbox_id=sandbox_id, envd_version=Version("0.2.0"), envd_access_token=token,
-                     sandbox_domain=None, connection_config=config, traffic_access_token=token)
-    seen: list[str] = []
-    await e2b.run_code("e2b_x = 20")
-    ran = await e2b.run_code("print('hi'); e2b_x + 1", on_stdout=lambda m: seen.append(m.line))
-    assert ran.text == "21" and ran.logs.stdout == ["hi\n"] and seen == ["hi\n"]
-    chart = await e2b.run_code("import matplotlib.pyplot as plt\nplt.bar([1, 2], [3, 4])\nplt.show()")
-    assert chart.results and base64.b64decode(chart.results[0].png).startswith(PNG_MAGIC)
-    table = await e2b.run_code("import pandas as pd\npd.DataFrame({'k': [1]})")
-    assert "<table" in table.results[0].html
-    failed = await e2b.run_code("raise KeyError('gone')")
-    assert failed.error is not None and failed.error.name == "KeyError" and "gone" in failed.error.traceback
-    context = await e2b.create_code_context(cwd="/tmp")
-    assert context.cwd == "/tmp" and context.language == "python"
-    apart = await e2b.run_code("e2b_x", context=context)
-    assert apart.error is not None and apart.error.name == "NameError"
 
 
 async def test_a_cell_past_its_timeout_is_interrupted_and_the_context_lives_on(served: str, sandbox_id: str) -> None:

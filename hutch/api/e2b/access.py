@@ -96,9 +96,10 @@ def _control_principal(request: web.Request, access: Access) -> Principal:
     return principal
 
 
-async def _envd_principal(request: web.Request) -> tuple[Principal, str]:
+async def envd_principal(request: web.Request, token: str | None = None) -> tuple[Principal, str]:
+    """Who the envd token (``X-Access-Token``, or ``token`` when given) acts as, and for which sandbox."""
     sandbox_id = request.headers.get(SANDBOX_HEADER, "").strip()
-    token = request.headers.get(TOKEN_HEADER, "").strip()
+    token = (request.headers.get(TOKEN_HEADER, "") if token is None else token).strip()
     if not sandbox_id:
         raise Unauthorized(f"missing {SANDBOX_HEADER} header: which sandbox is this for?")
     if not token:
@@ -139,7 +140,7 @@ def envd(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Han
 
     @functools.wraps(handler)
     async def run(request: web.Request) -> web.StreamResponse:
-        principal, sandbox_id = await _envd_principal(request)
+        principal, sandbox_id = await envd_principal(request)
         request[PRINCIPAL_KEY] = principal
         request[SANDBOX_KEY] = sandbox_id
         with acting(principal):

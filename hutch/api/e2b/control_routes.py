@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hutch.api.e2b import ports
 from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.http import parse_json
@@ -35,7 +36,8 @@ IDEMPOTENCY: web.AppKey[IdempotentCreates] = web.AppKey("e2b_idempotency", Idemp
 ENVD_VERSION = "0.5.7"  # what the SDK is told envd speaks: commands with stdin, a default user
 DEFAULT_TIMEOUT = 300  # seconds, E2B's default
 MAX_TIMEOUT = 24 * 3600
-_TEMPLATES = {"base": "base:latest"}  # E2B's template names -> hutch's runtimes
+# E2B's template names -> hutch's runtimes; code-interpreter-v1 is e2b-code-interpreter's default.
+_TEMPLATES = {"base": "base:latest", "code-interpreter-v1": ports.RUNTIME}
 _LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 # Create fields hutch has no counterpart for: refused when set to anything but empty/false.
 _UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes",
@@ -82,7 +84,9 @@ def _render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool
     out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": sb.sandbox_id, "clientID": "hutch",
                            "envdVersion": ENVD_VERSION, "alias": _template_of(sb), "domain": None}
     if token:
-        out["envdAccessToken"] = envd_token(request.app[ENGINE], sb.sandbox_id, principal.key_id)
+        # One token for envd and for the sandbox's port (E2B's traffic token), checked by this server.
+        out["envdAccessToken"] = out["trafficAccessToken"] = envd_token(request.app[ENGINE], sb.sandbox_id,
+                                                                         principal.key_id)
     if detail:
         started = datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
         res = sb.spec.resources
@@ -147,6 +151,8 @@ async def create(request: web.Request) -> web.Response:
             raise NotFound(f"template {template!r} not found (hutch has base and its runtimes, e.g. python:3.13, "
                            "or a snapshot id snp_...)", field="templateID")
         hutch_body["runtime"] = runtime
+        if runtime == ports.RUNTIME:  # its server on its port, reached as the SDK reaches it (api/e2b/ports.py)
+            hutch_body["network"] = {**hutch_body.get("network", {}), "port": ports.PORT}
     req = parse_create(hutch_body, snapshot)
     principal = request[PRINCIPAL_KEY]
 
@@ -167,6 +173,14 @@ async def create(request: web.Request) -> web.Response:
     assert sb is not None
     if sb.status not in _LIVE:
         raise NotSupported(f"sandbox {sb.sandbox_id} did not start: {sb.reason or sb.status.value}")
+    if made and sb.spec.runtime == ports.RUNTIME:
+        try:
+            await ports.start_interpreter(request.app, sb.sandbox_id)
+        except Exception:
+            # A template whose server never answers is no sandbox to hand out: not left running.
+            ports.forget(request.app, sb.sandbox_id)
+            await engine.control.destroy(sb.sandbox_id)
+            raise
     return web.json_response(_render(request, sb, detail=False), status=201)
 
 
@@ -255,6 +269,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
 async def kill(request: web.Request) -> web.Response:
     sb = await _live(request, request.match_info["sandbox_id"])
     await request.app[ENGINE].control.destroy(sb.sandbox_id)
+    ports.forget(request.app, sb.sandbox_id)
     return web.Response(status=204)
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from hutch.api.e2b import control_routes, envd_routes, files_routes
+from hutch.api.e2b import control_routes, envd_routes, files_routes, ports
 from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
@@ -19,11 +19,13 @@ from hutch.service.tenancy import Tenants
 
 
 def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
-    app = web.Application(middlewares=[e2b_errors, rpc_errors], client_max_size=16 * 2**20)
+    app = web.Application(middlewares=[e2b_errors, rpc_errors, ports.port_relay], client_max_size=16 * 2**20)
     app[ENGINE] = engine
     app[envd_routes.PROCESSES] = Processes()
     app[control_routes.IDEMPOTENCY] = IdempotentCreates()
     app[TENANTS] = tenants
+    app[ports.TOKENS] = {}
+    app.cleanup_ctx.append(ports.session_ctx)
     app.add_routes(control_routes.routes)
     app.add_routes(envd_routes.routes)
     app.add_routes(files_routes.routes)

@@ -1,0 +1,123 @@
+"""The code interpreter's port on E2B's wire. ``e2b-code-interpreter`` reaches port 49999 at
+``E2B_SANDBOX_URL`` (the E2B listener) with ``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port: 49999``
+and the sandbox's envd token (``X-Access-Token``, and the ``trafficAccessToken`` the create
+answered as ``E2B-Traffic-Access-Token``). Every token sent must be that sandbox's, so
+another organization's key or token runs nothing. The relay is hutch's port proxy
+(api/routes/proxy.py): bodies stream both ways, the request is the sandbox's activity.
+
+What reaches the sandbox carries no hutch credential: the envd token is a key of hutch's (it
+opens envd), so it is replaced by the interpreter's own token, made at create, kept in the
+sandbox and in this server's memory (read back from the sandbox after a restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from hutch.api.e2b.access import SANDBOX_HEADER, TOKEN_HEADER, envd_principal
+from hutch.api.keys import ENGINE
+from hutch.api.routes.proxy import HOP, relay_http
+from hutch.core.errors import DriverFailure, NotFound, SandboxNotFound, Unauthorized
+from hutch.core.events import acting
+from hutch.service.engine import Engine
+
+RUNTIME = "code-interpreter"
+PORT = 49999
+PORT_HEADER = "E2b-Sandbox-Port"
+TRAFFIC_HEADER = "E2B-Traffic-Access-Token"
+TOKEN_FILE = "/home/agentuity/.hutch-interpreter-token"
+SERVER = ("env", f"HUTCH_INTERPRETER_TOKEN_FILE={TOKEN_FILE}", "hutch-interpreter")
+# The first kernel's imports on a busy 2-core host took up to 20 s (hutch/_interpreter.py).
+START_SECONDS = 120.0
+_ENVD_PORT = "49983"
+_DROPPED = {"x-access-token", TRAFFIC_HEADER.lower(), "x-api-key", SANDBOX_HEADER.lower(), PORT_HEADER.lower(),
+            "authorization", "cookie"}
+
+SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("e2b_port_session", aiohttp.ClientSession)
+TOKENS: web.AppKey[dict[str, str]] = web.AppKey("e2b_interpreter_tokens", dict)
+
+
+async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[SESSION] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                                         auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+    try:
+        yield
+    finally:
+        await app[SESSION].close()
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def start_interpreter(app: web.Application, sandbox_id: str) -> None:
+    """``hutch-interpreter`` started as a job with a token of its own; returns once it answers."""
+    engine = app[ENGINE]
+    token = secrets.token_urlsafe(32)
+    await engine.files.write(sandbox_id, TOKEN_FILE, _one(token.encode()), mode=0o600)
+    app[TOKENS][sandbox_id] = token
+    job = await engine.executions.start_job(sandbox_id, SERVER)
+    deadline = time.monotonic() + START_SECONDS
+    while not await _answers(app, engine, sandbox_id):
+        state = await engine.reads.get_execution(job.execution_id)
+        if state.status.is_final:
+            raise DriverFailure(f"sandbox {sandbox_id}: hutch-interpreter ended ({state.status.value}) before it answered")
+        if time.monotonic() > deadline:
+            raise DriverFailure(f"sandbox {sandbox_id}: hutch-interpreter did not answer within {START_SECONDS:.0f}s")
+        await asyncio.sleep(0.25)
+
+
+async def _answers(app: web.Application, engine: Engine, sandbox_id: str) -> bool:
+    host, port = await engine.ports.target(sandbox_id)
+    try:
+        async with app[SESSION].get(f"http://{host}:{port}/health") as resp:
+            return resp.status == 200
+    except (TimeoutError, aiohttp.ClientError):
+        return False
+
+
+async def _token(app: web.Application, sandbox_id: str) -> str:
+    known = app[TOKENS].get(sandbox_id)
+    if known is None:
+        try:
+            known = b"".join([c async for c in app[ENGINE].files.read(sandbox_id, TOKEN_FILE)]).decode().strip()
+        except NotFound:
+            return ""  # not started (yet): the interpreter refuses; read again on the next call
+        app[TOKENS][sandbox_id] = known
+    return known
+
+
+def forget(app: web.Application, sandbox_id: str) -> None:
+    app[TOKENS].pop(sandbox_id, None)
+
+
+@web.middleware
+async def port_relay(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request for a sandbox's port (``E2b-Sandbox-Port``, not envd's) relayed to it."""
+    port = request.headers.get(PORT_HEADER, "").strip()
+    if not port or port == _ENVD_PORT:
+        return await handler(request)
+    tokens = [t.strip() for t in (request.headers.get(TOKEN_HEADER), request.headers.get(TRAFFIC_HEADER)) if t]
+    if not tokens:
+        raise Unauthorized(f"missing {TOKEN_HEADER} or {TRAFFIC_HEADER} header: send the sandbox's access token")
+    principal, sandbox_id = await envd_principal(request, tokens[0])
+    for other in tokens[1:]:  # every token sent must open this sandbox, not only the first
+        await envd_principal(request, other)
+    with acting(principal):
+        engine = request.app[ENGINE]
+        sb = await engine.reads.require(sandbox_id)
+        if port != str(PORT) or sb.spec.runtime != RUNTIME or sb.spec.network.port != PORT:
+            raise SandboxNotFound(f"sandbox {sandbox_id}: port {port} is not served on the E2B wire (only the "
+                                  f"{RUNTIME} template's port {PORT}; other ports through hutch's proxy url)")
+        host, target = await engine.ports.target(sandbox_id)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP | _DROPPED}
+        headers["X-Access-Token"] = await _token(request.app, sandbox_id)
+        query = f"?{request.query_string}" if request.query_string else ""
+        return await relay_http(request, request.app[SESSION], f"http://{host}:{target}{request.path}{query}",
+                                headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}")

@@ -1,0 +1,116 @@
+"""``e2b-code-interpreter`` unchanged against hutch's E2B wire, with only E2B_API_URL,
+E2B_SANDBOX_URL and E2B_API_KEY set: its default template is hutch's code-interpreter runtime,
+its run_code reaches port 49999 through the E2B listener (api/e2b/ports.py). One sandbox for
+the module; the runtime is built by scripts/install (a first build takes about 2 minutes)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from e2b import Sandbox as BaseSandbox
+from e2b.exceptions import NotFoundException, TimeoutException
+from e2b_code_interpreter import Sandbox
+
+from tests.e2b.conftest import E2bServer
+from tests.system.server import KEY
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def served(e2b_embedded_server: E2bServer) -> Iterator[E2bServer]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("E2B_API_URL", e2b_embedded_server.url)
+        mp.setenv("E2B_SANDBOX_URL", e2b_embedded_server.url)
+        mp.setenv("E2B_API_KEY", KEY)
+        mp.delenv("E2B_DEBUG", raising=False)
+        mp.delenv("E2B_DOMAIN", raising=False)
+        yield e2b_embedded_server
+
+
+@pytest.fixture(scope="module")
+def sbx(served: E2bServer) -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(timeout=300)
+    yield sandbox
+    sandbox.kill()
+
+
+def test_the_default_template_runs_code_with_rich_results(sbx: Sandbox) -> None:
+    assert Sandbox.get_info(sbx.sandbox_id).template_id == "code-interpreter-v1"
+    seen: list[str] = []
+    sbx.run_code("x = 20")
+    ran = sbx.run_code("print('hi'); x + 1", on_stdout=lambda m: seen.append(m.line))
+    assert ran.text == "21" and ran.logs.stdout == ["hi\n"] and seen == ["hi\n"]  # state kept, streamed
+    chart = sbx.run_code("import matplotlib.pyplot as plt\nplt.bar([1, 2], [3, 4])\nplt.show()")
+    assert chart.results and base64.b64decode(chart.results[0].png).startswith(PNG_MAGIC)
+    table = sbx.run_code("import pandas as pd\npd.DataFrame({'k': [1], 'v': ['seen']})")
+    assert "<table" in table.results[0].html and "<td>seen</td>" in table.results[0].html
+    failed = sbx.run_code("def boom():\n    raise KeyError('gone')\nboom()")
+    assert failed.error is not None and failed.error.name == "KeyError"
+    assert "boom()" in failed.error.traceback and "gone" in failed.error.traceback
+    context = sbx.create_code_context(cwd="/tmp")
+    apart = sbx.run_code("x", context=context)
+    assert apart.error is not None and apart.error.name == "NameError"
+
+
+def test_no_hutch_credential_reaches_the_interpreter(sbx: Sandbox) -> None:
+    """The envd token opens envd: the interpreter is given a token of its own instead."""
+    ran = sbx.run_code("open('/home/agentuity/.hutch-interpreter-token').read().strip()")
+    own = (ran.text or "").strip("'")
+    assert own and own != sbx._envd_access_token and own != KEY and sbx._envd_access_token not in own
+
+
+def _execute(url: str, sandbox_id: str, **tokens: str) -> int:
+    headers = {"Content-Type": "application/json", "E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49999",
+               **{name.replace("_", "-"): value for name, value in tokens.items()}}
+    req = urllib.request.Request(url + "/execute", data=json.dumps({"code": "print('ran')"}).encode(),
+                                 headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_another_orgs_key_and_token_run_nothing_in_it(served: E2bServer, sbx: Sandbox) -> None:
+    other_key = served.key_of_new_org("e2b-interp-attacker")
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id, api_key=other_key)
+    theirs = BaseSandbox.create(template="base", api_key=other_key, timeout=60)
+    try:
+        their_token = theirs._envd_access_token
+        assert their_token
+        assert _execute(served.url, sbx.sandbox_id, X_Access_Token=their_token) == 401
+        assert _execute(served.url, sbx.sandbox_id, E2B_Traffic_Access_Token=their_token) == 401
+        # A's own token beside B's: every token sent must be A's.
+        assert _execute(served.url, sbx.sandbox_id, X_Access_Token=sbx._envd_access_token,
+                        E2B_Traffic_Access_Token=their_token) == 401
+        assert _execute(served.url, sbx.sandbox_id) == 401
+        # B's own sandbox has no interpreter port: B's token gets nothing from it either.
+        assert _execute(served.url, theirs.sandbox_id, X_Access_Token=their_token) == 404
+    finally:
+        theirs.kill()
+    assert _execute(served.url, sbx.sandbox_id, X_Access_Token=sbx._envd_access_token) == 200
+
+
+def test_output_streams_and_a_timed_out_cell_is_interrupted(sbx: Sandbox) -> None:
+    """The relay streams: a line printed before a pause arrives before the cell ends; a caller
+    that leaves at its timeout interrupts the cell and the context keeps its state."""
+    started = time.monotonic()
+    arrived: list[float] = []
+    sbx.run_code("import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')",
+                 on_stdout=lambda m: arrived.append(time.monotonic() - started))
+    ended = time.monotonic() - started
+    assert len(arrived) == 2 and ended - arrived[0] > 1.5, (arrived, ended)
+    sbx.run_code("kept = 'still here'")
+    with pytest.raises(TimeoutException):
+        sbx.run_code("import time\nfor _ in range(60):\n    time.sleep(0.5)", timeout=2)
+    started = time.monotonic()
+    assert sbx.run_code("kept").text == "still here" and time.monotonic() - started < 10
