@@ -79,7 +79,9 @@ async def oneshot_once(s: aiohttp.ClientSession, url: str, cmd: list[str]) -> fl
     t0 = time.perf_counter()
     body = {"runtime": RUNTIME, "command": {"exec": cmd, "mode": "oneshot"}}
     async with s.post(f"{url}/sandbox", json=body, headers=H) as r:
-        data = (await r.json())["data"]
+        answer = await r.json()
+    assert "data" in answer, f"POST /sandbox answered {r.status}: {answer}"  # the refusal, not a KeyError
+    data = answer["data"]
     async with s.get(data["stdoutStreamUrl"]) as r:
         await r.read()
     async with s.get(f"{url}/sandbox/execution/{data['executionId']}?wait=60s", headers=H) as r:
