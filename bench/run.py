@@ -220,7 +220,7 @@ async def bench_server(driver: str, profile: str, root: Path = ROOT, *, cluster:
             print(server.log.read_text()[-6000:], file=sys.stderr)
             raise
         finally:
-            if agents is not None:  # an agent that stops leaves its sandboxes running
+            if agents is not None or cluster:  # an agent that stops leaves its sandboxes running
                 with contextlib.suppress(Exception):
                     server.destroy_every_sandbox()
             server.stop()
