@@ -131,7 +131,7 @@ class Result:
 
 async def measure(args: argparse.Namespace, profile: str) -> Result:
     res = Result(profile, args.driver)
-    async with bench_server(args.driver, profile) as server, aiohttp.ClientSession() as s:
+    async with bench_server(args.driver, profile, cluster=args.cluster) as server, aiohttp.ClientSession() as s:
         for _ in range(3):
             await oneshot_once(s, server.url, ["true"])
         await asyncio.sleep(args.settle)
@@ -167,7 +167,8 @@ async def measure(args: argparse.Namespace, profile: str) -> Result:
 
 def report(res: Result, args: argparse.Namespace) -> None:
     named = sum(res.groups.values())
-    print(f"\nhutch one-shot CPU: {res.profile} profile, {res.driver} driver; {res.runs} one-shot `true` runs at "
+    where = " on the cluster" if args.cluster else ""
+    print(f"\nhutch one-shot CPU: {res.profile} profile, {res.driver} driver{where}; {res.runs} one-shot `true` runs at "
           f"concurrency {args.concurrency} in {args.seconds:g}s ({res.rate:.1f}/s), {args.settle:g}s settle; "
           f"{os.cpu_count()} cpus; idle load before {res.idle_load:.2f} cpus")
     print("| processes | CPU ms per run | share |")
@@ -207,6 +208,8 @@ async def main() -> None:
     ap.add_argument("--driver", choices=("local", "nomad", "node"), default="nomad")
     ap.add_argument("--profile", default="production",
                     help="embedded, production, or both comma-separated (measured in turn, printed side by side)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="nomad or node driver on the three-client cluster (HUTCH_TEST_CLUSTER_*)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--settle", type=float, default=15, help="seconds after the runs for their teardown")
@@ -216,6 +219,8 @@ async def main() -> None:
     unknown = [p for p in profiles if p not in ("embedded", "production")]
     if not profiles or unknown:
         ap.error(f"--profile: {', '.join(unknown) or 'nothing'} is not embedded or production")
+    if args.cluster and args.driver == "local":
+        ap.error("--cluster: with --driver nomad or node")
 
     results = []
     for profile in profiles:

@@ -79,7 +79,9 @@ async def oneshot_once(s: aiohttp.ClientSession, url: str, cmd: list[str]) -> fl
     t0 = time.perf_counter()
     body = {"runtime": RUNTIME, "command": {"exec": cmd, "mode": "oneshot"}}
     async with s.post(f"{url}/sandbox", json=body, headers=H) as r:
-        data = (await r.json())["data"]
+        answer = await r.json()
+    assert "data" in answer, f"POST /sandbox answered {r.status}: {answer}"  # the refusal, not a KeyError
+    data = answer["data"]
     async with s.get(data["stdoutStreamUrl"]) as r:
         await r.read()
     async with s.get(f"{url}/sandbox/execution/{data['executionId']}?wait=60s", headers=H) as r:
@@ -171,15 +173,42 @@ async def drop_profile(settings: dict[str, str]) -> None:
         await drop_database(settings["database"])
 
 
+CLUSTER_SECRET = Path(os.environ.get("HUTCH_SERVICES_DIR", "/var/lib/hutch/services")) / "cluster/acl/node.secret"
+
+
+def cluster_settings(driver: str) -> dict[str, str]:
+    """The server's settings for the three-client cluster of ``./scripts/services start cluster``
+    (its HUTCH_TEST_CLUSTER_* as /work/notes/svc.env and scripts/test export them): the nomad
+    driver on its Nomad, or the node driver on the agents its hutch-node system job runs, found
+    in Nomad's catalog."""
+    need = {"addr": "HUTCH_TEST_CLUSTER_ADDR", "token": "HUTCH_TEST_CLUSTER_TOKEN",
+            "registry": "HUTCH_TEST_CLUSTER_REGISTRY"}
+    missing = [v for v in need.values() if not os.environ.get(v)]
+    if missing:
+        raise SystemExit(f"--cluster: {', '.join(missing)} not set: start the cluster with "
+                         "./scripts/services start cluster and export its settings")
+    env = {"HUTCH_NOMAD_ADDR": os.environ[need["addr"]], "HUTCH_NOMAD_TOKEN": os.environ[need["token"]],
+           "HUTCH_NOMAD_REGISTRY": os.environ[need["registry"]]}
+    if driver == "node":
+        secret = Path(os.environ.get("HUTCH_TEST_CLUSTER_NODE_SECRET_FILE") or CLUSTER_SECRET)
+        if not secret.is_file():
+            raise SystemExit(f"--cluster: no node secret at {secret}: the cluster runs no node agents")
+        env.update(HUTCH_NODE_SECRET_FILE=str(secret), HUTCH_NODE_AGENTS="", HUTCH_NODE_SECRET="")
+    return env
+
+
 @contextlib.asynccontextmanager
-async def bench_server(driver: str, profile: str, root: Path = ROOT) -> AsyncIterator[Server]:
+async def bench_server(driver: str, profile: str, root: Path = ROOT, *, cluster: bool = False) -> AsyncIterator[Server]:
     """A real server on loopback for one bench run, running the source tree ``root``; its log
-    printed if the run fails, its topic and database (production profile) dropped after."""
+    printed if the run fails, its topic and database (production profile) dropped after.
+    ``cluster``: the nomad or node driver on the three-client cluster (cluster_settings)."""
     with tempfile.TemporaryDirectory() as tmp:
         settings = await profile_settings(profile)
         env = {k: v for k, v in settings.items() if k.startswith("HUTCH_")}
         agents = None
-        if driver == "node":  # two agents on this host (docs/node.md), as the tests run them
+        if cluster:
+            env.update(cluster_settings(driver))
+        elif driver == "node":  # two agents on this host (docs/node.md), as the tests run them
             from tests.drivers_support import NODE_SECRET, NodeAgents
 
             agents = NodeAgents(Path(tmp) / "nodes")
@@ -191,7 +220,7 @@ async def bench_server(driver: str, profile: str, root: Path = ROOT) -> AsyncIte
             print(server.log.read_text()[-6000:], file=sys.stderr)
             raise
         finally:
-            if agents is not None:  # an agent that stops leaves its sandboxes running
+            if agents is not None or cluster:  # an agent that stops leaves its sandboxes running
                 with contextlib.suppress(Exception):
                     server.destroy_every_sandbox()
             server.stop()
@@ -208,12 +237,16 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="throughput rounds; the median is reported")
     ap.add_argument("--driver", choices=("local", "nomad", "node"), default="local",
                     help="nomad: the Nomad named by HUTCH_NOMAD_ADDR / HUTCH_NOMAD_REGISTRY (./scripts/services)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="nomad or node driver on the three-client cluster (HUTCH_TEST_CLUSTER_*)")
     ap.add_argument("--profile", choices=("embedded", "production"), default="embedded",
                     help="production: a fresh Kafka topic and PostgreSQL database on the services of "
                          "./scripts/services start kafka postgres")
     args = ap.parse_args()
 
-    async with bench_server(args.driver, args.profile) as server:
+    if args.cluster and args.driver == "local":
+        ap.error("--cluster: with --driver nomad or node")
+    async with bench_server(args.driver, args.profile, cluster=args.cluster) as server:
         url = server.url
         bare, exe, one, create, create_disk = [], [], [], [], []
         bare_true, exe_true, bare_again = [], [], []
@@ -246,7 +279,7 @@ async def main() -> None:
         rates = [(await throughput(url, args.concurrency, args.seconds))[0] for _ in range(args.rounds)]
 
     b = statistics.median(bare)
-    print(f"hutch bench: {args.profile} profile, {args.driver} driver; "
+    print(f"hutch bench: {args.profile} profile, {args.driver} driver{' on the cluster' if args.cluster else ''}; "
           f"n={args.n} per row, runtime {RUNTIME}, {os.cpu_count()} cpus, command `python3 -c pass`; "
           f"other load on the machine before the run: {noise:.2f} cpus busy")
     print("| what | median ms | p90 ms | vs bare | paired | ratio |")

@@ -126,12 +126,9 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
 
 
 def _node_driver(config: Config) -> Driver:
-    from hutch.drivers.node.directory import StaticDirectory
+    from hutch.drivers.node.directory import AgentDirectory, StaticDirectory
     from hutch.drivers.node.driver import NodeDriver
 
-    if not config.node_agents:
-        raise InvalidInput("HUTCH_NODE_AGENTS: the node driver needs its agents (name=host:port,…)",
-                           field="HUTCH_NODE_AGENTS")
     if config.node_secret_file is not None:
         try:
             secret = config.node_secret_file.read_bytes().strip()
@@ -146,7 +143,15 @@ def _node_driver(config: Config) -> Driver:
                            "node secret", field="HUTCH_NODE_SECRET_FILE")
     if len(secret) < 32:
         raise InvalidInput(f"{where}: the node secret must be at least 32 bytes", field=where)
-    return NodeDriver(StaticDirectory(config.node_agents), secret)
+    directory: AgentDirectory
+    if config.node_agents:
+        directory = StaticDirectory(config.node_agents)
+    else:  # the hutch-node system job's registrations: a node that joins is placed on at once
+        from hutch.drivers.node.catalog import NomadAgentDirectory
+
+        directory = NomadAgentDirectory(config.nomad_addr, config.nomad_token, config.node_service,
+                                        config.node_namespace)
+    return NodeDriver(directory, secret)
 
 
 def open_replicas(config: Config) -> Replicas:

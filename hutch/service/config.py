@@ -150,6 +150,20 @@ def _check_node_agents(setting: str, value: str | None) -> None:
         parse_agents(value, setting)
 
 
+_NOMAD_SERVICE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # Nomad's own rule (RFC 1123)
+_NOMAD_NAMESPACE = re.compile(r"[A-Za-z0-9-]{1,128}")
+
+
+def _check_nomad_service(setting: str, value: str) -> None:
+    if not _NOMAD_SERVICE.fullmatch(value):
+        raise _refuse(setting, "a Nomad service name (letters, digits and dashes, at most 63)", value)
+
+
+def _check_nomad_namespace(setting: str, value: str) -> None:
+    if not _NOMAD_NAMESPACE.fullmatch(value):
+        raise _refuse(setting, "a Nomad namespace (letters, digits and dashes, at most 128)", value)
+
+
 def _check_node_secret(setting: str, value: str | None) -> None:
     _check_secret(setting, value)
     if value and len(value.encode()) < 32:
@@ -268,9 +282,12 @@ class Config:
     # How commands run: "agent" (a per-sandbox exec agent forks them, drivers/nomad/agents.py)
     # or "alloc" (each its own Nomad alloc exec: a runc exec, ~45 ms more).
     nomad_exec: str = _setting("HUTCH_NOMAD_EXEC", "agent", check=_check_exec_mode)
-    # The node driver (docs/node.md): the agents, name=host:port,… and the cluster's shared
-    # secret (>= 32 bytes; the file wins), both required with HUTCH_DRIVER=node.
+    # The node driver (docs/node.md): the agents, a static name=host:port,… or else the Nomad
+    # service the hutch-node system job registers in its namespace (read with HUTCH_NOMAD_ADDR
+    # and HUTCH_NOMAD_TOKEN), and the cluster's shared secret (>= 32 bytes; the file wins).
     node_agents: str | None = _setting("HUTCH_NODE_AGENTS", None, check=_check_node_agents)
+    node_service: str = _setting("HUTCH_NODE_SERVICE", "hutch-node", check=_check_nomad_service)
+    node_namespace: str = _setting("HUTCH_NODE_NAMESPACE", "hutch-system", check=_check_nomad_namespace)
     node_secret: str | None = _setting("HUTCH_NODE_SECRET", None, check=_check_node_secret)
     node_secret_file: Path | None = _setting("HUTCH_NODE_SECRET_FILE", None, convert=_to_path)  # noqa: RUF009
     # Catalog runtimes to build at start ("all", or names, comma-separated); any other

@@ -56,3 +56,18 @@ async def test_creates_in_a_row_are_spread(api: Api) -> None:
     text = await (await api.client.get("/metrics", headers=AUTH)).text()
     counts = sorted(float(v) for v in re.findall(r'^hutch_node_sandboxes\{node="n[12]"\} (\S+)$', text, re.M))
     assert counts == [2.0, 2.0], text
+
+
+@pytest.mark.runs_on(*NODE)  # placement happens in the node driver only
+async def test_a_destroy_frees_its_room_at_once(api: Api) -> None:
+    """What a destroy frees is free for the next create at once, as a create's room is taken at
+    once: one-shots at concurrency 16 on the cluster were refused NO_CAPACITY while the nodes'
+    copies still counted sandboxes already gone."""
+    made = [(await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+            for _ in range(4)]
+    for sid in made:
+        await api.call("DELETE", f"/sandbox/{sid}")
+    text = await (await api.client.get("/metrics", headers=AUTH)).text()
+    counts = [float(v) for v in re.findall(r'^hutch_node_sandboxes\{node="n[12]"\} (\S+)$', text, re.M)]
+    committed = [float(v) for v in re.findall(r'^hutch_node_cpu_committed_millis\{node="n[12]"\} (\S+)$', text, re.M)]
+    assert len(counts) == 2 and sum(counts) == 0 and sum(committed) == 0, text

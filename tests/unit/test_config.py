@@ -35,6 +35,12 @@ SETTINGS = [
     ("node_agents", "c1=10.0.0.1:7700,c2=10.0.0.2:7700", "c1=10.0.0.1:7700,c2=10.0.0.2:7700", "c1=10.0.0.1",
      "HUTCH_NODE_AGENTS: expected name=host:port[,…], got 'c1=10.0.0.1'"),
     ("node_secret", "k" * 32, "k" * 32, "k" * 31, "HUTCH_NODE_SECRET: the node secret must be at least 32 bytes"),
+    ("node_service", "hutch-node-eu", "hutch-node-eu", "hutch node",
+     "HUTCH_NODE_SERVICE: expected a Nomad service name (letters, digits and dashes, at most 63), got 'hutch node'"),
+    ("node_service", "n1", "n1", "", "HUTCH_NODE_SERVICE: expected a Nomad service name"),
+    ("node_namespace", "hutch-system", "hutch-system", "hutch/system",
+     "HUTCH_NODE_NAMESPACE: expected a Nomad namespace (letters, digits and dashes, at most 128), "
+     "got 'hutch/system'"),
     ("api_key", "hutch_abc", "hutch_abc", "two words", "HUTCH_API_KEY: expected a secret without spaces"),
     ("public_url", "https://hutch.example.com", "https://hutch.example.com", "hutch.example.com",
      "HUTCH_PUBLIC_URL: expected an http:// or https:// URL, got 'hutch.example.com'"),
@@ -159,14 +165,40 @@ def test_settings_are_checked_without_the_server_extras(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("settings", "refusal"), [
-    ({}, "HUTCH_NODE_AGENTS: the node driver needs its agents"),
+    ({}, "HUTCH_NODE_SECRET_FILE (or HUTCH_NODE_SECRET): the node driver needs"),
     ({"node_agents": "c1=127.0.0.1:7700"}, "HUTCH_NODE_SECRET_FILE (or HUTCH_NODE_SECRET): the node driver needs"),
     ({"node_agents": "c1=127.0.0.1:7700", "node_secret_file": "/nonexistent"},
      "HUTCH_NODE_SECRET_FILE: cannot read /nonexistent"),
 ])
-def test_the_node_driver_needs_its_agents_and_secret(settings: dict[str, str], refusal: str) -> None:
+def test_the_node_driver_needs_its_secret(settings: dict[str, str], refusal: str) -> None:
     from hutch.service.composition import open_driver
 
     with pytest.raises(InvalidInput) as caught:
         open_driver(Config(driver="node", **settings), None)  # type: ignore[arg-type]
     assert caught.value.message.startswith(refusal)
+
+
+def test_the_node_driver_without_a_list_follows_the_agents_in_nomads_catalog() -> None:
+    """No HUTCH_NODE_AGENTS: the agents are the hutch-node system job's registrations, read
+    with the nomad driver's address and token (docs/node.md)."""
+    from hutch.drivers.node.catalog import NomadAgentDirectory
+    from hutch.drivers.node.directory import StaticDirectory
+    from hutch.service.composition import open_driver
+
+    secret = "k" * 32
+    driver = open_driver(Config(driver="node", node_secret=secret, nomad_addr="http://nomad.internal:4646",
+                                nomad_token="tok-1"), None)  # type: ignore[arg-type]
+    catalog = driver._directory  # type: ignore[attr-defined]
+    assert isinstance(catalog, NomadAgentDirectory)
+    assert (catalog.service, catalog.namespace) == ("hutch-node", "hutch-system")
+    assert catalog._client.address == "http://nomad.internal:4646"
+    assert catalog._client.token == "tok-1"
+
+    driver = open_driver(Config(driver="node", node_secret=secret, node_service="agents-eu",
+                                node_namespace="infra"), None)  # type: ignore[arg-type]
+    assert (driver._directory.service, driver._directory.namespace) == ("agents-eu", "infra")  # type: ignore[attr-defined]
+
+    # A static list wins: the catalog is not asked.
+    driver = open_driver(Config(driver="node", node_secret=secret, node_agents="c1=127.0.0.1:7700"),
+                         None)  # type: ignore[arg-type]
+    assert isinstance(driver._directory, StaticDirectory)  # type: ignore[attr-defined]

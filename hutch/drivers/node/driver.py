@@ -70,6 +70,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._agents: dict[str, AgentClient] = {}
         self._states: dict[str, placement.NodeState] = {}
         self._where: dict[str, str] = {}  # sandbox -> node
+        self._held: dict[str, tuple[int, int]] = {}  # sandbox placed here -> its (memory, cpu) counted
         self._running: dict[str, str] = {}  # execution -> node, while it runs
         self._reserved: dict[str, tuple[str, int, int, float]] = {}  # sandbox -> (node, memory, cpu, until)
         self._refresher: asyncio.Task[None] | None = None
@@ -197,6 +198,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         await agent.abort()  # what runs there (executions, terminals) ends now, failed, not hung
         for sid in gone:
             self._where.pop(sid, None)
+            self._held.pop(sid, None)
             await self._tunnels.drop(sid)
         reason = f"node {name} was lost: its agent has not answered for {self._lost_after:.0f} s"
         for sid in gone:
@@ -221,6 +223,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             sid = str(end["sandbox"])
             if self._where.get(sid) == name:
                 self._where.pop(sid, None)
+                self._held.pop(sid, None)
                 await self._tunnels.drop(sid)
                 await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
 
@@ -299,6 +302,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         finally:
             self._reserved.pop(req.sandbox_id, None)
         self._where[req.sandbox_id] = node
+        self._held[req.sandbox_id] = (memory, cpu)
         # Counted at once, not at the next read: creates in a row must see each other.
         if (state := self._states.get(node)) is not None and state.unusable is None:
             self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes + 1,
@@ -322,6 +326,14 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         agent = self._agents[node]
         await agent.json("DELETE", agent.path("sandboxes", sandbox_id))
         self._where.pop(sandbox_id, None)
+        # Released at once too, as a create is counted: one-shots at concurrency 16 otherwise
+        # filled every node's copy with sandboxes already gone, and creates were refused
+        # NO_CAPACITY until the next read.
+        memory, cpu = self._held.pop(sandbox_id, (0, 0))
+        if (state := self._states.get(node)) is not None and state.unusable is None and state.sandboxes > 0:
+            self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes - 1,
+                                              memory_committed=max(0, state.memory_committed - memory),
+                                              cpu_committed_millis=max(0, state.cpu_committed_millis - cpu))
 
     async def alive(self) -> set[str]:
         """What every answering agent runs (asked at once: a silent node costs one timeout)."""
