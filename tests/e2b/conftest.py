@@ -42,16 +42,14 @@ def e2b_embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2
     yield from _serve(tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=["embedded", "production", "nomad"])
+@pytest.fixture(scope="module", params=["embedded", "production"])
 def e2b_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
     """hutch's own E2B tests run on both profiles (production: Kafka and PostgreSQL, a fresh
-    topic and database) with the local driver, and on the nomad driver (commands, files and
-    terminals are the driver's); a missing service fails loudly."""
+    topic and database) with the local driver; a missing service fails loudly. The E2B wire
+    reaches drivers only through the engine, as the Agentuity wire does, whose suites already
+    run every driver: a third server here proved nothing new for the suite's time."""
     if request.param == "embedded":
         yield from _serve(tmp_path_factory)
-        return
-    if request.param == "nomad":
-        yield from _serve(tmp_path_factory, driver="nomad")
         return
     log = kafka_url("e2b")
     store, name = asyncio.run(fresh_database("e2b"))
