@@ -14,20 +14,13 @@ from aiohttp import web
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput, Unauthorized
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
+from hutch.node import commands, files, ports, sandboxes, terminals
 from hutch.node.config import NodeSettings
+from hutch.node.keys import DRIVER, INSTANCE, SETTINGS, STREAMED, VERIFIER, error_response
 
 log = logging.getLogger(__name__)
 
-DRIVER = web.AppKey("driver", LocalDriver)
-SETTINGS = web.AppKey("settings", NodeSettings)
-VERIFIER = web.AppKey("verifier", wire.Verifier)
-INSTANCE = web.AppKey("instance", str)
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def error_response(err: HutchError) -> web.Response:
-    return web.json_response(err.to_wire(), status=err.status or 500)
 
 
 @web.middleware
@@ -49,9 +42,6 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("node agent: %s %s failed", request.method, request.path)
         return error_response(DriverFailure(f"node agent {request.app[SETTINGS].name} failed ({type(err).__name__}); "
                                             "its log has the details"))
-
-
-STREAMED = "streamed:"  # the name prefix of the routes whose body is streamed (not hashed)
 
 
 async def _check_body(request: web.Request, signed: str) -> None:
@@ -79,8 +69,6 @@ async def hello(request: web.Request) -> web.Response:
 
 
 def make_app(settings: NodeSettings, driver: LocalDriver, *, own_driver: bool = True) -> web.Application:
-    from hutch.node import commands, files, ports, sandboxes, terminals
-
     # JSON bodies: a batch of files arrives base64'd, as the API took it (its own cap is 64 MiB
     # of JSON), plus the agent's envelope; streamed bodies (files, tar, stdin) have no cap here.
     app = web.Application(middlewares=[guard], client_max_size=128 << 20)

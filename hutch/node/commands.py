@@ -16,7 +16,7 @@ from hutch.core.driver_types import ExecRequest, FileWrite, Stream
 from hutch.core.errors import HutchError
 from hutch.core.serde import converter
 from hutch.drivers.node import wire
-from hutch.node.app import DRIVER, STREAMED
+from hutch.node.keys import DRIVER, STREAMED
 
 log = logging.getLogger(__name__)
 

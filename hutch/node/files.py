@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from hutch.core.serde import converter
-from hutch.node.app import DRIVER, STREAMED
+from hutch.node.keys import DRIVER, STREAMED
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import contextlib
 from aiohttp import WSMsgType, web
 
 from hutch.core.errors import HutchError
-from hutch.node.app import DRIVER, error_response
+from hutch.node.keys import DRIVER, error_response
 
 
 async def tunnel(request: web.Request) -> web.StreamResponse:

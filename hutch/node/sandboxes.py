@@ -14,7 +14,7 @@ from hutch.core.driver_types import ProvisionRequest
 from hutch.core.errors import HutchError, NodeFull, SandboxNotFound
 from hutch.core.serde import converter
 from hutch.drivers.node import placement
-from hutch.node.app import DRIVER, INSTANCE, SETTINGS
+from hutch.node.keys import DRIVER, INSTANCE, SETTINGS
 
 
 class Ends:

@@ -12,7 +12,7 @@ from aiohttp import WSMsgType, web
 
 from hutch.core.driver_types import TerminalRequest
 from hutch.core.errors import HutchError, InvalidInput
-from hutch.node.app import DRIVER
+from hutch.node.keys import DRIVER
 
 
 async def terminal(request: web.Request) -> web.WebSocketResponse:
