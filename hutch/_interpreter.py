@@ -17,16 +17,17 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import aiohttp
 import attrs
 
+from hutch._connection import Connection
+from hutch._shapes import Files
 from hutch.errors import FileNotFound, InvalidInput, SandboxError
-
-if TYPE_CHECKING:
-    from hutch._sandbox import Sandbox
+from hutch.handles import JobHandle
+from hutch.models import Job
 
 RUNTIME = "code-interpreter"
 PORT = 49999
@@ -97,11 +98,25 @@ def _output(item: Mapping[str, Any]) -> CodeOutput:
     return CodeOutput(**fields)
 
 
+class InterpreterHost(Protocol):
+    """What the interpreter needs of its sandbox: the members of :class:`hutch.Sandbox` it uses,
+    named here so this module does not import the sandbox that imports it."""
+
+    id: str
+    url: str | None
+
+    async def read_bytes(self, path: str) -> bytes: ...
+    async def write_files(self, files: Files) -> int: ...
+    async def create_job(self, command: Sequence[str], *, streams: Mapping[str, Any] | None = None) -> JobHandle: ...
+    async def get_job(self, job_id: str) -> Job: ...
+
+
 class Interpreter:
     """The sandbox's interpreter server, started on first use."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: InterpreterHost, connection: Connection) -> None:
         self._sandbox = sandbox
+        self._connection = connection
         self._token: str | None = None
         self._lock = asyncio.Lock()
 
@@ -119,7 +134,7 @@ class Interpreter:
         of this module's own; the engine in this process (no server) serves its proxy only on
         its private socket, through the connection's session (it adds the key per request, not
         to the session, so these requests carry none)."""
-        connection = self._sandbox._services.connection
+        connection = self._connection
         if connection.embedded:
             yield await connection.session()
             return

@@ -145,7 +145,7 @@ class Sandbox:
 
     def _code(self) -> Interpreter:
         if self._interpreter is None:
-            self._interpreter = Interpreter(self)
+            self._interpreter = Interpreter(self, self._services.connection)
         return self._interpreter
 
     async def get(self) -> SandboxInfo:
