@@ -93,8 +93,8 @@ class ToolError(Exception):
 class McpSession:
     """One MCP session: a hutch client with the session's key, and the sandboxes it created."""
 
-    def __init__(self, url: str | None, api_key: str | None) -> None:
-        self.client = SandboxClient(url, api_key)
+    def __init__(self, url: str | None, api_key: str | None, org_id: str | None = None) -> None:
+        self.client = SandboxClient(url, api_key, org_id=org_id)
         self.made: dict[str, bool] = {}  # sandbox id -> keep
 
     async def call(self, name: str, args: Mapping[str, Any]) -> Any:
@@ -180,8 +180,9 @@ class McpSessions:
     it; the ending runs as a task of ours, because the SDK gives a connection's cleanup only a
     few seconds."""
 
-    def __init__(self, url: str | None, api_key: str | None = None, *, per_connection: bool) -> None:
-        self.url, self.api_key, self.per_connection = url, api_key, per_connection
+    def __init__(self, url: str | None, api_key: str | None = None, *, per_connection: bool,
+                 org_id: str | None = None) -> None:
+        self.url, self.api_key, self.per_connection, self.org_id = url, api_key, per_connection, org_id
         self._only: McpSession | None = None
         self._ending: set[asyncio.Task[None]] = set()
         self.closed = asyncio.Event()
@@ -189,7 +190,7 @@ class McpSessions:
     def of(self, ctx: Any) -> McpSession:
         if not self.per_connection:
             if self._only is None:
-                self._only = McpSession(self.url, self.api_key)
+                self._only = McpSession(self.url, self.api_key, self.org_id)
             return self._only
         # The SDK keeps a connection's state and cleanup on its Connection; the request's
         # session proxy is the one way a lowlevel handler reaches it.
@@ -251,10 +252,11 @@ def build_server(sessions: McpSessions) -> Server[Any]:
                   on_list_tools=list_tools, on_call_tool=call_tool)
 
 
-async def serve_stdio(url: str | None, api_key: str | None) -> None:
+async def serve_stdio(url: str | None, api_key: str | None, org_id: str | None = None) -> None:
     """One session over this process's stdin and stdout, until the client closes stdin, or
-    SIGTERM / SIGINT (what a client sends when a server is slow to leave; Ctrl-C)."""
-    sessions = McpSessions(url, api_key, per_connection=False)
+    SIGTERM / SIGINT (what a client sends when a server is slow to leave; Ctrl-C). ``org_id``:
+    the organization a key that may act for several acts in (default: the key's own)."""
+    sessions = McpSessions(url, api_key, per_connection=False, org_id=org_id)
     server = build_server(sessions)
     serving, loop = asyncio.current_task(), asyncio.get_running_loop()
     assert serving is not None

@@ -49,18 +49,24 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         if args.api_key:
             raise UsageError("--api-key is for stdio: over HTTP each client sends its own key "
                              "(Authorization: Bearer KEY)")
+        if args.org_id:
+            raise UsageError("--org-id is for stdio: over HTTP each client's key decides its organization "
+                             "(give each client a key of the organization it works in)")
         from hutch import mcp_http
 
         mcp_http.serve_http(url, *bind)
         return 0
-    asyncio.run(_stdio(mcp_server, url, args.api_key))
+    asyncio.run(_stdio(mcp_server, url, args.api_key, args.org_id))
     return 0
 
 
-async def _stdio(mcp_server: Any, url: str, api_key: str | None) -> None:
+async def _stdio(mcp_server: Any, url: str, api_key: str | None, org_id: str | None) -> None:
     from hutch.client import SandboxClient
 
-    # A bad key or an absent server is said now, once, rather than as every tool call's error.
-    async with SandboxClient(url, api_key) as client:
+    # A bad key, an organization the key may not act in or an absent server is said now, once,
+    # rather than as every tool call's error.
+    async with SandboxClient(url, api_key, org_id=org_id) as client:
         await client.tenancy.list_orgs()
-    await mcp_server.serve_stdio(url, api_key)
+        if org_id is not None:
+            await client.list()
+    await mcp_server.serve_stdio(url, api_key, org_id)

@@ -346,9 +346,30 @@ def test_a_bad_bind_or_a_missing_server_is_a_usage_error(tmp_path: Path, monkeyp
     monkeypatch.setenv("HUTCH_DATA_DIR", str(tmp_path))  # no `hutch serve` runs on it
     monkeypatch.delenv("HUTCH_URL", raising=False)
     for argv, said in ([["mcp"], "no hutch server"], [["--url", "http://x", "mcp", "--http", "nohost"], "HOST:PORT"],
-                       [["--url", "http://x", "--api-key", "k", "mcp", "--http", "127.0.0.1:1"], "over HTTP"]):
+                       [["--url", "http://x", "--api-key", "k", "mcp", "--http", "127.0.0.1:1"], "over HTTP"],
+                       [["--url", "http://x", "--org-id", "org_b", "mcp", "--http", "127.0.0.1:1"], "over HTTP"]):
         assert main(argv) == 2
         assert said in capsys.readouterr().err, argv
+
+
+async def test_stdio_acts_in_the_organization_org_id_names(served: str, keys: dict[str, str]) -> None:
+    """An operator's key serves one organization's agent: what the session makes is that
+    organization's, seen by its members."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "hutch.cli", "--org-id", "org_mcpb", "mcp"],
+                                   env=_env(HUTCH_URL=served, HUTCH_API_KEY=ADMIN))
+    async with Client(params) as client:
+        sid = (await call(client, "create_sandbox", keep=True))["sandbox_id"]
+    async with SandboxClient(served, keys["B"]) as b:
+        assert (await b.get(sid)).status != "terminated"
+        await b.destroy(sid)
+
+
+def test_stdio_in_an_organization_the_key_cannot_act_in_says_so_once(served: str, keys: dict[str, str],
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from hutch.cli import main
+
+    assert main(["--url", served, "--api-key", keys["B"], "--org-id", "org_mcpc", "mcp"]) == 1
+    assert "org_mcpc" in capsys.readouterr().err
 
 
 def test_stdio_with_a_bad_key_says_so_once_and_exits(served: str, capsys: pytest.CaptureFixture[str]) -> None:
