@@ -26,6 +26,7 @@ module "client_node" {
 module "hutch" {
   source            = "./modules/hutch-on-nomad"
   datacenters       = var.datacenters
+  driver            = var.driver
   nomad_addr        = var.nomad_addr
   nomad_token       = var.nomad_token
   api_nomad_token   = var.api_nomad_token

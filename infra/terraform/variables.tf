@@ -10,8 +10,14 @@ variable "nomad_token" {
   sensitive   = true
 }
 
+variable "driver" {
+  description = "Where sandboxes run: \"node\" on the node agents (the hutch-node system job), \"nomad\" as a Nomad job each (see the README, \"Which driver\")."
+  type        = string
+  default     = "node"
+}
+
 variable "api_nomad_token" {
-  description = "ACL token of the hutch API servers, of the README's hutch-driver policy; default: nomad_token."
+  description = "With driver \"nomad\": ACL token of the hutch API servers, of the README's hutch-driver policy; default: nomad_token. Unused with \"node\"."
   type        = string
   default     = null
   sensitive   = true
@@ -76,7 +82,7 @@ variable "image_registry" {
 }
 
 variable "warm_pools" {
-  description = "Idle allocations kept ready per runtime, as HUTCH_NOMAD_POOL (runtime=count,...)."
+  description = "With driver \"nomad\": idle allocations kept ready per runtime, as HUTCH_NOMAD_POOL (runtime=count,...)."
   type        = map(number)
   default     = { "base:latest" = 4, "python:3.13" = 2 }
 }

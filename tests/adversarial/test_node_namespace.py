@@ -9,6 +9,8 @@ hutch-driver policy: a compromised API server, a leaked token) tries to get that
 - a job of any driver in ``hutch-system`` is refused (no submit right there), as are the
   agents' secret (the Nomad variable ``nomad/jobs/hutch-node``) and a new namespace or a change
   of ``default``'s capabilities;
+- so is an ACL policy attached to a job of its own (what infra/terraform gives the API job's
+  workload identity with the node driver: a job it submits would carry whatever rules it wrote);
 - what it may do there is read the ``hutch-node`` service registrations (the catalog).
 
 Against the cluster of ``./scripts/services start cluster`` (its ACL set-up: cluster.sh
@@ -76,6 +78,11 @@ def test_the_hutch_api_token_gets_no_raw_exec_and_nothing_of_hutch_system() -> N
                                     {"Name": "hutch-attacker"})[0]
     found["default's capabilities"] = call("PUT", "/v1/namespace/default", token,
                                            {"Name": "default", "Capabilities": None})[0]
+    found["a policy for its own job"] = call("POST", "/v1/acl/policy/hutch-attacker", token, {
+        "Name": "hutch-attacker", "Rules": 'namespace "*" { policy = "write" }\nnode { policy = "write" }',
+        "JobACL": {"Namespace": "default", "JobID": "hutch-attacker"}})[0]
+    if call("GET", "/v1/acl/policy/hutch-attacker", operator)[0] == 200:  # the attack worked: undo it
+        call("DELETE", "/v1/acl/policy/hutch-attacker", operator)
     found["the catalog"] = call("GET", f"/v1/service/hutch-node?namespace={SYSTEM}", token)[0]
 
     default_refusal = 'used task driver "raw_exec" is not allowed in namespace "default"'
@@ -91,6 +98,7 @@ def test_the_hutch_api_token_gets_no_raw_exec_and_nothing_of_hutch_system() -> N
         "the agents' secret": 403,
         "a new namespace": 403,
         "default's capabilities": 403,
+        "a policy for its own job": 403,
         "the catalog": 200,
     }, json.dumps(found, indent=1)
     assert default_refusal in found["raw_exec in default"]["answer"], found["raw_exec in default"]

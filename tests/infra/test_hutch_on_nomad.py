@@ -1,33 +1,39 @@
 """``tofu apply`` of infra/terraform/modules/hutch-on-nomad onto the cluster of
-``./scripts/services start cluster``, a real ``@agentuity/core`` client through the API it
-deployed, then ``tofu destroy``.
+``./scripts/services start cluster``, sandboxes through the API it deployed, then
+``tofu destroy``.
 
 What it shows: the module's registry, PostgreSQL, Kafka and hutch API jobs come up on real
 Nomad clients (exec driver) and pass their health checks; the API server, installed from a
 wheelhouse built here and served to the clients as an artifact (with Kafka's jars, from the
-cache ``scripts/services start kafka`` fills), runs a sandbox through hutch-containerd for
-the real SandboxClient (tests/compat/compat.mjs: a command with files written and read back);
-``tofu destroy`` leaves none of the jobs, Nomad variables and dynamic host volumes it made.
+cache ``scripts/services start kafka`` fills), runs with the module's default driver, ``node``:
+it finds the module's own node agents in Nomad's catalog with its job's workload identity
+(not hutch's token, which cannot read there), signs with the secret from its own Nomad
+variable, and runs sandboxes on the agents, never as a Nomad job: a sandbox with egress off
+runs a command and has a file written and read back, in a node agent's data dir, with no job
+of it in ``default``; then the real SandboxClient does the same (tests/compat/compat.mjs).
+The ``nomad`` driver is checked by plan only (the job it renders, the variable without the
+node secret): one apply is all this test may cost. ``tofu destroy`` leaves none of the jobs,
+Nomad variables, ACL policy and dynamic host volumes it made.
 
 The node agents (issue 35): the module's hutch-node system job (raw_exec) in a namespace of its
 own, the only one whose capabilities allow raw_exec, with ``default`` denying it; the agents'
 secret in that namespace's Nomad variable; a short secret refused by the module before
 anything is made. Here the job goes to a namespace and port of the test's own, beside the
 agents ``services start cluster`` runs in hutch-system. Where a client offers raw_exec (the
-cluster's template turns it on), the job is placed there, and with hutch's agent in this
-checkout (hutch/node) every placed agent answers its check and is in the service catalog as
-the API's directory reads it, and a sandbox runs through them: a ``hutch serve`` on this host
-with the node driver finds them there (the module's API job runs the nomad driver; pointing
-it at the agents needs a driver variable, the secret in its variable and its token's read-job
-in the agents' namespace); a client without raw_exec is named by Nomad's placement failure.
+cluster's template turns it on), the job is placed there, every placed agent answers its check
+and is in the service catalog as the API's directory reads it; a client without raw_exec is
+named by Nomad's placement failure.
 
-The sandboxes' images come from the cluster's own registry (HUTCH_TEST_CLUSTER_REGISTRY, the
-module's ``image_registry``): the clients' hutch-containerd trusts only that one over plain
-HTTP, so the registry job comes up and answers but holds no images here.
+The node agents build the sandboxes' runtimes in their HUTCH_RUNTIME_CACHE (on this one-box
+cluster the host's, built already). The module's ``image_registry`` is the cluster's own registry
+(HUTCH_TEST_CLUSTER_REGISTRY), what the nomad driver's plan names: the clients' hutch-containerd
+trusts only that one over plain HTTP, so the registry job comes up and answers but holds no
+images here.
 
 The cluster runs with ACLs on, as the nomad-node template has it: OpenTofu deploys with its
-management token (HUTCH_TEST_CLUSTER_OPERATOR_TOKEN), the API server gets hutch's own token of the
-hutch-driver policy (HUTCH_TEST_CLUSTER_TOKEN, the module's api_nomad_token).
+management token (HUTCH_TEST_CLUSTER_OPERATOR_TOKEN); hutch's own token of the hutch-driver
+policy (HUTCH_TEST_CLUSTER_TOKEN) is the module's api_nomad_token, which the node driver leaves
+unused: the API job holds no token but its workload identity.
 
 Needs: the cluster (HUTCH_TEST_CLUSTER_ADDR / REGISTRY / TOKEN / OPERATOR_TOKEN), Kafka's jar cache,
 ``npm ci`` in tests/compat, and scripts/tofu's build. Nothing skips. Takes 1.5-2 minutes here
@@ -37,6 +43,8 @@ Needs: the cluster (HUTCH_TEST_CLUSTER_ADDR / REGISTRY / TOKEN / OPERATOR_TOKEN)
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import functools
 import http.server
 import json
@@ -65,6 +73,7 @@ TERRAFORM = REPO / "infra" / "terraform"
 COMPAT = REPO / "tests" / "compat"
 JOBS = ("hutch-registry", "hutch-postgres", "hutch-kafka", "hutch-api")
 VARIABLES = ("nomad/jobs/hutch-postgres", "nomad/jobs/hutch-api")
+API_POLICY = "hutch-api-nodes"  # the API job's own ACL policy (node driver): reading nodes
 # The node agents of this test: beside (not instead of) those of the cluster in hutch-system.
 NODE_NAMESPACE, NODE_PORT, NODE_VARIABLE = "hutch-tftest", 4751, "nomad/jobs/hutch-node"
 UP_TIMEOUT = 240.0  # every job running and healthy, from the end of `tofu apply`
@@ -239,17 +248,6 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Artifacts]:
         served.server.server_close()
 
 
-@pytest.fixture(scope="module")
-def base_image() -> None:
-    """base:latest in the cluster's registry (pushed from this host's runtime cache if missing)."""
-    registry = _setting("HUTCH_TEST_CLUSTER_REGISTRY")
-    images = [sys.executable, "-m", "hutch.drivers.nomad.images"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if run(*images, "exists", "base:latest", "--registry", registry, cwd=REPO, timeout=30, env=env,
-           check=False).returncode != 0:
-        run(*images, "push", "base:latest", "--registry", registry, cwd=REPO, timeout=400, env=env)
-
-
 # ------------------------------------------------------------------------------- the root module
 
 def write_root(tmp: Path) -> Path:
@@ -286,6 +284,10 @@ variable "node_secret" {
   sensitive = true
 }
 variable "node_data_dir" { type = string }
+variable "driver" {
+  type    = string
+  default = null # the module's default
+}
 
 provider "nomad" {
   address   = var.nomad_addr
@@ -295,6 +297,7 @@ provider "nomad" {
 module "hutch" {
   source            = "../modules/hutch-on-nomad"
   datacenters       = ["dc1"]
+  driver            = var.driver
   nomad_addr        = var.nomad_addr
   nomad_token       = var.nomad_token
   api_nomad_token   = var.api_nomad_token
@@ -368,6 +371,8 @@ def leftovers(nomad: Nomad) -> list[str]:
     """What of the module's is still in Nomad."""
     left = [f"job {job}" for job in JOBS if nomad.get(f"/v1/job/{job}") is not None]
     left += [f"variable {path}" for path in VARIABLES if nomad.get(f"/v1/var/{path}") is not None]
+    if nomad.get(f"/v1/acl/policy/{API_POLICY}") is not None:
+        left.append(f"ACL policy {API_POLICY}")
     if nomad.get(f"/v1/namespace/{NODE_NAMESPACE}") is not None:
         left.append(f"namespace {NODE_NAMESPACE}")
         if nomad.get(f"/v1/job/hutch-node?namespace={NODE_NAMESPACE}") is not None:
@@ -405,8 +410,7 @@ def node_pieces_made(nomad: Nomad, secret: str) -> None:
 
 def node_agents_up(nomad: Nomad, deadline: float) -> dict[str, str]:
     """Every client runs an agent of the job: placed on each (the clients offer raw_exec for it),
-    and with hutch's agent in this checkout, healthy and in the catalog the API reads. Without the
-    agent (hutch/node), its task still starts and hutch refuses `node` (the job runs hutch)."""
+    healthy and in the catalog the API reads."""
     from hutch.drivers.node.catalog import NomadAgentDirectory
 
     nodes = {n["Name"]: n for n in nomad.get("/v1/nodes") if n["Status"] == "ready"}
@@ -414,7 +418,6 @@ def node_agents_up(nomad: Nomad, deadline: float) -> dict[str, str]:
                      if not (n.get("Drivers") or {}).get("raw_exec", {}).get("Healthy"))
     assert not without, (f"clients without raw_exec: {without}; the cluster's template turns it on for the node "
                          "agents: ./scripts/services restart cluster with this checkout's scripts")
-    agent_code = (REPO / "hutch" / "node" / "serve.py").is_file()
     query = f"?namespace={NODE_NAMESPACE}"
 
     def stderr(alloc: dict[str, Any]) -> str:
@@ -424,18 +427,15 @@ def node_agents_up(nomad: Nomad, deadline: float) -> dict[str, str]:
     while True:
         allocs = [a for a in nomad.get(f"/v1/job/hutch-node/allocations{query}") or [] if a["DesiredStatus"] == "run"]
         placed = {a["NodeName"] for a in allocs}
-        if agent_code:
-            healthy = {a["NodeName"] for a in allocs if a["ClientStatus"] == "running"
-                       and (checks := nomad.get(f"/v1/client/allocation/{a['ID']}/checks{query}") or {})
-                       and all(c.get("Status") == "success" for c in checks.values())}
-            if healthy == set(nodes):
-                break
-        elif {a["NodeName"] for a in allocs if "invalid choice: 'node'" in stderr(a)} == set(nodes):
-            return {}
+        healthy = {a["NodeName"] for a in allocs if a["ClientStatus"] == "running"
+                   and (checks := nomad.get(f"/v1/client/allocation/{a['ID']}/checks{query}") or {})
+                   and all(c.get("Status") == "success" for c in checks.values())}
+        if healthy == set(nodes):
+            break
         if time.monotonic() > deadline:
             states = [f"{a['NodeName']}: {a['ClientStatus']}: {stderr(a)[-300:]}" for a in allocs]
-            pytest.fail(f"node agents placed on {sorted(placed)} of {sorted(nodes)}, not up in time (agent code "
-                        f"here: {agent_code})\n" + "\n".join(states), pytrace=False)
+            pytest.fail(f"node agents placed on {sorted(placed)} of {sorted(nodes)}, not up in time\n"
+                        + "\n".join(states), pytrace=False)
         time.sleep(1)
 
     async def catalog() -> dict[str, str]:
@@ -447,35 +447,100 @@ def node_agents_up(nomad: Nomad, deadline: float) -> dict[str, str]:
     return agents
 
 
-def sandbox_through_agents(nomad: Nomad, secret: str, tmp_path: Path) -> str:
-    """A sandbox runs through the agents the job stood up: a ``hutch serve`` on this host with
-    the node driver, finding them in the job's namespace (the module's API job runs the nomad
-    driver: docs/node.md, "Not done yet"). The management token reads the registrations there;
-    hutch's own token may read only hutch-system's."""
-    from tests.system.server import Server
+def api_pieces_made(nomad: Nomad, secret: str) -> None:
+    """The API job as the node driver has it: HUTCH_DRIVER=node, the agents' secret from its own
+    variable rendered 0400 for its user, its workload identity as its only Nomad token; and
+    hutch's own token no closer to the secret or the agents than before."""
+    job = nomad.get("/v1/job/hutch-api")
+    task = job["TaskGroups"][0]["Tasks"][0]
+    env = next(t for t in task["Templates"] if t["DestPath"] == "secrets/hutch.env")["EmbeddedTmpl"]
+    assert "HUTCH_DRIVER=node\n" in env and f"HUTCH_NODE_NAMESPACE={NODE_NAMESPACE}\n" in env, env
+    assert "nomad_token" not in env, "the node driver's API job is given a token besides its identity"
+    template = next(t for t in task["Templates"] if t["DestPath"] == "secrets/node.secret")
+    assert (template["Perms"], template["Uid"], template["Gid"]) == ("0400", 65534, 65534), template
+    assert 'nomadVar "nomad/jobs/hutch-api"' in template["EmbeddedTmpl"], template
+    assert task["Env"]["HUTCH_NODE_SECRET_FILE"] == "${NOMAD_SECRETS_DIR}/node.secret", task["Env"]
+    assert task["Identity"]["Env"] is True, task["Identity"]
+    assert secret not in json.dumps(job), "the node secret is in the API job's text"
+    variable = nomad.get("/v1/var/nomad/jobs/hutch-api")
+    assert variable["Items"].get("node_secret") == secret, "the API's variable does not hold the node secret"
+    assert "nomad_token" not in variable["Items"], "the node driver's API variable holds a Nomad token"
+    policy = nomad.get(f"/v1/acl/policy/{API_POLICY}")
+    assert policy and policy["JobACL"]["Namespace"] == "default" and policy["JobACL"]["JobID"] == "hutch-api", policy
+    hutch = Nomad(nomad.addr, _setting("HUTCH_TEST_CLUSTER_TOKEN"))
+    refused = {}
+    for what, path in (("the API's variable", "/v1/var/nomad/jobs/hutch-api"),
+                       ("the agents' variable", f"/v1/var/{NODE_VARIABLE}?namespace={NODE_NAMESPACE}"),
+                       ("the agents' catalog", f"/v1/service/hutch-node?namespace={NODE_NAMESPACE}")):
+        try:
+            hutch.get(path)
+            refused[what] = 200
+        except urllib.error.HTTPError as err:
+            refused[what] = err.code
+    assert refused == {"the API's variable": 403, "the agents' variable": 403, "the agents' catalog": 403}, refused
 
-    data = tmp_path / "through-agents"
-    data.mkdir()
-    srv = Server(data, driver="node", HUTCH_NOMAD_ADDR=nomad.addr, HUTCH_NOMAD_TOKEN=nomad.token,
-                 HUTCH_NODE_NAMESPACE=NODE_NAMESPACE, HUTCH_NODE_SECRET=secret, HUTCH_NODE_AGENTS="",
-                 HUTCH_NODE_SECRET_FILE="", HUTCH_EVENT_LOG="sqlite", HUTCH_STORE="memory")
-    srv.start(timeout=60)
+
+def plan_nomad_driver(root: Path) -> None:
+    """driver = "nomad", planned only (the one apply runs the default): the API job as before
+    the node driver (hutch's token, the registry, warm pools), no node secret, no policy."""
+    tofu("plan", "-input=false", "-no-color", "-var", "driver=nomad", "-out", "nomad.plan", root=root, timeout=120)
+    shown = json.loads(tofu("show", "-json", "nomad.plan", root=root, timeout=60).stdout)
+    (root / "nomad.plan").unlink()
+    after = {rc["address"]: rc["change"]["after"] for rc in shown["resource_changes"]}
+    spec = after["module.hutch.nomad_job.hutch"]["jobspec"]
+    for line in ("HUTCH_DRIVER=nomad\n", "HUTCH_NOMAD_POOL=off\n", "HUTCH_NOMAD_TOKEN={{ .nomad_token }}\n",
+                 f"HUTCH_NOMAD_REGISTRY={_setting('HUTCH_TEST_CLUSTER_REGISTRY')}\n"):
+        assert line in spec, f"{line!r} not in the nomad driver's API job:\n{spec}"
+    assert "node.secret" not in spec and "identity" not in spec, spec
+    assert sorted(after["module.hutch.nomad_variable.api"]["items"]) == ["api_key", "nomad_token", "postgres_password"]
+    assert not [a for a in after if "api_nodes" in a], sorted(after)
+
+
+def api_call(url: str, key: str, method: str, path: str, body: Any = None, timeout: float = 60) -> bytes:
+    request = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     try:
-        sid = srv.data("POST", "/sandbox", {"runtime": "base:latest"}, timeout=120)["sandboxId"]
-        node = next(name for name in (p.name for p in (tmp_path / "agents").iterdir())
-                    if (tmp_path / "agents" / name / "sandboxes" / sid).is_dir())
-        ex = srv.data("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "echo through-$((6*7))"]})
-        with urllib.request.urlopen(ex["stdoutStreamUrl"], timeout=30) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.read()
+    except urllib.error.HTTPError as err:
+        pytest.fail(f"{method} {path} through the module's API: {err.code} {err.read()[:2000]!r}", pytrace=False)
+
+
+def sandbox_through_module_api(nomad: Nomad, url: str, key: str, agents_dir: Path) -> str:
+    """A sandbox with egress off through the module's API (the node driver): a file written, a
+    command that reads it and lists the network interfaces, the file read back. It runs on a
+    node agent (its directory is in that agent's data dir), and no Nomad job is made for it."""
+    sid = json.loads(api_call(url, key, "POST", "/sandbox", {"runtime": "base:latest", "network": {"enabled": False}},
+                              timeout=120))["data"]["sandboxId"]
+    try:
+        on = [d.name for d in agents_dir.iterdir() if (d / "sandboxes" / sid).is_dir()]
+        assert len(on) == 1, f"sandbox {sid} is in the data dirs of agents {on} (of {sorted(agents_dir.iterdir())})"
+        note = b"from the terraform-deployed API\n"
+        api_call(url, key, "POST", f"/fs/{sid}", {"files": [{"path": "/workspace/note.txt",
+                                                             "content": base64.b64encode(note).decode()}]})
+        ex = json.loads(api_call(url, key, "POST", f"/sandbox/{sid}/execute",
+                                 {"command": ["sh", "-c", "cat /workspace/note.txt; cat /proc/net/dev"]}))["data"]
+        with urllib.request.urlopen(ex["stdoutStreamUrl"], timeout=60) as resp:
             out = resp.read().decode()
-        done = srv.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=30s", timeout=40)
-        assert done["exitCode"] == 0 and out == "through-42\n", (done, out)
-        status, answer = srv.call("DELETE", f"/sandbox/{sid}")
-        assert 200 <= status < 300, (status, answer)
-        assert not (tmp_path / "agents" / node / "sandboxes" / sid).exists(), "the agent kept a deleted sandbox"
-        return node
-    finally:
-        srv.destroy_every_sandbox()
-        srv.stop()
+        done = json.loads(api_call(url, key, "GET", f"/sandbox/execution/{ex['executionId']}?wait=30s"))["data"]
+        assert done["exitCode"] == 0 and out.startswith(note.decode()), (done, out)
+        interfaces = sorted(line.split(":")[0].strip() for line in out.splitlines()[3:] if ":" in line)
+        assert interfaces == ["lo"], f"egress off, yet the sandbox has {interfaces}:\n{out}"
+        assert api_call(url, key, "GET", f"/fs/{sid}?path=/workspace/note.txt") == note
+        # The nomad driver names a sandbox's job after it (warm pools are off in this root).
+        jobs = [j["ID"] for j in nomad.get("/v1/jobs?namespace=default") or []]
+        assert not [j for j in jobs if sid in j], f"a Nomad job was made for sandbox {sid}: {jobs}"
+    except BaseException:
+        with contextlib.suppress(OSError):  # what failed first is the report
+            urllib.request.urlopen(urllib.request.Request(f"{url}/sandbox/{sid}", method="DELETE", headers={
+                "Authorization": f"Bearer {key}"}), timeout=30).close()
+        raise
+    api_call(url, key, "DELETE", f"/sandbox/{sid}")
+    deadline = time.monotonic() + 30
+    while (agents_dir / on[0] / "sandboxes" / sid).exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not (agents_dir / on[0] / "sandboxes" / sid).exists(), f"agent {on[0]} kept a deleted sandbox"
+    return on[0]
 
 
 def compat_run(url: str, key: str) -> str:
@@ -493,7 +558,7 @@ def compat_run(url: str, key: str) -> str:
 # ------------------------------------------------------------------------------- the test
 
 def test_apply_run_a_sandbox_destroy(
-    artifacts: Artifacts, base_image: None, tmp_path: Path
+    artifacts: Artifacts, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     nomad = Nomad(_setting("HUTCH_TEST_CLUSTER_ADDR"), _setting("HUTCH_TEST_CLUSTER_OPERATOR_TOKEN"))
@@ -516,6 +581,10 @@ def test_apply_run_a_sandbox_destroy(
     short = tofu("plan", "-input=false", "-no-color", "-var", "node_secret=too-short", root=root, timeout=120,
                  check=False)
     assert short.returncode != 0 and "node_secret: at least 32 characters" in short.stderr, short.stderr
+    bogus = tofu("plan", "-input=false", "-no-color", "-var", "driver=containerd", root=root, timeout=120, check=False)
+    assert bogus.returncode != 0 and 'driver: "node" (sandboxes on the node agents) or "nomad"' in bogus.stderr, (
+        bogus.stderr)
+    plan_nomad_driver(root)
     try:
         mark = time.monotonic()
         tofu("apply", "-auto-approve", "-input=false", "-no-color", root=root, timeout=180)
@@ -528,6 +597,7 @@ def test_apply_run_a_sandbox_destroy(
             "namespace": NODE_NAMESPACE, "job": "hutch-node", "service": "hutch-node",
             "variable": NODE_VARIABLE, "port": NODE_PORT}, outputs["node_agents"]
         node_pieces_made(nomad, variables["node_secret"])
+        api_pieces_made(nomad, variables["node_secret"])
 
         mark = time.monotonic()
         artifacts.wait()
@@ -537,12 +607,11 @@ def test_apply_run_a_sandbox_destroy(
         timings["up"] = time.monotonic() - mark
         agents = node_agents_up(nomad, mark + UP_TIMEOUT)
         timings["node agents up"] = time.monotonic() - mark
-        print(f"node agents: {agents or 'placed on every client; no hutch/node here, hutch refused node serve'}")
-        if agents:  # with hutch's agent in this checkout
-            mark = time.monotonic()
-            ran_on = sandbox_through_agents(nomad, variables["node_secret"], tmp_path)
-            timings["sandbox through the agents"] = time.monotonic() - mark
-            print(f"a sandbox ran through the job's agent on {ran_on}")
+        print(f"node agents: {agents}")
+        mark = time.monotonic()
+        ran_on = sandbox_through_module_api(nomad, url, key, tmp_path / "agents")
+        timings["sandbox through the module's API"] = time.monotonic() - mark
+        print(f"a sandbox ran through the module's API on the agent of {ran_on}")
         # The registry job answers the OCI distribution API on its service address.
         reg = nomad.service("hutch-registry")[0]
         with urllib.request.urlopen(f"http://{reg['Address']}:{reg['Port']}/v2/", timeout=5) as resp:

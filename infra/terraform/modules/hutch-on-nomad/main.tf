@@ -1,8 +1,8 @@
 # hutch's services as Nomad jobs (Nomad's `exec` driver; state on dynamic host volumes; secrets
 # in Nomad variables): the OCI registry of runtime images, PostgreSQL (projections), Kafka in
-# KRaft mode (the event log) and the hutch API servers, which in turn place sandboxes as Nomad
-# jobs (hutch-containerd); and the hutch node agent on every client, a system job of raw_exec
-# in a namespace of its own (issue 35). The API servers, the agents and the broker get their
+# KRaft mode (the event log) and the hutch API servers; the hutch node agent on every client, a
+# system job of raw_exec in a namespace of its own (issue 35). The API servers place sandboxes on
+# those agents (var.driver "node") or as a Nomad job each (hutch-containerd; "nomad"). The API servers, the agents and the broker get their
 # code as artifacts from var.artifact_base_url; everything else is on the clients already
 # (nomad-node's packages).
 
@@ -14,10 +14,17 @@ locals {
   # snapshots, checkpoints and finished streams live).
   stateful = ["hutch-registry", "hutch-postgres", "hutch-kafka", "hutch-api"]
 
-  api_token = var.api_nomad_token != null ? var.api_nomad_token : var.nomad_token
+  node_driver = var.driver == "node"
+  # With the node driver the API servers need no token: their job's workload identity reads the
+  # catalog (nomad_acl_policy.api_nodes). hutch's token, which may submit jobs and exec into
+  # allocations in `default`, then stays out of them.
+  api_token = local.node_driver ? null : (var.api_nomad_token != null ? var.api_nomad_token : var.nomad_token)
   api_secrets = merge(
     { api_key = var.api_key, postgres_password = var.postgres_password },
     local.api_token == null ? {} : { nomad_token = local.api_token },
+    # The agents' secret again, in the API's own variable: its job reads only nomad/jobs/hutch-api,
+    # and no token of the API's may read the agents' variable.
+    local.node_driver ? { node_secret = var.node_secret } : {},
   )
 }
 
@@ -159,6 +166,26 @@ resource "nomad_job" "kafka" {
   depends_on       = [terraform_data.volume_released]
 }
 
+# With the node driver the API servers follow the agents' registrations and the nodes' states
+# (hutch/drivers/node/catalog.py) with their job's workload identity (identity { env = true }
+# in jobs/hutch.nomad.hcl.tftpl). Nomad lets any workload list service registrations, in any
+# namespace (acl.AllowServiceRegistrationReadList), so all this policy adds is reading nodes.
+# A job that takes the name hutch-api gets it too, which is no more than hutch's own token has.
+resource "nomad_acl_policy" "api_nodes" {
+  count       = local.node_driver ? 1 : 0
+  name        = "hutch-api-nodes"
+  description = "hutch API servers (job hutch-api): read the nodes the node agents run on"
+  rules_hcl   = <<-HCL
+    node {
+      policy = "read"
+    }
+  HCL
+  job_acl {
+    namespace = "default"
+    job_id    = "hutch-api"
+  }
+}
+
 resource "nomad_job" "hutch" {
   jobspec = templatefile("${path.module}/jobs/hutch.nomad.hcl.tftpl", {
     datacenters    = var.datacenters
@@ -172,8 +199,13 @@ resource "nomad_job" "hutch" {
     public_url     = var.public_url
     secrets        = nomad_variable.api.path
     with_token     = nonsensitive(local.api_token != null)
+    driver         = var.driver
+    node_namespace = nomad_namespace.node.name
+    node_service   = "hutch-node"
   })
   purge_on_destroy = true
-  # Not needed to start (the API waits for its services), but a destroy then stops it first.
-  depends_on = [terraform_data.volume_released, nomad_job.registry, nomad_job.postgres, nomad_job.kafka]
+  # Not needed to start (the API waits for its services and agents), but a destroy then stops it
+  # first.
+  depends_on = [terraform_data.volume_released, nomad_job.registry, nomad_job.postgres, nomad_job.kafka,
+  nomad_job.node, nomad_acl_policy.api_nodes]
 }

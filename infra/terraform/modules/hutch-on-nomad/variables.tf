@@ -8,15 +8,27 @@ variable "nomad_addr" {
   type        = string
 }
 
+variable "driver" {
+  description = "How the API servers run sandboxes: \"node\" (HUTCH_DRIVER=node) on the node agents of the hutch-node system job, found in Nomad's service catalog; \"nomad\" (HUTCH_DRIVER=nomad) as a Nomad job per sandbox with a containerd task (hutch-containerd). See the README, \"Which driver\"."
+  type        = string
+  default     = "node"
+  nullable    = false # null: the default
+
+  validation {
+    condition     = contains(["node", "nomad"], var.driver)
+    error_message = "driver: \"node\" (sandboxes on the node agents) or \"nomad\" (a Nomad job per sandbox)."
+  }
+}
+
 variable "nomad_token" {
-  description = "ACL token this module polls Nomad with (see main.tf) and, without api_nomad_token, the hutch API servers use (HUTCH_NOMAD_TOKEN; kept in a Nomad variable); null on a cluster without ACLs."
+  description = "ACL token this module polls Nomad with (see main.tf) and, with driver \"nomad\" and without api_nomad_token, the hutch API servers use (HUTCH_NOMAD_TOKEN; kept in a Nomad variable); null on a cluster without ACLs."
   type        = string
   default     = null
   sensitive   = true
 }
 
 variable "api_nomad_token" {
-  description = "ACL token of the hutch API servers (HUTCH_NOMAD_TOKEN), if it is not nomad_token: one of the hutch-driver policy in the README is all they need."
+  description = "ACL token of the hutch API servers (HUTCH_NOMAD_TOKEN) with driver \"nomad\", if it is not nomad_token: one of the hutch-driver policy in the README is all they need. Unused with driver \"node\": the API servers read the catalog with their job's workload identity."
   type        = string
   default     = null
   sensitive   = true
@@ -61,7 +73,7 @@ variable "public_url" {
 }
 
 variable "warm_pools" {
-  description = "Idle allocations kept ready per runtime (HUTCH_NOMAD_POOL runtime=count,...); empty: no warm pools (off)."
+  description = "With driver \"nomad\": idle allocations kept ready per runtime (HUTCH_NOMAD_POOL runtime=count,...); empty: no warm pools (off). The node agents keep their own warm spares."
   type        = map(number)
   default     = {}
 }
@@ -96,7 +108,7 @@ variable "kafka_memory" {
 }
 
 variable "node_secret" {
-  description = "The node agents' shared secret (at least 32 characters; the API and every agent sign with it): kept in the Nomad variable nomad/jobs/hutch-node of node_namespace, rendered into each agent's secrets/ (mode 0400)."
+  description = "The node agents' shared secret (at least 32 characters; the API and every agent sign with it): kept in the Nomad variable nomad/jobs/hutch-node of node_namespace, rendered into each agent's secrets/ (mode 0400); with driver \"node\" also in the API's own variable nomad/jobs/hutch-api, rendered into its secrets/ (0400, its user's)."
   type        = string
   sensitive   = true
 
