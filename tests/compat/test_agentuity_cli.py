@@ -20,16 +20,18 @@ import pytest
 
 from tests.compat.test_agentuity_client import _free_port, _hutch_command, _stop, _wait_ready
 from tests.compat.test_agentuity_client import profile_flags as profile_flags  # both profiles
+from tests.drivers_support import NODE_SECRET, NodeAgents, built_runtimes  # noqa: F401  (fixture)
 
 # One test walks the whole CLI (about 25 commands, each a bun start) through one live server;
 # at a load average of 16-27 it took 126 s, past pytest's default 120 s (each command has its own
 # 180 s bound below).
-# Each real driver once and each profile once (local-embedded, nomad-production), as the API tests'
-# REAL (tests/api/conftest.py): the CLI's commands are the wire calls test_agentuity_client.py and
-# tests/api prove on every driver; one walk takes about a minute, four took four.
+# One walk, on the node driver (two `hutch node serve` agents of this host, each wrapping the local
+# driver) and the production profile: the CLI's commands are the wire calls test_agentuity_client.py
+# and tests/api prove on every driver and profile; each walk takes about a minute, so the CLI walks
+# once, on the deepest stack (the agents' signed wire, Kafka and PostgreSQL under the API).
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(400),
-              pytest.mark.parametrize(("server", "profile_flags"), [("local", "embedded"), ("nomad", "production")],
-                                      indirect=True, ids=["local-embedded", "nomad-production"])]
+              pytest.mark.parametrize(("server", "profile_flags"), [("node", "production")],
+                                      indirect=True, ids=["node-production"])]
 COMPAT_DIR = Path(__file__).resolve().parent
 BUN_DIR = COMPAT_DIR / "node_modules" / "@oven" / "bun-linux-x64" / "bin"
 AGENTUITY = COMPAT_DIR / "node_modules" / ".bin" / "agentuity"
@@ -74,23 +76,28 @@ class Cli:
         return json.JSONDecoder().raw_decode(out.lstrip())[0]  # `auth whoami --json` prints it twice
 
 
-@pytest.fixture(params=["local", "nomad"])
-def server(request: pytest.FixtureRequest, tmp_path: Path, profile_flags: list[str]) -> Iterator[tuple[str, str]]:
+@pytest.fixture(params=["node"])
+def server(request: pytest.FixtureRequest, tmp_path: Path, profile_flags: list[str],
+           built_runtimes: Path) -> Iterator[tuple[str, str]]:  # noqa: F811  (fixture)
     if not AGENTUITY.exists() or not (BUN_DIR / "bun").exists():
         pytest.fail(f"{AGENTUITY} or bun is missing: run tests/compat/setup.sh (npm ci) first")
+    agents = NodeAgents(tmp_path / "nodes") if request.param == "node" else None
+    node_env = {"HUTCH_NODE_AGENTS": agents.spec, "HUTCH_NODE_SECRET": NODE_SECRET} if agents else {}
     key, port = "hk_boot_" + os.urandom(8).hex(), _free_port()
     url, log = f"http://127.0.0.1:{port}", tmp_path / "server.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen([*_hutch_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
                                  "--data-dir", str(tmp_path / "data"), "--driver", request.param, "--ssh-port", "0",
                                  *profile_flags],
-                                env={**os.environ, "HUTCH_API_KEY": key}, stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                env={**os.environ, **node_env, "HUTCH_API_KEY": key}, stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         _wait_ready(proc, url, key, log)
         yield url, key
     finally:
         _stop(proc, url, key)
+        if agents is not None:
+            agents.stop()
 
 
 def test_agentuity_cli_sandbox_commands_against_hutch(server: tuple[str, str], tmp_path: Path) -> None:
