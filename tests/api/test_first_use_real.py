@@ -1,14 +1,13 @@
-"""First use of a runtime with the real builders: the local driver builds the root
-filesystem from Debian (mmdebstrap) into an empty runtime cache; the nomad driver pushes
-the runtime's image to a registry namespace that has never seen it, and Nomad pulls it.
-Both through the HTTP API, as a user's first create would go (see test_first_use.py for
-the engine's side on both profiles)."""
+"""First use of a runtime with the real builders: the nomad driver pushes the runtime's image
+to a registry namespace that has never seen it, and Nomad pulls it, through the HTTP API, as a
+user's first create would go (see test_first_use.py for the engine's side on both profiles).
+The local driver's first build (mmdebstrap into an empty cache) is proven once, with the real
+Agentuity client driving it: tests/compat/test_agentuity_client.py."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -51,12 +50,6 @@ async def first_use(make_api: AppFactory, **config: object) -> dict[str, float]:
     assert again["status"] != "creating"
     await api.wait_execution(again["executionId"])
     return {"first": took, "second": time.monotonic() - started, "steps": len(progress)}
-
-
-async def test_the_local_driver_builds_a_runtime_at_its_first_use(make_api: AppFactory, tmp_path: Path) -> None:
-    require_root()
-    figures = await first_use(make_api, runtime_cache=tmp_path / "empty-runtime-cache")
-    print(f"local first use of base:latest: {figures}")
 
 
 async def test_the_nomad_driver_pushes_a_runtime_image_at_its_first_use(make_api: AppFactory) -> None:

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,52 +152,74 @@ def test_agentuity_sandbox_client_against_live_server(
 
 
 @pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
-def test_agentuity_sandbox_client_through_node_agents(tmp_path: Path, built_runtimes: Path) -> None:  # noqa: F811  (fixture)
+def test_agentuity_client_uses_a_runtime_the_server_builds_on_first_use(tmp_path: Path) -> None:
+    """An empty runtime cache: the real client's run() and create() + execute() of base:latest,
+    at once, wait for the server's first build of it (mmdebstrap, for real) and just work. Then
+    the server's side (what tests/api/test_first_use_real.py checked with a second build of its
+    own): the build's steps are the sandboxes' runtime:build events, the runtime is listed built
+    with its size, and its second use is an ordinary create."""
+    cache = tmp_path / "empty-runtime-cache"
+
+    def server_side(url: str, key: str) -> None:
+        def get(path: str) -> Any:
+            req = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"Bearer {key}"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.loads(resp.read())["data"]
+
+        made = get("/sandbox?includeDeleted=true&limit=100")["sandboxes"]
+        steps = [e for sbx in made for e in get(f"/sandbox/sandboxes/{sbx['sandboxId']}/events?limit=100")["events"]
+                 if e["type"] == "runtime:build"]
+        assert steps, [sbx["sandboxId"] for sbx in made]
+        base = {r["name"]: r for r in get("/sandbox/runtimes")["runtimes"]}["base:latest"]
+        assert base["available"] is True and base["sizeBytes"] > 50 * 2**20 and base["builtAt"].endswith("Z"), base
+        req = urllib.request.Request(f"{url}/sandbox", method="POST", data=json.dumps({
+            "runtime": "base:latest", "command": {"exec": ["true"], "mode": "oneshot"}}).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["data"]["status"] != "creating"
+
+    _serve_and_check(tmp_path, ["--driver", "local"], {"HUTCH_RUNTIME_CACHE": str(cache)},
+                     {"HUTCH_COMPAT_FIRST_USE": "base:latest", "HUTCH_COMPAT_ONLY": "first use"}, after=server_side)
+    assert (cache / next(p.name for p in cache.iterdir() if p.name.startswith("base_latest-"))).is_dir()
+
+
+def _as_member(url: str, bootstrap: str) -> dict[str, str]:
+    """A member key of an organization other than the server's first, and its orgId."""
+    def post(path: str, body: dict[str, object]) -> dict[str, object]:
+        req = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {bootstrap}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())["data"]
+
+    post("/orgs", {"name": "compat"})
+    member = post("/keys?orgId=org_compat", {"role": "member", "name": "compat-member"})
+    return {"HUTCH_API_KEY": str(member["secret"]), "HUTCH_COMPAT_ORG_ID": "org_compat"}
+
+
+@pytest.mark.parametrize("profile_flags", ["production"], indirect=True)
+@pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
+def test_agentuity_client_as_a_member_through_node_agents(
+    tmp_path: Path, built_runtimes: Path, profile_flags: list[str]  # noqa: F811  (fixture)
+) -> None:
     """The node driver (docs/node.md): ``hutch serve --driver node`` on two ``hutch node
-    serve`` agents of this host; the real client's every check, the extended ones too."""
+    serve`` agents of this host, production profile; the real client, given a member key of
+    another organization than the server's first and that organization's orgId, passes every
+    check, the extended ones too (tenancy, the agents and Kafka + PostgreSQL in one run: each
+    was its own run of the whole suite before, each about 15 s)."""
     agents = NodeAgents(tmp_path / "nodes")
     try:
-        _serve_and_check(tmp_path, ["--driver", "node"],
+        _serve_and_check(tmp_path, ["--driver", "node", *profile_flags],
                          {"HUTCH_NODE_AGENTS": agents.spec, "HUTCH_NODE_SECRET": NODE_SECRET},
-                         {"HUTCH_COMPAT_EXTENDED": "1"})
+                         {"HUTCH_COMPAT_EXTENDED": "1"}, setup=_as_member)
     finally:
         agents.stop()
 
 
-@pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
-def test_agentuity_client_uses_a_runtime_the_server_builds_on_first_use(tmp_path: Path) -> None:
-    """An empty runtime cache: the real client's run() and create() + execute() of base:latest,
-    at once, wait for the server's first build of it (mmdebstrap, for real) and just work."""
-    cache = tmp_path / "empty-runtime-cache"
-    _serve_and_check(tmp_path, ["--driver", "local"], {"HUTCH_RUNTIME_CACHE": str(cache)},
-                     {"HUTCH_COMPAT_FIRST_USE": "base:latest", "HUTCH_COMPAT_ONLY": "first use"})
-    assert (cache / next(p.name for p in cache.iterdir() if p.name.startswith("base_latest-"))).is_dir()
-
-
-@pytest.mark.timeout(NODE_TIMEOUT_S + READY_TIMEOUT_S + 60)
-def test_agentuity_client_with_a_member_key_and_org_id(tmp_path: Path, profile_flags: list[str]) -> None:
-    """Tenancy: the real client, given a member key of another organization than the server's
-    first and that organization's orgId, does everything the bootstrap key's run does."""
-
-    def as_member(url: str, bootstrap: str) -> dict[str, str]:
-        def post(path: str, body: dict[str, object]) -> dict[str, object]:
-            req = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
-                                         headers={"Authorization": f"Bearer {bootstrap}",
-                                                  "Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return json.loads(resp.read())["data"]
-
-        post("/orgs", {"name": "compat"})
-        member = post("/keys?orgId=org_compat", {"role": "member", "name": "compat-member"})
-        return {"HUTCH_API_KEY": str(member["secret"]), "HUTCH_COMPAT_ORG_ID": "org_compat"}
-
-    _serve_and_check(tmp_path, [*profile_flags, "--driver", "local"], {}, {"HUTCH_COMPAT_EXTENDED": "1"},
-                     setup=as_member)
-
-
 def _serve_and_check(tmp_path: Path, flags: list[str], server_env: dict[str, str],
                      checks_env: dict[str, str],
-                     setup: Callable[[str, str], dict[str, str]] | None = None) -> None:
+                     setup: Callable[[str, str], dict[str, str]] | None = None,
+                     after: Callable[[str, str], None] | None = None) -> None:
     """``hutch serve`` with ``flags``, then compat.mjs against it; every check must pass."""
     node = shutil.which("node")
     if node is None:
@@ -266,5 +289,7 @@ def _serve_and_check(tmp_path: Path, flags: list[str], server_env: dict[str, str
         print(result.stdout)
         last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
         assert last.endswith(" passed, 0 failed"), f"unexpected summary line: {last!r}"
+        if after is not None:
+            after(url, key)
     finally:
         _stop(proc, url, key)
