@@ -60,6 +60,11 @@ class RuntimeBuildProgress:
 @attrs.frozen
 class SandboxStarted:
     type: ClassVar[str] = "lifecycle:started"
+    # The machine it was placed on (the node driver's node name; None elsewhere and in records
+    # from before it was recorded). Optional and additive: old records decode as they are. The
+    # log, not any process's memory, is where an API restart or a lost node learns it from.
+    # Infrastructure: what tenants are shown leaves it out (api/render.py).
+    node: str | None = None
 
 
 @attrs.frozen

@@ -64,7 +64,7 @@ class Create:
 
 @attrs.frozen
 class Start:  # the driver made the sandbox real
-    pass
+    node: str | None = None  # where, when the driver places sandboxes on machines
 
 
 @attrs.frozen
@@ -269,7 +269,7 @@ def _decide_setup(sandbox: SandboxState, command: Start | Fail | ReportBuild) ->
         case Start():
             if status is not SandboxStatus.CREATING:
                 raise _illegal(sandbox, "start")
-            return [SandboxStarted()]
+            return [SandboxStarted(node=command.node)]
         case Fail(reason=reason):
             if status.is_final:
                 return []  # failing something already over changes nothing
@@ -455,8 +455,8 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
 def _evolve_status(sandbox: SandboxState, data: EventData, at: str) -> SandboxState:
     """The sandbox's own status events; any other event leaves it as it is."""
     match data:
-        case SandboxStarted():
-            return attrs.evolve(sandbox, status=SandboxStatus.IDLE, updated_at=at)
+        case SandboxStarted(node=node):
+            return attrs.evolve(sandbox, status=SandboxStatus.IDLE, node=node, updated_at=at)
         case SandboxFailed(reason=reason):
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():

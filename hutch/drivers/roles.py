@@ -21,7 +21,7 @@ The service takes what it uses from ``drivers.base.DriverRoles``.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from hutch.core.driver_types import (
     Capabilities,
@@ -288,8 +288,23 @@ class Adoption(abc.ABC):
         this driver cannot reach it)."""
 
 
+class NodeFleet(abc.ABC):
+    """Several machines, each running sandboxes (the node driver): which one a sandbox is on.
+    The event log records it (``lifecycle:started``'s ``node``); the driver is told it back
+    after a restart instead of asking every machine."""
+
+    @abc.abstractmethod
+    def node_of(self, sandbox_id: str) -> str | None:
+        """The node the sandbox was placed on, to be recorded; None if not placed here."""
+
+    @abc.abstractmethod
+    def recall(self, placements: Mapping[str, str]) -> None:
+        """The log's word on where live sandboxes run (sandbox -> node), before ``alive``
+        after a restart: a node that does not answer then is lost with exactly these."""
+
+
 OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
-                                    UsageReporting, Adoption)
+                                    UsageReporting, Adoption, NodeFleet)
 
 
 class NotPlayed:
@@ -387,3 +402,11 @@ class NotPlayed:
 
     async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         return False
+
+    # NodeFleet: one machine, nothing to record or recall
+
+    def node_of(self, sandbox_id: str) -> str | None:
+        return None
+
+    def recall(self, placements: Mapping[str, str]) -> None:
+        pass

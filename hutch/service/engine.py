@@ -137,11 +137,12 @@ class Engine:
                                    limits=limits or archives.Limits())
         self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, lifecycle=roles.lifecycle,
                                          runtimes=roles.runtimes, files=roles.files, adoption=roles.adoption,
+                                         fleet=roles.fleet,
                                          outputs=outputs, streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
         self.forks = Forks(self.reads, self.quotas, self.snapshots, self.provisioning)  # copies of a sandbox
-        self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
+        self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle, roles.fleet)
         self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
         self.files = FileAccess(self.reads, self.control, self.reaper, roles)

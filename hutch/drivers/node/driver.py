@@ -1,7 +1,8 @@
 """The node driver: sandboxes placed on ``hutch node`` agents and driven there.
 
-Each call goes to the agent that runs the sandbox (``_where``: filled by provision, alive and
-adopt; an unknown sandbox is looked for on every agent once). Placement (placement.py) uses
+Each call goes to the agent that runs the sandbox (``_where``: filled by provision; after a
+restart from the event log, which records each sandbox's node (``recall``, ``adopt``); no agent
+is asked where a sandbox is). Placement (placement.py) uses
 the nodes' capacity, refreshed every second, minus this driver's own reservations, and is
 decided in ``reserve``, before the engine records the sandbox: a cluster with no room answers
 503 and records nothing. The agents prove themselves at start (hello) and their instances are
@@ -17,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 
 import aiohttp
 import attrs
@@ -58,7 +59,7 @@ LOST_AFTER = 8.0
 
 
 class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
-                 roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
+                 roles.PortForwarding, roles.UsageReporting, roles.Adoption, roles.NodeFleet, Driver):
     name = "node"
 
     def __init__(self, directory: AgentDirectory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
@@ -112,6 +113,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         await self._tunnels.close()
         for agent in self._agents.values():
             await agent.close()
+        self._agents = {}  # a closed driver calls no agent (alive() is empty, not an error)
 
     def _common_capabilities(self) -> Capabilities:
         """What every answering node can do: a mixed fleet never promises what one cannot."""
@@ -237,27 +239,18 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
 
     async def _owner(self, sandbox_id: str) -> AgentClient:
         node = self._where.get(sandbox_id)
-        if node is None:
-            node = await self._locate(sandbox_id)
-        if node is None:
+        if node is None or node not in self._agents:
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         return self._agents[node]
 
-    async def _locate(self, sandbox_id: str) -> str | None:
-        """Which agent runs a sandbox this driver has not placed (an API restart, a take-over)."""
-        async def has(agent: AgentClient) -> bool:
-            try:
-                answer = await agent.json("GET", agent.path("sandboxes", sandbox_id), timeout=5)
-            except HutchError:
-                return False
-            return bool(answer.get("alive"))
+    # -- where each sandbox is (the log records it) ------------------------------
 
-        found = await asyncio.gather(*(has(a) for a in self._agents.values()))
-        for name, yes in zip(self._agents, found, strict=True):
-            if yes:
-                self._where[sandbox_id] = name
-                return name
-        return None
+    def node_of(self, sandbox_id: str) -> str | None:
+        return self._where.get(sandbox_id)
+
+    def recall(self, placements: Mapping[str, str]) -> None:
+        """After a restart, from the log: no agent is asked where a sandbox is."""
+        self._where.update(placements)
 
     # -- placement and lifecycle -----------------------------------------------
 
@@ -320,9 +313,9 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
     async def destroy(self, sandbox_id: str) -> None:
         self._reserved.pop(sandbox_id, None)
         await self._tunnels.drop(sandbox_id)
-        node = self._where.get(sandbox_id) or await self._locate(sandbox_id)
-        if node is None:
-            return  # idempotent: never placed, or gone already
+        node = self._where.get(sandbox_id)
+        if node is None or node not in self._agents:
+            return  # idempotent: never placed, or gone already (a lost node's were failed with it)
         agent = self._agents[node]
         await agent.json("DELETE", agent.path("sandboxes", sandbox_id))
         self._where.pop(sandbox_id, None)
@@ -336,22 +329,26 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                                               cpu_committed_millis=max(0, state.cpu_committed_millis - cpu))
 
     async def alive(self) -> set[str]:
-        """What every answering agent runs (asked at once: a silent node costs one timeout)."""
-        async def listed(name: str, agent: AgentClient) -> list[str]:
+        """What every answering agent runs (asked at once: a silent node costs one timeout),
+        and what the log placed on a node that did not answer: its loss, not a guess here,
+        ends those. A sandbox an agent runs that the log did not place (the log says it is
+        over, or has no record of it) is noted where it runs, for its destroy."""
+        async def listed(name: str, agent: AgentClient) -> list[str] | None:
             try:
                 answer = await agent.json("GET", agent.path("sandboxes"), timeout=10)
             except HutchError as err:
                 log.warning("node agent %s: cannot list its sandboxes: %s", name, err.message)
-                return []
+                return None
             return [str(sid) for sid in answer["sandboxes"]]
 
         found: set[str] = set()
         lists = await asyncio.gather(*(listed(n, a) for n, a in self._agents.items()))
+        silent = {name for name, sids in zip(self._agents, lists, strict=True) if sids is None}
         for name, sids in zip(self._agents, lists, strict=True):
-            for sid in sids:
-                self._where[sid] = name
+            for sid in sids or ():
+                self._where.setdefault(sid, name)
                 found.add(sid)
-        return found
+        return found | {sid for sid, node in self._where.items() if node in silent}
 
     # -- runtimes --------------------------------------------------------------
 
@@ -571,7 +568,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         return {"node": node} if node else None
 
     async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
-        node = handle.get("node")
+        node = sandbox.node or handle.get("node")  # the log's word first
         if node not in self._agents:
             return False
         agent = self._agents[node]
