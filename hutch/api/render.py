@@ -72,10 +72,11 @@ def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[st
 
 
 def sandbox_info(sb: SandboxState, stream_urls: tuple[str, str] | None, url: str | None = None,
-                 usage: Usage | None = None) -> dict[str, Any]:
+                 usage: Usage | None = None, node: str | None = None) -> dict[str, Any]:
     """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one; ``url``:
     where its exposed port is served (api/routes/proxy.py), if it has one; ``usage``: what a
-    live sandbox has used so far (an ended one's was recorded as it ended)."""
+    live sandbox has used so far (an ended one's was recorded as it ended); ``node``: where it
+    runs, for the operator only (NODE_FIELDS)."""
     spec = sb.spec
     cpu = usage.cpu_seconds if usage and usage.cpu_seconds is not None else sb.cpu_seconds
     peak = usage.memory_peak_bytes if usage and usage.memory_peak_bytes is not None else sb.memory_peak_bytes
@@ -115,6 +116,7 @@ def sandbox_info(sb: SandboxState, stream_urls: tuple[str, str] | None, url: str
             # Peak x lifetime: an upper bound of the byte-seconds it held (what stats counts too).
             "memoryByteSec": round(peak * _lifetime(sb)) if peak is not None and sb.status.is_final else None,
             "memoryPeakBytes": peak,  # hutch extra
+            "node": node,  # hutch extra, the operator's only
         }
     )
 
@@ -237,10 +239,7 @@ def stream_urls(request: web.Request, engine: Engine, owner_id: str) -> tuple[st
 def render_sandbox(request: web.Request, sb: SandboxState, usage: Usage | None = None) -> dict:
     engine = request.app[ENGINE]
     urls = stream_urls(request, engine, sb.initial_execution_id or sb.sandbox_id)
-    info = sandbox_info(sb, urls, port_url(request, sb), usage)
-    if sb.node is not None and operator(request):
-        info["node"] = sb.node  # hutch extra, the operator's only (NODE_FIELDS)
-    return info
+    return sandbox_info(sb, urls, port_url(request, sb), usage, sb.node if operator(request) else None)
 
 
 def port_url(request: web.Request, sb: SandboxState) -> str | None:

@@ -30,6 +30,7 @@ from hutch.core.driver_types import (
     FileInfo,
     FileWrite,
     Metric,
+    NodeInfo,
     OutputSink,
     ProvisionRequest,
     PtySession,
@@ -302,6 +303,15 @@ class NodeFleet(abc.ABC):
         """The log's word on where live sandboxes run (sandbox -> node), before ``alive``
         after a restart: a node that does not answer then is lost with exactly these."""
 
+    @abc.abstractmethod
+    async def nodes(self) -> list[NodeInfo]:
+        """Every node known, as last seen."""
+
+    @abc.abstractmethod
+    async def drain(self, node: str, draining: bool) -> NodeInfo:
+        """Stop placing new sandboxes on ``node`` (or place there again); the node keeps the
+        flag across its own restart and reports it. Those it runs keep running."""
+
 
 OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
                                     UsageReporting, Adoption, NodeFleet)
@@ -410,3 +420,11 @@ class NotPlayed:
 
     def recall(self, placements: Mapping[str, str]) -> None:
         pass
+
+    async def nodes(self) -> list[NodeInfo]:
+        raise NotSupported(f"driver {self.name} has no nodes: it runs sandboxes on this machine "
+                           "(nodes are the node driver's, HUTCH_DRIVER=node)")
+
+    async def drain(self, node: str, draining: bool) -> NodeInfo:
+        raise NotSupported(f"driver {self.name} has no nodes to drain: it runs sandboxes on this machine "
+                           "(nodes are the node driver's, HUTCH_DRIVER=node)")

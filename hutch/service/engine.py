@@ -50,6 +50,7 @@ from hutch.service.files import FileAccess
 from hutch.service.fork import Forks
 from hutch.service.history import History
 from hutch.service.input_streams import InputStreams
+from hutch.service.nodes import Nodes
 from hutch.service.output import OutputReads
 from hutch.service.ports import Ports
 from hutch.service.provisioning import Created, Provisioning
@@ -157,6 +158,7 @@ class Engine:
                                  control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
                                  adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
+        self.nodes = Nodes(roles.fleet)  # the node driver's machines: list, drain
         self.output = OutputReads(outputs)
         self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
 

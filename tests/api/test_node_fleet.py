@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from typing import Any
 
+import aiohttp
+import jsonschema
 import pytest
 
 from hutch.api.keys import ENGINE
-from tests.api.conftest import NODE, Api, AppFactory
+from hutch.api.wire_schemas import SCHEMAS
+from hutch.drivers.node import wire
+from tests.api.conftest import KEY, NODE, Api, AppFactory
 from tests.api.test_tenancy import bearer, new_key, new_org
+from tests.drivers_support import NODE_SECRET
 
 
 async def _started(api: Api, sid: str, headers: dict[str, str] | None = None, query: str = "") -> dict[str, Any]:
@@ -74,3 +81,81 @@ async def test_a_restarted_api_knows_each_node_from_the_log_and_a_lost_one_fails
             assert (await again.wait_execution(ex["executionId"]))["exitCode"] == 0
     finally:
         await asyncio.to_thread(node_agents.restart, "n2")
+
+
+async def _agent_says(node_agents: Any, name: str) -> dict[str, Any]:
+    """The agent's own capacity answer, asked directly (signed, as the driver asks)."""
+    path = "/v1/node"
+    async with aiohttp.ClientSession() as s, s.get(f"http://{node_agents.addresses[name]}{path}",
+                                                   headers=wire.sign(NODE_SECRET.encode(), "GET", path)) as resp:
+        return dict(await resp.json())
+
+
+async def _cli(api: Api, *argv: str) -> tuple[int, str, str]:
+    """``hutch …`` in a process of its own, against this test's server."""
+    env = {**os.environ, "HUTCH_URL": str(api.client.make_url("")).rstrip("/"), "HUTCH_API_KEY": KEY}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "hutch", *argv, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def _valid(name: str, value: Any) -> None:
+    jsonschema.validate(value, SCHEMAS[name], cls=jsonschema.Draft202012Validator)
+
+
+@pytest.mark.runs_on(*NODE)  # draining is the node driver's
+async def test_a_drained_node_takes_no_new_sandbox_and_keeps_the_flag_across_its_restart(
+        api: Api, node_agents: Any) -> None:
+    listed = await api.data("GET", "/nodes")
+    _valid("NodeList", listed)
+    assert [(n["name"], n["state"], n["draining"]) for n in listed["nodes"]] == [("n1", "up", False), ("n2", "up", False)]
+    try:
+        code, out, err = await _cli(api, "node", "drain", "n1")
+        assert code == 0 and out.startswith("n1  up, draining  "), (code, out, err)
+        assert "n1 takes no new sandbox" in err
+        for _ in range(3):  # every create goes to the other node
+            sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+            assert (await api.data("GET", f"/sandbox/{sid}"))["node"] == "n2"
+        drained = await api.data("POST", "/nodes/n2/drain", json={})
+        _valid("NodeDrained", drained)
+        assert drained["node"]["draining"] is True
+        full = await api.call("POST", "/sandbox", json={"runtime": "base:latest"}, expect=503)
+        assert full["code"] == "NO_CAPACITY" and full["message"].endswith(": n1 is draining; n2 is draining"), full
+
+        # The agent keeps the flag through a kill -9 and its restart, and says so.
+        node_agents.kill("n1")
+        await asyncio.to_thread(node_agents.restart, "n1")
+        assert (await _agent_says(node_agents, "n1"))["draining"] is True
+        for _ in range(100):  # the driver sees the new instance, and has it prove itself again
+            if [n["state"] for n in (await api.data("GET", "/nodes"))["nodes"]] == ["up", "up"]:
+                break
+            await asyncio.sleep(0.1)
+        code, out, _ = await _cli(api, "node", "list")
+        assert code == 0 and [line.split("  ")[:2] for line in out.splitlines()] == [
+            ["n1", "up, draining"], ["n2", "up, draining"]], out
+    finally:
+        for name in ("n1", "n2"):
+            await api.data("POST", f"/nodes/{name}/drain", json={"undo": True})
+    assert (await _agent_says(node_agents, "n1"))["draining"] is False
+    await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201)
+
+
+@pytest.mark.runs_on(*NODE)  # the nodes' routes
+async def test_a_tenant_key_can_neither_drain_nor_list_nodes(api: Api, node_agents: Any) -> None:
+    """The attacker holds its organization's admin key: draining a node would steer everyone's
+    sandboxes (and listing them map the cluster). Refused, saying why; nothing changed."""
+    await new_org(api, "attacker")
+    attacker = bearer((await new_key(api, "org_attacker", "admin"))["secret"])
+    for method, path, body in (("POST", "/nodes/n1/drain", {}), ("POST", "/nodes/n1/drain", {"undo": True}),
+                               ("GET", "/nodes", None)):
+        refused = await api.call(method, path, json=body, headers=attacker, expect=403)
+        assert refused["message"] == "only the server's administrator (its bootstrap key) may do this", refused
+    assert (await _agent_says(node_agents, "n1"))["draining"] is False
+    # The operator's own mistakes are named too.
+    missing = await api.call("POST", "/nodes/n9/drain", json={}, expect=404)
+    assert missing["message"] == "node 'n9' not found; the nodes are: n1, n2", missing
+    bad = await api.call("POST", "/nodes/n1/drain", json={"undo": "yes"}, expect=400)
+    assert bad["message"] == "undo: expected true or false, got 'yes'", bad
+    stray = await api.call("POST", "/nodes/n1/drain", json={"undoo": True}, expect=400)
+    assert stray["message"].startswith("undoo: not a field of POST /nodes/{node}/drain"), stray

@@ -30,13 +30,21 @@ from hutch.core.driver_types import (
     FileInfo,
     FileWrite,
     Metric,
+    NodeInfo,
     OutputSink,
     ProvisionRequest,
     PtySession,
     TerminalRequest,
     Usage,
 )
-from hutch.core.errors import DriverFailure, HutchError, NodeFull, SandboxNotFound, from_wire
+from hutch.core.errors import (
+    DriverFailure,
+    HutchError,
+    NodeFull,
+    NotFound,
+    SandboxNotFound,
+    from_wire,
+)
 from hutch.core.models import SandboxState
 from hutch.core.serde import converter
 from hutch.drivers import roles
@@ -187,7 +195,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
             memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
             cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
-            max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]))
+            max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]),
+            draining=bool(s.get("draining")))
 
     async def _missed(self, name: str, agent: AgentClient) -> None:
         silent = time.monotonic() - self._seen.get(name, 0.0)
@@ -251,6 +260,37 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
     def recall(self, placements: Mapping[str, str]) -> None:
         """After a restart, from the log: no agent is asked where a sandbox is."""
         self._where.update(placements)
+
+    async def nodes(self) -> list[NodeInfo]:
+        return [self._info(name) for name in sorted(self._agents)]
+
+    def _info(self, name: str) -> NodeInfo:
+        state = self._states.get(name) or placement.NodeState(name, unusable="has not been read yet")
+        if name in self._lost:
+            status, reason = "lost", f"its agent has not answered for {self._lost_after:.0f} s"
+        elif state.unusable:
+            status, reason = "unreachable", state.unusable
+        else:
+            status, reason = "up", None
+        return NodeInfo(name=name, state=status, draining=state.draining, sandboxes=state.sandboxes,
+                        cpus=state.cpus, memory_total=state.memory_total, memory_available=state.memory_available,
+                        memory_committed=state.memory_committed, cpu_committed_millis=state.cpu_committed_millis,
+                        reason=reason)
+
+    async def drain(self, node: str, draining: bool) -> NodeInfo:
+        agent = self._agent(node)
+        await agent.json("POST", agent.path("node", "drain"), {"draining": draining}, timeout=READ_TIMEOUT)
+        # Seen by the next placement here at once; other replicas read it within REFRESH, and
+        # the agent refuses a create meanwhile itself.
+        if (state := self._states.get(node)) is not None:
+            self._states[node] = attrs.evolve(state, draining=draining)
+        return self._info(node)
+
+    def _agent(self, node: str) -> AgentClient:
+        if node not in self._agents:
+            known = ", ".join(sorted(self._agents)) or "none"
+            raise NotFound(f"node {node!r} not found; the nodes are: {known}", field="node")
+        return self._agents[node]
 
     # -- placement and lifecycle -----------------------------------------------
 
