@@ -258,7 +258,9 @@ CLI_CREATE_KEY = obj({"name": LABEL, "role": ROLE, "projectId": STRING, "expires
 VALIDATE_APT = obj({"packages": array(STRING)}, ("packages",))
 SIGN_IN = obj({"apiKey": {"type": "string", "pattern": "\\S"}}, ("apiKey",))
 CREATE_STREAM = obj({"name": STRING})
-DRAIN_NODE = obj({"undo": {**BOOLEAN, "description": "place new sandboxes on it again"}},
+DRAIN_NODE = obj({"undo": {**BOOLEAN, "description": "place new sandboxes on it again"},
+                  "move": {**BOOLEAN, "description": "move its idle sandboxes to other nodes (files and env; "
+                                                     "processes do not follow)"}},
                  additionalProperties=False)
 
 EXAMPLES.update({
@@ -325,7 +327,13 @@ NODE = obj({"name": STRING, "state": {"type": "string", "enum": ["up", "unreacha
             "memoryAvailable": INTEGER, "memoryCommitted": INTEGER, "cpuCommittedMillis": INTEGER,
             "reason": STRING}, ("name", "state", "draining", "sandboxes"))
 NODE_LIST = obj({"nodes": array(NODE), "total": INTEGER}, ("nodes", "total"))
-NODE_DRAINED = obj({"node": NODE}, ("node",))
+NODE_DRAINED = obj({
+    "node": NODE,
+    "moved": array(obj({"sandboxId": id_of("sandbox"), "fromNode": STRING, "toNode": STRING},
+                       ("sandboxId", "fromNode", "toNode"))),
+    "left": array(obj({"sandboxId": id_of("sandbox"), "reason": STRING}, ("sandboxId", "reason"))),
+    "note": {**STRING, "description": "what a move does not carry: the sandboxes' processes"},
+}, ("node",))
 PROJECT = obj({"id": STRING, "name": STRING, "orgId": STRING, "createdAt": TIME}, ("id", "name", "orgId"))
 PROJECT_LIST = obj({"projects": array(PROJECT), "total": INTEGER}, ("projects", "total"))
 NULLABLE_STRING: Schema = {"type": ["string", "null"]}

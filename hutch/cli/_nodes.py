@@ -27,9 +27,12 @@ def add_parsers(top: Any) -> None:
     nodes = sub.add_parser("list", aliases=["ls"], help="the nodes the API places sandboxes on (operator key)")
     _json_flag(nodes)
     nodes.set_defaults(handler=cmd_node_list)
-    drain = sub.add_parser("drain", help="drain NODE: place no new sandbox there (--undo: place there again)")
+    drain = sub.add_parser("drain", help="drain NODE: place no new sandbox there (--move: move its idle "
+                                         "sandboxes off it; --undo: place there again)")
     drain.add_argument("node", metavar="NODE")
     drain.add_argument("--undo", action="store_true", help="put the node back in service")
+    drain.add_argument("--move", action="store_true",
+                       help="move its idle sandboxes to other nodes (files and env; processes do not follow)")
     _json_flag(drain)
     drain.set_defaults(handler=cmd_node_drain)
 
@@ -93,7 +96,7 @@ def cmd_node_list(args: argparse.Namespace) -> int:
 
 def cmd_node_drain(args: argparse.Namespace) -> int:
     async def work(c: Any) -> Any:
-        body = {"undo": True} if args.undo else {}
+        body = {flag: True for flag in ("undo", "move") if getattr(args, flag)}
         return c.connection.data(await c.connection.request("POST", f"/nodes/{args.node}/drain", json=body))
 
     answer = _call(args, work)
@@ -102,7 +105,12 @@ def cmd_node_drain(args: argparse.Namespace) -> int:
         return 0
     node = answer["node"]
     _out().write(_node_line(node) + "\n")
+    for m in answer.get("moved", []):
+        _out().write(f"moved {m['sandboxId']} from {m['fromNode']} to {m['toNode']}\n")
+    for m in answer.get("left", []):
+        _out().write(f"left {m['sandboxId']} on {node['name']}: {m['reason']}\n")
+    if answer.get("note"):
+        sys.stderr.write(f"hutch: {answer['note']}\n")
     if node["draining"]:
-        sys.stderr.write(f"hutch: {node['name']} takes no new sandbox; the {node['sandboxes']} it runs keep "
-                         "running there\n")
+        sys.stderr.write(f"hutch: {node['name']} takes no new sandbox; what it still runs keeps running there\n")
     return 0

@@ -68,6 +68,18 @@ class SandboxStarted:
 
 
 @attrs.frozen
+class SandboxMoved:
+    """An idle sandbox made again on another node from its workspace's files (its env is
+    the sandbox's, given to every command): same id, same spec. What ran in it did not move."""
+
+    type: ClassVar[str] = "lifecycle:moved"
+    from_node: str
+    to_node: str
+    reason: str
+    lost: str = "its processes: a move carries the workspace's files and the env, not what was running"
+
+
+@attrs.frozen
 class SandboxFailed:
     type: ClassVar[str] = "lifecycle:failed"
     reason: str
@@ -248,6 +260,7 @@ EventData = (
     SandboxCreated
     | RuntimeBuildProgress
     | SandboxStarted
+    | SandboxMoved
     | SandboxFailed
     | SandboxDestroyRequested
     | SandboxCompleted
@@ -279,6 +292,7 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
         SandboxCreated,
         RuntimeBuildProgress,
         SandboxStarted,
+        SandboxMoved,
         SandboxFailed,
         SandboxDestroyRequested,
         SandboxCompleted,

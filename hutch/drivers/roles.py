@@ -312,6 +312,17 @@ class NodeFleet(abc.ABC):
         """Stop placing new sandboxes on ``node`` (or place there again); the node keeps the
         flag across its own restart and reports it. Those it runs keep running."""
 
+    @abc.abstractmethod
+    async def move_target(self, req: ProvisionRequest) -> str:
+        """Another node with room for the sandbox ``req`` makes again (not the one it is on),
+        held for the ``move`` that follows; NoCapacity when there is none."""
+
+    @abc.abstractmethod
+    async def move(self, req: ProvisionRequest, to: str, workspace: AsyncIterable[bytes]) -> None:
+        """Make the sandbox again on ``to`` from ``req``, unpack ``workspace`` (a checked tar)
+        in its workspace there, then end it where it was. Nothing of it is left on the old node;
+        if the new copy fails, the old one stays as it was."""
+
 
 OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
                                     UsageReporting, Adoption, NodeFleet)
@@ -428,3 +439,9 @@ class NotPlayed:
     async def drain(self, node: str, draining: bool) -> NodeInfo:
         raise NotSupported(f"driver {self.name} has no nodes to drain: it runs sandboxes on this machine "
                            "(nodes are the node driver's, HUTCH_DRIVER=node)")
+
+    async def move_target(self, req: ProvisionRequest) -> str:
+        raise NotSupported(f"driver {self.name} has no other node to move a sandbox to")
+
+    async def move(self, req: ProvisionRequest, to: str, workspace: AsyncIterable[bytes]) -> None:
+        raise NotSupported(f"driver {self.name} has no other node to move a sandbox to")

@@ -158,7 +158,8 @@ class Engine:
                                  control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
                                  adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
-        self.nodes = Nodes(roles.fleet)  # the node driver's machines: list, drain
+        self.nodes = Nodes(roles, reads=self.reads, recorder=self.recorder, replicas=self.replicas,  # the node
+                           limits=self.snapshots.limits, spool=self.snapshots.archives.spool)  # driver's machines
         self.output = OutputReads(outputs)
         self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
 

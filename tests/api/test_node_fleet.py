@@ -113,7 +113,7 @@ async def test_a_drained_node_takes_no_new_sandbox_and_keeps_the_flag_across_its
     try:
         code, out, err = await _cli(api, "node", "drain", "n1")
         assert code == 0 and out.startswith("n1  up, draining  "), (code, out, err)
-        assert "n1 takes no new sandbox" in err
+        assert "n1 takes no new sandbox; what it still runs keeps running there" in err
         for _ in range(3):  # every create goes to the other node
             sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
             assert (await api.data("GET", f"/sandbox/{sid}"))["node"] == "n2"
@@ -159,3 +159,58 @@ async def test_a_tenant_key_can_neither_drain_nor_list_nodes(api: Api, node_agen
     assert bad["message"] == "undo: expected true or false, got 'yes'", bad
     stray = await api.call("POST", "/nodes/n1/drain", json={"undoo": True}, expect=400)
     assert stray["message"].startswith("undoo: not a field of POST /nodes/{node}/drain"), stray
+
+
+@pytest.mark.runs_on(*NODE)  # moving is the node driver's
+async def test_drain_move_carries_an_idle_sandbox_to_another_node_by_its_files_and_env(
+        api: Api, node_agents: Any) -> None:
+    try:
+        await api.data("POST", "/nodes/n2/drain", json={})  # both land on n1
+        idle = (await api.data("POST", "/sandbox", json={"runtime": "base:latest", "env": {"MARK": "kept-env"}},
+                               expect=201))["sandboxId"]
+        busy = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+        ex = await api.data("POST", f"/sandbox/{idle}/execute",
+                            json={"command": ["sh", "-c", "mkdir -p d && echo written-before > d/note.txt"]})
+        assert (await api.wait_execution(ex["executionId"]))["exitCode"] == 0
+        await api.data("POST", f"/sandbox/sandboxes/{busy}/jobs", json={"command": ["sleep", "60"]}, expect=201)
+        await api.data("POST", "/nodes/n2/drain", json={"undo": True})
+
+        code, out, err = await _cli(api, "node", "drain", "n1", "--move")
+        assert code == 0, (out, err)
+        lines = out.splitlines()
+        assert lines[1:] == [f"moved {idle} from n1 to n2",
+                             f"left {busy} on n1: it is running: only an idle sandbox moves"], out
+        assert "hutch: processes do not follow a move: a moved sandbox keeps its id, files (its workspace) and env, " \
+               "not what was running in it" in err, err
+
+        # Same id, now on n2: the file written before is read after, and the env is there.
+        assert (await api.data("GET", f"/sandbox/{idle}"))["node"] == "n2"
+        ex = await api.data("POST", f"/sandbox/{idle}/execute", json={"command": ["sh", "-c", "cat d/note.txt; echo $MARK"]})
+        done = await api.wait_execution(ex["executionId"])
+        assert done["exitCode"] == 0 and await api.stream(done["stdoutStreamUrl"]) == b"written-before\nkept-env\n"
+        moved = [e["event"] for e in (await api.data("GET", f"/sandbox/sandboxes/{idle}/events"))["events"]
+                 if e["type"] == "lifecycle:moved"]
+        assert moved == [{"fromNode": "n1", "toNode": "n2", "reason": "its node was drained",
+                          "lost": "its processes: a move carries the workspace's files and the env, not what was "
+                                  "running"}], moved
+        # The old node has nothing left of it: not among its sandboxes, no directory of it.
+        path = "/v1/sandboxes"
+        async with aiohttp.ClientSession() as s, s.get(f"http://{node_agents.addresses['n1']}{path}",
+                                                       headers=wire.sign(NODE_SECRET.encode(), "GET", path)) as r:
+            on_n1 = (await r.json())["sandboxes"]
+        assert idle not in on_n1 and busy in on_n1, on_n1
+        assert not (node_agents.root / "n1" / "sandboxes" / idle).exists()
+        assert (await api.data("GET", f"/sandbox/{busy}"))["node"] == "n1"
+    finally:
+        for name in ("n1", "n2"):
+            await api.data("POST", f"/nodes/{name}/drain", json={"undo": True})
+
+
+def test_a_tenant_sees_a_move_but_not_the_nodes() -> None:
+    from hutch.api.render import redact_event
+    from hutch.core.events import Event, SandboxMoved
+
+    moved = SandboxMoved("n1", "n2", "its node was drained")
+    event = Event("evt_1", "sbx_1", "2026-11-29T00:00:00Z", moved)
+    assert redact_event(event, operator=True)["fromNode"] == "n1"
+    assert redact_event(event) == {"reason": "its node was drained", "lost": moved.lost}

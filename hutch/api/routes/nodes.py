@@ -36,5 +36,8 @@ async def list_nodes(request: web.Request) -> web.Response:
 @needs(Access.SERVER)
 async def drain_node(request: web.Request) -> web.Response:
     body = await json_body(request, required=False)
-    node = await request.app[ENGINE].nodes.drain(request.match_info["node"], draining=not _flag(body, "undo"))
-    return ok({"node": to_wire(node)})
+    undo, move = _flag(body, "undo"), _flag(body, "move")
+    if undo and move:
+        raise InvalidInput("move: a node put back in service (undo) has nothing to move off it", field="move")
+    drained = await request.app[ENGINE].nodes.drain(request.match_info["node"], draining=not undo, move=move)
+    return ok(to_wire(drained))

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 REFRESH = 1.0  # seconds between capacity reads of every agent
 RESERVATION = 30.0  # seconds a placement holds room for its provision
+MOVED_TREE = "."  # what a move carries: the workspace (HOME), as snapshots do
 INLINE_STDIN = 64 << 10  # stdin up to this travels in the exec request; more is streamed
 READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, ends, runtimes)
 # An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
@@ -285,6 +286,37 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         if (state := self._states.get(node)) is not None:
             self._states[node] = attrs.evolve(state, draining=draining)
         return self._info(node)
+
+    async def move_target(self, req: ProvisionRequest) -> str:
+        here = self._where.get(req.sandbox_id)
+        node = self._choose(req, {here: "is the node it moves from"} if here else {})
+        memory, cpu = placement.need(req.resources)
+        self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+        return node
+
+    async def move(self, req: ProvisionRequest, to: str, workspace: AsyncIterable[bytes]) -> None:
+        sid = req.sandbox_id
+        old, new = await self._owner(sid), self._agent(to)
+        try:
+            if req.dependencies or req.packages:
+                await new.json("POST", new.path("sandboxes", sid, "prepare"), converter.unstructure(req))
+            await new.json("PUT", new.path("sandboxes", sid), converter.unstructure(req))
+            try:
+                await new.upload("PUT", new.path("sandboxes", sid, "tar", dest=MOVED_TREE, gzip="0"), workspace)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await new.json("DELETE", new.path("sandboxes", sid))
+                raise
+        finally:
+            self._reserved.pop(sid, None)
+        # From here every call goes to the new copy; the old one is ended (an old node that
+        # fails to answer now ends it when it is lost or back: the log says it is on ``to``).
+        await self._tunnels.drop(sid)
+        self._where[sid] = to
+        try:
+            await old.json("DELETE", old.path("sandboxes", sid))
+        except HutchError as err:
+            log.warning("sandbox %s moved to %s; ending its old copy on %s: %s", sid, to, old.name, err.message)
 
     def _agent(self, node: str) -> AgentClient:
         if node not in self._agents:
