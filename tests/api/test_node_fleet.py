@@ -178,6 +178,7 @@ async def test_drain_move_carries_an_idle_sandbox_to_another_node_by_its_files_a
         code, out, err = await _cli(api, "node", "drain", "n1", "--move")
         assert code == 0, (out, err)
         lines = out.splitlines()
+        assert lines[0].startswith("n1  up, draining  1 sandboxes  "), out  # the one left; counted at once
         assert lines[1:] == [f"moved {idle} from n1 to n2",
                              f"left {busy} on n1: it is running: only an idle sandbox moves"], out
         assert "hutch: processes do not follow a move: a moved sandbox keeps its id, files (its workspace) and env, " \

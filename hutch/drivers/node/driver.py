@@ -313,6 +313,9 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         # fails to answer now ends it when it is lost or back: the log says it is on ``to``).
         await self._tunnels.drop(sid)
         self._where[sid] = to
+        memory, cpu = self._held.get(sid, placement.need(req.resources))
+        self._count(old.name, memory, cpu, -1)
+        self._count(to, memory, cpu, +1)
         try:
             await old.json("DELETE", old.path("sandboxes", sid))
         except HutchError as err:
@@ -369,10 +372,16 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._where[req.sandbox_id] = node
         self._held[req.sandbox_id] = (memory, cpu)
         # Counted at once, not at the next read: creates in a row must see each other.
-        if (state := self._states.get(node)) is not None and state.unusable is None:
-            self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes + 1,
-                                              memory_committed=state.memory_committed + memory,
-                                              cpu_committed_millis=state.cpu_committed_millis + cpu)
+        self._count(node, memory, cpu, +1)
+
+    def _count(self, node: str, memory: int, cpu: int, sign: int) -> None:
+        """A sandbox placed on (+1) or gone from (-1) ``node``, in this driver's copy of it."""
+        state = self._states.get(node)
+        if state is None or state.unusable is not None or state.sandboxes + sign < 0:
+            return
+        self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes + sign,
+                                          memory_committed=max(0, state.memory_committed + sign * memory),
+                                          cpu_committed_millis=max(0, state.cpu_committed_millis + sign * cpu))
 
     async def prepare(self, req: ProvisionRequest) -> None:
         await self.reserve(req)
@@ -395,10 +404,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         # filled every node's copy with sandboxes already gone, and creates were refused
         # NO_CAPACITY until the next read.
         memory, cpu = self._held.pop(sandbox_id, (0, 0))
-        if (state := self._states.get(node)) is not None and state.unusable is None and state.sandboxes > 0:
-            self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes - 1,
-                                              memory_committed=max(0, state.memory_committed - memory),
-                                              cpu_committed_millis=max(0, state.cpu_committed_millis - cpu))
+        self._count(node, memory, cpu, -1)
 
     async def alive(self) -> set[str]:
         """What every answering agent runs (asked at once: a silent node costs one timeout),
