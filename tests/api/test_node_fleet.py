@@ -17,7 +17,7 @@ import pytest
 from hutch.api.keys import ENGINE
 from hutch.api.wire_schemas import SCHEMAS
 from hutch.drivers.node import wire
-from tests.api.conftest import KEY, NODE, Api, AppFactory
+from tests.api.conftest import KEY, NODE, WIRE, Api, AppFactory
 from tests.api.test_tenancy import bearer, new_key, new_org
 from tests.drivers_support import NODE_SECRET
 
@@ -215,3 +215,30 @@ def test_a_tenant_sees_a_move_but_not_the_nodes() -> None:
     event = Event("evt_1", "sbx_1", "2026-11-29T00:00:00Z", moved)
     assert redact_event(event, operator=True)["fromNode"] == "n1"
     assert redact_event(event) == {"reason": "its node was drained", "lost": moved.lost}
+
+
+@pytest.mark.runs_on(*NODE)  # moving is the node driver's
+async def test_a_move_with_nowhere_to_go_leaves_the_sandbox_as_it_was(api: Api) -> None:
+    try:
+        await api.data("POST", "/nodes/n2/drain", json={})
+        sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+        drained = await api.data("POST", "/nodes/n1/drain", json={"move": True})
+        _valid("NodeDrained", drained)
+        assert drained["moved"] == [] and drained["left"] == [{
+            "sandboxId": sid, "reason": "no node can take a sandbox of 512Mi memory and 1000m cpu: "
+                                        "n1 is the node it moves from; n2 is draining"}], drained
+        still = await api.data("GET", f"/sandbox/{sid}")
+        assert (still["node"], still["status"]) == ("n1", "idle")
+        ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["true"]})
+        assert (await api.wait_execution(ex["executionId"]))["exitCode"] == 0
+    finally:
+        for name in ("n1", "n2"):
+            await api.data("POST", f"/nodes/{name}/drain", json={"undo": True})
+
+
+@pytest.mark.runs_on(*WIRE)  # a driver of one machine
+async def test_a_driver_without_nodes_says_so(api: Api) -> None:
+    refused = await api.call("GET", "/nodes", expect=501)
+    assert refused["message"] == ("driver fake has no nodes: it runs sandboxes on this machine "
+                                  "(nodes are the node driver's, HUTCH_DRIVER=node)"), refused
+    await api.call("POST", "/nodes/n1/drain", json={}, expect=501)
