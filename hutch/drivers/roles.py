@@ -43,6 +43,8 @@ from hutch.core.models import SandboxState
 
 # Foreign handles: the sandboxes other API replicas own (core/replicas.py).
 ForeignHandles = Callable[[], Awaitable[list[dict[str, str]]]]
+# The node the event log records for a live sandbox, None if none (NodeFleet.set_locator).
+NodeLocator = Callable[[str], Awaitable[str | None]]
 
 # -- required: every driver plays these -------------------------------------------------
 
@@ -294,6 +296,13 @@ class NodeFleet(abc.ABC):
     The event log records it (``lifecycle:started``'s ``node``); the driver is told it back
     after a restart instead of asking every machine."""
 
+    _locator: NodeLocator | None = None
+
+    def set_locator(self, locator: NodeLocator | None) -> None:
+        """Called before ``start``: where the log says a sandbox runs, for one this driver did
+        not place or recall (another API replica's, whose usage a read here shows)."""
+        self._locator = locator
+
     @abc.abstractmethod
     def node_of(self, sandbox_id: str) -> str | None:
         """The node the sandbox was placed on, to be recorded; None if not placed here."""
@@ -425,6 +434,9 @@ class NotPlayed:
         return False
 
     # NodeFleet: one machine, nothing to record or recall
+
+    def set_locator(self, locator: NodeLocator | None) -> None:
+        pass
 
     def node_of(self, sandbox_id: str) -> str | None:
         return None

@@ -158,10 +158,15 @@ class Engine:
                                  control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
                                  adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
+        roles.fleet.set_locator(self._node_in_log)
         self.nodes = Nodes(roles, reads=self.reads, recorder=self.recorder, replicas=self.replicas,  # the node
                            limits=self.snapshots.limits, spool=self.snapshots.archives.spool)  # driver's machines
         self.output = OutputReads(outputs)
         self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
+
+    async def _node_in_log(self, sandbox_id: str) -> str | None:
+        sb = await self.parts.store.get_sandbox(sandbox_id)
+        return sb.node if sb is not None and not sb.status.is_final else None
 
     def _quota_changes(self, batch: Sequence[Event]) -> None:
         """A quota set (here or on another replica) reaches the commands running here, once

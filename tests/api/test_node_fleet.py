@@ -16,10 +16,11 @@ import pytest
 
 from hutch.api.keys import ENGINE
 from hutch.api.wire_schemas import SCHEMAS
+from hutch.core.errors import SandboxNotFound
 from hutch.drivers.node import wire
 from tests.api.conftest import KEY, NODE, WIRE, Api, AppFactory
 from tests.api.test_tenancy import bearer, new_key, new_org
-from tests.drivers_support import NODE_SECRET
+from tests.drivers_support import NODE_SECRET, start_node
 
 
 async def _started(api: Api, sid: str, headers: dict[str, str] | None = None, query: str = "") -> dict[str, Any]:
@@ -242,3 +243,23 @@ async def test_a_driver_without_nodes_says_so(api: Api) -> None:
     assert refused["message"] == ("driver fake has no nodes: it runs sandboxes on this machine "
                                   "(nodes are the node driver's, HUTCH_DRIVER=node)"), refused
     await api.call("POST", "/nodes/n1/drain", json={}, expect=501)
+
+
+@pytest.mark.runs_on(*NODE)  # the node driver's lookups
+async def test_another_replicas_driver_finds_a_sandbox_where_the_log_says(api: Api, node_agents: Any) -> None:
+    """A replica reads another's sandbox (its usage on GET /sandbox/{id}, served by any replica):
+    its driver placed nothing, and asks the log, not every agent, where it is."""
+    sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+    other = await start_node(node_agents)
+    try:
+        with pytest.raises(SandboxNotFound):
+            await other.list_files(sid, ".")
+
+        async def in_log(sandbox_id: str) -> str | None:
+            return str((await api.data("GET", f"/sandbox/{sandbox_id}"))["node"])
+
+        other.set_locator(in_log)
+        assert isinstance(await other.list_files(sid, "."), list)
+        assert (await other.usage(sid)).memory_peak_bytes
+    finally:
+        await other.close()

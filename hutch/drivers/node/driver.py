@@ -249,6 +249,10 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
 
     async def _owner(self, sandbox_id: str) -> AgentClient:
         node = self._where.get(sandbox_id)
+        if node is None and self._locator is not None:
+            # Not placed here (another replica's): the log says where. Not kept in _where,
+            # which holds what this driver answers for (a lost node fails those).
+            node = await self._locator(sandbox_id)
         if node is None or node not in self._agents:
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         return self._agents[node]
