@@ -48,6 +48,7 @@ from hutch.api.routes import (
     history,
     jobs,
     metrics,
+    nodes,
     proxy,
     runtime_builds,
     sandboxes,
@@ -198,6 +199,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(files.routes)
     app.add_routes(jobs.routes)
     app.add_routes(metrics.routes)
+    app.add_routes(nodes.routes)  # the node driver's machines: the operator's
     app.add_routes(snapshots.routes)  # before sandboxes: /sandbox/snapshots is not a sandbox id
     app.add_routes(sandboxes.routes)
     app.add_routes(streams.routes)

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api.http import base_url
-from hutch.api.keys import CONFIG, ENGINE
+from hutch.api.keys import CONFIG, ENGINE, PRINCIPAL
 from hutch.core import runtimes
 from hutch.core.events import Event, encode
 from hutch.core.models import ExecutionState, SandboxState, SnapshotState
@@ -72,10 +72,11 @@ def runtime_info(recipe: runtimes.RuntimeRecipe, available: bool, built: dict[st
 
 
 def sandbox_info(sb: SandboxState, stream_urls: tuple[str, str] | None, url: str | None = None,
-                 usage: Usage | None = None) -> dict[str, Any]:
+                 usage: Usage | None = None, node: str | None = None) -> dict[str, Any]:
     """``stream_urls``: the initial command's (stdout, stderr) URLs, if it had one; ``url``:
     where its exposed port is served (api/routes/proxy.py), if it has one; ``usage``: what a
-    live sandbox has used so far (an ended one's was recorded as it ended)."""
+    live sandbox has used so far (an ended one's was recorded as it ended); ``node``: where it
+    runs, for the operator only (NODE_FIELDS)."""
     spec = sb.spec
     cpu = usage.cpu_seconds if usage and usage.cpu_seconds is not None else sb.cpu_seconds
     peak = usage.memory_peak_bytes if usage and usage.memory_peak_bytes is not None else sb.memory_peak_bytes
@@ -115,6 +116,7 @@ def sandbox_info(sb: SandboxState, stream_urls: tuple[str, str] | None, url: str
             # Peak x lifetime: an upper bound of the byte-seconds it held (what stats counts too).
             "memoryByteSec": round(peak * _lifetime(sb)) if peak is not None and sb.status.is_final else None,
             "memoryPeakBytes": peak,  # hutch extra
+            "node": node,  # hutch extra, the operator's only
         }
     )
 
@@ -195,9 +197,24 @@ def lineage_entry(snap: SnapshotState, deleted: bool) -> dict[str, Any]:
     return entry
 
 
-def redact_event(event: Event) -> dict[str, Any]:
-    """The events API payload: env values are secrets, so only their names are shown."""
+# Where sandboxes run is the operator's business: a tenant that learnt which of its sandboxes
+# share a machine with whose would know where to aim (co-residency). Event fields naming nodes.
+NODE_FIELDS = ("node", "fromNode", "toNode")
+
+
+def operator(request: web.Request) -> bool:
+    """The request's key is the server administrator's (its bootstrap key): it sees nodes."""
+    principal = request.get(PRINCIPAL)
+    return principal is not None and principal.server_admin
+
+
+def redact_event(event: Event, *, operator: bool = False) -> dict[str, Any]:
+    """The events API payload: env values are secrets, so only their names are shown; the
+    node a sandbox runs on only to the operator."""
     data = encode(event)["data"]
+    if not operator:
+        for field in NODE_FIELDS:
+            data.pop(field, None)
     spec = data.get("spec")
     if isinstance(spec, dict) and isinstance(spec.get("env"), dict):
         spec["env"] = {k: "***" for k in spec["env"]}
@@ -222,7 +239,7 @@ def stream_urls(request: web.Request, engine: Engine, owner_id: str) -> tuple[st
 def render_sandbox(request: web.Request, sb: SandboxState, usage: Usage | None = None) -> dict:
     engine = request.app[ENGINE]
     urls = stream_urls(request, engine, sb.initial_execution_id or sb.sandbox_id)
-    return sandbox_info(sb, urls, port_url(request, sb), usage)
+    return sandbox_info(sb, urls, port_url(request, sb), usage, sb.node if operator(request) else None)
 
 
 def port_url(request: web.Request, sb: SandboxState) -> str | None:

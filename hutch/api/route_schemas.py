@@ -167,6 +167,9 @@ ROUTES: dict[tuple[str, str], Op] = {
     ("GET", "/ssh-keys"): Op(data="SshKeyList"),
     ("POST", "/ssh-keys"): Op("AddSshKey", "SshKey"),
     ("DELETE", "/ssh-keys/{ssh_key_id}"): Op(data="SshKey"),
+    # The node driver's machines (the server administrator's).
+    ("GET", "/nodes"): Op(data="NodeList"),
+    ("POST", "/nodes/{node}/drain"): Op("DrainNode", "NodeDrained", required=False),
     # The Agentuity CLI's calls.
     ("GET", "/cli/organization"): Op(data="CliOrgs"),
     ("GET", "/cli/auth/user"): Op(data="CliUser"),

@@ -180,6 +180,7 @@ SANDBOX = obj({
     "snapshot": obj({"id": STRING, "public": BOOLEAN, "user": OBJECT}, ("id",)),
     "dependencies": array(STRING), "packages": array(STRING), "reason": STRING, "cpuTimeMs": INTEGER,
     "memoryByteSec": INTEGER, "memoryPeakBytes": INTEGER,
+    "node": {**STRING, "description": "the node it runs on (the node driver); the server administrator's keys only"},
 }, ("sandboxId", "identifier", "status", "mode", "createdAt", "updatedAt", "region", "runtime", "executions",
     "resources", "networkEnabled", "org", "timeout"))
 SANDBOX_CREATED = obj({
@@ -257,6 +258,10 @@ CLI_CREATE_KEY = obj({"name": LABEL, "role": ROLE, "projectId": STRING, "expires
 VALIDATE_APT = obj({"packages": array(STRING)}, ("packages",))
 SIGN_IN = obj({"apiKey": {"type": "string", "pattern": "\\S"}}, ("apiKey",))
 CREATE_STREAM = obj({"name": STRING})
+DRAIN_NODE = obj({"undo": {**BOOLEAN, "description": "place new sandboxes on it again"},
+                  "move": {**BOOLEAN, "description": "move its idle sandboxes to other nodes (files and env; "
+                                                     "processes do not follow)"}},
+                 additionalProperties=False)
 
 EXAMPLES.update({
     "Empty": {}, "Fork": {"count": 2}, "BuildSnapshot": {"runtime": "base:latest", "name": "built", "tag": "v1"},
@@ -266,7 +271,7 @@ EXAMPLES.update({
     "AddSshKey": {"publicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFSuF78kEPZQhPLN8fhK4I8wC9CPASx+IY/dRyxdp1NX demo",
                   "name": "laptop"},
     "CliCreateKey": {"name": "cli", "role": "member"}, "ValidateApt": {"packages": ["curl", "no such"]},
-    "SignIn": {"apiKey": "test-key"}, "CreateStream": {"name": "stdin"},
+    "SignIn": {"apiKey": "test-key"}, "CreateStream": {"name": "stdin"}, "DrainNode": {"undo": False},
 })
 
 COUNTS = {"type": "object", "additionalProperties": {"type": "number"}}
@@ -317,6 +322,18 @@ ORG_USAGE = obj({k: INTEGER for k in ("sandboxes", "memoryBytes", "cpuMillis", "
 ORG_INFO = obj({"id": STRING, "name": STRING, "createdAt": TIME, "quota": QUOTA, "usage": ORG_USAGE},
                ("id", "name", "createdAt", "quota"))
 ORG_LIST = obj({"orgs": array(ORG_INFO), "total": INTEGER}, ("orgs", "total"))
+NODE = obj({"name": STRING, "state": {"type": "string", "enum": ["up", "unreachable", "lost"]},
+            "draining": BOOLEAN, "sandboxes": INTEGER, "cpus": INTEGER, "memoryTotal": INTEGER,
+            "memoryAvailable": INTEGER, "memoryCommitted": INTEGER, "cpuCommittedMillis": INTEGER,
+            "reason": STRING}, ("name", "state", "draining", "sandboxes"))
+NODE_LIST = obj({"nodes": array(NODE), "total": INTEGER}, ("nodes", "total"))
+NODE_DRAINED = obj({
+    "node": NODE,
+    "moved": array(obj({"sandboxId": id_of("sandbox"), "fromNode": STRING, "toNode": STRING},
+                       ("sandboxId", "fromNode", "toNode"))),
+    "left": array(obj({"sandboxId": id_of("sandbox"), "reason": STRING}, ("sandboxId", "reason"))),
+    "note": {**STRING, "description": "what a move does not carry: the sandboxes' processes"},
+}, ("node",))
 PROJECT = obj({"id": STRING, "name": STRING, "orgId": STRING, "createdAt": TIME}, ("id", "name", "orgId"))
 PROJECT_LIST = obj({"projects": array(PROJECT), "total": INTEGER}, ("projects", "total"))
 NULLABLE_STRING: Schema = {"type": ["string", "null"]}
@@ -372,7 +389,8 @@ _SCHEMAS: dict[str, Schema] = {
     "Empty": EMPTY, "Fork": FORK, "BuildSnapshot": BUILD_SNAPSHOT, "FinalizeSnapshot": FINALIZE_SNAPSHOT,
     "CreateOrg": CREATE_ORG, "CreateProject": CREATE_PROJECT, "CreateKey": CREATE_KEY, "SetQuota": SET_QUOTA,
     "AddSshKey": ADD_SSH_KEY, "CliCreateKey": CLI_CREATE_KEY, "ValidateApt": VALIDATE_APT, "SignIn": SIGN_IN,
-    "CreateStream": CREATE_STREAM,
+    "CreateStream": CREATE_STREAM, "DrainNode": DRAIN_NODE, "Node": NODE, "NodeList": NODE_LIST,
+    "NodeDrained": NODE_DRAINED,
     "RuntimeList": RUNTIME_LIST, "Usage": USAGE, "EventList": EVENT_LIST, "History": HISTORY, "Forked": FORKED,
     "Paused": PAUSED, "SnapshotBuild": SNAPSHOT_BUILD, "Uploaded": UPLOADED, "Lineage": LINEAGE,
     "FileList": FILE_LIST, "Unpacked": UNPACKED, "Found": FOUND, "AutoResumed": AUTO_RESUMED, "StreamCreated": STREAM_CREATED,

@@ -140,6 +140,23 @@ class Usage:
 
 
 @attrs.frozen
+class NodeInfo:
+    """One machine of a driver that places sandboxes on several (the node driver), as the
+    operator sees it (``hutch node list``)."""
+
+    name: str
+    state: str  # "up", "unreachable" (not answering yet) or "lost" (its sandboxes failed)
+    draining: bool = False  # takes no new sandbox
+    sandboxes: int = 0
+    cpus: int = 0
+    memory_total: int = 0
+    memory_available: int = 0
+    memory_committed: int = 0
+    cpu_committed_millis: int = 0
+    reason: str | None = None  # why it is not up
+
+
+@attrs.frozen
 class Metric:
     """One sample for ``GET /metrics`` (Prometheus text format)."""
 

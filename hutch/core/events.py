@@ -60,6 +60,23 @@ class RuntimeBuildProgress:
 @attrs.frozen
 class SandboxStarted:
     type: ClassVar[str] = "lifecycle:started"
+    # The machine it was placed on (the node driver's node name; None elsewhere and in records
+    # from before it was recorded). Optional and additive: old records decode as they are. The
+    # log, not any process's memory, is where an API restart or a lost node learns it from.
+    # Infrastructure: what tenants are shown leaves it out (api/render.py).
+    node: str | None = None
+
+
+@attrs.frozen
+class SandboxMoved:
+    """An idle sandbox made again on another node from its workspace's files (its env is
+    the sandbox's, given to every command): same id, same spec. What ran in it did not move."""
+
+    type: ClassVar[str] = "lifecycle:moved"
+    from_node: str
+    to_node: str
+    reason: str
+    lost: str = "its processes: a move carries the workspace's files and the env, not what was running"
 
 
 @attrs.frozen
@@ -243,6 +260,7 @@ EventData = (
     SandboxCreated
     | RuntimeBuildProgress
     | SandboxStarted
+    | SandboxMoved
     | SandboxFailed
     | SandboxDestroyRequested
     | SandboxCompleted
@@ -274,6 +292,7 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
         SandboxCreated,
         RuntimeBuildProgress,
         SandboxStarted,
+        SandboxMoved,
         SandboxFailed,
         SandboxDestroyRequested,
         SandboxCompleted,

@@ -29,6 +29,7 @@ from hutch.core.events import (
     SandboxDestroyRequested,
     SandboxEnvChanged,
     SandboxFailed,
+    SandboxMoved,
     SandboxPaused,
     SandboxResumed,
     SandboxStarted,
@@ -64,11 +65,18 @@ class Create:
 
 @attrs.frozen
 class Start:  # the driver made the sandbox real
-    pass
+    node: str | None = None  # where, when the driver places sandboxes on machines
 
 
 @attrs.frozen
 class Fail:
+    reason: str
+
+
+@attrs.frozen
+class Move:  # made again on another node from its files (an operator's drain)
+    from_node: str
+    to_node: str
     reason: str
 
 
@@ -150,7 +158,7 @@ class Resume:
 
 
 Command = (
-    Create | Start | Fail | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
+    Create | Start | Fail | Move | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
     | ChangeTimeout | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
 )
 
@@ -178,6 +186,7 @@ def checkpoint_id_for(sandbox: SandboxState, ref: str) -> str:
 Decided = (
     SandboxCreated
     | SandboxStarted
+    | SandboxMoved
     | SandboxFailed
     | RuntimeBuildProgress
     | CheckpointCreated
@@ -217,6 +226,8 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
             if command.idle is not None:
                 parse_duration("timeout.idle", command.idle)
             return [SandboxTimeoutChanged(idle=command.idle)]
+        case Move():
+            return _decide_move(sandbox, command)
         case Pause():
             return _decide_pause(sandbox, command)
         case Resume():
@@ -269,7 +280,7 @@ def _decide_setup(sandbox: SandboxState, command: Start | Fail | ReportBuild) ->
         case Start():
             if status is not SandboxStatus.CREATING:
                 raise _illegal(sandbox, "start")
-            return [SandboxStarted()]
+            return [SandboxStarted(node=command.node)]
         case Fail(reason=reason):
             if status.is_final:
                 return []  # failing something already over changes nothing
@@ -322,6 +333,22 @@ def _decide_change_env(sandbox: SandboxState, command: ChangeEnv) -> list[Decide
     env = {k: v for k, v in sandbox.spec.env.items() if k not in command.unset}
     limits.check_env({**env, **command.set})
     return [SandboxEnvChanged(set=dict(command.set), unset=tuple(command.unset))]
+
+
+def _decide_move(sandbox: SandboxState, command: Move) -> list[Decided]:
+    """Only an idle sandbox moves (nothing runs that would be cut off), from where the log says
+    it is, to another node; its checkpoints stay on their node, so one that has any does not."""
+    if sandbox.status is not SandboxStatus.IDLE:
+        raise _illegal(sandbox, "move it (only an idle sandbox moves)")
+    if sandbox.node != command.from_node or command.to_node == command.from_node:
+        raise IllegalTransition(f"cannot move sandbox {sandbox.sandbox_id} from {command.from_node} to "
+                                f"{command.to_node}: it runs on {sandbox.node}", sandbox_id=sandbox.sandbox_id,
+                                sandbox_status=sandbox.status.value)
+    if sandbox.checkpoints:
+        raise IllegalTransition(f"cannot move sandbox {sandbox.sandbox_id}: its checkpoints are kept on "
+                                f"{sandbox.node} and would not follow", sandbox_id=sandbox.sandbox_id,
+                                sandbox_status=sandbox.status.value)
+    return [SandboxMoved(from_node=command.from_node, to_node=command.to_node, reason=command.reason)]
 
 
 def _decide_pause(sandbox: SandboxState, command: Pause) -> list[Decided]:
@@ -455,8 +482,10 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
 def _evolve_status(sandbox: SandboxState, data: EventData, at: str) -> SandboxState:
     """The sandbox's own status events; any other event leaves it as it is."""
     match data:
-        case SandboxStarted():
-            return attrs.evolve(sandbox, status=SandboxStatus.IDLE, updated_at=at)
+        case SandboxStarted(node=node):
+            return attrs.evolve(sandbox, status=SandboxStatus.IDLE, node=node, updated_at=at)
+        case SandboxMoved(to_node=node):
+            return attrs.evolve(sandbox, node=node, updated_at=at)
         case SandboxFailed(reason=reason):
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():

@@ -128,6 +128,7 @@ class SandboxState:
     # What its events take in the event log (each record as encoded, core.events.recorded_size):
     # the log is kept for ever, so this counts against the organization's storage quota.
     log_bytes: int = 0
+    node: str | None = None  # the machine it runs on, as recorded (lifecycle:started, lifecycle:moved)
 
 
 @attrs.frozen

@@ -35,6 +35,7 @@ from hutch.drivers.roles import (
     Adoption,
     Checkpointing,
     CommandRunner,
+    NodeFleet,
     NotPlayed,
     Pausing,
     PortForwarding,
@@ -57,7 +58,7 @@ class Driver(SandboxLifecycle, RuntimeCatalog, CommandRunner, NotPlayed):
 
 
 class _RolesNotPlayed(NotPlayed, SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
-                      UsageReporting, Adoption):
+                      UsageReporting, Adoption, NodeFleet):
     """Stands in for the optional roles a driver does not play, answering in its name."""
 
     def __init__(self, name: str) -> None:
@@ -82,6 +83,7 @@ class DriverRoles:
     ports: PortForwarding
     usage: UsageReporting
     adoption: Adoption
+    fleet: NodeFleet
 
     @property
     def name(self) -> str:
@@ -105,7 +107,8 @@ class DriverRoles:
                    terminals=d if isinstance(d, Terminals) else absent,
                    ports=d if isinstance(d, PortForwarding) else absent,
                    usage=d if isinstance(d, UsageReporting) else absent,
-                   adoption=d if isinstance(d, Adoption) else absent)
+                   adoption=d if isinstance(d, Adoption) else absent,
+                   fleet=d if isinstance(d, NodeFleet) else absent)
 
 
 def _check_listed(driver: Driver, role: type) -> None:

@@ -21,7 +21,7 @@ The service takes what it uses from ``drivers.base.DriverRoles``.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from hutch.core.driver_types import (
     Capabilities,
@@ -30,6 +30,7 @@ from hutch.core.driver_types import (
     FileInfo,
     FileWrite,
     Metric,
+    NodeInfo,
     OutputSink,
     ProvisionRequest,
     PtySession,
@@ -42,6 +43,8 @@ from hutch.core.models import SandboxState
 
 # Foreign handles: the sandboxes other API replicas own (core/replicas.py).
 ForeignHandles = Callable[[], Awaitable[list[dict[str, str]]]]
+# The node the event log records for a live sandbox, None if none (NodeFleet.set_locator).
+NodeLocator = Callable[[str], Awaitable[str | None]]
 
 # -- required: every driver plays these -------------------------------------------------
 
@@ -288,8 +291,50 @@ class Adoption(abc.ABC):
         this driver cannot reach it)."""
 
 
+class NodeFleet(abc.ABC):
+    """Several machines, each running sandboxes (the node driver): which one a sandbox is on.
+    The event log records it (``lifecycle:started``'s ``node``); the driver is told it back
+    after a restart instead of asking every machine."""
+
+    _locator: NodeLocator | None = None
+
+    def set_locator(self, locator: NodeLocator | None) -> None:
+        """Called before ``start``: where the log says a sandbox runs, for one this driver did
+        not place or recall (another API replica's, whose usage a read here shows)."""
+        self._locator = locator
+
+    @abc.abstractmethod
+    def node_of(self, sandbox_id: str) -> str | None:
+        """The node the sandbox was placed on, to be recorded; None if not placed here."""
+
+    @abc.abstractmethod
+    def recall(self, placements: Mapping[str, str]) -> None:
+        """The log's word on where live sandboxes run (sandbox -> node), before ``alive``
+        after a restart: a node that does not answer then is lost with exactly these."""
+
+    @abc.abstractmethod
+    async def nodes(self) -> list[NodeInfo]:
+        """Every node known, as last seen."""
+
+    @abc.abstractmethod
+    async def drain(self, node: str, draining: bool) -> NodeInfo:
+        """Stop placing new sandboxes on ``node`` (or place there again); the node keeps the
+        flag across its own restart and reports it. Those it runs keep running."""
+
+    @abc.abstractmethod
+    async def move_target(self, req: ProvisionRequest) -> str:
+        """Another node with room for the sandbox ``req`` makes again (not the one it is on),
+        held for the ``move`` that follows; NoCapacity when there is none."""
+
+    @abc.abstractmethod
+    async def move(self, req: ProvisionRequest, to: str, workspace: AsyncIterable[bytes]) -> None:
+        """Make the sandbox again on ``to`` from ``req``, unpack ``workspace`` (a checked tar)
+        in its workspace there, then end it where it was. Nothing of it is left on the old node;
+        if the new copy fails, the old one stays as it was."""
+
+
 OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
-                                    UsageReporting, Adoption)
+                                    UsageReporting, Adoption, NodeFleet)
 
 
 class NotPlayed:
@@ -387,3 +432,28 @@ class NotPlayed:
 
     async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         return False
+
+    # NodeFleet: one machine, nothing to record or recall
+
+    def set_locator(self, locator: NodeLocator | None) -> None:
+        pass
+
+    def node_of(self, sandbox_id: str) -> str | None:
+        return None
+
+    def recall(self, placements: Mapping[str, str]) -> None:
+        pass
+
+    async def nodes(self) -> list[NodeInfo]:
+        raise NotSupported(f"driver {self.name} has no nodes: it runs sandboxes on this machine "
+                           "(nodes are the node driver's, HUTCH_DRIVER=node)")
+
+    async def drain(self, node: str, draining: bool) -> NodeInfo:
+        raise NotSupported(f"driver {self.name} has no nodes to drain: it runs sandboxes on this machine "
+                           "(nodes are the node driver's, HUTCH_DRIVER=node)")
+
+    async def move_target(self, req: ProvisionRequest) -> str:
+        raise NotSupported(f"driver {self.name} has no other node to move a sandbox to")
+
+    async def move(self, req: ProvisionRequest, to: str, workspace: AsyncIterable[bytes]) -> None:
+        raise NotSupported(f"driver {self.name} has no other node to move a sandbox to")

@@ -14,6 +14,7 @@ from hutch.core.driver_types import ProvisionRequest
 from hutch.core.errors import HutchError, NodeFull, SandboxNotFound
 from hutch.core.serde import converter
 from hutch.drivers.node import placement
+from hutch.node.drain import DRAIN
 from hutch.node.keys import DRIVER, INSTANCE, SETTINGS
 
 
@@ -65,6 +66,7 @@ async def snapshot(app: web.Application) -> dict[str, Any]:
         "max_sandboxes": app[SETTINGS].max_sandboxes,
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
         "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
+        "draining": app[DRAIN].draining,
     }
 
 
@@ -82,6 +84,8 @@ class Admission:
 
     async def admit(self, app: web.Application, req: ProvisionRequest) -> None:
         async with self.lock:
+            if app[DRAIN].draining:
+                raise NodeFull(f"{app[SETTINGS].name} is draining")
             s = await snapshot(app)
             state = placement.NodeState(
                 name=str(s["name"]), cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),

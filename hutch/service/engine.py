@@ -50,6 +50,7 @@ from hutch.service.files import FileAccess
 from hutch.service.fork import Forks
 from hutch.service.history import History
 from hutch.service.input_streams import InputStreams
+from hutch.service.nodes import Nodes
 from hutch.service.output import OutputReads
 from hutch.service.ports import Ports
 from hutch.service.provisioning import Created, Provisioning
@@ -137,11 +138,12 @@ class Engine:
                                    limits=limits or archives.Limits())
         self.provisioning = Provisioning(reads=self.reads, recorder=self.recorder, lifecycle=roles.lifecycle,
                                          runtimes=roles.runtimes, files=roles.files, adoption=roles.adoption,
+                                         fleet=roles.fleet,
                                          outputs=outputs, streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
         self.forks = Forks(self.reads, self.quotas, self.snapshots, self.provisioning)  # copies of a sandbox
-        self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle)
+        self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle, roles.fleet)
         self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
         self.files = FileAccess(self.reads, self.control, self.reaper, roles)
@@ -156,8 +158,15 @@ class Engine:
                                  control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
                                  adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
+        roles.fleet.set_locator(self._node_in_log)
+        self.nodes = Nodes(roles, reads=self.reads, recorder=self.recorder, replicas=self.replicas,  # the node
+                           limits=self.snapshots.limits, spool=self.snapshots.archives.spool)  # driver's machines
         self.output = OutputReads(outputs)
         self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
+
+    async def _node_in_log(self, sandbox_id: str) -> str | None:
+        sb = await self.parts.store.get_sandbox(sandbox_id)
+        return sb.node if sb is not None and not sb.status.is_final else None
 
     def _quota_changes(self, batch: Sequence[Event]) -> None:
         """A quota set (here or on another replica) reaches the commands running here, once

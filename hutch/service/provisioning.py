@@ -18,7 +18,7 @@ from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.replicas import Replicas
 from hutch.drivers import egress
 from hutch.drivers.base import ProvisionRequest
-from hutch.drivers.roles import Adoption, RuntimeCatalog, SandboxFiles, SandboxLifecycle
+from hutch.drivers.roles import Adoption, NodeFleet, RuntimeCatalog, SandboxFiles, SandboxLifecycle
 from hutch.service.background import Background, quietly
 from hutch.service.executions import Executions, default_timeout
 from hutch.service.input_streams import InputStreams
@@ -41,7 +41,7 @@ class Created:
 
 class Provisioning:
     def __init__(self, *, reads: Reads, recorder: Recorder, lifecycle: SandboxLifecycle, runtimes: RuntimeCatalog,
-                 files: SandboxFiles, adoption: Adoption, outputs: OutputStreams,
+                 files: SandboxFiles, adoption: Adoption, fleet: NodeFleet, outputs: OutputStreams,
                  streams: StreamIds, inputs: InputStreams, quotas: Quotas, snapshots: Snapshots,
                  executions: Executions, background: Background, replicas: Replicas) -> None:
         self._reads = reads
@@ -51,6 +51,7 @@ class Provisioning:
         self._runtimes = runtimes
         self._files = files  # what a create request brings along
         self._adoption = adoption  # where a sandbox runs, for another replica to take over
+        self._fleet = fleet  # which machine it was placed on, recorded with its start
         self._outputs = outputs
         self._streams = streams
         self._inputs = inputs
@@ -152,8 +153,9 @@ class Provisioning:
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
         if (handle := self._adoption.handle(sandbox_id)) is not None and self._replicas.shared:
             await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
+        started = Start(node=self._fleet.node_of(sandbox_id))
         if not (req.command and execution_id):
-            await self._recorder.command(sandbox_id, Start())
+            await self._recorder.command(sandbox_id, started)
             return
         # Not refused when the organization's storage is full (the sandbox is made already):
         # its output keeps what fits, and says it was cut.
@@ -163,7 +165,7 @@ class Provisioning:
             # the launch instead of two in series (docs/benchmarks.md, "Where a run()'s time goes").
             await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
                                          org_id=spec.org_id, stream=req.stream, budget=budget,
-                                         preceded_by=(Start(),))
+                                         preceded_by=(started,))
         except HutchError as err:
             if err.status is not None and err.status < 500:
                 # Refused, so nothing of the append was written (the command's start past the
@@ -171,7 +173,7 @@ class Provisioning:
                 # when the two were separate appends, not left creating with nothing to end it.
                 # (A log or store failure may have written it: then nothing is guessed.)
                 with contextlib.suppress(Exception):
-                    await self._recorder.command(sandbox_id, Start())
+                    await self._recorder.command(sandbox_id, started)
             raise
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:

@@ -8,7 +8,7 @@ import logging
 
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
-from hutch.drivers.roles import SandboxLifecycle
+from hutch.drivers.roles import NodeFleet, SandboxLifecycle
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.service.control import SandboxControl
 from hutch.service.recorder import Recorder
@@ -17,17 +17,22 @@ log = logging.getLogger(__name__)
 
 
 class Recovery:
-    def __init__(self, store: ProjectionStore, recorder: Recorder, control: SandboxControl, lifecycle: SandboxLifecycle) -> None:
+    def __init__(self, store: ProjectionStore, recorder: Recorder, control: SandboxControl, lifecycle: SandboxLifecycle,
+                 fleet: NodeFleet) -> None:
         self._store = store
         self._recorder = recorder
         self._control = control
         self._lifecycle = lifecycle
+        self._fleet = fleet
 
     async def run(self) -> None:
         """Sandboxes whose processes died with an old server end through a lifecycle event;
-        running ones that no event gives an owner are destroyed."""
-        alive = await self._lifecycle.alive()
+        running ones that no event gives an owner are destroyed. A driver of several machines
+        is first told where the log says this replica's sandboxes were placed."""
         live, _ = await self._store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
+        self._fleet.recall({sb.sandbox_id: sb.node for sb in live
+                            if sb.node is not None and await self._control.replicas.mine(sb.sandbox_id)})
+        alive = await self._lifecycle.alive()
         await self._destroy_unowned(alive - {sb.sandbox_id for sb in live})
         for sb in live:
             if not await self._control.replicas.mine(sb.sandbox_id):

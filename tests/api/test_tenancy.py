@@ -81,6 +81,8 @@ PUBLIC_ROUTES = {
 ADMIN_ROUTES = {
     ("POST", "/orgs"): Access.SERVER,
     ("PATCH", "/orgs/{org_id}/quota"): Access.SERVER,
+    ("GET", "/nodes"): Access.SERVER,  # where sandboxes run: the operator's
+    ("POST", "/nodes/{node}/drain"): Access.SERVER,
     ("POST", "/projects"): Access.ADMIN,
     ("GET", "/keys"): Access.ADMIN,
     ("POST", "/keys"): Access.ADMIN,
@@ -160,11 +162,11 @@ async def test_cross_tenant_sweep_walks_every_route(api: Api) -> None:
 
     # A runtime name is the catalog's, no organization's: an unknown one keeps the sweep side-effect free.
     mine = {"name": "cobol:1", "ssh_key_id": ssh_key["id"], "sandbox_id": sid, "execution_id": ex["executionId"], "job_id": job["jobId"], "checkpoint_id": checkpoint, "snapshot_id": snap["snapshotId"], "key_id": member["id"],
-            "org_id": "org_alpha", "stream_id": stream, "project_id": project["id"], "tail": "agents"}
+            "org_id": "org_alpha", "stream_id": stream, "project_id": project["id"], "tail": "agents", "node": "n1"}
     missing = {"name": "cobol:1", "ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
                "org_id": "org_nobody", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
-               "tail": "agents"}
+               "tail": "agents", "node": "n_nobody"}
     secrets = {MARK, sid, snap["snapshotId"], ex["executionId"], member["id"], project["id"], stream, ssh_key["id"],
                ssh_key["fingerprint"]}
     query = f"?path=/workspace/secret.txt&snapshot={snap['snapshotId']}&name=alphasnap&projectId=web"
@@ -247,7 +249,7 @@ async def test_role_matrix_walks_every_route(api: Api) -> None:
     missing = {"name": "cobol:1", "ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
                "checkpoint_id": "ckpt_" + "0" * 26, "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26,
                "org_id": "org_alpha", "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26,
-               "tail": "agents"}
+               "tail": "agents", "node": "n_nobody"}
     bad = {"runtime": "no such runtime!", "name": "Not A Name!", "role": "nope", "command": 5, "tag": "..",
            "sandboxes": -1}
     checked = 0

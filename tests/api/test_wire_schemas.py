@@ -136,7 +136,7 @@ def test_the_renderers_fit_their_schemas_field_for_field() -> None:
     sb = SandboxState(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
                  executions=1, exit_code=0, reason="done", cpu_seconds=1.5, memory_peak_bytes=2**20)
     _fills(SCHEMAS["Sandbox"], [render.sandbox_info(sb, ("http://h/o", "http://h/e"), "http://h/p",
-                                                  Usage(cpu_seconds=2.0, memory_peak_bytes=2**21))])
+                                                  Usage(cpu_seconds=2.0, memory_peak_bytes=2**21), "n1")])
     ex = ExecutionState(execution_id=EXC, sandbox_id=SBX, command=("echo",), status=ExecutionStatus.FAILED, created_at=AT,
                    started_at=AT, completed_at=LATER, exit_code=1, duration_ms=5, error="e", output_truncated=True,
                    command_omitted_bytes=10, command_sha256="00")
@@ -238,8 +238,10 @@ async def test_the_server_takes_each_example_refuses_each_missing_field_and_answ
 # sandbox's port, which the fake driver has none of; the fuzzing covers what they answer.
 # The terminal and live websockets; a stdin stream read between replicas (its token is the
 # replicas' shared secret's: tests/cluster/test_replicas.py calls it); the port proxy.
+# The nodes' routes answer NotSupported on the fake driver: tests/api/test_node_fleet.py calls
+# them on the node driver and holds their answers to these schemas.
 NOT_CALLED = {("GET", "/sandbox/{sandbox_id}/terminal"), ("GET", "/app/live"),
-              ("GET", "/streams/{stream_id}/stdin")} | {
+              ("GET", "/streams/{stream_id}/stdin"), ("GET", "/nodes"), ("POST", "/nodes/{node}/drain")} | {
     (m, p) for m, p in ROUTES if p.startswith("/proxy/")}
 
 

@@ -447,7 +447,7 @@ class TestRolesAndCapabilities:
         by_role = DriverRoles.of(driver)
         assert (by_role.lifecycle, by_role.runtimes, by_role.commands) == (driver, driver, driver)
         for field, role in zip(("files", "trees", "checkpointing", "pausing", "terminals", "ports", "usage",
-                                "adoption"), roles.OPTIONAL_ROLES, strict=True):
+                                "adoption", "fleet"), roles.OPTIONAL_ROLES, strict=True):
             assert (getattr(by_role, field) is driver) == isinstance(driver, role), field
         assert (by_role.name, by_role.capabilities) == (driver.name, driver.capabilities)
 
@@ -463,6 +463,11 @@ class TestRolesAndCapabilities:
             assert handle and all(isinstance(v, str) for v in handle.values())
         else:
             assert handle is None  # only this process can drive it
+        node = by_role.fleet.node_of(sandbox)  # recorded with its start (lifecycle:started)
+        if isinstance(driver, roles.NodeFleet):
+            assert isinstance(node, str) and node
+        else:
+            assert node is None  # one machine: nothing to record
 
 
 # -- the port itself, without a backend ----------------------------------------------------

@@ -1,6 +1,6 @@
 """The API server on the node driver, kill -9'd and restarted: its sandboxes live on their
-agents, so the new server finds them (asking every agent), files and all; the command that was
-running is reported failed, and its agent ended it when its request went away."""
+agents, so the new server finds them (the log records each one's node), files and all; the
+command that was running is reported failed, and its agent ended it when its request went away."""
 
 from __future__ import annotations
 

@@ -16,8 +16,10 @@ from hutch.core.lifecycle import (
     Destroy,
     Fail,
     FinishExecution,
+    Move,
     Start,
     StartExecution,
+    TakeCheckpoint,
     Terminate,
     decide,
     decide_in_turn,
@@ -55,6 +57,19 @@ def test_interactive_lifecycle() -> None:
     assert sb.status is SandboxStatus.STOPPING
     sb = step(sb, Terminate(reason="destroyed on request", deleted=True))
     assert sb.status is SandboxStatus.DELETED
+
+
+def test_the_node_is_recorded_at_start_and_a_move_changes_it_only_when_idle() -> None:
+    sb = step(new(), Start(node="n1"))
+    assert sb.node == "n1"
+    moved = step(sb, Move(from_node="n1", to_node="n2", reason="its node was drained"))
+    assert (moved.node, moved.status) == ("n2", SandboxStatus.IDLE)
+    with pytest.raises(IllegalTransition, match="it runs on n1"):
+        decide(sb, Move(from_node="n3", to_node="n2", reason="r"))  # not where the log says it is
+    with pytest.raises(IllegalTransition, match="only an idle sandbox moves"):
+        decide(step(sb, StartExecution("exec_1", ("sleep", "9"))), Move(from_node="n1", to_node="n2", reason="r"))
+    with pytest.raises(IllegalTransition, match="checkpoints are kept on n1"):
+        decide(step(sb, TakeCheckpoint("ckpt_1", "cp")), Move(from_node="n1", to_node="n2", reason="r"))
 
 
 def test_oneshot_completes_with_the_exit_code_then_terminates() -> None:

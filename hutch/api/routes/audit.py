@@ -16,6 +16,7 @@ from aiohttp import web
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, q_bool
 from hutch.api.keys import ENGINE
+from hutch.api.render import NODE_FIELDS
 from hutch.core.errors import NotFound
 from hutch.core.tenancy import secrets_match
 from hutch.projections.audit import audit_record
@@ -37,6 +38,13 @@ def _line(record: dict) -> bytes:
     return json.dumps(record, separators=(",", ":")).encode() + b"\n"
 
 
+def _tenant_view(record: dict) -> dict:
+    """The URL is handed to the sandbox's creator: nodes stay the operator's (NODE_FIELDS)."""
+    for field in NODE_FIELDS:
+        record["detail"].pop(field, None)
+    return record
+
+
 @routes.get("/streams/audit/{sandbox_id}/{token}")
 @needs(PUBLIC)
 async def audit_stream(request: web.Request) -> web.StreamResponse:
@@ -51,6 +59,6 @@ async def audit_stream(request: web.Request) -> web.StreamResponse:
         resp.enable_chunked_encoding()
         await resp.prepare(request)
         async for event in events:
-            await resp.write(_line(audit_record(event)))
+            await resp.write(_line(_tenant_view(audit_record(event))))
         await resp.write_eof()
         return resp

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from hutch.api.http import json_body, ok
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
-from hutch.api.render import redact_event, render_sandbox
+from hutch.api.render import operator, redact_event, render_sandbox
 from hutch.core.events import Event
 from hutch.core.models import SandboxState
 from hutch.core.tenancy import Access
@@ -18,9 +18,9 @@ from hutch.core.tenancy import Access
 routes = web.RouteTableDef()
 
 
-def _event(ev: Event) -> dict[str, Any]:
+def _event(request: web.Request, ev: Event) -> dict[str, Any]:
     return {"eventId": ev.event_id, "type": ev.type, "createdAt": ev.created_at, "position": ev.position,
-            "event": redact_event(ev)}
+            "event": redact_event(ev, operator=operator(request))}
 
 
 def _env(request: web.Request, sb: SandboxState) -> dict[str, str]:
@@ -35,13 +35,13 @@ def _env(request: web.Request, sb: SandboxState) -> dict[str, str]:
 async def render_as_of(request: web.Request, sandbox_id: str, ref: str) -> dict[str, Any]:
 
     event, state = await request.app[ENGINE].history.as_of(sandbox_id, ref)
-    return {**render_sandbox(request, state), "env": _env(request, state), "asOf": _event(event)}
+    return {**render_sandbox(request, state), "env": _env(request, state), "asOf": _event(request, event)}
 
 
 @routes.get("/sandbox/sandboxes/{sandbox_id}/history")
 async def sandbox_history(request: web.Request) -> web.Response:
     steps = await request.app[ENGINE].history.timeline(request.match_info["sandbox_id"])
-    return ok({"history": [{**_event(ev), "status": sb.status.value, "executions": sb.executions}
+    return ok({"history": [{**_event(request, ev), "status": sb.status.value, "executions": sb.executions}
                            for ev, sb in steps]})
 
 

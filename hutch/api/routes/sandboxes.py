@@ -19,6 +19,7 @@ from hutch.api.http import (
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from hutch.api.parse import parse_create, parse_execute
 from hutch.api.render import (
+    operator,
     port_url,
     redact_event,
     render_execution,
@@ -188,6 +189,7 @@ async def list_events(request: web.Request) -> web.Response:
     limit = q_int(request, "limit", 50, lo=1, hi=100)
     direction = q_choice(request, "direction", ("asc", "desc"), "asc")
     found = await request.app[ENGINE].reads.events(request.match_info["sandbox_id"], limit=limit, reverse=direction == "desc")
+    nodes = operator(request)
     return ok(
         {
             "events": [
@@ -195,7 +197,7 @@ async def list_events(request: web.Request) -> web.Response:
                     "eventId": ev.event_id,
                     "sandboxId": ev.sandbox_id,
                     "type": ev.type,
-                    "event": redact_event(ev),
+                    "event": redact_event(ev, operator=nodes),
                     "createdAt": ev.created_at,
                     "position": ev.position,  # hutch extra: the log position
                 }

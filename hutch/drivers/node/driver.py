@@ -1,7 +1,8 @@
 """The node driver: sandboxes placed on ``hutch node`` agents and driven there.
 
-Each call goes to the agent that runs the sandbox (``_where``: filled by provision, alive and
-adopt; an unknown sandbox is looked for on every agent once). Placement (placement.py) uses
+Each call goes to the agent that runs the sandbox (``_where``: filled by provision; after a
+restart from the event log, which records each sandbox's node (``recall``, ``adopt``); no agent
+is asked where a sandbox is). Placement (placement.py) uses
 the nodes' capacity, refreshed every second, minus this driver's own reservations, and is
 decided in ``reserve``, before the engine records the sandbox: a cluster with no room answers
 503 and records nothing. The agents prove themselves at start (hello) and their instances are
@@ -17,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 
 import aiohttp
 import attrs
@@ -29,13 +30,21 @@ from hutch.core.driver_types import (
     FileInfo,
     FileWrite,
     Metric,
+    NodeInfo,
     OutputSink,
     ProvisionRequest,
     PtySession,
     TerminalRequest,
     Usage,
 )
-from hutch.core.errors import DriverFailure, HutchError, NodeFull, SandboxNotFound, from_wire
+from hutch.core.errors import (
+    DriverFailure,
+    HutchError,
+    NodeFull,
+    NotFound,
+    SandboxNotFound,
+    from_wire,
+)
 from hutch.core.models import SandboxState
 from hutch.core.serde import converter
 from hutch.drivers import roles
@@ -50,6 +59,7 @@ log = logging.getLogger(__name__)
 
 REFRESH = 1.0  # seconds between capacity reads of every agent
 RESERVATION = 30.0  # seconds a placement holds room for its provision
+MOVED_TREE = "."  # what a move carries: the workspace (HOME), as snapshots do
 INLINE_STDIN = 64 << 10  # stdin up to this travels in the exec request; more is streamed
 READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, ends, runtimes)
 # An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
@@ -58,7 +68,7 @@ LOST_AFTER = 8.0
 
 
 class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
-                 roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
+                 roles.PortForwarding, roles.UsageReporting, roles.Adoption, roles.NodeFleet, Driver):
     name = "node"
 
     def __init__(self, directory: AgentDirectory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
@@ -112,6 +122,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         await self._tunnels.close()
         for agent in self._agents.values():
             await agent.close()
+        self._agents = {}  # a closed driver calls no agent (alive() is empty, not an error)
 
     def _common_capabilities(self) -> Capabilities:
         """What every answering node can do: a mixed fleet never promises what one cannot."""
@@ -185,7 +196,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
             memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
             cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
-            max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]))
+            max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]),
+            draining=bool(s.get("draining")))
 
     async def _missed(self, name: str, agent: AgentClient) -> None:
         silent = time.monotonic() - self._seen.get(name, 0.0)
@@ -237,27 +249,87 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
 
     async def _owner(self, sandbox_id: str) -> AgentClient:
         node = self._where.get(sandbox_id)
-        if node is None:
-            node = await self._locate(sandbox_id)
-        if node is None:
+        if node is None and self._locator is not None:
+            # Not placed here (another replica's): the log says where. Not kept in _where,
+            # which holds what this driver answers for (a lost node fails those).
+            node = await self._locator(sandbox_id)
+        if node is None or node not in self._agents:
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         return self._agents[node]
 
-    async def _locate(self, sandbox_id: str) -> str | None:
-        """Which agent runs a sandbox this driver has not placed (an API restart, a take-over)."""
-        async def has(agent: AgentClient) -> bool:
-            try:
-                answer = await agent.json("GET", agent.path("sandboxes", sandbox_id), timeout=5)
-            except HutchError:
-                return False
-            return bool(answer.get("alive"))
+    # -- where each sandbox is (the log records it) ------------------------------
 
-        found = await asyncio.gather(*(has(a) for a in self._agents.values()))
-        for name, yes in zip(self._agents, found, strict=True):
-            if yes:
-                self._where[sandbox_id] = name
-                return name
-        return None
+    def node_of(self, sandbox_id: str) -> str | None:
+        return self._where.get(sandbox_id)
+
+    def recall(self, placements: Mapping[str, str]) -> None:
+        """After a restart, from the log: no agent is asked where a sandbox is."""
+        self._where.update(placements)
+
+    async def nodes(self) -> list[NodeInfo]:
+        return [self._info(name) for name in sorted(self._agents)]
+
+    def _info(self, name: str) -> NodeInfo:
+        state = self._states.get(name) or placement.NodeState(name, unusable="has not been read yet")
+        if name in self._lost:
+            status, reason = "lost", f"its agent has not answered for {self._lost_after:.0f} s"
+        elif state.unusable:
+            status, reason = "unreachable", state.unusable
+        else:
+            status, reason = "up", None
+        return NodeInfo(name=name, state=status, draining=state.draining, sandboxes=state.sandboxes,
+                        cpus=state.cpus, memory_total=state.memory_total, memory_available=state.memory_available,
+                        memory_committed=state.memory_committed, cpu_committed_millis=state.cpu_committed_millis,
+                        reason=reason)
+
+    async def drain(self, node: str, draining: bool) -> NodeInfo:
+        agent = self._agent(node)
+        await agent.json("POST", agent.path("node", "drain"), {"draining": draining}, timeout=READ_TIMEOUT)
+        # Seen by the next placement here at once; other replicas read it within REFRESH, and
+        # the agent refuses a create meanwhile itself.
+        if (state := self._states.get(node)) is not None:
+            self._states[node] = attrs.evolve(state, draining=draining)
+        return self._info(node)
+
+    async def move_target(self, req: ProvisionRequest) -> str:
+        here = self._where.get(req.sandbox_id)
+        node = self._choose(req, {here: "is the node it moves from"} if here else {})
+        memory, cpu = placement.need(req.resources)
+        self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+        return node
+
+    async def move(self, req: ProvisionRequest, to: str, workspace: AsyncIterable[bytes]) -> None:
+        sid = req.sandbox_id
+        old, new = await self._owner(sid), self._agent(to)
+        try:
+            if req.dependencies or req.packages:
+                await new.json("POST", new.path("sandboxes", sid, "prepare"), converter.unstructure(req))
+            await new.json("PUT", new.path("sandboxes", sid), converter.unstructure(req))
+            try:
+                await new.upload("PUT", new.path("sandboxes", sid, "tar", dest=MOVED_TREE, gzip="0"), workspace)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await new.json("DELETE", new.path("sandboxes", sid))
+                raise
+        finally:
+            self._reserved.pop(sid, None)
+        # From here every call goes to the new copy; the old one is ended (an old node that
+        # fails to answer now ends it when it is lost or back: the log says it is on ``to``).
+        await self._tunnels.drop(sid)
+        self._where[sid] = to
+        memory, cpu = self._held.get(sid, placement.need(req.resources))
+        self._count(old.name, memory, cpu, -1)
+        self._count(to, memory, cpu, +1)
+        try:
+            await old.json("DELETE", old.path("sandboxes", sid))
+        except HutchError as err:
+            log.warning("sandbox %s moved to %s; ending its old copy on %s: %s", sid, to, old.name, err.message)
+
+    def _agent(self, node: str) -> AgentClient:
+        if node not in self._agents:
+            known = ", ".join(sorted(self._agents)) or "none"
+            raise NotFound(f"node {node!r} not found; the nodes are: {known}", field="node")
+        return self._agents[node]
 
     # -- placement and lifecycle -----------------------------------------------
 
@@ -304,10 +376,16 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._where[req.sandbox_id] = node
         self._held[req.sandbox_id] = (memory, cpu)
         # Counted at once, not at the next read: creates in a row must see each other.
-        if (state := self._states.get(node)) is not None and state.unusable is None:
-            self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes + 1,
-                                              memory_committed=state.memory_committed + memory,
-                                              cpu_committed_millis=state.cpu_committed_millis + cpu)
+        self._count(node, memory, cpu, +1)
+
+    def _count(self, node: str, memory: int, cpu: int, sign: int) -> None:
+        """A sandbox placed on (+1) or gone from (-1) ``node``, in this driver's copy of it."""
+        state = self._states.get(node)
+        if state is None or state.unusable is not None or state.sandboxes + sign < 0:
+            return
+        self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes + sign,
+                                          memory_committed=max(0, state.memory_committed + sign * memory),
+                                          cpu_committed_millis=max(0, state.cpu_committed_millis + sign * cpu))
 
     async def prepare(self, req: ProvisionRequest) -> None:
         await self.reserve(req)
@@ -320,9 +398,9 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
     async def destroy(self, sandbox_id: str) -> None:
         self._reserved.pop(sandbox_id, None)
         await self._tunnels.drop(sandbox_id)
-        node = self._where.get(sandbox_id) or await self._locate(sandbox_id)
-        if node is None:
-            return  # idempotent: never placed, or gone already
+        node = self._where.get(sandbox_id)
+        if node is None or node not in self._agents:
+            return  # idempotent: never placed, or gone already (a lost node's were failed with it)
         agent = self._agents[node]
         await agent.json("DELETE", agent.path("sandboxes", sandbox_id))
         self._where.pop(sandbox_id, None)
@@ -330,28 +408,29 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         # filled every node's copy with sandboxes already gone, and creates were refused
         # NO_CAPACITY until the next read.
         memory, cpu = self._held.pop(sandbox_id, (0, 0))
-        if (state := self._states.get(node)) is not None and state.unusable is None and state.sandboxes > 0:
-            self._states[node] = attrs.evolve(state, sandboxes=state.sandboxes - 1,
-                                              memory_committed=max(0, state.memory_committed - memory),
-                                              cpu_committed_millis=max(0, state.cpu_committed_millis - cpu))
+        self._count(node, memory, cpu, -1)
 
     async def alive(self) -> set[str]:
-        """What every answering agent runs (asked at once: a silent node costs one timeout)."""
-        async def listed(name: str, agent: AgentClient) -> list[str]:
+        """What every answering agent runs (asked at once: a silent node costs one timeout),
+        and what the log placed on a node that did not answer: its loss, not a guess here,
+        ends those. A sandbox an agent runs that the log did not place (the log says it is
+        over, or has no record of it) is noted where it runs, for its destroy."""
+        async def listed(name: str, agent: AgentClient) -> list[str] | None:
             try:
                 answer = await agent.json("GET", agent.path("sandboxes"), timeout=10)
             except HutchError as err:
                 log.warning("node agent %s: cannot list its sandboxes: %s", name, err.message)
-                return []
+                return None
             return [str(sid) for sid in answer["sandboxes"]]
 
         found: set[str] = set()
         lists = await asyncio.gather(*(listed(n, a) for n, a in self._agents.items()))
+        silent = {name for name, sids in zip(self._agents, lists, strict=True) if sids is None}
         for name, sids in zip(self._agents, lists, strict=True):
-            for sid in sids:
-                self._where[sid] = name
+            for sid in sids or ():
+                self._where.setdefault(sid, name)
                 found.add(sid)
-        return found
+        return found | {sid for sid, node in self._where.items() if node in silent}
 
     # -- runtimes --------------------------------------------------------------
 
@@ -571,7 +650,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         return {"node": node} if node else None
 
     async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
-        node = handle.get("node")
+        node = sandbox.node or handle.get("node")  # the log's word first
         if node not in self._agents:
             return False
         agent = self._agents[node]

@@ -34,6 +34,7 @@ class NodeState:
     sandboxes: int = 0
     runtimes: frozenset[str] = frozenset()
     max_sandboxes: int = MAX_SANDBOXES
+    draining: bool = False  # its operator drained it: it takes no new sandbox
     unusable: str | None = None  # "did not answer: …"
 
 
@@ -63,6 +64,8 @@ def _fits(node: NodeState, memory: int, cpu: int, reserved: Held) -> str | None:
     """Why ``node`` cannot take it, or None."""
     if node.unusable:
         return f"{node.name} {node.unusable}"
+    if node.draining:
+        return f"{node.name} is draining"
     if node.sandboxes + reserved[2] >= node.max_sandboxes:
         return f"{node.name} runs its maximum of {node.max_sandboxes} sandboxes"
     free_memory = min(node.memory_available, node.memory_total * MEMORY_OVERCOMMIT - node.memory_committed) - reserved[0]
