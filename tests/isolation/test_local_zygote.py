@@ -7,6 +7,7 @@ do to the fast path. Each test also checks the command really came through the z
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import os
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.drivers.base import ExecRequest, ExecResult
+from hutch.drivers.base import ExecRequest, ExecResult, ResourceLimits
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.local.helper import start_time
 from tests.drivers_support import (
@@ -86,7 +87,7 @@ async def test_a_command_can_neither_signal_nor_ptrace_nor_read_pid_1(driver: Lo
         assert lines[6:9] == ["fd denied", "environ denied", "mem denied"], lines
         assert lines[9] == "mine ['0', '1', '2', '3']", lines  # 3: the listing's own
         init = driver._registry.running(sid).init_pid
-        assert Path(f"/proc/{init}/stat").read_text().rpartition(")")[2].split()[0] == "S"  # not stopped
+        assert Path(f"/proc/{init}/stat").read_text().rpartition(")")[2].split()[0] not in ("T", "t")  # not stopped
         # And it still forks commands.
         result, out = await python(driver, sid, "print('still here')")
         assert (result.exit_code, out.text()) == (0, "still here\n")
@@ -193,5 +194,32 @@ async def test_setup_failures_and_exits_are_reported_as_before(driver: LocalDriv
         assert result.timed_out and result.exit_code == 124
         assert driver._nsexec.zygote_runs == 5
         assert os.path.exists(socket_path(driver, sid))
+    finally:
+        await driver.destroy(sid)
+
+
+async def test_a_sandbox_at_its_pids_limit_still_executes(driver: LocalDriver) -> None:
+    """pid 1 forks inside the sandbox's pids cgroup, so a sandbox its own processes hold at
+    the limit has no room for the zygote's fork: pid 1 says so and the helper, which forks
+    outside, runs the command as it always did."""
+    sid = await provision(driver, PY, resources=ResourceLimits(pids=12))
+    try:
+        sink = Recorder()
+        # Forks for a second, taking every slot freed meanwhile (its own shell's), then says so.
+        fill = ("import os, time\nend = time.monotonic() + 1\nwhile time.monotonic() < end:\n"
+                "    try:\n        pid = os.fork()\n    except OSError:\n        time.sleep(0.01)\n        continue\n"
+                "    if pid == 0:\n        time.sleep(120)\n        os._exit(0)\n"
+                "open('full', 'w').close()\ntime.sleep(120)\n")
+        await driver.exec(ExecRequest(new_id("ex"), sid, ("sh", "-c", f'python3 -c "{fill}" >/dev/null 2>&1 &')), sink)
+        full = driver._registry.sandbox_root / sid / "upper" / "home" / "agentuity" / "full"
+        for _ in range(100):
+            if full.exists():
+                break
+            await asyncio.sleep(0.1)
+        assert full.exists()
+        before = driver._nsexec.zygote_runs
+        result = await driver.exec(ExecRequest(new_id("ex"), sid, ("echo", "in")), sink)
+        assert (result.exit_code, sink.text()) == (0, "in\n"), sink.text("stderr")
+        assert driver._nsexec.zygote_runs == before  # the helper's run
     finally:
         await driver.destroy(sid)

@@ -174,10 +174,21 @@ async def run(
     finally:
         for fd in theirs:
             os.close(fd)
-    phases.end("zygote: request sent", t0)
+    replies = _Replies(sock, started)
+    try:
+        # Until the child is set up (or has failed): if pid 1 could not fork, nothing ran and
+        # nothing was read of stdin yet, so the helper can still do it all.
+        await replies.first
+    except BaseException as err:
+        if isinstance(err, asyncio.CancelledError):
+            await kill()  # the child may be about to exec, with nobody left to carry it
+        replies.close()
+        for fd in ours:
+            os.close(fd)
+        raise
+    phases.end("zygote: request to the command's exec", t0)
     sent()
     pipes = helper.Pipes(_file(in_w, "wb") if in_w >= 0 else None, _file(out_r, "rb"), _file(err_r, "rb"), sink)
-    replies = _Replies(sock, started)
     try:
         with phases.span("zygote: runs to exit (the child's setup, the command, the pipes)"):
             try:
@@ -210,6 +221,7 @@ class _Replies:
         self.status: int | None = None
         self.loop = asyncio.get_running_loop()
         self.exited: asyncio.Future[None] = self.loop.create_future()
+        self.first: asyncio.Future[None] = self.loop.create_future()  # Unavailable if pid 1 refused
         self.loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
@@ -223,10 +235,14 @@ class _Replies:
             for level, kind, payload in ancdata:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
                     self.started(_UCRED.unpack_from(payload)[0])
+            helper.set_done(self.first)
             return
+        self.loop.remove_reader(self.sock.fileno())
         if len(data) == 5 and data[:1] == b"x":
             self.status = int.from_bytes(data[1:], "little", signed=True)
-        self.loop.remove_reader(self.sock.fileno())
+        elif not self.first.done():  # "n", or the end before anything: nothing was started
+            self.first.set_exception(Unavailable("the sandbox's pid 1 started nothing"))
+        helper.set_done(self.first)
         helper.set_done(self.exited)
 
     def code(self) -> int:

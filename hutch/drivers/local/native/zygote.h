@@ -23,6 +23,7 @@
  * root picked for it and no other. pid 1 only accepts and forks; the child receives,
  * sets up and execs, and pid 1 reports the wait status when it reaps it. Messages:
  *   child -> server "p"           set up, about to exec (the kernel attaches its pid)
+ *   pid 1 -> server "n"           could not fork: nothing started
  *   pid 1 -> server "x" + status  the command's wait status (int), after reaping it
  * A connection closed without "x" means pid 1 is gone: the sandbox died.
  */
@@ -138,6 +139,13 @@ static void zygote_child(int conn)
     _exit(err == ENOENT ? 127 : 126);
 }
 
+/* Nothing started: the server runs the helper instead (which forks outside the sandbox). */
+static void zygote_refuse(int conn)
+{
+    if (send(conn, "n", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {}
+    close(conn);
+}
+
 static void zygote_accept(int lfd, int sfd)
 {
     int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -145,12 +153,12 @@ static void zygote_accept(int lfd, int sfd)
     if (n_zkids == cap_zkids) {
         size_t cap = cap_zkids ? cap_zkids * 2 : 16;
         struct zchild *more = realloc(zkids, cap * sizeof *more);
-        if (!more) { close(conn); return; }  /* the server sees the connection end: it falls back */
+        if (!more) { zygote_refuse(conn); return; }
         zkids = more;
         cap_zkids = cap;
     }
     pid_t child = fork();
-    if (child < 0) { close(conn); return; }
+    if (child < 0) { zygote_refuse(conn); return; }  /* at its pids limit, say */
     if (child == 0) {
         close(lfd);
         close(sfd);
