@@ -223,3 +223,22 @@ async def test_a_sandbox_at_its_pids_limit_still_executes(driver: LocalDriver) -
         assert driver._nsexec.zygote_runs == before  # the helper's run
     finally:
         await driver.destroy(sid)
+
+
+async def test_a_sandbox_stopping_its_own_processes_cannot_hang_an_execute(driver: LocalDriver) -> None:
+    """The zygote's child is the sandbox user's before it is in its leaf: a process of the
+    sandbox stopping everything it may signal can catch it there, where the leaf's kill does
+    not reach. The execute's timeout still ends the execute."""
+    sid = await provision(driver, PY)
+    try:
+        stopper = "import os, time\nwhile True:\n    try:\n        os.kill(-1, 19)\n    except OSError:\n" \
+                  "        pass\n    time.sleep(0.0002)\n"
+        sink = Recorder()
+        await driver.exec(ExecRequest(new_id("ex"), sid, ("sh", "-c", f'python3 -c "{stopper}" >/dev/null 2>&1 &')),
+                          sink)
+        for _ in range(8):
+            result = await asyncio.wait_for(
+                driver.exec(ExecRequest(new_id("ex"), sid, ("true",), timeout=0.5), sink), 10)
+            assert result.timed_out or result.exit_code == 0, result
+    finally:
+        await driver.destroy(sid)

@@ -177,14 +177,18 @@ async def run(
     replies = _Replies(sock, started)
     try:
         # Until the child is set up (or has failed): if pid 1 could not fork, nothing ran and
-        # nothing was read of stdin yet, so the helper can still do it all.
-        await replies.first
+        # nothing was read of stdin yet, so the helper can still do it all. The limit holds
+        # here too: the sandbox's own processes may stop the child (same uid) before it is in
+        # its leaf, where no kill reaches it.
+        await asyncio.wait_for(asyncio.shield(replies.first), limit)
     except BaseException as err:
-        if isinstance(err, asyncio.CancelledError):
+        if isinstance(err, (asyncio.CancelledError, TimeoutError)):
             await kill()  # the child may be about to exec, with nobody left to carry it
         replies.close()
         for fd in ours:
             os.close(fd)
+        if isinstance(err, TimeoutError):
+            return 128 + 9, True, ""
         raise
     phases.end("zygote: request to the command's exec", t0)
     sent()
