@@ -434,11 +434,11 @@ static int mode_launch(struct opts *o)
     for (int i = 0; i < o->n_cgroups; i++)
         write_str(o->cgroups[i], "0");  /* "0": this single-threaded process; see cgroups.py */
     /* The sandbox's anchor should outlive any OOM inside the sandbox. Best effort:
-     * lowering needs CAP_SYS_RESOURCE, which some hosts withhold even from root. */
-    /* First a privileged "0" on oom_score_adj, which pins the floor an unprivileged process
-     * may lower its score to at 0; then -1000 through the legacy oom_adj (-17), which lowers
-     * the score without moving that floor. So the commands pid 1 forks (zygote.h) can raise
-     * theirs back to 0 and never lower it again. */
+     * lowering needs CAP_SYS_RESOURCE, which some hosts withhold even from root. First a
+     * privileged "0" on oom_score_adj, which pins at 0 the floor an unprivileged process may
+     * lower its score to; then -1000 through the legacy oom_adj (-17), which lowers the score
+     * without moving that floor. So the commands pid 1 forks (zygote.h) raise theirs back to
+     * 0 and can never lower it again. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (oom >= 0) { if (write(oom, "0", 1) < 0) {} close(oom); }
     oom = open("/proc/self/oom_adj", O_WRONLY | O_CLOEXEC);
