@@ -185,11 +185,13 @@ else:
     # A restarted server adopts the rootless sandboxes that outlived it, like any other.
     await d.provision(ProvisionRequest("sbx_rootless6", PY))
     await run("sbx_rootless6", "sh", "-c", "echo kept > ~/k; sleep 300 >/dev/null 2>&1 &")
+    report["zygote"] = {"runs": d._nsexec.zygote_runs, "execs": n}
     await d.close()
     d = LocalDriver(data_dir, cache)
     await d.start()
     report["restart"] = {"alive": sorted(await d.alive()), "exec": await run("sbx_rootless6", "sh", "-c",
                                                                            "cat ~/k; pgrep -c sleep || true")}
+    report["zygote"]["after_restart"] = d._nsexec.zygote_runs  # the adopted sandbox's pid 1 still forks
     await d.destroy("sbx_rootless6")
     await d.close()
     report["api"] = await through_the_api(data_dir.parent / "server", cache)

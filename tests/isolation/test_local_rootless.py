@@ -204,3 +204,11 @@ def test_a_runtime_not_built_here_fails_saying_how_to_build_it(report: dict) -> 
     assert "cannot build runtimes" in unbuilt["reason"], unbuilt
     assert f"sudo hutch runtime build {unbuilt['runtime_name']}" in unbuilt["reason"], unbuilt
 
+
+def test_commands_come_through_the_zygote(report: dict) -> None:
+    """Rootless too, pid 1 forks the commands (the re-exec'd pid 1 keeps its socket), and a
+    sandbox adopted by a restarted server still does."""
+    zygote = report["zygote"]
+    assert zygote["runs"] == zygote["execs"] > 10, zygote
+    assert zygote["after_restart"] == 1, zygote
+

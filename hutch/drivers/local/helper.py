@@ -10,7 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
-from typing import Literal
+from typing import IO, Literal
 
 from hutch.core import phases
 from hutch.drivers.base import OutputSink
@@ -64,12 +64,24 @@ async def run(
             os.close(fd)
     phases.end("helper: fork/exec (Popen)", t0)
     started(proc.pid)
-    pipes = _Pipes(proc, sink)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    pipes = Pipes(proc.stdin, proc.stdout, proc.stderr, sink)
+    pidfd = os.pidfd_open(proc.pid)
     try:
         with phases.span("helper: runs to exit (its setup, the command, the pipes)"):
-            code, timed_out = await pipes.carry(stdin, limit, kill)
+            exited = pipes.watch(pidfd)
+            try:
+                timed_out = await pipes.carry(stdin, limit, kill, exited)
+            finally:
+                if not exited.done():  # only on unexpected errors
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                code = proc.wait()
+                await pipes.drain()
     finally:
         await pipes.close()
+        os.close(pidfd)
         status = read_available(status_r).decode(errors="replace")
         os.close(status_r)
     if code < 0:
@@ -77,34 +89,31 @@ async def run(
     return code, timed_out, status
 
 
-class _Pipes:
-    """One helper process's exit (its pidfd) and pipes, carried on the event loop: stdout and
-    stderr pumped into the sink, stdin fed whole or streamed, everything unhooked by close()."""
+class Pipes:
+    """One command's pipes, carried on the event loop until it exits: stdout and stderr
+    pumped into the sink, stdin fed whole or streamed, everything unhooked by close() (which
+    closes the pipes)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sink: OutputSink | None) -> None:
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        self.proc = proc
+    def __init__(self, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes], sink: OutputSink | None) -> None:
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
         self.sink = sink
         self.loop = asyncio.get_running_loop()
-        self.pidfd = os.pidfd_open(proc.pid)
         self.watched: list[tuple[int, bool]] = []  # (fd, is_writer)
         self.feeder: asyncio.Future[None] | None = None
+        self.eofs: list[asyncio.Future[None]] = []
 
     async def carry(self, stdin: bytes | AsyncIterable[bytes] | None, limit: float | None,
-                    kill: Callable[[], Awaitable[None]]) -> tuple[int, bool]:
-        """Until the helper exits (killing its tree after ``limit`` or on a cancel), then a
-        short drain of what is left in the pipes; returns (wait status, timed out)."""
-        proc = self.proc
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        exited = self.watch_exit()
-        eofs = [self.pump(proc.stdout.fileno(), "stdout"), self.pump(proc.stderr.fileno(), "stderr")]
-        if proc.stdin is not None and stdin is not None:
+                    kill: Callable[[], Awaitable[None]], exited: asyncio.Future[None]) -> bool:
+        """Until ``exited`` (killing the tree after ``limit`` or on a cancel); returns whether
+        it timed out. Then the caller collects the exit and calls drain()."""
+        self.eofs = [self.pump(self.stdout.fileno(), "stdout"), self.pump(self.stderr.fileno(), "stderr")]
+        if self.stdin is not None and stdin is not None:
             if isinstance(stdin, (bytes, bytearray)):
-                self.feed(proc.stdin.fileno(), stdin)
+                self.feed(self.stdin.fileno(), stdin)
             else:
-                self.feeder = asyncio.ensure_future(self.feed_stream(proc.stdin.fileno(), stdin))
+                self.feeder = asyncio.ensure_future(self.feed_stream(self.stdin.fileno(), stdin))
         timed_out = False
         try:
             done, _ = await asyncio.wait({exited}, timeout=limit)
@@ -116,20 +125,19 @@ class _Pipes:
             await kill()
             await asyncio.shield(exited)
             raise
-        finally:
-            if not exited.done():  # only on unexpected errors
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-            code = proc.wait()
-            # Output already written is in the pipes; a background child may keep
-            # them open for ever, so stop after a short grace.
-            await asyncio.wait(eofs, timeout=DRAIN_GRACE)
-        return code, timed_out
+        return timed_out
 
-    def watch_exit(self) -> asyncio.Future[None]:
+    async def drain(self) -> None:
+        # Output already written is in the pipes; a background child may keep
+        # them open for ever, so stop after a short grace.
+        if self.eofs:
+            await asyncio.wait(self.eofs, timeout=DRAIN_GRACE)
+
+    def watch(self, fd: int) -> asyncio.Future[None]:
+        """A future set once ``fd`` (a pidfd) is readable."""
         fut: asyncio.Future[None] = self.loop.create_future()
-        self.loop.add_reader(self.pidfd, set_done, fut)
-        self.watched.append((self.pidfd, False))
+        self.loop.add_reader(fd, set_done, fut)
+        self.watched.append((fd, False))
         return fut
 
     def pump(self, fd: int, stream: Literal["stdout", "stderr"]) -> asyncio.Future[None]:
@@ -155,7 +163,7 @@ class _Pipes:
         """Streamed stdin: one chunk at a time, each written as the pipe takes it (the
         command's reading paces the sender: flat memory for any size)."""
         os.set_blocking(fd, False)
-        assert self.proc.stdin is not None
+        assert self.stdin is not None
         try:
             async for chunk in chunks:
                 view = memoryview(chunk)
@@ -172,7 +180,7 @@ class _Pipes:
         except OSError:
             pass  # the command closed its stdin: the rest is not wanted
         finally:
-            self.proc.stdin.close()
+            self.stdin.close()
 
     def feed(self, fd: int, data: bytes) -> None:
         view = memoryview(data)
@@ -189,8 +197,8 @@ class _Pipes:
                 sent = len(view)
             if sent >= len(view):
                 self.loop.remove_writer(fd)
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
+                assert self.stdin is not None
+                self.stdin.close()
 
         self.loop.add_writer(fd, writable)
         self.watched.append((fd, True))
@@ -202,8 +210,7 @@ class _Pipes:
                 await self.feeder
         for fd, is_writer in self.watched:
             (self.loop.remove_writer if is_writer else self.loop.remove_reader)(fd)
-        os.close(self.pidfd)
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for pipe in (self.stdin, self.stdout, self.stderr):
             if pipe is not None and not pipe.closed:
                 pipe.close()
 
@@ -220,19 +227,24 @@ def kill_session(helper: int, signum: int, *, once: bool = False) -> None:
     except (FileNotFoundError, ProcessLookupError):
         return
     for leader in map(int, children):
-        for _ in range(1 if once else 200):
-            found = False
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                fields = live_stat(int(name))  # zombies are dead already: killed, not yet reaped
-                if fields is not None and int(fields[3]) == leader:
-                    found = True
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(name), signum)
-            if not found:
-                break
-            time.sleep(0.001)
+        kill_session_of(leader, signum, once=once)
+
+
+def kill_session_of(leader: int, signum: int, *, once: bool = False) -> None:
+    """kill_session for a session leader known by its own pid (a command the zygote forked)."""
+    for _ in range(1 if once else 200):
+        found = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            fields = live_stat(int(name))  # zombies are dead already: killed, not yet reaped
+            if fields is not None and int(fields[3]) == leader:
+                found = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(name), signum)
+        if not found:
+            break
+        time.sleep(0.001)
 
 
 def read_chunk(fd: int) -> bytes | None:

@@ -17,7 +17,7 @@ from hutch.core.errors import DriverFailure
 from hutch.drivers import trust
 from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest
 from hutch.drivers.egress import flatten
-from hutch.drivers.local import disks, helper, layers, network, rootfs, slirp, uids
+from hutch.drivers.local import disks, helper, layers, network, rootfs, slirp, uids, zygote
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import start_time
 from hutch.drivers.local.nsexec import Nsexec, rlimit_args
@@ -173,6 +173,10 @@ class Launcher:
             cmd += ["--cgroup-procs", str(p)]
         if sb.dev_bytes:
             cmd += ["--dev-size", str(sb.dev_bytes)]
+        if zygote.enabled():  # pid 1 forks the commands (zygote.py)
+            listener = zygote.listen(d)
+            cmd += ["--zygote-fd", str(listener)]
+            pass_fds.append(listener)
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(d / "upper"),
                 "--ov-work", str(d / "work"), "--ov-target", str(d / "merged")]
         return cmd

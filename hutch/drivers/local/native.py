@@ -25,13 +25,14 @@ from pathlib import Path
 from hutch.core.errors import DriverFailure
 
 SOURCE = Path(__file__).parent / "native" / "hutch-nsexec.c"
+HEADERS = (SOURCE.parent / "zygote.h",)  # included by SOURCE
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-static"]
 LIBS = ["-lseccomp"]
 
 
 def helper_path(directory: Path) -> Path:
     # This file too: its build (the embedded seccomp program) is part of what the binary is.
-    recipe = SOURCE.read_bytes() + Path(__file__).read_bytes() + " ".join(CFLAGS + LIBS).encode()
+    recipe = b"".join(f.read_bytes() for f in (SOURCE, *HEADERS)) + Path(__file__).read_bytes() + " ".join(CFLAGS + LIBS).encode()
     digest = hashlib.sha256(recipe).hexdigest()[:16]
     return directory / f"hutch-nsexec-{digest}"
 

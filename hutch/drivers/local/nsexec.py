@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
 from hutch.drivers.base import OutputSink
-from hutch.drivers.local import helper
+from hutch.drivers.local import helper, zygote
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.state import LocalSandbox, Registry
 
@@ -58,6 +58,8 @@ class Nsexec:
         self._cgroups = cgroups
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
         self._pids: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
+        self._leaders: dict[str, int] = {}  # leaf -> pid of the command the zygote forked (the same)
+        self.zygote_runs = 0  # commands pid 1 forked (zygote.py), for tests and benchmarks
 
     def command(self, mode: str, sb: LocalSandbox, leaf: str, *, cwd: str, env: Mapping[str, str] | None,
                 status_w: int, pass_fds: list[int] | None = None) -> list[str]:
@@ -91,8 +93,27 @@ class Nsexec:
         limit: float | None,
         launched: Callable[[], None] = lambda: None,
     ) -> tuple[int, bool, str]:
-        """Run hutch-nsexec in the sandbox (helper.py); (exit code, timed out, status message).
-        ``launched`` is called once the helper is started."""
+        """Run hutch-nsexec in the sandbox (helper.py), or a command through the sandbox's
+        pid 1 (zygote.py) where it takes requests; (exit code, timed out, status message).
+        ``launched`` is called once the helper is started (the request sent)."""
+        if mode == "exec" and zygote.enabled():
+            procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
+
+            def leader(pid: int) -> None:
+                self._leaders[leaf] = pid
+
+            try:
+                result = await zygote.run(
+                    self._registry.sandbox_root / sb.id, cwd=cwd, argv=argv, env=env or {}, cgroup_files=procs,
+                    stdin=stdin, sink=sink, limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf),
+                    sent=launched, started=leader)
+            except zygote.Unavailable:
+                pass  # nothing started: the helper does it
+            else:
+                self.zygote_runs += 1
+                return result
+            finally:
+                self._leaders.pop(leaf, None)
         status_r, status_w = os.pipe()
         fds: list[int] = []
         try:
@@ -124,6 +145,8 @@ class Nsexec:
         or rootless, its session (helper.kill_session)."""
         if self._cgroups is not None:
             await self._cgroups.kill(sid, leaf)
+        elif leaf in self._leaders:
+            await asyncio.to_thread(helper.kill_session_of, self._leaders[leaf], signal.SIGKILL)
         elif leaf in self._pids:
             await asyncio.to_thread(helper.kill_session, self._pids[leaf], signal.SIGKILL)
 
@@ -132,6 +155,8 @@ class Nsexec:
         by forking), or rootless, once to its session."""
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.signal, sid, leaf, signum)
+        elif leaf in self._leaders:
+            await asyncio.to_thread(helper.kill_session_of, self._leaders[leaf], signum, once=True)
         elif leaf in self._pids:
             await asyncio.to_thread(helper.kill_session, self._pids[leaf], signum, once=True)
 

@@ -17,7 +17,7 @@ from types import TracebackType
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure
-from hutch.drivers.local import disks, layers, uids
+from hutch.drivers.local import disks, layers, uids, zygote
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import set_done, start_time
 from hutch.drivers.local.launch import layers_key
@@ -77,6 +77,7 @@ class Teardown:
         if not d.exists():
             return
         uids.release(d)
+        zygote.forget(d)
         if disks.attached(d):
             disks.detach(d)  # before rmtree, which would otherwise empty the mounted disk
         recipe = runtimes.find(sb.runtime) if sb is not None else None

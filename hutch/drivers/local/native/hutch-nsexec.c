@@ -95,7 +95,7 @@ struct opts {
     char *env[4096];
     int n_env;
     const char *ov_lower, *ov_upper, *ov_work, *ov_target;
-    int ready_fd, info_fd, netfilter_fd, tty_fd, env_fd;
+    int ready_fd, info_fd, netfilter_fd, tty_fd, env_fd, zygote_fd;
     unsigned short tty_rows, tty_cols;
     char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
     int userns;
@@ -114,6 +114,7 @@ static void parse(int argc, char **argv, struct opts *o)
     o->netfilter_fd = -1;
     o->tty_fd = -1;
     o->env_fd = -1;
+    o->zygote_fd = -1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -138,6 +139,7 @@ static void parse(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--dev-size")) o->dev_size = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--cgroup-procs") && o->n_cgroups < MAX_LIST) o->cgroups[o->n_cgroups++] = v;
         else if (!strcmp(a, "--env-fd")) o->env_fd = atoi(v);
+        else if (!strcmp(a, "--zygote-fd")) o->zygote_fd = atoi(v);
         else if (!strcmp(a, "--ov-lower")) o->ov_lower = v;
         else if (!strcmp(a, "--ov-upper")) o->ov_upper = v;
         else if (!strcmp(a, "--ov-work")) o->ov_work = v;
@@ -413,6 +415,8 @@ static void set_rlimits(struct opts *o)
     setrlimit(RLIMIT_CORE, &r);  /* no core files of sandbox processes on any host */
 }
 
+#include "zygote.h"
+
 static int self_exe = -1;  /* rootless pid 1's own binary, to re-exec (see mode_launch) */
 static void scrub_argv(struct opts *o);
 static int mode_init(struct opts *o);
@@ -430,9 +434,15 @@ static int mode_launch(struct opts *o)
     for (int i = 0; i < o->n_cgroups; i++)
         write_str(o->cgroups[i], "0");  /* "0": this single-threaded process; see cgroups.py */
     /* The sandbox's anchor should outlive any OOM inside the sandbox. Best effort:
-     * lowering needs CAP_SYS_RESOURCE, which some hosts withhold even from root. */
+     * lowering needs CAP_SYS_RESOURCE, which some hosts withhold even from root. First a
+     * privileged "0" on oom_score_adj, which pins at 0 the floor an unprivileged process may
+     * lower its score to; then -1000 through the legacy oom_adj (-17), which lowers the score
+     * without moving that floor. So the commands pid 1 forks (zygote.h) raise theirs back to
+     * 0 and can never lower it again. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (oom >= 0) { if (write(oom, "-1000", 5) < 0) {} close(oom); }
+    if (oom >= 0) { if (write(oom, "0", 1) < 0) {} close(oom); }
+    oom = open("/proc/self/oom_adj", O_WRONLY | O_CLOEXEC);
+    if (oom >= 0) { if (write(oom, "-17", 3) < 0) {} close(oom); }
     if (o->userns) {
         uid_t uid = geteuid();
         gid_t gid = getegid();
@@ -479,9 +489,10 @@ static int mode_launch(struct opts *o)
          * sandbox's namespace) could then join it. After the exec the owner is the
          * sandbox's namespace, where our helpers are privileged and the sandbox user is
          * not. The fd was opened before the host's tree was detached. */
-        char fd_arg[16];
+        char fd_arg[16], zygote_arg[16];
         snprintf(fd_arg, sizeof fd_arg, "%d", o->ready_fd);
-        char *args[] = {"hutch-init", "init", "--ready-fd", fd_arg, NULL};
+        snprintf(zygote_arg, sizeof zygote_arg, "%d", o->zygote_fd);
+        char *args[] = {"hutch-init", "init", "--ready-fd", fd_arg, "--zygote-fd", zygote_arg, NULL};
         char *no_env[] = {NULL};
         fexecve(self_exe, args, no_env);
         fail("setup", "re-exec pid 1: %s", strerror(errno));
@@ -507,10 +518,16 @@ static int mode_init(struct opts *o)
     int null = open("/dev/null", O_RDWR);
     if (null >= 0) { dup2(null, 0); dup2(null, 1); dup2(null, 2); }
     if (o->ready_fd >= 0 && write(o->ready_fd, "ready\n", 6) < 0) _exit(125);
-    syscall(SYS_close_range, 3, ~0U, 0);
+    int keep = 3;
+    if (o->zygote_fd >= 0) {
+        if (o->zygote_fd != 3 && dup2(o->zygote_fd, 3) < 0) o->zygote_fd = -1;
+        else { o->zygote_fd = 3; keep = 4; }
+    }
+    syscall(SYS_close_range, keep, ~0U, 0);
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, NULL);
+    if (o->zygote_fd >= 0) zygote_loop(o->zygote_fd);  /* returns only if it could not start */
     for (;;) {
         siginfo_t si;
         if (sigwaitinfo(&all, &si) == SIGCHLD)
