@@ -96,6 +96,9 @@ class SandboxSpec:
     # how many bytes of it the record left out, and the SHA-256 of the whole. None: nothing left out.
     command_omitted_bytes: int | None = None
     command_sha256: str | None = None
+    # The sandbox account's name (home /home/<user>), where the E2B wire asks for E2B's "user";
+    # None: hutch's own, agentuity. Not on the Agentuity wire.
+    user: str | None = None
 
 
 @attrs.frozen
