@@ -15,6 +15,7 @@ import urllib.parse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 from aiohttp import web
 
 from hutch.api.e2b import ports
@@ -44,6 +45,9 @@ _UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volume
                 "network": "per-sandbox egress rules on the E2B wire (use hutch's network.allow)",
                 "autoPause": "pausing on timeout", "autoResume": "resuming on traffic",
                 "autoPauseMemory": "pausing on timeout"}
+# E2B's templates' account (home /home/user); not the code interpreter's, whose server reads
+# its token from agentuity's home (api/e2b/ports.py).
+E2B_USER = "user"
 _KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", *_UNSUPPORTED}
 
 
@@ -145,6 +149,7 @@ async def create(request: web.Request) -> web.Response:
     if template.startswith("snp_"):
         snapshot = await engine.snapshots.resolve(template, "templateID")
         hutch_body["snapshot"] = template
+        runtime = snapshot.runtime
     else:
         runtime = _TEMPLATES.get(template, template)
         if runtimes.find(runtime) is None:
@@ -154,6 +159,10 @@ async def create(request: web.Request) -> web.Response:
         if runtime == ports.RUNTIME:  # its server on its port, reached as the SDK reaches it (api/e2b/ports.py)
             hutch_body["network"] = {**hutch_body.get("network", {}), "port": ports.PORT}
     req = parse_create(hutch_body, snapshot)
+    if runtime != ports.RUNTIME and engine.provisioning.capabilities.named_user:
+        # E2B's templates run as "user", home /home/user (where a snapshot's files go too): E2B's
+        # SDK and code expect so. A driver that cannot name the account keeps agentuity's.
+        req = attrs.evolve(req, spec=attrs.evolve(req.spec, user=E2B_USER))
     principal = request[PRINCIPAL_KEY]
 
     async def make() -> str:
