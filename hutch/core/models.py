@@ -70,6 +70,9 @@ class TimeoutSpec:
     idle: str | None = None
     execution: str | None = None
     paused: str | None = None
+    # What the idle timeout does: None ends the sandbox; "pause" pauses it (E2B's
+    # lifecycle.on_timeout "pause"), and a resume carries on from there.
+    on_idle: str | None = None
 
 
 @attrs.frozen

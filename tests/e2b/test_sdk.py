@@ -5,6 +5,7 @@ envd token opening nothing of another's."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -121,6 +122,30 @@ def test_metadata_and_env_vars_reach_the_sandbox(e2b_env: E2bServer) -> None:
         assert sbx.kill() is True
     assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
     assert Sandbox.kill(sbx.sandbox_id) is False  # killed already: E2B's 404
+
+
+def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E2bServer) -> None:
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("kept.txt", "still here")
+        sbx.set_timeout(1)  # hutch's timeout is an idle one: nothing may run meanwhile
+        deadline = time.monotonic() + 30
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sbx.get_info().state.value == "paused"  # not killed
+        resumed = sbx.connect()
+        assert resumed.get_info().state.value == "running"
+        assert resumed.files.read("kept.txt") == "still here"
+        assert resumed.commands.run("echo awake").stdout == "awake\n"
+    finally:
+        sbx.kill()
+
+
+def test_a_pause_hutch_does_not_offer_is_refused_naming_it(e2b_env: E2bServer) -> None:
+    with pytest.raises(SandboxException, match="autoPauseMemory: hutch pauses with the memory kept"):
+        Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    with pytest.raises(SandboxException, match="autoResume: hutch does not resume a paused sandbox on traffic"):
+        Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
 
 
 def test_a_create_repeated_with_its_idempotency_key_makes_one_sandbox(e2b_env: E2bServer) -> None:
