@@ -58,7 +58,7 @@ async def test_a_sandbox_runs_as_the_account_it_names(driver: LocalDriver) -> No
         await driver.destroy(default)
 
 
-@pytest.mark.parametrize("name", ["root", "bin", "a:b", "x\nroot::0:0::/:/bin/sh", "Upper", "", "a" * 33])
+@pytest.mark.parametrize("name", ["root", "bin", "users", "a:b", "x\nroot::0:0::/:/bin/sh", "Upper", "", "a" * 33])
 async def test_a_name_that_is_not_a_new_plain_account_makes_no_sandbox(driver: LocalDriver, name: str) -> None:
     sid = new_id()
     with pytest.raises(InvalidInput) as caught:

@@ -196,12 +196,12 @@ def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = Fa
     st = os.stat(layers.find_in_lowers(lower, "etc"))
     os.chmod(etc, st.st_mode & 0o7777)
     home = home_of(user)
-    passwd = _lower_text(lower, "etc/passwd")
-    if any(line.split(":", 1)[0] == user for line in passwd.splitlines()):
-        # Two accounts of one name: whose files are whose would be a guess.
-        raise InvalidInput(f"user: {user!r} is already an account of the runtime", field="user")
+    passwd, group = _lower_text(lower, "etc/passwd"), _lower_text(lower, "etc/group")
+    for name, text in (("an account", passwd), ("a group", group)):
+        if any(line.split(":", 1)[0] == user for line in text.splitlines()):
+            # Two entries of one name: whose files are whose would be a guess.
+            raise InvalidInput(f"user: {user!r} is already {name} of the runtime", field="user")
     _put(etc / "passwd", (passwd + f"{user}:x:{uid}:{uid}:{user}:{home}:/bin/bash\n").encode(), 0o644)
-    group = _lower_text(lower, "etc/group")
     _put(etc / "group", (group + f"{user}:x:{uid}:\n").encode(), 0o644)
     # Used only when the sandbox has network; harmless (unreachable) otherwise.
     _put(etc / "resolv.conf", (resolv or network.resolv_conf()).encode(), 0o644)
