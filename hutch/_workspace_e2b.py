@@ -3,10 +3,10 @@ E2B-compatible server, hutch's own E2B wire included, driven through E2B's own S
 
 The SDK finds its server as E2B's users expect (``E2B_API_KEY``, ``E2B_API_URL``,
 ``E2B_SANDBOX_URL``, ``E2B_DOMAIN``) unless the Workspace names them. The workspace root is
-the sandbox user's home as the server reports it (hutch: /home/agentuity; E2B: /home/user), so
-paths are confined to whatever home that server gives. E2B's API has no fork and no snapshot a
-Workspace could name, so the Workspace says so for this backend; its JSON snapshot (files and
-env) works as everywhere.
+the sandbox user's home as the server reports it (/home/user, E2B's, on hutch's E2B wire too
+where its driver can name the account), so paths are confined to whatever home that server
+gives. E2B's API has no fork and no snapshot a Workspace could name, so the Workspace says so
+for this backend; its JSON snapshot (files and env) works as everywhere.
 
 Needs ``pip install 'hutch[e2b]'``: imported only when the backend is used, so the light SDK
 loads no more than before.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
 from typing import Literal, Protocol
 
@@ -43,6 +44,7 @@ class Capabilities:
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
     terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
+    named_user: bool = False  # can run a sandbox as an account of another name (ProvisionRequest.user)
 
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
@@ -64,6 +66,25 @@ def check_env(env: Mapping[str, str], field: str) -> None:
             raise InvalidInput(f"invalid environment variable name or value: {key!r}", field=field)
 
 
+# A user name the sandbox's /etc/passwd can carry: no ':' or newline can reach that file.
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+DEFAULT_USER = "agentuity"
+
+
+def check_user(name: str | None, field: str = "user") -> str:
+    """The sandbox account's name (``None``: the default); raises naming a bad one."""
+    if name is None:
+        return DEFAULT_USER
+    if not isinstance(name, str) or not _USER_NAME.fullmatch(name) or name == "root":
+        raise InvalidInput(f"{field}: expected a user name (lowercase letters, digits, _ and -, at most 32, "
+                           f"not root), got {name!r}", field=field)
+    return name
+
+
+def home_of(user: str | None) -> str:
+    return f"/home/{check_user(user)}"
+
+
 @attrs.frozen
 class ResourceLimits:
     memory_bytes: int | None = None
@@ -83,6 +104,7 @@ class ProvisionRequest:
     env: Mapping[str, str] = attrs.field(factory=dict)
     dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
     packages: tuple[str, ...] = ()  # npm packages to install globally
+    user: str | None = None  # the sandbox account's name, home /home/<user> (None: agentuity)
 
     @classmethod
     def for_spec(cls, sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
@@ -93,7 +115,7 @@ class ProvisionRequest:
                    resources=ResourceLimits(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
                    network_enabled=spec.network.enabled, port=spec.network.port, env={},
                    network_allow=spec.network.allow,
-                   dependencies=spec.dependencies, packages=spec.packages)
+                   dependencies=spec.dependencies, packages=spec.packages, user=spec.user)
 
 
 @attrs.frozen

@@ -70,6 +70,9 @@ class TimeoutSpec:
     idle: str | None = None
     execution: str | None = None
     paused: str | None = None
+    # What the idle timeout does: None ends the sandbox; "pause" pauses it (E2B's
+    # lifecycle.on_timeout "pause"), and a resume carries on from there.
+    on_idle: str | None = None
 
 
 @attrs.frozen
@@ -96,6 +99,9 @@ class SandboxSpec:
     # how many bytes of it the record left out, and the SHA-256 of the whole. None: nothing left out.
     command_omitted_bytes: int | None = None
     command_sha256: str | None = None
+    # The sandbox account's name (home /home/<user>), where the E2B wire asks for E2B's "user";
+    # None: hutch's own, agentuity. Not on the Agentuity wire.
+    user: str | None = None
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from hutch.core.models import SandboxSpec, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams, StreamOwner
 from hutch.core.replicas import Replicas
 from hutch.drivers import egress
-from hutch.drivers.base import ProvisionRequest
+from hutch.drivers.base import Capabilities, ProvisionRequest
 from hutch.drivers.roles import Adoption, NodeFleet, RuntimeCatalog, SandboxFiles, SandboxLifecycle
 from hutch.service.background import Background, quietly
 from hutch.service.executions import Executions, default_timeout
@@ -111,6 +111,11 @@ class Provisioning:
             await self._start_sandbox(sandbox_id, req, execution_id)
         return Created(sandbox=await self._reads.require(sandbox_id), execution_id=execution_id)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the driver can give a new sandbox (another account's name, pausing, ...)."""
+        return self._lifecycle.capabilities
+
     def _check_capabilities(self, spec: SandboxSpec) -> None:
         """Refuse what the driver cannot give, before anything is recorded."""
         caps, name = self._lifecycle.capabilities, self._lifecycle.name
@@ -121,6 +126,8 @@ class Provisioning:
         ):
             if asked and not can:
                 raise NotSupported(f"{field}: driver {name} cannot {what}", field=field)
+        if spec.user is not None and not caps.named_user:
+            raise NotSupported(f"user: driver {name} runs sandboxes as agentuity only", field="user")
         if (spec.dependencies or spec.packages) and not caps.installs:
             field = "dependencies" if spec.dependencies else "packages"
             raise NotSupported(f"{field}: driver {name} cannot install them at create", field=field)

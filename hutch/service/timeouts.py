@@ -1,4 +1,5 @@
-"""Idle and paused timeouts: the reaper ends a sandbox when its deadline passes.
+"""Idle and paused timeouts: the reaper ends a sandbox when its deadline passes (or, where its
+``timeout.on_idle`` says "pause", pauses it at its idle timeout).
 
 A deadline is derived from the sandbox's state (its ``timeout.idle`` after the last event or
 activity, its ``timeout.paused`` after it paused), so nothing about timers is logged; every
@@ -96,6 +97,14 @@ class Reaper:
             return
         if not await self._control.replicas.mine(sandbox_id):
             return  # another replica's: its own reaper ends it
+        if sb is not None and sb.status is SandboxStatus.IDLE and sb.spec.timeout.on_idle == "pause":
+            log.info("pausing %s: %s", sandbox_id, reason)
+            try:
+                await self._control.pause(sandbox_id)
+                return
+            except HutchError as err:  # a sandbox that cannot be kept is ended, as any other would be
+                log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
+                reason = f"{reason}; pausing it failed: {err.message}"
         log.info("reaping %s: %s", sandbox_id, reason)
         await self._control.end(sandbox_id, Terminate(reason=reason))
 

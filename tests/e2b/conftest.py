@@ -36,21 +36,8 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, driver: str = "local", **en
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def e2b_embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
-    """The embedded profile (SQLite log, memory store): E2B's own tests run here."""
-    yield from _serve(tmp_path_factory)
-
-
-@pytest.fixture(scope="module", params=["embedded", "production"])
-def e2b_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
-    """hutch's own E2B tests run on both profiles (production: Kafka and PostgreSQL, a fresh
-    topic and database) with the local driver; a missing service fails loudly. The E2B wire
-    reaches drivers only through the engine, as the Agentuity wire does, whose suites already
-    run every driver: a third server here proved nothing new for the suite's time."""
-    if request.param == "embedded":
-        yield from _serve(tmp_path_factory)
-        return
+def _serve_production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """Kafka and PostgreSQL, a fresh topic and database; a missing service fails loudly."""
     log = kafka_url("e2b")
     store, name = asyncio.run(fresh_database("e2b"))
     try:
@@ -58,6 +45,26 @@ def e2b_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     finally:
         asyncio.run(drop_database(name))
         asyncio.run(drop_topics(log))
+
+
+@pytest.fixture(scope="module")
+def e2b_embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """The embedded profile (SQLite log, memory store): E2B's own sync tests run here."""
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def e2b_production_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """The production profile: E2B's own async tests (the sync ones' twins) run here."""
+    yield from _serve_production(tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["embedded", "production"])
+def e2b_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """hutch's own E2B tests run on both profiles with the local driver. The E2B wire
+    reaches drivers only through the engine, as the Agentuity wire does, whose suites already
+    run every driver: a third server here proved nothing new for the suite's time."""
+    yield from (_serve(tmp_path_factory) if request.param == "embedded" else _serve_production(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

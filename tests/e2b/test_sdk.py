@@ -5,6 +5,7 @@ envd token opening nothing of another's."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -33,6 +34,24 @@ def test_a_command_runs_and_its_output_and_exit_code_come_back(sandbox: Sandbox)
     assert in_tmp.stdout == "/tmp\n"
 
 
+def test_the_sandbox_runs_as_e2bs_user_in_its_home(sandbox: Sandbox) -> None:
+    """As E2B's base template: the account ``user``, home /home/user, where commands start."""
+    who = sandbox.commands.run('id -un; echo "$HOME"; pwd; stat -c %U .').stdout
+    assert who == "user\n/home/user\n/home/user\nuser\n"
+    assert sandbox.files.write("from-files.txt", "x").path == "/home/user/from-files.txt"
+    assert sandbox.commands.run("stat -c %U from-files.txt; rm from-files.txt").stdout == "user\n"
+
+
+def test_a_snapshot_of_its_home_seeds_the_home_of_a_sandbox_made_from_it(e2b_env: E2bServer,
+                                                                        sandbox: Sandbox) -> None:
+    """A hutch snapshot is the home's files: E2B's user finds them in /home/user."""
+    sandbox.files.write("kept/note.txt", "from the snapshot")
+    snap = e2b_env.server.data("POST", f"/sandbox/{sandbox.sandbox_id}/snapshot", {"name": "e2b-home"})
+    sandbox.files.remove("kept")
+    with Sandbox.create(snap["snapshotId"], timeout=60) as made:
+        assert made.commands.run("id -un; cat /home/user/kept/note.txt").stdout == "user\nfrom the snapshot"
+
+
 def test_a_failing_command_raises_with_its_exit_code(sandbox: Sandbox) -> None:
     with pytest.raises(CommandExitException) as caught:
         sandbox.commands.run("echo partial; exit 3")
@@ -51,7 +70,7 @@ def test_a_background_command_is_listed_and_killed(sandbox: Sandbox) -> None:
 
 def test_files_are_written_read_listed_and_removed(sandbox: Sandbox) -> None:
     info = sandbox.files.write("notes/a.txt", "first")  # parents made; relative: the user's home
-    assert info.path == "/home/agentuity/notes/a.txt"
+    assert info.path == "/home/user/notes/a.txt"
     sandbox.files.write("/tmp/b.bin", b"\x00\xff")
     assert sandbox.files.read("notes/a.txt") == "first"
     assert sandbox.files.read("/tmp/b.bin", format="bytes") == b"\x00\xff"
@@ -66,9 +85,9 @@ def test_files_are_written_read_listed_and_removed(sandbox: Sandbox) -> None:
 
 def test_a_listing_larger_than_the_server_holds_is_refused_naming_the_bound(sandbox: Sandbox) -> None:
     sandbox.commands.run("mkdir -p big && cd big && touch $(seq 1 10001)")
-    with pytest.raises(InvalidArgumentException, match="more than 10000 entries below '/home/agentuity/big'"):
+    with pytest.raises(InvalidArgumentException, match="more than 10000 entries below '/home/user/big'"):
         sandbox.files.list("big")
-    assert len(sandbox.files.list("/home/agentuity", depth=1)) >= 1  # a narrower listing still answers
+    assert len(sandbox.files.list("/home/user", depth=1)) >= 1  # a narrower listing still answers
     sandbox.commands.run("rm -rf big")
 
 
@@ -103,6 +122,30 @@ def test_metadata_and_env_vars_reach_the_sandbox(e2b_env: E2bServer) -> None:
         assert sbx.kill() is True
     assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
     assert Sandbox.kill(sbx.sandbox_id) is False  # killed already: E2B's 404
+
+
+def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E2bServer) -> None:
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("kept.txt", "still here")
+        sbx.set_timeout(1)  # hutch's timeout is an idle one: nothing may run meanwhile
+        deadline = time.monotonic() + 30
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sbx.get_info().state.value == "paused"  # not killed
+        resumed = sbx.connect()
+        assert resumed.get_info().state.value == "running"
+        assert resumed.files.read("kept.txt") == "still here"
+        assert resumed.commands.run("echo awake").stdout == "awake\n"
+    finally:
+        sbx.kill()
+
+
+def test_a_pause_hutch_does_not_offer_is_refused_naming_it(e2b_env: E2bServer) -> None:
+    with pytest.raises(SandboxException, match="autoPauseMemory: hutch pauses with the memory kept"):
+        Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    with pytest.raises(SandboxException, match="autoResume: hutch does not resume a paused sandbox on traffic"):
+        Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
 
 
 def test_a_create_repeated_with_its_idempotency_key_makes_one_sandbox(e2b_env: E2bServer) -> None:

@@ -370,7 +370,7 @@ async def test_the_e2b_backend_by_its_arguments_detached_reattached_and_what_it_
     ws = Workspace(**named, language="shell", env={"STAGE": "two"})
     await ws.start()
     try:
-        assert (await ws.shell("pwd; echo $STAGE")).stdout == "/home/agentuity\ntwo\n"
+        assert (await ws.shell("pwd; echo $STAGE")).stdout == "/home/user\ntwo\n"  # E2B's home, as E2B's
         slow = await ws.shell("echo before; sleep 30", timeout_seconds=1)
         assert (slow.stdout, slow.timed_out, slow.exit_code) == ("before\n", True, 124)
         assert "sleep 30" not in (await ws.shell("ps -eo args")).stdout  # killed at its limit, not left behind

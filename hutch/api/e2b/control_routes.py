@@ -15,6 +15,7 @@ import urllib.parse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 from aiohttp import web
 
 from hutch.api.e2b import ports
@@ -41,10 +42,12 @@ _TEMPLATES = {"base": "base:latest", "code-interpreter-v1": ports.RUNTIME}
 _LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 # Create fields hutch has no counterpart for: refused when set to anything but empty/false.
 _UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes",
-                "network": "per-sandbox egress rules on the E2B wire (use hutch's network.allow)",
-                "autoPause": "pausing on timeout", "autoResume": "resuming on traffic",
-                "autoPauseMemory": "pausing on timeout"}
-_KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", *_UNSUPPORTED}
+                "network": "per-sandbox egress rules on the E2B wire (use hutch's network.allow)"}
+# E2B's templates' account (home /home/user); not the code interpreter's, whose server reads
+# its token from agentuity's home (api/e2b/ports.py).
+E2B_USER = "user"
+_KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", "autoPause",
+          "autoPauseMemory", "autoResume", *_UNSUPPORTED}
 
 
 def _template_of(sb: SandboxState) -> str:
@@ -60,6 +63,29 @@ def _timeout(body: dict[str, Any], *, lowest: int = 1) -> int:
         raise InvalidInput(f"timeout: expected whole seconds from {lowest} to {MAX_TIMEOUT}, got {value!r}",
                            field="timeout")
     return value
+
+
+def _pauses_at_timeout(body: dict[str, Any], can_pause: bool) -> bool:
+    """E2B's ``lifecycle``: ``on_timeout`` "pause" (autoPause) pauses the sandbox at its
+    timeout, memory kept, and a connect resumes it. A filesystem-only pause and resuming on
+    traffic (autoResume) are not offered."""
+    auto_pause, memory, resume = body.get("autoPause"), body.get("autoPauseMemory"), body.get("autoResume")
+    for field, value in (("autoPause", auto_pause), ("autoPauseMemory", memory)):
+        if value is not None and not isinstance(value, bool):
+            raise InvalidInput(f"{field}: expected true or false, got {value!r}", field=field)
+    if resume is not None and not (isinstance(resume, dict) and isinstance(resume.get("enabled", False), bool)):
+        raise InvalidInput(f"autoResume: expected {{\"enabled\": true|false}}, got {resume!r}", field="autoResume")
+    if resume and resume.get("enabled"):
+        raise NotSupported("autoResume: hutch does not resume a paused sandbox on traffic; connect resumes it",
+                           field="autoResume")
+    if not auto_pause:
+        return False
+    if memory is False:
+        raise NotSupported("autoPauseMemory: hutch pauses with the memory kept (the sandbox frozen); a "
+                           "filesystem-only pause is not offered", field="autoPauseMemory")
+    if not can_pause:
+        raise NotSupported("autoPause: this server's driver cannot pause sandboxes", field="autoPause")
+    return True
 
 
 def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
@@ -145,6 +171,7 @@ async def create(request: web.Request) -> web.Response:
     if template.startswith("snp_"):
         snapshot = await engine.snapshots.resolve(template, "templateID")
         hutch_body["snapshot"] = template
+        runtime = snapshot.runtime
     else:
         runtime = _TEMPLATES.get(template, template)
         if runtimes.find(runtime) is None:
@@ -153,7 +180,14 @@ async def create(request: web.Request) -> web.Response:
         hutch_body["runtime"] = runtime
         if runtime == ports.RUNTIME:  # its server on its port, reached as the SDK reaches it (api/e2b/ports.py)
             hutch_body["network"] = {**hutch_body.get("network", {}), "port": ports.PORT}
+    pause_at_timeout = _pauses_at_timeout(body, engine.provisioning.capabilities.pause)
     req = parse_create(hutch_body, snapshot)
+    if pause_at_timeout:
+        req = attrs.evolve(req, spec=attrs.evolve(req.spec, timeout=attrs.evolve(req.spec.timeout, on_idle="pause")))
+    if runtime != ports.RUNTIME and engine.provisioning.capabilities.named_user:
+        # E2B's templates run as "user", home /home/user (where a snapshot's files go too): E2B's
+        # SDK and code expect so. A driver that cannot name the account keeps agentuity's.
+        req = attrs.evolve(req, spec=attrs.evolve(req.spec, user=E2B_USER))
     principal = request[PRINCIPAL_KEY]
 
     async def make() -> str:

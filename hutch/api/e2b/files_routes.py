@@ -1,7 +1,8 @@
 """envd's files: its filesystem service over Connect (Stat, MakeDir, ListDir, Remove) and its
 HTTP ``/files`` (download, and upload as octet-stream or multipart), on hutch's file access
 of the sandbox the request's token opens (api/e2b/access.py). A relative path starts at the
-sandbox user's home, /home/agentuity (E2B's is /home/user), and answers name it absolute."""
+sandbox account's home (/home/user, E2B's, on a driver that can name the account; else
+hutch's /home/agentuity), and answers name it absolute."""
 
 from __future__ import annotations
 
@@ -17,21 +18,31 @@ from hutch.api.e2b import filesystem_messages as msg
 from hutch.api.e2b.access import SANDBOX_KEY, envd
 from hutch.api.http import stream
 from hutch.api.keys import ENGINE
-from hutch.core.driver_types import FileInfo
+from hutch.core.driver_types import FileInfo, home_of
 from hutch.core.errors import FileNotFound, InvalidInput, NotFound, NotSupported
 
 routes = web.RouteTableDef()
 MAX_DEPTH = 32
 MAX_ENTRIES = 10_000  # one ListDir's answer is held whole: a tree larger than this is refused
-HOME = "/home/agentuity"  # the sandbox user's home, where the drivers start a relative path too
+_HOME_KEY: web.RequestKey[str] = web.RequestKey("e2b_home", str)
 
 
-def _path(value: object, field: str = "path") -> str:
+async def _path(request: web.Request, value: object, field: str = "path") -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"{field}: required, a path in the sandbox", field=field)
     if "\x00" in value or len(value) > 4096:
         raise InvalidInput(f"{field}: not a usable path", field=field)
-    return posixpath.join(HOME, value)  # an absolute one stays as it is
+    return posixpath.join(await _home(request), value)  # an absolute one stays as it is
+
+
+async def _home(request: web.Request) -> str:
+    """The home of the sandbox's account (E2B's "user": /home/user), where the drivers start a
+    relative path too."""
+    home = request.get(_HOME_KEY)
+    if home is None:
+        sb = await request.app[ENGINE].reads.require(request[SANDBOX_KEY])
+        home = request[_HOME_KEY] = home_of(sb.spec.user)
+    return home
 
 
 def _entry(info: FileInfo, path: str) -> dict[str, Any]:
@@ -77,7 +88,7 @@ def _answer(call: connect.Call, schema: codec.Schema, body: dict[str, Any]) -> w
 @envd
 async def stat_entry(request: web.Request) -> web.Response:
     call, req = await _rpc(request, msg.PATH_REQUEST)
-    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, _path(req.get("path")))})
+    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, await _path(request, req.get("path")))})
 
 
 @routes.post("/filesystem.Filesystem/MakeDir")
@@ -85,7 +96,7 @@ async def stat_entry(request: web.Request) -> web.Response:
 async def make_dir(request: web.Request) -> web.Response:
     """With its parents; a path that exists is already_exists (the SDK's make_dir: False)."""
     call, req = await _rpc(request, msg.PATH_REQUEST)
-    path = _path(req.get("path"))
+    path = await _path(request, req.get("path"))
     try:
         await _stat(request, path)
     except NotFound:
@@ -100,7 +111,7 @@ async def make_dir(request: web.Request) -> web.Response:
 @envd
 async def list_dir(request: web.Request) -> web.Response:
     call, req = await _rpc(request, msg.LIST_DIR_REQUEST)
-    path, depth = _path(req.get("path")), req.get("depth") or 1
+    path, depth = await _path(request, req.get("path")), req.get("depth") or 1
     if not 1 <= depth <= MAX_DEPTH:
         raise InvalidInput(f"depth: expected 1 to {MAX_DEPTH}, got {depth}", field="depth")
     root = await _stat(request, path)
@@ -108,19 +119,20 @@ async def list_dir(request: web.Request) -> web.Response:
         raise InvalidInput(f"path {path!r} is not a directory", field="path")
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
     entries: list[dict[str, Any]] = []
-    level = [path]
-    for _ in range(depth):
-        below = []
-        for directory in level:
-            for info in await engine.files.list(sandbox_id, directory):
-                entry = _entry(info, posixpath.join(directory, info.name))
-                entries.append(entry)
-                if len(entries) > MAX_ENTRIES:
-                    raise connect.RpcError("invalid_argument", f"more than {MAX_ENTRIES} entries below {path!r} "
-                                           f"within depth {depth}; list a smaller depth or a narrower path")
-                if info.is_dir and not info.is_symlink:
-                    below.append(entry["path"])
-        level = below
+
+    async def walk(directory: str, level: int) -> None:
+        """In envd's order (Go's WalkDir): each directory's entries by name, a subdirectory's
+        own entries right after it."""
+        for info in sorted(await engine.files.list(sandbox_id, directory), key=lambda i: i.name):
+            entry = _entry(info, posixpath.join(directory, info.name))
+            entries.append(entry)
+            if len(entries) > MAX_ENTRIES:
+                raise connect.RpcError("invalid_argument", f"more than {MAX_ENTRIES} entries below {path!r} "
+                                       f"within depth {depth}; list a smaller depth or a narrower path")
+            if info.is_dir and not info.is_symlink and level < depth:
+                await walk(entry["path"], level + 1)
+
+    await walk(path, 1)
     return _answer(call, msg.LIST_DIR_RESPONSE, {"entries": entries})
 
 
@@ -128,7 +140,7 @@ async def list_dir(request: web.Request) -> web.Response:
 @envd
 async def remove(request: web.Request) -> web.Response:
     call, req = await _rpc(request, msg.PATH_REQUEST)
-    path = _path(req.get("path"))
+    path = await _path(request, req.get("path"))
     try:
         entry = await _stat(request, path)
     except NotFound:  # gone already: what was asked is so (envd answers the same)
@@ -160,7 +172,7 @@ def _refuse_metadata(request: web.Request) -> None:
 @envd
 async def download(request: web.Request) -> web.StreamResponse:
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
-    path = _path(request.query.get("path"))
+    path = await _path(request, request.query.get("path"))
     await engine.files.ready(sandbox_id)
     return await stream(request, engine.files.read(sandbox_id, path), "application/octet-stream")
 
@@ -191,11 +203,11 @@ async def upload(request: web.Request) -> web.Response:
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):
                 raise InvalidInput("body: nested multipart is not supported", field="body")
-            path = _path(given if given and not written else part.filename, "file name")
+            path = await _path(request, given if given and not written else part.filename, "file name")
             await engine.files.write(sandbox_id, path, _part_chunks(part), parents=True)
             written.append(path)
     else:
-        path = _path(request.query.get("path"))
+        path = await _path(request, request.query.get("path"))
         await engine.files.write(sandbox_id, path, _body_chunks(request), parents=True)
         written.append(path)
     if not written:

@@ -135,6 +135,7 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
             kernel_isolation=True,
             egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
             terminals=True,  # terminal.py
+            named_user=True,  # launch.populate_upper writes the account's passwd entry and home
         )
 
     def _wire(self) -> None:
@@ -154,7 +155,7 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
                                         self._teardown, runtime_cache=cache, rootless=rootless,
                                         layer_limits=self.layers.limits, quiet=self._quiet,
                                         on_built=self.layers.wake)
-        self._files = Files(self._registry, self._nsexec, HOME)
+        self._files = Files(self._registry, self._nsexec)
         self._checkpoints = LocalCheckpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
         self._ended = EndWatch(self._init_ended, self._background.spawn)  # endwatch.py
 

@@ -30,15 +30,13 @@ from hutch.drivers.base import (
     TerminalRequest,
     check_env,
 )
-from hutch.drivers.local import pidsguard, rootfs, terminal
+from hutch.drivers.local import pidsguard, terminal
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.pidsguard import PidsGuard
 from hutch.drivers.local.quiet import Quiet
 from hutch.drivers.local.state import LocalExecution, LocalSandbox, Registry
 
-HOME = rootfs.SANDBOX_HOME
-USER = rootfs.SANDBOX_USER
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 128 + signal.SIGKILL
@@ -57,7 +55,7 @@ class LocalExecutions:
     @staticmethod
     def _env(sb: LocalSandbox, extra: Mapping[str, str]) -> dict[str, str]:
         check_env(extra, "env")
-        env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
+        env = {"PATH": DEFAULT_PATH, "HOME": sb.home, "USER": sb.user_name, "LOGNAME": sb.user_name,
                "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox", **trust.sandbox_env()}
         env.update(sb.env)
         env.update(extra)
@@ -79,7 +77,7 @@ class LocalExecutions:
         if req.execution_id in executions:
             raise IllegalTransition(f"execution {req.execution_id} is already running")
         env = self._env(sb, req.env)
-        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
+        cwd = posixpath.normpath(posixpath.join(sb.home, req.cwd)) if req.cwd else sb.home
         leaf = "x-" + re.sub(r"[^A-Za-z0-9_.-]", "_", req.execution_id)[:100]
         self._registry.check_not_paused(sb)
         execution = LocalExecution(sandbox_id=sb.id, leaf=leaf)
@@ -110,7 +108,7 @@ class LocalExecutions:
         if not req.argv:
             raise InvalidInput("command must not be empty", field="command")
         env = self._env(sb, req.env)
-        cwd = posixpath.normpath(posixpath.join(HOME, req.cwd)) if req.cwd else HOME
+        cwd = posixpath.normpath(posixpath.join(sb.home, req.cwd)) if req.cwd else sb.home
         self._registry.check_not_paused(sb)
         leaf = "t-" + secrets.token_hex(8)
         nsexec = self._nsexec
@@ -171,7 +169,7 @@ class LocalExecutions:
             payload += path + f.content
         leaf = f"w-{os.getpid()}-{time.monotonic_ns()}"
         code, timed_out, status = await self._nsexec.run(
-            "write", sb, leaf, cwd=HOME, stdin=bytes(payload), sink=None, limit=120)
+            "write", sb, leaf, cwd=sb.home, stdin=bytes(payload), sink=None, limit=120)
         self._nsexec.drop_leaf(sb.id, leaf)
         self._nsexec.raise_status(status, sb.id)
         if timed_out or code != 0:

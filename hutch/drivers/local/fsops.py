@@ -144,10 +144,9 @@ class _Proc:
 class Files:
     """The file primitives of the local driver's sandboxes (see the module docstring)."""
 
-    def __init__(self, registry: Registry, nsexec: Nsexec, home: str) -> None:
+    def __init__(self, registry: Registry, nsexec: Nsexec) -> None:
         self._registry = registry
         self._nsexec = nsexec
-        self._home = home
 
     def _spawn_fs(self, sandbox_id: str, args: list[bytes], *, stdin: bool) -> _Proc:
         sb = self._registry.running(sandbox_id)
@@ -155,7 +154,7 @@ class Files:
         leaf = f"f-{os.getpid()}-{time.monotonic_ns()}"
         status_r, status_w = os.pipe()
         try:
-            cmd: list[str | bytes] = [*self._nsexec.command("fs", sb, leaf, cwd=self._home, env=None,
+            cmd: list[str | bytes] = [*self._nsexec.command("fs", sb, leaf, cwd=sb.home, env=None,
                                                             status_w=status_w), "--", *args]
             popen = subprocess.Popen(
                 cmd, env={}, pass_fds=(status_w,), bufsize=0,

@@ -13,7 +13,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from hutch.core.errors import DriverFailure
+from hutch.core.driver_types import check_user, home_of
+from hutch.core.errors import DriverFailure, InvalidInput
 from hutch.drivers import trust
 from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest
 from hutch.drivers.egress import flatten
@@ -73,14 +74,15 @@ class Launcher:
         """
         sid = req.sandbox_id
         d = self._registry.sandbox_root / sid
-        uid = self._make_dir(d, lower, req.resources.disk_bytes)
+        user = check_user(req.user)  # before anything is made: a bad name makes nothing
+        uid = self._make_dir(d, lower, req.resources.disk_bytes, spare=req.user is None)
         slirp_net = self._rootless and (req.network_enabled or req.port is not None)
         populate_upper(lower, d / "upper", uid, self._rootless,
-                       slirp.resolv_conf() if slirp_net and req.network_enabled else None)
+                       slirp.resolv_conf() if slirp_net and req.network_enabled else None, user=user)
         res = req.resources
         sb = LocalSandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
                      dev_bytes=dev_bytes(res.memory_bytes, self._rootless), memory_bytes=res.memory_bytes,
-                     cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes)
+                     cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes, user=req.user)
         if self._cgroups is not None:
             self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         else:
@@ -95,10 +97,11 @@ class Launcher:
         self._registry.write_meta(sb)
         return sb
 
-    def _make_dir(self, d: Path, lower: list[Path], disk: int | None) -> int:
+    def _make_dir(self, d: Path, lower: list[Path], disk: int | None, *, spare: bool = True) -> int:
         """The sandbox's directory (upper, work, merged) and its uid, claimed for it."""
-        # A skeleton of an earlier sandbox (spares.py); never for a disk limit (disks.py).
-        spare = not disk and self._spares.take(layers_key(lower), d)
+        # A skeleton of an earlier sandbox (spares.py); never for a disk limit (disks.py), nor
+        # for another account than agentuity (a skeleton has agentuity's home).
+        spare = spare and not disk and self._spares.take(layers_key(lower), d)
         if not spare:
             d.mkdir(mode=0o700)
             if disk:
@@ -183,7 +186,7 @@ class Launcher:
 
 
 def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = False,
-                   resolv: str | None = None) -> None:
+                   resolv: str | None = None, user: str = USER) -> None:
     """The sandbox user's passwd entry, home and workspace, in this sandbox's layer only.
     ``lower``: the read-only layers, top first (an install layer may have added users).
     Over a spare skeleton (spares.py) the same calls rewrite what is there.
@@ -196,10 +199,14 @@ def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = Fa
     etc.mkdir(exist_ok=True)
     st = os.stat(layers.find_in_lowers(lower, "etc"))
     os.chmod(etc, st.st_mode & 0o7777)
-    passwd = _lower_text(lower, "etc/passwd")
-    _put(etc / "passwd", (passwd + f"{USER}:x:{uid}:{uid}:{USER}:{HOME}:/bin/bash\n").encode(), 0o644)
-    group = _lower_text(lower, "etc/group")
-    _put(etc / "group", (group + f"{USER}:x:{uid}:\n").encode(), 0o644)
+    home = home_of(user)
+    passwd, group = _lower_text(lower, "etc/passwd"), _lower_text(lower, "etc/group")
+    for name, text in (("an account", passwd), ("a group", group)):
+        if any(line.split(":", 1)[0] == user for line in text.splitlines()):
+            # Two entries of one name: whose files are whose would be a guess.
+            raise InvalidInput(f"user: {user!r} is already {name} of the runtime", field="user")
+    _put(etc / "passwd", (passwd + f"{user}:x:{uid}:{uid}:{user}:{home}:/bin/bash\n").encode(), 0o644)
+    _put(etc / "group", (group + f"{user}:x:{uid}:\n").encode(), 0o644)
     # Used only when the sandbox has network; harmless (unreachable) otherwise.
     _put(etc / "resolv.conf", (resolv or network.resolv_conf()).encode(), 0o644)
     for name in ("passwd", "group", "resolv.conf"):
@@ -207,7 +214,7 @@ def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = Fa
     if trust.extra_certs() is not None:  # the operator's CAs (drivers/trust.py), root's: read-only here
         _put_in_lower_dirs(lower, upper, trust.BUNDLE,
                            trust.bundle(_lower_bytes(lower, trust.BUNDLE.lstrip("/"))))
-    for rel, mode in [(HOME, 0o755), (rootfs.WORKSPACE, 0o755)] + [(t, 0o1777) for t in ROOTLESS_TMP if rootless]:
+    for rel, mode in [(home, 0o755), (rootfs.WORKSPACE, 0o755)] + [(t, 0o1777) for t in ROOTLESS_TMP if rootless]:
         path = upper / rel.lstrip("/")
         parent = path.parent
         if parent != upper and not parent.exists():

@@ -108,8 +108,9 @@ class Provisioner:
         async with layercache.held(self._runtime_cache / "layers", wanted):  # no sweep drops it until mounted
             layer = await self.layer(recipe, req)
             # A pooled sandbox has its layer on the host's disk and no allow-list (its network is
-            # made after the claim): a disk limit or network.allow is made from scratch.
-            poolable = layer is None and not req.resources.disk_bytes and not req.network_allow
+            # made after the claim) and agentuity's account: a disk limit, network.allow or another
+            # user is made from scratch.
+            poolable = layer is None and not req.resources.disk_bytes and not req.network_allow and req.user is None
             sb = await self._pool.claim(req) if poolable else None
             if sb is None:
                 try:

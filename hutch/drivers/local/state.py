@@ -15,6 +15,7 @@ from pathlib import Path
 
 import attrs
 
+from hutch.core.driver_types import check_user, home_of
 from hutch.core.errors import DriverFailure, IllegalTransition, SandboxNotFound
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import start_time
@@ -54,6 +55,15 @@ class LocalSandbox:
     memory_bytes: int | None = None
     cpu_millis: int | None = None
     disk_bytes: int | None = None
+    user: str | None = None  # its account's name (ProvisionRequest.user); None: agentuity
+
+    @property
+    def user_name(self) -> str:
+        return check_user(self.user)
+
+    @property
+    def home(self) -> str:
+        return home_of(self.user)
 
 
 @attrs.define
