@@ -95,7 +95,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             log.warning("node agent %s: %s", name, err)
         if len(failed) == len(self._agents):
             await self.close()
-            said = "; ".join(f"{n}: {e}" for n, e in failed.items())
+            # Said to the operator (the server does not start): where each agent was called.
+            said = "; ".join(f"{n} at {self._agents[n].address}: {e}" for n, e in failed.items())
             raise DriverFailure(f"no node agent answered with this cluster's secret: {said}")
         now = time.monotonic()
         self._seen = {name: now for name in self._agents}  # a node down at start is lost after lost_after too
@@ -168,7 +169,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             s = await agent.json("GET", agent.path("node"), timeout=timeout)
         except HutchError as err:
             await self._missed(name, agent)
-            return placement.NodeState(name=name, unusable=f"did not answer ({err.message})")
+            said = err.message.removeprefix(f"node {name} ")  # "did not answer: …", not said twice
+            return placement.NodeState(name=name, unusable=said if said != err.message else f"did not answer ({said})")
         if s.get("instance") != agent.instance:
             log.warning("node agent %s restarted (instance %s, was %s)", name, s.get("instance"), agent.instance)
             agent.instance = None  # proven again at the next refresh
