@@ -66,7 +66,10 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._secret = wire.check_secret(secret, "HUTCH_NODE_SECRET")
         self._lost_after = lost_after
         self._seen: dict[str, float] = {}  # node -> when its agent last answered (monotonic)
-        self._lost: dict[str, set[str]] = {}  # lost node -> the sandboxes failed with it
+        self._lost: set[str] = set()  # nodes lost (their sandboxes failed) and not back yet
+        # node -> sandboxes to end there when it answers: those failed while it was lost, and
+        # creates whose answer never came (the agent may have made the sandbox, then died).
+        self._to_end: dict[str, set[str]] = {}
         self._agents: dict[str, AgentClient] = {}
         self._states: dict[str, placement.NodeState] = {}
         self._where: dict[str, str] = {}  # sandbox -> node
@@ -177,7 +180,10 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             return placement.NodeState(name=name, unusable="restarted and has not proven itself again yet")
         self._seen[name] = time.monotonic()
         if name in self._lost:
-            await self._returned(name, agent)
+            self._lost.discard(name)
+            log.warning("node %s answers again", name)
+        if self._to_end.get(name):
+            await self._end_there(name, agent)
         if int(s.get("ended_seq", 0)) > agent.ended_seq:
             await self._report_ends(name, agent)
         if set(s["runtimes"]) != set(self._built.get(name, {})):
@@ -194,7 +200,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         if name in self._lost or silent < self._lost_after:
             return
         gone = {sid for sid, node in self._where.items() if node == name}
-        self._lost[name] = gone
+        self._lost.add(name)
+        self._to_end.setdefault(name, set()).update(gone)
         log.warning("node %s is lost: its agent has not answered for %.0f s; failing its %d sandboxes",
                     name, silent, len(gone))
         await agent.abort()  # what runs there (executions, terminals) ends now, failed, not hung
@@ -206,16 +213,19 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         for sid in gone:
             await self.report_ended(sid, reason, failed=True)
 
-    async def _returned(self, name: str, agent: AgentClient) -> None:
-        """A node back after it was lost: what it still runs of the sandboxes failed meanwhile
-        is ended there (the log says they are over)."""
-        lost = self._lost.pop(name)
-        log.warning("node %s answers again; ending the %d sandboxes failed while it was lost", name, len(lost))
-        for sid in lost:
+    async def _end_there(self, name: str, agent: AgentClient) -> None:
+        """A node that answers (back after it was lost, or after a create whose answer never
+        came): what it still runs of the sandboxes the log says are over is ended there. One
+        it could not end is tried again at its next answer."""
+        pending = self._to_end[name]
+        log.warning("node %s: ending %d sandboxes the log says are over", name, len(pending))
+        for sid in list(pending):
             try:
                 await agent.json("DELETE", agent.path("sandboxes", sid), timeout=30)
             except HutchError as err:
-                log.warning("node %s: ending lost sandbox %s: %s", name, sid, err.message)
+                log.warning("node %s: ending sandbox %s: %s", name, sid, err.message)
+                continue
+            pending.discard(sid)
 
     async def _report_ends(self, name: str, agent: AgentClient) -> None:
         """Sandboxes whose init ended on the node without a destroy (killed on the host)."""
@@ -301,6 +311,11 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                     excluded[node] = f"refused it: {full.message}"
                     node = self._choose(req, excluded)  # NoCapacity once every node refused
                     self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+                except BaseException:
+                    # Its answer never came, or said it failed: the agent may have made it all the
+                    # same (and a restarted one adopts it), while the log records a failed create.
+                    self._to_end.setdefault(node, set()).add(req.sandbox_id)
+                    raise
         finally:
             self._reserved.pop(req.sandbox_id, None)
         self._where[req.sandbox_id] = node
