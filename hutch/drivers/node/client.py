@@ -19,6 +19,11 @@ from hutch.drivers.node import wire
 log = logging.getLogger(__name__)
 
 
+class AgentUnreachable(DriverFailure):
+    """No answer came from the agent (refused, hung up, timed out), as opposed to an error it
+    answered: the caller may try another node."""
+
+
 def _kind(err: Exception) -> str:
     if isinstance(err, aiohttp.ClientConnectorError):
         return "it refused the connection or could not be reached"
@@ -68,11 +73,11 @@ class AgentClient:
             headers["Content-Type"] = "application/json"
         return url, headers, data
 
-    def _unreachable(self, err: Exception) -> DriverFailure:
+    def _unreachable(self, err: Exception) -> AgentUnreachable:
         """Said to tenants: the node by name and what went wrong, never its address (the
         transport's own words carry it); the operator's log has both."""
         log.warning("node agent %s at %s did not answer: %s: %s", self.name, self.address, type(err).__name__, err)
-        return DriverFailure(f"node {self.name} did not answer: {_kind(err)}")
+        return AgentUnreachable(f"node {self.name} did not answer: {_kind(err)}")
 
     async def hello(self, *, timeout: float = 5) -> str:
         nonce = secrets.token_hex(16)

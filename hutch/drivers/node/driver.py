@@ -41,7 +41,7 @@ from hutch.core.serde import converter
 from hutch.drivers import roles
 from hutch.drivers.base import Driver
 from hutch.drivers.node import placement, wire
-from hutch.drivers.node.client import AgentClient
+from hutch.drivers.node.client import AgentClient, AgentUnreachable
 from hutch.drivers.node.directory import AgentDirectory
 from hutch.drivers.node.ports import PortTunnels
 from hutch.drivers.node.terminal import NodeTerminal
@@ -310,6 +310,15 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                     # Another replica took the room first: the agent's own check is the last word.
                     excluded[node] = f"refused it: {full.message}"
                     node = self._choose(req, excluded)  # NoCapacity once every node refused
+                    self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+                except AgentUnreachable as gone:
+                    # Died since the last read: another node takes it, and the creates after it
+                    # skip this one until it answers. Should the agent have made it before dying,
+                    # it is ended there when it answers.
+                    self._to_end.setdefault(node, set()).add(req.sandbox_id)
+                    excluded[node] = gone.message.removeprefix(f"node {node} ")
+                    self._states[node] = placement.NodeState(name=node, unusable=excluded[node])
+                    node = self._choose(req, excluded)
                     self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
                 except BaseException:
                     # Its answer never came, or said it failed: the agent may have made it all the
