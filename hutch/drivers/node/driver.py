@@ -199,19 +199,31 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         silent = time.monotonic() - self._seen.get(name, 0.0)
         if name in self._lost or silent < self._lost_after:
             return
-        gone = {sid for sid, node in self._where.items() if node == name}
+        known = {sid for sid, node in self._where.items() if node == name}
         self._lost.add(name)
-        self._to_end.setdefault(name, set()).update(gone)
-        log.warning("node %s is lost: its agent has not answered for %.0f s; failing its %d sandboxes",
-                    name, silent, len(gone))
         await agent.abort()  # what runs there (executions, terminals) ends now, failed, not hung
-        for sid in gone:
+        gone: set[str] = set()
+        for sid in known:
             self._where.pop(sid, None)
             self._held.pop(sid, None)
             await self._tunnels.drop(sid)
+            # Recorded by the replica that drives it, once: another replica's sandbox is that
+            # replica's to judge (its own connection to the node may be fine).
+            if await self._drives_safely(sid):
+                gone.add(sid)
+        self._to_end.setdefault(name, set()).update(gone)
+        log.warning("node %s is lost: its agent has not answered for %.0f s; failing the %d of its sandboxes "
+                    "this replica drives (%d known)", name, silent, len(gone), len(known))
         reason = f"node {name} was lost: its agent has not answered for {self._lost_after:.0f} s"
         for sid in gone:
             await self.report_ended(sid, reason, failed=True)
+
+    async def _drives_safely(self, sandbox_id: str) -> bool:
+        try:
+            return await self.drives(sandbox_id)
+        except Exception as err:  # the replicas' store away: judged at the next report, not guessed
+            log.warning("whether this replica drives sandbox %s is unknown: %s", sandbox_id, err)
+            return False
 
     async def _end_there(self, name: str, agent: AgentClient) -> None:
         """A node that answers (back after it was lost, or after a create whose answer never
@@ -237,7 +249,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                 self._where.pop(sid, None)
                 self._held.pop(sid, None)
                 await self._tunnels.drop(sid)
-                await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
+                if await self._drives_safely(sid):
+                    await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
 
     async def _refresh_forever(self) -> None:
         while True:
