@@ -83,7 +83,8 @@ def leftovers(data_dir: Path, before: Look) -> list[str]:
     now = look(data_dir)
     left += [f"cgroup {c}" for c in sorted(now.cgroups)]
     left += [f"process {pid} (in the agent's cgroups)" for pid, _ in sorted(now.processes)]
-    left += [f"process {pid} (seen at the kill)" for pid, st in sorted(before.processes) if start_time(pid) == st]
+    left += [f"process {pid} (seen at the kill: {_described(pid)})" for pid, st in sorted(before.processes)
+             if start_time(pid) == st and _state(pid) != "Z"]
     lost_uids = {u for u in before.uids if not _claimed_elsewhere(u, data_dir)}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -121,6 +122,24 @@ def leftovers(data_dir: Path, before: Look) -> list[str]:
             if chain in words or any(n in words for n in names):
                 left.append(f"iptables: {rule}")
     return left
+
+
+def _state(pid: int) -> str | None:
+    """A zombie is ended: reaping it is its new parent's business (pid 1's, once its own died)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _described(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        cgroup = Path(f"/proc/{pid}/cgroup").read_text().replace("\n", " ")
+    except (OSError, IndexError):
+        return "gone"
+    return f"state {_state(pid)}, parent {parent}, {argv[:120]!r}, cgroups {cgroup[:300]}"
 
 
 def _claimed_elsewhere(uid: int, data_dir: Path) -> bool:
