@@ -395,6 +395,9 @@ class NotPlayed:
     def set_owner_check(self, mine: Callable[[str], Awaitable[bool]] | None) -> None:
         pass
 
+    async def drives(self, sandbox_id: str) -> bool:
+        return True
+
     def handle(self, sandbox_id: str) -> dict[str, str] | None:
         return None
 
