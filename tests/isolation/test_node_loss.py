@@ -207,3 +207,4 @@ async def test_a_create_whose_answer_was_lost_is_ended_when_its_node_answers(bui
             await driver.destroy(left)
         await driver.close()
         await asyncio.to_thread(agents.stop)
+        await asyncio.to_thread(agents.reap)  # the orphan, should the driver not have ended it

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 import time
@@ -236,5 +237,8 @@ async def test_kill9_of_an_agent_during_200_operations(built_runtimes: Path, tmp
         print(f"{time.monotonic() - t0:.1f} s: checked the host")
         assert not left, left
     finally:
+        with contextlib.suppress(Exception):  # a failed test's sandboxes do not outlive it either
+            await asyncio.to_thread(server.destroy_every_sandbox)
         server.stop()
         await asyncio.to_thread(agents.stop)
+        await asyncio.to_thread(agents.reap)

@@ -118,3 +118,4 @@ def test_a_node_loss_is_recorded_once_by_the_owner(tmp_path: Path, built_runtime
             s.stop()
         relay.cut()
         agents.stop()
+        agents.reap()  # n1's failed sandboxes: the node was killed and not restarted
