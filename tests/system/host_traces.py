@@ -50,6 +50,11 @@ class Look:
     cgroups: set[str] = attrs.field(factory=set)
     netns: set[int] = attrs.field(factory=set)  # inodes of its processes' network namespaces
     uids: set[int] = attrs.field(factory=set)  # sandbox uids claimed for its sandboxes
+    at: int = attrs.field(factory=lambda: _ticks_now())  # when it was taken, in /proc's start-time ticks
+
+
+def _ticks_now() -> int:
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK")) + 1
 
 
 def look(data_dir: Path) -> Look:
@@ -90,8 +95,11 @@ def leftovers(data_dir: Path, before: Look) -> list[str]:
         if not proc.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if os.stat(proc / "ns" / "net").st_ino in before.netns:
-                left.append(f"network namespace of process {proc.name}")
+            # A namespace's inode number is handed out again once it is freed (the lowest free
+            # one): a process started after the look that shares one is another's, and a child
+            # of a lost sandbox's process would be in its cgroups, counted above.
+            if os.stat(proc / "ns" / "net").st_ino in before.netns and (start_time(int(proc.name)) or 0) <= before.at:
+                left.append(f"network namespace of process {proc.name} ({_described(int(proc.name))})")
             for line in (proc / "status").read_text().splitlines():
                 if line.startswith("Uid:"):
                     if {int(u) for u in line.split()[1:]} & lost_uids:
