@@ -213,6 +213,15 @@ class NodeAgents:
         self._spawn(name)
         self._wait(name)
 
+    def reap(self) -> None:
+        """After ``stop``: end whatever the agents left running (``hutch node reap``), such as
+        the sandboxes of a node a test killed and never restarted, or of a test that failed."""
+        import subprocess
+
+        for name in self.procs:
+            subprocess.run([sys.executable, "-m", "hutch", "node", "reap", "--data-dir", str(self.root / name)],
+                           env=self._env, check=True, capture_output=True, timeout=120)
+
     @property
     def spec(self) -> str:
         return ",".join(f"{n}={a}" for n, a in self.addresses.items())

@@ -276,6 +276,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             lease.spawn(keep_lease(replicas, app.get(ON_LOST)), "lease")
             stack.push_async_callback(lease.close)
             driver.set_foreign(replicas.foreign_handles)
+            driver.set_owner_check(replicas.mine)
         await driver.start()
         stack.push_async_callback(driver.close)
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,

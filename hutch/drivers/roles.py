@@ -274,11 +274,21 @@ class Adoption(abc.ABC):
     that replica was lost, by another's driver."""
 
     _foreign: ForeignHandles | None = None
+    _owner_check: Callable[[str], Awaitable[bool]] | None = None
 
     def set_foreign(self, handles: ForeignHandles | None) -> None:
         """Called before ``start``: the handles of sandboxes other replicas own, which a driver
         recovering its own leftovers must leave alone (they may have been taken over)."""
         self._foreign = handles
+
+    def set_owner_check(self, mine: Callable[[str], Awaitable[bool]] | None) -> None:
+        """Called before ``start``: whether this replica drives a sandbox (its owner). A driver
+        whose backend every replica watches whole (the node agents) reports an end, and ends a
+        sandbox left on a node that comes back, only where the sandbox is driven."""
+        self._owner_check = mine
+
+    async def drives(self, sandbox_id: str) -> bool:
+        return self._owner_check is None or await self._owner_check(sandbox_id)
 
     @abc.abstractmethod
     def handle(self, sandbox_id: str) -> dict[str, str] | None:
@@ -426,6 +436,12 @@ class NotPlayed:
 
     def set_foreign(self, handles: ForeignHandles | None) -> None:
         pass
+
+    def set_owner_check(self, mine: Callable[[str], Awaitable[bool]] | None) -> None:
+        pass
+
+    async def drives(self, sandbox_id: str) -> bool:
+        return True
 
     def handle(self, sandbox_id: str) -> dict[str, str] | None:
         return None

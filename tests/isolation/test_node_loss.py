@@ -17,6 +17,7 @@ import pytest
 from hutch.core.errors import DriverFailure
 from hutch.drivers.base import ExecRequest, ProvisionRequest
 from hutch.drivers.node import wire
+from hutch.drivers.node.client import AgentClient
 from tests.drivers_support import (
     NODE_SECRET,
     NodeAgents,
@@ -166,3 +167,44 @@ async def test_a_silent_node_is_lost_too_and_ends_its_sandbox_when_it_answers(bu
             await driver.destroy(left)
         await driver.close()
         await asyncio.to_thread(agents.stop)
+
+
+async def test_a_create_whose_answer_was_lost_is_ended_when_its_node_answers(built_runtimes: Path,  # noqa: F811
+                                                                             tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent made the sandbox and died before answering: the create failed (the service
+    records it so and asks for a destroy, which finds no node answering), and the agent's next
+    start adopts the sandbox. Nothing else would ever end it: the driver does, when its node
+    answers again."""
+    require_root()
+    agents = NodeAgents(tmp_path, ("lossy",))
+    driver = await start_node(agents)
+    sid = new_id()
+    original = AgentClient.json
+
+    async def answer_lost(self: AgentClient, method: str, path_qs: str, body: object = None, **kw: object) -> object:
+        answer = await original(self, method, path_qs, body, **kw)  # type: ignore[arg-type]
+        if method == "PUT" and path_qs.endswith(f"/sandboxes/{sid}"):
+            await asyncio.to_thread(agents.kill, "lossy")  # made, then the agent died: no answer came
+            raise DriverFailure("node lossy did not answer: it closed the connection")
+        return answer
+
+    monkeypatch.setattr(AgentClient, "json", answer_lost)
+    try:
+        with pytest.raises(DriverFailure):
+            await driver.provision(ProvisionRequest(sid, "base:latest"))
+        await driver.destroy(sid)  # what the service does after a failed provision: no node answers
+        agents.restart("lossy")
+        assert sid in await _listed(agents.addresses["lossy"])  # adopted by the new agent
+        for _ in range(100):
+            if sid not in await _listed(agents.addresses["lossy"]):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the sandbox of the create that failed still runs on its node")
+    finally:
+        for left in await driver.alive():
+            await driver.destroy(left)
+        await driver.close()
+        await asyncio.to_thread(agents.stop)
+        await asyncio.to_thread(agents.reap)  # the orphan, should the driver not have ended it

@@ -4,6 +4,7 @@ pinned instance, errors mapped back to their HutchError class (``core.errors.fro
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
@@ -14,6 +15,23 @@ from yarl import URL
 
 from hutch.core.errors import DriverFailure, HutchError, from_wire
 from hutch.drivers.node import wire
+
+log = logging.getLogger(__name__)
+
+
+class AgentUnreachable(DriverFailure):
+    """No answer came from the agent (refused, hung up, timed out), as opposed to an error it
+    answered: the caller may try another node."""
+
+
+def _kind(err: Exception) -> str:
+    if isinstance(err, aiohttp.ClientConnectorError):
+        return "it refused the connection or could not be reached"
+    if isinstance(err, aiohttp.ServerDisconnectedError):
+        return "it closed the connection"
+    if isinstance(err, TimeoutError | aiohttp.ServerTimeoutError):
+        return "it timed out"
+    return f"the connection failed ({type(err).__name__})"
 
 
 class AgentClient:
@@ -55,8 +73,11 @@ class AgentClient:
             headers["Content-Type"] = "application/json"
         return url, headers, data
 
-    def _unreachable(self, err: Exception) -> DriverFailure:
-        return DriverFailure(f"node agent {self.name} at {self.address} did not answer: {err}")
+    def _unreachable(self, err: Exception) -> AgentUnreachable:
+        """Said to tenants: the node by name and what went wrong, never its address (the
+        transport's own words carry it); the operator's log has both."""
+        log.warning("node agent %s at %s did not answer: %s: %s", self.name, self.address, type(err).__name__, err)
+        return AgentUnreachable(f"node {self.name} did not answer: {_kind(err)}")
 
     async def hello(self, *, timeout: float = 5) -> str:
         nonce = secrets.token_hex(16)
@@ -64,7 +85,8 @@ class AgentClient:
         answer = await self.json("GET", self.path("hello", nonce=nonce), timeout=timeout)
         name, instance = wire.check_hello(self._secret, nonce, answer)
         if name != self.name:
-            raise DriverFailure(f"the agent at {self.address} calls itself {name!r}, the directory {self.name!r}")
+            log.warning("the agent at %s calls itself %r, the directory %r", self.address, name, self.name)
+            raise DriverFailure(f"the agent of node {self.name} calls itself {name!r}")
         self.instance = instance
         return instance
 

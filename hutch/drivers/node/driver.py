@@ -50,7 +50,7 @@ from hutch.core.serde import converter
 from hutch.drivers import roles
 from hutch.drivers.base import Driver
 from hutch.drivers.node import placement, wire
-from hutch.drivers.node.client import AgentClient
+from hutch.drivers.node.client import AgentClient, AgentUnreachable
 from hutch.drivers.node.directory import AgentDirectory
 from hutch.drivers.node.ports import PortTunnels
 from hutch.drivers.node.terminal import NodeTerminal
@@ -76,7 +76,10 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         self._secret = wire.check_secret(secret, "HUTCH_NODE_SECRET")
         self._lost_after = lost_after
         self._seen: dict[str, float] = {}  # node -> when its agent last answered (monotonic)
-        self._lost: dict[str, set[str]] = {}  # lost node -> the sandboxes failed with it
+        self._lost: set[str] = set()  # nodes lost (their sandboxes failed) and not back yet
+        # node -> sandboxes to end there when it answers: those failed while it was lost, and
+        # creates whose answer never came (the agent may have made the sandbox, then died).
+        self._to_end: dict[str, set[str]] = {}
         self._agents: dict[str, AgentClient] = {}
         self._states: dict[str, placement.NodeState] = {}
         self._where: dict[str, str] = {}  # sandbox -> node
@@ -105,7 +108,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             log.warning("node agent %s: %s", name, err)
         if len(failed) == len(self._agents):
             await self.close()
-            said = "; ".join(f"{n}: {e}" for n, e in failed.items())
+            # Said to the operator (the server does not start): where each agent was called.
+            said = "; ".join(f"{n} at {self._agents[n].address}: {e}" for n, e in failed.items())
             raise DriverFailure(f"no node agent answered with this cluster's secret: {said}")
         now = time.monotonic()
         self._seen = {name: now for name in self._agents}  # a node down at start is lost after lost_after too
@@ -179,14 +183,18 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
             s = await agent.json("GET", agent.path("node"), timeout=timeout)
         except HutchError as err:
             await self._missed(name, agent)
-            return placement.NodeState(name=name, unusable=f"did not answer ({err.message})")
+            said = err.message.removeprefix(f"node {name} ")  # "did not answer: …", not said twice
+            return placement.NodeState(name=name, unusable=said if said != err.message else f"did not answer ({said})")
         if s.get("instance") != agent.instance:
             log.warning("node agent %s restarted (instance %s, was %s)", name, s.get("instance"), agent.instance)
             agent.instance = None  # proven again at the next refresh
             return placement.NodeState(name=name, unusable="restarted and has not proven itself again yet")
         self._seen[name] = time.monotonic()
         if name in self._lost:
-            await self._returned(name, agent)
+            self._lost.discard(name)
+            log.warning("node %s answers again", name)
+        if self._to_end.get(name):
+            await self._end_there(name, agent)
         if int(s.get("ended_seq", 0)) > agent.ended_seq:
             await self._report_ends(name, agent)
         if set(s["runtimes"]) != set(self._built.get(name, {})):
@@ -203,29 +211,45 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         silent = time.monotonic() - self._seen.get(name, 0.0)
         if name in self._lost or silent < self._lost_after:
             return
-        gone = {sid for sid, node in self._where.items() if node == name}
-        self._lost[name] = gone
-        log.warning("node %s is lost: its agent has not answered for %.0f s; failing its %d sandboxes",
-                    name, silent, len(gone))
+        known = {sid for sid, node in self._where.items() if node == name}
+        self._lost.add(name)
         await agent.abort()  # what runs there (executions, terminals) ends now, failed, not hung
-        for sid in gone:
+        gone: set[str] = set()
+        for sid in known:
             self._where.pop(sid, None)
             self._held.pop(sid, None)
             await self._tunnels.drop(sid)
+            # Recorded by the replica that drives it, once: another replica's sandbox is that
+            # replica's to judge (its own connection to the node may be fine).
+            if await self._drives_safely(sid):
+                gone.add(sid)
+        self._to_end.setdefault(name, set()).update(gone)
+        log.warning("node %s is lost: its agent has not answered for %.0f s; failing the %d of its sandboxes "
+                    "this replica drives (%d known)", name, silent, len(gone), len(known))
         reason = f"node {name} was lost: its agent has not answered for {self._lost_after:.0f} s"
         for sid in gone:
             await self.report_ended(sid, reason, failed=True)
 
-    async def _returned(self, name: str, agent: AgentClient) -> None:
-        """A node back after it was lost: what it still runs of the sandboxes failed meanwhile
-        is ended there (the log says they are over)."""
-        lost = self._lost.pop(name)
-        log.warning("node %s answers again; ending the %d sandboxes failed while it was lost", name, len(lost))
-        for sid in lost:
+    async def _drives_safely(self, sandbox_id: str) -> bool:
+        try:
+            return await self.drives(sandbox_id)
+        except Exception as err:  # the replicas' store away: judged at the next report, not guessed
+            log.warning("whether this replica drives sandbox %s is unknown: %s", sandbox_id, err)
+            return False
+
+    async def _end_there(self, name: str, agent: AgentClient) -> None:
+        """A node that answers (back after it was lost, or after a create whose answer never
+        came): what it still runs of the sandboxes the log says are over is ended there. One
+        it could not end is tried again at its next answer."""
+        pending = self._to_end[name]
+        log.warning("node %s: ending %d sandboxes the log says are over", name, len(pending))
+        for sid in list(pending):
             try:
                 await agent.json("DELETE", agent.path("sandboxes", sid), timeout=30)
             except HutchError as err:
-                log.warning("node %s: ending lost sandbox %s: %s", name, sid, err.message)
+                log.warning("node %s: ending sandbox %s: %s", name, sid, err.message)
+                continue
+            pending.discard(sid)
 
     async def _report_ends(self, name: str, agent: AgentClient) -> None:
         """Sandboxes whose init ended on the node without a destroy (killed on the host)."""
@@ -237,7 +261,8 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                 self._where.pop(sid, None)
                 self._held.pop(sid, None)
                 await self._tunnels.drop(sid)
-                await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
+                if await self._drives_safely(sid):
+                    await self.report_ended(sid, f"on node {name}: {end['reason']}", failed=bool(end["failed"]))
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -371,6 +396,20 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
                     excluded[node] = f"refused it: {full.message}"
                     node = self._choose(req, excluded)  # NoCapacity once every node refused
                     self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+                except AgentUnreachable as gone:
+                    # Died since the last read: another node takes it, and the creates after it
+                    # skip this one until it answers. Should the agent have made it before dying,
+                    # it is ended there when it answers.
+                    self._to_end.setdefault(node, set()).add(req.sandbox_id)
+                    excluded[node] = gone.message.removeprefix(f"node {node} ")
+                    self._states[node] = placement.NodeState(name=node, unusable=excluded[node])
+                    node = self._choose(req, excluded)
+                    self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+                except BaseException:
+                    # Its answer never came, or said it failed: the agent may have made it all the
+                    # same (and a restarted one adopts it), while the log records a failed create.
+                    self._to_end.setdefault(node, set()).add(req.sandbox_id)
+                    raise
         finally:
             self._reserved.pop(req.sandbox_id, None)
         self._where[req.sandbox_id] = node
