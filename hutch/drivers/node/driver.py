@@ -107,9 +107,10 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         for name, err in failed.items():
             log.warning("node agent %s: %s", name, err)
         if len(failed) == len(self._agents):
-            await self.close()
-            # Said to the operator (the server does not start): where each agent was called.
+            # Said to the operator (the server does not start): where each agent was called
+            # (before close(), which forgets the agents).
             said = "; ".join(f"{n} at {self._agents[n].address}: {e}" for n, e in failed.items())
+            await self.close()
             raise DriverFailure(f"no node agent answered with this cluster's secret: {said}")
         now = time.monotonic()
         self._seen = {name: now for name in self._agents}  # a node down at start is lost after lost_after too
