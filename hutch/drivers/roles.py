@@ -190,6 +190,11 @@ class SandboxFiles(abc.ABC):
     @abc.abstractmethod
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None: ...
 
+    @abc.abstractmethod
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        """Move ``source`` to ``destination`` (rename(2): a file replaces a file, never a
+        directory), making the destination's missing parents. A missing source is FileNotFound."""
+
 
 class TreeTransfer(abc.ABC):
     """Whole trees at once (capability ``tar_streams``), for drivers where each file primitive
@@ -327,6 +332,9 @@ class NotPlayed:
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         raise NotSupported(f"driver {self.name} cannot make symlinks")
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot rename files")
 
     # TreeTransfer
 

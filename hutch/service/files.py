@@ -57,6 +57,9 @@ class FileAccess:
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._roles.files.symlink(sandbox_id, path, target)
 
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._roles.files.rename(sandbox_id, source, destination)
+
     async def archive(self, sandbox_id: str, root: str, fmt: str) -> AsyncIterator[bytes]:
         """``root`` as a tar, tar.gz or zip stream; a missing ``root`` raises before any byte."""
         await self._roles.files.list_files(sandbox_id, root)

@@ -327,6 +327,31 @@ class TestSandboxFiles:
         finally:
             await driver.destroy(other)
 
+    async def test_rename_moves_a_file_or_a_tree_within_the_sandbox(self, driver: Driver, sandbox: str) -> None:
+        await driver.write_files(sandbox, [FileWrite("old.txt", b"one"), FileWrite("tree/a/b.txt", b"two")])
+        await driver.rename(sandbox, "old.txt", "moved/into/new.txt")  # the target's parents are made
+        await driver.rename(sandbox, "tree", "deeper/tree2")
+        _, out = await run(driver, sandbox, "cat", "moved/into/new.txt", "deeper/tree2/a/b.txt")
+        assert out.stdout == "onetwo"
+        assert {e.name for e in await driver.list_files(sandbox, ".")} >= {"moved"}
+        for gone in ("old.txt", "tree"):
+            with pytest.raises(FileNotFound):
+                await driver.list_files(sandbox, gone)
+        await driver.write_files(sandbox, [FileWrite("again.txt", b"three")])
+        await driver.rename(sandbox, "again.txt", "moved/into/new.txt")  # a file replaces a file
+        _, out = await run(driver, sandbox, "cat", "moved/into/new.txt")
+        assert out.stdout == "three"
+
+    async def test_rename_refuses_a_missing_source_and_a_directory_in_the_way(self, driver: Driver,
+                                                                              sandbox: str) -> None:
+        with pytest.raises(FileNotFound, match="nothing-here"):
+            await driver.rename(sandbox, "nothing-here", "elsewhere")
+        await driver.write_files(sandbox, [FileWrite("f.txt", b"x"), FileWrite("d/inside", b"y")])
+        with pytest.raises(InvalidInput, match="path: d is a directory"):
+            await driver.rename(sandbox, "f.txt", "d")
+        _, out = await run(driver, sandbox, "cat", "f.txt", "d/inside")
+        assert out.stdout == "xy"  # neither was touched
+
     async def test_a_destroyed_sandbox_takes_no_files(self, driver: Driver) -> None:
         sid = await provision(driver)
         await driver.destroy(sid)

@@ -8,7 +8,7 @@ import json
 import urllib.request
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
+from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox, SandboxQuery
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
@@ -78,6 +78,21 @@ def test_info_and_list_show_the_sandbox(sandbox: Sandbox) -> None:
     assert info.allow_internet_access is False  # hutch's default, whatever E2B's is
     listed = [s.sandbox_id for s in Sandbox.list().next_items()]
     assert sandbox.sandbox_id in listed
+
+
+def test_a_rename_moves_the_file_and_names_what_stops_it(sandbox: Sandbox) -> None:
+    sandbox.files.write("/tmp/mv/old.txt", "moved")
+    info = sandbox.files.rename("/tmp/mv/old.txt", "/tmp/mv/sub/new.txt")  # the destination's parents made
+    assert (info.path, info.type) == ("/tmp/mv/sub/new.txt", FileType.FILE)
+    assert sandbox.files.read("/tmp/mv/sub/new.txt") == "moved"
+    assert not sandbox.files.exists("/tmp/mv/old.txt")
+    with pytest.raises(FileNotFoundException, match="/tmp/mv/nothing does not exist"):
+        sandbox.files.rename("/tmp/mv/nothing", "/tmp/mv/x")
+    sandbox.files.make_dir("/tmp/mv/dir")
+    with pytest.raises(InvalidArgumentException, match="/tmp/mv/dir is a directory"):
+        sandbox.files.rename("/tmp/mv/sub/new.txt", "/tmp/mv/dir")
+    sandbox.files.rename("/tmp/mv/sub/new.txt", "/../../../tmp/mv/up.txt")  # ".." stops at the sandbox's /
+    assert sandbox.commands.run("cat /tmp/mv/up.txt").stdout == "moved"
 
 
 def test_a_listing_carries_no_envd_token_and_a_get_does(e2b_env: E2bServer, sandbox: Sandbox) -> None:

@@ -1,4 +1,4 @@
-"""envd's files: its filesystem service over Connect (Stat, MakeDir, ListDir, Remove) and its
+"""envd's files: its filesystem service over Connect (Stat, MakeDir, ListDir, Move, Remove) and its
 HTTP ``/files`` (download, and upload as octet-stream or multipart), on hutch's file access
 of the sandbox the request's token opens (api/e2b/access.py). A relative path starts at the
 sandbox user's home, /home/agentuity (E2B's is /home/user), and answers name it absolute."""
@@ -136,6 +136,19 @@ async def remove(request: web.Request) -> web.Response:
     is_dir = entry["type"] == msg.DIRECTORY
     await request.app[ENGINE].files.remove(request[SANDBOX_KEY], path, directory=is_dir, recursive=is_dir)
     return _answer(call, msg.EMPTY, {})
+
+
+@routes.post("/filesystem.Filesystem/Move")
+@envd
+async def move(request: web.Request) -> web.Response:
+    """rename(2) in the sandbox, the destination's parents made: a missing source is not_found,
+    a directory in the destination's place invalid_argument, each naming its path."""
+    call, req = await _rpc(request, msg.MOVE_REQUEST)
+    source, destination = _path(req.get("source"), "source"), _path(req.get("destination"), "destination")
+    engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
+    await engine.files.ready(sandbox_id)
+    await engine.files.rename(sandbox_id, source, destination)
+    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, destination)})
 
 
 @routes.route("*", "/filesystem.Filesystem/{method}")

@@ -17,7 +17,7 @@ import os
 import posixpath
 import shlex
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 import attrs
 
@@ -274,6 +274,29 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
         self._mkdirs(sb, posixpath.dirname(p))
         sb.links[p] = target
 
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        sb = self._get(sandbox_id)
+        src, dst = _abspath(source, None), _abspath(destination, None)
+        if src not in sb.files and src not in sb.links and src not in sb.dirs:
+            raise FileNotFound(f"path: {source} does not exist in sandbox {sandbox_id}", field="path")
+        if dst in sb.dirs and src not in sb.dirs:
+            raise InvalidInput(f"path: {destination} is a directory", field="path")
+        self._mkdirs(sb, posixpath.dirname(dst))
+        prefix = src.rstrip("/") + "/"
+
+        def moved(keys: Iterable[str]) -> list[tuple[str, str]]:
+            return [(k, dst + k[len(src):]) for k in list(keys) if k == src or k.startswith(prefix)]
+
+        for old, new in moved(sb.files):
+            sb.files[new] = sb.files.pop(old)
+        for old, new in moved(sb.links):
+            sb.links[new] = sb.links.pop(old)
+        for old, new in moved(sb.modes):
+            sb.modes[new] = sb.modes.pop(old)
+        for old, new in moved(sb.dirs):
+            sb.dirs.discard(old)
+            sb.dirs.add(new)
+
     async def alive(self) -> set[str]:
         return set(self.sandboxes)
 
@@ -368,11 +391,12 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
                 return int(args[0]) if args else 0
             case "cat":
                 if args:
-                    path = _abspath(args[0], req.cwd)
-                    if path not in sb.files:
-                        sink.write("stderr", f"cat: {args[0]}: No such file or directory\n".encode())
-                        return 1
-                    sink.write(out, sb.files[path])
+                    for arg in args:
+                        path = _abspath(arg, req.cwd)
+                        if path not in sb.files:
+                            sink.write("stderr", f"cat: {arg}: No such file or directory\n".encode())
+                            return 1
+                        sink.write(out, sb.files[path])
                     return 0
                 sink.write(out, await _all(req.stdin))
                 return 0

@@ -363,6 +363,9 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._files.symlink(sandbox_id, path, target)
 
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._files.rename(sandbox_id, source, destination)
+
     # -- whole trees (drivers/trees.py over the primitives above) --------------
 
     def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:

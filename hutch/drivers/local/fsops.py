@@ -29,7 +29,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
 from hutch.drivers.base import FileInfo
-from hutch.drivers.fserrors import from_errno
+from hutch.drivers.fserrors import from_errno, named_path
 from hutch.drivers.local.helper import set_done
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.state import Registry
@@ -184,7 +184,8 @@ class Files:
         kind, _, rest = status.strip().partition("\t")
         if kind == "errno":
             num_text, _, message = rest.partition("\t")
-            return from_errno(op, path, int(num_text) if num_text.isdigit() else 0, message, sandbox_id)
+            num = int(num_text) if num_text.isdigit() else 0
+            return from_errno(op, named_path(message, num, path) if op == "mv" else path, num, message, sandbox_id)
         if kind == "cwd":
             return InvalidInput(f"the sandbox's home directory is gone ({rest})", field="path")
         if self._registry.load(sandbox_id) is None:
@@ -286,3 +287,6 @@ class Files:
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._simple(sandbox_id, "symlink", path, _encode(target))
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._simple(sandbox_id, "mv", source, _encode(destination))

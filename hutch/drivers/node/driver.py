@@ -483,6 +483,11 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         agent = await self._owner(sandbox_id)
         await agent.json("POST", agent.path("sandboxes", sandbox_id, "symlink"), {"path": path, "target": target})
 
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "rename"),
+                         {"source": source, "destination": destination})
+
     async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
         agent = await self._owner(sandbox_id)
         async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "tar", path=path)):

@@ -48,7 +48,7 @@ from hutch.core.errors import (
 )
 from hutch.core.quantities import format_bytes
 from hutch.drivers.base import FileInfo, FileWrite
-from hutch.drivers.fserrors import from_errno
+from hutch.drivers.fserrors import from_errno, named_path
 from hutch.drivers.nomad.access import SandboxAccess
 from hutch.drivers.nomad.client import ExecFailed
 from hutch.drivers.nomad.execs import ENVELOPE, run_tagged
@@ -106,6 +106,12 @@ rm)
   printf 'removed\n' ;;
 symlink)
   ln -s -- "$1" "$p" || exit 3 ;;
+mv)
+  if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "$p: No such file or directory"; fi
+  d=$(dirname -- "$1")
+  [ -d "$d" ] || mkdir -p -- "$d" || exit 3
+  if [ -d "$1" ] && [ ! -L "$1" ] && { [ ! -d "$p" ] || [ -L "$p" ]; }; then fail "$1: Is a directory"; fi
+  mv -T -- "$p" "$1" || exit 3 ;;
 export)
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
   t="tar --numeric-owner --owner=0 --group=0 --null --no-recursion -T - -cf -"
@@ -242,7 +248,8 @@ class NomadFiles:
         for line in reversed(lines):  # tar names the cause first, then "Error is not recoverable"
             for text, num in _ERRNOS.items():
                 if line.endswith(text):
-                    return from_errno(op, path, num, line, sb.id)
+                    ours = op == "mv" and line.startswith("hutch-fs: ")  # the script's own words name the path
+                    return from_errno(op, named_path(line, num, path) if ours else path, num, line, sb.id)
         message = "; ".join(lines[-3:])
         return DriverFailure(f"sandbox {sb.id}: file operation {op} on {path} failed "
                              f"({message or f'exit {code}'})")
@@ -374,6 +381,9 @@ class NomadFiles:
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._simple(sandbox_id, "symlink", path, _check_path(target, "target"))
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._simple(sandbox_id, "mv", source, _check_path(destination, "destination"))
 
     # ------------------------------------------------------------------ checkpoints
 

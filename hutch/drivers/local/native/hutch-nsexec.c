@@ -17,7 +17,7 @@
  *           reach a host file.
  *   fs      the same entry, then one file operation (argv: read PATH | write PATH
  *           MODE PARENTS | list PATH | mkdir PATH PARENTS | rm PATH DIR RECURSIVE |
- *           symlink PATH TARGET). read streams the file to stdout and write streams
+ *           symlink PATH TARGET | mv PATH DESTINATION). read streams the file to stdout and write streams
  *           stdin into it, after an "ok\n" line saying the file is open; failures are
  *           "errno<TAB>N<TAB>message" on --status-fd. Done in here rather than with the
  *           runtime's own tools: no runtime needs cat/find/stat, nothing is parsed
@@ -920,6 +920,16 @@ static void fs_symlink(const char *path, const char *target)
     if (symlink(target, path) < 0) fail_errno(errno, path);
 }
 
+/* rename(2) as is (a file never replaces a directory); the failure names the path it is
+ * about, the source's absence or the destination's conflict. */
+static void fs_mv(const char *src, const char *dst)
+{
+    struct stat st;
+    if (lstat(src, &st) < 0) fail_errno(errno, src);
+    fs_mkdirs(dst, 0);
+    if (rename(src, dst) < 0) fail_errno(errno, dst);
+}
+
 static int mode_fs(struct opts *o)
 {
     char **a = o->argv;
@@ -935,6 +945,7 @@ static int mode_fs(struct opts *o)
     else if (!strcmp(op, "mkdir") && n == 3) fs_mkdir(path, a[2][0] == '1');
     else if (!strcmp(op, "rm") && n == 4) fs_rm(path, a[2][0] == '1', a[3][0] == '1');
     else if (!strcmp(op, "symlink") && n == 3) fs_symlink(path, a[2]);
+    else if (!strcmp(op, "mv") && n == 3) fs_mv(path, a[2]);
     else fail("setup", "fs: bad operation %s", op);
     return 0;
 }
