@@ -131,6 +131,8 @@ class FileInfo:
     mod_time: float  # unix seconds
     is_symlink: bool = False
     link_target: str | None = None
+    owner: str = ""  # user and group names as the sandbox's /etc/passwd and /etc/group say (else the id)
+    group: str = ""
 
 
 @attrs.frozen

@@ -327,6 +327,17 @@ class TestSandboxFiles:
         finally:
             await driver.destroy(other)
 
+    async def test_a_listing_names_each_entrys_owner_and_group_as_the_sandbox_does(self, driver: Driver,
+                                                                                    sandbox: str) -> None:
+        await driver.write_files(sandbox, [FileWrite("owned/mine.txt", b"x")])
+        _, user = await run(driver, sandbox, "id", "-un")
+        _, group = await run(driver, sandbox, "id", "-gn")
+        (entry,) = await driver.list_files(sandbox, "owned")
+        assert (entry.owner, entry.group) == (user.stdout.strip(), group.stdout.strip()) != ("", "")
+        if not isinstance(driver, FakeDriver):  # the fake has no root filesystem of its own
+            root = {e.name: e for e in await driver.list_files(sandbox, "/")}
+            assert (root["etc"].owner, root["etc"].group) == ("root", "root")
+
     async def test_rename_moves_a_file_or_a_tree_within_the_sandbox(self, driver: Driver, sandbox: str) -> None:
         await driver.write_files(sandbox, [FileWrite("old.txt", b"one"), FileWrite("tree/a/b.txt", b"two")])
         await driver.rename(sandbox, "old.txt", "moved/into/new.txt")  # the target's parents are made

@@ -80,6 +80,14 @@ def test_info_and_list_show_the_sandbox(sandbox: Sandbox) -> None:
     assert sandbox.sandbox_id in listed
 
 
+def test_info_names_the_owner_and_group_as_the_sandbox_does(sandbox: Sandbox) -> None:
+    sandbox.files.write("/tmp/owned.txt", "x")
+    user = sandbox.commands.run("id -un").stdout.strip()
+    info = sandbox.files.get_info("/tmp/owned.txt")
+    assert (info.owner, info.group) == (user, sandbox.commands.run("id -gn").stdout.strip())
+    assert {e.name: (e.owner, e.group) for e in sandbox.files.list("/")}["etc"] == ("root", "root")
+
+
 def test_a_rename_moves_the_file_and_names_what_stops_it(sandbox: Sandbox) -> None:
     sandbox.files.write("/tmp/mv/old.txt", "moved")
     info = sandbox.files.rename("/tmp/mv/old.txt", "/tmp/mv/sub/new.txt")  # the destination's parents made

@@ -37,7 +37,7 @@ def _path(value: object, field: str = "path") -> str:
 def _entry(info: FileInfo, path: str) -> dict[str, Any]:
     kind = msg.DIRECTORY if info.is_dir else msg.FILE  # of what a symlink points to, as envd says
     return {"name": posixpath.basename(path.rstrip("/")) or "/", "type": kind, "path": path, "size": info.size,
-            "mode": stat.S_IMODE(info.mode), "permissions": stat.filemode(info.mode), "owner": "", "group": "",
+            "mode": stat.S_IMODE(info.mode), "permissions": stat.filemode(info.mode), "owner": info.owner, "group": info.group,
             "modified_time": info.mod_time, "symlink_target": _target(info.link_target, path)}
 
 
@@ -55,7 +55,7 @@ async def _stat(request: web.Request, path: str) -> dict[str, Any]:
     parent, name = posixpath.split(clean)
     if name in ("", "/", "."):
         return {"name": clean, "type": msg.DIRECTORY, "path": path, "size": 0, "mode": 0o755,
-                "permissions": "drwxr-xr-x", "owner": "", "group": ""}
+                "permissions": "drwxr-xr-x", "owner": "root", "group": "root"}
     for info in await engine.files.list(sandbox_id, parent or "."):
         if info.name == name:
             return _entry(info, path)

@@ -47,6 +47,7 @@ from hutch.drivers.bytecode import forget_bytecode
 
 Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
 HOME = "/home/agentuity"
+USER = "agentuity"  # the sandbox user, and its group: the owner of every fake file
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": HOME, "USER": "agentuity", "LOGNAME": "agentuity", "SHELL": "/bin/bash",
@@ -208,20 +209,20 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
         sb = self._get(sandbox_id)
         p = _abspath(path, None)
         if p in sb.files:
-            return [FileInfo(name=posixpath.basename(p), size=len(sb.files[p]), is_dir=False, mode=0o100000 | sb.modes.get(p, 0o644), mod_time=0.0)]
+            return [FileInfo(name=posixpath.basename(p), size=len(sb.files[p]), is_dir=False, mode=0o100000 | sb.modes.get(p, 0o644), mod_time=0.0, owner=USER, group=USER)]
         if p not in sb.dirs:
             raise FileNotFound(f"path: {path} does not exist in sandbox {sandbox_id}", field="path")
         out = []
         for d in sorted(sb.dirs):
             if d != p and posixpath.dirname(d) == p:
-                out.append(FileInfo(name=posixpath.basename(d), size=0, is_dir=True, mode=0o040755, mod_time=0.0))
+                out.append(FileInfo(name=posixpath.basename(d), size=0, is_dir=True, mode=0o040755, mod_time=0.0, owner=USER, group=USER))
         for f, data in sorted(sb.files.items()):
             if posixpath.dirname(f) == p:
-                out.append(FileInfo(name=posixpath.basename(f), size=len(data), is_dir=False, mode=0o100000 | sb.modes.get(f, 0o644), mod_time=0.0))
+                out.append(FileInfo(name=posixpath.basename(f), size=len(data), is_dir=False, mode=0o100000 | sb.modes.get(f, 0o644), mod_time=0.0, owner=USER, group=USER))
         for link, target in sorted(sb.links.items()):
             if posixpath.dirname(link) == p:
                 out.append(FileInfo(name=posixpath.basename(link), size=len(target), is_dir=False, mode=0o120777, mod_time=0.0,
-                                    is_symlink=True, link_target=target))
+                                    is_symlink=True, link_target=target, owner=USER, group=USER))
         return out
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
@@ -412,6 +413,9 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
                 return 137
             case "pwd":
                 sink.write(out, f"{_abspath('.', req.cwd)}\n".encode())
+                return 0
+            case "id" if args in (["-un"], ["-gn"]):
+                sink.write(out, f"{USER}\n".encode())
                 return 0
             case "env":
                 sink.write(out, "".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode())

@@ -264,7 +264,7 @@ class Files:
         pos = 0
         while pos < len(out):
             nl = out.index(b"\n", pos)
-            mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s = out[pos:nl].split()
+            mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s, owner, group = out[pos:nl].split()
             nlen, llen = int(nlen_s), int(llen_s)
             name = out[nl + 1 : nl + 1 + nlen]
             link = out[nl + 1 + nlen : nl + 1 + nlen + llen]
@@ -274,7 +274,8 @@ class Files:
             entries.append(FileInfo(
                 name=os.fsdecode(name), size=int(size_s), is_dir=(mode & 0o170000) == 0o040000, mode=mode,
                 mod_time=int(sec_s) + int(nsec_s) / 1e9, is_symlink=is_link,
-                link_target=os.fsdecode(link) if is_link else None))
+                link_target=os.fsdecode(link) if is_link else None, owner=os.fsdecode(owner),
+                group=os.fsdecode(group)))
         entries.sort(key=lambda e: e.name)
         return entries
 

@@ -86,9 +86,9 @@ write)
 list)
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
   if [ -d "$p" ]; then
-    find "$p/" -mindepth 1 -maxdepth 1 -printf '%y %m %s %T@\0%f\0%l\0' || exit 3
+    find "$p/" -mindepth 1 -maxdepth 1 -printf '%y %m %s %T@ %u %g\0%f\0%l\0' || exit 3
   else
-    find "$p" -maxdepth 0 -printf '%y %m %s %T@\0%f\0%l\0' || exit 3
+    find "$p" -maxdepth 0 -printf '%y %m %s %T@ %u %g\0%f\0%l\0' || exit 3
   fi ;;
 mkdir)
   [ -d "$p" ] && exit 0
@@ -363,12 +363,14 @@ class NomadFiles:
         fields = out.split(b"\0")
         entries = []
         for i in range(0, len(fields) - 2, 3):
-            kind, perm, size, mtime = fields[i].decode().split(" ")
+            head = fields[i].decode().split(" ")
+            kind, perm, size, mtime = head[:4]
+            owner, group = head[4:6] if len(head) == 6 else ("", "")  # a name with a space: not said
             name, link = os.fsdecode(fields[i + 1]), os.fsdecode(fields[i + 2])
             st_mode = _TYPE_BITS.get(kind, 0) | int(perm, 8)
             entries.append(FileInfo(
                 name=name, size=int(size), is_dir=kind == "d", mode=st_mode, mod_time=float(mtime),
-                is_symlink=kind == "l", link_target=link if kind == "l" else None))
+                is_symlink=kind == "l", link_target=link if kind == "l" else None, owner=owner, group=group))
         entries.sort(key=lambda e: e.name)
         return entries
 

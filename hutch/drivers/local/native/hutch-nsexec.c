@@ -810,9 +810,37 @@ static void fs_write(const char *path, unsigned mode, int parents)
     if (close(fd) < 0) fail_errno(errno, path);
 }
 
-/* Records: "<mode-octal> <size> <mtime-s> <mtime-ns> <name-len> <link-len>\n<name><link>". */
+/* The name the sandbox's own /etc/passwd or /etc/group gives id (as ls shows it: the
+ * number when none). Read here, inside, so it is the sandbox's view of its users; the
+ * last answer is kept, since a listing's entries mostly share one owner. */
+struct id_cache { int known; unsigned id; char name[64]; };
+
+static const char *id_name(const char *file, unsigned id, struct id_cache *c)
+{
+    if (c->known && c->id == id) return c->name;
+    c->known = 1;
+    c->id = id;
+    snprintf(c->name, sizeof c->name, "%u", id);
+    FILE *f = fopen(file, "re");
+    if (!f) return c->name;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL, *end;
+        if (!c2 || c1 == line) continue;
+        unsigned long v = strtoul(c2 + 1, &end, 10);
+        if (end == c2 + 1 || *end != ':' || v != id) continue;
+        *c1 = 0;
+        if (strlen(line) < sizeof c->name && !strpbrk(line, " \t")) snprintf(c->name, sizeof c->name, "%s", line);
+        break;
+    }
+    fclose(f);
+    return c->name;
+}
+
+/* Records: "<mode-octal> <size> <mtime-s> <mtime-ns> <name-len> <link-len> <owner> <group>\n<name><link>". */
 static void fs_entry(int dirfd, const char *name, const char *shown)
 {
+    static struct id_cache users, groups;
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return;  /* raced away */
     char link[4096];
@@ -821,10 +849,11 @@ static void fs_entry(int dirfd, const char *name, const char *shown)
         ln = readlinkat(dirfd, name, link, sizeof link);
         if (ln < 0) ln = 0;
     }
-    char head[128];
-    int h = snprintf(head, sizeof head, "%o %lld %lld %ld %zu %zd\n", (unsigned)st.st_mode,
+    char head[256];
+    int h = snprintf(head, sizeof head, "%o %lld %lld %ld %zu %zd %s %s\n", (unsigned)st.st_mode,
                      (long long)st.st_size, (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec,
-                     strlen(shown), ln);
+                     strlen(shown), ln, id_name("/etc/passwd", st.st_uid, &users),
+                     id_name("/etc/group", st.st_gid, &groups));
     write_all(1, head, (size_t)h, "stdout");
     write_all(1, shown, strlen(shown), "stdout");
     write_all(1, link, (size_t)ln, "stdout");
