@@ -25,7 +25,7 @@ Stream = Literal["stdout", "stderr"]
 class Capabilities:
     """What a driver can do here, now: the run-time truth the service checks before it asks.
 
-    An optional role's flag (files, tar_streams, checkpoints, pause, terminals, ports) is set
+    An optional role's flag (files, watches, tar_streams, checkpoints, pause, terminals, ports) is set
     only by a driver that plays the role (drivers/roles.py), and may stay unset although it
     does, where the host lacks something (the local driver cannot pause without a cgroup
     freezer); the other flags qualify the required roles."""
@@ -43,6 +43,7 @@ class Capabilities:
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
     terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
+    watches: bool = False  # watch_dir: a directory's changes as the kernel reports them
 
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
@@ -133,6 +134,37 @@ class FileInfo:
     link_target: str | None = None
     owner: str = ""  # user and group names as the sandbox's /etc/passwd and /etc/group say (else the id)
     group: str = ""
+
+
+@attrs.frozen
+class WatchEvent:
+    kind: Literal["create", "write", "remove", "rename", "chmod"]
+    name: str  # relative to the watched directory ("" for the directory itself)
+
+
+class WatchEnded(Exception):
+    """A directory watch is over: closed, its directory gone, or its sandbox ended."""
+
+
+class DirWatch(abc.ABC):
+    """A directory watched inside a sandbox, until closed (or its directory or sandbox goes).
+    One consumer at a time: either ``flush`` (polling) or ``next`` (a stream)."""
+
+    @abc.abstractmethod
+    async def flush(self) -> list[WatchEvent]:
+        """Every event of a change made before this call not yet taken, without waiting for
+        more. Raises WatchEnded once the watch is over and every event was taken."""
+
+    @abc.abstractmethod
+    async def next(self) -> list[WatchEvent]:
+        """The next events, waiting for some. Raises WatchEnded as ``flush`` does."""
+
+    @property
+    @abc.abstractmethod
+    def ended(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
 
 
 @attrs.frozen

@@ -28,6 +28,7 @@ from hutch.core.driver_types import (
     Stream,
     TerminalRequest,
     Usage,
+    WatchEnded,
     check_env,
 )
 from hutch.drivers.roles import (
@@ -35,6 +36,7 @@ from hutch.drivers.roles import (
     Adoption,
     Checkpointing,
     CommandRunner,
+    DirectoryWatching,
     NotPlayed,
     Pausing,
     PortForwarding,
@@ -56,8 +58,8 @@ class Driver(SandboxLifecycle, RuntimeCatalog, CommandRunner, NotPlayed):
     methods abstract again for it: ``class LocalDriver(roles.SandboxFiles, …, Driver)``."""
 
 
-class _RolesNotPlayed(NotPlayed, SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
-                      UsageReporting, Adoption):
+class _RolesNotPlayed(NotPlayed, SandboxFiles, DirectoryWatching, TreeTransfer, Checkpointing, Pausing, Terminals,
+                      PortForwarding, UsageReporting, Adoption):
     """Stands in for the optional roles a driver does not play, answering in its name."""
 
     def __init__(self, name: str) -> None:
@@ -75,6 +77,7 @@ class DriverRoles:
     runtimes: RuntimeCatalog
     commands: CommandRunner
     files: SandboxFiles
+    watches: DirectoryWatching
     trees: TreeTransfer
     checkpointing: Checkpointing
     pausing: Pausing
@@ -99,6 +102,7 @@ class DriverRoles:
         d = driver
         return cls(lifecycle=d, runtimes=d, commands=d,
                    files=d if isinstance(d, SandboxFiles) else absent,
+                   watches=d if isinstance(d, DirectoryWatching) else absent,
                    trees=d if isinstance(d, TreeTransfer) else absent,
                    checkpointing=d if isinstance(d, Checkpointing) else absent,
                    pausing=d if isinstance(d, Pausing) else absent,
@@ -139,5 +143,6 @@ __all__ = [
     "Stream",
     "TerminalRequest",
     "Usage",
+    "WatchEnded",
     "check_env",
 ]

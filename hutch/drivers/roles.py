@@ -25,6 +25,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, S
 
 from hutch.core.driver_types import (
     Capabilities,
+    DirWatch,
     ExecRequest,
     ExecResult,
     FileInfo,
@@ -196,6 +197,17 @@ class SandboxFiles(abc.ABC):
         directory), making the destination's missing parents. A missing source is FileNotFound."""
 
 
+class DirectoryWatching(abc.ABC):
+    """Changes in a sandbox's directory as they happen (capability ``watches``): the kernel's
+    own notifications inside the sandbox, not a comparison of listings."""
+
+    @abc.abstractmethod
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        """Watch the directory ``path`` (and with ``recursive`` the ones below it, those made
+        later too); watching has begun when this returns. FileNotFound for a missing path,
+        InvalidInput for one that is not a directory."""
+
+
 class TreeTransfer(abc.ABC):
     """Whole trees at once (capability ``tar_streams``), for drivers where each file primitive
     is a round trip. The service checks every member of an archive before import_tar sees it."""
@@ -293,8 +305,8 @@ class Adoption(abc.ABC):
         this driver cannot reach it)."""
 
 
-OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
-                                    UsageReporting, Adoption)
+OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, DirectoryWatching, TreeTransfer, Checkpointing, Pausing, Terminals,
+                                    PortForwarding, UsageReporting, Adoption)
 
 
 class NotPlayed:
@@ -335,6 +347,11 @@ class NotPlayed:
 
     async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
         raise NotSupported(f"driver {self.name} cannot rename files")
+
+    # DirectoryWatching
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        raise NotSupported(f"driver {self.name} cannot watch directories")
 
     # TreeTransfer
 

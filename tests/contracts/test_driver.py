@@ -45,6 +45,7 @@ from hutch.drivers.base import (
     ProvisionRequest,
     TerminalRequest,
     Usage,
+    WatchEnded,
 )
 from hutch.drivers.fake.driver import FakeDriver
 from hutch.drivers.local.driver import LocalDriver
@@ -370,6 +371,63 @@ class TestSandboxFiles:
             await driver.write_files(sid, [FileWrite("x", b"")])
 
 
+class TestDirectoryWatching:
+    @pytest.fixture(params=playing(roles.DirectoryWatching))
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_changes_arrive_as_the_kernel_reports_them_and_none_late(self, driver: Driver,
+                                                                         sandbox: str) -> None:
+        await driver.mkdir(sandbox, "w/sub", parents=True)
+        watch = await driver.watch_dir(sandbox, "w", recursive=False)
+        try:
+            await driver.write_file(sandbox, "w/a.txt", _chunks(b"one"))  # made 0600, then 0644, then written
+            assert [(e.kind, e.name) for e in await watch.flush()] == [
+                ("create", "a.txt"), ("chmod", "a.txt"), ("write", "a.txt")]
+            await driver.rename(sandbox, "w/a.txt", "w/b.txt")
+            await run(driver, sandbox, "sh", "-c", "chmod 600 w/b.txt; rm w/b.txt; echo x > w/sub/deep.txt")
+            assert [(e.kind, e.name) for e in await watch.flush()] == [
+                ("rename", "a.txt"), ("create", "b.txt"), ("chmod", "b.txt"), ("remove", "b.txt")]
+            assert await watch.flush() == []  # nothing twice; below it is not watched
+        finally:
+            await watch.close()
+        with pytest.raises(WatchEnded):
+            await watch.flush()
+
+    async def test_a_recursive_watch_follows_directories_made_later(self, driver: Driver, sandbox: str) -> None:
+        await driver.mkdir(sandbox, "r/old", parents=True)
+        watch = await driver.watch_dir(sandbox, "r", recursive=True)
+        try:
+            await driver.write_files(sandbox, [FileWrite("r/old/x", b"")])
+            await driver.mkdir(sandbox, "r/new", parents=False)
+            await driver.write_file(sandbox, "r/new/y", _chunks(b"y"))
+            got = [(e.kind, e.name) for e in await watch.flush()]
+            assert ("create", "old/x") in got and ("create", "new") in got and ("write", "new/y") in got
+            assert got.index(("create", "new")) < got.index(("write", "new/y"))
+        finally:
+            await watch.close()
+
+    async def test_a_watch_names_what_it_cannot_watch_and_ends_with_its_sandbox(self, driver: Driver) -> None:
+        sid = await provision(driver)
+        await driver.write_files(sid, [FileWrite("file.txt", b"")])
+        with pytest.raises(FileNotFound, match="missing-dir"):
+            await driver.watch_dir(sid, "missing-dir", recursive=False)
+        with pytest.raises(InvalidInput, match=r"file\.txt"):
+            await driver.watch_dir(sid, "file.txt", recursive=False)
+        watch = await driver.watch_dir(sid, ".", recursive=True)
+        await driver.destroy(sid)
+
+        async def until_it_ends() -> None:
+            async with asyncio.timeout(30):
+                while True:
+                    await watch.flush()
+
+        with pytest.raises(WatchEnded):
+            await until_it_ends()
+        await watch.close()
+
+
 class TestTreeTransfer:
     @pytest.fixture(params=playing(roles.TreeTransfer))
     async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
@@ -443,7 +501,7 @@ class TestPausing:
 # The optional roles a flag stands for; UsageReporting and Adoption have none (a driver that
 # does not play them reports nothing and hands nothing over).
 ROLE_FLAGS: dict[type, str] = {
-    roles.SandboxFiles: "files", roles.TreeTransfer: "tar_streams", roles.Checkpointing: "checkpoints",
+    roles.SandboxFiles: "files", roles.DirectoryWatching: "watches", roles.TreeTransfer: "tar_streams", roles.Checkpointing: "checkpoints",
     roles.Pausing: "pause", roles.Terminals: "terminals", roles.PortForwarding: "ports",
 }
 
@@ -457,6 +515,7 @@ def _probes(by_role: DriverRoles, sid: str) -> dict[str, Callable[[], Awaitable[
     """One call of each flagged role's work, by its flag."""
     return {
         "files": lambda: by_role.files.list_files(sid, "."),
+        "watches": lambda: by_role.watches.watch_dir(sid, ".", recursive=False),
         "tar_streams": lambda: _drain(by_role.trees.export_tar(sid, ".")),
         "checkpoints": lambda: by_role.checkpointing.checkpoint(sid, new_id("cp")),
         "pause": lambda: by_role.pausing.pause(sid),
@@ -482,7 +541,7 @@ class TestRolesAndCapabilities:
     async def test_by_role_a_driver_is_itself_where_it_plays(self, driver: Driver) -> None:
         by_role = DriverRoles.of(driver)
         assert (by_role.lifecycle, by_role.runtimes, by_role.commands) == (driver, driver, driver)
-        for field, role in zip(("files", "trees", "checkpointing", "pausing", "terminals", "ports", "usage",
+        for field, role in zip(("files", "watches", "trees", "checkpointing", "pausing", "terminals", "ports", "usage",
                                 "adoption"), roles.OPTIONAL_ROLES, strict=True):
             assert (getattr(by_role, field) is driver) == isinstance(driver, role), field
         assert (by_role.name, by_role.capabilities) == (driver.name, driver.capabilities)

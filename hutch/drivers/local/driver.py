@@ -50,6 +50,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from hutch.core import runtimes
+from hutch.core.driver_types import DirWatch
 from hutch.core.errors import DriverFailure, NotSupported, SandboxNotFound
 from hutch.drivers import roles, trees
 from hutch.drivers.base import (
@@ -94,8 +95,8 @@ log = logging.getLogger(__name__)
 HOME = rootfs.SANDBOX_HOME
 
 
-class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding,
-                  roles.UsageReporting, Driver):
+class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.TreeTransfer, roles.Checkpointing, roles.Pausing,
+                  roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
     name = "local"
 
     def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None) -> None:
@@ -135,6 +136,7 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
             kernel_isolation=True,
             egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
             terminals=True,  # terminal.py
+            watches=True,  # inotify inside the sandbox (watches.py)
         )
 
     def _wire(self) -> None:
@@ -365,6 +367,9 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
 
     async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
         await self._files.rename(sandbox_id, source, destination)
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        return await self._files.watch_dir(sandbox_id, path, recursive=recursive)
 
     # -- whole trees (drivers/trees.py over the primitives above) --------------
 

@@ -33,6 +33,7 @@ from hutch.drivers.fserrors import from_errno, named_path
 from hutch.drivers.local.helper import set_done
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.state import Registry
+from hutch.drivers.local.watches import LocalDirWatch
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -291,3 +292,12 @@ class Files:
 
     async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
         await self._simple(sandbox_id, "mv", source, _encode(destination))
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> LocalDirWatch:
+        proc = self._spawn_fs(sandbox_id, [b"watch", _encode(path), b"1" if recursive else b"0"], stdin=True)
+        try:
+            rest = await asyncio.wait_for(self._opened(sandbox_id, "watch", path, proc), SIMPLE_OP_LIMIT)
+        except BaseException:
+            self._finish(sandbox_id, proc)
+            raise
+        return LocalDirWatch(proc, lambda: self._finish(sandbox_id, proc), rest, path)

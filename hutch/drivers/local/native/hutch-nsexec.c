@@ -17,7 +17,7 @@
  *           reach a host file.
  *   fs      the same entry, then one file operation (argv: read PATH | write PATH
  *           MODE PARENTS | list PATH | mkdir PATH PARENTS | rm PATH DIR RECURSIVE |
- *           symlink PATH TARGET | mv PATH DESTINATION). read streams the file to stdout and write streams
+ *           symlink PATH TARGET | mv PATH DESTINATION | watch PATH RECURSIVE). read streams the file to stdout and write streams
  *           stdin into it, after an "ok\n" line saying the file is open; failures are
  *           "errno<TAB>N<TAB>message" on --status-fd. Done in here rather than with the
  *           runtime's own tools: no runtime needs cat/find/stat, nothing is parsed
@@ -45,6 +45,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <net/if.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -796,8 +798,9 @@ static void fs_write(const char *path, unsigned mode, int parents)
     struct stat st;
     if (fstat(fd, &st) < 0) fail_errno(errno, path);
     if (!S_ISREG(st.st_mode)) fail_errno(EINVAL, path);
-    if (ftruncate(fd, 0) < 0) fail_errno(errno, path);
-    if (fchmod(fd, mode & 0777) < 0) fail_errno(errno, path);
+    /* No change made for nothing: each is an event to whoever watches the directory. */
+    if (st.st_size && ftruncate(fd, 0) < 0) fail_errno(errno, path);
+    if ((st.st_mode & 07777) != (mode & 0777) && fchmod(fd, mode & 0777) < 0) fail_errno(errno, path);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     write_all(1, "ok\n", 3, "stdout");
     static char buf[1 << 20];
@@ -959,6 +962,126 @@ static void fs_mv(const char *src, const char *dst)
     if (rename(src, dst) < 0) fail_errno(errno, dst);
 }
 
+/* watch PATH RECURSIVE: inotify on a directory (and, recursive, every directory below it,
+ * those made later too), as the sandbox user sees them. After "ok\n", each event is a record
+ * "<kind> <name-len>\n<name>" (kind: C create, W write, R remove, N rename, M chmod; the name
+ * relative to PATH), "O 0\n" if the kernel's queue overflowed; a byte on stdin asks for
+ * every event queued so far and is answered "F 0\n" after them (so an event of a change
+ * made before the byte was sent is never late). Ends at stdin's EOF, or when PATH goes. */
+#define WATCH_MAX 8192
+#define WATCH_MASK (IN_CREATE | IN_MODIFY | IN_ATTRIB | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | \
+                    IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW)
+static char *watch_rel[WATCH_MAX];  /* by watch descriptor: the directory's path below PATH */
+static int watch_ifd, watch_recursive;
+static const char *watch_root;
+
+static void watch_add(const char *rel, int depth)
+{
+    char full[8192];
+    snprintf(full, sizeof full, "%s%s%s", watch_root, *rel ? "/" : "", rel);
+    int wd = inotify_add_watch(watch_ifd, full, WATCH_MASK);
+    if (wd < 0) {
+        if (!*rel) fail_errno(errno, watch_root);
+        if (errno == ENOSPC) fail_errno(ENOSPC, full);  /* the kernel's watch limit: say so */
+        return;  /* raced away, or not ours to read */
+    }
+    if (wd >= WATCH_MAX) fail_errno(ENOSPC, full);
+    if (!watch_rel[wd]) watch_rel[wd] = strdup(rel);
+    if (!watch_recursive || depth > 64) return;
+    DIR *d = opendir(full);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_type != DT_DIR || !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char sub[8192];
+        snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", e->d_name);
+        watch_add(sub, depth + 1);
+    }
+    closedir(d);
+}
+
+static void watch_emit(char kind, const char *rel, const char *name)
+{
+    char path[8192], head[32];
+    int n = snprintf(path, sizeof path, "%s%s%s", rel, *rel && *name ? "/" : "", name);
+    int h = snprintf(head, sizeof head, "%c %d\n", kind, n);
+    write_all(1, head, (size_t)h, "stdout");
+    write_all(1, path, (size_t)n, "stdout");
+}
+
+/* Every event readable now; returns 0 once the watched directory itself is gone. */
+static int watch_drain(void)
+{
+    static char buf[1 << 16] __attribute__((aligned(__alignof__(struct inotify_event))));
+    for (;;) {
+        ssize_t r = read(watch_ifd, buf, sizeof buf);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN) return 1;
+            fail_errno(errno, "inotify");
+        }
+        for (char *p = buf; p < buf + r;) {
+            struct inotify_event *ev = (struct inotify_event *)p;
+            p += sizeof *ev + ev->len;
+            if (ev->mask & IN_Q_OVERFLOW) { write_all(1, "O 0\n", 4, "stdout"); continue; }
+            const char *rel = ev->wd >= 0 && ev->wd < WATCH_MAX ? watch_rel[ev->wd] : NULL;
+            if (!rel) continue;
+            const char *name = ev->len ? ev->name : "";
+            if (ev->mask & IN_IGNORED) {
+                free(watch_rel[ev->wd]);
+                watch_rel[ev->wd] = NULL;
+                if (!*rel) return 0;
+                continue;
+            }
+            if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) {
+                if (!*rel) watch_emit(ev->mask & IN_DELETE_SELF ? 'R' : 'N', "", "");
+                continue;  /* a subdirectory's own going is its parent's event */
+            }
+            if (ev->mask & (IN_CREATE | IN_MOVED_TO)) {
+                watch_emit('C', rel, name);
+                if (watch_recursive && (ev->mask & IN_ISDIR)) {
+                    char sub[8192];
+                    snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", name);
+                    watch_add(sub, 1);
+                }
+            }
+            if (ev->mask & IN_MODIFY) watch_emit('W', rel, name);
+            if (ev->mask & IN_ATTRIB) watch_emit('M', rel, name);
+            if (ev->mask & IN_DELETE) watch_emit('R', rel, name);
+            if (ev->mask & IN_MOVED_FROM) watch_emit('N', rel, name);
+        }
+    }
+}
+
+static void fs_watch(const char *path, int recursive)
+{
+    struct stat st;
+    if (stat(path, &st) < 0) fail_errno(errno, path);
+    if (!S_ISDIR(st.st_mode)) fail_errno(ENOTDIR, path);
+    watch_ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (watch_ifd < 0) fail_errno(errno, path);
+    watch_root = path;
+    watch_recursive = recursive;
+    watch_add("", 0);
+    write_all(1, "ok\n", 3, "stdout");
+    struct pollfd fds[2] = {{.fd = watch_ifd, .events = POLLIN}, {.fd = 0, .events = POLLIN}};
+    for (;;) {
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            fail_errno(errno, "poll");
+        }
+        if (fds[1].revents) {
+            char asked[64];
+            ssize_t r = read(0, asked, sizeof asked);
+            if (r <= 0) return;  /* nobody listens any more */
+            if (!watch_drain()) return;
+            write_all(1, "F 0\n", 4, "stdout");
+        } else if (fds[0].revents && !watch_drain()) {
+            return;
+        }
+    }
+}
+
 static int mode_fs(struct opts *o)
 {
     char **a = o->argv;
@@ -975,6 +1098,7 @@ static int mode_fs(struct opts *o)
     else if (!strcmp(op, "rm") && n == 4) fs_rm(path, a[2][0] == '1', a[3][0] == '1');
     else if (!strcmp(op, "symlink") && n == 3) fs_symlink(path, a[2]);
     else if (!strcmp(op, "mv") && n == 3) fs_mv(path, a[2]);
+    else if (!strcmp(op, "watch") && n == 3) fs_watch(path, a[2][0] == '1');
     else fail("setup", "fs: bad operation %s", op);
     return 0;
 }
