@@ -17,6 +17,7 @@ from e2b.exceptions import (
     SandboxException,
 )
 
+from hutch.api.e2b.watch_routes import MAX_PER_SANDBOX
 from tests.e2b.conftest import E2bServer
 from tests.system.server import KEY
 
@@ -101,6 +102,33 @@ def test_a_rename_moves_the_file_and_names_what_stops_it(sandbox: Sandbox) -> No
         sandbox.files.rename("/tmp/mv/sub/new.txt", "/tmp/mv/dir")
     sandbox.files.rename("/tmp/mv/sub/new.txt", "/../../../tmp/mv/up.txt")  # ".." stops at the sandbox's /
     assert sandbox.commands.run("cat /tmp/mv/up.txt").stdout == "moved"
+
+
+def test_a_watch_reports_each_change_made_before_it_is_asked_and_is_bounded(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("/tmp/watched/sub")
+    handle = sandbox.files.watch_dir("/tmp/watched", recursive=True, include_entry=True)
+    sandbox.files.write("/tmp/watched/sub/a.txt", "one")
+    sandbox.files.rename("/tmp/watched/sub/a.txt", "/tmp/watched/b.txt")
+    sandbox.commands.run("rm /tmp/watched/b.txt")
+    events = handle.get_new_events()  # no waiting: each change above returned before the ask
+    assert [(e.type.value, e.name) for e in events] == [
+        ("create", "sub/a.txt"), ("chmod", "sub/a.txt"), ("write", "sub/a.txt"), ("rename", "sub/a.txt"),
+        ("create", "b.txt"), ("remove", "b.txt")]
+    assert events[0].entry is None  # gone since: no entry
+    sandbox.files.write("/tmp/watched/c.txt", "")
+    (created, _) = handle.get_new_events()
+    assert created.entry is not None and created.entry.path == "/tmp/watched/c.txt"
+    handle.stop()
+    with pytest.raises(FileNotFoundException, match="/tmp/not-there"):
+        sandbox.files.watch_dir("/tmp/not-there")
+    with pytest.raises(InvalidArgumentException, match=r"/tmp/watched/c\.txt"):
+        sandbox.files.watch_dir("/tmp/watched/c.txt")
+    handles = [sandbox.files.watch_dir("/tmp/watched") for _ in range(MAX_PER_SANDBOX)]
+    with pytest.raises(SandboxException, match=f"{MAX_PER_SANDBOX} directory watchers already"):
+        sandbox.files.watch_dir("/tmp/watched")
+    for h in handles:
+        h.stop()
+    sandbox.files.watch_dir("/tmp/watched").stop()  # room again
 
 
 def test_a_listing_carries_no_envd_token_and_a_get_does(e2b_env: E2bServer, sandbox: Sandbox) -> None:

@@ -26,7 +26,7 @@ MAX_ENTRIES = 10_000  # one ListDir's answer is held whole: a tree larger than t
 HOME = "/home/agentuity"  # the sandbox user's home, where the drivers start a relative path too
 
 
-def _path(value: object, field: str = "path") -> str:
+def path_of(value: object, field: str = "path") -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"{field}: required, a path in the sandbox", field=field)
     if "\x00" in value or len(value) > 4096:
@@ -46,7 +46,7 @@ def _target(link: str | None, path: str) -> str | None:
     return None if link is None else posixpath.normpath(posixpath.join(posixpath.dirname(path), link))
 
 
-async def _stat(request: web.Request, path: str) -> dict[str, Any]:
+async def entry_at(request: web.Request, path: str) -> dict[str, Any]:
     """The entry at ``path``: found in its parent's listing (a listing of a directory is its
     children, not itself)."""
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
@@ -77,7 +77,7 @@ def _answer(call: connect.Call, schema: codec.Schema, body: dict[str, Any]) -> w
 @envd
 async def stat_entry(request: web.Request) -> web.Response:
     call, req = await _rpc(request, msg.PATH_REQUEST)
-    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, _path(req.get("path")))})
+    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await entry_at(request, path_of(req.get("path")))})
 
 
 @routes.post("/filesystem.Filesystem/MakeDir")
@@ -85,25 +85,25 @@ async def stat_entry(request: web.Request) -> web.Response:
 async def make_dir(request: web.Request) -> web.Response:
     """With its parents; a path that exists is already_exists (the SDK's make_dir: False)."""
     call, req = await _rpc(request, msg.PATH_REQUEST)
-    path = _path(req.get("path"))
+    path = path_of(req.get("path"))
     try:
-        await _stat(request, path)
+        await entry_at(request, path)
     except NotFound:
         pass
     else:
         raise connect.RpcError("already_exists", f"path {path!r} already exists")
     await request.app[ENGINE].files.mkdir(request[SANDBOX_KEY], path, parents=True)
-    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, path)})
+    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await entry_at(request, path)})
 
 
 @routes.post("/filesystem.Filesystem/ListDir")
 @envd
 async def list_dir(request: web.Request) -> web.Response:
     call, req = await _rpc(request, msg.LIST_DIR_REQUEST)
-    path, depth = _path(req.get("path")), req.get("depth") or 1
+    path, depth = path_of(req.get("path")), req.get("depth") or 1
     if not 1 <= depth <= MAX_DEPTH:
         raise InvalidInput(f"depth: expected 1 to {MAX_DEPTH}, got {depth}", field="depth")
-    root = await _stat(request, path)
+    root = await entry_at(request, path)
     if root["type"] != msg.DIRECTORY:
         raise InvalidInput(f"path {path!r} is not a directory", field="path")
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
@@ -128,9 +128,9 @@ async def list_dir(request: web.Request) -> web.Response:
 @envd
 async def remove(request: web.Request) -> web.Response:
     call, req = await _rpc(request, msg.PATH_REQUEST)
-    path = _path(req.get("path"))
+    path = path_of(req.get("path"))
     try:
-        entry = await _stat(request, path)
+        entry = await entry_at(request, path)
     except NotFound:  # gone already: what was asked is so (envd answers the same)
         return _answer(call, msg.EMPTY, {})
     is_dir = entry["type"] == msg.DIRECTORY
@@ -144,11 +144,11 @@ async def move(request: web.Request) -> web.Response:
     """rename(2) in the sandbox, the destination's parents made: a missing source is not_found,
     a directory in the destination's place invalid_argument, each naming its path."""
     call, req = await _rpc(request, msg.MOVE_REQUEST)
-    source, destination = _path(req.get("source"), "source"), _path(req.get("destination"), "destination")
+    source, destination = path_of(req.get("source"), "source"), path_of(req.get("destination"), "destination")
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
     await engine.files.ready(sandbox_id)
     await engine.files.rename(sandbox_id, source, destination)
-    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await _stat(request, destination)})
+    return _answer(call, msg.ENTRY_RESPONSE, {"entry": await entry_at(request, destination)})
 
 
 @routes.route("*", "/filesystem.Filesystem/{method}")
@@ -173,7 +173,7 @@ def _refuse_metadata(request: web.Request) -> None:
 @envd
 async def download(request: web.Request) -> web.StreamResponse:
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
-    path = _path(request.query.get("path"))
+    path = path_of(request.query.get("path"))
     await engine.files.ready(sandbox_id)
     return await stream(request, engine.files.read(sandbox_id, path), "application/octet-stream")
 
@@ -204,11 +204,11 @@ async def upload(request: web.Request) -> web.Response:
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):
                 raise InvalidInput("body: nested multipart is not supported", field="body")
-            path = _path(given if given and not written else part.filename, "file name")
+            path = path_of(given if given and not written else part.filename, "file name")
             await engine.files.write(sandbox_id, path, _part_chunks(part), parents=True)
             written.append(path)
     else:
-        path = _path(request.query.get("path"))
+        path = path_of(request.query.get("path"))
         await engine.files.write(sandbox_id, path, _body_chunks(request), parents=True)
         written.append(path)
     if not written:
