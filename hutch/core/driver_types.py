@@ -25,7 +25,7 @@ Stream = Literal["stdout", "stderr"]
 class Capabilities:
     """What a driver can do here, now: the run-time truth the service checks before it asks.
 
-    An optional role's flag (files, watches, tar_streams, checkpoints, pause, terminals, ports) is set
+    An optional role's flag (files, watches, metadata, tar_streams, checkpoints, pause, terminals, ports) is set
     only by a driver that plays the role (drivers/roles.py), and may stay unset although it
     does, where the host lacks something (the local driver cannot pause without a cgroup
     freezer); the other flags qualify the required roles."""
@@ -44,6 +44,7 @@ class Capabilities:
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
     terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
     watches: bool = False  # watch_dir: a directory's changes as the kernel reports them
+    metadata: bool = False  # set_metadata: a file's user.e2b.* extended attributes, listed with it
 
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
@@ -134,6 +135,7 @@ class FileInfo:
     link_target: str | None = None
     owner: str = ""  # user and group names as the sandbox's /etc/passwd and /etc/group say (else the id)
     group: str = ""
+    metadata: dict[str, str] = attrs.field(factory=dict)  # its user.e2b.* extended attributes (FileMetadata)
 
 
 @attrs.frozen

@@ -37,6 +37,7 @@ from hutch.drivers.roles import (
     Checkpointing,
     CommandRunner,
     DirectoryWatching,
+    FileMetadata,
     NotPlayed,
     Pausing,
     PortForwarding,
@@ -58,8 +59,8 @@ class Driver(SandboxLifecycle, RuntimeCatalog, CommandRunner, NotPlayed):
     methods abstract again for it: ``class LocalDriver(roles.SandboxFiles, …, Driver)``."""
 
 
-class _RolesNotPlayed(NotPlayed, SandboxFiles, DirectoryWatching, TreeTransfer, Checkpointing, Pausing, Terminals,
-                      PortForwarding, UsageReporting, Adoption):
+class _RolesNotPlayed(NotPlayed, SandboxFiles, DirectoryWatching, FileMetadata, TreeTransfer, Checkpointing, Pausing,
+                      Terminals, PortForwarding, UsageReporting, Adoption):
     """Stands in for the optional roles a driver does not play, answering in its name."""
 
     def __init__(self, name: str) -> None:
@@ -78,6 +79,7 @@ class DriverRoles:
     commands: CommandRunner
     files: SandboxFiles
     watches: DirectoryWatching
+    metadata: FileMetadata
     trees: TreeTransfer
     checkpointing: Checkpointing
     pausing: Pausing
@@ -103,6 +105,7 @@ class DriverRoles:
         return cls(lifecycle=d, runtimes=d, commands=d,
                    files=d if isinstance(d, SandboxFiles) else absent,
                    watches=d if isinstance(d, DirectoryWatching) else absent,
+                   metadata=d if isinstance(d, FileMetadata) else absent,
                    trees=d if isinstance(d, TreeTransfer) else absent,
                    checkpointing=d if isinstance(d, Checkpointing) else absent,
                    pausing=d if isinstance(d, Pausing) else absent,

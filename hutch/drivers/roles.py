@@ -208,6 +208,15 @@ class DirectoryWatching(abc.ABC):
         InvalidInput for one that is not a directory."""
 
 
+class FileMetadata(abc.ABC):
+    """A file's metadata: string pairs kept as its ``user.e2b.*`` extended attributes, listed
+    with it (FileInfo.metadata; capability ``metadata``). They move with a rename."""
+
+    @abc.abstractmethod
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        """The file's metadata becomes exactly ``metadata`` ({} clears it)."""
+
+
 class TreeTransfer(abc.ABC):
     """Whole trees at once (capability ``tar_streams``), for drivers where each file primitive
     is a round trip. The service checks every member of an archive before import_tar sees it."""
@@ -305,8 +314,8 @@ class Adoption(abc.ABC):
         this driver cannot reach it)."""
 
 
-OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, DirectoryWatching, TreeTransfer, Checkpointing, Pausing, Terminals,
-                                    PortForwarding, UsageReporting, Adoption)
+OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, DirectoryWatching, FileMetadata, TreeTransfer, Checkpointing, Pausing,
+                                    Terminals, PortForwarding, UsageReporting, Adoption)
 
 
 class NotPlayed:
@@ -352,6 +361,11 @@ class NotPlayed:
 
     async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
         raise NotSupported(f"driver {self.name} cannot watch directories")
+
+    # FileMetadata
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        raise NotSupported(f"driver {self.name} cannot keep file metadata")
 
     # TreeTransfer
 

@@ -428,6 +428,29 @@ class TestDirectoryWatching:
         await watch.close()
 
 
+class TestFileMetadata:
+    @pytest.fixture(params=playing(roles.FileMetadata))
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_metadata_is_listed_replaced_cleared_and_moves_with_a_rename(self, driver: Driver,
+                                                                             sandbox: str) -> None:
+        await driver.write_files(sandbox, [FileWrite("m/a.txt", b"x"), FileWrite("m/plain.txt", b"y")])
+        await driver.set_metadata(sandbox, "m/a.txt", {"author": "ann", "purpose": "test run"})
+        listed = {e.name: e.metadata for e in await driver.list_files(sandbox, "m")}
+        assert listed == {"a.txt": {"author": "ann", "purpose": "test run"}, "plain.txt": {}}
+        await driver.set_metadata(sandbox, "m/a.txt", {"stage": "two"})  # replaces, not merges
+        await driver.rename(sandbox, "m/a.txt", "m/b.txt")
+        (moved,) = await driver.list_files(sandbox, "m/b.txt")
+        assert moved.metadata == {"stage": "two"}
+        await driver.set_metadata(sandbox, "m/b.txt", {})
+        (cleared,) = await driver.list_files(sandbox, "m/b.txt")
+        assert cleared.metadata == {}
+        with pytest.raises(FileNotFound, match="m/none"):
+            await driver.set_metadata(sandbox, "m/none", {"k": "v"})
+
+
 class TestTreeTransfer:
     @pytest.fixture(params=playing(roles.TreeTransfer))
     async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
@@ -501,7 +524,8 @@ class TestPausing:
 # The optional roles a flag stands for; UsageReporting and Adoption have none (a driver that
 # does not play them reports nothing and hands nothing over).
 ROLE_FLAGS: dict[type, str] = {
-    roles.SandboxFiles: "files", roles.DirectoryWatching: "watches", roles.TreeTransfer: "tar_streams", roles.Checkpointing: "checkpoints",
+    roles.SandboxFiles: "files", roles.DirectoryWatching: "watches", roles.FileMetadata: "metadata",
+    roles.TreeTransfer: "tar_streams", roles.Checkpointing: "checkpoints",
     roles.Pausing: "pause", roles.Terminals: "terminals", roles.PortForwarding: "ports",
 }
 
@@ -516,6 +540,7 @@ def _probes(by_role: DriverRoles, sid: str) -> dict[str, Callable[[], Awaitable[
     return {
         "files": lambda: by_role.files.list_files(sid, "."),
         "watches": lambda: by_role.watches.watch_dir(sid, ".", recursive=False),
+        "metadata": lambda: by_role.metadata.set_metadata(sid, ".", {}),
         "tar_streams": lambda: _drain(by_role.trees.export_tar(sid, ".")),
         "checkpoints": lambda: by_role.checkpointing.checkpoint(sid, new_id("cp")),
         "pause": lambda: by_role.pausing.pause(sid),
@@ -541,7 +566,7 @@ class TestRolesAndCapabilities:
     async def test_by_role_a_driver_is_itself_where_it_plays(self, driver: Driver) -> None:
         by_role = DriverRoles.of(driver)
         assert (by_role.lifecycle, by_role.runtimes, by_role.commands) == (driver, driver, driver)
-        for field, role in zip(("files", "watches", "trees", "checkpointing", "pausing", "terminals", "ports", "usage",
+        for field, role in zip(("files", "watches", "metadata", "trees", "checkpointing", "pausing", "terminals", "ports", "usage",
                                 "adoption"), roles.OPTIONAL_ROLES, strict=True):
             assert (getattr(by_role, field) is driver) == isinstance(driver, role), field
         assert (by_role.name, by_role.capabilities) == (driver.name, driver.capabilities)

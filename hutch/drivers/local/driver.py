@@ -95,8 +95,8 @@ log = logging.getLogger(__name__)
 HOME = rootfs.SANDBOX_HOME
 
 
-class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.TreeTransfer, roles.Checkpointing, roles.Pausing,
-                  roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
+class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing,
+                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
     name = "local"
 
     def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None) -> None:
@@ -137,6 +137,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.TreeTransfe
             egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
             terminals=True,  # terminal.py
             watches=True,  # inotify inside the sandbox (watches.py)
+            metadata=True,  # user.e2b.* xattrs, set and listed inside the sandbox (fsops.py)
         )
 
     def _wire(self) -> None:
@@ -370,6 +371,9 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.TreeTransfe
 
     async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
         return await self._files.watch_dir(sandbox_id, path, recursive=recursive)
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        await self._files.set_metadata(sandbox_id, path, metadata)
 
     # -- whole trees (drivers/trees.py over the primitives above) --------------
 

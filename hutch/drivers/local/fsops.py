@@ -265,18 +265,20 @@ class Files:
         pos = 0
         while pos < len(out):
             nl = out.index(b"\n", pos)
-            mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s, owner, group = out[pos:nl].split()
-            nlen, llen = int(nlen_s), int(llen_s)
+            mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s, owner, group, mlen_s = out[pos:nl].split()
+            nlen, llen, mlen = int(nlen_s), int(llen_s), int(mlen_s)
             name = out[nl + 1 : nl + 1 + nlen]
             link = out[nl + 1 + nlen : nl + 1 + nlen + llen]
-            pos = nl + 1 + nlen + llen
+            pairs = out[nl + 1 + nlen + llen : nl + 1 + nlen + llen + mlen].split(b"\0")
+            pos = nl + 1 + nlen + llen + mlen
             mode = int(mode_s, 8)
             is_link = (mode & 0o170000) == 0o120000
             entries.append(FileInfo(
                 name=os.fsdecode(name), size=int(size_s), is_dir=(mode & 0o170000) == 0o040000, mode=mode,
                 mod_time=int(sec_s) + int(nsec_s) / 1e9, is_symlink=is_link,
                 link_target=os.fsdecode(link) if is_link else None, owner=os.fsdecode(owner),
-                group=os.fsdecode(group)))
+                group=os.fsdecode(group),
+                metadata={os.fsdecode(k): os.fsdecode(v) for k, v in zip(pairs[0:-1:2], pairs[1:-1:2], strict=True)}))
         entries.sort(key=lambda e: e.name)
         return entries
 
@@ -292,6 +294,10 @@ class Files:
 
     async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
         await self._simple(sandbox_id, "mv", source, _encode(destination))
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        pairs = [os.fsencode(part) for item in metadata.items() for part in item]
+        await self._simple(sandbox_id, "meta", path, *pairs)
 
     async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> LocalDirWatch:
         proc = self._spawn_fs(sandbox_id, [b"watch", _encode(path), b"1" if recursive else b"0"], stdin=True)

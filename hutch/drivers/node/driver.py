@@ -119,7 +119,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         if not seen:
             return Capabilities()
         fields = {f: all(c.get(f, False) for c in seen) for f in seen[0]}
-        fields["watches"] = False  # the agents' drivers watch; no agent route carries a watch yet
+        fields["watches"] = fields["metadata"] = False  # what the agents' drivers do but no agent route carries yet
         return converter.structure(fields, Capabilities)
 
     async def _directory_view(self) -> dict[str, str]:

@@ -17,7 +17,8 @@
  *           reach a host file.
  *   fs      the same entry, then one file operation (argv: read PATH | write PATH
  *           MODE PARENTS | list PATH | mkdir PATH PARENTS | rm PATH DIR RECURSIVE |
- *           symlink PATH TARGET | mv PATH DESTINATION | watch PATH RECURSIVE). read streams the file to stdout and write streams
+ *           symlink PATH TARGET | mv PATH DESTINATION | watch PATH RECURSIVE |
+ *           meta PATH KEY VALUE...). read streams the file to stdout and write streams
  *           stdin into it, after an "ok\n" line saying the file is open; failures are
  *           "errno<TAB>N<TAB>message" on --status-fd. Done in here rather than with the
  *           runtime's own tools: no runtime needs cat/find/stat, nothing is parsed
@@ -55,6 +56,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -840,10 +842,52 @@ static const char *id_name(const char *file, unsigned id, struct id_cache *c)
     return c->name;
 }
 
-/* Records: "<mode-octal> <size> <mtime-s> <mtime-ns> <name-len> <link-len> <owner> <group>\n<name><link>". */
-static void fs_entry(int dirfd, const char *name, const char *shown)
+/* A file's metadata: its user.e2b.* extended attributes, as "key\0value\0" pairs (the
+ * prefix dropped; a value holding a NUL is left out, it could not be told apart). */
+#define META_PREFIX "user.e2b."
+static size_t fs_meta(const char *path, char *out, size_t cap)
+{
+    static char names[65536], value[4096];
+    ssize_t n = llistxattr(path, names, sizeof names);
+    size_t used = 0;
+    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(names + i) + 1) {
+        const char *k = names + i;
+        if (strncmp(k, META_PREFIX, strlen(META_PREFIX))) continue;
+        ssize_t vn = lgetxattr(path, k, value, sizeof value);
+        if (vn < 0 || memchr(value, 0, (size_t)vn)) continue;
+        size_t kl = strlen(k) - strlen(META_PREFIX);
+        if (used + kl + (size_t)vn + 2 > cap) break;
+        memcpy(out + used, k + strlen(META_PREFIX), kl + 1);
+        used += kl + 1;
+        memcpy(out + used, value, (size_t)vn);
+        used += (size_t)vn;
+        out[used++] = 0;
+    }
+    return used;
+}
+
+/* meta PATH KEY VALUE...: the file's metadata becomes exactly these pairs. */
+static void fs_set_meta(const char *path, char **pairs, int n)
+{
+    static char names[65536];
+    ssize_t len = llistxattr(path, names, sizeof names);
+    if (len < 0) fail_errno(errno, path);
+    for (ssize_t i = 0; i < len; i += (ssize_t)strlen(names + i) + 1)
+        if (!strncmp(names + i, META_PREFIX, strlen(META_PREFIX)) && lremovexattr(path, names + i) < 0)
+            fail_errno(errno, path);
+    for (int i = 0; i + 1 < n; i += 2) {
+        char key[512];
+        if (snprintf(key, sizeof key, META_PREFIX "%s", pairs[i]) >= (int)sizeof key) fail_errno(ENAMETOOLONG, path);
+        if (lsetxattr(path, key, pairs[i + 1], strlen(pairs[i + 1]), 0) < 0) fail_errno(errno, path);
+    }
+}
+
+/* Records: "<mode-octal> <size> <mtime-s> <mtime-ns> <name-len> <link-len> <owner> <group>
+ * <meta-len>\n<name><link><meta>". */
+static void fs_entry(int dirfd, const char *name, const char *shown, const char *full)
 {
     static struct id_cache users, groups;
+    static char meta[65536];
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return;  /* raced away */
     char link[4096];
@@ -852,14 +896,16 @@ static void fs_entry(int dirfd, const char *name, const char *shown)
         ln = readlinkat(dirfd, name, link, sizeof link);
         if (ln < 0) ln = 0;
     }
+    size_t mn = S_ISLNK(st.st_mode) ? 0 : fs_meta(full, meta, sizeof meta);
     char head[256];
-    int h = snprintf(head, sizeof head, "%o %lld %lld %ld %zu %zd %s %s\n", (unsigned)st.st_mode,
+    int h = snprintf(head, sizeof head, "%o %lld %lld %ld %zu %zd %s %s %zu\n", (unsigned)st.st_mode,
                      (long long)st.st_size, (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec,
                      strlen(shown), ln, id_name("/etc/passwd", st.st_uid, &users),
-                     id_name("/etc/group", st.st_gid, &groups));
+                     id_name("/etc/group", st.st_gid, &groups), mn);
     write_all(1, head, (size_t)h, "stdout");
     write_all(1, shown, strlen(shown), "stdout");
     write_all(1, link, (size_t)ln, "stdout");
+    write_all(1, meta, mn, "stdout");
 }
 
 static void fs_list(const char *path)
@@ -869,7 +915,7 @@ static void fs_list(const char *path)
     if (!S_ISDIR(st.st_mode)) {
         const char *base = strrchr(path, '/');
         base = base && base[1] ? base + 1 : path;
-        fs_entry(AT_FDCWD, path, base);
+        fs_entry(AT_FDCWD, path, base, path);
         return;
     }
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -879,7 +925,9 @@ static void fs_list(const char *path)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        fs_entry(fd, e->d_name, e->d_name);
+        char full[8192];
+        snprintf(full, sizeof full, "%s/%s", path, e->d_name);
+        fs_entry(fd, e->d_name, e->d_name, full);
     }
     closedir(d);
 }
@@ -1099,6 +1147,7 @@ static int mode_fs(struct opts *o)
     else if (!strcmp(op, "symlink") && n == 3) fs_symlink(path, a[2]);
     else if (!strcmp(op, "mv") && n == 3) fs_mv(path, a[2]);
     else if (!strcmp(op, "watch") && n == 3) fs_watch(path, a[2][0] == '1');
+    else if (!strcmp(op, "meta") && n % 2 == 0) fs_set_meta(path, a + 2, n - 2);
     else fail("setup", "fs: bad operation %s", op);
     return 0;
 }
