@@ -61,6 +61,13 @@ class FileAccess:
     async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
         await self._roles.files.rename(sandbox_id, source, destination)
 
+    @property
+    def keeps_metadata(self) -> bool:
+        return self._roles.capabilities.metadata
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        await self._roles.metadata.set_metadata(sandbox_id, path, metadata)
+
     async def watch(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
         """The driver's watch of a directory (NotSupported naming the driver where it has none)."""
         return await self._roles.watches.watch_dir(sandbox_id, path, recursive=recursive)

@@ -131,6 +131,19 @@ def test_a_watch_reports_each_change_made_before_it_is_asked_and_is_bounded(sand
     sandbox.files.watch_dir("/tmp/watched").stop()  # room again
 
 
+def test_metadata_is_kept_listed_moved_and_cleared_by_an_overwrite(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("/tmp/meta/a.txt", "x", metadata={"Author": "ann", "purpose": "test"})
+    assert info.metadata == {"author": "ann", "purpose": "test"}  # keys lowercased, as envd's
+    assert sandbox.files.get_info("/tmp/meta/a.txt").metadata == info.metadata
+    assert [e.metadata for e in sandbox.files.list("/tmp/meta")] == [info.metadata]
+    assert sandbox.files.rename("/tmp/meta/a.txt", "/tmp/meta/b.txt").metadata == info.metadata
+    assert sandbox.files.write("/tmp/meta/b.txt", "y").metadata is None
+    assert sandbox.files.get_info("/tmp/meta/b.txt").metadata is None
+    with pytest.raises(InvalidArgumentException, match=r"(?i)x-metadata-long: a metadata value is up to 1024"):
+        sandbox.files.write("/tmp/meta/c.txt", "z", metadata={"long": "v" * 1025})
+    assert not sandbox.files.exists("/tmp/meta/c.txt")  # refused before anything was written
+
+
 def test_a_listing_carries_no_envd_token_and_a_get_does(e2b_env: E2bServer, sandbox: Sandbox) -> None:
     def get(path: str) -> object:
         req = urllib.request.Request(e2b_env.url + path, headers={"X-API-Key": KEY})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import posixpath
 import stat
+import string
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -38,7 +39,8 @@ def _entry(info: FileInfo, path: str) -> dict[str, Any]:
     kind = msg.DIRECTORY if info.is_dir else msg.FILE  # of what a symlink points to, as envd says
     return {"name": posixpath.basename(path.rstrip("/")) or "/", "type": kind, "path": path, "size": info.size,
             "mode": stat.S_IMODE(info.mode), "permissions": stat.filemode(info.mode), "owner": info.owner, "group": info.group,
-            "modified_time": info.mod_time, "symlink_target": _target(info.link_target, path)}
+            "modified_time": info.mod_time, "symlink_target": _target(info.link_target, path),
+            "metadata": info.metadata or None}
 
 
 def _target(link: str | None, path: str) -> str | None:
@@ -162,11 +164,32 @@ async def other(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------ HTTP /files
 
 
-def _refuse_metadata(request: web.Request) -> None:
-    for header in request.headers:
-        if header.lower().startswith("x-metadata-"):
-            raise NotSupported(f"{header}: file metadata (extended attributes) is not supported by hutch yet",
+_META_PREFIX = "x-metadata-"
+_TOKEN = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
+MAX_METADATA = 32  # pairs a file may carry
+MAX_METADATA_KEY, MAX_METADATA_VALUE = 128, 1024  # within what the sandbox's xattrs hold
+
+
+def _metadata(request: web.Request, keeps: bool) -> dict[str, str]:
+    """The upload's ``X-Metadata-<key>`` headers as the files' metadata (keys lowercased, as
+    envd does), checked before anything is written."""
+    meta: dict[str, str] = {}
+    for header, value in request.headers.items():
+        if not header.lower().startswith(_META_PREFIX):
+            continue
+        if not keeps:
+            raise NotSupported(f"{header}: this server's driver cannot keep file metadata", field=header)
+        key = header[len(_META_PREFIX):].lower()
+        if not key or len(key) > MAX_METADATA_KEY or not set(key) <= _TOKEN:
+            raise InvalidInput(f"{header}: a metadata key is 1 to {MAX_METADATA_KEY} HTTP token characters",
                                field=header)
+        if len(value) > MAX_METADATA_VALUE or not all(" " <= c <= "~" for c in value):
+            raise InvalidInput(f"{header}: a metadata value is up to {MAX_METADATA_VALUE} printable ASCII "
+                               "characters", field=header)
+        meta[key] = value
+    if len(meta) > MAX_METADATA:
+        raise InvalidInput(f"X-Metadata-*: at most {MAX_METADATA} pairs a file, got {len(meta)}", field="X-Metadata-*")
+    return meta
 
 
 @routes.get("/files")
@@ -195,7 +218,8 @@ async def upload(request: web.Request) -> web.Response:
     """One file (octet-stream, at ``path``) or several (multipart: each part's file name is its
     path, or ``path`` for a single part); parents are made. Answers what was written."""
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
-    _refuse_metadata(request)
+    keeps = engine.files.keeps_metadata
+    meta = _metadata(request, keeps)
     await engine.files.ready(sandbox_id)
     written: list[str] = []
     if request.content_type == "multipart/form-data":
@@ -206,11 +230,16 @@ async def upload(request: web.Request) -> web.Response:
                 raise InvalidInput("body: nested multipart is not supported", field="body")
             path = path_of(given if given and not written else part.filename, "file name")
             await engine.files.write(sandbox_id, path, _part_chunks(part), parents=True)
+            if keeps:  # an overwrite keeps none of the old file's metadata, as envd's
+                await engine.files.set_metadata(sandbox_id, path, meta)
             written.append(path)
     else:
         path = path_of(request.query.get("path"))
         await engine.files.write(sandbox_id, path, _body_chunks(request), parents=True)
+        if keeps:
+            await engine.files.set_metadata(sandbox_id, path, meta)
         written.append(path)
     if not written:
         raise InvalidInput("body: no file in the upload", field="body")
-    return web.json_response([{"name": posixpath.basename(p), "type": "file", "path": p} for p in written])
+    return web.json_response([{"name": posixpath.basename(p), "type": "file", "path": p, "metadata": meta or None}
+                              for p in written])
