@@ -57,7 +57,7 @@ READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, end
 LOST_AFTER = 8.0
 
 
-class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
+class NodeDriver(roles.SandboxFiles, roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
                  roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
     name = "node"
 
@@ -119,7 +119,7 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         if not seen:
             return Capabilities()
         fields = {f: all(c.get(f, False) for c in seen) for f in seen[0]}
-        fields["watches"] = fields["metadata"] = False  # what the agents' drivers do but no agent route carries yet
+        fields["watches"] = False  # the agents' drivers watch; no agent route carries a watch yet
         return converter.structure(fields, Capabilities)
 
     async def _directory_view(self) -> dict[str, str]:
@@ -488,6 +488,10 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         agent = await self._owner(sandbox_id)
         await agent.json("POST", agent.path("sandboxes", sandbox_id, "rename"),
                          {"source": source, "destination": destination})
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "metadata"), {"path": path, "metadata": metadata})
 
     async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
         agent = await self._owner(sandbox_id)
