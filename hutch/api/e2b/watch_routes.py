@@ -37,25 +37,25 @@ _TYPES = {"create": "EVENT_TYPE_CREATE", "write": "EVENT_TYPE_WRITE", "remove": 
 
 
 @attrs.frozen
-class Watcher:
+class DirWatcher:
     sandbox_id: str
     path: str  # absolute, as the event entries' paths start
     include_entry: bool
     watch: DirWatch = attrs.field(eq=False)
 
 
-class Watchers:
+class DirWatchers:
     """The open watchers of this server, by id (a random token: an id names one sandbox's)."""
 
     def __init__(self) -> None:
-        self._by_id: dict[str, Watcher] = {}
+        self._by_id: dict[str, DirWatcher] = {}
 
     async def _prune(self) -> None:
         for watcher_id, w in list(self._by_id.items()):
             if w.watch.ended:
                 await self.remove(w.sandbox_id, watcher_id)
 
-    async def add(self, watcher: Watcher) -> str:
+    async def add(self, watcher: DirWatcher) -> str:
         await self._prune()
         if sum(w.sandbox_id == watcher.sandbox_id for w in self._by_id.values()) >= MAX_PER_SANDBOX:
             await watcher.watch.close()
@@ -65,7 +65,7 @@ class Watchers:
         self._by_id[watcher_id] = watcher
         return watcher_id
 
-    def get(self, sandbox_id: str, watcher_id: str) -> Watcher:
+    def get(self, sandbox_id: str, watcher_id: str) -> DirWatcher:
         w = self._by_id.get(watcher_id)
         if w is None or w.sandbox_id != sandbox_id:
             raise connect.RpcError("not_found", f"watcher {watcher_id!r} not found in sandbox {sandbox_id}")
@@ -81,11 +81,11 @@ class Watchers:
             await self.remove(w.sandbox_id, watcher_id)
 
 
-WATCHERS: web.AppKey[Watchers] = web.AppKey("e2b_watchers", Watchers)
+WATCHERS: web.AppKey[DirWatchers] = web.AppKey("e2b_watchers", DirWatchers)
 
 
 async def watchers_ctx(app: web.Application) -> AsyncIterator[None]:
-    app[WATCHERS] = Watchers()
+    app[WATCHERS] = DirWatchers()
     yield
     await app[WATCHERS].close_all()
 
@@ -95,17 +95,17 @@ async def _call(request: web.Request, schema: codec.Schema) -> tuple[connect.Cal
     return call, codec.decode(schema, call.message, call.is_json)
 
 
-async def _open(request: web.Request, req: dict[str, Any]) -> tuple[str, Watcher]:
+async def _open(request: web.Request, req: dict[str, Any]) -> tuple[str, DirWatcher]:
     """Watching has begun when this returns: a change made after it is never missed."""
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
     path = path_of(req.get("path"))
     await engine.files.ready(sandbox_id)
     watch = await engine.files.watch(sandbox_id, path, recursive=bool(req.get("recursive")))
-    watcher = Watcher(sandbox_id, path, bool(req.get("include_entry")), watch)
+    watcher = DirWatcher(sandbox_id, path, bool(req.get("include_entry")), watch)
     return await request.app[WATCHERS].add(watcher), watcher
 
 
-async def _events(request: web.Request, watcher: Watcher, events: list[WatchEvent]) -> list[dict[str, Any]]:
+async def _events(request: web.Request, watcher: DirWatcher, events: list[WatchEvent]) -> list[dict[str, Any]]:
     """envd's FilesystemEvents; with include_entry, the entry of each path that still exists."""
     out = []
     for e in events:
