@@ -32,6 +32,7 @@ log = logging.getLogger("hutch.api.e2b")
 routes = web.RouteTableDef()
 MAX_PER_SANDBOX = 16
 KEEPALIVE_DEFAULT = 50.0  # seconds between keep-alives on a quiet stream
+FLUSH_SECONDS = 30.0  # a GetWatcherEvents waits this long for the sandbox's side of the watch
 _TYPES = {"create": "EVENT_TYPE_CREATE", "write": "EVENT_TYPE_WRITE", "remove": "EVENT_TYPE_REMOVE",
           "rename": "EVENT_TYPE_RENAME", "chmod": "EVENT_TYPE_CHMOD"}
 
@@ -140,9 +141,13 @@ async def get_watcher_events(request: web.Request) -> web.Response:
     watcher_id, sandbox_id = _watcher_id(req), request[SANDBOX_KEY]
     watchers = request.app[WATCHERS]
     watcher = watchers.get(sandbox_id, watcher_id)
-    request.app[ENGINE].files.touch(sandbox_id)
+    await request.app[ENGINE].files.ready(sandbox_id)  # a paused sandbox's watcher is frozen with it: wake it
     try:
-        events = await watcher.watch.flush()
+        async with asyncio.timeout(FLUSH_SECONDS):
+            events = await watcher.watch.flush()
+    except TimeoutError:
+        raise connect.RpcError("deadline_exceeded", f"watcher {watcher_id!r}: the sandbox did not hand over its "
+                               f"events within {FLUSH_SECONDS:g} s; ask again") from None
     except WatchEnded as ended:
         with contextlib.suppress(connect.RpcError):
             await watchers.remove(sandbox_id, watcher_id)

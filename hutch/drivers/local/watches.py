@@ -48,15 +48,15 @@ class LocalDirWatch(DirWatch):
         self._lock = asyncio.Lock()
         self._eof = False
         self._closed = False
+        self._asked = 0  # flush marks asked for and not yet read (a flush cut short leaves one)
 
     @property
     def ended(self) -> bool:
         return self._closed or self._eof or self._proc.popen.poll() is not None
 
-    def _records(self) -> tuple[list[WatchEvent], bool]:
-        """The complete records buffered: their events, and whether a flush mark was among them."""
+    def _records(self) -> list[WatchEvent]:
+        """The events of the complete records buffered; each flush mark among them is counted off."""
         events: list[WatchEvent] = []
-        flushed = False
         while (nl := self._buf.find(b"\n")) >= 0:
             kind, _, size = self._buf[:nl].partition(b" ")
             n = int(size)
@@ -64,12 +64,12 @@ class LocalDirWatch(DirWatch):
                 break
             name, self._buf = self._buf[nl + 1:nl + 1 + n], self._buf[nl + 1 + n:]
             if kind == b"F":
-                flushed = True
+                self._asked = max(0, self._asked - 1)
             elif kind == b"O":
                 raise _Overflow
             elif kind in _KINDS:
                 events.append(WatchEvent(_KINDS[kind], os.fsdecode(name)))
-        return events, flushed
+        return events
 
     async def _read(self) -> None:
         data = await self._proc.read()
@@ -98,10 +98,10 @@ class LocalDirWatch(DirWatch):
         async def take() -> list[WatchEvent]:
             events: list[WatchEvent] = []
             asked = not self._eof and await self._proc.write(b"f")
-            while True:  # up to the mark, or (the helper gone) to the end of what it said
-                got, flushed = self._records()
-                events += got
-                if (flushed and asked) or self._eof:
+            self._asked += asked
+            while True:  # up to this call's mark, or (the helper gone) to the end of what it said
+                events += self._records()
+                if self._eof or (asked and not self._asked):
                     break
                 await self._read()
             if not events and self._eof:
@@ -112,7 +112,7 @@ class LocalDirWatch(DirWatch):
     async def next(self) -> list[WatchEvent]:
         async def take() -> list[WatchEvent]:
             while True:
-                events, _ = self._records()
+                events = self._records()
                 if events:
                     return events
                 if self._eof:
