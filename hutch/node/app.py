@@ -14,7 +14,7 @@ from aiohttp import web
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput, Unauthorized
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
-from hutch.node import commands, files, ports, sandboxes, terminals
+from hutch.node import commands, files, ports, sandboxes, terminals, watches
 from hutch.node.config import NodeSettings
 from hutch.node.keys import DRIVER, INSTANCE, SETTINGS, STREAMED, VERIFIER, error_response
 
@@ -78,7 +78,7 @@ def make_app(settings: NodeSettings, driver: LocalDriver, *, own_driver: bool = 
     app[INSTANCE] = secrets.token_hex(8)  # a new one per start: the driver sees a restart
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/hello", hello)
-    for module in (sandboxes, commands, files, terminals, ports):
+    for module in (sandboxes, commands, files, terminals, watches, ports):
         module.add_routes(app)
 
     if own_driver:

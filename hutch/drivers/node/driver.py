@@ -24,6 +24,7 @@ import attrs
 
 from hutch.core.driver_types import (
     Capabilities,
+    DirWatch,
     ExecRequest,
     ExecResult,
     FileInfo,
@@ -45,6 +46,7 @@ from hutch.drivers.node.client import AgentClient
 from hutch.drivers.node.directory import AgentDirectory
 from hutch.drivers.node.ports import PortTunnels
 from hutch.drivers.node.terminal import NodeTerminal
+from hutch.drivers.node.watch import NodeDirWatch
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, end
 LOST_AFTER = 8.0
 
 
-class NodeDriver(roles.SandboxFiles, roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
+class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
                  roles.PortForwarding, roles.UsageReporting, roles.Adoption, Driver):
     name = "node"
 
@@ -119,7 +121,6 @@ class NodeDriver(roles.SandboxFiles, roles.FileMetadata, roles.TreeTransfer, rol
         if not seen:
             return Capabilities()
         fields = {f: all(c.get(f, False) for c in seen) for f in seen[0]}
-        fields["watches"] = False  # the agents' drivers watch; no agent route carries a watch yet
         return converter.structure(fields, Capabilities)
 
     async def _directory_view(self) -> dict[str, str]:
@@ -545,6 +546,11 @@ class NodeDriver(roles.SandboxFiles, roles.FileMetadata, roles.TreeTransfer, rol
         ws = await agent.websocket(agent.path("sandboxes", req.sandbox_id, "terminal"))
         return await NodeTerminal.open(ws, agent.name, {"argv": list(req.argv), "env": dict(req.env), "cwd": req.cwd,
                                                         "rows": req.rows, "cols": req.cols})
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        agent = await self._owner(sandbox_id)
+        ws = await agent.websocket(agent.path("sandboxes", sandbox_id, "watch"))
+        return await NodeDirWatch.open(ws, agent.name, path, recursive)
 
     async def port_target(self, sandbox_id: str) -> tuple[str, int]:
         await self._owner(sandbox_id)
