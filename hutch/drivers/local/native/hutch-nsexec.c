@@ -1026,7 +1026,10 @@ static const char *watch_root;
 static void watch_add(const char *rel, int depth)
 {
     char full[8192];
-    snprintf(full, sizeof full, "%s%s%s", watch_root, *rel ? "/" : "", rel);
+    if (snprintf(full, sizeof full, "%s%s%s", watch_root, *rel ? "/" : "", rel) >= (int)sizeof full) {
+        if (!*rel) fail_errno(ENAMETOOLONG, watch_root);
+        return;  /* deeper than a path can say: a cut one could name another directory */
+    }
     int wd = inotify_add_watch(watch_ifd, full, WATCH_MASK);
     if (wd < 0) {
         if (!*rel) fail_errno(errno, watch_root);
@@ -1042,19 +1045,21 @@ static void watch_add(const char *rel, int depth)
     while ((e = readdir(d))) {
         if (e->d_type != DT_DIR || !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char sub[8192];
-        snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", e->d_name);
-        watch_add(sub, depth + 1);
+        if (snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", e->d_name) < (int)sizeof sub)
+            watch_add(sub, depth + 1);
     }
     closedir(d);
 }
 
 static void watch_emit(char kind, const char *rel, const char *name)
 {
-    char path[8192], head[32];
-    int n = snprintf(path, sizeof path, "%s%s%s", rel, *rel && *name ? "/" : "", name);
-    int h = snprintf(head, sizeof head, "%c %d\n", kind, n);
+    const char *sep = *rel && *name ? "/" : "";
+    char head[32];
+    int h = snprintf(head, sizeof head, "%c %zu\n", kind, strlen(rel) + strlen(sep) + strlen(name));
     write_all(1, head, (size_t)h, "stdout");
-    write_all(1, path, (size_t)n, "stdout");
+    write_all(1, rel, strlen(rel), "stdout");
+    write_all(1, sep, strlen(sep), "stdout");
+    write_all(1, name, strlen(name), "stdout");
 }
 
 /* Every event readable now; returns 0 once the watched directory itself is gone. */
@@ -1089,8 +1094,8 @@ static int watch_drain(void)
                 watch_emit('C', rel, name);
                 if (watch_recursive && (ev->mask & IN_ISDIR)) {
                     char sub[8192];
-                    snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", name);
-                    watch_add(sub, 1);
+                    if (snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", name) < (int)sizeof sub)
+                        watch_add(sub, 1);
                 }
             }
             if (ev->mask & IN_MODIFY) watch_emit('W', rel, name);
