@@ -26,7 +26,7 @@ Stream = Literal["stdout", "stderr"]
 class Capabilities:
     """What a driver can do here, now: the run-time truth the service checks before it asks.
 
-    An optional role's flag (files, tar_streams, checkpoints, pause, terminals, ports) is set
+    An optional role's flag (files, watches, metadata, tar_streams, checkpoints, pause, terminals, ports) is set
     only by a driver that plays the role (drivers/roles.py), and may stay unset although it
     does, where the host lacks something (the local driver cannot pause without a cgroup
     freezer); the other flags qualify the required roles."""
@@ -45,6 +45,8 @@ class Capabilities:
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
     terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
     named_user: bool = False  # can run a sandbox as an account of another name (ProvisionRequest.user)
+    watches: bool = False  # watch_dir: a directory's changes as the kernel reports them
+    metadata: bool = False  # set_metadata: a file's user.e2b.* extended attributes, listed with it
 
 
 # Processes per sandbox when a create gives none: a fork bomb stops there (and each driver's
@@ -153,6 +155,40 @@ class FileInfo:
     mod_time: float  # unix seconds
     is_symlink: bool = False
     link_target: str | None = None
+    owner: str = ""  # user and group names as the sandbox's /etc/passwd and /etc/group say (else the id)
+    group: str = ""
+    metadata: dict[str, str] = attrs.field(factory=dict)  # its user.e2b.* extended attributes (FileMetadata)
+
+
+@attrs.frozen
+class WatchEvent:
+    kind: Literal["create", "write", "remove", "rename", "chmod"]
+    name: str  # relative to the watched directory ("" for the directory itself)
+
+
+class WatchEnded(Exception):
+    """A directory watch is over: closed, its directory gone, or its sandbox ended."""
+
+
+class DirWatch(abc.ABC):
+    """A directory watched inside a sandbox, until closed (or its directory or sandbox goes).
+    One consumer at a time: either ``flush`` (polling) or ``next`` (a stream)."""
+
+    @abc.abstractmethod
+    async def flush(self) -> list[WatchEvent]:
+        """Every event of a change made before this call not yet taken, without waiting for
+        more. Raises WatchEnded once the watch is over and every event was taken."""
+
+    @abc.abstractmethod
+    async def next(self) -> list[WatchEvent]:
+        """The next events, waiting for some. Raises WatchEnded as ``flush`` does."""
+
+    @property
+    @abc.abstractmethod
+    def ended(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
 
 
 @attrs.frozen

@@ -28,6 +28,7 @@ from hutch.core.driver_types import (
     Stream,
     TerminalRequest,
     Usage,
+    WatchEnded,
     check_env,
 )
 from hutch.drivers.roles import (
@@ -35,6 +36,8 @@ from hutch.drivers.roles import (
     Adoption,
     Checkpointing,
     CommandRunner,
+    DirectoryWatching,
+    FileMetadata,
     NodeFleet,
     NotPlayed,
     Pausing,
@@ -57,8 +60,8 @@ class Driver(SandboxLifecycle, RuntimeCatalog, CommandRunner, NotPlayed):
     methods abstract again for it: ``class LocalDriver(roles.SandboxFiles, …, Driver)``."""
 
 
-class _RolesNotPlayed(NotPlayed, SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
-                      UsageReporting, Adoption, NodeFleet):
+class _RolesNotPlayed(NotPlayed, SandboxFiles, DirectoryWatching, FileMetadata, TreeTransfer, Checkpointing, Pausing,
+                      Terminals, PortForwarding, UsageReporting, Adoption, NodeFleet):
     """Stands in for the optional roles a driver does not play, answering in its name."""
 
     def __init__(self, name: str) -> None:
@@ -76,6 +79,8 @@ class DriverRoles:
     runtimes: RuntimeCatalog
     commands: CommandRunner
     files: SandboxFiles
+    watches: DirectoryWatching
+    metadata: FileMetadata
     trees: TreeTransfer
     checkpointing: Checkpointing
     pausing: Pausing
@@ -101,6 +106,8 @@ class DriverRoles:
         d = driver
         return cls(lifecycle=d, runtimes=d, commands=d,
                    files=d if isinstance(d, SandboxFiles) else absent,
+                   watches=d if isinstance(d, DirectoryWatching) else absent,
+                   metadata=d if isinstance(d, FileMetadata) else absent,
                    trees=d if isinstance(d, TreeTransfer) else absent,
                    checkpointing=d if isinstance(d, Checkpointing) else absent,
                    pausing=d if isinstance(d, Pausing) else absent,
@@ -142,5 +149,6 @@ __all__ = [
     "Stream",
     "TerminalRequest",
     "Usage",
+    "WatchEnded",
     "check_env",
 ]

@@ -8,8 +8,16 @@ same error with the same words whichever backend runs the sandbox.
 from __future__ import annotations
 
 import errno
+import os
 
 from hutch.core.errors import FileNotFound, HutchError, InvalidInput, PayloadTooLarge
+
+
+def named_path(message: str, num: int, default: str) -> str:
+    """The path a failure of a two-path operation (mv) is about: its message says
+    "<path>: <the system's words>"; ``default`` when it does not."""
+    head, sep, _ = message.removeprefix("hutch-fs: ").rpartition(": " + os.strerror(num))
+    return head if sep and head else default
 
 
 def from_errno(op: str, path: str, num: int, message: str, sandbox_id: str) -> HutchError:
@@ -28,6 +36,9 @@ def from_errno(op: str, path: str, num: int, message: str, sandbox_id: str) -> H
         if op == "rm":
             return InvalidInput(f"path: {path} is not a directory", field="path")
         return InvalidInput(f"path: {path}: {message}", field="path")
+    if num == errno.EXDEV:
+        return InvalidInput(f"path: {path} is on another filesystem of the sandbox; a rename cannot cross "
+                            "filesystems (copy it instead)", field="path")
     if num == errno.EEXIST:
         return InvalidInput(f"path: {path} exists and is not a directory", field="path")
     if num == errno.EINVAL and op in ("read", "write"):

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, M
 
 from hutch.core.driver_types import (
     Capabilities,
+    DirWatch,
     ExecRequest,
     ExecResult,
     FileInfo,
@@ -193,6 +194,31 @@ class SandboxFiles(abc.ABC):
     @abc.abstractmethod
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None: ...
 
+    @abc.abstractmethod
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        """Move ``source`` to ``destination`` (rename(2): a file replaces a file, never a
+        directory), making the destination's missing parents. A missing source is FileNotFound."""
+
+
+class DirectoryWatching(abc.ABC):
+    """Changes in a sandbox's directory as they happen (capability ``watches``): the kernel's
+    own notifications inside the sandbox, not a comparison of listings."""
+
+    @abc.abstractmethod
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        """Watch the directory ``path`` (and with ``recursive`` the ones below it, those made
+        later too); watching has begun when this returns. FileNotFound for a missing path,
+        InvalidInput for one that is not a directory."""
+
+
+class FileMetadata(abc.ABC):
+    """A file's metadata: string pairs kept as its ``user.e2b.*`` extended attributes, listed
+    with it (FileInfo.metadata; capability ``metadata``). They move with a rename."""
+
+    @abc.abstractmethod
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        """The file's metadata becomes exactly ``metadata`` ({} clears it)."""
+
 
 class TreeTransfer(abc.ABC):
     """Whole trees at once (capability ``tar_streams``), for drivers where each file primitive
@@ -343,8 +369,8 @@ class NodeFleet(abc.ABC):
         if the new copy fails, the old one stays as it was."""
 
 
-OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, TreeTransfer, Checkpointing, Pausing, Terminals, PortForwarding,
-                                    UsageReporting, Adoption, NodeFleet)
+OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, DirectoryWatching, FileMetadata, TreeTransfer, Checkpointing, Pausing,
+                                    Terminals, PortForwarding, UsageReporting, Adoption, NodeFleet)
 
 
 class NotPlayed:
@@ -382,6 +408,19 @@ class NotPlayed:
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         raise NotSupported(f"driver {self.name} cannot make symlinks")
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        raise NotSupported(f"driver {self.name} cannot rename files")
+
+    # DirectoryWatching
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        raise NotSupported(f"driver {self.name} cannot watch directories")
+
+    # FileMetadata
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        raise NotSupported(f"driver {self.name} cannot keep file metadata")
 
     # TreeTransfer
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput, Unauthorized
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
-from hutch.node import commands, drain, files, ports, sandboxes, terminals
+from hutch.node import commands, drain, files, ports, sandboxes, terminals, watches
 from hutch.node.config import NodeSettings
 from hutch.node.keys import DRIVER, INSTANCE, SETTINGS, STREAMED, VERIFIER, error_response
 
@@ -79,7 +79,7 @@ def make_app(settings: NodeSettings, driver: LocalDriver, *, own_driver: bool = 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/hello", hello)
     drain.add_routes(app, settings.data_dir)  # before the others: admission reads it
-    for module in (sandboxes, commands, files, terminals, ports):
+    for module in (sandboxes, commands, files, terminals, watches, ports):
         module.add_routes(app)
 
     if own_driver:

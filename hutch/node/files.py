@@ -81,6 +81,19 @@ async def symlink(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def rename(request: web.Request) -> web.Response:
+    body = await request.json()
+    await request.app[DRIVER].rename(request.match_info["id"], str(body["source"]), str(body["destination"]))
+    return web.json_response({"ok": True})
+
+
+async def set_metadata(request: web.Request) -> web.Response:
+    body = await request.json()
+    metadata = {str(k): str(v) for k, v in dict(body["metadata"]).items()}
+    await request.app[DRIVER].set_metadata(request.match_info["id"], str(body["path"]), metadata)
+    return web.json_response({"ok": True})
+
+
 async def export_tar(request: web.Request) -> web.StreamResponse:
     chunks = request.app[DRIVER].export_tar(request.match_info["id"], request.query["path"])
     return await _streamed(request, chunks, "application/x-tar")
@@ -100,5 +113,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/sandboxes/{id}/mkdir", mkdir)
     r.add_post("/v1/sandboxes/{id}/remove", remove)
     r.add_post("/v1/sandboxes/{id}/symlink", symlink)
+    r.add_post("/v1/sandboxes/{id}/rename", rename)
+    r.add_post("/v1/sandboxes/{id}/metadata", set_metadata)
     r.add_get("/v1/sandboxes/{id}/tar", export_tar)
     r.add_put("/v1/sandboxes/{id}/tar", import_tar, name=STREAMED + "tar")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import IO
 
+from hutch.core.driver_types import DirWatch
 from hutch.core.errors import IllegalTransition
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.drivers.base import DriverRoles, FileInfo
@@ -56,6 +57,20 @@ class FileAccess:
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._roles.files.symlink(sandbox_id, path, target)
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._roles.files.rename(sandbox_id, source, destination)
+
+    @property
+    def keeps_metadata(self) -> bool:
+        return self._roles.capabilities.metadata
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        await self._roles.metadata.set_metadata(sandbox_id, path, metadata)
+
+    async def watch(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        """The driver's watch of a directory (NotSupported naming the driver where it has none)."""
+        return await self._roles.watches.watch_dir(sandbox_id, path, recursive=recursive)
 
     async def archive(self, sandbox_id: str, root: str, fmt: str) -> AsyncIterator[bytes]:
         """``root`` as a tar, tar.gz or zip stream; a missing ``root`` raises before any byte."""

@@ -45,6 +45,7 @@ from hutch.drivers.base import (
     ProvisionRequest,
     TerminalRequest,
     Usage,
+    WatchEnded,
 )
 from hutch.drivers.fake.driver import FakeDriver
 from hutch.drivers.local.driver import LocalDriver
@@ -327,11 +328,127 @@ class TestSandboxFiles:
         finally:
             await driver.destroy(other)
 
+    async def test_a_listing_names_each_entrys_owner_and_group_as_the_sandbox_does(self, driver: Driver,
+                                                                                    sandbox: str) -> None:
+        await driver.write_files(sandbox, [FileWrite("owned/mine.txt", b"x")])
+        _, user = await run(driver, sandbox, "id", "-un")
+        _, group = await run(driver, sandbox, "id", "-gn")
+        (entry,) = await driver.list_files(sandbox, "owned")
+        assert (entry.owner, entry.group) == (user.stdout.strip(), group.stdout.strip()) != ("", "")
+        if not isinstance(driver, FakeDriver):  # the fake has no root filesystem of its own
+            root = {e.name: e for e in await driver.list_files(sandbox, "/")}
+            assert (root["etc"].owner, root["etc"].group) == ("root", "root")
+
+    async def test_rename_moves_a_file_or_a_tree_within_the_sandbox(self, driver: Driver, sandbox: str) -> None:
+        await driver.write_files(sandbox, [FileWrite("old.txt", b"one"), FileWrite("tree/a/b.txt", b"two")])
+        await driver.rename(sandbox, "old.txt", "moved/into/new.txt")  # the target's parents are made
+        await driver.rename(sandbox, "tree", "deeper/tree2")
+        _, out = await run(driver, sandbox, "cat", "moved/into/new.txt", "deeper/tree2/a/b.txt")
+        assert out.stdout == "onetwo"
+        assert {e.name for e in await driver.list_files(sandbox, ".")} >= {"moved"}
+        for gone in ("old.txt", "tree"):
+            with pytest.raises(FileNotFound):
+                await driver.list_files(sandbox, gone)
+        await driver.write_files(sandbox, [FileWrite("again.txt", b"three")])
+        await driver.rename(sandbox, "again.txt", "moved/into/new.txt")  # a file replaces a file
+        _, out = await run(driver, sandbox, "cat", "moved/into/new.txt")
+        assert out.stdout == "three"
+
+    async def test_rename_refuses_a_missing_source_and_a_directory_in_the_way(self, driver: Driver,
+                                                                              sandbox: str) -> None:
+        with pytest.raises(FileNotFound, match="nothing-here"):
+            await driver.rename(sandbox, "nothing-here", "elsewhere")
+        await driver.write_files(sandbox, [FileWrite("f.txt", b"x"), FileWrite("d/inside", b"y")])
+        with pytest.raises(InvalidInput, match="path: d is a directory"):
+            await driver.rename(sandbox, "f.txt", "d")
+        _, out = await run(driver, sandbox, "cat", "f.txt", "d/inside")
+        assert out.stdout == "xy"  # neither was touched
+
     async def test_a_destroyed_sandbox_takes_no_files(self, driver: Driver) -> None:
         sid = await provision(driver)
         await driver.destroy(sid)
         with pytest.raises(SandboxNotFound):
             await driver.write_files(sid, [FileWrite("x", b"")])
+
+
+class TestDirectoryWatching:
+    @pytest.fixture(params=playing(roles.DirectoryWatching))
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_changes_arrive_as_the_kernel_reports_them_and_none_late(self, driver: Driver,
+                                                                         sandbox: str) -> None:
+        await driver.mkdir(sandbox, "w/sub", parents=True)
+        watch = await driver.watch_dir(sandbox, "w", recursive=False)
+        try:
+            await driver.write_file(sandbox, "w/a.txt", _chunks(b"one"))  # made 0600, then 0644, then written
+            assert [(e.kind, e.name) for e in await watch.flush()] == [
+                ("create", "a.txt"), ("chmod", "a.txt"), ("write", "a.txt")]
+            await driver.rename(sandbox, "w/a.txt", "w/b.txt")
+            await run(driver, sandbox, "sh", "-c", "chmod 600 w/b.txt; rm w/b.txt; echo x > w/sub/deep.txt")
+            assert [(e.kind, e.name) for e in await watch.flush()] == [
+                ("rename", "a.txt"), ("create", "b.txt"), ("chmod", "b.txt"), ("remove", "b.txt")]
+            assert await watch.flush() == []  # nothing twice; below it is not watched
+        finally:
+            await watch.close()
+        with pytest.raises(WatchEnded):
+            await watch.flush()
+
+    async def test_a_recursive_watch_follows_directories_made_later(self, driver: Driver, sandbox: str) -> None:
+        await driver.mkdir(sandbox, "r/old", parents=True)
+        watch = await driver.watch_dir(sandbox, "r", recursive=True)
+        try:
+            await driver.write_files(sandbox, [FileWrite("r/old/x", b"")])
+            await driver.mkdir(sandbox, "r/new", parents=False)
+            await driver.write_file(sandbox, "r/new/y", _chunks(b"y"))
+            got = [(e.kind, e.name) for e in await watch.flush()]
+            assert ("create", "old/x") in got and ("create", "new") in got and ("write", "new/y") in got
+            assert got.index(("create", "new")) < got.index(("write", "new/y"))
+        finally:
+            await watch.close()
+
+    async def test_a_watch_names_what_it_cannot_watch_and_ends_with_its_sandbox(self, driver: Driver) -> None:
+        sid = await provision(driver)
+        await driver.write_files(sid, [FileWrite("file.txt", b"")])
+        with pytest.raises(FileNotFound, match="missing-dir"):
+            await driver.watch_dir(sid, "missing-dir", recursive=False)
+        with pytest.raises(InvalidInput, match=r"file\.txt"):
+            await driver.watch_dir(sid, "file.txt", recursive=False)
+        watch = await driver.watch_dir(sid, ".", recursive=True)
+        await driver.destroy(sid)
+
+        async def until_it_ends() -> None:
+            async with asyncio.timeout(30):
+                while True:
+                    await watch.flush()
+
+        with pytest.raises(WatchEnded):
+            await until_it_ends()
+        await watch.close()
+
+
+class TestFileMetadata:
+    @pytest.fixture(params=playing(roles.FileMetadata))
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_metadata_is_listed_replaced_cleared_and_moves_with_a_rename(self, driver: Driver,
+                                                                             sandbox: str) -> None:
+        await driver.write_files(sandbox, [FileWrite("m/a.txt", b"x"), FileWrite("m/plain.txt", b"y")])
+        await driver.set_metadata(sandbox, "m/a.txt", {"author": "ann", "purpose": "test run"})
+        listed = {e.name: e.metadata for e in await driver.list_files(sandbox, "m")}
+        assert listed == {"a.txt": {"author": "ann", "purpose": "test run"}, "plain.txt": {}}
+        await driver.set_metadata(sandbox, "m/a.txt", {"stage": "two"})  # replaces, not merges
+        await driver.rename(sandbox, "m/a.txt", "m/b.txt")
+        (moved,) = await driver.list_files(sandbox, "m/b.txt")
+        assert moved.metadata == {"stage": "two"}
+        await driver.set_metadata(sandbox, "m/b.txt", {})
+        (cleared,) = await driver.list_files(sandbox, "m/b.txt")
+        assert cleared.metadata == {}
+        with pytest.raises(FileNotFound, match="m/none"):
+            await driver.set_metadata(sandbox, "m/none", {"k": "v"})
 
 
 class TestTreeTransfer:
@@ -407,7 +524,8 @@ class TestPausing:
 # The optional roles a flag stands for; UsageReporting and Adoption have none (a driver that
 # does not play them reports nothing and hands nothing over).
 ROLE_FLAGS: dict[type, str] = {
-    roles.SandboxFiles: "files", roles.TreeTransfer: "tar_streams", roles.Checkpointing: "checkpoints",
+    roles.SandboxFiles: "files", roles.DirectoryWatching: "watches", roles.FileMetadata: "metadata",
+    roles.TreeTransfer: "tar_streams", roles.Checkpointing: "checkpoints",
     roles.Pausing: "pause", roles.Terminals: "terminals", roles.PortForwarding: "ports",
 }
 
@@ -421,6 +539,8 @@ def _probes(by_role: DriverRoles, sid: str) -> dict[str, Callable[[], Awaitable[
     """One call of each flagged role's work, by its flag."""
     return {
         "files": lambda: by_role.files.list_files(sid, "."),
+        "watches": lambda: by_role.watches.watch_dir(sid, ".", recursive=False),
+        "metadata": lambda: by_role.metadata.set_metadata(sid, ".", {}),
         "tar_streams": lambda: _drain(by_role.trees.export_tar(sid, ".")),
         "checkpoints": lambda: by_role.checkpointing.checkpoint(sid, new_id("cp")),
         "pause": lambda: by_role.pausing.pause(sid),
@@ -446,8 +566,8 @@ class TestRolesAndCapabilities:
     async def test_by_role_a_driver_is_itself_where_it_plays(self, driver: Driver) -> None:
         by_role = DriverRoles.of(driver)
         assert (by_role.lifecycle, by_role.runtimes, by_role.commands) == (driver, driver, driver)
-        for field, role in zip(("files", "trees", "checkpointing", "pausing", "terminals", "ports", "usage",
-                                "adoption", "fleet"), roles.OPTIONAL_ROLES, strict=True):
+        for field, role in zip(("files", "watches", "metadata", "trees", "checkpointing", "pausing", "terminals",
+                                "ports", "usage", "adoption", "fleet"), roles.OPTIONAL_ROLES, strict=True):
             assert (getattr(by_role, field) is driver) == isinstance(driver, role), field
         assert (by_role.name, by_role.capabilities) == (driver.name, driver.capabilities)
 

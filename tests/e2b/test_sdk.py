@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery
+from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox, SandboxQuery
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
@@ -18,6 +18,7 @@ from e2b.exceptions import (
     SandboxException,
 )
 
+from hutch.api.e2b.watch_routes import MAX_PER_SANDBOX
 from tests.e2b.conftest import E2bServer
 from tests.system.server import KEY
 
@@ -97,6 +98,69 @@ def test_info_and_list_show_the_sandbox(sandbox: Sandbox) -> None:
     assert info.allow_internet_access is False  # hutch's default, whatever E2B's is
     listed = [s.sandbox_id for s in Sandbox.list().next_items()]
     assert sandbox.sandbox_id in listed
+
+
+def test_info_names_the_owner_and_group_as_the_sandbox_does(sandbox: Sandbox) -> None:
+    sandbox.files.write("/tmp/owned.txt", "x")
+    user = sandbox.commands.run("id -un").stdout.strip()
+    info = sandbox.files.get_info("/tmp/owned.txt")
+    assert (info.owner, info.group) == (user, sandbox.commands.run("id -gn").stdout.strip())
+    assert {e.name: (e.owner, e.group) for e in sandbox.files.list("/")}["etc"] == ("root", "root")
+
+
+def test_a_rename_moves_the_file_and_names_what_stops_it(sandbox: Sandbox) -> None:
+    sandbox.files.write("/tmp/mv/old.txt", "moved")
+    info = sandbox.files.rename("/tmp/mv/old.txt", "/tmp/mv/sub/new.txt")  # the destination's parents made
+    assert (info.path, info.type) == ("/tmp/mv/sub/new.txt", FileType.FILE)
+    assert sandbox.files.read("/tmp/mv/sub/new.txt") == "moved"
+    assert not sandbox.files.exists("/tmp/mv/old.txt")
+    with pytest.raises(FileNotFoundException, match="/tmp/mv/nothing does not exist"):
+        sandbox.files.rename("/tmp/mv/nothing", "/tmp/mv/x")
+    sandbox.files.make_dir("/tmp/mv/dir")
+    with pytest.raises(InvalidArgumentException, match="/tmp/mv/dir is a directory"):
+        sandbox.files.rename("/tmp/mv/sub/new.txt", "/tmp/mv/dir")
+    sandbox.files.rename("/tmp/mv/sub/new.txt", "/../../../tmp/mv/up.txt")  # ".." stops at the sandbox's /
+    assert sandbox.commands.run("cat /tmp/mv/up.txt").stdout == "moved"
+
+
+def test_a_watch_reports_each_change_made_before_it_is_asked_and_is_bounded(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("/tmp/watched/sub")
+    handle = sandbox.files.watch_dir("/tmp/watched", recursive=True, include_entry=True)
+    sandbox.files.write("/tmp/watched/sub/a.txt", "one")
+    sandbox.files.rename("/tmp/watched/sub/a.txt", "/tmp/watched/b.txt")
+    sandbox.commands.run("rm /tmp/watched/b.txt")
+    events = handle.get_new_events()  # no waiting: each change above returned before the ask
+    assert [(e.type.value, e.name) for e in events] == [
+        ("create", "sub/a.txt"), ("chmod", "sub/a.txt"), ("write", "sub/a.txt"), ("rename", "sub/a.txt"),
+        ("create", "b.txt"), ("remove", "b.txt")]
+    assert events[0].entry is None  # gone since: no entry
+    sandbox.files.write("/tmp/watched/c.txt", "")
+    (created, _) = handle.get_new_events()
+    assert created.entry is not None and created.entry.path == "/tmp/watched/c.txt"
+    handle.stop()
+    with pytest.raises(FileNotFoundException, match="/tmp/not-there"):
+        sandbox.files.watch_dir("/tmp/not-there")
+    with pytest.raises(InvalidArgumentException, match=r"/tmp/watched/c\.txt"):
+        sandbox.files.watch_dir("/tmp/watched/c.txt")
+    handles = [sandbox.files.watch_dir("/tmp/watched") for _ in range(MAX_PER_SANDBOX)]
+    with pytest.raises(SandboxException, match=f"{MAX_PER_SANDBOX} directory watchers already"):
+        sandbox.files.watch_dir("/tmp/watched")
+    for h in handles:
+        h.stop()
+    sandbox.files.watch_dir("/tmp/watched").stop()  # room again
+
+
+def test_metadata_is_kept_listed_moved_and_cleared_by_an_overwrite(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("/tmp/meta/a.txt", "x", metadata={"Author": "ann", "purpose": "test"})
+    assert info.metadata == {"author": "ann", "purpose": "test"}  # keys lowercased, as envd's
+    assert sandbox.files.get_info("/tmp/meta/a.txt").metadata == info.metadata
+    assert [e.metadata for e in sandbox.files.list("/tmp/meta")] == [info.metadata]
+    assert sandbox.files.rename("/tmp/meta/a.txt", "/tmp/meta/b.txt").metadata == info.metadata
+    assert sandbox.files.write("/tmp/meta/b.txt", "y").metadata is None
+    assert sandbox.files.get_info("/tmp/meta/b.txt").metadata is None
+    with pytest.raises(InvalidArgumentException, match=r"(?i)x-metadata-long: a metadata value is up to 1024"):
+        sandbox.files.write("/tmp/meta/c.txt", "z", metadata={"long": "v" * 1025})
+    assert not sandbox.files.exists("/tmp/meta/c.txt")  # refused before anything was written
 
 
 def test_a_listing_carries_no_envd_token_and_a_get_does(e2b_env: E2bServer, sandbox: Sandbox) -> None:

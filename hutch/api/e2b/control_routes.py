@@ -34,7 +34,7 @@ from hutch.projections.base import SandboxQuery
 routes = web.RouteTableDef()
 IDEMPOTENCY: web.AppKey[IdempotentCreates] = web.AppKey("e2b_idempotency", IdempotentCreates)
 
-ENVD_VERSION = "0.5.7"  # what the SDK is told envd speaks: commands with stdin, a default user
+ENVD_VERSION = "0.6.4"  # what the SDK is told envd speaks: commands with stdin, a default user, watch entries
 DEFAULT_TIMEOUT = 300  # seconds, E2B's default
 MAX_TIMEOUT = 24 * 3600
 # E2B's template names -> hutch's runtimes; code-interpreter-v1 is e2b-code-interpreter's default.

@@ -20,3 +20,15 @@ MOVE_REQUEST: Schema = {"source": (1, "string", None), "destination": (2, "strin
 LIST_DIR_REQUEST: Schema = {"path": (1, "string", None), "depth": (2, "uint32", None)}
 LIST_DIR_RESPONSE: Schema = {"entries": (1, "repeated", ENTRY_INFO)}
 EMPTY: Schema = {}
+EVENT_TYPES = {"EVENT_TYPE_UNSPECIFIED": 0, "EVENT_TYPE_CREATE": 1, "EVENT_TYPE_WRITE": 2, "EVENT_TYPE_REMOVE": 3,
+               "EVENT_TYPE_RENAME": 4, "EVENT_TYPE_CHMOD": 5}
+WATCH_REQUEST: Schema = {  # WatchDirRequest and CreateWatcherRequest
+    "path": (1, "string", None), "recursive": (2, "bool", None), "include_entry": (3, "bool", None),
+    "allow_network_mounts": (4, "bool", None),
+}
+FILESYSTEM_EVENT: Schema = {"name": (1, "string", None), "type": (2, "enum", EVENT_TYPES),
+                            "entry": (3, "message", ENTRY_INFO)}
+WATCH_DIR_RESPONSE: Schema = {"start": (1, "message", {}), "filesystem": (2, "message", FILESYSTEM_EVENT),
+                              "keepalive": (3, "message", {})}
+WATCHER_ID: Schema = {"watcher_id": (1, "string", None)}  # CreateWatcher's answer, Get/RemoveWatcher's ask
+WATCHER_EVENTS: Schema = {"events": (1, "repeated", FILESYSTEM_EVENT)}

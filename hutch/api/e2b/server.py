@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from hutch.api.e2b import control_routes, envd_routes, files_routes, ports
+from hutch.api.e2b import control_routes, envd_routes, files_routes, ports, watch_routes
 from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
@@ -26,8 +26,10 @@ def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
     app[TENANTS] = tenants
     app[ports.TOKENS] = {}
     app.cleanup_ctx.append(ports.session_ctx)
+    app.cleanup_ctx.append(watch_routes.watchers_ctx)
     app.add_routes(control_routes.routes)
     app.add_routes(envd_routes.routes)
+    app.add_routes(watch_routes.routes)  # before files_routes' catch-all for the rest of Filesystem
     app.add_routes(files_routes.routes)
     return app
 

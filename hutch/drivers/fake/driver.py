@@ -17,7 +17,7 @@ import os
 import posixpath
 import shlex
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 import attrs
 
@@ -47,6 +47,7 @@ from hutch.drivers.bytecode import forget_bytecode
 
 Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
 HOME = "/home/agentuity"
+USER = "agentuity"  # the sandbox user, and its group: the owner of every fake file
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": HOME, "USER": "agentuity", "LOGNAME": "agentuity", "SHELL": "/bin/bash",
@@ -208,20 +209,20 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
         sb = self._get(sandbox_id)
         p = _abspath(path, None)
         if p in sb.files:
-            return [FileInfo(name=posixpath.basename(p), size=len(sb.files[p]), is_dir=False, mode=0o100000 | sb.modes.get(p, 0o644), mod_time=0.0)]
+            return [FileInfo(name=posixpath.basename(p), size=len(sb.files[p]), is_dir=False, mode=0o100000 | sb.modes.get(p, 0o644), mod_time=0.0, owner=USER, group=USER)]
         if p not in sb.dirs:
             raise FileNotFound(f"path: {path} does not exist in sandbox {sandbox_id}", field="path")
         out = []
         for d in sorted(sb.dirs):
             if d != p and posixpath.dirname(d) == p:
-                out.append(FileInfo(name=posixpath.basename(d), size=0, is_dir=True, mode=0o040755, mod_time=0.0))
+                out.append(FileInfo(name=posixpath.basename(d), size=0, is_dir=True, mode=0o040755, mod_time=0.0, owner=USER, group=USER))
         for f, data in sorted(sb.files.items()):
             if posixpath.dirname(f) == p:
-                out.append(FileInfo(name=posixpath.basename(f), size=len(data), is_dir=False, mode=0o100000 | sb.modes.get(f, 0o644), mod_time=0.0))
+                out.append(FileInfo(name=posixpath.basename(f), size=len(data), is_dir=False, mode=0o100000 | sb.modes.get(f, 0o644), mod_time=0.0, owner=USER, group=USER))
         for link, target in sorted(sb.links.items()):
             if posixpath.dirname(link) == p:
                 out.append(FileInfo(name=posixpath.basename(link), size=len(target), is_dir=False, mode=0o120777, mod_time=0.0,
-                                    is_symlink=True, link_target=target))
+                                    is_symlink=True, link_target=target, owner=USER, group=USER))
         return out
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
@@ -273,6 +274,29 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
         p = _abspath(path, None)
         self._mkdirs(sb, posixpath.dirname(p))
         sb.links[p] = target
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        sb = self._get(sandbox_id)
+        src, dst = _abspath(source, None), _abspath(destination, None)
+        if src not in sb.files and src not in sb.links and src not in sb.dirs:
+            raise FileNotFound(f"path: {source} does not exist in sandbox {sandbox_id}", field="path")
+        if dst in sb.dirs and src not in sb.dirs:
+            raise InvalidInput(f"path: {destination} is a directory", field="path")
+        self._mkdirs(sb, posixpath.dirname(dst))
+        prefix = src.rstrip("/") + "/"
+
+        def moved(keys: Iterable[str]) -> list[tuple[str, str]]:
+            return [(k, dst + k[len(src):]) for k in list(keys) if k == src or k.startswith(prefix)]
+
+        for old, new in moved(sb.files):
+            sb.files[new] = sb.files.pop(old)
+        for old, new in moved(sb.links):
+            sb.links[new] = sb.links.pop(old)
+        for old, new in moved(sb.modes):
+            sb.modes[new] = sb.modes.pop(old)
+        for old, new in moved(sb.dirs):
+            sb.dirs.discard(old)
+            sb.dirs.add(new)
 
     async def alive(self) -> set[str]:
         return set(self.sandboxes)
@@ -368,11 +392,12 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
                 return int(args[0]) if args else 0
             case "cat":
                 if args:
-                    path = _abspath(args[0], req.cwd)
-                    if path not in sb.files:
-                        sink.write("stderr", f"cat: {args[0]}: No such file or directory\n".encode())
-                        return 1
-                    sink.write(out, sb.files[path])
+                    for arg in args:
+                        path = _abspath(arg, req.cwd)
+                        if path not in sb.files:
+                            sink.write("stderr", f"cat: {arg}: No such file or directory\n".encode())
+                            return 1
+                        sink.write(out, sb.files[path])
                     return 0
                 sink.write(out, await _all(req.stdin))
                 return 0
@@ -388,6 +413,9 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
                 return 137
             case "pwd":
                 sink.write(out, f"{_abspath('.', req.cwd)}\n".encode())
+                return 0
+            case "id" if args in (["-un"], ["-gn"]):
+                sink.write(out, f"{USER}\n".encode())
                 return 0
             case "env":
                 sink.write(out, "".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode())

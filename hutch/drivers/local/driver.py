@@ -50,6 +50,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from hutch.core import runtimes
+from hutch.core.driver_types import DirWatch
 from hutch.core.errors import DriverFailure, NotSupported, SandboxNotFound
 from hutch.drivers import roles, trees
 from hutch.drivers.base import (
@@ -94,8 +95,8 @@ log = logging.getLogger(__name__)
 HOME = rootfs.SANDBOX_HOME
 
 
-class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding,
-                  roles.UsageReporting, Driver):
+class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing,
+                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
     name = "local"
 
     def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None) -> None:
@@ -136,6 +137,8 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
             egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
             terminals=True,  # terminal.py
             named_user=True,  # launch.populate_upper writes the account's passwd entry and home
+            watches=True,  # inotify inside the sandbox (watches.py)
+            metadata=True,  # user.e2b.* xattrs, set and listed inside the sandbox (fsops.py)
         )
 
     def _wire(self) -> None:
@@ -363,6 +366,15 @@ class LocalDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, r
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._files.symlink(sandbox_id, path, target)
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._files.rename(sandbox_id, source, destination)
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        return await self._files.watch_dir(sandbox_id, path, recursive=recursive)
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        await self._files.set_metadata(sandbox_id, path, metadata)
 
     # -- whole trees (drivers/trees.py over the primitives above) --------------
 

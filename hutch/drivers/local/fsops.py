@@ -29,10 +29,11 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
 from hutch.drivers.base import FileInfo
-from hutch.drivers.fserrors import from_errno
+from hutch.drivers.fserrors import from_errno, named_path
 from hutch.drivers.local.helper import set_done
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.state import Registry
+from hutch.drivers.local.watches import LocalDirWatch
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -183,7 +184,8 @@ class Files:
         kind, _, rest = status.strip().partition("\t")
         if kind == "errno":
             num_text, _, message = rest.partition("\t")
-            return from_errno(op, path, int(num_text) if num_text.isdigit() else 0, message, sandbox_id)
+            num = int(num_text) if num_text.isdigit() else 0
+            return from_errno(op, named_path(message, num, path) if op == "mv" else path, num, message, sandbox_id)
         if kind == "cwd":
             return InvalidInput(f"the sandbox's home directory is gone ({rest})", field="path")
         if self._registry.load(sandbox_id) is None:
@@ -262,17 +264,20 @@ class Files:
         pos = 0
         while pos < len(out):
             nl = out.index(b"\n", pos)
-            mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s = out[pos:nl].split()
-            nlen, llen = int(nlen_s), int(llen_s)
+            mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s, owner, group, mlen_s = out[pos:nl].split()
+            nlen, llen, mlen = int(nlen_s), int(llen_s), int(mlen_s)
             name = out[nl + 1 : nl + 1 + nlen]
             link = out[nl + 1 + nlen : nl + 1 + nlen + llen]
-            pos = nl + 1 + nlen + llen
+            pairs = out[nl + 1 + nlen + llen : nl + 1 + nlen + llen + mlen].split(b"\0")
+            pos = nl + 1 + nlen + llen + mlen
             mode = int(mode_s, 8)
             is_link = (mode & 0o170000) == 0o120000
             entries.append(FileInfo(
                 name=os.fsdecode(name), size=int(size_s), is_dir=(mode & 0o170000) == 0o040000, mode=mode,
                 mod_time=int(sec_s) + int(nsec_s) / 1e9, is_symlink=is_link,
-                link_target=os.fsdecode(link) if is_link else None))
+                link_target=os.fsdecode(link) if is_link else None, owner=os.fsdecode(owner),
+                group=os.fsdecode(group),
+                metadata={os.fsdecode(k): os.fsdecode(v) for k, v in zip(pairs[0:-1:2], pairs[1:-1:2], strict=True)}))
         entries.sort(key=lambda e: e.name)
         return entries
 
@@ -285,3 +290,19 @@ class Files:
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._simple(sandbox_id, "symlink", path, _encode(target))
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._simple(sandbox_id, "mv", source, _encode(destination))
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        pairs = [os.fsencode(part) for item in metadata.items() for part in item]
+        await self._simple(sandbox_id, "meta", path, *pairs)
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> LocalDirWatch:
+        proc = self._spawn_fs(sandbox_id, [b"watch", _encode(path), b"1" if recursive else b"0"], stdin=True)
+        try:
+            rest = await asyncio.wait_for(self._opened(sandbox_id, "watch", path, proc), SIMPLE_OP_LIMIT)
+        except BaseException:
+            self._finish(sandbox_id, proc)
+            raise
+        return LocalDirWatch(proc, lambda: self._finish(sandbox_id, proc), rest, path)

@@ -25,6 +25,7 @@ import attrs
 
 from hutch.core.driver_types import (
     Capabilities,
+    DirWatch,
     ExecRequest,
     ExecResult,
     FileInfo,
@@ -54,6 +55,7 @@ from hutch.drivers.node.client import AgentClient, AgentUnreachable
 from hutch.drivers.node.directory import AgentDirectory
 from hutch.drivers.node.ports import PortTunnels
 from hutch.drivers.node.terminal import NodeTerminal
+from hutch.drivers.node.watch import NodeDirWatch
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,9 @@ READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, end
 LOST_AFTER = 8.0
 
 
-class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
-                 roles.PortForwarding, roles.UsageReporting, roles.Adoption, roles.NodeFleet, Driver):
+class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer,
+                 roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting,
+                 roles.Adoption, roles.NodeFleet, Driver):
     name = "node"
 
     def __init__(self, directory: AgentDirectory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
@@ -602,6 +605,15 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         agent = await self._owner(sandbox_id)
         await agent.json("POST", agent.path("sandboxes", sandbox_id, "symlink"), {"path": path, "target": target})
 
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "rename"),
+                         {"source": source, "destination": destination})
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "metadata"), {"path": path, "metadata": metadata})
+
     async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
         agent = await self._owner(sandbox_id)
         async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "tar", path=path)):
@@ -654,6 +666,11 @@ class NodeDriver(roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing, ro
         ws = await agent.websocket(agent.path("sandboxes", req.sandbox_id, "terminal"))
         return await NodeTerminal.open(ws, agent.name, {"argv": list(req.argv), "env": dict(req.env), "cwd": req.cwd,
                                                         "rows": req.rows, "cols": req.cols})
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        agent = await self._owner(sandbox_id)
+        ws = await agent.websocket(agent.path("sandboxes", sandbox_id, "watch"))
+        return await NodeDirWatch.open(ws, agent.name, path, recursive)
 
     async def port_target(self, sandbox_id: str) -> tuple[str, int]:
         await self._owner(sandbox_id)

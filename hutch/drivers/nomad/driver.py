@@ -557,6 +557,9 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._files.symlink(sandbox_id, path, target)
 
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._files.rename(sandbox_id, source, destination)
+
     def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
         return self._files.export_tar(sandbox_id, path)
 

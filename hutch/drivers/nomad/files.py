@@ -48,7 +48,7 @@ from hutch.core.errors import (
 )
 from hutch.core.quantities import format_bytes
 from hutch.drivers.base import FileInfo, FileWrite
-from hutch.drivers.fserrors import from_errno
+from hutch.drivers.fserrors import from_errno, named_path
 from hutch.drivers.nomad.access import SandboxAccess
 from hutch.drivers.nomad.client import ExecFailed
 from hutch.drivers.nomad.execs import ENVELOPE, run_tagged
@@ -86,9 +86,9 @@ write)
 list)
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
   if [ -d "$p" ]; then
-    find "$p/" -mindepth 1 -maxdepth 1 -printf '%y %m %s %T@\0%f\0%l\0' || exit 3
+    find "$p/" -mindepth 1 -maxdepth 1 -printf '%y %m %s %T@ %u %g\0%f\0%l\0' || exit 3
   else
-    find "$p" -maxdepth 0 -printf '%y %m %s %T@\0%f\0%l\0' || exit 3
+    find "$p" -maxdepth 0 -printf '%y %m %s %T@ %u %g\0%f\0%l\0' || exit 3
   fi ;;
 mkdir)
   [ -d "$p" ] && exit 0
@@ -106,6 +106,12 @@ rm)
   printf 'removed\n' ;;
 symlink)
   ln -s -- "$1" "$p" || exit 3 ;;
+mv)
+  if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "$p: No such file or directory"; fi
+  d=$(dirname -- "$1")
+  [ -d "$d" ] || mkdir -p -- "$d" || exit 3
+  if [ -d "$1" ] && [ ! -L "$1" ] && { [ ! -d "$p" ] || [ -L "$p" ]; }; then fail "$1: Is a directory"; fi
+  mv -T -- "$p" "$1" || exit 3 ;;
 export)
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
   t="tar --numeric-owner --owner=0 --group=0 --null --no-recursion -T - -cf -"
@@ -242,7 +248,8 @@ class NomadFiles:
         for line in reversed(lines):  # tar names the cause first, then "Error is not recoverable"
             for text, num in _ERRNOS.items():
                 if line.endswith(text):
-                    return from_errno(op, path, num, line, sb.id)
+                    ours = op == "mv" and line.startswith("hutch-fs: ")  # the script's own words name the path
+                    return from_errno(op, named_path(line, num, path) if ours else path, num, line, sb.id)
         message = "; ".join(lines[-3:])
         return DriverFailure(f"sandbox {sb.id}: file operation {op} on {path} failed "
                              f"({message or f'exit {code}'})")
@@ -356,12 +363,14 @@ class NomadFiles:
         fields = out.split(b"\0")
         entries = []
         for i in range(0, len(fields) - 2, 3):
-            kind, perm, size, mtime = fields[i].decode().split(" ")
+            head = fields[i].decode().split(" ")
+            kind, perm, size, mtime = head[:4]
+            owner, group = head[4:6] if len(head) == 6 else ("", "")  # a name with a space: not said
             name, link = os.fsdecode(fields[i + 1]), os.fsdecode(fields[i + 2])
             st_mode = _TYPE_BITS.get(kind, 0) | int(perm, 8)
             entries.append(FileInfo(
                 name=name, size=int(size), is_dir=kind == "d", mode=st_mode, mod_time=float(mtime),
-                is_symlink=kind == "l", link_target=link if kind == "l" else None))
+                is_symlink=kind == "l", link_target=link if kind == "l" else None, owner=owner, group=group))
         entries.sort(key=lambda e: e.name)
         return entries
 
@@ -374,6 +383,9 @@ class NomadFiles:
 
     async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
         await self._simple(sandbox_id, "symlink", path, _check_path(target, "target"))
+
+    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
+        await self._simple(sandbox_id, "mv", source, _check_path(destination, "destination"))
 
     # ------------------------------------------------------------------ checkpoints
 
