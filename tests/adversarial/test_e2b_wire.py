@@ -1,0 +1,290 @@
+"""An attacker's pass over the E2B wire (api/e2b/): another organization's key and envd token
+against a sandbox on every route, tokens of a read-only or revoked key, and the Connect codec
+fed what no SDK sends. Raw HTTP, one server for the module."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import struct
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2b.conftest import E2bServer, _serve
+from tests.system.server import KEY
+
+Answer = tuple[int, Any]
+
+
+def _call(server: E2bServer, method: str, path: str, body: bytes | None = None,
+          headers: dict[str, str] | None = None, timeout: float = 60) -> Answer:
+    url = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        raw = resp.read()
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(raw) if raw else None
+    except ValueError:
+        return resp.status, raw
+
+
+def _control(server: E2bServer, key: str, method: str, path: str, body: Any = None) -> Answer:
+    data = json.dumps(body).encode() if body is not None else None
+    return _call(server, method, path, data, {"X-API-Key": key, "Content-Type": "application/json"})
+
+
+def _create(server: E2bServer, key: str) -> dict[str, Any]:
+    status, sb = _control(server, key, "POST", "/sandboxes", {"templateID": "base", "timeout": 300})
+    assert status == 201, sb
+    return dict(sb)
+
+
+def _envd_headers(sandbox_id: str, token: str, kind: str = "application/json") -> dict[str, str]:
+    return {"E2b-Sandbox-Id": sandbox_id, "X-Access-Token": token, "Content-Type": kind}
+
+
+def _envelope(message: bytes, flags: int = 0) -> bytes:
+    return struct.pack(">BI", flags, len(message)) + message
+
+
+@pytest.fixture(scope="module")
+def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    """The embedded profile: what is checked here is the wire's, above the engine."""
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def victim(wire: E2bServer) -> dict[str, Any]:
+    return _create(wire, KEY)
+
+
+@pytest.fixture(scope="module")
+def attacker(wire: E2bServer) -> tuple[str, dict[str, Any]]:
+    """Organization B's key and a sandbox of B's own (so B holds a valid envd token)."""
+    key = wire.key_of_new_org("e2b-attacker")
+    return key, _create(wire, key)
+
+
+# Every envd route, with a body an SDK would send.
+_ENVD_ROUTES = [
+    ("POST", "/process.Process/Start", "application/connect+json",
+     _envelope(b'{"process": {"cmd": "/bin/echo", "args": ["pwned"]}}')),
+    ("POST", "/process.Process/Connect", "application/connect+json", _envelope(b'{"process": {"pid": 1000}}')),
+    ("POST", "/process.Process/List", "application/json", b"{}"),
+    ("POST", "/process.Process/SendSignal", "application/json", b'{"process": {"pid": 1000}, "signal": "SIGNAL_SIGKILL"}'),
+    ("POST", "/process.Process/SendInput", "application/json", b'{"process": {"pid": 1000}, "input": {"stdin": "eA=="}}'),
+    ("POST", "/process.Process/CloseStdin", "application/json", b'{"process": {"pid": 1000}}'),
+    ("POST", "/process.Process/Update", "application/json", b'{"process": {"pid": 1000}, "pty": {"size": {"rows": 5}}}'),
+    ("POST", "/filesystem.Filesystem/Stat", "application/json", b'{"path": "/etc/hostname"}'),
+    ("POST", "/filesystem.Filesystem/MakeDir", "application/json", b'{"path": "/tmp/planted"}'),
+    ("POST", "/filesystem.Filesystem/ListDir", "application/json", b'{"path": "/"}'),
+    ("POST", "/filesystem.Filesystem/Remove", "application/json", b'{"path": "/home/agentuity"}'),
+    ("GET", "/files?path=/etc/hostname", "application/json", None),
+    ("POST", "/files?path=/tmp/planted", "application/octet-stream", b"planted"),
+    ("GET", "/health", "application/json", None),
+]
+
+
+def _anonymized(answer: Answer, sandbox_id: str) -> Answer:
+    status, body = answer
+    return status, json.loads(json.dumps(body).replace(sandbox_id, "<id>"))
+
+
+@pytest.mark.parametrize(("method", "path", "kind", "body"), _ENVD_ROUTES, ids=[r[1] for r in _ENVD_ROUTES])
+def test_another_orgs_envd_token_opens_no_route_and_tells_nothing(
+        wire: E2bServer, victim: dict[str, Any], attacker: tuple[str, dict[str, Any]],
+        method: str, path: str, kind: str, body: bytes | None) -> None:
+    """B's valid token (for B's sandbox) aimed at A's sandbox: refused as for a sandbox that
+    does not exist, and nothing of A's is touched."""
+    token = attacker[1]["envdAccessToken"]
+    against_a = _call(wire, method, path, body, _envd_headers(victim["sandboxID"], token, kind))
+    missing_id = "sbx_" + "0" * 20
+    against_none = _call(wire, method, path, body, _envd_headers(missing_id, token, kind))
+    assert against_a[0] == 401, against_a
+    assert _anonymized(against_a, victim["sandboxID"]) == _anonymized(against_none, missing_id)
+    # the port relay: the same token with E2B's port header, and with the traffic token too
+    relayed = _call(wire, method, path, body, {**_envd_headers(victim["sandboxID"], token, kind),
+                                               "E2b-Sandbox-Port": "49999",
+                                               "E2B-Traffic-Access-Token": victim["envdAccessToken"]})
+    assert relayed[0] == 401, relayed
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("GET", "/sandboxes/{id}", None), ("DELETE", "/sandboxes/{id}", None),
+    ("POST", "/sandboxes/{id}/pause", None), ("POST", "/sandboxes/{id}/resume", {}),
+    ("POST", "/sandboxes/{id}/connect", {"timeout": 60}), ("POST", "/v2/sandboxes/{id}/connect", {}),
+    ("POST", "/sandboxes/{id}/timeout", {"timeout": 1}),
+])
+def test_another_orgs_key_finds_no_sandbox_on_the_control_plane(
+        wire: E2bServer, victim: dict[str, Any], attacker: tuple[str, dict[str, Any]],
+        method: str, path: str, body: Any) -> None:
+    key = attacker[0]
+    against_a = _control(wire, key, method, path.format(id=victim["sandboxID"]), body)
+    against_none = _control(wire, key, method, path.format(id="sbx_" + "0" * 20), body)
+    assert against_a[0] == 404, against_a
+    assert _anonymized(against_a, victim["sandboxID"]) == _anonymized(against_none, "sbx_" + "0" * 20)
+    assert _control(wire, KEY, "GET", f"/sandboxes/{victim['sandboxID']}")[0] == 200  # untouched
+
+
+def test_a_token_is_for_its_sandbox_and_its_key_only(wire: E2bServer, victim: dict[str, Any],
+                                                      attacker: tuple[str, dict[str, Any]]) -> None:
+    """Neither half of a token can be swapped: the key id of another's token with one's own
+    MAC, nor one sandbox's token with another sandbox's id of the same organization."""
+    mine, theirs = attacker[1]["envdAccessToken"], victim["envdAccessToken"]
+    spliced = f"{theirs.rpartition('.')[0]}.{mine.rpartition('.')[2]}"
+    listing = ("POST", "/process.Process/List", b"{}")
+    for sandbox_id, token in [(victim["sandboxID"], spliced), (victim["sandboxID"], theirs + "0"),
+                              (victim["sandboxID"], "." + theirs.rpartition(".")[2]),
+                              (attacker[1]["sandboxID"], theirs)]:
+        status, body = _call(wire, *listing[:2], listing[2], _envd_headers(sandbox_id, token))
+        assert status == 401, (token, body)
+    assert _call(wire, *listing[:2], listing[2], _envd_headers(victim["sandboxID"], theirs))[0] == 200
+
+
+def _key_of(wire: E2bServer, role: str) -> tuple[str, str]:
+    made = wire.server.data("POST", "/keys", {"role": role})
+    return str(made["id"]), str(made["secret"])
+
+
+def test_a_read_only_or_revoked_keys_token_runs_nothing(wire: E2bServer, victim: dict[str, Any]) -> None:
+    _, reader = _key_of(wire, "read-only")
+    status, got = _control(wire, reader, "GET", f"/sandboxes/{victim['sandboxID']}")
+    assert status == 200, got
+    start = _envelope(b'{"process": {"cmd": "/bin/touch", "args": ["/tmp/by-reader"]}}')
+    status, body = _call(wire, "POST", "/process.Process/Start", start,
+                         _envd_headers(victim["sandboxID"], got["envdAccessToken"], "application/connect+json"))
+    assert status == 403, body
+    key_id, member = _key_of(wire, "member")
+    status, got = _control(wire, member, "POST", f"/sandboxes/{victim['sandboxID']}/connect", {})
+    assert status == 200, got
+    headers = _envd_headers(victim["sandboxID"], got["envdAccessToken"])
+    assert _call(wire, "POST", "/process.Process/List", b"{}", headers)[0] == 200
+    wire.server.data("DELETE", f"/keys/{key_id}")
+    status, body = _call(wire, "POST", "/process.Process/List", b"{}", headers)
+    assert status == 401, body
+    status, body = _call(wire, "GET", "/files?path=/etc/hostname", None, headers)
+    assert status == 401, body
+
+
+def test_a_killed_sandboxs_token_opens_nothing(wire: E2bServer) -> None:
+    sb = _create(wire, KEY)
+    assert _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")[0] == 204
+    headers = _envd_headers(sb["sandboxID"], sb["envdAccessToken"])
+    for path, body in [("/filesystem.Filesystem/Stat", b'{"path": "/etc/hostname"}'),
+                       ("/process.Process/List", b"{}")]:
+        status, answer = _call(wire, "POST", path, body, headers)
+        assert status == 404, (path, answer)
+        assert answer["code"] == "not_found", answer
+    status, answer = _call(wire, "GET", "/files?path=/etc/hostname", None, headers)
+    assert status == 404, answer
+
+
+# ------------------------------------------------------------------ the codec
+
+
+@pytest.mark.parametrize(("kind", "body", "words"), [
+    ("application/json", b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+    ("application/json", b'{"depth": ' + b"9" * 5000 + b"}", "body"),
+    ("application/json", b'{"path": "/", "depth": "\xc2\xb2"}', "depth"),
+    ("application/json", b'{"path": "/", "depth": NaN}', "NaN|nan"),
+    ("application/json", b'{"path": "/\\u0000x"}', "NUL|path"),
+    ("application/proto", b"\x0a\xff\xff\xff\xff\x0f", "runs past the end"),
+    ("application/proto", b"\x0a" + b"\xff" * 20, "varint"),
+    ("application/proto", b"\x0b\x0c", "wire type"),
+    ("application/proto", b"\x12\x02\x0a", "runs past the end"),
+    ("text/plain", b"{}", "Content-Type"),
+])
+def test_a_malformed_message_is_a_clear_4xx(wire: E2bServer, victim: dict[str, Any], kind: str, body: bytes,
+                                            words: str) -> None:
+    status, answer = _call(wire, "POST", "/filesystem.Filesystem/ListDir", body,
+                           _envd_headers(victim["sandboxID"], victim["envdAccessToken"], kind))
+    assert 400 <= status < 500, answer
+    assert answer["code"] in ("invalid_argument", "resource_exhausted"), answer
+    assert re.search(words, answer["message"]), answer
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "words"), [
+    (struct.pack(">BI", 0, 2**32 - 1) + b"{}", {}, 400, "the envelope says 4294967295 bytes"),
+    (_envelope(b'{"process": {"cmd": "/bin/true"}}', flags=1), {}, 400, "compressed"),
+    (b"\x00\x00", {}, 400, "five-byte envelope"),
+    (_envelope(b"{}") + _envelope(b"{}"), {}, 400, "exactly one request message"),
+    (_envelope(b"{}"), {"Connect-Content-Encoding": "gzip"}, 400, "uncompressed"),
+    (_envelope(b'{"process": {"cmd": "/bin/true"}}'), {"Connect-Timeout-Ms": "\u00b2"}, 400, "Connect-Timeout-Ms"),
+])
+def test_a_bad_envelope_is_a_clear_4xx(wire: E2bServer, victim: dict[str, Any], body: bytes,
+                                      headers: dict[str, str], status: int, words: str) -> None:
+    sent = {**_envd_headers(victim["sandboxID"], victim["envdAccessToken"], "application/connect+json"), **headers}
+    sent = {k: v.encode().decode("latin-1") for k, v in sent.items()}
+    got, answer = _call(wire, "POST", "/process.Process/Start", body, sent)
+    assert got == status, answer
+    assert words in answer["message"], answer
+
+
+def _raw_connection(wire: E2bServer) -> socket.socket:
+    url = urllib.parse.urlsplit(wire.url)
+    return socket.create_connection((url.hostname or "127.0.0.1", url.port), timeout=60)
+
+
+def _head(victim: dict[str, Any], path: str, kind: str, extra: str) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {victim['sandboxID']}\r\n"
+            f"X-Access-Token: {victim['envdAccessToken']}\r\nContent-Type: {kind}\r\n{extra}"
+            "Connection: close\r\n\r\n").encode()
+
+
+def _answer_of(sock: socket.socket) -> tuple[int, bytes]:
+    raw = b""
+    while chunk := sock.recv(65536):
+        raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_a_message_that_arrives_in_pieces_is_read_whole(wire: E2bServer, victim: dict[str, Any]) -> None:
+    """A body in several TCP segments (or chunks) is one message, not its first piece."""
+    body = json.dumps({"path": "/" + "a/" * 2000 + "b"}).encode()
+    with _raw_connection(wire) as sock:
+        sock.sendall(_head(victim, "/filesystem.Filesystem/Stat", "application/json",
+                           f"Content-Length: {len(body)}\r\n"))
+        sock.sendall(body[:100])
+        time.sleep(0.5)
+        sock.sendall(body[100:])
+        status, answer = _answer_of(sock)
+    assert status == 404, answer  # the whole path was read: no such file (not "not JSON")
+    assert b"not found" in answer, answer
+    with _raw_connection(wire) as sock:
+        sock.sendall(_head(victim, "/filesystem.Filesystem/Stat", "application/json", "Transfer-Encoding: chunked\r\n"))
+        for piece in (body[:50], body[50:]):
+            sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            time.sleep(0.3)
+        sock.sendall(b"0\r\n\r\n")
+        status, answer = _answer_of(sock)
+    assert status == 404, answer
+
+
+def test_a_message_that_never_ends_is_refused_in_bounded_time(wire: E2bServer, victim: dict[str, Any]) -> None:
+    from hutch.api.e2b import connect
+
+    with _raw_connection(wire) as sock:
+        sock.sendall(_head(victim, "/process.Process/List", "application/json", "Content-Length: 100\r\n"))
+        sock.sendall(b"{")
+        began = time.monotonic()
+        status, answer = _answer_of(sock)
+    assert status == 408, answer
+    assert b"did not arrive" in answer, answer
+    assert time.monotonic() - began < connect.BODY_SECONDS + 10
+
+
+def test_list_limit_in_unicode_digits_is_a_400(wire: E2bServer) -> None:
+    status, answer = _control(wire, KEY, "GET", "/sandboxes?limit=%C2%B2")
+    assert status == 400, answer
+    assert re.search("limit", answer["message"]), answer
