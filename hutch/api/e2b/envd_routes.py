@@ -22,7 +22,7 @@ from hutch.api.e2b.access import SANDBOX_KEY, envd
 from hutch.api.e2b.processes import Process, Processes
 from hutch.api.e2b.terminals import PtyProcess
 from hutch.api.keys import ENGINE
-from hutch.core.errors import HutchError, InvalidInput
+from hutch.core.errors import HutchError, InvalidInput, SandboxNotFound
 from hutch.core.models import ExecutionState, ExecutionStatus, SandboxStatus
 from hutch.service.engine import Engine
 from hutch.service.output import RAW_OUTPUT, StreamOptions
@@ -330,7 +330,8 @@ async def connect_process(request: web.Request) -> web.StreamResponse:
 async def list_processes(request: web.Request) -> web.Response:
     call, _ = await _call(request, msg.EMPTY)
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
-    await engine.reads.require(sandbox_id)
+    if (await engine.reads.require(sandbox_id)).status.is_final:  # an ended sandbox is gone, as on every route
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
     procs = [p for p in request.app[PROCESSES].of(sandbox_id) if _alive(engine, p)]
     return connect.unary(codec.encode(msg.LIST_RESPONSE, {"processes": [_info(p) for p in procs]}, call.is_json),
                          call.is_json)
