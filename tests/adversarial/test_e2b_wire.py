@@ -291,7 +291,8 @@ def test_a_message_that_never_ends_is_refused_in_bounded_time(wire: E2bServer, v
     assert time.monotonic() - began < connect.BODY_IDLE_SECONDS + 10
 
 
-def test_list_limit_in_unicode_digits_is_a_400(wire: E2bServer) -> None:
-    status, answer = _control(wire, KEY, "GET", "/sandboxes?limit=%C2%B2")
+@pytest.mark.parametrize("name", ["limit", "nextToken"])
+def test_a_listing_paged_in_unicode_digits_is_a_400(wire: E2bServer, name: str) -> None:
+    status, answer = _control(wire, KEY, "GET", f"/sandboxes?{name}=%C2%B2")
     assert status == 400, answer
-    assert re.search("limit", answer["message"]), answer
+    assert answer["message"].startswith(f"{name}: "), answer
