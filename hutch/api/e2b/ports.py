@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +38,7 @@ START_SECONDS = 120.0
 _ENVD_PORT = "49983"
 _DROPPED = {"x-access-token", TRAFFIC_HEADER.lower(), "x-api-key", SANDBOX_HEADER.lower(), PORT_HEADER.lower(),
             "authorization", "cookie"}
+_UNSET = {"set-cookie", "set-cookie2"}
 
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("e2b_port_session", aiohttp.ClientSession)
 TOKENS: web.AppKey[dict[str, str]] = web.AppKey("e2b_interpreter_tokens", dict)
@@ -93,6 +94,14 @@ async def _token(app: web.Application, sandbox_id: str) -> str:
     return known
 
 
+def answer_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The sandbox's answer headers as the client gets them: no cookie. What answers on the
+    port is the sandbox's to choose (its code may replace the interpreter), and this listener
+    shares its host with hutch's API, whose cookies a ``Set-Cookie`` here would set or shadow
+    (cookies do not keep to a port); E2B's clients send tokens, not cookies."""
+    return [(name, value) for name, value in headers if name.lower() not in _UNSET]
+
+
 def forget(app: web.Application, sandbox_id: str) -> None:
     app[TOKENS].pop(sandbox_id, None)
 
@@ -120,4 +129,5 @@ async def port_relay(request: web.Request, handler: Handler) -> web.StreamRespon
         headers["X-Access-Token"] = await _token(request.app, sandbox_id)
         query = f"?{request.query_string}" if request.query_string else ""
         return await relay_http(request, request.app[SESSION], f"http://{host}:{target}{request.path}{query}",
-                                headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}")
+                                headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}",
+                                answer=answer_headers)
