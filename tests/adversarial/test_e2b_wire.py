@@ -4,6 +4,7 @@ fed what no SDK sends. Raw HTTP, one server for the module."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import re
@@ -296,3 +297,37 @@ def test_a_listing_paged_in_unicode_digits_is_a_400(wire: E2bServer, name: str) 
     status, answer = _control(wire, KEY, "GET", f"/sandboxes?{name}=%C2%B2")
     assert status == 400, answer
     assert answer["message"].startswith(f"{name}: "), answer
+
+
+def test_the_port_relay_passes_no_cookie_the_sandbox_sets() -> None:
+    """What answers on the interpreter's port is the sandbox's to choose; this listener shares
+    its host with hutch's API, so a Set-Cookie from it never reaches the client."""
+    from hutch.api.e2b import ports
+
+    upstream = [("Content-Type", "application/json"), ("Set-Cookie", "hutch_session=attacker; Domain=example.com"),
+                ("set-cookie2", "x=1"), ("SET-COOKIE", "y=2; Path=/"), ("X-Kernel", "k1")]
+    assert ports.answer_headers(upstream) == [("Content-Type", "application/json"), ("X-Kernel", "k1")]
+
+
+def test_one_organizations_idempotency_keys_never_evict_anothers() -> None:
+    """The keys are kept in memory, bounded; an organization making keys by the thousand
+    forgets its own oldest, never another's: A's retry still finds A's sandbox."""
+    from hutch.api.e2b import idempotency
+
+    async def scenario() -> None:
+        table = idempotency.IdempotentCreates()
+        made: list[str] = []
+
+        async def create(name: str) -> str:
+            made.append(name)
+            return name
+
+        assert await table.once("org_a", "retry-me", lambda: create("sbx_a")) == ("sbx_a", True)
+        for n in range(idempotency.MAX_KEYS_PER_ORG + 50):
+            await table.once("org_b", f"k{n}", lambda n=n: create(f"sbx_b{n}"))  # type: ignore[misc]
+        assert await table.once("org_a", "retry-me", lambda: create("sbx_a_again")) == ("sbx_a", False)
+        assert "sbx_a_again" not in made
+        assert await table.once("org_b", "k0", lambda: create("sbx_b0_again")) == ("sbx_b0_again", True)
+        assert table.size("org_b") <= idempotency.MAX_KEYS_PER_ORG
+
+    asyncio.run(scenario())
