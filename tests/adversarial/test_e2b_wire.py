@@ -331,3 +331,34 @@ def test_one_organizations_idempotency_keys_never_evict_anothers() -> None:
         assert table.size("org_b") <= idempotency.MAX_KEYS_PER_ORG
 
     asyncio.run(scenario())
+
+
+def _start(wire: E2bServer, sb: dict[str, Any], *argv: str) -> bytes:
+    message = json.dumps({"process": {"cmd": argv[0], "args": list(argv[1:])}}).encode()
+    status, answer = _call(wire, "POST", "/process.Process/Start", _envelope(message),
+                           _envd_headers(sb["sandboxID"], sb["envdAccessToken"], "application/connect+json"))
+    assert status == 200, answer
+    assert b'"exitCode"' not in answer or b'"exitCode": 0' in answer or b'"exited": true' in answer, answer
+    return bytes(answer)
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/tmp/zero-link", "/tmp/fifo", "/proc/self/pagemap"])
+def test_a_download_of_an_endless_file_is_not_held(wire: E2bServer, victim: dict[str, Any], path: str) -> None:
+    """A device, a link to one, a FIFO nobody writes, a /proc file of 512 GiB: refused, or
+    streamed as read (never read whole into the server's memory, never a hang)."""
+    _start(wire, victim, "/bin/sh", "-c", "ln -sf /dev/zero /tmp/zero-link; [ -p /tmp/fifo ] || mkfifo /tmp/fifo")
+    url = urllib.parse.urlsplit(wire.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=60)
+    began = time.monotonic()
+    try:
+        conn.request("GET", f"/files?path={path}", headers=_envd_headers(victim["sandboxID"],
+                                                                          victim["envdAccessToken"]))
+        resp = conn.getresponse()
+        first = resp.read(2**20) if resp.status == 200 else resp.read()
+    finally:
+        conn.close()
+    refused = 400 <= resp.status < 500 and f"path: {path}".encode() in first  # a clear refusal naming it
+    assert refused or (resp.status == 200 and len(first) == 2**20), (resp.status, first[:200])
+    assert time.monotonic() - began < 30
+    status, _ = _call(wire, "GET", "/health", None, _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
+    assert status == 204
