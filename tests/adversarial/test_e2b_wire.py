@@ -362,3 +362,42 @@ def test_a_download_of_an_endless_file_is_not_held(wire: E2bServer, victim: dict
     assert time.monotonic() - began < 30
     status, _ = _call(wire, "GET", "/health", None, _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
     assert status == 204
+
+
+def _start_detached(wire: E2bServer, sb: dict[str, Any], message: dict[str, Any]) -> tuple[int, bytes]:
+    """A Start whose stream is left after its first bytes (the command goes on, as envd's)."""
+    url = urllib.parse.urlsplit(wire.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=60)
+    try:
+        conn.request("POST", "/process.Process/Start", _envelope(json.dumps(message).encode()),
+                     _envd_headers(sb["sandboxID"], sb["envdAccessToken"], "application/connect+json"))
+        resp = conn.getresponse()
+        return resp.status, resp.read(5) if resp.status == 200 else resp.read()
+    finally:
+        conn.close()
+
+
+def test_live_commands_per_sandbox_are_bounded(wire: E2bServer) -> None:
+    """Each live command holds server descriptors: a sandbox gets MAX_LIVE, then a clear
+    resource_exhausted; ending one makes room again."""
+    from hutch.api.e2b import processes
+
+    sb = _create(wire, KEY)
+    try:
+        sleep = {"process": {"cmd": "/bin/sleep", "args": ["600"]}}
+        for n in range(processes.MAX_LIVE):
+            status, first = _start_detached(wire, sb, {**sleep, "tag": f"t{n}"} if n else {**sleep, "tag": "first"})
+            assert status == 200, (n, first)
+        status, answer = _start_detached(wire, sb, {**sleep, "pty": {"size": {"rows": 5, "cols": 5}}})
+        assert status == 429, answer
+        assert b"256 commands and terminals running" in answer, answer
+        status, answer = _call(wire, "POST", "/process.Process/SendSignal",
+                               b'{"process": {"tag": "first"}, "signal": "SIGNAL_SIGKILL"}',
+                               _envd_headers(sb["sandboxID"], sb["envdAccessToken"]))
+        assert status == 200, answer
+        deadline = time.monotonic() + 30
+        while (status := _start_detached(wire, sb, sleep)[0]) == 429 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert status == 200
+    finally:
+        _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")

@@ -245,6 +245,7 @@ async def start(request: web.Request) -> web.StreamResponse:
     sandbox_id = request[SANDBOX_KEY]
     engine = request.app[ENGINE]
     request.app[PROCESSES].prune(lambda p: _alive(engine, p))
+    request.app[PROCESSES].check_room(sandbox_id)
     if req.get("pty") is not None:
         rows, cols = _size(req["pty"])
         if not cmd:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import attrs
 
+from hutch.api.e2b.connect import RpcError
 from hutch.api.e2b.terminals import PtyProcess
 
 
@@ -28,6 +29,13 @@ class Process:
     pty: PtyProcess | None = attrs.field(default=None, eq=False)
 
 
+# Live commands and terminals per sandbox started over the wire. Each holds server-side file
+# descriptors (a terminal 2, a command's output pipes 4, measured): bounded by the sandbox's
+# pids alone (1024 by default), a few sandboxes' worth would use up the server's descriptors,
+# every organization's connections with them.
+MAX_LIVE = 256
+
+
 class Processes:
     FIRST_PID = 1000  # below it: what a real init and its daemons would hold
 
@@ -42,6 +50,12 @@ class Processes:
         pid = self._last_pid[sandbox_id] = self._last_pid.get(sandbox_id, self.FIRST_PID - 1) + 1
         table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag, stdin, pty)
         return proc
+
+    def check_room(self, sandbox_id: str) -> None:
+        """Refuse a new command or terminal when the sandbox has ``MAX_LIVE`` (after ``prune``)."""
+        if len(self._by_sandbox.get(sandbox_id, {})) >= MAX_LIVE:
+            raise RpcError("resource_exhausted", f"sandbox {sandbox_id} has {MAX_LIVE} commands and terminals "
+                           "running, the most the E2B wire keeps; end one (SendSignal) before starting another")
 
     def prune(self, running: Callable[[Process], bool]) -> None:
         """Forget the processes that ended. (A sandbox's last pid stays, one number, so that a
