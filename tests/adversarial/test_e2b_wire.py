@@ -401,3 +401,16 @@ def test_live_commands_per_sandbox_are_bounded(wire: E2bServer) -> None:
         assert status == 200
     finally:
         _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")
+
+
+@pytest.mark.parametrize("path", ["/dev/full", "/proc/sysrq-trigger", "/etc/passwd/x", "/dev/zero-link-dir/x"])
+def test_an_upload_that_cannot_be_written_is_a_clear_refusal(wire: E2bServer, victim: dict[str, Any],
+                                                             path: str) -> None:
+    """A full disk (/dev/full answers ENOSPC), a kernel file, a path under a file: each a 4xx
+    naming the path, never a 500, and the sandbox goes on."""
+    status, answer = _call(wire, "POST", f"/files?path={path}", b"x" * 2**20,
+                           _envd_headers(victim["sandboxID"], victim["envdAccessToken"], "application/octet-stream"))
+    assert 400 <= status < 500, answer
+    assert path.split("/")[1] in answer["message"], answer
+    status, _ = _call(wire, "GET", "/health", None, _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
+    assert status == 204
