@@ -414,3 +414,40 @@ def test_an_upload_that_cannot_be_written_is_a_clear_refusal(wire: E2bServer, vi
     assert path.split("/")[1] in answer["message"], answer
     status, _ = _call(wire, "GET", "/health", None, _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
     assert status == 204
+
+
+def test_streams_following_one_command_are_bounded(wire: E2bServer, victim: dict[str, Any]) -> None:
+    """Each stream that follows a command holds what it fell behind by until its connection
+    dies: MAX_FOLLOWERS at once per command, then a clear resource_exhausted; closing
+    them makes room."""
+    from hutch.api.e2b import processes
+
+    url = urllib.parse.urlsplit(wire.url)
+    held: list[http.client.HTTPConnection] = []
+
+    def stream(path: str, message: dict[str, Any]) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=60)
+        conn.request("POST", path, _envelope(json.dumps(message).encode()),
+                     _envd_headers(victim["sandboxID"], victim["envdAccessToken"], "application/connect+json"))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            body = resp.read()
+            conn.close()
+            return resp.status, body
+        held.append(conn)
+        return 200, resp.read(5)
+
+    try:
+        assert stream("/process.Process/Start", {"process": {"cmd": "/bin/sleep", "args": ["600"]},
+                                                 "tag": "followed"})[0] == 200
+        for _ in range(processes.MAX_FOLLOWERS - 1):
+            status, body = stream("/process.Process/Connect", {"process": {"tag": "followed"}})
+            assert status == 200, body
+        status, body = stream("/process.Process/Connect", {"process": {"tag": "followed"}})
+        assert status == 429, body
+        assert b"16 streams following it" in body, body
+    finally:
+        for conn in held:
+            conn.close()
+        _call(wire, "POST", "/process.Process/SendSignal", b'{"process": {"tag": "followed"}, "signal": "SIGNAL_SIGKILL"}',
+              _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))

@@ -212,18 +212,19 @@ async def _follow(request: web.Request, events: _Events, proc: Process) -> None:
 async def _serve_stream(request: web.Request, call: connect.Call, begin: Awaitable[Process]) -> web.StreamResponse:
     """Open the stream once the command is known; an error before that is a unary-style answer."""
     proc = await begin
-    events = _Events(await connect.open_stream(request, call.is_json), call.is_json)
-    try:
-        await events.send(start={"pid": proc.pid})
-        await _follow(request, events, proc)
-    except ConnectionResetError:
-        return events.response  # the client left: the command goes on, as envd's does
-    except Exception as err:
-        if not isinstance(err, HutchError):
-            log.exception("the stream of process %s failed", proc.pid)
-        with contextlib.suppress(ConnectionResetError):
-            await connect.end_stream(events.response, err)
-    return events.response
+    with request.app[PROCESSES].following(proc):
+        events = _Events(await connect.open_stream(request, call.is_json), call.is_json)
+        try:
+            await events.send(start={"pid": proc.pid})
+            await _follow(request, events, proc)
+        except ConnectionResetError:
+            return events.response  # the client left: the command goes on, as envd's does
+        except Exception as err:
+            if not isinstance(err, HutchError):
+                log.exception("the stream of process %s failed", proc.pid)
+            with contextlib.suppress(ConnectionResetError):
+                await connect.end_stream(events.response, err)
+        return events.response
 
 
 async def _call(request: web.Request, schema: codec.Schema) -> tuple[connect.Call, dict[str, Any]]:

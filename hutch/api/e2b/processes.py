@@ -6,7 +6,8 @@ wire. It is not kept across a restart (the commands themselves are: they are exe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -34,6 +35,10 @@ class Process:
 # pids alone (1024 by default), a few sandboxes' worth would use up the server's descriptors,
 # every organization's connections with them.
 MAX_LIVE = 256
+# Streams following one command or terminal at once (Start's and Connects). A follower that
+# does not read holds what it fell behind by (a terminal's 256 chunks, a command's 64) until
+# its connection dies: unbounded, a few thousand idle connections would hold gigabytes.
+MAX_FOLLOWERS = 16
 
 
 class Processes:
@@ -42,6 +47,7 @@ class Processes:
     def __init__(self) -> None:
         self._by_sandbox: dict[str, dict[int, Process]] = {}
         self._last_pid: dict[str, int] = {}  # never given again in its sandbox
+        self._followers: dict[int, int] = {}  # id(Process) -> streams following it now
 
     def add(self, sandbox_id: str, execution_id: str | None, *, cmd: str, args: tuple[str, ...],
             envs: dict[str, str], cwd: str | None, tag: str | None, stdin: asyncio.Queue[bytes | None] | None = None,
@@ -50,6 +56,20 @@ class Processes:
         pid = self._last_pid[sandbox_id] = self._last_pid.get(sandbox_id, self.FIRST_PID - 1) + 1
         table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag, stdin, pty)
         return proc
+
+    @contextlib.contextmanager
+    def following(self, proc: Process) -> Iterator[None]:
+        """While a stream follows ``proc``; refused past ``MAX_FOLLOWERS`` of them."""
+        if self._followers.get(id(proc), 0) >= MAX_FOLLOWERS:
+            raise RpcError("resource_exhausted", f"process {proc.pid} has {MAX_FOLLOWERS} streams following it, "
+                           "the most the E2B wire keeps; close one before connecting again")
+        self._followers[id(proc)] = self._followers.get(id(proc), 0) + 1
+        try:
+            yield
+        finally:
+            self._followers[id(proc)] -= 1
+            if not self._followers[id(proc)]:
+                del self._followers[id(proc)]
 
     def check_room(self, sandbox_id: str) -> None:
         """Refuse a new command or terminal when the sandbox has ``MAX_LIVE`` (after ``prune``)."""
