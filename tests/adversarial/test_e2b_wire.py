@@ -120,6 +120,22 @@ def test_another_orgs_envd_token_opens_no_route_and_tells_nothing(
     assert relayed[0] == 401, relayed
 
 
+@pytest.mark.parametrize(("method", "path", "kind", "body"), _ENVD_ROUTES, ids=[r[1] for r in _ENVD_ROUTES])
+def test_no_credential_opens_no_route(wire: E2bServer, victim: dict[str, Any], method: str, path: str, kind: str,
+                                      body: bytes | None) -> None:
+    """Without a token, without the sandbox's id, or with a hutch API key where the token
+    goes: refused, naming what is missing, on envd and on the port relay."""
+    sandbox_id = victim["sandboxID"]
+    for headers, words in [({"E2b-Sandbox-Id": sandbox_id}, "missing X-Access-Token"),
+                           ({"X-Access-Token": victim["envdAccessToken"]}, "missing E2b-Sandbox-Id"),
+                           ({"E2b-Sandbox-Id": sandbox_id, "X-Access-Token": KEY}, "not a valid access token"),
+                           ({"E2b-Sandbox-Id": sandbox_id, "X-API-Key": KEY}, "missing X-Access-Token"),
+                           ({"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49999"}, "missing X-Access-Token")]:
+        status, answer = _call(wire, method, path, body, {**headers, "Content-Type": kind})
+        assert status == 401, (headers, answer)
+        assert words in answer["message"], (headers, answer)
+
+
 @pytest.mark.parametrize(("method", "path", "body"), [
     ("GET", "/sandboxes/{id}", None), ("DELETE", "/sandboxes/{id}", None),
     ("POST", "/sandboxes/{id}/pause", None), ("POST", "/sandboxes/{id}/resume", {}),
