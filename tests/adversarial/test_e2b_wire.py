@@ -467,3 +467,31 @@ def test_streams_following_one_command_are_bounded(wire: E2bServer, victim: dict
             conn.close()
         _call(wire, "POST", "/process.Process/SendSignal", b'{"process": {"tag": "followed"}, "signal": "SIGNAL_SIGKILL"}',
               _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not UTF-8", b"x" * 2**30, b"t" * 40])
+def test_the_interpreter_token_file_the_sandbox_rewrote_is_read_bounded(content: bytes) -> None:
+    """After a restart the relay reads the interpreter's token back from the sandbox, whose code
+    may have replaced the file: a huge one is not read whole into the server (a sparse 100 GiB
+    file costs the sandbox nothing), bytes that are not text are no 500; the interpreter then
+    refuses the relayed request, as for a token it did not make."""
+    from types import SimpleNamespace
+
+    from aiohttp import web
+
+    from hutch.api.e2b import ports
+    from hutch.api.keys import ENGINE
+
+    served = []
+
+    async def read(sandbox_id: str, path: str) -> Any:
+        for at in range(0, len(content), 2**16):
+            served.append(at)
+            yield content[at:at + 2**16]
+
+    app = web.Application()
+    app[ENGINE] = SimpleNamespace(files=SimpleNamespace(read=read))  # type: ignore[misc]
+    app[ports.TOKENS] = {}
+    token = asyncio.run(ports._token(app, "sbx_x"))
+    assert token == ("t" * 40 if content == b"t" * 40 else "")
+    assert len(served) <= 2
