@@ -5,6 +5,7 @@ fed what no SDK sends. Raw HTTP, one server for the module."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
 import re
@@ -495,3 +496,25 @@ def test_the_interpreter_token_file_the_sandbox_rewrote_is_read_bounded(content:
     token = asyncio.run(ports._token(app, "sbx_x"))
     assert token == ("t" * 40 if content == b"t" * 40 else "")
     assert len(served) <= 2
+
+
+def test_stdin_a_command_does_not_read_is_held_back_by_bytes(wire: E2bServer, victim: dict[str, Any]) -> None:
+    """SendInput queues for a command that does not read its stdin: 16 messages of up to
+    4 MiB each were taken at once (64 MiB of server memory per command, 256 commands per
+    sandbox). Now the queue is bounded in bytes: 3 MiB to a sleeping command is not all taken,
+    the sender waits (and after STDIN_WAIT_SECONDS hears how much was)."""
+    status, first = _start_detached(wire, victim, {"process": {"cmd": "/bin/sleep", "args": ["600"]},
+                                                   "stdin": True, "tag": "deaf"})
+    assert status == 200, first
+    data = base64.b64encode(b"\0" * (3 * 2**20 - 2**16)).decode()  # as much as a 4 MiB message holds
+    body = json.dumps({"process": {"tag": "deaf"}, "input": {"stdin": data}}).encode()
+    try:
+        try:
+            answer = _call(wire, "POST", "/process.Process/SendInput", body,
+                           _envd_headers(victim["sandboxID"], victim["envdAccessToken"]), timeout=5)
+        except TimeoutError:
+            answer = None  # still waiting for room: held back
+        assert answer is None, f"answered at once: {answer}"
+    finally:
+        _call(wire, "POST", "/process.Process/SendSignal", b'{"process": {"tag": "deaf"}, "signal": "SIGNAL_SIGKILL"}',
+              _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))

@@ -35,7 +35,8 @@ PROCESSES: web.AppKey[Processes] = web.AppKey("e2b_processes", Processes)
 KEEPALIVE_DEFAULT = 50.0  # seconds between keep-alive events on a quiet stream
 _SIGKILL, _SIGTERM = 9, 15
 _CWD_SCRIPT = 'cd -- "$0" && exec "$@"'
-STDIN_CHUNKS = 16  # SendInput calls queued for a command that has not read them yet
+STDIN_CHUNKS = 16  # pieces of SendInput queued for a command that has not read them yet
+STDIN_PIECE = 2**16
 STDIN_WAIT_SECONDS = 30.0  # how long a SendInput waits for room before it is refused
 STDIN_POLL_SECONDS = 5.0  # how often a stdin nobody closed looks whether its command ended
 
@@ -375,13 +376,17 @@ async def send_input(request: web.Request) -> web.Response:
         await proc.pty.terminal.write(given["pty"])
         return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
     data = given.get("stdin", b"")
-    if data:
-        try:  # a command not reading its stdin holds the sender back, for a while
-            async with asyncio.timeout(STDIN_WAIT_SECONDS):
-                await _open_stdin(proc).put(data)
-        except TimeoutError:
-            raise connect.RpcError("resource_exhausted", f"process {proc.pid} has not read its stdin for "
-                                   f"{STDIN_WAIT_SECONDS:g} s; nothing more is taken until it does") from None
+    taken = 0
+    try:  # a command not reading its stdin holds the sender back, for a while
+        async with asyncio.timeout(STDIN_WAIT_SECONDS):
+            # In pieces: the queue's bound is then in bytes (STDIN_CHUNKS x STDIN_PIECE), not in
+            # messages of up to 4 MiB each (16 of those held 64 MiB per command).
+            for taken in range(0, len(data), STDIN_PIECE):
+                await _open_stdin(proc).put(data[taken:taken + STDIN_PIECE])
+    except TimeoutError:
+        raise connect.RpcError("resource_exhausted", f"process {proc.pid} has not read its stdin for "
+                               f"{STDIN_WAIT_SECONDS:g} s; {taken} of the {len(data)} bytes sent were taken, "
+                               "nothing more is until it reads") from None
     return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
 
 
