@@ -498,23 +498,37 @@ def test_the_interpreter_token_file_the_sandbox_rewrote_is_read_bounded(content:
     assert len(served) <= 2
 
 
-def test_stdin_a_command_does_not_read_is_held_back_by_bytes(wire: E2bServer, victim: dict[str, Any]) -> None:
-    """SendInput queues for a command that does not read its stdin: 16 messages of up to
-    4 MiB each were taken at once (64 MiB of server memory per command, 256 commands per
-    sandbox). Now the queue is bounded in bytes: 3 MiB to a sleeping command is not all taken,
-    the sender waits (and after STDIN_WAIT_SECONDS hears how much was)."""
-    status, first = _start_detached(wire, victim, {"process": {"cmd": "/bin/sleep", "args": ["600"]},
-                                                   "stdin": True, "tag": "deaf"})
-    assert status == 200, first
-    data = base64.b64encode(b"\0" * (3 * 2**20 - 2**16)).decode()  # as much as a 4 MiB message holds
-    body = json.dumps({"process": {"tag": "deaf"}, "input": {"stdin": data}}).encode()
+def test_input_a_command_does_not_read_is_held_back_then_refused(wire: E2bServer, victim: dict[str, Any]) -> None:
+    """SendInput to a command that does not read its stdin queued 16 messages of up to 4 MiB
+    each at once (64 MiB of server memory per command, 256 commands per sandbox); to a
+    terminal whose program reads nothing it waited for ever. Now stdin is queued by bytes and
+    both wait STDIN_WAIT_SECONDS, then answer resource_exhausted saying what was taken."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hutch.api.e2b import envd_routes
+
+    sleep = {"process": {"cmd": "/bin/sleep", "args": ["600"]}}
+    assert _start_detached(wire, victim, {**sleep, "stdin": True, "tag": "deaf"})[0] == 200
+    raw_tty = {"process": {"cmd": "/bin/sh", "args": ["-c", "stty raw -echo; sleep 600"]},  # raw: nothing discarded
+               "pty": {"size": {"rows": 5, "cols": 5}}, "tag": "deaf-pty"}
+    assert _start_detached(wire, victim, raw_tty)[0] == 200
+    time.sleep(1)  # stty has run
+    raw = b"\0" * (3 * 2**20 - 2**16)  # as much as a 4 MiB JSON message holds
+    headers = _envd_headers(victim["sandboxID"], victim["envdAccessToken"])
+
+    def send(tag: str, stream: str) -> tuple[Answer, float]:
+        began = time.monotonic()
+        body = json.dumps({"process": {"tag": tag}, "input": {stream: base64.b64encode(raw).decode()}}).encode()
+        return _call(wire, "POST", "/process.Process/SendInput", body, headers, timeout=90), time.monotonic() - began
+
     try:
-        try:
-            answer = _call(wire, "POST", "/process.Process/SendInput", body,
-                           _envd_headers(victim["sandboxID"], victim["envdAccessToken"]), timeout=5)
-        except TimeoutError:
-            answer = None  # still waiting for room: held back
-        assert answer is None, f"answered at once: {answer}"
+        with ThreadPoolExecutor(2) as pool:
+            (stdin, stdin_took), (pty, pty_took) = pool.map(send, ["deaf", "deaf-pty"], ["stdin", "pty"])
+        assert stdin[0] == 429 and stdin_took >= envd_routes.STDIN_WAIT_SECONDS, (stdin, stdin_took, pty, pty_took)
+        assert re.search(rf"\d+ of the {len(raw)} bytes sent were taken", stdin[1]["message"]), stdin
+        assert pty[0] == 429 and pty_took >= envd_routes.STDIN_WAIT_SECONDS, pty
+        assert "terminal has not read its input" in pty[1]["message"], pty
     finally:
-        _call(wire, "POST", "/process.Process/SendSignal", b'{"process": {"tag": "deaf"}, "signal": "SIGNAL_SIGKILL"}',
-              _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
+        for tag in ("deaf", "deaf-pty"):
+            _call(wire, "POST", "/process.Process/SendSignal",
+                  json.dumps({"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}).encode(), headers)

@@ -373,7 +373,12 @@ async def send_input(request: web.Request) -> web.Response:
     if given.get("pty") is not None:
         if proc.pty is None:
             raise connect.RpcError("failed_precondition", f"process {proc.pid} has no terminal; send stdin")
-        await proc.pty.terminal.write(given["pty"])
+        try:  # a terminal whose program reads no input fills its line buffer: the write would wait for ever
+            async with asyncio.timeout(STDIN_WAIT_SECONDS):
+                await proc.pty.terminal.write(given["pty"])
+        except TimeoutError:
+            raise connect.RpcError("resource_exhausted", f"process {proc.pid}'s terminal has not read its input "
+                                   f"for {STDIN_WAIT_SECONDS:g} s; send it again once it reads") from None
         return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
     data = given.get("stdin", b"")
     taken = 0
