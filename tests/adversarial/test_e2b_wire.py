@@ -532,3 +532,28 @@ def test_input_a_command_does_not_read_is_held_back_then_refused(wire: E2bServer
         for tag in ("deaf", "deaf-pty"):
             _call(wire, "POST", "/process.Process/SendSignal",
                   json.dumps({"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}).encode(), headers)
+
+
+@pytest.mark.parametrize("where", ["token", "key id", "sandbox"])
+def test_a_credential_that_is_not_ascii_is_refused_not_a_500(wire: E2bServer, victim: dict[str, Any],
+                                                             where: str) -> None:
+    token, sandbox_id = victim["envdAccessToken"], victim["sandboxID"]
+    key_id, _, mac = token.rpartition(".")
+    if where == "token":
+        token = f"{key_id}.{mac[:-1]}\u00e9"
+    elif where == "key id":
+        token = f"{key_id}\u00e9.{mac}"
+    else:
+        sandbox_id += "\u00e9"
+    headers = {"E2b-Sandbox-Id": sandbox_id, "X-Access-Token": token, "Content-Type": "application/json"}
+    for extra in ({}, {"E2b-Sandbox-Port": "49999"}):
+        sent = {k: v.encode().decode("latin-1") for k, v in {**headers, **extra}.items()}
+        status, answer = _call(wire, "POST", "/process.Process/List", b"{}", sent)
+        assert status == 401, answer
+        assert "not a valid access token" in answer["message"], answer
+
+
+def test_an_api_key_that_is_not_ascii_is_refused_not_a_500(wire: E2bServer) -> None:
+    for raw in (KEY.encode() + "\u00e9".encode(), "\u00e9".encode(), b"hk_\xff"):  # UTF-8, and not even that
+        status, answer = _call(wire, "GET", "/sandboxes", None, {"X-API-Key": raw.decode("latin-1")})
+        assert status == 401, (raw, answer)
