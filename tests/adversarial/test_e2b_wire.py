@@ -557,3 +557,11 @@ def test_an_api_key_that_is_not_ascii_is_refused_not_a_500(wire: E2bServer) -> N
     for raw in (KEY.encode() + "\u00e9".encode(), "\u00e9".encode(), b"hk_\xff"):  # UTF-8, and not even that
         status, answer = _call(wire, "GET", "/sandboxes", None, {"X-API-Key": raw.decode("latin-1")})
         assert status == 401, (raw, answer)
+
+
+@pytest.mark.parametrize("query", ["path=%ff%fe", "path=%00", "path=", "", "path=" + "a" * 5000])
+def test_a_download_path_that_is_no_path_is_a_clear_4xx(wire: E2bServer, victim: dict[str, Any], query: str) -> None:
+    status, answer = _call(wire, "GET", f"/files?{query}", None,
+                           _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
+    assert 400 <= status < 500, answer
+    assert "path" in answer["message"], answer
