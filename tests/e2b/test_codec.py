@@ -65,7 +65,7 @@ def test_a_process_list_and_a_signal_round_trip() -> None:
     (b'{"process": "x"}', True, "process: expected a JSON object"),
     (b'{"process": {"args": "ls"}}', True, "process.args: expected a list"),
     (b'{"tag": 5}', True, "tag: expected a string"),
-    (b"{", True, "not JSON"),
+    (b"{", True, "invalid JSON"),
 ])
 def test_a_malformed_message_is_refused_naming_what_is_wrong(raw: bytes, is_json: bool, words: str) -> None:
     with pytest.raises(InvalidInput, match=words):

@@ -107,7 +107,9 @@ async def envd_principal(request: web.Request, token: str | None = None) -> tupl
     key_id, _, _mac = token.rpartition(".")
     engine = request.app[ENGINE]
     # Checked before anything is looked up: a wrong token learns nothing about the sandbox.
-    if not key_id or not hmac.compare_digest(token, envd_token(engine, sandbox_id, key_id)):
+    # ASCII first: compare_digest raises TypeError on other text (it was a 500 for anyone).
+    if (not key_id or not token.isascii() or not sandbox_id.isascii()
+            or not hmac.compare_digest(token, envd_token(engine, sandbox_id, key_id))):
         raise Unauthorized(f"{TOKEN_HEADER}: not a valid access token for sandbox {sandbox_id}")
     tenants = request.app[TENANTS]
     principal = tenants.principal_for(key_id)

@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from hutch.api.e2b import protowire as pw
+from hutch.api.http import parse_json
 from hutch.core.errors import InvalidInput
 
 Schema = dict[str, tuple[int, str, Any]]
@@ -198,8 +199,8 @@ def _one_from_json(kind: str, what: Any, value: object, field: str) -> Any:
         if value not in what:
             raise InvalidInput(f"{field}: expected one of {', '.join(what)}, got {value!r}", field=field)
         return what[value]
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        value = int(value)
+    if isinstance(value, str) and value.removeprefix("-").isascii() and value.removeprefix("-").isdigit():
+        value = int(value)  # ASCII only: "²" is a digit to str.isdigit and not to int()
     if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**32:
         raise InvalidInput(f"{field}: expected a 32-bit integer, got {value!r}", field=field)
     return value
@@ -208,11 +209,9 @@ def _one_from_json(kind: str, what: Any, value: object, field: str) -> Any:
 def decode(schema: Schema, raw: bytes, is_json: bool) -> dict[str, Any]:
     if not is_json:
         return from_proto(schema, raw)
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InvalidInput(f"body: not JSON ({err})", field="body") from err
-    return from_json(schema, data)
+    # hutch's one JSON reader: a nesting as deep as the parser recurses, a 5000-digit number,
+    # NaN or a NUL is a 400 naming the body, not a RecursionError or ValueError (a 500).
+    return from_json(schema, parse_json(raw) if raw.strip() else {})
 
 
 def encode(schema: Schema, msg: dict[str, Any], is_json: bool) -> bytes:

@@ -272,9 +272,9 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     if order not in ("asc", "desc"):
         raise InvalidInput(f"order: expected asc or desc, got {order!r}", field="order")
     raw_limit, raw_next = request.query.get("limit", "100"), request.query.get("nextToken", "0")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:  # "²": isdigit, not int
         raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
-    if not raw_next.isdigit():
+    if not (raw_next.isascii() and raw_next.isdigit()):
         raise InvalidInput(f"nextToken: not a token this server gave, got {raw_next!r}", field="nextToken")
     limit, offset = int(raw_limit), int(raw_next)
     found: list[SandboxState] = []

@@ -22,7 +22,7 @@ from hutch.api.e2b.access import SANDBOX_KEY, envd
 from hutch.api.e2b.processes import Process, Processes
 from hutch.api.e2b.terminals import PtyProcess
 from hutch.api.keys import ENGINE
-from hutch.core.errors import HutchError, InvalidInput
+from hutch.core.errors import HutchError, InvalidInput, SandboxNotFound
 from hutch.core.models import ExecutionState, ExecutionStatus, SandboxStatus
 from hutch.service.engine import Engine
 from hutch.service.output import RAW_OUTPUT, StreamOptions
@@ -35,7 +35,8 @@ PROCESSES: web.AppKey[Processes] = web.AppKey("e2b_processes", Processes)
 KEEPALIVE_DEFAULT = 50.0  # seconds between keep-alive events on a quiet stream
 _SIGKILL, _SIGTERM = 9, 15
 _CWD_SCRIPT = 'cd -- "$0" && exec "$@"'
-STDIN_CHUNKS = 16  # SendInput calls queued for a command that has not read them yet
+STDIN_CHUNKS = 16  # pieces of SendInput queued for a command that has not read them yet
+STDIN_PIECE = 2**16
 STDIN_WAIT_SECONDS = 30.0  # how long a SendInput waits for room before it is refused
 STDIN_POLL_SECONDS = 5.0  # how often a stdin nobody closed looks whether its command ended
 
@@ -212,18 +213,19 @@ async def _follow(request: web.Request, events: _Events, proc: Process) -> None:
 async def _serve_stream(request: web.Request, call: connect.Call, begin: Awaitable[Process]) -> web.StreamResponse:
     """Open the stream once the command is known; an error before that is a unary-style answer."""
     proc = await begin
-    events = _Events(await connect.open_stream(request, call.is_json), call.is_json)
-    try:
-        await events.send(start={"pid": proc.pid})
-        await _follow(request, events, proc)
-    except ConnectionResetError:
-        return events.response  # the client left: the command goes on, as envd's does
-    except Exception as err:
-        if not isinstance(err, HutchError):
-            log.exception("the stream of process %s failed", proc.pid)
-        with contextlib.suppress(ConnectionResetError):
-            await connect.end_stream(events.response, err)
-    return events.response
+    with request.app[PROCESSES].following(proc):
+        events = _Events(await connect.open_stream(request, call.is_json), call.is_json)
+        try:
+            await events.send(start={"pid": proc.pid})
+            await _follow(request, events, proc)
+        except ConnectionResetError:
+            return events.response  # the client left: the command goes on, as envd's does
+        except Exception as err:
+            if not isinstance(err, HutchError):
+                log.exception("the stream of process %s failed", proc.pid)
+            with contextlib.suppress(ConnectionResetError):
+                await connect.end_stream(events.response, err)
+        return events.response
 
 
 async def _call(request: web.Request, schema: codec.Schema) -> tuple[connect.Call, dict[str, Any]]:
@@ -245,6 +247,7 @@ async def start(request: web.Request) -> web.StreamResponse:
     sandbox_id = request[SANDBOX_KEY]
     engine = request.app[ENGINE]
     request.app[PROCESSES].prune(lambda p: _alive(engine, p))
+    request.app[PROCESSES].check_room(sandbox_id)
     if req.get("pty") is not None:
         rows, cols = _size(req["pty"])
         if not cmd:
@@ -330,7 +333,8 @@ async def connect_process(request: web.Request) -> web.StreamResponse:
 async def list_processes(request: web.Request) -> web.Response:
     call, _ = await _call(request, msg.EMPTY)
     engine, sandbox_id = request.app[ENGINE], request[SANDBOX_KEY]
-    await engine.reads.require(sandbox_id)
+    if (await engine.reads.require(sandbox_id)).status.is_final:  # an ended sandbox is gone, as on every route
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
     procs = [p for p in request.app[PROCESSES].of(sandbox_id) if _alive(engine, p)]
     return connect.unary(codec.encode(msg.LIST_RESPONSE, {"processes": [_info(p) for p in procs]}, call.is_json),
                          call.is_json)
@@ -369,16 +373,25 @@ async def send_input(request: web.Request) -> web.Response:
     if given.get("pty") is not None:
         if proc.pty is None:
             raise connect.RpcError("failed_precondition", f"process {proc.pid} has no terminal; send stdin")
-        await proc.pty.terminal.write(given["pty"])
+        try:  # a terminal whose program reads no input fills its line buffer: the write would wait for ever
+            async with asyncio.timeout(STDIN_WAIT_SECONDS):
+                await proc.pty.terminal.write(given["pty"])
+        except TimeoutError:
+            raise connect.RpcError("resource_exhausted", f"process {proc.pid}'s terminal has not read its input "
+                                   f"for {STDIN_WAIT_SECONDS:g} s; send it again once it reads") from None
         return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
     data = given.get("stdin", b"")
-    if data:
-        try:  # a command not reading its stdin holds the sender back, for a while
-            async with asyncio.timeout(STDIN_WAIT_SECONDS):
-                await _open_stdin(proc).put(data)
-        except TimeoutError:
-            raise connect.RpcError("resource_exhausted", f"process {proc.pid} has not read its stdin for "
-                                   f"{STDIN_WAIT_SECONDS:g} s; nothing more is taken until it does") from None
+    taken = 0
+    try:  # a command not reading its stdin holds the sender back, for a while
+        async with asyncio.timeout(STDIN_WAIT_SECONDS):
+            # In pieces: the queue's bound is then in bytes (STDIN_CHUNKS x STDIN_PIECE), not in
+            # messages of up to 4 MiB each (16 of those held 64 MiB per command).
+            for taken in range(0, len(data), STDIN_PIECE):
+                await _open_stdin(proc).put(data[taken:taken + STDIN_PIECE])
+    except TimeoutError:
+        raise connect.RpcError("resource_exhausted", f"process {proc.pid} has not read its stdin for "
+                               f"{STDIN_WAIT_SECONDS:g} s; {taken} of the {len(data)} bytes sent were taken, "
+                               "nothing more is until it reads") from None
     return connect.unary(codec.encode(msg.EMPTY, {}, call.is_json), call.is_json)
 
 

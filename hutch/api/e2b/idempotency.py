@@ -14,13 +14,20 @@ from collections.abc import Awaitable, Callable
 from hutch.core.errors import InvalidInput
 
 KEEP_SECONDS = 3600.0
-MAX_KEYS = 10_000
+# Per organization: one making keys by the thousand forgets its own oldest, never another's
+# (one global table let 10,000 keys of B evict A's, and A's retry made a second sandbox).
+MAX_KEYS_PER_ORG = 1_000
 _KEY = re.compile(r"^[a-z0-9-]{1,255}$")
+
+_Made = OrderedDict[str, tuple[float, "asyncio.Future[str]"]]
 
 
 class IdempotentCreates:
     def __init__(self) -> None:
-        self._made: OrderedDict[tuple[str, str], tuple[float, asyncio.Future[str]]] = OrderedDict()
+        self._made: dict[str, _Made] = {}
+
+    def size(self, org_id: str) -> int:
+        return len(self._made.get(org_id, ()))
 
     async def once(self, org_id: str, key: str, create: Callable[[], Awaitable[str]]) -> tuple[str, bool]:
         """The sandbox id for ``key``, made by ``create`` unless it was already; and whether it
@@ -29,17 +36,18 @@ class IdempotentCreates:
             raise InvalidInput("Idempotency-Key: 1 to 255 lowercase letters, digits and hyphens",
                                field="Idempotency-Key")
         now = time.monotonic()
-        while self._made and (now - next(iter(self._made.values()))[0] > KEEP_SECONDS or len(self._made) >= MAX_KEYS):
-            self._made.popitem(last=False)
-        found = self._made.get((org_id, key))
+        made = self._made.setdefault(org_id, OrderedDict())
+        while made and (now - next(iter(made.values()))[0] > KEEP_SECONDS or len(made) >= MAX_KEYS_PER_ORG):
+            made.popitem(last=False)
+        found = made.get(key)
         if found is not None:
             return await asyncio.shield(found[1]), False
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._made[(org_id, key)] = (now, future)
+        made[key] = (now, future)
         try:
             sandbox_id = await create()
         except BaseException as err:
-            self._made.pop((org_id, key), None)
+            made.pop(key, None)
             if isinstance(err, Exception):
                 future.set_exception(err)
                 future.exception()  # retrieved: a failure nobody else awaited is not "never retrieved"

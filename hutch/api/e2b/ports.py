@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 from aiohttp import web
@@ -23,7 +23,7 @@ from aiohttp.typedefs import Handler
 from hutch.api.e2b.access import SANDBOX_HEADER, TOKEN_HEADER, envd_principal
 from hutch.api.keys import ENGINE
 from hutch.api.routes.proxy import HOP, relay_http
-from hutch.core.errors import DriverFailure, NotFound, SandboxNotFound, Unauthorized
+from hutch.core.errors import DriverFailure, InvalidInput, NotFound, SandboxNotFound, Unauthorized
 from hutch.core.events import acting
 from hutch.service.engine import Engine
 
@@ -35,9 +35,11 @@ TOKEN_FILE = "/home/agentuity/.hutch-interpreter-token"
 SERVER = ("env", f"HUTCH_INTERPRETER_TOKEN_FILE={TOKEN_FILE}", "hutch-interpreter")
 # The first kernel's imports on a busy 2-core host took up to 20 s (hutch/_interpreter.py).
 START_SECONDS = 120.0
+TOKEN_BYTES = 256  # secrets.token_urlsafe(32) is 43
 _ENVD_PORT = "49983"
 _DROPPED = {"x-access-token", TRAFFIC_HEADER.lower(), "x-api-key", SANDBOX_HEADER.lower(), PORT_HEADER.lower(),
             "authorization", "cookie"}
+_UNSET = {"set-cookie", "set-cookie2"}
 
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("e2b_port_session", aiohttp.ClientSession)
 TOKENS: web.AppKey[dict[str, str]] = web.AppKey("e2b_interpreter_tokens", dict)
@@ -85,12 +87,35 @@ async def _answers(app: web.Application, engine: Engine, sandbox_id: str) -> boo
 async def _token(app: web.Application, sandbox_id: str) -> str:
     known = app[TOKENS].get(sandbox_id)
     if known is None:
+        # The file is in the sandbox, its code's to rewrite: read no more than a token's length
+        # (a sparse 100 GiB file costs it nothing); what is not one of ours the interpreter refuses.
+        raw = b""
+        chunks = app[ENGINE].files.read(sandbox_id, TOKEN_FILE)
         try:
-            known = b"".join([c async for c in app[ENGINE].files.read(sandbox_id, TOKEN_FILE)]).decode().strip()
-        except NotFound:
-            return ""  # not started (yet): the interpreter refuses; read again on the next call
+            async for chunk in chunks:
+                raw += chunk
+                if len(raw) > TOKEN_BYTES:
+                    return ""
+        except (NotFound, InvalidInput):
+            return ""  # not started (yet), or not a file: the interpreter refuses; read again on the next call
+        finally:
+            close = getattr(chunks, "aclose", None)  # the read in the sandbox ends now, not at collection
+            if close is not None:
+                await close()
+        try:
+            known = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            return ""
         app[TOKENS][sandbox_id] = known
     return known
+
+
+def answer_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The sandbox's answer headers as the client gets them: no cookie. What answers on the
+    port is the sandbox's to choose (its code may replace the interpreter), and this listener
+    shares its host with hutch's API, whose cookies a ``Set-Cookie`` here would set or shadow
+    (cookies do not keep to a port); E2B's clients send tokens, not cookies."""
+    return [(name, value) for name, value in headers if name.lower() not in _UNSET]
 
 
 def forget(app: web.Application, sandbox_id: str) -> None:
@@ -120,4 +145,5 @@ async def port_relay(request: web.Request, handler: Handler) -> web.StreamRespon
         headers["X-Access-Token"] = await _token(request.app, sandbox_id)
         query = f"?{request.query_string}" if request.query_string else ""
         return await relay_http(request, request.app[SESSION], f"http://{host}:{target}{request.path}{query}",
-                                headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}")
+                                headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}",
+                                answer=answer_headers)

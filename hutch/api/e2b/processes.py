@@ -6,10 +6,12 @@ wire. It is not kept across a restart (the commands themselves are: they are exe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import attrs
 
+from hutch.api.e2b.connect import RpcError
 from hutch.api.e2b.terminals import PtyProcess
 
 
@@ -28,12 +30,24 @@ class Process:
     pty: PtyProcess | None = attrs.field(default=None, eq=False)
 
 
+# Live commands and terminals per sandbox started over the wire. Each holds server-side file
+# descriptors (a terminal 2, a command's output pipes 4, measured): bounded by the sandbox's
+# pids alone (1024 by default), a few sandboxes' worth would use up the server's descriptors,
+# every organization's connections with them.
+MAX_LIVE = 256
+# Streams following one command or terminal at once (Start's and Connects). A follower that
+# does not read holds what it fell behind by (a terminal's 256 chunks, a command's 64) until
+# its connection dies: unbounded, a few thousand idle connections would hold gigabytes.
+MAX_FOLLOWERS = 16
+
+
 class Processes:
     FIRST_PID = 1000  # below it: what a real init and its daemons would hold
 
     def __init__(self) -> None:
         self._by_sandbox: dict[str, dict[int, Process]] = {}
         self._last_pid: dict[str, int] = {}  # never given again in its sandbox
+        self._followers: dict[int, int] = {}  # id(Process) -> streams following it now
 
     def add(self, sandbox_id: str, execution_id: str | None, *, cmd: str, args: tuple[str, ...],
             envs: dict[str, str], cwd: str | None, tag: str | None, stdin: asyncio.Queue[bytes | None] | None = None,
@@ -42,6 +56,26 @@ class Processes:
         pid = self._last_pid[sandbox_id] = self._last_pid.get(sandbox_id, self.FIRST_PID - 1) + 1
         table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag, stdin, pty)
         return proc
+
+    @contextlib.contextmanager
+    def following(self, proc: Process) -> Iterator[None]:
+        """While a stream follows ``proc``; refused past ``MAX_FOLLOWERS`` of them."""
+        if self._followers.get(id(proc), 0) >= MAX_FOLLOWERS:
+            raise RpcError("resource_exhausted", f"process {proc.pid} has {MAX_FOLLOWERS} streams following it, "
+                           "the most the E2B wire keeps; close one before connecting again")
+        self._followers[id(proc)] = self._followers.get(id(proc), 0) + 1
+        try:
+            yield
+        finally:
+            self._followers[id(proc)] -= 1
+            if not self._followers[id(proc)]:
+                del self._followers[id(proc)]
+
+    def check_room(self, sandbox_id: str) -> None:
+        """Refuse a new command or terminal when the sandbox has ``MAX_LIVE`` (after ``prune``)."""
+        if len(self._by_sandbox.get(sandbox_id, {})) >= MAX_LIVE:
+            raise RpcError("resource_exhausted", f"sandbox {sandbox_id} has {MAX_LIVE} commands and terminals "
+                           "running, the most the E2B wire keeps; end one (SendSignal) before starting another")
 
     def prune(self, running: Callable[[Process], bool]) -> None:
         """Forget the processes that ended. (A sandbox's last pid stays, one number, so that a
