@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 
 import attrs
@@ -25,7 +26,22 @@ STREAM = {"application/connect+proto": False, "application/connect+json": True}
 _END_STREAM = 0x02
 _COMPRESSED = 0x01
 MAX_MESSAGE = 4 * 2**20  # envd's requests are small: a command line, a path, some stdin
-BODY_IDLE_SECONDS = 10.0  # a request message that stops arriving for this long never will
+def seconds_setting(name: str, default: float) -> float:
+    """A bound of this wire an operator may change (tests shorten them to wait less)."""
+    given = os.environ.get(name)
+    if given is None:
+        return default
+    try:
+        value = float(given)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:
+        raise ValueError(f"{name}={given!r}: expected seconds, more than 0 and at most 3600")
+    return value
+
+
+# a request message that stops arriving for this long never will
+BODY_IDLE_SECONDS = seconds_setting("HUTCH_E2B_BODY_IDLE_SECONDS", 10.0)
 BODY_SECONDS = 60.0  # nor one that trickles for longer: 4 MiB at 1 Mbit/s takes 34 s
 
 # Connect's codes and the HTTP status each answers a unary call with.

@@ -37,7 +37,8 @@ _SIGKILL, _SIGTERM = 9, 15
 _CWD_SCRIPT = 'cd -- "$0" && exec "$@"'
 STDIN_CHUNKS = 16  # pieces of SendInput queued for a command that has not read them yet
 STDIN_PIECE = 2**16
-STDIN_WAIT_SECONDS = 30.0  # how long a SendInput waits for room before it is refused
+# how long a SendInput waits for room before it is refused
+STDIN_WAIT_SECONDS = connect.seconds_setting("HUTCH_E2B_STDIN_WAIT_SECONDS", 30.0)
 STDIN_POLL_SECONDS = 5.0  # how often a stdin nobody closed looks whether its command ended
 
 
