@@ -38,7 +38,9 @@ ENVD_VERSION = "0.6.4"  # what the SDK is told envd speaks: commands with stdin,
 DEFAULT_TIMEOUT = 300  # seconds, E2B's default
 MAX_TIMEOUT = 24 * 3600
 # E2B's template names -> hutch's runtimes; code-interpreter-v1 is e2b-code-interpreter's default.
-_TEMPLATES = {"base": "base:latest", "code-interpreter-v1": ports.RUNTIME}
+# E2B's base template has python3 (agents and E2B's own tests run `python3` in it): hutch's
+# python:3.13 (Debian with Python), not the shell-only base:latest.
+_TEMPLATES = {"base": "python:3.13", "code-interpreter-v1": ports.RUNTIME}
 _LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 # Create fields hutch has no counterpart for: refused when set to anything but empty/false.
 _UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes",
