@@ -31,7 +31,7 @@ MARK = "ml-project-secret-8c2e"
 MISSING = {"sandbox_id": "sbx_" + "0" * 26, "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26,
            "snapshot_id": "snp_" + "0" * 26, "checkpoint_id": "ckpt_" + "0" * 26, "key_id": "key_" + "0" * 26,
            "ssh_key_id": "ssk_" + "0" * 26, "project_id": "proj_" + "0" * 26, "org_id": "org_nobody",
-           "stream_id": "stin_" + "0" * 32, "token": "stm_x", "name": "cobol:1", "ref": "nothing", "tail": "agents"}
+           "stream_id": "stin_" + "0" * 32, "token": "stm_x", "name": "cobol:1", "ref": "nothing", "tail": "agents", "node": "n_nobody"}
 
 
 @pytest.fixture(scope="module", params=["embedded", "production"])
@@ -58,7 +58,7 @@ def ml(world: World) -> dict[str, str]:
             "snapshot_id": snap["snapshotId"], "checkpoint_id": checkpoint["id"], "key_id": owner["id"],
             "ssh_key_id": ssh["id"], "project_id": world.projects["ml"], "org_id": "org_alpha",
             "stream_id": MISSING["stream_id"], "token": MISSING["token"], "name": "cobol:1", "ref": "mlsnap",
-            "tail": "agents", "owner_secret": owner["secret"], "fingerprint": ssh["fingerprint"]}
+            "tail": "agents", "owner_secret": owner["secret"], "fingerprint": ssh["fingerprint"], "node": "n_nobody"}
 
 
 def operations(world: World) -> list[tuple[str, str, bool]]:

@@ -43,7 +43,7 @@ def driver_name() -> str:
 MISSING = {"name": "cobol:1", "ssh_key_id": "ssk_" + "0" * 26, "sandbox_id": "sbx_" + "0" * 26,
            "execution_id": "exec_" + "0" * 26, "job_id": "job_" + "0" * 26, "checkpoint_id": "ckpt_" + "0" * 26,
            "snapshot_id": "snp_" + "0" * 26, "key_id": "key_" + "0" * 26, "org_id": "org_alpha",
-           "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26, "tail": "agents"}
+           "stream_id": "stin_" + "0" * 32, "project_id": "proj_" + "0" * 26, "tail": "agents", "node": "n_nobody"}
 
 
 def deep(levels: int) -> bytes:
