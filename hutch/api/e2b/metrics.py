@@ -39,15 +39,15 @@ class CpuReadings:
         self._size = size
         self._last: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
 
-    def percent(self, sb: SandboxState, cpu_seconds: float, cpus: int, now: float) -> float:
-        """CPU use since the previous reading (the sandbox's start at the first), in percent
-        of all the CPUs it may use."""
-        since, before = self._last.pop(sb.sandbox_id, (_unix(sb.created_at), 0.0))
-        self._last[sb.sandbox_id] = (now, cpu_seconds)
+    def percent(self, sandbox_id: str, started: float, cpu_seconds: float, cpus: int, now: float) -> float:
+        """CPU use since the previous reading (since ``started``, Unix seconds, at the first),
+        in percent of all the ``cpus`` it may use."""
+        since, before = self._last.pop(sandbox_id, (started, 0.0))
+        self._last[sandbox_id] = (now, cpu_seconds)
         while len(self._last) > self._size:
             self._last.popitem(last=False)
         if now - since < 0.05 or cpu_seconds < before:  # too short a window to tell: since the start
-            since, before = _unix(sb.created_at), 0.0
+            since, before = started, 0.0
         # Two clocks (the host's CPU accounting, this process's wall time) read a moment apart
         # can make a busy sandbox look a little over its CPUs.
         return round(min(100.0, max(0.0, (cpu_seconds - before) / max(now - since, 1e-3) / cpus * 100)), 2)
@@ -82,7 +82,8 @@ async def _sample(request: web.Request, sb: SandboxState) -> dict[str, Any]:
                            f"{', '.join(missing)} of sandbox {sb.sandbox_id}", field="metrics")
     now = time.time()
     assert used.cpu_seconds is not None and used.cpu_count is not None
-    pct = request.app[CPU_READINGS].percent(sb, used.cpu_seconds, used.cpu_count, now)
+    pct = request.app[CPU_READINGS].percent(sb.sandbox_id, _unix(sb.created_at), used.cpu_seconds, used.cpu_count,
+                                            now)
     second = math.floor(now)
     return {"timestamp": datetime.fromtimestamp(second, UTC).isoformat().replace("+00:00", "Z"),
             "timestampUnix": second, "cpuUsedPct": pct,
