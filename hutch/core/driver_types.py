@@ -195,6 +195,13 @@ class DirWatch(abc.ABC):
 class Usage:
     cpu_seconds: float | None = None  # CPU time of every process the sandbox ran
     memory_peak_bytes: int | None = None  # the most memory it held at once
+    # Now, for E2B's metrics (api/e2b/metrics.py); None where the driver cannot know.
+    memory_bytes: int | None = None  # held now, page cache included
+    memory_cache_bytes: int | None = None  # of which page cache
+    memory_total_bytes: int | None = None  # the most it may hold: its limit, or the machine's memory
+    cpu_count: int | None = None  # CPUs it may use: its limit rounded up, or the machine's
+    disk_used_bytes: int | None = None  # what its writable layer holds
+    disk_total_bytes: int | None = None  # the file system that layer is on: its disk limit, or the host's
 
 
 @attrs.frozen

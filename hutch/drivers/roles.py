@@ -287,8 +287,10 @@ class UsageReporting(abc.ABC):
     """What sandboxes have used and how the driver fares, for stats and ``GET /metrics``."""
 
     @abc.abstractmethod
-    async def usage(self, sandbox_id: str) -> Usage:
-        """What the sandbox has used so far (for stats); unknown parts are None."""
+    async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
+        """What the sandbox has used so far (for stats) and holds now; unknown parts are None.
+        ``disk``: measure its disk too, which may walk every file it wrote: only where asked
+        (E2B's metrics), not for every stats read."""
 
     def metrics(self) -> list[Metric]:
         """What the driver can tell about itself for ``GET /metrics`` (warm pools, …)."""
@@ -465,7 +467,7 @@ class NotPlayed:
 
     # UsageReporting: nothing measured
 
-    async def usage(self, sandbox_id: str) -> Usage:
+    async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
         return Usage()
 
     def metrics(self) -> list[Metric]:

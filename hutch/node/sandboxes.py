@@ -192,7 +192,9 @@ async def resume(request: web.Request) -> web.Response:
 
 
 async def usage(request: web.Request) -> web.Response:
-    return web.json_response(converter.unstructure(await request.app[DRIVER].usage(request.match_info["id"])))
+    disk = request.query.get("disk") == "1"
+    return web.json_response(converter.unstructure(await request.app[DRIVER].usage(request.match_info["id"],
+                                                                                   disk=disk)))
 
 
 async def checkpoint(request: web.Request) -> web.Response:

@@ -29,6 +29,14 @@ class UsageReports:
         """What a live sandbox has used so far, from the driver (an ended one's is in its events)."""
         return await self._usage.usage(sandbox_id)
 
+    @property
+    def driver_name(self) -> str:
+        return self._lifecycle.name
+
+    async def now(self, sandbox_id: str) -> Usage:
+        """What a live sandbox holds now, its disk included (E2B's metrics; may walk its files)."""
+        return await self._usage.usage(sandbox_id, disk=True)
+
     async def counts(self, *, whole_server: bool) -> list[Metric]:
         """Sandboxes by status (the caller's organization's, or with ``whole_server`` every
         one), how far the log and the

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
+import os
 import tarfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,6 +44,7 @@ from hutch.drivers.base import (
     FileWrite,
     OutputSink,
     ProvisionRequest,
+    ResourceLimits,
     TerminalRequest,
     Usage,
     WatchEnded,
@@ -517,6 +519,42 @@ class TestPausing:
             await driver.pause(sid)
         await driver.destroy(sid)
         assert sid not in await driver.alive()
+
+
+class TestUsageReporting:
+    """What a sandbox uses now, for E2B's metrics (api/e2b/metrics.py): read from the host,
+    its limits as its totals. The nomad driver reports CPU and peak memory only."""
+
+    @pytest.fixture(params=["local", "node"])
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_memory_disk_and_cpus_now_within_the_limits(self, driver: Driver) -> None:
+        limits = ResourceLimits(memory_bytes=256 * 2**20, cpu_millis=1500)
+        sid = await provision(driver, resources=limits)
+        try:
+            before = await driver.usage(sid, disk=True)
+            result, _ = await run(driver, sid, "sh", "-c", "head -c 8388608 /dev/zero > $HOME/eight")
+            assert result.exit_code == 0
+            after = await driver.usage(sid, disk=True)
+        finally:
+            await driver.destroy(sid)
+        assert (after.memory_total_bytes, after.cpu_count) == (256 * 2**20, 2)
+        assert after.memory_bytes is not None and 0 < after.memory_bytes <= 256 * 2**20
+        assert after.memory_cache_bytes is not None and 0 <= after.memory_cache_bytes <= after.memory_bytes
+        assert before.disk_used_bytes is not None and after.disk_used_bytes is not None
+        assert after.disk_used_bytes - before.disk_used_bytes >= 8 * 2**20  # the file it wrote
+        assert after.disk_total_bytes is not None and after.disk_total_bytes > after.disk_used_bytes
+        assert after.cpu_seconds is not None and after.cpu_seconds > 0
+
+    async def test_without_limits_the_totals_are_the_machines(self, driver: Driver, sandbox: str) -> None:
+        used = await driver.usage(sandbox)
+        # The node agents run on this machine too; the kernel's count of its pages, not /proc/meminfo.
+        assert used.memory_total_bytes == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        assert used.cpu_count == len(os.sched_getaffinity(0))
+        # Its disk only where asked: measuring it may walk every file the sandbox wrote.
+        assert (used.disk_used_bytes, used.disk_total_bytes) == (None, None)
 
 
 # -- every role against its capability flag: every backend -------------------------------

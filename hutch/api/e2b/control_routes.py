@@ -135,7 +135,7 @@ def _ends_at(sb: SandboxState) -> datetime:
     return datetime.fromisoformat(sb.updated_at.replace("Z", "+00:00")) + timedelta(seconds=idle)
 
 
-async def _live(request: web.Request, sandbox_id: str) -> SandboxState:
+async def live_sandbox(request: web.Request, sandbox_id: str) -> SandboxState:
     """The sandbox, if the key's organization has it and it has not ended (an ended one is
     gone, as in E2B)."""
     try:
@@ -223,7 +223,7 @@ async def create(request: web.Request) -> web.Response:
 @routes.get("/sandboxes/{sandbox_id}")
 @control(Access.READ)
 async def get(request: web.Request) -> web.Response:
-    sb = await _live(request, request.match_info["sandbox_id"])
+    sb = await live_sandbox(request, request.match_info["sandbox_id"])
     return web.json_response(_render(request, sb, detail=True))
 
 
@@ -303,7 +303,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
 @routes.delete("/sandboxes/{sandbox_id}")
 @control(Access.WRITE)
 async def kill(request: web.Request) -> web.Response:
-    sb = await _live(request, request.match_info["sandbox_id"])
+    sb = await live_sandbox(request, request.match_info["sandbox_id"])
     await request.app[ENGINE].control.destroy(sb.sandbox_id)
     ports.forget(request.app, sb.sandbox_id)
     return web.Response(status=204)
@@ -312,7 +312,7 @@ async def kill(request: web.Request) -> web.Response:
 @routes.post("/sandboxes/{sandbox_id}/pause")
 @control(Access.WRITE)
 async def pause(request: web.Request) -> web.Response:
-    sb = await _live(request, request.match_info["sandbox_id"])
+    sb = await live_sandbox(request, request.match_info["sandbox_id"])
     if sb.status is SandboxStatus.PAUSED:
         return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
     await request.app[ENGINE].control.pause(sb.sandbox_id)
@@ -329,7 +329,7 @@ async def connect(request: web.Request) -> web.Response:
     from now on, as set_timeout's; one that would end it sooner changes nothing."""
     engine = request.app[ENGINE]
     body = await _body(request)
-    sb = await _live(request, request.match_info["sandbox_id"])
+    sb = await live_sandbox(request, request.match_info["sandbox_id"])
     resumed = sb.status is SandboxStatus.PAUSED
     if resumed:
         await engine.control.resume(sb.sandbox_id)
@@ -349,6 +349,6 @@ async def set_timeout(request: web.Request) -> web.Response:
     idle timeout, set anew); 0 is the shortest hutch has, a second."""
     body = await _body(request)
     seconds = _timeout(body, lowest=0)
-    sb = await _live(request, request.match_info["sandbox_id"])
+    sb = await live_sandbox(request, request.match_info["sandbox_id"])
     await request.app[ENGINE].control.set_idle_timeout(sb.sandbox_id, f"{max(1, seconds)}s")
     return web.Response(status=204)

@@ -64,6 +64,21 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
+_UNLIMITED_V1 = 2**62
+
+
+def _stat(directory: Path | None, name: str, key: str) -> int | None:
+    """The ``key`` line of a flat-keyed cgroup file (memory.stat); None if it is not there."""
+    if directory is None:
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        for line in (directory / name).read_text().splitlines():
+            k, _, value = line.partition(" ")
+            if k == key:
+                return int(value)
+    return None
+
+
 def _rmtree(path: Path) -> bool:
     """rmdir a cgroup and its children, deepest first. False if any still has processes.
 
@@ -162,6 +177,11 @@ class Cgroups(abc.ABC):
     @abc.abstractmethod
     def usage(self, sandbox: str) -> tuple[float | None, int | None]:
         """(cpu seconds used, peak memory bytes) of the whole sandbox so far; None if unknown."""
+
+    @abc.abstractmethod
+    def memory_now(self, sandbox: str) -> tuple[int | None, int | None, int | None]:
+        """(bytes held now, of which page cache, its limit) of the whole sandbox; None if
+        unknown, the limit None where it has none."""
 
     @abc.abstractmethod
     def _freeze(self, path: Path, frozen: bool) -> None: ...
@@ -313,6 +333,14 @@ class CgroupV1(Cgroups):
         return (_number(base.get("cpuacct"), "cpuacct.usage", 1e-9),  # hierarchical: init and every leaf
                 _int(_number(base.get("memory"), "memory.max_usage_in_bytes", 1)))
 
+    def memory_now(self, sandbox: str) -> tuple[int | None, int | None, int | None]:
+        path = dict(zip(self._order, self.paths(sandbox), strict=True)).get("memory")
+        limit = _int(_number(path, "memory.limit_in_bytes", 1))
+        # v1 writes "no limit" as the largest page-aligned number: above any machine's memory.
+        unlimited = limit is None or limit >= _UNLIMITED_V1
+        return (_int(_number(path, "memory.usage_in_bytes", 1)),  # hierarchical: every leaf
+                _stat(path, "memory.stat", "total_cache"), None if unlimited else limit)
+
     def oom_kills(self, sandbox: str, leaf: str) -> int:
         # v1 counts an OOM kill in the victim's own memcg, i.e. the execution's leaf.
         if "memory" not in self.mounts:
@@ -409,6 +437,14 @@ class CgroupV2(Cgroups):
                 if key == "usage_usec":
                     cpu = int(value) / 1e6
         return cpu, _int(_number(path, "memory.peak", 1))  # memory.peak: kernels from 5.19
+
+    def memory_now(self, sandbox: str) -> tuple[int | None, int | None, int | None]:
+        path = self.paths(sandbox)[0]
+        limit = None
+        with contextlib.suppress(OSError, ValueError):
+            raw = (path / "memory.max").read_text().strip()
+            limit = None if raw == "max" else int(raw)
+        return _int(_number(path, "memory.current", 1)), _stat(path, "memory.stat", "file"), limit
 
     def oom_kills(self, sandbox: str, leaf: str) -> int:
         try:

@@ -87,6 +87,7 @@ from hutch.drivers.local.spares import SpareDirs
 from hutch.drivers.local.state import SAFE_ID, Registry, is_live
 from hutch.drivers.local.teardown import Teardown
 from hutch.drivers.local.uids import UID_BASE
+from hutch.drivers.local.usage import measure
 
 __all__ = ["UID_BASE", "LocalDriver"]  # UID_BASE: the tests find sandbox uids by it
 
@@ -309,11 +310,12 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         return ResourceLimits(memory_bytes=sb.memory_bytes, cpu_millis=sb.cpu_millis, disk_bytes=sb.disk_bytes)
 
-    async def usage(self, sandbox_id: str) -> Usage:
-        if self._cgroups is None or not SAFE_ID.match(sandbox_id):
+    async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
+        sb = self._registry.load(sandbox_id) if SAFE_ID.match(sandbox_id) else None
+        if sb is None:
             return Usage()
-        cpu, memory = self._cgroups.usage(sandbox_id)  # a few small cgroup files
-        return Usage(cpu_seconds=cpu, memory_peak_bytes=memory)
+        return await asyncio.to_thread(measure, self._registry.sandbox_root / sandbox_id, sb, self._cgroups,
+                                     disk=disk)
 
     async def port_target(self, sandbox_id: str) -> tuple[str, int]:
         return self._network.port_target(sandbox_id)

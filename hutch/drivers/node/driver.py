@@ -651,10 +651,11 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         agent = await self._owner(sandbox_id)
         await agent.json("POST", agent.path("sandboxes", sandbox_id, "resume"))
 
-    async def usage(self, sandbox_id: str) -> Usage:
+    async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
         try:
             agent = await self._owner(sandbox_id)
-            answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "usage"), timeout=2)
+            answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "usage", disk=1 if disk else None),
+                                      timeout=2)
         except HutchError:  # stats are best effort, as the nomad driver's
             return Usage()
         return converter.structure(answer, Usage)

@@ -399,8 +399,9 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         if code != 0:
             raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {out[:300]!r}")
 
-    async def usage(self, sandbox_id: str) -> Usage:
-        """The plugin's usage verb: the container's cgroup accounting, read on the client."""
+    async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
+        """The plugin's usage verb: the container's cgroup accounting, read on the client (CPU
+        and peak memory; not yet what it holds now or its disk)."""
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             return Usage()
