@@ -198,3 +198,10 @@ def _served_certificate(cert: certificate.AgentCertificate) -> str:
             return ssl.get_server_certificate(listener.getsockname())
         finally:
             t.join(5)
+
+
+def test_without_cryptography_or_openssl_the_agent_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(certificate.shutil, "which", lambda name: None)
+    with pytest.raises(certificate.CertificateError, match="needs the Python package 'cryptography' or the 'openssl' "
+                                                           "command to make its TLS certificate"):
+        certificate.make("t1", use_cryptography=False)
