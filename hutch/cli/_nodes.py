@@ -40,16 +40,18 @@ def add_parsers(top: Any) -> None:
 def cmd_node_serve(args: argparse.Namespace) -> int:
     import logging
 
+    from hutch.node import certificate
     from hutch.node.config import SettingError, settings
     from hutch.node.serve import serve
 
     try:
         s = settings(args.name, args.listen, args.data_dir)
+        cert = certificate.make(s.name)
     except SettingError as err:
         print(f"hutch node serve: {err}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(s))
+    asyncio.run(serve(s, cert))
     return 0
 
 

@@ -16,7 +16,15 @@ from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
 from hutch.node import commands, drain, files, ports, sandboxes, terminals, watches
 from hutch.node.config import NodeSettings
-from hutch.node.keys import DRIVER, INSTANCE, SETTINGS, STREAMED, VERIFIER, error_response
+from hutch.node.keys import (
+    DRIVER,
+    FINGERPRINT,
+    INSTANCE,
+    SETTINGS,
+    STREAMED,
+    VERIFIER,
+    error_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +70,14 @@ async def hello(request: web.Request) -> web.Response:
     nonce = request.query.get("nonce", "")
     if len(nonce) < 16:
         raise Unauthorized("hello: a nonce of at least 16 characters is needed")
-    name, instance = request.app[SETTINGS].name, request.app[INSTANCE]
+    name, instance, fingerprint = request.app[SETTINGS].name, request.app[INSTANCE], request.app[FINGERPRINT]
     secret = request.app[SETTINGS].secret
-    return web.json_response({"name": name, "instance": instance,
-                              "proof": wire.hello_proof(secret, nonce, name, instance)})
+    return web.json_response({"name": name, "instance": instance, "fingerprint": fingerprint,
+                              "proof": wire.hello_proof(secret, nonce, name, instance, fingerprint)})
 
 
-def make_app(settings: NodeSettings, driver: LocalDriver, *, own_driver: bool = True) -> web.Application:
+def make_app(settings: NodeSettings, driver: LocalDriver, fingerprint: str, *, own_driver: bool = True) -> web.Application:
+    """``fingerprint``: of the certificate the agent serves with (certificate.py)."""
     # JSON bodies: a batch of files arrives base64'd, as the API took it (its own cap is 64 MiB
     # of JSON), plus the agent's envelope; streamed bodies (files, tar, stdin) have no cap here.
     app = web.Application(middlewares=[guard], client_max_size=128 << 20)
@@ -76,6 +85,7 @@ def make_app(settings: NodeSettings, driver: LocalDriver, *, own_driver: bool = 
     app[DRIVER] = driver
     app[VERIFIER] = wire.Verifier(settings.secret)
     app[INSTANCE] = secrets.token_hex(8)  # a new one per start: the driver sees a restart
+    app[FINGERPRINT] = fingerprint
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/hello", hello)
     drain.add_routes(app, settings.data_dir)  # before the others: admission reads it

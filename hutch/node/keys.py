@@ -15,6 +15,7 @@ DRIVER = web.AppKey("driver", LocalDriver)
 SETTINGS = web.AppKey("settings", NodeSettings)
 VERIFIER = web.AppKey("verifier", wire.Verifier)
 INSTANCE = web.AppKey("instance", str)
+FINGERPRINT = web.AppKey("fingerprint", str)  # of the certificate it serves, proven at hello
 
 STREAMED = "streamed:"  # the name prefix of the routes whose body is streamed (not hashed)
 

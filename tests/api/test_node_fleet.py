@@ -87,7 +87,7 @@ async def test_a_restarted_api_knows_each_node_from_the_log_and_a_lost_one_fails
 async def _agent_says(node_agents: Any, name: str) -> dict[str, Any]:
     """The agent's own capacity answer, asked directly (signed, as the driver asks)."""
     path = "/v1/node"
-    async with aiohttp.ClientSession() as s, s.get(f"http://{node_agents.addresses[name]}{path}",
+    async with aiohttp.ClientSession() as s, s.get(f"https://{node_agents.addresses[name]}{path}", ssl=False,
                                                    headers=wire.sign(NODE_SECRET.encode(), "GET", path)) as resp:
         return dict(await resp.json())
 
@@ -197,7 +197,7 @@ async def test_drain_move_carries_an_idle_sandbox_to_another_node_by_its_files_a
                                   "running"}], moved
         # The old node has nothing left of it: not among its sandboxes, no directory of it.
         path = "/v1/sandboxes"
-        async with aiohttp.ClientSession() as s, s.get(f"http://{node_agents.addresses['n1']}{path}",
+        async with aiohttp.ClientSession() as s, s.get(f"https://{node_agents.addresses['n1']}{path}", ssl=False,
                                                        headers=wire.sign(NODE_SECRET.encode(), "GET", path)) as r:
             on_n1 = (await r.json())["sandboxes"]
         assert idle not in on_n1 and busy in on_n1, on_n1

@@ -398,7 +398,8 @@ def node_pieces_made(nomad: Nomad, secret: str) -> None:
     assert [(p["Label"], p["Value"]) for p in group["Networks"][0]["ReservedPorts"]] == [("agent", NODE_PORT)]
     service = group["Services"][0]
     assert (service["Name"], service["Provider"], service["PortLabel"]) == ("hutch-node", "nomad", "agent")
-    assert [(c["Type"], c["Path"]) for c in service["Checks"]] == [("http", "/healthz")], service["Checks"]
+    assert [(c["Type"], c["Protocol"], c["TLSSkipVerify"], c["Path"]) for c in service["Checks"]] == \
+        [("http", "https", True, "/healthz")], service["Checks"]
     template = task["Templates"][0]
     assert (template["DestPath"], template["Perms"]) == ("secrets/node.secret", "0400"), template
     assert f'nomadVar "{NODE_VARIABLE}"' in template["EmbeddedTmpl"], template

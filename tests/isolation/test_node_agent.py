@@ -50,12 +50,13 @@ async def driver(agent: NodeAgents) -> AsyncIterator[Driver]:
 
 
 async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
-    async with aiohttp.ClientSession() as s, s.get(url, headers=headers or {}) as resp:
+    # ssl=False: the attacker trusts any certificate; the agent's own checks are under test
+    async with aiohttp.ClientSession() as s, s.get(url, headers=headers or {}, ssl=False) as resp:
         return resp.status, await resp.json()
 
 
 async def test_unsigned_wrong_secret_and_replayed_requests_are_refused(agent: NodeAgents, driver: Driver) -> None:
-    base = f"http://{agent.addresses['a1']}"
+    base = f"https://{agent.addresses['a1']}"
     sid = new_id()
     await driver.provision(ProvisionRequest(sid, "base:latest"))
     path = f"/v1/sandboxes/{sid}/list?path=."
@@ -74,7 +75,7 @@ async def test_unsigned_wrong_secret_and_replayed_requests_are_refused(agent: No
     # What anyone may ask says nothing about the node.
     assert await _get(base + "/healthz") == (200, {"ok": True})
     # An unsigned exec runs nothing.
-    async with aiohttp.ClientSession() as s, s.post(f"{base}/v1/sandboxes/{sid}/exec",
+    async with aiohttp.ClientSession() as s, s.post(f"{base}/v1/sandboxes/{sid}/exec", ssl=False,
                                                     json={"execution_id": "ex-x", "argv": ["touch", "pwned"]}) as resp:
         assert resp.status == 401
     assert {e.name for e in await driver.list_files(sid, ".")}.isdisjoint({"pwned"})
@@ -85,7 +86,7 @@ async def test_unsigned_wrong_secret_and_replayed_requests_are_refused(agent: No
     for marker, body, refusal in ((wire.body_digest(signed), evil, "not the one that was signed"),
                                   (wire.STREAM, evil, "takes no streamed body")):
         headers = {**wire.sign(NODE_SECRET.encode(), "POST", exec_path, body=marker), "Content-Type": "application/json"}
-        async with aiohttp.ClientSession() as s, s.post(base + exec_path, data=body, headers=headers) as resp:
+        async with aiohttp.ClientSession() as s, s.post(base + exec_path, data=body, headers=headers, ssl=False) as resp:
             answer = await resp.json()
             assert (resp.status, answer["code"]) == (401, "UNAUTHORIZED") and refusal in answer["message"], answer
     assert {e.name for e in await driver.list_files(sid, ".")}.isdisjoint({"pwned"})
@@ -96,7 +97,7 @@ async def test_a_networked_sandbox_cannot_reach_its_agent(agent: NodeAgents, dri
     targets = [f"{a}:{port}" for a in host_addresses()] + [f"{network.GATEWAY}:{port}", f"127.0.0.1:{port}"]
     # The agent does answer there, from the host: the probe below can fail.
     for target in targets[:-2]:
-        assert await _get(f"http://{target}/healthz") == (200, {"ok": True}), target
+        assert await _get(f"https://{target}/healthz") == (200, {"ok": True}), target
     sid = new_id()
     await driver.provision(ProvisionRequest(sid, "python:3.13", network_enabled=True))
     gateway = Recorder()
@@ -112,15 +113,20 @@ async def test_a_networked_sandbox_cannot_reach_its_agent(agent: NodeAgents, dri
 
 
 async def test_an_impostor_without_the_secret_is_not_used(aiohttp_server) -> None:  # type: ignore[no-untyped-def]
-    """A process squatting on an agent's address, answering whatever it is asked."""
+    """A process squatting on an agent's address, answering whatever it is asked, over TLS of
+    its own."""
     from aiohttp import web
 
+    from hutch.node import certificate
+
+    own = certificate.make("a1")
+
     async def hello(request: web.Request) -> web.Response:
-        return web.json_response({"name": "a1", "instance": "i-1", "proof": "0" * 64})
+        return web.json_response({"name": "a1", "instance": "i-1", "fingerprint": own.fingerprint, "proof": "0" * 64})
 
     app = web.Application()
     app.router.add_get("/v1/hello", hello)
-    server = await aiohttp_server(app)
+    server = await aiohttp_server(app, ssl=own.context)
     squatter = NodeAgents.__new__(NodeAgents)
     squatter.addresses = {"a1": f"127.0.0.1:{server.port}"}
     with pytest.raises(DriverFailure, match="could not prove it holds the cluster's node secret"):
@@ -149,3 +155,54 @@ async def test_an_execution_whose_api_side_goes_away_is_ended(driver: Driver) ->
         await asyncio.sleep(0.1)
     else:
         raise AssertionError("the execution outlived its request")
+
+
+async def test_plain_http_to_the_agent_runs_nothing(agent: NodeAgents, driver: Driver) -> None:
+    """The agent speaks TLS only: plain HTTP, even signed, gets no answer at all."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sid, "base:latest"))
+    path = f"/v1/sandboxes/{sid}/exec"
+    body = json.dumps({"execution_id": new_id("ex"), "argv": ["touch", "pwned"]}).encode()
+    headers = {**wire.sign(NODE_SECRET.encode(), "POST", path, body=wire.body_digest(body)),
+               "Content-Type": "application/json"}
+    with pytest.raises(aiohttp.ClientError):
+        async with aiohttp.ClientSession() as s, s.post(f"http://{agent.addresses['a1']}{path}", data=body,
+                                                        headers=headers) as resp:
+            raise AssertionError(f"plain HTTP was answered: {resp.status}")
+    assert {e.name for e in await driver.list_files(sid, ".")}.isdisjoint({"pwned"})
+
+
+async def test_a_man_in_the_middle_with_valid_signatures_runs_nothing(agent: NodeAgents, driver: Driver) -> None:
+    """Something on the path ends TLS with its own certificate and relays every byte to the
+    real agent: a driver that starts through it is refused at hello; one pinned to the agent
+    and then diverted through it sends no request, so nothing runs and nothing is overheard."""
+    from hutch.drivers.node.driver import NodeDriver
+    from tests.node_mitm import Mitm
+
+    mitm = Mitm(agent.addresses["a1"])
+    through = await mitm.start()
+    try:
+        diverted = NodeAgents.__new__(NodeAgents)
+        diverted.addresses = {"a1": through}
+        with pytest.raises(DriverFailure, match="something between the API and the agent ends TLS"):
+            await start_node(diverted)
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sid, "base:latest"))
+        assert isinstance(driver, NodeDriver)
+        client = driver._agents["a1"]
+        client.address = through  # the route to the agent now runs through it
+        try:
+            with pytest.raises(DriverFailure, match="node a1 did not answer: it could not prove its certificate"):
+                await driver.exec(ExecRequest(new_id("ex"), sid, ["touch", "pwned"]), Recorder())
+            async def data() -> AsyncIterator[bytes]:  # a streamed body: the signature does not cover it
+                yield b"the tenant's data"
+
+            with pytest.raises(DriverFailure, match="could not prove its certificate"):
+                await driver.write_file(sid, "secret.txt", data())
+        finally:
+            client.address = agent.addresses["a1"]
+        assert {e.name for e in await driver.list_files(sid, ".")}.isdisjoint({"pwned", "secret.txt"})
+        assert b"GET /v1/hello?" in mitm.heard  # it did relay
+        assert b"/v1/sandboxes" not in mitm.heard and b"tenant's data" not in mitm.heard
+    finally:
+        await mitm.close()

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.isolation
 async def _listed(address: str) -> list[str]:
     path = "/v1/sandboxes"
     async with aiohttp.ClientSession() as s, \
-            s.get(f"http://{address}{path}", headers=wire.sign(NODE_SECRET.encode(), "GET", path)) as resp:
+            s.get(f"https://{address}{path}", headers=wire.sign(NODE_SECRET.encode(), "GET", path), ssl=False) as resp:
         return list((await resp.json())["sandboxes"])
 
 

@@ -26,7 +26,7 @@ class _Driver:
 
 async def test_errors_cross_as_their_kind(aiohttp_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     settings = NodeSettings(name="t1", host="127.0.0.1", port=0, data_dir=tmp_path, runtime_cache=tmp_path, secret=SECRET)
-    client = await aiohttp_client(make_app(settings, _Driver(), own_driver=False))  # type: ignore[arg-type]
+    client = await aiohttp_client(make_app(settings, _Driver(), "0" * 64, own_driver=False))  # type: ignore[arg-type]
     for path, status, code, words in (("missing", 404, "FILE_NOT_FOUND", "no such file or directory: missing"),
                                       ("other", 502, "DRIVER_ERROR", "node agent t1 failed (FileNotFoundError); "
                                                                      "its log has the details")):

@@ -12,10 +12,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from hutch.core.driver_types import ProvisionRequest
-from hutch.drivers.node import placement
+from hutch.drivers.node import placement, wire
 from hutch.drivers.node.client import AgentClient
 from hutch.drivers.node.directory import StaticDirectory
 from hutch.drivers.node.driver import NodeDriver
+from hutch.node import certificate
 
 SECRET = b"k" * 40
 GiB = 1 << 30
@@ -39,10 +40,18 @@ async def test_a_create_on_a_dead_agent_lands_on_another_node() -> None:
         made.append(request.match_info["id"])
         return web.json_response({"ok": True})
 
+    cert = certificate.make("alive")
+
+    async def hello(request: web.Request) -> web.Response:  # an agent that proves itself
+        nonce = request.query["nonce"]
+        return web.json_response({"name": "alive", "instance": "i-1", "fingerprint": cert.fingerprint,
+                                  "proof": wire.hello_proof(SECRET, nonce, "alive", "i-1", cert.fingerprint)})
+
     app = web.Application()
     app.router.add_put("/v1/sandboxes/{id}", provision)
+    app.router.add_get("/v1/hello", hello)
     alive = TestServer(app, host="127.0.0.1")
-    await alive.start_server()
+    await alive.start_server(ssl=cert.context)
     dead = f"127.0.0.1:{_closed_port()}"
     driver = NodeDriver(StaticDirectory(f"dead={dead},alive=127.0.0.1:{alive.port}"), SECRET)
     # As the last read saw them: the dead node the emptier, so placement picks it first.

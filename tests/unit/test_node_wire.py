@@ -63,14 +63,22 @@ def test_the_nonce_set_is_bounded() -> None:
 
 
 def test_hello_proof() -> None:
-    answer = {"name": "c1", "instance": "i-1", "proof": wire.hello_proof(SECRET, "n-1", "c1", "i-1")}
-    assert wire.check_hello(SECRET, "n-1", answer) == ("c1", "i-1")
+    cert = "ab" * 32
+    answer = {"name": "c1", "instance": "i-1", "fingerprint": cert,
+              "proof": wire.hello_proof(SECRET, "n-1", "c1", "i-1", cert)}
+    assert wire.check_hello(SECRET, "n-1", answer, cert) == ("c1", "i-1")
     with pytest.raises(Unauthorized, match="could not prove"):
-        wire.check_hello(SECRET, "n-2", answer)  # an old answer replayed to a new nonce
+        wire.check_hello(SECRET, "n-2", answer, cert)  # an old answer replayed to a new nonce
     with pytest.raises(Unauthorized, match="could not prove"):
-        wire.check_hello(b"y" * 32, "n-1", answer)
+        wire.check_hello(b"y" * 32, "n-1", answer, cert)
     with pytest.raises(Unauthorized, match="lacks"):
-        wire.check_hello(SECRET, "n-1", {"name": "c1"})
+        wire.check_hello(SECRET, "n-1", {"name": "c1", "instance": "i-1", "proof": answer["proof"]}, cert)
+    # The proof holds, but for a certificate this connection did not present (a man in the
+    # middle relaying the real agent's answer), or the fingerprint was swapped on the way.
+    with pytest.raises(Unauthorized, match="something between the API and the agent ends TLS"):
+        wire.check_hello(SECRET, "n-1", answer, "cd" * 32)
+    with pytest.raises(Unauthorized, match="could not prove"):
+        wire.check_hello(SECRET, "n-1", {**answer, "fingerprint": "cd" * 32}, "cd" * 32)
 
 
 def test_short_secret_is_refused() -> None:

@@ -5,8 +5,8 @@ restart from the event log, which records each sandbox's node (``recall``, ``ado
 is asked where a sandbox is). Placement (placement.py) uses
 the nodes' capacity, refreshed every second, minus this driver's own reservations, and is
 decided in ``reserve``, before the engine records the sandbox: a cluster with no room answers
-503 and records nothing. The agents prove themselves at start (hello) and their instances are
-pinned; what is not done yet (loss detection, a watch stream, TLS) is in docs/node.md.
+503 and records nothing. The agents prove themselves at start (hello) and their certificates
+and instances are pinned (client.py); what is not done yet is in docs/node.md.
 """
 
 from __future__ import annotations

@@ -7,12 +7,15 @@
   be sent again, and a sandbox that reaches an agent without the secret can do nothing.
   ``X-Hutch-Body`` is signed too: the SHA-256 of the body (JSON bodies and empty ones, which
   the agent checks), or ``stream`` for the few routes whose body is streamed (file and tar
-  uploads, stdin), which the agent allows on those routes only. The channel is not encrypted
-  yet (docs/node.md).
+  uploads, stdin), which the agent allows on those routes only.
+- **TLS**: the agent serves HTTPS (and wss) with a self-signed certificate made at its start
+  (hutch/node/certificate.py). Nothing trusts it by a chain: the hello proves its fingerprint.
 - **Hello proof**: the driver sends a fresh nonce; the agent answers its name, its instance id
-  (random per process start) and an HMAC over the three, proving it holds the secret, so a
-  process squatting on an agent's address cannot take sandboxes. The driver pins the instance:
-  a different one later means the agent restarted.
+  (random per process start), its certificate's SHA-256 fingerprint and an HMAC over the four,
+  proving it holds the secret, so a process squatting on an agent's address cannot take
+  sandboxes. The driver checks the fingerprint against the certificate of the connection the
+  hello came on (a man in the middle presents its own) and pins both: every later connection
+  must present that certificate, and a different instance means the agent restarted.
 - **Frames** for streamed answers (exec output): 1 type byte + 4-byte big-endian length +
   payload: ``o`` stdout, ``e`` stderr, ``x`` the result (JSON, last), ``!`` an error (JSON, last).
 """
@@ -107,17 +110,29 @@ class Verifier:
             del self._seen[nonce]
 
 
-def hello_proof(secret: bytes, nonce: str, name: str, instance: str) -> str:
-    return _mac(secret, "hello", nonce, name, instance)
+def cert_fingerprint(der: bytes) -> str:
+    """The SHA-256 of a certificate (DER), in hex: what the hello proves and the driver pins."""
+    return hashlib.sha256(der).hexdigest()
 
 
-def check_hello(secret: bytes, nonce: str, answer: dict[str, Any]) -> tuple[str, str]:
-    """(name, instance) of an agent's hello answer, once its proof holds."""
+def hello_proof(secret: bytes, nonce: str, name: str, instance: str, fingerprint: str) -> str:
+    return _mac(secret, "hello", nonce, name, instance, fingerprint)
+
+
+def check_hello(secret: bytes, nonce: str, answer: dict[str, Any], seen: str) -> tuple[str, str]:
+    """(name, instance) of an agent's hello answer, once its proof holds for ``seen``: the
+    fingerprint of the certificate the answer's connection presented."""
     name, instance, proof = answer.get("name"), answer.get("instance"), answer.get("proof")
-    if not isinstance(name, str) or not isinstance(instance, str) or not isinstance(proof, str):
-        raise Unauthorized("the node agent's hello answer lacks name, instance or proof")
-    if not hmac.compare_digest(proof, hello_proof(secret, nonce, name, instance)):
+    claimed = answer.get("fingerprint")
+    if not all(isinstance(v, str) for v in (name, instance, proof, claimed)):
+        raise Unauthorized("the node agent's hello answer lacks name, instance, fingerprint or proof")
+    assert isinstance(name, str) and isinstance(instance, str) and isinstance(proof, str) and isinstance(claimed, str)
+    if not hmac.compare_digest(proof, hello_proof(secret, nonce, name, instance, claimed)):
         raise Unauthorized(f"the node agent calling itself {name!r} could not prove it holds the cluster's node secret")
+    if not hmac.compare_digest(claimed, seen):
+        # The agent is real, the connection is not to it: something in between ended TLS.
+        raise Unauthorized(f"the node agent {name!r} proved certificate {claimed[:16]}…, but the connection "
+                           f"presented {seen[:16]}…: something between the API and the agent ends TLS")
     return name, instance
 
 
