@@ -230,6 +230,7 @@ async def test_an_allow_list_limits_the_network_and_follows_its_names(
             break
         await asyncio.sleep(0.1)
     assert driver._pool.idle.get(PY) or driver._pool.size == 0
+    chains_before = await _allow_chains()  # another test's or server's may be there: not this one's
     with hosts_entry(name, INET_SERVER) as point:
         sid = new_id()
         # Listing the host's own address or the metadata service does not open them: a list narrows.
@@ -255,5 +256,11 @@ async def test_an_allow_list_limits_the_network_and_follows_its_names(
             assert seen[f"{INET_SERVER}:{port}"] == "ConnectionRefusedError", f"{seen}\n{network_state()}"
         finally:
             await driver.destroy(sid)
-    rules = await asyncio.to_thread(subprocess.run, ["iptables", "-S"], capture_output=True, text=True)
-    assert "HUTCH-A" not in rules.stdout.replace("HUTCH-ALLOW", ""), rules.stdout  # destroy removed its chain
+    assert await _allow_chains() == chains_before  # destroy removed its chain
+
+
+async def _allow_chains() -> set[str]:
+    """The per-sandbox allow-list chains on this host (HUTCH-A<index>)."""
+    rules = await asyncio.to_thread(subprocess.run, ["iptables", "-S"], capture_output=True, text=True, check=True)
+    return {line.split()[1] for line in rules.stdout.splitlines()
+            if line.startswith("-N HUTCH-A") and line.split()[1] != "HUTCH-ALLOW"}
