@@ -168,7 +168,16 @@ async def test_kill9_of_an_agent_during_200_operations(built_runtimes: Path, tmp
             # Every sandbox of the victim failed, naming it, within 15 s of the kill.
             acked = [r for r in load.done if 200 <= r["status"] < 300]
             sids = {r["sid"] for r in acked if "sid" in r}
-            lost = sids & on_victim
+            # A create in flight at the kill had begun on the victim, but its driver placed it on
+            # the next node (the victim's half is ended there when it answers): the log says where
+            # each sandbox runs (the record's node, shown to this administrator's key).
+            moved = set()
+            for sid in sids & on_victim:
+                node = (await _get(session, f"{server.url}/sandbox/{sid}?includeDeleted=true"))[1]["data"].get("node")
+                if node is not None and node != victim:
+                    moved.add(sid)
+            lost = sids & on_victim - moved
+            print(f"{len(lost)} acknowledged sandboxes lost with {victim}, {len(moved)} created on another node instead")
             assert lost, "no acknowledged sandbox was on the killed node: the test proves nothing"
             while True:
                 views = {sid: (await _get(session, f"{server.url}/sandbox/{sid}?includeDeleted=true"))[1]["data"] for sid in lost}
@@ -228,7 +237,7 @@ async def test_kill9_of_an_agent_during_200_operations(built_runtimes: Path, tmp
             # The agent comes back: it ends what it still runs of the lost sandboxes.
             await asyncio.to_thread(agents.restart, victim)
             came_back = time.monotonic()
-            while host_traces.look(victim_dir).sandboxes & lost:
+            while host_traces.look(victim_dir).sandboxes & (lost | moved):
                 assert time.monotonic() - came_back < 20, "the returned agent still runs lost sandboxes"
                 await asyncio.sleep(0.2)
             print(f"the returned agent ended them in {time.monotonic() - came_back:.1f} s")
