@@ -306,10 +306,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
             status, reason = "unreachable", state.unusable
         else:
             status, reason = "up", None
-        return NodeInfo(name=name, state=status, draining=state.draining, sandboxes=state.sandboxes,
-                        cpus=state.cpus, memory_total=state.memory_total, memory_available=state.memory_available,
-                        memory_committed=state.memory_committed, cpu_committed_millis=state.cpu_committed_millis,
-                        reason=reason)
+        return state.info(status, reason)
 
     async def drain(self, node: str, draining: bool) -> NodeInfo:
         agent = self._agent(node)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from hutch.core.driver_types import ResourceLimits
+from hutch.core.driver_types import NodeInfo, ResourceLimits
 from hutch.core.errors import NoCapacity
 
 # What a sandbox without limits is counted as: the driver's own defaults.
@@ -36,6 +36,14 @@ class NodeState:
     max_sandboxes: int = MAX_SANDBOXES
     draining: bool = False  # its operator drained it: it takes no new sandbox
     unusable: str | None = None  # "did not answer: …"
+
+    def info(self, state: str, reason: str | None) -> NodeInfo:
+        """As the operator sees it: NodeInfo's figures are this one's, named alike."""
+        return NodeInfo(state=state, reason=reason, **{name: getattr(self, name) for name in _SHARED})
+
+
+# The figures NodeInfo shares with NodeState (all of its fields but the operator's verdict).
+_SHARED = tuple(f.name for f in attrs.fields(NodeInfo) if f.name not in ("state", "reason"))
 
 
 def _human(n: int) -> str:
