@@ -15,19 +15,11 @@ from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
-    local_driver_fixture,
     new_id,
 )
 from tests.isolation.test_local_isolation import run
 
 pytestmark = pytest.mark.isolation
-
-
-@pytest.fixture
-async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
-    async for d in local_driver_fixture(request):
-        assert isinstance(d, LocalDriver)
-        yield d
 
 
 async def _out(driver: LocalDriver, sid: str, script: str, **kw: object) -> str:

@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,6 @@ from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
-    local_driver_fixture,
     new_id,
     provision,
 )
@@ -48,13 +46,6 @@ class Ends:
     async def first(self, within: float = 5.0) -> tuple[str, str, bool]:
         await asyncio.wait_for(self.arrived.wait(), within)
         return self.seen[0]
-
-
-@pytest.fixture
-async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
-    async for d in local_driver_fixture(request):
-        assert isinstance(d, LocalDriver)
-        yield d
 
 
 @pytest.fixture

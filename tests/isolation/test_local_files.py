@@ -31,20 +31,12 @@ from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
-    local_driver_fixture,
     new_id,
     provision,
 )
 from tests.isolation.test_local_isolation import PY, python, run
 
 pytestmark = pytest.mark.isolation
-
-
-@pytest.fixture
-async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
-    async for d in local_driver_fixture(request):
-        assert isinstance(d, LocalDriver)
-        yield d
 
 
 @pytest.fixture

@@ -30,7 +30,6 @@ from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
-    local_driver_fixture,
     new_id,
     provision,
 )
@@ -39,13 +38,6 @@ from tests.isolation import channel_probe, terminal_probe
 pytestmark = pytest.mark.isolation
 
 PY = "python:3.13"
-
-
-@pytest.fixture
-async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
-    async for d in local_driver_fixture(request):
-        assert isinstance(d, LocalDriver)
-        yield d
 
 
 @pytest.fixture

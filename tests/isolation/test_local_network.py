@@ -29,7 +29,6 @@ from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
-    local_driver_fixture,
     new_id,
 )
 from tests.isolation import connect_probe
@@ -121,13 +120,6 @@ async def host_server() -> AsyncIterator[int]:
     yield server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
-
-
-@pytest.fixture
-async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
-    async for d in local_driver_fixture(request):
-        assert isinstance(d, LocalDriver)
-        yield d
 
 
 async def make(driver: LocalDriver, *, network_enabled: bool = False, port: int | None = None) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,7 +19,6 @@ from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
-    local_driver_fixture,
     new_id,
     provision,
 )
@@ -31,11 +29,9 @@ RT = "base:latest"
 
 
 @pytest.fixture
-async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
-    async for d in local_driver_fixture(request):
-        assert isinstance(d, LocalDriver)
-        assert d._pool.size == 2, "the warm pool is on by default (cgroup v1, as root)"
-        yield d
+def driver(driver: LocalDriver) -> LocalDriver:  # conftest's, checked
+    assert driver._pool.size == 2, "the warm pool is on by default (cgroup v1, as root)"
+    return driver
 
 
 async def full_pool(driver: LocalDriver, timeout: float = 30) -> None:

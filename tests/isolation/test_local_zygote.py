@@ -12,7 +12,6 @@ import contextlib
 import os
 import socket
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
-    local_driver_fixture,
     new_id,
     provision,
 )
@@ -32,13 +30,6 @@ from tests.drivers_support import (
 pytestmark = pytest.mark.isolation
 
 PY = "python:3.13"
-
-
-@pytest.fixture
-async def driver(request: pytest.FixtureRequest) -> AsyncIterator[LocalDriver]:
-    async for d in local_driver_fixture(request):
-        assert isinstance(d, LocalDriver)
-        yield d
 
 
 async def python(driver: LocalDriver, sid: str, code: str) -> tuple[ExecResult, Recorder]:
