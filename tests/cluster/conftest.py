@@ -81,13 +81,6 @@ class Cluster:
         return proc.stdout.split() if proc.returncode == 0 else []
 
 
-    def shims(self, number: int) -> int:
-        """containerd-shim processes of client N (they outlive a killed containerd)."""
-        proc = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address /run/hutch-cluster/c{number}/"],
-                              capture_output=True, text=True)
-        return len(proc.stdout.split())
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
     c = Cluster(_setting("HUTCH_TEST_CLUSTER_ADDR"), _setting("HUTCH_TEST_CLUSTER_REGISTRY"),

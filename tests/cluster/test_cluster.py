@@ -113,12 +113,13 @@ def _on(cluster: Cluster, server: Server, node: str) -> tuple[str, dict[str, str
     return next(s for s, n in placed.items() if n == node), placed
 
 
-@pytest.mark.parametrize("how", ["kill -9", "network down"])
-def test_a_lost_client_fails_its_sandboxes_naming_the_node_and_returns_nothing(
-    how: str, server: Server, whole_cluster: Cluster
-) -> None:
+# A client's kill -9 and its network going down look alike to hutch (Nomad's heartbeat lapses,
+# the node goes down, its allocations are lost): one run of ~25 s proves what both would. The
+# partition is the harder case (the client runs on meanwhile and must stop what it held); a
+# node agent's kill -9 has its own test (tests/system/test_node_chaos.py).
+def test_a_lost_client_fails_its_sandboxes_naming_the_node_and_returns_nothing(server: Server, whole_cluster: Cluster) -> None:
     cluster = whole_cluster
-    number, victim = (3, "hutch-c3") if how == "kill -9" else (2, "hutch-c2")
+    number, victim = 2, "hutch-c2"
     sid, placed = _on(cluster, server, victim)
     lost = [s for s, n in placed.items() if n == victim]
     kept = [s for s, n in placed.items() if n != victim]
@@ -128,12 +129,12 @@ def test_a_lost_client_fails_its_sandboxes_naming_the_node_and_returns_nothing(
     assert before and before <= set(cluster.containers(number)), (before, cluster.containers(number))
 
     started = time.monotonic()
-    cluster.act("kill", str(number)) if how == "kill -9" else cluster.act("link", str(number), "down")
+    cluster.act("link", str(number), "down")
     for s in lost:
         info = wait_status(server, s, ("failed",), NODE_LOSS_LIMIT - (time.monotonic() - started))
         assert victim in info.get("reason", ""), info
     took = time.monotonic() - started
-    print(f"node loss ({how}): sandboxes failed {took:.1f}s after the loss")
+    print(f"node loss (network down): sandboxes failed {took:.1f}s after the loss")
     # The execution ends with it (nothing hangs).
     ex = server.data("GET", f"/sandbox/execution/{running['executionId']}?wait=10s", timeout=20)
     assert ex["status"] not in ("running", "queued"), ex
@@ -146,11 +147,7 @@ def test_a_lost_client_fails_its_sandboxes_naming_the_node_and_returns_nothing(
         assert cluster.node_of(fresh) != victim
 
     # The client comes back: what it held is stopped, not resurrected.
-    if how == "kill -9":
-        assert cluster.shims(number), "the sandboxes' shims should have outlived the kill"
-        cluster.act("revive", str(number))
-    else:
-        cluster.act("link", str(number), "up")
+    cluster.act("link", str(number), "up")
     cluster.wait_ready()
     deadline = time.monotonic() + 60
     while set(cluster.containers(number)) & before:
