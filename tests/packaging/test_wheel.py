@@ -68,6 +68,7 @@ def test_the_wheel_holds_only_the_hutch_namespace_and_its_data(dists: tuple[Path
     assert tops == {"hutch", "hutch-0.1.0.dist-info"}, tops
     for needed in ("hutch/py.typed", "hutch/sync.pyi", "hutch/core/models.py", "hutch/api/app.py",
                    "hutch/drivers/local/native/hutch-nsexec.c", "hutch/drivers/local/native/zygote.h",
+                   "hutch/drivers/local/native/fileops.h",
                    "hutch/api/webapp/static/index.html"):
         assert needed in names, f"{needed} missing from the wheel"
     assert any(n.startswith("hutch/storage/migrations/") and n.endswith(".sql") for n in names)

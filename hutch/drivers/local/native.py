@@ -25,7 +25,7 @@ from pathlib import Path
 from hutch.core.errors import DriverFailure
 
 SOURCE = Path(__file__).parent / "native" / "hutch-nsexec.c"
-HEADERS = (SOURCE.parent / "zygote.h",)  # included by SOURCE
+HEADERS = (SOURCE.parent / "zygote.h", SOURCE.parent / "fileops.h")  # included by SOURCE
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-static"]
 LIBS = ["-lseccomp"]
 
