@@ -37,6 +37,7 @@ import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
+from hutch.core import counters
 from hutch.eventlog.kafka_records import (
     MAX_GROUP_EVENTS,
     PartitionReader,
@@ -181,6 +182,8 @@ class Indexer:
             fut.add_done_callback(retrieve_exception)
             await fut
         keyed.update(written)
+        counters.count("hutch_eventlog_index_copies_total")
+        counters.count("hutch_eventlog_index_copy_events_total", sum(len(c) for c in by_partition.values()))
         return done.next_offset
 
     async def _stand_by(self) -> None:
