@@ -18,6 +18,8 @@ HELP: dict[str, str] = {
     "hutch_eventlog_append_events_total": "events in those appends",
     "hutch_eventlog_writes_total": "writes that carried appends to the log (a Kafka Produce, a SQLite transaction)",
     "hutch_eventlog_write_events_total": "events in those writes",
+    "hutch_eventlog_index_copies_total": "Kafka transactions that copied the order topic into the keyed topic",
+    "hutch_eventlog_index_copy_events_total": "events in those copies",
     "hutch_projector_batches_total": "batches the projector applied to the projection store",
     "hutch_projector_events_total": "events in those batches",
     "hutch_store_statements_total": "statements sent to PostgreSQL, by pool (store) and kind (first keyword and table)",

@@ -37,6 +37,7 @@ import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
+from hutch.core import counters
 from hutch.eventlog.kafka_records import (
     MAX_GROUP_EVENTS,
     PartitionReader,
@@ -52,8 +53,12 @@ log = logging.getLogger(__name__)
 STANDBY_CHECK_SECONDS = 1.0
 # At most one copy transaction this often (bench/eventlog.py at 1,000 appends/s: a copy per
 # fetched record raised the projection lag p50 from 6.8 to 15.6 ms, the indexer sharing the
-# process's event loop).
-COPY_INTERVAL_SECONDS = 0.05
+# process's event loop). A copy costs the broker ~5 ms of CPU whatever it carries
+# (AddPartitionsToTxn, EndTxn, a commit marker per partition): at 0.05 s one-shots at
+# concurrency 16 paid 0.21 copies each, ~1 ms of the broker's CPU (bench/oneshot_cpu.py). Nothing
+# waits on the copy but consumer groups (hutch audit); per-sandbox reads scan the order topic
+# past it, so a longer interval only makes them scan a little more.
+COPY_INTERVAL_SECONDS = 0.25
 STALL_CHECKS = 2  # checks in a row that saw the progress stuck behind the end before leading
 
 
@@ -181,6 +186,8 @@ class Indexer:
             fut.add_done_callback(retrieve_exception)
             await fut
         keyed.update(written)
+        counters.count("hutch_eventlog_index_copies_total")
+        counters.count("hutch_eventlog_index_copy_events_total", sum(len(c) for c in by_partition.values()))
         return done.next_offset
 
     async def _stand_by(self) -> None:

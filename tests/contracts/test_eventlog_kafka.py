@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaTimeoutError
 
-from hutch.core import ids
+from hutch.core import counters, ids
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.events import Event, ExecutionStarted
 from hutch.eventlog.kafka import KafkaEventLog
@@ -139,6 +139,23 @@ async def test_a_dead_indexers_open_transaction_is_ended_by_the_next_writer(url:
         with contextlib.suppress(Exception):  # fenced: stopping it fails fast or times out
             await asyncio.wait_for(producer.stop(), 5)
         await dead.close()
+
+
+def counted(name: str) -> int:
+    return sum(v for n, _, v in counters.counts() if n == name)
+
+
+async def test_the_indexers_copies_are_counted(url: str, tmp_path: Path) -> None:
+    """GET /metrics shows what the keyed topic's copies cost: transactions and their events."""
+    copies, events = counted("hutch_eventlog_index_copies_total"), counted("hutch_eventlog_index_copy_events_total")
+    log = await opened(url, tmp_path)
+    try:
+        await log.append([ev("sbx_a", 1), ev("sbx_b", 2), ev("sbx_a", 3)])
+        await indexed(log, {e.event_id for e in await log.read()}, within=8)
+        assert counted("hutch_eventlog_index_copies_total") > copies
+        assert counted("hutch_eventlog_index_copy_events_total") - events == 3  # the epoch record is no copy
+    finally:
+        await log.close()
 
 
 async def test_per_sandbox_reads_see_appends_the_index_has_not_copied(url: str, tmp_path: Path) -> None:
