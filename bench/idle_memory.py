@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import random
 import sys
 import tempfile
 import time
@@ -126,6 +127,38 @@ async def destroy_all(url: str, ids: list[str], concurrency: int) -> None:
         await asyncio.gather(*(one(s, sid) for sid in ids))
 
 
+async def responsiveness(url: str, ids: list[str]) -> dict[str, float]:
+    """With every sandbox idle: a list's first and last page, and an execute (to its exit) in a
+    sandbox chosen at random, in ms (issue 37: the server stays responsive at 10,000)."""
+    took: dict[str, float] = {}
+    async with aiohttp.ClientSession() as s:
+        for name, query in (("list, first page", "limit=100"), ("list, last page", f"limit=100&offset={max(0, len(ids) - 100)}")):
+            t0 = time.perf_counter()
+            async with s.get(f"{url}/sandbox?{query}", headers=H) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+            took[name] = (time.perf_counter() - t0) * 1000
+        sid = random.choice(ids)
+        t0 = time.perf_counter()
+        async with s.post(f"{url}/sandbox/{sid}/execute", json={"command": ["true"]}, headers=H) as r:
+            assert r.status == 200, await r.text()
+            ex = (await r.json())["data"]["executionId"]
+        async with s.get(f"{url}/sandbox/execution/{ex}?wait=30s", headers=H) as r:
+            done = (await r.json())["data"]
+            assert done["status"] == "completed" and done["exitCode"] == 0, done
+        took["execute `true`, to its exit"] = (time.perf_counter() - t0) * 1000
+    return took
+
+
+def leftovers(instance: str, data: Path) -> dict[str, int]:
+    """What destroy-all left: sandbox cgroups of this server, their processes, mounts under its
+    data directory."""
+    cgroups = [d for d in (MEMCG / instance).iterdir() if d.is_dir()] if (MEMCG / instance).exists() else []
+    mounts = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(data.resolve()) in ln]
+    return {"cgroups": len(cgroups), "processes": sum(len(p) for p in cgroup_pids(instance).values()),
+            "mounts": len(mounts)}
+
+
 def kib(n: float) -> str:
     return f"{n / 1024:+.1f}"
 
@@ -157,10 +190,14 @@ async def main() -> None:
             procs = cgroup_pids(instance)
             mounts = [mount_count(pids[0]) for pids in procs.values() if pids]
             roll = [rollup(p) for pids in procs.values() for p in pids]
+            responsive = await responsiveness(server.url, ids)
+            t0 = time.perf_counter()
             await destroy_all(server.url, ids, args.concurrency)
+            destroyed_in = time.perf_counter() - t0
             ids = []
             await asyncio.sleep(args.settle)
             end = snapshot(server.proc.pid, instance)
+            left = leftovers(instance, data)
         finally:
             if ids:
                 await destroy_all(server.url, ids, args.concurrency)
@@ -189,6 +226,8 @@ async def main() -> None:
     print("memory cgroups (the server's instance subtree), per sandbox: "
           + ", ".join(f"{k} {kib((ca[k] - cb[k]) / n)}" for k in ca))
     vb, va, ve = before.server, after.server, end.server
+    print(f"with {n} idle: " + ", ".join(f"{k} {v:.0f} ms" for k, v in responsive.items())
+          + f"; destroy-all took {destroyed_in:.1f} s ({n / destroyed_in:.0f}/s) and left {left}")
     print(f"server process: Rss {kib((va['Rss'] - vb['Rss']) / n)}, Pss {kib((va['Pss'] - vb['Pss']) / n)} KiB "
           f"per sandbox ({vb['Rss'] / 2**20:.1f} -> {va['Rss'] / 2**20:.1f} MiB; "
           f"{ve['Rss'] / 2**20:.1f} MiB after destroy-all)")
