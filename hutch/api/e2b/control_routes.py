@@ -312,6 +312,12 @@ async def kill(request: web.Request) -> web.Response:
 @routes.post("/sandboxes/{sandbox_id}/pause")
 @control(Access.WRITE)
 async def pause(request: web.Request) -> web.Response:
+    memory = (await _body(request)).get("memory")
+    if memory is not None and not isinstance(memory, bool):
+        raise InvalidInput(f"memory: expected true or false, got {memory!r}", field="memory")
+    if memory is False:  # E2B's filesystem-only pause, whose resume is a new boot
+        raise NotSupported("memory: hutch pauses with the memory kept (the sandbox frozen); a filesystem-only "
+                           "pause is not offered", field="memory")
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
     if sb.status is SandboxStatus.PAUSED:
         return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
