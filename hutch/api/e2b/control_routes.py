@@ -21,6 +21,7 @@ from aiohttp import web
 from hutch.api.e2b import ports
 from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token
 from hutch.api.e2b.idempotency import IdempotentCreates
+from hutch.api.e2b.network import hutch_network
 from hutch.api.http import parse_json
 from hutch.api.keys import ENGINE
 from hutch.api.parse import parse_create
@@ -43,13 +44,12 @@ MAX_TIMEOUT = 24 * 3600
 _TEMPLATES = {"base": "python:3.13", "code-interpreter-v1": ports.RUNTIME}
 _LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 # Create fields hutch has no counterpart for: refused when set to anything but empty/false.
-_UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes",
-                "network": "per-sandbox egress rules on the E2B wire (use hutch's network.allow)"}
+_UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes"}
 # E2B's templates' account (home /home/user); not the code interpreter's, whose server reads
 # its token from agentuity's home (api/e2b/ports.py).
 E2B_USER = "user"
 _KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", "autoPause",
-          "autoPauseMemory", "autoResume", *_UNSUPPORTED}
+          "autoPauseMemory", "autoResume", "network", *_UNSUPPORTED}
 
 
 def _template_of(sb: SandboxState) -> str:
@@ -164,11 +164,9 @@ async def create(request: web.Request) -> web.Response:
         raise InvalidInput("templateID: required, a template name such as base", field="templateID")
     hutch_body: dict[str, Any] = {"env": _strings(body, "envVars"), "metadata": _strings(body, "metadata"),
                                   "timeout": {"idle": f"{_timeout(body)}s"}}
-    internet = body.get("allow_internet_access")
-    if internet is not None and not isinstance(internet, bool):
-        raise InvalidInput("allow_internet_access: expected true or false", field="allow_internet_access")
-    if internet:  # hutch's default is off, whatever E2B's is
-        hutch_body["network"] = {"enabled": True}
+    net = hutch_network(body.get("allow_internet_access"), body.get("network"))
+    if net is not None:  # hutch's default is off, whatever E2B's is
+        hutch_body["network"] = net
     snapshot = None
     if template.startswith("snp_"):
         snapshot = await engine.snapshots.resolve(template, "templateID")
@@ -358,3 +356,13 @@ async def set_timeout(request: web.Request) -> web.Response:
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
     await request.app[ENGINE].control.set_idle_timeout(sb.sandbox_id, f"{max(1, seconds)}s")
     return web.Response(status=204)
+
+
+@routes.put("/sandboxes/{sandbox_id}/network")
+@control(Access.WRITE)
+async def update_network(request: web.Request) -> web.Response:
+    """E2B's update_network: hutch fixes a sandbox's egress at its create (its firewall rules
+    are set up with it), so a change to a running one is refused naming it."""
+    await live_sandbox(request, request.match_info["sandbox_id"])
+    raise NotSupported("network: hutch sets a sandbox's egress rules when it is created; a running sandbox's "
+                       "cannot be changed", field="network")
