@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from aiohttp import web
 
 from hutch.api.e2b import ports
@@ -82,8 +83,7 @@ async def list_snapshots(request: web.Request) -> web.Response:
     else:
         if wanted is not None:
             name, _, tag = wanted.partition(":")
-            query = SnapshotQuery(source_sandbox_id=query.source_sandbox_id, name=name, tag=tag or None, forks=False,
-                                  limit=limit, offset=offset)
+            query = attrs.evolve(query, name=name, tag=tag or None)
         found, total = await request.app[ENGINE].snapshots.list(query)
     response = web.json_response([_info(s) for s in found])
     if offset + limit < total:
