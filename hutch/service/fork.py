@@ -31,8 +31,9 @@ class Forks:
     def __init__(self, reads: Reads, quotas: Quotas, snapshots: Snapshots, provisioning: Provisioning) -> None:
         self._reads, self._quotas, self._snapshots, self._provisioning = reads, quotas, snapshots, provisioning
 
-    async def fork(self, sandbox_id: str, count: object, *,
-                   api_key_id: str | None) -> tuple[SnapshotState, list[Created]]:
+    async def fork(self, sandbox_id: str, count: object, *, api_key_id: str | None,
+                   idle_timeout: str | None = None) -> tuple[SnapshotState, list[Created]]:
+        """``idle_timeout``: the copies' own (E2B's fork gives its forks one); else the parent's."""
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COPIES:
             raise InvalidInput(f"count: expected an integer from 1 to {MAX_COPIES}, got {count!r}", field="count")
         parent = await self._reads.require(sandbox_id)
@@ -45,6 +46,8 @@ class Forks:
             parent.spec, snapshot_id=snap.snapshot_id, env=dict(snap.env), command=None,
             metadata={**(parent.spec.metadata or {}), "forkedFrom": sandbox_id},
             dependencies=snap.dependencies, packages=snap.packages)
+        if idle_timeout is not None:
+            base = attrs.evolve(base, timeout=attrs.evolve(base.timeout, idle=idle_timeout))
 
         async def one(i: int) -> Created:
             name = f"{parent.spec.name}-{i + 1}" if parent.spec.name else None

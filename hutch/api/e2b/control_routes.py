@@ -21,15 +21,18 @@ from aiohttp import web
 from hutch.api.e2b import ports
 from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token
 from hutch.api.e2b.idempotency import IdempotentCreates
+from hutch.api.e2b.network import hutch_network
 from hutch.api.http import parse_json
 from hutch.api.keys import ENGINE
 from hutch.api.parse import parse_create
 from hutch.core import runtimes
 from hutch.core.errors import Conflict, InvalidInput, NotFound, NotSupported, SandboxNotFound
-from hutch.core.models import SandboxState, SandboxStatus
+from hutch.core.models import SandboxState, SandboxStatus, SnapshotState
 from hutch.core.quantities import parse_duration
+from hutch.core.snapshots import DEFAULT_TAG
 from hutch.core.tenancy import Access
-from hutch.projections.base import SandboxQuery
+from hutch.projections.base import SandboxQuery, SnapshotQuery
+from hutch.service.engine import Engine
 
 routes = web.RouteTableDef()
 IDEMPOTENCY: web.AppKey[IdempotentCreates] = web.AppKey("e2b_idempotency", IdempotentCreates)
@@ -40,26 +43,33 @@ MAX_TIMEOUT = 24 * 3600
 # E2B's template names -> hutch's runtimes; code-interpreter-v1 is e2b-code-interpreter's default.
 # E2B's base template has python3 (agents and E2B's own tests run `python3` in it): hutch's
 # python:3.13 (Debian with Python), not the shell-only base:latest.
-_TEMPLATES = {"base": "python:3.13", "code-interpreter-v1": ports.RUNTIME}
+TEMPLATES = {"base": "python:3.13", "code-interpreter-v1": ports.RUNTIME}
 _LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 # Create fields hutch has no counterpart for: refused when set to anything but empty/false.
-_UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes",
-                "network": "per-sandbox egress rules on the E2B wire (use hutch's network.allow)"}
+_UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes"}
 # E2B's templates' account (home /home/user); not the code interpreter's, whose server reads
 # its token from agentuity's home (api/e2b/ports.py).
 E2B_USER = "user"
 _KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", "autoPause",
-          "autoPauseMemory", "autoResume", *_UNSUPPORTED}
+          "autoPauseMemory", "autoResume", "network", *_UNSUPPORTED}
+
+
+async def _snapshot_named(engine: Engine, template: str) -> SnapshotState | None:
+    """The organization's snapshot named ``name[:tag]`` (E2B names a snapshot as a template; no
+    tag: the latest), or None."""
+    name, _, tag = template.partition(":")
+    found, _ = await engine.snapshots.list(SnapshotQuery(name=name, tag=tag or DEFAULT_TAG, limit=1))
+    return found[0] if found else None
 
 
 def _template_of(sb: SandboxState) -> str:
-    for name, runtime in _TEMPLATES.items():
+    for name, runtime in TEMPLATES.items():
         if sb.spec.runtime == runtime:
             return name
     return sb.spec.snapshot_id or sb.spec.runtime
 
 
-def _timeout(body: dict[str, Any], *, lowest: int = 1) -> int:
+def timeout_of(body: dict[str, Any], *, lowest: int = 1) -> int:
     value = body.get("timeout", DEFAULT_TIMEOUT)
     if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= MAX_TIMEOUT:
         raise InvalidInput(f"timeout: expected whole seconds from {lowest} to {MAX_TIMEOUT}, got {value!r}",
@@ -97,7 +107,7 @@ def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
     return value
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def read_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     body = parse_json(raw) if raw.strip() else {}
     if not isinstance(body, dict):
@@ -105,7 +115,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool = True) -> dict[str, Any]:
+def render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool = True) -> dict[str, Any]:
     """E2B's Sandbox (``detail``: SandboxDetail). The envd token is always issued (E2B's
     ``secure``, whatever was asked); a listing leaves it out, as E2B's does."""
     principal = request[PRINCIPAL_KEY]
@@ -152,7 +162,7 @@ async def live_sandbox(request: web.Request, sandbox_id: str) -> SandboxState:
 @control(Access.WRITE)
 async def create(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    body = await _body(request)
+    body = await read_body(request)
     unknown = sorted(set(body) - _KNOWN)
     if unknown:
         raise InvalidInput(f"{unknown[0]}: not a field of a new sandbox", field=unknown[0])
@@ -163,22 +173,23 @@ async def create(request: web.Request) -> web.Response:
     if not isinstance(template, str) or not template:
         raise InvalidInput("templateID: required, a template name such as base", field="templateID")
     hutch_body: dict[str, Any] = {"env": _strings(body, "envVars"), "metadata": _strings(body, "metadata"),
-                                  "timeout": {"idle": f"{_timeout(body)}s"}}
-    internet = body.get("allow_internet_access")
-    if internet is not None and not isinstance(internet, bool):
-        raise InvalidInput("allow_internet_access: expected true or false", field="allow_internet_access")
-    if internet:  # hutch's default is off, whatever E2B's is
-        hutch_body["network"] = {"enabled": True}
+                                  "timeout": {"idle": f"{timeout_of(body)}s"}}
+    net = hutch_network(body.get("allow_internet_access"), body.get("network"))
+    if net is not None:  # hutch's default is off, whatever E2B's is
+        hutch_body["network"] = net
     snapshot = None
     if template.startswith("snp_"):
         snapshot = await engine.snapshots.resolve(template, "templateID")
-        hutch_body["snapshot"] = template
+    elif runtimes.find(TEMPLATES.get(template, template)) is None:
+        snapshot = await _snapshot_named(engine, template)
+        if snapshot is None:
+            raise NotFound(f"template {template!r} not found (hutch has base and its runtimes, e.g. python:3.13, "
+                           "or a snapshot: its id snp_... or its name[:tag])", field="templateID")
+    if snapshot is not None:
+        hutch_body["snapshot"] = snapshot.snapshot_id
         runtime = snapshot.runtime
     else:
-        runtime = _TEMPLATES.get(template, template)
-        if runtimes.find(runtime) is None:
-            raise NotFound(f"template {template!r} not found (hutch has base and its runtimes, e.g. python:3.13, "
-                           "or a snapshot id snp_...)", field="templateID")
+        runtime = TEMPLATES.get(template, template)
         hutch_body["runtime"] = runtime
         if runtime == ports.RUNTIME:  # its server on its port, reached as the SDK reaches it (api/e2b/ports.py)
             hutch_body["network"] = {**hutch_body.get("network", {}), "port": ports.PORT}
@@ -217,14 +228,14 @@ async def create(request: web.Request) -> web.Response:
             ports.forget(request.app, sb.sandbox_id)
             await engine.control.destroy(sb.sandbox_id)
             raise
-    return web.json_response(_render(request, sb, detail=False), status=201)
+    return web.json_response(render(request, sb, detail=False), status=201)
 
 
 @routes.get("/sandboxes/{sandbox_id}")
 @control(Access.READ)
 async def get(request: web.Request) -> web.Response:
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
-    return web.json_response(_render(request, sb, detail=True))
+    return web.json_response(render(request, sb, detail=True))
 
 
 def _metadata_filter(request: web.Request) -> dict[str, str]:
@@ -260,6 +271,16 @@ def _started(sb: SandboxState) -> datetime:
     return datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
 
 
+def page_of(request: web.Request) -> tuple[int, int]:
+    """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave."""
+    raw_limit, raw_next = request.query.get("limit", "100"), request.query.get("nextToken", "0")
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:  # "²": isdigit, not int
+        raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
+    if not (raw_next.isascii() and raw_next.isdigit()):
+        raise InvalidInput(f"nextToken: not a token this server gave, got {raw_next!r}", field="nextToken")
+    return int(raw_limit), int(raw_next)
+
+
 @routes.get("/sandboxes")
 @routes.get("/v2/sandboxes")
 @control(Access.READ)
@@ -273,12 +294,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidInput(f"order: expected asc or desc, got {order!r}", field="order")
-    raw_limit, raw_next = request.query.get("limit", "100"), request.query.get("nextToken", "0")
-    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:  # "²": isdigit, not int
-        raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
-    if not (raw_next.isascii() and raw_next.isdigit()):
-        raise InvalidInput(f"nextToken: not a token this server gave, got {raw_next!r}", field="nextToken")
-    limit, offset = int(raw_limit), int(raw_next)
+    limit, offset = page_of(request)
     found: list[SandboxState] = []
     page_at = 0
     while True:  # the filters are E2B's, not the store's: read every live sandbox of the organization
@@ -294,7 +310,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
               and (after is None or _started(sb) >= after)
               and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v for k, v in wanted.items())]
     window = chosen[offset:offset + limit]
-    response = web.json_response([_render(request, sb, detail=True, token=False) for sb in window])
+    response = web.json_response([render(request, sb, detail=True, token=False) for sb in window])
     if offset + limit < len(chosen):
         response.headers["x-next-token"] = str(offset + limit)
     return response
@@ -312,6 +328,12 @@ async def kill(request: web.Request) -> web.Response:
 @routes.post("/sandboxes/{sandbox_id}/pause")
 @control(Access.WRITE)
 async def pause(request: web.Request) -> web.Response:
+    memory = (await read_body(request)).get("memory")
+    if memory is not None and not isinstance(memory, bool):
+        raise InvalidInput(f"memory: expected true or false, got {memory!r}", field="memory")
+    if memory is False:  # E2B's filesystem-only pause, whose resume is a new boot
+        raise NotSupported("memory: hutch pauses with the memory kept (the sandbox frozen); a filesystem-only "
+                           "pause is not offered", field="memory")
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
     if sb.status is SandboxStatus.PAUSED:
         return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
@@ -328,18 +350,18 @@ async def connect(request: web.Request) -> web.Response:
     ``timeout`` given that would end the sandbox later than now planned is the idle timeout
     from now on, as set_timeout's; one that would end it sooner changes nothing."""
     engine = request.app[ENGINE]
-    body = await _body(request)
+    body = await read_body(request)
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
     resumed = sb.status is SandboxStatus.PAUSED
     if resumed:
         await engine.control.resume(sb.sandbox_id)
     extend = body.get("timeout") is not None and (
-        datetime.now(UTC) + timedelta(seconds=_timeout(body, lowest=0)) > _ends_at(sb))
+        datetime.now(UTC) + timedelta(seconds=timeout_of(body, lowest=0)) > _ends_at(sb))
     if extend:  # as E2B's connect: a later end, never an earlier one
-        await engine.control.set_idle_timeout(sb.sandbox_id, f"{max(1, _timeout(body, lowest=0))}s")
+        await engine.control.set_idle_timeout(sb.sandbox_id, f"{max(1, timeout_of(body, lowest=0))}s")
     if resumed or extend:
         sb = await engine.reads.require(sb.sandbox_id)
-    return web.json_response(_render(request, sb, detail=False), status=201 if resumed else 200)
+    return web.json_response(render(request, sb, detail=False), status=201 if resumed else 200)
 
 
 @routes.post("/sandboxes/{sandbox_id}/timeout")
@@ -347,8 +369,18 @@ async def connect(request: web.Request) -> web.Response:
 async def set_timeout(request: web.Request) -> web.Response:
     """The sandbox ends ``timeout`` seconds from now unless something happens in it (hutch's
     idle timeout, set anew); 0 is the shortest hutch has, a second."""
-    body = await _body(request)
-    seconds = _timeout(body, lowest=0)
+    body = await read_body(request)
+    seconds = timeout_of(body, lowest=0)
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
     await request.app[ENGINE].control.set_idle_timeout(sb.sandbox_id, f"{max(1, seconds)}s")
     return web.Response(status=204)
+
+
+@routes.put("/sandboxes/{sandbox_id}/network")
+@control(Access.WRITE)
+async def update_network(request: web.Request) -> web.Response:
+    """E2B's update_network: hutch fixes a sandbox's egress at its create (its firewall rules
+    are set up with it), so a change to a running one is refused naming it."""
+    await live_sandbox(request, request.match_info["sandbox_id"])
+    raise NotSupported("network: hutch sets a sandbox's egress rules when it is created; a running sandbox's "
+                       "cannot be changed", field="network")

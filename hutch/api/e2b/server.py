@@ -9,7 +9,15 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from hutch.api.e2b import control_routes, envd_routes, files_routes, metrics, ports, watch_routes
+from hutch.api.e2b import (
+    control_routes,
+    envd_routes,
+    files_routes,
+    metrics,
+    ports,
+    snapshot_routes,
+    watch_routes,
+)
 from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
@@ -30,6 +38,7 @@ def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
     app.cleanup_ctx.append(watch_routes.watchers_ctx)
     app.add_routes(metrics.routes)  # before control_routes' GET /sandboxes/{sandbox_id}
     app.add_routes(control_routes.routes)
+    app.add_routes(snapshot_routes.routes)
     app.add_routes(envd_routes.routes)
     app.add_routes(watch_routes.routes)  # before files_routes' catch-all for the rest of Filesystem
     app.add_routes(files_routes.routes)
