@@ -95,6 +95,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         self._placeable: set[str] = set()  # nodes the directory offers for new sandboxes
         self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
         self._building: Counter[str] = Counter()  # runtimes this driver is having built
+        self._drains: dict[str, str] | None = None  # node -> the orchestrator's drain last told of
         # Until the agents answer: nothing promised.
         self.capabilities = Capabilities()
 
@@ -164,8 +165,28 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
                 if old is not None:
                     await old.close()
 
+    async def _follow_drains(self) -> None:
+        """A drain the orchestrator was asked for (Nomad's catalog: ``drained()``) is told to
+        the listener once. Those already done when this driver first looks are not told again
+        (another process, or this one before a restart, did); those still under way are."""
+        drained = getattr(self._directory, "drained", None)
+        if drained is None or self._drained_listener is None:
+            return
+        try:
+            now = await drained()
+        except HutchError as err:  # told at a later read
+            log.warning("the node directory did not say which nodes drain: %s", err.message)
+            return
+        seen, self._drains = self._drains, {name: d.started for name, d in now.items()}
+        for name, drain in now.items():
+            if name in self._agents and (drain.active if seen is None else seen.get(name) != drain.started):
+                by = str(getattr(self._directory, "drained_by", "its orchestrator"))
+                log.warning("node %s was drained by %s (drain of %s)", name, by, drain.started)
+                await self._drained_listener(name, by)
+
     async def _refresh(self) -> None:
         await self._follow_directory()
+        await self._follow_drains()
         names = list(self._agents)
         states = await asyncio.gather(*(self._read_node(n, self._agents[n]) for n in names))
         self._states = {n: state if n in self._placeable or state.unusable

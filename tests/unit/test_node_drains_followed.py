@@ -1,0 +1,88 @@
+"""A drain Nomad was asked for (``nomad node drain -enable``) is told by the node driver to
+its listener once per drain (the service moves the node's idle sandboxes on it): drains done
+before the driver first looked are not told again, those still under way are; a node drained
+anew (a new LastDrain.StartedAt) is told again. The catalog's reading of Nomad's node list is
+tests/unit/test_node_catalog.py's; the moves themselves tests/api/test_node_fleet.py's."""
+
+from __future__ import annotations
+
+from hutch.drivers.node.catalog import NodeDrain
+from hutch.drivers.node.client import AgentClient
+from hutch.drivers.node.driver import NodeDriver
+
+SECRET = b"k" * 40
+
+
+class _Catalog:
+    """What the driver reads of Nomad's catalog, changed as the test says."""
+
+    drained_by = "Nomad"
+
+    def __init__(self) -> None:
+        self.drains: dict[str, NodeDrain] = {}
+
+    async def agents(self) -> dict[str, str]:
+        return {}
+
+    async def drained(self) -> dict[str, NodeDrain]:
+        return dict(self.drains)
+
+
+def _driver(catalog: _Catalog) -> tuple[NodeDriver, list[tuple[str, str]]]:
+    driver = NodeDriver(catalog, SECRET)
+    # The agents the driver knows (no call is made to them here).
+    driver._agents = {n: AgentClient(n, f"127.0.0.1:{4750 + i}", SECRET) for i, n in enumerate(("c1", "c2", "c3"))}
+    told: list[tuple[str, str]] = []
+
+    async def listener(node: str, by: str) -> None:
+        told.append((node, by))
+
+    driver.set_drain_listener(listener)
+    return driver, told
+
+
+async def test_each_drain_is_told_once_and_those_done_before_the_first_look_not_at_all() -> None:
+    catalog = _Catalog()
+    catalog.drains = {"c1": NodeDrain("2026-11-29T10:00:00Z", active=False),  # done before: not redone
+                      "c2": NodeDrain("2026-11-29T12:00:00Z", active=True)}  # under way: its moves are due
+    driver, told = _driver(catalog)
+    await driver._follow_drains()
+    assert told == [("c2", "Nomad")]
+    await driver._follow_drains()
+    # Completed since (with -ignore-system at once): the same drain, not told again.
+    catalog.drains["c2"] = NodeDrain("2026-11-29T12:00:00Z", active=False)
+    await driver._follow_drains()
+    assert told == [("c2", "Nomad")]
+    # c3 drained now, c1 drained anew: both told, once.
+    catalog.drains["c3"] = NodeDrain("2026-11-29T12:05:00Z", active=True)
+    catalog.drains["c1"] = NodeDrain("2026-11-29T12:05:01Z", active=True)
+    await driver._follow_drains()
+    await driver._follow_drains()
+    assert sorted(told[1:]) == [("c1", "Nomad"), ("c3", "Nomad")], told
+    # Undone (drain -disable, eligible again) and drained again: a new drain, told.
+    del catalog.drains["c3"]
+    await driver._follow_drains()
+    catalog.drains["c3"] = NodeDrain("2026-11-29T12:09:00Z", active=True)
+    await driver._follow_drains()
+    assert told[3:] == [("c3", "Nomad")], told
+    await driver.close()
+
+
+async def test_a_drained_node_the_driver_has_no_agent_for_is_not_told() -> None:
+    catalog = _Catalog()
+    driver, told = _driver(catalog)
+    await driver._follow_drains()
+    catalog.drains = {"c9": NodeDrain("2026-11-29T12:00:00Z", active=True)}  # a client without an agent
+    await driver._follow_drains()
+    assert told == []
+    await driver.close()
+
+
+async def test_without_a_listener_nothing_is_read() -> None:
+    class Failing(_Catalog):
+        async def drained(self) -> dict[str, NodeDrain]:
+            raise AssertionError("read without a listener")
+
+    driver = NodeDriver(Failing(), SECRET)
+    await driver._follow_drains()
+    await driver.close()
