@@ -86,8 +86,6 @@ class Nodes:
         log.warning("node %s was drained by %s: moving the idle sandboxes this replica drives there", node, by)
         # Every replica is told; each moves those it drives, and says nothing of the others'.
         moved, left = await self._move_idle(node, f"its node was drained by {by}", others=False)
-        for m in moved:
-            log.info("moved sandbox %s from %s to %s (drained by %s)", m.sandbox_id, m.from_node, m.to_node, by)
         for stay in left:
             log.warning("left sandbox %s on %s (drained by %s): %s", stay.sandbox_id, node, by, stay.reason)
         if moved:
