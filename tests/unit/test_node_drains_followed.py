@@ -1,7 +1,8 @@
 """A drain Nomad was asked for (``nomad node drain -enable``) is told by the node driver to
 its listener once per drain (the service moves the node's idle sandboxes on it): drains done
-before the driver first looked are not told again, those still under way are; a node drained
-anew (a new LastDrain.StartedAt) is told again. The catalog's reading of Nomad's node list is
+before the driver started are not told, those still under way are, and one seen before the
+service listens is told when it does; a node drained anew (a new LastDrain.StartedAt) is told
+again. The catalog's reading of Nomad's node list is
 tests/unit/test_node_catalog.py's; the moves themselves tests/api/test_node_fleet.py's."""
 
 from __future__ import annotations
@@ -78,11 +79,22 @@ async def test_a_drained_node_the_driver_has_no_agent_for_is_not_told() -> None:
     await driver.close()
 
 
-async def test_without_a_listener_nothing_is_read() -> None:
-    class Failing(_Catalog):
-        async def drained(self) -> dict[str, NodeDrain]:
-            raise AssertionError("read without a listener")
-
-    driver = NodeDriver(Failing(), SECRET)
+async def test_a_drain_before_the_listener_is_told_when_it_listens() -> None:
+    """The service listens once its recovery ran; the driver started (and first looked) before."""
+    catalog = _Catalog()
+    catalog.drains = {"c1": NodeDrain("2026-11-29T10:00:00Z", active=False)}
+    driver = NodeDriver(catalog, SECRET)
+    driver._agents = {n: AgentClient(n, f"127.0.0.1:{4750 + i}", SECRET) for i, n in enumerate(("c1", "c2"))}
+    await driver._follow_drains()  # at start
+    catalog.drains["c2"] = NodeDrain("2026-11-29T12:38:36Z", active=False)  # complete within 0.4 s
     await driver._follow_drains()
+    told: list[tuple[str, str]] = []
+
+    async def listener(node: str, by: str) -> None:
+        told.append((node, by))
+
+    driver.set_drain_listener(listener)
+    await driver._follow_drains()
+    await driver._follow_drains()
+    assert told == [("c2", "Nomad")]
     await driver.close()

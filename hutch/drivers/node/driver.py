@@ -95,7 +95,8 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         self._placeable: set[str] = set()  # nodes the directory offers for new sandboxes
         self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
         self._building: Counter[str] = Counter()  # runtimes this driver is having built
-        self._drains: dict[str, str] | None = None  # node -> the orchestrator's drain last told of
+        self._drains: dict[str, str] | None = None  # node -> the orchestrator's drain last seen
+        self._untold: dict[str, str] = {}  # node -> a drain seen, not told to the listener yet
         # Until the agents answer: nothing promised.
         self.capabilities = Capabilities()
 
@@ -167,10 +168,12 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
 
     async def _follow_drains(self) -> None:
         """A drain the orchestrator was asked for (Nomad's catalog: ``drained()``) is told to
-        the listener once. Those already done when this driver first looks are not told again
-        (another process, or this one before a restart, did); those still under way are."""
+        the listener once. Those already done when this driver starts are not told (another
+        process, or this one before a restart, did); those still under way are. One that comes
+        before the service listens (it does once its recovery ran) is told when it does: a
+        drain of a node running only the agent is complete within half a second."""
         drained = getattr(self._directory, "drained", None)
-        if drained is None or self._drained_listener is None:
+        if drained is None:
             return
         try:
             now = await drained()
@@ -180,9 +183,16 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         seen, self._drains = self._drains, {name: d.started for name, d in now.items()}
         for name, drain in now.items():
             if name in self._agents and (drain.active if seen is None else seen.get(name) != drain.started):
-                by = str(getattr(self._directory, "drained_by", "its orchestrator"))
-                log.warning("node %s was drained by %s (drain of %s)", name, by, drain.started)
-                await self._drained_listener(name, by)
+                log.warning("node %s was drained by %s (drain of %s)", name, self._drained_by, drain.started)
+                self._untold[name] = drain.started
+        while self._untold and self._drained_listener is not None:
+            name = next(iter(self._untold))
+            del self._untold[name]
+            await self._drained_listener(name, self._drained_by)
+
+    @property
+    def _drained_by(self) -> str:
+        return str(getattr(self._directory, "drained_by", "its orchestrator"))
 
     async def _refresh(self) -> None:
         await self._follow_directory()
