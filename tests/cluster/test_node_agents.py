@@ -285,6 +285,9 @@ def test_a_drain_in_nomad_moves_the_idle_sandbox_and_leaves_the_running_one(serv
         assert (still["node"], still["status"]) == (victim, "running"), still
         assert agent_pid(victim) == pid
         assert run(server, busy, ["true"])[0] == 0
+        # The operator reads it as Nomad left it: up (its agent answers), taking no new sandbox.
+        listed = {n["name"]: n for n in server.data("GET", "/nodes")["nodes"]}
+        assert (listed[victim]["state"], listed[victim]["draining"]) == ("up", True), listed[victim]
         node = cluster.get(f"/v1/node/{node_id}")
         print(f"Nomad's drain of {victim}: {idle} moved to {to} in {moved_in:.1f} s; {busy} left running there; "
               f"the node {node['SchedulingEligibility']}, drain {node['LastDrain']['Status']}")

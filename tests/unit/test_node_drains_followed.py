@@ -7,9 +7,12 @@ tests/unit/test_node_catalog.py's; the moves themselves tests/api/test_node_flee
 
 from __future__ import annotations
 
+import attrs
+
+from hutch.drivers.node import placement
 from hutch.drivers.node.catalog import NodeDrain
 from hutch.drivers.node.client import AgentClient
-from hutch.drivers.node.driver import NodeDriver
+from hutch.drivers.node.driver import NOT_OFFERED, NodeDriver
 
 SECRET = b"k" * 40
 
@@ -97,4 +100,19 @@ async def test_a_drain_before_the_listener_is_told_when_it_listens() -> None:
     await driver._follow_drains()
     await driver._follow_drains()
     assert told == [("c2", "Nomad")]
+    await driver.close()
+
+
+async def test_a_node_nomad_drained_is_shown_up_and_draining_not_unreachable() -> None:
+    """Its agent answered the last read and serves what it runs; hutch places nothing there."""
+    driver, _ = _driver(_Catalog())
+    read = placement.NodeState(name="c1", cpus=2, memory_total=8 << 30, memory_available=6 << 30, sandboxes=1,
+                               runtimes=frozenset({"base:latest"}))
+    driver._states = {"c1": attrs.evolve(read, unusable=NOT_OFFERED),
+                      "c2": placement.NodeState(name="c2", unusable="did not answer (it refused the connection)")}
+    c1, c2, _c3 = await driver.nodes()
+    assert (c1.state, c1.draining, c1.reason, c1.sandboxes, c1.memory_available) == ("up", True, None, 1, 6 << 30)
+    assert (c2.state, c2.reason) == ("unreachable", "did not answer (it refused the connection)")
+    up = {m.labels["node"]: m.value for m in driver.metrics() if m.name == "hutch_node_up"}
+    assert up == {"c1": 1.0, "c2": 0.0, "c3": 0.0}
     await driver.close()

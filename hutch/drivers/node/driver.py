@@ -67,6 +67,8 @@ READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, end
 # An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
 # + 1 s, under the 15 s the issue allows).
 LOST_AFTER = 8.0
+# Why a node whose agent answers takes no new sandbox: the directory does not offer it.
+NOT_OFFERED = "is not offered for placement (drained, ineligible or down)"
 
 
 class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer,
@@ -200,7 +202,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         names = list(self._agents)
         states = await asyncio.gather(*(self._read_node(n, self._agents[n]) for n in names))
         self._states = {n: state if n in self._placeable or state.unusable
-                        else attrs.evolve(state, unusable="is not offered for placement (drained, ineligible or down)")
+                        else attrs.evolve(state, unusable=NOT_OFFERED)
                         for n, state in zip(names, states, strict=True)}
         if self._caps:  # a node that answers later (down at start) counts too
             self.capabilities = self._common_capabilities()
@@ -333,6 +335,10 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         state = self._states.get(name) or placement.NodeState(name, unusable="has not been read yet")
         if name in self._lost:
             status, reason = "lost", f"its agent has not answered for {self._lost_after:.0f} s"
+        elif state.unusable == NOT_OFFERED:
+            # Its agent answers and serves what it runs: up, and draining as far as hutch places
+            # (Nomad drained it or marked it ineligible), not "unreachable".
+            return attrs.evolve(state, draining=True).info("up", None)
         elif state.unusable:
             status, reason = "unreachable", state.unusable
         else:
@@ -716,7 +722,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         out: list[Metric] = []
         for name in self._agents:
             state = self._states.get(name)
-            up = state is not None and state.unusable is None
+            up = state is not None and state.unusable in (None, NOT_OFFERED)
             labels = {"node": name}
             out.append(Metric("hutch_node_up", 1.0 if up else 0.0, "gauge", "the node's agent answered its last read", labels))
             if state is not None and up:
