@@ -218,34 +218,13 @@ def test_an_agent_killed_keeps_or_fails_its_sandboxes_and_leaves_nothing(server:
         time.sleep(0.3)
 
 
-def _nomad(cluster: Cluster, method: str, path: str, body: Any = None) -> Any:
-    """The cluster's Nomad as its operator (node:write: drains and eligibility)."""
-    token = os.environ.get("HUTCH_TEST_CLUSTER_OPERATOR_TOKEN")
-    assert token, "HUTCH_TEST_CLUSTER_OPERATOR_TOKEN is not set: scripts/test exports it with the cluster's settings"
-    request = urllib.request.Request(cluster.addr + path, method=method, headers={"X-Nomad-Token": token},
-                                     data=None if body is None else json.dumps(body).encode())
-    with urllib.request.urlopen(request, timeout=20) as resp:
-        text = resp.read()
-    return json.loads(text) if text.strip() else None
-
-
-def _undrain(cluster: Cluster, node_id: str) -> None:
-    """`nomad node drain -disable` and eligibility back; true again in Nomad before returning."""
-    _nomad(cluster, "PUT", f"/v1/node/{node_id}/drain", {"DrainSpec": None, "MarkEligible": True})
-    _nomad(cluster, "PUT", f"/v1/node/{node_id}/eligibility", {"Eligibility": "eligible"})
-    deadline = time.monotonic() + 30
-    while (node := cluster.get(f"/v1/node/{node_id}"))["Drain"] or node["SchedulingEligibility"] != "eligible":
-        assert time.monotonic() < deadline, f"node {node['Name']} still drained: {node['SchedulingEligibility']}"
-        time.sleep(0.2)
-
-
 def test_a_drain_in_nomad_moves_the_idle_sandbox_and_leaves_the_running_one(server: Server, cluster: Cluster) -> None:
     """`nomad node drain -enable -ignore-system NODE` (docs/node.md, "Drain and move"): the
     node's agent keeps serving, the idle sandbox there moves to another node with its files
     and env, recorded with a reason naming Nomad's drain; the running one stays. The drain is
     undone whatever happens: every later test shares these nodes."""
     victim, others = CLIENTS[2], CLIENTS[:2]
-    node_id = next(n["ID"] for n in cluster.get("/v1/nodes") if n["Name"] == victim)
+    node_id = cluster.node_id(victim)
     pid = agent_pid(victim)
     assert pid is not None
     started = time.monotonic()
@@ -265,8 +244,7 @@ def test_a_drain_in_nomad_moves_the_idle_sandbox_and_leaves_the_running_one(serv
         wait_status(server, busy, ("running",), 10)
 
         drained_at = time.monotonic()
-        _nomad(cluster, "PUT", f"/v1/node/{node_id}/drain",
-               {"DrainSpec": {"Deadline": 3600 * 10**9, "IgnoreSystemJobs": True}, "MarkEligible": False})
+        cluster.drain(node_id)
         while (info := server.data("GET", f"/sandbox/{idle}"))["node"] == victim:
             assert time.monotonic() - drained_at < 20, f"{idle} still on {victim} 20 s after Nomad's drain"
             time.sleep(0.2)
@@ -292,7 +270,7 @@ def test_a_drain_in_nomad_moves_the_idle_sandbox_and_leaves_the_running_one(serv
         print(f"Nomad's drain of {victim}: {idle} moved to {to} in {moved_in:.1f} s; {busy} left running there; "
               f"the node {node['SchedulingEligibility']}, drain {node['LastDrain']['Status']}")
     finally:
-        _undrain(cluster, node_id)
+        cluster.undrain(node_id)
     # Placed on again: the directory offers it once Nomad says it is eligible.
     deadline = time.monotonic() + 10
     while not any(n["name"] == victim and not n["draining"] and n["state"] == "up"
