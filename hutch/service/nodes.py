@@ -1,6 +1,7 @@
 """The machines sandboxes are placed on (the node driver's nodes), for their operator: list
 them, drain one (no new sandbox goes there) or put it back in service, and move the idle
-sandboxes of a drained one to other nodes.
+sandboxes of a drained one to other nodes: when asked (``hutch node drain --move``), or when
+the orchestrator says it drained the node (``nomad node drain``, ``drained_by``).
 
 A move makes the sandbox again elsewhere, same id and spec, from its workspace's files (a tar
 out of the old copy, checked as an upload is, unpacked into the new one); its env is the

@@ -13,7 +13,8 @@ its replacement) count once: the newest.
 
 Nomad's own drains (``nomad node drain -enable``) are told apart from the node list alone
 (``drains``), not from the join: a drain stops the node's system allocations too (the agent's,
-unless ``-ignore-system``), and their registrations go before the node is done draining.
+unless ``-ignore-system``), and their registrations go as soon as Nomad stops them (0.05 s
+after the drain, measured on the one-box cluster), leaving the node out of the join.
 """
 
 from __future__ import annotations
