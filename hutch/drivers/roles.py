@@ -46,6 +46,8 @@ from hutch.core.models import SandboxState
 ForeignHandles = Callable[[], Awaitable[list[dict[str, str]]]]
 # The node the event log records for a live sandbox, None if none (NodeFleet.set_locator).
 NodeLocator = Callable[[str], Awaitable[str | None]]
+# A node drained outside hutch (node name, who drained it: "Nomad"), NodeFleet.set_drain_listener.
+NodeDrainedListener = Callable[[str, str], Awaitable[None]]
 
 # -- required: every driver plays these -------------------------------------------------
 
@@ -335,11 +337,18 @@ class NodeFleet(abc.ABC):
     after a restart instead of asking every machine."""
 
     _locator: NodeLocator | None = None
+    _drained_listener: NodeDrainedListener | None = None
 
     def set_locator(self, locator: NodeLocator | None) -> None:
         """Called before ``start``: where the log says a sandbox runs, for one this driver did
         not place or recall (another API replica's, whose usage a read here shows)."""
         self._locator = locator
+
+    def set_drain_listener(self, listener: NodeDrainedListener | None) -> None:
+        """Where a drain the orchestrator was asked for (``nomad node drain``) goes, once per
+        drain: the service moves the node's idle sandboxes. The listener returns at once (the
+        moves run in the service's background): the driver's reads of its nodes go on."""
+        self._drained_listener = listener
 
     @abc.abstractmethod
     def node_of(self, sandbox_id: str) -> str | None:
@@ -493,6 +502,9 @@ class NotPlayed:
     # NodeFleet: one machine, nothing to record or recall
 
     def set_locator(self, locator: NodeLocator | None) -> None:
+        pass
+
+    def set_drain_listener(self, listener: NodeDrainedListener | None) -> None:
         pass
 
     def node_of(self, sandbox_id: str) -> str | None:

@@ -40,7 +40,7 @@ from hutch.drivers.base import Driver, DriverRoles, FileWrite
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
 from hutch.service import archives
-from hutch.service.background import Background
+from hutch.service.background import Background, quietly
 from hutch.service.changes import Changes
 from hutch.service.checkpoints import CheckpointLimits, Checkpoints
 from hutch.service.control import SandboxControl
@@ -168,6 +168,11 @@ class Engine:
         sb = await self.parts.store.get_sandbox(sandbox_id)
         return sb.node if sb is not None and not sb.status.is_final else None
 
+    async def _node_drained(self, node: str, by: str) -> None:
+        """A node drained outside hutch (``nomad node drain``): its idle sandboxes move, in the
+        background (the driver's reads of its nodes go on meanwhile)."""
+        self.background.spawn(quietly(self.nodes.drained_by(node, by)), f"drained-{node}")
+
     def _quota_changes(self, batch: Sequence[Event]) -> None:
         """A quota set (here or on another replica) reaches the commands running here, once
         the directory shows it (the task runs after this batch's observers)."""
@@ -180,6 +185,8 @@ class Engine:
         await self.parts.projector.start()
         self.parts.driver.set_listener(self.control.ended)
         await self.recovery.run()
+        # Told only now: a move needs the sandboxes as recovery left them.
+        self.parts.driver.set_drain_listener(self._node_drained)
         await self.snapshots.expire_builds()
         self.background.spawn(self._sweep_builds(), "expire-builds")
         self.background.spawn(self.retention.run(), "output-retention")

@@ -1,6 +1,7 @@
 """The machines sandboxes are placed on (the node driver's nodes), for their operator: list
 them, drain one (no new sandbox goes there) or put it back in service, and move the idle
-sandboxes of a drained one to other nodes.
+sandboxes of a drained one to other nodes: when asked (``hutch node drain --move``), or when
+the orchestrator says it drained the node (``nomad node drain``, ``drained_by``).
 
 A move makes the sandbox again elsewhere, same id and spec, from its workspace's files (a tar
 out of the old copy, checked as an upload is, unpacked into the new one); its env is the
@@ -76,23 +77,41 @@ class Nodes:
         info = await self._fleet.drain(node, draining)
         if not move:
             return Drained(info)
+        # The reason is shown to the sandbox's tenant: it names no node (NODE_FIELDS).
+        moved, left = await self._move_idle(node, "its node was drained")
+        return Drained(await self._node(node), moved, left, NOT_CARRIED)
+
+    async def drained_by(self, node: str, by: str) -> tuple[tuple[Moved, ...], tuple[Left, ...]]:
+        """``node`` was drained outside hutch (``nomad node drain``): its idle sandboxes move
+        as ``drain --move`` moves them, the others stay, each with its reason in the log."""
+        log.warning("node %s was drained by %s: moving the idle sandboxes this replica drives there", node, by)
+        # Every replica is told; each moves those it drives, and says nothing of the others'.
+        moved, left = await self._move_idle(node, f"its node was drained by {by}", others=False)
+        for stay in left:
+            log.warning("left sandbox %s on %s (drained by %s): %s", stay.sandbox_id, node, by, stay.reason)
+        if moved:
+            log.info("%s", NOT_CARRIED)
+        return moved, left
+
+    async def _move_idle(self, node: str, reason: str, *,
+                         others: bool = True) -> tuple[tuple[Moved, ...], tuple[Left, ...]]:
         moved: list[Moved] = []
         left: list[Left] = []
         live, _ = await self._reads.store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
         for sb in sorted((sb for sb in live if sb.node == node), key=lambda sb: sb.created_at):
             if not await self._replicas.mine(sb.sandbox_id):
-                left.append(Left(sb.sandbox_id, "another API replica drives it: move it through that one"))
+                if others:
+                    left.append(Left(sb.sandbox_id, "another API replica drives it: move it through that one"))
             elif sb.status is not SandboxStatus.IDLE:
                 left.append(Left(sb.sandbox_id, f"it is {sb.status.value}: only an idle sandbox moves"))
             elif sb.checkpoints:
                 left.append(Left(sb.sandbox_id, f"its checkpoints are kept on {node} and would not follow"))
             else:
                 try:
-                    # The reason is shown to the sandbox's tenant: it names no node (NODE_FIELDS).
-                    moved.append(await self._move(sb, reason="its node was drained"))
+                    moved.append(await self._move(sb, reason=reason))
                 except HutchError as err:
                     left.append(Left(sb.sandbox_id, err.message))
-        return Drained(await self._node(node), tuple(moved), tuple(left), NOT_CARRIED)
+        return tuple(moved), tuple(left)
 
     async def _node(self, name: str) -> NodeInfo:
         return next(n for n in await self._fleet.nodes() if n.name == name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -18,6 +19,7 @@ from hutch.api.keys import ENGINE
 from hutch.api.wire_schemas import SCHEMAS
 from hutch.core.errors import SandboxNotFound
 from hutch.drivers.node import wire
+from hutch.drivers.node.catalog import NodeDrain
 from tests.api.conftest import KEY, NODE, WIRE, Api, AppFactory
 from tests.api.test_tenancy import bearer, new_key, new_org
 from tests.drivers_support import NODE_SECRET, start_node
@@ -206,6 +208,69 @@ async def test_drain_move_carries_an_idle_sandbox_to_another_node_by_its_files_a
     finally:
         for name in ("n1", "n2"):
             await api.data("POST", f"/nodes/{name}/drain", json={"undo": True})
+
+
+class _DrainedInNomad:
+    """The agents' directory as Nomad's catalog tells a drained node (``nomad node drain
+    -enable -ignore-system``): not offered for placement, its agent still called, its drain told."""
+
+    drained_by = "Nomad"
+
+    def __init__(self, static: Any, node: str) -> None:
+        self._static, self._node = static, node
+
+    async def agents(self) -> dict[str, str]:
+        return {n: a for n, a in (await self._static.agents()).items() if n != self._node}
+
+    async def reachable(self) -> dict[str, str]:
+        return dict(await self._static.agents())
+
+    async def drained(self) -> dict[str, NodeDrain]:
+        return {self._node: NodeDrain("2026-11-29T12:40:01.5Z", active=True)}
+
+
+@pytest.mark.runs_on(*NODE)  # moving is the node driver's
+async def test_a_drain_in_nomad_moves_the_idle_sandboxes_once_and_leaves_the_running_one(
+        api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="hutch.service.nodes")
+    driver = api.client.server.app[ENGINE].parts.driver
+    static = driver._directory
+    try:
+        await api.data("POST", "/nodes/n2/drain", json={})  # both land on n1
+        idle = (await api.data("POST", "/sandbox", json={"runtime": "base:latest", "env": {"MARK": "kept-env"}},
+                               expect=201))["sandboxId"]
+        busy = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+        ex = await api.data("POST", f"/sandbox/{idle}/execute", json={"command": ["sh", "-c", "echo before > note.txt"]})
+        assert (await api.wait_execution(ex["executionId"]))["exitCode"] == 0
+        await api.data("POST", f"/sandbox/sandboxes/{busy}/jobs", json={"command": ["sleep", "60"]}, expect=201)
+        await api.data("POST", "/nodes/n2/drain", json={"undo": True})
+
+        driver._directory = _DrainedInNomad(static, "n1")  # `nomad node drain -enable n1`, as the catalog tells it
+        for _ in range(100):
+            if (await api.data("GET", f"/sandbox/{idle}"))["node"] == "n2":
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"{idle} never moved off n1")
+        ex = await api.data("POST", f"/sandbox/{idle}/execute", json={"command": ["sh", "-c", "cat note.txt; echo $MARK"]})
+        done = await api.wait_execution(ex["executionId"])
+        assert done["exitCode"] == 0 and await api.stream(done["stdoutStreamUrl"]) == b"before\nkept-env\n"
+        still = await api.data("GET", f"/sandbox/{busy}")
+        assert (still["node"], still["status"]) == ("n1", "running"), still
+
+        await asyncio.sleep(2.5)  # the driver's reads go on: the same drain is not told twice
+        moved = [e["event"] for e in (await api.data("GET", f"/sandbox/sandboxes/{idle}/events"))["events"]
+                 if e["type"] == "lifecycle:moved"]
+        assert moved == [{"fromNode": "n1", "toNode": "n2", "reason": "its node was drained by Nomad",
+                          "lost": "its processes: a move carries the workspace's files and the env, not what was "
+                                  "running"}], moved
+        said = [r.getMessage() for r in caplog.records if r.name == "hutch.service.nodes"]
+        assert [m for m in said if m.startswith("node n1 was drained by Nomad")] == [
+            "node n1 was drained by Nomad: moving the idle sandboxes this replica drives there"], said
+        assert f"left sandbox {busy} on n1 (drained by Nomad): it is running: only an idle sandbox moves" in said, said
+    finally:
+        driver._directory = static
+        await api.data("POST", "/nodes/n2/drain", json={"undo": True})
 
 
 def test_a_tenant_sees_a_move_but_not_the_nodes() -> None:

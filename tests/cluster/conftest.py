@@ -70,6 +70,32 @@ class Cluster:
     def allocs_of(self, sandbox_id: str) -> list[dict[str, Any]]:
         return [a for a in self.get("/v1/allocations") if a["JobID"].endswith("-" + sandbox_id)]
 
+    def operate(self, method: str, path: str, body: Any = None) -> Any:
+        """As the cluster's operator (node:write: drains and eligibility)."""
+        token = _setting("HUTCH_TEST_CLUSTER_OPERATOR_TOKEN")
+        request = urllib.request.Request(self.addr + path, method=method, headers={"X-Nomad-Token": token},
+                                         data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=20) as resp:
+            text = resp.read()
+        return json.loads(text) if text.strip() else None
+
+    def node_id(self, name: str) -> str:
+        return str(next(n["ID"] for n in self.get("/v1/nodes") if n["Name"] == name))
+
+    def drain(self, node_id: str) -> None:
+        """`nomad node drain -enable -ignore-system` (docs/node.md): the node's agent stays."""
+        self.operate("PUT", f"/v1/node/{node_id}/drain",
+                     {"DrainSpec": {"Deadline": 3600 * 10**9, "IgnoreSystemJobs": True}, "MarkEligible": False})
+
+    def undrain(self, node_id: str) -> None:
+        """`nomad node drain -disable` and eligibility back; true in Nomad before returning."""
+        self.operate("PUT", f"/v1/node/{node_id}/drain", {"DrainSpec": None, "MarkEligible": True})
+        self.operate("PUT", f"/v1/node/{node_id}/eligibility", {"Eligibility": "eligible"})
+        deadline = time.monotonic() + 30
+        while (node := self.get(f"/v1/node/{node_id}"))["Drain"] or node["SchedulingEligibility"] != "eligible":
+            assert time.monotonic() < deadline, f"node {node['Name']} still drained: {node['SchedulingEligibility']}"
+            time.sleep(0.2)
+
     def act(self, *args: str) -> None:
         proc = subprocess.run([str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, (args, proc.stdout, proc.stderr)

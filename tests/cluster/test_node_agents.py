@@ -216,3 +216,67 @@ def test_an_agent_killed_keeps_or_fails_its_sandboxes_and_leaves_nothing(server:
     while left := [s for s in placed if (AGENTS / placed[s] / "sandboxes" / s).exists()]:
         assert time.monotonic() < deadline, f"deleted sandboxes left on their nodes: {left}"
         time.sleep(0.3)
+
+
+def test_a_drain_in_nomad_moves_the_idle_sandbox_and_leaves_the_running_one(server: Server, cluster: Cluster) -> None:
+    """`nomad node drain -enable -ignore-system NODE` (docs/node.md, "Drain and move"): the
+    node's agent keeps serving, the idle sandbox there moves to another node with its files
+    and env, recorded with a reason naming Nomad's drain; the running one stays. The drain is
+    undone whatever happens: every later test shares these nodes."""
+    victim, others = CLIENTS[2], CLIENTS[:2]
+    node_id = cluster.node_id(victim)
+    pid = agent_pid(victim)
+    assert pid is not None
+    started = time.monotonic()
+    made: list[str] = []
+    try:
+        # Two on the victim, placed as any create is (the agents are shared: no drain of hutch's
+        # own steers the other tests' creates meanwhile).
+        while len(on_victim := [s for s in made if node_of(s) == victim]) < 2:
+            assert len(made) < 12, f"12 sandboxes, {len(on_victim)} on {victim}"
+            body = {"runtime": "base:latest", "env": {"MARK": "kept-env"}}
+            made.append(server.data("POST", "/sandbox", body)["sandboxId"])
+        idle, busy = on_victim
+        for sid in set(made) - {idle, busy}:
+            server.call("DELETE", f"/sandbox/{sid}")
+        assert run(server, idle, ["sh", "-c", "echo written-before > note.txt"])[0] == 0
+        server.data("POST", f"/sandbox/sandboxes/{busy}/jobs", {"command": ["sleep", "120"]})
+        wait_status(server, busy, ("running",), 10)
+
+        drained_at = time.monotonic()
+        cluster.drain(node_id)
+        while (info := server.data("GET", f"/sandbox/{idle}"))["node"] == victim:
+            assert time.monotonic() - drained_at < 20, f"{idle} still on {victim} 20 s after Nomad's drain"
+            time.sleep(0.2)
+        moved_in = time.monotonic() - drained_at
+        to = info["node"]
+        assert to in others and info["status"] == "idle", info
+        assert node_of(idle) == to
+        code, out = run(server, idle, ["sh", "-c", "cat note.txt; echo $MARK"])
+        assert (code, out) == (0, "written-before\nkept-env\n"), out
+        events = server.data("GET", f"/sandbox/sandboxes/{idle}/events")["events"]
+        moved = [e["event"] for e in events if e["type"] == "lifecycle:moved"]
+        assert [(m["fromNode"], m["toNode"], m["reason"]) for m in moved] == [
+            (victim, to, "its node was drained by Nomad")], moved
+        # The running one stays where it runs, served by the agent Nomad left running there.
+        still = server.data("GET", f"/sandbox/{busy}")
+        assert (still["node"], still["status"]) == (victim, "running"), still
+        assert agent_pid(victim) == pid
+        assert run(server, busy, ["true"])[0] == 0
+        # The operator reads it as Nomad left it: up (its agent answers), taking no new sandbox.
+        listed = {n["name"]: n for n in server.data("GET", "/nodes")["nodes"]}
+        assert (listed[victim]["state"], listed[victim]["draining"]) == ("up", True), listed[victim]
+        node = cluster.get(f"/v1/node/{node_id}")
+        print(f"Nomad's drain of {victim}: {idle} moved to {to} in {moved_in:.1f} s; {busy} left running there; "
+              f"the node {node['SchedulingEligibility']}, drain {node['LastDrain']['Status']}")
+    finally:
+        cluster.undrain(node_id)
+    # Placed on again: the directory offers it once Nomad says it is eligible.
+    deadline = time.monotonic() + 10
+    while not any(n["name"] == victim and not n["draining"] and n["state"] == "up"
+                  for n in server.data("GET", "/nodes")["nodes"]):
+        assert time.monotonic() < deadline, server.data("GET", "/nodes")
+        time.sleep(0.2)
+    for sid in made:
+        server.call("DELETE", f"/sandbox/{sid}")
+    print(f"the drain test took {time.monotonic() - started:.1f} s")

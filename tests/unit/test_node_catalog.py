@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from hutch.core.errors import InvalidInput
-from hutch.drivers.node.catalog import AgentNode, NomadAgentDirectory, host_port, join
+from hutch.drivers.node.catalog import (
+    AgentNode,
+    NodeDrain,
+    NomadAgentDirectory,
+    drains,
+    host_port,
+    join,
+)
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "nomad_catalog.json").read_text())
 SERVICE: list[dict[str, Any]] = RECORDED["service"]
@@ -59,6 +66,27 @@ def test_a_node_that_may_not_take_sandboxes_is_not_placeable(fields: dict[str, A
     assert (c2.placeable, c2.reachable) == (placeable, reachable), c2
     assert c2.draining == bool(fields.get("Drain"))
     assert view["hutch-c1"].placeable and view["hutch-c3"].placeable
+
+
+def _last(status: str, started: str = "2026-11-29T12:40:01.5Z") -> dict[str, Any]:
+    """LastDrain as Nomad keeps it (DrainMetadata)."""
+    return {"StartedAt": started, "UpdatedAt": started, "Status": status, "AccessorID": "", "Meta": None}
+
+
+@pytest.mark.parametrize(("fields", "drain"), [
+    ({}, None),  # never drained: LastDrain null, as recorded
+    ({"Drain": True, "SchedulingEligibility": "ineligible", "LastDrain": _last("draining")},
+     NodeDrain("2026-11-29T12:40:01.5Z", active=True)),
+    # done: at once with -ignore-system on a node that runs only system jobs; it stays ineligible
+    ({"SchedulingEligibility": "ineligible", "LastDrain": _last("complete")},
+     NodeDrain("2026-11-29T12:40:01.5Z", active=False)),
+    ({"LastDrain": _last("canceled")}, None),  # -disable before it completed
+    ({"Drain": True}, NodeDrain("draining", active=True)),  # a Nomad that keeps no LastDrain
+])
+def test_a_drain_nomad_was_asked_for_is_told_by_the_node_list_alone(fields: dict[str, Any],
+                                                                   drain: NodeDrain | None) -> None:
+    told = drains(changed("hutch-c2", **fields))
+    assert told == ({"hutch-c2": drain} if drain else {}), told
 
 
 def test_one_registration_per_node_the_newest() -> None:

@@ -10,6 +10,11 @@ servers know: nothing restarts and nothing polls faster than Nomad changes.
 A registration is not proof that an agent answers (the node driver's hello and watch are);
 it is where to knock. Several registrations of one node (an allocation still stopping next to
 its replacement) count once: the newest.
+
+Nomad's own drains (``nomad node drain -enable``) are told apart from the node list alone
+(``drains``), not from the join: a drain stops the node's system allocations too (the agent's,
+unless ``-ignore-system``), and their registrations go as soon as Nomad stops them (0.05 s
+after the drain, measured on the one-box cluster), leaving the node out of the join.
 """
 
 from __future__ import annotations
@@ -56,6 +61,30 @@ class AgentNode:
         """Its agent is worth calling about sandboxes it already runs (a drained or ineligible
         node's agent still serves them; a down one cannot)."""
         return self.status == "ready"
+
+
+@attrs.frozen
+class NodeDrain:
+    """A drain an operator asked Nomad for, as the node list tells of it."""
+
+    started: str  # its identity: LastDrain.StartedAt, one per `nomad node drain -enable`
+    active: bool  # Nomad still drains the node (a node running only system jobs is done at once)
+
+
+def drains(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeDrain]:
+    """Node name -> its latest drain, for the nodes Nomad drains or has drained (a cancelled
+    drain, ``-disable`` before it completed, is none). A Nomad that keeps no ``LastDrain``
+    (before 1.2) tells only that a node drains now."""
+    found: dict[str, NodeDrain] = {}
+    for node in nodes:
+        name = str(node.get("Name") or node.get("ID") or "")
+        last = node.get("LastDrain") or {}
+        started = str(last.get("StartedAt") or "")
+        if name and node.get("Drain"):
+            found[name] = NodeDrain(started or "draining", active=True)
+        elif name and started and last.get("Status") == "complete":
+            found[name] = NodeDrain(started, active=False)
+    return found
 
 
 def host_port(address: str, port: int) -> str:
@@ -159,6 +188,13 @@ class NomadAgentDirectory:
     async def reachable(self) -> dict[str, str]:
         """Nomad node name -> "host:port" of every agent on a node that is up."""
         return {name: a.address for name, a in (await self.nodes()).items() if a.reachable}
+
+    drained_by = "Nomad"  # who drains the nodes ``drained`` tells of, said in each move's reason
+
+    async def drained(self) -> dict[str, NodeDrain]:
+        """Node name -> its latest drain in Nomad, if it drains or was drained (``drains``)."""
+        await self._first_view(FIRST_ANSWER_TIMEOUT)
+        return drains(self._nodes or ())
 
     async def changed(self, timeout: float | None = None) -> bool:
         """Waits until the view changes; False if ``timeout`` passed first."""

@@ -67,6 +67,8 @@ READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, end
 # An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
 # + 1 s, under the 15 s the issue allows).
 LOST_AFTER = 8.0
+# Why a node whose agent answers takes no new sandbox: the directory does not offer it.
+NOT_OFFERED = "is not offered for placement (drained, ineligible or down)"
 
 
 class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer,
@@ -95,6 +97,8 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         self._placeable: set[str] = set()  # nodes the directory offers for new sandboxes
         self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
         self._building: Counter[str] = Counter()  # runtimes this driver is having built
+        self._drains: dict[str, str] | None = None  # node -> the orchestrator's drain last seen
+        self._untold: dict[str, str] = {}  # node -> a drain seen, not told to the listener yet
         # Until the agents answer: nothing promised.
         self.capabilities = Capabilities()
 
@@ -164,12 +168,41 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
                 if old is not None:
                     await old.close()
 
+    async def _follow_drains(self) -> None:
+        """A drain the orchestrator was asked for (Nomad's catalog: ``drained()``) is told to
+        the listener once. Those already done when this driver starts are not told (another
+        process, or this one before a restart, did); those still under way are. One that comes
+        before the service listens (it does once its recovery ran) is told when it does: a
+        drain of a node running only the agent is complete within half a second."""
+        drained = getattr(self._directory, "drained", None)
+        if drained is None:
+            return
+        try:
+            now = await drained()
+        except HutchError as err:  # told at a later read
+            log.warning("the node directory did not say which nodes drain: %s", err.message)
+            return
+        seen, self._drains = self._drains, {name: d.started for name, d in now.items()}
+        for name, drain in now.items():
+            if name in self._agents and (drain.active if seen is None else seen.get(name) != drain.started):
+                log.warning("node %s was drained by %s (drain of %s)", name, self._drained_by, drain.started)
+                self._untold[name] = drain.started
+        while self._untold and self._drained_listener is not None:
+            name = next(iter(self._untold))
+            del self._untold[name]
+            await self._drained_listener(name, self._drained_by)
+
+    @property
+    def _drained_by(self) -> str:
+        return str(getattr(self._directory, "drained_by", "its orchestrator"))
+
     async def _refresh(self) -> None:
         await self._follow_directory()
+        await self._follow_drains()
         names = list(self._agents)
         states = await asyncio.gather(*(self._read_node(n, self._agents[n]) for n in names))
         self._states = {n: state if n in self._placeable or state.unusable
-                        else attrs.evolve(state, unusable="is not offered for placement (drained, ineligible or down)")
+                        else attrs.evolve(state, unusable=NOT_OFFERED)
                         for n, state in zip(names, states, strict=True)}
         if self._caps:  # a node that answers later (down at start) counts too
             self.capabilities = self._common_capabilities()
@@ -302,6 +335,10 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         state = self._states.get(name) or placement.NodeState(name, unusable="has not been read yet")
         if name in self._lost:
             status, reason = "lost", f"its agent has not answered for {self._lost_after:.0f} s"
+        elif state.unusable == NOT_OFFERED:
+            # Its agent answers and serves what it runs: up, and draining as far as hutch places
+            # (Nomad drained it or marked it ineligible), not "unreachable".
+            return attrs.evolve(state, draining=True).info("up", None)
         elif state.unusable:
             status, reason = "unreachable", state.unusable
         else:
@@ -685,7 +722,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         out: list[Metric] = []
         for name in self._agents:
             state = self._states.get(name)
-            up = state is not None and state.unusable is None
+            up = state is not None and state.unusable in (None, NOT_OFFERED)
             labels = {"node": name}
             out.append(Metric("hutch_node_up", 1.0 if up else 0.0, "gauge", "the node's agent answered its last read", labels))
             if state is not None and up:
