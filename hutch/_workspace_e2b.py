@@ -5,8 +5,9 @@ The SDK finds its server as E2B's users expect (``E2B_API_KEY``, ``E2B_API_URL``
 ``E2B_SANDBOX_URL``, ``E2B_DOMAIN``) unless the Workspace names them. The workspace root is
 the sandbox user's home as the server reports it (/home/user, E2B's, on hutch's E2B wire too
 where its driver can name the account), so paths are confined to whatever home that server
-gives. E2B's API has no fork and no snapshot a Workspace could name, so the Workspace says so
-for this backend; its JSON snapshot (files and env) works as everywhere.
+gives. The Workspace's fork and server-side snapshot are not offered on this backend yet (it
+says so): E2B's SDK has snapshots and fork, and hutch's E2B wire serves them, but this backend
+does not drive them. Its JSON snapshot (files and env) works as everywhere.
 
 Needs ``pip install 'hutch[e2b]'``: imported only when the backend is used, so the light SDK
 loads no more than before.
