@@ -154,6 +154,8 @@ class Teardown:
             for leaf in [p.name for p in sandbox_dir.iterdir() if p.is_dir() and p.name.startswith(("x-", "w-"))]:
                 await self._cgroups.kill(sid, leaf)
                 self._cgroups.remove(sid, leaf)
+        # What is left (a terminal's, a file operation's) lingers: the pids guard watches it.
+        self._nsexec.adopt_leaves(sid, self._cgroups.leaves(sid))
 
 
 def _rm_unreadable(func: Callable[..., object], path: str,

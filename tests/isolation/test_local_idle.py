@@ -1,6 +1,7 @@
-"""A destroyed sandbox gives back the page cache charged to it (docs/idle.md, issue 37).
+"""What idle sandboxes cost the host, and what their numbers cost each other (docs/idle.md,
+issue 37).
 
-The kernel charges a page-cache page to the memory cgroup of whoever read it first, and a
+A destroyed sandbox gives back the page cache charged to it. The kernel charges a page-cache page to the memory cgroup of whoever read it first, and a
 removed memory cgroup lives on (dying) for as long as one of its pages is cached: with it
 its per-cgroup kernel state, ~800 KiB a cgroup on a host that once ran 10,000 sandboxes.
 A sandbox that is the first to read a file of its runtime would keep its cgroup alive
@@ -11,6 +12,7 @@ Needs root and the base runtime (built by the session fixture); nothing here ski
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -74,3 +76,21 @@ async def test_a_destroyed_sandbox_leaves_no_page_cache_charged_to_it(driver: Lo
 
     # Reclaimed with the sandbox's memory: nothing cached is left charged to its cgroup.
     assert resident(path) == 0, f"{resident(path)} bytes of {inside} stay cached after the destroy"
+
+
+async def test_the_pids_guard_reads_only_sandboxes_with_a_leaf(driver: LocalDriver,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every live sandbox's pids.events each second made the guard's work grow with the idle
+    # ones, which have no leaf it could end; a command's background process makes one.
+    idle = [await provision(driver) for _ in range(3)]
+    busy = await provision(driver)
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), busy, ("sh", "-c", "sleep 60 & exit 0")), sink)
+    assert result.exit_code == 0, sink.stderr
+    assert driver._cgroups is not None
+    read: list[str] = []
+    counted = driver._cgroups.fork_refusals
+    monkeypatch.setattr(driver._cgroups, "fork_refusals", lambda sid: read.append(sid) or counted(sid))
+    await asyncio.sleep(2.5)  # two guard periods, with room
+    assert busy in read, read
+    assert not set(read) & set(idle), read
