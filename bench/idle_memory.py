@@ -237,9 +237,9 @@ async def main() -> None:
             drift = snapshot(server.proc.pid, instance)
             map_cost = memcg_cost(instance)
             done_at: list[float] = []
-            t0 = time.perf_counter()
+            started = time.perf_counter()
             ids = await create_idle(server.url, args.n, args.concurrency, done_at)
-            took = time.perf_counter() - t0
+            took = time.perf_counter() - started
             await asyncio.sleep(args.settle)
             after = snapshot(server.proc.pid, instance)
             procs = cgroup_pids(instance)
@@ -263,7 +263,7 @@ async def main() -> None:
     load = [f"{x:.2f}" for x in os.getloadavg()]
     print(f"hutch idle memory: local driver, embedded profile, runtime {RUNTIME}, warm pool off; {n} idle sandboxes "
           f"made in {took:.1f} s ({n / took:.0f}/s at {args.concurrency} concurrent; by fifths of the run "
-          f"{rates(t0, done_at)}/s); load average {' '.join(load)} at the end; figures per sandbox, KiB; "
+          f"{rates(started, done_at)}/s); load average {' '.join(load)} at the end; figures per sandbox, KiB; "
           f"'noise' is the same reading's drift over {args.settle:g} s with no sandbox made")
     print("\n| /proc/meminfo | per sandbox | noise (whole, /n) | after destroy-all (whole, /n) |\n|---|---|---|---|")
     mb, md, ma, me = (x.meminfo for x in (before, drift, after, end))
