@@ -104,7 +104,9 @@ def memory_cgroups() -> int:
 def memcg_cost(instance: str, k: int = 20) -> float:
     """kmalloc-1k objects one new memory cgroup costs on this host: its shrinker map, one
     object per 64 ids of the most memcg-aware shrinkers the host ever held at once (the
-    kernel never lowers that mark). Made and removed in the instance's own subtree."""
+    kernel never lowers that mark). Made and removed in the instance's own subtree. Reads
+    low while other memory cgroups on the host are being freed (their maps go meanwhile):
+    the per-sandbox kmalloc-1k row is the firmer figure."""
     probe = MEMCG / instance / "probe-shrinker-map"
     probe.mkdir()
     try:
