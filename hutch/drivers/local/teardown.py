@@ -155,7 +155,7 @@ class Teardown:
                 await self._cgroups.kill(sid, leaf)
                 self._cgroups.remove(sid, leaf)
         # What is left (a terminal's, a file operation's) lingers: the pids guard watches it.
-        self._nsexec.adopt_leaves(sid, self._cgroups.leaves(sid))
+        self._nsexec.adopt_leaves(sid, [leaf for leaf in self._cgroups.leaves(sid) if leaf != "init"])  # v2: pid 1's
 
 
 def _rm_unreadable(func: Callable[..., object], path: str,
