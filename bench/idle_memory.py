@@ -8,8 +8,10 @@ floor), makes ``--n`` idle sandboxes, waits ``--settle`` seconds, reads it a thi
 prints per sandbox the difference: /proc/meminfo (what the whole host gave), the kernel's slab
 caches by object type (/proc/slabinfo: which kernel objects a sandbox is made of), the
 processes in the server's memory cgroups (each sandbox's pid 1: Rss, Pss, private), the
-cgroups' own memory.stat and kmem counters, the mounts in a sandbox's mount namespace, and
-the server process's own Rss and Pss. Then destroys them all and says what was left. On a
+cgroups' own memory.stat and kmem counters, the mounts and superblocks of a sandbox, the
+host's memory cgroups (live and dying), what one new memory cgroup costs the kernel on this host
+(its shrinker map: one kmalloc-1k object per 64 memcg-aware shrinkers, i.e. superblocks, the host
+ever held at once; docs/idle.md), and the server process's own Rss and Pss. Then destroys them all and says what was left. On a
 machine shared with other work the host-wide rows move with it: compare them with the
 noise floor printed beside them. Not a test: docs/benchmarks.md records the figures.
 """
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
+import os
 import random
 import sys
 import tempfile
@@ -49,11 +53,12 @@ def meminfo() -> dict[str, int]:
 
 
 def slabs() -> dict[str, tuple[int, int]]:
-    """Each slab cache's (objects, bytes)."""
+    """Each slab cache's (objects in use, their bytes): active objects, not the slabs' capacity,
+    which grows in whole slabs and says little at a small N."""
     found = {}
     for line in Path("/proc/slabinfo").read_text().splitlines()[2:]:
         f = line.split()
-        found[f[0]] = (int(f[2]), int(f[2]) * int(f[3]))  # num_objs, objsize
+        found[f[0]] = (int(f[1]), int(f[1]) * int(f[3]))  # active_objs, objsize
     return found
 
 
@@ -81,6 +86,42 @@ def mount_count(pid: int) -> int:
     return len(Path(f"/proc/{pid}/mountinfo").read_text().splitlines())
 
 
+def superblocks(pid: int) -> int:
+    """The superblocks a sandbox made: its mounts' distinct devices (a bind mount shares its
+    source's), plus its IPC namespace's internal mqueue mount, which no mount table shows."""
+    return len({line.split()[2] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}) + 1
+
+
+def memory_cgroups() -> int:
+    """The host's memory cgroups, dying ones included (/proc/cgroups counts both)."""
+    for line in Path("/proc/cgroups").read_text().splitlines():
+        f = line.split()
+        if f[0] == "memory":
+            return int(f[2])
+    raise RuntimeError("no memory controller in /proc/cgroups")
+
+
+def memcg_cost(instance: str, k: int = 20) -> float:
+    """kmalloc-1k objects one new memory cgroup costs on this host: its shrinker map, one
+    object per 64 ids of the most memcg-aware shrinkers the host ever held at once (the
+    kernel never lowers that mark). Made and removed in the instance's own subtree. Reads
+    low while other memory cgroups on the host are being freed (their maps go meanwhile):
+    the per-sandbox kmalloc-1k row is the firmer figure."""
+    probe = MEMCG / instance / "probe-shrinker-map"
+    probe.mkdir()
+    try:
+        before = slabs()["kmalloc-1k"][0]
+        for i in range(k):
+            (probe / str(i)).mkdir()
+        after = slabs()["kmalloc-1k"][0]
+    finally:
+        for i in range(k):
+            with contextlib.suppress(FileNotFoundError):
+                (probe / str(i)).rmdir()
+        probe.rmdir()
+    return (after - before) / k
+
+
 def memcg(instance: str) -> dict[str, int]:
     base = MEMCG / instance
     stat = dict(line.split() for line in (base / "memory.stat").read_text().splitlines())
@@ -95,13 +136,15 @@ class Reading:
     slabs: dict[str, tuple[int, int]]
     server: dict[str, int]
     memcg: dict[str, int]
+    memory_cgroups: int
 
 
 def snapshot(server_pid: int, instance: str) -> Reading:
-    return Reading(meminfo(), slabs(), rollup(server_pid), memcg(instance))
+    return Reading(meminfo(), slabs(), rollup(server_pid), memcg(instance), memory_cgroups())
 
 
-async def create_idle(url: str, n: int, concurrency: int) -> list[str]:
+async def create_idle(url: str, n: int, concurrency: int, done_at: list[float] | None = None) -> list[str]:
+    """``done_at``: filled with each create's finishing time (perf_counter), in order."""
     made: list[str] = []
     sem = asyncio.Semaphore(concurrency)
 
@@ -110,6 +153,8 @@ async def create_idle(url: str, n: int, concurrency: int) -> list[str]:
             data = (await r.json())["data"]
             assert data["status"] == "idle", data
             made.append(data["sandboxId"])
+            if done_at is not None:
+                done_at.append(time.perf_counter())
 
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(*(one(s) for _ in range(n)))
@@ -163,6 +208,16 @@ def kib(n: float) -> str:
     return f"{n / 1024:+.1f}"
 
 
+def rates(started: float, done_at: list[float], parts: int = 5) -> str:
+    """Creates per second in each fifth of the run: whether creating slows as N grows."""
+    out = []
+    edges = [started] + [done_at[min(len(done_at) - 1, (len(done_at) * i) // parts - 1)] for i in range(1, parts + 1)]
+    for i in range(parts):
+        made = len(done_at) * (i + 1) // parts - len(done_at) * i // parts
+        out.append(f"{made / max(edges[i + 1] - edges[i], 1e-9):.0f}")
+    return "/".join(out)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200)
@@ -182,13 +237,17 @@ async def main() -> None:
             before = snapshot(server.proc.pid, instance)
             await asyncio.sleep(args.settle)
             drift = snapshot(server.proc.pid, instance)
-            t0 = time.perf_counter()
-            ids = await create_idle(server.url, args.n, args.concurrency)
-            took = time.perf_counter() - t0
+            map_cost = memcg_cost(instance)
+            done_at: list[float] = []
+            started = time.perf_counter()
+            ids = await create_idle(server.url, args.n, args.concurrency, done_at)
+            took = time.perf_counter() - started
             await asyncio.sleep(args.settle)
             after = snapshot(server.proc.pid, instance)
             procs = cgroup_pids(instance)
             mounts = [mount_count(pids[0]) for pids in procs.values() if pids]
+            blocks = [superblocks(pids[0]) for pids in procs.values() if pids]
+            memcgs = sum(1 for d in (MEMCG / instance).rglob("*") if d.is_dir())
             roll = [rollup(p) for pids in procs.values() for p in pids]
             responsive = await responsiveness(server.url, ids)
             t0 = time.perf_counter()
@@ -203,8 +262,10 @@ async def main() -> None:
                 await destroy_all(server.url, ids, args.concurrency)
             server.stop()
     n = args.n
+    load = [f"{x:.2f}" for x in os.getloadavg()]
     print(f"hutch idle memory: local driver, embedded profile, runtime {RUNTIME}, warm pool off; {n} idle sandboxes "
-          f"made in {took:.1f} s ({n / took:.0f}/s at {args.concurrency} concurrent); figures per sandbox, KiB; "
+          f"made in {took:.1f} s ({n / took:.0f}/s at {args.concurrency} concurrent; by fifths of the run "
+          f"{rates(started, done_at)}/s); load average {' '.join(load)} at the end; figures per sandbox, KiB; "
           f"'noise' is the same reading's drift over {args.settle:g} s with no sandbox made")
     print("\n| /proc/meminfo | per sandbox | noise (whole, /n) | after destroy-all (whole, /n) |\n|---|---|---|---|")
     mb, md, ma, me = (x.meminfo for x in (before, drift, after, end))
@@ -221,7 +282,13 @@ async def main() -> None:
           f"each sandbox's pid 1 and any other: Rss {kib(sum(r.get('Rss', 0) for r in roll) / n)}, "
           f"Pss {kib(sum(r.get('Pss', 0) for r in roll) / n)}, private "
           f"{kib(sum(r.get('Private_Clean', 0) + r.get('Private_Dirty', 0) for r in roll) / n)} KiB per sandbox")
-    print(f"mounts in a sandbox's mount namespace: {min(mounts)} to {max(mounts)}")
+    print(f"mounts in a sandbox's mount namespace: {min(mounts)} to {max(mounts)}; superblocks a sandbox made "
+          f"(its mounts' devices and its IPC namespace's mqueue): {min(blocks)} to {max(blocks)}")
+    print(f"memory cgroups: {memcgs / n:.2f} per sandbox in the instance's subtree; the host's (dying included) "
+          f"{before.memory_cgroups} -> {after.memory_cgroups} -> {end.memory_cgroups} after destroy-all "
+          f"({(end.memory_cgroups - before.memory_cgroups) / n:+.2f} per sandbox left); one new memory cgroup costs "
+          f"{map_cost:.0f} kmalloc-1k objects on this host (its shrinker map: the host has held up to "
+          f"~{map_cost * 64:.0f} memcg-aware shrinkers at once)")
     cb, ca = before.memcg, after.memcg
     print("memory cgroups (the server's instance subtree), per sandbox: "
           + ", ".join(f"{k} {kib((ca[k] - cb[k]) / n)}" for k in ca))

@@ -79,6 +79,18 @@ def _stat(directory: Path | None, name: str, key: str) -> int | None:
     return None
 
 
+def _stats(directory: Path | None, name: str) -> dict[str, int]:
+    """A flat-keyed cgroup file (memory.stat) as a dict; empty if it cannot be read."""
+    found: dict[str, int] = {}
+    if directory is None:
+        return found
+    with contextlib.suppress(OSError, ValueError):
+        for line in (directory / name).read_text().splitlines():
+            k, _, value = line.partition(" ")
+            found[k] = int(value)
+    return found
+
+
 def _rmtree(path: Path) -> bool:
     """rmdir a cgroup and its children, deepest first. False if any still has processes.
 
@@ -185,6 +197,22 @@ class Cgroups(abc.ABC):
 
     @abc.abstractmethod
     def _freeze(self, path: Path, frozen: bool) -> None: ...
+
+    @abc.abstractmethod
+    def clean_cache(self, sandbox: str) -> int:
+        """Bytes of clean page cache charged to the sandbox and its leaves; 0 while any of
+        it is dirty or under writeback (reclaiming would write out files about to be
+        deleted with the sandbox's directory), or unknown."""
+
+    @abc.abstractmethod
+    def release_memory(self, sandbox: str) -> None:
+        """Reclaim what is charged to the sandbox's memory cgroup and its leaves, before they
+        are removed: a removed memory cgroup otherwise lives on, dying, while any page
+        charged to it stays cached (a runtime file the sandbox was the first to read), and
+        each dying one keeps its per-cgroup kernel state: a shrinker map sized by the most
+        superblocks the host ever held at once (784 KiB a cgroup on a host that once ran
+        10,000 sandboxes; docs/idle.md). A few milliseconds of reclaim: call it from a
+        worker thread. Best effort: what cannot be reclaimed stays charged."""
 
     @abc.abstractmethod
     def sandboxes(self) -> set[str]: ...
@@ -299,7 +327,11 @@ class CgroupV1(Cgroups):
             if swap.exists():  # limit + swap == limit: no swapping out of the limit
                 _write(swap, str(memory))
         if cpu_millis and "cpu" in base:
-            _write(base["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            # Each write of either file walks every cpu cgroup on the host (the kernel checks
+            # the whole tree's bandwidth): ~21 ns a cgroup, measured. A new cgroup already
+            # has the default period, so the write is skipped then.
+            if _number(base["cpu"], "cpu.cfs_period_us", 1) != CFS_PERIOD_US:
+                _write(base["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
             _write(base["cpu"] / "cpu.cfs_quota_us", str(max(1000, cpu_millis * CFS_PERIOD_US // 1000)))
         if pids and "pids" in base:
             _write(base["pids"] / "pids.max", str(pids))
@@ -354,6 +386,22 @@ class CgroupV1(Cgroups):
         except FileNotFoundError:
             pass
         return 0
+
+    def _memory_dir(self, sandbox: str) -> Path | None:
+        return self.mounts["memory"] / PARENT / self.instance / sandbox if "memory" in self.mounts else None
+
+    def clean_cache(self, sandbox: str) -> int:
+        stat = _stats(self._memory_dir(sandbox), "memory.stat")
+        if stat.get("total_dirty", 0) or stat.get("total_writeback", 0):
+            return 0
+        return stat.get("total_cache", 0)  # hierarchical: leaves removed earlier included
+
+    def release_memory(self, sandbox: str) -> None:
+        path = self._memory_dir(sandbox)
+        # An error (the cgroup already gone, a signal) leaves it as it was: no worse than before.
+        with contextlib.suppress(OSError):
+            if path is not None:
+                _write(path / "memory.force_empty", "0")
 
     def _freeze(self, path: Path, frozen: bool) -> None:
         state = path / "freezer.state"
@@ -455,6 +503,22 @@ class CgroupV2(Cgroups):
         except FileNotFoundError:
             pass
         return 0
+
+    def clean_cache(self, sandbox: str) -> int:
+        if "memory" not in self.controllers:
+            return 0
+        stat = _stats(self.paths(sandbox)[0], "memory.stat")
+        if stat.get("file_dirty", 0) or stat.get("file_writeback", 0):
+            return 0
+        return stat.get("file", 0)
+
+    def release_memory(self, sandbox: str) -> None:
+        path = self.paths(sandbox)[0]
+        held = _number(path, "memory.current", 1)
+        # EAGAIN when less than asked could be reclaimed: what is left stays charged.
+        with contextlib.suppress(OSError):
+            if held:
+                _write(path / "memory.reclaim", str(int(held)))
 
     def _freeze(self, path: Path, frozen: bool) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
@@ -57,6 +57,7 @@ class Nsexec:
         self._registry = registry
         self._cgroups = cgroups
         self._lingering: dict[str, set[str]] = {}  # leaves kept alive by background processes
+        self._leaves: dict[str, set[str]] = {}  # every leaf made and not removed yet: in use or lingering
         self._pids: dict[str, int] = {}  # leaf -> pid of the helper running it (rootless kills)
         self._leaders: dict[str, int] = {}  # leaf -> pid of the command the zygote forked (the same)
         self.zygote_runs = 0  # commands pid 1 forked (zygote.py), for tests and benchmarks
@@ -68,7 +69,7 @@ class Nsexec:
         a tenant's variables are secrets, and a command line is readable by every host user."""
         assert self.path is not None
         assert env is None or pass_fds is not None
-        procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
+        procs = self._make_leaf(sb.id, leaf)
         cmd = [str(self.path), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
                "--cwd", cwd, "--status-fd", str(status_w), *rlimit_args(sb)]
         for p in procs:
@@ -97,7 +98,7 @@ class Nsexec:
         pid 1 (zygote.py) where it takes requests; (exit code, timed out, status message).
         ``launched`` is called once the helper is started (the request sent)."""
         if mode == "exec" and zygote.enabled():
-            procs = self._cgroups.create_leaf(sb.id, leaf) if self._cgroups is not None else []
+            procs = self._make_leaf(sb.id, leaf)
 
             def leader(pid: int) -> None:
                 self._leaders[leaf] = pid
@@ -160,11 +161,26 @@ class Nsexec:
         elif leaf in self._pids:
             await asyncio.to_thread(helper.kill_session, self._pids[leaf], signum, once=True)
 
+    def _make_leaf(self, sid: str, leaf: str) -> list[Path]:
+        if self._cgroups is None:  # rootless: no leaves
+            return []
+        procs = self._cgroups.create_leaf(sid, leaf)
+        self._leaves.setdefault(sid, set()).add(leaf)
+        return procs
+
+    def _removed(self, sid: str, leaf: str) -> None:
+        leaves = self._leaves.get(sid)
+        if leaves is not None:
+            leaves.discard(leaf)
+            if not leaves:
+                del self._leaves[sid]
+
     def drop_leaf(self, sid: str, leaf: str) -> None:
         if self._cgroups is None:  # rootless: no leaves
             return
         with contextlib.suppress(OSError):
             if self._cgroups.remove(sid, leaf):
+                self._removed(sid, leaf)
                 return
         self._lingering.setdefault(sid, set()).add(leaf)
 
@@ -176,10 +192,24 @@ class Nsexec:
             for leaf in list(leaves):
                 if self._cgroups.remove(sid, leaf):
                     leaves.discard(leaf)
+                    self._removed(sid, leaf)
+
+    def adopt_leaves(self, sid: str, leaves: Iterable[str]) -> None:
+        """Leaves an earlier server left in an adopted sandbox: lingering from here on."""
+        for leaf in leaves:
+            self._leaves.setdefault(sid, set()).add(leaf)
+            self._lingering.setdefault(sid, set()).add(leaf)
+
+    def with_leaves(self) -> set[str]:
+        """The sandboxes that have a leaf besides pid 1's: a command, file operation or
+        terminal in progress, or one that ended and left processes behind. Only these can
+        hold a leaf the pids guard would end; an idle sandbox has none (pidsguard.py)."""
+        return set(self._leaves)
 
     def forget(self, sid: str) -> None:
         """The sandbox is being torn down: its lingering leaves go with its cgroup."""
         self._lingering.pop(sid, None)
+        self._leaves.pop(sid, None)
 
     def raise_status(self, status: str, sid: str) -> None:
         """Raise what the helper's status message says went wrong, if anything."""

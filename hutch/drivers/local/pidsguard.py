@@ -3,8 +3,9 @@
 A command that starts a fork bomb in the background and ends (``b(){ b | b & }; b;
 exit``) leaves the sandbox at its pids limit for ever: no later command can fork, so it
 is unusable until destroyed (timeouts and cancel only reach commands still running).
-Every second the guard reads each live sandbox's pids.events "max" counter (forks the
-limit refused); when it grew in two consecutive seconds, the leaf of an ended execution
+Every second the guard reads the pids.events "max" counter (forks the limit refused) of
+each sandbox that has a leaf besides pid 1's (an idle one has none, and nothing to end);
+when it grew in two consecutive seconds, the leaf of an ended execution
 (lingering with its background processes) holding the most processes is killed whole.
 A running command is left to its timeout or a cancel: it still has a handle and an owner.
 One burst that touches the limit once is left alone. The nomad plugin does the same with its
