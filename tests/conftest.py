@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not _needs_a_service(item)]
+
+
+# ---------------------------------------------------------------- two lanes
+
+# scripts/test runs the suite in two pytest-xdist workers (``-n 2``): much of a
+# test's time is waiting (Nomad placements, leases, node-loss timeouts, service restarts), and one
+# worker left a third of the two cores idle. Each test is in one of two lanes, run in order on one
+# worker each, so a lane never meets itself: what shares a machine-wide resource that a test
+# stops, cuts or counts stays in one lane. The side lane holds everything that uses the 3-client
+# cluster (tests/cluster stops and restarts it, cuts its links), and self-contained modules
+# (their own servers and services) that balance the two lanes' time; the main lane all else,
+# among it every other user of the one Nomad dev agent. Without xdist (``-n 0``) this does nothing.
+SIDE_LANE = (
+    "tests/cluster/", "tests/infra/",  # the cluster, and Terraform onto it
+    "tests/adversarial/test_node_namespace.py", "tests/adversarial/test_nomad_attacker.py",
+    "tests/adversarial/test_pass2_nomad_api.py", "tests/adversarial/test_pass2_nomad_network.py",
+    "tests/system/",  # restarts and kills of their own services, servers and node agents
+    "tests/e2b/", "tests/packaging/", "tests/webapp/", "tests/mcp/",
+)
+
+
+def lane(nodeid: str) -> str:
+    return "side" if nodeid.startswith(SIDE_LANE) else "main"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduler that hands out whole scopes, with a lane as the scope. (Its own
+    ``xdist_group`` marks do not reach the scheduler under pytest 9.2: xdist 3.8 writes the group
+    into ``item._nodeid``, which pytest no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(nodeid)
+
+    return Lanes(config, log)
