@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,8 +108,61 @@ def _needs_a_service(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("quick"):
+        items.sort(key=_rank)  # stable: a module's tests keep their order
         return
     slow = [item for item in items if _needs_a_service(item)]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not _needs_a_service(item)]
+
+
+# ---------------------------------------------------------------- two workers
+
+# scripts/test runs the suite on two pytest-xdist workers (``-n 2``): much of a test's time is
+# waiting (Nomad placements, leases, node-loss timeouts, service restarts), and one process at a
+# time left a third of the two cores idle. xdist hands out whole scopes: here a scope is a test
+# module (its module fixtures made once), except that every user of the 3-client cluster is one
+# scope, run in order on one worker: tests/cluster stops and restarts the cluster and cuts its
+# links, which no other test may meet. Each module makes its own servers, databases, topics and
+# sandboxes, so two modules at once share only what a production host shares between servers
+# (the Nomad dev agent, the Kafka broker, the PostgreSQL server). Without xdist (``-n 0``) only
+# the order below applies.
+CLUSTER_USERS = (
+    "tests/cluster/", "tests/infra/",  # the cluster, and Terraform onto it
+    "tests/adversarial/test_node_namespace.py", "tests/adversarial/test_nomad_attacker.py",
+    "tests/adversarial/test_pass2_nomad_api.py", "tests/adversarial/test_pass2_nomad_network.py",
+)
+# The longest scopes go first, so that neither worker is left with a long one at the end (the
+# cluster's, ~8 minutes, before all; then modules of a minute or more).
+LONG_FIRST = (
+    "tests/docs/test_code_blocks.py", "tests/compat/test_agentuity_client.py",
+    "tests/compat/test_agentuity_cli.py", "tests/nomad/test_nomad_isolation.py",
+    "tests/system/test_production.py", "tests/e2b/test_upstream.py", "tests/api/test_openapi_fuzz.py",
+    "tests/contracts/test_driver.py", "tests/nomad/test_exec_agent.py", "tests/adversarial/test_tenancy.py",
+    "tests/packaging/test_wheel.py", "tests/system/test_log_identity.py",
+)
+
+
+def scope(nodeid: str) -> str:
+    return "cluster" if nodeid.startswith(CLUSTER_USERS) else nodeid.split("::")[0]
+
+
+def _rank(item: pytest.Item) -> int:
+    where = scope(item.nodeid)
+    if where == "cluster":
+        return 0
+    return 1 + LONG_FIRST.index(where) if where in LONG_FIRST else len(LONG_FIRST) + 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduler of whole scopes, with ``scope`` above as the scope, handed out in the
+    collection's order (which ``_rank`` made longest first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    config.option.loadscopereorder = False  # xdist's own order is by test count, not time
+    return Scopes(config, log)
