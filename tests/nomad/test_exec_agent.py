@@ -18,6 +18,7 @@ import pytest
 from hutch.core.errors import DriverFailure
 from hutch.drivers.base import ExecRequest, ProvisionRequest, ResourceLimits
 from hutch.drivers.nomad import agent as agent_module
+from hutch.drivers.nomad import agents as agents_module
 from hutch.drivers.nomad.agent import ExecAgent
 from hutch.drivers.nomad.client import NomadClient
 from hutch.drivers.nomad.driver import NomadDriver
@@ -227,6 +228,32 @@ async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resour
         assert (code, sink.stdout) == (0, "ok\nin")
     results = await asyncio.gather(*(run(driver, sid, ["echo", str(i)]) for i in range(4)))
     assert [(c, s.stdout) for c, s in results] == [(0, f"{i}\n") for i in range(4)]
+
+
+def host_threads(alloc_id: str) -> int:
+    """The threads of the sandbox's exec agent, counted from the host (the dev agent's client is
+    this machine): a command in the sandbox counting them would have the agent make some."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            inside = f"sandbox-{alloc_id}" in Path(f"/proc/{pid}/cgroup").read_text()
+            if inside and b"hutch-exec-agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    raise AssertionError(f"no exec agent in allocation {alloc_id}")
+
+
+async def test_the_agent_makes_its_spare_threads_as_it_starts(driver: NomadDriver) -> None:
+    """The threads the Go runtime needs are made while pids are free: a command that filled the
+    limit (a fork bomb) left the agent at 3 threads, and the next one the runtime needed (a
+    write that blocked under load) aborted it, and the command with it ("its exec agent ended
+    while the command ran"; tests/adversarial/test_pass2_nomad.py, the fork bomb)."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=ResourceLimits(pids=64)))
+    await until_agent(driver, sid)
+    # Its spares, the thread running it, sysmon and the thread that made the spares.
+    assert host_threads(driver.running(sid).alloc_id) >= agents_module.spare_threads(64) + 3
+    assert agents_module.spare_threads(12) == 0  # test_a_starved_sandbox_still_runs_commands's 12 pids
 
 
 @pytest.mark.parametrize("end", ["timeout", "cancel"])

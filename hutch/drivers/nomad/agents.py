@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 
 from hutch.core.errors import DriverFailure
+from hutch.drivers.base import DEFAULT_PIDS
 from hutch.drivers.nomad.agent import ExecAgent
 from hutch.drivers.nomad.client import NomadClient
 from hutch.drivers.nomad.exec_modes import check_mode
@@ -45,6 +46,16 @@ SOURCE = Path(__file__).resolve().parents[3] / "scripts" / "services.d" / "nomad
 PAUSE_WAIT = 30.0  # seconds a pause waits for an agent start in progress
 RETRY_MAX = 60.0  # seconds between restarts of an agent that keeps failing, at most
 AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The idle threads an agent makes as it starts (exec-agent/main.go, spareThreads): one the Go
+# runtime needs and cannot make at the sandbox's pids limit aborts the agent. A pids limit too
+# small to spare them all (the agent would take pids its commands need) spares one per 8 pids
+# past 16: a sandbox of 12 pids gets none, as before.
+SPARE_THREADS = 6
+
+
+def spare_threads(pids_limit: int) -> int:
+    """The idle threads the agent of a sandbox with ``pids_limit`` makes as it starts."""
+    return min(SPARE_THREADS, max(0, (pids_limit - 16) // 8))
 
 
 def binary_path(source: Path = SOURCE) -> Path:
@@ -146,12 +157,14 @@ class ExecAgents:
         if old is not None:
             await old.close()
         agent = ExecAgent(self.client, sb.alloc_id, TASK, sb.id)
-        # The plugin's envelope (drivers/nomad/execs.py): the agent gets a tag of its own; the
-        # commands it forks get theirs (and their own environment) from each request.
-        # GOMAXPROCS=1: fewer threads, each of which counts against the sandbox's pids limit.
-        envelope = json.dumps({"env": [f"PATH={AGENT_PATH}", f"HOME={HOME}", "GOMAXPROCS=1"], "cwd": HOME,
-                               "tag": f"agent-{uuid.uuid4().hex}"})
         try:
+            # The plugin's envelope (drivers/nomad/execs.py): the agent gets a tag of its own; the
+            # commands it forks get theirs (and their own environment) from each request.
+            # GOMAXPROCS=1: fewer threads, each of which counts against the sandbox's pids limit.
+            spare = spare_threads(await self._pids_limit(sb.job_id))
+            envelope = json.dumps({"env": [f"PATH={AGENT_PATH}", f"HOME={HOME}", "GOMAXPROCS=1",
+                                           f"HUTCH_EXEC_SPARE_THREADS={spare}"],
+                                   "cwd": HOME, "tag": f"agent-{uuid.uuid4().hex}"})
             await agent.start(self._binary, envelope)
         except Exception as err:  # any failure to start leaves the old path; the next try is later
             count = self._failures.get(sb.id, (0, 0.0))[0] + 1
@@ -163,6 +176,12 @@ class ExecAgents:
         self._failures.pop(sb.id, None)
         self._agents[sb.id] = agent
         log.debug("sandbox %s: exec agent runs (pid %s)", sb.id, agent.pid)
+
+    async def _pids_limit(self, job_id: str) -> int:
+        """The sandbox's pids limit, from its job (jobs.job_spec): the sandbox cannot see it."""
+        job = await self.client.job(job_id)
+        limit = job["TaskGroups"][0]["Tasks"][0]["Config"].get("pids_limit")
+        return int(limit) if limit else DEFAULT_PIDS
 
     async def hold(self, sandbox_id: str) -> None:
         """Before a pause: no new agent start, and one in progress finished (PAUSE_WAIT at most).

@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,6 +43,13 @@ const (
 	// (command/agent/alloc_endpoint.go), and only then ends the exec (and this agent): an idle
 	// agent writes a heartbeat so an API that died without closing its session is noticed.
 	heartbeatEvery = 2 * time.Second
+)
+
+// How many idle threads the agent makes as it starts (drivers/nomad/agents.py sets it from the
+// sandbox's pids limit), and the most it makes whatever it is told.
+const (
+	spareEnv  = "HUTCH_EXEC_SPARE_THREADS"
+	spareMost = 16
 )
 
 type startRequest struct {
@@ -75,6 +83,8 @@ func main() {
 	if len(os.Args) > 1 {
 		_ = os.Remove(os.Args[1]) // the copy we were started from: nothing left in the sandbox's /tmp
 	}
+	spare, _ := strconv.Atoi(os.Getenv(spareEnv))
+	spareThreads(min(max(spare, 0), spareMost))
 	// No signal is ignored here: an ignored disposition would pass to the commands through exec.
 	a := &agent{out: bufio.NewWriterSize(os.Stdout, 64<<10), cmds: map[uint32]*command{}, pids: map[int]*command{}}
 	go a.reap()
@@ -106,6 +116,30 @@ func beyondReach() error {
 		}
 	}
 	return nil
+}
+
+// spareThreads makes n OS threads now and leaves them idle. The runtime hands the agent's work
+// to another thread whenever a goroutine sits in a system call (GOMAXPROCS=1: the one P is
+// taken from it), and makes that thread when it has no idle one; it never ends an idle one. A
+// thread is a pid of the sandbox: made lazily, the first one needed once a command had filled
+// the pids limit (a fork bomb; a slow write under load) could not be made, and the runtime
+// aborts then ("failed to create new OS thread"), taking every running command's session
+// with it. Made now, the agent holds the threads it needs before its commands can take them.
+func spareThreads(n int) {
+	var locked, release sync.WaitGroup
+	locked.Add(n)
+	release.Add(1)
+	for range n {
+		go func() {
+			// Locked, the goroutine keeps its thread while it waits: the next one needs another.
+			runtime.LockOSThread()
+			locked.Done()
+			release.Wait()
+			runtime.UnlockOSThread() // its thread goes idle, kept by the runtime
+		}()
+	}
+	locked.Wait()
+	release.Done()
 }
 
 func (a *agent) heartbeat() {
