@@ -116,6 +116,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if not _needs_a_service(item)]
 
 
+# ---------------------------------------------------------------- what a rerun failed on
+
+# scripts/test runs a failed test once more (--reruns 1); pytest-rerunfailures' summary then names
+# a test that passed on its second try but keeps nothing of why the first failed. Kept here (on
+# xdist's controller too, which sees every worker's reports) and printed at the end.
+_RERUN_ERRORS: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun" and report.longrepr is not None:  # pytest-rerunfailures' own outcome
+        _RERUN_ERRORS.append((f"{report.nodeid} ({report.when})", str(report.longrepr)))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _RERUN_ERRORS:
+        terminalreporter.section("why the reruns failed the first time")
+        for where, text in _RERUN_ERRORS:
+            lines = text.splitlines()
+            terminalreporter.write_line(f"{where}: ...{len(lines) - 40} lines above" if len(lines) > 40 else f"{where}:")
+            for line in lines[-40:]:
+                terminalreporter.write_line(line)
+
+
 # ---------------------------------------------------------------- two workers
 
 # scripts/test runs the suite on two pytest-xdist workers (``-n 2``): much of a test's time is
