@@ -4,8 +4,12 @@ by its two environment variables, as a user would."""
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +26,18 @@ class E2bServer:
         """An admin key of a new organization ``name`` (made by the bootstrap key)."""
         org = self.server.data("POST", "/orgs", {"name": name})
         return str(self.server.data("POST", f"/keys?orgId={org['id']}", {"role": "admin"})["secret"])
+
+    def call(self, method: str, path: str, body: Any = None, key: str = KEY) -> tuple[int, Any]:
+        """A raw call of the E2B control API: (status, JSON answer), errors included."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"X-API-Key": key, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, driver: str = "local", **env: str) -> Iterator[E2bServer]:

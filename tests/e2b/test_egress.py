@@ -5,9 +5,6 @@ does not reach: tests/e2b/upstream/EXCLUDED.)"""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
@@ -15,7 +12,6 @@ from e2b import Sandbox, SandboxNetworkOpts
 from e2b.exceptions import SandboxException
 
 from tests.e2b.conftest import E2bServer
-from tests.system.server import KEY
 
 
 def _network(server: E2bServer, sbx: Sandbox) -> tuple[bool, list[str] | None]:
@@ -69,7 +65,7 @@ def test_egress_rules_hutch_cannot_keep_are_refused_naming_them(e2b_env: E2bServ
 ])
 def test_a_malformed_network_is_refused_in_e2bs_shape(e2b_env: E2bServer, body: dict[str, Any], status: int,
                                                       says: str) -> None:
-    code, answer = _e2b(e2b_env, "POST", "/sandboxes", {"templateID": "base", "timeout": 30, **body})
+    code, answer = e2b_env.call("POST", "/sandboxes", {"templateID": "base", "timeout": 30, **body})
     assert (code, answer["code"]) == (status, status) and says in answer["message"], answer
 
 
@@ -78,16 +74,5 @@ def test_a_running_sandboxs_egress_cannot_be_changed(e2b_env: E2bServer) -> None
         with pytest.raises(SandboxException, match="501: network: hutch sets a sandbox's egress rules when"):
             sbx.update_network({"deny_out": ["8.8.8.8"]})
         other = e2b_env.key_of_new_org("e2bnetother")
-        code, answer = _e2b(e2b_env, "PUT", f"/sandboxes/{sbx.sandbox_id}/network", {}, key=other)
+        code, answer = e2b_env.call("PUT", f"/sandboxes/{sbx.sandbox_id}/network", {}, key=other)
         assert code == 404, answer  # another organization's sandbox is not there at all
-
-
-def _e2b(server: E2bServer, method: str, path: str, body: Any = None, key: str = KEY) -> tuple[int, Any]:
-    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode() if body is not None else None,
-                                 method=method, headers={"X-API-Key": key, "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            raw = resp.read()
-            return resp.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())

@@ -4,9 +4,6 @@ another's key, a fork's timeout is its own, and bad input is refused naming the 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
@@ -14,24 +11,11 @@ from e2b import Sandbox
 from e2b.exceptions import NotFoundException, SandboxException, SandboxNotFoundException
 
 from tests.e2b.conftest import E2bServer
-from tests.system.server import KEY
 
 
 @pytest.fixture(scope="module")
 def sandbox(e2b_env: E2bServer) -> Sandbox:
     return Sandbox.create(timeout=120)
-
-
-def _e2b(server: E2bServer, method: str, path: str, body: Any = None, key: str = KEY) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(server.url + path, data=data, method=method,
-                                 headers={"X-API-Key": key, "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            raw = resp.read()
-            return resp.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 def test_a_snapshot_seeds_sandboxes_and_is_its_organizations_only(e2b_env: E2bServer, sandbox: Sandbox) -> None:
@@ -100,8 +84,7 @@ def test_a_fork_has_the_files_the_forkers_organization_and_its_own_timeout(e2b_e
 ])
 def test_bad_input_is_refused_in_e2bs_shape_naming_the_field(e2b_env: E2bServer, sandbox: Sandbox, method: str,
                                                              path: str, body: Any, status: int, says: str) -> None:
-    code, answer = _e2b(e2b_env, method, path.format(id=sandbox.sandbox_id), body)
+    code, answer = e2b_env.call(method, path.format(id=sandbox.sandbox_id), body)
     assert (code, answer["code"]) == (status, status), answer
     assert says in answer["message"], answer
     assert sandbox.is_running()
-
