@@ -105,6 +105,16 @@ def private_lan() -> Iterator[None]:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+@contextlib.contextmanager
+def own_rules() -> Iterator[None]:
+    """This process's rules (its name server stand-in, its permits) in force until the block
+    ends: another test process's server start on this host installs its own, and would
+    otherwise replace them between this test's install and its probes."""
+    with network.host_firewall_lock():
+        network.install_firewall()
+        yield
+
+
 @pytest.fixture
 async def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalDriver]:
     # The LAN's server stands in for the host's name server (10.255.255.53 here: a private
@@ -149,18 +159,65 @@ async def test_private_ranges_are_denied_but_dns_to_the_name_servers_is_not(driv
                                                 network_allow=(f"{inet[0]}/32", LAN)))
         try:
             for sid in (open_sid, listed_sid):
-                network._firewall_ready = False  # another server's start on this host may have reset the chains
-                network.ensure_firewall()
-                seen = await probe(driver, sid, [inet, (LAN_SERVER, 8080), (LAN_SERVER, 53), (LAN_HOST, 8080)])
-                assert seen[f"{inet[0]}:{inet[1]}"].startswith("open HTTP/1."), seen  # the internet still is
-                assert not seen[f"{LAN_SERVER}:8080"].startswith("open"), (sid, seen)
-                assert not seen[f"{LAN_HOST}:8080"].startswith("open"), (sid, seen)
-                assert seen[f"{LAN_SERVER}:53"].startswith("open HTTP/1.0 200"), (sid, seen)  # DNS over tcp
-                assert await udp(driver, sid, LAN_SERVER, 53) == "dns:q"  # and over udp
-                assert await udp(driver, sid, LAN_SERVER, 54) != "dns:q"
+                with own_rules():
+                    seen = await probe(driver, sid, [inet, (LAN_SERVER, 8080), (LAN_SERVER, 53), (LAN_HOST, 8080)])
+                    assert seen[f"{inet[0]}:{inet[1]}"].startswith("open HTTP/1."), seen  # the internet still is
+                    assert not seen[f"{LAN_SERVER}:8080"].startswith("open"), (sid, seen)
+                    assert not seen[f"{LAN_HOST}:8080"].startswith("open"), (sid, seen)
+                    assert seen[f"{LAN_SERVER}:53"].startswith("open HTTP/1.0 200"), (sid, seen)  # DNS over tcp
+                    assert await udp(driver, sid, LAN_SERVER, 53) == "dns:q"  # and over udp
+                    assert await udp(driver, sid, LAN_SERVER, 54) != "dns:q"
         finally:
             for sid in (open_sid, listed_sid):
                 await driver.destroy(sid)
+
+
+# Connects to each target as fast as it can for a few seconds; prints how many got through.
+KNOCK = r"""
+import socket, sys, time
+targets = [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in sys.argv[2:]]
+end, opened, tries = time.monotonic() + float(sys.argv[1]), 0, 0
+while time.monotonic() < end:
+    for target in targets:
+        tries += 1
+        try:
+            socket.create_connection(target, 0.05).close(); opened += 1
+        except OSError:
+            pass
+print(opened, tries)
+"""
+
+
+async def test_a_server_start_never_opens_the_walls_while_it_rewrites_them(driver: LocalDriver) -> None:
+    """Every hutch process on a host (a restarted server, another node agent, a CLI's engine)
+    installs the chains at its start while other processes' sandboxes run. An attacker's
+    sandbox knocks on a private LAN and on the host without pause meanwhile: not one
+    connection may get through a half-written rule set."""
+    host = await asyncio.start_server(lambda r, w: w.close(), "0.0.0.0", 0)
+    host_port = host.sockets[0].getsockname()[1]
+    with private_lan():
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=True))
+        try:
+            stop = time.monotonic() + 6
+            def restarts() -> int:
+                n = 0
+                while time.monotonic() < stop:
+                    network._firewall_ready = False
+                    network.ensure_firewall()
+                    n += 1
+                return n
+            sink = Recorder()
+            knock = driver.exec(ExecRequest(new_id("ex"), sid, ["python3", "-c", KNOCK, "5", f"{LAN_SERVER}:8080",
+                                                               f"{LAN_HOST}:{host_port}"], timeout=60), sink)
+            _, installs = await asyncio.gather(knock, asyncio.to_thread(restarts))
+            opened, tries = map(int, sink.stdout.split())
+            assert installs >= 5 and tries >= 50, (installs, tries, sink.stderr)
+            assert opened == 0, f"{opened} of {tries} connections got through during {installs} installs"
+        finally:
+            await driver.destroy(sid)
+            host.close()
+            await host.wait_closed()
 
 
 async def test_an_operator_permits_a_private_range_by_name(driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,10 +227,9 @@ async def test_an_operator_permits_a_private_range_by_name(driver: LocalDriver, 
         sid = new_id()
         await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=True))
         try:
-            network._firewall_ready = False
-            network.ensure_firewall()
-            seen = await probe(driver, sid, [(LAN_SERVER, 8080)])
-            assert seen[f"{LAN_SERVER}:8080"].startswith("open HTTP/1.0 200"), seen
+            with own_rules():
+                seen = await probe(driver, sid, [(LAN_SERVER, 8080)])
+                assert seen[f"{LAN_SERVER}:8080"].startswith("open HTTP/1.0 200"), seen
         finally:
             await driver.destroy(sid)
             network._firewall_ready = False

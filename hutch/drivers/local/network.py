@@ -45,6 +45,7 @@ import socket
 import struct
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from hutch.core import egress
@@ -56,6 +57,7 @@ PREFIX = "hz"
 PUBLIC_DNS = ("1.1.1.1", "8.8.8.8")
 
 ALLOW_CHAIN = "HUTCH-ALLOW"
+FIREWALL_LOCK = Path("/run/lock/hutch-firewall.lock")
 
 _firewall_lock = threading.Lock()
 _firewall_ready = False
@@ -114,34 +116,50 @@ def ensure_firewall() -> None:
             return
         if not Path("/usr/sbin/iptables").exists() and _run("sh", "-c", "command -v iptables", check=False).returncode:
             raise DriverFailure("sandbox networking needs iptables (apt-get install iptables)")
-        drops = [str(SUBNET), *denied()]
-        for table, chain in (("filter", "HUTCH-IN"), ("filter", "HUTCH-FWD"), ("nat", "HUTCH-NAT")):
-            _iptables("-t", table, "-N", chain, check=False)
-            _iptables("-t", table, "-F", chain)
-        _iptables("-N", ALLOW_CHAIN, check=False)  # not flushed: live sandboxes' allow-lists
-        est = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
-        _iptables("-A", "HUTCH-IN", *est)
-        _iptables("-A", "HUTCH-IN", "-j", "DROP")
-        _iptables("-A", "HUTCH-FWD", "-o", f"{PREFIX}+", *est)
-        _iptables("-A", "HUTCH-FWD", "-o", f"{PREFIX}+", "-j", "DROP")
-        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}p+", "-j", "DROP")
-        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-j", ALLOW_CHAIN)
-        # Before the drops: the name servers are often private addresses (10.255.255.53 here).
-        for ns in nameservers():
-            for proto in ("udp", "tcp"):
-                _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-d", f"{ns}/32", "-p", proto, "--dport", "53",
-                          "-j", "ACCEPT")
-        for cidr in drops:
-            _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-d", cidr, "-j", "DROP")
-        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}n+", "-j", "ACCEPT")
-        _iptables("-A", "HUTCH-FWD", "-i", f"{PREFIX}+", "-j", "DROP")
-        _iptables("-t", "nat", "-A", "HUTCH-NAT", "-s", str(SUBNET), "!", "-o", f"{PREFIX}+", "-j", "MASQUERADE")
-        _ensure_rule("filter", "INPUT", "-i", f"{PREFIX}+", "-j", "HUTCH-IN")
-        _ensure_rule("filter", "FORWARD", "-i", f"{PREFIX}+", "-j", "HUTCH-FWD")
-        _ensure_rule("filter", "FORWARD", "-o", f"{PREFIX}+", "-j", "HUTCH-FWD")
-        _ensure_rule("nat", "POSTROUTING", "-s", str(SUBNET), "-j", "HUTCH-NAT")
-        _ensure_ipv6_wall()
+        with host_firewall_lock():
+            install_firewall()
         _firewall_ready = True
+
+
+@contextlib.contextmanager
+def host_firewall_lock() -> Iterator[None]:
+    """One installer at a time on this host: two processes starting together would each find
+    a jump missing and both insert it (``-C`` then ``-I`` is not atomic)."""
+    FIREWALL_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(FIREWALL_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def install_firewall() -> None:
+    """Replace the chains whole, each table in one iptables-restore commit. Other processes'
+    sandboxes run while a server starts: flushing a chain and appending its rules one by one
+    left them, between the flush and the last drop, with no wall at all (the chains are
+    empty, the built-in chains' policy is ACCEPT): the host and the private ranges open for
+    a tenth of a second at every start (tests/adversarial/test_local_network.py). Declaring a
+    chain in a ``--noflush`` restore empties and refills it in the same transaction."""
+    est = "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"
+    fwd = [f"-A HUTCH-FWD -o {PREFIX}+ {est}", f"-A HUTCH-FWD -o {PREFIX}+ -j DROP",
+           f"-A HUTCH-FWD -i {PREFIX}p+ -j DROP", f"-A HUTCH-FWD -i {PREFIX}n+ -j {ALLOW_CHAIN}"]
+    # Before the drops: the name servers are often private addresses (10.255.255.53 here).
+    fwd += [f"-A HUTCH-FWD -i {PREFIX}n+ -d {ns}/32 -p {proto} --dport 53 -j ACCEPT"
+            for ns in nameservers() for proto in ("udp", "tcp")]
+    fwd += [f"-A HUTCH-FWD -i {PREFIX}n+ -d {cidr} -j DROP" for cidr in [str(SUBNET), *denied()]]
+    fwd += [f"-A HUTCH-FWD -i {PREFIX}n+ -j ACCEPT", f"-A HUTCH-FWD -i {PREFIX}+ -j DROP"]
+    _iptables("-N", ALLOW_CHAIN, check=False)  # not in the restore: live sandboxes' allow-lists stay
+    _run("iptables-restore", "-w", "--noflush", stdin="\n".join([
+        "*filter", ":HUTCH-IN - [0:0]", ":HUTCH-FWD - [0:0]",
+        f"-A HUTCH-IN {est}", "-A HUTCH-IN -j DROP", *fwd, "COMMIT",
+        "*nat", ":HUTCH-NAT - [0:0]", f"-A HUTCH-NAT -s {SUBNET} ! -o {PREFIX}+ -j MASQUERADE", "COMMIT",
+    ]) + "\n")
+    _ensure_rule("filter", "INPUT", "-i", f"{PREFIX}+", "-j", "HUTCH-IN")
+    _ensure_rule("filter", "FORWARD", "-i", f"{PREFIX}+", "-j", "HUTCH-FWD")
+    _ensure_rule("filter", "FORWARD", "-o", f"{PREFIX}+", "-j", "HUTCH-FWD")
+    _ensure_rule("nat", "POSTROUTING", "-s", str(SUBNET), "-j", "HUTCH-NAT")
+    _ensure_ipv6_wall()
 
 
 def _sysctl_write(path: str, value: str) -> None:
