@@ -51,47 +51,43 @@ func xtables(tool string, args ...string) error {
 	return nil
 }
 
-// installFirewall puts the HUTCH-NOMAD-IN / HUTCH-NOMAD-FWD chains in place.
+// installFirewall puts the HUTCH-NOMAD-IN / HUTCH-NOMAD-FWD chains in place, each table in
+// one iptables-restore commit: the plugin starts (a Nomad client restart) while sandboxes run,
+// and flushing the chains then appending rule by rule left them empty in between, the
+// built-in chains' ACCEPT policy letting a sandbox reach the host and denied networks.
+// Declaring a chain in a --noflush restore empties and refills it in the same transaction.
 func installFirewall(extraDenied []string) error {
 	firewallMu.Lock()
 	defer firewallMu.Unlock()
-	for _, chain := range []string{"HUTCH-NOMAD-IN", "HUTCH-NOMAD-FWD"} {
-		_ = ipt("-N", chain)
-		if err := ipt("-F", chain); err != nil {
-			return err
-		}
-	}
-	est := []string{"-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"}
-	rules := [][]string{
-		append([]string{"-A", "HUTCH-NOMAD-IN"}, est...),
-		{"-A", "HUTCH-NOMAD-IN", "-j", "DROP"},
-		append([]string{"-A", "HUTCH-NOMAD-FWD", "-o", bridgeName}, est...),
+	est := "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"
+	v4 := []string{"*filter", ":HUTCH-NOMAD-IN - [0:0]", ":HUTCH-NOMAD-FWD - [0:0]",
+		"-A HUTCH-NOMAD-IN " + est, "-A HUTCH-NOMAD-IN -j DROP",
+		"-A HUTCH-NOMAD-FWD -o " + bridgeName + " " + est,
 		// Replies of a sandbox to a connection opened towards it (its port, from an API host
 		// on a denied network): established only if its first packet was let through.
-		append([]string{"-A", "HUTCH-NOMAD-FWD", "-i", bridgeName}, est...),
-	}
+		"-A HUTCH-NOMAD-FWD -i " + bridgeName + " " + est}
 	for _, cidr := range append(append([]string{}, deniedNets...), extraDenied...) {
-		rules = append(rules, []string{"-A", "HUTCH-NOMAD-FWD", "-i", bridgeName, "-d", cidr, "-j", "DROP"})
+		v4 = append(v4, "-A HUTCH-NOMAD-FWD -i "+bridgeName+" -d "+cidr+" -j DROP")
 	}
-	for _, r := range rules {
-		if err := ipt(r...); err != nil {
-			return err
-		}
+	if err := restoreTable("iptables-restore", append(v4, "COMMIT")); err != nil {
+		return err
 	}
 	// IPv6: nothing, either way.
-	for _, chain := range []string{"HUTCH-NOMAD-IN", "HUTCH-NOMAD-FWD"} {
-		_ = ip6t("-N", chain)
-		if err := ip6t("-F", chain); err != nil {
-			return err
-		}
-	}
-	for _, r := range [][]string{{"-A", "HUTCH-NOMAD-IN", "-j", "DROP"},
-		{"-A", "HUTCH-NOMAD-FWD", "-i", bridgeName, "-j", "DROP"}, {"-A", "HUTCH-NOMAD-FWD", "-o", bridgeName, "-j", "DROP"}} {
-		if err := ip6t(r...); err != nil {
-			return err
-		}
+	v6 := []string{"*filter", ":HUTCH-NOMAD-IN - [0:0]", ":HUTCH-NOMAD-FWD - [0:0]", "-A HUTCH-NOMAD-IN -j DROP",
+		"-A HUTCH-NOMAD-FWD -i " + bridgeName + " -j DROP", "-A HUTCH-NOMAD-FWD -o " + bridgeName + " -j DROP", "COMMIT"}
+	if err := restoreTable("ip6tables-restore", v6); err != nil {
+		return err
 	}
 	return jumpsFirstLocked()
+}
+
+func restoreTable(tool string, lines []string) error {
+	restore := exec.Command(tool, "-w", "--noflush")
+	restore.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+	if out, err := restore.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %v: %s", tool, err, out)
+	}
+	return nil
 }
 
 // jumpsFirst puts the jumps into our chains at the head of INPUT and FORWARD. Nomad's CNI
