@@ -11,9 +11,10 @@ from typing import Any
 from aiohttp import web
 
 from hutch.core.driver_types import ProvisionRequest
-from hutch.core.errors import HutchError, NodeFull, SandboxNotFound
+from hutch.core.errors import HutchError, NodeFull
 from hutch.core.serde import converter
 from hutch.drivers.node import placement
+from hutch.node.census import Census
 from hutch.node.drain import DRAIN
 from hutch.node.keys import DRIVER, INSTANCE, SETTINGS
 
@@ -35,6 +36,7 @@ class Ends:
 
 
 ENDS = web.AppKey("ends", Ends)
+CENSUS = web.AppKey("census", Census)
 
 
 def _memory() -> tuple[int, int]:
@@ -49,20 +51,14 @@ def _memory() -> tuple[int, int]:
 
 async def snapshot(app: web.Application) -> dict[str, Any]:
     driver = app[DRIVER]
-    alive = await driver.alive()
-    memory = cpu = 0
-    for sid in alive:
-        try:
-            limits = driver.limits(sid)
-        except SandboxNotFound:  # ended meanwhile
-            continue
-        memory += limits.memory_bytes or 0
-        cpu += limits.cpu_millis or 0
+    live = await app[CENSUS].current(driver)
+    memory = sum(m for m, _ in live.values())
+    cpu = sum(c for _, c in live.values())
     total, available = _memory()
     return {
         "name": app[SETTINGS].name, "instance": app[INSTANCE],
         "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
-        "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(alive),
+        "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(live),
         "max_sandboxes": app[SETTINGS].max_sandboxes,
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
         "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
@@ -133,6 +129,7 @@ async def provision(request: web.Request) -> web.Response:
     await admission.admit(request.app, req)
     try:
         await driver.provision(req)
+        request.app[CENSUS].made(driver, sid)
     finally:
         admission.starting.pop(sid, None)
     return web.json_response({"ok": True})
@@ -145,6 +142,7 @@ async def prepare(request: web.Request) -> web.Response:
 
 async def destroy(request: web.Request) -> web.Response:
     await request.app[DRIVER].destroy(request.match_info["id"])
+    request.app[CENSUS].ended(request.match_info["id"])
     return web.json_response({"ok": True})
 
 
@@ -217,9 +215,15 @@ async def checkpoint_sizes(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app[ENDS] = Ends()
+    app[ENDS] = ends = Ends()
+    app[CENSUS] = census = Census()
     app[ADMISSION] = Admission()
-    app[DRIVER].set_listener(app[ENDS].record)
+
+    async def on_end(sandbox_id: str, reason: str, failed: bool) -> None:
+        census.ended(sandbox_id)
+        await ends.record(sandbox_id, reason, failed)
+
+    app[DRIVER].set_listener(on_end)
     r = app.router
     r.add_get("/v1/node", capacity)
     r.add_get("/v1/ended", ended)

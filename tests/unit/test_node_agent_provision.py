@@ -48,6 +48,9 @@ class _Driver:
         self.made.append(req.sandbox_id)
         self.live.add(req.sandbox_id)
 
+    async def destroy(self, sandbox_id: str) -> None:
+        self.live.discard(sandbox_id)
+
 
 async def test_provision_lists_once_and_a_retry_makes_nothing(aiohttp_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     settings = NodeSettings(name="t1", host="127.0.0.1", port=0, data_dir=tmp_path, runtime_cache=tmp_path, secret=SECRET)
@@ -67,3 +70,37 @@ async def test_provision_lists_once_and_a_retry_makes_nothing(aiohttp_client, tm
     assert (driver.made, driver.lists) == (["sbx_new"], 1)
     await put()  # its answer lost, the create is sent again: nothing more is made or listed
     assert (driver.made, driver.lists) == (["sbx_new"], 1)
+
+
+async def test_capacity_counts_without_reading_every_sandbox(aiohttp_client, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Creates, capacity reads and ends are counted as they happen: the node's sandboxes are
+    read whole at the first read and then only every RECOUNT seconds, which also heals a miss."""
+    from hutch.node import sandboxes
+
+    settings = NodeSettings(name="t1", host="127.0.0.1", port=0, data_dir=tmp_path, runtime_cache=tmp_path, secret=SECRET)
+    driver = _Driver()
+    listener: list[Any] = []
+    driver.set_listener = listener.append  # type: ignore[method-assign]
+    client = await aiohttp_client(make_app(settings, driver, "0" * 64, own_driver=False))  # type: ignore[arg-type]
+
+    async def call(method: str, url: str, body: object = None) -> Any:
+        data = b"" if body is None else wire.json.dumps(body).encode()
+        headers = {**wire.sign(SECRET, method, url, body=wire.body_digest(data)), "Content-Type": "application/json"}
+        resp = await client.request(method, url, data=data or None, headers=headers)
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    assert (await call("GET", "/v1/node"))["sandboxes"] == 1  # sbx_other, made before this agent started
+    for sid in ("sbx_a", "sbx_b"):
+        await call("PUT", f"/v1/sandboxes/{sid}", converter.unstructure(ProvisionRequest(sid, "base:latest")))
+    assert (await call("GET", "/v1/node"))["sandboxes"] == 3
+    driver.live.discard("sbx_a")
+    await call("DELETE", "/v1/sandboxes/sbx_a")
+    driver.live.discard("sbx_b")
+    await listener[0]("sbx_b", "its init ended", True)  # ended on the node, no destroy
+    assert (await call("GET", "/v1/node"))["sandboxes"] == 1
+    assert driver.lists == 1
+    driver.live.add("sbx_stray")  # never told: the next whole read, RECOUNT later, finds it
+    monkeypatch.setattr(sandboxes.Census, "RECOUNT", 0.0)
+    assert (await call("GET", "/v1/node"))["sandboxes"] == 2
+    assert driver.lists == 2
