@@ -15,7 +15,8 @@ Every server and agent runs with HUTCH_PHASES=1 (core/phases.py). In turns (A B,
 so drift and other load hit every side alike), ``--n`` rounds of: the runtime's
 `python3 -c pass` chrooted on the host (bare), then on every side an execute of it in a live
 sandbox, an execute of `true` (bare `true` before it), create -> idle (its delete not timed)
-and a one-shot. Then, with ``--throughput RxS``, R rounds of S seconds of one-shot `true` at
+and a one-shot (with ``--idle N``, after N idle sandboxes were made on each side, which stay
+through the rounds). Then, with ``--throughput RxS``, R rounds of S seconds of one-shot `true` at
 ``--concurrency`` per side, in turns, with the CPU time each side's API server and agents
 spent per one-shot (/proc/PID/stat; Kafka and PostgreSQL, shared by the sides, not counted).
 Printed per side: client-side medians against bare, then each process group's spans: calls
@@ -211,6 +212,25 @@ def in_turns(i: int, sides: list[Side]) -> list[Side]:
     return sides if i % 2 == 0 else sides[::-1]
 
 
+async def idle(sides: list[Side], count: int) -> None:
+    """``count`` idle sandboxes on each side, made 8 at a time, left for the teardown to end:
+    a node that runs many answers creates and capacity reads as one that runs few should."""
+    async with aiohttp.ClientSession() as s:
+        for side in sides:
+            left = count
+
+            async def maker(side: Side = side) -> None:
+                nonlocal left
+                while left > 0:
+                    left -= 1
+                    async with s.post(f"{side.url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+                        answer = await r.json()
+                    if r.status >= 300:
+                        raise SystemExit(f"side {side.label}: an idle sandbox's create answered {r.status}: {answer}")
+
+            await asyncio.gather(*(maker() for _ in range(8)))
+
+
 async def latency(sides: list[Side], n: int, bare: dict[str, list[float]]) -> None:
     rootfs = runtime_rootfs()
     async with aiohttp.ClientSession() as s:
@@ -305,6 +325,8 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--throughput", default="", metavar="RxS", help="R rounds of S seconds per side (e.g. 2x8)")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--idle", type=int, default=0, metavar="N",
+                    help="N idle sandboxes per side, spread over its agents, before the timed rounds")
     ap.add_argument("--py-spy", type=Path, metavar="DIR")
     args = ap.parse_args()
     sides: list[Side] = args.side or [parse_side("prod=.:production"), parse_side("emb=.:embedded")]
@@ -326,6 +348,8 @@ async def main() -> None:
     load_before = os.getloadavg()
     with trees(sides), tempfile.TemporaryDirectory(prefix="hutch-nodepath-") as tmp:
         async with running(sides, Path(tmp)):
+            if args.idle:
+                await idle(sides, args.idle)
             noise = busy_cpus()
             async with spied(sides[0], args.py_spy):
                 await latency(sides, args.n, bare)
@@ -336,7 +360,7 @@ async def main() -> None:
 
     print(f"hutch nodepath: node driver, three agents per side in the cluster's client namespaces, runtime "
           f"{RUNTIME}, {os.cpu_count()} cpus, n={args.n} per row per side, in turns; other load before: "
-          f"{noise:.2f} cpus busy; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+          f"{noise:.2f} cpus busy; {args.idle} idle sandboxes per side; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
           f"{' (under py-spy: figures not to quote)' if args.py_spy else ''}")
     for side in sides:
         print(f"{side.label} = {side.profile} profile, {side.commit}")
