@@ -223,7 +223,9 @@ async def idle(sides: list[Side], count: int) -> None:
                 nonlocal left
                 while left > 0:
                     left -= 1
-                    async with s.post(f"{side.url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+                    # Small limits: placement counts limits (8x a node's cores in CPU), not use.
+                    body = {"runtime": RUNTIME, "resources": {"cpu": "20m", "memory": "64Mi"}}
+                    async with s.post(f"{side.url}/sandbox", json=body, headers=H) as r:
                         answer = await r.json()
                     if r.status >= 300:
                         raise SystemExit(f"side {side.label}: an idle sandbox's create answered {r.status}: {answer}")
