@@ -1,7 +1,7 @@
 """The node-agent path on the three-client cluster, phase by phase, side by side in one run.
 
-    python bench/nodepath.py [--side LABEL=REV:PROFILE ...] [--n 30] [--throughput 2x8]
-                             [--concurrency 16] [--py-spy DIR]
+    python bench/nodepath.py [--side LABEL=REV:PROFILE ...] [--n 30] [--op OP ...] [--idle N]
+                             [--throughput 2x8] [--concurrency 16] [--py-spy DIR]
 
 Each side is a source tree (REV: a commit, checked out as bench/compare.py does, or ``.``: this
 tree as it is) and a profile (production: a fresh Kafka topic and PostgreSQL database;
@@ -15,7 +15,7 @@ Every server and agent runs with HUTCH_PHASES=1 (core/phases.py). In turns (A B,
 so drift and other load hit every side alike), ``--n`` rounds of: the runtime's
 `python3 -c pass` chrooted on the host (bare), then on every side an execute of it in a live
 sandbox, an execute of `true` (bare `true` before it), create -> idle (its delete not timed)
-and a one-shot (with ``--idle N``, after N idle sandboxes were made on each side, which stay
+and a one-shot (``--op``: only those, so that the spans are theirs alone; with ``--idle N``, after N idle sandboxes were made on each side, which stay
 through the rounds). Then, with ``--throughput RxS``, R rounds of S seconds of one-shot `true` at
 ``--concurrency`` per side, in turns, with the CPU time each side's API server and agents
 spent per one-shot (/proc/PID/stat; Kafka and PostgreSQL, shared by the sides, not counted).
@@ -72,6 +72,7 @@ FIRST_PORT = 4761  # the cluster's own agents listen on 4750
 RUNTIME_CACHE = os.environ.get("HUTCH_RUNTIME_CACHE", "/var/cache/hutch/runtimes")
 TICK = os.sysconf("SC_CLK_TCK")
 LATENCY = ("execute", "execute true", "create -> idle", "one-shot")
+OPS = {"execute": "execute", "execute-true": "execute true", "create": "create -> idle", "oneshot": "one-shot"}
 
 
 @dataclass
@@ -233,29 +234,41 @@ async def idle(sides: list[Side], count: int) -> None:
             await asyncio.gather(*(maker() for _ in range(8)))
 
 
-async def latency(sides: list[Side], n: int, bare: dict[str, list[float]]) -> None:
+async def latency(sides: list[Side], n: int, bare: dict[str, list[float]], ops: tuple[str, ...]) -> None:
     rootfs = runtime_rootfs()
     async with aiohttp.ClientSession() as s:
         for side in sides:
             async with s.post(f"{side.url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
                 side.sandbox = (await r.json())["data"]["sandboxId"]
-            for _ in range(3):  # warm every path: the first of each is not a figure
-                await execute_once(s, side.url, side.sandbox, PY_PASS)
-                await create_once(s, side.url)
-                await oneshot_once(s, side.url, PY_PASS)
+            for _ in range(3):  # warm every path timed: the first of each is not a figure
+                if "execute" in ops:
+                    await execute_once(s, side.url, side.sandbox, PY_PASS)
+                if "execute true" in ops:
+                    await execute_once(s, side.url, side.sandbox, ["true"])
+                if "create -> idle" in ops:
+                    await create_once(s, side.url)
+                if "one-shot" in ops:
+                    await oneshot_once(s, side.url, PY_PASS)
         for i in range(n):
             turn = in_turns(i, sides)
-            bare.setdefault("python3 -c pass", []).append(bare_once(rootfs))
-            for side in turn:
-                side.samples.setdefault("execute", []).append(await execute_once(s, side.url, side.sandbox, PY_PASS))
-            bare.setdefault("true", []).append(bare_once(rootfs, ["true"]))
-            for side in turn:
-                side.samples.setdefault("execute true", []).append(
-                    await execute_once(s, side.url, side.sandbox, ["true"]))
-            for side in turn:
-                side.samples.setdefault("create -> idle", []).append(await create_once(s, side.url))
-            for side in turn:
-                side.samples.setdefault("one-shot", []).append(await oneshot_once(s, side.url, PY_PASS))
+            if "execute" in ops:
+                bare.setdefault("python3 -c pass", []).append(bare_once(rootfs))
+                for side in turn:
+                    side.samples.setdefault("execute", []).append(
+                        await execute_once(s, side.url, side.sandbox, PY_PASS))
+            if "execute true" in ops:
+                bare.setdefault("true", []).append(bare_once(rootfs, ["true"]))
+                for side in turn:
+                    side.samples.setdefault("execute true", []).append(
+                        await execute_once(s, side.url, side.sandbox, ["true"]))
+            if "create -> idle" in ops:
+                for side in turn:
+                    side.samples.setdefault("create -> idle", []).append(await create_once(s, side.url))
+            if "one-shot" in ops:
+                if "execute" not in ops:
+                    bare.setdefault("python3 -c pass", []).append(bare_once(rootfs))
+                for side in turn:
+                    side.samples.setdefault("one-shot", []).append(await oneshot_once(s, side.url, PY_PASS))
         for side in sides:
             async with s.delete(f"{side.url}/sandbox/{side.sandbox}", headers=H) as r:
                 await r.read()
@@ -327,6 +340,8 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--throughput", default="", metavar="RxS", help="R rounds of S seconds per side (e.g. 2x8)")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--op", action="append", choices=OPS,
+                    help="repeatable; default: all four (one alone: its spans are its own)")
     ap.add_argument("--idle", type=int, default=0, metavar="N",
                     help="N idle sandboxes per side, spread over its agents, before the timed rounds")
     ap.add_argument("--py-spy", type=Path, metavar="DIR")
@@ -346,6 +361,7 @@ async def main() -> None:
     if missing := missing_namespaces():
         raise SystemExit(f"no cluster namespaces ({', '.join(missing)}): ./scripts/services start cluster")
 
+    ops = tuple(OPS[o] for o in dict.fromkeys(args.op or OPS))
     bare: dict[str, list[float]] = {}
     load_before = os.getloadavg()
     with trees(sides), tempfile.TemporaryDirectory(prefix="hutch-nodepath-") as tmp:
@@ -354,7 +370,7 @@ async def main() -> None:
                 await idle(sides, args.idle)
             noise = busy_cpus()
             async with spied(sides[0], args.py_spy):
-                await latency(sides, args.n, bare)
+                await latency(sides, args.n, bare, ops)
                 if rounds:
                     await rates(sides, rounds, seconds, args.concurrency)
         spans = {side.label: spans_of(side) for side in sides}
@@ -366,11 +382,11 @@ async def main() -> None:
           f"{' (under py-spy: figures not to quote)' if args.py_spy else ''}")
     for side in sides:
         print(f"{side.label} = {side.profile} profile, {side.commit}")
-    b_py, b_true = statistics.median(bare["python3 -c pass"]), statistics.median(bare["true"])
+    b_py, b_true = (statistics.median(bare.get(k) or [0.0]) for k in ("python3 -c pass", "true"))
     print(f"\nbare: python3 -c pass {b_py:.1f} ms p50, true {b_true:.1f} ms p50\n")
     print("| figure | " + " | ".join(f"{s.label} p50 | {s.label} p90 | {s.label} over bare" for s in sides) + " |")
     print("|---|" + "---|---|---|" * len(sides))
-    for fig in LATENCY:
+    for fig in ops:
         base = b_true if fig == "execute true" else b_py if fig in ("execute", "one-shot") else 0.0
         cells = []
         for s in sides:
@@ -385,11 +401,11 @@ async def main() -> None:
             cells = [f"{statistics.median(s.cpu_ms_per_run[group]):.1f} | "
                      f"{', '.join(f'{v:.1f}' for v in s.cpu_ms_per_run[group])} | " for s in sides]
             print(f"| CPU ms per one-shot, {group} | " + " | ".join(cells) + " |")
-    ops = args.n + 3  # warm-ups included: the spans count them too
+    rounds_done = args.n + 3  # warm-ups included: the spans count them too
     for side in sides:
-        print(f"\n{side.label}: spans over {ops} rounds of (execute, execute true, create, one-shot)"
+        print(f"\n{side.label}: spans over {rounds_done} rounds of ({', '.join(ops)})"
               f"{' and the throughput rounds' if rounds else ''}, per round:")
-        print("\n".join(span_table(spans[side.label], ops)))
+        print("\n".join(span_table(spans[side.label], rounds_done)))
 
 
 if __name__ == "__main__":
