@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from hutch.core.driver_types import ExecRequest, FileWrite, Stream
+from hutch.core import phases
+from hutch.core.driver_types import ExecRequest, ExecResult, FileWrite, Stream
 from hutch.core.errors import HutchError
 from hutch.core.serde import converter
+from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
 from hutch.node.keys import DRIVER, STREAMED
 
@@ -65,6 +67,11 @@ class _FrameSink:
         self.ready.set()
 
 
+async def _timed_exec(driver: LocalDriver, req: ExecRequest, sink: _FrameSink) -> ExecResult:
+    with phases.span("agent: exec, the local driver's whole"):
+        return await driver.exec(req, sink)
+
+
 async def exec_command(request: web.Request) -> web.StreamResponse:
     driver, sid = request.app[DRIVER], request.match_info["id"]
     body = await request.json()
@@ -84,7 +91,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     # answer (headers, result, end) is one write and one wakeup of the API, not three.
     resp: web.StreamResponse | None = None
     sink = _FrameSink()
-    task = asyncio.ensure_future(driver.exec(req, sink))
+    task = asyncio.ensure_future(_timed_exec(driver, req, sink))
     broken = False
     try:
         while True:
