@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hutch.core import phases
 from hutch.core.driver_types import ProvisionRequest
 from hutch.core.errors import HutchError, NodeFull
 from hutch.core.serde import converter
@@ -126,9 +127,11 @@ async def provision(request: web.Request) -> web.Response:
     if driver.is_alive(sid):
         return web.json_response({"ok": True})
     admission = request.app[ADMISSION]
-    await admission.admit(request.app, req)
+    with phases.span("agent: provision, admission"):
+        await admission.admit(request.app, req)
     try:
-        await driver.provision(req)
+        with phases.span("agent: provision, the local driver's whole"):
+            await driver.provision(req)
         request.app[CENSUS].made(driver, sid)
     finally:
         admission.starting.pop(sid, None)
