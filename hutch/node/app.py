@@ -5,12 +5,14 @@ terminals.py, ports.py)."""
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from hutch.core import phases
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput, Unauthorized
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
@@ -36,8 +38,10 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         if request.path != "/healthz":
             # raw_path: the path and query exactly as signed, before any decoding or normalising
+            t0 = phases.start()
             body = request.app[VERIFIER].verify(request.method, request.raw_path, request.headers)
             await _check_body(request, body)
+            phases.end("agent: signature and body check", t0)
         return await handler(request)
     except web.HTTPException:
         raise
@@ -76,11 +80,30 @@ async def hello(request: web.Request) -> web.Response:
                               "proof": wire.hello_proof(secret, nonce, name, instance, fingerprint)})
 
 
+@web.middleware
+async def timed(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``HUTCH_PHASES=1`` (core/phases.py, a bench's): each request whole, by route, as the
+    API's edge times its own (api/phases_file.py; the agent may not import the API)."""
+    t0 = phases.start()
+    try:
+        return await handler(request)
+    finally:
+        resource = request.match_info.route.resource
+        phases.end(f"agent: request {request.method} {resource.canonical if resource else request.path}", t0)
+
+
+async def phases_file(app: web.Application) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        (app[SETTINGS].data_dir / "phases.json").write_text(json.dumps(phases.taken()))
+
+
 def make_app(settings: NodeSettings, driver: LocalDriver, fingerprint: str, *, own_driver: bool = True) -> web.Application:
     """``fingerprint``: of the certificate the agent serves with (certificate.py)."""
     # JSON bodies: a batch of files arrives base64'd, as the API took it (its own cap is 64 MiB
     # of JSON), plus the agent's envelope; streamed bodies (files, tar, stdin) have no cap here.
-    app = web.Application(middlewares=[guard], client_max_size=128 << 20)
+    app = web.Application(middlewares=[timed, guard] if phases.ON else [guard], client_max_size=128 << 20)
     app[SETTINGS] = settings
     app[DRIVER] = driver
     app[VERIFIER] = wire.Verifier(settings.secret)
@@ -92,6 +115,8 @@ def make_app(settings: NodeSettings, driver: LocalDriver, fingerprint: str, *, o
     for module in (sandboxes, commands, files, terminals, watches, ports):
         module.add_routes(app)
 
+    if phases.ON:  # first, so it writes last: after the driver's own spans at shutdown
+        app.cleanup_ctx.append(phases_file)
     if own_driver:
         async def driver_ctx(app: web.Application) -> AsyncIterator[None]:
             await driver.start()

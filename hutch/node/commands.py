@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from hutch.core.driver_types import ExecRequest, FileWrite, Stream
+from hutch.core import phases
+from hutch.core.driver_types import ExecRequest, ExecResult, FileWrite, Stream
 from hutch.core.errors import HutchError
 from hutch.core.serde import converter
+from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
 from hutch.node.keys import DRIVER, STREAMED
 
@@ -22,6 +24,7 @@ log = logging.getLogger(__name__)
 
 STDIN_DEPTH = 8  # chunks queued ahead of the command: TCP holds the rest back
 GONE_CHECK = 1.0  # seconds between looks at a silent command's connection
+FRAMES = "application/x-hutch-frames"
 
 
 class StdinSlot:
@@ -64,6 +67,11 @@ class _FrameSink:
         self.ready.set()
 
 
+async def _timed_exec(driver: LocalDriver, req: ExecRequest, sink: _FrameSink) -> ExecResult:
+    with phases.span("agent: exec, the local driver's whole"):
+        return await driver.exec(req, sink)
+
+
 async def exec_command(request: web.Request) -> web.StreamResponse:
     driver, sid = request.app[DRIVER], request.match_info["id"]
     body = await request.json()
@@ -79,21 +87,30 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     req = ExecRequest(execution_id=eid, sandbox_id=sid, argv=[str(a) for a in body["argv"]],
                       env={str(k): str(v) for k, v in (body.get("env") or {}).items()},
                       cwd=body.get("cwd"), timeout=body.get("timeout"), stdin=stdin)
-    resp = web.StreamResponse(headers={"Content-Type": "application/x-hutch-frames"})
-    await resp.prepare(request)
+    # Headers go with the first frame, not ahead of the command: a silent command's whole
+    # answer (headers, result, end) is one write and one wakeup of the API, not three.
+    resp: web.StreamResponse | None = None
     sink = _FrameSink()
-    task = asyncio.ensure_future(driver.exec(req, sink))
+    task = asyncio.ensure_future(_timed_exec(driver, req, sink))
     broken = False
     try:
         while True:
+            if sink.pending and not broken and resp is None:
+                resp = web.StreamResponse(headers={"Content-Type": FRAMES})
+                try:
+                    await resp.prepare(request)
+                except ConnectionError:
+                    broken = True
+                    await driver.cancel(eid)
             while sink.pending and not broken:
+                assert resp is not None
                 try:
                     await resp.write(sink.pending.popleft())
                 except ConnectionError:
                     # The API side is gone: nothing runs unwatched.
                     broken = True
                     await driver.cancel(eid)
-            if task.done() and not sink.pending:
+            if task.done() and (broken or not sink.pending):  # broken: what is left goes nowhere
                 break
             sink.ready.clear()
             waiter = asyncio.ensure_future(sink.ready.wait())
@@ -107,10 +124,11 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
             last = wire.json_frame(wire.RESULT, converter.unstructure(task.result()))
         except HutchError as err:
             last = wire.json_frame(wire.ERROR, {**err.to_wire(), "status": err.status or 500})
+        if resp is None:
+            return web.Response(body=last, headers={"Content-Type": FRAMES})
         if not broken:
             with contextlib.suppress(ConnectionError):
-                await resp.write(last)
-                await resp.write_eof()
+                await resp.write_eof(last)  # the result and the end in one write
     finally:
         if not task.done():  # the handler itself was cancelled
             await driver.cancel(eid)
@@ -119,6 +137,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
         if slot is not None:
             slot.done.set()
             request.app[SLOTS].pop(eid, None)
+    assert resp is not None  # answered above when no frame came first
     return resp
 
 

@@ -10,10 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
+from hutch.core import phases
 from hutch.core.driver_types import ProvisionRequest
-from hutch.core.errors import HutchError, NodeFull, SandboxNotFound
+from hutch.core.errors import HutchError, NodeFull
 from hutch.core.serde import converter
 from hutch.drivers.node import placement
+from hutch.node.census import Census
 from hutch.node.drain import DRAIN
 from hutch.node.keys import DRIVER, INSTANCE, SETTINGS
 
@@ -35,6 +37,7 @@ class Ends:
 
 
 ENDS = web.AppKey("ends", Ends)
+CENSUS = web.AppKey("census", Census)
 
 
 def _memory() -> tuple[int, int]:
@@ -49,20 +52,14 @@ def _memory() -> tuple[int, int]:
 
 async def snapshot(app: web.Application) -> dict[str, Any]:
     driver = app[DRIVER]
-    alive = await driver.alive()
-    memory = cpu = 0
-    for sid in alive:
-        try:
-            limits = driver.limits(sid)
-        except SandboxNotFound:  # ended meanwhile
-            continue
-        memory += limits.memory_bytes or 0
-        cpu += limits.cpu_millis or 0
+    live = await app[CENSUS].current(driver)
+    memory = sum(m for m, _ in live.values())
+    cpu = sum(c for _, c in live.values())
     total, available = _memory()
     return {
         "name": app[SETTINGS].name, "instance": app[INSTANCE],
         "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
-        "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(alive),
+        "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(live),
         "max_sandboxes": app[SETTINGS].max_sandboxes,
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
         "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
@@ -112,8 +109,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
 
 
 async def get_sandbox(request: web.Request) -> web.Response:
-    sid = request.match_info["id"]
-    return web.json_response({"alive": sid in await request.app[DRIVER].alive()})
+    return web.json_response({"alive": request.app[DRIVER].is_alive(request.match_info["id"])})
 
 
 def _request(body: object, sid: str) -> ProvisionRequest:
@@ -127,12 +123,16 @@ async def provision(request: web.Request) -> web.Response:
     driver, sid = request.app[DRIVER], request.match_info["id"]
     req = _request(await request.json(), sid)
     # Idempotent by id: a retried create (its answer lost) must not make a second sandbox.
-    if sid in await driver.alive():
+    # One sandbox's init read, not the node's every one (admission lists them once).
+    if driver.is_alive(sid):
         return web.json_response({"ok": True})
     admission = request.app[ADMISSION]
-    await admission.admit(request.app, req)
+    with phases.span("agent: provision, admission"):
+        await admission.admit(request.app, req)
     try:
-        await driver.provision(req)
+        with phases.span("agent: provision, the local driver's whole"):
+            await driver.provision(req)
+        request.app[CENSUS].made(driver, sid)
     finally:
         admission.starting.pop(sid, None)
     return web.json_response({"ok": True})
@@ -145,6 +145,7 @@ async def prepare(request: web.Request) -> web.Response:
 
 async def destroy(request: web.Request) -> web.Response:
     await request.app[DRIVER].destroy(request.match_info["id"])
+    request.app[CENSUS].ended(request.match_info["id"])
     return web.json_response({"ok": True})
 
 
@@ -217,9 +218,15 @@ async def checkpoint_sizes(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app[ENDS] = Ends()
+    app[ENDS] = ends = Ends()
+    app[CENSUS] = census = Census()
     app[ADMISSION] = Admission()
-    app[DRIVER].set_listener(app[ENDS].record)
+
+    async def on_end(sandbox_id: str, reason: str, failed: bool) -> None:
+        census.ended(sandbox_id)
+        await ends.record(sandbox_id, reason, failed)
+
+    app[DRIVER].set_listener(on_end)
     r = app.router
     r.add_get("/v1/node", capacity)
     r.add_get("/v1/ended", ended)

@@ -258,6 +258,12 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
                     self._network.allow.adopt(sb.id, sb.allow)
         return found
 
+    def is_alive(self, sandbox_id: str) -> bool:
+        """What ``alive()`` says of one sandbox, without reading every sandbox's init: a node
+        agent asks at each create whether that one runs already (a retried create)."""
+        sb = self._registry.load(sandbox_id) if SAFE_ID.match(sandbox_id) else None
+        return sb is not None and is_live(sb)
+
     # -- sandboxes -------------------------------------------------------------
 
     async def provision(self, req: ProvisionRequest) -> None:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hutch.core import runtimes
+from hutch.core import phases, runtimes
 from hutch.core.errors import IllegalTransition, InvalidInput, NotSupported, RuntimeNotFound
 from hutch.drivers.base import ProvisionRequest, check_env
 from hutch.drivers.local import layercache, layers, rootfs, slirp
@@ -85,7 +85,9 @@ class Provisioner:
         self._pool.refill(recipe.name, req.resources.memory_bytes)
 
     async def _provision(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> None:
+        t0 = phases.start()
         async with self._starting, self._registry.lock(req.sandbox_id):
+            phases.end("provision: start slot and lock wait", t0)
             old = self._registry.load(req.sandbox_id)
             if old is not None and is_live(old):
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
@@ -111,10 +113,12 @@ class Provisioner:
             # made after the claim) and agentuity's account: a disk limit, network.allow or another
             # user is made from scratch.
             poolable = layer is None and not req.resources.disk_bytes and not req.network_allow and req.user is None
-            sb = await self._pool.claim(req) if poolable else None
+            with phases.span("provision: pool claim"):
+                sb = await self._pool.claim(req) if poolable else None
             if sb is None:
                 try:
-                    sb = await self._launcher.create(req, layers.lowers(self._runtime_cache, recipe, layer), layer)
+                    with phases.span("provision: made from scratch (the pool had none)"):
+                        sb = await self._launcher.create(req, layers.lowers(self._runtime_cache, recipe, layer), layer)
                 except BaseException:
                     await self._teardown.teardown(req.sandbox_id)
                     raise

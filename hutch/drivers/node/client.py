@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
@@ -21,6 +22,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 from yarl import URL
 
+from hutch.core import phases
 from hutch.core.errors import DriverFailure, HutchError, from_wire
 from hutch.drivers.node import wire
 
@@ -42,6 +44,15 @@ def _kind(err: Exception) -> str:
     if isinstance(err, TimeoutError | aiohttp.ServerTimeoutError):
         return "it timed out"
     return f"the connection failed ({type(err).__name__})"
+
+
+_ID = re.compile(r"^[a-z]+_[0-9a-z]{16,}$")
+
+
+def _route(method: str, path_qs: str) -> str:
+    """A span's name (core/phases.py): the route, not the sandbox or execution it names."""
+    path = path_qs.split("?", 1)[0]
+    return f"node hop: {method} " + "/".join("{id}" if _ID.match(p) else p for p in path.split("/"))
 
 
 class AgentClient:
@@ -168,6 +179,7 @@ class AgentClient:
         raise from_wire(resp.status, body)
 
     async def json(self, method: str, path_qs: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        t0 = phases.start()
         url, headers, data = self._body(method, path_qs, body)
         try:
             async with await self._connect(method, url, headers, data=data, timeout=timeout) as resp:
@@ -177,12 +189,18 @@ class AgentClient:
             raise
         except (aiohttp.ClientError, TimeoutError) as err:
             raise self._unreachable(err) from err
+        finally:
+            if phases.ON:
+                phases.end(_route(method, path_qs) + ", whole", t0)
 
     async def stream(self, method: str, path_qs: str, body: Any = None) -> AsyncIterator[bytes]:
         """A streamed answer's bytes; its error (before any byte) raised at the first step."""
+        t0 = phases.start()
         url, headers, data = self._body(method, path_qs, body)
         try:
             async with await self._connect(method, url, headers, data=data) as resp:
+                if phases.ON:
+                    phases.end(_route(method, path_qs) + ", until its answer's headers", t0)
                 await self._raise_for(resp)
                 async for chunk in resp.content.iter_any():
                     yield chunk

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Seq
 import aiohttp
 import attrs
 
+from hutch.core import phases
 from hutch.core.driver_types import (
     Capabilities,
     DirWatch,
@@ -564,6 +565,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
             feeder = asyncio.create_task(agent.upload("PUT", agent.path("executions", req.execution_id, "stdin"), chunks))
         self._running[req.execution_id] = agent.name
         reader = wire.FrameReader()
+        t0 = phases.start()
         try:
             async for data in agent.stream("POST", agent.path("sandboxes", req.sandbox_id, "exec"), body):
                 for kind, payload in reader.feed(data):
@@ -572,6 +574,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
                     elif kind == wire.STDERR:
                         sink.write("stderr", payload)
                     elif kind == wire.RESULT:
+                        phases.end("node hop: exec, its request to its result frame", t0)
                         return converter.structure(json.loads(payload), ExecResult)
                     else:
                         answer = json.loads(payload)
