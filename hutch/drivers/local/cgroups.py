@@ -16,6 +16,13 @@ v1's ``tasks`` file with "0" (the calling thread, which is the whole process: th
 helper is single-threaded): unlike ``cgroup.procs`` that migration skips the
 threadgroup rwsem, whose write side waits for an RCU grace period (measured here:
 ~6 ms per join).
+
+An ended execution's memory leaf, once empty, is kept as its sandbox's spare (v1: renamed
+to ``SPARE_MEMORY_LEAF``) and renamed for the sandbox's next execution: a memory cgroup's
+mkdir costs 0.3-0.65 ms on this host (its per-cgroup shrinker map, docs/idle.md), a rename
+7 us. Its OOM kill counter carries on, so an execution's kills are counted from where the
+counter stood when the leaf was kept. Spares cost a memory cgroup each: at most
+``spare_cap`` on the host, and one unused for ``SPARE_MAX_AGE`` seconds goes.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ PARENT = "hutch"
 # v1 hierarchies where each execution gets its own leaf (see the module docstring).
 LEAF_CONTROLLERS_V1 = frozenset({"freezer", "memory"})
 CFS_PERIOD_US = 100_000
+SPARE_MEMORY_LEAF = "spare"  # not an execution's (x-, t-, w-, f-), nor v2's "init"
+SPARE_CAP = 64
+SPARE_MAX_AGE = 30.0
 
 
 def _write(path: Path, value: str) -> None:
@@ -89,6 +99,15 @@ def _stats(directory: Path | None, name: str) -> dict[str, int]:
             k, _, value = line.partition(" ")
             found[k] = int(value)
     return found
+
+
+def _oom_kill_count(memory_dir: Path) -> int:
+    """The OOM kills v1 counted in a memory cgroup (in the victim's own: not hierarchical)."""
+    for line in (memory_dir / "memory.oom_control").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
 
 
 def _rmtree(path: Path) -> bool:
@@ -291,6 +310,9 @@ class Cgroups(abc.ABC):
         for path in self.paths("x"):
             _rmdir(path.parent)
 
+    def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:
+        """Remove the spare leaves (module docstring) kept longer than ``max_age`` seconds."""
+
     def remove(self, sandbox: str, leaf: str | None = None) -> bool:
         """rmdir the sandbox (or one leaf) in every hierarchy; False if processes remain."""
         ok = True
@@ -305,6 +327,11 @@ class CgroupV1(Cgroups):
         self.controllers = frozenset(mounts) - {"freezer"}
         # freezer first: paths()[0] is where we list and freeze processes.
         self._order = ["freezer", *sorted(self.controllers)]
+        self.spare_cap = SPARE_CAP
+        # sandbox -> (its spare's OOM kill count when kept, when kept); oldest first
+        self._spares: dict[str, tuple[int, float]] = {}
+        # (sandbox, leaf) -> the OOM kill count a reused leaf came with
+        self._oom_base: dict[tuple[str, str], int] = {}
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         parts = [PARENT, self.instance, sandbox] + ([leaf] if leaf else [])
@@ -349,16 +376,73 @@ class CgroupV1(Cgroups):
                 with contextlib.suppress(OSError):
                     os.rename(dst, src)
             raise
+        if old in self._spares:  # renamed with its parent
+            self._spares[new] = self._spares.pop(old)
 
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         out = []
         for c, path in zip(self._order, self.paths(sandbox, leaf), strict=True):
             if leaf == "init" or c not in LEAF_CONTROLLERS_V1:
                 path = path.parent  # in the sandbox's own cgroup, under its limits: no leaf
-            else:
+            elif not (c == "memory" and self._take_spare(sandbox, path)):
                 path.mkdir(exist_ok=True)
             out.append(path / "tasks")
         return out
+
+    def _take_spare(self, sandbox: str, path: Path) -> bool:
+        kept = self._spares.pop(sandbox, None)
+        if kept is None:
+            return False
+        spare = path.with_name(SPARE_MEMORY_LEAF)
+        try:
+            os.rename(spare, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                _rmdir(spare)
+            return False
+        self._oom_base[(sandbox, path.name)] = kept[0]
+        return True
+
+    def _keep_spare(self, sandbox: str, path: Path) -> bool:
+        """Keep an ended execution's memory leaf as the sandbox's spare, if it is empty and the
+        sandbox has none; the oldest spare goes past the cap. False: the caller removes it."""
+        if self.spare_cap <= 0 or sandbox in self._spares:
+            return False
+        try:
+            if (path / "tasks").read_text().strip():
+                return False
+            kills = _oom_kill_count(path)
+            os.rename(path, path.with_name(SPARE_MEMORY_LEAF))
+        except OSError:
+            return False
+        self._spares[sandbox] = (kills, time.monotonic())
+        while len(self._spares) > self.spare_cap:
+            self._drop_spare(next(iter(self._spares)))
+        return True
+
+    def _drop_spare(self, sandbox: str) -> None:
+        self._spares.pop(sandbox, None)
+        with contextlib.suppress(OSError):
+            _rmdir(self.mounts["memory"] / PARENT / self.instance / sandbox / SPARE_MEMORY_LEAF)
+
+    def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:
+        now = time.monotonic()
+        for sandbox, (_kills, kept) in list(self._spares.items()):
+            if now - kept >= max_age:
+                self._drop_spare(sandbox)
+
+    def remove(self, sandbox: str, leaf: str | None = None) -> bool:
+        if leaf is None:
+            self._spares.pop(sandbox, None)  # removed with the sandbox's cgroup
+            return super().remove(sandbox)
+        self._oom_base.pop((sandbox, leaf), None)
+        ok = True
+        for c, path in zip(self._order, self.paths(sandbox, leaf), strict=True):
+            # freezer first: its leaf gone, no process of the execution is left
+            if c == "memory" and ok and "memory" in self.mounts and self._keep_spare(sandbox, path):
+                continue
+            ok = _rmtree(path) and ok
+        return ok
 
     def usage(self, sandbox: str) -> tuple[float | None, int | None]:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
@@ -377,15 +461,12 @@ class CgroupV1(Cgroups):
         # v1 counts an OOM kill in the victim's own memcg, i.e. the execution's leaf.
         if "memory" not in self.mounts:
             return 0
-        path = self.mounts["memory"] / PARENT / self.instance / sandbox / leaf / "memory.oom_control"
+        path = self.mounts["memory"] / PARENT / self.instance / sandbox / leaf
         try:
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+            kills = _oom_kill_count(path)
         except FileNotFoundError:
-            pass
-        return 0
+            return 0
+        return kills - self._oom_base.get((sandbox, leaf), 0)  # a reused leaf's earlier kills are not its
 
     def _memory_dir(self, sandbox: str) -> Path | None:
         return self.mounts["memory"] / PARENT / self.instance / sandbox if "memory" in self.mounts else None
