@@ -310,7 +310,7 @@ class Cgroups(abc.ABC):
         for path in self.paths("x"):
             _rmdir(path.parent)
 
-    def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:
+    def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:  # noqa: B027 - v1 only
         """Remove the spare leaves (module docstring) kept longer than ``max_age`` seconds."""
 
     def remove(self, sandbox: str, leaf: str | None = None) -> bool:
