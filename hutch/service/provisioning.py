@@ -4,6 +4,7 @@ its initial command started."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
@@ -69,7 +70,9 @@ class Provisioning:
         The sandbox is recorded as every sandbox event is, by a command ``decide`` checks
         (``Create``). What runs before it leaves nothing of this sandbox behind: the checks,
         and the driver's ``prepare`` (an install layer, kept in a cache other sandboxes share),
-        where a bad package name shows before there is a sandbox to fail."""
+        where a bad package name shows before there is a sandbox to fail. On a single replica
+        the driver's provision runs beside the ``Create`` append (an idle sandbox; it is
+        destroyed if the append fails)."""
         if req.spec.network.allow:  # first, as the route did: a name that does not resolve is a 400 naming it
             await egress.resolve(req.spec.network.allow)
         tenants = self._reads.tenants
@@ -94,12 +97,24 @@ class Provisioning:
         # The quota's check and the create it allows, as one, on this replica and across
         # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
+        made: asyncio.Task[None] | None = None
         async with self._recorder.lock(spec.org_id) if limited else contextlib.nullcontext(), \
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
-            await self._recorder.command(sandbox_id, create)
+            if not build and not self._replicas.shared:
+                # The driver makes the sandbox while its Create is appended: an idle pid 1 runs
+                # nothing of the tenant's, and nothing starts before the Start append. Not with
+                # other replicas: one starting up would destroy a sandbox the log does not know
+                # yet (recovery.py); this replica's own restart does so on purpose.
+                made = asyncio.ensure_future(self._provision(sandbox_id, spec))
+            try:
+                await self._recorder.command(sandbox_id, create)
+            except BaseException:
+                if made is not None:
+                    await self._discard(made, sandbox_id)
+                raise
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
                 owner = StreamOwner(spec.org_id, sandbox_id)
@@ -108,7 +123,7 @@ class Provisioning:
             self._reads.building.add(sandbox_id)
             self._background.spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
         else:
-            await self._start_sandbox(sandbox_id, req, execution_id)
+            await self._start_sandbox(sandbox_id, req, execution_id, made=made)
         return Created(sandbox=await self._reads.require(sandbox_id), execution_id=execution_id)
 
     @property
@@ -139,11 +154,24 @@ class Provisioning:
                 quietly(self._runtimes.build_runtime(name, lambda line: log.info("prebuild: %s", line))),
                 f"prebuild-{name}")
 
-    async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
+    async def _provision(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        with phases.span("driver: provision"):
+            await self._lifecycle.provision(ProvisionRequest.for_spec(sandbox_id, spec))
+
+    async def _discard(self, made: asyncio.Task[None], sandbox_id: str) -> None:
+        """The Create was not recorded: what the driver made meanwhile goes."""
+        with contextlib.suppress(BaseException):
+            await made
+        with contextlib.suppress(Exception):
+            await self._lifecycle.destroy(sandbox_id)
+
+    async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None, *,
+                             made: asyncio.Task[None] | None = None) -> None:
+        """``made``: the driver's provision, already under way (``create``)."""
         spec = req.spec
         try:
-            with phases.span("driver: provision"):
-                await self._lifecycle.provision(ProvisionRequest.for_spec(sandbox_id, spec))
+            with phases.span("create: provision, after the Create append"):
+                await (made if made is not None else self._provision(sandbox_id, spec))
             if spec.snapshot_id:
                 await self._snapshots.seed(sandbox_id, spec.snapshot_id)
             if req.files:
