@@ -120,3 +120,36 @@ async def test_spares_are_capped_and_dropped_when_stale(driver: LocalDriver) -> 
         for sid in sids:
             await driver.destroy(sid)
     assert os.path.exists(memory_dir(driver, sids[0]).parent)
+
+
+async def test_a_pooled_sandbox_has_its_first_commands_leaf_made_and_it_ages_once_claimed(
+        driver: LocalDriver) -> None:
+    cgroups = driver._cgroups
+    assert isinstance(cgroups, CgroupV1) and driver._pool.size > 0, "the warm pool is on by default (v1, root)"
+    await driver.destroy(await provision(driver, PY))  # the runtime's pool is filled from its first create
+    for _ in range(1500):
+        if len(driver._pool.idle.get(PY, ())) >= driver._pool.size and PY not in driver._pool._filling:
+            break
+        await asyncio.sleep(0.02)
+    pooled = driver._pool.idle[PY][-1].id
+    cgroups.drop_stale_spares(max_age=0.0)  # a pooled sandbox's spare does not age
+    spare = memory_dir(driver, pooled) / SPARE_MEMORY_LEAF
+    assert spare.is_dir()
+    assert (spare / "tasks").read_text() == "" and "oom_kill 0" in (spare / "memory.oom_control").read_text()
+    inode = spare.stat().st_ino
+    sid = await provision(driver, PY)  # claims it
+    try:
+        assert (memory_dir(driver, sid) / SPARE_MEMORY_LEAF).stat().st_ino == inode
+        ex = new_id("ex")
+        task = asyncio.create_task(driver.exec(ExecRequest(ex, sid, ("sleep", "0.5")), Recorder()))
+        leaf = memory_dir(driver, sid) / ("x-" + ex)
+        for _ in range(200):
+            if leaf.is_dir():
+                break
+            await asyncio.sleep(0.01)
+        assert leaf.stat().st_ino == inode
+        assert (await task).exit_code == 0
+        cgroups.drop_stale_spares(max_age=0.0)  # claimed, it ages as any other
+        assert not (memory_dir(driver, sid) / SPARE_MEMORY_LEAF).exists()
+    finally:
+        await driver.destroy(sid)

@@ -31,6 +31,7 @@ import abc
 import asyncio
 import contextlib
 import errno
+import math
 import os
 import signal
 import time
@@ -310,6 +311,9 @@ class Cgroups(abc.ABC):
         for path in self.paths("x"):
             _rmdir(path.parent)
 
+    def make_spare(self, sandbox: str) -> None:  # noqa: B027 - v1 only
+        """Make the sandbox's spare execution leaf ahead of its first command (v1 only)."""
+
     def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:  # noqa: B027 - v1 only
         """Remove the spare leaves (module docstring) kept longer than ``max_age`` seconds."""
 
@@ -376,8 +380,8 @@ class CgroupV1(Cgroups):
                 with contextlib.suppress(OSError):
                     os.rename(dst, src)
             raise
-        if old in self._spares:  # renamed with its parent
-            self._spares[new] = self._spares.pop(old)
+        if old in self._spares:  # renamed with its parent; a pooled one's starts ageing now
+            self._spares[new] = (self._spares.pop(old)[0], time.monotonic())
 
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         out = []
@@ -424,6 +428,16 @@ class CgroupV1(Cgroups):
         self._spares.pop(sandbox, None)
         with contextlib.suppress(OSError):
             _rmdir(self.mounts["memory"] / PARENT / self.instance / sandbox / SPARE_MEMORY_LEAF)
+
+    def make_spare(self, sandbox: str) -> None:
+        """A spare memory leaf for a pooled sandbox, made ahead of its first command (warm
+        pool: off a request's path). It does not age while pooled (``rename`` starts it)."""
+        if "memory" not in self.mounts or sandbox in self._spares:
+            return
+        (self.mounts["memory"] / PARENT / self.instance / sandbox / SPARE_MEMORY_LEAF).mkdir(exist_ok=True)
+        self._spares[sandbox] = (0, math.inf)
+        while len(self._spares) > self.spare_cap:
+            self._drop_spare(next(iter(self._spares)))
 
     def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:
         now = time.monotonic()
