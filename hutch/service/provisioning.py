@@ -97,6 +97,18 @@ class Provisioning:
         # The quota's check and the create it allows, as one, on this replica and across
         # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
+        if not build and not limited and not self._replicas.shared:
+            # Made first, then recorded created and started in one append (with its command's
+            # start): one durable write on the way to the start instead of two. An idle pid 1
+            # runs nothing of the tenant's, and what the log refuses is destroyed. Not with
+            # other replicas: one starting up destroys a sandbox the log does not know yet
+            # (recovery.py); this replica's own restart does so on purpose. Not under a
+            # sandbox quota, whose lock is held until the Create is in (the overlap below).
+            with phases.span("create: quota check"):
+                await self._quotas.check_sandbox(spec.org_id, spec)
+            await self._replicas.own(sandbox_id)
+            await self._start_sandbox(sandbox_id, req, execution_id, create=create)
+            return Created(sandbox=await self._reads.require(sandbox_id), execution_id=execution_id)
         made: asyncio.Task[None] | None = None
         async with self._recorder.lock(spec.org_id) if limited else contextlib.nullcontext(), \
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
@@ -104,10 +116,8 @@ class Provisioning:
                 await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
             if not build and not self._replicas.shared:
-                # The driver makes the sandbox while its Create is appended: an idle pid 1 runs
-                # nothing of the tenant's, and nothing starts before the Start append. Not with
-                # other replicas: one starting up would destroy a sandbox the log does not know
-                # yet (recovery.py); this replica's own restart does so on purpose.
+                # The driver makes the sandbox while its Create is appended (for the same
+                # reasons as above), and nothing starts before the Start append.
                 made = asyncio.ensure_future(self._provision(sandbox_id, spec))
             try:
                 await self._recorder.command(sandbox_id, create)
@@ -166,8 +176,9 @@ class Provisioning:
             await self._lifecycle.destroy(sandbox_id)
 
     async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None, *,
-                             made: asyncio.Task[None] | None = None) -> None:
-        """``made``: the driver's provision, already under way (``create``)."""
+                             made: asyncio.Task[None] | None = None, create: Create | None = None) -> None:
+        """``made``: the driver's provision, already under way (``create``). ``create``: the
+        sandbox's Create, not recorded yet: appended with its start."""
         spec = req.spec
         try:
             with phases.span("create: provision, after the Create append"):
@@ -180,6 +191,8 @@ class Provisioning:
             reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
             with contextlib.suppress(Exception):
                 await self._lifecycle.destroy(sandbox_id)
+            if create is not None:  # recorded created, then failed, as when it was recorded first
+                await self._recorder.command(sandbox_id, create)
             await self._recorder.command(sandbox_id, Fail(reason=f"provisioning failed: {reason}"))
             if isinstance(err, HutchError):
                 raise
@@ -189,26 +202,35 @@ class Provisioning:
         if (handle := self._adoption.handle(sandbox_id)) is not None and self._replicas.shared:
             await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
         started = Start(node=self._fleet.node_of(sandbox_id))
-        if not (req.command and execution_id):
-            await self._recorder.command(sandbox_id, started)
-            return
-        # Not refused when the organization's storage is full (the sandbox is made already):
-        # its output keeps what fits, and says it was cut.
-        budget = await self._quotas.output_budget(spec.org_id, refuse_full=False)
+        first: tuple[Create | Start, ...] = (started,) if create is None else (create, started)
+        recorded: list[bool] = []
         try:
-            # Started and its command started in one append: one durable write on the way to
-            # the launch instead of two in series (docs/benchmarks.md, "Where a run()'s time goes").
-            await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
-                                         org_id=spec.org_id, stream=req.stream, budget=budget,
-                                         preceded_by=(started,))
-        except HutchError as err:
-            if err.status is not None and err.status < 500:
-                # Refused, so nothing of the append was written (the command's start past the
-                # storage quota, say): the sandbox is made, so it is recorded started, as it was
-                # when the two were separate appends, not left creating with nothing to end it.
-                # (A log or store failure may have written it: then nothing is guessed.)
+            if not (req.command and execution_id):
+                await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True))
+                return
+            # Not refused when the organization's storage is full (the sandbox is made already):
+            # its output keeps what fits, and says it was cut.
+            budget = await self._quotas.output_budget(spec.org_id, refuse_full=False)
+            try:
+                # Started and its command started in one append: one durable write on the way to
+                # the launch instead of two in series (docs/benchmarks.md, "Where a run()'s time goes").
+                await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
+                                             org_id=spec.org_id, stream=req.stream, budget=budget,
+                                             preceded_by=first, recorded=lambda: recorded.append(True),
+                                             spec=spec if create is not None else None)
+            except HutchError as err:
+                if err.status is not None and err.status < 500:
+                    # Refused, so nothing of the append was written (the command's start past the
+                    # storage quota, say): the sandbox is made, so it is recorded started, as it was
+                    # when the two were separate appends, not left creating with nothing to end it.
+                    # (A log or store failure may have written it: then nothing is guessed.)
+                    with contextlib.suppress(Exception):
+                        await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True))
+                raise
+        except BaseException:
+            if create is not None and not recorded:  # the log never had it: nobody can reach it
                 with contextlib.suppress(Exception):
-                    await self._recorder.command(sandbox_id, started)
+                    await self._lifecycle.destroy(sandbox_id)
             raise
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
