@@ -181,7 +181,7 @@ class Provisioning:
         sandbox's Create, not recorded yet: appended with its start."""
         spec = req.spec
         try:
-            with phases.span("create: provision, after the Create append"):
+            with phases.span("create: provision awaited (overlapped: what is left of it)"):
                 await (made if made is not None else self._provision(sandbox_id, spec))
             if spec.snapshot_id:
                 await self._snapshots.seed(sandbox_id, spec.snapshot_id)
