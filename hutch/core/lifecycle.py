@@ -241,16 +241,18 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
 
 
-def decide_in_turn(sandbox: SandboxState, commands: Sequence[Command]) -> list[Decided]:
+def decide_in_turn(sandbox: SandboxState | None, commands: Sequence[Command], sandbox_id: str = "") -> list[Decided]:
     """What ``commands`` produce, each decided against the sandbox as the events of the ones
     before it leave it: events recorded as one append (a create's ``Start`` and its command's
-    ``StartExecution``), so that one refusal refuses them all."""
+    ``StartExecution``; a sandbox's ``Create`` first, ``sandbox`` None and its id given), so
+    that one refusal refuses them all."""
     decided: list[Decided] = []
     state: SandboxState | None = sandbox
+    sid, at = (sandbox.sandbox_id, sandbox.updated_at) if sandbox is not None else (sandbox_id, "")
     for command in commands:
         events = decide(state, command)
         for data in events:
-            state = _evolve(state, Event("", sandbox.sandbox_id, sandbox.updated_at, data))
+            state = _evolve(state, Event("", sid, at, data))
         decided.extend(events)
     return decided
 

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -20,7 +20,6 @@ from hutch.core.models import (
     ExecutionStatus,
     Mode,
     SandboxSpec,
-    SandboxState,
     SandboxStatus,
 )
 from hutch.core.output import OutputStreams, StreamOwner
@@ -153,11 +152,14 @@ class Executions:
 
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                     *, org_id: str, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT,
-                    budget: OutputBudget | None = None, preceded_by: Sequence[Command] = ()) -> None:
+                    budget: OutputBudget | None = None, preceded_by: Sequence[Command] = (),
+                    recorded: Callable[[], None] = lambda: None, spec: SandboxSpec | None = None) -> None:
         """Record the command started and run it in the background. Its output is the
         organization's (``org_id``), kept within ``budget`` (Quotas.output_budget) until the
         retention drops it (service/retention.py). ``preceded_by``: commands recorded in the
-        same append, before the start (a create's ``Start``): all of them or none."""
+        same append, before the start (a create's ``Start``): all of them or none. ``recorded``
+        is called once they are in the log (before the command is launched). ``spec``: the
+        sandbox's, when the store may not show it yet (recorded in this same append)."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
         owner = StreamOwner(org_id, sandbox_id)
         with phases.span("streams: open both"):
@@ -166,6 +168,7 @@ class Executions:
         launched: list[asyncio.Task[None]] = []
 
         def launch(position: int) -> None:
+            recorded()
             # Once ``execution:started`` is in the log the command may run: nothing runs
             # unrecorded, and it need not wait for the projector (3.3 ms p50 on PostgreSQL).
             # Should that wait fail (the store away), the command runs on and its end is
@@ -173,7 +176,7 @@ class Executions:
             # the write is in the log.
             task = self._background.spawn(
                 self._run(sandbox_id, execution_id, command, timeout, ExecutionSink(stdout, stderr, stream, budget),
-                          position),
+                          position, spec),
                 f"exec-{execution_id}")
             self._tasks[execution_id] = task
             task.add_done_callback(lambda _t: self._tasks.pop(execution_id, None))
@@ -196,10 +199,11 @@ class Executions:
                                    for name in ("stdout", "stderr")))
 
     async def _run(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
-                   sink: ExecutionSink, started_at: int) -> None:
+                   sink: ExecutionSink, started_at: int, spec: SandboxSpec | None = None) -> None:
         t_run = phases.start()
         try:
-            sb = await self._reads.require(sandbox_id)
+            if spec is None:
+                spec = (await self._reads.require(sandbox_id)).spec
         except BaseException:
             await self.close_streams(execution_id)
             raise
@@ -211,7 +215,7 @@ class Executions:
         try:
             result = await self._commands.exec(
                 ExecRequest(execution_id=execution_id, sandbox_id=sandbox_id, argv=command, timeout=timeout,
-                            env=dict(sb.spec.env), stdin=stdin),
+                            env=dict(spec.env), stdin=stdin),
                 sink,
             )
         except asyncio.CancelledError:
@@ -228,18 +232,18 @@ class Executions:
                 await stdin.aclose()  # an upload still sending is told the command is done with it
             truncated = any(s.truncated for s in sink.streams.values())
             await self.close_streams(execution_id)
-        finish = self._finish(sb, execution_id, result, error, timeout, duration_ms, truncated)
+        finish = self._finish(spec, execution_id, result, error, timeout, duration_ms, truncated)
         self._stopping.discard(execution_id)
         with phases.span("execution: settled wait (start projected)"):
             await self._recorder.settled(started_at)  # the end is decided against a store showing the start
         with contextlib.suppress(IllegalTransition, SandboxNotFound):  # the sandbox ended under it
             await self._recorder.command(sandbox_id, finish)
         phases.end("execution: task, start to finish recorded", t_run)
-        if sb.spec.mode is Mode.ONESHOT:
+        if spec.mode is Mode.ONESHOT:
             code = finish.exit_code if finish.exit_code is not None else 1
             await self._control.end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))
 
-    def _finish(self, sb: SandboxState, execution_id: str, result: ExecResult | None, error: str | None,
+    def _finish(self, spec: SandboxSpec, execution_id: str, result: ExecResult | None, error: str | None,
                 timeout: float | None, duration_ms: int, truncated: bool) -> FinishExecution:
         """How the command ended, from what the driver said (or the error it raised)."""
         if result is None:
@@ -254,7 +258,7 @@ class Executions:
             return attrs.evolve(done, status=ExecutionStatus.CANCELLED,
                                 error=self._cancel_reasons.pop(execution_id, "cancelled"))
         if result.oom_killed:
-            limit = sb.spec.resources.memory_bytes
+            limit = spec.resources.memory_bytes
             return attrs.evolve(done, status=ExecutionStatus.FAILED,
                                 error="killed: out of memory" + (f" (limit {format_bytes(limit)})" if limit else ""))
         return done

@@ -4,6 +4,7 @@ its initial command started."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
@@ -69,7 +70,9 @@ class Provisioning:
         The sandbox is recorded as every sandbox event is, by a command ``decide`` checks
         (``Create``). What runs before it leaves nothing of this sandbox behind: the checks,
         and the driver's ``prepare`` (an install layer, kept in a cache other sandboxes share),
-        where a bad package name shows before there is a sandbox to fail."""
+        where a bad package name shows before there is a sandbox to fail. On a single replica
+        the driver's provision runs beside the ``Create`` append (an idle sandbox; it is
+        destroyed if the append fails)."""
         if req.spec.network.allow:  # first, as the route did: a name that does not resolve is a 400 naming it
             await egress.resolve(req.spec.network.allow)
         tenants = self._reads.tenants
@@ -94,12 +97,34 @@ class Provisioning:
         # The quota's check and the create it allows, as one, on this replica and across
         # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
+        if not build and not limited and not self._replicas.shared:
+            # Made first, then recorded created and started in one append (with its command's
+            # start): one durable write on the way to the start instead of two. An idle pid 1
+            # runs nothing of the tenant's, and what the log refuses is destroyed. Not with
+            # other replicas: one starting up destroys a sandbox the log does not know yet
+            # (recovery.py); this replica's own restart does so on purpose. Not under a
+            # sandbox quota, whose lock is held until the Create is in (the overlap below).
+            with phases.span("create: quota check"):
+                await self._quotas.check_sandbox(spec.org_id, spec)
+            await self._replicas.own(sandbox_id)
+            await self._start_sandbox(sandbox_id, req, execution_id, create=create)
+            return Created(sandbox=await self._reads.require(sandbox_id), execution_id=execution_id)
+        made: asyncio.Task[None] | None = None
         async with self._recorder.lock(spec.org_id) if limited else contextlib.nullcontext(), \
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
-            await self._recorder.command(sandbox_id, create)
+            if not build and not self._replicas.shared:
+                # The driver makes the sandbox while its Create is appended (for the same
+                # reasons as above), and nothing starts before the Start append.
+                made = asyncio.ensure_future(self._provision(sandbox_id, spec))
+            try:
+                await self._recorder.command(sandbox_id, create)
+            except BaseException:
+                if made is not None:
+                    await self._discard(made, sandbox_id)
+                raise
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
                 owner = StreamOwner(spec.org_id, sandbox_id)
@@ -108,7 +133,7 @@ class Provisioning:
             self._reads.building.add(sandbox_id)
             self._background.spawn(self._build_then_start(sandbox_id, req, execution_id), f"build-{sandbox_id}")
         else:
-            await self._start_sandbox(sandbox_id, req, execution_id)
+            await self._start_sandbox(sandbox_id, req, execution_id, made=made)
         return Created(sandbox=await self._reads.require(sandbox_id), execution_id=execution_id)
 
     @property
@@ -139,11 +164,25 @@ class Provisioning:
                 quietly(self._runtimes.build_runtime(name, lambda line: log.info("prebuild: %s", line))),
                 f"prebuild-{name}")
 
-    async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
+    async def _provision(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        with phases.span("driver: provision"):
+            await self._lifecycle.provision(ProvisionRequest.for_spec(sandbox_id, spec))
+
+    async def _discard(self, made: asyncio.Task[None], sandbox_id: str) -> None:
+        """The Create was not recorded: what the driver made meanwhile goes."""
+        with contextlib.suppress(BaseException):
+            await made
+        with contextlib.suppress(Exception):
+            await self._lifecycle.destroy(sandbox_id)
+
+    async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None, *,
+                             made: asyncio.Task[None] | None = None, create: Create | None = None) -> None:
+        """``made``: the driver's provision, already under way (``create``). ``create``: the
+        sandbox's Create, not recorded yet: appended with its start."""
         spec = req.spec
         try:
-            with phases.span("driver: provision"):
-                await self._lifecycle.provision(ProvisionRequest.for_spec(sandbox_id, spec))
+            with phases.span("create: provision awaited (overlapped: what is left of it)"):
+                await (made if made is not None else self._provision(sandbox_id, spec))
             if spec.snapshot_id:
                 await self._snapshots.seed(sandbox_id, spec.snapshot_id)
             if req.files:
@@ -152,6 +191,8 @@ class Provisioning:
             reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
             with contextlib.suppress(Exception):
                 await self._lifecycle.destroy(sandbox_id)
+            if create is not None:  # recorded created, then failed, as when it was recorded first
+                await self._recorder.command(sandbox_id, create)
             await self._recorder.command(sandbox_id, Fail(reason=f"provisioning failed: {reason}"))
             if isinstance(err, HutchError):
                 raise
@@ -161,26 +202,35 @@ class Provisioning:
         if (handle := self._adoption.handle(sandbox_id)) is not None and self._replicas.shared:
             await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
         started = Start(node=self._fleet.node_of(sandbox_id))
-        if not (req.command and execution_id):
-            await self._recorder.command(sandbox_id, started)
-            return
-        # Not refused when the organization's storage is full (the sandbox is made already):
-        # its output keeps what fits, and says it was cut.
-        budget = await self._quotas.output_budget(spec.org_id, refuse_full=False)
+        first: tuple[Create | Start, ...] = (started,) if create is None else (create, started)
+        recorded: list[bool] = []
         try:
-            # Started and its command started in one append: one durable write on the way to
-            # the launch instead of two in series (docs/benchmarks.md, "Where a run()'s time goes").
-            await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
-                                         org_id=spec.org_id, stream=req.stream, budget=budget,
-                                         preceded_by=(started,))
-        except HutchError as err:
-            if err.status is not None and err.status < 500:
-                # Refused, so nothing of the append was written (the command's start past the
-                # storage quota, say): the sandbox is made, so it is recorded started, as it was
-                # when the two were separate appends, not left creating with nothing to end it.
-                # (A log or store failure may have written it: then nothing is guessed.)
+            if not (req.command and execution_id):
+                await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True))
+                return
+            # Not refused when the organization's storage is full (the sandbox is made already):
+            # its output keeps what fits, and says it was cut.
+            budget = await self._quotas.output_budget(spec.org_id, refuse_full=False)
+            try:
+                # Started and its command started in one append: one durable write on the way to
+                # the launch instead of two in series (docs/benchmarks.md, "Where a run()'s time goes").
+                await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
+                                             org_id=spec.org_id, stream=req.stream, budget=budget,
+                                             preceded_by=first, recorded=lambda: recorded.append(True),
+                                             spec=spec if create is not None else None)
+            except HutchError as err:
+                if err.status is not None and err.status < 500:
+                    # Refused, so nothing of the append was written (the command's start past the
+                    # storage quota, say): the sandbox is made, so it is recorded started, as it was
+                    # when the two were separate appends, not left creating with nothing to end it.
+                    # (A log or store failure may have written it: then nothing is guessed.)
+                    with contextlib.suppress(Exception):
+                        await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True))
+                raise
+        except BaseException:
+            if create is not None and not recorded:  # the log never had it: nobody can reach it
                 with contextlib.suppress(Exception):
-                    await self._recorder.command(sandbox_id, started)
+                    await self._lifecycle.destroy(sandbox_id)
             raise
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:

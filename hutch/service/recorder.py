@@ -103,18 +103,28 @@ class Recorder:
         as it is and append what they produce as ONE append: all of it durable, or none of it
         written. A create's ``Start`` and its command's ``StartExecution`` go together so that
         the way to the command's launch awaits one append, not two (on production, each is a
-        Produce and a projection transaction). Not for a ``Create`` (``command``)."""
+        Produce and a projection transaction). A ``Create`` may come first: a sandbox the driver
+        made before anything was recorded (service/provisioning.py) is recorded created and
+        started at once."""
         what = f" ({'+'.join(type(c).__name__ for c in commands)})" if phases.ON else ""
+        creates = bool(commands) and isinstance(commands[0], Create)  # the sandbox's first events
         t0 = phases.start()
         async with self.lock(sandbox_id):
             phases.end("record: lock wait", t0)
             with phases.span("record: state read"):
-                sb = await self._reads.require(sandbox_id)
-            with phases.span("record: decide"):
-                events = decide_in_turn(sb, commands)
-            # Refused past the quota when any of them is the tenant's to size (its env, its argv).
-            refusable = any(isinstance(c, ChangeEnv | StartExecution) for c in commands)
-            return await self._append(sandbox_id, events, durable=durable, what=what, metered=refusable or None)
+                sb = await (self._store.get_sandbox(sandbox_id) if creates else self._reads.require(sandbox_id))
+            if creates:
+                self._reads.own(sandbox_id)  # as ``command`` does for a Create
+            try:
+                with phases.span("record: decide"):
+                    events = decide_in_turn(sb, commands, sandbox_id)
+                # Refused past the quota when any of them is the tenant's to size (its spec, env, argv).
+                refusable = creates or any(isinstance(c, ChangeEnv | StartExecution) for c in commands)
+                return await self._append(sandbox_id, events, durable=durable, what=what, metered=refusable or None)
+            except BaseException:
+                if creates:
+                    self._reads.disown(sandbox_id)
+                raise
 
     async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:

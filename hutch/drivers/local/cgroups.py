@@ -16,6 +16,13 @@ v1's ``tasks`` file with "0" (the calling thread, which is the whole process: th
 helper is single-threaded): unlike ``cgroup.procs`` that migration skips the
 threadgroup rwsem, whose write side waits for an RCU grace period (measured here:
 ~6 ms per join).
+
+An ended execution's memory leaf, once empty, is kept as its sandbox's spare (v1: renamed
+to ``SPARE_MEMORY_LEAF``) and renamed for the sandbox's next execution: a memory cgroup's
+mkdir costs 0.3-0.65 ms on this host (its per-cgroup shrinker map, docs/idle.md), a rename
+7 us. Its OOM kill counter carries on, so an execution's kills are counted from where the
+counter stood when the leaf was kept. Spares cost a memory cgroup each: at most
+``spare_cap`` on the host, and one unused for ``SPARE_MAX_AGE`` seconds goes.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import abc
 import asyncio
 import contextlib
 import errno
+import math
 import os
 import signal
 import time
@@ -35,6 +43,9 @@ PARENT = "hutch"
 # v1 hierarchies where each execution gets its own leaf (see the module docstring).
 LEAF_CONTROLLERS_V1 = frozenset({"freezer", "memory"})
 CFS_PERIOD_US = 100_000
+SPARE_MEMORY_LEAF = "spare"  # not an execution's (x-, t-, w-, f-), nor v2's "init"
+SPARE_CAP = 64
+SPARE_MAX_AGE = 30.0
 
 
 def _write(path: Path, value: str) -> None:
@@ -89,6 +100,17 @@ def _stats(directory: Path | None, name: str) -> dict[str, int]:
             k, _, value = line.partition(" ")
             found[k] = int(value)
     return found
+
+
+def _oom_kill_count(memory_dir: str) -> int:
+    """The OOM kills v1 counted in a memory cgroup (in the victim's own: not hierarchical)."""
+    with open(f"{memory_dir}/memory.oom_control") as fh:
+        text = fh.read()
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
 
 
 def _rmtree(path: Path) -> bool:
@@ -291,6 +313,12 @@ class Cgroups(abc.ABC):
         for path in self.paths("x"):
             _rmdir(path.parent)
 
+    def make_spare(self, sandbox: str) -> None:  # noqa: B027 - v1 only
+        """Make the sandbox's spare execution leaf ahead of its first command (v1 only)."""
+
+    def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:  # noqa: B027 - v1 only
+        """Remove the spare leaves (module docstring) kept longer than ``max_age`` seconds."""
+
     def remove(self, sandbox: str, leaf: str | None = None) -> bool:
         """rmdir the sandbox (or one leaf) in every hierarchy; False if processes remain."""
         ok = True
@@ -305,10 +333,26 @@ class CgroupV1(Cgroups):
         self.controllers = frozenset(mounts) - {"freezer"}
         # freezer first: paths()[0] is where we list and freeze processes.
         self._order = ["freezer", *sorted(self.controllers)]
+        self.spare_cap = SPARE_CAP
+        self._roots: tuple[str, dict[str, str]] = ("", {})  # (instance, controller -> its dir), see _root
+        # sandbox -> (its spare's OOM kill count when kept, when kept); oldest first
+        self._spares: dict[str, tuple[int, float]] = {}
+        # (sandbox, leaf) -> the OOM kill count a reused leaf came with
+        self._oom_base: dict[tuple[str, str], int] = {}
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         parts = [PARENT, self.instance, sandbox] + ([leaf] if leaf else [])
         return [self.mounts[c].joinpath(*parts) for c in self._order]
+
+    def _root(self, controller: str) -> str:
+        """The instance's directory in one hierarchy, as a string: an execution's way (its
+        leaf, the pause check, its OOM count, the leaf's removal) builds its paths from these;
+        pathlib took ~19 us for the five paths of one call to ``paths`` here."""
+        instance, roots = self._roots
+        if instance != self.instance:  # set after construction (Cgroups.detect)
+            roots = {c: str(m / PARENT / self.instance) for c, m in self.mounts.items()}
+            self._roots = (self.instance, roots)
+        return roots[controller]
 
     def setup(self) -> None:
         for c in self._order:
@@ -349,16 +393,95 @@ class CgroupV1(Cgroups):
                 with contextlib.suppress(OSError):
                     os.rename(dst, src)
             raise
+        if old in self._spares:  # renamed with its parent; a pooled one's starts ageing now
+            self._spares[new] = (self._spares.pop(old)[0], time.monotonic())
 
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         out = []
-        for c, path in zip(self._order, self.paths(sandbox, leaf), strict=True):
-            if leaf == "init" or c not in LEAF_CONTROLLERS_V1:
-                path = path.parent  # in the sandbox's own cgroup, under its limits: no leaf
-            else:
-                path.mkdir(exist_ok=True)
-            out.append(path / "tasks")
+        for c in self._order:
+            path = f"{self._root(c)}/{sandbox}"
+            if leaf != "init" and c in LEAF_CONTROLLERS_V1:  # else in the sandbox's own cgroup, under its limits
+                path = f"{path}/{leaf}"
+                if not (c == "memory" and self._take_spare(sandbox, leaf)):
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(path)
+            out.append(Path(f"{path}/tasks"))
         return out
+
+    def _take_spare(self, sandbox: str, leaf: str) -> bool:
+        kept = self._spares.pop(sandbox, None)
+        if kept is None:
+            return False
+        base = f"{self._root('memory')}/{sandbox}"
+        spare = f"{base}/{SPARE_MEMORY_LEAF}"
+        try:
+            os.rename(spare, f"{base}/{leaf}")
+        except OSError:
+            with contextlib.suppress(OSError):
+                _rmdir(Path(spare))
+            return False
+        self._oom_base[(sandbox, leaf)] = kept[0]
+        return True
+
+    def _keep_spare(self, sandbox: str, path: str) -> bool:
+        """Keep an ended execution's memory leaf as the sandbox's spare, if it is empty and the
+        sandbox has none; the oldest spare goes past the cap. False: the caller removes it."""
+        if self.spare_cap <= 0 or sandbox in self._spares:
+            return False
+        try:
+            with open(f"{path}/tasks") as fh:
+                if fh.read().strip():
+                    return False
+            kills = _oom_kill_count(path)
+            os.rename(path, f"{os.path.dirname(path)}/{SPARE_MEMORY_LEAF}")
+        except OSError:
+            return False
+        self._spares[sandbox] = (kills, time.monotonic())
+        while len(self._spares) > self.spare_cap:
+            self._drop_spare(next(iter(self._spares)))
+        return True
+
+    def _drop_spare(self, sandbox: str) -> None:
+        self._spares.pop(sandbox, None)
+        with contextlib.suppress(OSError):
+            _rmdir(Path(self._root("memory"), sandbox, SPARE_MEMORY_LEAF))
+
+    def make_spare(self, sandbox: str) -> None:
+        """A spare memory leaf for a pooled sandbox, made ahead of its first command (warm
+        pool: off a request's path). It does not age while pooled (``rename`` starts it)."""
+        if "memory" not in self.mounts or sandbox in self._spares:
+            return
+        (self.mounts["memory"] / PARENT / self.instance / sandbox / SPARE_MEMORY_LEAF).mkdir(exist_ok=True)
+        self._spares[sandbox] = (0, math.inf)
+        while len(self._spares) > self.spare_cap:
+            self._drop_spare(next(iter(self._spares)))
+
+    def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:
+        now = time.monotonic()
+        for sandbox, (_kills, kept) in list(self._spares.items()):
+            if now - kept >= max_age:
+                self._drop_spare(sandbox)
+
+    def remove(self, sandbox: str, leaf: str | None = None) -> bool:
+        if leaf is None:
+            self._spares.pop(sandbox, None)  # removed with the sandbox's cgroup
+            return super().remove(sandbox)
+        self._oom_base.pop((sandbox, leaf), None)
+        ok = True
+        for c in self._order:
+            if leaf != "init" and c not in LEAF_CONTROLLERS_V1:
+                continue  # no leaf made there (create_leaf)
+            path = f"{self._root(c)}/{sandbox}/{leaf}"
+            # freezer first: its leaf gone, no process of the execution is left
+            if c == "memory" and ok and self._keep_spare(sandbox, path):
+                continue
+            try:
+                os.rmdir(path)  # the common case: an empty leaf
+            except FileNotFoundError:
+                pass
+            except OSError:
+                ok = _rmtree(Path(path)) and ok
+        return ok
 
     def usage(self, sandbox: str) -> tuple[float | None, int | None]:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
@@ -377,15 +500,11 @@ class CgroupV1(Cgroups):
         # v1 counts an OOM kill in the victim's own memcg, i.e. the execution's leaf.
         if "memory" not in self.mounts:
             return 0
-        path = self.mounts["memory"] / PARENT / self.instance / sandbox / leaf / "memory.oom_control"
         try:
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+            kills = _oom_kill_count(f"{self._root('memory')}/{sandbox}/{leaf}")
         except FileNotFoundError:
-            pass
-        return 0
+            return 0
+        return kills - self._oom_base.get((sandbox, leaf), 0)  # a reused leaf's earlier kills are not its
 
     def _memory_dir(self, sandbox: str) -> Path | None:
         return self.mounts["memory"] / PARENT / self.instance / sandbox if "memory" in self.mounts else None
@@ -414,7 +533,8 @@ class CgroupV1(Cgroups):
 
     def is_frozen(self, sandbox: str) -> bool:
         try:
-            return (self.paths(sandbox)[0] / "freezer.state").read_text().strip() != "THAWED"
+            with open(f"{self._root('freezer')}/{sandbox}/freezer.state") as fh:
+                return fh.read().strip() != "THAWED"
         except FileNotFoundError:
             return False
 

@@ -205,6 +205,7 @@ class LocalExecutions:
         guard = PidsGuard(self._cgroups)
         while not closed():
             await asyncio.sleep(pidsguard.PERIOD)
+            self._cgroups.drop_stale_spares()  # a spare memory leaf is a memory cgroup (cgroups.py)
             live = self._registry.sandboxes
             for sid, leaf in guard.check([s for s in self._nsexec.with_leaves() if s in live],
                                          self._registry.execution_leaves):

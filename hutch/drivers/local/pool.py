@@ -180,6 +180,11 @@ class WarmPool:
                     if self.closed:
                         await self._teardown.teardown(name)
                         return
+                    # Its first command's memory leaf, made now rather than on that command's
+                    # way (0.3-0.65 ms: cgroups.py); fresh and empty, as a new one would be.
+                    if self._cgroups is not None:
+                        with contextlib.suppress(OSError):
+                            self._cgroups.make_spare(name)
                     pool.append(sb)
         finally:
             self._filling.discard(runtime)

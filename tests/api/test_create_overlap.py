@@ -1,0 +1,99 @@
+"""A create's way to its start on a single replica: the driver makes the sandbox (an idle
+pid 1, nothing of the tenant's runs) before or while its ``Create`` is appended, so the way
+awaits one durable write instead of two in series. Without a sandbox quota the sandbox is made
+first and recorded created and started (and its command started) in one append; under a quota,
+whose lock holds until the ``Create`` is in, the two overlap. Nothing is started before the
+``Start`` is in the log, and a create the log refuses leaves no sandbox in the driver."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from hutch.api.keys import ENGINE
+from hutch.core.errors import QuotaExceeded
+from hutch.core.events import Event
+from hutch.drivers.base import ProvisionRequest
+from tests.api.conftest import Api
+
+
+def watch(api: Api, monkeypatch: pytest.MonkeyPatch, *, slow_create: float = 0.0) -> list[str]:
+    """What the log and the driver are asked, in order (a Create's append slowed by ``slow_create``)."""
+    engine = api.client.server.app[ENGINE]
+    log, lifecycle = engine.recorder._log, engine.provisioning._lifecycle
+    append, provision = log.append, lifecycle.provision
+    seen: list[str] = []
+
+    async def slow_append(events: Sequence[Event]) -> list[int]:
+        kinds = "+".join(e.type for e in events)
+        seen.append("append " + kinds)
+        if kinds.startswith("create"):
+            await asyncio.sleep(slow_create)
+        positions = await append(events)
+        seen.append("appended " + kinds)
+        return positions
+
+    async def watched(req: ProvisionRequest) -> None:
+        seen.append("provision")
+        await provision(req)
+        seen.append("provisioned")
+
+    monkeypatch.setattr(log, "append", slow_append)
+    monkeypatch.setattr(lifecycle, "provision", watched)
+    return seen
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_a_sandbox_is_made_then_recorded_created_and_started_in_one_append(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = watch(api, monkeypatch)
+    created = await api.data("POST", "/sandbox", json={}, expect=201)
+    assert created["status"] == "idle"
+    assert seen == ["provision", "provisioned", "append create+lifecycle:started",
+                    "appended create+lifecycle:started"], seen
+    seen.clear()
+    body = {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}
+    created = await api.data("POST", "/sandbox", json=body, expect=201)
+    assert seen[:4] == ["provision", "provisioned", "append create+lifecycle:started+execution:started",
+                        "appended create+lifecycle:started+execution:started"], seen
+    assert await api.stream(created["stdoutStreamUrl"]) == b"hi\n"
+    listed = (await api.data("GET", f"/sandbox/sandboxes/{created['sandboxId']}/events?limit=100"))["events"]
+    assert [e["type"] for e in listed][:3] == ["create", "lifecycle:started", "execution:started"]
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_under_a_sandbox_quota_the_driver_makes_it_while_its_create_is_appended(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = api.client.server.app[ENGINE]
+    monkeypatch.setattr(engine.quotas, "limits_sandboxes", lambda org: True)
+    seen = watch(api, monkeypatch, slow_create=0.3)
+    created = await api.data("POST", "/sandbox", json={}, expect=201)
+    assert created["status"] == "idle"
+    assert seen[:3] == ["append create", "provision", "provisioned"], seen
+    assert seen[3:] == ["appended create", "append lifecycle:started", "appended lifecycle:started"], seen
+    await api.call("DELETE", f"/sandbox/{created['sandboxId']}")
+
+
+@pytest.mark.runs_on("fake-embedded")
+@pytest.mark.parametrize("limited", [False, True], ids=["no quota", "a sandbox quota"])
+@pytest.mark.parametrize("body", [{}, {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}],
+                         ids=["idle", "oneshot"])
+async def test_a_create_the_log_refuses_leaves_no_sandbox_in_the_driver(
+        api: Api, monkeypatch: pytest.MonkeyPatch, limited: bool, body: dict[str, object]) -> None:
+    engine = api.client.server.app[ENGINE]
+    if limited:
+        monkeypatch.setattr(engine.quotas, "limits_sandboxes", lambda org: True)
+    lifecycle = engine.provisioning._lifecycle
+    before = await lifecycle.alive()
+
+    async def meter(org: str, size: int, refuse: bool) -> None:
+        await asyncio.sleep(0.05)  # the driver is under way meanwhile
+        raise QuotaExceeded("storage quota exceeded (test)")
+
+    monkeypatch.setattr(engine.recorder, "meter", meter)
+    err = await api.call("POST", "/sandbox", json=body, expect=403)
+    assert "storage quota" in err["message"]
+    assert await lifecycle.alive() == before
+    assert (await api.data("GET", "/sandbox"))["sandboxes"] == []
