@@ -131,3 +131,25 @@ async def test_an_ssh_session_ends_with_its_key(world: World, ending: str) -> No
                 await fh.write(b"x")
     assert not _exists(world, sid, "/home/agentuity/sftp-after-" + ending.split()[0])
     assert not _exists(world, sid, "/tmp/ssh-after-" + ending.split()[0])
+
+
+async def test_the_web_app_s_live_feed_tells_a_revoked_key_nothing_more(world: World) -> None:
+    """``GET /app/live`` follows the organization's events for as long as it stays open.
+    Before: after its key was revoked it went on telling the leaver every event of the
+    organization (type, sandbox, time): the commands run in a sandbox after the revocation
+    came through as ``data:`` lines."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    key_id, secret = _leaver(world)
+    async with aiohttp.ClientSession() as http, http.get(
+            f"{world.url}/app/live", headers={"Authorization": f"Bearer {secret}"}) as feed:
+        assert feed.status == 200, await feed.text()
+        assert (await asyncio.wait_for(feed.content.readline(), 30)).startswith(b": hutch live")
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        await asyncio.to_thread(world.run, "beta_admin", sid, "echo after the revocation")
+        told = b""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(3):
+                while line := await feed.content.readline():
+                    told += line
+    assert b"data:" not in told, told[:500]
