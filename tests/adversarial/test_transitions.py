@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import gzip
 import time
 from collections.abc import Iterator
 
@@ -153,3 +154,20 @@ async def test_the_web_app_s_live_feed_tells_a_revoked_key_nothing_more(world: W
                 while line := await feed.content.readline():
                     told += line
     assert b"data:" not in told, told[:500]
+
+
+def test_a_presigned_upload_url_dies_with_its_key(world: World) -> None:
+    """A snapshot build's ``uploadUrl`` is presigned (its token is the credential, no key
+    sent). Before: it kept taking uploads after the key that made it was revoked, into the
+    organization's storage (its quota) for the hour a build lives; a presigned URL lives no
+    longer than the credential that signed it."""
+    key_id, secret = _leaver(world)
+    build = world.data(secret, "POST", "/sandbox/snapshots/build", {"runtime": "base:latest", "name": "leaver"})
+    url = build["uploadUrl"].split("://", 1)[1].split("/", 1)[1]
+    archive = gzip.compress(b"\0" * 1024)  # an empty tar: only checked at finalize
+    status, answer = world.call(None, "PUT", "/" + url, raw=archive, headers={"Content-Type": "application/gzip"})
+    assert status == 200, answer  # the control: the presigned URL works
+    world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+    status, answer = world.call(None, "PUT", "/" + url, raw=archive, headers={"Content-Type": "application/gzip"})
+    assert status == 401, (status, answer)
+    assert "revoked" in answer["message"], answer
