@@ -13,7 +13,7 @@ import contextlib
 import datetime as dt
 import gzip
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import asyncssh
@@ -171,3 +171,39 @@ def test_a_presigned_upload_url_dies_with_its_key(world: World) -> None:
     status, answer = world.call(None, "PUT", "/" + url, raw=archive, headers={"Content-Type": "application/gzip"})
     assert status == 401, (status, answer)
     assert "revoked" in answer["message"], answer
+
+
+async def test_a_stdin_upload_takes_nothing_more_once_its_key_is_revoked(world: World) -> None:
+    """``PUT /streams/{id}`` streams a command's stdin for as long as its body lasts. Before: an
+    upload begun before the key was revoked went on feeding the command every line sent after
+    (a shell reading it ran them), as the terminal did."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    key_id, secret = _leaver(world)
+    stdin = world.call(secret, "POST", "/streams", {"name": "leaver"})[1]["id"]
+    ex = world.data(secret, "POST", f"/sandbox/{sid}/execute", {
+        "command": ["sh", "-c", "while read -r line; do echo \"$line\" >> /tmp/stdin-got; done"],
+        "stream": {"stdin": stdin}, "timeout": "60s"})
+    lines: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def body() -> AsyncIterator[bytes]:
+        while (line := await lines.get()) is not None:
+            yield line
+
+    async with aiohttp.ClientSession() as http:
+        upload = asyncio.ensure_future(http.put(f"{world.url}/streams/{stdin}", data=body(),
+                                                headers={"Authorization": f"Bearer {secret}"}))
+        await lines.put(b"before\n")
+        deadline = time.monotonic() + 30
+        while not await asyncio.to_thread(_exists, world, sid, "/tmp/stdin-got"):
+            assert time.monotonic() < deadline, "the command never got its first line"
+            await asyncio.sleep(0.2)
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        await lines.put(b"after\n")
+        await asyncio.sleep(1.0)
+        await lines.put(None)
+        with contextlib.suppress(aiohttp.ClientError):
+            (await upload).close()
+    world.data("beta_admin", "POST", f"/sandbox/execution/{ex['executionId']}/cancel")
+    code, got, err = world.run("beta_admin", sid, "cat /tmp/stdin-got")
+    assert (code, got) == (0, "before\n"), (code, got, err)
