@@ -117,8 +117,8 @@ class SshGateway:
                 process.exit(cut)
 
     def _check(self, process: asyncssh.SSHServerProcess[bytes]) -> Callable[[], str | None]:
-        """Raises ``Unauthorized`` once the session's SSH key opens nothing: asked before every
-        byte typed reaches the sandbox, so none typed after that instant does."""
+        """A check raising ``Unauthorized`` once the session's SSH key opens nothing: asked
+        before every byte typed reaches the sandbox, so none typed after that instant does."""
         ssh_key: str | None = process.get_extra_info("hutch_ssh_key")
         tenants = self.tenants
         return (lambda: None) if ssh_key is None else (lambda: tenants.ssh_key_expiry(ssh_key))

@@ -57,12 +57,13 @@ async def terminal(request: web.Request) -> web.StreamResponse:
         raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
                            field="Upgrade")
     tenants, key_id = request.app[TENANTS], request[PRINCIPAL].key_id
+
+    def check() -> str | None:  # Unauthorized once the key that opens it is revoked or expired
+        return tenants.key_expiry(key_id)
+
     active = await engine.terminals.open(sandbox_id, opts)
     try:
         await ws.prepare(request)
-        def check() -> str | None:
-            return tenants.key_expiry(key_id)
-
         await relay(ws, active, check, tenants.until_refused(check))
     finally:
         await active.close()
