@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import datetime as dt
 import gzip
+import io
+import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -207,3 +209,38 @@ async def test_a_stdin_upload_takes_nothing_more_once_its_key_is_revoked(world: 
     world.data("beta_admin", "POST", f"/sandbox/execution/{ex['executionId']}/cancel")
     code, got, err = world.run("beta_admin", sid, "cat /tmp/stdin-got")
     assert (code, got) == (0, "before\n"), (code, got, err)
+
+
+async def test_an_archive_upload_finished_after_its_key_s_revocation_lands_nothing(world: World) -> None:
+    """``POST /fs/upload`` takes an archive as slowly as it comes, then unpacks it into the
+    sandbox. Before: one begun before the key was revoked and finished after was unpacked
+    all the same (its files in the sandbox)."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    key_id, secret = _leaver(world)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("landed-after-revocation")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+    archive = buf.getvalue()
+    sent_first = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield archive[:10]
+        sent_first.set()
+        await go_on.wait()
+        yield archive[10:]
+
+    async with aiohttp.ClientSession() as http:
+        upload = asyncio.ensure_future(http.post(f"{world.url}/fs/upload/{sid}?path=/tmp&format=tar.gz", data=body(),
+                                                 headers={"Authorization": f"Bearer {secret}"}))
+        await sent_first.wait()
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        go_on.set()
+        resp = await upload
+        status = resp.status
+        resp.close()
+    assert status == 401, status
+    assert not _exists(world, sid, "/tmp/landed-after-revocation")
