@@ -89,6 +89,7 @@ class SandboxSftp(asyncssh.SFTPServer):
         self.engine = engine
         self.sandbox_id: str = chan.get_extra_info("hutch_sandbox")  # a relay's user name is not it
         self.principal = chan.get_extra_info("hutch_principal")
+        self.ssh_key: str | None = chan.get_extra_info("hutch_ssh_key")  # None: a relay's (its front checks)
         self.limit = engine.snapshots.limits.max_bytes  # the server's max_upload_bytes
 
     # ------------------------------------------------------------ plumbing
@@ -104,8 +105,11 @@ class SandboxSftp(asyncssh.SFTPServer):
 
         with acting(self.principal):
             try:
-                if self.engine.reads.tenants is not None:  # each operation is a request of the key's
-                    self.engine.reads.tenants.throttle(self.principal)
+                tenants = self.engine.reads.tenants
+                if tenants is not None:  # each operation is a request of the key's
+                    if self.ssh_key is not None:  # a session outlives no key (removed, revoked, expired)
+                        tenants.ssh_key_expiry(self.ssh_key)
+                    tenants.throttle(self.principal)
                 await self.engine.files.ready(self.sandbox_id)  # scoped; wakes a paused sandbox
                 return await work()
             except HutchError as err:

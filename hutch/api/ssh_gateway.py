@@ -9,8 +9,10 @@ The user name is the sandbox id; the key must be registered for the sandbox's or
 (``/ssh-keys``, core/tenancy.py), by an API key still live (revoked or expired, its SSH
 keys open nothing). Each session, and each SFTP operation that reaches the sandbox, counts
 against that API key's rate limit like an HTTP request (where the session is served). An unknown sandbox, another organization's sandbox and an
-unregistered key are refused alike, before any session: nothing is revealed. The host key
-is made once and kept in the data dir.
+unregistered key are refused alike, before any session: nothing is revealed. A session lives
+as long as its key opens the sandbox: once the SSH key is removed, or the API key that added
+it revoked or expired, the session is closed (its terminal's tree killed) with a line saying
+why. The host key is made once and kept in the data dir.
 
 With several replicas, a session for a sandbox another replica owns is relayed to that
 replica's gateway (api/ssh_relay.py), as HTTP requests are (api/replication.py).
@@ -22,9 +24,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import asyncssh
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.ssh")
 
 HOST_KEY_FILE = "ssh_host_ed25519_key"
+T = TypeVar("T")
 _DRAIN = 1.0  # seconds of output still taken after a terminal's command exited
 
 
@@ -106,8 +109,40 @@ class SshGateway:
     async def _relayed(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         principal: Principal = process.get_extra_info("hutch_principal")
         sandbox_id: str = process.get_extra_info("hutch_sandbox")
-        await relay(process, url=process.get_extra_info("hutch_owner"), sandbox_id=sandbox_id,
-                    password=self.passes.make(sandbox_id, principal), gateways=self.gateways)
+        cut = await self._while_key_opens(process, relay(
+            process, url=process.get_extra_info("hutch_owner"), sandbox_id=sandbox_id,
+            password=self.passes.make(sandbox_id, principal), gateways=self.gateways))
+        if cut is not None:  # the relay ends this session itself, unless the key ended first
+            with contextlib.suppress(Exception):
+                process.exit(cut)
+
+    def _check(self, process: asyncssh.SSHServerProcess[bytes]) -> Callable[[], str | None]:
+        """A check raising ``Unauthorized`` once the session's SSH key opens nothing: asked
+        before every byte typed reaches the sandbox, so none typed after that instant does."""
+        ssh_key: str | None = process.get_extra_info("hutch_ssh_key")
+        tenants = self.tenants
+        return (lambda: None) if ssh_key is None else (lambda: tenants.ssh_key_expiry(ssh_key))
+
+    async def _while_key_opens(self, process: asyncssh.SSHServerProcess[bytes], work: Awaitable[T]) -> T | int:
+        """``work``, cut short (EXIT_FAILED) when the session's SSH key stops opening the
+        sandbox. Checked where the key was: a relayed session (the owner's side, let in by a
+        pass) is ended by its front closing the relay."""
+        task = asyncio.ensure_future(work)
+        if process.get_extra_info("hutch_ssh_key") is None:
+            return await task
+        ended = asyncio.ensure_future(self.tenants.until_refused(self._check(process)))
+        try:
+            await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            process.stderr.write(f"\r\nhutch: session closed: {ended.result()}\r\n".encode())
+            return EXIT_FAILED
+        finally:
+            for t in (task, ended):
+                t.cancel()
+            for t in (task, ended):
+                with contextlib.suppress(BaseException):
+                    await t
 
     async def _session(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         principal: Principal = process.get_extra_info("hutch_principal")
@@ -117,9 +152,9 @@ class SshGateway:
             try:
                 self.tenants.throttle(principal)  # a session is a request of its key's (RateLimited: said)
                 if process.get_terminal_type() is not None:
-                    code = await self._terminal(process, sandbox_id)
+                    code = await self._while_key_opens(process, self._terminal(process, sandbox_id))
                 else:
-                    code = await self._command(process, sandbox_id)
+                    code = await self._while_key_opens(process, self._command(process, sandbox_id))
             except HutchError as err:
                 process.stderr.write(f"hutch: {err.message}\r\n".encode())
             except (asyncssh.BreakReceived, asyncssh.SignalReceived, ConnectionError):
@@ -133,7 +168,7 @@ class SshGateway:
         active = await self.engine.terminals.open(sandbox_id, TerminalOptions(
             command=command, rows=rows or 24, cols=cols or 80, term=process.get_terminal_type() or "xterm-256color"))
         output = asyncio.ensure_future(_copy_out(active, process))
-        typed = asyncio.ensure_future(_copy_in(process, active))  # ends at the client's EOF: as sshd, go on
+        typed = asyncio.ensure_future(_copy_in(process, active, self._check(process)))  # ends at the client's EOF: as sshd, go on
         exited = asyncio.ensure_future(active.wait())
         closed = asyncio.ensure_future(process.channel.wait_closed())
         try:
@@ -155,7 +190,7 @@ class SshGateway:
             return EXIT_FAILED
         engine = self.engine
         stdin_id = engine.inputs.create("ssh")
-        upload = asyncio.ensure_future(engine.inputs.upload(stdin_id, _chunks(process)))
+        upload = asyncio.ensure_future(engine.inputs.upload(stdin_id, _chunks(process, self._check(process))))
         req = ExecuteRequest(command=("/bin/sh", "-c", process.command), files=[], timeout=None,
                              stream=StreamOptions(stdin=stdin_id))
         try:
@@ -230,6 +265,8 @@ class _Auth(asyncssh.SSHServer):
             principal = Principal(key_id=record.added_by or record.ssh_key_id, org_id=record.org_id,
                                   role=Role.MEMBER, projects=record.projects)
             if await self._admit(username, principal, relayed=False):
+                assert self._conn is not None
+                self._conn.set_extra_info(hutch_ssh_key=record.ssh_key_id)  # watched for the session's life
                 return True
         return False
 
@@ -260,7 +297,8 @@ async def _copy_out(active: ActiveTerminal, process: asyncssh.SSHServerProcess[b
         process.stdout.write(data)
 
 
-async def _copy_in(process: asyncssh.SSHServerProcess[bytes], active: ActiveTerminal) -> None:
+async def _copy_in(process: asyncssh.SSHServerProcess[bytes], active: ActiveTerminal,
+                   check: Callable[[], object]) -> None:
     while True:
         try:
             data = await process.stdin.read(65536)
@@ -269,11 +307,13 @@ async def _copy_in(process: asyncssh.SSHServerProcess[bytes], active: ActiveTerm
             continue
         if not data:
             return
+        check()
         await active.write(data)
 
 
-async def _chunks(process: asyncssh.SSHServerProcess[bytes]) -> AsyncIterator[bytes]:
+async def _chunks(process: asyncssh.SSHServerProcess[bytes], check: Callable[[], object]) -> AsyncIterator[bytes]:
     while data := await process.stdin.read(65536):
+        check()
         yield data
 
 

@@ -14,6 +14,8 @@ only it creates organizations.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import math
@@ -92,6 +94,7 @@ class Tenants:
         self.replicas = 1
         self._buckets: dict[str, Bucket] = {}
         self._loading: list[Event] | None = None
+        self._changed = asyncio.Event()  # set (and replaced) at every tenancy change: see until_refused
 
     # ---------------------------------------------------------------- following the log
 
@@ -106,15 +109,58 @@ class Tenants:
             self.directory = loaded
         finally:
             self._loading = None
+        self._changed_now()
 
     def observe(self, batch: Sequence[Event]) -> None:
         """The projector's hook: called with every batch it has settled, before waiters wake."""
+        changed = False
         for event in batch:
             if not is_tenancy_event(event):
                 continue
             if self._loading is not None:
                 self._loading.append(event)
             _fold(self.directory, event)
+            changed = True
+        if changed:
+            self._changed_now()
+
+    def _changed_now(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------- sessions that outlive a request
+
+    async def until_refused(self, check: Callable[[], str | None]) -> str:
+        """Wait until ``check`` raises ``Unauthorized`` and return its message. A terminal or
+        an SSH session is let in once and may then stay open for days: without this, a key
+        revoked (or expired, or an SSH key removed) went on typing into the shell it had
+        opened. ``check`` returns when the access expires (ISO-8601, as the records hold
+        times; None: never) and is asked again at every tenancy change and at that time."""
+        while True:
+            try:
+                expires = check()
+            except Unauthorized as err:
+                return err.message
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_seconds_until(expires)):
+                    await changed.wait()
+
+    def key_expiry(self, key_id: str) -> str | None:
+        """The key's expiry (None: none; the bootstrap key's); ``Unauthorized`` once it is revoked
+        or expired, as ``principal_for`` refuses it."""
+        self.principal_for(key_id)
+        key = self.directory.keys.get(key_id)
+        return key.expires_at if key is not None else None
+
+    def ssh_key_expiry(self, ssh_key_id: str) -> str | None:
+        """An SSH key's expiry (its adder's; None: none); ``Unauthorized`` once it opens nothing
+        (removed, or the API key that added it revoked or expired)."""
+        record = self.directory.ssh_keys.get(ssh_key_id)
+        if record is None or not self.directory.ssh_key_live(record, now_utc()):
+            raise Unauthorized(f"SSH key {ssh_key_id} was removed, or the API key that added it revoked or expired")
+        adder = self.directory.keys.get(record.added_by) if record.added_by else None
+        return adder.expires_at if adder is not None else None
 
     # ---------------------------------------------------------------- requests
 
@@ -274,6 +320,17 @@ def _fold(directory: Directory, event: Event) -> None:
         return
     directory.apply(event.sandbox_id, event.created_at, event.data)
     directory.position = event.position or directory.position
+
+
+def _seconds_until(when: str | None) -> float | None:
+    """Seconds from now until ``when`` (ISO-8601 UTC, whole seconds: refused from that very
+    instant on), a hair past it; None for None."""
+    if when is None:
+        return None
+    at = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    return max(0.0, (at - dt.datetime.now(dt.UTC)).total_seconds()) + 0.001
 
 
 def now_utc() -> str:

@@ -199,6 +199,67 @@ def test_a_read_only_or_revoked_keys_token_runs_nothing(wire: E2bServer, victim:
     assert status == 401, body
 
 
+def _frames(resp: http.client.HTTPResponse) -> Iterator[tuple[int, Any]]:
+    """A Connect server stream's envelopes as they come: (flags, the JSON message)."""
+    while len(head := resp.read(5)) == 5:
+        flags, size = struct.unpack(">BI", head)
+        yield flags, json.loads(resp.read(size))
+
+
+@pytest.mark.parametrize("rpc", ["process", "watch"])
+def test_an_open_stream_tells_a_revoked_key_nothing_more(wire: E2bServer, victim: dict[str, Any], rpc: str) -> None:
+    """envd's server streams (a command's output, a directory's changes) were authorized once,
+    when they opened. Before: after the key was revoked (and its every call a 401), a stream it
+    held open went on telling it what the sandbox's commands printed, or which files changed,
+    for as long as it stayed open. Now the stream ends (``unauthenticated``) before it tells
+    anything more."""
+    key_id, member = _key_of(wire, "member")
+    status, got = _control(wire, member, "POST", f"/sandboxes/{victim['sandboxID']}/connect", {})
+    assert status == 200, got
+    headers = _envd_headers(victim["sandboxID"], got["envdAccessToken"], "application/connect+json")
+    ticker = "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo tick-$i; touch /tmp/watched/f$i; sleep 0.2; done"
+    _call(wire, "POST", "/process.Process/Start",
+          _envelope(b'{"process": {"cmd": "/bin/sh", "args": ["-c", "mkdir -p /tmp/watched"]}}'), headers)
+    url = urllib.parse.urlsplit(wire.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=30)
+    try:
+        if rpc == "process":
+            body = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", ticker]}}).encode()
+            conn.request("POST", "/process.Process/Start", body=_envelope(body), headers=headers)
+        else:
+            conn.request("POST", "/filesystem.Filesystem/WatchDir",
+                         body=_envelope(b'{"path": "/tmp/watched"}'), headers={**headers, "Keepalive-Ping-Interval": "1"})
+            background = f"({ticker}) >/dev/null 2>&1 &"  # Start's stream ends as sh does
+            _call(wire, "POST", "/process.Process/Start",
+                  _envelope(json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", background]}}).encode()),
+                  _envd_headers(victim["sandboxID"], victim["envdAccessToken"], "application/connect+json"))
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        frames = _frames(resp)
+        told = lambda f: "data" in str(f[1]) or "filesystem" in f[1]  # noqa: E731
+        while not told(next(frames)):  # the stream runs: it tells what happens
+            pass
+        wire.server.data("DELETE", f"/keys/{key_id}")
+        assert _call(wire, "POST", "/process.Process/List", b"{}", _envd_headers(
+            victim["sandboxID"], got["envdAccessToken"]))[0] == 401
+        time.sleep(0.5)  # the sandbox goes on: its next ticks and files
+        after: list[tuple[str, Any]] = []
+        deadline = time.monotonic() + 5  # keep-alives would hold a watch open for ever
+        for flags, message in frames:
+            if flags & 2:  # the end of the stream
+                after.append(("end", message))
+                break
+            after.append(("msg", message))
+            if time.monotonic() > deadline:
+                break
+        # What was in flight as the key was revoked may still come; nothing told 0.5 s later.
+        late = [m for kind, m in after[-3:] if kind == "msg" and told((0, m))]
+        assert after and after[-1][0] == "end" and not late, after[-5:]
+        assert after[-1][1]["error"]["code"] == "unauthenticated", after[-1]
+    finally:
+        conn.close()
+
+
 def test_a_killed_sandboxs_token_opens_nothing(wire: E2bServer) -> None:
     sb = _create(wire, KEY)
     assert _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")[0] == 204

@@ -121,6 +121,14 @@ async def envd_principal(request: web.Request, token: str | None = None) -> tupl
     return principal, sandbox_id
 
 
+def still_valid(request: web.Request) -> None:
+    """``Unauthorized`` once the key the request acts as is revoked or expired. A stream
+    (a command's output, a directory's changes) asks it before each message it sends: it was
+    let in when it opened, and may stay open far longer than its key."""
+    tenants = request.app[TENANTS]
+    tenants.key_expiry(request[PRINCIPAL_KEY].key_id)
+
+
 def control(access: Access) -> Callable[[Handler], Handler]:
     """A control-plane handler: it runs as the X-API-Key's organization."""
 

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from hutch.api.e2b import codec, connect
 from hutch.api.e2b import process_messages as msg
-from hutch.api.e2b.access import SANDBOX_KEY, envd
+from hutch.api.e2b.access import SANDBOX_KEY, envd, still_valid
 from hutch.api.e2b.processes import Process, Processes
 from hutch.api.e2b.terminals import PtyProcess
 from hutch.api.keys import ENGINE
@@ -81,12 +81,13 @@ def _ending(ex: ExecutionState) -> dict[str, Any]:
 
 
 class _Events:
-    """Writes ProcessEvents to an open stream in the call's encoding."""
+    """Writes ProcessEvents to an open stream in the call's encoding, while the key lives."""
 
-    def __init__(self, response: web.StreamResponse, is_json: bool) -> None:
-        self.response, self.is_json = response, is_json
+    def __init__(self, request: web.Request, response: web.StreamResponse, is_json: bool) -> None:
+        self.request, self.response, self.is_json = request, response, is_json
 
     async def send(self, **event: Any) -> None:
+        still_valid(self.request)  # Unauthorized ends the stream: nothing more told to a revoked key
         await self.response.write(connect.envelope(codec.encode(msg.EVENT_RESPONSE, {"event": event}, self.is_json)))
 
 
@@ -215,7 +216,7 @@ async def _serve_stream(request: web.Request, call: connect.Call, begin: Awaitab
     """Open the stream once the command is known; an error before that is a unary-style answer."""
     proc = await begin
     with request.app[PROCESSES].following(proc):
-        events = _Events(await connect.open_stream(request, call.is_json), call.is_json)
+        events = _Events(request, await connect.open_stream(request, call.is_json), call.is_json)
         try:
             await events.send(start={"pid": proc.pid})
             await _follow(request, events, proc)

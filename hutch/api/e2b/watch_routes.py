@@ -22,7 +22,7 @@ from aiohttp import web
 
 from hutch.api.e2b import codec, connect
 from hutch.api.e2b import filesystem_messages as msg
-from hutch.api.e2b.access import SANDBOX_KEY, envd
+from hutch.api.e2b.access import SANDBOX_KEY, envd, still_valid
 from hutch.api.e2b.files_routes import entry_at, path_of
 from hutch.api.keys import ENGINE
 from hutch.core.driver_types import DirWatch, WatchEnded, WatchEvent
@@ -187,6 +187,7 @@ async def watch_dir(request: web.Request) -> web.StreamResponse:
     interval = _keepalive_interval(request)
 
     async def send(**event: Any) -> None:
+        still_valid(request)  # Unauthorized ends the stream: nothing more told to a revoked key
         await response.write(connect.envelope(codec.encode(msg.WATCH_DIR_RESPONSE, event, call.is_json)))
 
     try:

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api.http import json_body, ok, q_choice, stream
-from hutch.api.keys import CONFIG, ENGINE
+from hutch.api.keys import CONFIG, ENGINE, PRINCIPAL, TENANTS
 from hutch.api.parse import parse_env, parse_files
 from hutch.core.errors import InvalidInput
 from hutch.service import archives
@@ -116,6 +116,9 @@ async def upload(request: web.Request) -> web.Response:
     spooled = await archives.spool(request.content.iter_chunked(256 * 1024), config.max_upload_bytes,
                                    str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
     with spooled:
+        # The body may take as long as its sender likes: a key revoked (or expired) meanwhile
+        # unpacks nothing (Unauthorized, a 401 naming why).
+        request.app[TENANTS].key_expiry(request[PRINCIPAL].key_id)
         done = await request.app[ENGINE].files.extract(
             sid, dest, fmt, spooled,
             archives.Limits(max_bytes=config.max_upload_bytes, max_entries=config.max_archive_entries),

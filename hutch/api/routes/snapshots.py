@@ -150,13 +150,20 @@ async def build_init(request: web.Request) -> web.Response:
 @routes.put("/sandbox/snapshots/{snapshot_id}/upload")
 async def upload(request: web.Request) -> web.Response:
     """Authorised by the API key or by the upload URL's token (a presigned URL, as the
-    client expects), which is good for this one snapshot only."""
+    client expects), which is good for this one snapshot only, and only while the key that
+    made the build lives (revoked or expired, its presigned URLs are too)."""
     engine = request.app[ENGINE]
     snapshot_id = request.match_info["snapshot_id"]
     if API_KEY_ID not in request:
         token = request.query.get("token", "")
         if not secrets_match(token, engine.snapshots.upload_token(snapshot_id)):
             raise Unauthorized("upload: the token does not match this snapshot's upload URL")
+        maker = (await engine.snapshots.get(snapshot_id, include_building=True, own=True)).api_key_id
+        if maker is not None:
+            try:
+                request.app[TENANTS].key_expiry(maker)
+            except Unauthorized as err:
+                raise Unauthorized(f"upload: the key that made this URL is no longer valid ({err.message})") from None
     await engine.snapshots.upload(snapshot_id, request.content.iter_chunked(1 << 20),
                                   request.app[CONFIG].max_upload_bytes, declared=request.content_length)
     return ok({"success": True, "scanned": False, "message": "stored; archives are checked when finalized"})

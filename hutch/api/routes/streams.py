@@ -4,11 +4,13 @@ service takes it (service/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok
-from hutch.api.keys import ENGINE, TENANTS
+from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
 from hutch.api.watchers import hold
 from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
@@ -87,8 +89,17 @@ async def create_input(request: web.Request) -> web.Response:
 
 @routes.put("/streams/{stream_id}")
 async def upload_input(request: web.Request) -> web.Response:
-    sent = await request.app[ENGINE].inputs.upload(request.match_info["stream_id"], request.content.iter_chunked(65536))
+    sent = await request.app[ENGINE].inputs.upload(request.match_info["stream_id"], _while_key_lives(request))
     return ok({"bytes": sent})
+
+
+async def _while_key_lives(request: web.Request) -> AsyncIterator[bytes]:
+    """The body, chunk by chunk, while the key sending it lives: an upload may last as long as
+    its command, and nothing sent after the key's revocation or expiry reaches the command."""
+    tenants, key_id = request.app[TENANTS], request[PRINCIPAL].key_id
+    async for chunk in request.content.iter_chunked(65536):
+        tenants.key_expiry(key_id)  # Unauthorized: the upload ends here, a 401 naming why
+        yield chunk
 
 
 

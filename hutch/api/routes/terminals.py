@@ -6,7 +6,10 @@ a refused key is a plain JSON error like on every other route. Then binary frame
 bytes both ways (input as typed, output as the screen gets it); text frames carry control
 messages as JSON: ``{"type": "resize", "rows": R, "cols": C}`` from the client, and at the
 end ``{"type": "exit", "exitCode": N}`` from the server, which then closes. A client that
-closes first hangs the terminal up (SIGHUP to the session, then its tree is killed).
+closes first hangs the terminal up (SIGHUP to the session, then its tree is killed). The
+terminal lives as long as the key that opened it: once that key is revoked or expires the
+server sends ``{"type": "error", "message": …}`` naming why, closes (1008) and kills the
+terminal's tree, as it would at a hang-up.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
+from typing import cast
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from hutch.api.access import needs
 from hutch.api.http import parse_json, q_int
-from hutch.api.keys import ENGINE
-from hutch.core.errors import InvalidInput
+from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.core.errors import InvalidInput, Unauthorized
 from hutch.core.tenancy import Access
 from hutch.service.terminals import ActiveTerminal, TerminalOptions, check_term
 
@@ -51,23 +56,39 @@ async def terminal(request: web.Request) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
                            field="Upgrade")
+    tenants, key_id = request.app[TENANTS], request[PRINCIPAL].key_id
+
+    def check() -> str | None:  # Unauthorized once the key that opens it is revoked or expired
+        return tenants.key_expiry(key_id)
+
     active = await engine.terminals.open(sandbox_id, opts)
     try:
         await ws.prepare(request)
-        await relay(ws, active)
+        await relay(ws, active, check, tenants.until_refused(check))
     finally:
         await active.close()
     return ws
 
 
-async def relay(ws: web.WebSocketResponse, active: ActiveTerminal) -> None:
-    """Carry bytes until the command exits (then tell its exit code) or the client leaves."""
+async def relay(ws: web.WebSocketResponse, active: ActiveTerminal, check: Callable[[], object],
+                refused: Awaitable[str]) -> None:
+    """Carry bytes until the command exits (then tell its exit code), the client leaves or
+    the key that opened it may no longer: ``check`` (raising ``Unauthorized``) is asked
+    before every frame typed reaches the terminal, and ``refused`` ends the terminal the
+    moment the key is revoked or expires, typed into or not."""
     output = asyncio.ensure_future(_pump_output(ws, active))
-    inputs = asyncio.ensure_future(_pump_input(ws, active))
+    inputs = asyncio.ensure_future(_pump_input(ws, active, check))
     exited = asyncio.ensure_future(active.wait())
+    ended = asyncio.ensure_future(refused)
     try:
-        await asyncio.wait({exited, inputs}, return_when=asyncio.FIRST_COMPLETED)
-        if exited.done():
+        await asyncio.wait({exited, inputs, ended}, return_when=asyncio.FIRST_COMPLETED)
+        reason = _refusal(ended, inputs)
+        if reason is not None and not exited.done():
+            inputs.cancel()
+            if not ws.closed:
+                await ws.send_str(json.dumps({"type": "error", "message": f"terminal closed: {reason}"}))
+                await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"key no longer valid")
+        elif exited.done():
             # Output the command wrote just before it exited may still be on its way.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(output), _DRAIN_IDLE * 5)
@@ -75,9 +96,9 @@ async def relay(ws: web.WebSocketResponse, active: ActiveTerminal) -> None:
                 await ws.send_str(json.dumps({"type": "exit", "exitCode": exited.result()}))
                 await ws.close()
     finally:
-        for task in (output, inputs, exited):
+        for task in (output, inputs, exited, ended):
             task.cancel()
-        for task in (output, inputs, exited):
+        for task in (output, inputs, exited, ended):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
@@ -89,9 +110,19 @@ async def _pump_output(ws: web.WebSocketResponse, active: ActiveTerminal) -> Non
         await ws.send_bytes(data)
 
 
-async def _pump_input(ws: web.WebSocketResponse, active: ActiveTerminal) -> None:
+def _refusal(ended: asyncio.Future[str], inputs: asyncio.Future[None]) -> str | None:
+    """Why the key may no longer use the terminal, if it may not."""
+    if ended.done() and not ended.cancelled():
+        return ended.result()
+    if inputs.done() and not inputs.cancelled() and isinstance(inputs.exception(), Unauthorized):
+        return cast(Unauthorized, inputs.exception()).message
+    return None
+
+
+async def _pump_input(ws: web.WebSocketResponse, active: ActiveTerminal, check: Callable[[], object]) -> None:
     async for msg in ws:
         if msg.type is WSMsgType.BINARY:
+            check()  # Unauthorized: not one byte typed after the key ended reaches the terminal
             await active.write(msg.data)
         elif msg.type is WSMsgType.TEXT:
             await _control(ws, active, msg.data)

@@ -29,8 +29,9 @@ from hutch.api.webapp.sessions import (
     session_cookie,
     tls_browser,
 )
-from hutch.core.errors import InvalidInput, NotFound, UnsupportedMediaType
+from hutch.core.errors import InvalidInput, NotFound, Unauthorized, UnsupportedMediaType
 from hutch.core.tenancy import Access, Principal, visible
+from hutch.service.tenancy import Tenants
 
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
@@ -118,6 +119,14 @@ async def sign_out(request: web.Request) -> web.Response:
     return resp
 
 
+def _key_lives(tenants: Tenants, principal: Principal) -> bool:
+    try:
+        tenants.key_expiry(principal.key_id)
+    except Unauthorized:
+        return False
+    return True
+
+
 def _me(p: Principal) -> dict[str, object]:
     return {"keyId": p.key_id, "orgId": p.org_id, "role": p.role.value,
             "projects": list(p.projects), "serverAdmin": p.server_admin}
@@ -125,9 +134,10 @@ def _me(p: Principal) -> dict[str, object]:
 
 @routes.get("/app/live")
 async def live(request: web.Request) -> web.StreamResponse:
-    """Server-sent events: one per event appended to the log that the caller may see."""
+    """Server-sent events: one per event appended to the log that the caller may see, while
+    its key lives: revoked or expired, the feed ends before it tells another one."""
     principal = request[PRINCIPAL]
-    engine = request.app[ENGINE]
+    engine, tenants = request.app[ENGINE], request.app[TENANTS]
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
@@ -142,9 +152,11 @@ async def live(request: web.Request) -> web.StreamResponse:
                 # wait for the next heartbeat's failed write to be done with this handler.
                 event, gone = await while_client_stays(request, asyncio.wait_for(queue.get(), _HEARTBEAT))
             except TimeoutError:
+                if not _key_lives(tenants, principal):
+                    break
                 await resp.write(b": heartbeat\n\n")  # keeps proxies from closing an idle stream
                 continue
-            if gone or event is None or queue.overflowed:
+            if gone or event is None or queue.overflowed or not _key_lives(tenants, principal):
                 break
             if not visible(event.org_id, event.project) or event.org_id != principal.org_id:
                 continue
