@@ -135,8 +135,34 @@ async def test_contexts_keep_state_apart(served: str, sandbox_id: str) -> None:
         inside = await sandbox.run_code("import os\nprint(os.getcwd()); mine", context=other)
         assert inside.stdout == ("/tmp\n",)
         assert inside.error is not None and inside.error.name == "NameError"
-        with pytest.raises(InvalidInput, match="JavaScript"):
-            await sandbox.create_code_context(language="javascript")
+        with pytest.raises(InvalidInput, match="'cobol' is not served here"):
+            await sandbox.create_code_context(language="cobol")
+
+
+async def test_javascript_through_hutchs_sdk(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        js = await sandbox.create_code_context(language="javascript")
+        assert js.language == "javascript" and js.cwd == "/home/agentuity"
+        seen: list[str] = []
+        await sandbox.run_code("let total = 40", context=js)
+        ran = await sandbox.run_code("console.log('adding'); total + 2", context=js, on_stdout=seen.append)
+        assert ran.text == "42" and ran.stdout == ("adding\n",) and seen == ["adding\n"] and ran.error is None
+        # env is the call's own, as in Python.
+        probe = "process.env.GREETING ?? 'unset'"
+        assert (await sandbox.run_code(probe, context=js, env={"GREETING": "hi"})).text == "hi"
+        assert (await sandbox.run_code(probe, context=js)).text == "unset"
+        failed = await sandbox.run_code("null.x", context=js)
+        assert failed.error is not None and failed.error.name == "TypeError"
+        died = await sandbox.run_code("process.exit(3)", context=js)
+        assert died.error is not None and died.error.name == "KernelDied" and "restarted" in died.error.value
+        assert (await sandbox.run_code("typeof total", context=js)).text == "undefined"  # a fresh kernel
+        # A loop after an await is past SIGINT's reach: the kernel is restarted, and the next cell says so.
+        await sandbox.run_code("let lost = 1", context=js)
+        with pytest.raises(SandboxError, match="did not finish within 2s"):
+            await sandbox.run_code("await null; while (true) {}", context=js, timeout=2)
+        after = await sandbox.run_code("typeof lost", context=js)
+        assert after.text == "undefined" and "restarted" in "".join(after.stderr)
 
 
 async def test_the_port_refuses_a_caller_without_the_token(served: str, sandbox_id: str) -> None:
