@@ -198,6 +198,12 @@ async def test_workspace_run_code_gives_rich_results_without_a_server(tmp_path: 
         failed = await ws.run_code("1/0")
         assert failed.exit_code == 1 and failed.exception is not None
         assert failed.exception.name == "ZeroDivisionError"
+        # language="node" (the Workspace's name for JavaScript) is the JavaScript kernel here.
+        await ws.run_code("let n = 2", language="node")
+        js = await ws.run_code("console.log('js'); n * 21", language="node")
+        assert js.exit_code == 0 and js.stdout == "js\n" and js.results[0].text == "42"
+        thrown = await ws.run_code("throw new RangeError('far')", language="node")
+        assert thrown.exit_code == 1 and thrown.exception is not None and thrown.exception.name == "RangeError"
 
 
 async def test_a_cell_past_its_timeout_is_interrupted_and_the_context_lives_on(served: str, sandbox_id: str) -> None:
