@@ -132,6 +132,18 @@ def test_javascript_keeps_state_streams_and_awaits(sbx: Sandbox) -> None:
     assert sbx.run_code("({a: [1, 2], b: 'z'})", language="js").text == "{ a: [ 1, 2 ], b: 'z' }"
 
 
+def test_typescript_is_javascript_with_its_types_stripped(sbx: Sandbox) -> None:
+    typed = sbx.run_code("interface P { n: number }\nconst p: P = { n: await Promise.resolve(21) }\np.n * 2",
+                         language="typescript")
+    assert typed.error is None and typed.text == "42"
+    assert sbx.run_code("enum Colour { Red, Green }\nColour.Green", language="ts").text == "1"  # transformed
+    context = sbx.create_code_context(language="ts")
+    assert context.language == "typescript"
+    assert sbx.run_code("typeof p", context=context).text == "undefined"  # a context of its own
+    wrong = sbx.run_code("const q: = 1", language="typescript")
+    assert wrong.error is not None and wrong.error.name == "SyntaxError"
+
+
 def test_a_javascript_exception_is_a_structured_error(sbx: Sandbox) -> None:
     failed = sbx.run_code("function boom() { throw new TypeError('no good') }\nboom()", language="javascript")
     assert failed.error is not None and (failed.error.name, failed.error.value) == ("TypeError", "no good")
