@@ -100,6 +100,14 @@ async def test_state_streams_and_a_network_off_sandbox(served: str, sandbox_id: 
         assert (await sandbox.run_code(probe)).text == "unset"
 
 
+async def test_a_line_of_output_longer_than_aiohttps_limit_arrives(served: str, sandbox_id: str) -> None:
+    """aiohttp reads lines of at most 512 KiB; one stdout message (or a big chart's PNG) is longer."""
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        big = await sandbox.run_code("print('x' * 3_000_000)")
+        assert big.error is None and "".join(big.stdout) == "x" * 3_000_000 + "\n"
+
+
 async def test_a_chart_is_png_and_a_dataframe_html(served: str, sandbox_id: str) -> None:
     async with SandboxClient(served, KEY) as client:
         sandbox = await client.connect(sandbox_id)
@@ -163,6 +171,7 @@ async def test_javascript_through_hutchs_sdk(served: str, sandbox_id: str) -> No
             await sandbox.run_code("await null; while (true) {}", context=js, timeout=2)
         after = await sandbox.run_code("typeof lost", context=js)
         assert after.text == "undefined" and "restarted" in "".join(after.stderr)
+
 
 
 async def test_the_port_refuses_a_caller_without_the_token(served: str, sandbox_id: str) -> None:
