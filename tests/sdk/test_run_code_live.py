@@ -173,6 +173,20 @@ async def test_javascript_through_hutchs_sdk(served: str, sandbox_id: str) -> No
         assert after.text == "undefined" and "restarted" in "".join(after.stderr)
 
 
+async def test_javascript_output_at_volume(served: str, sandbox_id: str) -> None:
+    """A line longer than a pipe's read and a loop that prints without end: the first arrives
+    whole, the second is stopped at the caller's timeout and the context is kept."""
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        js = await sandbox.create_code_context(language="javascript")
+        big = await sandbox.run_code("let kept = 'here'; console.log('x'.repeat(3_000_000))", context=js)
+        assert big.error is None and "".join(big.stdout) == "x" * 3_000_000 + "\n"
+        with pytest.raises(SandboxError, match="did not finish within 2s"):
+            await sandbox.run_code("while (true) console.log('spam')", context=js, timeout=2)
+        started = time.monotonic()
+        after = await sandbox.run_code("kept", context=js)
+        assert after.text == "here" and after.stdout == () and time.monotonic() - started < 10
+
 
 async def test_the_port_refuses_a_caller_without_the_token(served: str, sandbox_id: str) -> None:
     """The proxy URL is public: without the sandbox's interpreter token nothing runs."""
