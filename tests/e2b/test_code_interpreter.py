@@ -132,6 +132,16 @@ def test_javascript_keeps_state_streams_and_awaits(sbx: Sandbox) -> None:
     assert sbx.run_code("({a: [1, 2], b: 'z'})", language="js").text == "{ a: [ 1, 2 ], b: 'z' }"
 
 
+def test_javascript_import_statements(sbx: Sandbox) -> None:
+    """A static import, as in a module, though a cell is a script (where it is a SyntaxError)."""
+    code = ("import os from 'os'\nimport { join as j,\n  sep } from 'node:path'\nimport * as util from 'node:util'\n"
+            "import 'node:fs';\nj('a', os.platform(), typeof util.inspect) + sep")
+    imported = sbx.run_code(code, language="js")
+    assert imported.error is None and imported.text == "a/linux/function/"
+    assert sbx.run_code(code, language="js").text == "a/linux/function/"  # the same cell again
+    assert sbx.run_code("const importer = 'import x from \"y\"'\nimporter.length", language="js").text == "17"
+
+
 def test_typescript_is_javascript_with_its_types_stripped(sbx: Sandbox) -> None:
     typed = sbx.run_code("interface P { n: number }\nconst p: P = { n: await Promise.resolve(21) }\np.n * 2",
                          language="typescript")
