@@ -170,6 +170,14 @@ def test_javascript_contexts_are_apart_and_a_runaway_loop_is_stopped(sbx: Sandbo
     assert sbx.run_code("process.cwd()", context=other).text == "/tmp"
     apart = sbx.run_code("kept", context=other)
     assert apart.error is not None and apart.error.name == "ReferenceError"
+    sbx.run_code("let mine = 1", context=other)
+    assert other.id in {c.id: c.language for c in sbx.list_code_contexts() if c.language == "javascript"}
+    sbx.restart_code_context(other)  # a fresh process under the same id
+    assert sbx.run_code("typeof mine", context=other).text == "undefined"
+    sbx.remove_code_context(other)
+    assert other.id not in {c.id for c in sbx.list_code_contexts()}
+    with pytest.raises(NotFoundException):
+        sbx.run_code("1", context=other)
     with pytest.raises(TimeoutException):
         sbx.run_code("while (true) {}", language="javascript", timeout=2)
     started = time.monotonic()
