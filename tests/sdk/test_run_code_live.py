@@ -186,6 +186,13 @@ async def test_javascript_output_at_volume(served: str, sandbox_id: str) -> None
         started = time.monotonic()
         after = await sandbox.run_code("kept", context=js)
         assert after.text == "here" and after.stdout == () and time.monotonic() - started < 10
+        # A child process's output reaches the kernel's real stdout, not its message pipe: all of
+        # it is the cell's, in one piece however the pipe's reads cut its characters.
+        child = ("require('child_process').execSync(`python3 -c \"import sys; sys.stdout.write('a' + chr(233) * "
+                 "70000)\"`, { stdio: 'inherit' }); 'ok'")
+        for _ in range(3):
+            ran = await sandbox.run_code(child, context=js)
+            assert ran.error is None and ran.text == "ok" and "".join(ran.stdout) == "a" + "\u00e9" * 70000
 
 
 async def test_the_port_refuses_a_caller_without_the_token(served: str, sandbox_id: str) -> None:
