@@ -1,5 +1,6 @@
-"""``Sandbox.run_code``: code run in a Jupyter kernel that keeps its state, with rich results
-(text, PNG charts, HTML tables) and structured errors, from the ``code-interpreter`` runtime.
+"""``Sandbox.run_code``: code run in a kernel that keeps its state (Python's a Jupyter kernel,
+JavaScript's and TypeScript's a Node process), with rich results (text, PNG charts, HTML
+tables) and structured errors, from the ``code-interpreter`` runtime.
 
 The runtime's ``hutch-interpreter`` serves E2B's interpreter protocol on port 49999 inside the
 sandbox; hutch reaches it through its own proxy (the sandbox's ``url``, from ``network.port``
