@@ -1,5 +1,6 @@
-"""``Sandbox.run_code``: code run in a Jupyter kernel that keeps its state, with rich results
-(text, PNG charts, HTML tables) and structured errors, from the ``code-interpreter`` runtime.
+"""``Sandbox.run_code``: code run in a kernel that keeps its state (Python's a Jupyter kernel,
+JavaScript's and TypeScript's a Node process), with rich results (text, PNG charts, HTML
+tables) and structured errors, from the ``code-interpreter`` runtime.
 
 The runtime's ``hutch-interpreter`` serves E2B's interpreter protocol on port 49999 inside the
 sandbox; hutch reaches it through its own proxy (the sandbox's ``url``, from ``network.port``
@@ -208,7 +209,7 @@ class Interpreter:
                 async with http.post(self._base() + "execute", json=body, headers=self._headers(),
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                     await _check(resp, "run_code")
-                    async for raw in resp.content:
+                    async for raw in _lines(resp.content):
                         if not raw.strip():
                             continue
                         item = json.loads(raw)
@@ -241,6 +242,21 @@ class Interpreter:
                 await _check(resp, "create_code_context")
                 data = await resp.json()
         return CodeContext(data["id"], data["language"], data["cwd"])
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The body's lines, however long: aiohttp's own line reading stops at 512 KiB
+    (LineTooLong), and one stdout message or a chart's base64 PNG can be longer."""
+    pending = bytearray()
+    async for chunk in content.iter_any():
+        searched = len(pending)  # what came before holds no newline
+        pending += chunk
+        while (end := pending.find(b"\n", searched)) >= 0:
+            yield bytes(pending[:end])
+            del pending[:end + 1]
+            searched = 0
+    if pending:
+        yield bytes(pending)
 
 
 async def _check(resp: aiohttp.ClientResponse, what: str) -> None:

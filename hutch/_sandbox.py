@@ -131,16 +131,18 @@ class Sandbox:
         on_stdout: OutputHandler | None = None,
         on_stderr: OutputHandler | None = None,
     ) -> CodeExecution:
-        """Run ``code`` in a Jupyter kernel that keeps its state between calls (the default
-        Python context, or ``context``): stdout/stderr as they arrive (``on_stdout``/
-        ``on_stderr``), rich results (``.results``: text, html, png bytes, ...) and the
-        exception as ``.error`` (name, value, traceback). Needs the ``code-interpreter``
-        runtime and ``network={"port": 49999}``; starts the interpreter on first use."""
+        """Run ``code`` in a kernel that keeps its state between calls (the default context of
+        ``language``: ``"python"``, ``"javascript"``/``"js"``, ``"typescript"``; or
+        ``context``): stdout/stderr as they arrive (``on_stdout``/``on_stderr``), rich results
+        (``.results``: text, html, png bytes, ...) and the exception as ``.error`` (name,
+        value, traceback). Needs the ``code-interpreter`` runtime and
+        ``network={"port": 49999}``; starts the interpreter on first use."""
         return await self._code().run_code(code, context=context, language=language, env=env, timeout=timeout,
                                            on_stdout=on_stdout, on_stderr=on_stderr)
 
     async def create_code_context(self, *, language: str | None = None, cwd: str | None = None) -> CodeContext:
-        """A new kernel with state of its own, for ``run_code(context=...)`` (python only)."""
+        """A new kernel with state of its own, for ``run_code(context=...)``: ``language``
+        ``"python"`` (the default), ``"javascript"`` or ``"typescript"``."""
         return await self._code().create_context(language=language, cwd=cwd)
 
     def _code(self) -> Interpreter:

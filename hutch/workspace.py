@@ -67,6 +67,8 @@ __all__ = ["CodeResult", "RunResult", "Workspace", "WorkspaceSnapshot"]
 
 BACKENDS = ("sandbox", "remote", "unix-local", "docker", "e2b")
 LANGUAGES = {"node": ("node", "-e"), "python": ("python3", "-c"), "shell": ("/bin/sh", "-c")}
+# run_code's kernels in the code-interpreter runtime; no language there is Python's, as it always was.
+KERNELS: dict[str | None, str] = {None: "python", "python": "python", "node": "javascript"}
 # One runtime with every language above: a call picks its language, whatever the constructor's.
 DEFAULT_RUNTIME = "workspace:latest"
 SANDBOX_ROOT = "/home/agentuity"
@@ -320,13 +322,14 @@ class Workspace:
     async def run_code(self, code: str, *, language: str | None = None,
                        timeout_seconds: float | None = None) -> CodeResult:
         """``run``, except in the code-interpreter runtime (``runtime="code-interpreter"``): there
-        the code runs in a Jupyter kernel that keeps its variables between calls, and the result
-        carries ``results`` (text, html, png bytes) and ``exception`` (name, value, traceback)."""
-        if self._sandbox is None or self.runtime != INTERPRETER_RUNTIME or language not in (None, "python"):
+        the code runs in a kernel that keeps its variables between calls (Python's, or with
+        ``language="node"`` JavaScript's), and the result carries ``results`` (text, html, png
+        bytes) and ``exception`` (name, value, traceback)."""
+        if self._sandbox is None or self.runtime != INTERPRETER_RUNTIME or language not in KERNELS:
             return await self.run(code, language=language, timeout_seconds=timeout_seconds)
         limit = timeout_seconds or self.timeout_seconds
         try:
-            ran = await self._sandbox.run_code(code, timeout=limit)
+            ran = await self._sandbox.run_code(code, language=KERNELS[language], timeout=limit)
         except SandboxError as err:
             if err.code != "EXECUTION_TIMEOUT":
                 raise

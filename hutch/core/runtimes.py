@@ -257,26 +257,34 @@ CATALOG: tuple[RuntimeRecipe, ...] = (
     ),
     RuntimeRecipe(
         name="code-interpreter",
-        description="Python 3.13 with a Jupyter kernel per context, served on port 49999 (E2B's interpreter protocol)",
+        description=("Python 3.13 and JavaScript (Node.js) with a kernel per context, served on port 49999 "
+                     "(E2B's interpreter protocol)"),
         suite="trixie",
-        packages=(*_BASE_PACKAGES, "python3", "python3-pip", "python3-venv"),
+        packages=(*_BASE_PACKAGES, "libatomic1", "python3", "python3-pip", "python3-venv"),
+        # Node alone, without npm: the JavaScript kernel is hutch's own program on Node's vm.
+        npm_packages=(NODE_LTS,),
         pypi_tools=(UV,),
         pypi_packages=INTERPRETER_PYPI,
         python="3.13",
-        files=(("/usr/local/bin/hutch-interpreter", "hutch-interpreter"),),
-        # The kernel and every library a chart or a table needs must import, or nothing works.
-        version_command=("python3", "-c", "import ipykernel, jupyter_client, matplotlib, pandas, aiohttp, sys; "
-                         "print('Python', sys.version.split()[0], 'ipykernel', ipykernel.__version__)"),
+        files=(("/usr/local/bin/hutch-interpreter", "hutch-interpreter"),
+               ("/usr/local/bin/hutch-jskernel", "hutch-jskernel")),
+        # The kernels and every library a chart or a table needs must load, or nothing works; the
+        # JavaScript kernel needs Node's REPL transform of a top-level await (an internal module).
+        version_command=("sh", "-c", "python3 -c \"import ipykernel, jupyter_client, matplotlib, pandas, aiohttp, sys; "
+                         "print('Python', sys.version.split()[0], 'ipykernel', ipykernel.__version__)\" && "
+                         "node --expose-internals -p \"require('internal/repl/await'); 'node ' + process.version\""),
         version_expect="ipykernel " + _version(INTERPRETER_PYPI[0]),
-        tags=("python", "jupyter", "interpreter", "language"),
+        tags=("python", "javascript", "jupyter", "interpreter", "language"),
         requirements=Requirements(memory="1Gi", cpu="1", disk="2Gi"),
         icon_url="https://jupyter.org/assets/homepage/main-logo.svg",
         brand_color="#F37626",
         url="https://jupyter.org",
-        readme=("Debian trixie's python3.13 with ipykernel, jupyter_client, matplotlib and pandas (PyPI, pinned) and "
-                "`hutch-interpreter`, which keeps one Jupyter kernel per context and serves E2B's code interpreter "
+        readme=("Debian trixie's python3.13 with ipykernel, jupyter_client, matplotlib and pandas (PyPI, pinned), "
+                f"Node.js {_version(NODE_LTS)} and `hutch-interpreter`, which keeps one kernel per context (Python: "
+                "a Jupyter kernel; JavaScript: `hutch-jskernel` on Node's vm) and serves E2B's code interpreter "
                 "protocol on port 49999: create the sandbox with `network.port` 49999 and call "
-                "`sandbox.run_code(...)`. The kernel is local: no network needed."),
+                "`sandbox.run_code(...)` (`language=\"javascript\"` for JavaScript). The kernels are local: no "
+                "network needed."),
     ),
     RuntimeRecipe(
         name="python:3.13",

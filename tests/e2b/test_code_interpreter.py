@@ -114,3 +114,72 @@ def test_output_streams_and_a_timed_out_cell_is_interrupted(sbx: Sandbox) -> Non
         sbx.run_code("import time\nfor _ in range(60):\n    time.sleep(0.5)", timeout=2)
     started = time.monotonic()
     assert sbx.run_code("kept").text == "still here" and time.monotonic() - started < 10
+
+
+def test_javascript_keeps_state_streams_and_awaits(sbx: Sandbox) -> None:
+    """language "js" (the SDK's alias, as E2B's server takes it) and "javascript" share the
+    default JavaScript context: a top-level let survives into the next call."""
+    assert sbx.run_code("let x = 1", language="js").error is None
+    assert sbx.run_code("x + 1", language="javascript").text == "2"
+    seen: list[str] = []
+    ran = sbx.run_code("console.log('out', x); console.error('err'); 'done'", language="javascript",
+                       on_stdout=lambda m: seen.append(m.line))
+    assert ran.logs.stdout == ["out 1\n"] and ran.logs.stderr == ["err\n"] and seen == ["out 1\n"]
+    assert ran.text == "done"
+    waited = sbx.run_code("const y = await new Promise(r => setTimeout(() => r(x + 4), 10))\ny", language="js")
+    assert waited.error is None and waited.text == "5"
+    assert sbx.run_code("y * 2", language="js").text == "10"  # a declaration beside an await is kept too
+    assert sbx.run_code("({a: [1, 2], b: 'z'})", language="js").text == "{ a: [ 1, 2 ], b: 'z' }"
+
+
+def test_javascript_import_statements(sbx: Sandbox) -> None:
+    """A static import, as in a module, though a cell is a script (where it is a SyntaxError)."""
+    code = ("import os from 'os'\nimport { join as j,\n  sep } from 'node:path'\nimport * as util from 'node:util'\n"
+            "import 'node:fs';\nj('a', os.platform(), typeof util.inspect) + sep")
+    imported = sbx.run_code(code, language="js")
+    assert imported.error is None and imported.text == "a/linux/function/"
+    assert sbx.run_code(code, language="js").text == "a/linux/function/"  # the same cell again
+    assert sbx.run_code("const importer = 'import x from \"y\"'\nimporter.length", language="js").text == "17"
+
+
+def test_typescript_is_javascript_with_its_types_stripped(sbx: Sandbox) -> None:
+    typed = sbx.run_code("interface P { n: number }\nconst p: P = { n: await Promise.resolve(21) }\np.n * 2",
+                         language="typescript")
+    assert typed.error is None and typed.text == "42"
+    assert sbx.run_code("enum Colour { Red, Green }\nColour.Green", language="ts").text == "1"  # transformed
+    context = sbx.create_code_context(language="ts")
+    assert context.language == "typescript"
+    assert sbx.run_code("typeof p", context=context).text == "undefined"  # a context of its own
+    wrong = sbx.run_code("const q: = 1", language="typescript")
+    assert wrong.error is not None and wrong.error.name == "SyntaxError"
+
+
+def test_a_javascript_exception_is_a_structured_error(sbx: Sandbox) -> None:
+    failed = sbx.run_code("function boom() { throw new TypeError('no good') }\nboom()", language="javascript")
+    assert failed.error is not None and (failed.error.name, failed.error.value) == ("TypeError", "no good")
+    assert "boom" in failed.error.traceback and "TypeError: no good" in failed.error.traceback
+    syntax = sbx.run_code("let = = 2", language="javascript")
+    assert syntax.error is not None and syntax.error.name == "SyntaxError"
+    assert sbx.run_code("1 + 1", language="javascript").text == "2"  # the context lives on
+
+
+def test_javascript_contexts_are_apart_and_a_runaway_loop_is_stopped(sbx: Sandbox) -> None:
+    sbx.run_code("let kept = 'still here'", language="javascript")
+    other = sbx.create_code_context(language="javascript", cwd="/tmp")
+    assert other.language == "javascript" and other.cwd == "/tmp"
+    assert sbx.run_code("process.cwd()", context=other).text == "/tmp"
+    apart = sbx.run_code("kept", context=other)
+    assert apart.error is not None and apart.error.name == "ReferenceError"
+    sbx.run_code("let mine = 1", context=other)
+    assert other.id in {c.id: c.language for c in sbx.list_code_contexts() if c.language == "javascript"}
+    sbx.restart_code_context(other)  # a fresh process under the same id
+    assert sbx.run_code("typeof mine", context=other).text == "undefined"
+    sbx.remove_code_context(other)
+    assert other.id not in {c.id for c in sbx.list_code_contexts()}
+    with pytest.raises(NotFoundException):
+        sbx.run_code("1", context=other)
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while (true) {}", language="javascript", timeout=2)
+    started = time.monotonic()
+    assert sbx.run_code("kept", language="javascript").text == "still here"  # interrupted, state kept
+    assert time.monotonic() - started < 10

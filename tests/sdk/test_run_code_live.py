@@ -100,6 +100,14 @@ async def test_state_streams_and_a_network_off_sandbox(served: str, sandbox_id: 
         assert (await sandbox.run_code(probe)).text == "unset"
 
 
+async def test_a_line_of_output_longer_than_aiohttps_limit_arrives(served: str, sandbox_id: str) -> None:
+    """aiohttp reads lines of at most 512 KiB; one stdout message (or a big chart's PNG) is longer."""
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        big = await sandbox.run_code("print('x' * 3_000_000)")
+        assert big.error is None and "".join(big.stdout) == "x" * 3_000_000 + "\n"
+
+
 async def test_a_chart_is_png_and_a_dataframe_html(served: str, sandbox_id: str) -> None:
     async with SandboxClient(served, KEY) as client:
         sandbox = await client.connect(sandbox_id)
@@ -135,8 +143,56 @@ async def test_contexts_keep_state_apart(served: str, sandbox_id: str) -> None:
         inside = await sandbox.run_code("import os\nprint(os.getcwd()); mine", context=other)
         assert inside.stdout == ("/tmp\n",)
         assert inside.error is not None and inside.error.name == "NameError"
-        with pytest.raises(InvalidInput, match="JavaScript"):
-            await sandbox.create_code_context(language="javascript")
+        with pytest.raises(InvalidInput, match="'cobol' is not served here"):
+            await sandbox.create_code_context(language="cobol")
+
+
+async def test_javascript_through_hutchs_sdk(served: str, sandbox_id: str) -> None:
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        js = await sandbox.create_code_context(language="javascript")
+        assert js.language == "javascript" and js.cwd == "/home/agentuity"
+        seen: list[str] = []
+        await sandbox.run_code("let total = 40", context=js)
+        ran = await sandbox.run_code("console.log('adding'); total + 2", context=js, on_stdout=seen.append)
+        assert ran.text == "42" and ran.stdout == ("adding\n",) and seen == ["adding\n"] and ran.error is None
+        # env is the call's own, as in Python.
+        probe = "process.env.GREETING ?? 'unset'"
+        assert (await sandbox.run_code(probe, context=js, env={"GREETING": "hi"})).text == "hi"
+        assert (await sandbox.run_code(probe, context=js)).text == "unset"
+        failed = await sandbox.run_code("null.x", context=js)
+        assert failed.error is not None and failed.error.name == "TypeError"
+        died = await sandbox.run_code("process.exit(3)", context=js)
+        assert died.error is not None and died.error.name == "KernelDied" and "restarted" in died.error.value
+        assert (await sandbox.run_code("typeof total", context=js)).text == "undefined"  # a fresh kernel
+        # A loop after an await is past SIGINT's reach: the kernel is restarted, and the next cell says so.
+        await sandbox.run_code("let lost = 1", context=js)
+        with pytest.raises(SandboxError, match="did not finish within 2s"):
+            await sandbox.run_code("await null; while (true) {}", context=js, timeout=2)
+        after = await sandbox.run_code("typeof lost", context=js)
+        assert after.text == "undefined" and "restarted" in "".join(after.stderr)
+
+
+async def test_javascript_output_at_volume(served: str, sandbox_id: str) -> None:
+    """A line longer than a pipe's read and a loop that prints without end: the first arrives
+    whole, the second is stopped at the caller's timeout and the context is kept."""
+    async with SandboxClient(served, KEY) as client:
+        sandbox = await client.connect(sandbox_id)
+        js = await sandbox.create_code_context(language="javascript")
+        big = await sandbox.run_code("let kept = 'here'; console.log('x'.repeat(3_000_000))", context=js)
+        assert big.error is None and "".join(big.stdout) == "x" * 3_000_000 + "\n"
+        with pytest.raises(SandboxError, match="did not finish within 2s"):
+            await sandbox.run_code("while (true) console.log('spam')", context=js, timeout=2)
+        started = time.monotonic()
+        after = await sandbox.run_code("kept", context=js)
+        assert after.text == "here" and after.stdout == () and time.monotonic() - started < 10
+        # A child process's output reaches the kernel's real stdout, not its message pipe: all of
+        # it is the cell's, in one piece however the pipe's reads cut its characters.
+        child = ("require('child_process').execSync(`python3 -c \"import sys; sys.stdout.write('a' + chr(233) * "
+                 "70000)\"`, { stdio: 'inherit' }); 'ok'")
+        for _ in range(3):
+            ran = await sandbox.run_code(child, context=js)
+            assert ran.error is None and ran.text == "ok" and "".join(ran.stdout) == "a" + "\u00e9" * 70000
 
 
 async def test_the_port_refuses_a_caller_without_the_token(served: str, sandbox_id: str) -> None:
@@ -172,6 +228,12 @@ async def test_workspace_run_code_gives_rich_results_without_a_server(tmp_path: 
         failed = await ws.run_code("1/0")
         assert failed.exit_code == 1 and failed.exception is not None
         assert failed.exception.name == "ZeroDivisionError"
+        # language="node" (the Workspace's name for JavaScript) is the JavaScript kernel here.
+        await ws.run_code("let n = 2", language="node")
+        js = await ws.run_code("console.log('js'); n * 21", language="node")
+        assert js.exit_code == 0 and js.stdout == "js\n" and js.results[0].text == "42"
+        thrown = await ws.run_code("throw new RangeError('far')", language="node")
+        assert thrown.exit_code == 1 and thrown.exception is not None and thrown.exception.name == "RangeError"
 
 
 async def test_a_cell_past_its_timeout_is_interrupted_and_the_context_lives_on(served: str, sandbox_id: str) -> None:
