@@ -99,7 +99,7 @@ class Provisioning:
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
-            await self._recorder.command(sandbox_id, create)
+            await self._recorder.command(sandbox_id, create, minted=True)  # ids.new_id above
         if build:
             if execution_id:  # readers of its streams wait for the command instead of reading nothing
                 owner = StreamOwner(spec.org_id, sandbox_id)
