@@ -71,3 +71,19 @@ async def test_a_create_and_its_oneshot_read_nothing_of_the_projection_store(api
     reads = {kind: n for (store, kind), n in sent.items() if store == "projection store" and kind.startswith("select")
              and kind != "select projection_position"}  # the projector's own LOAD
     assert reads == {}, sent
+
+
+@pytest.mark.runs_on("fake-production")
+async def test_a_stream_written_here_is_read_without_asking_postgresql_what_it_knows(
+        api: Api, profile: dict[str, str]) -> None:
+    # The writer is in this process: whether it is open and how much it saved are known here,
+    # so a reader asks PostgreSQL only for bytes saved past its position.
+    for argv, out in ((["true"], b""), (["echo", "hi"], b"hi\n")):
+        body = {"command": {"exec": argv, "mode": "oneshot"}}
+        created = await api.data("POST", "/sandbox", json=body, expect=201)
+        await api.wait_execution(created["executionId"])
+        before = _statements()
+        assert await api.stream(created["stdoutStreamUrl"]) == out  # closed here already
+        sent = {k: v - before.get(k, 0) for k, v in _statements().items() if v != before.get(k, 0)}
+        assert ("output streams", "select pg_locks") not in sent, sent
+        assert sent.get(("output streams", "select hutch_output_chunks"), 0) == (1 if out else 0), sent
