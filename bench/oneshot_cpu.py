@@ -153,7 +153,10 @@ async def measure(args: argparse.Namespace, profile: str) -> Result:
         await asyncio.sleep(args.settle)
         window = time.monotonic() - t0
         res.busy = machine_busy() - b0 - res.idle_load * window
-        after = per_process(server.proc.pid, backends)
+        # Backends the server's pools opened within the window count too, all their CPU (a
+        # server that sends more statements at once opens more: leaving them out favoured it).
+        late = await backend_pids(server.env.get("HUTCH_STORE")) - backends
+        after = per_process(server.proc.pid, backends | late)
         res.counts = await scrape(s, server.url)
         res.counts.subtract(counted)  # with one /metrics' own reads: a few statements, no events
         if spy is not None:
@@ -162,6 +165,8 @@ async def measure(args: argparse.Namespace, profile: str) -> Result:
     for pid, (group, used) in after.items():
         if pid in before and before[pid][0] == group:
             res.groups[group] += used - before[pid][1]
+        elif pid in late:
+            res.groups[group] += used
     return res
 
 

@@ -227,7 +227,7 @@ class Replication:
 
     async def _disown(self, sandbox_id: str) -> None:
         try:
-            await self.replicas.disown(sandbox_id)
+            await self.replicas.disown(sandbox_id, lazily=True)  # nobody waits: written with others
         except Exception:
             log.warning("forgetting the owner of %s failed", sandbox_id, exc_info=True)
 

@@ -84,8 +84,9 @@ class Replicas(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def disown(self, sandbox_id: str) -> None:
-        """The sandbox ended: no one owns it any more."""
+    async def disown(self, sandbox_id: str, *, lazily: bool = False) -> None:
+        """The sandbox ended: no one owns it any more. ``lazily``: nobody waits on it (a
+        sandbox that ended), so the adapter may hold it back a moment to write it with others."""
 
     @abc.abstractmethod
     async def renew(self) -> bool:
@@ -143,7 +144,7 @@ class SoleReplica(Replicas):
     async def owner(self, sandbox_id: str) -> Owner | None:
         return None
 
-    async def disown(self, sandbox_id: str) -> None:
+    async def disown(self, sandbox_id: str, *, lazily: bool = False) -> None:
         return None
 
     async def renew(self) -> bool:

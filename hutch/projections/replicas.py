@@ -5,6 +5,12 @@ agree on who is dead. A take-over is one statement: the dead replica's row is ma
 claimed only if it is still unclaimed (two survivors racing: the row lock makes the second
 find it claimed and move nothing), and its sandboxes change owner in the same statement.
 
+Owner rows are written in batches: the owns and disowns asked for while one statement is on
+its way go together in the next (one ``WITH ... DELETE``/``INSERT``), and a lazy disown (a
+sandbox that ended: nobody waits) waits up to ``DISOWN_LINGER_SECONDS`` for company, so
+on a busy replica it rides on the next create's own (2 statements per one-shot before).
+Each caller is answered once its statement committed, or gets its error.
+
 ``serialised`` is a session advisory lock on its own connection (a pool of its own, so
 creates waiting on it never starve the lease renewals): a replica that dies holding it
 loses its session, and the lock with it; an unlock that fails ends the session too. Waiting
@@ -13,6 +19,7 @@ for a connection and for the lock are each bounded (``SERIALISED_WAIT_SECONDS``)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -28,6 +35,7 @@ from hutch.storage.pg import UNAVAILABLE, Pool
 log = logging.getLogger(__name__)
 
 SERIALISED_WAIT_SECONDS = 30  # waiting for a connection, then for the lock
+DISOWN_LINGER_SECONDS = 0.5  # the longest a lazy disown waits for a statement to go with
 
 _REGISTER = """
 INSERT INTO hutch_replicas (replica_id, url, expires_at, claimed_by)
@@ -49,6 +57,11 @@ WITH dead AS (
 )
 SELECT d.replica_id AS dead, m.sandbox_id, m.handle
 FROM dead d LEFT JOIN moved m ON m.dead = d.replica_id"""
+# Owned ($2) and disowned ($3) ids, disjoint: both as one statement (either may be empty).
+_OWNERS = """
+WITH gone AS (DELETE FROM hutch_sandbox_owners WHERE replica_id = $1 AND sandbox_id = ANY($3::text[]))
+INSERT INTO hutch_sandbox_owners (sandbox_id, replica_id) SELECT unnest($2::text[]), $1
+ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = EXCLUDED.replica_id"""
 _OWNER = """
 SELECT o.replica_id, coalesce(r.url, '') AS url,
        coalesce(r.expires_at > now() AND r.claimed_by IS NULL, false) AS alive
@@ -72,6 +85,10 @@ class PostgresReplicas(Replicas):
         self._mine: set[str] = set()  # owned here: no query (a replica claimed away exits)
         self._held_until = 0.0  # on _clock(): the lease is surely ours until then (``current``)
         self._locks = Pool(dsn, what="replica locks", unavailable=ReplicaUnavailable, min_size=0, max_size=8)
+        # Owner rows waiting for the next statement: id -> (owned, its callers' futures), in order.
+        self._owners: dict[str, tuple[bool, list[asyncio.Future[None]]]] = {}
+        self._writing: asyncio.Task[None] | None = None
+        self._linger: asyncio.TimerHandle | None = None
 
     @property
     def shared(self) -> bool:
@@ -89,6 +106,10 @@ class PostgresReplicas(Replicas):
 
     async def close(self) -> None:
         """Stopped on purpose: the lease ends now, so a survivor takes the sandboxes over at once."""
+        self._write_owners()  # lazy disowns too: written before the lease ends
+        if (writing := self._writing) is not None:
+            with contextlib.suppress(Exception):
+                await writing
         if self._pg.started:
             try:
                 async with self._pg.conn() as conn:
@@ -138,11 +159,51 @@ class PostgresReplicas(Replicas):
             await pool.release(conn)
 
     async def own(self, sandbox_id: str) -> None:
-        async with self._pg.conn() as conn:
-            await conn.execute(
-                "INSERT INTO hutch_sandbox_owners (sandbox_id, replica_id) VALUES ($1, $2) "
-                "ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = EXCLUDED.replica_id", sandbox_id, self.me)
+        await self._owner_row(sandbox_id, owned=True, now=True)
         self._mine.add(sandbox_id)
+
+    async def _owner_row(self, sandbox_id: str, *, owned: bool, now: bool) -> None:
+        """Own or disown ``sandbox_id`` with the next owners statement; returns once it committed.
+        A later ask about the same id replaces an earlier one not sent yet (both are answered)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        _, waiting = self._owners.pop(sandbox_id, (owned, []))
+        self._owners[sandbox_id] = (owned, [*waiting, fut])
+        if now:
+            self._write_owners()
+        elif self._linger is None and self._writing is None:
+            self._linger = asyncio.get_running_loop().call_later(DISOWN_LINGER_SECONDS, self._write_owners)
+        await fut
+
+    def _write_owners(self) -> None:
+        """Start the writer unless it runs (it takes what is pending when its statement goes)."""
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if self._writing is None and self._owners:
+            self._writing = asyncio.get_running_loop().create_task(self._owners_writer(), name="replica-owners")
+
+    async def _owners_writer(self) -> None:
+        try:
+            while self._owners:
+                await asyncio.sleep(0)  # the owns asked for with this one go too
+                batch, self._owners = self._owners, {}
+                owned = [i for i, (own, _) in batch.items() if own]
+                gone = [i for i, (own, _) in batch.items() if not own]
+                try:
+                    async with self._pg.conn() as conn:
+                        await conn.execute(_OWNERS, self.me, owned, gone)
+                except Exception as err:
+                    for _, futs in batch.values():
+                        for fut in futs:
+                            if not fut.done():
+                                fut.set_exception(err)
+                    continue
+                for _, futs in batch.values():
+                    for fut in futs:
+                        if not fut.done():
+                            fut.set_result(None)
+        finally:
+            self._writing = None
 
     async def set_handle(self, sandbox_id: str, handle: Handle) -> None:
         async with self._pg.conn() as conn:
@@ -168,11 +229,9 @@ class PostgresReplicas(Replicas):
                                       "FROM hutch_replicas WHERE replica_id = $1", replica_id)
         return None if row is None else Owner(replica_id, row["url"], bool(row["alive"]))
 
-    async def disown(self, sandbox_id: str) -> None:
+    async def disown(self, sandbox_id: str, *, lazily: bool = False) -> None:
         self._mine.discard(sandbox_id)
-        async with self._pg.conn() as conn:
-            await conn.execute("DELETE FROM hutch_sandbox_owners WHERE sandbox_id = $1 AND replica_id = $2",
-                               sandbox_id, self.me)
+        await self._owner_row(sandbox_id, owned=False, now=not lazily)
 
     def owns(self, sandbox_id: str) -> bool:
         # Remembered only while the lease is current: after a stall the store decides.

@@ -154,9 +154,9 @@ class Engine:
         self.changes = Changes(event_log, store, projector)
         self.history = History(event_log, self.reads)  # a sandbox as of any of its events
         self.changes.observe(self._quota_changes)
-        self.takeover = Takeover(log=event_log, store=store, projector=projector, recorder=self.recorder,
-                                 control=self.control, reaper=self.reaper, lifecycle=roles.lifecycle,
-                                 adoption=roles.adoption)
+        self.takeover = Takeover(log=event_log, store=store, projector=projector, reads=self.reads,
+                                 recorder=self.recorder, control=self.control, reaper=self.reaper,
+                                 lifecycle=roles.lifecycle, adoption=roles.adoption)
         self.ports = Ports(self.files, roles.ports)
         roles.fleet.set_locator(self._node_in_log)
         self.nodes = Nodes(roles, reads=self.reads, recorder=self.recorder, replicas=self.replicas,  # the node

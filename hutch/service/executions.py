@@ -153,13 +153,15 @@ class Executions:
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                     *, org_id: str, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT,
                     budget: OutputBudget | None = None, preceded_by: Sequence[Command] = (),
-                    recorded: Callable[[], None] = lambda: None, spec: SandboxSpec | None = None) -> None:
+                    recorded: Callable[[], None] = lambda: None, spec: SandboxSpec | None = None,
+                    minted: bool = False) -> None:
         """Record the command started and run it in the background. Its output is the
         organization's (``org_id``), kept within ``budget`` (Quotas.output_budget) until the
         retention drops it (service/retention.py). ``preceded_by``: commands recorded in the
         same append, before the start (a create's ``Start``): all of them or none. ``recorded``
         is called once they are in the log (before the command is launched). ``spec``: the
-        sandbox's, when the store may not show it yet (recorded in this same append)."""
+        sandbox's, when the store may not show it yet (recorded in this same append);
+        ``minted``: ``preceded_by`` creates an id made just now (Recorder.command)."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
         owner = StreamOwner(org_id, sandbox_id)
         with phases.span("streams: open both"):
@@ -185,7 +187,7 @@ class Executions:
         try:
             await self._recorder.command_many(
                 sandbox_id, (*preceded_by, StartExecution(execution_id, command, timeout_seconds=timeout, kind=kind)),
-                durable=launch)
+                durable=launch, minted=minted)
         except BaseException:
             if not launched:  # the command never started: its streams are nobody's
                 await self.close_streams(execution_id)

@@ -120,7 +120,7 @@ class Provisioning:
                 # reasons as above), and nothing starts before the Start append.
                 made = asyncio.ensure_future(self._provision(sandbox_id, spec))
             try:
-                await self._recorder.command(sandbox_id, create)
+                await self._recorder.command(sandbox_id, create, minted=True)  # ids.new_id above
             except BaseException:
                 if made is not None:
                     await self._discard(made, sandbox_id)
@@ -206,7 +206,8 @@ class Provisioning:
         recorded: list[bool] = []
         try:
             if not (req.command and execution_id):
-                await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True))
+                await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True),
+                                                   minted=create is not None)
                 return
             # Not refused when the organization's storage is full (the sandbox is made already):
             # its output keeps what fits, and says it was cut.
@@ -217,7 +218,7 @@ class Provisioning:
                 await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
                                              org_id=spec.org_id, stream=req.stream, budget=budget,
                                              preceded_by=first, recorded=lambda: recorded.append(True),
-                                             spec=spec if create is not None else None)
+                                             spec=spec if create is not None else None, minted=create is not None)
             except HutchError as err:
                 if err.status is not None and err.status < 500:
                     # Refused, so nothing of the append was written (the command's start past the
@@ -225,7 +226,8 @@ class Provisioning:
                     # when the two were separate appends, not left creating with nothing to end it.
                     # (A log or store failure may have written it: then nothing is guessed.)
                     with contextlib.suppress(Exception):
-                        await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True))
+                        await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True),
+                                                           minted=create is not None)
                 raise
         except BaseException:
             if create is not None and not recorded:  # the log never had it: nobody can reach it

@@ -16,11 +16,10 @@ import attrs
 from hutch.core import phases, tenancy
 from hutch.core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event, SandboxCreated, UnreadableRecord
-from hutch.core.lifecycle import evolve_sandbox
+from hutch.core.events import Event, SandboxCreated
 from hutch.core.models import ExecutionState, SandboxState, SandboxStatus
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, visible
-from hutch.projections.base import ProjectionStore, SandboxQuery
+from hutch.projections.base import ProjectionStore, SandboxQuery, fold
 from hutch.projections.runner import Projector
 
 if TYPE_CHECKING:
@@ -31,6 +30,7 @@ T = TypeVar("T")
 MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for 5m)
 CREATING_WAIT_SECONDS = 60.0
 ENDED_KEPT = 1024  # ended sandboxes still folded (``Reads.observe``), the oldest dropped first
+ENDED_EXECUTIONS_KEPT = 4096  # ended executions of folded sandboxes kept, the oldest dropped first
 
 
 class Reads:
@@ -54,6 +54,13 @@ class Reads:
         # read them once more just after they end (up to 3.5 store reads per one-shot).
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.ended_kept = ENDED_KEPT
+        # Their executions, folded alike (2.7 store reads per one-shot before: the long-poll's
+        # read, and one more each time it woke). Every running one is kept (a sandbox's end
+        # ends them); ended ones up to a bound, the oldest dropped first: the store has them.
+        self._executions: dict[str, ExecutionState] = {}
+        self._runs: dict[str, builtins.list[str]] = {}  # a folded sandbox's executions held here
+        self._ended_runs: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> its sandbox
+        self.ended_executions_kept = ENDED_EXECUTIONS_KEPT
         self._folded_to = 0  # the last log position folded: a re-applied batch folds once
         projector.observers.append(self.observe)
 
@@ -67,6 +74,9 @@ class Reads:
         self._mine.discard(sandbox_id)
         self._folded.pop(sandbox_id, None)
         self._ended.pop(sandbox_id, None)
+        for execution_id in self._runs.pop(sandbox_id, ()):
+            self._executions.pop(execution_id, None)
+            self._ended_runs.pop(execution_id, None)
 
     def observe(self, batch: Sequence[Event]) -> None:
         """Projector observer: runs once a batch is applied, before the writers waiting wake."""
@@ -82,19 +92,33 @@ class Reads:
             if before is None and not isinstance(event.data, SandboxCreated):
                 continue
             try:
-                # An unreadable record is one the store steps over; read the store from then on.
-                after = None if isinstance(event.data, UnreadableRecord) else evolve_sandbox(before, event)
+                # The stores' own fold (projections/base.py), its executions with it. An
+                # unreadable record is one the store steps over (fold raises on it), and the
+                # store refuses what the fold raises on: it answers from then on.
+                after, executions = fold(self._folded, self._executions, self._runs, event)
             except Exception:
-                after = None  # the store refuses what the fold raises on: it answers from now on
+                after, executions = None, []
             if after is None or after.status is SandboxStatus.DELETED:
                 # Deleted: the stores archive it (later events fold apart), so they answer.
                 self.disown(sandbox_id)
                 continue
-            self._folded[sandbox_id] = after
+            for ex in executions:
+                if ex.status.is_final:
+                    self._ended_run(ex)
             if after.status.is_final:
                 self._ended[sandbox_id] = None
                 while len(self._ended) > self.ended_kept:  # nothing kept per sandbox ever had
                     self.disown(next(iter(self._ended)))
+
+    def _ended_run(self, ex: ExecutionState) -> None:
+        """An execution ended: kept a while for its waiters, the oldest ended one dropped
+        beyond the bound (``fold`` looks up every id a sandbox's list names: dropped from both)."""
+        self._ended_runs[ex.execution_id] = ex.sandbox_id
+        while len(self._ended_runs) > self.ended_executions_kept:
+            execution_id, sandbox_id = self._ended_runs.popitem(last=False)
+            self._executions.pop(execution_id, None)
+            with contextlib.suppress(KeyError, ValueError):
+                self._runs[sandbox_id].remove(execution_id)
 
     async def sandbox(self, sandbox_id: str) -> SandboxState | None:
         """The sandbox as the projections hold it, unscoped: folded here if it is this
@@ -154,8 +178,14 @@ class Reads:
 
     # ---------------------------------------------------------------- executions and jobs
 
+    async def find_execution(self, execution_id: str) -> ExecutionState | None:
+        """The execution as the projections hold it, unscoped: folded here if its sandbox is
+        (``observe``), else from the store."""
+        found = self._executions.get(execution_id)
+        return found if found is not None else await self.store.get_execution(execution_id)
+
     async def visible_execution(self, execution_id: str) -> ExecutionState:
-        ex = await self.store.get_execution(execution_id)
+        ex = await self.find_execution(execution_id)
         if ex is not None and SCOPE.get() is not None:
             sb = await self.sandbox(ex.sandbox_id)
             if sb is None or not visible(sb.spec.org_id, sb.spec.project_id):
@@ -175,7 +205,7 @@ class Reads:
 
     async def execution(self, execution_id: str) -> ExecutionState:
         """An execution known to exist (the engine recorded it), unscoped."""
-        ex = await self.store.get_execution(execution_id)
+        ex = await self.find_execution(execution_id)
         assert ex is not None
         return ex
 
@@ -186,7 +216,7 @@ class Reads:
 
     async def get_job(self, sandbox_id: str, job_id: str) -> ExecutionState:
         await self.require(sandbox_id)
-        job = await self.store.get_execution(job_id)
+        job = await self.find_execution(job_id)
         if job is None or job.type != "job" or job.sandbox_id != sandbox_id:
             raise ExecutionNotFound(f"job {job_id} not found in sandbox {sandbox_id}", job_id=job_id)
         return job

@@ -75,11 +75,13 @@ class Recorder:
             return await self._append(stream, decide())
 
     async def command(self, sandbox_id: str, command: Command, *,
-                      durable: Callable[[int], None] | None = None) -> list[Event]:
+                      durable: Callable[[int], None] | None = None, minted: bool = False) -> list[Event]:
         """Decide ``command`` against the sandbox as it is and append what it produces.
         ``durable`` is called with the last position once the events are in the log, before
         they are projected. A ``Create`` is decided against whatever the store holds under
-        the id, in any organization (nothing, or ``decide`` refuses it)."""
+        the id, in any organization (nothing, or ``decide`` refuses it); ``minted``: the
+        caller made the id just now (``ids.new_id``: 80 random bits), so nothing is under
+        it and the store is not asked (a PostgreSQL round trip per create)."""
         if not isinstance(command, Create):
             return await self.command_many(sandbox_id, (command,), durable=durable)
         what = " (Create)" if phases.ON else ""  # a span's name, built only for a bench
@@ -87,7 +89,7 @@ class Recorder:
         async with self.lock(sandbox_id):
             phases.end("record: lock wait", t0)
             with phases.span("record: state read"):
-                sb: SandboxState | None = await self._store.get_sandbox(sandbox_id)
+                sb: SandboxState | None = None if minted else await self._store.get_sandbox(sandbox_id)
             self._reads.own(sandbox_id)  # before the append: its creation is folded as it lands
             try:
                 with phases.span("record: decide"):
@@ -98,21 +100,22 @@ class Recorder:
                 raise
 
     async def command_many(self, sandbox_id: str, commands: Sequence[Command], *,
-                           durable: Callable[[int], None] | None = None) -> list[Event]:
+                           durable: Callable[[int], None] | None = None, minted: bool = False) -> list[Event]:
         """Decide ``commands`` in turn (``core.lifecycle.decide_in_turn``) against the sandbox
         as it is and append what they produce as ONE append: all of it durable, or none of it
         written. A create's ``Start`` and its command's ``StartExecution`` go together so that
         the way to the command's launch awaits one append, not two (on production, each is a
         Produce and a projection transaction). A ``Create`` may come first: a sandbox the driver
         made before anything was recorded (service/provisioning.py) is recorded created and
-        started at once."""
+        started at once; ``minted`` as for ``command``."""
         what = f" ({'+'.join(type(c).__name__ for c in commands)})" if phases.ON else ""
         creates = bool(commands) and isinstance(commands[0], Create)  # the sandbox's first events
         t0 = phases.start()
         async with self.lock(sandbox_id):
             phases.end("record: lock wait", t0)
             with phases.span("record: state read"):
-                sb = await (self._store.get_sandbox(sandbox_id) if creates else self._reads.require(sandbox_id))
+                sb = (None if minted else await self._store.get_sandbox(sandbox_id)) if creates \
+                    else await self._reads.require(sandbox_id)
             if creates:
                 self._reads.own(sandbox_id)  # as ``command`` does for a Create
             try:

@@ -14,21 +14,24 @@ from hutch.drivers.roles import Adoption, SandboxLifecycle
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
 from hutch.service.control import SandboxControl
+from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.timeouts import Reaper
 
 
 class Takeover:
-    def __init__(self, *, log: EventLog, store: ProjectionStore, projector: Projector, recorder: Recorder,
-                 control: SandboxControl, reaper: Reaper, lifecycle: SandboxLifecycle, adoption: Adoption) -> None:
-        self._log, self._store, self._projector = log, store, projector
+    def __init__(self, *, log: EventLog, store: ProjectionStore, projector: Projector, reads: Reads,
+                 recorder: Recorder, control: SandboxControl, reaper: Reaper, lifecycle: SandboxLifecycle,
+                 adoption: Adoption) -> None:
+        self._log, self._store, self._projector, self._reads = log, store, projector, reads
         self._recorder, self._control, self._reaper = recorder, control, reaper
         self._lifecycle, self._adoption = lifecycle, adoption
 
     async def sandbox_of_execution(self, execution_id: str, *, running: bool = False) -> str | None:
         """The sandbox an execution runs in (with ``running``: only while it has not ended);
-        unscoped, for routing a request to the replica that owns it."""
-        found = await self._store.get_execution(execution_id)
+        unscoped, for routing a request to the replica that owns it (every waiter of a command
+        that ended asks: one of this replica's own is answered from what it folded)."""
+        found = await self._reads.find_execution(execution_id)
         if found is None or (running and found.status.is_final):
             return None
         return found.sandbox_id

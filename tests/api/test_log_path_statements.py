@@ -54,3 +54,36 @@ async def test_a_commands_two_streams_are_locked_and_released_in_one_statement_e
     session = {kind: n for (store, kind), n in sent.items() if store == "output streams session"}
     assert session.get("select pg_try_advisory_lock") == 1, sent  # stdout and stderr together
     assert session.get("select pg_advisory_unlock") == 1, sent
+
+
+@pytest.mark.runs_on("fake-production")
+async def test_a_create_and_its_oneshot_read_nothing_of_the_projection_store(api: Api, profile: dict[str, str]) -> None:
+    # The id is minted as the sandbox is created: nothing can be stored under it yet. What the
+    # command path reads after is folded here (service/reads.py), the long-poll's too.
+    body = {"command": {"exec": ["true"], "mode": "oneshot"}}
+    created = await api.data("POST", "/sandbox", json=body, expect=201)  # warms the pools
+    await api.wait_execution(created["executionId"])
+    before = _statements()
+    created = await api.data("POST", "/sandbox", json=body, expect=201)
+    await api.stream(created["stdoutStreamUrl"])
+    assert (await api.wait_execution(created["executionId"]))["status"] == "completed"
+    sent = {k: v - before.get(k, 0) for k, v in _statements().items() if v != before.get(k, 0)}
+    reads = {kind: n for (store, kind), n in sent.items() if store == "projection store" and kind.startswith("select")
+             and kind != "select projection_position"}  # the projector's own LOAD
+    assert reads == {}, sent
+
+
+@pytest.mark.runs_on("fake-production")
+async def test_a_stream_written_here_is_read_without_asking_postgresql_what_it_knows(
+        api: Api, profile: dict[str, str]) -> None:
+    # The writer is in this process: whether it is open and how much it saved are known here,
+    # so a reader asks PostgreSQL only for bytes saved past its position.
+    for argv, out in ((["true"], b""), (["echo", "hi"], b"hi\n")):
+        body = {"command": {"exec": argv, "mode": "oneshot"}}
+        created = await api.data("POST", "/sandbox", json=body, expect=201)
+        await api.wait_execution(created["executionId"])
+        before = _statements()
+        assert await api.stream(created["stdoutStreamUrl"]) == out  # closed here already
+        sent = {k: v - before.get(k, 0) for k, v in _statements().items() if v != before.get(k, 0)}
+        assert ("output streams", "select pg_locks") not in sent, sent
+        assert sent.get(("output streams", "select hutch_output_chunks"), 0) == (1 if out else 0), sent

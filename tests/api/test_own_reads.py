@@ -62,3 +62,38 @@ async def test_ended_sandboxes_stay_folded_alike_up_to_a_bound(api: Api, profile
     assert _store_reads() == before  # the one just ended is answered here ...
     assert folded == await engine.parts.store.get_sandbox(newer) and folded is not None and folded.status.is_final
     assert older not in engine.reads._folded  # ... the one before it was dropped (bound 1)
+
+
+def _execution_reads() -> int:
+    return sum(value for name, labels, value in counters.counts()
+               if name == "hutch_store_statements_total" and labels.get("kind") == "select executions")
+
+
+@pytest.mark.runs_on(*STORE)
+async def test_own_executions_are_folded_alike_and_read_without_the_store(api: Api,
+                                                                          profile: dict[str, str]) -> None:
+    engine = api.client.app[ENGINE]
+    body = {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}
+    created = await api.data("POST", "/sandbox", json=body, expect=201)
+    sid, initial = created["sandboxId"], created["executionId"]
+    await api.wait_execution(initial)
+    sb = (await api.data("POST", "/sandbox", json={}, expect=201))["sandboxId"]
+
+    before = _execution_reads()
+    ex = await api.data("POST", f"/sandbox/{sb}/execute", json={"command": ["echo", "hi"]})
+    final = await api.wait_execution(ex["executionId"])  # a long-poll: read, woken, read again
+    assert final["status"] == "completed"
+    assert (await api.wait_execution(initial))["status"] == "completed"  # of a sandbox that ended
+    assert _execution_reads() == before
+
+    for eid in (initial, ex["executionId"]):
+        folded, stored = await engine.reads.execution(eid), await engine.parts.store.get_execution(eid)
+        assert folded == stored and folded.status.is_final
+    assert sid in engine.reads._folded
+
+    await api.call("DELETE", f"/sandbox/{sb}")
+    # Deleted: nothing kept of its executions either; the store answers them.
+    assert ex["executionId"] not in engine.reads._executions
+    assert (await api.wait_execution(ex["executionId"]))["status"] == "completed"
+    if profile:  # PostgreSQL counts its statements
+        assert _execution_reads() > before
