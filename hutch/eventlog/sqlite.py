@@ -15,6 +15,7 @@ any read that follows it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import queue
@@ -92,7 +93,6 @@ class SqliteEventLog(EventLog):
         self._conn: sqlite3.Connection | None = None
         self._jobs: queue.SimpleQueue[_Append | _Call | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._live: set[asyncio.Queue[list[Event]]] = set()
         self._last = 0
@@ -122,7 +122,6 @@ class SqliteEventLog(EventLog):
         return int(row[0])
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._serve, name="eventlog", daemon=True)
         self._thread.start()
         try:
@@ -137,8 +136,8 @@ class SqliteEventLog(EventLog):
 
     async def _stop(self) -> None:
         """Every job queued before this one is done and answered, then the file is closed."""
-        assert self._thread is not None and self._loop is not None
-        done: asyncio.Future[None] = self._loop.create_future()
+        assert self._thread is not None
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed = True
         self._jobs.put(_Stop(done))
         await done
@@ -180,11 +179,15 @@ class SqliteEventLog(EventLog):
                     stopping = True
             if appends:
                 answers.append(self._write(appends))
-            try:
-                assert self._loop is not None
-                self._loop.call_soon_threadsafe(self._settle, answers)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
+            # Each answer goes to the loop its caller awaits on (one, but for a log a test
+            # shares between event loops).
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, ...]]] = {}
+            for answer in answers:
+                fut = answer[1] if answer[0] == "call" else answer[1][0].fut
+                by_loop.setdefault(fut.get_loop(), []).append(answer)
+            for loop, theirs in by_loop.items():
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                    loop.call_soon_threadsafe(self._settle, theirs)
             if stopping:
                 return
 

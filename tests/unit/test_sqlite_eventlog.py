@@ -86,3 +86,17 @@ async def test_an_append_before_start_is_refused_by_name(tmp_path: Path) -> None
     log = SqliteEventLog(tmp_path / "events.db")
     with pytest.raises(LogUnavailable, match=r"event log .*events\.db is not started"):
         await log.append([ev(1)])
+
+
+def test_a_log_opened_on_one_event_loop_answers_on_the_next(tmp_path: Path) -> None:
+    # As a module-scoped fixture does: start on one loop, append on each test's own.
+    log = SqliteEventLog(tmp_path / "events.db")
+    asyncio.run(log.start())
+
+    async def append_and_read() -> list[int]:
+        positions = await asyncio.wait_for(log.append([ev(1)]), 10)
+        assert [e.position for e in await asyncio.wait_for(log.read(), 10)] == positions
+        return positions
+
+    assert asyncio.run(append_and_read()) == [1]
+    asyncio.run(log.close())
