@@ -126,9 +126,11 @@ class SqliteEventLog(EventLog):
         self._thread.start()
         try:
             self._last = await self._run(self._open)
-        except sqlite3.Error as err:
-            await self._stop()
-            raise LogUnavailable(f"cannot open event log {self.path}: {err}") from err
+        except BaseException as err:
+            await self._stop()  # no thread left waiting for work that cannot come
+            if isinstance(err, sqlite3.Error | OSError):
+                raise LogUnavailable(f"cannot open event log {self.path}: {err}") from err
+            raise
 
     async def close(self) -> None:
         if self._thread is not None and not self._closed:

@@ -100,3 +100,21 @@ def test_a_log_opened_on_one_event_loop_answers_on_the_next(tmp_path: Path) -> N
 
     assert asyncio.run(append_and_read()) == [1]
     asyncio.run(log.close())
+
+
+async def test_a_log_that_cannot_open_says_which_file_and_leaves_no_thread(tmp_path: Path) -> None:
+    (tmp_path / "events.db").write_bytes(b"not a database, " * 512)
+    log = SqliteEventLog(tmp_path / "events.db")
+    with pytest.raises(LogUnavailable, match=r"cannot open event log .*events\.db: file is not a database"):
+        await log.start()
+    assert log._thread is not None and not log._thread.is_alive()
+    with pytest.raises(LogUnavailable, match="is closed"):
+        await log.append([ev(1)])
+
+
+async def test_a_log_whose_folder_cannot_be_made_says_so_and_leaves_no_thread(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    log = SqliteEventLog(tmp_path / "a-file" / "events.db")
+    with pytest.raises(LogUnavailable, match=r"cannot open event log .*a-file/events\.db: .*File exists"):
+        await log.start()
+    assert log._thread is not None and not log._thread.is_alive()
