@@ -17,7 +17,7 @@ from tests.system.server import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("auth and tenancy", "body: read, parse and check", "record: append (StartExecution)",
-          "record: projection wait (FinishExecution)", "eventlog: sqlite COMMIT (WAL fsync), in its thread",
+          "record: projection wait (FinishExecution)", "eventlog: sqlite INSERT + COMMIT (WAL fsync), in its thread",
           "streams: open both", "streams: close both", "driver: exec, whole", "zygote: request to the command's exec",
           "long-poll: held", "request POST /sandbox/{sandbox_id}/execute",
           "request GET /sandbox/execution/{execution_id}")
