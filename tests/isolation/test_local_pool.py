@@ -1,6 +1,9 @@
-"""The local driver's warm pool and the requests it must not slow (issue 37): a refill starts
-no sandbox while a request is launching (from its create to its command's helper, quiet.py),
-still starts one when the hold lapses, and fills back to its size after a burst.
+"""The local driver's warm pool and the requests it must not slow (issues 35/37): a pooled
+sandbox is started in a cpu cgroup marked idle (``cpu.idle``: any other sandbox's work
+preempts it), so the refill starts at once, even while a request is launching; a claimed
+sandbox's cgroup is a normal one again. Where the mark cannot be written, a refill starts no
+sandbox while a request is launching (from its create to its command's helper, quiet.py) and
+still starts one when the hold lapses. Either way the pool fills back after a burst.
 
 Needs root and the base runtime (built by the session fixture); nothing here skips.
 """
@@ -8,11 +11,13 @@ Needs root and the base runtime (built by the session fixture); nothing here ski
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
 
 from hutch.drivers.base import ExecRequest
+from hutch.drivers.local import pool as pool_module
 from hutch.drivers.local import quiet
 from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
@@ -56,7 +61,44 @@ def spy_pool_starts(driver: LocalDriver) -> list[float]:
     return starts
 
 
-async def test_a_refill_waits_for_the_claiming_request_to_launch_its_command(driver: LocalDriver) -> None:
+def cpu_idle(driver: LocalDriver, sid: str) -> str:
+    assert driver._cgroups is not None
+    cpu = driver._cgroups.paths(sid)[driver._cgroups._order.index("cpu")]  # type: ignore[attr-defined]
+    return (cpu / "cpu.idle").read_text().strip()
+
+
+def without_idle_mark(driver: LocalDriver) -> None:
+    """As on a host whose kernel has no ``cpu.idle`` (before 5.15)."""
+    driver._cgroups.set_idle = lambda sandbox, idle: False  # type: ignore[method-assign,union-attr]
+
+
+async def test_pooled_sandboxes_run_idle_and_a_claimed_one_does_not(driver: LocalDriver) -> None:
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    assert [cpu_idle(driver, sb.id) for sb in driver._pool.idle[RT]] == ["1", "1"]
+    sid = await provision(driver, RT)
+    assert cpu_idle(driver, sid) == "0", "a claimed sandbox must be scheduled as a fresh one"
+    assert os.sched_getscheduler(driver._registry.sandboxes[sid].init_pid) == os.SCHED_OTHER
+    await driver.destroy(sid)
+
+
+async def test_a_refill_starts_at_once_while_the_claiming_request_launches(
+        driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    # Quiet's bounds far off: only a refill that does not wait for quiet fills the pool in time.
+    monkeypatch.setattr(pool_module, "REFILL_DEFER_MAX", 60.0)
+    monkeypatch.setattr(pool_module, "EMPTY_DEFER_MAX", 60.0)
+    driver._quiet._hold_max = 60
+    sid = await provision(driver, RT)  # claims a pooled sandbox; its hold stays
+    assert driver._quiet.busy
+    await full_pool(driver, timeout=15)
+    await driver.destroy(sid)
+
+
+async def test_without_the_idle_mark_a_refill_waits_for_the_claiming_request_to_launch_its_command(
+        driver: LocalDriver) -> None:
+    without_idle_mark(driver)
     await driver.destroy(await provision(driver, RT))  # the runtime's pool is filled from its first create
     await full_pool(driver)
     starts = spy_pool_starts(driver)
@@ -73,7 +115,9 @@ async def test_a_refill_waits_for_the_claiming_request_to_launch_its_command(dri
     await driver.destroy(sid)
 
 
-async def test_a_create_without_a_command_defers_the_refill_only_until_its_hold_lapses(driver: LocalDriver) -> None:
+async def test_without_the_idle_mark_a_create_without_a_command_defers_the_refill_until_its_hold_lapses(
+        driver: LocalDriver) -> None:
+    without_idle_mark(driver)
     await driver.destroy(await provision(driver, RT))
     await full_pool(driver)
     starts = spy_pool_starts(driver)

@@ -319,6 +319,12 @@ class Cgroups(abc.ABC):
     def drop_stale_spares(self, max_age: float = SPARE_MAX_AGE) -> None:  # noqa: B027 - v1 only
         """Remove the spare leaves (module docstring) kept longer than ``max_age`` seconds."""
 
+    def set_idle(self, sandbox: str, idle: bool) -> bool:
+        """Mark the sandbox's cpu cgroup idle or not (``cpu.idle``, kernel 5.15+: an idle
+        group runs only when its siblings leave a cpu unused); False where it cannot be
+        marked (v1 only: v2 has no pool; no cpu controller or an older kernel)."""
+        return False
+
     def remove(self, sandbox: str, leaf: str | None = None) -> bool:
         """rmdir the sandbox (or one leaf) in every hierarchy; False if processes remain."""
         ok = True
@@ -395,6 +401,19 @@ class CgroupV1(Cgroups):
             raise
         if old in self._spares:  # renamed with its parent; a pooled one's starts ageing now
             self._spares[new] = (self._spares.pop(old)[0], time.monotonic())
+
+    def set_idle(self, sandbox: str, idle: bool) -> bool:
+        if "cpu" not in self.mounts:
+            return False
+        path = f"{self._root('cpu')}/{sandbox}"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        try:
+            with open(f"{path}/cpu.idle", "w") as fh:
+                fh.write("1" if idle else "0")
+        except FileNotFoundError:  # a kernel before 5.15
+            return False
+        return True
 
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         out = []

@@ -2,9 +2,11 @@
 
 A request holds the driver from the start of its provision until its command's helper is
 started (a one-shot's create, its ``Start`` and ``StartExecution`` appends, then the exec),
-or from an exec's start to its helper's. The warm pool's refill waits for no hold before it
-starts each sandbox: on the same event loop (and, on a small machine, the same cores) a
-refill that ran beside a launch doubled the ``Start`` append's time (docs/benchmarks.md).
+or from an exec's start to its helper's. Where the warm pool cannot start its sandboxes in
+an idle cpu cgroup (pool.py: no ``cpu.idle``, a kernel before 5.15), its refill waits for no
+hold before it starts each sandbox: on the same event loop (and, on a small machine, the same
+cores) a refill that ran beside a launch doubled the ``Start`` append's time
+(docs/benchmarks.md).
 A hold lapses by itself after ``HOLD_MAX`` (a create that is never followed by an exec, a
 caller that went away), and a waiter goes ahead after its own bound, so a steady load
 defers a refill but never stops it.
