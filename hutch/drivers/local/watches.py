@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
@@ -24,9 +23,10 @@ from hutch.core.errors import RateLimited
 
 
 class _Helper(Protocol):
-    """The running helper (fsops._Proc), as much of it as a watch uses."""
+    """The running helper (fsops._Proc; the nomad driver's is drivers/nomad/helpers.py), as
+    much of it as a watch uses."""
 
-    popen: subprocess.Popen[bytes]
+    def poll(self) -> int | None: ...
 
     async def read(self, n: int = ...) -> bytes: ...
 
@@ -52,7 +52,7 @@ class LocalDirWatch(DirWatch):
 
     @property
     def ended(self) -> bool:
-        return self._closed or self._eof or self._proc.popen.poll() is not None
+        return self._closed or self._eof or self._proc.poll() is not None
 
     def _records(self) -> list[WatchEvent]:
         """The events of the complete records buffered; each flush mark among them is counted off."""

@@ -53,6 +53,7 @@ from typing import Any
 import attrs
 
 from hutch.core.blobs import BlobStore
+from hutch.core.driver_types import DirWatch
 from hutch.core.errors import (
     DriverFailure,
     HutchError,
@@ -87,6 +88,7 @@ from hutch.drivers.nomad.adoption import NomadAdoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
+from hutch.drivers.nomad.helpers import AgentHelpers
 from hutch.drivers.nomad.jobs import (
     HOME,
     LIVE,
@@ -127,8 +129,9 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
-                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
+class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.DirectoryWatching,
+                  roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
+                  roles.PortForwarding, roles.UsageReporting, Driver):
     name = "nomad"
 
     def __init__(
@@ -162,7 +165,9 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True, terminals=True,
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
-            egress_allow=True)  # the plugin's allow.go, kept current through its allow verb
+            egress_allow=True,  # the plugin's allow.go, kept current through its allow verb
+            # inotify and user.e2b.* xattrs: the exec agent's own helpers (helpers.py)
+            watches=exec_mode == "agent", metadata=exec_mode == "agent")
         self._allow = AllowLists(self._apply_allow)
         default_resources()  # a bad HUTCH_DEFAULT_MEMORY / HUTCH_DEFAULT_CPU is said now, not at a create
         self._egress_denied = egress_denied()  # HUTCH_SANDBOX_EGRESS_PERMIT / _DENY
@@ -175,6 +180,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         # Disk checkpoints: in ``blobs`` (files under the data dir, as they always were, or PostgreSQL).
         self._files = NomadFiles(self, self.state_dir, blobs)
         self._terminals = NomadTerminals(self)
+        self._helpers = AgentHelpers(self, self._agents)
         self._sandboxes: dict[str, NomadSandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._destroying: set[str] = set()
@@ -547,7 +553,18 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         return written
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        return await self._files.list_files(sandbox_id, path)
+        entries = await self._files.list_files(sandbox_id, path)
+        if not self.capabilities.metadata or not entries:
+            return entries
+        found = await self._helpers.metadata_of(self.running(sandbox_id), path)
+        return [attrs.evolve(e, metadata=found[e.name]) if e.name in found and not e.is_symlink else e
+                for e in entries]
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        await self._helpers.set_metadata(sandbox_id, path, metadata)
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        return await self._helpers.watch_dir(sandbox_id, path, recursive=recursive)
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
         await self._files.mkdir(sandbox_id, path, parents=parents)

@@ -40,6 +40,9 @@ func (a *agent) start(id uint32, req startRequest) {
 		return
 	}
 	path, code := lookPath(req.Argv[0], req.Env, req.Cwd)
+	if req.Argv[0] == helperName {
+		path, code = "/proc/self/exe", 0 // this binary again, as a helper (helper.go)
+	}
 	if code != 0 {
 		word := map[int]string{126: "permission denied", 127: "command not found"}[code]
 		a.send('2', id, []byte(req.Argv[0]+": "+word+"\n"))

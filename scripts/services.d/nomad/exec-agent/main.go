@@ -75,6 +75,9 @@ type agent struct {
 }
 
 func main() {
+	if len(os.Args) > 0 && os.Args[0] == helperName { // one of the agent's commands (helper.go)
+		os.Exit(helper(os.Args[1:]))
+	}
 	runtime.GOMAXPROCS(1) // few threads: each counts against the sandbox's pids limit
 	if err := beyondReach(); err != nil {
 		fmt.Fprintf(os.Stderr, "hutch-exec-agent: %v\n", err)
