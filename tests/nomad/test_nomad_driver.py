@@ -258,3 +258,23 @@ async def test_an_install_layer_in_the_registry_needs_no_local_runtime_tree(
     other = ProvisionRequest("sbx_layertest", "base:latest", dependencies=("jq", "file"))
     with pytest.raises(RuntimeNotFound, match="not built"):
         await elsewhere.layer(other)
+
+
+async def test_a_disk_limited_sandbox_reports_its_own_file_system(driver: NomadDriver) -> None:
+    """E2B's disk metrics with a disk limit: the plugin's file system of that size holds the
+    workspace and the writable layer (containerd-driver/disk.go), so both count, and its size
+    is the total (tests/contracts/test_driver.py holds the case without a limit)."""
+    from hutch.drivers.base import ResourceLimits
+
+    sid = await provision(driver, resources=ResourceLimits(memory_bytes=256 * 2**20, cpu_millis=1000,
+                                                           disk_bytes=64 * 2**20))
+    before = await driver.usage(sid, disk=True)
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, [
+        "sh", "-c", "head -c 4194304 /dev/zero > /tmp/four; head -c 4194304 /dev/zero > $HOME/four"]), sink)
+    assert result.exit_code == 0, sink.stderr
+    after = await driver.usage(sid, disk=True)
+    assert before.disk_total_bytes is not None and 56 * 2**20 < before.disk_total_bytes <= 64 * 2**20
+    assert before.disk_used_bytes is not None and after.disk_used_bytes is not None
+    assert after.disk_used_bytes - before.disk_used_bytes >= 8 * 2**20  # the layer's file and the workspace's
+    assert (after.memory_total_bytes, after.cpu_count) == (256 * 2**20, 1)

@@ -109,6 +109,7 @@ from hutch.drivers.nomad.pools import (
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 from hutch.drivers.nomad.terminal import NomadTerminals
+from hutch.drivers.nomad.usage import NowReadings
 from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\Z")
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
+DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
 
@@ -181,6 +183,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self._files = NomadFiles(self, self.state_dir, blobs)
         self._terminals = NomadTerminals(self)
         self._helpers = AgentHelpers(self, self._agents)
+        self._readings = NowReadings(self._client, self._helpers)
         self._sandboxes: dict[str, NomadSandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._destroying: set[str] = set()
@@ -340,6 +343,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
     async def _lost(self, sb: NomadSandbox, reason: str, *, failed: bool, node_lost: bool = False) -> None:
         self._sandboxes.pop(sb.id, None)
         self._states.forget(sb.id)
+        self._readings.forget(sb.id)
         for ex in self._executions.values():
             if ex.sandbox_id == sb.id:
                 ex.stop.set()
@@ -371,6 +375,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                     await self._client.deregister(sb.job_id, purge=False)
                 self._sandboxes.pop(sandbox_id, None)
                 self._allow.forget(sandbox_id)
+                self._readings.forget(sandbox_id)
                 self._paused.discard(sandbox_id)
                 self._states.forget(sandbox_id)
                 await self._files.drop_checkpoints(sandbox_id)
@@ -406,14 +411,32 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
             raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {out[:300]!r}")
 
     async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
-        """The plugin's usage verb: the container's cgroup accounting, read on the client (CPU
-        and peak memory; not yet what it holds now or its disk)."""
+        """CPU and peak memory from the plugin's usage verb (the container's cgroup accounting,
+        read on the client); its memory and CPU totals from its job; with ``disk`` (E2B's
+        metrics) the memory it holds now and its disk too (usage.py says from where)."""
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             return Usage()
+        used = await self._plugin_usage(sb)
+        now: dict[str, Any] = {}
+        try:
+            # Bounded as the verb is: a client cut off answers nothing, and a status read must
+            # not wait for the heartbeat timeout that declares it lost.
+            async with asyncio.timeout(USAGE_TIMEOUT):
+                sizes = await self._readings.sizes(sb)
+            now.update(memory_total_bytes=sizes.memory_bytes, cpu_count=sizes.cpu_count)
+            if disk:
+                async with asyncio.timeout(USAGE_TIMEOUT):
+                    now["memory_bytes"] = await self._readings.memory_now(sb)
+                async with asyncio.timeout(DISK_TIMEOUT):  # a walk of what the sandbox wrote
+                    now["disk_used_bytes"], now["disk_total_bytes"] = await self._readings.disk(sb)
+        except (TimeoutError, HutchError) as err:
+            log.warning("sandbox %s: its usage now was not read whole: %s", sb.id,
+                        getattr(err, "message", None) or "timed out")
+        return attrs.evolve(used, **now)
+
+    async def _plugin_usage(self, sb: NomadSandbox) -> Usage:
         for _ in range(2):  # an alloc exec now and then fails to start on a busy client: once more
-            # Bounded: a client cut off from the network answers nothing (no refusal, no reset),
-            # and a status read must not wait for the heartbeat timeout that declares it lost.
             try:
                 async with asyncio.timeout(USAGE_TIMEOUT):
                     code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"usage": True})

@@ -13,6 +13,7 @@ own words (agent.py): parsed within bounds, never trusted past its own files.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -195,6 +196,19 @@ class AgentHelpers:
             log.warning("sandbox %s: the metadata of %s was not read: %s", sb.id, path, err.message)
             return {}
         return _parse_metadata(out, sb.id)
+
+    async def disk(self, sb: NomadSandbox, *, limited: bool) -> tuple[int, int]:
+        """(bytes the sandbox's files take, bytes of the file system they are on), read inside
+        it (helper.go's diskUsage: with a disk limit, that file system's own counts)."""
+        out = await self._collect(sb, "disk", HOME, ["1" if limited else "0"])
+        try:
+            found = json.loads(out)
+            used, total = found["used"], found["total"]
+            if not (isinstance(used, int) and isinstance(total, int) and used >= 0 and total >= 0):
+                raise ValueError(f"not two byte counts: {out[:100]!r}")
+        except (ValueError, KeyError, TypeError) as err:
+            raise DriverFailure(f"sandbox {sb.id}: a malformed disk reading from its exec agent: {err}") from None
+        return used, total
 
     async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> LocalDirWatch:
         sb = self._access.running(sandbox_id)

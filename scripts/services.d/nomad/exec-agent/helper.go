@@ -9,6 +9,7 @@ package main
 //	meta PATH KEY VALUE...   the file's user.e2b.* xattrs become exactly these pairs
 //	xattrs PATH              the user.e2b.* pairs of PATH (a directory: of each entry), as
 //	                         records "<name-len> <meta-len>\n<name><key>\0<value>\0..."
+//	disk PATH LIMITED        the disk the sandbox's files take, as JSON {"used", "total"} (diskUsage)
 //	watch PATH RECURSIVE     inotify, as hutch-nsexec's fs watch (drivers/local/native/fileops.h):
 //	                         "ok\n", then "<kind> <name-len>\n<name>" records (C W R N M), "O 0\n"
 //	                         on an overflow; a byte on stdin asks for every event queued so far,
@@ -18,11 +19,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 )
@@ -49,6 +53,8 @@ func helper(args []string) int {
 		return listMeta(path)
 	case op == "watch" && len(args) == 3:
 		return watch(path, args[2] == "1")
+	case op == "disk" && len(args) == 3:
+		return diskUsage(path, args[2] == "1")
 	}
 	return fail(syscall.EINVAL, path)
 }
@@ -368,4 +374,99 @@ func (w *watcher) drain() (bool, error) {
 			}
 		}
 	}
+}
+
+// diskUsage: what the sandbox's files take and the size of the file system they are on. With
+// a disk limit (limited) the workspace at home and the container's writable layer share one
+// file system of that size (containerd-driver/disk.go): its own counts say both. Without, the
+// workspace (a directory of the client's disk) is walked whole, and of the root file system
+// (an overlay) only what the writable layer holds: the inodes changed since the sandbox
+// started (a copy-up or a new file sets ctime, which no call of the sandbox can set back),
+// the image's own files older than that.
+func diskUsage(home string, limited bool) int {
+	var hs syscall.Statfs_t
+	if err := syscall.Statfs(home, &hs); err != nil {
+		return fail(err, home)
+	}
+	out := map[string]uint64{}
+	if limited {
+		out["used"] = (hs.Blocks - hs.Bfree) * uint64(hs.Frsize)
+		out["total"] = hs.Blocks * uint64(hs.Frsize)
+	} else {
+		var rs syscall.Statfs_t
+		if err := syscall.Statfs("/", &rs); err != nil {
+			return fail(err, "/")
+		}
+		started, err := sandboxStart()
+		if err != nil {
+			return fail(err, "/proc/1/stat")
+		}
+		out["used"] = walkBytes(home, 0) + walkBytes("/", started)
+		out["total"] = rs.Blocks * uint64(rs.Frsize)
+	}
+	b, _ := json.Marshal(out)
+	if !emit(b) {
+		return 3
+	}
+	return 0
+}
+
+// walkBytes sums the blocks of the inodes under root on root's own file system (each counted
+// once) whose ctime is at or after since (Unix seconds; 0: all).
+func walkBytes(root string, since int64) uint64 {
+	var rst syscall.Stat_t
+	if syscall.Lstat(root, &rst) != nil {
+		return 0
+	}
+	seen := map[uint64]bool{}
+	var total uint64
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		var st syscall.Stat_t
+		if err != nil || syscall.Lstat(path, &st) != nil {
+			return nil // raced away, or not the sandbox's to read
+		}
+		if st.Dev != rst.Dev {
+			if d.IsDir() {
+				return filepath.SkipDir // another mount (/proc, /dev, the workspace): not this layer
+			}
+			return nil
+		}
+		if st.Ctim.Sec >= since && !seen[st.Ino] {
+			seen[st.Ino] = true
+			total += uint64(st.Blocks) * 512
+		}
+		return nil
+	})
+	return total
+}
+
+// sandboxStart is when the sandbox's pid 1 started, in Unix seconds (a second early: ctime
+// and the boot clock are read at different resolutions).
+func sandboxStart() (int64, error) {
+	stat, err := os.ReadFile("/proc/1/stat")
+	if err != nil {
+		return 0, err
+	}
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(fields) < 20 {
+		return 0, syscall.EINVAL
+	}
+	ticks, err := strconv.ParseInt(fields[19], 10, 64) // starttime: field 22 of the whole line
+	if err != nil {
+		return 0, err
+	}
+	procStat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(procStat), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			boot, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, err
+			}
+			return boot + ticks/100 - 1, nil // USER_HZ is 100 on Linux
+		}
+	}
+	return 0, syscall.EINVAL
 }
