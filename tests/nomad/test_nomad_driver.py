@@ -278,3 +278,53 @@ async def test_a_disk_limited_sandbox_reports_its_own_file_system(driver: NomadD
     assert before.disk_used_bytes is not None and after.disk_used_bytes is not None
     assert after.disk_used_bytes - before.disk_used_bytes >= 8 * 2**20  # the layer's file and the workspace's
     assert (after.memory_total_bytes, after.cpu_count) == (256 * 2**20, 1)
+
+
+async def test_a_watch_that_falls_behind_the_kernels_queue_ends_saying_events_were_lost(driver: NomadDriver) -> None:
+    """Nobody takes the events: the agent's window and the helper's pipe fill, the helper stops
+    reading inotify, the kernel's queue (max_queued_events, 16384) overflows. The next take
+    ends the watch naming the loss, never an incomplete history (drivers/local/watches.py)."""
+    from hutch.core.driver_types import WatchEnded
+    from hutch.core.errors import RateLimited
+
+    sid = await provision(driver, "python:3.13")
+    await driver.mkdir(sid, "busy", parents=False)
+    watch = await driver.watch_dir(sid, "busy", recursive=False)
+    # 40,000 creates of 200-character names: ~8 MB of records, past every buffer on the way.
+    make = "import os\nfor i in range(40000): os.close(os.open('busy/%0200d' % i, os.O_CREAT | os.O_WRONLY))"
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["python3", "-c", make], timeout=120), sink)
+    assert result.exit_code == 0, sink.stderr
+
+    async def take_until_it_ends() -> None:
+        async with asyncio.timeout(60):
+            while True:
+                await watch.flush()
+
+    with pytest.raises(RateLimited, match=r"fell behind.*some were lost"):
+        await take_until_it_ends()
+    with pytest.raises(WatchEnded):
+        await watch.flush()
+
+
+async def test_without_exec_agents_watches_and_metadata_are_refused_naming_the_setting(tmp_path: Path) -> None:
+    """HUTCH_NOMAD_EXEC=alloc: no agent, so no helper (drivers/nomad/helpers.py); the
+    capabilities say so (the E2B wire's 501 / unimplemented) and the calls name the setting."""
+    from hutch.core.errors import NotSupported
+    from hutch.drivers.base import FileWrite
+
+    driver = await start_nomad(tmp_path / "data", exec_mode="alloc")
+    assert isinstance(driver, NomadDriver)
+    try:
+        assert not driver.capabilities.watches and not driver.capabilities.metadata
+        sid = await provision(driver)
+        await driver.write_files(sid, [FileWrite("f.txt", b"x")])
+        with pytest.raises(NotSupported, match="HUTCH_NOMAD_EXEC=alloc"):
+            await driver.watch_dir(sid, ".", recursive=False)
+        with pytest.raises(NotSupported, match="HUTCH_NOMAD_EXEC=alloc"):
+            await driver.set_metadata(sid, "f.txt", {"k": "v"})
+        assert [e.metadata for e in await driver.list_files(sid, "f.txt")] == [{}]
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()
