@@ -138,6 +138,26 @@ async def start_nomad(data_dir: Path, **kw: object) -> Driver:
     return driver
 
 
+async def plugin_reads_page_cache(alloc_id: str) -> bool:
+    """Whether the hutch-containerd plugin the dev agent runs says a task's page cache (its
+    usage verb's memoryCacheBytes: containerd-driver/handle.go's cgroupUsage). A plugin built
+    before it did runs until ``./scripts/services start nomad`` rebuilds it and restarts Nomad."""
+    import json
+
+    from hutch.drivers.nomad.client import NomadClient
+    from hutch.drivers.nomad.execs import plugin_verb
+    from hutch.drivers.nomad.jobs import TASK
+
+    client = NomadClient(NOMAD_ADDR, token=NOMAD_TOKEN)
+    await client.start()
+    try:
+        code, out = await plugin_verb(client, alloc_id, TASK, {"usage": True})
+    finally:
+        await client.close()
+    assert code == 0, out
+    return "memoryCacheBytes" in json.loads(out)
+
+
 async def nomad_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
     data = request.getfixturevalue("tmp_path") / "nomad-data"
     driver = await start_nomad(data)

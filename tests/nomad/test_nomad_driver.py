@@ -328,3 +328,28 @@ async def test_without_exec_agents_watches_and_metadata_are_refused_naming_the_s
         for sid in await driver.alive():
             await driver.destroy(sid)
         await driver.close()
+
+
+async def test_a_plugin_that_reads_the_page_cache_is_taken_at_its_word(driver: NomadDriver,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dev agent's plugin may predate cgroupUsage's memory now and page cache (the
+    contract test then sees neither): its answer is faked here, Nomad's stats left unasked."""
+    import json
+
+    from hutch.drivers.nomad import driver as nomad_driver
+
+    sid = await provision(driver)
+    said = {"cpuSeconds": 1.5, "memoryPeakBytes": 9000, "memoryBytes": 8192, "memoryCacheBytes": 2048}
+
+    async def verb(*_args: object) -> tuple[int, bytes]:
+        return 0, json.dumps(said).encode()
+
+    async def not_asked(*_args: object) -> int:
+        raise AssertionError("Nomad's allocation stats were asked although the plugin said the memory held")
+
+    monkeypatch.setattr(nomad_driver, "plugin_verb", verb)
+    monkeypatch.setattr(driver._readings, "memory_now", not_asked)
+    used = await driver.usage(sid, disk=True)
+    assert (used.cpu_seconds, used.memory_peak_bytes, used.memory_bytes, used.memory_cache_bytes) == (1.5, 9000, 8192,
+                                                                                                     2048)
+    assert used.disk_used_bytes is not None and used.memory_total_bytes == 512 * 2**20

@@ -46,7 +46,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,7 @@ EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\Z")
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
+NOMAD_READ_TIMEOUT = 5.0  # seconds for a read of Nomad's API (a job, an allocation's stats) under load
 DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
@@ -411,28 +412,42 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
             raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {out[:300]!r}")
 
     async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
-        """CPU and peak memory from the plugin's usage verb (the container's cgroup accounting,
-        read on the client); its memory and CPU totals from its job; with ``disk`` (E2B's
-        metrics) the memory it holds now and its disk too (usage.py says from where)."""
+        """CPU, peak memory and (a current plugin) memory now and its page cache from the
+        plugin's usage verb (the container's cgroup accounting, read on the client); its memory
+        and CPU totals from its job; with ``disk`` (E2B's metrics) its disk too, and the memory
+        it holds from Nomad where the plugin does not say it (usage.py says from where)."""
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             return Usage()
         used = await self._plugin_usage(sb)
         now: dict[str, Any] = {}
-        try:
-            # Bounded as the verb is: a client cut off answers nothing, and a status read must
-            # not wait for the heartbeat timeout that declares it lost.
-            async with asyncio.timeout(USAGE_TIMEOUT):
-                sizes = await self._readings.sizes(sb)
-            now.update(memory_total_bytes=sizes.memory_bytes, cpu_count=sizes.cpu_count)
-            if disk:
-                async with asyncio.timeout(USAGE_TIMEOUT):
-                    now["memory_bytes"] = await self._readings.memory_now(sb)
-                async with asyncio.timeout(DISK_TIMEOUT):  # a walk of what the sandbox wrote
-                    now["disk_used_bytes"], now["disk_total_bytes"] = await self._readings.disk(sb)
-        except (TimeoutError, HutchError) as err:
-            log.warning("sandbox %s: its usage now was not read whole: %s", sb.id,
-                        getattr(err, "message", None) or "timed out")
+        # Each bounded as the verb is (a client cut off answers nothing, and a status read must
+        # not wait for the heartbeat timeout that declares it lost), and each on its own: one
+        # source failing leaves only its fields unknown.
+        async def read(what: str, seconds: float, reading: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+            try:
+                async with asyncio.timeout(seconds):
+                    now.update(await reading())
+            except (TimeoutError, HutchError) as err:
+                log.warning("sandbox %s: its %s was not read: %s", sb.id, what,
+                            getattr(err, "message", None) or "timed out")
+
+        async def totals() -> dict[str, Any]:
+            sizes = await self._readings.sizes(sb)
+            return {"memory_total_bytes": sizes.memory_bytes, "cpu_count": sizes.cpu_count}
+
+        async def memory() -> dict[str, Any]:
+            return {"memory_bytes": await self._readings.memory_now(sb)}
+
+        async def disk_now() -> dict[str, Any]:
+            used_bytes, total = await self._readings.disk(sb)
+            return {"disk_used_bytes": used_bytes, "disk_total_bytes": total}
+
+        await read("memory and CPU totals", NOMAD_READ_TIMEOUT, totals)
+        if disk and used.memory_bytes is None:  # an older plugin: Nomad's own reading
+            await read("memory", NOMAD_READ_TIMEOUT, memory)
+        if disk:
+            await read("disk", DISK_TIMEOUT, disk_now)  # without a disk limit, a walk of what it wrote
         return attrs.evolve(used, **now)
 
     async def _plugin_usage(self, sb: NomadSandbox) -> Usage:
@@ -449,8 +464,12 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         else:
             return Usage()
         data = json.loads(out or b"{}")
-        peak = data.get("memoryPeakBytes")
-        return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None)
+        peak, held, cache = (data.get(k) for k in ("memoryPeakBytes", "memoryBytes", "memoryCacheBytes"))
+        # Memory now and its page cache: from a plugin that reads them (containerd-driver's
+        # cgroupUsage); an older one on a client says neither.
+        return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None,
+                     memory_bytes=int(held) if held is not None else None,
+                     memory_cache_bytes=int(cache) if cache is not None else None)
 
     async def pause(self, sandbox_id: str) -> None:
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).

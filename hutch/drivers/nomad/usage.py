@@ -3,17 +3,20 @@ forged by the sandbox where that is possible, and from where it is on a cluster 
 
 - its totals (memory, CPUs, disk limit): the job the driver registered (what the plugin
   enforces), read once per sandbox;
-- memory held now: Nomad's allocation stats (the task driver's TaskStats: the container's
-  cgroup ``memory.current``, read on its client; the servers forward the call to that node,
-  so the API server needs no way onto it);
+- memory held now and its page cache: the plugin's usage verb (containerd-driver's
+  cgroupUsage: the container's cgroup, read on its client through an alloc exec, as its CPU
+  seconds are); from a plugin built before it said them, the memory held comes from Nomad's
+  allocation stats (the plugin's TaskStats: ``memory.current``; the servers forward the call
+  to that node, so the API server needs no way onto it) and the page cache is not known;
 - its disk: the exec agent's ``disk`` helper inside the sandbox (helpers.py), as the
   sandbox's own counts: the task's disk-limit file system, or its workspace and the files its
   writable layer holds. Nothing outside the sandbox sees its overlay's upper directory
   through Nomad's API, and the plugin answers nothing about it.
 
-Page cache is not among them: the plugin's TaskStats measures "Usage" only and the
-container has no cgroup file system to read it from; the plugin's answer changing means a
-restart of every Nomad client (docs/e2b.md names the gap)."""
+The page cache has no other source: the container has no cgroup file system to read it from,
+and Nomad's stats carry what TaskStats measures ("Usage" only). A client runs the new plugin
+once ``./scripts/services start nomad`` has rebuilt it (its sources' hash) and restarted
+Nomad."""
 
 from __future__ import annotations
 
