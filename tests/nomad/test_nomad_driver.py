@@ -353,3 +353,13 @@ async def test_a_plugin_that_reads_the_page_cache_is_taken_at_its_word(driver: N
     assert (used.cpu_seconds, used.memory_peak_bytes, used.memory_bytes, used.memory_cache_bytes) == (1.5, 9000, 8192,
                                                                                                      2048)
     assert used.disk_used_bytes is not None and used.memory_total_bytes == 512 * 2**20
+
+
+async def test_a_command_cannot_name_itself_one_of_the_agents_helpers(driver: NomadDriver) -> None:
+    """Only the API's start request makes a helper (exec-agent/helper.go): a command that
+    names the helper's argv[0] is a program looked up on PATH, and not found."""
+    sid = await provision(driver)
+    assert await driver._agents.ready(driver.running(sid)) is not None  # the command goes through it
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["hutch-exec-agent-helper", "watch", ".", "0"]), sink)
+    assert (result.exit_code, sink.stdout) == (127, "")

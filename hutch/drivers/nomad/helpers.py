@@ -38,7 +38,6 @@ from hutch.drivers.nomad.state import NomadSandbox
 
 log = logging.getLogger(__name__)
 
-HELPER = "hutch-exec-agent-helper"  # argv[0] that has the agent run itself (exec-agent/helper.go)
 _FAILURE = re.compile(rb"hutch-fs: errno (\d+) ")
 MAX_LISTED = 32 * 2**20  # what an xattrs listing may print (files.MAX_OUTPUT)
 _QUEUE = 16  # output pieces a watch holds for a slow reader before the helper is slowed down
@@ -63,8 +62,8 @@ class _Run:
                 await self.out.put(data)
 
         self.task = asyncio.ensure_future(agent.run(
-            [HELPER, *args], access.command_env(sb, {}), HOME, tag, stdin=stdin, on_output=on_output,
-            stop=self.stop, kill=lambda: access.kill_tagged(sb, tag)))
+            args, access.command_env(sb, {}), HOME, tag, stdin=stdin, on_output=on_output,
+            stop=self.stop, kill=lambda: access.kill_tagged(sb, tag), helper=True))
 
     async def read(self) -> bytes:
         """The next piece of stdout; b"" once the helper ended and all it said was read."""

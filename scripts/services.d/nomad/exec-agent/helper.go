@@ -2,9 +2,9 @@ package main
 
 // The agent's own file helpers, for what no runtime ships a tool for (the E2B wire's file
 // metadata and directory watches; drivers/nomad/helpers.py is the other end). A start request
-// whose argv[0] is helperName runs this binary again (/proc/self/exe: the agent's file is
-// unlinked, its inode is not) as an ordinary command of the agent: the sandbox's uid and
-// confinement, its tag, its windows. The helper never runs as the agent itself.
+// marked "helper" runs this binary again (/proc/self/exe: the agent's file is unlinked, its
+// inode is not) with argv[0] helperName, as an ordinary command of the agent: the sandbox's
+// uid and confinement, its tag, its windows. The helper never runs as the agent itself.
 //
 //	meta PATH KEY VALUE...   the file's user.e2b.* xattrs become exactly these pairs
 //	xattrs PATH              the user.e2b.* pairs of PATH (a directory: of each entry), as

@@ -58,6 +58,9 @@ type startRequest struct {
 	Cwd   string   `json:"cwd"`
 	Tag   string   `json:"tag"`
 	Stdin bool     `json:"stdin"`
+	// Helper: argv is one of this binary's own helpers (helper.go), run as a command. Only
+	// the API's start request says so: no command a sandbox's user runs can become one.
+	Helper bool `json:"helper"`
 }
 
 type exitReport struct {
