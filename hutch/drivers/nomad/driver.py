@@ -595,10 +595,16 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         return written
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        entries = await self._files.list_files(sandbox_id, path)
-        if not self.capabilities.metadata or not entries:
-            return entries
-        found = await self._helpers.metadata_of(self.running(sandbox_id), path)
+        if not self.capabilities.metadata:
+            return await self._files.list_files(sandbox_id, path)
+        # Side by side: the xattrs helper (a fork in the agent) hides behind the listing's alloc exec.
+        entries, found = await asyncio.gather(self._files.list_files(sandbox_id, path),
+                                              self._helpers.metadata_of(self.running(sandbox_id), path),
+                                              return_exceptions=True)
+        if isinstance(entries, BaseException):  # the listing's failure names the path's trouble
+            raise entries
+        if isinstance(found, BaseException):
+            raise found
         return [attrs.evolve(e, metadata=found[e.name]) if e.name in found and not e.is_symlink else e
                 for e in entries]
 
