@@ -363,3 +363,26 @@ async def test_a_command_cannot_name_itself_one_of_the_agents_helpers(driver: No
     sink = Recorder()
     result = await driver.exec(ExecRequest(new_id("ex"), sid, ["hutch-exec-agent-helper", "watch", ".", "0"]), sink)
     assert (result.exit_code, sink.stdout) == (127, "")
+
+
+async def test_without_an_agent_binary_the_capabilities_say_no_helpers(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agent mode, but the binary cannot be built (no Go on the server): commands run as alloc
+    execs, and watches and metadata are not claimed (the E2B wire then answers 501 itself)."""
+    from hutch.core.errors import DriverFailure
+    from hutch.drivers.nomad import agents
+
+    def no_go(*_args: object) -> Path:
+        raise DriverFailure("Go is not installed: cannot build the nomad exec agent")
+
+    monkeypatch.setattr(agents, "build", no_go)
+    driver = await start_nomad(tmp_path / "data")
+    assert isinstance(driver, NomadDriver)
+    try:
+        assert not driver.capabilities.watches and not driver.capabilities.metadata
+        sid = await provision(driver)
+        assert await echo(driver, sid, "still runs") == "still runs\n"
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()

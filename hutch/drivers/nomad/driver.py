@@ -211,6 +211,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         await asyncio.to_thread(clear_spool, self._files.spool_dir)  # checkpoints a kill cut short
         await self._recover()
         await self._agents.load()
+        if not self._agents.available:  # no agent binary (no Go to build it): no helpers either
+            self.capabilities = attrs.evolve(self.capabilities, watches=False, metadata=False)
         self._spawn(self._watch(), "nomad-watch")
         self._start_pools()
 
