@@ -382,6 +382,10 @@ async def test_without_an_agent_binary_the_capabilities_say_no_helpers(tmp_path:
         assert not driver.capabilities.watches and not driver.capabilities.metadata
         sid = await provision(driver)
         assert await echo(driver, sid, "still runs") == "still runs\n"
+        from hutch.core.errors import NotSupported
+
+        with pytest.raises(NotSupported, match="exec agent, which this server could not build"):
+            await driver.watch_dir(sid, ".", recursive=False)  # the E2B wire asks the driver itself
     finally:
         for sid in await driver.alive():
             await driver.destroy(sid)

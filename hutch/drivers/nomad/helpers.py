@@ -141,6 +141,9 @@ class AgentHelpers:
         if self._agents.mode != "agent":
             raise NotSupported(f"{what}: the nomad driver does it with its exec agent, which "
                                "HUTCH_NOMAD_EXEC=alloc turns off", field="HUTCH_NOMAD_EXEC")
+        if not self._agents.available:
+            raise NotSupported(f"{what}: the nomad driver does it with its exec agent, which this server "
+                               "could not build (its log says why)", field="HUTCH_NOMAD_EXEC")
         agent = await self._agents.ready(sb)
         if agent is None:
             if self._access.gone(sb.id):
