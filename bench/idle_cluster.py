@@ -52,7 +52,7 @@ from bench.idle_memory import (  # noqa: E402
     rollup,
     slabs,
 )
-from bench.nodepath import NODES, Side, missing_namespaces, parse_side, running  # noqa: E402
+from bench.nodepath import NODES, Side, cpu_seconds, missing_namespaces, parse_side, running  # noqa: E402
 from bench.run import RUNTIME, H  # noqa: E402
 from tests.system import host_traces  # noqa: E402
 
@@ -63,6 +63,8 @@ class Reading:
     slabs: dict[str, tuple[int, int]]
     groups: dict[str, dict[str, int]]  # process group -> summed smaps_rollup
     memory_cgroups: int
+    cpu: dict[str, float]  # process group -> CPU seconds so far
+    at: float
 
 
 def groups(side: Side) -> dict[str, list[int]]:
@@ -78,7 +80,14 @@ def snapshot(side: Side) -> Reading:
             for k, v in rollup(pid).items():
                 acc[k] = acc.get(k, 0) + v
         summed[group] = acc
-    return Reading(meminfo(), slabs(), summed, memory_cgroups())
+    cpu = {group: sum(cpu_seconds(p) for p in pids) for group, pids in groups(side).items()}
+    return Reading(meminfo(), slabs(), summed, memory_cgroups(), cpu, time.monotonic())
+
+
+def idle_cpu(a: Reading, b: Reading) -> dict[str, float]:
+    """Each process group's CPU between two readings, ms per second: what idle sandboxes cost
+    while nothing is asked of them (polls, timers)."""
+    return {g: (b.cpu[g] - a.cpu[g]) * 1000 / (b.at - a.at) for g in a.cpu}
 
 
 async def create_idle(url: str, n: int, concurrency: int, limits: dict[str, str], done_at: list[float]) -> list[str]:
@@ -192,7 +201,7 @@ def leftovers(data: Path, seen: dict[str, host_traces.Look]) -> dict[str, list[s
 
 def pid1s(data: Path) -> list[int]:
     """Each sandbox's processes on every client (its memory cgroups under its agent's instance)."""
-    pids = []
+    pids: list[int] = []
     for name in NODES:
         base = MEMCG / host_traces.instance(data / name)
         for procs in base.glob("*/**/cgroup.procs"):
@@ -236,6 +245,7 @@ async def main() -> None:
             started = time.perf_counter()
             ids = await create_idle(url, n, args.concurrency, limits, done_at)
             took = time.perf_counter() - started
+            settled = snapshot(side)
             await asyncio.sleep(args.settle)
             after = snapshot(side)
             placed = await spread(url)
@@ -278,6 +288,9 @@ async def main() -> None:
         print(f"| {group} | {gb.get('Rss', 0) / 2**20:.1f} -> {ga.get('Rss', 0) / 2**20:.1f} | "
               f"{kib((ga.get('Rss', 0) - gb.get('Rss', 0)) / n)} | {kib((ga.get('Pss', 0) - gb.get('Pss', 0)) / n)} | "
               f"{ge.get('Rss', 0) / 2**20:.1f} |")
+    cpu0, cpun = idle_cpu(before, drift), idle_cpu(settled, after)
+    print(f"\nCPU while idle, ms a second, with none / with {n} idle sandboxes (over {args.settle:g} s each): "
+          + ", ".join(f"{g} {cpu0[g]:.1f} / {cpun[g]:.1f}" for g in cpu0))
     print(f"\nthe sandboxes' processes: {len(pids) / n:.2f} per sandbox; Rss "
           f"{kib(sum(r.get('Rss', 0) for r in roll) / n)}, Pss {kib(sum(r.get('Pss', 0) for r in roll) / n)}, private "
           f"{kib(sum(r.get('Private_Clean', 0) + r.get('Private_Dirty', 0) for r in roll) / n)} KiB per sandbox")
