@@ -235,6 +235,7 @@ async def main() -> None:
             url = side.url
             # Every agent's first sandbox paid (its instance cgroups, the runtime's pages).
             warm = await create_idle(url, 2 * len(NODES), len(NODES), limits, [])
+            alone = await responsiveness(url, warm)  # the same reads with (almost) nothing idle
             await destroy_all(url, warm, len(NODES))
             await asyncio.sleep(args.settle)
             before = snapshot(side)
@@ -297,6 +298,7 @@ async def main() -> None:
     print(f"memory cgroups on the host (dying included): {before.memory_cgroups} -> {after.memory_cgroups} -> "
           f"{end.memory_cgroups} after destroy-all; one new memory cgroup costs {map_cost:.0f} kmalloc-1k objects "
           f"here (its shrinker map: the host has held ~{map_cost * 64:.0f} memcg-aware shrinkers at once)")
+    print(f"with {len(warm)} idle: " + ", ".join(f"{k} {v:.0f} ms" for k, v in alone.items()))
     print(f"with {n} idle: " + ", ".join(f"{k} {v:.0f} ms" for k, v in responsive.items())
           + f"; destroy-all took {destroyed_in:.1f} s ({n / destroyed_in:.0f}/s)")
     for name, what in sorted(left.items()):
