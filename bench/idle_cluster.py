@@ -15,7 +15,8 @@ cores in CPU, so 1,000 a node need <= 16m each on 2 cores), reads it again and p
 sandbox: /proc/meminfo (MemAvailable, SUnreclaim, ...), slab caches, each process group's own
 memory (the API server, the three agents: Rss and Pss), the sandboxes' pid 1, the spread over
 the clients (``GET /nodes``), creates per second by fifths, a list's latency and an execute's
-(to its exit) in a sandbox on each client. Then destroys them all and looks on every client,
+(to its exit) in a probe sandbox on each client (1 CPU: an idle one's 10m would time its CPU
+limit's throttling), with none idle and at N. Then destroys them all and looks on every client,
 inside its network namespace, for what is left of them (tests/system/host_traces.py: processes,
 cgroups, mounts, loop devices, network namespaces, veths, iptables chains). All three agents
 share the one machine, so the host-wide rows are the cluster's. Not a test: docs/node.md records
@@ -28,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -98,7 +98,7 @@ async def create_idle(url: str, n: int, concurrency: int, limits: dict[str, str]
         nonlocal left
         while left > 0:
             left -= 1
-            async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME, "resources": limits}, headers=H) as r:
+            async with s.post(f"{url}/sandbox", json={"runtime": RUNTIME, **({"resources": limits} if limits else {})}, headers=H) as r:
                 answer = await r.json()
             if r.status >= 300 or answer["data"]["status"] != "idle":
                 raise SystemExit(f"create {len(made) + 1} of {n} answered {r.status}: {answer}")
@@ -132,9 +132,11 @@ async def spread(url: str) -> dict[str, int]:
     return {n["name"]: n["sandboxes"] for n in body["data"]["nodes"]}
 
 
-async def responsiveness(url: str, ids: list[str]) -> dict[str, float]:
-    """A list's first and last page, then an execute of `true` to its exit in a sandbox on each
-    client (the node of random sandboxes, read with the administrator's key), in ms."""
+async def responsiveness(url: str, ids: list[str], probes: list[str]) -> dict[str, float]:
+    """A list's first and last page, then an execute of `true` to its exit in a probe sandbox on
+    each client (their nodes read with the administrator's key), in ms. Not in an idle one: its
+    CPU limit of 10m is 1 ms of CPU per 100 ms period, and an execute that uses it up waits for
+    the next period (94-206 ms for `true` at 10m against 8-27 at 1 CPU, local driver)."""
     took: dict[str, float] = {}
     async with aiohttp.ClientSession() as s:
         for name, query in (("list, first page", "limit=100"),
@@ -146,14 +148,14 @@ async def responsiveness(url: str, ids: list[str]) -> dict[str, float]:
                 await r.read()
             took[name] = (time.perf_counter() - t0) * 1000
         on: dict[str, str] = {}
-        for sid in random.sample(ids, len(ids)):
+        for sid in probes:
             async with s.get(f"{url}/sandbox/{sid}", headers=H) as r:
                 node = (await r.json())["data"].get("node")
             if node is None:
                 raise SystemExit(f"GET /sandbox/{sid} shows no node: is the bench's key the administrator's?")
             on.setdefault(node, sid)
-            if len(on) == len(NODES):
-                break
+        if len(on) != len(NODES):
+            raise SystemExit(f"the probes landed on {sorted(on)}, not one on each of {sorted(NODES)}")
         # Twice each: a sandbox's first execute also makes its first execution cgroups.
         for node, turn in ((node, turn) for node in sorted(on) for turn in ("", " again")):
             t0 = time.perf_counter()
@@ -235,8 +237,11 @@ async def main() -> None:
             url = side.url
             # Every agent's first sandbox paid (its instance cgroups, the runtime's pages).
             warm = await create_idle(url, 2 * len(NODES), len(NODES), limits, [])
-            alone = await responsiveness(url, warm)  # the same reads with (almost) nothing idle
             await destroy_all(url, warm, len(NODES))
+            # One at a time with the default limits (1 CPU): each lands on the least committed
+            # node, one on each; they stay through the run.
+            probes = await create_idle(url, len(NODES), 1, {}, [])
+            alone = await responsiveness(url, probes, probes)  # the same reads with none idle
             await asyncio.sleep(args.settle)
             before = snapshot(side)
             await asyncio.sleep(args.settle)
@@ -254,9 +259,9 @@ async def main() -> None:
             roll = [rollup(p) for p in pids]
             seen = traces(side.data)
             load_at_n = os.getloadavg()
-            responsive = await responsiveness(url, ids)
+            responsive = await responsiveness(url, ids, probes)
             t0 = time.perf_counter()
-            await destroy_all(url, ids, args.concurrency)
+            await destroy_all(url, ids + probes, args.concurrency)
             destroyed_in = time.perf_counter() - t0
             await asyncio.sleep(args.settle)
             end = snapshot(side)
@@ -298,7 +303,8 @@ async def main() -> None:
     print(f"memory cgroups on the host (dying included): {before.memory_cgroups} -> {after.memory_cgroups} -> "
           f"{end.memory_cgroups} after destroy-all; one new memory cgroup costs {map_cost:.0f} kmalloc-1k objects "
           f"here (its shrinker map: the host has held ~{map_cost * 64:.0f} memcg-aware shrinkers at once)")
-    print(f"with {len(warm)} idle: " + ", ".join(f"{k} {v:.0f} ms" for k, v in alone.items()))
+    print(f"with none idle (the {len(probes)} probes, 1 CPU each, alone): "
+          + ", ".join(f"{k} {v:.0f} ms" for k, v in alone.items()))
     print(f"with {n} idle: " + ", ".join(f"{k} {v:.0f} ms" for k, v in responsive.items())
           + f"; destroy-all took {destroyed_in:.1f} s ({n / destroyed_in:.0f}/s)")
     for name, what in sorted(left.items()):
