@@ -5,8 +5,11 @@ Kept as sandboxes are made, destroyed and seen to end, instead of asking the dri
 live sandbox each time: that reads each sandbox's init in /proc (about 35 µs a sandbox here),
 tens of milliseconds on the agent's event loop at a node of a thousand, once per create and
 once a second per replica. The driver's own list is read whole at the first use and again
-every ``RECOUNT`` seconds, so a sandbox counted wrongly (an end the agent was not told of) is
-counted right within that time; until then it errs towards a fuller node."""
+every ``RECOUNT`` seconds, so a sandbox counted wrongly (an end the agent was not told of:
+every init's end is watched, so a rare miss) is counted right within that time; until then
+it errs towards a fuller node. Once a minute, not more often: at every 10 s the whole reads
+were most of an idle node's CPU (1,000 idle sandboxes: 2.0 -> 7.0 ms a second of the agent's
+CPU, bench/idle_cluster.py), each one stall of the loop."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from hutch.drivers.local.driver import LocalDriver
 
 
 class Census:
-    RECOUNT = 10.0  # seconds between whole reads of the driver's sandboxes
+    RECOUNT = 60.0  # seconds between whole reads of the driver's sandboxes
 
     def __init__(self) -> None:
         self._live: dict[str, tuple[int, int]] = {}  # sandbox -> (memory bytes, cpu millis) committed
