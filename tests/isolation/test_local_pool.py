@@ -96,6 +96,24 @@ async def test_a_refill_starts_at_once_while_the_claiming_request_launches(
     await driver.destroy(sid)
 
 
+async def test_in_the_idle_mark_a_refill_waits_while_several_requests_launch(driver: LocalDriver) -> None:
+    """Beside one launch a marked refill costs it nothing; beside several (a stream that
+    saturates the cores) it took ~10 % of the one-shots a second, so it waits as unmarked."""
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    starts = spy_pool_starts(driver)
+    driver._quiet._hold_max = 30
+    driver._quiet.hold("another request, launching")
+    sid = await provision(driver, RT)  # claims: two holds now
+    await asyncio.sleep(quiet.HOLD_MAX)
+    assert starts == [], "the refill started beside two launching requests"
+    released = time.monotonic()
+    driver._quiet.release("another request, launching")  # one hold left: the refill goes
+    await full_pool(driver, timeout=15)
+    assert len(starts) == 1 and starts[0] >= released, (starts, released)
+    await driver.destroy(sid)
+
+
 async def test_without_the_idle_mark_a_refill_waits_for_the_claiming_request_to_launch_its_command(
         driver: LocalDriver) -> None:
     without_idle_mark(driver)

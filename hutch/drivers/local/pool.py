@@ -171,8 +171,12 @@ class WarmPool:
                 await self._teardown.teardown(stale.id)
             while not self.closed and len(pool) < self.size:
                 name = f"{self._tag}-{next(self._seq)}"
-                if not (self._cgroups is not None and self._cgroups.set_idle(name, True)):
-                    await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX)
+                idle = self._cgroups is not None and self._cgroups.set_idle(name, True)
+                # In the idle cgroup a refill beside one launch costs it nothing (sequential
+                # creates then claim 72 % instead of 6 %); beside several, under a steady
+                # stream that saturates the cores, it still took ~10 % of the one-shots/s
+                # (bench/compare.py, c=8): then it waits as without the mark.
+                await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX, below=2 if idle else 1)
                 if self.closed:  # closed while it waited: nothing to start
                     await self._teardown.teardown(name)  # its marked cpu cgroup, if any
                     return
