@@ -50,6 +50,12 @@ log = logging.getLogger(__name__)
 # before it starts a sandbox anyway: a steady load defers the pool's refill, never stops it.
 # An empty pool waits less: every create meanwhile starts its own sandbox (17 ms instead of 2).
 REFILL_DEFER_MAX = 1.0
+
+
+def cores_to_spare() -> bool:
+    """Whether the last minute left a core unused (its load average below the CPUs)."""
+    return os.getloadavg()[0] < (os.cpu_count() or 1)
+
 EMPTY_DEFER_MAX = 0.25
 
 
@@ -172,11 +178,12 @@ class WarmPool:
             while not self.closed and len(pool) < self.size:
                 name = f"{self._tag}-{next(self._seq)}"
                 idle = self._cgroups is not None and self._cgroups.set_idle(name, True)
-                # In the idle cgroup a refill beside one launch costs it nothing (sequential
-                # creates then claim 72 % instead of 6 %); beside several, under a steady
-                # stream that saturates the cores, it still took ~10 % of the one-shots/s
-                # (bench/compare.py, c=8): then it waits as without the mark.
-                await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX, below=2 if idle else 1)
+                # In the idle cgroup a refill costs a launch beside it nothing while the machine
+                # has a core to spare (sequential creates then claim 72 % instead of 6 %); on
+                # saturated cores it still took ~10 % of the one-shots a second (bench/compare.py,
+                # c=8): then it waits for quiet as without the mark.
+                if not (idle and cores_to_spare()):
+                    await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX)
                 if self.closed:  # closed while it waited: nothing to start
                     await self._teardown.teardown(name)  # its marked cpu cgroup, if any
                     return

@@ -24,7 +24,8 @@ class Quiet:
     def __init__(self, hold_max: float = HOLD_MAX) -> None:
         self._hold_max = hold_max
         self._holds: dict[str, asyncio.TimerHandle] = {}
-        self._fewer = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def busy(self) -> bool:
@@ -36,22 +37,18 @@ class Quiet:
         if old is not None:
             old.cancel()
         self._holds[key] = asyncio.get_running_loop().call_later(self._hold_max, self.release, key)
+        self._idle.clear()
 
     def release(self, *keys: str) -> None:
         for key in keys:
             handle = self._holds.pop(key, None)
             if handle is not None:
                 handle.cancel()
-        self._fewer.set()  # a waiter for fewer holds looks again
+        if not self._holds:
+            self._idle.set()
 
-    async def wait(self, most: float, *, below: int = 1) -> None:
-        """Until fewer than ``below`` requests hold the driver, or ``most`` seconds, whichever
-        is first."""
-        deadline = asyncio.get_running_loop().time() + most
-        while len(self._holds) >= below:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return
-            self._fewer.clear()
+    async def wait(self, most: float) -> None:
+        """Until no request holds the driver, or ``most`` seconds, whichever is first."""
+        if self._holds:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._fewer.wait(), left)
+                await asyncio.wait_for(self._idle.wait(), most)
