@@ -543,12 +543,18 @@ class CgroupV1(Cgroups):
 
     def _freeze(self, path: Path, frozen: bool) -> None:
         state = path / "freezer.state"
-        with contextlib.suppress(FileNotFoundError):
+        try:
             _write(state, "FROZEN" if frozen else "THAWED")
             if frozen:
                 end = time.monotonic() + 1.0
                 while state.read_text().strip() != "FROZEN" and time.monotonic() < end:
                     time.sleep(0.001)
+        except OSError as err:
+            # Gone, or removed while we held it (ENODEV: its last process ended and its leaf
+            # was removed meanwhile): nothing left to freeze, and the kill loop's next listing
+            # finds no process. An E2B SendSignal answered "internal error" on this.
+            if err.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
 
     def is_frozen(self, sandbox: str) -> bool:
         try:
@@ -660,8 +666,11 @@ class CgroupV2(Cgroups):
                 _write(path / "memory.reclaim", str(int(held)))
 
     def _freeze(self, path: Path, frozen: bool) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             _write(path / "cgroup.freeze", "1" if frozen else "0")
+        except OSError as err:  # gone, or removed while we held it (as v1's)
+            if err.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
 
     def is_frozen(self, sandbox: str) -> bool:
         try:
