@@ -33,3 +33,12 @@ def test_other_errors_still_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr("hutch.drivers.local.cgroups._write", denied)
     with pytest.raises(PermissionError):
         CgroupV1({})._freeze(tmp_path, True)
+
+
+def test_a_leaf_removed_while_its_processes_are_listed_has_none(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from hutch.drivers.local import cgroups
+
+    (tmp_path / "cgroup.procs").write_text("1\n")
+    monkeypatch.setattr(Path, "read_text", _gone)
+    assert cgroups._pids(tmp_path) == []

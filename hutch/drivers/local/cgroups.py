@@ -57,8 +57,11 @@ def _pids(path: Path) -> list[int]:
     """Processes in ``path`` and every cgroup below it."""
     found: list[int] = []
     for dirpath, _dirs, _files in os.walk(path):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             found += [int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()]
+        except OSError as err:  # gone, or removed between its open and its read (ENODEV)
+            if err.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
     return found
 
 
