@@ -71,6 +71,11 @@ def look(data_dir: Path) -> Look:
                         seen.processes.add((pid, st))
                         with contextlib.suppress(OSError):
                             seen.netns.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+    # A sandbox's launcher joins its cgroups before it unshares: seen then, it is in the host's
+    # network namespace, which is no sandbox's (every process of the host would "hold" it after).
+    for shared in ("/proc/1/ns/net", "/proc/self/ns/net"):
+        with contextlib.suppress(OSError):
+            seen.netns.discard(os.stat(shared).st_ino)
     owner = str(data_dir)
     with contextlib.suppress(OSError):
         for held in uids.UID_REGISTRY.iterdir():
