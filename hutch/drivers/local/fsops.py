@@ -105,9 +105,6 @@ class _Proc:
             view = view[sent:]
         return True
 
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
     def close_stdin(self) -> None:
         if self.popen.stdin is not None and not self.popen.stdin.closed:
             self.popen.stdin.close()
