@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api import body_fields, memory, openapi, phases_file
+from hutch.api import body_fields, memory, openapi
 from hutch.api.access import PUBLIC, access_of, needs
 from hutch.api.http import check_query, parse_json
 from hutch.api.keys import (
@@ -66,6 +66,7 @@ from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
 from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.tenancy import SCOPE, Access, Scope
+from hutch.edge import phases as edge_phases
 from hutch.service import archives
 from hutch.service.background import Background
 from hutch.service.checkpoints import CheckpointLimits
@@ -184,7 +185,7 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 
 def create_app(config: Config) -> web.Application:
-    timed = [phases_file.request_middleware] if phases.ON else []  # a bench's (core/phases.py)
+    timed = [edge_phases.request_middleware()] if phases.ON else []  # a bench's (core/phases.py)
     app = web.Application(middlewares=[*timed, envelope_middleware, proxy.host_middleware, auth_middleware,
                                        replica_middleware],
                           client_max_size=config.max_body_bytes)
@@ -211,7 +212,7 @@ def create_app(config: Config) -> web.Application:
     app.add_routes(proxy.routes)
     app.add_routes(openapi.routes)  # GET /openapi.json: every route above, described
     if phases.ON:  # first, so it writes last: after the engine's own spans at shutdown
-        app.cleanup_ctx.append(phases_file.file_ctx)
+        app.cleanup_ctx.append(edge_phases.file_ctx(lambda app: app[CONFIG].data_dir))
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(proxy.session_ctx)
     app.on_response_prepare.append(name_the_replica)

@@ -6,7 +6,7 @@ append's fsync, a projection, a child process) shows in no CPU profile; these sp
 them where they happen. Off, which is always outside a bench, a span is one flag test on
 entry and one on exit: no clock read, nothing kept. On, each span's duration is kept in
 memory under its name (at most ``KEEP`` a name) and written out when the server stops
-(api/phases_file.py).
+(edge/phases.py).
 """
 
 from __future__ import annotations

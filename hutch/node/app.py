@@ -5,7 +5,6 @@ terminals.py, ports.py)."""
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +15,7 @@ from hutch.core import phases
 from hutch.core.errors import DriverFailure, HutchError, InvalidInput, Unauthorized
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.node import wire
+from hutch.edge import phases as edge_phases
 from hutch.node import commands, drain, files, ports, sandboxes, terminals, watches
 from hutch.node.config import NodeSettings
 from hutch.node.keys import (
@@ -80,30 +80,11 @@ async def hello(request: web.Request) -> web.Response:
                               "proof": wire.hello_proof(secret, nonce, name, instance, fingerprint)})
 
 
-@web.middleware
-async def timed(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """``HUTCH_PHASES=1`` (core/phases.py, a bench's): each request whole, by route, as the
-    API's edge times its own (api/phases_file.py; the agent may not import the API)."""
-    t0 = phases.start()
-    try:
-        return await handler(request)
-    finally:
-        resource = request.match_info.route.resource
-        phases.end(f"agent: request {request.method} {resource.canonical if resource else request.path}", t0)
-
-
-async def phases_file(app: web.Application) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        (app[SETTINGS].data_dir / "phases.json").write_text(json.dumps(phases.taken()))
-
-
 def make_app(settings: NodeSettings, driver: LocalDriver, fingerprint: str, *, own_driver: bool = True) -> web.Application:
     """``fingerprint``: of the certificate the agent serves with (certificate.py)."""
     # JSON bodies: a batch of files arrives base64'd, as the API took it (its own cap is 64 MiB
     # of JSON), plus the agent's envelope; streamed bodies (files, tar, stdin) have no cap here.
-    app = web.Application(middlewares=[timed, guard] if phases.ON else [guard], client_max_size=128 << 20)
+    app = web.Application(middlewares=[edge_phases.request_middleware("agent: "), guard] if phases.ON else [guard], client_max_size=128 << 20)
     app[SETTINGS] = settings
     app[DRIVER] = driver
     app[VERIFIER] = wire.Verifier(settings.secret)
@@ -116,7 +97,7 @@ def make_app(settings: NodeSettings, driver: LocalDriver, fingerprint: str, *, o
         module.add_routes(app)
 
     if phases.ON:  # first, so it writes last: after the driver's own spans at shutdown
-        app.cleanup_ctx.append(phases_file)
+        app.cleanup_ctx.append(edge_phases.file_ctx(lambda app: app[SETTINGS].data_dir))
     if own_driver:
         async def driver_ctx(app: web.Application) -> AsyncIterator[None]:
             await driver.start()
