@@ -138,8 +138,9 @@ def install_firewall() -> None:
     """Replace the chains whole, each table in one iptables-restore commit. Other processes'
     sandboxes run while a server starts: flushing a chain and appending its rules one by one
     left them, between the flush and the last drop, with no wall at all (the chains are
-    empty, the built-in chains' policy is ACCEPT): the host and the private ranges open for
-    a tenth of a second at every start (tests/adversarial/test_local_network.py). Declaring a
+    empty, the built-in chains' policy is ACCEPT): the host and the private ranges open while
+    a start rewrote them (2,327 of 2,424 knocks got through during 79 installs;
+    tests/adversarial/test_local_network.py). Declaring a
     chain in a ``--noflush`` restore empties and refills it in the same transaction."""
     est = "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"
     fwd = [f"-A HUTCH-FWD -o {PREFIX}+ {est}", f"-A HUTCH-FWD -o {PREFIX}+ -j DROP",
