@@ -31,8 +31,9 @@ the I/O.
 from __future__ import annotations
 
 import abc
+import asyncio
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import attrs
 
@@ -130,6 +131,15 @@ class OutputStreams(abc.ABC):
     @abc.abstractmethod
     async def close(self, stream_id: str) -> None:
         """Save what is pending and close the stream; nothing when it is not open here."""
+
+    async def open_all(self, stream_ids: Sequence[str], owner: StreamOwner | None = None) -> list[OutputWriter]:
+        """``open`` each of them (an execution's stdout and stderr), in one go where the store
+        can: concurrently here, for a store whose open is a round trip."""
+        return list(await asyncio.gather(*(self.open(stream_id, owner) for stream_id in stream_ids)))
+
+    async def close_all(self, stream_ids: Sequence[str]) -> None:
+        """``close`` each of them, as ``open_all`` opens them."""
+        await asyncio.gather(*(self.close(stream_id) for stream_id in stream_ids))
 
     @abc.abstractmethod
     async def is_open(self, stream_id: str) -> bool:

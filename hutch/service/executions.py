@@ -165,8 +165,7 @@ class Executions:
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
         owner = StreamOwner(org_id, sandbox_id)
         with phases.span("streams: open both"):
-            stdout, stderr = await asyncio.gather(*(self._outputs.open(self._streams.derive(execution_id, name), owner)
-                                                    for name in ("stdout", "stderr")))
+            stdout, stderr = await self._outputs.open_all(self._stream_ids(execution_id), owner)
         launched: list[asyncio.Task[None]] = []
 
         def launch(position: int) -> None:
@@ -197,8 +196,10 @@ class Executions:
         """Every byte saved and both streams closed: before the execution is recorded finished,
         so a reader that sees it finished reads its whole output."""
         with phases.span("streams: close both"):
-            await asyncio.gather(*(self._outputs.close(self._streams.derive(execution_id, name))
-                                   for name in ("stdout", "stderr")))
+            await self._outputs.close_all(self._stream_ids(execution_id))
+
+    def _stream_ids(self, execution_id: str) -> tuple[str, str]:
+        return self._streams.derive(execution_id, "stdout"), self._streams.derive(execution_id, "stderr")
 
     async def _run(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                    sink: ExecutionSink, started_at: int, spec: SandboxSpec | None = None) -> None:

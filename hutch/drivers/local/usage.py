@@ -48,7 +48,7 @@ def layer_disk(d: Path) -> tuple[int, int] | None:
 
 
 def measure(d: Path, sb: LocalSandbox, cgroups: Cgroups | None, *, disk: bool) -> Usage:
-    """Blocking (with ``disk``, a directory walk): call it off the loop."""
+    """Blocking with ``disk`` (a directory walk): then call it off the loop."""
     cpu = peak = held = cache = limit = None
     if cgroups is not None:
         cpu, peak = cgroups.usage(sb.id)
