@@ -49,7 +49,7 @@ def test_a_snapshot_of_its_home_seeds_the_home_of_a_sandbox_made_from_it(e2b_env
                                                                         sandbox: Sandbox) -> None:
     """A hutch snapshot is the home's files: E2B's user finds them in /home/user."""
     sandbox.files.write("kept/note.txt", "from the snapshot")
-    snap = e2b_env.server.data("POST", f"/sandbox/{sandbox.sandbox_id}/snapshot", {"name": "e2b-home"})
+    snap = e2b_env.server.data("POST", f"/sandbox/sbx_{sandbox.sandbox_id}/snapshot", {"name": "e2b-home"})
     sandbox.files.remove("kept")
     with Sandbox.create(snap["snapshotId"], timeout=60) as made:
         assert made.commands.run("id -un; cat /home/user/kept/note.txt").stdout == "user\nfrom the snapshot"

@@ -19,7 +19,7 @@ import attrs
 from aiohttp import web
 
 from hutch.api.e2b import ports
-from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token
+from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token, hutch_id, wire_id
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.network import hutch_network
 from hutch.api.http import parse_json
@@ -119,7 +119,7 @@ def render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool 
     """E2B's Sandbox (``detail``: SandboxDetail). The envd token is always issued (E2B's
     ``secure``, whatever was asked); a listing leaves it out, as E2B's does."""
     principal = request[PRINCIPAL_KEY]
-    out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": sb.sandbox_id, "clientID": "hutch",
+    out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": wire_id(sb.sandbox_id), "clientID": "hutch",
                            "envdVersion": ENVD_VERSION, "alias": _template_of(sb), "domain": None}
     if token:
         # One token for envd and for the sandbox's port (E2B's traffic token), checked by this server.
@@ -149,11 +149,11 @@ async def live_sandbox(request: web.Request, sandbox_id: str) -> SandboxState:
     """The sandbox, if the key's organization has it and it has not ended (an ended one is
     gone, as in E2B)."""
     try:
-        sb = await request.app[ENGINE].reads.require(sandbox_id, include_deleted=False)
+        sb = await request.app[ENGINE].reads.require(hutch_id(sandbox_id), include_deleted=False)
     except NotFound:
         sb = None
     if sb is None or sb.status not in _LIVE:
-        raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found")  # as the client named it
     return sb
 
 
