@@ -57,7 +57,8 @@ def _get(served: E2bServer, url: str, method: str = "GET", body: bytes | None = 
             raw = resp.read()
             return resp.status, raw
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+        with err:
+            return err.code, json.loads(err.read())
 
 
 @pytest.fixture(scope="module")
