@@ -185,3 +185,13 @@ def test_hosts_under_the_domain_serve_only_their_sandbox(served: E2bServer, sand
     assert _get(served, f"https://{port_host}/", E2B_Traffic_Access_Token="key_x.forged")[0] == 401
     status, answer = _get(served, f"https://{sandbox['host']}/health", E2b_Sandbox_Id="01m8m88jetv0pr7enjns71c27d")
     assert status == 400 and "is not the sandbox its host names" in answer["message"]
+
+
+def test_a_url_signed_with_another_keys_token_works(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """A key of the organization other than the creator's, which got its own token by a
+    connect, signs URLs too: the server tries the creator's key first, then the others."""
+    other = served.server.data("POST", "/keys", {"role": "admin"})["secret"]
+    code, got = served.call("POST", f"/sandboxes/{sandbox['id']}/connect", {"timeout": 300}, key=other)
+    assert code in (200, 201), got
+    assert got["envdAccessToken"] != sandbox["token"]
+    assert _get(served, _signed(served, sandbox, "note.txt", token=got["envdAccessToken"])) == (200, b"over https")
