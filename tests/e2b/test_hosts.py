@@ -195,3 +195,24 @@ def test_a_url_signed_with_another_keys_token_works(served: E2bServer, sandbox: 
     assert code in (200, 201), got
     assert got["envdAccessToken"] != sandbox["token"]
     assert _get(served, _signed(served, sandbox, "note.txt", token=got["envdAccessToken"])) == (200, b"over https")
+
+
+def test_auto_resume_wakes_a_paused_sandbox_on_a_request_to_its_host(served: E2bServer) -> None:
+    """lifecycle auto_resume: paused at its timeout, the sandbox wakes when a request reaches it
+    through its host (a command over envd), with no connect first."""
+    found = _sdk(served, """
+        import json, time
+        from e2b import Sandbox
+        sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
+        try:
+            sbx.set_timeout(1)
+            deadline = time.monotonic() + 30
+            while sbx.get_info().state.value != "paused" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            before = sbx.get_info().state.value
+            out = sbx.commands.run("echo awake").stdout
+            print(json.dumps({"before": before, "out": out, "after": sbx.get_info().state.value}))
+        finally:
+            sbx.kill()
+    """)
+    assert found == {"before": "paused", "out": "awake\n", "after": "running"}

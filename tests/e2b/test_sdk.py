@@ -210,8 +210,6 @@ def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E
 def test_a_pause_hutch_does_not_offer_is_refused_naming_it(e2b_env: E2bServer, sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="autoPauseMemory: hutch pauses with the memory kept"):
         Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
-    with pytest.raises(SandboxException, match="autoResume: hutch does not resume a paused sandbox on traffic"):
-        Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
     # Asked of a running sandbox, not quietly a pause with the memory kept: it keeps running.
     with pytest.raises(SandboxException, match="501: memory: hutch pauses with the memory kept"):
         sandbox.pause(mode="filesystem")

@@ -79,17 +79,15 @@ def timeout_of(body: dict[str, Any], *, lowest: int = 1) -> int:
 
 def _pauses_at_timeout(body: dict[str, Any], can_pause: bool) -> bool:
     """E2B's ``lifecycle``: ``on_timeout`` "pause" (autoPause) pauses the sandbox at its
-    timeout, memory kept, and a connect resumes it. A filesystem-only pause and resuming on
-    traffic (autoResume) are not offered."""
+    timeout, memory kept, and a connect resumes it. ``autoResume`` is what hutch does anyway:
+    a request that needs the sandbox (envd's, the interpreter's port) wakes a paused one, so
+    enabled it is accepted and changes nothing. A filesystem-only pause is not offered."""
     auto_pause, memory, resume = body.get("autoPause"), body.get("autoPauseMemory"), body.get("autoResume")
     for field, value in (("autoPause", auto_pause), ("autoPauseMemory", memory)):
         if value is not None and not isinstance(value, bool):
             raise InvalidInput(f"{field}: expected true or false, got {value!r}", field=field)
     if resume is not None and not (isinstance(resume, dict) and isinstance(resume.get("enabled", False), bool)):
         raise InvalidInput(f"autoResume: expected {{\"enabled\": true|false}}, got {resume!r}", field="autoResume")
-    if resume and resume.get("enabled"):
-        raise NotSupported("autoResume: hutch does not resume a paused sandbox on traffic; connect resumes it",
-                           field="autoResume")
     if not auto_pause:
         return False
     if memory is False:
