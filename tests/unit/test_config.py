@@ -205,3 +205,14 @@ def test_the_node_driver_without_a_list_follows_the_agents_in_nomads_catalog() -
     driver = open_driver(Config(driver="node", node_secret=secret, node_agents="c1=127.0.0.1:7700"),
                          None)  # type: ignore[arg-type]
     assert isinstance(driver._directory, StaticDirectory)  # type: ignore[attr-defined]
+
+
+def test_the_e2b_tls_listener_without_cryptography_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its certificate is made with ``cryptography`` (the server extra brings it with asyncssh):
+    without it the start is refused naming the setting, not an ImportError while serving."""
+    from hutch.service import extras
+
+    monkeypatch.setattr(extras, "_installed", lambda module: module != "cryptography")
+    assert extras.missing_message(Config(e2b_port=0)) is None
+    message = extras.missing_message(Config(e2b_port=0, e2b_tls_port=0))
+    assert message is not None and "HUTCH_E2B_TLS_PORT" in message and "needs cryptography" in message
