@@ -336,6 +336,9 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
 def run_server(config: Config) -> None:
     """Blocking: serve until interrupted. Prints the address, and a newly generated key once."""
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.e2b_tls_port is not None and config.e2b_port is None:  # not quietly left unserved
+        raise InvalidInput("HUTCH_E2B_TLS_PORT (--e2b-tls-port) serves the E2B wire's TLS side: it needs "
+                           "HUTCH_E2B_PORT (--e2b-port) too", field="HUTCH_E2B_TLS_PORT")
     config.data_dir.mkdir(parents=True, exist_ok=True)
     key, generated = resolve_api_key(config)
     if generated:

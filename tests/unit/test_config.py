@@ -216,3 +216,13 @@ def test_the_e2b_tls_listener_without_cryptography_is_refused_at_start(monkeypat
     assert extras.missing_message(Config(e2b_port=0)) is None
     message = extras.missing_message(Config(e2b_port=0, e2b_tls_port=0))
     assert message is not None and "HUTCH_E2B_TLS_PORT" in message and "needs cryptography" in message
+
+
+def test_the_e2b_tls_port_alone_is_refused_at_start(tmp_path: Path) -> None:
+    """The TLS listener is the E2B wire's second side: asked for without the wire it is refused
+    naming both settings, not quietly left unserved."""
+    env = {**os.environ, "HUTCH_DATA_DIR": str(tmp_path / "data"), "HUTCH_E2B_TLS_PORT": "0", "HUTCH_PORT": "0"}
+    env.pop("HUTCH_E2B_PORT", None)
+    done = subprocess.run([sys.executable, "-m", "hutch.api"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "it needs HUTCH_E2B_PORT (--e2b-port) too" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "data").exists()
