@@ -25,6 +25,7 @@ from hutch.api.keys import (
     BODY_CHECK,
     CONFIG,
     E2B_PORT,
+    E2B_TLS_PORT,
     ENGINE,
     FORWARD_TO_OWNER,
     PRINCIPAL,
@@ -243,7 +244,10 @@ async def _health(request: web.Request) -> web.Response:
     if (gateway := request.app.get(SSH_GATEWAY)) is not None:
         data["ssh"] = {"port": gateway.port}  # type: ignore[attr-defined]  # `hutch ssh --show`
     if (e2b_port := request.app.get(E2B_PORT)) is not None:
-        data["e2b"] = {"port": e2b_port}
+        e2b: dict[str, object] = {"port": e2b_port}
+        if (tls_port := request.app.get(E2B_TLS_PORT)) is not None:  # E2B_DOMAIN for the SDK
+            e2b.update(tlsPort=tls_port, domain=f"{request.app[CONFIG].e2b_domain}:{tls_port}")
+        data["e2b"] = e2b
     return web.json_response({"success": True, "data": data})
 
 
@@ -318,13 +322,24 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         if config.e2b_port is not None:
             from hutch.api.e2b.server import serving  # E2B's wire, on its own listener
 
-            app[E2B_PORT] = await stack.enter_async_context(serving(engine, tenants, config.host, config.e2b_port))
+            tls = None
+            if config.e2b_tls_port is not None:
+                from hutch.api.e2b.tls import server_context
+
+                tls = (config.e2b_tls_port, server_context(config.data_dir, config.e2b_domain))
+            app[E2B_PORT], tls_port = await stack.enter_async_context(
+                serving(engine, tenants, config.host, config.e2b_port, tls=tls, domain=config.e2b_domain))
+            if tls_port is not None:
+                app[E2B_TLS_PORT] = tls_port
         yield
 
 
 def run_server(config: Config) -> None:
     """Blocking: serve until interrupted. Prints the address, and a newly generated key once."""
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.e2b_tls_port is not None and config.e2b_port is None:  # not quietly left unserved
+        raise InvalidInput("HUTCH_E2B_TLS_PORT (--e2b-tls-port) serves the E2B wire's TLS side: it needs "
+                           "HUTCH_E2B_PORT (--e2b-port) too", field="HUTCH_E2B_TLS_PORT")
     config.data_dir.mkdir(parents=True, exist_ok=True)
     key, generated = resolve_api_key(config)
     if generated:
@@ -332,6 +347,11 @@ def run_server(config: Config) -> None:
     print(f"hutch: serving on http://{config.host}:{config.port} (data dir {config.data_dir}, driver {config.driver})", flush=True)
     if config.e2b_port is not None:
         print(f"hutch: E2B wire on {config.host}:{config.e2b_port or '(a free port: see GET /healthz)'}", flush=True)
+    if config.e2b_port is not None and config.e2b_tls_port is not None:
+        from hutch.api.e2b.tls import ca_file
+
+        print(f"hutch: E2B wire over TLS on {config.host}:{config.e2b_tls_port or '(a free port: see GET /healthz)'}"
+              f", sandboxes at {{port}}-{{id}}.{config.e2b_domain}, CA {ca_file(config.data_dir)}", flush=True)
     if config.ssh_port is not None:
         print(f"hutch: SSH gateway on {config.host}:{config.ssh_port or '(a free port: see GET /healthz)'}", flush=True)
     memory.limit_arenas()  # process-wide, so here rather than in create_app (tests share a process)

@@ -16,6 +16,7 @@ CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 TENANTS: web.AppKey[Tenants] = web.AppKey("tenants", Tenants)
 E2B_PORT: web.AppKey[int] = web.AppKey("e2b_port", int)  # api/e2b/server.py, when enabled
+E2B_TLS_PORT: web.AppKey[int] = web.AppKey("e2b_tls_port", int)  # its TLS listener, when enabled
 SSH_GATEWAY: web.AppKey[object] = web.AppKey("ssh_gateway", object)  # api/ssh_gateway.py, when enabled
 # Refuses the fields a route's JSON body does not take (api/body_fields.py); set by create_app.
 BODY_CHECK: web.AppKey[Callable[[web.Request, dict[str, Any]], None]] = web.AppKey("body_check")

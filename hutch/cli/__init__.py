@@ -128,6 +128,12 @@ def _serve_parser(top: Any) -> None:
     serve.add_argument("--e2b-port", type=_int_in(0, 65535), metavar="PORT",
                        help="also serve E2B's wire on this port, for its SDK's E2B_API_URL and E2B_SANDBOX_URL "
                             "(HUTCH_E2B_PORT)")
+    serve.add_argument("--e2b-tls-port", type=_int_in(0, 65535), metavar="PORT",
+                       help="also serve E2B's wire over TLS on this port, with E2B's host routing: sandboxes at "
+                            "{port}-{id}.DOMAIN (HUTCH_E2B_TLS_PORT; needs --e2b-port)")
+    serve.add_argument("--e2b-domain", metavar="DOMAIN",
+                       help="the domain of the TLS listener's sandbox hosts (HUTCH_E2B_DOMAIN, default "
+                            "e2b.localhost); the SDK's E2B_DOMAIN is DOMAIN:PORT")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -165,6 +171,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             prebuild=",".join(args.prebuild) if args.prebuild else None,
             ssh_port=args.ssh_port,
             e2b_port=args.e2b_port,
+            e2b_tls_port=args.e2b_tls_port,
+            e2b_domain=args.e2b_domain,
         )
     except (ValueError, TypeError) as err:
         raise UsageError(f"bad server setting (check HUTCH_* variables): {err}") from err

@@ -100,6 +100,14 @@ def _check_host_port(setting: str, value: str | None) -> None:
         raise _refuse(setting, "HOST or HOST:PORT", value)
 
 
+def _check_e2b_domain(setting: str, value: str) -> None:
+    """A DNS name of two labels at least (a certificate's ``*.`` covers no single-label
+    parent), no port: the TLS listener's port is its own setting."""
+    labels = value.split(".")
+    if len(labels) < 2 or not all(re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", label) for label in labels):
+        raise _refuse(setting, "a lowercase DNS name of two labels at least, such as e2b.localhost", value)
+
+
 def _check_registry(setting: str, value: str) -> None:
     """Where images are pulled from: ``host[:port][/prefix]``, no scheme."""
     if not value or "://" in value or any(c.isspace() for c in value):
@@ -333,6 +341,12 @@ class Config:
     # `hutch serve --e2b-port`: where E2B's SDK finds this server (E2B_API_URL and
     # E2B_SANDBOX_URL both), on ``host`` (0: any free one); None: not served (api/e2b/).
     e2b_port: int | None = _setting("HUTCH_E2B_PORT", None, convert=_to_port)
+    # `hutch serve --e2b-tls-port`: E2B's wire over TLS too, with E2B's host routing: a request
+    # to ``{port}-{sandbox id}.{e2b_domain}`` is for that sandbox's port (envd's 49983: its
+    # envd), under a certificate of this server's own CA (api/e2b/tls.py). The SDK finds it
+    # with E2B_DOMAIN=``{e2b_domain}:{port}``; ``*.localhost`` resolves to this machine.
+    e2b_tls_port: int | None = _setting("HUTCH_E2B_TLS_PORT", None, convert=_to_port)
+    e2b_domain: str = _setting("HUTCH_E2B_DOMAIN", "e2b.localhost", check=_check_e2b_domain)
     log_level: str = _setting("HUTCH_LOG_LEVEL", "INFO", check=_check_log_level)
     # Several replicas on one PostgreSQL store (core/replicas.py): where the others reach this
     # one (default http://host:port, the host's address when bound to all), and its id

@@ -18,9 +18,17 @@ from tests.system.server import KEY, Server, free_port
 
 
 class E2bServer:
-    def __init__(self, server: Server, e2b_port: int) -> None:
+    def __init__(self, server: Server, e2b_port: int, tls_port: int, data: Path) -> None:
         self.server = server
         self.url = f"http://127.0.0.1:{e2b_port}"
+        # E2B's host routing over TLS (api/e2b/hosts.py): the SDK's E2B_DOMAIN, and the CA to trust
+        self.domain = f"e2b.localhost:{tls_port}"
+        self.ca_file = data / "e2b-tls" / "ca.pem"
+
+    def domain_env(self) -> dict[str, str]:
+        """The environment of an SDK that finds this server as E2B's cloud is found: by its
+        domain alone (control plane at api.{domain}, sandboxes at {port}-{id}.{domain})."""
+        return {"E2B_DOMAIN": self.domain, "E2B_API_KEY": KEY, "SSL_CERT_FILE": str(self.ca_file)}
 
     def key_of_new_org(self, name: str) -> str:
         """An admin key of a new organization ``name`` (made by the bootstrap key)."""
@@ -43,10 +51,10 @@ class E2bServer:
 def _serve(tmp_path_factory: pytest.TempPathFactory, driver: str = "local", **env: str) -> Iterator[E2bServer]:
     data: Path = tmp_path_factory.mktemp("e2b") / "data"
     data.mkdir()
-    e2b_port = free_port()
-    server = Server(data, driver=driver, HUTCH_E2B_PORT=str(e2b_port), **env).start()
+    e2b_port, tls_port = free_port(), free_port()
+    server = Server(data, driver=driver, HUTCH_E2B_PORT=str(e2b_port), HUTCH_E2B_TLS_PORT=str(tls_port), **env).start()
     try:
-        yield E2bServer(server, e2b_port)
+        yield E2bServer(server, e2b_port, tls_port, data)
     finally:
         server.destroy_every_sandbox()
         server.stop()

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import ssl
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -183,3 +187,24 @@ def test_javascript_contexts_are_apart_and_a_runaway_loop_is_stopped(sbx: Sandbo
     started = time.monotonic()
     assert sbx.run_code("kept", language="javascript").text == "still here"  # interrupted, state kept
     assert time.monotonic() - started < 10
+
+
+def test_run_code_reaches_the_interpreter_by_the_domain(served: E2bServer, sbx: Sandbox) -> None:
+    """Found by E2B_DOMAIN, the SDK sends run_code to https://49999-{id}.{domain}: host routing
+    relays it to the interpreter as the header form is (api/e2b/hosts.py, ports.py). The same
+    sandbox, connected from a process of its own (the SDK's TLS pool takes the CA at its first
+    use); without the traffic token that host is a 403."""
+    script = ("import json\nfrom e2b_code_interpreter import Sandbox\n"
+              f"sbx = Sandbox.connect({sbx.sandbox_id!r})\n"
+              "print(json.dumps({'url': sbx._jupyter_url, 'text': sbx.run_code('6 * 7').text}))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(served.domain_env(), PYTHONPATH="")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"url": f"https://49999-{sbx.sandbox_id}.{served.domain}", "text": "42"}
+    context = ssl.create_default_context(cafile=str(served.ca_file))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{found['url']}/contexts", timeout=30, context=context)
+    refused.value.close()
+    assert refused.value.code == 403

@@ -16,7 +16,7 @@ from tests.e2b.conftest import E2bServer
 
 def _network(server: E2bServer, sbx: Sandbox) -> tuple[bool, list[str] | None]:
     """What hutch's own API says of the sandbox's network: enabled, and its allow-list."""
-    sb = server.server.data("GET", f"/sandbox/{sbx.sandbox_id}")
+    sb = server.server.data("GET", f"/sandbox/sbx_{sbx.sandbox_id}")  # E2B's id: hutch's without sbx_
     return sb["networkEnabled"], sb.get("networkAllow")
 
 

@@ -57,9 +57,9 @@ def test_a_fork_has_the_files_the_forkers_organization_and_its_own_timeout(e2b_e
     try:
         assert fork.files.read("/home/user/forked.txt") == "before"
         assert fork.commands.run("id -un").stdout == "user\n"
-        hutch = e2b_env.server.data("GET", f"/sandbox/{fork.sandbox_id}")
+        hutch = e2b_env.server.data("GET", f"/sandbox/sbx_{fork.sandbox_id}")
         assert hutch["timeout"]["idle"] == "45s"
-        assert hutch["metadata"]["forkedFrom"] == sandbox.sandbox_id
+        assert hutch["metadata"]["forkedFrom"] == "sbx_" + sandbox.sandbox_id  # hutch's API: its own form
         other = e2b_env.key_of_new_org("e2bforkother")
         with pytest.raises(NotFoundException):
             Sandbox.get_info(fork.sandbox_id, api_key=other)

@@ -78,6 +78,9 @@ SETTINGS = [
     ("rate_limit", "20:100", "20:100", "fast", "HUTCH_RATE_LIMIT: expected requests per second"),
     ("ssh_port", "2222", 2222, "ssh", "HUTCH_SSH_PORT: expected a port number (0-65535), got 'ssh'"),
     ("e2b_port", "3000", 3000, "e2b", "HUTCH_E2B_PORT: expected a port number (0-65535), got 'e2b'"),
+    ("e2b_tls_port", "3443", 3443, "70000", "HUTCH_E2B_TLS_PORT: expected a port number (0-65535), got '70000'"),
+    ("e2b_domain", "sandboxes.example.com", "sandboxes.example.com", "localhost",
+     "HUTCH_E2B_DOMAIN: expected a lowercase DNS name of two labels at least"),
     ("log_level", "DEBUG", "DEBUG", "loud", "HUTCH_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got 'loud'"),
     ("replica_url", "http://10.0.0.5:8700", "http://10.0.0.5:8700", "10.0.0.5:8700",
      "HUTCH_REPLICA_URL: expected an http:// or https:// URL, got '10.0.0.5:8700'"),
@@ -202,3 +205,24 @@ def test_the_node_driver_without_a_list_follows_the_agents_in_nomads_catalog() -
     driver = open_driver(Config(driver="node", node_secret=secret, node_agents="c1=127.0.0.1:7700"),
                          None)  # type: ignore[arg-type]
     assert isinstance(driver._directory, StaticDirectory)  # type: ignore[attr-defined]
+
+
+def test_the_e2b_tls_listener_without_cryptography_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its certificate is made with ``cryptography`` (the server extra brings it with asyncssh):
+    without it the start is refused naming the setting, not an ImportError while serving."""
+    from hutch.service import extras
+
+    monkeypatch.setattr(extras, "_installed", lambda module: module != "cryptography")
+    assert extras.missing_message(Config(e2b_port=0)) is None
+    message = extras.missing_message(Config(e2b_port=0, e2b_tls_port=0))
+    assert message is not None and "HUTCH_E2B_TLS_PORT" in message and "needs cryptography" in message
+
+
+def test_the_e2b_tls_port_alone_is_refused_at_start(tmp_path: Path) -> None:
+    """The TLS listener is the E2B wire's second side: asked for without the wire it is refused
+    naming both settings, not quietly left unserved."""
+    env = {**os.environ, "HUTCH_DATA_DIR": str(tmp_path / "data"), "HUTCH_E2B_TLS_PORT": "0", "HUTCH_PORT": "0"}
+    env.pop("HUTCH_E2B_PORT", None)
+    done = subprocess.run([sys.executable, "-m", "hutch.api"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "it needs HUTCH_E2B_PORT (--e2b-port) too" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "data").exists()

@@ -27,6 +27,7 @@ from aiohttp.typedefs import Handler
 
 from hutch.api.e2b import connect
 from hutch.api.keys import ENGINE, TENANTS
+from hutch.core import ids
 from hutch.core.errors import HutchError, RateLimited, Unauthorized
 from hutch.core.events import acting
 from hutch.core.tenancy import Access, Principal
@@ -35,6 +36,7 @@ from hutch.service.engine import Engine
 log = logging.getLogger("hutch.api.e2b")
 
 SANDBOX_HEADER = "E2b-Sandbox-Id"
+_ID_PREFIX = "sbx_"
 TOKEN_HEADER = "X-Access-Token"
 _RPC_PREFIXES = ("/process.", "/filesystem.")
 PRINCIPAL_KEY: web.RequestKey[Principal] = web.RequestKey("e2b_principal", Principal)
@@ -81,6 +83,20 @@ async def e2b_errors(request: web.Request, handler: Handler) -> web.StreamRespon
         return error(500, "internal error; see the server log")
 
 
+def wire_id(sandbox_id: str) -> str:
+    """A sandbox's id on E2B's wire: hutch's without its ``sbx_`` prefix. E2B's SDK puts the id
+    in a host name (``{port}-{id}.{domain}``), where an underscore is no valid label character
+    (E2B's SDK's resolver refuses the name; no certificate can name it)."""
+    return sandbox_id.removeprefix(_ID_PREFIX)
+
+
+def hutch_id(value: str) -> str:
+    """The hutch id of a sandbox id the wire was given: E2B's form gains its prefix back;
+    hutch's own (``sbx_…``) is taken too."""
+    value = value.strip()
+    return _ID_PREFIX + value if ids.is_id("sandbox", _ID_PREFIX + value) else value
+
+
 def envd_token(engine: Engine, sandbox_id: str, key_id: str) -> str:
     return f"{key_id}.{engine.streams.sign(f'e2b-envd:{sandbox_id}:{key_id}')[:48]}"
 
@@ -98,7 +114,8 @@ def _control_principal(request: web.Request, access: Access) -> Principal:
 
 async def envd_principal(request: web.Request, token: str | None = None) -> tuple[Principal, str]:
     """Who the envd token (``X-Access-Token``, or ``token`` when given) acts as, and for which sandbox."""
-    sandbox_id = request.headers.get(SANDBOX_HEADER, "").strip()
+    given = request.headers.get(SANDBOX_HEADER, "").strip()  # refusals name it as the client gave it
+    sandbox_id = hutch_id(given)
     token = (request.headers.get(TOKEN_HEADER, "") if token is None else token).strip()
     if not sandbox_id:
         raise Unauthorized(f"missing {SANDBOX_HEADER} header: which sandbox is this for?")
@@ -110,7 +127,7 @@ async def envd_principal(request: web.Request, token: str | None = None) -> tupl
     # ASCII first: compare_digest raises TypeError on other text (it was a 500 for anyone).
     if (not key_id or not token.isascii() or not sandbox_id.isascii()
             or not hmac.compare_digest(token, envd_token(engine, sandbox_id, key_id))):
-        raise Unauthorized(f"{TOKEN_HEADER}: not a valid access token for sandbox {sandbox_id}")
+        raise Unauthorized(f"{TOKEN_HEADER}: not a valid access token for sandbox {given}")
     tenants = request.app[TENANTS]
     principal = tenants.principal_for(key_id)
     tenants.throttle(principal)

@@ -19,7 +19,7 @@ import attrs
 from aiohttp import web
 
 from hutch.api.e2b import ports
-from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token
+from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token, hutch_id, wire_id
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.network import hutch_network
 from hutch.api.http import parse_json
@@ -79,17 +79,15 @@ def timeout_of(body: dict[str, Any], *, lowest: int = 1) -> int:
 
 def _pauses_at_timeout(body: dict[str, Any], can_pause: bool) -> bool:
     """E2B's ``lifecycle``: ``on_timeout`` "pause" (autoPause) pauses the sandbox at its
-    timeout, memory kept, and a connect resumes it. A filesystem-only pause and resuming on
-    traffic (autoResume) are not offered."""
+    timeout, memory kept, and a connect resumes it. ``autoResume`` is what hutch does anyway:
+    a request that needs the sandbox (envd's, the interpreter's port) wakes a paused one, so
+    enabled it is accepted and changes nothing. A filesystem-only pause is not offered."""
     auto_pause, memory, resume = body.get("autoPause"), body.get("autoPauseMemory"), body.get("autoResume")
     for field, value in (("autoPause", auto_pause), ("autoPauseMemory", memory)):
         if value is not None and not isinstance(value, bool):
             raise InvalidInput(f"{field}: expected true or false, got {value!r}", field=field)
     if resume is not None and not (isinstance(resume, dict) and isinstance(resume.get("enabled", False), bool)):
         raise InvalidInput(f"autoResume: expected {{\"enabled\": true|false}}, got {resume!r}", field="autoResume")
-    if resume and resume.get("enabled"):
-        raise NotSupported("autoResume: hutch does not resume a paused sandbox on traffic; connect resumes it",
-                           field="autoResume")
     if not auto_pause:
         return False
     if memory is False:
@@ -119,7 +117,7 @@ def render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool 
     """E2B's Sandbox (``detail``: SandboxDetail). The envd token is always issued (E2B's
     ``secure``, whatever was asked); a listing leaves it out, as E2B's does."""
     principal = request[PRINCIPAL_KEY]
-    out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": sb.sandbox_id, "clientID": "hutch",
+    out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": wire_id(sb.sandbox_id), "clientID": "hutch",
                            "envdVersion": ENVD_VERSION, "alias": _template_of(sb), "domain": None}
     if token:
         # One token for envd and for the sandbox's port (E2B's traffic token), checked by this server.
@@ -149,11 +147,11 @@ async def live_sandbox(request: web.Request, sandbox_id: str) -> SandboxState:
     """The sandbox, if the key's organization has it and it has not ended (an ended one is
     gone, as in E2B)."""
     try:
-        sb = await request.app[ENGINE].reads.require(sandbox_id, include_deleted=False)
+        sb = await request.app[ENGINE].reads.require(hutch_id(sandbox_id), include_deleted=False)
     except NotFound:
         sb = None
     if sb is None or sb.status not in _LIVE:
-        raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        raise SandboxNotFound(f"sandbox {sandbox_id} not found")  # as the client named it
     return sb
 
 

@@ -5,6 +5,7 @@ server's engine and tenants; who may do what is api/e2b/access.py's."""
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -13,6 +14,7 @@ from hutch.api.e2b import (
     control_routes,
     envd_routes,
     files_routes,
+    hosts,
     metrics,
     ports,
     snapshot_routes,
@@ -26,8 +28,11 @@ from hutch.service.engine import Engine
 from hutch.service.tenancy import Tenants
 
 
-def create_e2b_app(engine: Engine, tenants: Tenants) -> web.Application:
-    app = web.Application(middlewares=[e2b_errors, rpc_errors, ports.port_relay], client_max_size=16 * 2**20)
+def create_e2b_app(engine: Engine, tenants: Tenants, domain: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[e2b_errors, rpc_errors, hosts.host_routing, ports.port_relay],
+                          client_max_size=16 * 2**20)
+    if domain:
+        app[hosts.DOMAIN] = domain
     app[ENGINE] = engine
     app[envd_routes.PROCESSES] = Processes()
     app[control_routes.IDEMPOTENCY] = IdempotentCreates()
@@ -49,17 +54,26 @@ SHUTDOWN_SECONDS = 2.0
 
 
 @contextlib.asynccontextmanager
-async def serving(engine: Engine, tenants: Tenants, host: str, port: int) -> AsyncIterator[int]:
-    """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs; yields the port."""
+async def serving(engine: Engine, tenants: Tenants, host: str, port: int, *,
+                  tls: tuple[int, ssl.SSLContext] | None = None,
+                  domain: str | None = None) -> AsyncIterator[tuple[int, int | None]]:
+    """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs, and over TLS
+    on ``tls``'s port with host routing under ``domain`` (api/e2b/hosts.py); yields the ports."""
     # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
     # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
-    runner = web.AppRunner(create_e2b_app(engine, tenants), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+    runner = web.AppRunner(create_e2b_app(engine, tenants, domain if tls else None), access_log=None,
+                           shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        server = site._server  # the bound socket: the port the OS picked when given 0
-        sockets = getattr(server, "sockets", None) or []
-        yield int(sockets[0].getsockname()[1]) if sockets else port
+        bound = await _site(web.TCPSite(runner, host, port), port)
+        bound_tls = await _site(web.TCPSite(runner, host, tls[0], ssl_context=tls[1]), tls[0]) if tls else None
+        yield bound, bound_tls
     finally:
         await runner.cleanup()
+
+
+async def _site(site: web.TCPSite, port: int) -> int:
+    await site.start()
+    server = site._server  # the bound socket: the port the OS picked when given 0
+    sockets = getattr(server, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else port

@@ -15,7 +15,7 @@ import attrs
 from aiohttp import web
 
 from hutch.api.e2b import ports
-from hutch.api.e2b.access import PRINCIPAL_KEY, control
+from hutch.api.e2b.access import PRINCIPAL_KEY, control, hutch_id
 from hutch.api.e2b.control_routes import (
     TEMPLATES,
     live_sandbox,
@@ -73,7 +73,7 @@ async def list_snapshots(request: web.Request) -> web.Response:
     """The organization's snapshots, newest first, less the instants hutch keeps of its forks;
     ``sandboxID`` the sandbox one was taken from, ``name`` its id or name[:tag]."""
     limit, offset = page_of(request)
-    query = SnapshotQuery(source_sandbox_id=request.query.get("sandboxID") or None, forks=False,
+    query = SnapshotQuery(source_sandbox_id=hutch_id(request.query.get("sandboxID", "")) or None, forks=False,
                           limit=limit, offset=offset)
     wanted = request.query.get("name") or None
     if wanted is not None and wanted.startswith("snp_"):

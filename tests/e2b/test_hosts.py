@@ -1,0 +1,218 @@
+"""E2B's host routing over TLS (api/e2b/hosts.py, tls.py) and envd's signed file URLs
+(api/e2b/signed.py): the SDK found by ``E2B_DOMAIN`` alone, as E2B's cloud is, reaching each
+sandbox at ``https://{port}-{id}.{domain}`` under the server's own CA; and what an attacker
+meets there. One embedded-profile server for the module: routing is the API's, not the log's."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from hutch.api.e2b.signed import signature
+from tests.e2b.conftest import E2bServer
+from tests.system.server import KEY
+
+
+@pytest.fixture(scope="module")
+def served(e2b_embedded_server: E2bServer) -> E2bServer:
+    return e2b_embedded_server
+
+
+def _sdk(served: E2bServer, script: str) -> dict[str, Any]:
+    """``script`` run by E2B's SDK in a process of its own, configured by the domain alone
+    (the SDK keeps one TLS pool per process, made with the trust store of its first use).
+    The script prints one JSON line: what it found."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(served.domain_env(), PYTHONPATH="")
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _tls() -> ssl.SSLContext:
+    return ssl.create_default_context()
+
+
+def _get(served: E2bServer, url: str, method: str = "GET", body: bytes | None = None,
+         **headers: str) -> tuple[int, Any]:
+    context = ssl.create_default_context(cafile=str(served.ca_file))
+    req = urllib.request.Request(url, data=body, method=method,
+                                 headers={k.replace("_", "-"): v for k, v in headers.items()})
+    try:
+        with urllib.request.urlopen(req, timeout=60, context=context) as resp:
+            raw = resp.read()
+            return resp.status, raw
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def sandbox(served: E2bServer) -> Iterator[dict[str, str]]:
+    """A sandbox made by the SDK over the domain, with a file in its home: its id and tokens."""
+    found = _sdk(served, """
+        import json
+        from e2b import Sandbox
+        sbx = Sandbox.create(timeout=300)
+        sbx.files.write("note.txt", "over https")
+        print(json.dumps({"id": sbx.sandbox_id, "token": sbx._envd_access_token, "host": sbx.get_host(49983),
+                          "envd": sbx.envd_api_url, "out": sbx.commands.run("cat note.txt; whoami").stdout}))
+    """)
+    yield found
+    served.call("DELETE", f"/sandboxes/{found['id']}")
+
+
+def test_the_sdk_finds_the_server_by_its_domain_alone(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """E2B_DOMAIN (with its port), E2B_API_KEY and the CA: the control plane at
+    api.{domain}, envd at 49983-{id}.{domain} over TLS; the id is hutch's without its prefix
+    (no underscore in a host name), and hutch's form is taken too."""
+    sid = sandbox["id"]
+    assert "_" not in sid
+    assert sandbox["host"] == f"49983-{sid}.{served.domain}"
+    assert sandbox["envd"] == f"https://49983-{sid}.{served.domain}"
+    assert sandbox["out"] == "over httpsuser\n"  # the file has no newline
+    assert served.server.data("GET", f"/sandbox/sbx_{sid}")["status"] in ("idle", "running")
+    assert served.call("GET", f"/sandboxes/sbx_{sid}")[1]["sandboxID"] == sid
+
+
+def test_the_certificate_is_the_servers_own_for_its_domain_only(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """A CA of the server's, kept private in its data directory and limited to the domain by a
+    name constraint: a client that trusts it trusts it for nothing else."""
+    domain = served.domain.split(":")[0]
+    ca = x509.load_pem_x509_certificate(served.ca_file.read_bytes())
+    constraint = ca.extensions.get_extension_for_class(x509.NameConstraints)
+    assert constraint.critical and [n.value for n in constraint.value.permitted_subtrees or []] == [domain]
+    assert os.stat(served.ca_file.parent / "ca-key.pem").st_mode & 0o777 == 0o600
+    status, _ = _get(served, f"https://{sandbox['host']}/health", X_Access_Token=sandbox["token"])
+    assert status == 204
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(f"https://{sandbox['host']}/health", timeout=30, context=_tls())
+
+
+def test_signed_urls_download_and_upload(served: E2bServer) -> None:
+    """download_url and upload_url, signed with the envd token (with and without an expiry),
+    work without any header: the sandbox is the host's."""
+    found = _sdk(served, """
+        import json, urllib.request, httpx
+        from e2b import Sandbox
+        with Sandbox.create(timeout=120) as sbx:
+            sbx.files.write("dl.txt", "signed")
+            got = [urllib.request.urlopen(sbx.download_url("dl.txt", "user")).read().decode(),
+                   urllib.request.urlopen(sbx.download_url("dl.txt", "user", 60)).read().decode()]
+            up = httpx.post(sbx.upload_url("up.txt", "user", 60), files={"file": ("up.txt", b"uploaded")})
+            print(json.dumps({"got": got, "up": up.status_code, "read": sbx.files.read("up.txt")}))
+    """)
+    assert found == {"got": ["signed", "signed"], "up": 200, "read": "uploaded"}
+
+
+def _signed(served: E2bServer, sandbox: dict[str, str], path: str, operation: str = "read",
+            token: str | None = None, expiration: int | None = None) -> str:
+    sig = signature(path, operation, "user", token or sandbox["token"], expiration)
+    query = {"path": path, "username": "user", "signature": sig}
+    if expiration is not None:
+        query["signature_expiration"] = str(expiration)
+    return f"https://{sandbox['host']}/files?{urllib.parse.urlencode(query)}"
+
+
+def test_a_signed_url_opens_only_what_it_signed(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """Expired, another path, another operation, another sandbox's token, another
+    organization's key's token, a revoked key's: each a 401 in E2B's shape, nothing read."""
+    assert _get(served, _signed(served, sandbox, "note.txt")) == (200, b"over https")
+    expired = _signed(served, sandbox, "note.txt", expiration=int(time.time()) - 5)
+    assert _get(served, expired) == (401, {"code": 401, "message": "signature is already expired"})
+    tampered = _signed(served, sandbox, "note.txt").replace("note.txt", "other.txt", 1)
+    status, answer = _get(served, tampered)
+    assert status == 401 and "not a valid signature of read 'other.txt'" in answer["message"]
+    # A read's signature does not write.
+    read_sig = _signed(served, sandbox, "note.txt")
+    assert _get(served, read_sig, "POST", b"x", Content_Type="application/octet-stream")[0] == 401
+    # Another sandbox's token signs nothing here (the sandbox is the host's).
+    other_token = served.call("POST", "/sandboxes", {"templateID": "base", "timeout": 60})[1]
+    try:
+        assert _get(served, _signed(served, sandbox, "note.txt", token=other_token["envdAccessToken"]))[0] == 401
+    finally:
+        served.call("DELETE", f"/sandboxes/{other_token['sandboxID']}")
+    # A token of no key of the sandbox's organization signs nothing.
+    forged = f"key_forged.{'0' * 48}"
+    assert _get(served, _signed(served, sandbox, "note.txt", token=forged))[0] == 401
+    assert _get(served, f"https://{sandbox['host']}/files?path=note.txt&signature=v1_short")[0] == 401
+    status, answer = _get(served, f"https://{sandbox['host']}/files?path=note.txt")
+    assert status == 401 and "X-Access-Token" in answer["message"]
+
+
+def test_a_revoked_keys_signed_url_opens_nothing(served: E2bServer) -> None:
+    """The signature is made with a token of a key: once the key is revoked, its URLs fail."""
+    made = served.server.data("POST", "/keys", {"role": "admin"})
+    code, sbx = served.call("POST", "/sandboxes", {"templateID": "base", "timeout": 60}, key=made["secret"])
+    assert code == 201, sbx
+    host = f"49983-{sbx['sandboxID']}.{served.domain}"
+    url = _signed(served, {"host": host, "token": sbx["envdAccessToken"]}, "/etc/hostname")
+    try:
+        assert _get(served, url)[0] == 200
+        served.server.data("DELETE", f"/keys/{made['id']}")
+        assert _get(served, url)[0] == 401
+    finally:
+        served.call("DELETE", f"/sandboxes/{sbx['sandboxID']}")
+
+
+def test_hosts_under_the_domain_serve_only_their_sandbox(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """No host under the domain but api.{domain} answers as the control plane; the envd host
+    answers envd's paths only; a sandbox's port needs its token (403 without, E2B's answer);
+    a header naming another sandbox than the host is refused."""
+    domain = served.domain
+    status, answer = _get(served, f"https://nothing.{domain}/sandboxes", X_API_Key=KEY)
+    assert status == 404 and "not a sandbox's host" in answer["message"]
+    status, answer = _get(served, f"https://{sandbox['host']}/sandboxes", X_API_Key=KEY)
+    assert status == 404 and "not an envd endpoint" in answer["message"]
+    assert _get(served, f"https://api.{domain}/sandboxes", X_API_Key=KEY)[0] == 200
+    port_host = f"8080-{sandbox['id']}.{domain}"
+    status, answer = _get(served, f"https://{port_host}/")
+    assert status == 403 and "traffic access token" in answer["message"]
+    assert _get(served, f"https://{port_host}/", E2B_Traffic_Access_Token="key_x.forged")[0] == 401
+    status, answer = _get(served, f"https://{sandbox['host']}/health", E2b_Sandbox_Id="01m8m88jetv0pr7enjns71c27d")
+    assert status == 400 and "is not the sandbox its host names" in answer["message"]
+
+
+def test_a_url_signed_with_another_keys_token_works(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """A key of the organization other than the creator's, which got its own token by a
+    connect, signs URLs too: the server tries the creator's key first, then the others."""
+    other = served.server.data("POST", "/keys", {"role": "admin"})["secret"]
+    code, got = served.call("POST", f"/sandboxes/{sandbox['id']}/connect", {"timeout": 300}, key=other)
+    assert code in (200, 201), got
+    assert got["envdAccessToken"] != sandbox["token"]
+    assert _get(served, _signed(served, sandbox, "note.txt", token=got["envdAccessToken"])) == (200, b"over https")
+
+
+def test_auto_resume_wakes_a_paused_sandbox_on_a_request_to_its_host(served: E2bServer) -> None:
+    """lifecycle auto_resume: paused at its timeout, the sandbox wakes when a request reaches it
+    through its host (a command over envd), with no connect first."""
+    found = _sdk(served, """
+        import json, time
+        from e2b import Sandbox
+        sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
+        try:
+            sbx.set_timeout(1)
+            deadline = time.monotonic() + 30
+            while sbx.get_info().state.value != "paused" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            before = sbx.get_info().state.value
+            out = sbx.commands.run("echo awake").stdout
+            print(json.dumps({"before": before, "out": out, "after": sbx.get_info().state.value}))
+        finally:
+            sbx.kill()
+    """)
+    assert found == {"before": "paused", "out": "awake\n", "after": "running"}
