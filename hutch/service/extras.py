@@ -33,7 +33,7 @@ def needed(config: Config) -> list[tuple[str, str]]:
         wants.append(("the nomad driver (HUTCH_DRIVER / --driver nomad)", "nomad"))
     if config.ssh_port is not None:
         wants.append(("the SSH gateway (HUTCH_SSH_PORT / --ssh-port)", "asyncssh"))
-    if config.e2b_tls_port is not None:  # asyncssh's own dependency: the server extra brings it
+    if config.e2b_tls_port is not None:
         wants.append(("E2B's TLS listener (HUTCH_E2B_TLS_PORT / --e2b-tls-port)", "cryptography"))
     return [(what, module) for what, module in wants if not _installed(module)]
 
