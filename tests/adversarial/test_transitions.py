@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import gzip
 import io
+import json
 import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -244,3 +245,43 @@ async def test_an_archive_upload_finished_after_its_key_s_revocation_lands_nothi
         resp.close()
     assert status == 401, status
     assert not _exists(world, sid, "/tmp/landed-after-revocation")
+
+
+@pytest.mark.parametrize("route", ["POST /keys", "POST /sandbox/{sid}/execute"])
+async def test_a_json_body_finished_after_its_key_s_revocation_does_nothing(world: World, route: str) -> None:
+    """A JSON body may arrive as slowly as its sender likes; the key was checked on the
+    request's headers. Before: an admin being off-boarded who had a ``POST /keys`` under way
+    (its body's last bytes held back) finished it after the revocation and got a fresh admin
+    key, the access the revocation ended back for good; an execute ran its command."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    made = world.data("beta_admin", "POST", "/keys", {"role": "admin"})
+    key_id, secret = made["id"], made["secret"]
+    method, path = route.split(" ")
+    path = path.format(sid=sid)
+    payload = json.dumps({"role": "admin", "name": "comeback"} if path == "/keys" else
+                         {"command": ["touch", "/tmp/json-after-revocation"]}).encode()
+    sent_first, go_on = asyncio.Event(), asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield payload[:5]
+        sent_first.set()
+        await go_on.wait()
+        yield payload[5:]
+
+    async with aiohttp.ClientSession() as http:
+        request = asyncio.ensure_future(http.request(method, world.url + path, data=body(), headers={
+            "Authorization": f"Bearer {secret}", "Content-Type": "application/json"}))
+        await sent_first.wait()
+        await asyncio.sleep(0.5)  # the headers are in: authenticated
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        go_on.set()
+        resp = await request
+        status, answer = resp.status, await resp.json()
+        resp.close()
+    assert status == 401, (status, answer)
+    assert "revoked" in answer["message"], answer
+    assert not [k for k in world.data("beta_admin", "GET", "/keys")["keys"] if k.get("name") == "comeback"]
+    await asyncio.sleep(1.0)  # an execute that got through would have run by now
+    assert not _exists(world, sid, "/tmp/json-after-revocation")
+
