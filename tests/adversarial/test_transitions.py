@@ -285,3 +285,36 @@ async def test_a_json_body_finished_after_its_key_s_revocation_does_nothing(worl
     await asyncio.sleep(1.0)  # an execute that got through would have run by now
     assert not _exists(world, sid, "/tmp/json-after-revocation")
 
+
+async def test_signing_out_of_the_web_app_ends_its_terminals(world: World) -> None:
+    """A terminal opened with the Web App's session cookie lived as long as the API key behind
+    the session: signing out (the cookie refused from then on) left the terminal taking every
+    line typed into it, for whoever has the browser tab (a shared or borrowed computer) or
+    holds the websocket. A terminal opened by a session ends with the session."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    async with aiohttp.ClientSession(world.url, cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        signed = await browser.post("/app/session", json={"apiKey": world.keys["beta_member"]},
+                                    headers={"Origin": world.url})
+        assert signed.status == 201, await signed.text()
+        csrf = (await signed.json())["data"]["csrf"]
+        async with browser.ws_connect(f"/sandbox/{sid}/terminal?command=sh", headers={"Origin": world.url}) as ws:
+            await ws.send_bytes(b"echo before-$((40+2))\n")
+            seen = b""
+            while b"before-42" not in seen:
+                msg = await ws.receive(timeout=30)
+                assert msg.type is aiohttp.WSMsgType.BINARY, msg
+                seen += msg.data
+            out = await browser.delete("/app/session", headers={"Origin": world.url, "X-CSRF-Token": csrf})
+            assert out.status == 200, await out.text()
+            assert (await browser.get("/sandbox", headers={"Origin": world.url})).status == 401  # the control
+            ended = time.monotonic()
+            while not ws.closed:
+                left = ENDS_WITHIN - (time.monotonic() - ended)
+                assert left > 0, "the terminal stayed open after its session was signed out"
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await ws.send_bytes(b"touch /tmp/typed-after-sign-out\n")
+                with contextlib.suppress(TimeoutError):
+                    msg = await ws.receive(timeout=min(left, 0.5))
+                    if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
+                        break
+    assert not _exists(world, sid, "/tmp/typed-after-sign-out")
