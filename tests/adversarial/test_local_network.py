@@ -220,6 +220,38 @@ async def test_a_server_start_never_opens_the_walls_while_it_rewrites_them(drive
             await host.wait_closed()
 
 
+# Another hutch process of this host (a CLI's engine, a test server, a second server) that
+# installs the firewall with its own settings and then lives on, as a server does.
+OTHER_INSTALLER = r"""
+import os, sys
+os.environ["HUTCH_SANDBOX_EGRESS_PERMIT"] = sys.argv[1]
+from hutch.drivers.local import network
+network.ensure_firewall()
+print("installed", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_another_process_s_start_never_widens_this_one_s_walls(driver: LocalDriver) -> None:
+    """The chains are host-wide, and each process rewrote them whole with its own settings at
+    its start. Before: a server started with ``HUTCH_SANDBOX_EGRESS_PERMIT`` (a LAN opened for
+    its own tenants) opened that LAN to every other server's sandboxes on the host, which
+    denied it; the last installer's settings held for every sandbox of the host."""
+    with private_lan():
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=True))
+        other = await asyncio.create_subprocess_exec(sys.executable, "-c", OTHER_INSTALLER, LAN,
+                                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert other.stdout is not None
+            assert (await asyncio.wait_for(other.stdout.readline(), 60)).strip() == b"installed"
+            seen = await probe(driver, sid, [(LAN_SERVER, 8080)])
+            assert not seen[f"{LAN_SERVER}:8080"].startswith("open"), seen
+        finally:
+            await other.communicate(b"")
+            await driver.destroy(sid)
+
+
 async def test_an_operator_permits_a_private_range_by_name(driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HUTCH_SANDBOX_EGRESS_PERMIT", LAN)
     network._firewall_ready = False
