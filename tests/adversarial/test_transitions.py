@@ -318,3 +318,33 @@ async def test_signing_out_of_the_web_app_ends_its_terminals(world: World) -> No
                     if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
                         break
     assert not _exists(world, sid, "/tmp/typed-after-sign-out")
+
+
+async def test_a_snapshot_upload_stores_nothing_sent_after_its_key_s_revocation(world: World) -> None:
+    """``PUT /sandbox/snapshots/{id}/upload`` with the key (not the presigned URL) takes the
+    archive as slowly as it comes, into the organization's storage. Before: one begun before the
+    key's revocation was stored whole after it (200), though the presigned URL of the same
+    build was refused (401) by then."""
+    key_id, secret = _leaver(world)
+    build = world.data(secret, "POST", "/sandbox/snapshots/build", {"runtime": "base:latest", "name": "slow"})
+    archive = gzip.compress(b"\0" * 1024)
+    sent_first, go_on = asyncio.Event(), asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield archive[:10]
+        sent_first.set()
+        await go_on.wait()
+        yield archive[10:]
+
+    async with aiohttp.ClientSession() as http:
+        upload = asyncio.ensure_future(http.put(f"{world.url}/sandbox/snapshots/{build['snapshotId']}/upload",
+                                                data=body(), headers={"Authorization": f"Bearer {secret}",
+                                                                      "Content-Type": "application/gzip"}))
+        await sent_first.wait()
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        go_on.set()
+        resp = await upload
+        status, answer = resp.status, await resp.json()
+        resp.close()
+    assert status == 401, (status, answer)
