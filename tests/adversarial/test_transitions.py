@@ -348,3 +348,26 @@ async def test_a_snapshot_upload_stores_nothing_sent_after_its_key_s_revocation(
         status, answer = resp.status, await resp.json()
         resp.close()
     assert status == 401, (status, answer)
+
+
+async def test_a_revoked_key_s_long_poll_cancels_nothing_by_leaving(world: World) -> None:
+    """A command is cancelled when every client waiting for it went away, and a member's
+    long-poll counts as one (its right judged when the wait starts). Before: a member's key
+    revoked while it long-polled an admin's command still cancelled that command by hanging up,
+    an act of the organization's after the key's end."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    key_id, secret = _leaver(world)
+    ex = world.data("beta_admin", "POST", f"/sandbox/{sid}/execute", {"command": ["sleep", "40"], "timeout": "60s"})
+    async with aiohttp.ClientSession() as http:
+        poll = asyncio.ensure_future(http.get(f"{world.url}/sandbox/execution/{ex['executionId']}?wait=50s",
+                                              headers={"Authorization": f"Bearer {secret}"}))
+        await asyncio.sleep(1.0)  # the long-poll waits
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        poll.cancel()  # the leaver hangs up
+        with contextlib.suppress(asyncio.CancelledError):
+            await poll
+    await asyncio.sleep(5.0)  # past the abandon grace (3 s)
+    status = world.data("beta_admin", "GET", f"/sandbox/execution/{ex['executionId']}")["status"]
+    world.data("beta_admin", "POST", f"/sandbox/execution/{ex['executionId']}/cancel")
+    assert status == "running", status
