@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from hutch.drivers.base import ExecRequest, ProvisionRequest
-from hutch.drivers.local import network, slirp
+from hutch.drivers.local import firewall_peers, network, slirp
 from hutch.drivers.local.driver import UID_BASE, LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -107,12 +107,21 @@ def private_lan() -> Iterator[None]:
 
 @contextlib.contextmanager
 def own_rules() -> Iterator[None]:
-    """This process's rules (its name server stand-in, its permits) in force until the block
-    ends: another test process's server start on this host installs its own, and would
-    otherwise replace them between this test's install and its probes."""
+    """This process's rules alone (its name server stand-in, its permits) in force until the
+    block ends: another test process's server start on this host installs its own, and would
+    otherwise replace them between this test's install and its probes; and every live hutch
+    process's walls are installed together (firewall_peers.py: another live test process, an
+    xdist worker, denies the LAN this test permits). The host lock keeps other installers out
+    meanwhile; the walls of all are back when it ends."""
     with network.host_firewall_lock():
-        network.install_firewall()
-        yield
+        strictest = firewall_peers.strictest
+        firewall_peers.strictest = lambda own: own
+        try:
+            network.install_firewall()
+            yield
+        finally:
+            firewall_peers.strictest = strictest
+            network.install_firewall()
 
 
 @pytest.fixture
