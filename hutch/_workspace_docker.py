@@ -4,7 +4,7 @@ exec``, files are read and written in the directory (as unix-local does: hutch/_
 
 The code is untrusted, so the container gets what Docker allows of confinement: no network
 (``none``), every capability dropped, no-new-privileges, Docker's default seccomp profile, a
-read-only root with a small tmpfs at /tmp, memory and pids limits, tini as PID 1 (orphans are
+read-only root with a small tmpfs at /tmp, memory, CPU (one core) and pids limits, tini as PID 1 (orphans are
 reaped), and a uid that is not root: on a root host one claimed from the local driver's range
 (host-wide registry, never a host account), otherwise your own. The image is the runtime's root
 filesystem (the same tree the local driver runs), imported into the engine on first use.
@@ -41,6 +41,7 @@ LABEL = "hutch.workspace"  # marks the containers of this backend; reattach refu
 ROOTFS_LABEL = "hutch.rootfs"  # the built tree (name-hash) an image was imported from
 MEMORY = "2g"  # also the swap limit: no swap beyond it
 PIDS = 1024  # the local driver's default (HUTCH_DEFAULT_PIDS)
+CPUS = 10**9  # one core, in Docker's nano-CPUs: the local driver's default (HUTCH_DEFAULT_CPU)
 TMP = "rw,nosuid,nodev,size=256m,mode=1777"
 KILL_GRACE = 2.0  # seconds for output to drain after a timed-out command's tree is killed
 INSTALL = "pip install 'hutch[docker]'  (or: pip install docker)"
@@ -336,7 +337,7 @@ def _run_container(client: Any, image: str, root: Path, uid: int, gid: int, env:
             environment={**ENV, **env}, hostname="sandbox", labels={LABEL: "1"},
             mounts=[Mount(HOME, str(root), type="bind")], network_mode="none", cap_drop=["ALL"],
             security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": TMP},
-            mem_limit=MEMORY, memswap_limit=MEMORY, pids_limit=PIDS)
+            mem_limit=MEMORY, memswap_limit=MEMORY, pids_limit=PIDS, nano_cpus=CPUS)
     except docker.errors.APIError as err:
         if "bind source path does not exist" in str(err):
             raise DockerUnavailable(f"backend 'docker': the engine at {_engine_address()} does not see {root}: it "

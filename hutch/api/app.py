@@ -4,6 +4,7 @@ the event log, projection store, driver and engine (owned by one cleanup_ctx).""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import logging
 import math
@@ -30,6 +31,7 @@ from hutch.api.keys import (
     FORWARD_TO_OWNER,
     PRINCIPAL,
     SSH_GATEWAY,
+    STILL_AUTHORIZED,
     TENANTS,
 )
 from hutch.api.replication import (
@@ -127,6 +129,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     tenants = request.app[TENANTS]
+    cookie: str | None = None
     if not header and (cookie := session_cookie(request)):  # the Web App's session (api/webapp/)
         principal = tenants.principal_for(request.app[SESSIONS].check(request, cookie))
     elif not header:
@@ -141,6 +144,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     principal.require(Access(access))
     request[PRINCIPAL] = principal
     request[API_KEY_ID] = principal.key_id
+    request[STILL_AUTHORIZED] = _still_authorized(tenants, principal.key_id, request.app.get(SESSIONS), cookie)
     # Reset after the request: aiohttp serves a keep-alive connection's requests in one task.
     actor = ACTOR.set(principal.key_id)  # events this request causes name the key that acted
     scope = SCOPE.set(Scope(principal.org_id, principal.projects))
@@ -150,6 +154,25 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     finally:
         SCOPE.reset(scope)
         ACTOR.reset(actor)
+
+
+def _still_authorized(tenants: Tenants, key_id: str, sessions: Sessions | None,
+                      cookie: str | None) -> Callable[[], str | None]:
+    """What let a request in, asked again: its key, and the Web App session it came with."""
+
+    def still() -> str | None:
+        expires = tenants.key_expiry(key_id)
+        if cookie is None or sessions is None:
+            return expires
+        ends = sessions.ends_at(cookie)
+        return ends if expires is None or _instant(ends) < _instant(expires) else expires
+
+    return still
+
+
+def _instant(iso: str) -> dt.datetime:
+    at = dt.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
 
 
 async def _requested_org(request: web.Request) -> str | None:

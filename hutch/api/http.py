@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hutch.api.keys import BODY_CHECK, CONFIG
+from hutch.api.keys import BODY_CHECK, CONFIG, STILL_AUTHORIZED
 from hutch.core import phases
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_duration
@@ -38,6 +38,8 @@ async def json_body(request: web.Request, *, required: bool = True) -> dict[str,
 
 async def _json_body(request: web.Request, required: bool) -> dict[str, Any]:
     raw = await request.read()
+    if (still := request.get(STILL_AUTHORIZED)) is not None:
+        still()  # the body may have taken as long as its sender liked: a key revoked meanwhile acts no more
     if not raw.strip():
         if required:
             raise InvalidInput("body: a JSON object is required", field="body")

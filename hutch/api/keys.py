@@ -26,3 +26,7 @@ ForwardToOwner = Callable[[web.Request, str], Awaitable[web.StreamResponse | Non
 FORWARD_TO_OWNER: web.AppKey[ForwardToOwner] = web.AppKey("forward_to_owner")
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 API_KEY_ID: web.RequestKey[str] = web.RequestKey("api_key_id", str)
+# Asks again whether what let the request in still does (its key not revoked or expired, its
+# Web App session not signed out): ``Unauthorized`` if not, else when that ends (ISO-8601, None:
+# never). Set by the auth middleware; a request whose body or life is long asks it before acting.
+STILL_AUTHORIZED: web.RequestKey[Callable[[], str | None]] = web.RequestKey("still_authorized")

@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from hutch.api.keys import STILL_AUTHORIZED
+from hutch.core.errors import Unauthorized
 from hutch.service.watchers import Watchers
 
 T = TypeVar("T")
@@ -42,7 +44,19 @@ async def hold(watchers: Watchers, request: web.Request, execution_id: str, work
         gone = True  # the copy to a client that left failed
         return None, True
     finally:
-        watchers.detach(execution_id, abandoned=gone)
+        watchers.detach(execution_id, abandoned=gone and _may_still_act(request))
+
+
+def _may_still_act(request: web.Request) -> bool:
+    """Whether the key that waited still lives: one revoked (or expired) meanwhile cancels
+    nothing by leaving, as it could not by asking."""
+    if (still := request.get(STILL_AUTHORIZED)) is None:
+        return True
+    try:
+        still()
+    except Unauthorized:
+        return False
+    return True
 
 
 class _Looks:

@@ -146,6 +146,11 @@ class Tenants:
                 async with asyncio.timeout(_seconds_until(expires)):
                     await changed.wait()
 
+    def recheck(self) -> None:
+        """Something outside the log that lets a session in changed (a Web App sign-out):
+        ``until_refused`` asks its ``check`` again now."""
+        self._changed_now()
+
     def key_expiry(self, key_id: str) -> str | None:
         """The key's expiry (None: none; the bootstrap key's); ``Unauthorized`` once it is revoked
         or expired, as ``principal_for`` refuses it."""

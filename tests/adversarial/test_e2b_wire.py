@@ -636,3 +636,53 @@ def test_a_download_path_that_is_no_path_is_a_clear_4xx(wire: E2bServer, victim:
                            _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
     assert 400 <= status < 500, answer
     assert "path" in answer["message"], answer
+
+
+def _sent_slowly(server: E2bServer, path: str, headers: dict[str, str], first: bytes, rest: bytes,
+                 between: Any) -> Answer:
+    """A request whose body's ``first`` bytes go at once and its ``rest`` after ``between()``."""
+    url = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=60)
+    try:
+        conn.putrequest("POST", path)
+        for name, value in {**headers, "Content-Length": str(len(first) + len(rest))}.items():
+            conn.putheader(name, value)
+        conn.endheaders(first)
+        time.sleep(0.5)  # the headers are in: the key checked
+        between()
+        conn.send(rest)
+        resp = conn.getresponse()
+        raw = resp.read()
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(raw) if raw else None
+    except ValueError:
+        return resp.status, raw
+
+
+@pytest.mark.parametrize("route", ["/files", "/process.Process/Start"])
+def test_a_body_that_ends_after_its_keys_revocation_does_nothing(wire: E2bServer, victim: dict[str, Any],
+                                                                 route: str) -> None:
+    """envd's calls were authorized on their headers; a body may come as slowly as its sender
+    likes (an upload for as long as it lasts, a Connect message for up to a minute). Before: a
+    file upload, or a command's Start, begun before the key's revocation and finished after
+    wrote its file (every byte sent after included) or ran its command."""
+    key_id, member = _key_of(wire, "member")
+    status, got = _control(wire, member, "POST", f"/sandboxes/{victim['sandboxID']}/connect", {})
+    assert status == 200, got
+    target = f"/tmp/after-revocation-{route.rsplit('/', 1)[-1].lower()}"
+    if route == "/files":
+        path, kind, body = f"/files?path={target}", "application/octet-stream", b"before-" + b"after" * 1000
+    else:
+        message = json.dumps({"process": {"cmd": "/bin/touch", "args": [target]}}).encode()
+        path, kind, body = route, "application/connect+json", _envelope(message)
+    status, answer = _sent_slowly(wire, path, _envd_headers(victim["sandboxID"], got["envdAccessToken"], kind),
+                                  body[:7], body[7:], lambda: wire.server.data("DELETE", f"/keys/{key_id}"))
+    assert status == 401 or (status == 200 and "unauthenticated" in str(answer)), (status, answer)
+    status, listed = _call(wire, "POST", "/filesystem.Filesystem/ListDir", b'{"path": "/tmp"}',
+                           _envd_headers(victim["sandboxID"], victim["envdAccessToken"]))
+    assert status == 200, listed
+    sizes = {e["name"]: e.get("size") for e in listed.get("entries", [])}
+    # What was sent before the revocation may have landed (an upload writes as it comes), nothing after.
+    assert sizes.get(target.rsplit("/", 1)[-1]) in (None, "7" if route == "/files" else None), sizes

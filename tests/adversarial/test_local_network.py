@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from hutch.drivers.base import ExecRequest, ProvisionRequest
-from hutch.drivers.local import network, slirp
+from hutch.drivers.local import firewall_peers, network, slirp
 from hutch.drivers.local.driver import UID_BASE, LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -107,12 +107,21 @@ def private_lan() -> Iterator[None]:
 
 @contextlib.contextmanager
 def own_rules() -> Iterator[None]:
-    """This process's rules (its name server stand-in, its permits) in force until the block
-    ends: another test process's server start on this host installs its own, and would
-    otherwise replace them between this test's install and its probes."""
+    """This process's rules alone (its name server stand-in, its permits) in force until the
+    block ends: another test process's server start on this host installs its own, and would
+    otherwise replace them between this test's install and its probes; and every live hutch
+    process's walls are installed together (firewall_peers.py: another live test process, an
+    xdist worker, denies the LAN this test permits). The host lock keeps other installers out
+    meanwhile; the walls of all are back when it ends."""
     with network.host_firewall_lock():
-        network.install_firewall()
-        yield
+        strictest = firewall_peers.strictest
+        firewall_peers.strictest = lambda own: own
+        try:
+            network.install_firewall()
+            yield
+        finally:
+            firewall_peers.strictest = strictest
+            network.install_firewall()
 
 
 @pytest.fixture
@@ -218,6 +227,38 @@ async def test_a_server_start_never_opens_the_walls_while_it_rewrites_them(drive
             await driver.destroy(sid)
             host.close()
             await host.wait_closed()
+
+
+# Another hutch process of this host (a CLI's engine, a test server, a second server) that
+# installs the firewall with its own settings and then lives on, as a server does.
+OTHER_INSTALLER = r"""
+import os, sys
+os.environ["HUTCH_SANDBOX_EGRESS_PERMIT"] = sys.argv[1]
+from hutch.drivers.local import network
+network.ensure_firewall()
+print("installed", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_another_process_s_start_never_widens_this_one_s_walls(driver: LocalDriver) -> None:
+    """The chains are host-wide, and each process rewrote them whole with its own settings at
+    its start. Before: a server started with ``HUTCH_SANDBOX_EGRESS_PERMIT`` (a LAN opened for
+    its own tenants) opened that LAN to every other server's sandboxes on the host, which
+    denied it; the last installer's settings held for every sandbox of the host."""
+    with private_lan():
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=True))
+        other = await asyncio.create_subprocess_exec(sys.executable, "-c", OTHER_INSTALLER, LAN,
+                                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert other.stdout is not None
+            assert (await asyncio.wait_for(other.stdout.readline(), 60)).strip() == b"installed"
+            seen = await probe(driver, sid, [(LAN_SERVER, 8080)])
+            assert not seen[f"{LAN_SERVER}:8080"].startswith("open"), seen
+        finally:
+            await other.communicate(b"")
+            await driver.destroy(sid)
 
 
 async def test_an_operator_permits_a_private_range_by_name(driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import gzip
 import io
+import json
 import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -244,3 +245,129 @@ async def test_an_archive_upload_finished_after_its_key_s_revocation_lands_nothi
         resp.close()
     assert status == 401, status
     assert not _exists(world, sid, "/tmp/landed-after-revocation")
+
+
+@pytest.mark.parametrize("route", ["POST /keys", "POST /sandbox/{sid}/execute"])
+async def test_a_json_body_finished_after_its_key_s_revocation_does_nothing(world: World, route: str) -> None:
+    """A JSON body may arrive as slowly as its sender likes; the key was checked on the
+    request's headers. Before: an admin being off-boarded who had a ``POST /keys`` under way
+    (its body's last bytes held back) finished it after the revocation and got a fresh admin
+    key, the access the revocation ended back for good; an execute ran its command."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    made = world.data("beta_admin", "POST", "/keys", {"role": "admin"})
+    key_id, secret = made["id"], made["secret"]
+    method, path = route.split(" ")
+    path = path.format(sid=sid)
+    payload = json.dumps({"role": "admin", "name": "comeback"} if path == "/keys" else
+                         {"command": ["touch", "/tmp/json-after-revocation"]}).encode()
+    sent_first, go_on = asyncio.Event(), asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield payload[:5]
+        sent_first.set()
+        await go_on.wait()
+        yield payload[5:]
+
+    async with aiohttp.ClientSession() as http:
+        request = asyncio.ensure_future(http.request(method, world.url + path, data=body(), headers={
+            "Authorization": f"Bearer {secret}", "Content-Type": "application/json"}))
+        await sent_first.wait()
+        await asyncio.sleep(0.5)  # the headers are in: authenticated
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        go_on.set()
+        resp = await request
+        status, answer = resp.status, await resp.json()
+        resp.close()
+    assert status == 401, (status, answer)
+    assert "revoked" in answer["message"], answer
+    assert not [k for k in world.data("beta_admin", "GET", "/keys")["keys"] if k.get("name") == "comeback"]
+    await asyncio.sleep(1.0)  # an execute that got through would have run by now
+    assert not _exists(world, sid, "/tmp/json-after-revocation")
+
+
+async def test_signing_out_of_the_web_app_ends_its_terminals(world: World) -> None:
+    """A terminal opened with the Web App's session cookie lived as long as the API key behind
+    the session: signing out (the cookie refused from then on) left the terminal taking every
+    line typed into it, for whoever has the browser tab (a shared or borrowed computer) or
+    holds the websocket. A terminal opened by a session ends with the session."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    async with aiohttp.ClientSession(world.url, cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        signed = await browser.post("/app/session", json={"apiKey": world.keys["beta_member"]},
+                                    headers={"Origin": world.url})
+        assert signed.status == 201, await signed.text()
+        csrf = (await signed.json())["data"]["csrf"]
+        async with browser.ws_connect(f"/sandbox/{sid}/terminal?command=sh", headers={"Origin": world.url}) as ws:
+            await ws.send_bytes(b"echo before-$((40+2))\n")
+            seen = b""
+            while b"before-42" not in seen:
+                msg = await ws.receive(timeout=30)
+                assert msg.type is aiohttp.WSMsgType.BINARY, msg
+                seen += msg.data
+            out = await browser.delete("/app/session", headers={"Origin": world.url, "X-CSRF-Token": csrf})
+            assert out.status == 200, await out.text()
+            assert (await browser.get("/sandbox", headers={"Origin": world.url})).status == 401  # the control
+            ended = time.monotonic()
+            while not ws.closed:
+                left = ENDS_WITHIN - (time.monotonic() - ended)
+                assert left > 0, "the terminal stayed open after its session was signed out"
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await ws.send_bytes(b"touch /tmp/typed-after-sign-out\n")
+                with contextlib.suppress(TimeoutError):
+                    msg = await ws.receive(timeout=min(left, 0.5))
+                    if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
+                        break
+    assert not _exists(world, sid, "/tmp/typed-after-sign-out")
+
+
+async def test_a_snapshot_upload_stores_nothing_sent_after_its_key_s_revocation(world: World) -> None:
+    """``PUT /sandbox/snapshots/{id}/upload`` with the key (not the presigned URL) takes the
+    archive as slowly as it comes, into the organization's storage. Before: one begun before the
+    key's revocation was stored whole after it (200), though the presigned URL of the same
+    build was refused (401) by then."""
+    key_id, secret = _leaver(world)
+    build = world.data(secret, "POST", "/sandbox/snapshots/build", {"runtime": "base:latest", "name": "slow"})
+    archive = gzip.compress(b"\0" * 1024)
+    sent_first, go_on = asyncio.Event(), asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield archive[:10]
+        sent_first.set()
+        await go_on.wait()
+        yield archive[10:]
+
+    async with aiohttp.ClientSession() as http:
+        upload = asyncio.ensure_future(http.put(f"{world.url}/sandbox/snapshots/{build['snapshotId']}/upload",
+                                                data=body(), headers={"Authorization": f"Bearer {secret}",
+                                                                      "Content-Type": "application/gzip"}))
+        await sent_first.wait()
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        go_on.set()
+        resp = await upload
+        status, answer = resp.status, await resp.json()
+        resp.close()
+    assert status == 401, (status, answer)
+
+
+async def test_a_revoked_key_s_long_poll_cancels_nothing_by_leaving(world: World) -> None:
+    """A command is cancelled when every client waiting for it went away, and a member's
+    long-poll counts as one (its right judged when the wait starts). Before: a member's key
+    revoked while it long-polled an admin's command still cancelled that command by hanging up,
+    an act of the organization's after the key's end."""
+    sid = world.sandbox("terminal", who="beta_member", runtime="base:latest")
+    key_id, secret = _leaver(world)
+    ex = world.data("beta_admin", "POST", f"/sandbox/{sid}/execute", {"command": ["sleep", "40"], "timeout": "60s"})
+    async with aiohttp.ClientSession() as http:
+        poll = asyncio.ensure_future(http.get(f"{world.url}/sandbox/execution/{ex['executionId']}?wait=50s",
+                                              headers={"Authorization": f"Bearer {secret}"}))
+        await asyncio.sleep(1.0)  # the long-poll waits
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        poll.cancel()  # the leaver hangs up
+        with contextlib.suppress(asyncio.CancelledError):
+            await poll
+    await asyncio.sleep(5.0)  # past the abandon grace (3 s)
+    status = world.data("beta_admin", "GET", f"/sandbox/execution/{ex['executionId']}")["status"]
+    world.data("beta_admin", "POST", f"/sandbox/execution/{ex['executionId']}/cancel")
+    assert status == "running", status

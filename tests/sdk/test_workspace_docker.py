@@ -96,6 +96,11 @@ async def test_a_docker_workspace_runs_every_language_confined(engine: Any, tree
         assert (config["NetworkMode"], config["CapDrop"], config["Privileged"], config["ReadonlyRootfs"]) == \
             ("none", ["ALL"], False, True)
         assert config["Memory"] == 2 * 2**30 and config["PidsLimit"] == 1024
+        # Every sandbox has a CPU limit (docs/security.md): before, none (NanoCpus 0, CpuQuota 0),
+        # and the workspace's code took every core of the machine. What the kernel holds it to:
+        quota = (await ws.shell("cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us "
+                                "/sys/fs/cgroup/cpu/cpu.cfs_period_us")).stdout.split()
+        assert config["NanoCpus"] == 10**9 and quota == ["100000", "100000"], (config["NanoCpus"], quota)
         assert "no-new-privileges" in config["SecurityOpt"]
         # Detach, reattach by the container's id (as a new process would), snapshot as files.
         cid, directory = ws.id, ws._dir

@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from hutch.api.e2b import connect
-from hutch.api.keys import ENGINE, TENANTS
+from hutch.api.keys import ENGINE, STILL_AUTHORIZED, TENANTS
 from hutch.core import ids
 from hutch.core.errors import HutchError, RateLimited, Unauthorized
 from hutch.core.events import acting
@@ -146,6 +146,11 @@ def still_valid(request: web.Request) -> None:
     tenants.key_expiry(request[PRINCIPAL_KEY].key_id)
 
 
+def _key_still_valid(request: web.Request, principal: Principal) -> Callable[[], str | None]:
+    tenants = request.app[TENANTS]
+    return lambda: tenants.key_expiry(principal.key_id)
+
+
 def control(access: Access) -> Callable[[Handler], Handler]:
     """A control-plane handler: it runs as the X-API-Key's organization."""
 
@@ -154,6 +159,7 @@ def control(access: Access) -> Callable[[Handler], Handler]:
         async def run(request: web.Request) -> web.StreamResponse:
             principal = _control_principal(request, access)
             request[PRINCIPAL_KEY] = principal
+            request[STILL_AUTHORIZED] = _key_still_valid(request, principal)
             with acting(principal):
                 return await handler(request)
 
@@ -170,6 +176,7 @@ def envd(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Han
         principal, sandbox_id = await envd_principal(request)
         request[PRINCIPAL_KEY] = principal
         request[SANDBOX_KEY] = sandbox_id
+        request[STILL_AUTHORIZED] = _key_still_valid(request, principal)
         with acting(principal):
             return await handler(request)
 

@@ -19,6 +19,7 @@ import struct
 import attrs
 from aiohttp import web
 
+from hutch.api.keys import STILL_AUTHORIZED
 from hutch.core.errors import HutchError, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 
 UNARY = {"application/proto": False, "application/json": True}  # content type -> is JSON
@@ -119,6 +120,8 @@ async def read_request(request: web.Request) -> Call:
         raise UnsupportedMediaType(f"Content-Type: expected one of {', '.join([*UNARY, *STREAM])}, got {kind!r}")
     _check_encoding(request)
     body = await _read_body(request)
+    if (still := request.get(STILL_AUTHORIZED)) is not None:
+        still()  # up to a minute of body: a key revoked meanwhile acts no more
     if kind in UNARY:
         return Call(body, False, UNARY[kind])
     if len(body) < 5:

@@ -23,7 +23,7 @@ from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token, hutch_id, w
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.network import hutch_network
 from hutch.api.http import parse_json
-from hutch.api.keys import ENGINE
+from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.api.parse import parse_create
 from hutch.core import runtimes
 from hutch.core.errors import Conflict, InvalidInput, NotFound, NotSupported, SandboxNotFound
@@ -107,6 +107,7 @@ def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
 
 async def read_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
+    request[STILL_AUTHORIZED]()  # the body may have taken as long as its sender liked: a key revoked meanwhile acts no more
     body = parse_json(raw) if raw.strip() else {}
     if not isinstance(body, dict):
         raise InvalidInput("body: expected a JSON object", field="body")

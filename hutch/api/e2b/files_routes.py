@@ -18,7 +18,7 @@ from hutch.api.e2b import codec, connect
 from hutch.api.e2b import filesystem_messages as msg
 from hutch.api.e2b.access import SANDBOX_KEY, envd
 from hutch.api.http import stream
-from hutch.api.keys import ENGINE
+from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.core.driver_types import FileInfo, home_of
 from hutch.core.errors import FileNotFound, InvalidInput, NotFound, NotSupported
 
@@ -217,11 +217,13 @@ async def download(request: web.Request) -> web.StreamResponse:
 async def _body_chunks(request: web.Request) -> AsyncIterator[bytes]:
     # A gzip upload (Content-Encoding: gzip) arrives inflated: aiohttp decodes the body.
     async for chunk in request.content.iter_chunked(2**16):
+        request[STILL_AUTHORIZED]()  # an upload lasts as long as its sender likes: none after its key ended
         yield chunk
 
 
-async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
+async def _part_chunks(request: web.Request, part: BodyPartReader) -> AsyncIterator[bytes]:
     while chunk := await part.read_chunk(2**16):
+        request[STILL_AUTHORIZED]()
         yield chunk
 
 
@@ -242,7 +244,7 @@ async def upload(request: web.Request) -> web.Response:
             if not isinstance(part, BodyPartReader):
                 raise InvalidInput("body: nested multipart is not supported", field="body")
             path = await path_of(request, given if given and not written else part.filename, "file name")
-            await engine.files.write(sandbox_id, path, _part_chunks(part), parents=True)
+            await engine.files.write(sandbox_id, path, _part_chunks(request, part), parents=True)
             if keeps:  # an overwrite keeps none of the old file's metadata, as envd's
                 await engine.files.set_metadata(sandbox_id, path, meta)
             written.append(path)

@@ -3,13 +3,14 @@ public listing, and download of snapshots (service/snapshots.py does the work)."
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, json_body, ok, q_bool, q_choice, q_int, q_offset, stream
-from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, TENANTS
+from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, STILL_AUTHORIZED, TENANTS
 from hutch.api.parse import expect, parse_env
 from hutch.api.render import lineage_entry, snapshot_info
 from hutch.core import limits
@@ -20,7 +21,7 @@ from hutch.core.snapshots import check_name
 from hutch.core.tenancy import secrets_match
 from hutch.projections.base import SNAPSHOT_SORTS, SnapshotQuery
 from hutch.service.snapshots import LINEAGE_MAX, unchanged
-from hutch.service.tenancy import project_for
+from hutch.service.tenancy import Tenants, project_for
 
 routes = web.RouteTableDef()
 
@@ -154,19 +155,35 @@ async def upload(request: web.Request) -> web.Response:
     made the build lives (revoked or expired, its presigned URLs are too)."""
     engine = request.app[ENGINE]
     snapshot_id = request.match_info["snapshot_id"]
+    check = request.get(STILL_AUTHORIZED)
     if API_KEY_ID not in request:
         token = request.query.get("token", "")
         if not secrets_match(token, engine.snapshots.upload_token(snapshot_id)):
             raise Unauthorized("upload: the token does not match this snapshot's upload URL")
         maker = (await engine.snapshots.get(snapshot_id, include_building=True, own=True)).api_key_id
-        if maker is not None:
-            try:
-                request.app[TENANTS].key_expiry(maker)
-            except Unauthorized as err:
-                raise Unauthorized(f"upload: the key that made this URL is no longer valid ({err.message})") from None
-    await engine.snapshots.upload(snapshot_id, request.content.iter_chunked(1 << 20),
+        check = _maker_lives(request.app[TENANTS], maker) if maker is not None else None
+        if check is not None:
+            check()
+    await engine.snapshots.upload(snapshot_id, _while_authorized(check, request.content.iter_chunked(1 << 20)),
                                   request.app[CONFIG].max_upload_bytes, declared=request.content_length)
     return ok({"success": True, "scanned": False, "message": "stored; archives are checked when finalized"})
+
+
+def _maker_lives(tenants: Tenants, maker: str) -> Callable[[], object]:
+    def check() -> None:
+        try:
+            tenants.key_expiry(maker)
+        except Unauthorized as err:
+            raise Unauthorized(f"upload: the key that made this URL is no longer valid ({err.message})") from None
+    return check
+
+
+async def _while_authorized(check: Callable[[], object] | None, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An upload lasts as long as its sender likes: nothing sent after its key ended is stored."""
+    async for chunk in chunks:
+        if check is not None:
+            check()
+        yield chunk
 
 
 @routes.post("/sandbox/snapshots/{snapshot_id}/finalize")

@@ -7,7 +7,8 @@ bytes both ways (input as typed, output as the screen gets it); text frames carr
 messages as JSON: ``{"type": "resize", "rows": R, "cols": C}`` from the client, and at the
 end ``{"type": "exit", "exitCode": N}`` from the server, which then closes. A client that
 closes first hangs the terminal up (SIGHUP to the session, then its tree is killed). The
-terminal lives as long as the key that opened it: once that key is revoked or expires the
+terminal lives as long as the key that opened it (and the Web App session it was opened from):
+once that key is revoked or expires (or the session signed out) the
 server sends ``{"type": "error", "message": …}`` naming why, closes (1008) and kills the
 terminal's tree, as it would at a hang-up.
 """
@@ -24,7 +25,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from hutch.api.access import needs
 from hutch.api.http import parse_json, q_int
-from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.api.keys import ENGINE, STILL_AUTHORIZED, TENANTS
 from hutch.core.errors import InvalidInput, Unauthorized
 from hutch.core.tenancy import Access
 from hutch.service.terminals import ActiveTerminal, TerminalOptions, check_term
@@ -56,11 +57,10 @@ async def terminal(request: web.Request) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise InvalidInput("this endpoint is a websocket: connect with an Upgrade: websocket request",
                            field="Upgrade")
-    tenants, key_id = request.app[TENANTS], request[PRINCIPAL].key_id
-
-    def check() -> str | None:  # Unauthorized once the key that opens it is revoked or expired
-        return tenants.key_expiry(key_id)
-
+    tenants = request.app[TENANTS]
+    # Unauthorized once the key that opens it is revoked or expired, or the Web App session it
+    # was opened from is signed out.
+    check = request[STILL_AUTHORIZED]
     active = await engine.terminals.open(sandbox_id, opts)
     try:
         await ws.prepare(request)

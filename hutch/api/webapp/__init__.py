@@ -18,7 +18,7 @@ from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok
-from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.api.keys import ENGINE, PRINCIPAL, STILL_AUTHORIZED, TENANTS
 from hutch.api.watchers import while_client_stays
 from hutch.api.webapp.sessions import (
     HOST_ONLY,
@@ -31,7 +31,6 @@ from hutch.api.webapp.sessions import (
 )
 from hutch.core.errors import InvalidInput, NotFound, Unauthorized, UnsupportedMediaType
 from hutch.core.tenancy import Access, Principal, visible
-from hutch.service.tenancy import Tenants
 
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
@@ -113,15 +112,17 @@ async def whoami(request: web.Request) -> web.Response:
 async def sign_out(request: web.Request) -> web.Response:
     if cookie := session_cookie(request):
         request.app[SESSIONS].end(cookie)
+        request.app[TENANTS].recheck()  # the terminals this session opened end now
     resp = ok({"signedOut": True})
     for name in cookie_names(request):
         resp.del_cookie(name, path="/", secure=name.startswith(HOST_ONLY) or None)  # a browser drops only what it could set
     return resp
 
 
-def _key_lives(tenants: Tenants, principal: Principal) -> bool:
+def _still_in(request: web.Request) -> bool:
+    """The key lives, and the session the feed came with is not signed out."""
     try:
-        tenants.key_expiry(principal.key_id)
+        request[STILL_AUTHORIZED]()
     except Unauthorized:
         return False
     return True
@@ -137,7 +138,7 @@ async def live(request: web.Request) -> web.StreamResponse:
     """Server-sent events: one per event appended to the log that the caller may see, while
     its key lives: revoked or expired, the feed ends before it tells another one."""
     principal = request[PRINCIPAL]
-    engine, tenants = request.app[ENGINE], request.app[TENANTS]
+    engine = request.app[ENGINE]
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
@@ -152,11 +153,11 @@ async def live(request: web.Request) -> web.StreamResponse:
                 # wait for the next heartbeat's failed write to be done with this handler.
                 event, gone = await while_client_stays(request, asyncio.wait_for(queue.get(), _HEARTBEAT))
             except TimeoutError:
-                if not _key_lives(tenants, principal):
+                if not _still_in(request):
                     break
                 await resp.write(b": heartbeat\n\n")  # keeps proxies from closing an idle stream
                 continue
-            if gone or event is None or queue.overflowed or not _key_lives(tenants, principal):
+            if gone or event is None or queue.overflowed or not _still_in(request):
                 break
             if not visible(event.org_id, event.project) or event.org_id != principal.org_id:
                 continue

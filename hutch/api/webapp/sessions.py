@@ -128,6 +128,13 @@ class Sessions:
             raise Unauthorized("the session has ended; sign in again")
         return str(data["k"])
 
+    def ends_at(self, cookie: str) -> str:
+        """When the session ends (ISO-8601 UTC); ``Unauthorized`` if it has (expired or signed out)."""
+        self.key_id(cookie)
+        body = cookie.partition(".")[0]
+        expires = float(json.loads(base64.urlsafe_b64decode(body))["e"])
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+
     def end(self, cookie: str) -> None:
         body = cookie.partition(".")[0]
         with contextlib.suppress(ValueError, KeyError, TypeError):

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from hutch.core import egress
 from hutch.core.errors import DriverFailure
+from hutch.drivers.local import firewall_peers
 
 SUBNET = ipaddress.ip_network(os.environ.get("HUTCH_SANDBOX_SUBNET", "10.213.0.0/16"))
 GATEWAY = SUBNET[1]
@@ -143,12 +144,14 @@ def install_firewall() -> None:
     tests/adversarial/test_local_network.py). Declaring a
     chain in a ``--noflush`` restore empties and refills it in the same transaction."""
     est = "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"
+    # The chains are every process's of this namespace: its walls and every live one's.
+    walls = firewall_peers.strictest(firewall_peers.Walls(tuple(denied()), (str(SUBNET),), tuple(nameservers())))
     fwd = [f"-A HUTCH-FWD -o {PREFIX}+ {est}", f"-A HUTCH-FWD -o {PREFIX}+ -j DROP",
            f"-A HUTCH-FWD -i {PREFIX}p+ -j DROP", f"-A HUTCH-FWD -i {PREFIX}n+ -j {ALLOW_CHAIN}"]
     # Before the drops: the name servers are often private addresses (10.255.255.53 here).
     fwd += [f"-A HUTCH-FWD -i {PREFIX}n+ -d {ns}/32 -p {proto} --dport 53 -j ACCEPT"
-            for ns in nameservers() for proto in ("udp", "tcp")]
-    fwd += [f"-A HUTCH-FWD -i {PREFIX}n+ -d {cidr} -j DROP" for cidr in [str(SUBNET), *denied()]]
+            for ns in walls.nameservers for proto in ("udp", "tcp")]
+    fwd += [f"-A HUTCH-FWD -i {PREFIX}n+ -d {cidr} -j DROP" for cidr in [*walls.subnets, *walls.denied]]
     fwd += [f"-A HUTCH-FWD -i {PREFIX}n+ -j ACCEPT", f"-A HUTCH-FWD -i {PREFIX}+ -j DROP"]
     _iptables("-N", ALLOW_CHAIN, check=False)  # not in the restore: live sandboxes' allow-lists stay
     _run("iptables-restore", "-w", "--noflush", stdin="\n".join([

@@ -100,7 +100,10 @@ class Registry:
             return sb
         try:
             data = json.loads(_get(self.sandbox_root / sid / "meta.json"))
-            data["id"] = sid  # a claimed pooled sandbox renamed before its meta was rewritten
+            if data.get("id") != sid:
+                # A pooled sandbox whose claim was cut short (pool.py: its meta is written last,
+                # after the tenant's limits): nobody's, and with the pool's cgroup (no CPU quota).
+                return None
             return LocalSandbox(**data)
         except (OSError, ValueError, TypeError):
             return None
