@@ -192,6 +192,15 @@ async def resume(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def update_network(request: web.Request) -> web.Response:
+    """A live sandbox's egress rules replaced (NetworkRules): the server checked them."""
+    body = await request.json()
+    await request.app[DRIVER].update_network(request.match_info["id"], enabled=bool(body["enabled"]),
+                                             allow=tuple(str(a) for a in body["allow"]),
+                                             deny=tuple(str(d) for d in body["deny"]))
+    return web.json_response({"ok": True})
+
+
 async def usage(request: web.Request) -> web.Response:
     disk = request.query.get("disk") == "1"
     return web.json_response(converter.unstructure(await request.app[DRIVER].usage(request.match_info["id"],
@@ -240,6 +249,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/runtimes/{name}/build", build_runtime)
     r.add_post("/v1/sandboxes/{id}/pause", pause)
     r.add_post("/v1/sandboxes/{id}/resume", resume)
+    r.add_put("/v1/sandboxes/{id}/network", update_network)
     r.add_get("/v1/sandboxes/{id}/usage", usage)
     r.add_get("/v1/sandboxes/{id}/checkpoints", checkpoint_sizes)
     r.add_post("/v1/sandboxes/{id}/checkpoints/{cid}", checkpoint)
