@@ -37,7 +37,7 @@ class EgressRules:
             raise NotSupported(f"network: driver {name} cannot change a running sandbox's egress rules",
                                field="network")
         for field, asked, can, what in (("network.allow", allow, self._caps.egress_allow, "limit a network to destinations"),
-                                        ("network.deny", deny, self._caps.egress_deny, "deny a network destinations")):
+                                        ("network.deny", deny, self._caps.egress_deny, "keep a network from destinations")):
             if asked and not can:
                 raise NotSupported(f"{field}: driver {name} cannot {what}", field=field)
         if allow:
