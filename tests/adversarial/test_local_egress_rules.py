@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from hutch.core.errors import NotSupported
+from hutch.core.errors import DriverFailure, NotSupported
 from hutch.drivers.base import ExecRequest, ProvisionRequest
 from hutch.drivers.local import network
 from hutch.drivers.local.driver import UID_BASE, LocalDriver
@@ -170,5 +170,23 @@ async def test_an_update_gives_no_network_to_a_sandbox_made_without(driver: Loca
         seen = await probe(driver, sid, [(INET_SERVER, 8080)])
         assert reached(seen) == set(), seen
         assert not network.link_exists(network.host_veth(driver._registry.running(sid).uid - UID_BASE, True))
+    finally:
+        await driver.destroy(sid)
+
+
+async def test_a_swap_that_fails_leaves_the_old_rules_in_force_and_on_record(driver: LocalDriver,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    sid = await sandbox(driver, network_enabled=True, network_deny=(f"{INET_SERVER}/32",))
+    try:
+        def refused(*_: object, **__: object) -> None:
+            raise DriverFailure("network setup failed: iptables-restore: refused")
+
+        monkeypatch.setattr(network, "set_rules", refused)
+        with pytest.raises(DriverFailure):
+            await driver.update_network(sid, enabled=True, allow=(), deny=())
+        monkeypatch.undo()
+        sb = driver._registry.running(sid)
+        assert (sb.deny, sb.allow, sb.rules_generation) == ([f"{INET_SERVER}/32"], {}, 0)
+        assert reached(await probe(driver, sid, [(INET_SERVER, 8080), (INET_SERVER2, 8080)])) == {B}
     finally:
         await driver.destroy(sid)

@@ -76,10 +76,12 @@ class SandboxNetwork:
                     raise NotSupported(f"network: sandbox {sid} was made without outbound network, and an update "
                                        "cannot give it one; create it with network enabled", field="network")
                 return
-            sb.deny = list(deny) if enabled else [ALL_TRAFFIC]
-            sb.rules_generation += 1
-            await asyncio.to_thread(self._set_rules, sb, {e: sorted(c) for e, c in resolved.items()})
-            sb.allow = {e: sorted(c) for e, c in resolved.items()}
+            listed = {e: sorted(c) for e, c in resolved.items()}
+            denied, generation = list(deny) if enabled else [ALL_TRAFFIC], sb.rules_generation + 1
+            # Kept only once in force: a failed swap leaves the old rules, and the record says so.
+            await asyncio.to_thread(network.set_rules, sb.uid - UID_BASE, allow=flatten(listed) if listed else None,
+                                    deny=denied, generation=generation)
+            sb.allow, sb.deny, sb.rules_generation = listed, denied, generation
             self._registry.write_meta(sb)
             if sb.allow:
                 self.allow.replace(sid, resolved)
