@@ -6,6 +6,7 @@ from inside sandboxes in tests/adversarial/test_local_egress_rules.py.)"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +26,14 @@ def _rules(server: E2bServer, sbx: Sandbox) -> tuple[bool, list[str] | None, lis
     """hutch's own API's enabled, allow-list and deny-list of the sandbox."""
     sb = server.server.data("GET", f"/sandbox/{sbx.sandbox_id}")
     return sb["networkEnabled"], sb.get("networkAllow"), sb.get("networkDeny")
+
+
+@pytest.fixture(scope="module")
+def networked(e2b_env: E2bServer) -> Iterator[Sandbox]:
+    """One sandbox with network, for the refusals (each leaves it as it was)."""
+    sbx = Sandbox.create(timeout=300, allow_internet_access=True)
+    yield sbx
+    sbx.kill()
 
 
 def _network_events(server: E2bServer, sbx: Sandbox) -> int:
@@ -101,12 +110,11 @@ def test_update_network_gives_no_network_to_a_sandbox_made_without(e2b_env: E2bS
     ({"allow_internet_access": "no"}, 400, "allow_internet_access: expected true or false"),
     ({"maskRequestHost": "x.example.com"}, 400, "network.maskRequestHost: not a field"),
 ])
-def test_an_update_hutch_cannot_keep_is_refused_naming_the_field(e2b_env: E2bServer, update: dict[str, Any],
-                                                                 status: int, says: str) -> None:
-    with Sandbox.create(timeout=30, allow_internet_access=True) as sbx:
-        code, answer = e2b_env.call("PUT", f"/sandboxes/{sbx.sandbox_id}/network", update)
-        assert (code, answer["code"]) == (status, status) and says in answer["message"], answer
-        assert _rules(e2b_env, sbx) == (True, None, None) and _network_events(e2b_env, sbx) == 0
+def test_an_update_hutch_cannot_keep_is_refused_naming_the_field(e2b_env: E2bServer, networked: Sandbox,
+                                                                 update: dict[str, Any], status: int, says: str) -> None:
+    code, answer = e2b_env.call("PUT", f"/sandboxes/{networked.sandbox_id}/network", update)
+    assert (code, answer["code"]) == (status, status) and says in answer["message"], answer
+    assert _rules(e2b_env, networked) == (True, None, None) and _network_events(e2b_env, networked) == 0
 
 
 @pytest.mark.parametrize(("network", "says"), [
@@ -139,10 +147,9 @@ def test_a_malformed_network_is_refused_in_e2bs_shape(e2b_env: E2bServer, body: 
     assert (code, answer["code"]) == (status, status) and says in answer["message"], answer
 
 
-def test_another_organizations_sandbox_is_not_there_to_update(e2b_env: E2bServer) -> None:
-    with Sandbox.create(timeout=30, allow_internet_access=True) as sbx:
-        other = e2b_env.key_of_new_org("e2bnetother")
-        code, answer = e2b_env.call("PUT", f"/sandboxes/{sbx.sandbox_id}/network", {"denyOut": ["0.0.0.0/0"]},
-                                    key=other)
-        assert code == 404, answer  # another organization's sandbox is not there at all
-        assert _rules(e2b_env, sbx) == (True, None, None) and _network_events(e2b_env, sbx) == 0
+def test_another_organizations_sandbox_is_not_there_to_update(e2b_env: E2bServer, networked: Sandbox) -> None:
+    other = e2b_env.key_of_new_org("e2bnetother")
+    code, answer = e2b_env.call("PUT", f"/sandboxes/{networked.sandbox_id}/network", {"denyOut": ["0.0.0.0/0"]},
+                                key=other)
+    assert code == 404, answer  # another organization's sandbox is not there at all
+    assert _rules(e2b_env, networked) == (True, None, None) and _network_events(e2b_env, networked) == 0
