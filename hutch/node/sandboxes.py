@@ -12,7 +12,7 @@ from aiohttp import web
 
 from hutch.core import phases
 from hutch.core.driver_types import ProvisionRequest
-from hutch.core.errors import HutchError, NodeFull
+from hutch.core.errors import HutchError, InvalidInput, NodeFull
 from hutch.core.serde import converter
 from hutch.drivers.node import placement
 from hutch.node.census import Census
@@ -195,9 +195,14 @@ async def resume(request: web.Request) -> web.Response:
 async def update_network(request: web.Request) -> web.Response:
     """A live sandbox's egress rules replaced (NetworkRules): the server checked them."""
     body = await request.json()
-    await request.app[DRIVER].update_network(request.match_info["id"], enabled=bool(body["enabled"]),
-                                             allow=tuple(str(a) for a in body["allow"]),
-                                             deny=tuple(str(d) for d in body["deny"]))
+    if not isinstance(body, dict):
+        body = {}
+    enabled, allow, deny = body.get("enabled"), body.get("allow"), body.get("deny")
+    if not (isinstance(enabled, bool) and isinstance(allow, list) and isinstance(deny, list)
+            and all(isinstance(e, str) for e in [*allow, *deny])):
+        raise InvalidInput("network: expected {enabled: bool, allow: [str], deny: [str]}", field="network")
+    await request.app[DRIVER].update_network(request.match_info["id"], enabled=enabled, allow=tuple(allow),
+                                             deny=tuple(deny))
     return web.json_response({"ok": True})
 
 

@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hutch.core import egress
-from hutch.core.errors import DriverFailure
+from hutch.core.errors import DriverFailure, InvalidInput
 
 SUBNET = ipaddress.ip_network(os.environ.get("HUTCH_SANDBOX_SUBNET", "10.213.0.0/16"))
 GATEWAY = SUBNET[1]
@@ -245,12 +245,25 @@ def set_rules(index: int, *, allow: list[str] | None, deny: list[str], generatio
     """Put sandbox ``index``'s rules in force, replacing any it had, in one iptables-restore
     commit: its chain emptied and refilled and, the first time, the jump to it, together, so
     no packet meets the chain half-written nor the sandbox without one."""
+    # Each entry becomes part of a rule line: only an IPv4 network, as ipaddress writes it, gets
+    # there (the callers checked them; a line break in one would be a rule of its own).
+    allow, deny = (None if allow is None else _cidrs(allow, "network.allow")), _cidrs(deny, "network.deny")
     ensure_firewall()
     chain, veth = _allow_chain(index), host_veth(index, True)
     lines = ["*filter", *rules_chain(index, allow=allow, deny=deny, generation=generation)]
     if not _iptables("-C", ALLOW_CHAIN, "-i", veth, "-j", chain, check=False):
         lines.append(f"-A {ALLOW_CHAIN} -i {veth} -j {chain}")
     _run("iptables-restore", "-w", "--noflush", stdin="\n".join([*lines, "COMMIT"]) + "\n")
+
+
+def _cidrs(entries: list[str], field: str) -> list[str]:
+    out = []
+    for entry in entries:
+        try:
+            out.append(str(ipaddress.IPv4Network(entry, strict=False)))
+        except ValueError:
+            raise InvalidInput(f"{field}: {entry!r} is not an IPv4 address or CIDR", field=field) from None
+    return out
 
 
 def set_allowed(index: int, cidrs: list[str]) -> None:
