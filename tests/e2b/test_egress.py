@@ -22,9 +22,14 @@ def _network(server: E2bServer, sbx: Sandbox) -> tuple[bool, list[str] | None]:
     return sb["networkEnabled"], sb.get("networkAllow")
 
 
+def _hutch_id(sbx: Sandbox) -> str:
+    """hutch's id of an E2B sandbox (E2B's may be it without its sbx_ prefix)."""
+    return sbx.sandbox_id if sbx.sandbox_id.startswith("sbx_") else f"sbx_{sbx.sandbox_id}"
+
+
 def _rules(server: E2bServer, sbx: Sandbox) -> tuple[bool, list[str] | None, list[str] | None]:
     """hutch's own API's enabled, allow-list and deny-list of the sandbox."""
-    sb = server.server.data("GET", f"/sandbox/{sbx.sandbox_id}")
+    sb = server.server.data("GET", f"/sandbox/{_hutch_id(sbx)}")
     return sb["networkEnabled"], sb.get("networkAllow"), sb.get("networkDeny")
 
 
@@ -37,7 +42,7 @@ def networked(e2b_env: E2bServer) -> Iterator[Sandbox]:
 
 
 def _network_events(server: E2bServer, sbx: Sandbox) -> int:
-    events = server.server.data("GET", f"/sandbox/sandboxes/{sbx.sandbox_id}/events?limit=100")["events"]
+    events = server.server.data("GET", f"/sandbox/sandboxes/{_hutch_id(sbx)}/events?limit=100")["events"]
     return sum(e["type"] == "network" for e in events)
 
 
