@@ -168,6 +168,13 @@ class Sandbox:
     async def resume(self) -> None:
         await self._services.sandboxes.resume(self.id)
 
+    async def update_network(self, *, enabled: bool, allow: Sequence[str] | None = None,
+                             deny: Sequence[str] | None = None) -> SandboxInfo:
+        """Replace this sandbox's egress rules whole (:meth:`SandboxClient.update_network`)."""
+        info = await self._services.sandboxes.update_network(self.id, enabled=enabled, allow=allow, deny=deny)
+        self.info = info
+        return info
+
     async def write_files(self, files: Files) -> int:
         return await self._services.files.write_files(self.id, files)
 

@@ -247,6 +247,16 @@ class Sandboxes:
     async def resume(self, sandbox_id: str) -> None:
         await self.connection.request("POST", f"/sandbox/{sandbox_id}/resume", sandbox_id=sandbox_id)
 
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: Sequence[str] | None = None,
+                             deny: Sequence[str] | None = None) -> SandboxInfo:
+        body: dict[str, Any] = {"enabled": enabled}
+        if allow is not None:
+            body["allow"] = list(allow)
+        if deny is not None:
+            body["deny"] = list(deny)
+        resp = await self.connection.request("PUT", f"/sandbox/{sandbox_id}/network", json=body, sandbox_id=sandbox_id)
+        return from_wire(SandboxInfo, self.connection.data(resp))
+
     # ------------------------------------------------------------ runtimes, the server
 
     async def list_runtimes(

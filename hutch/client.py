@@ -242,6 +242,13 @@ class SandboxClient:
     async def resume(self, sandbox_id: str) -> None:
         await self._sandboxes.resume(sandbox_id)
 
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: Sequence[str] | None = None,
+                             deny: Sequence[str] | None = None) -> SandboxInfo:
+        """Replace a running sandbox's egress rules whole: ``enabled``, and an ``allow``-list
+        (only these) or a ``deny``-list (all but these IPv4 addresses/CIDRs). A sandbox made
+        without network gets none; its port stays. Returns the sandbox as it is then."""
+        return await self._sandboxes.update_network(sandbox_id, enabled=enabled, allow=allow, deny=deny)
+
     async def list_runtimes(
         self,
         *,

@@ -34,7 +34,7 @@ from hutch.core.errors import InvalidInput
 HUTCH_ONLY = frozenset({
     ("POST", "/orgs"), ("PATCH", "/orgs/{org_id}/quota"), ("POST", "/projects"), ("POST", "/keys"),
     ("POST", "/ssh-keys"), ("POST", "/sandbox/{sandbox_id}/fork"), ("POST", "/app/session"),
-    ("POST", "/nodes/{node}/drain"),
+    ("POST", "/nodes/{node}/drain"), ("PUT", "/sandbox/{sandbox_id}/network"),
 })
 
 # What @agentuity/core 2.0.21 (tests/compat/node_modules/@agentuity/core/src/services) sends

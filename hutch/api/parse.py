@@ -235,10 +235,31 @@ def _parse_network(body: Mapping[str, Any]) -> NetworkSpec:
     port = expect(net, "port", int, "an integer port", "network.")
     if port is not None and not 1024 <= port <= 65535:
         raise InvalidInput(f"network.port: {port} is outside 1024-65535", field="network.port")
+    return NetworkSpec(enabled=enabled, port=port, **egress_lists(net, enabled))
+
+
+def parse_network_update(body: Mapping[str, Any]) -> tuple[bool, tuple[str, ...], tuple[str, ...]]:
+    """PUT /sandbox/{id}/network: ``enabled`` (required), and ``allow`` or ``deny``."""
+    enabled = expect(body, "enabled", bool, "true or false")
+    if enabled is None:
+        raise InvalidInput("enabled: required: true (with allow or deny, or neither: unrestricted) or false",
+                           field="enabled")
+    lists = egress_lists(body, enabled)
+    return enabled, lists["allow"], lists["deny"]
+
+
+def egress_lists(net: Mapping[str, Any], enabled: bool) -> dict[str, tuple[str, ...]]:
+    """``network.allow`` and ``network.deny`` of a create or a network update: one or the other."""
     allow = egress.parse_allow(net["allow"]) if net.get("allow") is not None else ()
-    if allow and not enabled:
-        raise InvalidInput("network.allow: limits an enabled network; add network.enabled: true", field="network.allow")
-    return NetworkSpec(enabled=enabled, port=port, allow=allow)
+    deny = egress.parse_deny(net["deny"]) if net.get("deny") is not None else ()
+    for field, given in (("allow", allow), ("deny", deny)):
+        if given and not enabled:
+            raise InvalidInput(f"network.{field}: limits an enabled network; add network.enabled: true",
+                               field=f"network.{field}")
+    if allow and deny:
+        raise InvalidInput("network.deny: with network.allow everything it does not list is denied already; "
+                           "give one of them", field="network.deny")
+    return {"allow": allow, "deny": deny}
 
 
 def _parse_timeouts(body: Mapping[str, Any]) -> TimeoutSpec:

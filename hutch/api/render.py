@@ -101,6 +101,7 @@ def sandbox_info(sb: SandboxState, stream_urls: tuple[str, str] | None, url: str
             "networkEnabled": spec.network.enabled,
             "networkPort": spec.network.port,
             "networkAllow": list(spec.network.allow) or None,  # hutch's extension
+            "networkDeny": list(spec.network.deny) or None,  # hutch's extension
             "url": url,
             "org": org_ref(spec.org_id),
             "projectId": spec.project_id,

@@ -136,6 +136,7 @@ ROUTES: dict[tuple[str, str], Op] = {
     ("POST", _S + "/fork"): Op("Fork", "Forked", required=False),
     ("POST", _S + "/pause"): Op(NONE, NONE, top="Paused"),
     ("POST", _S + "/resume"): Op(NONE, NONE),
+    ("PUT", _S + "/network"): Op("SetNetwork", "Sandbox"),
     ("GET", _S + "/terminal"): Op(media="application/octet-stream", query=(
         Param("command", {"type": "array", "items": STRING}), Param("rows", _int(1, 1000, 24)),
         Param("cols", _int(1, 1000, 80)), Param("cwd", STRING), Param("term", STRING))),

@@ -100,6 +100,12 @@ FS_PATH: Schema = {**NO_NUL, "minLength": 1, "maxLength": 4096}
 
 # --------------------------------------------------------------- request bodies
 
+NETWORK_ALLOW = array({"type": "string", "pattern": "\\S"}, minItems=1, maxItems=egress.MAX_ENTRIES,
+                      description="host names, IPv4 addresses or CIDRs (needs enabled): only these are reached")
+NETWORK_DENY = array({"type": "string", "pattern": "\\S"}, minItems=1, maxItems=egress.MAX_ENTRIES,
+                     description="IPv4 addresses or CIDRs (needs enabled; not with allow): these are not reached")
+# PUT /sandbox/{id}/network: a live sandbox's egress rules, replaced whole (its port stays).
+SET_NETWORK = obj({"enabled": BOOLEAN, "allow": NETWORK_ALLOW, "deny": NETWORK_DENY}, ("enabled",))
 CREATE_SANDBOX = obj({
     "runtime": {"type": "string", "description": "a runtime name such as base:latest or python:3.13"},
     "runtimeId": {"type": "string", "description": "a runtime id (srt_...)"},
@@ -109,8 +115,7 @@ CREATE_SANDBOX = obj({
     "resources": obj({"memory": {**SIZE, "description": "at least 16Mi"}, "cpu": CPU,
                       "disk": {**SIZE, "description": "at least 16Mi"}}),
     "network": obj({"enabled": BOOLEAN, "port": {"type": "integer", "minimum": 1024, "maximum": 65535},
-                    "allow": array({"type": "string", "pattern": "\\S"}, minItems=1, maxItems=egress.MAX_ENTRIES,
-                                   description="host names, IPv4 addresses or CIDRs (needs enabled)")}),
+                    "allow": NETWORK_ALLOW, "deny": NETWORK_DENY}),
     "timeout": obj({"idle": DURATION, "execution": DURATION, "paused": DURATION}),
     "command": obj({"exec": COMMAND, "mode": enum_of(Mode), "files": FILES}, ("exec",),
                    description="the initial command; a oneshot sandbox ends with it"),
@@ -151,6 +156,7 @@ EXAMPLES: dict[str, Schema] = {
     "Execute": {"command": ["echo", "hi"], "timeout": "30s", "files": [{"path": "in.txt", "content": HELLO}]},
     "StartJob": {"command": ["sleep", "1"]},
     "SetEnv": {"env": {"GREETING": "hello", "OLD": None}},
+    "SetNetwork": {"enabled": False},
     "WriteFiles": {"files": [{"path": "notes/a.txt", "content": HELLO}]},
     "MakeDirectory": {"path": "work", "recursive": True},
     "RemoveFile": {"path": "notes/a.txt"},
@@ -173,7 +179,8 @@ SANDBOX = obj({
     "region": STRING, "runtime": RUNTIME_SUMMARY, "executions": INTEGER, "exitCode": INTEGER,
     "stdoutStreamUrl": URL, "stderrStreamUrl": URL, "metadata": {}, "resources": obj({
         "memory": STRING, "cpu": STRING, "disk": STRING}),
-    "networkEnabled": BOOLEAN, "networkPort": INTEGER, "networkAllow": array(STRING), "url": URL, "org": ORG,
+    "networkEnabled": BOOLEAN, "networkPort": INTEGER, "networkAllow": array(STRING),
+    "networkDeny": array(STRING), "url": URL, "org": ORG,
     "projectId": STRING, "timeout": obj({"idle": STRING, "execution": STRING, "paused": STRING}),
     "command": obj({"exec": array(STRING), "mode": enum_of(Mode), "omittedBytes": INTEGER, "sha256": STRING},
                    ("exec",)),
@@ -378,7 +385,7 @@ SERVICE_STATS = obj({"services": obj({"sandbox": obj({k: INTEGER for k in (
 
 # Named as /openapi.json's components/schemas name them.
 _SCHEMAS: dict[str, Schema] = {
-    "CreateSandbox": CREATE_SANDBOX, "Execute": EXECUTE, "StartJob": JOB, "SetEnv": SET_ENV,
+    "CreateSandbox": CREATE_SANDBOX, "Execute": EXECUTE, "StartJob": JOB, "SetEnv": SET_ENV, "SetNetwork": SET_NETWORK,
     "WriteFiles": WRITE_FILES, "MakeDirectory": MKDIR, "RemoveFile": REMOVE_FILE, "RemoveDirectory": REMOVE_DIR,
     "TakeSnapshot": TAKE_SNAPSHOT, "TagSnapshot": TAG_SNAPSHOT, "CreateCheckpoint": CREATE_CHECKPOINT,
     "Sandbox": SANDBOX, "SandboxCreated": SANDBOX_CREATED, "SandboxList": SANDBOX_LIST,

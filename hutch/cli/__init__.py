@@ -4,7 +4,7 @@
     hutch projector | projections rebuild | audit    production-profile operators' commands
     hutch run [flags] -- CMD ...     one-shot run; in-process unless HUTCH_URL/--url is set
     hutch sandbox|sb ...             create, list, get, delete, exec, events, execution, runtime
-                                     pause|hibernate, resume|wake, fs|files|file, env, job
+                                     pause|hibernate, resume|wake, network, fs|files|file, env, job
     hutch runtime|rt list|build      the catalog (from the server); build runtimes on this host
     hutch mcp [--http HOST:PORT]     serve sandboxes to MCP clients (stdio, or streamable HTTP)
 

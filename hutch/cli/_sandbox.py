@@ -72,6 +72,8 @@ def _sandbox_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", action="store_true", help="enable outbound network access")
     p.add_argument("--allow", action="append", default=[], metavar="HOST_OR_CIDR",
                    help="limit --network to this destination (repeatable; names are kept resolved)")
+    p.add_argument("--deny", action="append", default=[], metavar="IPV4_OR_CIDR",
+                   help="keep --network from this address or CIDR (repeatable; not with --allow)")
     p.add_argument(
         "--env", type=env_pair, action="append", default=[], metavar="KEY=VALUE", help="repeatable"
     )
@@ -160,6 +162,7 @@ def add_parsers(top: Any) -> Any:
     _get_delete_parsers(sb)
     _exec_parser(sb)
     _pause_resume_events_parsers(sb)
+    _network_parser(sb)
     _execution_parsers(sb)
     _runtime_commands(sb.add_parser("runtime", aliases=["rt"], help="available runtimes"))
     return sb
@@ -255,6 +258,18 @@ def _pause_resume_events_parsers(sb: Any) -> None:
     events.set_defaults(handler=cmd_events)
 
 
+def _network_parser(sb: Any) -> None:
+    net = sb.add_parser("network", help="replace a running sandbox's egress rules")
+    net.add_argument("sandbox_id", metavar="SANDBOX_ID")
+    net.add_argument("--off", action="store_true", help="no outbound network")
+    net.add_argument("--allow", action="append", default=[], metavar="HOST_OR_CIDR",
+                     help="only this destination (repeatable; names are kept resolved)")
+    net.add_argument("--deny", action="append", default=[], metavar="IPV4_OR_CIDR",
+                     help="all but this address or CIDR (repeatable; not with --allow)")
+    _json_flag(net)
+    net.set_defaults(handler=cmd_network)
+
+
 def _execution_parsers(sb: Any) -> None:
     execution = sb.add_parser("execution", help="execution history")
     ex = execution.add_subparsers(dest="execution_action", metavar="ACTION", parser_class=_Parser)
@@ -299,9 +314,10 @@ def _spec(args: argparse.Namespace, **more: Unpack[SandboxOptions]) -> SandboxOp
 def _network(args: argparse.Namespace) -> Network | None:
     """--network, --port (create only) and --allow as the wire's network object."""
     port = getattr(args, "port", None)
-    if not (args.network or port is not None or args.allow):
+    if not (args.network or port is not None or args.allow or args.deny):
         return None
-    return Network(enabled=True if args.network else None, port=port, allow=args.allow or None)
+    return Network(enabled=True if args.network else None, port=port, allow=args.allow or None,
+                   deny=args.deny or None)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -496,6 +512,25 @@ def cmd_pause(args: argparse.Namespace) -> int:
         _out().write(f"paused {result.sandbox_id} (status: {result.status})\n")
         if result.terminates_at:
             _note(f"terminates at {result.terminates_at} unless resumed")
+    return 0
+
+
+def cmd_network(args: argparse.Namespace) -> int:
+    """Neither list nor --off: the network the sandbox was made with, unrestricted."""
+    if args.off and (args.allow or args.deny):
+        raise UsageError("--off takes no --allow or --deny: a network turned off has no lists")
+    info = asyncio.run(_with_client(args, lambda c: c.update_network(
+        args.sandbox_id, enabled=not args.off, allow=args.allow or None, deny=args.deny or None)))
+    if args.json:
+        render.dump_json(to_wire(info), _out())
+    elif not info.network_enabled:
+        _out().write(f"{info.sandbox_id}: network off\n")
+    elif info.network_allow:
+        _out().write(f"{info.sandbox_id}: network limited to {', '.join(info.network_allow)}\n")
+    elif info.network_deny:
+        _out().write(f"{info.sandbox_id}: network without {', '.join(info.network_deny)}\n")
+    else:
+        _out().write(f"{info.sandbox_id}: network unrestricted\n")
     return 0
 
 

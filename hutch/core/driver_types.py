@@ -43,6 +43,8 @@ class Capabilities:
     tar_streams: bool = False  # export_tar/import_tar: whole trees in one go (archives, snapshots)
     kernel_isolation: bool = False  # real namespaces; False for the fake driver
     egress_allow: bool = False  # can limit an enabled network to network.allow's destinations
+    egress_deny: bool = False  # can keep an enabled network from network.deny's destinations
+    network_update: bool = False  # update_network: a live sandbox's egress rules replaced (NetworkRules)
     terminals: bool = False  # open_terminal: a command on a pseudo-terminal (service/terminals.py)
     named_user: bool = False  # can run a sandbox as an account of another name (ProvisionRequest.user)
     watches: bool = False  # watch_dir: a directory's changes as the kernel reports them
@@ -103,6 +105,7 @@ class ProvisionRequest:
     network_enabled: bool = False
     port: int | None = None  # one port to expose (through port_target); None = none
     network_allow: tuple[str, ...] = ()  # core/egress.py entries; () = unrestricted
+    network_deny: tuple[str, ...] = ()  # IPv4 CIDRs it may not reach (core/egress.parse_deny)
     env: Mapping[str, str] = attrs.field(factory=dict)
     dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
     packages: tuple[str, ...] = ()  # npm packages to install globally
@@ -116,7 +119,7 @@ class ProvisionRequest:
         return cls(sandbox_id=sandbox_id, runtime=spec.runtime,
                    resources=ResourceLimits(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
                    network_enabled=spec.network.enabled, port=spec.network.port, env={},
-                   network_allow=spec.network.allow,
+                   network_allow=spec.network.allow, network_deny=spec.network.deny,
                    dependencies=spec.dependencies, packages=spec.packages, user=spec.user)
 
 

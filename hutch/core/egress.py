@@ -16,6 +16,8 @@ from hutch.core.errors import InvalidInput
 
 MAX_ENTRIES = 64
 FIELD = "network.allow"
+DENY_FIELD = "network.deny"
+ALL_TRAFFIC = "0.0.0.0/0"
 _LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*\.?$")
 
@@ -38,20 +40,44 @@ def parse_allow(value: object) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _entry(raw: str) -> str:
+def parse_deny(value: object) -> tuple[str, ...]:
+    """``network.deny``: IPv4 addresses and CIDRs a network may not reach (a deny-list; the rest
+    is open, less what the server denies every sandbox). Host names are refused: a name's
+    addresses are whatever a resolver says at the moment, so a deny by name would leave open
+    the addresses it moves to, a wall in name only."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidInput(f"{DENY_FIELD}: expected a list of IPv4 addresses or CIDRs, such as [\"203.0.113.0/24\"]",
+                           field=DENY_FIELD)
+    if not value:
+        raise InvalidInput(f"{DENY_FIELD}: give at least one destination, or leave it out", field=DENY_FIELD)
+    if len(value) > MAX_ENTRIES:
+        raise InvalidInput(f"{DENY_FIELD}: at most {MAX_ENTRIES} entries, got {len(value)}", field=DENY_FIELD)
+    out: list[str] = []
+    for raw in value:
+        entry = _entry(raw.strip(), DENY_FIELD)
+        if not is_network(entry):
+            raise InvalidInput(f"{DENY_FIELD}: {raw!r}: a deny-list takes IPv4 addresses and CIDRs, not host names "
+                               "(a name's addresses change); to reach only some names use network.allow",
+                               field=DENY_FIELD)
+        if entry not in out:
+            out.append(entry)
+    return tuple(out)
+
+
+def _entry(raw: str, field: str = FIELD) -> str:
     if any(c in raw for c in ":/") or raw.replace(".", "").isdigit():
         try:
             net = ipaddress.ip_network(raw, strict=False)
         except ValueError as err:
-            raise InvalidInput(f"{FIELD}: {raw!r} is not an address or CIDR ({err})", field=FIELD) from None
+            raise InvalidInput(f"{field}: {raw!r} is not an address or CIDR ({err})", field=field) from None
         if net.version != 4:
-            raise InvalidInput(f"{FIELD}: {raw!r}: sandboxes have IPv4 only", field=FIELD)
+            raise InvalidInput(f"{field}: {raw!r}: sandboxes have IPv4 only", field=field)
         return str(net)
     name = raw.lower().rstrip(".")
     if "*" in name:
-        raise InvalidInput(f"{FIELD}: {raw!r}: wildcards are not supported; list each host name", field=FIELD)
+        raise InvalidInput(f"{field}: {raw!r}: wildcards are not supported; list each host name", field=field)
     if not name or len(name) > 253 or not _HOSTNAME.match(name):
-        raise InvalidInput(f"{FIELD}: {raw!r} is not a host name, IPv4 address or CIDR", field=FIELD)
+        raise InvalidInput(f"{field}: {raw!r} is not a host name, IPv4 address or CIDR", field=field)
     return name
 
 

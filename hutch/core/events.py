@@ -131,6 +131,17 @@ class SandboxTimeoutChanged:
 
 
 @attrs.frozen
+class SandboxNetworkChanged:
+    """A live sandbox's egress rules replaced (E2B's update_network, PUT /sandbox/{id}/network):
+    the network as it is from then on (its port stays)."""
+
+    type: ClassVar[str] = "network"
+    enabled: bool
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+
+@attrs.frozen
 class SandboxEnvChanged:
     """PATCH /sandbox/env: later executions and jobs see the result."""
 
@@ -269,6 +280,7 @@ EventData = (
     | SandboxResumed
     | SandboxEnvChanged
     | SandboxTimeoutChanged
+    | SandboxNetworkChanged
     | CheckpointCreated
     | CheckpointRestored
     | CheckpointDeleted
@@ -301,6 +313,7 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
         SandboxResumed,
         SandboxEnvChanged,
         SandboxTimeoutChanged,
+        SandboxNetworkChanged,
         CheckpointCreated,
         CheckpointRestored,
         CheckpointDeleted,

@@ -30,6 +30,7 @@ from hutch.core.events import (
     SandboxEnvChanged,
     SandboxFailed,
     SandboxMoved,
+    SandboxNetworkChanged,
     SandboxPaused,
     SandboxResumed,
     SandboxStarted,
@@ -127,6 +128,15 @@ class ChangeEnv:
 
 
 @attrs.frozen
+class ChangeNetwork:
+    """A live sandbox's egress rules replaced whole (its port stays)."""
+
+    enabled: bool
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+
+@attrs.frozen
 class ChangeTimeout:
     idle: str | None  # a duration such as 300s (checked); None: no idle timeout
 
@@ -159,7 +169,7 @@ class Resume:
 
 Command = (
     Create | Start | Fail | Move | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
-    | ChangeTimeout | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
+    | ChangeTimeout | ChangeNetwork | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
 )
 
 _LIVE = (SandboxStatus.IDLE, SandboxStatus.RUNNING)
@@ -194,6 +204,7 @@ Decided = (
     | CheckpointDeleted
     | SandboxEnvChanged
     | SandboxTimeoutChanged
+    | SandboxNetworkChanged
     | SandboxPaused
     | SandboxResumed
     | ExecutionStarted
@@ -226,6 +237,15 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
             if command.idle is not None:
                 parse_duration("timeout.idle", command.idle)
             return [SandboxTimeoutChanged(idle=command.idle)]
+        case ChangeNetwork():
+            if sandbox.status.is_final or sandbox.status in (SandboxStatus.STOPPING, SandboxStatus.CREATING):
+                raise _illegal(sandbox, "change the network")
+            if command.allow and command.deny:
+                raise InvalidInput("network.deny: with network.allow everything it does not list is denied already; "
+                                   "give one of them", field="network.deny")
+            if not command.enabled and (command.allow or command.deny):
+                raise InvalidInput("network: a network turned off has no allow- or deny-list", field="network")
+            return [SandboxNetworkChanged(enabled=command.enabled, allow=command.allow, deny=command.deny)]
         case Move():
             return _decide_move(sandbox, command)
         case Pause():
@@ -471,6 +491,9 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
         case SandboxTimeoutChanged():
             timeout = attrs.evolve(sandbox.spec.timeout, idle=data.idle)
             return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, timeout=timeout), updated_at=at)
+        case SandboxNetworkChanged():
+            network = attrs.evolve(sandbox.spec.network, enabled=data.enabled, allow=data.allow, deny=data.deny)
+            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, network=network), updated_at=at)
         case SandboxEnvChanged():
             env = {k: v for k, v in sandbox.spec.env.items() if k not in data.unset}
             env.update(data.set)

@@ -63,6 +63,9 @@ class NetworkSpec:
     enabled: bool = False
     port: int | None = None
     allow: tuple[str, ...] = ()  # hutch's egress allow-list (core/egress.py); () = unrestricted
+    # A deny-list of IPv4 CIDRs (core/egress.parse_deny), never with ``allow`` (a list already
+    # denies what it does not name); () = none.
+    deny: tuple[str, ...] = ()
 
 
 @attrs.frozen

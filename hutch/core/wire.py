@@ -90,6 +90,7 @@ class Network:
     enabled: bool | None = None
     port: int | None = None
     allow: list[str] | None = None  # hutch's egress allow-list: host names, IPv4 addresses/CIDRs
+    deny: list[str] | None = None  # hutch's egress deny-list: IPv4 addresses/CIDRs (not with allow)
 
 
 @attrs.frozen(kw_only=True)
@@ -210,6 +211,8 @@ class SandboxInfo:
     network_egress_bytes: int | None = None
     network_enabled: bool | None = None
     network_port: int | None = None
+    network_allow: list[str] | None = None
+    network_deny: list[str] | None = None
     url: str | None = None
     user: dict[str, Any] | None = None
     agent: dict[str, Any] | None = None

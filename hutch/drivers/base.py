@@ -38,6 +38,7 @@ from hutch.drivers.roles import (
     CommandRunner,
     DirectoryWatching,
     FileMetadata,
+    NetworkRules,
     NodeFleet,
     NotPlayed,
     Pausing,
@@ -61,7 +62,7 @@ class Driver(SandboxLifecycle, RuntimeCatalog, CommandRunner, NotPlayed):
 
 
 class _RolesNotPlayed(NotPlayed, SandboxFiles, DirectoryWatching, FileMetadata, TreeTransfer, Checkpointing, Pausing,
-                      Terminals, PortForwarding, UsageReporting, Adoption, NodeFleet):
+                      Terminals, PortForwarding, NetworkRules, UsageReporting, Adoption, NodeFleet):
     """Stands in for the optional roles a driver does not play, answering in its name."""
 
     def __init__(self, name: str) -> None:
@@ -86,6 +87,7 @@ class DriverRoles:
     pausing: Pausing
     terminals: Terminals
     ports: PortForwarding
+    network: NetworkRules
     usage: UsageReporting
     adoption: Adoption
     fleet: NodeFleet
@@ -113,6 +115,7 @@ class DriverRoles:
                    pausing=d if isinstance(d, Pausing) else absent,
                    terminals=d if isinstance(d, Terminals) else absent,
                    ports=d if isinstance(d, PortForwarding) else absent,
+                   network=d if isinstance(d, NetworkRules) else absent,
                    usage=d if isinstance(d, UsageReporting) else absent,
                    adoption=d if isinstance(d, Adoption) else absent,
                    fleet=d if isinstance(d, NodeFleet) else absent)

@@ -87,6 +87,11 @@ class AllowLists:
             self._lists[sandbox_id] = {e: set(c) for e, c in resolved.items()}
             self._ensure_running()
 
+    def replace(self, sandbox_id: str, resolved: dict[str, set[str]]) -> None:
+        """A live sandbox's new list, its rules already in force (update_network)."""
+        self._lists[sandbox_id] = {e: set(c) for e, c in resolved.items()}
+        self._ensure_running()
+
     def forget(self, sandbox_id: str) -> None:
         self._lists.pop(sandbox_id, None)
 
@@ -94,8 +99,8 @@ class AllowLists:
         """One round: re-resolve every list, apply the changed ones."""
         for sid, old in list(self._lists.items()):
             new = await resolve(list(old), old)
-            if sid not in self._lists:
-                continue  # destroyed meanwhile
+            if self._lists.get(sid) is not old:
+                continue  # destroyed, or its list replaced (update_network), meanwhile
             self._lists[sid] = new
             if new != old:
                 try:

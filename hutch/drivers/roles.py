@@ -285,6 +285,18 @@ class PortForwarding(abc.ABC):
         Reachable from the server only; NotSupported when the sandbox (or driver) has none."""
 
 
+class NetworkRules(abc.ABC):
+    """A live sandbox's egress rules replaced (capability ``network_update``; E2B's update_network)."""
+
+    @abc.abstractmethod
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
+                             deny: tuple[str, ...]) -> None:
+        """Replace the sandbox's egress rules whole, with no moment under neither the old nor the
+        new ones. ``enabled`` False: nothing goes out. A sandbox made without outbound network
+        gets none (NotSupported saying so): only the rules of the one it has change. A host name
+        in ``allow`` that does not resolve is a 400 naming it, and nothing changes."""
+
+
 class UsageReporting(abc.ABC):
     """What sandboxes have used and how the driver fares, for stats and ``GET /metrics``."""
 
@@ -381,7 +393,7 @@ class NodeFleet(abc.ABC):
 
 
 OPTIONAL_ROLES: tuple[type, ...] = (SandboxFiles, DirectoryWatching, FileMetadata, TreeTransfer, Checkpointing, Pausing,
-                                    Terminals, PortForwarding, UsageReporting, Adoption, NodeFleet)
+                                    Terminals, PortForwarding, NetworkRules, UsageReporting, Adoption, NodeFleet)
 
 
 class NotPlayed:
@@ -455,6 +467,13 @@ class NotPlayed:
 
     async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
         return {}
+
+    # NetworkRules
+
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
+                             deny: tuple[str, ...]) -> None:
+        raise NotSupported(f"network: driver {self.name} cannot change a running sandbox's egress rules",
+                           field="network")
 
     # Pausing
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from hutch.core import phases
 from hutch.core.driver_types import ProvisionRequest
-from hutch.core.errors import HutchError, NodeFull
+from hutch.core.errors import HutchError, InvalidInput, NodeFull
 from hutch.core.serde import converter
 from hutch.drivers.node import placement
 from hutch.node.census import Census
@@ -192,6 +192,20 @@ async def resume(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def update_network(request: web.Request) -> web.Response:
+    """A live sandbox's egress rules replaced (NetworkRules): the server checked them."""
+    body = await request.json()
+    if not isinstance(body, dict):
+        body = {}
+    enabled, allow, deny = body.get("enabled"), body.get("allow"), body.get("deny")
+    if not (isinstance(enabled, bool) and isinstance(allow, list) and isinstance(deny, list)
+            and all(isinstance(e, str) for e in [*allow, *deny])):
+        raise InvalidInput("network: expected {enabled: bool, allow: [str], deny: [str]}", field="network")
+    await request.app[DRIVER].update_network(request.match_info["id"], enabled=enabled, allow=tuple(allow),
+                                             deny=tuple(deny))
+    return web.json_response({"ok": True})
+
+
 async def usage(request: web.Request) -> web.Response:
     disk = request.query.get("disk") == "1"
     return web.json_response(converter.unstructure(await request.app[DRIVER].usage(request.match_info["id"],
@@ -240,6 +254,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/runtimes/{name}/build", build_runtime)
     r.add_post("/v1/sandboxes/{id}/pause", pause)
     r.add_post("/v1/sandboxes/{id}/resume", resume)
+    r.add_put("/v1/sandboxes/{id}/network", update_network)
     r.add_get("/v1/sandboxes/{id}/usage", usage)
     r.add_get("/v1/sandboxes/{id}/checkpoints", checkpoint_sizes)
     r.add_post("/v1/sandboxes/{id}/checkpoints/{cid}", checkpoint)

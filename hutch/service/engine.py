@@ -45,6 +45,7 @@ from hutch.service.changes import Changes
 from hutch.service.checkpoints import CheckpointLimits, Checkpoints
 from hutch.service.control import SandboxControl
 from hutch.service.defaults import SandboxDefaults
+from hutch.service.egress_rules import EgressRules
 from hutch.service.executions import Executions
 from hutch.service.files import FileAccess
 from hutch.service.fork import Forks
@@ -123,6 +124,7 @@ class Engine:
         self.recorder.meter = self.quotas.admit_events
         self.control = SandboxControl(self.reads, self.recorder, self.replicas, lifecycle=roles.lifecycle,
                                       pausing=roles.pausing, commands=roles.commands, usage=roles.usage)
+        self.egress = EgressRules(self.reads, self.recorder, lifecycle=roles.lifecycle, network=roles.network)
         self.reaper = Reaper(store, projector, self.background, self.control,  # idle and paused timeouts
                             read=self.reads.sandbox)
         self.executions = Executions(reads=self.reads, recorder=self.recorder, control=self.control,

@@ -147,6 +147,7 @@ class Provisioning:
         for field, asked, can, what in (
             ("network.enabled", spec.network.enabled, caps.network, "give sandboxes network access"),
             ("network.allow", spec.network.allow, caps.egress_allow, "limit a network to destinations"),
+            ("network.deny", spec.network.deny, caps.egress_deny, "keep a network from destinations"),
             ("network.port", spec.network.port is not None, caps.ports, "expose ports"),
         ):
             if asked and not can:

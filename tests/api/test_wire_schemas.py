@@ -135,8 +135,10 @@ def test_the_renderers_fit_their_schemas_field_for_field() -> None:
                        packages=("zod",), command_omitted_bytes=10, command_sha256="00")
     sb = SandboxState(sandbox_id=SBX, spec=spec, status=SandboxStatus.TERMINATED, created_at=AT, updated_at=LATER,
                  executions=1, exit_code=0, reason="done", cpu_seconds=1.5, memory_peak_bytes=2**20)
+    denying = attrs.evolve(sb, spec=attrs.evolve(spec, network=NetworkSpec(enabled=True, deny=("192.0.2.0/24",))))
     _fills(SCHEMAS["Sandbox"], [render.sandbox_info(sb, ("http://h/o", "http://h/e"), "http://h/p",
-                                                  Usage(cpu_seconds=2.0, memory_peak_bytes=2**21), "n1")])
+                                                  Usage(cpu_seconds=2.0, memory_peak_bytes=2**21), "n1"),
+                                render.sandbox_info(denying, ("http://h/o", "http://h/e"), None, None, None)])
     ex = ExecutionState(execution_id=EXC, sandbox_id=SBX, command=("echo",), status=ExecutionStatus.FAILED, created_at=AT,
                    started_at=AT, completed_at=LATER, exit_code=1, duration_ms=5, error="e", output_truncated=True,
                    command_omitted_bytes=10, command_sha256="00")

@@ -294,3 +294,27 @@ def test_a_command_killed_for_memory_says_so(capsys: pytest.CaptureFixture[str],
     code = main(["run", "--json", *hog])
     result = json.loads(capsys.readouterr().out)
     assert result["status"] == "failed" and result["error"] == "killed: out of memory (limit 64Mi)"
+
+
+def test_sandbox_network_rules_from_the_command_line(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sb create --network --deny`, then `sb network` replaces the rules (the local driver, in
+    process: each command's engine adopts the sandbox the last one left)."""
+    monkeypatch.setenv("HUTCH_DRIVER", "local")
+    assert main(["sb", "create", "--network", "--deny", "192.0.2.9"]) == 0
+    sandbox_id = capsys.readouterr().out.strip()
+    try:
+        assert main(["sb", "get", sandbox_id, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["networkDeny"] == ["192.0.2.9/32"]
+        assert main(["sb", "network", sandbox_id, "--allow", "192.0.2.7"]) == 0
+        assert capsys.readouterr().out == f"{sandbox_id}: network limited to 192.0.2.7/32\n"
+        assert main(["sb", "network", sandbox_id, "--off", "--deny", "192.0.2.9"]) == 2  # a usage error
+        assert "--off takes no --allow or --deny" in capsys.readouterr().err
+        assert main(["sb", "network", sandbox_id, "--deny", "example.com"]) == 1
+        assert "network.deny" in capsys.readouterr().err
+        assert main(["sb", "network", sandbox_id, "--off"]) == 0
+        assert capsys.readouterr().out == f"{sandbox_id}: network off\n"
+        assert main(["sb", "network", sandbox_id]) == 0
+        assert capsys.readouterr().out == f"{sandbox_id}: network unrestricted\n"
+    finally:
+        assert main(["sb", "delete", sandbox_id]) == 0

@@ -521,6 +521,32 @@ class TestPausing:
         assert sid not in await driver.alive()
 
 
+class TestNetworkRules:
+    """update_network through each driver that plays it (the node driver over its agent); what
+    the rules let through is tested from inside sandboxes in tests/adversarial/test_local_egress_rules.py."""
+
+    @pytest.fixture(params=playing(roles.NetworkRules))
+    async def driver(self, request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+        async for d in open_driver(request):
+            yield d
+
+    async def test_an_update_changes_only_a_network_the_sandbox_has(self, driver: Driver, sandbox: str) -> None:
+        with pytest.raises(NotSupported, match="made without outbound network"):
+            await driver.update_network(sandbox, enabled=True, allow=(), deny=())
+        await driver.update_network(sandbox, enabled=False, allow=(), deny=())  # off: what it has
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", network_enabled=True))
+        try:
+            await driver.update_network(sid, enabled=True, allow=(), deny=("192.0.2.0/24",))
+            await driver.update_network(sid, enabled=True, allow=("192.0.2.7/32",), deny=())
+            with pytest.raises(InvalidInput, match="does not resolve"):
+                await driver.update_network(sid, enabled=True, allow=("no-such-host.invalid",), deny=())
+            result, out = await run(driver, sid, "echo", "still")
+            assert (result.exit_code, out.stdout) == (0, "still\n")
+        finally:
+            await driver.destroy(sid)
+
+
 class TestUsageReporting:
     """What a sandbox uses now, for E2B's metrics (api/e2b/metrics.py): read from the host,
     its limits as its totals. The nomad driver reports CPU and peak memory only."""
@@ -565,6 +591,7 @@ ROLE_FLAGS: dict[type, str] = {
     roles.SandboxFiles: "files", roles.DirectoryWatching: "watches", roles.FileMetadata: "metadata",
     roles.TreeTransfer: "tar_streams", roles.Checkpointing: "checkpoints",
     roles.Pausing: "pause", roles.Terminals: "terminals", roles.PortForwarding: "ports",
+    roles.NetworkRules: "network_update",
 }
 
 
@@ -584,6 +611,7 @@ def _probes(by_role: DriverRoles, sid: str) -> dict[str, Callable[[], Awaitable[
         "pause": lambda: by_role.pausing.pause(sid),
         "terminals": lambda: by_role.terminals.open_terminal(TerminalRequest(sid, ["true"])),
         "ports": lambda: by_role.ports.port_target(sid),
+        "network_update": lambda: by_role.network.update_network(sid, enabled=False, allow=(), deny=()),
     }
 
 
@@ -605,7 +633,7 @@ class TestRolesAndCapabilities:
         by_role = DriverRoles.of(driver)
         assert (by_role.lifecycle, by_role.runtimes, by_role.commands) == (driver, driver, driver)
         for field, role in zip(("files", "watches", "metadata", "trees", "checkpointing", "pausing", "terminals",
-                                "ports", "usage", "adoption", "fleet"), roles.OPTIONAL_ROLES, strict=True):
+                                "ports", "network", "usage", "adoption", "fleet"), roles.OPTIONAL_ROLES, strict=True):
             assert (getattr(by_role, field) is driver) == isinstance(driver, role), field
         assert (by_role.name, by_role.capabilities) == (driver.name, driver.capabilities)
 

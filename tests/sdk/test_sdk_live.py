@@ -97,3 +97,22 @@ async def test_runtimes_and_errors(live: SandboxClient) -> None:
     live.api_key = "wrong"
     with pytest.raises(errors.Unauthorized):
         await live.list()
+
+
+async def test_update_network_through_the_sdk(live: SandboxClient) -> None:
+    """The fake driver keeps the rules without enforcing them (it has no network): what is
+    checked here is the SDK's call and answer; the local driver's enforcement is held in
+    tests/adversarial/test_local_egress_rules.py."""
+    async with await live.create(runtime="base:latest") as sandbox:
+        with pytest.raises(errors.NotSupported) as refused:
+            await sandbox.update_network(enabled=True)
+        assert refused.value.status == 501 and "made without outbound network" in refused.value.message
+        with pytest.raises(errors.InvalidInput) as bad:
+            await sandbox.update_network(enabled=True, allow=["192.0.2.7"], deny=["192.0.2.0/24"])
+        assert bad.value.field == "network.deny"
+        info = await sandbox.update_network(enabled=False)
+        assert (info.sandbox_id, info.network_enabled, info.network_allow, info.network_deny) == (
+            sandbox.id, False, None, None)
+        assert (await live.update_network(sandbox.id, enabled=False)).network_enabled is False
+        types = [e.type for e in await sandbox.list_events()]
+        assert types.count("network") == 2

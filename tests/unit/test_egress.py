@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.core.egress import parse_allow
+from hutch.core.egress import parse_allow, parse_deny
 from hutch.core.errors import InvalidInput
 from hutch.drivers import egress
+from hutch.drivers.local import network
 
 
 def test_entries_are_normalised_and_deduplicated() -> None:
@@ -106,3 +107,38 @@ def test_an_operator_permits_part_of_a_private_range_only() -> None:
         denied_ranges(deny="nope")
     with pytest.raises(ValueError, match="IPv6 is always denied"):
         denied_ranges(permit="fd00::/8")
+
+
+def test_a_deny_list_takes_ipv4_networks_only_normalised_once_each() -> None:
+    assert parse_deny(["192.0.2.9", " 198.51.100.7/24 ", "192.0.2.9/32"]) == ("192.0.2.9/32", "198.51.100.0/24")
+    for value, words in ((["example.com"], "not host names"), (["2001:db8::1"], "IPv4 only"), ([], "at least one"),
+                         ("192.0.2.9", "expected a list"), ([f"10.0.0.{i}" for i in range(65)], "at most 64")):
+        with pytest.raises(InvalidInput, match=words) as err:
+            parse_deny(value)
+        assert err.value.field == "network.deny"
+
+
+def test_a_sandboxs_chain_rejects_what_it_denies_before_anything_returns() -> None:
+    """Only connections marked with this generation skip the checks; a deny-list's entries are
+    rejected before anything else returns, DNS included; an allow-list ends in rejections."""
+    deny = network.rules_chain(5, allow=None, deny=["192.0.2.0/24"], generation=3)
+    mark = network._generation_mark(3)
+    assert deny[0] == ":HUTCH-A5 - [0:0]"
+    assert all(mark in line for line in deny[1:3])
+    assert [line.split(" -d ")[1] for line in deny[3:5]] == ["192.0.2.0/24 -p tcp -j REJECT --reject-with tcp-reset",
+                                                             "192.0.2.0/24 -j REJECT --reject-with icmp-admin-prohibited"]
+    assert deny[5:] == ["-A HUTCH-A5 -j RETURN"]
+    allow = network.rules_chain(5, allow=["192.0.2.7/32"], deny=[], generation=3)
+    assert not [line for line in allow if "ESTABLISHED" in line and mark not in line]
+    assert "-A HUTCH-A5 -d 192.0.2.7/32 -j RETURN" in allow and allow[-1].endswith("icmp-admin-prohibited")
+    assert network._generation_mark(3) != network._generation_mark(4)
+
+
+def test_an_entry_that_is_not_a_network_never_reaches_iptables(monkeypatch: pytest.MonkeyPatch) -> None:
+    def touched() -> None:
+        raise AssertionError("the firewall was touched")
+
+    monkeypatch.setattr(network, "ensure_firewall", touched)
+    with pytest.raises(InvalidInput, match="is not an IPv4 address or CIDR") as err:
+        network.set_rules(5, allow=None, deny=["192.0.2.9/32\n-A HUTCH-ALLOW -j ACCEPT"])
+    assert err.value.field == "network.deny"

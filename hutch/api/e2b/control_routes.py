@@ -21,7 +21,7 @@ from aiohttp import web
 from hutch.api.e2b import ports
 from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token, hutch_id, wire_id
 from hutch.api.e2b.idempotency import IdempotentCreates
-from hutch.api.e2b.network import hutch_network
+from hutch.api.e2b.network import e2b_network, hutch_network, hutch_update
 from hutch.api.http import parse_json
 from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.api.parse import parse_create
@@ -134,6 +134,9 @@ def render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool 
                    state="paused" if sb.status is SandboxStatus.PAUSED else "running",
                    metadata={k: v for k, v in meta.items() if isinstance(v, str)},
                    allowInternetAccess=sb.spec.network.enabled)
+        rules = e2b_network(sb.spec.network.allow, sb.spec.network.deny)
+        if rules is not None:
+            out["network"] = rules
     return out
 
 
@@ -378,8 +381,10 @@ async def set_timeout(request: web.Request) -> web.Response:
 @routes.put("/sandboxes/{sandbox_id}/network")
 @control(Access.WRITE)
 async def update_network(request: web.Request) -> web.Response:
-    """E2B's update_network: hutch fixes a sandbox's egress at its create (its firewall rules
-    are set up with it), so a change to a running one is refused naming it."""
-    await live_sandbox(request, request.match_info["sandbox_id"])
-    raise NotSupported("network: hutch sets a sandbox's egress rules when it is created; a running sandbox's "
-                       "cannot be changed", field="network")
+    """E2B's update_network: the sandbox's egress rules replaced whole (api/e2b/network.py says
+    how they map), swapped by the driver at once and recorded (event ``network``)."""
+    body = await read_body(request)
+    sb = await live_sandbox(request, request.match_info["sandbox_id"])
+    enabled, allow, deny = hutch_update(body)
+    await request.app[ENGINE].egress.update(sb.sandbox_id, enabled=enabled, allow=allow, deny=deny)
+    return web.Response(status=204)

@@ -17,7 +17,7 @@ from hutch.api.http import (
     q_offset,
 )
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
-from hutch.api.parse import parse_create, parse_execute
+from hutch.api.parse import parse_create, parse_execute, parse_network_update
 from hutch.api.render import (
     operator,
     port_url,
@@ -248,3 +248,12 @@ async def pause(request: web.Request) -> web.Response:
 async def resume(request: web.Request) -> web.Response:
     await request.app[ENGINE].control.resume(request.match_info["sandbox_id"])
     return ok()
+
+
+@routes.put("/sandbox/{sandbox_id}/network")
+async def update_network(request: web.Request) -> web.Response:
+    """The sandbox's egress rules replaced whole (its port stays): the sandbox as it is then."""
+    enabled, allow, deny = parse_network_update(await json_body(request))
+    sb = await request.app[ENGINE].egress.update(request.match_info["sandbox_id"], enabled=enabled, allow=allow,
+                                                 deny=deny)
+    return ok(render_sandbox(request, sb))

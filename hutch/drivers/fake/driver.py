@@ -27,6 +27,7 @@ from hutch.core.errors import (
     FileNotFound,
     IllegalTransition,
     InvalidInput,
+    NotSupported,
     RuntimeNotFound,
     SandboxNotFound,
 )
@@ -44,6 +45,7 @@ from hutch.drivers.base import (
 )
 from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
+from hutch.drivers.egress import resolve
 
 Handler = Callable[[ExecRequest, OutputSink], Awaitable[int]]
 HOME = "/home/agentuity"
@@ -84,15 +86,16 @@ class FakeSandbox:
     links: dict[str, str] = attrs.field(factory=dict)
     modes: dict[str, int] = attrs.field(factory=dict)
     paused: bool = False
+    rules: tuple[bool, tuple[str, ...], tuple[str, ...]] | None = None  # update_network's last (enabled, allow, deny)
     checkpoints: dict[str, tuple[dict[str, bytes], set[str], dict[str, str], dict[str, int]]] = attrs.field(factory=dict)
 
     def parent_ok(self, path: str) -> bool:
         return posixpath.dirname(path) in self.dirs
 
 
-class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver):
+class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.NetworkRules, Driver):
     name = "fake"
-    capabilities = Capabilities(files=True, pause=True, checkpoints=True)
+    capabilities = Capabilities(files=True, pause=True, checkpoints=True, network_update=True)
 
     def __init__(self) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
@@ -315,6 +318,17 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, Driver)
 
     async def resume(self, sandbox_id: str) -> None:
         self._get(sandbox_id).paused = False
+
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
+                             deny: tuple[str, ...]) -> None:
+        """Kept, not enforced (a fake sandbox has no network); the local driver's is the real one."""
+        sb = self._get(sandbox_id)
+        if enabled and not sb.request.network_enabled:
+            raise NotSupported(f"network: sandbox {sandbox_id} was made without outbound network, and an update "
+                               "cannot give it one", field="network")
+        if allow:
+            await resolve(allow)
+        sb.rules = (enabled, allow, deny)
 
     async def signal(self, execution_id: str, signum: int) -> None:
         """Any signal ends a fake command as if it had no handler: exit 128+signum."""

@@ -97,7 +97,8 @@ HOME = rootfs.SANDBOX_HOME
 
 
 class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing,
-                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
+                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.NetworkRules, roles.UsageReporting,
+                  Driver):
     name = "local"
 
     def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None) -> None:
@@ -136,6 +137,8 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             installs=not self.rootless,  # install layers build in a chroot as root
             kernel_isolation=True,
             egress_allow=True,  # root: host chains (network.py); rootless: in its namespace (slirp.py)
+            egress_deny=not self.rootless,  # the same host chains (network.rules_chain)
+            network_update=not self.rootless,  # the chain swapped in one commit (sandboxnet.update)
             terminals=True,  # terminal.py
             named_user=True,  # launch.populate_upper writes the account's passwd entry and home
             watches=True,  # inotify inside the sandbox (watches.py)
@@ -330,6 +333,10 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
 
     async def port_target(self, sandbox_id: str) -> tuple[str, int]:
         return self._network.port_target(sandbox_id)
+
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
+                             deny: tuple[str, ...]) -> None:
+        await self._network.update(sandbox_id, enabled=enabled, allow=allow, deny=deny)
 
     async def pause(self, sandbox_id: str) -> None:
         await self._executions.pause(sandbox_id)

@@ -89,6 +89,7 @@ class Launcher:
             sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids or DEFAULT_PIDS
         if req.network_allow:  # resolved first: a name that does not resolve makes nothing
             sb.allow = await self._net.allow.first(sid, req.network_allow)
+        sb.deny = list(req.network_deny)
         rules = slirp.egress_rules(outbound=req.network_enabled, allow=flatten(sb.allow) if sb.allow else None) \
             if slirp_net else None
         sb.init_pid, sb.init_start = await self.launch(d, sb, lower, rules)

@@ -27,6 +27,10 @@ The firewall (iptables, chains ``HUTCH-IN``/``HUTCH-FWD``/``HUTCH-NAT``, install
   rejected (a TCP reset: connect() fails at once). ``HUTCH-ALLOW`` and the ``HUTCH-A<n>``
   chains are never flushed by a server start, so a restarted server's sandboxes stay
   limited; each chain is replaced whole (iptables-restore) when its names resolve anew.
+- ``network.deny`` (a deny-list) and a live sandbox's rules replaced (update_network): the same
+  chain, ``rules_chain``: the denied CIDRs rejected first, then the allow-list if any, else
+  back to ``HUTCH-FWD``; an update swaps the chain whole in one commit and marks the rules'
+  generation on the connections they let through (see GENERATION_MASK).
 Turning the first sandbox's network on sets ``net.ipv4.ip_forward=1`` (host-wide; the
 FORWARD rules above only accept traffic from sandbox veths).
 
@@ -49,7 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hutch.core import egress
-from hutch.core.errors import DriverFailure
+from hutch.core.errors import DriverFailure, InvalidInput
 from hutch.drivers.local import firewall_peers
 
 SUBNET = ipaddress.ip_network(os.environ.get("HUTCH_SANDBOX_SUBNET", "10.213.0.0/16"))
@@ -206,18 +210,69 @@ def _allow_chain(index: int) -> str:
     return f"HUTCH-A{index:x}"
 
 
+# Connections a sandbox opened are marked (conntrack's mark, these bits) with the generation
+# of the rules that let them through; only those of the rules now in force skip the checks.
+# An update bumps the generation, so a connection opened under the old rules is judged anew
+# by the new ones packet by packet: one to a destination they no longer allow is reset, not
+# carried on because it was established. A refresh of the same rules keeps the generation (a
+# name whose addresses rotated does not cut a download under way).
+GENERATION_MASK = 0x0FFF0000
+
+
+def _generation_mark(generation: int) -> str:
+    return f"0x{((generation % 0xFFF) + 1) << 16:x}/0x{GENERATION_MASK:x}"
+
+
+def rules_chain(index: int, *, allow: list[str] | None, deny: list[str], generation: int) -> list[str]:
+    """Sandbox ``index``'s own chain (without its table line and COMMIT). ``allow`` (a list,
+    possibly empty): only DNS to its name servers and these CIDRs; None: no allow-list. Then
+    ``deny``'s CIDRs are rejected, DNS included, whatever else would pass; ``0.0.0.0/0`` there
+    is no network at all. What is not rejected returns to HUTCH-FWD, whose drops still apply:
+    neither list widens what every sandbox may reach."""
+    chain, mark = _allow_chain(index), _generation_mark(generation)
+    reject = ("-p tcp -j REJECT --reject-with tcp-reset", "-j REJECT --reject-with icmp-admin-prohibited")
+    lines = [f":{chain} - [0:0]",
+             f"-A {chain} -m conntrack --ctstate NEW -j CONNMARK --set-xmark {mark}",
+             f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED -m connmark --mark {mark} -j RETURN"]
+    lines += [f"-A {chain} -d {cidr} {r}" for cidr in deny for r in reject]
+    if allow is not None:
+        for ns in nameservers():
+            lines += [f"-A {chain} -d {ns}/32 -p {proto} --dport 53 -j RETURN" for proto in ("udp", "tcp")]
+        lines += [f"-A {chain} -d {cidr} -j RETURN" for cidr in allow]
+        lines += [f"-A {chain} {r}" for r in reject]
+    else:
+        lines.append(f"-A {chain} -j RETURN")
+    return lines
+
+
+def set_rules(index: int, *, allow: list[str] | None, deny: list[str], generation: int = 0) -> None:
+    """Put sandbox ``index``'s rules in force, replacing any it had, in one iptables-restore
+    commit: its chain emptied and refilled and, the first time, the jump to it, together, so
+    no packet meets the chain half-written nor the sandbox without one."""
+    # Each entry becomes part of a rule line: only an IPv4 network, as ipaddress writes it, gets
+    # there (the callers checked them; a line break in one would be a rule of its own).
+    allow, deny = (None if allow is None else _cidrs(allow, "network.allow")), _cidrs(deny, "network.deny")
+    ensure_firewall()
+    chain, veth = _allow_chain(index), host_veth(index, True)
+    lines = ["*filter", *rules_chain(index, allow=allow, deny=deny, generation=generation)]
+    if not _iptables("-C", ALLOW_CHAIN, "-i", veth, "-j", chain, check=False):
+        lines.append(f"-A {ALLOW_CHAIN} -i {veth} -j {chain}")
+    _run("iptables-restore", "-w", "--noflush", stdin="\n".join([*lines, "COMMIT"]) + "\n")
+
+
+def _cidrs(entries: list[str], field: str) -> list[str]:
+    out = []
+    for entry in entries:
+        try:
+            out.append(str(ipaddress.IPv4Network(entry, strict=False)))
+        except ValueError:
+            raise InvalidInput(f"{field}: {entry!r} is not an IPv4 address or CIDR", field=field) from None
+    return out
+
+
 def set_allowed(index: int, cidrs: list[str]) -> None:
     """Limit sandbox ``index``'s outbound network to ``cidrs`` (and DNS to its name servers)."""
-    ensure_firewall()
-    chain = _allow_chain(index)
-    lines = ["*filter", f":{chain} - [0:0]", f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN"]
-    for ns in nameservers():
-        lines += [f"-A {chain} -d {ns}/32 -p {proto} --dport 53 -j RETURN" for proto in ("udp", "tcp")]
-    lines += [f"-A {chain} -d {cidr} -j RETURN" for cidr in cidrs]
-    lines += [f"-A {chain} -p tcp -j REJECT --reject-with tcp-reset",
-              f"-A {chain} -j REJECT --reject-with icmp-admin-prohibited", "COMMIT"]
-    _run("iptables-restore", "-w", "--noflush", stdin="\n".join(lines) + "\n")
-    _ensure_rule("filter", ALLOW_CHAIN, "-i", host_veth(index, True), "-j", chain)
+    set_rules(index, allow=cidrs, deny=[])
 
 
 def clear_allowed(index: int) -> None:

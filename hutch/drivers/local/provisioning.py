@@ -110,9 +110,10 @@ class Provisioner:
         async with layercache.held(self._runtime_cache / "layers", wanted):  # no sweep drops it until mounted
             layer = await self.layer(recipe, req)
             # A pooled sandbox has its layer on the host's disk and no allow-list (its network is
-            # made after the claim) and agentuity's account: a disk limit, network.allow or another
+            # made after the claim) and agentuity's account: a disk limit, network.allow or .deny or another
             # user is made from scratch.
-            poolable = layer is None and not req.resources.disk_bytes and not req.network_allow and req.user is None
+            poolable = (layer is None and not req.resources.disk_bytes and not req.network_allow and not req.network_deny
+                        and req.user is None)
             with phases.span("provision: pool claim"):
                 sb = await self._pool.claim(req) if poolable else None
             if sb is None:

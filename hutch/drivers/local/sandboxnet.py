@@ -14,8 +14,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from hutch.core.egress import ALL_TRAFFIC
 from hutch.core.errors import NotSupported
-from hutch.drivers.egress import AllowLists, flatten
+from hutch.drivers.egress import AllowLists, flatten, resolve
 from hutch.drivers.local import network, slirp
 from hutch.drivers.local.helper import start_time
 from hutch.drivers.local.nsexec import Nsexec
@@ -35,24 +36,57 @@ class SandboxNetwork:
         self._slirp_dir: Path | None = None  # rootless ports: slirp4netns API sockets
 
     def sync(self, sb: LocalSandbox) -> None:
-        """The sandbox's veth (network or a port) and its allow-list, before the veth: see network.py."""
-        if sb.allow:
-            network.set_allowed(sb.uid - UID_BASE, flatten(sb.allow))
+        """The sandbox's veth (network or a port) and its rules, before the veth: see network.py."""
+        if sb.network and (sb.allow or sb.deny):
+            self._set_rules(sb, sb.allow)
         network.setup(sb.init_pid, sb.uid - UID_BASE, outbound=sb.network)
         self._registry.write_meta(sb)
+
+    def _set_rules(self, sb: LocalSandbox, allow: dict[str, list[str]]) -> None:
+        network.set_rules(sb.uid - UID_BASE, allow=flatten(allow) if allow else None, deny=sb.deny,
+                          generation=sb.rules_generation)
 
     async def apply_allow(self, sid: str, resolved: dict[str, list[str]]) -> None:
         """A refreshed allow-list (AllowLists): the sandbox's rules replaced whole."""
         cidrs = flatten(resolved)
         async with self._registry.lock(sid):
             sb = self._registry.running(sid)
+            if set(resolved) != set(sb.allow):
+                return  # its list was replaced (update) while these names resolved
             if self._rootless:
                 assert self._nsexec.path is not None
                 await asyncio.to_thread(slirp.set_allowed, self._nsexec.path, sb.init_pid, cidrs)
             else:
-                await asyncio.to_thread(network.set_allowed, sb.uid - UID_BASE, cidrs)
+                await asyncio.to_thread(self._set_rules, sb, resolved)
             sb.allow = resolved
             self._registry.write_meta(sb)
+
+    async def update(self, sid: str, *, enabled: bool, allow: tuple[str, ...], deny: tuple[str, ...]) -> None:
+        """A live sandbox's rules replaced whole (update_network), as root: its chain swapped in
+        one commit under a new generation. Only a sandbox made with outbound network has a veth
+        to route it out: one made without keeps none (off is what it has already)."""
+        if self._rootless:
+            raise NotSupported("network: a rootless server cannot change a running sandbox's egress rules",
+                               field="network")
+        resolved = await resolve(allow) if allow else {}  # first: a name that does not resolve changes nothing
+        async with self._registry.lock(sid):
+            sb = self._registry.running(sid)
+            if not sb.network:
+                if enabled:
+                    raise NotSupported(f"network: sandbox {sid} was made without outbound network, and an update "
+                                       "cannot give it one; create it with network enabled", field="network")
+                return
+            listed = {e: sorted(c) for e, c in resolved.items()}
+            denied, generation = list(deny) if enabled else [ALL_TRAFFIC], sb.rules_generation + 1
+            # Kept only once in force: a failed swap leaves the old rules, and the record says so.
+            await asyncio.to_thread(network.set_rules, sb.uid - UID_BASE, allow=flatten(listed) if listed else None,
+                                    deny=denied, generation=generation)
+            sb.allow, sb.deny, sb.rules_generation = listed, denied, generation
+            self._registry.write_meta(sb)
+            if sb.allow:
+                self.allow.replace(sid, resolved)
+            else:
+                self.allow.forget(sid)
 
     def port_target(self, sandbox_id: str) -> tuple[str, int]:
         sb = self._registry.running(sandbox_id)

@@ -49,6 +49,8 @@ class LocalSandbox:
     slirp_start: int | None = None
     host_port: int | None = None  # rootless port: slirp4netns forwards 127.0.0.1:host_port to it
     allow: dict[str, list[str]] = attrs.field(factory=dict)  # network.allow: each entry's CIDRs (egress.py)
+    deny: list[str] = attrs.field(factory=list)  # network.deny's CIDRs; ["0.0.0.0/0"]: turned off by an update
+    rules_generation: int = 0  # bumped by each update of its rules (network.GENERATION_MASK)
     dev_bytes: int | None = None  # the size of its /dev tmpfs (/dev/shm): its memory limit (launch.py)
     # The limits it was given, so a restarted driver (a node agent) knows the capacity it has
     # committed; None: no limit, or a meta.json written before they were kept.

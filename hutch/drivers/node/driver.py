@@ -73,8 +73,8 @@ NOT_OFFERED = "is not offered for placement (drained, ineligible or down)"
 
 
 class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer,
-                 roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting,
-                 roles.Adoption, roles.NodeFleet, Driver):
+                 roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding, roles.NetworkRules,
+                 roles.UsageReporting, roles.Adoption, roles.NodeFleet, Driver):
     name = "node"
 
     def __init__(self, directory: AgentDirectory, secret: bytes, *, lost_after: float = LOST_AFTER) -> None:
@@ -683,6 +683,12 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
     async def pause(self, sandbox_id: str) -> None:
         agent = await self._owner(sandbox_id)
         await agent.json("POST", agent.path("sandboxes", sandbox_id, "pause"))
+
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
+                             deny: tuple[str, ...]) -> None:
+        agent = await self._owner(sandbox_id)
+        await agent.json("PUT", agent.path("sandboxes", sandbox_id, "network"),
+                         {"enabled": enabled, "allow": list(allow), "deny": list(deny)})
 
     async def resume(self, sandbox_id: str) -> None:
         agent = await self._owner(sandbox_id)
