@@ -97,13 +97,14 @@ class Provisioning:
         # The quota's check and the create it allows, as one, on this replica and across
         # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
-        if not build and not limited and not self._replicas.shared:
+        if not build and not limited:
             # Made first, then recorded created and started in one append (with its command's
             # start): one durable write on the way to the start instead of two. An idle pid 1
-            # runs nothing of the tenant's, and what the log refuses is destroyed. Not with
-            # other replicas: one starting up destroys a sandbox the log does not know yet
-            # (recovery.py); this replica's own restart does so on purpose. Not under a
-            # sandbox quota, whose lock is held until the Create is in (the overlap below).
+            # runs nothing of the tenant's, and what the log refuses is destroyed. With other
+            # replicas too: one starting up leaves a running sandbox the log does not know yet
+            # alone while a live replica owns it (recovery.py), and ``own`` is committed before
+            # the driver is asked; this replica's own restart destroys it on purpose. Not under
+            # a sandbox quota, whose lock is held until the Create is in (the overlap below).
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)
