@@ -200,9 +200,12 @@ class Provisioning:
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
-        if (handle := self._adoption.handle(sandbox_id)) is not None and self._replicas.shared:
-            await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
-        started = Start(node=self._fleet.node_of(sandbox_id))
+        node = self._fleet.node_of(sandbox_id)
+        # For a take-over; not where the Start below records the node: the log says where it
+        # runs (takeover.py), and the row's write was a statement in series on the way to idle.
+        if node is None and self._replicas.shared and (handle := self._adoption.handle(sandbox_id)) is not None:
+            await self._replicas.set_handle(sandbox_id, handle)
+        started = Start(node=node)
         first: tuple[Create | Start, ...] = (started,) if create is None else (create, started)
         recorded: list[bool] = []
         try:
