@@ -67,6 +67,7 @@ async def snapshot(app: web.Application) -> dict[str, Any]:
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
         "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
         "draining": app[DRAIN].draining,
+        "destroy_measures": True,  # DELETE ?usage=1 answers the usage: the driver's end is one call
     }
 
 

@@ -1,7 +1,9 @@
 """A sandbox's end on the node driver is one agent call: the agent measures what the sandbox
 used as it ends it and answers that with the DELETE, where the engine used to read the usage
 in a call of its own first (a one-shot made four calls: create, exec, usage, delete). The
-usage still travels in the end's event; reading it stays best effort, the destroy does not."""
+usage still travels in the end's event; reading it stays best effort, the destroy does not.
+An agent of an older tree (its capacity does not say ``destroy_measures``) would ignore the
+query: the driver reads its sandboxes' usage in a call of its own, as before."""
 
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ async def test_the_agent_answers_a_measured_delete_with_the_usage_read_before_th
     assert driver.calls == ["usage", "destroy"] and "sbx_a" not in driver.live
     assert converter.structure(answer["usage"], Usage) == Usage(cpu_seconds=1.25, memory_peak_bytes=4096)
     assert await _delete(client, "/v1/sandboxes/sbx_b") == {"ok": True}  # unmeasured: as before
+    capacity = await client.get("/v1/node", headers=wire.sign(SECRET, "GET", "/v1/node"))
+    assert (await capacity.json())["destroy_measures"] is True  # how the driver knows it may ask
 
 
 async def test_a_usage_the_agent_cannot_read_still_ends_the_sandbox(aiohttp_client: Any, tmp_path: Path) -> None:
@@ -105,6 +109,7 @@ async def test_the_driver_ends_a_sandbox_and_learns_its_usage_in_one_call() -> N
         return Usage()
 
     try:
+        driver._measures = {"n1"}  # its capacity said destroy_measures (read every second)
         await driver.provision(ProvisionRequest("sbx_1", "base:latest"))
         used = await driver.destroy_measured("sbx_1", measure)
         assert used == Usage(cpu_seconds=0.5, memory_peak_bytes=10)
@@ -114,6 +119,11 @@ async def test_the_driver_ends_a_sandbox_and_learns_its_usage_in_one_call() -> N
         # Never placed here (or gone already): nothing to call; measured as any driver does.
         assert await driver.destroy_measured("sbx_gone", measure) == Usage()
         assert seen == ["measured apart"]
+        seen.clear()
+        driver._measures = set()  # an agent of an older tree: usage apart, then the plain delete
+        await driver.provision(ProvisionRequest("sbx_2", "base:latest"))
+        assert await driver.destroy_measured("sbx_2", measure) == Usage()
+        assert seen == ["PUT /v1/sandboxes/sbx_2", "measured apart", "DELETE /v1/sandboxes/sbx_2"]
     finally:
         await driver.close()
         await server.close()

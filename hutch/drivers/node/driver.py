@@ -95,6 +95,8 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         self._refresher: asyncio.Task[None] | None = None
         self._tunnels = PortTunnels(self._tunnel)
         self._caps: dict[str, dict[str, bool]] = {}  # node -> its capability flags
+        # Nodes whose agent answers a DELETE ?usage=1 with the usage (an older one ignores it).
+        self._measures: set[str] = set()
         self._placeable: set[str] = set()  # nodes the directory offers for new sandboxes
         self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
         self._building: Counter[str] = Counter()  # runtimes this driver is having built
@@ -238,6 +240,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         if set(s["runtimes"]) != set(self._built.get(name, {})):
             self._built[name] = await agent.json("GET", agent.path("runtimes"), timeout=READ_TIMEOUT)
         self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
+        (self._measures.add if s.get("destroy_measures") else self._measures.discard)(name)
         return placement.NodeState(
             name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
             memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
@@ -478,8 +481,9 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
 
     async def destroy_measured(self, sandbox_id: str, measure: Callable[[], Awaitable[Usage]]) -> Usage:
         """One call: the agent reads the usage, best effort, as it ends the sandbox."""
-        if self._where.get(sandbox_id) not in self._agents:
-            return await super().destroy_measured(sandbox_id, measure)  # nothing of it to end here
+        if self._where.get(sandbox_id) not in self._measures:
+            # Nothing of it to end here, or an agent that cannot measure as it ends: two calls.
+            return await super().destroy_measured(sandbox_id, measure)
         answer = await self._destroy(sandbox_id, measured=True)
         used = answer.get("usage") if isinstance(answer, dict) else None
         return converter.structure(used, Usage) if isinstance(used, dict) else Usage()
