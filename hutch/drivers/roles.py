@@ -80,6 +80,14 @@ class SandboxLifecycle(abc.ABC):
     async def destroy(self, sandbox_id: str) -> None:
         """Kill every process and remove every mount, cgroup and file. Idempotent."""
 
+    async def destroy_measured(self, sandbox_id: str, measure: Callable[[], Awaitable[Usage]]) -> Usage:
+        """``destroy``, answering what the sandbox had used just before it went: ``measure``
+        (best effort) then the destroy. A driver whose one call does both overrides it (the
+        node driver: the agent measures as it ends the sandbox, one round trip, not two)."""
+        used = await measure()
+        await self.destroy(sandbox_id)
+        return used
+
     @abc.abstractmethod
     async def alive(self) -> set[str]:
         """Ids of the sandboxes this driver is running now (used to recover after a restart)."""

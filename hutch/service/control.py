@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from hutch.core import phases
+from hutch.core.driver_types import Usage
 from hutch.core.lifecycle import ChangeEnv, ChangeTimeout, Destroy, Fail, Pause, Resume, Terminate
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
@@ -70,19 +71,17 @@ class SandboxControl:
             if not ex.status.is_final:
                 with contextlib.suppress(Exception):
                     await self._commands.cancel(ex.execution_id)
-        used = await self._usage(sandbox_id)
-        await self._lifecycle.destroy(sandbox_id)
+        used = _fields(await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id)))
         await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True, **used))
         self._recorder.forget(sandbox_id)
 
     async def end(self, sandbox_id: str, command: Terminate) -> None:
         """End a sandbox not destroyed on request (oneshot done, reaped, restart): the driver
         lets it go, then the end is recorded with its usage."""
-        with phases.span("end: usage read"):
-            command = attrs.evolve(command, **await self._usage(sandbox_id))
         try:
-            with phases.span("driver: destroy"):
-                await self._lifecycle.destroy(sandbox_id)
+            with phases.span("driver: destroy, its usage read before"):
+                used = await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id))
+            command = attrs.evolve(command, **_fields(used))
         except Exception as err:  # still record the end; the driver cleans leftovers at start
             log.exception("destroying %s failed", sandbox_id)
             await self._recorder.command(sandbox_id, Fail(reason=f"destroy failed: {err}"))
@@ -100,13 +99,18 @@ class SandboxControl:
         except Exception:  # the driver's watcher must survive whatever happens here
             log.exception("recording the end of sandbox %s failed", sandbox_id)
 
-    async def _usage(self, sandbox_id: str) -> dict[str, Any]:
+    async def _usage(self, sandbox_id: str) -> Usage:
         """Best effort, just before the driver forgets the sandbox: stats want it later.
         Travels in the lifecycle:terminated event (Terminate's usage fields)."""
-        try:
-            used = await self._usage_reporting.usage(sandbox_id)
-        except Exception:
-            log.warning("reading the usage of %s failed", sandbox_id, exc_info=True)
-            return {}
-        return {"cpu_seconds": round(used.cpu_seconds, 6) if used.cpu_seconds is not None else None,
-                "memory_peak_bytes": used.memory_peak_bytes}
+        with phases.span("end: usage read"):
+            try:
+                return await self._usage_reporting.usage(sandbox_id)
+            except Exception:
+                log.warning("reading the usage of %s failed", sandbox_id, exc_info=True)
+                return Usage()
+
+
+def _fields(used: Usage) -> dict[str, Any]:
+    """Terminate's usage fields."""
+    return {"cpu_seconds": round(used.cpu_seconds, 6) if used.cpu_seconds is not None else None,
+            "memory_peak_bytes": used.memory_peak_bytes}

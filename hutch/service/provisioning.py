@@ -97,13 +97,14 @@ class Provisioning:
         # The quota's check and the create it allows, as one, on this replica and across
         # replicas; without a quota, no lock (service/quotas.py).
         limited = self._quotas.limits_sandboxes(spec.org_id)
-        if not build and not limited and not self._replicas.shared:
+        if not build and not limited:
             # Made first, then recorded created and started in one append (with its command's
             # start): one durable write on the way to the start instead of two. An idle pid 1
-            # runs nothing of the tenant's, and what the log refuses is destroyed. Not with
-            # other replicas: one starting up destroys a sandbox the log does not know yet
-            # (recovery.py); this replica's own restart does so on purpose. Not under a
-            # sandbox quota, whose lock is held until the Create is in (the overlap below).
+            # runs nothing of the tenant's, and what the log refuses is destroyed. With other
+            # replicas too: one starting up leaves a running sandbox the log does not know yet
+            # alone while a live replica owns it (recovery.py), and ``own`` is committed before
+            # the driver is asked; this replica's own restart destroys it on purpose. Not under
+            # a sandbox quota, whose lock is held until the Create is in (the overlap below).
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
             await self._replicas.own(sandbox_id)
@@ -200,9 +201,12 @@ class Provisioning:
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
-        if (handle := self._adoption.handle(sandbox_id)) is not None and self._replicas.shared:
-            await self._replicas.set_handle(sandbox_id, handle)  # for a take-over
-        started = Start(node=self._fleet.node_of(sandbox_id))
+        node = self._fleet.node_of(sandbox_id)
+        # For a take-over; not where the Start below records the node: the log says where it
+        # runs (takeover.py), and the row's write was a statement in series on the way to idle.
+        if node is None and self._replicas.shared and (handle := self._adoption.handle(sandbox_id)) is not None:
+            await self._replicas.set_handle(sandbox_id, handle)
+        started = Start(node=node)
         first: tuple[Create | Start, ...] = (started,) if create is None else (create, started)
         recorded: list[bool] = []
         try:

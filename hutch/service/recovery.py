@@ -59,9 +59,18 @@ class Recovery:
     async def _destroy_unowned(self, candidates: set[str]) -> None:
         """The driver runs them but the log says none is live: either the log has no record of
         them (made while another log was in use: a swapped events.db, a store rebuilt from a new
-        log) or it says they ended. No one could reach them through the API: destroyed."""
+        log) or it says they ended. No one could reach them through the API: destroyed.
+        Except a create under way on another live replica: the driver makes a sandbox before
+        its Create is appended (service/provisioning.py), after its owner row is committed."""
+        replicas = self._control.replicas
         for sandbox_id in sorted(candidates):
             sb = await self._store.get_sandbox(sandbox_id)
+            if sb is None or not sb.status.is_final:
+                owner = await replicas.owner(sandbox_id)
+                if owner is not None and owner.alive and owner.replica_id != replicas.me:
+                    log.info("sandbox %s is running and not logged yet: replica %s is creating it",
+                             sandbox_id, owner.replica_id)
+                    continue
             why = "the event log has no record of it" if sb is None else f"the event log says it is {sb.status.value}"
             log.warning("sandbox %s is running but %s; destroying it", sandbox_id, why)
             with contextlib.suppress(Exception):

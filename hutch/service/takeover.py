@@ -43,7 +43,9 @@ class Takeover:
         sb = await self._store.get_sandbox(sandbox_id)
         if sb is None or sb.status.is_final:
             return False
-        adopted = handle is not None and await self._adoption.adopt(sb, handle)
+        # Where the log records the sandbox's node (the node driver's lifecycle:started), that
+        # is where it runs: its create writes no handle row.
+        adopted = (handle is not None or sb.node is not None) and await self._adoption.adopt(sb, handle or {})
         for ex in await self._store.list_executions(sandbox_id):
             if not ex.status.is_final:
                 await self._recorder.command(sandbox_id, FinishExecution(ex.execution_id, ExecutionStatus.FAILED,

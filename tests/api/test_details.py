@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.api.conftest import REAL, STORE, WIRE, Api
+from tests.api.conftest import NODE, REAL, STORE, WIRE, Api
 
 
 async def new_sandbox(api: Api) -> str:
@@ -71,7 +71,7 @@ async def test_fields_hutch_cannot_honour_are_refused_by_name(api: Api) -> None:
     await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["true"], "stream": {"stdin": "ignore"}})
 
 
-@pytest.mark.runs_on(*WIRE, *REAL)  # the real drivers' accounting; the fake has none
+@pytest.mark.runs_on(*WIRE, *REAL, *NODE)  # the real drivers' accounting (the node driver's end: one call); the fake has none
 async def test_get_shows_what_a_sandbox_used(api: Api, driver_name: str) -> None:
     sid = await new_sandbox(api)
     await run(api, sid, ["sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 import attrs
@@ -95,6 +95,8 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         self._refresher: asyncio.Task[None] | None = None
         self._tunnels = PortTunnels(self._tunnel)
         self._caps: dict[str, dict[str, bool]] = {}  # node -> its capability flags
+        # Nodes whose agent answers a DELETE ?usage=1 with the usage (an older one ignores it).
+        self._measures: set[str] = set()
         self._placeable: set[str] = set()  # nodes the directory offers for new sandboxes
         self._built: dict[str, dict[str, dict[str, object]]] = {}  # node -> runtime -> size, build time
         self._building: Counter[str] = Counter()  # runtimes this driver is having built
@@ -238,6 +240,7 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         if set(s["runtimes"]) != set(self._built.get(name, {})):
             self._built[name] = await agent.json("GET", agent.path("runtimes"), timeout=READ_TIMEOUT)
         self._caps = {**self._caps, name: {k: bool(v) for k, v in s["capabilities"].items()}}
+        (self._measures.add if s.get("destroy_measures") else self._measures.discard)(name)
         return placement.NodeState(
             name=name, cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
             memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
@@ -474,19 +477,32 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
 
     async def destroy(self, sandbox_id: str) -> None:
+        await self._destroy(sandbox_id, measured=False)
+
+    async def destroy_measured(self, sandbox_id: str, measure: Callable[[], Awaitable[Usage]]) -> Usage:
+        """One call: the agent reads the usage, best effort, as it ends the sandbox."""
+        if self._where.get(sandbox_id) not in self._measures:
+            # Nothing of it to end here, or an agent that cannot measure as it ends: two calls.
+            return await super().destroy_measured(sandbox_id, measure)
+        answer = await self._destroy(sandbox_id, measured=True)
+        used = answer.get("usage") if isinstance(answer, dict) else None
+        return converter.structure(used, Usage) if isinstance(used, dict) else Usage()
+
+    async def _destroy(self, sandbox_id: str, *, measured: bool) -> object:
         self._reserved.pop(sandbox_id, None)
         await self._tunnels.drop(sandbox_id)
         node = self._where.get(sandbox_id)
         if node is None or node not in self._agents:
-            return  # idempotent: never placed, or gone already (a lost node's were failed with it)
+            return None  # idempotent: never placed, or gone already (a lost node's were failed with it)
         agent = self._agents[node]
-        await agent.json("DELETE", agent.path("sandboxes", sandbox_id))
+        answer = await agent.json("DELETE", agent.path("sandboxes", sandbox_id, usage=1 if measured else None))
         self._where.pop(sandbox_id, None)
         # Released at once too, as a create is counted: one-shots at concurrency 16 otherwise
         # filled every node's copy with sandboxes already gone, and creates were refused
         # NO_CAPACITY until the next read.
         memory, cpu = self._held.pop(sandbox_id, (0, 0))
         self._count(node, memory, cpu, -1)
+        return answer
 
     async def alive(self) -> set[str]:
         """What every answering agent runs (asked at once: a silent node costs one timeout),
