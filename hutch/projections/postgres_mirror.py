@@ -16,8 +16,9 @@ touching a sandbox not held here, naming an execution that is final or, in a san
 ``full``, not known here, or carrying a snapshot or tenancy event, is loaded as before. (An
 execution's row is written only by its own sandbox's events: ids are minted, so an id not
 seen in a ``full`` sandbox is a new execution.) An ended sandbox is dropped (nothing more
-happens to it, and the mirror would otherwise grow with every sandbox ever made), and the
-whole mirror once it holds ``LIMIT`` sandboxes: loading them again is all that costs.
+happens to it, and the mirror would otherwise grow with every sandbox ever made), and beyond
+``LIMIT`` sandboxes the one written longest ago (many idle sandboxes: loading one again is
+all that costs, and the API's memory per idle sandbox stays what it was).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from hutch.core.models import ExecutionState, SandboxState
 from hutch.core.snapshots import is_snapshot_event
 from hutch.projections.base import is_tenancy_event
 
-LIMIT = 20_000
+LIMIT = 1_000
 
 
 @attrs.define
@@ -126,9 +127,9 @@ class Mirror:
                 h.finished.add(ex.execution_id)
             else:
                 h.open[ex.execution_id] = (seqs[ex.execution_id], ex)
-        for sandbox_id in {e.sandbox_id for e in events}:
-            h = self._held.get(sandbox_id)
-            if h is not None and h.sandbox is not None and h.sandbox.status.is_final:
-                del self._held[sandbox_id]  # ended: not kept
-        if len(self._held) > LIMIT:
-            self._held.clear()
+        for sandbox_id in dict.fromkeys(e.sandbox_id for e in events):
+            h = self._held.pop(sandbox_id, None)
+            if h is not None and not (h.sandbox is not None and h.sandbox.status.is_final):
+                self._held[sandbox_id] = h  # last in the order: written most recently (ended: not kept)
+        while len(self._held) > LIMIT:
+            del self._held[next(iter(self._held))]

@@ -18,6 +18,7 @@ from hutch.core.events import (
     SandboxTerminated,
 )
 from hutch.core.models import ExecutionStatus, Mode
+from hutch.projections import postgres_mirror
 from hutch.projections.memory import MemoryProjectionStore
 from hutch.projections.postgres import PostgresProjectionStore
 from tests.contracts.test_projection_store import Log, created
@@ -142,5 +143,26 @@ async def test_a_rebuild_leaves_nothing_held(database: str) -> None:
         assert _loads() - before == 1
         sb = await store.get_sandbox("sbx_1")
         assert sb is not None and sb.spec.env == {"A": "1"}
+    finally:
+        await store.close()
+
+
+async def test_it_holds_a_bounded_number_of_sandboxes_the_latest_written(database: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(postgres_mirror, "LIMIT", 10)
+    store = PostgresProjectionStore(database)
+    await store.start()
+    try:
+        log = Log()
+        for i in range(postgres_mirror.LIMIT + 5):
+            await store.apply([log(f"sbx_{i}", created()), log(f"sbx_{i}", SandboxStarted())])
+        held = store._mirror._held
+        assert len(held) == postgres_mirror.LIMIT and "sbx_0" not in held and f"sbx_{postgres_mirror.LIMIT + 4}" in held
+        before = _loads()
+        await store.apply([log("sbx_5", SandboxEnvChanged(set={"A": "1"}))])  # held: no read
+        await store.apply([log("sbx_0", SandboxEnvChanged(set={"A": "1"}))])  # dropped: read again
+        assert _loads() - before == 1
+        assert list(held)[-2:] == ["sbx_5", "sbx_0"]
+        await _same_as_a_fold([store], log.events, ["sbx_0", "sbx_5"])
     finally:
         await store.close()
