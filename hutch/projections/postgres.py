@@ -264,11 +264,11 @@ class PostgresProjectionStore(ProjectionStore):
             phases.end("store: fold and encode", t0)
             with _refusals("the rows"), phases.span("store: WRITE (and its commit)"):
                 moved = await conn.fetchval(WRITE, PROJECTION, start, position, rows_json[0], rows_json[1],
-                                            NOTIFY_CHANNEL, rows_json[2], rows_json[3])
+                                            NOTIFY_CHANNEL, rows_json[2], rows_json[3], list(state.absent))
             if moved:
                 self._floor = max(self._floor, position)
-                if not from_mirror:
-                    self._mirror.loaded(start, state, sandbox_ids)
+                if not from_mirror or state.absent:
+                    self._mirror.loaded(start, state, state.absent if from_mirror else sandbox_ids)
                 self._mirror.wrote(position, todo, changed.sandboxes.values(), changed.executions.values(),
                                    changed.seqs)
                 counters.count("hutch_projector_writes_total", labels=(("state", "mirror" if from_mirror else "load"),))

@@ -11,8 +11,11 @@ before: nothing is ever written from rows the store no longer holds.
 What it holds, per sandbox a batch touched: the sandbox, its executions that are not final
 (with their ``seq``) and the ids of those that are, as far as it knows them; and whether it
 knows every execution the sandbox has (``full``: the store held nothing of the sandbox when it
-was loaded, its creation; every execution it has since came through a write here). A batch
-touching a sandbox not held here, naming an execution that is final or, in a sandbox not
+was loaded, its creation; every execution it has since came through a write here). A sandbox
+the batch creates (its first event there is its creation) and not held here is folded as new,
+on a further condition of the ``WRITE``: that the store has no row of it (``absent``); ids are
+minted, so that holds but for a create appended twice, which the condition sends to ``LOAD``.
+A batch touching any other sandbox not held here, naming an execution that is final or, in a sandbox not
 ``full``, not known here, or carrying a snapshot or tenancy event, is loaded as before. (An
 execution's row is written only by its own sandbox's events: ids are minted, so an id not
 seen in a ``full`` sandbox is a new execution.) An ended sandbox is dropped (nothing more
@@ -27,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from hutch.core.events import Event
+from hutch.core.events import Event, SandboxCreated
 from hutch.core.lifecycle import execution_id_of
 from hutch.core.models import ExecutionState, SandboxState
 from hutch.core.snapshots import is_snapshot_event
@@ -52,6 +55,7 @@ class Loaded:
     executions: dict[str, ExecutionState]
     seqs: dict[str, int]
     by_sandbox: dict[str, list[str]]
+    absent: tuple[str, ...] = ()  # sandboxes taken to have nothing in the store (WRITE checks it)
 
 
 class Mirror:
@@ -68,12 +72,16 @@ class Mirror:
         if self.position is None:
             return None
         held: dict[str, _Held] = {}
+        absent: list[str] = []
         for e in events:
             if is_snapshot_event(e) or is_tenancy_event(e):
                 return None
             h = held.get(e.sandbox_id) or self._held.get(e.sandbox_id)
             if h is None:
-                return None
+                if not isinstance(e.data, SandboxCreated):
+                    return None
+                h = _Held(None, full=True)  # new: the WRITE checks the store has nothing of it
+                absent.append(e.sandbox_id)
             held[e.sandbox_id] = h
             eid = execution_id_of(e)
             if eid is not None and eid not in h.open and (eid in h.finished or not h.full):
@@ -89,15 +97,16 @@ class Mirror:
                 executions[eid] = ex
                 seqs[eid] = seq
                 by_sandbox.setdefault(sandbox_id, []).append(eid)
-        return Loaded(sandboxes, executions, seqs, by_sandbox)
+        return Loaded(sandboxes, executions, seqs, by_sandbox, tuple(absent))
 
     def loaded(self, position: int, state: Loaded, sandbox_ids: Iterable[str]) -> None:
-        """``LOAD`` read ``state`` at ``position``: every open execution of ``sandbox_ids``."""
+        """``LOAD`` read ``state`` at ``position`` (every open execution of ``sandbox_ids``), or
+        ``state_for`` gave it with ``absent`` sandboxes that a WRITE then found so."""
         if position != self.position:
             self._held.clear()  # held as of another position: someone wrote in between
         self.position = position
         for sandbox_id in sandbox_ids:
-            if sandbox_id in self._held:
+            if sandbox_id in self._held and sandbox_id not in state.absent:
                 continue  # held as of this very position, and perhaps knowing more (``full``)
             sb = state.sandboxes.get(sandbox_id)
             execs = state.by_sandbox.get(sandbox_id, [])

@@ -166,3 +166,33 @@ async def test_it_holds_a_bounded_number_of_sandboxes_the_latest_written(databas
         await _same_as_a_fold([store], log.events, ["sbx_0", "sbx_5"])
     finally:
         await store.close()
+
+
+async def test_a_create_is_folded_as_new_only_if_the_store_has_nothing_of_it(database: str) -> None:
+    """A sandbox created in the batch needs no read, on the WRITE's condition that the store
+    has no row of it: a create appended twice under one id (another projector wrote the first)
+    is read and folded as a LOAD would have."""
+    a, b = PostgresProjectionStore(database), PostgresProjectionStore(database)
+    await a.start()
+    await b.start()
+    try:
+        log = Log()
+        await a.apply([log("sbx_1", created()), log("sbx_1", SandboxStarted())])  # the first batch reads
+        before = _loads()
+        await a.apply([log("sbx_2", created()), log("sbx_2", SandboxStarted()),
+                       log("sbx_2", ExecutionStarted("exec_1", ("sleep", "9")))])
+        assert _loads() == before  # new: nothing to read
+        await b.apply(log.events)
+        # B holds sbx_2 as loaded by nobody: a second create of it, then an end that must
+        # finish the execution the first one left running.
+        await b.apply([log("sbx_9", created())])
+        again = [log("sbx_2", created("again")), log("sbx_2", SandboxTerminated(reason="x"))]
+        before = _loads()
+        await b.apply(again)
+        assert _loads() - before == 1  # the condition failed: read, as before the mirror
+        await _same_as_a_fold([a, b], log.events, ["sbx_1", "sbx_2", "sbx_9"])
+        (ex,) = await b.list_executions("sbx_2")
+        assert ex.status.is_final
+    finally:
+        await a.close()
+        await b.close()
