@@ -227,11 +227,12 @@ async def main() -> None:
                     await rates(args.rounds, args.concurrency, args.seconds, sides)
 
     a, b = sides
-    print(f"hutch compare: {args.driver} driver, runtime {RUNTIME}, {os.cpu_count()} cpus; "
+    which = f"{a.profile} profile" if a.profile == b.profile else f"{a.profile} (A) and {b.profile} (B) profiles"
+    print(f"hutch compare: {which}, {args.driver} driver, runtime {RUNTIME}, {os.cpu_count()} cpus; "
           f"{args.n} samples per side and latency bench, {args.rounds} per side of throughput, in turns "
           f"(A B, B A, ...); other load before the run: {noise:.2f} cpus busy, load average {loadavg}")
     for side in sides:
-        print(f"{side.name} = {side.commit[:10]} {side.subject} ({side.profile} profile)")
+        print(f"{side.name} = {side.commit[:10]} {side.subject}")
     print("| figure | A median | A p90 | B median | B p90 | B/A median | B/A p90 | B/A paired |")
     print("|---|---|---|---|---|---|---|---|")
     for bench in benches:

@@ -188,7 +188,8 @@ async def main() -> None:
 
         took, spans = await with_server(True, timed, profile)
         ops = args.n + WARM  # execute: the live sandbox's create is among the spans too (calls < 1)
-        print(f"\n{scenario}, {profile}: client-side p50 {statistics.median(took):.1f} ms, p90 {p90(took):.1f} ms; "
+        label = scenario if len(profiles) == 1 else f"{scenario} ({profile})"
+        print(f"\n{label}: client-side p50 {statistics.median(took):.1f} ms, p90 {p90(took):.1f} ms; "
               f"bare p50 {statistics.median(bare):.1f} ms, p90 {p90(bare):.1f} ms "
               f"(calls per op over {ops} operations, warm-ups included)")
         print("\n".join(table(spans, ops)))
