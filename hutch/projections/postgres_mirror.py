@@ -37,6 +37,9 @@ from hutch.core.snapshots import is_snapshot_event
 from hutch.projections.base import is_tenancy_event
 
 LIMIT = 1_000
+# Final executions remembered per sandbox; past it the sandbox is no longer ``full`` (a long-lived
+# sandbox's every command would otherwise stay here: its new executions' starts are loaded then).
+FINISHED_LIMIT = 256
 
 
 @attrs.define
@@ -134,6 +137,9 @@ class Mirror:
             if ex.status.is_final:
                 h.open.pop(ex.execution_id, None)
                 h.finished.add(ex.execution_id)
+                if len(h.finished) > FINISHED_LIMIT:
+                    h.finished.clear()
+                    h.full = False
             else:
                 h.open[ex.execution_id] = (seqs[ex.execution_id], ex)
         for sandbox_id in dict.fromkeys(e.sandbox_id for e in events):

@@ -196,3 +196,27 @@ async def test_a_create_is_folded_as_new_only_if_the_store_has_nothing_of_it(dat
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_sandbox_with_many_commands_is_not_remembered_command_by_command(
+        database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past FINISHED_LIMIT final executions a sandbox's ids are forgotten: a new command's
+    start is then read from the store, and an old one's late event folds as a LOAD would."""
+    monkeypatch.setattr(postgres_mirror, "FINISHED_LIMIT", 3)
+    store = PostgresProjectionStore(database)
+    await store.start()
+    try:
+        log = Log()
+        sid = "sbx_1"
+        await store.apply([log(sid, created()), log(sid, SandboxStarted())])
+        for i in range(4):
+            await store.apply([log(sid, ExecutionStarted(f"exec_{i}", ("x",)))])
+            await store.apply([log(sid, ExecutionFinished(f"exec_{i}", ExecutionStatus.COMPLETED, exit_code=0))])
+        assert len(store._mirror._held[sid].finished) == 0
+        before = _loads()
+        await store.apply([log(sid, ExecutionFinished("exec_0", ExecutionStatus.FAILED, error="late"))])
+        await store.apply([log(sid, ExecutionStarted("exec_9", ("y",)))])
+        assert _loads() - before == 2
+        await _same_as_a_fold([store], log.events, [sid])
+    finally:
+        await store.close()
