@@ -221,7 +221,9 @@ class PostgresProjectionStore(ProjectionStore):
 
         Two round trips: one statement reads the tracked position and the state the events
         touch, one statement writes the changed rows *and* moves the position, atomically
-        (data-modifying CTEs), on the condition that the position is still the one read. If
+        (data-modifying CTEs), on the condition that the position is still the one read. One,
+        when the state is what this object wrote last (``postgres_mirror``): then the condition
+        is that the position is still that write's. If
         another projector moved it meanwhile, nothing is written and the batch is looked at
         again. Works alone (each statement is its own transaction) and inside ``rebuild``'s."""
         for e in events:
