@@ -1,6 +1,6 @@
 """The same bench on two commits, in one interleaved run: did B cost speed?
 
-    python bench/compare.py A B [--bench NAME ...] [-n 30] [--driver local]
+    python bench/compare.py A B [--bench NAME ...] [-n 30] [--driver local] [--profiles PA,PB]
 
 Checks A and B out (git worktrees under /dev/shm, removed after), starts a server from each
 checkout side by side, and times both with bench/run.py's own samplers in turns (A B, B A,
@@ -17,7 +17,12 @@ Benches (``--bench``, repeatable; default execute oneshot client-run create):
   client-run    SandboxClient.run() of the real @agentuity/core client (Node) (ms)
   create        create -> idle (ms)
   create-disk   create -> idle with a 1Gi disk limit (ms)
+  bare          the runtime's `python3 -c pass` chrooted on the host (ms): the baseline; with
+                it, execute and oneshot are also printed less each side's bare median
   throughput    one-shot `true` runs/s, --concurrency clients, --rounds of --seconds each
+``--profiles production,embedded`` runs side A on the production profile (a fresh Kafka topic
+and PostgreSQL database) and B on the embedded one (default: both embedded); with A = B = HEAD,
+the two profiles of one tree side by side: what the production log path costs.
 Not a test: no pass/fail, the ratios are for a person to read.
 """
 
@@ -46,12 +51,14 @@ from bench.run import (  # noqa: E402
     PY_PASS,
     RUNTIME,
     H,
+    bare_once,
     bench_server,
     busy_cpus,
     client_runs_by_url,
     create_once,
     execute_once,
     oneshot_once,
+    runtime_rootfs,
     throughput,
 )
 
@@ -63,12 +70,18 @@ class Side:
     subject: str
     url: str = ""
     sandbox: str = ""  # a live sandbox for the execute benches
+    profile: str = "embedded"
     samples: dict[str, list[float]] = field(default_factory=dict)
 
 
 Sampler = Callable[[aiohttp.ClientSession, Side], Awaitable[float]]
 
+async def _bare(s: aiohttp.ClientSession, side: Side) -> float:
+    return bare_once(runtime_rootfs())
+
+
 LATENCY: dict[str, tuple[str, Sampler]] = {
+    "bare": ("bare: the runtime's `python3 -c pass` chrooted on the host, ms", _bare),
     "execute": ("execute `python3 -c pass` in a live sandbox (HTTP), ms",
                 lambda s, side: execute_once(s, side.url, side.sandbox, PY_PASS)),
     "execute-true": ("execute `true` in a live sandbox (HTTP), ms",
@@ -154,7 +167,7 @@ def row(label: str, a: list[float], b: list[float]) -> str:
 async def servers(driver: str, roots: list[Path], sides: list[Side], live_sandbox: bool) -> AsyncIterator[None]:
     async with contextlib.AsyncExitStack() as stack:
         for root, side in zip(roots, sides, strict=True):
-            side.url = (await stack.enter_async_context(bench_server(driver, "embedded", root=root))).url
+            side.url = (await stack.enter_async_context(bench_server(driver, side.profile, root=root))).url
         if live_sandbox:
             async with aiohttp.ClientSession() as s:
                 for side in sides:
@@ -181,11 +194,17 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8, help="throughput: concurrent clients")
     ap.add_argument("--seconds", type=float, default=5, help="throughput: length of a round")
     ap.add_argument("--rounds", type=int, default=3, help="throughput: rounds per side")
+    ap.add_argument("--profiles", default="embedded,embedded", metavar="PA,PB",
+                    help="the profile of side A and of side B: embedded or production")
     args = ap.parse_args()
     if args.n < 1 or args.rounds < 1:
         ap.error("-n and --rounds must be at least 1")
+    profiles = args.profiles.split(",")
+    if len(profiles) != 2 or any(p not in ("embedded", "production") for p in profiles):
+        ap.error(f"--profiles: two of embedded / production, comma-separated (e.g. production,embedded), "
+                 f"not {args.profiles!r}")
     benches = list(dict.fromkeys(args.bench or DEFAULT))
-    sides = [Side("A", *resolve(args.a)), Side("B", *resolve(args.b))]
+    sides = [Side("A", *resolve(args.a), profile=profiles[0]), Side("B", *resolve(args.b), profile=profiles[1])]
     # Stopped (a timeout, ^C from a supervisor), it still stops both servers and removes the
     # checkouts: the cancel unwinds through the context managers below.
     main_task = asyncio.current_task()
@@ -195,6 +214,7 @@ async def main() -> None:
     with checkouts([side.commit for side in sides]) as roots:
         async with servers(args.driver, roots, sides, live_sandbox=any(b.startswith("execute") for b in benches)):
             noise = busy_cpus()
+            loadavg = " ".join(f"{x:.2f}" for x in os.getloadavg())
             for bench in benches:
                 if bench in LATENCY:
                     await latency(bench, args.n, sides)
@@ -207,9 +227,10 @@ async def main() -> None:
                     await rates(args.rounds, args.concurrency, args.seconds, sides)
 
     a, b = sides
-    print(f"hutch compare: embedded profile, {args.driver} driver, runtime {RUNTIME}, {os.cpu_count()} cpus; "
+    which = f"{a.profile} profile" if a.profile == b.profile else f"{a.profile} (A) and {b.profile} (B) profiles"
+    print(f"hutch compare: {which}, {args.driver} driver, runtime {RUNTIME}, {os.cpu_count()} cpus; "
           f"{args.n} samples per side and latency bench, {args.rounds} per side of throughput, in turns "
-          f"(A B, B A, ...); other load before the run: {noise:.2f} cpus busy")
+          f"(A B, B A, ...); other load before the run: {noise:.2f} cpus busy, load average {loadavg}")
     for side in sides:
         print(f"{side.name} = {side.commit[:10]} {side.subject}")
     print("| figure | A median | A p90 | B median | B p90 | B/A median | B/A p90 | B/A paired |")
@@ -222,6 +243,13 @@ async def main() -> None:
         else:
             label = f"one-shot `true` runs/s, {args.concurrency} concurrent, {args.seconds:g}s rounds (higher is better)"
         print(row(label, a.samples[bench], b.samples[bench]))
+    if "bare" in benches:
+        print("| over bare (each side's median less its own bare median) | A | | B | | B - A | | |")
+        for bench in benches:
+            if bench in ("execute", "oneshot"):  # those of `python3 -c pass`, the bare command
+                over = [statistics.median(side.samples[bench]) - statistics.median(side.samples["bare"])
+                        for side in sides]
+                print(f"| {LATENCY[bench][0]} | {over[0]:+.1f} | | {over[1]:+.1f} | | {over[1] - over[0]:+.1f} | | |")
 
 
 if __name__ == "__main__":

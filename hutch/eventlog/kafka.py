@@ -73,7 +73,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from hutch.core import counters
+from hutch.core import counters, phases
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.eventlog.base import EventLog, GroupMember, LogCapabilities
 from hutch.core.events import Event
@@ -145,6 +145,9 @@ class KafkaEventLog(EventLog):
         self._indexing: asyncio.Task[None] | None = None
         self.cluster_id: str | None = None
         self._identity: str | None = None
+        # bench/phases.py only (HUTCH_PHASES=1): when each Produce was acknowledged, by its last
+        # position, so that the subscriber can time how long its events took to reach it.
+        self._acked_at: dict[int, int] = {}
 
     @classmethod
     def from_url(cls, url: str, data_dir: Path, *, writer: bool = True) -> KafkaEventLog:
@@ -398,11 +401,15 @@ class KafkaEventLog(EventLog):
         ((builder, n),) = pack_batches(producer, records)  # append() sized the group to fit one
         counters.count("hutch_eventlog_writes_total")
         counters.count("hutch_eventlog_write_events_total", n)
+        t0 = phases.start()
         fut = await producer.send_batch(builder, self.order_topic, partition=0)
         fut.add_done_callback(retrieve_exception)
         meta = await asyncio.wait_for(asyncio.shield(fut), self.append_timeout)
+        phases.end("log: Produce, send to acks=all answer", t0)
         base = meta.offset
         self._scan_from = max(self._scan_from, base + n)
+        if phases.ON and len(self._acked_at) < 10_000:
+            self._acked_at[base + n] = phases.start()
         return [base + 1 + i for i in range(n)]
 
     async def _abandon_producer(self) -> None:
@@ -614,6 +621,8 @@ class KafkaEventLog(EventLog):
                     await asyncio.sleep(0.5)
                     continue
                 for rec in batch.get(tp, []):
+                    if phases.ON and (t0 := self._acked_at.pop(rec.offset + 1, 0)):
+                        phases.end("log: Produce answered -> its last event subscribed", t0)
                     if not is_marker(rec.headers):
                         yield decode_record(rec.value, rec.offset + 1)
         finally:

@@ -41,6 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 import asyncpg
 import attrs
 
+from hutch.core import counters, phases
 from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.events import Event
 from hutch.core.lifecycle import execution_id_of
@@ -68,6 +69,7 @@ from hutch.projections.base import (
     is_tenancy_event,
     skipped_event,
 )
+from hutch.projections.postgres_mirror import Loaded, Mirror
 from hutch.projections.postgres_sql import LOAD, SKIP, SKIPPED, WRITE, where_clause
 from hutch.storage.pg import Pool
 
@@ -148,6 +150,8 @@ class PostgresProjectionStore(ProjectionStore):
         # The highest position this object saw the store hold: finding less means commits were
         # lost (see StoreBehind), which must not pass silently.
         self._floor = 0
+        # What this object wrote last, so that a batch touching only that needs no LOAD.
+        self._mirror = Mirror()
 
     # ---------------------------------------------------------------- lifetime
 
@@ -193,6 +197,7 @@ class PostgresProjectionStore(ProjectionStore):
         """Record ``event`` in ``projection_skipped`` and move the position past it, unless another
         projector did so (or applied it) first; returns the position."""
         skip = skipped_event(event, refused.__cause__ or refused)
+        self._mirror.clear()  # the position moves without rows
         while True:
             start = int(await conn.fetchval(
                 "SELECT position FROM projection_position WHERE projection = $1", PROJECTION))
@@ -216,7 +221,9 @@ class PostgresProjectionStore(ProjectionStore):
 
         Two round trips: one statement reads the tracked position and the state the events
         touch, one statement writes the changed rows *and* moves the position, atomically
-        (data-modifying CTEs), on the condition that the position is still the one read. If
+        (data-modifying CTEs), on the condition that the position is still the one read. One,
+        when the state is what this object wrote last (``postgres_mirror``): then the condition
+        is that the position is still that write's. If
         another projector moved it meanwhile, nothing is written and the batch is looked at
         again. Works alone (each statement is its own transaction) and inside ``rebuild``'s."""
         for e in events:
@@ -228,31 +235,47 @@ class PostgresProjectionStore(ProjectionStore):
         snapshot_ids = sorted({e.sandbox_id for e in events if is_snapshot_event(e)})
         exec_ids = sorted({x for e in events if (x := execution_id_of(e)) is not None})
         while True:
-            # Taken before the read: every write that finished before now is in its snapshot.
-            floor = self._floor
-            with _refusals("the ids"):  # a NUL in an id is refused as a query argument
-                rows = await conn.fetch(LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
-            start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
-            if start < floor:
-                self._floor = start  # said once; the caller feeds the log again from start
-                raise StoreBehind(start, floor)
+            held = self._mirror.position
+            state = None if held is None else self._mirror.state_for([e for e in events if (e.position or 0) > held])
+            rows: Sequence[asyncpg.Record] = ()
+            if held is not None and state is not None:
+                start, from_mirror = held, True  # WRITE's condition proves the store still is there
+            else:
+                # Taken before the read: every write that finished before now is in its snapshot.
+                floor = self._floor
+                with _refusals("the ids"), phases.span("store: LOAD"):  # a NUL in an id is refused as an argument
+                    rows = await conn.fetch(LOAD, PROJECTION, exec_ids, sandbox_ids, snapshot_ids, tenancy)
+                start = next(int(r["seq"]) for r in rows if r["kind"] == "p")
+                if start < floor:
+                    self._floor = start  # said once; the caller feeds the log again from start
+                    self._mirror.clear()
+                    raise StoreBehind(start, floor)
+                state, from_mirror = _loaded(rows), False
             todo = [e for e in events if (e.position or 0) > start]
             if not todo:
                 self._floor = max(self._floor, start)
                 return start
             position = todo[-1].position or start
+            t0 = phases.start()
             try:
-                changed = _fold_batch(rows, todo)
+                changed = _fold_batch(rows, todo, state)
                 rows_json = (_json(changed.sandbox_rows()), _json(changed.execution_rows()),
                              _json(changed.snapshot_rows()), _json(changed.tenancy_rows()))
             except Exception as err:  # pure Python: it raised on what the events hold
                 raise EventRefused(f"folding the events raised {type(err).__name__}: {err}") from err
-            with _refusals("the rows"):
+            phases.end("store: fold and encode", t0)
+            with _refusals("the rows"), phases.span("store: WRITE (and its commit)"):
                 moved = await conn.fetchval(WRITE, PROJECTION, start, position, rows_json[0], rows_json[1],
-                                            NOTIFY_CHANNEL, rows_json[2], rows_json[3])
+                                            NOTIFY_CHANNEL, rows_json[2], rows_json[3], list(state.absent))
             if moved:
                 self._floor = max(self._floor, position)
+                if not from_mirror or state.absent:
+                    self._mirror.loaded(start, state, state.absent if from_mirror else sandbox_ids)
+                self._mirror.wrote(position, todo, changed.sandboxes.values(), changed.executions.values(),
+                                   changed.seqs)
+                counters.count("hutch_projector_writes_total", labels=(("state", "mirror" if from_mirror else "load"),))
                 return position
+            self._mirror.clear()  # another projector wrote: what it holds is no longer the store's
             log.debug("projection position moved under us (another projector); looking again")
 
     @_read_once_more
@@ -272,6 +295,7 @@ class PostgresProjectionStore(ProjectionStore):
 
     async def _reset_in(self, conn: asyncpg.Connection) -> None:
         self._floor = 0
+        self._mirror.clear()
         await conn.execute("SELECT position FROM projection_position WHERE projection = $1 FOR UPDATE", PROJECTION)
         # DELETE, not TRUNCATE: readers keep seeing the old rows until the rebuild commits.
         await conn.execute("DELETE FROM executions")
@@ -288,17 +312,20 @@ class PostgresProjectionStore(ProjectionStore):
         the old state until the new one is complete, and a projector running meanwhile waits on
         the position lock, then carries on from the rebuilt position. Returns that position."""
         position = 0
-        async with self._conn() as conn, conn.transaction():
-            await self._reset_in(conn)
-            if log_identity is not None:
-                await conn.execute("UPDATE projection_position SET log_identity = $2 WHERE projection = $1",
-                                   PROJECTION, log_identity)
-            if hasattr(batches, "__aiter__"):
-                async for batch in batches:
-                    position = await self._apply_stepping(conn, batch)
-            else:
-                for batch in batches:
-                    position = await self._apply_stepping(conn, batch)
+        try:
+            async with self._conn() as conn, conn.transaction():
+                await self._reset_in(conn)
+                if log_identity is not None:
+                    await conn.execute("UPDATE projection_position SET log_identity = $2 WHERE projection = $1",
+                                       PROJECTION, log_identity)
+                if hasattr(batches, "__aiter__"):
+                    async for batch in batches:
+                        position = await self._apply_stepping(conn, batch)
+                else:
+                    for batch in batches:
+                        position = await self._apply_stepping(conn, batch)
+        finally:
+            self._mirror.clear()  # written in a transaction that may not have committed
         return position
 
     # ---------------------------------------------------------------- reads
@@ -502,15 +529,23 @@ class _Changed:
                 for (kind, id_), x in self.tenancy.items()]
 
 
-def _fold_batch(rows: Sequence[asyncpg.Record], todo: Sequence[Event]) -> _Changed:
-    """Fold ``todo`` into the state ``LOAD`` read (``rows``); what changed."""
-    sandboxes = {r["id"]: _sandbox(r) for r in rows if r["kind"] == "s"}
+def _loaded(rows: Sequence[asyncpg.Record]) -> Loaded:
+    """The sandboxes and executions ``LOAD`` read (``rows``)."""
     exec_rows = sorted((r for r in rows if r["kind"] == "e"), key=lambda r: r["seq"])
-    executions = {r["id"]: _execution(r) for r in exec_rows}
-    seqs = {r["id"]: int(r["seq"]) for r in exec_rows}
     by_sandbox: dict[str, list[str]] = {}
     for r in exec_rows:
         by_sandbox.setdefault(r["sandbox_id"], []).append(r["id"])
+    return Loaded(sandboxes={r["id"]: _sandbox(r) for r in rows if r["kind"] == "s"},
+                  executions={r["id"]: _execution(r) for r in exec_rows},
+                  seqs={r["id"]: int(r["seq"]) for r in exec_rows}, by_sandbox=by_sandbox)
+
+
+def _fold_batch(rows: Sequence[asyncpg.Record], todo: Sequence[Event], state: Loaded) -> _Changed:
+    """Fold ``todo`` into ``state`` (``LOAD``'s or the mirror's; left as it was) and the snapshots
+    and tenancy records ``LOAD`` read (``rows``); what changed."""
+    sandboxes, executions = dict(state.sandboxes), dict(state.executions)
+    by_sandbox = {k: list(v) for k, v in state.by_sandbox.items()}
+    seqs = dict(state.seqs)
     snapshots = {r["id"]: _snapshot(r) for r in rows if r["kind"] == "n"}
     directory = _directory(r for r in rows if r["kind"] == "t")
     changed = _Changed(seqs=seqs)

@@ -27,10 +27,15 @@ UNION ALL
 SELECT 't', id, kind, 0, doc FROM tenancy WHERE $5
 """
 
-# Rows and position in one statement: nothing is written unless the position is still $2.
+# Rows and position in one statement: nothing is written unless the position is still $2 and
+# the store has nothing of the sandboxes $9 (those the batch creates, folded as new without a
+# LOAD: projections/postgres_mirror.py; empty after a LOAD).
 WRITE = """
 WITH moved AS (
-  UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2 RETURNING position
+  UPDATE projection_position SET position = $3 WHERE projection = $1 AND position = $2
+     AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE sandbox_id = ANY($9::text[]))
+     AND NOT EXISTS (SELECT 1 FROM executions WHERE sandbox_id = ANY($9::text[]))
+  RETURNING position
 ), sandbox_rows AS (
   INSERT INTO sandboxes (sandbox_id, status, is_final, name, mode, project_id, org_id, created_at, updated_at,
                          log_bytes, doc)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from hutch.core import counters
+from hutch.core import counters, phases
 from hutch.core.errors import LogMismatch, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
@@ -166,7 +166,8 @@ class Projector:
                             queue.put_nowait(item)  # raised once this batch is in
                             break
                         batch.append(item)
-                    await self._settle(batch)
+                    with phases.span("projector: store apply (one batch)"):
+                        await self._settle(batch)
                     self._position = batch[-1].position or self._position
                     for observe in self.observers:
                         observe(batch)
