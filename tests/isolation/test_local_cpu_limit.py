@@ -72,3 +72,22 @@ async def test_a_restarted_server_writes_a_limit_its_predecessor_left_unwritten(
         assert quota(driver, sid) == 50_000
     finally:
         await driver.destroy(sid)
+
+
+async def test_a_sandbox_claimed_from_the_warm_pool_gets_its_limit_before_its_first_command(
+        driver: LocalDriver) -> None:
+    await driver.destroy(await provision(driver, PY))  # the pool fills for this runtime
+    for _ in range(3000):
+        if len(driver._pool.idle.get(PY, ())) >= 1 and PY not in driver._pool._filling:
+            break
+        await asyncio.sleep(0.01)
+    pooled = {sb.id for sb in driver._pool.idle.get(PY, ())}
+    assert pooled, "the warm pool never filled"
+    sid = await provision(driver, PY, resources=ResourceLimits(cpu_millis=HALF_A_CORE))
+    try:
+        assert pooled - {sb.id for sb in driver._pool.idle.get(PY, ())}, "not claimed from the pool"
+        assert quota(driver, sid) == -1, "the claim wrote the quota (a walk of every cpu cgroup)"
+        result = await driver.exec(ExecRequest(new_id("ex"), sid, ("true",)), Recorder())
+        assert result.exit_code == 0 and quota(driver, sid) == 50_000
+    finally:
+        await driver.destroy(sid)
