@@ -253,6 +253,7 @@ async def main() -> None:
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose server runs (default: this one)")
     args = ap.parse_args()
     root = args.root.resolve()
+    commit = head(root)  # now: the checkout may move on while the run lasts
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         server = Server(data, driver="local", root=root, PYTHONPATH=str(root), HUTCH_LOG_LEVEL="WARNING",
@@ -295,7 +296,6 @@ async def main() -> None:
             server.stop()
     n = args.n
     load = [f"{x:.2f}" for x in os.getloadavg()]
-    commit = head(root)
     print(f"hutch idle memory: server of {root} ({commit or 'no git'}), local driver, embedded profile, runtime {RUNTIME}, "
           f"warm pool off; {n} idle sandboxes "
           f"made in {took:.1f} s ({n / took:.0f}/s at {args.concurrency} concurrent; by fifths of the run "
