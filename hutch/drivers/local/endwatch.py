@@ -112,6 +112,8 @@ class EndWatch:
             self._wake = -1
 
     def _send(self, request: tuple[Any, ...]) -> None:
+        if self._thread is not None and not self._thread.is_alive():
+            self._restart()
         if self._thread is None:
             if request[0] != "watch":
                 return
@@ -119,6 +121,23 @@ class EndWatch:
         self._requests.put(request)
         with contextlib.suppress(BlockingIOError):  # full: the thread has a wake-up pending anyway
             os.write(self._wake, b"\0")
+
+    def _died(self, err: str) -> None:
+        log.error("the sandbox-ended watch failed (%s); starting it anew", err)
+        self._restart()
+
+    def _restart(self) -> None:
+        """A thread that died took its pidfds with it: a new one watches every init again."""
+        if self._thread is None:
+            return
+        self._thread.join(1.0)
+        if self._thread.is_alive():  # still closing its fds: it goes by itself
+            return
+        os.close(self._wake)
+        self._thread, self._wake = None, -1
+        self._requests = queue.SimpleQueue()
+        for sid, (gen, sb) in list(self._watched.items()):
+            self._send(("watch", sid, gen, sb.init_pid, sb.init_start))
 
     def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -189,25 +208,33 @@ class EndWatch:
 
         try:
             while True:
-                for fd, _ in ep.poll():
+                ready = [fd for fd, _ in ep.poll()]
+                # Exits first: the requests below close pidfds and open others, maybe under
+                # the same numbers, which would make a later event of this batch stale or,
+                # worse, another sandbox's.
+                for fd in ready:
                     if fd != wake:
                         sid, gen, pid = by_fd[fd]
                         drop(fd)
                         report("ended", sid, gen, pid)
-                        continue
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(wake, 4096)
-                    while True:
-                        try:
-                            req = self._requests.get_nowait()
-                        except queue.Empty:
-                            break
-                        if req[0] == "stop":
-                            return
-                        if req[1] in by_sid:  # "forget", or a "watch" anew
-                            drop(by_sid[req[1]])
-                        if req[0] == "watch":
-                            self._open(ep, req, by_fd, by_sid, report)
+                if wake not in ready:
+                    continue
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake, 4096)
+                while True:
+                    try:
+                        req = self._requests.get_nowait()
+                    except queue.Empty:
+                        break
+                    if req[0] == "stop":
+                        return
+                    if req[1] in by_sid:  # "forget", or a "watch" anew
+                        drop(by_sid[req[1]])
+                    if req[0] == "watch":
+                        self._open(ep, req, by_fd, by_sid, report)
+        except Exception as err:  # said on the loop; the next request starts the thread anew
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._died, repr(err))
         finally:
             for fd in list(by_fd):
                 os.close(fd)
