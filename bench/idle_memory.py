@@ -1,6 +1,6 @@
 """What one idle sandbox costs in memory: kernel objects, its processes, the server's share.
 
-    python bench/idle_memory.py [--n 200] [--concurrency 8] [--settle 3]
+    python bench/idle_memory.py [--n 200] [--concurrency 8] [--settle 3] [--root CHECKOUT]
 
 Starts a real server (local driver, embedded profile), reads the machine's memory, waits
 ``--settle`` seconds and reads it again (the drift other work causes meanwhile: the noise
@@ -11,7 +11,9 @@ processes in the server's memory cgroups (each sandbox's pid 1: Rss, Pss, privat
 cgroups' own memory.stat and kmem counters, the mounts and superblocks of a sandbox, the
 host's memory cgroups (live and dying), what one new memory cgroup costs the kernel on this host
 (its shrinker map: one kmalloc-1k object per 64 memcg-aware shrinkers, i.e. superblocks, the host
-ever held at once; docs/idle.md), and the server process's own Rss and Pss. Then destroys them all and says what was left. On a
+ever held at once; docs/idle.md), what one write of a cpu quota costs with none and with N
+sandboxes alive (the kernel walks every cpu cgroup at each), and the server process's own Rss
+and Pss. ``--root``: the server of another checkout (e.g. main's worktree), for a before/after. Then destroys them all and says what was left. On a
 machine shared with other work the host-wide rows move with it: compare them with the
 noise floor printed beside them. Not a test: docs/benchmarks.md records the figures.
 """
@@ -24,6 +26,7 @@ import contextlib
 import hashlib
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +44,7 @@ from tests.system.server import Server  # noqa: E402
 MEMINFO = ("MemAvailable", "MemFree", "Slab", "SUnreclaim", "SReclaimable", "KernelStack", "PageTables",
            "Shmem", "Cached", "Buffers", "AnonPages")
 MEMCG = Path("/sys/fs/cgroup/memory/hutch")
+CPUCG = Path("/sys/fs/cgroup/cpu/hutch")
 
 
 def meminfo() -> dict[str, int]:
@@ -120,6 +124,24 @@ def memcg_cost(instance: str, k: int = 20) -> float:
                 (probe / str(i)).rmdir()
         probe.rmdir()
     return (after - before) / k
+
+
+def quota_write_us(instance: str, k: int = 200) -> float:
+    """Median microseconds of one write of a cpu quota (``cpu.cfs_quota_us``), in a probe cgroup
+    of the instance's own: the kernel checks every cpu cgroup on the host at each, so this is
+    what a sandbox's limit costs with the sandboxes alive now (written at a create before
+    docs/idle.md's 2026-11-29 evening section, before the first command since)."""
+    probe = CPUCG / instance / "probe-quota-walk"
+    probe.mkdir()
+    took = []
+    try:
+        for i in range(k):
+            t0 = time.perf_counter()
+            (probe / "cpu.cfs_quota_us").write_text(str(50_000 + 1_000 * (i % 2)))
+            took.append(time.perf_counter() - t0)
+    finally:
+        probe.rmdir()
+    return sorted(took)[k // 2] * 1e6
 
 
 def memcg(instance: str) -> dict[str, int]:
@@ -204,6 +226,11 @@ def leftovers(instance: str, data: Path) -> dict[str, int]:
             "mounts": len(mounts)}
 
 
+def head(root: Path) -> str:
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+
+
 def kib(n: float) -> str:
     return f"{n / 1024:+.1f}"
 
@@ -223,10 +250,14 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--settle", type=float, default=3.0)
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose server runs (default: this one)")
     args = ap.parse_args()
+    root = args.root.resolve()
+    commit = head(root)  # now: the checkout may move on while the run lasts
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        server = Server(data, driver="local", HUTCH_LOG_LEVEL="WARNING", HUTCH_WARM_POOL="0").start(timeout=300)
+        server = Server(data, driver="local", root=root, PYTHONPATH=str(root), HUTCH_LOG_LEVEL="WARNING",
+                        HUTCH_WARM_POOL="0").start(timeout=300)
         assert server.proc is not None
         instance = hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:12]
         ids: list[str] = []
@@ -238,12 +269,14 @@ async def main() -> None:
             await asyncio.sleep(args.settle)
             drift = snapshot(server.proc.pid, instance)
             map_cost = memcg_cost(instance)
+            quota_before = quota_write_us(instance)
             done_at: list[float] = []
             started = time.perf_counter()
             ids = await create_idle(server.url, args.n, args.concurrency, done_at)
             took = time.perf_counter() - started
             await asyncio.sleep(args.settle)
             after = snapshot(server.proc.pid, instance)
+            quota_after = quota_write_us(instance)
             procs = cgroup_pids(instance)
             mounts = [mount_count(pids[0]) for pids in procs.values() if pids]
             blocks = [superblocks(pids[0]) for pids in procs.values() if pids]
@@ -263,7 +296,8 @@ async def main() -> None:
             server.stop()
     n = args.n
     load = [f"{x:.2f}" for x in os.getloadavg()]
-    print(f"hutch idle memory: local driver, embedded profile, runtime {RUNTIME}, warm pool off; {n} idle sandboxes "
+    print(f"hutch idle memory: server of {root} ({commit or 'no git'}), local driver, embedded profile, runtime {RUNTIME}, "
+          f"warm pool off; {n} idle sandboxes "
           f"made in {took:.1f} s ({n / took:.0f}/s at {args.concurrency} concurrent; by fifths of the run "
           f"{rates(started, done_at)}/s); load average {' '.join(load)} at the end; figures per sandbox, KiB; "
           f"'noise' is the same reading's drift over {args.settle:g} s with no sandbox made")
@@ -289,6 +323,8 @@ async def main() -> None:
           f"({(end.memory_cgroups - before.memory_cgroups) / n:+.2f} per sandbox left); one new memory cgroup costs "
           f"{map_cost:.0f} kmalloc-1k objects on this host (its shrinker map: the host has held up to "
           f"~{map_cost * 64:.0f} memcg-aware shrinkers at once)")
+    print(f"one write of a cpu quota (the kernel walks every cpu cgroup): {quota_before:.0f} us with no sandbox, "
+          f"{quota_after:.0f} us with {n}")
     cb, ca = before.memcg, after.memcg
     print("memory cgroups (the server's instance subtree), per sandbox: "
           + ", ".join(f"{k} {kib((ca[k] - cb[k]) / n)}" for k in ca))

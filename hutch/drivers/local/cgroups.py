@@ -23,6 +23,11 @@ mkdir costs 0.3-0.65 ms on this host (its per-cgroup shrinker map, docs/idle.md)
 7 us. Its OOM kill counter carries on, so an execution's kills are counted from where the
 counter stood when the leaf was kept. Spares cost a memory cgroup each: at most
 ``spare_cap`` on the host, and one unused for ``SPARE_MAX_AGE`` seconds goes.
+
+A sandbox's cpu limit is written before its first command (``apply_cpu``), not at its
+create: each write of a quota walks every cpu cgroup on the host (the kernel checks the
+whole tree's bandwidth), which made a create dearer the more sandboxes there were
+(docs/idle.md). Until then only its pid 1, which runs nothing, is in the cgroup.
 """
 
 from __future__ import annotations
@@ -159,6 +164,7 @@ class Cgroups(abc.ABC):
 
     controllers: frozenset[str]
     instance: str = "default"
+    _cpu_applied: set[str]
 
     @staticmethod
     def detect(instance: str = "default") -> Cgroups | None:
@@ -200,6 +206,20 @@ class Cgroups(abc.ABC):
 
     @abc.abstractmethod
     def rename(self, old: str, new: str) -> None: ...
+
+    @abc.abstractmethod
+    def _set_cpu(self, sandbox: str, cpu_millis: int) -> None:
+        """Write the sandbox's cpu limit, unless its cgroup has it already."""
+
+    def apply_cpu(self, sandbox: str, cpu_millis: int | None) -> None:
+        """The sandbox's cpu limit, written once, before the first command of its own runs
+        (create_sandbox leaves it out). ``_cpu_applied`` only saves the read: a server
+        restarted before the first command finds the cgroup without it and writes it."""
+        if sandbox in self._cpu_applied:
+            return
+        if cpu_millis and "cpu" in self.controllers:
+            self._set_cpu(sandbox, cpu_millis)
+        self._cpu_applied.add(sandbox)
 
     @abc.abstractmethod
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
@@ -330,6 +350,8 @@ class Cgroups(abc.ABC):
 
     def remove(self, sandbox: str, leaf: str | None = None) -> bool:
         """rmdir the sandbox (or one leaf) in every hierarchy; False if processes remain."""
+        if leaf is None:
+            self._cpu_applied.discard(sandbox)
         ok = True
         for path in self.paths(sandbox, leaf):
             ok = _rmtree(path) and ok
@@ -348,6 +370,7 @@ class CgroupV1(Cgroups):
         self._spares: dict[str, tuple[int, float]] = {}
         # (sandbox, leaf) -> the OOM kill count a reused leaf came with
         self._oom_base: dict[tuple[str, str], int] = {}
+        self._cpu_applied: set[str] = set()  # sandboxes whose cpu limit is written (apply_cpu)
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         parts = [PARENT, self.instance, sandbox] + ([leaf] if leaf else [])
@@ -370,7 +393,8 @@ class CgroupV1(Cgroups):
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         for path in self.paths(sandbox):
             path.mkdir(exist_ok=True)
-        self.set_limits(sandbox, memory=memory, cpu_millis=cpu_millis, pids=pids)
+        self._cpu_applied.discard(sandbox)
+        self.set_limits(sandbox, memory=memory, cpu_millis=None, pids=pids)  # cpu: apply_cpu
 
     def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
@@ -380,14 +404,21 @@ class CgroupV1(Cgroups):
             if swap.exists():  # limit + swap == limit: no swapping out of the limit
                 _write(swap, str(memory))
         if cpu_millis and "cpu" in base:
-            # Each write of either file walks every cpu cgroup on the host (the kernel checks
-            # the whole tree's bandwidth): ~21 ns a cgroup, measured. A new cgroup already
-            # has the default period, so the write is skipped then.
-            if _number(base["cpu"], "cpu.cfs_period_us", 1) != CFS_PERIOD_US:
-                _write(base["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-            _write(base["cpu"] / "cpu.cfs_quota_us", str(max(1000, cpu_millis * CFS_PERIOD_US // 1000)))
+            self._set_cpu(sandbox, cpu_millis)
+            self._cpu_applied.add(sandbox)
         if pids and "pids" in base:
             _write(base["pids"] / "pids.max", str(pids))
+
+    def _set_cpu(self, sandbox: str, cpu_millis: int) -> None:
+        # Each write of either file walks every cpu cgroup on the host (the kernel checks the
+        # whole tree's bandwidth): ~240 ns a cgroup with 2,500 of them here (perf), so each is
+        # read first. A new cgroup already has the default period.
+        cpu = Path(self._root("cpu"), sandbox)
+        if _number(cpu, "cpu.cfs_period_us", 1) != CFS_PERIOD_US:
+            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        want = max(1000, cpu_millis * CFS_PERIOD_US // 1000)
+        if _number(cpu, "cpu.cfs_quota_us", 1) != want:
+            _write(cpu / "cpu.cfs_quota_us", str(want))
 
     def rename(self, old: str, new: str) -> None:
         """Rename a sandbox's cgroups (v1 allows it among siblings; live processes follow)."""
@@ -402,6 +433,9 @@ class CgroupV1(Cgroups):
                 with contextlib.suppress(OSError):
                     os.rename(dst, src)
             raise
+        if old in self._cpu_applied:
+            self._cpu_applied.discard(old)
+            self._cpu_applied.add(new)
         if old in self._spares:  # renamed with its parent; a pooled one's starts ageing now
             self._spares[new] = (self._spares.pop(old)[0], time.monotonic())
 
@@ -582,6 +616,7 @@ class CgroupV2(Cgroups):
     def __init__(self, mount: Path, controllers: frozenset[str]) -> None:
         self.mount = mount
         self.controllers = controllers
+        self._cpu_applied: set[str] = set()  # sandboxes whose cpu limit is written (apply_cpu)
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         path = self.mount / PARENT / self.instance / sandbox
@@ -603,7 +638,8 @@ class CgroupV2(Cgroups):
         path = self.paths(sandbox)[0]
         path.mkdir(exist_ok=True)
         self._enable(path)
-        self.set_limits(sandbox, memory=memory, cpu_millis=cpu_millis, pids=pids)
+        self._cpu_applied.discard(sandbox)
+        self.set_limits(sandbox, memory=memory, cpu_millis=None, pids=pids)  # cpu: apply_cpu
 
     def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         path = self.paths(sandbox)[0]
@@ -612,12 +648,21 @@ class CgroupV2(Cgroups):
             with contextlib.suppress(OSError):
                 _write(path / "memory.swap.max", "0")
         if cpu_millis and "cpu" in self.controllers:
-            _write(path / "cpu.max", f"{max(1000, cpu_millis * CFS_PERIOD_US // 1000)} {CFS_PERIOD_US}")
+            self._set_cpu(sandbox, cpu_millis)
+            self._cpu_applied.add(sandbox)
         if pids and "pids" in self.controllers:
             _write(path / "pids.max", str(pids))
 
     def rename(self, old: str, new: str) -> None:
         raise NotSupported("cgroup v2 cannot rename a cgroup")
+
+    def _set_cpu(self, sandbox: str, cpu_millis: int) -> None:
+        path = self.paths(sandbox)[0] / "cpu.max"
+        want = f"{max(1000, cpu_millis * CFS_PERIOD_US // 1000)} {CFS_PERIOD_US}"
+        with contextlib.suppress(OSError):
+            if path.read_text().strip() == want:
+                return
+        _write(path, want)  # walks every cpu cgroup on the host, as on v1
 
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         path = self.paths(sandbox, leaf)[0]

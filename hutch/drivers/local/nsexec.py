@@ -69,7 +69,7 @@ class Nsexec:
         a tenant's variables are secrets, and a command line is readable by every host user."""
         assert self.path is not None
         assert env is None or pass_fds is not None
-        procs = self._make_leaf(sb.id, leaf)
+        procs = self._make_leaf(sb, leaf)
         cmd = [str(self.path), mode, "--pid", str(sb.init_pid), "--uid", str(sb.uid), "--gid", str(sb.uid),
                "--cwd", cwd, "--status-fd", str(status_w), *rlimit_args(sb)]
         for p in procs:
@@ -98,7 +98,7 @@ class Nsexec:
         pid 1 (zygote.py) where it takes requests; (exit code, timed out, status message).
         ``launched`` is called once the helper is started (the request sent)."""
         if mode == "exec" and zygote.enabled():
-            procs = self._make_leaf(sb.id, leaf)
+            procs = self._make_leaf(sb, leaf)
 
             def leader(pid: int) -> None:
                 self._leaders[leaf] = pid
@@ -161,11 +161,12 @@ class Nsexec:
         elif leaf in self._pids:
             await asyncio.to_thread(helper.kill_session, self._pids[leaf], signum, once=True)
 
-    def _make_leaf(self, sid: str, leaf: str) -> list[Path]:
+    def _make_leaf(self, sb: LocalSandbox, leaf: str) -> list[Path]:
         if self._cgroups is None:  # rootless: no leaves
             return []
-        procs = self._cgroups.create_leaf(sid, leaf)
-        self._leaves.setdefault(sid, set()).add(leaf)
+        self._cgroups.apply_cpu(sb.id, sb.cpu_millis)  # not written at the create (cgroups.py)
+        procs = self._cgroups.create_leaf(sb.id, leaf)
+        self._leaves.setdefault(sb.id, set()).add(leaf)
         return procs
 
     def _removed(self, sid: str, leaf: str) -> None:

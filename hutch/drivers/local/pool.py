@@ -146,7 +146,8 @@ class WarmPool:
         # From here on the sandbox is ``sid``'s: on failure the caller tears ``sid`` down.
         uids.move_claim(pooled.uid, old_dir, new_dir)
         res = req.resources
-        self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
+        # cpu: written before its first command (cgroups.apply_cpu), like a new sandbox's
+        self._cgroups.set_limits(sid, memory=res.memory_bytes, cpu_millis=None, pids=res.pids or DEFAULT_PIDS)
         self._cgroups.set_idle(sid, False)  # scheduled as a fresh sandbox from here on
         sb = LocalSandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
                      init_pid=pooled.init_pid, init_start=pooled.init_start, dev_bytes=pooled.dev_bytes,
