@@ -58,6 +58,9 @@ type startRequest struct {
 	Cwd   string   `json:"cwd"`
 	Tag   string   `json:"tag"`
 	Stdin bool     `json:"stdin"`
+	// Helper: argv is one of this binary's own helpers (helper.go), run as a command. Only
+	// the API's start request says so: no command a sandbox's user runs can become one.
+	Helper bool `json:"helper"`
 }
 
 type exitReport struct {
@@ -75,6 +78,9 @@ type agent struct {
 }
 
 func main() {
+	if len(os.Args) > 0 && os.Args[0] == helperName { // one of the agent's commands (helper.go)
+		os.Exit(helper(os.Args[1:]))
+	}
 	runtime.GOMAXPROCS(1) // few threads: each counts against the sandbox's pids limit
 	if err := beyondReach(); err != nil {
 		fmt.Fprintf(os.Stderr, "hutch-exec-agent: %v\n", err)
