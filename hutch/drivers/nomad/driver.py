@@ -593,10 +593,13 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
     ) -> int:
         written = await self._files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
-        await forget_bytecode(self.list_files, self.remove, sandbox_id, [path])
+        await forget_bytecode(self._files.list_files, self.remove, sandbox_id, [path])
         return written
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        """The entries of ``path`` with their metadata. A write's stale-bytecode look
+        (forget_bytecode) takes the plain listing: names are all it needs, and a write must
+        not wait on the exec agent (CI's POST /fs once waited 300 s on this helper)."""
         if not self.capabilities.metadata:
             return await self._files.list_files(sandbox_id, path)
         # Side by side: the xattrs helper (a fork in the agent) hides behind the listing's alloc exec.
@@ -661,7 +664,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
     async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         self.check_not_paused(self.running(sandbox_id))
         await commands.write_files(self, sandbox_id, files)
-        await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])
+        await forget_bytecode(self._files.list_files, self.remove, sandbox_id, [f.path for f in files])
 
 
 __all__ = ["NomadDriver", "PoolSizing", "pool_sizing_from_env"]

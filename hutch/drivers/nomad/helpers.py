@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 _FAILURE = re.compile(rb"hutch-fs: errno (\d+) ")
 MAX_LISTED = 32 * 2**20  # what an xattrs listing may print (files.MAX_OUTPUT)
 _QUEUE = 16  # output pieces a watch holds for a slow reader before the helper is slowed down
+# Seconds a helper may take (a metadata change or listing, a watch's start); then it is killed
+# and the call fails naming the sandbox. Each is one fork and a few system calls: a listing of
+# 150,000 entries takes about a second. Without a bound, a helper whose exit never came (a
+# zombie the agent did not report: exec-agent/main.go's reap) held CI's file write 300 s.
+HELPER_TIMEOUT = 30.0
 
 
 class _Run:
@@ -92,6 +97,12 @@ class _Run:
 
     def kill(self) -> None:
         self.stop.set()
+
+    def abandon(self) -> None:
+        """Nobody waits for it any more: it is killed (the agent's signal, then the plugin's
+        kill by its tag: agent.py) and its end, whatever it is, taken when it comes."""
+        self.kill()
+        self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 class _Stdin:
@@ -168,15 +179,27 @@ class AgentHelpers:
         return DriverFailure(f"sandbox {sb.id}: the {op} helper failed ({text or f'exit {code}'})")
 
     async def _collect(self, sb: NomadSandbox, op: str, path: str, args: list[str]) -> bytes:
+        """The helper's stdout once it exited 0; its failure else. Past HELPER_TIMEOUT it is
+        killed and DriverFailure names the sandbox; a caller that goes away (a cancel, its own
+        deadline: the disk reading's) has it killed too, never left running unowned."""
+        seconds = HELPER_TIMEOUT
         run = await self._start(sb, op, [op, path, *args])
         out = bytearray()
-        while data := await run.read():
-            out += data
-            if len(out) > MAX_LISTED:
-                run.kill()
-                await asyncio.gather(run.task, return_exceptions=True)
-                raise PayloadTooLarge(f"{op} {path}: the sandbox's answer passed {MAX_LISTED} bytes", field="path")
-        code = await run.code()
+        try:
+            async with asyncio.timeout(seconds):
+                while data := await run.read():
+                    out += data
+                    if len(out) > MAX_LISTED:
+                        raise PayloadTooLarge(f"{op} {path}: the sandbox's answer passed {MAX_LISTED} bytes",
+                                              field="path")
+                code = await run.code()
+        except TimeoutError:
+            run.abandon()
+            raise DriverFailure(f"sandbox {sb.id}: the {op} helper did not finish within {seconds:.0f} s "
+                                "(killed)") from None
+        except BaseException:
+            run.abandon()
+            raise
         if code != 0:
             raise self._failure(sb, op, path, code, bytes(run.err))
         return bytes(out)
@@ -219,15 +242,21 @@ class AgentHelpers:
         helper = _WatchHelper(run, stdin)
         head = b""
         try:
-            while len(head) < 3 and (data := await run.read()):
-                head += data
-            if head[:3] != b"ok\n":
-                helper.kill()
-                code = await run.code()
-                raise self._failure(sb, "watch", path, code, bytes(run.err))
+            async with asyncio.timeout(HELPER_TIMEOUT):
+                while len(head) < 3 and (data := await run.read()):
+                    head += data
+                if head[:3] != b"ok\n":
+                    helper.kill()
+                    code = await run.code()
+                    raise self._failure(sb, "watch", path, code, bytes(run.err))
+        except TimeoutError:
+            helper.kill()
+            run.abandon()
+            raise DriverFailure(f"sandbox {sb.id}: the watch helper did not start within {HELPER_TIMEOUT:.0f} s "
+                                "(killed)") from None
         except BaseException:
             helper.kill()
-            await asyncio.gather(run.task, return_exceptions=True)
+            run.abandon()
             raise
         def finish() -> None:
             helper.kill()
