@@ -78,10 +78,13 @@ class _Run:
             if self.task.done():
                 return b""
             getter = asyncio.ensure_future(self.out.get())
-            await asyncio.wait({getter, self.task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
+            try:
+                await asyncio.wait({getter, self.task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # a reader cancelled (HELPER_TIMEOUT) leaves no getter waiting on the queue
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
                 return getter.result()
-            getter.cancel()
 
     async def code(self) -> int | None:
         """Its exit code (None: killed); DriverFailure if the agent did not run it or ended."""
