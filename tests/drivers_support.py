@@ -138,6 +138,41 @@ async def start_nomad(data_dir: Path, **kw: object) -> Driver:
     return driver
 
 
+_PLUGIN_READS_CACHE: list[bool] = []  # asked once a run: the dev agent's plugin does not change under it
+
+
+async def plugin_reads_page_cache(alloc_id: str) -> bool:
+    """Whether the hutch-containerd plugin the dev agent runs says a task's page cache (its
+    usage verb's memoryCacheBytes: containerd-driver/handle.go's cgroupUsage). A plugin built
+    before it did runs until ``./scripts/services start nomad`` rebuilds it and restarts Nomad."""
+    import asyncio
+    import json
+
+    from hutch.core.errors import HutchError
+    from hutch.drivers.nomad.client import NomadClient
+    from hutch.drivers.nomad.execs import plugin_verb
+    from hutch.drivers.nomad.jobs import TASK
+
+    if _PLUGIN_READS_CACHE:
+        return _PLUGIN_READS_CACHE[0]
+    client = NomadClient(NOMAD_ADDR, token=NOMAD_TOKEN)
+    await client.start()
+    try:
+        for attempt in range(3):  # an alloc exec's stream now and then closes as it starts (code 1006)
+            try:
+                code, out = await plugin_verb(client, alloc_id, TASK, {"usage": True})
+                break
+            except HutchError:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.5)
+    finally:
+        await client.close()
+    assert code == 0, out
+    _PLUGIN_READS_CACHE.append("memoryCacheBytes" in json.loads(out))
+    return _PLUGIN_READS_CACHE[0]
+
+
 async def nomad_driver_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
     data = request.getfixturevalue("tmp_path") / "nomad-data"
     driver = await start_nomad(data)

@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -284,6 +285,16 @@ async def test_a_command_holding_the_pids_limit_ends_with_its_agent_stopped(
     code, sink = await run(driver, sid, ["sh", "-c", "echo usable; ps -eo args"])
     assert code == 0 and sink.stdout.startswith("usable\n"), sink.stderr
     assert "sleep 30" not in sink.stdout, sink.stdout  # every link of it ended
+
+
+def test_the_agents_go_tests_pass() -> None:
+    """exec-agent's own tests (reap_test.go: an exit whose SIGCHLD no one received is still
+    reported; the first helper of a fresh agent hung a write in CI that way)."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    assert Path(go).is_file(), "Go is not installed: the exec agent cannot be built or tested"
+    done = subprocess.run([go, "test", "-count=1", "."], cwd=agents_module.SOURCE, capture_output=True, text=True,
+                          env={**os.environ, "CGO_ENABLED": "0"}, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 async def agent_pids(client: NomadClient, alloc_id: str) -> list[str]:

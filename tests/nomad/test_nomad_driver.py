@@ -258,3 +258,135 @@ async def test_an_install_layer_in_the_registry_needs_no_local_runtime_tree(
     other = ProvisionRequest("sbx_layertest", "base:latest", dependencies=("jq", "file"))
     with pytest.raises(RuntimeNotFound, match="not built"):
         await elsewhere.layer(other)
+
+
+async def test_a_disk_limited_sandbox_reports_its_own_file_system(driver: NomadDriver) -> None:
+    """E2B's disk metrics with a disk limit: the plugin's file system of that size holds the
+    workspace and the writable layer (containerd-driver/disk.go), so both count, and its size
+    is the total (tests/contracts/test_driver.py holds the case without a limit)."""
+    from hutch.drivers.base import ResourceLimits
+
+    sid = await provision(driver, resources=ResourceLimits(memory_bytes=256 * 2**20, cpu_millis=1000,
+                                                           disk_bytes=64 * 2**20))
+    before = await driver.usage(sid, disk=True)
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, [
+        "sh", "-c", "head -c 4194304 /dev/zero > /tmp/four; head -c 4194304 /dev/zero > $HOME/four"]), sink)
+    assert result.exit_code == 0, sink.stderr
+    after = await driver.usage(sid, disk=True)
+    assert before.disk_total_bytes is not None and 56 * 2**20 < before.disk_total_bytes <= 64 * 2**20
+    assert before.disk_used_bytes is not None and after.disk_used_bytes is not None
+    assert after.disk_used_bytes - before.disk_used_bytes >= 8 * 2**20  # the layer's file and the workspace's
+    assert (after.memory_total_bytes, after.cpu_count) == (256 * 2**20, 1)
+
+
+async def test_a_watch_that_falls_behind_the_kernels_queue_ends_saying_events_were_lost(driver: NomadDriver) -> None:
+    """Nobody takes the events: the agent's window and the helper's pipe fill, the helper stops
+    reading inotify, the kernel's queue (max_queued_events, 16384) overflows. The next take
+    ends the watch naming the loss, never an incomplete history (drivers/local/watches.py)."""
+    from hutch.core.driver_types import WatchEnded
+    from hutch.core.errors import RateLimited
+
+    sid = await provision(driver, "python:3.13")
+    await driver.mkdir(sid, "busy", parents=False)
+    watch = await driver.watch_dir(sid, "busy", recursive=False)
+    # 40,000 creates of 200-character names: ~8 MB of records, past every buffer on the way.
+    make = "import os\nfor i in range(40000): os.close(os.open('busy/%0200d' % i, os.O_CREAT | os.O_WRONLY))"
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["python3", "-c", make], timeout=120), sink)
+    assert result.exit_code == 0, sink.stderr
+
+    async def take_until_it_ends() -> None:
+        async with asyncio.timeout(60):
+            while True:
+                await watch.flush()
+
+    with pytest.raises(RateLimited, match=r"fell behind.*some were lost"):
+        await take_until_it_ends()
+    with pytest.raises(WatchEnded):
+        await watch.flush()
+
+
+async def test_without_exec_agents_watches_and_metadata_are_refused_naming_the_setting(tmp_path: Path) -> None:
+    """HUTCH_NOMAD_EXEC=alloc: no agent, so no helper (drivers/nomad/helpers.py); the
+    capabilities say so (the E2B wire's 501 / unimplemented) and the calls name the setting."""
+    from hutch.core.errors import NotSupported
+    from hutch.drivers.base import FileWrite
+
+    driver = await start_nomad(tmp_path / "data", exec_mode="alloc")
+    assert isinstance(driver, NomadDriver)
+    try:
+        assert not driver.capabilities.watches and not driver.capabilities.metadata
+        sid = await provision(driver)
+        await driver.write_files(sid, [FileWrite("f.txt", b"x")])
+        with pytest.raises(NotSupported, match="HUTCH_NOMAD_EXEC=alloc"):
+            await driver.watch_dir(sid, ".", recursive=False)
+        with pytest.raises(NotSupported, match="HUTCH_NOMAD_EXEC=alloc"):
+            await driver.set_metadata(sid, "f.txt", {"k": "v"})
+        assert [e.metadata for e in await driver.list_files(sid, "f.txt")] == [{}]
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()
+
+
+async def test_a_plugin_that_reads_the_page_cache_is_taken_at_its_word(driver: NomadDriver,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dev agent's plugin may predate cgroupUsage's memory now and page cache (the
+    contract test then sees neither): its answer is faked here, Nomad's stats left unasked."""
+    import json
+
+    from hutch.drivers.nomad import driver as nomad_driver
+
+    sid = await provision(driver)
+    said = {"cpuSeconds": 1.5, "memoryPeakBytes": 9000, "memoryBytes": 8192, "memoryCacheBytes": 2048}
+
+    async def verb(*_args: object) -> tuple[int, bytes]:
+        return 0, json.dumps(said).encode()
+
+    async def not_asked(*_args: object) -> int:
+        raise AssertionError("Nomad's allocation stats were asked although the plugin said the memory held")
+
+    monkeypatch.setattr(nomad_driver, "plugin_verb", verb)
+    monkeypatch.setattr(driver._readings, "memory_now", not_asked)
+    used = await driver.usage(sid, disk=True)
+    assert (used.cpu_seconds, used.memory_peak_bytes, used.memory_bytes, used.memory_cache_bytes) == (1.5, 9000, 8192,
+                                                                                                     2048)
+    assert used.disk_used_bytes is not None and used.memory_total_bytes == 512 * 2**20
+
+
+async def test_a_command_cannot_name_itself_one_of_the_agents_helpers(driver: NomadDriver) -> None:
+    """Only the API's start request makes a helper (exec-agent/helper.go): a command that
+    names the helper's argv[0] is a program looked up on PATH, and not found."""
+    sid = await provision(driver)
+    assert await driver._agents.ready(driver.running(sid)) is not None  # the command goes through it
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["hutch-exec-agent-helper", "watch", ".", "0"]), sink)
+    assert (result.exit_code, sink.stdout) == (127, "")
+
+
+async def test_without_an_agent_binary_the_capabilities_say_no_helpers(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agent mode, but the binary cannot be built (no Go on the server): commands run as alloc
+    execs, and watches and metadata are not claimed (the E2B wire then answers 501 itself)."""
+    from hutch.core.errors import DriverFailure
+    from hutch.drivers.nomad import agents
+
+    def no_go(*_args: object) -> Path:
+        raise DriverFailure("Go is not installed: cannot build the nomad exec agent")
+
+    monkeypatch.setattr(agents, "build", no_go)
+    driver = await start_nomad(tmp_path / "data")
+    assert isinstance(driver, NomadDriver)
+    try:
+        assert not driver.capabilities.watches and not driver.capabilities.metadata
+        sid = await provision(driver)
+        assert await echo(driver, sid, "still runs") == "still runs\n"
+        from hutch.core.errors import NotSupported
+
+        with pytest.raises(NotSupported, match="exec agent, which this server could not build"):
+            await driver.watch_dir(sid, ".", recursive=False)  # the E2B wire asks the driver itself
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()

@@ -105,6 +105,9 @@ class _Proc:
             view = view[sent:]
         return True
 
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
     def close_stdin(self) -> None:
         if self.popen.stdin is not None and not self.popen.stdin.closed:
             self.popen.stdin.close()

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
 from hutch.core.driver_types import DirWatch, WatchEnded, WatchEvent
-from hutch.core.errors import RateLimited
+from hutch.core.errors import DriverFailure, RateLimited
 
 
 class _Helper(Protocol):
-    """The running helper (fsops._Proc), as much of it as a watch uses."""
+    """The running helper (fsops._Proc; the nomad driver's is drivers/nomad/helpers.py), as
+    much of it as a watch uses."""
 
-    popen: subprocess.Popen[bytes]
+    def poll(self) -> int | None: ...
 
     async def read(self, n: int = ...) -> bytes: ...
 
@@ -36,6 +36,11 @@ class _Helper(Protocol):
 
 _KINDS: dict[bytes, Literal["create", "write", "remove", "rename", "chmod"]] = {
     b"C": "create", b"W": "write", b"R": "remove", b"N": "rename", b"M": "chmod"}
+
+
+# A name relative to the watched directory: both helpers stop 64 directories down (fileops.h's
+# watch_add, exec-agent/helper.go's add), each name at most 255 bytes; a record past this is not theirs.
+MAX_NAME = 1 << 16
 
 
 class _Overflow(Exception):
@@ -52,14 +57,16 @@ class LocalDirWatch(DirWatch):
 
     @property
     def ended(self) -> bool:
-        return self._closed or self._eof or self._proc.popen.poll() is not None
+        return self._closed or self._eof or self._proc.poll() is not None
 
     def _records(self) -> list[WatchEvent]:
         """The events of the complete records buffered; each flush mark among them is counted off."""
         events: list[WatchEvent] = []
         while (nl := self._buf.find(b"\n")) >= 0:
             kind, _, size = self._buf[:nl].partition(b" ")
-            n = int(size)
+            n = int(size)  # ValueError: not the helper's record (below)
+            if not 0 <= n <= MAX_NAME:
+                raise ValueError(f"a record of {n} bytes")
             if len(self._buf) < nl + 1 + n:
                 break
             name, self._buf = self._buf[nl + 1:nl + 1 + n], self._buf[nl + 1 + n:]
@@ -88,6 +95,12 @@ class LocalDirWatch(DirWatch):
         async with self._lock:
             try:
                 return await take()
+            except ValueError as err:
+                # Not a record the helper writes: on the nomad driver the stream passes through a
+                # process the sandbox's own code can impersonate (drivers/nomad/agent.py).
+                await self.close()
+                raise DriverFailure(f"the watch of {self._path} was ended: its helper's stream is not "
+                                    f"its records ({err})") from None
             except _Overflow:
                 await self.close()
                 raise RateLimited(f"the watch of {self._path} fell behind: more changes than the kernel "

@@ -249,7 +249,7 @@ class ExecAgent:
 
     async def run(self, argv: Sequence[str], env: list[str], cwd: str, tag: str, *,
                   stdin: bytes | AsyncIterable[bytes] | None, on_output: Emit, stop: asyncio.Event,
-                  kill: Callable[[], Awaitable[None]]) -> int | None:
+                  kill: Callable[[], Awaitable[None]], helper: bool = False) -> int | None:
         """Run a command; its exit code (None: killed after ``stop`` and no exit came in time).
 
         NotStarted: nothing ran, run it another way. ExecFailed("working directory ...") for a
@@ -259,8 +259,9 @@ class ExecAgent:
         cid, self._next_id = self._next_id, self._next_id + 1
         cmd = _Command()
         self._cmds[cid] = cmd
+        # helper: argv is one of the agent's own helpers (drivers/nomad/helpers.py), not a program
         request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "tag": tag,
-                              "stdin": stdin is not None}).encode()
+                              "stdin": stdin is not None, "helper": helper}).encode()
         feeder: asyncio.Task[None] | None = None
         try:
             frames = [(b"S", cid, request)]

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parents[3] / "scripts" / "services.d" / "nomad" / "exec-agent"
 PAUSE_WAIT = 30.0  # seconds a pause waits for an agent start in progress
+START_WAIT = 30.0  # seconds a helper waits for its sandbox's agent to start (agent.READY_TIMEOUT)
 RETRY_MAX = 60.0  # seconds between restarts of an agent that keeps failing, at most
 AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # The idle threads an agent makes as it starts (exec-agent/main.go, spareThreads): one the Go
@@ -120,6 +121,24 @@ class ExecAgents:
             return agent
         self.ensure(sb)
         return None
+
+    async def ready(self, sb: NomadSandbox, timeout: float = START_WAIT) -> ExecAgent | None:
+        """The sandbox's running agent, its start waited for (``timeout`` seconds at most): what
+        only the agent can do (its helpers: drivers/nomad/helpers.py) has no other way to run.
+        None without a binary (``HUTCH_NOMAD_EXEC=alloc``) or when it did not start."""
+        if self._binary is None:
+            return None
+        self.ensure(sb)
+        task = self._starting.get(sb.id)
+        if task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+        return self.live(sb.id)
+
+    @property
+    def available(self) -> bool:
+        """Whether agents run here (agent mode, a binary built)."""
+        return self._binary is not None
 
     def live(self, sandbox_id: str) -> ExecAgent | None:
         agent = self._agents.get(sandbox_id)

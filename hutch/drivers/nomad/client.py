@@ -109,6 +109,12 @@ class NomadClient:
     async def allocation(self, alloc_id: str) -> dict[str, Any]:
         return await self._call(f"read allocation {alloc_id}", self._nomad.allocation.get_allocation, alloc_id)
 
+    async def allocation_stats(self, alloc_id: str) -> dict[str, Any]:
+        """The client's reading of the allocation's resources (its task driver's TaskStats),
+        forwarded by the servers to the node that runs it."""
+        return await self._call(f"stats of allocation {alloc_id}", self._nomad.client.allocation.read_allocation_stats,
+                                alloc_id)
+
     async def nodes(self) -> list[dict[str, Any]]:
         return await self._call("list nodes", self._nomad.nodes.get_nodes)
 

@@ -46,13 +46,14 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from hutch.core.blobs import BlobStore
+from hutch.core.driver_types import DirWatch
 from hutch.core.errors import (
     DriverFailure,
     HutchError,
@@ -87,6 +88,7 @@ from hutch.drivers.nomad.adoption import NomadAdoption
 from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
 from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
 from hutch.drivers.nomad.files import NomadFiles
+from hutch.drivers.nomad.helpers import AgentHelpers
 from hutch.drivers.nomad.jobs import (
     HOME,
     LIVE,
@@ -107,6 +109,7 @@ from hutch.drivers.nomad.pools import (
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 from hutch.drivers.nomad.terminal import NomadTerminals
+from hutch.drivers.nomad.usage import NowReadings
 from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
@@ -117,6 +120,8 @@ EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 137
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\Z")
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
+NOMAD_READ_TIMEOUT = 5.0  # seconds for a read of Nomad's API (a job, an allocation's stats) under load
+DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
 
@@ -127,8 +132,9 @@ class _Execution:
     cancelled: bool = False
 
 
-class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.TreeTransfer, roles.Checkpointing,
-                  roles.Pausing, roles.Terminals, roles.PortForwarding, roles.UsageReporting, Driver):
+class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.DirectoryWatching,
+                  roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
+                  roles.PortForwarding, roles.UsageReporting, Driver):
     name = "nomad"
 
     def __init__(
@@ -162,7 +168,9 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True, terminals=True,
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
-            egress_allow=True)  # the plugin's allow.go, kept current through its allow verb
+            egress_allow=True,  # the plugin's allow.go, kept current through its allow verb
+            # inotify and user.e2b.* xattrs: the exec agent's own helpers (helpers.py)
+            watches=exec_mode == "agent", metadata=exec_mode == "agent")
         self._allow = AllowLists(self._apply_allow)
         default_resources()  # a bad HUTCH_DEFAULT_MEMORY / HUTCH_DEFAULT_CPU is said now, not at a create
         self._egress_denied = egress_denied()  # HUTCH_SANDBOX_EGRESS_PERMIT / _DENY
@@ -175,6 +183,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         # Disk checkpoints: in ``blobs`` (files under the data dir, as they always were, or PostgreSQL).
         self._files = NomadFiles(self, self.state_dir, blobs)
         self._terminals = NomadTerminals(self)
+        self._helpers = AgentHelpers(self, self._agents)
+        self._readings = NowReadings(self._client, self._helpers)
         self._sandboxes: dict[str, NomadSandbox] = {}
         self._executions: dict[str, _Execution] = {}
         self._destroying: set[str] = set()
@@ -201,6 +211,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         await asyncio.to_thread(clear_spool, self._files.spool_dir)  # checkpoints a kill cut short
         await self._recover()
         await self._agents.load()
+        if not self._agents.available:  # no agent binary (no Go to build it): no helpers either
+            self.capabilities = attrs.evolve(self.capabilities, watches=False, metadata=False)
         self._spawn(self._watch(), "nomad-watch")
         self._start_pools()
 
@@ -334,6 +346,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
     async def _lost(self, sb: NomadSandbox, reason: str, *, failed: bool, node_lost: bool = False) -> None:
         self._sandboxes.pop(sb.id, None)
         self._states.forget(sb.id)
+        self._readings.forget(sb.id)
         for ex in self._executions.values():
             if ex.sandbox_id == sb.id:
                 ex.stop.set()
@@ -365,6 +378,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                     await self._client.deregister(sb.job_id, purge=False)
                 self._sandboxes.pop(sandbox_id, None)
                 self._allow.forget(sandbox_id)
+                self._readings.forget(sandbox_id)
                 self._paused.discard(sandbox_id)
                 self._states.forget(sandbox_id)
                 await self._files.drop_checkpoints(sandbox_id)
@@ -400,14 +414,46 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
             raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {out[:300]!r}")
 
     async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
-        """The plugin's usage verb: the container's cgroup accounting, read on the client (CPU
-        and peak memory; not yet what it holds now or its disk)."""
+        """CPU, peak memory and (a current plugin) memory now and its page cache from the
+        plugin's usage verb (the container's cgroup accounting, read on the client); its memory
+        and CPU totals from its job; with ``disk`` (E2B's metrics) its disk too, and the memory
+        it holds from Nomad where the plugin does not say it (usage.py says from where)."""
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             return Usage()
+        used = await self._plugin_usage(sb)
+        now: dict[str, Any] = {}
+        # Each bounded as the verb is (a client cut off answers nothing, and a status read must
+        # not wait for the heartbeat timeout that declares it lost), and each on its own: one
+        # source failing leaves only its fields unknown.
+        async def read(what: str, seconds: float, reading: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+            try:
+                async with asyncio.timeout(seconds):
+                    now.update(await reading())
+            except (TimeoutError, HutchError) as err:
+                log.warning("sandbox %s: its %s was not read: %s", sb.id, what,
+                            getattr(err, "message", None) or "timed out")
+
+        async def totals() -> dict[str, Any]:
+            sizes = await self._readings.sizes(sb)
+            return {"memory_total_bytes": sizes.memory_bytes, "cpu_count": sizes.cpu_count}
+
+        async def memory() -> dict[str, Any]:
+            return {"memory_bytes": await self._readings.memory_now(sb)}
+
+        async def disk_now() -> dict[str, Any]:
+            used_bytes, total = await self._readings.disk(sb)
+            return {"disk_used_bytes": used_bytes, "disk_total_bytes": total}
+
+        await read("memory and CPU totals", NOMAD_READ_TIMEOUT, totals)
+        if disk and used.memory_bytes is None:  # an older plugin: Nomad's own reading
+            await read("memory", NOMAD_READ_TIMEOUT, memory)
+        if disk:
+            await read("disk", DISK_TIMEOUT, disk_now)  # without a disk limit, a walk of what it wrote
+        return attrs.evolve(used, **now)
+
+    async def _plugin_usage(self, sb: NomadSandbox) -> Usage:
         for _ in range(2):  # an alloc exec now and then fails to start on a busy client: once more
-            # Bounded: a client cut off from the network answers nothing (no refusal, no reset),
-            # and a status read must not wait for the heartbeat timeout that declares it lost.
             try:
                 async with asyncio.timeout(USAGE_TIMEOUT):
                     code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"usage": True})
@@ -420,8 +466,12 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         else:
             return Usage()
         data = json.loads(out or b"{}")
-        peak = data.get("memoryPeakBytes")
-        return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None)
+        peak, held, cache = (data.get(k) for k in ("memoryPeakBytes", "memoryBytes", "memoryCacheBytes"))
+        # Memory now and its page cache: from a plugin that reads them (containerd-driver's
+        # cgroupUsage); an older one on a client says neither.
+        return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None,
+                     memory_bytes=int(held) if held is not None else None,
+                     memory_cache_bytes=int(cache) if cache is not None else None)
 
     async def pause(self, sandbox_id: str) -> None:
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).
@@ -543,11 +593,31 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
     ) -> int:
         written = await self._files.write_file(sandbox_id, path, chunks, mode=mode, parents=parents)
-        await forget_bytecode(self.list_files, self.remove, sandbox_id, [path])
+        await forget_bytecode(self._files.list_files, self.remove, sandbox_id, [path])
         return written
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        return await self._files.list_files(sandbox_id, path)
+        """The entries of ``path`` with their metadata. A write's stale-bytecode look
+        (forget_bytecode) takes the plain listing: names are all it needs, and a write must
+        not wait on the exec agent (CI's POST /fs once waited 300 s on this helper)."""
+        if not self.capabilities.metadata:
+            return await self._files.list_files(sandbox_id, path)
+        # Side by side: the xattrs helper (a fork in the agent) hides behind the listing's alloc exec.
+        entries, found = await asyncio.gather(self._files.list_files(sandbox_id, path),
+                                              self._helpers.metadata_of(self.running(sandbox_id), path),
+                                              return_exceptions=True)
+        if isinstance(entries, BaseException):  # the listing's failure names the path's trouble
+            raise entries
+        if isinstance(found, BaseException):
+            raise found
+        return [attrs.evolve(e, metadata=found[e.name]) if e.name in found and not e.is_symlink else e
+                for e in entries]
+
+    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
+        await self._helpers.set_metadata(sandbox_id, path, metadata)
+
+    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
+        return await self._helpers.watch_dir(sandbox_id, path, recursive=recursive)
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
         await self._files.mkdir(sandbox_id, path, parents=parents)
@@ -594,7 +664,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
     async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
         self.check_not_paused(self.running(sandbox_id))
         await commands.write_files(self, sandbox_id, files)
-        await forget_bytecode(self.list_files, self.remove, sandbox_id, [f.path for f in files])
+        await forget_bytecode(self._files.list_files, self.remove, sandbox_id, [f.path for f in files])
 
 
 __all__ = ["NomadDriver", "PoolSizing", "pool_sizing_from_env"]

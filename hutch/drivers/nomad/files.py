@@ -79,10 +79,12 @@ write)
   [ -d "$d" ] || fail "No such file or directory"
   [ -d "$p" ] && fail "Is a directory"
   if [ -e "$p" ] && [ ! -f "$p" ]; then fail "Invalid argument"; fi
-  : > "$p" || exit 3
+  # Opened, given its mode, then written through the open descriptor (a read-only mode
+  # holds no write back): the changes a watcher sees, in the local driver's order.
+  exec 3> "$p" || exit 3
+  chmod "$1" -- "$p" || exit 3
   printf 'ok\n'
-  cat > "$p" || exit 3
-  chmod "$1" -- "$p" || exit 3 ;;
+  cat >&3 || exit 3 ;;
 list)
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
   if [ -d "$p" ]; then

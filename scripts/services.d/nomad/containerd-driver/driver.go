@@ -837,7 +837,7 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //	  (+ "ttySize": {"height": 24, "width": 80})            a terminal exec's first window size
 //	{"kill": "exec-1"}                                      kill what carries the tag: the exec's tree, its processes (killTagged)
 //	{"freeze": true|false}                                  pause / resume the whole container
-//	{"usage": true}                                         the container's cpu and peak memory, as JSON
+//	{"usage": true}                                         the container's cpu, peak memory, memory now and page cache, as JSON
 //	{"exit": "exec-1"}                                      how the ended tagged exec ended, as JSON (exits.go)
 //	{"allow": ["1.2.3.4/32", ...]}                          replace the task's network.allow addresses (allow.go)
 //

@@ -173,10 +173,15 @@ func (h *taskHandle) stats(ctx context.Context, interval time.Duration, ch chan<
 	}
 }
 
-// usage is what the container used so far: cpu seconds and peak memory bytes, from its
-// cgroup (v1 cpuacct/memory, or v2 cpu.stat/memory.peak); absent values are left out.
+// usage is what the container used so far (cpu seconds, peak memory bytes) and what it holds
+// now (memory bytes, of which page cache), from its cgroup; absent values are left out.
 func (h *taskHandle) usage() map[string]float64 {
-	ns, id := h.d.config.Namespace, h.container.ID()
+	return cgroupUsage("/sys/fs/cgroup", h.d.config.Namespace, h.container.ID())
+}
+
+// cgroupUsage reads a container's cgroup under root: v1 (cpuacct, memory hierarchies) or v2
+// (cpu.stat, memory.peak, memory.current, memory.stat).
+func cgroupUsage(root, ns, id string) map[string]float64 {
 	out := map[string]float64{}
 	read := func(path string) (float64, bool) {
 		b, err := os.ReadFile(path)
@@ -186,21 +191,39 @@ func (h *taskHandle) usage() map[string]float64 {
 		v, err := strconv.ParseFloat(strings.Fields(string(b) + " 0")[0], 64)
 		return v, err == nil
 	}
-	if v, ok := read(filepath.Join("/sys/fs/cgroup/cpuacct", ns, id, "cpuacct.usage")); ok {
-		out["cpuSeconds"] = v / 1e9
-	} else if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", ns, id, "cpu.stat")); err == nil {
+	field := func(path, name string) (float64, bool) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0, false
+		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "usage_usec" {
-				if v, err := strconv.ParseFloat(f[1], 64); err == nil {
-					out["cpuSeconds"] = v / 1e6
-				}
+			if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+				v, err := strconv.ParseFloat(f[1], 64)
+				return v, err == nil
 			}
 		}
+		return 0, false
 	}
-	if v, ok := read(filepath.Join("/sys/fs/cgroup/memory", ns, id, "memory.max_usage_in_bytes")); ok {
+	v1, v2 := filepath.Join(root, "memory", ns, id), filepath.Join(root, ns, id)
+	if v, ok := read(filepath.Join(root, "cpuacct", ns, id, "cpuacct.usage")); ok {
+		out["cpuSeconds"] = v / 1e9
+	} else if v, ok := field(filepath.Join(v2, "cpu.stat"), "usage_usec"); ok {
+		out["cpuSeconds"] = v / 1e6
+	}
+	if v, ok := read(filepath.Join(v1, "memory.max_usage_in_bytes")); ok {
 		out["memoryPeakBytes"] = v
-	} else if v, ok := read(filepath.Join("/sys/fs/cgroup", ns, id, "memory.peak")); ok {
+	} else if v, ok := read(filepath.Join(v2, "memory.peak")); ok {
 		out["memoryPeakBytes"] = v
+	}
+	// Held now and its page cache, as the local driver reads them (drivers/local/cgroups.py).
+	if v, ok := read(filepath.Join(v1, "memory.usage_in_bytes")); ok {
+		if c, ok := field(filepath.Join(v1, "memory.stat"), "total_cache"); ok {
+			out["memoryBytes"], out["memoryCacheBytes"] = v, c
+		}
+	} else if v, ok := read(filepath.Join(v2, "memory.current")); ok {
+		if c, ok := field(filepath.Join(v2, "memory.stat"), "file"); ok {
+			out["memoryBytes"], out["memoryCacheBytes"] = v, c
+		}
 	}
 	return out
 }

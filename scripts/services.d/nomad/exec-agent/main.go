@@ -43,6 +43,7 @@ const (
 	// (command/agent/alloc_endpoint.go), and only then ends the exec (and this agent): an idle
 	// agent writes a heartbeat so an API that died without closing its session is noticed.
 	heartbeatEvery = 2 * time.Second
+	reapEvery      = 2 * time.Second // the reaper's sweep, however its signals fared (reap)
 )
 
 // How many idle threads the agent makes as it starts (drivers/nomad/agents.py sets it from the
@@ -58,6 +59,9 @@ type startRequest struct {
 	Cwd   string   `json:"cwd"`
 	Tag   string   `json:"tag"`
 	Stdin bool     `json:"stdin"`
+	// Helper: argv is one of this binary's own helpers (helper.go), run as a command. Only
+	// the API's start request says so: no command a sandbox's user runs can become one.
+	Helper bool `json:"helper"`
 }
 
 type exitReport struct {
@@ -75,6 +79,9 @@ type agent struct {
 }
 
 func main() {
+	if len(os.Args) > 0 && os.Args[0] == helperName { // one of the agent's commands (helper.go)
+		os.Exit(helper(os.Args[1:]))
+	}
 	runtime.GOMAXPROCS(1) // few threads: each counts against the sandbox's pids limit
 	if err := beyondReach(); err != nil {
 		fmt.Fprintf(os.Stderr, "hutch-exec-agent: %v\n", err)
@@ -87,7 +94,12 @@ func main() {
 	spareThreads(min(max(spare, 0), spareMost))
 	// No signal is ignored here: an ignored disposition would pass to the commands through exec.
 	a := &agent{out: bufio.NewWriterSize(os.Stdout, 64<<10), cmds: map[uint32]*command{}, pids: map[int]*command{}}
-	go a.reap()
+	// SIGCHLD is asked for before the ready frame, so before any command can be forked: a
+	// child's exit that came before the reaper goroutine first ran was dropped by the runtime
+	// (no one had asked for the signal), and the command stayed a zombie, never reported.
+	exited := make(chan os.Signal, 16)
+	signal.Notify(exited, syscall.SIGCHLD)
+	go a.reap(exited)
 	go a.heartbeat()
 	ready, _ := json.Marshal(map[string]int{"pid": os.Getpid(), "version": version})
 	a.send('R', 0, ready)
@@ -232,12 +244,18 @@ func (a *agent) killAll() {
 	}
 }
 
-// reap waits for the commands' exits without a thread blocked per command: on SIGCHLD, every
-// child that has exited.
-func (a *agent) reap() {
-	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, syscall.SIGCHLD)
-	for range sigs {
+// reap waits for the commands' exits without a thread blocked per command: on SIGCHLD, and
+// every reapEvery whatever came, every child that has exited. A signal is not a record: one
+// lost (the drivers/nomad/helpers.py write that hung in CI: its helper a zombie nobody
+// reported) costs reapEvery, not the command's whole wait.
+func (a *agent) reap(exited <-chan os.Signal) {
+	sweep := time.NewTicker(reapEvery)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-exited:
+		case <-sweep.C:
+		}
 		for {
 			var status syscall.WaitStatus
 			pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)

@@ -1,0 +1,82 @@
+"""E2B's file metadata, directory watches and metrics on the nomad driver (the Nomad dev agent
+of ``./scripts/services start nomad``; a missing one fails the server's start), with the real
+``e2b`` SDK. The rest of the E2B wire reaches drivers only through the engine and runs on the
+local driver (tests/e2b/conftest.py); these three are the nomad driver's own work
+(drivers/nomad/helpers.py and usage.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+from e2b import FilesystemEventType, Sandbox
+from e2b.exceptions import SandboxException
+
+from tests.drivers_support import plugin_reads_page_cache
+from tests.e2b.conftest import E2bServer, _serve
+from tests.system.server import KEY
+
+
+@pytest.fixture(scope="module")
+def nomad_e2b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
+    for served in _serve(tmp_path_factory, driver="nomad"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("E2B_API_URL", served.url)
+            mp.setenv("E2B_SANDBOX_URL", served.url)
+            mp.setenv("E2B_API_KEY", KEY)
+            mp.delenv("E2B_DEBUG", raising=False)
+            mp.delenv("E2B_DOMAIN", raising=False)
+            yield served
+
+
+@pytest.fixture(scope="module")
+def sandbox(nomad_e2b: E2bServer) -> Iterator[Sandbox]:
+    sbx = Sandbox.create(timeout=300)
+    yield sbx
+    sbx.kill()
+
+
+def test_metadata_is_kept_listed_moved_and_cleared_by_an_overwrite(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("meta/a.txt", "x", metadata={"Author": "ann", "purpose": "test"})
+    assert info.metadata == {"author": "ann", "purpose": "test"}
+    assert sandbox.files.get_info("meta/a.txt").metadata == info.metadata
+    assert [e.metadata for e in sandbox.files.list("meta")] == [info.metadata]
+    assert sandbox.files.rename("meta/a.txt", "meta/b.txt").metadata == info.metadata
+    assert sandbox.files.write("meta/b.txt", "y").metadata is None
+    assert sandbox.files.get_info("meta/b.txt").metadata is None
+
+
+def test_a_watch_reports_each_change_made_before_it_is_asked(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("watched/deep")
+    handle = sandbox.files.watch_dir("watched", recursive=True)
+    try:
+        sandbox.files.write("watched/a.txt", "one")
+        sandbox.commands.run("echo two >> watched/deep/b.txt; rm watched/a.txt")
+        got = [(e.type, e.name) for e in handle.get_new_events()]
+        assert got[0] == (FilesystemEventType.CREATE, "a.txt")
+        assert (FilesystemEventType.WRITE, "deep/b.txt") in got
+        assert got[-1] == (FilesystemEventType.REMOVE, "a.txt")
+        assert handle.get_new_events() == []
+    finally:
+        handle.stop()
+
+
+def test_metrics_give_every_field_where_the_plugin_reads_the_page_cache_else_name_it(
+        nomad_e2b: E2bServer, sandbox: Sandbox) -> None:
+    """Memory held, totals, CPUs and disk are read (drivers/nomad/usage.py); the page cache
+    where the client's plugin says it, else the refusal names it alone."""
+    state = json.loads((nomad_e2b.server.data_dir / "nomad" / f"{sandbox.sandbox_id}.json").read_text())
+    if asyncio.run(plugin_reads_page_cache(state["alloc_id"])):
+        (metric,) = sandbox.get_metrics()
+        assert metric.mem_total == 512 * 2**20 and metric.cpu_count == 1  # the defaults: never unlimited
+        assert 0 < metric.mem_used <= metric.mem_total and 0 <= metric.mem_cache <= metric.mem_used
+        assert 0 < metric.disk_used < metric.disk_total
+        return
+    with pytest.raises(SandboxException) as caught:
+        sandbox.get_metrics()
+    message = str(caught.value)
+    assert "driver nomad does not report memCache of sandbox" in message
+    for field in ("cpuUsedPct", "cpuCount", "memUsed", "memTotal", "diskUsed", "diskTotal"):
+        assert field not in message
