@@ -67,7 +67,8 @@ def test_metrics_give_every_field_where_the_plugin_reads_the_page_cache_else_nam
         nomad_e2b: E2bServer, sandbox: Sandbox) -> None:
     """Memory held, totals, CPUs and disk are read (drivers/nomad/usage.py); the page cache
     where the client's plugin says it, else the refusal names it alone."""
-    state = json.loads((nomad_e2b.server.data_dir / "nomad" / f"{sandbox.sandbox_id}.json").read_text())
+    hutch_id = f"sbx_{sandbox.sandbox_id}"  # E2B's id: hutch's without sbx_
+    state = json.loads((nomad_e2b.server.data_dir / "nomad" / f"{hutch_id}.json").read_text())
     if asyncio.run(plugin_reads_page_cache(state["alloc_id"])):
         (metric,) = sandbox.get_metrics()
         assert metric.mem_total == 512 * 2**20 and metric.cpu_count == 1  # the defaults: never unlimited
