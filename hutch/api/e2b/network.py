@@ -8,9 +8,10 @@ network spec (core/egress.py): hutch has an on/off network narrowed by an allow-
   network with it; hutch never opens more than was listed);
 - neither: ``allow_internet_access`` decides, off unless ``true`` (hutch's default).
 
+``allowPublicTraffic`` is no egress option: control_routes.py keeps it (api/e2b/public.py).
+
 A deny-list of particular destinations, host masking, per-domain transforms, an egress proxy,
-custom DNS servers and public (token-less) sandbox URLs are refused naming the field: hutch
-cannot keep them, and ignoring one would leave open what the caller meant to close."""
+custom DNS servers are refused naming the field: hutch cannot keep them, and ignoring one would leave open what the caller meant to close."""
 
 from __future__ import annotations
 
@@ -52,9 +53,6 @@ def hutch_network(internet: object, network: object) -> dict[str, Any] | None:
     public = network.get("allowPublicTraffic")
     if public is not None and not isinstance(public, bool):
         raise InvalidInput("network.allowPublicTraffic: expected true or false", field="network.allowPublicTraffic")
-    if public:
-        raise NotSupported("network.allowPublicTraffic: hutch does not offer sandbox URLs without a token on the "
-                           "E2B wire (the traffic access token is always required)", field="network.allowPublicTraffic")
     allow, deny = _strings(network, "allowOut"), _strings(network, "denyOut")
     deny_all = ALL_TRAFFIC in deny or internet is False
     if any(d != ALL_TRAFFIC for d in deny):
