@@ -315,3 +315,56 @@ def test_allow_public_traffic_opens_that_sandbox_alone_without_a_token(served: E
     finally:
         for sid in found.values():
             served.call("DELETE", f"/sandboxes/{sid}")
+
+
+_WS = """
+import asyncio
+from aiohttp import web
+async def echo(request):
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    async for msg in ws:
+        await ws.send_str("echo:" + msg.data)
+    return ws
+app = web.Application()
+app.router.add_get("/ws", echo)
+web.run_app(app, host="127.0.0.1", port=8002)
+"""
+
+
+def test_a_websocket_to_a_sandboxs_port_is_relayed(served: E2bServer) -> None:
+    """A websocket server a process opens (aiohttp, in the code-interpreter template) is
+    reached at its host with the token; without it, 403 before any upgrade."""
+    found = _sdk(served, f"""
+        import json, os, ssl, time
+        import aiohttp, asyncio
+        from e2b import Sandbox
+        sbx = Sandbox.create(template="code-interpreter-v1", timeout=120)
+        server = {_WS!r}
+        sbx.files.write("ws.py", server)
+        sbx.commands.run("python3 ws.py", background=True)
+
+        async def talk(headers):
+            context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+            async with aiohttp.ClientSession() as session:
+                try:
+                    async with session.ws_connect(f"wss://{{sbx.get_host(8002)}}/ws", headers=headers, ssl=context) as ws:
+                        await ws.send_str("hi")
+                        return (await ws.receive()).data
+                except aiohttp.WSServerHandshakeError as err:
+                    return err.status
+
+        async def main():
+            token = {{"E2B-Traffic-Access-Token": sbx.traffic_access_token}}
+            deadline = time.monotonic() + 30
+            got = await talk(token)
+            while got == 502 and time.monotonic() < deadline:
+                await asyncio.sleep(0.3)
+                got = await talk(token)
+            return got, await talk({{}})
+        try:
+            print(json.dumps(asyncio.run(main())))
+        finally:
+            sbx.kill()
+    """)
+    assert found == ["echo:hi", 403]

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 
-from hutch.api.routes.proxy import relay_http
+from hutch.api.routes.proxy import relay_http, relay_websocket
 from hutch.core.models import SandboxState
 from hutch.service.engine import Engine
 
@@ -55,4 +55,8 @@ async def relay(request: web.Request, engine: Engine, sb: SandboxState, port: in
         url = f"http://127.0.0.1:{port}{request.path}{query}"
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
                                      timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as session:
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            # The client's handshake headers are its own connection's; ws_connect makes the sandbox's.
+            own = {k: v for k, v in headers.items() if not k.lower().startswith("sec-websocket-")}
+            return await relay_websocket(request, session, "ws" + url.removeprefix("http"), own)
         return await relay_http(request, session, url, headers, unreachable=unreachable, answer=answer)
