@@ -21,6 +21,7 @@ The service takes what it uses from ``drivers.base.DriverRoles``.
 from __future__ import annotations
 
 import abc
+import socket
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from hutch.core.driver_types import (
@@ -292,6 +293,13 @@ class PortForwarding(abc.ABC):
 
         Reachable from the server only; NotSupported when the sandbox (or driver) has none."""
 
+    async def port_connect(self, sandbox_id: str, port: int) -> socket.socket:
+        """A connected socket to ``port`` of the sandbox, any port its processes listen on,
+        for the server alone (the sandbox gains no network by it). OSError when nothing listens."""
+        raise NotSupported(f"driver {getattr(self, 'name', type(self).__name__)} reaches only the port a sandbox "
+                           f"declared at create (network.port), not port {port} of sandbox {sandbox_id}",
+                           field="port")
+
 
 class NetworkRules(abc.ABC):
     """A live sandbox's egress rules replaced (capability ``network_update``; E2B's update_network)."""
@@ -500,6 +508,10 @@ class NotPlayed:
 
     async def port_target(self, sandbox_id: str) -> tuple[str, int]:
         raise NotSupported(f"driver {self.name} cannot expose ports")
+
+    async def port_connect(self, sandbox_id: str, port: int) -> socket.socket:
+        raise NotSupported(f"driver {self.name} cannot expose ports (port {port} of sandbox {sandbox_id})",
+                           field="port")
 
     # UsageReporting: nothing measured
 

@@ -127,7 +127,6 @@ def test_an_update_hutch_cannot_keep_is_refused_naming_the_field(e2b_env: E2bSer
     ({"allow_out": ["*.example.com"]}, "network.allowOut: '*.example.com': wildcards are not supported"),
     ({"allow_out": ["2001:db8::1"]}, "network.allowOut: '2001:db8::1': sandboxes have IPv4 only"),
     ({"mask_request_host": "x.example.com"}, "network.maskRequestHost: hutch does not offer host masking"),
-    ({"allow_public_traffic": True}, "network.allowPublicTraffic: hutch does not offer sandbox URLs without"),
 ])
 def test_egress_rules_hutch_cannot_keep_are_refused_naming_them(e2b_env: E2bServer, network: dict[str, Any],
                                                                 says: str) -> None:

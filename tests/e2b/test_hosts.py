@@ -216,3 +216,155 @@ def test_auto_resume_wakes_a_paused_sandbox_on_a_request_to_its_host(served: E2b
             sbx.kill()
     """)
     assert found == {"before": "paused", "out": "awake\n", "after": "running"}
+
+
+_ECHO = '''
+import http.server, json
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+        self.send_response(200)
+        self.send_header("Set-Cookie", "sandbox=1; Domain=e2b.localhost; Path=/")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", 8000), Echo).serve_forever()
+'''
+
+
+def _wait_for(served: E2bServer, url: str, **headers: str) -> tuple[int, Any]:
+    """The first answer that is not "nothing answers" (the server in the sandbox starting)."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = _get(served, url, **headers)
+        if status != 502 or time.monotonic() > deadline:
+            return status, body
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def listening(served: E2bServer) -> Iterator[dict[str, str]]:
+    """A sandbox without network whose process listens on its own loopback, port 8000 (a
+    server that answers with the headers it got and sets a cookie), declared nowhere."""
+    found = _sdk(served, f"""
+        import json
+        from e2b import Sandbox
+        sbx = Sandbox.create(timeout=300)
+        sbx.files.write("echo.py", {_ECHO!r})
+        sbx.commands.run("python3 echo.py", background=True)
+        print(json.dumps({{"id": sbx.sandbox_id, "token": sbx.traffic_access_token,
+                          "nets": sbx.commands.run("tail -n +3 /proc/net/dev | cut -d: -f1").stdout.split()}}))
+    """)
+    yield found
+    served.call("DELETE", f"/sandboxes/{found['id']}")
+
+
+def test_any_port_a_process_opens_is_reached_at_its_host(served: E2bServer, listening: dict[str, str]) -> None:
+    """E2B's get_host(port) for a port no create declared: served with the sandbox's traffic
+    token, and the sandbox gains no network by it (loopback only); nothing of the client's
+    credentials reaches it, and its cookie does not come back."""
+    url = f"https://8000-{listening['id']}.{served.domain}/"
+    assert listening["nets"] == ["lo"]
+    status, answer = _get(served, url)
+    assert status == 403 and "traffic access token" in answer["message"]
+    status, raw = _wait_for(served, url, E2B_Traffic_Access_Token=listening["token"], Cookie="hutch_session=x",
+                            Authorization=f"Bearer {KEY}", X_API_Key=KEY)
+    assert status == 200, raw
+    seen = json.loads(raw)
+    assert not {"cookie", "authorization", "x-api-key", "e2b-traffic-access-token", "x-access-token"} & set(seen), seen
+    context = ssl.create_default_context(cafile=str(served.ca_file))
+    req = urllib.request.Request(url, headers={"E2B-Traffic-Access-Token": listening["token"]})
+    with urllib.request.urlopen(req, timeout=60, context=context) as resp:
+        assert resp.headers.get("Set-Cookie") is None
+
+
+def test_another_port_is_refused_to_others_and_off_its_host(served: E2bServer, listening: dict[str, str],
+                                                            sandbox: dict[str, str]) -> None:
+    """Another sandbox's token opens nothing here; a port nothing listens on says so; at
+    E2B_SANDBOX_URL (one origin for every sandbox) the port is not served."""
+    url = f"https://8000-{listening['id']}.{served.domain}/"
+    status, answer = _get(served, url, E2B_Traffic_Access_Token=sandbox["token"])
+    assert status == 401 and "not a valid access token" in answer["message"]
+    status, answer = _get(served, f"https://8001-{listening['id']}.{served.domain}/",
+                          E2B_Traffic_Access_Token=listening["token"])
+    assert status == 502 and "nothing answers on port 8001" in answer["message"]
+    req = urllib.request.Request(served.url + "/", headers={"E2b-Sandbox-Id": listening["id"], "E2b-Sandbox-Port": "8000",
+                                                            "E2B-Traffic-Access-Token": listening["token"]})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=60)
+    assert refused.value.code == 404 and "at its own host only" in json.loads(refused.value.read())["message"]
+
+
+def test_allow_public_traffic_opens_that_sandbox_alone_without_a_token(served: E2bServer) -> None:
+    """network.allowPublicTraffic true: token-less requests reach its ports; a sandbox whose
+    E2B metadata names the opt-in's key (a string) stays closed, as the default does."""
+    found = _sdk(served, """
+        import json
+        from e2b import Sandbox
+        public = Sandbox.create(timeout=120, network={"allow_public_traffic": True})
+        forged = Sandbox.create(timeout=120, metadata={"e2b.allowPublicTraffic": "true"})
+        for sbx in (public, forged):
+            sbx.commands.run("python3 -m http.server 8000", background=True)
+        print(json.dumps({"public": public.sandbox_id, "forged": forged.sandbox_id}))
+    """)
+    try:
+        status, _ = _wait_for(served, f"https://8000-{found['public']}.{served.domain}/")
+        assert status == 200
+        status, answer = _get(served, f"https://8000-{found['forged']}.{served.domain}/")
+        assert status == 403 and "traffic access token" in answer["message"]
+    finally:
+        for sid in found.values():
+            served.call("DELETE", f"/sandboxes/{sid}")
+
+
+_WS = """
+import asyncio
+from aiohttp import web
+async def echo(request):
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    async for msg in ws:
+        await ws.send_str("echo:" + msg.data)
+    return ws
+app = web.Application()
+app.router.add_get("/ws", echo)
+web.run_app(app, host="127.0.0.1", port=8002)
+"""
+
+
+def test_a_websocket_to_a_sandboxs_port_is_relayed(served: E2bServer) -> None:
+    """A websocket server a process opens (aiohttp, in the code-interpreter template) is
+    reached at its host with the token; without it, 403 before any upgrade."""
+    found = _sdk(served, f"""
+        import json, os, ssl, time
+        import aiohttp, asyncio
+        from e2b import Sandbox
+        sbx = Sandbox.create(template="code-interpreter-v1", timeout=120)
+        server = {_WS!r}
+        sbx.files.write("ws.py", server)
+        sbx.commands.run("python3 ws.py", background=True)
+
+        async def talk(headers):
+            context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+            async with aiohttp.ClientSession() as session:
+                try:
+                    async with session.ws_connect(f"wss://{{sbx.get_host(8002)}}/ws", headers=headers, ssl=context) as ws:
+                        await ws.send_str("hi")
+                        return (await ws.receive()).data
+                except aiohttp.WSServerHandshakeError as err:
+                    return err.status
+
+        async def main():
+            token = {{"E2B-Traffic-Access-Token": sbx.traffic_access_token}}
+            deadline = time.monotonic() + 30
+            got = await talk(token)
+            while got == 502 and time.monotonic() < deadline:
+                await asyncio.sleep(0.3)
+                got = await talk(token)
+            return got, await talk({{}})
+        try:
+            print(json.dumps(asyncio.run(main())))
+        finally:
+            sbx.kill()
+    """)
+    assert found == ["echo:hi", 403]

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from hutch.api.e2b import ports
+from hutch.api.e2b import ports, public
 from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token, hutch_id, wire_id
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.network import e2b_network, hutch_network, hutch_update
@@ -177,6 +177,8 @@ async def create(request: web.Request) -> web.Response:
     hutch_body: dict[str, Any] = {"env": _strings(body, "envVars"), "metadata": _strings(body, "metadata"),
                                   "timeout": {"idle": f"{timeout_of(body)}s"}}
     net = hutch_network(body.get("allow_internet_access"), body.get("network"))
+    given_net = body.get("network")
+    public.mark(hutch_body["metadata"], isinstance(given_net, dict) and given_net.get("allowPublicTraffic") is True)
     if net is not None:  # hutch's default is off, whatever E2B's is
         hutch_body["network"] = net
     snapshot = None

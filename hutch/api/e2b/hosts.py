@@ -1,8 +1,8 @@
 """E2B's host routing: the SDK without ``E2B_SANDBOX_URL`` reaches a sandbox at
 ``https://{port}-{sandbox id}.{E2B_DOMAIN}`` (``Sandbox.get_host(port)``): envd at port 49983,
-a signed file URL there too, and any other port (the code interpreter's 49999) as the sandbox's
-own. A request whose Host is such a name is for that sandbox and port, whatever headers it
-carries; the rest of the wire then runs as with ``E2B_SANDBOX_URL`` (the sandbox's id as
+a signed file URL there too, and any other port as the sandbox's own: the code interpreter's
+49999, or any port a process of it listens on (api/e2b/anyport.py). A request whose Host is such
+a name is for that sandbox and port, whatever headers it carries; the rest of the wire then runs as with ``E2B_SANDBOX_URL`` (the sandbox's id as
 ``E2b-Sandbox-Id``, the port as ``E2b-Sandbox-Port``).
 
 Origins: each name is a host of its own, so what a sandbox's port serves shares no origin with
@@ -10,9 +10,9 @@ the control plane nor with another sandbox. Under the domain only ``api.{domain}
 the control plane (the SDK's default ``E2B_API_URL``, ``https://api.{E2B_DOMAIN}``; it takes
 keys in headers, never cookies); another name that is not ``{port}-{id}`` is a 404, and the
 envd host answers envd's paths only. A sandbox's port needs its traffic access token
-(``E2B-Traffic-Access-Token`` or ``X-Access-Token``): without one, 403 (E2B's answer), before
-anything is looked up; the port relay (api/e2b/ports.py) then checks it and replaces it with the
-sandbox's own credentials, so no hutch credential reaches the sandbox."""
+(``E2B-Traffic-Access-Token`` or ``X-Access-Token``) unless the sandbox was created public:
+without one, 403 (E2B's answer, api/e2b/public.py); the port relay (api/e2b/ports.py) strips
+every credential, so no hutch credential reaches the sandbox."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from hutch.api.e2b.access import SANDBOX_HEADER, TOKEN_HEADER, error, hutch_id, wire_id
-from hutch.api.e2b.ports import PORT_HEADER, TRAFFIC_HEADER
+from hutch.api.e2b.ports import PORT_HEADER
+from hutch.api.e2b.public import HOST_ROUTED
 from hutch.api.e2b.signed import SIGNATURE, signed_token
 from hutch.core import ids
 
@@ -67,8 +68,7 @@ async def host_routing(request: web.Request, handler: Handler) -> web.StreamResp
         if request.path == "/files" and not headers.get(TOKEN_HEADER) and SIGNATURE in request.query:
             headers[TOKEN_HEADER] = await signed_token(request, sandbox_id)
     else:
-        if not (request.headers.get(TOKEN_HEADER) or request.headers.get(TRAFFIC_HEADER)):
-            return error(403, f"sandbox {wire_id(sandbox_id)}: port {port} needs the sandbox's traffic access token "
-                              f"({TRAFFIC_HEADER} header)")
-        headers[PORT_HEADER] = str(port)
-    return await handler(request.clone(headers=headers))
+        headers[PORT_HEADER] = str(port)  # its token (or its being public) is api/e2b/public.py's to check
+    routed = request.clone(headers=headers)
+    routed[HOST_ROUTED] = port
+    return await handler(routed)

@@ -13,9 +13,11 @@ network narrowed by an allow-list or a deny-list, never both, so
 - neither: at a create, ``allow_internet_access`` decides, off unless ``true`` (hutch's
   default); in an update, which replaces every rule as E2B's does, the network without rules.
 
-Host masking, per-domain transforms, an egress proxy, custom DNS servers and public
-(token-less) sandbox URLs are refused naming the field: hutch cannot keep them, and ignoring
-one would leave open what the caller meant to close."""
+``allowPublicTraffic`` is no egress option: control_routes.py keeps it (api/e2b/public.py).
+
+Host masking, per-domain transforms, an egress proxy and custom DNS servers are refused naming
+the field: hutch cannot keep them, and ignoring one would leave open what the caller meant to
+close."""
 
 from __future__ import annotations
 
@@ -92,9 +94,6 @@ def hutch_network(internet: object, network: object) -> dict[str, Any] | None:
     public = network.get("allowPublicTraffic")
     if public is not None and not isinstance(public, bool):
         raise InvalidInput("network.allowPublicTraffic: expected true or false", field="network.allowPublicTraffic")
-    if public:
-        raise NotSupported("network.allowPublicTraffic: hutch does not offer sandbox URLs without a token on the "
-                           "E2B wire (the traffic access token is always required)", field="network.allowPublicTraffic")
     rules = _rules(internet, network)
     if rules is None:
         return {"enabled": True} if internet else None

@@ -20,24 +20,25 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api.e2b.access import SANDBOX_HEADER, TOKEN_HEADER, envd_principal
+from hutch.api.e2b import anyport, public
+from hutch.api.e2b.access import SANDBOX_HEADER
 from hutch.api.keys import ENGINE
 from hutch.api.routes.proxy import HOP, relay_http
-from hutch.core.errors import DriverFailure, InvalidInput, NotFound, SandboxNotFound, Unauthorized
+from hutch.core.errors import DriverFailure, InvalidInput, NotFound, SandboxNotFound
 from hutch.core.events import acting
 from hutch.service.engine import Engine
 
 RUNTIME = "code-interpreter"
 PORT = 49999
 PORT_HEADER = "E2b-Sandbox-Port"
-TRAFFIC_HEADER = "E2B-Traffic-Access-Token"
+TRAFFIC_HEADER = public.TRAFFIC_HEADER
 TOKEN_FILE = "/home/agentuity/.hutch-interpreter-token"
 SERVER = ("env", f"HUTCH_INTERPRETER_TOKEN_FILE={TOKEN_FILE}", "hutch-interpreter")
 # The first kernel's imports on a busy 2-core host took up to 20 s (hutch/_interpreter.py).
 START_SECONDS = 120.0
 TOKEN_BYTES = 256  # secrets.token_urlsafe(32) is 43
 _ENVD_PORT = "49983"
-_DROPPED = {"x-access-token", TRAFFIC_HEADER.lower(), "x-api-key", SANDBOX_HEADER.lower(), PORT_HEADER.lower(),
+_DROPPED = {"x-access-token", public.TRAFFIC_HEADER.lower(), "x-api-key", SANDBOX_HEADER.lower(), PORT_HEADER.lower(),
             "authorization", "cookie"}
 _UNSET = {"set-cookie", "set-cookie2"}
 
@@ -124,26 +125,28 @@ def forget(app: web.Application, sandbox_id: str) -> None:
 
 @web.middleware
 async def port_relay(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A request for a sandbox's port (``E2b-Sandbox-Port``, not envd's) relayed to it."""
-    port = request.headers.get(PORT_HEADER, "").strip()
-    if not port or port == _ENVD_PORT:
+    """A request for a sandbox's port (``E2b-Sandbox-Port``, not envd's) relayed to it: the code
+    interpreter's at ``E2B_SANDBOX_URL`` or its host; any other only at its own host
+    (api/e2b/anyport.py), where what it serves has an origin of its own."""
+    given = request.headers.get(PORT_HEADER, "").strip()
+    if not given or given == _ENVD_PORT:
         return await handler(request)
-    tokens = [t.strip() for t in (request.headers.get(TOKEN_HEADER), request.headers.get(TRAFFIC_HEADER)) if t]
-    if not tokens:
-        raise Unauthorized(f"missing {TOKEN_HEADER} or {TRAFFIC_HEADER} header: send the sandbox's access token")
-    principal, sandbox_id = await envd_principal(request, tokens[0])
-    for other in tokens[1:]:  # every token sent must open this sandbox, not only the first
-        await envd_principal(request, other)
+    if not (given.isdigit() and len(given) <= 5 and 0 < int(given) <= 65535):
+        raise InvalidInput(f"{PORT_HEADER}: {given!r} is not a port number (1-65535)", field=PORT_HEADER)
+    port = int(given)
+    principal, sandbox_id = await public.traffic_principal(request, port)
     with acting(principal):
         engine = request.app[ENGINE]
         sb = await engine.reads.require(sandbox_id)
-        if port != str(PORT) or sb.spec.runtime != RUNTIME or sb.spec.network.port != PORT:
-            raise SandboxNotFound(f"sandbox {sandbox_id}: port {port} is not served on the E2B wire (only the "
-                                  f"{RUNTIME} template's port {PORT}; other ports through hutch's proxy url)")
-        host, target = await engine.ports.target(sandbox_id)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP | _DROPPED}
-        headers["X-Access-Token"] = await _token(request.app, sandbox_id)
-        query = f"?{request.query_string}" if request.query_string else ""
-        return await relay_http(request, request.app[SESSION], f"http://{host}:{target}{request.path}{query}",
-                                headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}",
-                                answer=answer_headers)
+        if port == PORT and sb.spec.runtime == RUNTIME and sb.spec.network.port == PORT:
+            host, target = await engine.ports.target(sandbox_id)
+            headers["X-Access-Token"] = await _token(request.app, sandbox_id)
+            query = f"?{request.query_string}" if request.query_string else ""
+            return await relay_http(request, request.app[SESSION], f"http://{host}:{target}{request.path}{query}",
+                                    headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}",
+                                    answer=answer_headers)
+        if request.get(public.HOST_ROUTED) != port:
+            raise SandboxNotFound(f"sandbox {sandbox_id}: port {port} is served at its own host only "
+                                  f"({port}-{{sandbox id}}.{{E2B_DOMAIN}}, Sandbox.get_host), not at E2B_SANDBOX_URL")
+        return await anyport.relay(request, engine, sb, port, headers, answer_headers)

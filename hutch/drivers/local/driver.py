@@ -45,6 +45,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -69,7 +70,7 @@ from hutch.drivers.base import (
 )
 from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
-from hutch.drivers.local import rootfs
+from hutch.drivers.local import portconnect, rootfs
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
 from hutch.drivers.local.checkpoints import LocalCheckpoints
 from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
@@ -337,6 +338,13 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
     async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
                              deny: tuple[str, ...]) -> None:
         await self._network.update(sandbox_id, enabled=enabled, allow=allow, deny=deny)
+
+    async def port_connect(self, sandbox_id: str, port: int) -> socket.socket:
+        sb = self._registry.running(sandbox_id)
+        if self.rootless:  # entering a network namespace needs CAP_SYS_ADMIN (portconnect.py)
+            raise NotSupported(f"sandbox {sandbox_id}: a rootless server reaches only the port a sandbox declared at "
+                               f"create (network.port), not port {port}", field="port")
+        return await portconnect.connect(sandbox_id, sb.init_pid, sb.init_start, port)
 
     async def pause(self, sandbox_id: str) -> None:
         await self._executions.pause(sandbox_id)
