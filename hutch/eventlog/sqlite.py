@@ -70,8 +70,12 @@ def _row(item: Event | Encoded) -> tuple[str, str, str, str]:
     return item.event_id, item.sandbox_id, item.type, json.dumps(encode(item), separators=(",", ":"))
 
 
-def _event(item: Event | Encoded) -> Event:
-    return item.event if isinstance(item, Encoded) else item
+def _appended(item: Event | Encoded, position: int) -> Event:
+    """The event as this process's subscribers get it: with its record's size when it came
+    encoded (the projections' folds count it: ``core.events.recorded_size``)."""
+    if isinstance(item, Encoded):
+        return attrs.evolve(item.event, position=position, size=item.size)
+    return attrs.evolve(item, position=position)
 
 
 @attrs.define(slots=True)
@@ -259,7 +263,7 @@ class SqliteEventLog(EventLog):
                 positions = list(range(position, position + len(job.events)))
                 position += len(job.events)
                 if self._live:
-                    appended += [attrs.evolve(_event(e), position=p) for e, p in zip(job.events, positions, strict=True)]
+                    appended += [_appended(e, p) for e, p in zip(job.events, positions, strict=True)]
                 if not job.fut.done():
                     job.fut.set_result(positions)
             self._last = position - 1

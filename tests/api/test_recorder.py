@@ -107,27 +107,16 @@ async def test_an_event_that_cannot_be_encoded_is_refused_by_name(parts: Parts) 
 
 
 def _event_dumps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The event ids of every event record JSON-encoded from now on, one per encoding, but
-    for the projections' folds (``evolve_sandbox`` counts a sandbox's bytes in the log as it
-    applies an event, in the store and in ``Reads``' own copy: not the append's encoding)."""
+    """The event ids of every event record JSON-encoded from now on, one per encoding."""
     seen: list[str] = []
-    folding: list[bool] = []
-    dumps, size = json.dumps, lifecycle.recorded_size
+    dumps = json.dumps
 
     def counting(obj: Any, *args: Any, **kwargs: Any) -> str:
-        if isinstance(obj, dict) and "eventId" in obj and not folding:
+        if isinstance(obj, dict) and "eventId" in obj:
             seen.append(obj["eventId"])
         return dumps(obj, *args, **kwargs)
 
-    def folded_size(event: Any) -> int:
-        folding.append(True)
-        try:
-            return size(event)
-        finally:
-            folding.pop()
-
     monkeypatch.setattr(json, "dumps", counting)
-    monkeypatch.setattr(lifecycle, "recorded_size", folded_size)
     return seen
 
 
@@ -136,7 +125,7 @@ async def test_each_event_is_encoded_once_for_the_check_the_quota_and_the_log(
     """Issue 37: the round-trip check, the quota's size and the log's write were three
     encodings of every event on the request path; they share one. The log is handed the
     records (``Encoded``) and writes those bytes; the quota is told their length."""
-    recorder, _, event_log = parts
+    recorder, reads, event_log = parts
     metered: list[int] = []
 
     async def meter(org: str, size: int, refuse: bool) -> None:
@@ -156,11 +145,16 @@ async def test_each_event_is_encoded_once_for_the_check_the_quota_and_the_log(
     events = await recorder.command_many("sbx_1", [Create(spec=spec), Start(), StartExecution("exe_1", ("true",))],
                                          minted=True)
     ids = [e.event_id for e in events]
-    assert sorted(seen) == sorted(ids)  # it was three times each: check, quota, log
+    # It was five times each: the check, the quota, the log, and the folds of the store and of
+    # Reads' own copy (each counts a sandbox's bytes in the log: SandboxState.log_bytes).
+    assert sorted(seen) == sorted(ids)
     [records] = handed
     assert [type(r).__name__ for r in records] == ["Encoded"] * 3  # core.events.Encoded
     assert metered == [sum(len(r.record) for r in records)]  # type: ignore[attr-defined]
     stored = await event_log.read(0)
+    size = sum(len(r.record) for r in records)  # type: ignore[attr-defined]
+    assert (await reads.require("sbx_1")).log_bytes == size == sum(lifecycle.recorded_size(e) for e in stored)
+    assert (await reads.store.get_sandbox("sbx_1")).log_bytes == size  # type: ignore[union-attr]
     assert [e.event_id for e in stored] == ids
     seen.clear()
     await recorder.record("org_acme", lambda: [SandboxEnvChanged(set={"A": "1"})])
