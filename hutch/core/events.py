@@ -366,6 +366,10 @@ class Event:
     actor: str | None = attrs.field(factory=_current_actor, kw_only=True)
     org: str | None = attrs.field(default=None, kw_only=True)
     project: str | None = attrs.field(default=None, kw_only=True)
+    # The bytes of its record (``recorded_size``), when the log that hands it out was given
+    # the record (``Encoded``): the projections' folds count them without encoding it again.
+    # Not part of the event: never compared, never written.
+    size: int | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
 
     @property
     def type(self) -> str:
@@ -390,10 +394,28 @@ def encode(event: Event) -> dict[str, Any]:
         {"projectId": event.project} if event.project is not None else {})
 
 
+@attrs.frozen(slots=True)
+class Encoded:
+    """An event and its record as the logs write it (compact, ASCII JSON), made by
+    ``encoded`` only: the recorder's round-trip check, the quota's size and the log's write
+    share these bytes instead of encoding the event three times (issue 37)."""
+
+    event: Event
+    record: str
+
+    @property
+    def size(self) -> int:
+        return len(self.record)  # ASCII: a character is a byte
+
+
+def encoded(event: Event) -> Encoded:
+    return Encoded(event, json.dumps(encode(event), separators=(",", ":")))
+
+
 def recorded_size(event: Event) -> int:
     """The bytes ``event`` takes as a record, as both logs write it (compact, ASCII JSON), so
     that every store and replica folds the same count."""
-    return len(json.dumps(encode(event), separators=(",", ":")))
+    return event.size if event.size is not None else encoded(event).size
 
 
 def decode(record: dict[str, Any], position: int | None = None) -> Event:

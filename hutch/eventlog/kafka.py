@@ -76,7 +76,7 @@ from aiokafka.errors import KafkaError
 from hutch.core import counters, phases
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.eventlog.base import EventLog, GroupMember, LogCapabilities
-from hutch.core.events import Event
+from hutch.core.events import Encoded, Event
 from hutch.eventlog.kafka_groups import consume_group
 from hutch.eventlog.kafka_index import Indexer, Progress, last_progress
 from hutch.eventlog.kafka_records import (
@@ -306,15 +306,17 @@ class KafkaEventLog(EventLog):
 
     # ---------------------------------------------------------------- append
 
-    async def append(self, events: Sequence[Event]) -> list[int]:
+    async def append(self, events: Sequence[Event | Encoded]) -> list[int]:
         if not events:
             return []
         if not self.writer:
             raise LogUnavailable("this Kafka event log was opened read-only")
         if self._closed:
             raise LogUnavailable("the Kafka event log is not started")
-        # Encoded once, here: the size check and the Produce (and a resend) use the same bytes.
-        records: list[Record] = [(e.sandbox_id.encode(), record_bytes(e), ()) for e in events]
+        # Encoded once (by the recorder, or here): the size check and the Produce (and a resend)
+        # use the same bytes.
+        plain = [e.event if isinstance(e, Encoded) else e for e in events]
+        records: list[Record] = [(e.sandbox_id.encode(), record_bytes(x), ()) for e, x in zip(plain, events, strict=True)]
         size = sum(len(key) + len(value) + RECORD_OVERHEAD for key, value, _ in records)
         if size > MAX_APPEND_BYTES:
             raise InvalidInput(f"an append of {len(events)} event(s) takes {size} bytes; "
@@ -322,7 +324,7 @@ class KafkaEventLog(EventLog):
         counters.count("hutch_eventlog_appends_total")
         counters.count("hutch_eventlog_append_events_total", len(events))
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._pending.append((events, records, size, fut))
+        self._pending.append((plain, records, size, fut))
         self._dispatch()
         return await fut
 

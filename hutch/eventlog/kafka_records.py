@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 
 from hutch.core.errors import InvalidInput
-from hutch.core.events import Event, decode_or_unreadable, encode
+from hutch.core.events import Encoded, Event, decode_or_unreadable, encode
 
 DEFAULT_PARTITIONS = 6
 MAX_EVENT_BYTES = 8 * 2**20
@@ -90,7 +90,9 @@ def pack_batches(producer: AIOKafkaProducer, records: list[Record]) -> list[tupl
     return out
 
 
-def record_bytes(event: Event) -> bytes:
+def record_bytes(event: Event | Encoded) -> bytes:
+    if isinstance(event, Encoded):  # the recorder's record: not encoded again
+        return event.record.encode()
     return json.dumps(encode(event), separators=(",", ":")).encode()
 
 

@@ -31,7 +31,7 @@ import attrs
 from hutch.core import counters, phases
 from hutch.core.errors import LogUnavailable
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event, decode_or_unreadable, encode
+from hutch.core.events import Encoded, Event, decode_or_unreadable, encode
 
 T = TypeVar("T")
 
@@ -63,13 +63,24 @@ def _insert_sql(rows: int) -> str:
     return "INSERT INTO events (event_id, sandbox_id, type, record) VALUES " + ",".join(["(?,?,?,?)"] * rows)
 
 
-def _row(ev: Event) -> tuple[str, str, str, str]:
-    return ev.event_id, ev.sandbox_id, ev.type, json.dumps(encode(ev), separators=(",", ":"))
+def _row(item: Event | Encoded) -> tuple[str, str, str, str]:
+    if isinstance(item, Encoded):  # the recorder's bytes: not encoded again
+        ev = item.event
+        return ev.event_id, ev.sandbox_id, ev.type, item.record
+    return item.event_id, item.sandbox_id, item.type, json.dumps(encode(item), separators=(",", ":"))
+
+
+def _appended(item: Event | Encoded, position: int) -> Event:
+    """The event as this process's subscribers get it: with its record's size when it came
+    encoded (the projections' folds count it: ``core.events.recorded_size``)."""
+    if isinstance(item, Encoded):
+        return attrs.evolve(item.event, position=position, size=item.size)
+    return attrs.evolve(item, position=position)
 
 
 @attrs.define(slots=True)
 class _Append:
-    events: Sequence[Event]
+    events: Sequence[Event | Encoded]
     fut: asyncio.Future[list[int]]
 
 
@@ -252,7 +263,7 @@ class SqliteEventLog(EventLog):
                 positions = list(range(position, position + len(job.events)))
                 position += len(job.events)
                 if self._live:
-                    appended += [attrs.evolve(e, position=p) for e, p in zip(job.events, positions, strict=True)]
+                    appended += [_appended(e, p) for e, p in zip(job.events, positions, strict=True)]
                 if not job.fut.done():
                     job.fut.set_result(positions)
             self._last = position - 1
@@ -261,7 +272,7 @@ class SqliteEventLog(EventLog):
 
     # ---------------------------------------------------------------- append
 
-    async def append(self, events: Sequence[Event]) -> list[int]:
+    async def append(self, events: Sequence[Event | Encoded]) -> list[int]:
         if not events:
             return []
         counters.count("hutch_eventlog_appends_total")

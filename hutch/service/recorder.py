@@ -28,13 +28,13 @@ from hutch.core import ids, phases, snapshots
 from hutch.core.errors import InvalidInput, ProjectionUnavailable
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import (
+    Encoded,
     Event,
     EventData,
     SandboxCreated,
     SnapshotCreated,
     decode,
-    encode,
-    recorded_size,
+    encoded,
 )
 from hutch.core.lifecycle import ChangeEnv, Command, Create, StartExecution, decide, decide_in_turn
 from hutch.core.models import SandboxState
@@ -51,6 +51,20 @@ def now_iso() -> str:
 
 def iso(moment: dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _checked(event: Event) -> Encoded:
+    """``event`` encoded as the log will write it, once it reads back as itself: an event
+    the projector cannot read back would wedge every reader of the log, so it is refused
+    before it is written. The log, and the quota's size, take these same bytes."""
+    try:
+        record = encoded(event)
+        same = decode(json.loads(record.record)) == event
+    except Exception as err:  # unencodable (bytes, an object) or unreadable: the same refusal
+        raise InvalidInput(f"{event.type}: event does not survive serialisation ({err}); refusing to log it") from err
+    if not same:
+        raise InvalidInput(f"{event.type}: event does not survive serialisation; refusing to log it")
+    return record
 
 
 class Recorder:
@@ -161,16 +175,12 @@ class Recorder:
         org, project = await self._owner(stream, payloads[0])
         events = [Event(ids.new_id("event"), stream, at, p, org=org, project=project) for p in payloads]
         with phases.span("record: round-trip check"):
-            for e in events:
-                # An event the projector cannot read back would wedge every reader of the log:
-                # refuse it here, before it is written.
-                if decode(json.loads(json.dumps(encode(e)))) != e:
-                    raise InvalidInput(f"{e.type}: event does not survive serialisation; refusing to log it")
+            records = [_checked(e) for e in events]
         if metered is not False and self.meter is not None and org is not None:
             with phases.span("record: quota meter"):
-                await self.meter(org, sum(recorded_size(e) for e in events), bool(metered))
+                await self.meter(org, sum(r.size for r in records), bool(metered))
         t0 = phases.start()
-        positions = await self._log.append(events)
+        positions = await self._log.append(records)
         phases.end("record: append" + what, t0)
         if durable is not None and events:
             durable(positions[-1])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hutch.core import counters
+from hutch.core import counters, lifecycle
 from hutch.core.errors import (
     IllegalTransition,
     InvalidInput,
@@ -93,6 +95,70 @@ async def test_an_event_that_does_not_survive_a_round_trip_is_refused(parts: Par
     with pytest.raises(InvalidInput, match="does not survive serialisation"):
         await recorder.record("org_acme", lambda: [odd])
     assert await event_log.last_position() == 0
+
+
+async def test_an_event_that_cannot_be_encoded_is_refused_by_name(parts: Parts) -> None:
+    """JSON has no bytes: the encoding's TypeError was a 500; it is the same refusal."""
+    recorder, _, event_log = parts
+    odd = SandboxEnvChanged(set={"A": b"1"})  # type: ignore[dict-item]
+    with pytest.raises(InvalidInput, match="env: event does not survive serialisation"):
+        await recorder.record("org_acme", lambda: [odd])
+    assert await event_log.last_position() == 0
+
+
+def _event_dumps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The event ids of every event record JSON-encoded from now on, one per encoding."""
+    seen: list[str] = []
+    dumps = json.dumps
+
+    def counting(obj: Any, *args: Any, **kwargs: Any) -> str:
+        if isinstance(obj, dict) and "eventId" in obj:
+            seen.append(obj["eventId"])
+        return dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counting)
+    return seen
+
+
+async def test_each_event_is_encoded_once_for_the_check_the_quota_and_the_log(
+        parts: Parts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: the round-trip check, the quota's size and the log's write were three
+    encodings of every event on the request path; they share one. The log is handed the
+    records (``Encoded``) and writes those bytes; the quota is told their length."""
+    recorder, reads, event_log = parts
+    metered: list[int] = []
+
+    async def meter(org: str, size: int, refuse: bool) -> None:
+        metered.append(size)
+
+    recorder.meter = meter
+    handed: list[Sequence[object]] = []
+    append = event_log.append
+
+    async def spying(events: Sequence[Any]) -> list[int]:
+        handed.append(list(events))
+        return await append(events)
+
+    monkeypatch.setattr(event_log, "append", spying)
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt", org_id="org_acme", mode=Mode.ONESHOT)
+    seen = _event_dumps(monkeypatch)
+    events = await recorder.command_many("sbx_1", [Create(spec=spec), Start(), StartExecution("exe_1", ("true",))],
+                                         minted=True)
+    ids = [e.event_id for e in events]
+    # It was five times each: the check, the quota, the log, and the folds of the store and of
+    # Reads' own copy (each counts a sandbox's bytes in the log: SandboxState.log_bytes).
+    assert sorted(seen) == sorted(ids)
+    [records] = handed
+    assert [type(r).__name__ for r in records] == ["Encoded"] * 3  # core.events.Encoded
+    assert metered == [sum(len(r.record) for r in records)]  # type: ignore[attr-defined]
+    stored = await event_log.read(0)
+    size = sum(len(r.record) for r in records)  # type: ignore[attr-defined]
+    assert (await reads.require("sbx_1")).log_bytes == size == sum(lifecycle.recorded_size(e) for e in stored)
+    assert (await reads.store.get_sandbox("sbx_1")).log_bytes == size  # type: ignore[union-attr]
+    assert [e.event_id for e in stored] == ids
+    seen.clear()
+    await recorder.record("org_acme", lambda: [SandboxEnvChanged(set={"A": "1"})])
+    assert len(seen) == 1  # unmetered: it was two, the check's and the log's
 
 
 async def test_snapshot_commands_are_decided_in_core(parts: Parts) -> None:

@@ -7,12 +7,13 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import attrs
 import pytest
 
 from hutch.core import ids
 from hutch.core.errors import NotSupported
 from hutch.core.eventlog.base import EventLog, LogCapabilities
-from hutch.core.events import Event, ExecutionStarted, SandboxStarted
+from hutch.core.events import Event, ExecutionStarted, SandboxStarted, encoded
 from hutch.service.composition import open_event_log
 from tests.services import drop_topics, kafka_url
 
@@ -120,6 +121,23 @@ async def test_read_after_position_per_sandbox_limit_and_reverse(event_log: Even
     assert len(await event_log.read(limit=2)) == 2
     rev = await event_log.read(sandbox_id="sbx_b", reverse=True, limit=2)
     assert [exec_id(e) for e in rev] == ["exec_5", "exec_3"]
+
+
+async def test_encoded_events_are_appended_as_their_records(event_log: EventLog) -> None:
+    """The recorder hands the log each event with its record (``core.events.Encoded``), so
+    that its check, the quota and the log use one encoding; bare events may sit beside them."""
+    given = [ev("sbx_a", 1), ev("sbx_b", 2), ev("sbx_a", 3)]
+    positions = await event_log.append([encoded(given[0]), given[1], encoded(given[2])])
+    back = await event_log.read()
+    assert [e.position for e in back] == positions
+    assert back == [attrs.evolve(e, position=p) for e, p in zip(given, positions, strict=True)]
+    seen: list[Event] = []
+    async with asyncio.timeout(30):
+        async for e in event_log.subscribe(0):
+            seen.append(e)
+            if len(seen) == 3:
+                break
+    assert seen == back
 
 
 async def test_payload_round_trips(event_log: EventLog) -> None:

@@ -15,7 +15,7 @@ from typing import ClassVar, Protocol
 import attrs
 
 from hutch.core.errors import NotSupported
-from hutch.core.events import Event
+from hutch.core.events import Encoded, Event
 
 
 @attrs.frozen
@@ -57,10 +57,12 @@ class EventLog(abc.ABC):
         """Flush and release everything."""
 
     @abc.abstractmethod
-    async def append(self, events: Sequence[Event]) -> list[int]:
+    async def append(self, events: Sequence[Event | Encoded]) -> list[int]:
         """Append atomically and durably; returns the positions given, in order.
 
-        Returning means the events survive a kill -9 or power loss of this process.
+        Returning means the events survive a kill -9 or power loss of this process. An
+        ``Encoded`` event is written as its ``record`` (the recorder's, checked already);
+        a bare ``Event`` is encoded by the log.
         """
 
     @abc.abstractmethod
