@@ -18,7 +18,6 @@ from hutch.core.errors import DriverFailure, NotSupported
 from hutch.drivers.local import portconnect
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.local.helper import start_time
-from hutch.drivers.node.driver import NodeDriver
 from hutch.drivers.nomad.driver import NomadDriver
 
 _INSIDE = """
@@ -76,7 +75,7 @@ async def test_a_pid_that_is_not_the_sandboxs_init_is_refused(namespace: tuple[s
         await portconnect.connect("sbx_test", proc.pid, started + 1, port)
 
 
-@pytest.mark.parametrize(("driver", "name"), [(NomadDriver, "nomad"), (NodeDriver, "node")])
+@pytest.mark.parametrize(("driver", "name"), [(NomadDriver, "nomad")])
 async def test_drivers_that_reach_one_port_name_themselves(driver: type, name: str) -> None:
     with pytest.raises(NotSupported, match=f"driver {name} reaches only the port a sandbox declared at create "
                                            r"\(network.port\), not port 8000 of sandbox sbx_x"):

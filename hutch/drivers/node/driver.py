@@ -16,6 +16,7 @@ import base64
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -736,9 +737,12 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
         await self._owner(sandbox_id)
         return await self._tunnels.target(sandbox_id)
 
-    async def _tunnel(self, sandbox_id: str) -> aiohttp.ClientWebSocketResponse:
+    async def port_connect(self, sandbox_id: str, port: int) -> socket.socket:
+        return await self._tunnels.connect(sandbox_id, port)
+
+    async def _tunnel(self, sandbox_id: str, port: int | None) -> aiohttp.ClientWebSocketResponse:
         agent = await self._owner(sandbox_id)
-        return await agent.websocket(agent.path("sandboxes", sandbox_id, "port"))
+        return await agent.websocket(agent.path("sandboxes", sandbox_id, "port", port=port))
 
     # -- metrics ---------------------------------------------------------------
 

@@ -1,20 +1,31 @@
 """A sandbox's exposed port, as the API's reverse proxy wants it: a (host, port) it can
 connect to. The port itself is on the agent's machine (a host-only veth), so the driver
 listens on this host's loopback, one listener per sandbox, and carries each connection to the
-agent in a signed websocket (hutch/node/ports.py splices it to the port)."""
+agent in a signed websocket (hutch/node/ports.py splices it to the port).
+
+Any other port its processes listen on (``connect``, E2B's hosts) is one end of a socketpair
+whose other end this driver pumps over such a websocket, opened with ``?port=N``: the agent
+connects inside the sandbox's network namespace and says first whether it could."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import json
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from hutch.core.errors import DriverFailure, from_wire
+
 log = logging.getLogger(__name__)
 
-Opener = Callable[[str], Awaitable[aiohttp.ClientWebSocketResponse]]
+Opener = Callable[[str, "int | None"], Awaitable[aiohttp.ClientWebSocketResponse]]
+OPENED_WITHIN = 30.0  # seconds for the agent's first answer (its connect inside the sandbox)
 
 
 class PortTunnels:
@@ -22,6 +33,7 @@ class PortTunnels:
         self._open = open_tunnel
         self._servers: dict[str, asyncio.Server] = {}
         self._lock = asyncio.Lock()
+        self._pumps: set[asyncio.Task[None]] = set()
 
     async def target(self, sandbox_id: str) -> tuple[str, int]:
         async with self._lock:
@@ -33,31 +45,35 @@ class PortTunnels:
 
     async def _carry(self, sandbox_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            ws = await self._open(sandbox_id)
+            ws = await self._open(sandbox_id, None)
         except Exception as err:  # the proxy sees a closed connection and answers 502 itself
             log.warning("sandbox %s: no tunnel to its port: %s", sandbox_id, err)
             writer.close()
             return
+        await _splice(ws, reader, writer)
 
-        async def up() -> None:
-            while data := await reader.read(64 << 10):
-                await ws.send_bytes(data)
-            await ws.close()
-
-        pump = asyncio.ensure_future(up())
+    async def connect(self, sandbox_id: str, port: int) -> socket.socket:
+        """A socket connected to ``port`` on the sandbox's loopback, on its agent's node
+        (ConnectionRefusedError when nothing listens there)."""
+        ws = await self._open(sandbox_id, port)
         try:
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.BINARY:
-                    writer.write(msg.data)
-                    await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            pump.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await pump
+            await _opened(ws, sandbox_id, port)
+            mine, theirs = socket.socketpair()
+        except BaseException:
             await ws.close()
-            writer.close()
+            raise
+        try:
+            reader, writer = await asyncio.open_connection(sock=theirs)
+        except BaseException:
+            mine.close()
+            theirs.close()
+            await ws.close()
+            raise
+        pump = asyncio.ensure_future(_splice(ws, reader, writer))
+        self._pumps.add(pump)
+        pump.add_done_callback(self._pumps.discard)
+        mine.setblocking(False)
+        return mine
 
     async def drop(self, sandbox_id: str) -> None:
         server = self._servers.pop(sandbox_id, None)
@@ -67,3 +83,46 @@ class PortTunnels:
     async def close(self) -> None:
         for sid in list(self._servers):
             await self.drop(sid)
+        for pump in list(self._pumps):
+            pump.cancel()
+        for pump in list(self._pumps):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await pump
+
+
+async def _opened(ws: aiohttp.ClientWebSocketResponse, sandbox_id: str, port: int) -> None:
+    first = await ws.receive(timeout=OPENED_WITHIN)
+    if first.type != aiohttp.WSMsgType.TEXT:
+        raise DriverFailure(f"sandbox {sandbox_id}: its agent did not say whether port {port} answers")
+    answer = json.loads(first.data)
+    if answer.get("opened") is True:
+        return
+    if "refused" in answer:
+        code = int(answer["refused"]) or errno.ECONNREFUSED
+        raise OSError(code, f"port {port} of sandbox {sandbox_id}: {answer.get('message') or os.strerror(code)}")
+    if "error" in answer:
+        raise from_wire(int(answer.get("status", 500)), answer["error"])
+    raise DriverFailure(f"sandbox {sandbox_id}: its agent answered {answer!r} for port {port}")
+
+
+async def _splice(ws: aiohttp.ClientWebSocketResponse, reader: asyncio.StreamReader,
+                  writer: asyncio.StreamWriter) -> None:
+    async def up() -> None:
+        while data := await reader.read(64 << 10):
+            await ws.send_bytes(data)
+        await ws.close()
+
+    pump = asyncio.ensure_future(up())
+    try:
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                writer.write(msg.data)
+                await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        pump.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await pump
+        await ws.close()
+        writer.close()
