@@ -89,7 +89,7 @@ def test_the_metadata_splits_client_and_server_dependencies(dists: tuple[Path, P
     plain = sorted(r.split(">")[0].split(";")[0].strip() for r in requires if "extra ==" not in r)
     server = sorted(r.split(">")[0].split(";")[0].strip() for r in requires if "extra == \"server\"" in r)
     assert plain == ["aiohttp", "attrs", "cattrs", "pyyaml"]
-    assert server == ["aiokafka", "asyncpg", "asyncssh", "python-nomad"]
+    assert server == ["aiokafka", "asyncpg", "asyncssh", "cryptography", "python-nomad"]
     assert "server" in (meta.get_all("Provides-Extra") or [])
     # `hutch mcp`'s SDK (and its starlette and uvicorn) only with the mcp extra
     assert [r.split(";")[0].strip() for r in requires if "extra == \"mcp\"" in r] == ["mcp<3,>=2.3"]
