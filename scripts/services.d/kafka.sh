@@ -123,7 +123,10 @@ log.retention.hours=-1
 PROPS
   if [[ ! -f "$DIR/data/meta.properties" ]]; then
     local cluster_id
-    cluster_id=$(python3 -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    # Not starting with "-", as Kafka's own random-uuid: the tool's parser reads "-P5…" as an option.
+    cluster_id=$(python3 -c 'import base64,uuid
+while (i := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"): pass
+print(i)')
     say "formatting storage in $DIR/data (cluster $cluster_id)"
     "${JAVA[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$DIR/server.properties" >>"$DIR/logs/format.log" 2>&1 \
       || { cat "$DIR/logs/format.log" >&2; exit 1; }
