@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from hutch.service.engine import Engine
+from tests import source_ast
 
 API = Path(__file__).resolve().parents[2] / "hutch" / "api"
 SERVICE = API.parent / "service"
@@ -40,7 +41,7 @@ def _names_the_engine(path: Path) -> list[str]:
     """Lines of ``path`` that import hutch.service.engine (at run time or for type checking)
     or reach into an engine's parts."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(source_ast.parse(path)):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:

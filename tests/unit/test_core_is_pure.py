@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests import source_ast
+
 CORE = Path(__file__).resolve().parents[2] / "hutch" / "core"
 # Modules whose use is I/O (``os`` stays allowed: ``core.paths`` reads the environment,
 # ``core.ids`` draws random bytes).
@@ -28,7 +30,7 @@ def _imports(tree: ast.AST) -> set[str]:
 def test_core_imports_nothing_that_does_io_and_opens_no_file() -> None:
     found = []
     for path in sorted(CORE.rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = source_ast.parse(path)
         for name in _imports(tree):
             if any(name == m or name.startswith(m + ".") for m in IO_MODULES):
                 found.append(f"{path.relative_to(CORE.parent)} imports {name}")

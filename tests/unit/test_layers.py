@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import source_ast
+
 HUTCH = Path(__file__).resolve().parents[2] / "hutch"
 
 
@@ -23,7 +25,7 @@ def test_every_hutch_import_names_a_real_file_without_following_links() -> None:
     for path in HUTCH.rglob("*.py"):
         if any(part.is_symlink() for part in [path, *path.parents] if HUTCH in [*part.parents, part]):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(source_ast.parse(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
             for name in names:

@@ -10,6 +10,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from tests import source_ast
+
 HUTCH = Path(__file__).resolve().parents[2] / "hutch"
 
 
@@ -19,7 +21,7 @@ def _public_classes() -> dict[str, list[str]]:
         rel = path.relative_to(HUTCH.parent)
         if any(part.startswith("_") and part != "__init__.py" for part in rel.parts):
             continue
-        for node in ast.parse(path.read_text(), str(path)).body:
+        for node in source_ast.parse(path).body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 found[node.name].append(str(rel))
     return found
