@@ -6,40 +6,23 @@ is asked where a sandbox is). Placement (placement.py) uses
 the nodes' capacity, refreshed every second, minus this driver's own reservations, and is
 decided in ``reserve``, before the engine records the sandbox: a cluster with no room answers
 503 and records nothing. The agents prove themselves at start (hello) and their certificates
-and instances are pinned (client.py); what is not done yet is in docs/node.md.
+and instances are pinned (client.py). What is only forwarded to the sandbox's agent (commands,
+files, terminals, ports, ...) is in calls.py; what is not done yet is in docs/node.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
-import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 
-import aiohttp
 import attrs
 
-from hutch.core import phases
-from hutch.core.driver_types import (
-    Capabilities,
-    DirWatch,
-    ExecRequest,
-    ExecResult,
-    FileInfo,
-    FileWrite,
-    Metric,
-    NodeInfo,
-    OutputSink,
-    ProvisionRequest,
-    PtySession,
-    TerminalRequest,
-    Usage,
-)
+from hutch.core.driver_types import Capabilities, Metric, NodeInfo, ProvisionRequest, Usage
 from hutch.core.errors import (
     DriverFailure,
     HutchError,
@@ -53,18 +36,16 @@ from hutch.core.serde import converter
 from hutch.drivers import roles
 from hutch.drivers.base import Driver
 from hutch.drivers.node import placement, wire
+from hutch.drivers.node.calls import AgentCalls
 from hutch.drivers.node.client import AgentClient, AgentUnreachable
 from hutch.drivers.node.directory import AgentDirectory
 from hutch.drivers.node.ports import PortTunnels
-from hutch.drivers.node.terminal import NodeTerminal
-from hutch.drivers.node.watch import NodeDirWatch
 
 log = logging.getLogger(__name__)
 
 REFRESH = 1.0  # seconds between capacity reads of every agent
 RESERVATION = 30.0  # seconds a placement holds room for its provision
 MOVED_TREE = "."  # what a move carries: the workspace (HOME), as snapshots do
-INLINE_STDIN = 64 << 10  # stdin up to this travels in the exec request; more is streamed
 READ_TIMEOUT = 5.0  # seconds for each read of the refresh (hello, capacity, ends, runtimes)
 # An agent silent this long is lost: its sandboxes are failed (within LOST_AFTER + REFRESH
 # + 1 s, under the 15 s the issue allows).
@@ -73,7 +54,8 @@ LOST_AFTER = 8.0
 NOT_OFFERED = "is not offered for placement (drained, ineligible or down)"
 
 
-class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer,
+# AgentCalls first: its methods are what the roles below leave abstract.
+class NodeDriver(AgentCalls, roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata, roles.TreeTransfer,
                  roles.Checkpointing, roles.Pausing, roles.Terminals, roles.PortForwarding, roles.NetworkRules,
                  roles.UsageReporting, roles.Adoption, roles.NodeFleet, Driver):
     name = "node"
@@ -566,184 +548,6 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
                 return dict(built[name])
         return {}
 
-    # -- commands --------------------------------------------------------------
-
-    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
-        agent = await self._owner(req.sandbox_id)
-        body: dict[str, object] = {"execution_id": req.execution_id, "argv": list(req.argv), "env": dict(req.env),
-                                   "cwd": req.cwd, "timeout": req.timeout}
-        stdin = req.stdin
-        feeder: asyncio.Task[object] | None = None
-        if isinstance(stdin, bytes) and len(stdin) <= INLINE_STDIN:
-            body["stdin"] = base64.b64encode(stdin).decode()
-        elif stdin is not None:
-            body["stdin"] = "attach"
-            chunks = _one(stdin) if isinstance(stdin, bytes) else stdin
-            feeder = asyncio.create_task(agent.upload("PUT", agent.path("executions", req.execution_id, "stdin"), chunks))
-        self._running[req.execution_id] = agent.name
-        reader = wire.FrameReader()
-        t0 = phases.start()
-        try:
-            async for data in agent.stream("POST", agent.path("sandboxes", req.sandbox_id, "exec"), body):
-                for kind, payload in reader.feed(data):
-                    if kind == wire.STDOUT:
-                        sink.write("stdout", payload)
-                    elif kind == wire.STDERR:
-                        sink.write("stderr", payload)
-                    elif kind == wire.RESULT:
-                        phases.end("node hop: exec, its request to its result frame", t0)
-                        return converter.structure(json.loads(payload), ExecResult)
-                    else:
-                        answer = json.loads(payload)
-                        raise from_wire(int(answer.pop("status", 500)), answer)
-        except ValueError as err:
-            raise DriverFailure(f"node agent {agent.name} sent a broken answer while the command ran: {err}") from err
-        finally:
-            self._running.pop(req.execution_id, None)
-            if feeder is not None:
-                if not feeder.done():
-                    feeder.cancel()
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await feeder
-        raise DriverFailure(f"node agent {agent.name} stopped answering while the command ran")
-
-    async def cancel(self, execution_id: str) -> None:
-        node = self._running.get(execution_id)
-        if node is not None:  # unknown or finished: a no-op, as on the local driver
-            agent = self._agents[node]
-            await agent.json("POST", agent.path("executions", execution_id, "cancel"))
-
-    async def signal(self, execution_id: str, signum: int) -> None:
-        node = self._running.get(execution_id)
-        if node is not None:
-            agent = self._agents[node]
-            await agent.json("POST", agent.path("executions", execution_id, "signal"), {"signum": signum})
-
-    # -- files -----------------------------------------------------------------
-
-    async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
-        agent = await self._owner(sandbox_id)
-        body = {"files": [{"path": f.path, "content": base64.b64encode(f.content).decode(), "mode": f.mode}
-                          for f in files]}
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "files"), body)
-
-    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
-        agent = await self._owner(sandbox_id)
-        async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "file", path=path)):
-            yield chunk
-
-    async def write_file(
-        self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644, parents: bool = True
-    ) -> int:
-        agent = await self._owner(sandbox_id)
-        answer = await agent.upload("PUT", agent.path("sandboxes", sandbox_id, "file", path=path, mode=mode,
-                                                      parents="1" if parents else "0"), chunks)
-        return int(answer["written"])
-
-    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        agent = await self._owner(sandbox_id)
-        answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "list", path=path))
-        return [converter.structure(e, FileInfo) for e in answer["entries"]]
-
-    async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "mkdir"), {"path": path, "parents": parents})
-
-    async def remove(self, sandbox_id: str, path: str, *, directory: bool, recursive: bool) -> bool:
-        agent = await self._owner(sandbox_id)
-        answer = await agent.json("POST", agent.path("sandboxes", sandbox_id, "remove"),
-                                  {"path": path, "directory": directory, "recursive": recursive})
-        return bool(answer["existed"])
-
-    async def symlink(self, sandbox_id: str, path: str, target: str) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "symlink"), {"path": path, "target": target})
-
-    async def rename(self, sandbox_id: str, source: str, destination: str) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "rename"),
-                         {"source": source, "destination": destination})
-
-    async def set_metadata(self, sandbox_id: str, path: str, metadata: dict[str, str]) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "metadata"), {"path": path, "metadata": metadata})
-
-    async def export_tar(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
-        agent = await self._owner(sandbox_id)
-        async for chunk in agent.stream("GET", agent.path("sandboxes", sandbox_id, "tar", path=path)):
-            yield chunk
-
-    async def import_tar(self, sandbox_id: str, dest: str, archive: AsyncIterable[bytes], *, gzipped: bool) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.upload("PUT", agent.path("sandboxes", sandbox_id, "tar", dest=dest, gzip="1" if gzipped else "0"),
-                           archive)
-
-    # -- checkpoints, pause, usage ---------------------------------------------
-
-    async def checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id))
-
-    async def restore(self, sandbox_id: str, checkpoint_id: str) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id, "restore"))
-
-    async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("DELETE", agent.path("sandboxes", sandbox_id, "checkpoints", checkpoint_id))
-
-    async def checkpoint_sizes(self, sandbox_id: str) -> dict[str, int]:
-        agent = await self._owner(sandbox_id)
-        answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "checkpoints"))
-        return {str(k): int(v) for k, v in answer.items()}
-
-    async def pause(self, sandbox_id: str) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "pause"))
-
-    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
-                             deny: tuple[str, ...]) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("PUT", agent.path("sandboxes", sandbox_id, "network"),
-                         {"enabled": enabled, "allow": list(allow), "deny": list(deny)})
-
-    async def resume(self, sandbox_id: str) -> None:
-        agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "resume"))
-
-    async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
-        try:
-            agent = await self._owner(sandbox_id)
-            answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "usage", disk=1 if disk else None),
-                                      timeout=2)
-        except HutchError:  # stats are best effort, as the nomad driver's
-            return Usage()
-        return converter.structure(answer, Usage)
-
-    # -- terminals and ports ---------------------------------------------------
-
-    async def open_terminal(self, req: TerminalRequest) -> PtySession:
-        agent = await self._owner(req.sandbox_id)
-        ws = await agent.websocket(agent.path("sandboxes", req.sandbox_id, "terminal"))
-        return await NodeTerminal.open(ws, agent.name, {"argv": list(req.argv), "env": dict(req.env), "cwd": req.cwd,
-                                                        "rows": req.rows, "cols": req.cols})
-
-    async def watch_dir(self, sandbox_id: str, path: str, *, recursive: bool) -> DirWatch:
-        agent = await self._owner(sandbox_id)
-        ws = await agent.websocket(agent.path("sandboxes", sandbox_id, "watch"))
-        return await NodeDirWatch.open(ws, agent.name, path, recursive)
-
-    async def port_target(self, sandbox_id: str) -> tuple[str, int]:
-        await self._owner(sandbox_id)
-        return await self._tunnels.target(sandbox_id)
-
-    async def port_connect(self, sandbox_id: str, port: int) -> socket.socket:
-        return await self._tunnels.connect(sandbox_id, port)
-
-    async def _tunnel(self, sandbox_id: str, port: int | None) -> aiohttp.ClientWebSocketResponse:
-        agent = await self._owner(sandbox_id)
-        return await agent.websocket(agent.path("sandboxes", sandbox_id, "port", port=port))
-
     # -- metrics ---------------------------------------------------------------
 
     def metrics(self) -> list[Metric]:
@@ -784,10 +588,6 @@ class NodeDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadata
             return True
         return False
 
-
-async def _one(data: bytes) -> AsyncIterator[bytes]:
-    for i in range(0, len(data), INLINE_STDIN):
-        yield data[i:i + INLINE_STDIN]
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
