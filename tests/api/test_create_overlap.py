@@ -14,7 +14,7 @@ import pytest
 
 from hutch.api.keys import ENGINE
 from hutch.core.errors import QuotaExceeded
-from hutch.core.events import Event
+from hutch.core.events import Encoded, Event
 from hutch.drivers.base import ProvisionRequest
 from tests.api.conftest import Api
 
@@ -26,8 +26,8 @@ def watch(api: Api, monkeypatch: pytest.MonkeyPatch, *, slow_create: float = 0.0
     append, provision = log.append, lifecycle.provision
     seen: list[str] = []
 
-    async def slow_append(events: Sequence[Event]) -> list[int]:
-        kinds = "+".join(e.type for e in events)
+    async def slow_append(events: Sequence[Event | Encoded]) -> list[int]:
+        kinds = "+".join((e.event if isinstance(e, Encoded) else e).type for e in events)  # the recorder's are encoded
         seen.append("append " + kinds)
         if kinds.startswith("create"):
             await asyncio.sleep(slow_create)
