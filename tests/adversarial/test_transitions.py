@@ -52,6 +52,32 @@ async def _until_refused(world: World, secret: str) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _sent_across_revocation(world: World, key_id: str, secret: str, method: str, path: str, data: bytes, *,
+                                  split: int, content_type: str, settle: float = 0.0) -> tuple[int, bytes]:
+    """Sends ``data`` with ``secret``'s key, its first ``split`` bytes at once and the rest only
+    once the key is revoked and refused; (status, answer) of the request."""
+    sent_first, go_on = asyncio.Event(), asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield data[:split]
+        sent_first.set()
+        await go_on.wait()
+        yield data[split:]
+
+    async with aiohttp.ClientSession() as http:
+        request = asyncio.ensure_future(http.request(method, world.url + path, data=body(), headers={
+            "Authorization": f"Bearer {secret}", "Content-Type": content_type}))
+        await sent_first.wait()
+        await asyncio.sleep(settle)
+        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
+        await _until_refused(world, secret)
+        go_on.set()
+        resp = await request
+        status, answer = resp.status, await resp.read()
+        resp.close()
+    return status, answer
+
+
 def _exists(world: World, sid: str, path: str) -> bool:
     code, out, err = world.run("beta_admin", sid, f"test -e {path} && echo yes || echo no")
     assert code == 0, (out, err)
@@ -223,26 +249,8 @@ async def test_an_archive_upload_finished_after_its_key_s_revocation_lands_nothi
         info = tarfile.TarInfo("landed-after-revocation")
         info.size = 5
         tar.addfile(info, io.BytesIO(b"hello"))
-    archive = buf.getvalue()
-    sent_first = asyncio.Event()
-    go_on = asyncio.Event()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield archive[:10]
-        sent_first.set()
-        await go_on.wait()
-        yield archive[10:]
-
-    async with aiohttp.ClientSession() as http:
-        upload = asyncio.ensure_future(http.post(f"{world.url}/fs/upload/{sid}?path=/tmp&format=tar.gz", data=body(),
-                                                 headers={"Authorization": f"Bearer {secret}"}))
-        await sent_first.wait()
-        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
-        await _until_refused(world, secret)
-        go_on.set()
-        resp = await upload
-        status = resp.status
-        resp.close()
+    status, _ = await _sent_across_revocation(world, key_id, secret, "POST", f"/fs/upload/{sid}?path=/tmp&format=tar.gz",
+                                              buf.getvalue(), split=10, content_type="application/gzip")
     assert status == 401, status
     assert not _exists(world, sid, "/tmp/landed-after-revocation")
 
@@ -260,25 +268,10 @@ async def test_a_json_body_finished_after_its_key_s_revocation_does_nothing(worl
     path = path.format(sid=sid)
     payload = json.dumps({"role": "admin", "name": "comeback"} if path == "/keys" else
                          {"command": ["touch", "/tmp/json-after-revocation"]}).encode()
-    sent_first, go_on = asyncio.Event(), asyncio.Event()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield payload[:5]
-        sent_first.set()
-        await go_on.wait()
-        yield payload[5:]
-
-    async with aiohttp.ClientSession() as http:
-        request = asyncio.ensure_future(http.request(method, world.url + path, data=body(), headers={
-            "Authorization": f"Bearer {secret}", "Content-Type": "application/json"}))
-        await sent_first.wait()
-        await asyncio.sleep(0.5)  # the headers are in: authenticated
-        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
-        await _until_refused(world, secret)
-        go_on.set()
-        resp = await request
-        status, answer = resp.status, await resp.json()
-        resp.close()
+    status, raw = await _sent_across_revocation(world, key_id, secret, method, path, payload, split=5,
+                                                content_type="application/json",
+                                                settle=0.5)  # the headers are in: authenticated
+    answer = json.loads(raw)
     assert status == 401, (status, answer)
     assert "revoked" in answer["message"], answer
     assert not [k for k in world.data("beta_admin", "GET", "/keys")["keys"] if k.get("name") == "comeback"]
@@ -327,26 +320,10 @@ async def test_a_snapshot_upload_stores_nothing_sent_after_its_key_s_revocation(
     build was refused (401) by then."""
     key_id, secret = _leaver(world)
     build = world.data(secret, "POST", "/sandbox/snapshots/build", {"runtime": "base:latest", "name": "slow"})
-    archive = gzip.compress(b"\0" * 1024)
-    sent_first, go_on = asyncio.Event(), asyncio.Event()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield archive[:10]
-        sent_first.set()
-        await go_on.wait()
-        yield archive[10:]
-
-    async with aiohttp.ClientSession() as http:
-        upload = asyncio.ensure_future(http.put(f"{world.url}/sandbox/snapshots/{build['snapshotId']}/upload",
-                                                data=body(), headers={"Authorization": f"Bearer {secret}",
-                                                                      "Content-Type": "application/gzip"}))
-        await sent_first.wait()
-        world.data("beta_admin", "DELETE", f"/keys/{key_id}")
-        await _until_refused(world, secret)
-        go_on.set()
-        resp = await upload
-        status, answer = resp.status, await resp.json()
-        resp.close()
+    status, answer = await _sent_across_revocation(world, key_id, secret, "PUT",
+                                                   f"/sandbox/snapshots/{build['snapshotId']}/upload",
+                                                   gzip.compress(b"\0" * 1024), split=10,
+                                                   content_type="application/gzip")
     assert status == 401, (status, answer)
 
 
