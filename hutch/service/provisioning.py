@@ -20,6 +20,7 @@ from hutch.core.replicas import Replicas
 from hutch.drivers import egress
 from hutch.drivers.base import Capabilities, ProvisionRequest
 from hutch.drivers.roles import Adoption, NodeFleet, RuntimeCatalog, SandboxFiles, SandboxLifecycle
+from hutch.service import faults
 from hutch.service.background import Background, quietly
 from hutch.service.executions import Executions, default_timeout
 from hutch.service.input_streams import InputStreams
@@ -201,6 +202,8 @@ class Provisioning:
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
+        if create is not None:
+            await faults.crash_point("create-made-unrecorded")
         node = self._fleet.node_of(sandbox_id)
         # For a take-over; not where the Start below records the node: the log says where it
         # runs (takeover.py), and the row's write was a statement in series on the way to idle.
