@@ -358,6 +358,14 @@ class Adoption(abc.ABC):
         """Drive a sandbox another replica's driver placed; False if it no longer runs (or
         this driver cannot reach it)."""
 
+    async def discard_unrecorded(self, sandbox_id: str, handle: dict[str, str]) -> None:  # noqa: B027 - optional
+        """End a sandbox a lost replica had this driver's backend make but never recorded (it
+        died between the make and the append): no event says where it runs, so a driver
+        whose machines every replica reaches (the node agents) asks each; one that answers
+        not ends it when it answers. Nothing when none runs it. A driver whose sandboxes only
+        their own replica's process reaches has nothing to do here: that replica's restart
+        ends them (service/recovery.py)."""
+
 
 class NodeFleet(abc.ABC):
     """Several machines, each running sandboxes (the node driver): which one a sandbox is on.
@@ -537,6 +545,9 @@ class NotPlayed:
 
     async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         return False
+
+    async def discard_unrecorded(self, sandbox_id: str, handle: dict[str, str]) -> None:
+        pass
 
     # NodeFleet: one machine, nothing to record or recall
 

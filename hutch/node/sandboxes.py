@@ -82,6 +82,8 @@ class Admission:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.starting: dict[str, tuple[int, int]] = {}
+        # sandbox -> set once its provision here ended (made or not): a destroy waits for it.
+        self.making: dict[str, asyncio.Event] = {}
 
     async def admit(self, app: web.Application, req: ProvisionRequest) -> None:
         async with self.lock:
@@ -126,19 +128,26 @@ def _request(body: object, sid: str) -> ProvisionRequest:
 async def provision(request: web.Request) -> web.Response:
     driver, sid = request.app[DRIVER], request.match_info["id"]
     req = _request(await request.json(), sid)
+    admission = request.app[ADMISSION]
+    while (earlier := admission.making.get(sid)) is not None:
+        await earlier.wait()  # a retried create waits for the first one's end
     # Idempotent by id: a retried create (its answer lost) must not make a second sandbox.
     # One sandbox's init read, not the node's every one (admission lists them once).
     if driver.is_alive(sid):
         return web.json_response({"ok": True})
-    admission = request.app[ADMISSION]
-    with phases.span("agent: provision, admission"):
-        await admission.admit(request.app, req)
+    made = admission.making[sid] = asyncio.Event()
     try:
-        with phases.span("agent: provision, the local driver's whole"):
-            await driver.provision(req)
-        request.app[CENSUS].made(driver, sid)
+        with phases.span("agent: provision, admission"):
+            await admission.admit(request.app, req)
+        try:
+            with phases.span("agent: provision, the local driver's whole"):
+                await driver.provision(req)
+            request.app[CENSUS].made(driver, sid)
+        finally:
+            admission.starting.pop(sid, None)
     finally:
-        admission.starting.pop(sid, None)
+        del admission.making[sid]
+        made.set()
     return web.json_response({"ok": True})
 
 
@@ -151,6 +160,10 @@ async def destroy(request: web.Request) -> web.Response:
     """``?usage=1``: answered with what the sandbox used, read just before it ends (best
     effort: null when it cannot be read), so the API's end is one call, not a read and a call."""
     driver, sid = request.app[DRIVER], request.match_info["id"]
+    if (making := request.app[ADMISSION].making.get(sid)) is not None:
+        # A create of it still under way here (its API replica may have died waiting, and a
+        # survivor ends what it left: takeover.py): ended once made, not missed and made after.
+        await making.wait()
     answer: dict[str, object] = {"ok": True}
     if request.query.get("usage") == "1":
         try:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import attrs
 
 from hutch.core import ids, phases
-from hutch.core.errors import DriverFailure, HutchError, NotSupported
+from hutch.core.errors import DriverFailure, HutchError, NotSupported, ReplicaUnavailable
 from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
 from hutch.core.models import SandboxSpec, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams, StreamOwner
@@ -20,6 +20,7 @@ from hutch.core.replicas import Replicas
 from hutch.drivers import egress
 from hutch.drivers.base import Capabilities, ProvisionRequest
 from hutch.drivers.roles import Adoption, NodeFleet, RuntimeCatalog, SandboxFiles, SandboxLifecycle
+from hutch.service import faults
 from hutch.service.background import Background, quietly
 from hutch.service.executions import Executions, default_timeout
 from hutch.service.input_streams import InputStreams
@@ -201,6 +202,16 @@ class Provisioning:
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
+        if create is not None:
+            await faults.crash_point("create-made-unrecorded")
+            if not self._replicas.current():
+                # After a stall this replica's lease may have lapsed, and a survivor that
+                # claimed it ends the sandbox no event records (takeover.py): appending it now
+                # could record one that is gone. Not recorded, and ended here too.
+                with contextlib.suppress(Exception):
+                    await self._lifecycle.destroy(sandbox_id)
+                raise ReplicaUnavailable(f"replica {self._replicas.me} missed its lease renewals while it made the "
+                                         "sandbox, which was ended, not recorded; try again")
         node = self._fleet.node_of(sandbox_id)
         # For a take-over; not where the Start below records the node: the log says where it
         # runs (takeover.py), and the row's write was a statement in series on the way to idle.

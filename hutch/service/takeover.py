@@ -5,6 +5,7 @@ keep each sandbox as its state says."""
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from hutch.core.eventlog.base import EventLog
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
@@ -17,6 +18,8 @@ from hutch.service.control import SandboxControl
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.timeouts import Reaper
+
+log = logging.getLogger(__name__)
 
 
 class Takeover:
@@ -41,7 +44,16 @@ class Takeover:
         was never found, and its claim can go)."""
         await self._projector.wait_for(await self._log.last_position())  # the dead one's last events
         sb = await self._store.get_sandbox(sandbox_id)
-        if sb is None or sb.status.is_final:
+        if sb is None:
+            # Owned, and no event records it: the lost replica had it made (its owner row is
+            # committed first) and died before its Create was appended (provisioning.py), or
+            # before the make. Nobody can reach it through the API and nobody will record it
+            # (the claim found its replica's lease lapsed, and a replica appends a made one only
+            # while its lease holds): ended wherever it runs, not left holding a node's room.
+            log.warning("sandbox %s: no event records it and %s; ending it wherever it runs", sandbox_id, why)
+            await self._adoption.discard_unrecorded(sandbox_id, handle or {})
+            return False
+        if sb.status.is_final:
             return False
         # Where the log records the sandbox's node (the node driver's lifecycle:started), that
         # is where it runs: its create writes no handle row.

@@ -97,3 +97,23 @@ async def test_a_create_the_log_refuses_leaves_no_sandbox_in_the_driver(
     assert "storage quota" in err["message"]
     assert await lifecycle.alive() == before
     assert (await api.data("GET", "/sandbox"))["sandboxes"] == []
+
+
+@pytest.mark.runs_on("fake-embedded")
+@pytest.mark.parametrize("body", [{}, {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}],
+                         ids=["idle", "oneshot"])
+async def test_a_replica_whose_lease_may_have_lapsed_records_no_sandbox_it_made(
+        api: Api, monkeypatch: pytest.MonkeyPatch, body: dict[str, object]) -> None:
+    """Stalled past its lease while the driver made the sandbox, a replica may have been taken
+    over, and the survivor ends what no event records (service/takeover.py): appending it now
+    could record a sandbox that is gone. Ended and not recorded, answered 503 to try again."""
+    engine = api.client.server.app[ENGINE]
+    lifecycle = engine.provisioning._lifecycle
+    before = await lifecycle.alive()
+    seen = watch(api, monkeypatch)
+    monkeypatch.setattr(engine.replicas, "current", lambda: False)
+    err = await api.call("POST", "/sandbox", json=body, expect=503)
+    assert err["code"] == "REPLICA_UNAVAILABLE" and "lease" in err["message"], err
+    assert seen == ["provision", "provisioned"], seen  # made, then nothing appended
+    assert await lifecycle.alive() == before
+    assert (await api.data("GET", "/sandbox"))["sandboxes"] == []

@@ -588,6 +588,26 @@ class NodeDriver(AgentCalls, roles.SandboxFiles, roles.DirectoryWatching, roles.
             return True
         return False
 
+    async def discard_unrecorded(self, sandbox_id: str, handle: dict[str, str]) -> None:
+        """Ended on every node at once: the lost replica's placement died with it and no event
+        recorded one. An agent's DELETE is idempotent and waits for a provision of the same id
+        still under way there (node/sandboxes.py), so a create the agent finishes after the
+        replica died ends too. A node that does not answer ends it when it answers again."""
+        self._where.pop(sandbox_id, None)
+        self._held.pop(sandbox_id, None)
+        self._reserved.pop(sandbox_id, None)
+        await self._tunnels.drop(sandbox_id)
+
+        async def end(name: str, agent: AgentClient) -> None:
+            try:
+                await agent.json("DELETE", agent.path("sandboxes", sandbox_id), timeout=30)
+            except HutchError as err:
+                log.warning("node %s: ending unrecorded sandbox %s when it answers: %s", name, sandbox_id,
+                            err.message)
+                self._to_end.setdefault(name, set()).add(sandbox_id)
+
+        await asyncio.gather(*(end(n, a) for n, a in self._agents.items()))
+
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
