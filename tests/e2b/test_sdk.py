@@ -11,7 +11,14 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox, SandboxQuery
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FileType,
+    Sandbox,
+    SandboxQuery,
+    TimeoutException,
+)
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
@@ -194,7 +201,7 @@ def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E
     sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
     try:
         sbx.files.write("kept.txt", "still here")
-        sbx.set_timeout(1)  # hutch's timeout is an idle one: nothing may run meanwhile
+        sbx.set_timeout(1)
         deadline = time.monotonic() + 30
         while sbx.is_running() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -203,6 +210,44 @@ def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E
         assert resumed.get_info().state.value == "running"
         assert resumed.files.read("kept.txt") == "still here"
         assert resumed.commands.run("echo awake").stdout == "awake\n"
+    finally:
+        sbx.kill()
+
+
+def test_the_timeout_ends_a_sandbox_whose_command_still_runs(e2b_env: E2bServer) -> None:
+    """E2B's timeout counts from when it was set, busy or not: a command running past it is
+    ended with the sandbox (an idle timeout would have waited for it for ever)."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        handle = sbx.commands.run("sleep 600", background=True)
+        sbx.set_timeout(2)
+        set_at = datetime.now(UTC)
+        assert abs((sbx.get_info().end_at - set_at).total_seconds() - 2) < 1.5  # from the set, not the last event
+        sbx.commands.run("true")  # activity does not move it
+        deadline = time.monotonic() + 30
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not sbx.is_running(), "still running 30 s after its 2 s timeout, a command in it"
+        assert (datetime.now(UTC) - set_at).total_seconds() < 15
+        with pytest.raises(TimeoutException, match="sandbox was killed or reached its end of life"):
+            handle.wait()
+    finally:
+        sbx.kill()
+
+
+def test_a_sandbox_to_pause_at_its_timeout_pauses_once_its_command_ends(e2b_env: E2bServer) -> None:
+    """hutch freezes only a sandbox with no command running (a frozen command's time limit
+    could not be kept): past its timeout, it pauses when the command ends, not ended instead."""
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.commands.run("sleep 4", background=True)
+        sbx.set_timeout(1)
+        time.sleep(2)
+        assert sbx.get_info().state.value == "running"  # past its timeout, the command running
+        deadline = time.monotonic() + 30
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sbx.get_info().state.value == "paused"
     finally:
         sbx.kill()
 

@@ -3,10 +3,10 @@ service layer: create, get, list, kill, pause, resume and connect. A sandbox mad
 hutch sandbox like any other: recorded, in the key's organization, within its quotas, with the
 network off unless asked for.
 
-E2B's ``timeout`` (seconds until the sandbox is ended) becomes hutch's idle timeout: the
-sandbox ends once nothing has happened in it for that long; set_timeout (and connect's
-``timeout``) sets it anew, counted from then. What hutch does not have answers
-E2B's error shape naming it (docs/e2b.md)."""
+E2B's ``timeout`` (seconds until the sandbox is ended) is hutch's idle timeout counted from
+when it was set (``timeout.since`` "set"): the sandbox ends that long after its create, busy or
+not, as E2B's does; set_timeout (and connect's ``timeout``, and a resume) sets it anew, counted
+from then. What hutch does not have answers E2B's error shape naming it (docs/e2b.md)."""
 
 from __future__ import annotations
 
@@ -141,10 +141,12 @@ def render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool 
 
 
 def _ends_at(sb: SandboxState) -> datetime:
-    """When the idle timeout ends it, if nothing happens in it before (hutch's reaper may know of
-    a later activity: a file read is not an event)."""
+    """When its timeout ends it: counted from when it was set (a sandbox made here), or, for an
+    idle timeout (one made on hutch's own API), if nothing happens in it before (hutch's reaper
+    may know of a later activity: a file read is not an event)."""
     idle = parse_duration("timeout.idle", sb.spec.timeout.idle) if sb.spec.timeout.idle else 0
-    return datetime.fromisoformat(sb.updated_at.replace("Z", "+00:00")) + timedelta(seconds=idle)
+    since = sb.timeout_set_at if sb.spec.timeout.since == "set" and sb.timeout_set_at else sb.updated_at
+    return datetime.fromisoformat(since.replace("Z", "+00:00")) + timedelta(seconds=idle)
 
 
 async def live_sandbox(request: web.Request, sandbox_id: str) -> SandboxState:
@@ -199,8 +201,10 @@ async def create(request: web.Request) -> web.Response:
             hutch_body["network"] = {**hutch_body.get("network", {}), "port": ports.PORT}
     pause_at_timeout = _pauses_at_timeout(body, engine.provisioning.capabilities.pause)
     req = parse_create(hutch_body, snapshot)
-    if pause_at_timeout:
-        req = attrs.evolve(req, spec=attrs.evolve(req.spec, timeout=attrs.evolve(req.spec.timeout, on_idle="pause")))
+    # E2B's timeout ends the sandbox that long from now, whatever runs in it (a command still
+    # running is ended with it): not hutch's idle timeout, which a busy sandbox never reaches.
+    req = attrs.evolve(req, spec=attrs.evolve(req.spec, timeout=attrs.evolve(
+        req.spec.timeout, since="set", on_idle="pause" if pause_at_timeout else req.spec.timeout.on_idle)))
     if runtime != ports.RUNTIME and engine.provisioning.capabilities.named_user:
         # E2B's templates run as "user", home /home/user (where a snapshot's files go too): E2B's
         # SDK and code expect so. A driver that cannot name the account keeps agentuity's.
