@@ -252,6 +252,26 @@ def test_a_sandbox_to_pause_at_its_timeout_pauses_once_its_command_ends(e2b_env:
         sbx.kill()
 
 
+def test_a_pause_answers_409_only_for_a_paused_sandbox(e2b_env: E2bServer) -> None:
+    """E2B's SDK takes a 409 for "already paused" (pause() returns False): a sandbox hutch will
+    not pause while a command runs is an error the SDK raises, still running; a killed one is
+    not found, as E2B's."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        handle = sbx.commands.run("sleep 600", background=True)
+        with pytest.raises(SandboxException, match=r"501: sandbox \S+ has commands running"):
+            sbx.pause()
+        assert sbx.get_info().state.value == "running"
+        handle.kill()
+        assert sbx.pause() is True
+        assert sbx.pause() is False  # already paused: E2B's 409
+        assert sbx.get_info().state.value == "paused"
+    finally:
+        sbx.kill()
+    with pytest.raises(NotFoundException):
+        sbx.pause()
+
+
 def test_a_pause_hutch_does_not_offer_is_refused_naming_it(e2b_env: E2bServer, sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="autoPauseMemory: hutch pauses with the memory kept"):
         Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})

@@ -26,7 +26,14 @@ from hutch.api.http import parse_json
 from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.api.parse import parse_create
 from hutch.core import runtimes
-from hutch.core.errors import Conflict, InvalidInput, NotFound, NotSupported, SandboxNotFound
+from hutch.core.errors import (
+    Conflict,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    NotSupported,
+    SandboxNotFound,
+)
 from hutch.core.models import SandboxState, SandboxStatus, SnapshotState
 from hutch.core.quantities import parse_duration
 from hutch.core.snapshots import DEFAULT_TAG
@@ -342,11 +349,23 @@ async def pause(request: web.Request) -> web.Response:
     if memory is False:  # E2B's filesystem-only pause, whose resume is a new boot
         raise NotSupported("memory: hutch pauses with the memory kept (the sandbox frozen); a filesystem-only "
                            "pause is not offered", field="memory")
-    sb = await live_sandbox(request, request.match_info["sandbox_id"])
-    if sb.status is SandboxStatus.PAUSED:
-        return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
-    await request.app[ENGINE].control.pause(sb.sandbox_id)
-    return web.Response(status=204)
+    # E2B's SDK reads a 409 as "already paused" (pause() returns False, no error): so a 409
+    # means exactly that here, and a pause refused for any other reason says so otherwise.
+    sandbox_id = request.match_info["sandbox_id"]
+    sb = await live_sandbox(request, sandbox_id)
+    try:
+        if sb.status is not SandboxStatus.PAUSED:
+            await request.app[ENGINE].control.pause(sb.sandbox_id)
+            return web.Response(status=204)
+    except IllegalTransition:
+        sb = await live_sandbox(request, sandbox_id)  # ended meanwhile: a 404, as E2B's
+        if sb.status in (SandboxStatus.RUNNING, SandboxStatus.IDLE):  # idle: its command just ended
+            raise NotSupported(f"sandbox {sandbox_id} has commands running: hutch pauses a sandbox with none "
+                               "(frozen mid-command, its time limit could not be kept); kill them or wait for "
+                               "them, then pause", field="state") from None
+        if sb.status is not SandboxStatus.PAUSED:
+            raise
+    return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
 
 
 @routes.post("/sandboxes/{sandbox_id}/resume")
