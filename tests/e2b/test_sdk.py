@@ -272,6 +272,21 @@ def test_a_pause_answers_409_only_for_a_paused_sandbox(e2b_env: E2bServer) -> No
         sbx.pause()
 
 
+def test_an_mcp_gateway_the_template_lacks_fails_the_create_and_kills_it(e2b_env: E2bServer) -> None:
+    """``mcp`` is the SDK's to start in the sandbox: hutch's runtimes have no mcp-gateway, so the
+    create raises and leaves no sandbox; E2B's mcp-gateway template (the SDK's default with
+    ``mcp``) is not hutch's; an ``mcp`` that is no object is a 400 naming it."""
+    tag = {"mcp_test": str(time.monotonic_ns())}
+    servers: dict[str, dict[str, str]] = {"invalid_server": {}}
+    with pytest.raises(SandboxException, match=r"Failed to start MCP gateway: .*mcp-gateway: command not found"):
+        Sandbox.create("base", timeout=60, metadata=tag, mcp=servers)  # type: ignore[arg-type]
+    assert Sandbox.list(query=SandboxQuery(metadata=tag)).next_items() == []
+    with pytest.raises(SandboxException, match="404: template 'mcp-gateway' not found"):
+        Sandbox.create(timeout=60, metadata=tag, mcp=servers)  # type: ignore[arg-type]
+    status, answer = e2b_env.call("POST", "/sandboxes", {"templateID": "base", "mcp": "github"})
+    assert status == 400 and answer["message"].startswith("mcp: expected an object")
+
+
 def test_a_pause_hutch_does_not_offer_is_refused_naming_it(e2b_env: E2bServer, sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="autoPauseMemory: hutch pauses with the memory kept"):
         Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})

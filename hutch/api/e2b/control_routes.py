@@ -53,12 +53,12 @@ MAX_TIMEOUT = 24 * 3600
 TEMPLATES = {"base": "python:3.13", "code-interpreter-v1": ports.RUNTIME}
 _LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 # Create fields hutch has no counterpart for: refused when set to anything but empty/false.
-_UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes"}
+_UNSUPPORTED = {"iam": "workload identity (IAM)", "volumeMounts": "volumes"}
 # E2B's templates' account (home /home/user); not the code interpreter's, whose server reads
 # its token from agentuity's home (api/e2b/ports.py).
 E2B_USER = "user"
 _KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", "autoPause",
-          "autoPauseMemory", "autoResume", "network", *_UNSUPPORTED}
+          "autoPauseMemory", "autoResume", "network", "mcp", *_UNSUPPORTED}
 
 
 async def _snapshot_named(engine: Engine, template: str) -> SnapshotState | None:
@@ -180,6 +180,13 @@ async def create(request: web.Request) -> web.Response:
     for field, what in _UNSUPPORTED.items():
         if body.get(field):
             raise NotSupported(f"{field}: hutch does not offer {what} on the E2B wire yet", field=field)
+    if body.get("mcp") is not None and not isinstance(body["mcp"], dict):
+        raise InvalidInput(f"mcp: expected an object of MCP servers, got {body['mcp']!r}", field="mcp")
+    # ``mcp`` asks for nothing of the server: E2B's SDK itself starts the gateway in the new
+    # sandbox (``mcp-gateway --config ...``, a command like any other) and kills the sandbox if
+    # that fails. The gateway is a program of E2B's mcp-gateway template, which hutch's runtimes
+    # lack: unless the template (a snapshot) has it, the create ends in the SDK's "Failed to start
+    # MCP gateway", the sandbox killed, as on E2B with its base template.
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise InvalidInput("templateID: required, a template name such as base", field="templateID")
