@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from e2b import (
@@ -195,6 +196,32 @@ def test_metadata_and_env_vars_reach_the_sandbox(e2b_env: E2bServer) -> None:
         assert sbx.kill() is True
     assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
     assert Sandbox.kill(sbx.sandbox_id) is False  # killed already: E2B's 404
+
+
+def test_a_listing_paged_while_sandboxes_come_and_go_repeats_and_skips_none(e2b_env: E2bServer) -> None:
+    """E2B's next token is a place in the listing, not a count: a sandbox made (newest first,
+    before the page read) or killed between two pages shifts no later page."""
+    tag = {"paging": str(time.monotonic_ns())}
+    made = [Sandbox.create(timeout=60, metadata=tag) for _ in range(3)]
+    try:
+        def pages(after_first: Any) -> list[str]:
+            paginator = Sandbox.list(query=SandboxQuery(metadata=tag), limit=2)
+            seen = [s.sandbox_id for s in paginator.next_items()]
+            after_first(seen)
+            while paginator.has_next:
+                seen += [s.sandbox_id for s in paginator.next_items()]
+            return seen
+
+        first = {s.sandbox_id for s in made}
+        seen = pages(lambda _: made.append(Sandbox.create(timeout=60, metadata=tag)))
+        assert sorted(seen) == sorted(first)  # the newer one came after the paging began
+        seen = pages(lambda page: Sandbox.kill(page[0]))
+        assert sorted(seen) == sorted({s.sandbox_id for s in made})
+        status, answer = e2b_env.call("GET", "/v2/sandboxes?nextToken=2")
+        assert status == 400 and answer["message"].startswith("nextToken: not a token this server gave")
+    finally:
+        for sbx in made:
+            sbx.kill()
 
 
 def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E2bServer) -> None:

@@ -10,6 +10,8 @@ from then. What hutch does not have answers E2B's error shape naming it (docs/e2
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import urllib.parse
 from datetime import UTC, datetime, timedelta
@@ -293,14 +295,51 @@ def _started(sb: SandboxState) -> datetime:
     return datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
 
 
-def page_of(request: web.Request) -> tuple[int, int]:
-    """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave."""
-    raw_limit, raw_next = request.query.get("limit", "100"), request.query.get("nextToken", "0")
+def limit_of(request: web.Request) -> int:
+    raw_limit = request.query.get("limit", "100")
     if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:  # "²": isdigit, not int
         raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
+    return int(raw_limit)
+
+
+def _not_a_token(raw: str) -> InvalidInput:
+    return InvalidInput(f"nextToken: not a token this server gave, got {raw!r}", field="nextToken")
+
+
+def page_of(request: web.Request) -> tuple[int, int]:
+    """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave."""
+    raw_next = request.query.get("nextToken", "0")
     if not (raw_next.isascii() and raw_next.isdigit()):
-        raise InvalidInput(f"nextToken: not a token this server gave, got {raw_next!r}", field="nextToken")
-    return int(raw_limit), int(raw_next)
+        raise _not_a_token(raw_next)
+    return limit_of(request), int(raw_next)
+
+
+Place = tuple[datetime, str]
+
+
+def _place(sb: SandboxState) -> Place:
+    """Where a sandbox stands in a listing: by its start, then its id (starts may be equal)."""
+    return _started(sb), sb.sandbox_id
+
+
+def _token(sb: SandboxState) -> str:
+    """The next page's token: the place of the last sandbox listed, not a count of those
+    before it, which a sandbox made or killed between two pages would shift."""
+    return base64.urlsafe_b64encode(f"{sb.created_at} {sb.sandbox_id}".encode()).decode().rstrip("=")
+
+
+def _token_place(request: web.Request) -> Place | None:
+    raw = request.query.get("nextToken")
+    if not raw:
+        return None
+    try:
+        at, sandbox_id = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode().split(" ")
+        when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except (ValueError, binascii.Error) as err:  # UnicodeDecodeError is a ValueError
+        raise _not_a_token(raw) from err
+    if when.tzinfo is None or not sandbox_id.startswith("sbx_"):
+        raise _not_a_token(raw)
+    return when, sandbox_id
 
 
 @routes.get("/sandboxes")
@@ -309,32 +348,36 @@ def page_of(request: web.Request) -> tuple[int, int]:
 async def list_sandboxes(request: web.Request) -> web.Response:
     """The organization's live sandboxes, filtered as E2B's query says: state, metadata
     (key=value&…), template, startedAfter; ordered by start (order asc|desc, newest first
-    unless asked); paged by limit and the x-next-token the previous page gave."""
+    unless asked); paged by limit and the x-next-token the previous page gave (a place in
+    that order: made or killed sandboxes shift no later page)."""
     engine = request.app[ENGINE]
     wanted, states, after = _metadata_filter(request), _states(request), _started_after(request)
     template = request.query.get("template") or None
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidInput(f"order: expected asc or desc, got {order!r}", field="order")
-    limit, offset = page_of(request)
-    found: list[SandboxState] = []
+    limit, since = limit_of(request), _token_place(request)
+    found: dict[str, SandboxState] = {}  # by id: a create during the reads shifts their pages
     page_at = 0
     while True:  # the filters are E2B's, not the store's: read every live sandbox of the organization
         page, _total = await engine.reads.list(SandboxQuery(live=True, limit=100, offset=page_at,
                                                             sort="createdAt", direction=order))
-        found.extend(page)
+        found.update((sb.sandbox_id, sb) for sb in page)
         page_at += len(page)
         if len(page) < 100:
             break
-    chosen = [sb for sb in found
-              if ("paused" if sb.status is SandboxStatus.PAUSED else "running") in states
-              and (template is None or _template_of(sb) == template)
-              and (after is None or _started(sb) >= after)
-              and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v for k, v in wanted.items())]
-    window = chosen[offset:offset + limit]
+    chosen = sorted((sb for sb in found.values()
+                     if ("paused" if sb.status is SandboxStatus.PAUSED else "running") in states
+                     and (template is None or _template_of(sb) == template)
+                     and (after is None or _started(sb) >= after)
+                     and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v
+                             for k, v in wanted.items())
+                     and (since is None or (_place(sb) < since if order == "desc" else _place(sb) > since))),
+                    key=_place, reverse=order == "desc")
+    window = chosen[:limit]
     response = web.json_response([render(request, sb, detail=True, token=False) for sb in window])
-    if offset + limit < len(chosen):
-        response.headers["x-next-token"] = str(offset + limit)
+    if len(chosen) > limit:
+        response.headers["x-next-token"] = _token(window[-1])
     return response
 
 
