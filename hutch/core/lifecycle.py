@@ -478,6 +478,7 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             status=SandboxStatus.CREATING,
             created_at=at,
             updated_at=at,
+            timeout_set_at=_set_at(data.spec, at),
             api_key_id=data.api_key_id,
             initial_execution_id=data.initial_execution_id,
         )
@@ -490,7 +491,8 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             return _evolve_executions(sandbox, data, at)
         case SandboxTimeoutChanged():
             timeout = attrs.evolve(sandbox.spec.timeout, idle=data.idle)
-            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, timeout=timeout), updated_at=at)
+            return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, timeout=timeout), updated_at=at,
+                                timeout_set_at=_set_at(sandbox.spec, at))
         case SandboxNetworkChanged():
             network = attrs.evolve(sandbox.spec.network, enabled=data.enabled, allow=data.allow, deny=data.deny)
             return attrs.evolve(sandbox, spec=attrs.evolve(sandbox.spec, network=network), updated_at=at)
@@ -519,10 +521,18 @@ def _evolve_status(sandbox: SandboxState, data: EventData, at: str) -> SandboxSt
             return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
         case SandboxResumed():
             status = SandboxStatus.RUNNING if sandbox.running else SandboxStatus.IDLE
-            return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at)
+            # A timeout counted from when it was set starts again at a resume (E2B's connect
+            # resumes a paused sandbox for its timeout from then): it did not run while paused.
+            return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at,
+                                timeout_set_at=_set_at(sandbox.spec, at))
         case SandboxCompleted(exit_code=code):
             return attrs.evolve(sandbox, exit_code=code, updated_at=at)
     return sandbox
+
+
+def _set_at(spec: SandboxSpec, at: str) -> str | None:
+    """When the timeout counts from, for a sandbox whose timeout counts from when it was set."""
+    return at if spec.timeout.since == "set" else None
 
 
 def _evolve_terminated(sandbox: SandboxState, data: SandboxTerminated, at: str) -> SandboxState:

@@ -76,6 +76,11 @@ class TimeoutSpec:
     # What the idle timeout does: None ends the sandbox; "pause" pauses it (E2B's
     # lifecycle.on_timeout "pause"), and a resume carries on from there.
     on_idle: str | None = None
+    # What the idle timeout counts from: None, the sandbox's last activity (it ends once idle that
+    # long); "set", when it was set (the create, a change, a resume), busy or not: E2B's timeout,
+    # which ends a sandbox whose commands still run. A string, not a bool, so that the records of
+    # every other sandbox stay as they were (None is left out of them).
+    since: str | None = None
 
 
 @attrs.frozen
@@ -128,6 +133,7 @@ class SandboxState:
     reason: str | None = None  # why it failed or terminated
     paused_at: str | None = None
     terminates_at: str | None = None  # a paused sandbox's deadline (timeout.paused)
+    timeout_set_at: str | None = None  # when its timeout was last set, where it counts from then (timeout.since)
     checkpoints: tuple[CheckpointState, ...] = ()
     current_checkpoint: str = ""  # name of the checkpoint last taken or restored: the next one's parent
     initial_execution_id: str | None = None

@@ -75,9 +75,13 @@ class SandboxControl:
         await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True, **used))
         self._recorder.forget(sandbox_id)
 
-    async def end(self, sandbox_id: str, command: Terminate) -> None:
+    async def end(self, sandbox_id: str, command: Terminate, *, busy: bool = False) -> None:
         """End a sandbox not destroyed on request (oneshot done, reaped, restart): the driver
-        lets it go, then the end is recorded with its usage."""
+        lets it go, then the end is recorded with its usage. ``busy``: commands still run in it
+        (a timeout counted busy or not): it is recorded ending first, as a destroy is, so that
+        their clients hear that the sandbox ended, not that they were killed."""
+        if busy:
+            await self._recorder.command(sandbox_id, Destroy(reason=command.reason))
         try:
             with phases.span("driver: destroy, its usage read before"):
                 used = await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id))

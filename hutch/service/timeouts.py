@@ -2,7 +2,8 @@
 ``timeout.on_idle`` says "pause", pauses it at its idle timeout).
 
 A deadline is derived from the sandbox's state (its ``timeout.idle`` after the last event or
-activity, its ``timeout.paused`` after it paused), so nothing about timers is logged; every
+activity, or after it was set where ``timeout.since`` says "set", busy or not; its
+``timeout.paused`` after it paused), so nothing about timers is logged; every
 event re-arms its sandbox's timer and a restart re-arms them all from the live sandboxes.
 """
 
@@ -58,6 +59,11 @@ class Reaper:
             limit = seconds(sb.spec.timeout.paused, "timeout.paused")
             if limit and sb.paused_at:
                 return _unix(sb.paused_at) + limit, f"paused timeout ({sb.spec.timeout.paused}) reached"
+        elif sb.spec.timeout.since == "set" and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
+            # E2B's timeout: from when it was set, whatever runs or happens meanwhile.
+            limit = seconds(sb.spec.timeout.idle, "timeout.idle")
+            if limit:
+                return _unix(sb.timeout_set_at or sb.created_at) + limit, f"timeout ({sb.spec.timeout.idle}) reached"
         elif sb.status is SandboxStatus.IDLE:
             limit = seconds(sb.spec.timeout.idle, "timeout.idle")
             if limit:
@@ -97,6 +103,11 @@ class Reaper:
             return
         if not await self._control.replicas.mine(sandbox_id):
             return  # another replica's: its own reaper ends it
+        if sb is not None and sb.spec.timeout.on_idle == "pause" and sb.status is SandboxStatus.RUNNING:
+            # Frozen mid-command, its time limit could not be kept (drivers pause idle sandboxes
+            # only): it pauses once its commands end, when their end re-arms this timer.
+            log.info("%s is to pause (%s) once its running commands end", sandbox_id, reason)
+            return
         if sb is not None and sb.status is SandboxStatus.IDLE and sb.spec.timeout.on_idle == "pause":
             log.info("pausing %s: %s", sandbox_id, reason)
             try:
@@ -106,7 +117,8 @@ class Reaper:
                 log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
                 reason = f"{reason}; pausing it failed: {err.message}"
         log.info("reaping %s: %s", sandbox_id, reason)
-        await self._control.end(sandbox_id, Terminate(reason=reason))
+        await self._control.end(sandbox_id, Terminate(reason=reason),
+                                busy=sb is not None and sb.status is SandboxStatus.RUNNING)
 
     async def watch(self) -> None:
         queue = self._projector.listen()

@@ -9,9 +9,17 @@ import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox, SandboxQuery
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FileType,
+    Sandbox,
+    SandboxQuery,
+    TimeoutException,
+)
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
@@ -190,11 +198,37 @@ def test_metadata_and_env_vars_reach_the_sandbox(e2b_env: E2bServer) -> None:
     assert Sandbox.kill(sbx.sandbox_id) is False  # killed already: E2B's 404
 
 
+def test_a_listing_paged_while_sandboxes_come_and_go_repeats_and_skips_none(e2b_env: E2bServer) -> None:
+    """E2B's next token is a place in the listing, not a count: a sandbox made (newest first,
+    before the page read) or killed between two pages shifts no later page."""
+    tag = {"paging": str(time.monotonic_ns())}
+    made = [Sandbox.create(timeout=60, metadata=tag) for _ in range(3)]
+    try:
+        def pages(after_first: Any) -> list[str]:
+            paginator = Sandbox.list(query=SandboxQuery(metadata=tag), limit=2)
+            seen = [s.sandbox_id for s in paginator.next_items()]
+            after_first(seen)
+            while paginator.has_next:
+                seen += [s.sandbox_id for s in paginator.next_items()]
+            return seen
+
+        first = {s.sandbox_id for s in made}
+        seen = pages(lambda _: made.append(Sandbox.create(timeout=60, metadata=tag)))
+        assert sorted(seen) == sorted(first)  # the newer one came after the paging began
+        seen = pages(lambda page: Sandbox.kill(page[0]))
+        assert sorted(seen) == sorted({s.sandbox_id for s in made})
+        status, answer = e2b_env.call("GET", "/v2/sandboxes?nextToken=2")
+        assert status == 400 and answer["message"].startswith("nextToken: not a token this server gave")
+    finally:
+        for sbx in made:
+            sbx.kill()
+
+
 def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E2bServer) -> None:
     sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
     try:
         sbx.files.write("kept.txt", "still here")
-        sbx.set_timeout(1)  # hutch's timeout is an idle one: nothing may run meanwhile
+        sbx.set_timeout(1)
         deadline = time.monotonic() + 30
         while sbx.is_running() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -205,6 +239,79 @@ def test_on_timeout_pause_pauses_at_the_timeout_and_a_connect_resumes(e2b_env: E
         assert resumed.commands.run("echo awake").stdout == "awake\n"
     finally:
         sbx.kill()
+
+
+def test_the_timeout_ends_a_sandbox_whose_command_still_runs(e2b_env: E2bServer) -> None:
+    """E2B's timeout counts from when it was set, busy or not: a command running past it is
+    ended with the sandbox (an idle timeout would have waited for it for ever)."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        handle = sbx.commands.run("sleep 600", background=True)
+        sbx.set_timeout(2)
+        set_at = datetime.now(UTC)
+        assert abs((sbx.get_info().end_at - set_at).total_seconds() - 2) < 1.5  # from the set, not the last event
+        sbx.commands.run("true")  # activity does not move it
+        deadline = time.monotonic() + 30
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not sbx.is_running(), "still running 30 s after its 2 s timeout, a command in it"
+        assert (datetime.now(UTC) - set_at).total_seconds() < 15
+        with pytest.raises(TimeoutException, match="sandbox was killed or reached its end of life"):
+            handle.wait()
+    finally:
+        sbx.kill()
+
+
+def test_a_sandbox_to_pause_at_its_timeout_pauses_once_its_command_ends(e2b_env: E2bServer) -> None:
+    """hutch freezes only a sandbox with no command running (a frozen command's time limit
+    could not be kept): past its timeout, it pauses when the command ends, not ended instead."""
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.commands.run("sleep 4", background=True)
+        sbx.set_timeout(1)
+        time.sleep(2)
+        assert sbx.get_info().state.value == "running"  # past its timeout, the command running
+        deadline = time.monotonic() + 30
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sbx.get_info().state.value == "paused"
+    finally:
+        sbx.kill()
+
+
+def test_a_pause_answers_409_only_for_a_paused_sandbox(e2b_env: E2bServer) -> None:
+    """E2B's SDK takes a 409 for "already paused" (pause() returns False): a sandbox hutch will
+    not pause while a command runs is an error the SDK raises, still running; a killed one is
+    not found, as E2B's."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        handle = sbx.commands.run("sleep 600", background=True)
+        with pytest.raises(SandboxException, match=r"501: sandbox \S+ has commands running"):
+            sbx.pause()
+        assert sbx.get_info().state.value == "running"
+        handle.kill()
+        assert sbx.pause() is True
+        assert sbx.pause() is False  # already paused: E2B's 409
+        assert sbx.get_info().state.value == "paused"
+    finally:
+        sbx.kill()
+    with pytest.raises(NotFoundException):
+        sbx.pause()
+
+
+def test_an_mcp_gateway_the_template_lacks_fails_the_create_and_kills_it(e2b_env: E2bServer) -> None:
+    """``mcp`` is the SDK's to start in the sandbox: hutch's runtimes have no mcp-gateway, so the
+    create raises and leaves no sandbox; E2B's mcp-gateway template (the SDK's default with
+    ``mcp``) is not hutch's; an ``mcp`` that is no object is a 400 naming it."""
+    tag = {"mcp_test": str(time.monotonic_ns())}
+    servers: dict[str, dict[str, str]] = {"invalid_server": {}}
+    with pytest.raises(SandboxException, match=r"Failed to start MCP gateway: .*mcp-gateway: command not found"):
+        Sandbox.create("base", timeout=60, metadata=tag, mcp=servers)  # type: ignore[arg-type]
+    assert Sandbox.list(query=SandboxQuery(metadata=tag)).next_items() == []
+    with pytest.raises(SandboxException, match="404: template 'mcp-gateway' not found"):
+        Sandbox.create(timeout=60, metadata=tag, mcp=servers)  # type: ignore[arg-type]
+    status, answer = e2b_env.call("POST", "/sandboxes", {"templateID": "base", "mcp": "github"})
+    assert status == 400 and answer["message"].startswith("mcp: expected an object")
 
 
 def test_a_pause_hutch_does_not_offer_is_refused_naming_it(e2b_env: E2bServer, sandbox: Sandbox) -> None:

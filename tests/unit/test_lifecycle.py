@@ -17,6 +17,8 @@ from hutch.core.lifecycle import (
     Fail,
     FinishExecution,
     Move,
+    Pause,
+    Resume,
     Start,
     StartExecution,
     TakeCheckpoint,
@@ -25,7 +27,14 @@ from hutch.core.lifecycle import (
     decide_in_turn,
     evolve_sandbox,
 )
-from hutch.core.models import ExecutionStatus, Mode, SandboxSpec, SandboxState, SandboxStatus
+from hutch.core.models import (
+    ExecutionStatus,
+    Mode,
+    SandboxSpec,
+    SandboxState,
+    SandboxStatus,
+    TimeoutSpec,
+)
 
 
 def fold(sb: SandboxState | None, payloads: Sequence[EventData]) -> SandboxState:
@@ -224,3 +233,25 @@ def test_the_idle_timeout_changes_while_the_sandbox_lives_and_not_after() -> Non
     ended = step(step(sb, Destroy()), Terminate(reason="destroyed on request", deleted=True))
     with pytest.raises(IllegalTransition, match="cannot change the timeout"):
         decide(ended, ChangeTimeout("5s"))
+
+
+def test_a_timeout_counted_from_its_setting_moves_only_when_set_or_resumed() -> None:
+    """E2B's timeout (timeout.since "set"): from the create, a change of it or a resume; the
+    commands run meanwhile do not move it. An idle timeout's sandbox records no such time."""
+    def at(i: int, sb: SandboxState | None, command: Command) -> SandboxState:
+        out = evolve_sandbox(sb, Event(f"evt_{i}", "sbx_1", f"2026-01-01T00:00:{i:02d}.000Z", decide(sb, command)[0]))
+        assert out is not None
+        return out
+
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt", timeout=TimeoutSpec(idle="60s", since="set"))
+    sb = at(1, None, Create(spec=spec))
+    assert sb.timeout_set_at == "2026-01-01T00:00:01.000Z"
+    sb = at(3, at(2, sb, Start()), StartExecution("exec_1", ("sleep", "9")))
+    assert sb.status is SandboxStatus.RUNNING and sb.timeout_set_at == "2026-01-01T00:00:01.000Z"
+    sb = at(4, sb, ChangeTimeout("5s"))
+    assert sb.timeout_set_at == "2026-01-01T00:00:04.000Z" and sb.spec.timeout == TimeoutSpec(idle="5s", since="set")
+    sb = at(5, sb, FinishExecution("exec_1", ExecutionStatus.COMPLETED, exit_code=0))
+    sb = at(7, at(6, sb, Pause()), Resume())
+    assert sb.status is SandboxStatus.IDLE and sb.timeout_set_at == "2026-01-01T00:00:07.000Z"
+    idle = at(1, None, Create(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", timeout=TimeoutSpec(idle="5s"))))
+    assert at(2, idle, ChangeTimeout("9s")).timeout_set_at is None

@@ -3,13 +3,15 @@ service layer: create, get, list, kill, pause, resume and connect. A sandbox mad
 hutch sandbox like any other: recorded, in the key's organization, within its quotas, with the
 network off unless asked for.
 
-E2B's ``timeout`` (seconds until the sandbox is ended) becomes hutch's idle timeout: the
-sandbox ends once nothing has happened in it for that long; set_timeout (and connect's
-``timeout``) sets it anew, counted from then. What hutch does not have answers
-E2B's error shape naming it (docs/e2b.md)."""
+E2B's ``timeout`` (seconds until the sandbox is ended) is hutch's idle timeout counted from
+when it was set (``timeout.since`` "set"): the sandbox ends that long after its create, busy or
+not, as E2B's does; set_timeout (and connect's ``timeout``, and a resume) sets it anew, counted
+from then. What hutch does not have answers E2B's error shape naming it (docs/e2b.md)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import urllib.parse
 from datetime import UTC, datetime, timedelta
@@ -26,7 +28,14 @@ from hutch.api.http import parse_json
 from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.api.parse import parse_create
 from hutch.core import runtimes
-from hutch.core.errors import Conflict, InvalidInput, NotFound, NotSupported, SandboxNotFound
+from hutch.core.errors import (
+    Conflict,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    NotSupported,
+    SandboxNotFound,
+)
 from hutch.core.models import SandboxState, SandboxStatus, SnapshotState
 from hutch.core.quantities import parse_duration
 from hutch.core.snapshots import DEFAULT_TAG
@@ -46,12 +55,12 @@ MAX_TIMEOUT = 24 * 3600
 TEMPLATES = {"base": "python:3.13", "code-interpreter-v1": ports.RUNTIME}
 _LIVE = (SandboxStatus.CREATING, SandboxStatus.IDLE, SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 # Create fields hutch has no counterpart for: refused when set to anything but empty/false.
-_UNSUPPORTED = {"mcp": "MCP gateways", "iam": "workload identity (IAM)", "volumeMounts": "volumes"}
+_UNSUPPORTED = {"iam": "workload identity (IAM)", "volumeMounts": "volumes"}
 # E2B's templates' account (home /home/user); not the code interpreter's, whose server reads
 # its token from agentuity's home (api/e2b/ports.py).
 E2B_USER = "user"
 _KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "secure", "autoPause",
-          "autoPauseMemory", "autoResume", "network", *_UNSUPPORTED}
+          "autoPauseMemory", "autoResume", "network", "mcp", *_UNSUPPORTED}
 
 
 async def _snapshot_named(engine: Engine, template: str) -> SnapshotState | None:
@@ -141,10 +150,12 @@ def render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool 
 
 
 def _ends_at(sb: SandboxState) -> datetime:
-    """When the idle timeout ends it, if nothing happens in it before (hutch's reaper may know of
-    a later activity: a file read is not an event)."""
+    """When its timeout ends it: counted from when it was set (a sandbox made here), or, for an
+    idle timeout (one made on hutch's own API), if nothing happens in it before (hutch's reaper
+    may know of a later activity: a file read is not an event)."""
     idle = parse_duration("timeout.idle", sb.spec.timeout.idle) if sb.spec.timeout.idle else 0
-    return datetime.fromisoformat(sb.updated_at.replace("Z", "+00:00")) + timedelta(seconds=idle)
+    since = sb.timeout_set_at if sb.spec.timeout.since == "set" and sb.timeout_set_at else sb.updated_at
+    return datetime.fromisoformat(since.replace("Z", "+00:00")) + timedelta(seconds=idle)
 
 
 async def live_sandbox(request: web.Request, sandbox_id: str) -> SandboxState:
@@ -171,6 +182,13 @@ async def create(request: web.Request) -> web.Response:
     for field, what in _UNSUPPORTED.items():
         if body.get(field):
             raise NotSupported(f"{field}: hutch does not offer {what} on the E2B wire yet", field=field)
+    if body.get("mcp") is not None and not isinstance(body["mcp"], dict):
+        raise InvalidInput(f"mcp: expected an object of MCP servers, got {body['mcp']!r}", field="mcp")
+    # ``mcp`` asks for nothing of the server: E2B's SDK itself starts the gateway in the new
+    # sandbox (``mcp-gateway --config ...``, a command like any other) and kills the sandbox if
+    # that fails. The gateway is a program of E2B's mcp-gateway template, which hutch's runtimes
+    # lack: unless the template (a snapshot) has it, the create ends in the SDK's "Failed to start
+    # MCP gateway", the sandbox killed, as on E2B with its base template.
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise InvalidInput("templateID: required, a template name such as base", field="templateID")
@@ -199,8 +217,10 @@ async def create(request: web.Request) -> web.Response:
             hutch_body["network"] = {**hutch_body.get("network", {}), "port": ports.PORT}
     pause_at_timeout = _pauses_at_timeout(body, engine.provisioning.capabilities.pause)
     req = parse_create(hutch_body, snapshot)
-    if pause_at_timeout:
-        req = attrs.evolve(req, spec=attrs.evolve(req.spec, timeout=attrs.evolve(req.spec.timeout, on_idle="pause")))
+    # E2B's timeout ends the sandbox that long from now, whatever runs in it (a command still
+    # running is ended with it): not hutch's idle timeout, which a busy sandbox never reaches.
+    req = attrs.evolve(req, spec=attrs.evolve(req.spec, timeout=attrs.evolve(
+        req.spec.timeout, since="set", on_idle="pause" if pause_at_timeout else req.spec.timeout.on_idle)))
     if runtime != ports.RUNTIME and engine.provisioning.capabilities.named_user:
         # E2B's templates run as "user", home /home/user (where a snapshot's files go too): E2B's
         # SDK and code expect so. A driver that cannot name the account keeps agentuity's.
@@ -275,14 +295,51 @@ def _started(sb: SandboxState) -> datetime:
     return datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
 
 
-def page_of(request: web.Request) -> tuple[int, int]:
-    """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave."""
-    raw_limit, raw_next = request.query.get("limit", "100"), request.query.get("nextToken", "0")
+def limit_of(request: web.Request) -> int:
+    raw_limit = request.query.get("limit", "100")
     if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:  # "²": isdigit, not int
         raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
+    return int(raw_limit)
+
+
+def _not_a_token(raw: str) -> InvalidInput:
+    return InvalidInput(f"nextToken: not a token this server gave, got {raw!r}", field="nextToken")
+
+
+def page_of(request: web.Request) -> tuple[int, int]:
+    """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave."""
+    raw_next = request.query.get("nextToken", "0")
     if not (raw_next.isascii() and raw_next.isdigit()):
-        raise InvalidInput(f"nextToken: not a token this server gave, got {raw_next!r}", field="nextToken")
-    return int(raw_limit), int(raw_next)
+        raise _not_a_token(raw_next)
+    return limit_of(request), int(raw_next)
+
+
+Place = tuple[datetime, str]
+
+
+def _place(sb: SandboxState) -> Place:
+    """Where a sandbox stands in a listing: by its start, then its id (starts may be equal)."""
+    return _started(sb), sb.sandbox_id
+
+
+def _token(sb: SandboxState) -> str:
+    """The next page's token: the place of the last sandbox listed, not a count of those
+    before it, which a sandbox made or killed between two pages would shift."""
+    return base64.urlsafe_b64encode(f"{sb.created_at} {sb.sandbox_id}".encode()).decode().rstrip("=")
+
+
+def _token_place(request: web.Request) -> Place | None:
+    raw = request.query.get("nextToken")
+    if not raw:
+        return None
+    try:
+        at, sandbox_id = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode().split(" ")
+        when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except (ValueError, binascii.Error) as err:  # UnicodeDecodeError is a ValueError
+        raise _not_a_token(raw) from err
+    if when.tzinfo is None or not sandbox_id.startswith("sbx_"):
+        raise _not_a_token(raw)
+    return when, sandbox_id
 
 
 @routes.get("/sandboxes")
@@ -291,32 +348,36 @@ def page_of(request: web.Request) -> tuple[int, int]:
 async def list_sandboxes(request: web.Request) -> web.Response:
     """The organization's live sandboxes, filtered as E2B's query says: state, metadata
     (key=value&…), template, startedAfter; ordered by start (order asc|desc, newest first
-    unless asked); paged by limit and the x-next-token the previous page gave."""
+    unless asked); paged by limit and the x-next-token the previous page gave (a place in
+    that order: made or killed sandboxes shift no later page)."""
     engine = request.app[ENGINE]
     wanted, states, after = _metadata_filter(request), _states(request), _started_after(request)
     template = request.query.get("template") or None
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidInput(f"order: expected asc or desc, got {order!r}", field="order")
-    limit, offset = page_of(request)
-    found: list[SandboxState] = []
+    limit, since = limit_of(request), _token_place(request)
+    found: dict[str, SandboxState] = {}  # by id: a create during the reads shifts their pages
     page_at = 0
     while True:  # the filters are E2B's, not the store's: read every live sandbox of the organization
         page, _total = await engine.reads.list(SandboxQuery(live=True, limit=100, offset=page_at,
                                                             sort="createdAt", direction=order))
-        found.extend(page)
+        found.update((sb.sandbox_id, sb) for sb in page)
         page_at += len(page)
         if len(page) < 100:
             break
-    chosen = [sb for sb in found
-              if ("paused" if sb.status is SandboxStatus.PAUSED else "running") in states
-              and (template is None or _template_of(sb) == template)
-              and (after is None or _started(sb) >= after)
-              and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v for k, v in wanted.items())]
-    window = chosen[offset:offset + limit]
+    chosen = sorted((sb for sb in found.values()
+                     if ("paused" if sb.status is SandboxStatus.PAUSED else "running") in states
+                     and (template is None or _template_of(sb) == template)
+                     and (after is None or _started(sb) >= after)
+                     and all(isinstance(sb.spec.metadata, dict) and sb.spec.metadata.get(k) == v
+                             for k, v in wanted.items())
+                     and (since is None or (_place(sb) < since if order == "desc" else _place(sb) > since))),
+                    key=_place, reverse=order == "desc")
+    window = chosen[:limit]
     response = web.json_response([render(request, sb, detail=True, token=False) for sb in window])
-    if offset + limit < len(chosen):
-        response.headers["x-next-token"] = str(offset + limit)
+    if len(chosen) > limit:
+        response.headers["x-next-token"] = _token(window[-1])
     return response
 
 
@@ -338,11 +399,23 @@ async def pause(request: web.Request) -> web.Response:
     if memory is False:  # E2B's filesystem-only pause, whose resume is a new boot
         raise NotSupported("memory: hutch pauses with the memory kept (the sandbox frozen); a filesystem-only "
                            "pause is not offered", field="memory")
-    sb = await live_sandbox(request, request.match_info["sandbox_id"])
-    if sb.status is SandboxStatus.PAUSED:
-        return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
-    await request.app[ENGINE].control.pause(sb.sandbox_id)
-    return web.Response(status=204)
+    # E2B's SDK reads a 409 as "already paused" (pause() returns False, no error): so a 409
+    # means exactly that here, and a pause refused for any other reason says so otherwise.
+    sandbox_id = request.match_info["sandbox_id"]
+    sb = await live_sandbox(request, sandbox_id)
+    try:
+        if sb.status is not SandboxStatus.PAUSED:
+            await request.app[ENGINE].control.pause(sb.sandbox_id)
+            return web.Response(status=204)
+    except IllegalTransition:
+        sb = await live_sandbox(request, sandbox_id)  # ended meanwhile: a 404, as E2B's
+        if sb.status in (SandboxStatus.RUNNING, SandboxStatus.IDLE):  # idle: its command just ended
+            raise NotSupported(f"sandbox {sandbox_id} has commands running: hutch pauses a sandbox with none "
+                               "(frozen mid-command, its time limit could not be kept); kill them or wait for "
+                               "them, then pause", field="state") from None
+        if sb.status is not SandboxStatus.PAUSED:
+            raise
+    return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)
 
 
 @routes.post("/sandboxes/{sandbox_id}/resume")

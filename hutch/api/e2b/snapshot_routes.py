@@ -115,7 +115,7 @@ async def delete_template(request: web.Request) -> web.Response:
 @control(Access.WRITE)
 async def fork(request: web.Request) -> web.Response:
     """``count`` copies of the sandbox's files and env (hutch's fork), each ended after
-    ``timeout`` idle seconds (E2B's default 15); one result each, as E2B's."""
+    a ``timeout`` of that many seconds, counted as the parent's is (E2B's default 15); one result each, as E2B's."""
     engine = request.app[ENGINE]
     body = await read_body(request)
     _only(body, {"timeout", "count"}, "a fork request")
