@@ -45,8 +45,8 @@ async def test_a_sandbox_recorded_without_limits_gets_the_servers_defaults_when_
         make_api: AppFactory, node_agents: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A create recorded before service/defaults.py filled the spec (its resources empty):
     before, a move made it again with no memory and no cpu limit at all; now the server's
-    defaults, as every create gets them."""
-    api = await make_api(default_memory="96Mi", default_cpu="500m")
+    defaults, as every create gets them (the disk's too, when the operator sets one)."""
+    api = await make_api(default_memory="96Mi", default_cpu="500m", default_disk="64Mi")
     try:
         await api.data("POST", "/nodes/n2/drain", json={})  # made on n1
         with monkeypatch.context() as old_server:  # a server of before defaults.py: records what was asked
@@ -54,7 +54,8 @@ async def test_a_sandbox_recorded_without_limits_gets_the_servers_defaults_when_
             sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
         recorded = await api.client.app[ENGINE].parts.store.get_sandbox(sid)
         assert recorded is not None
-        assert (recorded.spec.resources.memory_bytes, recorded.spec.resources.cpu_millis) == (None, None)
+        resources = recorded.spec.resources
+        assert (resources.memory_bytes, resources.cpu_millis, resources.disk_bytes) == (None, None, None)
         await api.data("POST", "/nodes/n2/drain", json={"undo": True})
 
         await _move_off_n1(api, sid)
@@ -69,6 +70,11 @@ async def test_a_sandbox_recorded_without_limits_gets_the_servers_defaults_when_
         done = await api.wait_execution(ex["executionId"])
         assert str(done.get("error")).startswith("killed: out of memory"), done
         assert b"kept" not in await api.stream(done["stdoutStreamUrl"]), done
+        # The disk: a write past it is ENOSPC, and df shows the bound, not the node's disk.
+        out = (await _run(api, sid, "dd if=/dev/zero of=big bs=1M count=100 2>&1; echo rc=$?; rm -f big; "
+                                    "df -k . | tail -1")).decode()
+        assert "No space left on device" in out and "rc=1" in out, out
+        assert int(out.strip().splitlines()[-1].split()[1]) <= 64 * 1024, out
     finally:
         for name in ("n1", "n2"):
             await api.data("POST", f"/nodes/{name}/drain", json={"undo": True})
