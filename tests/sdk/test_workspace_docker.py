@@ -190,6 +190,17 @@ async def test_the_workspaces_code_cannot_fill_the_hosts_disk(monkeypatch: pytes
         assert (await again.shell("cat after.txt")).stdout == "room\n"
 
 
+async def test_without_root_there_is_no_disk_bound_so_no_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop mount needs root: run as another user the backend refuses, naming why and what
+    to use instead, and leaves nothing behind (it used to run with no disk bound)."""
+    before = _state_dirs()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(RuntimeError, match=r"bounds the workspace's disk \(4096 MiB\) with a loop-mounted file "
+                                           r"system, which needs root: .* backend 'sandbox'"):
+        await Workspace(backend="docker", runtime="base:latest").start()
+    assert not _state_dirs() - before
+
+
 @pytest.mark.timeout(300)
 async def test_the_image_is_imported_on_first_use_or_refused_by_name(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, engine: Any,
