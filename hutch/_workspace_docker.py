@@ -5,9 +5,17 @@ exec``, files are read and written in the directory (as unix-local does: hutch/_
 The code is untrusted, so the container gets what Docker allows of confinement: no network
 (``none``), every capability dropped, no-new-privileges, Docker's default seccomp profile, a
 read-only root with a small tmpfs at /tmp, memory, CPU (one core) and pids limits, tini as PID 1 (orphans are
-reaped), and a uid that is not root: on a root host one claimed from the local driver's range
-(host-wide registry, never a host account), otherwise your own. The image is the runtime's root
-filesystem (the same tree the local driver runs), imported into the engine on first use.
+reaped), and a uid that is not root, claimed from the local driver's range (host-wide registry,
+never a host account). The image is the runtime's root filesystem (the same tree the local driver
+runs), imported into the engine on first use.
+
+The workspace directory is a file system of its own, of ``DISK`` bytes: a sparse image file
+beside it, loop-mounted (drivers/local/disks.py, as a local sandbox's ``resources.disk``). The
+container's only other writable places are tmpfs (bounded, counted in its memory), so its code
+meets ENOSPC at the bound and the host's disk keeps its room. Docker's own bound
+(``--storage-opt size=``) needs overlay on XFS with project quotas, which this host's kernel
+lacks, and would not cover a bind mount anyway. A loop mount needs root: run as another user,
+the backend refuses to start, naming why.
 
 Needs the Docker SDK for Python (``pip install 'hutch[docker]'``) and an engine on this machine
 (a bind mount names a path of the engine's host): ``./scripts/services start docker`` runs one
@@ -42,6 +50,8 @@ ROOTFS_LABEL = "hutch.rootfs"  # the built tree (name-hash) an image was importe
 MEMORY = "2g"  # also the swap limit: no swap beyond it
 PIDS = 1024  # the local driver's default (HUTCH_DEFAULT_PIDS)
 CPUS = 10**9  # one core, in Docker's nano-CPUs: the local driver's default (HUTCH_DEFAULT_CPU)
+DISK = 4 * 2**30  # the workspace's file system, bytes: sparse, the host gives what is written
+DISK_IMAGE = "disk.img"  # beside the workspace directory, in the backend's state directory
 TMP = "rw,nosuid,nodev,size=256m,mode=1777"
 KILL_GRACE = 2.0  # seconds for output to drain after a timed-out command's tree is killed
 INSTALL = "pip install 'hutch[docker]'  (or: pip install docker)"
@@ -128,17 +138,20 @@ class DockerBox:
     @classmethod
     def _create(cls, runtime: str, env: Mapping[str, str]) -> DockerBox:
         client = _connect()
+        if os.geteuid() != 0:
+            client.close()
+            raise DockerUnavailable(f"backend 'docker' bounds the workspace's disk ({DISK // 2**20} MiB) with a "
+                                    "loop-mounted file system, which needs root: run it as root, or use backend "
+                                    "'sandbox' (rootless too)")
         state = Path(tempfile.mkdtemp(prefix="hutch-docker-"))  # 0700: no other host user gets in
         try:
             image = _image(client, runtime)
             uid, gid = _claim_uid(state)
-            (state / "workspace").mkdir(mode=0o755)
-            os.chown(state / "workspace", uid, gid)
+            _make_disk(state, uid, gid)
             container = _run_container(client, image, state / "workspace", uid, gid, env)
             return cls(client, container.id, state, uid, gid)
         except BaseException:
-            _release(state)
-            shutil.rmtree(state, ignore_errors=True)
+            _discard(state)
             client.close()
             raise
 
@@ -162,10 +175,22 @@ class DockerBox:
             source = next((m["Source"] for m in container.attrs.get("Mounts", []) if m.get("Destination") == HOME), None)
             if source is None or not Path(source).is_dir():
                 raise RuntimeError(f"docker workspace {container_id!r}: its directory ({source}) is not on this machine")
+            state = Path(source).parent
+            if not (state / DISK_IMAGE).is_file():
+                raise ValueError(f"workspace_id: docker workspace {container_id!r} has no disk bound (made by an "
+                                 f"older hutch): its files are in {source}; start a new workspace with them")
+            if not os.path.ismount(source):  # the host restarted: the files are all in the image
+                from hutch.drivers.local import disks
+
+                if container.status == "running":  # it holds the old mount: one file system, mounted once
+                    container.kill()
+                    container.wait()
+                disks.remount(state / DISK_IMAGE, Path(source))
+                container.reload()
             uid, _, gid = str(container.attrs["Config"]["User"]).partition(":")
             if container.status != "running":  # the engine restarted: the files are all there
                 container.start()
-            return cls(client, container.id, Path(source).parent, int(uid), int(gid or uid))
+            return cls(client, container.id, state, int(uid), int(gid or uid))
         except BaseException:
             client.close()
             raise
@@ -180,9 +205,10 @@ class DockerBox:
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_container(self.id, force=True)  # kills what still runs in it
         finally:
-            _release(self.state)
-            shutil.rmtree(self.state, ignore_errors=True)  # fd-based: no symlink in it is followed
-            self.client.close()
+            try:
+                _discard(self.state)
+            finally:
+                self.client.close()
 
     def close(self) -> None:
         """Let go of the engine connection; the container and its files stay (detach)."""
@@ -310,8 +336,6 @@ def _in_container(pid: int, container_id: str) -> bool:
 
 
 def _claim_uid(state: Path) -> tuple[int, int]:
-    if os.geteuid() != 0:
-        return os.getuid(), os.getgid()
     from hutch.drivers.local import uids
     from hutch.drivers.local.smallfiles import put
 
@@ -320,11 +344,29 @@ def _claim_uid(state: Path) -> tuple[int, int]:
     return uid, uid
 
 
-def _release(state: Path) -> None:
-    if os.geteuid() == 0 and (state / "uid").exists():
-        from hutch.drivers.local import uids
+def _make_disk(state: Path, uid: int, gid: int) -> None:
+    """``state/workspace``: a fresh file system of DISK bytes, the container user's, empty."""
+    from hutch.drivers.local import disks
 
-        uids.release(state)
+    root = state / "workspace"
+    disks.make(state / DISK_IMAGE, root, DISK)
+    os.rmdir(root / "lost+found")  # ext4's, not the workspace's: it would show in every listing
+    os.chown(root, uid, gid)
+    os.chmod(root, 0o755)
+
+
+def _discard(state: Path) -> None:
+    """The workspace's file system unmounted, its uid released and its state directory gone."""
+    from hutch.drivers.local import disks
+
+    try:
+        disks.unmount(state / "workspace", state / DISK_IMAGE)  # first: rmtree must not empty a mount
+    finally:
+        if (state / "uid").exists():
+            from hutch.drivers.local import uids
+
+            uids.release(state)
+        shutil.rmtree(state, ignore_errors=True)  # fd-based: no symlink in it is followed
 
 
 def _run_container(client: Any, image: str, root: Path, uid: int, gid: int, env: Mapping[str, str]) -> Any:

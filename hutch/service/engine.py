@@ -162,7 +162,8 @@ class Engine:
         self.ports = Ports(self.files, roles.ports)
         roles.fleet.set_locator(self._node_in_log)
         self.nodes = Nodes(roles, reads=self.reads, recorder=self.recorder, replicas=self.replicas,  # the node
-                           limits=self.snapshots.limits, spool=self.snapshots.archives.spool)  # driver's machines
+                           limits=self.snapshots.limits, spool=self.snapshots.archives.spool,  # driver's machines
+                           defaults=self.quotas.defaults)
         self.output = OutputReads(outputs)
         self.sandbox_output = SandboxOutput(self.changes, store, outputs, self.streams)  # a sandbox's console
 

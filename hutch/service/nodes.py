@@ -27,6 +27,7 @@ from hutch.core.replicas import Replicas
 from hutch.drivers.base import DriverRoles, ProvisionRequest
 from hutch.projections.base import SandboxQuery
 from hutch.service import archives
+from hutch.service.defaults import SandboxDefaults
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.snapshots import WORKSPACE
@@ -61,7 +62,7 @@ class Drained:
 
 class Nodes:
     def __init__(self, driver: DriverRoles, *, reads: Reads, recorder: Recorder, replicas: Replicas,
-                 limits: archives.Limits, spool: Spool) -> None:
+                 limits: archives.Limits, spool: Spool, defaults: SandboxDefaults) -> None:
         self._fleet = driver.fleet
         self._driver = driver
         self._reads = reads
@@ -69,6 +70,7 @@ class Nodes:
         self._replicas = replicas
         self._limits = limits
         self._spool = spool  # the snapshots' spool: a private directory on the API's disk
+        self._defaults = defaults  # what a spec recorded without resources gets (service/defaults.py)
 
     async def list(self) -> list[NodeInfo]:
         return await self._fleet.nodes()
@@ -118,7 +120,12 @@ class Nodes:
 
     async def _move(self, sb: SandboxState, *, reason: str) -> Moved:
         sid, here = sb.sandbox_id, str(sb.node)
-        req = ProvisionRequest.for_spec(sid, sb.spec)
+        # Made again from its record, as a create makes it: a spec recorded before the defaults
+        # were filled in (or by any path that left them out) gets them here, not no limit at
+        # all. Its network is the record's too, so a rule changed since the create (a
+        # ``network`` event, folded into the spec) is what the new copy gets.
+        spec = self._defaults.apply(sb.spec, cpu_limit=self._driver.lifecycle.capabilities.cpu_limit)
+        req = ProvisionRequest.for_spec(sid, spec)
         to = await self._fleet.move_target(req)
 
         async def carry(command: Move) -> None:

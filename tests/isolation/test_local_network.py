@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.drivers.base import ExecRequest, ProvisionRequest
+from hutch.drivers.base import ExecRequest, ProvisionRequest, ResourceLimits
 from hutch.drivers.local import network
 from hutch.drivers.local.driver import UID_BASE, LocalDriver
 from tests.drivers_support import (
@@ -190,6 +190,26 @@ async def test_destroy_and_restore_keep_the_network_right(driver: LocalDriver, f
         await asyncio.sleep(0.02)
     else:
         raise AssertionError(f"{veth} outlived its sandbox")
+
+
+async def test_a_restore_keeps_the_rules_and_limits_in_force_not_those_of_the_checkpoint(
+        driver: LocalDriver, fake_internet: tuple[str, int]) -> None:
+    """A checkpoint restore starts the sandbox's init again: it runs under the rules an update
+    put in force after the checkpoint (network off here), and in the cgroup with its limits."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=True,
+                                            resources=ResourceLimits(memory_bytes=96 * 2**20)))
+    try:
+        await driver.checkpoint(sid, "ckpt_on")  # taken while its network is on
+        assert next(iter((await probe(driver, sid, [fake_internet])).values())).startswith("open")
+        await driver.update_network(sid, enabled=False, allow=(), deny=())
+        await driver.restore(sid, "ckpt_on")
+        seen = await probe(driver, sid, [fake_internet])
+        assert not next(iter(seen.values())).startswith("open"), f"{seen}\n{network_state()}"
+        memory = next(p for p in driver._cgroups.paths(sid) if "memory" in p.parts)
+        assert int((memory / "memory.limit_in_bytes").read_text()) == 96 * 2**20
+    finally:
+        await driver.destroy(sid)
 
 
 @contextlib.contextmanager

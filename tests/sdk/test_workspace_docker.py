@@ -6,6 +6,7 @@ cannot reach. The document's failure table and the planted-symlink attacks run o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hutch._workspace_docker import _engine_address
+from hutch._workspace_docker import DISK, _engine_address
 from hutch.workspace import Workspace, WorkspaceSnapshot
 from tests.sdk.test_workspace import _git_repo, built_tree
 
@@ -102,6 +103,9 @@ async def test_a_docker_workspace_runs_every_language_confined(engine: Any, tree
                                 "/sys/fs/cgroup/cpu/cpu.cfs_period_us")).stdout.split()
         assert config["NanoCpus"] == 10**9 and quota == ["100000", "100000"], (config["NanoCpus"], quota)
         assert "no-new-privileges" in config["SecurityOpt"]
+        # And a disk bound: the workspace is a file system of DISK bytes (the attack: further down).
+        size = int((await ws.shell("df -B1 --output=size . | tail -1")).stdout)
+        assert DISK * 0.9 < size <= DISK and ws._dir is not None and ws._dir.is_mount(), size
         # Detach, reattach by the container's id (as a new process would), snapshot as files.
         cid, directory = ws.id, ws._dir
         await ws.detach()
@@ -145,6 +149,56 @@ async def test_git_clones_land_in_the_container_without_a_network(tmp_path: Path
     with pytest.raises(ValueError, match="outside the workspace"):
         async with Workspace(backend="docker", git_clones=[{"url": f"file://{repo}", "dir": "../x"}]):
             pass
+
+
+async def test_the_workspaces_code_cannot_fill_the_hosts_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sandbox has a disk bound (docs/security.md): before, the workspace was a plain
+    directory of the host's disk bind-mounted writable, and its code could fill that disk. Now
+    it is a file system of DISK bytes: a write past it is ENOSPC inside, the host's disk keeps
+    its room, and deleting makes room again. (A small bound here: the default's own size is
+    checked in the test above.)"""
+    import hutch._workspace_docker as backend
+
+    built_tree("base:latest")
+    bound = 64 * 2**20
+    monkeypatch.setattr(backend, "DISK", bound, raising=False)
+    async with Workspace(backend="docker", language="shell", runtime="base:latest") as ws:
+        assert ws._dir is not None
+        host = os.statvfs(ws._dir.parent.parent)  # the host file system the state directory is on
+        before = host.f_bavail * host.f_frsize
+        # Zeros written, not a sparse file: every block is taken.
+        filled = await ws.shell(f"dd if=/dev/zero of=big bs=1M count={bound // 2**20 + 64} 2>&1; echo exit=$?; "
+                                "df -B1 --output=size . | tail -1", timeout_seconds=300)
+        out = filled.stdout
+        assert "No space left on device" in out and "exit=1" in out, out
+        assert int(out.split()[-1]) <= bound, out  # df shows the bound, not the host's disk
+        host = os.statvfs(ws._dir.parent.parent)
+        assert before - host.f_bavail * host.f_frsize < bound + 256 * 2**20, "the host lost more than the bound"
+        # The host's own writes into the workspace meet the same bound, with a clear error.
+        with pytest.raises(OSError, match="No space left on device"):
+            await ws.write_file("more.txt", "x" * 2**20)
+        freed = await ws.shell("rm big && echo room > after.txt && cat after.txt")
+        assert freed.stdout == "room\n", freed
+        # A host restart takes the mount, not the files: a reattach mounts the image again (and
+        # restarts the container, which must not hold an older mount of the same file system).
+        cid, directory = ws.id, ws._dir
+        await ws.detach()
+    await asyncio.to_thread(subprocess.run, ["umount", "-l", str(directory)], check=True)
+    assert not directory.is_mount() and not (directory / "after.txt").exists()
+    async with Workspace(backend="docker", language="shell", workspace_id=cid) as again:
+        assert directory.is_mount() and await again.read_file("after.txt") == "room\n"
+        assert (await again.shell("cat after.txt")).stdout == "room\n"
+
+
+async def test_without_root_there_is_no_disk_bound_so_no_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop mount needs root: run as another user the backend refuses, naming why and what
+    to use instead, and leaves nothing behind (it used to run with no disk bound)."""
+    before = _state_dirs()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(RuntimeError, match=r"bounds the workspace's disk \(4096 MiB\) with a loop-mounted file "
+                                           r"system, which needs root: .* backend 'sandbox'"):
+        await Workspace(backend="docker", runtime="base:latest").start()
+    assert not _state_dirs() - before
 
 
 @pytest.mark.timeout(300)

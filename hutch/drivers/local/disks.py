@@ -54,7 +54,16 @@ _templates_lock = threading.Lock()
 
 def attach(d: Path, size: int) -> None:
     """Give sandbox dir ``d`` a ``size``-byte file system holding its upper and work dirs."""
-    img, mnt = d / IMAGE, d / MOUNT
+    mnt = d / MOUNT
+    make(d / IMAGE, mnt, size)
+    for name in ("upper", "work"):
+        (mnt / name).mkdir()
+        os.symlink(f"{MOUNT}/{name}", d / name)
+
+
+def make(img: Path, mnt: Path, size: int) -> None:
+    """A fresh ``size``-byte file system in the new (sparse) image file ``img``, mounted at the
+    new directory ``mnt`` (nosuid, nodev). Also the Workspace's docker backend's disk bound."""
     extents = _template(size)
     fd = os.open(img, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -62,16 +71,27 @@ def attach(d: Path, size: int) -> None:
         for offset, data in extents:
             os.pwrite(fd, data, offset)
         mnt.mkdir(mode=0o700)
-        loop = _loop_attach(fd)
-        try:
-            _mount(f"/dev/loop{loop[1]}", mnt)
-        finally:
-            os.close(loop[0])  # the mount holds the device now; it clears when unmounted
+        _mount_image(fd, mnt)
     finally:
         os.close(fd)
-    for name in ("upper", "work"):
-        (mnt / name).mkdir()
-        os.symlink(f"{MOUNT}/{name}", d / name)
+
+
+def remount(img: Path, mnt: Path) -> None:
+    """Mount the file system of an existing image at ``mnt`` again (its mount went with a
+    reboot; its files are all in the image)."""
+    fd = os.open(img, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        _mount_image(fd, mnt)
+    finally:
+        os.close(fd)
+
+
+def _mount_image(fd: int, mnt: Path) -> None:
+    loop = _loop_attach(fd)
+    try:
+        _mount(f"/dev/loop{loop[1]}", mnt)
+    finally:
+        os.close(loop[0])  # the mount holds the device now; it clears when unmounted
 
 
 def attached(d: Path) -> bool:
@@ -80,11 +100,15 @@ def attached(d: Path) -> bool:
 
 def detach(d: Path) -> None:
     """Unmount ``d``'s disk (lazily: a dying sandbox may still hold it) and delete its image."""
-    mnt = d / MOUNT
+    unmount(d / MOUNT, d / IMAGE)
+
+
+def unmount(mnt: Path, img: Path) -> None:
+    """Unmount ``mnt`` (lazily: a process may still hold it) and delete its image ``img``."""
     if os.path.ismount(mnt) and _libc.umount2(os.fsencode(mnt), _MNT_DETACH) != 0:
         num = ctypes.get_errno()
-        raise DriverFailure(f"unmounting the disk of {d.name} failed: {os.strerror(num)}")
-    (d / IMAGE).unlink(missing_ok=True)
+        raise DriverFailure(f"unmounting the disk of {mnt.parent.name} failed: {os.strerror(num)}")
+    img.unlink(missing_ok=True)
 
 
 def _template(size: int) -> list[tuple[int, bytes]]:
