@@ -45,6 +45,9 @@ MEMINFO = ("MemAvailable", "MemFree", "Slab", "SUnreclaim", "SReclaimable", "Ker
            "Shmem", "Cached", "Buffers", "AnonPages")
 MEMCG = Path("/sys/fs/cgroup/memory/hutch")
 CPUCG = Path("/sys/fs/cgroup/cpu/hutch")
+# Where each sandbox's processes are listed: an idle sandbox has no memory cgroup of its own
+# (made at its first command; its pid 1 is charged to the instance's), but a freezer one.
+FREEZERCG = Path("/sys/fs/cgroup/freezer/hutch")
 
 
 def meminfo() -> dict[str, int]:
@@ -78,10 +81,10 @@ def rollup(pid: int | str) -> dict[str, int]:
 
 
 def cgroup_pids(instance: str) -> dict[str, list[int]]:
-    """The processes in each sandbox's memory cgroup (and its leaves) of this server."""
+    """The processes in each sandbox's freezer cgroup (and its leaves) of this server."""
     found: dict[str, list[int]] = {}
-    for cg in (MEMCG / instance).glob("*/**/cgroup.procs"):
-        sandbox = cg.relative_to(MEMCG / instance).parts[0]
+    for cg in (FREEZERCG / instance).glob("*/**/cgroup.procs"):
+        sandbox = cg.relative_to(FREEZERCG / instance).parts[0]
         found.setdefault(sandbox, []).extend(int(p) for p in cg.read_text().split())
     return found
 
@@ -220,7 +223,8 @@ async def responsiveness(url: str, ids: list[str]) -> dict[str, float]:
 def leftovers(instance: str, data: Path) -> dict[str, int]:
     """What destroy-all left: sandbox cgroups of this server, their processes, mounts under its
     data directory."""
-    cgroups = [d for d in (MEMCG / instance).iterdir() if d.is_dir()] if (MEMCG / instance).exists() else []
+    cgroups = [d for top in (MEMCG, FREEZERCG) if (top / instance).exists()
+               for d in (top / instance).iterdir() if d.is_dir()]
     mounts = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(data.resolve()) in ln]
     return {"cgroups": len(cgroups), "processes": sum(len(p) for p in cgroup_pids(instance).values()),
             "mounts": len(mounts)}

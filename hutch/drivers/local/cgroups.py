@@ -28,6 +28,17 @@ A sandbox's cpu limit is written before its first command (``apply_cpu``), not a
 create: each write of a quota walks every cpu cgroup on the host (the kernel checks the
 whole tree's bandwidth), which made a create dearer the more sandboxes there were
 (docs/idle.md). Until then only its pid 1, which runs nothing, is in the cgroup.
+
+On v1 a sandbox's memory cgroup, with its limit, is made before its first command too
+(``apply_memory``), not at its create: every memory cgroup holds the kernel's shrinker map,
+one 520-byte unit per 64 superblocks the host ever held at once, so with 5 superblocks a
+sandbox each memory cgroup cost ``5 x sandboxes / 64`` KiB, 781 KiB at 10,000 idle
+(docs/idle.md), and its mkdir and rmdir were a create's and a destroy's dearest cgroup steps.
+Until then pid 1 (our own code, which runs nothing of the sandbox's and allocates nothing
+after its start) is charged to the instance's memory cgroup, and stays there: every process
+of the sandbox's own enters through a leaf under the sandbox's memory cgroup, made with its
+limit before the leaf. v2 cannot split one process's controllers: its memory is made at the
+create, as before.
 """
 
 from __future__ import annotations
@@ -165,6 +176,7 @@ class Cgroups(abc.ABC):
     controllers: frozenset[str]
     instance: str = "default"
     _cpu_applied: set[str]
+    _memory_applied: set[str]
 
     @staticmethod
     def detect(instance: str = "default") -> Cgroups | None:
@@ -220,6 +232,18 @@ class Cgroups(abc.ABC):
         if cpu_millis and "cpu" in self.controllers:
             self._set_cpu(sandbox, cpu_millis)
         self._cpu_applied.add(sandbox)
+
+    def apply_memory(self, sandbox: str, memory: int | None) -> None:
+        """The sandbox's memory cgroup and limit, made once, before the first command of its
+        own runs (v1: create_sandbox leaves it out; v2 makes it there). ``_memory_applied``
+        only saves the syscalls: a server restarted before the first command makes it."""
+        if sandbox in self._memory_applied:
+            return
+        self._make_memory(sandbox, memory)
+        self._memory_applied.add(sandbox)
+
+    def _make_memory(self, sandbox: str, memory: int | None) -> None:  # noqa: B027 - v1 only
+        """Make the sandbox's memory cgroup with its limit, if it has none yet."""
 
     @abc.abstractmethod
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
@@ -352,6 +376,7 @@ class Cgroups(abc.ABC):
         """rmdir the sandbox (or one leaf) in every hierarchy; False if processes remain."""
         if leaf is None:
             self._cpu_applied.discard(sandbox)
+            self._memory_applied.discard(sandbox)
         ok = True
         for path in self.paths(sandbox, leaf):
             ok = _rmtree(path) and ok
@@ -371,6 +396,7 @@ class CgroupV1(Cgroups):
         # (sandbox, leaf) -> the OOM kill count a reused leaf came with
         self._oom_base: dict[tuple[str, str], int] = {}
         self._cpu_applied: set[str] = set()  # sandboxes whose cpu limit is written (apply_cpu)
+        self._memory_applied: set[str] = set()  # sandboxes whose memory cgroup is made (apply_memory)
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         parts = [PARENT, self.instance, sandbox] + ([leaf] if leaf else [])
@@ -391,18 +417,33 @@ class CgroupV1(Cgroups):
             (self.mounts[c] / PARENT / self.instance).mkdir(parents=True, exist_ok=True)
 
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
-        for path in self.paths(sandbox):
-            path.mkdir(exist_ok=True)
+        for c, path in zip(self._order, self.paths(sandbox), strict=True):
+            if c != "memory":  # made before the first command (apply_memory)
+                path.mkdir(exist_ok=True)
         self._cpu_applied.discard(sandbox)
-        self.set_limits(sandbox, memory=memory, cpu_millis=None, pids=pids)  # cpu: apply_cpu
+        self._memory_applied.discard(sandbox)
+        self.set_limits(sandbox, memory=None, cpu_millis=None, pids=pids)  # memory, cpu: apply_*
+
+    def _make_memory(self, sandbox: str, memory: int | None) -> None:
+        if "memory" not in self.mounts:
+            return
+        path = Path(self._root("memory"), sandbox)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        self._limit_memory(path, memory)
+
+    def _limit_memory(self, path: Path, memory: int | None) -> None:
+        if memory:
+            _write(path / "memory.limit_in_bytes", str(memory))
+            swap = path / "memory.memsw.limit_in_bytes"
+            if swap.exists():  # limit + swap == limit: no swapping out of the limit
+                _write(swap, str(memory))
 
     def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
-        if memory and "memory" in base:
-            _write(base["memory"] / "memory.limit_in_bytes", str(memory))
-            swap = base["memory"] / "memory.memsw.limit_in_bytes"
-            if swap.exists():  # limit + swap == limit: no swapping out of the limit
-                _write(swap, str(memory))
+        if memory and "memory" in base:  # a pooled sandbox's (made by apply_memory at its fill)
+            base["memory"].mkdir(exist_ok=True)
+            self._limit_memory(base["memory"], memory)
         if cpu_millis and "cpu" in base:
             self._set_cpu(sandbox, cpu_millis)
             self._cpu_applied.add(sandbox)
@@ -424,8 +465,10 @@ class CgroupV1(Cgroups):
         """Rename a sandbox's cgroups (v1 allows it among siblings; live processes follow)."""
         done: list[tuple[Path, Path]] = []
         try:
-            for src in self.paths(old):
+            for c, src in zip(self._order, self.paths(old), strict=True):
                 dst = src.with_name(new)
+                if c == "memory" and old not in self._memory_applied and not src.exists():
+                    continue  # not made yet (apply_memory)
                 os.rename(src, dst)
                 done.append((src, dst))
         except BaseException:
@@ -433,9 +476,10 @@ class CgroupV1(Cgroups):
                 with contextlib.suppress(OSError):
                     os.rename(dst, src)
             raise
-        if old in self._cpu_applied:
-            self._cpu_applied.discard(old)
-            self._cpu_applied.add(new)
+        for applied in (self._cpu_applied, self._memory_applied):
+            if old in applied:
+                applied.discard(old)
+                applied.add(new)
         if old in self._spares:  # renamed with its parent; a pooled one's starts ageing now
             self._spares[new] = (self._spares.pop(old)[0], time.monotonic())
 
@@ -456,7 +500,9 @@ class CgroupV1(Cgroups):
         out = []
         for c in self._order:
             path = f"{self._root(c)}/{sandbox}"
-            if leaf != "init" and c in LEAF_CONTROLLERS_V1:  # else in the sandbox's own cgroup, under its limits
+            if leaf == "init" and c == "memory":  # pid 1: the instance's (apply_memory)
+                path = self._root(c)
+            elif leaf != "init" and c in LEAF_CONTROLLERS_V1:  # else in the sandbox's own cgroup, under its limits
                 path = f"{path}/{leaf}"
                 if not (c == "memory" and self._take_spare(sandbox, leaf)):
                     with contextlib.suppress(FileExistsError):
@@ -539,13 +585,21 @@ class CgroupV1(Cgroups):
                 ok = _rmtree(Path(path)) and ok
         return ok
 
+    def _unmade_memory(self, sandbox: str, path: Path | None) -> bool:
+        """The sandbox lives but its memory cgroup is not made yet (apply_memory): nothing of
+        its own has run, so it holds nothing and has held nothing."""
+        return path is not None and not path.exists() and Path(self._root("freezer"), sandbox).exists()
+
     def usage(self, sandbox: str) -> tuple[float | None, int | None]:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
+        memory = base.get("memory")
         return (_number(base.get("cpuacct"), "cpuacct.usage", 1e-9),  # hierarchical: init and every leaf
-                _int(_number(base.get("memory"), "memory.max_usage_in_bytes", 1)))
+                0 if self._unmade_memory(sandbox, memory) else _int(_number(memory, "memory.max_usage_in_bytes", 1)))
 
     def memory_now(self, sandbox: str) -> tuple[int | None, int | None, int | None]:
         path = dict(zip(self._order, self.paths(sandbox), strict=True)).get("memory")
+        if self._unmade_memory(sandbox, path):
+            return 0, 0, None  # its limit: the caller's record (usage.py)
         limit = _int(_number(path, "memory.limit_in_bytes", 1))
         # v1 writes "no limit" as the largest page-aligned number: above any machine's memory.
         unlimited = limit is None or limit >= _UNLIMITED_V1
@@ -617,6 +671,7 @@ class CgroupV2(Cgroups):
         self.mount = mount
         self.controllers = controllers
         self._cpu_applied: set[str] = set()  # sandboxes whose cpu limit is written (apply_cpu)
+        self._memory_applied: set[str] = set()  # v2 makes it at the create: nothing to apply
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         path = self.mount / PARENT / self.instance / sandbox

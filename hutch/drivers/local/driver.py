@@ -87,6 +87,7 @@ from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
 from hutch.drivers.local.state import SAFE_ID, Registry, is_live
 from hutch.drivers.local.teardown import Teardown
+from hutch.drivers.local.trash import Trash
 from hutch.drivers.local.uids import UID_BASE
 from hutch.drivers.local.usage import measure
 
@@ -119,6 +120,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._available: set[str] = set()
         self._available_at = -1e9
         self._builds = Builds()  # runtimes built on first use
+        self._trash = Trash(self.sandbox_root)  # dead sandboxes' directories, deleted off the loop
         self._spares = SpareDirs(self.sandbox_root, [HOME, rootfs.WORKSPACE, *(ROOTLESS_TMP if self.rootless else ())],
                                  xattr_prefix="user.overlay." if self.rootless else "trusted.overlay.")
         self._wire()
@@ -155,7 +157,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._quiet = Quiet()  # requests launching; the pool's refill waits for none (quiet.py)
         self._executions = LocalExecutions(self._registry, self._nsexec, cg, self._quiet)
         self._launcher = Launcher(self._registry, self._nsexec, cg, self._network, self._spares, rootless=rootless)
-        self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache)
+        self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache, self._trash)
         self._background = PoolRefill()  # pool fills, destroys: close() waits for them
         self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache,
                               self._quiet)
@@ -199,6 +201,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandbox_root, 0o700)  # upper layers: only root (the overlay's mounter) needs in
         self._spares.reset()
+        self._trash.reset()
         # Shared per host next to the runtimes (compiled once), else per data dir.
         try:
             return ensure_helper(self.runtime_cache / "bin")
@@ -218,6 +221,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         # destroys what it made; a destroy in progress completes.
         await self._background.drain()
         await self._pool.close()
+        await self._trash.drain()
         if self._cgroups is not None:
             self._cgroups.remove_instance()  # only when no sandbox is left in it
 

@@ -165,6 +165,7 @@ class Nsexec:
         if self._cgroups is None:  # rootless: no leaves
             return []
         self._cgroups.apply_cpu(sb.id, sb.cpu_millis)  # not written at the create (cgroups.py)
+        self._cgroups.apply_memory(sb.id, sb.memory_bytes)  # v1: not made at the create (cgroups.py)
         procs = self._cgroups.create_leaf(sb.id, leaf)
         self._leaves.setdefault(sb.id, set()).add(leaf)
         return procs

@@ -202,8 +202,10 @@ class WarmPool:
                         return
                     # Its first command's memory leaf, made now rather than on that command's
                     # way (0.3-0.65 ms: cgroups.py); fresh and empty, as a new one would be.
+                    # Its memory cgroup too (made at a first command otherwise: cgroups.py).
                     if self._cgroups is not None:
                         with contextlib.suppress(OSError):
+                            self._cgroups.apply_memory(name, memory)
                             self._cgroups.make_spare(name)
                     pool.append(sb)
         finally:

@@ -8,12 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure
@@ -25,19 +22,21 @@ from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
 from hutch.drivers.local.state import POOL_NAME, SAFE_ID, LocalSandbox, Registry, is_live
+from hutch.drivers.local.trash import Trash
 
 
 class Teardown:
     """Ends the sandboxes of one driver."""
 
     def __init__(self, registry: Registry, nsexec: Nsexec, cgroups: Cgroups | None, net: SandboxNetwork,
-                 spares: SpareDirs, runtime_cache: Path) -> None:
+                 spares: SpareDirs, runtime_cache: Path, trash: Trash) -> None:
         self._registry = registry
         self._nsexec = nsexec
         self._cgroups = cgroups
         self._net = net
         self._spares = spares
         self._runtime_cache = runtime_cache
+        self._trash = trash
 
     async def teardown(self, sid: str) -> None:
         self._registry.sandboxes.pop(sid, None)
@@ -89,7 +88,7 @@ class Teardown:
             key = layers_key(layers.lowers(self._runtime_cache, recipe, sb.layer))
             if self._spares.give(d, key):
                 return
-        shutil.rmtree(d, onerror=_rm_unreadable)
+        self._trash.put(d)  # deleted by the trash's worker, off the loop (trash.py)
 
     async def kill_init(self, sb: LocalSandbox) -> None:
         """SIGKILL the sandbox's pid 1 and wait until it is gone.
@@ -157,20 +156,3 @@ class Teardown:
         # What is left (a terminal's, a file operation's) lingers: the pids guard watches it.
         self._nsexec.adopt_leaves(sid, [leaf for leaf in self._cgroups.leaves(sid) if leaf != "init"])  # v2: pid 1's
 
-
-def _rm_unreadable(func: Callable[..., object], path: str,
-                   exc_info: tuple[type[BaseException], BaseException, TracebackType]) -> None:
-    """rmtree's error handler: overlayfs leaves its ``work/work`` at mode 000, which only
-    root can enter; rootless, we own it and may open it up first."""
-    err = exc_info[1]
-    if isinstance(err, FileNotFoundError):
-        return
-    if not isinstance(err, PermissionError):
-        raise err
-    os.chmod(os.path.dirname(path), 0o700)
-    with contextlib.suppress(FileNotFoundError):
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            shutil.rmtree(path, onerror=_rm_unreadable)
-        else:
-            os.unlink(path)

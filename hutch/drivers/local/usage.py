@@ -56,6 +56,8 @@ def measure(d: Path, sb: LocalSandbox, cgroups: Cgroups | None, *, disk: bool) -
     used = layer_disk(d) if disk else None
     return Usage(cpu_seconds=cpu, memory_peak_bytes=peak, memory_bytes=held, memory_cache_bytes=cache,
                  # Without cgroups nothing holds the sandbox to a memory total (rlimits are per process).
-                 memory_total_bytes=(limit or machine_memory()) if cgroups is not None else None,
+                 # An idle sandbox's memory cgroup is made at its first command (cgroups.py): until
+                 # then its limit is the record's.
+                 memory_total_bytes=(limit or sb.memory_bytes or machine_memory()) if cgroups is not None else None,
                  cpu_count=math.ceil(sb.cpu_millis / 1000) if sb.cpu_millis else machine_cpus(),
                  disk_used_bytes=used[0] if used else None, disk_total_bytes=used[1] if used else None)
