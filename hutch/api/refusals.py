@@ -14,9 +14,11 @@ that lasts more than ``WATCH_AFTER`` seconds and carries ``STILL_AUTHORIZED``, t
 
 Only reads: a mutation that outlives its key did what it did (its own handler refuses a body
 that arrives after the key ended, api/http.py), and a 401 afterwards would say it had not.
-Handlers that end themselves more politely set ``ENDS_WHEN_REFUSED`` (a terminal tells why,
-an E2B stream ends with ``unauthenticated``). Keyless reads (stream URLs, the audit stream:
-the URL is the capability) carry no key to lose and are not watched.
+E2B's Connect streams are POSTs that ask before each message they send, and end with
+``unauthenticated`` (api/e2b/envd_routes.py). GETs that end themselves more politely set
+``ENDS_WHEN_REFUSED``: a terminal tells why, the Web App's live feed ends cleanly (a cut one
+its EventSource would retry at once). Keyless reads (stream URLs, the audit stream: the URL
+is the capability) carry no key to lose and are not watched.
 """
 
 from __future__ import annotations
