@@ -79,6 +79,7 @@ def fake_internet_namespace(wait: float = 90) -> Iterator[tuple[str, tuple[str, 
     """fake_internet_running, also naming its namespace (for servers of a test's own in it)."""
     with _fake_internet_lock(wait):
         _remove_leftover_internets()
+        _wait_for_foreign_internets(wait)
         tag = uuid.uuid4().hex[:8]
         ns, veth = f"{INET_NS_PREFIX}{tag}", f"{INET_LINK_PREFIX}{tag}"
         sh("ip", "netns", "add", ns)
@@ -146,6 +147,17 @@ def _fake_internet_lock(wait: float) -> Iterator[None]:
             _lock_holders.held = False
     finally:
         os.close(fd)  # releases the lock
+
+
+def _wait_for_foreign_internets(wait: float) -> None:
+    """Another's fake internet holding these addresses under other names (a checkout of before
+    the lock, on this host): waited for, never removed. The route to it would win."""
+    deadline = time.monotonic() + wait
+    while held := subprocess.run(["ip", "-4", "-o", "addr", "show", "to", f"{INET_HOST}/{INET_PREFIX}"],
+                                 capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"another fake internet held {INET_HOST}/{INET_PREFIX} for {wait:.0f} s: {held}")
+        time.sleep(0.2)
 
 
 def _internets() -> tuple[list[str], list[str]]:
