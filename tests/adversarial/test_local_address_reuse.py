@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from hutch.core.errors import DriverFailure
 from hutch.drivers.base import ExecRequest, ProvisionRequest
-from hutch.drivers.local import network, uids
+from hutch.drivers.local import conntrack, network, uids
 from hutch.drivers.local.driver import UID_BASE, LocalDriver
 from hutch.drivers.local.smallfiles import put
 from tests.drivers_support import (
@@ -178,7 +179,9 @@ async def test_the_next_sandbox_at_an_address_gets_nothing_of_the_last_ones_flow
         sink = Recorder()
         await driver.exec(ExecRequest(new_id("ex"), first, ["python3", "-c", OPEN_FLOW, INET_SERVER, str(FLOW_PORT),
                                                             str(UDP_PORT)], timeout=30), sink)
-        assert sink.stdout.startswith("reply 0 to the first tenant"), (sink.stdout, sink.stderr)
+        assert sink.stdout.startswith("reply 0 to the first tenant"), (
+            sink.stdout, sink.stderr, log.read_text(),
+            subprocess.run(["conntrack", "-L", "-p", "udp"], capture_output=True, text=True).stdout)
     finally:
         await driver.destroy(first)
     left = await asyncio.to_thread(tracked, address)  # the server's replies still come, to the old flow
@@ -221,3 +224,28 @@ async def test_a_sandbox_never_starts_with_flows_left_at_its_address(driver: Loc
         assert await asyncio.to_thread(tracked, address) == []
     finally:
         await driver.destroy(sid)
+
+
+async def test_a_teardown_that_could_not_forget_leaves_it_to_the_next_set_up(
+        driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teardown marks the address it forgot, and the next set-up there trusts the mark rather
+    than walk the kernel's table again (conntrack.py). One that could not forget marks nothing:
+    the destroy completes, and the next set-up at the address forgets the entries itself."""
+    first = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=first, runtime=PY, network_enabled=True))
+    index = driver._registry.running(first).uid - UID_BASE
+    address = str(network.address(index))
+
+    def refused(_: str) -> int:
+        raise DriverFailure("ctnetlink: refused")
+
+    monkeypatch.setattr(conntrack, "forget", refused)
+    await driver.destroy(first)  # completes: the failure is logged
+    monkeypatch.undo()
+    made = await asyncio.to_thread(_make_entry, address)  # what it could not forget
+    assert made.returncode == 0, made.stderr
+    second = await at_index(driver, index, network_enabled=True)
+    try:
+        assert await asyncio.to_thread(tracked, address) == []
+    finally:
+        await driver.destroy(second)

@@ -193,7 +193,7 @@ def setup(pid: int, index: int, *, outbound: bool) -> str:
         _run("ip", "link", "del", stale, check=False)
     # Before the address is reachable: the flows an earlier holder of it left (a teardown
     # that never ran: a server killed first) must not become this sandbox's (conntrack.py).
-    conntrack.forget(str(ip))
+    conntrack.forget_before_use(index, str(ip))
     _run("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", str(pid))
     try:
         _sysctl_write(f"/proc/sys/net/ipv6/conf/{host}/disable_ipv6", "1")
@@ -302,9 +302,9 @@ def teardown(index: int) -> None:
     # than wait (up to 5 days) for the next sandbox given its address (conntrack.py). A failure
     # here leaves the destroy whole: the next set-up at this address forgets them or fails.
     try:
-        conntrack.forget(str(address(index)))
-    except DriverFailure as err:
-        log.warning("%s", err.message)
+        conntrack.forget_released(index, str(address(index)))
+    except (DriverFailure, OSError) as err:  # OSError: the mark (conntrack.FORGOTTEN) not written
+        log.warning("%s", err)
 
 
 # Links are asked of the kernel in this process's network namespace, not read from /sys:
