@@ -34,10 +34,10 @@ The firewall (iptables, chains ``HUTCH-IN``/``HUTCH-FWD``/``HUTCH-NAT``, install
 Turning the first sandbox's network on sets ``net.ipv4.ip_forward=1`` (host-wide; the
 FORWARD rules above only accept traffic from sandbox veths).
 
-An address is handed out again once its sandbox is destroyed: the teardown, and the next set-up
-before its veth exists, delete the host's connection-tracking entries of the address
-(conntrack.py), so the ``ESTABLISHED,RELATED`` accepts above never carry a flow of the last
-holder's to the next one.
+An address is handed out again once its sandbox is destroyed: the teardown deletes the host's
+connection-tracking entries of the address, and the next set-up does before its veth exists
+unless that teardown's mark says it was done (conntrack.py), so the ``ESTABLISHED,RELATED``
+accepts above never carry a flow of the last holder's to the next one.
 
 IPv6: sandboxes have none (disabled on both ends of every veth). As a second wall,
 ip6tables drops every packet that comes in from or goes out to a sandbox veth (``hz+``), in
