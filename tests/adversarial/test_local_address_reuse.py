@@ -153,6 +153,10 @@ def _make_entry(address: str) -> subprocess.CompletedProcess[str]:
                            "--reply-port-dst", str(FLOW_PORT)], capture_output=True, text=True)
 
 
+def udp_entries() -> str:
+    return subprocess.run(["conntrack", "-L", "-p", "udp"], capture_output=True, text=True).stdout
+
+
 def tracked(address: str) -> list[str]:
     """The host's conntrack entries with ``address`` at either end."""
     out = []
@@ -180,8 +184,7 @@ async def test_the_next_sandbox_at_an_address_gets_nothing_of_the_last_ones_flow
         await driver.exec(ExecRequest(new_id("ex"), first, ["python3", "-c", OPEN_FLOW, INET_SERVER, str(FLOW_PORT),
                                                             str(UDP_PORT)], timeout=30), sink)
         assert sink.stdout.startswith("reply 0 to the first tenant"), (
-            sink.stdout, sink.stderr, log.read_text(),
-            subprocess.run(["conntrack", "-L", "-p", "udp"], capture_output=True, text=True).stdout)
+            sink.stdout, sink.stderr, log.read_text(), await asyncio.to_thread(udp_entries))
     finally:
         await driver.destroy(first)
     left = await asyncio.to_thread(tracked, address)  # the server's replies still come, to the old flow
