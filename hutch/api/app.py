@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api import body_fields, memory, openapi
+from hutch.api import body_fields, memory, openapi, refusals
 from hutch.api.access import PUBLIC, access_of, needs
 from hutch.api.http import check_query, parse_json
 from hutch.api.keys import (
@@ -110,6 +110,8 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
             "no such endpoint" if err.status == 404 else err.reason
         )
         return _error(err.status, message, code)
+    except ConnectionResetError:
+        raise  # the connection is gone (the client left, or api/refusals.py cut it): nothing to answer
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return _error(500, "internal error; see the server log", "INTERNAL_ERROR")
@@ -210,9 +212,12 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 def create_app(config: Config) -> web.Application:
     timed = [edge_phases.request_middleware()] if phases.ON else []  # a bench's (core/phases.py)
-    app = web.Application(middlewares=[*timed, envelope_middleware, proxy.host_middleware, auth_middleware,
-                                       replica_middleware],
+    # end_when_refused inside the envelope (its 401 is enveloped) and around the auth (it reads
+    # what the auth leaves on the request once the handler has run a while).
+    app = web.Application(middlewares=[*timed, envelope_middleware, refusals.end_when_refused, proxy.host_middleware,
+                                       auth_middleware, replica_middleware],
                           client_max_size=config.max_body_bytes)
+    refusals.install(app)
     app[CONFIG] = config
     app[BODY_CHECK] = _body_check(body_fields.table())
     app.router.add_get("/healthz", _health)

@@ -269,6 +269,43 @@ def test_an_open_stream_tells_a_revoked_key_nothing_more(wire: E2bServer, victim
         conn.close()
 
 
+def test_a_download_under_way_ends_when_its_key_is_revoked(wire: E2bServer, victim: dict[str, Any]) -> None:
+    """``GET /files`` of a large file, read slowly, was judged when it began. Before: after the
+    key was revoked (its every new call a 401) the download went on to the file's last byte.
+    Now it breaks off (api/refusals.py): what the socket buffers held may still come, not the
+    file."""
+    big = 64 * 2**20
+    make = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", f"head -c {big} /dev/urandom > /tmp/big"]}})
+    status, _ = _call(wire, "POST", "/process.Process/Start", _envelope(make.encode()),
+                      _envd_headers(victim["sandboxID"], victim["envdAccessToken"], "application/connect+json"))
+    assert status == 200
+    key_id, member = _key_of(wire, "member")
+    status, got = _control(wire, member, "POST", f"/sandboxes/{victim['sandboxID']}/connect", {})
+    assert status == 200, got
+    headers = _envd_headers(victim["sandboxID"], got["envdAccessToken"])
+    url = urllib.parse.urlsplit(wire.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=30)
+    received = 0
+    try:
+        conn.request("GET", "/files?path=/tmp/big", headers=headers)
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        received += len(resp.read(2**16))  # under way, read slowly
+        wire.server.data("DELETE", f"/keys/{key_id}")
+        assert _call(wire, "GET", "/files?path=/etc/hostname", None, headers)[0] == 401
+        time.sleep(2.0)
+        ended: Exception | None = None
+        try:
+            while chunk := resp.read(2**20):
+                received += len(chunk)
+        except (http.client.IncompleteRead, ConnectionError) as err:
+            ended = err
+    finally:
+        conn.close()
+    assert received < big and ended is not None, f"{received} bytes of {big} reached a revoked key ({ended!r})"
+    assert received <= 16 * 2**20, f"{received} bytes reached a revoked key: more than the socket buffers hold"
+
+
 def test_a_killed_sandboxs_token_opens_nothing(wire: E2bServer) -> None:
     sb = _create(wire, KEY)
     assert _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")[0] == 204

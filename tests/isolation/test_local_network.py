@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -55,53 +59,159 @@ def fake_internet() -> Iterator[tuple[str, int]]:
         yield target
 
 
+# Every fake internet has the same addresses, so one is up on this host at a time: each
+# holds this lock while it is up, and the next waits for it. A fake internet's namespace and
+# link are named with these prefixes (no other test's): found while the lock is held, one is
+# a leftover of a run that was killed, never another run's live one.
+FAKE_INTERNET_LOCK = Path("/run/lock/hutch-fake-internet.lock")
+INET_NS_PREFIX, INET_LINK_PREFIX = "hutch-fakenet-", "tfnet"
+
+
 @contextlib.contextmanager
 def fake_internet_running() -> Iterator[tuple[str, int]]:
     """An HTTP server in its own network namespace, routed from the host: "the internet"."""
-    # An earlier run that was killed leaves its fake internet behind: its route to the same
-    # prefix would win, and the sandbox would reach a namespace where nothing listens.
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    for name in {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}:
-        if name.startswith("tinet"):
-            subprocess.run(["ip", "link", "del", name], capture_output=True)
-    for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("hutch-inet-"):
-            subprocess.run(["ip", "netns", "del", line.split()[0]], capture_output=True)
-    tag = uuid.uuid4().hex[:6]
-    ns, veth = f"hutch-inet-{tag}", f"tinet{tag}"
-    sh("ip", "netns", "add", ns)
-    server = None
+    with fake_internet_namespace() as (_, target):
+        yield target
+
+
+@contextlib.contextmanager
+def fake_internet_namespace(wait: float = 90) -> Iterator[tuple[str, tuple[str, int]]]:
+    """fake_internet_running, also naming its namespace (for servers of a test's own in it)."""
+    with _fake_internet_lock(wait):
+        _remove_leftover_internets()
+        _wait_for_foreign_internets(wait)
+        tag = uuid.uuid4().hex[:8]
+        ns, veth = f"{INET_NS_PREFIX}{tag}", f"{INET_LINK_PREFIX}{tag}"
+        sh("ip", "netns", "add", ns)
+        server = None
+        try:
+            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            sh("ip", "addr", "add", f"{INET_HOST}/{INET_PREFIX}", "dev", veth)
+            sh("ip", "link", "set", veth, "up")
+            for cmd in (["ip", "addr", "add", f"{INET_SERVER}/{INET_PREFIX}", "dev", "eth0"],
+                        ["ip", "addr", "add", f"{INET_SERVER2}/{INET_PREFIX}", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                        ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", INET_HOST]):
+                sh("ip", "netns", "exec", ns, *cmd)
+            server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8080",
+                                       "--bind", "0.0.0.0"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            # Ready means reachable from the host's own namespace, the way sandbox traffic goes:
+            # a test that starts before the server listens would see "connection refused".
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection((INET_SERVER, 8080), 1).close()
+                    break
+                except OSError as err:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        stderr = server.stderr.read().decode(errors="replace") if server.poll() is not None else ""
+                        raise AssertionError(f"the fake internet never served on {INET_SERVER}:8080 ({err}); "
+                                             f"server exit {server.poll()}: {stderr}\n{network_state()}") from err
+                    time.sleep(0.05)
+            yield ns, (INET_SERVER, 8080)
+        finally:
+            if server is not None:
+                server.kill()
+                server.wait()
+                server.stderr.close()  # type: ignore[union-attr]
+            _remove_internet(ns, veth)
+
+
+_lock_holders = threading.local()
+
+
+@contextlib.contextmanager
+def _fake_internet_lock(wait: float) -> Iterator[None]:
+    """Wait (up to ``wait`` s) until no other fake internet is up on this host, and keep others
+    waiting while this one is. Two at once in one thread would wait for each other for ever:
+    that is a test's mistake, said at once."""
+    if getattr(_lock_holders, "held", False):
+        raise AssertionError("a fake internet is already up in this thread: they share their addresses")
+    FAKE_INTERNET_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(FAKE_INTERNET_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        sh("ip", "addr", "add", f"{INET_HOST}/{INET_PREFIX}", "dev", veth)
-        sh("ip", "link", "set", veth, "up")
-        for cmd in (["ip", "addr", "add", f"{INET_SERVER}/{INET_PREFIX}", "dev", "eth0"],
-                    ["ip", "addr", "add", f"{INET_SERVER2}/{INET_PREFIX}", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
-                    ["ip", "link", "set", "lo", "up"], ["ip", "route", "add", "default", "via", INET_HOST]):
-            sh("ip", "netns", "exec", ns, *cmd)
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "http.server", "8080",
-                                   "--bind", "0.0.0.0"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # Ready means reachable from the host's own namespace, the way sandbox traffic goes:
-        # a test that starts before the server listens would see "connection refused".
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait
         while True:
             try:
-                socket.create_connection((INET_SERVER, 8080), 1).close()
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except OSError as err:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    stderr = server.stderr.read().decode(errors="replace") if server.poll() is not None else ""
-                    raise AssertionError(f"the fake internet never served on {INET_SERVER}:8080 ({err}); "
-                                         f"server exit {server.poll()}: {stderr}\n{network_state()}") from err
-                time.sleep(0.05)
-        yield INET_SERVER, 8080
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"another test's fake internet was up for {wait:.0f} s "
+                                         f"({FAKE_INTERNET_LOCK} held): {_internets()}") from None
+                time.sleep(0.2)
+        _lock_holders.held = True
+        try:
+            yield
+        finally:
+            _lock_holders.held = False
     finally:
-        if server is not None:
-            server.kill()
-            server.wait()
+        os.close(fd)  # releases the lock
+
+
+def _wait_for_foreign_internets(wait: float) -> None:
+    """Another's fake internet holding these addresses under other names (a checkout of before
+    the lock, on this host): waited for, never removed. The route to it would win."""
+    deadline = time.monotonic() + wait
+    while held := subprocess.run(["ip", "-4", "-o", "addr", "show", "to", f"{INET_HOST}/{INET_PREFIX}"],
+                                 capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"another fake internet held {INET_HOST}/{INET_PREFIX} for {wait:.0f} s: {held}")
+        time.sleep(0.2)
+
+
+def _internets() -> tuple[list[str], list[str]]:
+    """The fake internets' namespaces and host links on this host."""
+    namespaces = [line.split()[0] for line in
+                  subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+                  if line.startswith(INET_NS_PREFIX)]
+    links = [name for name in (line.split(":")[1].strip().split("@")[0] for line in
+                               subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines())
+             if name.startswith(INET_LINK_PREFIX)]
+    return namespaces, links
+
+
+def _remove_leftover_internets() -> None:
+    """An earlier run that was killed leaves its fake internet behind: its route to the same
+    prefix would win, and the sandbox would reach a namespace where nothing listens (or its
+    server, still running there). Called with the lock held: every one found is a leftover."""
+    namespaces, links = _internets()
+    for ns in namespaces:
+        _remove_internet(ns, None)
+    for link in links:
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+def _remove_internet(ns: str, veth: str | None) -> None:
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:  # a killed run's server still serving in it
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+    if veth is not None:
         subprocess.run(["ip", "link", "del", veth], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_a_fake_internet_removes_its_own_leftovers_and_nothing_else() -> None:
+    """Another run's (or another test's) namespaces and links stay, whatever their names; a
+    fake internet's left by a killed run (its lock released) goes."""
+    tag = uuid.uuid4().hex[:6]
+    others = (f"hutch-inet-{tag}", f"tinet{tag}")  # the names every fake internet had before
+    leftover = (f"{INET_NS_PREFIX}{tag}", f"{INET_LINK_PREFIX}{tag}")
+    for ns, link in (others, leftover):
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    try:
+        with fake_internet_running():
+            namespaces, links = _internets()  # its own only
+            assert len(namespaces) == len(links) == 1 and leftover[0] not in namespaces, (namespaces, links)
+            assert network.link_exists(others[1])
+            assert others[0] in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        after = _internets()  # another test's may be up already: not this one's
+        assert namespaces[0] not in after[0] and links[0] not in after[1], after
+    finally:
+        for ns, link in (others, leftover):
+            _remove_internet(ns, link)
 
 
 def network_state() -> str:

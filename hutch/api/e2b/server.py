@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from hutch.api import refusals
 from hutch.api.e2b import (
     control_routes,
     envd_routes,
@@ -29,8 +30,10 @@ from hutch.service.tenancy import Tenants
 
 
 def create_e2b_app(engine: Engine, tenants: Tenants, domain: str | None = None) -> web.Application:
-    app = web.Application(middlewares=[e2b_errors, rpc_errors, hosts.host_routing, ports.port_relay],
+    app = web.Application(middlewares=[e2b_errors, rpc_errors, refusals.end_when_refused, hosts.host_routing,
+                                       ports.port_relay],
                           client_max_size=16 * 2**20)
+    refusals.install(app)
     if domain:
         app[hosts.DOMAIN] = domain
     app[ENGINE] = engine

@@ -26,6 +26,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from hutch.api.access import needs
 from hutch.api.http import parse_json, q_int
 from hutch.api.keys import ENGINE, STILL_AUTHORIZED, TENANTS
+from hutch.api.refusals import ENDS_WHEN_REFUSED
 from hutch.core.errors import InvalidInput, Unauthorized
 from hutch.core.tenancy import Access
 from hutch.service.terminals import ActiveTerminal, TerminalOptions, check_term
@@ -61,6 +62,7 @@ async def terminal(request: web.Request) -> web.StreamResponse:
     # Unauthorized once the key that opens it is revoked or expired, or the Web App session it
     # was opened from is signed out.
     check = request[STILL_AUTHORIZED]
+    request[ENDS_WHEN_REFUSED] = True  # relay ends it, telling why (not api/refusals.py's reset)
     active = await engine.terminals.open(sandbox_id, opts)
     try:
         await ws.prepare(request)

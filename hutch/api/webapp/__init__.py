@@ -19,6 +19,7 @@ from aiohttp import web
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok
 from hutch.api.keys import ENGINE, PRINCIPAL, STILL_AUTHORIZED, TENANTS
+from hutch.api.refusals import ENDS_WHEN_REFUSED
 from hutch.api.watchers import while_client_stays
 from hutch.api.webapp.sessions import (
     HOST_ONLY,
@@ -139,6 +140,7 @@ async def live(request: web.Request) -> web.StreamResponse:
     its key lives: revoked or expired, the feed ends before it tells another one."""
     principal = request[PRINCIPAL]
     engine = request.app[ENGINE]
+    request[ENDS_WHEN_REFUSED] = True  # it asks before each event, and ends cleanly (EventSource would retry a cut)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)

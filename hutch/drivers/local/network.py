@@ -34,6 +34,11 @@ The firewall (iptables, chains ``HUTCH-IN``/``HUTCH-FWD``/``HUTCH-NAT``, install
 Turning the first sandbox's network on sets ``net.ipv4.ip_forward=1`` (host-wide; the
 FORWARD rules above only accept traffic from sandbox veths).
 
+An address is handed out again once its sandbox is destroyed: the teardown deletes the host's
+connection-tracking entries of the address, and the next set-up does before its veth exists
+unless that teardown's mark says it was done (conntrack.py), so the ``ESTABLISHED,RELATED``
+accepts above never carry a flow of the last holder's to the next one.
+
 IPv6: sandboxes have none (disabled on both ends of every veth). As a second wall,
 ip6tables drops every packet that comes in from or goes out to a sandbox veth (``hz+``), in
 INPUT and FORWARD, so a sandbox that somehow got an IPv6 address still reaches nothing.
@@ -44,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import ipaddress
+import logging
 import os
 import socket
 import struct
@@ -54,7 +60,7 @@ from pathlib import Path
 
 from hutch.core import egress
 from hutch.core.errors import DriverFailure, InvalidInput
-from hutch.drivers.local import firewall_peers
+from hutch.drivers.local import conntrack, firewall_peers
 
 SUBNET = ipaddress.ip_network(os.environ.get("HUTCH_SANDBOX_SUBNET", "10.213.0.0/16"))
 GATEWAY = SUBNET[1]
@@ -62,6 +68,7 @@ PREFIX = "hz"
 PUBLIC_DNS = ("1.1.1.1", "8.8.8.8")
 
 ALLOW_CHAIN = "HUTCH-ALLOW"
+log = logging.getLogger("hutch.drivers.local")
 FIREWALL_LOCK = Path("/run/lock/hutch-firewall.lock")
 
 _firewall_lock = threading.Lock()
@@ -184,6 +191,9 @@ def setup(pid: int, index: int, *, outbound: bool) -> str:
     host = host_veth(index, outbound)
     for stale in (host_veth(index, True), host_veth(index, False)):  # a restarted sandbox's
         _run("ip", "link", "del", stale, check=False)
+    # Before the address is reachable: the flows an earlier holder of it left (a teardown
+    # that never ran: a server killed first) must not become this sandbox's (conntrack.py).
+    conntrack.forget_before_use(index, str(ip))
     _run("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", str(pid))
     try:
         _sysctl_write(f"/proc/sys/net/ipv6/conf/{host}/disable_ipv6", "1")
@@ -288,6 +298,13 @@ def teardown(index: int) -> None:
     for name in (host_veth(index, True), host_veth(index, False)):
         if link_exists(name):
             _run("ip", "link", "del", name, check=False)
+    # After the veth is gone (the sandbox makes no new entry): its flows end with it, rather
+    # than wait (up to 5 days) for the next sandbox given its address (conntrack.py). A failure
+    # here leaves the destroy whole: the next set-up at this address forgets them or fails.
+    try:
+        conntrack.forget_released(index, str(address(index)))
+    except (DriverFailure, OSError) as err:  # OSError: the mark (conntrack.FORGOTTEN) not written
+        log.warning("%s", err)
 
 
 # Links are asked of the kernel in this process's network namespace, not read from /sys:
