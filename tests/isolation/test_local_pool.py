@@ -148,6 +148,24 @@ async def test_without_the_idle_mark_a_create_without_a_command_defers_the_refil
     await driver.destroy(sid)
 
 
+async def test_without_the_idle_mark_a_settled_create_lets_the_refill_start_at_once(driver: LocalDriver) -> None:
+    """The engine settles a create with no command once it is recorded: nothing of it
+    launches after that, so the refill need not wait for its hold to lapse."""
+    without_idle_mark(driver)
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    starts = spy_pool_starts(driver)
+    driver._quiet._hold_max = 30  # only the settle ends the hold, however slow the machine
+    sid = await provision(driver, RT)
+    await asyncio.sleep(0.05)
+    assert starts == [], "the refill started while the create was still to be recorded"
+    settled = time.monotonic()
+    driver.settled(sid)
+    await full_pool(driver, timeout=15)
+    assert len(starts) == 1 and starts[0] >= settled, (starts, settled)
+    await driver.destroy(sid)
+
+
 async def test_the_pool_fills_back_to_its_size_after_a_burst(driver: LocalDriver) -> None:
     await driver.destroy(await provision(driver, RT))
     await full_pool(driver)

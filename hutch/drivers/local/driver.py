@@ -278,6 +278,9 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         """Build (or find) the install layer the request needs; the slow and fallible part."""
         await self._provisioner.prepare(req)
 
+    def settled(self, sandbox_id: str) -> None:
+        self._quiet.release(sandbox_id)  # its create's hold: nothing of it launches any more
+
     async def destroy(self, sandbox_id: str) -> None:
         if not SAFE_ID.match(sandbox_id):
             return

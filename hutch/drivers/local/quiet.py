@@ -2,7 +2,8 @@
 
 A request holds the driver from the start of its provision until its command's helper is
 started (a one-shot's create, its ``Start`` and ``StartExecution`` appends, then the exec),
-or from an exec's start to its helper's. Where the warm pool cannot start its sandboxes in
+or, for a create with no command, until it is recorded (``LocalDriver.settled``), or from an
+exec's start to its helper's. Where the warm pool cannot start its sandboxes in
 an idle cpu cgroup (pool.py: no ``cpu.idle``, a kernel before 5.15), its refill waits for no
 hold before it starts each sandbox: on the same event loop (and, on a small machine, the same
 cores) a refill that ran beside a launch doubled the ``Start`` append's time
