@@ -82,7 +82,7 @@ from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.pool import PoolRefill, WarmPool
 from hutch.drivers.local.provisioning import Provisioner
-from hutch.drivers.local.quiet import Quiet
+from hutch.drivers.local.quiet import SETTLED_GRACE, Quiet
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
 from hutch.drivers.local.state import SAFE_ID, Registry, is_live
@@ -279,7 +279,8 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         await self._provisioner.prepare(req)
 
     def settled(self, sandbox_id: str) -> None:
-        self._quiet.release(sandbox_id)  # its create's hold: nothing of it launches any more
+        # Its create's hold: nothing of it launches now; a prompt execute holds in turn.
+        self._quiet.shorten(sandbox_id, SETTLED_GRACE)
 
     async def destroy(self, sandbox_id: str) -> None:
         if not SAFE_ID.match(sandbox_id):
