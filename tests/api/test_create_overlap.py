@@ -84,29 +84,6 @@ async def test_under_a_sandbox_quota_the_driver_makes_it_while_its_create_is_app
     await api.call("DELETE", f"/sandbox/{created['sandboxId']}")
 
 
-@pytest.mark.runs_on("fake-embedded")
-@pytest.mark.parametrize("limited", [False, True], ids=["no quota", "a sandbox quota"])
-@pytest.mark.parametrize("body", [{}, {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}],
-                         ids=["idle", "oneshot"])
-async def test_a_create_the_log_refuses_leaves_no_sandbox_in_the_driver(
-        api: Api, monkeypatch: pytest.MonkeyPatch, limited: bool, body: dict[str, object]) -> None:
-    engine = api.client.server.app[ENGINE]
-    if limited:
-        monkeypatch.setattr(engine.quotas, "limits_sandboxes", lambda org: True)
-    lifecycle = engine.provisioning._lifecycle
-    before = await lifecycle.alive()
-
-    async def meter(org: str, size: int, refuse: bool) -> None:
-        await asyncio.sleep(0.05)  # the driver is under way meanwhile
-        raise QuotaExceeded("storage quota exceeded (test)")
-
-    monkeypatch.setattr(engine.recorder, "meter", meter)
-    err = await api.call("POST", "/sandbox", json=body, expect=403)
-    assert "storage quota" in err["message"]
-    assert await lifecycle.alive() == before
-    assert (await api.data("GET", "/sandbox"))["sandboxes"] == []
-
-
 @pytest.mark.runs_on("local-embedded")
 async def test_creates_without_a_command_leave_the_warm_pool_free_to_refill_on_saturated_cores(
         api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,3 +111,26 @@ async def test_creates_without_a_command_leave_the_warm_pool_free_to_refill_on_s
         assert not driver._quiet.busy, "the answered create still holds the driver"
     for sid in made:
         await api.call("DELETE", f"/sandbox/{sid}")
+
+
+@pytest.mark.runs_on("fake-embedded")
+@pytest.mark.parametrize("limited", [False, True], ids=["no quota", "a sandbox quota"])
+@pytest.mark.parametrize("body", [{}, {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}],
+                         ids=["idle", "oneshot"])
+async def test_a_create_the_log_refuses_leaves_no_sandbox_in_the_driver(
+        api: Api, monkeypatch: pytest.MonkeyPatch, limited: bool, body: dict[str, object]) -> None:
+    engine = api.client.server.app[ENGINE]
+    if limited:
+        monkeypatch.setattr(engine.quotas, "limits_sandboxes", lambda org: True)
+    lifecycle = engine.provisioning._lifecycle
+    before = await lifecycle.alive()
+
+    async def meter(org: str, size: int, refuse: bool) -> None:
+        await asyncio.sleep(0.05)  # the driver is under way meanwhile
+        raise QuotaExceeded("storage quota exceeded (test)")
+
+    monkeypatch.setattr(engine.recorder, "meter", meter)
+    err = await api.call("POST", "/sandbox", json=body, expect=403)
+    assert "storage quota" in err["message"]
+    assert await lifecycle.alive() == before
+    assert (await api.data("GET", "/sandbox"))["sandboxes"] == []
