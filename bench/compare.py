@@ -17,6 +17,8 @@ Benches (``--bench``, repeatable; default execute oneshot client-run create):
   client-run    SandboxClient.run() of the real @agentuity/core client (Node) (ms)
   create        create -> idle (ms)
   create-disk   create -> idle with a 1Gi disk limit (ms)
+  create-execute  create -> idle, then at once execute `true` + long-poll (ms, the pair; the
+                sandbox destroyed after, untimed): a client's first execute beside the pool's refill
   bare          the runtime's `python3 -c pass` chrooted on the host (ms): the baseline; with
                 it, execute and oneshot are also printed less each side's bare median
   throughput    one-shot `true` runs/s, --concurrency clients, --rounds of --seconds each
@@ -41,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +87,17 @@ async def _bare(s: aiohttp.ClientSession, side: Side) -> float:
     return bare_once(runtime_rootfs())
 
 
+async def _create_execute(s: aiohttp.ClientSession, side: Side) -> float:
+    t0 = time.perf_counter()
+    async with s.post(f"{side.url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+        sid = (await r.json())["data"]["sandboxId"]
+    await execute_once(s, side.url, sid, ["true"])
+    took = (time.perf_counter() - t0) * 1000
+    async with s.delete(f"{side.url}/sandbox/{sid}", headers=H) as r:
+        await r.read()
+    return took
+
+
 LATENCY: dict[str, tuple[str, Sampler]] = {
     "bare": ("bare: the runtime's `python3 -c pass` chrooted on the host, ms", _bare),
     "execute": ("execute `python3 -c pass` in a live sandbox (HTTP), ms",
@@ -94,6 +108,7 @@ LATENCY: dict[str, tuple[str, Sampler]] = {
     "create": ("create -> idle, ms", lambda s, side: create_once(s, side.url)),
     "create-disk": ("create -> idle, 1Gi disk limit, ms",
                     lambda s, side: create_once(s, side.url, resources={"disk": "1Gi"})),
+    "create-execute": ("create -> idle, then execute `true` at once (HTTP), ms", _create_execute),
 }
 CLIENT_RUN = "one-shot run `python3 -c pass` (@agentuity/core client.run), ms"
 BENCHES = (*LATENCY, "client-run", "throughput", "client-throughput")
