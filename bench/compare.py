@@ -17,9 +17,13 @@ Benches (``--bench``, repeatable; default execute oneshot client-run create):
   client-run    SandboxClient.run() of the real @agentuity/core client (Node) (ms)
   create        create -> idle (ms)
   create-disk   create -> idle with a 1Gi disk limit (ms)
+  create-execute  create -> idle, then at once execute `true` + long-poll (ms, the pair; the
+                sandbox destroyed after, untimed): a client's first execute beside the pool's refill
   bare          the runtime's `python3 -c pass` chrooted on the host (ms): the baseline; with
                 it, execute and oneshot are also printed less each side's bare median
   throughput    one-shot `true` runs/s, --concurrency clients, --rounds of --seconds each
+  client-throughput  the same through the real @agentuity/core client's run() (Node,
+                bench/client_rate.mjs): its requests as that client makes them
 ``--profiles production,embedded`` runs side A on the production profile (a fresh Kafka topic
 and PostgreSQL database) and B on the embedded one (default: both embedded); with A = B = HEAD,
 the two profiles of one tree side by side: what the production log path costs.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -38,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.run import (  # noqa: E402
+    KEY,
     PY_PASS,
     RUNTIME,
     H,
@@ -80,6 +87,17 @@ async def _bare(s: aiohttp.ClientSession, side: Side) -> float:
     return bare_once(runtime_rootfs())
 
 
+async def _create_execute(s: aiohttp.ClientSession, side: Side) -> float:
+    t0 = time.perf_counter()
+    async with s.post(f"{side.url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+        sid = (await r.json())["data"]["sandboxId"]
+    await execute_once(s, side.url, sid, ["true"])
+    took = (time.perf_counter() - t0) * 1000
+    async with s.delete(f"{side.url}/sandbox/{sid}", headers=H) as r:
+        await r.read()
+    return took
+
+
 LATENCY: dict[str, tuple[str, Sampler]] = {
     "bare": ("bare: the runtime's `python3 -c pass` chrooted on the host, ms", _bare),
     "execute": ("execute `python3 -c pass` in a live sandbox (HTTP), ms",
@@ -90,9 +108,10 @@ LATENCY: dict[str, tuple[str, Sampler]] = {
     "create": ("create -> idle, ms", lambda s, side: create_once(s, side.url)),
     "create-disk": ("create -> idle, 1Gi disk limit, ms",
                     lambda s, side: create_once(s, side.url, resources={"disk": "1Gi"})),
+    "create-execute": ("create -> idle, then execute `true` at once (HTTP), ms", _create_execute),
 }
 CLIENT_RUN = "one-shot run `python3 -c pass` (@agentuity/core client.run), ms"
-BENCHES = (*LATENCY, "client-run", "throughput")
+BENCHES = (*LATENCY, "client-run", "throughput", "client-throughput")
 DEFAULT = ("execute", "oneshot", "client-run", "create")
 
 
@@ -145,11 +164,21 @@ async def latency(bench: str, n: int, sides: list[Side]) -> None:
                 side.samples.setdefault(bench, []).append(await sample(s, side))
 
 
-async def rates(n_rounds: int, concurrency: int, seconds: float, sides: list[Side]) -> None:
+async def rates(n_rounds: int, concurrency: int, seconds: float, sides: list[Side], *, client: bool = False) -> None:
+    bench = "client-throughput" if client else "throughput"
     for i in range(n_rounds):
         for side in in_turns(i, sides):
-            rate, _ = await throughput(side.url, concurrency, seconds)
-            side.samples.setdefault("throughput", []).append(rate)
+            rate = client_rate(side.url, concurrency, seconds) if client else (await throughput(side.url, concurrency,
+                                                                                               seconds))[0]
+            side.samples.setdefault(bench, []).append(rate)
+
+
+def client_rate(url: str, concurrency: int, seconds: float) -> float:
+    """One round of bench/client_rate.mjs: the real client's one-shot `true` runs a second."""
+    env = {**os.environ, "HUTCH_URL": url, "HUTCH_API_KEY": KEY}
+    out = subprocess.run(["node", str(ROOT / "bench" / "client_rate.mjs"), str(concurrency), f"{seconds:g}", RUNTIME,
+                          "true"], env=env, check=True, capture_output=True, text=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
 
 
 def p90(samples: list[float]) -> float:
@@ -224,7 +253,7 @@ async def main() -> None:
                     for side in sides:
                         side.samples[bench] = by_url[side.url]
                 else:
-                    await rates(args.rounds, args.concurrency, args.seconds, sides)
+                    await rates(args.rounds, args.concurrency, args.seconds, sides, client=bench == "client-throughput")
 
     a, b = sides
     which = f"{a.profile} profile" if a.profile == b.profile else f"{a.profile} (A) and {b.profile} (B) profiles"
@@ -241,7 +270,9 @@ async def main() -> None:
         elif bench == "client-run":
             label = CLIENT_RUN
         else:
-            label = f"one-shot `true` runs/s, {args.concurrency} concurrent, {args.seconds:g}s rounds (higher is better)"
+            through = " (@agentuity/core client.run)" if bench == "client-throughput" else ""
+            label = (f"one-shot `true` runs/s{through}, {args.concurrency} concurrent, {args.seconds:g}s rounds "
+                     "(higher is better)")
         print(row(label, a.samples[bench], b.samples[bench]))
     if "bare" in benches:
         print("| over bare (each side's median less its own bare median) | A | | B | | B - A | | |")

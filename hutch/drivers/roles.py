@@ -77,6 +77,12 @@ class SandboxLifecycle(abc.ABC):
         On failure nothing is left behind (no process, mount, cgroup or directory).
         """
 
+    def settled(self, sandbox_id: str) -> None:  # noqa: B027 - optional hook
+        """``sandbox_id``'s create is recorded and launches nothing (no command came with it):
+        background work the driver defers while a request is launching may go ahead (the
+        local driver's warm pool refill). Not called for a create with a command: its
+        command's launch says as much."""
+
     @abc.abstractmethod
     async def destroy(self, sandbox_id: str) -> None:
         """Kill every process and remove every mount, cgroup and file. Idempotent."""

@@ -114,6 +114,36 @@ async def test_oneshot_runs_files_and_terminates_with_exit_code(api: Api) -> Non
     assert types[-2:] == ["lifecycle:completed", "lifecycle:terminated"]
 
 
+@pytest.mark.runs_on("fake-embedded", "local-embedded")
+async def test_a_oneshot_status_carries_its_exit_code_once_the_command_ended(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between its command's end and its teardown a one-shot is ``idle``: the real client's
+    ``run()`` polls the status every 25 ms until it has an exit code (docs/wire.md 2.2), so
+    the answer carries it as soon as it is known, not only once the sandbox is terminated."""
+    lifecycle = api.client.server.app[ENGINE].control._lifecycle
+    destroy, torn_down = lifecycle.destroy, asyncio.Event()
+
+    async def slow_destroy(sandbox_id: str) -> None:
+        await torn_down.wait()  # the sandbox stays idle, its command ended, until the test says
+        await destroy(sandbox_id)
+
+    monkeypatch.setattr(lifecycle, "destroy", slow_destroy)
+    data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["sh", "-c", "exit 3"], "mode": "oneshot"}},
+                           expect=201))["data"]
+    assert (await api.wait_execution(data["executionId"]))["exitCode"] == 3
+    status = await api.data("GET", f"/sandbox/status/{data['sandboxId']}?waitForStatus=idle,terminated,failed&waitMs=10000")
+    assert status == {"sandboxId": data["sandboxId"], "status": "idle", "exitCode": 3}
+    torn_down.set()
+    status = await api.data("GET", f"/sandbox/status/{data['sandboxId']}?waitForStatus=terminated&waitMs=10000")
+    assert status == {"sandboxId": data["sandboxId"], "status": "terminated", "exitCode": 3}
+    # An interactive sandbox's last execution's code is not the sandbox's: none while it lives.
+    sid = (await api.call("POST", "/sandbox", json={}, expect=201))["data"]["sandboxId"]
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", "exit 4"]})
+    assert (await api.wait_execution(ex["executionId"]))["exitCode"] == 4
+    assert await api.data("GET", f"/sandbox/status/{sid}") == {"sandboxId": sid, "status": "idle"}
+    await api.call("DELETE", f"/sandbox/{sid}")
+
+
 @pytest.mark.runs_on(*WIRE, *REAL)  # exit codes are the drivers' (contract-tested)
 async def test_oneshot_failure_exit_code_is_reported(api: Api) -> None:
     data = (await api.call("POST", "/sandbox", json={"command": {"exec": ["sh", "-c", "exit 7"], "mode": "oneshot"}}, expect=201))["data"]

@@ -148,6 +148,50 @@ async def test_without_the_idle_mark_a_create_without_a_command_defers_the_refil
     await driver.destroy(sid)
 
 
+async def test_without_the_idle_mark_a_settled_create_lets_the_refill_start_soon(driver: LocalDriver) -> None:
+    """The engine settles a create with no command once it is recorded: nothing of it
+    launches after that, so the refill waits only the grace its client's execute has to come."""
+    without_idle_mark(driver)
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    starts = spy_pool_starts(driver)
+    driver._quiet._hold_max = 30  # only the settle ends the hold, however slow the machine
+    sid = await provision(driver, RT)
+    await asyncio.sleep(0.05)
+    assert starts == [], "the refill started while the create was still to be recorded"
+    settled = time.monotonic()
+    driver.settled(sid)
+    await full_pool(driver, timeout=15)
+    assert len(starts) == 1 and starts[0] >= settled + quiet.SETTLED_GRACE * 0.9, (starts, settled)
+    await driver.destroy(sid)
+
+
+async def test_without_the_idle_mark_an_execute_right_after_a_settled_create_holds_the_refill_back(
+        driver: LocalDriver) -> None:
+    """A client that executes at once after its create (within the grace) keeps the refill
+    from starting beside its command's launch, as the create's hold did before."""
+    without_idle_mark(driver)
+    await driver.destroy(await provision(driver, RT))
+    await full_pool(driver)
+    starts = spy_pool_starts(driver)
+    driver._quiet._hold_max = 30
+    sid = await provision(driver, RT)
+    driver.settled(sid)
+    launched: list[float] = []
+    slow_exec = driver._executions._exec  # the execute's hold, taken at its start, outlasts the grace
+
+    async def exec_slowly(*args, **kw):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(quiet.SETTLED_GRACE * 5)
+        launched.append(time.monotonic())
+        return await slow_exec(*args, **kw)
+
+    driver._executions._exec = exec_slowly  # type: ignore[method-assign]
+    assert (await driver.exec(ExecRequest(new_id("ex"), sid, ("true",)), Recorder())).exit_code == 0
+    await full_pool(driver)
+    assert len(starts) == 1 and starts[0] >= launched[0], (starts, launched)
+    await driver.destroy(sid)
+
+
 async def test_the_pool_fills_back_to_its_size_after_a_burst(driver: LocalDriver) -> None:
     await driver.destroy(await provision(driver, RT))
     await full_pool(driver)

@@ -152,7 +152,10 @@ async def _maybe_wait(request: web.Request, sandbox_id: str) -> SandboxState:
 async def status(request: web.Request) -> web.Response:
     sb = await _maybe_wait(request, request.match_info["sandbox_id"])
     data: dict[str, str | int] = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
-    if sb.status.is_final and sb.exit_code is not None:
+    # A one-shot's exit code once its command has ended (docs/wire.md 2.5), not only once the
+    # sandbox is torn down: the real client's run() polls this every 25 ms until it sees one,
+    # and an "idle" without it cost a request more per run, in the middle of the next one.
+    if sb.exit_code is not None and (sb.status.is_final or sb.spec.mode is Mode.ONESHOT):
         data["exitCode"] = sb.exit_code
     return ok(data)
 

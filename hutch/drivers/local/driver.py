@@ -82,7 +82,7 @@ from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.pool import PoolRefill, WarmPool
 from hutch.drivers.local.provisioning import Provisioner
-from hutch.drivers.local.quiet import Quiet
+from hutch.drivers.local.quiet import SETTLED_GRACE, Quiet
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
 from hutch.drivers.local.state import SAFE_ID, Registry, is_live
@@ -281,6 +281,10 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
         await self._provisioner.prepare(req)
+
+    def settled(self, sandbox_id: str) -> None:
+        # Its create's hold: nothing of it launches now; a prompt execute holds in turn.
+        self._quiet.shorten(sandbox_id, SETTLED_GRACE)
 
     async def destroy(self, sandbox_id: str) -> None:
         if not SAFE_ID.match(sandbox_id):
