@@ -64,17 +64,19 @@ NOT_QUICK = (  # module paths or test ids (a prefix of the id), each for its rea
     "tests/api/test_tenancy_upgrade.py::test_a_revocation_through_one_api_process_is_refused_by_another",  # PostgreSQL
     "tests/contracts/test_eventlog_kafka.py",  # Kafka
     "tests/contracts/test_projection_store_postgres.py",  # PostgreSQL
+    "tests/contracts/test_projection_mirror_postgres.py",  # PostgreSQL
     "tests/contracts/test_output.py::test_another_replica_follows_a_live_stream",  # PostgreSQL, as the four below
     "tests/contracts/test_output.py::test_replicas_share_the_secret",
     "tests/contracts/test_output.py::test_a_stream_open_on_one_replica_cannot_be_opened_on_another",
     "tests/contracts/test_output.py::test_a_killed_writer_reads_as_closed_with_every_saved_byte",
     "tests/contracts/test_output.py::test_a_writer_whose_session_was_lost_opens_and_saves_on_a_new_one",
-    "tests/contracts/test_replicas.py::test_a_lapsed_lease",  # PostgreSQL, as the five below
+    "tests/contracts/test_replicas.py::test_a_lapsed_lease",  # PostgreSQL, as the six below
     "tests/contracts/test_replicas.py::test_a_replica_",
     "tests/contracts/test_replicas.py::test_a_claimed_replica",
     "tests/contracts/test_replicas.py::test_another_replica",
     "tests/contracts/test_replicas.py::test_live_replicas",
     "tests/contracts/test_replicas.py::test_serialised_holds",
+    "tests/contracts/test_replicas.py::test_owners_recorded_together",
     "tests/cli/test_ssh_tmux.py",  # the local driver
     "tests/sdk/test_workspace",  # the local driver and Docker (unix-local alone is a fraction)
 )

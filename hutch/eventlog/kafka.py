@@ -406,7 +406,12 @@ class KafkaEventLog(EventLog):
         t0 = phases.start()
         fut = await producer.send_batch(builder, self.order_topic, partition=0)
         fut.add_done_callback(retrieve_exception)
-        meta = await asyncio.wait_for(asyncio.shield(fut), self.append_timeout)
+        # ``fut`` is aiokafka's shield over the batch: a timeout cancels only it, never the
+        # batch (the resolve finds it if the producer delivers it still). Awaited under
+        # asyncio.timeout, not wait_for(shield(...)): on 3.11 those two layers cost two more
+        # loop turns between the broker's answer and the writer (and the next Produce).
+        async with asyncio.timeout(self.append_timeout):
+            meta = await fut
         phases.end("log: Produce, send to acks=all answer", t0)
         base = meta.offset
         self._scan_from = max(self._scan_from, base + n)

@@ -172,8 +172,10 @@ class PostgresProjectionStore(ProjectionStore):
             return int(await conn.fetchval("SELECT position FROM projection_position WHERE projection = $1", PROJECTION))
 
     async def apply(self, events: Sequence[Event]) -> None:
+        # On the pool's held connection: the projector applies batch after batch, and each
+        # writer's answer waits for its batch (``storage.pg.Pool.held``: no pool hand-off).
         for i in range(0, len(events), APPLY_CHUNK):
-            async with self._conn() as conn:
+            async with self._pg.held() as conn:
                 await self._apply_stepping(conn, events[i : i + APPLY_CHUNK])
 
     async def _apply_stepping(self, conn: asyncpg.Connection, events: Sequence[Event]) -> int:

@@ -81,6 +81,8 @@ class Pool:
         # UNLISTEN *; ..."): 0.41 ms p50 on every release, about a dozen per execute.
         self._connection_class = _KeptSession if stateless else asyncpg.Connection
         self._pool: asyncpg.Pool | None = None
+        self._held: asyncpg.Connection | None = None  # ``held``'s connection, out of the pool
+        self._holding = asyncio.Lock()
 
     @property
     def started(self) -> bool:
@@ -106,6 +108,7 @@ class Pool:
         count_statements(conn, self.what)
 
     async def close(self) -> None:
+        await self._drop_held()  # the pool's close waits for every connection to come back
         if self._pool is not None:
             pool, self._pool = self._pool, None
             with contextlib.suppress(Exception):
@@ -124,3 +127,44 @@ class Pool:
                 yield conn
         except UNAVAILABLE as err:
             raise self._unavailable(f"PostgreSQL {self.what}: {err}") from err
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[asyncpg.Connection]:
+        """One connection kept out of the pool between uses, for a caller that uses it back to
+        back (the projector's writes, one batch after another), one use at a time. Taking a
+        connection from the pool and giving it back costs three loop turns (asyncpg's release
+        runs in a task under ``asyncio.shield``): 0.27 against 0.08 ms for a ``SELECT 1`` on an
+        idle loop, more on a busy one, and the projector's batch is on the way of every write's
+        answer. A connection error drops it (the next use takes another), and so does a
+        cancellation (a statement may be half-way); a statement's own error leaves it as it was."""
+        async with self._holding:
+            pool = self.require()
+            try:
+                if self._held is not None and not _usable(self._held):
+                    await self._drop_held()  # its server went away while it was idle
+                if self._held is None:
+                    self._held = await pool.acquire()
+                yield self._held
+            except (*UNAVAILABLE, asyncpg.InternalClientError) as err:  # the latter: its end seen mid-statement
+                await self._drop_held()
+                raise self._unavailable(f"PostgreSQL {self.what}: {err}") from err
+            except Exception:
+                raise  # a refused value, a position that moved: the session is as it was
+            except BaseException:
+                await self._drop_held()
+                raise
+
+    async def _drop_held(self) -> None:
+        conn, self._held = self._held, None
+        if conn is not None and self._pool is not None:
+            with contextlib.suppress(Exception):  # asyncpg may have taken it back already
+                conn.terminate()  # its session may be mid-statement; the pool opens a fresh one
+                await self._pool.release(conn)
+
+
+def _usable(conn: asyncpg.Connection) -> bool:
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:  # asyncpg took it back into the pool when its backend ended
+        return False
+

@@ -276,3 +276,26 @@ async def test_an_append_whose_answer_was_lost_is_found_not_written_twice(url: s
         assert [e.position for e in await log.read(sandbox_id="sbx_a")] == positions + more
     finally:
         await log.close()
+
+
+async def test_an_answer_that_never_comes_ends_the_wait_but_not_the_batch(url: str, tmp_path: Path) -> None:
+    """A Produce whose answer does not come within ``append_timeout`` ends the writer's wait
+    (the resolve above takes over) without cancelling the batch in the producer: it may
+    still be delivered, and the resolve finds it then."""
+    log = await opened(url, tmp_path)
+    try:
+        assert log._producer is not None
+        batch: asyncio.Future[object] = asyncio.get_running_loop().create_future()  # never answered
+
+        async def send_batch(*args: object, **kw: object) -> asyncio.Future[object]:
+            return asyncio.shield(batch)  # as aiokafka hands it out
+
+        log._producer.send_batch = send_batch  # type: ignore[method-assign]
+        log.append_timeout = 0.3
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await log._write([(b"sbx_a", ev("sbx_a", 1).event_id.encode(), ())])
+        assert 0.25 < time.monotonic() - started < 5
+        assert not batch.done(), "the batch itself is left to the producer"
+    finally:
+        await log.close()

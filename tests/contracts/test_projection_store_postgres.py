@@ -11,7 +11,7 @@ import pytest
 
 from hutch.core.events import ExecutionStarted, SandboxEnvChanged, SandboxStarted, recorded_size
 from hutch.projections.base import SandboxQuery, StoreBehind
-from hutch.projections.postgres import PostgresProjectionStore
+from hutch.projections.postgres import PostgresProjectionStore, StoreUnavailable
 from hutch.projections.runner import Projector
 from hutch.service.composition import open_event_log
 from tests.contracts.test_projection_store import Log, created
@@ -79,6 +79,34 @@ async def test_a_store_that_lost_commits_says_so_instead_of_skipping(database: s
             await store.apply([log("sbx_1", ExecutionStarted("exec_1", ("x",)))])
         assert behind.value.position == 1 and behind.value.expected == 2
     finally:
+        await store.close()
+
+
+async def test_the_held_write_connection_lost_is_replaced_and_nothing_is_skipped(database: str) -> None:
+    """Batches are written on one connection held between them (storage.pg.Pool.held). Its
+    backend killed under it (a restart, an administrator): the next apply takes a fresh
+    connection, or says the store is away and the one after does; the same events are
+    written, none skipped."""
+    store = PostgresProjectionStore(database)
+    await store.start()
+    admin = await asyncpg.connect(database)
+    try:
+        log = Log()
+        await store.apply([log("sbx_1", created())])
+        held = store._pg._held
+        assert held is not None
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", held.get_server_pid())
+        batch = [log("sbx_1", SandboxStarted()), log("sbx_1", ExecutionStarted("exec_1", ("x",)))]
+        try:  # the projector's way: a store away is retried with the same events
+            await store.apply(batch)
+        except StoreUnavailable:
+            await store.apply(batch)
+        assert store._pg._held is not None and store._pg._held is not held
+        sb = await store.get_sandbox("sbx_1")
+        assert sb is not None and sb.executions == 1 and sb.status.value == "running"
+        assert await store.position() == log.position and (await store.skipped())[1] == 0
+    finally:
+        await admin.close()
         await store.close()
 
 

@@ -9,8 +9,7 @@ tests/contracts holds both stores to the skipping on a real database."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,16 @@ class Conn:
         self.position = 0
         self.skips: list[tuple[Any, ...]] = []
         self.writes = 0
+        self.terminated = False
 
     def is_in_transaction(self) -> bool:
         return False
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def is_closed(self) -> bool:
+        return self.terminated
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         if self.load_error is not None:
@@ -59,15 +65,37 @@ class Conn:
 
 
 class Pool:
+    """asyncpg's pool as the store uses it: ``acquire()`` taken with ``async with`` (reads) or
+    awaited and given back with ``release`` (the projector's held connection)."""
+
     def __init__(self, conn: Conn, unreachable: BaseException | None = None) -> None:
         self.conn = conn
         self.unreachable = unreachable
+        self.released = 0
 
-    @contextlib.asynccontextmanager
-    async def acquire(self) -> AsyncIterator[Conn]:
-        if self.unreachable is not None:
-            raise self.unreachable
-        yield self.conn
+    def acquire(self) -> Acquired:
+        return Acquired(self)
+
+    async def release(self, conn: Conn) -> None:
+        self.released += 1
+        conn.terminated = False  # the pool opens the next one afresh
+
+
+class Acquired:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def __await__(self) -> Generator[Any, None, Conn]:
+        if self.pool.unreachable is not None:
+            raise self.pool.unreachable
+        return self.pool.conn
+        yield  # a generator: awaitable
+
+    async def __aenter__(self) -> Conn:
+        return await self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.release(self.pool.conn)
 
 
 def store_on(conn: Conn, unreachable: BaseException | None = None) -> PostgresProjectionStore:
