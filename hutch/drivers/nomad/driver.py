@@ -54,6 +54,7 @@ import attrs
 
 from hutch.core.blobs import BlobStore
 from hutch.core.driver_types import DirWatch
+from hutch.core.egress import ALL_TRAFFIC
 from hutch.core.errors import (
     DriverFailure,
     HutchError,
@@ -80,7 +81,7 @@ from hutch.drivers.base import (
     check_env,
 )
 from hutch.drivers.bytecode import forget_bytecode
-from hutch.drivers.egress import AllowLists, flatten
+from hutch.drivers.egress import AllowLists, flatten, resolve
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.layercache import DEFAULT_MAX_BYTES
 from hutch.drivers.nomad import agents, commands, images, placement
@@ -122,6 +123,7 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\Z")
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
 NOMAD_READ_TIMEOUT = 5.0  # seconds for a read of Nomad's API (a job, an allocation's stats) under load
 DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
+EXIT_NO_OUTBOUND = 3  # the plugin's egress verb: the task has no outbound network (egress.go)
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
 
@@ -134,7 +136,7 @@ class _Execution:
 
 class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.DirectoryWatching,
                   roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
-                  roles.PortForwarding, roles.UsageReporting, Driver):
+                  roles.PortForwarding, roles.UsageReporting, roles.NetworkRules, Driver):
     name = "nomad"
 
     def __init__(
@@ -168,7 +170,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True, terminals=True,
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
-            egress_allow=True,  # the plugin's allow.go, kept current through its allow verb
+            egress_allow=True,  # the plugin's egress.go, kept current through its allow verb
+            egress_deny=True, network_update=True,  # the plugin's egress verb (update_network)
             # inotify and user.e2b.* xattrs: the exec agent's own helpers (helpers.py)
             watches=exec_mode == "agent", metadata=exec_mode == "agent")
         self._allow = AllowLists(self._apply_allow)
@@ -291,7 +294,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                 meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
                 job = job_spec(job_id, self._image(recipe, layer), self.datacenters, req.resources, meta,
                                network=req.network_enabled, port=req.port,
-                               allow=flatten(allow) if allow is not None else None, denied=self._egress_denied)
+                               allow=flatten(allow) if allow is not None else None, deny=req.network_deny,
+                               denied=self._egress_denied)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:
@@ -553,9 +557,45 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         """A refreshed allow-list (AllowLists): the plugin replaces the task's chain."""
         async with self._lock(sid):
             sb = self.running(sid)
+            if set(resolved) != set(sb.allow):
+                return  # its list was replaced (update_network) while these names resolved
             await self._verb(sb, {"allow": flatten(resolved)})
             sb.allow = resolved
             await asyncio.to_thread(self._states.save, sb)
+
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
+                             deny: tuple[str, ...]) -> None:
+        """The sandbox's rules replaced whole by the plugin's egress verb: its chain swapped in
+        one commit under a new generation, so connections opened under the old rules are judged
+        anew (containerd-driver/egress.go), and kept on the client for a plugin restart. Only a
+        sandbox made with outbound network has a chain: one made without keeps none (off is
+        what it has already); the plugin says which it is."""
+        resolved = await resolve(allow) if allow else {}  # first: a name that does not resolve changes nothing
+        async with self._lock(sandbox_id):
+            sb = self.running(sandbox_id)
+            listed = {e: sorted(c) for e, c in resolved.items()}
+            rules = {"allow": flatten(listed) if listed else None, "deny": list(deny) if enabled else [ALL_TRAFFIC]}
+            try:
+                code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"egress": rules})
+            except ExecFailed as err:
+                if "empty command" not in str(err):
+                    raise
+                raise DriverFailure(f"sandbox {sandbox_id}: its client's hutch-containerd plugin predates "
+                                    "update_network (no egress verb); restart that client's Nomad") from err
+            if code == EXIT_NO_OUTBOUND:
+                if enabled:
+                    raise NotSupported(f"network: sandbox {sandbox_id} was made without outbound network, and an "
+                                       "update cannot give it one; create it with network enabled", field="network")
+                return
+            if code != 0:
+                raise DriverFailure(f"sandbox {sandbox_id}: replacing its egress rules failed (exit {code}): "
+                                    f"{out[:300]!r}")
+            sb.allow = listed  # kept only once in force: a failed swap leaves the old rules, and the record
+            await asyncio.to_thread(self._states.save, sb)
+            if listed:
+                self._allow.replace(sandbox_id, resolved)
+            else:
+                self._allow.forget(sandbox_id)
 
     async def kill_tagged(self, sb: NomadSandbox, tag: str) -> None:
         """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:
