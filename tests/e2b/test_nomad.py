@@ -111,3 +111,27 @@ def test_update_network_changes_what_the_sandbox_reaches(nomad_e2b: E2bServer) -
         with pytest.raises(SandboxException, match=r"501: network: sandbox .* was made without outbound network"):
             plain.update_network({"deny_out": ["8.8.8.8"]})
         plain.update_network({"allow_internet_access": False})  # off: what it has
+
+
+def test_any_port_a_process_opens_is_reached_at_its_host(nomad_e2b: E2bServer) -> None:
+    """E2B's `{port}-{id}.{domain}` for a port no create declared, on the nomad driver (the
+    plugin's connect verb): served with the sandbox's traffic token only, to a sandbox without
+    network that keeps none; no credential of the client reaches it; a port where nothing
+    listens says so."""
+    from tests.e2b.test_hosts import _ECHO, _get, _wait_for
+
+    with Sandbox.create(timeout=120) as sbx:
+        sbx.files.write("echo.py", _ECHO)
+        sbx.commands.run("python3 echo.py", background=True)
+        url = f"https://8000-{sbx.sandbox_id}.{nomad_e2b.domain}/"
+        status, answer = _get(nomad_e2b, url)
+        assert status == 403 and "traffic access token" in answer["message"]
+        status, raw = _wait_for(nomad_e2b, url, E2B_Traffic_Access_Token=sbx.traffic_access_token,
+                                Authorization=f"Bearer {KEY}", X_API_Key=KEY)
+        assert status == 200, raw
+        seen = json.loads(raw)
+        assert not {"cookie", "authorization", "x-api-key", "e2b-traffic-access-token"} & set(seen), seen
+        status, answer = _get(nomad_e2b, f"https://8001-{sbx.sandbox_id}.{nomad_e2b.domain}/",
+                              E2B_Traffic_Access_Token=sbx.traffic_access_token)
+        assert status == 502 and "nothing answers on port 8001" in answer["message"]
+        assert sbx.commands.run("tail -n +3 /proc/net/dev | cut -d: -f1").stdout.split() == ["lo"]

@@ -46,6 +46,7 @@ import hashlib
 import json
 import logging
 import re
+import socket
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,7 @@ from hutch.drivers.nomad.pools import (
     fixed_sizes,
     pool_sizing_from_env,
 )
+from hutch.drivers.nomad.portconnect import PortConnections
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 from hutch.drivers.nomad.terminal import NomadTerminals
@@ -181,6 +183,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self._init_pools(pool_sizing or fixed_sizes(pool_sizes))
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._agents = agents.ExecAgents(self._client, exec_mode)
+        self._connections = PortConnections(self._client)  # any port of a sandbox (portconnect.py)
         self._available = self._images.available  # the same set, kept current by RuntimeImages
         self._states = StateFiles(self.state_dir)
         # Disk checkpoints: in ``blobs`` (files under the data dir, as they always were, or PostgreSQL).
@@ -227,6 +230,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._drain_pools()
+        await self._connections.close()
         await self._agents.close()
         await self._client.close()
 
@@ -402,6 +406,11 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                 raise NotSupported(f"sandbox {sandbox_id} has no port", field="network.port")
             sb.port_target = (found[0].get("HostIP") or "127.0.0.1", int(found[0]["Value"]))
         return sb.port_target
+
+    async def port_connect(self, sandbox_id: str, port: int) -> socket.socket:
+        """Any port the sandbox's processes listen on, through the plugin's connect verb."""
+        sb = self.running(sandbox_id)
+        return await self._connections.connect(sb.alloc_id, TASK, sandbox_id, port)
 
     def running(self, sid: str) -> NomadSandbox:
         sb = self._sandboxes.get(sid)

@@ -825,6 +825,13 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		}
 		return &drivers.ExitResult{ExitCode: 0}, nil
 	}
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Connect != 0 {
+		code, err := h.connect(ctx, envelope.Connect, opts.Stdin, opts.Stdout)
+		if err != nil {
+			return nil, err
+		}
+		return &drivers.ExitResult{ExitCode: code}, nil
+	}
 	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Usage {
 		out, _ := json.Marshal(h.usage())
 		if _, err := opts.Stdout.Write(out); err != nil {
@@ -859,6 +866,7 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //	{"allow": ["1.2.3.4/32", ...]}                          replace the task's allow-list addresses (egress.go)
 //	{"egress": {"allow": [...]|null, "deny": [...]}}        replace the task's egress rules whole (egress.go)
 //	  (both answer exit 3 for a task made without outbound network: it has no rules to change)
+//	{"connect": 8000}                                       a connection to that port inside the sandbox, on stdin/stdout (connect.go)
 //
 // The kill verb exists because closing the exec websocket does not reach the plugin while
 // the command is silent: Nomad's HTTP handler only notices at the command's next output.
@@ -872,6 +880,8 @@ type execEnvelopeSpec struct {
 	Exit   string        `json:"exit"`
 	Allow  *[]string     `json:"allow"`
 	Egress *egressUpdate `json:"egress"`
+	// Connect: a TCP connection to this port of the sandbox's loopback (connect.go).
+	Connect int `json:"connect"`
 	// NoStdin: the command gets an empty stdin (end of file at once), without waiting for
 	// the exec stream's stdin close to travel through Nomad.
 	NoStdin bool `json:"noStdin"`
