@@ -1,8 +1,8 @@
 """E2B's file metadata, directory watches and metrics on the nomad driver (the Nomad dev agent
 of ``./scripts/services start nomad``; a missing one fails the server's start), with the real
 ``e2b`` SDK. The rest of the E2B wire reaches drivers only through the engine and runs on the
-local driver (tests/e2b/conftest.py); these three are the nomad driver's own work
-(drivers/nomad/helpers.py and usage.py)."""
+local driver (tests/e2b/conftest.py); these are the nomad driver's own work
+(drivers/nomad/helpers.py and usage.py; update_network: the plugin's egress verb)."""
 
 from __future__ import annotations
 
@@ -81,3 +81,57 @@ def test_metrics_give_every_field_where_the_plugin_reads_the_page_cache_else_nam
     assert "driver nomad does not report memCache of sandbox" in message
     for field in ("cpuUsedPct", "cpuCount", "memUsed", "memTotal", "diskUsed", "diskTotal"):
         assert field not in message
+
+
+# Whether each target's TCP port opens, from inside the sandbox (its own python3).
+_CONNECTS = ("python3 -c \"import socket, sys\nfor t in sys.argv[1:]:\n    try:\n"
+             "        socket.create_connection((t, 8080), 3).close(); print('open')\n"
+             "    except OSError as err:\n        print(type(err).__name__)\" ")
+
+
+def test_update_network_changes_what_the_sandbox_reaches(nomad_e2b: E2bServer) -> None:
+    """E2B's update_network on the nomad driver, held by packets to tests/isolation's fake
+    internet (one server under two addresses): a deny-list, an allow-list, off, open again;
+    and a sandbox made without network gets none from it (501 saying so)."""
+    from tests.isolation.test_local_network import INET_SERVER, INET_SERVER2, fake_internet_running
+
+    with fake_internet_running(), Sandbox.create(timeout=120, allow_internet_access=True) as sbx:
+        def reaches() -> list[str]:
+            return sbx.commands.run(_CONNECTS + f"{INET_SERVER} {INET_SERVER2}").stdout.split()
+
+        assert reaches() == ["open", "open"]
+        for update, expected in (({"deny_out": [INET_SERVER]}, ["ConnectionRefusedError", "open"]),
+                                 ({"allow_out": [INET_SERVER], "deny_out": ["0.0.0.0/0"]},
+                                  ["open", "ConnectionRefusedError"]),
+                                 ({"allow_internet_access": False}, ["ConnectionRefusedError"] * 2),
+                                 ({}, ["open", "open"])):
+            sbx.update_network(update)
+            assert reaches() == expected, update
+    with Sandbox.create(timeout=30) as plain:  # hutch's default: no network
+        with pytest.raises(SandboxException, match=r"501: network: sandbox .* was made without outbound network"):
+            plain.update_network({"deny_out": ["8.8.8.8"]})
+        plain.update_network({"allow_internet_access": False})  # off: what it has
+
+
+def test_any_port_a_process_opens_is_reached_at_its_host(nomad_e2b: E2bServer) -> None:
+    """E2B's `{port}-{id}.{domain}` for a port no create declared, on the nomad driver (the
+    plugin's connect verb): served with the sandbox's traffic token only, to a sandbox without
+    network that keeps none; no credential of the client reaches it; a port where nothing
+    listens says so."""
+    from tests.e2b.test_hosts import _ECHO, _get, _wait_for
+
+    with Sandbox.create(timeout=120) as sbx:
+        sbx.files.write("echo.py", _ECHO)
+        sbx.commands.run("python3 echo.py", background=True)
+        url = f"https://8000-{sbx.sandbox_id}.{nomad_e2b.domain}/"
+        status, answer = _get(nomad_e2b, url)
+        assert status == 403 and "traffic access token" in answer["message"]
+        status, raw = _wait_for(nomad_e2b, url, E2B_Traffic_Access_Token=sbx.traffic_access_token,
+                                Authorization=f"Bearer {KEY}", X_API_Key=KEY)
+        assert status == 200, raw
+        seen = json.loads(raw)
+        assert not {"cookie", "authorization", "x-api-key", "e2b-traffic-access-token"} & set(seen), seen
+        status, answer = _get(nomad_e2b, f"https://8001-{sbx.sandbox_id}.{nomad_e2b.domain}/",
+                              E2B_Traffic_Access_Token=sbx.traffic_access_token)
+        assert status == 502 and "nothing answers on port 8001" in answer["message"]
+        assert sbx.commands.run("tail -n +3 /proc/net/dev | cut -d: -f1").stdout.split() == ["lo"]

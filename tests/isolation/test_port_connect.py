@@ -1,7 +1,8 @@
 """drivers/local/portconnect.py from the attacker's side: a connection the server makes into a
 sandbox's network namespace lands on that namespace's loopback, never on the host's port of
-the same number; a pid that is no longer the sandbox's init is refused; and the drivers that
-cannot enter a namespace say so, naming themselves (the E2B wire answers it as a 501)."""
+the same number; a pid that is no longer the sandbox's init is refused; and a rootless
+server, which cannot enter a namespace, says so (the E2B wire answers it as a 501). The
+nomad driver's: tests/nomad/test_nomad_port_connect.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from hutch.core.errors import DriverFailure, NotSupported
 from hutch.drivers.local import portconnect
 from hutch.drivers.local.driver import LocalDriver
 from hutch.drivers.local.helper import start_time
-from hutch.drivers.nomad.driver import NomadDriver
 
 _INSIDE = """
 import socket, sys
@@ -73,13 +73,6 @@ async def test_a_pid_that_is_not_the_sandboxs_init_is_refused(namespace: tuple[s
     assert started is not None
     with pytest.raises(DriverFailure, match="sbx_test is no longer running"):
         await portconnect.connect("sbx_test", proc.pid, started + 1, port)
-
-
-@pytest.mark.parametrize(("driver", "name"), [(NomadDriver, "nomad")])
-async def test_drivers_that_reach_one_port_name_themselves(driver: type, name: str) -> None:
-    with pytest.raises(NotSupported, match=f"driver {name} reaches only the port a sandbox declared at create "
-                                           r"\(network.port\), not port 8000 of sandbox sbx_x"):
-        await driver.port_connect(SimpleNamespace(name=name), "sbx_x", 8000)
 
 
 async def test_a_rootless_local_server_says_it_reaches_declared_ports_only() -> None:

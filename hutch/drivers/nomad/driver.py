@@ -46,6 +46,7 @@ import hashlib
 import json
 import logging
 import re
+import socket
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ import attrs
 
 from hutch.core.blobs import BlobStore
 from hutch.core.driver_types import DirWatch
+from hutch.core.egress import ALL_TRAFFIC
 from hutch.core.errors import (
     DriverFailure,
     HutchError,
@@ -80,7 +82,7 @@ from hutch.drivers.base import (
     check_env,
 )
 from hutch.drivers.bytecode import forget_bytecode
-from hutch.drivers.egress import AllowLists, flatten
+from hutch.drivers.egress import AllowLists, flatten, resolve
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.layercache import DEFAULT_MAX_BYTES
 from hutch.drivers.nomad import agents, commands, images, placement
@@ -106,6 +108,7 @@ from hutch.drivers.nomad.pools import (
     fixed_sizes,
     pool_sizing_from_env,
 )
+from hutch.drivers.nomad.portconnect import PortConnections
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 from hutch.drivers.nomad.terminal import NomadTerminals
@@ -122,6 +125,7 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\Z")
 USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
 NOMAD_READ_TIMEOUT = 5.0  # seconds for a read of Nomad's API (a job, an allocation's stats) under load
 DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
+EXIT_NO_OUTBOUND = 3  # the plugin's egress verb: the task has no outbound network (egress.go)
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 
 
@@ -134,7 +138,7 @@ class _Execution:
 
 class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.DirectoryWatching,
                   roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
-                  roles.PortForwarding, roles.UsageReporting, Driver):
+                  roles.PortForwarding, roles.UsageReporting, roles.NetworkRules, Driver):
     name = "nomad"
 
     def __init__(
@@ -168,7 +172,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True, terminals=True,
             pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
-            egress_allow=True,  # the plugin's allow.go, kept current through its allow verb
+            egress_allow=True,  # the plugin's egress.go, kept current through its allow verb
+            egress_deny=True, network_update=True,  # the plugin's egress verb (update_network)
             # inotify and user.e2b.* xattrs: the exec agent's own helpers (helpers.py)
             watches=exec_mode == "agent", metadata=exec_mode == "agent")
         self._allow = AllowLists(self._apply_allow)
@@ -178,6 +183,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self._init_pools(pool_sizing or fixed_sizes(pool_sizes))
         self._client = NomadClient(address, token=token, namespace=namespace)
         self._agents = agents.ExecAgents(self._client, exec_mode)
+        self._connections = PortConnections(self._client)  # any port of a sandbox (portconnect.py)
         self._available = self._images.available  # the same set, kept current by RuntimeImages
         self._states = StateFiles(self.state_dir)
         # Disk checkpoints: in ``blobs`` (files under the data dir, as they always were, or PostgreSQL).
@@ -224,6 +230,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._drain_pools()
+        await self._connections.close()
         await self._agents.close()
         await self._client.close()
 
@@ -291,7 +298,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                 meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
                 job = job_spec(job_id, self._image(recipe, layer), self.datacenters, req.resources, meta,
                                network=req.network_enabled, port=req.port,
-                               allow=flatten(allow) if allow is not None else None, denied=self._egress_denied)
+                               allow=flatten(allow) if allow is not None else None, deny=req.network_deny,
+                               denied=self._egress_denied)
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:
@@ -398,6 +406,11 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                 raise NotSupported(f"sandbox {sandbox_id} has no port", field="network.port")
             sb.port_target = (found[0].get("HostIP") or "127.0.0.1", int(found[0]["Value"]))
         return sb.port_target
+
+    async def port_connect(self, sandbox_id: str, port: int) -> socket.socket:
+        """Any port the sandbox's processes listen on, through the plugin's connect verb."""
+        sb = self.running(sandbox_id)
+        return await self._connections.connect(sb.alloc_id, TASK, sandbox_id, port)
 
     def running(self, sid: str) -> NomadSandbox:
         sb = self._sandboxes.get(sid)
@@ -553,9 +566,45 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         """A refreshed allow-list (AllowLists): the plugin replaces the task's chain."""
         async with self._lock(sid):
             sb = self.running(sid)
+            if set(resolved) != set(sb.allow):
+                return  # its list was replaced (update_network) while these names resolved
             await self._verb(sb, {"allow": flatten(resolved)})
             sb.allow = resolved
             await asyncio.to_thread(self._states.save, sb)
+
+    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
+                             deny: tuple[str, ...]) -> None:
+        """The sandbox's rules replaced whole by the plugin's egress verb: its chain swapped in
+        one commit under a new generation, so connections opened under the old rules are judged
+        anew (containerd-driver/egress.go), and kept on the client for a plugin restart. Only a
+        sandbox made with outbound network has a chain: one made without keeps none (off is
+        what it has already); the plugin says which it is."""
+        resolved = await resolve(allow) if allow else {}  # first: a name that does not resolve changes nothing
+        async with self._lock(sandbox_id):
+            sb = self.running(sandbox_id)
+            listed = {e: sorted(c) for e, c in resolved.items()}
+            rules = {"allow": flatten(listed) if listed else None, "deny": list(deny) if enabled else [ALL_TRAFFIC]}
+            try:
+                code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"egress": rules})
+            except ExecFailed as err:
+                if "empty command" not in str(err):
+                    raise
+                raise DriverFailure(f"sandbox {sandbox_id}: its client's hutch-containerd plugin predates "
+                                    "update_network (no egress verb); restart that client's Nomad") from err
+            if code == EXIT_NO_OUTBOUND:
+                if enabled:
+                    raise NotSupported(f"network: sandbox {sandbox_id} was made without outbound network, and an "
+                                       "update cannot give it one; create it with network enabled", field="network")
+                return
+            if code != 0:
+                raise DriverFailure(f"sandbox {sandbox_id}: replacing its egress rules failed (exit {code}): "
+                                    f"{out[:300]!r}")
+            sb.allow = listed  # kept only once in force: a failed swap leaves the old rules, and the record
+            await asyncio.to_thread(self._states.save, sb)
+            if listed:
+                self._allow.replace(sandbox_id, resolved)
+            else:
+                self._allow.forget(sandbox_id)
 
     async def kill_tagged(self, sb: NomadSandbox, tag: str) -> None:
         """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:

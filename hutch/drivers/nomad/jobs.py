@@ -62,9 +62,10 @@ def egress_denied() -> list[str]:
 
 def job_spec(job_id: str, image: str, datacenters: list[str], resources: ResourceLimits, meta: dict[str, str], *,
              network: bool = False, port: int | None = None, allow: list[str] | None = None,
-             denied: Sequence[str] = ()) -> dict[str, Any]:
+             deny: Sequence[str] = (), denied: Sequence[str] = ()) -> dict[str, Any]:
     """The Nomad job of one sandbox (or pool entry): one group, one hutch-containerd task.
-    ``denied``: what a sandbox with network may not reach (egress_denied())."""
+    ``deny``: the sandbox's network.deny; ``denied``: what every sandbox with network may not
+    reach (egress_denied())."""
     resources = sized(resources)
     assert resources.memory_bytes and resources.cpu_millis
     memory_mb = max(16, math.ceil(resources.memory_bytes / 2**20))
@@ -92,6 +93,8 @@ def job_spec(job_id: str, image: str, datacenters: list[str], resources: Resourc
         config["denied"] = list(denied or egress_denied())  # the plugin's egress.go
         if allow is not None:
             config["allow"] = allow
+        if deny:  # only then: a client whose plugin predates network.deny still takes the rest
+            config["deny"] = list(deny)
     return {"Job": {
         "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": datacenters,
         "Meta": meta,

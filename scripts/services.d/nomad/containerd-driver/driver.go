@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -90,6 +91,7 @@ var (
 		"disk_bytes":     hclspec.NewAttr("disk_bytes", "number", false),
 		"allow":          hclspec.NewAttr("allow", "list(string)", false),
 		"denied":         hclspec.NewAttr("denied", "list(string)", false),
+		"deny":           hclspec.NewAttr("deny", "list(string)", false),
 	})
 
 	capabilities = &drivers.Capabilities{
@@ -139,6 +141,7 @@ type TaskConfig struct {
 	// The IPv4 ranges the sandbox's traffic is refused to (the hutch server's
 	// core/egress.denied_ranges); none: defaultDenied (egress.go).
 	Denied []string `codec:"denied"`
+	Deny   []string `codec:"deny"` // network.deny's CIDRs (egress.go)
 }
 
 // TaskState is what Nomad keeps for RecoverTask.
@@ -414,7 +417,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			if err := restrictOutbound(ni.Path, id); err != nil {
 				return nil, nil, err
 			}
-		} else if err := setEgress(ni.Path, id, tc.ResolvConf, tc.Denied, len(tc.Allow) > 0, tc.Allow); err != nil {
+		} else if err := setEgress(ni.Path, id, tc.ResolvConf, tc.Denied, loadRules(cfg, tc)); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -461,6 +464,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	h := newTaskHandle(d, cfg, container, task, workspaceHost)
 	h.disk = disk
+	h.egress = outboundRules(cfg)
 	exitC, err := task.Wait(ctx)
 	if err != nil {
 		d.deleteContainer(ctx, container)
@@ -621,16 +625,17 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 			}
 		}
 	} else if err == nil {
-		// The jump went with the chains' reinstall; the chain is put back as created (the
-		// hutch server sends its current allow-list addresses at its next refresh).
+		// The jump went with the chains' reinstall; the chain is put back with the rules of
+		// the moment (rulesFile: an update's, a refresh's addresses).
 		if ni := handle.Config.NetworkIsolation; ni != nil && ni.Path != "" {
-			if err := setEgress(ni.Path, state.ContainerID, tc.ResolvConf, tc.Denied, len(tc.Allow) > 0, tc.Allow); err != nil {
+			if err := setEgress(ni.Path, state.ContainerID, tc.ResolvConf, tc.Denied, loadRules(handle.Config, tc)); err != nil {
 				return fmt.Errorf("limiting %s: %v", state.ContainerID, err)
 			}
 		}
 	}
 	h := newTaskHandle(d, handle.Config, container, task, state.Workspace)
 	h.startedAt, h.disk = state.StartedAt, state.Disk
+	h.egress = outboundRules(handle.Config)
 	exitC, err := task.Wait(ctx)
 	if err != nil {
 		return fmt.Errorf("waiting on task %s: %v", state.ContainerID, err)
@@ -805,8 +810,27 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 		}
 		return &drivers.ExitResult{ExitCode: 0}, nil
 	}
-	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Allow != nil {
-		return h.setAllowed(*envelope.Allow)
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && (envelope.Allow != nil || envelope.Egress != nil) {
+		var err error
+		if envelope.Egress != nil {
+			err = h.setRules(*envelope.Egress)
+		} else {
+			err = h.setAllowed(*envelope.Allow)
+		}
+		if errors.Is(err, errNoOutbound) {
+			_, _ = fmt.Fprintln(opts.Stdout, err)
+			return &drivers.ExitResult{ExitCode: exitNoOutbound}, nil
+		} else if err != nil {
+			return nil, err
+		}
+		return &drivers.ExitResult{ExitCode: 0}, nil
+	}
+	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Connect != 0 {
+		code, err := h.connect(ctx, envelope.Connect, opts.Stdin, opts.Stdout)
+		if err != nil {
+			return nil, err
+		}
+		return &drivers.ExitResult{ExitCode: code}, nil
 	}
 	if envelope, _, err := parseEnvelope(opts.Command); err == nil && envelope != nil && envelope.Usage {
 		out, _ := json.Marshal(h.usage())
@@ -839,19 +863,25 @@ func (d *Driver) setTask(id string, h *taskHandle) {
 //	{"freeze": true|false}                                  pause / resume the whole container
 //	{"usage": true}                                         the container's cpu, peak memory, memory now and page cache, as JSON
 //	{"exit": "exec-1"}                                      how the ended tagged exec ended, as JSON (exits.go)
-//	{"allow": ["1.2.3.4/32", ...]}                          replace the task's network.allow addresses (allow.go)
+//	{"allow": ["1.2.3.4/32", ...]}                          replace the task's allow-list addresses (egress.go)
+//	{"egress": {"allow": [...]|null, "deny": [...]}}        replace the task's egress rules whole (egress.go)
+//	  (both answer exit 3 for a task made without outbound network: it has no rules to change)
+//	{"connect": 8000}                                       a connection to that port inside the sandbox, on stdin/stdout (connect.go)
 //
 // The kill verb exists because closing the exec websocket does not reach the plugin while
 // the command is silent: Nomad's HTTP handler only notices at the command's next output.
 type execEnvelopeSpec struct {
-	Env    []string  `json:"env"`
-	Cwd    string    `json:"cwd"`
-	Tag    string    `json:"tag"`
-	Kill   string    `json:"kill"`
-	Freeze *bool     `json:"freeze"`
-	Usage  bool      `json:"usage"`
-	Exit   string    `json:"exit"`
-	Allow  *[]string `json:"allow"`
+	Env    []string      `json:"env"`
+	Cwd    string        `json:"cwd"`
+	Tag    string        `json:"tag"`
+	Kill   string        `json:"kill"`
+	Freeze *bool         `json:"freeze"`
+	Usage  bool          `json:"usage"`
+	Exit   string        `json:"exit"`
+	Allow  *[]string     `json:"allow"`
+	Egress *egressUpdate `json:"egress"`
+	// Connect: a TCP connection to this port of the sandbox's loopback (connect.go).
+	Connect int `json:"connect"`
 	// NoStdin: the command gets an empty stdin (end of file at once), without waiting for
 	// the exec stream's stdin close to travel through Nomad.
 	NoStdin bool `json:"noStdin"`

@@ -38,6 +38,9 @@ type taskHandle struct {
 	execSeq     int
 	tagged      map[string]*taggedExec
 	exits       exitRecords // what tagged execs ended with (exits.go)
+
+	egressMu sync.Mutex   // one rules change at a time (egress.go)
+	egress   *egressRules // the rules in force; nil: no outbound network, nothing to change
 }
 
 type taggedExec struct {
