@@ -104,8 +104,9 @@ class Reaper:
         if not await self._control.replicas.mine(sandbox_id):
             return  # another replica's: its own reaper ends it
         if sb is not None and sb.spec.timeout.on_idle == "pause" and sb.status is SandboxStatus.RUNNING:
-            # Frozen mid-command, its time limit could not be kept (drivers pause idle sandboxes
-            # only): it pauses once its commands end, when their end re-arms this timer.
+            # A running command is activity (the timeout is an idle one), although a pause
+            # asked for freezes it where the driver can (pause_running): the sandbox pauses
+            # once its commands end, when their end re-arms this timer.
             log.info("%s is to pause (%s) once its running commands end", sandbox_id, reason)
             return
         if sb is not None and sb.status is SandboxStatus.IDLE and sb.spec.timeout.on_idle == "pause":

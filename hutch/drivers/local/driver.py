@@ -131,6 +131,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             pids_limit=self.rootless or "pids" in controllers,  # rootless: RLIMIT_NPROC per sandbox
             network=True,  # rootless: slirp4netns (slirp.py) instead of a veth and NAT
             pause=self._cgroups is not None,  # the freezer
+            pause_running=self._cgroups is not None,  # and the run clock (runclock.py)
             files=True,
             tar_streams=True,  # trees.py over the file primitives: one call for a node agent, not one a file
             checkpoints=not self.rootless,  # consistent copies need the freezer
