@@ -262,20 +262,25 @@ def test_the_timeout_ends_a_sandbox_whose_command_still_runs(e2b_env: E2bServer)
         sbx.kill()
 
 
-def test_a_sandbox_to_pause_at_its_timeout_pauses_once_its_command_ends(e2b_env: E2bServer) -> None:
-    """hutch's timeout is an idle one, and a running command is activity: past its timeout, the
-    sandbox pauses when its command ends (not ended instead). A pause asked for freezes it
-    with its commands (the test above)."""
+def test_a_sandbox_to_pause_at_its_timeout_pauses_then_with_its_command_frozen(e2b_env: E2bServer) -> None:
+    """As E2B's: past its timeout the sandbox pauses, its running command frozen with it, and
+    the connect resumes the command where it was (it ends well, its output whole, on the
+    stream opened before the pause)."""
     sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
     try:
-        sbx.commands.run("sleep 4", background=True)
+        # 40 steps of 0.1 s: work a freeze holds up (a single sleep's deadline would pass
+        # while frozen, as the host's clock runs on: it would end as it thawed).
+        handle = sbx.commands.run("for i in $(seq 40); do sleep 0.1; done; echo woke", background=True)
         sbx.set_timeout(1)
-        time.sleep(2)
-        assert sbx.get_info().state.value == "running"  # past its timeout, the command running
         deadline = time.monotonic() + 30
         while sbx.is_running() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert sbx.get_info().state.value == "paused"
+        time.sleep(4)  # past the command's 4 s, had it not been frozen
+        sbx = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert handle.pid in {p.pid for p in sbx.commands.list()}  # still running
+        done = handle.wait()  # its stream stayed open through the pause
+        assert (done.exit_code, done.stdout) == (0, "woke\n")
     finally:
         sbx.kill()
 
