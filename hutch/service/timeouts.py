@@ -121,7 +121,7 @@ class Reaper:
                 reason = f"{reason}; pausing it failed: {err.message}"
         log.info("reaping %s: %s", sandbox_id, reason)
         await self._control.end(sandbox_id, Terminate(reason=reason),
-                                busy=sb is not None and sb.status is SandboxStatus.RUNNING)
+                                busy=sb is not None and bool(sb.running))  # paused ones' commands too
 
     async def watch(self) -> None:
         queue = self._projector.listen()

@@ -212,3 +212,22 @@ async def test_stats_count_what_ran_in_a_time_range(api: Api) -> None:
     assert empty["sandboxes"]["created"] == 0
     err = await api.call("GET", "/sandbox/stats?start=yesterday", expect=400)
     assert "start" in err["message"]
+
+
+@pytest.mark.runs_on("local-embedded")  # a paused sandbox's frozen command at its paused timeout
+async def test_a_paused_timeout_ends_the_frozen_commands_too(api: Api) -> None:
+    """A sandbox paused with a command running, ended at its paused timeout: the frozen
+    command ends with it (cancelled), nothing left hanging."""
+    sid = await new_sandbox(api, timeout={"paused": "1s"})
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "60"]})
+    await api.call("POST", f"/sandbox/{sid}/pause")
+    status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=10000")
+    assert status["status"] == "terminated"
+    final = await api.wait_execution(ex["executionId"])
+    assert final["status"] == "cancelled", final
+    events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]
+    assert events[-1]["type"] == "lifecycle:terminated" and "paused timeout" in events[-1]["event"]["reason"]
+    # Recorded ending before its commands were killed, as a busy sandbox's end is: their
+    # clients hear the sandbox ended, not that they were killed.
+    types = [e["type"] for e in events]
+    assert types.index("destroy") < types.index("execution:finished"), types
