@@ -50,6 +50,9 @@ async def test_illegal_pause_and_resume_are_refused_naming_why(api: Api, driver_
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "5"]})
     err = await api.call("POST", f"/sandbox/{sid}/pause", expect=501)
     assert f"has commands running: the {driver_name} driver" in err["message"] and err["code"] == "NOT_SUPPORTED"
+    # Decided by the service against the record, under the lock a command's start is recorded
+    # under (not by the driver, which may not hold a command recorded a moment ago yet).
+    assert "pauses a sandbox with none (it cannot hold a frozen command's time limit)" in err["message"]
     assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "running"  # nothing half-made
     await api.call("DELETE", f"/sandbox/{sid}")
     await api.wait_execution(ex["executionId"])
