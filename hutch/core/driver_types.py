@@ -36,6 +36,10 @@ class Capabilities:
     pids_limit: bool = False
     network: bool = False  # can give a sandbox outbound network when asked
     pause: bool = False
+    # pause freezes running commands too, their time limits standing still (the run clock of
+    # the local driver, and of the node driver's agents); without it a pause with commands
+    # running is refused (NotSupported, naming the driver).
+    pause_running: bool = False
     files: bool = False
     checkpoints: bool = False
     ports: bool = False  # can expose one port of a sandbox to the server (port_target)

@@ -374,16 +374,13 @@ def _decide_move(sandbox: SandboxState, command: Move) -> list[Decided]:
 
 
 def _decide_pause(sandbox: SandboxState, command: Pause) -> list[Decided]:
+    """An idle or running sandbox pauses: its running commands are frozen with it and stay
+    ``running`` (as E2B's), their time limits standing still; the resume makes it running again
+    if any is left. A driver that cannot freeze a running command refuses, naming why."""
     status = sandbox.status
     if status is SandboxStatus.PAUSED:
         return []  # pausing a paused sandbox changes nothing
-    if status is SandboxStatus.RUNNING:
-        raise IllegalTransition(
-            f"cannot pause: sandbox {sandbox.sandbox_id} has running executions; wait for them or cancel them",
-            sandbox_id=sandbox.sandbox_id,
-            sandbox_status=status.value,
-        )
-    if status is not SandboxStatus.IDLE:
+    if status not in _LIVE:
         raise _illegal(sandbox, "pause")
     return [SandboxPaused(terminates_at=command.terminates_at)]
 

@@ -13,6 +13,7 @@ import attrs
 
 from hutch.core import phases
 from hutch.core.driver_types import Usage
+from hutch.core.errors import NotSupported
 from hutch.core.lifecycle import ChangeEnv, ChangeTimeout, Destroy, Fail, Pause, Resume, Terminate
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
@@ -37,6 +38,13 @@ class SandboxControl:
 
     async def pause(self, sandbox_id: str) -> SandboxState:
         def command(sb: SandboxState) -> Pause:
+            caps = self._lifecycle.capabilities
+            if sb.status is SandboxStatus.RUNNING and caps.pause and not caps.pause_running:
+                # Decided here, under the sandbox's lock, as a command's start is recorded: the
+                # driver's own check could miss one recorded but not yet handed to it.
+                raise NotSupported(f"sandbox {sb.sandbox_id} has commands running: the {self._lifecycle.name} "
+                                   "driver pauses a sandbox with none (it cannot hold a frozen command's time "
+                                   "limit); cancel them or wait for them, then pause", field="state")
             limit = sb.spec.timeout.paused
             paused_for = parse_duration("timeout.paused", limit) if limit else 0.0
             deadline = iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=paused_for)) if paused_for else None

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from hutch.core.errors import HutchError
+from hutch.core.errors import HutchError, NotSupported
 from hutch.core.lifecycle import Terminate
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
@@ -103,22 +103,25 @@ class Reaper:
             return
         if not await self._control.replicas.mine(sandbox_id):
             return  # another replica's: its own reaper ends it
-        if sb is not None and sb.spec.timeout.on_idle == "pause" and sb.status is SandboxStatus.RUNNING:
-            # Frozen mid-command, its time limit could not be kept (drivers pause idle sandboxes
-            # only): it pauses once its commands end, when their end re-arms this timer.
-            log.info("%s is to pause (%s) once its running commands end", sandbox_id, reason)
-            return
-        if sb is not None and sb.status is SandboxStatus.IDLE and sb.spec.timeout.on_idle == "pause":
+        if sb is not None and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING) and sb.spec.timeout.on_idle == "pause":
+            # Only E2B's timeout (counted from when it was set) is reached with commands running:
+            # they are frozen with the sandbox, as E2B's, where the driver can (pause_running).
             log.info("pausing %s: %s", sandbox_id, reason)
             try:
                 await self._control.pause(sandbox_id)
                 return
+            except NotSupported as err:
+                if sb.status is SandboxStatus.RUNNING:  # a driver that freezes no running command
+                    log.info("%s is to pause (%s) once its running commands end: %s", sandbox_id, reason, err)
+                    return  # their end re-arms this timer
+                log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
+                reason = f"{reason}; pausing it failed: {err.message}"
             except HutchError as err:  # a sandbox that cannot be kept is ended, as any other would be
                 log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
                 reason = f"{reason}; pausing it failed: {err.message}"
         log.info("reaping %s: %s", sandbox_id, reason)
         await self._control.end(sandbox_id, Terminate(reason=reason),
-                                busy=sb is not None and sb.status is SandboxStatus.RUNNING)
+                                busy=sb is not None and bool(sb.running))  # paused ones' commands too
 
     async def watch(self) -> None:
         queue = self._projector.listen()

@@ -42,18 +42,72 @@ async def test_pause_keeps_files_and_execute_auto_resumes(api: Api) -> None:
     assert [a.get("auto", False) for a in auto] == [True, False]
 
 
-@pytest.mark.runs_on(*STORE)  # decided in core against the store
-async def test_illegal_pause_and_resume_are_409(api: Api) -> None:
+@pytest.mark.runs_on(*STORE, "nomad-production")  # drivers that freeze no running command
+async def test_illegal_pause_and_resume_are_refused_naming_why(api: Api, driver_name: str) -> None:
     sid = await new_sandbox(api)
     err = await api.call("POST", f"/sandbox/{sid}/resume", expect=200)  # idle: already awake
     assert err["success"] is True
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "5"]})
-    err = await api.call("POST", f"/sandbox/{sid}/pause", expect=409)
-    assert "running executions" in err["message"] and err["code"] == "INVALID_STATE"
+    err = await api.call("POST", f"/sandbox/{sid}/pause", expect=501)
+    assert f"has commands running: the {driver_name} driver" in err["message"] and err["code"] == "NOT_SUPPORTED"
+    # Decided by the service against the record, under the lock a command's start is recorded
+    # under (not by the driver, which may not hold a command recorded a moment ago yet).
+    assert "pauses a sandbox with none (it cannot hold a frozen command's time limit)" in err["message"]
+    assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "running"  # nothing half-made
     await api.call("DELETE", f"/sandbox/{sid}")
     await api.wait_execution(ex["executionId"])
     await api.call("POST", f"/sandbox/{sid}/pause", expect=404)
     await api.call("POST", "/sandbox/sbx_nope/resume", expect=404)
+
+
+@pytest.mark.runs_on("local-embedded", "local-production")  # the freezer and the run clock
+async def test_a_command_is_paused_with_its_sandbox_its_time_limit_standing_still(api: Api) -> None:
+    """Paused with a command running, the sandbox is ``paused`` and the command ``running``,
+    frozen: paused past its 3 s limit, it resumes and ends well (the paused time was not its)."""
+    sid = await new_sandbox(api)
+    ex = await api.data("POST", f"/sandbox/{sid}/execute",
+                        json={"command": ["sh", "-c", "sleep 2; echo done"], "timeout": "3s"})
+    paused = await api.call("POST", f"/sandbox/{sid}/pause")
+    assert paused["status"] == "paused"
+    await asyncio.sleep(3.5)
+    assert (await api.data("GET", f"/sandbox/execution/{ex['executionId']}"))["status"] == "running"
+    await api.call("POST", f"/sandbox/{sid}/resume")
+    assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "running"
+    final = await api.wait_execution(ex["executionId"])
+    assert (final["status"], final["exitCode"]) == ("completed", 0), final
+    assert await api.stream(ex["stdoutStreamUrl"]) == b"done\n"
+    # Its limit still holds, on the time it ran: a command paused and resumed still times out.
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "60"], "timeout": "2s"})
+    await api.call("POST", f"/sandbox/{sid}/pause")
+    await api.call("POST", f"/sandbox/{sid}/resume")
+    final = await api.wait_execution(ex["executionId"])
+    assert final["status"] == "timeout" and final["durationMs"] < 10_000, final
+    await api.call("DELETE", f"/sandbox/{sid}")
+
+
+@pytest.mark.runs_on("local-embedded", "local-production")  # a frozen process tree killed
+async def test_a_frozen_command_is_cancelled_and_a_destroy_ends_the_rest(api: Api) -> None:
+    """A cancel of a paused sandbox's command ends it (a thaw-kill of its tree alone), the
+    sandbox staying paused, its other command frozen; a destroy then ends that one too."""
+    sid = await new_sandbox(api)
+    count = ["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"]
+    counter = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": count})
+    doomed = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", "sleep 300 & sleep 301"]})
+    await asyncio.sleep(0.5)
+    await api.call("POST", f"/sandbox/{sid}/pause")
+    done = await api.data("POST", f"/sandbox/execution/{doomed['executionId']}/cancel")
+    assert done["status"] == "cancelled" and done["durationMs"] < 10_000, done
+    assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "paused"
+    await api.call("POST", f"/sandbox/{sid}/resume")
+    first = await run(api, sid, "cat", "/tmp/count")
+    ps = await run(api, sid, "ps", "-eo", "args")
+    assert b"sleep 30" not in ps["stdout"] and b"while" in ps["stdout"], ps["stdout"]
+    await asyncio.sleep(0.5)
+    assert int((await run(api, sid, "cat", "/tmp/count"))["stdout"]) > int(first["stdout"])  # thawed, counting
+    await api.call("POST", f"/sandbox/{sid}/pause")
+    await api.call("DELETE", f"/sandbox/{sid}")
+    job = await api.data("GET", f"/sandbox/execution/{counter['executionId']}?wait=10s")
+    assert job["status"] == "cancelled", job
 
 
 @pytest.mark.runs_on(*STORE)  # the service's timers over the store
@@ -161,3 +215,22 @@ async def test_stats_count_what_ran_in_a_time_range(api: Api) -> None:
     assert empty["sandboxes"]["created"] == 0
     err = await api.call("GET", "/sandbox/stats?start=yesterday", expect=400)
     assert "start" in err["message"]
+
+
+@pytest.mark.runs_on("local-embedded")  # a paused sandbox's frozen command at its paused timeout
+async def test_a_paused_timeout_ends_the_frozen_commands_too(api: Api) -> None:
+    """A sandbox paused with a command running, ended at its paused timeout: the frozen
+    command ends with it (cancelled), nothing left hanging."""
+    sid = await new_sandbox(api, timeout={"paused": "1s"})
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "60"]})
+    await api.call("POST", f"/sandbox/{sid}/pause")
+    status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=10000")
+    assert status["status"] == "terminated"
+    final = await api.wait_execution(ex["executionId"])
+    assert final["status"] == "cancelled", final
+    events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]
+    assert events[-1]["type"] == "lifecycle:terminated" and "paused timeout" in events[-1]["event"]["reason"]
+    # Recorded ending before its commands were killed, as a busy sandbox's end is: their
+    # clients hear the sandbox ended, not that they were killed.
+    types = [e["type"] for e in events]
+    assert types.index("destroy") < types.index("execution:finished"), types

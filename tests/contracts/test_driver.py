@@ -507,12 +507,40 @@ class TestPausing:
             return
         await driver.pause(sandbox)
         await driver.pause(sandbox)  # idempotent
-        with pytest.raises(IllegalTransition):
-            await run(driver, sandbox, "true")
+        if driver.capabilities.pause_running:  # a command started meanwhile is frozen with the rest
+            late = asyncio.ensure_future(run(driver, sandbox, "echo", "late"))
+            await asyncio.sleep(0.5)
+            assert not late.done()
+        else:
+            with pytest.raises(IllegalTransition):
+                await run(driver, sandbox, "true")
         await driver.resume(sandbox)
         await driver.resume(sandbox)
+        if driver.capabilities.pause_running:
+            result, out = await late
+            assert (result.exit_code, out.stdout) == (0, "late\n")
         result, out = await run(driver, sandbox, "echo", "awake")
         assert (result.exit_code, out.stdout) == (0, "awake\n")
+
+    async def test_a_pause_freezes_running_commands_or_says_it_cannot(self, driver: Driver, sandbox: str) -> None:
+        """With ``pause_running`` a command is paused with its sandbox, its time limit standing
+        still (paused past its 1.5 s limit, it ends well); without, the pause is refused, naming
+        the driver, and the command runs on."""
+        if not driver.capabilities.pause:
+            return
+        busy = asyncio.ensure_future(run(driver, sandbox, "sh", "-c", "sleep 1; echo done", timeout=1.5))
+        await asyncio.sleep(0.3)
+        if not driver.capabilities.pause_running:
+            with pytest.raises(NotSupported, match=r"has commands running: the \w+ driver"):
+                await driver.pause(sandbox)
+            await busy
+            return
+        await driver.pause(sandbox)
+        await asyncio.sleep(2.0)
+        assert not busy.done()
+        await driver.resume(sandbox)
+        result, out = await busy
+        assert (result.exit_code, result.timed_out, out.stdout) == (0, False, "done\n")
 
     async def test_destroy_a_paused_sandbox(self, driver: Driver) -> None:
         sid = await provision(driver)

@@ -208,3 +208,21 @@ def test_run_code_reaches_the_interpreter_by_the_domain(served: E2bServer, sbx: 
         urllib.request.urlopen(f"{found['url']}/contexts", timeout=30, context=context)
     refused.value.close()
     assert refused.value.code == 403
+
+
+def test_an_agent_pauses_the_interpreter_between_its_turns(sbx: Sandbox) -> None:
+    """E2B's use of pause: a code-interpreter sandbox paused between an agent's turns, its
+    kernel and a cell's background thread frozen with it; the connect resumes them, the
+    variables kept and the thread counting on from where it was."""
+    sbx.run_code("import threading, time\nturns = ['first']\nticks = [0]\n"
+                 "def tick():\n    while True:\n        ticks[0] += 1\n        time.sleep(0.1)\n"
+                 "threading.Thread(target=tick, daemon=True).start()")
+    time.sleep(0.5)
+    before = int(sbx.run_code("ticks[0]").text)
+    assert sbx.pause() is True
+    assert sbx.get_info().state.value == "paused"
+    time.sleep(3)
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    assert resumed.run_code("turns.append('second'); turns").text == "['first', 'second']"
+    after = int(resumed.run_code("ticks[0]").text)
+    assert before < after < before + 20, (before, after)  # 30 had it run on while paused

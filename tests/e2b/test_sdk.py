@@ -262,34 +262,34 @@ def test_the_timeout_ends_a_sandbox_whose_command_still_runs(e2b_env: E2bServer)
         sbx.kill()
 
 
-def test_a_sandbox_to_pause_at_its_timeout_pauses_once_its_command_ends(e2b_env: E2bServer) -> None:
-    """hutch freezes only a sandbox with no command running (a frozen command's time limit
-    could not be kept): past its timeout, it pauses when the command ends, not ended instead."""
+def test_a_sandbox_to_pause_at_its_timeout_pauses_then_with_its_command_frozen(e2b_env: E2bServer) -> None:
+    """As E2B's: past its timeout the sandbox pauses, its running command frozen with it, and
+    the connect resumes the command where it was (it ends well, its output whole, on the
+    stream opened before the pause)."""
     sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
     try:
-        sbx.commands.run("sleep 4", background=True)
+        # 40 steps of 0.1 s: work a freeze holds up (a single sleep's deadline would pass
+        # while frozen, as the host's clock runs on: it would end as it thawed).
+        handle = sbx.commands.run("for i in $(seq 40); do sleep 0.1; done; echo woke", background=True)
         sbx.set_timeout(1)
-        time.sleep(2)
-        assert sbx.get_info().state.value == "running"  # past its timeout, the command running
         deadline = time.monotonic() + 30
         while sbx.is_running() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert sbx.get_info().state.value == "paused"
+        time.sleep(4)  # past the command's 4 s, had it not been frozen
+        sbx = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert handle.pid in {p.pid for p in sbx.commands.list()}  # still running
+        done = handle.wait()  # its stream stayed open through the pause
+        assert (done.exit_code, done.stdout) == (0, "woke\n")
     finally:
         sbx.kill()
 
 
 def test_a_pause_answers_409_only_for_a_paused_sandbox(e2b_env: E2bServer) -> None:
-    """E2B's SDK takes a 409 for "already paused" (pause() returns False): a sandbox hutch will
-    not pause while a command runs is an error the SDK raises, still running; a killed one is
+    """E2B's SDK takes a 409 for "already paused" (pause() returns False); a killed sandbox is
     not found, as E2B's."""
     sbx = Sandbox.create(timeout=60)
     try:
-        handle = sbx.commands.run("sleep 600", background=True)
-        with pytest.raises(SandboxException, match=r"501: sandbox \S+ has commands running"):
-            sbx.pause()
-        assert sbx.get_info().state.value == "running"
-        handle.kill()
         assert sbx.pause() is True
         assert sbx.pause() is False  # already paused: E2B's 409
         assert sbx.get_info().state.value == "paused"
@@ -297,6 +297,41 @@ def test_a_pause_answers_409_only_for_a_paused_sandbox(e2b_env: E2bServer) -> No
         sbx.kill()
     with pytest.raises(NotFoundException):
         sbx.pause()
+
+
+_COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+_GET = "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/').status)\""
+
+
+def test_a_sandbox_pauses_with_its_commands_and_resumes_them_where_they_were(e2b_env: E2bServer) -> None:
+    """E2B's pause: the sandbox's commands (a counter, an http.server) are frozen with it and
+    carry on after the connect, the same processes; the counter did not count while paused.
+    (A command's time limit standing still while paused: tests/api/test_lifecycle.py.)"""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        counter = sbx.commands.run(_COUNTER, background=True)
+        server = sbx.commands.run("python3 -m http.server 8000", background=True)
+        deadline = time.monotonic() + 30
+        while sbx.commands.run(_GET + " || true").stdout != "200\n" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        before, t0 = int(sbx.commands.run("cat /tmp/count").stdout), time.monotonic()
+        assert sbx.pause() is True
+        paused_from = time.monotonic()
+        assert sbx.get_info().state.value == "paused"
+        time.sleep(3)
+        paused_for = time.monotonic() - paused_from
+        sbx = Sandbox.connect(sbx.sandbox_id)
+        after, awake = int(sbx.commands.run("cat /tmp/count").stdout), time.monotonic() - t0 - paused_for
+        assert sbx.get_info().state.value == "running"
+        # At most one count per 0.2 s awake (plus one in progress): none while frozen.
+        assert after - before <= awake / 0.2 + 2, (before, after, awake, paused_for)
+        assert sbx.commands.run(_GET).stdout == "200\n"  # the same server, still listening
+        time.sleep(0.6)
+        assert int(sbx.commands.run("cat /tmp/count").stdout) > after  # counting again
+        listed = {p.pid for p in sbx.commands.list()}
+        assert {counter.pid, server.pid} <= listed
+    finally:
+        sbx.kill()
 
 
 def test_an_mcp_gateway_the_template_lacks_fails_the_create_and_kills_it(e2b_env: E2bServer) -> None:

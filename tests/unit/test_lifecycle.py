@@ -162,11 +162,35 @@ def test_pause_and_resume() -> None:
     sb = step(sb, Resume(auto=True))
     assert sb.status is SandboxStatus.IDLE and sb.paused_at is None and sb.terminates_at is None
     assert decide(sb, Resume()) == []
-    busy = step(sb, StartExecution("exec_1", ("ls",)))
-    with pytest.raises(IllegalTransition, match="running executions"):
-        decide(busy, Pause())
     with pytest.raises(IllegalTransition):
         decide(step(sb, Terminate(reason="x")), Resume())
+
+
+def test_a_sandbox_pauses_with_its_commands_frozen_and_resumes_them_running() -> None:
+    """E2B's pause: the running commands are frozen with the sandbox and still ``running``;
+    one that ends meanwhile (cancelled) leaves it paused; the resume makes it running again
+    while any is left, idle once none is; a destroy ends them all."""
+    from hutch.core.lifecycle import evolve_execution
+
+    busy = step(step(step(new(), Start()), StartExecution("exec_1", ("sleep", "60"))),
+                StartExecution("exec_2", ("sleep", "60")))
+    paused = step(busy, Pause())
+    assert paused.status is SandboxStatus.PAUSED and paused.running == {"exec_1", "exec_2"}
+    assert decide(paused, Pause()) == []
+    one_left = step(paused, FinishExecution("exec_1", ExecutionStatus.CANCELLED, exit_code=137))
+    assert one_left.status is SandboxStatus.PAUSED and one_left.running == {"exec_2"}
+    resumed = step(one_left, Resume())
+    assert resumed.status is SandboxStatus.RUNNING and resumed.paused_at is None
+    idle = step(resumed, FinishExecution("exec_2", ExecutionStatus.COMPLETED, exit_code=0))
+    assert idle.status is SandboxStatus.IDLE
+    # Ended while paused, its commands with it: cancelled, none left running.
+    ended = step(step(paused, Destroy()), Terminate(reason="destroyed on request", deleted=True))
+    assert ended.status is SandboxStatus.DELETED and not ended.running
+    [started] = decide(busy, StartExecution("exec_3", ("true",)))
+    ex = evolve_execution(None, Event("e1", busy.sandbox_id, "2026-01-01T00:00:00.000Z", started))
+    [*_, terminated] = decide(step(paused, Destroy()), Terminate(reason="destroyed on request", deleted=True))
+    gone = evolve_execution(ex, Event("e2", busy.sandbox_id, "2026-01-01T00:00:01.000Z", terminated))
+    assert gone is not None and gone.status is ExecutionStatus.CANCELLED
 
 
 def test_the_log_keeps_the_start_of_a_long_argv_and_says_what_it_left_out() -> None:

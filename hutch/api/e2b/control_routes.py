@@ -407,12 +407,14 @@ async def pause(request: web.Request) -> web.Response:
         if sb.status is not SandboxStatus.PAUSED:
             await request.app[ENGINE].control.pause(sb.sandbox_id)
             return web.Response(status=204)
-    except IllegalTransition:
-        sb = await live_sandbox(request, sandbox_id)  # ended meanwhile: a 404, as E2B's
-        if sb.status in (SandboxStatus.RUNNING, SandboxStatus.IDLE):  # idle: its command just ended
-            raise NotSupported(f"sandbox {sandbox_id} has commands running: hutch pauses a sandbox with none "
-                               "(frozen mid-command, its time limit could not be kept); kill them or wait for "
-                               "them, then pause", field="state") from None
+    except IllegalTransition as refused:
+        # Its commands are frozen with it (docs/e2b.md); a driver that cannot freeze them says so
+        # with a 501 of its own. An IllegalTransition is the sandbox ending (a 404, as E2B's) or
+        # pausing meanwhile (a 409); anything else is no "already paused".
+        sb = await live_sandbox(request, sandbox_id)
+        if sb.status in (SandboxStatus.RUNNING, SandboxStatus.IDLE):
+            raise NotSupported(f"sandbox {sandbox_id} could not be paused: {refused.message}",
+                               field="state") from None
         if sb.status is not SandboxStatus.PAUSED:
             raise
     return web.json_response({"code": 409, "message": f"sandbox {sb.sandbox_id} is already paused"}, status=409)

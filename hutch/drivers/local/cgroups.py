@@ -353,6 +353,18 @@ class Cgroups(abc.ABC):
     def freeze(self, sandbox: str, frozen: bool) -> None:
         self._freeze(self.paths(sandbox)[0], frozen)
 
+    def freeze_leaves(self, sandbox: str, frozen: bool, leaves: list[str] | None = None) -> list[str]:
+        """Freeze (or thaw) each of the sandbox's leaves on its own (``leaves``, or all it has
+        now but v2's ``init``, pid 1's); the ones done. A leaf frozen on its own stays frozen
+        while its sandbox thaws, and one thawed on its own stays frozen while its sandbox is
+        (both v1 and v2)."""
+        root = self.paths(sandbox)[0]
+        if leaves is None:
+            leaves = [leaf for leaf in self.leaves(sandbox) if leaf != "init"]
+        for leaf in leaves:
+            self._freeze(root / leaf, frozen)
+        return leaves
+
     @abc.abstractmethod
     def is_frozen(self, sandbox: str) -> bool: ...
 

@@ -41,6 +41,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXIT_TIMEOUT = 124
 EXIT_CANCELLED = 128 + signal.SIGKILL
 NO_FREEZER = "pause needs the cgroup freezer; this server runs without root (rootless mode)"
+FROZEN_KILL_WAIT = 5.0  # seconds a paused sandbox is thawed at most for a command's kill
 
 
 class LocalExecutions:
@@ -79,7 +80,8 @@ class LocalExecutions:
         env = self._env(sb, req.env)
         cwd = posixpath.normpath(posixpath.join(sb.home, req.cwd)) if req.cwd else sb.home
         leaf = "x-" + re.sub(r"[^A-Za-z0-9_.-]", "_", req.execution_id)[:100]
-        self._registry.check_not_paused(sb)
+        # Not refused in a paused sandbox: a pause that lands between the command's recorded
+        # start and this call freezes it with the rest (its time stands still until the resume).
         execution = LocalExecution(sandbox_id=sb.id, leaf=leaf)
         executions[req.execution_id] = execution
         self._nsexec.gc_leaves(sb.id)
@@ -87,10 +89,11 @@ class LocalExecutions:
         try:
             code, timed_out, status = await self._nsexec.run(
                 "exec", sb, leaf, cwd=cwd, argv=req.argv, env=env, stdin=req.stdin,
-                sink=sink, limit=req.timeout,
+                sink=sink, limit=req.timeout, clock=self._registry.clock(sb.id),
                 launched=lambda: self._quiet.release(req.execution_id, req.sandbox_id))  # its create's hold too
         finally:
             executions.pop(req.execution_id, None)
+            execution.ended.set()
         t0 = phases.start()
         # Rootless: no memory cgroup, so no OOM kill either (allocations past the rlimit fail).
         oom = self._cgroups is not None and self._cgroups.oom_kills(sb.id, leaf) > 0
@@ -142,17 +145,48 @@ class LocalExecutions:
         if execution is None:
             return
         execution.cancelled = True
+        if self._cgroups is not None and self._cgroups.is_frozen(execution.sandbox_id):
+            await self._kill_frozen(execution)
+            return
         await self._nsexec.kill_leaf(execution.sandbox_id, execution.leaf)
+
+    async def _kill_frozen(self, execution: LocalExecution) -> None:
+        """A command of a paused sandbox killed (a thaw-kill): every leaf frozen on its own,
+        the sandbox thawed for as long as its pid 1 takes to report the command's end, then
+        frozen again. The killed processes die as they thaw, running nothing more (a SIGKILL
+        is taken before the return to user space); the other commands stay frozen throughout;
+        pid 1 (hutch's) runs those milliseconds. On cgroup v1 a frozen process dies only once
+        thawed, and the command's end is reported by pid 1: hence the thaw."""
+        cgroups, sid = self._cgroups, execution.sandbox_id
+        assert cgroups is not None
+        async with self._registry.lock(sid):
+            if not cgroups.is_frozen(sid):  # resumed meanwhile
+                await self._nsexec.kill_leaf(sid, execution.leaf)
+                return
+            leaves = await asyncio.to_thread(cgroups.freeze_leaves, sid, True)
+            try:
+                cgroups.freeze(sid, False)
+                await self._nsexec.kill_leaf(sid, execution.leaf)
+                with contextlib.suppress(TimeoutError):  # its exec returns once pid 1 reported the end
+                    await asyncio.wait_for(execution.ended.wait(), FROZEN_KILL_WAIT)
+            finally:
+                await asyncio.to_thread(cgroups.freeze, sid, True)  # polls until frozen
+                await asyncio.to_thread(cgroups.freeze_leaves, sid, False, leaves)
 
     async def signal(self, execution_id: str, signum: int) -> None:
         """Send ``signum`` to every process of the execution's tree (its cgroup leaf,
         background children included), frozen meanwhile so none escapes by forking.
-        Unknown or finished executions are a no-op."""
+        Unknown or finished executions are a no-op. In a paused sandbox a SIGKILL ends the
+        command at once (as a cancel); any other signal is taken when the sandbox resumes."""
         execution = self._registry.executions.get(execution_id)
         if execution is None:
             return
         if not 0 < signum < signal.NSIG:
             raise InvalidInput(f"signal: {signum} is not a signal", field="signal")
+        if signum == signal.SIGKILL and self._cgroups is not None and self._cgroups.is_frozen(execution.sandbox_id):
+            await self._kill_frozen(execution)
+            return
+        # Any other: cgroups.signal's freeze and thaw of the leaf leave it frozen under its sandbox.
         await self._nsexec.signal_leaf(execution.sandbox_id, execution.leaf, signum)
 
     async def write_files(self, sandbox_id: str, files: Sequence[FileWrite]) -> None:
@@ -176,18 +210,22 @@ class LocalExecutions:
             raise DriverFailure(f"writing files into sandbox {sandbox_id} failed (exit {code})")
 
     async def pause(self, sandbox_id: str) -> None:
-        """Freeze every process of the sandbox (the cgroup freezer). Idempotent.
-
-        Refused while an execution runs: its timeout could not be enforced on frozen
-        processes. Background processes are frozen with the rest.
+        """Freeze every process of the sandbox (the cgroup freezer), its running commands and
+        background processes with the rest. Idempotent. A command's time limit counts on the
+        sandbox's run clock, stopped from here to the resume: frozen time is not its.
         """
         sb = self._registry.running(sandbox_id)
         if self._cgroups is None:
             raise NotSupported(NO_FREEZER)
         async with self._registry.lock(sb.id):
-            if self._registry.has_executions(sb.id):
-                raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
-            await asyncio.to_thread(self._cgroups.freeze, sb.id, True)  # polls until frozen
+            clock = self._registry.clock(sb.id)
+            clock.freeze()  # first: a limit running out meanwhile would kill a command being frozen
+            try:
+                await asyncio.to_thread(self._cgroups.freeze, sb.id, True)  # polls until frozen
+            except BaseException:
+                if not self._cgroups.is_frozen(sb.id):
+                    clock.thaw()
+                raise
 
     async def resume(self, sandbox_id: str) -> None:
         sb = self._registry.running(sandbox_id)
@@ -195,6 +233,7 @@ class LocalExecutions:
             raise NotSupported(NO_FREEZER)
         async with self._registry.lock(sb.id):
             self._cgroups.freeze(sb.id, False)
+            self._registry.clock(sb.id).thaw()
 
     async def guard_pids(self, closed: Callable[[], bool]) -> None:
         """Every second until ``closed()``: the leaves of sandboxes held at their pids

@@ -14,6 +14,7 @@ from typing import IO, Literal
 
 from hutch.core import phases
 from hutch.drivers.base import OutputSink
+from hutch.drivers.local import runclock
 from hutch.drivers.local.smallfiles import get as _get
 
 # After the command exits, background children may still hold stdout open; we stop
@@ -39,6 +40,7 @@ async def run(
     limit: float | None,
     kill: Callable[[], Awaitable[None]],
     started: Callable[[int], None],
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[int, bool, str]:
     """Run hutch-nsexec (``cmd``: its command line up to ``--``); returns (exit code, timed
     out, status-fd message). ``kill`` kills the command's whole tree (on a timeout or a
@@ -72,7 +74,7 @@ async def run(
         with phases.span("helper: runs to exit (its setup, the command, the pipes)"):
             exited = pipes.watch(pidfd)
             try:
-                timed_out = await pipes.carry(stdin, limit, kill, exited)
+                timed_out = await pipes.carry(stdin, limit, kill, exited, clock)
             finally:
                 if not exited.done():  # only on unexpected errors
                     with contextlib.suppress(ProcessLookupError):
@@ -105,9 +107,11 @@ class Pipes:
         self.eofs: list[asyncio.Future[None]] = []
 
     async def carry(self, stdin: bytes | AsyncIterable[bytes] | None, limit: float | None,
-                    kill: Callable[[], Awaitable[None]], exited: asyncio.Future[None]) -> bool:
-        """Until ``exited`` (killing the tree after ``limit`` or on a cancel); returns whether
-        it timed out. Then the caller collects the exit and calls drain()."""
+                    kill: Callable[[], Awaitable[None]], exited: asyncio.Future[None],
+                    clock: Callable[[], float] = time.monotonic) -> bool:
+        """Until ``exited`` (killing the tree after ``limit`` seconds of ``clock``, the
+        sandbox's run clock, or on a cancel); returns whether it timed out. Then the caller
+        collects the exit and calls drain()."""
         self.eofs = [self.pump(self.stdout.fileno(), "stdout"), self.pump(self.stderr.fileno(), "stderr")]
         if self.stdin is not None and stdin is not None:
             if isinstance(stdin, (bytes, bytearray)):
@@ -116,8 +120,7 @@ class Pipes:
                 self.feeder = asyncio.ensure_future(self.feed_stream(self.stdin.fileno(), stdin))
         timed_out = False
         try:
-            done, _ = await asyncio.wait({exited}, timeout=limit)
-            if not done:
+            if not await runclock.within(exited, limit, clock):
                 timed_out = True
                 await kill()
                 await exited

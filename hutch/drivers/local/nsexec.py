@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -93,10 +94,12 @@ class Nsexec:
         sink: OutputSink | None,
         limit: float | None,
         launched: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> tuple[int, bool, str]:
         """Run hutch-nsexec in the sandbox (helper.py), or a command through the sandbox's
         pid 1 (zygote.py) where it takes requests; (exit code, timed out, status message).
-        ``launched`` is called once the helper is started (the request sent)."""
+        ``launched`` is called once the helper is started (the request sent); ``limit`` counts
+        on ``clock`` (the sandbox's run clock, runclock.py)."""
         if mode == "exec" and zygote.enabled():
             procs = self._make_leaf(sb, leaf)
 
@@ -107,7 +110,7 @@ class Nsexec:
                 result = await zygote.run(
                     self._registry.sandbox_root / sb.id, cwd=cwd, argv=argv, env=env or {}, cgroup_files=procs,
                     stdin=stdin, sink=sink, limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf),
-                    sent=launched, started=leader)
+                    sent=launched, started=leader, clock=clock)
             except zygote.Unavailable:
                 pass  # nothing started: the helper does it
             else:
@@ -130,7 +133,8 @@ class Nsexec:
 
         try:
             return await helper.run(cmd, argv, status_r=status_r, status_w=status_w, extra_fds=fds, stdin=stdin, sink=sink,
-                                    limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf), started=started)
+                                    limit=limit, kill=lambda: self.kill_leaf(sb.id, leaf), started=started,
+                                    clock=clock)
         finally:
             self._pids.pop(leaf, None)
 

@@ -19,6 +19,7 @@ from hutch.core.driver_types import check_user, home_of
 from hutch.core.errors import DriverFailure, IllegalTransition, SandboxNotFound
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import start_time
+from hutch.drivers.local.runclock import RunClock
 from hutch.drivers.local.smallfiles import get as _get
 from hutch.drivers.local.smallfiles import put as _put
 
@@ -73,6 +74,7 @@ class LocalExecution:
     sandbox_id: str
     leaf: str
     cancelled: bool = False
+    ended: asyncio.Event = attrs.field(factory=asyncio.Event)  # its exec returned (a thaw-kill waits)
 
 
 def is_live(sb: LocalSandbox) -> bool:
@@ -89,12 +91,24 @@ class Registry:
         self.sandboxes: dict[str, LocalSandbox] = {}
         self.executions: dict[str, LocalExecution] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._clocks: dict[str, RunClock] = {}  # each sandbox's run clock (runclock.py)
 
     def lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
 
+    def clock(self, sid: str) -> RunClock:
+        """The seconds the sandbox has not been frozen: its commands' time limits count on it.
+        Made stopped for a sandbox found frozen (a driver restarted under a paused one)."""
+        clock = self._clocks.get(sid)
+        if clock is None:
+            clock = self._clocks[sid] = RunClock()
+            if self._cgroups is not None and self._cgroups.is_frozen(sid):
+                clock.freeze()
+        return clock
+
     def drop_lock(self, sid: str) -> None:
         self._locks.pop(sid, None)
+        self._clocks.pop(sid, None)
 
     def load(self, sid: str) -> LocalSandbox | None:
         sb = self.sandboxes.get(sid)

@@ -22,6 +22,7 @@ import contextlib
 import os
 import socket
 import struct
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -29,7 +30,7 @@ from typing import IO
 from hutch.core import phases
 from hutch.core.errors import InvalidInput
 from hutch.drivers.base import OutputSink
-from hutch.drivers.local import helper
+from hutch.drivers.local import helper, runclock
 
 SOCKET = "zygote.sock"
 _UCRED = struct.Struct("iII")  # pid, uid, gid
@@ -132,6 +133,7 @@ async def run(
     kill: Callable[[], Awaitable[None]],
     sent: Callable[[], None],
     started: Callable[[int], None],
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[int, bool, str]:
     """Run one command through the sandbox's pid 1 (``d``: its directory); returns (exit
     code, timed out, status-fd message) as helper.run does. Raises Unavailable, having
@@ -180,7 +182,10 @@ async def run(
         # nothing was read of stdin yet, so the helper can still do it all. The limit holds
         # here too: the sandbox's own processes may stop the child (same uid) before it is in
         # its leaf, where no kill reaches it.
-        await asyncio.wait_for(asyncio.shield(replies.first), limit)
+        # On the sandbox's run clock: a request sent to a frozen pid 1 waits for the resume.
+        if not await runclock.within(replies.first, limit, clock):
+            raise TimeoutError
+        replies.first.result()  # Unavailable if pid 1 refused
     except BaseException as err:
         if isinstance(err, (asyncio.CancelledError, TimeoutError)):
             await kill()  # the child may be about to exec, with nobody left to carry it
@@ -196,7 +201,7 @@ async def run(
     try:
         with phases.span("zygote: runs to exit (the child's setup, the command, the pipes)"):
             try:
-                timed_out = await pipes.carry(stdin, limit, kill, replies.exited)
+                timed_out = await pipes.carry(stdin, limit, kill, replies.exited, clock)
             finally:
                 if not replies.exited.done():  # only on unexpected errors
                     await kill()

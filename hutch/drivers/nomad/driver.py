@@ -489,12 +489,15 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
     async def pause(self, sandbox_id: str) -> None:
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).
 
-        Refused while an execution runs (its timeout could not be enforced on frozen processes);
+        Refused while an execution runs: its exec agent's time limit runs on the wall clock, and
+        a frozen command's would not stand still (the local and node drivers' run clock does);
         an exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``)."""
         sb = self.running(sandbox_id)
         async with self._lock(sb.id):
             if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
-                raise IllegalTransition(f"sandbox {sb.id} has running executions; wait for them or cancel them")
+                raise NotSupported(f"sandbox {sb.id} has commands running: the nomad driver pauses a sandbox "
+                                   "with none (a frozen command's time limit would not stand still there); cancel "
+                                   "them or wait for them, then pause", field="state")
             await self._agents.hold(sb.id)
             try:
                 await self._verb(sb, {"freeze": True})
