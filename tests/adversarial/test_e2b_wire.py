@@ -741,3 +741,10 @@ def test_another_organizations_listing_token_shows_only_ones_own(wire: E2bServer
         assert victim["sandboxID"] not in ids, page
         if (token, order) in everything:  # a place before all: B's own are listed
             assert own["sandboxID"] in ids, page
+
+
+@pytest.mark.parametrize("name", ["start", "end"])
+def test_metrics_asked_from_a_huge_time_are_a_400(wire: E2bServer, victim: dict[str, Any], name: str) -> None:
+    status, answer = _control(wire, KEY, "GET", f"/sandboxes/{victim['sandboxID']}/metrics?{name}={_DIGITS}")
+    assert status == 400, answer
+    assert answer["message"].startswith(f"{name}: "), answer
