@@ -290,6 +290,8 @@ def test_a_killed_sandboxs_token_opens_nothing(wire: E2bServer) -> None:
     ("application/json", b'{"depth": ' + b"9" * 5000 + b"}", "body"),
     ("application/json", b'{"path": "/", "depth": "\xc2\xb2"}', "depth"),
     ("application/json", b'{"path": "/", "depth": "--5"}', "depth"),
+    ("application/json", b'{"path": "/", "depth": "' + b"9" * 5000 + b'"}', "depth"),  # int() refuses 4,301+
+    ("application/json", b'{"path": "/", "depth": "-' + b"9" * 5000 + b'"}', "depth"),
     ("application/json", b'{"path": "/", "depth": NaN}', "NaN|nan"),
     ("application/json", b'{"path": "/\\u0000x"}', "NUL|path"),
     ("application/proto", b"\x0a\xff\xff\xff\xff\x0f", "runs past the end"),
