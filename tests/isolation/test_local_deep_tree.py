@@ -10,13 +10,15 @@ Needs root and the python:3.13 runtime (built by the session fixture); nothing h
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import subprocess
+from collections.abc import Awaitable, Iterator
 from typing import TypeVar
 
 import pytest
 
 from hutch.drivers.base import ExecRequest
 from hutch.drivers.local.driver import LocalDriver
+from hutch.drivers.local.trash import TRASH_DIR
 from tests.drivers_support import (
     Recorder,
     built_runtimes,  # noqa: F401  (fixture)
@@ -37,6 +39,17 @@ CHECK = f"cd /workspace && python3 -c 'import os\nfor _ in range({DEEP}): os.chd
 T = TypeVar("T")
 
 
+@pytest.fixture
+def deep_cleanup(driver: LocalDriver) -> Iterator[None]:
+    """What a server without the fix leaves (its trash could not delete it) goes after the
+    test: pytest's own deletion of old temporary directories would die on it in every later
+    session on this host."""
+    yield
+    trash = driver.sandbox_root / TRASH_DIR
+    for left in trash.iterdir() if trash.is_dir() else ():
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(left)], check=False)
+
+
 async def _step(what: str, step: Awaitable[T]) -> T:
     """``step``'s result; a RecursionError named as what failed (pytest cannot print its
     1,000-frame traceback: it dies in the report)."""
@@ -53,23 +66,27 @@ async def _run(driver: LocalDriver, sid: str, script: str) -> tuple[int, str]:
     return done.exit_code, out.stdout + out.text("stderr")
 
 
+@pytest.mark.usefixtures("deep_cleanup")
 async def test_a_deep_tree_breaks_no_disk_reading_checkpoint_or_restore(driver: LocalDriver) -> None:
     sid = await provision(driver, PY)
-    code, said = await _run(driver, sid, NEST)
-    assert code == 0, said
-    used = await _step("usage", driver.usage(sid, disk=True))  # E2B's metrics: the layer's files walked
-    assert used.disk_used_bytes is not None and used.disk_used_bytes >= 100_000, used
-    await _step("checkpoint", driver.checkpoint(sid, "deep"))
-    assert (await _step("sizes", driver.checkpoint_sizes(sid)))["deep"] >= 100_000
-    code, said = await _run(driver, sid, "rm -rf /workspace/d && echo gone")
-    assert code == 0, said
-    await _step("restore", driver.restore(sid, "deep"))  # moves the current files away and deletes them
-    code, said = await _run(driver, sid, CHECK)
-    assert (code, said.strip()) == (0, "100000"), said
-    await _step("checkpoint again", driver.checkpoint(sid, "again"))
-    await _step("restore again", driver.restore(sid, "again"))  # the deep tree is now the one deleted
-    code, said = await _run(driver, sid, CHECK)
-    assert (code, said.strip()) == (0, "100000"), said
-    await _step("delete", driver.delete_checkpoint(sid, "deep"))
-    assert "deep" not in await _step("sizes", driver.checkpoint_sizes(sid))
-    await driver.destroy(sid)
+    try:
+        code, said = await _run(driver, sid, NEST)
+        assert code == 0, said
+        used = await _step("usage", driver.usage(sid, disk=True))  # E2B's metrics: the layer's files walked
+        assert used.disk_used_bytes is not None and used.disk_used_bytes >= 100_000, used
+        await _step("checkpoint", driver.checkpoint(sid, "deep"))
+        assert (await _step("sizes", driver.checkpoint_sizes(sid)))["deep"] >= 100_000
+        code, said = await _run(driver, sid, "rm -rf /workspace/d && echo gone")
+        assert code == 0, said
+        await _step("restore", driver.restore(sid, "deep"))  # moves the current files away and deletes them
+        code, said = await _run(driver, sid, CHECK)
+        assert (code, said.strip()) == (0, "100000"), said
+        await _step("checkpoint again", driver.checkpoint(sid, "again"))
+        await _step("restore again", driver.restore(sid, "again"))  # the deep tree is now the one deleted
+        code, said = await _run(driver, sid, CHECK)
+        assert (code, said.strip()) == (0, "100000"), said
+        await _step("delete", driver.delete_checkpoint(sid, "deep"))
+        assert "deep" not in await _step("sizes", driver.checkpoint_sizes(sid))
+    finally:
+        await driver.destroy(sid)
+        await driver._trash.drain()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,17 @@ def test_the_trash_is_in_the_sandbox_root(driver: LocalDriver) -> None:
 
 # Deeper than Python's recursion limit (1,000): shutil.rmtree recurses once per level.
 DEEP = 1500
+
+
+@pytest.fixture
+def deep_cleanup(driver: LocalDriver) -> Iterator[None]:
+    """What a server without the fix leaves in the trash goes after the test: pytest's own
+    deletion of old temporary directories (shutil.rmtree) would die on it in every later
+    session on this host."""
+    yield
+    trash = driver.sandbox_root / TRASH_DIR
+    for left in trash.iterdir() if trash.is_dir() else ():
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(left)], check=False)
 NEST = f"cd /workspace && python3 -c 'import os\nfor _ in range({DEEP}): os.mkdir(\"d\"); os.chdir(\"d\")'"
 
 
@@ -96,6 +109,7 @@ def _plant_deep(parent: Path, depth: int) -> None:
         os.close(fd)
 
 
+@pytest.mark.usefixtures("deep_cleanup")
 async def test_a_tenants_deep_directories_leave_nothing_in_the_trash(driver: LocalDriver) -> None:
     """A tenant nests directories deeper than shutil.rmtree can recurse: its sandbox's
     directory, and every other tenant's destroyed after it, is deleted all the same."""
@@ -111,6 +125,7 @@ async def test_a_tenants_deep_directories_leave_nothing_in_the_trash(driver: Loc
     assert not list(trash.iterdir()), f"the trash kept {sorted(p.name for p in trash.iterdir())}"
 
 
+@pytest.mark.usefixtures("deep_cleanup")
 async def test_a_deep_tree_a_crashed_server_left_in_the_trash_does_not_stop_the_next_start(
         request: pytest.FixtureRequest, driver: LocalDriver) -> None:
     trash = driver.sandbox_root / TRASH_DIR
