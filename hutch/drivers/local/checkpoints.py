@@ -32,36 +32,15 @@ from hutch.core.errors import (
 )
 from hutch.drivers.local import layercache, layers
 from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.filetrees import delete_tree, disk_bytes
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.smallfiles import get as _get
 from hutch.drivers.local.smallfiles import put as _put
 from hutch.drivers.local.state import SAFE_ID, LocalSandbox, Registry
 from hutch.drivers.local.teardown import Teardown
-from hutch.drivers.local.trash import delete_tree
 
 NO_FREEZER = "disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)"
-
-
-def disk_bytes(path: Path) -> int:
-    """Bytes ``path`` takes on disk (allocated blocks, links not followed), as ``du -s``.
-
-    A walk with a list of directories still to read, not os.walk: that recurses once per
-    level, and a tenant's directories nested past 1,000 (Python's recursion limit) made it
-    raise RecursionError, which no ``except OSError`` catches (E2B's metrics were a 500)."""
-    total = 0
-    todo = [os.fspath(path)]
-    while todo:
-        try:
-            entries = list(os.scandir(todo.pop()))
-        except OSError:  # removed meanwhile, or a name past PATH_MAX: os.walk skipped it too
-            continue
-        for entry in entries:
-            with contextlib.suppress(OSError):  # removed meanwhile
-                total += entry.stat(follow_symlinks=False).st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    todo.append(entry.path)
-    return total
 
 
 def copy_layer(src: Path, dst: Path) -> None:

@@ -15,7 +15,7 @@ A tenant decides what its directory holds, deeper than shutil.rmtree can go: it 
 once per level, and ``mkdir d; cd d`` 1,000 times was a RecursionError, which left that
 directory and every entry listed after it in the trash for good, and stopped the next
 server's start. So each entry is deleted on its own (one that fails is logged and left, the
-rest go), and one too deep for rmtree goes with ``rm -rf``, which walks any depth.
+rest go), and one too deep for rmtree goes with ``rm -rf`` (filetrees.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ import contextlib
 import itertools
 import logging
 import os
-import shutil
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+
+from hutch.drivers.local.filetrees import delete_tree
 
 log = logging.getLogger(__name__)
 
@@ -91,38 +89,3 @@ class Trash:
         while self._worker is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._worker)
-
-
-def delete_tree(path: Path) -> None:
-    """Delete ``path`` and everything under it, however deep; links are never followed."""
-    try:
-        shutil.rmtree(path, onerror=rm_unreadable)
-        return
-    except RecursionError:
-        pass  # deeper than Python recurses: rm walks any depth (and closes each level's fd)
-    except OSError as err:  # e.g. EMFILE: rmtree holds a directory fd per level
-        log.info("rmtree of %s failed (%s); trying rm -rf", path, err)
-    if os.geteuid() != 0:  # rootless: a directory the sandbox made unreadable is ours to open up
-        subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True, check=False)
-    proc = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0 or os.path.lexists(path):
-        raise OSError(f"rm -rf {path} failed: {proc.stderr.strip()[-500:]}")
-
-
-def rm_unreadable(func: Callable[..., object], path: str,
-                  exc_info: tuple[type[BaseException], BaseException, TracebackType]) -> None:
-    """rmtree's error handler: overlayfs leaves its ``work/work`` at mode 000, which only
-    root can enter; rootless, we own it and may open it up first."""
-    err = exc_info[1]
-    if isinstance(err, FileNotFoundError):
-        return
-    if not isinstance(err, PermissionError):
-        raise err
-    os.chmod(os.path.dirname(path), 0o700)
-    with contextlib.suppress(FileNotFoundError):
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            shutil.rmtree(path, onerror=rm_unreadable)
-        else:
-            os.unlink(path)
