@@ -327,6 +327,8 @@ def test_a_killed_sandboxs_token_opens_nothing(wire: E2bServer) -> None:
     ("application/json", b'{"depth": ' + b"9" * 5000 + b"}", "body"),
     ("application/json", b'{"path": "/", "depth": "\xc2\xb2"}', "depth"),
     ("application/json", b'{"path": "/", "depth": "--5"}', "depth"),
+    ("application/json", b'{"path": "/", "depth": "' + b"9" * 5000 + b'"}', "depth"),  # int() refuses 4,301+
+    ("application/json", b'{"path": "/", "depth": "-' + b"9" * 5000 + b'"}', "depth"),
     ("application/json", b'{"path": "/", "depth": NaN}', "NaN|nan"),
     ("application/json", b'{"path": "/\\u0000x"}', "NUL|path"),
     ("application/proto", b"\x0a\xff\xff\xff\xff\x0f", "runs past the end"),
@@ -723,3 +725,65 @@ def test_a_body_that_ends_after_its_keys_revocation_does_nothing(wire: E2bServer
     sizes = {e["name"]: e.get("size") for e in listed.get("entries", [])}
     # What was sent before the revocation may have landed (an upload writes as it comes), nothing after.
     assert sizes.get(target.rsplit("/", 1)[-1]) in (None, "7" if route == "/files" else None), sizes
+
+
+_DIGITS = "9" * 5000  # past Python's int() digit limit (4,300): int() raises ValueError
+
+
+@pytest.mark.parametrize(("path", "name"), [("/sandboxes", "limit"), ("/v2/sandboxes", "limit"),
+                                            ("/snapshots", "limit"), ("/snapshots", "nextToken")])
+@pytest.mark.parametrize("value", [_DIGITS, str(2**63), "1" + "0" * 4000 + "1"], ids=["5000-digits", "2^63", "4002"])
+def test_a_listing_paged_by_a_huge_number_is_a_400(wire: E2bServer, path: str, name: str, value: str) -> None:
+    status, answer = _control(wire, KEY, "GET", f"{path}?{name}={value}")
+    assert status == 400, answer
+    assert answer["message"].startswith(f"{name}: "), answer
+
+
+@pytest.mark.parametrize("value", [str(10**17), "0" * 4000 + "1"])
+def test_a_snapshot_listing_past_its_end_is_an_empty_page(wire: E2bServer, value: str) -> None:
+    status, answer = _control(wire, KEY, "GET", f"/snapshots?nextToken={value}")
+    assert (status, answer) == (200, []), answer
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("token", [
+    "0", "1", "%00", "====", "a" * 4000, "9" * 5000, _b64(b"\xff\xfe"), _b64(b"no-space"), _b64(b"a b c"),
+    _b64(b"2026-01-01T00:00:00 sbx_x"),  # no timezone
+    _b64(b"2026-01-01T00:00:00Z other_x"), _b64(b"yesterday sbx_x"), _b64(b"2026-13-01T00:00:00Z sbx_x"),
+    _b64(b"9999-12-31T23:59:59-23:59 sbx_x"), _b64(b"0001-01-01T00:00:00+23:59 sbx_x"),
+], ids=lambda t: t[:24])
+def test_a_forged_listing_token_is_a_400_or_a_page_never_a_500(wire: E2bServer, token: str) -> None:
+    status, answer = _control(wire, KEY, "GET", f"/sandboxes?nextToken={token}")
+    assert status in (200, 400), answer
+    if status == 400:
+        assert answer["message"].startswith("nextToken: "), answer
+
+
+def test_another_organizations_listing_token_shows_only_ones_own(wire: E2bServer, victim: dict[str, Any],
+                                                                 attacker: tuple[str, dict[str, Any]]) -> None:
+    """A token is only a place in the order (a start and an id): B's token, or one forged to name
+    A's sandbox, pages B's own listing and never shows A's sandbox."""
+    key, own = attacker
+    status, listed = _control(wire, KEY, "GET", "/sandboxes")
+    assert status == 200, listed
+    started = next(sb["startedAt"] for sb in listed if sb["sandboxID"] == victim["sandboxID"])
+    sid = victim["sandboxID"] if victim["sandboxID"].startswith("sbx_") else f"sbx_{victim['sandboxID']}"
+    just_after = _b64(f"{started.replace('Z', '+00:00')} {sid}~".encode())  # A's sandbox is next in asc
+    everything = [(_b64(b"2000-01-01T00:00:00Z sbx_0"), "asc"), (_b64(b"9999-01-01T00:00:00Z sbx_z"), "desc")]
+    for token, order in [(just_after, "desc"), (just_after, "asc"), *everything]:
+        status, page = _control(wire, key, "GET", f"/sandboxes?order={order}&nextToken={token}")
+        assert status == 200, page
+        ids = {sb["sandboxID"] for sb in page}
+        assert victim["sandboxID"] not in ids, page
+        if (token, order) in everything:  # a place before all: B's own are listed
+            assert own["sandboxID"] in ids, page
+
+
+@pytest.mark.parametrize("name", ["start", "end"])
+def test_metrics_asked_from_a_huge_time_are_a_400(wire: E2bServer, victim: dict[str, Any], name: str) -> None:
+    status, answer = _control(wire, KEY, "GET", f"/sandboxes/{victim['sandboxID']}/metrics?{name}={_DIGITS}")
+    assert status == 400, answer
+    assert answer["message"].startswith(f"{name}: "), answer

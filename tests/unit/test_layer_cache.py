@@ -84,3 +84,46 @@ def test_a_layer_an_overlay_is_mounted_over_is_never_dropped(root: Path, mounted
     assert (root / mounted_over / "tree" / "blob").is_file()
     used = (root / mounted_over / "used").stat().st_mtime
     assert used > time.time() - 60, "a layer in use is marked used: its retention starts when it is let go"
+
+
+DEEP = 1500  # past Python's recursion limit: shutil.rmtree and os.walk recurse once per level
+
+
+def _nest(parent: Path, depth: int) -> None:
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        with open(os.open("blob", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as fh:
+            fh.write(b"x" * 8192)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def deep_root(root: Path) -> Iterator[Path]:
+    """``root``, emptied with rm -rf after the test: a deep tree a failing sweep left would make
+    pytest's own cleanup of old temporary directories die of RecursionError later."""
+    yield root
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(root)], check=False)
+
+
+def test_a_layer_nested_deeper_than_python_recurses_is_measured_and_dropped(deep_root: Path) -> None:
+    """A layer's tree is what its packages' files are (an npm tarball's paths): one nested
+    1,500 deep neither stops the sweep (every sweep raised RecursionError, so the cache's
+    bound held no more, for anyone) nor stays in its trash."""
+    now = time.time()
+    deep = make_layer(deep_root, 1, 4096, now - 2 * DAY)
+    _nest(deep_root / deep / "tree", DEEP)
+    stuck = deep_root / ".trash-000000000000000000000009-0000"  # a sweep that died removing it
+    stuck.mkdir()
+    _nest(stuck, DEEP)
+    other = make_layer(deep_root, 2, 4096, now - 2 * DAY)
+    assert layercache.tree_bytes(deep_root / deep / "tree") >= 8192 + 4096
+    assert sorted(layercache.sweep(deep_root, LayerLimits(max_bytes=64 * MIB, retention_seconds=DAY), now)) == \
+        sorted([deep, other])
+    assert not (deep_root / deep).exists() and not (deep_root / other).exists()
+    assert not list(deep_root.glob(".trash-*")), "a dropped layer's tree stayed"

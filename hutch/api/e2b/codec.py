@@ -199,10 +199,15 @@ def _one_from_json(kind: str, what: Any, value: object, field: str) -> Any:
         if value not in what:
             raise InvalidInput(f"{field}: expected one of {', '.join(what)}, got {value!r}", field=field)
         return what[value]
-    if isinstance(value, str) and value.removeprefix("-").isascii() and value.removeprefix("-").isdigit():
-        value = int(value)  # ASCII only: "²" is a digit to str.isdigit and not to int()
+    if isinstance(value, str):
+        digits = value.removeprefix("-")
+        if digits.isascii() and digits.isdigit() and len(digits.lstrip("0")) <= 10:
+            # ASCII only: "²" is a digit to str.isdigit and not to int(); at most 10 digits (a
+            # 32-bit one has 10): int() of more than 4,300 raises ValueError, a 500 here before.
+            value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**32:
-        raise InvalidInput(f"{field}: expected a 32-bit integer, got {value!r}", field=field)
+        shown = repr(value) if len(repr(value)) <= 64 else f"{repr(value)[:64]}... ({len(repr(value))} characters)"
+        raise InvalidInput(f"{field}: expected a 32-bit integer, got {shown}", field=field)
     return value
 
 

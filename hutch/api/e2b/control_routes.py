@@ -295,23 +295,40 @@ def _started(sb: SandboxState) -> datetime:
     return datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
 
 
+def _digits(raw: str, most: int) -> int | None:
+    """``raw`` as a number of at most ``most`` digits (leading zeros aside); None if it is none.
+    Counted before int(): "²" is isdigit but no int, and int() of more than 4,300 digits
+    raises ValueError (a 500 here before)."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > most:
+        return None
+    return int(raw)
+
+
 def limit_of(request: web.Request) -> int:
     raw_limit = request.query.get("limit", "100")
-    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:  # "²": isdigit, not int
-        raise InvalidInput(f"limit: expected 1 to 100, got {raw_limit!r}", field="limit")
-    return int(raw_limit)
+    limit = _digits(raw_limit, 3)
+    if limit is None or not 1 <= limit <= 100:
+        raise InvalidInput(f"limit: expected 1 to 100, got {_shown(raw_limit)}", field="limit")
+    return limit
+
+
+def _shown(raw: str) -> str:
+    """A query value in a message: whole unless long (an answer need not echo kilobytes back)."""
+    return repr(raw) if len(raw) <= 64 else f"{raw[:64]!r}... ({len(raw)} characters)"
 
 
 def _not_a_token(raw: str) -> InvalidInput:
-    return InvalidInput(f"nextToken: not a token this server gave, got {raw!r}", field="nextToken")
+    return InvalidInput(f"nextToken: not a token this server gave, got {_shown(raw)}", field="nextToken")
 
 
 def page_of(request: web.Request) -> tuple[int, int]:
-    """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave."""
+    """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave
+    (an offset: no listing is 10^18 long)."""
     raw_next = request.query.get("nextToken", "0")
-    if not (raw_next.isascii() and raw_next.isdigit()):
+    offset = _digits(raw_next, 18)
+    if offset is None:
         raise _not_a_token(raw_next)
-    return limit_of(request), int(raw_next)
+    return limit_of(request), offset
 
 
 Place = tuple[datetime, str]

@@ -64,8 +64,10 @@ def _seconds(request: web.Request, field: str) -> int | None:
     raw = request.query.get(field)
     if raw is None:
         return None
-    if not (raw.isascii() and raw.isdigit()):
-        raise InvalidInput(f"{field}: expected a Unix time in whole seconds, got {raw!r}", field=field)
+    # At most 12 digits (the year 33658) before int(): int() of more than 4,300 raises ValueError.
+    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > 12:
+        shown = repr(raw) if len(raw) <= 64 else f"{raw[:64]!r}... ({len(raw)} characters)"
+        raise InvalidInput(f"{field}: expected a Unix time in whole seconds, got {shown}", field=field)
     return int(raw)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from hutch.core.errors import (
 )
 from hutch.drivers.local import layercache, layers
 from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.filetrees import delete_tree, disk_bytes
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.smallfiles import get as _get
@@ -43,26 +43,17 @@ from hutch.drivers.local.teardown import Teardown
 NO_FREEZER = "disk checkpoints need the cgroup freezer; this server runs without root (rootless mode)"
 
 
-def disk_bytes(path: Path) -> int:
-    """Bytes ``path`` takes on disk (allocated blocks, links not followed), as ``du -s``."""
-    total = 0
-    for dirpath, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
 def copy_layer(src: Path, dst: Path) -> None:
     """Copy an upper layer (``cp -a --reflink=auto``) to ``dst``, atomically."""
     tmp = dst.with_name(dst.name + ".tmp")
     if tmp.exists():
-        shutil.rmtree(tmp)
+        delete_tree(tmp)
     tmp.parent.mkdir(mode=0o700, exist_ok=True)
     proc = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(src), str(tmp)],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            delete_tree(tmp)
         raise DriverFailure(f"copying the sandbox's files failed: {proc.stderr.strip()[-1000:]}")
     os.rename(tmp, dst)
 
@@ -144,7 +135,8 @@ class LocalCheckpoints:
         os.rename(upper, trash / f"upper-{stamp}")
         os.rename(work, trash / f"work-{stamp}")
         for old in trash.iterdir():
-            shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(OSError):  # left for the next restore, or the sandbox's end
+                delete_tree(old)  # however deep the tenant made it (trash.py)
         work.mkdir()
         copy_layer(source, upper)
 
@@ -154,7 +146,7 @@ class LocalCheckpoints:
         target = self._checkpoint_dir(sandbox_id, checkpoint_id)
         async with self._registry.lock(sandbox_id):
             if target.exists():
-                await asyncio.to_thread(shutil.rmtree, target)
+                await asyncio.to_thread(delete_tree, target)
             _size_file(target).unlink(missing_ok=True)
 
     def sizes(self, sandbox_id: str) -> dict[str, int]:

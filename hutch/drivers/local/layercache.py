@@ -26,12 +26,13 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import attrs
+
+from hutch.drivers.local.filetrees import delete_tree, disk_bytes
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,9 @@ class LayerLimits:
 
 
 def tree_bytes(root: Path) -> int:
-    """Bytes a tree takes on disk (its files' blocks; directories and links are small)."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + dirnames:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
+    """Bytes a tree takes on disk (its files' blocks; directories and links are small),
+    however deep its packages' files go (filetrees.py)."""
+    return disk_bytes(root)
 
 
 @contextlib.contextmanager
@@ -156,8 +153,17 @@ def drop(root: Path, key: str) -> bool:
             os.rename(root / key, trash)  # at once: the next create builds it afresh
         except FileNotFoundError:
             return False
-    shutil.rmtree(trash, ignore_errors=True)
+    _delete(trash)
     return True
+
+
+def _delete(trash: Path) -> None:
+    """A dropped layer's tree, deleted however deep (filetrees.py); one that cannot be is
+    logged and left for the next sweep, which goes on with the rest."""
+    try:
+        delete_tree(trash)
+    except OSError as err:
+        log.warning("deleting the dropped install layer %s failed: %s", trash.name, err)
 
 
 def sweep(root: Path, limits: LayerLimits, now: float | None = None) -> list[str]:
@@ -167,7 +173,7 @@ def sweep(root: Path, limits: LayerLimits, now: float | None = None) -> list[str
         return []
     now = time.time() if now is None else now
     for trash in root.glob(".trash-*"):  # a sweep that died while removing
-        shutil.rmtree(trash, ignore_errors=True)
+        _delete(trash)
     in_use = mounted(root)
     total, unused = 0, []
     for d in root.iterdir():

@@ -10,6 +10,12 @@ with the rest (the kills' waits, the next requests).
 Only the directory's deletion waits: the sandbox is gone (processes, cgroups, mounts, its
 uid released) before its directory is renamed. What an earlier server left in the trash is
 deleted at start; ``drain`` waits for the worker (the driver's close).
+
+A tenant decides what its directory holds, deeper than shutil.rmtree can go: it recurses
+once per level, and ``mkdir d; cd d`` 1,000 times was a RecursionError, which left that
+directory and every entry listed after it in the trash for good, and stopped the next
+server's start. So each entry is deleted on its own (one that fails is logged and left, the
+rest go), and one too deep for rmtree goes with ``rm -rf`` (filetrees.py).
 """
 
 from __future__ import annotations
@@ -19,10 +25,9 @@ import contextlib
 import itertools
 import logging
 import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+
+from hutch.drivers.local.filetrees import delete_tree
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +43,8 @@ class Trash:
 
     def reset(self) -> None:
         """At start (blocking): delete what an earlier server left."""
-        shutil.rmtree(self.root, onerror=rm_unreadable)
         self.root.mkdir(mode=0o700, exist_ok=True)
+        self._delete_all()
 
     def put(self, d: Path) -> None:
         """Move ``d`` into the trash (gone from where it was on return) and have it deleted.
@@ -47,7 +52,7 @@ class Trash:
         try:
             os.rename(d, self.root / f"{d.name}.{next(self._seq)}")
         except OSError:
-            shutil.rmtree(d, onerror=rm_unreadable)
+            delete_tree(d)
             return
         self._pending = True
         if self._worker is None:
@@ -67,32 +72,20 @@ class Trash:
         """The worker: delete everything in the trash until nothing more was put."""
         self._pending = False
         while True:
-            for name in os.listdir(self.root):
-                shutil.rmtree(self.root / name, onerror=rm_unreadable)
+            self._delete_all()
             if not self._pending:
                 return
             self._pending = False
+
+    def _delete_all(self) -> None:
+        for name in os.listdir(self.root):
+            try:
+                delete_tree(self.root / name)
+            except Exception as err:  # left for the next look; the others go all the same
+                log.warning("deleting %s from the sandbox trash failed: %s", name, err)
 
     async def drain(self) -> None:
         """Wait until the trash is empty (what was put so far is deleted)."""
         while self._worker is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._worker)
-
-
-def rm_unreadable(func: Callable[..., object], path: str,
-                  exc_info: tuple[type[BaseException], BaseException, TracebackType]) -> None:
-    """rmtree's error handler: overlayfs leaves its ``work/work`` at mode 000, which only
-    root can enter; rootless, we own it and may open it up first."""
-    err = exc_info[1]
-    if isinstance(err, FileNotFoundError):
-        return
-    if not isinstance(err, PermissionError):
-        raise err
-    os.chmod(os.path.dirname(path), 0o700)
-    with contextlib.suppress(FileNotFoundError):
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            shutil.rmtree(path, onerror=rm_unreadable)
-        else:
-            os.unlink(path)

@@ -12,7 +12,7 @@ from pathlib import Path
 from hutch.core.driver_types import Usage
 from hutch.drivers.local import disks
 from hutch.drivers.local.cgroups import Cgroups
-from hutch.drivers.local.checkpoints import disk_bytes
+from hutch.drivers.local.filetrees import disk_bytes
 from hutch.drivers.local.state import LocalSandbox
 
 
