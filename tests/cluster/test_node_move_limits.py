@@ -56,7 +56,7 @@ def test_a_sandbox_moved_to_another_client_keeps_its_limits_and_its_current_rule
             sid = srv.data("POST", "/sandbox", body, timeout=120)["sandboxId"]
             if node_of(sid) == victim:
                 break
-            srv.data("DELETE", f"/sandbox/{sid}")
+            assert srv.call("DELETE", f"/sandbox/{sid}")[0] == 200
         else:
             raise AssertionError(f"12 sandboxes, none on {victim}")
         srv.data("PUT", f"/sandbox/{sid}/network", {"enabled": True, "allow": [then]})
