@@ -23,22 +23,22 @@ def test_a_v1_leaf_removed_while_it_is_frozen_is_no_error(tmp_path: Path, monkey
 
 
 def test_a_v2_leaf_removed_before_its_freeze_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hutch.drivers.local.cgroups._write", _gone)
+    monkeypatch.setattr("hutch.drivers.local.cgroupfs.write", _gone)
     CgroupV2(tmp_path, frozenset())._freeze(tmp_path, True)
 
 
 def test_other_errors_still_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def denied(*_args: object, **_kwargs: object) -> None:
         raise OSError(errno.EACCES, "Permission denied")
-    monkeypatch.setattr("hutch.drivers.local.cgroups._write", denied)
+    monkeypatch.setattr("hutch.drivers.local.cgroupfs.write", denied)
     with pytest.raises(PermissionError):
         CgroupV1({})._freeze(tmp_path, True)
 
 
 def test_a_leaf_removed_while_its_processes_are_listed_has_none(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from hutch.drivers.local import cgroups
+    from hutch.drivers.local import cgroupfs
 
     (tmp_path / "cgroup.procs").write_text("1\n")
     monkeypatch.setattr(Path, "read_text", _gone)
-    assert cgroups._pids(tmp_path) == []
+    assert cgroupfs.pids_below(tmp_path) == []

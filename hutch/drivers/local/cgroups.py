@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 from hutch.core.errors import DriverFailure, NotSupported
+from hutch.drivers.local import cgroupfs as fs
 
 PARENT = "hutch"
 # v1 hierarchies where each execution gets its own leaf (see the module docstring).
@@ -63,111 +64,6 @@ SPARE_MEMORY_LEAF = "spare"  # not an execution's (x-, t-, w-, f-), nor v2's "in
 SPARE_CAP = 64
 SPARE_MAX_AGE = 30.0
 
-
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(value)
-
-
-def _pids(path: Path) -> list[int]:
-    """Processes in ``path`` and every cgroup below it."""
-    found: list[int] = []
-    for dirpath, _dirs, _files in os.walk(path):
-        try:
-            found += [int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()]
-        except OSError as err:  # gone, or removed between its open and its read (ENODEV)
-            if err.errno not in (errno.ENOENT, errno.ENODEV):
-                raise
-    return found
-
-
-def _number(directory: Path | None, name: str, scale: float) -> float | None:
-    if directory is None:
-        return None
-    try:
-        return int((directory / name).read_text().split()[0]) * scale
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
-
-
-_UNLIMITED_V1 = 2**62
-
-
-def _stat(directory: Path | None, name: str, key: str) -> int | None:
-    """The ``key`` line of a flat-keyed cgroup file (memory.stat); None if it is not there."""
-    if directory is None:
-        return None
-    with contextlib.suppress(OSError, ValueError):
-        for line in (directory / name).read_text().splitlines():
-            k, _, value = line.partition(" ")
-            if k == key:
-                return int(value)
-    return None
-
-
-def _stats(directory: Path | None, name: str) -> dict[str, int]:
-    """A flat-keyed cgroup file (memory.stat) as a dict; empty if it cannot be read."""
-    found: dict[str, int] = {}
-    if directory is None:
-        return found
-    with contextlib.suppress(OSError, ValueError):
-        for line in (directory / name).read_text().splitlines():
-            k, _, value = line.partition(" ")
-            found[k] = int(value)
-    return found
-
-
-def _oom_kill_count(memory_dir: str) -> int:
-    """The OOM kills v1 counted in a memory cgroup (in the victim's own: not hierarchical)."""
-    with open(f"{memory_dir}/memory.oom_control") as fh:
-        text = fh.read()
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return 0
-
-
-def _rmtree(path: Path) -> bool:
-    """rmdir a cgroup and its children, deepest first. False if any still has processes.
-
-    rmdir first: a leaf (the common case) needs no directory listing at all, and a
-    cgroup directory lists dozens of control files.
-    """
-    try:
-        os.rmdir(path)
-        return True
-    except FileNotFoundError:
-        return True
-    except OSError as err:
-        if err.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-            raise
-    try:
-        children = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
-        return True
-    if not children:
-        return False  # busy with processes
-    ok = True
-    for child in children:
-        ok = _rmtree(Path(child)) and ok
-    return _rmdir(path) and ok
-
-
-def _rmdir(path: Path) -> bool:
-    try:
-        path.rmdir()
-    except FileNotFoundError:
-        return True
-    except OSError as err:
-        if err.errno in (errno.EBUSY, errno.ENOTEMPTY):
-            return False
-        raise
-    return True
 
 
 class Cgroups(abc.ABC):
@@ -287,7 +183,7 @@ class Cgroups(abc.ABC):
     def sandboxes(self) -> set[str]: ...
 
     def pids(self, sandbox: str, leaf: str | None = None) -> list[int]:
-        return _pids(self.paths(sandbox, leaf)[0])
+        return fs.pids_below(self.paths(sandbox, leaf)[0])
 
     def leaves(self, sandbox: str) -> list[str]:
         """The sandbox's leaves (one per execution, kept while its background processes live)."""
@@ -315,7 +211,7 @@ class Cgroups(abc.ABC):
         cgroup runs between our listing its processes and killing them.
         """
         path = self.paths(sandbox, leaf)[0]
-        if not _pids(path):  # also when the cgroup is gone
+        if not fs.pids_below(path):  # also when the cgroup is gone
             return
         # In a thread: freezing polls the freezer state, which must not block the event loop.
         await asyncio.to_thread(self._kill_sync, sandbox, path, deadline)
@@ -323,11 +219,11 @@ class Cgroups(abc.ABC):
     def _kill_sync(self, sandbox: str, path: Path, deadline: float) -> None:
         end = time.monotonic() + deadline
         while True:
-            pids = _pids(path)
+            pids = fs.pids_below(path)
             if not pids:
                 return
             self._freeze(path, True)
-            for pid in _pids(path):
+            for pid in fs.pids_below(path):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self._freeze(path, False)
@@ -340,11 +236,11 @@ class Cgroups(abc.ABC):
         signalled (no fork escapes, no pid is reused meanwhile). Not for a frozen sandbox's
         leaf: the thaw here would wake it."""
         path = self.paths(sandbox, leaf)[0]
-        if not _pids(path):
+        if not fs.pids_below(path):
             return
         self._freeze(path, True)
         try:
-            for pid in _pids(path):
+            for pid in fs.pids_below(path):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
         finally:
@@ -370,7 +266,7 @@ class Cgroups(abc.ABC):
 
     def remove_instance(self) -> None:
         for path in self.paths("x"):
-            _rmdir(path.parent)
+            fs.rmdir(path.parent)
 
     def make_spare(self, sandbox: str) -> None:  # noqa: B027 - v1 only
         """Make the sandbox's spare execution leaf ahead of its first command (v1 only)."""
@@ -391,7 +287,7 @@ class Cgroups(abc.ABC):
             self._memory_applied.discard(sandbox)
         ok = True
         for path in self.paths(sandbox, leaf):
-            ok = _rmtree(path) and ok
+            ok = fs.rmtree(path) and ok
         return ok
 
 
@@ -446,10 +342,10 @@ class CgroupV1(Cgroups):
 
     def _limit_memory(self, path: Path, memory: int | None) -> None:
         if memory:
-            _write(path / "memory.limit_in_bytes", str(memory))
+            fs.write(path / "memory.limit_in_bytes", str(memory))
             swap = path / "memory.memsw.limit_in_bytes"
             if swap.exists():  # limit + swap == limit: no swapping out of the limit
-                _write(swap, str(memory))
+                fs.write(swap, str(memory))
 
     def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
@@ -460,18 +356,18 @@ class CgroupV1(Cgroups):
             self._set_cpu(sandbox, cpu_millis)
             self._cpu_applied.add(sandbox)
         if pids and "pids" in base:
-            _write(base["pids"] / "pids.max", str(pids))
+            fs.write(base["pids"] / "pids.max", str(pids))
 
     def _set_cpu(self, sandbox: str, cpu_millis: int) -> None:
         # Each write of either file walks every cpu cgroup on the host (the kernel checks the
         # whole tree's bandwidth): ~240 ns a cgroup with 2,500 of them here (perf), so each is
         # read first. A new cgroup already has the default period.
         cpu = Path(self._root("cpu"), sandbox)
-        if _number(cpu, "cpu.cfs_period_us", 1) != CFS_PERIOD_US:
-            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        if fs.number(cpu, "cpu.cfs_period_us", 1) != CFS_PERIOD_US:
+            fs.write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
         want = max(1000, cpu_millis * CFS_PERIOD_US // 1000)
-        if _number(cpu, "cpu.cfs_quota_us", 1) != want:
-            _write(cpu / "cpu.cfs_quota_us", str(want))
+        if fs.number(cpu, "cpu.cfs_quota_us", 1) != want:
+            fs.write(cpu / "cpu.cfs_quota_us", str(want))
 
     def rename(self, old: str, new: str) -> None:
         """Rename a sandbox's cgroups (v1 allows it among siblings; live processes follow)."""
@@ -532,7 +428,7 @@ class CgroupV1(Cgroups):
             os.rename(spare, f"{base}/{leaf}")
         except OSError:
             with contextlib.suppress(OSError):
-                _rmdir(Path(spare))
+                fs.rmdir(Path(spare))
             return False
         self._oom_base[(sandbox, leaf)] = kept[0]
         return True
@@ -546,7 +442,7 @@ class CgroupV1(Cgroups):
             with open(f"{path}/tasks") as fh:
                 if fh.read().strip():
                     return False
-            kills = _oom_kill_count(path)
+            kills = fs.oom_kill_count(path)
             os.rename(path, f"{os.path.dirname(path)}/{SPARE_MEMORY_LEAF}")
         except OSError:
             return False
@@ -558,7 +454,7 @@ class CgroupV1(Cgroups):
     def _drop_spare(self, sandbox: str) -> None:
         self._spares.pop(sandbox, None)
         with contextlib.suppress(OSError):
-            _rmdir(Path(self._root("memory"), sandbox, SPARE_MEMORY_LEAF))
+            fs.rmdir(Path(self._root("memory"), sandbox, SPARE_MEMORY_LEAF))
 
     def make_spare(self, sandbox: str) -> None:
         """A spare memory leaf for a pooled sandbox, made ahead of its first command (warm
@@ -594,7 +490,7 @@ class CgroupV1(Cgroups):
             except FileNotFoundError:
                 pass
             except OSError:
-                ok = _rmtree(Path(path)) and ok
+                ok = fs.rmtree(Path(path)) and ok
         return ok
 
     def _unmade_memory(self, sandbox: str, path: Path | None) -> bool:
@@ -605,25 +501,25 @@ class CgroupV1(Cgroups):
     def usage(self, sandbox: str) -> tuple[float | None, int | None]:
         base = dict(zip(self._order, self.paths(sandbox), strict=True))
         memory = base.get("memory")
-        return (_number(base.get("cpuacct"), "cpuacct.usage", 1e-9),  # hierarchical: init and every leaf
-                0 if self._unmade_memory(sandbox, memory) else _int(_number(memory, "memory.max_usage_in_bytes", 1)))
+        return (fs.number(base.get("cpuacct"), "cpuacct.usage", 1e-9),  # hierarchical: init and every leaf
+                0 if self._unmade_memory(sandbox, memory) else fs.as_int(fs.number(memory, "memory.max_usage_in_bytes", 1)))
 
     def memory_now(self, sandbox: str) -> tuple[int | None, int | None, int | None]:
         path = dict(zip(self._order, self.paths(sandbox), strict=True)).get("memory")
         if self._unmade_memory(sandbox, path):
             return 0, 0, None  # its limit: the caller's record (usage.py)
-        limit = _int(_number(path, "memory.limit_in_bytes", 1))
+        limit = fs.as_int(fs.number(path, "memory.limit_in_bytes", 1))
         # v1 writes "no limit" as the largest page-aligned number: above any machine's memory.
-        unlimited = limit is None or limit >= _UNLIMITED_V1
-        return (_int(_number(path, "memory.usage_in_bytes", 1)),  # hierarchical: every leaf
-                _stat(path, "memory.stat", "total_cache"), None if unlimited else limit)
+        unlimited = limit is None or limit >= fs.UNLIMITED_V1
+        return (fs.as_int(fs.number(path, "memory.usage_in_bytes", 1)),  # hierarchical: every leaf
+                fs.stat(path, "memory.stat", "total_cache"), None if unlimited else limit)
 
     def oom_kills(self, sandbox: str, leaf: str) -> int:
         # v1 counts an OOM kill in the victim's own memcg, i.e. the execution's leaf.
         if "memory" not in self.mounts:
             return 0
         try:
-            kills = _oom_kill_count(f"{self._root('memory')}/{sandbox}/{leaf}")
+            kills = fs.oom_kill_count(f"{self._root('memory')}/{sandbox}/{leaf}")
         except FileNotFoundError:
             return 0
         return kills - self._oom_base.get((sandbox, leaf), 0)  # a reused leaf's earlier kills are not its
@@ -632,7 +528,7 @@ class CgroupV1(Cgroups):
         return self.mounts["memory"] / PARENT / self.instance / sandbox if "memory" in self.mounts else None
 
     def clean_cache(self, sandbox: str) -> int:
-        stat = _stats(self._memory_dir(sandbox), "memory.stat")
+        stat = fs.stats(self._memory_dir(sandbox), "memory.stat")
         if stat.get("total_dirty", 0) or stat.get("total_writeback", 0):
             return 0
         return stat.get("total_cache", 0)  # hierarchical: leaves removed earlier included
@@ -642,12 +538,12 @@ class CgroupV1(Cgroups):
         # An error (the cgroup already gone, a signal) leaves it as it was: no worse than before.
         with contextlib.suppress(OSError):
             if path is not None:
-                _write(path / "memory.force_empty", "0")
+                fs.write(path / "memory.force_empty", "0")
 
     def _freeze(self, path: Path, frozen: bool) -> None:
         state = path / "freezer.state"
         try:
-            _write(state, "FROZEN" if frozen else "THAWED")
+            fs.write(state, "FROZEN" if frozen else "THAWED")
             if frozen:
                 end = time.monotonic() + 1.0
                 while state.read_text().strip() != "FROZEN" and time.monotonic() < end:
@@ -692,7 +588,7 @@ class CgroupV2(Cgroups):
     def _enable(self, path: Path) -> None:
         for c in sorted(self.controllers):
             with contextlib.suppress(OSError):
-                _write(path / "cgroup.subtree_control", f"+{c}")
+                fs.write(path / "cgroup.subtree_control", f"+{c}")
 
     def setup(self) -> None:
         self._enable(self.mount)
@@ -711,14 +607,14 @@ class CgroupV2(Cgroups):
     def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         path = self.paths(sandbox)[0]
         if memory and "memory" in self.controllers:
-            _write(path / "memory.max", str(memory))
+            fs.write(path / "memory.max", str(memory))
             with contextlib.suppress(OSError):
-                _write(path / "memory.swap.max", "0")
+                fs.write(path / "memory.swap.max", "0")
         if cpu_millis and "cpu" in self.controllers:
             self._set_cpu(sandbox, cpu_millis)
             self._cpu_applied.add(sandbox)
         if pids and "pids" in self.controllers:
-            _write(path / "pids.max", str(pids))
+            fs.write(path / "pids.max", str(pids))
 
     def rename(self, old: str, new: str) -> None:
         raise NotSupported("cgroup v2 cannot rename a cgroup")
@@ -729,7 +625,7 @@ class CgroupV2(Cgroups):
         with contextlib.suppress(OSError):
             if path.read_text().strip() == want:
                 return
-        _write(path, want)  # walks every cpu cgroup on the host, as on v1
+        fs.write(path, want)  # walks every cpu cgroup on the host, as on v1
 
     def create_leaf(self, sandbox: str, leaf: str) -> list[Path]:
         path = self.paths(sandbox, leaf)[0]
@@ -744,7 +640,7 @@ class CgroupV2(Cgroups):
                 key, _, value = line.partition(" ")
                 if key == "usage_usec":
                     cpu = int(value) / 1e6
-        return cpu, _int(_number(path, "memory.peak", 1))  # memory.peak: kernels from 5.19
+        return cpu, fs.as_int(fs.number(path, "memory.peak", 1))  # memory.peak: kernels from 5.19
 
     def memory_now(self, sandbox: str) -> tuple[int | None, int | None, int | None]:
         path = self.paths(sandbox)[0]
@@ -752,7 +648,7 @@ class CgroupV2(Cgroups):
         with contextlib.suppress(OSError, ValueError):
             raw = (path / "memory.max").read_text().strip()
             limit = None if raw == "max" else int(raw)
-        return _int(_number(path, "memory.current", 1)), _stat(path, "memory.stat", "file"), limit
+        return fs.as_int(fs.number(path, "memory.current", 1)), fs.stat(path, "memory.stat", "file"), limit
 
     def oom_kills(self, sandbox: str, leaf: str) -> int:
         try:
@@ -767,22 +663,22 @@ class CgroupV2(Cgroups):
     def clean_cache(self, sandbox: str) -> int:
         if "memory" not in self.controllers:
             return 0
-        stat = _stats(self.paths(sandbox)[0], "memory.stat")
+        stat = fs.stats(self.paths(sandbox)[0], "memory.stat")
         if stat.get("file_dirty", 0) or stat.get("file_writeback", 0):
             return 0
         return stat.get("file", 0)
 
     def release_memory(self, sandbox: str) -> None:
         path = self.paths(sandbox)[0]
-        held = _number(path, "memory.current", 1)
+        held = fs.number(path, "memory.current", 1)
         # EAGAIN when less than asked could be reclaimed: what is left stays charged.
         with contextlib.suppress(OSError):
             if held:
-                _write(path / "memory.reclaim", str(int(held)))
+                fs.write(path / "memory.reclaim", str(int(held)))
 
     def _freeze(self, path: Path, frozen: bool) -> None:
         try:
-            _write(path / "cgroup.freeze", "1" if frozen else "0")
+            fs.write(path / "cgroup.freeze", "1" if frozen else "0")
         except OSError as err:  # gone, or removed while we held it (as v1's)
             if err.errno not in (errno.ENOENT, errno.ENODEV):
                 raise
@@ -796,9 +692,9 @@ class CgroupV2(Cgroups):
     async def kill(self, sandbox: str, leaf: str | None = None, *, deadline: float = 10.0) -> None:
         path = self.paths(sandbox, leaf)[0]
         if (path / "cgroup.kill").exists():  # 5.14+: atomic, no freeze dance needed
-            _write(path / "cgroup.kill", "1")
+            fs.write(path / "cgroup.kill", "1")
             end = time.monotonic() + deadline
-            while _pids(path):
+            while fs.pids_below(path):
                 if time.monotonic() > end:
                     raise DriverFailure(f"could not kill the processes of sandbox {sandbox}")
                 await asyncio.sleep(0.005)
