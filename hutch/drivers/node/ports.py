@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from hutch.core.errors import DriverFailure, from_wire
+from hutch.drivers.socketpump import pumped_socket
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +59,10 @@ class PortTunnels:
         ws = await self._open(sandbox_id, port)
         try:
             await _opened(ws, sandbox_id, port)
-            mine, theirs = socket.socketpair()
         except BaseException:
             await ws.close()
             raise
-        try:
-            reader, writer = await asyncio.open_connection(sock=theirs)
-        except BaseException:
-            mine.close()
-            theirs.close()
-            await ws.close()
-            raise
-        pump = asyncio.ensure_future(_splice(ws, reader, writer))
-        self._pumps.add(pump)
-        pump.add_done_callback(self._pumps.discard)
-        mine.setblocking(False)
-        return mine
+        return await pumped_socket(lambda reader, writer: _splice(ws, reader, writer), self._pumps, ws.close)
 
     async def drop(self, sandbox_id: str) -> None:
         server = self._servers.pop(sandbox_id, None)

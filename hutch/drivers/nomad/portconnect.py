@@ -20,6 +20,7 @@ import aiohttp
 from hutch.core.errors import DriverFailure
 from hutch.drivers.nomad.client import NomadClient
 from hutch.drivers.nomad.execs import ENVELOPE
+from hutch.drivers.socketpump import pumped_socket
 
 OPENED_WITHIN = 30.0  # seconds for the plugin's first answer (its connect inside the sandbox)
 EXIT_REFUSED = 4  # the connect verb: nothing listens there (connect.go)
@@ -37,24 +38,10 @@ class PortConnections:
         ws = await self._client.exec_socket(alloc_id, task, [ENVELOPE, json.dumps({"connect": port})])
         try:
             early = await _opened(ws, sandbox_id, port)
-            mine, theirs = socket.socketpair()
         except BaseException:
             await ws.close()
             raise
-        try:
-            reader, writer = await asyncio.open_connection(sock=theirs)
-        except BaseException:
-            mine.close()
-            theirs.close()
-            await ws.close()
-            raise
-        if early:
-            writer.write(early)
-        pump = asyncio.ensure_future(_splice(ws, reader, writer))
-        self._pumps.add(pump)
-        pump.add_done_callback(self._pumps.discard)
-        mine.setblocking(False)
-        return mine
+        return await pumped_socket(lambda reader, writer: _splice(ws, reader, writer), self._pumps, ws.close, early)
 
     async def close(self) -> None:
         for pump in list(self._pumps):
