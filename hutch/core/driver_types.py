@@ -36,9 +36,9 @@ class Capabilities:
     pids_limit: bool = False
     network: bool = False  # can give a sandbox outbound network when asked
     pause: bool = False
-    # pause freezes running commands too, their time limits standing still (the run clock of
-    # the local driver, and of the node driver's agents); without it a pause with commands
-    # running is refused (NotSupported, naming the driver).
+    # pause freezes running commands too, their time limits standing still (drivers/runclock.py:
+    # the local driver's, the node driver's agents', the nomad driver's); without it a pause
+    # with commands running is refused (NotSupported, naming the driver).
     pause_running: bool = False
     files: bool = False
     checkpoints: bool = False

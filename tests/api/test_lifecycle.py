@@ -42,7 +42,7 @@ async def test_pause_keeps_files_and_execute_auto_resumes(api: Api) -> None:
     assert [a.get("auto", False) for a in auto] == [True, False]
 
 
-@pytest.mark.runs_on(*STORE, "nomad-production")  # drivers that freeze no running command
+@pytest.mark.runs_on(*STORE)  # the fake driver freezes no running command (local and nomad do)
 async def test_illegal_pause_and_resume_are_refused_naming_why(api: Api, driver_name: str) -> None:
     sid = await new_sandbox(api)
     err = await api.call("POST", f"/sandbox/{sid}/resume", expect=200)  # idle: already awake
@@ -60,7 +60,7 @@ async def test_illegal_pause_and_resume_are_refused_naming_why(api: Api, driver_
     await api.call("POST", "/sandbox/sbx_nope/resume", expect=404)
 
 
-@pytest.mark.runs_on("local-embedded", "local-production")  # the freezer and the run clock
+@pytest.mark.runs_on("local-embedded", "local-production", "nomad-production")  # the freezer and the run clock
 async def test_a_command_is_paused_with_its_sandbox_its_time_limit_standing_still(api: Api) -> None:
     """Paused with a command running, the sandbox is ``paused`` and the command ``running``,
     frozen: paused past its 3 s limit, it resumes and ends well (the paused time was not its)."""
@@ -85,10 +85,11 @@ async def test_a_command_is_paused_with_its_sandbox_its_time_limit_standing_stil
     await api.call("DELETE", f"/sandbox/{sid}")
 
 
-@pytest.mark.runs_on("local-embedded", "local-production")  # a frozen process tree killed
+@pytest.mark.runs_on("local-embedded", "local-production", "nomad-production")  # a frozen process tree killed
 async def test_a_frozen_command_is_cancelled_and_a_destroy_ends_the_rest(api: Api) -> None:
-    """A cancel of a paused sandbox's command ends it (a thaw-kill of its tree alone), the
-    sandbox staying paused, its other command frozen; a destroy then ends that one too."""
+    """A cancel of a paused sandbox's command ends it (local: a thaw-kill of its tree alone;
+    nomad: SIGKILLed frozen, its processes die as the sandbox thaws), the sandbox staying
+    paused, its other command frozen; a destroy then ends that one too."""
     sid = await new_sandbox(api)
     count = ["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"]
     counter = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": count})
@@ -217,7 +218,7 @@ async def test_stats_count_what_ran_in_a_time_range(api: Api) -> None:
     assert "start" in err["message"]
 
 
-@pytest.mark.runs_on("local-embedded")  # a paused sandbox's frozen command at its paused timeout
+@pytest.mark.runs_on("local-embedded", "nomad-production")  # a paused sandbox's frozen command at its paused timeout
 async def test_a_paused_timeout_ends_the_frozen_commands_too(api: Api) -> None:
     """A sandbox paused with a command running, ended at its paused timeout: the frozen
     command ends with it (cancelled), nothing left hanging."""
@@ -231,6 +232,7 @@ async def test_a_paused_timeout_ends_the_frozen_commands_too(api: Api) -> None:
     events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]
     assert events[-1]["type"] == "lifecycle:terminated" and "paused timeout" in events[-1]["event"]["reason"]
     # Recorded ending before its commands were killed, as a busy sandbox's end is: their
-    # clients hear the sandbox ended, not that they were killed.
+    # clients hear the sandbox ended, not that they were killed (the nomad driver's destroy
+    # waits for its commands' execs, as the local driver's does).
     types = [e["type"] for e in events]
     assert types.index("destroy") < types.index("execution:finished"), types

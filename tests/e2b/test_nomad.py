@@ -16,7 +16,15 @@ from e2b.exceptions import SandboxException
 
 from tests.drivers_support import plugin_reads_page_cache
 from tests.e2b.conftest import E2bServer, _serve
+from tests.e2b.test_sdk import (
+    test_a_sandbox_to_pause_at_its_timeout_pauses_then_with_its_command_frozen,
+)
 from tests.system.server import KEY
+
+# E2B's autoPause with a command running, on nomad too (issue 36: the nomad driver refused a
+# pause with commands running, so such a sandbox ran on past its timeout for as long as they
+# did): test_sdk.py's test, here against this module's nomad server.
+__all__ = ["test_a_sandbox_to_pause_at_its_timeout_pauses_then_with_its_command_frozen"]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +37,12 @@ def nomad_e2b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServer]:
             mp.delenv("E2B_DEBUG", raising=False)
             mp.delenv("E2B_DOMAIN", raising=False)
             yield served
+
+
+@pytest.fixture(scope="module")
+def e2b_env(nomad_e2b: E2bServer) -> E2bServer:
+    """test_sdk.py's tests taken in here run against the nomad server."""
+    return nomad_e2b
 
 
 @pytest.fixture(scope="module")

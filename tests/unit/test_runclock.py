@@ -1,12 +1,12 @@
-"""The local driver's run clock: a command's time limit stands still while its sandbox is
-frozen, and runs on once it thaws."""
+"""The drivers' run clock (local and nomad): a command's time limit stands still while its
+sandbox is frozen, and runs on once it thaws."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from hutch.drivers.local.runclock import RunClock, within
+from hutch.drivers.runclock import RunClock, sleep, within
 
 
 async def test_the_limit_does_not_run_out_while_frozen_and_does_once_thawed() -> None:
@@ -34,3 +34,17 @@ async def test_what_ends_in_time_comes_back_and_no_limit_waits_for_it() -> None:
     clock.thaw()
     clock.thaw()
     assert not clock.frozen and clock() - at < 0.05
+
+
+async def test_a_sleep_on_the_run_clock_stands_still_while_frozen() -> None:
+    """The nomad driver's command deadline: 0.3 s of run clock, frozen 0.4 s after 0.1 s."""
+    clock = RunClock()
+    t0 = time.monotonic()
+    sleeping = asyncio.ensure_future(sleep(0.3, clock))
+    await asyncio.sleep(0.1)
+    clock.freeze()
+    await asyncio.sleep(0.4)  # past its 0.3 s of wall clock: frozen, it sleeps on
+    assert not sleeping.done()
+    clock.thaw()
+    await sleeping
+    assert 0.7 <= time.monotonic() - t0 < 1.2

@@ -314,7 +314,7 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.N
         sb = self._get(sandbox_id)
         if any(t for eid, t in self._running.items() if self._owner.get(eid) == sandbox_id):
             raise NotSupported(f"sandbox {sandbox_id} has commands running: the fake driver freezes none (a "
-                               "pause with commands running needs the local or node driver); cancel them or "
+                               "pause with commands running needs the local, node or nomad driver); cancel them or "
                                "wait for them, then pause", field="state")
         sb.paused = True
 

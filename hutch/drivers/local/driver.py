@@ -21,7 +21,7 @@ An execution returns when its command exits, even if background children it star
 still hold stdout (they keep running: processes persist between executions like
 files do; only a timeout, a cancel or destroy kills them). ``pause`` freezes the
 sandbox's cgroup, running commands included; their limits count on its run clock
-(runclock.py), which stands still while it is frozen. Network (on request) and an exposed port: a routed veth
+(drivers/runclock.py), which stands still while it is frozen. Network (on request) and an exposed port: a routed veth
 per sandbox with NAT out and nothing in (network.py).
 
 Warm pool: idle sandboxes started ahead of time and claimed by ``provision`` (pool.py).
@@ -134,7 +134,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             pids_limit=self.rootless or "pids" in controllers,  # rootless: RLIMIT_NPROC per sandbox
             network=True,  # rootless: slirp4netns (slirp.py) instead of a veth and NAT
             pause=self._cgroups is not None,  # the freezer
-            pause_running=self._cgroups is not None,  # and the run clock (runclock.py)
+            pause_running=self._cgroups is not None,  # and the run clock (drivers/runclock.py)
             files=True,
             tar_streams=True,  # trees.py over the file primitives: one call for a node agent, not one a file
             checkpoints=not self.rootless,  # consistent copies need the freezer

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import IO, Literal
 
 from hutch.core import phases
+from hutch.drivers import runclock
 from hutch.drivers.base import OutputSink
-from hutch.drivers.local import runclock
 from hutch.drivers.local.smallfiles import get as _get
 
 # After the command exits, background children may still hold stdout open; we stop

@@ -99,7 +99,7 @@ class Nsexec:
         """Run hutch-nsexec in the sandbox (helper.py), or a command through the sandbox's
         pid 1 (zygote.py) where it takes requests; (exit code, timed out, status message).
         ``launched`` is called once the helper is started (the request sent); ``limit`` counts
-        on ``clock`` (the sandbox's run clock, runclock.py)."""
+        on ``clock`` (the sandbox's run clock, drivers/runclock.py)."""
         if mode == "exec" and zygote.enabled():
             procs = self._make_leaf(sb, leaf)
 

@@ -19,9 +19,9 @@ from hutch.core.driver_types import check_user, home_of
 from hutch.core.errors import DriverFailure, IllegalTransition, SandboxNotFound
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import start_time
-from hutch.drivers.local.runclock import RunClock
 from hutch.drivers.local.smallfiles import get as _get
 from hutch.drivers.local.smallfiles import put as _put
+from hutch.drivers.runclock import RunClock
 
 # Ids that may name a directory (sandboxes, checkpoints): no dots first, no slashes.
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
@@ -91,7 +91,7 @@ class Registry:
         self.sandboxes: dict[str, LocalSandbox] = {}
         self.executions: dict[str, LocalExecution] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._clocks: dict[str, RunClock] = {}  # each sandbox's run clock (runclock.py)
+        self._clocks: dict[str, RunClock] = {}  # each sandbox's run clock (drivers/runclock.py)
 
     def lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())

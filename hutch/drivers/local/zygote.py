@@ -29,8 +29,9 @@ from typing import IO
 
 from hutch.core import phases
 from hutch.core.errors import InvalidInput
+from hutch.drivers import runclock
 from hutch.drivers.base import OutputSink
-from hutch.drivers.local import helper, runclock
+from hutch.drivers.local import helper
 
 SOCKET = "zygote.sock"
 _UCRED = struct.Struct("iII")  # pid, uid, gid

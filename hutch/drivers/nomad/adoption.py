@@ -24,7 +24,6 @@ class NomadAdoption:
     _images: RuntimeImages
     _allow: AllowLists
     _sandboxes: dict[str, NomadSandbox]
-    _paused: set[str]
     _pool: dict[str, deque[PoolEntry]]
     pool_sizes: dict[str, int]
     _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None
@@ -37,6 +36,9 @@ class NomadAdoption:
         raise NotImplementedError
 
     def _lock(self, sid: str) -> asyncio.Lock:
+        raise NotImplementedError
+
+    def _found_paused(self, sid: str) -> None:
         raise NotImplementedError
 
     async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None:
@@ -98,7 +100,7 @@ class NomadAdoption:
             if spec.network.allow:
                 sb.allow = await self._allow.first(sid, spec.network.allow)
             if sandbox.status is SandboxStatus.PAUSED:
-                self._paused.add(sid)
+                self._found_paused(sid)
             await asyncio.to_thread(self._states.save, sb)
             self._sandboxes[sid] = sb
             return True

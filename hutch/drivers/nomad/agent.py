@@ -16,6 +16,10 @@ the sandbox, so the sandbox's own processes can take its pipes (through /proc) o
 and speak in the agent's place. The session only takes what the real agent sends: frames of
 its size (``MAX_FRAME``), output within each command's window, JSON where JSON is due; the
 first thing past that ends the session. Its stderr is logged a few lines per session.
+
+A paused sandbox's agent is frozen with its commands (containerd's freeze): what waits on the
+agent (its heartbeat, a command's start) counts on the sandbox's run clock (drivers/runclock.py),
+which stands still while it is frozen, so a pause is not taken for a stopped agent.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import aiohttp
 from hutch.core.errors import DriverFailure
 from hutch.drivers.nomad.client import KILL_GRACE, STDIN_CHUNK, ExecFailed, NomadClient
 from hutch.drivers.nomad.execs import ENVELOPE, plugin_verb
+from hutch.drivers.runclock import RunClock
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +51,14 @@ CHUNK = 32 * 1024
 MAX_FRAME = 4 * CHUNK
 STDERR_LINES = 10  # the agent's stderr, logged per session: it only ever says why it stopped
 READY_TIMEOUT = 30.0  # seconds for the agent to say it runs (its start is one runc exec + 2 MiB)
-# Seconds for the agent to say a command started (a fork): one that does not is stopped or
-# wedged; its session is ended (Nomad then kills it) and the command runs the old way.
+# Seconds (of the run clock) for the agent to say a command started (a fork): one that does
+# not is stopped or wedged; its session is ended (Nomad then kills it) and the command runs
+# the old way.
 START_TIMEOUT = 5.0
 SIGKILL = 9
-# The agent writes a heartbeat every 2 s (exec-agent/main.go): a session silent this long is
-# a stopped or wedged agent, ended (the plugin's kill verb) so its commands fail instead of
-# waiting for their timeouts.
+# The agent writes a heartbeat every 2 s (exec-agent/main.go): a session silent this long (on
+# the run clock: a frozen agent is silent) is a stopped or wedged agent, ended (the plugin's
+# kill verb) so its commands fail instead of waiting for their timeouts.
 SILENT_SECONDS = 10.0
 # Writes the binary (the first $1 bytes of stdin) to /tmp and runs it; the agent removes the file.
 # Execute-only (0100): the kernel execs an unreadable binary not dumpable, so the sandbox's own
@@ -86,8 +92,11 @@ class _Command:
 class ExecAgent:
     """One sandbox's agent session (``start`` it, then ``run`` commands, concurrently)."""
 
-    def __init__(self, client: NomadClient, alloc_id: str, task: str, sandbox_id: str) -> None:
+    def __init__(self, client: NomadClient, alloc_id: str, task: str, sandbox_id: str,
+                 clock: RunClock | None = None) -> None:
         self.client, self.alloc_id, self.task, self.sandbox_id = client, alloc_id, task, sandbox_id
+        # The sandbox's run clock: stopped while it is paused (the driver's pause and resume).
+        self.clock = clock if clock is not None else RunClock()
         self.pid: int | None = None  # the agent's pid in the sandbox, once ready
         self.tag: str | None = None  # its alloc exec's tag (the plugin's kill verb ends it)
         self.alive = False
@@ -151,13 +160,20 @@ class ExecAgent:
 
     async def _read(self) -> None:
         silent = False
+        receiving: asyncio.Task[bool] | None = None
+        heard = self.clock()
         try:
             while True:
-                try:
-                    async with asyncio.timeout(SILENT_SECONDS):
-                        if not await self._receive():
-                            break
-                except TimeoutError:
+                if receiving is None:
+                    receiving = asyncio.create_task(self._receive())
+                left = SILENT_SECONDS - (self.clock() - heard)
+                if left > 0:  # the run clock: a paused sandbox's agent is silent, not stopped
+                    await asyncio.wait({receiving}, timeout=left)
+                if receiving.done():
+                    more, receiving, heard = receiving.result(), None, self.clock()
+                    if not more:
+                        break
+                elif self.clock() - heard >= SILENT_SECONDS:
                     silent = True
                     log.warning("sandbox %s: the exec agent sent nothing for %.0f s (not even its heartbeat); "
                                 "ending it", self.sandbox_id, SILENT_SECONDS)
@@ -168,6 +184,10 @@ class ExecAgent:
         except Exception as err:  # the session is over however it ended
             log.info("sandbox %s: exec agent session ended: %s", self.sandbox_id, err)
         finally:
+            if receiving is not None and not receiving.done():
+                receiving.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await receiving
             self._ended()
         if silent:
             await self.terminate()
@@ -305,7 +325,7 @@ class ExecAgent:
                     kill: Callable[[], Awaitable[None]]) -> int | None:
         loop = asyncio.get_running_loop()
         killed_at: float | None = None
-        sent_at = loop.time()
+        sent_at = self.clock()  # the start is waited for on the run clock: a frozen agent forks nothing
         stopper = asyncio.create_task(stop.wait())
         try:
             while True:
@@ -313,15 +333,15 @@ class ExecAgent:
                 waiting = {getter} if killed_at is not None else {getter, stopper}
                 timeout = None if killed_at is None else max(0.0, killed_at + KILL_GRACE - loop.time())
                 if not cmd.started and killed_at is None:
-                    timeout = max(0.0, sent_at + START_TIMEOUT - loop.time())
+                    timeout = max(0.0, sent_at + START_TIMEOUT - self.clock())
                 done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     getter.cancel()
                     if killed_at is not None:  # no exit in time: the plugin kills by the command's tag
                         await kill()
                         return None
-                    if not done and cmd.started:  # it started meanwhile (that frame wakes nobody)
-                        continue
+                    if not done and (cmd.started or self.clock() < sent_at + START_TIMEOUT):
+                        continue  # it started meanwhile (that frame wakes nobody), or the sandbox is paused
                     if not done:  # no word of the command's start: the agent is stopped or wedged
                         log.warning("sandbox %s: the exec agent did not start a command within %.0f s; "
                                     "ending it", self.sandbox_id, START_TIMEOUT)
@@ -331,6 +351,9 @@ class ExecAgent:
                             raise DriverFailure(f"sandbox {self.sandbox_id}: its exec agent stopped answering "
                                                 "after part of the command's stdin was taken")
                         raise NotStarted("the exec agent did not answer")
+                    if self.clock.frozen:  # paused: the frozen agent would take no signal, nor report
+                        await kill()       # an end; the plugin kills the command's processes by its tag
+                        return None
                     killed_at = loop.time()
                     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
                         await self._send((b"K", cid, bytes([SIGKILL])))

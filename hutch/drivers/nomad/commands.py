@@ -1,5 +1,5 @@
 """How the nomad driver runs a command: through the sandbox's exec agent when it has one
-running (``agents.ExecAgents``: a fork, about 1 ms), else as its own alloc exec
+running or starting (``agents.ExecAgents``: a fork, about 1 ms), else as its own alloc exec
 (``execs.run_tagged``: a runc exec, about 50 ms). Both carry the same tag, so the plugin's
 kill verb ends either kind; and the create-time file writes that ride on a command."""
 
@@ -33,11 +33,14 @@ async def kill_marked(client: NomadClient, sb: NomadSandbox, tag: str) -> None:
 
 async def run_command(agents: ExecAgents, client: NomadClient, sb: NomadSandbox, req: ExecRequest,
                       envelope: dict[str, Any], argv: Sequence[str], stop: asyncio.Event, sink: OutputSink,
-                      kill: Callable[[], Awaitable[None]]) -> int | None:
+                      kill: Callable[[], Awaitable[None]],
+                      alloc_exec_turn: Callable[[], Awaitable[bool]] | None = None) -> int | None:
     """Run ``req`` (``envelope``/``argv``: its alloc exec form) and return its exit code (None:
     killed after ``stop``, no exit came). The agent's NotStarted means nothing ran: the alloc
-    exec then runs it; an agent that ended while the command ran is a DriverFailure."""
-    agent = agents.get(sb)
+    exec then runs it, once ``alloc_exec_turn`` says it may (the driver's: not while the
+    sandbox is paused; False: stopped meanwhile, nothing ran); an agent that ended while the
+    command ran is a DriverFailure."""
+    agent = await agents.at_hand(sb)
     fell_back = False
     if agent is not None:
         try:
@@ -48,6 +51,8 @@ async def run_command(agents: ExecAgents, client: NomadClient, sb: NomadSandbox,
         except NotStarted:
             agents.ensure(sb)
             fell_back = True
+    if alloc_exec_turn is not None and not await alloc_exec_turn():
+        return None
     # ignore: run_tagged's Emit takes any str, but it only ever emits "stdout"/"stderr".
     # After an agent failed (a rare path, often under pressure) the output is checked against the
     # plugin's count: one alloc exec more, and no tail lost to Nomad's stream.

@@ -21,7 +21,13 @@
 - **Exec**: through the sandbox's exec agent (``drivers.nomad.agent``: one alloc exec that
   forks the commands), else an alloc exec whose argv starts with an envelope the plugin
   understands (``hutch-exec:v1`` + JSON env/cwd/tag). Timeout and cancel kill the command's
-  process group and every process carrying its tag.
+  process group and every process carrying its tag. A command's time limit is kept here, on
+  the sandbox's run clock (``drivers.runclock``).
+- **Pause**: containerd's freeze of the whole task, the exec agent and the commands it forked
+  with the rest; their time limits and the agent's heartbeat watch count on the run clock,
+  which stands still while it is frozen. A command run as its own alloc exec is not frozen
+  mid-way (a runc exec frozen while it starts holds the resume): a pause while one runs is
+  refused (501 naming it), and one that would start while paused waits for the resume.
 - **Files**: create-time files are a tar stream unpacked by ``tar`` inside the sandbox, as
   the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``
   and terminals ``drivers.nomad.terminal``: collaborators that reach the driver only
@@ -65,7 +71,7 @@ from hutch.core.errors import (
     SandboxNotFound,
 )
 from hutch.core.runtimes import RuntimeRecipe
-from hutch.drivers import roles, trust
+from hutch.drivers import roles, runclock, trust
 from hutch.drivers.base import (
     Capabilities,
     Driver,
@@ -127,6 +133,9 @@ NOMAD_READ_TIMEOUT = 5.0  # seconds for a read of Nomad's API (a job, an allocat
 DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
 EXIT_NO_OUTBOUND = 3  # the plugin's egress verb: the task has no outbound network (egress.go)
 KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
+# Seconds a destroy waits for its commands' execs to return (killed: a second or two at most), so
+# each command's end is reported before the sandbox's, as the local driver's destroy does.
+DESTROY_WAIT = 10.0
 
 
 @attrs.define
@@ -134,6 +143,8 @@ class _Execution:
     sandbox_id: str
     stop: asyncio.Event
     cancelled: bool = False
+    alloc_exec: bool = False  # runs as its own alloc exec (not the agent's): a pause refuses it
+    ended: asyncio.Event = attrs.field(factory=asyncio.Event)  # its exec returned
 
 
 class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.DirectoryWatching,
@@ -171,7 +182,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self.instance = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
         self.capabilities = Capabilities(
             memory_limit=True, cpu_limit=True, pids_limit=True, network=True, ports=True, terminals=True,
-            pause=True, files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
+            pause=True, pause_running=True,  # frozen with the agent, limits on the run clock (pause)
+            files=True, checkpoints=True, installs=True, tar_streams=True, kernel_isolation=True,
             egress_allow=True,  # the plugin's egress.go, kept current through its allow verb
             egress_deny=True, network_update=True,  # the plugin's egress verb (update_network)
             # inotify and user.e2b.* xattrs: the exec agent's own helpers (helpers.py)
@@ -195,6 +207,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self._executions: dict[str, _Execution] = {}
         self._destroying: set[str] = set()
         self._paused: set[str] = set()
+        # Paused or pausing: no alloc exec of a command starts (it waits on the event, set at the resume).
+        self._pausing: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -358,6 +372,8 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         for ex in self._executions.values():
             if ex.sandbox_id == sb.id:
                 ex.stop.set()
+        self._paused.discard(sb.id)
+        self._wake(sb.id)
         log.warning("sandbox %s: its allocation %s ended: %s", sb.id, sb.alloc_id, reason)
         self._spawn(self._agents.drop(sb.id), f"exec-agent-drop-{sb.id}")
         self._spawn(self._stop_job(sb.job_id, sb.alloc_id, node_lost=node_lost), f"nomad-reap-{sb.job_id}")
@@ -375,19 +391,25 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                 return
             self._destroying.add(sandbox_id)
             try:
-                for ex in self._executions.values():
-                    if ex.sandbox_id == sandbox_id:
-                        ex.cancelled = True
-                        ex.stop.set()
+                ending = [ex for ex in self._executions.values() if ex.sandbox_id == sandbox_id]
+                for ex in ending:
+                    ex.cancelled = True
+                    ex.stop.set()
                 self._spawn(self._agents.drop(sandbox_id), f"exec-agent-drop-{sandbox_id}")  # not waited for
                 # The client kills the task within a second of the stop; its status reaches
                 # the server seconds later, so the purge and GC finish in the background.
                 with contextlib.suppress(NomadNotFound):
                     await self._client.deregister(sb.job_id, purge=False)
+                if ending:  # a paused sandbox's too: the kill verb ends them frozen, the stop thaws them
+                    waits = [asyncio.ensure_future(ex.ended.wait()) for ex in ending]
+                    await asyncio.wait(waits, timeout=DESTROY_WAIT)
+                    for waiting in waits:
+                        waiting.cancel()
                 self._sandboxes.pop(sandbox_id, None)
                 self._allow.forget(sandbox_id)
                 self._readings.forget(sandbox_id)
                 self._paused.discard(sandbox_id)
+                self._wake(sandbox_id)
                 self._states.forget(sandbox_id)
                 await self._files.drop_checkpoints(sandbox_id)
                 self._spawn(self._stop_job(sb.job_id, sb.alloc_id), f"nomad-reap-{sb.job_id}")
@@ -487,22 +509,33 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                      memory_cache_bytes=int(cache) if cache is not None else None)
 
     async def pause(self, sandbox_id: str) -> None:
-        """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).
+        """Freeze every process of the sandbox (containerd's pause: the cgroup freezer), the
+        exec agent and the commands it runs with the rest. Idempotent. Their time limits and
+        the agent's silence count on the sandbox's run clock, stopped from here to the resume.
 
-        Refused while an execution runs: its exec agent's time limit runs on the wall clock, and
-        a frozen command's would not stand still (the local and node drivers' run clock does);
-        an exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``)."""
+        An exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``); a
+        command running as its own alloc exec (no agent) refuses the pause: one frozen while
+        runc starts it holds the resume, and so none is frozen. One about to start as an alloc
+        exec waits for the resume (``_alloc_exec_turn``)."""
         sb = self.running(sandbox_id)
         async with self._lock(sb.id):
-            if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
-                raise NotSupported(f"sandbox {sb.id} has commands running: the nomad driver pauses a sandbox "
-                                   "with none (a frozen command's time limit would not stand still there); cancel "
-                                   "them or wait for them, then pause", field="state")
-            await self._agents.hold(sb.id)
+            if sb.id in self._paused:
+                return
+            apart = sorted(eid for eid, ex in self._executions.items() if ex.sandbox_id == sb.id and ex.alloc_exec)
+            if apart:
+                raise NotSupported(f"sandbox {sb.id} has a command running as its own alloc exec, outside its exec "
+                                   f"agent (execution {apart[0]}): the nomad driver freezes only the commands its "
+                                   "exec agent runs; cancel it or wait for it, then pause", field="state")
+            self._pausing.setdefault(sb.id, asyncio.Event())  # at once: no alloc exec starts from here
+            clock = self._agents.clock(sb.id)
             try:
+                await self._agents.hold(sb.id)
+                clock.freeze()  # first: a limit running out meanwhile would kill a command being frozen
                 await self._verb(sb, {"freeze": True})
             except BaseException:
+                clock.thaw()
                 self._agents.release(sb.id)
+                self._wake(sb.id)
                 raise
             self._paused.add(sb.id)
 
@@ -511,7 +544,39 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         async with self._lock(sb.id):
             await self._verb(sb, {"freeze": False})
             self._paused.discard(sb.id)
+            self._agents.clock(sb.id).thaw()
             self._agents.release(sb.id)
+            self._wake(sb.id)
+
+    def _found_paused(self, sandbox_id: str) -> None:
+        """A sandbox adopted paused: as after a pause (no agent start, no alloc exec of a
+        command, its run clock stopped) until it resumes."""
+        self._paused.add(sandbox_id)
+        self._pausing.setdefault(sandbox_id, asyncio.Event())
+        self._agents.held(sandbox_id)
+
+    def _wake(self, sandbox_id: str) -> None:
+        """The sandbox is no longer paused (resumed, or gone): alloc execs waiting start (or end)."""
+        event = self._pausing.pop(sandbox_id, None)
+        if event is not None:
+            event.set()
+
+    async def _alloc_exec_turn(self, sb: NomadSandbox, execution: _Execution) -> bool:
+        """Before a command starts as its own alloc exec: in a paused sandbox it waits for the
+        resume, frozen as the others are (its time limit on the run clock stands still too);
+        False if it was stopped meanwhile (a cancel, a destroy). Marked from then on: a pause
+        refuses it (``pause``)."""
+        while (event := self._pausing.get(sb.id)) is not None and not execution.stop.is_set():
+            waits = {asyncio.ensure_future(execution.stop.wait()), asyncio.ensure_future(event.wait())}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+        if execution.stop.is_set():
+            return False
+        execution.alloc_exec = True
+        return True
 
     def check_not_paused(self, sb: NomadSandbox) -> None:
         if sb.id in self._paused:
@@ -528,8 +593,10 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         return [f"{k}={v}" for k, v in env.items()]
 
     async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
+        """Run a command. Not refused in a paused sandbox: a pause that lands between the
+        command's recorded start and this call freezes it with the rest (the agent, frozen,
+        forks it at the resume; an alloc exec waits for the resume), its time standing still."""
         sb = self.running(req.sandbox_id)
-        self.check_not_paused(sb)
         if not req.argv:
             raise InvalidInput("command must not be empty", field="command")
         if req.execution_id in self._executions:
@@ -543,20 +610,22 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         async def deadline() -> None:
             nonlocal timed_out
             if req.timeout is not None:
-                await asyncio.sleep(req.timeout)
+                await runclock.sleep(req.timeout, self._agents.clock(sb.id))  # paused time is not the command's
                 timed_out = True
                 execution.stop.set()
 
         timer = asyncio.create_task(deadline())
         try:
             code = await commands.run_command(self._agents, self._client, sb, req, envelope, argv,
-                                              execution.stop, sink, kill=lambda: self.kill_tagged(sb, tag))
+                                              execution.stop, sink, kill=lambda: self.kill_tagged(sb, tag),
+                                              alloc_exec_turn=lambda: self._alloc_exec_turn(sb, execution))
         except ExecFailed as err:
             refused(err, sb.id, gone=self.gone(sb.id), cwd=envelope["cwd"])
             raise
         finally:
             timer.cancel()
             self._executions.pop(req.execution_id, None)
+            execution.ended.set()
         if execution.cancelled:
             return ExecResult(exit_code=EXIT_CANCELLED, cancelled=True)
         if timed_out:

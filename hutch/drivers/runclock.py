@@ -1,6 +1,8 @@
 """A sandbox's run clock: the seconds it has not been frozen. A command's time limit counts
 on it, so the time a paused sandbox spends frozen is not its commands' (as E2B's pause: a
-command paused with its sandbox resumes with the time it had left)."""
+command paused with its sandbox resumes with the time it had left). The local driver's
+commands (and the node driver's, through its agents' local drivers) and the nomad driver's
+(its limits are kept on the API side, as is its exec agent's silence watchdog) count on it."""
 
 from __future__ import annotations
 
@@ -49,3 +51,12 @@ async def within(done: Awaitable[object], limit: float | None, clock: Callable[[
             return False
         await asyncio.wait({fut}, timeout=left)
     return True
+
+
+async def sleep(seconds: float, clock: Callable[[], float]) -> None:
+    """Sleep ``seconds`` of ``clock``: while it stands still (the sandbox frozen) the sleep
+    goes on, looked at again after the time that was left."""
+    end, left = clock() + seconds, seconds
+    while left > 0:  # a poll only as often as the time left: not an event's job
+        await asyncio.sleep(left)
+        left = end - clock()
