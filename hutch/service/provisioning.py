@@ -212,6 +212,7 @@ class Provisioning:
                     await self._lifecycle.destroy(sandbox_id)
                 raise ReplicaUnavailable(f"replica {self._replicas.me} missed its lease renewals while it made the "
                                          "sandbox, which was ended, not recorded; try again")
+            await faults.crash_point("create-vouched-unrecorded")
         node = self._fleet.node_of(sandbox_id)
         # For a take-over; not where the Start below records the node: the log says where it
         # runs (takeover.py), and the row's write was a statement in series on the way to idle.
@@ -230,6 +231,7 @@ class Provisioning:
                     # refill) need not wait for a hold to lapse. Held until then, sequential creates
                     # found the pool empty: 98 % made from scratch, 7 ms more each (docs/benchmarks.md).
                     self._lifecycle.settled(sandbox_id)
+                await self._refuse_discarded(sandbox_id, create)
                 return
             # Not refused when the organization's storage is full (the sandbox is made already):
             # its output keeps what fits, and says it was cut.
@@ -251,11 +253,28 @@ class Provisioning:
                         await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True),
                                                            minted=create is not None)
                 raise
+            await self._refuse_discarded(sandbox_id, create)
         except BaseException:
             if create is not None and not recorded:  # the log never had it: nobody can reach it
                 with contextlib.suppress(Exception):
                     await self._lifecycle.destroy(sandbox_id)
             raise
+
+    async def _refuse_discarded(self, sandbox_id: str, create: Create | None) -> None:
+        """A create recorded with its start (made first: ``create``) whose append landed after
+        this replica's lease lapsed and a survivor ended the sandbox (``lifecycle:discarded``,
+        service/takeover.py): the log folded it failed, as it is gone; the client is told so,
+        not handed a sandbox that does not run. What of it may be left here is ended too."""
+        if create is None:
+            return
+        sb = await self._reads.store.get_sandbox(sandbox_id)
+        if sb is None or sb.discarded is None:
+            return
+        with contextlib.suppress(Exception):
+            await self._lifecycle.destroy(sandbox_id)
+        raise ReplicaUnavailable(f"sandbox {sandbox_id} was ended, not made: replica {self._replicas.me} recorded it "
+                                 "only after its lease lapsed and another replica took it over (it is recorded "
+                                 f"failed: {sb.reason}); try again", sandbox_id=sandbox_id)
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec
