@@ -202,6 +202,13 @@ class Provisioning:
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
+        node = self._fleet.node_of(sandbox_id)
+        # For a take-over; not where the Start below records the node: the log says where it
+        # runs (takeover.py), and the row's write was a statement in series on the way to idle.
+        # Before the crash points: a survivor that finds the sandbox unrecorded ends it where
+        # the handle says (a nomad job taken from a warm pool bears no sandbox id in its name).
+        if node is None and self._replicas.shared and (handle := self._adoption.handle(sandbox_id)) is not None:
+            await self._replicas.set_handle(sandbox_id, handle)
         if create is not None:
             await faults.crash_point("create-made-unrecorded")
             if not self._replicas.current():
@@ -213,11 +220,6 @@ class Provisioning:
                 raise ReplicaUnavailable(f"replica {self._replicas.me} missed its lease renewals while it made the "
                                          "sandbox, which was ended, not recorded; try again")
             await faults.crash_point("create-vouched-unrecorded")
-        node = self._fleet.node_of(sandbox_id)
-        # For a take-over; not where the Start below records the node: the log says where it
-        # runs (takeover.py), and the row's write was a statement in series on the way to idle.
-        if node is None and self._replicas.shared and (handle := self._adoption.handle(sandbox_id)) is not None:
-            await self._replicas.set_handle(sandbox_id, handle)
         started = Start(node=node)
         first: tuple[Create | Start, ...] = (started,) if create is None else (create, started)
         recorded: list[bool] = []
