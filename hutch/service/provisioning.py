@@ -269,7 +269,7 @@ class Provisioning:
         not handed a sandbox that does not run. What of it may be left here is ended too."""
         if create is None:
             return
-        sb = await self._reads.store.get_sandbox(sandbox_id)
+        sb = await self._reads.sandbox(sandbox_id)  # its own: folded here, no store read on the way
         if sb is None or sb.discarded is None:
             return
         with contextlib.suppress(Exception):
