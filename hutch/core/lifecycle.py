@@ -492,12 +492,17 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             api_key_id=data.api_key_id,
             initial_execution_id=data.initial_execution_id,
         )
-        if sandbox is not None and sandbox.unrecorded:
+        if sandbox is None:
+            return created
+        if sandbox.unrecorded:
             # Appended after a survivor ended it (its append began while its replica's lease
             # held, and landed late): what it records is gone, so it is over from the start.
             return attrs.evolve(created, status=SandboxStatus.FAILED, discarded=sandbox.discarded,
                                 reason=f"{sandbox.discarded}; its create was recorded only after that")
-        return created
+        # Recorded already: ``decide`` makes one create per id, so this is the log's own
+        # duplicate (eventlog/kafka.py: a batch resolved after a failed Produce can be written
+        # twice). It changes nothing: an ended sandbox is not made live again.
+        return sandbox
     if isinstance(data, SandboxDiscarded):
         return _evolve_discarded(sandbox, event.sandbox_id, data, at)
     if sandbox is None:

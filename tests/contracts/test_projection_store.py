@@ -173,6 +173,10 @@ async def test_a_create_appended_after_its_sandbox_was_discarded_is_failed_not_l
     assert ex is not None and ex.status is ExecutionStatus.FAILED and LOST in (ex.error or ""), ex
     assert [s.sandbox_id for s in (await store.list_sandboxes(SandboxQuery(org_id="org_local")))[0]] == ["sbx_1"]
     assert [s.sandbox_id for s in (await store.list_sandboxes(SandboxQuery(live=True)))[0]] == []
+    # The late append written twice (the Kafka log's duplicate): still over.
+    await store.apply([log("sbx_1", created("late")), log("sbx_1", SandboxStarted(node="n1"))])
+    dup = await store.get_sandbox("sbx_1")
+    assert dup is not None and dup.status is SandboxStatus.FAILED and dup.reason == sb.reason
     # Discarded again (a second survivor's claim): over is over.
     await store.apply([log("sbx_1", SandboxDiscarded(reason="again"))])
     again = await store.get_sandbox("sbx_1")
