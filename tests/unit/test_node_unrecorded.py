@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -180,3 +181,31 @@ async def test_an_agents_destroy_waits_for_a_create_under_way(aiohttp_client, tm
     driver.go.set()
     await asyncio.gather(create, destroy)
     assert driver.live == set()  # made, then ended: not made after the destroy and left
+
+
+async def test_an_unrecorded_sandbox_is_ended_even_when_its_end_cannot_be_recorded() -> None:
+    """The log away during the take-over: the sandbox is ended all the same (left running it
+    would hold a node's room with nobody able to reach it), and the failure is raised."""
+    done: list[str] = []
+
+    async def failing_discard(sandbox_id: str, reason: str) -> None:
+        raise ConnectionError("the log is away")
+
+    async def last_position() -> int:
+        return 0
+
+    async def wait_for(position: int) -> None:
+        pass
+
+    async def get_sandbox(sandbox_id: str) -> None:
+        return None
+
+    adoption, n = _Adoption(done), cast(Any, None)
+    takeover = Takeover(log=cast(Any, SimpleNamespace(last_position=last_position)),
+                        store=cast(Any, SimpleNamespace(get_sandbox=get_sandbox)),
+                        projector=cast(Any, SimpleNamespace(wait_for=wait_for)), reads=n,
+                        recorder=cast(Any, SimpleNamespace(discard=failing_discard)), control=n, reaper=n,
+                        lifecycle=n, adoption=cast(Any, adoption))
+    with pytest.raises(ConnectionError):
+        await takeover.adopt("sbx_orphan", None, "the replica running it (r1) was lost")
+    assert done == ["ended"]
