@@ -189,6 +189,9 @@ async def test_a_create_recorded_after_a_survivor_discarded_it_is_answered_faile
     executions = (await api.data("GET", f"/sandbox/sandboxes/{sid}/executions"))["executions"]
     assert all(ex["status"] == "failed" for ex in executions), executions
     assert len(executions) == (1 if body else 0)
+    events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events"))["events"]
+    assert [e["type"] for e in events][:3] == ["lifecycle:discarded", "create", "lifecycle:started"], events
+    assert events[0]["event"] == {"reason": why}
     history = await api.data("GET", f"/sandbox/sandboxes/{sid}/history")
     assert history, history  # the timeline starts at its create: the discard alone is no sandbox
     assert await lifecycle.alive() == before
