@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 FORWARDED = "X-Hutch-Forwarded-By"
 REPLICA_HEADER = "X-Hutch-Replica"
 FORWARD_TOKEN = "X-Hutch-Forwarded-Token"  # HMAC of the replica and the request under the shared secret
-_ENDING = ("lifecycle:failed", "lifecycle:terminated")
+_ENDING = ("lifecycle:failed", "lifecycle:terminated", "lifecycle:discarded")
 # GET routes that read only the projection (shared by every replica): never forwarded.
 _LOCAL_READS = frozenset({
     "/sandbox/{sandbox_id}", "/sandbox/status/{sandbox_id}", "/cli/sandbox/{sandbox_id}",

@@ -86,6 +86,19 @@ class SandboxFailed:
 
 
 @attrs.frozen
+class SandboxDiscarded:
+    """A survivor ended a sandbox no event recorded: the replica that made it was lost before
+    its create was appended (service/takeover.py). Final: a ``create`` or ``lifecycle:started``
+    of the same id appended after it (an append that began while that replica's lease held and
+    landed late) folds into a sandbox ``failed`` with this reason, never a live one; one
+    appended before it is failed by it. Until such a create lands, nobody sees the sandbox
+    (it has no organization): the projections keep it hidden (``SandboxState.unrecorded``)."""
+
+    type: ClassVar[str] = "lifecycle:discarded"
+    reason: str
+
+
+@attrs.frozen
 class SandboxDestroyRequested:
     type: ClassVar[str] = "destroy"
     reason: str = "requested"
@@ -273,6 +286,7 @@ EventData = (
     | SandboxStarted
     | SandboxMoved
     | SandboxFailed
+    | SandboxDiscarded
     | SandboxDestroyRequested
     | SandboxCompleted
     | SandboxTerminated
@@ -306,6 +320,7 @@ EVENT_CLASSES: tuple[type[Any], ...] = (
         SandboxStarted,
         SandboxMoved,
         SandboxFailed,
+        SandboxDiscarded,
         SandboxDestroyRequested,
         SandboxCompleted,
         SandboxTerminated,

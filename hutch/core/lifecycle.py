@@ -27,6 +27,7 @@ from hutch.core.events import (
     SandboxCompleted,
     SandboxCreated,
     SandboxDestroyRequested,
+    SandboxDiscarded,
     SandboxEnvChanged,
     SandboxFailed,
     SandboxMoved,
@@ -71,6 +72,14 @@ class Start:  # the driver made the sandbox real
 
 @attrs.frozen
 class Fail:
+    reason: str
+
+
+@attrs.frozen
+class Discard:
+    """A survivor ends a sandbox its lost replica made and no event records (or one whose
+    create landed after the survivor looked): decided against nothing, too."""
+
     reason: str
 
 
@@ -168,7 +177,7 @@ class Resume:
 
 
 Command = (
-    Create | Start | Fail | Move | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
+    Create | Start | Fail | Discard | Move | ReportBuild | StartExecution | FinishExecution | Destroy | Terminate | Pause | Resume | ChangeEnv
     | ChangeTimeout | ChangeNetwork | TakeCheckpoint | RestoreCheckpoint | DeleteCheckpoint
 )
 
@@ -198,6 +207,7 @@ Decided = (
     | SandboxStarted
     | SandboxMoved
     | SandboxFailed
+    | SandboxDiscarded
     | RuntimeBuildProgress
     | CheckpointCreated
     | CheckpointRestored
@@ -220,6 +230,9 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
     is None where none is recorded: only a ``Create`` goes there."""
     if isinstance(command, Create):
         return _decide_create(sandbox, command)
+    if isinstance(command, Discard):
+        # Nothing recorded, or recorded and not over: ended now (the caller ends it wherever it runs).
+        return [] if sandbox is not None and sandbox.status.is_final else [SandboxDiscarded(reason=command.reason)]
     if sandbox is None:
         raise SandboxNotFound("sandbox not found: nothing but a create is decided before it is recorded")
     match command:
@@ -469,7 +482,7 @@ def evolve_sandbox(sandbox: SandboxState | None, event: Event) -> SandboxState |
 def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
     data, at = event.data, event.created_at
     if isinstance(data, SandboxCreated):
-        return SandboxState(
+        created = SandboxState(
             sandbox_id=event.sandbox_id,
             spec=data.spec,
             status=SandboxStatus.CREATING,
@@ -479,6 +492,19 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             api_key_id=data.api_key_id,
             initial_execution_id=data.initial_execution_id,
         )
+        if sandbox is None:
+            return created
+        if sandbox.unrecorded:
+            # Appended after a survivor ended it (its append began while its replica's lease
+            # held, and landed late): what it records is gone, so it is over from the start.
+            return attrs.evolve(created, status=SandboxStatus.FAILED, discarded=sandbox.discarded,
+                                reason=f"{sandbox.discarded}; its create was recorded only after that")
+        # Recorded already: ``decide`` makes one create per id, so this is the log's own
+        # duplicate (eventlog/kafka.py: a batch resolved after a failed Produce can be written
+        # twice). It changes nothing: an ended sandbox is not made live again.
+        return sandbox
+    if isinstance(data, SandboxDiscarded):
+        return _evolve_discarded(sandbox, event.sandbox_id, data, at)
     if sandbox is None:
         return None  # an event for a sandbox we never saw created: nothing to fold into
     match data:
@@ -503,9 +529,26 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             return _evolve_status(sandbox, data, at)
 
 
+def _evolve_discarded(sandbox: SandboxState | None, sandbox_id: str, data: SandboxDiscarded,
+                      at: str) -> SandboxState:
+    """Nothing recorded: a state that holds only why (``unrecorded``: no reader sees it), for a
+    create that lands late to fold into. Recorded meanwhile (the create landed before the
+    survivor appended this): failed, as it is gone. Over already: as it was."""
+    if sandbox is None:
+        return SandboxState(sandbox_id=sandbox_id, spec=SandboxSpec(runtime="", runtime_id="", org_id=""),
+                            status=SandboxStatus.FAILED, created_at="", updated_at=at, reason=data.reason,
+                            discarded=data.reason)
+    if sandbox.status.is_final:
+        return sandbox
+    return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=data.reason, discarded=data.reason,
+                        running=frozenset(), paused_at=None, terminates_at=None, updated_at=at)
+
+
 def _evolve_status(sandbox: SandboxState, data: EventData, at: str) -> SandboxState:
     """The sandbox's own status events; any other event leaves it as it is."""
     match data:
+        case SandboxStarted() if sandbox.status.is_final:
+            return sandbox  # a start appended after its end (a late append): over is over
         case SandboxStarted(node=node):
             return attrs.evolve(sandbox, status=SandboxStatus.IDLE, node=node, updated_at=at)
         case SandboxMoved(to_node=node):
@@ -562,6 +605,8 @@ def _evolve_checkpoints(
 def _evolve_executions(sandbox: SandboxState, data: ExecutionStarted | ExecutionFinished, at: str) -> SandboxState:
     """An execution starts (the sandbox runs) or finishes (it idles once none runs)."""
     if isinstance(data, ExecutionStarted):
+        if sandbox.status.is_final:  # appended with a late start, after the end: it never ran here
+            return attrs.evolve(sandbox, executions=sandbox.executions + 1, updated_at=at)
         running = sandbox.running | {data.execution_id}
         status = SandboxStatus.RUNNING if sandbox.status in _LIVE else sandbox.status
         return attrs.evolve(sandbox, running=running, executions=sandbox.executions + 1, status=status, updated_at=at)
@@ -604,7 +649,7 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
             output_truncated=data.output_truncated,
             completed_at=at,
         )
-    if isinstance(data, (SandboxTerminated, SandboxFailed)) and not execution.status.is_final:
+    if isinstance(data, (SandboxTerminated, SandboxFailed, SandboxDiscarded)) and not execution.status.is_final:
         # The sandbox ended under a running command (host restart, destroy): it did not finish.
         return attrs.evolve(
             execution,
@@ -613,6 +658,16 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
             completed_at=at,
         )
     return execution
+
+
+def execution_in(sandbox: SandboxState | None, execution: ExecutionState, at: str) -> ExecutionState:
+    """``execution`` as its sandbox (after the same event) allows: one recorded started or queued
+    in a sandbox that is over already (appended with a late create, after a survivor ended the
+    sandbox: ``lifecycle:discarded``) never ran, and is failed with the sandbox's reason."""
+    if sandbox is None or not sandbox.status.is_final or execution.status.is_final:
+        return execution
+    return attrs.evolve(execution, status=ExecutionStatus.FAILED, error=f"sandbox ended: {sandbox.reason}",
+                        completed_at=at)
 
 
 def execution_id_of(event: Event) -> str | None:

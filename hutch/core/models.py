@@ -144,6 +144,15 @@ class SandboxState:
     # the log is kept for ever, so this counts against the organization's storage quota.
     log_bytes: int = 0
     node: str | None = None  # the machine it runs on, as recorded (lifecycle:started, lifecycle:moved)
+    # Set when a survivor ended it as a sandbox no event recorded (lifecycle:discarded): why.
+    discarded: str | None = None
+
+    @property
+    def unrecorded(self) -> bool:
+        """Ended before any event recorded its creation (``lifecycle:discarded`` alone): no spec,
+        no organization. The stores keep it, so that a create appended late lands on it and is
+        failed, and show it to no reader (as if absent) until then."""
+        return self.discarded is not None and not self.created_at
 
 
 @attrs.frozen

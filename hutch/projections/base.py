@@ -30,7 +30,7 @@ import attrs
 
 from hutch.core.errors import NotSupported
 from hutch.core.events import Event, UnreadableRecord
-from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of
+from hutch.core.lifecycle import evolve_execution, evolve_sandbox, execution_id_of, execution_in
 from hutch.core.models import (
     ExecutionState,
     SandboxState,
@@ -264,6 +264,8 @@ def is_tenancy_event(event: Event) -> bool:
 
 def matches(sandbox: SandboxState, q: SandboxQuery) -> bool:
     """The list filters, shared by stores that filter in Python."""
+    if sandbox.unrecorded:  # no reader sees one (SandboxState.unrecorded)
+        return False
     if q.org_id is not None and sandbox.spec.org_id != q.org_id:
         return False
     if q.projects and sandbox.spec.project_id not in q.projects:
@@ -315,6 +317,7 @@ def fold(
     if eid is not None:
         ex = evolve_execution(executions.get(eid), event)
         if ex is not None:
+            ex = execution_in(sandboxes.get(event.sandbox_id), ex, event.created_at)
             if eid not in executions:
                 by_sandbox.setdefault(event.sandbox_id, []).append(eid)
             executions[eid] = ex

@@ -147,7 +147,8 @@ class MemoryProjectionStore(ProjectionStore):
         self._executions.update((ex.execution_id, ex) for ex in executions)
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
-        return self._sandboxes.get(sandbox_id) or self._ended.sandbox(sandbox_id)
+        found = self._sandboxes.get(sandbox_id) or self._ended.sandbox(sandbox_id)
+        return None if found is not None and found.unrecorded else found  # kept for the fold only
 
     async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         found = [s for s in self._sandboxes.values() if matches(s, query)]

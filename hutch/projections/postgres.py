@@ -339,7 +339,8 @@ class PostgresProjectionStore(ProjectionStore):
     async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM sandboxes WHERE sandbox_id = $1", sandbox_id)
-        return _sandbox(row) if row else None
+        found = _sandbox(row) if row else None
+        return None if found is not None and found.unrecorded else found  # kept for the fold only
 
     @_read_once_more
     async def event_bytes(self, org_id: str) -> int:

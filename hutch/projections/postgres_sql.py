@@ -45,7 +45,7 @@ WITH moved AS (
          mode text, project_id text, org_id text, created_at text, updated_at text, log_bytes bigint, doc jsonb)
    WHERE EXISTS (SELECT 1 FROM moved)
   ON CONFLICT (sandbox_id) DO UPDATE SET status = EXCLUDED.status, is_final = EXCLUDED.is_final,
-     name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id,
+     name = EXCLUDED.name, mode = EXCLUDED.mode, project_id = EXCLUDED.project_id, org_id = EXCLUDED.org_id,
      created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, log_bytes = EXCLUDED.log_bytes,
      doc = EXCLUDED.doc
 ), execution_rows AS (
@@ -108,6 +108,8 @@ def where_clause(q: SandboxQuery) -> tuple[list[str], list[Any]]:
 
     if q.org_id is not None:
         where.append(f"org_id = {arg(q.org_id)}")
+    else:  # not one that is only a lifecycle:discarded (SandboxState.unrecorded): no organization
+        where.append("org_id <> ''")
     if q.projects:
         where.append(f"project_id = ANY({arg(list(q.projects))})")
     if q.deleted_only:

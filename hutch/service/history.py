@@ -30,7 +30,7 @@ class History:
         out: list[tuple[Event, SandboxState]] = []
         for event in await self._log.read(0, sandbox_id=sandbox_id):
             state = evolve_sandbox(state, event)
-            if state is not None:
+            if state is not None and not state.unrecorded:  # a lifecycle:discarded before its create: no sandbox yet
                 out.append((event, state))
         return out
 

@@ -202,6 +202,13 @@ class Provisioning:
             if not isinstance(err, Exception):
                 raise
             raise DriverFailure(f"could not start the sandbox: {reason}", sandbox_id=sandbox_id) from err
+        node = self._fleet.node_of(sandbox_id)
+        # For a take-over; not where the Start below records the node: the log says where it
+        # runs (takeover.py), and the row's write was a statement in series on the way to idle.
+        # Before the crash points: a survivor that finds the sandbox unrecorded ends it where
+        # the handle says (a nomad job taken from a warm pool bears no sandbox id in its name).
+        if node is None and self._replicas.shared and (handle := self._adoption.handle(sandbox_id)) is not None:
+            await self._replicas.set_handle(sandbox_id, handle)
         if create is not None:
             await faults.crash_point("create-made-unrecorded")
             if not self._replicas.current():
@@ -212,11 +219,7 @@ class Provisioning:
                     await self._lifecycle.destroy(sandbox_id)
                 raise ReplicaUnavailable(f"replica {self._replicas.me} missed its lease renewals while it made the "
                                          "sandbox, which was ended, not recorded; try again")
-        node = self._fleet.node_of(sandbox_id)
-        # For a take-over; not where the Start below records the node: the log says where it
-        # runs (takeover.py), and the row's write was a statement in series on the way to idle.
-        if node is None and self._replicas.shared and (handle := self._adoption.handle(sandbox_id)) is not None:
-            await self._replicas.set_handle(sandbox_id, handle)
+            await faults.crash_point("create-vouched-unrecorded")
         started = Start(node=node)
         first: tuple[Create | Start, ...] = (started,) if create is None else (create, started)
         recorded: list[bool] = []
@@ -230,6 +233,7 @@ class Provisioning:
                     # refill) need not wait for a hold to lapse. Held until then, sequential creates
                     # found the pool empty: 98 % made from scratch, 7 ms more each (docs/benchmarks.md).
                     self._lifecycle.settled(sandbox_id)
+                await self._refuse_discarded(sandbox_id, create)
                 return
             # Not refused when the organization's storage is full (the sandbox is made already):
             # its output keeps what fits, and says it was cut.
@@ -251,11 +255,28 @@ class Provisioning:
                         await self._recorder.command_many(sandbox_id, first, durable=lambda _p: recorded.append(True),
                                                            minted=create is not None)
                 raise
+            await self._refuse_discarded(sandbox_id, create)
         except BaseException:
             if create is not None and not recorded:  # the log never had it: nobody can reach it
                 with contextlib.suppress(Exception):
                     await self._lifecycle.destroy(sandbox_id)
             raise
+
+    async def _refuse_discarded(self, sandbox_id: str, create: Create | None) -> None:
+        """A create recorded with its start (made first: ``create``) whose append landed after
+        this replica's lease lapsed and a survivor ended the sandbox (``lifecycle:discarded``,
+        service/takeover.py): the log folded it failed, as it is gone; the client is told so,
+        not handed a sandbox that does not run. What of it may be left here is ended too."""
+        if create is None:
+            return
+        sb = await self._reads.sandbox(sandbox_id)  # its own: folded here, no store read on the way
+        if sb is None or sb.discarded is None:
+            return
+        with contextlib.suppress(Exception):
+            await self._lifecycle.destroy(sandbox_id)
+        raise ReplicaUnavailable(f"sandbox {sandbox_id} was ended, not made: replica {self._replicas.me} recorded it "
+                                 "only after its lease lapsed and another replica took it over (it is recorded "
+                                 f"failed: {sb.reason}); try again", sandbox_id=sandbox_id)
 
     async def _build_then_start(self, sandbox_id: str, req: CreateRequest, execution_id: str | None) -> None:
         spec = req.spec

@@ -16,7 +16,7 @@ import attrs
 from hutch.core import phases, tenancy
 from hutch.core.errors import ExecutionNotFound, InvalidInput, SandboxNotFound
 from hutch.core.eventlog.base import EventLog
-from hutch.core.events import Event, SandboxCreated
+from hutch.core.events import Event, SandboxCreated, SandboxDiscarded
 from hutch.core.models import ExecutionState, SandboxState, SandboxStatus
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, visible
 from hutch.projections.base import ProjectionStore, SandboxQuery, fold
@@ -31,6 +31,7 @@ MAX_WAIT_SECONDS = 300.0  # the longest a long-poll is held (the client asks for
 CREATING_WAIT_SECONDS = 60.0
 ENDED_KEPT = 1024  # ended sandboxes still folded (``Reads.observe``), the oldest dropped first
 ENDED_EXECUTIONS_KEPT = 4096  # ended executions of folded sandboxes kept, the oldest dropped first
+DISCARDS_KEPT = 1024  # lifecycle:discarded of sandboxes no event recorded, kept for a create landing late
 
 
 class Reads:
@@ -62,6 +63,10 @@ class Reads:
         self._ended_runs: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> its sandbox
         self.ended_executions_kept = ENDED_EXECUTIONS_KEPT
         self._folded_to = 0  # the last log position folded: a re-applied batch folds once
+        # A survivor's lifecycle:discarded of a sandbox no event recorded yet (service/takeover.py),
+        # rare: this process's own create of it may land after it (an append that began while its
+        # lease held), and is folded onto it, failed, as the stores fold it.
+        self._discards: collections.OrderedDict[str, Event] = collections.OrderedDict()
         projector.observers.append(self.observe)
 
     # ---------------------------------------------------------------- own sandboxes
@@ -86,11 +91,17 @@ class Reads:
                 continue
             self._folded_to = max(self._folded_to, position)
             sandbox_id = event.sandbox_id
+            if isinstance(event.data, SandboxDiscarded) and sandbox_id not in self._folded:
+                self._discards[sandbox_id] = event
+                while len(self._discards) > DISCARDS_KEPT:
+                    self._discards.popitem(last=False)
             if sandbox_id not in self._mine:
                 continue
             before = self._folded.get(sandbox_id)
             if before is None and not isinstance(event.data, SandboxCreated):
                 continue
+            if before is None and (discard := self._discards.pop(sandbox_id, None)) is not None:
+                fold(self._folded, self._executions, self._runs, discard)  # its create lands on it
             try:
                 # The stores' own fold (projections/base.py), its executions with it. An
                 # unreadable record is one the store steps over (fold raises on it), and the

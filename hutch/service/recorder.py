@@ -36,7 +36,15 @@ from hutch.core.events import (
     decode,
     encoded,
 )
-from hutch.core.lifecycle import ChangeEnv, Command, Create, StartExecution, decide, decide_in_turn
+from hutch.core.lifecycle import (
+    ChangeEnv,
+    Command,
+    Create,
+    Discard,
+    StartExecution,
+    decide,
+    decide_in_turn,
+)
 from hutch.core.models import SandboxState
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -142,6 +150,18 @@ class Recorder:
                 if creates:
                     self._reads.disown(sandbox_id)
                 raise
+
+    async def discard(self, sandbox_id: str, reason: str) -> list[Event]:
+        """Record that a sandbox no event records (its replica was lost before appending its
+        create) is ended, before it is (service/takeover.py): a create of it that lands later
+        is then folded ``failed`` with ``reason``, never live (core.lifecycle). Decided against
+        the store as it is: a create that landed meanwhile is failed by it."""
+        async with self.lock(sandbox_id):
+            events = decide(await self._store.get_sandbox(sandbox_id), Discard(reason))
+            try:
+                return await self._append(sandbox_id, events)
+            finally:
+                self._owners.pop(sandbox_id, None)  # no organization yet: not remembered as none
 
     async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:

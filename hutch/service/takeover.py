@@ -50,8 +50,14 @@ class Takeover:
             # before the make. Nobody can reach it through the API and nobody will record it
             # (the claim found its replica's lease lapsed, and a replica appends a made one only
             # while its lease holds): ended wherever it runs, not left holding a node's room.
+            # Recorded ended first: an append of its create that began while that lease held
+            # can still land (a replica frozen mid-append), and must not make it live again.
             log.warning("sandbox %s: no event records it and %s; ending it wherever it runs", sandbox_id, why)
-            await self._adoption.discard_unrecorded(sandbox_id, handle or {})
+            try:
+                await self._recorder.discard(sandbox_id, f"{why} before it recorded the sandbox, which the "
+                                                         "replica that took it over ended")
+            finally:  # the log away: ended all the same (the error is logged); a late create is then unguarded
+                await self._adoption.discard_unrecorded(sandbox_id, handle or {})
             return False
         if sb.status.is_final:
             return False

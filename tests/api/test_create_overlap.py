@@ -154,3 +154,44 @@ async def test_a_replica_whose_lease_may_have_lapsed_records_no_sandbox_it_made(
     assert seen == ["provision", "provisioned"], seen  # made, then nothing appended
     assert await lifecycle.alive() == before
     assert (await api.data("GET", "/sandbox"))["sandboxes"] == []
+
+
+@pytest.mark.parametrize("body", [{}, {"command": {"exec": ["echo", "hi"], "mode": "oneshot"}}],
+                         ids=["idle", "oneshot"])
+async def test_a_create_recorded_after_a_survivor_discarded_it_is_answered_failed_not_made(
+        api: Api, monkeypatch: pytest.MonkeyPatch, body: dict[str, object]) -> None:
+    """A replica's append of a sandbox it made lands after a survivor recorded that sandbox
+    ended (``lifecycle:discarded``: its lease lapsed meanwhile, service/takeover.py). The log
+    folds the sandbox failed with the survivor's reason, its command failed unrun; the client
+    is answered 503 saying so, not handed a sandbox that is gone, and nothing of it is left."""
+    from hutch.core import ids
+    from hutch.core.events import SandboxDiscarded, encoded
+
+    engine = api.client.server.app[ENGINE]
+    log, lifecycle = engine.recorder._log, engine.provisioning._lifecycle
+    before = await lifecycle.alive()
+    append = log.append
+    why = "the replica running it (r9) was lost before it recorded the sandbox, which the replica that took it over ended"
+
+    async def survivor_first(events: Sequence[Event | Encoded]) -> list[int]:
+        first = events[0].event if isinstance(events[0], Encoded) else events[0]
+        if first.type == "create":
+            discard = Event(ids.new_id("event"), first.sandbox_id, first.created_at, SandboxDiscarded(reason=why))
+            await append([encoded(discard)])
+        return await append(events)
+
+    monkeypatch.setattr(log, "append", survivor_first)
+    err = await api.call("POST", "/sandbox", json=body, expect=503)
+    assert err["code"] == "REPLICA_UNAVAILABLE" and "was ended, not made" in err["message"] and why in err["message"]
+    sid = err["message"].split()[1]
+    sb = await api.data("GET", f"/sandbox/{sid}")
+    assert sb["status"] == "failed" and why in sb["reason"], sb
+    executions = (await api.data("GET", f"/sandbox/sandboxes/{sid}/executions"))["executions"]
+    assert all(ex["status"] == "failed" for ex in executions), executions
+    assert len(executions) == (1 if body else 0)
+    events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events"))["events"]
+    assert [e["type"] for e in events][:3] == ["lifecycle:discarded", "create", "lifecycle:started"], events
+    assert events[0]["event"] == {"reason": why}
+    history = await api.data("GET", f"/sandbox/sandboxes/{sid}/history")
+    assert history, history  # the timeline starts at its create: the discard alone is no sandbox
+    assert await lifecycle.alive() == before

@@ -14,6 +14,7 @@ from hutch.core.events import (
     ExecutionFinished,
     ExecutionStarted,
     SandboxCreated,
+    SandboxDiscarded,
     SandboxEnvChanged,
     SandboxStarted,
     SandboxTerminated,
@@ -139,6 +140,65 @@ async def test_terminating_a_sandbox_ends_its_running_executions(store: Projecti
                        log("sbx_1", SandboxTerminated(reason="host restarted"))])
     ex = await store.get_execution("exec_1")
     assert ex is not None and ex.status is ExecutionStatus.CANCELLED and "host restarted" in (ex.error or "")
+
+
+LOST = "the replica running it (r1) was lost before it recorded the sandbox, which the replica that took it over ended"
+
+
+@pytest.mark.parametrize("one_batch", [False, True], ids=["apart", "one-batch"])
+async def test_a_create_appended_after_its_sandbox_was_discarded_is_failed_not_live(
+        store: ProjectionStore, one_batch: bool) -> None:
+    """A survivor recorded a sandbox no event recorded as ended (lifecycle:discarded); then the
+    lost replica's append of its create, start and command lands (it began while that replica's
+    lease held). The sandbox is failed with the survivor's reason, its command never ran; until
+    the create lands nobody sees it (it has no organization)."""
+    log = Log()
+    discard = log("sbx_1", SandboxDiscarded(reason=LOST))
+    late = [log("sbx_1", created("late")), log("sbx_1", SandboxStarted(node="n1")),
+            log("sbx_1", ExecutionStarted("exec_1", ("echo", "hi")))]
+    if not one_batch:
+        await store.apply([discard])
+        assert await store.get_sandbox("sbx_1") is None
+        for q in (SandboxQuery(include_deleted=True), SandboxQuery(org_id="org_local", include_deleted=True),
+                  SandboxQuery(status="failed")):
+            assert await store.list_sandboxes(q) == ([], 0), q
+        assert await store.event_bytes("org_local") == 0
+        assert await store.position() == 1
+    await store.apply(late if not one_batch else [discard, *late])
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.status is SandboxStatus.FAILED, sb
+    assert LOST in (sb.reason or "") and sb.discarded == LOST and sb.running == frozenset()
+    assert sb.spec.name == "late" and sb.spec.org_id == "org_local"
+    ex = await store.get_execution("exec_1")
+    assert ex is not None and ex.status is ExecutionStatus.FAILED and LOST in (ex.error or ""), ex
+    assert [s.sandbox_id for s in (await store.list_sandboxes(SandboxQuery(org_id="org_local")))[0]] == ["sbx_1"]
+    assert [s.sandbox_id for s in (await store.list_sandboxes(SandboxQuery(live=True)))[0]] == []
+    # The late append written twice (the Kafka log's duplicate): still over.
+    await store.apply([log("sbx_1", created("late")), log("sbx_1", SandboxStarted(node="n1"))])
+    dup = await store.get_sandbox("sbx_1")
+    assert dup is not None and dup.status is SandboxStatus.FAILED and dup.reason == sb.reason
+    # Discarded again (a second survivor's claim): over is over.
+    await store.apply([log("sbx_1", SandboxDiscarded(reason="again"))])
+    again = await store.get_sandbox("sbx_1")
+    assert again is not None and again.status is SandboxStatus.FAILED and again.reason == sb.reason
+
+
+async def test_a_discard_after_the_create_landed_fails_the_sandbox_and_its_commands(store: ProjectionStore) -> None:
+    """The create landed after the survivor looked and before its lifecycle:discarded: the
+    sandbox it ends is failed with its reason, and so is the command that ran in it."""
+    log = Log()
+    await store.apply([log("sbx_1", created()), log("sbx_1", SandboxStarted()),
+                       log("sbx_1", ExecutionStarted("exec_1", ("sleep", "9")))])
+    await store.apply([log("sbx_1", SandboxDiscarded(reason=LOST))])
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.status is SandboxStatus.FAILED and sb.reason == LOST and sb.running == frozenset()
+    ex = await store.get_execution("exec_1")
+    assert ex is not None and ex.status is ExecutionStatus.FAILED and LOST in (ex.error or "")
+    # One that ended already stays as it ended.
+    await store.apply([log("sbx_2", created()), log("sbx_2", SandboxStarted()),
+                       log("sbx_2", SandboxTerminated(reason="done")), log("sbx_2", SandboxDiscarded(reason=LOST))])
+    ended = await store.get_sandbox("sbx_2")
+    assert ended is not None and ended.status is SandboxStatus.TERMINATED and ended.reason == "done"
 
 
 async def test_list_filters_sorts_and_pages(store: ProjectionStore) -> None:

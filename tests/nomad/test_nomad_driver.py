@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hutch.core.errors import RuntimeNotFound
-from hutch.drivers.base import ExecRequest
+from hutch.drivers.base import ExecRequest, ResourceLimits
 from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id, provision, start_nomad
 
@@ -390,3 +390,45 @@ async def test_without_an_agent_binary_the_capabilities_say_no_helpers(tmp_path:
         for sid in await driver.alive():
             await driver.destroy(sid)
         await driver.close()
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["named", "pool-entry"])
+async def test_a_job_a_lost_replica_placed_and_never_recorded_is_stopped_and_purged(tmp_path: Path,
+                                                                                    pooled: bool) -> None:
+    """Another replica placed a sandbox and was lost before recording it (issue 35): the
+    survivor's take-over finds its job (by the name hutch gives it, whichever replica placed
+    it; one taken from a warm pool through the owner row's handle), stops it and purges it.
+    The lost replica's other sandbox, recorded, is left alone."""
+    from hutch.drivers.nomad.client import NomadNotFound
+
+    lost = await start_nomad(tmp_path / "a", **({"pool_sizes": {"base:latest": 1}} if pooled else {}))
+    survivor: NomadDriver | None = None
+    assert isinstance(lost, NomadDriver)
+    try:
+        if pooled:
+            await wait_for(lambda: lost.pool_metrics()["pools"]["base:latest"]["ready"] == 1)
+        sid = await provision(lost)
+        assert (lost.pool_metrics()["claims"] == 1) is pooled
+        job_id, alloc_id = lost._sandboxes[sid].job_id, lost._sandboxes[sid].alloc_id
+        assert (sid in job_id) is not pooled
+        handle = lost.handle(sid) if pooled else {}
+        assert handle is not None
+        other = await provision(lost, resources=ResourceLimits(memory_bytes=128 * 2**20))  # never pooled
+        kept = lost._sandboxes[other]
+        await lost.close()  # the replica is gone; its jobs run on
+        started = await start_nomad(tmp_path / "b")
+        assert isinstance(started, NomadDriver)
+        survivor = started
+        await survivor.discard_unrecorded(sid, handle)
+        assert not [j for j in await asyncio.to_thread(_jobs, job_id) if j["ID"] == job_id], "the job was not purged"
+        with pytest.raises(NomadNotFound):  # stopped, then collected: its task is gone
+            await survivor._client.allocation(alloc_id)
+        assert await survivor._alloc_running(kept.job_id, kept.alloc_id)
+        await survivor.discard_unrecorded(sid, handle)  # a second claim finds nothing: no error
+    finally:
+        if survivor is not None:
+            await survivor.close()
+        again = await start_nomad(tmp_path / "a")  # adopts what it left, and it goes
+        for s in list(again._sandboxes):  # type: ignore[attr-defined]
+            await again.destroy(s)
+        await again.close()

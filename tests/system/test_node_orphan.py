@@ -4,11 +4,14 @@ leaves the agent holding a sandbox no event records. Once the dead replica's lea
 surviving replica that takes its sandboxes over ends it on its node, and nothing of it is left
 on the host (process, cgroup, mount, loop device, network namespace, veth, iptables chain). A
 live replica's create on its way to the log is left to it, by the take-over and by a replica
-starting meanwhile (its recovery)."""
+starting meanwhile (its recovery). An append that began while the lease held and lands after a
+survivor ended the sandbox records it failed, naming why, never live, and its client is told so."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 import urllib.error
@@ -127,5 +130,80 @@ def test_a_live_replicas_create_on_its_way_to_the_log_is_left_to_it(
                 with contextlib.suppress(Exception):
                     s.destroy_every_sandbox()
                 s.stop()
+        agents.stop()
+        agents.reap()
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): its state in /proc is T."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    return False
+
+
+def test_an_append_landing_after_a_survivor_ended_the_sandbox_records_it_failed(
+        tmp_path: Path, built_runtimes: Path, shared: Callable[[], dict[str, str]]) -> None:  # noqa: F811
+    """The replica vouched for its lease, then froze whole (SIGSTOP: its renewals too) before its
+    append: the lease lapses, a survivor claims the sandbox no event records and ends it on its
+    node. Then the frozen replica resumes and its append lands: the sandbox is recorded
+    ``failed`` with the survivor's reason (not ``idle``: it is gone), and the client that waited
+    on the append is answered an error naming why."""
+    require_root()
+    agents = NodeAgents(tmp_path / "nodes", env={"HUTCH_WARM_POOL": "0"})
+    env = {"HUTCH_NODE_SECRET": NODE_SECRET, "HUTCH_NODE_AGENTS": agents.spec, **shared()}
+    survivor = Server(tmp_path / "b", driver="node", **env).start()
+    frozen = Server(tmp_path / "a", driver="node", HUTCH_CRASH_AT="create-vouched-unrecorded:stop", **env).start()
+    try:
+        before = _on_nodes(agents)
+        answer: list[Any] = []
+
+        def create() -> None:
+            try:
+                answer.append(frozen.call("POST", "/sandbox", SPEC, timeout=120))
+            except (ConnectionError, urllib.error.URLError) as err:
+                answer.append(err)
+
+        creating = threading.Thread(target=create)
+        creating.start()
+        assert frozen.proc is not None
+        deadline = time.monotonic() + 30
+        while not _stopped(frozen.proc.pid):
+            assert time.monotonic() < deadline, "the replica did not stop at its append within 30 s"
+            time.sleep(0.1)
+        stopped = time.monotonic()
+        orphans = [(name, sid) for name, sids in _on_nodes(agents).items() for sid in sids - before[name]]
+        assert len(orphans) == 1, orphans
+        node, orphan = orphans[0]
+        node_dir = agents.root / node
+        while orphan in host_traces.look(node_dir).sandboxes:
+            assert time.monotonic() - stopped < ENDED_WITHIN, f"{orphan} was not ended by the survivor"
+            time.sleep(0.5)
+        os.kill(frozen.proc.pid, signal.SIGCONT)  # its append goes on, and lands late
+        creating.join(120)
+        assert answer, "the create was never answered"
+        deadline = time.monotonic() + 20
+        while (found := survivor.call("GET", f"/sandbox/{orphan}?includeDeleted=true"))[0] == 404:
+            assert time.monotonic() < deadline, f"the late append never landed; the create's answer: {answer[0]}"
+            time.sleep(0.2)
+        status, body = found
+        assert status == 200, found
+        sb = body["data"]
+        assert sb["status"] == "failed", f"recorded {sb['status']}, but it is gone from {node}: {sb}"
+        assert "was lost" in sb.get("reason", "") and "ended" in sb.get("reason", ""), sb
+        late = answer[0]
+        print(f"recorded late: {sb['status']} ({sb['reason']}); the client was answered {late}")
+        assert isinstance(late, tuple), f"the client got no answer: {late!r}"
+        code, reply = late
+        assert code == 503, late
+        assert reply["code"] == "REPLICA_UNAVAILABLE" and "ended" in reply["message"], reply
+        assert orphan not in host_traces.look(node_dir).sandboxes
+    finally:
+        if frozen.proc is not None and frozen.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.kill(frozen.proc.pid, signal.SIGCONT)
+        with contextlib.suppress(Exception):
+            survivor.destroy_every_sandbox()
+        for s in (frozen, survivor):
+            s.stop()
         agents.stop()
         agents.reap()

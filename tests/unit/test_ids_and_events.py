@@ -38,7 +38,7 @@ def test_ids_sort_by_time(a: int, b: int) -> None:
 def test_event_type_names_are_stable() -> None:
     # These strings are on the wire and in stored logs: changing one breaks both.
     assert set(EVENT_TYPES) == {
-        "create", "runtime:build", "destroy", "lifecycle:started", "lifecycle:moved", "lifecycle:failed", "lifecycle:completed",
+        "create", "runtime:build", "destroy", "lifecycle:started", "lifecycle:moved", "lifecycle:failed", "lifecycle:discarded", "lifecycle:completed",
         "lifecycle:terminated", "pause", "resume", "env", "timeout", "network", "checkpoint", "checkpoint:restored", "checkpoint:deleted", "execution:started", "execution:finished",
         "snapshot", "snapshot:finalized", "snapshot:tagged", "snapshot:deleted",
         "org:created", "org:quota", "project:created", "key:created", "key:revoked", "sshkey:added", "sshkey:removed",

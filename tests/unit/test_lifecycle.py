@@ -14,6 +14,7 @@ from hutch.core.lifecycle import (
     Command,
     Create,
     Destroy,
+    Discard,
     Fail,
     FinishExecution,
     Move,
@@ -279,3 +280,21 @@ def test_a_timeout_counted_from_its_setting_moves_only_when_set_or_resumed() -> 
     assert sb.status is SandboxStatus.IDLE and sb.timeout_set_at == "2026-01-01T00:00:07.000Z"
     idle = at(1, None, Create(spec=SandboxSpec(runtime="base:latest", runtime_id="srt", timeout=TimeoutSpec(idle="5s"))))
     assert at(2, idle, ChangeTimeout("9s")).timeout_set_at is None
+
+
+def test_a_discard_is_decided_against_nothing_and_is_final() -> None:
+    """A survivor ends a sandbox no event records (service/takeover.py): decided against nothing,
+    it leaves a state no reader sees; a create and start folded onto it (a late append, decided
+    by its replica against nothing too) stay failed with its reason."""
+    [discarded] = decide(None, Discard("lost"))
+    gone = fold(None, [discarded])
+    assert gone.unrecorded and gone.status is SandboxStatus.FAILED and gone.reason == "lost"
+    late = decide_in_turn(None, [Create(spec=SandboxSpec(runtime="base:latest", runtime_id="srt")), Start(node="n1"),
+                                 StartExecution("exec_1", ("ls",))], "sbx_1")
+    sb = fold(gone, late)
+    assert not sb.unrecorded and sb.status is SandboxStatus.FAILED and sb.discarded == "lost"
+    assert "lost" in (sb.reason or "") and sb.running == frozenset() and sb.node is None
+    assert decide(sb, Discard("again")) == []  # over is over
+    live = step(new(), Start())
+    ended = step(live, Discard("lost"))
+    assert ended.status is SandboxStatus.FAILED and ended.reason == "lost" and not ended.unrecorded

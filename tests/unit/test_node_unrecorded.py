@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -30,14 +31,26 @@ SECRET = b"k" * 40
 
 
 class _Adoption:
-    def __init__(self) -> None:
+    def __init__(self, done: list[str]) -> None:
         self.discarded: list[tuple[str, dict[str, str]]] = []
+        self.done = done
 
     async def adopt(self, sandbox: Any, handle: dict[str, str]) -> bool:
         raise AssertionError("a sandbox no event records is not adopted")
 
     async def discard_unrecorded(self, sandbox_id: str, handle: dict[str, str]) -> None:
         self.discarded.append((sandbox_id, handle))
+        self.done.append("ended")
+
+
+class _Recorder:
+    def __init__(self, done: list[str]) -> None:
+        self.reasons: list[tuple[str, str]] = []
+        self.done = done
+
+    async def discard(self, sandbox_id: str, reason: str) -> None:
+        self.reasons.append((sandbox_id, reason))
+        self.done.append("recorded")
 
 
 async def test_a_taken_over_sandbox_no_event_records_is_ended() -> None:
@@ -52,16 +65,21 @@ async def test_a_taken_over_sandbox_no_event_records_is_ended() -> None:
     async def get_sandbox(sandbox_id: str) -> None:
         return None  # the dead replica's append never came
 
-    adoption, n = _Adoption(), cast(Any, None)
+    done: list[str] = []
+    adoption, recorder, n = _Adoption(done), _Recorder(done), cast(Any, None)
     takeover = Takeover(log=cast(Any, SimpleNamespace(last_position=last_position)),
                         store=cast(Any, SimpleNamespace(get_sandbox=get_sandbox)),
-                        projector=cast(Any, SimpleNamespace(wait_for=wait_for)), reads=n, recorder=n, control=n,
-                        reaper=n, lifecycle=n, adoption=cast(Any, adoption))
+                        projector=cast(Any, SimpleNamespace(wait_for=wait_for)), reads=n,
+                        recorder=cast(Any, recorder), control=n, reaper=n, lifecycle=n, adoption=cast(Any, adoption))
     kept = await takeover.adopt("sbx_orphan", None, "the replica running it (r1) was lost")
     assert kept is False  # its owner row goes
     # Judged on the whole log: the dead replica's last append, had it landed, would be seen.
     assert waited == [41]
     assert adoption.discarded == [("sbx_orphan", {})]
+    # Recorded ended before it is ended: an append of its create that lands late cannot make it live.
+    assert done == ["recorded", "ended"]
+    [(sid, reason)] = recorder.reasons
+    assert sid == "sbx_orphan" and "(r1) was lost" in reason and "ended" in reason
 
 
 def _closed_port() -> int:
@@ -163,3 +181,31 @@ async def test_an_agents_destroy_waits_for_a_create_under_way(aiohttp_client, tm
     driver.go.set()
     await asyncio.gather(create, destroy)
     assert driver.live == set()  # made, then ended: not made after the destroy and left
+
+
+async def test_an_unrecorded_sandbox_is_ended_even_when_its_end_cannot_be_recorded() -> None:
+    """The log away during the take-over: the sandbox is ended all the same (left running it
+    would hold a node's room with nobody able to reach it), and the failure is raised."""
+    done: list[str] = []
+
+    async def failing_discard(sandbox_id: str, reason: str) -> None:
+        raise ConnectionError("the log is away")
+
+    async def last_position() -> int:
+        return 0
+
+    async def wait_for(position: int) -> None:
+        pass
+
+    async def get_sandbox(sandbox_id: str) -> None:
+        return None
+
+    adoption, n = _Adoption(done), cast(Any, None)
+    takeover = Takeover(log=cast(Any, SimpleNamespace(last_position=last_position)),
+                        store=cast(Any, SimpleNamespace(get_sandbox=get_sandbox)),
+                        projector=cast(Any, SimpleNamespace(wait_for=wait_for)), reads=n,
+                        recorder=cast(Any, SimpleNamespace(discard=failing_discard)), control=n, reaper=n,
+                        lifecycle=n, adoption=cast(Any, adoption))
+    with pytest.raises(ConnectionError):
+        await takeover.adopt("sbx_orphan", None, "the replica running it (r1) was lost")
+    assert done == ["ended"]

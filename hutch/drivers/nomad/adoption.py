@@ -5,6 +5,7 @@ placed is adopted when this replica takes it over (core/replicas.py, api/replica
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -81,6 +82,25 @@ class NomadAdoption:
             return False
         return alloc.get("JobID") == job_id and alloc.get("ClientStatus") in LIVE \
             and alloc.get("DesiredStatus") == "run"
+
+    async def discard_unrecorded(self, sandbox_id: str, handle: dict[str, str]) -> None:
+        """End a sandbox a lost replica placed and never recorded: its job is named
+        ``hutch-<that replica's instance>-<sandbox id>`` (provision), so it is found by name
+        among hutch's jobs whichever replica placed it, stopped (its task gone) and purged. One
+        made from a warm pool entry keeps the entry's job name: found through ``handle`` (the
+        owner row's, written before the create is recorded), else left to its replica's
+        restart (recovery). Nothing when no job is found."""
+        named = re.compile(r"hutch-[0-9a-f]{8}-" + re.escape(sandbox_id))
+        jobs = {j["ID"] for j in await self._client.jobs("hutch-") if named.fullmatch(str(j.get("ID", "")))}
+        if handle.get("job_id"):
+            jobs.add(handle["job_id"])
+        for job_id in sorted(jobs):
+            try:
+                allocs = await self._client.job_allocations(job_id)
+            except NomadNotFound:
+                continue
+            live = [a["ID"] for a in allocs if a.get("ClientStatus") in LIVE] or [a["ID"] for a in allocs]
+            await self._stop_job(job_id, live[0] if live else None)
 
     def handle(self, sandbox_id: str) -> dict[str, str] | None:
         sb = self._sandboxes.get(sandbox_id)
