@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +15,8 @@ from hutch.api.keys import BODY_CHECK, CONFIG, STILL_AUTHORIZED
 from hutch.core import phases
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_duration
+
+log = logging.getLogger(__name__)
 
 
 def ok(data: Any = None, *, http_status: int = 200, top: dict[str, Any] | None = None) -> web.Response:
@@ -216,6 +219,11 @@ async def stream(request: web.Request, chunks: AsyncIterator[bytes], content_typ
     The first chunk is pulled before answering, so an error raised on the way in (a missing
     file) is still a JSON 4xx. With ``content_length`` (a stored archive whose size is known)
     the answer says it; otherwise it is chunked. The source is closed however the answer ends.
+
+    An error once the answer has begun cuts the connection (ConnectionResetError: aiohttp
+    closes it, and the client sees a transfer cut short). Let through, the envelope
+    middleware answered it with a JSON 500 written into the body already under way: a
+    client waited on a chunk that never came (a 1 MiB read on the cluster, 120 s, 5 runs in 15).
     """
     try:
         first = await anext(chunks, b"")
@@ -225,10 +233,17 @@ async def stream(request: web.Request, chunks: AsyncIterator[bytes], content_typ
         else:
             resp.content_length = content_length
         await resp.prepare(request)
-        if first:
-            await resp.write(first)
-        async for chunk in chunks:
-            await resp.write(chunk)
+        try:
+            if first:
+                await resp.write(first)
+            async for chunk in chunks:
+                await resp.write(chunk)
+        except ConnectionResetError:
+            raise
+        except Exception as err:  # whatever it was, the answer cannot carry it now
+            why = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+            log.warning("%s %s: the answer was cut short after it began: %s", request.method, request.path, why)
+            raise ConnectionResetError(f"the answer was cut short: {why}") from err
         await resp.write_eof()
     finally:  # a client gone mid-answer must not leave the source (a driver read, a blob) open
         aclose = getattr(chunks, "aclose", None)

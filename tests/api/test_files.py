@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import tarfile
 import zipfile
 
+import aiohttp
 import pytest
 
 from tests.api.conftest import AUTH, NODE, REAL, STORE, WIRE, Api
@@ -214,3 +216,27 @@ async def test_checkpoints_restore_exact_state_with_a_parent_chain(api: Api) -> 
     assert types.count("checkpoint") == 3 and "checkpoint:restored" in types and "checkpoint:deleted" in types
     await api.call("DELETE", f"/sandbox/{sid}")
     await api.call("GET", f"/sandbox/checkpoints/{sid}", expect=404)
+
+
+@pytest.mark.runs_on("local-embedded")  # a driver read that fails once its answer has begun
+async def test_a_read_that_fails_half_way_cuts_its_answer(api: Api) -> None:
+    """The sandbox destroyed while its 64 MiB file is being read: the transfer is cut short (the
+    client sees it broken, at once), never answered with an error written into the body already
+    under way, which left the client waiting for the rest (120 s on the cluster)."""
+    sid = await new_sandbox(api)
+    done = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", "head -c 67108864 /dev/zero > big"]})
+    assert (await api.wait_execution(done["executionId"]))["exitCode"] == 0
+    resp = await api.client.get(f"/fs/{sid}?path=big", headers=AUTH)
+    assert resp.status == 200
+    await resp.content.readexactly(65536)  # under way, the rest held back by this reader
+    await api.call("DELETE", f"/sandbox/{sid}")
+
+    async def rest() -> int:
+        n = 0
+        while chunk := await resp.content.read(1 << 20):
+            n += len(chunk)
+            assert b"success" not in chunk, chunk[-300:]  # no JSON answer inside the body
+        return n
+
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await asyncio.wait_for(rest(), 20)  # cut at once: without the cut, this waited the 20 s out

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.api.conftest import REAL, STORE, Api
+from tests.api.conftest import AUTH, REAL, STORE, Api
 
 
 async def new_sandbox(api: Api, **body: object) -> str:
@@ -223,7 +223,14 @@ async def test_a_paused_timeout_ends_the_frozen_commands_too(api: Api) -> None:
     """A sandbox paused with a command running, ended at its paused timeout: the frozen
     command ends with it (cancelled), nothing left hanging."""
     sid = await new_sandbox(api, timeout={"paused": "1s"})
-    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "60"]})
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sh", "-c", "touch started; exec sleep 60"]})
+    # Running before the pause: the execute answers once the start is recorded, and a pause that
+    # froze the sandbox before the command was launched ended it with no execution:finished of
+    # its own (4 runs in 40) instead of frozen while it ran.
+    deadline = time.monotonic() + 10
+    while (await api.client.get(f"/fs/{sid}?path=started", headers=AUTH)).status != 200:
+        assert time.monotonic() < deadline, "the command did not start within 10 s"
+        await asyncio.sleep(0.02)
     await api.call("POST", f"/sandbox/{sid}/pause")
     status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=10000")
     assert status["status"] == "terminated"

@@ -56,7 +56,8 @@ async def run_command(agents: ExecAgents, client: NomadClient, sb: NomadSandbox,
     # ignore: run_tagged's Emit takes any str, but it only ever emits "stdout"/"stderr".
     # After an agent failed (a rare path, often under pressure) the output is checked against the
     # plugin's count: one alloc exec more, and no tail lost to Nomad's stream.
-    return await run_tagged(client, sb.alloc_id, TASK, argv, envelope["tag"], stdin=req.stdin,
+    # No stdin (its envelope says noStdin): nothing is sent, not even the close (NomadClient.exec).
+    return await run_tagged(client, sb.alloc_id, TASK, argv, envelope["tag"], stdin=req.stdin or None,
                             on_output=sink.write, stop=stop, kill=kill, verify=fell_back)  # type: ignore[arg-type]
 
 

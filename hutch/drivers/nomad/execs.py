@@ -7,6 +7,11 @@ the last output are passed on. The plugin keeps how each tagged exec ended (exit
 of each stream with byte counts: containerd-driver/exits.go) and hands it out through its
 ``{"exit": tag}`` verb; ``run_tagged`` counts what it received and takes the rest from there.
 Commands and file operations (a write that meets ENOSPC mid-upload) both run through it.
+
+The same handler drops the stream without a word (``StreamLost``) for other reasons too (any
+frame of ours reaching Nomad's client after the exec ended; a broken connection). A command
+is never run again for it: its end comes from the plugin's record, or, with none, it is killed
+by its tag and the caller is told so. A plugin verb starts no process and is asked again.
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any
 
 from hutch.core.errors import HutchError, InvalidInput, SandboxNotFound
-from hutch.drivers.nomad.client import ExecFailed, NomadClient
+from hutch.drivers.nomad.client import ExecFailed, NomadClient, StreamLost
 from hutch.drivers.nomad.jobs import HOME
 
 log = logging.getLogger(__name__)
 
 ENVELOPE = "hutch-exec:v1"
 Emit = Callable[[str, bytes], Awaitable[None] | None]
+VERB_TRIES = 3  # a plugin verb whose stream Nomad lost is asked again (it starts no process)
 
 
 async def noop() -> None:
@@ -70,12 +76,19 @@ async def run_tagged(client: NomadClient, alloc_id: str, task: str, argv: Sequen
 
     try:
         code = await client.exec(alloc_id, task, argv, stdin=stdin, on_output=counted, stop=stop, kill=kill)
-    except ExecFailed:
-        if stdin is None:  # nothing in flight: not this race
-            raise
+    except ExecFailed as err:
+        # A stream lost without a word (StreamLost), or one cut with a reason while stdin still
+        # streamed in: the command may have ended, and only the plugin knows. Never run again
+        # from here: it may have done its work, or part of it, already.
+        if stdin is None and not isinstance(err, StreamLost):
+            raise  # refused, in Nomad's words
         end = await _end_of(client, alloc_id, task, tag)
         if end is None:
-            raise
+            if not isinstance(err, StreamLost):
+                raise
+            await kill()  # no record of its end: it runs on, or was starting; nothing of it is left running
+            raise StreamLost(f"{err.reason}; the plugin has no record of the command's end, so it may have run "
+                             "in part: it was stopped, and is not run again") from err
         log.info("exec %s: Nomad cut its stream; its end came from the plugin", tag)
         await _emit_missing(end, tag, received, on_output, strict=verify)
         return int(end["exitCode"])
@@ -100,8 +113,22 @@ async def recover(client: NomadClient, alloc_id: str, task: str, tag: str, recei
 
 
 async def plugin_verb(client: NomadClient, alloc_id: str, task: str, verb: dict[str, Any]) -> tuple[int | None, bytes]:
-    """A plugin verb (kill, freeze, usage, exit, allow: containerd-driver/driver.go) carried by an
-    alloc exec, which starts no process in the sandbox; its exit code and output."""
+    """A plugin verb (kill, freeze, usage, exit, allow, egress: containerd-driver/driver.go)
+    carried by an alloc exec, which starts no process in the sandbox; its exit code and output.
+
+    A verb whose stream Nomad lost (StreamLost) is asked again: each one reads, or sets a state
+    whole (rules replaced, frozen or not, a tag's processes killed), so asking twice changes
+    nothing more than asking once."""
+    for attempt in range(1, VERB_TRIES):
+        try:
+            return await _verb_once(client, alloc_id, task, verb)
+        except StreamLost as lost:
+            log.warning("plugin verb %s: %s; asking again", next(iter(verb), "?"), lost.reason)
+            await asyncio.sleep(0.05 * attempt)
+    return await _verb_once(client, alloc_id, task, verb)
+
+
+async def _verb_once(client: NomadClient, alloc_id: str, task: str, verb: dict[str, Any]) -> tuple[int | None, bytes]:
     out = bytearray()
     code = await client.exec(alloc_id, task, [ENVELOPE, json.dumps(verb)], stdin=None,
                              on_output=lambda _s, d: out.extend(d), stop=asyncio.Event(), kill=noop)

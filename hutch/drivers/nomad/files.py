@@ -208,7 +208,9 @@ class NomadFiles:
         """Run the script; (exit code or None if it was stopped, stdout if not streamed, stderr)."""
         self._access.check_not_paused(sb)
         tag = f"f-{uuid.uuid4().hex}"
-        envelope = json.dumps({"env": self._access.command_env(sb, {}), "cwd": HOME, "tag": tag})
+        # noStdin: the plugin gives it an empty stdin, and nothing is sent (NomadClient.exec).
+        envelope = json.dumps({"env": self._access.command_env(sb, {}), "cwd": HOME, "tag": tag,
+                               "noStdin": stdin is None})
         out, err = bytearray(), bytearray()
         stop = stop or asyncio.Event()
         overflow = False
