@@ -93,6 +93,10 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
                                    "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
     report["terminal"] = {"exec": await run(sid, "python3", "-c", terminal_probe.PROBE),
                           "tty": await terminal_probe.on_terminal(d, sid, "python3", "-c", terminal_probe.PROBE)}
+    report["boot_id"] = {"sandbox": await run(sid, "cat", "/proc/sys/kernel/random/boot_id"),
+                         "umount": await run(sid, "python3", "-c", "import ctypes, errno; libc = ctypes.CDLL(None, "
+                                             "use_errno=True); r = libc.umount2(b'/proc/sys/kernel/random/boot_id', 2); "
+                                             "print('done' if r == 0 else errno.errorcode[ctypes.get_errno()])")}
     report["pid1"] = await run(sid, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; readlink /proc/1/exe || echo unreadable")
     report["interfaces"] = await run(sid, "python3", "-c", "print(sorted(l.split(':')[0].strip() for l in "
                                      "open('/proc/net/dev').readlines()[2:]))")

@@ -94,6 +94,13 @@ def test_pid_1_is_out_of_reach_and_tells_no_host_path(report: dict) -> None:
     assert exe == "unreadable"  # non-dumpable: the sandbox user cannot look into or ptrace it
 
 
+def test_the_sandbox_reads_a_boot_id_of_its_own(report: dict) -> None:
+    """As with root (test_local_boot_id.py): not the host's, and not its to unmount."""
+    seen = report["boot_id"]["sandbox"]["stdout"].strip()
+    assert len(seen) == 36 and seen != Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert report["boot_id"]["umount"]["stdout"].strip() == "EPERM"
+
+
 def test_no_network_but_loopback(report: dict) -> None:
     assert report["interfaces"]["stdout"] == "['lo']\n"
 
