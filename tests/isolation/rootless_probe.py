@@ -163,6 +163,7 @@ else:
         ("cpu", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=ResourceLimits(cpu_millis=500)))),
         ("disk", lambda: d.provision(ProvisionRequest("sbx_rootless2", PY, resources=ResourceLimits(disk_bytes=2**30)))),
         ("pause", lambda: d.pause(sid)),
+        ("pause_filesystem", lambda: d.pause(sid, memory=False)),
         ("checkpoint", lambda: d.checkpoint(sid, "ckpt_x")),
     ]:
         try:

@@ -185,6 +185,8 @@ def test_what_needs_root_is_refused_by_name(report: dict) -> None:
     assert refused["disk"]["not_supported"] and refused["disk"]["field"] == "resources.disk"
     assert "HUTCH_DEFAULT_DISK" in refused["disk"]["message"]
     assert "rootless" in refused["pause"]["message"] and refused["pause"]["not_supported"]
+    fs_only = refused["pause_filesystem"]
+    assert "rootless" in fs_only["message"] and fs_only["not_supported"] and fs_only["field"] == "memory"
     assert "rootless" in refused["checkpoint"]["message"] and refused["checkpoint"]["not_supported"]
 
 

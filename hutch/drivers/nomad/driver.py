@@ -486,12 +486,18 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                      memory_bytes=int(held) if held is not None else None,
                      memory_cache_bytes=int(cache) if cache is not None else None)
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer).
 
         Refused while an execution runs: its exec agent's time limit runs on the wall clock, and
         a frozen command's would not stand still (the local and node drivers' run clock does);
-        an exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``)."""
+        an exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``). No
+        filesystem-only pause: its task would have to start again over its kept rootfs, which
+        the containerd driver's allocation does not do (the service refuses it first, from the
+        capabilities; this is the driver's own word, not a quiet pause with the memory kept)."""
+        if not memory:
+            raise NotSupported(f"memory: the {self.name} driver cannot pause a sandbox filesystem-only (mode "
+                               "\"filesystem\"); it pauses with the memory kept", field="memory")
         sb = self.running(sandbox_id)
         async with self._lock(sb.id):
             if any(ex.sandbox_id == sb.id for ex in self._executions.values()):
