@@ -4,7 +4,8 @@ Before, every sandbox on a host read the host's boot id there: the same value in
 naming the host's boot (a tenant could tell two sandboxes share a machine, and when it last
 rebooted). Now each boot of a sandbox (its create, each filesystem-only resume) has a random
 one bound read-only over the file (hutch-nsexec's mask_boot_id); these tests try to get the
-host's back from inside, every way a process there could.
+host's back from inside, every way a process there could, and hold the mask to naming
+nothing of the host's.
 """
 
 from __future__ import annotations
@@ -121,12 +122,24 @@ async def test_the_sandbox_cannot_unmask_its_boot_id(driver: LocalDriver, sandbo
     assert await read_boot_id(driver, sandbox) == own  # nothing changed it
 
 
-async def test_the_boot_id_file_is_not_the_sandboxes_to_change(driver: LocalDriver, sandbox: str) -> None:
-    """The file bound over it lives in the sandbox's directory on the host, root's and read-only."""
-    path = driver.sandbox_root / sandbox / "boot_id"
-    st = path.stat()
-    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o444)
-    assert path.read_text().strip() == await read_boot_id(driver, sandbox)
+async def test_the_mask_names_no_host_path_or_file_system(driver: LocalDriver, sandbox: str) -> None:
+    """A bind mount's source shows in /proc/self/mountinfo: the file bound is the sandbox's own
+    (made in its /dev tmpfs and unlinked), root's, read-only, so nothing of the host's shows."""
+    result, out = await python(driver, sandbox, f"""
+        for line in open("/proc/self/mountinfo"):
+            f = line.split()
+            if f[4] == {BOOT_ID!r}:
+                print(f[3], f[5], f[f.index("-") + 1])
+        import os
+        st = os.stat({BOOT_ID!r})
+        print(st.st_uid, oct(st.st_mode & 0o777))
+    """)
+    assert result.exit_code == 0, out.text("stderr")
+    (root, options, fstype), owner = (line.split() for line in out.text().splitlines())
+    assert fstype == "tmpfs" and "ro" in options.split(","), out.text()
+    assert root == "/.boot_id//deleted", out.text()  # its /dev's, gone from there
+    assert owner == ["0", "0o444"], out.text()
+    assert str(driver.data_dir) not in out.text()
 
 
 async def test_a_memory_pause_keeps_the_boot_id(driver: LocalDriver, sandbox: str) -> None:

@@ -34,7 +34,6 @@ ROOTLESS_TMP = ("/tmp", "/var/tmp")  # made writable in the upper layer (see pop
 HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER
 READY_TIMEOUT = 15.0
-BOOT_ID = "boot_id"  # in the sandbox's directory: this boot's id (new_boot_id)
 # /dev (and so /dev/shm) of a rootless sandbox: no memory cgroup counts its pages, so it stays
 # small whatever the sandbox's (per-process) memory limit.
 ROOTLESS_DEV_BYTES = 64 * 2**20
@@ -185,22 +184,15 @@ class Launcher:
             pass_fds.append(listener)
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(d / "upper"),
                 "--ov-work", str(d / "work"), "--ov-target", str(d / "merged"),
-                "--boot-id-file", str(new_boot_id(d))]
+                "--boot-id", new_boot_id()]
         return cmd
 
 
-def new_boot_id(d: Path) -> Path:
+def new_boot_id() -> str:
     """A fresh random boot id for the sandbox's next boot (its create, a filesystem-only
-    resume, a restore), in ``d``: pid 1 binds it read-only over
-    /proc/sys/kernel/random/boot_id, so the sandbox sees a boot of its own, never the host's.
-    Written under a new inode each time: a mount of an earlier boot never sees it change."""
-    path = d / BOOT_ID
-    tmp = d / (BOOT_ID + ".tmp")
-    tmp.unlink(missing_ok=True)
-    _put(tmp, (str(uuid.uuid4()) + "\n").encode(), 0o444)
-    os.chmod(tmp, 0o444)  # whatever the umask made of it
-    os.replace(tmp, path)
-    return path
+    resume, a restore): pid 1 binds it read-only over /proc/sys/kernel/random/boot_id, so the
+    sandbox sees a boot of its own, never the host's (hutch-nsexec's mask_boot_id)."""
+    return str(uuid.uuid4())
 
 
 def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = False,

@@ -17,7 +17,7 @@ from hutch.core.errors import DriverFailure
 from hutch.drivers.local import disks, layers, uids, zygote
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import set_done, start_time
-from hutch.drivers.local.launch import BOOT_ID, layers_key
+from hutch.drivers.local.launch import layers_key
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.sandboxnet import SandboxNetwork
 from hutch.drivers.local.spares import SpareDirs
@@ -81,7 +81,6 @@ class Teardown:
             return
         uids.release(d)
         zygote.forget(d)
-        (d / BOOT_ID).unlink(missing_ok=True)  # a spare skeleton is kept bare (spares.py)
         if disks.attached(d):
             disks.detach(d)  # before rmtree, which would otherwise empty the mounted disk
         recipe = runtimes.find(sb.runtime) if sb is not None else None
