@@ -92,7 +92,9 @@ async def test_it_ends_every_process_releases_their_memory_and_keeps_the_files(d
     await driver.resume(sandbox)
 
     assert driver._registry.running(sandbox).init_pid != init_before
+    forked = driver._nsexec.zygote_runs
     assert await out(driver, sandbox, "cat marker.txt") == "kept\n"
+    assert driver._nsexec.zygote_runs == forked + 1  # by the new pid 1 (zygote.py), not a fallback
     assert "python3" not in await out(driver, sandbox, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")  # a new boot
     boot_after = (await out(driver, sandbox, f"cat {BOOT_ID}")).strip()
     assert boot_after != boot_before and len(boot_after) == 36
