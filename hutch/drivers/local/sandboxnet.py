@@ -50,6 +50,13 @@ class SandboxNetwork:
         """A refreshed allow-list (AllowLists): the sandbox's rules replaced whole."""
         cidrs = flatten(resolved)
         async with self._registry.lock(sid):
+            asleep = self._registry.load(sid)
+            if asleep is not None and asleep.asleep:
+                # Paused filesystem-only: nothing of it sends; the resume sets these (sync).
+                if set(resolved) == set(asleep.allow):
+                    asleep.allow = resolved
+                    self._registry.write_meta(asleep)
+                return
             sb = self._registry.running(sid)
             if set(resolved) != set(sb.allow):
                 return  # its list was replaced (update) while these names resolved
