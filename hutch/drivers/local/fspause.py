@@ -43,6 +43,7 @@ class FilesystemPause:
         self._net = net
         self._teardown = teardown
         self._runtime_cache = runtime_cache
+        self._layers = runtime_cache / "layers"
 
     def is_asleep(self, sandbox_id: str) -> bool:
         sb = self._registry.load(sandbox_id) if SAFE_ID.match(sandbox_id) else None
@@ -59,6 +60,8 @@ class FilesystemPause:
             self._registry.mark_cancelled(sb.id)  # its commands return cancelled
             # Recorded first: the end watch (endwatch.py) then takes pid 1's death for what it is.
             killed = attrs.evolve(sb, asleep=True, init_pid=0, init_start=0)
+            # Its install layer is mounted nowhere while it sleeps: held, so no sweep drops it.
+            layercache.asleep(self._layers, sb.layer, sb.id, holding=True)
             self._registry.write_meta(killed)
             self._registry.sandboxes[sb.id] = killed
             await self._teardown.kill_init(sb)  # thaws it first if it was frozen
@@ -78,10 +81,11 @@ class FilesystemPause:
             if recipe is None:
                 raise RuntimeNotFound(f"unknown runtime {sb.runtime!r}", field="runtime")
             d = self._registry.sandbox_root / sb.id
-            async with layercache.held(self._runtime_cache / "layers", sb.layer):  # mounted again
+            async with layercache.held(self._layers, sb.layer):  # not dropped until mounted
                 pid, start = await self._launcher.launch(d, sb, layers.lowers(self._runtime_cache, recipe, sb.layer))
             sb.init_pid, sb.init_start, sb.asleep = pid, start, False
             self._registry.write_meta(sb)
+            layercache.asleep(self._layers, sb.layer, sb.id, holding=False)  # mounted again
             self._registry.sandboxes[sb.id] = sb
             if sb.network or sb.port is not None:
                 await asyncio.to_thread(self._net.sync, sb)  # a new namespace: its veth and rules again
