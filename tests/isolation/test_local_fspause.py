@@ -12,6 +12,7 @@ import pytest
 
 from hutch.core.errors import IllegalTransition
 from hutch.drivers.base import ExecRequest, ExecResult, FileWrite, ProvisionRequest, ResourceLimits
+from hutch.drivers.local import layercache
 from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -155,3 +156,24 @@ async def test_limits_disk_and_network_come_back_with_it(driver: LocalDriver) ->
         assert result.oom_killed
     finally:
         await driver.destroy(sid)
+
+
+async def test_its_install_layer_is_held_while_it_sleeps(driver: LocalDriver) -> None:
+    """Mounted nowhere while paused, its install layer is held in the cache (layercache.py)
+    so that no sweep drops it (tests/unit/test_layer_cache.py); the resume mounts it again
+    and lets go. (No drop is tried here: the cache is the host's, shared.)"""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", dependencies=("vim-tiny",)))
+    try:
+        layer = driver._registry.running(sid).layer
+        assert layer is not None
+        root = driver.runtime_cache / "layers"
+        await driver.pause(sid, memory=False)
+        assert layer in layercache.held_asleep(root)
+        await driver.resume(sid)
+        assert (root / ".asleep" / layer / sid).exists() is False
+        assert await out(driver, sid, "command -v vim.tiny") == "/usr/bin/vim.tiny\n"
+        await driver.pause(sid, memory=False)  # and destroyed asleep: its hold goes with it
+    finally:
+        await driver.destroy(sid)
+    assert not (driver.runtime_cache / "layers" / ".asleep" / layer / sid).exists()
