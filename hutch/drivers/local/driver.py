@@ -138,7 +138,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             network=True,  # rootless: slirp4netns (slirp.py) instead of a veth and NAT
             pause=self._cgroups is not None,  # the freezer
             pause_running=self._cgroups is not None,  # and the run clock (runclock.py)
-            pause_filesystem=self._cgroups is not None,  # fspause.py (rootless: refused by name)
+            pause_filesystem=True,  # fspause.py: its pid 1 ended, no freezer needed (rootless too)
             files=True,
             tar_streams=True,  # trees.py over the file primitives: one call for a node agent, not one a file
             checkpoints=not self.rootless,  # consistent copies need the freezer
@@ -173,7 +173,8 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
                                         on_built=self.layers.wake)
         self._files = Files(self._registry, self._nsexec)
         self._checkpoints = LocalCheckpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
-        self._fspause = FilesystemPause(self._registry, cg, self._launcher, self._network, self._teardown, cache)
+        self._fspause = FilesystemPause(self._registry, cg, self._launcher, self._network, self._teardown, cache,
+                                        rootless=rootless)
         self._ended = EndWatch(self._init_ended, self._background.spawn)  # endwatch.py
 
     # -- lifecycle -------------------------------------------------------------

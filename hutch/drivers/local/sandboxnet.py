@@ -136,11 +136,13 @@ class SandboxNetwork:
     async def teardown(self, sb: LocalSandbox) -> None:
         """Undo the sandbox's network, if it has one (its init already killed)."""
         if sb.slirp_pid:
-            self._stop_slirp(sb)
+            self.stop_slirp(sb)
         elif sb.network or sb.port is not None:
             await asyncio.to_thread(network.teardown, sb.uid - UID_BASE)
 
-    def _stop_slirp(self, sb: LocalSandbox) -> None:
+    def stop_slirp(self, sb: LocalSandbox) -> None:
+        """Rootless: end the sandbox's slirp4netns (its namespace is going: teardown, or a
+        filesystem-only pause, whose resume starts another)."""
         sock = self._slirp_socket_path(sb.id)
         if sock is not None:
             sock.unlink(missing_ok=True)
