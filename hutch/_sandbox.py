@@ -160,8 +160,9 @@ class Sandbox:
         await self._services.sandboxes.destroy(self.id)
         self.status = "terminated"
 
-    async def pause(self) -> PauseResult:
-        result = await self._services.sandboxes.pause(self.id)
+    async def pause(self, *, memory: bool = True) -> PauseResult:
+        """Frozen, memory kept; ``memory=False``: filesystem only, the resume a new boot."""
+        result = await self._services.sandboxes.pause(self.id, memory=memory)
         self.status = result.status
         return result
 

@@ -240,8 +240,10 @@ class Sandboxes:
     async def destroy(self, sandbox_id: str) -> None:
         await self.connection.request("DELETE", f"/sandbox/{sandbox_id}", sandbox_id=sandbox_id)
 
-    async def pause(self, sandbox_id: str) -> PauseResult:
-        resp = await self.connection.request("POST", f"/sandbox/{sandbox_id}/pause", sandbox_id=sandbox_id)
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> PauseResult:
+        # No body for a memory pause: what every hutch (and Agentuity) server takes.
+        resp = await self.connection.request("POST", f"/sandbox/{sandbox_id}/pause", sandbox_id=sandbox_id,
+                                             json=None if memory else {"memory": False})
         return from_wire(PauseResult, resp.get("data", resp))
 
     async def resume(self, sandbox_id: str) -> None:

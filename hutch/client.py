@@ -236,8 +236,10 @@ class SandboxClient:
     async def destroy(self, sandbox_id: str) -> None:
         await self._sandboxes.destroy(sandbox_id)
 
-    async def pause(self, sandbox_id: str) -> PauseResult:
-        return await self._sandboxes.pause(sandbox_id)
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> PauseResult:
+        """Pause: frozen, memory kept; ``memory=False``: filesystem only (every process ended,
+        the files kept; the resume boots it again, with a new boot id)."""
+        return await self._sandboxes.pause(sandbox_id, memory=memory)
 
     async def resume(self, sandbox_id: str) -> None:
         await self._sandboxes.resume(sandbox_id)

@@ -134,7 +134,7 @@ ROUTES: dict[tuple[str, str], Op] = {
     ("POST", _SN + "/{snapshot_id}/finalize"): Op("FinalizeSnapshot", "Snapshot", required=False),
     ("GET", _SN + "/{snapshot_id}/download"): Op(media="application/gzip"),
     ("POST", _S + "/fork"): Op("Fork", "Forked", required=False),
-    ("POST", _S + "/pause"): Op(NONE, NONE, top="Paused"),
+    ("POST", _S + "/pause"): Op("Pause", NONE, required=False, top="Paused"),
     ("POST", _S + "/resume"): Op(NONE, NONE),
     ("PUT", _S + "/network"): Op("SetNetwork", "Sandbox"),
     ("GET", _S + "/terminal"): Op(media="application/octet-stream", query=(

@@ -240,6 +240,9 @@ FILES_WRITTEN = obj({"filesWritten": INTEGER}, ("filesWritten",))
 ISO_TIME: Schema = {"type": "string", "format": "date-time", "description": "an ISO 8601 time"}
 EMPTY = obj({}, description="no fields read")
 FORK = obj({"count": {"type": "integer", "minimum": 1, "maximum": MAX_COPIES}})
+PAUSE = obj({"memory": {**BOOLEAN, "description": "false: filesystem-only, every process ended, the files kept; "
+                                                  "the resume boots it again (default true: frozen, memory kept)"}},
+            additionalProperties=False)
 BUILD_SNAPSHOT = obj({"runtime": {"type": "string", "minLength": 1, "description": "a runtime name or id (srt_...)"},
                       "name": SNAPSHOT_NAME, "tag": SNAPSHOT_TAG, "description": STRING, "message": STRING,
                       "contentHash": STRING, "force": BOOLEAN, "public": BOOLEAN, "encrypt": BOOLEAN,
@@ -271,7 +274,7 @@ DRAIN_NODE = obj({"undo": {**BOOLEAN, "description": "place new sandboxes on it 
                  additionalProperties=False)
 
 EXAMPLES.update({
-    "Empty": {}, "Fork": {"count": 2}, "BuildSnapshot": {"runtime": "base:latest", "name": "built", "tag": "v1"},
+    "Empty": {}, "Fork": {"count": 2}, "Pause": {"memory": True}, "BuildSnapshot": {"runtime": "base:latest", "name": "built", "tag": "v1"},
     "FinalizeSnapshot": {"env": {"A": "1"}, "metadata": {"team": "a"}},
     "CreateOrg": {"name": "acme"}, "CreateProject": {"name": "web"},
     "CreateKey": {"role": "member", "name": "ci"}, "SetQuota": {"sandboxes": 10, "memoryBytes": None},
@@ -301,7 +304,8 @@ EVENT_LIST = obj({"events": array(EVENT)}, ("events",))
 HISTORY = obj({"history": array(obj({**EVENT["properties"], "status": enum_of(SandboxStatus),
                                      "executions": INTEGER}, ("eventId", "type", "status")))}, ("history",))
 FORKED = obj({"snapshotId": id_of("snapshot"), "sandboxes": array(SANDBOX)}, ("snapshotId", "sandboxes"))
-PAUSED = obj({"sandboxId": id_of("sandbox"), "status": enum_of(SandboxStatus), "terminatesAt": TIME},
+PAUSED = obj({"sandboxId": id_of("sandbox"), "status": enum_of(SandboxStatus), "terminatesAt": TIME,
+              "memory": {**BOOLEAN, "description": "false where it paused filesystem-only (left out otherwise)"}},
              ("sandboxId", "status"))
 SNAPSHOT_BUILD = obj({"snapshotId": id_of("snapshot"), "uploadUrl": URL, "encrypted": BOOLEAN,
                       "unchanged": BOOLEAN, "existingId": STRING, "existingName": STRING,
@@ -393,7 +397,7 @@ _SCHEMAS: dict[str, Schema] = {
     "ExecutionList": EXECUTION_LIST, "Job": JOB_INFO, "JobList": JOB_LIST, "Snapshot": SNAPSHOT,
     "SnapshotList": SNAPSHOT_LIST,
     "Checkpoint": CHECKPOINT, "CheckpointList": CHECKPOINT_LIST, "EnvSet": ENV_SET, "FilesWritten": FILES_WRITTEN,
-    "Empty": EMPTY, "Fork": FORK, "BuildSnapshot": BUILD_SNAPSHOT, "FinalizeSnapshot": FINALIZE_SNAPSHOT,
+    "Empty": EMPTY, "Fork": FORK, "Pause": PAUSE, "BuildSnapshot": BUILD_SNAPSHOT, "FinalizeSnapshot": FINALIZE_SNAPSHOT,
     "CreateOrg": CREATE_ORG, "CreateProject": CREATE_PROJECT, "CreateKey": CREATE_KEY, "SetQuota": SET_QUOTA,
     "AddSshKey": ADD_SSH_KEY, "CliCreateKey": CLI_CREATE_KEY, "ValidateApt": VALIDATE_APT, "SignIn": SIGN_IN,
     "CreateStream": CREATE_STREAM, "DrainNode": DRAIN_NODE, "Node": NODE, "NodeList": NODE_LIST,

@@ -247,6 +247,9 @@ def _pause_resume_events_parsers(sb: Any) -> None:
             name, aliases=["hibernate"] if name == "pause" else ["wake"], help=f"{name} a sandbox"
         )
         p.add_argument("sandbox_id", metavar="SANDBOX_ID")
+        if name == "pause":
+            p.add_argument("--filesystem", action="store_true",
+                           help="filesystem-only: end every process and keep the files; the resume boots it again")
         _json_flag(p)
         p.set_defaults(handler=handler)
 
@@ -505,11 +508,12 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    result = asyncio.run(_with_client(args, lambda c: c.pause(args.sandbox_id)))
+    result = asyncio.run(_with_client(args, lambda c: c.pause(args.sandbox_id, memory=not args.filesystem)))
     if args.json:
         render.dump_json(to_wire(result), _out())
     else:
-        _out().write(f"paused {result.sandbox_id} (status: {result.status})\n")
+        how = ", filesystem only" if result.memory is False else ""
+        _out().write(f"paused {result.sandbox_id} (status: {result.status}{how})\n")
         if result.terminates_at:
             _note(f"terminates at {result.terminates_at} unless resumed")
     return 0

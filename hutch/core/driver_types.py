@@ -40,6 +40,9 @@ class Capabilities:
     # the local driver's, the node driver's agents', the nomad driver's); without it a pause
     # with commands running is refused (NotSupported, naming the driver).
     pause_running: bool = False
+    # pause(memory=False): every process ended and its memory released, its files kept; the
+    # resume boots it again over them (a fresh boot id). E2B's filesystem-only pause.
+    pause_filesystem: bool = False
     files: bool = False
     checkpoints: bool = False
     ports: bool = False  # can expose one port of a sandbox to the server (port_target)

@@ -123,10 +123,17 @@ class SandboxTerminated:
     memory_peak_bytes: int | None = None
 
 
+PAUSE_FILESYSTEM = "filesystem"  # SandboxPaused.mode: only the sandbox's files kept
+
+
 @attrs.frozen
 class SandboxPaused:
     type: ClassVar[str] = "pause"
     terminates_at: str | None = None  # when timeout.paused will end it, if set
+    # None: paused with its memory kept (every process frozen; the resume thaws them).
+    # "filesystem" (PAUSE_FILESYSTEM): only its files kept, every process ended; the resume is a
+    # new boot. Recorded so that a restarted server knows there is nothing of it to thaw.
+    mode: str | None = None
 
 
 @attrs.frozen

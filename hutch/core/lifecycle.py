@@ -16,6 +16,7 @@ import attrs
 from hutch.core import limits
 from hutch.core.errors import CheckpointNotFound, IllegalTransition, InvalidInput, SandboxNotFound
 from hutch.core.events import (
+    PAUSE_FILESYSTEM,
     CheckpointCreated,
     CheckpointDeleted,
     CheckpointRestored,
@@ -166,9 +167,13 @@ class DeleteCheckpoint:
     checkpoint_id: str
 
 
+PAUSED_FILESYSTEM_ENDED = "cancelled: the sandbox was paused filesystem-only, which ends every process in it"
+
+
 @attrs.frozen
 class Pause:
     terminates_at: str | None = None
+    mode: str | None = None  # None: memory kept (frozen); PAUSE_FILESYSTEM: only its files (SandboxPaused)
 
 
 @attrs.frozen
@@ -389,13 +394,15 @@ def _decide_move(sandbox: SandboxState, command: Move) -> list[Decided]:
 def _decide_pause(sandbox: SandboxState, command: Pause) -> list[Decided]:
     """An idle or running sandbox pauses: its running commands are frozen with it and stay
     ``running`` (as E2B's), their time limits standing still; the resume makes it running again
-    if any is left. A driver that cannot freeze a running command refuses, naming why."""
+    if any is left. A driver that cannot freeze a running command refuses, naming why. A
+    filesystem-only pause (``mode``) ends every process instead, its commands cancelled
+    (evolve_execution); its resume is a new boot over the same files."""
     status = sandbox.status
     if status is SandboxStatus.PAUSED:
-        return []  # pausing a paused sandbox changes nothing
+        return []  # pausing a paused sandbox changes nothing (whichever way it paused)
     if status not in _LIVE:
         raise _illegal(sandbox, "pause")
-    return [SandboxPaused(terminates_at=command.terminates_at)]
+    return [SandboxPaused(terminates_at=command.terminates_at, mode=command.mode)]
 
 
 def _decide_resume(sandbox: SandboxState, command: Resume) -> list[Decided]:
@@ -557,14 +564,18 @@ def _evolve_status(sandbox: SandboxState, data: EventData, at: str) -> SandboxSt
             return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=reason, running=frozenset(), updated_at=at)
         case SandboxDestroyRequested():
             return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
-        case SandboxPaused(terminates_at=deadline):
-            return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at)
+        case SandboxPaused(terminates_at=deadline, mode=mode):
+            # A filesystem-only pause ended every process: none of its commands is left running
+            # (each is ended as a stop ends it: evolve_execution).
+            running = frozenset() if mode == PAUSE_FILESYSTEM else sandbox.running
+            return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at,
+                                paused_mode=mode, running=running)
         case SandboxResumed():
             status = SandboxStatus.RUNNING if sandbox.running else SandboxStatus.IDLE
             # A timeout counted from when it was set starts again at a resume (E2B's connect
             # resumes a paused sandbox for its timeout from then): it did not run while paused.
             return attrs.evolve(sandbox, status=status, paused_at=None, terminates_at=None, updated_at=at,
-                                timeout_set_at=_set_at(sandbox.spec, at))
+                                paused_mode=None, timeout_set_at=_set_at(sandbox.spec, at))
         case SandboxCompleted(exit_code=code):
             return attrs.evolve(sandbox, exit_code=code, updated_at=at)
     return sandbox
@@ -580,7 +591,7 @@ def _evolve_terminated(sandbox: SandboxState, data: SandboxTerminated, at: str) 
     exit_code = data.exit_code if data.exit_code is not None else sandbox.exit_code
     return attrs.evolve(
         sandbox, status=status, reason=data.reason, exit_code=exit_code, running=frozenset(),
-        paused_at=None, terminates_at=None, updated_at=at,
+        paused_at=None, terminates_at=None, paused_mode=None, updated_at=at,
         cpu_seconds=data.cpu_seconds if data.cpu_seconds is not None else sandbox.cpu_seconds,
         memory_peak_bytes=(data.memory_peak_bytes if data.memory_peak_bytes is not None
                            else sandbox.memory_peak_bytes),
@@ -649,6 +660,11 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
             output_truncated=data.output_truncated,
             completed_at=at,
         )
+    if isinstance(data, SandboxPaused) and data.mode == PAUSE_FILESYSTEM and not execution.status.is_final:
+        # Its processes ended with the pause; the driver's own report of the kill comes after
+        # this and is refused (the command is no longer running).
+        return attrs.evolve(execution, status=ExecutionStatus.CANCELLED, error=PAUSED_FILESYSTEM_ENDED,
+                            completed_at=at)
     if isinstance(data, (SandboxTerminated, SandboxFailed, SandboxDiscarded)) and not execution.status.is_final:
         # The sandbox ended under a running command (host restart, destroy): it did not finish.
         return attrs.evolve(

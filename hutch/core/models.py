@@ -68,13 +68,18 @@ class NetworkSpec:
     deny: tuple[str, ...] = ()
 
 
+ON_IDLE_PAUSE = "pause"  # TimeoutSpec.on_idle: pause, the memory kept
+ON_IDLE_PAUSE_FILESYSTEM = "pause-filesystem"  # pause filesystem-only (E2B's keep_memory=False)
+
+
 @attrs.frozen
 class TimeoutSpec:
     idle: str | None = None
     execution: str | None = None
     paused: str | None = None
     # What the idle timeout does: None ends the sandbox; "pause" pauses it (E2B's
-    # lifecycle.on_timeout "pause"), and a resume carries on from there.
+    # lifecycle.on_timeout "pause"), and a resume carries on from there; "pause-filesystem"
+    # pauses it filesystem-only (E2B's keep_memory false), and a resume boots it again.
     on_idle: str | None = None
     # What the idle timeout counts from: None, the sandbox's last activity (it ends once idle that
     # long); "set", when it was set (the create, a change, a resume), busy or not: E2B's timeout,
@@ -133,6 +138,7 @@ class SandboxState:
     reason: str | None = None  # why it failed or terminated
     paused_at: str | None = None
     terminates_at: str | None = None  # a paused sandbox's deadline (timeout.paused)
+    paused_mode: str | None = None  # a paused sandbox's: None, memory kept; "filesystem", its files only
     timeout_set_at: str | None = None  # when its timeout was last set, where it counts from then (timeout.since)
     checkpoints: tuple[CheckpointState, ...] = ()
     current_checkpoint: str = ""  # name of the checkpoint last taken or restored: the next one's parent

@@ -352,6 +352,7 @@ class PauseResult:
     status: str
     checkpoint_id: str | None = None
     terminates_at: str | None = None
+    memory: bool | None = None  # False: paused filesystem-only (pause(memory=False))
 
 
 @attrs.frozen(kw_only=True)

@@ -273,13 +273,16 @@ class Checkpointing(abc.ABC):
 
 
 class Pausing(abc.ABC):
-    """Freeze every process of a sandbox and thaw it again (capability ``pause``)."""
+    """Freeze every process of a sandbox and thaw it again (capability ``pause``); or, with
+    ``memory`` false (capability ``pause_filesystem``), end every process and release its
+    memory, keeping its files, and at the resume boot it again over them."""
 
     @abc.abstractmethod
-    async def pause(self, sandbox_id: str) -> None: ...
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None: ...
 
     @abc.abstractmethod
-    async def resume(self, sandbox_id: str) -> None: ...
+    async def resume(self, sandbox_id: str) -> None:
+        """Thaw it, or boot it again where it was paused filesystem-only (the driver knows which)."""
 
 
 class Terminals(abc.ABC):
@@ -507,7 +510,7 @@ class NotPlayed:
 
     # Pausing
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
         raise NotSupported(f"driver {self.name} cannot pause sandboxes")
 
     async def resume(self, sandbox_id: str) -> None:

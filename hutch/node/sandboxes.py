@@ -210,7 +210,10 @@ async def build_runtime(request: web.Request) -> web.StreamResponse:
 
 
 async def pause(request: web.Request) -> web.Response:
-    await request.app[DRIVER].pause(request.match_info["id"])
+    memory = request.query.get("memory", "1")
+    if memory not in ("0", "1"):
+        raise InvalidInput(f"memory: expected 0 or 1, got {memory!r}", field="memory")
+    await request.app[DRIVER].pause(request.match_info["id"], memory=memory == "1")
     return web.json_response({"ok": True})
 
 

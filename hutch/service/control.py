@@ -14,6 +14,7 @@ import attrs
 from hutch.core import phases
 from hutch.core.driver_types import Usage
 from hutch.core.errors import NotSupported
+from hutch.core.events import PAUSE_FILESYSTEM
 from hutch.core.lifecycle import ChangeEnv, ChangeTimeout, Destroy, Fail, Pause, Resume, Terminate
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
@@ -36,10 +37,18 @@ class SandboxControl:
         self._usage_reporting = usage
         self.replicas = replicas  # which sandboxes this replica drives (core/replicas.py)
 
-    async def pause(self, sandbox_id: str) -> SandboxState:
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxState:
+        """Pause it: every process frozen, memory kept; or, ``memory`` false, filesystem only:
+        every process ended (its commands cancelled, saying why), its memory released, its
+        files kept, and the resume a new boot."""
         def command(sb: SandboxState) -> Pause:
             caps = self._lifecycle.capabilities
-            if sb.status is SandboxStatus.RUNNING and caps.pause and not caps.pause_running:
+            if not memory and not caps.pause_filesystem:
+                raise NotSupported(f"memory: the {self._lifecycle.name} driver cannot pause a sandbox filesystem-only "
+                                   "(mode \"filesystem\")" +
+                                   ("; it pauses with the memory kept" if caps.pause else "; it cannot pause at all"),
+                                   field="memory")
+            if memory and sb.status is SandboxStatus.RUNNING and caps.pause and not caps.pause_running:
                 # Decided here, under the sandbox's lock, as a command's start is recorded: the
                 # driver's own check could miss one recorded but not yet handed to it.
                 raise NotSupported(f"sandbox {sb.sandbox_id} has commands running: the {self._lifecycle.name} "
@@ -48,9 +57,9 @@ class SandboxControl:
             limit = sb.spec.timeout.paused
             paused_for = parse_duration("timeout.paused", limit) if limit else 0.0
             deadline = iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=paused_for)) if paused_for else None
-            return Pause(terminates_at=deadline)
+            return Pause(terminates_at=deadline, mode=None if memory else PAUSE_FILESYSTEM)
 
-        await self._recorder.act(sandbox_id, command, lambda _: self._pausing.pause(sandbox_id))
+        await self._recorder.act(sandbox_id, command, lambda _: self._pausing.pause(sandbox_id, memory=memory))
         return await self._reads.require(sandbox_id)
 
     async def resume(self, sandbox_id: str, *, auto: bool = False) -> SandboxState:

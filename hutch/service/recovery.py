@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from hutch.core.events import PAUSE_FILESYSTEM
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
 from hutch.drivers.roles import NodeFleet, SandboxLifecycle
@@ -37,6 +38,8 @@ class Recovery:
         for sb in live:
             if not await self._control.replicas.mine(sb.sandbox_id):
                 continue  # another replica's (api/replication.py takes over those of dead ones)
+            if sb.sandbox_id in alive and sb.status is SandboxStatus.PAUSED and sb.paused_mode == PAUSE_FILESYSTEM:
+                continue  # paused filesystem-only: nothing of it ran to be lost; its files are kept
             if sb.sandbox_id in alive and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING):
                 for ex in await self._store.list_executions(sb.sandbox_id):
                     if not ex.status.is_final:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from hutch.core.errors import HutchError, NotSupported
 from hutch.core.lifecycle import Terminate
-from hutch.core.models import SandboxState, SandboxStatus
+from hutch.core.models import ON_IDLE_PAUSE, ON_IDLE_PAUSE_FILESYSTEM, SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
@@ -33,6 +33,9 @@ def seconds(value: str | None, field: str) -> float:
 
 def _unix(iso: str) -> float:
     return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+PAUSES = (ON_IDLE_PAUSE, ON_IDLE_PAUSE_FILESYSTEM)
 
 
 class Reaper:
@@ -103,12 +106,14 @@ class Reaper:
             return
         if not await self._control.replicas.mine(sandbox_id):
             return  # another replica's: its own reaper ends it
-        if sb is not None and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING) and sb.spec.timeout.on_idle == "pause":
+        on_idle = sb.spec.timeout.on_idle if sb is not None else None
+        if sb is not None and sb.status in (SandboxStatus.IDLE, SandboxStatus.RUNNING) and on_idle in PAUSES:
             # Only E2B's timeout (counted from when it was set) is reached with commands running:
-            # they are frozen with the sandbox, as E2B's, where the driver can (pause_running).
-            log.info("pausing %s: %s", sandbox_id, reason)
+            # they are frozen with the sandbox, as E2B's, where the driver can (pause_running);
+            # a filesystem-only pause ends them.
+            log.info("pausing %s (%s): %s", sandbox_id, on_idle, reason)
             try:
-                await self._control.pause(sandbox_id)
+                await self._control.pause(sandbox_id, memory=on_idle == ON_IDLE_PAUSE)
                 return
             except NotSupported as err:
                 if sb.status is SandboxStatus.RUNNING:  # a driver that freezes no running command

@@ -42,6 +42,47 @@ async def test_pause_keeps_files_and_execute_auto_resumes(api: Api) -> None:
     assert [a.get("auto", False) for a in auto] == [True, False]
 
 
+@pytest.mark.runs_on("local-embedded", "local-production", "node-embedded")
+async def test_a_filesystem_only_pause_ends_its_commands_keeps_its_files_and_resumes_as_a_new_boot(api: Api) -> None:
+    """``{"memory": false}``: every process ends (a running command is cancelled, saying why, as
+    a stop ends one), the files stay; the pause's event records the mode; the resume (here an
+    execute's auto-resume) is a new boot: a fresh /proc/sys/kernel/random/boot_id."""
+    sid = await new_sandbox(api)
+    assert (await run(api, sid, "sh", "-c", "echo kept > f.txt"))["exitCode"] == 0
+    boot = (await run(api, sid, "cat", "/proc/sys/kernel/random/boot_id"))["stdout"]
+    busy = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "300"]})
+    await asyncio.sleep(0.3)
+    paused = await api.call("POST", f"/sandbox/{sid}/pause", json={"memory": False})
+    assert paused["status"] == "paused" and paused["memory"] is False
+    ended = await api.wait_execution(busy["executionId"])
+    assert ended["status"] == "cancelled" and "paused filesystem-only" in ended["error"], ended
+    assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "paused"
+    events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]
+    assert [e["event"].get("mode") for e in events if e["type"] == "pause"] == ["filesystem"]
+    again = await api.call("POST", f"/sandbox/{sid}/pause")  # paused already, whichever way
+    assert again["status"] == "paused"
+    result = await run(api, sid, "cat", "f.txt")
+    assert result["autoResumed"] is True and result["stdout"] == b"kept\n"
+    after = (await run(api, sid, "cat", "/proc/sys/kernel/random/boot_id"))["stdout"]
+    assert len(after.strip()) == 36 and after != boot
+    await api.call("POST", f"/sandbox/{sid}/pause")  # a memory pause keeps the boot
+    await api.call("POST", f"/sandbox/{sid}/resume")
+    assert (await run(api, sid, "cat", "/proc/sys/kernel/random/boot_id"))["stdout"] == after
+
+
+@pytest.mark.runs_on(*STORE, "nomad-production")  # drivers without it, and a bad value
+async def test_a_filesystem_only_pause_a_driver_cannot_do_is_refused_naming_it(api: Api, driver_name: str) -> None:
+    sid = await new_sandbox(api)
+    err = await api.call("POST", f"/sandbox/{sid}/pause", json={"memory": "no"}, expect=400)
+    assert "memory: expected true or false" in err["message"]
+    err = await api.call("POST", f"/sandbox/{sid}/pause", json={"memory": False}, expect=501)
+    assert f"the {driver_name} driver cannot pause a sandbox filesystem-only" in err["message"], err
+    assert (await api.data("GET", f"/sandbox/{sid}"))["status"] == "idle"  # no quiet memory pause
+    # The Agentuity wire's rule (api/body_fields.py): another spelling of its field is refused.
+    err = await api.call("POST", f"/sandbox/{sid}/pause", json={"memorys": False}, expect=400)
+    assert "memorys" in err["message"] and "memory" in err["message"], err
+
+
 @pytest.mark.runs_on(*STORE)  # the fake driver freezes no running command (local and nomad do)
 async def test_illegal_pause_and_resume_are_refused_naming_why(api: Api, driver_name: str) -> None:
     sid = await new_sandbox(api)

@@ -130,4 +130,6 @@ def test_fs_env_job_pause_end_to_end(
     assert json.loads(out)["autoResumed"] is True
     assert cli(capsys, "sb", "pause", sid)[0] == 0
     assert cli(capsys, "sb", "wake", sid)[0] == 0
+    code, out, err = cli(capsys, "sb", "pause", sid, "--filesystem")  # the fake driver cannot: it says so
+    assert code != 0 and "the fake driver cannot pause a sandbox filesystem-only" in err, (code, out, err)
     assert cli(capsys, "sb", "delete", sid, "--confirm")[0] == 0

@@ -542,6 +542,33 @@ class TestPausing:
         result, out = await busy
         assert (result.exit_code, result.timed_out, out.stdout) == (0, False, "done\n")
 
+    async def test_a_filesystem_only_pause_follows_the_capability(self, driver: Driver, sandbox: str) -> None:
+        """``pause(memory=False)``: every process ends (a running command as a cancel ends it),
+        the files stay, and the resume is a new boot (a new boot id where the driver isolates
+        with a kernel of namespaces). A driver without it refuses, naming the field, and its
+        sandbox runs on (no quiet pause with the memory kept)."""
+        if not driver.capabilities.pause_filesystem:
+            with pytest.raises(NotSupported, match=f"{driver.name} driver cannot pause a sandbox filesystem-only") as no:
+                await driver.pause(sandbox, memory=False)
+            assert no.value.field == "memory"
+            result, out = await run(driver, sandbox, "echo", "running")
+            assert (result.exit_code, out.stdout) == (0, "running\n")
+            return
+        await driver.write_files(sandbox, [FileWrite("kept.txt", b"kept\n")])
+        _, before = await run(driver, sandbox, "cat", "/proc/sys/kernel/random/boot_id")
+        busy = asyncio.ensure_future(run(driver, sandbox, "sleep", "300"))
+        await asyncio.sleep(0.3)
+        await driver.pause(sandbox, memory=False)
+        result, _ = await asyncio.wait_for(busy, 10)
+        assert result.cancelled
+        with pytest.raises(IllegalTransition, match="paused"):
+            await run(driver, sandbox, "true")
+        await driver.resume(sandbox)
+        result, out = await run(driver, sandbox, "cat", "kept.txt")
+        assert (result.exit_code, out.stdout) == (0, "kept\n")
+        _, after = await run(driver, sandbox, "cat", "/proc/sys/kernel/random/boot_id")
+        assert len(after.stdout.strip()) == 36 and after.stdout != before.stdout
+
     async def test_destroy_a_paused_sandbox(self, driver: Driver) -> None:
         sid = await provision(driver)
         if driver.capabilities.pause:

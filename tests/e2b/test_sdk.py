@@ -349,13 +349,61 @@ def test_an_mcp_gateway_the_template_lacks_fails_the_create_and_kills_it(e2b_env
     assert status == 400 and answer["message"].startswith("mcp: expected an object")
 
 
-def test_a_pause_hutch_does_not_offer_is_refused_naming_it(e2b_env: E2bServer, sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="autoPauseMemory: hutch pauses with the memory kept"):
-        Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
-    # Asked of a running sandbox, not quietly a pause with the memory kept: it keeps running.
-    with pytest.raises(SandboxException, match="501: memory: hutch pauses with the memory kept"):
-        sandbox.pause(mode="filesystem")
-    assert sandbox.is_running()
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_a_filesystem_only_pause_ends_its_processes_keeps_its_files_and_reboots(e2b_env: E2bServer) -> None:
+    """``pause(mode="filesystem")`` (``keep_memory=False``): every process ends (a command
+    running then ends with the sandbox's pause, its stream closed), the files stay, and the
+    connect cold-boots it: the same id and envd token, nothing of the old processes, a new
+    boot id. A second pause of it is E2B's 409 (``False``)."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/marker.txt", "persisted")
+        boot = sbx.files.read(BOOT_ID).strip()
+        sleeper = sbx.commands.run("sleep 600", background=True)
+        assert sbx.pause(mode="filesystem") is True
+        assert not sbx.is_running() and sbx.get_info().state.value == "paused"
+        assert sbx.pause(keep_memory=False) is False  # already paused
+        with pytest.raises(CommandExitException):
+            sleeper.wait()  # it ended with the pause, not frozen
+        resumed = sbx.connect()
+        assert resumed.sandbox_id == sbx.sandbox_id and resumed.is_running()
+        assert resumed.files.read("/home/user/marker.txt") == "persisted"
+        assert resumed.files.read(BOOT_ID).strip() != boot
+        assert sleeper.pid not in {p.pid for p in resumed.commands.list()}
+        assert resumed.commands.run("echo awake").stdout == "awake\n"
+        # A pause with the memory kept keeps the boot (and its processes).
+        rebooted = resumed.files.read(BOOT_ID).strip()
+        assert resumed.pause() is True
+        assert sbx.connect().files.read(BOOT_ID).strip() == rebooted
+    finally:
+        sbx.kill()
+
+
+def test_on_timeout_a_filesystem_only_pause_keeps_the_files_and_reboots(e2b_env: E2bServer) -> None:
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        sbx.files.write("kept.txt", "still here")
+        boot = sbx.files.read(BOOT_ID).strip()
+        sbx.set_timeout(1)
+        deadline = time.monotonic() + 30
+        while sbx.get_info().state.value != "paused" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sbx.get_info().state.value == "paused"  # not killed
+        resumed = sbx.connect()
+        assert resumed.files.read("kept.txt") == "still here"
+        assert resumed.files.read(BOOT_ID).strip() != boot
+    finally:
+        sbx.kill()
+
+
+def test_a_filesystem_only_pause_with_auto_resume_is_refused_naming_it(e2b_env: E2bServer) -> None:
+    """E2B's SDK refuses the pair before sending; a client that sends it anyway gets E2B's 400."""
+    status, answer = e2b_env.call("POST", "/sandboxes", {"templateID": "base", "autoPause": True,
+                                                         "autoPauseMemory": False,
+                                                         "autoResume": {"enabled": True}})
+    assert status == 400 and answer["message"].startswith("autoResume: a sandbox paused filesystem-only"), answer
 
 
 def test_a_create_repeated_with_its_idempotency_key_makes_one_sandbox(e2b_env: E2bServer) -> None:

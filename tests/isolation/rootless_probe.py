@@ -61,6 +61,15 @@ def capeff() -> str:
     return "?"
 
 
+def running_pid(pid: int) -> bool:
+    """Whether ``pid`` runs (not gone, nor a zombie left for whoever reaps the host's orphans)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 def host_uid(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
@@ -93,6 +102,10 @@ async def main(data_dir: Path, cache: Path, marker: str, internet: str | None, h
                                    "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
     report["terminal"] = {"exec": await run(sid, "python3", "-c", terminal_probe.PROBE),
                           "tty": await terminal_probe.on_terminal(d, sid, "python3", "-c", terminal_probe.PROBE)}
+    report["boot_id"] = {"sandbox": await run(sid, "cat", "/proc/sys/kernel/random/boot_id"),
+                         "umount": await run(sid, "python3", "-c", "import ctypes, errno; libc = ctypes.CDLL(None, "
+                                             "use_errno=True); r = libc.umount2(b'/proc/sys/kernel/random/boot_id', 2); "
+                                             "print('done' if r == 0 else errno.errorcode[ctypes.get_errno()])")}
     report["pid1"] = await run(sid, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; readlink /proc/1/exe || echo unreadable")
     report["interfaces"] = await run(sid, "python3", "-c", "print(sorted(l.split(':')[0].strip() for l in "
                                      "open('/proc/net/dev').readlines()[2:]))")
@@ -138,6 +151,19 @@ else:
         report["channels"] = await run(sid, "python3", "-c", channel_probe.SCRIPT, os.environ["HUTCH_PROBE_BAIT"])
     await d.write_files(sid, [FileWrite("dir/f.txt", b"written")])
     report["files"] = await run(sid, "cat", "dir/f.txt")
+    # A filesystem-only pause (fspause.py): its processes (the sleep 300 above) end, its files
+    # stay, and the resume is a new boot.
+    boot = await run(sid, "cat", "/proc/sys/kernel/random/boot_id")
+    old_init = sb.init_pid
+    await d.pause(sid, memory=False)
+    report["fs_pause"] = {"alive_asleep": sid in await d.alive(),
+                          "old_init_left": running_pid(old_init)}
+    await d.resume(sid)
+    sb = d._registry.running(sid)
+    report["fs_pause"].update(files=await run(sid, "cat", "dir/f.txt"), boot_before=boot,
+                              boot_after=await run(sid, "cat", "/proc/sys/kernel/random/boot_id"),
+                              sleepers=await run(sid, "sh", "-c", "pgrep -c sleep || true"),
+                              new_init=sb.init_pid != old_init, init_host_uid=host_uid(sb.init_pid))
     if internet and host_port:
         net = "sbx_rootless4"
         await d.provision(ProvisionRequest(net, PY, network_enabled=True))
@@ -149,6 +175,13 @@ else:
                                                      "for l in open('/proc/net/dev').readlines()[2:]))"),
                              "dns": await run(net, "python3", "-c", "import socket; print(socket.gethostbyname('localhost'))"),
                              "host_addresses": slirp.host_addresses()}
+        # Paused filesystem-only and resumed: its slirp4netns is a new one, its rules as they were.
+        slirp_before = d._registry.running(net).slirp_pid
+        await d.pause(net, memory=False)
+        slirp_gone = slirp_before is not None and not Path(f"/proc/{slirp_before}/stat").is_file()  # noqa: ASYNC240
+        await d.resume(net)
+        report["network"]["after_fs_pause"] = {"probe": await run(net, "python3", "-c", connect_probe.SCRIPT, *targets),
+                                               "old_slirp_gone": slirp_gone}
         slirp_pid = d._registry.running(net).slirp_pid
         await d.destroy(net)
         report["network"]["slirp_left"] = slirp_pid is not None and Path(f"/proc/{slirp_pid}/stat").is_file()  # noqa: ASYNC240
@@ -203,22 +236,34 @@ async def port_only(d: LocalDriver, run, internet: str) -> dict:  # type: ignore
     API's proxy uses), and nothing leaves the sandbox."""
     sid = "sbx_rootless5"
     await d.provision(ProvisionRequest(sid, PY, port=8080))
-    await run(sid, "sh", "-c", "python3 -m http.server 8080 --bind 0.0.0.0 >/dev/null 2>&1 &")
-    host, port = await d.port_target(sid)
-    answer = ""
-    for _ in range(100):
-        try:
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(b"GET / HTTP/1.0\r\n\r\n")
-            answer = (await reader.read(12)).decode(errors="replace")
-            writer.close()
-            if answer:
-                break
-        except OSError as err:
-            answer = type(err).__name__
-        await asyncio.sleep(0.05)
+
+    async def serve_and_ask() -> tuple[str, int, str]:
+        await run(sid, "sh", "-c", "python3 -m http.server 8080 --bind 0.0.0.0 >/dev/null 2>&1 &")
+        host, port = await d.port_target(sid)
+        answer = ""
+        for _ in range(100):
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(b"GET / HTTP/1.0\r\n\r\n")
+                answer = (await reader.read(12)).decode(errors="replace")
+                writer.close()
+                if answer:
+                    break
+            except OSError as err:
+                answer = type(err).__name__
+            await asyncio.sleep(0.05)
+        return host, port, answer
+
+    host, port, answer = await serve_and_ask()
     out = {"target": [host, port], "answer": answer,
            "outbound": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet)}
+    # Paused filesystem-only, resumed: the server is gone with the old boot; started again, it
+    # is reached through the new slirp4netns's forward, and still nothing leaves.
+    await d.pause(sid, memory=False)
+    await d.resume(sid)
+    host, port, answer = await serve_and_ask()
+    out["after_fs_pause"] = {"target": [host, port], "answer": answer,
+                             "outbound": await run(sid, "python3", "-c", connect_probe.SCRIPT, internet)}
     await d.destroy(sid)
     return out
 

@@ -358,7 +358,9 @@ async def test_the_mount_table_is_the_sandboxs_own(driver: LocalDriver, sandbox:
     assert result.exit_code == 0, out.stderr
     seen = json.loads(out.stdout)
     mounts = {point: (fstype, opts) for point, fstype, opts in seen["mounts"]}
-    assert set(mounts) == {"/", "/proc", "/dev", "/dev/pts"}, seen["mounts"]  # devices are nodes (mknod)
+    boot_id = "/proc/sys/kernel/random/boot_id"  # its own (test_local_boot_id.py)
+    assert set(mounts) == {"/", "/proc", "/dev", "/dev/pts", boot_id}, seen["mounts"]  # devices are nodes (mknod)
+    assert mounts[boot_id][0] == "tmpfs" and {"ro", "nosuid", "nodev", "noexec"} <= set(mounts[boot_id][1])
     assert mounts["/"][0] == "overlay" and {"nosuid", "nodev"} <= set(mounts["/"][1])
     assert mounts["/proc"][0] == "proc" and {"nosuid", "nodev", "noexec"} <= set(mounts["/proc"][1])
     assert mounts["/dev"][0] == "tmpfs" and {"nosuid", "noexec"} <= set(mounts["/dev"][1])

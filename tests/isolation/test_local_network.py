@@ -381,6 +381,30 @@ async def test_an_allow_list_limits_the_network_and_follows_its_names(
     assert await _allow_chains() == chains_before  # destroy removed its chain
 
 
+async def test_a_filesystem_only_pause_keeps_the_allow_list_and_its_resume_follows_its_names(
+    driver: LocalDriver, fake_internet: tuple[str, int]
+) -> None:
+    """Paused filesystem-only, the sandbox has no network namespace; its resume makes its veth
+    and rules again, with what its names resolve to by then (a refresh while it was paused)."""
+    port = fake_internet[1]
+    name = f"allowed-{uuid.uuid4().hex[:8]}.hutch.test"
+    with hosts_entry(name, INET_SERVER) as point:
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=PY, network_enabled=True,
+                                                network_allow=(name,)))
+        try:
+            targets = [(INET_SERVER, port), (INET_SERVER2, port)]
+            await driver.pause(sid, memory=False)
+            point(INET_SERVER2)
+            await driver._network.allow.refresh()  # while it is paused
+            await driver.resume(sid)
+            seen = await probe(driver, sid, targets)
+            assert seen[f"{INET_SERVER2}:{port}"].startswith("open HTTP/1."), f"{seen}\n{network_state()}"
+            assert seen[f"{INET_SERVER}:{port}"] == "ConnectionRefusedError", seen
+        finally:
+            await driver.destroy(sid)
+
+
 async def _allow_chains() -> set[str]:
     """The per-sandbox allow-list chains on this host (HUTCH-A<index>)."""
     rules = await asyncio.to_thread(subprocess.run, ["iptables", "-S"], capture_output=True, text=True, check=True)

@@ -94,6 +94,24 @@ def test_pid_1_is_out_of_reach_and_tells_no_host_path(report: dict) -> None:
     assert exe == "unreadable"  # non-dumpable: the sandbox user cannot look into or ptrace it
 
 
+def test_the_sandbox_reads_a_boot_id_of_its_own(report: dict) -> None:
+    """As with root (test_local_boot_id.py): not the host's, and not its to unmount."""
+    seen = report["boot_id"]["sandbox"]["stdout"].strip()
+    assert len(seen) == 36 and seen != Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert report["boot_id"]["umount"]["stdout"].strip() == "EPERM"
+
+
+def test_a_filesystem_only_pause_needs_no_root(report: dict) -> None:
+    """No freezer needed: its processes end (the background sleep), its files stay, it stays
+    one of the server's sandboxes while asleep, and its resume is a new boot, still the
+    server's uid on the host."""
+    fs = report["fs_pause"]
+    assert fs["alive_asleep"] and not fs["old_init_left"] and fs["new_init"], fs
+    assert fs["files"]["stdout"] == "written" and fs["sleepers"]["stdout"].strip() == "0", fs
+    assert fs["boot_after"]["stdout"] != fs["boot_before"]["stdout"] and len(fs["boot_after"]["stdout"].strip()) == 36
+    assert fs["init_host_uid"] == UID
+
+
 def test_no_network_but_loopback(report: dict) -> None:
     assert report["interfaces"]["stdout"] == "['lo']\n"
 
@@ -110,6 +128,11 @@ def test_network_reaches_the_internet_but_not_the_host(report: dict) -> None:
     for target, outcome in seen.items():
         assert not outcome.startswith("open"), (target, outcome)  # the host service never answers
     assert net["slirp_left"] is False  # destroy ends slirp4netns too
+    # Paused filesystem-only and resumed: a new slirp4netns, and the same reach, no more.
+    after = net["after_fs_pause"]
+    assert after["old_slirp_gone"], after
+    assert json.loads(after["probe"]["stdout"]) == {internet: json.loads(net["probe"]["stdout"])[internet],
+                                                    **seen}, after
 
 
 def test_no_channel_around_the_network_namespace(report: dict) -> None:
@@ -162,6 +185,9 @@ def test_a_port_is_reachable_from_the_host_and_nothing_leaves(report: dict) -> N
     assert port["target"][0] == "127.0.0.1" and port["answer"].startswith("HTTP/1.0 200"), port
     seen = json.loads(port["outbound"]["stdout"])
     assert not next(iter(seen.values())).startswith("open"), seen  # a port alone gives no outbound network
+    after = port["after_fs_pause"]  # paused filesystem-only and resumed: its port forwarded again
+    assert after["target"][0] == "127.0.0.1" and after["answer"].startswith("HTTP/1.0 200"), after
+    assert not next(iter(json.loads(after["outbound"]["stdout"]).values())).startswith("open"), after
 
 
 def test_an_allow_list_limits_the_network_and_is_updated_in_place(report: dict) -> None:

@@ -129,6 +129,32 @@ async def test_pause_resume_auto_resumed_live(live: SandboxClient) -> None:
         assert await sb.read_bytes("keep.txt") == b"kept"
 
 
+async def test_a_filesystem_only_pause_through_the_sdk(aiohttp_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``pause(memory=False)`` on the local driver (real processes): the answer says so, the
+    files stay, the resume is a new boot; the fake driver (``live``) cannot, and says so."""
+    from tests.drivers_support import require_root
+
+    require_root()
+    server = await aiohttp_server(create_app(Config(driver="local", data_dir=tmp_path / "local", api_key="k")))
+    async with SandboxClient(str(server.make_url("")), api_key="k") as client, \
+            await client.create(runtime="base:latest") as sb:
+        await sb.write_files({"keep.txt": "kept"})
+        boot = (await sb.execute(["cat", "/proc/sys/kernel/random/boot_id"])).stdout
+        paused = await sb.pause(memory=False)
+        assert (paused.status, paused.memory) == ("paused", False)
+        ex = await sb.execute(["cat", "keep.txt"])
+        assert ex.auto_resumed is True and ex.stdout == "kept"
+        assert (await sb.execute(["cat", "/proc/sys/kernel/random/boot_id"])).stdout != boot
+        assert (await sb.pause()).memory is None  # a memory pause says nothing of it
+
+
+async def test_a_filesystem_only_pause_the_driver_cannot_do_is_an_error_naming_it(live: SandboxClient) -> None:
+    async with await live.create() as sb:
+        with pytest.raises(errors.NotSupported, match="fake driver cannot pause a sandbox filesystem-only"):
+            await sb.pause(memory=False)
+        assert (await sb.get()).status == "idle"
+
+
 # ---------------------------------------------------------------- 100 MiB, server in its own process
 
 SIZE = 100 * 2**20

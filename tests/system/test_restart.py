@@ -100,3 +100,27 @@ def test_local_sandboxes_outlive_a_server_kill9(tmp_path: Path) -> None:
         assert server.call("DELETE", f"/sandbox/{sid}")[0] == 200
     finally:
         server.stop()
+
+
+def test_a_sandbox_paused_filesystem_only_outlives_a_server_kill9(tmp_path: Path) -> None:
+    """Nothing of it runs, so nothing of it dies with the server: the log says how it paused
+    (the pause event's mode), the driver finds its files, and the restarted server keeps it
+    paused; the execute that wakes it boots it again over them."""
+    server = Server(tmp_path / "data", driver="local").start()
+    try:
+        sid = server.data("POST", "/sandbox", {"runtime": "base:latest"})["sandboxId"]
+        ex = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["sh", "-c", "echo kept > note.txt"]})
+        assert server.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=10s")["exitCode"] == 0
+        status, paused = server.call("POST", f"/sandbox/{sid}/pause", {"memory": False})
+        assert status == 200 and paused["memory"] is False
+        server.kill9()
+
+        server.start()
+        assert server.data("GET", f"/sandbox/{sid}")["status"] == "paused"
+        again = server.data("POST", f"/sandbox/{sid}/execute", {"command": ["cat", "note.txt"]})
+        final = server.data("GET", f"/sandbox/execution/{again['executionId']}?wait=10s")
+        assert final["status"] == "completed" and final["exitCode"] == 0
+        assert server.data("GET", f"/sandbox/{sid}")["status"] == "idle"
+        assert server.call("DELETE", f"/sandbox/{sid}")[0] == 200
+    finally:
+        server.stop()

@@ -127,3 +127,22 @@ def test_a_layer_nested_deeper_than_python_recurses_is_measured_and_dropped(deep
         sorted([deep, other])
     assert not (deep_root / deep).exists() and not (deep_root / other).exists()
     assert not list(deep_root.glob(".trash-*")), "a dropped layer's tree stayed"
+
+
+def test_a_layer_held_by_a_sandbox_paused_filesystem_only_stays_until_it_lets_go(root: Path) -> None:
+    """Paused filesystem-only, a sandbox has its layer mounted nowhere (fspause.py): its hold
+    keeps the layer past its retention and over the bound, as a mount would, until the
+    last sandbox holding it resumes (or ends)."""
+    now = time.time()
+    key = make_layer(root, 1, 4096, now - 30 * DAY)
+    layercache.asleep(root, key, "sbx_a", holding=True)
+    layercache.asleep(root, key, "sbx_b", holding=True)
+    tight = LayerLimits(max_bytes=1, retention_seconds=DAY)
+    assert layercache.sweep(root, tight, now) == [] and (root / key / "tree").is_dir()
+    assert layercache.drop(root, key) is False
+    layercache.asleep(root, key, "sbx_a", holding=False)
+    assert layercache.sweep(root, tight, now) == []  # sbx_b still holds it
+    layercache.asleep(root, key, "sbx_b", holding=False)
+    layercache.asleep(root, None, "sbx_c", holding=True)  # no layer: nothing to hold
+    assert layercache.held_asleep(root) == set()
+    assert layercache.sweep(root, tight, time.time() + 40 * DAY) == [key]

@@ -194,6 +194,32 @@ def test_a_sandbox_pauses_with_its_commands_frozen_and_resumes_them_running() ->
     assert gone is not None and gone.status is ExecutionStatus.CANCELLED
 
 
+def test_a_filesystem_only_pause_ends_its_commands_as_a_stop_does_and_records_its_mode() -> None:
+    """``Pause(mode="filesystem")``: the event says so (a restarted server finds nothing to thaw),
+    the running commands end cancelled, saying why, none is left running; the driver's later
+    report of the kill is refused (the command is over); the resume makes it idle."""
+    from hutch.core.events import PAUSE_FILESYSTEM
+    from hutch.core.lifecycle import PAUSED_FILESYSTEM_ENDED, Pause, Resume, evolve_execution
+
+    busy = step(step(new(), Start()), StartExecution("exec_1", ("sleep", "60")))
+    [started] = decide(step(new(), Start()), StartExecution("exec_1", ("sleep", "60")))
+    ex = evolve_execution(None, Event("e1", busy.sandbox_id, "2026-01-01T00:00:00.000Z", started))
+    [paused_event] = decide(busy, Pause(mode=PAUSE_FILESYSTEM))
+    assert paused_event.mode == PAUSE_FILESYSTEM
+    paused = step(busy, Pause(mode=PAUSE_FILESYSTEM))
+    assert paused.status is SandboxStatus.PAUSED and paused.paused_mode == PAUSE_FILESYSTEM and not paused.running
+    ended = evolve_execution(ex, Event("e2", busy.sandbox_id, "2026-01-01T00:00:01.000Z", paused_event))
+    assert ended is not None and ended.status is ExecutionStatus.CANCELLED and ended.error == PAUSED_FILESYSTEM_ENDED
+    with pytest.raises(IllegalTransition, match="not running"):
+        decide(paused, FinishExecution("exec_1", ExecutionStatus.CANCELLED, exit_code=137))
+    assert decide(paused, Pause()) == []  # paused already, whichever way
+    resumed = step(paused, Resume())
+    assert resumed.status is SandboxStatus.IDLE and resumed.paused_mode is None
+    # A memory pause records no mode (its records are as they were) and keeps its commands.
+    frozen = step(busy, Pause())
+    assert frozen.paused_mode is None and frozen.running == {"exec_1"}
+
+
 def test_the_log_keeps_the_start_of_a_long_argv_and_says_what_it_left_out() -> None:
     """An event is kept for ever in a log every tenant shares: a command's argv is recorded up to
     its first 4 KiB, with how many bytes were left out and the SHA-256 of the whole (the

@@ -28,6 +28,7 @@ from hutch.api.http import parse_json
 from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.api.parse import parse_create
 from hutch.core import runtimes
+from hutch.core.driver_types import Capabilities
 from hutch.core.errors import (
     Conflict,
     IllegalTransition,
@@ -36,7 +37,13 @@ from hutch.core.errors import (
     NotSupported,
     SandboxNotFound,
 )
-from hutch.core.models import SandboxState, SandboxStatus, SnapshotState
+from hutch.core.models import (
+    ON_IDLE_PAUSE,
+    ON_IDLE_PAUSE_FILESYSTEM,
+    SandboxState,
+    SandboxStatus,
+    SnapshotState,
+)
 from hutch.core.quantities import parse_duration
 from hutch.core.snapshots import DEFAULT_TAG
 from hutch.core.tenancy import Access
@@ -86,11 +93,14 @@ def timeout_of(body: dict[str, Any], *, lowest: int = 1) -> int:
     return value
 
 
-def _pauses_at_timeout(body: dict[str, Any], can_pause: bool) -> bool:
+def _pause_at_timeout(body: dict[str, Any], caps: Capabilities) -> str | None:
     """E2B's ``lifecycle``: ``on_timeout`` "pause" (autoPause) pauses the sandbox at its
-    timeout, memory kept, and a connect resumes it. ``autoResume`` is what hutch does anyway:
-    a request that needs the sandbox (envd's, the interpreter's port) wakes a paused one, so
-    enabled it is accepted and changes nothing. A filesystem-only pause is not offered."""
+    timeout, and a connect resumes it: with the memory kept (``timeout.on_idle`` "pause"), or,
+    ``autoPauseMemory`` false (the SDK's ``keep_memory=False``, ``mode: "filesystem"``), its
+    files only ("pause-filesystem"), the resume a new boot. None: it ends at its timeout.
+    ``autoResume`` is what hutch does anyway: a request that needs the sandbox (envd's, the
+    interpreter's port) wakes a paused one, so enabled it is accepted and changes nothing;
+    E2B refuses it with a filesystem-only pause (its SDK before sending), and so does hutch."""
     auto_pause, memory, resume = body.get("autoPause"), body.get("autoPauseMemory"), body.get("autoResume")
     for field, value in (("autoPause", auto_pause), ("autoPauseMemory", memory)):
         if value is not None and not isinstance(value, bool):
@@ -98,13 +108,18 @@ def _pauses_at_timeout(body: dict[str, Any], can_pause: bool) -> bool:
     if resume is not None and not (isinstance(resume, dict) and isinstance(resume.get("enabled", False), bool)):
         raise InvalidInput(f"autoResume: expected {{\"enabled\": true|false}}, got {resume!r}", field="autoResume")
     if not auto_pause:
-        return False
+        return None
     if memory is False:
-        raise NotSupported("autoPauseMemory: hutch pauses with the memory kept (the sandbox frozen); a "
-                           "filesystem-only pause is not offered", field="autoPauseMemory")
-    if not can_pause:
+        if isinstance(resume, dict) and resume.get("enabled"):
+            raise InvalidInput("autoResume: a sandbox paused filesystem-only at its timeout resumes only when "
+                               "asked (connect); leave autoResume off or keep the memory", field="autoResume")
+        if not caps.pause_filesystem:
+            raise NotSupported("autoPauseMemory: this server's driver cannot pause a sandbox filesystem-only "
+                               "(mode \"filesystem\")", field="autoPauseMemory")
+        return ON_IDLE_PAUSE_FILESYSTEM
+    if not caps.pause:
         raise NotSupported("autoPause: this server's driver cannot pause sandboxes", field="autoPause")
-    return True
+    return ON_IDLE_PAUSE
 
 
 def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
@@ -215,12 +230,12 @@ async def create(request: web.Request) -> web.Response:
         hutch_body["runtime"] = runtime
         if runtime == ports.RUNTIME:  # its server on its port, reached as the SDK reaches it (api/e2b/ports.py)
             hutch_body["network"] = {**hutch_body.get("network", {}), "port": ports.PORT}
-    pause_at_timeout = _pauses_at_timeout(body, engine.provisioning.capabilities.pause)
+    pause_at_timeout = _pause_at_timeout(body, engine.provisioning.capabilities)
     req = parse_create(hutch_body, snapshot)
     # E2B's timeout ends the sandbox that long from now, whatever runs in it (a command still
     # running is ended with it): not hutch's idle timeout, which a busy sandbox never reaches.
     req = attrs.evolve(req, spec=attrs.evolve(req.spec, timeout=attrs.evolve(
-        req.spec.timeout, since="set", on_idle="pause" if pause_at_timeout else req.spec.timeout.on_idle)))
+        req.spec.timeout, since="set", on_idle=pause_at_timeout or req.spec.timeout.on_idle)))
     if runtime != ports.RUNTIME and engine.provisioning.capabilities.named_user:
         # E2B's templates run as "user", home /home/user (where a snapshot's files go too): E2B's
         # SDK and code expect so. A driver that cannot name the account keeps agentuity's.
@@ -413,16 +428,15 @@ async def pause(request: web.Request) -> web.Response:
     memory = (await read_body(request)).get("memory")
     if memory is not None and not isinstance(memory, bool):
         raise InvalidInput(f"memory: expected true or false, got {memory!r}", field="memory")
-    if memory is False:  # E2B's filesystem-only pause, whose resume is a new boot
-        raise NotSupported("memory: hutch pauses with the memory kept (the sandbox frozen); a filesystem-only "
-                           "pause is not offered", field="memory")
+    # memory false: E2B's filesystem-only pause (the SDK's keep_memory=False, mode "filesystem"):
+    # every process ends, the files are kept, and the resume (connect) is a new boot.
     # E2B's SDK reads a 409 as "already paused" (pause() returns False, no error): so a 409
     # means exactly that here, and a pause refused for any other reason says so otherwise.
     sandbox_id = request.match_info["sandbox_id"]
     sb = await live_sandbox(request, sandbox_id)
     try:
         if sb.status is not SandboxStatus.PAUSED:
-            await request.app[ENGINE].control.pause(sb.sandbox_id)
+            await request.app[ENGINE].control.pause(sb.sandbox_id, memory=memory is not False)
             return web.Response(status=204)
     except IllegalTransition as refused:
         # Its commands are frozen with it (docs/e2b.md); a driver that cannot freeze them says so

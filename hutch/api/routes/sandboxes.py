@@ -32,6 +32,7 @@ from hutch.api.routes.audit import audit_stream_id, audit_stream_url
 from hutch.api.watchers import hold
 from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
+from hutch.core.events import PAUSE_FILESYSTEM
 from hutch.core.models import Mode, SandboxState, SandboxStatus
 from hutch.core.tenancy import Access
 from hutch.projections.base import SandboxQuery
@@ -239,11 +240,19 @@ async def execute(request: web.Request) -> web.Response:
 
 @routes.post("/sandbox/{sandbox_id}/pause")
 async def pause(request: web.Request) -> web.Response:
-    sb = await request.app[ENGINE].control.pause(request.match_info["sandbox_id"])
+    # No body (Agentuity's client sends none): frozen, memory kept. {"memory": false}: filesystem
+    # only, every process ended and the files kept; the resume boots it again.
+    memory = (await json_body(request, required=False)).get("memory")
+    memory = True if memory is None else memory  # null: as left out
+    if not isinstance(memory, bool):
+        raise InvalidInput(f"memory: expected true or false, got {memory!r}", field="memory")
+    sb = await request.app[ENGINE].control.pause(request.match_info["sandbox_id"], memory=memory)
     # The client reads these at the top level, not under "data".
-    top = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
+    top: dict[str, object] = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
     if sb.terminates_at:
         top["terminatesAt"] = sb.terminates_at
+    if sb.paused_mode == PAUSE_FILESYSTEM:
+        top["memory"] = False
     return ok(top=top)
 
 

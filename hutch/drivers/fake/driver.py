@@ -310,7 +310,10 @@ class FakeDriver(roles.SandboxFiles, roles.Checkpointing, roles.Pausing, roles.N
             self._cancelled.add(execution_id)
             task.cancel()
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
+        if not memory:
+            raise NotSupported(f"memory: the {self.name} driver cannot pause a sandbox filesystem-only",
+                               field="memory")
         sb = self._get(sandbox_id)
         if any(t for eid, t in self._running.items() if self._owner.get(eid) == sandbox_id):
             raise NotSupported(f"sandbox {sandbox_id} has commands running: the fake driver freezes none (a "

@@ -21,7 +21,9 @@ An execution returns when its command exits, even if background children it star
 still hold stdout (they keep running: processes persist between executions like
 files do; only a timeout, a cancel or destroy kills them). ``pause`` freezes the
 sandbox's cgroup, running commands included; their limits count on its run clock
-(drivers/runclock.py), which stands still while it is frozen. Network (on request) and an exposed port: a routed veth
+(drivers/runclock.py), which stands still while it is frozen. A filesystem-only pause ends every
+process and keeps the files; its resume boots the sandbox again (fspause.py). Each boot has
+a boot id of its own (/proc/sys/kernel/random/boot_id; launch.new_boot_id). Network (on request) and an exposed port: a routed veth
 per sandbox with NAT out and nothing in (network.py).
 
 Warm pool: idle sandboxes started ahead of time and claimed by ``provision`` (pool.py).
@@ -77,6 +79,7 @@ from hutch.drivers.local.checkpoints import LocalCheckpoints
 from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
 from hutch.drivers.local.executions import LocalExecutions
 from hutch.drivers.local.fsops import Files
+from hutch.drivers.local.fspause import FilesystemPause
 from hutch.drivers.local.launch import ROOTLESS_TMP, Launcher
 from hutch.drivers.local.layercache import LayerLimits, LayerSweeper
 from hutch.drivers.local.native import ensure_helper
@@ -135,6 +138,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             network=True,  # rootless: slirp4netns (slirp.py) instead of a veth and NAT
             pause=self._cgroups is not None,  # the freezer
             pause_running=self._cgroups is not None,  # and the run clock (drivers/runclock.py)
+            pause_filesystem=True,  # fspause.py: its pid 1 ended, no freezer needed (rootless too)
             files=True,
             tar_streams=True,  # trees.py over the file primitives: one call for a node agent, not one a file
             checkpoints=not self.rootless,  # consistent copies need the freezer
@@ -169,6 +173,8 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
                                         on_built=self.layers.wake)
         self._files = Files(self._registry, self._nsexec)
         self._checkpoints = LocalCheckpoints(self._registry, cg, self._launcher, self._network, self._teardown, cache)
+        self._fspause = FilesystemPause(self._registry, cg, self._launcher, self._network, self._teardown, cache,
+                                        rootless=rootless)
         self._ended = EndWatch(self._init_ended, self._background.spawn)  # endwatch.py
 
     # -- lifecycle -------------------------------------------------------------
@@ -197,7 +203,8 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
     def _watch_adopted(self) -> None:
         raise_fd_limit()
         for sb in list(self._registry.sandboxes.values()):
-            self._ended.watch(sb)
+            if not sb.asleep:  # paused filesystem-only: no init to watch until its resume
+                self._ended.watch(sb)
 
     def _prepare(self) -> Path:
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
@@ -356,10 +363,23 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
                                f"create (network.port), not port {port}", field="port")
         return await portconnect.connect(sandbox_id, sb.init_pid, sb.init_start, port)
 
-    async def pause(self, sandbox_id: str) -> None:
-        await self._executions.pause(sandbox_id)
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
+        if memory:
+            await self._executions.pause(sandbox_id)
+            return
+        self._ended.forget(sandbox_id)  # its pid 1 is about to end, and that is no failure
+        try:
+            await self._fspause.pause(sandbox_id)
+        except BaseException:
+            if not self._fspause.is_asleep(sandbox_id):
+                with contextlib.suppress(Exception):
+                    self._ended.watch(self._registry.running(sandbox_id))
+            raise
 
     async def resume(self, sandbox_id: str) -> None:
+        if self._fspause.is_asleep(sandbox_id):
+            self._ended.watch(await self._fspause.resume(sandbox_id))  # its new init
+            return
         await self._executions.resume(sandbox_id)
 
     # -- executions ------------------------------------------------------------

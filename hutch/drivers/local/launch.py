@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 from hutch.core.driver_types import check_user, home_of
@@ -182,8 +183,16 @@ class Launcher:
             cmd += ["--zygote-fd", str(listener)]
             pass_fds.append(listener)
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(d / "upper"),
-                "--ov-work", str(d / "work"), "--ov-target", str(d / "merged")]
+                "--ov-work", str(d / "work"), "--ov-target", str(d / "merged"),
+                "--boot-id", new_boot_id()]
         return cmd
+
+
+def new_boot_id() -> str:
+    """A fresh random boot id for the sandbox's next boot (its create, a filesystem-only
+    resume, a restore): pid 1 binds it read-only over /proc/sys/kernel/random/boot_id, so the
+    sandbox sees a boot of its own, never the host's (hutch-nsexec's mask_boot_id)."""
+    return str(uuid.uuid4())
 
 
 def populate_upper(lower: list[Path], upper: Path, uid: int, rootless: bool = False,

@@ -14,7 +14,9 @@ What goes, at each sweep (at start, after each build, and every tenth of the ret
 most every 10 minutes): every unused layer last used longer than the retention ago, then
 unused layers, least recently used first, while the cache is larger than its bound. Layers
 in use count toward the bound but are never dropped: what live sandboxes hold is bounded by
-the sandboxes an organization may have.
+the sandboxes an organization may have. A sandbox paused filesystem-only (fspause.py) has no
+overlay mounted until its resume: it holds its layer by a file instead (``asleep``), which a
+drop and a sweep honour as they honour a mount.
 """
 
 from __future__ import annotations
@@ -90,6 +92,32 @@ async def held(root: Path, key: str | None) -> AsyncIterator[None]:
         yield
 
 
+def _holds(root: Path, key: str) -> Path:
+    return root / ".asleep" / key
+
+
+def asleep(root: Path, key: str | None, sandbox_id: str, *, holding: bool) -> None:
+    """Hold layer ``key`` for a sandbox that has it mounted no more but will again (paused
+    filesystem-only), or let it go (its resume mounted it again, or its end)."""
+    if key is None:
+        return
+    mark = _holds(root, key) / sandbox_id
+    if holding:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+        return
+    mark.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        mark.parent.rmdir()  # only when no other sandbox holds it
+
+
+def held_asleep(root: Path) -> set[str]:
+    """Keys of the layers a sandbox paused filesystem-only holds."""
+    with contextlib.suppress(FileNotFoundError):
+        return {d.name for d in (root / ".asleep").iterdir() if any(d.iterdir())}
+    return set()
+
+
 def touch(root: Path, key: str) -> None:
     """Mark the layer used now (what least-recently-used and the retention go by)."""
     with contextlib.suppress(OSError):
@@ -146,7 +174,7 @@ def mounted(root: Path) -> set[str]:
 def drop(root: Path, key: str) -> bool:
     """Remove an unused layer; False (and nothing removed) when a create holds or mounted it."""
     with using(root, key, exclusive=True) as free:
-        if not free or key in mounted(root):
+        if not free or key in mounted(root) or key in held_asleep(root):
             return False
         trash = root / f".trash-{key}-{secrets.token_hex(4)}"
         try:
@@ -174,7 +202,7 @@ def sweep(root: Path, limits: LayerLimits, now: float | None = None) -> list[str
     now = time.time() if now is None else now
     for trash in root.glob(".trash-*"):  # a sweep that died while removing
         _delete(trash)
-    in_use = mounted(root)
+    in_use = mounted(root) | held_asleep(root)
     total, unused = 0, []
     for d in root.iterdir():
         if not _KEY.match(d.name) or not (d / "tree").is_dir():

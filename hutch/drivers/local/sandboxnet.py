@@ -50,6 +50,13 @@ class SandboxNetwork:
         """A refreshed allow-list (AllowLists): the sandbox's rules replaced whole."""
         cidrs = flatten(resolved)
         async with self._registry.lock(sid):
+            asleep = self._registry.load(sid)
+            if asleep is not None and asleep.asleep:
+                # Paused filesystem-only: nothing of it sends; the resume sets these (sync).
+                if set(resolved) == set(asleep.allow):
+                    asleep.allow = resolved
+                    self._registry.write_meta(asleep)
+                return
             sb = self._registry.running(sid)
             if set(resolved) != set(sb.allow):
                 return  # its list was replaced (update) while these names resolved
@@ -129,11 +136,13 @@ class SandboxNetwork:
     async def teardown(self, sb: LocalSandbox) -> None:
         """Undo the sandbox's network, if it has one (its init already killed)."""
         if sb.slirp_pid:
-            self._stop_slirp(sb)
+            self.stop_slirp(sb)
         elif sb.network or sb.port is not None:
             await asyncio.to_thread(network.teardown, sb.uid - UID_BASE)
 
-    def _stop_slirp(self, sb: LocalSandbox) -> None:
+    def stop_slirp(self, sb: LocalSandbox) -> None:
+        """Rootless: end the sandbox's slirp4netns (its namespace is going: teardown, or a
+        filesystem-only pause, whose resume starts another)."""
         sock = self._slirp_socket_path(sb.id)
         if sock is not None:
             sock.unlink(missing_ok=True)

@@ -59,6 +59,9 @@ class LocalSandbox:
     cpu_millis: int | None = None
     disk_bytes: int | None = None
     user: str | None = None  # its account's name (ProvisionRequest.user); None: agentuity
+    # Paused filesystem-only (fspause.py): no pid 1 and no process, its files kept; init_pid
+    # and init_start are 0 until the resume boots it again.
+    asleep: bool = False
 
     @property
     def user_name(self) -> str:
@@ -78,8 +81,9 @@ class LocalExecution:
 
 
 def is_live(sb: LocalSandbox) -> bool:
-    """Whether the sandbox's init still runs (the same process, not a reused pid)."""
-    return start_time(sb.init_pid) == sb.init_start
+    """Whether the sandbox's init still runs (the same process, not a reused pid), or it is
+    paused filesystem-only (no init to run: its files are all it is until the resume)."""
+    return sb.asleep or start_time(sb.init_pid) == sb.init_start
 
 
 class Registry:
@@ -128,6 +132,8 @@ class Registry:
         sb = self.load(sid) if SAFE_ID.match(sid) else None
         if sb is None:
             raise SandboxNotFound(f"sandbox {sid} not found")
+        if sb.asleep:
+            raise IllegalTransition(f"sandbox {sid} is paused (filesystem only: nothing of it runs); resume it first")
         if start_time(sb.init_pid) != sb.init_start:
             raise DriverFailure(f"sandbox {sid} is no longer running")
         self.sandboxes[sid] = sb

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure
-from hutch.drivers.local import disks, layers, uids, zygote
+from hutch.drivers.local import disks, layercache, layers, uids, zygote
 from hutch.drivers.local.cgroups import Cgroups
 from hutch.drivers.local.helper import set_done, start_time
 from hutch.drivers.local.launch import layers_key
@@ -47,6 +47,8 @@ class Teardown:
         if sb is not None:
             await self.kill_init(sb)
             await self._net.teardown(sb)
+            if sb.asleep:  # paused filesystem-only: its hold on its install layer goes with it
+                layercache.asleep(self._runtime_cache / "layers", sb.layer, sid, holding=False)
         await self._remove_cgroups(sid, sb)
         self._retire_dir(sid, sb)
 

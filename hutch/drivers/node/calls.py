@@ -182,9 +182,11 @@ class AgentCalls(abc.ABC):
         answer = await agent.json("GET", agent.path("sandboxes", sandbox_id, "checkpoints"))
         return {str(k): int(v) for k, v in answer.items()}
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
         agent = await self._owner(sandbox_id)
-        await agent.json("POST", agent.path("sandboxes", sandbox_id, "pause"))
+        # memory=0 only when asked: a memory pause's call is what an older agent knows.
+        query = {} if memory else {"memory": "0"}
+        await agent.json("POST", agent.path("sandboxes", sandbox_id, "pause", **query))
 
     async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
                              deny: tuple[str, ...]) -> None:

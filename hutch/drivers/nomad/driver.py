@@ -508,7 +508,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
                      memory_bytes=int(held) if held is not None else None,
                      memory_cache_bytes=int(cache) if cache is not None else None)
 
-    async def pause(self, sandbox_id: str) -> None:
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
         """Freeze every process of the sandbox (containerd's pause: the cgroup freezer), the
         exec agent and the commands it runs with the rest. Idempotent. Their time limits and
         the agent's silence count on the sandbox's run clock, stopped from here to the resume.
@@ -516,7 +516,13 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         An exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``); a
         command running as its own alloc exec (no agent) refuses the pause: one frozen while
         runc starts it holds the resume, and so none is frozen. One about to start as an alloc
-        exec waits for the resume (``_alloc_exec_turn``)."""
+        exec waits for the resume (``_alloc_exec_turn``). No filesystem-only pause: its task would
+        have to start again over its kept rootfs, which the containerd driver's allocation does
+        not do (the service refuses it first, from the capabilities; this is the driver's own
+        word, not a quiet pause with the memory kept)."""
+        if not memory:
+            raise NotSupported(f"memory: the {self.name} driver cannot pause a sandbox filesystem-only (mode "
+                               "\"filesystem\"); it pauses with the memory kept", field="memory")
         sb = self.running(sandbox_id)
         async with self._lock(sb.id):
             if sb.id in self._paused:

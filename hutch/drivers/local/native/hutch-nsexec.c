@@ -54,6 +54,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
@@ -100,6 +101,7 @@ struct opts {
     char **env;  /* exec: MAX_ENV entries, allocated by read_env (not in every sandbox's pid 1) */
     int n_env;
     const char *ov_lower, *ov_upper, *ov_work, *ov_target;
+    const char *boot_id;  /* launch: this boot's id, bound over /proc/sys/kernel/random/boot_id */
     int ready_fd, info_fd, netfilter_fd, tty_fd, env_fd, zygote_fd;
     unsigned short tty_rows, tty_cols;
     char *argv_start, *argv_end;  /* the command line's memory (scrub_argv) */
@@ -149,6 +151,7 @@ static void parse(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--ov-upper")) o->ov_upper = v;
         else if (!strcmp(a, "--ov-work")) o->ov_work = v;
         else if (!strcmp(a, "--ov-target")) o->ov_target = v;
+        else if (!strcmp(a, "--boot-id")) o->boot_id = v;
         else fail("setup", "unknown option %s", a);
     }
 }
@@ -347,6 +350,37 @@ static void setup_dev(int userns, unsigned long long size)
         TRY(symlink(links[i][0], links[i][1]), "symlink %s: %s", links[i][1], strerror(errno));
 }
 
+/* The sandbox's own boot id: ``id`` (random, fresh at each boot of the sandbox: the server's)
+ * bound read-only over /proc/sys/kernel/random/boot_id, as container runtimes mask /proc
+ * paths, so the sandbox never reads the host's (which names the host's boot: the same in every
+ * sandbox on it). The file bound is made in the sandbox's own /dev tmpfs and unlinked once
+ * bound: the mount table then names no host path or file system (a bind's root is shown in
+ * /proc/self/mountinfo). Done while we still hold every capability; the sandbox user, without
+ * CAP_SYS_ADMIN and under seccomp, can neither unmount nor remount it, and a new /proc mount
+ * is refused while a file of this one is covered. The remount keeps the atime flags (which
+ * the kernel locks where a mount came from a more privileged namespace): only read-only,
+ * nosuid, nodev and noexec are added. */
+static void mask_boot_id(const char *id)
+{
+    static const char src[] = "dev/.boot_id", dst[] = "proc/sys/kernel/random/boot_id";
+    if (strlen(id) != 36 || strspn(id, "0123456789abcdef-") != 36)
+        fail("setup", "--boot-id: expected a uuid, got %.40s", id);
+    int fd = open(src, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+    TRY(fd, "create /%s: %s", src, strerror(errno));
+    if (dprintf(fd, "%s\n", id) != 37) fail("setup", "write /%s: %s", src, strerror(errno));
+    close(fd);
+    TRY(mount(src, dst, NULL, MS_BIND, NULL), "bind the boot id over /%s: %s", dst, strerror(errno));
+    unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    struct statvfs sv;
+    if (statvfs(dst, &sv) == 0) {
+        if (sv.f_flag & ST_NOATIME) flags |= MS_NOATIME;
+        if (sv.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
+        if (sv.f_flag & ST_RELATIME) flags |= MS_RELATIME;
+    }
+    TRY(mount(NULL, dst, NULL, flags, NULL), "make /%s read-only: %s", dst, strerror(errno));
+    TRY(unlink(src), "unlink /%s: %s", src, strerror(errno));
+}
+
 static void loopback_up(void)
 {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -480,6 +514,7 @@ static int mode_launch(struct opts *o)
     TRY(chdir(o->ov_target), "chdir %s: %s", o->ov_target, strerror(errno));
     TRY(mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mount /proc: %s", strerror(errno));
     setup_dev(o->userns, o->dev_size);
+    if (o->boot_id) mask_boot_id(o->boot_id);  /* its file made in /dev, and gone from there */
     TRY(syscall(SYS_pivot_root, ".", "."), "pivot_root: %s", strerror(errno));
     TRY(umount2(".", MNT_DETACH), "detach the host root: %s", strerror(errno));
     TRY(chdir("/"), "chdir /: %s", strerror(errno));
