@@ -217,8 +217,9 @@ class Executions:
             raise
 
     async def close_streams(self, execution_id: str) -> None:
-        """Every byte saved and both streams closed: before the execution is recorded finished,
-        so a reader that sees it finished reads its whole output."""
+        """Every byte saved and both streams closed (here; elsewhere a round trip later, see
+        ``OutputStreams.close``): before the execution is recorded finished, so a reader that
+        sees it finished reads its whole output."""
         with phases.span("streams: close both"):
             await self._outputs.close_all(self._stream_ids(execution_id))
 
