@@ -63,13 +63,15 @@ NOT_QUICK = (  # module paths or test ids (a prefix of the id), each for its rea
     "tests/api/test_first_use_real.py",  # real runtime builds
     "tests/api/test_tenancy_upgrade.py::test_a_revocation_through_one_api_process_is_refused_by_another",  # PostgreSQL
     "tests/contracts/test_eventlog_kafka.py",  # Kafka
+    "tests/contracts/test_eventlog_kafka_follow.py",  # Kafka
     "tests/contracts/test_projection_store_postgres.py",  # PostgreSQL
     "tests/contracts/test_projection_mirror_postgres.py",  # PostgreSQL
-    "tests/contracts/test_output.py::test_another_replica_follows_a_live_stream",  # PostgreSQL, as the four below
+    "tests/contracts/test_output.py::test_another_replica_follows_a_live_stream",  # PostgreSQL, as the five below
     "tests/contracts/test_output.py::test_replicas_share_the_secret",
     "tests/contracts/test_output.py::test_a_stream_open_on_one_replica_cannot_be_opened_on_another",
     "tests/contracts/test_output.py::test_a_killed_writer_reads_as_closed_with_every_saved_byte",
     "tests/contracts/test_output.py::test_a_writer_whose_session_was_lost_opens_and_saves_on_a_new_one",
+    "tests/contracts/test_output.py::test_a_close_answers_once_its_bytes_are_committed_and_the_release_follows",
     "tests/contracts/test_replicas.py::test_a_lapsed_lease",  # PostgreSQL, as the six below
     "tests/contracts/test_replicas.py::test_a_replica_",
     "tests/contracts/test_replicas.py::test_a_claimed_replica",

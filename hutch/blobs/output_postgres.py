@@ -10,7 +10,8 @@ accepts the same ids.
 * Writing: ``write`` never blocks. Bytes are kept in memory (never more than the output
   cap) and saved as a chunk once 64 KiB are pending or 100 ms after the first pending
   byte; the chunk row and the NOTIFY that wakes followers are one statement. ``close``
-  saves what is pending, then releases the stream.
+  saves what is pending, then releases the stream: readers here see it closed at once, readers
+  elsewhere once the release lands (``close`` does not wait for it).
 * Open or closed: a stream is open while its writer's PostgreSQL session holds the
   stream's advisory lock (taken at ``open`` on one session per process, released at
   ``close``). A writer killed with its host loses its session, so its streams read as
@@ -175,6 +176,7 @@ class PostgresOutputStreams(OutputStreams):
         # closed at once) go as one statement: two round trips a command fewer.
         self._locking = _Batch(_LOCK_MANY)
         self._unlocking = _Batch(_UNLOCK_MANY)
+        self._releasing: set[asyncio.Future[bool]] = set()  # closes' lock releases on their way
 
     async def start(self) -> None:
         await self._pg.start()  # the one numbered schema, shared with the projection store
@@ -190,6 +192,8 @@ class PostgresOutputStreams(OutputStreams):
         for stream_id in list(self._writers):
             with contextlib.suppress(Exception):
                 await self.close(stream_id)
+        if self._releasing:  # readers elsewhere see those streams closed now, not at the session's end
+            await asyncio.wait(list(self._releasing), timeout=10)
         if self._session is not None:
             session, self._session = self._session, None
             with contextlib.suppress(Exception):
@@ -295,14 +299,24 @@ class PostgresOutputStreams(OutputStreams):
         except Exception:  # never in the way of the execution being recorded finished
             log.exception("output stream %s: saving its last bytes failed", stream_id)
         finally:
-            # Released after the last chunk committed: a reader seeing it closed sees them all.
-            with contextlib.suppress(BlobUnavailable):  # a lost session released it already
-                await self._batched(self._unlocking, stream_id)
             self._writers.pop(stream_id, None)
             self._closed[stream_id] = writer._saved  # every byte saved is committed by now
             while len(self._closed) > _CLOSED_KEPT:
                 self._closed.popitem(last=False)
             self._wake(stream_id)
+            # Released after the last chunk committed: a reader elsewhere seeing it closed sees
+            # them all. Not awaited: the close answers once every byte is committed, and the
+            # release (with its NOTIFY) lands a round trip later without holding up what follows
+            # it, the command's end being recorded (one statement fewer in series, per command).
+            release = asyncio.ensure_future(self._batched(self._unlocking, stream_id))
+            self._releasing.add(release)
+            release.add_done_callback(self._released)
+
+    def _released(self, release: asyncio.Future[bool]) -> None:
+        self._releasing.discard(release)
+        if not release.cancelled() and isinstance(err := release.exception(), Exception) \
+                and not isinstance(err, BlobUnavailable):  # a lost session released it already
+            log.error("output stream lock release failed: %s", err)
 
     async def _save_chunk(self, stream_id: str, start: int, data: bytes, owner: StreamOwner | None) -> None:
         query, args = (_SAVE, ()) if owner is None else (_SAVE_OWNED, (owner.org_id, owner.sandbox_id))

@@ -18,6 +18,8 @@ HELP: dict[str, str] = {
     "hutch_eventlog_append_events_total": "events in those appends",
     "hutch_eventlog_writes_total": "writes that carried appends to the log (a Kafka Produce, a SQLite transaction)",
     "hutch_eventlog_write_events_total": "events in those writes",
+    "hutch_eventlog_acked_handed_events_total": "events a Kafka subscriber had from this process's acknowledged "
+                                                "appends, without waiting for a Fetch to bring them back",
     "hutch_eventlog_index_copies_total": "Kafka transactions that copied the order topic into the keyed topic",
     "hutch_eventlog_index_copy_events_total": "events in those copies",
     "hutch_projector_batches_total": "batches the projector applied to the projection store",

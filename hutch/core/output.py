@@ -130,7 +130,10 @@ class OutputStreams(abc.ABC):
 
     @abc.abstractmethod
     async def close(self, stream_id: str) -> None:
-        """Save what is pending and close the stream; nothing when it is not open here."""
+        """Save what is pending and close the stream; nothing when it is not open here. Once it
+        returns every byte is saved and this process's readers see the stream closed; a store
+        shared between processes may tell the others a round trip later (their readers read
+        every byte, and end once they are told)."""
 
     async def open_all(self, stream_ids: Sequence[str], owner: StreamOwner | None = None) -> list[OutputWriter]:
         """``open`` each of them (an execution's stdout and stderr), in one go where the store

@@ -54,6 +54,9 @@ new one (``projections.runner``). Logs made before epochs existed have their fir
 event's id as theirs. Should two writers start on one empty topic at once, both write an
 epoch; the first in the topic is the log's, and both read that one back.
 
+A subscriber in the writing process has that process's appends as soon as they are
+acknowledged, and everything else as its Fetches bring it (``eventlog.kafka_follow``).
+
 Topics are created on start when missing, with unlimited retention (the log is the
 source of truth). Never change the partition count of an existing topic: per-sandbox
 reads look in the partition the key hashes to.
@@ -70,6 +73,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
@@ -77,6 +81,7 @@ from hutch.core import counters, phases
 from hutch.core.errors import InvalidInput, LogUnavailable
 from hutch.core.eventlog.base import EventLog, GroupMember, LogCapabilities
 from hutch.core.events import Encoded, Event
+from hutch.eventlog.kafka_follow import Inbox, follow
 from hutch.eventlog.kafka_groups import consume_group
 from hutch.eventlog.kafka_index import Indexer, Progress, last_progress
 from hutch.eventlog.kafka_records import (
@@ -135,6 +140,7 @@ class KafkaEventLog(EventLog):
         self._readable_poller: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._readers: dict[TopicPartition, PartitionReader] = {}
+        self._subscribers: set[Inbox] = set()  # handed this process's appends once acknowledged
         self._making_reader = asyncio.Lock()
         self._order_tp = TopicPartition(self.order_topic, 0)
         self._indexed_tp = TopicPartition(self.indexed_topic, 0)
@@ -359,10 +365,29 @@ class KafkaEventLog(EventLog):
                 if not fut.done():
                     fut.set_result(positions[i : i + len(evs)])
                 i += len(evs)
+            # Before the writers run (they wake on the loop's next turns): their projection
+            # waits need these, and a Fetch would bring them back a millisecond later.
+            self._hand_to_subscribers(group, positions)
         finally:
             self._writing = False
             if not self._closed:
                 self._dispatch()
+
+    def _hand_to_subscribers(self, group: list[tuple[Sequence[Event], list[Record], asyncio.Future[list[int]]]],
+                             positions: list[int]) -> None:
+        """This process's subscribers get an acknowledged group at once (``eventlog.kafka_follow``)."""
+        if not self._subscribers:
+            return
+        try:
+            events = (e for evs, _, _ in group for e in evs)
+            values = (value for _, recs, _ in group for _, value, _ in recs)
+            appended = [attrs.evolve(e, position=p, size=len(v))
+                        for e, p, v in zip(events, positions, values, strict=True)]
+        except Exception:  # never in the way of the answers: the Fetch brings them anyway
+            log.exception("acknowledged events not handed to this process's subscribers")
+            return
+        for inbox in self._subscribers:
+            inbox.acknowledged(appended)
 
     async def _write_resolving(self, events: list[Event], records: list[Record]) -> list[int]:
         """Write as one batch. The idempotent producer retries a batch it could not deliver
@@ -606,35 +631,16 @@ class KafkaEventLog(EventLog):
         return newest[0].position or 0 if newest else 0
 
     async def subscribe(self, after: int = 0) -> AsyncIterator[Event]:
-        # Long-polls: the broker answers as soon as a commit makes new events readable.
-        consumer = self._consumer(fetch_max_wait_ms=500)
-        tp = self._order_tp
-        started = False
+        # The order topic as the broker hands it out, and this process's own appends as soon
+        # as they are acknowledged, whichever comes first (``eventlog.kafka_follow``).
+        inbox = Inbox()
+        self._subscribers.add(inbox)
         try:
-            while not started:
-                try:
-                    await consumer.start()
-                    started = True
-                except KafkaError as err:
-                    log.warning("subscriber cannot reach Kafka (%s); retrying", err)
-                    await asyncio.sleep(1.0)
-            consumer.assign([tp])
-            consumer.seek(tp, after)  # position p is offset p - 1: the next one to read is offset `after`
-            while True:
-                try:
-                    batch = await consumer.getmany(tp, timeout_ms=1000, max_records=1000)
-                except KafkaError as err:
-                    log.warning("subscriber fetch failed (%s); retrying", err)
-                    await asyncio.sleep(0.5)
-                    continue
-                for rec in batch.get(tp, []):
-                    if phases.ON and (t0 := self._acked_at.pop(rec.offset + 1, 0)):
-                        phases.end("log: Produce answered -> its last event subscribed", t0)
-                    if not is_marker(rec.headers):
-                        yield decode_record(rec.value, rec.offset + 1)
+            async for event in follow(self._consumer(fetch_max_wait_ms=500), self._order_tp, after, inbox,
+                                      self._acked_at):
+                yield event
         finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            self._subscribers.discard(inbox)
 
     async def consume_group(self, group: str, member: GroupMember) -> None:
         await consume_group(self.bootstrap, self.topic, group, member, index_done=self._index_done)

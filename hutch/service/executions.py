@@ -22,7 +22,7 @@ from hutch.core.models import (
     SandboxSpec,
     SandboxStatus,
 )
-from hutch.core.output import OutputStreams, StreamOwner
+from hutch.core.output import OutputStreams, OutputWriter, StreamOwner
 from hutch.core.quantities import format_bytes, parse_duration
 from hutch.drivers.base import ExecRequest, ExecResult
 from hutch.drivers.roles import CommandRunner, SandboxFiles
@@ -150,22 +150,46 @@ class Executions:
         await self._commands.cancel(job_id)
         return await self._reads.get_execution(job_id, wait=10.0)
 
+    def open_streams(self, sandbox_id: str, execution_id: str, *, org_id: str) -> asyncio.Task[list[OutputWriter]]:
+        """A command's two streams, opened ahead of its ``start`` (``opened``): a create opens
+        them beside its owner row and the driver's provision instead of after them (on
+        PostgreSQL a lock statement, one round trip fewer in series on the way to the answer).
+        Whoever does not hand them to ``start`` ends them with ``discard_streams``."""
+        return asyncio.ensure_future(self._outputs.open_all(self._stream_ids(execution_id),
+                                                            StreamOwner(org_id, sandbox_id)))
+
+    async def discard_streams(self, execution_id: str, opened: asyncio.Future[list[OutputWriter]]) -> None:
+        """Streams opened ahead (``open_streams``) of a command that is not running: closed,
+        once their open is done (they are nobody's: no URL of them was given out). A command
+        ``start`` launched keeps them (it closes them when it ends)."""
+        if self.running(execution_id):
+            return
+        with contextlib.suppress(BaseException):
+            await opened
+        if not self.running(execution_id):
+            await self.close_streams(execution_id)  # a close of a stream not open here is nothing
+
     async def start(self, sandbox_id: str, execution_id: str, command: tuple[str, ...], timeout: float | None,
                     *, org_id: str, kind: str = "exec", stream: StreamOptions = RAW_OUTPUT,
                     budget: OutputBudget | None = None, preceded_by: Sequence[Command] = (),
                     recorded: Callable[[], None] = lambda: None, spec: SandboxSpec | None = None,
-                    minted: bool = False) -> None:
+                    minted: bool = False, opened: asyncio.Future[list[OutputWriter]] | None = None) -> None:
         """Record the command started and run it in the background. Its output is the
         organization's (``org_id``), kept within ``budget`` (Quotas.output_budget) until the
         retention drops it (service/retention.py). ``preceded_by``: commands recorded in the
         same append, before the start (a create's ``Start``): all of them or none. ``recorded``
         is called once they are in the log (before the command is launched). ``spec``: the
         sandbox's, when the store may not show it yet (recorded in this same append);
-        ``minted``: ``preceded_by`` creates an id made just now (Recorder.command)."""
+        ``minted``: ``preceded_by`` creates an id made just now (Recorder.command); ``opened``:
+        the streams, being opened already (``open_streams``)."""
         # Streams exist before anyone learns their URLs, so a reader never sees a 404.
-        owner = StreamOwner(org_id, sandbox_id)
-        with phases.span("streams: open both"):
-            stdout, stderr = await self._outputs.open_all(self._stream_ids(execution_id), owner)
+        with phases.span("streams: open both (what is left of it)" if opened is not None else "streams: open both"):
+            try:
+                stdout, stderr = await (opened if opened is not None else self._outputs.open_all(
+                    self._stream_ids(execution_id), StreamOwner(org_id, sandbox_id)))
+            except BaseException:
+                await self.close_streams(execution_id)  # the one of the two that opened, if any
+                raise
         launched: list[asyncio.Task[None]] = []
 
         def launch(position: int) -> None:
@@ -193,8 +217,9 @@ class Executions:
             raise
 
     async def close_streams(self, execution_id: str) -> None:
-        """Every byte saved and both streams closed: before the execution is recorded finished,
-        so a reader that sees it finished reads its whole output."""
+        """Every byte saved and both streams closed (here; elsewhere a round trip later, see
+        ``OutputStreams.close``): before the execution is recorded finished, so a reader that
+        sees it finished reads its whole output."""
         with phases.span("streams: close both"):
             await self._outputs.close_all(self._stream_ids(execution_id))
 

@@ -15,7 +15,7 @@ from hutch.core import ids, phases
 from hutch.core.errors import DriverFailure, HutchError, NotSupported, ReplicaUnavailable
 from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
 from hutch.core.models import SandboxSpec, SandboxState, SandboxStatus
-from hutch.core.output import OutputStreams, StreamOwner
+from hutch.core.output import OutputStreams, OutputWriter, StreamOwner
 from hutch.core.replicas import Replicas
 from hutch.drivers import egress
 from hutch.drivers.base import Capabilities, ProvisionRequest
@@ -108,8 +108,18 @@ class Provisioning:
             # a sandbox quota, whose lock is held until the Create is in (the overlap below).
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
-            await self._replicas.own(sandbox_id)
-            await self._start_sandbox(sandbox_id, req, execution_id, create=create)
+            # The command's streams are opened beside the owner row and the driver's provision
+            # (on PostgreSQL a lock statement: one round trip fewer in series before the answer).
+            opened = self._executions.open_streams(sandbox_id, execution_id, org_id=spec.org_id) \
+                if execution_id else None
+            try:
+                with phases.span("create: owner row"):
+                    await self._replicas.own(sandbox_id)
+                await self._start_sandbox(sandbox_id, req, execution_id, create=create, opened=opened)
+            except BaseException:
+                if opened is not None and execution_id:
+                    await self._executions.discard_streams(execution_id, opened)
+                raise
             return Created(sandbox=await self._reads.require(sandbox_id), execution_id=execution_id)
         made: asyncio.Task[None] | None = None
         async with self._recorder.lock(spec.org_id) if limited else contextlib.nullcontext(), \
@@ -179,9 +189,11 @@ class Provisioning:
             await self._lifecycle.destroy(sandbox_id)
 
     async def _start_sandbox(self, sandbox_id: str, req: CreateRequest, execution_id: str | None, *,
-                             made: asyncio.Task[None] | None = None, create: Create | None = None) -> None:
+                             made: asyncio.Task[None] | None = None, create: Create | None = None,
+                             opened: asyncio.Future[list[OutputWriter]] | None = None) -> None:
         """``made``: the driver's provision, already under way (``create``). ``create``: the
-        sandbox's Create, not recorded yet: appended with its start."""
+        sandbox's Create, not recorded yet: appended with its start. ``opened``: the initial
+        command's streams, being opened (``Executions.open_streams``)."""
         spec = req.spec
         try:
             with phases.span("create: provision awaited (overlapped: what is left of it)"):
@@ -244,7 +256,8 @@ class Provisioning:
                 await self._executions.start(sandbox_id, execution_id, req.command, default_timeout(req.spec),
                                              org_id=spec.org_id, stream=req.stream, budget=budget,
                                              preceded_by=first, recorded=lambda: recorded.append(True),
-                                             spec=spec if create is not None else None, minted=create is not None)
+                                             spec=spec if create is not None else None, minted=create is not None,
+                                             opened=opened)
             except HutchError as err:
                 if err.status is not None and err.status < 500:
                     # Refused, so nothing of the append was written (the command's start past the

@@ -441,5 +441,47 @@ async def test_a_writer_whose_session_was_lost_opens_and_saves_on_a_new_one(
     assert await shared.is_open(S1) and await shared.is_open(S2)  # both held again
     await outputs.close(S2)
     await outputs.close(S1)
-    assert await read_all(shared, S2) == b"after the loss"
+    assert await read_all(shared, S2) == b"after the loss"  # to its end: released on the new session
+    await closed_elsewhere(shared, S1)
+
+
+async def closed_elsewhere(shared: PostgresOutputStreams, stream_id: str, within: float = 5.0) -> None:
+    """Another replica sees the stream closed once the writer's release lands (a round trip
+    after ``close`` returned)."""
+    for _ in range(int(within / 0.02)):
+        if not await shared.is_open(stream_id):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{stream_id} still open for another replica {within} s after its close")
+
+
+async def test_a_close_answers_once_its_bytes_are_committed_and_the_release_follows(
+    replicas: tuple[PostgresOutputStreams, PostgresOutputStreams, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What follows a close (the command's end recorded) does not wait for the lock's release: a
+    round trip in series per command. Every byte is committed before the close returns, so a
+    reader elsewhere reads them all, and ends once the release lands."""
+    outputs, shared, _url = replicas
+    on_session = outputs._on_session
+    gate = asyncio.Event()
+
+    async def held(query: str, *args: object) -> object:
+        if "pg_advisory_unlock" in query:
+            await gate.wait()
+        return await on_session(query, *args)
+
+    monkeypatch.setattr(outputs, "_on_session", held)
+    writer = await outputs.open(S1)
+    writer.write(b"every byte")
+    await asyncio.wait_for(outputs.close(S1), 5)  # answered with the release held
+    assert not await outputs.is_open(S1)
+    assert await read_all(outputs, S1) == b"every byte"  # this process's readers: closed at once
+    assert await shared.is_open(S1), "the release is held"
+    follower = Follower(shared, S1)
+    await asyncio.wait_for(follower.first.wait(), 10)
+    assert b"".join(follower.got) == b"every byte", "committed before the close answered"
+    await asyncio.sleep(0.3)
+    assert not follower.task.done(), "open elsewhere until the release lands"
+    gate.set()
+    await asyncio.wait_for(follower.task, 10)
     assert not await shared.is_open(S1)
