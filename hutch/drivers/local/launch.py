@@ -111,7 +111,7 @@ class Launcher:
             for p in ((d / "merged",) if disk else (d / "upper", d / "work", d / "merged")):
                 p.mkdir()
         uid = ROOTLESS_UID if self._rootless else uids.claim(d)
-        _put(d / "uid", str(uid).encode())
+        uids.record(d, uid)
         return uid
 
     async def launch(self, d: Path, sb: LocalSandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
