@@ -2,14 +2,15 @@
 
     python bench/inodes.py [--n 40] [--runtime python:3.13] [--rate]
 
-A LocalDriver (its own data dir under /work, warm pool off) makes ``--n`` idle sandboxes from
+A LocalDriver (its own data dir under $TMPDIR, warm pool off) makes ``--n`` idle sandboxes from
 scratch, then destroys them, then makes and destroys ``--n`` again (the second round takes
 the spare skeletons the first left, spares.py). Counted by walking the data dir and the uid
 registry (only the claims naming this data dir) before and after each step, so the other
 users of the host's file system do not count: per sandbox, the inodes that appeared (by
 name relative to the sandbox dir, and how many are new inode numbers, i.e. an allocation on
-ext4) and the ones a destroy left. ``--rate`` also times a create+destroy loop (8 at a
-time) and prints creates/s with the load average: indicative only on a shared host.
+ext4) and the ones a destroy left. ``--rate`` also times ``--rate-n`` idle creates (8 at a
+time), then their destroys, and prints creates/s with the load average: indicative only on
+a shared host.
 Not a test: the figures are for a person.
 """
 
@@ -79,7 +80,7 @@ async def main() -> None:
     from hutch.drivers.local.driver import LocalDriver
     from hutch.drivers.local.rootfs import default_cache
 
-    data = Path(tempfile.mkdtemp(prefix="inodes-", dir="/work/tmp" if Path("/work/tmp").is_dir() else None))
+    data = Path(tempfile.mkdtemp(prefix="inodes-"))  # $TMPDIR: put it on the file system to measure
     driver = LocalDriver(data, default_cache())
     await driver.start()
     reg = uids.UID_REGISTRY
@@ -112,26 +113,34 @@ async def main() -> None:
             for rel, c in sorted(shape(kept, data, sids).items()):
                 print(f"  {c / n:5.2f}  kept {rel}")
         if args.rate:
+            # As bench/idle_memory.py's creates: --rate-n idle sandboxes, 8 at a time, then
+            # their destroys; past the first few, no spare is left and every create allocates.
             conc, total, took = 8, args.rate_n, []
-            left_n = total
+            sids = [f"in{os.getpid()}x{next(seq)}" for _ in range(total)]
+            todo = iter(sids)
 
-            async def worker() -> None:
-                nonlocal left_n
-                while left_n > 0:
-                    left_n -= 1
-                    sid = f"in{os.getpid()}x{next(seq)}"
+            async def creator() -> None:
+                for sid in todo:
                     t0 = time.perf_counter()
                     await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=args.runtime))
                     took.append(time.perf_counter() - t0)
+
+            async def destroyer() -> None:
+                for sid in todo:
                     await driver.destroy(sid)
 
             load0 = os.getloadavg()[0]
             t0 = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(conc)))
-            wall = time.perf_counter() - t0
+            await asyncio.gather(*(creator() for _ in range(conc)))
+            made = time.perf_counter() - t0
+            todo = iter(sids)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(destroyer() for _ in range(conc)))
+            await driver._trash.drain()
+            gone = time.perf_counter() - t0
             took.sort()
-            print(f"\n== rate: {total} create+destroy, {conc} at a time: {total / wall:.0f} creates/s "
-                  f"(with their destroys), provision p50 {took[len(took) // 2] * 1000:.1f} ms; "
+            print(f"\n== rate: {total} idle creates, {conc} at a time: {total / made:.0f} creates/s, provision "
+                  f"p50 {took[len(took) // 2] * 1000:.1f} ms; then {total / gone:.0f} destroys/s; "
                   f"load {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     finally:
         for sid in await driver.alive():
