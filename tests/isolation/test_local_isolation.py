@@ -537,6 +537,11 @@ async def test_destroy_leaves_no_process_mount_cgroup_or_file(driver: LocalDrive
     assert sid not in await driver.alive()
 
 
+def _own_mounts() -> str:
+    with open("/proc/self/mountinfo") as fh:
+        return fh.read()
+
+
 async def test_a_create_makes_only_its_layer_on_the_data_dir(driver: LocalDriver) -> None:
     """Every inode a create allocates on the data dir's file system is a scan past recently
     freed ones on a journal-less ext4 (docs/idle.md): the sandbox's dir holds its upper and
@@ -549,8 +554,7 @@ async def test_a_create_makes_only_its_layer_on_the_data_dir(driver: LocalDriver
     mount_point = driver.sandbox_root / ".mnt"
     assert os.listdir(mount_point) == []
     assert not os.path.ismount(mount_point)
-    with open("/proc/self/mountinfo") as fh:
-        assert str(d) not in fh.read()
+    assert str(d) not in _own_mounts()
     sid2 = await provision(driver, PY)  # a second over the same mount point: each its own root
     r1, out1 = await run(driver, sid, "sh", "-c", "echo one > /workspace/f; cat /workspace/f")
     r2, out2 = await run(driver, sid2, "sh", "-c", "ls -A /workspace")
