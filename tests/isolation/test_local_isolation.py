@@ -537,6 +537,32 @@ async def test_destroy_leaves_no_process_mount_cgroup_or_file(driver: LocalDrive
     assert sid not in await driver.alive()
 
 
+def _own_mounts() -> str:
+    with open("/proc/self/mountinfo") as fh:
+        return fh.read()
+
+
+async def test_a_create_makes_only_its_layer_on_the_data_dir(driver: LocalDriver) -> None:
+    """Every inode a create allocates on the data dir's file system is a scan past recently
+    freed ones on a journal-less ext4 (docs/idle.md): the sandbox's dir holds its upper and
+    work layers, its record and its zygote socket, no uid file nor mount point of its own.
+    The overlay is mounted on the data dir's one shared mount point in the sandbox's own
+    mount namespace only: on the host that directory stays empty and is no mount point."""
+    sid = await provision(driver, PY)
+    d = driver.sandbox_root / sid
+    assert sorted(os.listdir(d)) == ["meta.json", "upper", "work", "zygote.sock"]
+    mount_point = driver.sandbox_root / ".mnt"
+    assert os.listdir(mount_point) == []
+    assert not os.path.ismount(mount_point)
+    assert str(d) not in _own_mounts()
+    sid2 = await provision(driver, PY)  # a second over the same mount point: each its own root
+    r1, out1 = await run(driver, sid, "sh", "-c", "echo one > /workspace/f; cat /workspace/f")
+    r2, out2 = await run(driver, sid2, "sh", "-c", "ls -A /workspace")
+    assert (r1.exit_code, out1.stdout, r2.exit_code, out2.stdout) == (0, "one\n", 0, ""), (out1.stderr, out2.stderr)
+    for s in (sid, sid2):
+        await driver.destroy(s)
+
+
 def _spares(driver: LocalDriver) -> int:
     return sum(map(len, driver._spares._by_key.values()))
 

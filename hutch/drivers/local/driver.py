@@ -80,7 +80,7 @@ from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
 from hutch.drivers.local.executions import LocalExecutions
 from hutch.drivers.local.fsops import Files
 from hutch.drivers.local.fspause import FilesystemPause
-from hutch.drivers.local.launch import ROOTLESS_TMP, Launcher
+from hutch.drivers.local.launch import MOUNT_POINT, ROOTLESS_TMP, Launcher
 from hutch.drivers.local.layercache import LayerLimits, LayerSweeper
 from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
@@ -209,6 +209,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
     def _prepare(self) -> Path:
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandbox_root, 0o700)  # upper layers: only root (the overlay's mounter) needs in
+        (self.sandbox_root / MOUNT_POINT).mkdir(mode=0o700, exist_ok=True)  # every pid 1's (launch.py)
         self._spares.reset()
         self._trash.reset()
         # Shared per host next to the runtimes (compiled once), else per data dir.

@@ -30,6 +30,13 @@ from hutch.drivers.local.state import LocalSandbox, Registry
 
 # Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
 ROOTLESS_UID = 1000
+# Where pid 1 mounts its overlay before pivoting into it: one empty directory per data dir,
+# shared by every sandbox, not a ``merged`` of each. The mount is made in the sandbox's own
+# mount namespace (private from the host's first), where it is the only one on that
+# directory, and pivot_root leaves it at "/": nothing on the host ever sees it, and a
+# directory per sandbox was one more inode a create allocates on the data dir's file system
+# (on this host's journal-less ext4 each a scan past recently freed ones, docs/idle.md).
+MOUNT_POINT = ".mnt"
 ROOTLESS_TMP = ("/tmp", "/var/tmp")  # made writable in the upper layer (see populate_upper)
 HOME = rootfs.SANDBOX_HOME
 USER = rootfs.SANDBOX_USER
@@ -100,7 +107,7 @@ class Launcher:
         return sb
 
     def _make_dir(self, d: Path, lower: list[Path], disk: int | None, *, spare: bool = True) -> int:
-        """The sandbox's directory (upper, work, merged) and its uid, claimed for it."""
+        """The sandbox's directory (upper and work) and its uid, claimed for it."""
         # A skeleton of an earlier sandbox (spares.py); never for a disk limit (disks.py), nor
         # for another account than agentuity (a skeleton has agentuity's home).
         spare = spare and not disk and self._spares.take(layers_key(lower), d)
@@ -108,10 +115,11 @@ class Launcher:
             d.mkdir(mode=0o700)
             if disk:
                 disks.attach(d, disk)  # upper and work: symlinks into the limited file system
-            for p in ((d / "merged",) if disk else (d / "upper", d / "work", d / "merged")):
-                p.mkdir()
+            else:
+                (d / "upper").mkdir()
+                (d / "work").mkdir()
         uid = ROOTLESS_UID if self._rootless else uids.claim(d)
-        _put(d / "uid", str(uid).encode())
+        uids.record(d, uid)
         return uid
 
     async def launch(self, d: Path, sb: LocalSandbox, lower: list[Path], netfilter: bytes | None = None) -> tuple[int, int]:
@@ -183,7 +191,7 @@ class Launcher:
             cmd += ["--zygote-fd", str(listener)]
             pass_fds.append(listener)
         cmd += ["--ov-lower", ":".join(str(p) for p in lower), "--ov-upper", str(d / "upper"),
-                "--ov-work", str(d / "work"), "--ov-target", str(d / "merged"),
+                "--ov-work", str(d / "work"), "--ov-target", str(self._registry.sandbox_root / MOUNT_POINT),
                 "--boot-id", new_boot_id()]
         return cmd
 

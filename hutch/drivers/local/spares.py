@@ -82,9 +82,11 @@ class SpareDirs:
 
     def _is_skeleton(self, d: Path) -> bool:
         try:
-            if not set(os.listdir(d)) <= {"uid", "upper", "work", "merged", "meta.json"}:
+            names = set(os.listdir(d))
+            if not names <= {"uid", "upper", "work", "merged", "meta.json"}:
                 return False  # checkpoints, a restore's trash, a half-written meta
-            if os.listdir(d / "merged") or not _xattrs_ok(d / "merged"):
+            # merged: a mount point of an earlier server's sandbox (launch.MOUNT_POINT now)
+            if "merged" in names and (os.listdir(d / "merged") or not _xattrs_ok(d / "merged")):
                 return False
             work = os.listdir(d / "work")
             if not set(work) <= {"work"} or (work and os.listdir(d / "work" / "work")):

@@ -5,6 +5,7 @@ subordinate ranges) and those a process still runs as."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import grp
 import os
@@ -20,6 +21,12 @@ UID_BASE = int(os.environ.get("HUTCH_UID_BASE", "200000"))
 UID_COUNT = 60_000
 # Who holds which uid: host-wide, shared by every server on the host (see claim).
 UID_REGISTRY = Path(os.environ.get("HUTCH_UID_REGISTRY", "/run/hutch/uids"))
+# Which uid a sandbox dir holds: an extended attribute of the dir itself, not a file in it.
+# A small attribute lives in the dir's own inode, and every inode a create allocates on this
+# host's journal-less ext4 costs a scan past recently freed ones (spares.py, docs/idle.md).
+# ``user.``: a rootless server may set it on its own dirs too; no sandbox can reach the dir.
+UID_XATTR = "user.hutch.uid"
+UID_FILE = "uid"  # where the uid is when the file system keeps no user attributes (or older dirs)
 
 
 def uid_running(uid: int) -> bool:
@@ -120,8 +127,26 @@ def move_claim(uid: int, old: Path, new: Path) -> None:
         put(held, str(new).encode())
 
 
+def record(owner: Path, uid: int) -> None:
+    """Note on ``owner`` (a sandbox dir) which uid it holds, for ``release``."""
+    try:
+        os.setxattr(owner, UID_XATTR, str(uid).encode())
+    except OSError as err:
+        if err.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        put(owner / UID_FILE, str(uid).encode())  # e.g. a tmpfs before Linux 6.6
+
+
+def recorded(owner: Path) -> int:
+    """The uid ``record`` noted on ``owner``; OSError or ValueError if none."""
+    try:
+        return int(os.getxattr(owner, UID_XATTR))
+    except OSError:
+        return int(get(owner / UID_FILE))  # written by an earlier server, or no attributes here
+
+
 def release(owner: Path) -> None:
     with contextlib.suppress(OSError, ValueError):
-        held = UID_REGISTRY / str(int(get(owner / "uid")))
+        held = UID_REGISTRY / str(recorded(owner))
         if get(held).decode() == str(owner):
             os.unlink(held)
