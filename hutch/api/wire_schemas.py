@@ -240,9 +240,10 @@ FILES_WRITTEN = obj({"filesWritten": INTEGER}, ("filesWritten",))
 ISO_TIME: Schema = {"type": "string", "format": "date-time", "description": "an ISO 8601 time"}
 EMPTY = obj({}, description="no fields read")
 FORK = obj({"count": {"type": "integer", "minimum": 1, "maximum": MAX_COPIES}})
+# Open, as the Agentuity wire's routes are (api/body_fields.py): a later client's own fields are
+# taken; a look-alike of ``memory`` is refused.
 PAUSE = obj({"memory": {**BOOLEAN, "description": "false: filesystem-only, every process ended, the files kept; "
-                                                  "the resume boots it again (default true: frozen, memory kept)"}},
-            additionalProperties=False)
+                                                  "the resume boots it again (default true: frozen, memory kept)"}})
 BUILD_SNAPSHOT = obj({"runtime": {"type": "string", "minLength": 1, "description": "a runtime name or id (srt_...)"},
                       "name": SNAPSHOT_NAME, "tag": SNAPSHOT_TAG, "description": STRING, "message": STRING,
                       "contentHash": STRING, "force": BOOLEAN, "public": BOOLEAN, "encrypt": BOOLEAN,
