@@ -11,7 +11,6 @@ nothing of the host's.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -34,13 +33,6 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 def host_boot_id() -> str:
     return Path(BOOT_ID).read_text().strip()
-
-
-@pytest.fixture
-async def sandbox(driver: LocalDriver) -> AsyncIterator[str]:
-    sid = await provision(driver, PY)
-    yield sid
-    await driver.destroy(sid)
 
 
 async def python(driver: LocalDriver, sid: str, code: str) -> tuple[ExecResult, Recorder]:

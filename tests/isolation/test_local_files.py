@@ -32,18 +32,10 @@ from tests.drivers_support import (
     built_runtimes,  # noqa: F401  (fixture)
     local_data_dir,  # noqa: F401  (fixture)
     new_id,
-    provision,
 )
 from tests.isolation.test_local_isolation import PY, python, run
 
 pytestmark = pytest.mark.isolation
-
-
-@pytest.fixture
-async def sandbox(driver: LocalDriver) -> AsyncIterator[str]:
-    sid = await provision(driver, PY)
-    yield sid
-    await driver.destroy(sid)
 
 
 async def read(driver: LocalDriver, sid: str, path: str) -> bytes:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,6 @@ pytestmark = pytest.mark.isolation
 
 PY = "python:3.13"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-
-
-@pytest.fixture
-async def sandbox(driver: LocalDriver) -> AsyncIterator[str]:
-    sid = await provision(driver, PY)
-    yield sid
-    await driver.destroy(sid)
 
 
 async def run(driver: LocalDriver, sid: str, *argv: str, timeout: float | None = None) -> tuple[ExecResult, Recorder]:

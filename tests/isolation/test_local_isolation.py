@@ -17,7 +17,6 @@ import socket
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -38,13 +37,6 @@ from tests.isolation import channel_probe, terminal_probe
 pytestmark = pytest.mark.isolation
 
 PY = "python:3.13"
-
-
-@pytest.fixture
-async def sandbox(driver: LocalDriver) -> AsyncIterator[str]:
-    sid = await provision(driver, PY)
-    yield sid
-    await driver.destroy(sid)
 
 
 async def run(driver: LocalDriver, sid: str, *argv: str, **kw: object) -> tuple[ExecResult, Recorder]:
