@@ -511,7 +511,7 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
         # twice). It changes nothing: an ended sandbox is not made live again.
         return sandbox
     if isinstance(data, SandboxDiscarded):
-        return _evolve_discarded(sandbox, event.sandbox_id, data, at)
+        return _evolve_discarded(sandbox, event, data, at)
     if sandbox is None:
         return None  # an event for a sandbox we never saw created: nothing to fold into
     match data:
@@ -536,15 +536,17 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             return _evolve_status(sandbox, data, at)
 
 
-def _evolve_discarded(sandbox: SandboxState | None, sandbox_id: str, data: SandboxDiscarded,
+def _evolve_discarded(sandbox: SandboxState | None, event: Event, data: SandboxDiscarded,
                       at: str) -> SandboxState:
-    """Nothing recorded: a state that holds only why (``unrecorded``: no reader sees it), for a
-    create that lands late to fold into. Recorded meanwhile (the create landed before the
-    survivor appended this): failed, as it is gone. Over already: as it was."""
+    """Nothing recorded: a state that holds only why and whose it is (``unrecorded``: no reader
+    sees it as a sandbox), for a create that lands late to fold into; its organization is the
+    envelope's (its owner row's: service/takeover.py), "" in records from before that was kept
+    (nobody's). Recorded meanwhile (the create landed before the survivor appended this):
+    failed, as it is gone. Over already: as it was."""
     if sandbox is None:
-        return SandboxState(sandbox_id=sandbox_id, spec=SandboxSpec(runtime="", runtime_id="", org_id=""),
-                            status=SandboxStatus.FAILED, created_at="", updated_at=at, reason=data.reason,
-                            discarded=data.reason)
+        spec = SandboxSpec(runtime="", runtime_id="", org_id=event.org or "", project_id=event.project)
+        return SandboxState(sandbox_id=event.sandbox_id, spec=spec, status=SandboxStatus.FAILED, created_at="",
+                            updated_at=at, reason=data.reason, discarded=data.reason)
     if sandbox.status.is_final:
         return sandbox
     return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=data.reason, discarded=data.reason,
