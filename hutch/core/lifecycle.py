@@ -504,8 +504,10 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
         if sandbox.unrecorded:
             # Appended after a survivor ended it (its append began while its replica's lease
             # held, and landed late): what it records is gone, so it is over from the start.
+            # The discard's bytes stay counted: the log keeps it too.
             return attrs.evolve(created, status=SandboxStatus.FAILED, discarded=sandbox.discarded,
-                                reason=f"{sandbox.discarded}; its create was recorded only after that")
+                                reason=f"{sandbox.discarded}; its create was recorded only after that",
+                                log_bytes=sandbox.log_bytes)
         # Recorded already: ``decide`` makes one create per id, so this is the log's own
         # duplicate (eventlog/kafka.py: a batch resolved after a failed Produce can be written
         # twice). It changes nothing: an ended sandbox is not made live again.

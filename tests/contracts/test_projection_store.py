@@ -210,6 +210,7 @@ async def test_a_discard_naming_its_tenant_is_filed_under_it_and_listed_nowhere(
     sb = await store.get_sandbox("sbx_1")
     assert sb is not None and sb.status is SandboxStatus.FAILED and sb.discarded == LOST and sb.spec.org_id == "org_acme"
     assert [s.sandbox_id for s in (await store.list_sandboxes(SandboxQuery(org_id="org_acme")))[0]] == ["sbx_1"]
+    assert await store.event_bytes("org_acme") == recorded_size(discard) + recorded_size(late)
 
 
 async def test_a_discard_after_the_create_landed_fails_the_sandbox_and_its_commands(store: ProjectionStore) -> None:
