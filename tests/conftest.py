@@ -72,8 +72,9 @@ NOT_QUICK = (  # module paths or test ids (a prefix of the id), each for its rea
     "tests/contracts/test_output.py::test_a_killed_writer_reads_as_closed_with_every_saved_byte",
     "tests/contracts/test_output.py::test_a_writer_whose_session_was_lost_opens_and_saves_on_a_new_one",
     "tests/contracts/test_output.py::test_a_close_answers_once_its_bytes_are_committed_and_the_release_follows",
-    "tests/contracts/test_replicas.py::test_a_lapsed_lease",  # PostgreSQL, as the six below
+    "tests/contracts/test_replicas.py::test_a_lapsed_lease",  # PostgreSQL, as those below
     "tests/contracts/test_replicas.py::test_a_replica_",
+    "tests/contracts/test_replicas.py::test_a_take_over_says",
     "tests/contracts/test_replicas.py::test_a_claimed_replica",
     "tests/contracts/test_replicas.py::test_another_replica",
     "tests/contracts/test_replicas.py::test_live_replicas",

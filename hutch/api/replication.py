@@ -29,7 +29,7 @@ from hutch.api.routes import proxy
 from hutch.api.routes.streams import STDIN_TOKEN
 from hutch.core.errors import DriverFailure, InvalidInput, ReplicaUnavailable
 from hutch.core.events import Event
-from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas
+from hutch.core.replicas import RENEW_SECONDS, Claimed, Handle, Replicas, Tenant
 from hutch.core.tenancy import secrets_match
 from hutch.service.engine import Engine
 from hutch.service.sandbox_streams import is_sandbox_stream
@@ -207,14 +207,15 @@ class Replication:
 
     async def _adopt(self, claimed: Claimed) -> None:
         why = f"the replica running it ({claimed.dead_replica}) was lost"
+        tenants = dict(claimed.tenants)
         for sandbox_id, handle in claimed.sandboxes:
             try:
-                await self._adopt_one(sandbox_id, handle, why)
+                await self._adopt_one(sandbox_id, handle, why, tenants.get(sandbox_id))
             except Exception:
                 log.exception("taking over sandbox %s failed", sandbox_id)
 
-    async def _adopt_one(self, sandbox_id: str, handle: Handle | None, why: str) -> None:
-        if not await self.engine.takeover.adopt(sandbox_id, handle, why):
+    async def _adopt_one(self, sandbox_id: str, handle: Handle | None, why: str, tenant: Tenant | None) -> None:
+        if not await self.engine.takeover.adopt(sandbox_id, handle, why, tenant):
             await self.replicas.disown(sandbox_id)
 
     def observe(self, batch: Sequence[Event]) -> None:

@@ -91,8 +91,10 @@ class SandboxDiscarded:
     its create was appended (service/takeover.py). Final: a ``create`` or ``lifecycle:started``
     of the same id appended after it (an append that began while that replica's lease held and
     landed late) folds into a sandbox ``failed`` with this reason, never a live one; one
-    appended before it is failed by it. Until such a create lands, nobody sees the sandbox
-    (it has no organization): the projections keep it hidden (``SandboxState.unrecorded``)."""
+    appended before it is failed by it. Until such a create lands there is no sandbox to see
+    (no spec): the projections keep it hidden (``SandboxState.unrecorded``). Its envelope names
+    the organization that asked for it (kept with the sandbox's owner row); records from before
+    that was kept name none, and are folded as nobody's."""
 
     type: ClassVar[str] = "lifecycle:discarded"
     reason: str

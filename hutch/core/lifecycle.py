@@ -504,14 +504,16 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
         if sandbox.unrecorded:
             # Appended after a survivor ended it (its append began while its replica's lease
             # held, and landed late): what it records is gone, so it is over from the start.
+            # The discard's bytes stay counted: the log keeps it too.
             return attrs.evolve(created, status=SandboxStatus.FAILED, discarded=sandbox.discarded,
-                                reason=f"{sandbox.discarded}; its create was recorded only after that")
+                                reason=f"{sandbox.discarded}; its create was recorded only after that",
+                                log_bytes=sandbox.log_bytes)
         # Recorded already: ``decide`` makes one create per id, so this is the log's own
         # duplicate (eventlog/kafka.py: a batch resolved after a failed Produce can be written
         # twice). It changes nothing: an ended sandbox is not made live again.
         return sandbox
     if isinstance(data, SandboxDiscarded):
-        return _evolve_discarded(sandbox, event.sandbox_id, data, at)
+        return _evolve_discarded(sandbox, event, data, at)
     if sandbox is None:
         return None  # an event for a sandbox we never saw created: nothing to fold into
     match data:
@@ -536,15 +538,17 @@ def _evolve(sandbox: SandboxState | None, event: Event) -> SandboxState | None:
             return _evolve_status(sandbox, data, at)
 
 
-def _evolve_discarded(sandbox: SandboxState | None, sandbox_id: str, data: SandboxDiscarded,
+def _evolve_discarded(sandbox: SandboxState | None, event: Event, data: SandboxDiscarded,
                       at: str) -> SandboxState:
-    """Nothing recorded: a state that holds only why (``unrecorded``: no reader sees it), for a
-    create that lands late to fold into. Recorded meanwhile (the create landed before the
-    survivor appended this): failed, as it is gone. Over already: as it was."""
+    """Nothing recorded: a state that holds only why and whose it is (``unrecorded``: no reader
+    sees it as a sandbox), for a create that lands late to fold into; its organization is the
+    envelope's (its owner row's: service/takeover.py), "" in records from before that was kept
+    (nobody's). Recorded meanwhile (the create landed before the survivor appended this):
+    failed, as it is gone. Over already: as it was."""
     if sandbox is None:
-        return SandboxState(sandbox_id=sandbox_id, spec=SandboxSpec(runtime="", runtime_id="", org_id=""),
-                            status=SandboxStatus.FAILED, created_at="", updated_at=at, reason=data.reason,
-                            discarded=data.reason)
+        spec = SandboxSpec(runtime="", runtime_id="", org_id=event.org or "", project_id=event.project)
+        return SandboxState(sandbox_id=event.sandbox_id, spec=spec, status=SandboxStatus.FAILED, created_at="",
+                            updated_at=at, reason=data.reason, discarded=data.reason)
     if sandbox.status.is_final:
         return sandbox
     return attrs.evolve(sandbox, status=SandboxStatus.FAILED, reason=data.reason, discarded=data.reason,

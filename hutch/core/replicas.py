@@ -40,11 +40,22 @@ Handle = dict[str, str]  # what a driver needs to adopt a sandbox it did not pla
 
 
 @attrs.frozen
+class Tenant:
+    """Whose a sandbox is, kept with its owner row: a survivor that ends one no event records
+    (service/takeover.py) files that end under the organization that asked for it."""
+
+    org_id: str
+    project_id: str | None = None
+
+
+@attrs.frozen
 class Claimed:
-    """What one take-over moved to this replica: a dead replica's sandboxes and their handles."""
+    """What one take-over moved to this replica: a dead replica's sandboxes and their handles,
+    and whose each is where its owner row says (rows from before it was kept say nothing)."""
 
     dead_replica: str
     sandboxes: tuple[tuple[str, Handle | None], ...]
+    tenants: tuple[tuple[str, Tenant], ...] = ()  # sandbox id, whose it is
 
 
 class Replicas(abc.ABC):
@@ -64,8 +75,8 @@ class Replicas(abc.ABC):
         return False
 
     @abc.abstractmethod
-    async def own(self, sandbox_id: str) -> None:
-        """Record this replica as the owner of a new sandbox."""
+    async def own(self, sandbox_id: str, tenant: Tenant | None = None) -> None:
+        """Record this replica as the owner of a new sandbox, and whose it is (``tenant``)."""
 
     async def set_handle(self, sandbox_id: str, handle: Handle) -> None:  # noqa: B027 - optional
         """Where the driver placed it, kept for whoever takes it over."""
@@ -138,7 +149,7 @@ class SoleReplica(Replicas):
     def __init__(self, me: str = "sole", url: str = "") -> None:
         self.me, self.url = me, url
 
-    async def own(self, sandbox_id: str) -> None:
+    async def own(self, sandbox_id: str, tenant: Tenant | None = None) -> None:
         return None
 
     async def owner(self, sandbox_id: str) -> Owner | None:

@@ -213,7 +213,10 @@ class ProjectionStore(abc.ABC):
         there are in all. ``reset`` forgets them; a rebuild records them again."""
 
     @abc.abstractmethod
-    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None: ...
+    async def get_sandbox(self, sandbox_id: str, *, unrecorded: bool = False) -> SandboxState | None:
+        """The sandbox, or None. One only a survivor's ``lifecycle:discarded`` records
+        (``SandboxState.unrecorded``) is kept for the fold and its tenant's reads of its end,
+        and is returned only when asked for (``unrecorded``): there is no sandbox to show."""
 
     @abc.abstractmethod
     async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:

@@ -146,9 +146,9 @@ class MemoryProjectionStore(ProjectionStore):
         self._by_sandbox[sandbox_id] = [ex.execution_id for ex in executions]
         self._executions.update((ex.execution_id, ex) for ex in executions)
 
-    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
+    async def get_sandbox(self, sandbox_id: str, *, unrecorded: bool = False) -> SandboxState | None:
         found = self._sandboxes.get(sandbox_id) or self._ended.sandbox(sandbox_id)
-        return None if found is not None and found.unrecorded else found  # kept for the fold only
+        return None if found is not None and found.unrecorded and not unrecorded else found
 
     async def list_sandboxes(self, query: SandboxQuery) -> tuple[list[SandboxState], int]:
         found = [s for s in self._sandboxes.values() if matches(s, query)]

@@ -336,11 +336,11 @@ class PostgresProjectionStore(ProjectionStore):
     # read is safe to repeat on the fresh connection the pool opens instead.
 
     @_read_once_more
-    async def get_sandbox(self, sandbox_id: str) -> SandboxState | None:
+    async def get_sandbox(self, sandbox_id: str, *, unrecorded: bool = False) -> SandboxState | None:
         async with self._conn() as conn:
             row = await conn.fetchrow("SELECT doc FROM sandboxes WHERE sandbox_id = $1", sandbox_id)
         found = _sandbox(row) if row else None
-        return None if found is not None and found.unrecorded else found  # kept for the fold only
+        return None if found is not None and found.unrecorded and not unrecorded else found
 
     @_read_once_more
     async def event_bytes(self, org_id: str) -> int:

@@ -106,10 +106,12 @@ def where_clause(q: SandboxQuery) -> tuple[list[str], list[Any]]:
         args.append(value)
         return f"${len(args)}"
 
+    # Never one that is only a lifecycle:discarded (SandboxState.unrecorded: no create, so no
+    # creation time). It has its tenant's organization (its log bytes count against its quota),
+    # but there is no sandbox to list.
+    where.append("created_at <> ''")
     if q.org_id is not None:
         where.append(f"org_id = {arg(q.org_id)}")
-    else:  # not one that is only a lifecycle:discarded (SandboxState.unrecorded): no organization
-        where.append("org_id <> ''")
     if q.projects:
         where.append(f"project_id = ANY({arg(list(q.projects))})")
     if q.deleted_only:

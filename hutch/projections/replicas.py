@@ -29,7 +29,15 @@ from collections.abc import AsyncIterator
 import asyncpg
 
 from hutch.core.errors import ReplicaUnavailable
-from hutch.core.replicas import CURRENT_MARGIN, LEASE_SECONDS, Claimed, Handle, Owner, Replicas
+from hutch.core.replicas import (
+    CURRENT_MARGIN,
+    LEASE_SECONDS,
+    Claimed,
+    Handle,
+    Owner,
+    Replicas,
+    Tenant,
+)
 from hutch.storage.pg import UNAVAILABLE, Pool
 
 log = logging.getLogger(__name__)
@@ -53,15 +61,20 @@ WITH dead AS (
 ), moved AS (
     UPDATE hutch_sandbox_owners o SET replica_id = $1 FROM dead
     WHERE o.replica_id = dead.replica_id
-    RETURNING dead.replica_id AS dead, o.sandbox_id, o.handle
+    RETURNING dead.replica_id AS dead, o.sandbox_id, o.handle, o.org_id, o.project_id
 )
-SELECT d.replica_id AS dead, m.sandbox_id, m.handle
+SELECT d.replica_id AS dead, m.sandbox_id, m.handle, m.org_id, m.project_id
 FROM dead d LEFT JOIN moved m ON m.dead = d.replica_id"""
-# Owned ($2) and disowned ($3) ids, disjoint: both as one statement (either may be empty).
+# Owned ($2, whose: $4 and $5, in step) and disowned ($3) ids, disjoint: both as one statement
+# (either may be empty). Owned again without a tenant: the one it had stays.
 _OWNERS = """
 WITH gone AS (DELETE FROM hutch_sandbox_owners WHERE replica_id = $1 AND sandbox_id = ANY($3::text[]))
-INSERT INTO hutch_sandbox_owners (sandbox_id, replica_id) SELECT unnest($2::text[]), $1
-ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = EXCLUDED.replica_id"""
+INSERT INTO hutch_sandbox_owners (sandbox_id, replica_id, org_id, project_id)
+SELECT t.sandbox_id, $1, t.org_id, t.project_id
+  FROM unnest($2::text[], $4::text[], $5::text[]) AS t(sandbox_id, org_id, project_id)
+ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = EXCLUDED.replica_id,
+   org_id = coalesce(EXCLUDED.org_id, hutch_sandbox_owners.org_id),
+   project_id = CASE WHEN EXCLUDED.org_id IS NULL THEN hutch_sandbox_owners.project_id ELSE EXCLUDED.project_id END"""
 _OWNER = """
 SELECT o.replica_id, coalesce(r.url, '') AS url,
        coalesce(r.expires_at > now() AND r.claimed_by IS NULL, false) AS alive
@@ -87,6 +100,8 @@ class PostgresReplicas(Replicas):
         self._locks = Pool(dsn, what="replica locks", unavailable=ReplicaUnavailable, min_size=0, max_size=8)
         # Owner rows waiting for the next statement: id -> (owned, its callers' futures), in order.
         self._owners: dict[str, tuple[bool, list[asyncio.Future[None]]]] = {}
+        self._tenants: dict[str, Tenant] = {}  # whose each owned one waiting there is
+
         self._writing: asyncio.Task[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
 
@@ -158,7 +173,9 @@ class PostgresReplicas(Replicas):
         finally:
             await pool.release(conn)
 
-    async def own(self, sandbox_id: str) -> None:
+    async def own(self, sandbox_id: str, tenant: Tenant | None = None) -> None:
+        if tenant is not None:
+            self._tenants[sandbox_id] = tenant
         await self._owner_row(sandbox_id, owned=True, now=True)
         self._mine.add(sandbox_id)
 
@@ -187,11 +204,15 @@ class PostgresReplicas(Replicas):
             while self._owners:
                 await asyncio.sleep(0)  # the owns asked for with this one go too
                 batch, self._owners = self._owners, {}
+                tenants, self._tenants = self._tenants, {}
                 owned = [i for i, (own, _) in batch.items() if own]
                 gone = [i for i, (own, _) in batch.items() if not own]
+                whose = [tenants.get(i) for i in owned]
+                orgs = [t.org_id if t is not None else None for t in whose]
+                projects = [t.project_id if t is not None else None for t in whose]
                 try:
                     async with self._pg.conn() as conn:
-                        await conn.execute(_OWNERS, self.me, owned, gone)
+                        await conn.execute(_OWNERS, self.me, owned, gone, orgs, projects)
                 except Exception as err:
                     for _, futs in batch.values():
                         for fut in futs:
@@ -262,9 +283,14 @@ class PostgresReplicas(Replicas):
         async with self._pg.conn() as conn:
             rows = await conn.fetch(_CLAIM, self.me)
         by_dead: dict[str, list[tuple[str, Handle | None]]] = {}
+        tenants: dict[str, list[tuple[str, Tenant]]] = {}
         for row in rows:
             found = by_dead.setdefault(row["dead"], [])
             if row["sandbox_id"] is not None:
                 found.append((row["sandbox_id"], json.loads(row["handle"]) if row["handle"] else None))
                 self._mine.add(row["sandbox_id"])
-        return [Claimed(dead, tuple(sandboxes)) for dead, sandboxes in sorted(by_dead.items())]
+                if row["org_id"] is not None:
+                    tenants.setdefault(row["dead"], []).append(
+                        (row["sandbox_id"], Tenant(row["org_id"], row["project_id"])))
+        return [Claimed(dead, tuple(sandboxes), tuple(tenants.get(dead, ())))
+                for dead, sandboxes in sorted(by_dead.items())]

@@ -16,7 +16,7 @@ from hutch.core.errors import DriverFailure, HutchError, NotSupported, ReplicaUn
 from hutch.core.lifecycle import Create, Fail, ReportBuild, Start
 from hutch.core.models import SandboxSpec, SandboxState, SandboxStatus
 from hutch.core.output import OutputStreams, OutputWriter, StreamOwner
-from hutch.core.replicas import Replicas
+from hutch.core.replicas import Replicas, Tenant
 from hutch.drivers import egress
 from hutch.drivers.base import Capabilities, ProvisionRequest
 from hutch.drivers.roles import Adoption, NodeFleet, RuntimeCatalog, SandboxFiles, SandboxLifecycle
@@ -114,7 +114,7 @@ class Provisioning:
                 if execution_id else None
             try:
                 with phases.span("create: owner row"):
-                    await self._replicas.own(sandbox_id)
+                    await self._replicas.own(sandbox_id, Tenant(spec.org_id, spec.project_id))
                 await self._start_sandbox(sandbox_id, req, execution_id, create=create, opened=opened)
             except BaseException:
                 if opened is not None and execution_id:
@@ -126,7 +126,7 @@ class Provisioning:
                 self._replicas.serialised(f"quota:{spec.org_id}") if limited else contextlib.nullcontext():
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
-            await self._replicas.own(sandbox_id)  # this replica drives it (core/replicas.py)
+            await self._replicas.own(sandbox_id, Tenant(spec.org_id, spec.project_id))  # this replica drives it (core/replicas.py)
             if not build and not self._replicas.shared:
                 # The driver makes the sandbox while its Create is appended (for the same
                 # reasons as above), and nothing starts before the Start append.

@@ -46,6 +46,7 @@ from hutch.core.lifecycle import (
     decide_in_turn,
 )
 from hutch.core.models import SandboxState
+from hutch.core.replicas import Tenant
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
 from hutch.service.reads import Reads
@@ -151,17 +152,22 @@ class Recorder:
                     self._reads.disown(sandbox_id)
                 raise
 
-    async def discard(self, sandbox_id: str, reason: str) -> list[Event]:
+    async def discard(self, sandbox_id: str, reason: str, tenant: Tenant | None = None) -> list[Event]:
         """Record that a sandbox no event records (its replica was lost before appending its
         create) is ended, before it is (service/takeover.py): a create of it that lands later
         is then folded ``failed`` with ``reason``, never live (core.lifecycle). Decided against
-        the store as it is: a create that landed meanwhile is failed by it."""
+        the store as it is: a create that landed meanwhile is failed by it. ``tenant``: whose it
+        is (its owner row's), for the envelope where no create says; None (a row from before
+        it was kept): no organization, as before."""
         async with self.lock(sandbox_id):
-            events = decide(await self._store.get_sandbox(sandbox_id), Discard(reason))
+            sb = await self._store.get_sandbox(sandbox_id)
+            events = decide(sb, Discard(reason))
+            owner = (sb.spec.org_id, sb.spec.project_id) if sb is not None else \
+                (tenant.org_id, tenant.project_id) if tenant is not None else (None, None)
             try:
-                return await self._append(sandbox_id, events)
+                return await self._append(sandbox_id, events, owner=owner)
             finally:
-                self._owners.pop(sandbox_id, None)  # no organization yet: not remembered as none
+                self._owners.pop(sandbox_id, None)  # not remembered: a create landing late says whose it is
 
     async def act(self, sandbox_id: str, command_for: Callable[[SandboxState], C],
                   effect: Callable[[C], Awaitable[object]]) -> None:
@@ -184,15 +190,16 @@ class Recorder:
 
     async def _append(self, stream: str, payloads: Iterable[EventData], *,
                      durable: Callable[[int], None] | None = None, metered: bool | None = False,
-                     what: str = "") -> list[Event]:
+                     what: str = "", owner: tuple[str | None, str | None] | None = None) -> list[Event]:
         """Append events about ``stream``; the caller holds the stream's lock. ``durable``:
         what may start once the events are recorded, while the projector applies them.
-        ``metered``: a sandbox's events, counted (None) or refused past the quota (True)."""
+        ``metered``: a sandbox's events, counted (None) or refused past the quota (True).
+        ``owner``: their organization and project, where the caller knows better (``discard``)."""
         at = now_iso()
         payloads = list(payloads)
         if not payloads:
             return []
-        org, project = await self._owner(stream, payloads[0])
+        org, project = owner if owner is not None else await self._owner(stream, payloads[0])
         events = [Event(ids.new_id("event"), stream, at, p, org=org, project=project) for p in payloads]
         with phases.span("record: round-trip check"):
             records = [_checked(e) for e in events]

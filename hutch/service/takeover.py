@@ -10,7 +10,7 @@ import logging
 from hutch.core.eventlog.base import EventLog
 from hutch.core.lifecycle import Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
-from hutch.core.replicas import Handle
+from hutch.core.replicas import Handle, Tenant
 from hutch.drivers.roles import Adoption, SandboxLifecycle
 from hutch.projections.base import ProjectionStore
 from hutch.projections.runner import Projector
@@ -39,9 +39,9 @@ class Takeover:
             return None
         return found.sandbox_id
 
-    async def adopt(self, sandbox_id: str, handle: Handle | None, why: str) -> bool:
+    async def adopt(self, sandbox_id: str, handle: Handle | None, why: str, tenant: Tenant | None = None) -> bool:
         """Take over one sandbox; returns whether this replica keeps it (False: it ended, or
-        was never found, and its claim can go)."""
+        was never found, and its claim can go). ``tenant``: whose it is, as its owner row says."""
         await self._projector.wait_for(await self._log.last_position())  # the dead one's last events
         sb = await self._store.get_sandbox(sandbox_id)
         if sb is None:
@@ -54,8 +54,10 @@ class Takeover:
             # can still land (a replica frozen mid-append), and must not make it live again.
             log.warning("sandbox %s: no event records it and %s; ending it wherever it runs", sandbox_id, why)
             try:
+                # Filed under its tenant (its owner row's): the only record of it is the tenant's
+                # to read, not the operator's organization's, nor anybody else's.
                 await self._recorder.discard(sandbox_id, f"{why} before it recorded the sandbox, which the "
-                                                         "replica that took it over ended")
+                                                         "replica that took it over ended", tenant)
             finally:  # the log away: ended all the same (the error is logged); a late create is then unguarded
                 await self._adoption.discard_unrecorded(sandbox_id, handle or {})
             return False

@@ -11,6 +11,7 @@ import pytest
 from hutch.api.keys import ENGINE
 from hutch.core.errors import QuotaExceeded
 from hutch.core.output import OutputWriter, StreamOwner
+from hutch.core.replicas import Tenant
 from hutch.drivers.base import ProvisionRequest
 from tests.api.conftest import Api
 
@@ -40,10 +41,10 @@ async def test_a_creates_streams_open_while_its_owner_row_is_written(
     ids = opened_streams(api, monkeypatch, seen)
     own = engine.replicas.own
 
-    async def slow_own(sandbox_id: str) -> None:
+    async def slow_own(sandbox_id: str, tenant: Tenant | None = None) -> None:
         seen.append("own")
         await asyncio.sleep(0.2)  # a slow commit: the streams' open goes meanwhile
-        await own(sandbox_id)
+        await own(sandbox_id, tenant)
         seen.append("owned")
 
     monkeypatch.setattr(engine.replicas, "own", slow_own)
@@ -76,7 +77,7 @@ async def _provision_fails(engine: object, monkeypatch: pytest.MonkeyPatch) -> i
 async def _owner_row_fails(engine: object, monkeypatch: pytest.MonkeyPatch) -> int:
     from hutch.core.errors import ReplicaUnavailable
 
-    async def broken(sandbox_id: str) -> None:
+    async def broken(sandbox_id: str, tenant: Tenant | None = None) -> None:
         await asyncio.sleep(0.05)
         raise ReplicaUnavailable("the replica registry is away (test)")
 

@@ -151,7 +151,8 @@ async def test_a_create_appended_after_its_sandbox_was_discarded_is_failed_not_l
     """A survivor recorded a sandbox no event recorded as ended (lifecycle:discarded); then the
     lost replica's append of its create, start and command lands (it began while that replica's
     lease held). The sandbox is failed with the survivor's reason, its command never ran; until
-    the create lands nobody sees it (it has no organization)."""
+    the create lands nobody sees it. The discard is a record from before discards named their
+    organization: folded all the same, as nobody's (compatibility)."""
     log = Log()
     discard = log("sbx_1", SandboxDiscarded(reason=LOST))
     late = [log("sbx_1", created("late")), log("sbx_1", SandboxStarted(node="n1")),
@@ -181,6 +182,35 @@ async def test_a_create_appended_after_its_sandbox_was_discarded_is_failed_not_l
     await store.apply([log("sbx_1", SandboxDiscarded(reason="again"))])
     again = await store.get_sandbox("sbx_1")
     assert again is not None and again.status is SandboxStatus.FAILED and again.reason == sb.reason
+
+
+async def test_a_discard_naming_its_tenant_is_filed_under_it_and_listed_nowhere(store: ProjectionStore) -> None:
+    """A survivor's discard names the organization that asked for the sandbox (its owner row's):
+    its log bytes count against that organization's quota, its tenant may read its end
+    (``unrecorded=True``), and there is still no sandbox to get or list, in any organization.
+    A create that lands late makes it the tenant's failed sandbox."""
+    log = Log()
+    discard = log("sbx_1", SandboxDiscarded(reason=LOST))
+    discard = Event(discard.event_id, "sbx_1", discard.created_at, discard.data, position=discard.position,
+                    org="org_acme", project="prj_1")
+    await store.apply([discard])
+    assert await store.get_sandbox("sbx_1") is None
+    ended = await store.get_sandbox("sbx_1", unrecorded=True)
+    assert ended is not None and ended.unrecorded and ended.spec.org_id == "org_acme"
+    assert ended.spec.project_id == "prj_1" and ended.reason == LOST
+    for q in (SandboxQuery(include_deleted=True), SandboxQuery(org_id="org_acme", include_deleted=True),
+              SandboxQuery(org_id="org_acme", status="failed"), SandboxQuery(org_id="org_local"),
+              SandboxQuery(org_id="org_acme", projects=("prj_1",), live=False)):
+        assert await store.list_sandboxes(q) == ([], 0), q
+    assert await store.event_bytes("org_acme") == recorded_size(discard)
+    assert await store.event_bytes("org_local") == 0
+    spec = SandboxSpec(runtime="base:latest", runtime_id="srt_x", org_id="org_acme", project_id="prj_1")
+    late = log("sbx_1", SandboxCreated(spec=spec))
+    await store.apply([late])
+    sb = await store.get_sandbox("sbx_1")
+    assert sb is not None and sb.status is SandboxStatus.FAILED and sb.discarded == LOST and sb.spec.org_id == "org_acme"
+    assert [s.sandbox_id for s in (await store.list_sandboxes(SandboxQuery(org_id="org_acme")))[0]] == ["sbx_1"]
+    assert await store.event_bytes("org_acme") == recorded_size(discard) + recorded_size(late)
 
 
 async def test_a_discard_after_the_create_landed_fails_the_sandbox_and_its_commands(store: ProjectionStore) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+import asyncpg
 import pytest
 
 from hutch.core import counters
-from hutch.core.replicas import CURRENT_MARGIN, Owner, Replicas, SoleReplica
+from hutch.core.replicas import CURRENT_MARGIN, Owner, Replicas, SoleReplica, Tenant
 from hutch.projections.replicas import PostgresReplicas
 from tests.services import drop_database, fresh_database
 
@@ -132,6 +133,24 @@ async def test_a_replica_closed_on_purpose_is_taken_over_at_once(pg: Callable[..
     await a.close()
     claimed = await b.claim_dead()
     assert [(c.dead_replica, c.sandboxes) for c in claimed] == [("a", (("sbx_1", None),))]
+
+
+async def test_a_take_over_says_whose_each_sandbox_is(pg: Callable[..., PostgresReplicas], database: str) -> None:
+    """Kept with the owner row (owns at once go as one statement): a survivor that ends one no
+    event records files that end under its tenant (service/takeover.py). A row from before it
+    was kept (no organization) says nothing, and is taken over all the same."""
+    a, b = await pg("a"), await pg("b")
+    await asyncio.gather(a.own("sbx_1", Tenant("org_acme", "prj_1")), a.own("sbx_2", Tenant("org_rival")),
+                         a.own("sbx_3"))
+    conn = await asyncpg.connect(database)
+    try:  # a row an older replica wrote
+        await conn.execute("INSERT INTO hutch_sandbox_owners (sandbox_id, replica_id) VALUES ('sbx_old', 'a')")
+    finally:
+        await conn.close()
+    await a.close()
+    [claimed] = await b.claim_dead()
+    assert {sid for sid, _ in claimed.sandboxes} == {"sbx_1", "sbx_2", "sbx_3", "sbx_old"}
+    assert dict(claimed.tenants) == {"sbx_1": Tenant("org_acme", "prj_1"), "sbx_2": Tenant("org_rival")}
 
 
 async def test_serialised_holds_off_the_other_replicas_on_that_key_only(pg: Callable[..., PostgresReplicas]) -> None:

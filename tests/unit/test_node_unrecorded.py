@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from hutch.core.driver_types import Capabilities, ProvisionRequest, ResourceLimits
+from hutch.core.replicas import Tenant
 from hutch.core.serde import converter
 from hutch.drivers.node import wire
 from hutch.drivers.node.client import AgentClient
@@ -45,11 +46,11 @@ class _Adoption:
 
 class _Recorder:
     def __init__(self, done: list[str]) -> None:
-        self.reasons: list[tuple[str, str]] = []
+        self.reasons: list[tuple[str, str, Tenant | None]] = []
         self.done = done
 
-    async def discard(self, sandbox_id: str, reason: str) -> None:
-        self.reasons.append((sandbox_id, reason))
+    async def discard(self, sandbox_id: str, reason: str, tenant: Tenant | None = None) -> None:
+        self.reasons.append((sandbox_id, reason, tenant))
         self.done.append("recorded")
 
 
@@ -71,15 +72,16 @@ async def test_a_taken_over_sandbox_no_event_records_is_ended() -> None:
                         store=cast(Any, SimpleNamespace(get_sandbox=get_sandbox)),
                         projector=cast(Any, SimpleNamespace(wait_for=wait_for)), reads=n,
                         recorder=cast(Any, recorder), control=n, reaper=n, lifecycle=n, adoption=cast(Any, adoption))
-    kept = await takeover.adopt("sbx_orphan", None, "the replica running it (r1) was lost")
+    kept = await takeover.adopt("sbx_orphan", None, "the replica running it (r1) was lost", Tenant("org_acme"))
     assert kept is False  # its owner row goes
     # Judged on the whole log: the dead replica's last append, had it landed, would be seen.
     assert waited == [41]
     assert adoption.discarded == [("sbx_orphan", {})]
     # Recorded ended before it is ended: an append of its create that lands late cannot make it live.
     assert done == ["recorded", "ended"]
-    [(sid, reason)] = recorder.reasons
+    [(sid, reason, tenant)] = recorder.reasons
     assert sid == "sbx_orphan" and "(r1) was lost" in reason and "ended" in reason
+    assert tenant == Tenant("org_acme")  # its end is filed under whose it is (its owner row's)
 
 
 def _closed_port() -> int:
@@ -188,7 +190,7 @@ async def test_an_unrecorded_sandbox_is_ended_even_when_its_end_cannot_be_record
     would hold a node's room with nobody able to reach it), and the failure is raised."""
     done: list[str] = []
 
-    async def failing_discard(sandbox_id: str, reason: str) -> None:
+    async def failing_discard(sandbox_id: str, reason: str, tenant: Tenant | None = None) -> None:
         raise ConnectionError("the log is away")
 
     async def last_position() -> int:
