@@ -107,6 +107,7 @@ class ExecAgent:
         self._next_id = 1
         self._buffer = bytearray()
         self._stderr_logged = 0
+        self._heartbeat = b""  # the last heartbeat's payload, kept raw: read only when asked (load)
         self.ended = asyncio.Event()
 
     async def start(self, binary: bytes, envelope: str) -> None:
@@ -246,6 +247,9 @@ class ExecAgent:
             self.pid = int(json.loads(payload)["pid"])
             self.alive = True
             return
+        if kind == b"H":
+            self._heartbeat = payload
+            return
         cmd = self._cmds.get(cid)
         if cmd is None:
             return
@@ -264,6 +268,18 @@ class ExecAgent:
             if not isinstance(report, dict) or not isinstance(report.get("code"), int):
                 raise ValueError(f"exit report {report!r}")
             cmd.events.put_nowait(("exit", report))
+
+    def load(self) -> dict[str, int]:
+        """What the agent said it holds at its last heartbeat: ``commands`` (running, or their
+        output not yet all sent) and ``goroutines``; empty before the first, or from an agent
+        that does not say. The sandbox's word, as all the agent says: for seeing, not deciding."""
+        try:
+            said = json.loads(self._heartbeat or b"{}")
+        except ValueError:
+            return {}
+        if not isinstance(said, dict):
+            return {}
+        return {k: v for k, v in said.items() if k in ("commands", "goroutines") and isinstance(v, int)}
 
     # -- commands ------------------------------------------------------------------------
 
