@@ -82,6 +82,7 @@ class _Command:
     def __init__(self) -> None:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.started = False
+        self.exited = False  # its exit came: the agent has let go of it
         self.consumed = False  # a streamed stdin's first block was taken: it cannot be run again
         self.sent = 0
         self.acked = 0
@@ -267,6 +268,7 @@ class ExecAgent:
             report = json.loads(payload)
             if not isinstance(report, dict) or not isinstance(report.get("code"), int):
                 raise ValueError(f"exit report {report!r}")
+            cmd.exited = True
             cmd.events.put_nowait(("exit", report))
 
     def load(self) -> dict[str, int]:
@@ -289,7 +291,12 @@ class ExecAgent:
         """Run a command; its exit code (None: killed after ``stop`` and no exit came in time).
 
         NotStarted: nothing ran, run it another way. ExecFailed("working directory ...") for a
-        missing cwd. DriverFailure if the agent ended while the command ran."""
+        missing cwd. DriverFailure if the agent ended while the command ran.
+
+        Left without its exit (a cancel while the sandbox is frozen, no exit in time, an
+        error), the command is dropped in the agent ('D'): nothing here acknowledges its output
+        any more, and the agent would hold it, its pump waiting on a full window, for the rest
+        of the session."""
         if not self.alive:
             raise NotStarted("the exec agent is not running")
         cid, self._next_id = self._next_id, self._next_id + 1
@@ -299,6 +306,7 @@ class ExecAgent:
         request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "tag": tag,
                               "stdin": stdin is not None, "helper": helper}).encode()
         feeder: asyncio.Task[None] | None = None
+        sent = False  # the start went out: the agent may hold the command
         try:
             frames = [(b"S", cid, request)]
             if isinstance(stdin, bytes) and len(stdin) <= CHUNK:  # the whole command in one message
@@ -309,6 +317,7 @@ class ExecAgent:
                 await self._send(*frames)
             except (ConnectionResetError, aiohttp.ClientError) as err:
                 raise NotStarted(str(err)) from err
+            sent = True
             if stdin is not None and len(frames) == 1:
                 feeder = asyncio.create_task(self._feed(cid, cmd, stdin))
             return await self._wait(cid, cmd, cwd, on_output, stop, kill)
@@ -317,6 +326,9 @@ class ExecAgent:
             if feeder is not None:
                 feeder.cancel()
                 await asyncio.gather(feeder, return_exceptions=True)
+            if sent and not cmd.exited and self.alive:
+                with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+                    await self._send((b"D", cid, b""))
 
     async def _feed(self, cid: int, cmd: _Command, stdin: bytes | AsyncIterable[bytes]) -> None:
         async def blocks() -> AsyncIterable[bytes]:

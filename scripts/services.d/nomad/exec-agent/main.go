@@ -8,7 +8,9 @@
 // the payload.
 //
 //	API -> agent: 'S' start (JSON startRequest), 'I' stdin bytes, 'E' stdin closed,
-//	              'K' signal (one byte: its number), 'A' output acknowledged (uint32 bytes)
+//	              'K' signal (one byte: its number), 'A' output acknowledged (uint32 bytes),
+//	              'D' dropped: the API reads no more of the command (it killed it, or gave up
+//	              waiting for its exit): it is killed, and its output is read and discarded
 //	agent -> API: 'R' ready (JSON, id 0), 'P' started (JSON pid), '1' stdout, '2' stderr,
 //	              'a' stdin consumed (uint32 bytes), 'X' exit (JSON exitReport),
 //	              'H' heartbeat (id 0, every heartbeatEvery; JSON load: the commands it holds
@@ -239,6 +241,8 @@ func (a *agent) handle(kind byte, id uint32, payload []byte) {
 		if len(payload) == 4 {
 			c.out.release(int(binary.BigEndian.Uint32(payload)))
 		}
+	case 'D':
+		c.drop()
 	}
 }
 
