@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,34 @@ async def test_a_command_that_exits_at_once_keeps_its_output(driver: NomadDriver
     for _ in range(5):
         results = await asyncio.gather(*(run(driver, sid, ["echo", str(i)]) for i in range(48)))
         assert [(c, s.stdout) for c, s in results] == [(0, f"{i}\n") for i in range(48)]
+
+
+async def agent_load(agent: ExecAgent, ready: Callable[[dict[str, int]], bool], seconds: float) -> dict[str, int]:
+    """The agent's load at its heartbeats (every 2 s) until ``ready`` holds, or the last one."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    load = agent.load()
+    while not ready(load) and loop.time() < deadline:
+        await asyncio.sleep(0.2)
+        load = agent.load()
+    return load
+
+
+async def test_the_agents_heartbeat_says_what_it_holds(driver: NomadDriver) -> None:
+    """The heartbeat carries the agent's load: the commands it holds and its goroutines, which
+    go back to what they were once its commands have ended (what a command leaves behind in
+    the agent shows there)."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    agent = await until_agent(driver, sid)
+    idle = await agent_load(agent, lambda load: "goroutines" in load, 10.0)
+    assert idle.get("commands") == 0 and idle["goroutines"] > 0, idle
+    running = asyncio.ensure_future(run(driver, sid, ["sh", "-c", "echo up; sleep 5"]))
+    busy = await agent_load(agent, lambda load: load.get("commands") == 1, 10.0)
+    assert busy.get("commands") == 1 and busy["goroutines"] > idle["goroutines"], (busy, idle)
+    assert (await running)[0] == 0
+    after = await agent_load(agent, lambda load: load == idle, 10.0)
+    assert after == idle, (after, idle)
 
 
 async def test_a_streamed_stdin_goes_through_in_order(driver: NomadDriver) -> None:

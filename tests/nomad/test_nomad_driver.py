@@ -336,7 +336,7 @@ async def test_a_plugin_that_reads_the_page_cache_is_taken_at_its_word(driver: N
     contract test then sees neither): its answer is faked here, Nomad's stats left unasked."""
     import json
 
-    from hutch.drivers.nomad import driver as nomad_driver
+    from hutch.drivers.nomad import usage as nomad_usage
 
     sid = await provision(driver)
     said = {"cpuSeconds": 1.5, "memoryPeakBytes": 9000, "memoryBytes": 8192, "memoryCacheBytes": 2048}
@@ -347,7 +347,7 @@ async def test_a_plugin_that_reads_the_page_cache_is_taken_at_its_word(driver: N
     async def not_asked(*_args: object) -> int:
         raise AssertionError("Nomad's allocation stats were asked although the plugin said the memory held")
 
-    monkeypatch.setattr(nomad_driver, "plugin_verb", verb)
+    monkeypatch.setattr(nomad_usage, "plugin_verb", verb)
     monkeypatch.setattr(driver._readings, "memory_now", not_asked)
     used = await driver.usage(sid, disk=True)
     assert (used.cpu_seconds, used.memory_peak_bytes, used.memory_bytes, used.memory_cache_bytes) == (1.5, 9000, 8192,

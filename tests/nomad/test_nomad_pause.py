@@ -18,7 +18,7 @@ from hutch.drivers.base import ExecRequest, ExecResult, ProvisionRequest
 from hutch.drivers.nomad import agent as agent_module
 from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id, start_nomad
-from tests.nomad.test_exec_agent import until_agent
+from tests.nomad.test_exec_agent import agent_load, run, until_agent
 
 
 def command(driver: NomadDriver, sid: str, script: str, timeout: float | None = None
@@ -114,3 +114,39 @@ async def test_an_alloc_exec_refuses_the_pause_and_one_waits_for_the_resume(allo
     await driver.destroy(sid)  # a destroy of the paused sandbox ends the waiting command too
     result = await asyncio.wait_for(doomed, 30)
     assert result.cancelled
+
+
+async def test_a_command_cancelled_as_its_sandbox_pauses_ends_in_the_agent_too(driver: NomadDriver) -> None:
+    """Cancelled once the pause has stopped the run clock, a command is killed through the
+    plugin (the agent may be frozen, taking no signal) and its output no longer read. Its
+    output window was full (``yes``): its pump in the agent waited for acknowledgements no one
+    would send, and the agent held the command (pumps, pipes, its end) for the rest of its
+    session. Now the API says it dropped the command, and all of it ends: the agent's load
+    (its heartbeat) goes back to what it was before."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest"))
+    agent = await until_agent(driver, sid)
+    idle = await agent_load(agent, lambda load: "goroutines" in load, 10.0)
+    assert idle.get("commands") == 0, idle
+    req = ExecRequest(new_id("ex"), sid, ["yes"])
+    running = asyncio.ensure_future(driver.exec(req, Recorder()))
+    busy = await agent_load(agent, lambda load: load.get("commands") == 1, 10.0)
+    assert busy.get("commands") == 1, busy
+    pausing = asyncio.ensure_future(driver.pause(sid))
+    for _ in range(100_000):  # the run clock stops first, then the plugin freezes the task
+        if agent.clock.frozen:
+            break
+        await asyncio.sleep(0)
+    assert agent.clock.frozen and not pausing.done()
+    await driver.cancel(req.execution_id)
+    result = await asyncio.wait_for(running, 30)
+    assert result.cancelled
+    await pausing
+    await asyncio.sleep(1.0)
+    await driver.resume(sid)
+    after = await agent_load(agent, lambda load: load.get("commands") == 0
+                             and load.get("goroutines", 10**6) <= idle["goroutines"], 15.0)
+    assert after.get("commands") == 0 and after.get("goroutines", 10**6) <= idle["goroutines"], (
+        f"the agent still holds the cancelled command: {after}, idle {idle}")
+    code, sink = await run(driver, sid, ["echo", "usable"])
+    assert (code, sink.stdout) == (0, "usable\n")

@@ -82,6 +82,7 @@ class _Command:
     def __init__(self) -> None:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.started = False
+        self.exited = False  # its exit came: the agent has let go of it
         self.consumed = False  # a streamed stdin's first block was taken: it cannot be run again
         self.sent = 0
         self.acked = 0
@@ -107,6 +108,7 @@ class ExecAgent:
         self._next_id = 1
         self._buffer = bytearray()
         self._stderr_logged = 0
+        self._heartbeat = b""  # the last heartbeat's payload, kept raw: read only when asked (load)
         self.ended = asyncio.Event()
 
     async def start(self, binary: bytes, envelope: str) -> None:
@@ -246,6 +248,9 @@ class ExecAgent:
             self.pid = int(json.loads(payload)["pid"])
             self.alive = True
             return
+        if kind == b"H":
+            self._heartbeat = payload
+            return
         cmd = self._cmds.get(cid)
         if cmd is None:
             return
@@ -263,7 +268,20 @@ class ExecAgent:
             report = json.loads(payload)
             if not isinstance(report, dict) or not isinstance(report.get("code"), int):
                 raise ValueError(f"exit report {report!r}")
+            cmd.exited = True
             cmd.events.put_nowait(("exit", report))
+
+    def load(self) -> dict[str, int]:
+        """What the agent said it holds at its last heartbeat: ``commands`` (running, or their
+        output not yet all sent) and ``goroutines``; empty before the first, or from an agent
+        that does not say. The sandbox's word, as all the agent says: for seeing, not deciding."""
+        try:
+            said = json.loads(self._heartbeat or b"{}")
+        except ValueError:
+            return {}
+        if not isinstance(said, dict):
+            return {}
+        return {k: v for k, v in said.items() if k in ("commands", "goroutines") and isinstance(v, int)}
 
     # -- commands ------------------------------------------------------------------------
 
@@ -273,7 +291,12 @@ class ExecAgent:
         """Run a command; its exit code (None: killed after ``stop`` and no exit came in time).
 
         NotStarted: nothing ran, run it another way. ExecFailed("working directory ...") for a
-        missing cwd. DriverFailure if the agent ended while the command ran."""
+        missing cwd. DriverFailure if the agent ended while the command ran.
+
+        Left without its exit (a cancel while the sandbox is frozen, no exit in time, an
+        error), the command is dropped in the agent ('D'): nothing here acknowledges its output
+        any more, and the agent would hold it, its pump waiting on a full window, for the rest
+        of the session."""
         if not self.alive:
             raise NotStarted("the exec agent is not running")
         cid, self._next_id = self._next_id, self._next_id + 1
@@ -283,6 +306,7 @@ class ExecAgent:
         request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "tag": tag,
                               "stdin": stdin is not None, "helper": helper}).encode()
         feeder: asyncio.Task[None] | None = None
+        sent = False  # the start went out: the agent may hold the command
         try:
             frames = [(b"S", cid, request)]
             if isinstance(stdin, bytes) and len(stdin) <= CHUNK:  # the whole command in one message
@@ -293,6 +317,7 @@ class ExecAgent:
                 await self._send(*frames)
             except (ConnectionResetError, aiohttp.ClientError) as err:
                 raise NotStarted(str(err)) from err
+            sent = True
             if stdin is not None and len(frames) == 1:
                 feeder = asyncio.create_task(self._feed(cid, cmd, stdin))
             return await self._wait(cid, cmd, cwd, on_output, stop, kill)
@@ -301,6 +326,9 @@ class ExecAgent:
             if feeder is not None:
                 feeder.cancel()
                 await asyncio.gather(feeder, return_exceptions=True)
+            if sent and not cmd.exited and self.alive:
+                with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+                    await self._send((b"D", cid, b""))
 
     async def _feed(self, cid: int, cmd: _Command, stdin: bytes | AsyncIterable[bytes]) -> None:
         async def blocks() -> AsyncIterable[bytes]:

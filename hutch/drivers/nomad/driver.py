@@ -15,19 +15,21 @@
 - **Nothing of Nomad's** is in a sandbox: no task dirs, no /secrets (the Task API socket),
   no NOMAD_* environment; its stdout goes nowhere; its exec agent is not dumpable. With a
   network: no IPv6, and the ranges of ``jobs.egress_denied`` (private ones by default)
-  refused, DNS to its name servers aside.
+  refused, DNS to its name servers aside; its allow-list and rule updates are
+  ``drivers.nomad.network_rules``.
 - **Workspace**: a host directory per allocation (``workspace_root/<alloc id>`` on the
   client) bind-mounted at /home/agentuity, owned by the sandbox uid.
 - **Exec**: through the sandbox's exec agent (``drivers.nomad.agent``: one alloc exec that
   forks the commands), else an alloc exec whose argv starts with an envelope the plugin
   understands (``hutch-exec:v1`` + JSON env/cwd/tag). Timeout and cancel kill the command's
   process group and every process carrying its tag. A command's time limit is kept here, on
-  the sandbox's run clock (``drivers.runclock``).
+  the sandbox's run clock (``drivers.runclock``). The driver's part: ``drivers.nomad.executions``.
 - **Pause**: containerd's freeze of the whole task, the exec agent and the commands it forked
   with the rest; their time limits and the agent's heartbeat watch count on the run clock,
   which stands still while it is frozen. A command run as its own alloc exec is not frozen
   mid-way (a runc exec frozen while it starts holds the resume): a pause while one runs is
-  refused (501 naming it), and one that would start while paused waits for the resume.
+  refused (501 naming it), and one that would start while paused waits for the resume
+  (``drivers.nomad.pausing``).
 - **Files**: create-time files are a tar stream unpacked by ``tar`` inside the sandbox, as
   the sandbox user; the file primitives and disk checkpoints are ``drivers.nomad.files``
   and terminals ``drivers.nomad.terminal``: collaborators that reach the driver only
@@ -38,7 +40,7 @@
 - **Failures**: a watcher follows every allocation with Nomad's blocking queries; an
   allocation of a live sandbox that fails, is lost, is OOM-killed or completes on its
   own is reported through ``Driver.set_listener`` so the engine can end the sandbox with
-  a lifecycle event.
+  a lifecycle event (``drivers.nomad.allocation_watch``).
 - **Restart**: what the driver knows of a sandbox (job, allocation, runtime, env) is a
   small JSON file under ``<data dir>/nomad`` (``drivers.nomad.state``); ``alive()`` and
   recovery read those files and ask Nomad which allocations still run.
@@ -49,11 +51,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import re
 import socket
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,26 +62,21 @@ import attrs
 
 from hutch.core.blobs import BlobStore
 from hutch.core.driver_types import DirWatch
-from hutch.core.egress import ALL_TRAFFIC
 from hutch.core.errors import (
     DriverFailure,
-    HutchError,
     IllegalTransition,
     InvalidInput,
     NotSupported,
     SandboxNotFound,
 )
 from hutch.core.runtimes import RuntimeRecipe
-from hutch.drivers import roles, runclock, trust
+from hutch.drivers import roles
 from hutch.drivers.base import (
     Capabilities,
     Driver,
-    ExecRequest,
-    ExecResult,
     FileInfo,
     FileWrite,
     Metric,
-    OutputSink,
     ProvisionRequest,
     PtySession,
     TerminalRequest,
@@ -88,18 +84,18 @@ from hutch.drivers.base import (
     check_env,
 )
 from hutch.drivers.bytecode import forget_bytecode
-from hutch.drivers.egress import AllowLists, flatten, resolve
+from hutch.drivers.egress import AllowLists, flatten
 from hutch.drivers.local import rootfs
 from hutch.drivers.local.layercache import DEFAULT_MAX_BYTES
-from hutch.drivers.nomad import agents, commands, images, placement
+from hutch.drivers.nomad import agents, commands, placement
 from hutch.drivers.nomad.adoption import NomadAdoption
-from hutch.drivers.nomad.client import ExecFailed, NomadClient, NomadNotFound
-from hutch.drivers.nomad.execs import ENVELOPE, command_envelope, plugin_verb, refused
+from hutch.drivers.nomad.allocation_watch import AllocationWatch
+from hutch.drivers.nomad.client import NomadClient, NomadNotFound
+from hutch.drivers.nomad.execs import plugin_verb
+from hutch.drivers.nomad.executions import NomadExecutions, RunningCommand
 from hutch.drivers.nomad.files import NomadFiles
 from hutch.drivers.nomad.helpers import AgentHelpers
 from hutch.drivers.nomad.jobs import (
-    HOME,
-    LIVE,
     PLUGIN,
     PORT_LABEL,
     TASK,
@@ -107,7 +103,8 @@ from hutch.drivers.nomad.jobs import (
     egress_denied,
     job_spec,
 )
-from hutch.drivers.nomad.placement import ENDED, NODE_GONE, alloc_reason
+from hutch.drivers.nomad.network_rules import NomadNetworkRules
+from hutch.drivers.nomad.pausing import NomadPausing
 from hutch.drivers.nomad.pools import (
     PoolSizing,
     WarmPools,
@@ -123,31 +120,18 @@ from hutch.storage.spool import clear_spool
 
 log = logging.getLogger(__name__)
 
-USER = images.USER
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-EXIT_TIMEOUT = 124
-EXIT_CANCELLED = 137
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}\Z")
-USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
-NOMAD_READ_TIMEOUT = 5.0  # seconds for a read of Nomad's API (a job, an allocation's stats) under load
-DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
-EXIT_NO_OUTBOUND = 3  # the plugin's egress verb: the task has no outbound network (egress.go)
-KILL_TRIES = 20  # x 0.1 s: how long a kill waits for a command just starting to be killable
 # Seconds a destroy waits for its commands' execs to return (killed: a second or two at most), so
 # each command's end is reported before the sandbox's, as the local driver's destroy does.
 DESTROY_WAIT = 10.0
 
 
-@attrs.define
-class _Execution:
-    sandbox_id: str
-    stop: asyncio.Event
-    cancelled: bool = False
-    alloc_exec: bool = False  # runs as its own alloc exec (not the agent's): a pause refuses it
-    ended: asyncio.Event = attrs.field(factory=asyncio.Event)  # its exec returned
-
-
-class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, roles.DirectoryWatching,
+# The mixins (one module each) are the parts of the driver that share its state. The new ones name
+# what they use of the others under TYPE_CHECKING only; NomadAdoption and WarmPools have real stubs,
+# so whatever those stub must come from the class itself or a mixin before them (_found_paused:
+# NomadPausing).
+class NomadDriver(NomadPausing, NomadExecutions, NomadNetworkRules, AllocationWatch, NomadAdoption, WarmPools,
+                  roles.Adoption, roles.SandboxFiles, roles.DirectoryWatching,
                   roles.FileMetadata, roles.TreeTransfer, roles.Checkpointing, roles.Pausing, roles.Terminals,
                   roles.PortForwarding, roles.UsageReporting, roles.NetworkRules, Driver):
     name = "nomad"
@@ -204,7 +188,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         self._helpers = AgentHelpers(self, self._agents)
         self._readings = NowReadings(self._client, self._helpers)
         self._sandboxes: dict[str, NomadSandbox] = {}
-        self._executions: dict[str, _Execution] = {}
+        self._executions: dict[str, RunningCommand] = {}
         self._destroying: set[str] = set()
         self._paused: set[str] = set()
         # Paused or pausing: no alloc exec of a command starts (it waits on the event, set at the resume).
@@ -331,54 +315,6 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
         return [*self._pool_metric_list(),
                 Metric("hutch_nomad_sandboxes", len(self._sandboxes), "gauge", "sandboxes this driver runs")]
 
-    # -- failures ------------------------------------------------------------------------
-
-    async def _watch(self) -> None:
-        """Follow allocations; a live sandbox's allocation that ends on its own is reported."""
-        index = 0
-        while True:
-            try:
-                allocs, new_index = await self._client.blocking_get(
-                    "/v1/allocations", index, "30s", prefix="", task_states="true")
-            except HutchError as err:
-                log.warning("nomad watch: %s", err.message)
-                await asyncio.sleep(1)
-                continue
-            index = new_index if new_index >= index else 0
-            by_alloc = {a["ID"]: a for a in allocs or [] if str(a.get("JobID", "")).startswith("hutch-")}
-            for sb in list(self._sandboxes.values()):
-                alloc = by_alloc.get(sb.alloc_id)
-                if alloc is None or sb.id in self._destroying:
-                    continue
-                status = alloc.get("ClientStatus")
-                if status in ENDED or status in NODE_GONE or alloc.get("DesiredStatus") in ("stop", "evict"):
-                    await self._lost(sb, alloc_reason(alloc), failed=status != "complete",
-                                     node_lost=status in NODE_GONE)
-            for runtime, pool in self._pool.items():
-                dead = [(e, a) for e in pool if (a := by_alloc.get(e.alloc_id)) is not None
-                        and a.get("ClientStatus") not in LIVE]
-                for entry, alloc in dead:
-                    pool.remove(entry)
-                    gone = alloc.get("ClientStatus") in NODE_GONE  # stopped, not purged (placement.stop_job)
-                    self._retire(entry, alloc_id=entry.alloc_id if gone else None, node_lost=gone)
-                if dead:
-                    log.warning("warm pool %s: %d idle allocation(s) died; refilling", runtime, len(dead))
-                    self._refill_wakeup.set()
-
-    async def _lost(self, sb: NomadSandbox, reason: str, *, failed: bool, node_lost: bool = False) -> None:
-        self._sandboxes.pop(sb.id, None)
-        self._states.forget(sb.id)
-        self._readings.forget(sb.id)
-        for ex in self._executions.values():
-            if ex.sandbox_id == sb.id:
-                ex.stop.set()
-        self._paused.discard(sb.id)
-        self._wake(sb.id)
-        log.warning("sandbox %s: its allocation %s ended: %s", sb.id, sb.alloc_id, reason)
-        self._spawn(self._agents.drop(sb.id), f"exec-agent-drop-{sb.id}")
-        self._spawn(self._stop_job(sb.job_id, sb.alloc_id, node_lost=node_lost), f"nomad-reap-{sb.job_id}")
-        await self.report_ended(sb.id, f"the sandbox's Nomad allocation ended: {reason}", failed=failed)
-
     # -- destroy -------------------------------------------------------------------------
 
     async def destroy(self, sandbox_id: str) -> None:
@@ -440,7 +376,7 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
             raise SandboxNotFound(f"sandbox {sid} not found")
         return sb
 
-    # -- pause -----------------------------------------------------------------------------
+    # -- plugin verbs and usage ------------------------------------------------------------
 
     async def _verb(self, sb: NomadSandbox, verb: dict[str, Any]) -> None:
         """A plugin verb (freeze, kill, allow) that must succeed (``execs.plugin_verb``)."""
@@ -449,260 +385,11 @@ class NomadDriver(NomadAdoption, WarmPools, roles.Adoption, roles.SandboxFiles, 
             raise DriverFailure(f"sandbox {sb.id}: {verb} failed (exit {code}): {out[:300]!r}")
 
     async def usage(self, sandbox_id: str, *, disk: bool = False) -> Usage:
-        """CPU, peak memory and (a current plugin) memory now and its page cache from the
-        plugin's usage verb (the container's cgroup accounting, read on the client); its memory
-        and CPU totals from its job; with ``disk`` (E2B's metrics) its disk too, and the memory
-        it holds from Nomad where the plugin does not say it (usage.py says from where)."""
+        """What the sandbox uses and holds now, each figure from where usage.py says."""
         sb = self._sandboxes.get(sandbox_id)
         if sb is None:
             return Usage()
-        used = await self._plugin_usage(sb)
-        now: dict[str, Any] = {}
-        # Each bounded as the verb is (a client cut off answers nothing, and a status read must
-        # not wait for the heartbeat timeout that declares it lost), and each on its own: one
-        # source failing leaves only its fields unknown.
-        async def read(what: str, seconds: float, reading: Callable[[], Awaitable[dict[str, Any]]]) -> None:
-            try:
-                async with asyncio.timeout(seconds):
-                    now.update(await reading())
-            except (TimeoutError, HutchError) as err:
-                log.warning("sandbox %s: its %s was not read: %s", sb.id, what,
-                            getattr(err, "message", None) or "timed out")
-
-        async def totals() -> dict[str, Any]:
-            sizes = await self._readings.sizes(sb)
-            return {"memory_total_bytes": sizes.memory_bytes, "cpu_count": sizes.cpu_count}
-
-        async def memory() -> dict[str, Any]:
-            return {"memory_bytes": await self._readings.memory_now(sb)}
-
-        async def disk_now() -> dict[str, Any]:
-            used_bytes, total = await self._readings.disk(sb)
-            return {"disk_used_bytes": used_bytes, "disk_total_bytes": total}
-
-        await read("memory and CPU totals", NOMAD_READ_TIMEOUT, totals)
-        if disk and used.memory_bytes is None:  # an older plugin: Nomad's own reading
-            await read("memory", NOMAD_READ_TIMEOUT, memory)
-        if disk:
-            await read("disk", DISK_TIMEOUT, disk_now)  # without a disk limit, a walk of what it wrote
-        return attrs.evolve(used, **now)
-
-    async def _plugin_usage(self, sb: NomadSandbox) -> Usage:
-        for _ in range(2):  # an alloc exec now and then fails to start on a busy client: once more
-            try:
-                async with asyncio.timeout(USAGE_TIMEOUT):
-                    code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"usage": True})
-            except TimeoutError:
-                return Usage()  # unreachable: asking again would only wait again
-            except HutchError:
-                continue
-            if code == 0:
-                break
-        else:
-            return Usage()
-        data = json.loads(out or b"{}")
-        peak, held, cache = (data.get(k) for k in ("memoryPeakBytes", "memoryBytes", "memoryCacheBytes"))
-        # Memory now and its page cache: from a plugin that reads them (containerd-driver's
-        # cgroupUsage); an older one on a client says neither.
-        return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None,
-                     memory_bytes=int(held) if held is not None else None,
-                     memory_cache_bytes=int(cache) if cache is not None else None)
-
-    async def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
-        """Freeze every process of the sandbox (containerd's pause: the cgroup freezer), the
-        exec agent and the commands it runs with the rest. Idempotent. Their time limits and
-        the agent's silence count on the sandbox's run clock, stopped from here to the resume.
-
-        An exec agent starting (a runc exec) is let finish first (``ExecAgents.hold``); a
-        command running as its own alloc exec (no agent) refuses the pause: one frozen while
-        runc starts it holds the resume, and so none is frozen. One about to start as an alloc
-        exec waits for the resume (``_alloc_exec_turn``). No filesystem-only pause: its task would
-        have to start again over its kept rootfs, which the containerd driver's allocation does
-        not do (the service refuses it first, from the capabilities; this is the driver's own
-        word, not a quiet pause with the memory kept)."""
-        if not memory:
-            raise NotSupported(f"memory: the {self.name} driver cannot pause a sandbox filesystem-only (mode "
-                               "\"filesystem\"); it pauses with the memory kept", field="memory")
-        sb = self.running(sandbox_id)
-        async with self._lock(sb.id):
-            if sb.id in self._paused:
-                return
-            apart = sorted(eid for eid, ex in self._executions.items() if ex.sandbox_id == sb.id and ex.alloc_exec)
-            if apart:
-                raise NotSupported(f"sandbox {sb.id} has a command running as its own alloc exec, outside its exec "
-                                   f"agent (execution {apart[0]}): the nomad driver freezes only the commands its "
-                                   "exec agent runs; cancel it or wait for it, then pause", field="state")
-            self._pausing.setdefault(sb.id, asyncio.Event())  # at once: no alloc exec starts from here
-            clock = self._agents.clock(sb.id)
-            try:
-                await self._agents.hold(sb.id)
-                clock.freeze()  # first: a limit running out meanwhile would kill a command being frozen
-                await self._verb(sb, {"freeze": True})
-            except BaseException:
-                clock.thaw()
-                self._agents.release(sb.id)
-                self._wake(sb.id)
-                raise
-            self._paused.add(sb.id)
-
-    async def resume(self, sandbox_id: str) -> None:
-        sb = self.running(sandbox_id)
-        async with self._lock(sb.id):
-            await self._verb(sb, {"freeze": False})
-            self._paused.discard(sb.id)
-            self._agents.clock(sb.id).thaw()
-            self._agents.release(sb.id)
-            self._wake(sb.id)
-
-    def _found_paused(self, sandbox_id: str) -> None:
-        """A sandbox adopted paused: as after a pause (no agent start, no alloc exec of a
-        command, its run clock stopped) until it resumes."""
-        self._paused.add(sandbox_id)
-        self._pausing.setdefault(sandbox_id, asyncio.Event())
-        self._agents.held(sandbox_id)
-
-    def _wake(self, sandbox_id: str) -> None:
-        """The sandbox is no longer paused (resumed, or gone): alloc execs waiting start (or end)."""
-        event = self._pausing.pop(sandbox_id, None)
-        if event is not None:
-            event.set()
-
-    async def _alloc_exec_turn(self, sb: NomadSandbox, execution: _Execution) -> bool:
-        """Before a command starts as its own alloc exec: in a paused sandbox it waits for the
-        resume, frozen as the others are (its time limit on the run clock stands still too);
-        False if it was stopped meanwhile (a cancel, a destroy). Marked from then on: a pause
-        refuses it (``pause``)."""
-        while (event := self._pausing.get(sb.id)) is not None and not execution.stop.is_set():
-            waits = {asyncio.ensure_future(execution.stop.wait()), asyncio.ensure_future(event.wait())}
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiting in waits:
-                    waiting.cancel()
-        if execution.stop.is_set():
-            return False
-        execution.alloc_exec = True
-        return True
-
-    def check_not_paused(self, sb: NomadSandbox) -> None:
-        if sb.id in self._paused:
-            raise IllegalTransition(f"sandbox {sb.id} is paused; resume it first")
-
-    # -- exec ----------------------------------------------------------------------------
-
-    def command_env(self, sb: NomadSandbox, extra: Mapping[str, str]) -> list[str]:
-        check_env(extra, "env")
-        env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": USER, "LOGNAME": USER,
-               "SHELL": "/bin/bash", "LANG": "C.UTF-8", "HOSTNAME": "sandbox", **trust.sandbox_env()}
-        env.update(sb.env)
-        env.update(extra)
-        return [f"{k}={v}" for k, v in env.items()]
-
-    async def exec(self, req: ExecRequest, sink: OutputSink) -> ExecResult:
-        """Run a command. Not refused in a paused sandbox: a pause that lands between the
-        command's recorded start and this call freezes it with the rest (the agent, frozen,
-        forks it at the resume; an alloc exec waits for the resume), its time standing still."""
-        sb = self.running(req.sandbox_id)
-        if not req.argv:
-            raise InvalidInput("command must not be empty", field="command")
-        if req.execution_id in self._executions:
-            raise IllegalTransition(f"execution {req.execution_id} is already running")
-        envelope = command_envelope(self.command_env(sb, req.env), req.cwd)
-        tag, argv = envelope["tag"], [ENVELOPE, json.dumps({**envelope, "noStdin": not req.stdin}), *req.argv]
-        execution = _Execution(sandbox_id=sb.id, stop=asyncio.Event())
-        self._executions[req.execution_id] = execution
-        timed_out = False
-
-        async def deadline() -> None:
-            nonlocal timed_out
-            if req.timeout is not None:
-                await runclock.sleep(req.timeout, self._agents.clock(sb.id))  # paused time is not the command's
-                timed_out = True
-                execution.stop.set()
-
-        timer = asyncio.create_task(deadline())
-        try:
-            code = await commands.run_command(self._agents, self._client, sb, req, envelope, argv,
-                                              execution.stop, sink, kill=lambda: self.kill_tagged(sb, tag),
-                                              alloc_exec_turn=lambda: self._alloc_exec_turn(sb, execution))
-        except ExecFailed as err:
-            refused(err, sb.id, gone=self.gone(sb.id), cwd=envelope["cwd"])
-            raise
-        finally:
-            timer.cancel()
-            self._executions.pop(req.execution_id, None)
-            execution.ended.set()
-        if execution.cancelled:
-            return ExecResult(exit_code=EXIT_CANCELLED, cancelled=True)
-        if timed_out:
-            return ExecResult(exit_code=EXIT_TIMEOUT, timed_out=True)
-        if code is None:
-            raise DriverFailure(f"sandbox {sb.id} ended while the command ran")
-        return ExecResult(exit_code=code)
-
-    async def _apply_allow(self, sid: str, resolved: dict[str, list[str]]) -> None:
-        """A refreshed allow-list (AllowLists): the plugin replaces the task's chain."""
-        async with self._lock(sid):
-            sb = self.running(sid)
-            if set(resolved) != set(sb.allow):
-                return  # its list was replaced (update_network) while these names resolved
-            await self._verb(sb, {"allow": flatten(resolved)})
-            sb.allow = resolved
-            await asyncio.to_thread(self._states.save, sb)
-
-    async def update_network(self, sandbox_id: str, *, enabled: bool, allow: tuple[str, ...],
-                             deny: tuple[str, ...]) -> None:
-        """The sandbox's rules replaced whole by the plugin's egress verb: its chain swapped in
-        one commit under a new generation, so connections opened under the old rules are judged
-        anew (containerd-driver/egress.go), and kept on the client for a plugin restart. Only a
-        sandbox made with outbound network has a chain: one made without keeps none (off is
-        what it has already); the plugin says which it is."""
-        resolved = await resolve(allow) if allow else {}  # first: a name that does not resolve changes nothing
-        async with self._lock(sandbox_id):
-            sb = self.running(sandbox_id)
-            listed = {e: sorted(c) for e, c in resolved.items()}
-            rules = {"allow": flatten(listed) if listed else None, "deny": list(deny) if enabled else [ALL_TRAFFIC]}
-            try:
-                code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"egress": rules})
-            except ExecFailed as err:
-                if "empty command" not in str(err):
-                    raise
-                raise DriverFailure(f"sandbox {sandbox_id}: its client's hutch-containerd plugin predates "
-                                    "update_network (no egress verb); restart that client's Nomad") from err
-            if code == EXIT_NO_OUTBOUND:
-                if enabled:
-                    raise NotSupported(f"network: sandbox {sandbox_id} was made without outbound network, and an "
-                                       "update cannot give it one; create it with network enabled", field="network")
-                return
-            if code != 0:
-                raise DriverFailure(f"sandbox {sandbox_id}: replacing its egress rules failed (exit {code}): "
-                                    f"{out[:300]!r}")
-            sb.allow = listed  # kept only once in force: a failed swap leaves the old rules, and the record
-            await asyncio.to_thread(self._states.save, sb)
-            if listed:
-                self._allow.replace(sandbox_id, resolved)
-            else:
-                self._allow.forget(sandbox_id)
-
-    async def kill_tagged(self, sb: NomadSandbox, tag: str) -> None:
-        """Kill everything a running exec started (the plugin's kill verb, itself an alloc exec:
-        its tree and every process carrying its tag, scanned until none is left). A command
-        cancelled the moment it started may not be the plugin's yet: asked again, briefly."""
-        for _ in range(KILL_TRIES):
-            if sb.id not in self._sandboxes:
-                return
-            try:
-                await self._verb(sb, {"kill": tag})
-                return
-            except HutchError:
-                await asyncio.sleep(0.1)
-
-    async def cancel(self, execution_id: str) -> None:
-        execution = self._executions.get(execution_id)
-        if execution is None:
-            return
-        execution.cancelled = True
-        execution.stop.set()
+        return await self._readings.usage(sb, disk=disk)
 
     # -- files and terminals: NomadFiles and NomadTerminals, through SandboxAccess (access.py)
 

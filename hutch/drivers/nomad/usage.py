@@ -20,14 +20,28 @@ Nomad."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 
+from hutch.core.errors import HutchError
+from hutch.drivers.base import Usage
 from hutch.drivers.nomad.client import NomadClient
+from hutch.drivers.nomad.execs import plugin_verb
 from hutch.drivers.nomad.helpers import AgentHelpers
+from hutch.drivers.nomad.jobs import TASK
 from hutch.drivers.nomad.state import NomadSandbox
+
+log = logging.getLogger(__name__)
+
+USAGE_TIMEOUT = 2.0  # seconds for one usage read (an alloc exec on the sandbox's client)
+NOMAD_READ_TIMEOUT = 5.0  # seconds for a read of Nomad's API (a job, an allocation's stats) under load
+DISK_TIMEOUT = 30.0  # seconds for a disk reading (without a disk limit, a walk of the sandbox's files)
 
 
 @attrs.frozen
@@ -75,3 +89,60 @@ class NowReadings:
 
     async def disk(self, sb: NomadSandbox) -> tuple[int, int]:
         return await self._helpers.disk(sb, limited=(await self.sizes(sb)).disk_limited)
+
+    async def usage(self, sb: NomadSandbox, *, disk: bool = False) -> Usage:
+        """CPU, peak memory and (a current plugin) memory now and its page cache from the
+        plugin's usage verb (the container's cgroup accounting, read on the client); its memory
+        and CPU totals from its job; with ``disk`` (E2B's metrics) its disk too, and the memory
+        it holds from Nomad where the plugin does not say it (above: from where)."""
+        used = await self._plugin_usage(sb)
+        now: dict[str, Any] = {}
+        # Each bounded as the verb is (a client cut off answers nothing, and a status read must
+        # not wait for the heartbeat timeout that declares it lost), and each on its own: one
+        # source failing leaves only its fields unknown.
+        async def read(what: str, seconds: float, reading: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+            try:
+                async with asyncio.timeout(seconds):
+                    now.update(await reading())
+            except (TimeoutError, HutchError) as err:
+                log.warning("sandbox %s: its %s was not read: %s", sb.id, what,
+                            getattr(err, "message", None) or "timed out")
+
+        async def totals() -> dict[str, Any]:
+            sizes = await self.sizes(sb)
+            return {"memory_total_bytes": sizes.memory_bytes, "cpu_count": sizes.cpu_count}
+
+        async def memory() -> dict[str, Any]:
+            return {"memory_bytes": await self.memory_now(sb)}
+
+        async def disk_now() -> dict[str, Any]:
+            used_bytes, total = await self.disk(sb)
+            return {"disk_used_bytes": used_bytes, "disk_total_bytes": total}
+
+        await read("memory and CPU totals", NOMAD_READ_TIMEOUT, totals)
+        if disk and used.memory_bytes is None:  # an older plugin: Nomad's own reading
+            await read("memory", NOMAD_READ_TIMEOUT, memory)
+        if disk:
+            await read("disk", DISK_TIMEOUT, disk_now)  # without a disk limit, a walk of what it wrote
+        return attrs.evolve(used, **now)
+
+    async def _plugin_usage(self, sb: NomadSandbox) -> Usage:
+        for _ in range(2):  # an alloc exec now and then fails to start on a busy client: once more
+            try:
+                async with asyncio.timeout(USAGE_TIMEOUT):
+                    code, out = await plugin_verb(self._client, sb.alloc_id, TASK, {"usage": True})
+            except TimeoutError:
+                return Usage()  # unreachable: asking again would only wait again
+            except HutchError:
+                continue
+            if code == 0:
+                break
+        else:
+            return Usage()
+        data = json.loads(out or b"{}")
+        peak, held, cache = (data.get(k) for k in ("memoryPeakBytes", "memoryBytes", "memoryCacheBytes"))
+        # Memory now and its page cache: from a plugin that reads them (containerd-driver's
+        # cgroupUsage); an older one on a client says neither.
+        return Usage(cpu_seconds=data.get("cpuSeconds"), memory_peak_bytes=int(peak) if peak is not None else None,
+                     memory_bytes=int(held) if held is not None else None,
+                     memory_cache_bytes=int(cache) if cache is not None else None)

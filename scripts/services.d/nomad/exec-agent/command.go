@@ -196,9 +196,11 @@ func (c *command) pump(kind byte, r *os.File) {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			c.out.acquire(n)
+			wanted := c.out.acquire(n)
 			c.moved.Add(int64(n))
-			c.a.send(kind, c.id, append([]byte(nil), buf[:n]...))
+			if wanted {
+				c.a.send(kind, c.id, append([]byte(nil), buf[:n]...))
+			}
 		}
 		if err != nil {
 			return
@@ -264,7 +266,13 @@ func (c *command) pipesEmpty() bool {
 // its tag (those that left the group), scanning until none is left.
 func (c *command) signal(sig syscall.Signal) {
 	_ = syscall.Kill(-c.pid, sig)
-	if sig != syscall.SIGKILL || c.tag == "" {
+	if sig == syscall.SIGKILL {
+		c.killTagged()
+	}
+}
+
+func (c *command) killTagged() {
+	if c.tag == "" {
 		return
 	}
 	go func() {
@@ -272,6 +280,23 @@ func (c *command) signal(sig syscall.Signal) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
+}
+
+// drop: the API reads no more of the command ('D': it was cancelled while its sandbox was
+// frozen, killed from outside, or its exit did not come in time). Nothing will acknowledge
+// its output again, so its window is opened for good and what is left is read and discarded:
+// otherwise its pump waited for acknowledgements for the rest of the session, and the agent
+// held the command, its pipes and its end. What is still running of it is killed (its group
+// only while it is not yet reaped: its pid may be another's after).
+func (c *command) drop() {
+	c.out.discard()
+	c.a.mu.Lock()
+	running := c.a.pids[c.pid] == c
+	c.a.mu.Unlock()
+	if running {
+		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+	}
+	c.killTagged()
 }
 
 func killMarked(tag string) int {
@@ -299,6 +324,7 @@ type credit struct {
 	cond     *sync.Cond
 	inflight int
 	waiting  int
+	dropped  bool // the API reads no more (drop): nothing is sent, nothing waits
 }
 
 func newCredit() *credit {
@@ -307,15 +333,28 @@ func newCredit() *credit {
 	return c
 }
 
-func (c *credit) acquire(n int) {
+// acquire waits for room for n bytes in the window; false once the output is dropped (not to
+// be sent).
+func (c *credit) acquire(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.inflight >= window {
+	for c.inflight >= window && !c.dropped {
 		c.waiting++
 		c.cond.Wait()
 		c.waiting--
 	}
+	if c.dropped {
+		return false
+	}
 	c.inflight += n
+	return true
+}
+
+func (c *credit) discard() {
+	c.mu.Lock()
+	c.dropped = true
+	c.mu.Unlock()
+	c.cond.Broadcast()
 }
 
 func (c *credit) release(n int) {

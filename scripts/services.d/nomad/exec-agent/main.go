@@ -8,10 +8,13 @@
 // the payload.
 //
 //	API -> agent: 'S' start (JSON startRequest), 'I' stdin bytes, 'E' stdin closed,
-//	              'K' signal (one byte: its number), 'A' output acknowledged (uint32 bytes)
+//	              'K' signal (one byte: its number), 'A' output acknowledged (uint32 bytes),
+//	              'D' dropped: the API reads no more of the command (it killed it, or gave up
+//	              waiting for its exit): it is killed, and its output is read and discarded
 //	agent -> API: 'R' ready (JSON, id 0), 'P' started (JSON pid), '1' stdout, '2' stderr,
 //	              'a' stdin consumed (uint32 bytes), 'X' exit (JSON exitReport),
-//	              'H' heartbeat (id 0, every heartbeatEvery)
+//	              'H' heartbeat (id 0, every heartbeatEvery; JSON load: the commands it holds
+//	              and its goroutines, so what a command leaves behind in it can be seen)
 //
 // Both directions are windowed per command (window bytes unacknowledged at most), so one
 // slow command or slow reader never holds up another's frames. At the end of its stdin (the
@@ -156,8 +159,18 @@ func spareThreads(n int) {
 
 func (a *agent) heartbeat() {
 	for range time.Tick(heartbeatEvery) {
-		a.send('H', 0, nil)
+		a.send('H', 0, a.load())
 	}
+}
+
+// load: the commands the agent holds (running, or their output not yet all sent) and its
+// goroutines; both go back to what they were once its commands have ended.
+func (a *agent) load() []byte {
+	a.mu.Lock()
+	held := len(a.cmds)
+	a.mu.Unlock()
+	b, _ := json.Marshal(map[string]int{"commands": held, "goroutines": runtime.NumGoroutine()})
+	return b
 }
 
 // send writes one frame; a broken stdout means the API is gone.
@@ -228,6 +241,8 @@ func (a *agent) handle(kind byte, id uint32, payload []byte) {
 		if len(payload) == 4 {
 			c.out.release(int(binary.BigEndian.Uint32(payload)))
 		}
+	case 'D':
+		c.drop()
 	}
 }
 
