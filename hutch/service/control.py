@@ -14,8 +14,17 @@ import attrs
 from hutch.core import phases
 from hutch.core.driver_types import Usage
 from hutch.core.errors import NotSupported
-from hutch.core.events import PAUSE_FILESYSTEM
-from hutch.core.lifecycle import ChangeEnv, ChangeTimeout, Destroy, Fail, Pause, Resume, Terminate
+from hutch.core.events import PAUSE_FILESYSTEM, ExecutionFinished
+from hutch.core.lifecycle import (
+    DESTROYED_ON_REQUEST,
+    ChangeEnv,
+    ChangeTimeout,
+    Destroy,
+    Fail,
+    Pause,
+    Resume,
+    Terminate,
+)
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.core.replicas import Replicas
@@ -83,13 +92,15 @@ class SandboxControl:
         sb = await self._reads.require(sandbox_id)
         if sb.status is SandboxStatus.DELETED:
             return
-        await self._recorder.command(sandbox_id, Destroy())
-        for ex in await self._reads.store.list_executions(sandbox_id):
-            if not ex.status.is_final:
+        # The destroy records the end of every command still running (core.lifecycle._stopped):
+        # those are the ones killed now, whatever the driver then reports of them.
+        recorded = await self._recorder.command(sandbox_id, Destroy(reason=DESTROYED_ON_REQUEST))
+        for event in recorded:
+            if isinstance(event.data, ExecutionFinished):
                 with contextlib.suppress(Exception):
-                    await self._commands.cancel(ex.execution_id)
+                    await self._commands.cancel(event.data.execution_id)
         used = _fields(await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id)))
-        await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True, **used))
+        await self._recorder.command(sandbox_id, Terminate(reason=DESTROYED_ON_REQUEST, deleted=True, **used))
         self._recorder.forget(sandbox_id)
 
     async def end(self, sandbox_id: str, command: Terminate, *, busy: bool = False) -> None:
