@@ -72,6 +72,10 @@ async def test_a_oneshot_destroyed_under_its_command_ends_it_one_way(api: Api) -
         await asyncio.sleep(delay)
         await api.call("DELETE", f"/sandbox/{sid}")
         await _ended_as(api, sid, created["executionId"], DESTROYED)
+        # Ended once, by the destroy: not also "terminated" by its command's kill meanwhile.
+        events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]
+        ends = [e["event"] for e in events if e["type"] == "lifecycle:terminated"]
+        assert [(e["reason"], e["deleted"]) for e in ends] == [("destroyed on request", True)], ends
 
 
 @pytest.mark.runs_on("local-embedded", "node-embedded", "nomad-production")  # drivers that pause a running command
