@@ -171,9 +171,11 @@ class DeleteCheckpoint:
 
 
 PAUSED_FILESYSTEM_ENDED = "cancelled: the sandbox was paused filesystem-only, which ends every process in it"
-# A command its sandbox's end stops (a destroy, a timeout, a failure, a oneshot's destroy):
-# ``cancelled``, as the seeds call a command a user's action terminated, SIGKILLed with the
-# rest of the sandbox (128 + 9, as a cancel's), its error naming the end.
+# A command its sandbox's end stops (a destroy, a timeout, a oneshot's destroy): ``cancelled``,
+# as the seeds call a command a user's action terminated, SIGKILLed with the rest of the
+# sandbox (128 + 9, as a cancel's), its error naming the end. One a failure of its sandbox
+# stops (its host lost, its allocation killed) is ``failed`` as the sandbox is, its exit code
+# unknown: the driver's own report of such a loss, which may land first, says failed too.
 ENDED_EXIT_CODE = 137
 
 
@@ -253,7 +255,7 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
             return [SandboxDiscarded(reason=command.reason)]
         if sandbox.status.is_final:
             return []
-        return [*_stopped(sandbox, sandbox_ended(command.reason)), SandboxDiscarded(reason=command.reason)]
+        return [*_stopped(sandbox, sandbox_ended(command.reason), failed=True), SandboxDiscarded(reason=command.reason)]
     if sandbox is None:
         raise SandboxNotFound("sandbox not found: nothing but a create is decided before it is recorded")
     match command:
@@ -340,7 +342,7 @@ def _decide_setup(sandbox: SandboxState, command: Start | Fail | ReportBuild) ->
         case Fail(reason=reason):
             if status.is_final:
                 return []  # failing something already over changes nothing
-            return [*_stopped(sandbox, sandbox_ended(reason)), SandboxFailed(reason=reason)]
+            return [*_stopped(sandbox, sandbox_ended(reason), failed=True), SandboxFailed(reason=reason)]
         case ReportBuild(runtime=runtime, message=message):
             if status is not SandboxStatus.CREATING:
                 return []  # destroyed while its runtime builds: the build goes on for others
@@ -475,14 +477,15 @@ def _decide_finish_execution(sandbox: SandboxState, command: FinishExecution) ->
     return [finished]
 
 
-def _stopped(sandbox: SandboxState, error: str) -> list[ExecutionFinished]:
+def _stopped(sandbox: SandboxState, error: str, *, failed: bool = False) -> list[ExecutionFinished]:
     """The end of every command still running in a sandbox that ends (or pauses filesystem-only)
     under them, decided here with the end itself, in the same append: one outcome, whatever the
     driver reports of their kill and whenever (that report comes after, and is refused: they are
     no longer running), and one ``execution:finished`` for each: after a destroy's request or a
     pause, before a terminate's or a failure's end (which would fold the sandbox's exit code)."""
-    return [ExecutionFinished(execution_id=eid, status=ExecutionStatus.CANCELLED, exit_code=ENDED_EXIT_CODE,
-                              error=error) for eid in sorted(sandbox.running)]
+    status, code = (ExecutionStatus.FAILED, None) if failed else (ExecutionStatus.CANCELLED, ENDED_EXIT_CODE)
+    return [ExecutionFinished(execution_id=eid, status=status, exit_code=code, error=error)
+            for eid in sorted(sandbox.running)]
 
 
 def _decide_end(sandbox: SandboxState, command: Destroy | Terminate) -> list[Decided]:

@@ -222,27 +222,31 @@ def test_a_filesystem_only_pause_ends_its_commands_as_a_stop_does_and_records_it
     assert frozen.paused_mode is None and frozen.running == {"exec_1"}
 
 
-_ENDS: list[tuple[Sequence[Command], str]] = [
-    ((Destroy(),), "destroyed on request"),
-    ((Destroy(), Terminate("destroyed on request", deleted=True)), "destroyed on request"),
-    ((Destroy("paused timeout (1s) reached"), Terminate("paused timeout (1s) reached")), "paused timeout (1s) reached"),
-    ((Terminate("timeout (30s) reached"),), "timeout (30s) reached"),
-    ((Terminate("destroyed on request", deleted=True),), "destroyed on request"),
-    ((Fail("the host was lost"),), "the host was lost"),
-    ((Discard("its replica was lost"),), "its replica was lost"),
+_CANCELLED, _FAILED = (ExecutionStatus.CANCELLED, 137), (ExecutionStatus.FAILED, None)
+_ENDS: list[tuple[Sequence[Command], str, tuple[ExecutionStatus, int | None]]] = [
+    ((Destroy(),), "destroyed on request", _CANCELLED),
+    ((Destroy(), Terminate("destroyed on request", deleted=True)), "destroyed on request", _CANCELLED),
+    ((Destroy("paused timeout (1s) reached"), Terminate("paused timeout (1s) reached")), "paused timeout (1s) reached",
+     _CANCELLED),
+    ((Terminate("timeout (30s) reached"),), "timeout (30s) reached", _CANCELLED),
+    ((Terminate("destroyed on request", deleted=True),), "destroyed on request", _CANCELLED),
+    ((Destroy(), Fail("destroy failed: gone")), "destroyed on request", _CANCELLED),
+    ((Fail("the host was lost"),), "the host was lost", _FAILED),
+    ((Discard("its replica was lost"),), "its replica was lost", _FAILED),
 ]
 
 
-@pytest.mark.parametrize(("ends", "reason"), _ENDS, ids=lambda v: "+".join(type(c).__name__ for c in v)
-                         if isinstance(v, tuple) else None)
+@pytest.mark.parametrize(("ends", "reason", "outcome"), _ENDS,
+                         ids=["+".join(type(c).__name__ for c in ends) for ends, _, _ in _ENDS])
 @pytest.mark.parametrize("mode", [Mode.INTERACTIVE, Mode.ONESHOT])
-def test_a_sandbox_that_ends_under_its_commands_ends_each_once_cancelled_naming_the_end(
-        ends: Sequence[Command], reason: str, mode: Mode) -> None:
+def test_a_sandbox_that_ends_under_its_commands_ends_each_once_naming_the_end(
+        ends: Sequence[Command], reason: str, outcome: tuple[ExecutionStatus, int | None], mode: Mode) -> None:
     """However a sandbox ends under running commands (a destroy, then its end; a busy sandbox's
     timeout, recorded as a destroy first; an end with no destroy before it; a failure; a
     survivor's discard), the first of those decides each command's end: one execution:finished,
-    ``cancelled``, exit 137, error ``sandbox ended: <reason>``, the same folded; the driver's
-    report of the kill, whenever it comes, is refused, and the later ends decide no other."""
+    error ``sandbox ended: <reason>``, ``cancelled`` with exit 137 (``failed``, no exit code,
+    where the sandbox failed), the same folded; the driver's report of the kill, whenever it
+    comes, is refused, and the later ends decide no other."""
     from hutch.core.events import ExecutionFinished
     from hutch.core.lifecycle import evolve_execution
 
@@ -253,8 +257,7 @@ def test_a_sandbox_that_ends_under_its_commands_ends_each_once_cancelled_naming_
     decided = decide_in_turn(sb, ends)
     finished = [e for e in decided if isinstance(e, ExecutionFinished)]
     assert sorted(f.execution_id for f in finished) == ids
-    assert {(f.status, f.exit_code, f.error) for f in finished} == {
-        (ExecutionStatus.CANCELLED, 137, f"sandbox ended: {reason}")}
+    assert {(f.status, f.exit_code, f.error) for f in finished} == {(*outcome, f"sandbox ended: {reason}")}
     ended = fold(sb, decided)
     assert ended.running == frozenset()
     for eid in ids:
@@ -266,8 +269,7 @@ def test_a_sandbox_that_ends_under_its_commands_ends_each_once_cancelled_naming_
         [started] = decide(step(new(mode), Start()), StartExecution(eid, ("sleep", "30")))
         ex = evolve_execution(None, Event("s", sb.sandbox_id, "2026-01-01T00:00:00.000Z", started))
         ex = reduce(evolve_execution, events, ex)  # type: ignore[arg-type]
-        assert ex is not None and (ex.status, ex.exit_code, ex.error) == (
-            ExecutionStatus.CANCELLED, 137, f"sandbox ended: {reason}")
+        assert ex is not None and (ex.status, ex.exit_code, ex.error) == (*outcome, f"sandbox ended: {reason}")
     # A further end changes nothing of them.
     assert not [e for e in decide_in_turn(ended, (Terminate("later"),)) if isinstance(e, ExecutionFinished)]
 
