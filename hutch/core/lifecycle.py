@@ -121,6 +121,9 @@ DESTROYED_ON_REQUEST = "destroyed on request"
 @attrs.frozen
 class Destroy:
     reason: str = DESTROYED_ON_REQUEST
+    # Only if commands run: a sandbox ended for another reason (a timeout, a oneshot's end) is
+    # recorded ending before the driver kills them, whatever its caller read of it before.
+    if_running: bool = False
 
 
 @attrs.frozen
@@ -496,6 +499,8 @@ def _decide_end(sandbox: SandboxState, command: Destroy | Terminate) -> list[Dec
     if isinstance(command, Destroy):
         if status in (SandboxStatus.DELETED, SandboxStatus.STOPPING):
             return []  # destroy is idempotent
+        if command.if_running and not sandbox.running:
+            return []
         return [SandboxDestroyRequested(reason=command.reason), *_stopped(sandbox, sandbox_ended(command.reason))]
     if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
         return []

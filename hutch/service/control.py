@@ -13,7 +13,7 @@ import attrs
 
 from hutch.core import phases
 from hutch.core.driver_types import Usage
-from hutch.core.errors import NotSupported
+from hutch.core.errors import NotSupported, SandboxNotFound
 from hutch.core.events import PAUSE_FILESYSTEM, ExecutionFinished
 from hutch.core.lifecycle import (
     DESTROYED_ON_REQUEST,
@@ -103,13 +103,15 @@ class SandboxControl:
         await self._recorder.command(sandbox_id, Terminate(reason=DESTROYED_ON_REQUEST, deleted=True, **used))
         self._recorder.forget(sandbox_id)
 
-    async def end(self, sandbox_id: str, command: Terminate, *, busy: bool = False) -> None:
+    async def end(self, sandbox_id: str, command: Terminate) -> None:
         """End a sandbox not destroyed on request (oneshot done, reaped, restart): the driver
-        lets it go, then the end is recorded with its usage. ``busy``: commands still run in it
-        (a timeout counted busy or not): it is recorded ending first, as a destroy is, so that
-        their clients hear that the sandbox ended, not that they were killed."""
-        if busy:
-            await self._recorder.command(sandbox_id, Destroy(reason=command.reason))
+        lets it go, then the end is recorded with its usage. One with commands still running
+        (a timeout counted busy or not, a paused one's frozen commands, one started after the
+        caller read it idle) is recorded ending first, as a destroy is, their ends with it:
+        their clients hear that the sandbox ended, not what its driver's kill left of them.
+        Decided under the sandbox's lock, not on what the caller read."""
+        with contextlib.suppress(SandboxNotFound):  # nothing recorded of it: the driver lets it go all the same
+            await self._recorder.command(sandbox_id, Destroy(reason=command.reason, if_running=True))
         try:
             with phases.span("driver: destroy, its usage read before"):
                 used = await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id))

@@ -94,3 +94,21 @@ async def test_a_sandbox_timeout_ends_a_running_command_one_way(api: Api) -> Non
         status = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=15000")
         assert status["status"] == "terminated", status
         await _ended_as(api, sid, ex["executionId"], "sandbox ended: paused timeout (1s) reached")
+
+
+@pytest.mark.runs_on(*EVERYWHERE)
+async def test_an_end_that_read_the_sandbox_idle_still_ends_a_command_started_since_one_way(api: Api) -> None:
+    """The reaper reads a sandbox idle at its idle timeout and ends it; a command started between
+    that read and the end (an execute landing just then) is ended as a busy sandbox's are:
+    ``cancelled``, saying the timeout ended it, never what the driver's kill left of it (a
+    ``failed`` "sandbox not found", or ``cancelled`` "cancelled"). Driven through the service's
+    end as the reaper calls it, so that the race is not left to chance."""
+    from hutch.api.keys import ENGINE
+    from hutch.core.lifecycle import Terminate
+
+    engine = api.client.server.app[ENGINE]
+    for delay in DELAYS:
+        sid = (await api.call("POST", "/sandbox", json={}, expect=201))["data"]["sandboxId"]
+        execution_id = await _started(api, sid, delay)
+        await engine.control.end(sid, Terminate(reason="idle timeout (1s) reached"))
+        await _ended_as(api, sid, execution_id, "sandbox ended: idle timeout (1s) reached")

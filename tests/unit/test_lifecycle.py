@@ -274,6 +274,17 @@ def test_a_sandbox_that_ends_under_its_commands_ends_each_once_naming_the_end(
     assert not [e for e in decide_in_turn(ended, (Terminate("later"),)) if isinstance(e, ExecutionFinished)]
 
 
+def test_a_destroy_if_running_is_recorded_only_while_commands_run() -> None:
+    """What an end that is not a destroy records first (service/control.py ``end``): decided
+    under the lock, not on what its caller read: nothing for an idle sandbox; for one a
+    command started in since, the destroy and that command's end."""
+    idle = step(new(), Start())
+    assert decide(idle, Destroy("idle timeout (1s) reached", if_running=True)) == []
+    busy = step(idle, StartExecution("exec_1", ("sleep", "30")))
+    events = decide(busy, Destroy("idle timeout (1s) reached", if_running=True))
+    assert [e.type for e in events] == ["destroy", "execution:finished"]
+
+
 def test_a_oneshot_ended_under_its_command_keeps_the_exit_code_its_end_says() -> None:
     """The commands' ends come before a terminate's end event: the sandbox's exit code is the
     terminate's (a oneshot's), not the killed command's 137."""
