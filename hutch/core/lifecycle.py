@@ -9,6 +9,7 @@ sandbox event is decided here, its creation too (``Create``, against no sandbox)
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 
 import attrs
@@ -694,7 +695,9 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
             execution,
             status=data.status,
             exit_code=data.exit_code,
-            duration_ms=data.duration_ms,
+            # An end the driver did not time (one its sandbox's end decided, a restart's):
+            # from its recorded start to its recorded end.
+            duration_ms=data.duration_ms if data.duration_ms is not None else _ms_between(execution.started_at, at),
             error=data.error,
             output_truncated=data.output_truncated,
             completed_at=at,
@@ -714,6 +717,17 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
             completed_at=at,
         )
     return execution
+
+
+def _ms_between(start: str | None, end: str) -> int | None:
+    """Milliseconds between two recorded times (ISO 8601, ``Z``); None if either is not one."""
+    if not start:
+        return None
+    try:
+        begun, ended = (dt.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (start, end))
+        return max(0, int((ended - begun).total_seconds() * 1000))
+    except (ValueError, TypeError):
+        return None
 
 
 def execution_in(sandbox: SandboxState | None, execution: ExecutionState, at: str) -> ExecutionState:

@@ -30,6 +30,8 @@ async def _ended_as(api: Api, sid: str, execution_id: str, error: str) -> dict[s
     once (every started execution gets exactly one end event, before the sandbox's end)."""
     ex = await api.data("GET", f"/sandbox/execution/{execution_id}?wait=20s")
     assert ex["status"] == "cancelled" and ex.get("error") == error, ex
+    # How long it ran, as for any other end: from its start to the end recorded for it.
+    assert isinstance(ex.get("durationMs"), int) and 0 <= ex["durationMs"] < 20_000, ex
     events = (await api.data("GET", f"/sandbox/sandboxes/{sid}/events?limit=100"))["events"]
     types = [e["type"] for e in events]
     ends = [e for e in events if e["type"] == "execution:finished" and e["event"]["executionId"] == execution_id]

@@ -270,6 +270,7 @@ def test_a_sandbox_that_ends_under_its_commands_ends_each_once_naming_the_end(
         ex = evolve_execution(None, Event("s", sb.sandbox_id, "2026-01-01T00:00:00.000Z", started))
         ex = reduce(evolve_execution, events, ex)  # type: ignore[arg-type]
         assert ex is not None and (ex.status, ex.exit_code, ex.error) == (*outcome, f"sandbox ended: {reason}")
+        assert ex.duration_ms is not None and 60_000 <= ex.duration_ms < 70_000  # its start to its end recorded
     # A further end changes nothing of them.
     assert not [e for e in decide_in_turn(ended, (Terminate("later"),)) if isinstance(e, ExecutionFinished)]
 
