@@ -708,8 +708,8 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
         return attrs.evolve(execution, status=ExecutionStatus.CANCELLED, error=PAUSED_FILESYSTEM_ENDED,
                             completed_at=at)
     if isinstance(data, (SandboxTerminated, SandboxFailed, SandboxDiscarded)) and not execution.status.is_final:
-        # A queued command whose sandbox ended before it started (failed: it could not run), or
-        # a log recorded before an end decided its running commands' ends too (_stopped).
+        # A queued command whose sandbox ended before it started, or a running one in a log
+        # recorded before an end decided its running commands' ends too (_stopped).
         return attrs.evolve(
             execution,
             status=ExecutionStatus.CANCELLED if isinstance(data, SandboxTerminated) else ExecutionStatus.FAILED,
