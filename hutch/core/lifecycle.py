@@ -9,6 +9,7 @@ sandbox event is decided here, its creation too (``Create``, against no sandbox)
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 
 import attrs
@@ -115,9 +116,15 @@ class FinishExecution:
     output_truncated: bool = False
 
 
+DESTROYED_ON_REQUEST = "destroyed on request"
+
+
 @attrs.frozen
 class Destroy:
-    reason: str = "requested"
+    reason: str = DESTROYED_ON_REQUEST
+    # Only if commands run: a sandbox ended for another reason (a timeout, a oneshot's end) is
+    # recorded ending before the driver kills them, whatever its caller read of it before.
+    if_running: bool = False
 
 
 @attrs.frozen
@@ -168,6 +175,17 @@ class DeleteCheckpoint:
 
 
 PAUSED_FILESYSTEM_ENDED = "cancelled: the sandbox was paused filesystem-only, which ends every process in it"
+# A command its sandbox's end stops (a destroy, a timeout, a oneshot's destroy): ``cancelled``,
+# as the seeds call a command a user's action terminated, SIGKILLed with the rest of the
+# sandbox (128 + 9, as a cancel's), its error naming the end. One a failure of its sandbox
+# stops (its host lost, its allocation killed) is ``failed`` as the sandbox is, its exit code
+# unknown: the driver's own report of such a loss, which may land first, says failed too.
+ENDED_EXIT_CODE = 137
+
+
+def sandbox_ended(reason: str) -> str:
+    """The error of a command its sandbox's end stopped."""
+    return f"sandbox ended: {reason}"
 
 
 @attrs.frozen
@@ -237,7 +255,11 @@ def decide(sandbox: SandboxState | None, command: Command) -> list[Decided]:
         return _decide_create(sandbox, command)
     if isinstance(command, Discard):
         # Nothing recorded, or recorded and not over: ended now (the caller ends it wherever it runs).
-        return [] if sandbox is not None and sandbox.status.is_final else [SandboxDiscarded(reason=command.reason)]
+        if sandbox is None:
+            return [SandboxDiscarded(reason=command.reason)]
+        if sandbox.status.is_final:
+            return []
+        return [*_stopped(sandbox, sandbox_ended(command.reason), failed=True), SandboxDiscarded(reason=command.reason)]
     if sandbox is None:
         raise SandboxNotFound("sandbox not found: nothing but a create is decided before it is recorded")
     match command:
@@ -324,7 +346,7 @@ def _decide_setup(sandbox: SandboxState, command: Start | Fail | ReportBuild) ->
         case Fail(reason=reason):
             if status.is_final:
                 return []  # failing something already over changes nothing
-            return [SandboxFailed(reason=reason)]
+            return [*_stopped(sandbox, sandbox_ended(reason), failed=True), SandboxFailed(reason=reason)]
         case ReportBuild(runtime=runtime, message=message):
             if status is not SandboxStatus.CREATING:
                 return []  # destroyed while its runtime builds: the build goes on for others
@@ -396,13 +418,16 @@ def _decide_pause(sandbox: SandboxState, command: Pause) -> list[Decided]:
     ``running`` (as E2B's), their time limits standing still; the resume makes it running again
     if any is left. A driver that cannot freeze a running command refuses, naming why. A
     filesystem-only pause (``mode``) ends every process instead, its commands cancelled
-    (evolve_execution); its resume is a new boot over the same files."""
+    (_stopped); its resume is a new boot over the same files."""
     status = sandbox.status
     if status is SandboxStatus.PAUSED:
         return []  # pausing a paused sandbox changes nothing (whichever way it paused)
     if status not in _LIVE:
         raise _illegal(sandbox, "pause")
-    return [SandboxPaused(terminates_at=command.terminates_at, mode=command.mode)]
+    paused = SandboxPaused(terminates_at=command.terminates_at, mode=command.mode)
+    if command.mode != PAUSE_FILESYSTEM:
+        return [paused]
+    return [paused, *_stopped(sandbox, PAUSED_FILESYSTEM_ENDED)]
 
 
 def _decide_resume(sandbox: SandboxState, command: Resume) -> list[Decided]:
@@ -456,16 +481,31 @@ def _decide_finish_execution(sandbox: SandboxState, command: FinishExecution) ->
     return [finished]
 
 
+def _stopped(sandbox: SandboxState, error: str, *, failed: bool = False) -> list[ExecutionFinished]:
+    """The end of every command still running in a sandbox that ends (or pauses filesystem-only)
+    under them, decided here with the end itself, in the same append: one outcome, whatever the
+    driver reports of their kill and whenever (that report comes after, and is refused: they are
+    no longer running), and one ``execution:finished`` for each: after a destroy's request or a
+    pause, before a terminate's or a failure's end (which would fold the sandbox's exit code)."""
+    status, code = (ExecutionStatus.FAILED, None) if failed else (ExecutionStatus.CANCELLED, ENDED_EXIT_CODE)
+    return [ExecutionFinished(execution_id=eid, status=status, exit_code=code, error=error)
+            for eid in sorted(sandbox.running)]
+
+
 def _decide_end(sandbox: SandboxState, command: Destroy | Terminate) -> list[Decided]:
-    """Destroy on request, or terminate for any other reason (a oneshot's exit code completes it)."""
+    """Destroy on request, or terminate for any other reason (a oneshot's exit code completes
+    it). Its running commands end with the first of them (_stopped): a destroy's, or a busy
+    sandbox's ending (recorded as a destroy with its reason), before the driver kills them."""
     status = sandbox.status
     if isinstance(command, Destroy):
         if status in (SandboxStatus.DELETED, SandboxStatus.STOPPING):
             return []  # destroy is idempotent
-        return [SandboxDestroyRequested(reason=command.reason)]
+        if command.if_running and not sandbox.running:
+            return []
+        return [SandboxDestroyRequested(reason=command.reason), *_stopped(sandbox, sandbox_ended(command.reason))]
     if status in (SandboxStatus.DELETED,) or (status.is_final and not command.deleted):
         return []
-    events: list[Decided] = []
+    events: list[Decided] = [*_stopped(sandbox, sandbox_ended(command.reason))]
     if sandbox.spec.mode is Mode.ONESHOT and command.exit_code is not None and status in _LIVE:
         events.append(SandboxCompleted(exit_code=command.exit_code))
     events.append(
@@ -570,7 +610,7 @@ def _evolve_status(sandbox: SandboxState, data: EventData, at: str) -> SandboxSt
             return attrs.evolve(sandbox, status=SandboxStatus.STOPPING, updated_at=at)
         case SandboxPaused(terminates_at=deadline, mode=mode):
             # A filesystem-only pause ended every process: none of its commands is left running
-            # (each is ended as a stop ends it: evolve_execution).
+            # (each ended by its own execution:finished, decided with the pause: _stopped).
             running = frozenset() if mode == PAUSE_FILESYSTEM else sandbox.running
             return attrs.evolve(sandbox, status=SandboxStatus.PAUSED, paused_at=at, terminates_at=deadline, updated_at=at,
                                 paused_mode=mode, running=running)
@@ -659,18 +699,21 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
             execution,
             status=data.status,
             exit_code=data.exit_code,
-            duration_ms=data.duration_ms,
+            # An end the driver did not time (one its sandbox's end decided, a restart's):
+            # from its recorded start to its recorded end.
+            duration_ms=data.duration_ms if data.duration_ms is not None else _ms_between(execution.started_at, at),
             error=data.error,
             output_truncated=data.output_truncated,
             completed_at=at,
         )
     if isinstance(data, SandboxPaused) and data.mode == PAUSE_FILESYSTEM and not execution.status.is_final:
-        # Its processes ended with the pause; the driver's own report of the kill comes after
-        # this and is refused (the command is no longer running).
+        # Its processes ended with the pause (a log from before the pause decided an
+        # execution:finished for each: _stopped); the driver's report of the kill is refused.
         return attrs.evolve(execution, status=ExecutionStatus.CANCELLED, error=PAUSED_FILESYSTEM_ENDED,
                             completed_at=at)
     if isinstance(data, (SandboxTerminated, SandboxFailed, SandboxDiscarded)) and not execution.status.is_final:
-        # The sandbox ended under a running command (host restart, destroy): it did not finish.
+        # A queued command whose sandbox ended before it started, or a running one in a log
+        # recorded before an end decided its running commands' ends too (_stopped).
         return attrs.evolve(
             execution,
             status=ExecutionStatus.CANCELLED if isinstance(data, SandboxTerminated) else ExecutionStatus.FAILED,
@@ -678,6 +721,17 @@ def evolve_execution(execution: ExecutionState | None, event: Event) -> Executio
             completed_at=at,
         )
     return execution
+
+
+def _ms_between(start: str | None, end: str) -> int | None:
+    """Milliseconds between two recorded times (ISO 8601, ``Z``); None if either is not one."""
+    if not start:
+        return None
+    try:
+        begun, ended = (dt.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (start, end))
+        return max(0, int((ended - begun).total_seconds() * 1000))
+    except (ValueError, TypeError):
+        return None
 
 
 def execution_in(sandbox: SandboxState | None, execution: ExecutionState, at: str) -> ExecutionState:

@@ -13,9 +13,18 @@ import attrs
 
 from hutch.core import phases
 from hutch.core.driver_types import Usage
-from hutch.core.errors import NotSupported
-from hutch.core.events import PAUSE_FILESYSTEM
-from hutch.core.lifecycle import ChangeEnv, ChangeTimeout, Destroy, Fail, Pause, Resume, Terminate
+from hutch.core.errors import NotSupported, SandboxNotFound
+from hutch.core.events import PAUSE_FILESYSTEM, ExecutionFinished
+from hutch.core.lifecycle import (
+    DESTROYED_ON_REQUEST,
+    ChangeEnv,
+    ChangeTimeout,
+    Destroy,
+    Fail,
+    Pause,
+    Resume,
+    Terminate,
+)
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
 from hutch.core.replicas import Replicas
@@ -83,22 +92,26 @@ class SandboxControl:
         sb = await self._reads.require(sandbox_id)
         if sb.status is SandboxStatus.DELETED:
             return
-        await self._recorder.command(sandbox_id, Destroy())
-        for ex in await self._reads.store.list_executions(sandbox_id):
-            if not ex.status.is_final:
+        # The destroy records the end of every command still running (core.lifecycle._stopped):
+        # those are the ones killed now, whatever the driver then reports of them.
+        recorded = await self._recorder.command(sandbox_id, Destroy(reason=DESTROYED_ON_REQUEST))
+        for event in recorded:
+            if isinstance(event.data, ExecutionFinished):
                 with contextlib.suppress(Exception):
-                    await self._commands.cancel(ex.execution_id)
+                    await self._commands.cancel(event.data.execution_id)
         used = _fields(await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id)))
-        await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True, **used))
+        await self._recorder.command(sandbox_id, Terminate(reason=DESTROYED_ON_REQUEST, deleted=True, **used))
         self._recorder.forget(sandbox_id)
 
-    async def end(self, sandbox_id: str, command: Terminate, *, busy: bool = False) -> None:
+    async def end(self, sandbox_id: str, command: Terminate) -> None:
         """End a sandbox not destroyed on request (oneshot done, reaped, restart): the driver
-        lets it go, then the end is recorded with its usage. ``busy``: commands still run in it
-        (a timeout counted busy or not): it is recorded ending first, as a destroy is, so that
-        their clients hear that the sandbox ended, not that they were killed."""
-        if busy:
-            await self._recorder.command(sandbox_id, Destroy(reason=command.reason))
+        lets it go, then the end is recorded with its usage. One with commands still running
+        (a timeout counted busy or not, a paused one's frozen commands, one started after the
+        caller read it idle) is recorded ending first, as a destroy is, their ends with it:
+        their clients hear that the sandbox ended, not what its driver's kill left of them.
+        Decided under the sandbox's lock, not on what the caller read."""
+        with contextlib.suppress(SandboxNotFound):  # nothing recorded of it: the driver lets it go all the same
+            await self._recorder.command(sandbox_id, Destroy(reason=command.reason, if_running=True))
         try:
             with phases.span("driver: destroy, its usage read before"):
                 used = await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id))

@@ -264,12 +264,21 @@ class Executions:
         self._stopping.discard(execution_id)
         with phases.span("execution: settled wait (start projected)"):
             await self._recorder.settled(started_at)  # the end is decided against a store showing the start
+        recorded = False
         with contextlib.suppress(IllegalTransition, SandboxNotFound):  # the sandbox ended under it
             await self._recorder.command(sandbox_id, finish)
+            recorded = True
         phases.end("execution: task, start to finish recorded", t_run)
-        if spec.mode is Mode.ONESHOT:
+        if spec.mode is Mode.ONESHOT and (recorded or await self._ends_on_its_own(sandbox_id)):
             code = finish.exit_code if finish.exit_code is not None else 1
             await self._control.end(sandbox_id, Terminate(reason="the oneshot command finished", exit_code=code))
+
+    async def _ends_on_its_own(self, sandbox_id: str) -> bool:
+        """Whether a oneshot whose command's end was refused is still to be ended here: not when
+        a destroy or another end stopped the command (their end is under way, and recorded the
+        command's), only when something else did (a filesystem-only pause)."""
+        sb = await self._reads.store.get_sandbox(sandbox_id)
+        return sb is not None and not sb.status.is_final and sb.status is not SandboxStatus.STOPPING
 
     def _finish(self, spec: SandboxSpec, execution_id: str, result: ExecResult | None, error: str | None,
                 timeout: float | None, duration_ms: int, truncated: bool) -> FinishExecution:

@@ -8,7 +8,7 @@ import contextlib
 import logging
 
 from hutch.core.eventlog.base import EventLog
-from hutch.core.lifecycle import Fail, FinishExecution, Terminate
+from hutch.core.lifecycle import DESTROYED_ON_REQUEST, Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
 from hutch.core.replicas import Handle, Tenant
 from hutch.drivers.roles import Adoption, SandboxLifecycle
@@ -72,7 +72,7 @@ class Takeover:
                                                                          error=why))
         if sb.status is SandboxStatus.STOPPING and adopted:  # a destroy the dead replica began
             await self._lifecycle.destroy(sandbox_id)
-            await self._recorder.command(sandbox_id, Terminate(reason="destroyed on request", deleted=True))
+            await self._recorder.command(sandbox_id, Terminate(reason=DESTROYED_ON_REQUEST, deleted=True))
         elif not adopted or sb.status is SandboxStatus.CREATING:
             with contextlib.suppress(Exception):
                 await self._lifecycle.destroy(sandbox_id)

@@ -125,8 +125,7 @@ class Reaper:
                 log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
                 reason = f"{reason}; pausing it failed: {err.message}"
         log.info("reaping %s: %s", sandbox_id, reason)
-        await self._control.end(sandbox_id, Terminate(reason=reason),
-                                busy=sb is not None and bool(sb.running))  # paused ones' commands too
+        await self._control.end(sandbox_id, Terminate(reason=reason))  # its running commands ended first
 
     async def watch(self) -> None:
         queue = self._projector.listen()

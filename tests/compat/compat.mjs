@@ -562,6 +562,26 @@ if (EXTENDED) {
 	});
 }
 
+if (EXTENDED) {
+	await check('destroy: a command running when its sandbox is destroyed ends cancelled, saying so', async () => {
+		const sbx = await client.create({ runtime: RUNTIME });
+		const pending = sbx.execute({ command: ['sleep', '30'] });
+		await sleep(800);
+		await sbx.destroy();
+		const done = await pending;  // the client's own wait: its long-poll answered at the destroy
+		assert.equal(done.status, 'cancelled', `the destroyed sandbox's command is ${done.status}`);
+		assert.equal(done.exitCode, 137);
+		const got = await client.getExecution(done.executionId);
+		assert.equal(got.status, 'cancelled');
+		assert.equal(got.error, 'sandbox ended: destroyed on request');
+		const events = (await client.listEvents(sbx.id, { limit: 100 })).events;
+		const ends = events.filter((e) => e.type === 'execution:finished');
+		assert.equal(ends.length, 1, `execution:finished events: ${events.map((e) => e.type).join(', ')}`);
+		assert.equal(ends[0].event.status, 'cancelled');
+		assert.equal(ends[0].event.error, got.error);
+	});
+}
+
 // ---- snapshots (the workspace is read through the file primitives: extended drivers only)
 
 if (EXTENDED) {

@@ -204,12 +204,14 @@ def test_a_filesystem_only_pause_ends_its_commands_as_a_stop_does_and_records_it
     busy = step(step(new(), Start()), StartExecution("exec_1", ("sleep", "60")))
     [started] = decide(step(new(), Start()), StartExecution("exec_1", ("sleep", "60")))
     ex = evolve_execution(None, Event("e1", busy.sandbox_id, "2026-01-01T00:00:00.000Z", started))
-    [paused_event] = decide(busy, Pause(mode=PAUSE_FILESYSTEM))
+    paused_event, finished = decide(busy, Pause(mode=PAUSE_FILESYSTEM))  # each command's end, recorded
     assert paused_event.mode == PAUSE_FILESYSTEM
     paused = step(busy, Pause(mode=PAUSE_FILESYSTEM))
     assert paused.status is SandboxStatus.PAUSED and paused.paused_mode == PAUSE_FILESYSTEM and not paused.running
-    ended = evolve_execution(ex, Event("e2", busy.sandbox_id, "2026-01-01T00:00:01.000Z", paused_event))
-    assert ended is not None and ended.status is ExecutionStatus.CANCELLED and ended.error == PAUSED_FILESYSTEM_ENDED
+    for at, data in (("01", paused_event), ("01", finished)):
+        ex = evolve_execution(ex, Event("e2", busy.sandbox_id, f"2026-01-01T00:00:{at}.000Z", data))
+    assert ex is not None and ex.status is ExecutionStatus.CANCELLED and ex.error == PAUSED_FILESYSTEM_ENDED
+    assert finished.status is ExecutionStatus.CANCELLED and finished.error == PAUSED_FILESYSTEM_ENDED
     with pytest.raises(IllegalTransition, match="not running"):
         decide(paused, FinishExecution("exec_1", ExecutionStatus.CANCELLED, exit_code=137))
     assert decide(paused, Pause()) == []  # paused already, whichever way
@@ -218,6 +220,78 @@ def test_a_filesystem_only_pause_ends_its_commands_as_a_stop_does_and_records_it
     # A memory pause records no mode (its records are as they were) and keeps its commands.
     frozen = step(busy, Pause())
     assert frozen.paused_mode is None and frozen.running == {"exec_1"}
+
+
+_CANCELLED, _FAILED = (ExecutionStatus.CANCELLED, 137), (ExecutionStatus.FAILED, None)
+_ENDS: list[tuple[Sequence[Command], str, tuple[ExecutionStatus, int | None]]] = [
+    ((Destroy(),), "destroyed on request", _CANCELLED),
+    ((Destroy(), Terminate("destroyed on request", deleted=True)), "destroyed on request", _CANCELLED),
+    ((Destroy("paused timeout (1s) reached"), Terminate("paused timeout (1s) reached")), "paused timeout (1s) reached",
+     _CANCELLED),
+    ((Terminate("timeout (30s) reached"),), "timeout (30s) reached", _CANCELLED),
+    ((Terminate("destroyed on request", deleted=True),), "destroyed on request", _CANCELLED),
+    ((Destroy(), Fail("destroy failed: gone")), "destroyed on request", _CANCELLED),
+    ((Fail("the host was lost"),), "the host was lost", _FAILED),
+    ((Discard("its replica was lost"),), "its replica was lost", _FAILED),
+]
+
+
+@pytest.mark.parametrize(("ends", "reason", "outcome"), _ENDS,
+                         ids=["+".join(type(c).__name__ for c in ends) for ends, _, _ in _ENDS])
+@pytest.mark.parametrize("mode", [Mode.INTERACTIVE, Mode.ONESHOT])
+def test_a_sandbox_that_ends_under_its_commands_ends_each_once_naming_the_end(
+        ends: Sequence[Command], reason: str, outcome: tuple[ExecutionStatus, int | None], mode: Mode) -> None:
+    """However a sandbox ends under running commands (a destroy, then its end; a busy sandbox's
+    timeout, recorded as a destroy first; an end with no destroy before it; a failure; a
+    survivor's discard), the first of those decides each command's end: one execution:finished,
+    error ``sandbox ended: <reason>``, ``cancelled`` with exit 137 (``failed``, no exit code,
+    where the sandbox failed), the same folded; the driver's report of the kill, whenever it
+    comes, is refused, and the later ends decide no other."""
+    from hutch.core.events import ExecutionFinished
+    from hutch.core.lifecycle import evolve_execution
+
+    sb = step(new(mode), Start())
+    ids = ["exec_1"] if mode is Mode.ONESHOT else ["exec_1", "exec_2"]
+    for eid in ids:
+        sb = step(sb, StartExecution(eid, ("sleep", "30")))
+    decided = decide_in_turn(sb, ends)
+    finished = [e for e in decided if isinstance(e, ExecutionFinished)]
+    assert sorted(f.execution_id for f in finished) == ids
+    assert {(f.status, f.exit_code, f.error) for f in finished} == {(*outcome, f"sandbox ended: {reason}")}
+    ended = fold(sb, decided)
+    assert ended.running == frozenset()
+    for eid in ids:
+        with pytest.raises(IllegalTransition, match="not running"):
+            decide(ended, FinishExecution(eid, ExecutionStatus.CANCELLED, exit_code=137, error="cancelled"))
+    # Folded from the log, each execution reads as its one end event says.
+    events = [Event(f"e{i}", sb.sandbox_id, f"2026-01-01T00:01:{i:02d}.000Z", d) for i, d in enumerate(decided)]
+    for eid in ids:
+        [started] = decide(step(new(mode), Start()), StartExecution(eid, ("sleep", "30")))
+        ex = evolve_execution(None, Event("s", sb.sandbox_id, "2026-01-01T00:00:00.000Z", started))
+        ex = reduce(evolve_execution, events, ex)  # type: ignore[arg-type]
+        assert ex is not None and (ex.status, ex.exit_code, ex.error) == (*outcome, f"sandbox ended: {reason}")
+        assert ex.duration_ms is not None and 60_000 <= ex.duration_ms < 70_000  # its start to its end recorded
+    # A further end changes nothing of them.
+    assert not [e for e in decide_in_turn(ended, (Terminate("later"),)) if isinstance(e, ExecutionFinished)]
+
+
+def test_a_destroy_if_running_is_recorded_only_while_commands_run() -> None:
+    """What an end that is not a destroy records first (service/control.py ``end``): decided
+    under the lock, not on what its caller read: nothing for an idle sandbox; for one a
+    command started in since, the destroy and that command's end."""
+    idle = step(new(), Start())
+    assert decide(idle, Destroy("idle timeout (1s) reached", if_running=True)) == []
+    busy = step(idle, StartExecution("exec_1", ("sleep", "30")))
+    events = decide(busy, Destroy("idle timeout (1s) reached", if_running=True))
+    assert [e.type for e in events] == ["destroy", "execution:finished"]
+
+
+def test_a_oneshot_ended_under_its_command_keeps_the_exit_code_its_end_says() -> None:
+    """The commands' ends come before a terminate's end event: the sandbox's exit code is the
+    terminate's (a oneshot's), not the killed command's 137."""
+    sb = step(step(new(Mode.ONESHOT), Start()), StartExecution("exec_1", ("sleep", "30")))
+    ended = step(sb, Terminate("the server restarted during the oneshot command", exit_code=3))
+    assert ended.status is SandboxStatus.TERMINATED and ended.exit_code == 3
 
 
 def test_the_log_keeps_the_start_of_a_long_argv_and_says_what_it_left_out() -> None:
