@@ -45,7 +45,8 @@ MiB = 2**20
 # start script (`sh -c 'f=$(mktemp …); head -c … >"$f"; …; exec "$f"'`: an ordinary, dumpable
 # shell holding the agent's stdin, stdout and stderr pipes) and opens them through /proc. What
 # it then writes on the agent's stdout reaches the hutch server as the agent's frames, and on its
-# stderr as the agent's complaints. argv: what to do with them ("frame" MiB, "stderr" lines).
+# stderr as the agent's complaints. argv: what to do with them ("frame" MiB, "stderr" lines,
+# "heartbeat" levels of nesting).
 HIJACK = r'''
 import json, os, signal, struct, sys, time
 what, amount = sys.argv[1], int(sys.argv[2])
@@ -91,6 +92,15 @@ if got and what == "frame":
 elif got and what == "stderr":
     for i in range(amount):
         os.write(got[2], b"E" * 200 + b"\n")
+elif got and what == "heartbeat":
+    # heartbeats nested that many levels deep, each one write (under PIPE_BUF: whole, between
+    # the new agent's own frames), every 50 ms from now on
+    frame = struct.pack(">cII", b"H", 0, amount) + b"[" * amount
+    os.write(got[1], frame)
+    json.dump({"hijacked": True, "tries": tries, "done": True}, open(report, "w"))
+    while True:
+        time.sleep(0.05)
+        os.write(got[1], frame)
 json.dump({"hijacked": bool(got), "tries": tries, "done": True}, open(report, "w"))
 time.sleep(300)
 '''
@@ -147,6 +157,33 @@ async def test_the_exec_agents_pipes_carry_nothing_the_server_buffers_or_logs_un
         lines = [r for r in caplog.records if r.name == "hutch.drivers.nomad.agent"]
         assert len(lines) < 50, f"{len(lines)} log lines from 5,000 lines on the agent's stderr"
         # The sandbox still runs commands (a new agent, or alloc execs).
+        assert (await run(driver, sid, ["echo", "still here"]))[:2] == (0, "still here\n")
+    finally:
+        await driver.destroy(sid)
+
+
+async def test_a_forged_heartbeat_is_read_as_no_load(driver: NomadDriver, caplog: pytest.LogCaptureFixture) -> None:
+    """The agent's heartbeat carries its load (JSON), kept raw and read only when asked
+    (ExecAgent.load): a process of the sandbox that speaks on the agent's stdout sends its own.
+    Bounded (one frame of at most MAX_FRAME, the last one kept), and it must read as what it
+    is, no load: a heartbeat nested 3,000 levels deep (3 KiB) made the read raise
+    RecursionError, which is no ValueError, to whatever asked."""
+    caplog.set_level(logging.WARNING, logger="hutch.drivers.nomad")
+    sid = await make(driver)
+    try:
+        await launch_daemon(driver, sid, HIJACK, "heartbeat", "3000")
+        report = await hijack_report(driver, sid, caplog)
+        assert report.get("hijacked"), f"the attack did not get the agent's pipes: {report}"
+        agent = driver._agents.live(sid)
+        assert agent is not None, "the forged heartbeats ended the agent's session"
+        forged_seen = False
+        for _ in range(40):  # 4 s: the forged ones every 50 ms, the agent's own every 2 s
+            forged_seen = forged_seen or agent._heartbeat.startswith(b"[[[")
+            load = agent.load()
+            assert set(load) <= {"commands", "goroutines"} and all(type(v) is int for v in load.values()), load
+            await asyncio.sleep(0.1)
+        assert forged_seen, "no forged heartbeat reached the server"
+        # The sandbox still runs commands.
         assert (await run(driver, sid, ["echo", "still here"]))[:2] == (0, "still here\n")
     finally:
         await driver.destroy(sid)

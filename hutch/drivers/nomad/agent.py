@@ -277,7 +277,7 @@ class ExecAgent:
         that does not say. The sandbox's word, as all the agent says: for seeing, not deciding."""
         try:
             said = json.loads(self._heartbeat or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: not a load
             return {}
         if not isinstance(said, dict):
             return {}
