@@ -124,8 +124,16 @@ class Pool:
         pool = self.require()
         try:
             async with pool.acquire() as conn:
-                yield conn
-        except UNAVAILABLE as err:
+                try:
+                    yield conn
+                except asyncpg.InternalClientError:
+                    conn.terminate()  # asyncpg cannot use it again, but would hand it out again
+                    raise
+        except (*UNAVAILABLE, asyncpg.InternalClientError) as err:  # the latter: its end seen mid-statement
+            # A session lost (its backend ended by a server crash or an administrator, its end
+            # seen only now): the pool's other idle sessions most likely went with it, and a
+            # read retried once must not meet the next of them. Each is opened afresh on use.
+            await pool.expire_connections()
             raise self._unavailable(f"PostgreSQL {self.what}: {err}") from err
 
     @contextlib.asynccontextmanager
