@@ -87,6 +87,7 @@ class Projector:
         # a key revoked through another replica is refused here from then on).
         self.observers: list[Callable[[Sequence[Event]], None]] = []
         self._checking: asyncio.Task[None] | None = None  # the store against the log's end
+        self._arrived = 0  # phases only: when the event that begins the next batch came
 
     async def start(self) -> None:
         """Check the store belongs to this log, catch up with the whole log before returning,
@@ -208,6 +209,8 @@ class Projector:
                             queue.put_nowait(item)  # raised once this batch is in
                             break
                         batch.append(item)
+                    if phases.ON:  # queued behind the batch in flight, if any (issue 35)
+                        phases.end("projector: a batch's first event came → its apply began", self._arrived)
                     with phases.span("projector: store apply (one batch)"):
                         await self._settle(batch)
                     self._position = batch[-1].position or self._position
@@ -241,6 +244,8 @@ class Projector:
     async def _pump(self, queue: asyncio.Queue[Event | BaseException], after: int) -> None:
         try:
             async for event in self.log.subscribe(after):
+                if phases.ON and queue.empty():  # the next batch's first event: when it came
+                    self._arrived = phases.start()
                 await queue.put(event)
         except asyncio.CancelledError:
             raise
