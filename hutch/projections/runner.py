@@ -210,7 +210,8 @@ class Projector:
                             break
                         batch.append(item)
                     if phases.ON:  # queued behind the batch in flight, if any (issue 35)
-                        phases.end("projector: a batch's first event came → its apply began", self._arrived)
+                        phases.end(f"projector: a batch's first event came → its apply began ({first.type})",
+                                   self._arrived)
                     with phases.span("projector: store apply (one batch)"):
                         await self._settle(batch)
                     self._position = batch[-1].position or self._position
