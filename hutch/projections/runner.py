@@ -154,7 +154,7 @@ class Projector:
             try:
                 last = await self.log.last_position()
                 held = await self.store.position()
-                if self.applies and held < self._position and self._task is not None:
+                if self.applies and held < self._position and self._task is not None and self.failure is None:
                     log.warning("projection store holds position %d, below the %d applied (commits lost with "
                                 "the server); re-applying from the log", held, self._position)
                     self._task.cancel()
