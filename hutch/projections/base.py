@@ -186,6 +186,24 @@ class ProjectionStore(abc.ABC):
     async def close(self) -> None:  # noqa: B027
         pass
 
+    # A store whose commits do not wait for the WAL flush (the PostgreSQL store: its tables
+    # are derived, the log is the record) can lose its last applied batches in a server
+    # crash. Its reads must then not show state older than a write already answered: from
+    # each new session on it holds them until the projector of this process has checked the
+    # store against the log's end (``Projector``), and a read held too long answers 503.
+    # A store that loses nothing it answered (memory: one process) never holds.
+
+    def hold_reads_on_reconnect(self, reconnected: Callable[[], None]) -> None:  # noqa: B027
+        """From now on, each new session holds the reads and calls ``reconnected``."""
+
+    def reads_held(self) -> int | None:
+        """The hold the reads are under (to name in ``release_reads``), None when none is."""
+        return None
+
+    def release_reads(self, hold: int) -> bool:
+        """Let the reads go, unless a newer hold began after ``hold`` (then False)."""
+        return True
+
     @abc.abstractmethod
     async def position(self) -> int:
         """Log position of the last applied event (0 when empty)."""

@@ -8,6 +8,12 @@ bound to this log and holds no more than the log does; otherwise it refuses with
 (or ahead of its own) would treat the log's new events as already applied, and every
 write would be acknowledged into a log that no view shows. Once stopped, every write
 that waits for the projector fails with ``ProjectionUnavailable`` (503) naming why.
+
+A store whose commits a server crash can lose holds its reads after each new session
+(``ProjectionStore.hold_reads_on_reconnect``); the projector then reads the log's end,
+follows the log again from the store's position if the store holds less than it applied,
+and lets the reads go once the store holds the log up to that end: no read shows state
+older than a write answered before the crash.
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class Projector:
         # Called with each settled batch before writers waiting for it wake (service/tenancy.py:
         # a key revoked through another replica is refused here from then on).
         self.observers: list[Callable[[Sequence[Event]], None]] = []
+        self._checking: asyncio.Task[None] | None = None  # the store against the log's end
+        self._arrived = 0  # phases only: when the event that begins the next batch came
 
     async def start(self) -> None:
         """Check the store belongs to this log, catch up with the whole log before returning,
@@ -96,6 +104,8 @@ class Projector:
             if last > self._position:
                 await self.store.wait_for(last, timeout=600)
                 self._position = last
+        # Caught up with the log's end just now; from here on a new session is checked again.
+        self.store.hold_reads_on_reconnect(self._reconnected)
         self._task = asyncio.create_task(self._follow(), name="projector")
 
     async def verify(self) -> None:
@@ -124,10 +134,43 @@ class Projector:
                                   f"({identity}); {fix}", store_log=bound, log=identity)
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._checking, self._task):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _reconnected(self) -> None:
+        """The store opened a session and holds its reads: check it (one check at a time; a
+        hold that begins during one is checked again by the same task)."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.get_running_loop().create_task(self._check(), name="projector-check")
+
+    async def _check(self) -> None:
+        """Let the store's reads go once it holds the log up to its end as of now. A store
+        that holds less than this projector applied lost commits: follow the log again from
+        what it holds (the follow task is restarted; its batch in hand is read again)."""
+        while (hold := self.store.reads_held()) is not None:
+            try:
+                last = await self.log.last_position()
+                held = await self.store.position()
+                if self.applies and held < self._position and self._task is not None and self.failure is None:
+                    log.warning("projection store holds position %d, below the %d applied (commits lost with "
+                                "the server); re-applying from the log", held, self._position)
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await self._task
+                    self._position = min(self._position, held)
+                    self._task = asyncio.create_task(self._follow(), name="projector")
+                if held < last:
+                    await self.store.wait_for(last, timeout=30)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the log or the store still away: the reads stay held
+                log.warning("cannot check the projection store against the log yet (%s); retrying", err)
+                await asyncio.sleep(0.5)
+                continue
+            self.store.release_reads(hold)
 
     @property
     def position(self) -> int:
@@ -166,6 +209,9 @@ class Projector:
                             queue.put_nowait(item)  # raised once this batch is in
                             break
                         batch.append(item)
+                    if phases.ON:  # queued behind the batch in flight, if any (issue 35)
+                        phases.end(f"projector: a batch's first event came → its apply began ({first.type})",
+                                   self._arrived)
                     with phases.span("projector: store apply (one batch)"):
                         await self._settle(batch)
                     self._position = batch[-1].position or self._position
@@ -199,6 +245,8 @@ class Projector:
     async def _pump(self, queue: asyncio.Queue[Event | BaseException], after: int) -> None:
         try:
             async for event in self.log.subscribe(after):
+                if phases.ON and queue.empty():  # the next batch's first event: when it came
+                    self._arrived = phases.start()
                 await queue.put(event)
         except asyncio.CancelledError:
             raise

@@ -70,7 +70,8 @@ class _KeptSession(asyncpg.Connection):
 
 class Pool:
     def __init__(self, dsn: str, *, what: str, unavailable: Callable[[str], Exception],
-                 min_size: int = 1, max_size: int = 10, stateless: bool = False) -> None:
+                 min_size: int = 1, max_size: int = 10, stateless: bool = False,
+                 settings: dict[str, str] | None = None) -> None:
         self.dsn = dsn
         self.what = what  # "projection store", "blob store": named in every error
         self._unavailable = unavailable
@@ -80,6 +81,11 @@ class Pool:
         # lock, listeners removed), so release skips asyncpg's reset statement ("RESET ALL;
         # UNLISTEN *; ..."): 0.41 ms p50 on every release, about a dozen per execute.
         self._connection_class = _KeptSession if stateless else asyncpg.Connection
+        # Session settings sent with the connection's startup packet: no statement, no round trip.
+        self._settings = dict(settings or {})
+        # Called for every session the pool opens (at start, as it grows, in place of a lost
+        # one): the projection store holds its reads then (projections/postgres.py).
+        self.on_connect: Callable[[], None] | None = None
         self._pool: asyncpg.Pool | None = None
         self._held: asyncpg.Connection | None = None  # ``held``'s connection, out of the pool
         self._holding = asyncio.Lock()
@@ -91,12 +97,12 @@ class Pool:
     async def start(self) -> None:
         """Open the pool and bring the one numbered schema up to date (``storage.schema``)."""
         try:
-            # Commits wait for the WAL flush (synchronous_commit stays on): without it a
-            # PostgreSQL crash loses the last applied batches, and a reader would see state
-            # older than a write it was already told about.
+            # Commits wait for the WAL flush (synchronous_commit on) unless the owner says
+            # otherwise in ``settings``: only the projection store does, for its derived tables
+            # (projections/postgres.py says why that is safe and what its reads do about it).
             self._pool = await asyncpg.create_pool(self.dsn, min_size=self._min_size, max_size=self._max_size,
                                                    command_timeout=60, connection_class=self._connection_class,
-                                                   init=self._init)
+                                                   init=self._init, server_settings=self._settings or None)
             async with self._pool.acquire() as conn:
                 for name in await migrate(conn):
                     log.info("%s: applied migration %s", self.what, name)
@@ -106,6 +112,8 @@ class Pool:
 
     async def _init(self, conn: asyncpg.Connection) -> None:
         count_statements(conn, self.what)
+        if self.on_connect is not None:
+            self.on_connect()
 
     async def close(self) -> None:
         await self._drop_held()  # the pool's close waits for every connection to come back
@@ -124,8 +132,16 @@ class Pool:
         pool = self.require()
         try:
             async with pool.acquire() as conn:
-                yield conn
-        except UNAVAILABLE as err:
+                try:
+                    yield conn
+                except asyncpg.InternalClientError:
+                    conn.terminate()  # asyncpg cannot use it again, but would hand it out again
+                    raise
+        except (*UNAVAILABLE, asyncpg.InternalClientError) as err:  # the latter: its end seen mid-statement
+            # A session lost (its backend ended by a server crash or an administrator, its end
+            # seen only now): the pool's other idle sessions most likely went with it, and a
+            # read retried once must not meet the next of them. Each is opened afresh on use.
+            await pool.expire_connections()
             raise self._unavailable(f"PostgreSQL {self.what}: {err}") from err
 
     @contextlib.asynccontextmanager

@@ -10,8 +10,9 @@ import asyncpg
 import pytest
 
 from hutch.core.events import ExecutionStarted, SandboxEnvChanged, SandboxStarted, recorded_size
+from hutch.projections import postgres
 from hutch.projections.base import SandboxQuery, StoreBehind
-from hutch.projections.postgres import PostgresProjectionStore, StoreUnavailable
+from hutch.projections.postgres import PostgresProjectionStore, ReadsHeld, StoreUnavailable
 from hutch.projections.runner import Projector
 from hutch.service.composition import open_event_log
 from tests.contracts.test_projection_store import Log, created
@@ -133,6 +134,96 @@ async def test_the_projector_repairs_a_store_that_fell_behind(database: str, tmp
         sb = await store.get_sandbox("sbx_1")
         assert sb is not None and sb.executions == 1 and sb.status.value == "running"
         assert await store.position() == p
+    finally:
+        await projector.close()
+        await store.close()
+        await event_log.close()
+
+
+async def _end_sessions(url: str) -> int:
+    """End every other session on the database, as a server crash ends them."""
+    conn = await asyncpg.connect(url)
+    try:
+        pids = [r["pid"] for r in await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND usename = current_user"
+            " AND pid <> pg_backend_pid()")]
+        # With wait_for, return only once they are gone (pg_terminate_backend only signals).
+        await conn.execute("SELECT pg_terminate_backend(pid, 5000) FROM unnest($1::int[]) AS pid", pids)
+        return len(pids)
+    finally:
+        await conn.close()
+
+
+async def test_its_commits_do_not_wait_for_the_wal_flush_but_a_rebuild_does(database: str) -> None:
+    """The projection is derived (the log is the record); an operator's rebuild is answered flushed."""
+    store = PostgresProjectionStore(database)
+    await store.start()
+    try:
+        async with store._conn() as conn:
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            async with conn.transaction():
+                await conn.execute(postgres._FLUSHED)
+                assert await conn.fetchval("SHOW synchronous_commit") == "on"
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+    finally:
+        await store.close()
+
+
+async def test_reads_after_a_new_session_wait_for_the_check_or_answer_503(
+        database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = PostgresProjectionStore(database)
+    await store.start()
+    try:
+        log = Log()
+        await store.apply([log("sbx_1", created())])
+        assert await store.get_sandbox("sbx_1") is not None  # the pool's session for reads, opened
+        checks: list[int | None] = []
+        store.hold_reads_on_reconnect(lambda: checks.append(store.reads_held()))
+        assert await store.get_sandbox("sbx_1") is not None and checks == []  # no new session: no hold
+        assert await _end_sessions(database) > 0
+        read = asyncio.create_task(store.get_sandbox("sbx_1"))
+        await asyncio.sleep(0.3)
+        hold = store.reads_held()
+        assert not read.done() and checks and hold is not None and checks[-1] == hold
+        if hold > 1:
+            assert not store.release_reads(hold - 1) and not read.done()  # an older hold lets nothing go
+        assert store.release_reads(hold)
+        assert (await asyncio.wait_for(read, 5)) is not None and store.reads_held() is None
+
+        monkeypatch.setattr(postgres, "READ_HOLD_SECONDS", 0.2)
+        await _end_sessions(database)
+        with pytest.raises(ReadsHeld) as held:
+            await store.list_sandboxes(SandboxQuery())
+        assert held.value.status == 503 and "event log" in held.value.message
+    finally:
+        await store.close()
+
+
+async def test_the_projector_lets_reads_go_once_the_lost_batches_are_applied_again(
+        database: str, tmp_path: Path) -> None:
+    """A crash lost the store's last batches and ended its sessions while the projector was
+    idle: the next read waits for them to be applied again from the log; no new event needed."""
+    event_log = open_event_log("sqlite", tmp_path)
+    await event_log.start()
+    store = PostgresProjectionStore(database)
+    await store.start()
+    projector = Projector(event_log, store)
+    try:
+        await projector.start()
+        first = Log()
+        events = [first("sbx_1", created()), first("sbx_1", SandboxStarted())]
+        positions = await event_log.append([e.__class__(e.event_id, e.sandbox_id, e.created_at, e.data) for e in events])
+        await projector.wait_for(positions[-1])
+        conn = await asyncpg.connect(database)
+        try:
+            await conn.execute("DELETE FROM sandboxes")
+            await conn.execute("UPDATE projection_position SET position = 0")
+        finally:
+            await conn.close()
+        assert await _end_sessions(database) > 0
+        sb = await asyncio.wait_for(store.get_sandbox("sbx_1"), 10)
+        assert sb is not None and sb.status.value == "idle"
+        assert await store.position() == positions[-1] and store.reads_held() is None
     finally:
         await projector.close()
         await store.close()
