@@ -34,6 +34,7 @@ from hutch.api.keys import (
     STILL_AUTHORIZED,
     TENANTS,
 )
+from hutch.api.query_params import check_declared
 from hutch.api.replication import (
     ON_LOST,
     REPLICATION,
@@ -93,6 +94,7 @@ def _error(status: int, message: str, code: str, **extra: object) -> web.Respons
 async def envelope_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         check_query(request)
+        check_declared(request)
         return await handler(request)
     except RateLimited as err:
         wait = math.ceil(float(err.context.get("retry_after", 1)))

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import logging
 import math
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -132,14 +133,30 @@ def q_int(request: web.Request, name: str, default: int, *, lo: int = 0, hi: int
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError as err:
-        raise InvalidInput(f"{name}: expected an integer, got {raw!r}", field=name) from err
-    if value < lo or (hi is not None and value > hi):
-        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise InvalidInput(f"{name}: must be {bound}, got {value}", field=name)
+    return int_value(name, raw, lo, hi)
+
+
+def int_value(name: str, raw: str, lo: int | None = 0, hi: int | None = None) -> int:
+    """Digits only (a leading - too): Python's int() also takes " 5", "+5" and "1_000", which no
+    client sends. Past 30 digits the value is beyond every bound, and not made (int() of more
+    than 4,300 digits raises)."""
+    if not _INTEGER.fullmatch(raw):
+        raise InvalidInput(f"{name}: expected an integer, got {_shown(raw)}", field=name)
+    digits = raw.lstrip("-").lstrip("0")
+    value = int(raw) if len(digits) <= 30 else (-1 if raw.startswith("-") else 1) * 10**30
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bound = (f"between {lo} and {hi}" if lo is not None and hi is not None
+                 else f"at least {lo}" if lo is not None else f"at most {hi}")
+        raise InvalidInput(f"{name}: must be {bound}, got {_shown(raw)}", field=name)
     return value
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def _shown(raw: str) -> str:
+    """A query value in a message: whole unless long (an answer need not echo kilobytes back)."""
+    return repr(raw) if len(raw) <= 64 else f"{raw[:64]!r}... ({len(raw)} characters)"
 
 
 # Offsets past this are refused: PostgreSQL's OFFSET is a bigint (a larger one was a 500 on the
@@ -181,19 +198,32 @@ def q_bool(request: web.Request, name: str) -> bool | None:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return None
-    if raw.lower() in ("true", "1", "yes"):
+    return bool_value(name, raw)
+
+
+# What the clients send: true/false (@agentuity/core, the E2B SDK, hutch's CLI), 1/0 (curl users,
+# the node agent's own flags); yes/no was accepted before and is kept.
+TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def bool_value(name: str, raw: str) -> bool:
+    if raw.lower() in TRUE:
         return True
-    if raw.lower() in ("false", "0", "no"):
+    if raw.lower() in FALSE:
         return False
-    raise InvalidInput(f"{name}: expected true or false, got {raw!r}", field=name)
+    raise InvalidInput(f"{name}: expected true or false (or 1 or 0), got {_shown(raw)}", field=name)
 
 
 def q_choice(request: web.Request, name: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
+    return choice_value(name, raw, choices)
+
+
+def choice_value(name: str, raw: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
-        raise InvalidInput(f"{name}: expected one of {', '.join(choices)}, got {raw!r}", field=name)
+        raise InvalidInput(f"{name}: expected one of {', '.join(choices)}, got {_shown(raw)}", field=name)
     return raw
 
 

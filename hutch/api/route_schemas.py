@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from hutch.api.http import MAX_OFFSET
-from hutch.api.wire_schemas import BOOLEAN, DURATION, FS_PATH, STRING, Schema
+from hutch.api.wire_schemas import DURATION, FS_PATH, STRING, Schema
 from hutch.core.models import Mode, SandboxStatus
 from hutch.projections.base import SNAPSHOT_SORTS
 from hutch.service.archives import FORMATS
@@ -54,6 +54,10 @@ def _int(lo: int, hi: int | None = None, default: int | None = None) -> Schema:
     if default is not None:
         out["default"] = default
     return out
+
+
+# A query boolean: what the clients send (true/false) and what curl users type (1/0); api/http.py.
+BOOLEAN: Schema = {"type": "boolean", "description": "true or false (1 or 0, yes or no, in any case, too)"}
 
 
 def _one_of(values: Any) -> Schema:
