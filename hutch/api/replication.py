@@ -208,11 +208,21 @@ class Replication:
     async def _adopt(self, claimed: Claimed) -> None:
         why = f"the replica running it ({claimed.dead_replica}) was lost"
         tenants = dict(claimed.tenants)
+        leftovers: list[str] = []
+        try:  # listed now: a replica that returns after its claim places anew after this
+            leftovers = await self.engine.takeover.leftovers(claimed.dead_replica)
+        except Exception:
+            log.exception("listing what lost replica %s placed ahead failed", claimed.dead_replica)
         for sandbox_id, handle in claimed.sandboxes:
             try:
                 await self._adopt_one(sandbox_id, handle, why, tenants.get(sandbox_id))
             except Exception:
                 log.exception("taking over sandbox %s failed", sandbox_id)
+        if leftovers:  # its warm pool, idle or claimed by a create it never recorded: ended
+            try:
+                await self.engine.takeover.discard_leftovers(leftovers, [h for _, h in claimed.sandboxes if h])
+            except Exception:
+                log.exception("ending what lost replica %s placed ahead failed", claimed.dead_replica)
 
     async def _adopt_one(self, sandbox_id: str, handle: Handle | None, why: str, tenant: Tenant | None) -> None:
         if not await self.engine.takeover.adopt(sandbox_id, handle, why, tenant):

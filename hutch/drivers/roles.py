@@ -342,6 +342,13 @@ class Adoption(abc.ABC):
 
     _foreign: ForeignHandles | None = None
     _owner_check: Callable[[str], Awaitable[bool]] | None = None
+    _replica_id: str | None = None
+
+    def set_replica(self, replica_id: str | None) -> None:
+        """Called before ``start``: this replica's id, which a driver marks what it places
+        ahead of any sandbox with (the nomad driver's warm pool jobs), so a survivor can end
+        what a lost replica left of those (``lost_leftovers``)."""
+        self._replica_id = replica_id
 
     def set_foreign(self, handles: ForeignHandles | None) -> None:
         """Called before ``start``: the handles of sandboxes other replicas own, which a driver
@@ -366,6 +373,16 @@ class Adoption(abc.ABC):
     async def adopt(self, sandbox: SandboxState, handle: dict[str, str]) -> bool:
         """Drive a sandbox another replica's driver placed; False if it no longer runs (or
         this driver cannot reach it)."""
+
+    async def lost_leftovers(self, replica_id: str) -> list[str]:
+        """What a lost replica placed ahead of any sandbox (the nomad driver's warm pool jobs,
+        idle or claimed by a create it never recorded), listed now, right after its take-over
+        was claimed (before it can return and place more): ended by ``discard_leftovers``."""
+        return []
+
+    async def discard_leftovers(self, leftovers: list[str], keep: list[dict[str, str]]) -> None:  # noqa: B027
+        """End ``leftovers`` (``lost_leftovers``) but what a recorded handle names: called
+        once the take-over recorded every unrecorded sandbox of the lost replica ended."""
 
     async def discard_unrecorded(self, sandbox_id: str, handle: dict[str, str]) -> None:  # noqa: B027 - optional
         """End a sandbox a lost replica had this driver's backend make but never recorded (it
@@ -546,6 +563,9 @@ class NotPlayed:
     def set_owner_check(self, mine: Callable[[str], Awaitable[bool]] | None) -> None:
         pass
 
+    def set_replica(self, replica_id: str | None) -> None:
+        pass
+
     async def drives(self, sandbox_id: str) -> bool:
         return True
 
@@ -556,6 +576,12 @@ class NotPlayed:
         return False
 
     async def discard_unrecorded(self, sandbox_id: str, handle: dict[str, str]) -> None:
+        pass
+
+    async def lost_leftovers(self, replica_id: str) -> list[str]:
+        return []
+
+    async def discard_leftovers(self, leftovers: list[str], keep: list[dict[str, str]]) -> None:
         pass
 
     # NodeFleet: one machine, nothing to record or recall

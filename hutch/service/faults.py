@@ -10,6 +10,9 @@ The points (each where a test needs the process gone):
 - ``create-made-unrecorded``: the driver made a new sandbox, its Create + Start not appended
   yet (service/provisioning.py): the window in which a lost replica leaves a sandbox no
   event records (tests/system/test_node_orphan.py).
+- ``create-made-unhandled``: the same, before its handle is written to its owner row: a
+  nomad sandbox taken from a warm pool is then known only as a pool job of the lost replica
+  (tests/system/test_nomad_orphan.py).
 - ``create-vouched-unrecorded``: the same sandbox, its replica's lease vouched for, its append
   about to begin: with ``:stop``, an append that lands after the lease lapsed and a survivor
   ended the sandbox (the same test).

@@ -219,6 +219,8 @@ class Provisioning:
         # runs (takeover.py), and the row's write was a statement in series on the way to idle.
         # Before the crash points: a survivor that finds the sandbox unrecorded ends it where
         # the handle says (a nomad job taken from a warm pool bears no sandbox id in its name).
+        if create is not None:
+            await faults.crash_point("create-made-unhandled")
         if node is None and self._replicas.shared and (handle := self._adoption.handle(sandbox_id)) is not None:
             await self._replicas.set_handle(sandbox_id, handle)
         if create is not None:

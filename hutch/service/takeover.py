@@ -39,6 +39,16 @@ class Takeover:
             return None
         return found.sandbox_id
 
+    async def leftovers(self, dead_replica: str) -> list[str]:
+        """What the lost replica placed ahead of any sandbox (a warm pool), listed as its
+        take-over is claimed; ended by ``discard_leftovers`` once its sandboxes are taken over."""
+        return await self._adoption.lost_leftovers(dead_replica)
+
+    async def discard_leftovers(self, leftovers: list[str], handles: list[Handle]) -> None:
+        """After ``adopt`` of each claimed sandbox (each unrecorded one recorded ended first, so
+        a late append of its create cannot make it live): ``leftovers`` but what ``handles`` name."""
+        await self._adoption.discard_leftovers(leftovers, handles)
+
     async def adopt(self, sandbox_id: str, handle: Handle | None, why: str, tenant: Tenant | None = None) -> bool:
         """Take over one sandbox; returns whether this replica keeps it (False: it ended, or
         was never found, and its claim can go). ``tenant``: whose it is, as its owner row says."""

@@ -5,6 +5,7 @@ placed is adopted when this replica takes it over (core/replicas.py, api/replica
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from hutch.drivers.nomad.pools import PoolEntry
 from hutch.drivers.nomad.runtime_images import RuntimeImages
 from hutch.drivers.nomad.state import NomadSandbox, StateFiles
 
+log = logging.getLogger(__name__)
 
 class NomadAdoption:
     _client: NomadClient
@@ -100,6 +102,46 @@ class NomadAdoption:
             except NomadNotFound:
                 continue
             live = [a["ID"] for a in allocs if a.get("ClientStatus") in LIVE] or [a["ID"] for a in allocs]
+            await self._stop_job(job_id, live[0] if live else None)
+
+    async def lost_leftovers(self, replica_id: str) -> list[str]:
+        """The warm pool jobs a lost replica placed (marked ``hutch.replica`` at placement,
+        pools.py), idle or claimed by a create it died before recording: a claim is in that
+        replica's memory only until the create's handle reaches its owner row, so nothing else
+        finds them (its restart would, maybe never). Listed as the take-over is claimed: a
+        replica that returns after that places its new pool jobs later (its start-up recovery
+        purges the old ones, unadopted)."""
+        found = []
+        for listed in await self._client.jobs("hutch-"):
+            job_id = str(listed.get("ID", ""))
+            if "-pool-" not in job_id or listed.get("Status") == "dead":
+                continue
+            try:
+                job = await self._client.job(job_id)  # the list carries no meta
+            except NomadNotFound:
+                continue
+            if (job.get("Meta") or {}).get("hutch.replica") == replica_id:
+                found.append(job_id)
+        return found
+
+    async def discard_leftovers(self, leftovers: list[str], keep: list[dict[str, str]]) -> None:
+        """Stop and purge ``leftovers`` but any job a recorded handle names: the lost replica's
+        claimed sandboxes (``keep``, adopted or not: their take-over ends them), any other
+        replica's (one adopted from it earlier), this driver's own."""
+        kept = {h.get("job_id") for h in keep}
+        if self._foreign is not None:
+            kept |= {h.get("job_id") for h in await self._foreign()}
+        kept |= {sb.job_id for sb in self._sandboxes.values()}
+        kept |= {entry.job_id for pool in self._pool.values() for entry in pool}
+        for job_id in leftovers:
+            if job_id in kept:
+                continue
+            log.warning("warm pool job %s of a lost replica: stopped and purged", job_id)
+            try:
+                allocs = await self._client.job_allocations(job_id)
+            except NomadNotFound:
+                continue
+            live = [a["ID"] for a in allocs if a.get("ClientStatus") in LIVE]
             await self._stop_job(job_id, live[0] if live else None)
 
     def handle(self, sandbox_id: str) -> dict[str, str] | None:

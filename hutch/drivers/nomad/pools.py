@@ -149,6 +149,7 @@ class WarmPools:
     _refill_wakeup: asyncio.Event
     _refilling: bool
     _agents: ExecAgents
+    _replica_id: str | None  # roles.Adoption.set_replica: marks the jobs, for a survivor's sweep
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -258,11 +259,14 @@ class WarmPools:
         recipe = runtimes.find(runtime)
         assert recipe is not None
         job_id = f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
+        meta = {"hutch.pool": runtime}
+        if self._replica_id:  # a claim of it is not recorded until its create's handle is: a
+            meta["hutch.replica"] = self._replica_id  # survivor ends it by this (adoption.py)
         settled = False  # in the pool, or failed and taken down
         try:
             started = time.monotonic()
             alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, ResourceLimits(),
-                                                  {"hutch.pool": runtime}))
+                                                  meta))
             self.pool_sizing.record_placement(time.monotonic() - started)
             await self._agents.warm(job_id, alloc_id, runtime)  # agents.py: so its claimer's commands are fast
             # It may have ended while its agent started; the watcher looks at entries only.

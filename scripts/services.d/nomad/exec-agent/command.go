@@ -262,10 +262,16 @@ func (c *command) pipesEmpty() bool {
 	return true
 }
 
-// signal sends sig to the command's process group; SIGKILL also ends every process carrying
-// its tag (those that left the group), scanning until none is left.
+// signal sends sig to the command's process group while it is not yet reaped (as drop: once
+// reaped its pid, and so its group id, may be another process's, which a late 'K' would hit);
+// SIGKILL also ends every process carrying its tag (those that left the group), scanning until
+// none is left. The lock is held across the kill: the reaper forgets the pid under it.
 func (c *command) signal(sig syscall.Signal) {
-	_ = syscall.Kill(-c.pid, sig)
+	c.a.mu.Lock()
+	if c.a.pids[c.pid] == c {
+		_ = syscall.Kill(-c.pid, sig)
+	}
+	c.a.mu.Unlock()
 	if sig == syscall.SIGKILL {
 		c.killTagged()
 	}

@@ -253,8 +253,12 @@ func (a *agent) exit(id uint32, r exitReport) {
 
 func (a *agent) killAll() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	cmds := make([]*command, 0, len(a.cmds))
 	for _, c := range a.cmds {
+		cmds = append(cmds, c)
+	}
+	a.mu.Unlock()
+	for _, c := range cmds { // signal takes the lock itself
 		c.signal(syscall.SIGKILL)
 	}
 }
