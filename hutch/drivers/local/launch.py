@@ -12,9 +12,7 @@ import asyncio
 import os
 import subprocess
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from hutch.core import phases
 from hutch.core.driver_types import check_user, home_of
@@ -31,7 +29,6 @@ from hutch.drivers.local.smallfiles import put as _put
 from hutch.drivers.local.spares import SpareDirs
 from hutch.drivers.local.state import LocalSandbox, Registry
 
-T = TypeVar("T")
 # Rootless mode: the sandbox user's uid inside its user namespace (mapped to the server's).
 ROOTLESS_UID = 1000
 # Where pid 1 mounts its overlay before pivoting into it: one empty directory per data dir,
@@ -79,20 +76,20 @@ class Launcher:
     async def create(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> LocalSandbox:
         """Start a sandbox from scratch.
 
-        The directory and its skeleton are made in one worker thread call (``_make_tree``:
-        inode allocations on the data dir's disk, which can wait); the cgroup work (~0.3 ms
-        of small syscalls) stays on the loop, where a worker thread would fight the loop for
-        the GIL at every one (measured: ~130 context switches per handed-off job). The
-        launcher's wait is awaited, not blocked on.
+        On the event loop, not in worker threads: the file and cgroup work is ~1 ms of
+        small syscalls, and a worker thread doing it fights the loop for the GIL at every
+        one of them (measured: ~130 context switches per handed-off job, most of the
+        server's system time under load). The launcher's wait is awaited, not blocked on.
         """
         sid = req.sandbox_id
         d = self._registry.sandbox_root / sid
         user = check_user(req.user)  # before anything is made: a bad name makes nothing
+        with phases.span("launch: directory and uid"):
+            uid = self._make_dir(d, lower, req.resources.disk_bytes, spare=req.user is None)
         slirp_net = self._rootless and (req.network_enabled or req.port is not None)
-        resolv = slirp.resolv_conf() if slirp_net and req.network_enabled else None
-        with phases.span("launch: directory, uid and skeleton (a worker thread)"):
-            uid = await _to_thread_whole(self._make_tree, d, lower, req.resources.disk_bytes, req.user is None,
-                                         resolv, user)
+        with phases.span("launch: upper layer's skeleton"):
+            populate_upper(lower, d / "upper", uid, self._rootless,
+                           slirp.resolv_conf() if slirp_net and req.network_enabled else None, user=user)
         res = req.resources
         sb = LocalSandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
                      dev_bytes=dev_bytes(res.memory_bytes, self._rootless), memory_bytes=res.memory_bytes,
@@ -114,19 +111,6 @@ class Launcher:
         with phases.span("launch: meta.json"):
             self._registry.write_meta(sb)
         return sb
-
-    def _make_tree(self, d: Path, lower: list[Path], disk: int | None, spare: bool, resolv: str | None,
-                   user: str) -> int:
-        """The sandbox's directory, uid and upper layer's skeleton; returns the uid.
-
-        In a worker thread: these are a dozen inodes made on the data dir's file system, and
-        there (this host's journal-less ext4, docs/idle.md) an inode's allocation can read
-        bitmap blocks and scan past recently freed inodes, a wait of up to milliseconds that
-        held the event loop (py-spy of 2,000 creates: 40 % of the loop's samples in
-        ``mkdir`` and the small files' writes) while the syscalls release the GIL."""
-        uid = self._make_dir(d, lower, disk, spare=spare)
-        populate_upper(lower, d / "upper", uid, self._rootless, resolv, user=user)
-        return uid
 
     def _make_dir(self, d: Path, lower: list[Path], disk: int | None, *, spare: bool = True) -> int:
         """The sandbox's directory (upper and work) and its uid, claimed for it."""
@@ -222,17 +206,6 @@ class Launcher:
                 "--ov-work", str(d / "work"), "--ov-target", str(self._registry.sandbox_root / MOUNT_POINT),
                 "--boot-id", new_boot_id()]
         return cmd
-
-
-async def _to_thread_whole(fn: Callable[..., T], *args: object) -> T:
-    """``fn(*args)`` in a worker thread, awaited to its end even when the caller is cancelled:
-    the caller's cleanup (a failed create's teardown) must find all it made, not race it."""
-    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        await asyncio.wait([fut])
-        raise
 
 
 def new_boot_id() -> str:
