@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import random
 import subprocess
@@ -87,6 +88,30 @@ def cgroup_pids(instance: str) -> dict[str, list[int]]:
         sandbox = cg.relative_to(FREEZERCG / instance).parts[0]
         found.setdefault(sandbox, []).extend(int(p) for p in cg.read_text().split())
     return found
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """A process's own CPU time and that of its children it waited for (the server's
+    launchers), user + system, in seconds: what a create costs in CPU, which the other work on
+    a shared machine moves far less than it moves a rate."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    return (int(f[11]) + int(f[12])) / TICK, (int(f[13]) + int(f[14])) / TICK
+
+
+def run_seconds(pid: int) -> float:
+    """CPU time of every thread of a process, from the scheduler's own clock (schedstat, in ns):
+    exact for a process that ran a few milliseconds, where /proc/PID/stat's ticks read 0."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError):
+            total += int(task.read_text().split()[0])
+    return total / 1e9
 
 
 def mount_count(pid: int) -> int:
@@ -255,13 +280,15 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--settle", type=float, default=3.0)
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose server runs (default: this one)")
+    ap.add_argument("--phases", action="store_true",
+                    help="run the server with HUTCH_PHASES=1 and print its spans (p50/p90 ms, whole run)")
     args = ap.parse_args()
     root = args.root.resolve()
     commit = head(root)  # now: the checkout may move on while the run lasts
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         server = Server(data, driver="local", root=root, PYTHONPATH=str(root), HUTCH_LOG_LEVEL="WARNING",
-                        HUTCH_WARM_POOL="0").start(timeout=300)
+                        HUTCH_WARM_POOL="0", HUTCH_PHASES="1" if args.phases else "0").start(timeout=300)
         assert server.proc is not None
         instance = hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:12]
         ids: list[str] = []
@@ -275,13 +302,18 @@ async def main() -> None:
             map_cost = memcg_cost(instance)
             quota_before = quota_write_us(instance)
             done_at: list[float] = []
+            cpu_before, client_before = cpu_seconds(server.proc.pid), time.process_time()
+            run_before = run_seconds(server.proc.pid)
             started = time.perf_counter()
             ids = await create_idle(server.url, args.n, args.concurrency, done_at)
             took = time.perf_counter() - started
+            cpu_after, client_cpu = cpu_seconds(server.proc.pid), time.process_time() - client_before
+            server_run = run_seconds(server.proc.pid) - run_before
             await asyncio.sleep(args.settle)
             after = snapshot(server.proc.pid, instance)
             quota_after = quota_write_us(instance)
             procs = cgroup_pids(instance)
+            init_cpu = sum(run_seconds(pids[0]) for pids in procs.values() if pids)
             mounts = [mount_count(pids[0]) for pids in procs.values() if pids]
             blocks = [superblocks(pids[0]) for pids in procs.values() if pids]
             memcgs = sum(1 for d in (MEMCG / instance).rglob("*") if d.is_dir())
@@ -298,6 +330,7 @@ async def main() -> None:
             if ids:
                 await destroy_all(server.url, ids, args.concurrency)
             server.stop()
+            spans = json.loads((data / "phases.json").read_text()) if args.phases else {}
     n = args.n
     load = [f"{x:.2f}" for x in os.getloadavg()]
     print(f"hutch idle memory: server of {root} ({commit or 'no git'}), local driver, embedded profile, runtime {RUNTIME}, "
@@ -332,12 +365,24 @@ async def main() -> None:
     cb, ca = before.memcg, after.memcg
     print("memory cgroups (the server's instance subtree), per sandbox: "
           + ", ".join(f"{k} {kib((ca[k] - cb[k]) / n)}" for k in ca))
+    per = 1000 / n
+    print(f"CPU a create, ms (user + system; /proc/PID/stat, {TICK} ticks a second): the server "
+          f"{(cpu_after[0] - cpu_before[0]) * per:.2f} (by schedstat {server_run * per:.2f}), its launchers (hutch-nsexec, waited for) "
+          f"{(cpu_after[1] - cpu_before[1]) * per:.2f}, each sandbox's pid 1 so far (its setup; schedstat) "
+          f"{init_cpu * per:.2f}, this bench's client {client_cpu * per:.2f}")
     vb, va, ve = before.server, after.server, end.server
     print(f"with {n} idle: " + ", ".join(f"{k} {v:.0f} ms" for k, v in responsive.items())
           + f"; destroy-all took {destroyed_in:.1f} s ({n / destroyed_in:.0f}/s) and left {left}")
     print(f"server process: Rss {kib((va['Rss'] - vb['Rss']) / n)}, Pss {kib((va['Pss'] - vb['Pss']) / n)} KiB "
           f"per sandbox ({vb['Rss'] / 2**20:.1f} -> {va['Rss'] / 2**20:.1f} MiB; "
           f"{ve['Rss'] / 2**20:.1f} MiB after destroy-all)")
+    if spans:
+        print("\n| span (HUTCH_PHASES=1, the whole run: creates, list, execute, destroys) | count | p50 ms | p90 ms | "
+              "sum s |\n|---|---|---|---|---|")
+        for name, took in sorted(spans.items(), key=lambda kv: -sum(kv[1])):
+            took = sorted(took)
+            print(f"| {name} | {len(took)} | {took[len(took) // 2]:.3f} | {took[len(took) * 9 // 10]:.3f} | "
+                  f"{sum(took) / 1000:.2f} |")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from hutch.core import phases
 from hutch.core.driver_types import check_user, home_of
 from hutch.core.errors import DriverFailure, InvalidInput
 from hutch.drivers import trust
@@ -83,16 +84,20 @@ class Launcher:
         sid = req.sandbox_id
         d = self._registry.sandbox_root / sid
         user = check_user(req.user)  # before anything is made: a bad name makes nothing
-        uid = self._make_dir(d, lower, req.resources.disk_bytes, spare=req.user is None)
+        with phases.span("launch: directory and uid"):
+            uid = self._make_dir(d, lower, req.resources.disk_bytes, spare=req.user is None)
         slirp_net = self._rootless and (req.network_enabled or req.port is not None)
-        populate_upper(lower, d / "upper", uid, self._rootless,
-                       slirp.resolv_conf() if slirp_net and req.network_enabled else None, user=user)
+        with phases.span("launch: upper layer's skeleton"):
+            populate_upper(lower, d / "upper", uid, self._rootless,
+                           slirp.resolv_conf() if slirp_net and req.network_enabled else None, user=user)
         res = req.resources
         sb = LocalSandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
                      dev_bytes=dev_bytes(res.memory_bytes, self._rootless), memory_bytes=res.memory_bytes,
                      cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes, user=req.user)
         if self._cgroups is not None:
-            self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
+            with phases.span("launch: cgroups"):
+                self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis,
+                                             pids=res.pids or DEFAULT_PIDS)
         else:
             sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids or DEFAULT_PIDS
         if req.network_allow:  # resolved first: a name that does not resolve makes nothing
@@ -103,7 +108,8 @@ class Launcher:
         sb.init_pid, sb.init_start = await self.launch(d, sb, lower, rules)
         if slirp_net:
             await self._net.start_slirp(sb, outbound=req.network_enabled, port=req.port)
-        self._registry.write_meta(sb)
+        with phases.span("launch: meta.json"):
+            self._registry.write_meta(sb)
         return sb
 
     def _make_dir(self, d: Path, lower: list[Path], disk: int | None, *, spare: bool = True) -> int:
@@ -129,6 +135,7 @@ class Launcher:
         another pipe once it is the sandbox user. Both are awaited on the loop.
         """
         sid = sb.id
+        t0 = phases.start()
         procs = self._cgroups.create_leaf(sid, "init") if self._cgroups is not None else []
         loop = asyncio.get_running_loop()
         ready_r, ready_w = os.pipe()
@@ -136,6 +143,8 @@ class Launcher:
         err_r, err_w = os.pipe()
         pass_fds = [ready_w, info_w]
         cmd = self._command(d, sb, lower, netfilter, procs, ready_w=ready_w, info_w=info_w, pass_fds=pass_fds)
+        phases.end("launch: pid 1's leaf, pipes, socket, command", t0)
+        t0 = phases.start()
         try:
             try:
                 # A vfork+exec of a static binary: well under a millisecond.
@@ -145,6 +154,8 @@ class Launcher:
             finally:
                 for fd in (*pass_fds, err_w):
                     os.close(fd)
+            phases.end("launch: Popen of the launcher", t0)
+            t0 = phases.start()
             # pid 1 closes its inherited stderr once set up, so EOF on it means "set up or
             # failed"; the ready line then tells which.
             async with asyncio.timeout(READY_TIMEOUT):
@@ -154,6 +165,7 @@ class Launcher:
         finally:
             for fd in (err_r, info_r, ready_r):
                 os.close(fd)
+        phases.end("launch: pid 1 up (its pipes' EOF)", t0)
         code = launcher.wait()  # it exited before closing its pipes: no real wait
         if code != 0 or ready != b"ready\n":
             raise DriverFailure(f"starting sandbox {sid} failed: {_text(stderr)}")
