@@ -96,12 +96,14 @@ class Provisioner:
                 await self._teardown.teardown(req.sandbox_id)  # a dead one's remains
             sb = await self._make(recipe, req)
             if (req.network_enabled or req.port is not None) and not self._rootless:  # rootless: at launch
-                sb.network, sb.port = req.network_enabled, req.port
+                sb.network, sb.port, sb.making = req.network_enabled, req.port, True
                 try:
-                    await asyncio.to_thread(self._net.sync, sb)
+                    await asyncio.to_thread(self._net.sync, sb)  # meta.json says "making" first
                 except BaseException:
                     await self._teardown.teardown(sb.id)
                     raise
+                sb.making = False
+                self._registry.write_meta(sb)
             self._registry.sandboxes[sb.id] = sb
 
     async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> LocalSandbox:

@@ -17,7 +17,7 @@ from pathlib import Path
 from hutch.core.egress import ALL_TRAFFIC
 from hutch.core.errors import NotSupported
 from hutch.drivers.egress import AllowLists, flatten, resolve
-from hutch.drivers.local import network, slirp
+from hutch.drivers.local import network, slirp, uids
 from hutch.drivers.local.helper import start_time
 from hutch.drivers.local.nsexec import Nsexec
 from hutch.drivers.local.state import LocalSandbox, Registry
@@ -36,11 +36,15 @@ class SandboxNetwork:
         self._slirp_dir: Path | None = None  # rootless ports: slirp4netns API sockets
 
     def sync(self, sb: LocalSandbox) -> None:
-        """The sandbox's veth (network or a port) and its rules, before the veth: see network.py."""
+        """The sandbox's veth (network or a port) and its rules, before the veth: see network.py.
+
+        Its meta.json says it has a network before any of it is made: a server killed half-way
+        leaves a sandbox whose teardown (the next start's) undoes what was made. Written after,
+        a kill between the two left its chain and jump in the host's firewall for good."""
+        self._registry.write_meta(sb)
         if sb.network and (sb.allow or sb.deny):
             self._set_rules(sb, sb.allow)
         network.setup(sb.init_pid, sb.uid - UID_BASE, outbound=sb.network)
-        self._registry.write_meta(sb)
 
     def _set_rules(self, sb: LocalSandbox, allow: dict[str, list[str]]) -> None:
         network.set_rules(sb.uid - UID_BASE, allow=flatten(allow) if allow else None, deny=sb.deny,
@@ -139,6 +143,16 @@ class SandboxNetwork:
             self.stop_slirp(sb)
         elif sb.network or sb.port is not None:
             await asyncio.to_thread(network.teardown, sb.uid - UID_BASE)
+
+    async def teardown_unaccounted(self, sandbox_dir: Path) -> None:
+        """Undo what network a sandbox whose meta.json cannot be read (torn by a kill in the
+        middle of its write) may have: the rules and veths its uid's index names, each only if
+        there. Its uid is still its own: the claim names its directory, which is still there."""
+        if self._rootless:  # its slirp4netns, if any, is a child of its namespace: gone with it
+            return
+        uid = uids.held_by(sandbox_dir)
+        if uid is not None:
+            await asyncio.to_thread(network.teardown, uid - UID_BASE)
 
     def stop_slirp(self, sb: LocalSandbox) -> None:
         """Rootless: end the sandbox's slirp4netns (its namespace is going: teardown, or a

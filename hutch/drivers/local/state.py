@@ -62,6 +62,9 @@ class LocalSandbox:
     # Paused filesystem-only (fspause.py): no pid 1 and no process, its files kept; init_pid
     # and init_start are 0 until the resume boots it again.
     asleep: bool = False
+    # Its create is still making its network (provisioning.py): a start that finds it so (the
+    # server killed half-way) ends it, network and all, rather than adopt a sandbox without it.
+    making: bool = False
 
     @property
     def user_name(self) -> str:
@@ -82,8 +85,9 @@ class LocalExecution:
 
 def is_live(sb: LocalSandbox) -> bool:
     """Whether the sandbox's init still runs (the same process, not a reused pid), or it is
-    paused filesystem-only (no init to run: its files are all it is until the resume)."""
-    return sb.asleep or start_time(sb.init_pid) == sb.init_start
+    paused filesystem-only (no init to run: its files are all it is until the resume). One
+    whose create never finished is not: nobody was told it exists."""
+    return not sb.making and (sb.asleep or start_time(sb.init_pid) == sb.init_start)
 
 
 class Registry:

@@ -49,6 +49,8 @@ class Teardown:
             await self._net.teardown(sb)
             if sb.asleep:  # paused filesystem-only: its hold on its install layer goes with it
                 layercache.asleep(self._runtime_cache / "layers", sb.layer, sid, holding=False)
+        elif (d := self._registry.sandbox_root / sid).is_dir():  # a torn meta.json: no record of its network
+            await self._net.teardown_unaccounted(d)
         await self._remove_cgroups(sid, sb)
         self._retire_dir(sid, sb)
 

@@ -145,6 +145,15 @@ def recorded(owner: Path) -> int:
         return int(get(owner / UID_FILE))  # written by an earlier server, or no attributes here
 
 
+def held_by(owner: Path) -> int | None:
+    """The uid ``owner`` recorded, if the registry still has it claimed for ``owner``."""
+    with contextlib.suppress(OSError, ValueError):
+        uid = recorded(owner)
+        if get(UID_REGISTRY / str(uid)).decode() == str(owner):
+            return uid
+    return None
+
+
 def release(owner: Path) -> None:
     with contextlib.suppress(OSError, ValueError):
         held = UID_REGISTRY / str(recorded(owner))

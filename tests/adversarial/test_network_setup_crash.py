@@ -1,0 +1,88 @@
+"""A server killed while it makes a sandbox's network (local driver, sandboxnet.py): what the
+next start leaves of it. Found by the node-agent chaos test (tests/system/test_node_chaos.py):
+an agent killed during a create with ``network.allow`` left the sandbox's chain ``HUTCH-A<n>``
+and the jump to it in the host's firewall for good, because its meta.json said "no network"
+until everything was made, and the next start's teardown trusts meta.json.
+
+Each case kills the server (``os._exit``: no cleanup, as a SIGKILL) at one point of the set-up;
+then a fresh driver on the same data dir starts, and nothing of that sandbox is left: no chain,
+no jump, no veth, no sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hutch.drivers.local import network
+from hutch.drivers.local.driver import LocalDriver
+from tests.drivers_support import RUNTIME_CACHE, built_runtimes, new_id, require_root  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.isolation
+
+# Provisions ``sid`` with an allow-list (a chain of its own) and dies at the point argv[4] names.
+CRASH_MID_NETWORK = r"""
+import asyncio, os, sys
+from pathlib import Path
+from hutch.drivers.base import ProvisionRequest
+from hutch.drivers.local import network
+from hutch.drivers.local.driver import LocalDriver
+
+async def main() -> None:
+    data, cache, sid, point = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    driver = LocalDriver(data, cache)
+    await driver.start()
+    setup = network.setup
+    def crash(pid, index, *, outbound):
+        if point == "after its veth":
+            setup(pid, index, outbound=outbound)
+        if point == "after its veth, meta.json torn":
+            setup(pid, index, outbound=outbound)
+            (data / "sandboxes" / sid / "meta.json").write_text('{"id": "')
+        print(index, flush=True)
+        os._exit(9)
+    network.setup = crash  # the rules are in force by now (set before the veth: network.py)
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", network_enabled=True,
+                                            network_allow=("192.0.2.0/24",)))
+    sys.exit("the create finished")
+
+asyncio.run(main())
+"""
+
+
+def _firewall_of(index: int) -> list[str]:
+    chain = f"HUTCH-A{index:x}"
+    veths = {network.host_veth(index, True), network.host_veth(index, False)}
+    rules = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
+    left = [r for r in rules.splitlines() if chain in r.split() or veths & set(r.split())]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    left += [f"veth {v}" for v in veths if f" {v}:" in links or f" {v}@" in links]
+    return left
+
+
+@pytest.mark.parametrize("point", ["after its rules", "after its veth", "after its veth, meta.json torn"])
+async def test_a_server_killed_while_it_makes_a_network_leaves_none_of_it(
+        point: str, built_runtimes: Path, tmp_path: Path) -> None:  # noqa: F811
+    require_root()
+    sid = new_id()
+    crashed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CRASH_MID_NETWORK, str(tmp_path), str(RUNTIME_CACHE), sid, point,
+        env={"HUTCH_WARM_POOL": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": ":".join(sys.path)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(crashed.communicate(), 300)
+    assert crashed.returncode == 9, err.decode()[-3000:]
+    index = int(out.decode().split()[0])
+    assert _firewall_of(index), "the crash came before the rules were made: nothing to test"
+    driver = LocalDriver(tmp_path, RUNTIME_CACHE)
+    await driver.start()
+    try:
+        assert not driver.is_alive(sid)
+        assert not (tmp_path / "sandboxes" / sid).exists()  # torn down
+        assert _firewall_of(index) == [], f"left in the firewall after {point}"
+    finally:
+        for left in await driver.alive():
+            await driver.destroy(left)
+        await driver.close()
