@@ -141,20 +141,20 @@ def int_value(name: str, raw: str, lo: int | None = 0, hi: int | None = None) ->
     client sends. Past 30 digits the value is beyond every bound, and not made (int() of more
     than 4,300 digits raises)."""
     if not _INTEGER.fullmatch(raw):
-        raise InvalidInput(f"{name}: expected an integer, got {_shown(raw)}", field=name)
+        raise InvalidInput(f"{name}: expected an integer, got {shown(raw)}", field=name)
     digits = raw.lstrip("-").lstrip("0")
     value = int(raw) if len(digits) <= 30 else (-1 if raw.startswith("-") else 1) * 10**30
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bound = (f"between {lo} and {hi}" if lo is not None and hi is not None
                  else f"at least {lo}" if lo is not None else f"at most {hi}")
-        raise InvalidInput(f"{name}: must be {bound}, got {_shown(raw)}", field=name)
+        raise InvalidInput(f"{name}: must be {bound}, got {shown(raw)}", field=name)
     return value
 
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-def _shown(raw: str) -> str:
+def shown(raw: str) -> str:
     """A query value in a message: whole unless long (an answer need not echo kilobytes back)."""
     return repr(raw) if len(raw) <= 64 else f"{raw[:64]!r}... ({len(raw)} characters)"
 
@@ -211,7 +211,7 @@ def bool_value(name: str, raw: str) -> bool:
         return True
     if raw.lower() in FALSE:
         return False
-    raise InvalidInput(f"{name}: expected true or false (or 1 or 0), got {_shown(raw)}", field=name)
+    raise InvalidInput(f"{name}: expected true or false (or 1 or 0), got {shown(raw)}", field=name)
 
 
 def q_choice(request: web.Request, name: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
@@ -223,7 +223,7 @@ def q_choice(request: web.Request, name: str, choices: tuple[str, ...], default:
 
 def choice_value(name: str, raw: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
-        raise InvalidInput(f"{name}: expected one of {', '.join(choices)}, got {_shown(raw)}", field=name)
+        raise InvalidInput(f"{name}: expected one of {', '.join(choices)}, got {shown(raw)}", field=name)
     return raw
 
 

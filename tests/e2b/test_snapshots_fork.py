@@ -78,7 +78,7 @@ def test_a_fork_has_the_files_the_forkers_organization_and_its_own_timeout(e2b_e
     ("POST", "/sandboxes/{id}/fork", {"timeout": -1}, 400, "timeout: expected whole seconds"),
     ("POST", "/sandboxes/{id}/fork", [1], 400, "body: expected a JSON object"),
     ("POST", "/sandboxes/sbx_nope/fork", {}, 404, "sandbox sbx_nope not found"),
-    ("GET", "/snapshots?limit=0", None, 400, "limit: expected 1 to 100"),
+    ("GET", "/snapshots?limit=0", None, 400, "limit: must be between 1 and 100, got '0'"),
     ("GET", "/snapshots?nextToken=x", None, 400, "nextToken: not a token this server gave"),
     ("DELETE", "/templates/base", None, 400, "base is one of hutch's runtimes"),
 ])

@@ -20,11 +20,11 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from hutch.api.e2b import ports, public
+from hutch.api.e2b import ports, public, query_params
 from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token, hutch_id, wire_id
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.network import e2b_network, hutch_network, hutch_update
-from hutch.api.http import parse_json
+from hutch.api.http import choice_value, parse_json, shown
 from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.api.parse import parse_create
 from hutch.core import runtimes
@@ -286,24 +286,13 @@ def _metadata_filter(request: web.Request) -> dict[str, str]:
 
 
 def _states(request: web.Request) -> set[str]:
-    raw = request.query.get("state", "running,paused")
-    states = {s.strip() for s in raw.split(",") if s.strip()}
-    if not states <= {"running", "paused"}:
-        raise InvalidInput(f"state: expected running and/or paused, got {raw!r}", field="state")
-    return states
+    raw = request.query.get("state")
+    return set(query_params.items(query_params.STATE, raw) if raw else query_params.STATES)
 
 
 def _started_after(request: web.Request) -> datetime | None:
     raw = request.query.get("startedAfter")
-    if not raw:
-        return None
-    try:
-        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError as err:
-        raise InvalidInput(f"startedAfter: expected an ISO 8601 time, got {raw!r}", field="startedAfter") from err
-    if when.tzinfo is None:
-        raise InvalidInput(f"startedAfter: give the time zone too, got {raw!r}", field="startedAfter")
-    return when
+    return query_params.datetime_value("startedAfter", raw) if raw else None
 
 
 def _started(sb: SandboxState) -> datetime:
@@ -320,26 +309,17 @@ def _digits(raw: str, most: int) -> int | None:
 
 
 def limit_of(request: web.Request) -> int:
-    raw_limit = request.query.get("limit", "100")
-    limit = _digits(raw_limit, 3)
-    if limit is None or not 1 <= limit <= 100:
-        raise InvalidInput(f"limit: expected 1 to 100, got {_shown(raw_limit)}", field="limit")
-    return limit
-
-
-def _shown(raw: str) -> str:
-    """A query value in a message: whole unless long (an answer need not echo kilobytes back)."""
-    return repr(raw) if len(raw) <= 64 else f"{raw[:64]!r}... ({len(raw)} characters)"
+    return query_params.integer(query_params.LIMIT, request.query.get("limit") or "100")
 
 
 def _not_a_token(raw: str) -> InvalidInput:
-    return InvalidInput(f"nextToken: not a token this server gave, got {_shown(raw)}", field="nextToken")
+    return InvalidInput(f"nextToken: not a token this server gave, got {shown(raw)}", field="nextToken")
 
 
 def page_of(request: web.Request) -> tuple[int, int]:
     """A listing's page: (limit, offset) from its limit and the x-next-token a previous page gave
     (an offset: no listing is 10^18 long)."""
-    raw_next = request.query.get("nextToken", "0")
+    raw_next = request.query.get("nextToken") or "0"
     offset = _digits(raw_next, 18)
     if offset is None:
         raise _not_a_token(raw_next)
@@ -385,9 +365,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     wanted, states, after = _metadata_filter(request), _states(request), _started_after(request)
     template = request.query.get("template") or None
-    order = request.query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidInput(f"order: expected asc or desc, got {order!r}", field="order")
+    order = choice_value("order", request.query.get("order") or "desc", ("asc", "desc"))
     limit, since = limit_of(request), _token_place(request)
     found: dict[str, SandboxState] = {}  # by id: a create during the reads shifts their pages
     page_at = 0

@@ -19,14 +19,15 @@ from aiohttp import web
 
 from hutch.api.e2b.access import control
 from hutch.api.e2b.control_routes import live_sandbox
+from hutch.api.e2b.query_params import END, SANDBOX_IDS, START, integer, items
 from hutch.api.keys import ENGINE
+from hutch.api.route_schemas import Param
 from hutch.core.driver_types import Usage
 from hutch.core.errors import InvalidInput, NotFound, NotSupported
 from hutch.core.models import SandboxState
 from hutch.core.tenancy import Access
 
 routes = web.RouteTableDef()
-MAX_IDS = 100  # sandboxes in one GET /sandboxes/metrics
 # The fields E2B's SandboxMetric requires, by where the driver's Usage has them.
 _FIELDS = {"cpuCount": "cpu_count", "memUsed": "memory_bytes", "memTotal": "memory_total_bytes",
            "memCache": "memory_cache_bytes", "diskUsed": "disk_used_bytes", "diskTotal": "disk_total_bytes"}
@@ -60,15 +61,9 @@ def _unix(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def _seconds(request: web.Request, field: str) -> int | None:
-    raw = request.query.get(field)
-    if raw is None:
-        return None
-    # At most 12 digits (the year 33658) before int(): int() of more than 4,300 raises ValueError.
-    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > 12:
-        shown = repr(raw) if len(raw) <= 64 else f"{raw[:64]!r}... ({len(raw)} characters)"
-        raise InvalidInput(f"{field}: expected a Unix time in whole seconds, got {shown}", field=field)
-    return int(raw)
+def _seconds(request: web.Request, param: Param) -> int | None:
+    raw = request.query.get(param.name)
+    return integer(param, raw) if raw else None
 
 
 async def _sample(request: web.Request, sb: SandboxState) -> dict[str, Any]:
@@ -97,7 +92,7 @@ async def _sample(request: web.Request, sb: SandboxState) -> dict[str, Any]:
 async def sandbox_metrics(request: web.Request) -> web.Response:
     """The sandbox's samples from ``start`` to ``end`` (Unix seconds; its start and now unless
     given): the one taken now, if that second is in the range."""
-    start, end = _seconds(request, "start"), _seconds(request, "end")
+    start, end = _seconds(request, START), _seconds(request, END)
     if start is not None and end is not None and start > end:
         raise InvalidInput(f"start: {start} is after end {end}", field="start")
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
@@ -112,11 +107,9 @@ async def sandbox_metrics(request: web.Request) -> web.Response:
 async def many_metrics(request: web.Request) -> web.Response:
     """The latest sample of each sandbox of ``sandbox_ids`` (comma-separated) the key's
     organization has live; the others are left out, as E2B's are."""
-    ids = [i.strip() for i in request.query.get("sandbox_ids", "").split(",") if i.strip()]
+    ids = items(SANDBOX_IDS, request.query.get(SANDBOX_IDS.name, ""))
     if not ids:
         raise InvalidInput("sandbox_ids: required, sandbox ids separated by commas", field="sandbox_ids")
-    if len(ids) > MAX_IDS:
-        raise InvalidInput(f"sandbox_ids: at most {MAX_IDS} at once, got {len(ids)}", field="sandbox_ids")
     found: dict[str, Any] = {}
     for sandbox_id in dict.fromkeys(ids):
         try:

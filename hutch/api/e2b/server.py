@@ -18,6 +18,7 @@ from hutch.api.e2b import (
     hosts,
     metrics,
     ports,
+    query_params,
     snapshot_routes,
     watch_routes,
 )
@@ -31,7 +32,7 @@ from hutch.service.tenancy import Tenants
 
 def create_e2b_app(engine: Engine, tenants: Tenants, domain: str | None = None) -> web.Application:
     app = web.Application(middlewares=[e2b_errors, rpc_errors, refusals.end_when_refused, hosts.host_routing,
-                                       ports.port_relay],
+                                       ports.port_relay, query_params.checked_query],
                           client_max_size=16 * 2**20)
     refusals.install(app)
     if domain:

@@ -22,12 +22,13 @@ import time
 
 from aiohttp import web
 
+from hutch.api.e2b import query_params
 from hutch.api.e2b.access import envd_token, wire_id
 from hutch.api.keys import ENGINE, TENANTS
 from hutch.core.errors import NotFound, Unauthorized
 
 SIGNATURE = "signature"
-EXPIRATION = "signature_expiration"
+EXPIRATION = query_params.EXPIRATION.name
 _PREFIX = "v1_"
 _DIGEST_CHARS = 43  # 32 bytes in unpadded base64
 # Keys tried besides the sandbox's creator and the bootstrap key, newest first: a bogus URL costs
@@ -45,17 +46,15 @@ async def signed_token(request: web.Request, sandbox_id: str) -> str:
     """The envd token whose signature the request's query carries; ``Unauthorized`` (E2B's 401)
     when it carries none that is valid now."""
     query = request.query
+    # A malformed expiration is a 400 naming it, as on every E2B route (api/e2b/query_params.py):
+    # its form is public, so it is told before anything of the signature; empty, it is left out.
+    raw = query.get(EXPIRATION)
+    expiration = query_params.integer(query_params.EXPIRATION, raw) if raw else None
     given = query.get(SIGNATURE, "")
     if not (given.startswith(_PREFIX) and len(given) == len(_PREFIX) + _DIGEST_CHARS and given.isascii()):
         raise Unauthorized(f"{SIGNATURE}: not a v1 signature")
-    expiration: int | None = None
-    if EXPIRATION in query:
-        raw = query[EXPIRATION]
-        if not (raw.isascii() and raw.lstrip("-").isdigit() and len(raw) <= 12):
-            raise Unauthorized(f"{EXPIRATION}: expected Unix seconds, got {raw[:40]!r}")
-        expiration = int(raw)
-        if expiration < time.time():
-            raise Unauthorized("signature is already expired")  # envd's words, which E2B's tests expect
+    if expiration is not None and expiration < time.time():
+        raise Unauthorized("signature is already expired")  # envd's words, which E2B's tests expect
     operation = "write" if request.method == "POST" else "read"
     path, user = query.get("path", ""), query.get("username", "")
     engine, tenants = request.app[ENGINE], request.app[TENANTS]
