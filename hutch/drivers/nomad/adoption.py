@@ -49,7 +49,9 @@ class NomadAdoption:
 
     async def _recover(self) -> None:
         """Adopt the sandboxes and pool allocations a previous run of this data dir left."""
-        jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix())}
+        # Asked with their meta: a pool job is known by it (``hutch.pool``, pools.py), and the
+        # stubs of a plain list carry none, which stopped every pool job a restart found.
+        jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix(), meta=True)}
         # Taken over by another replica while this one was gone: theirs now, left alone.
         claimed = {h.get("job_id") for h in await self._foreign()} if self._foreign is not None else set()
         for sb in self._states.load_all():
@@ -68,8 +70,10 @@ class NomadAdoption:
         for job_id, job in jobs.items():
             if job_id in claimed or job.get("Status") == "dead":
                 continue
-            meta = job.get("Meta") or {}
-            runtime = meta.get("hutch.pool")
+            try:
+                runtime = (await self._client.job_meta(job)).get("hutch.pool")
+            except NomadNotFound:
+                continue  # gone since the list
             allocs = await self._client.job_allocations(job_id)
             running = [a for a in allocs if a.get("ClientStatus") in LIVE]
             if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
@@ -112,15 +116,15 @@ class NomadAdoption:
         replica that returns after that places its new pool jobs later (its start-up recovery
         purges the old ones, unadopted)."""
         found = []
-        for listed in await self._client.jobs("hutch-"):
+        for listed in await self._client.jobs("hutch-", meta=True):  # one call, not one per job
             job_id = str(listed.get("ID", ""))
             if "-pool-" not in job_id or listed.get("Status") == "dead":
                 continue
             try:
-                job = await self._client.job(job_id)  # the list carries no meta
+                meta = await self._client.job_meta(listed)
             except NomadNotFound:
                 continue
-            if (job.get("Meta") or {}).get("hutch.replica") == replica_id:
+            if meta.get("hutch.replica") == replica_id:
                 found.append(job_id)
         return found
 
