@@ -136,7 +136,8 @@ async def _restart_without_pools(data_dir: Path) -> tuple[list[str], list[str]]:
     driver = await start_nomad(data_dir)
     assert isinstance(driver, NomadDriver)
     try:
-        adopted = [e.job_id for pool in driver._pool.values() for e in pool]
+        adopted = [e.job_id for pool in driver._pool.values() for e in pool] + \
+            ["(starting)"] * sum(driver._pool_starting.values())
         prefix, deadline = driver._job_prefix(), time.monotonic() + 60
         for _ in range(120):  # stopped in the background
             left = await _live_pool_jobs(prefix)
@@ -171,10 +172,16 @@ async def test_a_restarted_driver_adopts_its_warm_pool_and_stops_a_pool_no_longe
         second = await start_nomad(tmp_path / "data", pool_sizes={"base:latest": 1})
         assert isinstance(second, NomadDriver)
         try:
+            await wait_for(lambda: second.pool_metrics()["pools"]["base:latest"]["starting"] == 0)
             assert [(e.job_id, e.alloc_id) for e in second._pool.get("base:latest", ())] == \
                 [(entry.job_id, entry.alloc_id)], "the surviving pool job was not adopted"
+            # Its agent ended with the killed server's session: one is started before a create
+            # can claim it, as for an allocation placed now, and the claimer takes it over.
+            agent = second._agents.live(entry.job_id)
+            assert agent is not None, "the adopted pool allocation has no agent"
             sid = await provision(second)
             assert second.pool_metrics()["claims"] == 1 and second._sandboxes[sid].alloc_id == entry.alloc_id
+            assert second._agents.live(sid) is agent
             assert await echo(second, sid, "adopted") == "adopted\n"
             await second.destroy(sid)
             await wait_for(lambda: second.pool_metrics()["pools"]["base:latest"]["ready"] == 1)  # refilled
