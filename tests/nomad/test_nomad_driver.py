@@ -116,6 +116,85 @@ async def test_a_restarted_driver_adopts_its_sandboxes(tmp_path: Path) -> None:
         await second.close()
 
 
+async def _left_as_a_kill_leaves_it(driver: NomadDriver) -> None:
+    """Closed without draining its warm pool: what a killed (or restarted) server leaves placed."""
+    async def drain_nothing() -> None:
+        pass
+
+    driver._drain_pools = drain_nothing  # type: ignore[method-assign]
+    await driver.close()
+
+
+async def _live_pool_jobs(prefix: str) -> list[str]:
+    return [j["ID"] for j in await asyncio.to_thread(_jobs, prefix) if "-pool-" in j["ID"] and j["Status"] != "dead"]
+
+
+async def _restart_without_pools(data_dir: Path) -> tuple[list[str], list[str]]:
+    """A driver started on ``data_dir`` with pools off, then closed: the pool jobs it adopted
+    at start, and those of its job prefix still live after 60 s (none of either: what the last
+    run left is not wanted)."""
+    driver = await start_nomad(data_dir)
+    assert isinstance(driver, NomadDriver)
+    try:
+        adopted = [e.job_id for pool in driver._pool.values() for e in pool] + \
+            ["(starting)"] * sum(driver._pool_starting.values())
+        prefix, deadline = driver._job_prefix(), time.monotonic() + 60
+        for _ in range(120):  # stopped in the background
+            left = await _live_pool_jobs(prefix)
+            if not left or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        return adopted, left
+    finally:
+        for s in list(driver._sandboxes):
+            await driver.destroy(s)
+        await driver.close()
+
+
+async def test_a_restarted_driver_adopts_its_warm_pool_and_stops_a_pool_no_longer_wanted(tmp_path: Path) -> None:
+    """A server restarted with its warm pool placed finds the idle allocations still running: the
+    new driver takes them back into its pool, and a create claims one. It used to read the
+    runtime from Nomad's job list, whose stubs carry no job meta unless asked, so it stopped
+    every one and placed the pool again. A pool job of a runtime no longer wanted is stopped."""
+    checked = False
+    try:
+        first = await start_nomad(tmp_path / "data", pool_sizes={"base:latest": 1})
+        assert isinstance(first, NomadDriver)
+        prefix = first._job_prefix()
+        try:
+            await wait_for(lambda: first.pool_metrics()["pools"]["base:latest"] == {"target": 1, "ready": 1,
+                                                                                     "starting": 0})
+            entry = first._pool["base:latest"][0]
+            # The list says each job's meta when asked: recovery reads no job one by one.
+            assert [j.get("Meta") for j in await first._client.jobs(prefix, meta=True)] == [{"hutch.pool": "base:latest"}]
+        finally:
+            await _left_as_a_kill_leaves_it(first)
+        second = await start_nomad(tmp_path / "data", pool_sizes={"base:latest": 1})
+        assert isinstance(second, NomadDriver)
+        try:
+            await wait_for(lambda: second.pool_metrics()["pools"]["base:latest"]["starting"] == 0)
+            assert [(e.job_id, e.alloc_id) for e in second._pool.get("base:latest", ())] == \
+                [(entry.job_id, entry.alloc_id)], "the surviving pool job was not adopted"
+            # Its agent ended with the killed server's session: one is started before a create
+            # can claim it, as for an allocation placed now, and the claimer takes it over.
+            agent = second._agents.live(entry.job_id)
+            assert agent is not None, "the adopted pool allocation has no agent"
+            sid = await provision(second)
+            assert second.pool_metrics()["claims"] == 1 and second._sandboxes[sid].alloc_id == entry.alloc_id
+            assert second._agents.live(sid) is agent
+            assert await echo(second, sid, "adopted") == "adopted\n"
+            await second.destroy(sid)
+            await wait_for(lambda: second.pool_metrics()["pools"]["base:latest"]["ready"] == 1)  # refilled
+            assert await _live_pool_jobs(prefix) == [second._pool["base:latest"][0].job_id]
+        finally:
+            await _left_as_a_kill_leaves_it(second)
+        checked = True
+        assert await _restart_without_pools(tmp_path / "data") == ([], []), "a pool no longer wanted was kept"
+    finally:
+        if not checked:  # nothing of a failed run stays placed
+            await _restart_without_pools(tmp_path / "data")
+
+
 @pytest.mark.parametrize("limit_mb", [64])
 async def test_memory_limit_holds_and_the_sandbox_survives(tmp_path: Path, limit_mb: int) -> None:
     from hutch.drivers.base import ResourceLimits

@@ -47,9 +47,14 @@ class NomadAdoption:
     async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None:
         raise NotImplementedError
 
-    async def _recover(self) -> None:
-        """Adopt the sandboxes and pool allocations a previous run of this data dir left."""
-        jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix())}
+    async def _recover(self) -> list[PoolEntry]:
+        """Adopt the sandboxes a previous run of this data dir left; its idle pool allocations
+        of a runtime still wanted are returned (they rejoin the pool once their agents start:
+        pools.py), the others stopped."""
+        left: list[PoolEntry] = []
+        # Asked with their meta: a pool job is known by it (``hutch.pool``, pools.py), and the
+        # stubs of a plain list carry none, which stopped every pool job a restart found.
+        jobs = {j["ID"]: j for j in await self._client.jobs(self._job_prefix(), meta=True)}
         # Taken over by another replica while this one was gone: theirs now, left alone.
         claimed = {h.get("job_id") for h in await self._foreign()} if self._foreign is not None else set()
         for sb in self._states.load_all():
@@ -68,14 +73,17 @@ class NomadAdoption:
         for job_id, job in jobs.items():
             if job_id in claimed or job.get("Status") == "dead":
                 continue
-            meta = job.get("Meta") or {}
-            runtime = meta.get("hutch.pool")
+            try:
+                runtime = (await self._client.job_meta(job)).get("hutch.pool")
+            except NomadNotFound:
+                continue  # gone since the list
             allocs = await self._client.job_allocations(job_id)
             running = [a for a in allocs if a.get("ClientStatus") in LIVE]
             if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
-                self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, running[0]["ID"], runtime))
+                left.append(PoolEntry(job_id, running[0]["ID"], runtime))
             else:  # a sandbox whose state file is gone, or a pool we no longer want
                 self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
+        return left
 
     async def _alloc_running(self, job_id: str, alloc_id: str) -> bool:
         try:
@@ -109,18 +117,19 @@ class NomadAdoption:
         pools.py), idle or claimed by a create it died before recording: a claim is in that
         replica's memory only until the create's handle reaches its owner row, so nothing else
         finds them (its restart would, maybe never). Listed as the take-over is claimed: a
-        replica that returns after that places its new pool jobs later (its start-up recovery
-        purges the old ones, unadopted)."""
+        replica that returns after that places its new pool jobs later. Its start-up recovery
+        may take an old idle one back before ``discard_leftovers`` stops it: its allocation
+        watch then drops it from its pool (one it has claimed since and recorded is kept)."""
         found = []
-        for listed in await self._client.jobs("hutch-"):
+        for listed in await self._client.jobs("hutch-", meta=True):  # one call, not one per job
             job_id = str(listed.get("ID", ""))
             if "-pool-" not in job_id or listed.get("Status") == "dead":
                 continue
             try:
-                job = await self._client.job(job_id)  # the list carries no meta
+                meta = await self._client.job_meta(listed)
             except NomadNotFound:
                 continue
-            if (job.get("Meta") or {}).get("hutch.replica") == replica_id:
+            if meta.get("hutch.replica") == replica_id:
                 found.append(job_id)
         return found
 

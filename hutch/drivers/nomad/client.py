@@ -105,11 +105,21 @@ class NomadClient:
     async def deregister(self, job_id: str, *, purge: bool = True) -> None:
         await self._call(f"stop job {job_id}", self._nomad.job.deregister_job, job_id, purge=purge)
 
-    async def jobs(self, prefix: str) -> list[dict[str, Any]]:
-        return await self._call("list jobs", self._nomad.jobs.get_jobs, prefix=prefix)
+    async def jobs(self, prefix: str, *, meta: bool = False) -> list[dict[str, Any]]:
+        """The job stubs whose ID starts with ``prefix``. A stub carries the job's meta only
+        when asked (``meta``: ``?meta=true``, Nomad 1.6 and later; an older Nomad leaves the
+        field out, and :meth:`job_meta` reads the job then)."""
+        return await self._call("list jobs", self._nomad.jobs.get_jobs, prefix=prefix, meta=meta or None)
 
     async def job(self, job_id: str) -> dict[str, Any]:
         return await self._call(f"read job {job_id}", self._nomad.job.get_job, job_id)
+
+    async def job_meta(self, stub: dict[str, Any]) -> dict[str, str]:
+        """The meta of a job listed with ``jobs(..., meta=True)``: the stub's, or (a Nomad
+        older than 1.6 sends none) the job's own, read."""
+        if "Meta" in stub:
+            return stub["Meta"] or {}
+        return (await self.job(str(stub["ID"]))).get("Meta") or {}
 
     async def job_allocations(self, job_id: str) -> list[dict[str, Any]]:
         return await self._call(f"allocations of {job_id}", self._nomad.job.get_allocations, job_id)

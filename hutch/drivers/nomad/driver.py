@@ -213,11 +213,12 @@ class NomadDriver(NomadPausing, NomadExecutions, NomadNetworkRules, AllocationWa
         await self._images.probe()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(clear_spool, self._files.spool_dir)  # checkpoints a kill cut short
-        await self._recover()
+        left = await self._recover()
         await self._agents.load()
         if not self._agents.available:  # no agent binary (no Go to build it): no helpers either
             self.capabilities = attrs.evolve(self.capabilities, watches=False, metadata=False)
         self._spawn(self._watch(), "nomad-watch")
+        self._rejoin_pools(left)
         self._start_pools()
 
     async def close(self) -> None:

@@ -255,19 +255,32 @@ class WarmPools:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refill_wakeup.wait(), 5)
 
-    async def _add_to_pool(self, runtime: str) -> None:
+    def _rejoin_pools(self, left: list[PoolEntry]) -> None:
+        """Idle allocations a previous run of this data dir left (adoption.py): each starts its
+        agent (the last one ended with that run's session) before a create can claim it, as a
+        placed one does; counted as starting meanwhile, so no other is placed for it."""
+        for entry in left:
+            self._pool_starting[entry.runtime] = self._pool_starting.get(entry.runtime, 0) + 1
+            self._spawn(self._add_to_pool(entry.runtime, left=entry), f"nomad-pool-{entry.runtime}")
+
+    async def _add_to_pool(self, runtime: str, left: PoolEntry | None = None) -> None:
+        """Place an idle allocation of ``runtime`` (or take back ``left``), start its agent, and
+        put it in the pool; one that fails is taken down."""
         recipe = runtimes.find(runtime)
         assert recipe is not None
-        job_id = f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
+        job_id = left.job_id if left is not None else f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
         meta = {"hutch.pool": runtime}
         if self._replica_id:  # a claim of it is not recorded until its create's handle is: a
             meta["hutch.replica"] = self._replica_id  # survivor ends it by this (adoption.py)
         settled = False  # in the pool, or failed and taken down
         try:
-            started = time.monotonic()
-            alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters, ResourceLimits(),
-                                                  meta))
-            self.pool_sizing.record_placement(time.monotonic() - started)
+            if left is not None:
+                alloc_id = left.alloc_id
+            else:
+                started = time.monotonic()
+                alloc_id = await self._place(job_spec(job_id, self._image(recipe), self.datacenters,
+                                                      ResourceLimits(), meta))
+                self.pool_sizing.record_placement(time.monotonic() - started)
             await self._agents.warm(job_id, alloc_id, runtime)  # agents.py: so its claimer's commands are fast
             # It may have ended while its agent started; the watcher looks at entries only.
             alloc = await self._client.allocation(alloc_id)
