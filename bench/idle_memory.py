@@ -248,7 +248,7 @@ async def responsiveness(url: str, ids: list[str]) -> dict[str, float]:
 def leftovers(instance: str, data: Path) -> dict[str, int]:
     """What destroy-all left: sandbox cgroups of this server, their processes, mounts under its
     data directory."""
-    cgroups = [d for top in (MEMCG, FREEZERCG) if (top / instance).exists()
+    cgroups = [d for top in (MEMCG, FREEZERCG, CPUCG) if (top / instance).exists()
                for d in (top / instance).iterdir() if d.is_dir()]
     mounts = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(data.resolve()) in ln]
     return {"cgroups": len(cgroups), "processes": sum(len(p) for p in cgroup_pids(instance).values()),
@@ -317,6 +317,7 @@ async def main() -> None:
             mounts = [mount_count(pids[0]) for pids in procs.values() if pids]
             blocks = [superblocks(pids[0]) for pids in procs.values() if pids]
             memcgs = sum(1 for d in (MEMCG / instance).rglob("*") if d.is_dir())
+            cpucgs = sum(1 for d in (CPUCG / instance).rglob("*") if d.is_dir())  # task groups the walk visits
             roll = [rollup(p) for pids in procs.values() for p in pids]
             responsive = await responsiveness(server.url, ids)
             t0 = time.perf_counter()
@@ -361,7 +362,7 @@ async def main() -> None:
           f"{map_cost:.0f} kmalloc-1k objects on this host (its shrinker map: the host has held up to "
           f"~{map_cost * 64:.0f} memcg-aware shrinkers at once)")
     print(f"one write of a cpu quota (the kernel walks every cpu cgroup): {quota_before:.0f} us with no sandbox, "
-          f"{quota_after:.0f} us with {n}")
+          f"{quota_after:.0f} us with {n}; cpu cgroups (task groups) {cpucgs / n:.2f} per sandbox in the instance's subtree")
     cb, ca = before.memcg, after.memcg
     print("memory cgroups (the server's instance subtree), per sandbox: "
           + ", ".join(f"{k} {kib((ca[k] - cb[k]) / n)}" for k in ca))

@@ -26,8 +26,13 @@ counter stood when the leaf was kept. Spares cost a memory cgroup each: at most
 
 A sandbox's cpu limit is written before its first command (``apply_cpu``), not at its
 create: each write of a quota walks every cpu cgroup on the host (the kernel checks the
-whole tree's bandwidth), which made a create dearer the more sandboxes there were
-(docs/idle.md). Until then only its pid 1, which runs nothing, is in the cgroup.
+whole tree's bandwidth: ``walk_tg_tree``), which made a create dearer the more sandboxes there
+were (docs/idle.md). On v1 (cpu not mounted with another controller we use) the sandbox's cpu
+cgroup itself is made then too, so an idle sandbox adds no task group to that walk: a first
+command's write walks the groups of the sandboxes that have run something, not of every idle
+one (~3 ms at 10,000 idle). Until then pid 1 (our own code, which runs nothing of the
+sandbox's) is in the instance's cpu cgroup, and stays there, as with memory below; a pooled
+sandbox's is made at its start, marked idle (``set_idle``), and pid 1 starts in it.
 
 On v1 a sandbox's memory cgroup, with its limit, is made before its first command too
 (``apply_memory``), not at its create: every memory cgroup holds the kernel's shrinker map,
@@ -305,6 +310,10 @@ class CgroupV1(Cgroups):
         self._oom_base: dict[tuple[str, str], int] = {}
         self._cpu_applied: set[str] = set()  # sandboxes whose cpu limit is written (apply_cpu)
         self._memory_applied: set[str] = set()  # sandboxes whose memory cgroup is made (apply_memory)
+        # cpu cgroups made lazily (module docstring), unless cpu shares a hierarchy with another
+        # controller (cpu,cpuacct mounted together): there the create makes the directory anyway.
+        self._lazy_cpu = "cpu" in mounts and all(m != mounts["cpu"] for c, m in mounts.items() if c != "cpu")
+        self._cpu_made: set[str] = set()  # sandboxes whose cpu cgroup this server knows is made
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         parts = [PARENT, self.instance, sandbox] + ([leaf] if leaf else [])
@@ -326,8 +335,9 @@ class CgroupV1(Cgroups):
 
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         for c, path in zip(self._order, self.paths(sandbox), strict=True):
-            if c != "memory":  # made before the first command (apply_memory)
-                path.mkdir(exist_ok=True)
+            if c == "memory" or (c == "cpu" and self._lazy_cpu):  # made before the first command (apply_*)
+                continue
+            path.mkdir(exist_ok=True)
         self._cpu_applied.discard(sandbox)
         self._memory_applied.discard(sandbox)
         self.set_limits(sandbox, memory=None, cpu_millis=None, pids=pids)  # memory, cpu: apply_*
@@ -358,11 +368,20 @@ class CgroupV1(Cgroups):
         if pids and "pids" in base:
             fs.write(base["pids"] / "pids.max", str(pids))
 
+    def _make_cpu(self, sandbox: str) -> str:
+        """The sandbox's cpu cgroup, made if this server has not seen it made (module docstring)."""
+        path = f"{self._root('cpu')}/{sandbox}"
+        if sandbox not in self._cpu_made:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            self._cpu_made.add(sandbox)
+        return path
+
     def _set_cpu(self, sandbox: str, cpu_millis: int) -> None:
         # Each write of either file walks every cpu cgroup on the host (the kernel checks the
         # whole tree's bandwidth): ~240 ns a cgroup with 2,500 of them here (perf), so each is
         # read first. A new cgroup already has the default period.
-        cpu = Path(self._root("cpu"), sandbox)
+        cpu = Path(self._make_cpu(sandbox))
         if fs.number(cpu, "cpu.cfs_period_us", 1) != CFS_PERIOD_US:
             fs.write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
         want = max(1000, cpu_millis * CFS_PERIOD_US // 1000)
@@ -377,6 +396,8 @@ class CgroupV1(Cgroups):
                 dst = src.with_name(new)
                 if c == "memory" and old not in self._memory_applied and not src.exists():
                     continue  # not made yet (apply_memory)
+                if c == "cpu" and self._lazy_cpu and old not in self._cpu_made and not src.exists():
+                    continue  # not made yet (apply_cpu, set_idle)
                 os.rename(src, dst)
                 done.append((src, dst))
         except BaseException:
@@ -384,7 +405,7 @@ class CgroupV1(Cgroups):
                 with contextlib.suppress(OSError):
                     os.rename(dst, src)
             raise
-        for applied in (self._cpu_applied, self._memory_applied):
+        for applied in (self._cpu_applied, self._memory_applied, self._cpu_made):
             if old in applied:
                 applied.discard(old)
                 applied.add(new)
@@ -394,9 +415,7 @@ class CgroupV1(Cgroups):
     def set_idle(self, sandbox: str, idle: bool) -> bool:
         if "cpu" not in self.mounts:
             return False
-        path = f"{self._root('cpu')}/{sandbox}"
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path)
+        path = self._make_cpu(sandbox)  # a pooled sandbox's, before its start: pid 1 starts in it
         try:
             with open(f"{path}/cpu.idle", "w") as fh:
                 fh.write("1" if idle else "0")
@@ -410,6 +429,11 @@ class CgroupV1(Cgroups):
             path = f"{self._root(c)}/{sandbox}"
             if leaf == "init" and c == "memory":  # pid 1: the instance's (apply_memory)
                 path = self._root(c)
+            elif c == "cpu" and self._lazy_cpu:
+                if leaf != "init":  # the sandbox's, under its limit (apply_cpu came first)
+                    self._make_cpu(sandbox)
+                elif sandbox not in self._cpu_made:  # pid 1: the instance's, but a pooled one's (set_idle)
+                    path = self._root(c)
             elif leaf != "init" and c in LEAF_CONTROLLERS_V1:  # else in the sandbox's own cgroup, under its limits
                 path = f"{path}/{leaf}"
                 if not (c == "memory" and self._take_spare(sandbox, leaf)):
@@ -475,6 +499,7 @@ class CgroupV1(Cgroups):
     def remove(self, sandbox: str, leaf: str | None = None) -> bool:
         if leaf is None:
             self._spares.pop(sandbox, None)  # removed with the sandbox's cgroup
+            self._cpu_made.discard(sandbox)
             return super().remove(sandbox)
         self._oom_base.pop((sandbox, leaf), None)
         ok = True
