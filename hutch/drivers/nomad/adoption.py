@@ -30,6 +30,7 @@ class NomadAdoption:
     _pool: dict[str, deque[PoolEntry]]
     pool_sizes: dict[str, int]
     _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None
+    _deployment: str | None  # roles.Adoption.set_replica
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -110,7 +111,10 @@ class NomadAdoption:
         replica's memory only until the create's handle reaches its owner row, so nothing else
         finds them (its restart would, maybe never). Listed as the take-over is claimed: a
         replica that returns after that places its new pool jobs later (its start-up recovery
-        purges the old ones, unadopted)."""
+        purges the old ones, unadopted). Only this deployment's (job meta ``hutch.deployment``):
+        the jobs listed are every hutch's on the cluster, and another deployment may have a
+        replica of the same name, whose claimed pool jobs are its tenants' live sandboxes that
+        no handle here names. Jobs of a replica from before the mark are left to its restart."""
         found = []
         for listed in await self._client.jobs("hutch-"):
             job_id = str(listed.get("ID", ""))
@@ -120,7 +124,8 @@ class NomadAdoption:
                 job = await self._client.job(job_id)  # the list carries no meta
             except NomadNotFound:
                 continue
-            if (job.get("Meta") or {}).get("hutch.replica") == replica_id:
+            meta = job.get("Meta") or {}
+            if meta.get("hutch.replica") == replica_id and meta.get("hutch.deployment") == self._deployment:
                 found.append(job_id)
         return found
 

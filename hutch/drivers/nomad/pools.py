@@ -150,6 +150,7 @@ class WarmPools:
     _refilling: bool
     _agents: ExecAgents
     _replica_id: str | None  # roles.Adoption.set_replica: marks the jobs, for a survivor's sweep
+    _deployment: str | None  # the same: which deployment's replica that is
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -262,6 +263,8 @@ class WarmPools:
         meta = {"hutch.pool": runtime}
         if self._replica_id:  # a claim of it is not recorded until its create's handle is: a
             meta["hutch.replica"] = self._replica_id  # survivor ends it by this (adoption.py)
+        if self._deployment:
+            meta["hutch.deployment"] = self._deployment
         settled = False  # in the pool, or failed and taken down
         try:
             started = time.monotonic()
