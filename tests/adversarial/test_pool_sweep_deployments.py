@@ -13,7 +13,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from hutch.drivers.base import ExecRequest
+from hutch.drivers.base import ExecRequest, ResourceLimits
 from hutch.drivers.nomad.driver import NomadDriver
 from tests.drivers_support import Recorder, new_id, provision, start_nomad
 
@@ -68,3 +68,39 @@ async def test_a_survivor_never_sweeps_another_deployments_pool_jobs(tmp_path: P
         for s in await prod.alive():
             await prod.destroy(s)
         await prod.close()
+
+
+async def test_a_starting_replica_leaves_a_live_replicas_jobs_alone(tmp_path: Path) -> None:
+    """The Terraform module's replicas all have HUTCH_DATA_DIR=/data: one job prefix
+    (``hutch-<hash of the data dir>-``) for all. A replica's start-up recovery stopped and purged
+    every job of that prefix no owner row's handle names: another live replica's idle warm pool
+    jobs (which it still hands out: the next tenant's create got a purged container) and its
+    sandboxes whose create is under way (its handle not yet written). Now a job marked as
+    another replica's (job meta ``hutch.replica``) is left to it."""
+    live = await start_nomad(tmp_path / "api-0", pool_sizes={"base:latest": 1},
+                             replica={"replica_id": "api-0", "deployment": "one"})
+    starting: NomadDriver | None = None
+    assert isinstance(live, NomadDriver)
+    try:
+        await _ready(live, 1)
+        theirs = {e.job_id: e.alloc_id for pool in live._pool.values() for e in pool}
+        # A create under way on the live replica (no owner row's handle names its job yet).
+        sid = await provision(live, resources=ResourceLimits(memory_bytes=128 * 2**20))  # never pooled
+        theirs[live._sandboxes[sid].job_id] = live._sandboxes[sid].alloc_id
+        started = await start_nomad(tmp_path / "api-1", pool_sizes={"base:latest": 1}, instance=live.instance,
+                                    replica={"replica_id": "api-1", "deployment": "one"})
+        assert isinstance(started, NomadDriver)
+        starting = started
+        mine = {e.job_id for pool in starting._pool.values() for e in pool}
+        assert not mine & set(theirs), f"the starting replica took the live one's job(s) {mine & set(theirs)}"
+        for job_id, alloc_id in theirs.items():
+            assert await live._alloc_running(job_id, alloc_id), f"the starting replica stopped {job_id}"
+        sink = Recorder()
+        result = await live.exec(ExecRequest(new_id("ex"), sid, ["echo", "alive"]), sink)
+        assert (result.exit_code, sink.stdout) == (0, "alive\n")
+    finally:
+        if starting is not None:
+            await starting.close()
+        for s in await live.alive():
+            await live.destroy(s)
+        await live.close()

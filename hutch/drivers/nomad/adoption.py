@@ -30,7 +30,8 @@ class NomadAdoption:
     _pool: dict[str, deque[PoolEntry]]
     pool_sizes: dict[str, int]
     _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None
-    _deployment: str | None  # roles.Adoption.set_replica
+    _replica_id: str | None  # roles.Adoption.set_replica
+    _deployment: str | None  # the same
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -69,14 +70,30 @@ class NomadAdoption:
         for job_id, job in jobs.items():
             if job_id in claimed or job.get("Status") == "dead":
                 continue
-            meta = job.get("Meta") or {}
-            runtime = meta.get("hutch.pool")
+            try:  # whose: the list carries no meta (what follows reads the list's, as it did)
+                marks = job.get("Meta") or (await self._client.job(job_id)).get("Meta") or {}
+            except NomadNotFound:
+                continue
+            if not self._placed_here(marks):
+                # Another replica's job: the prefix is the data dir's, and replicas whose data
+                # dirs have one path (/data: the Terraform module's) share it. Its idle pool jobs
+                # and its sandboxes whose handle is not yet in their owner row (a create under
+                # way) are that replica's to hand out and run; lost, its survivor ends them
+                # (lost_leftovers, discard_unrecorded). Stopped here, they were purged under it.
+                continue
+            runtime = (job.get("Meta") or {}).get("hutch.pool")
             allocs = await self._client.job_allocations(job_id)
             running = [a for a in allocs if a.get("ClientStatus") in LIVE]
             if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
                 self._pool.setdefault(runtime, deque()).append(PoolEntry(job_id, running[0]["ID"], runtime))
             else:  # a sandbox whose state file is gone, or a pool we no longer want
                 self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
+
+    def _placed_here(self, meta: dict[str, str]) -> bool:
+        """Whether a job's marks (pools._marks) say this replica placed it: unmarked ones (a
+        single server, or placed before the marks) are everyone's, as they were."""
+        placer = meta.get("hutch.replica")
+        return placer is None or (placer == self._replica_id and meta.get("hutch.deployment") == self._deployment)
 
     async def _alloc_running(self, job_id: str, alloc_id: str) -> bool:
         try:

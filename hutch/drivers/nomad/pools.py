@@ -256,15 +256,21 @@ class WarmPools:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refill_wakeup.wait(), 5)
 
+    def _marks(self) -> dict[str, str]:
+        """Job meta saying which replica (of which deployment) placed a job: a claim of a pool
+        job is not recorded until its create's handle is, so a survivor ends a lost replica's
+        by this (adoption.py: lost_leftovers); and replicas whose data dirs have one path share
+        a job prefix, so a replica's start-up recovery leaves the others' jobs by it."""
+        marks = {"hutch.replica": self._replica_id} if self._replica_id else {}
+        if self._deployment:
+            marks["hutch.deployment"] = self._deployment
+        return marks
+
     async def _add_to_pool(self, runtime: str) -> None:
         recipe = runtimes.find(runtime)
         assert recipe is not None
         job_id = f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
-        meta = {"hutch.pool": runtime}
-        if self._replica_id:  # a claim of it is not recorded until its create's handle is: a
-            meta["hutch.replica"] = self._replica_id  # survivor ends it by this (adoption.py)
-        if self._deployment:
-            meta["hutch.deployment"] = self._deployment
+        meta = {"hutch.pool": runtime, **self._marks()}
         settled = False  # in the pool, or failed and taken down
         try:
             started = time.monotonic()
