@@ -104,3 +104,19 @@ async def test_a_starting_replica_leaves_a_live_replicas_jobs_alone(tmp_path: Pa
         for s in await live.alive():
             await live.destroy(s)
         await live.close()
+
+
+def test_whose_a_job_is_by_its_marks() -> None:
+    """Unmarked (a single server, an older replica): everyone's, as before the marks. Marked
+    with this replica's id and no deployment (placed by it before the deployment mark, a
+    rolling upgrade): its own, or nobody would ever end it. Any other mark: another's."""
+    from hutch.drivers.nomad.adoption import NomadAdoption
+
+    here = NomadAdoption.__new__(NomadAdoption)
+    here._replica_id, here._deployment = "api-1", "one"
+    assert here._placed_here({}) and here._placed_here({"hutch.pool": "base:latest"})
+    assert here._placed_here({"hutch.replica": "api-1", "hutch.deployment": "one"})
+    assert here._placed_here({"hutch.replica": "api-1"})
+    assert not here._placed_here({"hutch.replica": "api-1", "hutch.deployment": "two"})
+    assert not here._placed_here({"hutch.replica": "api-2", "hutch.deployment": "one"})
+    assert not here._placed_here({"hutch.replica": "api-2"})

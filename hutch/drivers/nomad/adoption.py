@@ -91,9 +91,12 @@ class NomadAdoption:
 
     def _placed_here(self, meta: dict[str, str]) -> bool:
         """Whether a job's marks (pools._marks) say this replica placed it: unmarked ones (a
-        single server, or placed before the marks) are everyone's, as they were."""
+        single server, or placed before the marks) are everyone's, as they were; one marked
+        with this replica's id and no deployment is its own from before the deployment mark."""
         placer = meta.get("hutch.replica")
-        return placer is None or (placer == self._replica_id and meta.get("hutch.deployment") == self._deployment)
+        if placer is None:
+            return True
+        return placer == self._replica_id and meta.get("hutch.deployment") in (None, self._deployment)
 
     async def _alloc_running(self, job_id: str, alloc_id: str) -> bool:
         try:
