@@ -124,7 +124,11 @@ async def start_nomad(data_dir: Path, **kw: object) -> Driver:
     driver = NomadDriver(address=NOMAD_ADDR, data_dir=data_dir, registry=kw.pop("registry", NOMAD_REGISTRY),  # type: ignore[arg-type]
                          token=kw.pop("token", NOMAD_TOKEN),  # type: ignore[arg-type]
                          blobs=FileBlobStore(data_dir),  # disk checkpoints where the embedded profile keeps them
-                         runtime_cache=RUNTIME_CACHE, **kw)  # type: ignore[arg-type]
+                         runtime_cache=RUNTIME_CACHE, **{k: v for k, v in kw.items() if k not in ("replica", "instance")})  # type: ignore[arg-type]
+    if "instance" in kw:  # replicas whose data dirs have one path (/data in the Terraform module's jobs)
+        driver.instance = str(kw["instance"])
+    if "replica" in kw:  # which replica (of which deployment) it is, as app.py says before the start
+        driver.set_replica(**kw["replica"])  # type: ignore[arg-type]
     try:
         await driver.start()
         # The runtimes the tests use, built and pushed on first use (once per registry).

@@ -39,6 +39,7 @@ from hutch.api.replication import (
     ON_LOST,
     REPLICATION,
     Replication,
+    deployment_tag,
     keep_lease,
     name_the_replica,
     relayed_by_a_replica,
@@ -312,7 +313,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             stack.push_async_callback(lease.close)
             driver.set_foreign(replicas.foreign_handles)
             driver.set_owner_check(replicas.mine)
-            driver.set_replica(replicas.me)
+            driver.set_replica(replicas.me, deployment_tag(secret))
         await driver.start()
         stack.push_async_callback(driver.close)
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,

@@ -139,11 +139,12 @@ def q_int(request: web.Request, name: str, default: int, *, lo: int = 0, hi: int
 def int_value(name: str, raw: str, lo: int | None = 0, hi: int | None = None) -> int:
     """Digits only (a leading - too): Python's int() also takes " 5", "+5" and "1_000", which no
     client sends. Past 30 digits the value is beyond every bound, and not made (int() of more
-    than 4,300 digits raises)."""
+    than 4,300 digits raises): the digits are counted, and made, without their leading zeros
+    (thousands of zeros before a 1 were a 500)."""
     if not _INTEGER.fullmatch(raw):
         raise InvalidInput(f"{name}: expected an integer, got {shown(raw)}", field=name)
-    digits = raw.lstrip("-").lstrip("0")
-    value = int(raw) if len(digits) <= 30 else (-1 if raw.startswith("-") else 1) * 10**30
+    digits, sign = raw.lstrip("-").lstrip("0"), -1 if raw.startswith("-") else 1
+    value = sign * (int(digits or "0") if len(digits) <= 30 else 10**30)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bound = (f"between {lo} and {hi}" if lo is not None and hi is not None
                  else f"at least {lo}" if lo is not None else f"at most {hi}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 
@@ -271,6 +272,13 @@ async def keep_lease(replicas: Replicas, on_lost: Callable[[], None] | None) -> 
         except Exception:  # a database outage: try again next round (the lease may lapse)
             log.warning("replica %s: lease renewal failed", replicas.me, exc_info=True)
         await asyncio.sleep(RENEW_SECONDS)
+
+
+def deployment_tag(secret: bytes) -> str:
+    """What the replicas of one deployment (one database) share and name what they place with
+    (``Adoption.set_replica``): a digest of their shared secret, which it does not reveal (job
+    meta is readable by whoever may list the Nomad cluster's jobs)."""
+    return hashlib.sha256(b"hutch deployment\0" + secret).hexdigest()[:16]
 
 
 def forward_token(engine: Engine, replica: str, method: str, path_qs: str) -> str:

@@ -32,7 +32,7 @@ ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # parse.parse_env: letters, digits and _,
 BASE64 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"  # b64decode(validate=True)
 # core/quantities.py's forms (it also strips surrounding blanks).
 DURATION: Schema = {"type": "string", "pattern": "^(?:[0-9]+(?:\\.[0-9]+)?(?:ms|s|m|h|d))+$",
-                    "description": "a duration such as 30s, 5m, 1h or 1h30m"}
+                    "description": "a duration such as 30s, 5m, 1h or 1h30m (at most 36500d)"}
 SIZE: Schema = {"anyOf": [{"type": "string", "pattern": "^[0-9]+(?:\\.[0-9]+)?(?:[kmgtKMGT]i?|[bB])?$"},
                           {"type": "integer", "minimum": 1}],
                 "description": "bytes, or a size such as 512Mi, 1Gi or 512M"}

@@ -19,6 +19,10 @@ _DURATION_UNITS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h
 # Past any machine (a larger value reached the driver and failed there: ERANGE, OverflowError).
 MAX_BYTES = 2**60  # 1 EiB
 MAX_MILLICORES = 10**7  # 10,000 CPUs
+# Past any sandbox's life, and far inside what a date holds: a timeout's deadline (now + it) past
+# the year 9999, or past timedelta's 999,999,999 days, or infinity (10^400 days), was a 500 where
+# it was used (a pause, E2B's end time), not where it was given.
+MAX_DURATION_DAYS = 36500  # 100 years
 
 
 def _bad(field: str, value: object, expected: str) -> InvalidInput:
@@ -75,6 +79,8 @@ def parse_duration(field: str, value: object) -> float:
     if isinstance(value, (int, float)):
         if value < 0:
             raise _bad(field, value, "a non-negative duration")
+        if not value <= MAX_DURATION_DAYS * 86400:  # NaN too
+            raise _bad(field, value, f"a duration of at most {MAX_DURATION_DAYS}d")
         return float(value)
     if not isinstance(value, str) or not value.strip():
         raise _bad(field, value, "a duration such as 30s, 5m or 1h")
@@ -87,6 +93,8 @@ def parse_duration(field: str, value: object) -> float:
         pos = m.end()
     if pos != len(text) or pos == 0:
         raise _bad(field, value, "a duration such as 30s, 5m, 1h or 1h30m")
+    if total > MAX_DURATION_DAYS * 86400:
+        raise _bad(field, value if len(value) <= 64 else f"{value[:64]}...", f"a duration of at most {MAX_DURATION_DAYS}d")
     return float(total)
 
 

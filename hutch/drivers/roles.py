@@ -343,12 +343,16 @@ class Adoption(abc.ABC):
     _foreign: ForeignHandles | None = None
     _owner_check: Callable[[str], Awaitable[bool]] | None = None
     _replica_id: str | None = None
+    _deployment: str | None = None
 
-    def set_replica(self, replica_id: str | None) -> None:
+    def set_replica(self, replica_id: str | None, deployment: str | None = None) -> None:
         """Called before ``start``: this replica's id, which a driver marks what it places
         ahead of any sandbox with (the nomad driver's warm pool jobs), so a survivor can end
-        what a lost replica left of those (``lost_leftovers``)."""
-        self._replica_id = replica_id
+        what a lost replica left of those (``lost_leftovers``); and its deployment's tag (the
+        same for every replica sharing its database: api/replication.py), marked with it, as
+        a replica id is unique only within its deployment, and a backend (one Nomad cluster)
+        may serve several."""
+        self._replica_id, self._deployment = replica_id, deployment
 
     def set_foreign(self, handles: ForeignHandles | None) -> None:
         """Called before ``start``: the handles of sandboxes other replicas own, which a driver
@@ -375,9 +379,10 @@ class Adoption(abc.ABC):
         this driver cannot reach it)."""
 
     async def lost_leftovers(self, replica_id: str) -> list[str]:
-        """What a lost replica placed ahead of any sandbox (the nomad driver's warm pool jobs,
-        idle or claimed by a create it never recorded), listed now, right after its take-over
-        was claimed (before it can return and place more): ended by ``discard_leftovers``."""
+        """What a lost replica of this deployment placed ahead of any sandbox (the nomad
+        driver's warm pool jobs, idle or claimed by a create it never recorded), listed now,
+        right after its take-over was claimed (before it can return and place more): ended by
+        ``discard_leftovers``. Never another deployment's, whatever its replicas are named."""
         return []
 
     async def discard_leftovers(self, leftovers: list[str], keep: list[dict[str, str]]) -> None:  # noqa: B027
@@ -563,7 +568,7 @@ class NotPlayed:
     def set_owner_check(self, mine: Callable[[str], Awaitable[bool]] | None) -> None:
         pass
 
-    def set_replica(self, replica_id: str | None) -> None:
+    def set_replica(self, replica_id: str | None, deployment: str | None = None) -> None:
         pass
 
     async def drives(self, sandbox_id: str) -> bool:

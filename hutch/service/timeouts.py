@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from hutch.core.errors import HutchError, NotSupported
+from hutch.core.errors import HutchError, InvalidInput, NotSupported
 from hutch.core.lifecycle import Terminate
 from hutch.core.models import ON_IDLE_PAUSE, ON_IDLE_PAUSE_FILESYSTEM, SandboxState, SandboxStatus
 from hutch.core.quantities import parse_duration
@@ -28,7 +28,15 @@ log = logging.getLogger("hutch.service")
 
 
 def seconds(value: str | None, field: str) -> float:
-    return parse_duration(field, value) if value else 0.0
+    """A stored timeout in seconds (0: none). One past the cap (quantities.MAX_DURATION_DAYS),
+    recorded before the cap was, reaches no deadline: none, rather than an error that would
+    hold the reaper's watch on it (a schedule that raises is retried)."""
+    if not value:
+        return 0.0
+    try:
+        return parse_duration(field, value)
+    except InvalidInput:
+        return 0.0
 
 
 def _unix(iso: str) -> float:

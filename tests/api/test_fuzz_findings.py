@@ -70,3 +70,31 @@ async def test_a_body_org_must_agree_with_the_query_org(make_api: AppFactory, or
     await api.call("POST", "/sandbox?orgId=org_local", json={"runtime": "base:latest", "orgId": "org_local"},
                    expect=201)
     await api.call("POST", "/sandbox?orgId=org_local", json={"runtime": "base:latest", "orgId": None}, expect=201)
+
+
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
+@pytest.mark.parametrize(("where", "value"), [
+    ("timeout.paused", "999999999999d"),  # past timedelta: pausing the sandbox was then a 500, every time
+    ("timeout.paused", "3000000d"),  # a deadline past the year 9999: the same
+    ("timeout.idle", "9" * 400 + "d"),  # infinity to Python: E2B's GET of the sandbox was a 500
+    ("timeout.execution", "36501d"),
+])
+async def test_a_sandbox_timeout_past_any_life_is_refused_at_its_create(make_api: AppFactory, where: str,
+                                                                         value: str) -> None:
+    """A timeout is checked for its form at the create, and was used later: a ``timeout.paused``
+    of a million years made every pause of the sandbox an internal error (its deadline is no
+    date), an idle one of 10^400 days was infinity. Past 100 years, each is a 400 naming it."""
+    api = await make_api()
+    key = where.split(".")[1]
+    assert "36500d" in await refused(api, "POST", "/sandbox", where, {"timeout": {key: value}})
+    made = await api.data("POST", "/sandbox", json={"timeout": {key: "36500d"}}, expect=201)
+    await api.call("POST", f"/sandbox/{made['sandboxId']}/pause")
+
+
+@pytest.mark.runs_on(*WIRE)  # refused while parsing
+async def test_a_duration_past_any_life_is_refused_where_a_command_or_a_wait_takes_one(make_api: AppFactory) -> None:
+    api = await make_api()
+    sid = (await api.data("POST", "/sandbox", json={}, expect=201))["sandboxId"]
+    assert "36500d" in await refused(api, "POST", f"/sandbox/{sid}/execute", "timeout",
+                                     {"command": ["true"], "timeout": "9" * 400 + "d"})
+    assert "36500d" in await refused(api, "GET", "/sandbox/execution/exec_x?wait=" + "9" * 400 + "d", "wait")

@@ -33,8 +33,12 @@ def bad_values(schema: dict[str, Any]) -> list[tuple[str, str]]:
         out = [("x", "integer"), ("1_0", "integer"), ("1.5", "integer"), (" 5", "integer")]
         if "maximum" in schema:
             out.append((str(schema["maximum"] + 1), str(schema["maximum"])))
+            # Zeros first, past the 4,300 digits Python's int() takes (a 500 before): still its value.
+            out.append(("0" * 5000 + str(schema["maximum"] + 1), str(schema["maximum"])))
         if "minimum" in schema:
             out.append((str(schema["minimum"] - 1), str(schema["minimum"])))
+            if schema["minimum"] >= 0:
+                out.append(("-" + "0" * 5000 + "1", str(schema["minimum"])))
         return out
     if "pattern" in schema and "duration" in schema.get("description", ""):
         return [("soon", "duration"), ("-5s", "duration")]
@@ -190,6 +194,16 @@ async def test_the_e2b_listing_takes_what_the_sdks_send(make_api: AppFactory, ai
                  f"/snapshots?sandboxID={sandbox}&limit=1"):
         resp = await client.get(path, headers={"X-API-Key": KEY})
         assert resp.status in (200, 501), (path, await resp.json())  # 501: the fake driver has no metrics
+
+
+@pytest.mark.runs_on(*WIRE)
+async def test_an_e2b_page_token_zero_padded_past_4300_digits_is_read(make_api: AppFactory,
+                                                                     aiohttp_client: Any) -> None:
+    """A snapshot listing's nextToken is an offset: "0…01" with thousands of zeros is offset 1
+    (int() of more than 4,300 digits raised ValueError, a 500), a page past the end, empty."""
+    client, _app = await _e2b(make_api, aiohttp_client)
+    resp = await client.get("/snapshots?nextToken=" + "0" * 5000 + "1", headers={"X-API-Key": KEY})
+    assert (resp.status, await resp.json()) == (200, [])
 
 
 @pytest.mark.runs_on(*WIRE)

@@ -70,3 +70,13 @@ def test_a_process_list_and_a_signal_round_trip() -> None:
 def test_a_malformed_message_is_refused_naming_what_is_wrong(raw: bytes, is_json: bool, words: str) -> None:
     with pytest.raises(InvalidInput, match=words):
         codec.decode(msg.START_REQUEST, raw, is_json)
+
+
+@pytest.mark.parametrize(("given", "short"), [("0" * 5000 + "7", "7"), ("-" + "0" * 5000 + "7", "-7")])
+def test_a_number_zero_padded_past_4300_digits_is_read_as_its_value(given: str, short: str) -> None:
+    """int() of more than 4,300 digits raises ValueError (a 500): the zeros before a number
+    are not its digits, so "00…07" is read as "7" is, as a shorter padding was already."""
+    def cols(value: str) -> object:
+        raw = json.dumps({"pty": {"size": {"cols": value, "rows": 5}}}).encode()
+        return codec.decode(msg.START_REQUEST, raw, True)["pty"]["size"]["cols"]
+    assert cols(given) == cols(short)

@@ -50,7 +50,9 @@ def test_parse_duration(text: object, expected: float) -> None:
     assert parse_duration("timeout.idle", text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "soon", "5", "5x", "m5", "-1s", -1, True, "1h 30m"])
+@pytest.mark.parametrize("bad", ["", "soon", "5", "5x", "m5", "-1s", -1, True, "1h 30m",
+                                 # past 100 years: a deadline past any date, or infinity
+                                 "36501d", "36500d1s", 36501 * 86400, float("nan"), float("inf"), "9" * 400 + "d"])
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(InvalidInput, match=r"timeout\.idle"):
         parse_duration("timeout.idle", bad)
@@ -69,3 +71,12 @@ def test_millicores_round_trip(m: int) -> None:
 @given(st.integers(min_value=0, max_value=10**7))
 def test_whole_second_durations_round_trip(s: int) -> None:
     assert parse_duration("x", format_duration(s)) == s
+
+
+def test_a_stored_timeout_from_before_the_cap_reaches_no_deadline() -> None:
+    """Recorded before durations were capped: the reaper reads it as no timeout, never raising
+    (its watch retries a schedule that raises, forever)."""
+    from hutch.service.timeouts import seconds
+
+    assert seconds("9" * 400 + "d", "timeout.idle") == 0.0
+    assert seconds("36500d", "timeout.idle") == 36500 * 86400

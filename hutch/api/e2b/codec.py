@@ -201,10 +201,11 @@ def _one_from_json(kind: str, what: Any, value: object, field: str) -> Any:
         return what[value]
     if isinstance(value, str):
         digits = value.removeprefix("-")
-        if digits.isascii() and digits.isdigit() and len(digits.lstrip("0")) <= 10:
+        if digits.isascii() and digits.isdigit() and len(digits := digits.lstrip("0")) <= 10:
             # ASCII only: "²" is a digit to str.isdigit and not to int(); at most 10 digits (a
-            # 32-bit one has 10): int() of more than 4,300 raises ValueError, a 500 here before.
-            value = int(value)
+            # 32-bit one has 10): int() of more than 4,300 raises ValueError, a 500 here before,
+            # leading zeros too: they are left out of it.
+            value = (-1 if value.startswith("-") else 1) * int(digits or "0")
     if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**32:
         shown = repr(value) if len(repr(value)) <= 64 else f"{repr(value)[:64]}... ({len(repr(value))} characters)"
         raise InvalidInput(f"{field}: expected a 32-bit integer, got {shown}", field=field)

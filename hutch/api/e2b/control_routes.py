@@ -302,10 +302,11 @@ def _started(sb: SandboxState) -> datetime:
 def _digits(raw: str, most: int) -> int | None:
     """``raw`` as a number of at most ``most`` digits (leading zeros aside); None if it is none.
     Counted before int(): "²" is isdigit but no int, and int() of more than 4,300 digits
-    raises ValueError (a 500 here before)."""
-    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > most:
+    raises ValueError (a 500 here before), leading zeros too: they are left out of it."""
+    digits = raw.lstrip("0")
+    if not (raw.isascii() and raw.isdigit()) or len(digits) > most:
         return None
-    return int(raw)
+    return int(digits or "0")
 
 
 def limit_of(request: web.Request) -> int:

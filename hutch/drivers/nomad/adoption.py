@@ -30,6 +30,8 @@ class NomadAdoption:
     _pool: dict[str, deque[PoolEntry]]
     pool_sizes: dict[str, int]
     _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None
+    _replica_id: str | None  # roles.Adoption.set_replica
+    _deployment: str | None  # the same
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -74,9 +76,17 @@ class NomadAdoption:
             if job_id in claimed or job.get("Status") == "dead":
                 continue
             try:
-                runtime = (await self._client.job_meta(job)).get("hutch.pool")
+                marks = await self._client.job_meta(job)
             except NomadNotFound:
                 continue  # gone since the list
+            if not self._placed_here(marks):
+                # Another replica's job: the prefix is the data dir's, and replicas whose data
+                # dirs have one path (/data: the Terraform module's) share it. Its idle pool jobs
+                # and its sandboxes whose handle is not yet in their owner row (a create under
+                # way) are that replica's to hand out and run; lost, its survivor ends them
+                # (lost_leftovers, discard_unrecorded). Stopped here, they were purged under it.
+                continue
+            runtime = marks.get("hutch.pool")
             allocs = await self._client.job_allocations(job_id)
             running = [a for a in allocs if a.get("ClientStatus") in LIVE]
             if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
@@ -84,6 +94,15 @@ class NomadAdoption:
             else:  # a sandbox whose state file is gone, or a pool we no longer want
                 self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
         return left
+
+    def _placed_here(self, meta: dict[str, str]) -> bool:
+        """Whether a job's marks (pools._marks) say this replica placed it: unmarked ones (a
+        single server, or placed before the marks) are everyone's, as they were; one marked
+        with this replica's id and no deployment is its own from before the deployment mark."""
+        placer = meta.get("hutch.replica")
+        if placer is None:
+            return True
+        return placer == self._replica_id and meta.get("hutch.deployment") in (None, self._deployment)
 
     async def _alloc_running(self, job_id: str, alloc_id: str) -> bool:
         try:
@@ -119,7 +138,11 @@ class NomadAdoption:
         finds them (its restart would, maybe never). Listed as the take-over is claimed: a
         replica that returns after that places its new pool jobs later. Its start-up recovery
         may take an old idle one back before ``discard_leftovers`` stops it: its allocation
-        watch then drops it from its pool (one it has claimed since and recorded is kept)."""
+        watch then drops it from its pool (one it has claimed since and recorded is kept).
+        Only this deployment's (job meta ``hutch.deployment``): the jobs listed are every
+        hutch's on the cluster, and another deployment may have a replica of the same name,
+        whose claimed pool jobs are its tenants' live sandboxes that no handle here names. Jobs
+        of a replica from before the mark are left to its restart."""
         found = []
         for listed in await self._client.jobs("hutch-", meta=True):  # one call, not one per job
             job_id = str(listed.get("ID", ""))
@@ -129,7 +152,7 @@ class NomadAdoption:
                 meta = await self._client.job_meta(listed)
             except NomadNotFound:
                 continue
-            if meta.get("hutch.replica") == replica_id:
+            if meta.get("hutch.replica") == replica_id and meta.get("hutch.deployment") == self._deployment:
                 found.append(job_id)
         return found
 

@@ -294,7 +294,7 @@ class NomadDriver(NomadPausing, NomadExecutions, NomadNetworkRules, AllocationWa
                 self._agents.hand_over(entry.job_id, sb)
             else:
                 job_id = self._job_prefix() + req.sandbox_id
-                meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name}
+                meta = {"hutch.sandbox": req.sandbox_id, "hutch.runtime": recipe.name, **self._marks()}
                 job = job_spec(job_id, self._image(recipe, layer), self.datacenters, req.resources, meta,
                                network=req.network_enabled, port=req.port,
                                allow=flatten(allow) if allow is not None else None, deny=req.network_deny,

@@ -150,6 +150,7 @@ class WarmPools:
     _refilling: bool
     _agents: ExecAgents
     _replica_id: str | None  # roles.Adoption.set_replica: marks the jobs, for a survivor's sweep
+    _deployment: str | None  # the same: which deployment's replica that is
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -263,15 +264,23 @@ class WarmPools:
             self._pool_starting[entry.runtime] = self._pool_starting.get(entry.runtime, 0) + 1
             self._spawn(self._add_to_pool(entry.runtime, left=entry), f"nomad-pool-{entry.runtime}")
 
+    def _marks(self) -> dict[str, str]:
+        """Job meta saying which replica (of which deployment) placed a job: a claim of a pool
+        job is not recorded until its create's handle is, so a survivor ends a lost replica's
+        by this (adoption.py: lost_leftovers); and replicas whose data dirs have one path share
+        a job prefix, so a replica's start-up recovery leaves the others' jobs by it."""
+        marks = {"hutch.replica": self._replica_id} if self._replica_id else {}
+        if self._deployment:
+            marks["hutch.deployment"] = self._deployment
+        return marks
+
     async def _add_to_pool(self, runtime: str, left: PoolEntry | None = None) -> None:
         """Place an idle allocation of ``runtime`` (or take back ``left``), start its agent, and
         put it in the pool; one that fails is taken down."""
         recipe = runtimes.find(runtime)
         assert recipe is not None
         job_id = left.job_id if left is not None else f"{self._job_prefix()}pool-{uuid.uuid4().hex[:12]}"
-        meta = {"hutch.pool": runtime}
-        if self._replica_id:  # a claim of it is not recorded until its create's handle is: a
-            meta["hutch.replica"] = self._replica_id  # survivor ends it by this (adoption.py)
+        meta = {"hutch.pool": runtime, **self._marks()}
         settled = False  # in the pool, or failed and taken down
         try:
             if left is not None:
