@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from hutch.core import counters, phases
 from hutch.core.errors import LogMismatch, ProjectionUnavailable
@@ -88,6 +89,9 @@ class Projector:
         self.observers: list[Callable[[Sequence[Event]], None]] = []
         self._checking: asyncio.Task[None] | None = None  # the store against the log's end
         self._arrived = 0  # phases only: when the event that begins the next batch came
+        # Phases only: a writer's wait (``wait_for``'s ``what``) by its position: [what, since,
+        # when its batch was applied], so its time splits into queue, apply and wake (issue 35).
+        self._timed: dict[int, list[Any]] = {}
 
     async def start(self) -> None:
         """Check the store belongs to this log, catch up with the whole log before returning,
@@ -209,11 +213,20 @@ class Projector:
                             queue.put_nowait(item)  # raised once this batch is in
                             break
                         batch.append(item)
+                    timed = []
                     if phases.ON:  # queued behind the batch in flight, if any (issue 35)
                         phases.end(f"projector: a batch's first event came → its apply began ({first.type})",
                                    self._arrived)
+                        timed = [t for e in batch if (t := self._timed.get(e.position or 0)) is not None]
+                        for t in timed:
+                            phases.end(f"projection wait{t[0]}: to its batch's apply (hand-off, the loop's other work first)",
+                                       t[1])
+                    t_apply = phases.start()
                     with phases.span("projector: store apply (one batch)"):
                         await self._settle(batch)
+                    for t in timed:
+                        phases.end(f"projection wait{t[0]}: its batch's apply", t_apply)
+                        t[2] = phases.start()
                     self._position = batch[-1].position or self._position
                     for observe in self.observers:
                         observe(batch)
@@ -279,11 +292,24 @@ class Projector:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def wait_for(self, position: int, timeout: float = 30.0) -> None:
+    async def wait_for(self, position: int, timeout: float = 30.0, *, what: str = "") -> None:
         """Return once everything up to ``position`` is applied to the store. Raises
-        ``ProjectionUnavailable`` when the projector stopped or ``timeout`` passed first."""
+        ``ProjectionUnavailable`` when the projector stopped or ``timeout`` passed first.
+        ``what``: with HUTCH_PHASES=1, the wait is timed in three spans named by it."""
         if self._position >= position:
             return
+        if phases.ON and what:
+            timed = self._timed.setdefault(position, [what, phases.start(), 0])
+            try:
+                await self._wait_for(position, timeout)
+            finally:
+                self._timed.pop(position, None)
+            if timed[2]:
+                phases.end(f"projection wait{what}: applied → its writer woke", timed[2])
+            return
+        await self._wait_for(position, timeout)
+
+    async def _wait_for(self, position: int, timeout: float) -> None:
         try:
             async with asyncio.timeout(timeout), self._advanced:
                 await self._advanced.wait_for(lambda: self._position >= position or self.failure is not None)

@@ -212,7 +212,7 @@ class Recorder:
         if durable is not None and events:
             durable(positions[-1])
         t0 = phases.start()
-        await self._projector.wait_for(positions[-1])
+        await self._projector.wait_for(positions[-1], what=what)
         phases.end("record: projection wait" + what, t0)
         return [attrs.evolve(e, position=p) for e, p in zip(events, positions, strict=True)]
 

@@ -189,8 +189,8 @@ class ImpatientProjector(Projector):
     """A request gives up on a store that is away after 30 s: how long is not under test here,
     and 1 s shows the same (the test took 31 s)."""
 
-    async def wait_for(self, position: int, timeout: float = 1.0) -> None:
-        await super().wait_for(position, timeout)
+    async def wait_for(self, position: int, timeout: float = 1.0, *, what: str = "") -> None:
+        await super().wait_for(position, timeout, what=what)
 
 
 async def test_what_follows_a_launched_start_waits_until_the_store_shows_it(tmp_path: Path) -> None:

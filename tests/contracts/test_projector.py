@@ -139,3 +139,35 @@ async def test_start_refuses_another_log_and_a_store_ahead_of_its_own(tmp_path: 
     finally:
         await first.close()
         await second.close()
+
+
+async def test_with_phases_on_a_writers_wait_is_timed_in_three_spans_and_then_forgotten(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/phases.py's split of a write's projection wait (issue 35): to its batch's apply (the
+    hand-off and any batch in flight before it), the apply, the writer's wake. A wait that fails
+    keeps nothing behind (a long bench would otherwise grow with every one)."""
+    from hutch.core import phases
+
+    monkeypatch.setattr(phases, "ON", True)
+    phases.clear()
+    log = await opened(tmp_path / "a.db")
+    projector = Projector(log, MemoryProjectionStore())
+    await projector.start()
+    try:
+        positions = await log.append([ev("sbx_a", i) for i in range(3)])
+        await projector.wait_for(positions[-1], timeout=5, what=" (Test)")
+        kept = {name: taken for name, taken in phases.taken().items() if name.startswith("projection wait (Test)")}
+        assert sorted(kept) == ["projection wait (Test): applied → its writer woke",
+                                "projection wait (Test): its batch's apply",
+                                "projection wait (Test): to its batch's apply (hand-off, the loop's other work first)"], kept
+        assert all(len(taken) == 1 for taken in kept.values()), kept
+        await projector.close()  # nothing shows what follows
+        (late,) = await log.append([ev("sbx_a", 9)])
+        with pytest.raises(ProjectionUnavailable):
+            await projector.wait_for(late, timeout=0.1, what=" (Late)")
+        assert projector._timed == {}
+        assert not any(name.startswith("projection wait (Late)") for name in phases.taken())
+    finally:
+        await projector.close()
+        await log.close()
+        phases.clear()

@@ -7,7 +7,8 @@ claimed. A pooled sandbox is started in a cpu cgroup marked idle (``cpu.idle``, 
 when the other sandboxes leave a cpu unused, so a command running beside a refill preempts
 it. Where the mark cannot be written, each start waits until no request is launching
 (quiet.py: a refill beside a launch slowed it), which under a steady stream of creates left
-the pool empty (74 % of creates made from scratch on the node agents). ``claim`` turns
+the pool empty (74 % of creates made from scratch on the node agents); with the mark, it
+waits for that at most ``IDLE_DEFER_MAX`` (its first steps run on the server's event loop). ``claim`` turns
 one into a requested sandbox: its directory and cgroups are renamed to the requested id
 (same parent, so nothing moves), the requested limits are written to its cgroup and the
 idle mark cleared, the uid claim and ``meta.json`` follow the new id. No command has ever run in a pooled
@@ -57,6 +58,14 @@ def cores_to_spare() -> bool:
     return os.getloadavg()[0] < (os.cpu_count() or 1)
 
 EMPTY_DEFER_MAX = 0.25
+# With the idle mark and a core to spare: how long a refill waits for no request to be
+# launching. Its first steps (a Popen, cgroup, directory and meta.json writes: ~1.4 ms) run on
+# the server's event loop, which the mark does nothing for: started at once, beside the create
+# that claimed from the pool, they held up that create's append by as much (1.6 ms p50 from
+# the append's call to its Produce, against 0.04-0.26 for the other appends of a one-shot;
+# bench/phases.py at load 0.6, issue 35). A one-shot's hold ends at its command's launch,
+# ~3 ms later; a bound this short keeps back-to-back creates finding the pool full.
+IDLE_DEFER_MAX = 0.005
 
 
 def pool_size() -> int:
@@ -183,7 +192,9 @@ class WarmPool:
                 # has a core to spare (sequential creates then claim 72 % instead of 6 %); on
                 # saturated cores it still took ~10 % of the one-shots a second (bench/compare.py,
                 # c=8): then it waits for quiet as without the mark.
-                if not (idle and cores_to_spare()):
+                if idle and cores_to_spare():
+                    await self._quiet.wait(IDLE_DEFER_MAX)
+                else:
                     await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX)
                 if self.closed:  # closed while it waited: nothing to start
                     await self._teardown.teardown(name)  # its marked cpu cgroup, if any
