@@ -293,16 +293,12 @@ func (c *command) killTagged() {
 // its output again, so its window is opened for good and what is left is read and discarded:
 // otherwise its pump waited for acknowledgements for the rest of the session, and the agent
 // held the command, its pipes and its end. What is still running of it is killed (its group
-// only while it is not yet reaped: its pid may be another's after).
+// only while it is not yet reaped: its pid may be another's after). As in signal, the lock is
+// held across the kill: checked, released, then killed, a reap in between let the group id
+// pass to another command of the sandbox, which the kill then hit.
 func (c *command) drop() {
 	c.out.discard()
-	c.a.mu.Lock()
-	running := c.a.pids[c.pid] == c
-	c.a.mu.Unlock()
-	if running {
-		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-	}
-	c.killTagged()
+	c.signal(syscall.SIGKILL)
 }
 
 func killMarked(tag string) int {
