@@ -13,13 +13,25 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from hutch.drivers.base import ProvisionRequest
 from hutch.drivers.local import network
 from hutch.drivers.local.driver import LocalDriver
-from tests.drivers_support import RUNTIME_CACHE, built_runtimes, new_id, require_root  # noqa: F401  (fixture)
+from tests.drivers_support import (
+    RUNTIME_CACHE,
+    built_runtimes,  # noqa: F401  (fixture)
+    local_data_dir,  # noqa: F401  (fixture)
+    local_driver_fixture,
+    new_id,
+    require_root,
+)
 
 pytestmark = pytest.mark.isolation
 
@@ -86,3 +98,37 @@ async def test_a_server_killed_while_it_makes_a_network_leaves_none_of_it(
         for left in await driver.alive():
             await driver.destroy(left)
         await driver.close()
+
+
+@pytest.fixture
+async def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalDriver]:
+    monkeypatch.setenv("HUTCH_WARM_POOL", "0")
+    async for d in local_driver_fixture(request):
+        assert isinstance(d, LocalDriver)
+        yield d
+
+
+async def test_a_create_cancelled_while_its_network_is_made_leaves_none_of_it(
+        driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create cancelled (a server closing) while its network is made in a worker thread: the
+    thread runs on. Before, the create's teardown ran beside it, found no rules yet, and the
+    thread then put the sandbox's chain and the jump to it in force, for good."""
+    set_rules, began, index = network.set_rules, threading.Event(), []
+
+    def slow_rules(i: int, **rules: Any) -> None:
+        index.append(i)
+        began.set()
+        time.sleep(0.3)  # the teardown's turn comes meanwhile
+        set_rules(i, **rules)
+
+    monkeypatch.setattr(network, "set_rules", slow_rules)
+    sid = new_id()
+    create = asyncio.create_task(driver.provision(ProvisionRequest(
+        sandbox_id=sid, runtime="base:latest", network_enabled=True, network_allow=("192.0.2.0/24",))))
+    assert await asyncio.to_thread(began.wait, 60), "the create never came to its network"
+    create.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await create
+    await asyncio.sleep(0.5)  # a thread left running would have made its veth by now
+    assert not driver.is_alive(sid)
+    assert _firewall_of(index[0]) == []

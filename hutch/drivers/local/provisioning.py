@@ -97,9 +97,14 @@ class Provisioner:
             sb = await self._make(recipe, req)
             if (req.network_enabled or req.port is not None) and not self._rootless:  # rootless: at launch
                 sb.network, sb.port, sb.making = req.network_enabled, req.port, True
+                # meta.json says "making" first. A cancelled create (a server closing) does not
+                # stop the thread: its teardown waits for it, or the thread would make the veth
+                # and rules after the teardown undid them, and no one would undo them again.
+                made = asyncio.ensure_future(asyncio.to_thread(self._net.sync, sb))
                 try:
-                    await asyncio.to_thread(self._net.sync, sb)  # meta.json says "making" first
+                    await asyncio.shield(made)
                 except BaseException:
+                    await asyncio.wait([made])
                     await self._teardown.teardown(sb.id)
                     raise
                 sb.making = False
