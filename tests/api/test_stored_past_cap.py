@@ -1,0 +1,94 @@
+"""Sandboxes stored before durations were capped (eece1c6: at most 36500d where given) may hold
+a timeout no date reaches (``"999999999999d"``, or 400 nines, infinity to Python). One such
+sandbox must spoil nothing else: the reaper still ends every other tenant's sandboxes at their
+timeouts, and a listing still lists. Each is stored as an older server stored it: through the
+API with the cap lifted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hutch.api.keys import ENGINE
+from hutch.core import quantities
+from hutch.core.errors import InvalidInput
+from hutch.core.models import SandboxState
+from hutch.service.timeouts import Reaper
+from tests.api.conftest import STORE, Api, AppFactory
+
+
+@pytest.fixture
+def driver_name() -> str:
+    return "fake"
+
+
+@contextlib.contextmanager
+def before_the_cap() -> Iterator[None]:
+    """A server from before eece1c6: a duration's form was checked, not its size."""
+    kept = quantities.MAX_DURATION_DAYS
+    quantities.MAX_DURATION_DAYS = 10**1000
+    try:
+        yield
+    finally:
+        quantities.MAX_DURATION_DAYS = kept
+
+
+async def made(api: Api, **body: Any) -> str:
+    return str((await api.data("POST", "/sandbox", json=body, expect=201))["sandboxId"])
+
+
+async def status(api: Api, sid: str, wait: str = "terminated", ms: int = 6000) -> str:
+    found = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus={wait}&waitMs={ms}")
+    return str(found["status"])
+
+
+@pytest.mark.runs_on(*STORE)  # the reaper's listing over either store
+@pytest.mark.parametrize("error", [
+    OverflowError("date value out of range"),  # a deadline past any date: not a HutchError
+    InvalidInput("timeout.idle: a duration of at most 36500d", field="timeout.idle"),
+])
+async def test_one_sandbox_the_reaper_cannot_schedule_stops_no_other_timeout(
+        make_api: AppFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        error: Exception) -> None:
+    """The reaper's start (a restart's) lists the live sandboxes and schedules each: one whose
+    schedule raised held the whole listing (retried every second, forever; or, an error not
+    hutch's, ended the watch), so no sandbox of any tenant was reaped. The error stands for
+    any (a value stored before the cap read as one, eece1c6): it is injected for that sandbox."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+    first = await made(api, timeout={"idle": "1s"})  # listed before it or after it, whatever the order
+    with before_the_cap():
+        bad = await made(api, timeout={"idle": "999999999999d"})
+    last = await made(api, timeout={"idle": "1s"})
+    # The running reaper stopped, as at a restart; a new one lists the live sandboxes.
+    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
+    watch.cancel()
+    engine.reaper.close()
+    deadline = Reaper.deadline
+
+    def failing(self: Reaper, sb: SandboxState) -> tuple[float, str] | None:
+        if sb.sandbox_id == bad:
+            raise error
+        return deadline(self, sb)
+
+    monkeypatch.setattr(Reaper, "deadline", failing)
+    reaper = Reaper(engine.parts.store, engine.parts.projector, engine.background, engine.control,
+                    read=engine.reads.sandbox)
+    caplog.set_level(logging.WARNING, logger="hutch.service")
+    task = asyncio.create_task(reaper.watch())
+    try:
+        assert [await status(api, good) for good in (first, last)] == ["terminated"] * 2
+        await api.call("PATCH", f"/sandbox/env/{bad}", json={"env": {"A": "1"}})  # an event: rescheduled
+        await asyncio.sleep(1.2)  # a retry loop's second or third turn
+        assert not task.done(), task
+        assert await status(api, bad, "running", 10) == "idle"
+    finally:
+        task.cancel()
+        reaper.close()
+    said = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
+    assert len(said) == 1 and str(error) in said[0], said  # at the listing; the event's the same, unsaid
