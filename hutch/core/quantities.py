@@ -89,7 +89,10 @@ def parse_duration(field: str, value: object) -> float:
     for m in _DURATION_PART.finditer(text):
         if m.start() != pos:
             raise _bad(field, value, "a duration such as 30s, 5m, 1h or 1h30m")
-        total += Decimal(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        try:
+            total += Decimal(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        except ArithmeticError:  # past Decimal's exponent (a million digits): past the cap below
+            total = Decimal("Infinity")
         pos = m.end()
     if pos != len(text) or pos == 0:
         raise _bad(field, value, "a duration such as 30s, 5m, 1h or 1h30m")

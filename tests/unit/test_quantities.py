@@ -52,7 +52,8 @@ def test_parse_duration(text: object, expected: float) -> None:
 
 @pytest.mark.parametrize("bad", ["", "soon", "5", "5x", "m5", "-1s", -1, True, "1h 30m",
                                  # past 100 years: a deadline past any date, or infinity
-                                 "36501d", "36500d1s", 36501 * 86400, float("nan"), float("inf"), "9" * 400 + "d"])
+                                 "36501d", "36500d1s", 36501 * 86400, float("nan"), float("inf"), "9" * 400 + "d",
+                                 "9" * 1_000_001 + "d", "1d" + "9" * 1_000_001 + "d"])  # past Decimal's exponent
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(InvalidInput, match=r"timeout\.idle"):
         parse_duration("timeout.idle", bad)
