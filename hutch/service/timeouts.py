@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from hutch.core.errors import HutchError, InvalidInput, NotSupported
+from hutch.core.errors import HutchError, NotSupported
 from hutch.core.lifecycle import Terminate
 from hutch.core.models import ON_IDLE_PAUSE, ON_IDLE_PAUSE_FILESYSTEM, SandboxState, SandboxStatus
-from hutch.core.quantities import parse_duration
+from hutch.core.quantities import stored_duration
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
 from hutch.service.background import Background
@@ -29,14 +29,8 @@ log = logging.getLogger("hutch.service")
 
 def seconds(value: str | None, field: str) -> float:
     """A stored timeout in seconds (0: none). One past the cap (quantities.MAX_DURATION_DAYS),
-    recorded before the cap was, reaches no deadline: none, rather than an error that would
-    hold the reaper's watch on it (a schedule that raises is retried)."""
-    if not value:
-        return 0.0
-    try:
-        return parse_duration(field, value)
-    except InvalidInput:
-        return 0.0
+    recorded before the cap was, reads as the cap: a deadline 100 years away, as everywhere."""
+    return stored_duration(field, value) if value else 0.0
 
 
 def _unix(iso: str) -> float:
@@ -110,8 +104,8 @@ class Reaper:
         )
 
     def _deadline(self, sb: SandboxState) -> tuple[float, str] | None:
-        """``deadline``, or None where this sandbox's own state cannot give one (a timeout stored
-        before durations were capped, a date past 9999): such a sandbox keeps no timer, as one
+        """``deadline``, or None where this sandbox's own state cannot give one (one an older
+        server recorded, as a timeout past the cap once raised here): it keeps no timer, as one
         without a timeout, rather than being ended for the server's failing (its tenant's
         sandbox) or holding the reaper on it (every tenant's timeouts). Said once per sandbox
         and reason; its next event tries again. Any exception: it is this sandbox's data, not

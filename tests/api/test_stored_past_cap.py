@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from hutch.api.keys import ENGINE
+from hutch.api.e2b.access import wire_id
+from hutch.api.e2b.server import create_e2b_app
+from hutch.api.keys import ENGINE, TENANTS
 from hutch.core import quantities
 from hutch.core.errors import InvalidInput
 from hutch.core.models import SandboxState
 from hutch.service.timeouts import Reaper
-from tests.api.conftest import STORE, Api, AppFactory
+from tests.api.conftest import KEY, STORE, Api, AppFactory
 
 
 @pytest.fixture
@@ -92,3 +95,34 @@ async def test_one_sandbox_the_reaper_cannot_schedule_stops_no_other_timeout(
         reaper.close()
     said = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
     assert len(said) == 1 and str(error) in said[0], said  # at the listing; the event's the same, unsaid
+
+
+@pytest.mark.runs_on(*STORE)  # read back from either store
+async def test_a_sandbox_stored_past_the_cap_is_listed_viewed_paused_and_runs(make_api: AppFactory,
+                                                                           aiohttp_client: Any) -> None:
+    """E2B's end time of such a sandbox (``endAt``: a date-time, required) was a 400 naming
+    ``timeout.idle``, and so the tenant's whole listing, on both listing routes, while one
+    existed; its pause and its commands were 400s naming ``timeout.paused`` and
+    ``timeout.execution``, fields no call can change. A value past the cap is read as the cap."""
+    api = await make_api()
+    e2b = await aiohttp_client(create_e2b_app(api.client.server.app[ENGINE], api.client.server.app[TENANTS]))
+    key = {"X-API-Key": KEY}
+    with before_the_cap():
+        bad = await made(api, timeout={"idle": "9" * 400 + "d", "paused": "999999999999d",
+                                       "execution": "3000000d"})
+    other = await made(api, timeout={"idle": "5m"})
+    for path in ("/sandboxes", "/v2/sandboxes"):
+        resp = await e2b.get(path, headers=key)
+        listed = await resp.json()
+        assert resp.status == 200, (path, listed)
+        ends = {s["sandboxID"]: dt.datetime.fromisoformat(s["endAt"]) for s in listed}
+        assert set(ends) == {wire_id(bad), wire_id(other)}, listed
+        far = ends[wire_id(bad)] - dt.datetime.now(dt.UTC)
+        assert dt.timedelta(days=36499) < far <= dt.timedelta(days=36500), ends
+    resp = await e2b.get(f"/sandboxes/{wire_id(bad)}", headers=key)
+    assert resp.status == 200, await resp.json()
+    ran = await api.data("POST", f"/sandbox/{bad}/execute", json={"command": ["true"]})
+    assert (await api.wait_execution(ran["executionId"]))["status"] == "completed"
+    resp = await e2b.post(f"/sandboxes/{wire_id(bad)}/pause", headers=key)
+    assert resp.status == 204, await resp.text()
+    assert await status(api, bad, "paused", 10) == "paused"
