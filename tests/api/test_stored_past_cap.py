@@ -19,7 +19,7 @@ from hutch.api.e2b.access import wire_id
 from hutch.api.e2b.server import create_e2b_app
 from hutch.api.keys import ENGINE, TENANTS
 from hutch.core import quantities
-from hutch.core.errors import InvalidInput
+from hutch.core.errors import HutchError, InvalidInput
 from hutch.core.models import SandboxState
 from hutch.service.timeouts import Reaper
 from tests.api.conftest import KEY, STORE, Api, AppFactory
@@ -96,6 +96,45 @@ async def test_one_sandbox_the_reaper_cannot_schedule_stops_no_other_timeout(
     said = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
     assert len(said) == 1 and str(error) in said[0], said  # at the listing; the event's the same, unsaid
 
+
+
+@pytest.mark.runs_on("fake-embedded")  # the reaper's own retry, over the engine's reads
+async def test_a_sandbox_whose_read_fails_is_retried_alone_backing_off(
+        make_api: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """An event whose sandbox could not be read was re-queued after a 0.5 s sleep of the whole
+    watch, forever, and said so each time: a read that always fails (injected, for one sandbox)
+    was a warning every half second. Now it is retried on its own, backing off, said once."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+    bad = await made(api)
+    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
+    watch.cancel()
+    engine.reaper.close()
+    reads: list[float] = []
+
+    async def read(sandbox_id: str) -> SandboxState | None:
+        if sandbox_id == bad:
+            reads.append(asyncio.get_running_loop().time())
+            raise HutchError("the store is away", status=503)
+        return await engine.reads.sandbox(sandbox_id)
+
+    reaper = Reaper(engine.parts.store, engine.parts.projector, engine.background, engine.control, read=read)
+    caplog.set_level(logging.WARNING, logger="hutch.service")
+    task = asyncio.create_task(reaper.watch())
+    try:
+        await asyncio.sleep(0.1)  # listed: from the listing, no read
+        await api.call("PATCH", f"/sandbox/env/{bad}", json={"env": {"A": "1"}})  # an event: a read that fails
+        good = await made(api, timeout={"idle": "1s"})  # its events are not held behind the failing one's
+        assert await status(api, good) == "terminated"
+        await asyncio.sleep(2.5)
+        assert not task.done(), task
+    finally:
+        task.cancel()
+        reaper.close()
+    # ~3.5 s after its event: read at 0, 0.5, 1.5, 3.5 s (every 0.5 s, it was 8 reads)
+    assert 2 <= len(reads) <= 5, [round(t - reads[0], 2) for t in reads]
+    said = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
+    assert len(said) == 1 and "the store is away" in said[0], said
 
 @pytest.mark.runs_on(*STORE)  # read back from either store
 async def test_a_sandbox_stored_past_the_cap_is_listed_viewed_paused_and_runs(make_api: AppFactory,
