@@ -74,12 +74,27 @@ def parse_millicores(field: str, value: object) -> int:
 
 def parse_duration(field: str, value: object) -> float:
     """Seconds. "0s" (or 0) means "no limit" where the seeds say so; callers decide."""
+    return _duration(field, value, clamp=False)
+
+
+def stored_duration(field: str, value: object) -> float:
+    """Seconds of a duration as recorded. One past the cap was recorded before the cap was
+    (eece1c6), and is no one's to change now: it reads as the cap, 100 years, wherever a
+    deadline is made of it (the reaper's, a pause's end, E2B's endAt, a command's limit), where
+    it was an error there (a 400 naming a field the call did not give, or a 500)."""
+    return _duration(field, value, clamp=True)
+
+
+def _duration(field: str, value: object, *, clamp: bool) -> float:
+    cap = MAX_DURATION_DAYS * 86400
     if isinstance(value, bool):
         raise _bad(field, value, "a duration such as 30s, 5m or 1h")
     if isinstance(value, (int, float)):
         if value < 0:
             raise _bad(field, value, "a non-negative duration")
-        if not value <= MAX_DURATION_DAYS * 86400:  # NaN too
+        if not value <= cap:  # NaN too
+            if clamp:
+                return float(cap)
             raise _bad(field, value, f"a duration of at most {MAX_DURATION_DAYS}d")
         return float(value)
     if not isinstance(value, str) or not value.strip():
@@ -89,11 +104,16 @@ def parse_duration(field: str, value: object) -> float:
     for m in _DURATION_PART.finditer(text):
         if m.start() != pos:
             raise _bad(field, value, "a duration such as 30s, 5m, 1h or 1h30m")
-        total += Decimal(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        try:
+            total += Decimal(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        except ArithmeticError:  # past Decimal's exponent (a million digits): past the cap below
+            total = Decimal("Infinity")
         pos = m.end()
     if pos != len(text) or pos == 0:
         raise _bad(field, value, "a duration such as 30s, 5m, 1h or 1h30m")
-    if total > MAX_DURATION_DAYS * 86400:
+    if total > cap:
+        if clamp:
+            return float(cap)
         raise _bad(field, value if len(value) <= 64 else f"{value[:64]}...", f"a duration of at most {MAX_DURATION_DAYS}d")
     return float(total)
 

@@ -26,7 +26,7 @@ from hutch.core.lifecycle import (
     Terminate,
 )
 from hutch.core.models import SandboxState, SandboxStatus
-from hutch.core.quantities import parse_duration
+from hutch.core.quantities import stored_duration
 from hutch.core.replicas import Replicas
 from hutch.drivers.roles import CommandRunner, Pausing, SandboxLifecycle, UsageReporting
 from hutch.service.reads import Reads
@@ -64,7 +64,7 @@ class SandboxControl:
                                    "driver pauses a sandbox with none (it cannot hold a frozen command's time "
                                    "limit); cancel them or wait for them, then pause", field="state")
             limit = sb.spec.timeout.paused
-            paused_for = parse_duration("timeout.paused", limit) if limit else 0.0
+            paused_for = stored_duration("timeout.paused", limit) if limit else 0.0  # past the cap (older): the cap
             deadline = iso(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=paused_for)) if paused_for else None
             return Pause(terminates_at=deadline, mode=None if memory else PAUSE_FILESYSTEM)
 

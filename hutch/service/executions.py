@@ -23,7 +23,7 @@ from hutch.core.models import (
     SandboxStatus,
 )
 from hutch.core.output import OutputStreams, OutputWriter, StreamOwner
-from hutch.core.quantities import format_bytes, parse_duration
+from hutch.core.quantities import format_bytes, stored_duration
 from hutch.drivers.base import ExecRequest, ExecResult
 from hutch.drivers.roles import CommandRunner, SandboxFiles
 from hutch.service.background import Background
@@ -46,7 +46,7 @@ CANCEL_WAIT_SECONDS = 10.0  # a cancel answers once the command's tree is gone (
 def default_timeout(spec: SandboxSpec) -> float | None:
     if spec.timeout.execution is None:
         return None
-    seconds = parse_duration("timeout.execution", spec.timeout.execution)
+    seconds = stored_duration("timeout.execution", spec.timeout.execution)  # past the cap (older): the cap
     return seconds or None  # "0s" = no limit
 
 

@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from hutch.core.errors import HutchError, InvalidInput, NotSupported
+from hutch.core.errors import HutchError, NotSupported
 from hutch.core.lifecycle import Terminate
 from hutch.core.models import ON_IDLE_PAUSE, ON_IDLE_PAUSE_FILESYSTEM, SandboxState, SandboxStatus
-from hutch.core.quantities import parse_duration
+from hutch.core.quantities import stored_duration
 from hutch.projections.base import ProjectionStore, SandboxQuery
 from hutch.projections.runner import Projector
 from hutch.service.background import Background
@@ -29,14 +29,8 @@ log = logging.getLogger("hutch.service")
 
 def seconds(value: str | None, field: str) -> float:
     """A stored timeout in seconds (0: none). One past the cap (quantities.MAX_DURATION_DAYS),
-    recorded before the cap was, reaches no deadline: none, rather than an error that would
-    hold the reaper's watch on it (a schedule that raises is retried)."""
-    if not value:
-        return 0.0
-    try:
-        return parse_duration(field, value)
-    except InvalidInput:
-        return 0.0
+    recorded before the cap was, reads as the cap: a deadline 100 years away, as everywhere."""
+    return stored_duration(field, value) if value else 0.0
 
 
 def _unix(iso: str) -> float:
@@ -59,6 +53,8 @@ class Reaper:
         self._control = control
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._activity: dict[str, float] = {}
+        self._unschedulable: dict[str, str] = {}  # sandbox id -> why its deadline failed (said once)
+        self._retries: dict[str, int] = {}  # sandbox id -> reads failed in a row (its retry's backoff)
 
     def close(self) -> None:
         for timer in self._timers.values():
@@ -86,15 +82,19 @@ class Reaper:
         """Activity that is not an event (file operations) still keeps a sandbox from idling out."""
         self._activity[sandbox_id] = time.time()
 
-    async def schedule(self, sandbox_id: str) -> None:
+    async def schedule(self, sandbox_id: str, sb: SandboxState | None = None) -> None:
+        """Arm its timer (``sb``: as listed, else read). Only the read raises: a deadline this
+        sandbox's state cannot give is logged and none is kept (see ``_deadline``)."""
         timer = self._timers.pop(sandbox_id, None)
         if timer is not None:
             timer.cancel()
-        sb = await self._read(sandbox_id)
+        if sb is None:
+            sb = await self._read(sandbox_id)
         if sb is None or sb.status.is_final:
             self._activity.pop(sandbox_id, None)
+            self._unschedulable.pop(sandbox_id, None)
             return
-        found = self.deadline(sb)
+        found = self._deadline(sb)
         if found is None:
             return
         at, _reason = found
@@ -103,9 +103,27 @@ class Reaper:
             max(0.0, at - time.time()), lambda: self._background.spawn(self._reap(sandbox_id), f"reap-{sandbox_id}")
         )
 
+    def _deadline(self, sb: SandboxState) -> tuple[float, str] | None:
+        """``deadline``, or None where this sandbox's own state cannot give one (one an older
+        server recorded, as a timeout past the cap once raised here): it keeps no timer, as one
+        without a timeout, rather than being ended for the server's failing (its tenant's
+        sandbox) or holding the reaper on it (every tenant's timeouts). Said once per sandbox
+        and reason; its next event tries again. Any exception: it is this sandbox's data, not
+        the store's (already read), and the reaper is every tenant's."""
+        try:
+            found = self.deadline(sb)
+        except Exception as err:  # any: see above
+            why = f"{type(err).__name__}: {err}"
+            if self._unschedulable.get(sb.sandbox_id) != why:
+                self._unschedulable[sb.sandbox_id] = why
+                log.warning("timeouts: %s keeps no timeout, its state gives no deadline (%s)", sb.sandbox_id, why)
+            return None
+        self._unschedulable.pop(sb.sandbox_id, None)
+        return found
+
     async def _reap(self, sandbox_id: str) -> None:
         sb = await self._read(sandbox_id)
-        found = self.deadline(sb) if sb is not None else None
+        found = self._deadline(sb) if sb is not None else None
         if found is None:
             return
         at, reason = found
@@ -137,24 +155,28 @@ class Reaper:
 
     async def watch(self) -> None:
         queue = self._projector.listen()
+        loop = asyncio.get_running_loop()
         try:
             while True:  # a store outage (PostgreSQL restarting) must not end the watch
                 try:
                     live, _ = await self._store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
-                    for sb in live:
-                        await self.schedule(sb.sandbox_id)
                     break
                 except HutchError as err:
                     log.warning("timeouts: cannot list live sandboxes (%s); retrying", err)
                     await asyncio.sleep(1)
+            for sb in live:  # as listed: no read to fail, and a deadline that fails is its own
+                await self.schedule(sb.sandbox_id, sb)
             while True:
                 event = await queue.get()
                 try:
                     await self.schedule(event.sandbox_id)
-                except HutchError as err:
-                    log.warning("timeouts: cannot schedule %s (%s); retrying", event.sandbox_id, err)
-                    await asyncio.sleep(0.5)
-                    queue.put_nowait(event)
+                    self._retries.pop(event.sandbox_id, None)
+                except Exception as err:  # any: one not hutch's (a store's untranslated) ended the watch
+                    # Its read failed (the store away): retried later, backing off, while every
+                    # other sandbox's events go on (a sleep here held them all).
+                    tries = self._retries[event.sandbox_id] = self._retries.get(event.sandbox_id, 0) + 1
+                    if tries == 1:
+                        log.warning("timeouts: cannot schedule %s (%s); retrying", event.sandbox_id, err)
+                    loop.call_later(min(0.5 * 2 ** (tries - 1), 30.0), queue.put_nowait, event)
         finally:
             self._projector.unlisten(queue)
-

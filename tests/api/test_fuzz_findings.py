@@ -77,6 +77,7 @@ async def test_a_body_org_must_agree_with_the_query_org(make_api: AppFactory, or
     ("timeout.paused", "999999999999d"),  # past timedelta: pausing the sandbox was then a 500, every time
     ("timeout.paused", "3000000d"),  # a deadline past the year 9999: the same
     ("timeout.idle", "9" * 400 + "d"),  # infinity to Python: E2B's GET of the sandbox was a 500
+    ("timeout.idle", "9" * 1_000_001 + "d"),  # past Decimal's exponent: a 500 at the create (decimal.Overflow)
     ("timeout.execution", "36501d"),
 ])
 async def test_a_sandbox_timeout_past_any_life_is_refused_at_its_create(make_api: AppFactory, where: str,

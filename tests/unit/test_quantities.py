@@ -6,12 +6,14 @@ from hypothesis import strategies as st
 
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import (
+    MAX_DURATION_DAYS,
     format_bytes,
     format_duration,
     format_millicores,
     parse_bytes,
     parse_duration,
     parse_millicores,
+    stored_duration,
 )
 
 
@@ -52,7 +54,8 @@ def test_parse_duration(text: object, expected: float) -> None:
 
 @pytest.mark.parametrize("bad", ["", "soon", "5", "5x", "m5", "-1s", -1, True, "1h 30m",
                                  # past 100 years: a deadline past any date, or infinity
-                                 "36501d", "36500d1s", 36501 * 86400, float("nan"), float("inf"), "9" * 400 + "d"])
+                                 "36501d", "36500d1s", 36501 * 86400, float("nan"), float("inf"), "9" * 400 + "d",
+                                 "9" * 1_000_001 + "d", "1d" + "9" * 1_000_001 + "d"])  # past Decimal's exponent
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(InvalidInput, match=r"timeout\.idle"):
         parse_duration("timeout.idle", bad)
@@ -73,10 +76,17 @@ def test_whole_second_durations_round_trip(s: int) -> None:
     assert parse_duration("x", format_duration(s)) == s
 
 
-def test_a_stored_timeout_from_before_the_cap_reaches_no_deadline() -> None:
-    """Recorded before durations were capped: the reaper reads it as no timeout, never raising
-    (its watch retries a schedule that raises, forever)."""
+@pytest.mark.parametrize("stored", ["9" * 400 + "d", "999999999999d", "3000000d", "36501d", "9" * 1_000_001 + "d"])
+def test_a_stored_timeout_from_before_the_cap_reads_as_the_cap(stored: str) -> None:
+    """Recorded before durations were capped: read as the cap (100 years) wherever a deadline is
+    made of it, the reaper's too (its watch once retried a schedule that raised, forever)."""
     from hutch.service.timeouts import seconds
 
-    assert seconds("9" * 400 + "d", "timeout.idle") == 0.0
-    assert seconds("36500d", "timeout.idle") == 36500 * 86400
+    cap = MAX_DURATION_DAYS * 86400
+    assert stored_duration("timeout.idle", stored) == seconds(stored, "timeout.idle") == cap
+    assert (seconds("36500d", "timeout.idle"), stored_duration("timeout.idle", "5m")) == (cap, 300)
+
+
+def test_a_stored_duration_of_a_bad_form_is_still_refused() -> None:
+    with pytest.raises(InvalidInput, match=r"timeout\.idle"):
+        stored_duration("timeout.idle", "soon")

@@ -44,7 +44,7 @@ from hutch.core.models import (
     SandboxStatus,
     SnapshotState,
 )
-from hutch.core.quantities import parse_duration
+from hutch.core.quantities import stored_duration
 from hutch.core.snapshots import DEFAULT_TAG
 from hutch.core.tenancy import Access
 from hutch.projections.base import SandboxQuery, SnapshotQuery
@@ -168,7 +168,7 @@ def _ends_at(sb: SandboxState) -> datetime:
     """When its timeout ends it: counted from when it was set (a sandbox made here), or, for an
     idle timeout (one made on hutch's own API), if nothing happens in it before (hutch's reaper
     may know of a later activity: a file read is not an event)."""
-    idle = parse_duration("timeout.idle", sb.spec.timeout.idle) if sb.spec.timeout.idle else 0
+    idle = stored_duration("timeout.idle", sb.spec.timeout.idle) if sb.spec.timeout.idle else 0
     since = sb.timeout_set_at if sb.spec.timeout.since == "set" and sb.timeout_set_at else sb.updated_at
     return datetime.fromisoformat(since.replace("Z", "+00:00")) + timedelta(seconds=idle)
 
