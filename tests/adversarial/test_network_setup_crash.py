@@ -11,6 +11,7 @@ no jump, no veth, no sandbox."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import subprocess
 import sys
 import threading
@@ -24,6 +25,8 @@ import pytest
 from hutch.drivers.base import ProvisionRequest
 from hutch.drivers.local import network
 from hutch.drivers.local.driver import LocalDriver
+from hutch.drivers.local.state import LocalSandbox, Registry
+from hutch.drivers.local.uids import UID_BASE
 from tests.drivers_support import (
     RUNTIME_CACHE,
     built_runtimes,  # noqa: F401  (fixture)
@@ -188,3 +191,27 @@ async def test_a_server_killed_before_it_makes_a_network_leaves_no_sandbox_witho
         for left in await driver.alive():
             await driver.destroy(left)
         await driver.close()
+
+
+async def test_a_create_whose_last_record_fails_leaves_none_of_it(
+        driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record that says its network is made ("making" cleared) fails (a full disk): before,
+    the create raised past its teardown, and the sandbox ran on, its veth and chain with it,
+    in no registry, until the next start ended it."""
+    write_meta, index = Registry.write_meta, []
+
+    def full_disk(self: Registry, sb: LocalSandbox) -> None:
+        if sb.network and not sb.making:
+            index.append(sb.uid - UID_BASE)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_meta(self, sb)
+
+    monkeypatch.setattr(Registry, "write_meta", full_disk)
+    sid = new_id()
+    with pytest.raises(OSError, match="No space left"):
+        await driver.provision(ProvisionRequest(
+            sandbox_id=sid, runtime="base:latest", network_enabled=True, network_allow=("192.0.2.0/24",)))
+    monkeypatch.setattr(Registry, "write_meta", write_meta)
+    assert not driver.is_alive(sid)
+    assert not (driver.sandbox_root / sid).exists(), "the sandbox was left running"
+    assert _firewall_of(index[0]) == []
