@@ -11,6 +11,7 @@ no jump, no veth, no sandbox."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import subprocess
 import sys
 import threading
@@ -24,6 +25,8 @@ import pytest
 from hutch.drivers.base import ProvisionRequest
 from hutch.drivers.local import network
 from hutch.drivers.local.driver import LocalDriver
+from hutch.drivers.local.state import LocalSandbox, Registry
+from hutch.drivers.local.uids import UID_BASE
 from tests.drivers_support import (
     RUNTIME_CACHE,
     built_runtimes,  # noqa: F401  (fixture)
@@ -131,4 +134,84 @@ async def test_a_create_cancelled_while_its_network_is_made_leaves_none_of_it(
         await create
     await asyncio.sleep(0.5)  # a thread left running would have made its veth by now
     assert not driver.is_alive(sid)
+    assert _firewall_of(index[0]) == []
+
+
+# Provisions ``sid`` with a network (no allow-list: a pooled sandbox may take it) and dies as its
+# network is about to be made: after the sandbox's first meta.json (the launch's, or the pool
+# claim's), before the one that says "making". argv[4]: "pooled" claims from a filled pool.
+CRASH_BEFORE_NETWORK = r"""
+import asyncio, os, sys, time
+from pathlib import Path
+from hutch.drivers.base import ProvisionRequest
+from hutch.drivers.local import sandboxnet
+from hutch.drivers.local.driver import LocalDriver
+
+async def main() -> None:
+    data, cache, sid, how = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    driver = LocalDriver(data, cache)
+    await driver.start()
+    if how == "pooled":
+        await driver.provision(ProvisionRequest(sandbox_id=sid + "-first", runtime="base:latest"))
+        deadline = time.monotonic() + 120
+        while not driver._pool.idle.get("base:latest"):
+            assert time.monotonic() < deadline, "the pool never filled"
+            await asyncio.sleep(0.1)
+    def crash(self, sb):
+        os._exit(9)
+    sandboxnet.SandboxNetwork.sync = crash
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", network_enabled=True))
+    sys.exit("the create finished")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("how", ["from scratch", "pooled"])
+async def test_a_server_killed_before_it_makes_a_network_leaves_no_sandbox_without_it(
+        how: str, built_runtimes: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Killed after the sandbox's first meta.json (it said "no network", not "making") and before
+    its network was begun: the next start adopted a live sandbox without the network its create
+    asked for, one the create never answered (a retried create was told it exists)."""
+    require_root()
+    sid = new_id()
+    crashed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CRASH_BEFORE_NETWORK, str(tmp_path), str(RUNTIME_CACHE), sid, how,
+        env={"HUTCH_WARM_POOL": "1" if how == "pooled" else "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+             "PYTHONPATH": ":".join(sys.path)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(crashed.communicate(), 300)
+    assert crashed.returncode == 9, err.decode()[-3000:]
+    driver = LocalDriver(tmp_path, RUNTIME_CACHE)
+    await driver.start()
+    try:
+        assert not driver.is_alive(sid), f"{how}: adopted alive without its network"
+        assert not (tmp_path / "sandboxes" / sid).exists()  # torn down
+    finally:
+        for left in await driver.alive():
+            await driver.destroy(left)
+        await driver.close()
+
+
+async def test_a_create_whose_last_record_fails_leaves_none_of_it(
+        driver: LocalDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record that says its network is made ("making" cleared) fails (a full disk): before,
+    the create raised past its teardown, and the sandbox ran on, its veth and chain with it,
+    in no registry, until the next start ended it."""
+    write_meta, index = Registry.write_meta, []
+
+    def full_disk(self: Registry, sb: LocalSandbox) -> None:
+        if sb.network and not sb.making:
+            index.append(sb.uid - UID_BASE)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_meta(self, sb)
+
+    monkeypatch.setattr(Registry, "write_meta", full_disk)
+    sid = new_id()
+    with pytest.raises(OSError, match="No space left"):
+        await driver.provision(ProvisionRequest(
+            sandbox_id=sid, runtime="base:latest", network_enabled=True, network_allow=("192.0.2.0/24",)))
+    monkeypatch.setattr(Registry, "write_meta", write_meta)
+    assert not driver.is_alive(sid)
+    assert not (driver.sandbox_root / sid).exists(), "the sandbox was left running"
     assert _firewall_of(index[0]) == []

@@ -93,7 +93,9 @@ class Launcher:
         res = req.resources
         sb = LocalSandbox(id=sid, uid=uid, runtime=req.runtime, env=dict(req.env), init_pid=0, init_start=0, layer=layer,
                      dev_bytes=dev_bytes(res.memory_bytes, self._rootless), memory_bytes=res.memory_bytes,
-                     cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes, user=req.user)
+                     cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes, user=req.user,
+                     # its network is made after (provisioning.py): until then its record says so
+                     making=not self._rootless and (req.network_enabled or req.port is not None))
         if self._cgroups is not None:
             with phases.span("launch: cgroups"):
                 self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis,

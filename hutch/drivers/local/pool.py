@@ -160,7 +160,8 @@ class WarmPool:
         self._cgroups.set_idle(sid, False)  # scheduled as a fresh sandbox from here on
         sb = LocalSandbox(id=sid, uid=pooled.uid, runtime=req.runtime, env=dict(req.env),
                      init_pid=pooled.init_pid, init_start=pooled.init_start, dev_bytes=pooled.dev_bytes,
-                     memory_bytes=res.memory_bytes, cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes)
+                     memory_bytes=res.memory_bytes, cpu_millis=res.cpu_millis, disk_bytes=res.disk_bytes,
+                     making=req.network_enabled or req.port is not None)  # its network: made after the claim
         self._registry.write_meta(sb)
         return sb
 

@@ -103,12 +103,12 @@ class Provisioner:
                 made = asyncio.ensure_future(asyncio.to_thread(self._net.sync, sb))
                 try:
                     await asyncio.shield(made)
+                    sb.making = False
+                    self._registry.write_meta(sb)  # failing (a full disk), it is undone as the rest
                 except BaseException:
                     await asyncio.wait([made])
                     await self._teardown.teardown(sb.id)
                     raise
-                sb.making = False
-                self._registry.write_meta(sb)
             self._registry.sandboxes[sb.id] = sb
 
     async def _make(self, recipe: runtimes.RuntimeRecipe, req: ProvisionRequest) -> LocalSandbox:
