@@ -1,0 +1,99 @@
+"""A JavaScript context's output that reaches the kernel's real stdout (a child process that
+inherited it) belongs whole to the cell that made it, however late its pipe is read.
+
+The cell's end comes on the kernel's message pipe and its child's output on the real stdout:
+two pipes, read by two tasks, so "done" could be taken before the last of that output was
+read, and the tail was lost (once in three cells of 140 kB in a loaded sandbox). Here the real
+stdout is read slowly on purpose, so the old answer loses the tail every time.
+
+The program runs on the host with the host's node (it needs nothing of the sandbox's image for a
+JavaScript context); the Jupyter modules it imports for Python contexts are not used here, so
+they are stood in for."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.machinery
+import importlib.util
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from unittest import mock
+
+import pytest
+
+PROGRAM = Path(__file__).parents[2] / "hutch" / "core" / "runtime_files" / "hutch-interpreter"
+JUPYTER = ("jupyter_client", "jupyter_client.kernelspec", "jupyter_client.manager")
+
+
+@pytest.fixture
+def interpreter() -> ModuleType:
+    assert shutil.which("node"), "the JavaScript kernel needs node on PATH"
+    loader = importlib.machinery.SourceFileLoader("hutch_interpreter_program", str(PROGRAM))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    with mock.patch.dict(sys.modules, {name: mock.MagicMock() for name in JUPYTER}):
+        loader.exec_module(module)
+    return module
+
+
+class SlowStream:
+    """A pipe read late: each read waits first, as a busy sandbox's event loop may."""
+
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self.stream = stream
+
+    async def read(self, n: int) -> bytes:
+        await asyncio.sleep(0.05)
+        return await self.stream.read(n)
+
+
+async def cell_output(ctx: object, code: str) -> tuple[str, str, list[dict]]:
+    out: list[str] = []
+    err: list[str] = []
+    other: list[dict] = []
+    run: AsyncIterator[dict] = ctx.run(code)  # type: ignore[attr-defined]
+    async for item in run:
+        if item["type"] in ("stdout", "stderr"):
+            (out if item["type"] == "stdout" else err).append(item["text"])
+        else:
+            other.append(item)
+    return "".join(out), "".join(err), other
+
+
+async def test_a_childs_output_on_the_real_stdout_arrives_whole_however_late_it_is_read(
+        interpreter: ModuleType, tmp_path: Path) -> None:
+    slow_read = interpreter.JsContext._read_raw
+
+    async def read_raw_late(self: object, stream: asyncio.StreamReader, name: str) -> None:
+        await slow_read(self, SlowStream(stream), name)
+
+    with mock.patch.object(interpreter.JsContext, "_read_raw", read_raw_late):
+        ctx = interpreter.JsContext("javascript", str(tmp_path))
+        try:
+            child = ("require('child_process').execSync(`python3 -c \"import sys; sys.stdout.write('a' + chr(233) * "
+                     "70000); sys.stderr.write('e' * 100000)\"`, { stdio: 'inherit' }); 'ok'")
+            for _ in range(2):
+                out, err, other = await cell_output(ctx, child)
+                assert out == "a" + "\u00e9" * 70000 and err == "e" * 100000
+                assert [o["text"] for o in other if o["type"] == "result"] == ["ok"]
+            # A cell's console output is unchanged, and what a cell prints that looks like the
+            # end mark without its secret is output like any other.
+            out, _, _ = await cell_output(ctx, "console.log('\\0 end'); process.stdout.write('x')")
+            assert out == "\0 end\nx"
+        finally:
+            await ctx.stop()
+
+
+async def test_a_cell_that_closes_the_real_stdout_still_ends(interpreter: ModuleType, tmp_path: Path) -> None:
+    ctx = interpreter.JsContext("javascript", str(tmp_path))
+    try:
+        out, err, _ = await asyncio.wait_for(cell_output(ctx, "require('fs').closeSync(1); 1"), 30)
+        assert out == "" and err == ""
+        out, _, _ = await asyncio.wait_for(cell_output(ctx, "console.log('still here')"), 30)
+        assert out == "still here\n"
+    finally:
+        await ctx.stop()
