@@ -105,11 +105,13 @@ async def test_illegal_pause_and_resume_are_refused_naming_why(api: Api, driver_
 async def test_a_command_is_paused_with_its_sandbox_its_time_limit_standing_still(api: Api) -> None:
     """Paused with a command running, the sandbox is ``paused`` and the command ``running``,
     frozen: paused past its 4 s limit, it resumes and ends well (the paused time was not its).
-    Its 2 s of work leave 2 s of the limit for its start, the pause and the resume on a loaded
-    machine (with 1 s, it timed out once beside other suites)."""
+    A sleep's deadline is the clock's, which runs while the sandbox is frozen: the sleep that
+    was frozen ends at once on resume, so a second one keeps the command running after it (with
+    only the first, the sandbox was idle by the time the test asked). The limit's 4 s leave
+    ample room for its start, the pause and that second second on a loaded machine."""
     sid = await new_sandbox(api)
     ex = await api.data("POST", f"/sandbox/{sid}/execute",
-                        json={"command": ["sh", "-c", "sleep 2; echo done"], "timeout": "4s"})
+                        json={"command": ["sh", "-c", "sleep 2; sleep 1; echo done"], "timeout": "4s"})
     paused = await api.call("POST", f"/sandbox/{sid}/pause")
     assert paused["status"] == "paused"
     await asyncio.sleep(4.5)
