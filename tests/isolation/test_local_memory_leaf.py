@@ -101,10 +101,22 @@ async def test_a_leaf_with_processes_left_is_not_made_a_spare(driver: LocalDrive
     assert not memory_dir(driver, sid).exists()
 
 
+async def pool_settled(driver: LocalDriver) -> None:
+    """The runtime's warm pool full and not filling (30 s at most)."""
+    for _ in range(1500):
+        if len(driver._pool.idle.get(PY, ())) >= driver._pool.size and PY not in driver._pool._filling:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the warm pool of {PY} did not fill in 30 s")
+
+
 async def test_spares_are_capped_and_dropped_when_stale(driver: LocalDriver) -> None:
     cgroups = driver._cgroups
     assert isinstance(cgroups, CgroupV1)
     sids = [await provision(driver, PY) for _ in range(3)]
+    # The warm pool refills behind the claims, and each sandbox it makes brings a spare that
+    # counts toward the cap: once it is full, the spares taken and kept below are these three's.
+    await pool_settled(driver)
     old_cap = cgroups.spare_cap
     cgroups.spare_cap = 2
     try:
@@ -127,10 +139,7 @@ async def test_a_pooled_sandbox_has_its_first_commands_leaf_made_and_it_ages_onc
     cgroups = driver._cgroups
     assert isinstance(cgroups, CgroupV1) and driver._pool.size > 0, "the warm pool is on by default (v1, root)"
     await driver.destroy(await provision(driver, PY))  # the runtime's pool is filled from its first create
-    for _ in range(1500):
-        if len(driver._pool.idle.get(PY, ())) >= driver._pool.size and PY not in driver._pool._filling:
-            break
-        await asyncio.sleep(0.02)
+    await pool_settled(driver)
     pooled = driver._pool.idle[PY][-1].id
     cgroups.drop_stale_spares(max_age=0.0)  # a pooled sandbox's spare does not age
     spare = memory_dir(driver, pooled) / SPARE_MEMORY_LEAF
