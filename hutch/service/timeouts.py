@@ -161,7 +161,7 @@ class Reaper:
                 try:
                     live, _ = await self._store.list_sandboxes(SandboxQuery(live=True, limit=10**9))
                     break
-                except HutchError as err:
+                except Exception as err:  # any: one not hutch's (a store's untranslated) ended the watch
                     log.warning("timeouts: cannot list live sandboxes (%s); retrying", err)
                     await asyncio.sleep(1)
             for sb in live:  # as listed: no read to fail, and a deadline that fails is its own

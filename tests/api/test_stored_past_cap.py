@@ -136,6 +136,40 @@ async def test_a_sandbox_whose_read_fails_is_retried_alone_backing_off(
     said = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
     assert len(said) == 1 and "the store is away" in said[0], said
 
+@pytest.mark.runs_on("fake-embedded")  # the reaper's own listing retry
+async def test_a_listing_that_fails_in_the_stores_own_words_is_retried(
+        make_api: AppFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The reaper's start lists the live sandboxes, retrying while the store is away; an error
+    the store did not translate into hutch's (a connection reset, asyncpg's own) ended the
+    watch there, and no timeout of any sandbox was kept from then on. Injected once."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+    good = await made(api, timeout={"idle": "1s"})
+    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
+    watch.cancel()
+    engine.reaper.close()
+    store = engine.parts.store
+    listing = store.list_sandboxes
+    failures = [ConnectionResetError("connection reset by peer")]
+
+    async def list_sandboxes(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await listing(*args, **kwargs)
+
+    monkeypatch.setattr(store, "list_sandboxes", list_sandboxes)
+    reaper = Reaper(store, engine.parts.projector, engine.background, engine.control, read=engine.reads.sandbox)
+    caplog.set_level(logging.WARNING, logger="hutch.service")
+    task = asyncio.create_task(reaper.watch())
+    try:
+        assert await status(api, good) == "terminated"
+        assert not task.done(), task
+    finally:
+        task.cancel()
+        reaper.close()
+    assert any("connection reset by peer" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.runs_on(*STORE)  # read back from either store
 async def test_a_sandbox_stored_past_the_cap_is_listed_viewed_paused_and_runs(make_api: AppFactory,
                                                                            aiohttp_client: Any) -> None:
