@@ -142,11 +142,21 @@ class Reaper:
                 await self._control.pause(sandbox_id, memory=on_idle == ON_IDLE_PAUSE)
                 return
             except NotSupported as err:
-                if sb.status is SandboxStatus.RUNNING:  # a driver that freezes no running command
-                    log.info("%s is to pause (%s) once its running commands end: %s", sandbox_id, reason, err)
-                    return  # their end re-arms this timer
-                log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
-                reason = f"{reason}; pausing it failed: {err.message}"
+                # A driver that cannot freeze (rootless) or freeze a running command: its timeout
+                # still holds. Waiting for the commands to end kept a never-ending one running
+                # past it for ever. Its files are kept where the driver can pause them alone (its
+                # commands ended, saying why); else it is ended, as a sandbox without autoPause.
+                reason = f"{reason}; pausing it with its memory failed: {err.message}" \
+                    if on_idle == ON_IDLE_PAUSE else f"{reason}; pausing it failed: {err.message}"
+                if on_idle == ON_IDLE_PAUSE:
+                    log.info("pausing %s at its timeout kept no memory (%s); pausing it filesystem-only",
+                             sandbox_id, err)
+                    try:
+                        await self._control.pause(sandbox_id, memory=False)
+                        return
+                    except HutchError as again:
+                        reason = f"{reason}; pausing it filesystem-only failed: {again.message}"
+                log.warning("%s cannot be paused at its timeout; ending it: %s", sandbox_id, reason)
             except HutchError as err:  # a sandbox that cannot be kept is ended, as any other would be
                 log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
                 reason = f"{reason}; pausing it failed: {err.message}"
