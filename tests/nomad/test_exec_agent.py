@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from hutch.core.errors import DriverFailure
+from hutch.core.errors import DriverFailure, SandboxBusy
 from hutch.drivers.base import ExecRequest, ProvisionRequest, ResourceLimits
 from hutch.drivers.nomad import agent as agent_module
 from hutch.drivers.nomad import agents as agents_module
+from hutch.drivers.nomad import commands
 from hutch.drivers.nomad.agent import ExecAgent
 from hutch.drivers.nomad.client import NomadClient
 from hutch.drivers.nomad.driver import NomadDriver
@@ -246,9 +247,21 @@ async def test_an_agent_stopped_while_a_command_runs_is_ended_and_the_command_fa
 
 @pytest.mark.parametrize("resources", [ResourceLimits(memory_bytes=16 * 2**20), ResourceLimits(pids=12)],
                          ids=["16MiB", "12-pids"])
-async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resources: ResourceLimits) -> None:
+async def test_a_starved_sandbox_still_runs_commands(
+        driver: NomadDriver, resources: ResourceLimits, monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent fits a 16 MiB sandbox (~3 MiB: its binary, unlinked, and its heap) and one
-    with 12 pids (GOMAXPROCS=1: six threads), and runs their commands itself."""
+    with 12 pids (GOMAXPROCS=1: six threads), and runs their commands itself, none as an alloc
+    exec. 12 pids do not hold four commands at once: init-sh and its sleep take 2, the agent 6
+    threads, 7 or 8 once it has run commands (counted from the host), so the third or fourth
+    fork is refused (EAGAIN) until an echo ends, and waits for it (commands.PIDS_WAIT). It once
+    fell back to an alloc exec, whose process runc moves into the sandbox's cgroup, where it
+    makes more: two at once had forks refused and Nomad dropped a stream (code 1006), 2 runs
+    in 21 of a loop of this test's body."""
+
+    async def no_alloc_exec(*_a: object, **_kw: object) -> None:
+        raise AssertionError("a command of a starved sandbox ran as an alloc exec, not through its agent")
+
+    monkeypatch.setattr(commands, "run_tagged", no_alloc_exec)
     sid = new_id()
     await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=resources))
     agent = await until_agent(driver, sid)
@@ -258,6 +271,52 @@ async def test_a_starved_sandbox_still_runs_commands(driver: NomadDriver, resour
         assert (code, sink.stdout) == (0, "ok\nin")
     results = await asyncio.gather(*(run(driver, sid, ["echo", str(i)]) for i in range(4)))
     assert [(c, s.stdout) for c, s in results] == [(0, f"{i}\n") for i in range(4)]
+    assert driver._agents.live(sid) is agent
+
+
+# Forks sleepers until the pids limit refuses one, says so, and takes any pid freed after (a
+# shell cannot: dash exits at its first refused fork, which frees a pid).
+FILL_PIDS = textwrap.dedent("""
+    import os, time
+    said = False
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+        except BlockingIOError:
+            if not said:
+                print("full", flush=True)
+                said = True
+            time.sleep(0.01)
+""")
+
+
+async def test_a_command_finding_no_pid_left_is_refused_by_name(
+        driver: NomadDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandbox whose own processes hold its pids limit: a command waits for a pid
+    (PIDS_WAIT, 1 s here), then fails as SandboxBusy naming the limit. It once ran as an
+    alloc exec instead: runc moved it into the cgroup past pids.max (v1), so it ran beyond the
+    limit here, and two at once lost their streams (the test above). The agent lives on (its
+    spare threads: 64 pids), and runs the next command once the limit has room."""
+    monkeypatch.setattr(commands, "PIDS_WAIT", 1.0)
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", resources=ResourceLimits(pids=64)))
+    agent = await until_agent(driver, sid)
+    filler = ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS], timeout=30.0)
+    sink = Recorder()
+    holding = asyncio.ensure_future(driver.exec(filler, sink))
+    for _ in range(200):
+        if sink.stdout == "full\n" or holding.done():
+            break
+        await asyncio.sleep(0.05)
+    assert sink.stdout == "full\n", sink.stderr
+    with pytest.raises(SandboxBusy, match=r"at its pids limit \(64 processes and threads\)"):
+        await run(driver, sid, ["echo", "never"])
+    await driver.cancel(filler.execution_id)
+    assert (await holding).cancelled
+    code, after = await run(driver, sid, ["echo", "after"])
+    assert (code, after.stdout) == (0, "after\n") and driver._agents.live(sid) is agent
 
 
 def host_threads(alloc_id: str) -> int:

@@ -78,6 +78,11 @@ class NotStarted(Exception):
     command ran, so the caller runs it the old way."""
 
 
+class NoPidLeft(NotStarted):
+    """The agent's fork was refused at the sandbox's pids limit (EAGAIN): nothing of the command
+    ran. Its alloc exec would need more pids than the fork (commands.run_command waits for one)."""
+
+
 class _Command:
     def __init__(self) -> None:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -418,6 +423,8 @@ class ExecAgent:
         error = report.get("error")
         if error == "cwd":
             raise ExecFailed(f"working directory {cwd} does not exist or is not a directory")
+        if error == "pids":
+            raise NoPidLeft(f"the sandbox's pids limit refused the command's fork: {report.get('reason')}")
         if error:
             raise NotStarted(f"the exec agent could not start the command: {report.get('reason')}")
         return int(report["code"])

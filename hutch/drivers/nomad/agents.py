@@ -205,7 +205,7 @@ class ExecAgents:
             # The plugin's envelope (drivers/nomad/execs.py): the agent gets a tag of its own; the
             # commands it forks get theirs (and their own environment) from each request.
             # GOMAXPROCS=1: fewer threads, each of which counts against the sandbox's pids limit.
-            spare = spare_threads(await self._pids_limit(sb.job_id))
+            spare = spare_threads(await self.pids_limit(sb.job_id))
             envelope = json.dumps({"env": [f"PATH={AGENT_PATH}", f"HOME={HOME}", "GOMAXPROCS=1",
                                            f"HUTCH_EXEC_SPARE_THREADS={spare}"],
                                    "cwd": HOME, "tag": f"agent-{uuid.uuid4().hex}"})
@@ -221,7 +221,7 @@ class ExecAgents:
         self._agents[sb.id] = agent
         log.debug("sandbox %s: exec agent runs (pid %s)", sb.id, agent.pid)
 
-    async def _pids_limit(self, job_id: str) -> int:
+    async def pids_limit(self, job_id: str) -> int:
         """The sandbox's pids limit, from its job (jobs.job_spec): the sandbox cannot see it."""
         job = await self.client.job(job_id)
         limit = job["TaskGroups"][0]["Tasks"][0]["Config"].get("pids_limit")

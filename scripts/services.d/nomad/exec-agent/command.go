@@ -83,7 +83,12 @@ func (a *agent) start(id uint32, req startRequest) {
 		case errors.Is(err, syscall.EACCES):
 			a.send('2', id, []byte(req.Argv[0]+": permission denied\n"))
 			a.exit(id, exitReport{Code: 126})
-		default: // EAGAIN at the pids limit, ENOMEM: the API runs it the old way, which reports it
+		case errors.Is(err, syscall.EAGAIN):
+			// The sandbox's pids limit: the API waits for a pid and asks again. Not "fork": its
+			// old way, a runc exec, joins the sandbox's cgroup and clones in it (more pids than
+			// this fork), and at the limit Nomad dropped its stream without a word.
+			a.exit(id, exitReport{Code: -1, Error: "pids", Reason: err.Error()})
+		default: // ENOMEM: the API runs it the old way, which reports it
 			a.exit(id, exitReport{Code: -1, Error: "fork", Reason: err.Error()})
 		}
 		return

@@ -69,7 +69,7 @@ type startRequest struct {
 
 type exitReport struct {
 	Code   int    `json:"code"`
-	Error  string `json:"error,omitempty"` // "cwd" or "fork": the command did not start
+	Error  string `json:"error,omitempty"` // "cwd", "pids" (EAGAIN: no pid left) or "fork": the command did not start
 	Reason string `json:"reason,omitempty"`
 }
 
