@@ -44,6 +44,7 @@ from hutch.core.errors import (
     InvalidInput,
     PayloadTooLarge,
     QuotaExceeded,
+    SandboxBusy,
     SandboxNotFound,
 )
 from hutch.core.quantities import format_bytes
@@ -254,6 +255,9 @@ class NomadFiles:
                 if line.endswith(text):
                     ours = op == "mv" and line.startswith("hutch-fs: ")  # the script's own words name the path
                     return from_errno(op, named_path(line, num, path) if ours else path, num, line, sb.id)
+        if any(line.endswith(("Cannot fork", "can't fork")) for line in lines):  # sh's words at the pids limit
+            return SandboxBusy(f"sandbox {sb.id} is at its pids limit: file operation {op} on {path} could not "
+                               "start its process; end some of its processes, or create it with a higher pids limit")
         message = "; ".join(lines[-3:])
         return DriverFailure(f"sandbox {sb.id}: file operation {op} on {path} failed "
                              f"({message or f'exit {code}'})")

@@ -26,12 +26,13 @@ from hutch.core.errors import (
     InvalidInput,
     NotSupported,
     PayloadTooLarge,
+    SandboxBusy,
     SandboxNotFound,
 )
 from hutch.drivers.fserrors import from_errno
 from hutch.drivers.local.watches import LocalDirWatch
 from hutch.drivers.nomad.access import SandboxAccess
-from hutch.drivers.nomad.agent import ExecAgent, NotStarted
+from hutch.drivers.nomad.agent import ExecAgent, NoPidLeft, NotStarted
 from hutch.drivers.nomad.agents import ExecAgents
 from hutch.drivers.nomad.jobs import HOME
 from hutch.drivers.nomad.state import NomadSandbox
@@ -57,6 +58,7 @@ class _Run:
         self.out: asyncio.Queue[bytes] = asyncio.Queue(_QUEUE)
         self.err = bytearray()
         self.stop = asyncio.Event()
+        self.sandbox_id = sb.id
         tag = f"h-{uuid.uuid4().hex}"
 
         async def on_output(stream: str, data: bytes) -> None:
@@ -90,6 +92,10 @@ class _Run:
         """Its exit code (None: killed); DriverFailure if the agent did not run it or ended."""
         try:
             return await self.task
+        except NoPidLeft as err:  # the sandbox's own processes hold its limit: its tenant's to free
+            raise SandboxBusy(f"sandbox {self.sandbox_id} is at its pids limit: the helper of this file operation "
+                              f"could not start ({err}); end some of its processes, or create it with a higher "
+                              "pids limit") from None
         except NotStarted as err:
             raise DriverFailure(f"the exec agent did not start its helper: {err}") from None
 
