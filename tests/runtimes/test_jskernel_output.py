@@ -97,3 +97,21 @@ async def test_a_cell_that_closes_the_real_stdout_still_ends(interpreter: Module
         assert out == "still here\n"
     finally:
         await ctx.stop()
+
+
+async def test_a_file_a_cell_opened_at_fd_1_is_not_written_the_end_mark(
+        interpreter: ModuleType, tmp_path: Path) -> None:
+    # fd 1 closed, the next file opened takes its number: the kernel wrote the cell's end mark
+    # (its secret too) into the tenant's file at every cell's end, then waited for a mark that
+    # never came to the pipe (JS_FLUSH_SECONDS, here far longer than the cell may take).
+    ctx = interpreter.JsContext("javascript", str(tmp_path))
+    try:
+        with mock.patch.object(interpreter, "JS_FLUSH_SECONDS", 600.0):
+            await asyncio.wait_for(cell_output(ctx, "require('fs').closeSync(1)"), 30)
+            _, _, other = await asyncio.wait_for(cell_output(ctx, "var log = require('fs').openSync('log.txt', 'a'); log"), 30)
+            assert [o["text"] for o in other if o["type"] == "result"] == ["1"]  # the file is fd 1 now
+            out, _, other = await asyncio.wait_for(cell_output(ctx, "console.log('out'); 2"), 30)
+            assert out == "out\n" and [o["text"] for o in other if o["type"] == "result"] == ["2"]
+        assert (tmp_path / "log.txt").read_bytes() == b""
+    finally:
+        await ctx.stop()
