@@ -115,3 +115,41 @@ async def test_a_file_a_cell_opened_at_fd_1_is_not_written_the_end_mark(
         assert (tmp_path / "log.txt").read_bytes() == b""
     finally:
         await ctx.stop()
+
+
+class ChoppedStream:
+    """A pipe read a little at a time, late: a child's last output reaches the queue well after
+    the cell's "done"."""
+
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self.stream = stream
+
+    async def read(self, n: int) -> bytes:
+        data = await self.stream.read(min(n, 4096))
+        await asyncio.sleep(0.01)
+        return data
+
+
+async def test_a_caller_slow_to_take_a_cells_output_gets_all_of_it(interpreter: ModuleType, tmp_path: Path) -> None:
+    # The wait for a cell's end marks counted the time the caller took over each piece of
+    # output (its HTTP client reading slowly): past JS_FLUSH_SECONDS, the output still queued
+    # was left behind, and the next cell dropped it as an earlier cell's.
+    chopped = interpreter.JsContext._read_raw
+
+    async def read_raw_chopped(self: object, stream: asyncio.StreamReader, name: str) -> None:
+        await chopped(self, ChoppedStream(stream), name)
+
+    with mock.patch.object(interpreter.JsContext, "_read_raw", read_raw_chopped), \
+            mock.patch.object(interpreter, "JS_FLUSH_SECONDS", 0.2):
+        ctx = interpreter.JsContext("javascript", str(tmp_path))
+        try:
+            code = ("require('child_process').execSync(`python3 -c \"import sys; sys.stderr.write('e' * 60000)\"`, "
+                    "{ stdio: 'inherit' }); 'ok'")
+            err: list[str] = []
+            async for item in ctx.run(code):
+                if item["type"] == "stderr":
+                    err.append(item["text"])
+                    await asyncio.sleep(0.03)  # the caller, slow to take it
+            assert "".join(err) == "e" * 60000
+        finally:
+            await ctx.stop()
