@@ -153,3 +153,18 @@ async def test_a_caller_slow_to_take_a_cells_output_gets_all_of_it(interpreter: 
             assert "".join(err) == "e" * 60000
         finally:
             await ctx.stop()
+
+
+async def test_a_restarted_context_answers(interpreter: ModuleType, tmp_path: Path) -> None:
+    # The stopped kernel's watcher, cancelled as its wait ended (Python 3.11's wait_for keeps
+    # the result and drops the cancel), put its "exited" into the new kernel's queue: the
+    # restart took it for the new kernel's first word and failed ("did not start").
+    ctx = interpreter.JsContext("javascript", str(tmp_path))
+    try:
+        for n in range(3):
+            await asyncio.wait_for(cell_output(ctx, f"var n = {n}"), 30)
+            await asyncio.wait_for(ctx.restart(), 30)
+            _, _, other = await asyncio.wait_for(cell_output(ctx, "typeof n"), 30)
+            assert [o.get("text") for o in other if o["type"] in ("result", "error")] == ["undefined"]
+    finally:
+        await ctx.stop()
