@@ -13,6 +13,7 @@ they are stood in for."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.machinery
 import importlib.util
 import shutil
@@ -151,6 +152,48 @@ async def test_a_caller_slow_to_take_a_cells_output_gets_all_of_it(interpreter: 
                     err.append(item["text"])
                     await asyncio.sleep(0.03)  # the caller, slow to take it
             assert "".join(err) == "e" * 60000
+        finally:
+            await ctx.stop()
+
+
+class LateStream:
+    """A pipe whose every piece reaches the reader half a second after it was written."""
+
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self.stream = stream
+
+    async def read(self, n: int) -> bytes:
+        data = await self.stream.read(n)
+        await asyncio.sleep(0.5)
+        return data
+
+
+async def test_a_caller_leaving_once_the_cell_is_over_does_not_restart_its_context(
+        interpreter: ModuleType, tmp_path: Path) -> None:
+    # The caller left (its timeout) while the cell, over, had only its child's last output to
+    # come: the interrupt that follows signalled the idle kernel, waited for a "done" already
+    # taken, and restarted the context (its state lost, the next cell told it did not stop).
+    late = interpreter.JsContext._read_raw
+
+    async def read_raw_late(self: object, stream: asyncio.StreamReader, name: str) -> None:
+        await late(self, LateStream(stream), name)
+
+    with mock.patch.object(interpreter.JsContext, "_read_raw", read_raw_late):
+        ctx = interpreter.JsContext("javascript", str(tmp_path))
+        try:
+            run = ctx.run("var kept = 7; require('child_process').execSync('printf y', { stdio: 'inherit' }); 1")
+            async for item in run:
+                if item["type"] == "result":
+                    break  # the cell's value, just before its "done"
+            waiting = asyncio.ensure_future(anext(run))  # its "done" taken, the child's "y" still to come
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            waiting.cancel()  # the caller left: the server interrupts (execute's finally)
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            await asyncio.wait_for(ctx.interrupt(), 30)
+            _, err, other = await asyncio.wait_for(cell_output(ctx, "kept"), 30)
+            assert err == "" and [o.get("text") for o in other if o["type"] in ("result", "error")] == ["7"]
         finally:
             await ctx.stop()
 
