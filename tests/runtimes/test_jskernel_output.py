@@ -211,3 +211,18 @@ async def test_a_restarted_context_answers(interpreter: ModuleType, tmp_path: Pa
             assert [o.get("text") for o in other if o["type"] in ("result", "error")] == ["undefined"]
     finally:
         await ctx.stop()
+
+
+async def test_a_cells_cut_character_does_not_reach_the_next_cells_output(
+        interpreter: ModuleType, tmp_path: Path) -> None:
+    # A child's output ending mid-character (binary output, a cut stream): the bytes waited in
+    # the stream's decoder and came out as U+FFFD at the start of the next cell's output.
+    ctx = interpreter.JsContext("javascript", str(tmp_path))
+    try:
+        child = "require('child_process').execSync(`printf '{}'`, {{ stdio: 'inherit' }}); 1"
+        out, _, _ = await asyncio.wait_for(cell_output(ctx, child.format("ab\\\\342\\\\202")), 30)
+        assert out == "ab\ufffd"
+        out, _, _ = await asyncio.wait_for(cell_output(ctx, child.format("ok")), 30)
+        assert out == "ok"
+    finally:
+        await ctx.stop()
