@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -46,11 +47,16 @@ class SandboxControl:
         self._usage_reporting = usage
         self.replicas = replicas  # which sandboxes this replica drives (core/replicas.py)
 
-    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxState:
+    async def pause(self, sandbox_id: str, *, memory: bool = True,
+                    precondition: Callable[[SandboxState], None] | None = None) -> SandboxState:
         """Pause it: every process frozen, memory kept; or, ``memory`` false, filesystem only:
         every process ended (its commands cancelled, saying why), its memory released, its
-        files kept, and the resume a new boot."""
+        files kept, and the resume a new boot. ``precondition`` sees the sandbox as it is
+        under its lock, before anything is decided; what it raises refuses the pause (the
+        reaper's: its timeout still due, not set anew since it read the sandbox)."""
         def command(sb: SandboxState) -> Pause:
+            if precondition is not None:
+                precondition(sb)
             caps = self._lifecycle.capabilities
             if not memory and not caps.pause_filesystem:
                 raise NotSupported(f"memory: the {self._lifecycle.name} driver cannot pause a sandbox filesystem-only "

@@ -40,6 +40,10 @@ def _unix(iso: str) -> float:
 PAUSES = (ON_IDLE_PAUSE, ON_IDLE_PAUSE_FILESYSTEM)
 
 
+class NoLongerDue(Exception):
+    """The sandbox's deadline moved (its timeout set anew, a pause) after the reaper read it."""
+
+
 class Reaper:
     def __init__(self, store: ProjectionStore, projector: Projector, background: Background,
                  control: SandboxControl, *,
@@ -139,7 +143,10 @@ class Reaper:
             # a filesystem-only pause ends them.
             log.info("pausing %s (%s): %s", sandbox_id, on_idle, reason)
             try:
-                await self._control.pause(sandbox_id, memory=on_idle == ON_IDLE_PAUSE)
+                await self._control.pause(sandbox_id, memory=on_idle == ON_IDLE_PAUSE, precondition=self._due)
+                return
+            except NoLongerDue:
+                await self.schedule(sandbox_id)
                 return
             except NotSupported as err:
                 # A driver that cannot freeze (rootless) or freeze a running command: its timeout
@@ -152,7 +159,10 @@ class Reaper:
                     log.info("pausing %s at its timeout kept no memory (%s); pausing it filesystem-only",
                              sandbox_id, err)
                     try:
-                        await self._control.pause(sandbox_id, memory=False)
+                        await self._control.pause(sandbox_id, memory=False, precondition=self._due)
+                        return
+                    except NoLongerDue:  # set anew as the first was refused: it waits for its new time
+                        await self.schedule(sandbox_id)
                         return
                     except HutchError as again:
                         reason = f"{reason}; pausing it filesystem-only failed: {again.message}"
@@ -162,6 +172,14 @@ class Reaper:
                 reason = f"{reason}; pausing it failed: {err.message}"
         log.info("reaping %s: %s", sandbox_id, reason)
         await self._control.end(sandbox_id, Terminate(reason=reason))  # its running commands ended first
+
+    def _due(self, sb: SandboxState) -> None:
+        """A pause's precondition (decided under the sandbox's lock): its deadline is still
+        the one passed, not moved by what came after the reaper read it (a timeout set anew
+        as a pause was refused, before the fallback acted on the old one)."""
+        found = self._deadline(sb)
+        if found is None or found[0] > time.time() + 0.001:
+            raise NoLongerDue(sb.sandbox_id)
 
     async def watch(self) -> None:
         queue = self._projector.listen()

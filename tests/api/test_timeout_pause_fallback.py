@@ -6,6 +6,9 @@ the driver can (its files kept, its commands ended saying why), else ended, nami
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from hutch.api.e2b.access import hutch_id
@@ -34,4 +37,45 @@ async def test_a_command_that_never_ends_does_not_outlive_the_timeout(make_api: 
     ended = await api.wait_execution(ex["executionId"])
     assert ended["status"] != "running", ended
     sb = await api.data("GET", f"/sandbox/{sid}")
-    assert "timeout" in str(sb) and "running" in str(sb), sb  # why: the timeout, and what kept it from pausing
+    # Why: the timeout, and what kept it from pausing ("timeout" alone is in every sandbox's
+    # text, its spec's key: the reason itself is read).
+    assert sb["reason"].startswith("timeout (2s) reached") and "has commands running" in sb["reason"], sb
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_a_timeout_set_anew_as_the_reaper_falls_back_keeps_the_sandbox(
+        make_api: AppFactory, aiohttp_client, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The user sets a new timeout just as the reaper's pause is refused (the command runs):
+    the fallback went on from what the reaper had read, ending (or pausing filesystem-only,
+    its commands killed) a sandbox whose timeout is a minute away now. Each pause is decided
+    on the sandbox as it is then, under its lock: one no longer due is left to its new time."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+    e2b = await aiohttp_client(create_e2b_app(engine, api.client.server.app[TENANTS]))
+    resp = await e2b.post("/sandboxes", headers={"X-API-Key": KEY},
+                          json={"templateID": "base", "timeout": 2, "autoPause": True})
+    made = await resp.json()
+    assert resp.status == 201, made
+    sid = hutch_id(made["sandboxID"])
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "3600"]})
+    pause = engine.control.pause
+    fallbacks: list[bool] = []
+
+    async def pause_as_the_user_sets_a_timeout(sandbox_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("memory") is False and not fallbacks:  # the reaper's fallback, once
+            fallbacks.append(True)
+            got = await e2b.post(f"/sandboxes/{made['sandboxID']}/timeout", headers={"X-API-Key": KEY},
+                                 json={"timeout": 60})
+            assert got.status == 204, await got.text()
+        return await pause(sandbox_id, **kwargs)
+
+    monkeypatch.setattr(engine.control, "pause", pause_as_the_user_sets_a_timeout)
+    for _ in range(100):  # the reaper's turn: 2 s from the create
+        if fallbacks:
+            break
+        await asyncio.sleep(0.1)
+    assert fallbacks, "the reaper did not fall back"
+    await asyncio.sleep(0.5)
+    sb = await api.data("GET", f"/sandbox/{sid}")
+    assert sb["status"] == "running", sb
+    assert (await api.data("GET", f"/sandbox/execution/{ex['executionId']}"))["status"] == "running"
