@@ -103,9 +103,26 @@ class Reaper:
             return
         at, _reason = found
         loop = asyncio.get_running_loop()
-        self._timers[sandbox_id] = loop.call_later(
-            max(0.0, at - time.time()), lambda: self._background.spawn(self._reap(sandbox_id), f"reap-{sandbox_id}")
-        )
+        self._timers[sandbox_id] = loop.call_later(max(0.0, at - time.time()), self._spawn_reap, sandbox_id)
+
+    def _spawn_reap(self, sandbox_id: str, tries: int = 0) -> None:
+        self._timers.pop(sandbox_id, None)
+        self._background.spawn(self._reap_or_retry(sandbox_id, tries), f"reap-{sandbox_id}")
+
+    async def _reap_or_retry(self, sandbox_id: str, tries: int) -> None:
+        """``_reap``, tried again while it fails (its read with the store away, the end itself):
+        a reap that died left the sandbox past its timeout, its timer spent, until an event of
+        its own came. Backing off 0.5 → 30 s; said once. A timer armed meanwhile (an event
+        rescheduled it) takes over."""
+        try:
+            await self._reap(sandbox_id)
+        except Exception as err:  # any: a limit must not end with one failure
+            if sandbox_id in self._timers:
+                return
+            if tries == 0:
+                log.warning("timeouts: ending or pausing %s at its timeout failed (%s); retrying", sandbox_id, err)
+            self._timers[sandbox_id] = asyncio.get_running_loop().call_later(
+                min(0.5 * 2 ** tries, 30.0), self._spawn_reap, sandbox_id, tries + 1)
 
     def _deadline(self, sb: SandboxState) -> tuple[float, str] | None:
         """``deadline``, or None where this sandbox's own state cannot give one (one an older

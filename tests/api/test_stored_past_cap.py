@@ -170,6 +170,37 @@ async def test_a_listing_that_fails_in_the_stores_own_words_is_retried(
     assert any("connection reset by peer" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.runs_on("fake-embedded")  # the reaper's own retry of a reap
+async def test_a_reap_that_fails_is_tried_again(make_api: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """A sandbox's timer fired and its reap failed (its read, the store away a moment; or the
+    end itself): the task died with the timer spent, and the sandbox outlived its timeout until
+    an event of its own came, if any did. Now the reap is tried again, backing off. Injected:
+    the reap's read fails once."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+    sid = await made(api, timeout={"idle": "1s"})
+    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
+    watch.cancel()
+    engine.reaper.close()
+    failures = [HutchError("the store is away", status=503)]
+
+    async def read(sandbox_id: str) -> SandboxState | None:
+        if sandbox_id == sid and failures:
+            raise failures.pop()
+        return await engine.reads.sandbox(sandbox_id)
+
+    reaper = Reaper(engine.parts.store, engine.parts.projector, engine.background, engine.control, read=read)
+    caplog.set_level(logging.WARNING, logger="hutch.service")
+    task = asyncio.create_task(reaper.watch())
+    try:
+        assert await status(api, sid) == "terminated"  # listed (no read), then its reap read it
+        assert not failures
+    finally:
+        task.cancel()
+        reaper.close()
+    assert any(sid in r.getMessage() and "the store is away" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.runs_on(*STORE)  # read back from either store
 async def test_a_sandbox_stored_past_the_cap_is_listed_viewed_paused_and_runs(make_api: AppFactory,
                                                                            aiohttp_client: Any) -> None:
