@@ -93,3 +93,45 @@ async def test_the_driver_keeps_adaptive_pools_on_nomad(tmp_path: Path) -> None:
         for sid in ("pool-a", "pool-b"):
             await driver.destroy(sid)
         await driver.close()
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["claimed", "placed"])
+async def test_a_create_whose_state_file_cannot_be_written_leaves_no_job_running(tmp_path: Path,
+                                                                                 pooled: bool) -> None:
+    """The disk is full as the create records its sandbox (its state file's temp file is
+    /dev/full, which answers every write with ENOSPC). It used to leave the Nomad job it claimed
+    from the warm pool (or placed) running, in no pool and recorded nowhere, until a restart;
+    now the job is stopped and purged, and the error names the state file and the full disk."""
+    from hutch.core.errors import DriverFailure
+    from hutch.drivers.base import ResourceLimits
+
+    driver = await start_nomad(tmp_path / "data", pool_sizes={"base:latest": 1})
+    assert isinstance(driver, NomadDriver)
+    try:
+        await wait_for(lambda: driver.pool_metrics()["pools"]["base:latest"]["ready"] == 1)
+        entry = driver._pool["base:latest"][0]
+        sid = "full-disk"
+        (driver.state_dir / f"{sid}.tmp").symlink_to("/dev/full")
+        before = {j["ID"] for j in await driver._client.jobs(driver._job_prefix())}
+        resources = ResourceLimits() if pooled else ResourceLimits(memory_bytes=128 * 2**20)  # other: never pooled
+        with pytest.raises(DriverFailure) as err:
+            await driver.provision(ProvisionRequest(sid, "base:latest", resources=resources))
+        assert driver.pool_metrics()["claims"] == int(pooled)
+        assert "state file" in err.value.message and "No space left on device" in err.value.message, err.value
+        assert sid not in await driver.alive() and sid not in driver._agents._agents  # its session ended
+        made = entry.job_id if pooled else driver._job_prefix() + sid
+        assert pooled or made not in before
+        # Stopped and purged by the time the create's error is answered: nothing runs unrecorded.
+        assert made not in {j["ID"] for j in await driver._client.jobs(driver._job_prefix())}, made
+        if pooled:
+            assert not await driver._alloc_running(entry.job_id, entry.alloc_id)
+            await wait_for(lambda: driver.pool_metrics()["pools"]["base:latest"]["ready"] == 1)  # refilled
+            assert driver._pool["base:latest"][0].job_id != entry.job_id
+        (driver.state_dir / f"{sid}.tmp").unlink()
+        sid2 = f"{sid}-again"  # the disk has room again: the next create is made and recorded
+        await driver.provision(ProvisionRequest(sid2, "base:latest", resources=resources))
+        assert sid2 in await driver.alive() and driver._states.path(sid2).exists()
+    finally:
+        for s in await driver.alive():
+            await driver.destroy(s)
+        await driver.close()
