@@ -4,6 +4,7 @@ the nomad driver keeping real idle allocations on the dev agent as the policy sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -135,3 +136,79 @@ async def test_a_create_whose_state_file_cannot_be_written_leaves_no_job_running
         for s in await driver.alive():
             await driver.destroy(s)
         await driver.close()
+
+
+async def test_a_returning_replica_never_hands_out_a_pool_job_its_survivor_purges(tmp_path: Path) -> None:
+    """api-1 is killed -9 with two idle pool jobs placed; api-2 takes it over, lists them
+    (lost_leftovers) and, once its sandboxes are taken over, stops and purges them one by one
+    (discard_leftovers), keeping any a recorded handle names as it read them at the start.
+    api-1 restarts meanwhile. Its recovery took its old idle jobs back into its pool; a create
+    claimed one and recorded its handle after the survivor had read the handles, and the
+    survivor then stopped it: a sandbox answered created, ended a second later ("allocation
+    ended"). A replica told at its start that it was taken over (Replicas.taken_over) now stops
+    its old idle pool jobs (the survivor's to end) instead; its creates claim fresh ones."""
+    from hutch.drivers.nomad.client import NomadNotFound
+
+    async def ready(driver: NomadDriver, n: int) -> None:
+        await wait_for(lambda: driver.pool_metrics()["pools"]["base:latest"]["ready"] >= n
+                       and driver.pool_metrics()["pools"]["base:latest"]["starting"] == 0)
+
+    def replica(name: str, **more: object) -> dict[str, object]:
+        return {"replica": {"replica_id": name, "deployment": "one", **more}}
+
+    lost = await start_nomad(tmp_path / "a", pool_sizes={"base:latest": 2}, **replica("api-1"))
+    assert isinstance(lost, NomadDriver)
+    await ready(lost, 2)
+
+    async def drain_nothing() -> None:  # killed -9: its idle pool jobs stay placed
+        pass
+
+    lost._drain_pools = drain_nothing  # type: ignore[method-assign]
+    await lost.close()
+    survivor = await start_nomad(tmp_path / "b", **replica("api-2"))
+    returned: NomadDriver | None = None
+    assert isinstance(survivor, NomadDriver)
+    try:
+        leftovers = await survivor.lost_leftovers("api-1")
+        assert len(leftovers) == 2, leftovers
+        started = await start_nomad(tmp_path / "a", pool_sizes={"base:latest": 2},
+                                    **replica("api-1", taken_over=True))
+        assert isinstance(started, NomadDriver)
+        returned = started
+        await ready(returned, 1)
+        handed = {e.job_id for e in returned._pool["base:latest"]}
+        assert not handed & set(leftovers), f"the returning replica took back {handed & set(leftovers)}"
+        # The handles in the owner rows: what returned records as its creates are made.
+        read = asyncio.Event()
+
+        async def owner_rows() -> list[dict[str, str]]:
+            assert returned is not None
+            rows = [h for sid in returned._sandboxes if (h := returned.handle(sid)) is not None]
+            read.set()
+            return rows
+
+        survivor.set_foreign(owner_rows)
+        # The one returned would hand out next is ended last (for the old code's sake: it is a leftover).
+        nxt = returned._pool["base:latest"][0].job_id
+        sweep = asyncio.create_task(survivor.discard_leftovers(sorted(leftovers, key=lambda j: j == nxt), []))
+        await read.wait()
+        sid = "after-return"
+        await returned.provision(ProvisionRequest(sid, "base:latest"))
+        sb = returned._sandboxes[sid]
+        await sweep
+        await asyncio.sleep(1)  # its allocation watch would have seen a stop by now
+        assert sid in await returned.alive() and await returned._alloc_running(sb.job_id, sb.alloc_id), \
+            "the survivor's sweep ended a sandbox the returning replica made and recorded"
+        for job_id in leftovers:  # the lost replica's idle ones all went, whoever stopped them
+            with contextlib.suppress(NomadNotFound):
+                allocs = await survivor._client.job_allocations(job_id)
+                assert not [a for a in allocs if a.get("ClientStatus") in ("pending", "running")
+                            and a.get("DesiredStatus") == "run"], job_id
+    finally:
+        if returned is not None:
+            for s in await returned.alive():
+                await returned.destroy(s)
+            await returned.close()
+        with contextlib.suppress(Exception):
+            await survivor.discard_leftovers(await survivor.lost_leftovers("api-1"), [])
+        await survivor.close()
