@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hutch.core.errors import InvalidInput
-from hutch.drivers.base import ProvisionRequest
+from hutch.drivers.base import ExecRequest, ProvisionRequest
 from hutch.drivers.nomad.driver import NomadDriver
 from hutch.drivers.nomad.pools import PoolSizing, pool_sizing_from_env
-from tests.drivers_support import start_nomad
+from tests.drivers_support import Recorder, new_id, start_nomad
 
 
 def test_fixed_sizes_are_what_they_say() -> None:
@@ -212,3 +212,42 @@ async def test_a_returning_replica_never_hands_out_a_pool_job_its_survivor_purge
         with contextlib.suppress(Exception):
             await survivor.discard_leftovers(await survivor.lost_leftovers("api-1"), [])
         await survivor.close()
+
+
+async def test_a_job_purged_outside_hutch_is_never_handed_out_and_its_sandbox_ends(tmp_path: Path) -> None:
+    """A pool job purged at once (``nomad job stop -purge``, or a sweep that does not wait for
+    the task) leaves Nomad's allocation list with no stopped state in between. The watch looked
+    only at the allocations the list had: the entry stayed in the pool for good, and the next
+    create was answered with a sandbox whose job was gone, which nothing ever reported ended.
+    Now an allocation the list lacks is asked for once, and one Nomad no longer has is gone:
+    the entry leaves the pool (refilled), a sandbox ends with a lifecycle event."""
+    driver = await start_nomad(tmp_path / "data", pool_sizes={"base:latest": 1})
+    assert isinstance(driver, NomadDriver)
+    ended: list[tuple[str, str, bool]] = []
+
+    async def listener(sid: str, reason: str, failed: bool) -> None:
+        ended.append((sid, reason, failed))
+
+    driver.set_listener(listener)
+    pool = lambda: driver._pool["base:latest"]  # noqa: E731
+    try:
+        await wait_for(lambda: len(pool()) == 1)
+        purged = pool()[0]
+        await driver._client.deregister(purged.job_id, purge=True)
+        await wait_for(lambda: purged not in pool(), timeout=10)
+        await wait_for(lambda: len(pool()) == 1)  # refilled with a live one
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sid, "base:latest"))
+        sb = driver._sandboxes[sid]
+        assert driver.pool_metrics()["claims"] == 1 and sb.job_id != purged.job_id
+        sink = Recorder()
+        result = await driver.exec(ExecRequest(new_id("ex"), sid, ["echo", "live"]), sink)
+        assert (result.exit_code, sink.stdout) == (0, "live\n")
+        await driver._client.deregister(sb.job_id, purge=True)  # now the sandbox's own job
+        await wait_for(lambda: bool(ended), timeout=10)
+        assert ended[0][0] == sid and ended[0][2] is True and "purged" in ended[0][1], ended
+        assert sid not in await driver.alive()
+    finally:
+        for s in await driver.alive():
+            await driver.destroy(s)
+        await driver.close()
