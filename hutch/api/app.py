@@ -313,7 +313,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             stack.push_async_callback(lease.close)
             driver.set_foreign(replicas.foreign_handles)
             driver.set_owner_check(replicas.mine)
-            driver.set_replica(replicas.me, deployment_tag(secret))
+            driver.set_replica(replicas.me, deployment_tag(secret), taken_over=replicas.taken_over)
         await driver.start()
         stack.push_async_callback(driver.close)
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,

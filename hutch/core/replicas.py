@@ -62,6 +62,9 @@ class Replicas(abc.ABC):
     me: str  # this replica's id
     url: str  # where the other replicas reach it
     claimed: bool = False  # a renewal found this replica claimed by another: it serves nothing now
+    # Set by ``start``: its previous run (same id) had been claimed by a survivor, which ends what
+    # that run placed ahead (the nomad driver's idle warm pool jobs: Adoption.lost_leftovers).
+    taken_over: bool = False
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Register (or renew) this replica's lease."""

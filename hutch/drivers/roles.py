@@ -344,15 +344,19 @@ class Adoption(abc.ABC):
     _owner_check: Callable[[str], Awaitable[bool]] | None = None
     _replica_id: str | None = None
     _deployment: str | None = None
+    _taken_over: bool = False
 
-    def set_replica(self, replica_id: str | None, deployment: str | None = None) -> None:
+    def set_replica(self, replica_id: str | None, deployment: str | None = None, *,
+                    taken_over: bool = False) -> None:
         """Called before ``start``: this replica's id, which a driver marks what it places
         ahead of any sandbox with (the nomad driver's warm pool jobs), so a survivor can end
         what a lost replica left of those (``lost_leftovers``); and its deployment's tag (the
         same for every replica sharing its database: api/replication.py), marked with it, as
         a replica id is unique only within its deployment, and a backend (one Nomad cluster)
-        may serve several."""
-        self._replica_id, self._deployment = replica_id, deployment
+        may serve several. ``taken_over`` (Replicas.taken_over): this replica's previous run
+        was claimed by a survivor, which ends what that run placed ahead; a driver leaves those
+        to it and never hands one out (the survivor stops it regardless)."""
+        self._replica_id, self._deployment, self._taken_over = replica_id, deployment, taken_over
 
     def set_foreign(self, handles: ForeignHandles | None) -> None:
         """Called before ``start``: the handles of sandboxes other replicas own, which a driver
@@ -568,7 +572,8 @@ class NotPlayed:
     def set_owner_check(self, mine: Callable[[str], Awaitable[bool]] | None) -> None:
         pass
 
-    def set_replica(self, replica_id: str | None, deployment: str | None = None) -> None:
+    def set_replica(self, replica_id: str | None, deployment: str | None = None, *,
+                    taken_over: bool = False) -> None:
         pass
 
     async def drives(self, sandbox_id: str) -> bool:

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 SERIALISED_WAIT_SECONDS = 30  # waiting for a connection, then for the lock
 DISOWN_LINGER_SECONDS = 0.5  # the longest a lazy disown waits for a statement to go with
 
+# Who had claimed the row (NULL: nobody), read under its lock in the register's transaction: a
+# survivor's claim either committed before (this run learns it was taken over) or comes after and
+# finds the lease live. Not one statement: its snapshot could miss a claim committed meanwhile.
+_CLAIMED_BY = "SELECT claimed_by FROM hutch_replicas WHERE replica_id = $1 FOR UPDATE"
 _REGISTER = """
 INSERT INTO hutch_replicas (replica_id, url, expires_at, claimed_by)
 VALUES ($1, $2, now() + make_interval(secs => $3), NULL)
@@ -113,7 +117,8 @@ class PostgresReplicas(Replicas):
         await self._pg.start()
         await self._locks.start()
         began = _clock()
-        async with self._pg.conn() as conn:
+        async with self._pg.conn() as conn, conn.transaction():
+            self.taken_over = await conn.fetchval(_CLAIMED_BY, self.me) is not None
             await conn.execute(_REGISTER, self.me, self.url, self.lease_seconds)
             rows = await conn.fetch("SELECT sandbox_id FROM hutch_sandbox_owners WHERE replica_id = $1", self.me)
         self._mine = {r["sandbox_id"] for r in rows}

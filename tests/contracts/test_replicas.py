@@ -127,6 +127,21 @@ async def test_a_lapsed_lease_is_taken_over_once_and_its_replica_learns_it(pg: C
     assert not await a.mine("sbx_1")
 
 
+async def test_a_replica_started_again_learns_whether_it_was_taken_over(pg: Callable[..., PostgresReplicas]) -> None:
+    """What its previous run placed ahead is a survivor's to end once that run was claimed
+    (the nomad driver then takes none of its idle warm pool jobs back: adoption.py)."""
+    a, b = await pg("a"), await pg("b")
+    assert not a.taken_over and not b.taken_over  # never registered before
+    await a.start()  # a restart within its lease: nobody claimed it
+    assert not a.taken_over and await b.claim_dead() == []
+    await asyncio.sleep(LEASE + 0.2)  # killed: its lease lapses, and b claims it
+    assert await b.renew() and [c.dead_replica for c in await b.claim_dead()] == ["a"]
+    await a.start()
+    assert a.taken_over and await a.renew()
+    await a.start()  # started again, not claimed since
+    assert not a.taken_over
+
+
 async def test_a_replica_closed_on_purpose_is_taken_over_at_once(pg: Callable[..., PostgresReplicas]) -> None:
     a, b = await pg("a"), await pg("b")
     await a.own("sbx_1")

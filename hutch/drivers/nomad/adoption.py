@@ -32,6 +32,7 @@ class NomadAdoption:
     _foreign: Callable[[], Awaitable[list[dict[str, str]]]] | None
     _replica_id: str | None  # roles.Adoption.set_replica
     _deployment: str | None  # the same
+    _taken_over: bool  # the same
 
     # Provided by NomadDriver (the class this is mixed into).
     def _job_prefix(self) -> str:
@@ -52,7 +53,7 @@ class NomadAdoption:
     async def _recover(self) -> list[PoolEntry]:
         """Adopt the sandboxes a previous run of this data dir left; its idle pool allocations
         of a runtime still wanted are returned (they rejoin the pool once their agents start:
-        pools.py), the others stopped."""
+        pools.py), the others stopped, and all of them after a take-over (``_taken_over``)."""
         left: list[PoolEntry] = []
         # Asked with their meta: a pool job is known by it (``hutch.pool``, pools.py), and the
         # stubs of a plain list carry none, which stopped every pool job a restart found.
@@ -89,9 +90,12 @@ class NomadAdoption:
             runtime = marks.get("hutch.pool")
             allocs = await self._client.job_allocations(job_id)
             running = [a for a in allocs if a.get("ClientStatus") in LIVE]
-            if runtime and running and self.pool_sizes.get(runtime, 0) > 0:
+            # Not after a take-over: the survivor listed this run's pool jobs as it claimed it and
+            # stops them (lost_leftovers), keeping only those a handle names as it read the owner
+            # rows; one taken back and claimed by a create meanwhile was stopped under its sandbox.
+            if runtime and running and self.pool_sizes.get(runtime, 0) > 0 and not self._taken_over:
                 left.append(PoolEntry(job_id, running[0]["ID"], runtime))
-            else:  # a sandbox whose state file is gone, or a pool we no longer want
+            else:  # a sandbox whose state file is gone, a pool we no longer want or the survivor's to end
                 self._spawn(self._stop_job(job_id, None), f"nomad-reap-{job_id}")
         return left
 
@@ -136,9 +140,10 @@ class NomadAdoption:
         pools.py), idle or claimed by a create it died before recording: a claim is in that
         replica's memory only until the create's handle reaches its owner row, so nothing else
         finds them (its restart would, maybe never). Listed as the take-over is claimed: a
-        replica that returns after that places its new pool jobs later. Its start-up recovery
-        may take an old idle one back before ``discard_leftovers`` stops it: its allocation
-        watch then drops it from its pool (one it has claimed since and recorded is kept).
+        replica that returns after that places its new pool jobs later, and its start-up
+        recovery, told it was taken over, takes none of the old ones back (it once did: a
+        create claimed one and recorded it after ``discard_leftovers`` read the handles, which
+        then stopped that live sandbox).
         Only this deployment's (job meta ``hutch.deployment``): the jobs listed are every
         hutch's on the cluster, and another deployment may have a replica of the same name,
         whose claimed pool jobs are its tenants' live sandboxes that no handle here names. Jobs

@@ -287,8 +287,9 @@ class NomadDriver(NomadPausing, NomadExecutions, NomadNetworkRules, AllocationWa
                 raise IllegalTransition(f"sandbox {req.sandbox_id} already exists")
             layer = await self._images.layer(req)
             plain = layer is None and not req.network_enabled and req.port is None
-            entry = self._claim(recipe.name, req.resources) if plain else None
             allow = await self._allow.first(req.sandbox_id, req.network_allow) if req.network_allow else None
+            # Claimed last: from here on what fails takes the claimed (or placed) job down (_unmake).
+            entry = self._claim(recipe.name, req.resources) if plain else None
             if entry is not None:
                 sb = NomadSandbox(req.sandbox_id, entry.job_id, entry.alloc_id, recipe.name, dict(req.env))
                 self._agents.hand_over(entry.job_id, sb)
@@ -302,15 +303,39 @@ class NomadDriver(NomadPausing, NomadExecutions, NomadNetworkRules, AllocationWa
                 try:
                     alloc_id = await self._place(job)
                 except BaseException:
+                    self._allow.forget(req.sandbox_id)
                     with contextlib.suppress(Exception):
                         await asyncio.shield(self._stop_job(job_id, None))
                     raise
                 sb = NomadSandbox(req.sandbox_id, job_id, alloc_id, recipe.name, dict(req.env))
             if allow is not None:
                 sb.allow = allow
-            await asyncio.to_thread(self._states.save, sb)
+            try:
+                await asyncio.to_thread(self._states.save, sb)
+            except BaseException as err:
+                await self._unmake(sb)
+                if isinstance(err, OSError):  # a full disk, a read-only one: said, not "internal error"
+                    raise DriverFailure(f"sandbox {sb.id}: writing its state file {self._states.path(sb.id)} "
+                                        f"failed ({err.strerror or err}); its Nomad job {sb.job_id} was stopped "
+                                        "and purged", sandbox_id=sb.id) from err
+                raise
             self._sandboxes[sb.id] = sb
             self._agents.ensure(sb)  # started now, so the first commands find it running
+
+    async def _unmake(self, sb: NomadSandbox) -> None:
+        """A create that failed once its job was claimed from a warm pool or placed (its state
+        file not written: a full disk): the job is stopped and purged before the error is
+        answered, its agent's session ended. Not given back to the pool: what failed may have
+        been half-way through anything, a fresh entry is clean for sure, and the refill loop
+        places one in the background (a create's failure is rare; a refill is ~1 s of Nomad's).
+        Left running, it was in no pool and recorded nowhere: only a restart found it."""
+        self._allow.forget(sb.id)
+        self._states.forget(sb.id)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._agents.drop(sb.id))
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._stop_job(sb.job_id, sb.alloc_id))
+        self._refill_wakeup.set()
 
     def metrics(self) -> list[Metric]:
         return [*self._pool_metric_list(),
