@@ -184,9 +184,11 @@ class Reaper:
                     except HutchError as again:
                         reason = f"{reason}; pausing it filesystem-only failed: {again.message}"
                 log.warning("%s cannot be paused at its timeout; ending it: %s", sandbox_id, reason)
-            except HutchError as err:  # a sandbox that cannot be kept is ended, as any other would be
+            except Exception as err:  # any: a sandbox that cannot be kept is ended, as any other would be
+                # (one not hutch's, a driver's own, retried the reap for ever: _reap_or_retry)
                 log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
-                reason = f"{reason}; pausing it failed: {err.message}"
+                said = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
+                reason = f"{reason}; pausing it failed: {said}"
         log.info("reaping %s: %s", sandbox_id, reason)
         await self._control.end(sandbox_id, Terminate(reason=reason))  # its running commands ended first
 

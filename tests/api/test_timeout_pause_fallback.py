@@ -79,3 +79,28 @@ async def test_a_timeout_set_anew_as_the_reaper_falls_back_keeps_the_sandbox(
     sb = await api.data("GET", f"/sandbox/{sid}")
     assert sb["status"] == "running", sb
     assert (await api.data("GET", f"/sandbox/execution/{ex['executionId']}"))["status"] == "running"
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_a_pause_failing_in_the_drivers_own_words_ends_the_sandbox(
+        make_api: AppFactory, aiohttp_client, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A driver's pause that raised an error not hutch's (a bug of its own) failed the reap, which
+    was then tried again for ever, the sandbox kept past its timeout. Such a pause is a failed
+    pause: the sandbox is ended, its reason naming the error."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+
+    async def broken(sandbox_id: str, *, memory: bool = True) -> None:
+        raise RuntimeError("the driver's own bug")
+
+    monkeypatch.setattr(engine.parts.driver, "pause", broken)
+    e2b = await aiohttp_client(create_e2b_app(engine, api.client.server.app[TENANTS]))
+    resp = await e2b.post("/sandboxes", headers={"X-API-Key": KEY},
+                          json={"templateID": "base", "timeout": 1, "autoPause": True})
+    made = await resp.json()
+    assert resp.status == 201, made
+    sid = hutch_id(made["sandboxID"])
+    found = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=8000")
+    assert found["status"] == "terminated", found
+    sb = await api.data("GET", f"/sandbox/{sid}")
+    assert "RuntimeError: the driver's own bug" in sb["reason"], sb
