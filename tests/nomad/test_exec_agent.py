@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -499,3 +499,67 @@ async def test_a_pooled_sandbox_takes_over_the_agent_its_allocation_started(tmp_
         await driver.destroy(sid)
     finally:
         await driver.close()
+
+
+
+# FILL_PIDS that lets go by itself: every process it made ends at one moment, $1 s after its
+# start (not a cancel). The plugin's pids guard (containerd-driver/pidsguard.go) may end it
+# first: forks refused in 2 consecutive seconds end the busiest tag no running alloc exec
+# carries, and an agent-run command is none (exit 137, even while it runs: seen here).
+FILL_PIDS_FOR = textwrap.dedent("""
+    import os, sys, time
+    end = time.time() + float(sys.argv[1])
+    said = False
+    while time.time() < end:
+        try:
+            if os.fork() == 0:
+                time.sleep(max(0.0, end - time.time()))
+                os._exit(0)
+        except BlockingIOError:
+            if not said:
+                print("full", flush=True)
+                said = True
+            time.sleep(0.01)
+""")
+
+
+async def test_a_streamed_stdin_at_the_pids_limit_is_refused_by_name_not_lost(
+        driver: NomadDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command with streamed stdin (stream.stdin: an async iterable) at the pids limit. Its
+    feeder took stdin as the start went out, before the agent's refused fork was reported:
+    with a block taken it was a 502 DriverFailure ("part of its streamed stdin was already
+    taken"), not the SandboxBusy a command without stdin gets. With none taken yet, the feeder
+    was cancelled while it waited in the stream: an async generator (a stream another replica
+    holds) is closed by that, and the command asked again once a pid was free ran with an
+    empty stdin, its bytes lost without a word. Now stdin is read once the fork is reported:
+    the first is SandboxBusy, the second gets all of its stdin."""
+    monkeypatch.setattr(commands, "PIDS_WAIT", 0.3)  # refused before the pids guard may act (>= 1 s)
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", resources=ResourceLimits(pids=64)))
+    filler = ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS_FOR, "3"], timeout=30.0)
+    holder = Recorder()
+    holding = asyncio.ensure_future(driver.exec(filler, holder))
+    for _ in range(200):
+        if holder.stdout == "full\n" or holding.done():
+            break
+        await asyncio.sleep(0.05)
+    assert holder.stdout == "full\n", holder.stderr
+
+    async def ready() -> AsyncIterator[bytes]:  # uploaded before the command: there at once
+        for _ in range(3):
+            yield b"data\n"
+
+    with pytest.raises(SandboxBusy, match=r"at its pids limit \(64 processes and threads\)"):
+        await driver.exec(ExecRequest(new_id("ex"), sid, ["cat"], stdin=ready()), Recorder())
+
+    async def late() -> AsyncIterator[bytes]:  # its first block comes after the first refusal
+        await asyncio.sleep(0.3)
+        yield b"late\n"
+
+    monkeypatch.setattr(commands, "PIDS_WAIT", 10.0)  # the filler lets go well within it
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["cat"], stdin=late()), sink)
+    assert (result.exit_code, sink.stdout) == (0, "late\n"), "a command asked again ran without its stdin"
+    # Its end: the pids guard's kill (137) at 1-2 s, which frees the pids (had it let go by
+    # itself first, the guard's next round ended the busiest tag left: this running cat).
+    await holding

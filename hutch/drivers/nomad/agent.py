@@ -87,6 +87,7 @@ class _Command:
     def __init__(self) -> None:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.started = False
+        self.forked = asyncio.Event()  # set with ``started``: a streamed stdin is read from then on
         self.exited = False  # its exit came: the agent has let go of it
         self.consumed = False  # a streamed stdin's first block was taken: it cannot be run again
         self.sent = 0
@@ -269,6 +270,7 @@ class ExecAgent:
             cmd.events.put_nowait(("stdout" if kind == b"1" else "stderr", payload))
         elif kind == b"P":
             cmd.started = True
+            cmd.forked.set()
         elif kind == b"X":
             report = json.loads(payload)
             if not isinstance(report, dict) or not isinstance(report.get("code"), int):
@@ -340,6 +342,11 @@ class ExecAgent:
             if isinstance(stdin, bytes):
                 yield stdin
                 return
+            # Not read before the fork is reported: a fork the pids limit refused is asked again
+            # (commands.run_command), and a block taken for it was lost, or this wait in the
+            # stream, cancelled, closed an async generator (a stream another replica holds): the
+            # command asked again ran with an empty stdin, its bytes gone without a word.
+            await cmd.forked.wait()
             async for block in stdin:
                 cmd.consumed = True
                 yield block
