@@ -40,6 +40,11 @@ def _unix(iso: str) -> float:
 PAUSES = (ON_IDLE_PAUSE, ON_IDLE_PAUSE_FILESYSTEM)
 
 
+def _said(err: Exception) -> str:
+    """A failure as a sandbox's reason says it: hutch's in its words, another with its type."""
+    return err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
+
+
 class NoLongerDue(Exception):
     """The sandbox's deadline moved (its timeout set anew, a pause) after the reaper read it."""
 
@@ -181,14 +186,13 @@ class Reaper:
                     except NoLongerDue:  # set anew as the first was refused: it waits for its new time
                         await self.schedule(sandbox_id)
                         return
-                    except HutchError as again:
-                        reason = f"{reason}; pausing it filesystem-only failed: {again.message}"
+                    except Exception as again:  # any, as below
+                        reason = f"{reason}; pausing it filesystem-only failed: {_said(again)}"
                 log.warning("%s cannot be paused at its timeout; ending it: %s", sandbox_id, reason)
             except Exception as err:  # any: a sandbox that cannot be kept is ended, as any other would be
                 # (one not hutch's, a driver's own, retried the reap for ever: _reap_or_retry)
                 log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
-                said = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
-                reason = f"{reason}; pausing it failed: {said}"
+                reason = f"{reason}; pausing it failed: {_said(err)}"
         log.info("reaping %s: %s", sandbox_id, reason)
         await self._control.end(sandbox_id, Terminate(reason=reason))  # its running commands ended first
 
