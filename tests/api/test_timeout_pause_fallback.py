@@ -22,15 +22,21 @@ def driver_name() -> str:
     return "fake"  # pauses, but freezes no running command (Capabilities.pause_running false)
 
 
+async def autopausing(e2b: Any, *, timeout: int) -> tuple[str, str]:
+    """A sandbox made through E2B's API with ``autoPause`` and ``timeout`` seconds: its id, and
+    E2B's id of it."""
+    resp = await e2b.post("/sandboxes", headers={"X-API-Key": KEY},
+                          json={"templateID": "base", "timeout": timeout, "autoPause": True})
+    made = await resp.json()
+    assert resp.status == 201, made
+    return hutch_id(made["sandboxID"]), made["sandboxID"]
+
+
 @pytest.mark.runs_on("fake-embedded")
 async def test_a_command_that_never_ends_does_not_outlive_the_timeout(make_api: AppFactory, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
     api = await make_api()
     e2b = await aiohttp_client(create_e2b_app(api.client.server.app[ENGINE], api.client.server.app[TENANTS]))
-    resp = await e2b.post("/sandboxes", headers={"X-API-Key": KEY},
-                          json={"templateID": "base", "timeout": 2, "autoPause": True})
-    made = await resp.json()
-    assert resp.status == 201, made
-    sid = hutch_id(made["sandboxID"])
+    sid, _ = await autopausing(e2b, timeout=2)
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "3600"]})
     found = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=8000")
     assert found["status"] == "terminated", found  # it ran on before, past its timeout
@@ -52,11 +58,7 @@ async def test_a_timeout_set_anew_as_the_reaper_falls_back_keeps_the_sandbox(
     api = await make_api()
     engine = api.client.server.app[ENGINE]
     e2b = await aiohttp_client(create_e2b_app(engine, api.client.server.app[TENANTS]))
-    resp = await e2b.post("/sandboxes", headers={"X-API-Key": KEY},
-                          json={"templateID": "base", "timeout": 2, "autoPause": True})
-    made = await resp.json()
-    assert resp.status == 201, made
-    sid = hutch_id(made["sandboxID"])
+    sid, wire = await autopausing(e2b, timeout=2)
     ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "3600"]})
     pause = engine.control.pause
     fallbacks: list[bool] = []
@@ -64,7 +66,7 @@ async def test_a_timeout_set_anew_as_the_reaper_falls_back_keeps_the_sandbox(
     async def pause_as_the_user_sets_a_timeout(sandbox_id: str, **kwargs: Any) -> Any:
         if kwargs.get("memory") is False and not fallbacks:  # the reaper's fallback, once
             fallbacks.append(True)
-            got = await e2b.post(f"/sandboxes/{made['sandboxID']}/timeout", headers={"X-API-Key": KEY},
+            got = await e2b.post(f"/sandboxes/{wire}/timeout", headers={"X-API-Key": KEY},
                                  json={"timeout": 60})
             assert got.status == 204, await got.text()
         return await pause(sandbox_id, **kwargs)
@@ -95,12 +97,34 @@ async def test_a_pause_failing_in_the_drivers_own_words_ends_the_sandbox(
 
     monkeypatch.setattr(engine.parts.driver, "pause", broken)
     e2b = await aiohttp_client(create_e2b_app(engine, api.client.server.app[TENANTS]))
-    resp = await e2b.post("/sandboxes", headers={"X-API-Key": KEY},
-                          json={"templateID": "base", "timeout": 1, "autoPause": True})
-    made = await resp.json()
-    assert resp.status == 201, made
-    sid = hutch_id(made["sandboxID"])
+    sid, _ = await autopausing(e2b, timeout=1)
     found = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=8000")
     assert found["status"] == "terminated", found
     sb = await api.data("GET", f"/sandbox/{sid}")
     assert "RuntimeError: the driver's own bug" in sb["reason"], sb
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_a_fallback_pause_failing_in_its_own_words_ends_the_sandbox(
+        make_api: AppFactory, aiohttp_client, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The filesystem-only pause the reaper falls back on raised an error not hutch's: the reap
+    failed, and was retried for ever (its timeout passed, the sandbox running on). It is ended,
+    its reason naming both failures."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+    e2b = await aiohttp_client(create_e2b_app(engine, api.client.server.app[TENANTS]))
+    sid, _ = await autopausing(e2b, timeout=2)
+    await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "3600"]})
+    pause = engine.control.pause
+
+    async def fallback_broken(sandbox_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("memory") is False:
+            raise RuntimeError("the fallback's own bug")
+        return await pause(sandbox_id, **kwargs)
+
+    monkeypatch.setattr(engine.control, "pause", fallback_broken)
+    found = await api.data("GET", f"/sandbox/status/{sid}?waitForStatus=terminated&waitMs=8000")
+    assert found["status"] == "terminated", found
+    reason = (await api.data("GET", f"/sandbox/{sid}"))["reason"]
+    assert "has commands running" in reason and \
+        "pausing it filesystem-only failed: RuntimeError: the fallback's own bug" in reason, reason
