@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -50,6 +50,23 @@ async def status(api: Api, sid: str, wait: str = "terminated", ms: int = 6000) -
     return str(found["status"])
 
 
+@contextlib.asynccontextmanager
+async def restarted_reaper(engine: Any, read: Callable[[str], Awaitable[SandboxState | None]] | None = None
+                           ) -> AsyncIterator[asyncio.Task[None]]:
+    """The server's reaper stopped, as at a restart, and a new one watching (its task), reading
+    sandboxes through ``read`` (the engine's reads if None); stopped at the end."""
+    next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts").cancel()
+    engine.reaper.close()
+    reaper = Reaper(engine.parts.store, engine.parts.projector, engine.background, engine.control,
+                    read=read or engine.reads.sandbox)
+    task = asyncio.create_task(reaper.watch())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        reaper.close()
+
+
 @pytest.mark.runs_on(*STORE)  # the reaper's listing over either store
 @pytest.mark.parametrize("error", [
     OverflowError("date value out of range"),  # a deadline past any date: not a HutchError
@@ -68,10 +85,6 @@ async def test_one_sandbox_the_reaper_cannot_schedule_stops_no_other_timeout(
     with before_the_cap():
         bad = await made(api, timeout={"idle": "999999999999d"})
     last = await made(api, timeout={"idle": "1s"})
-    # The running reaper stopped, as at a restart; a new one lists the live sandboxes.
-    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
-    watch.cancel()
-    engine.reaper.close()
     deadline = Reaper.deadline
 
     def failing(self: Reaper, sb: SandboxState) -> tuple[float, str] | None:
@@ -80,19 +93,13 @@ async def test_one_sandbox_the_reaper_cannot_schedule_stops_no_other_timeout(
         return deadline(self, sb)
 
     monkeypatch.setattr(Reaper, "deadline", failing)
-    reaper = Reaper(engine.parts.store, engine.parts.projector, engine.background, engine.control,
-                    read=engine.reads.sandbox)
     caplog.set_level(logging.WARNING, logger="hutch.service")
-    task = asyncio.create_task(reaper.watch())
-    try:
+    async with restarted_reaper(engine) as task:  # a new one lists the live sandboxes
         assert [await status(api, good) for good in (first, last)] == ["terminated"] * 2
         await api.call("PATCH", f"/sandbox/env/{bad}", json={"env": {"A": "1"}})  # an event: rescheduled
         await asyncio.sleep(1.2)  # a retry loop's second or third turn
         assert not task.done(), task
         assert await status(api, bad, "running", 10) == "idle"
-    finally:
-        task.cancel()
-        reaper.close()
     said = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
     assert len(said) == 1 and str(error) in said[0], said  # at the listing; the event's the same, unsaid
 
@@ -107,9 +114,6 @@ async def test_a_sandbox_whose_read_fails_is_retried_alone_backing_off(
     api = await make_api()
     engine = api.client.server.app[ENGINE]
     bad = await made(api)
-    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
-    watch.cancel()
-    engine.reaper.close()
     reads: list[float] = []
 
     async def read(sandbox_id: str) -> SandboxState | None:
@@ -118,19 +122,14 @@ async def test_a_sandbox_whose_read_fails_is_retried_alone_backing_off(
             raise HutchError("the store is away", status=503)
         return await engine.reads.sandbox(sandbox_id)
 
-    reaper = Reaper(engine.parts.store, engine.parts.projector, engine.background, engine.control, read=read)
     caplog.set_level(logging.WARNING, logger="hutch.service")
-    task = asyncio.create_task(reaper.watch())
-    try:
+    async with restarted_reaper(engine, read) as task:
         await asyncio.sleep(0.1)  # listed: from the listing, no read
         await api.call("PATCH", f"/sandbox/env/{bad}", json={"env": {"A": "1"}})  # an event: a read that fails
         good = await made(api, timeout={"idle": "1s"})  # its events are not held behind the failing one's
         assert await status(api, good) == "terminated"
         await asyncio.sleep(2.5)
         assert not task.done(), task
-    finally:
-        task.cancel()
-        reaper.close()
     # ~3.5 s after its event: read at 0, 0.5, 1.5, 3.5 s (every 0.5 s, it was 8 reads)
     assert 2 <= len(reads) <= 5, [round(t - reads[0], 2) for t in reads]
     said = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
@@ -145,9 +144,6 @@ async def test_a_listing_that_fails_in_the_stores_own_words_is_retried(
     api = await make_api()
     engine = api.client.server.app[ENGINE]
     good = await made(api, timeout={"idle": "1s"})
-    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
-    watch.cancel()
-    engine.reaper.close()
     store = engine.parts.store
     listing = store.list_sandboxes
     failures = [ConnectionResetError("connection reset by peer")]
@@ -158,15 +154,10 @@ async def test_a_listing_that_fails_in_the_stores_own_words_is_retried(
         return await listing(*args, **kwargs)
 
     monkeypatch.setattr(store, "list_sandboxes", list_sandboxes)
-    reaper = Reaper(store, engine.parts.projector, engine.background, engine.control, read=engine.reads.sandbox)
     caplog.set_level(logging.WARNING, logger="hutch.service")
-    task = asyncio.create_task(reaper.watch())
-    try:
+    async with restarted_reaper(engine) as task:
         assert await status(api, good) == "terminated"
         assert not task.done(), task
-    finally:
-        task.cancel()
-        reaper.close()
     assert any("connection reset by peer" in r.getMessage() for r in caplog.records)
 
 
@@ -179,9 +170,6 @@ async def test_a_reap_that_fails_is_tried_again(make_api: AppFactory, caplog: py
     api = await make_api()
     engine = api.client.server.app[ENGINE]
     sid = await made(api, timeout={"idle": "1s"})
-    watch = next(t for t in asyncio.all_tasks() if t.get_name() == "timeouts")
-    watch.cancel()
-    engine.reaper.close()
     failures = [HutchError("the store is away", status=503)]
 
     async def read(sandbox_id: str) -> SandboxState | None:
@@ -189,15 +177,10 @@ async def test_a_reap_that_fails_is_tried_again(make_api: AppFactory, caplog: py
             raise failures.pop()
         return await engine.reads.sandbox(sandbox_id)
 
-    reaper = Reaper(engine.parts.store, engine.parts.projector, engine.background, engine.control, read=read)
     caplog.set_level(logging.WARNING, logger="hutch.service")
-    task = asyncio.create_task(reaper.watch())
-    try:
+    async with restarted_reaper(engine, read):
         assert await status(api, sid) == "terminated"  # listed (no read), then its reap read it
         assert not failures
-    finally:
-        task.cancel()
-        reaper.close()
     assert any(sid in r.getMessage() and "the store is away" in r.getMessage() for r in caplog.records)
 
 

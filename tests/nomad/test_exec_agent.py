@@ -275,14 +275,19 @@ async def test_a_starved_sandbox_still_runs_commands(
 
 
 # Forks sleepers until the pids limit refuses one, says so, and takes any pid freed after (a
-# shell cannot: dash exits at its first refused fork, which frees a pid).
+# shell cannot: dash exits at its first refused fork, which frees a pid), for $1 s: then every
+# process it made ends at one moment, freeing the limit at once (not a cancel). The plugin's pids
+# guard (containerd-driver/pidsguard.go) may end it first: forks refused in 2 consecutive seconds
+# end the busiest tag no running alloc exec carries, and an agent-run command is none (exit 137,
+# even while it runs: seen here).
 FILL_PIDS = textwrap.dedent("""
-    import os, time
+    import os, sys, time
+    end = time.time() + float(sys.argv[1])
     said = False
-    while True:
+    while time.time() < end:
         try:
             if os.fork() == 0:
-                time.sleep(60)
+                time.sleep(max(0.0, end - time.time()))
                 os._exit(0)
         except BlockingIOError:
             if not said:
@@ -303,7 +308,7 @@ async def test_a_command_finding_no_pid_left_is_refused_by_name(
     sid = new_id()
     await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", resources=ResourceLimits(pids=64)))
     agent = await until_agent(driver, sid)
-    filler = ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS], timeout=30.0)
+    filler = ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS, "60"], timeout=30.0)
     sink = Recorder()
     holding = asyncio.ensure_future(driver.exec(filler, sink))
     for _ in range(200):
@@ -497,28 +502,6 @@ async def test_a_pooled_sandbox_takes_over_the_agent_its_allocation_started(tmp_
         await driver.close()
 
 
-
-# FILL_PIDS that lets go by itself: every process it made ends at one moment, $1 s after its
-# start (not a cancel). The plugin's pids guard (containerd-driver/pidsguard.go) may end it
-# first: forks refused in 2 consecutive seconds end the busiest tag no running alloc exec
-# carries, and an agent-run command is none (exit 137, even while it runs: seen here).
-FILL_PIDS_FOR = textwrap.dedent("""
-    import os, sys, time
-    end = time.time() + float(sys.argv[1])
-    said = False
-    while time.time() < end:
-        try:
-            if os.fork() == 0:
-                time.sleep(max(0.0, end - time.time()))
-                os._exit(0)
-        except BlockingIOError:
-            if not said:
-                print("full", flush=True)
-                said = True
-            time.sleep(0.01)
-""")
-
-
 async def test_a_streamed_stdin_at_the_pids_limit_is_refused_by_name_not_lost(
         driver: NomadDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """A command with streamed stdin (stream.stdin: an async iterable) at the pids limit. Its
@@ -532,7 +515,7 @@ async def test_a_streamed_stdin_at_the_pids_limit_is_refused_by_name_not_lost(
     monkeypatch.setattr(commands, "PIDS_WAIT", 0.3)  # refused before the pids guard may act (>= 1 s)
     sid = new_id()
     await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", resources=ResourceLimits(pids=64)))
-    filler = ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS_FOR, "3"], timeout=30.0)
+    filler = ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS, "3"], timeout=30.0)
     holder = Recorder()
     holding = asyncio.ensure_future(driver.exec(filler, holder))
     for _ in range(200):
