@@ -201,19 +201,26 @@ class Replication:
 
     async def take_over(self) -> None:
         async with self._claiming:
-            for claimed in await self.replicas.claim_dead():
+            claims = await self.replicas.claim_dead()
+            # Every lost replica's leftovers are listed right after the claim, before any
+            # adoption: one that returns meanwhile places new pool jobs under its old id, and
+            # what it places after its claim is its own, not a leftover to end.
+            leftovers = [await self._leftovers(claimed.dead_replica) for claimed in claims]
+            for claimed, placed in zip(claims, leftovers, strict=True):
                 log.warning("replica %s: took over %d sandbox(es) of lost replica %s", self.replicas.me,
                             len(claimed.sandboxes), claimed.dead_replica)
-                await self._adopt(claimed)
+                await self._adopt(claimed, placed)
 
-    async def _adopt(self, claimed: Claimed) -> None:
+    async def _leftovers(self, dead_replica: str) -> list[str]:
+        try:
+            return await self.engine.takeover.leftovers(dead_replica)
+        except Exception:
+            log.exception("listing what lost replica %s placed ahead failed", dead_replica)
+            return []
+
+    async def _adopt(self, claimed: Claimed, leftovers: list[str]) -> None:
         why = f"the replica running it ({claimed.dead_replica}) was lost"
         tenants = dict(claimed.tenants)
-        leftovers: list[str] = []
-        try:  # listed now: a replica that returns after its claim places anew after this
-            leftovers = await self.engine.takeover.leftovers(claimed.dead_replica)
-        except Exception:
-            log.exception("listing what lost replica %s placed ahead failed", claimed.dead_replica)
         for sandbox_id, handle in claimed.sandboxes:
             try:
                 await self._adopt_one(sandbox_id, handle, why, tenants.get(sandbox_id))
