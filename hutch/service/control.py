@@ -109,15 +109,24 @@ class SandboxControl:
         await self._recorder.command(sandbox_id, Terminate(reason=DESTROYED_ON_REQUEST, deleted=True, **used))
         self._recorder.forget(sandbox_id)
 
-    async def end(self, sandbox_id: str, command: Terminate) -> None:
+    async def end(self, sandbox_id: str, command: Terminate, *,
+                  precondition: Callable[[SandboxState], None] | None = None) -> None:
         """End a sandbox not destroyed on request (oneshot done, reaped, restart): the driver
         lets it go, then the end is recorded with its usage. One with commands still running
         (a timeout counted busy or not, a paused one's frozen commands, one started after the
         caller read it idle) is recorded ending first, as a destroy is, their ends with it:
         their clients hear that the sandbox ended, not what its driver's kill left of them.
-        Decided under the sandbox's lock, not on what the caller read."""
+        Decided under the sandbox's lock, not on what the caller read; ``precondition`` sees
+        it there first, and what it raises refuses the end (as ``pause``'s)."""
+        ending = Destroy(reason=command.reason, if_running=True)
         with contextlib.suppress(SandboxNotFound):  # nothing recorded of it: the driver lets it go all the same
-            await self._recorder.command(sandbox_id, Destroy(reason=command.reason, if_running=True))
+            if precondition is None:
+                await self._recorder.command(sandbox_id, ending)
+            else:
+                def checked(sb: SandboxState) -> Destroy:
+                    precondition(sb)
+                    return ending
+                await self._recorder.act(sandbox_id, checked, _nothing)
         try:
             with phases.span("driver: destroy, its usage read before"):
                 used = await self._lifecycle.destroy_measured(sandbox_id, lambda: self._usage(sandbox_id))
@@ -154,3 +163,7 @@ def _fields(used: Usage) -> dict[str, Any]:
     """Terminate's usage fields."""
     return {"cpu_seconds": round(used.cpu_seconds, 6) if used.cpu_seconds is not None else None,
             "memory_peak_bytes": used.memory_peak_bytes}
+
+
+async def _nothing(_command: object) -> None:
+    """The effect of a step that is only recorded (``Recorder.act`` wants one)."""

@@ -194,7 +194,10 @@ class Reaper:
                 log.warning("pausing %s at its idle timeout failed (%s); ending it", sandbox_id, err)
                 reason = f"{reason}; pausing it failed: {_said(err)}"
         log.info("reaping %s: %s", sandbox_id, reason)
-        await self._control.end(sandbox_id, Terminate(reason=reason))  # its running commands ended first
+        try:  # its running commands ended first; decided on it as it is then (a pause may have taken seconds)
+            await self._control.end(sandbox_id, Terminate(reason=reason), precondition=self._due)
+        except NoLongerDue:  # set anew meanwhile: it waits for its new time
+            await self.schedule(sandbox_id)
 
     def _due(self, sb: SandboxState) -> None:
         """A pause's precondition (decided under the sandbox's lock): its deadline is still

@@ -128,3 +128,39 @@ async def test_a_fallback_pause_failing_in_its_own_words_ends_the_sandbox(
     reason = (await api.data("GET", f"/sandbox/{sid}"))["reason"]
     assert "has commands running" in reason and \
         "pausing it filesystem-only failed: RuntimeError: the fallback's own bug" in reason, reason
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_a_timeout_set_anew_as_the_fallback_fails_keeps_the_sandbox(
+        make_api: AppFactory, aiohttp_client, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The user sets a new timeout while the reaper's filesystem-only fallback runs, and that
+    fallback then fails: the end that followed went on from what the reaper had read, and
+    ended a sandbox whose timeout was a minute away. The end is decided under the sandbox's
+    lock, as each pause is: one no longer due is left to its new time."""
+    api = await make_api()
+    engine = api.client.server.app[ENGINE]
+    e2b = await aiohttp_client(create_e2b_app(engine, api.client.server.app[TENANTS]))
+    sid, wire = await autopausing(e2b, timeout=2)
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["sleep", "3600"]})
+    pause = engine.control.pause
+    fallbacks: list[bool] = []
+
+    async def fallback_fails_as_the_user_sets_a_timeout(sandbox_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("memory") is False:
+            fallbacks.append(True)
+            got = await e2b.post(f"/sandboxes/{wire}/timeout", headers={"X-API-Key": KEY},
+                                 json={"timeout": 60})
+            assert got.status == 204, await got.text()
+            raise RuntimeError("the fallback's own bug")
+        return await pause(sandbox_id, **kwargs)
+
+    monkeypatch.setattr(engine.control, "pause", fallback_fails_as_the_user_sets_a_timeout)
+    for _ in range(100):  # the reaper's turn: 2 s from the create
+        if fallbacks:
+            break
+        await asyncio.sleep(0.1)
+    assert fallbacks, "the reaper did not fall back"
+    await asyncio.sleep(0.5)
+    sb = await api.data("GET", f"/sandbox/{sid}")
+    assert sb["status"] == "running", sb
+    assert (await api.data("GET", f"/sandbox/execution/{ex['executionId']}"))["status"] == "running"
