@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from hutch.core.errors import DriverFailure
 from hutch.core.eventlog.base import EventLog
 from hutch.core.lifecycle import DESTROYED_ON_REQUEST, Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
@@ -75,7 +76,16 @@ class Takeover:
             return False
         # Where the log records the sandbox's node (the node driver's lifecycle:started), that
         # is where it runs: its create writes no handle row.
-        adopted = (handle is not None or sb.node is not None) and await self._adoption.adopt(sb, handle or {})
+        failed = False
+        try:
+            adopted = (handle is not None or sb.node is not None) and await self._adoption.adopt(sb, handle or {})
+        except DriverFailure as err:
+            # It cannot be driven from here (nomad: its state file not written, so the driver
+            # ended it). Said and recorded, not logged and passed by: the sandbox stayed
+            # claimed and running, driven by no replica. The driver's words name host paths
+            # and Nomad ids: the operator's log gets them, the tenant's reason does not.
+            log.error("sandbox %s: taking it over failed: %s", sandbox_id, err.message)
+            adopted, failed = False, True
         for ex in await self._store.list_executions(sandbox_id):
             if not ex.status.is_final:
                 await self._recorder.command(sandbox_id, FinishExecution(ex.execution_id, ExecutionStatus.FAILED,
@@ -86,7 +96,12 @@ class Takeover:
         elif not adopted or sb.status is SandboxStatus.CREATING:
             with contextlib.suppress(Exception):
                 await self._lifecycle.destroy(sandbox_id)
-            gone = "; its processes were not found" if not adopted else " while the sandbox was being created"
+            if failed:
+                gone = "; the replica taking it over could not record it, and ended it"
+            elif not adopted:
+                gone = "; its processes were not found"
+            else:
+                gone = " while the sandbox was being created"
             await self._recorder.command(sandbox_id, Fail(reason=why + gone))
         elif sb.spec.mode is Mode.ONESHOT:
             await self._control.end(sandbox_id, Terminate(reason=why))

@@ -5,6 +5,7 @@ keep their streams apart, and survive the agent being killed, stopped or starved
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -277,9 +278,9 @@ async def test_a_starved_sandbox_still_runs_commands(
 # Forks sleepers until the pids limit refuses one, says so, and takes any pid freed after (a
 # shell cannot: dash exits at its first refused fork, which frees a pid), for $1 s: then every
 # process it made ends at one moment, freeing the limit at once (not a cancel). The plugin's pids
-# guard (containerd-driver/pidsguard.go) may end it first: forks refused in 2 consecutive seconds
-# end the busiest tag no running alloc exec carries, and an agent-run command is none (exit 137,
-# even while it runs: seen here).
+# guard (containerd-driver/pidsguard.go) leaves it running: forks refused in 2 consecutive seconds
+# end the busiest tag of an ended command only, and the agent's running commands are its
+# children (it killed them too, 137 at ~2 s, until they were told apart that way).
 FILL_PIDS = textwrap.dedent("""
     import os, sys, time
     end = time.time() + float(sys.argv[1])
@@ -322,6 +323,45 @@ async def test_a_command_finding_no_pid_left_is_refused_by_name(
     assert (await holding).cancelled
     code, after = await run(driver, sid, ["echo", "after"])
     assert (code, after.stdout) == (0, "after\n") and driver._agents.live(sid) is agent
+
+
+async def test_a_running_command_at_the_pids_limit_is_left_to_end_by_itself(driver: NomadDriver) -> None:
+    """A command the agent runs holds its sandbox at the pids limit for 4 s, its forks refused
+    every second: the plugin's pids guard ends only ended commands' leftovers, and this one
+    still runs (its parent is the live agent), so its exit is its own. The guard counted as
+    running only the alloc execs Nomad ran, and killed it at ~2 s (137)."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", resources=ResourceLimits(pids=64)))
+    agent = await until_agent(driver, sid)
+    sink = Recorder()
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS, "4"], timeout=30.0), sink)
+    assert (result.exit_code, sink.stdout) == (0, "full\n"), sink.text("stderr")
+    code, after = await run(driver, sid, ["echo", "after"])
+    assert (code, after.stdout) == (0, "after\n") and driver._agents.live(sid) is agent
+
+
+async def test_a_filler_left_behind_by_an_ended_command_is_ended(driver: NomadDriver) -> None:
+    """The other half: the same filler started in the background by a command that then
+    ended is reparented to the sandbox's init, out of the agent's tree, and the pids guard
+    ends it (forks refused in 2 consecutive seconds) though the agent still runs."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13", resources=ResourceLimits(pids=64)))
+    agent = await until_agent(driver, sid)
+    # The command ends once the filler said it is full (builtins only: no fork left by then).
+    script = 'python3 -c "$0" 120 >/tmp/filler 2>&1 & until read -r said </tmp/filler; do :; done; echo "$said"'
+    code, sink = await run(driver, sid, ["sh", "-c", script, FILL_PIDS])
+    assert (code, sink.stdout) == (0, "full\n"), sink.text("stderr")
+    loop = asyncio.get_running_loop()
+    deadline, ps = loop.time() + 20, "not run"
+    while loop.time() < deadline:  # a ps may win a pid freed for a moment, or be refused
+        with contextlib.suppress(SandboxBusy):
+            code, sink = await run(driver, sid, ["ps", "-eo", "args"])
+            ps = sink.stdout
+            if code == 0 and "python3" not in ps:
+                break
+        await asyncio.sleep(0.2)
+    assert "python3" not in ps, ps
+    assert driver._agents.live(sid) is agent
 
 
 def host_threads(alloc_id: str) -> int:
@@ -539,6 +579,5 @@ async def test_a_streamed_stdin_at_the_pids_limit_is_refused_by_name_not_lost(
     sink = Recorder()
     result = await driver.exec(ExecRequest(new_id("ex"), sid, ["cat"], stdin=late()), sink)
     assert (result.exit_code, sink.stdout) == (0, "late\n"), "a command asked again ran without its stdin"
-    # Its end: the pids guard's kill (137) at 1-2 s, which frees the pids (had it let go by
-    # itself first, the guard's next round ended the busiest tag left: this running cat).
-    await holding
+    # Its end: its own, at 3 s (the pids guard spares a running command), which frees the pids.
+    assert (await holding).exit_code == 0

@@ -5,6 +5,7 @@ listener, recovery after a restart. Against the real Nomad + containerd that
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import time
@@ -114,6 +115,40 @@ async def test_a_restarted_driver_adopts_its_sandboxes(tmp_path: Path) -> None:
     finally:
         await second.destroy(sid)
         await second.close()
+
+
+async def test_a_take_over_whose_state_file_cannot_be_written_says_so(tmp_path: Path) -> None:
+    """Another replica's sandbox taken over while this replica's disk is full (its state file's
+    temp file is /dev/full: ENOSPC). adopt() raised the bare OSError after it had taken the
+    sandbox's allow list (and a paused one's hold), and the take-over logged it and went on:
+    the sandbox stayed claimed, driven by no one, its job running. Now the error names the
+    state file and the full disk, nothing of the sandbox is kept, and its job is stopped and
+    purged (nothing runs that no replica records)."""
+    from hutch.core.errors import DriverFailure
+    from hutch.core.models import NetworkSpec, SandboxSpec, SandboxState, SandboxStatus
+
+    placer = await start_nomad(tmp_path / "a")
+    taker = await start_nomad(tmp_path / "b")
+    assert isinstance(placer, NomadDriver) and isinstance(taker, NomadDriver)
+    try:
+        sid = await provision(placer)
+        handle = placer.handle(sid)
+        assert handle is not None
+        (taker.state_dir / f"{sid}.tmp").symlink_to("/dev/full")
+        spec = SandboxSpec(runtime="base:latest", runtime_id="base:latest",
+                           network=NetworkSpec(enabled=True, allow=("192.0.2.1",)))
+        state = SandboxState(sandbox_id=sid, spec=spec, status=SandboxStatus.PAUSED, created_at="", updated_at="")
+        with pytest.raises(DriverFailure) as err:
+            await taker.adopt(state, handle)
+        assert "state file" in err.value.message and "No space left on device" in err.value.message, err.value
+        assert sid not in await taker.alive() and sid not in taker._allow._lists and sid not in taker._paused
+        assert not await taker._alloc_running(handle["job_id"], handle["alloc_id"])
+    finally:
+        for d in (placer, taker):
+            for s in await d.alive():
+                with contextlib.suppress(Exception):
+                    await d.destroy(s)
+            await d.close()
 
 
 async def _left_as_a_kill_leaves_it(driver: NomadDriver) -> None:

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from hutch.core.errors import DriverFailure
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.drivers.egress import AllowLists
 from hutch.drivers.nomad.client import NomadClient, NomadNotFound
@@ -48,6 +49,9 @@ class NomadAdoption:
         raise NotImplementedError
 
     async def _stop_job(self, job_id: str, alloc_id: str | None, *, node_lost: bool = False) -> None:
+        raise NotImplementedError
+
+    async def _unmake(self, sb: NomadSandbox) -> None:
         raise NotImplementedError
 
     async def _recover(self) -> list[PoolEntry]:
@@ -198,9 +202,23 @@ class NomadAdoption:
                               dict(spec.env))
             if spec.network.allow:
                 sb.allow = await self._allow.first(sid, spec.network.allow)
+            # Recorded before anything else of it is kept: a state file that cannot be written
+            # (a full disk) left its allow list and hold here, the error a bare OSError that the
+            # take-over logged and went past, and the sandbox claimed by a replica that does
+            # not drive it. Without its record no restart of this replica finds it, so it is
+            # ended as a create whose record fails is (_unmake), and the error says why.
+            try:
+                await asyncio.to_thread(self._states.save, sb)
+            except OSError as err:
+                await self._unmake(sb)
+                raise DriverFailure(f"sandbox {sid}: taking it over, writing its state file "
+                                    f"{self._states.path(sid)} failed ({err.strerror or err}); its Nomad job "
+                                    f"{sb.job_id} was stopped and purged", sandbox_id=sid) from err
+            except BaseException:
+                self._allow.forget(sid)
+                raise
             if sandbox.status is SandboxStatus.PAUSED:
                 self._found_paused(sid)
-            await asyncio.to_thread(self._states.save, sb)
             self._sandboxes[sid] = sb
             return True
 

@@ -328,7 +328,8 @@ class NomadDriver(NomadPausing, NomadExecutions, NomadNetworkRules, AllocationWa
         answered, its agent's session ended. Not given back to the pool: what failed may have
         been half-way through anything, a fresh entry is clean for sure, and the refill loop
         places one in the background (a create's failure is rare; a refill is ~1 s of Nomad's).
-        Left running, it was in no pool and recorded nowhere: only a restart found it."""
+        Left running, it was in no pool and recorded nowhere: only a restart found it. A
+        take-over whose state file is not written ends the adopted sandbox the same way (adopt)."""
         self._allow.forget(sb.id)
         self._states.forget(sb.id)
         with contextlib.suppress(Exception):

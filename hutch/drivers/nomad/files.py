@@ -80,12 +80,19 @@ write)
   [ -d "$d" ] || fail "No such file or directory"
   [ -d "$p" ] && fail "Is a directory"
   if [ -e "$p" ] && [ ! -f "$p" ]; then fail "Invalid argument"; fi
-  # Opened, given its mode, then written through the open descriptor (a read-only mode
-  # holds no write back): the changes a watcher sees, in the local driver's order.
-  exec 3> "$p" || exit 3
-  chmod "$1" -- "$p" || exit 3
+  # Every process the write needs is made before the old content is cut: at the pids limit
+  # a fork refused after the cut left the file empty. Opened (made if absent) but not cut;
+  # cat forked now, reading nothing before our "ok" (the driver sends the content only then;
+  # a background job's stdin is /dev/null, so it gets ours as fd 4); then one fork that cuts
+  # a file with content (a cut of nothing is a change a watcher sees for nothing) and
+  # becomes chmod. A watcher sees the local driver's order (made or cut, mode, content), and
+  # the content goes through the descriptor opened first (a read-only mode holds no write back).
+  exec 3>> "$p" 4<&0 || exit 3
+  cat <&4 >&3 4<&- &
+  c=$!
+  ( exec 4<&-; if [ -s "$p" ]; then : > "$p" || exit 3; fi; exec chmod "$1" -- "$p" ) || { kill "$c"; exit 3; }
   printf 'ok\n'
-  cat >&3 || exit 3 ;;
+  wait "$c" || exit 3 ;;
 list)
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then fail "No such file or directory"; fi
   if [ -d "$p" ]; then

@@ -160,5 +160,12 @@ def alloc_reason(alloc: Mapping[str, Any]) -> str:
     if status in NODE_GONE:  # the node is the story; the task's last events are stale news
         return f"its node {node} stopped answering (allocation {status}: {desc or 'node down'})"
     where = [f"on node {node}"] if node else []
+    desired = alloc.get("DesiredStatus")
+    if desired in ("stop", "evict") and status in LIVE:
+        # Nomad stops it while its task still runs (a job stopped outside hutch, a drain): the
+        # task's words ("Task started by client") and "running" read as if nothing were wrong.
+        why = alloc.get("DesiredDescription") or ""
+        doing = "evicted" if desired == "evict" else "stopped"
+        return "; ".join([f"allocation being {doing} by Nomad" + (f" ({why})" if why else ""), *where])
     parts = [f"allocation {status}"] + where + ([desc] if desc else []) + details
     return "; ".join(parts)
