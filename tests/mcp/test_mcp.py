@@ -27,7 +27,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from hutch.client import SandboxClient
-from hutch.errors import SandboxNotFound
+from hutch.errors import InvalidInput, NotFound, SandboxNotFound
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "mcp-test-admin-key"  # the server's bootstrap key: org_local ("org A")
@@ -234,6 +234,34 @@ async def test_an_org_a_session_cannot_see_read_or_destroy_org_b_sandboxes(serve
             assert await b.read_bytes(victim, "/home/agentuity/secret.txt") == b"org B only"  # untouched
         finally:
             await b.destroy(victim)
+
+
+async def test_a_sandbox_id_names_a_sandbox_never_another_route(served: str, mcp_url: str) -> None:
+    """The id a tool takes goes into a URL path: ``../keys/K`` or ``snapshots/S`` must not reach
+    the key's or the snapshot's route (a model asked to destroy a sandbox revoked a key)."""
+    async with SandboxClient(served, ADMIN) as admin:
+        victim = await admin.tenancy.create_key("member", name="victim")
+        sid = (await admin.create(runtime="workspace:latest")).id
+        snap = (await admin.create_snapshot(sid)).snapshot_id
+        try:
+            async with http_session(mcp_url, ADMIN) as client:
+                for bad in (f"../keys/{victim.id}", f"snapshots/{snap}", f"{sid}/../../keys/{victim.id}"):
+                    message = await refused(client, "destroy_sandbox", sandbox_id=bad)  # one id, that names nothing
+                    assert f"sandbox {bad} not found" in message, (bad, message)
+                for bad in ("..", ".", ""):  # what an HTTP client would resolve away: refused before asking
+                    assert f"{bad!r} is not an id" in await refused(client, "destroy_sandbox", sandbox_id=bad)
+                assert "not found" in await refused(client, "read_file", sandbox_id=f"{sid}/../../x", path="x")
+            with pytest.raises(NotFound, match=r"key \.\./sandbox/"):
+                await admin.tenancy.revoke_key(f"../sandbox/{sid}")  # the SDK's own calls, the same
+            with pytest.raises(InvalidInput, match="not an id"):
+                await admin.delete_snapshot("..")
+            async with SandboxClient(served, str(victim.secret)) as still:
+                assert await still.tenancy.list_orgs()  # not revoked
+            assert (await admin.get_snapshot(snap)).snapshot_id == snap  # not deleted
+            assert (await admin.get(sid)).status != "terminated"
+        finally:
+            await admin.destroy(sid)
+            await admin.delete_snapshot(snap)
 
 
 async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: dict[str, str]) -> None:
