@@ -280,6 +280,42 @@ async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: 
         assert stolen.status_code == 404 and "tools" not in stolen.text
 
 
+def test_an_organization_holds_a_bounded_number_of_sessions(served: str, keys: dict[str, str]) -> None:
+    """Sessions are the server's (10,000 at most, for everyone): one organization opening them
+    as fast as it can, with one key or several, must not leave none for the others."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}",
+                             "--max-org-sessions", "2"], env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    async def scenario() -> None:
+        async with SandboxClient(served, ADMIN, org_id="org_mcpb") as there:
+            other_b = str((await there.tenancy.create_key("member", name="second")).secret)
+        async with httpx2.AsyncClient(headers={"Accept": "application/json, text/event-stream"}) as http:
+            def open_as(key: str) -> Any:
+                return http.post(url, json=hello, headers={"Authorization": f"Bearer {key}"})
+            opened = [await open_as(keys["B"]), await open_as(other_b)]
+            assert [r.status_code for r in opened] == [200, 200]
+            for key in (keys["B"], other_b):  # the organization's third, whichever key asks
+                full = await open_as(key)
+                assert full.status_code == 429, full.text
+                assert "2 MCP sessions" in full.json()["error"]["message"], full.text
+            assert (await open_as(keys["A"])).status_code == 200  # another organization is not held up
+            ended = await http.delete(url, headers={"Authorization": f"Bearer {keys['B']}", "MCP-Protocol-Version":
+                                                    "2025-11-25", "Mcp-Session-Id": opened[0].headers["mcp-session-id"]})
+            assert ended.status_code == 200, ended.text
+            assert (await open_as(other_b)).status_code == 200  # an ended session's room is free again
+
+    try:
+        _wait_for(url, proc, "hutch mcp --http")
+        asyncio.run(scenario())
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str, keys: dict[str, str]) -> None:
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
     async with httpx2.AsyncClient() as http:
@@ -375,7 +411,9 @@ def test_a_bad_bind_or_a_missing_server_is_a_usage_error(tmp_path: Path, monkeyp
     monkeypatch.delenv("HUTCH_URL", raising=False)
     for argv, said in ([["mcp"], "no hutch server"], [["--url", "http://x", "mcp", "--http", "nohost"], "HOST:PORT"],
                        [["--url", "http://x", "--api-key", "k", "mcp", "--http", "127.0.0.1:1"], "over HTTP"],
-                       [["--url", "http://x", "--org-id", "org_b", "mcp", "--http", "127.0.0.1:1"], "over HTTP"]):
+                       [["--url", "http://x", "--org-id", "org_b", "mcp", "--http", "127.0.0.1:1"], "over HTTP"],
+                       [["--url", "http://x", "mcp", "--max-org-sessions", "3"], "is for --http"],
+                       [["--url", "http://x", "mcp", "--http", "127.0.0.1:1", "--max-org-sessions", "0"], "1 or more"]):
         assert main(argv) == 2
         assert said in capsys.readouterr().err, argv
 
