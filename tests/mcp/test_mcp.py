@@ -264,6 +264,33 @@ async def test_a_sandbox_id_names_a_sandbox_never_another_route(served: str, mcp
             await admin.delete_snapshot(snap)
 
 
+async def test_what_a_sandbox_holds_comes_back_bounded(served: str, mcp_url: str, keys: dict[str, str]) -> None:
+    """The server is shared by every organization's sessions: a tool's answer must not bring a
+    sandbox's whole file or output into it (a 200 MiB file read took it to 14.6 GiB, 20 MiB of
+    output to 816 MiB). Larger than the bound: a tool error saying so, or the output cut."""
+    from hutch.mcp_server import MAX_BYTES
+
+    async with http_session(mcp_url, keys["B"]) as client:
+        sid = (await call(client, "create_sandbox"))["sandbox_id"]
+        made = await call(client, "shell", sandbox_id=sid, command=f"mkdir -p d; head -c {2 * MAX_BYTES} /dev/zero "
+                          "| tr '\\0' a > d/big; echo small > d/small")
+        assert made["exit_code"] == 0, made
+        message = await refused(client, "read_file", sandbox_id=sid, path="d/big")
+        assert f"larger than the {MAX_BYTES} bytes" in message and "head" in message, message
+        assert (await call(client, "read_file", sandbox_id=sid, path="d/small"))["contents"] == "small\n"
+        ran = await call(client, "shell", sandbox_id=sid, command="cat d/big; cat d/big >&2; echo done >&2")
+        assert ran["exit_code"] == 0 and ran["stdout"].startswith("a" * MAX_BYTES), ran["stdout"][-200:]
+        assert ran["stdout"].endswith(f"[hutch: {MAX_BYTES} more bytes of stdout not kept]\n"), ran["stdout"][-200:]
+        assert f"[hutch: {MAX_BYTES + 5} more bytes of stderr not kept]" in ran["stderr"], ran["stderr"][-200:]
+        snap = await call(client, "snapshot", sandbox_id=sid)
+        assert snap["snapshot_id"].startswith("snp_") and {"d/big", "d/small"} <= set(snap["files"]), snap
+        await call(client, "shell", sandbox_id=sid, command="mkdir many; cd many; seq 1 1200 | xargs touch")
+        listed = await call(client, "list_files", sandbox_id=sid, path="many")
+        assert (len(listed["files"]), listed["files_not_listed"]) == (1000, 200), listed["files"][:3]
+        again = await call(client, "snapshot", sandbox_id=sid)
+        assert (len(again["files"]), again["files_not_listed"]) == (1000, 1202 - 1000), again["files"][:3]
+
+
 async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: dict[str, str]) -> None:
     """A leaked session id is useless with another key: the session answers as if unknown."""
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
