@@ -18,7 +18,7 @@ import json as jsonlib
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import aiohttp
 import attrs
@@ -26,15 +26,26 @@ import attrs
 from hutch import _config
 from hutch._shapes import Duration, _query
 from hutch._version import __version__
-from hutch.errors import ConnectionFailed, ServerError, error_from_response
+from hutch.errors import ConnectionFailed, InvalidInput, ServerError, error_from_response
 
 if TYPE_CHECKING:
     from hutch._embedded import EmbeddedEngine
 
-__all__ = ["EMBEDDED_URL", "LONG_POLL", "Connected", "Connection", "EngineOptions", "items"]
+__all__ = ["EMBEDDED_URL", "LONG_POLL", "Connected", "Connection", "EngineOptions", "items", "segment"]
 
 LONG_POLL = "5m"  # the longest server-side wait the wire allows per request
 EMBEDDED_URL = "http://localhost"  # the embedded engine's private socket answers any host
+
+
+def segment(value: str) -> str:
+    """An id as one segment of a request's path. Ids come from outside (a model's tool call, a
+    web form): ``../keys/K`` or ``snapshots/S`` put in ``/sandbox/{id}`` as they are would reach
+    the key's or the snapshot's route with this client's key, so a slash is sent escaped (the
+    server reads it as part of the id, which then names nothing) and a dot segment, which HTTP
+    clients resolve before sending, is refused."""
+    if value in ("", ".", ".."):
+        raise InvalidInput(f"{value!r} is not an id", field="id")
+    return quote(value, safe="")
 
 
 @attrs.frozen

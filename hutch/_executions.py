@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from hutch._connection import Connection, items
+from hutch._connection import Connection, items, segment
 from hutch._shapes import Duration, Files, _duration, _seconds, _wire_files
 from hutch.errors import InvalidInput
 from hutch.models import Execution, ExecutionInfo, Job, SandboxEvent, from_wire
@@ -45,7 +45,7 @@ class Executions:
         if stream:
             body["stream"] = dict(stream)
         resp = await self.connection.request(
-            "POST", f"/sandbox/{sandbox_id}/execute", json=body, sandbox_id=sandbox_id
+            "POST", f"/sandbox/{segment(sandbox_id)}/execute", json=body, sandbox_id=sandbox_id
         )
         started = from_wire(Execution, resp.get("data"))
         if resp.get("autoResumed") is not None:  # beside the data, in the envelope
@@ -59,7 +59,7 @@ class Executions:
         timeout = self.connection.request_timeout + (_seconds(wait_text) if wait_text else 0)
         resp = await self.connection.request(
             "GET",
-            f"/sandbox/execution/{execution_id}",
+            f"/sandbox/execution/{segment(execution_id)}",
             params={"wait": wait_text},
             max_seconds=timeout,
             execution_id=execution_id,
@@ -68,7 +68,7 @@ class Executions:
 
     async def cancel_execution(self, execution_id: str) -> ExecutionInfo:
         resp = await self.connection.request(
-            "POST", f"/sandbox/execution/{execution_id}/cancel", execution_id=execution_id
+            "POST", f"/sandbox/execution/{segment(execution_id)}/cancel", execution_id=execution_id
         )
         return from_wire(ExecutionInfo, self.connection.data(resp))
 
@@ -91,7 +91,7 @@ class Executions:
     ) -> list[ExecutionInfo]:
         resp = await self.connection.request(
             "GET",
-            f"/sandbox/sandboxes/{sandbox_id}/executions",
+            f"/sandbox/sandboxes/{segment(sandbox_id)}/executions",
             params={"limit": limit},
             sandbox_id=sandbox_id,
         )
@@ -103,7 +103,7 @@ class Executions:
     ) -> list[SandboxEvent]:
         resp = await self.connection.request(
             "GET",
-            f"/sandbox/sandboxes/{sandbox_id}/events",
+            f"/sandbox/sandboxes/{segment(sandbox_id)}/events",
             params={"limit": limit, "direction": direction},
             sandbox_id=sandbox_id,
         )
@@ -127,14 +127,14 @@ class Executions:
         if streams:
             body["streams"] = dict(streams)
         resp = await self.connection.request(
-            "POST", f"/sandbox/sandboxes/{sandbox_id}/jobs", json=body, sandbox_id=sandbox_id
+            "POST", f"/sandbox/sandboxes/{segment(sandbox_id)}/jobs", json=body, sandbox_id=sandbox_id
         )
         return from_wire(Job, self.connection.data(resp))
 
     async def get_job(self, sandbox_id: str, job_id: str) -> Job:
         resp = await self.connection.request(
             "GET",
-            f"/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}",
+            f"/sandbox/sandboxes/{segment(sandbox_id)}/jobs/{segment(job_id)}",
             sandbox_id=sandbox_id,
             execution_id=job_id,
         )
@@ -143,7 +143,7 @@ class Executions:
     async def list_jobs(self, sandbox_id: str, *, limit: int | None = None) -> list[Job]:
         resp = await self.connection.request(
             "GET",
-            f"/sandbox/sandboxes/{sandbox_id}/jobs",
+            f"/sandbox/sandboxes/{segment(sandbox_id)}/jobs",
             params={"limit": limit},
             sandbox_id=sandbox_id,
         )
@@ -152,7 +152,7 @@ class Executions:
     async def stop_job(self, sandbox_id: str, job_id: str, *, force: bool = False) -> Job:
         resp = await self.connection.request(
             "DELETE",
-            f"/sandbox/sandboxes/{sandbox_id}/jobs/{job_id}",
+            f"/sandbox/sandboxes/{segment(sandbox_id)}/jobs/{segment(job_id)}",
             params={"force": True if force else None},
             sandbox_id=sandbox_id,
             execution_id=job_id,

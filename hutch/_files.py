@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from hutch import _transfer
-from hutch._connection import Connection, items
+from hutch._connection import Connection, items, segment
 from hutch._shapes import Files, _wire_files
 from hutch.errors import InvalidInput
 from hutch.models import SandboxFileInfo, UploadResult, from_wire
@@ -32,7 +32,7 @@ class SandboxFiles:
     async def write_files(self, sandbox_id: str, files: Files) -> int:
         resp = await self.connection.request(
             "POST",
-            f"/fs/{sandbox_id}",
+            f"/fs/{segment(sandbox_id)}",
             json={"files": _wire_files(files) or []},
             sandbox_id=sandbox_id,
         )
@@ -45,7 +45,7 @@ class SandboxFiles:
         self, sandbox_id: str, path: str, *, chunk_size: int = READ_CHUNK
     ) -> AsyncIterator[bytes]:
         async with self.connection.raw(
-            "GET", f"/fs/{sandbox_id}", params={"path": path}, sandbox_id=sandbox_id
+            "GET", f"/fs/{segment(sandbox_id)}", params={"path": path}, sandbox_id=sandbox_id
         ) as resp:
             async for chunk in resp.content.iter_chunked(chunk_size):
                 yield chunk
@@ -55,28 +55,28 @@ class SandboxFiles:
 
     async def list_files(self, sandbox_id: str, path: str | None = None) -> list[SandboxFileInfo]:
         resp = await self.connection.request(
-            "GET", f"/fs/list/{sandbox_id}", params={"path": path}, sandbox_id=sandbox_id
+            "GET", f"/fs/list/{segment(sandbox_id)}", params={"path": path}, sandbox_id=sandbox_id
         )
         return [from_wire(SandboxFileInfo, item) for item in items(self.connection.data(resp), "files")]
 
     async def mkdir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
         await self.connection.request(
             "POST",
-            f"/fs/mkdir/{sandbox_id}",
+            f"/fs/mkdir/{segment(sandbox_id)}",
             json={"path": path, "recursive": recursive},
             sandbox_id=sandbox_id,
         )
 
     async def rm_file(self, sandbox_id: str, path: str) -> bool:
         resp = await self.connection.request(
-            "POST", f"/fs/rm/{sandbox_id}", json={"path": path}, sandbox_id=sandbox_id
+            "POST", f"/fs/rm/{segment(sandbox_id)}", json={"path": path}, sandbox_id=sandbox_id
         )
         return bool(resp.get("found", True))
 
     async def rm_dir(self, sandbox_id: str, path: str, *, recursive: bool = False) -> bool:
         resp = await self.connection.request(
             "POST",
-            f"/fs/rmdir/{sandbox_id}",
+            f"/fs/rmdir/{segment(sandbox_id)}",
             json={"path": path, "recursive": recursive},
             sandbox_id=sandbox_id,
         )
@@ -84,7 +84,7 @@ class SandboxFiles:
 
     async def set_env(self, sandbox_id: str, env: Mapping[str, str | None]) -> dict[str, str]:
         resp = await self.connection.request(
-            "PATCH", f"/sandbox/env/{sandbox_id}", json={"env": dict(env)}, sandbox_id=sandbox_id
+            "PATCH", f"/sandbox/env/{segment(sandbox_id)}", json={"env": dict(env)}, sandbox_id=sandbox_id
         )
         data = self.connection.data(resp)
         return dict(data.get("env", {})) if isinstance(data, dict) else {}
@@ -99,7 +99,7 @@ class SandboxFiles:
             )
         async with self.connection.raw(
             "GET",
-            f"/fs/download/{sandbox_id}",
+            f"/fs/download/{segment(sandbox_id)}",
             params={"path": path, "format": format},
             sandbox_id=sandbox_id,
         ) as resp:
@@ -131,7 +131,7 @@ class SandboxFiles:
             )
         async with self.connection.raw(
             "POST",
-            f"/fs/upload/{sandbox_id}",
+            f"/fs/upload/{segment(sandbox_id)}",
             params={"path": path, "format": format},
             data=_transfer.source_chunks(source),
             headers={"Content-Type": "application/octet-stream"},

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
-from hutch._connection import Connection
+from hutch._connection import Connection, segment
 from hutch._executions import Executions
 from hutch._options import SandboxOptions, check_options, create_body
 from hutch._output import OutputCollector, OutputSink
@@ -150,7 +150,7 @@ class Sandboxes:
 
     async def fork(self, sandbox_id: str, count: int) -> list[tuple[str, str]]:
         """(id, status) of each of ``count`` new copies of the sandbox."""
-        resp = await self.connection.request("POST", f"/sandbox/{sandbox_id}/fork", json={"count": count},
+        resp = await self.connection.request("POST", f"/sandbox/{segment(sandbox_id)}/fork", json={"count": count},
                                              sandbox_id=sandbox_id)
         return [(s["sandboxId"], s["status"]) for s in self.connection.data(resp)["sandboxes"]]
 
@@ -170,7 +170,7 @@ class Sandboxes:
         timeout = self.connection.request_timeout + (wait_ms or 0) / 1000
         resp = await self.connection.request(
             "GET",
-            f"/sandbox/{sandbox_id}",
+            f"/sandbox/{segment(sandbox_id)}",
             params=params,
             max_seconds=timeout,
             sandbox_id=sandbox_id,
@@ -187,7 +187,7 @@ class Sandboxes:
         timeout = self.connection.request_timeout + (wait_ms or 0) / 1000
         resp = await self.connection.request(
             "GET",
-            f"/sandbox/status/{sandbox_id}",
+            f"/sandbox/status/{segment(sandbox_id)}",
             params={"waitForStatus": wait_for_status, "waitMs": wait_ms},
             max_seconds=timeout,
             sandbox_id=sandbox_id,
@@ -238,16 +238,16 @@ class Sandboxes:
                 return
 
     async def destroy(self, sandbox_id: str) -> None:
-        await self.connection.request("DELETE", f"/sandbox/{sandbox_id}", sandbox_id=sandbox_id)
+        await self.connection.request("DELETE", f"/sandbox/{segment(sandbox_id)}", sandbox_id=sandbox_id)
 
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> PauseResult:
         # No body for a memory pause: what every hutch (and Agentuity) server takes.
-        resp = await self.connection.request("POST", f"/sandbox/{sandbox_id}/pause", sandbox_id=sandbox_id,
+        resp = await self.connection.request("POST", f"/sandbox/{segment(sandbox_id)}/pause", sandbox_id=sandbox_id,
                                              json=None if memory else {"memory": False})
         return from_wire(PauseResult, resp.get("data", resp))
 
     async def resume(self, sandbox_id: str) -> None:
-        await self.connection.request("POST", f"/sandbox/{sandbox_id}/resume", sandbox_id=sandbox_id)
+        await self.connection.request("POST", f"/sandbox/{segment(sandbox_id)}/resume", sandbox_id=sandbox_id)
 
     async def update_network(self, sandbox_id: str, *, enabled: bool, allow: Sequence[str] | None = None,
                              deny: Sequence[str] | None = None) -> SandboxInfo:
@@ -256,7 +256,7 @@ class Sandboxes:
             body["allow"] = list(allow)
         if deny is not None:
             body["deny"] = list(deny)
-        resp = await self.connection.request("PUT", f"/sandbox/{sandbox_id}/network", json=body, sandbox_id=sandbox_id)
+        resp = await self.connection.request("PUT", f"/sandbox/{segment(sandbox_id)}/network", json=body, sandbox_id=sandbox_id)
         return from_wire(SandboxInfo, self.connection.data(resp))
 
     # ------------------------------------------------------------ runtimes, the server

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import IO, Any
 
 from hutch import _transfer
-from hutch._connection import Connection, items
+from hutch._connection import Connection, items, segment
 from hutch._files import save_to
 from hutch.models import Checkpoint, Snapshot, SnapshotLineageEntry, from_wire
 
@@ -23,22 +23,22 @@ class Snapshots:
 
     async def create_checkpoint(self, sandbox_id: str, name: str) -> Checkpoint:
         resp = await self.connection.request(
-            "POST", f"/sandbox/{sandbox_id}/checkpoint", json={"name": name}, sandbox_id=sandbox_id
+            "POST", f"/sandbox/{segment(sandbox_id)}/checkpoint", json={"name": name}, sandbox_id=sandbox_id
         )
         return from_wire(Checkpoint, self.connection.data(resp))
 
     async def list_checkpoints(self, sandbox_id: str) -> list[Checkpoint]:
-        resp = await self.connection.request("GET", f"/sandbox/checkpoints/{sandbox_id}", sandbox_id=sandbox_id)
+        resp = await self.connection.request("GET", f"/sandbox/checkpoints/{segment(sandbox_id)}", sandbox_id=sandbox_id)
         return [from_wire(Checkpoint, item) for item in items(self.connection.data(resp), "checkpoints")]
 
     async def restore_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self.connection.request(
-            "POST", f"/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}/restore", sandbox_id=sandbox_id
+            "POST", f"/sandbox/{segment(sandbox_id)}/checkpoint/{segment(checkpoint_id)}/restore", sandbox_id=sandbox_id
         )
 
     async def delete_checkpoint(self, sandbox_id: str, checkpoint_id: str) -> None:
         await self.connection.request(
-            "DELETE", f"/sandbox/{sandbox_id}/checkpoint/{checkpoint_id}", sandbox_id=sandbox_id
+            "DELETE", f"/sandbox/{segment(sandbox_id)}/checkpoint/{segment(checkpoint_id)}", sandbox_id=sandbox_id
         )
 
     # ---------------------------------------------------------------- snapshots
@@ -54,13 +54,13 @@ class Snapshots:
     ) -> Snapshot:
         body = {"name": name, "tag": tag, "description": description, "public": public}
         resp = await self.connection.request(
-            "POST", f"/sandbox/{sandbox_id}/snapshot",
+            "POST", f"/sandbox/{segment(sandbox_id)}/snapshot",
             json={k: v for k, v in body.items() if v is not None}, sandbox_id=sandbox_id,
         )
         return from_wire(Snapshot, self.connection.data(resp))
 
     async def get_snapshot(self, snapshot: str) -> Snapshot:
-        resp = await self.connection.request("GET", f"/sandbox/snapshots/{snapshot}")
+        resp = await self.connection.request("GET", f"/sandbox/snapshots/{segment(snapshot)}")
         return from_wire(Snapshot, self.connection.data(resp))
 
     async def list_snapshots(
@@ -80,11 +80,11 @@ class Snapshots:
         return [from_wire(Snapshot, item) for item in items(data, "snapshots")], int(data.get("total", 0))
 
     async def tag_snapshot(self, snapshot_id: str, tag: str | None) -> Snapshot:
-        resp = await self.connection.request("PATCH", f"/sandbox/snapshots/{snapshot_id}", json={"tag": tag})
+        resp = await self.connection.request("PATCH", f"/sandbox/snapshots/{segment(snapshot_id)}", json={"tag": tag})
         return from_wire(Snapshot, self.connection.data(resp))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        await self.connection.request("DELETE", f"/sandbox/snapshots/{snapshot_id}")
+        await self.connection.request("DELETE", f"/sandbox/snapshots/{segment(snapshot_id)}")
 
     async def snapshot_lineage(
         self, *, snapshot: str | None = None, name: str | None = None, tag: str | None = None,
@@ -96,7 +96,7 @@ class Snapshots:
 
     async def download_snapshot(self, snapshot_id: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
         async def chunks() -> AsyncIterator[bytes]:
-            async with self.connection.raw("GET", f"/sandbox/snapshots/{snapshot_id}/download") as resp:
+            async with self.connection.raw("GET", f"/sandbox/snapshots/{segment(snapshot_id)}/download") as resp:
                 async for chunk in resp.content.iter_chunked(1 << 20):
                     yield chunk
 
@@ -134,12 +134,12 @@ class Snapshots:
         say(f"build {snapshot_id} started")
         if archive is not None:
             say("uploading the archive")
-            async with self.connection.raw("PUT", f"/sandbox/snapshots/{snapshot_id}/upload",
+            async with self.connection.raw("PUT", f"/sandbox/snapshots/{segment(snapshot_id)}/upload",
                                  data=_transfer.source_chunks(archive),
                                  headers={"Content-Type": "application/gzip"}) as upload:
                 await upload.read()
         say("finalizing" + (" (installing dependencies and packages)" if dependencies or packages else ""))
-        resp = await self.connection.request("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", max_seconds=1800, json={
+        resp = await self.connection.request("POST", f"/sandbox/snapshots/{segment(snapshot_id)}/finalize", max_seconds=1800, json={
             "sizeBytes": 0, "fileCount": 0, "files": [], "env": dict(env or {}), "metadata": dict(metadata or {}),
             "dependencies": list(dependencies), "packages": list(packages)})
         return from_wire(Snapshot, self.connection.data(resp)), True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch._connection import Connected
+from hutch._connection import Connected, segment
 
 __all__ = ["as_of", "history"]
 
@@ -16,12 +16,12 @@ __all__ = ["as_of", "history"]
 async def history(client: Connected, sandbox_id: str) -> list[dict[str, Any]]:
     """Every event of the sandbox with its status right after it, oldest first."""
     conn = client.connection
-    body = await conn.request("GET", f"/sandbox/sandboxes/{sandbox_id}/history", sandbox_id=sandbox_id)
+    body = await conn.request("GET", f"/sandbox/sandboxes/{segment(sandbox_id)}/history", sandbox_id=sandbox_id)
     return list(conn.data(body)["history"])
 
 
 async def as_of(client: Connected, sandbox_id: str, ref: str) -> dict[str, Any]:
     """The sandbox as it was right after event ``ref`` (``evt_…``) or at a time (ISO 8601)."""
     conn = client.connection
-    body = await conn.request("GET", f"/sandbox/{sandbox_id}", params={"asOf": ref}, sandbox_id=sandbox_id)
+    body = await conn.request("GET", f"/sandbox/{segment(sandbox_id)}", params={"asOf": ref}, sandbox_id=sandbox_id)
     return dict(conn.data(body))

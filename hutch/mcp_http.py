@@ -3,7 +3,9 @@
 Every request carries ``Authorization: Bearer <hutch API key>``; the key is checked with the
 hutch server on each request (a revoked key stops working at once) and anything else is
 answered 401 before the MCP SDK sees it. The SDK binds an MCP session to the key that opened
-it, so a session id that leaks is useless with another key (it answers 404).
+it, so a session id that leaks is useless with another key (it answers 404). The SDK holds at
+most 10,000 sessions for everyone; one organization holds at most ``--max-org-sessions`` of
+them (100), so that one opening sessions as fast as it can does not leave the others none.
 
 Sessions are what own sandboxes here, so this endpoint speaks the session-bearing (handshake)
 protocol versions. A request at a sessionless version (2026-07-28: one self-contained request
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Callable, Container
 from typing import Any
 
 import mcp_types as types
@@ -30,13 +33,17 @@ from hutch.errors import HutchError, Unauthorized
 from hutch.mcp_server import McpSessions, bearer_key, build_server
 
 PATH = "/mcp"
+ORG_SESSIONS = 100  # the sessions one organization may hold open at once (--max-org-sessions)
 
 
 class KeyGate:
     """ASGI middleware: no key, or a key the hutch server refuses, is a 401 with a reason."""
 
-    def __init__(self, app: ASGIApp, hutch_url: str | None) -> None:
-        self.app, self.hutch_url = app, hutch_url
+    def __init__(self, app: ASGIApp, hutch_url: str | None, live: Callable[[], Container[str]],
+                 org_sessions: int = ORG_SESSIONS) -> None:
+        self.app, self.hutch_url, self.live, self.org_sessions = app, hutch_url, live, org_sessions
+        self._held: dict[str, set[str]] = {}  # organization -> the ids of the sessions it opened
+        self._opening: dict[str, int] = {}  # organization -> its opening requests in flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # the lifespan
@@ -47,9 +54,9 @@ class KeyGate:
         if key is None:
             await _refuse(send, 401, "an Authorization: Bearer <hutch API key> header is required")
             return
-        refused = await self._check(key)
-        if refused is not None:
-            await _refuse(send, *refused)
+        tenant = await self._check(key)
+        if isinstance(tenant, tuple):
+            await _refuse(send, *tenant)
             return
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
@@ -61,19 +68,58 @@ class KeyGate:
         # The SDK binds each MCP session to the principal of the request that opened it.
         principal = hashlib.sha256(key.encode()).hexdigest()
         scope["user"] = AuthenticatedUser(AccessToken(token=key, client_id=principal, scopes=[]))
-        await self.app(scope, receive, send)
+        if scope["method"] == "POST" and "mcp-session-id" not in headers:  # what may open a session
+            await self._open(tenant or principal, scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
-    async def _check(self, key: str) -> tuple[int, str] | None:
-        """None when the hutch server takes the key; else the HTTP status to answer and why."""
+    async def _open(self, tenant: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request that may open a session, if its organization has room for one more."""
+        held = self._still_open(tenant)
+        if len(held) + self._opening.get(tenant, 0) >= self.org_sessions:
+            await _refuse(send, 429, f"your organization has {self.org_sessions} MCP sessions open, the most this "
+                          "server holds for one: end one (the client's DELETE) or let one idle out (30 minutes)")
+            return
+        opened: list[str] = []
+
+        async def watch(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                opened.extend(v.decode("latin-1") for k, v in message.get("headers", ()) if k.lower() == b"mcp-session-id")
+            await send(message)
+
+        self._opening[tenant] = self._opening.get(tenant, 0) + 1
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            self._opening[tenant] -= 1
+            if not self._opening[tenant]:
+                del self._opening[tenant]
+            held.update(opened)
+            if held:
+                self._held[tenant] = held
+
+    def _still_open(self, tenant: str) -> set[str]:
+        """The tenant's sessions still open. The SDK ends sessions (a DELETE, an idle timeout)
+        without telling the gate, so every organization's ended ones are forgotten here."""
+        live = self.live()
+        for org in list(self._held):
+            self._held[org] = {sid for sid in self._held[org] if sid in live}
+            if not self._held[org]:
+                del self._held[org]
+        return self._held.get(tenant, set())
+
+    async def _check(self, key: str) -> str | tuple[int, str] | None:
+        """When the hutch server takes the key: the key's organization (None for an operator's
+        key, which sees several); else the HTTP status to answer and why."""
         try:
             async with SandboxClient(self.hutch_url, key) as client:
-                await client.tenancy.list_orgs()  # any key may: it answers the key's own organization
+                orgs = await client.tenancy.list_orgs()  # any key may: it answers the key's own organization
         except Unauthorized as err:
             return 401, f"the hutch server refused this API key: {err.message}"
         except HutchError as err:  # the key's rate limit (429) is the client's to hear; else the server's
             status = err.status if err.status is not None and 400 <= err.status < 500 else 502
             return status, f"the hutch server could not check the API key: {err.message}"
-        return None
+        return orgs[0].id if len(orgs) == 1 else None
 
 
 async def _refuse(send: Send, status: int, message: str, *, code: int = types.INVALID_REQUEST,
@@ -87,14 +133,18 @@ async def _refuse(send: Send, status: int, message: str, *, code: int = types.IN
     await send({"type": "http.response.body", "body": body})
 
 
-def app(hutch_url: str | None, host: str) -> ASGIApp:
+def app(hutch_url: str | None, host: str, org_sessions: int = ORG_SESSIONS) -> ASGIApp:
     server = build_server(McpSessions(hutch_url, per_connection=True))
     # host: the SDK turns on its DNS-rebinding guard (allowed Host headers) for a loopback bind.
-    return KeyGate(server.streamable_http_app(streamable_http_path=PATH, host=host), hutch_url)
+    served = server.streamable_http_app(streamable_http_path=PATH, host=host)
+    manager = server.session_manager
+    # The SDK's table of open sessions (by id) is the one record of which have ended.
+    return KeyGate(served, hutch_url, lambda: manager._server_instances, org_sessions)
 
 
-def serve_http(hutch_url: str | None, host: str, port: int) -> None:
-    config = uvicorn.Config(app(hutch_url, host), host=host, port=port, log_level="warning", lifespan="on")
+def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = ORG_SESSIONS) -> None:
+    config = uvicorn.Config(app(hutch_url, host, org_sessions), host=host, port=port, log_level="warning",
+                            lifespan="on")
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"hutch mcp: serving MCP on http://{shown}:{port}{PATH} for the hutch server at "

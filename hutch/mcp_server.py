@@ -33,9 +33,10 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
+from hutch._bounded import archive_names
 from hutch.client import SandboxClient
 from hutch.errors import HutchError
-from hutch.workspace import DEFAULT_RUNTIME, Workspace
+from hutch.workspace import DEFAULT_RUNTIME, SANDBOX_ROOT, Workspace
 from hutch.workspace_tools import WorkspaceTools
 
 log = logging.getLogger("hutch.mcp")
@@ -70,6 +71,13 @@ _SANDBOX_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
         "properties": {"sandbox_id": _SANDBOX_ID}}),
 }
 _LISTED = 200  # list_sandboxes answers at most this many (a model's context is the limit)
+# What one tool call brings from a sandbox into this server (hutch/_bounded.py): a file read,
+# each of a run's stdout and stderr. An HTTP server holds every organization's calls at once.
+# An answer carries its text twice (content and structuredContent), a byte may take 7 in JSON
+# (a NUL, escaped, in JSON text in JSON), and the MCP SDK's client takes events up to 1 MiB:
+# 2 streams x 2 copies x 7 x 32 KiB fits.
+MAX_BYTES = 32 * 2**10
+_NAMES = 1000  # list_files and the snapshot tool name at most this many files
 
 
 def _workspace_tools() -> dict[str, tuple[str, dict[str, Any]]]:
@@ -114,9 +122,26 @@ class McpSession:
             self.made.pop(sandbox_id, None)
             return {"destroyed": sandbox_id}
         sandbox = await self.client.connect(sandbox_id)  # another organization's: not found
-        ws = Workspace.over(self.client, sandbox, language=LANGUAGE)
+        if name == "snapshot":
+            return await self._snapshot(sandbox_id)
+        ws = Workspace.over(self.client, sandbox, language=LANGUAGE, max_bytes=MAX_BYTES)
         rest = {k: v for k, v in args.items() if k != "sandbox_id"}
-        return await WorkspaceTools(ws).call(name, rest)
+        found = await WorkspaceTools(ws).call(name, rest)
+        if name == "list_files" and len(found["files"]) > _NAMES:
+            found = {**found, "files": found["files"][:_NAMES], "files_not_listed": len(found["files"]) - _NAMES}
+        return found
+
+    async def _snapshot(self, sandbox_id: str) -> dict[str, Any]:
+        """The Workspace's snapshot tool answers the snapshot's id and its files' names: taken
+        here from the archive as it streams by (the Workspace's own snapshot keeps every file's
+        bytes, which this server must not hold)."""
+        snap = await self.client.create_snapshot(sandbox_id, name="workspace")
+        names, files = await archive_names(self.client.iter_archive(sandbox_id, path=SANDBOX_ROOT, format="tar"),
+                                           _NAMES)
+        found: dict[str, Any] = {"snapshot_id": snap.snapshot_id, "files": sorted(names)}
+        if files > len(names):
+            found["files_not_listed"] = files - len(names)
+        return found
 
     async def _create(self, args: Mapping[str, Any]) -> dict[str, Any]:
         snapshot = args.get("snapshot")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch._connection import Connection
+from hutch._connection import Connection, segment
 
 # The shapes are the server's too (core/wire.py); this module is the calls that answer them.
 from hutch.core.wire import ApiKey, Organization, Project, Quota, SshKey
@@ -36,14 +36,14 @@ class Tenancy:
 
     async def get_org(self, org_id: str) -> Organization:
         """The organization with its quota and current usage."""
-        return from_wire(Organization, await self._call("GET", f"/orgs/{org_id}"))
+        return from_wire(Organization, await self._call("GET", f"/orgs/{segment(org_id)}"))
 
     async def set_quota(self, org_id: str, **limits: int | None) -> Organization:
         """``sandboxes=``, ``memory_bytes=``, ``cpu_millis=``, ``snapshot_bytes=``; None lifts one."""
         names = {"sandboxes": "sandboxes", "memory_bytes": "memoryBytes", "cpu_millis": "cpuMillis",
                  "snapshot_bytes": "snapshotBytes"}
         body = {names.get(k, k): v for k, v in limits.items()}
-        return from_wire(Organization, await self._call("PATCH", f"/orgs/{org_id}/quota", body))
+        return from_wire(Organization, await self._call("PATCH", f"/orgs/{segment(org_id)}/quota", body))
 
     async def create_project(self, name: str) -> Project:
         return from_wire(Project, await self._call("POST", "/projects", {"name": name}))
@@ -64,7 +64,7 @@ class Tenancy:
         return [from_wire(ApiKey, k) for k in (await self._call("GET", "/keys"))["keys"]]
 
     async def revoke_key(self, key_id: str) -> ApiKey:
-        return from_wire(ApiKey, await self._call("DELETE", f"/keys/{key_id}"))
+        return from_wire(ApiKey, await self._call("DELETE", f"/keys/{segment(key_id)}"))
 
     async def add_ssh_key(self, public_key: str, *, name: str | None = None) -> SshKey:
         """Register an OpenSSH public key line (``~/.ssh/id_ed25519.pub``) for the gateway: it
@@ -76,4 +76,4 @@ class Tenancy:
         return [from_wire(SshKey, k) for k in (await self._call("GET", "/ssh-keys"))["sshKeys"]]
 
     async def remove_ssh_key(self, ssh_key_id: str) -> SshKey:
-        return from_wire(SshKey, await self._call("DELETE", f"/ssh-keys/{ssh_key_id}"))
+        return from_wire(SshKey, await self._call("DELETE", f"/ssh-keys/{segment(ssh_key_id)}"))

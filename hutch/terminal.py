@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 
-from hutch._connection import Connected, Connection
+from hutch._connection import Connected, Connection, segment
 from hutch.errors import ConnectionFailed, ServerError, error_from_response
 
 __all__ = ["Terminal", "open_terminal"]
@@ -99,7 +99,7 @@ async def open_terminal(client: Connected | Connection, sandbox_id: str, command
         params.append(("term", term))
     if conn.org_id is not None:  # by hand: ``command`` repeats, which Connection.params cannot say
         params.append(("orgId", conn.org_id))
-    path = f"/sandbox/{sandbox_id}/terminal"
+    path = f"/sandbox/{segment(sandbox_id)}/terminal"
     try:
         ws = await (await conn.session()).ws_connect(conn.url + path, params=params, headers=conn.auth_headers(),
                                                      heartbeat=30.0, max_msg_size=1 << 20)

@@ -52,6 +52,7 @@ import attrs
 
 from hutch import _workspace_files as local_files
 from hutch._blocking import Blocking, _Portal
+from hutch._bounded import Kept, read_at_most
 from hutch._interpreter import PORT as INTERPRETER_PORT
 from hutch._interpreter import RUNTIME as INTERPRETER_RUNTIME
 from hutch._interpreter import CodeError, CodeOutput
@@ -139,11 +140,14 @@ class Workspace:
         data_dir: str | os.PathLike[str] | None = None,
         workspace_id: str | None = None,
         sandbox_url: str | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
         if language not in LANGUAGES:
             raise ValueError(f"language: {language!r} is not one of {', '.join(LANGUAGES)}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(f"max_bytes: expected a number of bytes, 1 or more (or None), got {max_bytes!r}")
         url = url or (os.environ.get("HUTCH_URL") if backend == "remote" else None)
         if backend == "remote" and not url:
             raise ValueError("backend 'remote' needs url= or HUTCH_URL (and api_key=, or HUTCH_API_KEY)")
@@ -166,6 +170,10 @@ class Workspace:
         self.language = language
         self.runtime = runtime or DEFAULT_RUNTIME
         self.url, self.api_key, self.data_dir, self.sandbox_url = url, api_key, data_dir, sandbox_url
+        #: The most one call brings into this process from a sandbox (sandbox and remote
+        #: backends): a read_file's file (larger: ValueError), each of a run's stdout and stderr
+        #: (the rest counted, not kept). None: no bound. ``hutch mcp`` sets it: it serves many.
+        self.max_bytes = max_bytes
         #: The sandbox id (sandbox, remote and e2b backends) or container id (docker): reattach with
         #: ``Workspace(workspace_id=…)``.
         self.id: str | None = workspace_id
@@ -343,11 +351,17 @@ class Workspace:
     async def _exec(self, argv: list[str], timeout: float) -> CodeResult:
         self._need_started()
         if self._sandbox is not None:
-            ex = await self._sandbox.execute(argv, timeout=f"{timeout:g}s")
+            if self.max_bytes is None:
+                ex = await self._sandbox.execute(argv, timeout=f"{timeout:g}s")
+                stdout, stderr = ex.stdout or "", ex.stderr or ""
+            else:
+                out, err = Kept(self.max_bytes), Kept(self.max_bytes)
+                ex = await self._sandbox.execute(argv, timeout=f"{timeout:g}s", stdout=out, stderr=err, capture=False)
+                stdout, stderr = out.text("stdout"), err.text("stderr")
             timed_out = ex.status == "timeout"
             code = TIMED_OUT if timed_out else (ex.exit_code if ex.exit_code is not None else 1)
             error = ex.error if ex.status not in ("completed", "timeout") else None  # timed_out says that one
-            return CodeResult(ex.stdout or "", ex.stderr or "", code, timed_out, error)
+            return CodeResult(stdout, stderr, code, timed_out, error)
         if self._box is not None:
             return CodeResult(*await self._box.exec(argv, timeout))
         if self._e2b is not None:
@@ -407,7 +421,13 @@ class Workspace:
             from hutch.errors import FileNotFound
 
             try:
-                data = await self._sandbox.read_bytes(full)
+                if self.max_bytes is None:
+                    data = await self._sandbox.read_bytes(full)
+                elif (found_bytes := await read_at_most(self._sandbox.read_file(full), self.max_bytes)) is None:
+                    raise ValueError(f"path: {path!r} is larger than the {self.max_bytes} bytes read_file answers "
+                                     "here; read part of it with a command (head, tail, grep)")
+                else:
+                    data = found_bytes
             except FileNotFound:
                 return None
         elif self._e2b is not None:

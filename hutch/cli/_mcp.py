@@ -18,6 +18,8 @@ def add_parsers(top: Any) -> None:
     p.add_argument("--http", metavar="HOST:PORT",
                    help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio; each client sends "
                         "its own hutch key as Authorization: Bearer KEY")
+    p.add_argument("--max-org-sessions", type=int, default=None, metavar="N",
+                   help="with --http: the MCP sessions one organization may hold open at once (default 100)")
     p.set_defaults(handler=cmd_mcp)
 
 
@@ -45,6 +47,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         from hutch import mcp_server
     except ImportError as err:
         raise UsageError(f"{_NEEDS} ({err})") from err
+    if bind is None and args.max_org_sessions is not None:
+        raise UsageError("--max-org-sessions is for --http: over stdio the process is the one session")
     if bind is not None:
         if args.api_key:
             raise UsageError("--api-key is for stdio: over HTTP each client sends its own key "
@@ -54,7 +58,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                              "(give each client a key of the organization it works in)")
         from hutch import mcp_http
 
-        mcp_http.serve_http(url, *bind)
+        sessions = mcp_http.ORG_SESSIONS if args.max_org_sessions is None else args.max_org_sessions
+        if sessions < 1:
+            raise UsageError(f"--max-org-sessions {sessions}: expected a number of sessions, 1 or more")
+        mcp_http.serve_http(url, *bind, org_sessions=sessions)
         return 0
     asyncio.run(_stdio(mcp_server, url, args.api_key, args.org_id))
     return 0

@@ -532,6 +532,41 @@ def test_live_commands_per_sandbox_are_bounded(wire: E2bServer) -> None:
         _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")
 
 
+def test_live_commands_started_at_once_are_bounded_too(wire: E2bServer) -> None:
+    """MAX_LIVE holds for Starts that arrive together (each was checked before any was
+    counted: 300 at once made 300 live commands), and what the server keeps of each live
+    command (its argv, env and tag, for List) is bounded per sandbox: 16 tags of 4 MiB held
+    150 MiB of the server's memory."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hutch.api.e2b import processes
+
+    sb = _create(wire, KEY)
+    try:
+        sleep = {"process": {"cmd": "/bin/sleep", "args": ["600"]}}
+        with ThreadPoolExecutor(64) as pool:
+            answers = list(pool.map(lambda n: _start_detached(wire, sb, {**sleep, "tag": f"t{n}"}),
+                                    range(processes.MAX_LIVE + 40)))
+        assert sum(status == 200 for status, _ in answers) == processes.MAX_LIVE, [a for a in answers if a[0] != 429]
+        assert all(b"256 commands and terminals running" in body for status, body in answers if status != 200)
+        status, listed = _call(wire, "POST", "/process.Process/List", b"{}", _envd_headers(sb["sandboxID"],
+                                                                                         sb["envdAccessToken"]))
+        assert status == 200 and len(listed["processes"]) == processes.MAX_LIVE
+    finally:
+        _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")
+    sb = _create(wire, KEY)
+    try:
+        big = {"process": {"cmd": "/bin/sleep", "args": ["600"]}, "tag": "x" * (3 * 2**20)}
+        status, body = _start_detached(wire, sb, big)
+        assert status == 400 and b"tag: at most" in body, body
+        held = {"process": {"cmd": "/bin/sh", "args": ["-c", "sleep 600", "x" * 100_000], "envs": {"E": "y" * 100_000}}}
+        answers = [_start_detached(wire, sb, held) for _ in range(processes.MAX_KEPT_BYTES // 200_000 + 2)]
+        assert answers[0][0] == 200 and answers[-1][0] == 429, answers[-1]
+        assert b"keeps at most" in answers[-1][1], answers[-1]
+    finally:
+        _control(wire, KEY, "DELETE", f"/sandboxes/{sb['sandboxID']}")
+
+
 @pytest.mark.parametrize("path", ["/dev/full", "/proc/sysrq-trigger", "/etc/passwd/x", "/dev/zero-link-dir/x"])
 def test_an_upload_that_cannot_be_written_is_a_clear_refusal(wire: E2bServer, victim: dict[str, Any],
                                                              path: str) -> None:

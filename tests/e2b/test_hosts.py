@@ -154,6 +154,34 @@ def test_a_signed_url_opens_only_what_it_signed(served: E2bServer, sandbox: dict
     assert status == 401 and "X-Access-Token" in answer["message"]
 
 
+def test_a_signed_upload_writes_only_the_file_it_signed(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """upload_url(path) signs one path: a multipart body's further parts, named as the sender
+    likes, must not write elsewhere (`../../tmp/x` wrote /tmp/x), nor a URL signed with no path
+    write whatever its parts name."""
+    boundary = "hutchsigned"
+
+    def multipart(*names: str) -> bytes:
+        parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                 f"Content-Type: application/octet-stream\r\n\r\nby {name}\r\n" for name in names]
+        return ("".join(parts) + f"--{boundary}--\r\n").encode()
+
+    kind = f"multipart/form-data; boundary={boundary}"
+    url = _signed(served, sandbox, "granted.txt", "write")
+    status, answer = _get(served, url, "POST", multipart("granted.txt", "../../tmp/planted", "home-planted"),
+                          Content_Type=kind)
+    assert status == 400 and "writes the one file it signed" in answer["message"], answer
+    assert "'../../tmp/planted'" in answer["message"], answer
+    unsigned_path = _signed(served, sandbox, "", "write").replace("path=&", "")
+    status, answer = _get(served, unsigned_path, "POST", multipart("home-planted"), Content_Type=kind)
+    assert status == 400 and "names no file" in answer["message"], answer
+    token = sandbox["token"]
+    for path in ("/tmp/planted", "home-planted"):
+        assert _get(served, f"https://{sandbox['host']}/files?path={path}", X_Access_Token=token)[0] == 404, path
+    assert _get(served, f"https://{sandbox['host']}/files?path=granted.txt", X_Access_Token=token) == \
+        (200, b"by granted.txt")  # what it signed, written as asked
+    assert _get(served, url, "POST", multipart("any-name"), Content_Type=kind)[0] == 200  # one part: its path
+
+
 def test_a_revoked_keys_signed_url_opens_nothing(served: E2bServer) -> None:
     """The signature is made with a token of a key: once the key is revoked, its URLs fail."""
     made = served.server.data("POST", "/keys", {"role": "admin"})

@@ -27,7 +27,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from hutch.client import SandboxClient
-from hutch.errors import SandboxNotFound
+from hutch.errors import InvalidInput, NotFound, SandboxNotFound
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "mcp-test-admin-key"  # the server's bootstrap key: org_local ("org A")
@@ -236,6 +236,61 @@ async def test_an_org_a_session_cannot_see_read_or_destroy_org_b_sandboxes(serve
             await b.destroy(victim)
 
 
+async def test_a_sandbox_id_names_a_sandbox_never_another_route(served: str, mcp_url: str) -> None:
+    """The id a tool takes goes into a URL path: ``../keys/K`` or ``snapshots/S`` must not reach
+    the key's or the snapshot's route (a model asked to destroy a sandbox revoked a key)."""
+    async with SandboxClient(served, ADMIN) as admin:
+        victim = await admin.tenancy.create_key("member", name="victim")
+        sid = (await admin.create(runtime="workspace:latest")).id
+        snap = (await admin.create_snapshot(sid)).snapshot_id
+        try:
+            async with http_session(mcp_url, ADMIN) as client:
+                for bad in (f"../keys/{victim.id}", f"snapshots/{snap}", f"{sid}/../../keys/{victim.id}"):
+                    message = await refused(client, "destroy_sandbox", sandbox_id=bad)  # one id, that names nothing
+                    assert f"sandbox {bad} not found" in message, (bad, message)
+                for bad in ("..", ".", ""):  # what an HTTP client would resolve away: refused before asking
+                    assert f"{bad!r} is not an id" in await refused(client, "destroy_sandbox", sandbox_id=bad)
+                assert "not found" in await refused(client, "read_file", sandbox_id=f"{sid}/../../x", path="x")
+            with pytest.raises(NotFound, match=r"key \.\./sandbox/"):
+                await admin.tenancy.revoke_key(f"../sandbox/{sid}")  # the SDK's own calls, the same
+            with pytest.raises(InvalidInput, match="not an id"):
+                await admin.delete_snapshot("..")
+            async with SandboxClient(served, str(victim.secret)) as still:
+                assert await still.tenancy.list_orgs()  # not revoked
+            assert (await admin.get_snapshot(snap)).snapshot_id == snap  # not deleted
+            assert (await admin.get(sid)).status != "terminated"
+        finally:
+            await admin.destroy(sid)
+            await admin.delete_snapshot(snap)
+
+
+async def test_what_a_sandbox_holds_comes_back_bounded(served: str, mcp_url: str, keys: dict[str, str]) -> None:
+    """The server is shared by every organization's sessions: a tool's answer must not bring a
+    sandbox's whole file or output into it (a 200 MiB file read took it to 14.6 GiB, 20 MiB of
+    output to 816 MiB). Larger than the bound: a tool error saying so, or the output cut."""
+    from hutch.mcp_server import MAX_BYTES
+
+    async with http_session(mcp_url, keys["B"]) as client:
+        sid = (await call(client, "create_sandbox"))["sandbox_id"]
+        made = await call(client, "shell", sandbox_id=sid, command=f"mkdir -p d; head -c {2 * MAX_BYTES} /dev/zero "
+                          "| tr '\\0' a > d/big; echo small > d/small")
+        assert made["exit_code"] == 0, made
+        message = await refused(client, "read_file", sandbox_id=sid, path="d/big")
+        assert f"larger than the {MAX_BYTES} bytes" in message and "head" in message, message
+        assert (await call(client, "read_file", sandbox_id=sid, path="d/small"))["contents"] == "small\n"
+        ran = await call(client, "shell", sandbox_id=sid, command="cat d/big; cat d/big >&2; echo done >&2")
+        assert ran["exit_code"] == 0 and ran["stdout"].startswith("a" * MAX_BYTES), ran["stdout"][-200:]
+        assert ran["stdout"].endswith(f"[hutch: {MAX_BYTES} more bytes of stdout not kept]\n"), ran["stdout"][-200:]
+        assert f"[hutch: {MAX_BYTES + 5} more bytes of stderr not kept]" in ran["stderr"], ran["stderr"][-200:]
+        snap = await call(client, "snapshot", sandbox_id=sid)
+        assert snap["snapshot_id"].startswith("snp_") and {"d/big", "d/small"} <= set(snap["files"]), snap
+        await call(client, "shell", sandbox_id=sid, command="mkdir many; cd many; seq 1 1200 | xargs touch")
+        listed = await call(client, "list_files", sandbox_id=sid, path="many")
+        assert (len(listed["files"]), listed["files_not_listed"]) == (1000, 200), listed["files"][:3]
+        again = await call(client, "snapshot", sandbox_id=sid)
+        assert (len(again["files"]), again["files_not_listed"]) == (1000, 1202 - 1000), again["files"][:3]
+
+
 async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: dict[str, str]) -> None:
     """A leaked session id is useless with another key: the session answers as if unknown."""
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -250,6 +305,42 @@ async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: 
             **accept, "Authorization": f"Bearer {keys['A']}", "Mcp-Session-Id": session,
             "MCP-Protocol-Version": "2025-11-25"})
         assert stolen.status_code == 404 and "tools" not in stolen.text
+
+
+def test_an_organization_holds_a_bounded_number_of_sessions(served: str, keys: dict[str, str]) -> None:
+    """Sessions are the server's (10,000 at most, for everyone): one organization opening them
+    as fast as it can, with one key or several, must not leave none for the others."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}",
+                             "--max-org-sessions", "2"], env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    async def scenario() -> None:
+        async with SandboxClient(served, ADMIN, org_id="org_mcpb") as there:
+            other_b = str((await there.tenancy.create_key("member", name="second")).secret)
+        async with httpx2.AsyncClient(headers={"Accept": "application/json, text/event-stream"}) as http:
+            def open_as(key: str) -> Any:
+                return http.post(url, json=hello, headers={"Authorization": f"Bearer {key}"})
+            opened = [await open_as(keys["B"]), await open_as(other_b)]
+            assert [r.status_code for r in opened] == [200, 200]
+            for key in (keys["B"], other_b):  # the organization's third, whichever key asks
+                full = await open_as(key)
+                assert full.status_code == 429, full.text
+                assert "2 MCP sessions" in full.json()["error"]["message"], full.text
+            assert (await open_as(keys["A"])).status_code == 200  # another organization is not held up
+            ended = await http.delete(url, headers={"Authorization": f"Bearer {keys['B']}", "MCP-Protocol-Version":
+                                                    "2025-11-25", "Mcp-Session-Id": opened[0].headers["mcp-session-id"]})
+            assert ended.status_code == 200, ended.text
+            assert (await open_as(other_b)).status_code == 200  # an ended session's room is free again
+
+    try:
+        _wait_for(url, proc, "hutch mcp --http")
+        asyncio.run(scenario())
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str, keys: dict[str, str]) -> None:
@@ -347,7 +438,9 @@ def test_a_bad_bind_or_a_missing_server_is_a_usage_error(tmp_path: Path, monkeyp
     monkeypatch.delenv("HUTCH_URL", raising=False)
     for argv, said in ([["mcp"], "no hutch server"], [["--url", "http://x", "mcp", "--http", "nohost"], "HOST:PORT"],
                        [["--url", "http://x", "--api-key", "k", "mcp", "--http", "127.0.0.1:1"], "over HTTP"],
-                       [["--url", "http://x", "--org-id", "org_b", "mcp", "--http", "127.0.0.1:1"], "over HTTP"]):
+                       [["--url", "http://x", "--org-id", "org_b", "mcp", "--http", "127.0.0.1:1"], "over HTTP"],
+                       [["--url", "http://x", "mcp", "--max-org-sessions", "3"], "is for --http"],
+                       [["--url", "http://x", "mcp", "--http", "127.0.0.1:1", "--max-org-sessions", "0"], "1 or more"]):
         assert main(argv) == 2
         assert said in capsys.readouterr().err, argv
 

@@ -134,6 +134,9 @@ async def test_every_method_and_the_failure_table(workspace: Workspace) -> None:
             await ws.write_file(escape, "x")
     with pytest.raises(ValueError, match="language"):
         await ws.run("1", language="cobol")
+    for bound in (0, 1.5, True):
+        with pytest.raises(ValueError, match="max_bytes: expected a number of bytes"):
+            Workspace(max_bytes=bound)
     await ws.close()
     await ws.close()  # a no-op the second time
     assert not ws.ready

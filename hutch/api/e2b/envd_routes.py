@@ -19,7 +19,7 @@ from aiohttp import web
 from hutch.api.e2b import codec, connect
 from hutch.api.e2b import process_messages as msg
 from hutch.api.e2b.access import SANDBOX_KEY, envd, still_valid
-from hutch.api.e2b.processes import Process, Processes
+from hutch.api.e2b.processes import MAX_TAG, Process, Processes, kept_bytes
 from hutch.api.e2b.terminals import PtyProcess
 from hutch.api.keys import ENGINE
 from hutch.core.errors import HutchError, InvalidInput, SandboxNotFound
@@ -245,24 +245,32 @@ async def start(request: web.Request) -> web.StreamResponse:
     if config is None:
         raise InvalidInput("process: required", field="process")
     cmd, args, envs, cwd = config.get("cmd", ""), config.get("args", []), config.get("envs", {}), config.get("cwd")
+    tag = req.get("tag")
+    if tag is not None and len(tag) > MAX_TAG:
+        raise InvalidInput(f"tag: at most {MAX_TAG} characters, got {len(tag)}", field="tag")
     deadline = connect.timeout_ms(request)
     sandbox_id = request[SANDBOX_KEY]
     engine = request.app[ENGINE]
-    request.app[PROCESSES].prune(lambda p: _alive(engine, p))
-    request.app[PROCESSES].check_room(sandbox_id)
+    processes = request.app[PROCESSES]
+    processes.prune(lambda p: _alive(engine, p))
+    room = processes.room(sandbox_id, kept_bytes(cmd, args, envs, cwd, tag))
     if req.get("pty") is not None:
         rows, cols = _size(req["pty"])
         if not cmd:
             raise InvalidInput("process.cmd: required", field="process.cmd")
 
         async def open_pty() -> Process:
-            pty = await PtyProcess.open(engine, sandbox_id, (cmd, *args), rows=rows, cols=cols, cwd=cwd, env=envs)
-            return request.app[PROCESSES].add(sandbox_id, None, cmd=cmd, args=tuple(args), envs=envs, cwd=cwd,
-                                              tag=req.get("tag"), pty=pty)
+            with room:
+                pty = await PtyProcess.open(engine, sandbox_id, (cmd, *args), rows=rows, cols=cols, cwd=cwd, env=envs)
+                return processes.add(sandbox_id, None, cmd=cmd, args=tuple(args), envs=envs, cwd=cwd, tag=tag, pty=pty)
 
         return await _serve_stream(request, call, open_pty())
 
     async def begin() -> Process:
+        with room:
+            return await _begin()
+
+    async def _begin() -> Process:
         stdin: asyncio.Queue[bytes | None] | None = None
         options = RAW_OUTPUT
         if req.get("stdin"):
@@ -275,8 +283,8 @@ async def start(request: web.Request) -> web.StreamResponse:
             assert options.stdin is not None
             engine.background.spawn(engine.inputs.upload(options.stdin, _stdin_chunks(engine, ex.execution_id, stdin)),
                                     f"e2b-stdin-{ex.execution_id}")
-        return request.app[PROCESSES].add(sandbox_id, ex.execution_id, cmd=cmd, args=tuple(args), envs=envs,
-                                          cwd=cwd, tag=req.get("tag"), stdin=stdin)
+        return processes.add(sandbox_id, ex.execution_id, cmd=cmd, args=tuple(args), envs=envs, cwd=cwd, tag=tag,
+                             stdin=stdin)
 
     return await _serve_stream(request, call, begin())
 

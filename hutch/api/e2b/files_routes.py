@@ -17,6 +17,7 @@ from aiohttp import BodyPartReader, web
 from hutch.api.e2b import codec, connect
 from hutch.api.e2b import filesystem_messages as msg
 from hutch.api.e2b.access import SANDBOX_KEY, envd
+from hutch.api.e2b.signed import SIGNED
 from hutch.api.http import stream
 from hutch.api.keys import ENGINE, STILL_AUTHORIZED
 from hutch.core.driver_types import FileInfo, home_of
@@ -237,12 +238,20 @@ async def upload(request: web.Request) -> web.Response:
     meta = _metadata(request, keeps)
     await engine.files.ready(sandbox_id)
     written: list[str] = []
+    # A signed URL (upload_url) signs one path: without it, a multipart body's parts would
+    # write wherever their names say, past what the URL's maker granted.
+    signed = request.get(SIGNED, False)
+    if signed and not request.query.get("path"):
+        raise InvalidInput("path: this signed upload URL names no file; sign one with upload_url(path)", field="path")
     if request.content_type == "multipart/form-data":
         reader = await request.multipart()
         given = request.query.get("path")
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader):
                 raise InvalidInput("body: nested multipart is not supported", field="body")
+            if signed and written:
+                raise InvalidInput(f"body: a signed upload URL writes the one file it signed ({written[0]}, "
+                                   f"written); the part named {part.filename!r} is refused", field="body")
             path = await path_of(request, given if given and not written else part.filename, "file name")
             await engine.files.write(sandbox_id, path, _part_chunks(request, part), parents=True)
             if keeps:  # an overwrite keeps none of the old file's metadata, as envd's

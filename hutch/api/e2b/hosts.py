@@ -23,7 +23,7 @@ from multidict import CIMultiDict
 from hutch.api.e2b.access import SANDBOX_HEADER, TOKEN_HEADER, error, hutch_id, wire_id
 from hutch.api.e2b.ports import PORT_HEADER
 from hutch.api.e2b.public import HOST_ROUTED
-from hutch.api.e2b.signed import SIGNATURE, signed_token
+from hutch.api.e2b.signed import SIGNATURE, SIGNED, signed_token
 from hutch.core import ids
 
 ENVD_PORT = 49983
@@ -65,10 +65,13 @@ async def host_routing(request: web.Request, handler: Handler) -> web.StreamResp
         if not request.path.startswith(_ENVD_PATHS):
             return error(404, f"{request.method} {request.path}: not an envd endpoint (sandbox {wire_id(sandbox_id)}'s envd)")
         headers.pop(PORT_HEADER, None)
-        if request.path == "/files" and not headers.get(TOKEN_HEADER) and SIGNATURE in request.query:
+        signed = request.path == "/files" and not headers.get(TOKEN_HEADER) and SIGNATURE in request.query
+        if signed:
             headers[TOKEN_HEADER] = await signed_token(request, sandbox_id)
     else:
+        signed = False
         headers[PORT_HEADER] = str(port)  # its token (or its being public) is api/e2b/public.py's to check
     routed = request.clone(headers=headers)
     routed[HOST_ROUTED] = port
+    routed[SIGNED] = signed
     return await handler(routed)

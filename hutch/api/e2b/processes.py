@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import attrs
 
@@ -28,6 +28,7 @@ class Process:
     # started without stdin.
     stdin: asyncio.Queue[bytes | None] | None = attrs.field(default=None, eq=False)
     pty: PtyProcess | None = attrs.field(default=None, eq=False)
+    kept: int = 0  # kept_bytes() of its config: what this table holds of it while it lives
 
 
 # Live commands and terminals per sandbox started over the wire. Each holds server-side file
@@ -39,6 +40,18 @@ MAX_LIVE = 256
 # does not read holds what it fell behind by (a terminal's 256 chunks, a command's 64) until
 # its connection dies: unbounded, a few thousand idle connections would hold gigabytes.
 MAX_FOLLOWERS = 16
+# What the table keeps of its live commands' configs (argv, env, cwd, tag: List answers them),
+# per sandbox. One Start's message is up to 4 MiB: 256 live commands' worth was a GiB of the
+# server's memory per sandbox (16 tags of 4 MiB held 150 MiB).
+MAX_KEPT_BYTES = 16 * 2**20
+MAX_TAG = 1024  # characters; envd's tags are names a client picks for its commands
+_PER_STRING = 64  # what Python spends on a string besides its text, about
+
+
+def kept_bytes(cmd: str, args: Iterable[str], envs: Mapping[str, str], cwd: str | None, tag: str | None) -> int:
+    """About what keeping a command's config costs this server's memory."""
+    strings = [cmd, *args, *envs.keys(), *envs.values(), cwd or "", tag or ""]
+    return sum(len(s.encode("utf-8", "surrogatepass")) + _PER_STRING for s in strings)
 
 
 class Processes:
@@ -48,13 +61,15 @@ class Processes:
         self._by_sandbox: dict[str, dict[int, Process]] = {}
         self._last_pid: dict[str, int] = {}  # never given again in its sandbox
         self._followers: dict[int, int] = {}  # id(Process) -> streams following it now
+        self._starting: dict[str, tuple[int, int]] = {}  # sandbox -> (commands, kept bytes) being started
 
     def add(self, sandbox_id: str, execution_id: str | None, *, cmd: str, args: tuple[str, ...],
             envs: dict[str, str], cwd: str | None, tag: str | None, stdin: asyncio.Queue[bytes | None] | None = None,
             pty: PtyProcess | None = None) -> Process:
         table = self._by_sandbox.setdefault(sandbox_id, {})
         pid = self._last_pid[sandbox_id] = self._last_pid.get(sandbox_id, self.FIRST_PID - 1) + 1
-        table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag, stdin, pty)
+        table[pid] = proc = Process(pid, execution_id, cmd, args, envs, cwd, tag, stdin, pty,
+                                    kept_bytes(cmd, args, envs, cwd, tag))
         return proc
 
     @contextlib.contextmanager
@@ -71,11 +86,30 @@ class Processes:
             if not self._followers[id(proc)]:
                 del self._followers[id(proc)]
 
-    def check_room(self, sandbox_id: str) -> None:
-        """Refuse a new command or terminal when the sandbox has ``MAX_LIVE`` (after ``prune``)."""
-        if len(self._by_sandbox.get(sandbox_id, {})) >= MAX_LIVE:
+    @contextlib.contextmanager
+    def room(self, sandbox_id: str, kept: int) -> Iterator[None]:
+        """Room for one more command or terminal keeping ``kept`` bytes (after ``prune``), held
+        while it starts and until it is ``add``ed: Starts that arrive together are each counted
+        before any of them has started. Refused past ``MAX_LIVE`` or ``MAX_KEPT_BYTES``."""
+        live = self._by_sandbox.get(sandbox_id, {})
+        starting, starting_bytes = self._starting.get(sandbox_id, (0, 0))
+        if len(live) + starting >= MAX_LIVE:
             raise RpcError("resource_exhausted", f"sandbox {sandbox_id} has {MAX_LIVE} commands and terminals "
                            "running, the most the E2B wire keeps; end one (SendSignal) before starting another")
+        held = sum(p.kept for p in live.values()) + starting_bytes
+        if held + kept > MAX_KEPT_BYTES:
+            raise RpcError("resource_exhausted", f"sandbox {sandbox_id}'s running commands and terminals hold "
+                           f"{held} bytes of arguments, environment and tags, and this one {kept}: the E2B wire "
+                           f"keeps at most {MAX_KEPT_BYTES} a sandbox; end one (SendSignal) before starting another")
+        self._starting[sandbox_id] = (starting + 1, starting_bytes + kept)
+        try:
+            yield
+        finally:
+            count, size = self._starting[sandbox_id]
+            if count == 1:
+                del self._starting[sandbox_id]
+            else:
+                self._starting[sandbox_id] = (count - 1, size - kept)
 
     def prune(self, running: Callable[[Process], bool]) -> None:
         """Forget the processes that ended. (A sandbox's last pid stays, one number, so that a

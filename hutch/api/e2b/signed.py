@@ -28,6 +28,8 @@ from hutch.api.keys import ENGINE, TENANTS
 from hutch.core.errors import NotFound, Unauthorized
 
 SIGNATURE = "signature"
+# Set on a request a signature let in (api/e2b/hosts.py): it may touch the one path it signed.
+SIGNED: web.RequestKey[bool] = web.RequestKey("e2b_signed", bool)
 EXPIRATION = query_params.EXPIRATION.name
 _PREFIX = "v1_"
 _DIGEST_CHARS = 43  # 32 bytes in unpadded base64
