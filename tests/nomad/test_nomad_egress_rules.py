@@ -11,7 +11,6 @@ HTTP server under two addresses (INET_SERVER, INET_SERVER2)."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 
@@ -206,18 +205,3 @@ async def test_an_updated_allow_list_follows_its_names_and_a_bad_name_changes_no
         await driver.update_network(sid, enabled=True, allow=(), deny=())  # the list gone: not refreshed back
         assert sid not in driver._allow._lists
         assert reached(await probe(driver, sid, BOTH)) == {A, B}  # type: ignore[arg-type]
-
-
-def test_the_rules_plugins_own_tests_pass() -> None:
-    """containerd-driver's egress_test.go: the chain's order, only IPv4 CIDRs in a rule line,
-    and the rules of the moment (not the create's) after a plugin restart."""
-    import os
-    import shutil
-    from pathlib import Path
-
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    assert Path(go).is_file(), "Go is not installed: the plugin cannot be built or tested"
-    module = Path(__file__).resolve().parents[2] / "scripts/services.d/nomad/containerd-driver"
-    done = subprocess.run([go, "test", "-count=1", "-run", "Rules", "."], cwd=module, capture_output=True, text=True,
-                          env={**os.environ, "GOFLAGS": "-mod=mod"}, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
