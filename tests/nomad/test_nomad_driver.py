@@ -141,6 +141,7 @@ async def test_a_take_over_whose_state_file_cannot_be_written_says_so(tmp_path: 
         with pytest.raises(DriverFailure) as err:
             await taker.adopt(state, handle)
         assert "state file" in err.value.message and "No space left on device" in err.value.message, err.value
+        assert str(taker.state_dir) not in err.value.message and handle["job_id"] not in err.value.message, err.value
         assert sid not in await taker.alive() and sid not in taker._allow._lists and sid not in taker._paused
         assert not await taker._alloc_running(handle["job_id"], handle["alloc_id"])
     finally:

@@ -119,6 +119,8 @@ async def test_a_create_whose_state_file_cannot_be_written_leaves_no_job_running
             await driver.provision(ProvisionRequest(sid, "base:latest", resources=resources))
         assert driver.pool_metrics()["claims"] == int(pooled)
         assert "state file" in err.value.message and "No space left on device" in err.value.message, err.value
+        # No host path and no Nomad job id in what the tenant gets (docs/security.md)
+        assert str(driver.state_dir) not in err.value.message and "hutch-" not in err.value.message, err.value
         assert sid not in await driver.alive() and sid not in driver._agents._agents  # its session ended
         made = entry.job_id if pooled else driver._job_prefix() + sid
         assert pooled or made not in before

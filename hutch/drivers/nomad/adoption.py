@@ -211,9 +211,11 @@ class NomadAdoption:
                 await asyncio.to_thread(self._states.save, sb)
             except OSError as err:
                 await self._unmake(sb)
-                raise DriverFailure(f"sandbox {sid}: taking it over, writing its state file "
-                                    f"{self._states.path(sid)} failed ({err.strerror or err}); its Nomad job "
-                                    f"{sb.job_id} was stopped and purged", sandbox_id=sid) from err
+                log.error("sandbox %s: taking it over, writing its state file %s failed (%s); its Nomad job %s "
+                          "was stopped and purged", sid, self._states.path(sid), err, sb.job_id)
+                raise DriverFailure(f"sandbox {sid}: taking it over, the server could not record it on its own "
+                                    f"disk, writing its state file ({err.strerror or err}); it was ended",
+                                    sandbox_id=sid) from err
             except BaseException:
                 self._allow.forget(sid)
                 raise

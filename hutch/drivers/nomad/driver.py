@@ -315,9 +315,12 @@ class NomadDriver(NomadPausing, NomadExecutions, NomadNetworkRules, AllocationWa
             except BaseException as err:
                 await self._unmake(sb)
                 if isinstance(err, OSError):  # a full disk, a read-only one: said, not "internal error"
-                    raise DriverFailure(f"sandbox {sb.id}: writing its state file {self._states.path(sb.id)} "
-                                        f"failed ({err.strerror or err}); its Nomad job {sb.job_id} was stopped "
-                                        "and purged", sandbox_id=sb.id) from err
+                    # The host path and the Nomad job go to the log, not to the tenant (security.md).
+                    log.error("sandbox %s: writing its state file %s failed (%s); its Nomad job %s was stopped "
+                              "and purged", sb.id, self._states.path(sb.id), err, sb.job_id)
+                    raise DriverFailure(f"sandbox {sb.id}: the server could not record it on its own disk, writing "
+                                        f"its state file ({err.strerror or err}); it was ended, nothing of it runs",
+                                        sandbox_id=sb.id) from err
                 raise
             self._sandboxes[sb.id] = sb
             self._agents.ensure(sb)  # started now, so the first commands find it running
