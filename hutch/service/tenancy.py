@@ -199,21 +199,26 @@ class Tenants:
         """A hutch key, valid or not any more (the proxy never forwards one)."""
         return tenancy.secrets_match(secret, self._bootstrap_secret) or self.directory.key_for(secret) is not None
 
-    def throttle(self, principal: Principal) -> None:
-        """Raise ``RateLimited`` (429, with the seconds to wait) when the key is over its rate."""
+    def throttle(self, principal: Principal, *, public: bool = False) -> None:
+        """Raise ``RateLimited`` (429, with the seconds to wait) when the key is over its rate.
+        ``public``: anonymous traffic to a public port of a sandbox the key made, counted at
+        the same rate in a bucket of its own: whoever reaches the port must not spend the
+        key's own requests (its owner's API calls answered 429 by a stranger's traffic)."""
         key = self.directory.keys.get(principal.key_id)
         rate = (key.rate, key.burst or max(1, math.ceil(key.rate * 2))) if key and key.rate else self.default_rate
         if rate is None:
             return
         now = time.monotonic()
         share = (rate[0] / self.replicas, max(1.0, rate[1] / self.replicas))
-        bucket = self._buckets.get(principal.key_id)
+        name = f"{principal.key_id} public" if public else principal.key_id
+        bucket = self._buckets.get(name)
         if bucket is None or bucket.rate != share[0] or bucket.burst != share[1]:
-            bucket = self._buckets[principal.key_id] = Bucket(share[0], share[1], share[1], now)
+            bucket = self._buckets[name] = Bucket(share[0], share[1], share[1], now)
         wait = bucket.take(now)
         if wait > 0:
             over = f", {self.replicas} replicas each allowing its share" if self.replicas > 1 else ""
-            raise RateLimited(f"rate limit: key {principal.key_id} may make {rate[0]:g} requests a second "
+            who = f"public traffic to the sandboxes of key {principal.key_id}" if public else f"key {principal.key_id}"
+            raise RateLimited(f"rate limit: {who} may make {rate[0]:g} requests a second "
                               f"(burst {rate[1]}{over}); retry in {wait:.2f} s", retry_after=wait)
 
 

@@ -64,7 +64,7 @@ async def traffic_principal(request: web.Request, port: int) -> tuple[Principal,
         principal = tenants.principal_for(sb.api_key_id)
     except Unauthorized:  # its creator's key is revoked or expired: the port closes with it
         raise refused from None
-    tenants.throttle(principal)
+    tenants.throttle(principal, public=True)  # a bucket of its own: strangers spend none of the key's rate
     if principal.server_admin:  # the administrator's sandbox may be in any organization
         principal = principal.acting_for(sb.spec.org_id, tenants.directory)
     return principal, sandbox_id
