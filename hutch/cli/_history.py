@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from hutch import history
+from hutch._connection import segment
 from hutch.cli import _render as render
 from hutch.cli._common import _call, _json_flag, _out
 
@@ -26,7 +27,7 @@ def add_parsers(sb: Any) -> None:
 
 def cmd_fork(args: argparse.Namespace) -> int:
     async def work(client: Any) -> Any:
-        return await client.connection.request("POST", f"/sandbox/{args.sandbox_id}/fork",
+        return await client.connection.request("POST", f"/sandbox/{segment(args.sandbox_id)}/fork",
                                                json={"count": args.count}, sandbox_id=args.sandbox_id)
 
     data = _call(args, work)["data"]

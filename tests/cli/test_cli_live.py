@@ -194,6 +194,9 @@ def test_sandbox_fork(served: tuple[str, subprocess.Popen[str]], capsys: pytest.
     assert len(copies) == 2 and all(c.startswith("sbx_") and c != parent for c in copies)
     assert main(["--url", url, "sb", "fork", parent, "-n", "0"]) == 1
     assert "count" in capsys.readouterr().err
+    # An id is one path segment: `../snapshots/S` is not read as another route (a 404 naming it).
+    assert main(["--url", url, "sb", "fork", f"../sandbox/{parent}", "-n", "1"]) == 1
+    assert "not found" in capsys.readouterr().err.lower()
     # The fork's record of its instant stays out of `snapshot list` unless asked for.
     assert main(["--url", url, "sb", "snapshot", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["snapshots"] == []
