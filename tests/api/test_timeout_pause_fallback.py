@@ -164,3 +164,16 @@ async def test_a_timeout_set_anew_as_the_fallback_fails_keeps_the_sandbox(
     sb = await api.data("GET", f"/sandbox/{sid}")
     assert sb["status"] == "running", sb
     assert (await api.data("GET", f"/sandbox/execution/{ex['executionId']}"))["status"] == "running"
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_a_timeout_call_without_its_timeout_is_a_400_naming_it(make_api: AppFactory, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    """E2B's set_timeout body requires ``timeout``; one without it set the default (300 s)
+    in silence, cutting a sandbox given an hour down to five minutes. Now a 400 naming it."""
+    api = await make_api()
+    e2b = await aiohttp_client(create_e2b_app(api.client.server.app[ENGINE], api.client.server.app[TENANTS]))
+    sid, wire = await autopausing(e2b, timeout=3600)
+    got = await e2b.post(f"/sandboxes/{wire}/timeout", headers={"X-API-Key": KEY}, json={})
+    assert got.status == 400, await got.text()
+    assert "timeout: required" in (await got.json())["message"]
+    assert (await api.data("GET", f"/sandbox/{sid}"))["timeout"]["idle"] == "3600s"

@@ -85,7 +85,9 @@ def _template_of(sb: SandboxState) -> str:
     return sb.spec.snapshot_id or sb.spec.runtime
 
 
-def timeout_of(body: dict[str, Any], *, lowest: int = 1) -> int:
+def timeout_of(body: dict[str, Any], *, lowest: int = 1, required: bool = False) -> int:
+    if required and "timeout" not in body:  # E2B's body requires it: no default stands in for a forgotten one
+        raise InvalidInput(f"timeout: required, whole seconds from {lowest} to {MAX_TIMEOUT}", field="timeout")
     value = body.get("timeout", DEFAULT_TIMEOUT)
     if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= MAX_TIMEOUT:
         raise InvalidInput(f"timeout: expected whole seconds from {lowest} to {MAX_TIMEOUT}, got {value!r}",
@@ -459,7 +461,7 @@ async def set_timeout(request: web.Request) -> web.Response:
     """The sandbox ends ``timeout`` seconds from now unless something happens in it (hutch's
     idle timeout, set anew); 0 is the shortest hutch has, a second."""
     body = await read_body(request)
-    seconds = timeout_of(body, lowest=0)
+    seconds = timeout_of(body, lowest=0, required=True)
     sb = await live_sandbox(request, request.match_info["sandbox_id"])
     await request.app[ENGINE].control.set_idle_timeout(sb.sandbox_id, f"{max(1, seconds)}s")
     return web.Response(status=204)
