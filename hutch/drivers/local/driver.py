@@ -234,6 +234,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         # Not cancelled: a fill in progress finishes in its thread, sees the pool closed and
         # destroys what it made; a destroy in progress completes.
         await self._background.drain()
+        self._provisioner.close()
         await self._pool.close()
         await self._trash.drain()
         if self._cgroups is not None:
