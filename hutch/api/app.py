@@ -20,7 +20,7 @@ from aiohttp.typedefs import Handler
 
 from hutch.api import body_fields, memory, openapi, refusals
 from hutch.api.access import PUBLIC, access_of, needs
-from hutch.api.at_once import AtOnce, default_limit
+from hutch.api.at_once import AtOnce, default_limit, raise_open_file_limit
 from hutch.api.http import check_query, parse_json
 from hutch.api.keys import (
     API_KEY_ID,
@@ -396,6 +396,7 @@ def run_server(config: Config) -> None:
     if config.ssh_port is not None:
         print(f"hutch: SSH gateway on {config.host}:{config.ssh_port or '(a free port: see GET /healthz)'}", flush=True)
     memory.limit_arenas()  # process-wide, so here rather than in create_app (tests share a process)
+    raise_open_file_limit()  # likewise (api/at_once.py)
     app = create_app(config)
     app[ON_LOST] = lambda: os.kill(os.getpid(), signal.SIGTERM)  # claimed by another replica: stop
     app.cleanup_ctx.append(memory.trim_ctx)

@@ -33,6 +33,16 @@ MOST = 1000
 SETTING = "HUTCH_MAX_REQUESTS_PER_ORG"
 
 
+def raise_open_file_limit() -> None:
+    """The server process's soft RLIMIT_NOFILE up to its hard one (as the local driver does for
+    its pidfds, and Go programs at start): a shell or a plain unit gives 1024, and ~1,000 held
+    connections then stopped the server accepting any. Process-wide, so for ``run_server``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
 def default_limit() -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:

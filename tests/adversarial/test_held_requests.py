@@ -61,10 +61,13 @@ def call(server: Server, key: str, method: str, path: str, body: object = None,
 
 
 @contextlib.contextmanager
-def held(server: Server, key: str, path: str, count: int) -> Iterator[list[socket.socket]]:
-    """``count`` connections, each sending ``path`` with ``key`` and reading nothing."""
+def held(server: Server, key: str, path: str, count: int, *, finished: bool = True) -> Iterator[list[socket.socket]]:
+    """``count`` connections, each sending ``path`` with ``key`` (``finished``: the whole
+    request; else its first line only) and reading nothing."""
     socks: list[socket.socket] = []
     request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+    if not finished:
+        request = request.split(b"\r\n", 1)[0] + b"\r\n"
     try:
         for _ in range(count):
             try:
@@ -114,3 +117,18 @@ def test_a_tenants_long_polls_leave_another_tenant_served(server: Server) -> Non
     while (status := call(server, a, "GET", f"/sandbox/{sandbox}")[0]) == 429 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert status == 200
+
+
+def test_connections_past_the_usual_open_file_limit_leave_another_tenant_served(tmp_path: Path) -> None:
+    """Connections that have not finished a request belong to no organization (a front that
+    limits connections per client bounds them): what the server may hold is its open-file
+    limit, raised at start to the hard limit. Before, a server started from a shell (soft
+    limit 1024) on a driver that does not raise it stopped accepting at ~1,000 of them."""
+    srv = Server(tmp_path / "data", driver="fake", nofile=(NOFILE, 8 * NOFILE)).start()
+    try:
+        b = key_of(srv, "victim")
+        with held(srv, "", "/healthz", HOLDS, finished=False):
+            status, made = call(srv, b, "POST", "/sandbox", {})
+            assert status == 201, ("B's create while A holds unfinished requests", status, made)
+    finally:
+        srv.stop()
