@@ -20,9 +20,11 @@ from aiohttp.typedefs import Handler
 
 from hutch.api import body_fields, memory, openapi, refusals
 from hutch.api.access import PUBLIC, access_of, needs
+from hutch.api.at_once import AtOnce, default_limit, raise_open_file_limit
 from hutch.api.http import check_query, parse_json
 from hutch.api.keys import (
     API_KEY_ID,
+    AT_ONCE,
     BODY_CHECK,
     CONFIG,
     E2B_PORT,
@@ -99,7 +101,10 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
         return await handler(request)
     except RateLimited as err:
         wait = math.ceil(float(err.context.get("retry_after", 1)))
-        return web.json_response(err.to_wire(), status=err.status, headers={"Retry-After": str(max(1, wait))})
+        resp = web.json_response(err.to_wire(), status=err.status, headers={"Retry-After": str(max(1, wait))})
+        if err.context.get("close"):
+            resp.force_close()  # kept alive, a refused connection would hold its socket all the same (api/at_once.py)
+        return resp
     except HutchError as err:  # every kind the server raises has a status; 500 for one that has none
         return web.json_response(err.to_wire(), status=err.status or 500)
     except web.HTTPRequestEntityTooLarge:
@@ -155,7 +160,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     scope = SCOPE.set(Scope(principal.org_id, principal.projects))
     phases.end("auth and tenancy", t0)
     try:
-        return await handler(request)
+        with request.app[AT_ONCE].slot(principal.org_id):  # its share of the server's sockets
+            return await handler(request)
     finally:
         SCOPE.reset(scope)
         ACTOR.reset(actor)
@@ -222,6 +228,7 @@ def create_app(config: Config) -> web.Application:
                           client_max_size=config.max_body_bytes)
     refusals.install(app)
     app[CONFIG] = config
+    app[AT_ONCE] = AtOnce(config.max_requests_per_org or default_limit())
     app[BODY_CHECK] = _body_check(body_fields.table())
     app.router.add_get("/healthz", _health)
     app.router.add_get("/", _root)
@@ -316,6 +323,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             driver.set_replica(replicas.me, deployment_tag(secret), taken_over=replicas.taken_over)
         await driver.start()
         stack.push_async_callback(driver.close)
+        # Counted again now that the driver may have raised the open-file limit (the local one does).
+        app[AT_ONCE].limit = config.max_requests_per_org or default_limit()
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=secret, data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
@@ -387,6 +396,7 @@ def run_server(config: Config) -> None:
     if config.ssh_port is not None:
         print(f"hutch: SSH gateway on {config.host}:{config.ssh_port or '(a free port: see GET /healthz)'}", flush=True)
     memory.limit_arenas()  # process-wide, so here rather than in create_app (tests share a process)
+    raise_open_file_limit()  # likewise (api/at_once.py)
     app = create_app(config)
     app[ON_LOST] = lambda: os.kill(os.getpid(), signal.SIGTERM)  # claimed by another replica: stop
     app.cleanup_ctx.append(memory.trim_ctx)

@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hutch.api.at_once import AtOnce
 from hutch.core.tenancy import Principal
 from hutch.service.config import Config
 from hutch.service.engine import Engine
@@ -15,6 +16,7 @@ from hutch.service.tenancy import Tenants
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 TENANTS: web.AppKey[Tenants] = web.AppKey("tenants", Tenants)
+AT_ONCE: web.AppKey[AtOnce] = web.AppKey("at_once", AtOnce)  # each organization's requests under way
 E2B_PORT: web.AppKey[int] = web.AppKey("e2b_port", int)  # api/e2b/server.py, when enabled
 E2B_TLS_PORT: web.AppKey[int] = web.AppKey("e2b_tls_port", int)  # its TLS listener, when enabled
 SSH_GATEWAY: web.AppKey[object] = web.AppKey("ssh_gateway", object)  # api/ssh_gateway.py, when enabled

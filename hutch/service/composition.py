@@ -110,7 +110,8 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
 
         limits = LayerLimits(max_bytes=parse_bytes("HUTCH_LAYER_CACHE_MAX", config.layer_cache_max),
                              retention_seconds=parse_duration("HUTCH_LAYER_RETENTION", config.layer_retention))
-        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir, layer_limits=limits)
+        return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir, layer_limits=limits,
+                           pool_memory=parse_bytes("HUTCH_DEFAULT_MEMORY", config.default_memory))
     if config.driver == "nomad":
         from hutch.drivers.nomad.driver import NomadDriver, pool_sizing_from_env
 

@@ -70,6 +70,10 @@ def _to_count(setting: str, value: object) -> int:
     return count
 
 
+def _to_optional_count(setting: str, value: object) -> int | None:
+    return None if value is None or value == "" else _to_count(setting, value)
+
+
 def _to_path(_setting: str, value: object) -> Path | None:
     return None if value is None else Path(value)  # type: ignore[arg-type]
 
@@ -335,6 +339,10 @@ class Config:
     # Requests a second per key (":burst" optional) for keys created without their own rate,
     # and for the bootstrap key; "" = unlimited (service/tenancy.py).
     rate_limit: str = _setting("HUTCH_RATE_LIMIT", "", check=_check_rate)
+    # Requests one organization may have under way at once on this server (long-polls, stream
+    # reads, terminals, downloads, port requests); None: a quarter of the server's open-file
+    # limit, at most 1,000 (api/at_once.py).
+    max_requests_per_org: int | None = _setting("HUTCH_MAX_REQUESTS_PER_ORG", None, convert=_to_optional_count)
     # `hutch serve --ssh-port`: the SSH gateway's port on ``host`` (0: any free one); None: no
     # gateway (api/ssh_gateway.py).
     ssh_port: int | None = _setting("HUTCH_SSH_PORT", None, convert=_to_port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -26,9 +27,12 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path, driver: str = "fake", root: Path = ROOT, **env: str) -> None:
-        """``root``: the source tree the server runs (bench/compare.py: another commit's checkout)."""
+    def __init__(self, data_dir: Path, driver: str = "fake", root: Path = ROOT, *,
+                 nofile: tuple[int, int] | None = None, **env: str) -> None:
+        """``root``: the source tree the server runs (bench/compare.py: another commit's checkout).
+        ``nofile``: the process's RLIMIT_NOFILE (soft, hard), as a shell or a unit would set it."""
         self.data_dir = data_dir
+        self.nofile = nofile
         self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -51,7 +55,8 @@ class Server:
         self.env["HUTCH_PORT"] = str(self.port)
         with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hutch.api"], cwd=self.root, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "hutch.api"], cwd=self.root, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=None if self.nofile is None else self._limit_files,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -63,6 +68,10 @@ class Server:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"server did not answer within {timeout}s:\n{self.log.read_text()[-4000:]}")
+
+    def _limit_files(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def kill9(self) -> None:
         assert self.proc is not None

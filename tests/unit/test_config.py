@@ -76,6 +76,7 @@ SETTINGS = [
     ("sandbox_ca_certs", "/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/certs/ca-certificates.crt",
      "/nonexistent.pem", "HUTCH_SANDBOX_CA_CERTS: cannot read /nonexistent.pem"),
     ("rate_limit", "20:100", "20:100", "fast", "HUTCH_RATE_LIMIT: expected requests per second"),
+    ("max_requests_per_org", "200", 200, "0", "HUTCH_MAX_REQUESTS_PER_ORG: expected a positive whole number, got '0'"),
     ("ssh_port", "2222", 2222, "ssh", "HUTCH_SSH_PORT: expected a port number (0-65535), got 'ssh'"),
     ("e2b_port", "3000", 3000, "e2b", "HUTCH_E2B_PORT: expected a port number (0-65535), got 'e2b'"),
     ("e2b_tls_port", "3443", 3443, "70000", "HUTCH_E2B_TLS_PORT: expected a port number (0-65535), got '70000'"),

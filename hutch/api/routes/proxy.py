@@ -48,7 +48,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from hutch.api.access import PUBLIC, needs
-from hutch.api.keys import CONFIG, ENGINE, FORWARD_TO_OWNER, TENANTS
+from hutch.api.keys import AT_ONCE, CONFIG, ENGINE, FORWARD_TO_OWNER, TENANTS
 from hutch.api.proxy_origin import answer_headers, request_headers
 from hutch.api.render import PROXY_PREFIX
 from hutch.api.watchers import while_client_stays
@@ -94,8 +94,9 @@ def _not_served(sandbox_id: str) -> SandboxNotFound:
     return SandboxNotFound(f"sandbox {sandbox_id} not found", sandbox_id=sandbox_id)
 
 
-async def _exposes(request: web.Request, sandbox_id: str, port: int | None) -> None:
-    """The sandbox exists, is not deleted and exposes ``port`` (any port for the path form)."""
+async def _exposes(request: web.Request, sandbox_id: str, port: int | None) -> str:
+    """The sandbox exists, is not deleted and exposes ``port`` (any port for the path form):
+    its organization."""
     try:
         sb = await request.app[ENGINE].reads.require(sandbox_id)
     except NotFound:
@@ -103,6 +104,7 @@ async def _exposes(request: web.Request, sandbox_id: str, port: int | None) -> N
     exposed = sb.spec.network.port
     if exposed is None or (port is not None and exposed != port):
         raise _not_served(sandbox_id)
+    return sb.spec.org_id
 
 
 @web.middleware
@@ -114,10 +116,12 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if found is None:
         return await handler(request)
     sandbox_id, port = found
-    await _exposes(request, sandbox_id, port)
+    org_id = await _exposes(request, sandbox_id, port)
     forward = request.app.get(FORWARD_TO_OWNER)
-    if forward is not None and (forwarded := await forward(request, sandbox_id)) is not None:
-        return forwarded  # another replica's sandbox (api/replication.py)
+    if forward is not None:
+        with request.app[AT_ONCE].slot(org_id):  # a relayed request holds a socket here too
+            if (forwarded := await forward(request, sandbox_id)) is not None:
+                return forwarded  # another replica's sandbox (api/replication.py)
     return await serve(request, sandbox_id, request.path.removeprefix("/"), prefix="")
 
 
@@ -155,15 +159,16 @@ def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
     return headers
 
 
-async def _target(request: web.Request, sandbox_id: str, tail: str) -> str:
+async def _target(request: web.Request, sandbox_id: str, tail: str) -> tuple[str, str]:
+    """Where the sandbox's port is, and the sandbox's organization."""
     engine = request.app[ENGINE]
-    await _exposes(request, sandbox_id, None)  # before anything wakes it
+    org_id = await _exposes(request, sandbox_id, None)  # before anything wakes it
     try:
         host, port = await engine.ports.target(sandbox_id)  # not ended; wakes a paused one; activity
     except (NotFound, IllegalTransition, NotSupported):
         raise _not_served(sandbox_id) from None
     query = f"?{request.query_string}" if request.query_string else ""
-    return f"{host}:{port}/{tail}{query}"
+    return f"{host}:{port}/{tail}{query}", org_id
 
 
 @routes.route("*", PREFIX + "/{sandbox_id}")
@@ -180,15 +185,17 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 
 
 async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str) -> web.StreamResponse:
-    target = await _target(request, sandbox_id, tail)
+    target, org_id = await _target(request, sandbox_id, tail)
     headers = _forward_headers(request, prefix)
     session = request.app[SESSION]
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await relay_websocket(request, session, f"ws://{target}", headers)
-    path_form = bool(prefix)
-    return await relay_http(request, session, f"http://{target}", headers,
-                            unreachable=f"sandbox {sandbox_id}: nothing answers on its port",
-                            answer=lambda upstream: answer_headers(upstream, path_form=path_form))
+    # Two sockets a request (the client's, the sandbox's): one of its organization's share.
+    with request.app[AT_ONCE].slot(org_id):
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await relay_websocket(request, session, f"ws://{target}", headers)
+        path_form = bool(prefix)
+        return await relay_http(request, session, f"http://{target}", headers,
+                                unreachable=f"sandbox {sandbox_id}: nothing answers on its port",
+                                answer=lambda upstream: answer_headers(upstream, path_form=path_form))
 
 
 Answer = Callable[[Iterable[tuple[str, str]]], list[tuple[str, str]]]

@@ -29,7 +29,7 @@ from hutch.api.render import (
 )
 from hutch.api.routes import history as history_routes
 from hutch.api.routes.audit import audit_stream_id, audit_stream_url
-from hutch.api.watchers import hold
+from hutch.api.watchers import hold, while_client_stays
 from hutch.core import runtimes
 from hutch.core.errors import InvalidInput
 from hutch.core.events import PAUSE_FILESYSTEM
@@ -136,13 +136,20 @@ def _wanted_statuses(request: web.Request) -> set[SandboxStatus] | None:
     return out
 
 
-async def _maybe_wait(request: web.Request, sandbox_id: str) -> SandboxState:
+async def _maybe_wait(request: web.Request, sandbox_id: str) -> SandboxState | None:
+    """The sandbox, once in a wanted status if the request waits for one; None when the
+    client left while waiting."""
     engine = request.app[ENGINE]
     wanted = _wanted_statuses(request)
     wait_ms = q_int(request, "waitMs", 0)
     include_deleted = bool(q_bool(request, "includeDeleted"))
     if wanted and wait_ms:
-        sb = await engine.reads.wait_status(sandbox_id, wanted, wait_ms / 1000)
+        # Ended when its client leaves: a wait nobody reads would hold its organization's share
+        # of requests at once (api/at_once.py) and the server's memory for up to waitMs.
+        waited, gone = await while_client_stays(request, engine.reads.wait_status(sandbox_id, wanted, wait_ms / 1000))
+        if gone or waited is None:
+            return None
+        sb = waited
         if sb.status is SandboxStatus.DELETED and not include_deleted and SandboxStatus.DELETED not in wanted:
             return await engine.reads.require(sandbox_id, include_deleted=False)
         return sb
@@ -151,7 +158,8 @@ async def _maybe_wait(request: web.Request, sandbox_id: str) -> SandboxState:
 
 @routes.get("/sandbox/status/{sandbox_id}")
 async def status(request: web.Request) -> web.Response:
-    sb = await _maybe_wait(request, request.match_info["sandbox_id"])
+    if (sb := await _maybe_wait(request, request.match_info["sandbox_id"])) is None:
+        return web.Response(status=499)  # nobody reads it: the client went away
     data: dict[str, str | int] = {"sandboxId": sb.sandbox_id, "status": sb.status.value}
     # A one-shot's exit code once its command has ended (docs/wire.md 2.5), not only once the
     # sandbox is torn down: the real client's run() polls this every 25 ms until it sees one,
@@ -215,7 +223,8 @@ async def list_events(request: web.Request) -> web.Response:
 async def get_sandbox(request: web.Request) -> web.Response:
     if ref := request.query.get("asOf"):  # time travel: as of an event or a time (service/history.py)
         return ok(await history_routes.render_as_of(request, request.match_info["sandbox_id"], ref))
-    sb = await _maybe_wait(request, request.match_info["sandbox_id"])
+    if (sb := await _maybe_wait(request, request.match_info["sandbox_id"])) is None:
+        return web.Response(status=499)  # nobody reads it: the client went away
     usage = None
     if not sb.status.is_final:  # what it has used so far, from the driver (an ended one's is in its events)
         with contextlib.suppress(Exception):

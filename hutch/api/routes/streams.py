@@ -4,13 +4,14 @@ service takes it (service/input_streams.py), behind the API key."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok
-from hutch.api.keys import ENGINE, PRINCIPAL, TENANTS
+from hutch.api.keys import AT_ONCE, ENGINE, PRINCIPAL, TENANTS
 from hutch.api.watchers import hold
 from hutch.core import limits
 from hutch.core.errors import HutchError, InvalidInput, NotFound
@@ -27,6 +28,31 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
     stream_id = request.match_info["stream_id"]
     if not await outputs.exists(stream_id):
         raise NotFound(f"stream {stream_id} not found")
+    engine = request.app[ENGINE]
+    owner = engine.streams.execution_of(stream_id)
+    org_id = await _org_of(request, owner)
+    # A reader of the organization's output holds a socket as its long-polls do: one of its share.
+    with request.app[AT_ONCE].slot(org_id) if org_id is not None else contextlib.nullcontext():
+        return await _read(request, stream_id, owner)
+
+
+async def _org_of(request: web.Request, owner: str | None) -> str | None:
+    """The organization whose sandbox writes a stream (None: a stream with no known owner)."""
+    if owner is None:
+        return None
+    reads = request.app[ENGINE].reads
+    if not is_sandbox_stream(owner):
+        ex = await reads.find_execution(owner)
+        if ex is None:
+            return None
+        owner = ex.sandbox_id
+    sb = await reads.sandbox(owner)
+    return sb.spec.org_id if sb is not None else None
+
+
+async def _read(request: web.Request, stream_id: str, owner: str | None) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    outputs = engine.output
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
@@ -36,8 +62,6 @@ async def read_stream(request: web.Request) -> web.StreamResponse:
             await resp.write(chunk)
         await resp.write_eof()
 
-    engine = request.app[ENGINE]
-    owner = engine.streams.execution_of(stream_id)
     if owner is not None and is_sandbox_stream(owner):
         async for chunk in engine.sandbox_output.follow(owner, engine.streams.kind_of(stream_id)):
             await resp.write(chunk)

@@ -107,8 +107,12 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
                   Driver):
     name = "local"
 
-    def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None) -> None:
+    def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None, *,
+                 pool_memory: int | None = None) -> None:
+        """``pool_memory``: the memory limit the warm pool is filled for (the server's default;
+        None: the latest asked, pool.py)."""
         self.data_dir = Path(data_dir)
+        self._pool_memory = pool_memory
         self.runtime_cache = Path(runtime_cache)
         # Install layers: the server's cache, bounded and swept (layercache.py).
         self.layers = LayerSweeper(self.runtime_cache / "layers", layer_limits or LayerLimits())
@@ -166,7 +170,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache, self._trash)
         self._background = PoolRefill()  # pool fills, destroys: close() waits for them
         self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache,
-                              self._quiet)
+                              self._quiet, memory=self._pool_memory)
         self._provisioner = Provisioner(self._registry, cg, self._launcher, self._pool, self._network,
                                         self._teardown, runtime_cache=cache, rootless=rootless,
                                         layer_limits=self.layers.limits, quiet=self._quiet,
@@ -230,6 +234,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         # Not cancelled: a fill in progress finishes in its thread, sees the pool closed and
         # destroys what it made; a destroy in progress completes.
         await self._background.drain()
+        self._provisioner.close()
         await self._pool.close()
         await self._trash.drain()
         if self._cgroups is not None:

@@ -15,8 +15,11 @@ idle mark cleared, the uid claim and ``meta.json`` follow the new id. No command
 sandbox, so a claimed one is indistinguishable from a freshly started one. Pooled
 sandboxes are named ``_pool-<server pid>-<its start time>-...`` (state.POOL_NAME):
 a pooled sandbox's /dev is sized when it starts (to a memory limit: launch.dev_bytes), so
-one is claimed only for that memory limit, and a runtime's pool is filled for the memory
-limit its latest sandbox asked for (the server's default, mostly);
+one is claimed only for that memory limit, and a runtime's pool is filled for the server's
+default memory limit (HUTCH_DEFAULT_MEMORY: what most creates ask for). It was filled for the
+limit its latest sandbox asked for: a tenant creating at a size of its own then had every
+other tenant's create made from scratch (and each of its creates tore down the pool and
+started it again). Without a default given (a node agent) it still follows the latest;
 ``alive()`` does not see them, ``close()`` destroys them, and a later start reaps those
 of a server that is gone. Needs cgroup v1 (v2 cannot rename cgroups): on v2 the pool
 stays off.
@@ -97,7 +100,7 @@ class WarmPool:
     """The idle pooled sandboxes of one driver, per runtime."""
 
     def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, teardown: Teardown,
-                 background: PoolRefill, runtime_cache: Path, quiet: Quiet) -> None:
+                 background: PoolRefill, runtime_cache: Path, quiet: Quiet, memory: int | None = None) -> None:
         self._registry = registry
         self._runtime_cache = runtime_cache
         self._cgroups = cgroups
@@ -109,6 +112,7 @@ class WarmPool:
         self.idle: dict[str, list[LocalSandbox]] = {}  # runtime -> idle pooled sandboxes
         self._filling: set[str] = set()
         self._memory: dict[str, int | None] = {}  # runtime -> the memory limit its pool is filled for
+        self._default_memory = memory  # the one it is always filled for (None: the latest asked)
         self._fill_slots = asyncio.Semaphore(1)
         self._seq = itertools.count()
         self._tag = ""
@@ -166,9 +170,12 @@ class WarmPool:
         return sb
 
     def refill(self, runtime: str, memory: int | None = None) -> None:
-        """Keep ``size`` idle sandboxes of ``runtime`` for ``memory`` (the latest one asked)."""
+        """Keep ``size`` idle sandboxes of ``runtime`` for the server's default memory, or for
+        ``memory`` (the latest one asked) where there is none."""
         if self.size <= 0 or self.closed or runtime in self._filling:
             return
+        if self._default_memory is not None:
+            memory = self._default_memory
         changed = self._memory.get(runtime, memory) != memory
         self._memory[runtime] = memory
         if not changed and len(self.idle.get(runtime, ())) >= self.size:

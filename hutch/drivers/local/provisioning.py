@@ -7,14 +7,23 @@ At most ``STARTS_PER_CORE`` sandboxes per core are being started at once; more c
 their turn. Uncapped, 200 clients creating at once on a slow (shared, 2-core) machine slow
 every start by all the others until the slowest run past their deadlines: a soak run
 (bench/soak.py) had 45 creates fail with 502. With the cap, its runs have had none fail.
+
+Install layers are built by threads of their own, at most ``BUILDS_AT_ONCE`` at a time, and one
+build of a layer serves every create asking for it meanwhile. A build runs apt-get or npm for as
+long as the mirror takes (up to 30 minutes): in the event loop's default executor (6 threads on
+2 cores), 20 creates of one tenant whose install did not end (a registry that never answered)
+took every thread the server's other work waits for, and another tenant's create with a
+network (set up in a thread) hung until they ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hutch.core import phases, runtimes
@@ -32,6 +41,7 @@ from hutch.drivers.local.teardown import Teardown
 log = logging.getLogger(__name__)
 
 STARTS_PER_CORE = 8
+BUILDS_AT_ONCE = 4  # install layers built at once (each mostly waits for apt-get or npm)
 
 
 class Provisioner:
@@ -53,6 +63,17 @@ class Provisioner:
         self._quiet = quiet  # held until the sandbox's first command is launched (quiet.py)
         self.max_starting = STARTS_PER_CORE * (os.cpu_count() or 1)
         self._starting = asyncio.Semaphore(self.max_starting)
+        self._builds = ThreadPoolExecutor(BUILDS_AT_ONCE, thread_name_prefix="hutch-layer-build")
+        self._building: dict[str, asyncio.Future[str]] = {}  # layer key -> its build under way
+
+    def _built(self, key: str, build: asyncio.Future[str]) -> None:
+        self._building.pop(key, None)
+        if not build.cancelled():
+            build.exception()  # its waiters have it; none left (all gone meanwhile) is no error to log
+
+    def close(self) -> None:
+        """Builds not started yet are dropped; one under way ends in its thread."""
+        self._builds.shutdown(wait=False, cancel_futures=True)
 
     def _recipe(self, req: ProvisionRequest) -> runtimes.RuntimeRecipe:
         if not SAFE_ID.match(req.sandbox_id):
@@ -147,8 +168,15 @@ class Provisioner:
         self._check_built(recipe)
         built = not layers.layer_path(self._runtime_cache, layers.layer_key(recipe, req.dependencies,
                                                                            req.packages)).is_dir()
-        key = await asyncio.to_thread(layers.build, recipe, self._runtime_cache, req.dependencies, req.packages,
-                                      log=log.info, max_bytes=self._layer_limits.max_bytes)
+        key = layers.layer_key(recipe, req.dependencies, req.packages)
+        build = self._building.get(key)
+        if build is None:
+            build = asyncio.get_running_loop().run_in_executor(self._builds, functools.partial(
+                layers.build, recipe, self._runtime_cache, req.dependencies, req.packages,
+                log=log.info, max_bytes=self._layer_limits.max_bytes))
+            self._building[key] = build
+            build.add_done_callback(functools.partial(self._built, key))
+        key = await asyncio.shield(build)  # one waiter leaving ends no one else's wait
         if built:
             self._on_built()
         return key

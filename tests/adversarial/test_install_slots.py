@@ -1,0 +1,87 @@
+"""Can one tenant's installs stop another tenant's creates? Tenant A, with a member key and no
+quota, asks for sandboxes with ``packages`` whose install does not end (here: an npm registry
+that never answers; a slow mirror or a large install does the same for as long as it lasts);
+tenant B then creates a sandbox with no install at all.
+
+A real ``hutch serve`` (local driver, embedded profile): A and B are this test process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.adversarial.test_held_requests import call, key_of
+from tests.system.server import Server
+
+ATTACKS = 20  # creates of A's under way at once: more than the server has worker threads
+
+
+@contextlib.contextmanager
+def silent_registry() -> Iterator[str]:
+    """An npm registry that takes connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(512)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
+
+
+MARK = b"starve15-never-installed"  # in the package names: this test's installs only
+
+
+def end_installs() -> None:
+    """This test's installs (npm, whose argv names the packages), killed: their builds fail."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    cmdline = fh.read()
+                if MARK in cmdline and b"install" in cmdline:
+                    os.kill(int(entry), signal.SIGKILL)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with silent_registry() as registry:
+        srv = Server(tmp_path / "data", driver="local", HUTCH_NPM_REGISTRY=registry,
+                     npm_config_fetch_retries="0").start(timeout=120)
+        try:
+            yield srv
+            end_installs()
+            srv.destroy_every_sandbox()
+        finally:
+            end_installs()
+            srv.stop()
+
+
+def test_a_tenants_endless_installs_leave_another_tenants_creates_served(server: Server) -> None:
+    a, b = key_of(server, "attacker"), key_of(server, "victim")
+    answers: list[int] = []
+
+    def create(n: int) -> None:  # a package list of its own each: no build serves two
+        body = {"runtime": "base:latest", "packages": [f"{MARK.decode()}-{n}"]}
+        answers.append(call(server, a, "POST", "/sandbox", body, timeout=300)[0])
+
+    attack = [threading.Thread(target=create, args=(n,)) for n in range(ATTACKS)]
+    for thread in attack:
+        thread.start()
+    try:
+        threading.Event().wait(3)  # A's creates are under way
+        assert not answers, answers
+        status, made = call(server, b, "POST", "/sandbox", {"network": {"enabled": True}}, timeout=60)
+        assert status == 201, ("B's create while A's installs run", status, made)
+        status, ran = call(server, b, "POST", f"/sandbox/{made['data']['sandboxId']}/execute",  # type: ignore[index]
+                           {"command": ["echo", "hi"]})
+        assert status == 200, ("B's execute while A's installs run", status, ran)
+    finally:
+        for thread in attack:  # each install killed as it starts, until A's creates are answered
+            while thread.is_alive():
+                end_installs()
+                thread.join(0.5)
