@@ -15,10 +15,11 @@ versions, and clients fall back to the initialize handshake (the MCP SDK's ``aut
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Container
+from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
 import mcp_types as types
@@ -40,9 +41,12 @@ class KeyGate:
     """ASGI middleware: no key, or a key the hutch server refuses, is a 401 with a reason."""
 
     def __init__(self, app: ASGIApp, hutch_url: str | None, live: Callable[[], Container[str]],
-                 org_sessions: int = ORG_SESSIONS) -> None:
+                 org_sessions: int = ORG_SESSIONS, end: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.app, self.hutch_url, self.live, self.org_sessions = app, hutch_url, live, org_sessions
+        self.end = end  # ends an open session (by id), as its idle timeout would
         self._held: dict[str, set[str]] = {}  # organization -> the ids of the sessions it opened
+        # session id -> the key that opened it (the SDK holds it too, as the session's owner)
+        self._keys: dict[str, str] = {}
         self._opening: dict[str, int] = {}  # organization -> its opening requests in flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -69,13 +73,16 @@ class KeyGate:
         principal = hashlib.sha256(key.encode()).hexdigest()
         scope["user"] = AuthenticatedUser(AccessToken(token=key, client_id=principal, scopes=[]))
         if scope["method"] == "POST" and "mcp-session-id" not in headers:  # what may open a session
-            await self._open(tenant or principal, scope, receive, send)
+            await self._open(tenant or principal, key, scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
-    async def _open(self, tenant: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _open(self, tenant: str, key: str, scope: Scope, receive: Receive, send: Send) -> None:
         """A request that may open a session, if its organization has room for one more."""
         held = self._still_open(tenant)
+        if len(held) + self._opening.get(tenant, 0) >= self.org_sessions:
+            await self._end_revoked(held, key)
+            held = self._still_open(tenant)
         if len(held) + self._opening.get(tenant, 0) >= self.org_sessions:
             await _refuse(send, 429, f"your organization has {self.org_sessions} MCP sessions open, the most this "
                           "server holds for one: end one (the client's DELETE) or let one idle out (30 minutes)")
@@ -95,6 +102,7 @@ class KeyGate:
             if not self._opening[tenant]:
                 del self._opening[tenant]
             held.update(opened)
+            self._keys.update(dict.fromkeys(opened, key))
             if held:
                 self._held[tenant] = held
 
@@ -106,7 +114,22 @@ class KeyGate:
             self._held[org] = {sid for sid in self._held[org] if sid in live}
             if not self._held[org]:
                 del self._held[org]
+        for sid in [sid for sid in self._keys if sid not in live]:
+            del self._keys[sid]
         return self._held.get(tenant, set())
+
+    async def _end_revoked(self, held: set[str], asking: str) -> None:
+        """End the sessions whose key the hutch server now refuses (revoked, expired): every
+        request of theirs is a 401, so no DELETE ends them, and they held their organization's
+        room until they idled out (30 minutes). Asked only with the organization at its limit,
+        each of its other keys once."""
+        if self.end is None:
+            return
+        keys = {self._keys[sid] for sid in held if sid in self._keys} - {asking}
+        checked = await asyncio.gather(*(self._check(k) for k in keys))
+        refused = {k for k, found in zip(keys, checked, strict=True) if isinstance(found, tuple) and found[0] == 401}
+        for sid in [sid for sid in held if self._keys.get(sid) in refused]:
+            await self.end(sid)
 
     async def _check(self, key: str) -> str | tuple[int, str] | None:
         """When the hutch server takes the key: the key's organization (None for an operator's
@@ -138,8 +161,14 @@ def app(hutch_url: str | None, host: str, org_sessions: int = ORG_SESSIONS) -> A
     # host: the SDK turns on its DNS-rebinding guard (allowed Host headers) for a loopback bind.
     served = server.streamable_http_app(streamable_http_path=PATH, host=host)
     manager = server.session_manager
+
+    async def end(session_id: str) -> None:  # as the SDK ends an idle one (its key refused: its sandboxes stay, logged)
+        transport = manager._server_instances.get(session_id)
+        if transport is not None:
+            await manager._discard_session(session_id, transport)
+
     # The SDK's table of open sessions (by id) is the one record of which have ended.
-    return KeyGate(served, hutch_url, lambda: manager._server_instances, org_sessions)
+    return KeyGate(served, hutch_url, lambda: manager._server_instances, org_sessions, end)
 
 
 def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = ORG_SESSIONS) -> None:
