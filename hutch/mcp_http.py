@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
@@ -34,6 +35,7 @@ from hutch.errors import HutchError, Unauthorized
 from hutch.mcp_server import McpSessions, bearer_key, build_server
 
 PATH = "/mcp"
+RECHECK_SECONDS = 5.0  # a key found valid (any request of its) is not asked about again sooner
 ORG_SESSIONS = 100  # the sessions one organization may hold open at once (--max-org-sessions)
 
 
@@ -47,6 +49,7 @@ class KeyGate:
         self._held: dict[str, set[str]] = {}  # organization -> the ids of the sessions it opened
         # session id -> the key that opened it (the SDK holds it too, as the session's owner)
         self._keys: dict[str, str] = {}
+        self._valid: dict[str, float] = {}  # key -> when the hutch server last took it
         self._opening: dict[str, int] = {}  # organization -> its opening requests in flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -70,6 +73,7 @@ class KeyGate:
                           code=types.UNSUPPORTED_PROTOCOL_VERSION, data=data)
             return
         # The SDK binds each MCP session to the principal of the request that opened it.
+        self._valid[key] = time.monotonic()
         principal = hashlib.sha256(key.encode()).hexdigest()
         scope["user"] = AuthenticatedUser(AccessToken(token=key, client_id=principal, scopes=[]))
         if scope["method"] == "POST" and "mcp-session-id" not in headers:  # what may open a session
@@ -116,18 +120,25 @@ class KeyGate:
                 del self._held[org]
         for sid in [sid for sid in self._keys if sid not in live]:
             del self._keys[sid]
+        for key in set(self._valid) - set(self._keys.values()):  # the keys of open sessions
+            del self._valid[key]
         return self._held.get(tenant, set())
 
     async def _end_revoked(self, held: set[str], asking: str) -> None:
         """End the sessions whose key the hutch server now refuses (revoked, expired): every
         request of theirs is a 401, so no DELETE ends them, and they held their organization's
         room until they idled out (30 minutes). Asked only with the organization at its limit,
-        each of its other keys once."""
+        about each key holding its sessions that the server has not taken in RECHECK_SECONDS:
+        each check is a request with that key, spending its rate, and one member opening
+        sessions at the limit as fast as it can must not spend the other members' rates."""
         if self.end is None:
             return
-        keys = {self._keys[sid] for sid in held if sid in self._keys} - {asking}
+        now = time.monotonic()
+        keys = {k for sid in held if (k := self._keys.get(sid)) and (k not in self._valid or
+                                                                      now - self._valid[k] >= RECHECK_SECONDS)}
         checked = await asyncio.gather(*(self._check(k) for k in keys))
         refused = {k for k, found in zip(keys, checked, strict=True) if isinstance(found, tuple) and found[0] == 401}
+        self._valid.update((k, now) for k in keys - refused)
         for sid in [sid for sid in held if self._keys.get(sid) in refused]:
             await self.end(sid)
 
