@@ -105,10 +105,12 @@ class KeyGate:
             self._opening[tenant] -= 1
             if not self._opening[tenant]:
                 del self._opening[tenant]
-            held.update(opened)
-            self._keys.update(dict.fromkeys(opened, key))
-            if held:
-                self._held[tenant] = held
+            # Added to the organization's set as it is now: the one read before this request
+            # was served may have been replaced meanwhile (_still_open, for any request), and
+            # put back, it dropped the sessions of the requests that overlapped this one.
+            if opened:
+                self._held.setdefault(tenant, set()).update(opened)
+                self._keys.update(dict.fromkeys(opened, key))
 
     def _still_open(self, tenant: str) -> set[str]:
         """The tenant's sessions still open. The SDK ends sessions (a DELETE, an idle timeout)
