@@ -26,12 +26,29 @@ class Kept:
         self.dropped += max(0, len(chunk) - room)
 
     def text(self, what: str) -> str:
-        """The kept bytes as text, and a line saying how much was not kept, if any."""
-        text = self.data.decode(errors="replace")
-        if self.dropped:
-            text += f"{'' if text.endswith(chr(10)) or not text else chr(10)}[hutch: {self.dropped} more bytes of " \
+        """The kept bytes as text, and a line saying how much was not kept, if any. A cut that
+        falls inside a UTF-8 character cuts before it (decoded, its first bytes read as a
+        U+FFFD the command never wrote)."""
+        data, dropped = bytes(self.data), self.dropped
+        if dropped:
+            part = _partial_character(data)
+            data, dropped = data[:len(data) - part], dropped + part
+        text = data.decode(errors="replace")
+        if dropped:
+            text += f"{'' if text.endswith(chr(10)) or not text else chr(10)}[hutch: {dropped} more bytes of " \
                     f"{what} not kept]\n"
         return text
+
+
+def _partial_character(data: bytes) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 character that they do not finish."""
+    for back in range(1, min(4, len(data) + 1)):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: its lead is further back
+            continue
+        length = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+        return back if length > back else 0
+    return 0
 
 
 async def read_at_most(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:

@@ -15,10 +15,12 @@ versions, and clients fall back to the initialize handshake (the MCP SDK's ``aut
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Container
+import time
+from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
 import mcp_types as types
@@ -33,6 +35,7 @@ from hutch.errors import HutchError, Unauthorized
 from hutch.mcp_server import McpSessions, bearer_key, build_server
 
 PATH = "/mcp"
+RECHECK_SECONDS = 5.0  # a key found valid (any request of its) is not asked about again sooner
 ORG_SESSIONS = 100  # the sessions one organization may hold open at once (--max-org-sessions)
 
 
@@ -40,9 +43,13 @@ class KeyGate:
     """ASGI middleware: no key, or a key the hutch server refuses, is a 401 with a reason."""
 
     def __init__(self, app: ASGIApp, hutch_url: str | None, live: Callable[[], Container[str]],
-                 org_sessions: int = ORG_SESSIONS) -> None:
+                 org_sessions: int = ORG_SESSIONS, end: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.app, self.hutch_url, self.live, self.org_sessions = app, hutch_url, live, org_sessions
+        self.end = end  # ends an open session (by id), as its idle timeout would
         self._held: dict[str, set[str]] = {}  # organization -> the ids of the sessions it opened
+        # session id -> the key that opened it (the SDK holds it too, as the session's owner)
+        self._keys: dict[str, str] = {}
+        self._valid: dict[str, float] = {}  # key -> when the hutch server last took it
         self._opening: dict[str, int] = {}  # organization -> its opening requests in flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -66,16 +73,20 @@ class KeyGate:
                           code=types.UNSUPPORTED_PROTOCOL_VERSION, data=data)
             return
         # The SDK binds each MCP session to the principal of the request that opened it.
+        self._valid[key] = time.monotonic()
         principal = hashlib.sha256(key.encode()).hexdigest()
         scope["user"] = AuthenticatedUser(AccessToken(token=key, client_id=principal, scopes=[]))
         if scope["method"] == "POST" and "mcp-session-id" not in headers:  # what may open a session
-            await self._open(tenant or principal, scope, receive, send)
+            await self._open(tenant or principal, key, scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
-    async def _open(self, tenant: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _open(self, tenant: str, key: str, scope: Scope, receive: Receive, send: Send) -> None:
         """A request that may open a session, if its organization has room for one more."""
         held = self._still_open(tenant)
+        if len(held) + self._opening.get(tenant, 0) >= self.org_sessions:
+            await self._end_revoked(held, key)
+            held = self._still_open(tenant)
         if len(held) + self._opening.get(tenant, 0) >= self.org_sessions:
             await _refuse(send, 429, f"your organization has {self.org_sessions} MCP sessions open, the most this "
                           "server holds for one: end one (the client's DELETE) or let one idle out (30 minutes)")
@@ -94,9 +105,12 @@ class KeyGate:
             self._opening[tenant] -= 1
             if not self._opening[tenant]:
                 del self._opening[tenant]
-            held.update(opened)
-            if held:
-                self._held[tenant] = held
+            # Added to the organization's set as it is now: the one read before this request
+            # was served may have been replaced meanwhile (_still_open, for any request), and
+            # put back, it dropped the sessions of the requests that overlapped this one.
+            if opened:
+                self._held.setdefault(tenant, set()).update(opened)
+                self._keys.update(dict.fromkeys(opened, key))
 
     def _still_open(self, tenant: str) -> set[str]:
         """The tenant's sessions still open. The SDK ends sessions (a DELETE, an idle timeout)
@@ -106,7 +120,29 @@ class KeyGate:
             self._held[org] = {sid for sid in self._held[org] if sid in live}
             if not self._held[org]:
                 del self._held[org]
+        for sid in [sid for sid in self._keys if sid not in live]:
+            del self._keys[sid]
+        for key in set(self._valid) - set(self._keys.values()):  # the keys of open sessions
+            del self._valid[key]
         return self._held.get(tenant, set())
+
+    async def _end_revoked(self, held: set[str], asking: str) -> None:
+        """End the sessions whose key the hutch server now refuses (revoked, expired): every
+        request of theirs is a 401, so no DELETE ends them, and they held their organization's
+        room until they idled out (30 minutes). Asked only with the organization at its limit,
+        about each key holding its sessions that the server has not taken in RECHECK_SECONDS:
+        each check is a request with that key, spending its rate, and one member opening
+        sessions at the limit as fast as it can must not spend the other members' rates."""
+        if self.end is None:
+            return
+        now = time.monotonic()
+        keys = {k for sid in held if (k := self._keys.get(sid)) and (k not in self._valid or
+                                                                      now - self._valid[k] >= RECHECK_SECONDS)}
+        checked = await asyncio.gather(*(self._check(k) for k in keys))
+        refused = {k for k, found in zip(keys, checked, strict=True) if isinstance(found, tuple) and found[0] == 401}
+        self._valid.update((k, now) for k in keys - refused)
+        for sid in [sid for sid in held if self._keys.get(sid) in refused]:
+            await self.end(sid)
 
     async def _check(self, key: str) -> str | tuple[int, str] | None:
         """When the hutch server takes the key: the key's organization (None for an operator's
@@ -138,8 +174,14 @@ def app(hutch_url: str | None, host: str, org_sessions: int = ORG_SESSIONS) -> A
     # host: the SDK turns on its DNS-rebinding guard (allowed Host headers) for a loopback bind.
     served = server.streamable_http_app(streamable_http_path=PATH, host=host)
     manager = server.session_manager
+
+    async def end(session_id: str) -> None:  # as the SDK ends an idle one (its key refused: its sandboxes stay, logged)
+        transport = manager._server_instances.get(session_id)
+        if transport is not None:
+            await manager._discard_session(session_id, transport)
+
     # The SDK's table of open sessions (by id) is the one record of which have ended.
-    return KeyGate(served, hutch_url, lambda: manager._server_instances, org_sessions)
+    return KeyGate(served, hutch_url, lambda: manager._server_instances, org_sessions, end)
 
 
 def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = ORG_SESSIONS) -> None:

@@ -207,6 +207,12 @@ class DriverFailure(ServerError):
     code = "DRIVER_ERROR"
 
 
+class EndedUnadopted(DriverFailure):
+    """A driver's ``adopt`` found the sandbox running, could not keep it (the nomad driver: its
+    state file not written) and ended it. Any other failure of an adopt (Nomad not answering)
+    says nothing of whether it still runs: nothing was ended, so nothing may be recorded so."""
+
+
 class ServiceUnavailable(ServerError):
     """Something the server needs is briefly away: try again shortly."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from hutch.core.errors import DriverFailure
+from hutch.core.errors import EndedUnadopted
 from hutch.core.eventlog.base import EventLog
 from hutch.core.lifecycle import DESTROYED_ON_REQUEST, Fail, FinishExecution, Terminate
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
@@ -79,11 +79,13 @@ class Takeover:
         failed = False
         try:
             adopted = (handle is not None or sb.node is not None) and await self._adoption.adopt(sb, handle or {})
-        except DriverFailure as err:
+        except EndedUnadopted as err:
             # It cannot be driven from here (nomad: its state file not written, so the driver
             # ended it). Said and recorded, not logged and passed by: the sandbox stayed
             # claimed and running, driven by no replica. The driver's words name host paths
-            # and Nomad ids: the operator's log gets them, the tenant's reason does not.
+            # and Nomad ids: the operator's log gets them, the tenant's reason does not. Only
+            # this failure: any other (Nomad not answering) ended nothing, and this replica's
+            # destroy cannot stop a job its driver never knew; recorded ended, it ran on.
             log.error("sandbox %s: taking it over failed: %s", sandbox_id, err.message)
             adopted, failed = False, True
         for ex in await self._store.list_executions(sandbox_id):

@@ -343,6 +343,43 @@ def test_an_organization_holds_a_bounded_number_of_sessions(served: str, keys: d
         proc.wait(30)
 
 
+def test_a_revoked_keys_sessions_give_their_room_back(served: str, keys: dict[str, str]) -> None:
+    """A key revoked (it leaked) while its sessions are open: they answer 401 from then on, so
+    no DELETE can end them, and they held the organization's room for 30 minutes, its other
+    keys answered 429. The organization at its limit, a revoked key's sessions are ended."""
+    from hutch.mcp_http import RECHECK_SECONDS
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}",
+                             "--max-org-sessions", "2"], env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    async def scenario() -> None:
+        async with httpx2.AsyncClient(headers={"Accept": "application/json, text/event-stream"}) as http:
+            def open_as(key: str) -> Any:
+                return http.post(url, json=hello, headers={"Authorization": f"Bearer {key}"})
+            async with SandboxClient(served, ADMIN, org_id="org_mcpb") as there:
+                leaked = await there.tenancy.create_key("member", name="leaked")
+                opened = [await open_as(str(leaked.secret)) for _ in range(2)]
+                assert [r.status_code for r in opened] == [200, 200]
+                assert (await open_as(keys["B"])).status_code == 429  # the organization is full
+                await there.tenancy.revoke_key(leaked.id)
+            await asyncio.sleep(RECHECK_SECONDS)  # the gate took the key just now: not asked again sooner
+            again = await open_as(keys["B"])
+            assert again.status_code == 200, again.text  # the revoked key's sessions gave their room back
+            assert (await open_as(keys["B"])).status_code == 200
+            assert (await open_as(keys["B"])).status_code == 429  # and the limit still holds
+
+    try:
+        _wait_for(url, proc, "hutch mcp --http")
+        asyncio.run(scenario())
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str, keys: dict[str, str]) -> None:
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
     async with httpx2.AsyncClient() as http:

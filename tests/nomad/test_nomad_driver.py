@@ -123,8 +123,9 @@ async def test_a_take_over_whose_state_file_cannot_be_written_says_so(tmp_path: 
     sandbox's allow list (and a paused one's hold), and the take-over logged it and went on:
     the sandbox stayed claimed, driven by no one, its job running. Now the error names the
     state file and the full disk, nothing of the sandbox is kept, and its job is stopped and
-    purged (nothing runs that no replica records)."""
-    from hutch.core.errors import DriverFailure
+    purged (nothing runs that no replica records): EndedUnadopted, the one failure the take-over
+    records as the sandbox's end (any other ended nothing)."""
+    from hutch.core.errors import EndedUnadopted
     from hutch.core.models import NetworkSpec, SandboxSpec, SandboxState, SandboxStatus
 
     placer = await start_nomad(tmp_path / "a")
@@ -138,7 +139,7 @@ async def test_a_take_over_whose_state_file_cannot_be_written_says_so(tmp_path: 
         spec = SandboxSpec(runtime="base:latest", runtime_id="base:latest",
                            network=NetworkSpec(enabled=True, allow=("192.0.2.1",)))
         state = SandboxState(sandbox_id=sid, spec=spec, status=SandboxStatus.PAUSED, created_at="", updated_at="")
-        with pytest.raises(DriverFailure) as err:
+        with pytest.raises(EndedUnadopted) as err:
             await taker.adopt(state, handle)
         assert "state file" in err.value.message and "No space left on device" in err.value.message, err.value
         assert str(taker.state_dir) not in err.value.message and handle["job_id"] not in err.value.message, err.value

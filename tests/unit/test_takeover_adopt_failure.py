@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from hutch.core.errors import DriverFailure
+from hutch.core.errors import DriverFailure, EndedUnadopted
 from hutch.core.lifecycle import Fail, FinishExecution
 from hutch.core.models import ExecutionStatus, Mode, SandboxStatus
 from hutch.service.takeover import Takeover
@@ -23,7 +23,7 @@ WORDS = ("sandbox sbx_1: taking it over, writing its state file /data/nomad/sbx_
 
 class _Adoption:
     async def adopt(self, sandbox: Any, handle: dict[str, str]) -> bool:
-        raise DriverFailure(WORDS, sandbox_id=sandbox.sandbox_id)
+        raise EndedUnadopted(WORDS, sandbox_id=sandbox.sandbox_id)
 
 
 def _takeover(sb: Any, executions: list[Any], recorded: list[Any], destroyed: list[str]) -> Takeover:
@@ -69,3 +69,24 @@ async def test_a_sandbox_the_driver_could_not_adopt_is_recorded_failed(caplog: p
     assert "could not record it" in recorded[1].reason
     assert "/data" not in recorded[1].reason and "hutch-0123abcd" not in recorded[1].reason  # the tenant reads it
     assert WORDS in caplog.text  # the operator reads it
+
+
+class _NomadAway:
+    async def adopt(self, sandbox: Any, handle: dict[str, str]) -> bool:
+        raise DriverFailure("nomad at http://10.0.0.5:4646 does not answer (GET /v1/allocation/a): timeout")
+
+
+async def test_a_driver_that_could_not_ask_ends_nothing_and_says_nothing_false() -> None:
+    """A DriverFailure of another kind (Nomad not answering as its allocation is read) says
+    nothing of whether the sandbox runs: the driver ended nothing (it never knew the sandbox,
+    so the take-over's destroy stops no job). Recorded failed "could not record it, and ended
+    it", with its claim gone, its job ran on recorded nowhere. It goes up to the take-over's
+    loop, which logs it, as before the state-file case was told apart."""
+    sb = SimpleNamespace(sandbox_id="sbx_1", node=None, status=SandboxStatus.IDLE,
+                         spec=SimpleNamespace(mode=Mode.INTERACTIVE))
+    recorded: list[Any] = []
+    takeover = _takeover(sb, [], recorded, [])
+    takeover._adoption = cast(Any, _NomadAway())
+    with pytest.raises(DriverFailure, match="does not answer"):
+        await takeover.adopt("sbx_1", {"job_id": "j", "alloc_id": "a"}, "the replica running it (r1) was lost")
+    assert not [c for c in recorded if isinstance(c, Fail)], recorded

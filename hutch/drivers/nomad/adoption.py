@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hutch.core.errors import DriverFailure
+from hutch.core.errors import EndedUnadopted
 from hutch.core.models import SandboxState, SandboxStatus
 from hutch.drivers.egress import AllowLists
 from hutch.drivers.nomad.client import NomadClient, NomadNotFound
@@ -213,7 +213,7 @@ class NomadAdoption:
                 await self._unmake(sb)
                 log.error("sandbox %s: taking it over, writing its state file %s failed (%s); its Nomad job %s "
                           "was stopped and purged", sid, self._states.path(sid), err, sb.job_id)
-                raise DriverFailure(f"sandbox {sid}: taking it over, the server could not record it on its own "
+                raise EndedUnadopted(f"sandbox {sid}: taking it over, the server could not record it on its own "
                                     f"disk, writing its state file ({err.strerror or err}); it was ended",
                                     sandbox_id=sid) from err
             except BaseException:
