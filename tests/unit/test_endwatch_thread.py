@@ -11,6 +11,7 @@ import asyncio
 import queue
 import subprocess
 import time
+from typing import Any
 
 from hutch.drivers.local.endwatch import EndWatch
 from hutch.drivers.local.helper import start_time
@@ -104,5 +105,82 @@ async def test_a_watch_thread_that_died_is_started_anew_and_watches_every_init_a
         assert ended == [("kept", proc.pid)]
     finally:
         watch.close()
+        proc.kill()
+        proc.wait()
+
+
+class _StillAlive:
+    """A thread that has closed its end of the wake pipe but still counts as alive: the
+    moment between its ``finally`` and its end, when another request's wake-up finds no reader."""
+
+    def __init__(self, thread: Any) -> None:
+        self._thread, self._asked = thread, False
+
+    def is_alive(self) -> bool:
+        if not self._asked:
+            self._asked = True
+            return True
+        return bool(self._thread.is_alive())
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+
+async def test_a_request_that_finds_the_thread_ending_starts_it_anew() -> None:
+    """The thread died (an error, said on the loop) and had closed its end of the wake pipe
+    while it still counted as alive: the next request's wake-up raised BrokenPipeError, which
+    failed a driver's close (`hutch sb exec` with no server exited 1). Now a close lets it go,
+    and any other request goes to a new thread watching every init again."""
+    ended: list[tuple[str, int]] = []
+
+    async def on_end(sid: str, pid: int) -> None:
+        ended.append((sid, pid))
+
+    watch = EndWatch(on_end, lambda coro: asyncio.get_running_loop().create_task(coro))
+    kept, late = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        watch.watch(sandbox(kept, "kept"))
+        await asyncio.sleep(0.05)
+        first = watch._thread
+        assert first is not None
+        watch._send(("nonsense",))  # kills the thread
+        first.join(5)  # no loop turn: its death is not reported yet
+        assert not first.is_alive()
+        watch._thread = _StillAlive(first)  # type: ignore[assignment]
+        watch.watch(sandbox(late, "late"))  # raised BrokenPipeError before
+        assert watch._thread is not None and watch._thread.is_alive() and watch._thread is not first
+        await asyncio.sleep(0.05)
+        late.kill()
+        late.wait()
+        for _ in range(300):
+            if ended:
+                break
+            await asyncio.sleep(0.01)
+        assert ended == [("late", late.pid)]
+    finally:
+        watch.close()
+        for proc in (kept, late):
+            proc.kill()
+            proc.wait()
+
+
+async def test_a_close_that_finds_the_thread_ending_lets_it_go() -> None:
+    async def on_end(sid: str, pid: int) -> None:
+        return None
+
+    watch = EndWatch(on_end, lambda coro: asyncio.get_running_loop().create_task(coro))
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        watch.watch(sandbox(proc, "kept"))
+        watch.forget("kept")
+        await asyncio.sleep(0.05)
+        first = watch._thread
+        assert first is not None
+        watch._send(("nonsense",))  # kills the thread
+        first.join(5)
+        watch._thread = _StillAlive(first)  # type: ignore[assignment]
+        watch.close()  # its "stop" found no reader: BrokenPipeError out of the driver's close before
+        assert watch._thread is None
+    finally:
         proc.kill()
         proc.wait()

@@ -119,8 +119,15 @@ class EndWatch:
                 return
             self._start()
         self._requests.put(request)
-        with contextlib.suppress(BlockingIOError):  # full: the thread has a wake-up pending anyway
-            os.write(self._wake, b"\0")
+        try:
+            with contextlib.suppress(BlockingIOError):  # full: the thread has a wake-up pending anyway
+                os.write(self._wake, b"\0")
+        except BrokenPipeError:
+            # The thread is ending (an error it reports on the loop): it closed its end of the
+            # pipe before it stopped counting as alive. A close is done with it; anything else
+            # goes to a new thread, which watches every init again (this request included).
+            if request[0] != "stop":
+                self._restart()
 
     def _died(self, err: str) -> None:
         log.error("the sandbox-ended watch failed (%s); starting it anew", err)
