@@ -217,7 +217,8 @@ class Tenants:
         wait = bucket.take(now)
         if wait > 0:
             over = f", {self.replicas} replicas each allowing its share" if self.replicas > 1 else ""
-            who = f"public traffic to the sandboxes of key {principal.key_id}" if public else f"key {principal.key_id}"
+            # Public traffic is anyone's: its answer names no key (whose sandbox it is stays unsaid).
+            who = "public traffic to this sandbox's ports" if public else f"key {principal.key_id}"
             raise RateLimited(f"rate limit: {who} may make {rate[0]:g} requests a second "
                               f"(burst {rate[1]}{over}); retry in {wait:.2f} s", retry_after=wait)
 

@@ -50,6 +50,7 @@ async def test_strangers_on_a_public_port_do_not_spend_the_keys_own_rate() -> No
             break
     assert refused is not None, "public traffic is not rate limited at all"
     assert "public traffic" in refused.message, refused.message
+    assert tenants.bootstrap.key_id not in refused.message, refused.message  # a stranger learns no key id
     tenants.throttle(tenants.bootstrap)  # the owner's own API call: its bucket is untouched
 
 
@@ -57,7 +58,7 @@ def test_the_public_bucket_is_the_keys_rate_and_its_own() -> None:
     tenants = Tenants(SECRET, default_rate=(1.0, 2))
     for _ in range(2):
         tenants.throttle(tenants.bootstrap, public=True)
-    with pytest.raises(RateLimited, match="public traffic to the sandboxes of key"):
+    with pytest.raises(RateLimited, match="public traffic to this sandbox's ports"):
         tenants.throttle(tenants.bootstrap, public=True)
     for _ in range(2):
         tenants.throttle(tenants.bootstrap)
