@@ -235,6 +235,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         # destroys what it made; a destroy in progress completes.
         await self._background.drain()
         self._provisioner.close()
+        self._checkpoints.close()
         await self._pool.close()
         await self._trash.drain()
         if self._cgroups is not None:
