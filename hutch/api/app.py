@@ -369,7 +369,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
 
                 tls = (config.e2b_tls_port, server_context(config.data_dir, config.e2b_domain))
             app[E2B_PORT], tls_port = await stack.enter_async_context(
-                serving(engine, tenants, config.host, config.e2b_port, tls=tls, domain=config.e2b_domain))
+                serving(engine, tenants, config.host, config.e2b_port, tls=tls, domain=config.e2b_domain,
+                        at_once=app[AT_ONCE]))
             if tls_port is not None:
                 app[E2B_TLS_PORT] = tls_port
         yield

@@ -68,6 +68,8 @@ async def e2b_errors(request: web.Request, handler: Handler) -> web.StreamRespon
     except RateLimited as err:
         response = error(429, err.message)
         response.headers["Retry-After"] = str(max(1, int(float(err.context.get("retry_after", 1)) + 0.999)))
+        if err.context.get("close"):
+            response.force_close()  # kept alive, a refused connection would hold its socket all the same
         return response
     except HutchError as err:
         return error(err.status or 500, err.message)

@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from hutch.api import refusals
+from hutch.api.at_once import AtOnce, default_limit
 from hutch.api.e2b import (
     control_routes,
     envd_routes,
     files_routes,
+    held,
     hosts,
     metrics,
     ports,
@@ -25,16 +27,20 @@ from hutch.api.e2b import (
 from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
-from hutch.api.keys import ENGINE, TENANTS
+from hutch.api.keys import AT_ONCE, ENGINE, TENANTS
 from hutch.service.engine import Engine
 from hutch.service.tenancy import Tenants
 
 
-def create_e2b_app(engine: Engine, tenants: Tenants, domain: str | None = None) -> web.Application:
+def create_e2b_app(engine: Engine, tenants: Tenants, domain: str | None = None,
+                   at_once: AtOnce | None = None) -> web.Application:
+    """``at_once``: the hutch API's count of each organization's requests under way, shared
+    (api/e2b/held.py); a count of its own when served alone (tests)."""
     app = web.Application(middlewares=[e2b_errors, rpc_errors, refusals.end_when_refused, hosts.host_routing,
-                                       ports.port_relay, query_params.checked_query],
+                                       held.held_per_org, ports.port_relay, query_params.checked_query],
                           client_max_size=16 * 2**20)
     refusals.install(app)
+    app[AT_ONCE] = at_once if at_once is not None else AtOnce(default_limit())
     if domain:
         app[hosts.DOMAIN] = domain
     app[ENGINE] = engine
@@ -60,12 +66,12 @@ SHUTDOWN_SECONDS = 2.0
 @contextlib.asynccontextmanager
 async def serving(engine: Engine, tenants: Tenants, host: str, port: int, *,
                   tls: tuple[int, ssl.SSLContext] | None = None,
-                  domain: str | None = None) -> AsyncIterator[tuple[int, int | None]]:
+                  domain: str | None = None, at_once: AtOnce | None = None) -> AsyncIterator[tuple[int, int | None]]:
     """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs, and over TLS
     on ``tls``'s port with host routing under ``domain`` (api/e2b/hosts.py); yields the ports."""
     # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
     # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
-    runner = web.AppRunner(create_e2b_app(engine, tenants, domain if tls else None), access_log=None,
+    runner = web.AppRunner(create_e2b_app(engine, tenants, domain if tls else None, at_once), access_log=None,
                            shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
