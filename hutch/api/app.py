@@ -356,7 +356,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         if config.ssh_port is not None:
             from hutch.api.ssh_gateway import SshGateway  # asyncssh only where the gateway runs
 
-            gateway = SshGateway(engine, tenants, config.data_dir, replication)
+            gateway = SshGateway(engine, tenants, config.data_dir, replication, app[AT_ONCE])
             await gateway.start(config.host, config.ssh_port)
             stack.push_async_callback(gateway.close)
             app[SSH_GATEWAY] = gateway

@@ -8,7 +8,9 @@ the driver's file primitives, the same as the file API (api/sftp.py): never the 
 The user name is the sandbox id; the key must be registered for the sandbox's organization
 (``/ssh-keys``, core/tenancy.py), by an API key still live (revoked or expired, its SSH
 keys open nothing). Each session, and each SFTP operation that reaches the sandbox, counts
-against that API key's rate limit like an HTTP request (where the session is served). An unknown sandbox, another organization's sandbox and an
+against that API key's rate limit like an HTTP request (where the session is served), and a
+connection signed in is one of its organization's requests at once (api/at_once.py) until it
+ends. An unknown sandbox, another organization's sandbox and an
 unregistered key are refused alike, before any session: nothing is revealed. A session lives
 as long as its key opens the sandbox: once the SSH key is removed, or the API key that added
 it revoked or expired, the session is closed (its terminal's tree killed) with a line saying
@@ -30,9 +32,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import asyncssh
 
+from hutch.api.at_once import AtOnce, default_limit
 from hutch.api.sftp import SandboxSftp
 from hutch.api.ssh_relay import EXIT_FAILED, RELAY_USER, OwnerGateways, RelayPasses, fail, relay
-from hutch.core.errors import HutchError
+from hutch.core.errors import HutchError, RateLimited
 from hutch.core.events import acting
 from hutch.core.tenancy import Principal, Role
 from hutch.service.output import StreamOptions
@@ -64,9 +67,12 @@ def host_key(data_dir: Path) -> asyncssh.SSHKey:
 
 class SshGateway:
     def __init__(self, engine: Engine, tenants: Tenants, data_dir: Path,
-                 replication: Replication | None = None) -> None:
+                 replication: Replication | None = None, at_once: AtOnce | None = None) -> None:
         self.engine = engine
         self.tenants = tenants
+        # Each organization's requests under way (api/at_once.py), shared with the API's: a
+        # connection signed in holds a socket as a long-poll does, for as long as it is open.
+        self.at_once = at_once if at_once is not None else AtOnce(default_limit())
         self.data_dir = data_dir
         self.port: int | None = None
         self._server: asyncssh.SSHAcceptor | None = None
@@ -239,9 +245,15 @@ class _Auth(asyncssh.SSHServer):
         self.gateway = gateway
         self._conn: asyncssh.SSHServerConnection | None = None
         self._relay = False
+        self._slot: contextlib.AbstractContextManager[None] | None = None  # its organization's, once signed in
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._slot is not None:
+            self._slot.__exit__(None, None, None)
+            self._slot = None
 
     def begin_auth(self, username: str) -> bool:
         self._relay = username.startswith(RELAY_USER)
@@ -287,6 +299,14 @@ class _Auth(asyncssh.SSHServer):
             except HutchError as err:  # its replica is being taken over; a relay that found it moved
                 refusal = err.message
         assert self._conn is not None
+        if self._slot is None:
+            slot = self.gateway.at_once.slot(principal.org_id)
+            try:
+                slot.__enter__()
+            except RateLimited as err:  # its organization holds its share: said, and not signed in
+                self._conn.send_auth_banner(f"hutch: {err.message}\r\n")
+                return False
+            self._slot = slot
         self._conn.set_extra_info(hutch_principal=principal, hutch_sandbox=sandbox_id, hutch_owner=owner,
                                   hutch_refusal=refusal)
         return True

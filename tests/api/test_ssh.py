@@ -183,3 +183,30 @@ def test_the_sftp_server_serves_nothing_of_the_host() -> None:
     theirs = {n for n, f in inspect.getmembers(asyncssh.SFTPServer, inspect.isfunction) if not n.startswith("_")}
     inherited = {n for n in theirs if getattr(SandboxSftp, n) is getattr(asyncssh.SFTPServer, n)}
     assert inherited <= {"convert_attrs", "format_longname"}, inherited  # pure formatting, no file access
+
+
+@pytest.mark.runs_on("local-embedded")  # the gateway's count, shared with the API's
+async def test_a_signed_in_connection_is_one_of_its_organizations_requests_at_once(gateway: Gateway) -> None:
+    """An SSH connection holds a server socket for as long as it is open, as a long-poll does;
+    only HTTP requests were counted in an organization's share (HUTCH_MAX_REQUESTS_PER_ORG), so
+    a tenant could take the server's file descriptors through the gateway past its bound. A
+    connection signed in now holds one of them; past the share it is refused, saying why."""
+    from hutch.api.at_once import SETTING
+    from hutch.api.keys import AT_ONCE, TENANTS
+    from tests.api.conftest import KEY
+
+    gw, key = gateway, gateway.keygen("id_share")
+    await _register(gw, key)
+    sid = await _sandbox(gw.api)
+    app = gw.api.client.server.app
+    org = app[TENANTS].authenticate(KEY).org_id
+    at_once = app[AT_ONCE]
+    at_once.limit = 1
+    shown = [o if o != "LogLevel=ERROR" else "LogLevel=INFO" for o in gw.opts(key)]  # ssh's default: banners shown
+    with at_once.slot(org):  # its share held elsewhere (a long-poll)
+        code, out, err = await gw.run("ssh", *shown, "-T", "-p", str(gw.port), f"{sid}@127.0.0.1", "echo in")
+        assert code == 255 and out == "" and SETTING in err, (code, out, err)  # served before, uncounted
+    assert at_once.held(org) == 0
+    code, out, _ = await gw.ssh(key, sid, "echo in")
+    assert (code, out) == (0, "in\n")
+    assert at_once.held(org) == 0  # the connection's slot went with it
