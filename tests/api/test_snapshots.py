@@ -301,3 +301,28 @@ async def test_abandoned_builds_are_cleared(api: Api) -> None:
     await api.call("POST", f"/sandbox/snapshots/{init['snapshotId']}/finalize", json={}, expect=404)
     gone = await api.client.server.app[ENGINE].parts.store.get_snapshot(init["snapshotId"])
     assert gone is not None and gone.status.value == "deleted"  # through an event, in the log
+
+
+@pytest.mark.runs_on("fake-embedded")
+async def test_a_presigned_upload_is_one_of_its_organizations_requests_at_once(api: Api) -> None:
+    """A presigned upload (no key) holds its socket for as long as its sender likes; only keyed
+    requests counted toward the organization's share (HUTCH_MAX_REQUESTS_PER_ORG), so a tenant
+    could hold uploads past its bound. Now each counts, in the snapshot's organization."""
+    from hutch.api.at_once import SETTING
+    from hutch.api.keys import AT_ONCE, TENANTS
+    from tests.api.conftest import KEY
+
+    init = await api.data("POST", "/sandbox/snapshots/build", json={
+        "runtime": "base:latest", "name": "held", "tag": "v1", "contentHash": "held1"}, expect=201)
+    path = "/" + init["uploadUrl"].split("://", 1)[1].split("/", 1)[1]
+    app = api.client.server.app
+    at_once = app[AT_ONCE]
+    org = app[TENANTS].authenticate(KEY).org_id
+    at_once.limit = 1
+    with at_once.slot(org):  # its share held elsewhere
+        refused = await api.client.put(path, data=tar_gz({"a": b"x"}))
+        assert refused.status == 429, await refused.text()  # stored before, uncounted
+        assert SETTING in (await refused.json())["message"]
+    stored = await api.client.put(path, data=tar_gz({"a": b"x"}))
+    assert stored.status == 200, await stored.text()
+    assert at_once.held(org) == 0

@@ -3,6 +3,7 @@ public listing, and download of snapshots (service/snapshots.py does the work)."
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -10,7 +11,7 @@ from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, json_body, ok, q_bool, q_choice, q_int, q_offset, stream
-from hutch.api.keys import API_KEY_ID, CONFIG, ENGINE, STILL_AUTHORIZED, TENANTS
+from hutch.api.keys import API_KEY_ID, AT_ONCE, CONFIG, ENGINE, STILL_AUTHORIZED, TENANTS
 from hutch.api.parse import expect, parse_env
 from hutch.api.render import lineage_entry, snapshot_info
 from hutch.core import limits
@@ -156,16 +157,22 @@ async def upload(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     snapshot_id = request.match_info["snapshot_id"]
     check = request.get(STILL_AUTHORIZED)
+    counted: contextlib.AbstractContextManager[None] = contextlib.nullcontext()  # with a key: at auth
     if API_KEY_ID not in request:
         token = request.query.get("token", "")
         if not secrets_match(token, engine.snapshots.upload_token(snapshot_id)):
             raise Unauthorized("upload: the token does not match this snapshot's upload URL")
-        maker = (await engine.snapshots.get(snapshot_id, include_building=True, own=True)).api_key_id
+        snap = await engine.snapshots.get(snapshot_id, include_building=True, own=True)
+        maker = snap.api_key_id
         check = _maker_lives(request.app[TENANTS], maker) if maker is not None else None
         if check is not None:
             check()
-    await engine.snapshots.upload(snapshot_id, _while_authorized(check, request.content.iter_chunked(1 << 20)),
-                                  request.app[CONFIG].max_upload_bytes, declared=request.content_length)
+        # An upload holds its socket for as long as its sender likes: one of the organization's
+        # requests at once (api/at_once.py), as with its key.
+        counted = request.app[AT_ONCE].slot(snap.org_id)
+    with counted:
+        await engine.snapshots.upload(snapshot_id, _while_authorized(check, request.content.iter_chunked(1 << 20)),
+                                      request.app[CONFIG].max_upload_bytes, declared=request.content_length)
     return ok({"success": True, "scanned": False, "message": "stored; archives are checked when finalized"})
 
 
