@@ -411,6 +411,26 @@ class TestDirectoryWatching:
         finally:
             await watch.close()
 
+    async def test_a_directory_moved_in_under_a_recursive_watch_tells_what_it_holds(self, driver: Driver,
+                                                                                    sandbox: str) -> None:
+        """What a directory holds when it comes under a recursive watch (moved in whole here; a
+        file made in a new directory before its own watch is added, in a race) had no event at
+        all: it was made before the directory's watch existed. It is told as made (and written,
+        a file with bytes) once the directory is watched."""
+        await driver.mkdir(sandbox, "m/in", parents=True)
+        await run(driver, sandbox, "sh", "-c", "mkdir -p staged/deep && echo y > staged/y && : > staged/deep/z")
+        watch = await driver.watch_dir(sandbox, "m/in", recursive=True)
+        try:
+            await driver.rename(sandbox, "staged", "m/in/came")
+            got = [(e.kind, e.name) for e in await watch.flush()]
+            for told in (("create", "came"), ("create", "came/y"), ("write", "came/y"), ("create", "came/deep"),
+                         ("create", "came/deep/z")):
+                assert told in got, (told, got)
+            assert ("write", "came/deep/z") not in got  # empty: made, never written
+            assert got.index(("create", "came")) < got.index(("create", "came/y"))
+        finally:
+            await watch.close()
+
     async def test_a_watch_names_what_it_cannot_watch_and_ends_with_its_sandbox(self, driver: Driver) -> None:
         sid = await provision(driver)
         await driver.write_files(sid, [FileWrite("file.txt", b"")])

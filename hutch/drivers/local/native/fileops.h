@@ -301,7 +301,13 @@ static char *watch_rel[WATCH_MAX];  /* by watch descriptor: the directory's path
 static int watch_ifd, watch_recursive;
 static const char *watch_root;
 
-static void watch_add(const char *rel, int depth)
+static void watch_emit(char kind, const char *rel, const char *name);
+
+/* announce: a directory that came after the watch began (made, or moved in): what it holds
+ * already was made before its own watch existed, so no event of it can come; it is told as
+ * made (and written, a file with bytes) instead, its subdirectories likewise. A change racing
+ * the scan may be told twice; none is missed. */
+static void watch_add(const char *rel, int depth, int announce)
 {
     char full[8192];
     if (snprintf(full, sizeof full, "%s%s%s", watch_root, *rel ? "/" : "", rel) >= (int)sizeof full) {
@@ -321,10 +327,17 @@ static void watch_add(const char *rel, int depth)
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (e->d_type != DT_DIR || !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (announce) {
+            watch_emit('C', rel, e->d_name);
+            struct stat st;
+            if (e->d_type == DT_REG && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_size > 0)
+                watch_emit('W', rel, e->d_name);
+        }
+        if (e->d_type != DT_DIR) continue;
         char sub[8192];
         if (snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", e->d_name) < (int)sizeof sub)
-            watch_add(sub, depth + 1);
+            watch_add(sub, depth + 1, announce);
     }
     closedir(d);
 }
@@ -373,7 +386,7 @@ static int watch_drain(void)
                 if (watch_recursive && (ev->mask & IN_ISDIR)) {
                     char sub[8192];
                     if (snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", name) < (int)sizeof sub)
-                        watch_add(sub, 1);
+                        watch_add(sub, 1, 1);
                 }
             }
             if (ev->mask & IN_MODIFY) watch_emit('W', rel, name);
@@ -393,7 +406,7 @@ static void fs_watch(const char *path, int recursive)
     if (watch_ifd < 0) fail_errno(errno, path);
     watch_root = path;
     watch_recursive = recursive;
-    watch_add("", 0);
+    watch_add("", 0, 0);
     write_all(1, "ok\n", 3, "stdout");
     struct pollfd fds[2] = {{.fd = watch_ifd, .events = POLLIN}, {.fd = 0, .events = POLLIN}};
     for (;;) {

@@ -199,7 +199,7 @@ func watch(path string, recursive bool) int {
 		return fail(err, path)
 	}
 	w := &watcher{fd: fd, root: path, recursive: recursive, rel: map[int]string{}}
-	if err := w.add("", 0); err != nil {
+	if err := w.add("", 0, false); err != nil {
 		return fail(err, path)
 	}
 	if !emit([]byte("ok\n")) {
@@ -268,8 +268,12 @@ func record(kind byte, rel, name string) bool {
 }
 
 // add watches root/rel (and, recursive, the directories below it); only the root's own
-// failure, or the kernel's watch limit, is an error.
-func (w *watcher) add(rel string, depth int) error {
+// failure, or the kernel's watch limit, is an error. announce: a directory that came after
+// the watch began (made, or moved in): what it holds already was made before its own watch
+// existed, so no event of it can come; it is told as made (and written, a file with bytes)
+// instead, its subdirectories likewise. A change racing the scan may be told twice; none is
+// missed (the local driver's helper does the same: fileops.h).
+func (w *watcher) add(rel string, depth int, announce bool) error {
 	full := w.root
 	if rel != "" {
 		full = filepath.Join(w.root, rel)
@@ -297,8 +301,16 @@ func (w *watcher) add(rel string, depth int) error {
 	entries, _ := dir.ReadDir(-1)
 	dir.Close()
 	for _, e := range entries {
+		if announce {
+			record('C', rel, e.Name())
+			if e.Type().IsRegular() {
+				if info, err := e.Info(); err == nil && info.Size() > 0 {
+					record('W', rel, e.Name())
+				}
+			}
+		}
 		if e.IsDir() {
-			if err := w.add(filepath.Join(rel, e.Name()), depth+1); err != nil && err == syscall.ENOSPC {
+			if err := w.add(filepath.Join(rel, e.Name()), depth+1, announce); err != nil && err == syscall.ENOSPC {
 				return err
 			}
 		}
@@ -356,7 +368,7 @@ func (w *watcher) drain() (bool, error) {
 			if ev.Mask&(syscall.IN_CREATE|syscall.IN_MOVED_TO) != 0 {
 				sent = record('C', rel, name)
 				if w.recursive && ev.Mask&syscall.IN_ISDIR != 0 {
-					if err := w.add(filepath.Join(rel, name), 1); err != nil {
+					if err := w.add(filepath.Join(rel, name), 1, true); err != nil {
 						return false, err
 					}
 				}
