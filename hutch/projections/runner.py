@@ -83,6 +83,7 @@ class Projector:
         self._position = 0
         self._advanced = asyncio.Condition()
         self._listeners: list[Listener] = []
+        self._told = 0  # the last position the listeners were told of
         self.failure: LogMismatch | None = None  # why the projector stopped, if it did
         # Called with each settled batch before writers waiting for it wake (service/tenancy.py:
         # a key revoked through another replica is refused here from then on).
@@ -157,10 +158,13 @@ class Projector:
         while (hold := self.store.reads_held()) is not None:
             try:
                 last = await self.log.last_position()
+                # What was applied before the store's position is read: a batch applied while
+                # the read is under way is not yet in the read, and is no lost commit.
+                applied = self._position
                 held = await self.store.position()
-                if self.applies and held < self._position and self._task is not None and self.failure is None:
+                if self.applies and held < applied and self._task is not None and self.failure is None:
                     log.warning("projection store holds position %d, below the %d applied (commits lost with "
-                                "the server); re-applying from the log", held, self._position)
+                                "the server); re-applying from the log", held, applied)
                     self._task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await self._task
@@ -230,8 +234,12 @@ class Projector:
                     self._position = batch[-1].position or self._position
                     for observe in self.observers:
                         observe(batch)
+                    # A batch applied again (the store lost its commits) is not news: each
+                    # position is told once.
+                    news = [e for e in batch if (e.position or 0) > self._told]
+                    self._told = max(self._told, self._position)
                     for q in self._listeners:
-                        for event in batch:
+                        for event in news:
                             q.offer(event)
                     async with self._advanced:
                         self._advanced.notify_all()
