@@ -60,6 +60,9 @@ class Replication:
         self._claiming = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None  # reads other replicas' stdin streams
+        # Sandboxes claimed whose take-over failed for a passing reason (Nomad or the log away):
+        # ours by the claim, which is not made again, so tried again each round until adopted.
+        self._unadopted: dict[str, tuple[Handle | None, str, Tenant | None]] = {}
         if replicas.shared:
             engine.inputs.holder, engine.inputs.remote = replicas.me, self.read_remote
 
@@ -201,6 +204,8 @@ class Replication:
 
     async def take_over(self) -> None:
         async with self._claiming:
+            for sandbox_id, (handle, why, tenant) in list(self._unadopted.items()):
+                await self._adopt_one(sandbox_id, handle, why, tenant)
             claims = await self.replicas.claim_dead()
             # Every lost replica's leftovers are listed right after the claim, before any
             # adoption: one that returns meanwhile places new pool jobs under its old id, and
@@ -222,10 +227,7 @@ class Replication:
         why = f"the replica running it ({claimed.dead_replica}) was lost"
         tenants = dict(claimed.tenants)
         for sandbox_id, handle in claimed.sandboxes:
-            try:
-                await self._adopt_one(sandbox_id, handle, why, tenants.get(sandbox_id))
-            except Exception:
-                log.exception("taking over sandbox %s failed", sandbox_id)
+            await self._adopt_one(sandbox_id, handle, why, tenants.get(sandbox_id))
         if leftovers:  # its warm pool, idle or claimed by a create it never recorded: ended
             try:
                 await self.engine.takeover.discard_leftovers(leftovers, [h for _, h in claimed.sandboxes if h])
@@ -233,8 +235,18 @@ class Replication:
                 log.exception("ending what lost replica %s placed ahead failed", claimed.dead_replica)
 
     async def _adopt_one(self, sandbox_id: str, handle: Handle | None, why: str, tenant: Tenant | None) -> None:
-        if not await self.engine.takeover.adopt(sandbox_id, handle, why, tenant):
-            await self.replicas.disown(sandbox_id)
+        try:
+            kept = await self.engine.takeover.adopt(sandbox_id, handle, why, tenant)
+        except Exception:
+            log.exception("taking over sandbox %s failed; trying again on the next round", sandbox_id)
+            self._unadopted[sandbox_id] = (handle, why, tenant)
+            return
+        self._unadopted.pop(sandbox_id, None)
+        if not kept:
+            try:
+                await self.replicas.disown(sandbox_id)
+            except Exception:  # it ended: its owner row is only left over (observe drops it too)
+                log.exception("forgetting the owner of %s failed", sandbox_id)
 
     def observe(self, batch: Sequence[Event]) -> None:
         """Projector hook: a sandbox of ours that ended needs no owner any more."""
