@@ -7,6 +7,10 @@ per sandbox by count (HUTCH_MAX_CHECKPOINTS) and bytes (HUTCH_MAX_CHECKPOINT_BYT
 organization by its storage quota (``snapshot_bytes``, service/quotas.py). A checkpoint's size is
 known once taken: a full sandbox or organization is refused before, and one that the new
 checkpoint took past a limit has it deleted again (logged) and is refused, so none stays over.
+
+The host copies checkpoints in a few threads for the whole server: an organization has at most
+``PER_ORG_AT_ONCE`` taken, restored or deleted at once (service/org_slots.py), so another
+organization's waits behind at most that many of each.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from hutch.core.lifecycle import (
 from hutch.core.models import CheckpointState
 from hutch.core.quantities import format_bytes
 from hutch.drivers.roles import Checkpointing
+from hutch.service.org_slots import OrgSlots
 from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.timeouts import Reaper
+
+PER_ORG_AT_ONCE = 2  # as many as the local driver copies at once (COPIES_AT_ONCE)
 
 
 @attrs.frozen
@@ -45,6 +52,7 @@ class Checkpoints:
         self._reaper = reaper
         self._quotas = quotas
         self.limits = limits or CheckpointLimits()
+        self._slots = OrgSlots(PER_ORG_AT_ONCE)
 
     async def create(self, sandbox_id: str, name: str) -> CheckpointState:
         sb = await self._reads.require(sandbox_id)
@@ -56,8 +64,9 @@ class Checkpoints:
         self._check_bytes(sandbox_id, await self._sizes(sandbox_id), adds=None)
         await self._quotas.storage_room(org_id)  # refuses an organization that stores its quota already
         checkpoint_id = ids.new_id("checkpoint")
-        await self._recorder.act(sandbox_id, lambda _sb: TakeCheckpoint(checkpoint_id=checkpoint_id, name=name),
-                                 lambda _: self._checkpointing.checkpoint(sandbox_id, checkpoint_id))
+        async with self._slots.slot(org_id):
+            await self._recorder.act(sandbox_id, lambda _sb: TakeCheckpoint(checkpoint_id=checkpoint_id, name=name),
+                                     lambda _: self._checkpointing.checkpoint(sandbox_id, checkpoint_id))
         try:
             sizes = await self._sizes(sandbox_id)
             self._check_bytes(sandbox_id, sizes, adds=checkpoint_id)
@@ -85,10 +94,15 @@ class Checkpoints:
 
     async def restore(self, sandbox_id: str, ref: str) -> None:
         """``ref``: the checkpoint's id or name (also for delete)."""
-        await self._recorder.act(sandbox_id, lambda sb: RestoreCheckpoint(checkpoint_id_for(sb, ref)),
-                                 lambda command: self._checkpointing.restore(sandbox_id, command.checkpoint_id))
+        org_id = (await self._reads.require(sandbox_id)).spec.org_id
+        async with self._slots.slot(org_id):
+            await self._recorder.act(sandbox_id, lambda sb: RestoreCheckpoint(checkpoint_id_for(sb, ref)),
+                                     lambda command: self._checkpointing.restore(sandbox_id, command.checkpoint_id))
         self._reaper.touch(sandbox_id)
 
     async def delete(self, sandbox_id: str, ref: str) -> None:
-        await self._recorder.act(sandbox_id, lambda sb: DeleteCheckpoint(checkpoint_id_for(sb, ref)),
-                                 lambda command: self._checkpointing.delete_checkpoint(sandbox_id, command.checkpoint_id))
+        org_id = (await self._reads.require(sandbox_id)).spec.org_id
+        async with self._slots.slot(org_id):
+            await self._recorder.act(sandbox_id, lambda sb: DeleteCheckpoint(checkpoint_id_for(sb, ref)),
+                                     lambda command: self._checkpointing.delete_checkpoint(sandbox_id,
+                                                                                           command.checkpoint_id))
