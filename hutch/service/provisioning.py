@@ -24,6 +24,7 @@ from hutch.service import faults
 from hutch.service.background import Background, quietly
 from hutch.service.executions import Executions, default_timeout
 from hutch.service.input_streams import InputStreams
+from hutch.service.org_slots import OrgSlots
 from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
@@ -33,6 +34,13 @@ from hutch.service.stream_ids import StreamIds
 from hutch.service.tenancy import owned
 
 log = logging.getLogger(__name__)
+
+
+# Installs (``dependencies``, ``packages``) of one organization built at once. The local driver
+# builds four at once for the whole server (BUILDS_AT_ONCE), each for as long as apt-get or npm
+# runs: an organization asking for many filled that queue, and another's install waited behind
+# all of them; now behind at most two of each (service/org_slots.py).
+INSTALLS_PER_ORG_AT_ONCE = 2
 
 
 @attrs.frozen
@@ -61,6 +69,13 @@ class Provisioning:
         self._snapshots = snapshots
         self._executions = executions
         self._background = background
+        self._installs = OrgSlots(INSTALLS_PER_ORG_AT_ONCE)
+
+    async def _install(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        """The install layer the sandbox's ``dependencies`` and ``packages`` make, built (or
+        found built), in the organization's turn."""
+        async with self._installs.slot(spec.org_id):
+            await self._runtimes.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
 
     async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
         """Record the sandbox and make it real. A catalog runtime the driver lacks is built
@@ -89,7 +104,7 @@ class Provisioning:
         await self._lifecycle.reserve(ProvisionRequest.for_spec(sandbox_id, spec))
         if (spec.dependencies or spec.packages) and not build:
             # Installing is where a bad package name shows: before the sandbox is recorded.
-            await self._runtimes.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
+            await self._install(sandbox_id, spec)
         if req.stream.stdin:
             self._inputs.check(req.stream.stdin)
         execution_id = ids.new_id("execution") if req.command else None
@@ -300,7 +315,7 @@ class Provisioning:
             try:
                 await self._runtimes.build_runtime(spec.runtime, lambda line: self._report_build(sandbox_id, spec, line))
                 if spec.dependencies or spec.packages:
-                    await self._runtimes.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
+                    await self._install(sandbox_id, spec)
             except Exception as err:
                 reason = err.message if isinstance(err, HutchError) else f"{type(err).__name__}: {err}"
                 log.warning("sandbox %s: runtime %s could not be built: %s", sandbox_id, spec.runtime, reason)
