@@ -2,7 +2,7 @@
 
 Every request carries ``Authorization: Bearer <hutch API key>``; the key is checked with the
 hutch server on each request (a revoked key stops working at once) and anything else is
-answered 401 before the MCP SDK sees it. The SDK binds an MCP session to the key that opened
+answered 401 before the MCP SDK sees it; a websocket is refused (400), key or not. The SDK binds an MCP session to the key that opened
 it, so a session id that leaks is useless with another key (it answers 404). The SDK holds at
 most 10,000 sessions for everyone; one organization holds at most ``--max-org-sessions`` of
 them (100), so that one opening sessions as fast as it can does not leave the others none.
@@ -53,8 +53,11 @@ class KeyGate:
         self._opening: dict[str, int] = {}  # organization -> its opening requests in flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # the lifespan
+        if scope["type"] == "lifespan":  # the server's start and stop: no client's connection
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await _refuse_other(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         key = bearer_key(headers.get("authorization"))
@@ -158,15 +161,28 @@ class KeyGate:
         return orgs[0].id if len(orgs) == 1 else None
 
 
+async def _refuse_other(scope: Scope, receive: Receive, send: Send) -> None:
+    """A connection that is no HTTP request, refused before the app sees it, key or not: no route
+    serves one, and passed on it reached the app with no key asked (a websocket did)."""
+    if scope["type"] != "websocket":  # what ASGI asks of an app handed a kind it does not know
+        raise ValueError(f"hutch mcp --http: an ASGI connection of type {scope['type']!r} is not served")
+    await receive()  # websocket.connect, which the refusal answers
+    message = f"websocket connections are not served: MCP is at {PATH} over streamable HTTP"
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await _refuse(send, 400, message, kind="websocket.http")
+    else:  # a server that cannot answer a handshake with HTTP answers a close before accept with 403
+        await send({"type": "websocket.close", "code": 1008, "reason": message})
+
+
 async def _refuse(send: Send, status: int, message: str, *, code: int = types.INVALID_REQUEST,
-                  data: Any = None) -> None:
+                  data: Any = None, kind: str = "http") -> None:
     error: dict[str, Any] = {"code": code, "message": message, **({"data": data} if data is not None else {})}
     body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="hutch"'))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": f"{kind}.response.start", "status": status, "headers": headers})
+    await send({"type": f"{kind}.response.body", "body": body})
 
 
 def app(hutch_url: str | None, host: str, org_sessions: int = ORG_SESSIONS) -> ASGIApp:

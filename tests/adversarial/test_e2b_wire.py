@@ -206,6 +206,68 @@ def _frames(resp: http.client.HTTPResponse) -> Iterator[tuple[int, Any]]:
         yield flags, json.loads(resp.read(size))
 
 
+# The rest of envd: watches, and the RPCs no SDK call above names.
+_MORE_ENVD_ROUTES = [
+    ("POST", "/filesystem.Filesystem/WatchDir", "application/connect+json", _envelope(b'{"path": "/tmp"}')),
+    ("POST", "/filesystem.Filesystem/CreateWatcher", "application/json", b'{"path": "/tmp"}'),
+    ("POST", "/filesystem.Filesystem/GetWatcherEvents", "application/json", b'{"watcherId": "w"}'),
+    ("POST", "/filesystem.Filesystem/RemoveWatcher", "application/json", b'{"watcherId": "w"}'),
+    ("POST", "/filesystem.Filesystem/Move", "application/json", b'{"source": "/etc/hostname", "destination": "/tmp/m"}'),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "kind", "body"), _ENVD_ROUTES + _MORE_ENVD_ROUTES,
+                         ids=[r[1] for r in _ENVD_ROUTES + _MORE_ENVD_ROUTES])
+def test_the_traffic_token_opens_no_envd_route(wire: E2bServer, victim: dict[str, Any], method: str, path: str,
+                                               kind: str, body: bytes | None) -> None:
+    """E2B's trafficAccessToken is what a user hands out so that someone may reach a
+    sandbox's ports. Before: it was the envd token itself, so sharing a port gave a shell and
+    the sandbox's files. Now envd refuses it, saying what it is for, however it is sent."""
+    sandbox_id, token = victim["sandboxID"], victim["trafficAccessToken"]
+    for extra in ({}, {"E2b-Sandbox-Port": "49983"}, {"E2B-Traffic-Access-Token": token}):
+        status, answer = _call(wire, method, path, body, {**_envd_headers(sandbox_id, token, kind), **extra})
+        assert status == 401, (extra, answer)
+        assert "X-Access-Token" in answer["message"] and "only the sandbox's ports" in answer["message"], answer
+
+
+def _port_call(wire: E2bServer, sb: dict[str, Any], **tokens: str) -> Answer:
+    """A request for port 49999 of a base sandbox at E2B_SANDBOX_URL: let in, it is a 404
+    (its ports are served at their own hosts only); refused, a 401."""
+    headers = {"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "49999",
+               **{name.replace("_", "-"): value for name, value in tokens.items()}}
+    return _call(wire, "GET", "/", None, headers)
+
+
+def test_the_traffic_token_is_its_own_and_opens_the_ports(wire: E2bServer, victim: dict[str, Any],
+                                                           attacker: tuple[str, dict[str, Any]]) -> None:
+    """The create and connect answer a traffic token apart from the envd token, for the same
+    key; either opens the sandbox's ports, and only its own sandbox's."""
+    traffic, envd = victim["trafficAccessToken"], victim["envdAccessToken"]
+    assert traffic != envd and traffic.rpartition(".")[0] == envd.rpartition(".")[0]
+    for tokens in ({"E2B_Traffic_Access_Token": traffic}, {"X_Access_Token": envd},
+                   {"X_Access_Token": envd, "E2B_Traffic_Access_Token": traffic}):
+        status, answer = _port_call(wire, victim, **tokens)
+        assert status == 404 and "at its own host only" in answer["message"], (tokens, answer)
+    theirs = attacker[1]["trafficAccessToken"]
+    for tokens in ({"E2B_Traffic_Access_Token": theirs}, {"X_Access_Token": envd, "E2B_Traffic_Access_Token": theirs},
+                   {"X_Access_Token": theirs, "E2B_Traffic_Access_Token": traffic}):
+        status, answer = _port_call(wire, victim, **tokens)
+        assert status == 401 and "not a valid access token" in answer["message"], (tokens, answer)
+    status, got = _control(wire, KEY, "POST", f"/sandboxes/{victim['sandboxID']}/connect", {})
+    assert status == 200 and (got["envdAccessToken"], got["trafficAccessToken"]) == (envd, traffic), got
+
+
+def test_a_revoked_keys_traffic_token_opens_no_port(wire: E2bServer, victim: dict[str, Any]) -> None:
+    key_id, member = _key_of(wire, "member")
+    status, got = _control(wire, member, "POST", f"/sandboxes/{victim['sandboxID']}/connect", {})
+    assert status == 200, got
+    assert got["trafficAccessToken"].startswith(key_id + ".")
+    assert _port_call(wire, victim, E2B_Traffic_Access_Token=got["trafficAccessToken"])[0] == 404
+    wire.server.data("DELETE", f"/keys/{key_id}")
+    status, answer = _port_call(wire, victim, E2B_Traffic_Access_Token=got["trafficAccessToken"])
+    assert status == 401, answer
+
+
 @pytest.mark.parametrize("rpc", ["process", "watch"])
 def test_an_open_stream_tells_a_revoked_key_nothing_more(wire: E2bServer, victim: dict[str, Any], rpc: str) -> None:
     """envd's server streams (a command's output, a directory's changes) were authorized once,

@@ -69,7 +69,8 @@ def sandbox(served: E2bServer) -> Iterator[dict[str, str]]:
         from e2b import Sandbox
         sbx = Sandbox.create(timeout=300)
         sbx.files.write("note.txt", "over https")
-        print(json.dumps({"id": sbx.sandbox_id, "token": sbx._envd_access_token, "host": sbx.get_host(49983),
+        print(json.dumps({"id": sbx.sandbox_id, "token": sbx._envd_access_token, "traffic": sbx.traffic_access_token,
+                          "host": sbx.get_host(49983),
                           "envd": sbx.envd_api_url, "out": sbx.commands.run("cat note.txt; whoami").stdout}))
     """)
     yield found
@@ -153,6 +154,19 @@ def test_a_signed_url_opens_only_what_it_signed(served: E2bServer, sandbox: dict
     status, answer = _get(served, f"https://{sandbox['host']}/files?path=note.txt")
     assert status == 401 and "X-Access-Token" in answer["message"]
 
+
+def test_the_traffic_token_opens_no_envd_at_its_host(served: E2bServer, sandbox: dict[str, str]) -> None:
+    """The traffic token (the one shared so that others may reach a port) at envd's host: as
+    X-Access-Token, or signing a file URL, it reads and writes nothing. Before, it was the envd
+    token."""
+    traffic = sandbox["traffic"]
+    assert traffic != sandbox["token"]
+    status, answer = _get(served, f"https://{sandbox['host']}/files?path=note.txt", X_Access_Token=traffic)
+    assert status == 401 and "only the sandbox's ports" in answer["message"], answer
+    assert _get(served, _signed(served, sandbox, "note.txt", token=traffic))[0] == 401
+    upload = _signed(served, sandbox, "planted.txt", "write", token=traffic)
+    assert _get(served, upload, "POST", b"x", Content_Type="application/octet-stream")[0] == 401
+    assert _get(served, f"https://{sandbox['host']}/files?path=planted.txt", X_Access_Token=sandbox["token"])[0] == 404
 
 def test_a_signed_upload_writes_only_the_file_it_signed(served: E2bServer, sandbox: dict[str, str]) -> None:
     """upload_url(path) signs one path: a multipart body's further parts, named as the sender

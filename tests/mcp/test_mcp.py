@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -398,6 +399,23 @@ async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str, keys: dict[str, s
                 pass
         assert said in _leaves(failed.value)
 
+
+@pytest.mark.parametrize("key", [None, "A"])
+def test_http_refuses_a_websocket_with_or_without_a_key(mcp_url: str, keys: dict[str, str], key: str | None) -> None:
+    """A websocket handshake (the server speaks it) is refused by the gate, naming what is
+    served; before, it went to the MCP app without any key asked."""
+    url = urllib.parse.urlsplit(mcp_url)
+    auth = f"Authorization: Bearer {keys[key]}\r\n" if key else ""
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(f"GET {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\nUpgrade: websocket\r\n"
+                     "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     f"Sec-WebSocket-Version: 13\r\n{auth}\r\n".encode())
+        answer = b""
+        while b"}" not in answer and (chunk := sock.recv(65536)):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    assert "websocket connections are not served" in json.loads(body)["error"]["message"], answer
 
 def _leaves(err: BaseException) -> str:
     if isinstance(err, BaseExceptionGroup):

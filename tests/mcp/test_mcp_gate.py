@@ -8,6 +8,8 @@ import asyncio
 import itertools
 from typing import Any
 
+import pytest
+
 from hutch import mcp_http
 
 
@@ -62,3 +64,60 @@ async def test_sessions_opened_together_all_count_against_the_limit() -> None:
         app.go.set()
         await asyncio.gather(*wave)
     assert len(app.live) == 4, f"{len(app.live)} sessions open, the limit 4"
+
+
+class _Recording:
+    """An ASGI app that records every connection it is handed and accepts a websocket."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.seen.append(scope["type"])
+        if scope["type"] == "websocket":
+            await receive()
+            await send({"type": "websocket.accept"})
+
+
+async def _websocket(gate: mcp_http.KeyGate, headers: list[tuple[bytes, bytes]],
+                     extensions: dict[str, Any]) -> list[Any]:
+    scope = {"type": "websocket", "path": "/mcp", "headers": headers, "extensions": extensions}
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "websocket.connect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await gate(scope, receive, send)
+    return sent
+
+
+async def test_a_websocket_is_refused_before_the_app_sees_it() -> None:
+    """Before: the gate let every connection that was not an HTTP request through to the MCP
+    app as it came, with no key asked (meant for the lifespan); a websocket reached it keyless.
+    Now a websocket is refused with or without a key (no route serves one): a 400 naming what
+    is served, or, where the server cannot answer a websocket with HTTP, a close (its 403)."""
+    app = _Recording()
+    gate = mcp_http.KeyGate(app, None, lambda: set())
+    for headers in ([], [(b"authorization", b"Bearer k1")]):
+        sent = await _websocket(gate, headers, {"websocket.http.response": {}})
+        assert [m["type"] for m in sent] == ["websocket.http.response.start", "websocket.http.response.body"], sent
+        assert sent[0]["status"] == 400 and b"streamable HTTP" in sent[1]["body"], sent
+        sent = await _websocket(gate, headers, {})
+        assert [m["type"] for m in sent] == ["websocket.close"] and sent[0]["code"] == 1008, sent
+    assert app.seen == []
+
+
+async def test_the_lifespan_reaches_the_app_and_an_unknown_connection_is_refused() -> None:
+    app = _Recording()
+    gate = mcp_http.KeyGate(app, None, lambda: set())
+
+    async def nothing(*_: Any) -> Any:
+        return {"type": "lifespan.startup"}
+
+    await gate({"type": "lifespan"}, nothing, nothing)
+    with pytest.raises(ValueError, match="'telepathy'"):
+        await gate({"type": "telepathy"}, nothing, nothing)
+    assert app.seen == ["lifespan"]

@@ -13,7 +13,12 @@ Who may do what:
   answered, and ``E2b-Sandbox-Id``. The token names the key it was given to (the one that
   created, connected to or read the sandbox) and is an HMAC of (sandbox, key) under the server
   secret: it opens that one sandbox, as that key, for as long as the key is valid and may write
-  (a revoked key, or a read-only one, runs nothing)."""
+  (a revoked key, or a read-only one, runs nothing).
+- a sandbox's ports (api/e2b/public.py): the ``trafficAccessToken`` the create (or connect)
+  answered, made as the envd token is (per sandbox and key, the same rules) but with another
+  purpose signed into it. On E2B it is what a user hands out so that someone may reach a port;
+  it opens the ports and nothing of envd (no command, no file), and neither token is made from
+  the other. The envd token opens the ports too, as E2B's does."""
 
 from __future__ import annotations
 
@@ -99,8 +104,32 @@ def hutch_id(value: str) -> str:
     return _ID_PREFIX + value if ids.is_id("sandbox", _ID_PREFIX + value) else value
 
 
+# What a token opens, signed into it: a MAC for one purpose is no MAC for the other.
+ENVD, TRAFFIC = "e2b-envd", "e2b-traffic"
+
+
+def _token(engine: Engine, purpose: str, sandbox_id: str, key_id: str) -> str:
+    return f"{key_id}.{engine.streams.sign(f'{purpose}:{sandbox_id}:{key_id}')[:48]}"
+
+
 def envd_token(engine: Engine, sandbox_id: str, key_id: str) -> str:
-    return f"{key_id}.{engine.streams.sign(f'e2b-envd:{sandbox_id}:{key_id}')[:48]}"
+    return _token(engine, ENVD, sandbox_id, key_id)
+
+
+def traffic_token(engine: Engine, sandbox_id: str, key_id: str) -> str:
+    return _token(engine, TRAFFIC, sandbox_id, key_id)
+
+
+def token_of(engine: Engine, sandbox_id: str, token: str) -> tuple[str, str] | None:
+    """(the key id, ``ENVD`` or ``TRAFFIC``) of a token of this sandbox; None for anything else.
+    ASCII first: compare_digest raises TypeError on other text (it was a 500 for anyone)."""
+    key_id = token.rpartition(".")[0]
+    if not key_id or not token.isascii() or not sandbox_id.isascii():
+        return None
+    for purpose in (ENVD, TRAFFIC):
+        if hmac.compare_digest(token, _token(engine, purpose, sandbox_id, key_id)):
+            return key_id, purpose
+    return None
 
 
 def _control_principal(request: web.Request, access: Access) -> Principal:
@@ -114,8 +143,11 @@ def _control_principal(request: web.Request, access: Access) -> Principal:
     return principal
 
 
-async def envd_principal(request: web.Request, token: str | None = None) -> tuple[Principal, str]:
-    """Who the envd token (``X-Access-Token``, or ``token`` when given) acts as, and for which sandbox."""
+async def envd_principal(request: web.Request, token: str | None = None, *, header: str = TOKEN_HEADER,
+                         ports: bool = False) -> tuple[Principal, str]:
+    """Who the envd token (``X-Access-Token``, or ``token`` from ``header`` when given) acts as,
+    and for which sandbox. ``ports``: the request is for a sandbox's port, which its traffic
+    token opens too; envd takes the envd token only."""
     given = request.headers.get(SANDBOX_HEADER, "").strip()  # refusals name it as the client gave it
     sandbox_id = hutch_id(given)
     token = (request.headers.get(TOKEN_HEADER, "") if token is None else token).strip()
@@ -123,13 +155,15 @@ async def envd_principal(request: web.Request, token: str | None = None) -> tupl
         raise Unauthorized(f"missing {SANDBOX_HEADER} header: which sandbox is this for?")
     if not token:
         raise Unauthorized(f"missing {TOKEN_HEADER} header: send the envdAccessToken the create answered")
-    key_id, _, _mac = token.rpartition(".")
     engine = request.app[ENGINE]
     # Checked before anything is looked up: a wrong token learns nothing about the sandbox.
-    # ASCII first: compare_digest raises TypeError on other text (it was a 500 for anyone).
-    if (not key_id or not token.isascii() or not sandbox_id.isascii()
-            or not hmac.compare_digest(token, envd_token(engine, sandbox_id, key_id))):
-        raise Unauthorized(f"{TOKEN_HEADER}: not a valid access token for sandbox {given}")
+    found = token_of(engine, sandbox_id, token)
+    if found is None:
+        raise Unauthorized(f"{header}: not a valid access token for sandbox {given}")
+    key_id, purpose = found
+    if purpose == TRAFFIC and not ports:
+        raise Unauthorized(f"{header}: that is sandbox {given}'s trafficAccessToken, which opens only the "
+                           "sandbox's ports; envd (commands, files) takes the envdAccessToken")
     tenants = request.app[TENANTS]
     principal = tenants.principal_for(key_id)
     tenants.throttle(principal)

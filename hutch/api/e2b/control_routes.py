@@ -21,7 +21,14 @@ import attrs
 from aiohttp import web
 
 from hutch.api.e2b import ports, public, query_params
-from hutch.api.e2b.access import PRINCIPAL_KEY, control, envd_token, hutch_id, wire_id
+from hutch.api.e2b.access import (
+    PRINCIPAL_KEY,
+    control,
+    envd_token,
+    hutch_id,
+    traffic_token,
+    wire_id,
+)
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.network import e2b_network, hutch_network, hutch_update
 from hutch.api.http import choice_value, parse_json, shown
@@ -141,15 +148,17 @@ async def read_body(request: web.Request) -> dict[str, Any]:
 
 
 def render(request: web.Request, sb: SandboxState, *, detail: bool, token: bool = True) -> dict[str, Any]:
-    """E2B's Sandbox (``detail``: SandboxDetail). The envd token is always issued (E2B's
-    ``secure``, whatever was asked); a listing leaves it out, as E2B's does."""
+    """E2B's Sandbox (``detail``: SandboxDetail). The envd and traffic tokens are always issued
+    (E2B's ``secure``, whatever was asked); a listing leaves them out, as E2B's does."""
     principal = request[PRINCIPAL_KEY]
     out: dict[str, Any] = {"templateID": _template_of(sb), "sandboxID": wire_id(sb.sandbox_id), "clientID": "hutch",
                            "envdVersion": ENVD_VERSION, "alias": _template_of(sb), "domain": None}
     if token:
-        # One token for envd and for the sandbox's port (E2B's traffic token), checked by this server.
-        out["envdAccessToken"] = out["trafficAccessToken"] = envd_token(request.app[ENGINE], sb.sandbox_id,
-                                                                         principal.key_id)
+        # Two tokens (api/e2b/access.py): envd's runs commands and reads files; the traffic token,
+        # the one a user shares so that others may reach the sandbox's ports, opens those only.
+        engine = request.app[ENGINE]
+        out["envdAccessToken"] = envd_token(engine, sb.sandbox_id, principal.key_id)
+        out["trafficAccessToken"] = traffic_token(engine, sb.sandbox_id, principal.key_id)
     if detail:
         started = datetime.fromisoformat(sb.created_at.replace("Z", "+00:00"))
         res = sb.spec.resources

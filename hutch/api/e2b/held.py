@@ -13,12 +13,11 @@ which its route then refuses, a public port's stranger) is not counted.
 from __future__ import annotations
 
 import contextlib
-import hmac
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from hutch.api.e2b.access import SANDBOX_HEADER, TOKEN_HEADER, envd_token, hutch_id
+from hutch.api.e2b.access import SANDBOX_HEADER, TOKEN_HEADER, hutch_id, token_of
 from hutch.api.e2b.public import TRAFFIC_HEADER
 from hutch.api.keys import AT_ONCE, ENGINE, TENANTS
 from hutch.core.errors import HutchError
@@ -32,10 +31,9 @@ def _org(request: web.Request) -> str | None:
             return tenants.authenticate(key).org_id
         token = (request.headers.get(TOKEN_HEADER) or request.headers.get(TRAFFIC_HEADER) or "").strip()
         sandbox_id = hutch_id(request.headers.get(SANDBOX_HEADER, "").strip())
-        key_id = token.rpartition(".")[0]
-        if key_id and sandbox_id and token.isascii() and sandbox_id.isascii() \
-                and hmac.compare_digest(token, envd_token(request.app[ENGINE], sandbox_id, key_id)):
-            return tenants.principal_for(key_id).org_id
+        found = token_of(request.app[ENGINE], sandbox_id, token) if sandbox_id else None
+        if found is not None:  # an envd or a traffic token: its route says what it may open
+            return tenants.principal_for(found[0]).org_id
     except HutchError:  # its route refuses it, saying why
         return None
     return None

@@ -9,8 +9,9 @@ Origins: each name is a host of its own, so what a sandbox's port serves shares 
 the control plane nor with another sandbox. Under the domain only ``api.{domain}`` answers as
 the control plane (the SDK's default ``E2B_API_URL``, ``https://api.{E2B_DOMAIN}``; it takes
 keys in headers, never cookies); another name that is not ``{port}-{id}`` is a 404, and the
-envd host answers envd's paths only. A sandbox's port needs its traffic access token
-(``E2B-Traffic-Access-Token`` or ``X-Access-Token``) unless the sandbox was created public:
+envd host answers envd's paths only (and takes the envd token only). A sandbox's port needs
+its traffic access token or its envd token (``E2B-Traffic-Access-Token`` or
+``X-Access-Token``) unless the sandbox was created public:
 without one, 403 (E2B's answer, api/e2b/public.py); the port relay (api/e2b/ports.py) strips
 every credential, so no hutch credential reaches the sandbox."""
 

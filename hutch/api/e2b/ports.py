@@ -1,8 +1,9 @@
 """The code interpreter's port on E2B's wire. ``e2b-code-interpreter`` reaches port 49999 at
 ``E2B_SANDBOX_URL`` (the E2B listener) with ``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port: 49999``
-and the sandbox's envd token (``X-Access-Token``, and the ``trafficAccessToken`` the create
-answered as ``E2B-Traffic-Access-Token``). Every token sent must be that sandbox's, so
-another organization's key or token runs nothing. The relay is hutch's port proxy
+and the sandbox's envd token (``X-Access-Token``) and the ``trafficAccessToken`` the create
+answered (``E2B-Traffic-Access-Token``; some calls send that one only): either opens the port
+(api/e2b/public.py). Every token sent must be that sandbox's, so another organization's key
+or token runs nothing. The relay is hutch's port proxy
 (api/routes/proxy.py): bodies stream both ways, the request is the sandbox's activity.
 
 What reaches the sandbox carries no hutch credential: the envd token is a key of hutch's (it

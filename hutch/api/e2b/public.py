@@ -1,9 +1,9 @@
 """Who a request for a sandbox's port acts as. With a token (``E2B-Traffic-Access-Token`` or
-``X-Access-Token``): the key it was given to, every token sent checked (constant time,
-api/e2b/access.py) against that one sandbox. Without one: only a sandbox created with E2B's
-``network.allowPublicTraffic: true`` is served, at its own host only, acting as the key that
-created it; any other answers 403, E2B's answer, the same whether the sandbox exists or not
-(at ``E2B_SANDBOX_URL``, 401 as ever).
+``X-Access-Token``: the sandbox's traffic token or its envd token): the key it was given to,
+every token sent checked (constant time, api/e2b/access.py) against that one sandbox.
+Without one: only a sandbox created with E2B's ``network.allowPublicTraffic: true`` is
+served, at its own host only, acting as the key that created it; any other answers 403,
+E2B's answer, the same whether the sandbox exists or not (at ``E2B_SANDBOX_URL``, 401 as ever).
 
 The opt-in is kept in the sandbox's metadata under ``PUBLIC_KEY`` as JSON ``true``: fixed at
 create, and out of reach of E2B's metadata, whose values are strings (a string there opens
@@ -42,11 +42,11 @@ def is_public(sb: SandboxState) -> bool:
 
 
 async def traffic_principal(request: web.Request, port: int) -> tuple[Principal, str]:
-    tokens = [t.strip() for t in (request.headers.get(TOKEN_HEADER), request.headers.get(TRAFFIC_HEADER)) if t]
+    tokens = [(h, t.strip()) for h in (TOKEN_HEADER, TRAFFIC_HEADER) if (t := request.headers.get(h, "").strip())]
     if tokens:
-        principal, sandbox_id = await envd_principal(request, tokens[0])
-        for other in tokens[1:]:  # every token sent must open this sandbox, not only the first
-            await envd_principal(request, other)
+        principal, sandbox_id = await envd_principal(request, tokens[0][1], header=tokens[0][0], ports=True)
+        for header, other in tokens[1:]:  # every token sent must open this sandbox, not only the first
+            await envd_principal(request, other, header=header, ports=True)
         return principal, sandbox_id
     if request.get(HOST_ROUTED) is None:  # at E2B_SANDBOX_URL, one origin for every sandbox: never public
         raise Unauthorized(f"missing {TOKEN_HEADER} or {TRAFFIC_HEADER} header: send the sandbox's access token")
