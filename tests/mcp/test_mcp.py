@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +98,16 @@ def keys(served: str) -> dict[str, str]:
     return asyncio.run(make())
 
 
-@pytest.fixture(scope="module")
-def mcp_url(served: str) -> Iterator[str]:
+HELLO = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+
+@contextmanager
+def mcp_http(served: str, *options: str) -> Iterator[str]:
+    """A ``hutch mcp --http`` of its own (``options`` added), answering: its URL. It must end
+    without a traceback."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}", *options],
                             env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}/mcp"
     try:
@@ -111,6 +117,12 @@ def mcp_url(served: str) -> Iterator[str]:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
         assert b"Traceback" not in err, err.decode()
+
+
+@pytest.fixture(scope="module")
+def mcp_url(served: str) -> Iterator[str]:
+    with mcp_http(served) as url:
+        yield url
 
 
 @asynccontextmanager
@@ -294,11 +306,9 @@ async def test_what_a_sandbox_holds_comes_back_bounded(served: str, mcp_url: str
 
 async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: dict[str, str]) -> None:
     """A leaked session id is useless with another key: the session answers as if unknown."""
-    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     async with httpx2.AsyncClient() as http:
-        opened = await http.post(mcp_url, json=hello, headers={**accept, "Authorization": f"Bearer {keys['B']}"})
+        opened = await http.post(mcp_url, json=HELLO, headers={**accept, "Authorization": f"Bearer {keys['B']}"})
         assert opened.status_code == 200
         session = opened.headers["mcp-session-id"]
         listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
@@ -311,19 +321,13 @@ async def test_a_session_is_bound_to_the_key_that_opened_it(mcp_url: str, keys: 
 def test_an_organization_holds_a_bounded_number_of_sessions(served: str, keys: dict[str, str]) -> None:
     """Sessions are the server's (10,000 at most, for everyone): one organization opening them
     as fast as it can, with one key or several, must not leave none for the others."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}",
-                             "--max-org-sessions", "2"], env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/mcp"
-    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
-    async def scenario() -> None:
+    async def scenario(url: str) -> None:
         async with SandboxClient(served, ADMIN, org_id="org_mcpb") as there:
             other_b = str((await there.tenancy.create_key("member", name="second")).secret)
         async with httpx2.AsyncClient(headers={"Accept": "application/json, text/event-stream"}) as http:
             def open_as(key: str) -> Any:
-                return http.post(url, json=hello, headers={"Authorization": f"Bearer {key}"})
+                return http.post(url, json=HELLO, headers={"Authorization": f"Bearer {key}"})
             opened = [await open_as(keys["B"]), await open_as(other_b)]
             assert [r.status_code for r in opened] == [200, 200]
             for key in (keys["B"], other_b):  # the organization's third, whichever key asks
@@ -336,12 +340,8 @@ def test_an_organization_holds_a_bounded_number_of_sessions(served: str, keys: d
             assert ended.status_code == 200, ended.text
             assert (await open_as(other_b)).status_code == 200  # an ended session's room is free again
 
-    try:
-        _wait_for(url, proc, "hutch mcp --http")
-        asyncio.run(scenario())
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with mcp_http(served, "--max-org-sessions", "2") as url:
+        asyncio.run(scenario(url))
 
 
 def test_a_revoked_keys_sessions_give_their_room_back(served: str, keys: dict[str, str]) -> None:
@@ -350,17 +350,11 @@ def test_a_revoked_keys_sessions_give_their_room_back(served: str, keys: dict[st
     keys answered 429. The organization at its limit, a revoked key's sessions are ended."""
     from hutch.mcp_http import RECHECK_SECONDS
 
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}",
-                             "--max-org-sessions", "2"], env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/mcp"
-    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
-    async def scenario() -> None:
+    async def scenario(url: str) -> None:
         async with httpx2.AsyncClient(headers={"Accept": "application/json, text/event-stream"}) as http:
             def open_as(key: str) -> Any:
-                return http.post(url, json=hello, headers={"Authorization": f"Bearer {key}"})
+                return http.post(url, json=HELLO, headers={"Authorization": f"Bearer {key}"})
             async with SandboxClient(served, ADMIN, org_id="org_mcpb") as there:
                 leaked = await there.tenancy.create_key("member", name="leaked")
                 opened = [await open_as(str(leaked.secret)) for _ in range(2)]
@@ -373,12 +367,8 @@ def test_a_revoked_keys_sessions_give_their_room_back(served: str, keys: dict[st
             assert (await open_as(keys["B"])).status_code == 200
             assert (await open_as(keys["B"])).status_code == 429  # and the limit still holds
 
-    try:
-        _wait_for(url, proc, "hutch mcp --http")
-        asyncio.run(scenario())
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with mcp_http(served, "--max-org-sessions", "2") as url:
+        asyncio.run(scenario(url))
 
 
 async def test_http_refuses_no_key_and_a_bad_key(mcp_url: str, keys: dict[str, str]) -> None:
@@ -440,13 +430,11 @@ def test_a_server_stopped_by_sigterm_destroys_its_sessions_sandboxes(served: str
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     http = subprocess.Popen([sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}"],
                             env=_env(HUTCH_URL=served), stdout=subprocess.DEVNULL)
-    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
     create = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "create_sandbox", "arguments": {}}}
     try:
         assert stdio.stdin is not None and stdio.stdout is not None
-        for message in (hello, ready, create):
+        for message in (HELLO, ready, create):
             stdio.stdin.write(json.dumps(message).encode() + b"\n")
             stdio.stdin.flush()
         answers = [json.loads(stdio.stdout.readline()) for _ in range(2)]
@@ -455,7 +443,7 @@ def test_a_server_stopped_by_sigterm_destroys_its_sessions_sandboxes(served: str
         _wait_for(url, http, "hutch mcp --http")
         headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {keys['B']}"}
         with httpx2.Client(headers=headers) as client:
-            opened = client.post(url, json=hello)
+            opened = client.post(url, json=HELLO)
             headers.update({"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"})
             client.post(url, json=ready, headers=headers)
             made = client.post(url, json=create, headers=headers).text
