@@ -9,7 +9,8 @@ written on the fly, so memory stays flat whatever the size.
 Uploads are spooled to a temporary file on disk (zip needs to seek, and spooling lets us
 check every member *before* writing anything: an archive with one bad member writes
 nothing). Refused: absolute names, ``..`` components, links whose
-target leaves the destination, hard links, device nodes and fifos, and archives whose
+target leaves the destination (followed through the archive's other links, as the kernel
+will), members written through such links, hard links, device nodes and fifos, and archives whose
 unpacked size or entry count passes the configured limits.
 """
 
@@ -176,6 +177,59 @@ def _check_link(name: str, target: str) -> None:
         raise InvalidInput(f"archive: link {name!r} points to {target!r}, outside the destination; refused", field="archive")
 
 
+_MAX_HOPS = 40  # links followed in one path, as Linux's own bound (past it: ELOOP, nothing written)
+
+
+def _resolved(path: str, links: dict[str, str]) -> bool:
+    """Whether ``path`` (relative to the destination) stays in it when each component is
+    followed through the archive's own links as the kernel follows them. ``_check_link``
+    alone reads each target as written: ``x/y/up -> ../..`` is the destination itself, so
+    ``x/y/up/l -> ../../tmp`` (``x/tmp`` as written) is ``../tmp``, and a file named
+    ``x/y/up/l/f`` was written there."""
+    walked: list[str] = []
+    todo = path.split("/")[::-1]  # the components still to walk, the next one last
+    hops = 0
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not walked:
+                return False
+            walked.pop()
+            continue
+        walked.append(part)
+        target = links.get("/".join(walked))
+        if target is not None:
+            hops += 1
+            if hops > _MAX_HOPS:
+                return True  # a loop: the kernel refuses it (ELOOP) and writes nothing through it
+            if target.startswith("/"):
+                return False
+            walked.pop()  # the target is read from the link's own directory
+            todo.extend(reversed(target.split("/")))
+    return True
+
+
+def _check_through_links(members: list[Member]) -> None:
+    """No member is written, and no link points, outside the destination by way of the
+    archive's other links."""
+    links = {m.name: m.target for m in members if m.kind == "symlink"}
+    if not links:
+        return
+    if len(links) != sum(m.kind == "symlink" for m in members) or any(
+            m.kind != "symlink" and m.name in links for m in members):
+        raise InvalidInput("archive: a link's name is given twice; refused", field="archive")
+    for m in members:
+        parent = posixpath.dirname(m.name)
+        if parent and not _resolved(parent, links):
+            raise InvalidInput(f"archive: entry {m.name!r} passes through a link to outside the destination; refused",
+                               field="archive")
+        if m.kind == "symlink" and not _resolved(posixpath.join(parent, m.target), links):
+            raise InvalidInput(f"archive: link {m.name!r} points to {m.target!r}, outside the destination by way of "
+                               "the archive's other links; refused", field="archive")
+
+
 def _tar_members(path: str, limits: Limits) -> list[Member]:
     members: list[Member] = []
     total = 0
@@ -200,6 +254,7 @@ def _tar_members(path: str, limits: Limits) -> list[Member]:
                 members.append(Member(name, info.name, "file", size=info.size, mode=stat.S_IMODE(info.mode) or 0o644))
             else:
                 raise InvalidInput(f"archive: {name!r} is a device, fifo or other special file; refused", field="archive")
+    _check_through_links(members)
     return members
 
 
@@ -239,6 +294,7 @@ def _zip_members(path: str, limits: Limits) -> list[Member]:
                 if total > limits.max_bytes:
                     raise PayloadTooLarge(f"archive: unpacks to more than {limits.max_bytes} bytes", field="archive")
                 members.append(Member(name, info.filename, "file", size=info.file_size, mode=stat.S_IMODE(mode) or 0o644))
+    _check_through_links(members)
     return members
 
 
