@@ -154,10 +154,13 @@ async def test_upload_and_download_archives_round_trip(api: Api) -> None:
         # itself); then a file through them: it was written to the sandbox's /tmp.
         ([("x/y/up", None, {"type": tarfile.SYMTYPE, "linkname": "../.."}),
           ("x/y/up/l", None, {"type": tarfile.SYMTYPE, "linkname": "../../../tmp"}),
-          ("x/y/up/l/pwned.txt", b"x", {})], "by way of the archive's other links"),
+          ("x/y/up/l/pwned.txt", b"x", {})], "passes through the archive's link"),
         ([("x/y/up", None, {"type": tarfile.SYMTYPE, "linkname": "../.."}),
           ("x/y/up/l", None, {"type": tarfile.SYMTYPE, "linkname": "../../../tmp"}),
-          ("x/y/up/m", None, {"type": tarfile.SYMTYPE, "linkname": "sub"})], "by way of the archive's other links"),
+          ("x/y/up/m", None, {"type": tarfile.SYMTYPE, "linkname": "sub"})], "passes through the archive's link"),
+        # Each link at a name of its own: here is the destination, so x/up is its parent.
+        ([("here", None, {"type": tarfile.SYMTYPE, "linkname": "."}),
+          ("x/up", None, {"type": tarfile.SYMTYPE, "linkname": "../here/.."})], "by way of the archive's other links"),
         # A link named again: read as its last, l was inside; written as its first, outside.
         ([("x/up", None, {"type": tarfile.SYMTYPE, "linkname": ".."}),
           ("x/up/l", None, {"type": tarfile.SYMTYPE, "linkname": "../x2"}),

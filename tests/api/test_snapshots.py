@@ -209,7 +209,8 @@ async def test_build_upload_finalize(api: Api) -> None:
     ({"/etc/passwd": b"x"}, None, "absolute"),
     ({"ok.txt": b"x"}, {"link": "/etc"}, "outside"),
     ({"ok.txt": b"x"}, {"a/link": "../../.."}, "outside"),
-    ({"ok.txt": b"x"}, {"x/y/up": "../..", "x/y/up/l": "../../../tmp"}, "by way of the archive's other links"),
+    ({"ok.txt": b"x"}, {"x/y/up": "../..", "x/y/up/l": "../../../tmp"}, "passes through the archive's link"),
+    ({"ok.txt": b"x"}, {"here": ".", "x/up": "../here/.."}, "by way of the archive's other links"),
 ])
 async def test_build_refuses_archives_that_climb_out(api: Api, entries: dict[str, bytes], links: dict[str, str] | None,
                                                       needle: str) -> None:
