@@ -7,14 +7,16 @@
 
 ``dispatch`` answers in the call's own format: ``{"role": "tool", "tool_call_id", "content"}``
 for OpenAI, ``{"type": "tool_result", "tool_use_id", "content", "is_error"}`` for Anthropic.
-A bad call (unknown tool, arguments that are not JSON or miss a field, a path outside the
-workspace) is an error result the model can read, never an exception in the agent loop.
+A bad call (unknown tool, arguments that are not JSON, miss a field or do not fit its schema,
+a path outside the workspace) is an error result the model can read, never an exception in
+the agent loop, and runs nothing.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -82,6 +84,25 @@ _SPECS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+def _check(tool: str, key: str, value: object, schema: Mapping[str, Any]) -> None:
+    """One argument against its schema (the subset the tools use: a string or a number, an enum,
+    bounds), a ValueError naming it: a model's ``"timeout_seconds": "5"`` was a TypeError out of
+    ``dispatch``, raised after its command had started (and left it running), and ``-3`` ended
+    a command at once as timed out."""
+    kind = schema.get("type")
+    if kind == "string" and not isinstance(value, str):
+        raise ValueError(f"{tool}: {key}: expected a string, got {value!r}")
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{tool}: {key}: expected a number, got {value!r}")
+        if ("minimum" in schema and value < schema["minimum"]) or ("maximum" in schema and value > schema["maximum"]):
+            bounds = f"from {schema['minimum']} to {schema['maximum']}" if "maximum" in schema else \
+                f"of at least {schema['minimum']}"
+            raise ValueError(f"{tool}: {key}: expected a number {bounds}, got {value!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        raise ValueError(f"{tool}: {key}: expected one of {', '.join(map(str, schema['enum']))}, got {value!r}")
+
+
 class WorkspaceTools:
     def __init__(self, workspace: WorkspaceLike) -> None:
         self.workspace = workspace
@@ -108,6 +129,9 @@ class WorkspaceTools:
         extra = [k for k in args if k not in props]
         if missing or extra:
             raise ValueError(f"{name}: missing {missing} / unknown {extra} arguments")
+        for key, value in args.items():
+            if value is not None or key in required:  # null for an optional one: its default, as absent
+                _check(name, key, value, props[key])
         ws = self.workspace
         if name == "run_code":
             r = await ws.run(str(args["code"]), language=args.get("language"), timeout_seconds=args.get("timeout_seconds"))

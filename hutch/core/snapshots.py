@@ -17,6 +17,7 @@ snapshot as it is (None: no such snapshot yet) and says what happened, as
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import attrs
 
@@ -133,6 +134,19 @@ def is_snapshot_event(event: Event) -> bool:
 
 
 # ---------------------------------------------------------------- commands
+
+
+# What one file takes in a snapshot's record (its event, its row in the store, its answers)
+# besides its path: its sha256, content type, size and mode and the JSON around them (~134
+# bytes measured in an event of 100,000 files).
+FILE_RECORD_BYTES = 128
+
+
+def record_bytes(files: Iterable[SnapshotFile]) -> int:
+    """What a snapshot's list of files takes wherever it is kept (the log, the store, the
+    server's memory): counted against its organization's storage with the files' bytes, or a
+    snapshot of 100,000 empty files (a 470 KB upload) was a 17 MB record counted as nothing."""
+    return sum(len(f.path.encode()) + FILE_RECORD_BYTES for f in files)
 
 
 # A snapshot a fork keeps of the instant it copied (service/fork.py): its metadata names the forked

@@ -144,7 +144,7 @@ class Engine:
                                          outputs=outputs, streams=self.streams, inputs=self.inputs, quotas=self.quotas,
                                          snapshots=self.snapshots, executions=self.executions,
                                          background=self.background, replicas=self.replicas)
-        self.forks = Forks(self.reads, self.quotas, self.snapshots, self.provisioning)  # copies of a sandbox
+        self.forks = Forks(self.reads, self.quotas, self.snapshots, self.provisioning, self.control)  # copies of a sandbox
         self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle, roles.fleet)
         self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes

@@ -12,12 +12,15 @@ kernels, and a copy of a running process would share its sockets anyway).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 
 import attrs
 
-from hutch.core.errors import InvalidInput
+from hutch.core.errors import InvalidInput, SnapshotNotFound
 from hutch.core.models import SnapshotState
 from hutch.core.snapshots import FORK_OF
+from hutch.service.control import SandboxControl
 from hutch.service.provisioning import Created, Provisioning
 from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
@@ -25,11 +28,14 @@ from hutch.service.requests import CreateRequest
 from hutch.service.snapshots import Snapshots
 
 MAX_COPIES = 20
+log = logging.getLogger(__name__)
 
 
 class Forks:
-    def __init__(self, reads: Reads, quotas: Quotas, snapshots: Snapshots, provisioning: Provisioning) -> None:
+    def __init__(self, reads: Reads, quotas: Quotas, snapshots: Snapshots, provisioning: Provisioning,
+                 control: SandboxControl) -> None:
         self._reads, self._quotas, self._snapshots, self._provisioning = reads, quotas, snapshots, provisioning
+        self._control = control  # undoes the copies of a fork that failed
 
     async def fork(self, sandbox_id: str, count: object, *, api_key_id: str | None,
                    idle_timeout: str | None = None) -> tuple[SnapshotState, list[Created]]:
@@ -54,4 +60,24 @@ class Forks:
             return await self._provisioning.create(
                 CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None), api_key_id=api_key_id)
 
-        return snap, list(await asyncio.gather(*(one(i) for i in range(count))))
+        # The quota's check above is not held while the copies are made (each create checks
+        # again under the organization's lock): another create or fork can take the last slots
+        # meanwhile. A fork is all its copies or nothing, so one refused (or failed) undoes the
+        # ones made and the instant's snapshot, and the fork answers with the first refusal.
+        results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        made = [r for r in results if isinstance(r, Created)]
+        if failed:
+            await self._undo(snap, made)
+            raise failed[0]
+        return snap, made
+
+    async def _undo(self, snap: SnapshotState, made: list[Created]) -> None:
+        for created in made:
+            try:
+                await self._control.destroy(created.sandbox.sandbox_id)
+            except Exception:  # logged; the other copies and the snapshot still go
+                log.exception("fork of %s: could not destroy its copy %s", snap.source_sandbox_id,
+                              created.sandbox.sandbox_id)
+        with contextlib.suppress(SnapshotNotFound):
+            await self._snapshots.delete(snap.snapshot_id)

@@ -2,7 +2,7 @@
 
 Live sandboxes (not final) count against ``sandboxes`` and, by what they asked for, against
 ``memory_bytes`` and ``cpu_millis``. ``snapshot_bytes`` is the organization's storage quota:
-ready snapshots' archives, its sandboxes' disk checkpoints (their bytes on the host, as the
+ready snapshots (their files' bytes and their records' lists of them), its sandboxes' disk checkpoints (their bytes on the host, as the
 driver reports them), the archives of snapshot builds not finalized yet, uploads in
 flight counted from their first byte (on this replica; stored ones on every replica), and
 its commands' output as the output store keeps it (running commands' from their first byte;
@@ -35,9 +35,10 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from hutch.core.blobs import BlobNotFound, BlobStore
 from hutch.core.errors import QuotaExceeded
-from hutch.core.models import SandboxSpec
+from hutch.core.models import SandboxSpec, SnapshotState
 from hutch.core.output import OutputStreams
 from hutch.core.quantities import format_bytes
+from hutch.core.snapshots import record_bytes
 from hutch.core.tenancy import QuotaRecord
 from hutch.drivers.roles import Checkpointing
 from hutch.projections.base import SandboxQuery, SnapshotQuery
@@ -58,6 +59,7 @@ class Quotas:
         self._outputs = outputs  # commands' output
         self._uploading: dict[str, dict[str, int]] = {}  # org -> snapshot -> bytes received so far
         self._output_budgets: dict[str, OutputBudget] = {}  # org -> what its running commands may keep
+        self._records: dict[str, int] = {}  # snapshot -> its record's bytes
         # One holder at a time of a key, on this replica and across replicas (the engine sets it:
         # the recorder's lock and ``Replicas.serialised``); None: nothing to serialise with.
         self.serialise: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None
@@ -95,7 +97,7 @@ class Quotas:
         uploads = await self._pending_uploads(org_id)
         output = await self._outputs.stored(org_id) if self._outputs is not None else 0
         events = await self._reads.store.event_bytes(org_id)
-        snapshot_bytes = sum(s.size_bytes for s in snaps)
+        snapshot_bytes = sum(s.size_bytes + self._record_of(s) for s in snaps)
         return {
             "sandboxes": count,
             "memory_bytes": sum(self.defaults.memory_of(sb.spec.resources) for sb in live),
@@ -107,6 +109,14 @@ class Quotas:
             "event_bytes": events,
             "storage_bytes": snapshot_bytes + checkpoints + sum(uploads.values()) + output + events,
         }
+
+    def _record_of(self, snap: SnapshotState) -> int:
+        """Its record's bytes (``core.snapshots.record_bytes``), reckoned once: a ready
+        snapshot's files never change."""
+        found = self._records.get(snap.snapshot_id)
+        if found is None:
+            found = self._records[snap.snapshot_id] = record_bytes(snap.files)
+        return found
 
     async def _pending_uploads(self, org_id: str) -> dict[str, int]:
         """Bytes of each build not finalized yet: stored, or (larger) still arriving here."""

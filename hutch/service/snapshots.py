@@ -56,6 +56,7 @@ from hutch.core.snapshots import (
     check_name,
     decide,
     parse_ref,
+    record_bytes,
 )
 from hutch.core.tenancy import LOCAL_ORG, SCOPE, scoped_org, visible
 from hutch.drivers.base import DriverRoles, ProvisionRequest
@@ -248,7 +249,7 @@ class Snapshots:
         with await self.archives.spool(export) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
             async with self._quotas.storage_held(sb.spec.org_id):  # the check and its record, as one
-                await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files))
+                await self._quotas.check_snapshot(sb.spec.org_id, sum(f.size for f in files) + record_bytes(files))
                 await self.archives.put(snapshot_id, spooled)
                 try:
                     await self._recorder.snapshot(snapshot_id, attrs.evolve(command, files=files))
@@ -357,7 +358,8 @@ class Snapshots:
                                    field="archive")
             files = ()
         async with self._quotas.storage_held(snap.org_id):  # the check and its record, as one
-            await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files), finalizing=snapshot_id)
+            await self._quotas.check_snapshot(snap.org_id, sum(f.size for f in files) + record_bytes(files),
+                                              finalizing=snapshot_id)
             await self._recorder.snapshot(snapshot_id, FinalizeBuild(files=files, env=env, metadata=metadata,
                                                                      dependencies=deps, packages=pkgs))
         await self._take_tag(snapshot_id, snap.name, snap.tag)

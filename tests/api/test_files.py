@@ -150,6 +150,21 @@ async def test_upload_and_download_archives_round_trip(api: Api) -> None:
         ([("/etc/passwd", b"x", {})], "absolute"),
         ([("evil", None, {"type": tarfile.SYMTYPE, "linkname": "/etc/passwd"})], "outside the destination"),
         ([("evil", None, {"type": tarfile.SYMTYPE, "linkname": "../../.."})], "outside the destination"),
+        # Each link inside as written, the second out through the first (up is the destination
+        # itself); then a file through them: it was written to the sandbox's /tmp.
+        ([("x/y/up", None, {"type": tarfile.SYMTYPE, "linkname": "../.."}),
+          ("x/y/up/l", None, {"type": tarfile.SYMTYPE, "linkname": "../../../tmp"}),
+          ("x/y/up/l/pwned.txt", b"x", {})], "passes through the archive's link"),
+        ([("x/y/up", None, {"type": tarfile.SYMTYPE, "linkname": "../.."}),
+          ("x/y/up/l", None, {"type": tarfile.SYMTYPE, "linkname": "../../../tmp"}),
+          ("x/y/up/m", None, {"type": tarfile.SYMTYPE, "linkname": "sub"})], "passes through the archive's link"),
+        # Each link at a name of its own: here is the destination, so x/up is its parent.
+        ([("here", None, {"type": tarfile.SYMTYPE, "linkname": "."}),
+          ("x/up", None, {"type": tarfile.SYMTYPE, "linkname": "../here/.."})], "by way of the archive's other links"),
+        # A link named again: read as its last, l was inside; written as its first, outside.
+        ([("x/up", None, {"type": tarfile.SYMTYPE, "linkname": ".."}),
+          ("x/up/l", None, {"type": tarfile.SYMTYPE, "linkname": "../x2"}),
+          ("x/up/l/f.txt", b"x", {}), ("x/up", None, {"type": tarfile.SYMTYPE, "linkname": "."})], "given twice"),
         ([("hard", None, {"type": tarfile.LNKTYPE, "linkname": "x"})], "hard link"),
         ([("dev", None, {"type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3})], "device"),
         ([("fifo", None, {"type": tarfile.FIFOTYPE})], "fifo"),

@@ -75,3 +75,26 @@ async def test_a_fork_fits_the_quota_whole_or_not_at_all(api: Api) -> None:
     assert (await api.data("GET", "/sandbox/snapshots", headers=auth))["total"] == 0  # no snapshot either
     made = await api.data("POST", f"/sandbox/{sid}/fork", json={"count": 2}, expect=201, headers=auth)
     assert len(made["sandboxes"]) == 2
+
+
+@pytest.mark.runs_on(*STORE)  # the service's quota over the store
+async def test_forks_racing_for_the_last_slots_leave_no_half_made_fork(api: Api) -> None:
+    """Two forks that each fit the quota when checked, but not together: the one (or both)
+    refused once their copies are made leaves no copy running and no snapshot of its instant."""
+    import asyncio
+
+    await api.data("POST", "/orgs", json={"name": "race"}, expect=201)
+    key = (await api.data("POST", "/keys?orgId=org_race", json={"role": "admin"}, expect=201))["secret"]
+    auth = {"Authorization": f"Bearer {key}"}
+    await api.data("PATCH", "/orgs/org_race/quota", json={"sandboxes": 3})
+    sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201, headers=auth))["sandboxId"]
+    answers = await asyncio.gather(*(
+        api.client.post(f"/sandbox/{sid}/fork", json={"count": 2}, headers=auth) for _ in range(2)))
+    made = [(await r.json())["data"] for r in answers if r.status == 201]
+    refused = [await r.json() for r in answers if r.status != 201]
+    assert refused and all(r["code"] == "QUOTA_EXCEEDED" for r in refused), refused
+    live = {s["sandboxId"] for s in (await api.data("GET", "/sandbox?live=true&limit=100", headers=auth))["sandboxes"]}
+    assert live == {sid} | {s["sandboxId"] for m in made for s in m["sandboxes"]}  # no copy of a refused fork
+    instants = {s["snapshotId"] for s in (await api.data("GET", "/sandbox/snapshots?forks=true",
+                                                          headers=auth))["snapshots"]}
+    assert instants == {m["snapshotId"] for m in made}  # nor the snapshot it took

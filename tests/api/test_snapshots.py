@@ -209,6 +209,8 @@ async def test_build_upload_finalize(api: Api) -> None:
     ({"/etc/passwd": b"x"}, None, "absolute"),
     ({"ok.txt": b"x"}, {"link": "/etc"}, "outside"),
     ({"ok.txt": b"x"}, {"a/link": "../../.."}, "outside"),
+    ({"ok.txt": b"x"}, {"x/y/up": "../..", "x/y/up/l": "../../../tmp"}, "passes through the archive's link"),
+    ({"ok.txt": b"x"}, {"here": ".", "x/up": "../here/.."}, "by way of the archive's other links"),
 ])
 async def test_build_refuses_archives_that_climb_out(api: Api, entries: dict[str, bytes], links: dict[str, str] | None,
                                                       needle: str) -> None:
@@ -326,3 +328,28 @@ async def test_a_presigned_upload_is_one_of_its_organizations_requests_at_once(a
     stored = await api.client.put(path, data=tar_gz({"a": b"x"}))
     assert stored.status == 200, await stored.text()
     assert at_once.held(org) == 0
+
+
+@pytest.mark.runs_on(*STORE)  # the quota over either store
+async def test_a_snapshot_of_many_empty_files_counts_its_record(api: Api) -> None:
+    """Its storage is its files' bytes and its record's (its files' list, kept by the log and
+    the server): 10,000 empty files, a 60 KiB upload, made a 1.7 MB record counted as nothing,
+    as often as the organization liked (100,000: 17 MB each, in the server's memory)."""
+    await api.data("POST", "/orgs", json={"name": "lists"}, expect=201)
+    key = (await api.data("POST", "/keys?orgId=org_lists", json={"role": "admin"}, expect=201))["secret"]
+    auth = {"Authorization": f"Bearer {key}"}
+    await api.data("PATCH", "/orgs/org_lists/quota", json={"snapshotBytes": 2**20})
+    names = {f"d{i // 1000}/empty-{i:05d}.txt": b"" for i in range(10_000)}
+    made = await api.data("POST", "/sandbox/snapshots/build", json={"runtime": "base:latest"}, expect=201,
+                          headers=auth)
+    await api.call("PUT", f"/sandbox/snapshots/{made['snapshotId']}/upload", data=tar_gz(names), headers=auth)
+    refused = await api.call("POST", f"/sandbox/snapshots/{made['snapshotId']}/finalize", json={}, expect=403,
+                             headers=auth)
+    assert refused["code"] == "QUOTA_EXCEEDED" and refused["quota"] == "snapshot_bytes", refused
+    # A few files fit, and count their record.
+    small = await api.data("POST", "/sandbox/snapshots/build", json={"runtime": "base:latest", "force": True},
+                           expect=201, headers=auth)
+    await api.call("PUT", f"/sandbox/snapshots/{small['snapshotId']}/upload", headers=auth,
+                   data=tar_gz({"a.txt": b"", "b.txt": b""}))
+    await api.data("POST", f"/sandbox/snapshots/{small['snapshotId']}/finalize", json={}, headers=auth)
+    assert (await api.data("GET", "/orgs/org_lists", headers=auth))["usage"]["snapshotBytes"] > 0

@@ -261,6 +261,32 @@ async def test_tools_for_a_scripted_model(tmp_path: Path) -> None:
     assert snap["snapshot_id"].startswith("snp_") and "m.py" in snap["files"], snap
 
 
+async def test_tool_arguments_that_miss_their_schema_are_errors_and_run_nothing() -> None:
+    """A model's arguments of the wrong type or past their bounds: an error result naming the
+    argument, nothing run. ``"timeout_seconds": "5"`` raised TypeError out of ``dispatch``
+    after its command had started (and left it running); ``-3`` ended it at once as timed out."""
+    async with Workspace(backend="unix-local") as ws:
+        tools = ws.tools()
+        for name, args, needle in (
+            ("shell", {"command": "touch ran", "timeout_seconds": "5"}, "timeout_seconds: expected a number"),
+            ("shell", {"command": "touch ran", "timeout_seconds": [1]}, "timeout_seconds: expected a number"),
+            ("shell", {"command": "touch ran", "timeout_seconds": -3}, "timeout_seconds: expected a number of at"),
+            ("run_code", {"code": "touch ran", "language": "shell", "timeout_seconds": 1e9}, "from 1 to 3600"),
+            ("run_code", {"code": "touch ran", "language": "cobol"}, "language: expected one of"),
+            ("write_file", {"path": "ran", "contents": None}, "contents: expected a string"),
+            ("read_file", {"path": ["ran"]}, "path: expected a string"),
+        ):
+            for call in ({"id": "c", "function": {"name": name, "arguments": json.dumps(args)}},
+                         {"type": "tool_use", "id": "c", "name": name, "input": args}):
+                reply = await tools.dispatch(call)
+                assert needle in json.loads(reply["content"])["error"], (args, reply)
+        assert await ws.read_file("ran") is None
+        # null for an optional argument is as absent (OpenAI's strict mode sends every one).
+        reply = await tools.dispatch({"type": "tool_use", "id": "c", "name": "shell",
+                                      "input": {"command": "echo ok", "timeout_seconds": None}})
+        assert not reply["is_error"] and json.loads(reply["content"])["stdout"] == "ok\n"
+
+
 def test_the_readme_agent_loop(tmp_path: Path) -> None:
     """examples/agent_loop.py: bug, failing tests, fix, passing tests, snapshot; a new process resumes."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HUTCH_DATA_DIR": str(tmp_path / "engine")}
