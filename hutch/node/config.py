@@ -62,8 +62,11 @@ def settings(name: str, listen: str, data_dir: str, env: dict[str, str] | None =
                            "uid range (run it as root, as the cluster's system job does)")
     host, port = parse_listen(listen)
     cache = Path(env.get("HUTCH_RUNTIME_CACHE") or env.get("HUTCH_RUNTIMES_DIR") or "/var/cache/hutch/runtimes")
-    most = env.get("HUTCH_NODE_MAX_SANDBOXES") or str(placement.MAX_SANDBOXES)
+    # The server-wide name (a local driver's host) too: a node agent's host is one like it.
+    setting = next((n for n in ("HUTCH_NODE_MAX_SANDBOXES", "HUTCH_MAX_SANDBOXES") if env.get(n)),
+                   "HUTCH_NODE_MAX_SANDBOXES")
+    most = env.get(setting) or str(placement.MAX_SANDBOXES)
     if not most.isdigit() or int(most) < 1:
-        raise SettingError(f"HUTCH_NODE_MAX_SANDBOXES: expected a positive whole number, got {most!r}")
+        raise SettingError(f"{setting}: expected a positive whole number, got {most!r}")
     return NodeSettings(name=name, host=host, port=port, data_dir=Path(data_dir), runtime_cache=cache,
                         secret=read_secret(env), max_sandboxes=int(most))

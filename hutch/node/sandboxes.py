@@ -15,6 +15,7 @@ from hutch.core import phases
 from hutch.core.driver_types import ProvisionRequest
 from hutch.core.errors import HutchError, InvalidInput, NodeFull
 from hutch.core.serde import converter
+from hutch.drivers.local.admission import host_memory
 from hutch.drivers.node import placement
 from hutch.node.census import Census
 from hutch.node.drain import DRAIN
@@ -43,22 +44,12 @@ ENDS = web.AppKey("ends", Ends)
 CENSUS = web.AppKey("census", Census)
 
 
-def _memory() -> tuple[int, int]:
-    """(MemTotal, MemAvailable) in bytes."""
-    values: dict[str, int] = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            values[key] = int(rest.split()[0]) * 1024
-    return values.get("MemTotal", 0), values.get("MemAvailable", 0)
-
-
 async def snapshot(app: web.Application) -> dict[str, Any]:
     driver = app[DRIVER]
     live = await app[CENSUS].current(driver)
     memory = sum(m for m, _ in live.values())
     cpu = sum(c for _, c in live.values())
-    total, available = _memory()
+    total, available = host_memory()
     return {
         "name": app[SETTINGS].name, "instance": app[INSTANCE],
         "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,

@@ -406,6 +406,9 @@ class NodeDriver(AgentCalls, roles.SandboxFiles, roles.DirectoryWatching, roles.
         memory, cpu = placement.need(req.resources)
         self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
 
+    def release(self, sandbox_id: str) -> None:
+        self._reserved.pop(sandbox_id, None)
+
     async def provision(self, req: ProvisionRequest) -> None:
         await self.reserve(req)
         node, memory, cpu, _ = self._reserved[req.sandbox_id]
