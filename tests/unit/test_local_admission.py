@@ -8,14 +8,14 @@ import pytest
 from hutch.core.driver_types import ResourceLimits
 from hutch.core.errors import NoCapacity
 from hutch.drivers.local import admission
-from hutch.drivers.local.admission import Admission, HostLimits
+from hutch.drivers.local.admission import HostAdmission, HostLimits
 
 GiB = 1 << 30
 HALF = ResourceLimits(memory_bytes=GiB // 2)
 
 
-def host(total: int = 16 * GiB, available: int = 8 * GiB, **limits: int) -> Admission:
-    return Admission(HostLimits(**limits), memory=lambda: (total, available))
+def host(total: int = 16 * GiB, available: int = 8 * GiB, **limits: int) -> HostAdmission:
+    return HostAdmission(HostLimits(**limits), memory=lambda: (total, available))
 
 
 def test_holds_count_until_made_and_ends_free_the_room() -> None:

@@ -50,7 +50,7 @@ def host_memory() -> tuple[int, int]:
     return values.get("MemTotal", 0), values.get("MemAvailable", 0)
 
 
-class Admission:
+class HostAdmission:
     def __init__(self, limits: HostLimits, memory: Callable[[], tuple[int, int]] = host_memory) -> None:
         self.limits = limits
         self._memory = memory

@@ -74,7 +74,7 @@ from hutch.drivers.base import (
 from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.local import portconnect, rootfs
-from hutch.drivers.local.admission import Admission, HostLimits
+from hutch.drivers.local.admission import HostAdmission, HostLimits
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
 from hutch.drivers.local.checkpoints import LocalCheckpoints
 from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
@@ -115,7 +115,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         create past it refused (admission.py); None: no check here (a node agent, whose own
         admission checks the same before it asks)."""
         self.data_dir = Path(data_dir)
-        self._admission = None if host_limits is None else Admission(host_limits)
+        self._admission = None if host_limits is None else HostAdmission(host_limits)
         self._pool_memory = pool_memory
         self.runtime_cache = Path(runtime_cache)
         # Install layers: the server's cache, bounded and swept (layercache.py).
