@@ -110,3 +110,19 @@ async def test_creates_a_quota_refuses_hold_no_room_from_other_tenants(make_api:
         assert over["code"] == "QUOTA_EXCEEDED", over
     for _ in range(2):
         await api.data("POST", "/sandbox", json={}, expect=201)
+
+
+async def test_a_paused_sandbox_keeps_its_room_for_its_resume(make_api: AppFactory) -> None:
+    """A resume makes no sandbox, so it is never refused: a paused one (frozen, or filesystem
+    only, with no process) is counted as it was, and its room is not another create's."""
+    api = await make_api(max_sandboxes=2)
+    frozen = (await api.data("POST", "/sandbox", json={}, expect=201))["sandboxId"]
+    asleep = (await api.data("POST", "/sandbox", json={}, expect=201))["sandboxId"]
+    await api.call("POST", f"/sandbox/{frozen}/pause")
+    await api.call("POST", f"/sandbox/{asleep}/pause", json={"memory": False})
+    await refused(api, "POST", "/sandbox", re.escape(FULL), json={})
+    for sid in (frozen, asleep):
+        await api.call("POST", f"/sandbox/{sid}/resume")
+        ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["true"]})
+        assert (await api.wait_execution(ex["executionId"]))["exitCode"] == 0
+    await refused(api, "POST", "/sandbox", re.escape(FULL), json={})
