@@ -54,7 +54,7 @@ async def snapshot(app: web.Application) -> dict[str, Any]:
         "name": app[SETTINGS].name, "instance": app[INSTANCE],
         "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
         "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(live),
-        "max_sandboxes": app[SETTINGS].max_sandboxes,
+        "max_sandboxes": app[SETTINGS].max_sandboxes, "memory_limit": app[SETTINGS].memory_limit,
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
         "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
         "draining": app[DRAIN].draining,
@@ -85,7 +85,7 @@ class Admission:
                 name=str(s["name"]), cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
                 memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
                 cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
-                max_sandboxes=int(s["max_sandboxes"]))
+                max_sandboxes=int(s["max_sandboxes"]), memory_limit=app[SETTINGS].memory_limit)
             held = (sum(m for m, _ in self.starting.values()), sum(c for _, c in self.starting.values()),
                     len(self.starting))
             why = placement.refusal(state, req.resources, held)

@@ -229,6 +229,7 @@ class NodeDriver(AgentCalls, roles.SandboxFiles, roles.DirectoryWatching, roles.
             memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
             cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
             max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]),
+            memory_limit=None if s.get("memory_limit") is None else int(s["memory_limit"]),
             draining=bool(s.get("draining")))
 
     async def _missed(self, name: str, agent: AgentClient) -> None:

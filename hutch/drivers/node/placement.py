@@ -30,6 +30,7 @@ class NodeState:
     sandboxes: int = 0
     runtimes: frozenset[str] = frozenset()
     max_sandboxes: int = MAX_SANDBOXES
+    memory_limit: int | None = None  # its agent's HUTCH_MEMORY_COMMIT_LIMIT; None: 32x memory_total
     draining: bool = False  # its operator drained it: it takes no new sandbox
     unusable: str | None = None  # "did not answer: …"
 
@@ -57,7 +58,7 @@ def _fits(node: NodeState, memory: int, cpu: int, reserved: Held) -> str | None:
         return f"{node.name} is draining"
     room = capacity.Room(name=node.name, memory_total=node.memory_total, memory_available=node.memory_available,
                          memory_committed=node.memory_committed, sandboxes=node.sandboxes,
-                         max_sandboxes=node.max_sandboxes, cpus=node.cpus,
+                         max_sandboxes=node.max_sandboxes, memory_limit=node.memory_limit, cpus=node.cpus,
                          cpu_committed_millis=node.cpu_committed_millis)
     return capacity.shortfall(room, memory, cpu, reserved)
 
