@@ -193,13 +193,28 @@ def snapshot(server_pid: int, instance: str) -> Reading:
     return Reading(meminfo(), slabs(), rollup(server_pid), memcg(instance), memory_cgroups())
 
 
-async def create_idle(url: str, n: int, concurrency: int, done_at: list[float] | None = None) -> list[str]:
+def fitting_memory(n: int) -> str:
+    """The memory limit ``n`` sandboxes may each ask for on this host: the server's default
+    (512Mi) where it fits, else the largest power-of-two MiB that does. A host takes limits of
+    32 x its memory in all (core/capacity.py), 736Gi at 23Gi: 10,000 at 512Mi would be refused
+    503 NO_CAPACITY past 1,472. An idle sandbox's limit costs nothing until it is used (its
+    /dev tmpfs is sized to it, empty), so what a smaller one measures is the same."""
+    total = meminfo()["MemTotal"]
+    mib = 512
+    while mib > 16 and n * (mib << 20) > total * 32:
+        mib //= 2
+    return f"{mib}Mi"
+
+
+async def create_idle(url: str, n: int, concurrency: int, done_at: list[float] | None = None,
+                      memory: str = "512Mi") -> list[str]:
     """``done_at``: filled with each create's finishing time (perf_counter), in order."""
     made: list[str] = []
     sem = asyncio.Semaphore(concurrency)
+    body = {"runtime": RUNTIME, "resources": {"memory": memory}}
 
     async def one(s: aiohttp.ClientSession) -> None:
-        async with sem, s.post(f"{url}/sandbox", json={"runtime": RUNTIME}, headers=H) as r:
+        async with sem, s.post(f"{url}/sandbox", json=body, headers=H) as r:
             data = (await r.json())["data"]
             assert data["status"] == "idle", data
             made.append(data["sandboxId"])
@@ -287,8 +302,12 @@ async def main() -> None:
     commit = head(root)  # now: the checkout may move on while the run lasts
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
+        # As many sandboxes as asked for (the host's default maximum is 4,000), each asking for
+        # a memory limit that fits (fitting_memory).
+        memory = fitting_memory(args.n)
         server = Server(data, driver="local", root=root, PYTHONPATH=str(root), HUTCH_LOG_LEVEL="WARNING",
-                        HUTCH_WARM_POOL="0", HUTCH_PHASES="1" if args.phases else "0").start(timeout=300)
+                        HUTCH_WARM_POOL="0", HUTCH_PHASES="1" if args.phases else "0",
+                        HUTCH_MAX_SANDBOXES=str(max(4000, args.n + 2))).start(timeout=300)
         assert server.proc is not None
         instance = hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:12]
         ids: list[str] = []
@@ -305,7 +324,7 @@ async def main() -> None:
             cpu_before, client_before = cpu_seconds(server.proc.pid), time.process_time()
             run_before = run_seconds(server.proc.pid)
             started = time.perf_counter()
-            ids = await create_idle(server.url, args.n, args.concurrency, done_at)
+            ids = await create_idle(server.url, args.n, args.concurrency, done_at, memory)
             took = time.perf_counter() - started
             cpu_after, client_cpu = cpu_seconds(server.proc.pid), time.process_time() - client_before
             server_run = run_seconds(server.proc.pid) - run_before
@@ -335,7 +354,7 @@ async def main() -> None:
     n = args.n
     load = [f"{x:.2f}" for x in os.getloadavg()]
     print(f"hutch idle memory: server of {root} ({commit or 'no git'}), local driver, embedded profile, runtime {RUNTIME}, "
-          f"warm pool off; {n} idle sandboxes "
+          f"warm pool off; {n} idle sandboxes of {memory} memory "
           f"made in {took:.1f} s ({n / took:.0f}/s at {args.concurrency} concurrent; by fifths of the run "
           f"{rates(started, done_at)}/s); load average {' '.join(load)} at the end; figures per sandbox, KiB; "
           f"'noise' is the same reading's drift over {args.settle:g} s with no sandbox made")

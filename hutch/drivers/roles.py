@@ -68,7 +68,14 @@ class SandboxLifecycle(abc.ABC):
     async def reserve(self, req: ProvisionRequest) -> None:  # noqa: B027 - optional hook
         """Choose where ``req`` will run and hold room there, before the engine records the
         sandbox; raise (NoCapacity) when no machine can take it, so nothing is recorded. A
-        driver with one machine has nothing to choose."""
+        driver with one machine has nothing to choose, but may still have no room (the local
+        driver). Idempotent: a sandbox reserved already keeps its hold."""
+
+    def release(self, sandbox_id: str) -> None:  # noqa: B027 - optional hook
+        """The create ``reserve`` held room for failed before its provision (a quota refused
+        it, its install failed): the room is free again at once, not when the hold lapses.
+        A refused create otherwise held room meanwhile, and a tenant sending creates its
+        quota refuses could keep every other tenant's out."""
 
     @abc.abstractmethod
     async def provision(self, req: ProvisionRequest) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import attrs
 
+from hutch.core.errors import InvalidInput
+from hutch.core.quantities import parse_bytes
 from hutch.drivers.node import placement, wire
 
 
@@ -23,6 +25,7 @@ class NodeSettings:
     runtime_cache: Path
     secret: bytes = attrs.field(repr=False)
     max_sandboxes: int = placement.MAX_SANDBOXES
+    memory_limit: int | None = None  # the memory limits it takes in all; None: 32x its memory (core/capacity.py)
 
 
 def read_secret(env: dict[str, str] | None = None) -> bytes:
@@ -62,8 +65,26 @@ def settings(name: str, listen: str, data_dir: str, env: dict[str, str] | None =
                            "uid range (run it as root, as the cluster's system job does)")
     host, port = parse_listen(listen)
     cache = Path(env.get("HUTCH_RUNTIME_CACHE") or env.get("HUTCH_RUNTIMES_DIR") or "/var/cache/hutch/runtimes")
-    most = env.get("HUTCH_NODE_MAX_SANDBOXES") or str(placement.MAX_SANDBOXES)
+    # The server-wide name (a local driver's host) too: a node agent's host is one like it.
+    setting = next((n for n in ("HUTCH_NODE_MAX_SANDBOXES", "HUTCH_MAX_SANDBOXES") if env.get(n)),
+                   "HUTCH_NODE_MAX_SANDBOXES")
+    most = env.get(setting) or str(placement.MAX_SANDBOXES)
     if not most.isdigit() or int(most) < 1:
-        raise SettingError(f"HUTCH_NODE_MAX_SANDBOXES: expected a positive whole number, got {most!r}")
+        raise SettingError(f"{setting}: expected a positive whole number, got {most!r}")
     return NodeSettings(name=name, host=host, port=port, data_dir=Path(data_dir), runtime_cache=cache,
-                        secret=read_secret(env), max_sandboxes=int(most))
+                        secret=read_secret(env), max_sandboxes=int(most), memory_limit=memory_limit(env))
+
+
+def memory_limit(env: dict[str, str]) -> int | None:
+    """``HUTCH_MEMORY_COMMIT_LIMIT``, as a server's local driver reads it: the memory limits
+    the host takes in all (at least 16Mi); unset, None."""
+    text = env.get("HUTCH_MEMORY_COMMIT_LIMIT")
+    if not text:
+        return None
+    try:
+        limit = parse_bytes("HUTCH_MEMORY_COMMIT_LIMIT", text)
+    except InvalidInput as err:
+        raise SettingError(err.message) from None
+    if limit < 16 << 20:
+        raise SettingError(f"HUTCH_MEMORY_COMMIT_LIMIT: expected at least 16Mi, got {text!r}")
+    return limit

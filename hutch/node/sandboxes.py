@@ -15,6 +15,7 @@ from hutch.core import phases
 from hutch.core.driver_types import ProvisionRequest
 from hutch.core.errors import HutchError, InvalidInput, NodeFull
 from hutch.core.serde import converter
+from hutch.drivers.local.admission import host_memory
 from hutch.drivers.node import placement
 from hutch.node.census import Census
 from hutch.node.drain import DRAIN
@@ -43,27 +44,17 @@ ENDS = web.AppKey("ends", Ends)
 CENSUS = web.AppKey("census", Census)
 
 
-def _memory() -> tuple[int, int]:
-    """(MemTotal, MemAvailable) in bytes."""
-    values: dict[str, int] = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            values[key] = int(rest.split()[0]) * 1024
-    return values.get("MemTotal", 0), values.get("MemAvailable", 0)
-
-
 async def snapshot(app: web.Application) -> dict[str, Any]:
     driver = app[DRIVER]
     live = await app[CENSUS].current(driver)
     memory = sum(m for m, _ in live.values())
     cpu = sum(c for _, c in live.values())
-    total, available = _memory()
+    total, available = host_memory()
     return {
         "name": app[SETTINGS].name, "instance": app[INSTANCE],
         "cpus": os.cpu_count() or 1, "memory_total": total, "memory_available": available,
         "memory_committed": memory, "cpu_committed_millis": cpu, "sandboxes": len(live),
-        "max_sandboxes": app[SETTINGS].max_sandboxes,
+        "max_sandboxes": app[SETTINGS].max_sandboxes, "memory_limit": app[SETTINGS].memory_limit,
         "runtimes": sorted(driver.runtimes_available()), "building": sorted(driver.runtimes_building()),
         "capabilities": converter.unstructure(driver.capabilities), "ended_seq": app[ENDS].seq,
         "draining": app[DRAIN].draining,
@@ -94,7 +85,7 @@ class Admission:
                 name=str(s["name"]), cpus=int(s["cpus"]), memory_total=int(s["memory_total"]),
                 memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
                 cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
-                max_sandboxes=int(s["max_sandboxes"]))
+                max_sandboxes=int(s["max_sandboxes"]), memory_limit=app[SETTINGS].memory_limit)
             held = (sum(m for m, _ in self.starting.values()), sum(c for _, c in self.starting.values()),
                     len(self.starting))
             why = placement.refusal(state, req.resources, held)

@@ -105,13 +105,17 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
 
         return FakeDriver()
     if config.driver == "local":
+        from hutch.drivers.local.admission import HostLimits
         from hutch.drivers.local.driver import LocalDriver
         from hutch.drivers.local.layercache import LayerLimits
 
         limits = LayerLimits(max_bytes=parse_bytes("HUTCH_LAYER_CACHE_MAX", config.layer_cache_max),
                              retention_seconds=parse_duration("HUTCH_LAYER_RETENTION", config.layer_retention))
+        commit = config.memory_commit_limit
+        host = HostLimits(max_sandboxes=config.max_sandboxes,
+                          memory_limit=None if commit is None else parse_bytes("HUTCH_MEMORY_COMMIT_LIMIT", commit))
         return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir, layer_limits=limits,
-                           pool_memory=parse_bytes("HUTCH_DEFAULT_MEMORY", config.default_memory))
+                           pool_memory=parse_bytes("HUTCH_DEFAULT_MEMORY", config.default_memory), host_limits=host)
     if config.driver == "nomad":
         from hutch.drivers.nomad.driver import NomadDriver, pool_sizing_from_env
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from hutch.core import capacity
 from hutch.core.errors import InvalidInput
 from hutch.core.paths import API_KEY_FILE, default_data_dir
 
@@ -226,6 +227,11 @@ def _check_memory(setting: str, value: str) -> None:
         raise _refuse(setting, f"at least {MIN_MEMORY >> 20}Mi (a sandbox needs that much to start)", value)
 
 
+def _check_memory_limit(setting: str, value: str | None) -> None:
+    if value is not None:
+        _check_memory(setting, value)
+
+
 def _check_cpu(setting: str, value: str) -> None:
     from hutch.core.quantities import parse_millicores
 
@@ -316,6 +322,11 @@ class Config:
     default_disk: str | None = _setting("HUTCH_DEFAULT_DISK", None, check=_check_size)
     # Read by the drivers themselves (drivers/base.py); checked here so a bad one stops the start.
     default_pids: int = _setting("HUTCH_DEFAULT_PIDS", 1024, convert=_to_count)
+    # What the local driver's host takes (drivers/local/admission.py): sandboxes at once, and
+    # their memory limits in all ("64Gi"; None: 32 x the host's memory). A create past either,
+    # or larger than the memory the host has available, is refused 503 NO_CAPACITY.
+    max_sandboxes: int = _setting("HUTCH_MAX_SANDBOXES", capacity.MAX_SANDBOXES, convert=_to_count)
+    memory_commit_limit: str | None = _setting("HUTCH_MEMORY_COMMIT_LIMIT", None, check=_check_memory_limit)
     # Disk checkpoints per sandbox: how many, and the bytes they may take on the host (they
     # count against the organization's storage quota too: service/checkpoints.py).
     max_checkpoints: int = _setting("HUTCH_MAX_CHECKPOINTS", 10, convert=_to_count)

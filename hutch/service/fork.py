@@ -7,6 +7,10 @@ it with the parent's spec (runtime, resources, network, timeouts, installs, proj
 log's create events name the snapshot and ``metadata.forkedFrom`` the parent. Processes are
 not carried: a copy starts with no process of the parent running (CRIU does not work on these
 kernels, and a copy of a running process would share its sockets anyway).
+
+Room for every copy is held before the snapshot is taken (``Provisioning.reserve``): a host
+or cluster that cannot take them all answers 503 NO_CAPACITY with nothing recorded, not a
+snapshot and the copies that happened to fit.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 
 import attrs
 
+from hutch.core import ids
 from hutch.core.errors import InvalidInput, SnapshotNotFound
 from hutch.core.models import SnapshotState
 from hutch.core.snapshots import FORK_OF
@@ -45,9 +50,17 @@ class Forks:
         parent = await self._reads.require(sandbox_id)
         # All the copies fit in the organization's quota, or none is made (nor the snapshot).
         await self._quotas.check_sandbox(parent.spec.org_id, parent.spec, count)
-        snap = await self._snapshots.take(sandbox_id, name=f"fork-{sandbox_id.removeprefix('sbx_')[-12:]}",
-                                          description=f"the instant {sandbox_id} was forked", tag=None,
-                                          public=False, api_key_id=api_key_id, metadata={FORK_OF: sandbox_id})
+        copies = [ids.new_id("sandbox") for _ in range(count)]
+        try:
+            for copy in copies:  # one at a time: each sees the room the ones before it hold
+                await self._provisioning.reserve(copy, parent.spec)
+            snap = await self._snapshots.take(sandbox_id, name=f"fork-{sandbox_id.removeprefix('sbx_')[-12:]}",
+                                              description=f"the instant {sandbox_id} was forked", tag=None,
+                                              public=False, api_key_id=api_key_id, metadata={FORK_OF: sandbox_id})
+        except BaseException:
+            for copy in copies:
+                self._provisioning.release(copy)
+            raise
         base = attrs.evolve(
             parent.spec, snapshot_id=snap.snapshot_id, env=dict(snap.env), command=None,
             metadata={**(parent.spec.metadata or {}), "forkedFrom": sandbox_id},
@@ -58,7 +71,8 @@ class Forks:
         async def one(i: int) -> Created:
             name = f"{parent.spec.name}-{i + 1}" if parent.spec.name else None
             return await self._provisioning.create(
-                CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None), api_key_id=api_key_id)
+                CreateRequest(spec=attrs.evolve(base, name=name), files=[], command=None), api_key_id=api_key_id,
+                sandbox_id=copies[i])
 
         # The quota's check above is not held while the copies are made (each create checks
         # again under the organization's lock): another create or fork can take the last slots

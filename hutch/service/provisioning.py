@@ -77,7 +77,8 @@ class Provisioning:
         async with self._installs.slot(spec.org_id):
             await self._runtimes.prepare(ProvisionRequest.for_spec(sandbox_id, spec))
 
-    async def create(self, req: CreateRequest, *, api_key_id: str | None = None) -> Created:
+    async def create(self, req: CreateRequest, *, api_key_id: str | None = None,
+                     sandbox_id: str | None = None) -> Created:
         """Record the sandbox and make it real. A catalog runtime the driver lacks is built
         first (``RuntimeCatalog.build_runtime``): then the answer comes at once with the sandbox
         ``creating`` (its initial command ``queued``), the build's steps arrive as events, and
@@ -88,7 +89,9 @@ class Provisioning:
         and the driver's ``prepare`` (an install layer, kept in a cache other sandboxes share),
         where a bad package name shows before there is a sandbox to fail. On a single replica
         the driver's provision runs beside the ``Create`` append (an idle sandbox; it is
-        destroyed if the append fails)."""
+        destroyed if the append fails).
+
+        ``sandbox_id``: one minted and reserved already (``reserve``: a fork's copies)."""
         if req.spec.network.allow:  # first, as the route did: a name that does not resolve is a 400 naming it
             await egress.resolve(req.spec.network.allow)
         tenants = self._reads.tenants
@@ -96,12 +99,30 @@ class Provisioning:
         # Once, here: the driver, the quota and the recorded event all see these limits.
         spec = self._quotas.defaults.apply(spec, cpu_limit=self._lifecycle.capabilities.cpu_limit)
         req = attrs.evolve(req, spec=spec)
-        build = spec.runtime not in self._runtimes.runtimes_available()
         self._check_capabilities(spec)
-        sandbox_id = ids.new_id("sandbox")
-        # Where it will run, before anything is recorded: a cluster with no room answers 503
-        # and leaves no failed sandbox behind (the node driver; a no-op elsewhere).
+        sandbox_id = sandbox_id or ids.new_id("sandbox")
+        # Where it will run, before anything is recorded: a cluster or a host with no room
+        # answers 503 and leaves no failed sandbox behind (the node and local drivers).
+        await self.reserve(sandbox_id, spec)
+        try:
+            return await self._create_reserved(sandbox_id, req, api_key_id)
+        except BaseException:
+            # Refused or failed before the driver made it (a quota, an install): its room is
+            # free at once. Once made, the driver holds no reservation for it: a no-op.
+            self._lifecycle.release(sandbox_id)
+            raise
+
+    async def reserve(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        """Room held for the sandbox ``spec`` (its defaults applied) describes, or NoCapacity."""
         await self._lifecycle.reserve(ProvisionRequest.for_spec(sandbox_id, spec))
+
+    def release(self, sandbox_id: str) -> None:
+        """What ``reserve`` held, free again: the create it was for will not come."""
+        self._lifecycle.release(sandbox_id)
+
+    async def _create_reserved(self, sandbox_id: str, req: CreateRequest, api_key_id: str | None) -> Created:
+        spec = req.spec
+        build = spec.runtime not in self._runtimes.runtimes_available()
         if (spec.dependencies or spec.packages) and not build:
             # Installing is where a bad package name shows: before the sandbox is recorded.
             await self._install(sandbox_id, spec)

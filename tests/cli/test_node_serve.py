@@ -42,3 +42,24 @@ def test_the_secret_file_wins(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("f" * 32 + "\n")
     env = {"HUTCH_NODE_SECRET_FILE": str(tmp_path / "secret"), "HUTCH_NODE_SECRET": SECRET}
     assert config.read_secret(env) == b"f" * 32
+
+
+@pytest.mark.parametrize(("env", "most", "limit"), [
+    ({}, 4000, None),
+    ({"HUTCH_MAX_SANDBOXES": "50", "HUTCH_MEMORY_COMMIT_LIMIT": "64Gi"}, 50, 64 << 30),  # the server-wide names
+    ({"HUTCH_NODE_MAX_SANDBOXES": "7", "HUTCH_MAX_SANDBOXES": "50"}, 7, None),  # the agent's own name wins
+])
+def test_the_hosts_capacity_settings(tmp_path: Path, env: dict[str, str], most: int, limit: int | None) -> None:
+    got = config.settings("n1", "127.0.0.1:7700", str(tmp_path), {"HUTCH_NODE_SECRET": SECRET, **env})
+    assert (got.max_sandboxes, got.memory_limit) == (most, limit)
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"HUTCH_MAX_SANDBOXES": "many"}, "HUTCH_MAX_SANDBOXES: expected a positive whole number, got 'many'"),
+    ({"HUTCH_MEMORY_COMMIT_LIMIT": "lots"}, "HUTCH_MEMORY_COMMIT_LIMIT: invalid value 'lots'; expected a size"),
+    ({"HUTCH_MEMORY_COMMIT_LIMIT": "8Mi"}, "HUTCH_MEMORY_COMMIT_LIMIT: expected at least 16Mi, got '8Mi'"),
+])
+def test_a_bad_capacity_setting_is_refused_by_name(tmp_path: Path, env: dict[str, str], line: str) -> None:
+    with pytest.raises(config.SettingError) as caught:
+        config.settings("n1", "127.0.0.1:7700", str(tmp_path), {"HUTCH_NODE_SECRET": SECRET, **env})
+    assert str(caught.value).startswith(line), caught.value

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hutch.core.errors import NoCapacity
-from hutch.drivers.base import Driver, ProvisionRequest
+from hutch.drivers.base import Driver, ProvisionRequest, ResourceLimits
 from hutch.drivers.node.driver import NodeDriver
 from tests.drivers_support import (
     NodeAgents,
@@ -58,6 +58,25 @@ async def test_a_full_node_refuses_what_a_stale_placement_sends_it(built_runtime
             await a.destroy(sid)
         await a.close()
         await b.close()
+        await asyncio.to_thread(agents.stop)
+
+
+async def test_an_agents_memory_commit_limit_bounds_what_it_takes(built_runtimes: Path,  # noqa: F811
+                                                                   tmp_path: Path) -> None:
+    """HUTCH_MEMORY_COMMIT_LIMIT on an agent, as on a server's local driver: the driver
+    places by it and the agent refuses past it."""
+    require_root()
+    agents = NodeAgents(tmp_path, ("m1",), env={"HUTCH_MEMORY_COMMIT_LIMIT": "1Gi"})
+    driver = await start_node(agents)
+    try:
+        await driver.provision(ProvisionRequest(new_id(), "base:latest"))  # 512Mi, the default
+        with pytest.raises(NoCapacity, match="m1 has 512Mi memory free"):
+            await driver.provision(ProvisionRequest(new_id(), "base:latest", resources=ResourceLimits(600 << 20)))
+        await driver.provision(ProvisionRequest(new_id(), "base:latest"))
+    finally:
+        for sid in await driver.alive():
+            await driver.destroy(sid)
+        await driver.close()
         await asyncio.to_thread(agents.stop)
 
 

@@ -65,6 +65,8 @@ SETTINGS = [
     ("default_memory", "1Gi", "1Gi", "8Mi", "HUTCH_DEFAULT_MEMORY: expected at least 16Mi"),
     ("default_cpu", "500m", "500m", "fast", "HUTCH_DEFAULT_CPU"),
     ("default_pids", "256", 256, "many", "HUTCH_DEFAULT_PIDS: expected a positive whole number, got 'many'"),
+    ("max_sandboxes", "10000", 10000, "lots", "HUTCH_MAX_SANDBOXES: expected a positive whole number, got 'lots'"),
+    ("memory_commit_limit", "64Gi", "64Gi", "8Mi", "HUTCH_MEMORY_COMMIT_LIMIT: expected at least 16Mi"),
     ("max_checkpoints", "4", 4, "0", "HUTCH_MAX_CHECKPOINTS: expected a positive whole number, got '0'"),
     ("max_checkpoint_bytes", "1Gi", "1Gi", "lots", "HUTCH_MAX_CHECKPOINT_BYTES"),
     ("output_retention", "12h", "12h", "a week", "HUTCH_OUTPUT_RETENTION"),

@@ -75,3 +75,12 @@ def test_a_node_at_its_sandbox_cap_takes_no_more() -> None:
     assert choose(nodes, ResourceLimits(), "base:latest") == "a"
     with pytest.raises(NoCapacity, match="a runs its maximum of 2 sandboxes; b runs its maximum of 2 sandboxes"):
         choose(nodes, ResourceLimits(), "base:latest", {"a": (0, 0, 1)})
+
+
+def test_a_nodes_own_memory_commit_limit_is_its_bound() -> None:
+    """HUTCH_MEMORY_COMMIT_LIMIT on its agent, instead of 32x its memory in limits."""
+    limited = NodeState(name="a", cpus=4, memory_total=16 * GiB, memory_available=8 * GiB, memory_committed=3 * GiB,
+                        memory_limit=4 * GiB)
+    assert choose([limited], ResourceLimits(memory_bytes=GiB), "base:latest") == "a"
+    with pytest.raises(NoCapacity, match="a has 1Gi memory free"):
+        choose([limited], ResourceLimits(memory_bytes=2 * GiB), "base:latest")

@@ -74,6 +74,7 @@ from hutch.drivers.base import (
 from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
 from hutch.drivers.local import portconnect, rootfs
+from hutch.drivers.local.admission import HostAdmission, HostLimits
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
 from hutch.drivers.local.checkpoints import LocalCheckpoints
 from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
@@ -108,10 +109,13 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
     name = "local"
 
     def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None, *,
-                 pool_memory: int | None = None) -> None:
+                 pool_memory: int | None = None, host_limits: HostLimits | None = None) -> None:
         """``pool_memory``: the memory limit the warm pool is filled for (the server's default;
-        None: the latest asked, pool.py)."""
+        None: the latest asked, pool.py). ``host_limits``: what the host takes in sandboxes, a
+        create past it refused (admission.py); None: no check here (a node agent, whose own
+        admission checks the same before it asks)."""
         self.data_dir = Path(data_dir)
+        self._admission = None if host_limits is None else HostAdmission(host_limits)
         self._pool_memory = pool_memory
         self.runtime_cache = Path(runtime_cache)
         # Install layers: the server's cache, bounded and swept (layercache.py).
@@ -269,18 +273,20 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         return set(self._available)
 
     async def alive(self) -> set[str]:
-        found: set[str] = set()
-        if not self.sandbox_root.is_dir():
-            return found
-        for path in self.sandbox_root.iterdir():
-            if not SAFE_ID.match(path.name):  # pooled sandboxes, stray files
-                continue
-            sb = self._registry.load(path.name)
-            if sb is not None and is_live(sb):
-                found.add(sb.id)
-                if sb.allow:  # an earlier server's: its rules stand; keep its names current
-                    self._network.allow.adopt(sb.id, sb.allow)
-        return found
+        # No await in here: no create or end lands between the list and the admission's count.
+        found: dict[str, ResourceLimits] = {}
+        if self.sandbox_root.is_dir():
+            for path in self.sandbox_root.iterdir():
+                if not SAFE_ID.match(path.name):  # pooled sandboxes, stray files
+                    continue
+                sb = self._registry.load(path.name)
+                if sb is not None and is_live(sb):
+                    found[sb.id] = ResourceLimits(memory_bytes=sb.memory_bytes)
+                    if sb.allow:  # an earlier server's: its rules stand; keep its names current
+                        self._network.allow.adopt(sb.id, sb.allow)
+        if self._admission is not None:
+            self._admission.count(found)
+        return set(found)
 
     def is_alive(self, sandbox_id: str) -> bool:
         """What ``alive()`` says of one sandbox, without reading every sandbox's init: a node
@@ -290,9 +296,31 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
 
     # -- sandboxes -------------------------------------------------------------
 
+    async def reserve(self, req: ProvisionRequest) -> None:
+        """Room on this host held for ``req`` before the engine records it, or NoCapacity
+        naming what is short (admission.py)."""
+        if self._admission is None:
+            return
+        if not self._admission.counted:
+            await self.alive()  # counts the sandboxes an earlier server left running
+        self._admission.reserve(req.sandbox_id, req.resources)
+
+    def release(self, sandbox_id: str) -> None:
+        if self._admission is not None:
+            self._admission.release(sandbox_id)
+
     async def provision(self, req: ProvisionRequest) -> None:
-        await self._provisioner.provision(req)
+        # Held already (the engine's reserve), or checked now: a create whose runtime was built
+        # first comes after its hold lapsed, and a caller that does not reserve (a test).
+        await self.reserve(req)
+        try:
+            await self._provisioner.provision(req)
+        except BaseException:
+            self.release(req.sandbox_id)
+            raise
         self._ended.watch(self._registry.sandboxes[req.sandbox_id])
+        if self._admission is not None:
+            self._admission.made(req.sandbox_id, req.resources)
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
@@ -313,9 +341,12 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         await asyncio.shield(task)
 
     async def _destroy(self, sandbox_id: str) -> None:
+        self.release(sandbox_id)  # a create under way that is destroyed holds no room
         async with self._registry.lock(sandbox_id):
             await self._teardown.teardown(sandbox_id)
         self._registry.drop_lock(sandbox_id)
+        if self._admission is not None:
+            self._admission.ended(sandbox_id)  # after the teardown: its memory is the host's again
 
     async def _init_ended(self, sandbox_id: str, init_pid: int) -> None:
         """A watched init exited (endwatch.py). Unless a destroy (the record is gone) or a
@@ -332,6 +363,8 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             except Exception:  # reported all the same: the sandbox is gone either way
                 log.exception("tearing down sandbox %s after its init ended", sandbox_id)
         self._registry.drop_lock(sandbox_id)
+        if self._admission is not None:
+            self._admission.ended(sandbox_id)
         await self.report_ended(sandbox_id, f"the sandbox's init process (pid {init_pid}) ended without a destroy: "
                                 "killed on the host (processes inside cannot kill it)", failed=True)
 

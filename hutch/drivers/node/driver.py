@@ -229,6 +229,7 @@ class NodeDriver(AgentCalls, roles.SandboxFiles, roles.DirectoryWatching, roles.
             memory_available=int(s["memory_available"]), memory_committed=int(s["memory_committed"]),
             cpu_committed_millis=int(s["cpu_committed_millis"]), sandboxes=int(s["sandboxes"]),
             max_sandboxes=int(s.get("max_sandboxes", placement.MAX_SANDBOXES)), runtimes=frozenset(s["runtimes"]),
+            memory_limit=None if s.get("memory_limit") is None else int(s["memory_limit"]),
             draining=bool(s.get("draining")))
 
     async def _missed(self, name: str, agent: AgentClient) -> None:
@@ -405,6 +406,9 @@ class NodeDriver(AgentCalls, roles.SandboxFiles, roles.DirectoryWatching, roles.
         node = self._choose(req, {})
         memory, cpu = placement.need(req.resources)
         self._reserved[req.sandbox_id] = (node, memory, cpu, time.monotonic() + RESERVATION)
+
+    def release(self, sandbox_id: str) -> None:
+        self._reserved.pop(sandbox_id, None)
 
     async def provision(self, req: ProvisionRequest) -> None:
         await self.reserve(req)

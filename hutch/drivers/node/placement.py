@@ -1,5 +1,6 @@
 """Where a new sandbox goes (pure): spread over the nodes that can take it, the one with the
-least committed first; none fits -> NoCapacity naming every node's state."""
+least committed first; none fits -> NoCapacity naming every node's state. Whether one node
+has room is core/capacity.py's check, which the local driver asks of its own host too."""
 
 from __future__ import annotations
 
@@ -8,17 +9,12 @@ from collections.abc import Mapping
 
 import attrs
 
+from hutch.core import capacity
+from hutch.core.capacity import DEFAULT_CPU, DEFAULT_MEMORY, MAX_SANDBOXES, Held, need
 from hutch.core.driver_types import NodeInfo, ResourceLimits
 from hutch.core.errors import NoCapacity
 
-# What a sandbox without limits is counted as: the driver's own defaults.
-DEFAULT_MEMORY = 512 << 20
-DEFAULT_CPU = 1000
-# Limits are ceilings, mostly idle: a node takes this many times its memory and cores in
-# limits, and no more memory than it really has available (MemAvailable) at placement.
-MEMORY_OVERCOMMIT = 32
-MAX_SANDBOXES = 4000  # per node unless its agent says otherwise (HUTCH_NODE_MAX_SANDBOXES)
-CPU_OVERCOMMIT = 8
+__all__ = ["DEFAULT_CPU", "DEFAULT_MEMORY", "MAX_SANDBOXES", "Held", "NodeState", "choose", "need", "refusal"]
 
 
 @attrs.frozen
@@ -34,6 +30,7 @@ class NodeState:
     sandboxes: int = 0
     runtimes: frozenset[str] = frozenset()
     max_sandboxes: int = MAX_SANDBOXES
+    memory_limit: int | None = None  # its agent's HUTCH_MEMORY_COMMIT_LIMIT; None: 32x memory_total
     draining: bool = False  # its operator drained it: it takes no new sandbox
     unusable: str | None = None  # "did not answer: …"
 
@@ -44,21 +41,6 @@ class NodeState:
 
 # The figures NodeInfo shares with NodeState (all of its fields but the operator's verdict).
 _SHARED = tuple(f.name for f in attrs.fields(NodeInfo) if f.name not in ("state", "reason"))
-
-
-def _human(n: int) -> str:
-    """Memory as an operator reads it (exact quantities like 21474560Ki are not)."""
-    gib = 1 << 30
-    if n % gib == 0:
-        return f"{n // gib}Gi"
-    return f"{n / gib:.1f}Gi" if n >= gib else f"{n >> 20}Mi"
-
-
-def need(resources: ResourceLimits) -> tuple[int, int]:
-    return resources.memory_bytes or DEFAULT_MEMORY, resources.cpu_millis or DEFAULT_CPU
-
-
-Held = tuple[int, int, int]  # memory, cpu millis and sandboxes held by reservations
 
 
 def refusal(node: NodeState, resources: ResourceLimits, reserved: Held = (0, 0, 0)) -> str | None:
@@ -74,17 +56,11 @@ def _fits(node: NodeState, memory: int, cpu: int, reserved: Held) -> str | None:
         return f"{node.name} {node.unusable}"
     if node.draining:
         return f"{node.name} is draining"
-    if node.sandboxes + reserved[2] >= node.max_sandboxes:
-        return f"{node.name} runs its maximum of {node.max_sandboxes} sandboxes"
-    free_memory = min(node.memory_available, node.memory_total * MEMORY_OVERCOMMIT - node.memory_committed) - reserved[0]
-    free_cpu = node.cpus * 1000 * CPU_OVERCOMMIT - node.cpu_committed_millis - reserved[1]
-    if memory > free_memory:
-        return f"{node.name} has {_human(max(free_memory, 0))} memory free"
-    if cpu > node.cpus * 1000:
-        return f"{node.name} has {node.cpus * 1000}m cpu in all"
-    if cpu > free_cpu:
-        return f"{node.name} has {max(free_cpu, 0)}m cpu uncommitted"
-    return None
+    room = capacity.Room(name=node.name, memory_total=node.memory_total, memory_available=node.memory_available,
+                         memory_committed=node.memory_committed, sandboxes=node.sandboxes,
+                         max_sandboxes=node.max_sandboxes, memory_limit=node.memory_limit, cpus=node.cpus,
+                         cpu_committed_millis=node.cpu_committed_millis)
+    return capacity.shortfall(room, memory, cpu, reserved)
 
 
 def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
@@ -103,7 +79,7 @@ def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
             fitting.append(node)
     if not fitting:
         where = "; ".join(reasons) if reasons else "no node agent is known"
-        raise NoCapacity(f"no node can take a sandbox of {_human(memory)} memory and {cpu}m cpu: {where}",
+        raise NoCapacity(f"no node can take a sandbox of {capacity.human(memory)} memory and {cpu}m cpu: {where}",
                          field="resources")
 
     def load(node: NodeState) -> tuple[float, float]:

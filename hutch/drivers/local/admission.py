@@ -1,0 +1,105 @@
+"""The local driver's admission: a create this host has no room for is refused, 503
+``NO_CAPACITY`` naming what is short, before anything of it is made or recorded. The check
+is core/capacity.py's, the one the node driver's placement and a node agent ask: the memory
+limits of the host's sandboxes against ``memory_limit`` (HUTCH_MEMORY_COMMIT_LIMIT; else
+MEMORY_OVERCOMMIT x MemTotal), each new one against MemAvailable, and their count against
+``max_sandboxes`` (HUTCH_MAX_SANDBOXES). Without it one tenant could create sandboxes until
+the host's memory was committed many times over or its pids ran out, and every other tenant's
+sandboxes and the server itself met the OOM killer and failing forks.
+
+Counted: every live sandbox's memory limit (a filesystem-paused one too: its resume boots it
+again without asking), and the creates under way. ``reserve`` (the engine's, before it
+records the sandbox) holds room at once, in one step of the event loop, so two creates at
+once cannot both take the last of it; the provision turns the hold into a sandbox, and a
+create that fails first releases it (or it lapses after ``RESERVATION``: a create whose
+runtime is built first provisions minutes later, and is checked again then). Not counted:
+the warm pool's idle sandboxes (pool.py), as a node agent does not count them: a claim turns
+one into the sandbox it then counts, and the little they use shows in MemAvailable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from hutch.core import capacity
+from hutch.core.driver_types import ResourceLimits
+from hutch.core.errors import NoCapacity
+
+RESERVATION = 30.0  # seconds a create's hold lasts without its provision
+
+
+@attrs.frozen
+class HostLimits:
+    """What this host takes in sandboxes (the server's settings)."""
+
+    max_sandboxes: int = capacity.MAX_SANDBOXES
+    memory_limit: int | None = None  # the memory limits it takes in all; None: MEMORY_OVERCOMMIT x MemTotal
+
+
+def host_memory() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes, from /proc/meminfo."""
+    values: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                values[key] = int(rest.split()[0]) * 1024
+    return values.get("MemTotal", 0), values.get("MemAvailable", 0)
+
+
+class HostAdmission:
+    def __init__(self, limits: HostLimits, memory: Callable[[], tuple[int, int]] = host_memory) -> None:
+        self.limits = limits
+        self._memory = memory
+        self._live: dict[str, int] = {}  # sandbox -> the memory it is counted as
+        self._committed = 0  # their sum
+        self._held: dict[str, tuple[int, float]] = {}  # creates under way: sandbox -> (memory, lapses at)
+        self.counted = False  # whether the live sandboxes were counted (``count``) since the start
+
+    def count(self, live: Mapping[str, ResourceLimits]) -> None:
+        """The live sandboxes, whole (``LocalDriver.alive``): a count that drifted is right again."""
+        self._live = {sid: capacity.need(limits)[0] for sid, limits in live.items()}
+        self._committed = sum(self._live.values())
+        for sid in self._live:
+            self._held.pop(sid, None)
+        self.counted = True
+
+    def reserve(self, sandbox_id: str, resources: ResourceLimits) -> None:
+        """Hold room for the sandbox, or raise NoCapacity naming what is short."""
+        now = time.monotonic()
+        for sid in [sid for sid, (_, lapses) in self._held.items() if lapses < now]:
+            del self._held[sid]
+        if sandbox_id in self._held or sandbox_id in self._live:
+            return
+        memory, _cpu = capacity.need(resources)
+        total, available = self._memory()
+        # A hold counts as the sandbox it becomes: its limit committed, not its limit gone from
+        # MemAvailable, which a made sandbox's is not either (it shows there as it is used).
+        # Taken from both, the 41st of creates at once of 512Mi on a host with 20Gi available
+        # would be refused where the same creates one after another are made.
+        held = sum(m for m, _ in self._held.values())
+        room = capacity.Room(name="the host", memory_total=total, memory_available=available,
+                             memory_committed=self._committed + held, sandboxes=len(self._live),
+                             max_sandboxes=self.limits.max_sandboxes, memory_limit=self.limits.memory_limit)
+        why = capacity.shortfall(room, memory, 0, (0, 0, len(self._held)))
+        if why:
+            raise NoCapacity(f"no room for a sandbox of {capacity.human(memory)} memory: {why}; "
+                             "try again once sandboxes end", field="resources")
+        self._held[sandbox_id] = (memory, now + RESERVATION)
+
+    def made(self, sandbox_id: str, resources: ResourceLimits) -> None:
+        self._held.pop(sandbox_id, None)
+        if sandbox_id not in self._live:
+            self._live[sandbox_id] = memory = capacity.need(resources)[0]
+            self._committed += memory
+
+    def release(self, sandbox_id: str) -> None:
+        """A create that did not get as far as its sandbox: its hold ends."""
+        self._held.pop(sandbox_id, None)
+
+    def ended(self, sandbox_id: str) -> None:
+        self._held.pop(sandbox_id, None)
+        self._committed -= self._live.pop(sandbox_id, 0)

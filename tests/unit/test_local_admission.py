@@ -1,0 +1,68 @@
+"""The local driver's admission (drivers/local/admission.py): what it counts, holds and frees,
+on a host whose memory is given (MemTotal, MemAvailable) instead of read."""
+
+from __future__ import annotations
+
+import pytest
+
+from hutch.core.driver_types import ResourceLimits
+from hutch.core.errors import NoCapacity
+from hutch.drivers.local import admission
+from hutch.drivers.local.admission import HostAdmission, HostLimits
+
+GiB = 1 << 30
+HALF = ResourceLimits(memory_bytes=GiB // 2)
+
+
+def host(total: int = 16 * GiB, available: int = 8 * GiB, **limits: int) -> HostAdmission:
+    return HostAdmission(HostLimits(**limits), memory=lambda: (total, available))
+
+
+def test_holds_count_until_made_and_ends_free_the_room() -> None:
+    a = host(max_sandboxes=2)
+    a.reserve("one", HALF)
+    a.reserve("one", HALF)  # idempotent: a retried create keeps its hold, takes no second
+    a.reserve("two", HALF)
+    with pytest.raises(NoCapacity, match="the host runs its maximum of 2 sandboxes") as caught:
+        a.reserve("three", HALF)
+    assert (caught.value.status, caught.value.code) == (503, "NO_CAPACITY")
+    a.made("one", HALF)
+    a.release("two")  # its create failed before the sandbox was made
+    a.reserve("three", HALF)
+    a.ended("one")
+    a.reserve("four", HALF)
+
+
+def test_memory_is_counted_against_the_commit_limit_and_what_is_available() -> None:
+    a = host(memory_limit=GiB)
+    a.reserve("one", HALF)
+    a.reserve("two", ResourceLimits())  # no limit given: counted as the default, 512Mi
+    with pytest.raises(NoCapacity, match="of 512Mi memory: the host has 0Gi memory free"):
+        a.reserve("three", HALF)
+    with pytest.raises(NoCapacity, match="of 9Gi memory: the host has 8Gi memory free"):
+        host().reserve("big", ResourceLimits(memory_bytes=9 * GiB))
+
+
+def test_creates_at_once_count_as_committed_not_as_memory_gone() -> None:
+    """As many as one after another: a hold's limit is not taken from MemAvailable."""
+    a = host(total=24 * GiB, available=20 * GiB)
+    for i in range(64):
+        a.reserve(f"at-once-{i}", HALF)
+
+
+def test_a_hold_lapses_and_a_recount_replaces_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = host(max_sandboxes=1)
+    a.reserve("one", HALF)
+    monkeypatch.setattr(admission, "RESERVATION", -1.0)  # the next hold lapses at once
+    with pytest.raises(NoCapacity):
+        a.reserve("two", HALF)
+    a.release("one")
+    a.reserve("two", HALF)  # lapsed at once
+    a.reserve("three", HALF)
+    assert not a.counted
+    a.count({"adopted": HALF})  # an earlier server's sandbox, found by alive()
+    assert a.counted
+    with pytest.raises(NoCapacity):
+        a.reserve("four", HALF)
+    a.ended("adopted")
+    a.reserve("four", HALF)
