@@ -35,7 +35,9 @@ from hutch.api.keys import (
     SSH_GATEWAY,
     STILL_AUTHORIZED,
     TENANTS,
+    WAITING,
 )
+from hutch.api.listener import serve, waiting
 from hutch.api.query_params import check_declared
 from hutch.api.replication import (
     ON_LOST,
@@ -73,6 +75,7 @@ from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
 from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.tenancy import SCOPE, Access, Scope
+from hutch.core.waiting import default_waiting
 from hutch.edge import phases as edge_phases
 from hutch.service import archives
 from hutch.service.background import Background
@@ -229,6 +232,7 @@ def create_app(config: Config) -> web.Application:
     refusals.install(app)
     app[CONFIG] = config
     app[AT_ONCE] = AtOnce(config.max_requests_per_org or default_limit())
+    app[WAITING] = waiting(config.max_waiting_connections or default_waiting())
     app[BODY_CHECK] = _body_check(body_fields.table())
     app.router.add_get("/healthz", _health)
     app.router.add_get("/", _root)
@@ -325,6 +329,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(driver.close)
         # Counted again now that the driver may have raised the open-file limit (the local one does).
         app[AT_ONCE].limit = config.max_requests_per_org or default_limit()
+        app[WAITING].limit = config.max_waiting_connections or default_waiting()
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=secret, data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
@@ -370,7 +375,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                 tls = (config.e2b_tls_port, server_context(config.data_dir, config.e2b_domain))
             app[E2B_PORT], tls_port = await stack.enter_async_context(
                 serving(engine, tenants, config.host, config.e2b_port, tls=tls, domain=config.e2b_domain,
-                        at_once=app[AT_ONCE]))
+                        at_once=app[AT_ONCE], waiting=app[WAITING], head_seconds=config.request_head_seconds))
             if tls_port is not None:
                 app[E2B_TLS_PORT] = tls_port
         yield
@@ -402,7 +407,9 @@ def run_server(config: Config) -> None:
     app[ON_LOST] = lambda: os.kill(os.getpid(), signal.SIGTERM)  # claimed by another replica: stop
     app.cleanup_ctx.append(memory.trim_ctx)
     app.cleanup_ctx.append(_announce_ctx)
-    web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
+    # Its connections, and the E2B listener's, have a deadline for each request head and a bound
+    # on those waiting for one (api/listener.py).
+    serve(app, config.host, config.port, app[WAITING], config.request_head_seconds)
 
 
 async def _announce_ctx(app: web.Application) -> AsyncIterator[None]:

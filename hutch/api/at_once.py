@@ -13,8 +13,8 @@ connection kept alive would hold the socket all the same).
 Counted where the organization is known: requests with a key or a session (the auth
 middleware), and the public reads the organization's own capabilities allow (a stream read, a
 request to a sandbox's port: the sandbox's organization). Connections that have not yet sent a
-request belong to no one: a front that limits connections per client bounds those
-(docs/security.md).
+request belong to no one: a deadline for each request head and a bound on the connections
+waiting for one keep those (api/listener.py).
 """
 
 from __future__ import annotations

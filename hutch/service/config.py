@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
@@ -73,6 +74,16 @@ def _to_count(setting: str, value: object) -> int:
 
 def _to_optional_count(setting: str, value: object) -> int | None:
     return None if value is None or value == "" else _to_count(setting, value)
+
+
+def _to_seconds(setting: str, value: object) -> float:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if isinstance(value, bool) or not 0 < seconds < math.inf:
+        raise _refuse(setting, "a number of seconds above 0", value)
+    return seconds
 
 
 def _to_path(_setting: str, value: object) -> Path | None:
@@ -354,6 +365,14 @@ class Config:
     # reads, terminals, downloads, port requests); None: a quarter of the server's open-file
     # limit, at most 1,000 (api/at_once.py).
     max_requests_per_org: int | None = _setting("HUTCH_MAX_REQUESTS_PER_ORG", None, convert=_to_optional_count)
+    # How long a connection has to send a whole request head, from its start or its previous
+    # answer's end (so an idle keep-alive connection is closed then too); bytes trickling in do
+    # not extend it (api/listener.py).
+    request_head_seconds: float = _setting("HUTCH_REQUEST_HEAD_SECONDS", 10.0, convert=_to_seconds)
+    # Connections waiting for a request head, over all of this server's HTTP listeners; past it
+    # those waiting longest are closed. None: a quarter of the open-file limit, at most 10,000.
+    max_waiting_connections: int | None = _setting("HUTCH_MAX_WAITING_CONNECTIONS", None,
+                                                   convert=_to_optional_count)
     # `hutch serve --ssh-port`: the SSH gateway's port on ``host`` (0: any free one); None: no
     # gateway (api/ssh_gateway.py).
     ssh_port: int | None = _setting("HUTCH_SSH_PORT", None, convert=_to_port)

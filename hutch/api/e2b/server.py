@@ -28,6 +28,9 @@ from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
 from hutch.api.keys import AT_ONCE, ENGINE, TENANTS
+from hutch.api.listener import Runner, Waiting
+from hutch.api.listener import waiting as waiting_bound
+from hutch.core.waiting import HEAD_SECONDS, default_waiting
 from hutch.service.engine import Engine
 from hutch.service.tenancy import Tenants
 
@@ -66,13 +69,17 @@ SHUTDOWN_SECONDS = 2.0
 @contextlib.asynccontextmanager
 async def serving(engine: Engine, tenants: Tenants, host: str, port: int, *,
                   tls: tuple[int, ssl.SSLContext] | None = None,
-                  domain: str | None = None, at_once: AtOnce | None = None) -> AsyncIterator[tuple[int, int | None]]:
+                  domain: str | None = None, at_once: AtOnce | None = None, waiting: Waiting | None = None,
+                  head_seconds: float = HEAD_SECONDS) -> AsyncIterator[tuple[int, int | None]]:
     """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs, and over TLS
-    on ``tls``'s port with host routing under ``domain`` (api/e2b/hosts.py); yields the ports."""
+    on ``tls``'s port with host routing under ``domain`` (api/e2b/hosts.py); yields the ports.
+    ``waiting``, ``head_seconds``: the hutch API's bound on connections waiting for a request
+    head, shared (the process's descriptors), and its deadline for one (api/listener.py)."""
     # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
     # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
-    runner = web.AppRunner(create_e2b_app(engine, tenants, domain if tls else None, at_once), access_log=None,
-                           shutdown_timeout=SHUTDOWN_SECONDS)
+    runner = Runner(create_e2b_app(engine, tenants, domain if tls else None, at_once),
+                    waiting if waiting is not None else waiting_bound(default_waiting()), head_seconds,
+                    shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
         bound = await _site(web.TCPSite(runner, host, port), port)

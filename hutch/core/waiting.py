@@ -1,0 +1,64 @@
+"""Connections waiting for a request head, bounded: what one HTTP server process holds of
+connections that have not sent a request (yet, or since their last answer), which belong to no
+organization. Past the bound, those that have waited longest are closed first.
+
+The bookkeeping only: each listener (api/listener.py: aiohttp's; mcp_listener.py: uvicorn's)
+says whether one of its connections waits and since when, and how to close it.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+HEAD_SETTING = "HUTCH_REQUEST_HEAD_SECONDS"
+WAITING_SETTING = "HUTCH_MAX_WAITING_CONNECTIONS"
+HEAD_SECONDS = 10.0
+# A quarter of the open files the process may have (as an organization's share of requests,
+# api/at_once.py), at most this many: more idle keep-alive connections than busy clients hold,
+# and each waiting connection's buffers are memory too.
+MOST_WAITING = 10_000
+
+C = TypeVar("C")
+
+
+def default_waiting() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MOST_WAITING
+    return max(1, min(MOST_WAITING, soft // 4))
+
+
+class WaitingBound(Generic[C]):
+    """The open connections of a process's listeners, and the bound on those waiting for a
+    request head. ``since(conn)``: when ``conn`` began to wait (any clock, the same for all),
+    None while it has a request under way or is closed; ``close(conn)`` ends it."""
+
+    def __init__(self, limit: int, since: Callable[[C], float | None], close: Callable[[C], None]) -> None:
+        self.limit = limit
+        self._since, self._close = since, close
+        self._open: dict[C, None] = {}
+        self._unchecked = 0
+
+    def made(self, conn: C) -> None:
+        self._open[conn] = None
+        self._unchecked += 1
+        # Counting the waiting ones takes a pass over every connection: made once per a tenth
+        # of the bound's connections made, trimming to that much below it, so that the bound
+        # holds between passes and a flood of connections does not cost a pass each.
+        slack = self.limit // 10
+        if len(self._open) > self.limit and self._unchecked > slack:
+            self._unchecked = 0
+            self._trim(self.limit - slack)
+
+    def lost(self, conn: C) -> None:
+        self._open.pop(conn, None)
+
+    def _trim(self, keep: int) -> None:
+        waiting = [(since, n, conn) for n, conn in enumerate(self._open) if (since := self._since(conn)) is not None]
+        if len(waiting) <= keep:
+            return
+        waiting.sort(key=lambda entry: entry[:2])
+        for _since, _n, conn in waiting[:len(waiting) - keep]:
+            self._close(conn)
