@@ -130,8 +130,12 @@ class Connection:
         if self._closed:
             raise RuntimeError("SandboxClient is closed")
         if self._session is None:
+            # An idle connection is let go after 5 s, before a hutch server's 10 s deadline
+            # for the next request head (HUTCH_REQUEST_HEAD_SECONDS) closes it: a request sent
+            # on one the server is closing at that instant would fail, and a POST is not retried.
+            connector = self._connector or aiohttp.TCPConnector(keepalive_timeout=5)
             self._session = aiohttp.ClientSession(
-                connector=self._connector,
+                connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
                 headers={"User-Agent": f"hutch-python/{__version__}", "Accept": "application/json"},
             )
