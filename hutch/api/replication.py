@@ -138,7 +138,8 @@ class Replication:
             raise InvalidInput(f"stream.stdin: replica {holder} holding stream {stream_id} is gone",
                                field="stream.stdin")
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                                                  connector=aiohttp.TCPConnector(keepalive_timeout=proxy.IDLE_SECONDS))
         headers = {STDIN_TOKEN: self.engine.streams.sign("stdin:" + stream_id)}
         async with self._session.get(f"{found.url.rstrip('/')}/streams/{stream_id}/stdin", headers=headers) as resp:
             if resp.status != 200:

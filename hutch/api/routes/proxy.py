@@ -125,10 +125,16 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await serve(request, sandbox_id, request.path.removeprefix("/"), prefix="")
 
 
+# How long a relay keeps an idle connection: under another replica's deadline for the next
+# request head (HUTCH_REQUEST_HEAD_SECONDS, 10 s by default; api/listener.py), so no relayed
+# POST goes out on a connection that replica is closing at that instant (aiohttp retries no POST).
+IDLE_SECONDS = 5.0
+
+
 async def session_ctx(app: web.Application) -> AsyncIterator[None]:
     session = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=IDLE_SECONDS),
         auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
     app[SESSION] = session
     try:
