@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 
 from hutch.core.driver_types import ResourceLimits
+from hutch.core.errors import InvalidInput
 
 # What a sandbox without limits is counted as: the drivers' own defaults.
 DEFAULT_MEMORY = 512 << 20
@@ -55,6 +56,20 @@ def human(n: int) -> str:
     if n % gib == 0:
         return f"{n // gib}Gi"
     return f"{n / gib:.1f}Gi" if n >= gib else f"{n >> 20}Mi"
+
+
+def largest(room: Room) -> int:
+    """The most memory one sandbox can have on ``room`` even with nothing else running: no more
+    than its memory (MemTotal), nor than its sandboxes' limits may commit in all."""
+    limit = room.memory_total * MEMORY_OVERCOMMIT if room.memory_limit is None else room.memory_limit
+    return min(room.memory_total, limit)
+
+
+def too_large(memory: int, most: int, where: str) -> InvalidInput:
+    """A sandbox larger than ``most`` (``largest`` of every host that could take it): a 400, not
+    a 503 NO_CAPACITY, which the clients retry for ~30 s (docs/wire.md) though no wait helps."""
+    return InvalidInput(f"resources.memory: {human(memory)} is more than any sandbox can have {where} "
+                        f"(at most {human(most)})", field="resources.memory")
 
 
 def shortfall(room: Room, memory: int, cpu: int, reserved: Held = (0, 0, 0)) -> str | None:

@@ -9,6 +9,7 @@ import attrs
 
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_bytes
+from hutch.drivers.local import pidstotal
 from hutch.drivers.node import placement, wire
 
 
@@ -26,6 +27,7 @@ class NodeSettings:
     secret: bytes = attrs.field(repr=False)
     max_sandboxes: int = placement.MAX_SANDBOXES
     memory_limit: int | None = None  # the memory limits it takes in all; None: 32x its memory (core/capacity.py)
+    pids_total: int | None = None  # the pids its sandboxes hold together; None: pid_max less a reserve
 
 
 def read_secret(env: dict[str, str] | None = None) -> bytes:
@@ -72,7 +74,8 @@ def settings(name: str, listen: str, data_dir: str, env: dict[str, str] | None =
     if not most.isdigit() or int(most) < 1:
         raise SettingError(f"{setting}: expected a positive whole number, got {most!r}")
     return NodeSettings(name=name, host=host, port=port, data_dir=Path(data_dir), runtime_cache=cache,
-                        secret=read_secret(env), max_sandboxes=int(most), memory_limit=memory_limit(env))
+                        secret=read_secret(env), max_sandboxes=int(most), memory_limit=memory_limit(env),
+                        pids_total=pids_total(env))
 
 
 def memory_limit(env: dict[str, str]) -> int | None:
@@ -88,3 +91,14 @@ def memory_limit(env: dict[str, str]) -> int | None:
     if limit < 16 << 20:
         raise SettingError(f"HUTCH_MEMORY_COMMIT_LIMIT: expected at least 16Mi, got {text!r}")
     return limit
+
+
+def pids_total(env: dict[str, str]) -> int | None:
+    """``HUTCH_SANDBOX_PIDS_TOTAL``, as a server's local driver reads it (drivers/local/pidstotal.py)."""
+    text = env.get(pidstotal.SETTING)
+    if not text:
+        return None
+    try:
+        return pidstotal.parse(text)
+    except ValueError as err:
+        raise SettingError(str(err)) from None

@@ -72,6 +72,17 @@ def _to_count(setting: str, value: object) -> int:
     return count
 
 
+def _to_pids_total(setting: str, value: object) -> int | None:
+    if value is None or value == "":
+        return None
+    from hutch.drivers.local.pidstotal import parse  # light: no driver is started
+
+    try:
+        return parse(value)
+    except ValueError as err:
+        raise InvalidInput(str(err), field=setting) from None
+
+
 def _to_optional_count(setting: str, value: object) -> int | None:
     return None if value is None or value == "" else _to_count(setting, value)
 
@@ -338,6 +349,9 @@ class Config:
     # or larger than the memory the host has available, is refused 503 NO_CAPACITY.
     max_sandboxes: int = _setting("HUTCH_MAX_SANDBOXES", capacity.MAX_SANDBOXES, convert=_to_count)
     memory_commit_limit: str | None = _setting("HUTCH_MEMORY_COMMIT_LIMIT", None, check=_check_memory_limit)
+    # The pids all sandboxes of the local driver hold together (drivers/local/pidstotal.py;
+    # None: the host's pid_max less a reserve for the host).
+    sandbox_pids_total: int | None = _setting("HUTCH_SANDBOX_PIDS_TOTAL", None, convert=_to_pids_total)
     # Disk checkpoints per sandbox: how many, and the bytes they may take on the host (they
     # count against the organization's storage quota too: service/checkpoints.py).
     max_checkpoints: int = _setting("HUTCH_MAX_CHECKPOINTS", 10, convert=_to_count)

@@ -1,5 +1,6 @@
 """The node driver's placement seen through the API: a sandbox no node has room for is
-refused with 503 NO_CAPACITY naming every node, before anything is recorded."""
+refused with 503 NO_CAPACITY naming every node, before anything is recorded; one no node could
+hold even empty with a 400 naming resources.memory."""
 
 from __future__ import annotations
 
@@ -8,17 +9,27 @@ import re
 
 import pytest
 
+from hutch.drivers.local.admission import host_memory
 from tests.api.conftest import AUTH, NODE, Api
 
 
 @pytest.mark.runs_on(*NODE)  # placement happens in the node driver only
 async def test_a_sandbox_that_fits_nowhere_answers_503_and_records_nothing(api: Api) -> None:
     before = await api.data("GET", "/sandbox")
-    body = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "resources": {"memory": "4096Gi"}},
-                          expect=503)
+    # The whole memory of the nodes' host: an empty node could hold it, never with its
+    # MemAvailable now (always below MemTotal), so a full cluster: 503.
+    whole = {"runtime": "base:latest", "resources": {"memory": f"{host_memory()[0] >> 10}Ki"}}
+    body = await api.call("POST", "/sandbox", json=whole, expect=503)
     assert body["code"] == "NO_CAPACITY", body
-    assert re.fullmatch(r"no node can take a sandbox of 4096Gi memory and 1000m cpu: "
+    assert re.fullmatch(r"no node can take a sandbox of [0-9.]+Gi memory and 1000m cpu: "
                         r"n1 has [0-9.]+[GM]i memory free; n2 has [0-9.]+[GM]i memory free", body["message"]), body
+    # Larger than any node could hold even empty (a typo): a 400 naming the field, which the
+    # clients do not retry for ~30 s as they do a 503.
+    body = await api.call("POST", "/sandbox", json={"runtime": "base:latest", "resources": {"memory": "4096Gi"}},
+                          expect=400)
+    assert body["code"] == "INVALID_INPUT" and re.fullmatch(
+        r"resources\.memory: 4096Gi is more than any sandbox can have on any node \(at most [0-9.]+Gi\)",
+        body["message"]), body
     assert await api.data("GET", "/sandbox") == before
     # One that fits is placed and runs.
     created = await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201)

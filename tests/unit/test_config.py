@@ -67,6 +67,7 @@ SETTINGS = [
     ("default_pids", "256", 256, "many", "HUTCH_DEFAULT_PIDS: expected a positive whole number, got 'many'"),
     ("max_sandboxes", "10000", 10000, "lots", "HUTCH_MAX_SANDBOXES: expected a positive whole number, got 'lots'"),
     ("memory_commit_limit", "64Gi", "64Gi", "8Mi", "HUTCH_MEMORY_COMMIT_LIMIT: expected at least 16Mi"),
+    ("sandbox_pids_total", "20000", 20000, "8", "HUTCH_SANDBOX_PIDS_TOTAL: expected a whole number of at least 16, got '8'"),
     ("max_checkpoints", "4", 4, "0", "HUTCH_MAX_CHECKPOINTS: expected a positive whole number, got '0'"),
     ("max_checkpoint_bytes", "1Gi", "1Gi", "lots", "HUTCH_MAX_CHECKPOINT_BYTES"),
     ("output_retention", "12h", "12h", "a week", "HUTCH_OUTPUT_RETENTION"),
@@ -233,3 +234,15 @@ def test_the_e2b_tls_port_alone_is_refused_at_start(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "hutch.api"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "it needs HUTCH_E2B_PORT (--e2b-port) too" in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "data").exists()
+
+
+def test_the_sandbox_pids_bound_leaves_the_host_a_reserve_and_a_node_agent_reads_it() -> None:
+    from hutch.drivers.local import pidstotal
+    from hutch.node.config import SettingError, pids_total
+
+    assert pidstotal.default(32768) == 32768 - 8192  # a quarter kept for the host
+    assert pidstotal.default(4194304) == 4194304 - 1048576
+    assert pidstotal.default(8192) == 8192 - pidstotal.RESERVE_MIN
+    assert pids_total({}) is None and pids_total({"HUTCH_SANDBOX_PIDS_TOTAL": "2000"}) == 2000
+    with pytest.raises(SettingError, match="HUTCH_SANDBOX_PIDS_TOTAL: expected a whole number of at least 16, got 'x'"):
+        pids_total({"HUTCH_SANDBOX_PIDS_TOTAL": "x"})

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from hutch.core.driver_types import ResourceLimits
-from hutch.core.errors import NoCapacity
+from hutch.core.errors import InvalidInput, NoCapacity
 from hutch.drivers.node.placement import NodeState, choose
 
 GiB = 1 << 30
@@ -84,3 +84,26 @@ def test_a_nodes_own_memory_commit_limit_is_its_bound() -> None:
     assert choose([limited], ResourceLimits(memory_bytes=GiB), "base:latest") == "a"
     with pytest.raises(NoCapacity, match="a has 1Gi memory free"):
         choose([limited], ResourceLimits(memory_bytes=2 * GiB), "base:latest")
+
+
+def test_a_size_no_node_could_hold_even_empty_is_a_400_naming_the_most() -> None:
+    """More than every node's memory (or its commit limit): no wait helps, so not a 503, which
+    the Agentuity client retries for ~30 s; a full node stays a 503."""
+    limited = NodeState(name="b", cpus=4, memory_total=16 * GiB, memory_available=16 * GiB, memory_limit=4 * GiB)
+    nodes = [node("a", free=1 * GiB, committed=15 * GiB), limited]
+    for asked in (4096 * GiB, 17 * GiB):
+        with pytest.raises(InvalidInput) as caught:
+            choose(nodes, ResourceLimits(memory_bytes=asked), "base:latest")
+        err = caught.value
+        assert (err.status, err.code, err.field, err.retriable) == (400, "INVALID_INPUT", "resources.memory", False)
+        assert err.message.startswith("resources.memory: ") and err.message.endswith(
+            "is more than any sandbox can have on any node (at most 16Gi)"), err.message
+    with pytest.raises(InvalidInput, match=r"\(at most 4Gi\)"):  # b's commit limit bounds b
+        choose([limited], ResourceLimits(memory_bytes=5 * GiB), "base:latest")
+    # 16Gi fits node a empty: a 503 while it is full, as any full cluster
+    with pytest.raises(NoCapacity):
+        choose(nodes, ResourceLimits(memory_bytes=16 * GiB), "base:latest")
+    # a node whose figures are unknown (never answered) might hold it: a 503
+    with pytest.raises(NoCapacity):
+        choose([*nodes, NodeState(name="c", unusable="did not answer")], ResourceLimits(memory_bytes=4096 * GiB),
+               "base:latest")

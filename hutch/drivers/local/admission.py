@@ -1,5 +1,7 @@
 """The local driver's admission: a create this host has no room for is refused, 503
-``NO_CAPACITY`` naming what is short, before anything of it is made or recorded. The check
+``NO_CAPACITY`` naming what is short, before anything of it is made or recorded; one larger
+than the host could hold even empty (its MemTotal, or its commit limit) is a 400 naming
+``resources.memory`` and the most a sandbox can have (a 503 is retried, in vain). The check
 is core/capacity.py's, the one the node driver's placement and a node agent ask: the memory
 limits of the host's sandboxes against ``memory_limit`` (HUTCH_MEMORY_COMMIT_LIMIT; else
 MEMORY_OVERCOMMIT x MemTotal), each new one against MemAvailable, and their count against
@@ -84,6 +86,9 @@ class HostAdmission:
         room = capacity.Room(name="the host", memory_total=total, memory_available=available,
                              memory_committed=self._committed + held, sandboxes=len(self._live),
                              max_sandboxes=self.limits.max_sandboxes, memory_limit=self.limits.memory_limit)
+        most = capacity.largest(room)
+        if memory > most:  # even an empty host could not hold it: no wait helps
+            raise capacity.too_large(memory, most, "on this host")
         why = capacity.shortfall(room, memory, 0, (0, 0, len(self._held)))
         if why:
             raise NoCapacity(f"no room for a sandbox of {capacity.human(memory)} memory: {why}; "

@@ -1,6 +1,7 @@
 """cgroup plumbing for the local driver: v1 (one hierarchy per controller) or v2 (unified).
 
-Tree: ``hutch/<instance>/<sandbox>/`` carries the limits (``instance`` names one data
+Tree: ``hutch/<instance>`` bounds the pids of all its sandboxes together (pidstotal.py);
+``hutch/<instance>/<sandbox>/`` carries the limits (``instance`` names one data
 dir, so two servers on a host never touch each other's sandboxes); its leaves are ``init`` (the sandbox's
 pid 1) and one ``x-<execution>`` per execution, so a timeout or cancel can kill exactly
 the processes an execution started, background children included, and nothing else.
@@ -109,7 +110,9 @@ class Cgroups(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def setup(self) -> None: ...
+    def setup(self, pids_total: int | None = None) -> None:
+        """Make the instance's cgroups, all its sandboxes' pids bounded by ``pids_total``
+        (pidstotal.py; None: left as it is)."""
 
     @abc.abstractmethod
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None: ...
@@ -329,9 +332,11 @@ class CgroupV1(Cgroups):
             self._roots = (self.instance, roots)
         return roots[controller]
 
-    def setup(self) -> None:
+    def setup(self, pids_total: int | None = None) -> None:
         for c in self._order:
             (self.mounts[c] / PARENT / self.instance).mkdir(parents=True, exist_ok=True)
+        if pids_total is not None and "pids" in self.mounts:
+            fs.write(self.mounts["pids"] / PARENT / self.instance / "pids.max", str(pids_total))
 
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         for c, path in zip(self._order, self.paths(sandbox), strict=True):
@@ -615,12 +620,14 @@ class CgroupV2(Cgroups):
             with contextlib.suppress(OSError):
                 fs.write(path / "cgroup.subtree_control", f"+{c}")
 
-    def setup(self) -> None:
+    def setup(self, pids_total: int | None = None) -> None:
         self._enable(self.mount)
         (self.mount / PARENT).mkdir(exist_ok=True)
         self._enable(self.mount / PARENT)
         (self.mount / PARENT / self.instance).mkdir(exist_ok=True)
         self._enable(self.mount / PARENT / self.instance)
+        if pids_total is not None and "pids" in self.controllers:
+            fs.write(self.mount / PARENT / self.instance / "pids.max", str(pids_total))
 
     def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
         path = self.paths(sandbox)[0]

@@ -73,7 +73,7 @@ from hutch.drivers.base import (
 )
 from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
-from hutch.drivers.local import portconnect, rootfs
+from hutch.drivers.local import pidstotal, portconnect, rootfs
 from hutch.drivers.local.admission import HostAdmission, HostLimits
 from hutch.drivers.local.cgroups import Cgroups, CgroupV1
 from hutch.drivers.local.checkpoints import LocalCheckpoints
@@ -109,11 +109,14 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
     name = "local"
 
     def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None, *,
-                 pool_memory: int | None = None, host_limits: HostLimits | None = None) -> None:
+                 pool_memory: int | None = None, host_limits: HostLimits | None = None,
+                 pids_total: int | None = None) -> None:
         """``pool_memory``: the memory limit the warm pool is filled for (the server's default;
         None: the latest asked, pool.py). ``host_limits``: what the host takes in sandboxes, a
         create past it refused (admission.py); None: no check here (a node agent, whose own
-        admission checks the same before it asks)."""
+        admission checks the same before it asks). ``pids_total``: the pids all its sandboxes hold
+        together (pidstotal.py); None: the host's pid_max less a reserve."""
+        self._pids_total = pids_total
         self.data_dir = Path(data_dir)
         self._admission = None if host_limits is None else HostAdmission(host_limits)
         self._pool_memory = pool_memory
@@ -199,7 +202,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         if self._cgroups is None:
             raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
         self._nsexec.path = await asyncio.to_thread(self._prepare)
-        self._cgroups.setup()
+        self._cgroups.setup(pidstotal.default() if self._pids_total is None else self._pids_total)
         if not isinstance(self._cgroups, CgroupV1):
             self._pool.size = 0
         self._pool.start()

@@ -56,11 +56,14 @@ def _fits(node: NodeState, memory: int, cpu: int, reserved: Held) -> str | None:
         return f"{node.name} {node.unusable}"
     if node.draining:
         return f"{node.name} is draining"
-    room = capacity.Room(name=node.name, memory_total=node.memory_total, memory_available=node.memory_available,
+    return capacity.shortfall(_room(node), memory, cpu, reserved)
+
+
+def _room(node: NodeState) -> capacity.Room:
+    return capacity.Room(name=node.name, memory_total=node.memory_total, memory_available=node.memory_available,
                          memory_committed=node.memory_committed, sandboxes=node.sandboxes,
                          max_sandboxes=node.max_sandboxes, memory_limit=node.memory_limit, cpus=node.cpus,
                          cpu_committed_millis=node.cpu_committed_millis)
-    return capacity.shortfall(room, memory, cpu, reserved)
 
 
 def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
@@ -78,6 +81,12 @@ def choose(nodes: list[NodeState], resources: ResourceLimits, runtime: str,
         else:
             fitting.append(node)
     if not fitting:
+        # Larger than every node could hold even empty: a 400, as no wait helps. A node whose
+        # figures are unknown (it did not answer) might hold it: then a 503 as before.
+        if nodes and all(n.memory_total > 0 for n in nodes):
+            most = max(capacity.largest(_room(n)) for n in nodes)
+            if memory > most:
+                raise capacity.too_large(memory, most, "on any node")
         where = "; ".join(reasons) if reasons else "no node agent is known"
         raise NoCapacity(f"no node can take a sandbox of {capacity.human(memory)} memory and {cpu}m cpu: {where}",
                          field="resources")

@@ -470,8 +470,18 @@ static int mode_init(struct opts *o);
  * O(host mounts) per sandbox: 578 leftover mounts here made it 43% of all CPU). */
 static int mode_launch(struct opts *o)
 {
-    for (int i = 0; i < o->n_cgroups; i++)
-        write_str(o->cgroups[i], "0");  /* "0": this single-threaded process; see cgroups.py */
+    /* Opened here, joined by pid 1 itself after the fork (the kernel checks the opener's
+     * credentials, as zygote.h's children rely on): a fork is refused at the instance's pids
+     * bound (pidstotal.py) but joining never is, so a sandbox is still launched while other
+     * sandboxes hold every pid the bound allows. The parent waits on ``joined`` until pid 1
+     * is in its cgroups: its pid is printed only then. */
+    int cg[MAX_LIST];
+    for (int i = 0; i < o->n_cgroups; i++) {
+        cg[i] = open(o->cgroups[i], O_WRONLY | O_CLOEXEC);
+        if (cg[i] < 0) fail("setup", "open %s: %s", o->cgroups[i], strerror(errno));
+    }
+    int joined[2];
+    TRY(pipe2(joined, O_CLOEXEC), "pipe: %s", strerror(errno));
     /* The sandbox's anchor should outlive any OOM inside the sandbox. Best effort:
      * lowering needs CAP_SYS_RESOURCE, which some hosts withhold even from root. First a
      * privileged "0" on oom_score_adj, which pins at 0 the floor an unprivileged process may
@@ -497,9 +507,19 @@ static int mode_launch(struct opts *o)
     if (child > 0) {
         /* The host's view of pid 1; its parent (us) exits, so nobody on the host has to
          * reap it and it survives the server. */
+        char c;
+        close(joined[1]);
+        while (read(joined[0], &c, 1) < 0 && errno == EINTR) {}  /* EOF: joined, or pid 1 died */
         if (dprintf(o->info_fd, "%d\n", (int)child) < 0) _exit(125);
         _exit(0);
     }
+    for (int i = 0; i < o->n_cgroups; i++) {
+        /* "0": this single-threaded process; see cgroups.py */
+        if (write(cg[i], "0", 1) < 0) fail("setup", "join %s: %s", o->cgroups[i], strerror(errno));
+        close(cg[i]);
+    }
+    close(joined[0]);
+    close(joined[1]);
     setsid();
     if (o->userns) {
         self_exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
