@@ -1,0 +1,94 @@
+"""Snapshots that cannot be recorded are refused up front: a list of files past what one
+snapshot's record holds (the production log appends it in one record batch) is a 400 naming
+it, at the entry that passes it, on both profiles alike, with nothing left behind."""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hutch.api.keys import ENGINE
+from hutch.drivers.fake.driver import HOME, FakeDriver
+from tests.api.conftest import STORE, Api
+
+FILES_RECORD_MAX = 6 * 2**20  # core.snapshots: what one snapshot's list of files may take
+# Paths of ~1,000 bytes: 8,000 files' list takes ~9 MB, past the record's 6 MiB at ~5,500.
+DEEP = "/".join(c * 199 for c in "abcd")
+COUNT = 8_000
+
+
+def long_names(count: int = COUNT) -> list[str]:
+    return [f"{DEEP}/{i:05d}-{'e' * 190}.txt" for i in range(count)]
+
+
+def many_files(names: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tf:
+        for name in names:
+            tf.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+    return buf.getvalue()
+
+
+def engine(api: Api) -> Any:
+    return api.client.server.app[ENGINE]
+
+
+def spooled(api: Api) -> list[Path]:
+    spool = engine(api).snapshots.archives.spool_dir
+    return list(spool.iterdir()) if spool.exists() else []
+
+
+def refused_for_files(body: dict[str, Any]) -> None:
+    assert body["code"] == "INVALID_INPUT" and body.get("field") == "archive", body
+    assert "too many files" in body["message"] and str(FILES_RECORD_MAX) in body["message"], body
+
+
+@pytest.mark.runs_on(*STORE)  # the same limit over the embedded log and Kafka
+async def test_a_build_listing_more_than_its_record_holds_is_refused_at_its_upload(api: Api) -> None:
+    made = await api.data("POST", "/sandbox/snapshots/build", json={"runtime": "base:latest"}, expect=201)
+    snapshot_id = made["snapshotId"]
+    archive = many_files(long_names())
+    assert len(archive) < 2**20  # small to send: its list is what is large
+    refused_for_files(await api.call("PUT", f"/sandbox/snapshots/{snapshot_id}/upload", data=archive, expect=400))
+    assert not await engine(api).snapshots.archives.exists(snapshot_id) and not spooled(api)
+    # Nothing was stored to finalize: the build says so, not the log.
+    gone = await api.call("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", json={}, expect=400)
+    assert "no archive was uploaded" in gone["message"], gone
+    # One that fits is taken, on both profiles.
+    fits = many_files(long_names(2_000))
+    await api.call("PUT", f"/sandbox/snapshots/{snapshot_id}/upload", data=fits)
+    done = await api.data("POST", f"/sandbox/snapshots/{snapshot_id}/finalize", json={})
+    assert done["fileCount"] == 2_000
+
+
+@pytest.mark.runs_on(*STORE)
+async def test_a_take_listing_more_than_its_record_holds_stops_its_export(api: Api) -> None:
+    sid = (await api.call("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["data"]["sandboxId"]
+    driver: FakeDriver = engine(api).parts.driver
+    box = driver.sandboxes[sid]
+    for name in long_names():
+        path = posixpath.join(HOME, name)
+        box.files[path] = b""
+        parent = posixpath.dirname(path)
+        while parent not in box.dirs:
+            box.dirs.add(parent)
+            parent = posixpath.dirname(parent)
+    reads = 0
+    read_file = driver.read_file
+
+    def counted(sandbox_id: str, path: str) -> Any:
+        nonlocal reads
+        reads += 1
+        return read_file(sandbox_id, path)
+
+    driver.read_file = counted  # type: ignore[method-assign]
+    refused_for_files(await api.call("POST", f"/sandbox/{sid}/snapshot", json={"name": "many"}, expect=400))
+    assert 5_000 < reads < 6_000, reads  # stopped at the file past the limit, not after all 8,000
+    listed = await api.data("GET", "/sandbox/snapshots")
+    assert listed["snapshots"] == [], listed
+    assert not spooled(api)
