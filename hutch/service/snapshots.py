@@ -38,6 +38,7 @@ from hutch.core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
+    PayloadTooLarge,
     QuotaExceeded,
     RuntimeNotFound,
     SnapshotNotFound,
@@ -139,13 +140,23 @@ def snapshot_file(name: str, size: int, mode: int, sha256: str = "0" * 64) -> Sn
 class Tally:
     """A snapshot's archive reckoned from its tar headers as they pass (an export from a
     sandbox, a build's upload), refused at the file past what its record may list
-    (``FilesTally``), before the rest is read, spooled or stored."""
+    (``FilesTally``), past the per-snapshot limit, or past the organization's ``room`` left
+    (``refuse``'s QUOTA_EXCEEDED, as the check after would answer), before the rest is read,
+    spooled or stored: a full organization cost the server a whole 4.5 GiB export each time."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: archives.Limits, room: int | None = None,
+                 refuse: Callable[[int], Exception] | None = None) -> None:
         self.files = FilesTally()
+        self._limits, self._room, self._refuse = limits, room, refuse
 
     def file(self, name: str, size: int, mode: int) -> None:
-        self.files.add(snapshot_file(name, size, mode))
+        files = self.files
+        files.add(snapshot_file(name, size, mode))
+        if files.size > self._limits.max_bytes:
+            raise PayloadTooLarge(f"archive: unpacks to more than {self._limits.max_bytes} bytes", field="archive")
+        stored = files.size + files.quota_record  # as Quotas.check_snapshot counts it after
+        if self._room is not None and self._refuse is not None and stored > self._room:
+            raise self._refuse(stored)
 
     def tar(self) -> TarHeaders:
         return TarHeaders(self.file)
@@ -278,8 +289,11 @@ class Snapshots:
         snapshot_id = ids.new_id("snapshot")
         decide(snapshot_id, None, command)  # refuses (an ended sandbox, a bad name or tag) before any work
         self._reaper.touch(sandbox_id)
+        org_id = sb.spec.org_id
+        room = await self._quotas.storage_room(org_id, allow_full=True)  # checked again, held, once read
+        tally = Tally(self.limits, room, lambda size: self._quotas.past_room(org_id, room or 0, size))
         export = archives.tar_gz(self._driver, sandbox_id, WORKSPACE, max_bytes=archives.export_bound(self.limits),
-                                 watch=Tally().tar().feed)
+                                 watch=tally.tar().feed)
         with await self.archives.spool(export) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
             async with self._quotas.storage_held(sb.spec.org_id):  # the check and its record, as one
@@ -363,7 +377,10 @@ class Snapshots:
                 raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
                                     f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
                                     limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
-            watch = GzipTarHeaders(Tally().tar())  # refused at the entry past the record's room
+            # Refused at the entry past the record's, the snapshot's or the organization's room:
+            # a small upload can declare (and inflate to) far more than it sends.
+            tally = Tally(self.limits, room, lambda size: self._quotas.past_room(snap.org_id, room or 0, size))
+            watch = GzipTarHeaders(tally.tar())
             await self.archives.save(snapshot_id, _watched(self._quotas.metered(snap.org_id, snapshot_id, body, room),
                                                            watch.feed), max_bytes)
         return snap

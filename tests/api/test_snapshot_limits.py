@@ -92,3 +92,70 @@ async def test_a_take_listing_more_than_its_record_holds_stops_its_export(api: A
     listed = await api.data("GET", "/sandbox/snapshots")
     assert listed["snapshots"] == [], listed
     assert not spooled(api)
+
+
+# ---------------------------------------------------------------- the storage quota, as they are read
+
+MiB = 2**20
+
+
+async def small_org(api: Api, name: str) -> dict[str, str]:
+    """An organization that may store 10 MiB, and its admin key's headers."""
+    await api.data("POST", "/orgs", json={"name": name}, expect=201)
+    key = (await api.data("POST", f"/keys?orgId=org_{name}", json={"role": "admin"}, expect=201))["secret"]
+    await api.data("PATCH", f"/orgs/org_{name}/quota", json={"snapshotBytes": 10 * MiB})
+    return {"Authorization": f"Bearer {key}"}
+
+
+def over_quota(body: dict[str, Any]) -> None:
+    assert body["code"] == "QUOTA_EXCEEDED" and body["quota"] == "snapshot_bytes", body
+
+
+@pytest.mark.runs_on(*STORE)
+async def test_a_take_or_fork_past_the_room_left_stops_its_export_there(api: Api) -> None:
+    """50 files of 4 MiB (200 MiB) against 10 MiB of room: the export was read, compressed and
+    spooled whole before the quota was checked; now it stops at the file that passes the room."""
+    auth = await small_org(api, "roomy")
+    sid = (await api.call("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201,
+                          headers=auth))["data"]["sandboxId"]
+    driver: FakeDriver = engine(api).parts.driver
+    box = driver.sandboxes[sid]
+    block = bytes(4 * MiB)
+    for i in range(50):
+        box.files[posixpath.join(HOME, f"big-{i:02d}.bin")] = block
+    read_bytes = 0
+    read_file = driver.read_file
+
+    async def counted(sandbox_id: str, path: str) -> Any:
+        nonlocal read_bytes
+        async for chunk in read_file(sandbox_id, path):
+            read_bytes += len(chunk)
+            yield chunk
+
+    driver.read_file = counted  # type: ignore[method-assign]
+    over_quota(await api.call("POST", f"/sandbox/{sid}/snapshot", json={"name": "big"}, expect=403, headers=auth))
+    assert read_bytes <= 12 * MiB, read_bytes  # two files fit the room; the third's header passes it
+    read_bytes = 0
+    over_quota(await api.call("POST", f"/sandbox/{sid}/fork", json={"count": 1}, expect=403, headers=auth))
+    assert read_bytes <= 12 * MiB, read_bytes
+    assert (await api.data("GET", "/sandbox/snapshots", headers=auth))["snapshots"] == [] and not spooled(api)
+
+
+@pytest.mark.runs_on(*STORE)
+async def test_a_build_upload_that_unpacks_past_the_room_left_is_refused_as_it_arrives(api: Api) -> None:
+    """A 100 KiB upload of a 100 MiB file was stored, and finalize read and hashed all of it
+    before the quota was checked; now the upload is refused at the header past the room."""
+    auth = await small_org(api, "tight")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = 100 * MiB
+        tf.addfile(info, io.BytesIO(bytes(info.size)))
+    archive = buf.getvalue()
+    assert len(archive) < MiB
+    made = await api.data("POST", "/sandbox/snapshots/build", json={"runtime": "base:latest"}, expect=201,
+                          headers=auth)
+    snapshot_id = made["snapshotId"]
+    over_quota(await api.call("PUT", f"/sandbox/snapshots/{snapshot_id}/upload", data=archive, expect=403,
+                              headers=auth))
+    assert not await engine(api).snapshots.archives.exists(snapshot_id) and not spooled(api)
