@@ -159,3 +159,41 @@ async def test_a_build_upload_that_unpacks_past_the_room_left_is_refused_as_it_a
     over_quota(await api.call("PUT", f"/sandbox/snapshots/{snapshot_id}/upload", data=archive, expect=403,
                               headers=auth))
     assert not await engine(api).snapshots.archives.exists(snapshot_id) and not spooled(api)
+
+
+async def run(api: Api, sid: str, script: str, auth: dict[str, str] | None = None) -> None:
+    ex = await api.data("POST", f"/sandbox/{sid}/execute", json={"command": ["bash", "-c", script]},
+                        headers=auth or {})
+    done = await api.data("GET", f"/sandbox/execution/{ex['executionId']}?wait=60s", headers=auth or {})
+    assert done["exitCode"] == 0, done
+
+
+@pytest.mark.runs_on("local-embedded", "local-production")  # a real workspace, both profiles
+async def test_a_real_workspace_past_either_limit_is_refused_as_it_is_read(api: Api) -> None:
+    auth = await small_org(api, "real")
+    sid = (await api.call("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201,
+                          headers=auth))["data"]["sandboxId"]
+    driver = engine(api).parts.driver
+    read_bytes = 0
+    read_file = driver.read_file
+
+    async def counted(sandbox_id: str, path: str) -> Any:
+        nonlocal read_bytes
+        async for chunk in read_file(sandbox_id, path):
+            read_bytes += len(chunk)
+            yield chunk
+
+    driver.read_file = counted  # type: ignore[method-assign]
+    # A sparse file costs the sandbox nothing and was read whole (3 GiB of zeros) before the check.
+    await run(api, sid, "head -c 1048576 /dev/zero > a-small && truncate -s 3G b-sparse", auth)
+    over_quota(await api.call("POST", f"/sandbox/{sid}/snapshot", json={"name": "sparse"}, expect=403, headers=auth))
+    assert read_bytes <= 2 * MiB, read_bytes
+    # Many files of long paths: refused at the one past the record's limit, on both profiles.
+    # Paths of ~4,000 bytes (PATH_MAX is 4,096): the record passes its limit at ~1,550 files.
+    deeper = "/".join(c * 249 for c in "abcdefghijklmno")
+    await run(api, sid, f"rm b-sparse && mkdir -p {deeper} && cd {deeper} && "
+                        f"for i in $(seq -w 1 2000); do : > $i-{'e' * 190}.txt; done", auth)
+    await api.data("PATCH", "/orgs/org_real/quota", json={"snapshotBytes": None})
+    refused_for_files(await api.call("POST", f"/sandbox/{sid}/snapshot", json={"name": "many"}, expect=400,
+                                     headers=auth))
+    assert (await api.data("GET", "/sandbox/snapshots", headers=auth))["snapshots"] == [] and not spooled(api)
