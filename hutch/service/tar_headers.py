@@ -72,6 +72,8 @@ class TarHeaders:
             if size > _META_MAX:
                 self.done = True
                 return
+            if kind == b"x":
+                self._pax = {}  # only the records just before an entry are its own: none pile up
             self._meta, self._meta_kind, self._meta_left = bytearray(), kind, size
             self._skip_after_meta = padded - size
             if not size:
@@ -87,6 +89,8 @@ class TarHeaders:
             try:
                 size = int(self._pax["size"])
             except ValueError:
+                size = -1
+            if size < 0:
                 self.done = True
                 return
             padded = size + (-size % 512)
@@ -135,8 +139,9 @@ class GzipTarHeaders:
             while data and not self.headers.done:
                 self.headers.feed(gz.decompress(data, 1 << 20))
                 data = gz.unconsumed_tail
-                if gz.eof:
-                    break
+                if gz.eof:  # gzip readers go on to the next member: so does the watch
+                    data, gz = gz.unused_data, zlib.decompressobj(31)
+                    self._gz = gz
         except zlib.error:
             self._gz = None
 

@@ -59,3 +59,16 @@ def test_what_is_no_tar_ends_the_watch_quietly() -> None:
     inflating = GzipTarHeaders(TarHeaders(lambda *f: seen.append(f)))
     inflating.feed(b"\x1f\x8bnot gzip" * 100)
     assert not seen
+
+
+def test_a_second_gzip_member_is_watched_as_gzip_readers_read_it() -> None:
+    raw, expected = archive(tarfile.PAX_FORMAT)
+    half = len(raw) // 3  # anywhere: the members make one stream
+    members = b""
+    for part in (raw[:half], raw[half:]):
+        gz = zlib.compressobj(6, zlib.DEFLATED, 31)
+        members += gz.compress(part) + gz.flush()
+    seen: list[tuple[str, int, int]] = []
+    inflating = GzipTarHeaders(TarHeaders(lambda *f: seen.append(f)))
+    inflating.feed(members)
+    assert seen == expected
