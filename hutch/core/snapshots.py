@@ -16,6 +16,7 @@ snapshot as it is (None: no such snapshot yet) and says what happened, as
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 
@@ -30,6 +31,7 @@ from hutch.core.events import (
     SnapshotTagged,
 )
 from hutch.core.models import SandboxState, SnapshotFile, SnapshotState, SnapshotStatus
+from hutch.core.serde import converter
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
@@ -268,3 +270,41 @@ def _build_begun(command: BeginBuild) -> SnapshotCreated:
         public=command.public, content_hash=check_content_hash(command.content_hash),
         api_key_id=command.api_key_id, org_id=command.org_id, project_id=command.project_id,
     )
+
+
+# A snapshot's list of files is in one event, and the production log appends an event whole in
+# one record batch (eventlog/kafka_records.py: 8 MiB less 4 KiB). The list may take this much
+# as the logs write it (compact ASCII JSON), both profiles alike; the rest of the event (its
+# env, at most 256 KiB as execve counts it, metadata, names) fits in what is left. Past it, the
+# append failed after the whole export was read, with words that named nothing; the embedded
+# log took the same snapshot. A bound on the count alone cannot do: a path may be 4,096 bytes,
+# and 24 KiB escaped (a control character is six), so it would have allowed some 300 files.
+FILES_RECORD_MAX = 6 * 2**20
+
+
+def file_record_size(f: SnapshotFile) -> int:
+    """The bytes ``f`` takes in its snapshot's event, its comma included."""
+    return len(json.dumps(converter.unstructure(f), separators=(",", ":"))) + 1
+
+
+@attrs.define
+class FilesTally:
+    """A snapshot's files counted as they are read (an export's or an archive's headers, a
+    scan): refused at the first one past ``FILES_RECORD_MAX``, before the rest are read."""
+
+    count: int = 0
+    record: int = 0  # its list's bytes in the event
+    size: int = 0  # its files' bytes
+    quota_record: int = 0  # its record's bytes as storage counts them (``record_bytes``)
+
+    def add(self, f: SnapshotFile) -> None:
+        self.count += 1
+        self.size += f.size
+        self.record += file_record_size(f)
+        self.quota_record += len(f.path.encode()) + FILE_RECORD_BYTES
+        if self.record > FILES_RECORD_MAX:
+            raise InvalidInput(
+                f"archive: too many files for one snapshot: their list passes the {FILES_RECORD_MAX} bytes a "
+                f"snapshot's record may hold at file {self.count} ({f.path[:200]!r}), as the event log writes it "
+                f"(~{FILES_RECORD_MAX // 190} files of 40-character paths, fewer of longer ones); leave build "
+                "output and caches out of the workspace, or keep them in several snapshots", field="archive")

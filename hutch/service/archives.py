@@ -27,7 +27,7 @@ import threading
 import time
 import zipfile
 import zlib
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import IO, Any
 
 import attrs
@@ -77,9 +77,11 @@ def export_bound(limits: Limits) -> int:
 
 
 async def tar_gz(driver: DriverRoles, sandbox_id: str, root: str, *, compress: bool = True,
-                 max_bytes: int | None = None) -> AsyncIterator[bytes]:
+                 max_bytes: int | None = None, watch: Callable[[bytes], None] | None = None,
+                 ) -> AsyncIterator[bytes]:
     """The tar (gzipped unless ``compress`` is False) of ``root`` in the sandbox; with
-    ``max_bytes``, PayloadTooLarge the moment the tar itself passes it (``export_bound``)."""
+    ``max_bytes``, PayloadTooLarge the moment the tar itself passes it (``export_bound``).
+    ``watch`` sees the tar's bytes before they go on; what it raises stops the export."""
     gz = zlib.compressobj(6, zlib.DEFLATED, 31) if compress else None
     taken = 0
 
@@ -89,6 +91,8 @@ async def tar_gz(driver: DriverRoles, sandbox_id: str, root: str, *, compress: b
         if max_bytes is not None and taken > max_bytes:
             raise PayloadTooLarge(f"archive: the sandbox's files come to more than {max_bytes} bytes of tar",
                                   field="archive")
+        if watch is not None:
+            watch(data)
         return gz.compress(data) if gz is not None else data
 
     if driver.capabilities.tar_streams:  # one stream instead of a round trip per file

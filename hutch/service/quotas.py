@@ -164,6 +164,13 @@ class Quotas:
             f"uploads not finalized, command output and its sandboxes' records in the event log); it stores {format_bytes(used)}, and {what}", quota=STORAGE,
             limit=limit, used=used)
 
+    def past_room(self, org_id: str, room: int, size: int) -> QuotaExceeded:
+        """The refusal of what was found, as it was read, to take ``size`` bytes of storage
+        where ``room`` was left (a snapshot's export or archive, stopped there)."""
+        limit = self.of(org_id).snapshot_bytes or 0
+        return self._storage_full(org_id, limit, limit - room, f"this snapshot passed the {format_bytes(room)} "
+                                  f"left at {format_bytes(size)} (the rest of it was not read)")
+
     async def admit_events(self, org_id: str, size: int, refuse: bool) -> None:
         """``size`` bytes of a sandbox's events about to be appended (the recorder's meter).
         ``refuse``: a create or an env change, refused with QUOTA_EXCEEDED (before anything is

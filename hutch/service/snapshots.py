@@ -26,7 +26,7 @@ import os
 import stat
 import tarfile
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 from typing import IO
 
@@ -38,6 +38,7 @@ from hutch.core.errors import (
     IllegalTransition,
     InvalidInput,
     NotSupported,
+    PayloadTooLarge,
     QuotaExceeded,
     RuntimeNotFound,
     SnapshotNotFound,
@@ -49,6 +50,7 @@ from hutch.core.snapshots import (
     DEFAULT_TAG,
     BeginBuild,
     DeleteSnapshot,
+    FilesTally,
     FinalizeBuild,
     Ref,
     TagSnapshot,
@@ -66,6 +68,7 @@ from hutch.service.quotas import Quotas
 from hutch.service.reads import Reads
 from hutch.service.recorder import Recorder
 from hutch.service.stream_ids import StreamIds
+from hutch.service.tar_headers import GzipTarHeaders, TarHeaders
 from hutch.service.timeouts import Reaper
 from hutch.storage import spool
 
@@ -127,16 +130,57 @@ def _private_dir(path: Path) -> None:
     os.chmod(path, 0o700)  # archives hold workspaces
 
 
+def snapshot_file(name: str, size: int, mode: int, sha256: str = "0" * 64) -> SnapshotFile:
+    """A file of a snapshot's archive as its record lists it (its digest unknown as its
+    header passes: one as long stands in)."""
+    return SnapshotFile(path=name, size=size, sha256=sha256, mode=stat.S_IMODE(mode),
+                        content_type=mimetypes.guess_type(name)[0] or "application/octet-stream")
+
+
+class Tally:
+    """A snapshot's archive reckoned from its tar headers as they pass (an export from a
+    sandbox, a build's upload), refused at the file past what its record may list
+    (``FilesTally``), past the per-snapshot limit, or past the organization's ``room`` left
+    (``refuse``'s QUOTA_EXCEEDED, as the check after would answer), before the rest is read,
+    spooled or stored: a full organization cost the server a whole 4.5 GiB export each time."""
+
+    def __init__(self, limits: archives.Limits, room: int | None = None,
+                 refuse: Callable[[int], Exception] | None = None) -> None:
+        self.files = FilesTally()
+        self._limits, self._room, self._refuse = limits, room, refuse
+
+    def file(self, name: str, size: int, mode: int) -> None:
+        files = self.files
+        files.add(snapshot_file(name, size, mode))
+        if files.size > self._limits.max_bytes:
+            raise PayloadTooLarge(f"archive: unpacks to more than {self._limits.max_bytes} bytes", field="archive")
+        stored = files.size + files.quota_record  # as Quotas.check_snapshot counts it after
+        if self._room is not None and self._refuse is not None and stored > self._room:
+            raise self._refuse(stored)
+
+    def tar(self) -> TarHeaders:
+        return TarHeaders(self.file)
+
+
+async def _watched(chunks: AsyncIterable[bytes], feed: Callable[[bytes], None]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        feed(chunk)
+        yield chunk
+
+
 def scan(path: Path, limits: archives.Limits) -> tuple[SnapshotFile, ...]:
     """The regular files in a snapshot archive, after the same checks an upload gets (no
-    ``..``, absolute names, links out, devices; sizes within limits)."""
+    ``..``, absolute names, links out, devices; sizes within limits; a list its record can
+    hold)."""
     try:
         archives.check_tar(str(path), limits)
         out = []
+        tally = FilesTally()
         with tarfile.open(path, "r:gz") as tar:
             for m in tar:
                 if not m.isreg():
                     continue
+                tally.add(snapshot_file(m.name.removeprefix("./"), m.size, m.mode))
                 digest = hashlib.sha256()
                 src = tar.extractfile(m)
                 assert src is not None
@@ -245,7 +289,11 @@ class Snapshots:
         snapshot_id = ids.new_id("snapshot")
         decide(snapshot_id, None, command)  # refuses (an ended sandbox, a bad name or tag) before any work
         self._reaper.touch(sandbox_id)
-        export = archives.tar_gz(self._driver, sandbox_id, WORKSPACE, max_bytes=archives.export_bound(self.limits))
+        org_id = sb.spec.org_id
+        room = await self._quotas.storage_room(org_id, allow_full=True)  # checked again, held, once read
+        tally = Tally(self.limits, room, lambda size: self._quotas.past_room(org_id, room or 0, size))
+        export = archives.tar_gz(self._driver, sandbox_id, WORKSPACE, max_bytes=archives.export_bound(self.limits),
+                                 watch=tally.tar().feed)
         with await self.archives.spool(export) as spooled:
             files = await asyncio.to_thread(scan, Path(spooled.name), self.limits)
             async with self._quotas.storage_held(sb.spec.org_id):  # the check and its record, as one
@@ -329,8 +377,12 @@ class Snapshots:
                 raise QuotaExceeded(f"quota snapshot_bytes: this upload is {format_bytes(declared)} and organization "
                                     f"{snap.org_id} may store {format_bytes(room)} more", quota="snapshot_bytes",
                                     limit=self._quotas.of(snap.org_id).snapshot_bytes, used=declared)
-            await self.archives.save(snapshot_id, self._quotas.metered(snap.org_id, snapshot_id, body, room),
-                                     max_bytes)
+            # Refused at the entry past the record's, the snapshot's or the organization's room:
+            # a small upload can declare (and inflate to) far more than it sends.
+            tally = Tally(self.limits, room, lambda size: self._quotas.past_room(snap.org_id, room or 0, size))
+            watch = GzipTarHeaders(tally.tar())
+            await self.archives.save(snapshot_id, _watched(self._quotas.metered(snap.org_id, snapshot_id, body, room),
+                                                           watch.feed), max_bytes)
         return snap
 
     async def finalize(self, snapshot_id: str, *, env: dict[str, str], metadata: dict[str, str],
