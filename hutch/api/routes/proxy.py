@@ -201,6 +201,7 @@ async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str
         path_form = bool(prefix)
         return await relay_http(request, session, f"http://{target}", headers,
                                 unreachable=f"sandbox {sandbox_id}: nothing answers on its port",
+                                malformed=f"sandbox {sandbox_id}: its port's answer",
                                 answer=lambda upstream: answer_headers(upstream, path_form=path_form))
 
 
@@ -208,22 +209,26 @@ Answer = Callable[[Iterable[tuple[str, str]]], list[tuple[str, str]]]
 
 
 async def relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str], *,
-                     unreachable: str, answer: Answer = list) -> web.StreamResponse:
+                     unreachable: str, malformed: str = "the far side's answer",
+                     answer: Answer = list) -> web.StreamResponse:
     """``request`` relayed to ``url``, bodies streamed both ways (the replicas' forwarding too).
     A client that leaves drops the upstream request at once, even while the upstream says
     nothing (a long-poll, a quiet stream): the far side then sees its waiter leave as if the
     client had been its own (api/watchers.py). ``answer``: which of the far side's headers
-    the client gets (a sandbox's: ``proxy_origin.answer_headers``; a replica's: all)."""
+    the client gets (a sandbox's: ``proxy_origin.answer_headers``; a replica's: all). A head
+    that is not HTTP (a sandbox's port is anyone's program) is a 502 saying so: ``malformed``
+    names whose answer it was."""
     prepared: list[web.StreamResponse] = []
     relayed, gone = await while_client_stays(request, _relay_http(request, session, url, headers, unreachable,
-                                                                 answer, prepared))
+                                                                 malformed, answer, prepared))
     if gone or relayed is None:  # the client left: nobody reads it
         return prepared[0] if prepared else web.Response(status=499)
     return relayed
 
 
 async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                      unreachable: str, answer: Answer, prepared: list[web.StreamResponse]) -> web.StreamResponse:
+                      unreachable: str, malformed: str, answer: Answer,
+                      prepared: list[web.StreamResponse]) -> web.StreamResponse:
     body: bytes | AsyncIterator[bytes] | None = None
     if request.body_exists and getattr(request, "_read_bytes", None) is not None:
         body = await request.read()  # a middleware read it already (the orgId lookup)
@@ -234,6 +239,9 @@ async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url:
         upstream = await upstream_cm.__aenter__()
     except (TimeoutError, aiohttp.ClientConnectionError) as err:
         raise DriverFailure(f"{unreachable} ({type(err).__name__})") from err
+    except aiohttp.ClientResponseError as err:  # the parser refused its head: nothing of it passes
+        why = err.message.splitlines()[0].strip().rstrip(":") if err.message else "unreadable"
+        raise DriverFailure(f"{malformed} is a malformed HTTP answer ({why})") from err
     try:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in answer((k, v) for k, v in upstream.headers.items() if k.lower() not in HOP):

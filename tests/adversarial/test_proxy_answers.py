@@ -1,0 +1,80 @@
+"""A sandbox's port answering what no HTTP server should: a malformed head (a bare CR that
+would smuggle a header in, both ``Content-Length`` and ``Transfer-Encoding``, a NUL, a name
+with a space, no status line) or a body cut short of what its head announced. The proxy is
+hutch's, on hutch's origin: what it answers to the visitor must be a clear refusal, never an
+"internal error", and never a connection whose framing the sandbox chose (the bytes of the
+next answer on it read as the rest of the sandbox's body). The sandbox speaks raw sockets,
+as a hostile tenant would; so does the visitor."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+
+from tests.api.conftest import Api
+
+PORT = 8000
+ANSWERS = {  # path -> the raw answer the sandbox writes, then it closes
+    "ok": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    "bare-cr": b"HTTP/1.1 200 OK\r\nX-A: a\rSet-Cookie: hutch_session=planted\r\nContent-Length: 2\r\n\r\nok",
+    "te-and-cl": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    "nul": b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\nok",
+    "bad-name": b"HTTP/1.1 200 OK\r\nX A: a\r\nContent-Length: 2\r\n\r\nok",
+    "no-status": b"HELLO\r\n\r\n",
+    "short": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789",
+    "short-chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+}
+SERVER = r'''
+import socket, threading
+ANSWERS = {answers}
+def handle(c):
+    head = b""
+    with c:
+        while b"\r\n\r\n" not in head:
+            more = c.recv(65536)
+            if not more:
+                return
+            head += more
+        path = head.split(b" ")[1].decode().rsplit("/", 1)[-1]
+        c.sendall(ANSWERS.get(path, ANSWERS["ok"]))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", {port}))
+s.listen(50)
+while True:
+    threading.Thread(target=handle, args=(s.accept()[0],), daemon=True).start()
+'''.replace("{answers}", repr(ANSWERS)).replace("{port}", str(PORT))
+
+
+@pytest.fixture(params=["local"])
+def driver_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)  # the relay is the API's whatever the driver
+
+
+async def _hostile(api: Api) -> str:
+    sid = (await api.data("POST", "/sandbox", json={"runtime": "python:3.13", "network": {"port": PORT}},
+                          expect=201))["sandboxId"]
+    files = [{"path": "raw.py", "content": base64.b64encode(SERVER.encode()).decode()}]
+    await api.call("POST", f"/fs/{sid}", json={"files": files})
+    await api.call("POST", f"/sandbox/sandboxes/{sid}/jobs", json={"command": ["python3", "raw.py"]}, expect=201)
+    for _ in range(150):
+        resp = await api.client.get(f"/proxy/{sid}/ok")
+        if resp.status == 200:
+            return sid
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the server did not come up: {resp.status} {await resp.text()}")
+
+
+async def test_a_malformed_answer_is_a_502_naming_it(make_api) -> None:  # type: ignore[no-untyped-def]
+    api = await make_api()
+    sid = await _hostile(api)
+    for path in ("bare-cr", "te-and-cl", "nul", "bad-name", "no-status"):
+        resp = await api.client.get(f"/proxy/{sid}/{path}")
+        body = await resp.json()
+        assert resp.status == 502, (path, resp.status, body)
+        assert body["code"] == "DRIVER_ERROR" and "malformed HTTP answer" in body["message"], (path, body)
+        assert f"sandbox {sid}" in body["message"], body
+        assert "Set-Cookie" not in resp.headers  # what the bare CR would have smuggled in
+    assert (await api.client.get(f"/proxy/{sid}/ok")).status == 200  # the proxy still serves it
