@@ -67,6 +67,22 @@ async def _hostile(api: Api) -> str:
     raise AssertionError(f"the server did not come up: {resp.status} {await resp.text()}")
 
 
+async def _raw(api: Api, request: bytes) -> bytes:
+    """What the visitor's socket reads until hutch closes it (or says nothing for 5 s)."""
+    server = api.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(request)
+    got = b""
+    try:
+        while more := await asyncio.wait_for(reader.read(65536), 5):
+            got += more
+    except TimeoutError:
+        got += b"<still open>"
+    finally:
+        writer.close()
+    return got
+
+
 async def test_a_malformed_answer_is_a_502_naming_it(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api()
     sid = await _hostile(api)
@@ -78,3 +94,20 @@ async def test_a_malformed_answer_is_a_502_naming_it(make_api) -> None:  # type:
         assert f"sandbox {sid}" in body["message"], body
         assert "Set-Cookie" not in resp.headers  # what the bare CR would have smuggled in
     assert (await api.client.get(f"/proxy/{sid}/ok")).status == 200  # the proxy still serves it
+
+
+async def test_an_answer_cut_short_ends_the_visitors_connection(make_api) -> None:  # type: ignore[no-untyped-def]
+    """A sandbox announcing 100 bytes and sending 10 (or a chunked body with no last chunk)
+    must not leave the visitor's connection open as if its answer were whole: the next answer
+    on it (here the Web App's, pipelined) would be read as the rest of the sandbox's body."""
+    api = await make_api()
+    sid = await _hostile(api)
+    pipelined = f"GET /proxy/{sid}/short HTTP/1.1\r\nHost: h\r\n\r\nGET /app/session HTTP/1.1\r\nHost: h\r\n\r\n"
+    got = await _raw(api, pipelined.encode())
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert b"Content-Length: 100" in head and body == b"0123456789", got  # what it sent, then the end
+    got = await _raw(api, f"GET /proxy/{sid}/short-chunked HTTP/1.1\r\nHost: h\r\n\r\n".encode())
+    head, _, body = got.partition(b"\r\n\r\n")
+    # Its five bytes, then the end of the connection: never the last chunk that says "whole".
+    assert b"Transfer-Encoding: chunked" in head and body == b"5\r\nhello\r\n", got
+    assert (await api.client.get(f"/proxy/{sid}/ok")).status == 200

@@ -40,7 +40,6 @@ sandboxes exist, and wakes none that it would not serve.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import aiohttp
@@ -250,13 +249,25 @@ async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url:
             resp.content_length = int(upstream.headers["Content-Length"])
         await resp.prepare(request)
         prepared.append(resp)
-        with contextlib.suppress(aiohttp.ClientPayloadError):
+        try:
             async for chunk in upstream.content.iter_chunked(_CHUNK):
                 await resp.write(chunk)  # waits for the client: backpressure both ways
+        except aiohttp.ClientPayloadError:
+            # Cut short of what its head announced: so is the client's answer, and its
+            # connection ends. Ended cleanly, a chunked answer would pass for whole, and a
+            # kept-alive connection would have the next answer read as the rest of this body.
+            _cut(request, resp)
+            return resp
         await resp.write_eof()
         return resp
     finally:
         await upstream_cm.__aexit__(None, None, None)
+
+
+def _cut(request: web.Request, resp: web.StreamResponse) -> None:
+    resp.force_close()
+    if request.transport is not None:
+        request.transport.abort()  # before aiohttp's own write_eof could end the body cleanly
 
 
 async def relay_websocket(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> web.StreamResponse:
