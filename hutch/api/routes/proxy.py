@@ -62,8 +62,11 @@ from hutch.core.errors import (
 routes = web.RouteTableDef()
 PREFIX = PROXY_PREFIX
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp.ClientSession)
+# Never passed on as they came. ``expect``: this server answers a client's 100-continue itself
+# (aiohttp) and streams the body as it comes; passed on, the relay would wait for the far
+# side's own 100, which a server that just reads the body never sends: a hang.
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-        "transfer-encoding", "upgrade", "host", "content-length"}
+        "transfer-encoding", "upgrade", "host", "content-length", "expect"}
 _CHUNK = 256 * 1024
 # Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
 _WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
