@@ -136,3 +136,24 @@ async def test_a_body_sent_after_100_continue_reaches_the_sandbox(make_api) -> N
                           "Expect: 100-continue\r\nConnection: close\r\n\r\nhello".encode())
     assert got.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"), got
     assert got.endswith(b"\nhello") and b"expect:" not in got.lower(), got
+
+
+async def test_the_forwarded_headers_the_app_sees_are_hutchs(make_api) -> None:  # type: ignore[no-untyped-def]
+    """The app behind the proxy is told to trust ``X-Forwarded-*`` (docs: it sees them from
+    hutch). A visitor's own ``X-Forwarded-Prefix`` passed through on the host form (hutch sets
+    none there): an app building links or redirects from it (Werkzeug's ProxyFix, Spring's
+    ForwardedHeaderFilter) would build them on the visitor's word. Now the app gets hutch's
+    ``X-Forwarded-Proto``/``-Host``/``-Prefix`` only, however the visitor spells its own."""
+    api = await make_api(sandbox_domain="sandboxes.test")
+    sid = await _hostile(api)
+    # Spelt in lower case too: the relay's headers were keyed by the visitor's spelling.
+    spoof = ("X-Forwarded-Prefix: /evil\r\nx-forwarded-host: evil.example\r\nx-forwarded-proto: https\r\n"
+             "x-forwarded-prefix: /evil2\r\n")
+    for host, target, prefix in ((f"8000-{sid.removeprefix('sbx_')}.sandboxes.test", "/echo", None),
+                                 ("h", f"/proxy/{sid}/echo", f"/proxy/{sid}")):
+        got = (await _raw(api, f"GET {target} HTTP/1.1\r\nHost: {host}\r\n{spoof}Connection: close\r\n\r\n".encode()))
+        seen = got.partition(b"\r\n\r\n")[2].decode().lower().split("\r\n")
+        prefixes = [line for line in seen if line.startswith("x-forwarded-prefix:")]
+        assert prefixes == ([f"x-forwarded-prefix: {prefix.lower()}"] if prefix else []), got
+        assert [line for line in seen if line.startswith(("x-forwarded-host:", "x-forwarded-proto:"))] == [
+            "x-forwarded-proto: http", f"x-forwarded-host: {host}"], got

@@ -145,6 +145,10 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         await session.close()
 
 
+# What this proxy tells the app, set below (X-Forwarded-For is appended to, as proxies do).
+_OURS = frozenset({"x-forwarded-proto", "x-forwarded-host", "x-forwarded-prefix"})
+
+
 def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
     headers: dict[str, str] = {}
     tenants = request.app[TENANTS]
@@ -156,6 +160,8 @@ def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
             continue  # never hand a hutch key (any organization's, revoked ones too) to the sandbox
         if low.startswith("x-hutch-forwarded-"):
             continue  # nor what replicas relaying a request tell each other (api/replication.py)
+        if low in _OURS:
+            continue  # the app trusts these as hutch's: never the visitor's word
         headers[name] = value
     peer = request.remote or ""
     prior = request.headers.get("X-Forwarded-For")
