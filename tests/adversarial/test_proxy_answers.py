@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import base64
 
+import aiohttp
 import pytest
 
+from hutch.api.routes.proxy import WS_MESSAGE_MAX
 from tests.api.conftest import Api
 
 PORT = 8000
@@ -27,7 +29,7 @@ ANSWERS = {  # path -> the raw answer the sandbox writes, then it closes
     "short-chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
 }
 SERVER = r'''
-import socket, threading
+import base64, contextlib, hashlib, socket, threading
 ANSWERS = {answers}
 def handle(c):
     head = b""
@@ -38,6 +40,21 @@ def handle(c):
                 return
             head += more
         path = head.split(b" ")[1].decode().rsplit("/", 1)[-1]
+        if path in ("ws-huge", "ws-quiet"):  # a websocket; ws-huge sends one 20 MiB message at once
+            key = [v.strip() for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+                   if k.strip().lower() == b"sec-websocket-key"][0]
+            accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+            c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+            if path == "ws-huge":
+                c.sendall(b"\x82\x7f" + (20 << 20).to_bytes(8, "big"))
+                for _ in range(20):
+                    c.sendall(b"x" * (1 << 20))
+            c.settimeout(30)
+            with contextlib.suppress(OSError):
+                while c.recv(1 << 20):
+                    pass
+            return
         if path == "echo":  # as most servers: the whole body first (no 100 Continue), then the head it got
             head, _, body = head.partition(b"\r\n\r\n")
             length = [int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:])
@@ -157,3 +174,27 @@ async def test_the_forwarded_headers_the_app_sees_are_hutchs(make_api) -> None: 
         assert prefixes == ([f"x-forwarded-prefix: {prefix.lower()}"] if prefix else []), got
         assert [line for line in seen if line.startswith(("x-forwarded-host:", "x-forwarded-proto:"))] == [
             "x-forwarded-proto: http", f"x-forwarded-host: {host}"], got
+
+
+async def test_a_websocket_message_past_the_bound_ends_the_relay(make_api) -> None:  # type: ignore[no-untyped-def]
+    """The port relay read each websocket message whole, unbounded (``max_msg_size=0``), before
+    passing it on: a sandbox's port, or any visitor of a public port URL, had hutch hold a
+    message as large as it liked (gigabytes; more from a compressed one), the server's memory
+    spent for every tenant. Now a message past ``WS_MESSAGE_MAX`` closes that relay (1009)."""
+    api = await make_api()
+    sid = await _hostile(api)
+    assert WS_MESSAGE_MAX < 20 << 20
+    ws = await api.client.ws_connect(f"/proxy/{sid}/ws-huge", max_msg_size=0)
+    msg = await ws.receive(timeout=20)  # the sandbox's 20 MiB message: not passed on
+    assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), (msg.type, len(msg.data or b""))
+    ws = await api.client.ws_connect(f"/proxy/{sid}/ws-quiet")
+    try:  # the visitor's: refused as its frame's head says its size (1009, or the connection cut mid-send)
+        await ws.send_bytes(b"y" * (20 << 20))
+        msg = await ws.receive(timeout=20)
+        assert msg.type is aiohttp.WSMsgType.CLOSE and msg.data == aiohttp.WSCloseCode.MESSAGE_TOO_BIG, msg
+    except ConnectionError:
+        msg = await ws.receive(timeout=20)
+        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR), msg
+    ws = await api.client.ws_connect(f"/proxy/{sid}/ws-quiet")
+    await ws.send_bytes(b"z" * (1 << 20))  # a message within the bound passes as ever
+    await ws.close()

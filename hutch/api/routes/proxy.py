@@ -68,6 +68,10 @@ SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length", "expect"}
 _CHUNK = 256 * 1024
+# The largest websocket message relayed, either way: aiohttp reads a message whole before it
+# is passed on, so without a bound a sandbox's port (or any visitor of a public port URL) had
+# the server hold one as large as it liked. Tornado's (Jupyter's) default is 10 MiB.
+WS_MESSAGE_MAX = 16 << 20
 # Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
 _WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
@@ -282,10 +286,12 @@ def _cut(request: web.Request, resp: web.StreamResponse) -> None:
 async def relay_websocket(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> web.StreamResponse:
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
     try:
-        upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=True, max_msg_size=0)
+        upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=True,
+                                              max_msg_size=WS_MESSAGE_MAX)
     except (TimeoutError, aiohttp.ClientError) as err:
         raise DriverFailure(f"websocket to the sandbox failed: {err}") from err
-    client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=True, max_msg_size=0)
+    client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=True,
+                                   max_msg_size=WS_MESSAGE_MAX)
     await client.prepare(request)
 
     async def pump(src: _WebSocket, dst: _WebSocket) -> None:
