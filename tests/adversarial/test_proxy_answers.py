@@ -25,6 +25,7 @@ ANSWERS = {  # path -> the raw answer the sandbox writes, then it closes
     "nul": b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\nok",
     "bad-name": b"HTTP/1.1 200 OK\r\nX A: a\r\nContent-Length: 2\r\n\r\nok",
     "no-status": b"HELLO\r\n\r\n",
+    "switch": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
     "short": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789",
     "short-chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
 }
@@ -115,7 +116,10 @@ async def _raw(api: Api, request: bytes) -> bytes:
 async def test_a_malformed_answer_is_a_502_naming_it(make_api) -> None:  # type: ignore[no-untyped-def]
     api = await make_api()
     sid = await _hostile(api)
-    for path in ("bare-cr", "te-and-cl", "nul", "bad-name", "no-status"):
+    # "switch": 101 to a request that asked for no upgrade. Relayed, a front (nginx, a balancer)
+    # that takes any 101 as an upgrade would turn the visitor's connection into a raw tunnel
+    # to hutch past the front's own rules (websocket smuggling).
+    for path in ("bare-cr", "te-and-cl", "nul", "bad-name", "no-status", "switch"):
         resp = await api.client.get(f"/proxy/{sid}/{path}")
         body = await resp.json()
         assert resp.status == 502, (path, resp.status, body)

@@ -255,6 +255,11 @@ async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url:
         why = err.message.splitlines()[0].strip().rstrip(":") if err.message else "unreadable"
         raise DriverFailure(f"{malformed} is a malformed HTTP answer ({why})") from err
     try:
+        if upstream.status < 200:  # a 101 (aiohttp reads past the other 1xx) to a request that asked for no upgrade
+            # Relayed, a front that takes any 101 as an upgrade would make the client's
+            # connection a raw tunnel to this server, past the front's own rules.
+            raise DriverFailure(f"{malformed} is a malformed HTTP answer ({upstream.status} {upstream.reason} "
+                                "to a request that asked for no upgrade)")
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in answer((k, v) for k, v in upstream.headers.items() if k.lower() not in HOP):
             resp.headers.add(name, value)
