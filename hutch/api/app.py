@@ -26,6 +26,7 @@ from hutch.api.keys import (
     API_KEY_ID,
     AT_ONCE,
     BODY_CHECK,
+    BY_SESSION,
     CONFIG,
     E2B_PORT,
     E2B_TLS_PORT,
@@ -67,6 +68,7 @@ from hutch.api.routes import (
     terminals,
 )
 from hutch.api.routes import tenancy as tenancy_routes
+from hutch.api.webapp import no_store
 from hutch.api.webapp import routes as webapp_routes
 from hutch.api.webapp.sessions import SESSIONS, Sessions, session_cookie
 from hutch.core import phases
@@ -144,6 +146,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     tenants = request.app[TENANTS]
     cookie: str | None = None
     if not header and (cookie := session_cookie(request)):  # the Web App's session (api/webapp/)
+        request[BY_SESSION] = True  # its answer, a refusal too, is kept by no cache (webapp.no_store)
         principal = tenants.principal_for(request.app[SESSIONS].check(request, cookie))
     elif not header:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'")
@@ -259,6 +262,7 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(proxy.session_ctx)
     app.on_response_prepare.append(name_the_replica)
+    app.on_response_prepare.append(no_store)
     return app
 
 

@@ -36,3 +36,5 @@ API_KEY_ID: web.RequestKey[str] = web.RequestKey("api_key_id", str)
 # Web App session not signed out): ``Unauthorized`` if not, else when that ends (ISO-8601, None:
 # never). Set by the auth middleware; a request whose body or life is long asks it before acting.
 STILL_AUTHORIZED: web.RequestKey[Callable[[], str | None]] = web.RequestKey("still_authorized")
+# The request came with the Web App's session cookie: a browser's, whose answer it must not keep.
+BY_SESSION: web.RequestKey[bool] = web.RequestKey("by_session", bool)

@@ -35,7 +35,7 @@ import asyncssh
 from hutch.api.at_once import AtOnce, default_limit
 from hutch.api.sftp import SandboxSftp
 from hutch.api.ssh_relay import EXIT_FAILED, RELAY_USER, OwnerGateways, RelayPasses, fail, relay
-from hutch.core.errors import HutchError, RateLimited
+from hutch.core.errors import HutchError, InvalidInput, RateLimited
 from hutch.core.events import acting
 from hutch.core.tenancy import Principal, Role
 from hutch.service.output import StreamOptions
@@ -323,7 +323,10 @@ async def _copy_in(process: asyncssh.SSHServerProcess[bytes], active: ActiveTerm
         try:
             data = await process.stdin.read(65536)
         except asyncssh.TerminalSizeChanged as change:
-            await active.resize(change.height or 24, change.width or 80)
+            try:
+                await active.resize(change.height or 24, change.width or 80)
+            except InvalidInput as err:  # an impossible size: said, and the terminal goes on as it was
+                process.stderr.write(f"hutch: {err.message}; the terminal keeps its size\r\n".encode())
             continue
         if not data:
             return

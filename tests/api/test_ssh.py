@@ -210,3 +210,28 @@ async def test_a_signed_in_connection_is_one_of_its_organizations_requests_at_on
     code, out, _ = await gw.ssh(key, sid, "echo in")
     assert (code, out) == (0, "in\n")
     assert at_once.held(org) == 0  # the connection's slot went with it
+
+
+@pytest.mark.runs_on("local-embedded")  # the gateway's relay of a resize is the driver's whatever it is
+async def test_a_terminal_resized_past_its_bounds_keeps_taking_input(gateway: Gateway) -> None:
+    """A window-change to an impossible size (a careless client; SSH sizes are 32-bit) is
+    refused and said on stderr; the terminal goes on, typed lines still reach it. Before,
+    the refusal ended the gateway's copy of what is typed: the session hung, taking no input."""
+    gw, key = gateway, gateway.keygen("id_resize")
+    await _register(gw, key)
+    sid = await _sandbox(gw.api)
+    async with asyncssh.connect("127.0.0.1", gw.port, username=sid, known_hosts=None, client_keys=[str(key)],
+                                agent_path=None) as conn:
+        proc = await conn.create_process(term_type="xterm", term_size=(80, 24))
+        for width, height in ((100_000, 24), (80, 2**32 - 1)):
+            proc.change_terminal_size(width, height)
+        proc.stdin.write("echo after-$((20+22)); exit 3\n")
+        out, err = "", ""
+        while "after-42" not in out:
+            chunk = await asyncio.wait_for(proc.stdout.read(4096), 20)
+            assert chunk, (out, err)
+            out += chunk
+        result = await asyncio.wait_for(proc.wait(), 20)
+        assert result.exit_status == 3
+        err = (result.stderr or "") if isinstance(result.stderr, str) else ""
+        assert "cols: 100000 is not a terminal size" in err and "rows: 4294967295" in err, err

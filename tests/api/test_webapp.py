@@ -101,3 +101,21 @@ async def test_static_files_and_their_headers(api: Api) -> None:
     for sneaky in ("../../app.py", "..%2F..%2Fapp.py", "vendor/../../__init__.py", "nope.js", "..", "vendor/.."):
         resp = await api.client.get(yarl.URL(f"/app/static/{sneaky}", encoded=True))
         assert resp.status in (400, 401, 404) and "import" not in await resp.text(), sneaky
+
+
+async def test_what_a_session_reads_is_never_kept_in_the_browsers_cache(api: Api) -> None:
+    """The Web App reads a sandbox's environment (tokens, often), its files and its commands'
+    output with the session cookie. With no ``Cache-Control`` a browser keeps those answers
+    in its disk cache, there after sign-out for whoever uses the machine next. Every answer
+    to a session's request, and the sign-in's (its CSRF token), says ``no-store``."""
+    resp = await api.client.post("/app/session", json={"apiKey": KEY})
+    assert resp.status == 201 and "no-store" in resp.headers.get("Cache-Control", ""), resp.headers
+    csrf = (await resp.json())["data"]["csrf"]
+    made = await api.client.post("/sandbox", json={"runtime": "base:latest", "env": {"TOKEN": "s3cret"}},
+                                 headers={"X-CSRF-Token": csrf})
+    assert made.status == 201, await made.text()
+    sid = (await made.json())["data"]["sandboxId"]
+    for path in (f"/sandbox/{sid}", "/sandbox", "/app/session", "/keys", f"/sandbox/{sid}?includeDeleted=true"):
+        resp = await api.client.get(path)
+        assert resp.status == 200, (path, await resp.text())
+        assert "no-store" in resp.headers.get("Cache-Control", ""), (path, dict(resp.headers))

@@ -59,4 +59,5 @@ async def relay(request: web.Request, engine: Engine, sb: SandboxState, port: in
             # The client's handshake headers are its own connection's; ws_connect makes the sandbox's.
             own = {k: v for k, v in headers.items() if not k.lower().startswith("sec-websocket-")}
             return await relay_websocket(request, session, "ws" + url.removeprefix("http"), own)
-        return await relay_http(request, session, url, headers, unreachable=unreachable, answer=answer)
+        return await relay_http(request, session, url, headers, unreachable=unreachable,
+                                malformed=f"sandbox {sandbox_id}: port {port}'s answer", answer=answer)

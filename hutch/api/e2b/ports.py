@@ -146,7 +146,7 @@ async def port_relay(request: web.Request, handler: Handler) -> web.StreamRespon
             query = f"?{request.query_string}" if request.query_string else ""
             return await relay_http(request, request.app[SESSION], f"http://{host}:{target}{request.path}{query}",
                                     headers, unreachable=f"sandbox {sandbox_id}: nothing answers on port {port}",
-                                    answer=answer_headers)
+                                    malformed=f"sandbox {sandbox_id}: port {port}'s answer", answer=answer_headers)
         if request.get(public.HOST_ROUTED) != port:
             raise SandboxNotFound(f"sandbox {sandbox_id}: port {port} is served at its own host only "
                                   f"({port}-{{sandbox id}}.{{E2B_DOMAIN}}, Sandbox.get_host), not at E2B_SANDBOX_URL")

@@ -40,7 +40,6 @@ sandboxes exist, and wakes none that it would not serve.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import aiohttp
@@ -63,9 +62,16 @@ from hutch.core.errors import (
 routes = web.RouteTableDef()
 PREFIX = PROXY_PREFIX
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("proxy_session", aiohttp.ClientSession)
+# Never passed on as they came. ``expect``: this server answers a client's 100-continue itself
+# (aiohttp) and streams the body as it comes; passed on, the relay would wait for the far
+# side's own 100, which a server that just reads the body never sends: a hang.
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-        "transfer-encoding", "upgrade", "host", "content-length"}
+        "transfer-encoding", "upgrade", "host", "content-length", "expect"}
 _CHUNK = 256 * 1024
+# The largest websocket message relayed, either way: aiohttp reads a message whole before it
+# is passed on, so without a bound a sandbox's port (or any visitor of a public port URL) had
+# the server hold one as large as it liked. Tornado's (Jupyter's) default is 10 MiB.
+WS_MESSAGE_MAX = 16 << 20
 # Either end of a relayed websocket: the client's (server side) or the sandbox's (client side).
 _WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
@@ -143,6 +149,10 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         await session.close()
 
 
+# What this proxy tells the app, set below (X-Forwarded-For is appended to, as proxies do).
+_OURS = frozenset({"x-forwarded-proto", "x-forwarded-host", "x-forwarded-prefix"})
+
+
 def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
     headers: dict[str, str] = {}
     tenants = request.app[TENANTS]
@@ -154,6 +164,8 @@ def _forward_headers(request: web.Request, prefix: str) -> dict[str, str]:
             continue  # never hand a hutch key (any organization's, revoked ones too) to the sandbox
         if low.startswith("x-hutch-forwarded-"):
             continue  # nor what replicas relaying a request tell each other (api/replication.py)
+        if low in _OURS:
+            continue  # the app trusts these as hutch's: never the visitor's word
         headers[name] = value
     peer = request.remote or ""
     prior = request.headers.get("X-Forwarded-For")
@@ -201,6 +213,7 @@ async def serve(request: web.Request, sandbox_id: str, tail: str, *, prefix: str
         path_form = bool(prefix)
         return await relay_http(request, session, f"http://{target}", headers,
                                 unreachable=f"sandbox {sandbox_id}: nothing answers on its port",
+                                malformed=f"sandbox {sandbox_id}: its port's answer",
                                 answer=lambda upstream: answer_headers(upstream, path_form=path_form))
 
 
@@ -208,22 +221,26 @@ Answer = Callable[[Iterable[tuple[str, str]]], list[tuple[str, str]]]
 
 
 async def relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str], *,
-                     unreachable: str, answer: Answer = list) -> web.StreamResponse:
+                     unreachable: str, malformed: str = "the far side's answer",
+                     answer: Answer = list) -> web.StreamResponse:
     """``request`` relayed to ``url``, bodies streamed both ways (the replicas' forwarding too).
     A client that leaves drops the upstream request at once, even while the upstream says
     nothing (a long-poll, a quiet stream): the far side then sees its waiter leave as if the
     client had been its own (api/watchers.py). ``answer``: which of the far side's headers
-    the client gets (a sandbox's: ``proxy_origin.answer_headers``; a replica's: all)."""
+    the client gets (a sandbox's: ``proxy_origin.answer_headers``; a replica's: all). A head
+    that is not HTTP (a sandbox's port is anyone's program) is a 502 saying so: ``malformed``
+    names whose answer it was."""
     prepared: list[web.StreamResponse] = []
     relayed, gone = await while_client_stays(request, _relay_http(request, session, url, headers, unreachable,
-                                                                 answer, prepared))
+                                                                 malformed, answer, prepared))
     if gone or relayed is None:  # the client left: nobody reads it
         return prepared[0] if prepared else web.Response(status=499)
     return relayed
 
 
 async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                      unreachable: str, answer: Answer, prepared: list[web.StreamResponse]) -> web.StreamResponse:
+                      unreachable: str, malformed: str, answer: Answer,
+                      prepared: list[web.StreamResponse]) -> web.StreamResponse:
     body: bytes | AsyncIterator[bytes] | None = None
     if request.body_exists and getattr(request, "_read_bytes", None) is not None:
         body = await request.read()  # a middleware read it already (the orgId lookup)
@@ -234,7 +251,15 @@ async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url:
         upstream = await upstream_cm.__aenter__()
     except (TimeoutError, aiohttp.ClientConnectionError) as err:
         raise DriverFailure(f"{unreachable} ({type(err).__name__})") from err
+    except aiohttp.ClientResponseError as err:  # the parser refused its head: nothing of it passes
+        why = err.message.splitlines()[0].strip().rstrip(":") if err.message else "unreadable"
+        raise DriverFailure(f"{malformed} is a malformed HTTP answer ({why})") from err
     try:
+        if upstream.status < 200:  # a 101 (aiohttp reads past the other 1xx) to a request that asked for no upgrade
+            # Relayed, a front that takes any 101 as an upgrade would make the client's
+            # connection a raw tunnel to this server, past the front's own rules.
+            raise DriverFailure(f"{malformed} is a malformed HTTP answer ({upstream.status} {upstream.reason} "
+                                "to a request that asked for no upgrade)")
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in answer((k, v) for k, v in upstream.headers.items() if k.lower() not in HOP):
             resp.headers.add(name, value)
@@ -242,22 +267,36 @@ async def _relay_http(request: web.Request, session: aiohttp.ClientSession, url:
             resp.content_length = int(upstream.headers["Content-Length"])
         await resp.prepare(request)
         prepared.append(resp)
-        with contextlib.suppress(aiohttp.ClientPayloadError):
+        try:
             async for chunk in upstream.content.iter_chunked(_CHUNK):
                 await resp.write(chunk)  # waits for the client: backpressure both ways
+        except aiohttp.ClientPayloadError:
+            # Cut short of what its head announced: so is the client's answer, and its
+            # connection ends. Ended cleanly, a chunked answer would pass for whole, and a
+            # kept-alive connection would have the next answer read as the rest of this body.
+            _cut(request, resp)
+            return resp
         await resp.write_eof()
         return resp
     finally:
         await upstream_cm.__aexit__(None, None, None)
 
 
+def _cut(request: web.Request, resp: web.StreamResponse) -> None:
+    resp.force_close()
+    if request.transport is not None:
+        request.transport.abort()  # before aiohttp's own write_eof could end the body cleanly
+
+
 async def relay_websocket(request: web.Request, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> web.StreamResponse:
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
     try:
-        upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=True, max_msg_size=0)
+        upstream = await session.ws_connect(url, headers=headers, protocols=protocols, autoping=True,
+                                              max_msg_size=WS_MESSAGE_MAX)
     except (TimeoutError, aiohttp.ClientError) as err:
         raise DriverFailure(f"websocket to the sandbox failed: {err}") from err
-    client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=True, max_msg_size=0)
+    client = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (), autoping=True,
+                                   max_msg_size=WS_MESSAGE_MAX)
     await client.prepare(request)
 
     async def pump(src: _WebSocket, dst: _WebSocket) -> None:

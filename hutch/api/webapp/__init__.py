@@ -18,7 +18,7 @@ from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import json_body, ok
-from hutch.api.keys import ENGINE, PRINCIPAL, STILL_AUTHORIZED, TENANTS
+from hutch.api.keys import BY_SESSION, ENGINE, PRINCIPAL, STILL_AUTHORIZED, TENANTS
 from hutch.api.refusals import ENDS_WHEN_REFUSED
 from hutch.api.watchers import while_client_stays
 from hutch.api.webapp.sessions import (
@@ -93,6 +93,7 @@ async def sign_in(request: web.Request) -> web.Response:
     sessions: Sessions = request.app[SESSIONS]
     cookie, csrf = sessions.issue(principal.key_id)
     resp = ok(_me(principal) | {"csrf": csrf}, http_status=201)
+    resp.headers["Cache-Control"] = "no-store"  # the CSRF token
     # Host-only (no Domain: no sandbox host under this one gets them), Path=/ (as __Host- needs).
     secure = tls_browser(request)
     name, csrf_name = cookie_names(request)
@@ -101,6 +102,14 @@ async def sign_in(request: web.Request) -> web.Response:
     resp.set_cookie(csrf_name, csrf, httponly=False, secure=secure, samesite="Strict", path="/",
                     max_age=int(sessions.ttl))
     return resp
+
+
+async def no_store(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: an answer to a session's request (a sandbox's environment, its
+    files, its output) is kept by no cache. Without it a browser keeps such answers on disk,
+    there after sign-out for whoever uses the machine next."""
+    if request.get(BY_SESSION):
+        response.headers["Cache-Control"] = "no-store"
 
 
 @routes.get("/app/session")
