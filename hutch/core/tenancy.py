@@ -334,10 +334,12 @@ def within(limit: tuple[str, ...], projects: tuple[str, ...]) -> bool:
 def create_key(directory: Directory, org_id: str, *, role: object, name: object = None,
                projects: object = (), expires_at: object = None, rate: object = None,
                burst: object = None, now: dt.datetime | None = None, limit: tuple[str, ...] = (),
-               field: str = "projects") -> tuple[str, KeyCreated]:
+               field: str = "projects", until: str | None = None) -> tuple[str, KeyCreated]:
     """(the secret, shown once; the event, which holds its hash only). ``limit``: the projects
     the creating key is limited to; the new key is limited to them too (to all of them when
-    ``projects`` names none), and naming another is refused by ``field``."""
+    ``projects`` names none), and naming another is refused by ``field``. ``until``: when the
+    creating key expires; the new key expires then too when it names no expiry, and naming a
+    later one is refused (a key for a day must not make one for ever: a way past its end)."""
     if not isinstance(role, str) or role not in {r.value for r in Role}:
         raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 100):
@@ -349,7 +351,10 @@ def create_key(directory: Directory, org_id: str, *, role: object, name: object 
         project_ids = limit
     if not within(limit, project_ids):
         raise InvalidInput(f"{field}: this key may only make keys in projects {', '.join(limit)}", field=field)
-    expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else None
+    expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else until
+    if until is not None and expires is not None and expires > until:  # both "%Y-%m-%dT%H:%M:%SZ"
+        raise InvalidInput(f"expires: {expires_at!r} is past {until}, when this key expires; the keys it makes "
+                           "expire no later", field="expires")
     numbers: dict[str, float | None] = {}
     for field, value in (("rate", rate), ("burst", burst)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):

@@ -262,15 +262,19 @@ class TenancyWrites:
 
     async def create_key(self, org_id: str, *, role: object, name: object = None, projects: object = (),
                          expires_at: object = None, rate: object = None, burst: object = None,
-                         limit: tuple[str, ...] = (), field: str = "projects") -> tuple[str, ApiKeyRecord]:
+                         limit: tuple[str, ...] = (), field: str = "projects",
+                         maker: str | None = None) -> tuple[str, ApiKeyRecord]:
         """(the key's secret, which is in this answer and nowhere else, ever; the key). ``limit``:
-        the creating key's projects, which a new key may not reach past (``field`` names them)."""
+        the creating key's projects, which a new key may not reach past (``field`` names them);
+        ``maker``: the creating key's id, whose expiry the new key may not reach past."""
         made: list[str] = []
 
         def decide() -> list[EventData]:
-            secret, event = tenancy.create_key(self._directory(), org_id, role=role, name=name, projects=projects,
+            directory = self._directory()
+            creator = directory.keys.get(maker) if maker is not None else None  # the bootstrap key: in none
+            secret, event = tenancy.create_key(directory, org_id, role=role, name=name, projects=projects,
                                                expires_at=expires_at, rate=rate, burst=burst, limit=limit,
-                                               field=field)
+                                               field=field, until=creator.expires_at if creator else None)
             made.append(secret)
             return [event]
 

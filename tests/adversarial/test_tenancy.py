@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from hutch.api.keys import ENGINE, SSH_GATEWAY
+from hutch.api.keys import ENGINE, SSH_GATEWAY, TENANTS
 from tests.api.conftest import AUTH, Api, AppFactory
 from tests.api.test_ssh import Gateway
 from tests.api.test_tenancy import (
@@ -480,3 +480,27 @@ async def test_fields_that_look_like_ours_are_refused_naming_the_one_meant(api: 
         "runtime": "base:latest", "name": "b", "git": {"branch": "main"}, "encrypt": True, "force": True})
     await api.data("POST", f"/sandbox/snapshots/{build['snapshotId']}/finalize", headers=admin, json={
         "sizeBytes": 0, "fileCount": 0, "files": [], "env": {"A": "1"}, "metadata": {"k": "v"}})
+
+
+async def test_a_key_that_expires_makes_no_key_that_outlives_it(api: Api) -> None:
+    """An admin key handed out for a day (a contractor's, a CI job's) made an admin key with
+    no expiry, or one a year out: its holder kept the organization after the day was over,
+    and nobody's revocation list said so. A new key expires no later than the key making it
+    (by default at the same time); a later or no expiry asked for is 400 naming ``expires``."""
+    await new_org(api, "alpha")
+    day = await new_key(api, "org_alpha", "admin", expires="1d")
+    admin = bearer(day["secret"])
+    for path, attempt in (("/keys", {"role": "member", "expires": "2d"}),
+                          ("/keys", {"role": "admin", "expires": "2999-01-01"}),
+                          ("/cli/apikey", {"name": "x", "expiresAt": "2999-01-01T00:00:00Z"})):  # the official CLI's
+        refused = await api.call("POST", path, headers=admin, json=attempt, expect=400)  # before: 201
+        assert refused["field"] == "expires" and day["expiresAt"] in refused["message"], refused
+    default = await api.data("POST", "/keys", headers=admin, json={"role": "admin"}, expect=201)
+    assert default["expiresAt"] == day["expiresAt"]  # before: None, a key for ever
+    cli = await api.data("POST", "/cli/apikey", headers=admin, json={"name": "y"})
+    assert api.client.server.app[TENANTS].directory.keys[cli["id"]].expires_at == day["expiresAt"]
+    sooner = await api.data("POST", "/keys", headers=admin, json={"role": "member", "expires": "1h"}, expect=201)
+    assert sooner["expiresAt"] < day["expiresAt"]
+    forever = await new_key(api, "org_alpha", "admin")  # a key without an expiry makes any
+    assert (await api.data("POST", "/keys", headers=bearer(forever["secret"]), json={"role": "admin"},
+                           expect=201))["expiresAt"] is None
