@@ -302,6 +302,20 @@ def org_id_for(name: str) -> str:
 # ---------------------------------------------------------------- commands: validate, then events
 
 
+# What no label a person reads needs, and what rewrites the terminal or the line it is read in:
+# C0 and C1 controls (escape sequences, newlines, NUL) and the bidirectional marks, overrides
+# and isolates (U+202E shows "cv\u202egpj.exe" as "cvexe.jpg").
+_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def check_label(value: str, field: str) -> str:
+    """``value``, refused by ``field`` when it holds a character that is not shown as itself."""
+    if (found := _UNSHOWABLE.search(value)) is not None:
+        raise InvalidInput(f"{field}: holds U+{ord(found.group()):04X}, a control or direction character; "
+                           "a name is text a person reads", field=field)
+    return value
+
+
 def check_name(value: object, field: str) -> str:
     if not isinstance(value, str) or not NAME_RE.match(value):
         raise InvalidInput(f"{field}: {value!r} must be 1-63 lower-case letters, digits and -, "
@@ -344,6 +358,8 @@ def create_key(directory: Directory, org_id: str, *, role: object, name: object 
         raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 100):
         raise InvalidInput("name: expected a string of 1-100 characters", field="name")
+    if isinstance(name, str):
+        check_label(name, "name")
     if not isinstance(projects, (list, tuple)) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects: expected a list of project ids or names", field="projects")
     project_ids = tuple(resolve_project(directory, org_id, p, field) for p in projects)
@@ -455,6 +471,9 @@ def add_ssh_key(directory: Directory, org_id: str, public_key: object, name: obj
     line, fingerprint = ssh_fingerprint(public_key)
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
         raise InvalidInput("name: a label of 1 to 200 characters", field="name")
+    if isinstance(name, str):
+        check_label(name, "name")
+    check_label(line, "publicKey")  # its comment is the label when no name is given
     # Other organizations' registrations are not looked at: one registering a person's public
     # key first must not lock her out of her own, nor learn that she has one anywhere. The
     # login's sandbox id says which organization's registration applies.

@@ -504,3 +504,33 @@ async def test_a_key_that_expires_makes_no_key_that_outlives_it(api: Api) -> Non
     forever = await new_key(api, "org_alpha", "admin")  # a key without an expiry makes any
     assert (await api.data("POST", "/keys", headers=bearer(forever["secret"]), json={"role": "admin"},
                            expect=201))["expiresAt"] is None
+
+
+def ed25519_line(comment: str) -> str:
+    """An OpenSSH public key line (a well-formed blob; no private key is needed to register one)."""
+    blob = b"".join(len(part).to_bytes(4, "big") + part for part in (b"ssh-ed25519", bytes(range(32))))
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()} {comment}"
+
+
+async def test_names_that_would_rewrite_a_reader_s_terminal_are_refused(api: Api) -> None:
+    """A member named an SSH key (or an admin a key) ``\\x1b]52;c;…\\x07`` (writes the reader's
+    clipboard), ``\\x1b[2J`` (clears the screen), ``ok\\nkey_… admin`` (a forged line) or with
+    U+202E (reverses what follows): ``hutch key list`` and ``hutch ssh-key list`` print names as
+    they are, so the next admin reading the list ran the escape. Names are labels a person
+    reads: control characters and bidirectional overrides are a 400 naming the field."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    member = bearer((await new_key(api, "org_alpha", "member"))["secret"])
+    for bad in ("\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2gK\x07", "a\x1b[2Jb", "ok\nkey_x  hk_  admin", "cv\u202egpj.exe",
+                "nul\x00", "c1\x9b31m"):
+        refused = await api.call("POST", "/keys", headers=admin, json={"role": "member", "name": bad}, expect=400)
+        assert refused["field"] == "name", refused  # before: 201
+        refused = await api.call("POST", "/ssh-keys", headers=member, json={"publicKey": ed25519_line("me"),
+                                                                             "name": bad}, expect=400)
+        assert refused["field"] == "name", refused
+    refused = await api.call("POST", "/ssh-keys", headers=member,
+                             json={"publicKey": ed25519_line("me\x1b[2J")}, expect=400)  # the label defaults to it
+    assert refused["field"] == "publicKey", refused
+    for fine in ("ci \u2013 deploy", "Zoë's laptop", "构建"):  # other letters and punctuation stay names
+        assert (await api.data("POST", "/keys", headers=admin, json={"role": "member", "name": fine},
+                               expect=201))["name"] == fine
