@@ -36,6 +36,10 @@ from hutch.core.limits import PUBLIC_KEY_CHARS
 LOCAL_ORG = "org_local"
 SECRET_PREFIX = "hk_"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
+# A key's rate (requests a second) and burst, as a token bucket can hold them: below RATE_MIN
+# the wait for a token was a Retry-After of hundreds of digits, or infinite (a 500 at every
+# request); a burst is whole requests.
+RATE_MIN, RATE_MAX, BURST_MAX = 0.001, 1_000_000.0, 1_000_000
 
 
 class Role(StrEnum):
@@ -372,9 +376,12 @@ def create_key(directory: Directory, org_id: str, *, role: object, name: object 
         raise InvalidInput(f"expires: {expires_at!r} is past {until}, when this key expires; the keys it makes "
                            "expire no later", field="expires")
     numbers: dict[str, float | None] = {}
-    for field, value in (("rate", rate), ("burst", burst)):
+    for field, value, low, high in (("rate", rate, RATE_MIN, RATE_MAX), ("burst", burst, 1, BURST_MAX)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             raise InvalidInput(f"{field}: expected a positive number, got {value!r}", field=field)
+        if value is not None and not (low <= value <= high and (field == "rate" or float(value).is_integer())):
+            kind = "requests a second" if field == "rate" else "a whole number of requests"
+            raise InvalidInput(f"{field}: expected {kind} from {low:g} to {high:g}, got {value!r}", field=field)
         numbers[field] = value
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     key_id = ids.new_id("key")

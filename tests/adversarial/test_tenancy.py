@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 import pytest
 from aiohttp import web
 
@@ -534,3 +535,25 @@ async def test_names_that_would_rewrite_a_reader_s_terminal_are_refused(api: Api
     for fine in ("ci \u2013 deploy", "Zoë's laptop", "构建"):  # other letters and punctuation stay names
         assert (await api.data("POST", "/keys", headers=admin, json={"role": "member", "name": fine},
                                expect=201))["name"] == fine
+
+
+async def test_a_key_s_rate_and_burst_are_numbers_a_bucket_can_hold(api: Api) -> None:
+    """``{"rate": 5e-324}`` made a key whose every request after its first was a 500 (a wait of
+    infinite seconds in ``Retry-After``), ``1e-300`` a ``Retry-After`` of 300 digits, and
+    ``{"burst": 0.5}`` was kept as 0 and silently replaced by the default. Rate and burst are
+    refused outside what a token bucket means (a 400 naming the field and the bounds); a key
+    recorded with such a rate before answers 429 with a wait a client can read."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    for body, field in (({"rate": 5e-324}, "rate"), ({"rate": 1e-300}, "rate"), ({"rate": 1e300}, "rate"),
+                        ({"burst": 0.5}, "burst"), ({"burst": 1e300}, "burst"), ({"burst": 2.5}, "burst")):
+        refused = await api.call("POST", "/keys", headers=admin, json={"role": "member", **body}, expect=400)
+        assert refused["field"] == field, refused  # before: 201
+    made = await api.data("POST", "/keys", headers=admin, json={"role": "member", "rate": 0.001, "burst": 1.0},
+                          expect=201)
+    assert (made["rate"], made["burst"]) == (0.001, 1)
+    directory = api.client.server.app[TENANTS].directory
+    directory.put(attrs.evolve(directory.keys[made["id"]], rate=5e-324))  # as recorded before the check
+    await api.call("GET", "/sandbox", headers=bearer(made["secret"]))
+    resp = await api.client.get("/sandbox", headers=bearer(made["secret"]))
+    assert resp.status == 429 and len(resp.headers["Retry-After"]) <= 4, (resp.status, await resp.text())
