@@ -366,7 +366,8 @@ def create_key(directory: Directory, org_id: str, *, role: object, name: object 
         check_label(name, "name")
     if not isinstance(projects, (list, tuple)) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects: expected a list of project ids or names", field="projects")
-    project_ids = tuple(resolve_project(directory, org_id, p, field) for p in projects)
+    # Each once (by name or id): a list repeating one was kept whole, in the log for ever.
+    project_ids = tuple(dict.fromkeys(resolve_project(directory, org_id, p, field) for p in dict.fromkeys(projects)))
     if limit and not project_ids:
         project_ids = limit
     if not within(limit, project_ids):

@@ -557,3 +557,15 @@ async def test_a_key_s_rate_and_burst_are_numbers_a_bucket_can_hold(api: Api) ->
     await api.call("GET", "/sandbox", headers=bearer(made["secret"]))
     resp = await api.client.get("/sandbox", headers=bearer(made["secret"]))
     assert resp.status == 429 and len(resp.headers["Retry-After"]) <= 4, (resp.status, await resp.text())
+
+
+async def test_a_key_names_each_of_its_projects_once(api: Api) -> None:
+    """``"projects": ["web"] * 99_999`` (under the body's 100,000 values) made a key whose record
+    held the project's id 99,999 times: 3.5 MB in the log for ever, in every replica's
+    directory, in every ``GET /keys``, one request each. A project named twice is one."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    web_ = await api.data("POST", "/projects", headers=admin, json={"name": "web"}, expect=201)
+    made = await api.data("POST", "/keys", headers=admin, expect=201,
+                          json={"role": "member", "projects": ["web", web_["id"], *["web"] * 5_000]})
+    assert made["projects"] == [web_["id"]]  # before: 5,002 of them
