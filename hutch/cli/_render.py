@@ -37,16 +37,26 @@ def key_values(pairs: Iterable[tuple[str, Any]], out: TextIO) -> None:
         out.write(f"{(key + ':').ljust(width + 1)} {value}\n")
 
 
+def shown(text: str) -> str:
+    """``text`` as a terminal shows it verbatim: what is not printable as itself (controls,
+    escape sequences, newlines, direction overrides) escaped as Python writes it. Names,
+    labels and metadata are anyone's in the organization; printed raw, one set the terminal
+    of whoever listed them (its clipboard, its screen, a forged row)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (list, tuple)):
-        return " ".join(str(v) for v in value)
+        return shown(" ".join(str(v) for v in value))
     if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
+        return json.dumps(value, separators=(",", ":"))  # JSON escapes controls itself
+    return shown(str(value))
 
 
 def duration_ms(ms: int | None) -> str | None:

@@ -90,7 +90,7 @@ def cmd_key_add(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UsageError(f"cannot read the public key {path}: {err.strerror}") from None
     key = _call(args, lambda c: c.tenancy.add_ssh_key(line, name=args.name))
-    return _print_record(key, f"{key.id}  {key.fingerprint}  {key.name}", args)
+    return _print_record(key, f"{key.id}  {key.fingerprint}  {render.shown(key.name)}", args)
 
 
 def cmd_key_list(args: argparse.Namespace) -> int:
@@ -99,7 +99,7 @@ def cmd_key_list(args: argparse.Namespace) -> int:
         render.dump_json([to_wire(k) for k in found], _out())
         return 0
     for k in found:
-        _out().write(f"{k.id}  {k.fingerprint}  {k.name}  {k.created_at}\n")
+        _out().write(f"{k.id}  {k.fingerprint}  {render.shown(k.name)}  {k.created_at}\n")
     return 0
 
 

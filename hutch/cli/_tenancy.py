@@ -172,7 +172,7 @@ def cmd_key_list(args: argparse.Namespace) -> int:
         return 0
     for k in found:
         state = f"revoked {k.revoked_at}" if k.revoked_at else (f"expires {k.expires_at}" if k.expires_at else "active")
-        _out().write(f"{k.id}  {k.prefix}…  {k.role}  {k.name}  {state}\n")
+        _out().write(f"{k.id}  {k.prefix}…  {k.role}  {render.shown(k.name)}  {state}\n")
     return 0
 
 

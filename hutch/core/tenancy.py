@@ -36,6 +36,10 @@ from hutch.core.limits import PUBLIC_KEY_CHARS
 LOCAL_ORG = "org_local"
 SECRET_PREFIX = "hk_"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
+# A key's rate (requests a second) and burst, as a token bucket can hold them: below RATE_MIN
+# the wait for a token was a Retry-After of hundreds of digits, or infinite (a 500 at every
+# request); a burst is whole requests.
+RATE_MIN, RATE_MAX, BURST_MAX = 0.001, 1_000_000.0, 1_000_000
 
 
 class Role(StrEnum):
@@ -302,6 +306,20 @@ def org_id_for(name: str) -> str:
 # ---------------------------------------------------------------- commands: validate, then events
 
 
+# What no label a person reads needs, and what rewrites the terminal or the line it is read in:
+# C0 and C1 controls (escape sequences, newlines, NUL) and the bidirectional marks, overrides
+# and isolates (U+202E shows "cv\u202egpj.exe" as "cvexe.jpg").
+_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def check_label(value: str, field: str) -> str:
+    """``value``, refused by ``field`` when it holds a character that is not shown as itself."""
+    if (found := _UNSHOWABLE.search(value)) is not None:
+        raise InvalidInput(f"{field}: holds U+{ord(found.group()):04X}, a control or direction character; "
+                           "a name is text a person reads", field=field)
+    return value
+
+
 def check_name(value: object, field: str) -> str:
     if not isinstance(value, str) or not NAME_RE.match(value):
         raise InvalidInput(f"{field}: {value!r} must be 1-63 lower-case letters, digits and -, "
@@ -334,26 +352,37 @@ def within(limit: tuple[str, ...], projects: tuple[str, ...]) -> bool:
 def create_key(directory: Directory, org_id: str, *, role: object, name: object = None,
                projects: object = (), expires_at: object = None, rate: object = None,
                burst: object = None, now: dt.datetime | None = None, limit: tuple[str, ...] = (),
-               field: str = "projects") -> tuple[str, KeyCreated]:
+               field: str = "projects", until: str | None = None) -> tuple[str, KeyCreated]:
     """(the secret, shown once; the event, which holds its hash only). ``limit``: the projects
     the creating key is limited to; the new key is limited to them too (to all of them when
-    ``projects`` names none), and naming another is refused by ``field``."""
+    ``projects`` names none), and naming another is refused by ``field``. ``until``: when the
+    creating key expires; the new key expires then too when it names no expiry, and naming a
+    later one is refused (a key for a day must not make one for ever: a way past its end)."""
     if not isinstance(role, str) or role not in {r.value for r in Role}:
         raise InvalidInput(f"role: {role!r} is not a role; expected admin, member or read-only", field="role")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 100):
         raise InvalidInput("name: expected a string of 1-100 characters", field="name")
+    if isinstance(name, str):
+        check_label(name, "name")
     if not isinstance(projects, (list, tuple)) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects: expected a list of project ids or names", field="projects")
-    project_ids = tuple(resolve_project(directory, org_id, p, field) for p in projects)
+    # Each once (by name or id): a list repeating one was kept whole, in the log for ever.
+    project_ids = tuple(dict.fromkeys(resolve_project(directory, org_id, p, field) for p in dict.fromkeys(projects)))
     if limit and not project_ids:
         project_ids = limit
     if not within(limit, project_ids):
         raise InvalidInput(f"{field}: this key may only make keys in projects {', '.join(limit)}", field=field)
-    expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else None
+    expires = check_expiry(expires_at, now or dt.datetime.now(dt.UTC)) if expires_at is not None else until
+    if until is not None and expires is not None and expires > until:  # both "%Y-%m-%dT%H:%M:%SZ"
+        raise InvalidInput(f"expires: {expires_at!r} is past {until}, when this key expires; the keys it makes "
+                           "expire no later", field="expires")
     numbers: dict[str, float | None] = {}
-    for field, value in (("rate", rate), ("burst", burst)):
+    for field, value, low, high in (("rate", rate, RATE_MIN, RATE_MAX), ("burst", burst, 1, BURST_MAX)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             raise InvalidInput(f"{field}: expected a positive number, got {value!r}", field=field)
+        if value is not None and not (low <= value <= high and (field == "rate" or float(value).is_integer())):
+            kind = "requests a second" if field == "rate" else "a whole number of requests"
+            raise InvalidInput(f"{field}: expected {kind} from {low:g} to {high:g}, got {value!r}", field=field)
         numbers[field] = value
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     key_id = ids.new_id("key")
@@ -450,6 +479,9 @@ def add_ssh_key(directory: Directory, org_id: str, public_key: object, name: obj
     line, fingerprint = ssh_fingerprint(public_key)
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
         raise InvalidInput("name: a label of 1 to 200 characters", field="name")
+    if isinstance(name, str):
+        check_label(name, "name")
+    check_label(line, "publicKey")  # its comment is the label when no name is given
     # Other organizations' registrations are not looked at: one registering a person's public
     # key first must not lock her out of her own, nor learn that she has one anywhere. The
     # login's sandbox id says which organization's registration applies.

@@ -77,8 +77,9 @@ def parse_rate(value: str | None, setting: str = "HUTCH_RATE_LIMIT") -> tuple[fl
     except ValueError:
         raise InvalidInput(f"{setting}: expected requests per second, optionally :burst (20 or 20:100), "
                            f"got {value!r}", field=setting) from None
-    if rate <= 0 or burst < 1:
-        raise InvalidInput(f"{setting}: rate and burst must be positive, got {value!r}", field=setting)
+    if not (tenancy.RATE_MIN <= rate <= tenancy.RATE_MAX) or not 1 <= burst <= tenancy.BURST_MAX:
+        raise InvalidInput(f"{setting}: rate from {tenancy.RATE_MIN:g} to {tenancy.RATE_MAX:g} a second and burst "
+                           f"from 1 to {tenancy.BURST_MAX:g}, got {value!r}", field=setting)
     return rate, burst
 
 
@@ -205,7 +206,9 @@ class Tenants:
         the same rate in a bucket of its own: whoever reaches the port must not spend the
         key's own requests (its owner's API calls answered 429 by a stranger's traffic)."""
         key = self.directory.keys.get(principal.key_id)
-        rate = (key.rate, key.burst or max(1, math.ceil(key.rate * 2))) if key and key.rate else self.default_rate
+        # A rate recorded before the bounds were checked (core.tenancy.RATE_MIN) is read as the least.
+        rate = ((max(key.rate, tenancy.RATE_MIN), key.burst or max(1, math.ceil(key.rate * 2)))
+                if key and key.rate else self.default_rate)
         if rate is None:
             return
         now = time.monotonic()
@@ -262,15 +265,19 @@ class TenancyWrites:
 
     async def create_key(self, org_id: str, *, role: object, name: object = None, projects: object = (),
                          expires_at: object = None, rate: object = None, burst: object = None,
-                         limit: tuple[str, ...] = (), field: str = "projects") -> tuple[str, ApiKeyRecord]:
+                         limit: tuple[str, ...] = (), field: str = "projects",
+                         maker: str | None = None) -> tuple[str, ApiKeyRecord]:
         """(the key's secret, which is in this answer and nowhere else, ever; the key). ``limit``:
-        the creating key's projects, which a new key may not reach past (``field`` names them)."""
+        the creating key's projects, which a new key may not reach past (``field`` names them);
+        ``maker``: the creating key's id, whose expiry the new key may not reach past."""
         made: list[str] = []
 
         def decide() -> list[EventData]:
-            secret, event = tenancy.create_key(self._directory(), org_id, role=role, name=name, projects=projects,
+            directory = self._directory()
+            creator = directory.keys.get(maker) if maker is not None else None  # the bootstrap key: in none
+            secret, event = tenancy.create_key(directory, org_id, role=role, name=name, projects=projects,
                                                expires_at=expires_at, rate=rate, burst=burst, limit=limit,
-                                               field=field)
+                                               field=field, until=creator.expires_at if creator else None)
             made.append(secret)
             return [event]
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 import pytest
 from aiohttp import web
 
-from hutch.api.keys import ENGINE, SSH_GATEWAY
+from hutch.api.keys import ENGINE, SSH_GATEWAY, TENANTS
 from tests.api.conftest import AUTH, Api, AppFactory
 from tests.api.test_ssh import Gateway
 from tests.api.test_tenancy import (
@@ -480,3 +481,91 @@ async def test_fields_that_look_like_ours_are_refused_naming_the_one_meant(api: 
         "runtime": "base:latest", "name": "b", "git": {"branch": "main"}, "encrypt": True, "force": True})
     await api.data("POST", f"/sandbox/snapshots/{build['snapshotId']}/finalize", headers=admin, json={
         "sizeBytes": 0, "fileCount": 0, "files": [], "env": {"A": "1"}, "metadata": {"k": "v"}})
+
+
+async def test_a_key_that_expires_makes_no_key_that_outlives_it(api: Api) -> None:
+    """An admin key handed out for a day (a contractor's, a CI job's) made an admin key with
+    no expiry, or one a year out: its holder kept the organization after the day was over,
+    and nobody's revocation list said so. A new key expires no later than the key making it
+    (by default at the same time); a later or no expiry asked for is 400 naming ``expires``."""
+    await new_org(api, "alpha")
+    day = await new_key(api, "org_alpha", "admin", expires="1d")
+    admin = bearer(day["secret"])
+    for path, attempt in (("/keys", {"role": "member", "expires": "2d"}),
+                          ("/keys", {"role": "admin", "expires": "2999-01-01"}),
+                          ("/cli/apikey", {"name": "x", "expiresAt": "2999-01-01T00:00:00Z"})):  # the official CLI's
+        refused = await api.call("POST", path, headers=admin, json=attempt, expect=400)  # before: 201
+        assert refused["field"] == "expires" and day["expiresAt"] in refused["message"], refused
+    default = await api.data("POST", "/keys", headers=admin, json={"role": "admin"}, expect=201)
+    assert default["expiresAt"] == day["expiresAt"]  # before: None, a key for ever
+    cli = await api.data("POST", "/cli/apikey", headers=admin, json={"name": "y"})
+    assert api.client.server.app[TENANTS].directory.keys[cli["id"]].expires_at == day["expiresAt"]
+    sooner = await api.data("POST", "/keys", headers=admin, json={"role": "member", "expires": "1h"}, expect=201)
+    assert sooner["expiresAt"] < day["expiresAt"]
+    forever = await new_key(api, "org_alpha", "admin")  # a key without an expiry makes any
+    assert (await api.data("POST", "/keys", headers=bearer(forever["secret"]), json={"role": "admin"},
+                           expect=201))["expiresAt"] is None
+
+
+def ed25519_line(comment: str) -> str:
+    """An OpenSSH public key line (a well-formed blob; no private key is needed to register one)."""
+    blob = b"".join(len(part).to_bytes(4, "big") + part for part in (b"ssh-ed25519", bytes(range(32))))
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()} {comment}"
+
+
+async def test_names_that_would_rewrite_a_reader_s_terminal_are_refused(api: Api) -> None:
+    """A member named an SSH key (or an admin a key) ``\\x1b]52;c;…\\x07`` (writes the reader's
+    clipboard), ``\\x1b[2J`` (clears the screen), ``ok\\nkey_… admin`` (a forged line) or with
+    U+202E (reverses what follows): ``hutch key list`` and ``hutch ssh-key list`` print names as
+    they are, so the next admin reading the list ran the escape. Names are labels a person
+    reads: control characters and bidirectional overrides are a 400 naming the field."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    member = bearer((await new_key(api, "org_alpha", "member"))["secret"])
+    for bad in ("\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2gK\x07", "a\x1b[2Jb", "ok\nkey_x  hk_  admin", "cv\u202egpj.exe",
+                "nul\x00", "c1\x9b31m"):
+        refused = await api.call("POST", "/keys", headers=admin, json={"role": "member", "name": bad}, expect=400)
+        assert refused["field"] == "name", refused  # before: 201
+        refused = await api.call("POST", "/ssh-keys", headers=member, json={"publicKey": ed25519_line("me"),
+                                                                             "name": bad}, expect=400)
+        assert refused["field"] == "name", refused
+    refused = await api.call("POST", "/ssh-keys", headers=member,
+                             json={"publicKey": ed25519_line("me\x1b[2J")}, expect=400)  # the label defaults to it
+    assert refused["field"] == "publicKey", refused
+    for fine in ("ci \u2013 deploy", "Zoë's laptop", "构建"):  # other letters and punctuation stay names
+        assert (await api.data("POST", "/keys", headers=admin, json={"role": "member", "name": fine},
+                               expect=201))["name"] == fine
+
+
+async def test_a_key_s_rate_and_burst_are_numbers_a_bucket_can_hold(api: Api) -> None:
+    """``{"rate": 5e-324}`` made a key whose every request after its first was a 500 (a wait of
+    infinite seconds in ``Retry-After``), ``1e-300`` a ``Retry-After`` of 300 digits, and
+    ``{"burst": 0.5}`` was kept as 0 and silently replaced by the default. Rate and burst are
+    refused outside what a token bucket means (a 400 naming the field and the bounds); a key
+    recorded with such a rate before answers 429 with a wait a client can read."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    for body, field in (({"rate": 5e-324}, "rate"), ({"rate": 1e-300}, "rate"), ({"rate": 1e300}, "rate"),
+                        ({"burst": 0.5}, "burst"), ({"burst": 1e300}, "burst"), ({"burst": 2.5}, "burst")):
+        refused = await api.call("POST", "/keys", headers=admin, json={"role": "member", **body}, expect=400)
+        assert refused["field"] == field, refused  # before: 201
+    made = await api.data("POST", "/keys", headers=admin, json={"role": "member", "rate": 0.001, "burst": 1.0},
+                          expect=201)
+    assert (made["rate"], made["burst"]) == (0.001, 1)
+    directory = api.client.server.app[TENANTS].directory
+    directory.put(attrs.evolve(directory.keys[made["id"]], rate=5e-324))  # as recorded before the check
+    await api.call("GET", "/sandbox", headers=bearer(made["secret"]))
+    resp = await api.client.get("/sandbox", headers=bearer(made["secret"]))
+    assert resp.status == 429 and len(resp.headers["Retry-After"]) <= 4, (resp.status, await resp.text())
+
+
+async def test_a_key_names_each_of_its_projects_once(api: Api) -> None:
+    """``"projects": ["web"] * 99_999`` (under the body's 100,000 values) made a key whose record
+    held the project's id 99,999 times: 3.5 MB in the log for ever, in every replica's
+    directory, in every ``GET /keys``, one request each. A project named twice is one."""
+    await new_org(api, "alpha")
+    admin = bearer((await new_key(api, "org_alpha", "admin"))["secret"])
+    web_ = await api.data("POST", "/projects", headers=admin, json={"name": "web"}, expect=201)
+    made = await api.data("POST", "/keys", headers=admin, expect=201,
+                          json={"role": "member", "projects": ["web", web_["id"], *["web"] * 5_000]})
+    assert made["projects"] == [web_["id"]]  # before: 5,002 of them

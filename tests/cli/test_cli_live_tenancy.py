@@ -83,3 +83,22 @@ def test_sdk_tenancy_and_org_id(url: str) -> None:  # noqa: F811
     with SyncSandboxClient(org_id="org_beta") as client:
         assert [k.name for k in client.tenancy.list_keys()] == ["agent"]
         assert client.tenancy.get_org("org_beta").usage is not None
+
+
+def test_names_print_as_text_never_as_terminal_controls(url: str,  # noqa: F811
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A member named a sandbox ``\\x1b]52;c;…\\x07`` (writes the reader's clipboard), with a
+    newline and a forged row, or with U+202E: ``hutch sandbox list``/``get`` printed it as it
+    was, so whoever listed the organization's sandboxes ran it. Characters that are not shown
+    as themselves are printed escaped (``\\x1b``, ``\\n``, ``\\u202e``); JSON output is JSON."""
+    hostile = "a\x1b]52;c;ZXZpbA==\x07b\nsbx_forged  ready\u202exe"
+    code, out, err = cli(capsys, "sb", "create", "--name", hostile)
+    assert code == 0, err
+    sid = out.strip()
+    for argv in (("sandbox", "list"), ("sandbox", "get", sid)):
+        code, out, err = cli(capsys, *argv)
+        assert code == 0, err
+        assert not any(c in out for c in "\x1b\x07\u202e"), out  # before: the escape as sent
+        assert "a\\x1b]52;c;ZXZpbA==\\x07b\\nsbx_forged  ready\\u202exe" in out, out
+    code, out, _ = cli(capsys, "sandbox", "get", sid, "--json")
+    assert json.loads(out)["name"] == hostile

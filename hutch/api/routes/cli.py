@@ -159,7 +159,7 @@ async def create_key(request: web.Request) -> web.Response:
     secret, key = await request.app[ENGINE].tenancy.create_key(
         principal.org_id, role="member" if body.get("role") is None else body["role"],
         name=body.get("name"), projects=projects, expires_at=body.get("expiresAt"), limit=principal.projects,
-        field="projectId")
+        field="projectId", maker=principal.key_id)
     return ok({"id": key.key_id, "value": secret})
 
 

@@ -138,7 +138,8 @@ async def create_key(request: web.Request) -> web.Response:
     principal = request[PRINCIPAL]
     secret, key = await request.app[ENGINE].tenancy.create_key(
         principal.org_id, role=body.get("role"), name=body.get("name"), projects=_or_none(body, "projects", []),
-        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"), limit=principal.projects)
+        expires_at=body.get("expires"), rate=body.get("rate"), burst=body.get("burst"), limit=principal.projects,
+        maker=principal.key_id)
     return ok(render_key(key) | {"secret": secret}, http_status=201)
 
 
