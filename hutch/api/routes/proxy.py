@@ -132,9 +132,11 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 # How long a relay keeps an idle connection: under another replica's deadline for the next
-# request head (HUTCH_REQUEST_HEAD_SECONDS, 10 s by default; api/listener.py), so no relayed
-# POST goes out on a connection that replica is closing at that instant (aiohttp retries no POST).
-IDLE_SECONDS = 5.0
+# request head (HUTCH_REQUEST_HEAD_SECONDS, 10 s by default; api/listener.py), and under the 5 s
+# that Node's and uvicorn's servers (what sandboxes often serve) keep one, so no relayed POST
+# goes out on a connection the other end is closing at that instant (aiohttp retries no POST:
+# the visitor would get a 502).
+IDLE_SECONDS = 4.0
 
 
 async def session_ctx(app: web.Application) -> AsyncIterator[None]:
