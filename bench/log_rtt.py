@@ -1,6 +1,6 @@
 """The production log path's own time, piece by piece, against bare clients, in turns.
 
-    python bench/log_rtt.py [--n 200] [--rounds 4] [--busy 0.0] [--only NAME ...]
+    python bench/log_rtt.py [--n 200] [--rounds 4] [--busy 0.0] [--gap MS] [--only NAME ...]
 
 On the shared broker and PostgreSQL server of ``HUTCH_EVENT_LOG`` / ``HUTCH_STORE`` (a fresh
 topic and database each run), one operation at a time, ``--n`` of each per round, the pieces
@@ -16,7 +16,9 @@ in turns (their order rotates every round, so the machine's drift hits each alik
 
 ``--busy F`` keeps the event loop busy a fraction F of the time in 1 ms slices of pure Python
 (a server's loop serving other requests), as bench/append.py does: what an extra loop turn
-costs on a loaded server. Prints per piece p50 / p90 in ms, each round's p50, and the
+costs on a loaded server. ``--gap MS`` waits that long (untimed) before each operation, as a
+server waits between a one-shot's appends while its command runs: after a pause the broker's and
+the server's threads are asleep, and the operation pays their wake-ups. Prints per piece p50 / p90 in ms, each round's p50, and the
 median of the round-by-round p50s. Not a test: docs/benchmarks.md records the figures.
 """
 
@@ -74,6 +76,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--busy", type=float, default=0.0)
+    ap.add_argument("--gap", type=float, default=0.0, help="ms slept, untimed, before each operation")
     ap.add_argument("--only", action="append", choices=PIECES)
     args = ap.parse_args()
     if not (args.event_log or "").startswith("kafka://") or not (args.store or "").startswith("postgres"):
@@ -140,6 +143,8 @@ async def main() -> None:
             for p in order:
                 got = []
                 for _ in range(args.n):
+                    if args.gap > 0:
+                        await asyncio.sleep(args.gap / 1000)
                     t = time.perf_counter()
                     await ops[p]()
                     got.append((time.perf_counter() - t) * 1000)
@@ -154,7 +159,7 @@ async def main() -> None:
         await log.close()
         await drop_database(args.store, dbname)
     load = os.getloadavg()
-    print(f"{args.rounds} rounds x {args.n}, one at a time, busy {args.busy:g}; load average now "
+    print(f"{args.rounds} rounds x {args.n}, one at a time, busy {args.busy:g}, gap {args.gap:g} ms; load average now "
           f"{load[0]:.2f} {load[1]:.2f}")
     print(f"{'piece':16} {'p50':>7} {'p90':>7}  median of round p50s  (round p50s)")
     for p in pieces:
