@@ -14,9 +14,17 @@ again without asking), and the creates under way. ``reserve`` (the engine's, bef
 records the sandbox) holds room at once, in one step of the event loop, so two creates at
 once cannot both take the last of it; the provision turns the hold into a sandbox, and a
 create that fails first releases it (or it lapses after ``RESERVATION``: a create whose
-runtime is built first provisions minutes later, and is checked again then). Not counted:
-the warm pool's idle sandboxes (pool.py), as a node agent does not count them: a claim turns
-one into the sandbox it then counts, and the little they use shows in MemAvailable.
+runtime is built first provisions minutes later, and is checked again then).
+
+The warm pool's idle sandboxes (pool.py) hold memory and pids as a sandbox does, so they
+count too, as claimable capacity: a refill starts one only where the host has room for it
+beside every sandbox, hold and other spare (``spare``), so a host at its bound grows no
+spares. A create is not refused for them (a spare is the room a create takes), and a create
+that claims one is counted once: its hold, then its sandbox, the spare gone from the count
+as it is claimed (``spare_gone``). A create made from scratch beside spares may take the
+host past its bound by them: once it is made, ``surplus`` names the spares to destroy.
+Before, a full host went on filling its pool, and the sandboxes of a host at its
+HUTCH_MAX_SANDBOXES came with two more idle ones per runtime that nothing counted.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ class HostAdmission:
         self._live: dict[str, int] = {}  # sandbox -> the memory it is counted as
         self._committed = 0  # their sum
         self._held: dict[str, tuple[int, float]] = {}  # creates under way: sandbox -> (memory, lapses at)
+        self._spares: dict[str, int] = {}  # the warm pool's idle sandboxes and those starting: name -> memory
         self.counted = False  # whether the live sandboxes were counted (``count``) since the start
 
     def count(self, live: Mapping[str, ResourceLimits]) -> None:
@@ -82,10 +91,7 @@ class HostAdmission:
         # MemAvailable, which a made sandbox's is not either (it shows there as it is used).
         # Taken from both, the 41st of creates at once of 512Mi on a host with 20Gi available
         # would be refused where the same creates one after another are made.
-        held = sum(m for m, _ in self._held.values())
-        room = capacity.Room(name="the host", memory_total=total, memory_available=available,
-                             memory_committed=self._committed + held, sandboxes=len(self._live),
-                             max_sandboxes=self.limits.max_sandboxes, memory_limit=self.limits.memory_limit)
+        room = self._room(total, available)
         most = capacity.largest(room)
         if memory > most:  # even an empty host could not hold it: no wait helps
             raise capacity.too_large(memory, most, "on this host")
@@ -94,6 +100,45 @@ class HostAdmission:
             raise NoCapacity(f"no room for a sandbox of {capacity.human(memory)} memory: {why}; "
                              "try again once sandboxes end", field="resources")
         self._held[sandbox_id] = (memory, now + RESERVATION)
+
+    def _room(self, total: int, available: int, *, spares: bool = False) -> capacity.Room:
+        """The host with its sandboxes' and holds' limits committed (and its spares', if ``spares``)."""
+        held = sum(m for m, _ in self._held.values()) + (sum(self._spares.values()) if spares else 0)
+        return capacity.Room(name="the host", memory_total=total, memory_available=available,
+                             memory_committed=self._committed + held, sandboxes=len(self._live),
+                             max_sandboxes=self.limits.max_sandboxes, memory_limit=self.limits.memory_limit)
+
+    def spare(self, name: str, memory: int | None) -> bool:
+        """Room for one more idle sandbox of the warm pool, of ``memory``: counted at once (it is
+        starting) if the host has room for it beside every sandbox, hold and spare; else False."""
+        if name in self._spares:
+            return True
+        need = capacity.need(ResourceLimits(memory_bytes=memory))[0]
+        room = self._room(*self._memory(), spares=True)
+        if capacity.shortfall(room, need, 0, (0, 0, len(self._held) + len(self._spares))):
+            return False
+        self._spares[name] = need
+        return True
+
+    def spare_gone(self, name: str) -> None:
+        """A spare claimed (its create's hold counts it now), destroyed or never started."""
+        self._spares.pop(name, None)
+
+    def surplus(self) -> list[str]:
+        """The spares past the host's bounds (its sandbox count, its commit limit) beside its
+        sandboxes and holds, newest first: the pool destroys them. MemAvailable is not asked:
+        what a spare uses shows in it already."""
+        total, _ = self._memory()
+        limit = total * capacity.MEMORY_OVERCOMMIT if self.limits.memory_limit is None else self.limits.memory_limit
+        count = len(self._live) + len(self._held) + len(self._spares) - self.limits.max_sandboxes
+        memory = self._committed + sum(m for m, _ in self._held.values()) + sum(self._spares.values()) - limit
+        out: list[str] = []
+        for name, need in reversed(self._spares.items()):
+            if count <= 0 and memory <= 0:
+                break
+            out.append(name)
+            count, memory = count - 1, memory - need
+        return out
 
     def made(self, sandbox_id: str, resources: ResourceLimits) -> None:
         self._held.pop(sandbox_id, None)

@@ -177,7 +177,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache, self._trash)
         self._background = PoolRefill()  # pool fills, destroys: close() waits for them
         self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache,
-                              self._quiet, memory=self._pool_memory)
+                              self._quiet, memory=self._pool_memory, room=self._admission)
         self._provisioner = Provisioner(self._registry, cg, self._launcher, self._pool, self._network,
                                         self._teardown, runtime_cache=cache, rootless=rootless,
                                         layer_limits=self.layers.limits, quiet=self._quiet,
@@ -324,6 +324,9 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._ended.watch(self._registry.sandboxes[req.sandbox_id])
         if self._admission is not None:
             self._admission.made(req.sandbox_id, req.resources)
+            # Made from scratch beside the pool's spares, it may have taken the host past its
+            # bounds with them: the spares go, not the sandbox (admission.py).
+            self._pool.trim(self._admission.surplus())
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
