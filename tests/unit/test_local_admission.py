@@ -113,3 +113,23 @@ def test_spares_past_the_bound_after_a_create_from_scratch_are_named_newest_firs
     assert m.surplus() == ["p2"]  # 1.5Gi + 2 x 512Mi: 512Mi past 2Gi
     m.made("more", ResourceLimits(memory_bytes=GiB // 4))
     assert m.surplus() == ["p2", "p1"]  # 1.75Gi + 2 x 512Mi: both go
+
+
+def test_a_hold_waiting_on_a_long_step_does_not_lapse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create whose runtime is built first, or its install layer: its hold stays while it
+    waits, and lapses ``RESERVATION`` after the step ends (``renew``), not after it was taken."""
+    building: set[str] = {"python:3.13"}
+    a = HostAdmission(HostLimits(max_sandboxes=1), memory=lambda: (16 * GiB, 8 * GiB),
+                      busy=lambda sid, runtime: runtime in building)
+    monkeypatch.setattr(admission, "RESERVATION", -1.0)  # every hold lapses at once unless busy
+    a.reserve("waits", HALF, "python:3.13")
+    with pytest.raises(NoCapacity, match="maximum of 1 sandboxes"):
+        a.reserve("after", HALF, "base:latest")  # the build goes on: the room stays held
+    monkeypatch.setattr(admission, "RESERVATION", 60.0)
+    building.clear()
+    a.renew(runtime="python:3.13")  # the build ended: its creates' holds count from now
+    with pytest.raises(NoCapacity, match="maximum of 1 sandboxes"):
+        a.reserve("after", HALF, "base:latest")
+    a.made("waits", HALF)
+    a.ended("waits")
+    a.reserve("after", HALF, "base:latest")
