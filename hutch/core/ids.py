@@ -45,3 +45,14 @@ def is_id(kind: str, value: object) -> bool:
         return False
     m = _ID_RE.match(value)
     return m is not None and m.group("prefix") == PREFIXES[kind]
+
+
+def millis(kind: str, value: str) -> int | None:
+    """The milliseconds since the epoch an id of ``kind`` was made at (``new_id``), or None if
+    ``value`` is no such id."""
+    if not is_id(kind, value):
+        return None
+    n = 0
+    for ch in value.split("_", 1)[1]:
+        n = n * 32 + _ALPHABET.index(ch)
+    return n >> 80

@@ -600,10 +600,17 @@ class KafkaEventLog(EventLog):
                 hit = found.get(tp)
                 first = max(first, hit.offset if hit is not None else end)
             if not reverse:
-                async for _, k, value, headers in reader.scan(first, end):
-                    pos = int(headers["position"])
-                    if k == key and wanted(pos):
-                        matches[pos] = decode_record(value, pos)
+                # The keyed copies are in log order: past the first ``limit`` of them, none is
+                # wanted (a paged read, service/history.py, stops early instead of reading on).
+                keyed: set[int] = set()
+                async with contextlib.aclosing(reader.scan(first, end)) as records:  # parked at once on a break
+                    async for _, k, value, headers in records:
+                        pos = int(headers["position"])
+                        if k == key and wanted(pos):
+                            matches[pos] = decode_record(value, pos)
+                            keyed.add(pos)
+                            if limit is not None and len(keyed) >= limit:
+                                break
             else:
                 upper, window = end, 2 * (limit or 500) + 16
                 while upper > first and (limit is None or len(matches) < limit):

@@ -9,7 +9,7 @@ import asyncio
 import functools
 import json
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -140,7 +140,7 @@ class PartitionReader:
             upper, window = lower, window * 4
         return []
 
-    async def scan(self, start: int, end: int) -> AsyncIterator[tuple[int, bytes | None, bytes, dict[str, bytes]]]:
+    async def scan(self, start: int, end: int) -> AsyncGenerator[tuple[int, bytes | None, bytes, dict[str, bytes]], None]:
         """(offset, key, value, headers) of committed records with start <= offset < end."""
         c, tp = self.consumer, self.tp
         if start >= end:

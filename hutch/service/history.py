@@ -5,18 +5,31 @@ projections use, so the state "as of" an event is that fold stopped at the event
 snapshots of state are kept for it. ``GET /sandbox/{id}?asOf=evt_…|<ISO time>`` answers it,
 ``GET /sandbox/sandboxes/{id}/history`` gives the status after every event (the timeline),
 and ``hutch sandbox history`` prints both.
+
+``as_of`` at or past the sandbox's last event answers from the projection store once that has
+applied the event (two reads of one event: ``_present``). Before it, it reads the sandbox's
+events in pages (``FIRST_PAGE``, each twice the last) only as far as the point asked: an
+event id and a time both carry a time (ids are time-sortable, core/ids.py), and the read stops
+at the first event made ``CLOCK_SLACK`` past it. Events are in log order, not strictly in time
+order (replicas' clocks, an append held up), hence the slack. Before, every request read the sandbox's whole history, and a tenant could make each
+one cost as much as its longest-lived sandbox had events.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import AsyncIterator
 
+from hutch.core import ids
 from hutch.core.errors import InvalidInput, NotFound
 from hutch.core.eventlog.base import EventLog
 from hutch.core.events import Event
 from hutch.core.lifecycle import evolve_sandbox
 from hutch.core.models import SandboxState
 from hutch.service.reads import Reads
+
+FIRST_PAGE = 64  # events read at first; each page after is twice the last
+CLOCK_SLACK = dt.timedelta(minutes=10)  # an event appended this much later than made (or another clock) is still found
 
 
 class History:
@@ -37,15 +50,81 @@ class History:
     async def as_of(self, sandbox_id: str, ref: str) -> tuple[Event, SandboxState]:
         """The sandbox right after event ``ref`` (an event id), or after the last event at or
         before ``ref`` (an ISO 8601 time)."""
-        return _as_of(await self.timeline(sandbox_id), sandbox_id, ref)
+        await self._reads.require(sandbox_id, include_deleted=True)  # scoped: another organization's is a 404
+        now = dt.datetime.now(dt.UTC)
+        if ref.startswith("evt_"):
+            made = ids.millis("event", ref)
+            if made is None or made > (now + CLOCK_SLACK).timestamp() * 1000:  # none made yet: nothing to read
+                raise NotFound(f"asOf: {ref} is not an event of sandbox {sandbox_id}")
+            present = await self._present(sandbox_id)
+            if present is not None and present[0].event_id == ref:
+                return present
+            async for event, state in self._fold(sandbox_id, _at(made) + CLOCK_SLACK):
+                if event.event_id == ref:
+                    return event, state
+            raise NotFound(f"asOf: {ref} is not an event of sandbox {sandbox_id}")
+        when = _time(ref)
+        present = await self._present(sandbox_id)
+        if present is not None and _created(present[0]) <= when:
+            return present
+        found = None
+        async for event, state in self._fold(sandbox_id, when + CLOCK_SLACK if when < now else None):
+            if _created(event) <= when:
+                found = (event, state)
+        if found is None:
+            raise NotFound(f"asOf: sandbox {sandbox_id} did not exist yet at {ref}")
+        return found
+
+    async def _present(self, sandbox_id: str) -> tuple[Event, SandboxState] | None:
+        """The sandbox's last event and its state now, from the projection store where that
+        has applied the event and nothing of the sandbox came after it; else None (fold)."""
+        last = await self._log.read(0, sandbox_id=sandbox_id, limit=1, reverse=True)
+        if not last or last[0].position is None:
+            return None
+        store = self._reads.store
+        if await store.position() < last[0].position:
+            return None  # behind the log: the fold answers
+        state = await store.get_sandbox(sandbox_id)
+        again = await self._log.read(0, sandbox_id=sandbox_id, limit=1, reverse=True)
+        if state is None or [e.position for e in again] != [last[0].position]:
+            return None  # another event meanwhile: the state may be past this one
+        return last[0], state
+
+    async def _fold(self, sandbox_id: str, until: dt.datetime | None) -> AsyncIterator[tuple[Event, SandboxState]]:
+        """The sandbox's events with its state right after each, up to the first made after
+        ``until`` (None: all of them), read in pages."""
+        state: SandboxState | None = None
+        after, page = 0, FIRST_PAGE
+        while True:
+            events = await self._log.read(after, sandbox_id=sandbox_id, limit=page)
+            for event in events:
+                if until is not None and _created(event) > until:
+                    return
+                state = evolve_sandbox(state, event)
+                if state is not None and not state.unrecorded:  # a lifecycle:discarded before its create: no sandbox yet
+                    yield event, state
+            if len(events) < page or events[-1].position is None:
+                return
+            after, page = events[-1].position, page * 2
 
 
-def _as_of(steps: list[tuple[Event, SandboxState]], sandbox_id: str, ref: str) -> tuple[Event, SandboxState]:
-    if ref.startswith("evt_"):
-        for event, state in steps:
-            if event.event_id == ref:
-                return event, state
-        raise NotFound(f"asOf: {ref} is not an event of sandbox {sandbox_id}")
+def _at(millis: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
+
+
+def _created(event: Event) -> dt.datetime:
+    return _parse(event.created_at) or dt.datetime.min.replace(tzinfo=dt.UTC)  # unreadable: the oldest
+
+
+def _parse(text: str) -> dt.datetime | None:
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
+
+
+def _time(ref: str) -> dt.datetime:
     try:
         when = dt.datetime.fromisoformat(ref.replace("Z", "+00:00"))
     except ValueError:
@@ -53,10 +132,4 @@ def _as_of(steps: list[tuple[Event, SandboxState]], sandbox_id: str, ref: str) -
                            field="asOf") from None
     if when.tzinfo is None:
         raise InvalidInput(f"asOf: {ref!r} needs a time zone, e.g. Z", field="asOf")
-    found = None
-    for event, state in steps:
-        if dt.datetime.fromisoformat(event.created_at.replace("Z", "+00:00")) <= when:
-            found = (event, state)
-    if found is None:
-        raise NotFound(f"asOf: sandbox {sandbox_id} did not exist yet at {ref}")
-    return found
+    return when

@@ -371,6 +371,8 @@ class Provisioning:
             started = True
         finally:
             self._reads.building.discard(sandbox_id)
+            if not started:  # failed or destroyed before its provision: the room it held is free
+                self._lifecycle.release(sandbox_id)
             if execution_id and not (started and self._executions.running(execution_id)):
                 await self._executions.close_streams(execution_id)
 

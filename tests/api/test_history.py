@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+from typing import Any
+
 import pytest
 
+from hutch.api.keys import ENGINE
+from hutch.core.eventlog.base import EventLog
+from hutch.core.events import Event
+from hutch.service import history
 from tests.api.conftest import STORE, Api
 
 
@@ -38,3 +46,61 @@ async def test_a_sandbox_as_of_each_of_its_events(api: Api) -> None:
     assert "asOf" in (await api.call("GET", f"/sandbox/{sid}?asOf=yesterday", expect=400))["message"]
     assert "did not exist yet" in (await api.call("GET", f"/sandbox/{sid}?asOf=2000-01-01T00:00:00Z",
                                                  expect=404))["message"]
+
+
+class CountingLog:
+    """The log as History reads it, counting the events each read hands back."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log, self.events = log, 0
+
+    async def read(self, after: int = 0, **kw: Any) -> list[Event]:
+        got = await self.log.read(after, **kw)
+        self.events += len(got)
+        return got
+
+
+@pytest.mark.runs_on(*STORE)
+async def test_as_of_reads_the_history_only_as_far_as_the_point_asked(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived sandbox's many events: an early ``asOf`` reads a page of them, not all (it
+    read every one, at each request)."""
+    sid = (await api.data("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201))["sandboxId"]
+    await api.data("GET", f"/sandbox/{sid}?waitForStatus=idle&waitMs=30000")
+    early = (await api.data("GET", f"/sandbox/sandboxes/{sid}/history"))["history"]
+    await asyncio.sleep(1.1)  # past the (shortened) slack: later events are made after it
+    many = 3 * history.FIRST_PAGE
+    for i in range(many):
+        await api.data("PATCH", f"/sandbox/env/{sid}", json={"env": {"N": str(i)}})
+    monkeypatch.setattr(history, "CLOCK_SLACK", dt.timedelta(seconds=1))  # not 10 min, for a short test
+    engine_history = api.client.server.app[ENGINE].history
+    counting = CountingLog(engine_history._log)
+    monkeypatch.setattr(engine_history, "_log", counting)
+
+    create = early[0]
+    assert create["type"] == "create"
+    then = await api.data("GET", f"/sandbox/{sid}?asOf={create['eventId']}")
+    assert then["status"] == "creating" and then["asOf"]["eventId"] == create["eventId"]
+    # A page at most, and the last event twice (is the present asked? ``History._present``)
+    assert counting.events <= history.FIRST_PAGE + 2, f"{counting.events} events read for the sandbox's first"
+    counting.events = 0
+    at = await api.data("GET", f"/sandbox/{sid}?asOf={early[-1]['createdAt']}")
+    assert at["asOf"]["position"] >= early[-1]["position"] and at["env"] == {}
+    assert counting.events <= history.FIRST_PAGE + 2, f"{counting.events} events read for a time before the many"
+    counting.events = 0
+    # The present, from the projection store: its last event read twice, no more; and as the fold says.
+    now = await api.data("GET", f"/sandbox/{sid}?asOf=2999-01-01T00:00:00Z")
+    assert now["env"] == {"N": str(many - 1)} and counting.events <= 2, counting.events
+    counting.events = 0
+    last = await api.data("GET", f"/sandbox/{sid}?asOf={now['asOf']['eventId']}")
+    assert last == now and counting.events <= 2, counting.events
+
+    async def no_present(sandbox_id: str) -> None:
+        return None
+
+    monkeypatch.setattr(engine_history, "_present", no_present)
+    assert await api.data("GET", f"/sandbox/{sid}?asOf={now['asOf']['eventId']}") == now  # folded: the same
+    counting.events = 0
+    future = f"evt_{'z' * 26}"  # an id of a time to come: no event yet, nothing read
+    assert "not an event" in (await api.call("GET", f"/sandbox/{sid}?asOf={future}", expect=404))["message"]
+    assert counting.events == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import posixpath
 import tarfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,22 @@ def over_quota(body: dict[str, Any]) -> None:
     assert body["code"] == "QUOTA_EXCEEDED" and body["quota"] == "snapshot_bytes", body
 
 
+class ReadBytes:
+    """What the driver's ``read_file`` hands out from here on (a snapshot's export reads every
+    file through it), counted in ``bytes``: how far an export read before it stopped."""
+
+    def __init__(self, driver: Any) -> None:
+        self.bytes = 0
+        read_file = driver.read_file
+
+        async def counted(sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+            async for chunk in read_file(sandbox_id, path):
+                self.bytes += len(chunk)
+                yield chunk
+
+        driver.read_file = counted
+
+
 @pytest.mark.runs_on(*STORE)
 async def test_a_take_or_fork_past_the_room_left_stops_its_export_there(api: Api) -> None:
     """50 files of 4 MiB (200 MiB) against 10 MiB of room: the export was read, compressed and
@@ -123,21 +140,12 @@ async def test_a_take_or_fork_past_the_room_left_stops_its_export_there(api: Api
     block = bytes(4 * MiB)
     for i in range(50):
         box.files[posixpath.join(HOME, f"big-{i:02d}.bin")] = block
-    read_bytes = 0
-    read_file = driver.read_file
-
-    async def counted(sandbox_id: str, path: str) -> Any:
-        nonlocal read_bytes
-        async for chunk in read_file(sandbox_id, path):
-            read_bytes += len(chunk)
-            yield chunk
-
-    driver.read_file = counted  # type: ignore[method-assign]
+    reads = ReadBytes(driver)
     over_quota(await api.call("POST", f"/sandbox/{sid}/snapshot", json={"name": "big"}, expect=403, headers=auth))
-    assert read_bytes <= 12 * MiB, read_bytes  # two files fit the room; the third's header passes it
-    read_bytes = 0
+    assert reads.bytes <= 12 * MiB, reads.bytes  # two files fit the room; the third's header passes it
+    reads.bytes = 0
     over_quota(await api.call("POST", f"/sandbox/{sid}/fork", json={"count": 1}, expect=403, headers=auth))
-    assert read_bytes <= 12 * MiB, read_bytes
+    assert reads.bytes <= 12 * MiB, reads.bytes
     assert (await api.data("GET", "/sandbox/snapshots", headers=auth))["snapshots"] == [] and not spooled(api)
 
 
@@ -174,20 +182,11 @@ async def test_a_real_workspace_past_either_limit_is_refused_as_it_is_read(api: 
     sid = (await api.call("POST", "/sandbox", json={"runtime": "base:latest"}, expect=201,
                           headers=auth))["data"]["sandboxId"]
     driver = engine(api).parts.driver
-    read_bytes = 0
-    read_file = driver.read_file
-
-    async def counted(sandbox_id: str, path: str) -> Any:
-        nonlocal read_bytes
-        async for chunk in read_file(sandbox_id, path):
-            read_bytes += len(chunk)
-            yield chunk
-
-    driver.read_file = counted  # type: ignore[method-assign]
+    reads = ReadBytes(driver)
     # A sparse file costs the sandbox nothing and was read whole (3 GiB of zeros) before the check.
     await run(api, sid, "head -c 1048576 /dev/zero > a-small && truncate -s 3G b-sparse", auth)
     over_quota(await api.call("POST", f"/sandbox/{sid}/snapshot", json={"name": "sparse"}, expect=403, headers=auth))
-    assert read_bytes <= 2 * MiB, read_bytes
+    assert reads.bytes <= 2 * MiB, reads.bytes
     # Many files of long paths: refused at the one past the record's limit, on both profiles.
     # Paths of ~4,000 bytes (PATH_MAX is 4,096): the record passes its limit at ~1,550 files.
     deeper = "/".join(c * 249 for c in "abcdefghijklmno")

@@ -64,6 +64,12 @@ async def test_per_sandbox_reads_agree_with_the_global_order(url: str, tmp_path:
             assert [e.event_id for e in newest] == [e.event_id for e in mine[::-1][:3]]
             middle = mine[3].position or 0
             assert [e.event_id for e in await log.read(middle, sandbox_id=sid)] == [e.event_id for e in mine[4:]]
+            # In pages (service/history.py): the keyed scan stops at a page's end, none skipped.
+            paged, after = [], 0
+            while page := await log.read(after, sandbox_id=sid, limit=3):
+                paged += [e.event_id for e in page]
+                after = page[-1].position or 0
+            assert paged == [e.event_id for e in mine]
     finally:
         await log.close()
 

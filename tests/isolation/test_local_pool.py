@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import pytest
 
+from hutch.core.errors import NoCapacity
 from hutch.drivers.base import ExecRequest
 from hutch.drivers.local import pool as pool_module
 from hutch.drivers.local import quiet
+from hutch.drivers.local.admission import HostLimits
 from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -222,3 +225,38 @@ async def test_the_pool_fills_back_to_its_size_after_a_burst(driver: LocalDriver
     await asyncio.gather(*(driver.destroy(sid) for sid in burst))
     await full_pool(driver)
     assert all(sb.id.startswith("_pool") for sb in driver._pool.idle[RT])
+
+
+async def settled_pool(driver: LocalDriver, timeout: float = 30) -> list[str]:
+    """The idle pooled sandboxes once no refill is under way."""
+    deadline = time.monotonic() + timeout
+    while RT in driver._pool._filling:
+        assert time.monotonic() < deadline, f"the pool still fills after {timeout} s"
+        await asyncio.sleep(0.02)
+    return [sb.id for sb in driver._pool.idle.get(RT, ())]
+
+
+async def test_a_host_at_its_bound_grows_no_spares_and_a_claim_is_counted_once(
+        tmp_path: Path, built_runtimes: Path) -> None:  # noqa: F811
+    """HUTCH_MAX_SANDBOXES=2 (admission.py): a sandbox and one spare fill it; the second
+    create claims that spare, is admitted though the spare was counted, and no refill follows."""
+    driver = LocalDriver(tmp_path, built_runtimes, host_limits=HostLimits(max_sandboxes=2))
+    await driver.start()
+    made: list[str] = []
+    try:
+        assert driver._pool.size == 2
+        made.append(await provision(driver, RT))
+        spares = await settled_pool(driver)
+        assert len(spares) == 1, f"one sandbox and {len(spares)} spares on a host that takes 2"
+        spare_pid = driver._pool.idle[RT][0].init_pid
+        made.append(await provision(driver, RT))
+        assert driver._registry.sandboxes[made[1]].init_pid == spare_pid, "the second create was made from scratch"
+        assert await settled_pool(driver) == [], "a host at its bound refilled its pool"
+        with pytest.raises(NoCapacity, match="maximum of 2 sandboxes"):
+            await provision(driver, RT)
+        await driver.destroy(made.pop())
+        made.append(await provision(driver, RT))  # its room is there again, and no spare holds it
+    finally:
+        for sid in made:
+            await driver.destroy(sid)
+        await driver.close()

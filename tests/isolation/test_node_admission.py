@@ -31,6 +31,16 @@ async def _stale(driver: Driver) -> None:
         await driver._refresher
 
 
+async def _end(agents: NodeAgents, first: Driver, *others: Driver) -> None:
+    """What a test made, gone: the sandboxes (every driver of the agents lists them all: the
+    first is asked), the drivers, the agents."""
+    for sid in await first.alive():
+        await first.destroy(sid)
+    for driver in (first, *others):
+        await driver.close()
+    await asyncio.to_thread(agents.stop)
+
+
 async def test_a_full_node_refuses_what_a_stale_placement_sends_it(built_runtimes: Path,  # noqa: F811
                                                                     tmp_path: Path) -> None:
     require_root()
@@ -54,11 +64,7 @@ async def test_a_full_node_refuses_what_a_stale_placement_sends_it(built_runtime
             message.split(": ", 1)[1].startswith(f"{b_node} runs its maximum of 1 sandboxes"), message
         assert len(await a.alive()) == 2
     finally:
-        for sid in await a.alive():
-            await a.destroy(sid)
-        await a.close()
-        await b.close()
-        await asyncio.to_thread(agents.stop)
+        await _end(agents, a, b)
 
 
 async def test_an_agents_memory_commit_limit_bounds_what_it_takes(built_runtimes: Path,  # noqa: F811
@@ -74,10 +80,7 @@ async def test_an_agents_memory_commit_limit_bounds_what_it_takes(built_runtimes
             await driver.provision(ProvisionRequest(new_id(), "base:latest", resources=ResourceLimits(600 << 20)))
         await driver.provision(ProvisionRequest(new_id(), "base:latest"))
     finally:
-        for sid in await driver.alive():
-            await driver.destroy(sid)
-        await driver.close()
-        await asyncio.to_thread(agents.stop)
+        await _end(agents, driver)
 
 
 class _Directory:
@@ -122,7 +125,4 @@ async def test_a_node_that_joins_is_placed_on_and_a_drained_one_is_not(built_run
         with pytest.raises(NoCapacity, match="j1 is not offered for placement"):
             await driver.provision(ProvisionRequest(new_id(), "base:latest"))
     finally:
-        for sid in await driver.alive():
-            await driver.destroy(sid)
-        await driver.close()
-        await asyncio.to_thread(agents.stop)
+        await _end(agents, driver)

@@ -9,8 +9,7 @@ opens by hand, and a failure it is told to raise once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import pytest
 
@@ -19,6 +18,7 @@ from hutch.eventlog.sqlite import SqliteEventLog
 from hutch.projections.memory import MemoryProjectionStore
 from hutch.projections.runner import Projector
 from tests.contracts.test_eventlog import ev
+from tests.unit.projector_fixtures import sqlite_log, started_projector  # noqa: F401  (fixtures: log, projector)
 
 
 class GatedStore(MemoryProjectionStore):
@@ -39,24 +39,8 @@ class GatedStore(MemoryProjectionStore):
 
 
 @pytest.fixture
-async def log(tmp_path: Path) -> AsyncIterator[SqliteEventLog]:
-    made = SqliteEventLog(tmp_path / "events.db")
-    await made.start()
-    yield made
-    await made.close()
-
-
-@pytest.fixture
 async def store() -> GatedStore:
     return GatedStore()
-
-
-@pytest.fixture
-async def projector(log: SqliteEventLog, store: GatedStore) -> AsyncIterator[Projector]:
-    made = Projector(log, store)
-    await made.start()
-    yield made
-    await made.close()
 
 
 async def settle() -> None:

@@ -16,8 +16,7 @@ a position read only when the test lets it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -26,6 +25,7 @@ from hutch.eventlog.sqlite import SqliteEventLog
 from hutch.projections.memory import MemoryProjectionStore
 from hutch.projections.runner import Projector
 from tests.contracts.test_eventlog import ev
+from tests.unit.projector_fixtures import sqlite_log, started_projector  # noqa: F401  (fixtures: log, projector)
 
 
 class SessionStore(MemoryProjectionStore):
@@ -81,24 +81,8 @@ class SessionStore(MemoryProjectionStore):
 
 
 @pytest.fixture
-async def log(tmp_path: Path) -> AsyncIterator[SqliteEventLog]:
-    made = SqliteEventLog(tmp_path / "events.db")
-    await made.start()
-    yield made
-    await made.close()
-
-
-@pytest.fixture
 async def store() -> SessionStore:
     return SessionStore()
-
-
-@pytest.fixture
-async def projector(log: SqliteEventLog, store: SessionStore) -> AsyncIterator[Projector]:
-    made = Projector(log, store)
-    await made.start()
-    yield made
-    await made.close()
 
 
 async def _append(log: SqliteEventLog, projector: Projector, seq: int) -> int:

@@ -118,7 +118,8 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         together (pidstotal.py); None: the host's pid_max less a reserve."""
         self._pids_total = pids_total
         self.data_dir = Path(data_dir)
-        self._admission = None if host_limits is None else HostAdmission(host_limits)
+        self._admission = None if host_limits is None else HostAdmission(host_limits, busy=self._busy)
+        self._preparing: set[str] = set()  # creates whose install layer is being built (``prepare``)
         self._pool_memory = pool_memory
         self.runtime_cache = Path(runtime_cache)
         # Install layers: the server's cache, bounded and swept (layercache.py).
@@ -177,7 +178,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._teardown = Teardown(self._registry, self._nsexec, cg, self._network, self._spares, cache, self._trash)
         self._background = PoolRefill()  # pool fills, destroys: close() waits for them
         self._pool = WarmPool(self._registry, cg, self._launcher, self._teardown, self._background, cache,
-                              self._quiet, memory=self._pool_memory)
+                              self._quiet, memory=self._pool_memory, room=self._admission)
         self._provisioner = Provisioner(self._registry, cg, self._launcher, self._pool, self._network,
                                         self._teardown, runtime_cache=cache, rootless=rootless,
                                         layer_limits=self.layers.limits, quiet=self._quiet,
@@ -258,7 +259,11 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         def build(log: Callable[[str], None]) -> None:
             rootfs.build(recipe, self.runtime_cache, log=log)
 
-        await self._builds.run(recipe.name, progress, build)
+        try:
+            await self._builds.run(recipe.name, progress, build)
+        finally:
+            if self._admission is not None:  # the creates that waited for it: their holds count from now
+                self._admission.renew(runtime=recipe.name)
         self._available_at = -1e9  # look again at the next create
 
     def runtimes_building(self) -> set[str]:
@@ -306,15 +311,22 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
             return
         if not self._admission.counted:
             await self.alive()  # counts the sandboxes an earlier server left running
-        self._admission.reserve(req.sandbox_id, req.resources)
+        recipe = runtimes.find(req.runtime)
+        self._admission.reserve(req.sandbox_id, req.resources, recipe.name if recipe else req.runtime)
+
+    def _busy(self, sandbox_id: str, runtime: str) -> bool:
+        """A create still waiting on a long step: its runtime's build, its install layer's. Its
+        hold stays (admission.py); else a host filled meanwhile failed it, recorded already."""
+        return sandbox_id in self._preparing or runtime in self._builds.building()
 
     def release(self, sandbox_id: str) -> None:
         if self._admission is not None:
             self._admission.release(sandbox_id)
 
     async def provision(self, req: ProvisionRequest) -> None:
-        # Held already (the engine's reserve), or checked now: a create whose runtime was built
-        # first comes after its hold lapsed, and a caller that does not reserve (a test).
+        # Held already (the engine's reserve; kept through its runtime's build and its install:
+        # ``_busy``), or checked now: a hold that lapsed all the same, a caller that does not
+        # reserve (a test).
         await self.reserve(req)
         try:
             await self._provisioner.provision(req)
@@ -324,10 +336,19 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._ended.watch(self._registry.sandboxes[req.sandbox_id])
         if self._admission is not None:
             self._admission.made(req.sandbox_id, req.resources)
+            # Made from scratch beside the pool's spares, it may have taken the host past its
+            # bounds with them: the spares go, not the sandbox (admission.py).
+            self._pool.trim(self._admission.surplus())
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""
-        await self._provisioner.prepare(req)
+        self._preparing.add(req.sandbox_id)
+        try:
+            await self._provisioner.prepare(req)
+        finally:
+            self._preparing.discard(req.sandbox_id)
+            if self._admission is not None:
+                self._admission.renew(sandbox_id=req.sandbox_id)
 
     def settled(self, sandbox_id: str) -> None:
         # Its create's hold: nothing of it launches now; a prompt execute holds in turn.

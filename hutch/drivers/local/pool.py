@@ -22,7 +22,9 @@ other tenant's create made from scratch (and each of its creates tore down the p
 started it again). Without a default given (a node agent) it still follows the latest;
 ``alive()`` does not see them, ``close()`` destroys them, and a later start reaps those
 of a server that is gone. Needs cgroup v1 (v2 cannot rename cgroups): on v2 the pool
-stays off.
+stays off. Where the host's admission counts (``SpareRoom``: admission.py), each spare is
+counted from its start to its claim or destroy, a refill starts none the host has no room
+for, and ``trim`` destroys those a host past its bounds has too many of.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import os
 import secrets
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hutch.core import runtimes
 from hutch.core.errors import DriverFailure
@@ -71,6 +73,24 @@ EMPTY_DEFER_MAX = 0.25
 IDLE_DEFER_MAX = 0.005
 
 
+class SpareRoom(Protocol):
+    """The host's admission, as the pool asks it (admission.HostAdmission)."""
+
+    def spare(self, name: str, memory: int | None) -> bool: ...
+
+    def spare_gone(self, name: str) -> None: ...
+
+
+class Uncounted:
+    """No admission (a node agent's driver: its own counts the sandboxes it asks for)."""
+
+    def spare(self, name: str, memory: int | None) -> bool:
+        return True
+
+    def spare_gone(self, name: str) -> None:
+        pass
+
+
 def pool_size() -> int:
     try:
         return max(0, int(os.environ.get("HUTCH_WARM_POOL", "2")))
@@ -100,8 +120,10 @@ class WarmPool:
     """The idle pooled sandboxes of one driver, per runtime."""
 
     def __init__(self, registry: Registry, cgroups: Cgroups | None, launcher: Launcher, teardown: Teardown,
-                 background: PoolRefill, runtime_cache: Path, quiet: Quiet, memory: int | None = None) -> None:
+                 background: PoolRefill, runtime_cache: Path, quiet: Quiet, memory: int | None = None,
+                 room: SpareRoom | None = None) -> None:
         self._registry = registry
+        self._room = room or Uncounted()
         self._runtime_cache = runtime_cache
         self._cgroups = cgroups
         self._launcher = launcher
@@ -133,6 +155,7 @@ class WarmPool:
                 return None
             pooled = fits[-1]
             pool.remove(pooled)
+            self._room.spare_gone(pooled.id)  # the claiming create's hold counts it from here
             try:
                 return self._adopt(pooled, req)
             except Exception as err:  # e.g. reaped by another server on this data dir
@@ -193,46 +216,74 @@ class WarmPool:
             for stale in [sb for sb in pool if sb.dev_bytes != dev_bytes(memory, rootless=False)]:
                 pool.remove(stale)  # sized for another memory limit: none would fit
                 await self._teardown.teardown(stale.id)
+                self._room.spare_gone(stale.id)
             while not self.closed and len(pool) < self.size:
                 name = f"{self._tag}-{next(self._seq)}"
-                idle = self._cgroups is not None and self._cgroups.set_idle(name, True)
-                # In the idle cgroup a refill costs a launch beside it nothing while the machine
-                # has a core to spare (sequential creates then claim 72 % instead of 6 %); on
-                # saturated cores it still took ~10 % of the one-shots a second (bench/compare.py,
-                # c=8): then it waits for quiet as without the mark.
-                if idle and cores_to_spare():
-                    await self._quiet.wait(IDLE_DEFER_MAX)
-                else:
-                    await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX)
-                if self.closed:  # closed while it waited: nothing to start
-                    await self._teardown.teardown(name)  # its marked cpu cgroup, if any
+                if not self._room.spare(name, memory):  # a host at its bound grows no spares
                     return
-                async with self._fill_slots:  # one sandbox started at a time, across runtimes
-                    try:
-                        sb = await self._launcher.create(
-                            ProvisionRequest(sandbox_id=name, runtime=runtime, resources=ResourceLimits(memory_bytes=memory)),
-                            [lower], None)
-                    except Exception as err:
-                        log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)
-                        await self._teardown.teardown(name)
+                try:
+                    if not await self._start_one(runtime, name, memory, lower, pool):
                         return
-                    if self.closed:
-                        await self._teardown.teardown(name)
-                        return
-                    # Its first command's memory leaf, made now rather than on that command's
-                    # way (0.3-0.65 ms: cgroups.py); fresh and empty, as a new one would be.
-                    # Its memory cgroup too (made at a first command otherwise: cgroups.py).
-                    if self._cgroups is not None:
-                        with contextlib.suppress(OSError):
-                            self._cgroups.apply_memory(name, memory)
-                            self._cgroups.make_spare(name)
-                    pool.append(sb)
+                finally:
+                    if all(sb.id != name for sb in pool):
+                        self._room.spare_gone(name)
         finally:
             self._filling.discard(runtime)
+
+    async def _start_one(self, runtime: str, name: str, memory: int | None, lower: Path,
+                         pool: list[LocalSandbox]) -> bool:
+        """Start the spare ``name`` into ``pool``; False if it was not (closed, failed)."""
+        idle = self._cgroups is not None and self._cgroups.set_idle(name, True)
+        # In the idle cgroup a refill costs a launch beside it nothing while the machine
+        # has a core to spare (sequential creates then claim 72 % instead of 6 %); on
+        # saturated cores it still took ~10 % of the one-shots a second (bench/compare.py,
+        # c=8): then it waits for quiet as without the mark.
+        if idle and cores_to_spare():
+            await self._quiet.wait(IDLE_DEFER_MAX)
+        else:
+            await self._quiet.wait(REFILL_DEFER_MAX if pool else EMPTY_DEFER_MAX)
+        if self.closed:  # closed while it waited: nothing to start
+            await self._teardown.teardown(name)  # its marked cpu cgroup, if any
+            return False
+        async with self._fill_slots:  # one sandbox started at a time, across runtimes
+            try:
+                sb = await self._launcher.create(
+                    ProvisionRequest(sandbox_id=name, runtime=runtime, resources=ResourceLimits(memory_bytes=memory)),
+                    [lower], None)
+            except Exception as err:
+                log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)
+                await self._teardown.teardown(name)
+                return False
+            if self.closed:
+                await self._teardown.teardown(name)
+                return False
+            # Its first command's memory leaf, made now rather than on that command's
+            # way (0.3-0.65 ms: cgroups.py); fresh and empty, as a new one would be.
+            # Its memory cgroup too (made at a first command otherwise: cgroups.py).
+            if self._cgroups is not None:
+                with contextlib.suppress(OSError):
+                    self._cgroups.apply_memory(name, memory)
+                    self._cgroups.make_spare(name)
+            pool.append(sb)
+        return True
+
+    def trim(self, names: list[str]) -> None:
+        """Destroy these idle sandboxes (in the background): the host is past its bounds with
+        them (admission.surplus). One still starting is not among the idle: the next trim."""
+        for pool in self.idle.values():
+            for sb in [sb for sb in pool if sb.id in names]:
+                pool.remove(sb)
+                self._background.spawn(self._destroy(sb.id))
+
+    async def _destroy(self, name: str) -> None:
+        try:
+            await self._teardown.teardown(name)
+        finally:
+            self._room.spare_gone(name)  # counted until its memory and pids are the host's again
 
     async def close(self) -> None:
         """Destroy the idle sandboxes (fills in progress already finished: see LocalDriver.close)."""
         for sandboxes in self.idle.values():
             while sandboxes:
                 with contextlib.suppress(Exception):
-                    await self._teardown.teardown(sandboxes.pop().id)
+                    await self._destroy(sandboxes.pop().id)
