@@ -89,6 +89,12 @@ ORG_PREFIX = "_org-"
 ORG_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # a directory name, nothing more
 
 
+def check_org(org: str) -> None:
+    """An organization id its cgroup's name can carry; InvalidInput naming it otherwise."""
+    if not isinstance(org, str) or not ORG_ID.match(org):
+        raise InvalidInput(f"org_id: expected letters, digits, '_', '.' and '-', got {org!r}", field="org_id")
+
+
 
 class Cgroups(abc.ABC):
     """One sandbox's limits and its per-execution leaves."""
@@ -152,8 +158,7 @@ class Cgroups(abc.ABC):
         root = self._org_root()
         if root is None:
             return None
-        if not ORG_ID.match(org):
-            raise InvalidInput(f"org_id: expected letters, digits, '_', '.' and '-', got {org!r}", field="org_id")
+        check_org(org)
         path = root / f"{ORG_PREFIX}{org}"
         try:
             os.mkdir(path)
