@@ -117,6 +117,9 @@ class ProvisionRequest:
     dependencies: tuple[str, ...] = ()  # apt packages to add to the runtime (checked: core.packages)
     packages: tuple[str, ...] = ()  # npm packages to install globally
     user: str | None = None  # the sandbox account's name, home /home/<user> (None: agentuity)
+    # The organization it belongs to: the local driver bounds each one's pids together (a
+    # request from an older server, without one: the default organization's).
+    org_id: str = "org_local"
 
     @classmethod
     def for_spec(cls, sandbox_id: str, spec: SandboxSpec) -> ProvisionRequest:
@@ -127,7 +130,7 @@ class ProvisionRequest:
                    resources=ResourceLimits(memory_bytes=r.memory_bytes, cpu_millis=r.cpu_millis, disk_bytes=r.disk_bytes),
                    network_enabled=spec.network.enabled, port=spec.network.port, env={},
                    network_allow=spec.network.allow, network_deny=spec.network.deny,
-                   dependencies=spec.dependencies, packages=spec.packages, user=spec.user)
+                   dependencies=spec.dependencies, packages=spec.packages, user=spec.user, org_id=spec.org_id)
 
 
 @attrs.frozen

@@ -28,6 +28,7 @@ class NodeSettings:
     max_sandboxes: int = placement.MAX_SANDBOXES
     memory_limit: int | None = None  # the memory limits it takes in all; None: 32x its memory (core/capacity.py)
     pids_total: int | None = None  # the pids its sandboxes hold together; None: pid_max less a reserve
+    org_pids: int | None = None  # the pids each organization's hold together; None: half of pids_total
 
 
 def read_secret(env: dict[str, str] | None = None) -> bytes:
@@ -75,7 +76,7 @@ def settings(name: str, listen: str, data_dir: str, env: dict[str, str] | None =
         raise SettingError(f"{setting}: expected a positive whole number, got {most!r}")
     return NodeSettings(name=name, host=host, port=port, data_dir=Path(data_dir), runtime_cache=cache,
                         secret=read_secret(env), max_sandboxes=int(most), memory_limit=memory_limit(env),
-                        pids_total=pids_total(env))
+                        pids_total=pids_total(env), org_pids=org_pids(env))
 
 
 def memory_limit(env: dict[str, str]) -> int | None:
@@ -102,3 +103,17 @@ def pids_total(env: dict[str, str]) -> int | None:
         return pidstotal.parse(text)
     except ValueError as err:
         raise SettingError(str(err)) from None
+
+
+def org_pids(env: dict[str, str]) -> int | None:
+    """``HUTCH_ORG_PIDS``, as a server's local driver reads it (drivers/local/pidstotal.py)."""
+    text = env.get(pidstotal.ORG_SETTING)
+    if not text:
+        return None
+    total = pids_total(env)
+    try:
+        org = pidstotal.parse_org(text)
+        pidstotal.check_share(org, pidstotal.default() if total is None else total)
+    except ValueError as err:
+        raise SettingError(str(err)) from None
+    return org

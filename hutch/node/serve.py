@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 
 async def serve(settings: NodeSettings, cert: AgentCertificate) -> None:
-    driver = LocalDriver(settings.data_dir, settings.runtime_cache, pids_total=settings.pids_total)
+    driver = LocalDriver(settings.data_dir, settings.runtime_cache, pids_total=settings.pids_total,
+                         org_pids=settings.org_pids)
     runner = web.AppRunner(make_app(settings, driver, cert.fingerprint), handle_signals=False, access_log=None)
     await runner.setup()
     # HTTPS only: a plain-HTTP request fails its handshake and gets no answer.

@@ -116,7 +116,7 @@ def open_driver(config: Config, blobs: BlobStore) -> Driver:
                           memory_limit=None if commit is None else parse_bytes("HUTCH_MEMORY_COMMIT_LIMIT", commit))
         return LocalDriver(data_dir=config.data_dir, runtime_cache=config.runtimes_dir, layer_limits=limits,
                            pool_memory=parse_bytes("HUTCH_DEFAULT_MEMORY", config.default_memory), host_limits=host,
-                           pids_total=config.sandbox_pids_total)
+                           pids_total=config.sandbox_pids_total, org_pids=config.org_pids)
     if config.driver == "nomad":
         from hutch.drivers.nomad.driver import NomadDriver, pool_sizing_from_env
 

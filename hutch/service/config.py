@@ -83,6 +83,17 @@ def _to_pids_total(setting: str, value: object) -> int | None:
         raise InvalidInput(str(err), field=setting) from None
 
 
+def _to_org_pids(setting: str, value: object) -> int | None:
+    if value is None or value == "":
+        return None
+    from hutch.drivers.local.pidstotal import parse_org
+
+    try:
+        return parse_org(value)
+    except ValueError as err:
+        raise InvalidInput(str(err), field=setting) from None
+
+
 def _to_optional_count(setting: str, value: object) -> int | None:
     return None if value is None or value == "" else _to_count(setting, value)
 
@@ -352,6 +363,8 @@ class Config:
     # The pids all sandboxes of the local driver hold together (drivers/local/pidstotal.py;
     # None: the host's pid_max less a reserve for the host).
     sandbox_pids_total: int | None = _setting("HUTCH_SANDBOX_PIDS_TOTAL", None, convert=_to_pids_total)
+    # The pids each organization's sandboxes hold together, at most that bound (None: half of it).
+    org_pids: int | None = _setting("HUTCH_ORG_PIDS", None, convert=_to_org_pids)
     # Disk checkpoints per sandbox: how many, and the bytes they may take on the host (they
     # count against the organization's storage quota too: service/checkpoints.py).
     max_checkpoints: int = _setting("HUTCH_MAX_CHECKPOINTS", 10, convert=_to_count)

@@ -6,8 +6,9 @@ one bound (HUTCH_SANDBOX_PIDS_TOTAL; unset, pid_max less a reserve for the host)
 attacker's forks fail inside its own sandboxes, and the server still makes sandboxes (with a
 network: it runs ``ip``), runs commands in them and destroys them.
 
-The bound is made small by its setting (not the host's pid_max filled). In process, the
-local driver, embedded profile.
+The bound is made small by its setting (not the host's pid_max filled), and one
+organization's share of it (HUTCH_ORG_PIDS, test_local_org_pids.py) is the whole of it here,
+so that one tenant reaches it. In process, the local driver, embedded profile.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ async def run(api: Api, sid: str, argv: list[str], headers: dict[str, str] = AUT
 
 
 async def test_one_tenants_sandboxes_cannot_take_every_pid(make_api: AppFactory) -> None:
-    api = await make_api(sandbox_pids_total=TOTAL)
+    api = await make_api(sandbox_pids_total=TOTAL, org_pids=TOTAL)
     cgroup = instance_pids(api)
     assert int((cgroup / "pids.max").read_text()) == TOTAL
     attacker = bearer((await new_key(api, await new_org(api, "attacker"), "member"))["secret"])

@@ -22,6 +22,8 @@ from tests.api.conftest import NODE, Api, AppFactory
 def _cgroup(controller: str, sid: str, name: str) -> str:
     """The value of a sandbox's own cgroup file on this host (either agent's: the id is unique)."""
     found = glob.glob(f"/sys/fs/cgroup/{controller}/hutch/*/{sid}/{name}") \
+        or glob.glob(f"/sys/fs/cgroup/{controller}/hutch/*/_org-*/{sid}/{name}") \
+        or glob.glob(f"/sys/fs/cgroup/hutch/*/_org-*/{sid}/{name}") \
         or glob.glob(f"/sys/fs/cgroup/hutch/*/{sid}/{name}")  # cgroup v2
     assert len(found) == 1, (controller, sid, name, found)
     return Path(found[0]).read_text().strip()

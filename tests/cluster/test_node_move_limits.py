@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _cgroup(controller: str, sid: str, name: str) -> int:
-    found = glob.glob(f"/sys/fs/cgroup/{controller}/hutch/*/{sid}/{name}")
+    found = glob.glob(f"/sys/fs/cgroup/{controller}/hutch/*/{sid}/{name}") \
+        or glob.glob(f"/sys/fs/cgroup/{controller}/hutch/*/_org-*/{sid}/{name}")  # pids: under its organization's
     assert len(found) == 1, (controller, sid, name, found)
     return int(Path(found[0]).read_text())
 

@@ -58,6 +58,8 @@ def ends(driver: LocalDriver) -> Ends:
 async def test_an_init_killed_from_the_host_is_reported_failed_and_cleaned_up(driver: LocalDriver, ends: Ends) -> None:
     sid = await provision(driver)
     init = driver._registry.running(sid).init_pid
+    assert driver._cgroups is not None
+    cgroups = driver._cgroups.paths(sid)  # known while it lives (its pids one: under its organization's)
     os.kill(init, signal.SIGKILL)
     reported, reason, failed = await ends.first()
     assert (reported, failed) == (sid, True)
@@ -71,7 +73,7 @@ async def test_an_init_killed_from_the_host_is_reported_failed_and_cleaned_up(dr
             break
         await asyncio.sleep(0.05)
     assert not (driver.sandbox_root / sid).exists()
-    assert not any(p.exists() for p in driver._cgroups.paths(sid))
+    assert not any(p.exists() for p in cgroups)
     with pytest.raises(SandboxNotFound):
         driver._registry.running(sid)
     await driver.destroy(sid)  # the engine's later destroy of a failed sandbox: a no-op

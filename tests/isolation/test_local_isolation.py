@@ -615,6 +615,10 @@ async def test_restart_recovers_live_sandboxes_and_reaps_dead_ones(driver: Local
     live = await provision(driver, PY)
     dead = await provision(driver, PY)
     dead_init = driver._registry.running(dead).init_pid
+    assert driver._cgroups is not None
+    dead_cgroups = driver._cgroups.paths(dead)  # its pids one under its organization's (cgroups.py)
+    assert all(p.exists() for p in dead_cgroups if "memory" not in p.parts and "cpu" not in p.parts)
+    assert dead_cgroups[-1].parent.name == "_org-org_local"
     os.kill(dead_init, 9)
     for _ in range(100):
         if not Path(f"/proc/{dead_init}").exists():
@@ -627,10 +631,12 @@ async def test_restart_recovers_live_sandboxes_and_reaps_dead_ones(driver: Local
     assert dead not in await fresh.alive()
     assert not (fresh.sandbox_root / dead).exists()
     assert fresh._cgroups is not None
-    assert not any(p.exists() for p in fresh._cgroups.paths(dead))
+    assert not any(p.exists() for p in dead_cgroups)
+    assert fresh._cgroups.paths(live) == driver._cgroups.paths(live)  # found under its organization's
     result, out = await run(fresh, live, "echo", "still here")
     assert (result.exit_code, out.stdout) == (0, "still here\n")
     await fresh.destroy(live)
+    assert not dead_cgroups[-1].parent.exists()  # the organization's went with its last sandbox
 
 
 async def test_runtime_promises_hold(driver: LocalDriver) -> None:

@@ -260,3 +260,30 @@ async def test_a_host_at_its_bound_grows_no_spares_and_a_claim_is_counted_once(
         for sid in made:
             await driver.destroy(sid)
         await driver.close()
+
+
+async def test_a_claim_puts_the_sandbox_under_its_organizations_pids_share(driver: LocalDriver) -> None:
+    """A pooled sandbox is started before its organization is known (cgroups.py): its claim
+    makes its pids cgroup under the organization's; an id no cgroup can be named after is
+    refused before the pool is touched."""
+    from hutch.core.errors import InvalidInput
+    from hutch.drivers.base import DEFAULT_PIDS, ProvisionRequest
+
+    await driver.destroy(await provision(driver, RT))  # the runtime's pool is filled after its first create
+    await full_pool(driver)
+    idle = [sb.id for sb in driver._pool.idle[RT]]
+    with pytest.raises(InvalidInput, match="org_id: expected letters"):
+        await driver.provision(ProvisionRequest(sandbox_id=new_id(), runtime=RT, org_id="../x"))
+    assert [sb.id for sb in driver._pool.idle[RT]] == idle
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime=RT, org_id="org_pooled"))
+    assert sid not in [sb.id for sb in driver._pool.idle.get(RT, ())] and idle[-1] not in [
+        sb.id for sb in driver._pool.idle.get(RT, ())]  # the pooled one was claimed
+    assert driver._cgroups is not None
+    pids = driver._cgroups.paths(sid)[-1]
+    assert pids.parent.name == "_org-org_pooled" and (pids / "pids.max").read_text().strip() == str(DEFAULT_PIDS)
+    result = await driver.exec(ExecRequest(new_id("ex"), sid, ("sh", "-c", "sleep 0 & wait; cat /proc/self/cgroup")),
+                               sink := Recorder())
+    assert result.exit_code == 0 and f":pids:/hutch/{driver._cgroups.instance}/_org-org_pooled/{sid}\n" in sink.text()
+    await driver.destroy(sid)
+    assert not pids.parent.exists()

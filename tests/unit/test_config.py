@@ -68,6 +68,7 @@ SETTINGS = [
     ("max_sandboxes", "10000", 10000, "lots", "HUTCH_MAX_SANDBOXES: expected a positive whole number, got 'lots'"),
     ("memory_commit_limit", "64Gi", "64Gi", "8Mi", "HUTCH_MEMORY_COMMIT_LIMIT: expected at least 16Mi"),
     ("sandbox_pids_total", "20000", 20000, "8", "HUTCH_SANDBOX_PIDS_TOTAL: expected a whole number of at least 16, got '8'"),
+    ("org_pids", "5000", 5000, "half", "HUTCH_ORG_PIDS: expected a whole number of at least 16, got 'half'"),
     ("max_checkpoints", "4", 4, "0", "HUTCH_MAX_CHECKPOINTS: expected a positive whole number, got '0'"),
     ("max_checkpoint_bytes", "1Gi", "1Gi", "lots", "HUTCH_MAX_CHECKPOINT_BYTES"),
     ("output_retention", "12h", "12h", "a week", "HUTCH_OUTPUT_RETENTION"),
@@ -246,3 +247,17 @@ def test_the_sandbox_pids_bound_leaves_the_host_a_reserve_and_a_node_agent_reads
     assert pids_total({}) is None and pids_total({"HUTCH_SANDBOX_PIDS_TOTAL": "2000"}) == 2000
     with pytest.raises(SettingError, match="HUTCH_SANDBOX_PIDS_TOTAL: expected a whole number of at least 16, got 'x'"):
         pids_total({"HUTCH_SANDBOX_PIDS_TOTAL": "x"})
+
+
+def test_an_organizations_pids_share_is_half_the_bound_unless_set_and_never_above_it() -> None:
+    from hutch.drivers.local import pidstotal
+    from hutch.node.config import SettingError, org_pids
+
+    assert pidstotal.org_default(24576) == 12288 and pidstotal.org_default(20) == pidstotal.MINIMUM
+    assert org_pids({}) is None and org_pids({"HUTCH_ORG_PIDS": "3000"}) == 3000
+    assert org_pids({"HUTCH_ORG_PIDS": "2000", "HUTCH_SANDBOX_PIDS_TOTAL": "2000"}) == 2000
+    with pytest.raises(SettingError, match="HUTCH_ORG_PIDS: expected a whole number of at least 16, got '8'"):
+        org_pids({"HUTCH_ORG_PIDS": "8"})
+    with pytest.raises(SettingError, match=r"HUTCH_ORG_PIDS: expected at most the pids all sandboxes may hold "
+                                           r"together \(HUTCH_SANDBOX_PIDS_TOTAL: 2000\), got 3000"):
+        org_pids({"HUTCH_ORG_PIDS": "3000", "HUTCH_SANDBOX_PIDS_TOTAL": "2000"})

@@ -7,6 +7,20 @@ pid 1) and one ``x-<execution>`` per execution, so a timeout or cancel can kill 
 the processes an execution started, background children included, and nothing else.
 Leaves only, because cgroup v2 forbids processes in inner nodes.
 
+Organizations: where pids are limited, a sandbox's pids cgroup is under its organization's,
+``hutch/<instance>/_org-<org>/<sandbox>``, whose ``pids.max`` is the organization's share
+(pidstotal.py): one organization's fork bombs stop at its share, not at the instance's bound
+that every organization's sandboxes share. On v1 only the pids hierarchy has that level (the
+others stay flat, so the warm pool's renames are as before), and a sandbox's pid 1 is in the
+instance's pids cgroup, as it is in the instance's memory and cpu ones (below): a pooled
+sandbox is started before its organization is known, v1 renames only among siblings, and
+moving a live pid 1 into another cgroup waits for an RCU grace period (~6 ms measured here,
+as ``cgroup.procs`` below), so its claim makes the organization's and its own pids cgroups
+(two mkdirs, ~20 us each) and nothing moves. Pid 1 is our own code: it forks each command
+(the zygote), whose child joins the command's leaf before it runs anything of the sandbox's.
+An organization's cgroup goes with its last sandbox. On v2 (one hierarchy, no pool) the
+whole sandbox cgroup is under its organization's.
+
 On v1 (which allows processes in inner cgroups) pid 1 lives in the sandbox's cgroup
 itself, and an execution gets its own leaf only where it must: the freezer (kill
 exactly its tree) and memory (its OOM kills are counted there); in cpu, cpuacct and
@@ -55,11 +69,12 @@ import contextlib
 import errno
 import math
 import os
+import re
 import signal
 import time
 from pathlib import Path
 
-from hutch.core.errors import DriverFailure, NotSupported
+from hutch.core.errors import DriverFailure, InvalidInput, NotSupported
 from hutch.drivers.local import cgroupfs as fs
 
 PARENT = "hutch"
@@ -69,6 +84,15 @@ CFS_PERIOD_US = 100_000
 SPARE_MEMORY_LEAF = "spare"  # not an execution's (x-, t-, w-, f-), nor v2's "init"
 SPARE_CAP = 64
 SPARE_MAX_AGE = 30.0
+# An organization's cgroup (module docstring): never a sandbox's name (state.SAFE_ID, POOL_NAME).
+ORG_PREFIX = "_org-"
+ORG_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # a directory name, nothing more
+
+
+def check_org(org: str) -> None:
+    """An organization id its cgroup's name can carry; InvalidInput naming it otherwise."""
+    if not isinstance(org, str) or not ORG_ID.match(org):
+        raise InvalidInput(f"org_id: expected letters, digits, '_', '.' and '-', got {org!r}", field="org_id")
 
 
 
@@ -77,6 +101,8 @@ class Cgroups(abc.ABC):
 
     controllers: frozenset[str]
     instance: str = "default"
+    org_pids: int | None = None  # an organization's share of the pids (setup; None: unbounded)
+    _orgs: dict[str, str]  # sandbox -> its organization, whose cgroup it is under
     _cpu_applied: set[str]
     _memory_applied: set[str]
 
@@ -110,18 +136,73 @@ class Cgroups(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def setup(self, pids_total: int | None = None) -> None:
-        """Make the instance's cgroups, all its sandboxes' pids bounded by ``pids_total``
-        (pidstotal.py; None: left as it is)."""
+    def setup(self, pids_total: int | None = None, org_pids: int | None = None) -> None:
+        """Make the instance's cgroups, all its sandboxes' pids bounded by ``pids_total`` and
+        each organization's by ``org_pids`` (pidstotal.py; None: left as it is)."""
 
     @abc.abstractmethod
-    def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None: ...
+    def create_sandbox(self, sandbox: str, *, org: str | None, memory: int | None, cpu_millis: int | None,
+                       pids: int | None) -> None:
+        """``org``: the organization whose share it is under; None: not known yet (a pooled
+        sandbox, v1 only: its pids cgroup is made at its claim, ``rename``)."""
+
+    def _org_root(self) -> Path | None:
+        """The directory the organizations' cgroups are in; None where pids are not limited."""
+        return None
+
+    def _enable_org(self, path: Path) -> None:  # noqa: B027 - v2 only
+        """Whatever an organization's new cgroup needs before a sandbox's is made in it."""
+
+    def _org_dir(self, org: str) -> Path | None:
+        """The organization's cgroup, made with its share if it is not there yet."""
+        root = self._org_root()
+        if root is None:
+            return None
+        check_org(org)
+        path = root / f"{ORG_PREFIX}{org}"
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return path
+        self._enable_org(path)
+        if self.org_pids is not None:
+            fs.write(path / "pids.max", str(self.org_pids))
+        return path
+
+    def _org_of(self, sandbox: str) -> str | None:
+        """The sandbox's organization: noted when this server made its cgroup, or found there
+        at ``setup`` (one an earlier server made); None: its cgroup is not under one (a pooled
+        sandbox; one made before organizations had their own, pids flat under the instance)."""
+        return self._orgs.get(sandbox)
+
+    def _org_sandboxes(self) -> set[str]:
+        """The sandboxes under an organization's cgroup (their organizations noted: setup
+        calls it, before anything asks for a sandbox's paths)."""
+        root = self._org_root()
+        found: set[str] = set()
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(root) if root is not None else ():
+                if entry.name.startswith(ORG_PREFIX) and entry.is_dir():
+                    org = entry.name.removeprefix(ORG_PREFIX)
+                    for sandbox in os.scandir(entry.path):
+                        if sandbox.is_dir():
+                            self._orgs.setdefault(sandbox.name, org)
+                            found.add(sandbox.name)
+        return found
+
+    def _set_org_shares(self) -> None:
+        """Each organization's cgroup left by an earlier server: the share set now."""
+        root = self._org_root()
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(root) if root is not None and self.org_pids is not None else ():
+                if entry.name.startswith(ORG_PREFIX) and entry.is_dir():
+                    fs.write(Path(entry.path, "pids.max"), str(self.org_pids))
 
     @abc.abstractmethod
     def set_limits(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None: ...
 
     @abc.abstractmethod
-    def rename(self, old: str, new: str) -> None: ...
+    def rename(self, old: str, new: str, *, org: str) -> None: ...
 
     @abc.abstractmethod
     def _set_cpu(self, sandbox: str, cpu_millis: int) -> None:
@@ -273,6 +354,11 @@ class Cgroups(abc.ABC):
     def is_frozen(self, sandbox: str) -> bool: ...
 
     def remove_instance(self) -> None:
+        root = self._org_root()
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(root) if root is not None else ():
+                if entry.name.startswith(ORG_PREFIX):
+                    fs.rmdir(Path(entry.path))  # only an empty one: no sandbox is left in it
         for path in self.paths("x"):
             fs.rmdir(path.parent)
 
@@ -296,15 +382,25 @@ class Cgroups(abc.ABC):
         ok = True
         for path in self.paths(sandbox, leaf):
             ok = fs.rmtree(path) and ok
+        if leaf is None and ok:
+            self._drop_org(sandbox)
         return ok
+
+    def _drop_org(self, sandbox: str) -> None:
+        """The sandbox's cgroups are gone: its organization's goes too if it was the last
+        (an rmdir the kernel refuses while another sandbox's is in it)."""
+        org = self._orgs.pop(sandbox, None)
+        root = self._org_root()
+        if org is not None and root is not None:
+            fs.rmdir(root / f"{ORG_PREFIX}{org}")
 
 
 class CgroupV1(Cgroups):
     def __init__(self, mounts: dict[str, Path]) -> None:
         self.mounts = mounts
         self.controllers = frozenset(mounts) - {"freezer"}
-        # freezer first: paths()[0] is where we list and freeze processes.
-        self._order = ["freezer", *sorted(self.controllers)]
+        # freezer first: paths()[0] is where we list and freeze processes; pids last (paths).
+        self._order = ["freezer", *sorted(self.controllers - {"pids"}), *sorted(self.controllers & {"pids"})]
         self.spare_cap = SPARE_CAP
         self._roots: tuple[str, dict[str, str]] = ("", {})  # (instance, controller -> its dir), see _root
         # sandbox -> (its spare's OOM kill count when kept, when kept); oldest first
@@ -317,10 +413,22 @@ class CgroupV1(Cgroups):
         # controller (cpu,cpuacct mounted together): there the create makes the directory anyway.
         self._lazy_cpu = "cpu" in mounts and all(m != mounts["cpu"] for c, m in mounts.items() if c != "cpu")
         self._cpu_made: set[str] = set()  # sandboxes whose cpu cgroup this server knows is made
+        self._orgs: dict[str, str] = {}
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
         parts = [PARENT, self.instance, sandbox] + ([leaf] if leaf else [])
-        return [self.mounts[c].joinpath(*parts) for c in self._order]
+        found = [self.mounts[c].joinpath(*parts) for c in self._order]
+        if "pids" in self.mounts and (org := self._org_of(sandbox)) is not None:
+            found[-1] = self.mounts["pids"].joinpath(PARENT, self.instance, f"{ORG_PREFIX}{org}", *parts[2:])
+        return found
+
+    def _org_root(self) -> Path | None:
+        return self.mounts["pids"] / PARENT / self.instance if "pids" in self.mounts else None
+
+    def _pids_of(self, sandbox: str) -> str:
+        """The sandbox's pids cgroup, as a string (see _root)."""
+        org = self._org_of(sandbox)
+        return f"{self._root('pids')}/{sandbox}" if org is None else f"{self._root('pids')}/{ORG_PREFIX}{org}/{sandbox}"
 
     def _root(self, controller: str) -> str:
         """The instance's directory in one hierarchy, as a string: an execution's way (its
@@ -332,20 +440,45 @@ class CgroupV1(Cgroups):
             self._roots = (self.instance, roots)
         return roots[controller]
 
-    def setup(self, pids_total: int | None = None) -> None:
+    def setup(self, pids_total: int | None = None, org_pids: int | None = None) -> None:
         for c in self._order:
             (self.mounts[c] / PARENT / self.instance).mkdir(parents=True, exist_ok=True)
         if pids_total is not None and "pids" in self.mounts:
             fs.write(self.mounts["pids"] / PARENT / self.instance / "pids.max", str(pids_total))
+        self.org_pids = org_pids
+        self._set_org_shares()
+        self._org_sandboxes()
 
-    def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
+    def create_sandbox(self, sandbox: str, *, org: str | None, memory: int | None, cpu_millis: int | None,
+                       pids: int | None) -> None:
         for c, path in zip(self._order, self.paths(sandbox), strict=True):
             if c == "memory" or (c == "cpu" and self._lazy_cpu):  # made before the first command (apply_*)
+                continue
+            if c == "pids":
+                if org is None:  # pooled: made at its claim (rename), under its organization's
+                    pids = None
+                else:
+                    self._make_pids(sandbox, org)
                 continue
             path.mkdir(exist_ok=True)
         self._cpu_applied.discard(sandbox)
         self._memory_applied.discard(sandbox)
         self.set_limits(sandbox, memory=None, cpu_millis=None, pids=pids)  # memory, cpu: apply_*
+
+    def _make_pids(self, sandbox: str, org: str) -> None:
+        """The sandbox's pids cgroup, under its organization's (made with it if new)."""
+        where = self._org_dir(org)
+        if where is None:
+            return
+        try:
+            os.mkdir(where / sandbox)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # the organization's went with its last sandbox meanwhile
+            where = self._org_dir(org)
+            assert where is not None
+            os.mkdir(where / sandbox)
+        self._orgs[sandbox] = org
 
     def _make_memory(self, sandbox: str, memory: int | None) -> None:
         if "memory" not in self.mounts:
@@ -393,11 +526,15 @@ class CgroupV1(Cgroups):
         if fs.number(cpu, "cpu.cfs_quota_us", 1) != want:
             fs.write(cpu / "cpu.cfs_quota_us", str(want))
 
-    def rename(self, old: str, new: str) -> None:
-        """Rename a sandbox's cgroups (v1 allows it among siblings; live processes follow)."""
+    def rename(self, old: str, new: str, *, org: str) -> None:
+        """Rename a pooled sandbox's cgroups (v1 allows it among siblings; live processes
+        follow), and make its pids cgroup under ``org``'s (module docstring)."""
         done: list[tuple[Path, Path]] = []
         try:
+            self._make_pids(new, org)
             for c, src in zip(self._order, self.paths(old), strict=True):
+                if c == "pids":  # pooled: none (create_sandbox), just made under its organization's
+                    continue
                 dst = src.with_name(new)
                 if c == "memory" and old not in self._memory_applied and not src.exists():
                     continue  # not made yet (apply_memory)
@@ -409,6 +546,10 @@ class CgroupV1(Cgroups):
             for src, dst in reversed(done):
                 with contextlib.suppress(OSError):
                     os.rename(dst, src)
+            if "pids" in self.mounts and self._orgs.get(new) == org:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self._pids_of(new))
+                self._drop_org(new)
             raise
         for applied in (self._cpu_applied, self._memory_applied, self._cpu_made):
             if old in applied:
@@ -434,6 +575,8 @@ class CgroupV1(Cgroups):
             path = f"{self._root(c)}/{sandbox}"
             if leaf == "init" and c == "memory":  # pid 1: the instance's (apply_memory)
                 path = self._root(c)
+            elif c == "pids":  # pid 1: the instance's (module docstring); a command: the sandbox's
+                path = self._root(c) if leaf == "init" else self._pids_of(sandbox)
             elif c == "cpu" and self._lazy_cpu:
                 if leaf != "init":  # the sandbox's, under its limit (apply_cpu came first)
                     self._make_cpu(sandbox)
@@ -593,15 +736,15 @@ class CgroupV1(Cgroups):
             return False
 
     def _pids_dir(self, sandbox: str) -> Path | None:
-        return self.mounts["pids"] / PARENT / self.instance / sandbox if "pids" in self.mounts else None
+        return Path(self._pids_of(sandbox)) if "pids" in self.mounts else None
 
     def sandboxes(self) -> set[str]:
         found: set[str] = set()
         for c in self._order:
             root = self.mounts[c] / PARENT / self.instance
             if root.is_dir():
-                found |= {p.name for p in root.iterdir() if p.is_dir()}
-        return found
+                found |= {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(ORG_PREFIX)}
+        return found | self._org_sandboxes()
 
 
 class CgroupV2(Cgroups):
@@ -610,17 +753,25 @@ class CgroupV2(Cgroups):
         self.controllers = controllers
         self._cpu_applied: set[str] = set()  # sandboxes whose cpu limit is written (apply_cpu)
         self._memory_applied: set[str] = set()  # v2 makes it at the create: nothing to apply
+        self._orgs: dict[str, str] = {}
 
     def paths(self, sandbox: str, leaf: str | None = None) -> list[Path]:
-        path = self.mount / PARENT / self.instance / sandbox
+        org = self._orgs.get(sandbox)
+        path = self.mount / PARENT / self.instance / (sandbox if org is None else f"{ORG_PREFIX}{org}/{sandbox}")
         return [path / leaf if leaf else path]
+
+    def _org_root(self) -> Path | None:
+        return self.mount / PARENT / self.instance if "pids" in self.controllers else None
+
+    def _enable_org(self, path: Path) -> None:
+        self._enable(path)  # its sandboxes' cgroups get every controller, as the instance's do
 
     def _enable(self, path: Path) -> None:
         for c in sorted(self.controllers):
             with contextlib.suppress(OSError):
                 fs.write(path / "cgroup.subtree_control", f"+{c}")
 
-    def setup(self, pids_total: int | None = None) -> None:
+    def setup(self, pids_total: int | None = None, org_pids: int | None = None) -> None:
         self._enable(self.mount)
         (self.mount / PARENT).mkdir(exist_ok=True)
         self._enable(self.mount / PARENT)
@@ -628,10 +779,22 @@ class CgroupV2(Cgroups):
         self._enable(self.mount / PARENT / self.instance)
         if pids_total is not None and "pids" in self.controllers:
             fs.write(self.mount / PARENT / self.instance / "pids.max", str(pids_total))
+        self.org_pids = org_pids
+        self._set_org_shares()
+        self._org_sandboxes()
 
-    def create_sandbox(self, sandbox: str, *, memory: int | None, cpu_millis: int | None, pids: int | None) -> None:
+    def create_sandbox(self, sandbox: str, *, org: str | None, memory: int | None, cpu_millis: int | None,
+                       pids: int | None) -> None:
+        # No pool on v2, so the organization is always known; None: flat, as before.
+        if org is not None and self._org_dir(org) is not None:
+            self._orgs[sandbox] = org
         path = self.paths(sandbox)[0]
-        path.mkdir(exist_ok=True)
+        try:
+            path.mkdir(exist_ok=True)
+        except FileNotFoundError:  # the organization's went with its last sandbox meanwhile
+            assert org is not None
+            self._org_dir(org)
+            path.mkdir(exist_ok=True)
         self._enable(path)
         self._cpu_applied.discard(sandbox)
         self.set_limits(sandbox, memory=memory, cpu_millis=None, pids=pids)  # cpu: apply_cpu
@@ -648,7 +811,7 @@ class CgroupV2(Cgroups):
         if pids and "pids" in self.controllers:
             fs.write(path / "pids.max", str(pids))
 
-    def rename(self, old: str, new: str) -> None:
+    def rename(self, old: str, new: str, *, org: str) -> None:
         raise NotSupported("cgroup v2 cannot rename a cgroup")
 
     def _set_cpu(self, sandbox: str, cpu_millis: int) -> None:
@@ -735,4 +898,6 @@ class CgroupV2(Cgroups):
 
     def sandboxes(self) -> set[str]:
         root = self.mount / PARENT / self.instance
-        return {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+        flat = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(ORG_PREFIX)} \
+            if root.is_dir() else set()
+        return flat | self._org_sandboxes()

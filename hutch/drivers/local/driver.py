@@ -110,13 +110,19 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
 
     def __init__(self, data_dir: Path, runtime_cache: Path, layer_limits: LayerLimits | None = None, *,
                  pool_memory: int | None = None, host_limits: HostLimits | None = None,
-                 pids_total: int | None = None) -> None:
+                 pids_total: int | None = None, org_pids: int | None = None) -> None:
         """``pool_memory``: the memory limit the warm pool is filled for (the server's default;
         None: the latest asked, pool.py). ``host_limits``: what the host takes in sandboxes, a
         create past it refused (admission.py); None: no check here (a node agent, whose own
         admission checks the same before it asks). ``pids_total``: the pids all its sandboxes hold
-        together (pidstotal.py); None: the host's pid_max less a reserve."""
-        self._pids_total = pids_total
+        together (pidstotal.py); None: the host's pid_max less a reserve. ``org_pids``: the pids
+        each organization's sandboxes hold together (pidstotal.py); None: half of ``pids_total``."""
+        self._pids_total = pidstotal.default() if pids_total is None else pids_total
+        self._org_pids = pidstotal.org_default(self._pids_total) if org_pids is None else org_pids
+        try:  # refused here, before anything is started: the setting named
+            pidstotal.check_share(self._org_pids, self._pids_total)
+        except ValueError as err:
+            raise DriverFailure(str(err)) from None
         self.data_dir = Path(data_dir)
         self._admission = None if host_limits is None else HostAdmission(host_limits, busy=self._busy)
         self._preparing: set[str] = set()  # creates whose install layer is being built (``prepare``)
@@ -203,7 +209,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         if self._cgroups is None:
             raise DriverFailure("no usable cgroup hierarchy found (need a v1 freezer or cgroup v2)")
         self._nsexec.path = await asyncio.to_thread(self._prepare)
-        self._cgroups.setup(pidstotal.default() if self._pids_total is None else self._pids_total)
+        self._cgroups.setup(self._pids_total, self._org_pids)
         if not isinstance(self._cgroups, CgroupV1):
             self._pool.size = 0
         self._pool.start()

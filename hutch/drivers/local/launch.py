@@ -73,8 +73,10 @@ class Launcher:
         self._spares = spares
         self._rootless = rootless
 
-    async def create(self, req: ProvisionRequest, lower: list[Path], layer: str | None) -> LocalSandbox:
-        """Start a sandbox from scratch.
+    async def create(self, req: ProvisionRequest, lower: list[Path], layer: str | None, *,
+                     pooled: bool = False) -> LocalSandbox:
+        """Start a sandbox from scratch (``pooled``: for the warm pool, its organization not
+        known yet: cgroups.py).
 
         On the event loop, not in worker threads: the file and cgroup work is ~1 ms of
         small syscalls, and a worker thread doing it fights the loop for the GIL at every
@@ -98,8 +100,8 @@ class Launcher:
                      making=not self._rootless and (req.network_enabled or req.port is not None))
         if self._cgroups is not None:
             with phases.span("launch: cgroups"):
-                self._cgroups.create_sandbox(sid, memory=res.memory_bytes, cpu_millis=res.cpu_millis,
-                                             pids=res.pids or DEFAULT_PIDS)
+                self._cgroups.create_sandbox(sid, org=None if pooled else req.org_id, memory=res.memory_bytes,
+                                             cpu_millis=res.cpu_millis, pids=res.pids or DEFAULT_PIDS)
         else:
             sb.rlimit_data, sb.rlimit_nproc = res.memory_bytes, res.pids or DEFAULT_PIDS
         if req.network_allow:  # resolved first: a name that does not resolve makes nothing

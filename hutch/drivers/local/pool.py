@@ -10,7 +10,8 @@ it. Where the mark cannot be written, each start waits until no request is launc
 the pool empty (74 % of creates made from scratch on the node agents); with the mark, it
 waits for that at most ``IDLE_DEFER_MAX`` (its first steps run on the server's event loop). ``claim`` turns
 one into a requested sandbox: its directory and cgroups are renamed to the requested id
-(same parent, so nothing moves), the requested limits are written to its cgroup and the
+(same parent, so nothing moves; its pids cgroup, under its organization's, is made then:
+cgroups.py), the requested limits are written to its cgroup and the
 idle mark cleared, the uid claim and ``meta.json`` follow the new id. No command has ever run in a pooled
 sandbox, so a claimed one is indistinguishable from a freshly started one. Pooled
 sandboxes are named ``_pool-<server pid>-<its start time>-...`` (state.POOL_NAME):
@@ -172,13 +173,10 @@ class WarmPool:
         sid = req.sandbox_id
         root = self._registry.sandbox_root
         old_dir, new_dir = root / pooled.id, root / sid
-        self._cgroups.rename(pooled.id, sid)
-        try:
-            os.rename(old_dir, new_dir)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                self._cgroups.rename(sid, pooled.id)
-            raise
+        self._cgroups.rename(pooled.id, sid, org=req.org_id)  # its pids cgroup made under its organization's
+        # Not renamed back should this fail: the caller tears down both names (claim), and the
+        # cgroups are ``sid``'s there.
+        os.rename(old_dir, new_dir)
         # From here on the sandbox is ``sid``'s: on failure the caller tears ``sid`` down.
         uids.move_claim(pooled.uid, old_dir, new_dir)
         res = req.resources
@@ -249,7 +247,7 @@ class WarmPool:
             try:
                 sb = await self._launcher.create(
                     ProvisionRequest(sandbox_id=name, runtime=runtime, resources=ResourceLimits(memory_bytes=memory)),
-                    [lower], None)
+                    [lower], None, pooled=True)
             except Exception as err:
                 log.warning("warm pool: starting a %s sandbox failed: %s", runtime, err)
                 await self._teardown.teardown(name)

@@ -30,7 +30,7 @@ from hutch.core import phases, runtimes
 from hutch.core.errors import IllegalTransition, InvalidInput, NotSupported, RuntimeNotFound
 from hutch.drivers.base import ProvisionRequest, check_env
 from hutch.drivers.local import layercache, layers, rootfs, slirp
-from hutch.drivers.local.cgroups import Cgroups
+from hutch.drivers.local.cgroups import Cgroups, check_org
 from hutch.drivers.local.launch import Launcher
 from hutch.drivers.local.pool import WarmPool
 from hutch.drivers.local.quiet import Quiet
@@ -97,6 +97,7 @@ class Provisioner:
 
     async def provision(self, req: ProvisionRequest) -> None:
         recipe = self._recipe(req)
+        check_org(req.org_id)  # before a pooled sandbox is taken for it: its cgroup's name
         self._quiet.hold(req.sandbox_id)
         try:
             await self._provision(recipe, req)
