@@ -30,7 +30,9 @@ from mcp.server.auth.provider import AccessToken
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hutch import mcp_listener
 from hutch.client import SandboxClient
+from hutch.core.waiting import HEAD_SECONDS, default_waiting
 from hutch.errors import HutchError, Unauthorized
 from hutch.mcp_server import McpSessions, bearer_key, build_server
 
@@ -200,9 +202,13 @@ def app(hutch_url: str | None, host: str, org_sessions: int = ORG_SESSIONS) -> A
     return KeyGate(served, hutch_url, lambda: manager._server_instances, org_sessions, end)
 
 
-def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = ORG_SESSIONS) -> None:
+def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = ORG_SESSIONS, *,
+               head_seconds: float = HEAD_SECONDS, most_waiting: int | None = None) -> None:
+    """``head_seconds``, ``most_waiting``: each request head's deadline, and the bound on the
+    connections waiting for one (None: a share of the open-file limit): mcp_listener.py."""
+    http = mcp_listener.protocol(head_seconds, most_waiting or default_waiting())
     config = uvicorn.Config(app(hutch_url, host, org_sessions), host=host, port=port, log_level="warning",
-                            lifespan="on")
+                            lifespan="on", http=http)
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"hutch mcp: serving MCP on http://{shown}:{port}{PATH} for the hutch server at "

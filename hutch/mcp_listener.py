@@ -1,0 +1,92 @@
+"""``hutch mcp --http``'s connections (uvicorn's HTTP/1.1 protocol): a deadline for each request
+head and a bound on the connections waiting for one, as ``hutch serve``'s listeners have
+(api/listener.py), with the same settings.
+
+Before, uvicorn's only timer was its keep-alive one, armed after an answer and cancelled by any
+byte received: a connection that sent nothing, or trickled a head a byte at a time, was held
+for as long as its client liked, and any number of them, up to the open-file limit, stopped the
+server accepting anyone else's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from hutch.core.waiting import (
+    HEAD_SECONDS,
+    HEAD_SETTING,
+    WAITING_SETTING,
+    WaitingBound,
+    default_waiting,
+)
+
+
+def settings(environ: dict[str, str] | None = None) -> tuple[float, int]:
+    """(the head deadline, the bound) from ``HUTCH_REQUEST_HEAD_SECONDS`` and
+    ``HUTCH_MAX_WAITING_CONNECTIONS``; a bad one is a ValueError naming it."""
+    env = os.environ if environ is None else environ
+    head, most = env.get(HEAD_SETTING, ""), env.get(WAITING_SETTING, "")
+    try:
+        seconds = float(head) if head else HEAD_SECONDS
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"{HEAD_SETTING}: expected a number of seconds above 0, got {head!r}")
+    if not most:
+        return seconds, default_waiting()
+    if not most.isdigit() or int(most) < 1:
+        raise ValueError(f"{WAITING_SETTING}: expected a positive whole number, got {most!r}")
+    return seconds, int(most)
+
+
+def protocol(head_seconds: float, most_waiting: int) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=...)``) whose connections have
+    ``head_seconds`` for each request head, from their start or their last answer's end, and of
+    which at most ``most_waiting`` wait for one (the longest-waiting closed first)."""
+    bound: WaitingBound[HeadDeadline] = WaitingBound(most_waiting, lambda conn: conn.waiting_since(),
+                                                     lambda conn: conn.transport.close())
+
+    class HeadDeadline(H11Protocol):
+        _since: float
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._wait()
+            bound.made(self)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            bound.lost(self)
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # (a pipelined request may be under way when it returns)
+            if not self.transport.is_closing():
+                self._wait()
+
+        def _wait(self) -> None:
+            self._since = self.loop.time()
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(head_seconds, self._late)
+
+        def waiting_since(self) -> float | None:
+            """When it began to wait for a request head; None with a request under way (its
+            head in, its answer not all sent), once upgraded, or closed."""
+            if self.transport is None or self.transport.is_closing() or self.transport.get_protocol() is not self:
+                return None
+            return self._since if self.cycle is None or self.cycle.response_complete else None
+
+        def _late(self) -> None:
+            self._deadline = None
+            if self.waiting_since() is not None:
+                self.transport.close()  # as uvicorn's keep-alive timer closes one: no answer
+
+    return HeadDeadline
