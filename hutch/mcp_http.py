@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hutch import mcp_listener
 from hutch.client import SandboxClient
 from hutch.core.waiting import HEAD_SECONDS, default_waiting
+from hutch.edge.out_of_files import open_file_limit
 from hutch.errors import HutchError, Unauthorized
 from hutch.mcp_server import McpSessions, bearer_key, build_server
 
@@ -206,7 +207,7 @@ def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = 
                head_seconds: float = HEAD_SECONDS, most_waiting: int | None = None) -> None:
     """``head_seconds``, ``most_waiting``: each request head's deadline, and the bound on the
     connections waiting for one (None: a share of the open-file limit): mcp_listener.py."""
-    http = mcp_listener.protocol(head_seconds, most_waiting or default_waiting())
+    http = mcp_listener.protocol(head_seconds, most_waiting or default_waiting(open_file_limit()))
     config = uvicorn.Config(app(hutch_url, host, org_sessions), host=host, port=port, log_level="warning",
                             lifespan="on", http=http)
     server = uvicorn.Server(config)

@@ -24,6 +24,7 @@ from hutch.core.waiting import (
     WaitingBound,
     default_waiting,
 )
+from hutch.edge.out_of_files import open_file_limit
 
 
 def settings(environ: dict[str, str] | None = None) -> tuple[float, int]:
@@ -38,7 +39,7 @@ def settings(environ: dict[str, str] | None = None) -> tuple[float, int]:
     if not 0 < seconds < math.inf:
         raise ValueError(f"{HEAD_SETTING}: expected a number of seconds above 0, got {head!r}")
     if not most:
-        return seconds, default_waiting()
+        return seconds, default_waiting(open_file_limit())
     if not most.isdigit() or int(most) < 1:
         raise ValueError(f"{WAITING_SETTING}: expected a positive whole number, got {most!r}")
     return seconds, int(most)

@@ -77,7 +77,6 @@ from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
 from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.tenancy import SCOPE, Access, Scope
-from hutch.core.waiting import default_waiting
 from hutch.edge import phases as edge_phases
 from hutch.service import archives
 from hutch.service.background import Background
@@ -235,7 +234,7 @@ def create_app(config: Config) -> web.Application:
     refusals.install(app)
     app[CONFIG] = config
     app[AT_ONCE] = AtOnce(config.max_requests_per_org or default_limit())
-    app[WAITING] = waiting(config.max_waiting_connections or default_waiting())
+    app[WAITING] = waiting(config.waiting_connections)
     app[BODY_CHECK] = _body_check(body_fields.table())
     app.router.add_get("/healthz", _health)
     app.router.add_get("/", _root)
@@ -333,7 +332,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(driver.close)
         # Counted again now that the driver may have raised the open-file limit (the local one does).
         app[AT_ONCE].limit = config.max_requests_per_org or default_limit()
-        app[WAITING].limit = config.max_waiting_connections or default_waiting()
+        app[WAITING].limit = config.waiting_connections
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=secret, data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,

@@ -8,7 +8,6 @@ says whether one of its connections waits and since when, and how to close it.
 
 from __future__ import annotations
 
-import resource
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -23,11 +22,12 @@ MOST_WAITING = 10_000
 C = TypeVar("C")
 
 
-def default_waiting() -> int:
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
+def default_waiting(open_files: int | None) -> int:
+    """The bound for a process that may have ``open_files`` descriptors (its soft
+    RLIMIT_NOFILE; None: unlimited), read by its caller (service/config.py, mcp_listener.py)."""
+    if open_files is None:
         return MOST_WAITING
-    return max(1, min(MOST_WAITING, soft // 4))
+    return max(1, min(MOST_WAITING, open_files // 4))
 
 
 class WaitingBound(Generic[C]):

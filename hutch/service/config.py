@@ -24,6 +24,8 @@ import attrs
 from hutch.core import capacity
 from hutch.core.errors import InvalidInput
 from hutch.core.paths import API_KEY_FILE, default_data_dir
+from hutch.core.waiting import default_waiting
+from hutch.edge.out_of_files import open_file_limit
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
@@ -428,6 +430,12 @@ class Config:
     def prebuild_runtimes(self) -> list[str]:
         """The catalog names ``prebuild`` asks for (checked when the Config was made)."""
         return _prebuild_names(self.prebuild)
+
+    @property
+    def waiting_connections(self) -> int:
+        """The bound on connections waiting for a request head: ``max_waiting_connections``, or
+        a share of the open-file limit the process has now (a driver may have raised it)."""
+        return self.max_waiting_connections or default_waiting(open_file_limit())
 
     @property
     def base_url(self) -> str:

@@ -31,6 +31,7 @@ from hutch.api.keys import AT_ONCE, ENGINE, TENANTS
 from hutch.api.listener import Runner, Waiting
 from hutch.api.listener import waiting as waiting_bound
 from hutch.core.waiting import HEAD_SECONDS, default_waiting
+from hutch.edge.out_of_files import open_file_limit
 from hutch.service.engine import Engine
 from hutch.service.tenancy import Tenants
 
@@ -78,7 +79,7 @@ async def serving(engine: Engine, tenants: Tenants, host: str, port: int, *,
     # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
     # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
     runner = Runner(create_e2b_app(engine, tenants, domain if tls else None, at_once),
-                    waiting if waiting is not None else waiting_bound(default_waiting()), head_seconds,
+                    waiting if waiting is not None else waiting_bound(default_waiting(open_file_limit())), head_seconds,
                     shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
