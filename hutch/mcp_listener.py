@@ -26,6 +26,18 @@ from hutch.core.waiting import (
 )
 from hutch.edge.out_of_files import open_file_limit
 
+# Connections accepted at once, before any of them is counted (asyncio accepts up to the listen
+# backlog in one go, then makes their protocols): uvicorn's 2,048 let one burst run the process
+# out of descriptors past the bound; aiohttp's (hutch serve's) 128.
+BACKLOG = 128
+
+
+class HeadDeadlineProtocol(H11Protocol):
+    """What ``protocol()`` makes: its connections' bound is ``waiting`` (shed when the process
+    runs out of descriptors: mcp_http.py)."""
+
+    waiting: WaitingBound[Any]
+
 
 def settings(environ: dict[str, str] | None = None) -> tuple[float, int]:
     """(the head deadline, the bound) from ``HUTCH_REQUEST_HEAD_SECONDS`` and
@@ -45,14 +57,16 @@ def settings(environ: dict[str, str] | None = None) -> tuple[float, int]:
     return seconds, int(most)
 
 
-def protocol(head_seconds: float, most_waiting: int) -> type[H11Protocol]:
+def protocol(head_seconds: float, most_waiting: int) -> type[HeadDeadlineProtocol]:
     """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=...)``) whose connections have
     ``head_seconds`` for each request head, from their start or their last answer's end, and of
-    which at most ``most_waiting`` wait for one (the longest-waiting closed first)."""
+    which at most ``most_waiting`` wait for one (the longest-waiting closed first); its
+    ``waiting`` is that bound."""
     bound: WaitingBound[HeadDeadline] = WaitingBound(most_waiting, lambda conn: conn.waiting_since(),
                                                      lambda conn: conn.transport.close())
 
-    class HeadDeadline(H11Protocol):
+    class HeadDeadline(HeadDeadlineProtocol):
+        waiting = bound
         _since: float
         _deadline: asyncio.TimerHandle | None = None
 

@@ -55,10 +55,18 @@ class WaitingBound(Generic[C]):
     def lost(self, conn: C) -> None:
         self._open.pop(conn, None)
 
-    def _trim(self, keep: int) -> None:
+    def shed(self) -> int:
+        """Close the longer-waiting half of the connections waiting for a request head (the
+        process is out of descriptors: edge/out_of_files.py); how many it closed."""
+        return self._trim(None)
+
+    def _trim(self, keep: int | None) -> int:
+        """Close the longest-waiting connections past ``keep`` of them (None: half); how many."""
         waiting = [(since, n, conn) for n, conn in enumerate(self._open) if (since := self._since(conn)) is not None]
+        keep = len(waiting) // 2 if keep is None else keep
         if len(waiting) <= keep:
-            return
+            return 0
         waiting.sort(key=lambda entry: entry[:2])
         for _since, _n, conn in waiting[:len(waiting) - keep]:
             self._close(conn)
+        return len(waiting) - keep

@@ -1,10 +1,14 @@
 """Can a client that never sends a request exhaust ``hutch mcp --http``? As against ``hutch
 serve``'s listeners (tests/adversarial/test_waiting_connections.py): connections that send
-nothing, or trickle a request head a byte a second, and a keep-alive connection left idle.
+nothing, or trickle a request head a byte a second, and a keep-alive connection left idle; and
+the process run out of descriptors all the same (a bound set above its open-file limit).
 
-A real ``hutch mcp --http`` started with the open-file limit a shell gives (1024) and a head
-deadline of 2 s. What it is answered is a request without a key (401: the gate answers it
-without asking the hutch server, so none runs here).
+A real ``hutch mcp --http`` started with an open-file limit of 256 (set in the child, so the
+figures do not depend on the shell's) and a head deadline of 2 s: more connections than that
+are few enough to open in well under the deadline on a busy machine. Its stderr goes to a file:
+a pipe no one reads fills, and a process that writes to it stops (as the test's own PIPE once
+stopped it: asyncio logged a traceback per failed accept()). What it is answered is a request
+without a key (401: the gate answers it without asking the hutch server, so none runs here).
 """
 
 from __future__ import annotations
@@ -31,24 +35,31 @@ from tests.adversarial.test_waiting_connections import (
 )
 from tests.mcp.test_mcp import _env, _free_port, _wait_for
 
-NOFILE = 1024
+NOFILE = 256  # its default bound: a quarter, 64
+ATTACK = NOFILE + 44  # more connections than it may have descriptors
 
 
-@pytest.fixture(scope="module")
-def listeners() -> Iterator[Listeners]:
+@contextlib.contextmanager
+def mcp_http(log: Path, **settings: str) -> Iterator[Listeners]:
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}"],
-        env=_env(HUTCH_URL="http://127.0.0.1:9", HUTCH_REQUEST_HEAD_SECONDS=str(HEAD_SECONDS)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE)))
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hutch.cli", "mcp", "--http", f"127.0.0.1:{port}"],
+            env=_env(HUTCH_URL="http://127.0.0.1:9", **settings), stdout=subprocess.DEVNULL, stderr=err,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE)))
     try:
         _wait_for(f"http://127.0.0.1:{port}/mcp", proc, "hutch mcp --http")
         yield Listeners(None, {"mcp": port}, Path())  # type: ignore[arg-type]  # no hutch server
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=30)
-        assert b"Traceback" not in err, err.decode()
+        proc.wait(timeout=30)
+        assert b"Traceback" not in log.read_bytes(), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def listeners(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listeners]:
+    with mcp_http(tmp_path_factory.mktemp("mcp") / "stderr", HUTCH_REQUEST_HEAD_SECONDS=str(HEAD_SECONDS)) as got:
+        yield got
 
 
 def keyless(port: int) -> bytes:
@@ -71,10 +82,10 @@ def served(listeners: Listeners) -> bool:
 
 
 def test_trickled_request_heads_leave_others_served_and_are_closed_at_the_deadline(listeners: Listeners) -> None:
-    with opened(listeners, "mcp", 1100, PARTIAL) as socks:
+    with opened(listeners, "mcp", ATTACK, PARTIAL) as socks:
         began = time.monotonic()
-        assert len(socks) > 1000, len(socks)
-        assert served(listeners), "a normal client while 1,100 connections trickle"
+        assert len(socks) == ATTACK, len(socks)
+        assert served(listeners), f"a normal client while {ATTACK} connections trickle"
         open_ones = list(socks)
         while open_ones and time.monotonic() < began + HEAD_SECONDS + SLACK + 1:
             for sock in open_ones:
@@ -104,6 +115,20 @@ def test_a_keep_alive_connection_is_closed_after_the_deadline_from_its_last_answ
         while time.monotonic() < answered + HEAD_SECONDS + SLACK / 2 and not closed(sock):
             time.sleep(0.2)
         assert closed(sock), f"an idle keep-alive connection open {HEAD_SECONDS + SLACK / 2}s after its answer"
+
+
+def test_out_of_descriptors_it_sheds_waiting_connections_and_serves_again(tmp_path: Path) -> None:
+    """The bound set above the open-file limit and a deadline far off: connections that send
+    nothing run the process out of descriptors. It closes the longest-waiting of them (not
+    waiting for their deadline) and serves a normal client, and says so in one line, not a
+    traceback per failed accept()."""
+    log = tmp_path / "stderr"
+    with mcp_http(log, HUTCH_REQUEST_HEAD_SECONDS="60", HUTCH_MAX_WAITING_CONNECTIONS=str(NOFILE * 4)) as listeners, \
+            opened(listeners, "mcp", ATTACK, b"") as socks:
+        assert len(socks) == ATTACK, len(socks)
+        assert served(listeners), "a normal client while the server is out of descriptors"
+        assert any(closed(sock) for sock in socks), "no waiting connection closed"
+    assert log.read_text().count("out of open files (Too many open files)") == 1, log.read_text()
 
 
 @pytest.mark.parametrize(("env", "refusal"), [
