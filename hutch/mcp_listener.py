@@ -1,6 +1,6 @@
 """``hutch mcp --http``'s connections (uvicorn's HTTP/1.1 protocol): a deadline for each request
 head and a bound on the connections waiting for one, as ``hutch serve``'s listeners have
-(api/listener.py), with the same settings.
+(edge/listener.py), with the same settings.
 
 Before, uvicorn's only timer was its keep-alive one, armed after an answer and cancelled by any
 byte received: a connection that sent nothing, or trickled a head a byte at a time, was held

@@ -38,7 +38,6 @@ from hutch.api.keys import (
     TENANTS,
     WAITING,
 )
-from hutch.api.listener import serve, waiting
 from hutch.api.query_params import check_declared
 from hutch.api.replication import (
     ON_LOST,
@@ -78,6 +77,7 @@ from hutch.core.paths import LOCK_FILE, URL_FILE
 from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.tenancy import SCOPE, Access, Scope
 from hutch.edge import phases as edge_phases
+from hutch.edge.listener import serve, waiting
 from hutch.service import archives
 from hutch.service.background import Background
 from hutch.service.checkpoints import CheckpointLimits
@@ -411,7 +411,7 @@ def run_server(config: Config) -> None:
     app.cleanup_ctx.append(memory.trim_ctx)
     app.cleanup_ctx.append(_announce_ctx)
     # Its connections, and the E2B listener's, have a deadline for each request head and a bound
-    # on those waiting for one (api/listener.py).
+    # on those waiting for one (edge/listener.py).
     serve(app, config.host, config.port, app[WAITING], config.request_head_seconds)
 
 

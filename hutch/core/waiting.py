@@ -2,7 +2,7 @@
 connections that have not sent a request (yet, or since their last answer), which belong to no
 organization. Past the bound, those that have waited longest are closed first.
 
-The bookkeeping only: each listener (api/listener.py: aiohttp's; mcp_listener.py: uvicorn's)
+The bookkeeping only: each listener (edge/listener.py: aiohttp's; mcp_listener.py: uvicorn's)
 says whether one of its connections waits and since when, and how to close it.
 """
 

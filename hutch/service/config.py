@@ -383,7 +383,7 @@ class Config:
     max_requests_per_org: int | None = _setting("HUTCH_MAX_REQUESTS_PER_ORG", None, convert=_to_optional_count)
     # How long a connection has to send a whole request head, from its start or its previous
     # answer's end (so an idle keep-alive connection is closed then too); bytes trickling in do
-    # not extend it (api/listener.py).
+    # not extend it (edge/listener.py).
     request_head_seconds: float = _setting("HUTCH_REQUEST_HEAD_SECONDS", 10.0, convert=_to_seconds)
     # Connections waiting for a request head, over all of this server's HTTP listeners; past it
     # those waiting longest are closed. None: a quarter of the open-file limit, at most 10,000.

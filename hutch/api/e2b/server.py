@@ -28,9 +28,9 @@ from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
 from hutch.api.keys import AT_ONCE, ENGINE, TENANTS
-from hutch.api.listener import Runner, Waiting
-from hutch.api.listener import waiting as waiting_bound
 from hutch.core.waiting import HEAD_SECONDS, default_waiting
+from hutch.edge.listener import Runner, Waiting
+from hutch.edge.listener import waiting as waiting_bound
 from hutch.edge.out_of_files import open_file_limit
 from hutch.service.engine import Engine
 from hutch.service.tenancy import Tenants
@@ -75,7 +75,7 @@ async def serving(engine: Engine, tenants: Tenants, host: str, port: int, *,
     """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs, and over TLS
     on ``tls``'s port with host routing under ``domain`` (api/e2b/hosts.py); yields the ports.
     ``waiting``, ``head_seconds``: the hutch API's bound on connections waiting for a request
-    head, shared (the process's descriptors), and its deadline for one (api/listener.py)."""
+    head, shared (the process's descriptors), and its deadline for one (edge/listener.py)."""
     # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
     # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
     runner = Runner(create_e2b_app(engine, tenants, domain if tls else None, at_once),

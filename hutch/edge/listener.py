@@ -1,8 +1,8 @@
 """How hutch's HTTP listeners run (the API's, with the Web App and the port proxy it serves,
-and E2B's): a connection must send its whole request head within a deadline, and the
-connections waiting for one are bounded, so that a client that opens connections and sends
-nothing, or trickles a head a byte at a time (slowloris), cannot hold the server's file
-descriptors and with them every tenant's requests.
+E2B's, and the node agent's): a connection must send its whole request head within a
+deadline, and the connections waiting for one are bounded, so that a client that opens
+connections and sends nothing, or trickles a head a byte at a time (slowloris), cannot hold
+the server's file descriptors and with them every tenant's requests.
 
 Before, a connection that never finished its head was closed only by aiohttp's keep-alive
 timer (75 s on the API's listener, an hour on E2B's), and nothing bounded how many there were
