@@ -11,19 +11,12 @@ server accepting anyone else's.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from hutch.core.waiting import (
-    HEAD_SECONDS,
-    HEAD_SETTING,
-    WAITING_SETTING,
-    WaitingBound,
-    default_waiting,
-)
+from hutch.core.waiting import WaitingBound, default_waiting, read_settings
 from hutch.edge.out_of_files import open_file_limit
 
 # Connections accepted at once, before any of them is counted (asyncio accepts up to the listen
@@ -42,19 +35,8 @@ class HeadDeadlineProtocol(H11Protocol):
 def settings(environ: dict[str, str] | None = None) -> tuple[float, int]:
     """(the head deadline, the bound) from ``HUTCH_REQUEST_HEAD_SECONDS`` and
     ``HUTCH_MAX_WAITING_CONNECTIONS``; a bad one is a ValueError naming it."""
-    env = os.environ if environ is None else environ
-    head, most = env.get(HEAD_SETTING, ""), env.get(WAITING_SETTING, "")
-    try:
-        seconds = float(head) if head else HEAD_SECONDS
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < math.inf:
-        raise ValueError(f"{HEAD_SETTING}: expected a number of seconds above 0, got {head!r}")
-    if not most:
-        return seconds, default_waiting(open_file_limit())
-    if not most.isdigit() or int(most) < 1:
-        raise ValueError(f"{WAITING_SETTING}: expected a positive whole number, got {most!r}")
-    return seconds, int(most)
+    seconds, most = read_settings(os.environ if environ is None else environ)
+    return seconds, most or default_waiting(open_file_limit())
 
 
 def protocol(head_seconds: float, most_waiting: int) -> type[HeadDeadlineProtocol]:

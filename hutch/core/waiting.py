@@ -8,7 +8,8 @@ says whether one of its connections waits and since when, and how to close it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 HEAD_SETTING = "HUTCH_REQUEST_HEAD_SECONDS"
@@ -20,6 +21,25 @@ HEAD_SECONDS = 10.0
 MOST_WAITING = 10_000
 
 C = TypeVar("C")
+
+
+def read_settings(env: Mapping[str, str]) -> tuple[float, int | None]:
+    """(the head deadline, the bound or None for ``default_waiting``'s) from ``env``'s
+    ``HUTCH_REQUEST_HEAD_SECONDS`` and ``HUTCH_MAX_WAITING_CONNECTIONS``, for the servers that
+    do not read the service's config (``hutch mcp --http``, the node agent); a bad one is a
+    ValueError naming it, in the words service/config.py uses."""
+    head, most = env.get(HEAD_SETTING, ""), env.get(WAITING_SETTING, "")
+    try:
+        seconds = float(head) if head else HEAD_SECONDS
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"{HEAD_SETTING}: expected a number of seconds above 0, got {head!r}")
+    if not most:
+        return seconds, None
+    if not most.isdigit() or int(most) < 1:
+        raise ValueError(f"{WAITING_SETTING}: expected a positive whole number, got {most!r}")
+    return seconds, int(most)
 
 
 def default_waiting(open_files: int | None) -> int:

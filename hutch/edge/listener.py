@@ -76,12 +76,31 @@ class Runner(web.AppRunner):
     def __init__(self, app: web.Application, waiting: Waiting, head_seconds: float, **kwargs: Any) -> None:
         super().__init__(app, keepalive_timeout=head_seconds, access_log=None, **kwargs)
         self._waiting = waiting
+        self.head_seconds = head_seconds
 
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()  # the app started and frozen, its handler's settings
         return _Server(self._waiting, made.request_handler, request_factory=made.request_factory,
                        handler_cancellation=made.handler_cancellation, loop=asyncio.get_running_loop(),
                        **made._kwargs)
+
+
+class Site(web.TCPSite):
+    """aiohttp's ``TCPSite`` for a ``Runner``, whose TLS handshakes have its head deadline too.
+
+    A TLS connection reaches aiohttp (its head deadline, the bound) only once its handshake is
+    done; until then asyncio's handshake timeout was the only one, and aiohttp leaves it at its
+    60 s: a client that opened connections and sent no ClientHello held each for a minute."""
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # then what TCPSite.start does, with the handshake's timeout
+        runner = self._runner
+        assert isinstance(runner, Runner) and runner.server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            runner.server, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+            ssl_handshake_timeout=runner.head_seconds if self._ssl_context is not None else None)
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
 
 def serve(app: web.Application, host: str, port: int, waiting: Waiting, head_seconds: float) -> None:
