@@ -142,6 +142,21 @@ def test_connections_that_send_nothing_are_closed_at_the_deadline(listeners: Lis
         assert all(closed(sock) for sock in socks), f"idle connections open {HEAD_SECONDS + SLACK}s after their start"
 
 
+def test_a_connection_that_never_sends_a_client_hello_is_closed_at_the_deadline(listeners: Listeners) -> None:
+    """On E2B's TLS port a connection reaches aiohttp (its head deadline, the bound) only once
+    its handshake is done: one that opens TCP and sends no ClientHello was held for asyncio's
+    60 s. The handshake has the head deadline too (edge/listener.Site)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.create_connection(("127.0.0.1", listeners.ports["e2b-tls"]), timeout=5))
+                 for _ in range(20)]
+        began = time.monotonic()
+        time.sleep(HEAD_SECONDS / 2)
+        assert not any(closed(sock) for sock in socks), "closed before the deadline"
+        while time.monotonic() < began + HEAD_SECONDS + SLACK and not all(closed(sock) for sock in socks):
+            time.sleep(0.2)
+        assert all(closed(sock) for sock in socks), f"connections with no ClientHello open {HEAD_SECONDS + SLACK}s on"
+
+
 def _answer(sock: socket.socket) -> bytes:
     """One whole answer (its Content-Length body) off ``sock``."""
     got = b""

@@ -29,7 +29,7 @@ from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
 from hutch.api.keys import AT_ONCE, ENGINE, TENANTS
 from hutch.core.waiting import HEAD_SECONDS, default_waiting
-from hutch.edge.listener import Runner, Waiting
+from hutch.edge.listener import Runner, Site, Waiting
 from hutch.edge.listener import waiting as waiting_bound
 from hutch.edge.out_of_files import open_file_limit
 from hutch.service.engine import Engine
@@ -83,8 +83,9 @@ async def serving(engine: Engine, tenants: Tenants, host: str, port: int, *,
                     shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
-        bound = await _site(web.TCPSite(runner, host, port), port)
-        bound_tls = await _site(web.TCPSite(runner, host, tls[0], ssl_context=tls[1]), tls[0]) if tls else None
+        bound = await _site(Site(runner, host, port), port)
+        # Site: its TLS handshakes have the head deadline too (aiohttp's TCPSite leaves asyncio's 60 s).
+        bound_tls = await _site(Site(runner, host, tls[0], ssl_context=tls[1]), tls[0]) if tls else None
         yield bound, bound_tls
     finally:
         await runner.cleanup()
