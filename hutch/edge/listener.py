@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import signal
 from typing import Any
@@ -30,6 +31,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from hutch.core.waiting import WaitingBound
+from hutch.edge import out_of_files
+
+log = logging.getLogger("hutch.api")
 
 Waiting = WaitingBound[RequestHandler]
 
@@ -113,10 +117,12 @@ def serve(app: web.Application, host: str, port: int, waiting: Waiting, head_sec
         assert task is not None
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, task.cancel)
+        # Out of descriptors, accept() fails: shed waiting connections, log it once in a while.
+        out_of_files.install(loop, waiting.shed, log)
         runner = Runner(app, waiting, head_seconds, shutdown_timeout=60.0)
         try:
             await runner.setup()
-            await web.TCPSite(runner, host, port).start()
+            await Site(runner, host, port).start()
             await loop.create_future()  # until a signal
         finally:
             await runner.cleanup()
