@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Container
@@ -30,9 +31,15 @@ from mcp.server.auth.provider import AccessToken
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hutch import mcp_listener
 from hutch.client import SandboxClient
+from hutch.core.waiting import HEAD_SECONDS, default_waiting
+from hutch.edge import out_of_files
+from hutch.edge.out_of_files import open_file_limit
 from hutch.errors import HutchError, Unauthorized
 from hutch.mcp_server import McpSessions, bearer_key, build_server
+
+log = logging.getLogger(__name__)
 
 PATH = "/mcp"
 RECHECK_SECONDS = 5.0  # a key found valid (any request of its) is not asked about again sooner
@@ -200,12 +207,22 @@ def app(hutch_url: str | None, host: str, org_sessions: int = ORG_SESSIONS) -> A
     return KeyGate(served, hutch_url, lambda: manager._server_instances, org_sessions, end)
 
 
-def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = ORG_SESSIONS) -> None:
+def serve_http(hutch_url: str | None, host: str, port: int, org_sessions: int = ORG_SESSIONS, *,
+               head_seconds: float = HEAD_SECONDS, most_waiting: int | None = None) -> None:
+    """``head_seconds``, ``most_waiting``: each request head's deadline, and the bound on the
+    connections waiting for one (None: a share of the open-file limit): mcp_listener.py."""
+    http = mcp_listener.protocol(head_seconds, most_waiting or default_waiting(open_file_limit()))
     config = uvicorn.Config(app(hutch_url, host, org_sessions), host=host, port=port, log_level="warning",
-                            lifespan="on")
+                            lifespan="on", http=http, backlog=mcp_listener.BACKLOG)
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"hutch mcp: serving MCP on http://{shown}:{port}{PATH} for the hutch server at "
                      f"{hutch_url}\n")
     sys.stderr.flush()
-    server.run()
+
+    async def run() -> None:
+        # Out of descriptors, accept() fails: shed waiting connections, log it once in a while.
+        out_of_files.install(asyncio.get_running_loop(), http.waiting.shed, log)
+        await server.serve()
+
+    asyncio.run(run())

@@ -38,7 +38,6 @@ from hutch.api.keys import (
     TENANTS,
     WAITING,
 )
-from hutch.api.listener import serve, waiting
 from hutch.api.query_params import check_declared
 from hutch.api.replication import (
     ON_LOST,
@@ -77,8 +76,8 @@ from hutch.core.events import ACTOR
 from hutch.core.paths import LOCK_FILE, URL_FILE
 from hutch.core.quantities import parse_bytes, parse_duration
 from hutch.core.tenancy import SCOPE, Access, Scope
-from hutch.core.waiting import default_waiting
 from hutch.edge import phases as edge_phases
+from hutch.edge.listener import serve, waiting
 from hutch.service import archives
 from hutch.service.background import Background
 from hutch.service.checkpoints import CheckpointLimits
@@ -235,7 +234,7 @@ def create_app(config: Config) -> web.Application:
     refusals.install(app)
     app[CONFIG] = config
     app[AT_ONCE] = AtOnce(config.max_requests_per_org or default_limit())
-    app[WAITING] = waiting(config.max_waiting_connections or default_waiting())
+    app[WAITING] = waiting(config.waiting_connections)
     app[BODY_CHECK] = _body_check(body_fields.table())
     app.router.add_get("/healthz", _health)
     app.router.add_get("/", _root)
@@ -333,7 +332,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(driver.close)
         # Counted again now that the driver may have raised the open-file limit (the local one does).
         app[AT_ONCE].limit = config.max_requests_per_org or default_limit()
-        app[WAITING].limit = config.max_waiting_connections or default_waiting()
+        app[WAITING].limit = config.waiting_connections
         engine = Engine(event_log=event_log, store=store, driver=driver, outputs=outputs,
                         stream_secret=secret, data_dir=config.data_dir,
                         limits=archives.Limits(max_bytes=config.max_upload_bytes,
@@ -412,7 +411,7 @@ def run_server(config: Config) -> None:
     app.cleanup_ctx.append(memory.trim_ctx)
     app.cleanup_ctx.append(_announce_ctx)
     # Its connections, and the E2B listener's, have a deadline for each request head and a bound
-    # on those waiting for one (api/listener.py).
+    # on those waiting for one (edge/listener.py).
     serve(app, config.host, config.port, app[WAITING], config.request_head_seconds)
 
 

@@ -14,7 +14,7 @@ Counted where the organization is known: requests with a key or a session (the a
 middleware), and the public reads the organization's own capabilities allow (a stream read, a
 request to a sandbox's port: the sandbox's organization). Connections that have not yet sent a
 request belong to no one: a deadline for each request head and a bound on the connections
-waiting for one keep those (api/listener.py).
+waiting for one keep those (edge/listener.py).
 """
 
 from __future__ import annotations

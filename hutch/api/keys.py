@@ -8,9 +8,9 @@ from typing import Any
 from aiohttp import web
 
 from hutch.api.at_once import AtOnce
-from hutch.api.listener import Waiting
 from hutch.core.tenancy import Principal
 from hutch.core.waiting import WaitingBound
+from hutch.edge.listener import Waiting
 from hutch.service.config import Config
 from hutch.service.engine import Engine
 from hutch.service.tenancy import Tenants
@@ -19,7 +19,7 @@ CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 TENANTS: web.AppKey[Tenants] = web.AppKey("tenants", Tenants)
 AT_ONCE: web.AppKey[AtOnce] = web.AppKey("at_once", AtOnce)  # each organization's requests under way
-# Connections waiting for a request head, on every HTTP listener of the server (api/listener.py).
+# Connections waiting for a request head, on every HTTP listener of the server (edge/listener.py).
 WAITING: web.AppKey[Waiting] = web.AppKey("waiting", WaitingBound)
 E2B_PORT: web.AppKey[int] = web.AppKey("e2b_port", int)  # api/e2b/server.py, when enabled
 E2B_TLS_PORT: web.AppKey[int] = web.AppKey("e2b_tls_port", int)  # its TLS listener, when enabled

@@ -56,12 +56,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         if args.org_id:
             raise UsageError("--org-id is for stdio: over HTTP each client's key decides its organization "
                              "(give each client a key of the organization it works in)")
-        from hutch import mcp_http
+        from hutch import mcp_http, mcp_listener
 
         sessions = mcp_http.ORG_SESSIONS if args.max_org_sessions is None else args.max_org_sessions
         if sessions < 1:
             raise UsageError(f"--max-org-sessions {sessions}: expected a number of sessions, 1 or more")
-        mcp_http.serve_http(url, *bind, org_sessions=sessions)
+        try:
+            head_seconds, most_waiting = mcp_listener.settings()
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+        mcp_http.serve_http(url, *bind, org_sessions=sessions, head_seconds=head_seconds, most_waiting=most_waiting)
         return 0
     asyncio.run(_stdio(mcp_server, url, args.api_key, args.org_id))
     return 0

@@ -9,6 +9,7 @@ import attrs
 
 from hutch.core.errors import InvalidInput
 from hutch.core.quantities import parse_bytes
+from hutch.core.waiting import HEAD_SECONDS, read_settings
 from hutch.drivers.local import pidstotal
 from hutch.drivers.node import placement, wire
 
@@ -29,6 +30,10 @@ class NodeSettings:
     memory_limit: int | None = None  # the memory limits it takes in all; None: 32x its memory (core/capacity.py)
     pids_total: int | None = None  # the pids its sandboxes hold together; None: pid_max less a reserve
     org_pids: int | None = None  # the pids each organization's hold together; None: half of pids_total
+    # HUTCH_REQUEST_HEAD_SECONDS and HUTCH_MAX_WAITING_CONNECTIONS, as on hutch serve
+    # (edge/listener.py): None, a share of the open-file limit.
+    head_seconds: float = HEAD_SECONDS
+    max_waiting: int | None = None
 
 
 def read_secret(env: dict[str, str] | None = None) -> bytes:
@@ -74,9 +79,14 @@ def settings(name: str, listen: str, data_dir: str, env: dict[str, str] | None =
     most = env.get(setting) or str(placement.MAX_SANDBOXES)
     if not most.isdigit() or int(most) < 1:
         raise SettingError(f"{setting}: expected a positive whole number, got {most!r}")
+    try:
+        head_seconds, max_waiting = read_settings(env)
+    except ValueError as err:
+        raise SettingError(str(err)) from None
     return NodeSettings(name=name, host=host, port=port, data_dir=Path(data_dir), runtime_cache=cache,
                         secret=read_secret(env), max_sandboxes=int(most), memory_limit=memory_limit(env),
-                        pids_total=pids_total(env), org_pids=org_pids(env))
+                        pids_total=pids_total(env), org_pids=org_pids(env), head_seconds=head_seconds,
+                        max_waiting=max_waiting)
 
 
 def memory_limit(env: dict[str, str]) -> int | None:

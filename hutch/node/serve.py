@@ -6,9 +6,10 @@ import asyncio
 import logging
 import signal
 
-from aiohttp import web
-
+from hutch.core.waiting import default_waiting
 from hutch.drivers.local.driver import LocalDriver
+from hutch.edge import out_of_files
+from hutch.edge.listener import Runner, Site, waiting
 from hutch.node.app import make_app
 from hutch.node.certificate import AgentCertificate
 from hutch.node.config import NodeSettings
@@ -19,10 +20,17 @@ log = logging.getLogger(__name__)
 async def serve(settings: NodeSettings, cert: AgentCertificate) -> None:
     driver = LocalDriver(settings.data_dir, settings.runtime_cache, pids_total=settings.pids_total,
                          org_pids=settings.org_pids)
-    runner = web.AppRunner(make_app(settings, driver, cert.fingerprint), handle_signals=False, access_log=None)
+    # As hutch serve's listeners: a deadline for each request head (and for the TLS handshake
+    # before it), a bound on the connections waiting for one; its clients (the API's node driver)
+    # let an idle connection go sooner (drivers/node/client.py).
+    bound = waiting(settings.max_waiting or default_waiting(out_of_files.open_file_limit()))
+    runner = Runner(make_app(settings, driver, cert.fingerprint), bound, settings.head_seconds, handle_signals=False)
     await runner.setup()
+    if settings.max_waiting is None:  # counted again: the driver may have raised the open-file limit
+        bound.limit = default_waiting(out_of_files.open_file_limit())
+    out_of_files.install(asyncio.get_running_loop(), bound.shed, log)
     # HTTPS only: a plain-HTTP request fails its handshake and gets no answer.
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=cert.context)
+    site = Site(runner, settings.host, settings.port, ssl_context=cert.context)
     await site.start()
     # One line the supervisor (and the tests) wait for.
     print(f"hutch node {settings.name} listening on {settings.host}:{settings.port} (https, certificate "

@@ -24,6 +24,8 @@ import attrs
 from hutch.core import capacity
 from hutch.core.errors import InvalidInput
 from hutch.core.paths import API_KEY_FILE, default_data_dir
+from hutch.core.waiting import default_waiting
+from hutch.edge.out_of_files import open_file_limit
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
@@ -394,7 +396,7 @@ class Config:
     max_requests_per_org: int | None = _setting("HUTCH_MAX_REQUESTS_PER_ORG", None, convert=_to_optional_count)
     # How long a connection has to send a whole request head, from its start or its previous
     # answer's end (so an idle keep-alive connection is closed then too); bytes trickling in do
-    # not extend it (api/listener.py).
+    # not extend it (edge/listener.py).
     request_head_seconds: float = _setting("HUTCH_REQUEST_HEAD_SECONDS", 10.0, convert=_to_seconds)
     # Connections waiting for a request head, over all of this server's HTTP listeners; past it
     # those waiting longest are closed. None: a quarter of the open-file limit, at most 10,000.
@@ -441,6 +443,12 @@ class Config:
     def prebuild_runtimes(self) -> list[str]:
         """The catalog names ``prebuild`` asks for (checked when the Config was made)."""
         return _prebuild_names(self.prebuild)
+
+    @property
+    def waiting_connections(self) -> int:
+        """The bound on connections waiting for a request head: ``max_waiting_connections``, or
+        a share of the open-file limit the process has now (a driver may have raised it)."""
+        return self.max_waiting_connections or default_waiting(open_file_limit())
 
     @property
     def base_url(self) -> str:

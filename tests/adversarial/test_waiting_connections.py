@@ -142,6 +142,21 @@ def test_connections_that_send_nothing_are_closed_at_the_deadline(listeners: Lis
         assert all(closed(sock) for sock in socks), f"idle connections open {HEAD_SECONDS + SLACK}s after their start"
 
 
+def test_a_connection_that_never_sends_a_client_hello_is_closed_at_the_deadline(listeners: Listeners) -> None:
+    """On E2B's TLS port a connection reaches aiohttp (its head deadline, the bound) only once
+    its handshake is done: one that opens TCP and sends no ClientHello was held for asyncio's
+    60 s. The handshake has the head deadline too (edge/listener.Site)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.create_connection(("127.0.0.1", listeners.ports["e2b-tls"]), timeout=5))
+                 for _ in range(20)]
+        began = time.monotonic()
+        time.sleep(HEAD_SECONDS / 2)
+        assert not any(closed(sock) for sock in socks), "closed before the deadline"
+        while time.monotonic() < began + HEAD_SECONDS + SLACK and not all(closed(sock) for sock in socks):
+            time.sleep(0.2)
+        assert all(closed(sock) for sock in socks), f"connections with no ClientHello open {HEAD_SECONDS + SLACK}s on"
+
+
 def _answer(sock: socket.socket) -> bytes:
     """One whole answer (its Content-Length body) off ``sock``."""
     got = b""
@@ -190,3 +205,24 @@ def test_past_the_bound_the_longest_waiting_are_closed_and_requests_under_way_ar
         head = _answer(poll)
         assert head.startswith(b"HTTP/1.1 200 "), head
         assert time.monotonic() - sent > HEAD_SECONDS * 2.4, "the long-poll was answered at once, not waited out"
+
+
+def test_out_of_descriptors_it_sheds_waiting_connections_and_serves_again(tmp_path: Path) -> None:
+    """The bound set above the open-file limit and a deadline far off: connections that send
+    nothing run the server out of descriptors. It closes the longest-waiting of them (not
+    waiting for their deadline) and serves a normal client, and says so in one line, where
+    asyncio logged a traceback for each failed accept() (128 a second: the listen backlog)."""
+    server = Server(tmp_path / "data", driver="fake", nofile=(NOFILE, NOFILE), HUTCH_REQUEST_HEAD_SECONDS="60",
+                    HUTCH_MAX_WAITING_CONNECTIONS=str(NOFILE * 4)).start()
+    try:
+        attacked = Listeners(server, {"api": server.port}, Path())
+        with opened(attacked, "api", NOFILE + 76, b"") as socks:
+            assert len(socks) == NOFILE + 76, len(socks)
+            assert served(attacked, "api") == 200, "a normal client while the server is out of descriptors"
+            assert any(closed(sock) for sock in socks), "no waiting connection closed"
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert log.count("out of open files (Too many open files)") == 1, log[-4000:]
+    assert "Traceback" not in log, log[-4000:]
+

@@ -10,11 +10,12 @@ from pathlib import Path
 from tests import source_ast
 
 CORE = Path(__file__).resolve().parents[2] / "hutch" / "core"
-# Modules whose use is I/O (``os`` stays allowed: ``core.paths`` reads the environment,
-# ``core.ids`` draws random bytes).
+# Modules whose use is I/O or a system call (``resource``: a process's limits are read by its
+# caller and passed in; ``os`` stays allowed: ``core.paths`` reads the environment, ``core.ids``
+# draws random bytes).
 IO_MODULES = {"aiohttp", "aiokafka", "asyncpg", "asyncssh", "nomad", "sqlite3", "socket", "subprocess",
               "shutil", "tempfile", "urllib.request", "http.client", "fcntl", "select", "selectors",
-              "concurrent.futures", "io"}
+              "concurrent.futures", "io", "resource"}
 
 
 def _imports(tree: ast.AST) -> set[str]:

@@ -28,9 +28,10 @@ from hutch.api.e2b.access import e2b_errors, rpc_errors
 from hutch.api.e2b.idempotency import IdempotentCreates
 from hutch.api.e2b.processes import Processes
 from hutch.api.keys import AT_ONCE, ENGINE, TENANTS
-from hutch.api.listener import Runner, Waiting
-from hutch.api.listener import waiting as waiting_bound
 from hutch.core.waiting import HEAD_SECONDS, default_waiting
+from hutch.edge.listener import Runner, Site, Waiting
+from hutch.edge.listener import waiting as waiting_bound
+from hutch.edge.out_of_files import open_file_limit
 from hutch.service.engine import Engine
 from hutch.service.tenancy import Tenants
 
@@ -74,16 +75,17 @@ async def serving(engine: Engine, tenants: Tenants, host: str, port: int, *,
     """Serve the E2B wire on ``host``:``port`` (0: a free one) while the block runs, and over TLS
     on ``tls``'s port with host routing under ``domain`` (api/e2b/hosts.py); yields the ports.
     ``waiting``, ``head_seconds``: the hutch API's bound on connections waiting for a request
-    head, shared (the process's descriptors), and its deadline for one (api/listener.py)."""
+    head, shared (the process's descriptors), and its deadline for one (edge/listener.py)."""
     # Its streams (a command's output, a terminal) last as long as what they follow: at shutdown
     # they are cut after a moment, not waited for (the SDK sees a broken stream and asks /health).
     runner = Runner(create_e2b_app(engine, tenants, domain if tls else None, at_once),
-                    waiting if waiting is not None else waiting_bound(default_waiting()), head_seconds,
+                    waiting if waiting is not None else waiting_bound(default_waiting(open_file_limit())), head_seconds,
                     shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
-        bound = await _site(web.TCPSite(runner, host, port), port)
-        bound_tls = await _site(web.TCPSite(runner, host, tls[0], ssl_context=tls[1]), tls[0]) if tls else None
+        bound = await _site(Site(runner, host, port), port)
+        # Site: its TLS handshakes have the head deadline too (aiohttp's TCPSite leaves asyncio's 60 s).
+        bound_tls = await _site(Site(runner, host, tls[0], ssl_context=tls[1]), tls[0]) if tls else None
         yield bound, bound_tls
     finally:
         await runner.cleanup()

@@ -132,7 +132,7 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 # How long a relay keeps an idle connection: under another replica's deadline for the next
-# request head (HUTCH_REQUEST_HEAD_SECONDS, 10 s by default; api/listener.py), and under the 5 s
+# request head (HUTCH_REQUEST_HEAD_SECONDS, 10 s by default; edge/listener.py), and under the 5 s
 # that Node's and uvicorn's servers (what sandboxes often serve) keep one, so no relayed POST
 # goes out on a connection the other end is closing at that instant (aiohttp retries no POST:
 # the visitor would get a 502).

@@ -46,6 +46,12 @@ def _kind(err: Exception) -> str:
     return f"the connection failed ({type(err).__name__})"
 
 
+# An idle connection to an agent is let go after this, before the agent's deadline for the next
+# request head (HUTCH_REQUEST_HEAD_SECONDS, 10 s by default: edge/listener.py) closes it: a call
+# sent on a connection the agent is closing at that instant would fail, and a POST is not
+# retried. (aiohttp's default is 15 s.)
+IDLE_SECONDS = 5.0
+
 _ID = re.compile(r"^[a-z]+_[0-9a-z]{16,}$")
 
 
@@ -69,7 +75,7 @@ class AgentClient:
     @staticmethod
     def _new_session() -> aiohttp.ClientSession:
         # One session per agent: losing the node aborts exactly its calls (abort()).
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=IDLE_SECONDS))
 
     async def abort(self) -> None:
         """Break every call in flight (the node is lost) and start afresh for its return."""

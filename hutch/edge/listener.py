@@ -1,8 +1,8 @@
 """How hutch's HTTP listeners run (the API's, with the Web App and the port proxy it serves,
-and E2B's): a connection must send its whole request head within a deadline, and the
-connections waiting for one are bounded, so that a client that opens connections and sends
-nothing, or trickles a head a byte at a time (slowloris), cannot hold the server's file
-descriptors and with them every tenant's requests.
+E2B's, and the node agent's): a connection must send its whole request head within a
+deadline, and the connections waiting for one are bounded, so that a client that opens
+connections and sends nothing, or trickles a head a byte at a time (slowloris), cannot hold
+the server's file descriptors and with them every tenant's requests.
 
 Before, a connection that never finished its head was closed only by aiohttp's keep-alive
 timer (75 s on the API's listener, an hour on E2B's), and nothing bounded how many there were
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import signal
 from typing import Any
@@ -30,6 +31,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from hutch.core.waiting import WaitingBound
+from hutch.edge import out_of_files
+
+log = logging.getLogger("hutch.api")
 
 Waiting = WaitingBound[RequestHandler]
 
@@ -76,12 +80,31 @@ class Runner(web.AppRunner):
     def __init__(self, app: web.Application, waiting: Waiting, head_seconds: float, **kwargs: Any) -> None:
         super().__init__(app, keepalive_timeout=head_seconds, access_log=None, **kwargs)
         self._waiting = waiting
+        self.head_seconds = head_seconds
 
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()  # the app started and frozen, its handler's settings
         return _Server(self._waiting, made.request_handler, request_factory=made.request_factory,
                        handler_cancellation=made.handler_cancellation, loop=asyncio.get_running_loop(),
                        **made._kwargs)
+
+
+class Site(web.TCPSite):
+    """aiohttp's ``TCPSite`` for a ``Runner``, whose TLS handshakes have its head deadline too.
+
+    A TLS connection reaches aiohttp (its head deadline, the bound) only once its handshake is
+    done; until then asyncio's handshake timeout was the only one, and aiohttp leaves it at its
+    60 s: a client that opened connections and sent no ClientHello held each for a minute."""
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # then what TCPSite.start does, with the handshake's timeout
+        runner = self._runner
+        assert isinstance(runner, Runner) and runner.server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            runner.server, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+            ssl_handshake_timeout=runner.head_seconds if self._ssl_context is not None else None)
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
 
 def serve(app: web.Application, host: str, port: int, waiting: Waiting, head_seconds: float) -> None:
@@ -94,10 +117,12 @@ def serve(app: web.Application, host: str, port: int, waiting: Waiting, head_sec
         assert task is not None
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, task.cancel)
+        # Out of descriptors, accept() fails: shed waiting connections, log it once in a while.
+        out_of_files.install(loop, waiting.shed, log)
         runner = Runner(app, waiting, head_seconds, shutdown_timeout=60.0)
         try:
             await runner.setup()
-            await web.TCPSite(runner, host, port).start()
+            await Site(runner, host, port).start()
             await loop.create_future()  # until a signal
         finally:
             await runner.cleanup()
