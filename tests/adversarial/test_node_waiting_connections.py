@@ -62,12 +62,23 @@ def _closed_within(socks: list[socket.socket], seconds: float,
 
 def test_tls_connections_that_trickle_a_head_or_send_nothing_are_closed_at_the_deadline(agent: tuple[str, int]) -> None:
     with contextlib.ExitStack() as stack:
-        trickling = [stack.enter_context(_tls(agent)) for _ in range(5)]
-        idle = [stack.enter_context(_tls(agent)) for _ in range(5)]
+        made: dict[ssl.SSLSocket, float] = {}
+
+        def tls() -> ssl.SSLSocket:
+            sock = stack.enter_context(_tls(agent))
+            made[sock] = time.monotonic()  # its deadline runs from here
+            return sock
+
+        trickling = [tls() for _ in range(5)]
+        idle = [tls() for _ in range(5)]
         for sock in trickling:
             sock.sendall(PARTIAL)
         time.sleep(HEAD_SECONDS / 2)
-        assert not any(closed(sock) for sock in trickling + idle), "closed before the deadline"
+        # On a loaded machine the ten handshakes may take longer than the deadline: only those
+        # made less than a deadline ago are due open (the last one always is).
+        now = time.monotonic()
+        young = [sock for sock, at in made.items() if now - at < HEAD_SECONDS - 0.25]
+        assert young and not any(closed(sock) for sock in young), "closed before the deadline"
         assert not _closed_within(trickling + idle, HEAD_SECONDS / 2 + SLACK + 1, tuple(trickling)), \
             f"connections open {HEAD_SECONDS + SLACK + 1}s after their handshake"
 
