@@ -6,7 +6,9 @@ user; relative paths resolve to the workspace. Reads, downloads and uploads stre
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
 import stat
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +18,7 @@ from aiohttp import web
 from hutch.api.http import json_body, ok, q_choice, stream
 from hutch.api.keys import CONFIG, ENGINE, PRINCIPAL, TENANTS
 from hutch.api.parse import parse_env, parse_files
+from hutch.core.driver_types import FileInfo
 from hutch.core.errors import InvalidInput
 from hutch.service import archives
 
@@ -81,6 +84,13 @@ async def rm_dir(request: web.Request) -> web.Response:
 async def list_files(request: web.Request) -> web.Response:
     sid = await _sandbox(request)
     entries = await request.app[ENGINE].files.list(sid, _path(request.query.get("path"), default="."))
+    # Rendered in a thread: a listing may hold core.limits.LIST_ENTRIES entries (30 MB of JSON),
+    # over a second of the event loop, every tenant's requests waiting behind it.
+    body = await asyncio.to_thread(_listing, entries)
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
+
+
+def _listing(entries: list[FileInfo]) -> bytes:
     files = [
         {
             "path": e.name,
@@ -93,7 +103,7 @@ async def list_files(request: web.Request) -> web.Response:
         }
         for e in entries
     ]
-    return ok({"files": files})
+    return json.dumps({"success": True, "data": {"files": files}}).encode()
 
 
 @routes.get("/fs/download/{sandbox_id}")
