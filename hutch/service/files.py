@@ -4,6 +4,7 @@ sandbox someone works in through its files does not idle out."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import IO
 
@@ -15,6 +16,7 @@ from hutch.service import archives
 from hutch.service.control import SandboxControl
 from hutch.service.org_slots import OrgSlots
 from hutch.service.reads import Reads
+from hutch.service.spool_room import Spooled, SpoolRoom
 from hutch.service.timeouts import Reaper
 
 # A listing is held whole in the server while it is parsed and answered (up to
@@ -24,9 +26,25 @@ LISTINGS_PER_ORG_AT_ONCE = 2
 
 
 class FileAccess:
-    def __init__(self, reads: Reads, control: SandboxControl, reaper: Reaper, roles: DriverRoles) -> None:
+    def __init__(self, reads: Reads, control: SandboxControl, reaper: Reaper, roles: DriverRoles, *,
+                 spool_bytes: int = archives.Limits().max_bytes) -> None:
         self._reads, self._control, self._reaper, self._roles = reads, control, reaper, roles
         self._listings = OrgSlots(LISTINGS_PER_ORG_AT_ONCE)
+        self._spools = SpoolRoom(spool_bytes)  # uploads and SFTP files spooled at once, per organization
+
+    async def spooled(self, sandbox_id: str) -> Spooled:
+        """A transfer into or out of the sandbox spooled in the server's temporary files,
+        counted in its organization's room (service/spool_room.py) until ``release``d."""
+        sb = await self._reads.sandbox(sandbox_id)
+        return Spooled(self._spools, sb.spec.org_id if sb is not None else None)
+
+    @contextlib.asynccontextmanager
+    async def spooling(self, sandbox_id: str) -> AsyncIterator[Spooled]:
+        spooled = await self.spooled(sandbox_id)
+        try:
+            yield spooled
+        finally:
+            spooled.release()
 
     async def ready(self, sandbox_id: str) -> SandboxState:
         """A sandbox ready for file operations (and terminals, ports): waits out creating,

@@ -8,7 +8,7 @@ import pytest
 
 from hutch.api.at_once import SETTING
 from hutch.api.keys import AT_ONCE, TENANTS
-from tests.api.conftest import KEY, WIRE, Api
+from tests.api.conftest import AUTH, KEY, WIRE, Api
 
 
 def _path(url: str) -> str:
@@ -131,3 +131,92 @@ async def test_an_organization_s_listings_run_two_at_a_time(api: Api, monkeypatc
     release.set()
     await asyncio.gather(*lists, victim)
     assert inside.count(sids["attacker"]) == 6
+
+
+SPOOL = 1_000_000  # the server's max_upload_bytes here: what an organization may spool at once
+
+
+def _tar(name: str, size: int) -> bytes:
+    import io
+    import os
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo(name)
+        info.size = size
+        tf.addfile(info, io.BytesIO(os.urandom(size)))  # incompressible: a spool of its size
+    return buf.getvalue()
+
+
+@pytest.mark.runs_on(*WIRE)
+async def test_an_organization_s_uploads_spool_its_room_at_most(make_api) -> None:  # type: ignore[no-untyped-def]
+    """An archive upload is spooled whole in the server's temporary files before it is
+    checked, up to max_upload_bytes (4 GiB) each, outside every sandbox's disk limit and every
+    quota: a tenant's hundreds of uploads at once (its share of requests) wrote the server's
+    disk full for everyone. Now an organization's spooled uploads and SFTP files are at most
+    max_upload_bytes together: past it, 429 naming the bound, until some end."""
+    import asyncio
+
+    from hutch.api.keys import ENGINE
+
+    api = await make_api(max_upload_bytes=SPOOL)
+    sid = (await api.data("POST", "/sandbox", json={}, expect=201))["sandboxId"]
+    held_tar, second_tar = _tar("held.bin", 600_000), _tar("second.bin", 600_000)
+    go_on = asyncio.Event()
+
+    async def trickled():  # type: ignore[no-untyped-def]
+        yield held_tar[:590_000]  # most of it sent, the rest held back
+        await go_on.wait()
+        yield held_tar[590_000:]
+
+    held = asyncio.create_task(api.client.post(f"/fs/upload/{sid}?format=tar", data=trickled(), headers=AUTH))
+    await asyncio.sleep(0.5)
+    resp = await api.client.post(f"/fs/upload/{sid}?format=tar", data=second_tar, headers=AUTH)
+    body = await resp.json()
+    assert resp.status == 429, (resp.status, body)  # before: 200, 1.2 MB spooled at once
+    assert "max_upload_bytes" in body["message"] and body["code"] == "RATE_LIMITED", body
+    go_on.set()
+    first = await held
+    assert first.status == 200, await first.text()
+    org = api.client.server.app[TENANTS].authenticate(KEY).org_id
+    assert api.client.server.app[ENGINE].files._spools.held(org) == 0  # all given back
+    again = await api.client.post(f"/fs/upload/{sid}?format=tar", data=second_tar, headers=AUTH)
+    assert again.status == 200, await again.text()
+
+
+@pytest.mark.runs_on(*WIRE)
+async def test_an_organization_s_sftp_files_spool_its_room_at_most(make_api, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An SFTP file is fetched whole into the server's temporary files when opened (and
+    collected whole until closed), up to max_upload_bytes each, and one session opened as
+    many as it liked: a sandbox's sparse 4 GiB file (free to make) opened a hundred times had
+    the server write 400 GiB. Now the opened files count in the organization's room."""
+    import asyncio
+    import base64
+    import os
+
+    import asyncssh
+
+    from hutch.api.keys import SSH_GATEWAY
+    from tests.api.test_ssh import Gateway
+
+    api = await make_api(max_upload_bytes=SPOOL, ssh_port=0)
+    port = api.client.server.app[SSH_GATEWAY].port
+    key = Gateway(api, port, tmp_path).keygen("id_spool")
+    await api.data("POST", "/ssh-keys", json={"publicKey": key.with_suffix(".pub").read_text()}, expect=201)
+    sid = (await api.data("POST", "/sandbox", json={}, expect=201))["sandboxId"]
+    content = base64.b64encode(os.urandom(600_000)).decode()
+    await api.data("POST", f"/fs/{sid}", json={"files": [{"path": "/home/agentuity/big.bin", "content": content}]})
+    async with asyncssh.connect("127.0.0.1", port, username=sid, known_hosts=None, client_keys=[str(key)],
+                                agent_path=None) as conn, conn.start_sftp_client() as sftp:
+        first = await sftp.open("big.bin", "rb")
+        with pytest.raises(asyncssh.SFTPFailure, match="max_upload_bytes"):
+            await sftp.open("big.bin", "rb")  # before: opened, 1.2 MB spooled
+        writing = await sftp.open("new.bin", "wb")
+        with pytest.raises(asyncssh.SFTPFailure, match="max_upload_bytes"):
+            await writing.write(b"x" * 500_000)
+        await first.close()
+        await writing.write(b"x" * 500_000)  # room again once the first is closed
+        await writing.close()
+        assert len(await (await sftp.open("big.bin", "rb")).read()) == 600_000
+    await asyncio.sleep(0.2)

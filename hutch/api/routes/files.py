@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import stat
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -21,6 +21,7 @@ from hutch.api.parse import parse_env, parse_files
 from hutch.core.driver_types import FileInfo
 from hutch.core.errors import InvalidInput
 from hutch.service import archives
+from hutch.service.spool_room import Spooled
 
 routes = web.RouteTableDef()
 
@@ -123,8 +124,28 @@ async def upload(request: web.Request) -> web.Response:
     sid = await _sandbox(request)
     config = request.app[CONFIG]
     dest = _path(request.query.get("path"), default=".")
-    spooled = await archives.spool(request.content.iter_chunked(256 * 1024), config.max_upload_bytes,
-                                   str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
+    files = request.app[ENGINE].files
+    async with files.spooling(sid) as room:  # the organization's spooled transfers, together bounded
+        room.grow_to(min(request.content_length or 0, config.max_upload_bytes))  # refused before a byte
+        spooled = await archives.spool(_counted(request.content.iter_chunked(256 * 1024), room,
+                                                config.max_upload_bytes),
+                                       config.max_upload_bytes,
+                                       str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
+        return await _unpack(request, sid, dest, fmt, spooled)
+
+
+async def _counted(chunks: AsyncIterator[bytes], room: Spooled, most: int) -> AsyncIterator[bytes]:
+    """The body's chunks, each counted in the room as it arrives (past ``most`` the spool
+    itself refuses the upload, 413: one too large is that, not one too many)."""
+    got = 0
+    async for chunk in chunks:
+        got += len(chunk)
+        room.grow_to(min(got, most))
+        yield chunk
+
+
+async def _unpack(request: web.Request, sid: str, dest: str, fmt: str | None, spooled: IO[bytes]) -> web.Response:
+    config = request.app[CONFIG]
     with spooled:
         # The body may take as long as its sender likes: a key revoked (or expired) meanwhile
         # unpacks nothing (Unauthorized, a 401 naming why).
