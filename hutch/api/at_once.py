@@ -11,7 +11,7 @@ answered 429 ``RATE_LIMITED`` naming the bound, and its connection is closed (an
 connection kept alive would hold the socket all the same).
 
 Counted where the organization is known: requests with a key or a session (the auth
-middleware), and the public reads the organization's own capabilities allow (a stream read, a
+middleware), and the public reads the organization's own capabilities allow (a stream or audit read, a
 request to a sandbox's port: the sandbox's organization). Connections that have not yet sent a
 request belong to no one: a deadline for each request head and a bound on the connections
 waiting for one keep those (edge/listener.py).

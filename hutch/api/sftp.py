@@ -29,6 +29,7 @@ from asyncssh import SFTPAttrs, SFTPName
 from hutch.core.errors import FileNotFound, HutchError, NotFound, NotSupported
 from hutch.core.events import acting
 from hutch.drivers.base import FileInfo
+from hutch.service.spool_room import Spooled
 
 if TYPE_CHECKING:
     from hutch.service.engine import Engine
@@ -40,20 +41,30 @@ _USER = "agentuity"
 
 
 class _Open:
-    def __init__(self, path: str, writing: bool, limit: int) -> None:
+    def __init__(self, path: str, writing: bool, limit: int, room: Spooled) -> None:
         self.path = path
         self.writing = writing
         self.limit = limit
-        self.data = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - closed in close()
+        self.room = room  # what the organization's open files and uploads spool together (bounded)
+        self.data = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - closed in release()
         self.mode = 0o644
 
     def reserve(self, end: int) -> None:
-        """Make room for the file to reach ``end`` bytes: refused past the limit; on disk past
-        the spool's size before anything is written, so a far write leaves a hole, not zeros."""
+        """Make room for the file to reach ``end`` bytes: refused past the limit, or past what
+        its organization may spool at once; on disk past the spool's size before anything is
+        written, so a far write leaves a hole, not zeros."""
         if end > self.limit:
             raise _too_large(self.path, self.limit)
+        try:
+            self.room.grow_to(end)
+        except HutchError as err:
+            raise asyncssh.SFTPFailure(f"{self.path}: {err.message}") from None
         if end > _SPOOL:
             self.data.rollover()
+
+    def release(self) -> None:
+        self.data.close()
+        self.room.release()
 
 
 def _too_large(path: str, limit: int) -> asyncssh.SFTPError:
@@ -185,21 +196,23 @@ class SandboxSftp(asyncssh.SFTPServer):
     async def open(self, path: bytes, pflags: int, attrs: SFTPAttrs) -> object:
         where = self._path(path)
         writing = bool(pflags & (asyncssh.FXF_WRITE | asyncssh.FXF_CREAT | asyncssh.FXF_TRUNC | asyncssh.FXF_APPEND))
-        handle = _Open(where, writing, self.limit)
+        handle = _Open(where, writing, self.limit, await self.engine.files.spooled(self.sandbox_id))
         if attrs.permissions is not None:
             handle.mode = attrs.permissions & 0o777
         keep = writing and not pflags & asyncssh.FXF_TRUNC  # an update in place starts from the file
         if not writing or keep:
             try:
-                if ((await self._info(where)).size or 0) > self.limit:  # a sparse terabyte: refused at once
+                size = (await self._info(where)).size or 0
+                if size > self.limit:  # a sparse terabyte: refused at once
                     raise _too_large(where, self.limit)
+                handle.reserve(size)  # the organization's room for it, before a byte is fetched
                 await self._call(lambda: self._fetch(where, handle))
             except asyncssh.SFTPNoSuchFile:
                 if not writing:
-                    handle.data.close()
+                    handle.release()
                     raise
             except BaseException:
-                handle.data.close()
+                handle.release()
                 raise
         return handle
 
@@ -234,7 +247,7 @@ class SandboxSftp(asyncssh.SFTPServer):
                 await self._call(lambda: self.engine.files.write(
                     self.sandbox_id, file_obj.path, _chunks(file_obj), mode=file_obj.mode, parents=False))
         finally:
-            file_obj.data.close()
+            file_obj.release()
 
     async def fsync(self, file_obj: object) -> None:
         return None  # written at close

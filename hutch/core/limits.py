@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from hutch.core.errors import InvalidInput
+from hutch.core.errors import InvalidInput, PayloadTooLarge
 
 MAX_ARG_STRLEN = 32 * 4096  # Linux: one argument or one NAME=value, with its NUL
 POINTER = 8  # execve counts a pointer per string (64-bit)
@@ -45,6 +45,11 @@ METADATA_ITEMS = 1024  # keys and list items, at every level
 METADATA_DEPTH = 8  # objects and lists within one another
 
 RECORDED_ARGV_BYTES = 4096  # what an event keeps of a command's argv (recorded_argv)
+# One directory's listing, as a driver reads it: a sandbox makes entries for the price of an
+# inode each (200,000 empty files: 90 MB of its disk, 380 MB of the server's to list), and
+# every listing is held whole in the server, so it is bounded as a body is.
+LIST_ENTRIES = 100_000
+LIST_BYTES = 32 * 2**20  # what a driver's helper may write to list them (as nomad's file operations)
 
 assert ENV_BYTES + ARGV_BYTES <= ARG_MAX // 2  # the rest is the drivers' headroom
 
@@ -165,3 +170,10 @@ def recorded_argv(argv: Iterable[str], most: int = RECORDED_ARGV_BYTES) -> Recor
         break
     return RecordedArgv(tuple(kept), omitted_bytes=len(whole) - (most - room),
                         sha256=hashlib.sha256(whole).hexdigest())
+
+
+def too_many_entries(path: str) -> PayloadTooLarge:
+    """The refusal of a directory holding more entries than one listing answers (``LIST_ENTRIES``)."""
+    return PayloadTooLarge(
+        f"path: {path!r} holds more than {LIST_ENTRIES} entries (or {LIST_BYTES} bytes of names), the most one "
+        "listing answers; list its subdirectories, or move some of its entries into some", field="path")

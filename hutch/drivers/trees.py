@@ -27,6 +27,7 @@ from typing import IO
 
 import attrs
 
+from hutch.core.driver_types import FileInfo
 from hutch.core.errors import InvalidInput
 from hutch.drivers.roles import SandboxFiles
 
@@ -56,9 +57,15 @@ async def walk(files: SandboxFiles, sandbox_id: str, root: str) -> AsyncIterator
         e = entries[0]
         yield Entry(e.name, root, e.size, e.mode, e.mod_time, False, e.link_target if e.is_symlink else None)
         return
-    stack = [("", root, entries)]
+    # Directories still to walk are kept by name and listed when their turn comes: one listing
+    # held at a time, not every listing of a directory's subdirectories at once (a tenant's
+    # wide tree was all in the server's memory while it was downloaded).
+    items: list[FileInfo] | None = entries
+    stack: list[tuple[str, str]] = [("", root)]
     while stack:
-        rel_dir, abs_dir, items = stack.pop()
+        rel_dir, abs_dir = stack.pop()
+        if items is None:
+            items = await files.list_files(sandbox_id, abs_dir)
         for e in sorted(items, key=lambda x: x.name):
             rel = posixpath.join(rel_dir, e.name) if rel_dir else e.name
             full = posixpath.join(abs_dir, e.name)
@@ -66,9 +73,10 @@ async def walk(files: SandboxFiles, sandbox_id: str, root: str) -> AsyncIterator
                 yield Entry(rel, full, 0, e.mode, e.mod_time, False, e.link_target or "")
             elif e.is_dir:
                 yield Entry(rel, full, 0, e.mode, e.mod_time, True, None)
-                stack.append((rel, full, await files.list_files(sandbox_id, full)))
+                stack.append((rel, full))
             else:
                 yield Entry(rel, full, e.size, e.mode, e.mod_time, False, None)
+        items = None
 
 
 async def file_chunks(files: SandboxFiles, sandbox_id: str, entry: Entry) -> AsyncIterator[bytes]:

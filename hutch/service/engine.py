@@ -148,7 +148,8 @@ class Engine:
         self.recovery = Recovery(store, self.recorder, self.control, roles.lifecycle, roles.fleet)
         self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
-        self.files = FileAccess(self.reads, self.control, self.reaper, roles)
+        self.files = FileAccess(self.reads, self.control, self.reaper, roles,
+                                spool_bytes=(limits or archives.Limits()).max_bytes)
         self.terminals = TerminalSessions(roles.terminals, roles.lifecycle, self.files)
         self.runtimes = Runtimes(roles.runtimes)
         self.usage = UsageReports(log=event_log, store=store, projector=projector, reads=self.reads,

@@ -4,6 +4,7 @@ sandbox someone works in through its files does not idle out."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import IO
 
@@ -13,13 +14,37 @@ from hutch.core.models import SandboxState, SandboxStatus
 from hutch.drivers.base import DriverRoles, FileInfo
 from hutch.service import archives
 from hutch.service.control import SandboxControl
+from hutch.service.org_slots import OrgSlots
 from hutch.service.reads import Reads
+from hutch.service.spool_room import Spooled, SpoolRoom
 from hutch.service.timeouts import Reaper
+
+# A listing is held whole in the server while it is parsed and answered (up to
+# core.limits.LIST_ENTRIES entries): an organization's run this many at a time, the rest
+# waiting in its own queue, so that its hundreds of requests at once cannot each hold one.
+LISTINGS_PER_ORG_AT_ONCE = 2
 
 
 class FileAccess:
-    def __init__(self, reads: Reads, control: SandboxControl, reaper: Reaper, roles: DriverRoles) -> None:
+    def __init__(self, reads: Reads, control: SandboxControl, reaper: Reaper, roles: DriverRoles, *,
+                 spool_bytes: int = archives.Limits().max_bytes) -> None:
         self._reads, self._control, self._reaper, self._roles = reads, control, reaper, roles
+        self._listings = OrgSlots(LISTINGS_PER_ORG_AT_ONCE)
+        self._spools = SpoolRoom(spool_bytes)  # uploads and SFTP files spooled at once, per organization
+
+    async def spooled(self, sandbox_id: str) -> Spooled:
+        """A transfer into or out of the sandbox spooled in the server's temporary files,
+        counted in its organization's room (service/spool_room.py) until ``release``d."""
+        sb = await self._reads.sandbox(sandbox_id)
+        return Spooled(self._spools, sb.spec.org_id if sb is not None else None)
+
+    @contextlib.asynccontextmanager
+    async def spooling(self, sandbox_id: str) -> AsyncIterator[Spooled]:
+        spooled = await self.spooled(sandbox_id)
+        try:
+            yield spooled
+        finally:
+            spooled.release()
 
     async def ready(self, sandbox_id: str) -> SandboxState:
         """A sandbox ready for file operations (and terminals, ports): waits out creating,
@@ -46,7 +71,9 @@ class FileAccess:
         return await self._roles.files.remove(sandbox_id, path, directory=directory, recursive=recursive)
 
     async def list(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        return await self._roles.files.list_files(sandbox_id, path)
+        sb = await self._reads.sandbox(sandbox_id)  # its organization's: the entries are its sandbox's
+        async with self._listings.slot(sb.spec.org_id if sb is not None else None):
+            return await self._roles.files.list_files(sandbox_id, path)
 
     def read(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
         return self._roles.files.read_file(sandbox_id, path)
@@ -74,7 +101,7 @@ class FileAccess:
 
     async def archive(self, sandbox_id: str, root: str, fmt: str) -> AsyncIterator[bytes]:
         """``root`` as a tar, tar.gz or zip stream; a missing ``root`` raises before any byte."""
-        await self._roles.files.list_files(sandbox_id, root)
+        await self.list(sandbox_id, root)
         if fmt == "zip":
             return archives.zip_stream(self._roles, sandbox_id, root)
         return archives.tar_gz(self._roles, sandbox_id, root, compress=fmt == "tar.gz")

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from hutch.api.access import PUBLIC, needs
 from hutch.api.http import base_url, q_bool
-from hutch.api.keys import ENGINE
+from hutch.api.keys import AT_ONCE, ENGINE
 from hutch.api.render import NODE_FIELDS
 from hutch.core.errors import NotFound
 from hutch.core.tenancy import secrets_match
@@ -53,6 +53,15 @@ async def audit_stream(request: web.Request) -> web.StreamResponse:
     if not secrets_match(token, audit_stream_id(engine, sandbox_id)):
         raise NotFound("audit stream not found")
     follow = q_bool(request, "follow") is not False
+    # A follower holds a socket (and its backlog) for as long as the sandbox lives: one of its
+    # organization's requests at once (api/at_once.py), as a read of its output streams is.
+    sb = await engine.reads.sandbox(sandbox_id)
+    org_id = sb.spec.org_id if sb is not None else None
+    with request.app[AT_ONCE].slot(org_id) if org_id is not None else contextlib.nullcontext():
+        return await _follow(request, engine, sandbox_id, follow)
+
+
+async def _follow(request: web.Request, engine: Engine, sandbox_id: str, follow: bool) -> web.StreamResponse:
     events = await engine.changes.sandbox_events(sandbox_id, follow=follow, backlog=_BACKLOG)
     async with contextlib.aclosing(events):
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})

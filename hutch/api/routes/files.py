@@ -6,18 +6,22 @@ user; relative paths resolve to the workspace. Reads, downloads and uploads stre
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
 import stat
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import IO, Any
 
 from aiohttp import web
 
 from hutch.api.http import json_body, ok, q_choice, stream
 from hutch.api.keys import CONFIG, ENGINE, PRINCIPAL, TENANTS
 from hutch.api.parse import parse_env, parse_files
+from hutch.core.driver_types import FileInfo
 from hutch.core.errors import InvalidInput
 from hutch.service import archives
+from hutch.service.spool_room import Spooled
 
 routes = web.RouteTableDef()
 
@@ -81,6 +85,13 @@ async def rm_dir(request: web.Request) -> web.Response:
 async def list_files(request: web.Request) -> web.Response:
     sid = await _sandbox(request)
     entries = await request.app[ENGINE].files.list(sid, _path(request.query.get("path"), default="."))
+    # Rendered in a thread: a listing may hold core.limits.LIST_ENTRIES entries (30 MB of JSON),
+    # over a second of the event loop, every tenant's requests waiting behind it.
+    body = await asyncio.to_thread(_listing, entries)
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
+
+
+def _listing(entries: list[FileInfo]) -> bytes:
     files = [
         {
             "path": e.name,
@@ -93,7 +104,7 @@ async def list_files(request: web.Request) -> web.Response:
         }
         for e in entries
     ]
-    return ok({"files": files})
+    return json.dumps({"success": True, "data": {"files": files}}).encode()
 
 
 @routes.get("/fs/download/{sandbox_id}")
@@ -113,8 +124,28 @@ async def upload(request: web.Request) -> web.Response:
     sid = await _sandbox(request)
     config = request.app[CONFIG]
     dest = _path(request.query.get("path"), default=".")
-    spooled = await archives.spool(request.content.iter_chunked(256 * 1024), config.max_upload_bytes,
-                                   str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
+    files = request.app[ENGINE].files
+    async with files.spooling(sid) as room:  # the organization's spooled transfers, together bounded
+        room.grow_to(min(request.content_length or 0, config.max_upload_bytes))  # refused before a byte
+        spooled = await archives.spool(_counted(request.content.iter_chunked(256 * 1024), room,
+                                                config.max_upload_bytes),
+                                       config.max_upload_bytes,
+                                       str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
+        return await _unpack(request, sid, dest, fmt, spooled)
+
+
+async def _counted(chunks: AsyncIterator[bytes], room: Spooled, most: int) -> AsyncIterator[bytes]:
+    """The body's chunks, each counted in the room as it arrives (past ``most`` the spool
+    itself refuses the upload, 413: one too large is that, not one too many)."""
+    got = 0
+    async for chunk in chunks:
+        got += len(chunk)
+        room.grow_to(min(got, most))
+        yield chunk
+
+
+async def _unpack(request: web.Request, sid: str, dest: str, fmt: str | None, spooled: IO[bytes]) -> web.Response:
+    config = request.app[CONFIG]
     with spooled:
         # The body may take as long as its sender likes: a key revoked (or expired) meanwhile
         # unpacks nothing (Unauthorized, a 401 naming why).

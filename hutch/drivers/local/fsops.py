@@ -27,6 +27,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 
+from hutch.core import limits
 from hutch.core.errors import DriverFailure, InvalidInput, SandboxNotFound
 from hutch.drivers.base import FileInfo
 from hutch.drivers.fserrors import from_errno, named_path
@@ -262,27 +263,30 @@ class Files:
         return total
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        out = await self._simple(sandbox_id, "list", path)
-        entries: list[FileInfo] = []
-        pos = 0
-        while pos < len(out):
-            nl = out.index(b"\n", pos)
-            mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s, owner, group, mlen_s = out[pos:nl].split()
-            nlen, llen, mlen = int(nlen_s), int(llen_s), int(mlen_s)
-            name = out[nl + 1 : nl + 1 + nlen]
-            link = out[nl + 1 + nlen : nl + 1 + nlen + llen]
-            pairs = out[nl + 1 + nlen + llen : nl + 1 + nlen + llen + mlen].split(b"\0")
-            pos = nl + 1 + nlen + llen + mlen
-            mode = int(mode_s, 8)
-            is_link = (mode & 0o170000) == 0o120000
-            entries.append(FileInfo(
-                name=os.fsdecode(name), size=int(size_s), is_dir=(mode & 0o170000) == 0o040000, mode=mode,
-                mod_time=int(sec_s) + int(nsec_s) / 1e9, is_symlink=is_link,
-                link_target=os.fsdecode(link) if is_link else None, owner=os.fsdecode(owner),
-                group=os.fsdecode(group),
-                metadata={os.fsdecode(k): os.fsdecode(v) for k, v in zip(pairs[0:-1:2], pairs[1:-1:2], strict=True)}))
-        entries.sort(key=lambda e: e.name)
-        return entries
+        """The entries of ``path`` (or ``path`` itself, a file), at most ``limits.LIST_ENTRIES``
+        of them: the helper's answer is read up to ``limits.LIST_BYTES`` and parsed in a thread,
+        since a sandbox makes entries far cheaper than the server holds and parses them."""
+        proc = self._spawn_fs(sandbox_id, [b"list", _encode(path)], stdin=False)
+        try:
+            out = await asyncio.wait_for(self._listing(proc, path), SIMPLE_OP_LIMIT)
+            code = await proc.wait()
+            if code != 0:
+                raise self._fs_error(sandbox_id, "list", path, proc.status(), code)
+        except TimeoutError:
+            raise DriverFailure(f"sandbox {sandbox_id}: file operation list took longer than {SIMPLE_OP_LIMIT:.0f}s") from None
+        finally:
+            self._finish(sandbox_id, proc)
+        return await asyncio.to_thread(_parse_listing, out, path, limits.LIST_ENTRIES)
+
+    @staticmethod
+    async def _listing(proc: _Proc, path: str) -> bytes:
+        parts, size = [], 0
+        while data := await proc.read():
+            size += len(data)
+            if size > limits.LIST_BYTES:
+                raise limits.too_many_entries(path)  # _finish kills the helper mid-way
+            parts.append(data)
+        return b"".join(parts)
 
     async def mkdir(self, sandbox_id: str, path: str, *, parents: bool) -> None:
         await self._simple(sandbox_id, "mkdir", path, b"1" if parents else b"0")
@@ -309,3 +313,30 @@ class Files:
             self._finish(sandbox_id, proc)
             raise
         return LocalDirWatch(proc, lambda: self._finish(sandbox_id, proc), rest, path)
+
+
+def _parse_listing(out: bytes, path: str, most: int) -> list[FileInfo]:
+    """The helper's ``list`` answer: per entry a line of numbers, then its name, link target
+    and metadata (NUL-separated pairs) of the lengths that line gives."""
+    entries: list[FileInfo] = []
+    pos = 0
+    while pos < len(out):
+        if len(entries) >= most:
+            raise limits.too_many_entries(path)
+        nl = out.index(b"\n", pos)
+        mode_s, size_s, sec_s, nsec_s, nlen_s, llen_s, owner, group, mlen_s = out[pos:nl].split()
+        nlen, llen, mlen = int(nlen_s), int(llen_s), int(mlen_s)
+        name = out[nl + 1 : nl + 1 + nlen]
+        link = out[nl + 1 + nlen : nl + 1 + nlen + llen]
+        pairs = out[nl + 1 + nlen + llen : nl + 1 + nlen + llen + mlen].split(b"\0")
+        pos = nl + 1 + nlen + llen + mlen
+        mode = int(mode_s, 8)
+        is_link = (mode & 0o170000) == 0o120000
+        entries.append(FileInfo(
+            name=os.fsdecode(name), size=int(size_s), is_dir=(mode & 0o170000) == 0o040000, mode=mode,
+            mod_time=int(sec_s) + int(nsec_s) / 1e9, is_symlink=is_link,
+            link_target=os.fsdecode(link) if is_link else None, owner=os.fsdecode(owner),
+            group=os.fsdecode(group),
+            metadata={os.fsdecode(k): os.fsdecode(v) for k, v in zip(pairs[0:-1:2], pairs[1:-1:2], strict=True)}))
+    entries.sort(key=lambda e: e.name)
+    return entries

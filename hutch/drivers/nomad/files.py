@@ -36,6 +36,7 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
+from hutch.core import limits
 from hutch.core.blobs import BlobNotFound, BlobStore, BlobUnavailable, check_key
 from hutch.core.errors import (
     CheckpointNotFound,
@@ -376,6 +377,8 @@ class NomadFiles:
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
         out = await self._simple(sandbox_id, "list", path)
         fields = out.split(b"\0")
+        if len(out) > limits.LIST_BYTES or len(fields) // 3 > limits.LIST_ENTRIES:
+            raise limits.too_many_entries(path)  # each entry is held whole in the server (core/limits.py)
         entries = []
         for i in range(0, len(fields) - 2, 3):
             head = fields[i].decode().split(" ")
