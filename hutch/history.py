@@ -14,10 +14,19 @@ __all__ = ["as_of", "history"]
 
 
 async def history(client: Connected, sandbox_id: str) -> list[dict[str, Any]]:
-    """Every event of the sandbox with its status right after it, oldest first."""
+    """Every event of the sandbox with its status right after it, oldest first (the server
+    answers in pages: followed to the last)."""
     conn = client.connection
-    body = await conn.request("GET", f"/sandbox/sandboxes/{segment(sandbox_id)}/history", sandbox_id=sandbox_id)
-    return list(conn.data(body)["history"])
+    steps: list[dict[str, Any]] = []
+    params: dict[str, str] = {}
+    while True:
+        body = await conn.request("GET", f"/sandbox/sandboxes/{segment(sandbox_id)}/history", params=params,
+                                  sandbox_id=sandbox_id)
+        data = conn.data(body)
+        steps += data["history"]
+        if data.get("next") is None:
+            return steps
+        params = {"after": str(data["next"])}
 
 
 async def as_of(client: Connected, sandbox_id: str, ref: str) -> dict[str, Any]:

@@ -11,9 +11,11 @@ from aiohttp import web
 from hutch.api.http import json_body, ok
 from hutch.api.keys import API_KEY_ID, ENGINE, PRINCIPAL
 from hutch.api.render import operator, redact_event, render_sandbox
+from hutch.core.errors import InvalidInput
 from hutch.core.events import Event
 from hutch.core.models import SandboxState
 from hutch.core.tenancy import Access
+from hutch.service.history import STEPS
 
 routes = web.RouteTableDef()
 
@@ -40,9 +42,23 @@ async def render_as_of(request: web.Request, sandbox_id: str, ref: str) -> dict[
 
 @routes.get("/sandbox/sandboxes/{sandbox_id}/history")
 async def sandbox_history(request: web.Request) -> web.Response:
-    steps = await request.app[ENGINE].history.timeline(request.match_info["sandbox_id"])
+    """A page of the timeline: ``?limit=`` steps (1000 unless asked), ``?after=`` the ``next``
+    of the page before; ``next`` is null on the last page."""
+    limit = _whole(request, "limit", STEPS)
+    after = _whole(request, "after", 0)
+    steps, following = await request.app[ENGINE].history.timeline(request.match_info["sandbox_id"],
+                                                                    after=after, limit=limit)
     return ok({"history": [{**_event(request, ev), "status": sb.status.value, "executions": sb.executions}
-                           for ev, sb in steps]})
+                           for ev, sb in steps], "next": following})
+
+
+def _whole(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput(f"{name}: expected a whole number, got {raw!r}", field=name)
+    return int(raw)
 
 
 def _or(value: object, default: object) -> object:
