@@ -46,7 +46,7 @@ class _Open:
         self.writing = writing
         self.limit = limit
         self.room = room  # what the organization's open files and uploads spool together (bounded)
-        self.data = tempfile.SpooledTemporaryFile(max_size=_SPOOL)  # noqa: SIM115 - closed in release()
+        self.data = tempfile.SpooledTemporaryFile(max_size=_SPOOL, dir=room.directory)  # noqa: SIM115 - closed in release()
         self.mode = 0o644
 
     def reserve(self, end: int) -> None:

@@ -149,7 +149,7 @@ class Engine:
         self.retention = OutputRetention(store, outputs, output_retention)  # ended sandboxes' output
         self.tenancy = TenancyWrites(self.recorder.record, lambda: self.reads.tenants)  # the directory's writes
         self.files = FileAccess(self.reads, self.control, self.reaper, roles,
-                                spool_bytes=(limits or archives.Limits()).max_bytes)
+                                spool_bytes=(limits or archives.Limits()).max_bytes, spool_dir=data_dir / "spool")
         self.terminals = TerminalSessions(roles.terminals, roles.lifecycle, self.files)
         self.runtimes = Runtimes(roles.runtimes)
         self.usage = UsageReports(log=event_log, store=store, projector=projector, reads=self.reads,

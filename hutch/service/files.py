@@ -4,8 +4,10 @@ sandbox someone works in through its files does not idle out."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
+from pathlib import Path
 from typing import IO
 
 from hutch.core.driver_types import DirWatch
@@ -18,6 +20,7 @@ from hutch.service.org_slots import OrgSlots
 from hutch.service.reads import Reads
 from hutch.service.spool_room import Spooled, SpoolRoom
 from hutch.service.timeouts import Reaper
+from hutch.storage.spool import private_dir
 
 # A listing is held whole in the server while it is parsed and answered (up to
 # core.limits.LIST_ENTRIES entries): an organization's run this many at a time, the rest
@@ -27,16 +30,25 @@ LISTINGS_PER_ORG_AT_ONCE = 2
 
 class FileAccess:
     def __init__(self, reads: Reads, control: SandboxControl, reaper: Reaper, roles: DriverRoles, *,
-                 spool_bytes: int = archives.Limits().max_bytes) -> None:
+                 spool_bytes: int = archives.Limits().max_bytes, spool_dir: Path | None = None) -> None:
         self._reads, self._control, self._reaper, self._roles = reads, control, reaper, roles
         self._listings = OrgSlots(LISTINGS_PER_ORG_AT_ONCE)
         self._spools = SpoolRoom(spool_bytes)  # uploads and SFTP files spooled at once, per organization
+        # Where they are spooled: the data directory's spool (private, cleared of a killed
+        # server's leftovers at start: engine.py), as snapshots' archives are. Before, an upload
+        # looked for a ``tmp`` there that nothing made, and both went to the system's /tmp,
+        # which is memory where it is a tmpfs. None (tests without a data directory): /tmp.
+        self._spool_dir = spool_dir
 
     async def spooled(self, sandbox_id: str) -> Spooled:
         """A transfer into or out of the sandbox spooled in the server's temporary files,
         counted in its organization's room (service/spool_room.py) until ``release``d."""
         sb = await self._reads.sandbox(sandbox_id)
-        return Spooled(self._spools, sb.spec.org_id if sb is not None else None)
+        directory = None
+        if self._spool_dir is not None:
+            await asyncio.to_thread(private_dir, self._spool_dir)
+            directory = str(self._spool_dir)
+        return Spooled(self._spools, sb.spec.org_id if sb is not None else None, directory)
 
     @contextlib.asynccontextmanager
     async def spooling(self, sandbox_id: str) -> AsyncIterator[Spooled]:

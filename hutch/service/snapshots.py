@@ -22,7 +22,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import mimetypes
-import os
 import stat
 import tarfile
 import zlib
@@ -96,7 +95,7 @@ class SnapshotArchives:
 
     async def spool(self, chunks: AsyncIterable[bytes], max_bytes: int | None = None) -> IO[bytes]:
         """``chunks`` in a local temporary file (size-checked as they arrive); the caller closes it."""
-        await asyncio.to_thread(_private_dir, self.spool_dir)
+        await asyncio.to_thread(spool.private_dir, self.spool_dir)
         return await archives.spool(chunks, max_bytes if max_bytes is not None else 2**63, str(self.spool_dir))
 
     async def put(self, snapshot_id: str, spooled: IO[bytes]) -> None:
@@ -108,7 +107,7 @@ class SnapshotArchives:
 
     async def fetch(self, snapshot_id: str) -> IO[bytes] | None:
         """The archive in a local temporary file, or None when there is none."""
-        await asyncio.to_thread(_private_dir, self.spool_dir)
+        await asyncio.to_thread(spool.private_dir, self.spool_dir)
         try:
             return await spool.fetch(self.store, self.key(snapshot_id), self.spool_dir)
         except BlobNotFound:
@@ -123,11 +122,6 @@ class SnapshotArchives:
 
     async def remove(self, snapshot_id: str) -> None:
         await self.store.delete(self.key(snapshot_id))
-
-
-def _private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)  # archives hold workspaces
 
 
 def snapshot_file(name: str, size: int, mode: int, sha256: str = "0" * 64) -> SnapshotFile:

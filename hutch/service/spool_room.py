@@ -2,8 +2,8 @@
 
 An archive upload (``POST /fs/upload``) is spooled whole before its members are checked, and
 an SFTP file is fetched whole when opened and collected whole until closed: each up to the
-server's upload limit (``max_upload_bytes``, 4 GiB), on the server's disk (or, where ``/tmp``
-is a tmpfs, its memory), outside every sandbox's disk limit and every storage quota. Each was
+server's upload limit (``max_upload_bytes``, 4 GiB), in the data directory's spool
+(service/files.py), outside every sandbox's disk limit and every storage quota. Each was
 bounded alone, never together: a tenant opening a sandbox's 4 GiB sparse file (free to make)
 over SFTP a hundred times, or sending a hundred uploads at once, had the server write 400 GiB.
 
@@ -51,8 +51,9 @@ class SpoolRoom:
 class Spooled:
     """One transfer's bytes in the organization's room."""
 
-    def __init__(self, room: SpoolRoom, org_id: str | None) -> None:
+    def __init__(self, room: SpoolRoom, org_id: str | None, directory: str | None = None) -> None:
         self._room, self._org, self.size = room, org_id, 0
+        self.directory = directory  # where its bytes go (None: the system's temporary directory)
 
     def grow_to(self, size: int) -> None:
         if size > self.size:

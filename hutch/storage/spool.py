@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 from collections.abc import AsyncIterable, AsyncIterator
@@ -38,11 +39,18 @@ async def spool(chunks: AsyncIterable[bytes], directory: Path | None = None) -> 
         raise
 
 
+def private_dir(path: Path) -> None:
+    """``path`` made if missing, for its owner only (spools hold workspaces and uploads)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 def clear_spool(directory: Path, older_than: float = 3600) -> int:
     """Remove spooled files a killed process left in ``directory`` (only old ones: a
-    live process may be spooling there right now); how many."""
+    live process may be spooling there right now); how many. Blobs' spools (``spool-``)
+    and archive uploads' (``upload-``, service/archives.py)."""
     removed, cutoff = 0, time.time() - older_than
-    for path in directory.glob("spool-*"):
+    for path in [*directory.glob("spool-*"), *directory.glob("upload-*")]:
         with contextlib.suppress(FileNotFoundError):
             if path.stat().st_mtime < cutoff:
                 path.unlink()

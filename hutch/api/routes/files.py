@@ -129,8 +129,7 @@ async def upload(request: web.Request) -> web.Response:
         room.grow_to(min(request.content_length or 0, config.max_upload_bytes))  # refused before a byte
         spooled = await archives.spool(_counted(request.content.iter_chunked(256 * 1024), room,
                                                 config.max_upload_bytes),
-                                       config.max_upload_bytes,
-                                       str(config.data_dir / "tmp") if (config.data_dir / "tmp").is_dir() else None)
+                                       config.max_upload_bytes, room.directory)
         return await _unpack(request, sid, dest, fmt, spooled)
 
 
