@@ -252,9 +252,9 @@ async def test_a_starved_sandbox_still_runs_commands(
         driver: NomadDriver, resources: ResourceLimits, monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent fits a 16 MiB sandbox (~3 MiB: its binary, unlinked, and its heap) and one
     with 12 pids (GOMAXPROCS=1: six threads), and runs their commands itself, none as an alloc
-    exec. 12 pids do not hold four commands at once: init-sh and its sleep take 2, the agent 6
-    threads, 7 or 8 once it has run commands (counted from the host), so the third or fourth
-    fork is refused (EAGAIN) until an echo ends, and waits for it (commands.PIDS_WAIT). It once
+    exec. 12 pids may not hold four commands at once: init-sh and its sleep take 2, the agent 6
+    threads (its 2 spares included; 7 or 8 once it had run commands, with none), so a fourth
+    fork may be refused (EAGAIN) until an echo ends, and waits for it (commands.PIDS_WAIT). It once
     fell back to an alloc exec, whose process runc moves into the sandbox's cgroup, where it
     makes more: two at once had forks refused and Nomad dropped a stream (code 1006), 2 runs
     in 21 of a loop of this test's body."""
@@ -387,7 +387,26 @@ async def test_the_agent_makes_its_spare_threads_as_it_starts(driver: NomadDrive
     await until_agent(driver, sid)
     # Its spares, the thread running it, sysmon and the thread that made the spares.
     assert host_threads(driver.running(sid).alloc_id) >= agents_module.spare_threads(64) + 3
-    assert agents_module.spare_threads(12) == 0  # test_a_starved_sandbox_still_runs_commands's 12 pids
+
+
+async def test_a_12_pid_agent_has_spare_threads_for_no_more_pids(driver: NomadDriver) -> None:
+    """At 12 pids the agent made no spare thread, and a command that filled the limit while
+    others asked for a fork ended it in 3 of 7 sandboxes ("failed to create new OS thread":
+    the Go runtime handing its work on while a thread sat in a stat or a fork): that command
+    failed as a 502, and the next ones, alloc execs, went past pids.max. It now makes 2 at any
+    limit, paid for by the threads it no longer holds: its stdin and stdout are waited on in
+    the runtime's poller, not by a thread in a read or a write. No more pids than before (6
+    threads idle; 7 once it had run commands)."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=ResourceLimits(pids=12)))
+    await until_agent(driver, sid)
+    assert agents_module.spare_threads(12) == 2
+    alloc_id = driver.running(sid).alloc_id
+    idle = host_threads(alloc_id)
+    for _ in range(5):
+        code, sink = await run(driver, sid, ["sh", "-c", "echo ok"])
+        assert (code, sink.stdout) == (0, "ok\n")
+    assert max(idle, host_threads(alloc_id)) <= 6, idle
 
 
 @pytest.mark.parametrize("end", ["timeout", "cancel"])

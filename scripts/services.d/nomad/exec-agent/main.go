@@ -96,7 +96,7 @@ func main() {
 	spare, _ := strconv.Atoi(os.Getenv(spareEnv))
 	spareThreads(min(max(spare, 0), spareMost))
 	// No signal is ignored here: an ignored disposition would pass to the commands through exec.
-	a := &agent{out: bufio.NewWriterSize(os.Stdout, 64<<10), cmds: map[uint32]*command{}, pids: map[int]*command{}}
+	a := &agent{out: bufio.NewWriterSize(pollable(1, "stdout"), 64<<10), cmds: map[uint32]*command{}, pids: map[int]*command{}}
 	// SIGCHLD is asked for before the ready frame, so before any command can be forked: a
 	// child's exit that came before the reaper goroutine first ran was dropped by the runtime
 	// (no one had asked for the signal), and the command stayed a zombie, never reported.
@@ -106,7 +106,7 @@ func main() {
 	go a.heartbeat()
 	ready, _ := json.Marshal(map[string]int{"pid": os.Getpid(), "version": version})
 	a.send('R', 0, ready)
-	a.read(bufio.NewReaderSize(os.Stdin, 64<<10))
+	a.read(bufio.NewReaderSize(pollable(0, "stdin"), 64<<10))
 	a.killAll()
 	os.Exit(0)
 }
@@ -131,6 +131,18 @@ func beyondReach() error {
 		}
 	}
 	return nil
+}
+
+// pollable is fd made non-blocking, as a file the runtime's poller waits on: a read or write
+// that has to wait parks its goroutine instead of holding a thread in the system call. The
+// session's stdin, read all the time, held a thread for good (and a stdout write behind a slow
+// reader one more), and each thread is a pid of the sandbox. The one freed pays for the spare
+// threads a small pids limit now gets (drivers/nomad/agents.py, spare_threads): a sandbox of 12
+// pids, none before, its agent aborted by a command that filled the limit ("failed to create new
+// OS thread"), holds no more pids with 2. Only the agent has these pipes.
+func pollable(fd int, name string) *os.File {
+	_ = syscall.SetNonblock(fd, true) // else as before: a blocking file, a thread in each wait
+	return os.NewFile(uintptr(fd), name)
 }
 
 // spareThreads makes n OS threads now and leaves them idle. The runtime hands the agent's work
