@@ -55,11 +55,12 @@ AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # The idle threads an agent makes as it starts (exec-agent/main.go, spareThreads): one the Go
 # runtime needs and cannot make at the sandbox's pids limit aborts the agent. A pids limit too
 # small to spare them all (the agent would take pids its commands need) spares one per 8 pids
-# past 16, and 2 at least: a sandbox of 12 pids, which had none, lost its agent to a command
-# filling the limit in 3 of 7 tries. Those 2 cost it no pid: the agent no longer holds a thread
-# in its stdin's read (main.go, pollable), and has 6 threads idle as before.
+# past 16, and 3 at least: a sandbox of 12 pids, which had none, lost its agent to a command
+# filling the limit (1 in 4 with four filled at once). Those 3 cost it no pid: the agent no
+# longer holds a thread in its stdin's read (main.go, pollable) nor os/signal's (a command's
+# exit comes through its pidfd: watchExit), and has 6 threads idle as before.
 SPARE_THREADS = 6
-SPARE_THREADS_LEAST = 2
+SPARE_THREADS_LEAST = 3
 
 
 def spare_threads(pids_limit: int) -> int:
