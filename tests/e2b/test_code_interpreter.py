@@ -189,6 +189,30 @@ def test_javascript_contexts_are_apart_and_a_runaway_loop_is_stopped(sbx: Sandbo
     assert time.monotonic() - started < 10
 
 
+def test_a_cells_late_output_reaches_no_later_cell(sbx: Sandbox) -> None:
+    """What a cell left running prints after the cell ended (a JavaScript child's exec callback,
+    a Python thread) was the next cell's output, if that cell was running then: it is the
+    ended cell's, and dropped. A subprocess writing to the inherited stdout is not told apart
+    (docs/code-interpreter.md)."""
+    late = {"js": "require('child_process').exec('sleep 0.5; echo late', (e, out) => console.log(out))",
+            "python": "import threading, time\n"
+                      "threading.Thread(target=lambda: (time.sleep(0.5), print('late'))).start()"}
+    following = {"js": "await new Promise(r => setTimeout(r, 1500)); console.log('own')",
+                 "python": "import time; time.sleep(1.5); print('own')"}
+    for language in ("js", "python"):
+        assert sbx.run_code(late[language], language=language).logs.stdout == []
+        ran = sbx.run_code(following[language], language=language)
+        assert (ran.error, ran.logs.stdout, ran.logs.stderr) == (None, ["own\n"], []), language
+    # Its own cell's still: a thread's output while the cell runs, a pool an earlier cell made
+    # running a later cell's task, a subprocess's output.
+    sbx.run_code("from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(1)\n"
+                 "pool.submit(print, 'first').result()")
+    mine = sbx.run_code("t = threading.Thread(target=lambda: print('mine')); t.start(); t.join()\n"
+                        "pool.submit(print, 'pooled').result()\n"
+                        "import subprocess; subprocess.run('echo child', shell=True)")
+    assert "".join(mine.logs.stdout) == "mine\npooled\nchild\n"
+
+
 def test_run_code_reaches_the_interpreter_by_the_domain(served: E2bServer, sbx: Sandbox) -> None:
     """Found by E2B_DOMAIN, the SDK sends run_code to https://49999-{id}.{domain}: host routing
     relays it to the interpreter as the header form is (api/e2b/hosts.py, ports.py). The same

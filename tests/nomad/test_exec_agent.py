@@ -252,9 +252,9 @@ async def test_a_starved_sandbox_still_runs_commands(
         driver: NomadDriver, resources: ResourceLimits, monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent fits a 16 MiB sandbox (~3 MiB: its binary, unlinked, and its heap) and one
     with 12 pids (GOMAXPROCS=1: six threads), and runs their commands itself, none as an alloc
-    exec. 12 pids do not hold four commands at once: init-sh and its sleep take 2, the agent 6
-    threads, 7 or 8 once it has run commands (counted from the host), so the third or fourth
-    fork is refused (EAGAIN) until an echo ends, and waits for it (commands.PIDS_WAIT). It once
+    exec. 12 pids may not hold four commands at once: init-sh and its sleep take 2, the agent 6
+    threads (its 3 spares included; 7 or 8 once it had run commands, with none), so a fourth
+    fork may be refused (EAGAIN) until an echo ends, and waits for it (commands.PIDS_WAIT). It once
     fell back to an alloc exec, whose process runc moves into the sandbox's cgroup, where it
     makes more: two at once had forks refused and Nomad dropped a stream (code 1006), 2 runs
     in 21 of a loop of this test's body."""
@@ -387,7 +387,58 @@ async def test_the_agent_makes_its_spare_threads_as_it_starts(driver: NomadDrive
     await until_agent(driver, sid)
     # Its spares, the thread running it, sysmon and the thread that made the spares.
     assert host_threads(driver.running(sid).alloc_id) >= agents_module.spare_threads(64) + 3
-    assert agents_module.spare_threads(12) == 0  # test_a_starved_sandbox_still_runs_commands's 12 pids
+
+
+async def test_a_12_pid_agent_has_spare_threads_for_no_more_pids(driver: NomadDriver) -> None:
+    """At 12 pids the agent made no spare thread. It now makes 3 at any limit, paid for by the
+    threads it no longer holds: its stdin and stdout are waited on in the runtime's poller, not
+    by a thread in a read or a write, and its commands' exits through their pidfds, not
+    through os/signal's threads. No more pids than before (6 threads idle, 7 once it had run
+    commands); a command's exit still comes at once."""
+    sid = new_id()
+    await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="base:latest", resources=ResourceLimits(pids=12)))
+    await until_agent(driver, sid)
+    assert agents_module.spare_threads(12) == 3
+    alloc_id = driver.running(sid).alloc_id
+    idle = host_threads(alloc_id)
+    loop = asyncio.get_running_loop()
+    for _ in range(5):
+        started = loop.time()
+        code, sink = await run(driver, sid, ["sh", "-c", "echo ok"])
+        assert (code, sink.stdout) == (0, "ok\n") and loop.time() - started < 1.0  # not the 2 s sweep
+    assert max(idle, host_threads(alloc_id)) <= 6, idle
+
+
+async def test_12_pid_sandboxes_filled_by_their_commands_keep_their_agents(
+        driver: NomadDriver) -> None:
+    """Six 12-pid sandboxes at once, each filled by a command while four more ask for a fork:
+    an agent with no spare thread needed one the limit refused, for the work of a system call
+    (a stat of the cwd as it took a command, a write to its stdout), and the Go runtime aborted
+    it ("failed to create new OS thread"): the filling command failed as a 502, "its exec agent
+    ended while the command ran", and the commands after it were alloc execs, past pids.max
+    (16 of 12), their streams dropped by Nomad. 1 in 4 sandboxes lost it so (four at once, 2 of
+    3 runs failed); with 2 spares, 1 in 6; with 3, pollable stdio and pidfds, none in 66."""
+
+    async def fill() -> None:
+        sid = new_id()
+        await driver.provision(ProvisionRequest(sandbox_id=sid, runtime="python:3.13",
+                                                resources=ResourceLimits(pids=12)))
+        agent = await until_agent(driver, sid)
+        sink = Recorder()
+        filler = asyncio.ensure_future(driver.exec(
+            ExecRequest(new_id("ex"), sid, ["python3", "-c", FILL_PIDS, "5"], timeout=30.0), sink))
+        for _ in range(200):
+            if sink.stdout == "full\n" or filler.done():
+                break
+            await asyncio.sleep(0.05)
+        knocks = await asyncio.gather(*(run(driver, sid, ["sleep", "1"]) for _ in range(4)),
+                                      return_exceptions=True)  # each asks PIDS_WAIT (3 s) long
+        assert all(isinstance(k, SandboxBusy) or k[0] == 0 for k in knocks), knocks  # type: ignore[index]
+        result = await filler
+        assert (result.exit_code, sink.stdout) == (0, "full\n"), sink.text("stderr")
+        assert driver._agents.live(sid) is agent
+
+    await asyncio.gather(*(fill() for _ in range(6)))
 
 
 @pytest.mark.parametrize("end", ["timeout", "cancel"])

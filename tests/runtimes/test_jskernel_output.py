@@ -190,3 +190,24 @@ async def test_a_cells_cut_character_does_not_reach_the_next_cells_output(ctx: o
     assert out == "ab\ufffd"
     out, _, _ = await cell_output(ctx, child.format("ok"))
     assert out == "ok"
+
+
+async def test_a_cells_late_callback_output_and_throw_reach_no_later_cell(ctx: object) -> None:
+    # A callback a cell left behind (a child's exec, a timer) runs while the next cell does: its
+    # console.log and its throw were taken for that cell's own (tagged with the running cell).
+    # They belong to the cell that started them, which is over: dropped, as a Python thread's.
+    late = ("require('child_process').exec('sleep 0.3; echo late-exec', (e, out) => console.log(out));"
+            "setTimeout(() => console.error('late-timer'), 300);"
+            "setTimeout(() => { throw new Error('late-throw') }, 300);"
+            "setTimeout(() => Promise.reject(new Error('late-reject')), 300); 1")
+    out, err, other = await cell_output(ctx, late)
+    assert (out, err, results(other, ("result", "error"))) == ("", "", ["1"])
+    following = "await new Promise(r => setTimeout(r, 1500)); console.log('own'); 2"
+    out, err, other = await cell_output(ctx, following)
+    assert (out, err, results(other, ("result", "error"))) == ("own\n", "", ["2"])
+    # A callback the running cell started is still its own, a throw in it the cell's error.
+    out, _, other = await cell_output(
+        ctx, "await new Promise(r => setTimeout(() => { console.log('mine'); r() }, 50)); "
+             "setTimeout(() => { throw new TypeError('its own') }, 0); await new Promise(r => setTimeout(r, 100))")
+    assert out == "mine\n" and [(o["name"], o["value"]) for o in other if o["type"] == "error"] == [
+        ("TypeError", "its own")]

@@ -55,13 +55,17 @@ AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # The idle threads an agent makes as it starts (exec-agent/main.go, spareThreads): one the Go
 # runtime needs and cannot make at the sandbox's pids limit aborts the agent. A pids limit too
 # small to spare them all (the agent would take pids its commands need) spares one per 8 pids
-# past 16: a sandbox of 12 pids gets none, as before.
+# past 16, and 3 at least: a sandbox of 12 pids, which had none, lost its agent to a command
+# filling the limit (1 in 4 with four filled at once). Those 3 cost it no pid: the agent no
+# longer holds a thread in its stdin's read (main.go, pollable) nor os/signal's (a command's
+# exit comes through its pidfd: watchExit), and has 6 threads idle as before.
 SPARE_THREADS = 6
+SPARE_THREADS_LEAST = 3
 
 
 def spare_threads(pids_limit: int) -> int:
     """The idle threads the agent of a sandbox with ``pids_limit`` makes as it starts."""
-    return min(SPARE_THREADS, max(0, (pids_limit - 16) // 8))
+    return min(SPARE_THREADS, max(SPARE_THREADS_LEAST, (pids_limit - 16) // 8))
 
 
 def binary_path(source: Path = SOURCE) -> Path:

@@ -93,6 +93,9 @@ func (a *agent) start(id uint32, req startRequest) {
 		}
 		return
 	}
+	if a.pidfds {
+		go a.watchExit(pid)
+	}
 	started, _ := json.Marshal(map[string]int{"pid": pid})
 	a.send('P', id, started)
 	go c.pump('1', c.pipes[0])

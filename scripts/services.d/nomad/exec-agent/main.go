@@ -79,6 +79,10 @@ type agent struct {
 	mu   sync.Mutex
 	cmds map[uint32]*command
 	pids map[int]*command // running, by pid: the reaper's index
+	// exited wakes the reaper: a command's pidfd became readable (watchExit), or, where the
+	// kernel or the sandbox's seccomp has no pidfd_open, a SIGCHLD. Nil: the sweep only.
+	exited chan os.Signal
+	pidfds bool
 }
 
 func main() {
@@ -96,17 +100,23 @@ func main() {
 	spare, _ := strconv.Atoi(os.Getenv(spareEnv))
 	spareThreads(min(max(spare, 0), spareMost))
 	// No signal is ignored here: an ignored disposition would pass to the commands through exec.
-	a := &agent{out: bufio.NewWriterSize(os.Stdout, 64<<10), cmds: map[uint32]*command{}, pids: map[int]*command{}}
-	// SIGCHLD is asked for before the ready frame, so before any command can be forked: a
-	// child's exit that came before the reaper goroutine first ran was dropped by the runtime
-	// (no one had asked for the signal), and the command stayed a zombie, never reported.
-	exited := make(chan os.Signal, 16)
-	signal.Notify(exited, syscall.SIGCHLD)
-	go a.reap(exited)
+	a := &agent{out: bufio.NewWriterSize(pollable(1, "stdout"), 64<<10), cmds: map[uint32]*command{}, pids: map[int]*command{}}
+	// A command's exit is seen through its pidfd, in the runtime's poller (watchExit): os/signal
+	// holds threads for good (its signal mask's, its receiver's; one thread fewer without it,
+	// counted), each a pid of the sandbox, which a small pids limit has for spare threads
+	// instead. SIGCHLD where there is no pidfd_open, asked for before the ready frame, so
+	// before any command can be forked: a child's exit that came before the reaper goroutine
+	// first ran was dropped by the runtime (no one had asked for the signal), and the command
+	// stayed a zombie, never reported.
+	a.exited = make(chan os.Signal, 16)
+	if a.pidfds = pidfdsWork(); !a.pidfds {
+		signal.Notify(a.exited, syscall.SIGCHLD)
+	}
+	go a.reap(a.exited)
 	go a.heartbeat()
 	ready, _ := json.Marshal(map[string]int{"pid": os.Getpid(), "version": version})
 	a.send('R', 0, ready)
-	a.read(bufio.NewReaderSize(os.Stdin, 64<<10))
+	a.read(bufio.NewReaderSize(pollable(0, "stdin"), 64<<10))
 	a.killAll()
 	os.Exit(0)
 }
@@ -131,6 +141,17 @@ func beyondReach() error {
 		}
 	}
 	return nil
+}
+
+// pollable is fd made non-blocking, as a file the runtime's poller waits on: a read or write
+// that has to wait parks its goroutine instead of holding a thread in the system call. The
+// session's stdin, read all the time, held a thread for good (and a stdout write behind a slow
+// reader one more), and each thread is a pid of the sandbox. What it frees (and watchExit
+// frees) pays for the spare threads a small pids limit now gets (drivers/nomad/agents.py,
+// spare_threads). Only the agent has these pipes.
+func pollable(fd int, name string) *os.File {
+	_ = syscall.SetNonblock(fd, true) // else as before: a blocking file, a thread in each wait
+	return os.NewFile(uintptr(fd), name)
 }
 
 // spareThreads makes n OS threads now and leaves them idle. The runtime hands the agent's work
@@ -263,10 +284,53 @@ func (a *agent) killAll() {
 	}
 }
 
-// reap waits for the commands' exits without a thread blocked per command: on SIGCHLD, and
-// every reapEvery whatever came, every child that has exited. A signal is not a record: one
-// lost (the drivers/nomad/helpers.py write that hung in CI: its helper a zombie nobody
-// reported) costs reapEvery, not the command's whole wait.
+// sysPidfdOpen is pidfd_open(2)'s number (the same on amd64 and arm64).
+const sysPidfdOpen = 434
+
+// pidfdsWork says whether pidfd_open is there (Linux 5.3; a seccomp profile may refuse it).
+func pidfdsWork() bool {
+	fd, _, errno := syscall.RawSyscall(sysPidfdOpen, uintptr(os.Getpid()), 0, 0)
+	if errno != 0 {
+		return false
+	}
+	syscall.Close(int(fd))
+	return true
+}
+
+// watchExit wakes the reaper once pid has exited: its pidfd turns readable then, and is waited
+// on in the runtime's poller, not by a thread. A pid already reaped (ESRCH) wakes it at once.
+func (a *agent) watchExit(pid int) {
+	defer func() {
+		select {
+		case a.exited <- syscall.SIGCHLD:
+		default: // the reaper has a wake-up pending already
+		}
+	}()
+	fd, _, errno := syscall.RawSyscall(sysPidfdOpen, uintptr(pid), 0, 0)
+	if errno != 0 || syscall.SetNonblock(int(fd), true) != nil {
+		if errno == 0 {
+			syscall.Close(int(fd))
+		}
+		return
+	}
+	f := os.NewFile(fd, "pidfd")
+	defer f.Close()
+	conn, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	waited := false // f's first call says not yet: Read then waits for the pidfd to be readable
+	_ = conn.Read(func(uintptr) bool {
+		done := waited
+		waited = true
+		return done
+	})
+}
+
+// reap waits for the commands' exits without a thread blocked per command: when woken (a
+// command's pidfd, or SIGCHLD), and every reapEvery whatever came, every child that has exited.
+// A wake-up is not a record: one lost (the drivers/nomad/helpers.py write that hung in CI: its
+// helper a zombie nobody reported) costs reapEvery, not the command's whole wait.
 func (a *agent) reap(exited <-chan os.Signal) {
 	sweep := time.NewTicker(reapEvery)
 	defer sweep.Stop()
