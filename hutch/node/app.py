@@ -99,6 +99,9 @@ def make_app(settings: NodeSettings, driver: LocalDriver, fingerprint: str, *, o
     if phases.ON:  # first, so it writes last: after the driver's own spans at shutdown
         app.cleanup_ctx.append(edge_phases.file_ctx(lambda app: app[SETTINGS].data_dir))
     if own_driver:
+        # Its warm pool's spares are counted by the agent's admission (sandboxes.Admission).
+        driver.count_spares(app[sandboxes.ADMISSION])
+
         async def driver_ctx(app: web.Application) -> AsyncIterator[None]:
             await driver.start()
             yield

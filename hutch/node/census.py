@@ -34,6 +34,10 @@ class Census:
             self._live, self._read_at = live, time.monotonic()
         return self._live
 
+    def known(self) -> dict[str, tuple[int, int]] | None:
+        """The count as it stands, without a read of the driver's (None: never read yet)."""
+        return None if self._read_at == float("-inf") else self._live
+
     def made(self, driver: LocalDriver, sandbox_id: str) -> None:
         if committed := _limits(driver, sandbox_id):
             self._live[sandbox_id] = committed

@@ -12,13 +12,15 @@ from typing import Any
 from aiohttp import web
 
 from hutch.core import phases
-from hutch.core.driver_types import ProvisionRequest
+from hutch.core.capacity import MEMORY_OVERCOMMIT, Room, shortfall
+from hutch.core.driver_types import ProvisionRequest, ResourceLimits
 from hutch.core.errors import HutchError, InvalidInput, NodeFull
 from hutch.core.serde import converter
 from hutch.drivers.local.admission import host_memory
 from hutch.drivers.node import placement
 from hutch.node.census import Census
-from hutch.node.drain import DRAIN
+from hutch.node.config import NodeSettings
+from hutch.node.drain import DRAIN, Drain
 from hutch.node.keys import DRIVER, INSTANCE, SETTINGS
 
 log = logging.getLogger(__name__)
@@ -68,13 +70,75 @@ async def capacity(request: web.Request) -> web.Response:
 
 class Admission:
     """The agent's own check at provision, the last word when API replicas place at once: what
-    is starting counts as taken until it runs (and shows in the snapshot)."""
+    is starting counts as taken until it runs (and shows in the snapshot).
 
-    def __init__(self) -> None:
+    The warm pool's idle sandboxes (drivers/local/pool.py) count too, as the local driver's
+    host admission counts them (its admission.py), through the pool's ``SpareRoom``: a refill
+    starts one only where the node has room for it beside every sandbox, create under way and
+    other spare, so a node at its bound grows none. They are claimable capacity: a create is
+    not refused for them, nor are they in the snapshot the API's node driver places by (a node
+    of one sandbox and one spare at a bound of 2 takes a second); a create that claims one is
+    counted once (the spare leaves the count as it is claimed, ``starting`` has the create);
+    one made from scratch beside them may take the node past its bound, and ``surplus`` names
+    the spares the pool then destroys. Before, a full node went on starting two per runtime."""
+
+    def __init__(self, settings: NodeSettings, census: Census, drain: Drain) -> None:
         self.lock = asyncio.Lock()
         self.starting: dict[str, tuple[int, int]] = {}
         # sandbox -> set once its provision here ended (made or not): a destroy waits for it.
         self.making: dict[str, asyncio.Event] = {}
+        self._settings, self._census, self._drain = settings, census, drain
+        self._spares: dict[str, int] = {}  # the pool's idle sandboxes and those starting: name -> memory
+
+    def _committed(self) -> tuple[dict[str, tuple[int, int]], int, int] | None:
+        """The sandboxes as last counted, and the memory and count of them, the creates under
+        way and the spares; None before the first count (a spare waits for one: the pool fills
+        only after a create, whose admission counts)."""
+        live = self._census.known()
+        if live is None:
+            return None
+        memory = (sum(m for m, _ in live.values()) + sum(m for m, _ in self.starting.values())
+                  + sum(self._spares.values()))
+        return live, memory, len(live) + len(self.starting) + len(self._spares)
+
+    def spare(self, name: str, memory: int | None) -> bool:
+        if name in self._spares:
+            return True
+        counted = self._committed()
+        if counted is None or self._drain.draining:
+            return False
+        _, committed, count = counted
+        need = placement.need(ResourceLimits(memory_bytes=memory))[0]
+        total, available = host_memory()
+        room = Room(name=self._settings.name, memory_total=total, memory_available=available,
+                    memory_committed=committed, sandboxes=count, max_sandboxes=self._settings.max_sandboxes,
+                    memory_limit=self._settings.memory_limit)
+        if shortfall(room, need, 0):
+            return False
+        self._spares[name] = need
+        return True
+
+    def spare_gone(self, name: str) -> None:
+        self._spares.pop(name, None)
+
+    def surplus(self) -> list[str]:
+        """The spares past the node's bounds (its sandbox count, its commit limit), newest first.
+        MemAvailable is not asked: what a spare uses shows in it already."""
+        counted = self._committed()
+        if counted is None:
+            return []
+        _, committed, count = counted
+        total, _ = host_memory()
+        limit = self._settings.memory_limit
+        over_count = count - self._settings.max_sandboxes
+        over_memory = committed - (total * MEMORY_OVERCOMMIT if limit is None else limit)
+        out: list[str] = []
+        for name, need in reversed(self._spares.items()):
+            if over_count <= 0 and over_memory <= 0:
+                break
+            out.append(name)
+            over_count, over_memory = over_count - 1, over_memory - need
+        return out
 
     async def admit(self, app: web.Application, req: ProvisionRequest) -> None:
         async with self.lock:
@@ -255,7 +319,7 @@ async def checkpoint_sizes(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app[ENDS] = ends = Ends()
     app[CENSUS] = census = Census()
-    app[ADMISSION] = Admission()
+    app[ADMISSION] = Admission(app[SETTINGS], census, app[DRAIN])
 
     async def on_end(sandbox_id: str, reason: str, failed: bool) -> None:
         census.ended(sandbox_id)

@@ -11,6 +11,7 @@ import pytest
 
 from hutch.core.errors import NoCapacity
 from hutch.drivers.base import Driver, ProvisionRequest, ResourceLimits
+from hutch.drivers.local.state import POOL_PREFIX
 from hutch.drivers.node.driver import NodeDriver
 from tests.drivers_support import (
     NodeAgents,
@@ -124,5 +125,50 @@ async def test_a_node_that_joins_is_placed_on_and_a_drained_one_is_not(built_run
         await asyncio.sleep(1.5)
         with pytest.raises(NoCapacity, match="j1 is not offered for placement"):
             await driver.provision(ProvisionRequest(new_id(), "base:latest"))
+    finally:
+        await _end(agents, driver)
+
+
+def _spares(agents: NodeAgents, name: str) -> list[str]:
+    """The agent's warm pool: its idle sandboxes' directories (drivers/local/pool.py)."""
+    return sorted(p.name for p in (agents.root / name / "sandboxes").glob(f"{POOL_PREFIX}*"))
+
+
+async def _settled(agents: NodeAgents, name: str, want: int) -> list[str]:
+    """The spares once ``want`` of them started (within 10 s) and no more followed for 1.5 s
+    (a refill waits at most 1 s for quiet before each start: pool.REFILL_DEFER_MAX)."""
+    for _ in range(200):
+        if len(_spares(agents, name)) >= want:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.5)
+    return _spares(agents, name)
+
+
+async def test_an_agent_at_its_bound_grows_no_spares_and_a_claim_is_counted_once(
+        built_runtimes: Path, tmp_path: Path) -> None:  # noqa: F811
+    """HUTCH_NODE_MAX_SANDBOXES=2 and a pool of 2: a sandbox and one spare fill the node. The
+    driver still places the second create there (spares are claimable: not in the node's
+    reported count), which claims the spare, is admitted once, and no refill follows."""
+    require_root()
+    agents = NodeAgents(tmp_path, ("p1",), env={"HUTCH_NODE_MAX_SANDBOXES": "2", "HUTCH_WARM_POOL": "2"})
+    driver = await start_node(agents)
+    assert isinstance(driver, NodeDriver)
+    try:
+        await driver.provision(ProvisionRequest(new_id(), "base:latest"))
+        spares = await _settled(agents, "p1", 1)
+        assert len(spares) == 1, f"one sandbox and {len(spares)} spares on a node that takes 2"
+        agent = driver._agents["p1"]
+        node = await agent.json("GET", agent.path("node"))
+        assert (node["sandboxes"], node["max_sandboxes"]) == (1, 2), node  # the spare is room to place in
+        second = new_id()
+        await driver.provision(ProvisionRequest(second, "base:latest"))
+        assert spares[0] not in _spares(agents, "p1"), "the second create was made from scratch"
+        assert await _settled(agents, "p1", 0) == [], "a node at its bound refilled its pool"
+        assert (await agent.json("GET", agent.path("node")))["sandboxes"] == 2
+        with pytest.raises(NoCapacity, match="p1 runs its maximum of 2 sandboxes"):
+            await driver.provision(ProvisionRequest(new_id(), "base:latest"))
+        await driver.destroy(second)
+        await driver.provision(ProvisionRequest(new_id(), "base:latest"))  # its room is free again
     finally:
         await _end(agents, driver)

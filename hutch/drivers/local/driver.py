@@ -85,7 +85,7 @@ from hutch.drivers.local.launch import MOUNT_POINT, ROOTLESS_TMP, Launcher
 from hutch.drivers.local.layercache import LayerLimits, LayerSweeper
 from hutch.drivers.local.native import ensure_helper
 from hutch.drivers.local.nsexec import Nsexec
-from hutch.drivers.local.pool import PoolRefill, WarmPool
+from hutch.drivers.local.pool import PoolRefill, SpareRoom, WarmPool
 from hutch.drivers.local.provisioning import Provisioner
 from hutch.drivers.local.quiet import SETTLED_GRACE, Quiet
 from hutch.drivers.local.sandboxnet import SandboxNetwork
@@ -114,7 +114,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         """``pool_memory``: the memory limit the warm pool is filled for (the server's default;
         None: the latest asked, pool.py). ``host_limits``: what the host takes in sandboxes, a
         create past it refused (admission.py); None: no check here (a node agent, whose own
-        admission checks the same before it asks). ``pids_total``: the pids all its sandboxes hold
+        admission checks the same before it asks, and counts the pool: ``count_spares``). ``pids_total``: the pids all its sandboxes hold
         together (pidstotal.py); None: the host's pid_max less a reserve. ``org_pids``: the pids
         each organization's sandboxes hold together (pidstotal.py); None: half of ``pids_total``."""
         self._pids_total = pidstotal.default() if pids_total is None else pids_total
@@ -342,9 +342,16 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         self._ended.watch(self._registry.sandboxes[req.sandbox_id])
         if self._admission is not None:
             self._admission.made(req.sandbox_id, req.resources)
-            # Made from scratch beside the pool's spares, it may have taken the host past its
-            # bounds with them: the spares go, not the sandbox (admission.py).
-            self._pool.trim(self._admission.surplus())
+        # Made from scratch beside the pool's spares, it may have taken the host past its
+        # bounds with them: the spares go, not the sandbox (admission.py; a node agent's own).
+        self._pool.trim()
+
+    def count_spares(self, room: SpareRoom) -> None:
+        """A node agent's admission counts the warm pool's spares, as the host's does here
+        where ``host_limits`` is given (pool.SpareRoom): before ``start``, and only without it."""
+        if self._admission is not None:
+            raise ValueError("the spares are counted by this driver's own admission already")
+        self._pool.count_in(room)
 
     async def prepare(self, req: ProvisionRequest) -> None:
         """Build (or find) the install layer the request needs; the slow and fallible part."""

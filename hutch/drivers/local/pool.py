@@ -23,9 +23,10 @@ other tenant's create made from scratch (and each of its creates tore down the p
 started it again). Without a default given (a node agent) it still follows the latest;
 ``alive()`` does not see them, ``close()`` destroys them, and a later start reaps those
 of a server that is gone. Needs cgroup v1 (v2 cannot rename cgroups): on v2 the pool
-stays off. Where the host's admission counts (``SpareRoom``: admission.py), each spare is
-counted from its start to its claim or destroy, a refill starts none the host has no room
-for, and ``trim`` destroys those a host past its bounds has too many of.
+stays off. Where the host's admission counts (``SpareRoom``: admission.py, or a node
+agent's, hutch/node/sandboxes.py), each spare is counted from its start to its claim or
+destroy, a refill starts none the host has no room for, and ``trim`` destroys those a host
+past its bounds has too many of.
 """
 
 from __future__ import annotations
@@ -75,21 +76,27 @@ IDLE_DEFER_MAX = 0.005
 
 
 class SpareRoom(Protocol):
-    """The host's admission, as the pool asks it (admission.HostAdmission)."""
+    """The host's admission, as the pool asks it: a server's (admission.HostAdmission) or a
+    node agent's (hutch/node/sandboxes.py Admission, given by ``LocalDriver.count_spares``)."""
 
     def spare(self, name: str, memory: int | None) -> bool: ...
 
     def spare_gone(self, name: str) -> None: ...
 
+    def surplus(self) -> list[str]: ...
+
 
 class Uncounted:
-    """No admission (a node agent's driver: its own counts the sandboxes it asks for)."""
+    """No admission counts the host (a driver without HostLimits, nor an agent's)."""
 
     def spare(self, name: str, memory: int | None) -> bool:
         return True
 
     def spare_gone(self, name: str) -> None:
         pass
+
+    def surplus(self) -> list[str]:
+        return []
 
 
 def pool_size() -> int:
@@ -265,9 +272,16 @@ class WarmPool:
             pool.append(sb)
         return True
 
-    def trim(self, names: list[str]) -> None:
-        """Destroy these idle sandboxes (in the background): the host is past its bounds with
-        them (admission.surplus). One still starting is not among the idle: the next trim."""
+    def count_in(self, room: SpareRoom) -> None:
+        """The admission that counts the spares from here on (before any is started)."""
+        self._room = room
+
+    def trim(self) -> None:
+        """Destroy (in the background) the idle sandboxes the host is past its bounds with
+        (its admission's ``surplus``). One still starting is not among the idle: the next trim."""
+        names = self._room.surplus()
+        if not names:
+            return
         for pool in self.idle.values():
             for sb in [sb for sb in pool if sb.id in names]:
                 pool.remove(sb)
