@@ -19,14 +19,7 @@ from hutch.core.output import OutputStreams, OutputWriter, StreamOwner
 from hutch.core.replicas import Replicas, Tenant
 from hutch.drivers import egress
 from hutch.drivers.base import Capabilities, ProvisionRequest
-from hutch.drivers.roles import (
-    Adoption,
-    NodeFleet,
-    NotPlayed,
-    RuntimeCatalog,
-    SandboxFiles,
-    SandboxLifecycle,
-)
+from hutch.drivers.roles import Adoption, NodeFleet, RuntimeCatalog, SandboxFiles, SandboxLifecycle
 from hutch.service import faults
 from hutch.service.background import Background, quietly
 from hutch.service.executions import Executions, default_timeout
@@ -68,12 +61,6 @@ class Provisioning:
         self._runtimes = runtimes
         self._files = files  # what a create request brings along
         self._adoption = adoption  # where a sandbox runs, for another replica to take over
-        # Whether another replica's driver can reach what this one makes (a take-over, or its
-        # recovery's list of running sandboxes: the node and nomad drivers). If not (the local
-        # driver: this host's processes), a create's owner row commits while the sandbox is
-        # made instead of before: nobody else can find it meanwhile, and this replica's own
-        # restart ends what the log does not hold on purpose (service/recovery.py).
-        self._reachable_elsewhere = not isinstance(adoption, NotPlayed)
         self._fleet = fleet  # which machine it was placed on, recorded with its start
         self._outputs = outputs
         self._streams = streams
@@ -153,26 +140,18 @@ class Provisioning:
             # runs nothing of the tenant's, and what the log refuses is destroyed. With other
             # replicas too: one starting up leaves a running sandbox the log does not know yet
             # alone while a live replica owns it (recovery.py), and ``own`` is committed before
-            # the driver is asked where other replicas can reach the sandbox (beside it where
-            # none can: ``_reachable_elsewhere``); this replica's own restart destroys it on
-            # purpose. Not under a sandbox quota, whose lock is held until the Create is in (the
-            # overlap below).
+            # the driver is asked; this replica's own restart destroys it on purpose. Not under
+            # a sandbox quota, whose lock is held until the Create is in (the overlap below).
             with phases.span("create: quota check"):
                 await self._quotas.check_sandbox(spec.org_id, spec)
             # The command's streams are opened beside the owner row and the driver's provision
             # (on PostgreSQL a lock statement: one round trip fewer in series before the answer).
             opened = self._executions.open_streams(sandbox_id, execution_id, org_id=spec.org_id) \
                 if execution_id else None
-            beside = None if self._reachable_elsewhere else asyncio.ensure_future(self._provision(sandbox_id, spec))
             try:
-                try:
-                    with phases.span("create: owner row"):
-                        await self._replicas.own(sandbox_id, Tenant(spec.org_id, spec.project_id))
-                except BaseException:
-                    if beside is not None:
-                        await self._discard(beside, sandbox_id)
-                    raise
-                await self._start_sandbox(sandbox_id, req, execution_id, made=beside, create=create, opened=opened)
+                with phases.span("create: owner row"):
+                    await self._replicas.own(sandbox_id, Tenant(spec.org_id, spec.project_id))
+                await self._start_sandbox(sandbox_id, req, execution_id, create=create, opened=opened)
             except BaseException:
                 if opened is not None and execution_id:
                     await self._executions.discard_streams(execution_id, opened)
