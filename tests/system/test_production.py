@@ -110,13 +110,14 @@ class Workload:
         self.destroying: set[str] = set()  # DELETE sent (maybe not answered yet)
         self.acked = 0
         self.failed = 0
+        self.failures: list[str] = []  # what the failed operations were answered, for the assertion's message
         self.pending_at_fault = 0  # operations not yet answered when the fault was injected
 
     def op(self, i: int) -> None:
         rnd = random.Random(i)
         with self.lock:
             live = [s for s in self.sandboxes if s not in self.destroyed]
-        sid = None
+        sid, status, body = None, -1, None
         try:
             if not live or i % 3 == 0:
                 status, body = self.server.call("POST", "/sandbox", {"name": f"w{i}"}, timeout=self.timeout)
@@ -141,13 +142,14 @@ class Workload:
             # 409: the sandbox ended meanwhile; 404: another thread of this workload deleted it
             # between choosing it and executing in it. Both are real answers, not failures.
             ok = 200 <= status < 300 or status == 409 or (status == 404 and sid in self.destroying)
-        except OSError:
-            ok = False
+        except OSError as err:
+            ok, status, body = False, -1, repr(err)
         with self.lock:
             if ok:
                 self.acked += 1
             else:
                 self.failed += 1
+                self.failures.append(f"op {i}: {status} {str(body)[:300]}")
 
     def run(self, ops: range, threads: int = 8, during: Callable[[], None] | None = None, at: int = 0) -> None:
         """Run ``ops``; call ``during`` (in this thread) once ``at`` operations were acknowledged."""
@@ -229,7 +231,7 @@ def test_kafka_broker_restart_during_a_workload_loses_nothing_acknowledged(
         # The server recovered by itself: new work succeeds without a restart.
         before = work.acked
         work.run(range(300, 400))
-        assert work.acked - before == 100
+        assert work.acked - before == 100, work.failures[-10:]  # phase 2's are the last
         work.check_all_acknowledged_are_there(server)
         # Every acknowledged sandbox's create is in the log (the events API reads the log).
         for sid in work.sandboxes:
@@ -262,7 +264,7 @@ def test_postgres_restart_the_projector_resumes_without_duplicates(
         assert work.pending_at_fault > 0, "PostgreSQL went down after the workload ended"
         before = work.acked
         work.run(range(300, 400))
-        assert work.acked - before == 100
+        assert work.acked - before == 100, work.failures[-10:]  # phase 2's are the last
         work.check_all_acknowledged_are_there(server)
     finally:
         server.stop()
