@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from hutch.drivers.base import ExecRequest, ResourceLimits
-from hutch.drivers.local.cgroups import Cgroups, CgroupV1
+from hutch.drivers.local import cgroups_detect
+from hutch.drivers.local.cgroups import CgroupV1
 from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -83,7 +84,7 @@ async def test_a_restarted_server_writes_a_limit_its_predecessor_left_unwritten(
     sid = await provision(driver, PY, resources=ResourceLimits(cpu_millis=HALF_A_CORE))
     try:
         assert not cpu_dir(driver, sid).exists()
-        fresh = Cgroups.detect(driver._cgroups.instance if driver._cgroups else "")
+        fresh = cgroups_detect.detect(driver._cgroups.instance if driver._cgroups else "")
         assert fresh is not None
         fresh.apply_cpu(sid, HALF_A_CORE)  # remembers nothing of the first server's sandboxes
         assert quota(driver, sid) == 50_000

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from hutch.drivers.base import ExecRequest, FileWrite, ResourceLimits
-from hutch.drivers.local.cgroups import Cgroups, CgroupV1
+from hutch.drivers.local import cgroups_detect
+from hutch.drivers.local.cgroups import CgroupV1
 from hutch.drivers.local.driver import LocalDriver
 from tests.drivers_support import (
     Recorder,
@@ -95,7 +96,7 @@ async def test_a_restarted_server_makes_the_memory_cgroup_its_predecessor_left_u
     sid = await provision(driver, PY, resources=ResourceLimits(memory_bytes=LIMIT))
     try:
         assert not memory_dir(driver, sid).exists()
-        fresh = Cgroups.detect(driver._cgroups.instance if driver._cgroups else "")
+        fresh = cgroups_detect.detect(driver._cgroups.instance if driver._cgroups else "")
         assert fresh is not None
         fresh.apply_memory(sid, LIMIT)  # remembers nothing of the first server's sandboxes
         assert limit(driver, sid) == LIMIT

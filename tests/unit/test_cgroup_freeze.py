@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hutch.drivers.local.cgroups import CgroupV1, CgroupV2
+from hutch.drivers.local.cgroups import CgroupV1
+from hutch.drivers.local.cgroups_v2 import CgroupV2
 
 
 def _gone(*_args: object, **_kwargs: object) -> str:

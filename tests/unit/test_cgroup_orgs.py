@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hutch.core.errors import InvalidInput
-from hutch.drivers.local.cgroups import CgroupV2
+from hutch.drivers.local.cgroups_v2 import CgroupV2
 
 
 def test_v2_puts_each_sandbox_under_its_organizations_share(tmp_path: Path) -> None:

@@ -73,9 +73,9 @@ from hutch.drivers.base import (
 )
 from hutch.drivers.builds import Builds
 from hutch.drivers.bytecode import forget_bytecode
-from hutch.drivers.local import pidstotal, portconnect, rootfs
+from hutch.drivers.local import cgroups_detect, pidstotal, portconnect, rootfs
 from hutch.drivers.local.admission import HostAdmission, HostLimits
-from hutch.drivers.local.cgroups import Cgroups, CgroupV1
+from hutch.drivers.local.cgroups import CgroupV1
 from hutch.drivers.local.checkpoints import LocalCheckpoints
 from hutch.drivers.local.endwatch import EndWatch, raise_fd_limit
 from hutch.drivers.local.executions import LocalExecutions
@@ -136,7 +136,7 @@ class LocalDriver(roles.SandboxFiles, roles.DirectoryWatching, roles.FileMetadat
         # Rootless: a server that is not root still isolates with namespaces, a user
         # namespace among them, and limits with rlimits instead of cgroups (see start()).
         self.rootless = os.geteuid() != 0
-        self._cgroups = None if self.rootless else Cgroups.detect(instance)
+        self._cgroups = None if self.rootless else cgroups_detect.detect(instance)
         self.capabilities = self._capabilities()
         self._guard: asyncio.Task[None] | None = None  # pidsguard.py: fork bombs left behind
         self._available: set[str] = set()
